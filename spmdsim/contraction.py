@@ -8,7 +8,7 @@ zeros, not multiplied).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,12 +20,18 @@ from .flops import gemm as _gemm
 __all__ = ["contract"]
 
 
+def _summed(dtype: np.dtype) -> Any:
+    """The dtype a letter summed out of an operand is summed in: an integer's (or a bool's: an or, numpy's
+    einsum of bools) own, as numpy's einsum keeps it (ndarray.sum widens int32 to int64); None for floats."""
+    return dtype if dtype.kind in "biu" else None
+
+
 def _sum_alone(word: str, block: np.ndarray, keep: str) -> tuple[str, np.ndarray]:
     """Sum out the letters of `word` that are not in `keep`."""
     gone = tuple(i for i, ch in enumerate(word) if ch not in keep)
     if not gone:
         return word, block
-    return "".join(ch for ch in word if ch in keep), block.sum(axis=gone)
+    return "".join(ch for ch in word if ch in keep), block.sum(axis=gone, dtype=_summed(block.dtype))
 
 
 class _Recipe:
@@ -97,10 +103,12 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
     r = _recipe(a_word, a.shape, b_word, b.shape, out)
     if r.swap:
         a, b = b, a
-    if r.a_gone is not None:
-        a = a.sum(axis=r.a_gone)
-    if r.b_gone is not None:
-        b = b.sum(axis=r.b_gone)
+    if r.a_gone is not None or r.b_gone is not None:
+        dtype = _summed(np.result_type(a, b))
+        if r.a_gone is not None:
+            a = a.sum(axis=r.a_gone, dtype=dtype)
+        if r.b_gone is not None:
+            b = b.sum(axis=r.b_gone, dtype=dtype)
     lhs = a if r.lhs is None else a.transpose(r.lhs)
     rhs = b if r.rhs is None else b.transpose(r.rhs)
     engine = current().engine

@@ -129,6 +129,8 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
     "mean_keepdims": (((4, 8),), lambda a: ops.mean(a, 1, keepdims=True), lambda a: a.mean(1, keepdims=True),
                       False),
     "max": (((4, 8),), lambda a: ops.max(a, 1), lambda a: a.max(1), False),
+    "prod": (((4, 8, 2),), lambda a: ops.prod(a, (0, 2)) + a.prod(1, keepdims=True).sum(),
+             lambda a: a.prod((0, 2)) + a.prod(1, keepdims=True).sum(), True),
     "min_all": (((4, 8),), lambda a: ops.min(a), lambda a: a.min(), False),
     "softmax_last": (((4, 8),), lambda a: ops.softmax(a, -1), lambda a: _np_softmax(a, -1), False),
     "softmax_first": (((4, 8),), lambda a: ops.softmax(a, 0), lambda a: _np_softmax(a, 0), False),

@@ -8,6 +8,7 @@ texts and refusals are checked without ranks.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -171,20 +172,27 @@ def test_argmax_refusals_are_one_line():
         x = DTensor.from_global(mesh, np.zeros((4, 8)), mesh.layout(None, "m0"))
         said = []
         for call in (lambda: ops.argmax(x, 1.5), lambda: ops.argmax(x, 2), lambda: ops.argmin(x, True),
-                     lambda: ops.argmax(x > 0.0, 0), lambda: ops.argmax(np.zeros(3), 0)):
+                     lambda: ops.argmax(np.zeros(3), 0)):
             try:
                 call()
             except OperatorError as e:
                 said.append(str(e))
-        return said
+        # A mask's argmax and argmin are numpy's (the first True, the first False), where they were refused
+        mask = DTensor.from_global(mesh, MASK, mesh.layout(None, "m0"))
+        return said, [(r.dtype, r.gather()) for r in (mask.argmax(1), mask.argmin(1), mask.argmax(), ops.argmin(mask))]
 
-    said = spmdsim.simulate(4, body)[0]
+    said, masks = spmdsim.simulate(4, body)[0]
     assert said == ["argmax: dim 1.5 must be an integer or None (the flattened tensor)",
                     "argmax: dim 2 is out of range for a tensor of 2 dims (expected an integer from -2 to 1)",
                     "argmin: dim True must be an integer or None (the flattened tensor)",
-                    "argmax: x is bool; convert it first, e.g. x.astype('int64')",
-                    said[4]]
-    assert said[4].startswith("argmax: ") and "DTensor" in said[4] and "\n" not in said[4]
+                    said[3]]
+    assert said[3].startswith("argmax: ") and "DTensor" in said[3] and "\n" not in said[3]
+    wants = [MASK.argmax(1), MASK.argmin(1), MASK.argmax(), MASK.argmin()]
+    assert [d for d, _ in masks] == [w.dtype for w in wants]
+    assert all(np.array_equal(g, w) for (_, g), w in zip(masks, wants))
+
+
+MASK = np.array([[False] * 5 + [True] * 3, [True] * 8, [False] * 8, [True, False] * 4])
 
 
 def test_negative_and_subtract_of_booleans_are_refused_as_numpy_refuses_them_in_one_line():
@@ -245,6 +253,110 @@ def test_a_numpy_scalar_keeps_its_dtype_as_numpy_2_promotes_it():
     assert [r.dtype for r in got] == [w.dtype for w in wants]
     assert all(np.array_equal(r, w) for r, w in zip(got, wants))
     assert grad_dtype == np.float32
+
+
+@pytest.mark.parametrize("cut, devices", [("even", (2, 2)), ("chunk", (3, 2))])
+def test_prod_and_ravel_are_numpys(cut, devices):
+    """x.prod() / np.prod / ops.prod and x.ravel() / np.ravel were AttributeErrors (numpy.prod: "no rule"). prod:
+    numpy's values and dtypes (bool and int32 to int64, uint8 to uint64, float32 kept) over split and whole
+    dims, a rank holding no rows (chunk: 4 rows over 6), a pending sum resolved first; its gradient with zeros
+    in a row (the product of the others, not a division). ravel: reshape(-1), its gradient reshaped back; where
+    a rank's block would not stay a block, one line naming what to do."""
+    from spmdsim import DTensor, Mesh
+
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0.5, 1.5, (4, 6))
+    a[1, 2] = 0.0
+    a[2, [0, 4]] = 0.0
+    arrays = [a, a.astype(np.float32), (a * 4).astype(np.int32) - 2, (a * 4).astype(np.uint8), a > 0.8]
+
+    def body():
+        mesh = Mesh(Layout(devices, ("x", "y"), cut=cut))
+        got = []
+        for tmap in (("x", "y"), (None, None), (("x", "y"), None)):
+            xs = [DTensor.from_global(mesh, g, mesh.layout(*tmap)) for g in arrays]
+            got.append([(r.dtype, r.gather()) for x in xs
+                        for r in (x.prod(), x.prod(axis=0), np.prod(x, axis=1, keepdims=True), ops.prod(x, (0, 1)))])
+        x = DTensor.from_global(mesh, a, mesh.layout("x", "y")).requires_grad_()
+        pending = DTensor.from_global(mesh, a, mesh.layout("x", None, partial=("y",)))
+        weights = DTensor.from_global(mesh, np.arange(1.0, 5.0), mesh.layout(None))
+        (ops.sum(x.prod(1) * weights) + x.prod(0).sum()).backward()
+        rows = "x" if cut == "even" else None  # (chunk's 2, 2 and 0 rows are not a cut of the 24 entries)
+        r = DTensor.from_global(mesh, a, mesh.layout(rows, None)).requires_grad_()
+        flat = r.ravel()
+        ops.sum(np.ravel(r) * DTensor.from_global(mesh, np.arange(24.0), mesh.layout(None))).backward()
+        with pytest.raises(OperatorError) as e:
+            x.ravel()
+        return got, x.grad.gather(), pending.prod(0).gather(), flat.gather(), r.grad.gather(), str(e.value)
+
+    got, grad, pending, flat, flat_grad, said = spmdsim.simulate(math.prod(devices), body)[0]
+    for per_map in got:
+        wants = [w for g in arrays for w in (g.prod(), g.prod(axis=0), g.prod(axis=1, keepdims=True), g.prod())]
+        assert [d for d, _ in per_map] == [w.dtype for w in wants]
+        assert all(np.allclose(v, w, rtol=1e-6, atol=0) for (_, v), w in zip(per_map, wants))
+    others = np.ones_like(a)
+    for i, j in np.ndindex(a.shape):
+        others[i, j] = np.prod(np.delete(a[i], j)) * (i + 1) + np.prod(np.delete(a[:, j], i))
+    assert np.allclose(grad, others, rtol=1e-13, atol=0)
+    assert np.allclose(pending, a.prod(0), rtol=1e-13, atol=0)
+    assert np.array_equal(flat, a.ravel()) and np.array_equal(flat_grad, np.arange(24.0).reshape(4, 6))
+    assert said.startswith("ravel: reshape (4, 6) -> (24,) of x mapped") and "redistribute x" in said
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_python_ints_beyond_an_integer_dtype_and_powers_of_bools_as_numpy_2(split):
+    """NEP 50: an int32 DTensor compared with 2**40 is compared (every entry lies below it), as numpy 2 does;
+    lifting the number to int32 raised numpy's OverflowError from deep inside. Arithmetic with it, a bool's
+    comparison past int64 and a clip bound on the side where it clips are refused as numpy refuses them, in
+    one line; a bound that clips nothing is dropped (numpy 2.4's clip; 2.0's refused it). ``mask ** 2`` is numpy's int8 (its
+    operator's np.square; np.power(mask, 2) is int64), and an integer to a negative integer power is refused
+    on every rank (numpy's ValueError came from the kernel, on the ranks holding entries alone)."""
+    from spmdsim import DTensor, DTypeError, Mesh
+
+    ints = np.arange(-4, 4, dtype=np.int32).reshape(2, 4)
+    small = np.arange(8, dtype=np.uint8).reshape(2, 4)
+    calls = [lambda x, u, w, m: x < 2 ** 40, lambda x, u, w, m: 2 ** 40 >= x, lambda x, u, w, m: x == -2 ** 40,
+             lambda x, u, w, m: x != 2 ** 40, lambda x, u, w, m: np.greater(x, -2 ** 40),
+             lambda x, u, w, m: u <= -1, lambda x, u, w, m: w > 2 ** 70, lambda x, u, w, m: x.clip(0, 2 ** 40) if hasattr(x, "gather") else x.clip(0, None),
+             lambda x, u, w, m: m ** 2, lambda x, u, w, m: m ** 3, lambda x, u, w, m: np.power(m, 2),
+             lambda x, u, w, m: m < 2 ** 40, lambda x, u, w, m: x ** 2]
+    bad = [lambda x, u, w, m: x + 2 ** 40, lambda x, u, w, m: u - 1 + -1, lambda x, u, w, m: m < 2 ** 70,
+           lambda x, u, w, m: x.clip(2 ** 40, None), lambda x, u, w, m: x ** -1, lambda x, u, w, m: np.power(m, -2)]
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y")))
+        lay = mesh.layout("x", "y") if split else mesh.layout(None, None)
+        operands = [DTensor.from_global(mesh, a, lay) for a in (ints, small, ints.astype(np.int64), ints > 0)]
+        x = operands[0]
+        x < 1  # a cached call signature of an int32 DTensor and a Python int: found again for 2**40
+        got = [(y.dtype, y.gather()) for y in (call(*operands) for call in calls)]
+        said = []
+        for call in bad:
+            with pytest.raises((DTypeError, OperatorError)) as e:
+                call(*operands)
+            said.append(str(e.value))
+        return got, said
+
+    got, said = spmdsim.simulate(4, body)[0]
+    wants = [call(ints, small, ints.astype(np.int64), ints > 0) for call in calls]
+    assert [g[0] for g in got] == [w.dtype for w in wants]  # int8 for mask ** 2
+    assert all(np.array_equal(g[1], w) for g, w in zip(got, wants))
+    for call in bad:  # numpy refuses each
+        with pytest.raises((OverflowError, ValueError)):
+            call(ints, small, ints.astype(np.int64), ints > 0)
+    assert said == [
+        "add: the Python int 1099511627776 is out of bounds for int32, the dtype it takes beside a DTensor of int32 "
+        "(numpy 2 refuses it too: OverflowError); convert first, e.g. x.astype('int64')",
+        "add: the Python int -1 is out of bounds for uint8, the dtype it takes beside a DTensor of uint8 (numpy 2 "
+        "refuses it too: OverflowError); convert first, e.g. x.astype('int64')",
+        "lt: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it takes beside a DTensor "
+        "of bool (numpy 2 refuses it too: OverflowError); convert first, e.g. x.astype('float64')",
+        "clip: the Python int 1099511627776 is out of bounds for int32, the dtype it takes beside a DTensor of "
+        "int32 (numpy 2 refuses it too: OverflowError); convert first, e.g. x.astype('int64')",
+        "pow: a DTensor of int32 to the negative integer power -1: numpy refuses integers to negative integer "
+        "powers; use a float exponent (-1.0) or convert x first, e.g. x.astype('float64')",
+        "pow: a DTensor of bool to the negative integer power -2: numpy refuses integers to negative integer "
+        "powers; use a float exponent (-2.0) or convert x first, e.g. x.astype('float64')"]
 
 
 @pytest.mark.parametrize("layout", [(None, None), ("x", None), (None, "y"), ("x", "y")])
@@ -848,13 +960,20 @@ def test_round_floor_ceil_and_sign_are_numpys_with_zero_gradients():
         got = [t.gather() for t in (np.round(x), np.round(x, 2), round(x), round(x, 1), x.round(3), np.rint(x),
                                     np.around(x, 1), np.floor(x), np.ceil(x), np.sign(x), ops.round(x, 2))]
         (ops.round(x) + ops.floor(x) * 2.0 + ops.ceil(x) + ops.sign(x) + x).sum().backward()
-        with pytest.raises(OperatorError, match="decimals -1 must be an integer, 0 or more"):
-            ops.round(x, -1)
+        # Negative decimals as numpy's (tens, hundreds: they were refused); an integer's keep its dtype
+        n = spmdsim.DTensor.from_global(mesh, (a * 10).astype(np.int32), mesh.layout("dp", "tp"))
+        got += [t.gather() for t in (ops.round(x * 10.0, -1), np.round(x * 100.0, -2), n.round(-1))]
+        with pytest.raises(OperatorError, match=r"^round of a bool DTensor to decimals -1: numpy refuses it"):
+            ops.round(x > 0, -1)
+        with pytest.raises(OperatorError, match=r"^round: decimals 1.5 must be an integer$"):
+            ops.round(x, 1.5)
         return got, x.grad.gather()
 
     got, grad = spmdsim.simulate(8, run)[0]
     want = [np.round(a), np.round(a, 2), np.round(a), np.round(a, 1), np.round(a, 3), np.rint(a), np.around(a, 1),
-            np.floor(a), np.ceil(a), np.sign(a), np.round(a, 2)]
+            np.floor(a), np.ceil(a), np.sign(a), np.round(a, 2), np.round(a * 10.0, -1), np.round(a * 100.0, -2),
+            np.round((a * 10).astype(np.int32), -1)]
+    assert got[-1].dtype == np.int32
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(grad, np.ones_like(a))

@@ -392,3 +392,46 @@ def test_iterating_a_dtensor_walks_its_first_dim_as_numpy_does():
         return [r.tolist() for r in rows]
 
     assert spmdsim.simulate(2, body)[0] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+
+
+@pytest.mark.parametrize("cut, devices, a_map, b_map, a_rows, b_rows", [
+    ("even", (2,), "x", None, 2, 1),  # 3 rows do not divide over 2: the joined dim is whole
+    ("chunk", (2,), "x", "x", 1, 2),  # a's one row on rank 0, none on rank 1
+    ("balanced", (3,), "x", "x", 1, 4),
+    ("chunk", (2, 2), ("x", "y"), "y", 3, 2)])
+def test_the_gradient_of_a_join_of_split_pieces_broadcast_over_their_axis(cut, devices, a_map, b_map, a_rows,
+                                                                          b_rows):
+    """concatenate along a dim its operands split where the result holds it whole, the result then broadcast
+    over a dim split by the same axis: its gradient is pending over that axis, and the backward put it in
+    the operands' tensor maps as it was ("axis 'x' is used more than once ... partial ('x',)"), as narrow's
+    did before (``x * x[0]``). Gradients against numpy's."""
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, (a_rows, 3)), rng.uniform(-1, 1, (b_rows, 3))
+    m = rng.uniform(-1, 1, (4, a_rows + b_rows, 3))
+
+    def body():
+        mesh = Mesh(Layout(devices, ("x", "y")[:len(devices)], cut=cut), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout(a_map, None)).requires_grad_()
+        y = DTensor.from_global(mesh, b, mesh.layout(b_map, None)).requires_grad_()
+        joined = ops.concatenate([x, y], 0)
+        ops.sum(joined[None] * DTensor.from_global(mesh, m, mesh.layout("x", None, None))).backward()
+        return joined.layout.tensor_map, x.grad.gather(), y.grad.gather()
+
+    tensor_map, ga, gb = spmdsim.simulate(int(np.prod(devices)), body)[0]
+    assert tensor_map == ((), ())
+    assert np.allclose(ga, m.sum(0)[:a_rows], rtol=1e-14, atol=0)
+    assert np.allclose(gb, m.sum(0)[a_rows:], rtol=1e-14, atol=0)
+
+
+def test_broadcast_to_of_a_size_one_dim_split_by_an_uneven_cut_is_refused_in_one_line():
+    """A chunk cut of a size-1 dim over 2 ranks leaves rank 1 no row to repeat: numpy's ValueError on that rank
+    alone ("operands could not be broadcast together"); now one line on every rank, as the elementwise ops."""
+    def body():
+        mesh = Mesh(Layout((2,), ("x",), cut="chunk"), spmdsim.world())
+        x = DTensor.from_global(mesh, np.ones((1, 4)), mesh.layout("x", None))
+        with pytest.raises(OperatorError) as e:
+            ops.broadcast_to(x, (2, 4))
+        return str(e.value)
+
+    assert set(spmdsim.simulate(2, body)) == {
+        'broadcast_to: dim 0 has size 1 but is split over "x"; redistribute x so that dim is whole first'}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import OperatorError, ShapeError
-from ..layout import TensorLayout
+from ..layout import TensorLayout, format_entry
 from ..validate import as_int
 from .assign import Choice, choose_splits
 
@@ -176,5 +176,11 @@ def infer_broadcast_to(x: TensorLayout, shape: Sequence[int],
     if lead < 0 or any(o != 1 and o != n for o, n in zip(old, new[lead:])):
         raise ShapeError(f"broadcast_to: shape {old!r} cannot broadcast to {new!r} (each dim must match, "
                          "be 1, or be a new leading dim)")
+    for d, (entry, o, n) in enumerate(zip(x.tensor_map, old, new[lead:])):
+        # A size-1 dim split by an uneven cut (one rank holds its row, the others none) that grows: the ranks
+        # without the row have nothing to repeat, as the elementwise ops refuse it (spmdsim.infer.pointwise).
+        if o == 1 and n != 1 and any(x.layout.axis_size(a) > 1 for a in entry):
+            raise OperatorError(f"broadcast_to: dim {d} has size 1 but is split over {format_entry(entry)}; "
+                                "redistribute x so that dim is whole first")
     entries = [None] * lead + [e or None if o == n else None for e, o, n in zip(x.tensor_map, old, new[lead:])]
     return x.layout(*entries).with_partial(x.partial), new

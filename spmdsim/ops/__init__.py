@@ -22,7 +22,7 @@ from .paddle_split import paddle_mesh, split
 from .pointwise import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
                         minimum, mul, neg, not_equal, pow, remainder, round, rsqrt, sigmoid, sign, silu, sin, sqrt,
                         square, sub, tanh, where)
-from .reduce import argmax, argmin, max, mean, min, sum, var
+from .reduce import argmax, argmin, max, mean, min, prod, sum, var
 from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
 
 concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
@@ -30,7 +30,7 @@ concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
            "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
            "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "sum", "mean", "max", "min",
-           "var", "argmax", "argmin", "bias_add", "astype",
+           "prod", "var", "argmax", "argmin", "bias_add", "astype",
            "transpose", "reshape", "narrow", "chunk", "concatenate", "concat", "stack", "broadcast_to", "softmax",
            "log_softmax",
            "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout", "attention", "resolved", "mse_loss",

@@ -23,10 +23,21 @@ from .local import reshape, transpose
 from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
 from .elementwise import relu as _relu
-from .pointwise import clip as _clip, pointwise, round as _round
-from .reduce import arg_reduce, reduce, var as _var
+from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round
+from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
-install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
+def _numpy_matmul(a: Any, b: Any) -> Any:
+    """numpy's ``a @ b`` (DTensor's operator, np.matmul, np.dot): a 1-d operand is a vector, its dim added for
+    the product and dropped after (``v @ v``, ``x @ v``, ``v @ x``), by ops.einsum; else ops.matmul."""
+    na, nb = len(getattr(a, "global_shape", "ab")), len(getattr(b, "global_shape", "ab"))
+    if 1 in (na, nb) and 0 not in (na, nb):
+        from .einsum import einsum
+
+        return einsum("i,i->" if na == nb == 1 else "j,...jk->...k" if na == 1 else "...ij,j->...i", a, b)
+    return matmul(a, b)
+
+
+install_operators(pointwise=pointwise, power=_power, matmul=_numpy_matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
                   backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
 
 
@@ -127,7 +138,7 @@ def _array_ufunc(x: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -
                else "spmdsim has no rule for it")
         raise OperatorError(f"numpy.{what} of a DTensor: {why}; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) "
                             "or the block x.local")
-    return matmul(*inputs) if name == "matmul" else pointwise(name, *inputs)
+    return _numpy_matmul(*inputs) if name == "matmul" else _pow(*inputs) if name == "pow" else pointwise(name, *inputs)
 
 
 def _kept(func: Any, kwargs: dict, **defaults: Any) -> None:
@@ -182,7 +193,7 @@ def _numpy_functions() -> dict:
         np.stack: lambda xs, axis=0, **k: _kept(np.stack, k, out=None, dtype=None, casting="same_kind")
         or stack(list(xs), axis),
         np.clip: lambda a, a_min=None, a_max=None, **k: _kept(np.clip, k, out=None) or _clip(a, a_min, a_max),
-        np.dot: lambda a, b, out=None: matmul(a, b) if out is None else _no_out("numpy.dot"),
+        np.dot: lambda a, b, out=None: _numpy_matmul(a, b) if out is None else _no_out("numpy.dot"),
         np.einsum: lambda spec, *xs, **k: _kept(np.einsum, k, out=None, optimize=False) or einsum(spec, *xs),
         np.transpose: lambda a, axes=None: transpose(a, axes),
         np.reshape: lambda a, *args, **k: reshape(a, args[0] if args else k.get("shape", k.get("newshape"))),
@@ -191,7 +202,8 @@ def _numpy_functions() -> dict:
         np.sum: _numpy_reduction("sum"), np.mean: _numpy_reduction("mean"), np.max: _numpy_reduction("max"),
         np.min: _numpy_reduction("min"), np.amax: _numpy_reduction("max"), np.amin: _numpy_reduction("min"),
         np.any: _numpy_reduction("any", ("out",)), np.all: _numpy_reduction("all", ("out",)),
-        np.var: _numpy_spread("var"), np.std: _numpy_spread("std"),
+        np.var: _numpy_spread("var"), np.std: _numpy_spread("std"), np.prod: _numpy_reduction("prod"),
+        np.ravel: lambda a, order="C": _ravel(a, order),
         np.argmax: lambda a, axis=None, out=None, keepdims=False: a.argmax(axis, keepdims) if out is None
         else _no_out("numpy.argmax"),
         np.argmin: lambda a, axis=None, out=None, keepdims=False: a.argmin(axis, keepdims) if out is None
@@ -247,6 +259,25 @@ def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases
     return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
 
 
+def _product(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
+    """numpy's ``x.prod(axis=...)`` (`spmdsim.ops.reduce.prod`), with its and PyTorch's keywords."""
+    from ..runtime.dtensor import _reduce_args
+
+    return _prod(x, *_reduce_args("prod", dims, keepdims, aliases))
+
+
+def _ravel(x: Any, order: str = "C") -> Any:
+    """numpy's ``x.ravel()``: ``x.reshape(-1)`` (refused where a rank's block would not stay a block of the one
+    dim, as reshape is: redistribute the named dims whole first), its gradient reshaped back."""
+    if order not in ("C", "A", "K"):
+        raise OperatorError(f"ravel: order {order!r} is not taken; a DTensor is read in C order ('C'): for "
+                            "Fortran's, x.T.ravel() of a 2-d tensor")
+    try:
+        return reshape(x, (-1,))
+    except OperatorError as e:
+        raise OperatorError(f"ravel: {e}") from None
+
+
 def _norm(x: Any, ord: Any = None, dims: Any = None, keepdims: bool = False) -> Any:
     """The 2-norm (Frobenius over every dim when `dims` is None): sqrt of the sum of squares, numpy's
     ``np.linalg.norm(x, axis=...)`` and PyTorch's ``x.norm(dim=...)``; other orders one line."""
@@ -276,6 +307,13 @@ def _copy(x: Any, *args: Any, **kwargs: Any) -> Any:
         raise OperatorError("clone()/copy() of a DTensor takes no arguments (a memory format or order: its blocks "
                             "are C-ordered)")
     return pointwise("add", x, 0) if x.dtype.kind != "b" else pointwise("where", x, True, False)
+
+
+def _positive(x: Any) -> Any:
+    """numpy's ``+x``: a copy (its gradient x's); a bool's refused, as numpy has no positive of bools."""
+    if x.dtype.kind == "b":
+        raise OperatorError("+x of a bool DTensor: numpy has no positive of bools; use x itself, or x.astype('int64')")
+    return _copy(x)
 
 
 def _len(x: Any) -> int:
@@ -309,7 +347,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
 #: of spmdsim's operators (docs/porting.md).
 _METHODS = {
     "__array_ufunc__": _array_ufunc, "__array_function__": _array_function, "__array__": _array, "__len__": _len,
-    "__abs__": lambda x: pointwise("abs", x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
+    "__abs__": lambda x: pointwise("abs", x), "__pos__": lambda x: _positive(x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
     "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
     "size": property(_Size), "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
@@ -320,7 +358,7 @@ _METHODS = {
     "sqrt": lambda x: pointwise("sqrt", x), "tanh": lambda x: pointwise("tanh", x),
     # PyTorch's (and where numpy has one, numpy's) method spellings of more of spmdsim's operators
     "abs": lambda x: pointwise("abs", x), "square": lambda x: pointwise("square", x),
-    "sigmoid": lambda x: pointwise("sigmoid", x), "pow": lambda x, exponent: pointwise("pow", x, exponent),
+    "sigmoid": lambda x: pointwise("sigmoid", x), "pow": lambda x, exponent: _pow(x, exponent),
     "relu": lambda x: _relu(x), "clamp": lambda x, min=None, max=None: _clip(x, min, max),
     "clip": lambda x, min=None, max=None: _clip(x, min, max), "matmul": lambda x, other: matmul(x, other),
     "mm": lambda x, other: matmul(x, other), "clone": _copy, "copy": _copy,
@@ -331,9 +369,12 @@ _METHODS = {
     "sign": lambda x: pointwise("sign", x),
     "norm": lambda x, p="fro", dim=None, keepdim=False: _norm(x, None if p == "fro" else p, dim, keepdim),
     "expand": _expand,
-    "any": lambda x, *a, **k: _reduce("max", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
-    "all": lambda x, *a, **k: _reduce("min", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
+    # x != 0, not x.astype(bool) (the same truth, NaN's too): a pending sum is added up first, where astype
+    # refused to cut it to bools ("the addends would be truncated one by one")
+    "any": lambda x, *a, **k: _reduce("max", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
+    "all": lambda x, *a, **k: _reduce("min", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
     "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
+    "prod": _product, "ravel": _ravel,
     "std": lambda x, axis=None, ddof=0, keepdims=False: pointwise("sqrt", _var(x, axis, keepdims, ddof)),
 }
 for _name, _method in _METHODS.items():

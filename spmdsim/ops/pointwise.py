@@ -10,6 +10,7 @@ replicated 0-d operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from functools import partial
 from typing import Any, Callable, Optional
@@ -23,7 +24,7 @@ from ..autograd.graph import record
 from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
 from ..autograd.rules.pointwise import DERIVATIVES, LOUD, quiet, record_pointwise
-from ..errors import OperatorError
+from ..errors import DTypeError, OperatorError
 from ..flops import any_open, sweep
 from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
@@ -35,7 +36,7 @@ from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved,
 __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
            "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
-           "pointwise", "astype"]
+           "pointwise", "astype", "power"]
 
 
 # op -> its forward kernel (its derivative: spmdsim.autograd.rules.pointwise.DERIVATIVES; none for comparisons).
@@ -127,16 +128,26 @@ def pointwise(op: str, *args: Any) -> Any:
         key = signature(op, args)
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
+        if (op == "mul" or op == "div") and len(args) == 2:  # a finite Python number (nonzero dividing) passes
+            n = args[1] if type(args[1]) is float or type(args[1]) is int else args[0]
+            if not ((type(n) is float or type(n) is int) and n - n == 0 and (n or op == "mul")):
+                args = _unscaled(op, args)
         key = _mixed_signature(op, args)
         try:
             prepared = None if key is None else _PREPARED.get(key)
         except TypeError:  # a size that does not hash (the planner refuses it)
             key = prepared = None
     if prepared is None:
-        mesh, xs = _operands(op, args)
+        try:
+            mesh, xs = _operands(op, args)
+        except OverflowError:  # a Python int the tensors' dtype cannot hold
+            return _beyond(op, args)
         prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
     elif key[1] is _MIXED:  # numbers of the types, beside DTensors of the layouts, of a call that passed _operands
-        mesh, xs = _lifted(args, prepared)
+        try:
+            mesh, xs = _lifted(args, prepared)
+        except OverflowError:
+            return _beyond(op, args)
     else:  # the same layout objects, shapes and dtypes as a call that passed _operands
         mesh, xs = args[0]._mesh, args
     xs = moved(xs, prepared)
@@ -160,6 +171,66 @@ def pointwise(op: str, *args: Any) -> Any:
             if x._ag is not None:
                 return record_pointwise(op, out, tuple(xs), prepared)
     return out
+
+
+def _unscaled(op: str, args: tuple) -> tuple:
+    """`args` of a product or quotient by a number, a pending sum among them resolved first where the number is
+    not finite (times inf or NaN) or divides by zero: kept pending, the zeros the other members hold would give
+    0 * inf = NaN, where numpy's product of the whole value is inf."""
+    if len(args) != 2:
+        return args
+    number = args[1] if op == "div" or hasattr(args[0], "_ag") else args[0]
+    if hasattr(number, "_ag"):  # a DTensor divisor: its values are not looked at
+        return args
+    try:
+        if math.isfinite(number) and (op == "mul" or number != 0):
+            return args
+    except (TypeError, OverflowError):  # no number (refused below), or an int past a float's range
+        return args
+    from ..runtime.executor import redistribute
+
+    return tuple(redistribute(a, a.layout.with_partial(())) if getattr(a, "partial", None) else a for a in args)
+
+
+#: A comparison with the operands swapped (``5 < x`` is ``x > 5``); those true where x's every entry lies below
+#: the number, and those true where every entry lies above it.
+_SWAPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+_TRUE_BELOW, _TRUE_ABOVE = frozenset({"lt", "le", "ne"}), frozenset({"gt", "ge", "ne"})
+
+
+def _beyond(op: str, args: tuple) -> Any:
+    """`op` of DTensors and a Python int that their dtype cannot hold (`lift`'s OverflowError), as numpy 2 has
+    it (NEP 50): an integer DTensor compared with it is compared (``x < 2**40`` of int32: every entry lies
+    below the number, all True), by a comparison of x with its dtype's largest value that gives that same
+    answer everywhere; anything else numpy refuses (OverflowError), and so does this, in one line."""
+    cls = _common._DTENSOR or _common._dtensor_class()
+    kinds = [a.local.dtype for a in args if type(a) is cls and a.local.dtype.kind != "b"]
+    dtype = result_dtype(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
+    number = next(a for a in args if type(a) is int and not _holds(dtype, a))
+    if op in _SWAPPED and len(args) == 2 and kinds and dtype.kind in "iu":  # (bools alone: numpy refuses)
+        x, cmp = (args[0], op) if args[1] is number else (args[1], _SWAPPED[op])
+        top = int(np.iinfo(dtype).max)
+        true = cmp in (_TRUE_BELOW if number > top else _TRUE_ABOVE)
+        return pointwise("le" if true else "gt", x, top)
+    wider = "int64" if dtype.kind in "iu" and -2 ** 63 <= number < 2 ** 63 else "float64"
+    instead = f"convert first, e.g. x.astype({wider!r})" if wider != dtype.name else "compute in Python ints"
+    digits = str(number)
+    shown = digits if len(digits) <= 24 else f"of {len(digits.lstrip('-'))} digits"
+    beside = "/".join(sorted({a.local.dtype.name for a in args if type(a) is cls}))
+    raise DTypeError(f"{op}: the Python int {shown} is out of bounds for {dtype.name}, the dtype it takes beside a "
+                     f"DTensor of {beside} (numpy 2 refuses it too: OverflowError); {instead}")
+
+
+def _holds(dtype: np.dtype, number: int) -> bool:
+    """Whether `dtype` holds the Python int `number` (a float's: within its range)."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return int(info.min) <= number <= int(info.max)
+    try:
+        np.asarray(number, dtype)
+    except OverflowError:
+        return False
+    return True
 
 
 class _Prepared(Prepared):
@@ -276,9 +347,20 @@ def remainder(a: Any, b: Any) -> Any:
 
 def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
     """x rounded to `decimals` places, halves to even, as numpy.round (x * 10**decimals rounded, then divided);
-    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first."""
-    if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral) or decimals < 0:
-        raise OperatorError(f"round: decimals {decimals!r} must be an integer, 0 or more")
+    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first.
+
+    Negative `decimals` round to tens, hundreds, ... as numpy's (x / 10**-decimals rounded, then multiplied;
+    an integer's computed in float64 and converted back to its dtype); a bool's refused, as numpy refuses it."""
+    if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
+        raise OperatorError(f"round: decimals {decimals!r} must be an integer")
+    if decimals < 0:
+        dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
+        if dtype.kind == "b":
+            raise OperatorError(f"round of a bool DTensor to decimals {decimals}: numpy refuses it (its quotient "
+                                "is not a bool); convert first, e.g. x.astype('int64')")
+        scale = 10.0 ** -int(decimals) if decimals >= -308 else math.inf  # numpy's too: inf, then NaN
+        out = pointwise("mul", pointwise("round", pointwise("div", x, scale)), scale)
+        return astype(out, dtype) if dtype.kind in "iu" else out
     if not decimals or getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind in "iu":
         # Integers have no places to round (numpy gives them back as they are, their dtype kept): scaled by a
         # float they would come back float64.
@@ -351,8 +433,25 @@ def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
 
 
 def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
-    """x ** exponent (a number or a DTensor; pending sums are resolved first)."""
+    """x ** exponent (a number or a DTensor; pending sums are resolved first).
+
+    numpy's np.power: an integer or bool x to a negative integer number is refused in one line on every rank, as numpy refuses
+    it (its ValueError came from the kernel, on the ranks that hold entries alone)."""
+    if exponent.__class__ is int or isinstance(exponent, np.integer):
+        kind = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind
+        if kind in "biu" and exponent < 0:
+            raise OperatorError(f"pow: a DTensor of {x.local.dtype.name} to the negative integer power "
+                                f"{int(exponent)}: numpy refuses integers to negative integer powers; use a float "
+                                f"exponent ({float(exponent)!r}) or convert x first, e.g. x.astype('float64')")
     return pointwise("pow", x, exponent)
+
+
+def power(x: Any, exponent: Any) -> Any:
+    """``x ** exponent`` (DTensor's operator) as numpy's ndarray operator: `pow`, but a bool x to the Python int
+    2 is numpy's np.square of it (int8: ``mask ** 2``), where np.power(mask, 2) is int64."""
+    if exponent.__class__ is int and exponent == 2 and x.local.dtype.kind == "b":
+        return pointwise("square", x)
+    return pow(x, exponent)
 
 
 def sigmoid(x: Any) -> Any:
@@ -404,6 +503,10 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
                 not isinstance(bound, numbers.Real) or isinstance(bound, bool) or bound != bound):
             raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
     dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
+    if dtype.kind in "iu":  # a Python int bound beyond x's dtype on the side where it clips nothing: numpy 2.4's
+        info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40); 2.0 refused); the other side refuses
+        low = int(info.min) if type(low) is int and low < info.min else low
+        high = int(info.max) if type(high) is int and high > info.max else high
     if low is None or high is None:
         # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone):
         # an integer's extremes, a bool's the ints 0 and 1 (-inf and inf would make it float64), a float's infs.

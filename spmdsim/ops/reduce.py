@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from ..autograd.rules.grads import axes_of
-from ..autograd.rules.reduce import record_reduce
+from ..autograd.rules.reduce import record_prod, record_reduce
 from ..infer.pointwise import infer_reduce, reduce_dims
 from ..buffers import as_array, broadcast_zero, contiguous
 from ..flops import sweep
 from ._common import DRY_ZEROS_BYTES, make_dtensor, raise_if_not_dtensors
 
-__all__ = ["sum", "mean", "max", "min", "var", "argmax", "argmin", "reduce"]
+__all__ = ["sum", "mean", "max", "min", "prod", "var", "argmax", "argmin", "reduce"]
 
 def lowest(dtype: np.dtype) -> Any:
     """The identity of a maximum in `dtype`: what an empty block (an uneven cut's empty shard) contributes."""
@@ -46,7 +46,7 @@ def _min(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
         np.min(a, axis=axis, keepdims=keepdims)
 
 
-_KERNELS = {"sum": np.sum, "mean": np.sum, "max": _max, "min": _min}
+_KERNELS = {"sum": np.sum, "mean": np.sum, "max": _max, "min": _min, "prod": np.prod}
 
 
 def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
@@ -125,6 +125,44 @@ def min(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 
     return reduce("min", x, dims, keepdims)
 
 
+def prod(x: Any, dims: Any = None, keepdims: bool = False) -> Any:
+    """Product over `dims` (None: all dims), numpy's ``prod``: its dtype (a bool or a narrower integer is
+    int64, a narrower unsigned one uint64), 1 over no entries. A pending sum is resolved first.
+
+    Over a split dim each rank multiplies its block, the ranks' partial products (one entry per rank) are
+    gathered over the dim's axes (an Allgather of those alone, not of the rows) and multiplied on every rank;
+    the result is replicated over those axes. Its gradient: dY times the product of the other entries (made
+    without dividing, so a zero entry takes the product of the rest)."""
+    from ..runtime.executor import redistribute
+
+    layout = _checked("prod", x, keepdims)
+    axes = reduce_dims(dims, layout.ndim, "prod")
+    if layout.partial:  # a product of a sum's addends is not the product of the sum
+        x = redistribute(x, layout.with_partial(()))
+        layout = x.layout
+    mesh, shape = layout.layout, tuple(x.global_shape)
+    split = [d for d in axes if mesh.group_size(layout.tensor_map[d]) > 1]
+    if split:
+        # Each rank's product of its block: a tensor of one entry per shard along each split reduced dim,
+        # laid out as x, then gathered whole over those dims' axes and multiplied as below.
+        sizes = tuple(mesh.group_size(e) if d in axes else n for d, (e, n) in enumerate(zip(layout.tensor_map, shape)))
+        x = redistribute(_local_prod(x, axes, True, layout, sizes),
+                         layout.layout(*[None if d in split else e or None for d, e in enumerate(layout.tensor_map)]))
+        layout, shape = x.layout, sizes
+    kept = [() if d in axes else e for d, e in enumerate(layout.tensor_map)]
+    out_map = kept if keepdims else [e for d, e in enumerate(kept) if d not in axes]
+    out_shape = tuple(1 if d in axes else n for d, n in enumerate(shape) if keepdims or d not in axes)
+    return _local_prod(x, axes, keepdims, mesh(*[e or None for e in out_map]), out_shape)
+
+
+def _local_prod(x: Any, axes: tuple, keepdims: bool, layout: Any, shape: tuple) -> Any:
+    """Each rank's product of its block over `axes`, as a DTensor of `layout` and global `shape`."""
+    block = _reduced(x, "prod", axes, keepdims)
+    sweep("prod", (x.local,), (block,))
+    out = make_dtensor(x.mesh, block, layout, shape)
+    return out if x._ag is None else record_prod(out, x, axes, keepdims)
+
+
 def var(x: Any, dims: Any = None, keepdims: bool = False, correction: int = 0) -> Any:
     """Variance over `dims` (numpy's ``var``; ``correction=1`` for PyTorch's default, Bessel's), built from
     mean and the elementwise rules: over a split dim the mean is a pending sum, resolved where a square
@@ -179,8 +217,8 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     from ..runtime.executor import pending, redistribute, resolve
 
     layout = _checked(kind, x, keepdims)
-    if x.local.dtype.kind == "b":
-        raise OperatorError(f"{kind}: x is bool; convert it first, e.g. x.astype('int64')")
+    if x.local.dtype.kind == "b":  # numpy's: the first True (argmax) or False (argmin); MPI compares no bools
+        x = x.astype(np.uint8)
     if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))):
         raise OperatorError(f"{kind}: dim {dim!r} must be an integer or None (the flattened tensor)")
     dims = reduce_dims(dim, layout.ndim, kind)

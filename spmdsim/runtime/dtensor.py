@@ -54,7 +54,7 @@ class _Operators:
     (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
     (``from spmdsim import DTensor``) loads spmdsim.ops with it.
     """
-    __slots__ = ("pointwise", "matmul", "reduce", "arg", "requires_grad_", "backward", "getitem", "reshape",
+    __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "backward", "getitem", "reshape",
                  "transpose")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
@@ -354,7 +354,8 @@ class DTensor:
         return _OPERATORS.pointwise("invert", self)
 
     def __pow__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("pow", self, other)
+        """numpy's ``x ** y`` (spmdsim.ops.pointwise.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
+        return _OPERATORS.power(self, other)
 
     def __rpow__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("pow", other, self)

@@ -1,4 +1,4 @@
-"""Gradient rules of the reductions: sum, mean, max, min.
+"""Gradient rules of the reductions: sum, mean, max, min, prod.
 
 ``sum`` spreads dY over the reduced dims and ``mean`` divides it by the
 global count; ``max`` and ``min`` send dY to the positions that attain the
@@ -17,7 +17,7 @@ from ...flops import sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
-__all__ = ["record_reduce"]
+__all__ = ["record_reduce", "record_prod"]
 
 
 def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims: bool, count: int) -> Any:
@@ -50,3 +50,30 @@ def _keepdims_layout(layout: Any, axes: tuple, ndim: int) -> Any:
     for d in axes:
         entries.insert(d, ())
     return layout.layout(*[e or None for e in entries], partial=layout.partial)
+
+
+def record_prod(out: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
+    """Each rank's product of its block over the dims `axes` (spmdsim.ops.reduce.prod): dY times the product of
+    the other entries along them. dY arrives summed over the axes x uses (a pending sum over another axis
+    passes: the gradient is linear in dY)."""
+    def backward(dy: Any) -> tuple:
+        d = dy.local if keepdims else np.expand_dims(dy.local, axes)
+        sweep("prod", (dy.local, x.local), (x.local,))
+        return (grad_tensor(x, d * others(x.local, axes), dy.layout.partial),)
+
+    return record(out, "prod", (x,), backward, with_partial(out.layout, ()))
+
+
+def others(a: np.ndarray, axes: tuple) -> np.ndarray:
+    """Each entry's product of the other entries of `a` along `axes` (prefix and suffix products: no division,
+    so beside one zero the rest's product, not NaN)."""
+    if a.size == 0:
+        return np.ones_like(a)
+    back = tuple(range(a.ndim - len(axes), a.ndim))
+    moved = np.moveaxis(a, axes, back)
+    lead = moved.shape[:a.ndim - len(axes)]
+    flat = moved.reshape(lead + (int(np.prod(moved.shape[len(lead):], dtype=np.int64)),))
+    ones = np.ones(lead + (1,), a.dtype)
+    before = np.cumprod(np.concatenate([ones, flat[..., :-1]], -1), -1)
+    after = np.cumprod(np.concatenate([ones, flat[..., :0:-1]], -1), -1)[..., ::-1]
+    return np.moveaxis((before * after).reshape(moved.shape), back, axes)

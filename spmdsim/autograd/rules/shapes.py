@@ -143,4 +143,9 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
             pieces[k] = grad_tensor(x, g, dy.layout.partial)
         return tuple(pieces)
 
-    return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward)
+    # The gradient arrives whole over the axes the operands use (as narrow's): an operand split along `d` where
+    # the result is whole (a length its shards do not divide) takes dY's rows in its own tensor map, where a
+    # pending sum over an axis that splits it cannot stay (the joined tensor broadcast over a dim split by that
+    # axis: its gradient is pending over it). A pending sum over an axis no operand uses passes through.
+    return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward,
+                  want=with_partial(out.layout, ()))
