@@ -586,6 +586,43 @@ def test_a_root_is_taken_as_mpi4py_takes_it(capsys):
                                         "required: bcast root is '0'\n"), err
 
 
+def test_a_wildcard_is_mpi_any_source_or_tag_never_none(capsys):
+    # mpi4py's receives and probes take a C int, MPI.ANY_SOURCE / MPI.ANY_TAG their defaults: None is its TypeError
+    # (it was read as the wildcard, so such a program ran here and failed under MPICH). A probe's source outside
+    # the communicator is MPI's invalid rank (the probe waited for it, and the deadlock report failed).
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        from mpi4py import MPI
+        import numpy as np
+        comm, buf = MPI.COMM_WORLD, np.zeros(1)
+        calls = {"recv": lambda: comm.recv(source=None), "irecv": lambda: comm.irecv(tag=None),
+                 "Recv": lambda: comm.Recv(buf, tag=None), "Recv_init": lambda: comm.Recv_init(buf, source=None),
+                 "Probe": lambda: comm.Probe(source=None), "improbe": lambda: comm.improbe(tag=None),
+                 "Message.probe": lambda: MPI.Message.probe(comm, source=None),
+                 "Sendrecv": lambda: comm.Sendrecv(buf, 0, recvbuf=buf, source=None),
+                 "sendrecv": lambda: comm.sendrecv(1, 0, recvtag=None),
+                 "Precv_init": lambda: comm.Precv_init(buf, 1, 0, tag=None),
+                 "probe 9": lambda: comm.probe(source=9), "Iprobe -5": lambda: comm.Iprobe(source=-5)}
+        for name, call in calls.items():
+            try:
+                call()
+            except (TypeError, MPI.Exception) as e:
+                print(comm.rank, name, type(e).__name__, e)
+        comm.send(comm.rank, dest=comm.rank ^ 1)
+        print(comm.rank, "got", comm.recv(), comm.Iprobe())
+        """))
+    assert (code, err) == (0, "")
+    none = "TypeError an integer is required: {} is None"
+    outside = "Exception Invalid rank: source rank {} is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)"
+    said = ["recv " + none.format("source"), "irecv " + none.format("tag"), "Recv " + none.format("tag"),
+            "Recv_init " + none.format("source"), "Probe " + none.format("source"), "improbe " + none.format("tag"),
+            "Message.probe " + none.format("source"), "Sendrecv " + none.format("source"),
+            "sendrecv " + none.format("recv tag"), "Precv_init " + none.format("tag"), "probe 9 " + outside.format(9),
+            "Iprobe -5 " + outside.format(-5)]
+    for r in range(4):
+        assert [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(f"{r} ")] == [
+            *said, f"got {r ^ 1} False"]
+
+
 def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
     # Every rank polls (Test, napping) for a message nobody sends: it ran until killed. Reported once every rank
     # has polled idly for POLL_STALL_S, no message moving; each rank named with its line (the Test or the nap:

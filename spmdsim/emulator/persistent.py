@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..sim._buffers import mpi_error, mpi_module
 from ..sim.requests import Request
+from .p2p import ANY_SOURCE, ANY_TAG, _any
 
 __all__ = ["Prequest", "PersistentCalls"]
 
@@ -91,7 +92,12 @@ class PersistentCalls:
     Bsend_init = _persistent("Ibsend")
     Ssend_init = _persistent("Issend")
     Rsend_init = _persistent("Irsend")
-    Recv_init = _persistent("Irecv")
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        """A persistent receive; its source and tag are read now, as mpi4py's (None: its TypeError)."""
+        source, tag = _any(source, "source"), _any(tag, "tag")
+        return Prequest(lambda: self.Irecv(buf, source, tag))
+
     Barrier_init = _persistent("Ibarrier")
     Bcast_init = _persistent("Ibcast")
     Gather_init = _persistent("Igather")

@@ -14,7 +14,7 @@ is a deadlock, as under MPICH. Bsend always buffers.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import ShapeError
 from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
@@ -32,13 +32,6 @@ EAGER_BYTES = 8 << 10
 #: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
 #: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
 TAG_UB = (1 << 29) - 1
-
-
-def _any(value: Optional[int], name: str) -> int:
-    """A receive's or probe's source or tag (`name`: ANY_SOURCE or ANY_TAG, what None is) as mpi4py takes it."""
-    if type(value) is int:
-        return value
-    return special(name) if value is None else c_int(value, "source" if name == "ANY_SOURCE" else "tag")
 
 
 def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
@@ -239,6 +232,8 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
     (a matched probe, MPI_Mprobe): the message's send, taken out of the queue so that only `receive_matched`
     receives it (None if none waits; MPI.PROC_NULL's: True)."""
     _check_tag(tag, "probe tag", any_tag=True)
+    if source != special("ANY_SOURCE"):  # a rank outside the group would never match (the job hung)
+        _check_peer(group, source, "source")
     if source == special("PROC_NULL"):
         fill_status(status, source, special("ANY_TAG"), 0)
         return True
