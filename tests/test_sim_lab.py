@@ -200,6 +200,19 @@ WRONG = [
 ]
 
 
+@pytest.mark.parametrize("call, line", [("Testall", 12), ("test", 12), ("Get_status_all", 13), ("improbe", 14),
+                                        ("Message.Iprobe", 15)])
+def test_a_report_of_a_poll_in_vain_names_the_call_polled(call, line, capsys, monkeypatch):
+    # Was "(Test)" for all but Testany, Testsome, Get_status_any/some (whose own names) and the probes ("Iprobe").
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
+    code, out, err = _mpirun(capsys, str(LAB / "poll_loop_blocked.py"), call)
+    kind = "probe" if "probe" in call.lower() else "recv"
+    assert (code, unfold(err)) == (1, DEADLOCK + (
+        f"{kind} from group rank 1 (tag 9) on the world: rank 0 polls it ({call}), while every other live rank waits; "
+        f"at poll_loop_blocked.py:{line} | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 "
+        f"polls ({call}) in vain; at poll_loop_blocked.py:19\n"))
+
+
 @pytest.mark.parametrize("name, args, code, first", WRONG, ids=[w[0] for w in WRONG])
 def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys, monkeypatch):
     monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)

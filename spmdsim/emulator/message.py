@@ -53,10 +53,14 @@ class SimMessage:
     @classmethod
     def Iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                status: Any = None) -> Optional["SimMessage"]:
-        return comm.Improbe(source, tag, status)
+        return comm._improbe(source, tag, status, "Message.Iprobe")
+
+    @classmethod
+    def iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Any = None) -> Optional["SimMessage"]:
+        return comm._improbe(source, tag, status, "Message.iprobe")
 
     probe = Probe
-    iprobe = Iprobe
 
     # -- receiving -------------------------------------------------------------------------------------
 

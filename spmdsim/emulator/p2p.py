@@ -116,10 +116,16 @@ class PointToPoint:
         return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, True)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
-        return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False)
+        return self._iprobe(source, tag, status, "Iprobe")
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
+        return self._iprobe(source, tag, status, "iprobe")
+
+    def _iprobe(self, source: Any, tag: Any, status: Any, call: str) -> bool:
+        """Iprobe; `call`: the program's call, which a report of a loop polling in vain names."""
+        return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False, call=call)
 
     probe = Probe
-    iprobe = Iprobe
 
     def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
         """A matched probe: the message, taken for the returned MPI.Message to receive (SimMessage)."""
@@ -130,14 +136,20 @@ class PointToPoint:
 
     def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
         """Mprobe if a message waits, else None."""
+        return self._improbe(source, tag, status, "Improbe")
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
+        return self._improbe(source, tag, status, "improbe")
+
+    def _improbe(self, source: Any, tag: Any, status: Any, call: str) -> Any:
+        """Improbe; `call` as _iprobe's (MPI.Message.Iprobe's too)."""
         from .message import SimMessage
 
         found = probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False,
-                      take=True)
+                      take=True, call=call)
         return None if found is None else SimMessage._taken(found)
 
     mprobe = Mprobe
-    improbe = Improbe
 
     # -- objects (pickled) -------------------------------------------------------------------------
 

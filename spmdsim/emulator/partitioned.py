@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 from ..sim._buffers import message, mpi_error, mpi_module, special
 from ..sim.engine import Group
 from ..sim.p2p import _check_peer, _check_tag, _remove
+from ..sim.request_sets import Polled
 from ..sim.requests import Request, rank_name
 from .p2p import ANY_SOURCE, ANY_TAG, _any
 from .persistent import Prequest
@@ -190,7 +191,7 @@ class Partitioned(Prequest):
             first, last = i * s // r, -(-(i + 1) * s // r) - 1
             arrived = self.token.done or bool(delivered) and all(delivered[first:last + 1])
         if not arrived:
-            self._pause(token=self.token)
+            self._pause(token=Polled([self.token], "Parrived"))
         return arrived
 
     parrived = Parrived

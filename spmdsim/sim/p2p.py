@@ -14,11 +14,12 @@ is a deadlock, as under MPICH. Bsend always buffers.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import ShapeError
 from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
 from .engine import Group, _Waiting
+from .request_sets import Polled
 from .requests import Request, completed, fill_status, rank_name
 from .._lazy import numpy_on_first_use
 
@@ -227,10 +228,12 @@ def _wake_probes(group: Group, send: Request) -> None:
         group.world.release(group.members[probe.me], probe)
 
 
-def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool, take: bool = False) -> Any:
+def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool, take: bool = False,
+          call: Optional[str] = None) -> Any:
     """Whether a message from `source` with `tag` waits for rank `me` (block: until one does). With `take`
     (a matched probe, MPI_Mprobe): the message's send, taken out of the queue so that only `receive_matched`
-    receives it (None if none waits; MPI.PROC_NULL's: True)."""
+    receives it (None if none waits; MPI.PROC_NULL's: True). `call`: the program's call (Iprobe, improbe, ...),
+    which a report of a loop polling in vain names (None: Iprobe)."""
     _check_tag(tag, "probe tag", any_tag=True)
     if source != special("ANY_SOURCE"):  # a rank outside the group would never match (the job hung)
         _check_peer(group, source, "source")
@@ -256,7 +259,7 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
         if found is not None:
             fill_status(status, *found)
             return send if take else True
-        world.pause(rank, token)
+        world.pause(rank, token if call is None else Polled([token], call))
         return None if take else False
 
 

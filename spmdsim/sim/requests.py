@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ._buffers import mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .report import whereabouts
-from .request_sets import ManyRequests, _empty, fill_status
+from .request_sets import ManyRequests, Polled, _empty, fill_status
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -221,18 +221,24 @@ class Request(ManyRequests):
     def test(self, status: Any = None) -> tuple[bool, Any]:
         if self.null or self._ready():
             return True, self._finish(status)
-        self._pause()
+        self._pause(token=Polled([self], "test"))
         return False, None
 
     def Get_status(self, status: Any = None) -> bool:
         """Whether done, without completing the request."""
+        return self._get_status(status, "Get_status")
+
+    def get_status(self, status: Any = None) -> bool:
+        return self._get_status(status, "get_status")
+
+    def _get_status(self, status: Any, call: str) -> bool:
         if self.null:
             _empty(status)
             return True
         if self._ready():
             self._peek(status)
             return True
-        self._pause()
+        self._pause(token=Polled([self], call))
         return False
 
     def _peek(self, status: Any) -> None:
@@ -244,8 +250,6 @@ class Request(ManyRequests):
             fill_status(status, special("PROC_NULL"), special("ANY_TAG"), 0)
         elif status is not None and self.kind != "send":
             _empty(status)
-
-    get_status = Get_status
 
     def Cancel(self) -> None:
         """Cancel a receive (or a send) that no message matched yet; MPI's error on a null request."""
