@@ -687,6 +687,36 @@ def test_aliased_buffers_are_mpichs_error(capsys):
         "MPI.IN_PLACE as the send buffer\n"), err
 
 
+def test_irecv_without_a_buffer_takes_mpi4pys_32_kib(capsys):
+    # mpi4py's irecv() receives into a buffer of mpi4py.rc.irecv_bufsz bytes (32 KiB) of its own: a longer pickle
+    # is MPI's "Message truncated" when the request completes (MPICH 5: 32800 bytes of b"x" fails, 32700 passes),
+    # where the emulator received any size. recv and sendrecv (which probe first) and an irecv given a buffer large
+    # enough take it.
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            for n in (32700, 32800, 40000, 40000, 40000):
+                comm.send(b"x" * n, dest=1)
+        elif comm.rank == 1:
+            for recv in (lambda: comm.irecv(source=0).wait(), lambda: comm.irecv(source=0).wait(),
+                         lambda: comm.irecv(bytearray(50000), source=0).wait(), lambda: comm.recv(source=0),
+                         lambda: comm.irecv(bytearray(40000), source=0).wait()):
+                try:
+                    print(len(recv()))
+                except MPI.Exception as e:
+                    print(e.Get_error_class() == MPI.ERR_TRUNCATE, str(e).split(": ", 1)[1])
+        """))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "32700", "True rank 0 sends 32818 bytes (tag 0) but rank 1 receives into a buffer of 32768 (irecv's; given "
+        "none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, "
+        "which takes any size)", "40000", "40000",
+        "True rank 0 sends 40018 bytes (tag 0) but rank 1 receives into a buffer of 40000 (irecv's; given none, "
+        "mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, which "
+        "takes any size)"]
+
+
 def test_a_partial_overlap_is_refused_as_the_standard_forbids_it(capsys):
     # Buffers that overlap from another address: MPICH does not check them (Exscan and Reduce_scatter run as if the
     # data sent were copied first, Alltoall gives an answer that changes from run to run, Allreduce and Scan abort

@@ -163,7 +163,17 @@ class PointToPoint:
         return post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous")
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return post_recv(self._group, self._me, _any(source, "source"), _any(tag, "tag"), None)
+        """An object's receive into `buf`, or without one into mpi4py's own buffer of mpi4py.rc.irecv_bufsz bytes
+        (32 KiB): a longer message is MPI's truncation error when the request completes, as under MPI (recv,
+        which probes the message first, takes any size)."""
+        source, tag = _any(source, "source"), _any(tag, "tag")
+        if buf is None:
+            import mpi4py
+
+            room = int(getattr(getattr(mpi4py, "rc", None), "irecv_bufsz", 32768))
+        else:
+            room = memoryview(buf).nbytes
+        return post_recv(self._group, self._me, source, tag, None, room=room)
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         self.isend(obj, dest, tag).wait()
@@ -180,12 +190,12 @@ class PointToPoint:
             import warnings
 
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        return self.irecv(None, source, tag).wait(status)
+        return post_recv(self._group, self._me, _any(source, "source"), _any(tag, "tag"), None).wait(status)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> Any:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         send = self.isend(sendobj, dest, sendtag)
-        got = self.irecv(None, source, recvtag).wait(status)
+        got = post_recv(self._group, self._me, source, recvtag, None).wait(status)  # any size, as mpi4py's
         send.wait()
         return got

@@ -111,10 +111,12 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
     return send
 
 
-def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None) -> Request:
+def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None,
+              room: Optional[int] = None) -> Request:
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
-    once they arrive (spmdsim.emulator.derived.unpacking)."""
+    once they arrive (spmdsim.emulator.derived.unpacking). `room`: an object's receive (mpi4py's irecv) takes at
+    most that many bytes (more: MPI's truncation error, when it completes)."""
     if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
         source = c_int(source, "source")  # as mpi4py converts it (`_any` passes a plain int as it is)
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
@@ -127,7 +129,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
-    recv.unpack = unpack
+    recv.unpack, recv.room = unpack, room
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -150,8 +152,11 @@ def _deliver(send: Request, recv: Request) -> None:
     payload = send.payload
     n = payload.nbytes
     if recv.buf is None:
-        recv.payload = payload.tobytes()
-        recv.nbytes = n
+        if recv.room is not None and n > recv.room:
+            recv.error = _truncated(send, recv, n)
+        else:
+            recv.payload = payload.tobytes()
+            recv.nbytes = n
     elif n > recv.buf.nbytes:
         recv.error = _truncated(send, recv, n)
     else:
@@ -176,7 +181,10 @@ def _deliver(send: Request, recv: Request) -> None:
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
     group = send.group
     detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
-              f"receives into a buffer of {recv.buf.nbytes}")
+              f"receives into a buffer of {recv.room if recv.buf is None else recv.buf.nbytes}")
+    if recv.buf is None:
+        detail += (" (irecv's; given none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer "
+                   "large enough, or receive with recv, which takes any size)")
     mpi = mpi_module()
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)

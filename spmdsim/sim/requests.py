@@ -27,7 +27,8 @@ class Request(ManyRequests):
     """A pending operation of one simulated rank (see the module docstring)."""
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
-                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "__weakref__")
+                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
+                 "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
@@ -46,6 +47,7 @@ class Request(ManyRequests):
         self.cancelled = False
         self.mode = "standard"
         self.unpack: Optional[Any] = None  # a receive into a derived datatype: unpack(nbytes) once delivered
+        self.room: Optional[int] = None  # an object's receive into a buffer (mpi4py's irecv): the most bytes
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
 
