@@ -717,6 +717,28 @@ def test_irecv_without_a_buffer_takes_mpi4pys_32_kib(capsys):
         "takes any size)"]
 
 
+def test_a_persistent_requests_rank_and_tag_are_checked_when_made(capsys):
+    # MPICH's Send_init / Recv_init refuse a rank outside the communicator or a negative tag at once; the emulator
+    # made the request (the error came at Start, or never: Recv_init took any source).
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        import numpy as np
+        from mpi4py import MPI
+        comm, b = MPI.COMM_WORLD, np.zeros(1)
+        for call in (lambda: comm.Send_init(b, dest=99), lambda: comm.Recv_init(b, source=99),
+                     lambda: comm.Ssend_init(b, dest=0, tag=-3), lambda: comm.Recv_init(b, source=0, tag=-3)):
+            try:
+                call()
+            except MPI.Exception as e:
+                print(comm.rank, e.Get_error_class() in (MPI.ERR_RANK, MPI.ERR_TAG), str(e).split(": ", 1)[1])
+        """))
+    assert (code, err) == (0, "")
+    assert [line for line in out.splitlines() if line.startswith("0 ")] == [
+        "0 True dest rank 99 is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)",
+        "0 True source rank 99 is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)",
+        "0 True send tag -3 is negative: tags are 0 or more",
+        "0 True receive tag -3 is negative: tags are 0 or more; MPI.ANY_TAG matches any"]
+
+
 def test_a_partial_overlap_is_refused_as_the_standard_forbids_it(capsys):
     # Buffers that overlap from another address: MPICH does not check them (Exscan and Reduce_scatter run as if the
     # data sent were copied first, Alltoall gives an answer that changes from run to run, Allreduce and Scan abort
