@@ -160,7 +160,7 @@ def test_point_to_point_ring_and_any_source():
         comm.Sendrecv(send, (r + 1) % g, 5, recv, (r - 1) % g, 5)
         reqs = [comm.Isend(np.array([r, j], np.int64), j, tag=1) for j in range(g) if j != r]
         bufs = [np.empty(2, np.int64) for j in range(g) if j != r]
-        reqs += [comm.Irecv(b, source=None, tag=1) for b in bufs]
+        reqs += [comm.Irecv(b, tag=1) for b in bufs]  # from any source (the default)
         Request.Waitall(reqs)
         token = comm.sendrecv(("hello", r), dest=(r + 1) % g, source=(r - 1) % g)
         return recv.tolist(), sorted(tuple(b) for b in bufs), token

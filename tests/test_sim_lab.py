@@ -200,6 +200,19 @@ WRONG = [
 ]
 
 
+@pytest.mark.parametrize("call, line", [("Testall", 12), ("test", 12), ("Get_status_all", 13), ("improbe", 14),
+                                        ("Message.Iprobe", 15)])
+def test_a_report_of_a_poll_in_vain_names_the_call_polled(call, line, capsys, monkeypatch):
+    # Was "(Test)" for all but Testany, Testsome, Get_status_any/some (whose own names) and the probes ("Iprobe").
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
+    code, out, err = _mpirun(capsys, str(LAB / "poll_loop_blocked.py"), call)
+    kind = "probe" if "probe" in call.lower() else "recv"
+    assert (code, unfold(err)) == (1, DEADLOCK + (
+        f"{kind} from group rank 1 (tag 9) on the world: rank 0 polls it ({call}), while every other live rank waits; "
+        f"at poll_loop_blocked.py:{line} | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 "
+        f"polls ({call}) in vain; at poll_loop_blocked.py:19\n"))
+
+
 @pytest.mark.parametrize("name, args, code, first", WRONG, ids=[w[0] for w in WRONG])
 def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys, monkeypatch):
     monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
@@ -586,6 +599,43 @@ def test_a_root_is_taken_as_mpi4py_takes_it(capsys):
                                         "required: bcast root is '0'\n"), err
 
 
+def test_a_wildcard_is_mpi_any_source_or_tag_never_none(capsys):
+    # mpi4py's receives and probes take a C int, MPI.ANY_SOURCE / MPI.ANY_TAG their defaults: None is its TypeError
+    # (it was read as the wildcard, so such a program ran here and failed under MPICH). A probe's source outside
+    # the communicator is MPI's invalid rank (the probe waited for it, and the deadlock report failed).
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        from mpi4py import MPI
+        import numpy as np
+        comm, buf = MPI.COMM_WORLD, np.zeros(1)
+        calls = {"recv": lambda: comm.recv(source=None), "irecv": lambda: comm.irecv(tag=None),
+                 "Recv": lambda: comm.Recv(buf, tag=None), "Recv_init": lambda: comm.Recv_init(buf, source=None),
+                 "Probe": lambda: comm.Probe(source=None), "improbe": lambda: comm.improbe(tag=None),
+                 "Message.probe": lambda: MPI.Message.probe(comm, source=None),
+                 "Sendrecv": lambda: comm.Sendrecv(buf, 0, recvbuf=buf, source=None),
+                 "sendrecv": lambda: comm.sendrecv(1, 0, recvtag=None),
+                 "Precv_init": lambda: comm.Precv_init(buf, 1, 0, tag=None),
+                 "probe 9": lambda: comm.probe(source=9), "Iprobe -5": lambda: comm.Iprobe(source=-5)}
+        for name, call in calls.items():
+            try:
+                call()
+            except (TypeError, MPI.Exception) as e:
+                print(comm.rank, name, type(e).__name__, e)
+        comm.send(comm.rank, dest=comm.rank ^ 1)
+        print(comm.rank, "got", comm.recv(), comm.Iprobe())
+        """))
+    assert (code, err) == (0, "")
+    none = "TypeError an integer is required: {} is None"
+    outside = "Exception Invalid rank: source rank {} is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)"
+    said = ["recv " + none.format("source"), "irecv " + none.format("tag"), "Recv " + none.format("tag"),
+            "Recv_init " + none.format("source"), "Probe " + none.format("source"), "improbe " + none.format("tag"),
+            "Message.probe " + none.format("source"), "Sendrecv " + none.format("source"),
+            "sendrecv " + none.format("recv tag"), "Precv_init " + none.format("tag"), "probe 9 " + outside.format(9),
+            "Iprobe -5 " + outside.format(-5)]
+    for r in range(4):
+        assert [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(f"{r} ")] == [
+            *said, f"got {r ^ 1} False"]
+
+
 def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
     # Every rank polls (Test, napping) for a message nobody sends: it ran until killed. Reported once every rank
     # has polled idly for POLL_STALL_S, no message moving; each rank named with its line (the Test or the nap:
@@ -633,8 +683,74 @@ def test_aliased_buffers_are_mpichs_error(capsys):
         f"{r} in place ran [6.0, 6.0, 6.0]", f"{r} Allgather True", f"{r} Scatter True", f"{r} Allgather other ran ")), out
     assert code == 1 and err.startswith(
         f"spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {mpi_says('ERR_BUFFER')}: Allreduce: buffers "
-        "must not be aliased: the data sent and the receive buffer share memory; pass MPI.IN_PLACE as the send "
-        "buffer\n"), err
+        "must not be aliased: the data sent and the receive buffer share memory (the MPI standard forbids it); pass "
+        "MPI.IN_PLACE as the send buffer\n"), err
+
+
+def test_irecv_without_a_buffer_takes_mpi4pys_32_kib(capsys):
+    # mpi4py's irecv() receives into a buffer of mpi4py.rc.irecv_bufsz bytes (32 KiB) of its own: a longer pickle
+    # is MPI's "Message truncated" when the request completes (MPICH 5: 32800 bytes of b"x" fails, 32700 passes),
+    # where the emulator received any size. recv and sendrecv (which probe first) and an irecv given a buffer large
+    # enough take it.
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            for n in (32700, 32800, 40000, 40000, 40000):
+                comm.send(b"x" * n, dest=1)
+        elif comm.rank == 1:
+            for recv in (lambda: comm.irecv(source=0).wait(), lambda: comm.irecv(source=0).wait(),
+                         lambda: comm.irecv(bytearray(50000), source=0).wait(), lambda: comm.recv(source=0),
+                         lambda: comm.irecv(bytearray(40000), source=0).wait()):
+                try:
+                    print(len(recv()))
+                except MPI.Exception as e:
+                    print(e.Get_error_class() == MPI.ERR_TRUNCATE, str(e).split(": ", 1)[1])
+        """))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "32700", "True rank 0 sends 32818 bytes (tag 0) but rank 1 receives into a buffer of 32768 (irecv's; given "
+        "none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, "
+        "which takes any size)", "40000", "40000",
+        "True rank 0 sends 40018 bytes (tag 0) but rank 1 receives into a buffer of 40000 (irecv's; given none, "
+        "mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, which "
+        "takes any size)"]
+
+
+def test_a_persistent_requests_rank_and_tag_are_checked_when_made(capsys):
+    # MPICH's Send_init / Recv_init refuse a rank outside the communicator or a negative tag at once; the emulator
+    # made the request (the error came at Start, or never: Recv_init took any source).
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        import numpy as np
+        from mpi4py import MPI
+        comm, b = MPI.COMM_WORLD, np.zeros(1)
+        for call in (lambda: comm.Send_init(b, dest=99), lambda: comm.Recv_init(b, source=99),
+                     lambda: comm.Ssend_init(b, dest=0, tag=-3), lambda: comm.Recv_init(b, source=0, tag=-3)):
+            try:
+                call()
+            except MPI.Exception as e:
+                print(comm.rank, e.Get_error_class() in (MPI.ERR_RANK, MPI.ERR_TAG), str(e).split(": ", 1)[1])
+        """))
+    assert (code, err) == (0, "")
+    assert [line for line in out.splitlines() if line.startswith("0 ")] == [
+        "0 True dest rank 99 is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)",
+        "0 True source rank 99 is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)",
+        "0 True send tag -3 is negative: tags are 0 or more",
+        "0 True receive tag -3 is negative: tags are 0 or more; MPI.ANY_TAG matches any"]
+
+
+def test_a_partial_overlap_is_refused_as_the_standard_forbids_it(capsys):
+    # Buffers that overlap from another address: MPICH does not check them (Exscan and Reduce_scatter run as if the
+    # data sent were copied first, Alltoall gives an answer that changes from run to run, Allreduce and Scan abort
+    # on an assertion); MPI forbids them, so they stay refused, the line saying so (was: "share memory", as if
+    # MPICH refused them too).
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\na = np.ones(5)\n"
+                                           "MPI.COMM_WORLD.Exscan(a[1:], a[:4])\n")
+    assert code == 1 and out == "" and err.startswith(
+        f"spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {mpi_says('ERR_BUFFER')}: Exscan: buffers "
+        "must not be aliased: the data sent and the receive buffer overlap (the MPI standard forbids it; MPICH "
+        "refuses only buffers that start at one address, and runs this overlap with its copying order's answer, or "
+        "aborts); pass MPI.IN_PLACE as the send buffer\n"), err
 
 
 def test_a_none_buffer_is_mpi4pys_type_error(capsys):

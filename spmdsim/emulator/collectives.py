@@ -64,12 +64,19 @@ def _aliased(call: str, sent: np.ndarray, into: np.ndarray, where: str = "the re
     aliased"), where the data a rank sends (`sent`) and the memory its message is received into (`into`: the
     receive buffer, or the rank's own block of it in a gather, the root's block of the send buffer in a scatter)
     overlap. MPICH compares their addresses, and of buffers that overlap from another address aborts on some
-    ("memcpy argument memory ranges overlap") and runs others: MPI forbids them all, and here each rank's data is
-    read while others write, so every overlap is refused. Empty messages pass, as MPICH's (count 0). The one check of
-    every collective MPICH checks: Sendrecv, Alltoallv(w) and the neighbour collectives take aliased buffers."""
+    (Allreduce, Scan: an assertion; "memcpy argument memory ranges overlap") and runs others (Alltoall: an answer
+    that changes from run to run; Exscan, Reduce_scatter(_block): as if the data sent were copied first): the MPI
+    standard forbids them all (an OUT argument may not be aliased with another), and here each rank's data is
+    read while others write, so every overlap is refused, the message saying so. Empty messages pass, as MPICH's
+    (count 0). The one check of every collective MPICH checks: Sendrecv, Alltoallv(w) and the neighbour
+    collectives take aliased buffers."""
     if sent.size and into.size and np.may_share_memory(sent, into):  # flat, one block each: the bounds are exact
-        detail = (f"{call}: buffers must not be aliased: the data sent and {where} share memory; pass MPI.IN_PLACE "
-                  f"as {instead}")
+        if sent.__array_interface__["data"][0] == into.__array_interface__["data"][0]:  # what MPICH refuses
+            how = "share memory (the MPI standard forbids it)"
+        else:
+            how = ("overlap (the MPI standard forbids it; MPICH refuses only buffers that start at one address, "
+                   "and runs this overlap with its copying order's answer, or aborts)")
+        detail = f"{call}: buffers must not be aliased: the data sent and {where} {how}; pass MPI.IN_PLACE as {instead}"
         mpi = mpi_module()
         raise BufferSpecError(detail) if mpi is None else mpi_error(mpi, mpi.ERR_BUFFER, detail)
 

@@ -16,6 +16,7 @@ from ..sim._buffers import mpi_error, mpi_module
 from ..sim.p2p import receive_matched
 from ..sim.requests import Request, completed
 from .group import speak_mpi4py
+from .p2p import ANY_SOURCE, ANY_TAG
 
 __all__ = ["SimMessage", "MESSAGE_NULL", "MESSAGE_NO_PROC"]
 
@@ -45,17 +46,21 @@ class SimMessage:
     # -- matched probes as class methods (MPI.Message.Probe(comm, ...)) --------------------------------
 
     @classmethod
-    def Probe(cls, comm: Any, source: Optional[int] = None, tag: Optional[int] = None,
+    def Probe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
               status: Any = None) -> "SimMessage":
         return comm.Mprobe(source, tag, status)
 
     @classmethod
-    def Iprobe(cls, comm: Any, source: Optional[int] = None, tag: Optional[int] = None,
+    def Iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                status: Any = None) -> Optional["SimMessage"]:
-        return comm.Improbe(source, tag, status)
+        return comm._improbe(source, tag, status, "Message.Iprobe")
+
+    @classmethod
+    def iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Any = None) -> Optional["SimMessage"]:
+        return comm._improbe(source, tag, status, "Message.iprobe")
 
     probe = Probe
-    iprobe = Iprobe
 
     # -- receiving -------------------------------------------------------------------------------------
 

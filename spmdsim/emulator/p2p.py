@@ -2,15 +2,36 @@
 messages (spmdsim.sim.p2p: matching, eager sends, probes) behind mpi4py's names and arguments."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from ..sim._buffers import message, no_buffer, special
-from ..sim.p2p import _any, post_recv, post_send, probe
+from ..sim._buffers import c_int, message, no_buffer, special
+from ..sim.p2p import post_recv, post_send, probe
 from ..sim.requests import Request
 from .derived import may_be_derived, packed, unpacking
 
-__all__ = ["PointToPoint"]
+__all__ = ["ANY_SOURCE", "ANY_TAG", "PointToPoint"]
 
+
+class _Wildcard:
+    """The default of a receive's or probe's source or tag: MPI.ANY_SOURCE or MPI.ANY_TAG as this process's MPI
+    has them (read when the call is made), as mpi4py's defaults are; None there is mpi4py's TypeError."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"MPI.{self.name}"
+
+
+ANY_SOURCE, ANY_TAG = _Wildcard("ANY_SOURCE"), _Wildcard("ANY_TAG")
+
+
+def _any(value: Any, what: str) -> int:
+    """A receive's or probe's source or tag (`what`: its name in the error) as mpi4py takes it: a C int (`c_int`:
+    None is mpi4py's TypeError, "an integer is required"), the defaults the wildcards."""
+    if isinstance(value, _Wildcard):
+        return special(value.name)
+    return c_int(value, what)
 
 
 def _no_buffer(call: str) -> TypeError:
@@ -40,11 +61,12 @@ class PointToPoint:
 
     Irsend = Isend
 
-    def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        source, tag = _any(source, "source"), _any(tag, "tag")  # first, as mpi4py converts its arguments
         if buf is None and source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Recv")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)  # a derived type: unpacked on arrival
-        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), into, unpack)
+        return post_recv(self._group, self._me, source, tag, into, unpack)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         self.Isend(buf, dest, tag).Wait()
@@ -57,11 +79,12 @@ class PointToPoint:
 
     Rsend = Send
 
-    def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> None:
         self.Irecv(buf, source, tag).Wait(status)
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                  source: Optional[int] = None, recvtag: Optional[int] = None) -> Request:
+                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         if recvbuf is None and sendbuf is not None and source != special("PROC_NULL"):
             raise _no_buffer("Recv")  # before the send is posted: mpi4py reads both messages before MPI sends
         send = self.Isend(sendbuf, dest, sendtag)
@@ -71,11 +94,12 @@ class PointToPoint:
         return both
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                 source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> None:
         self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
 
-    def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
-                          recvtag: Optional[int] = None) -> Request:
+    def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         if buf is None and dest == source == special("PROC_NULL"):
             buf = [None, 0]  # mpi4py's empty message: None is one only to and from MPI.PROC_NULL
         data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
@@ -84,36 +108,48 @@ class PointToPoint:
         both.null, both.parts = False, (send, self.Irecv(data[:count], source, recvtag))
         return both
 
-    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
-                         recvtag: Optional[int] = None, status: Any = None) -> None:
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Any = None) -> None:
         self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
-    def Probe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> bool:
-        return probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, True)
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
+        return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, True)
 
-    def Iprobe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> bool:
-        return probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, False)
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
+        return self._iprobe(source, tag, status, "Iprobe")
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
+        return self._iprobe(source, tag, status, "iprobe")
+
+    def _iprobe(self, source: Any, tag: Any, status: Any, call: str) -> bool:
+        """Iprobe; `call`: the program's call, which a report of a loop polling in vain names."""
+        return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False, call=call)
 
     probe = Probe
-    iprobe = Iprobe
 
-    def Mprobe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> Any:
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
         """A matched probe: the message, taken for the returned MPI.Message to receive (SimMessage)."""
         from .message import SimMessage
 
-        return SimMessage._taken(probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"),
+        return SimMessage._taken(probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"),
                                        status, True, take=True))
 
-    def Improbe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> Any:
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
         """Mprobe if a message waits, else None."""
+        return self._improbe(source, tag, status, "Improbe")
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
+        return self._improbe(source, tag, status, "improbe")
+
+    def _improbe(self, source: Any, tag: Any, status: Any, call: str) -> Any:
+        """Improbe; `call` as _iprobe's (MPI.Message.Iprobe's too)."""
         from .message import SimMessage
 
-        found = probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, False,
-                      take=True)
+        found = probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False,
+                      take=True, call=call)
         return None if found is None else SimMessage._taken(found)
 
     mprobe = Mprobe
-    improbe = Improbe
 
     # -- objects (pickled) -------------------------------------------------------------------------
 
@@ -126,8 +162,18 @@ class PointToPoint:
     def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         return post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous")
 
-    def irecv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
-        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), None)
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """An object's receive into `buf`, or without one into mpi4py's own buffer of mpi4py.rc.irecv_bufsz bytes
+        (32 KiB): a longer message is MPI's truncation error when the request completes, as under MPI (recv,
+        which probes the message first, takes any size)."""
+        source, tag = _any(source, "source"), _any(tag, "tag")
+        if buf is None:
+            import mpi4py
+
+            room = int(getattr(getattr(mpi4py, "rc", None), "irecv_bufsz", 32768))
+        else:
+            room = memoryview(buf).nbytes
+        return post_recv(self._group, self._me, source, tag, None, room=room)
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         self.isend(obj, dest, tag).wait()
@@ -138,17 +184,18 @@ class PointToPoint:
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
         self.issend(obj, dest, tag).wait()
 
-    def recv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None,
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Any = None) -> Any:
         if buf is not None:  # as mpi4py warns; the message is unpickled from its own bytes
             import warnings
 
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        return self.irecv(None, source, tag).wait(status)
+        return post_recv(self._group, self._me, _any(source, "source"), _any(tag, "tag"), None).wait(status)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                 source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> Any:
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> Any:
+        source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         send = self.isend(sendobj, dest, sendtag)
-        got = self.irecv(None, source, recvtag).wait(status)
+        got = post_recv(self._group, self._me, source, recvtag, None).wait(status)  # any size, as mpi4py's
         send.wait()
         return got

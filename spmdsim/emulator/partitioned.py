@@ -24,7 +24,9 @@ from typing import Any, Optional, Sequence
 from ..sim._buffers import message, mpi_error, mpi_module, special
 from ..sim.engine import Group
 from ..sim.p2p import _check_peer, _check_tag, _remove
+from ..sim.request_sets import Polled
 from ..sim.requests import Request, rank_name
+from .p2p import ANY_SOURCE, ANY_TAG, _any
 from .persistent import Prequest
 from .._lazy import numpy_on_first_use
 
@@ -189,7 +191,7 @@ class Partitioned(Prequest):
             first, last = i * s // r, -(-(i + 1) * s // r) - 1
             arrived = self.token.done or bool(delivered) and all(delivered[first:last + 1])
         if not arrived:
-            self._pause(token=self.token)
+            self._pause(token=Polled([self.token], "Parrived"))
         return arrived
 
     parrived = Parrived
@@ -250,9 +252,8 @@ class PartitionedCalls:
         """A partitioned send of `buf` cut into `partitions` equal parts to `dest` (MPI 4.0)."""
         return _made(self._group, self._me, "send", buf, partitions, dest, tag)
 
-    def Precv_init(self, buf: Any, partitions: int, source: Optional[int] = None, tag: Optional[int] = None,
+    def Precv_init(self, buf: Any, partitions: int, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                    info: Any = None) -> Partitioned:
         """A partitioned receive into `buf` cut into `partitions` equal parts from `source` (MPI 4.0)."""
-        source = special("ANY_SOURCE") if source is None else source
-        tag = special("ANY_TAG") if tag is None else tag
+        source, tag = _any(source, "source"), _any(tag, "tag")
         return _made(self._group, self._me, "recv", buf, partitions, source, tag)

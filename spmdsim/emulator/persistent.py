@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from ..sim._buffers import mpi_error, mpi_module
+from ..sim._buffers import c_int, mpi_error, mpi_module, special
+from ..sim.p2p import _check_peer, _check_tag
 from ..sim.requests import Request
+from .p2p import ANY_SOURCE, ANY_TAG, _any
 
 __all__ = ["Prequest", "PersistentCalls"]
 
@@ -74,6 +76,22 @@ class Prequest(Request):
         return f"<simulated Prequest {state}>"
 
 
+def _point_to_point(call: str) -> Callable:
+    """A persistent send: its rank and tag checked when made, as MPICH's MPI_Send_init checks them (an
+    invalid rank is MPI's error there, not at Start)."""
+
+    def init(self: Any, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
+        _check_peer(self._group, dest, "dest")
+        _check_tag(tag, "send tag")
+        start = getattr(self, call)
+        return Prequest(lambda: start(buf, dest, tag))
+
+    init.__name__ = init.__qualname__ = f"{call[1:]}_init"
+    init.__doc__ = f"A persistent request whose Start calls {call} with these arguments (checked now)."
+    return init
+
+
 def _persistent(call: str) -> Callable:
     def init(self: Any, *args: Any, **kwargs: Any) -> Prequest:
         start = getattr(self, call)
@@ -87,11 +105,20 @@ def _persistent(call: str) -> Callable:
 class PersistentCalls:
     """SimComm's ``..._init`` methods (a mixin over its nonblocking calls)."""
 
-    Send_init = _persistent("Isend")
-    Bsend_init = _persistent("Ibsend")
-    Ssend_init = _persistent("Issend")
-    Rsend_init = _persistent("Irsend")
-    Recv_init = _persistent("Irecv")
+    Send_init = _point_to_point("Isend")
+    Bsend_init = _point_to_point("Ibsend")
+    Ssend_init = _point_to_point("Issend")
+    Rsend_init = _point_to_point("Irsend")
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        """A persistent receive; its source and tag are read and checked now, as mpi4py and MPICH do (None:
+        mpi4py's TypeError; a rank outside the communicator MPI's invalid rank)."""
+        source, tag = _any(source, "source"), _any(tag, "tag")
+        if source != special("ANY_SOURCE"):
+            _check_peer(self._group, source, "source")
+        _check_tag(tag, "receive tag", any_tag=True)
+        return Prequest(lambda: self.Irecv(buf, source, tag))
+
     Barrier_init = _persistent("Ibarrier")
     Bcast_init = _persistent("Ibcast")
     Gather_init = _persistent("Igather")

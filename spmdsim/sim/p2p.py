@@ -19,6 +19,7 @@ from typing import Any, Optional
 from ..errors import ShapeError
 from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
 from .engine import Group, _Waiting
+from .request_sets import Polled
 from .requests import Request, completed, fill_status, rank_name
 from .._lazy import numpy_on_first_use
 
@@ -32,13 +33,6 @@ EAGER_BYTES = 8 << 10
 #: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
 #: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
 TAG_UB = (1 << 29) - 1
-
-
-def _any(value: Optional[int], name: str) -> int:
-    """A receive's or probe's source or tag (`name`: ANY_SOURCE or ANY_TAG, what None is) as mpi4py takes it."""
-    if type(value) is int:
-        return value
-    return special(name) if value is None else c_int(value, "source" if name == "ANY_SOURCE" else "tag")
 
 
 def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
@@ -117,10 +111,12 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
     return send
 
 
-def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None) -> Request:
+def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None,
+              room: Optional[int] = None) -> Request:
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
-    once they arrive (spmdsim.emulator.derived.unpacking)."""
+    once they arrive (spmdsim.emulator.derived.unpacking). `room`: an object's receive (mpi4py's irecv) takes at
+    most that many bytes (more: MPI's truncation error, when it completes)."""
     if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
         source = c_int(source, "source")  # as mpi4py converts it (`_any` passes a plain int as it is)
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
@@ -133,7 +129,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
-    recv.unpack = unpack
+    recv.unpack, recv.room = unpack, room
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -156,8 +152,11 @@ def _deliver(send: Request, recv: Request) -> None:
     payload = send.payload
     n = payload.nbytes
     if recv.buf is None:
-        recv.payload = payload.tobytes()
-        recv.nbytes = n
+        if recv.room is not None and n > recv.room:
+            recv.error = _truncated(send, recv, n)
+        else:
+            recv.payload = payload.tobytes()
+            recv.nbytes = n
     elif n > recv.buf.nbytes:
         recv.error = _truncated(send, recv, n)
     else:
@@ -182,7 +181,10 @@ def _deliver(send: Request, recv: Request) -> None:
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
     group = send.group
     detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
-              f"receives into a buffer of {recv.buf.nbytes}")
+              f"receives into a buffer of {recv.room if recv.buf is None else recv.buf.nbytes}")
+    if recv.buf is None:
+        detail += (" (irecv's; given none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer "
+                   "large enough, or receive with recv, which takes any size)")
     mpi = mpi_module()
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)
@@ -234,11 +236,15 @@ def _wake_probes(group: Group, send: Request) -> None:
         group.world.release(group.members[probe.me], probe)
 
 
-def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool, take: bool = False) -> Any:
+def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool, take: bool = False,
+          call: Optional[str] = None) -> Any:
     """Whether a message from `source` with `tag` waits for rank `me` (block: until one does). With `take`
     (a matched probe, MPI_Mprobe): the message's send, taken out of the queue so that only `receive_matched`
-    receives it (None if none waits; MPI.PROC_NULL's: True)."""
+    receives it (None if none waits; MPI.PROC_NULL's: True). `call`: the program's call (Iprobe, improbe, ...),
+    which a report of a loop polling in vain names (None: Iprobe)."""
     _check_tag(tag, "probe tag", any_tag=True)
+    if source != special("ANY_SOURCE"):  # a rank outside the group would never match (the job hung)
+        _check_peer(group, source, "source")
     if source == special("PROC_NULL"):
         fill_status(status, source, special("ANY_TAG"), 0)
         return True
@@ -261,7 +267,7 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
         if found is not None:
             fill_status(status, *found)
             return send if take else True
-        world.pause(rank, token)
+        world.pause(rank, token if call is None else Polled([token], call))
         return None if take else False
 
 

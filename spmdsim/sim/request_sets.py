@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 from ._buffers import mpi_module, special
 from .engine import AllOf, _Waiting
 
-__all__ = ["ManyRequests", "fill_status"]
+__all__ = ["ManyRequests", "Polled", "fill_status"]
 
 
 def fill_status(status: Any, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
@@ -50,13 +50,18 @@ class ManyRequests:
 
     @classmethod
     def Testall(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
-        return cls.testall(requests, statuses)[0]
+        return cls._testall(requests, statuses, "Testall")[0]
 
     @classmethod
     def testall(cls, requests: Sequence[Any], statuses: Any = None) -> tuple[bool, Optional[list]]:
+        return cls._testall(requests, statuses, "testall")
+
+    @classmethod
+    def _testall(cls, requests: Sequence[Any], statuses: Any, call: str) -> tuple[bool, Optional[list]]:
+        """testall; `call`: the program's call, which a report of a loop polling in vain names."""
         pending = next((r for r in requests if not r.null and not r._ready()), None)
         if pending is not None:
-            pending._pause()
+            pending._pause(token=Polled([pending], call))
             return False, None
         statuses = _statuses(statuses, len(requests))
         return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
@@ -68,19 +73,24 @@ class ManyRequests:
     @classmethod
     def waitany(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, Any]:
         while True:
-            index, flag, obj = cls.testany(requests, status, pause=False)
+            index, flag, obj = cls._testany(requests, status, None)
             if flag:
                 return index, obj
             _block_any(requests)
 
     @classmethod
     def Testany(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool]:
-        index, flag, _ = cls.testany(requests, status)
+        index, flag, _ = cls._testany(requests, status, "Testany")
         return index, flag
 
     @classmethod
-    def testany(cls, requests: Sequence[Any], status: Any = None,
-                pause: bool = True) -> tuple[int, bool, Any]:
+    def testany(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool, Any]:
+        return cls._testany(requests, status, "testany")
+
+    @classmethod
+    def _testany(cls, requests: Sequence[Any], status: Any, call: Optional[str]) -> tuple[int, bool, Any]:
+        """testany; `call`: the program's call, which a report of a loop polling in vain names (None: no poll,
+        waitany's)."""
         active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             _empty(status)
@@ -88,8 +98,8 @@ class ManyRequests:
         for i in active:
             if requests[i]._ready():
                 return i, True, requests[i]._finish(status)
-        if pause:
-            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testany"))
+        if call is not None:
+            requests[active[0]]._pause(token=Polled([requests[i] for i in active], call))
         return special("UNDEFINED"), False, None
 
     @classmethod
@@ -99,24 +109,29 @@ class ManyRequests:
     @classmethod
     def waitsome(cls, requests: Sequence[Any], statuses: Any = None) -> tuple:
         while True:
-            indices, objs = cls.testsome(requests, statuses, pause=False)
+            indices, objs = cls._testsome(requests, statuses, None)
             if indices is None or indices:
                 return indices, objs
             _block_any(requests)
 
     @classmethod
     def Testsome(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
-        return cls.testsome(requests, statuses)[0]
+        return cls._testsome(requests, statuses, "Testsome")[0]
 
     @classmethod
-    def testsome(cls, requests: Sequence[Any], statuses: Any = None, pause: bool = True) -> tuple:
+    def testsome(cls, requests: Sequence[Any], statuses: Any = None) -> tuple:
+        return cls._testsome(requests, statuses, "testsome")
+
+    @classmethod
+    def _testsome(cls, requests: Sequence[Any], statuses: Any, call: Optional[str]) -> tuple:
+        """testsome; `call` as _testany's."""
         active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             return None, None
         ready = [i for i in active if requests[i]._ready()]
         if not ready:
-            if pause:
-                requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testsome"))
+            if call is not None:
+                requests[active[0]]._pause(token=Polled([requests[i] for i in active], call))
             return [], []
         statuses = _statuses(statuses, len(ready))
         objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
@@ -128,9 +143,17 @@ class ManyRequests:
     @classmethod
     def Get_status_all(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
         """Whether every request is done (statuses filled then); none is completed."""
+        return cls._get_status_all(requests, statuses, "Get_status_all")
+
+    @classmethod
+    def get_status_all(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
+        return cls._get_status_all(requests, statuses, "get_status_all")
+
+    @classmethod
+    def _get_status_all(cls, requests: Sequence[Any], statuses: Any, call: str) -> bool:
         pending = next((r for r in requests if not r.null and not r._ready()), None)
         if pending is not None:
-            pending._pause()
+            pending._pause(token=Polled([pending], call))
             return False
         statuses = _statuses(statuses, len(requests))
         for i, r in enumerate(requests):
@@ -141,12 +164,18 @@ class ManyRequests:
                 r._peek(status)
         return True
 
-    get_status_all = Get_status_all
-
     @classmethod
     def Get_status_any(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool]:
         """(index, True) of a done request (not completed), (MPI.UNDEFINED, True) if all are null, else
         (MPI.UNDEFINED, False)."""
+        return cls._get_status_any(requests, status, "Get_status_any")
+
+    @classmethod
+    def get_status_any(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool]:
+        return cls._get_status_any(requests, status, "get_status_any")
+
+    @classmethod
+    def _get_status_any(cls, requests: Sequence[Any], status: Any, call: str) -> tuple[int, bool]:
         active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             _empty(status)
@@ -155,32 +184,37 @@ class ManyRequests:
             if requests[i]._ready():
                 requests[i]._peek(status)
                 return i, True
-        requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Get_status_any"))
+        requests[active[0]]._pause(token=Polled([requests[i] for i in active], call))
         return special("UNDEFINED"), False
-
-    get_status_any = Get_status_any
 
     @classmethod
     def Get_status_some(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
         """The indices of the done requests (not completed), [] if none, None if all are null."""
+        return cls._get_status_some(requests, statuses, "Get_status_some")
+
+    @classmethod
+    def get_status_some(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
+        return cls._get_status_some(requests, statuses, "get_status_some")
+
+    @classmethod
+    def _get_status_some(cls, requests: Sequence[Any], statuses: Any, call: str) -> Optional[list]:
         active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             return None
         ready = [i for i in active if requests[i]._ready()]
         if not ready:
-            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Get_status_some"))
+            requests[active[0]]._pause(token=Polled([requests[i] for i in active], call))
             return []
         statuses = _statuses(statuses, len(ready))
         for k, i in enumerate(ready):
             requests[i]._peek(statuses[k] if statuses else None)
         return ready
 
-    get_status_some = Get_status_some
 
-
-class _AnyOf:
-    """Requests polled together (Testany, Testsome): no rank left completes the poll if it completes
-    none of them; the report names the first."""
+class Polled:
+    """Requests polled by one call of the program's (`call`: Testany, testsome, Testall, Iprobe, ..., which a
+    report of a loop polling in vain names): no rank left completes the poll if it completes none of them
+    (Testall and Get_status_all poll the first pending one); the report names the first."""
 
     def __init__(self, requests: Sequence[Any], call: str) -> None:
         self.first, self.call = requests[0], call

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ._buffers import mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .report import whereabouts
-from .request_sets import ManyRequests, _empty, fill_status
+from .request_sets import ManyRequests, Polled, _empty, fill_status
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -27,7 +27,8 @@ class Request(ManyRequests):
     """A pending operation of one simulated rank (see the module docstring)."""
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
-                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "__weakref__")
+                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
+                 "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
@@ -46,6 +47,7 @@ class Request(ManyRequests):
         self.cancelled = False
         self.mode = "standard"
         self.unpack: Optional[Any] = None  # a receive into a derived datatype: unpack(nbytes) once delivered
+        self.room: Optional[int] = None  # an object's receive into a buffer (mpi4py's irecv): the most bytes
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
 
@@ -221,18 +223,24 @@ class Request(ManyRequests):
     def test(self, status: Any = None) -> tuple[bool, Any]:
         if self.null or self._ready():
             return True, self._finish(status)
-        self._pause()
+        self._pause(token=Polled([self], "test"))
         return False, None
 
     def Get_status(self, status: Any = None) -> bool:
         """Whether done, without completing the request."""
+        return self._get_status(status, "Get_status")
+
+    def get_status(self, status: Any = None) -> bool:
+        return self._get_status(status, "get_status")
+
+    def _get_status(self, status: Any, call: str) -> bool:
         if self.null:
             _empty(status)
             return True
         if self._ready():
             self._peek(status)
             return True
-        self._pause()
+        self._pause(token=Polled([self], call))
         return False
 
     def _peek(self, status: Any) -> None:
@@ -244,8 +252,6 @@ class Request(ManyRequests):
             fill_status(status, special("PROC_NULL"), special("ANY_TAG"), 0)
         elif status is not None and self.kind != "send":
             _empty(status)
-
-    get_status = Get_status
 
     def Cancel(self) -> None:
         """Cancel a receive (or a send) that no message matched yet; MPI's error on a null request."""

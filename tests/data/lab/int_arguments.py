@@ -24,7 +24,10 @@ for dest, source, tag in ((peer + 0.5, np.float64(peer), 3.9), (np.int32(peer), 
     r = comm.isend(rank, dest=dest, tag=tag)
     print(f"rank {rank}: got {comm.recv(source=source, tag=tag)} dest {dest!r} source {source!r} tag {tag!r}")
     r.wait()
-for bad in ("1", None, 2**40):  # (a receive's source=None is MPI.ANY_SOURCE in the emulator: not tried)
+for bad in ("1", None, 2**40):  # (None is no wildcard: MPI.ANY_SOURCE and MPI.ANY_TAG are)
     print(f"rank {rank}: {bad!r}: send dest {tried(lambda: comm.send(0, dest=bad))}, send tag "
-          f"{tried(lambda: comm.send(0, dest=peer, tag=bad))}, recv source "
-          f"{'-' if bad is None else tried(lambda: comm.recv(source=bad))}")
+          f"{tried(lambda: comm.send(0, dest=peer, tag=bad))}, recv source {tried(lambda: comm.recv(source=bad))} "
+          f"tag {tried(lambda: comm.recv(tag=bad))}, Recv source {tried(lambda: comm.Recv(buf, source=bad))} "
+          f"tag {tried(lambda: comm.Recv(buf, tag=bad))}, probe source {tried(lambda: comm.probe(source=bad))} "
+          f"Iprobe tag {tried(lambda: comm.Iprobe(tag=bad))}, Sendrecv source "
+          f"{tried(lambda: comm.Sendrecv(buf, dest=peer, recvbuf=buf, source=bad))}")
