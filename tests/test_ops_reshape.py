@@ -182,3 +182,49 @@ def test_reshape_on_ranks_keeps_its_plan_for_int_shapes_only():
         mesh.close()
 
     spmdsim.simulate(2, body)
+
+
+def test_split_dims_of_size_one_keep_their_axes_under_an_uneven_cut():
+    """A dim of size 1 split by an uneven cut is held by the first piece only (the other ranks' blocks are empty).
+    A reshape that kept it, beside dims of size 1 added or dropped, was refused ((1, 3) -> (1, 1, 3), (1,) -> (1, 1):
+    `stack` of such tensors, `x[..., i]` after a narrow): each split dim of size 1 now keeps its axes on a dim of
+    size 1 of the result, and every rank's block is the old one reshaped. Where no dim of size 1 is left, the
+    empty blocks would have to fill: refused in one line."""
+    four = Layout((4,), ("a",), cut="chunk")
+    grid = Layout((2, 3), ("a", "b"), cut="balanced")
+    cases = [(four("a", None), (1, 3), (1, 1, 3), four("a", None, None)),
+             (four("a"), (1,), (1, 1), four("a", None)),
+             (four("a", None, None), (1, 2, 1), (2, 1), four(None, "a")),  # across runs: (1, 2) -> (2,), then 1
+             (grid("a", None, "b"), (1, 5, 1), (5, 1, 1), grid(None, "a", "b")),
+             (grid("a", "b", None), (1, 1, 4), (1, 4), grid(("a", "b"), None)),  # two onto one: held at (0, 0)
+             (grid(("b", "a"), None), (1, 6), (1, 2, 3), grid(("b", "a"), None, None))]
+    for x, old, new, want in cases:
+        layout, shape = infer_reshape(x, old, new)
+        assert (layout, shape) == (want, new), (x, old, new, layout)
+        for r, (g, w) in enumerate(zip(_blocks(layout, new), _blocks(x, old))):
+            assert np.array_equal(g, w), (x, old, new, layout, r)
+    with pytest.raises(OperatorError) as e:
+        infer_reshape(four(None, "a"), (5, 1), (5,))
+    assert str(e.value) == (
+        'reshape (5, 1) -> (5,) of x mapped (None, "a"): dims (1,) of size 1 are split over "a" (cut \'chunk\': the '
+        "first piece holds the row, the others none) and the new shape has no dim of size 1 to keep that split; "
+        "redistribute x so those dims are whole")
+    # Sound on random cases with split dims of size 1: every accepted reshape keeps every rank's block.
+    rng = np.random.default_rng(5)
+    accepted = 0
+    for _ in range(200):
+        mesh = (four, grid)[int(rng.integers(2))]
+        old = tuple(int(rng.choice([1, 1, 2, 3])) for _ in range(int(rng.integers(1, 4))))
+        new = tuple(int(v) for v in rng.permutation(old + (1,) * int(rng.integers(0, 2))))
+        if math.prod(new) != math.prod(old) or 1 not in old:
+            continue
+        maps = list(_all_maps(mesh, len(old)))
+        x = maps[int(rng.integers(len(maps)))]
+        try:
+            layout, _ = infer_reshape(x, old, new)
+        except OperatorError:
+            continue
+        accepted += 1
+        for r, (g, w) in enumerate(zip(_blocks(layout, new), _blocks(x, old))):
+            assert np.array_equal(g, w), (x, old, new, layout, r)
+    assert accepted > 40

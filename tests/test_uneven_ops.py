@@ -292,3 +292,57 @@ def test_placements_of_a_tensor_dtensor_would_cut_otherwise_are_refused():
         "by torch.chunk's rule only, so these placements would name another cut; expected a size that divides, "
         "or cut 'chunk'",
         (Shard(0), Shard(0)), (Shard(0), Replicate()), (Shard(0), Shard(0))]
+
+
+def test_stack_and_getitem_keep_a_split_dim_of_size_one():
+    """A dim of size 1 cut "chunk" over 4 ranks: rank 0 holds its row, the others nothing. `stack` (a reshape
+    adding a dim of size 1, then a join) and ``x[-2:, -1, 1]`` (narrows, then a reshape dropping dims of size 1)
+    were refused, the latter after its narrow had already moved rows; now both run, forward and gradients as
+    numpy's."""
+    from spmdsim import DTensor, Mesh, ops
+
+    g, h = np.array([[0.5, -1.0, 2.0]]), np.array([[1.5, 0.25, -3.0]])
+    up = np.arange(6.0).reshape(1, 2, 3) / 6
+
+    def body():
+        mesh = Mesh(Layout((4,), ("x",), cut="chunk"), spmdsim.world())
+        L = mesh.layout
+        a = DTensor.from_global(mesh, g, L("x", None)).requires_grad_()
+        b = DTensor.from_global(mesh, h, L("x", None)).requires_grad_()
+        s = ops.stack([a, b], 1)
+        s.backward(DTensor.from_global(mesh, up, L(None, None, None)))
+        c = DTensor.from_global(mesh, g.reshape(1, 1, 3), L("x", None, None)).requires_grad_()
+        y = c[-2:, -1, 1] * 3.0
+        ops.sum(y).backward()
+        return s.gather(), str(s.layout), a.grad.gather(), b.grad.gather(), y.gather(), str(y.layout), c.grad.gather()
+
+    for s, s_layout, ga, gb, y, y_layout, gc in spmdsim.simulate(4, body):
+        np.testing.assert_array_equal(s, np.stack([g, h], 1))
+        assert s_layout == '("x", None, None)'
+        np.testing.assert_array_equal(ga, up[:, 0])
+        np.testing.assert_array_equal(gb, up[:, 1])
+        np.testing.assert_array_equal(y, g.reshape(1, 1, 3)[-2:, -1, 1] * 3.0)
+        assert y_layout == '("x",)'
+        np.testing.assert_array_equal(gc, [[[0.0, 3.0, 0.0]]])
+
+
+def test_an_index_whose_reshape_is_refused_moves_nothing_first():
+    """``x[i, a:b, c:c]`` narrows dim by dim, then reshapes: an empty result of split dims was refused by the
+    reshape after the narrows had run their Alltoallv, in terms of a reshape the user never wrote. Now the whole
+    index is checked first: refused on every rank, naming the index, before any collective."""
+    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim.errors import OperatorError
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("a", "b"), cut="chunk"), spmdsim.world())
+        x = DTensor.from_global(mesh, np.ones((5, 5, 5)), mesh.layout("a", "b", None))
+        with collect_trace() as trace:
+            try:
+                x[-4, 2:-6, 1:1]
+            except OperatorError as e:
+                return str(e), len(trace.entries)
+        return None
+
+    assert spmdsim.simulate(4, body) == [(
+        'x[-4, 2:-6, 1:1]: reshape of an empty tensor (1, 0, 0) mapped (None, "b", None): make every dim whole '
+        "first", 0)] * 4

@@ -190,3 +190,35 @@ def test_from_local_blocks_of_different_sizes_are_caught_by_the_guard(monkeypatc
     finally:
         monkeypatch.delenv("SPMDSIM_CHECK")
         debug._reset()
+
+
+def test_a_reduce_scatter_with_counts_keeps_an_integer_dtype():
+    """The Reduce_scatter with counts summed the addends with numpy's sum, which widens int32 (and int8, int16,
+    uint8) to int64: a pending int32 sum redistributed onto uneven rows came back int64, and the next step moved
+    twice the bytes its plan counted (3 rows over 4 chunk shards, then an Alltoall: rank 0 traced 280 B, its plan
+    220). The sum now stays in the operands' dtype, as MPI's Reduce_scatter keeps it."""
+    from spmdsim.runtime import DTensor, Mesh, collect_trace, redistribute
+
+    layout = Layout((1, 2, 2), ("a", "b", "c"), cut="chunk")
+    source, target, shape = layout(None, "b", None, partial="c"), layout(("a", "c", "b"), None, None), (3, 7, 5)
+    full = np.arange(math.prod(shape)).reshape(shape) - 50
+
+    def body():
+        mesh = Mesh(layout, spmdsim.world())
+        out = []
+        for dtype in ("int32", "int8", "uint8", "float32"):
+            # The value on the first member of each "c" pair, zeros on the other (the sum is `full`).
+            x = DTensor.from_global(mesh, full.astype(dtype), source)
+            with collect_trace() as trace:
+                y = redistribute(x, target)
+            out.append((y.dtype.name, y.local.dtype.name, sum(e.bytes_received for e in trace.entries),
+                        bool(np.array_equal(y.gather(), full.astype(dtype)))))
+        return out
+
+    results = spmdsim.simulate(4, body)
+    for dtype, got in zip(("int32", "int8", "uint8", "float32"), zip(*results)):
+        plan = plan_redistribution(source, target, shape, dtype)
+        assert [g[:2] for g in got] == [(dtype, dtype)] * 4
+        assert [g[2] for g in got] == list(plan.bytes_received)
+        assert all(g[3] for g in got)
+    assert list(plan_redistribution(source, target, shape, "int32").bytes_received) == [220, 140, 200, 60]

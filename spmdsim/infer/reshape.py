@@ -159,6 +159,10 @@ def _infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object)
         if x.split_axes:
             raise OperatorError(f"reshape of an empty tensor {old!r} mapped {x}: make every dim whole first")
         return x.layout(*([None] * len(new))).with_partial(x.partial), new
+    if x.layout.cut != "even":
+        ones = [d for d, n in enumerate(old) if n == 1 and x.layout.group_size(x.tensor_map[d]) > 1]
+        if ones:
+            return _split_ones(x, old, new, ones)
     entries: list[tuple[str, ...]] = []
     for old_dims, new_dims in _groups(old, new):
         axes = _run_axes(x, old, old_dims)
@@ -179,4 +183,31 @@ def _infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object)
                 "redistribute x so those dims are whole, or split only the first of them "
                 "into pieces the new dims' sizes divide")
         entries += dealt
+    return x.layout(*(e or None for e in entries)).with_partial(x.partial), new
+
+
+def _split_ones(x: TensorLayout, old: tuple[int, ...], new: tuple[int, ...], ones: list[int]) -> tuple[TensorLayout,
+                                                                                                      tuple[int, ...]]:
+    """Under an uneven cut: a reshape of x whose dims `ones`, of size 1, are split (their one row held by
+    the ranks at 0 on all its axes, the first piece; the other ranks' blocks are empty).
+
+    Which dim of size 1 names those axes changes no block: the rest reshapes as if they were whole, then
+    the k-th such dim's axes go to the k-th dim of size 1 of the new shape (any more join the last one).
+    With no dim of size 1 in the new shape the empty blocks would have to fill: refused in one line."""
+    held = [x.tensor_map[d] for d in ones]
+    rest = list(x.tensor_map)
+    for d in ones:
+        rest[d] = ()
+    layout, _ = _infer_reshape(x.layout(*(e or None for e in rest)).with_partial(x.partial), old, new)
+    targets = [d for d, n in enumerate(new) if n == 1]
+    if not targets:
+        raise OperatorError(
+            f"reshape {old!r} -> {new!r} of x mapped {x}: dims {tuple(ones)} of size 1 are split over "
+            f"{', '.join(format_entry(e) for e in held)} (cut {x.layout.cut!r}: the first piece holds the row, "
+            "the others none) and the new shape has no dim of size 1 to keep that split; redistribute x so "
+            "those dims are whole")
+    entries = list(layout.tensor_map)
+    for k, entry in enumerate(held):
+        d = targets[min(k, len(targets) - 1)]
+        entries[d] = entries[d] + entry
     return x.layout(*(e or None for e in entries)).with_partial(x.partial), new

@@ -171,6 +171,7 @@ def getitem(x: Any, index: Any) -> Any:
     at = next((k for k, item in enumerate(items) if item is Ellipsis), len(items))  # the dims '...' stands for
     items = items[:at] + (slice(None),) * (len(shape) - used) + items[at + 1:]
     out_shape: list[int] = []
+    cuts: list[tuple[int, int, int]] = []  # (dim, start, length): a narrow each, made once all are checked
     d = 0
     for item in items:
         if item is None:
@@ -184,13 +185,13 @@ def getitem(x: Any, index: Any) -> Any:
                                     "step 1 only")
             length = max(stop - start, 0)
             if length != size:
-                x = _cut(x, index, d, start if length else 0, length)
+                cuts.append((d, start if length else 0, length))
             out_shape.append(length)
         elif as_int(item) is not None and not isinstance(item, bool):
             i = as_int(item)
             if not -size <= i < size:
                 raise _OutOfRange(f"index {item!r} is out of range for dim {d} of size {size}")
-            x = _cut(x, index, d, i % size, 1)
+            cuts.append((d, i % size, 1))
         elif getattr(getattr(item, "dtype", None), "kind", None) == "b":  # x[mask]: numpy's shape follows the values
             raise OperatorError(f"x[mask] of a DTensor: a bool mask picks a number of elements that depends on the "
                                 f"values, which no layout holds; keep the shape with ops.where(mask, x, 0.0) (or "
@@ -200,7 +201,32 @@ def getitem(x: Any, index: Any) -> Any:
                                 "(DTensors take no fancy or bool indexing)")
         d += 1
     target = tuple(out_shape)
+    if cuts and target != _cut_shape(shape, cuts):
+        _check_reshape(x, index, cuts, target)  # refused here, on every rank, before a narrow moves a row
+    for d, start, length in cuts:
+        x = _cut(x, index, d, start, length)
     return x if target == tuple(x.global_shape) else _reshape(x, target)
+
+
+def _cut_shape(shape: tuple, cuts: list) -> tuple:
+    out = list(shape)
+    for d, _, length in cuts:
+        out[d] = length
+    return tuple(out)
+
+
+def _check_reshape(x: Any, index: Any, cuts: list, target: tuple) -> None:
+    """The layouts ``x[index]``'s narrows leave (pure), and the reshape to `target` after them: its refusal
+    raised before the first narrow communicates, naming the index the user wrote."""
+    from ..infer.reshape import infer_reshape
+
+    layout, shape = x.layout, tuple(x.global_shape)
+    try:
+        for d, start, length in cuts:
+            layout, _, _, shape = infer_narrow(layout, shape, d, start, length)
+        infer_reshape(layout, shape, target)
+    except OperatorError as error:
+        raise OperatorError(f"x[{_index_text(index)}]: {error}") from None
 
 
 class _OutOfRange(OperatorError, IndexError):

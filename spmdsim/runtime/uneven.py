@@ -111,8 +111,8 @@ def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: S
     own = scounts[me]
     recv = _empty((g * own,), x.dtype)
 
-    def summed() -> np.ndarray:
-        return _back(recv.reshape((g, sizes[me]) + rest).sum(axis=0), tensor_dim)
+    def summed() -> np.ndarray:  # in the operands' dtype, as MPI sums (numpy's sum widens int32 to int64)
+        return _back(recv.reshape((g, sizes[me]) + rest).sum(axis=0, dtype=x.dtype), tensor_dim)
     itemsize = x.dtype.itemsize
     moved = ((send.size - own) * itemsize, (g - 1) * own * itemsize)
     return _transfer(mesh, axes, label, "reduce_scatter", x, send,
