@@ -717,6 +717,31 @@ def test_irecv_without_a_buffer_takes_mpi4pys_32_kib(capsys):
         "takes any size)"]
 
 
+def test_irecv_takes_an_integer_as_its_buffers_size(capsys):
+    # mpi4py's irecv(100) receives into a buffer of 100 bytes of its own (its test_p2p_obj's irecv(0, MPI.PROC_NULL));
+    # the emulator read the integer as a buffer: TypeError, "memoryview: a bytes-like object is required, not 'int'".
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            comm.send("hello", dest=1)
+            comm.send("x" * 100, dest=1)
+        elif comm.rank == 1:
+            print(comm.irecv(100, source=0).wait(), comm.irecv(0, MPI.PROC_NULL).wait())
+            try:
+                comm.irecv(20, source=0).wait()
+            except MPI.Exception as e:
+                print(e.Get_error_class() == MPI.ERR_TRUNCATE)
+            try:
+                comm.irecv(-1, source=0)
+            except ValueError as e:
+                print(e)
+        """))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["hello None", "True", "irecv: buffer size -1 is negative (an integer buf is a size in "
+                                                      "bytes)"]
+
+
 def test_a_persistent_requests_rank_and_tag_are_checked_when_made(capsys):
     # MPICH's Send_init / Recv_init refuse a rank outside the communicator or a negative tag at once; the emulator
     # made the request (the error came at Start, or never: Recv_init took any source).
