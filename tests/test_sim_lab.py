@@ -26,7 +26,7 @@ PACKAGE = Path(spmdsim.__file__).resolve().parent
 # every 0.5 s, each past POLL_STALL_S (2 s) in all; here 0.8 s and 0.2 s, each past _LATE_STALL_S (0.5 s) as
 # these are past 2 s, with POLL_STALL_S at that (a polling rank spins a core all the while under MPICH).
 ARGS = {"argv_files.py": ["inputs.txt"], "test_loop_late.py": ["0.8"], "test_loop_feeding.py": ["0.2"],
-        "test_loop_all_late.py": ["0.8"]}
+        "test_loop_all_late.py": ["0.8"], "win_puts_feed.py": ["0.8"]}
 _LATE_STALL_S = 0.5
 INPUTS = "1 2 3\n4 5 6\n7 8 9\n10 11 12\n"  # argv_files.py's, in the directory it runs in
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
@@ -37,7 +37,7 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
                  "inplace_derived.py", "tag_bounds.py", "int_arguments.py",
                  "test_loop_all_late.py", "aliased.py",
-                 "none_buffers.py"]
+                 "none_buffers.py", "win_puts_feed.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
@@ -83,7 +83,7 @@ def in_lab(tmp_path, monkeypatch):
 @pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
 @pytest.mark.parametrize("name", SAME_AS_MPICH)
 def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys, mpich_lines, monkeypatch):
-    if name.startswith("test_loop_"):
+    if name.startswith(("test_loop_", "win_puts_")):
         monkeypatch.setattr(engine, "POLL_STALL_S", _LATE_STALL_S)
     code, out, err = _mpirun(capsys, str(LAB / name), *ARGS.get(name, []))
     assert (code, err) == (0, "")
@@ -170,6 +170,23 @@ WRONG = [
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other live rank waits; at "
      "testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
      "(Testany) in vain; at testany_loop_blocked.py:12"),
+    ("win_test_loop.py", [], 1, DEADLOCK +
+     "a window's exposure epoch (the Complete of rank 1) on the world: rank 0 polls it (Win.Test), while every other "
+     "live rank waits; at win_test_loop.py:12 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
+     "rank 0 polls (Win.Test) in vain; at win_test_loop.py:15"),
+    ("win_test_loop.py", ["finished"], 1, DEADLOCK +
+     "a window's exposure epoch (the Complete of rank 1) on the world: rank 0 polls it (Win.Test), and no rank left "
+     "can complete it; rank 1 finished; at win_test_loop.py:12"),
+    ("win_poll_loop.py", ["Sync"], 1, DEADLOCK +
+     "a window's memory on the world: rank 0 polls it (Win.Sync), while every other live rank waits or polls in "
+     "vain; at win_poll_loop.py:15 | " + " | ".join(
+         f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Win.Sync) in vain; at "
+         "win_poll_loop.py:22" for r in (1, 2, 3))),
+    ("win_poll_loop.py", ["Get"], 1, DEADLOCK +
+     "a window's memory on the world: rank 0 polls it (Win.Unlock), while every other live rank waits or polls in "
+     "vain; at win_poll_loop.py:20 | " + " | ".join(
+         f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Win.Unlock) in vain; "
+         "at win_poll_loop.py:22" for r in (1, 2, 3))),
     ("tag_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: an integer is required: send "
                              "tag is 'x'"),
     ("tag_negative.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TAG}: receive tag "
@@ -213,7 +230,7 @@ def test_a_report_of_a_poll_in_vain_names_the_call_polled(call, line, capsys, mo
         f"polls ({call}) in vain; at poll_loop_blocked.py:19\n"))
 
 
-@pytest.mark.parametrize("name, args, code, first", WRONG, ids=[w[0] for w in WRONG])
+@pytest.mark.parametrize("name, args, code, first", WRONG, ids=[" ".join([w[0], *w[1]]) for w in WRONG])
 def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys, monkeypatch):
     monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
     got, out, err = _mpirun(capsys, str(LAB / name), *args)
@@ -264,8 +281,8 @@ def test_messages_never_received_are_a_warning(capsys):
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "sub = comm.Split(comm.rank % 2)\n"
                                            "if comm.rank == 3: sub.Irecv(bytearray(8), source=MPI.ANY_SOURCE)")
-    assert code == 0 and err == ("spmdsim mpirun: warning: when the ranks ended, a receive of group rank 1 from "
-                                 "any rank (tag any) on the group of ranks 1,3 was never matched\n")
+    assert code == 0 and err == ("spmdsim mpirun: warning: when the ranks ended, a receive of group rank 1 (world "
+                                 "rank 3) from any rank (tag any) on the group of ranks 1,3 was never matched\n")
 
 
 def test_a_python_list_to_send_says_what_to_send(capsys):
@@ -303,6 +320,47 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
         assert main(["mpirun", "-n", n, "python", script]) == 0
         out, err = capsys.readouterr()
         assert err == "" and sorted(out.splitlines()) == sorted(line for lines in mpi for line in lines)
+
+
+def test_a_report_names_a_peer_by_its_rank_in_the_communicator_and_in_the_world(capsys, monkeypatch):
+    # A request on a communicator other than the world: its peer's world rank too (was "recv from group rank 0" of
+    # a group whose rank 0 is world rank 2). A Waitany of requests on two communicators names each one's own (was
+    # "recv from group rank 1 (tag 1) | recv from group rank 2 (tag 2) on the group of ranks 1,3": a rank 2 of
+    # a group of 2).
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "sub = comm.Split(comm.rank // 2, comm.rank)\n"
+                                           "if comm.rank == 3:\n    sub.Recv(np.empty(1), source=0, tag=7)")
+    assert code == 1 and unfold(err) == (
+        DEADLOCK + "recv from group rank 0 (world rank 2; tag 7) on the group of ranks 2,3: rank 3 waits in it; rank 2 "
+                   "finished; at <string>:6\n")
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "sub = comm.Create_group(comm.group.Incl([3, 1])) if comm.rank in (1, 3) "
+                                           "else None\nif comm.rank == 3:\n"
+                                           "    MPI.Request.Waitany([sub.Irecv(np.empty(1), 1, 1), "
+                                           "comm.Irecv(np.empty(1), 2, 2)])")
+    assert code == 1 and unfold(err) == (
+        DEADLOCK + "recv from group rank 1 (world rank 1; tag 1) on the group of ranks 1,3 | recv from group rank 2 "
+                   "(tag 2) on the world: rank 3 waits in it; at <string>:6\n")
+
+
+def test_a_poll_of_a_persistent_request_is_the_polling_ranks(capsys, monkeypatch):
+    # A persistent request (and a copy, MPI.Request(req)) polled in vain was a poll of world rank 0, "persistent",
+    # whatever rank polled it: rank 3's loop below ran forever (rank 0 had finished; rank 3 was never "alone").
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "if comm.rank == 3:\n    r = comm.Recv_init(np.empty(1), 2, 1)\n"
+                                           "    r.Start()\n    while not r.Test():\n        pass\n"
+                                           "elif comm.rank == 2:\n    comm.Recv(np.empty(1), 0, 1)")
+    assert code == 1 and unfold(err) == (
+        DEADLOCK + "recv from group rank 2 (tag 1) on the world: rank 3 polls it (Test), while every other live rank "
+                   "waits; at <string>:7 | recv from group rank 0 (tag 1) on the world: rank 2 waits in it; rank 0 "
+                   "finished; at <string>:10\n")
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "if comm.rank == 1:\n    r = MPI.Request(comm.Irecv(np.empty(1), 3, 1))\n"
+                                           "    while not r.Test():\n        pass")
+    assert code == 1 and unfold(err) == (
+        DEADLOCK + "recv from group rank 3 (tag 1) on the world: rank 1 polls it (Test), and no rank left can "
+                   "complete it; rank 3 finished; at <string>:6\n")
 
 
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys, monkeypatch):
@@ -715,6 +773,31 @@ def test_irecv_without_a_buffer_takes_mpi4pys_32_kib(capsys):
         "True rank 0 sends 40018 bytes (tag 0) but rank 1 receives into a buffer of 40000 (irecv's; given none, "
         "mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, which "
         "takes any size)"]
+
+
+def test_irecv_takes_an_integer_as_its_buffers_size(capsys):
+    # mpi4py's irecv(100) receives into a buffer of 100 bytes of its own (its test_p2p_obj's irecv(0, MPI.PROC_NULL));
+    # the emulator read the integer as a buffer: TypeError, "memoryview: a bytes-like object is required, not 'int'".
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            comm.send("hello", dest=1)
+            comm.send("x" * 100, dest=1)
+        elif comm.rank == 1:
+            print(comm.irecv(100, source=0).wait(), comm.irecv(0, MPI.PROC_NULL).wait())
+            try:
+                comm.irecv(20, source=0).wait()
+            except MPI.Exception as e:
+                print(e.Get_error_class() == MPI.ERR_TRUNCATE)
+            try:
+                comm.irecv(-1, source=0)
+            except ValueError as e:
+                print(e)
+        """))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["hello None", "True", "irecv: buffer size -1 is negative (an integer buf is a size in "
+                                                      "bytes)"]
 
 
 def test_a_persistent_requests_rank_and_tag_are_checked_when_made(capsys):

@@ -108,3 +108,38 @@ def test_a_rank_ends_after_its_threads():
     with swapped():
         assert simulate(3, body, True) == [3, 3, 3]
     assert threading.Thread.start.__module__ == "threading"  # given back after the simulation
+
+
+def test_a_thread_polling_in_vain_while_its_rank_joins_it_is_named(monkeypatch):
+    """A rank's thread polls (Test) for a message that never comes while the rank joins it and rank 1 waits for the
+    rank's next message: every other live thread waits. Was never reported (the poller was taken for its rank,
+    which waited in the join, so the poller was never 'alone'): the run polled forever."""
+    from mpi4py import MPI
+
+    from spmdsim.sim import engine
+
+    monkeypatch.setattr(engine, "POLL_STALL_S", 0.3)
+
+    def body():
+        comm = MPI.COMM_WORLD
+        buf = np.zeros(1)
+
+        def poll():
+            req = comm.Irecv(buf, source=1, tag=9)
+            while not req.Test():
+                pass
+
+        if comm.rank == 0:
+            t = threading.Thread(target=poll)
+            t.start()
+            t.join()
+            comm.Send(buf, 1, 5)
+        else:
+            comm.Recv(buf, 0, 5)
+
+    with swapped(), pytest.raises(DeadlockError) as caught:
+        simulate(2, body)
+    text = " ".join(str(caught.value).split())
+    assert "recv from group rank 1 (tag 9) on the world: a thread of rank 0 polls it (Test), while every other " \
+           "live rank waits" in text
+    assert "join of a thread of rank 0: rank 0 waits in it" in text

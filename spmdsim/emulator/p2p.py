@@ -2,6 +2,7 @@
 messages (spmdsim.sim.p2p: matching, eager sends, probes) behind mpi4py's names and arguments."""
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from ..sim._buffers import c_int, message, no_buffer, special
@@ -163,14 +164,19 @@ class PointToPoint:
         return post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous")
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """An object's receive into `buf`, or without one into mpi4py's own buffer of mpi4py.rc.irecv_bufsz bytes
-        (32 KiB): a longer message is MPI's truncation error when the request completes, as under MPI (recv,
-        which probes the message first, takes any size)."""
+        """An object's receive into `buf`, into a buffer of its own of `buf` bytes when `buf` is an integer (as
+        mpi4py's), or without one into mpi4py's own buffer of mpi4py.rc.irecv_bufsz bytes (32 KiB): a longer
+        message is MPI's truncation error when the request completes, as under MPI (recv, which probes the message
+        first, takes any size)."""
         source, tag = _any(source, "source"), _any(tag, "tag")
         if buf is None:
             import mpi4py
 
             room = int(getattr(getattr(mpi4py, "rc", None), "irecv_bufsz", 32768))
+        elif isinstance(buf, numbers.Integral):  # mpi4py's irecv(100): a buffer of 100 bytes
+            room = int(buf)
+            if room < 0:
+                raise ValueError(f"irecv: buffer size {room} is negative (an integer buf is a size in bytes)")
         else:
             room = memoryview(buf).nbytes
         return post_recv(self._group, self._me, source, tag, None, room=room)

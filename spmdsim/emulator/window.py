@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from ..sim._buffers import _unpack, array_of, fold, mpi_error, mpi_module, mpi_datatype, numpy_dtype, \
     reduction, special, typecode_datatype
-from ..sim.engine import _Waiting
+from ..sim.engine import _Waiting, ranks_text
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
@@ -384,6 +384,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
                 into.write(old)
             if red is not _NO_OP:
                 where.write(_combined(red, old, source.read(), where.basic))
+                self._moved()
 
     def Compare_and_swap(self, origin: Any, compare: Any, result: Any, target_rank: int,
                          target_disp: int = 0) -> None:
@@ -400,6 +401,13 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
             into.write(old)
             if bytes(old) == bytes(against.read()):
                 where.write(source.read())
+                self._moved()
+
+    def _moved(self) -> None:
+        """A write into a window: progress, as a message moving is, for a loop that polls (World.pause: a loop
+        of Puts and Flushes while the others wait is no deadlock; one of Gets and Flushes alone reads what
+        nothing changes). Counted without the world lock (the count only has to change)."""
+        self._comm._group.world.moves += 1
 
     def Rput(self, origin: Any, target_rank: int, target: Any = None) -> Any:
         self.Put(origin, target_rank, target)
@@ -525,12 +533,12 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         me = self._comm._me
         world = self._comm._group.world
         with world.lock:
-            done = all(shared.completes.get((me, o), 0) for o in origins)
-            if done:
+            missing = [o for o in origins if not shared.completes.get((me, o), 0)]
+            if not missing:
                 self._met(origins)
-        if not done:
-            world.pause(self.world_rank)
-        return done
+        if missing:  # a loop of Tests no origin's Complete can end is a deadlock report (World.pause)
+            world.pause(self.world_rank, _WinPoll(self, "Win.Test", tuple(missing)))
+        return not missing
 
     def _posted(self) -> tuple:
         if self._access.posted is None:
@@ -579,7 +587,8 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
             raise mpi_error(_mpi(), _mpi().ERR_RMA_SYNC, f"Unlock: this rank holds no lock on rank {rank}")
         if self._access.locked.pop(rank) is not None:
             self._drop_lock(shared, rank)
-        self._poll(nap=False)  # a loop of Lock and Unlock waiting for another rank's update lets that rank run
+        self._poll("Win.Unlock", nap=False)  # a loop of Lock and Unlock waiting for another rank's update lets
+        # that rank run
 
     def Lock_all(self, assertion: int = 0) -> None:
         """A shared lock on every member's window."""
@@ -600,7 +609,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         if held == "checked":
             for rank in range(len(shared.memories)):
                 self._drop_lock(shared, rank)
-        self._poll(nap=False)
+        self._poll("Win.Unlock_all", nap=False)
 
     def _lock_in_turn(self, shared: _Shared, rank: int, exclusive: bool, what: str) -> None:
         """Take a lock on member `rank`'s window once it may be taken and the members that asked before this
@@ -644,26 +653,29 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         """Complete this member's operations on `rank` (each is complete when its call returns): a poll
         point (a rank in line for a run slot computes first: a loop of Get and Flush waiting for another
         rank's Put lets that rank run)."""
-        self._poll(nap=False)
+        self._poll("Win.Flush", nap=False)
 
     def Flush_all(self) -> None:
-        self._poll(nap=False)
+        self._poll("Win.Flush_all", nap=False)
 
     def Flush_local(self, rank: int) -> None:
-        self._poll(nap=False)
+        self._poll("Win.Flush_local", nap=False)
 
     def Flush_local_all(self) -> None:
-        self._poll(nap=False)
+        self._poll("Win.Flush_local_all", nap=False)
 
     def Sync(self) -> None:
         """The public and private copies agree (one copy: MPI.WIN_UNIFIED); a poll point as Test is, where a
         loop that reads its window until another rank writes it (``while mem[0] == 0: win.Sync()``) naps
         after a while (spmdsim.sim.engine: SPIN_S) instead of spinning a core."""
-        self._poll(nap=True)
+        self._poll("Win.Sync", nap=True)
 
-    def _poll(self, nap: bool) -> None:
+    def _poll(self, call: str, nap: bool) -> None:
+        """A poll point (`call`: the program's call): a rank in line for a run slot computes first, and a loop of
+        these that no write into a window ends, while every other rank waits or polls idly, is a deadlock
+        report (World.pause, _WinPoll)."""
         self._live()
-        self._comm._group.world.pause(self.world_rank, nap=nap)
+        self._comm._group.world.pause(self.world_rank, _WinPoll(self, call), nap=nap)
 
     def _members_of(self, group: Any) -> tuple:
         """The window ranks of `group`'s members (world ranks)."""
@@ -692,6 +704,48 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
                     return
                 shared.waiters[rank] = token
                 world.wait(rank, _Waiting(what, self._comm._group, None, token=token))
+
+
+class _WinPoll:
+    """What a rank polls a window with, for World.pause (spmdsim.sim.engine), which reports a loop of polls in
+    vain as a request's: ``Win.Test`` waits for the Complete of the origins in `missing` (window ranks), and no
+    rank left completes it once they all finished (`definite`: reported too while every other rank waits, as a
+    request's Test); ``Sync``, ``Flush*`` and ``Unlock*`` wait for what the program's loop reads, which only a
+    write into a window can change (`SimWin._moved`): reported only while every live rank waits or polls idly."""
+
+    __slots__ = ("group", "me", "call", "missing", "definite")
+    kind = "window"
+
+    def __init__(self, win: SimWin, call: str, missing: Optional[tuple] = None) -> None:
+        self.group, self.me, self.call = win._comm._group, win._comm._me, call
+        self.missing, self.definite = missing, missing is not None
+
+    def _what(self) -> str:
+        if self.missing is None:
+            return "a window's memory"
+        return f"a window's exposure epoch (the Complete of {_names(self.group, self.missing)})"
+
+    def why_stuck(self, world: Any) -> tuple[str, str]:
+        """Where the origins whose Complete a Win.Test waits for are (those that wait have their own clause)."""
+        from ..sim.report import whereabouts
+
+        if self.missing is None:
+            return "", ""
+        ranks = [self.group.members[o] for o in self.missing]
+        return "".join(f"; {whereabouts(world, r)}" for r in ranks[:8] if r not in world.waiting), ""
+
+    def never_completes(self, world: Any) -> bool:
+        """Whether every origin a Win.Test waits for has finished (world lock held)."""
+        return self.missing is not None and all(self.group.members[o] in world.finished for o in self.missing)
+
+
+def _names(group: Any, ranks: tuple) -> str:
+    """'rank 1', 'ranks 1,2', or on a communicator other than the world 'group rank 0 (world rank 2)', ..."""
+    from ..sim.requests import rank_name
+
+    if group.members == tuple(range(group.world.size)):
+        return ranks_text(ranks)
+    return ", ".join(rank_name(group, r) for r in ranks)
 
 
 speak_mpi4py(SimWin, "Win")

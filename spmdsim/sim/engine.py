@@ -128,9 +128,20 @@ class _Waiting:
         return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
 
     def text(self) -> str:
-        where = "" if self.group is None else f" on {self.group.label()}"
+        token = self.token
+        if self._op is None and token is not None:  # requests: each on its own communicator (a Waitall's or a
+            # Waitany's may be on several: the group the wait began with need not be the one of the request named)
+            shown = token[:3] if type(token) is tuple else (token,)
+            groups = {id(r.group) for r in shown}
+            if len(groups) == 1:
+                return f"{self.op}{_on(shown[0].group)}"
+            return " | ".join(f"{r._what()}{_on(r.group)}" for r in shown)
         number = "" if self.seq is None else f" (call {self.seq})"
-        return f"{self.op}{where}{number}"
+        return f"{self.op}{_on(self.group)}{number}"
+
+
+def _on(group: Optional["Group"]) -> str:
+    return "" if group is None else f" on {group.label()}"
 
 
 class Call(_Waiting):
@@ -398,9 +409,10 @@ class World(RankThreads):
         """
         with self.lock:
             self.check(rank)
+            key = self._key_waiting(rank) if self._extra else rank  # a thread the rank started: its own key
             if token is not None:
-                self._watch_poll(rank, token)
-            if self._queue and rank in self._holding and (not self._extra or self._key_waiting(rank) == rank):
+                self._watch_poll(key, token)
+            if self._queue and rank in self._holding and key == rank:
                 self._give_slot(rank)
                 self._take_slot(rank)
         if not nap:
@@ -408,77 +420,83 @@ class World(RankThreads):
         # The thread's own CPU time: a thread the system (or another thread holding the interpreter) keeps
         # waiting a few ms, as on a loaded machine, still polls in a tight loop.
         now = time.thread_time()
-        spin = self._spins.get(rank)
+        spin = self._spins.get(key)
         if spin is None or now - spin[1] >= SPIN_GAP_S:  # the first poll in vain, or one after other work
-            self._spins[rank] = [now, now]
+            self._spins[key] = [now, now]
             return
         if now - spin[0] >= SPIN_S:  # a tight loop of polls: give the interpreter to the other ranks a while
             time.sleep(NAP_S)
         spin[1] = now
 
-    def _watch_poll(self, rank: int, token: Any) -> None:
+    def _watch_poll(self, key: int, token: Any) -> None:
         """A poll in vain for POLL_STALL_S is a deadlock: of a request no rank left can complete (its peer
         finished), or while every other live rank waits, or while every live rank waits or polls idly
         (`_all_idle`), and no rank has been let go and no message moved since the poll began (the poller's own
-        sends, or anything else that moves, start the clock again)."""
+        sends, or anything else that moves, start the clock again). `key`: the polling thread's waiter key (its
+        rank, or the key of a thread the rank started). A poll whose token is not `definite` (a window's Sync,
+        Flush or Unlock: what it waits for is the program's to say) counts only while every live rank waits or
+        polls idly."""
         never = getattr(token, "never_completes", None)  # a point-to-point request (spmdsim.sim.requests)
         if never is None:
-            self._polls.pop(rank, None)
-            self._vain.pop(rank, None)
+            self._polls.pop(key, None)
+            self._vain.pop(key, None)
             return
         call = getattr(token, "call", None) or ("Iprobe" if token.kind == "probe" else "Test")
         now, cpu = time.monotonic(), time.thread_time()
-        last = self._vain.get(rank)
+        last = self._vain.get(key)
         idle = last is not None and cpu - last[1] < SPIN_GAP_S and now - last[0] < POLL_STALL_S * IDLE_GAP_SHARE
-        self._vain[rank] = (now, cpu, idle, token, call)
-        alone = rank not in self.waiting and len(self.waiting) >= self.live - 1
+        self._vain[key] = (now, cpu, idle, token, call)
+        alone = key not in self.waiting and len(self.waiting) >= self.live - 1 and getattr(token, "definite", True)
         gone = never(self)
         if not (alone or gone or (idle and self._all_idle(now))):
-            self._polls.pop(rank, None)
+            self._polls.pop(key, None)
             return
         moved = self.releases + self.moves
-        since, seen, _ = self._polls.setdefault(rank, (now, moved, call))
+        since, seen, _ = self._polls.get(key, (now, moved, call))
         if seen != moved:  # a rank was let go or a message moved meanwhile: progress, start again
-            self._polls[rank] = (now, moved, call)
-            return
+            since, seen = now, moved
+        self._polls[key] = (since, seen, call)  # the call it polls with last (a loop may make several)
         if now - since < POLL_STALL_S:
             return
         if self.deadlock is None and self.failure is None:
             why = ("" if gone else "while every other live rank waits" if alone else
                    "while every other live rank waits or polls in vain")
-            self.deadlock = explain(self, (rank, token, why))
+            self.deadlock = explain(self, (key, token, why, call))
         self._wake_all()
-        self.check(rank)
+        self.check(self.rank_of(key))
 
     def _all_idle(self, now: float) -> bool:
-        """Whether every live rank waits or polls idly now (world lock held): each poller's last poll in vain
-        came after no computing (SPIN_GAP_S of CPU time) and less than the idle share of POLL_STALL_S ago.
-        A rank that computes, sleeps long, or stands in line for a run slot counts as one that may yet send.
-        A rank's own threads wait under keys of their own; one of them that polls is not told from the rank,
-        so such a run is never all idle (a deadlock there is reported only when all wait)."""
+        """Whether every live rank (and thread a rank started) waits or polls idly now (world lock held): each
+        poller's last poll in vain came after no computing (SPIN_GAP_S of CPU time) and less than the idle share
+        of POLL_STALL_S ago. A rank that computes, sleeps long, or stands in line for a run slot counts as one
+        that may yet send."""
         waiting = self.waiting
         idle = 0
-        for rank, (last, _, was_idle, _, _) in self._vain.items():
-            if rank in waiting or rank in self.finished:
+        for key, (last, _, was_idle, _, _) in self._vain.items():
+            if key in waiting or not self._lives(key):
                 continue
             if not was_idle or now - last >= POLL_STALL_S * IDLE_GAP_SHARE:
                 return False
             idle += 1
         return len(waiting) + idle >= self.live
 
+    def _lives(self, key: int) -> bool:
+        """Whether waiter `key` (a rank, or a thread a rank started) has not ended (world lock held)."""
+        return key not in self.finished if key < self.size else key in self._extra
+
     def idle_polls(self) -> list[tuple[int, Any, str]]:
-        """(rank, request, call) of the ranks that poll idly now, but for those that wait (world lock held): the
-        others a report of every rank polling names."""
+        """(key, request, call) of the ranks (and threads ranks started, by their keys) that poll idly now, but
+        for those that wait (world lock held): the others a report of every rank polling names."""
         now = time.monotonic()
-        return [(rank, token, call) for rank, (last, _, idle, token, call) in sorted(self._vain.items())
-                if idle and rank not in self.waiting and rank not in self.finished
+        return [(key, token, call) for key, (last, _, idle, token, call) in sorted(self._vain.items())
+                if idle and key not in self.waiting and self._lives(key)
                 and now - last < POLL_STALL_S * IDLE_GAP_SHARE]
 
     def polling(self) -> dict[int, str]:
-        """The ranks that poll a request in vain now, each with its call (Test, Iprobe, Testany) (world
-        lock held), for the deadlock report."""
-        found = {rank: call for rank, _, call in self.idle_polls()}
-        found.update((rank, call) for rank, (_, _, call) in self._polls.items())
+        """The ranks that poll a request in vain now (themselves or a thread they started), each with its call
+        (Test, Iprobe, Testany) (world lock held), for the deadlock report."""
+        found = {self.rank_of(key): call for key, _, call in self.idle_polls()}
+        found.update((self.rank_of(key), call) for key, (_, _, call) in self._polls.items() if self._lives(key))
         return found
 
     def _take_slot(self, rank: int) -> None:

@@ -94,6 +94,8 @@ class RankThreads:
             self._rank_of_thread.pop(self.threads.pop(key, None), None)
             self._wakers.pop(key, None)
             self._asleep.discard(key)
+            for polls in (self._vain, self._polls, self._spins):  # its polls in vain (World.pause)
+                polls.pop(key, None)
             self.live -= 1
             stopped = self.deadlock is not None or self.failure is not None  # it ended because of that:
             for waiter, what in list(self.waiting.items()):  # its joiners stop too, as they wake

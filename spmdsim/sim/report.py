@@ -27,7 +27,8 @@ _SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
 
 def explain(world: Any, polling: Optional[tuple] = None) -> str:
     """Who waits in what, where in their program, and for each waited-on call where the others are
-    (`polling`: (rank, request, why: '' for "no rank left can complete it") of a rank that polls in vain)."""
+    (`polling`: (key, request, why: '' for "no rank left can complete it", call) of a rank, or a thread a rank
+    started, that polls in vain)."""
     from .engine import _Waiting, ranks_text
 
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
@@ -35,18 +36,18 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
         by_call.setdefault(what.key(), (what, []))[1].append(key)
     clauses, hints, rest = [], [], []
     if polling is not None:
-        rank, token, why = polling
+        key, token, why, call = polling
         more, _ = token.why_stuck(world)
         why = why or "and no rank left can complete it"
-        call = world.polling().get(rank, "Test")
-        clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it ({call}), "
-                       f"{why}{more}{program_lines(world, [rank])}")
+        clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: {_threads_text(world, [key])} polls "
+                       f"it ({call}), {why}{more}{program_lines(world, [key])}")
         if why == "while every other live rank waits or polls in vain":  # every poller, each on its own line
             for other, request, how in world.idle_polls():
-                if other != rank:
+                if other != key:
                     more, _ = request.why_stuck(world)
-                    clauses.append(f"{_Waiting(request._what(), request.group, None).text()}: rank {other} polls "
-                                   f"it ({how}) in vain{more}{program_lines(world, [other])}")
+                    clauses.append(f"{_Waiting(request._what(), request.group, None).text()}: "
+                                   f"{_threads_text(world, [other])} polls it ({how}) in vain{more}"
+                                   f"{program_lines(world, [other])}")
     for what, keys in by_call.values():
         ranks = sorted({world.rank_of(k) for k in keys})
         if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it

@@ -217,7 +217,8 @@ class Polled:
     (Testall and Get_status_all poll the first pending one); the report names the first."""
 
     def __init__(self, requests: Sequence[Any], call: str) -> None:
-        self.first, self.call = requests[0], call
+        # a request of parts (persistent, a copy, a Sendrecv) is named by its pending part, on that part's group
+        self.first, self.call = requests[0]._shown(), call
         self.requests = requests
         self.group, self.kind = self.first.group, self.first.kind
 

@@ -84,23 +84,39 @@ class Request(ManyRequests):
         return f"<simulated Request {'null' if self.null else self._what()}>"
 
     def _what(self) -> str:
+        """'recv from group rank 1 (tag 9)'; on a communicator other than the world the peer's world rank too:
+        'recv from group rank 1 (world rank 3; tag 9)'. A request of several parts (a Sendrecv, a persistent
+        request, a copy): its first pending part's."""
         if self.kind not in ("send", "recv", "probe"):
-            return self.kind
-        peer = "any rank" if self.peer == special("ANY_SOURCE") else f"group rank {self.peer}"
+            shown = self._shown()
+            return self.kind if shown is self else shown._what()
         way = "to" if self.kind == "send" else "from"
         tag = "any tag" if self.tag == special("ANY_TAG") else f"tag {self.tag}"
-        return f"{self.kind} {way} {peer} ({tag})"
+        if self.peer == special("ANY_SOURCE"):
+            return f"{self.kind} {way} any rank ({tag})"
+        world = _world_rank(self.group, self.peer)
+        return f"{self.kind} {way} group rank {self.peer} ({'' if world is None else f'world rank {world}; '}{tag})"
+
+    def _shown(self) -> "Request":
+        """The request a report names for this one: itself, or for a request of parts (a Sendrecv, a persistent
+        request, a copy) its first part not done (else its first), whose group and peer are the operation's."""
+        if self.group is not None or not self.parts:
+            return self
+        return next((p for p in self.parts if p.group is not None and not p.done), self.parts[0])
 
     def why_stuck(self, world: Any) -> tuple[str, str]:
         """For a deadlock report (world lock held): what more to say of this waiting request, and a
         hint for the whole report ('' for none). Names the peer when it waits in nothing (finished,
         exited), the messages a waiting receive does not take, and sends waiting for each other."""
+        shown = self._shown()
+        if shown is not self:
+            return shown.why_stuck(world)
         group = self.group
         if group is None or self.kind not in ("send", "recv", "probe"):
             return "", ""
         more, hint = "", ""
         peer_waits = None
-        if self.peer != special("ANY_SOURCE"):
+        if self.peer != special("ANY_SOURCE") and 0 <= self.peer < group.size:
             peer = group.members[self.peer]
             peer_waits = world.waiting.get(peer)
             if peer_waits is None:  # a waiting peer has its own clause
@@ -183,9 +199,13 @@ class Request(ManyRequests):
         """Not done yet: let a rank waiting for a run slot compute (it may be the peer); with `watch`,
         a poll of this request (or of `token`: any of several), which World.pause reports if no rank
         left can complete it."""
-        group = self.group or next((p.group for p in self.parts if p.group is not None), None)
-        if group is not None:
-            group.world.pause(group.members[self.me], (token or self) if watch else None)
+        owner = self if self.group is not None else next((p for p in self.parts if p.group is not None), None)
+        if owner is None:
+            return
+        if watch and token is None and owner is not self:  # a persistent request, a copy: named by its part
+            token = Polled([self], "Test")
+        group = owner.group
+        group.world.pause(group.members[owner.me], (token or self) if watch else None)
 
     def never_completes(self, world: Any) -> bool:
         """Whether every rank that could complete this request (its peer; any other member for
@@ -297,8 +317,17 @@ def _copy_of(req: Request, other: Any) -> None:
 
 
 def rank_name(group: Group, me: int) -> str:
-    """'rank 3' on the world, else 'group rank 3' (a rank of `group`, as a report names it)."""
-    return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
+    """'rank 3' on the world, else 'group rank 1 (world rank 3)' (a rank of `group`, as a report names it)."""
+    world = _world_rank(group, me)
+    return f"rank {me}" if world is None else f"group rank {me} (world rank {world})"
+
+
+def _world_rank(group: Optional[Group], me: int) -> Optional[int]:
+    """The world rank of `group`'s rank `me`; None on the world itself (its ranks are the world's), without a
+    group, or for a number that is no rank of it."""
+    if group is None or not 0 <= me < group.size or group.members == tuple(range(group.world.size)):
+        return None
+    return group.members[me]
 
 
 def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") -> Request:
