@@ -97,7 +97,7 @@ def split(world, cfg):
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
-        return (dp, tp), pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v)
+        return (dp, tp), pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, schedule=args.schedule)
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
 
 
