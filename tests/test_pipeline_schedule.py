@@ -289,6 +289,15 @@ def test_check_errors_of_records_built_by_hand():
     ("stage 0: F0\nstge 1: F0", 1, "line 2 of 'hand-written' is 'stge 1: F0'; expected 'stage N: tokens'"),
     ("stage 0: F0\nstage 5: F0", 1, "line 2 of 'hand-written' is for stage 5; expected stages 0..1"),
     ("stage 0: F0", 1, "schedule 'hand-written' has no line for stage 1; expected one 'stage N: ...' line"),
+    # numbers of over 4,300 digits were int()'s ValueError (a traceback), other scripts' digits read as ASCII ones
+    ("stage 0: F" + "9" * 5000, 1, "stage 0 of 'hand-written' has token 'F99999999999999999999999999999999999"
+                                   "9...', a number of more than 9 digits; expected a microbatch below 65,536"),
+    ("stage 0: F0." + "9" * 5000, 2, "has token 'F0." + "9" * 34 + "...', a number of more "
+                                     "than 9 digits; expected one of the stage's chunks (0, 2)"),
+    ("stage " + "9" * 5000 + ": F0", 1, "line 1 of 'hand-written' is for stage 9999999999999999999999999999999999"
+                                        "999...; expected stages 0..1"),
+    ("stage \u0661: F0", 1, "line 1 of 'hand-written' is 'stage \u0661: F0'; expected 'stage N: tokens'"),
+    ("stage 0: F\u0660", 1, "stage 0 of 'hand-written' has token 'F\u0660'; expected F<mb>"),
 ])
 def test_parse_errors(text, v, fragment):
     with _error(fragment):
@@ -298,6 +307,7 @@ def test_parse_errors(text, v, fragment):
 def test_parse_takes_comments_and_continued_lines():
     text = ("# GPipe on one stage\nstage 0: F0 F1  # forwards\n\nstage 0: B1 B0\n")
     assert parse(text, 1, 2).programs == gpipe(1, 2).programs
+    assert parse("stage 0000: F0 F" + "0" * 5000 + "1 B1 B0", 1, 2).programs == gpipe(1, 2).programs  # leading 0s
     with _error("a schedule text must be a str, got bytes"):
         parse(b"stage 0: F0", 1, 1)
     with _error("characters; expected at most 4,000,000"):
