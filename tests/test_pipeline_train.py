@@ -224,22 +224,31 @@ def test_the_layout_problem_names_what_the_schedule_cannot_take(schedule, m, v, 
     assert pipeline_layout_problem(cfg, 4, 1, 1, False, m, v) is None
 
 
-def test_train_gpt_refuses_a_schedules_sizes_in_one_line_before_any_output():
+@pytest.mark.parametrize("argv, message", [
+    (["--pp", "2", "--virtual-stages", "2"],
+     "the 1f1b schedule holds one chunk per stage, got virtual stages 2; several chunks per stage is --schedule "
+     "interleaved"),
+    (["--pp", "3"],
+     "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp); expected --microbatches dividing "
+     "the batch, or a --batch that 6 divides"),
+])
+def test_train_gpt_refuses_a_pipelines_sizes_in_one_line_before_any_output(argv, message):
     """`train_gpt.py --pp 2 --virtual-stages 2` (the 1f1b schedule) printed the run's header, "pipeline: 1f1b
-    schedule, 4 microbatches" and the table's head, then refused at the schedule's build; now one line first."""
+    schedule, 4 microbatches" and the table's head, then refused at the schedule's build; now one line first.
+    `--pp 3` alone refused "6 microbatches" the user never wrote: the line says they are the default."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "examples" / "train_gpt.py"), "--ranks", "4", "--pp", "2",
-                           "--layers", "4", "--d-model", "32", "--seq", "16", "--steps", "1", "--sample", "0",
-                           "--virtual-stages", "2"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(root / "examples" / "train_gpt.py"), "--ranks", argv[1],
+                           "--layers", "4", "--d-model", "32", "--seq", "16", "--steps", "1", "--sample", "0", *argv],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done
-    assert done.stdout == "spmdsim: running on 4 simulated ranks in one process (--ranks 4), no mpiexec\n", done
-    assert " ".join(done.stderr.split()) == (
-        "spmdsim: error: the GPT cannot run on 4 ranks: the 1f1b schedule holds one chunk per stage, got virtual "
-        "stages 2; several chunks per stage is --schedule interleaved"), done.stderr
+    assert done.stdout == f"spmdsim: running on {argv[1]} simulated ranks in one process (--ranks {argv[1]}), no " \
+                          "mpiexec\n", done
+    assert " ".join(done.stderr.split()) == f"spmdsim: error: the GPT cannot run on {argv[1]} ranks: {message}", \
+        done.stderr
 
 
 def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monkeypatch):
