@@ -39,7 +39,8 @@ from spmdsim.gpt.options import check_lines, model_arguments, model_config, padd
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
+from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
+                                      virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.cli.run import check_trace_out
@@ -97,7 +98,8 @@ def split(world, cfg):
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
-        return (dp, tp), pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v)
+        problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
+        return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, schedule=args.schedule)
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
 
 

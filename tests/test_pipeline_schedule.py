@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 from spmdsim.errors import PipelineError, SpmdsimError
-from spmdsim.pipeline import (MAX_PAIRS, Compute, Post, Recv, Schedule, Send, build, bubble_formula, check,
+from spmdsim.pipeline import (MAX_PAIRS, Compute, Post, Recv, Schedule, Send, Timeline, build, bubble_formula, check,
                               gpipe, in_flight, interleaved, one_f_one_b, parse, plot, render, timeline)
 from spmdsim.pipeline.check import message_ops
 
@@ -289,6 +289,15 @@ def test_check_errors_of_records_built_by_hand():
     ("stage 0: F0\nstge 1: F0", 1, "line 2 of 'hand-written' is 'stge 1: F0'; expected 'stage N: tokens'"),
     ("stage 0: F0\nstage 5: F0", 1, "line 2 of 'hand-written' is for stage 5; expected stages 0..1"),
     ("stage 0: F0", 1, "schedule 'hand-written' has no line for stage 1; expected one 'stage N: ...' line"),
+    # numbers of over 4,300 digits were int()'s ValueError (a traceback), other scripts' digits read as ASCII ones
+    ("stage 0: F" + "9" * 5000, 1, "stage 0 of 'hand-written' has token 'F99999999999999999999999999999999999"
+                                   "9...', a number of more than 9 digits; expected a microbatch below 65,536"),
+    ("stage 0: F0." + "9" * 5000, 2, "has token 'F0." + "9" * 34 + "...', a number of more "
+                                     "than 9 digits; expected one of the stage's chunks (0, 2)"),
+    ("stage " + "9" * 5000 + ": F0", 1, "line 1 of 'hand-written' is for stage 9999999999999999999999999999999999"
+                                        "999...; expected stages 0..1"),
+    ("stage \u0661: F0", 1, "line 1 of 'hand-written' is 'stage \u0661: F0'; expected 'stage N: tokens'"),
+    ("stage 0: F\u0660", 1, "stage 0 of 'hand-written' has token 'F\u0660'; expected F<mb>"),
 ])
 def test_parse_errors(text, v, fragment):
     with _error(fragment):
@@ -298,6 +307,7 @@ def test_parse_errors(text, v, fragment):
 def test_parse_takes_comments_and_continued_lines():
     text = ("# GPipe on one stage\nstage 0: F0 F1  # forwards\n\nstage 0: B1 B0\n")
     assert parse(text, 1, 2).programs == gpipe(1, 2).programs
+    assert parse("stage 0000: F0 F" + "0" * 5000 + "1 B1 B0", 1, 2).programs == gpipe(1, 2).programs  # leading 0s
     with _error("a schedule text must be a str, got bytes"):
         parse(b"stage 0: F0", 1, 1)
     with _error("characters; expected at most 4,000,000"):
@@ -356,6 +366,23 @@ def test_render_of_a_timeline_without_a_name_compares_with_the_flushed_formula()
     assert "formula (p-1)/(m+p-1) = 1/3 = 33.3% (as 1f1b)" in render(t)
 
 
+def test_render_walks_the_cells_a_few_times_not_once_a_band():
+    """Timeline.length walked every cell each time it was asked, and render asks once a band of columns: at the
+    largest schedule (64 x 256 x 4) 292 walks of 131,072 cells, 16 of render's 18 s. It is worked out once."""
+    class Rows(tuple):
+        walks = 0
+
+        def __iter__(self):
+            Rows.walks += 1
+            return super().__iter__()
+
+    t = timeline(build("1f1b", 8, 64))
+    counted = Timeline(t.stages, t.virtual, t.microbatches, Rows(t.cells), t.name)
+    text = render(counted, width=40)
+    assert text == render(t, width=40) and text.count("\ntime ") == 18  # 142 units in bands of 8
+    assert Rows.walks <= 8
+
+
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     path = plot(build("interleaved", 2, 4, 2), tmp_path / "grid.png")
@@ -363,6 +390,23 @@ def test_plot_writes_a_png(tmp_path):
     assert plot(timeline(build("gpipe", 2, 2)), tmp_path / "grid.svg").endswith("grid.svg")
     with pytest.raises(SpmdsimError, match=r"picture file '.*grid.txt' must end in one of"):
         plot(build("gpipe", 2, 2), tmp_path / "grid.txt")
+
+
+def test_plot_draws_one_collection_per_stage_and_kind(monkeypatch):
+    """A broken_barh call per cell made one collection per cell: 131,072 at the largest schedule `spmdsim
+    pipeline --png` takes (64 x 256 x 4), over 10 minutes of matplotlib. Now two per stage, the same cells."""
+    pytest.importorskip("matplotlib")
+    import spmdsim.viz.png as png
+
+    drawn = []
+    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: drawn.append(fig.axes[0]) or str(path))
+    schedule = build("interleaved", 3, 6, 2)
+    plot(schedule, "grid.png")  # (nothing written: save_figure replaced)
+    bars = drawn[0].collections
+    assert len(bars) == 2 * 3
+    boxes = sorted((round(p[0][0]), round(p[0][1] + 0.4)) for bar in bars for p in
+                   (path.vertices for path in bar.get_paths()))
+    assert boxes == sorted((start, s) for s, row in enumerate(timeline(schedule).cells) for start, _ in row)
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):

@@ -186,7 +186,9 @@ def test_executed_bubble_and_held_activations_follow_the_formulas(schedule, p):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(microbatches=3), "batch 8 is not divisible by 3 microbatches"),
     (dict(microbatches=8), "a microbatch of 1 samples is not divisible by dp 2"),
-    (dict(pp=4, virtual=2, microbatches=4), "4 layers cannot fill 8 pipeline chunks"),
+    (dict(pp=4, virtual=2, microbatches=4, schedule="interleaved"), "4 layers cannot fill 8 pipeline chunks"),
+    # the schedule's own refusals (build's), before any mesh is made
+    (dict(virtual=2, microbatches=4), "the 1f1b schedule holds one chunk per stage, got virtual stages 2"),
     # a KeyError from the walk of chunks at pp 1 before (and `spmdsim estimate gpt --virtual-stages 2` its traceback)
     (dict(pp=1, virtual=2, microbatches=2, schedule="interleaved"),
      "virtual stages 2 interleave the layers over the pipeline's stages .*: they need pp 2 or more, got pp 1"),
@@ -199,6 +201,54 @@ def test_refusals_are_one_line_on_every_rank(kwargs, message):
 
     with pytest.raises(SpmdsimError, match=message):
         spmdsim.simulate(pp * 2, main)
+
+
+@pytest.mark.parametrize("schedule, m, v, message", [
+    ("1f1b", 4, 2, "the 1f1b schedule holds one chunk per stage, got virtual stages 2; several chunks per stage "
+                   "is --schedule interleaved"),
+    ("gpipe", 4, 3, "the gpipe schedule holds one chunk per stage, got virtual stages 3; several chunks per stage "
+                    "is --schedule interleaved"),
+    ("interleaved", 2, 2, "the interleaved schedule needs microbatches divisible by stages (as Megatron), got 2 "
+                          "microbatches for 4 stages"),
+    ("interleaved", 4, 1, "the interleaved schedule needs virtual stages >= 2, got 1; one chunk per stage is "
+                          "--schedule 1f1b"),
+    ("1f1b", 4, 1, None),
+])
+def test_the_layout_problem_names_what_the_schedule_cannot_take(schedule, m, v, message):
+    """pipeline_layout_problem(..., schedule=) says what build would refuse (a trainer asks it before printing
+    anything); without a schedule it asks nothing of one (spmdsim estimate's search names none)."""
+    from spmdsim.gpt.pipeline import pipeline_layout_problem
+
+    cfg = GPTConfig(layers=24, d_model=32, heads=2, seq=16, batch=8)
+    assert pipeline_layout_problem(cfg, 4, 1, 1, False, m, v, schedule=schedule) == message
+    assert pipeline_layout_problem(cfg, 4, 1, 1, False, m, v) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pp", "2", "--virtual-stages", "2"],
+     "the 1f1b schedule holds one chunk per stage, got virtual stages 2; several chunks per stage is --schedule "
+     "interleaved"),
+    (["--pp", "3"],
+     "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp); expected --microbatches dividing "
+     "the batch, or a --batch that 6 divides"),
+])
+def test_train_gpt_refuses_a_pipelines_sizes_in_one_line_before_any_output(argv, message):
+    """`train_gpt.py --pp 2 --virtual-stages 2` (the 1f1b schedule) printed the run's header, "pipeline: 1f1b
+    schedule, 4 microbatches" and the table's head, then refused at the schedule's build; now one line first.
+    `--pp 3` alone refused "6 microbatches" the user never wrote: the line says they are the default."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "examples" / "train_gpt.py"), "--ranks", argv[1],
+                           "--layers", "4", "--d-model", "32", "--seq", "16", "--steps", "1", "--sample", "0", *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stdout == f"spmdsim: running on {argv[1]} simulated ranks in one process (--ranks {argv[1]}), no " \
+                          "mpiexec\n", done
+    assert " ".join(done.stderr.split()) == f"spmdsim: error: the GPT cannot run on {argv[1]} ranks: {message}", \
+        done.stderr
 
 
 def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monkeypatch):

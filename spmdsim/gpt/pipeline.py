@@ -61,9 +61,13 @@ __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
 
 def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
-                            virtual: int = 1, split: Optional[Sequence[int]] = None, ep: int = 1) -> Optional[str]:
+                            virtual: int = 1, split: Optional[Sequence[int]] = None, ep: int = 1,
+                            schedule: Optional[str] = None) -> Optional[str]:
     """Why the GPT cannot train on pp x dp x tp (pp x dp x ep x tp with MoE layers) with `microbatches`
-    (one line, alike on every rank), or None."""
+    (one line, alike on every rank), or None. With `schedule` (its name) also why that schedule cannot take
+    these sizes (spmdsim.pipeline.schedule.schedule_problem: one chunk per stage but under "interleaved",
+    whose microbatches a multiple of pp), so that a trainer refuses them before its first line of output."""
+    from ..pipeline.schedule import schedule_problem
     from .layouts import mesh_problem
 
     for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual stages", virtual)):
@@ -72,6 +76,9 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     if virtual > 1 and pp < 2:  # Megatron's interleaving also needs a pipeline: chunk k goes to stage k mod pp
         return (f"virtual stages {virtual} interleave the layers over the pipeline's stages (chunk k on stage k mod "
                 f"pp): they need pp 2 or more, got pp {pp}")
+    problem = schedule_problem(schedule, pp, microbatches, virtual) if schedule is not None else None
+    if problem:
+        return problem
     if cfg.batch % microbatches:
         return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
     micro = cfg.batch // microbatches
@@ -197,7 +204,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                         _zero_axes, _zero_moments, replay_problem)
 
     moe = cfg.moe is not None or ep != 1
-    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
+    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))

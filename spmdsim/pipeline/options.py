@@ -3,15 +3,16 @@
 ``pipeline_arguments(parser)`` adds ``--pp``, ``--microbatches``, ``--schedule`` and
 ``--virtual-stages``; `pipelined`, `microbatches` and `virtual_stages` read the parsed
 arguments with their defaults (2 x pp microbatches with a pipeline, 2 chunks per stage
-with the interleaved schedule).
+with the interleaved schedule); `default_microbatches_problem` says why that default
+cannot split a batch, naming the flags.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from .schedule import SCHEDULES
 
-__all__ = ["pipeline_arguments", "pipelined", "microbatches", "virtual_stages"]
+__all__ = ["pipeline_arguments", "pipelined", "microbatches", "virtual_stages", "default_microbatches_problem"]
 
 
 def pipeline_arguments(parser: Any) -> None:
@@ -42,3 +43,15 @@ def virtual_stages(args: Any) -> int:
     if args.virtual_stages is not None:
         return args.virtual_stages
     return 2 if args.schedule == "interleaved" else 1
+
+
+def default_microbatches_problem(args: Any, batch: int) -> Optional[str]:
+    """Why the default microbatches (2 x pp, ``--microbatches`` not given) cannot split `batch`, naming the
+    default and the flags (a user who never wrote a microbatch count reads where it came from), or None."""
+    if args.microbatches is not None or args.pp <= 1:
+        return None
+    m = microbatches(args)
+    if batch % m == 0:
+        return None
+    return (f"batch {batch} is not divisible by {m} microbatches (the default at --pp {args.pp}: 2 x pp); "
+            f"expected --microbatches dividing the batch, or a --batch that {m} divides")

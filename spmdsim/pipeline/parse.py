@@ -16,7 +16,7 @@ import re
 from typing import Optional
 
 from ..errors import PipelineError
-from .schedule import Compute, Post, Recv, Schedule, Send, check_sizes
+from .schedule import MAX_PAIRS, Compute, Post, Recv, Schedule, Send, check_sizes
 
 __all__ = ["parse", "TOKENS", "MAX_TEXT"]
 
@@ -26,8 +26,24 @@ TOKENS = "F<mb>, B<mb>, send-act<mb>, recv-act<mb>, send-grad<mb>, recv-grad<mb>
 #: Longest schedule text `parse` reads, in characters.
 MAX_TEXT = 4_000_000
 
-_LINE = re.compile(r"^\s*stage\s+(\d+)\s*:(.*)$")
-_TOKEN = re.compile(r"^(F|B|send-act|recv-act|send-grad|recv-grad)(\d+)(?:\.(\d+))?$")
+# ASCII digits only: `\d` also takes other scripts' digits ('stage \u0663' read as stage 3).
+_LINE = re.compile(r"^\s*stage\s+([0-9]+)\s*:(.*)$")
+_TOKEN = re.compile(r"^(F|B|send-act|recv-act|send-grad|recv-grad)([0-9]+)(?:\.([0-9]+))?$")
+
+#: Most significant digits a stage, microbatch or chunk number may have (MAX_PAIRS bounds them all far below):
+#: Python refuses int() of over 4,300 digits with a ValueError, and a message would quote them all.
+_DIGITS = 9
+
+
+def _number(digits: str) -> int:
+    """`digits` (ASCII) as an int; -1 where they are more than _DIGITS significant ones (out of any range)."""
+    significant = digits.lstrip("0") or "0"
+    return int(significant) if len(significant) <= _DIGITS else -1
+
+
+def _shown(text: str) -> str:
+    """`text` for a message: at most 40 characters."""
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse(text: str, stages: int, microbatches: int, virtual: int = 1, name: str = "hand-written") -> Schedule:
@@ -51,11 +67,10 @@ def parse(text: str, stages: int, microbatches: int, virtual: int = 1, name: str
             continue
         match = _LINE.match(line)
         if not match:
-            shown = line.strip() if len(line.strip()) <= 40 else line.strip()[:37] + "..."
-            raise PipelineError(f"line {number} of {name!r} is {shown!r}; expected 'stage N: tokens'")
-        stage = int(match.group(1))
-        if stage >= stages:
-            raise PipelineError(f"line {number} of {name!r} is for stage {stage}; expected stages "
+            raise PipelineError(f"line {number} of {name!r} is {_shown(line.strip())!r}; expected 'stage N: tokens'")
+        stage = _number(match.group(1))
+        if not 0 <= stage < stages:
+            raise PipelineError(f"line {number} of {name!r} is for stage {_shown(match.group(1))}; expected stages "
                                 f"0..{stages - 1}")
         seen.add(stage)
         programs[stage].extend(_actions(match.group(2), stage, stages, virtual, name))
@@ -106,7 +121,12 @@ def _record(word: str, stage: int, stages: int, virtual: int, name: str):
     if not match:
         raise PipelineError(f"stage {stage} of {name!r} has token {word!r}; expected {TOKENS}"
                             + (" with a .chunk suffix" if virtual > 1 else ""))
-    kind, mb, chunk = match.group(1), int(match.group(2)), match.group(3)
+    kind, mb, chunk = match.group(1), _number(match.group(2)), match.group(3)
+    if mb < 0 or (chunk is not None and _number(chunk) < 0):
+        what = (f"a microbatch below {MAX_PAIRS:,}" if mb < 0 else
+                f"one of the stage's chunks {tuple(range(stage, stages * virtual, stages))!r}")
+        raise PipelineError(f"stage {stage} of {name!r} has token {_shown(word)!r}, a number of more than "
+                            f"{_DIGITS} digits; expected {what}")
     if virtual == 1 and chunk is not None:
         raise PipelineError(f"stage {stage} of {name!r} has token {word!r}, but with one chunk per stage "
                             f"the chunk is the stage's; expected {word.split('.')[0]!r}")
@@ -114,7 +134,7 @@ def _record(word: str, stage: int, stages: int, virtual: int, name: str):
         raise PipelineError(f"stage {stage} of {name!r} has token {word!r} without its chunk; expected "
                             f"{word}.c with c one of the stage's chunks "
                             f"{tuple(range(stage, stages * virtual, stages))!r}")
-    c = stage if chunk is None else int(chunk)
+    c = stage if chunk is None else _number(chunk)
     if kind in ("F", "B"):
         return Compute(kind, mb, c)
     verb, what = kind.split("-")

@@ -28,7 +28,7 @@ from typing import Iterator, Optional, Union
 from ..errors import PipelineError
 
 __all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "in_flight", "MAX_PAIRS",
-           "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes"]
+           "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes", "schedule_problem"]
 
 #: The schedules `build` knows, by name.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -381,13 +381,9 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     each compute step one Post sends what it produced and receives the next step's inputs.
     Megatron requires m % p == 0 (microbatch groups of p).
     """
-    check_sizes(stages, microbatches, virtual)
-    if virtual < 2:
-        raise PipelineError(f"the interleaved schedule needs virtual stages >= 2, got {virtual!r}; "
-                            f"one chunk per stage is --schedule 1f1b")
-    if microbatches % stages:
-        raise PipelineError(f"the interleaved schedule needs microbatches divisible by stages "
-                            f"(as Megatron), got {microbatches!r} microbatches for {stages!r} stages")
+    problem = schedule_problem("interleaved", stages, microbatches, virtual)
+    if problem:
+        raise PipelineError(problem)
     p, v, links, programs = stages, virtual, _Links(stages, virtual), []
     table = _chunk_table(microbatches, v, p)
     total = len(table)
@@ -433,16 +429,36 @@ def build(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedu
         stages, microbatches: p and m, ints >= 1.
         virtual: chunks per stage: 1 for gpipe and 1f1b, >= 2 for interleaved.
     """
-    if name not in SCHEDULES:
-        raise PipelineError(f"unknown schedule {name!r}; expected one of {SCHEDULES!r}")
+    problem = schedule_problem(name, stages, microbatches, virtual)
+    if problem:
+        raise PipelineError(problem)
     with _collector_paused():
         if name == "interleaved":
             return interleaved(stages, microbatches, virtual)
-        check_sizes(stages, microbatches, virtual)
-        if virtual != 1:
-            raise PipelineError(f"the {name} schedule holds one chunk per stage, got virtual stages "
-                                f"{virtual!r}; several chunks per stage is --schedule interleaved")
         return gpipe(stages, microbatches) if name == "gpipe" else one_f_one_b(stages, microbatches)
+
+
+def schedule_problem(name: object, stages: object, microbatches: object, virtual: object = 1) -> Optional[str]:
+    """Why `build(name, stages, microbatches, virtual)` refuses these sizes (its one line), or None: for a
+    trainer to refuse them alike on every rank before it prints or runs anything."""
+    if name not in SCHEDULES:
+        return f"unknown schedule {name!r}; expected one of {SCHEDULES!r}"
+    try:
+        check_sizes(stages, microbatches, virtual)
+    except PipelineError as exc:
+        return str(exc)
+    if name != "interleaved":
+        if virtual != 1:
+            return (f"the {name} schedule holds one chunk per stage, got virtual stages {virtual!r}; several "
+                    f"chunks per stage is --schedule interleaved")
+        return None
+    if virtual < 2:
+        return (f"the interleaved schedule needs virtual stages >= 2, got {virtual!r}; one chunk per stage is "
+                f"--schedule 1f1b")
+    if microbatches % stages:
+        return (f"the interleaved schedule needs microbatches divisible by stages (as Megatron), got "
+                f"{microbatches!r} microbatches for {stages!r} stages")
+    return None
 
 
 @contextmanager
