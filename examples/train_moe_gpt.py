@@ -42,7 +42,8 @@ from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
-from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
+from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
+                                      virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
@@ -151,8 +152,9 @@ def main(args):
     shape, problem = split(comm.size)
     piped, pp = pipelined(args), args.pp
     if not problem and piped:
-        problem = pipeline_layout_problem(cfg, pp, shape[0], shape[2], args.sp, microbatches(args),
-                                          virtual_stages(args), ep=shape[1])
+        problem = default_microbatches_problem(args, cfg.batch) or pipeline_layout_problem(
+            cfg, pp, shape[0], shape[2], args.sp, microbatches(args), virtual_stages(args), ep=shape[1],
+            schedule=args.schedule)
     elif not problem:
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if not problem and args.replay:

@@ -216,6 +216,21 @@ def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
     assert out.stderr.strip().splitlines()[-1].startswith("spmdsim: error: zero 2 is not 0 or 1"), out.stderr
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--pp", "2", "--virtual-stages", "2"], "the 1f1b schedule holds one chunk per stage, got virtual stages 2"),
+    (["--pp", "3", "--ranks", "6"], "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp)")])
+def test_a_schedule_the_sizes_do_not_fit_is_refused_before_the_example_prints_its_model(flags, message):
+    """--pp 2 --virtual-stages 2 (1f1b takes one chunk a stage) printed the model, its experts and the pipeline's
+    line, then the schedule's refusal; the default microbatches' (2 x pp) was named as if the user gave it."""
+    from testkit import run_train_gpt, unfold
+
+    ranks = [] if "--ranks" in flags else ["--ranks", "4"]
+    out = run_train_gpt(ranks + ["--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8"]
+                        + flags, script="train_moe_gpt.py")
+    assert out.returncode == 2 and "MoE GPT" not in out.stdout and "pipeline" not in out.stdout, out.stdout
+    assert message in unfold(out.stderr), out.stderr
+
+
 def test_experts_not_divisible_by_ep_are_refused_on_every_rank_before_a_collective():
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=8, moe=MoEConfig(experts=6))
     assert mesh_problem(cfg, 2, 1, False, 4) == "experts 6 are not divisible by ep 4 (experts are split over ep)"
