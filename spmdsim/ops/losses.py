@@ -145,8 +145,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     """-log softmax(logits)[label] per row, averaged over the global batch; vocab-parallel when classes are split.
 
     As PyTorch's ``F.cross_entropy``: rows whose label is `ignore_index` (-100 by default; None: none)
-    count for nothing, and "mean" divides by the rows that count (NaN if none do); "sum" adds them up;
-    "none" gives each row's loss (0 where ignored) as a DTensor (batch,) split like the labels.
+    count for nothing, and "mean" divides by the rows that count (NaN if none do, with a gradient of 0,
+    as PyTorch's); "sum" adds them up; "none" gives each row's loss (0 where ignored) as a DTensor
+    (batch,) split like the labels.
     `label_smoothing` e: each row's loss is (1 - e) times its -log p[label] plus e times the mean of
     -log p over the classes (PyTorch's), the classes' sum of logits riding in the same Allreduce.
     Its collectives are the program of spmdsim.infer.losses (`infer_cross_entropy`).
