@@ -519,6 +519,26 @@ def test_cross_entropy_with_ignored_rows_is_pytorchs_and_the_references(ignored)
             assert np.allclose(grad, want_grad * counted, rtol=1e-13, atol=1e-16)
 
 
+def test_cross_entropy_refuses_mislaid_labels_before_summing_pending_logits():
+    """Logits still a pending sum are added up first (one Allreduce); labels not split like their rows are refused
+    before it, every rank alike, with no collective run (the layouts are every rank's)."""
+    from spmdsim import DTensor, Mesh, TensorLayout, collect_trace
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("a", "b")))
+        pending = TensorLayout(mesh.layout, (("a",), ()), ("b",))
+        z = DTensor.from_local(mesh, np.ones((2, 4)), pending, (4, 4))
+        with collect_trace() as trace:
+            try:
+                ops.cross_entropy(z, DTensor.from_global(mesh, np.zeros(4, int), mesh.layout(None)))
+            except OperatorError as e:
+                return str(e), trace.counts()
+            return None, trace.counts()
+
+    assert spmdsim.simulate(4, body) == [("cross_entropy: labels (None,) must be split like the logits' batch dim "
+                                          "((\"a\", None)): expected map (('a',),)", {})] * 4
+
+
 def test_einsum_rule_keeps_free_splits_and_leaves_contracted_ones_pending():
     plan = infer_einsum("bsd,de->bse", (L("dp", None, "tp"), L("tp", None)), ((4, 8, 16), (16, 32)), "float64")
     assert plan.local == L("dp", None, None, partial=("tp",))

@@ -167,16 +167,21 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
             or not 0 <= label_smoothing <= 1:
         raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
     smooth = float(label_smoothing)
-    if logits.layout.partial and not labels.layout.partial:
-        # A pending sum (a row-parallel product's output) is added up first, as softmax and
-        # layer_norm do: one Allreduce over its pending axes, its gradient passed back whole.
+    # A pending sum (a row-parallel product's output) is added up first, as softmax and layer_norm do:
+    # one Allreduce over its pending axes, its gradient passed back whole. The program is inferred on
+    # the layout it will have, before that Allreduce: labels laid out otherwise are refused first.
+    resolve = bool(logits.layout.partial) and not labels.layout.partial
+    layout = logits.layout.with_partial(()) if resolve else logits.layout
+    batch, classes = logits.global_shape
+    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
+    plan = infer_cross_entropy(layout, labels.layout, (batch, classes),
+                               "float32" if is_low(logits.local.dtype) else logits.local.dtype.name, bool(smooth),
+                               reduction)
+    if resolve:
         from .norms import resolved
 
         logits = resolved(logits)
-    layout, (batch, classes) = logits.layout, logits.global_shape
-    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
     z, ids = _widened(mesh, logits.local), labels.local
-    plan = infer_cross_entropy(layout, labels.layout, (batch, classes), z.dtype.name, bool(smooth), reduction)
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
     bad = int(np.count_nonzero(valid & ((ids < 0) | (ids >= classes))))
