@@ -128,8 +128,9 @@ def test_activations_of_0d_and_1_element_dtensors_forward_and_backward(dtype):
         mesh = Mesh(Layout((2,), ("m0",)))
         out = []
         for name, call in calls.items():
-            for shape, layout, local in (((), mesh.layout(), value), ((), TensorLayout(mesh.layout, (), ("m0",)),
-                                                                          value / 2), ((1,), mesh.layout(None), [value])):
+            pending = TensorLayout(mesh.layout, (), ("m0",))  # each rank's addend half the value
+            for shape, layout, local in (((), mesh.layout(), value), ((), pending, value / 2),
+                                         ((1,), mesh.layout(None), [value])):
                 x = DTensor.from_local(mesh, np.array(local, dtype), layout, shape).requires_grad_()
                 y = call(x)
                 ops.sum(y * 3.0).backward()  # an upstream of 3 on every element
