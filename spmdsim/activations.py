@@ -45,6 +45,20 @@ def _single(dtype: np.dtype) -> bool:
     return (dtype.kind == "f" and dtype.itemsize <= 4) or is_low(dtype)
 
 
+def _one(a: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """A 0-d array as a 1-element view of it (None stays None).
+
+    numpy returns a ufunc's result on 0-d operands as a scalar, which takes no ``out=`` (``TypeError:
+    return arrays must be of ArrayType``) and no in-place update: the GELU kernels, which work in place,
+    take a 0-d shard (a DTensor of shape ()) as one element and give its result back 0-d."""
+    return None if a is None else a.reshape(1)
+
+
+def _zero_d(values: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    """A kernel's 1-element result on a 0-d shard, back 0-d: `out` when it was given (written through `_one`)."""
+    return values.reshape(()) if out is None else out
+
+
 def _tanh_inner(x: np.ndarray) -> np.ndarray:
     """tanh(sqrt(2/pi) x (1 + 0.044715 x^2)) of a float32 array, a new float32 array."""
     t = np.multiply(x, x)
@@ -61,6 +75,8 @@ def gelu_tanh(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     The forward computes it once; kept, it spares the backward a second tanh (the costliest of GELU's
     elementwise steps: ~13 ns a float64 value here, against ~1 ns for a product).
     """
+    if x.ndim == 0:  # as one element (`_one`)
+        return _zero_d(gelu_tanh(x.reshape(1), _one(out)), out)
     if _single(x.dtype):
         return into(out, _tanh_inner(x.astype(np.float32, copy=False)))
     return reference.gelu_tanh(x.astype(np.float64, copy=False), out)
@@ -69,6 +85,8 @@ def gelu_tanh(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """GELU of a shard given its `gelu_tanh` t (not modified), a new array (or `out`) in x's dtype (integers:
     float64)."""
+    if x.ndim == 0:  # as one element (`_one`)
+        return _zero_d(gelu_from_tanh(x.reshape(1), t.reshape(1), _one(out)), out)
     if not _single(x.dtype):
         if out is not None and x.dtype != np.float64:  # the reference writes float64 values
             return into(out, reference.gelu_from_tanh(x, t))
@@ -89,6 +107,8 @@ def gelu_backward(x: np.ndarray, dy: np.ndarray, tanh: np.ndarray | None = None)
 
     `tanh`: the forward's `gelu_tanh(x)` when it was kept (not modified), else computed here.
     """
+    if x.ndim == 0:  # as one element (`_one`)
+        return gelu_backward(x.reshape(1), np.reshape(dy, 1), _one(tanh)).reshape(())
     if not _single(x.dtype):
         out = reference_grad.gelu_grad(x, tanh)
         if out.dtype == dy.dtype and out.shape == dy.shape:

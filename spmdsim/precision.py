@@ -35,8 +35,8 @@ from ._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "rounded",
-           "product", "unit_roundoff", "NEEDS_ML_DTYPES"]
+__all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "sent_itemsize",
+           "rounded", "product", "unit_roundoff", "NEEDS_ML_DTYPES"]
 
 #: What asking for bfloat16 without ml_dtypes says (one line).
 NEEDS_ML_DTYPES = "needs ml_dtypes: pip install -e '.[bf16]'"
@@ -68,6 +68,16 @@ def wide(a: Any) -> Any:
     if getattr(a, "dtype", None) is not None and is_low(a.dtype):
         return a.astype(np.float32)
     return a
+
+
+def sent_itemsize(dtype: Any, sums: bool) -> int:
+    """Bytes one element of a `dtype` tensor takes in a collective's messages: float32's 4 for bfloat16 in a
+    sum (Allreduce, Reduce_scatter: MPI has no bfloat16 sum, so the collectives add the `wide` blocks and
+    round the total once, spmdsim.runtime.collectives); else the dtype's own itemsize (bfloat16 is moved as
+    its 2-byte words). What the runtime's collectives send, and so what a plan and a dry run count
+    (spmdsim.plan.steps, `Step.itemsize`)."""
+    dtype = np.dtype(dtype)
+    return 4 if sums and is_low(dtype) else dtype.itemsize
 
 
 def rounded(a: Any, dtype: Any) -> Any:

@@ -105,22 +105,34 @@ def mse_loss(y: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
     return float(np.sum(diff * diff) / n), (2.0 / n * diff).astype(np.asarray(y).dtype)
 
 
-def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
-    """(mean over the batch of -log softmax(logits)[label], its gradient w.r.t. the logits)."""
+def cross_entropy(logits: np.ndarray, labels: np.ndarray,
+                  ignore_index: Optional[int] = -100) -> tuple[float, np.ndarray]:
+    """(mean over the batch of -log softmax(logits)[label], its gradient w.r.t. the logits).
+
+    As PyTorch's ``F.cross_entropy``: rows whose label is `ignore_index` (None: none) count for nothing
+    and the mean is over the rows that count; with none counted it is NaN (0 / 0) and the gradient 0.
+    """
     z = np.asarray(logits, np.float64)
     labels = np.asarray(labels)
     if z.ndim != 2 or labels.shape != z.shape[:1]:
         raise ShapeError(f"cross_entropy: logits {z.shape!r} must be (batch, classes) and labels "
                          f"(batch,), got labels {labels.shape!r}")
-    if labels.size and (labels.min() < 0 or labels.max() >= z.shape[1]):
-        raise OperatorError(f"cross_entropy: labels must be in [0, {z.shape[1]})")
+    valid = labels != ignore_index if ignore_index is not None else np.ones(labels.shape, bool)
+    if np.any(valid & ((labels < 0) | (labels >= z.shape[1]))):
+        raise OperatorError(f"cross_entropy: labels must be in [0, {z.shape[1]})"
+                            + (f" or be ignore_index {ignore_index}" if ignore_index is not None else ""))
+    labels = np.where(valid, labels, 0)
+    counted = int(np.count_nonzero(valid))
     shifted = z - z.max(axis=1, keepdims=True)
     log_sum = np.log(np.exp(shifted).sum(axis=1))
     rows = np.arange(z.shape[0])
-    loss = float(np.sum(log_sum - shifted[rows, labels]) / z.shape[0])
+    total = float(np.sum(np.where(valid, log_sum - shifted[rows, labels], 0.0)))
     grad = np.exp(shifted - log_sum[:, None])
     grad[rows, labels] -= 1.0
-    return loss, (grad / z.shape[0]).astype(np.asarray(logits).dtype)
+    grad[~valid] = 0.0
+    if counted:
+        grad /= counted
+    return (total / counted if counted else math.nan), grad.astype(np.asarray(logits).dtype)
 
 
 def numeric_grad_parts(shapes: Sequence[tuple[int, ...]], batch: int = 0) -> list[tuple[int, int, int]]:

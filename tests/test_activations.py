@@ -67,12 +67,83 @@ def test_unknown_activation_is_refused_by_name():
         activations.backward("tanh")
 
 
+@pytest.mark.parametrize("shape", [(4, 6), ()])  # a 0-d shard as one element, its results 0-d arrays
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, np.int64])
-def test_gelu_tanh_and_gelu_from_tanh_write_out_what_they_return(dtype):
+def test_gelu_tanh_and_gelu_from_tanh_write_out_what_they_return(dtype, shape):
     x = np.linspace(-4, 4, 24).reshape(4, 6).astype(dtype)
+    x = x[2, 1, ...] if shape == () else x  # a 0-d array (x[2, 1] would be a numpy scalar)
     t = activations.gelu_tanh(x)
     t_out = np.full(t.shape, np.nan, t.dtype)
     assert activations.gelu_tanh(x, t_out) is t_out and np.array_equal(t_out, t)
     y = activations.gelu_from_tanh(x, t)
     y_out = np.full(y.shape, np.nan, y.dtype)
     assert activations.gelu_from_tanh(x, t, y_out) is y_out and np.array_equal(y_out, y)
+    g = activations.gelu_backward(x, np.ones_like(y), t)
+    assert type(x) is type(t) is type(y) is type(g) is np.ndarray and t.shape == y.shape == g.shape == x.shape
+
+
+def _np_activations():
+    """name -> (numpy forward, numpy derivative) in float64, written out here (not spmdsim's formulas)."""
+    import math
+
+    c, erf = math.sqrt(2 / math.pi), np.vectorize(math.erf, otypes=[np.float64])
+
+    def tanh_(x):
+        return np.tanh(c * (x + 0.044715 * x ** 3))
+
+    def sig(x):
+        return 1 / (1 + np.exp(-x))
+
+    def phi(x):
+        return np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+
+    return {
+        "relu": (lambda x: np.maximum(x, 0), lambda x: (x > 0) * 1.0),
+        "gelu": (lambda x: 0.5 * x * (1 + tanh_(x)),
+                 lambda x: 0.5 * (1 + tanh_(x)) + 0.5 * x * (1 - tanh_(x) ** 2) * c * (1 + 3 * 0.044715 * x * x)),
+        "gelu_none": (lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))), lambda x: 0.5 * (1 + erf(x / math.sqrt(2)))
+                      + x * phi(x)),
+        "sigmoid": (sig, lambda x: sig(x) * (1 - sig(x))),
+        "silu": (lambda x: x * sig(x), lambda x: sig(x) + x * sig(x) * (1 - sig(x))),
+        "erf": (erf, lambda x: 2 / math.sqrt(math.pi) * np.exp(-x * x)),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_activations_of_0d_and_1_element_dtensors_forward_and_backward(dtype):
+    """Every activation on a 0-d DTensor (replicated, and a pending sum added up first) and a 1-element one, on 2
+    simulated ranks: values and gradients against numpy's formulas (GELU's tanh form crashed on 0-d: numpy gives
+    a 0-d operand's result as a scalar, which takes no out=)."""
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, TensorLayout, ops
+
+    numpy = _np_activations()
+    numpy["gelu_megatron"] = numpy["gelu"]  # the tanh form, its backward computing the tanh again
+    calls = {"gelu": ops.gelu, "gelu_megatron": lambda x: ops.gelu(x, kept="megatron"),
+             "gelu_none": lambda x: ops.gelu(x, approximate="none"), "relu": ops.relu, "sigmoid": ops.sigmoid,
+             "silu": ops.silu, "erf": ops.erf}
+    value = -0.7
+
+    def body():
+        mesh = Mesh(Layout((2,), ("m0",)))
+        out = []
+        for name, call in calls.items():
+            pending = TensorLayout(mesh.layout, (), ("m0",))  # each rank's addend half the value
+            for shape, layout, local in (((), mesh.layout(), value), ((), pending, value / 2),
+                                         ((1,), mesh.layout(None), [value])):
+                x = DTensor.from_local(mesh, np.array(local, dtype), layout, shape).requires_grad_()
+                y = call(x)
+                ops.sum(y * 3.0).backward()  # an upstream of 3 on every element
+                out.append((name, str(layout), y.gather(), x.grad.gather(), y.local.dtype, x.grad.local.dtype))
+        return out
+
+    results = spmdsim.simulate(2, body)
+    rtol = 1e-14 if dtype == "float64" else 2e-6
+    assert len(results[0]) == 3 * len(calls)
+    for name, layout, y, grad, ydtype, gdtype in results[0]:
+        forward, slope = numpy[name]
+        x = np.full(y.shape, value)
+        assert ydtype == gdtype == dtype, (name, layout)
+        assert y.shape == grad.shape and y.shape in ((), (1,)), (name, layout)
+        np.testing.assert_allclose(y, forward(x), rtol=rtol, atol=0, err_msg=f"{name} {layout}")
+        np.testing.assert_allclose(grad, 3.0 * slope(x), rtol=rtol, atol=0, err_msg=f"{name} {layout} gradient")

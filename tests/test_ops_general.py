@@ -478,6 +478,67 @@ def test_cross_entropy_counts_ride_with_the_loss_exactly(batch):
                     "classes - 1, or ignore_index -100")
 
 
+@pytest.mark.parametrize("ignored", ["all", "some"])
+def test_cross_entropy_with_ignored_rows_is_pytorchs_and_the_references(ignored):
+    """Every label ignored: "mean" is NaN (0 / 0) and its gradient 0, as PyTorch's (its backward writes the counted
+    rows only); "sum" and "none" 0 with a 0 gradient; no RuntimeWarning on any layout. Some ignored: the mean over
+    the counted rows. The single-process reference (reference_grad.cross_entropy) gives the same values."""
+    import warnings
+
+    from spmdsim import DTensor, Mesh
+    from spmdsim import reference_grad as rg
+
+    z = np.arange(32.0).reshape(8, 4) / 7
+    y = np.full(8, -100) if ignored == "all" else np.array([1, -100, 3, 0, -100, 2, 2, -100])
+    want_loss, want_grad = rg.cross_entropy(z, y)
+    assert (math.isnan(want_loss) and not want_grad.any()) if ignored == "all" else want_loss > 0
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("a", "b")))
+        out = []
+        for rows, cols in ((None, None), ("a", None), (("a", "b"), None), ("a", "b"), (None, ("b", "a"))):
+            for reduction in ("mean", "sum", "none"):
+                zd = DTensor.from_global(mesh, z, mesh.layout(rows, cols)).requires_grad_()
+                loss = ops.cross_entropy(zd, DTensor.from_global(mesh, y, mesh.layout(rows)), reduction=reduction)
+                (ops.sum(loss) if reduction == "none" else loss).backward()
+                out.append((reduction, loss.gather(), zd.grad.gather()))
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 0 / 0 and inf * 0 warned in the backward
+        results = spmdsim.simulate(4, body)
+    for reduction, loss, grad in results[0]:
+        if reduction == "mean":
+            assert np.allclose(loss, want_loss, rtol=1e-14, atol=0, equal_nan=True)
+            assert np.allclose(grad, want_grad, rtol=1e-13, atol=1e-16)
+        elif ignored == "all":
+            assert not np.any(loss) and not np.any(grad)
+        else:
+            counted = np.count_nonzero(y != -100)
+            assert np.allclose(np.sum(loss), want_loss * counted, rtol=1e-14)
+            assert np.allclose(grad, want_grad * counted, rtol=1e-13, atol=1e-16)
+
+
+def test_cross_entropy_refuses_mislaid_labels_before_summing_pending_logits():
+    """Logits still a pending sum are added up first (one Allreduce); labels not split like their rows are refused
+    before it, every rank alike, with no collective run (the layouts are every rank's)."""
+    from spmdsim import DTensor, Mesh, TensorLayout, collect_trace
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("a", "b")))
+        pending = TensorLayout(mesh.layout, (("a",), ()), ("b",))
+        z = DTensor.from_local(mesh, np.ones((2, 4)), pending, (4, 4))
+        with collect_trace() as trace:
+            try:
+                ops.cross_entropy(z, DTensor.from_global(mesh, np.zeros(4, int), mesh.layout(None)))
+            except OperatorError as e:
+                return str(e), trace.counts()
+            return None, trace.counts()
+
+    assert spmdsim.simulate(4, body) == [("cross_entropy: labels (None,) must be split like the logits' batch dim "
+                                          "((\"a\", None)): expected map (('a',),)", {})] * 4
+
+
 def test_einsum_rule_keeps_free_splits_and_leaves_contracted_ones_pending():
     plan = infer_einsum("bsd,de->bse", (L("dp", None, "tp"), L("tp", None)), ((4, 8, 16), (16, 32)), "float64")
     assert plan.local == L("dp", None, None, partial=("tp",))

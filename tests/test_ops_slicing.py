@@ -49,6 +49,30 @@ def test_narrow_rule_of_a_split_dim_keeps_the_split_that_divides_the_slice():
         wide("b"), wide("a"), wide("b"), wide(None)]
 
 
+def test_narrow_from_the_end_of_a_dim_is_empty_as_pytorchs():
+    """PyTorch's narrow takes start from -size to size: start == size with length 0 is an empty slice (its gradient
+    zeros), start -size the first row; past either end, or a length past the end, it refuses."""
+    assert infer_narrow(L("dp", None), (4, 3), 0, 4, 0) == (L("dp", None), 0, 4, (0, 3))  # 0 rows divide
+    assert infer_narrow(L(None, "tp"), (3, 8), 1, -8, 1) == (L(None, None), 1, 0, (3, 1))
+    assert infer_narrow(L(None, None), (0, 3), 0, 0, 0) == (L(None, None), 0, 0, (0, 3))
+
+    def body():
+        mesh = Mesh(Layout((2,), ("m0",)))
+        a = np.arange(12.0).reshape(4, 3)
+        out = []
+        for rows in (None, "m0"):
+            x = DTensor.from_global(mesh, a, mesh.layout(rows, None)).requires_grad_()
+            empty, last = ops.narrow(x, 0, 4, 0), ops.narrow(x, 0, -4, 1)
+            (ops.sum(empty) + ops.sum(last * 2.0)).backward()
+            out.append((empty.global_shape, empty.gather(), last.gather(), x.grad.gather()))
+        return out
+
+    for shape, empty, last, grad in spmdsim.simulate(2, body)[0]:
+        assert shape == (0, 3) and empty.shape == (0, 3)
+        assert np.array_equal(last, [[0.0, 1.0, 2.0]])
+        assert np.array_equal(grad, [[2.0] * 3] + [[0.0] * 3] * 3)
+
+
 def test_shift_moves_each_rank_only_the_rows_it_lacks():
     """narrow(x, 0, 1, 4) of 8 rows over dp (a 2 x 4 mesh): dp 0 keeps rows 1:3 of its 0:4 and sends row 3 to
     its dp 1 peer (same tp coordinate), which keeps row 4 of its 4:8: one row a rank on dp 1, the lower bound."""
@@ -178,8 +202,10 @@ def _refusals():
         (lambda: ops.concatenate([], 0), OperatorError, "concatenate: no operands; give a sequence of DTensors"),
         (lambda: ops.concatenate([w, np.ones((3, 8))], 0), OperatorError,
          "concatenate: operand 1 must be a DTensor, got ndarray of shape (3, 8)"),
+        (lambda: ops.narrow(w, 0, 4, 0), OperatorError,
+         "narrow: start 4 is out of range for dim 0 of size 3 (expected an integer from -3 to 3)"),
         (lambda: ops.narrow(w, 0, 3, 1), OperatorError,
-         "narrow: start 3 is out of range for dim 0 of size 3 (expected an integer from -3 to 2)"),
+         "narrow: length 1 does not fit dim 0 of size 3 from start 3 (expected an integer from 0 to 0)"),
         (lambda: ops.narrow(w, 0, 1, 3), OperatorError,
          "narrow: length 3 does not fit dim 0 of size 3 from start 1 (expected an integer from 0 to 2)"),
         (lambda: ops.narrow(w, 2, 0, 1), OperatorError, "narrow: dim 2 is out of range for a tensor of 2 dims"),

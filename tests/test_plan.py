@@ -223,3 +223,46 @@ def test_device_matrix_and_placement_give_one_mesh(capsys):
     for twice in (["--device-matrix", "2,4", "--placement", "2, 4"], ["--placement", "2,4"]):
         assert main(["plan", *twice, *rest]) == 0
         assert json.loads(capsys.readouterr().out) == once
+
+
+def test_a_bfloat16_pending_sum_is_planned_as_the_float32_it_is_sent_as():
+    """MPI has no bfloat16 sum: a bfloat16 tensor's Allreduce and Reduce_scatter send float32 (4 bytes an
+    element; spmdsim.precision.sent_itemsize), its other steps 2. The plan counts what the trace and the dry run
+    count, rank by rank, on even and uneven cuts (it counted 2 bytes for the sums: half the trace's); the lower
+    bound stays a bound (each summed element arrives at least once, at least 2 bytes)."""
+    pytest.importorskip("ml_dtypes")
+    import spmdsim
+    from spmdsim import DTensor, Mesh, TensorLayout, collect_trace
+    from spmdsim.precision import bfloat16, sent_itemsize
+    from spmdsim.runtime.executor import redistribute
+
+    bf16 = bfloat16()
+    assert [sent_itemsize(bf16, True), sent_itemsize(bf16, False), sent_itemsize("float16", True),
+            sent_itemsize("float64", True), sent_itemsize("int8", False)] == [4, 2, 2, 8, 1]
+    assert Allreduce.sums and ReduceScatter.sums and not (Allgather.sums or Alltoall.sums or Exchange.sums)
+
+    def body(layout, source, target, shape):
+        mesh = Mesh(layout)
+        x = DTensor.from_local(mesh, np.ones(source.local_shape(shape, mesh.rank), bf16), source, shape)
+        with collect_trace() as trace:
+            redistribute(x, target)
+        return sum(e.bytes_received for e in trace.entries), sum(e.bytes_sent for e in trace.entries)
+
+    for cut, shape in (("even", (8, 8)), ("balanced", (7, 5))):
+        layout = Layout((2, 2), ("a", "b"), cut=cut)
+        for source, target, kinds in (
+                (TensorLayout(layout, ((), ()), ("b",)), TensorLayout(layout, ((), ())), ["allreduce"]),
+                (TensorLayout(layout, ((), ()), ("a", "b")), TensorLayout(layout, (("a", "b"), ())),
+                 ["reduce_scatter"]),
+                (TensorLayout(layout, (("a",), ()), ("b",)), TensorLayout(layout, (("b",), ("a",))),
+                 ["reduce_scatter", "exchange"])):
+            plan = plan_redistribution(source, target, shape, "bfloat16")
+            wide = plan_redistribution(source, target, shape, "float32")
+            assert [s.op for s in plan.steps] == [s.op for s in wide.steps] == kinds
+            for step, twin in zip(plan.steps, wide.steps):  # sums as float32's; an exchange moves 2-byte words
+                assert step.bytes_received == tuple(n // (1 if step.sums else 2) for n in twin.bytes_received)
+            for dry in (False, True):
+                ran = spmdsim.simulate(4, body, layout, source, target, shape, dry_run=dry)
+                got = [(r.bytes_received, r.bytes_sent) for r in ran.report.ranks] if dry else list(ran)
+                assert got == list(zip(plan.bytes_received, plan.bytes_sent)), (cut, source, target, dry)
+            assert all(b <= r for b, r in zip(plan.lower_bound, plan.bytes_received))

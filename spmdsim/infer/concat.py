@@ -51,7 +51,8 @@ def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: obje
                  length: object) -> tuple[TensorLayout, int, int, tuple[int, ...]]:
     """(layout, dim, start, shape) of x[..., start:start + length, ...] along `dim`.
 
-    `start` may be negative (counted from the end, as Python's). The layout is `x` itself when
+    `start` may be negative (counted from the end, as Python's) or the dim's size (with `length` 0, an
+    empty slice at the end), as PyTorch's narrow. The layout is `x` itself when
     `dim` is whole on every rank (a local slice); for a split `dim` it keeps the dim's axes whose shards
     divide `length`, the most shards that do (the rows then move: `spmdsim.plan.shift`).
     """
@@ -59,10 +60,12 @@ def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: obje
     d = _tensor_dim(dim, x.ndim, "narrow")
     size = shape[d]
     s, n = as_int(start), as_int(length)
-    if s is None or isinstance(start, bool) or not -size <= s < size + (size == 0):
+    # As PyTorch's: start from -size to size (size itself with length 0: an empty slice at the end).
+    if s is None or isinstance(start, bool) or not -size <= s <= size:
         raise OperatorError(f"narrow: start {start!r} is out of range for dim {d} of size {size} "
-                            f"(expected an integer from {-size} to {max(size - 1, 0)})")
-    s %= max(size, 1)
+                            f"(expected an integer from {-size} to {size})")
+    if s < 0:
+        s += size
     if n is None or isinstance(length, bool) or not 0 <= n <= size - s:
         raise OperatorError(f"narrow: length {length!r} does not fit dim {d} of size {size} from start {s} "
                             f"(expected an integer from 0 to {size - s})")

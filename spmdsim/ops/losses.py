@@ -145,8 +145,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     """-log softmax(logits)[label] per row, averaged over the global batch; vocab-parallel when classes are split.
 
     As PyTorch's ``F.cross_entropy``: rows whose label is `ignore_index` (-100 by default; None: none)
-    count for nothing, and "mean" divides by the rows that count (NaN if none do); "sum" adds them up;
-    "none" gives each row's loss (0 where ignored) as a DTensor (batch,) split like the labels.
+    count for nothing, and "mean" divides by the rows that count (NaN if none do, with a gradient of 0,
+    as PyTorch's); "sum" adds them up; "none" gives each row's loss (0 where ignored) as a DTensor
+    (batch,) split like the labels.
     `label_smoothing` e: each row's loss is (1 - e) times its -log p[label] plus e times the mean of
     -log p over the classes (PyTorch's), the classes' sum of logits riding in the same Allreduce.
     Its collectives are the program of spmdsim.infer.losses (`infer_cross_entropy`).
@@ -166,16 +167,21 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
             or not 0 <= label_smoothing <= 1:
         raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
     smooth = float(label_smoothing)
-    if logits.layout.partial and not labels.layout.partial:
-        # A pending sum (a row-parallel product's output) is added up first, as softmax and
-        # layer_norm do: one Allreduce over its pending axes, its gradient passed back whole.
+    # A pending sum (a row-parallel product's output) is added up first, as softmax and layer_norm do:
+    # one Allreduce over its pending axes, its gradient passed back whole. The program is inferred on
+    # the layout it will have, before that Allreduce: labels laid out otherwise are refused first.
+    resolve = bool(logits.layout.partial) and not labels.layout.partial
+    layout = logits.layout.with_partial(()) if resolve else logits.layout
+    batch, classes = logits.global_shape
+    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
+    plan = infer_cross_entropy(layout, labels.layout, (batch, classes),
+                               "float32" if is_low(logits.local.dtype) else logits.local.dtype.name, bool(smooth),
+                               reduction)
+    if resolve:
         from .norms import resolved
 
         logits = resolved(logits)
-    layout, (batch, classes) = logits.layout, logits.global_shape
-    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
     z, ids = _widened(mesh, logits.local), labels.local
-    plan = infer_cross_entropy(layout, labels.layout, (batch, classes), z.dtype.name, bool(smooth), reduction)
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
     bad = int(np.count_nonzero(valid & ((ids < 0) | (ids >= classes))))

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import PlanError, ShapeError
 from ..layout import TensorLayout
+from ..precision import sent_itemsize
 from ..validate import counted, dtype_arg
 from .folded import foldable, folded_exchange
 from .meshes import common_refinement, translate
@@ -94,23 +95,24 @@ def received_per_rank(source: TensorLayout, target: TensorLayout, shape: Sequenc
 @lru_cache(maxsize=4096)
 def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> Plan:
     steps, bound = _choice(source, target, shape, dtype)
-    sz = _Sizes(shape, np.dtype(dtype).itemsize)
+    sz = _Sizes(shape, dtype)
     return Plan(source, target, shape, dtype, tuple(_sent(step, sz) for step in steps), bound)
 
 
 @lru_cache(maxsize=4096)
 def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> tuple:
     """(the least-communication steps, exchanges still unsent; the lower bound per rank)."""
-    itemsize = np.dtype(dtype).itemsize
     refinement = common_refinement(source.layout, target.layout)
     if refinement is None:
         src, tgt = source, target
-        candidates = (lambda: [_cross_mesh(source, target, shape, itemsize)],)
+        candidates = (lambda: [_cross_mesh(source, target, shape, dtype)],)
     else:
         mesh, first, second = refinement
         src, tgt = translate(source, mesh, first), translate(target, mesh, second)
-        candidates = _candidates(src, tgt, _Sizes(shape, itemsize))
-    bound = lower_bound(src, tgt, shape, itemsize)
+        candidates = _candidates(src, tgt, _Sizes(shape, dtype))
+    # At the dtype's own itemsize: every element of a resolved sum arrives at least once, summed as float32
+    # or moved as bfloat16 after (a bound a bfloat16 sum's float32 messages do not reach).
+    bound = lower_bound(src, tgt, shape, np.dtype(dtype).itemsize)
     # Tiers, cheapest to plan first: the stack-rule collectives, the same from
     # pre-sliced starts, then exchanges. A later tier only when none so far meets
     # the bound (then nothing can beat it: ties go to collectives and earlier plans).
@@ -139,17 +141,20 @@ def _score(steps: list[Step]) -> tuple:
 
 
 class _Sizes:
-    """Byte counts of each step kind for one shape and dtype."""
+    """Byte counts of each step kind for one shape and dtype (its elements as each kind sends them:
+    `itemsize` moved, `summed` in a sum; spmdsim.precision.sent_itemsize)."""
 
-    def __init__(self, shape: tuple, itemsize: int) -> None:
-        self.shape, self.itemsize = shape, itemsize
+    def __init__(self, shape: tuple, dtype: str) -> None:
+        self.shape = shape
+        self.itemsize, self.summed = sent_itemsize(dtype, False), sent_itemsize(dtype, True)
         self._local: dict = {}
 
     def local(self, tl: TensorLayout) -> int:
+        """The elements of a block under `tl`."""
         key = (tl.layout, tl.tensor_map)
         if key not in self._local:
             # math.prod: exact Python ints at any size (np.prod wraps past 2**63).
-            self._local[key] = math.prod(tl.local_shape(self.shape)) * self.itemsize
+            self._local[key] = math.prod(tl.local_shape(self.shape))
         return self._local[key]
 
     def uniform(self, cls, before, after, axes, **extra) -> Step:
@@ -158,10 +163,11 @@ class _Sizes:
         On shards of unequal sizes (an uneven cut): each rank's bytes, or ShapeError when the
         collective cannot serve the move (spmdsim.plan.uneven).
         """
+        itemsize = self.summed if cls.sums else self.itemsize
         if before.layout.cut != "even" and (before.uneven_dims(self.shape) or after.uneven_dims(self.shape)):
-            return sized_uneven(cls(before, after, tuple(axes), **extra), self.shape, self.itemsize)
+            return sized_uneven(cls(before, after, tuple(axes), **extra), self.shape, itemsize)
         self.local(after)  # raises ShapeError when `after` cannot split the shape
-        n = cls.moved(before.layout.group_size(axes), self.local(before))
+        n = cls.moved(before.layout.group_size(axes), self.local(before) * itemsize)
         per_rank = (n,) * before.layout.num_devices
         return cls(before, after, tuple(axes), per_rank, per_rank, **extra)
 
@@ -425,9 +431,9 @@ def _slices(src: TensorLayout, order: list, choice: tuple, sz: _Sizes) -> list[S
     return steps
 
 
-def _cross_mesh(source: TensorLayout, target: TensorLayout, shape: tuple, itemsize: int):
+def _cross_mesh(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str):
     """Meshes without a common refinement: sum on the source mesh, then exchange boxes."""
-    sz = _Sizes(shape, itemsize)
+    sz = _Sizes(shape, dtype)
     steps, cur = [], source
     if source.partial:
         steps.append(_allreduce(cur, source.partial, sz))

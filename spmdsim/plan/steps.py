@@ -23,7 +23,10 @@ B/S -> P    LocalZero (keep one replica)       0
 any -> any  Exchange (Alltoallv of box parts)  exact
 ==========  =================================  ===========
 
-``n`` is the step's local input size in bytes (Allgather: the input shard).
+``n`` is the step's local input size in bytes (Allgather: the input shard), its elements counted as
+they travel (`Step.itemsize`): a bfloat16 tensor's sums (Allreduce, ReduceScatter) are float32's, 4
+bytes an element, since MPI has no bfloat16 sum (spmdsim.precision.sent_itemsize); its other steps
+move 2 bytes an element.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from typing import Optional
 
 from ..dialects.sbp import sbp_of_axis
 from ..layout import TensorLayout
+from ..precision import sent_itemsize
 
 __all__ = ["Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceScatter", "LocalZero", "Exchange",
            "Transfer", "KINDS", "moved_bytes", "placement", "step_label"]
@@ -65,6 +69,12 @@ class Step:
 
     op = "step"
     via = "step"
+    sums = False  # adds the group's addends (Allreduce, ReduceScatter): a bfloat16 tensor's travel as float32
+
+    def itemsize(self, dtype: object) -> int:
+        """Bytes one element of a `dtype` tensor takes in this step's messages (spmdsim.precision.sent_itemsize:
+        4 for bfloat16 in a sum, else the dtype's own)."""
+        return sent_itemsize(dtype, self.sums)
 
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:
@@ -80,7 +90,8 @@ class Step:
         return moved * group_size / (group_size - 1)
 
     def sized(self, shape: tuple[int, ...], itemsize: int) -> "Step":
-        """This step with every rank's byte figures for a global `shape` of `itemsize`-byte items."""
+        """This step with every rank's byte figures for a global `shape` of `itemsize`-byte items (as they
+        travel: `itemsize(dtype)`)."""
         if self.before.layout.cut != "even" and (self.before.uneven_dims(shape) or self.after.uneven_dims(shape)):
             from .uneven import sized_uneven  # shards of unequal sizes: bytes rank by rank
 
@@ -155,6 +166,7 @@ class Allreduce(Step):
     reduction: str = "sum"
     op = "allreduce"
     via = "Allreduce"
+    sums = True
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -177,6 +189,7 @@ class ReduceScatter(Step):
     tensor_dim: int = 0
     op = "reduce_scatter"
     via = "Reduce_scatter"
+    sums = True
 
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:

@@ -95,7 +95,7 @@ def _pieces(step: Step, shape: tuple, mesh: Any, local: Any) -> Any:
     A dry run (one rank runs for all) is told each rank's bytes, which differ here."""
     how = _uneven_pieces(step, shape, mesh.rank)
     if type(how) is tuple and how and mesh.engine.dry:
-        mesh.engine.ran(step.sized(shape, local.dtype.itemsize))
+        mesh.engine.ran(step.sized(shape, step.itemsize(local.dtype)))  # a bfloat16 sum's: float32's
     return how
 
 

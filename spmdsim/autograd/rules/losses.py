@@ -34,7 +34,8 @@ def record_cross_entropy(out: Any, logits: Any, labels: Any, *, e: np.ndarray, s
                          rows: np.ndarray, ids: np.ndarray, owned: np.ndarray, valid: np.ndarray, smooth: float,
                          classes: int, reduction: str, divisor: float) -> Any:
     """Cross-entropy of `logits` (this rank's block) against `labels`: dlogits = softmax - (1 - smooth) at
-    each row's label - smooth / classes, zero on ignored rows, times the upstream gradient.
+    each row's label - smooth / classes, times the upstream gradient; zero on ignored rows (all of them when
+    every label is ignored: "mean" is NaN then, its gradient 0, as PyTorch's).
 
     From the forward: `e`, the block's shifted exponentials, and `sum_exp`, their row sums over every
     class; `rows`, the block's row indices; `ids`, each row's label as a column of this block (where
@@ -53,8 +54,11 @@ def record_cross_entropy(out: Any, logits: Any, labels: Any, *, e: np.ndarray, s
             g[rows, np.where(owned, ids, 0)] -= np.where(owned, 1.0 - smooth, 0.0)
         if smooth:
             g -= smooth / classes
-        g[~valid] = 0.0
-        upstream = dl.local[:, None] if reduction == "none" else dl.local / divisor
-        return grad_tensor(logits, g * upstream, dl.layout.partial), None
+        # "mean" of no counted row (every label ignored): the loss is NaN, 0 / 0, and the gradient 0, as
+        # PyTorch's (its backward writes only the counted rows); no division by 0 then.
+        upstream = dl.local[:, None] if reduction == "none" else dl.local / divisor if divisor else dl.local
+        g = g * upstream
+        g[~valid] = 0.0  # after the upstream: an ignored row's gradient is 0 whatever the upstream (NaN too)
+        return grad_tensor(logits, g, dl.layout.partial), None
 
     return record(out, "cross_entropy", (logits, labels), backward, with_partial(out.layout, ()))
