@@ -20,6 +20,7 @@ from ..autograd.rules.shapes import (record_broadcast_to, record_concatenate, re
 from .. import buffers
 from ..errors import OperatorError
 from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
+from ..infer.reshape import infer_reshape
 from ..plan.shift import Shift
 from ..validate import as_int, dtype_name
 from .local import reshape as _reshape
@@ -218,8 +219,6 @@ def _cut_shape(shape: tuple, cuts: list) -> tuple:
 def _check_reshape(x: Any, index: Any, cuts: list, target: tuple) -> None:
     """The layouts ``x[index]``'s narrows leave (pure), and the reshape to `target` after them: its refusal
     raised before the first narrow communicates, naming the index the user wrote."""
-    from ..infer.reshape import infer_reshape
-
     layout, shape = x.layout, tuple(x.global_shape)
     try:
         for d, start, length in cuts:
