@@ -159,6 +159,19 @@ def test_pipeline_is_a_subcommand_that_runs_without_mpi():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("argv", [
+    ["pipeline", "--stages", "2", "--microbatches", "2"],
+    ["explain", "--device-matrix", "2,2", "--alias", "x,y", "--tensor-map", "x,y", "--shape", "4,4"]])
+def test_under_a_launcher_a_pure_command_runs_on_rank_0_alone(argv, monkeypatch, capsys):
+    """`mpiexec -n 4 spmdsim pipeline ... --png f.png` printed the grid four times and four processes wrote one
+    file at once: a command that needs no MPI runs on the launcher's rank 0 only (the others exit 0 at once)."""
+    for rank, printed in (("1", False), ("0", True)):
+        monkeypatch.setenv("PMI_RANK", rank)
+        monkeypatch.setenv("PMI_SIZE", "2")
+        assert main(argv) == 0
+        assert bool(capsys.readouterr().out) is printed, rank
+
+
 # --- docs/pipeline.md ----------------------------------------------------------------------------------------
 
 

@@ -76,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if launcher_rank() != 0 and _pure(args):
+        # Under mpiexec every process runs the command line: a command that needs no other rank (no MPI) runs on
+        # rank 0 alone, so its output is printed once and its files (--png, --output) written by one process.
+        return 0
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a full disk under `> file` shows here, not as a traceback at exit
@@ -92,6 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop_stdout()
         print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
         return 1
+
+
+#: Commands that never use MPI: under a launcher rank 0 alone runs them (`main`); autoshard is one without --run.
+PURE_COMMANDS = frozenset({"slices", "explain", "show", "convert", "plan", "pipeline", "estimate"})
+
+
+def _pure(args: argparse.Namespace) -> bool:
+    """Whether the parsed command needs no other rank: a pure command, or autoshard without --run."""
+    return args.command in PURE_COMMANDS or args.command == "autoshard" and not getattr(args, "run", False)
 
 
 def output_error(exc: OSError) -> str:
