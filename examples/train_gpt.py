@@ -42,6 +42,7 @@ from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
                                       virtual_stages)
 from spmdsim.sim import dry_run_active
+from spmdsim.sim.dry import note
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.cli.run import check_trace_out
 from spmdsim.sim.launch import ranks_argument
@@ -193,7 +194,13 @@ def main(args):
         print(f"gradients' norm before clipping: first {results[0].norm:.4f}, last {results[-1].norm:.4f}; "
               f"clipped to {cfg.clip} at {clipped} of {len(results)} steps")
     if args.memory and rank0 and results:
-        print("\n".join(results[-1].memory.lines()))
+        if dry_run_active():
+            # Below the dry run's report (the program's own output is not shown); its "peak held B" column counts
+            # the blocks seeds and collectives make, not the local ones this ledger counts by role.
+            note("--memory: the step's ledger by role (the table's peak held leaves out local blocks)",
+                 *results[-1].memory.lines())
+        else:
+            print("\n".join(results[-1].memory.lines()))
     if pipelined(args) and not dry_run_active():
         # The last step's executed cells on a unit-cost timeline: the bubble, compared with its formula.
         from spmdsim.pipeline.timeline import bubble_formula

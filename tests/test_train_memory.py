@@ -437,3 +437,17 @@ def test_train_gpt_refuses_a_bad_choice_in_one_line(flag, value, message):
     out = _example("--ranks", "2", "--tp", "1", "--steps", "1", flag, value)
     assert out.returncode == 2, out.stderr
     assert unfold(out.stderr).strip().splitlines()[-1] == f"spmdsim: error: {message}"
+
+
+def test_memory_in_a_dry_run_prints_the_ledger_below_the_report():
+    """`train_gpt.py --dry-run --memory` printed the dry run's table and nothing of --memory (a dry run hides the
+    program's own output): the ledger's lines go below the report (spmdsim.sim.dry.note), as a real run's."""
+    from testkit import run_train_gpt
+
+    argv = ["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8", "--memory"]
+    dry = run_train_gpt(argv + ["--dry-run"])
+    real = run_train_gpt(argv + ["--no-check"])
+    assert dry.returncode == 0 and real.returncode == 0, dry.stderr + real.stderr
+    assert "--memory: the step's ledger by role" in dry.stdout, dry.stdout
+    for out in (dry.stdout, real.stdout):
+        assert "memory (rank 0, step 0, bytes): kept for backward" in out and "optimizer states" in out, out
