@@ -9,7 +9,7 @@ Pure (never imports mpi4py).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence, Union
 
 from ..cost import CostModel, load_or_default
@@ -184,6 +184,11 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
                 start = min((prop.choice, mine), key=table.total)
             outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
                                        time_limit_s)
+            if not outcome.proven:  # stopped at its limit: elimination is exact, and quick when its tables are small
+                exact = eliminate(table.node, table.edge, runners_up)
+                if exact is not None:
+                    outcome = replace(exact, method="variable elimination (branch and bound stopped)",
+                                      explored=outcome.explored)
     chosen = [options[i][c] for i, c in enumerate(outcome.choice)]
     whys = _whys(graph, options, outcome, fixed, obj)
     ops = _reports(graph, chosen, considered, ruled_out, obj, whys)

@@ -67,7 +67,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--flops", type=float, metavar="FLOP/S",
                         help="compute rate of one rank (default: measured now)")
     parser.add_argument("--node-limit", type=int,
-                        help="branch and bound stops after this many nodes (then not proven; default 200000)")
+                        help="branch and bound stops after this many nodes (default 200000); variable elimination "
+                             "then finishes the search, exactly when its tables fit (else: best found, not proven)")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
     parser.add_argument("--run", action="store_true",
