@@ -173,7 +173,8 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
         outcome = tree_search(table.node, table.edge, runners_up)
     else:
         outcome = None
-        if len(graph.nodes) > BRANCH_AND_BOUND_MAX_NODES:
+        big = len(graph.nodes) > BRANCH_AND_BOUND_MAX_NODES
+        if big:
             outcome = eliminate(table.node, table.edge, runners_up)
         if outcome is None:
             start = prop.choice
@@ -184,7 +185,9 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
                 start = min((prop.choice, mine), key=table.total)
             outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
                                        time_limit_s)
-            if not outcome.proven:  # stopped at its limit: elimination is exact, and quick when its tables are small
+            # Stopped at its limit: elimination is exact, and quick when its tables are small (a large graph's
+            # was tried first, and found a table too large).
+            if not outcome.proven and not big:
                 exact = eliminate(table.node, table.edge, runners_up)
                 if exact is not None:
                     outcome = replace(exact, method="variable elimination (branch and bound stopped)",
