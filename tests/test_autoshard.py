@@ -67,6 +67,32 @@ def test_tree_dp_equals_brute_force_on_a_chain(devices, memory):
             assert value == grid.take(c, axis=u).min()
 
 
+def test_ties_go_to_the_first_cheapest_plan_in_candidate_order():
+    # docs/autoshard.md, "Ties": the mlp at 8 devices has 35 plans of 0 B; candidates come most devices first.
+    from spmdsim.autoshard import build
+
+    graph, _ = build("mlp", 8)
+    grid = _brute(_table(graph, 8))
+    cheapest = np.argwhere(grid == grid.min())
+    assert len(cheapest) == 35 and grid.min() == 0
+    result = autoshard("mlp", 8, flops_per_s=RATE)
+    assert result.outcome.choice == tuple(cheapest[0])
+    assert [op.candidate.text for op in result.ops[1:]] == ["((8, 1), (1, 1), (1,))", "((8, 1),)",
+                                                            "((8, 1), (1, 1), (1,))"]
+
+
+def test_tree_runners_up_change_one_operator_and_can_miss_a_cheaper_plan():
+    # docs/autoshard.md: the first runner-up is the second-best plan; a later one may cost more than a plan not
+    # listed (mlp at 8 devices under 40,000 B: runner-up 3 22,032 B, the fourth-cheapest plan 21,888).
+    from spmdsim.autoshard import build
+
+    graph, _ = build("mlp", 8)
+    values = np.sort(_brute(_table(graph, 8, memory=40_000)), axis=None)
+    result = autoshard("mlp", 8, memory_limit=40_000, flops_per_s=RATE)
+    assert list(values[:4]) == [12_672, 12_672, 16_128, 21_888]
+    assert [result.total_bytes_per_rank] + [b for b, _, _ in result.runners_up] == [12_672, 12_672, 16_128, 22_032]
+
+
 @pytest.mark.parametrize("devices", [4, 8])
 def test_branch_and_bound_equals_brute_force_with_branches(devices):
     graph = _branches(devices)
@@ -90,6 +116,16 @@ def test_branch_and_bound_says_when_it_stopped_early():
     table = _table(_branches(8), 8)
     out = branch_and_bound(table.node, table.edge, node_limit=5)
     assert not out.proven and out.explored > 5
+
+
+def test_a_search_stopped_at_its_node_limit_is_finished_by_elimination():
+    # Branch and bound stopped at 5 nodes and reported its best so far, "not proven" (on attention from 32
+    # devices on, a worse plan than the optimum: 760 B against 728 at 64); elimination finishes it exactly.
+    graph = _branches(8)
+    result = autoshard(graph, 8, node_limit=5, flops_per_s=RATE)
+    out = result.outcome
+    assert out.proven and out.method == "variable elimination (branch and bound stopped)" and out.explored > 5
+    assert result.total_bytes_per_rank == _brute(_table(graph, 8)).min()
 
 
 def _two_matmuls(devices: int = 4) -> Graph:

@@ -47,6 +47,13 @@ def test_branching_network_reports_branch_and_bound(capsys):
     (["--devices", "0"], "--devices 0 must be >= 1"),
     (["--flops", "-1"], "--flops -1.0 must be > 0"),
     (["--objective", "time", "--devices", "64"], "expected at most 16 (or --objective bytes)"),
+    # the parts after a second 'out' were dropped: MatMul1 ran without its out strategy, exit 0
+    (["--fix", "MatMul1=((2,4),(4,1)) out ((8,1),) out ((1,8),)"],
+     "--fix MatMul1=((2,4),(4,1)) out ((8,1),) out ((1,8),) has 2 'out' parts; expected STRATEGY or"),
+    # a fixed strategy over the limit said "no strategy of MatMul1 fits", though 36 of 40 do
+    (["--fix", "MatMul1=((1,1),(1,1))", "--memory-limit", "1M"],
+     "--fix MatMul1=((1,1),(1,1)) needs 1,771,520 bytes per rank, over the memory limit of 1,048,576; "
+     "36 of its 40 candidates fit, the smallest needs 258,560"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(TUTORIAL[:3] + extra) == 2
@@ -77,6 +84,18 @@ def test_run_executes_the_mlp_with_its_gelu(capsys):
     assert [m["name"] for m in record["measured"]][1:] == ["fc1", "GELU", "fc2"]
     assert [m["bytes_received_per_rank"] for m in record["measured"]] == \
         [op["bytes_per_rank"] for op in record["operators"]]
+
+
+def test_training_run_of_a_chain_says_the_backward_did_not_run(capsys):
+    """A chain's --training --run printed PASS after the forward alone, the backward unmentioned."""
+    args = TUTORIAL + ["--training", "--run", "--ranks", "8", "--repeat", "1"]
+    assert main(args) == 0
+    assert "backward not run (forward only): chains run through the network runner, forward only\nPASS\n" \
+        in capsys.readouterr().out
+    assert main(args + ["--json"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out[out.index("{"):])
+    assert record["backward_measured"] is None and record["passed"] is True
 
 
 def test_ranks_needs_run(capsys):

@@ -172,6 +172,7 @@ def _used(c) -> int:
     (["--gpt", "layer=2"], "--gpt 'layer=2' must read KEY=VALUE"),
     (["--gpt", "heads=3"], "d_model 128 must be divisible by heads 3"),
     (["--gpt", "seq=0"], "GPTConfig seq 0 must be an integer >= 1"),
+    (["--gpt", "layers=1,layers=2"], "--gpt layers=1 and layers=2 set layers two ways; give one"),  # kept the last
 ])
 def test_bad_gpt_options_are_one_line(capsys, extra, needle):
     assert main(["autoshard", "--network", "gpt", "--flops", "1e10"] + extra) == 2

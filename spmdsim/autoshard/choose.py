@@ -9,7 +9,7 @@ Pure (never imports mpi4py).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence, Union
 
 from ..cost import CostModel, load_or_default
@@ -173,7 +173,8 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
         outcome = tree_search(table.node, table.edge, runners_up)
     else:
         outcome = None
-        if len(graph.nodes) > BRANCH_AND_BOUND_MAX_NODES:
+        big = len(graph.nodes) > BRANCH_AND_BOUND_MAX_NODES
+        if big:
             outcome = eliminate(table.node, table.edge, runners_up)
         if outcome is None:
             start = prop.choice
@@ -184,6 +185,13 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
                 start = min((prop.choice, mine), key=table.total)
             outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
                                        time_limit_s)
+            # Stopped at its limit: elimination is exact, and quick when its tables are small (a large graph's
+            # was tried first, and found a table too large).
+            if not outcome.proven and not big:
+                exact = eliminate(table.node, table.edge, runners_up)
+                if exact is not None:
+                    outcome = replace(exact, method="variable elimination (branch and bound stopped)",
+                                      explored=outcome.explored)
     chosen = [options[i][c] for i, c in enumerate(outcome.choice)]
     whys = _whys(graph, options, outcome, fixed, obj)
     ops = _reports(graph, chosen, considered, ruled_out, obj, whys)
@@ -234,6 +242,7 @@ def _options(graph: Graph, devices: int, in_dtypes, hand_cands, fix: dict, memor
         graph.index(name)  # an unknown name raises, listing the known ones
     if graph.nodes[0].name in fix:
         raise OperatorError(f"{graph.nodes[0].name!r} is the network input; its layout is given")
+    wanted = {name: _parse_fix(name, text) for name, text in fix.items()}  # bad text: before any enumeration
     options, considered, ruled_out = [], [], []
     full = graph.fully_use_above is not None and devices > graph.fully_use_above
     for i, node in enumerate(graph.nodes):
@@ -242,26 +251,43 @@ def _options(graph: Graph, devices: int, in_dtypes, hand_cands, fix: dict, memor
             cands.append(hand_cands[i])
         considered.append(len(cands))
         if node.name in fix:
-            cands = [_fixed(node.name, fix[node.name], cands, hand_cands and hand_cands[i])]
+            held = _fixed(node.name, fix[node.name], wanted[node.name], cands, hand_cands and hand_cands[i])
+            if memory_limit is not None and held.memory > memory_limit:  # not "no strategy fits": others may
+                fit = [c.memory for c in cands if c.memory <= memory_limit]
+                others = (f"{len(fit)} of its {len(cands)} candidates fit, the smallest needs {min(fit):,}"
+                          if fit else f"none of its {len(cands)} candidates fits")
+                raise SpmdsimError(f"--fix {node.name}={fix[node.name].strip()} needs {held.memory:,} bytes per "
+                                   f"rank, over the memory limit of {memory_limit:,}; {others}")
+            cands = [held]
         fits = [c for c in cands if memory_limit is None or c.memory <= memory_limit or i == 0]
         if not fits:
             least = min(c.memory for c in cands)
-            raise SpmdsimError(f"no strategy of {node.name} fits the memory limit of {memory_limit!r} "
-                               f"bytes per rank; the smallest needs {least}")
+            raise SpmdsimError(f"no strategy of {node.name} fits the memory limit of {memory_limit:,} "
+                               f"bytes per rank; the smallest needs {least:,}")
         ruled_out.append(len(cands) - len(fits) if node.name not in fix else 0)
         options.append(tuple(fits))
     return options, considered, ruled_out
 
 
-def _fixed(name: str, text: str, cands: list, hand: Optional[Candidate]) -> Candidate:
-    """The candidate `text` names: "hand", or an in-strategy with an optional "out" strategy."""
+def _parse_fix(name: str, text: str) -> Optional[tuple]:
+    """None for "hand", else (strategy, out strategy or None) of "STRATEGY [out OUT]" (one line when malformed)."""
     if text.strip().lower() == "hand":
+        return None
+    parts = re.split(r"\s+out\s+", text.strip())
+    if len(parts) > 2:  # the parts after the second were dropped unsaid: the operator ran another strategy
+        raise SpmdsimError(f"--fix {name}={text.strip()} has {len(parts) - 1} 'out' parts; expected "
+                           "STRATEGY or STRATEGY out OUT_STRATEGY, e.g. '((2,4),(4,1)) out ((8,1),)'")
+    return parse_strategy(parts[0]), parse_strategy(parts[1]) if len(parts) == 2 else None
+
+
+def _fixed(name: str, text: str, wanted: Optional[tuple], cands: list, hand: Optional[Candidate]) -> Candidate:
+    """The candidate `text` names (`wanted`, from `_parse_fix`): "hand", or an in-strategy with an optional
+    "out" strategy."""
+    if wanted is None:
         if hand is None:
             raise SpmdsimError(f"{name} has no hand-written strategy at this device count")
         return next(c for c in cands if c.same_layouts(hand))
-    parts = re.split(r"\s+out\s+", text.strip())
-    strategy = parse_strategy(parts[0])
-    out = parse_strategy(parts[1]) if len(parts) == 2 else None
+    strategy, out = wanted
     for c in sorted(cands, key=lambda c: c.hand):  # an enumerated one before a hand-written twin
         if c.strategy == strategy and c.out_strategy == out:
             return c

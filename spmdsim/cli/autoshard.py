@@ -67,7 +67,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--flops", type=float, metavar="FLOP/S",
                         help="compute rate of one rank (default: measured now)")
     parser.add_argument("--node-limit", type=int,
-                        help="branch and bound stops after this many nodes (then not proven; default 200000)")
+                        help="branch and bound stops after this many nodes (default 200000); variable elimination "
+                             "then finishes the search, exactly when its tables fit (else: best found, not proven)")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
     parser.add_argument("--run", action="store_true",
@@ -102,6 +103,10 @@ def _fixes(items: list[str]) -> dict[str, str]:
         if not sep or not name.strip() or not text.strip():
             raise SpmdsimError(f"--fix {item!r} must read OP=STRATEGY, e.g. 'MatMul1=((2,4),(4,1))'")
         name, text = name.strip(), text.strip()
+        if name != "*":  # a malformed strategy is refused before any search or launch
+            from ..autoshard.choose import _parse_fix
+
+            _parse_fix(name, text)
         if "".join(out.get(name, text).split()) != "".join(text.split()):  # held two ways: the last would win unsaid
             raise SpmdsimError(f"--fix {name}={out[name]} and --fix {name}={text} hold {name} two ways; give one")
         out[name] = text
@@ -147,9 +152,12 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
             raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
                                "e.g. 'layers=2,d_model=64'")
         try:
-            fields[key] = int(value)
+            number = int(value)
         except ValueError:
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
+        if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
+            raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
+        fields[key] = number
     experts = {k: fields.pop(k) for k in MOE_KEYS if k in fields}
     if experts and "experts" not in experts:
         raise SpmdsimError(f"--gpt {', '.join(experts)} set MoE layers: give experts=N too")
@@ -317,9 +325,11 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     # searches for all (simulated ranks: the first to ask; MPI ranks: rank 0, the others get its choice).
     result = shared_once_on(comm, ("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
     check_runnable(result)  # an operator the runners lack raises here, on every rank
-    checks = None
+    checks, no_backward = None, ""
     if is_chain(result):
         measured, passed = run_choice(result, comm, args.repeat)
+        if args.training:  # said, as a graph without a numpy backward says it: never a silent forward-only PASS
+            no_backward = "chains run through the network runner, forward only"
     else:
         from ..autoshard.dag import run_dag
 
@@ -339,6 +349,8 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
                 record["backward_measured"] = None if back is None else {
                     "bytes_received_per_rank": back.bytes_received, "seconds": back.seconds,
                     "checked": {name: bool(v) for name, v in back.verdicts.items()}}
+            if no_backward:
+                record["backward_measured"] = None
             record["passed"] = passed
             print(json.dumps(record, indent=1))
         else:
@@ -347,5 +359,7 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
             print(format_measured(result, measured))
             if checks is not None:
                 print(format_checks(result, checks))
+            if no_backward:
+                print(f"backward not run (forward only): {no_backward}")
             print("PASS" if passed else "FAIL")
     return 0 if passed else 1
