@@ -368,3 +368,12 @@ def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert done.value.code == 0 and "every step vs one process: PASS" in out, out
     assert "  backward collectives per step: {'allreduce': 1}" in out.splitlines(), out
+
+
+def test_the_banner_counts_one_rank_in_the_singular():
+    """`--ranks 1` said "running on 1 simulated ranks"."""
+    from spmdsim.sim.launch import banner
+
+    assert banner(1) == "spmdsim: running on 1 simulated rank in one process (--ranks 1), no mpiexec"
+    assert banner(8, dry_run=True) == ("spmdsim: a dry run (shapes only) on 8 simulated ranks in one process "
+                                       "(--ranks 8), no mpiexec")

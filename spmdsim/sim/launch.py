@@ -29,7 +29,8 @@ __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 def banner(n: int, dry_run: bool = False) -> str:
     """The first line of a simulated run: says it is one process, not an MPI job."""
     what = "a dry run (shapes only) on" if dry_run else "running on"
-    return f"spmdsim: {what} {n} simulated ranks in one process (--ranks {n}), no mpiexec"
+    ranks = "1 simulated rank" if n == 1 else f"{n} simulated ranks"
+    return f"spmdsim: {what} {ranks} in one process (--ranks {n}), no mpiexec"
 
 
 #: The refusal of --dry-run without --ranks N, from the CLI, the examples and the training scripts.
