@@ -100,7 +100,7 @@ def test_the_deadlocking_file_is_refused_with_one_message_and_exit_2(tmp_path):
     (["--stages", "2", "--microbatches", "2", "--file", "/no/such/schedule.txt"],
      "--file '/no/such/schedule.txt' cannot be read: No such file or directory"),
     (["--stages", "2", "--microbatches", "2", "--png", "grid.bmp"],
-     "picture file 'grid.bmp' must end in one of ('.png', '.svg', '.pdf')"),
+     "--png 'grid.bmp': picture file must end in one of ('.png', '.svg', '.pdf')"),
     (["--stages", "2", "--microbatches", "2", "--png", "/no/such/dir/grid.png"],
      "--png '/no/such/dir/grid.png' cannot be written: directory '/no/such/dir' does not exist"),
 ])

@@ -122,7 +122,7 @@ def test_output_paths_in_a_missing_folder_are_refused_and_nothing_is_made(capsys
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (SHOW + ["--png", ""], "picture file '' must end in one of ('.png', '.svg', '.pdf')"),
+    (SHOW + ["--png", ""], "--png '': picture file must end in one of ('.png', '.svg', '.pdf')"),
     (RUN + ["--trace-out", ""], "--trace-out '' is empty; expected a file path"),
     (["collective", "ring-allreduce", "--size", "1K", "--ranks", "4", "--png", ""], "--png '' is empty"),
 ])

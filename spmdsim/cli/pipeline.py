@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         from .paths import check_output_file
 
         # Fail before printing anything: the text grid comes first.
-        check_output_file(check_picture_path(args.png), "--png")
+        check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
     if args.file is not None:
         schedule = parse(_read(args.file), stages, microbatches, virtual, name=os.path.basename(args.file))

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         from .paths import check_output_file
 
         # Fail before printing anything: the ASCII picture comes first.
-        check_output_file(check_picture_path(args.png), "--png")
+        check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
     name = args.name or getattr(args, "operand", None) or "x"
     picture = layout_picture(case.tensor_layout, case.shape, name)
@@ -84,7 +84,7 @@ def _matmul(args: argparse.Namespace) -> int:
         from ..viz.png import check_picture_path, require_matplotlib
         from .paths import check_output_file
 
-        check_output_file(check_picture_path(args.png), "--png")
+        check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
     print(matmul_ascii(layouts, mkn, args.width), end="")
     if args.png is not None:

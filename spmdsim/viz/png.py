@@ -58,14 +58,14 @@ def new_figure(width: float, height: float) -> Any:
     return fig
 
 
-def check_picture_path(path: Union[str, os.PathLike]) -> str:
-    """The path as a string, or SpmdsimError when its suffix is not a picture type we write."""
+def check_picture_path(path: Union[str, os.PathLike], flag: str = "") -> str:
+    """The path as a string, or SpmdsimError when its suffix is not a picture type we write; `flag`: the option
+    that gave it (``--png``), named in the message."""
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if suffix not in PICTURE_SUFFIXES:
-        raise SpmdsimError(
-            f"picture file {path!r} must end in one of {tuple('.' + s for s in PICTURE_SUFFIXES)!r}"
-        )
+        given = f"{flag} {path!r}: picture file" if flag else f"picture file {path!r}"
+        raise SpmdsimError(f"{given} must end in one of {tuple('.' + s for s in PICTURE_SUFFIXES)!r}")
     return path
 
 
