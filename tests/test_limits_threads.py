@@ -62,3 +62,20 @@ def test_a_thread_that_cannot_start_ends_the_run_in_one_line(monkeypatch, capsys
     assert not [t for t in threading.enumerate() if t.name.startswith("spmdsim rank ")]  # the four stopped
     with pytest.raises(ThreadLimitError, match=r"^only 4 of the 8 simulated ranks' threads could start"):
         simulate(8, lambda: None)
+
+
+def test_simulate_refuses_a_count_over_the_cgroups_pids_before_any_thread_starts(monkeypatch):
+    """The library's simulate() refuses as the CLI does, before the first rank's thread: here a cgroup that may
+    start 100 more tasks (pids.max), asked for 128 ranks."""
+    from spmdsim.sim import thread_limits
+
+    monkeypatch.setattr(thread_limits, "_cgroup_pids_left", lambda: (100, "/sys/fs/cgroup/pids.max"))
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name) or start(self))
+    with pytest.raises(ThreadLimitError) as refused:
+        simulate(128, lambda: None)
+    assert str(refused.value) == ("simulate: 128 simulated ranks need 128 threads, but this process's cgroup may "
+                                  "start 100 more (/sys/fs/cgroup/pids.max): fewer ranks, or a dry run (one thread)")
+    assert started == []
+    assert simulate(128, lambda: 1, dry_run=True) == [1] * 128  # a dry run needs one thread
+    assert started == ["spmdsim dry run"]

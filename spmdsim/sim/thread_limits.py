@@ -117,10 +117,11 @@ def threads_problem(size: int) -> Optional[str]:
         room = limit - mapped
         need = size * each + _arenas(size) * ARENA
         if need > room:
+            fit = _fit(room, each)
             return (f"{size} simulated ranks need {size} threads, each mapping its stack of {_size(stack)} "
                     f"(ulimit -s), and {_arenas(size)} malloc arenas of 64 MiB: {_size(need)} of address space, "
                     f"but this process may map {_size(limit)} (ulimit -v) and maps {_size(mapped)} already; "
-                    f"{_fit(room, each)} ranks fit: fewer ranks, a larger ulimit -v or a smaller ulimit -s, or a dry run "
+                    f"{fit} ranks fit: fewer ranks, a larger ulimit -v or a smaller ulimit -s, or a dry run "
                     "(one thread)")
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         most = resource.getrlimit(resource.RLIMIT_NPROC)[0]
