@@ -343,3 +343,22 @@ def test_a_dry_run_holds_its_mid_sized_blocks_without_their_memory():
     blocks, held = spmdsim.simulate(2, body, dry_run=True)[0]
     assert blocks == [(64 << 10, True), (256 << 10, True), (1 << 20, True), (8 * 1023 * 8, False)]
     assert held >= (64 << 10) + (256 << 10) + (1 << 20) and DRY_COPY_BYTES == 64 << 10
+
+
+@pytest.mark.parametrize("op", [["mlp", "--shape", "8,16,256"],
+                                ["redistribute", "--device-matrix", "64", "--alias", "x", "--from", "x,None",
+                                 "--to", "None,x", "--shape", "64,64"]])
+def test_explain_beside_a_dry_run_is_one_line_before_the_banner(op, monkeypatch, capsys):
+    """A dry run prints its bytes table in place of the program's output, so `--explain` was built and thrown
+    away: each rank's line lists every member of its group, O(ranks^2) text (317 s and 16.7 GB at 32,768 ranks
+    for nothing shown). Refused in one line, exit 2, before the banner and before any rank's line is made."""
+    from spmdsim.demo import registry
+
+    made = []
+    monkeypatch.setattr(registry, "explain_lines", lambda job: made.append(job) or [])
+    assert main(["run", *op, "--ranks", "64", "--dry-run", "--explain"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and made == []
+    assert out.err.replace("\n  ", " ") == (
+        "spmdsim: error: --explain shows what each rank holds and which collectives it runs, from a run with data; "
+        "a dry run prints its table of bytes instead: leave out --explain (or --dry-run)\n")

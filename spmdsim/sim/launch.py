@@ -22,6 +22,7 @@ from ..errors import SpmdsimError, fold_message
 from .. import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
+from .thread_limits import ThreadLimitError
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
@@ -43,7 +44,11 @@ def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
 
     most = MAX_DRY_RANKS if dry_run else MAX_RANKS
     if type(n) is int and 1 <= n <= most:
-        return None
+        if dry_run:
+            return None
+        from .thread_limits import threads_problem  # a thread each: the stacks must fit (ulimit -v, -u)
+
+        return threads_problem(n)
     more = f" (with --dry-run up to {MAX_DRY_RANKS})" if not dry_run and type(n) is int and n > most else ""
     return f"--ranks {n!r} must be a number of ranks from 1 to {most}{more}, e.g. --ranks 8"
 
@@ -87,7 +92,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
         print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
-    except MemoryLimitError as exc:  # not one rank's error: the whole simulation's
+    except (MemoryLimitError, ThreadLimitError) as exc:  # not one rank's error: the whole simulation's
         print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 1
     except (SpmdsimError, MemoryError) as exc:  # MemoryError: numpy's own (the estimate was off or short)

@@ -18,7 +18,10 @@ from .thread_engine import THREADS, Member
 
 __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
-MAX_RANKS = 4096  # one thread each; beyond this the per-thread stacks alone exhaust small machines
+#: One thread each. Each maps its stack (8 MiB under the usual ulimit -s) as address space, which no cap binds
+#: by default, and takes ~17 KB of memory idle (docs/simulate.md, "Limits"); a cap that cannot hold the stacks
+#: is refused before any thread starts (spmdsim.sim.thread_limits).
+MAX_RANKS = 4096
 MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for
 
 
@@ -53,6 +56,11 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         raise SimulationError("simulate() is already running (a simulated rank cannot start another simulation)")
     if dry_run:
         return _dry_run(size, fn, args, kwargs)
+    from .thread_limits import ThreadLimitError, threads_problem
+
+    problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
+    if problem is not None:
+        raise ThreadLimitError(f"simulate: {problem}")
     return _run(size, fn, args, kwargs)
 
 
@@ -117,8 +125,13 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                for r in range(size)]
     with _simulating(engine.slots):
         try:
-            for t in threads:
-                t.start()
+            for started, t in enumerate(threads):
+                try:
+                    t.start()
+                except RuntimeError as exc:  # "can't start new thread": a limit threads_problem could not see
+                    from .thread_limits import start_failed
+
+                    raise start_failed(started, size, exc) from None
             looked = time.monotonic()
             for t in threads:
                 while t.is_alive() and not engine.given_up():  # and every POLL_S: is memory nearly out?
@@ -136,7 +149,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
             for t in threads:
                 try:
                     t.join(max(0.0, min(1.0, deadline - time.monotonic())))
-                except RuntimeError:  # interrupted (SIGTERM, Ctrl-C) before this thread started
+                except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
                     break
             raise
     _raise_failure(engine, size)
