@@ -3,8 +3,10 @@ runs (spmdsim.sim.thread_limits), and a thread that cannot start anyway ends the
 naming a rank that never ran."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -79,3 +81,23 @@ def test_simulate_refuses_a_count_over_the_cgroups_pids_before_any_thread_starts
     assert started == []
     assert simulate(128, lambda: 1, dry_run=True) == [1] * 128  # a dry run needs one thread
     assert started == ["spmdsim dry run"]
+
+
+def test_mpirun_reports_a_thread_limit_in_one_line():
+    """`spmdsim mpirun -n 1024` under an address-space cap printed a traceback ending in the thread-limit error."""
+    prog = "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+    code = ("import resource, sys\n"
+            "size = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize'))\n"
+            "cap = size * 1024 + (1 << 30)\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+            "from spmdsim.cli.main import main\n"
+            "sys.exit(main(['mpirun', '-n', '1024', sys.argv[1]]))\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "barrier.py")
+        with open(path, "w") as f:
+            f.write(prog)
+        done = subprocess.run([sys.executable, "-c", "import spmdsim.cli.mpirun\n" + code, path],
+                              capture_output=True, text=True, timeout=120)
+    line = unfold(done.stderr)
+    assert done.returncode == 1 and "Traceback" not in line and line.count("\n") == 1, done.stderr[-2000:]
+    assert line.startswith("spmdsim mpirun: error: 1024 simulated ranks need 1024 threads"), line

@@ -277,6 +277,7 @@ def _report(exc: BaseException, exits: dict) -> int:
     from ..engines.memory import DRY_RUN_HINT, MemoryLimitError
     from ..errors import RuntimeMismatchError, SpmdsimError, fold_message
     from ..sim.engine import ranks_text
+    from ..sim.thread_limits import ThreadLimitError
 
     ranks = getattr(exc, "simulated_ranks", ())
     where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
@@ -290,6 +291,11 @@ def _report(exc: BaseException, exits: dict) -> int:
     if code is not None:  # comm.Abort(code): MPI ends the job with that code
         print(fold_message(f"spmdsim mpirun: {exc}"), file=sys.stderr)
         return int(code)
+    if isinstance(exc, ThreadLimitError):  # the ranks' threads do not fit the process's limits: one line
+        text = str(exc).removeprefix("simulate: ").replace(", or a dry run (one thread)", "")
+        text = text.replace("fewer ranks", "fewer ranks (-n)", 1)  # (mpirun has no dry run)
+        print(fold_message(f"spmdsim mpirun: error: {text}"), file=sys.stderr)
+        return 1
     if isinstance(exc, MemoryLimitError):  # the guard stopped every rank: one line, a hint mpirun can take
         text, tail = str(exc), "run fewer ranks or smaller shapes" + DRY_RUN_HINT
         if text.endswith(tail):
