@@ -233,3 +233,36 @@ def test_megatron_prices_equal_a_simulated_training_step(sp):
     assert fwd == r.hand_written_total_bytes_per_rank - ids_hop == 76_048
     # The tied table's two gradients (embedding, head) are summed once, as the engine does.
     assert bwd == r.hand_written_backward_bytes_per_rank
+
+
+def test_devices_no_strategy_can_all_use_are_searched_as_the_usable_ones():
+    """384 = 3 x 128: the small GPT's power-of-two shapes use at most 128 devices, each block repeated on
+    3 ranks, which changes no byte. Fully using the devices means using those 128, as at 128 devices (every
+    strategy was kept before: up to ~1,800 per operator on the full GPT, and the search did not finish)."""
+    from spmdsim.autoshard.candidates import most_devices
+
+    cfg = GPTConfig(vocab=32, d_model=32, heads=2, layers=1, seq=16, batch=8)
+    g384, g128 = gpt_graph(cfg, 384), gpt_graph(cfg, 128)
+    assert most_devices(g384.nodes, 384) == 128 and most_devices(g128.nodes, 128) == 128
+    r384, r128 = (autoshard(g, n, flops_per_s=RATE) for g, n in ((g384, 384), (g128, 128)))
+    assert r384.outcome.proven and r128.outcome.proven
+    assert [op.considered for op in r384.ops] == [op.considered for op in r128.ops]
+    assert max(op.considered for op in r384.ops) == 342
+    assert r384.total_bytes_per_rank == r128.total_bytes_per_rank
+    assert [op.candidate.text for op in r384.ops] == [op.candidate.text for op in r128.ops]
+
+
+def test_hops_priced_on_fewer_ranks_move_the_same_bytes():
+    """`fewer_ranks`: layouts whose "rep" axis the factor 3 divides, priced on a third of the ranks."""
+    from spmdsim.autoshard.cost import fewer_ranks
+
+    cfg = GPTConfig(vocab=32, d_model=32, heads=2, layers=1, seq=16, batch=8)
+    graph = gpt_graph(cfg, 24)
+    node = graph.nodes[graph.index("h0.q")]
+    outs = list(dict.fromkeys(c.out for c in candidates(node, 24, ("float64",))))
+    ins = list(dict.fromkeys(c.inputs[0] for c in candidates(node, 24, ("float64",))))
+    few_s, few_t = fewer_ranks(outs + ins, len(outs))
+    assert few_s[0].layout.num_devices == 8 and len(few_t) == len(ins)
+    shape = (8, 16, 32)
+    assert (redistribution_bytes(few_s, few_t, shape, "float64")
+            == redistribution_bytes(outs, ins, shape, "float64")).all()

@@ -39,7 +39,7 @@ from ..plan.volume import lower_bound
 from . import rules
 from .graph import ELEMENTWISE, OpNode
 
-__all__ = ["Candidate", "candidates", "make_candidate", "fitting"]
+__all__ = ["Candidate", "candidates", "make_candidate", "fitting", "most_devices"]
 
 
 @dataclass(frozen=True)
@@ -207,38 +207,76 @@ def _counts(sizes: Sequence[int], devices: int, whole: Sequence[int] = ()) -> It
 
 
 def fitting(sizes: Sequence[int], devices: int, whole: Sequence[int] = (),
-            full: bool = False) -> list[tuple[int, ...]]:
-    """`_counts`; with `full`, only those using every device when any does (MindSpore's fully_use_devices)."""
+            full: bool = False, use: Optional[int] = None) -> list[tuple[int, ...]]:
+    """`_counts`; with `full`, only those using `use` devices (default: every device) when any does
+    (MindSpore's fully_use_devices)."""
     combos = list(_counts(sizes, devices, whole))
-    if full and any(math.prod(c) == devices for c in combos):
-        combos = [c for c in combos if math.prod(c) == devices]
+    target = devices if use is None else use
+    if full and any(math.prod(c) == target for c in combos):
+        combos = [c for c in combos if math.prod(c) == target]
     return combos
 
 
 def candidates(node: OpNode, devices: int, in_dtypes: Sequence[str] = (),
-               full: bool = False) -> tuple[Candidate, ...]:
+               full: bool = False, use: Optional[int] = None) -> tuple[Candidate, ...]:
     """Every candidate of `node` on `devices` devices, in a fixed order (most devices first).
 
     Operators of the same kind and shapes share one (cached) tuple: a chain of
-    identical layers enumerates once. `full`: only strategies that use every
-    device, for operators that have any (MindSpore's ``fully_use_devices``).
+    identical layers enumerates once. `full`: only strategies that use `use`
+    devices (default: every device), for operators that have any (MindSpore's
+    ``fully_use_devices``; `most_devices` gives the most any strategy of a graph can use).
     """
     shapes = (node.kind, node.in_shapes, node.out_shape, node.dtype, node.transpose_b, node.spec,
               node.layout, tuple((p.shape, p.source.dtype) for p in node.params))
-    key = (shapes, devices, tuple(in_dtypes), full)
+    key = (shapes, devices, tuple(in_dtypes), full, use)
     if key not in _CACHE:
         if len(_CACHE) >= 256:
             _CACHE.clear()
-        _CACHE[key] = _enumerate(node, devices, tuple(in_dtypes), full)
+        _CACHE[key] = _enumerate(node, devices, tuple(in_dtypes), full, use)
     return _CACHE[key]
+
+
+def most_devices(nodes: Sequence[OpNode], devices: int) -> int:
+    """The most devices any strategy of these operators computes different things on (a divisor of `devices`).
+
+    Where it is less than `devices` (the GPT's power-of-two shapes at 384 = 3 x 128 devices: no strategy
+    uses more than 128), each layout's device matrix ends in a "rep" axis whose size the remaining factor
+    divides, so rank r holds what rank r // (devices // most) holds on `most` devices: every byte count
+    equals the one on `most` devices (tested), and fully using the devices means using these.
+    """
+    most = 1
+    for node in nodes:
+        shapes = (node.kind, node.in_shapes, node.out_shape, node.spec, node.transpose_b, node.layout,
+                  tuple(p.shape for p in node.params))
+        key = (shapes, devices)
+        if key not in _MOST:
+            _MOST[key] = max((_used(layout) for layouts in _layouts(node, devices)
+                              for layout in _first(layouts)), default=1)
+        most = max(most, _MOST[key])
+    return most
+
+
+_MOST: dict = {}
+
+
+def _first(layouts: tuple) -> tuple:
+    """The device matrix of one yielded strategy (its first layout), or () when it has none."""
+    inputs, params, _ = layouts
+    tls = tuple(inputs) + tuple(params)
+    return (tls[0].layout,) if tls else ()
+
+
+def _used(layout: Layout) -> int:
+    return layout.num_devices // (layout.axis_size("rep") if "rep" in layout.alias_name else 1)
 
 
 _CACHE: dict = {}
 
 
-def _enumerate(node: OpNode, devices: int, in_dtypes: tuple, full: bool) -> tuple[Candidate, ...]:
+def _enumerate(node: OpNode, devices: int, in_dtypes: tuple, full: bool,
+               use: Optional[int] = None) -> tuple[Candidate, ...]:
     out = []
-    for inputs, params, want in _layouts(node, devices, full):
+    for inputs, params, want in _layouts(node, devices, full, use):
         try:
             out.append(make_candidate(node, inputs, params, in_dtypes, want))
         except SpmdsimError:
@@ -250,37 +288,36 @@ def _enumerate(node: OpNode, devices: int, in_dtypes: tuple, full: bool) -> tupl
 
 def _devices_used(c: Candidate) -> int:
     """Devices that compute different things (the rest repeat the calculation)."""
-    layout = c.out.layout
-    return layout.num_devices // (layout.axis_size("rep") if "rep" in layout.alias_name else 1)
+    return _used(c.out.layout)
 
 
-def _layouts(node: OpNode, devices: int, full: bool = False) -> Iterator[tuple]:
+def _layouts(node: OpNode, devices: int, full: bool = False, use: Optional[int] = None) -> Iterator[tuple]:
     """(activation layouts, weight layouts, wanted output or None) of every strategy."""
     kind, shapes = node.kind, node.in_shapes
     if kind == "input":
         yield (), (), None
         return
     if kind in rules.KINDS:
-        yield from rules.layouts(node, devices, full)
+        yield from rules.layouts(node, devices, full, use)
         return
     if kind in ("flatten",) + ELEMENTWISE:
         x = shapes[0]
         whole = range(1, len(x)) if kind == "flatten" else (len(x) - 1,) if kind == "softmax" else ()
-        for counts in fitting(x, devices, tuple(whole), full):
+        for counts in fitting(x, devices, tuple(whole), full, use):
             yield (strategy_to_layout(counts, devices),), (), None
         return
     if kind == "embedding":
-        yield from _embedding_layouts(node, devices, full)
+        yield from _embedding_layouts(node, devices, full, use)
         return
     yield from _matmul_layouts(node, devices)
 
 
-def _embedding_layouts(node: OpNode, devices: int, full: bool) -> Iterator[tuple]:
+def _embedding_layouts(node: OpNode, devices: int, full: bool, use: Optional[int] = None) -> Iterator[tuple]:
     """Ids and table split; with spec "scatter" a split vocabulary also Reduce_scatters into each
     output dim (as Megatron's sequence parallelism does; `make_candidate` refuses a dim it does not divide)."""
     ids, table = node.in_shapes[0], node.params[0].shape
     n = len(ids)
-    for counts in fitting(ids + table, devices, (), full):
+    for counts in fitting(ids + table, devices, (), full, use):
         whole = strategy_to_layout(counts, devices)
         names = whole.layout.alias_name[: n + 2]  # one strategy axis per dim; "rep" after them
         x, t = whole.layout(*names[:n]), whole.layout(*names[n:])

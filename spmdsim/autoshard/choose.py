@@ -18,7 +18,7 @@ from ..errors import OperatorError, SpmdsimError
 from ..plan import Plan
 from ..validate import int_arg
 from .backward import BackwardOp, replay
-from .candidates import Candidate, candidates, make_candidate
+from .candidates import Candidate, candidates, make_candidate, most_devices
 from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds
 from .graph import Graph, Hand
 from .networks import build
@@ -245,8 +245,11 @@ def _options(graph: Graph, devices: int, in_dtypes, hand_cands, fix: dict, memor
     wanted = {name: _parse_fix(name, text) for name, text in fix.items()}  # bad text: before any enumeration
     options, considered, ruled_out = [], [], []
     full = graph.fully_use_above is not None and devices > graph.fully_use_above
+    # Fully using the devices means those a strategy can use: at 384 = 3 x 128 the GPT's power-of-two
+    # shapes use at most 128, each block repeated on 3 ranks, which changes no byte (`most_devices`).
+    use = most_devices(graph.nodes, devices) if full else None
     for i, node in enumerate(graph.nodes):
-        cands = list(candidates(node, devices, in_dtypes[i], full))
+        cands = list(candidates(node, devices, in_dtypes[i], full, use))
         if hand_cands is not None and i and not any(c.same_layouts(hand_cands[i]) for c in cands):
             cands.append(hand_cands[i])
         considered.append(len(cands))

@@ -124,26 +124,26 @@ def infer(node, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tu
 
 
 def _letter_counts(order: Sequence[str], sizes: dict, devices: int, whole: Sequence[str],
-                   full: bool) -> Iterator[dict]:
+                   full: bool, use: Optional[int] = None) -> Iterator[dict]:
     from .candidates import fitting
 
     fixed = [d for d, ch in enumerate(order) if ch in whole]
-    for combo in fitting([sizes[ch] for ch in order], devices, fixed, full):
+    for combo in fitting([sizes[ch] for ch in order], devices, fixed, full, use):
         yield dict(zip(order, combo))
 
 
-def layouts(node, devices: int, full: bool) -> Iterator[tuple]:
+def layouts(node, devices: int, full: bool, use: Optional[int] = None) -> Iterator[tuple]:
     """(activation layouts, weight layouts, wanted output or None) of every strategy of a node.
 
-    `full`: only strategies that use every device, when the node has any (MindSpore's
-    ``fully_use_devices``).
+    `full`: only strategies that use `use` devices (default: every device), when the node has any
+    (MindSpore's ``fully_use_devices``).
     """
     n_in = len(node.inputs)
     shapes = tuple(node.in_shapes) + tuple(p.shape for p in node.params)
     if node.kind in ("einsum", "pointwise"):
         words, _, sizes = letters(node)
         order = list(dict.fromkeys(ch for w in words for ch in w if ch))
-        for counts in _letter_counts(order, sizes, devices, (), full):
+        for counts in _letter_counts(order, sizes, devices, (), full, use):
             layout, axes = _mesh(order, counts, devices)
             maps = [_map(layout, axes, w) for w in words]
             yield tuple(maps[:n_in]), tuple(maps[n_in:]), None
@@ -163,7 +163,7 @@ def layouts(node, devices: int, full: bool) -> Iterator[tuple]:
     shape = node.in_shapes[0]
     order = string.ascii_lowercase[:len(shape)]
     sizes = dict(zip(order, shape))
-    for counts in _letter_counts(order, sizes, devices, (), full):
+    for counts in _letter_counts(order, sizes, devices, (), full, use):
         layout, axes = _mesh(order, counts, devices)
         x = _map(layout, axes, order)
         params = tuple(_map(layout, axes, order[-1:]) for _ in node.params)
