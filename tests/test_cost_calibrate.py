@@ -44,3 +44,11 @@ def test_calibrate_is_registered_and_imports_no_mpi():
     code = ("import sys; from spmdsim.cli.main import build_parser; build_parser(); "
             "assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_calibrate_on_one_process_is_one_error_line():
+    """Outside MPI (one process) the refusal lacked the "error:" every other refusal has."""
+    done = subprocess.run([sys.executable, "-m", "spmdsim", "calibrate"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == ("spmdsim calibrate: error: run it under MPI with at least 2 ranks, e.g. timeout -k 5 300 "
+                           "mpiexec -n 8 spmdsim calibrate\n"), done.stderr

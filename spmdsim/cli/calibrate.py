@@ -284,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() < 2:
-        print("spmdsim calibrate: run it under MPI with at least 2 ranks, e.g. "
+        print("spmdsim calibrate: error: run it under MPI with at least 2 ranks, e.g. "
               "timeout -k 5 300 mpiexec -n 8 spmdsim calibrate", file=sys.stderr)
         return 2
     # Guarded: an error on some ranks only (a file rank 0 cannot write) ends the
