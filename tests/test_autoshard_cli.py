@@ -54,6 +54,9 @@ def test_branching_network_reports_branch_and_bound(capsys):
     (["--fix", "MatMul1=((1,1),(1,1))", "--memory-limit", "1M"],
      "--fix MatMul1=((1,1),(1,1)) needs 1,771,520 bytes per rank, over the memory limit of 1,048,576; "
      "36 of its 40 candidates fit, the smallest needs 258,560"),
+    # taken and ignored: propagation runs no branch and bound
+    (["--method", "propagate", "--node-limit", "10"],
+     "--node-limit 10 bounds the search's branch and bound; --method propagate searches nothing"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(TUTORIAL[:3] + extra) == 2

@@ -223,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat is not None and args.repeat < 1:  # 0 printed a table and PASS after no pass at all
         raise SpmdsimError(f"--repeat {args.repeat} must be at least 1 (forward passes of --run)")
     _fixes(args.fix)  # a malformed or twice-given --fix is refused before any search or launch
+    if args.node_limit is not None and args.method == "propagate":  # was taken and ignored without a word
+        raise SpmdsimError(f"--node-limit {args.node_limit} bounds the search's branch and bound; --method propagate "
+                           "searches nothing: leave one of them out")
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
