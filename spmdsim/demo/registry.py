@@ -20,7 +20,7 @@ from ..reference import RegionFn
 
 __all__ = [
     "Context", "Job", "Scenario", "Outcome", "scenario", "scenarios", "load_scenarios", "JobRun",
-    "run_job", "run_scenario", "explain_lines", "explain_notes", "rank_line",
+    "run_job", "run_scenario", "explain_lines", "explain_notes", "rank_line", "group_text",
 ]
 
 
@@ -196,9 +196,34 @@ def explain_lines(job: Job) -> list[str]:
     if not job.steps:
         return lines + ["  no communication: every rank's block of the result is final"]
     for step, _ in job.steps:
-        ranks = "{" + ",".join(str(r) for r in sorted(mesh.group_ranks(step.axes))) + "}"
-        lines.append(f"  {step.via} over ranks {ranks}")
+        lines.append(f"  {step.via} over ranks {group_text(mesh.group_ranks(step.axes))}")
     return lines
+
+
+#: Groups of up to this many ranks are listed member by member (``{0,1,2,3,4,5,6,7}``); larger ones
+#: as a range, so a rank's line stays short at any rank count (each of N ranks listing N members
+#: made `--explain` grow with the square of N: 44,814 lines at 1,024 ranks).
+GROUP_LISTED = 8
+
+
+def group_text(ranks, braces: bool = True) -> str:
+    """``{0,1,2,3}``; past GROUP_LISTED members ``{0-1023} (1,024 ranks)``, ``{0,8,...,1016}
+    (128 ranks)`` for an even stride, else the runs of consecutive ranks (a long list cut short).
+    Without `braces`: ``0-1023 (1,024 ranks)``."""
+    ranks = sorted(ranks)
+    n = len(ranks)
+    left, right = ("{", "}") if braces else ("", "")
+    if n <= GROUP_LISTED:
+        return left + ",".join(map(str, ranks)) + right
+    step = ranks[1] - ranks[0]
+    if all(b - a == step for a, b in zip(ranks, ranks[1:])):
+        body = f"{ranks[0]}-{ranks[-1]}" if step == 1 else f"{ranks[0]},{ranks[1]},...,{ranks[-1]}"
+    else:
+        from ..viz.model import compact_ranks
+
+        parts = compact_ranks(ranks).split(",")
+        body = ",".join(parts) if len(parts) <= 8 else ",".join(parts[:4] + ["...", parts[-1]])
+    return left + body + right + f" ({n:,} ranks)"
 
 
 def explain_notes(job: Job) -> list[str]:
