@@ -207,3 +207,11 @@ def test_the_bound_before_the_grid_is_never_below_the_choices():
         target = target.with_partial(source.partial)  # an exchange keeps the pending sums it has
         choices = folded.exchange_choices(source, target, shape)
         assert folded.most_choices(source, target, shape) >= choices, (str(source), str(target), shape)
+
+
+def test_a_dim_split_over_an_axis_of_size_1_is_whole_in_the_block_rule():
+    """`block_rule` said "dim 1: 1 blocks of 64, block tp" for a dim over an axis of size 1 (run's folded output)."""
+    from spmdsim.plan.summary import block_rule
+
+    tl = Layout((8, 1), ("dp", "tp"))("dp", "tp")
+    assert block_rule(tl, (16, 64)) == "dim 0: 8 blocks of 2, block dp; dim 1: whole"
