@@ -133,6 +133,33 @@ def test_dry_run_counts_the_same_collectives_as_a_real_run():
     assert dry[0][0].calls == real[0][0].calls and dry[0][0].bytes_sent == real[0][0].bytes_sent
 
 
+@pytest.mark.parametrize("precision, labels", [("fp64", ["check.params"]), ("fp32", ["check.grads", "check.start"])])
+def test_simulated_ranks_share_one_gathered_table_per_call(monkeypatch, precision, labels):
+    """The check's table of every rank's blocks is one array the 8 simulated ranks all read (an Allgather gave
+    each rank its own table of p rows: p^2 rows in one process), each row that rank's blocks, and the step passes."""
+    import numpy as np
+
+    from spmdsim.gpt import train as module
+
+    real, seen = module._table, []
+
+    def spy(model, tables, label):
+        rows = real(model, tables, label)
+        own = np.concatenate([np.asarray(t[name], np.float64).reshape(-1) for t in tables for name in model.params])
+        assert np.array_equal(np.reshape(rows, (model.mesh.size, -1))[model.mesh.rank], own)
+        seen.append((label, rows))
+        return rows
+
+    monkeypatch.setattr(module, "_table", spy)
+    steps = spmdsim.simulate(8, lambda: train(SMALL, spmdsim.world(), 2, 4, 1, TEXT, sp=True,
+                                              precision=precision)[1])[0]
+    assert steps[0].passed, steps[0]
+    assert sorted({label for label, _ in seen}) == labels
+    for label in labels:
+        tables = [rows for seen_label, rows in seen if seen_label == label]
+        assert len(tables) == 8 and all(t is tables[0] for t in tables), label
+
+
 def _run(*args: str) -> subprocess.CompletedProcess:
     """`python ARGS` from the repository's root; an example on `--ranks N` in this process (run_example)."""
     return run_example(*args)

@@ -5,8 +5,9 @@ distributed forward and backward (spmdsim.gpt.parallel), AdamW on each
 rank's shards (spmdsim.optim.AdamW). When checking, the same step runs in one
 numpy process (spmdsim.gpt.reference: hand-written backward, numpy AdamW)
 from the distributed model's parameters at the start of the step (one
-Allgather of every rank's blocks), and each rank compares the loss and every
-gradient in its own region with it, and every updated parameter with AdamW of
+Allgather of every rank's blocks; simulated ranks share one table: `_all_rows`),
+and each rank compares the loss and every gradient in its own region with it,
+and every updated parameter with AdamW of
 the run's own block, moments and gradient at that step (`anchored_updates`;
 ZeRO-1's of each rank's slice, gathered over dp): the largest difference
 relative to the tensor's largest entry, agreed by one Allreduce(MAX), must
@@ -220,17 +221,52 @@ def _params_rows(model: Any, where: Regions, blocks: Optional[dict] = None) -> n
 
 def _table(model: Any, tables: list, label: str) -> np.ndarray:
     """Every rank's blocks of each of `tables` (name -> this rank's block, shaped as the parameter's), a row per
-    rank (float64), from one Allgather: spmdsim.gpt.wholes.assemble makes them whole (of its rows that
+    rank (float64), from one Allgather (`_all_rows`): spmdsim.gpt.wholes.assemble makes them whole (of its rows that
     Regions.used keeps)."""
-    from ..runtime.executor import gather
-
     flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
                            for table in tables for name in model.params])
-    return gather(model.mesh, flat, tuple(model.mesh.layout.alias_name), label)
+    return _all_rows(model.mesh, flat, label)
+
+
+def _all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
+    """Every rank's `flat` (float64, alike in length), a row per rank, on every rank of `mesh` (a collective,
+    labelled `label`). Under MPI one Allgather: each rank holds its own table. Simulated ranks share one table,
+    the same array on every rank, to read and not to change: one Gather to rank 0 (untraced, as the check's
+    collectives lie outside a step's trace) into the table the first of them to ask made (spmdsim.sim.once);
+    the thread engine writes the root's table before it releases any member (spmdsim.sim.thread_engine), so
+    every rank reads it full once its Gather returns. An Allgather would give each of the p ranks its own
+    table of p rows: p^2 rows in one process (3 GB for `examples/train_gpt.py` at 256 ranks: docs/simulate.md)."""
+    from ..runtime.executor import gather
+
+    group = getattr(mesh.comm, "_group", None)  # the thread engine's group: what its members share
+    engine = mesh.engine
+    if mesh.size == 1 or not engine.simulated or engine.dry or group is None:
+        return gather(mesh, flat, tuple(mesh.layout.alias_name), label)
+    from ..engines.once import once
+    from ..runtime import door
+
+    # Keyed by the group (alive while its mesh is) and the label: every member of this call takes the entry
+    # before it enters the Gather, so no member asks for the next call's while this one's is still shared. A
+    # mesh over part of the simulated world leaves the entry (once drops it when every rank of the world took
+    # it): its next call gets the same table back, which that call's Gather fills before anyone reads it.
+    shared = once(("spmdsim.gpt.train._all_rows", id(group), label), _SharedRows, mesh.size, flat.size)
+    root = mesh.rank == 0
+    door.transfer(mesh.comm, label, (), flat, (0,), mesh.polite, "gather_to", flat,
+                  shared.rows if root else None, 0)
+    return shared.rows
+
+
+class _SharedRows:
+    """The table simulated ranks share (`_all_rows`): `rows`, a row per rank, which rank 0's Gather fills."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, size: int, width: int) -> None:
+        self.rows = np.empty((size, width))
 
 
 def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
-    """The optimizer's view of the step's start, every rank's blocks on every rank (one Allgather; `_table`'s):
+    """The optimizer's view of the step's start, every rank's blocks on every rank (`_table`'s):
     "params" (each parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW
     moments, zeros before its first step), table after table."""
     return _table(model, _optimizer_start(optimizer, {s.name: model.params[s.name] for s in specs}), "check.start")

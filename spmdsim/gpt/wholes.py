@@ -2,9 +2,10 @@
 
 The trainers (spmdsim.gpt.train) check each step against the reference step in one numpy process,
 which starts from every parameter whole: one Allgather gives each rank every rank's blocks, a flat
-table with a row per rank. `regions(params, size)` says where each rank's block lies in its parameter
-(Layout.slices, asked once per layout and shape rather than once per rank, parameter and step);
-`assemble` places the blocks. A region several ranks hold (a parameter replicated over dp) is placed
+table with a row per rank (simulated ranks share one such table: spmdsim.gpt.train._all_rows).
+`regions(params, size)` says where each rank's block lies in its parameter (Layout.slices, asked
+once per layout and shape rather than once per rank, parameter and step); `assemble` places the
+blocks. A region several ranks hold (a parameter replicated over dp) is placed
 once, from the last of them, and the regions are placed in the order of their last holders, so each
 element comes from the last rank that holds it: the same bits as placing every rank's block in rank
 order. Only the last holders' rows of the table are read (`Regions.used`): with dp replicas, the last
