@@ -402,3 +402,26 @@ def test_a_pipelined_dry_runs_table_counts_what_the_real_steps_row_counts():
     real, dry = spmdsim.simulate(4, main), spmdsim.simulate(4, main, dry_run=True)
     assert [(r.calls, r.bytes_sent) for r in dry.report.ranks] == [(s[0].calls, s[0].bytes_sent) for s in real]
     assert all(s[0].passed for s in real)
+
+
+def test_simulated_ranks_share_one_gathered_table_in_the_pipelined_check(monkeypatch):
+    """The pipelined check's table of every rank's blocks is one array the 4 simulated ranks read (an Allgather
+    gave each its own table of p rows, as train's did: tests/test_gpt_parallel.py), and the steps pass."""
+    from spmdsim.gpt import pipeline as module
+
+    real, seen = module._tables, []
+
+    def spy(run, cfg, where, tables, label):
+        rows = real(run, cfg, where, tables, label)
+        seen.append((label, rows))
+        return rows
+
+    monkeypatch.setattr(module, "_tables", spy)
+    results = spmdsim.simulate(4, lambda: train_pipelined(SMALL, spmdsim.world(), 2, 1, 2, 1, IDS)[1])[0]
+    assert results[0].passed, results[0]
+    labels = {label for label, _ in seen}
+    assert labels, seen
+    for label in labels:
+        tables = [rows for seen_label, rows in seen if seen_label == label]
+        where = {rows.__array_interface__["data"][0] for rows in tables}  # the memory each call's table lies in
+        assert len(tables) % 4 == 0 and len(where) <= len(tables) // 4, (label, len(tables), len(where))
