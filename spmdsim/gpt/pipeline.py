@@ -796,8 +796,8 @@ def _stage_regions(run: PipelineRun, cfg: GPTConfig) -> Regions:
 def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, label: str) -> np.ndarray:
     """`_table` of several tables (name -> this rank's block, of the parameters its stage holds), table after
     table in each row (spmdsim.gpt.wholes.assemble reads them so), from one Allgather over the whole mesh (on
-    simulated ranks one table they share: spmdsim.gpt.train._all_rows)."""
-    from .train import _all_rows
+    simulated ranks one table they share: spmdsim.gpt.wholes.all_rows)."""
+    from .wholes import all_rows
 
     mesh = run.mesh
     flat = np.zeros(where.width * len(tables))
@@ -807,7 +807,7 @@ def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, labe
             block = np.asarray(table[name], np.float64).reshape(-1)
             flat[at:at + block.size] = block
             at += block.size
-    return _all_rows(mesh, flat, label).reshape(mesh.size, -1)
+    return all_rows(mesh, flat, label).reshape(mesh.size, -1)
 
 
 def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) -> np.ndarray:

@@ -164,10 +164,9 @@ class NetworkTrainer:
         return blocks
 
     def _anchor(self, start: dict) -> Anchor:
-        """The step's `Anchor`: every rank's parameters at the step's start in one Allgather (label "check"),
-        this rank's `start` and gradients."""
-        from ..gpt.wholes import regions
-        from ..runtime.executor import gather
+        """The step's `Anchor`: every rank's parameters at the step's start in one Allgather (label "check"; on
+        simulated ranks one table they share: spmdsim.gpt.wholes.all_rows), this rank's `start` and gradients."""
+        from ..gpt.wholes import all_rows, regions
 
         params = self.flat_params
         if self._where is None:  # where each rank's blocks lie: the same every step
@@ -179,7 +178,7 @@ class NetworkTrainer:
             row[at:at + block.size] = block.reshape(-1)
             at += block.size
         mesh = params[0].mesh
-        rows = gather(mesh, row, tuple(mesh.layout.alias_name), "check")
+        rows = all_rows(mesh, row, "check")  # on simulated ranks one table they share (p tables of p rows before)
         return Anchor(where, where.used(rows), self._kinds, dict(start, grads=tuple(p.grad.local for p in params)))
 
     def _hop(self, hop: Hop, x: Any) -> Any:
