@@ -796,8 +796,8 @@ def _stage_regions(run: PipelineRun, cfg: GPTConfig) -> Regions:
 def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, label: str) -> np.ndarray:
     """`_table` of several tables (name -> this rank's block, of the parameters its stage holds), table after
     table in each row (spmdsim.gpt.wholes.assemble reads them so), from one Allgather over the whole mesh (on
-    simulated ranks one table they share: spmdsim.gpt.wholes.all_rows)."""
-    from .wholes import all_rows
+    simulated ranks one table they share: spmdsim.gpt.train.all_rows)."""
+    from .train import all_rows
 
     mesh = run.mesh
     flat = np.zeros(where.width * len(tables))

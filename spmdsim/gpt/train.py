@@ -5,7 +5,7 @@ distributed forward and backward (spmdsim.gpt.parallel), AdamW on each
 rank's shards (spmdsim.optim.AdamW). When checking, the same step runs in one
 numpy process (spmdsim.gpt.reference: hand-written backward, numpy AdamW)
 from the distributed model's parameters at the start of the step (one
-Allgather of every rank's blocks; simulated ranks share one table: wholes.all_rows),
+Allgather of every rank's blocks; simulated ranks share one table: `all_rows`),
 and each rank compares the loss and every gradient in its own region with it,
 and every updated parameter with AdamW of
 the run's own block, moments and gradient at that step (`anchored_updates`;
@@ -53,9 +53,9 @@ from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import is_low, precision as get_precision, precision_problem
 from .mixed import tolerances as mixed_tolerances
 from .params import decays, is_expert, param_specs
-from .wholes import Regions, all_rows, assemble, peaks, regions
+from .wholes import Regions, assemble, peaks, regions
 
-__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE"]
+__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE", "all_rows"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -221,11 +221,48 @@ def _params_rows(model: Any, where: Regions, blocks: Optional[dict] = None) -> n
 
 def _table(model: Any, tables: list, label: str) -> np.ndarray:
     """Every rank's blocks of each of `tables` (name -> this rank's block, shaped as the parameter's), a row per
-    rank (float64), from one Allgather (spmdsim.gpt.wholes.all_rows): spmdsim.gpt.wholes.assemble makes them
+    rank (float64), from one Allgather (`all_rows`): spmdsim.gpt.wholes.assemble makes them
     whole (of its rows that Regions.used keeps)."""
     flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
                            for table in tables for name in model.params])
     return all_rows(model.mesh, flat, label)
+
+
+def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
+    """Every rank's `flat` (float64, alike in length), a row per rank, on every rank of `mesh` (a collective,
+    labelled `label`). Under MPI one Allgather: each rank holds its own table. Simulated ranks share one table,
+    the same array on every rank, to read and not to change: one Gather to rank 0 (untraced, as the check's
+    collectives lie outside a step's trace) into the table the first of them to ask made (spmdsim.sim.once);
+    the thread engine writes the root's table before it releases any member (spmdsim.sim.thread_engine), so
+    every rank reads it full once its Gather returns. An Allgather would give each of the p ranks its own
+    table of p rows: p^2 rows in one process (3 GB for `examples/train_gpt.py` at 256 ranks: docs/simulate.md)."""
+    from ..runtime.executor import gather
+
+    group = getattr(mesh.comm, "_group", None)  # the thread engine's group: what its members share
+    engine = mesh.engine
+    if mesh.size == 1 or not engine.simulated or engine.dry or group is None:
+        return gather(mesh, flat, tuple(mesh.layout.alias_name), label)
+    from ..engines.once import once
+    from ..runtime import door
+
+    # Keyed by the group (alive while its mesh is) and the label: every member of this call takes the entry
+    # before it enters the Gather, so no member asks for the next call's while this one's is still shared. A
+    # mesh over part of the simulated world leaves the entry (once drops it when every rank of the world took
+    # it): its next call gets the same table back, which that call's Gather fills before anyone reads it.
+    shared = once(("spmdsim.gpt.train.all_rows", id(group), label), _SharedRows, mesh.size, flat.size)
+    root = mesh.rank == 0
+    door.transfer(mesh.comm, label, (), flat, (0,), mesh.polite, "gather_to", flat,
+                  shared.rows if root else None, 0)
+    return shared.rows
+
+
+class _SharedRows:
+    """The table simulated ranks share (`all_rows`): `rows`, a row per rank, which rank 0's Gather fills."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, size: int, width: int) -> None:
+        self.rows = np.empty((size, width))
 
 
 def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:

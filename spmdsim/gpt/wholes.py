@@ -2,7 +2,7 @@
 
 The trainers (spmdsim.gpt.train) check each step against the reference step in one numpy process,
 which starts from every parameter whole: one Allgather gives each rank every rank's blocks, a flat
-table with a row per rank (simulated ranks share one such table: `all_rows`).
+table with a row per rank (simulated ranks share one such table: spmdsim.gpt.train.all_rows).
 `regions(params, size)` says where each rank's block lies in its parameter (Layout.slices, asked
 once per layout and shape rather than once per rank, parameter and step); `assemble` places the
 blocks. A region several ranks hold (a parameter replicated over dp) is placed
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Regions", "regions", "stage_regions", "assemble", "peaks", "all_rows"]
+__all__ = ["Regions", "regions", "stage_regions", "assemble", "peaks"]
 
 
 @dataclass(frozen=True)
@@ -141,40 +141,3 @@ def assemble(where: Regions, rows: np.ndarray, count: int = 1) -> list[dict]:
 def peaks(arrays: dict) -> dict:
     """Each array's largest magnitude (0.0 when empty): the scale of a check relative to the largest entry."""
     return {name: float(np.max(np.abs(a), initial=0.0)) for name, a in arrays.items()}
-
-
-def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
-    """Every rank's `flat` (float64, alike in length), a row per rank, on every rank of `mesh` (a collective,
-    labelled `label`). Under MPI one Allgather: each rank holds its own table. Simulated ranks share one table,
-    the same array on every rank, to read and not to change: one Gather to rank 0 (untraced, as the check's
-    collectives lie outside a step's trace) into the table the first of them to ask made (spmdsim.sim.once);
-    the thread engine writes the root's table before it releases any member (spmdsim.sim.thread_engine), so
-    every rank reads it full once its Gather returns. An Allgather would give each of the p ranks its own
-    table of p rows: p^2 rows in one process (3 GB for `examples/train_gpt.py` at 256 ranks: docs/simulate.md)."""
-    from ..runtime.executor import gather
-
-    group = getattr(mesh.comm, "_group", None)  # the thread engine's group: what its members share
-    engine = mesh.engine
-    if mesh.size == 1 or not engine.simulated or engine.dry or group is None:
-        return gather(mesh, flat, tuple(mesh.layout.alias_name), label)
-    from ..engines.once import once
-    from ..runtime import door
-
-    # Keyed by the group (alive while its mesh is) and the label: every member of this call takes the entry
-    # before it enters the Gather, so no member asks for the next call's while this one's is still shared. A
-    # mesh over part of the simulated world leaves the entry (once drops it when every rank of the world took
-    # it): its next call gets the same table back, which that call's Gather fills before anyone reads it.
-    shared = once(("spmdsim.gpt.wholes.all_rows", id(group), label), _SharedRows, mesh.size, flat.size)
-    root = mesh.rank == 0
-    door.transfer(mesh.comm, label, (), flat, (0,), mesh.polite, "gather_to", flat,
-                  shared.rows if root else None, 0)
-    return shared.rows
-
-
-class _SharedRows:
-    """The table simulated ranks share (`all_rows`): `rows`, a row per rank, which rank 0's Gather fills."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self, size: int, width: int) -> None:
-        self.rows = np.empty((size, width))

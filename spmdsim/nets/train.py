@@ -165,8 +165,9 @@ class NetworkTrainer:
 
     def _anchor(self, start: dict) -> Anchor:
         """The step's `Anchor`: every rank's parameters at the step's start in one Allgather (label "check"; on
-        simulated ranks one table they share: spmdsim.gpt.wholes.all_rows), this rank's `start` and gradients."""
-        from ..gpt.wholes import all_rows, regions
+        simulated ranks one table they share: spmdsim.gpt.train.all_rows), this rank's `start` and gradients."""
+        from ..gpt.train import all_rows
+        from ..gpt.wholes import regions
 
         params = self.flat_params
         if self._where is None:  # where each rank's blocks lie: the same every step
