@@ -35,7 +35,6 @@ Meter, 1/dp of what AdamW counts.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -45,8 +44,8 @@ from .autograd.graph import with_partial
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
-from .optim import (_adam_args, _capturing, _clip_kernel, _decay_flags, _norm_of, _Optimizer, _squares, _step_sizes,
-                    _steps_kernel, _summed_across, _update_kernel, clip_coefficient)
+from .optim import (_adam_args, _capturing, _count_step, _decay_flags, _kernel, _norm_of, _Optimizer, _run_update,
+                    _squares, _step_sizes, _summed_across, clip_coefficient)
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -262,7 +261,7 @@ class DistributedAdamW(_Optimizer):
         from .runtime.collectives import allgather, reduce_scatter
 
         grads = self._grads()
-        _steps_kernel()(self)
+        _kernel(_count_step)(self)
         for b in self.buckets:
             if not self._dry:
                 _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
@@ -285,7 +284,7 @@ class DistributedAdamW(_Optimizer):
                 meter.count(self, sum(4 * b.shard * b.wide.itemsize for b in self.buckets))
         else:
             for k, b in enumerate(self.buckets):
-                _update_kernel()(self._update_slice, k, b.master, b.grad)
+                _kernel(_run_update)(self._update_slice, k, b.master, b.grad)
         for b in self.buckets:
             if b.params is not None:  # bfloat16: the master slice rounded once, gathered in bfloat16
                 if not self._dry:
@@ -375,7 +374,7 @@ class DistributedAdamW(_Optimizer):
         from .runtime.executor import pending, resolve
 
         layout = self.mesh.layout
-        squares = _clip_kernel(_squares)(self._clip_parts)
+        squares = _kernel(_squares)(self._clip_parts)
         axes = tuple(a for a, n in zip(layout.alias_name, layout.device_matrix) if n > 1)
         if axes:
             squares = resolve(self.mesh, squares, pending(layout, 1, axes), "clip_grad_norm", owned=True)
@@ -455,13 +454,3 @@ def _unpack(flat: np.ndarray, blocks: tuple, spans: tuple) -> None:
     """The gathered parameters from `flat` into their blocks, in place."""
     for block, (a, z) in zip(blocks, spans):
         block[...] = flat[a:z].reshape(block.shape)
-
-
-@functools.cache
-def _kernel(func: Callable) -> Callable:
-    """`func` recorded as one call when a rank captures a step (spmdsim.runtime.replay), so a replay
-    copies the arrays it is given now, not the capture's values; made on first use (importing the
-    runtime here would load it with this module)."""
-    from .runtime.replay import kernel
-
-    return kernel(func)

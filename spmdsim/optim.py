@@ -81,7 +81,7 @@ class _Optimizer:
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
-        _steps_kernel()(self)
+        _kernel(_count_step)(self)
         found = []
         for i, p in enumerate(self.params):
             g = p.grad
@@ -99,10 +99,10 @@ class _Optimizer:
                 _dry_count(context.meter, self, self._dry_step(found))
             return
         if self._together(found):
-            _update_kernel()(self._update_all, *(tuple(column) for column in zip(*found)))
+            _kernel(_run_update)(self._update_all, *(tuple(column) for column in zip(*found)))
             return
         for i, block, grad in found:
-            _update_kernel()(self._update, i, block, grad)
+            _kernel(_run_update)(self._update, i, block, grad)
 
     def _count(self, found: list) -> None:
         """Count the update's memory traffic (spmdsim.flops.sweep, phase "optimizer"), real and dry alike:
@@ -145,26 +145,20 @@ def _run_update(update: Callable, index: int, param: np.ndarray, grad: np.ndarra
 
 
 @functools.cache
-def _update_kernel() -> Callable:
-    """`_run_update` recorded as one call when a rank captures a step (spmdsim.runtime.replay): a replay
-    reruns it, so an update counts its own steps (Adam's bias correction) as each eager step does. Made
-    on first use: importing the runtime here would make this pure module load it."""
+def _kernel(func: Callable) -> Callable:
+    """`func` recorded as one call when a rank captures a step (spmdsim.runtime.replay), so a replay reruns it on
+    the arrays it is given now: `_run_update` (an update counts its own steps, Adam's bias correction, as each
+    eager step does), `_count_step`, clipping's kernels, spmdsim.distrib_optim's. Made on first use: importing
+    the runtime here would make this pure module load it."""
     from .runtime.replay import kernel
 
-    return kernel(_run_update)
+    return kernel(func)
 
 
 def _count_step(optimizer: Any) -> None:
-    """One more step on `optimizer.steps`: a kernel (`_steps_kernel`), so a replayed step counts too (a schedule
+    """One more step on `optimizer.steps`: a kernel (`_kernel`), so a replayed step counts too (a schedule
     that reads `steps` between a graph's calls sees each replay)."""
     optimizer.steps += 1
-
-
-@functools.cache
-def _steps_kernel() -> Callable:
-    from .runtime.replay import kernel
-
-    return kernel(_count_step)
 
 
 def _capturing() -> bool:
@@ -646,14 +640,6 @@ def _clip_into(squares: np.ndarray, max_norm: Any, eps: float, grads: tuple, out
     _scaled_into(grads, clip_coefficient(value, _clip_bound(max_norm), eps), outs)
 
 
-@functools.cache
-def _clip_kernel(func: Callable) -> Callable:
-    """`func` recorded as one call when a rank captures a step (spmdsim.runtime.replay); made on first use."""
-    from .runtime.replay import kernel
-
-    return kernel(func)
-
-
 def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, across: Any = None,
                     counted: Any = None) -> Any:
     """Scale the parameters' gradients together so their joint 2-norm is at most `max_norm`, as PyTorch's
@@ -708,7 +694,7 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
         replicas = g.layout.replicated_axes
         if not replicas or g.layout.layout.group_index(mesh.rank, replicas) == 0:
             mine.append(g.local)
-    squares = _clip_kernel(_squares)(tuple(mine), bound)
+    squares = _kernel(_squares)(tuple(mine), bound)
     axes = tuple(a for a, n in zip(mesh.layout.alias_name, mesh.layout.device_matrix) if n > 1)
     if axes:
         squares = resolve(mesh, squares, pending(mesh.layout, 1, axes), "clip_grad_norm", owned=True)
@@ -718,7 +704,7 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
 
         outs = tuple(buffers.empty(g.local.shape, g.local.dtype) for _, g in grads)
         norm = buffers.empty((), np.float64)
-        _clip_kernel(_clip_into)(squares, bound, eps, tuple(g.local for _, g in grads), outs, norm)
+        _kernel(_clip_into)(squares, bound, eps, tuple(g.local for _, g in grads), outs, norm)
         for (p, g), out in zip(grads, outs):
             p._ag.grad = type(g)(g.mesh, out, g.layout, g.global_shape)
         return norm
