@@ -45,7 +45,7 @@ from .context import current
 from .errors import OperatorError
 from .flops import sweep
 from .optim import (_adam_args, _capturing, _count_step, _decay_flags, _kernel, _norm_of, _Optimizer, _run_update,
-                    _squares, _step_sizes, _summed_across, clip_coefficient)
+                    _squares, _step_sizes, _summed_squares, clip_coefficient)
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -371,14 +371,7 @@ class DistributedAdamW(_Optimizer):
         """Scale the summed slices so the gradients' joint norm is at most `clip_grad` (as
         spmdsim.optim.clip_grad_norm_: each element counted once over the mesh, and over `clip_across`).
         Kernels and collectives alone: a replayed step takes its own norm and scales by it."""
-        from .runtime.executor import pending, resolve
-
-        layout = self.mesh.layout
-        squares = _kernel(_squares)(self._clip_parts)
-        axes = tuple(a for a, n in zip(layout.alias_name, layout.device_matrix) if n > 1)
-        if axes:
-            squares = resolve(self.mesh, squares, pending(layout, 1, axes), "clip_grad_norm", owned=True)
-        _kernel(_clip_slices)(self, _summed_across(squares, self.clip_across))
+        _kernel(_clip_slices)(self, _summed_squares(_kernel(_squares)(self._clip_parts), self.mesh, self.clip_across))
 
 
 def _clip_slices(optimizer: DistributedAdamW, squares: np.ndarray) -> None:

@@ -584,19 +584,17 @@ def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     return coefficient if not coefficient >= 1.0 else 1.0
 
 
-def _summed_across(squares: Any, across: Any) -> Any:
-    """`squares` (a stage's total, a 1-element float64 array alike on its ranks) summed once more over
-    `across` = (mesh, axes), the other stages' (collective over that mesh); `squares` itself when `across` is
-    None or its axes are 1."""
+def _summed_squares(squares: Any, mesh: Any, across: Any) -> Any:
+    """`squares` (this rank's, a 1-element float64 array) summed over `mesh` (its axes of size above 1), the
+    stage's total, then once more over `across` = (mesh, axes), the other stages' (collective over that mesh;
+    nothing more when `across` is None or its axes are 1)."""
     from .runtime.executor import pending, resolve
 
-    if across is None:
-        return squares
-    whole, over = across
-    over = tuple(a for a in over if whole.layout.axis_size(a) > 1)
-    if not over:
-        return squares
-    return resolve(whole, squares, pending(whole.layout, 1, over), "clip_grad_norm", owned=True)
+    for on, over in ((mesh, mesh.layout.alias_name), across or (None, ())):
+        over = tuple(a for a in over if on.layout.axis_size(a) > 1)
+        if over:
+            squares = resolve(on, squares, pending(on.layout, 1, over), "clip_grad_norm", owned=True)
+    return squares
 
 
 def _clip_bound(max_norm: Any) -> float:
@@ -663,8 +661,6 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
     would be the capture's, and a replay stops naming both). `max_norm` may be a
     spmdsim.runtime.replay.Scalar, read each replay (a bound that changes between steps).
     """
-    from .runtime.executor import pending, resolve
-
     params = tuple(params)
     captured = _capturing()
     bound = _clip_bound(max_norm)  # a Scalar's value checked now too, read without freezing it
@@ -694,11 +690,7 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
         replicas = g.layout.replicated_axes
         if not replicas or g.layout.layout.group_index(mesh.rank, replicas) == 0:
             mine.append(g.local)
-    squares = _kernel(_squares)(tuple(mine), bound)
-    axes = tuple(a for a, n in zip(mesh.layout.alias_name, mesh.layout.device_matrix) if n > 1)
-    if axes:
-        squares = resolve(mesh, squares, pending(mesh.layout, 1, axes), "clip_grad_norm", owned=True)
-    squares = _summed_across(squares, across)
+    squares = _summed_squares(_kernel(_squares)(tuple(mine), bound), mesh, across)
     if captured:  # one kernel: the norm and the scaling each replay computes again (copies when not clipped)
         from . import buffers
 
