@@ -145,33 +145,15 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
     send = np.ascontiguousarray(stats, np.float64)
     door.transfer(comm, "check", (), send, (), polite, "all_gather", send, table)
-    if len(table) > _FEW:  # every rank reads the whole table: numpy's loops (simulated ranks read it N times)
-        return _agree_many(table, rtol, atol, scaled)
-    return _agree_few(table, rtol, atol, scaled)
+    return _verdict(table, rtol, atol, scaled)
 
 
-def _agree_few(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdict:
-    """`agree`'s Verdict from a table of a few ranks' records, in Python."""
-    rows = table.tolist()  # a few ranks' records: Python is quicker than numpy's calls on so small a table
-    failed = tuple(r for r, row in enumerate(rows) if not row[0] > 0)
-    # Worst rank: a failing one with the largest error (non-finite counts as worst; a NaN error wins, as
-    # numpy's argmax has it).
-    score = [math.inf if row[3] > 0 else row[1] for row in rows]
-    worst = _first_largest(failed or range(len(rows)), score)
-    return Verdict(passed=not failed, max_abs_error=_largest([row[1] for row in rows]),
-                   max_rel_error=_largest([row[2] for row in rows]), worst_rank=worst, atol=float(atol),
-                   rtol=float(rtol), nonfinite=int(sum(row[3] for row in rows)),
-                   elements=int(sum(row[4] for row in rows)), failed_ranks=failed, scaled=scaled)
-
-
-#: Up to this many ranks `agree` reads the table in Python; above it with numpy (the same Verdict): 4,096 simulated
-#: ranks each reading 4,096 rows in Python took two thirds of a check's 41 s.
-_FEW = 64
-
-
-def _agree_many(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdict:
-    """`agree`'s Verdict from a large table, with numpy: NaN wins a maximum and the first of equals is taken,
-    as `_largest` and `_first_largest` have it (numpy's max and argmax)."""
+def _verdict(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdict:
+    """`agree`'s Verdict from the table of every rank's record (a row per rank), with numpy: simulated ranks each
+    read the whole table (4,096 ranks reading 4,096 rows each in Python took two thirds of a check's 41 s).
+    Failed: the ranks whose record did not pass; the worst rank, the failing one (else any) with the largest
+    error, a non-finite one counting as infinite; a NaN wins a maximum, the first of equals is taken (numpy's
+    max and argmax)."""
     ok, abs_err, rel_err, nonfinite, elements = (table[:, i] for i in range(5))
     failed = np.flatnonzero(~(ok > 0))
     score = np.where(nonfinite > 0, np.inf, abs_err)
@@ -180,20 +162,3 @@ def _agree_many(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Ve
     return Verdict(passed=not failed.size, max_abs_error=float(np.max(abs_err)), max_rel_error=float(np.max(rel_err)),
                    worst_rank=worst, atol=float(atol), rtol=float(rtol), nonfinite=int(nonfinite.sum()),
                    elements=int(elements.sum()), failed_ranks=tuple(int(r) for r in failed), scaled=scaled)
-
-
-def _largest(values: list) -> float:
-    """The largest of `values`, NaN when one is (numpy's max)."""
-    return values[_first_largest(range(len(values)), values)]
-
-
-def _first_largest(indices: Any, values: list) -> int:
-    """The first of `indices` whose value is the largest, or the first NaN (numpy's argmax)."""
-    best = None
-    for i in indices:
-        v = values[i]
-        if v != v:
-            return i
-        if best is None or v > values[best]:
-            best = i
-    return best
