@@ -176,9 +176,7 @@ def pointwise(op: str, *args: Any) -> Any:
 def _unscaled(op: str, args: tuple) -> tuple:
     """`args` of a product or quotient by a number, a pending sum among them resolved first where the number is
     not finite (times inf or NaN) or divides by zero: kept pending, the zeros the other members hold would give
-    0 * inf = NaN, where numpy's product of the whole value is inf."""
-    if len(args) != 2:
-        return args
+    0 * inf = NaN, where numpy's product of the whole value is inf. (`pointwise` calls it for two operands.)"""
     number = args[1] if op == "div" or hasattr(args[0], "_ag") else args[0]
     if hasattr(number, "_ag"):  # a DTensor divisor: its values are not looked at
         return args
