@@ -63,6 +63,20 @@ def test_calibrate_arguments_are_spmdsim_errors():
         calibrate._check_counts(_args(["calibrate", "--dry-run", "--output", "c.json"]))
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--sizes", "abc"], "--sizes 'abc': size 'abc' is not a byte count like 64K or 4M"),
+    (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
+    (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
+    (["--repeats", "0"], "--repeats 0 must be at least 1"),
+])
+def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle):
+    # Outside MPI it said "run it under MPI" (as "spmdsim calibrate: error:", unlike every other refusal) before
+    # looking at --sizes: a user who then launched it under mpiexec met the bad flag only there. No MPI here: an
+    # import of mpi4py fails, so the flags must be refused before it.
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    _fails(capsys, ["calibrate", *argv], needle)
+
+
 def test_calibrate_checks_its_output_paths_before_measuring(tmp_path):
     blocker = tmp_path / "in.json"
     blocker.write_text("{}")
