@@ -52,4 +52,5 @@ def test_calibrate_on_one_process_is_one_error_line():
     done = subprocess.run([sys.executable, "-m", "spmdsim", "calibrate"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr == ("spmdsim: error: calibrate needs at least 2 ranks (it times collectives between them), "
-                           "got 1: run it\n  under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate\n"), done.stderr
+                           "got 1: run it\n  under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate\n"), \
+        done.stderr
