@@ -17,7 +17,11 @@ of the reference's derivative alone (docs/performance.md,
 `sigmoid`, `erf` and `gelu_erf` are the elementwise kernels that
 `spmdsim.ops.pointwise` runs forward (sigmoid, silu, erf, and gelu with
 ``approximate="none"``) and their gradient rules read
-(`spmdsim.autograd.rules.pointwise`).
+(`spmdsim.autograd.rules.pointwise`). A float block keeps its dtype; a bfloat16
+block gives float32, the precision a bfloat16 block is computed in
+(`spmdsim.precision.wide`): the forward runs them on the widened block and
+rounds once to bfloat16, as `gelu` does within itself, and a gradient rule
+reads them in float32.
 
 Pure numpy; never imports mpi4py.
 """
@@ -151,9 +155,10 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """erf of a float array in its own dtype (libm's, correctly rounded to within an ulp)."""
+    """erf of a float array in its own dtype (libm's, correctly rounded to within an ulp); bfloat16: float32, as
+    `sigmoid` and `gelu_erf` give (it was float64, libm's own, wider than its peers); integers: float64."""
     x = np.asanyarray(x)
-    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32) if is_low(x.dtype) else np.dtype(np.float64)
     return np.asanyarray(_ERF(x.astype(np.float64, copy=False))).astype(np.float64).astype(dtype, copy=False)
 
 

@@ -42,8 +42,19 @@ def relu(x: np.ndarray) -> np.ndarray:
 def gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (Megatron's `bias_gelu`, Paddle `approximate=True`); floats keep their dtype."""
     x = np.asanyarray(x)
+    if x.ndim == 0:  # as one element (`_zero_d`)
+        return gelu(x.reshape(1)).reshape(())
     t = gelu_tanh(x.astype(np.float64, copy=False))
     return gelu_from_tanh(x, t, out=t)
+
+
+def _zero_d(fn: Callable[..., np.ndarray], out: Optional[np.ndarray], *operands: np.ndarray) -> np.ndarray:
+    """`fn` of 0-d `operands` (and `out`) as 1-element views, the result back 0-d (`out` when given).
+
+    numpy gives a ufunc's result on 0-d operands as a scalar, which takes no ``out=`` (``TypeError: return
+    arrays must be of ArrayType``) and no in-place update; the GELU formulas work in place."""
+    one = fn(*(np.reshape(a, 1) for a in operands), None if out is None else out.reshape(1))
+    return one.reshape(()) if out is None else out
 
 
 def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -53,6 +64,8 @@ def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = Non
     get float64 as softmax does, never truncated values.
     """
     x = np.asanyarray(x)
+    if x.ndim == 0:
+        return _zero_d(gelu_from_tanh, out, x, t)
     out = np.add(t, 1.0, out=out)
     out *= x.astype(np.float64, copy=False)
     out *= 0.5
@@ -62,8 +75,11 @@ def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = Non
 def gelu_tanh(x64: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """tanh(sqrt(2/pi) (x + 0.044715 x^3)) of a float64 array, a new array or `out` (GELU and its gradient).
 
-    In place on one temporary: ``x**3`` (numpy's pow) costs 100x a product.
+    In place on one temporary: ``x**3`` (numpy's pow) costs 100x a product. A 0-d array (or a number) gives a
+    0-d array.
     """
+    if getattr(x64, "ndim", 0) == 0:
+        return _zero_d(gelu_tanh, out, np.asarray(x64, np.float64))
     inner = np.multiply(x64, x64, out=out)
     inner *= x64
     inner *= 0.044715

@@ -147,3 +147,20 @@ def test_activations_of_0d_and_1_element_dtensors_forward_and_backward(dtype):
         assert y.shape == grad.shape and y.shape in ((), (1,)), (name, layout)
         np.testing.assert_allclose(y, forward(x), rtol=rtol, atol=0, err_msg=f"{name} {layout}")
         np.testing.assert_allclose(grad, 3.0 * slope(x), rtol=rtol, atol=0, err_msg=f"{name} {layout} gradient")
+
+
+def test_bfloat16_blocks_give_the_float32_they_are_computed_in():
+    """sigmoid and gelu_erf of a bfloat16 block gave float32 (the `wide` precision the forward rounds from, and a
+    gradient rule reads), erf float64: wider than its peers. Now erf gives float32 too, erf of the widened block;
+    gelu rounds to bfloat16 within itself, and the pointwise ops round each once (bfloat16 results)."""
+    pytest.importorskip("ml_dtypes")
+    from spmdsim.precision import bfloat16
+
+    bf16 = bfloat16()
+    x = np.array([-2.5, -0.7, 0.0, 0.3, 1.9]).astype(bf16)
+    wide = x.astype(np.float32)
+    for kernel in (activations.sigmoid, activations.erf, activations.gelu_erf):
+        got = kernel(x)
+        assert got.dtype == np.float32, (kernel.__name__, got.dtype)
+        np.testing.assert_array_equal(got, kernel(wide))
+    assert activations.gelu(x).dtype == bf16

@@ -63,6 +63,20 @@ def test_calibrate_arguments_are_spmdsim_errors():
         calibrate._check_counts(_args(["calibrate", "--dry-run", "--output", "c.json"]))
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--sizes", "abc"], "--sizes 'abc': size 'abc' is not a byte count like 64K or 4M"),
+    (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
+    (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
+    (["--repeats", "0"], "--repeats 0 must be at least 1"),
+])
+def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle):
+    # Outside MPI it said "run it under MPI" (as "spmdsim calibrate: error:", unlike every other refusal) before
+    # looking at --sizes: a user who then launched it under mpiexec met the bad flag only there. No MPI here: an
+    # import of mpi4py fails, so the flags must be refused before it.
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    _fails(capsys, ["calibrate", *argv], needle)
+
+
 def test_calibrate_checks_its_output_paths_before_measuring(tmp_path):
     blocker = tmp_path / "in.json"
     blocker.write_text("{}")
@@ -191,12 +205,39 @@ def test_run_out_map_of_the_wrong_length_says_so():
 
 def test_sbp_case_checks_world_size(tmp_path, capsys):
     _fails(capsys, ["slices", "--sbp", "S(0)", "--placement", "8", "--world-size", "4", "--shape", "8"],
-           "case key 'world_size' is 4 but placement (8,) has 8 devices")
+           "--world-size 4 (case key 'world_size') does not match --placement '8' (case key 'placement'), "
+           "which has 8 devices; expected 8 (or leave --world-size out)")
     case = tmp_path / "case.json"
     case.write_text(json.dumps({"sbp": "S(0)", "placement": [8], "world_size": 4, "shape": [8]}))
-    _fails(capsys, ["slices", str(case)], "case key 'world_size' is 4 but placement (8,) has 8")
+    _fails(capsys, ["slices", str(case)], "--world-size 4 (case key 'world_size') does not match --placement '8'")
     case.write_text(json.dumps({"sbp": "S(0)", "placement": [8], "world_size": 8, "shape": [8]}))
     assert main(["slices", str(case)]) == 0
+
+
+def test_layout_case_names_the_world_size_and_device_matrix_flags(capsys):
+    # It said "case key 'world_size' is 4 but device_matrix (8,) has 8 devices": a key and a field the user of
+    # the flags never wrote.
+    line = _fails(capsys, ["slices", "--world-size", "4", "--device-matrix", "8", "--alias", "a", "--tensor-map",
+                           "a", "--shape", "8"],
+                  "--world-size 4 (case key 'world_size') does not match --device-matrix '8' (case key "
+                  "'device_matrix'), which has 8 devices; expected 8 (or leave --world-size out)")
+    assert "device_matrix (8,)" not in line
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--alias", "", "--tensor-map", "a,b"], "--alias '' (case key 'alias_name') gives 0 names for the 2 axes of "
+                                             "--device-matrix '2,2'; expected one name per axis, such as a,b"),
+    (["--alias", "a", "--placements", "S(0),R"], "--alias 'a' (case key 'alias_name') gives 1 name for the 2 axes"),
+    (["--alias", "a", "--partition-spec", "a,None"], "--alias 'a' (case key 'alias_name') gives 1 name"),
+    (["--alias", "a,a", "--tensor-map", "a,None"], "--alias 'a,a' (case key 'alias_name') names axis 'a' twice; "
+                                                   "expected one distinct name per axis of --device-matrix '2,2'"),
+    (["--alias", "a,None", "--tensor-map", "a,None"], "names an axis 'None', which a tensor map reads as a dim"),
+])
+def test_convert_names_the_alias_flag_and_what_it_expects(capsys, argv, needle):
+    # `convert --alias ""` said "alias_name () has 0 names but device_matrix (2, 2) has 2 axes" (the Layout's
+    # fields), the DTensor and JAX forms "mesh_axis_names ('a',) must give one name per mesh axis".
+    line = _fails(capsys, ["convert", "--device-matrix", "2,2", "--shape", "4,4", *argv], needle)
+    assert "alias_name (" not in line and "device_matrix (" not in line and "mesh_axis_names" not in line
 
 
 def test_strategy_of_the_wrong_length_names_the_strategy(capsys):

@@ -88,6 +88,10 @@ def test_the_deadlocking_file_is_refused_with_one_message_and_exit_2(tmp_path):
     (["--schedule", "interleaved", "--stages", "2", "--microbatches", "2", "--virtual-stages", "1"],
      "--virtual-stages 1 gives one chunk per stage; the interleaved schedule needs at least 2 (one chunk per "
      "stage is --schedule 1f1b)"),
+    # It drew one stage running both chunks, a schedule training refuses (chunk k on stage k mod pp).
+    (["--schedule", "interleaved", "--stages", "1", "--microbatches", "4"],
+     "--stages 1 gives the interleaved schedule one stage; it puts chunk k on stage k mod p, so it needs --stages 2 "
+     "or more, as training does (one stage is --schedule 1f1b)"),
     (["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--virtual-stages", "2"],
      "--virtual-stages 2 is for --schedule interleaved (or --file); --schedule gpipe holds one chunk per stage"),
     (["--stages", "1024", "--microbatches", "1024"],

@@ -47,8 +47,10 @@ def test_calibrate_is_registered_and_imports_no_mpi():
 
 
 def test_calibrate_on_one_process_is_one_error_line():
-    """Outside MPI (one process) the refusal lacked the "error:" every other refusal has."""
+    """Outside MPI (one process): one line as every other refusal's, "spmdsim: error: ..." (folded at 100 columns),
+    naming the count it got and what it needs."""
     done = subprocess.run([sys.executable, "-m", "spmdsim", "calibrate"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == "", done
-    assert done.stderr == ("spmdsim calibrate: error: run it under MPI with at least 2 ranks, e.g. timeout -k 5 300 "
-                           "mpiexec -n 8 spmdsim calibrate\n"), done.stderr
+    assert done.stderr == ("spmdsim: error: calibrate needs at least 2 ranks (it times collectives between them), "
+                           "got 1: run it\n  under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate\n"), \
+        done.stderr

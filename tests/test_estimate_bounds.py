@@ -10,7 +10,7 @@ from spmdsim.estimate.bounds import Cells
 from spmdsim.estimate.machine import load_machine
 from spmdsim.estimate.search import comm_bounds, configurations, lower_bounds, price, search, stage_elements
 from spmdsim.gpt import GPTConfig
-from spmdsim.pipeline.schedule import Compute, build, in_flight, in_flight_by_stage
+from spmdsim.pipeline.schedule import Compute, build, in_flight_by_stage, most_in_flight
 
 A100 = load_machine("a100-dgx")
 SMALL = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)
@@ -31,7 +31,7 @@ def test_in_flight_is_the_most_a_built_schedule_holds_and_each_stage_holds_its_o
                             held += 1 if action.kind == "F" else -1
                             most = max(most, held)
                     stages.append(most)
-                assert in_flight(name, p, m, v) == max(stages), (p, m, v)
+                assert most_in_flight(name, p, m, v) == max(stages), (p, m, v)
                 assert in_flight_by_stage(name, p, m, v) == tuple(stages), (p, m, v)
 
 

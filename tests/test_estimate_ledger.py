@@ -436,3 +436,26 @@ def _gib(n: int) -> str:
     from spmdsim.cli.estimate import _gib as shown
 
     return shown(n)
+
+
+def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_arguments(capsys):
+    """`--json` wrote vars(args): argparse's and main()'s own attributes (func, _usage_parser, json) and any added
+    later went into "config". Now its fields are named: the keys and values it had, less those three."""
+    from spmdsim.cli import estimate
+    from spmdsim.cli.main import build_parser
+
+    args = build_parser(("estimate",)).parse_args(["estimate", "gpt", "--json", "--layers", "1", "--hidden", "16",
+                                                   "--heads", "2", "--seq", "8", "--vocab", "16", "--global-batch",
+                                                   "2", "--pad-vocab-to", "32"])
+    args.a_later_attribute = object()  # not JSON: vars(args) put it in (as str, by json's default=str)
+    assert estimate.run(args) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config == {"command": "estimate", "network": "gpt", "layers": 1, "hidden": 16, "heads": 2, "seq": 8,
+                      "vocab": 16, "micro_batch": 1, "global_batch": 2, "tp": 1, "pp": 1, "dp": 1,
+                      "virtual_stages": 1, "pad_vocab_to": 32, "schedule": None, "sp": False, "recompute": "none",
+                      "zero": 0, "kept": "graph", "experts": 0, "ep": 1, "top_k": 2, "moe_every": 2,
+                      "capacity_factor": 1.0, "dropless": False, "routing": "balanced", "precision": "bf16-mixed",
+                      "machine": "a100-dgx"}
+    # every option of the command is a field (a new one must be named in CONFIG_FIELDS), --json aside
+    dests = {a.dest for a in build_parser(("estimate",))._subparsers._group_actions[0].choices["estimate"]._actions}
+    assert dests - {"help", "json"} == set(estimate.CONFIG_FIELDS)

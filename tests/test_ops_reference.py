@@ -62,6 +62,27 @@ def test_activations():
     np.testing.assert_allclose(ref.gelu(np.array([1, -1])), [0.84119199, -0.15880801], rtol=1e-7)
 
 
+@pytest.mark.parametrize("x", [np.array(0.5), np.float64(0.5), np.array(0.5, np.float32), 0.5, np.array(1)])
+def test_gelu_references_take_0d_as_numpy_does(x):
+    """They raised numpy's "return arrays must be of ArrayType": a 0-d operand's ufunc result is a scalar, which
+    takes no out=. Now a 0-d array of the 1-element answer, in place into a 0-d `out` as well."""
+    one = np.reshape(x, 1)
+    want_dtype = np.float32 if np.asarray(x).dtype == np.float32 else np.float64
+    got = ref.gelu(x)
+    assert isinstance(got, np.ndarray) and got.shape == () and got.dtype == want_dtype
+    assert got == ref.gelu(one)[0]
+    x64 = np.asarray(x, np.float64)
+    t = ref.gelu_tanh(x64)
+    assert t.shape == () and t == ref.gelu_tanh(np.reshape(x64, 1))[0]
+    out = np.full((), np.nan)
+    assert ref.gelu_tanh(x64, out) is out and out == t
+    y = ref.gelu_from_tanh(x, t)
+    assert y.shape == () and y.dtype == want_dtype and y == got
+    out = np.full((), np.nan)
+    assert ref.gelu_from_tanh(x64, t, out) is out and out == ref.gelu(x64)
+    assert ref.activation("gelu")(x) == got
+
+
 def test_embedding_reference_and_id_errors():
     table = SeededTensor((40, 6), "float64", seed=1)
     ids = SeededTensor((5, 7), "int64", seed=2, low=0, high=40)

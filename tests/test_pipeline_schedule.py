@@ -86,6 +86,16 @@ def test_measured_bubble_equals_the_papers_formula_exactly(name, v, p, times):
     assert timeline(build(name, p, m, v)).bubble == expected
 
 
+def test_in_flight_names_one_function():
+    """spmdsim.pipeline.schedule.in_flight (the most pairs, an int from the sizes) and spmdsim.pipeline.in_flight
+    (per stage, a tuple from a built schedule) shared a name: the first is most_in_flight now."""
+    from spmdsim.pipeline import schedule as schedule_module
+
+    assert getattr(schedule_module, "in_flight", in_flight) is in_flight
+    assert "in_flight" not in schedule_module.__all__
+    assert schedule_module.most_in_flight("interleaved", 4, 8, 2) == max(in_flight(interleaved(4, 8, 2))) == 11
+
+
 def test_in_flight_counts():
     for p in range(1, 9):
         for m in range(1, 4 * p + 1):

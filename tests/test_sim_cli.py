@@ -24,6 +24,18 @@ def test_demo_on_simulated_ranks_says_so_and_passes(capsys):
     assert lines[-1] == "2 passed, 0 failed, 0 skipped"
 
 
+@pytest.mark.parametrize("ranks", ["1024", "2048"])
+def test_a_dry_demo_says_when_too_few_scenarios_ran_at_any_rank_count(capsys, ranks):
+    """At 1024 ranks a dry demo said that fewer than half its scenarios ran, at 2048 (to 32768) nothing: a dry
+    run's check past 1365 ranks came back failed (its verdict table is too large for the dry communicator to fill;
+    nothing is compared in a dry run), and the demo stopped at "a scenario failed" before its word on coverage,
+    the exit code a dry run does not pass on. A dry run's verdicts say nothing: the coverage line comes alike."""
+    assert main(["demo", "--ranks", ranks, "--dry-run", "--only", "matmul_2x1_1x4", "linear_row", "mlp"]) == 0
+    err = unfold(capsys.readouterr().err)
+    assert err == (f"spmdsim demo: fewer than half the scenarios ran (1 of 3 ran on {ranks} ranks); 8 run them all "
+                   "(mpiexec -n 8, or --ranks 8)\n")
+
+
 def test_run_and_redistribute_on_simulated_ranks(capsys):
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "8"]) == 0
     out = capsys.readouterr().out

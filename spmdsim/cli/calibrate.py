@@ -208,13 +208,18 @@ def _real_bytes(nbytes: int, g: int, item: int = 4) -> int:
     return max(g, nbytes // item // g * g) * item
 
 
+def _group_size_list(text: str) -> list[int]:
+    """--group-sizes as integers, before the world size is known (`_group_sizes` checks them against it)."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SpmdsimError(f"--group-sizes {text!r} must be comma-separated integers "
+                           "such as 2,4") from None
+
+
 def _group_sizes(text: str | None, world: int) -> list[int]:
     if text:
-        try:
-            sizes = [int(v) for v in text.split(",")]
-        except ValueError:
-            raise SpmdsimError(f"--group-sizes {text!r} must be comma-separated integers "
-                               "such as 2,4") from None
+        sizes = _group_size_list(text)
     else:
         sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world and world % g == 0] + [world]
     for g in sizes:
@@ -277,16 +282,30 @@ def _output_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Every check of the command line that needs no communicator: before MPI starts, on every rank alike (so a
+    bad flag is the one line, under mpiexec or not; _calibrate checks the group sizes against the world)."""
+    _check_counts(args)
+    try:
+        for op in args.ops.split(","):
+            normalize_op(op)
+    except SpmdsimError as exc:
+        raise SpmdsimError(f"--ops {args.ops!r}: {exc}") from None
+    _sizes(args.sizes)
+    if args.group_sizes:
+        _group_size_list(args.group_sizes)
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     from mpi4py import MPI
 
     from .run import guarded
 
     comm = MPI.COMM_WORLD
-    if comm.Get_size() < 2:
-        print("spmdsim calibrate: error: run it under MPI with at least 2 ranks, e.g. "
-              "timeout -k 5 300 mpiexec -n 8 spmdsim calibrate", file=sys.stderr)
-        return 2
+    if comm.Get_size() < 2:  # every process of the job alike, before any collective: main() says it once
+        raise SpmdsimError(f"calibrate needs at least 2 ranks (it times collectives between them), got "
+                           f"{comm.Get_size()}: run it under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate")
     # Guarded: an error on some ranks only (a file rank 0 cannot write) ends the
     # job instead of leaving the others in a collective.
     return guarded(lambda: _calibrate(args, comm), comm)

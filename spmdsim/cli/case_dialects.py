@@ -11,8 +11,8 @@ from typing import Mapping
 from ..errors import DialectError, SpmdsimError
 from ..layout import TensorLayout
 from ..validate import counted
-from .cases import (_SBP_KEYS, Case, _device_count_checked, _name_list, _require, check_device_count,
-                    default_names, multi_axis_hint, parse_tensor_map)
+from .cases import (_SBP_KEYS, Case, _flag_text, _device_count_checked, _require, check_device_count, default_names,
+                    mesh_names, multi_axis_hint, parse_tensor_map, world_size_mismatch)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
@@ -80,10 +80,7 @@ def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) ->
     sbp = parse_sbp(data["sbp"])
     placement = _device_count_checked(data, "placement")
     if "world_size" in data and _world_size(data) != math.prod(placement):
-        raise SpmdsimError(
-            f"case key 'world_size' is {data['world_size']!r} but placement {placement!r} "
-            f"has {math.prod(placement)} devices"
-        )
+        raise SpmdsimError(world_size_mismatch(data["world_size"], "placement", placement))
     tl = _with_partial(sbp_to_layout(sbp, placement, len(shape)), partial)
     return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
 
@@ -91,7 +88,7 @@ def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) ->
 def _world_size(data: Mapping) -> int:
     world = data["world_size"]
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise SpmdsimError(f"case key 'world_size' must be a positive integer, got {world!r}")
+        raise SpmdsimError(f"{_flag_text('world_size', world)} must be a positive number of ranks, such as 8")
     return world
 
 
@@ -101,7 +98,7 @@ def dtensor_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]
 
     _require(data, ("placements", "device_matrix"), "PyTorch DTensor")
     mesh = _device_count_checked(data, "device_matrix")
-    names = _name_list(data, "alias_name") if "alias_name" in data else None
+    names = mesh_names(data, mesh) if "alias_name" in data else None
     tl = placements_to_layout(data["placements"], mesh, len(shape), names)
     return Case(_with_partial(tl, partial), shape, "dtensor")
 
@@ -115,7 +112,7 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
     spec = data["partition_spec"]
     if isinstance(spec, str):
         spec = parse_tensor_map(spec, "partition spec")  # the same text form: ('x', None), x,None, ((sp,dp),None)
-    names = (_name_list(data, "alias_name") if "alias_name" in data else
+    names = (mesh_names(data, mesh) if "alias_name" in data else
              default_names(len(mesh), spec if isinstance(spec, (list, tuple)) else (), partial, "JAX PartitionSpec"))
     try:
         tl = partition_spec_to_layout(spec, mesh, len(shape), names)

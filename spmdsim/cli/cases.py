@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from ..dialects._common import split_top_level
-from ..validate import loads_json
+from ..validate import counted, loads_json
 from ..errors import ShapeError, SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..slicing import CUTS
@@ -46,6 +46,8 @@ __all__ = [
     "check_device_count",
     "multi_axis_hint",
     "default_names",
+    "mesh_names",
+    "world_size_mismatch",
     "MAX_DEVICES",
 ]
 
@@ -127,6 +129,39 @@ def _device_count_checked(data: Mapping, key: str) -> tuple[int, ...]:
     return matrix
 
 
+def _flag_text(key: str, value: Any) -> str:
+    """A case value in messages as the flag that gives it, with its key: ``--alias 'a' (case key 'alias_name')``
+    (a user of the flags never typed the key, a user of a case file never typed the flag)."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    return f"{_FLAG_OF.get(key, key)} {value!r} (case key {key!r})"
+
+
+def _axes_text(count: int) -> str:
+    return "1 axis" if count == 1 else f"{count} axes"
+
+
+def mesh_names(data: Mapping, matrix: Sequence[int]) -> tuple[str, ...]:
+    """The case's "alias_name" (``--alias``) for the mesh `matrix`: one distinct name per axis, each refused
+    naming the flag and the key (the Layout's own message names its fields, alias_name and device_matrix)."""
+    names = _name_list(data, "alias_name")
+    mesh = f"--device-matrix {','.join(map(str, matrix))!r}"
+    if len(names) != len(matrix):
+        example = ",".join(default_axis_names(len(matrix)) if len(matrix) > 26 else
+                           "abcdefghijklmnopqrstuvwxyz"[:len(matrix)])
+        raise SpmdsimError(f"{_flag_text('alias_name', names)} gives {counted(len(names), 'name')} for the "
+                           f"{_axes_text(len(matrix))} of {mesh}; expected one name per axis, such as {example}")
+    for name in names:
+        if not name or name in ("None", "none", "null"):
+            raise SpmdsimError(f"{_flag_text('alias_name', names)} names an axis {name!r}, which a tensor map "
+                               "reads as a dim not split; expected other names")
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated is not None:
+        raise SpmdsimError(f"{_flag_text('alias_name', names)} names axis {repeated!r} twice; expected one "
+                           f"distinct name per axis of {mesh}")
+    return names
+
+
 def _name_list(data: Mapping, key: str) -> tuple[str, ...]:
     value = data[key]
     if isinstance(value, str):
@@ -183,7 +218,8 @@ def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
 # The flag that gives each case key, for messages: a user of the flags never typed the key.
 _FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
             "shape": "--shape", "placement": "--placement", "placements": "--placements",
-            "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy"}
+            "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy",
+            "world_size": "--world-size"}
 
 
 def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], form: str) -> tuple[str, ...]:
@@ -196,6 +232,13 @@ def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], fo
         raise SpmdsimError(f"--alias is missing (case key 'alias_name'), needed by the {form} form: axis "
                            f"{unknown[0]!r} is none of the default names {', '.join(names)}")
     return names
+
+
+def world_size_mismatch(world: Any, key: str, matrix: Sequence[int]) -> str:
+    """Why ``--world-size`` (case key "world_size") does not go with the mesh under `key`: the flags and keys."""
+    devices = math.prod(matrix)
+    return (f"{_flag_text('world_size', world)} does not match {_flag_text(key, matrix)}, which has "
+            f"{devices} devices; expected {devices} (or leave --world-size out)")
 
 
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
@@ -234,16 +277,13 @@ def case_from_dict(data: Any) -> Case:
     if form == "layout":
         _require(data, ("device_matrix", "tensor_map"), "layout")
         matrix, entries = _device_count_checked(data, "device_matrix"), _tensor_map(data)
-        names = (_name_list(data, "alias_name") if "alias_name" in data
+        names = (mesh_names(data, matrix) if "alias_name" in data
                  else default_names(len(matrix), entries, partial, "layout"))
         layout = Layout(matrix, names, cut or "even")
         tl = layout(*entries, partial=partial)
         world = data.get("world_size", layout.num_devices)
         if world != layout.num_devices:
-            raise SpmdsimError(
-                f"case key 'world_size' is {world!r} but device_matrix "
-                f"{layout.device_matrix!r} has {layout.num_devices} devices"
-            )
+            raise SpmdsimError(world_size_mismatch(world, "device_matrix", matrix))
         case = Case(tl, shape, "layout")
     else:
         from . import case_dialects

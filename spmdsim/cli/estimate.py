@@ -20,7 +20,7 @@ from ..memory import format_size
 from ..validate import counted
 from ..viz.table import wrap_lines
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 
 GIB = 1024 ** 3
 
@@ -70,6 +70,18 @@ def register(subparsers: Any) -> None:
 #: The MoE layers' options and their defaults, set in `_config`: None from the parser says the user gave none,
 #: so that a dense GPT (no --experts) refuses only what was given (it uses none of them).
 MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "balanced"}
+
+
+#: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
+#: defaults): named here, so that an attribute argparse or main() adds (func, _usage_parser, ...) stays out.
+CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
+                 "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
+                 "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine")
+
+
+def config_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The "config" of `--json`: the command and its options as given (the MoE ones with their defaults)."""
+    return {"command": "estimate", **{name: getattr(args, name) for name in CONFIG_FIELDS}}
 
 
 def _config(args: argparse.Namespace) -> tuple[Any, int]:
@@ -148,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]
     rows = [(stages[s], memories[s], times[s]) for s in shown]
     if args.json:
-        print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
+        print(json.dumps({"config": config_record(args),
                           "microbatches": microbatches, "dry_run_s": seconds,
                           "memory_bytes_per_gpu": machine.memory_bytes,
                           "fits": peak_bytes(memories) <= machine.memory_bytes,

@@ -69,6 +69,10 @@ def _sizes(args: argparse.Namespace) -> tuple[int, int, int]:
         raise SpmdsimError(f"--stages {args.stages} x --microbatches {args.microbatches} x "
                            f"--virtual-stages {virtual} = {pairs:,} (microbatch, chunk) pairs is too many "
                            f"to draw; expected at most {MAX_PAIRS:,}")
+    if interleaved and args.stages < 2:  # as training refuses it (spmdsim.gpt.pipeline.pipeline_layout_problem)
+        raise SpmdsimError(f"--stages {args.stages!r} gives the interleaved schedule one stage; it puts chunk k on "
+                           f"stage k mod p, so it needs --stages 2 or more, as training does (one stage is "
+                           f"--schedule 1f1b)")
     if interleaved and virtual < 2:
         raise SpmdsimError(f"--virtual-stages {virtual!r} gives one chunk per stage; the interleaved "
                            f"schedule needs at least 2 (one chunk per stage is --schedule 1f1b)")

@@ -27,7 +27,7 @@ from typing import Iterator, Optional, Union
 
 from ..errors import PipelineError
 
-__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "in_flight", "MAX_PAIRS",
+__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "most_in_flight", "MAX_PAIRS",
            "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes", "schedule_problem"]
 
 #: The schedules `build` knows, by name.
@@ -348,15 +348,17 @@ def _warmup(name: str, stages: int, microbatches: int, virtual: int, stage: int)
     return total
 
 
-def in_flight(name: str, stages: int, microbatches: int, virtual: int = 1) -> int:
+def most_in_flight(name: str, stages: int, microbatches: int, virtual: int = 1) -> int:
     """The most (microbatch, chunk) pairs any stage holds at once (forwards run, their backwards not yet)
-    under schedule `name`: its warmup forwards and the steady phase's next forward (stage 0's, the most)."""
+    under schedule `name`: its warmup forwards and the steady phase's next forward (stage 0's, the most).
+    From the sizes, without building the schedule; spmdsim.pipeline.in_flight counts them per stage in a
+    built one (this was also called in_flight, a name two functions with different answers shared)."""
     return _held(name, stages, microbatches, virtual, 0)
 
 
 def in_flight_by_stage(name: str, stages: int, microbatches: int, virtual: int = 1) -> tuple[int, ...]:
-    """Per stage, the most (microbatch, chunk) pairs it holds at once under schedule `name` (`in_flight`'s
-    count for every stage; spmdsim.pipeline.timeline.in_flight counts them in a built schedule)."""
+    """Per stage, the most (microbatch, chunk) pairs it holds at once under schedule `name` (`most_in_flight`'s
+    count for every stage; spmdsim.pipeline.in_flight counts them in a built schedule)."""
     return tuple(_held(name, stages, microbatches, virtual, stage) for stage in range(stages))
 
 
