@@ -223,17 +223,37 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     Idup_with_info = Idup
 
     def Create(self, group: SimGroup) -> "SimComm":
-        """Members of `group` (a subset of this communicator's) form a new one, in the group's order."""
+        """Members of `group` (a subset of this communicator's) form a new one, in the group's order. As in MPI
+        since 2.2, ranks may pass disjoint groups: each group is a communicator of its own (one Split, colored
+        by the group's first world rank); a rank outside the group it passes gets MPI.COMM_NULL."""
         self._live_handle()
-        members = list(_sim_group(group)._live()._members)
+        members = tuple(_sim_group(group)._live()._members)
+        self._subset("Create", members)
         mine = self.world_rank
-        return self.Split(0 if mine in members else special("UNDEFINED"),
-                          members.index(mine) if mine in members else 0)
+        new = self.Split(min(members) if mine in members else special("UNDEFINED"),
+                         members.index(mine) if mine in members else 0)
+        if isinstance(new, SimComm) and new._group.members != members:
+            text = (f"Create: rank {mine} passed the group of world ranks {list(members)}, which overlaps a group "
+                    f"another rank passed and differs from it (together they make {list(new._group.members)}): "
+                    f"MPI_Comm_create takes the same group on every member, or disjoint groups")
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_GROUP, text) if mpi is not None else SimulationError(text)
+        return new
+
+    def _subset(self, call: str, members: tuple) -> None:
+        """MPI's error (MPI.ERR_GROUP) for a group with ranks outside this communicator."""
+        outside = sorted(set(members) - set(self._group.members))
+        if outside:
+            text = (f"{call}: the group holds world ranks {outside}, which are not in this communicator "
+                    f"({self._group.label()}): a new communicator's group is a subset of its parent's")
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_GROUP, text) if mpi is not None else SimulationError(text)
 
     def Create_group(self, group: SimGroup, tag: int = 0) -> "SimComm":
         """Like Create, but called by the members of `group` only (MPI_Comm_create_group)."""
         self._live_handle()
         members = tuple(_sim_group(group)._live()._members)
+        self._subset("Create_group", members)
         mine = self.world_rank
         if mine not in members:
             return comm_null()
