@@ -157,6 +157,26 @@ def test_create_with_disjoint_groups_makes_one_communicator_a_group():
                                     for r in range(4)]
 
 
+def test_create_from_group():
+    """MPI 4.0's Intracomm.Create_from_group (a class method, called by the group's members alone) was an
+    AttributeError on simulated ranks; MPICH makes the communicator in the group's order."""
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        r = comm.rank
+        c = MPI.Intracomm.Create_from_group(comm.Get_group().Incl([2, 0, 1]))
+        out = [c.rank, c.allgather(r)]
+        if r < 2:
+            d = MPI.Intracomm.Create_from_group(comm.Get_group().Incl([1, 0]), stringtag="pair")
+            out += [d.rank, d.allgather(r)]
+        return out
+
+    with swapped():
+        got = simulate(3, body)
+    assert got == [[1, [2, 0, 1], 1, [1, 0]], [2, [2, 0, 1], 0, [1, 0]], [0, [2, 0, 1]]]
+
+
 def test_unmodified_script_sees_its_own_world():
     """Outside simulated ranks mpi4py is untouched; inside, MPI.COMM_WORLD is the rank's."""
     from mpi4py import MPI

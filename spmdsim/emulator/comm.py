@@ -251,14 +251,33 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Create_group(self, group: SimGroup, tag: int = 0) -> "SimComm":
         """Like Create, but called by the members of `group` only (MPI_Comm_create_group)."""
+        return self._create_group("Create_group", group, int(tag))
+
+    @classmethod
+    def Create_from_group(cls, group: SimGroup, stringtag: str = "org.mpi4py", info: Any = None,
+                          errhandler: Any = None) -> "SimComm":
+        """MPI 4.0's MPI_Comm_create_from_group: the members of `group` (world ranks) make a communicator,
+        called by them alone, as Create_group on the world; `stringtag` keeps concurrent calls apart."""
+        state = _local.simulated()
+        if state is None:
+            raise SimulationError("Intracomm.Create_from_group: not on a simulated rank")
+        new = world_of(state)._create_group("Create_from_group", group, ("stringtag", str(stringtag)))
+        if new and errhandler is not None:
+            new.Set_errhandler(errhandler)
+        if new and info is not None:
+            new.Set_info(info)
+        return new
+
+    def _create_group(self, call: str, group: SimGroup, tag: Any) -> "SimComm":
+        """Create_group's body (`call`: the program's call; `tag`: what keeps concurrent calls apart)."""
         self._live_handle()
         members = tuple(_sim_group(group)._live()._members)
-        self._subset("Create_group", members)
+        self._subset(call, members)
         mine = self.world_rank
         if mine not in members:
             return comm_null()
         world = self._group.world
-        key = (members, int(tag))
+        key = (members, tag)
         n = self._h.creates.get(key, 0)
         self._h.creates[key] = n + 1
         with world.lock:  # the first member to come makes the shared group; the last forgets it
