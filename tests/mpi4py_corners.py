@@ -113,6 +113,47 @@ def fewer_statuses():
     return [[b[0] for b in bufs], status.Get_tag(), status.Get_source(), len(grown)]
 
 
+def failed_requests():
+    """A truncated receive among requests: Waitall (with a status list shorter than the requests, and without
+    statuses), Testall and Waitsome raise MPI.ERR_IN_STATUS with each status's error, and leave active what
+    MPICH leaves active; a truncated Recv fills its status and the buffer's first bytes. Each rank sends to the
+    other, 10 doubles where 5 are received (tag 0), then 2 into 4 (tag 1)."""
+    comm = MPI.COMM_WORLD
+    peer = comm.rank ^ 1
+    out = []
+    for call in ("Waitall", "Waitall without statuses", "Testall", "Waitsome"):
+        comm.Send(np.arange(10.0), peer, 0)  # small: both sends complete before the receives are posted
+        comm.Send(np.arange(2.0), peer, 1)
+        a, b = np.zeros(5), np.zeros(4)
+        reqs = [comm.Irecv(a, peer, 0), comm.Irecv(b, peer, 1)]
+        statuses = None if call == "Waitall without statuses" else [MPI.Status()]  # one: the list grows
+        try:
+            if call.startswith("Waitall"):
+                MPI.Request.Waitall(reqs, statuses)
+            elif call == "Testall":
+                while not MPI.Request.Testall(reqs, statuses):
+                    pass
+            else:
+                MPI.Request.Waitsome(reqs[:1], statuses)
+            raised = "nothing"
+        except MPI.Exception as exc:
+            raised = MPI.Get_error_string(exc.Get_error_class()).split(",")[0]
+        seen = [[MPI.Get_error_class(s.Get_error()), s.Get_source(), s.Get_tag(), s.Get_count(MPI.DOUBLE)]
+                for s in statuses or ()]
+        out.append([call, raised, seen, [bool(r) for r in reqs]])
+        for r in reqs:  # what is left: a failed request left active raises its error again
+            try:
+                r.Wait()
+            except MPI.Exception as exc:
+                out.append(exc.Get_error_class() == MPI.ERR_TRUNCATE)
+        out.append([a.tolist(), b.tolist()])
+    comm.Send(np.arange(10.0), peer, 2)
+    a, status = np.zeros(5), MPI.Status()
+    out.append(_raises(lambda: comm.Recv(a, peer, 2, status)))
+    return out + [[status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE), status.Get_error()],
+                  a.tolist()]
+
+
 def refused_buffers():
     comm = MPI.COMM_WORLD
     a = np.arange(12.0).reshape(3, 4)
@@ -353,7 +394,7 @@ def _start_wait_free(request) -> None:
 
 
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
-       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
+       fewer_statuses, failed_requests, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
        cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released)
 
 

@@ -749,30 +749,39 @@ def test_irecv_without_a_buffer_takes_mpi4pys_32_kib(capsys):
     # mpi4py's irecv() receives into a buffer of mpi4py.rc.irecv_bufsz bytes (32 KiB) of its own: a longer pickle
     # is MPI's "Message truncated" when the request completes (MPICH 5: 32800 bytes of b"x" fails, 32700 passes),
     # where the emulator received any size. recv and sendrecv (which probe first) and an irecv given a buffer large
-    # enough take it.
+    # enough take it. A truncation names what irecv was given (an irecv given a buffer or a size said "given none"),
+    # and the bytes land in a buffer given, those that fit when truncated, as MPICH writes them (the buffer was left
+    # as it was; a read-only one is mpi4py's BufferError, where it was taken).
     code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
         if comm.rank == 0:
-            for n in (32700, 32800, 40000, 40000, 40000):
+            for n in (32700, 32800, 40000, 40000, 40000, 40000):
                 comm.send(b"x" * n, dest=1)
         elif comm.rank == 1:
+            buf = bytearray(40000)
             for recv in (lambda: comm.irecv(source=0).wait(), lambda: comm.irecv(source=0).wait(),
                          lambda: comm.irecv(bytearray(50000), source=0).wait(), lambda: comm.recv(source=0),
-                         lambda: comm.irecv(bytearray(40000), source=0).wait()):
+                         lambda: comm.irecv(buf, source=0).wait(), lambda: comm.irecv(100, source=0).wait(),
+                         lambda: comm.irecv(bytes(50000), source=0)):
                 try:
                     print(len(recv()))
                 except MPI.Exception as e:
                     print(e.Get_error_class() == MPI.ERR_TRUNCATE, str(e).split(": ", 1)[1])
+                except BufferError as e:
+                    print("BufferError", e)
+            print(buf[:2], buf.count(b"x"))
         """))
     assert (code, err) == (0, "")
     assert out.splitlines() == [
         "32700", "True rank 0 sends 32818 bytes (tag 0) but rank 1 receives into a buffer of 32768 (irecv's; given "
         "none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, "
         "which takes any size)", "40000", "40000",
-        "True rank 0 sends 40018 bytes (tag 0) but rank 1 receives into a buffer of 40000 (irecv's; given none, "
-        "mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer large enough, or receive with recv, which "
-        "takes any size)"]
+        "True rank 0 sends 40018 bytes (tag 0) but rank 1 receives into a buffer of 40000 (the buffer given to irecv: "
+        "give it one large enough, or receive with recv, which takes any size)",
+        "True rank 0 sends 40018 bytes (tag 0) but rank 1 receives into a buffer of 100 (irecv's of the 100 bytes "
+        "asked for: ask for enough, or receive with recv, which takes any size)",
+        "BufferError Object is not writable.", "bytearray(b'\\x80\\x05') 39984"]
 
 
 def test_irecv_takes_an_integer_as_its_buffers_size(capsys):

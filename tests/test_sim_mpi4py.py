@@ -117,6 +117,66 @@ def test_request_api_on_simulated_requests():
     assert result == [False, [], (MPI.UNDEFINED, False), True, [False, False], True, None]
 
 
+def test_create_with_disjoint_groups_makes_one_communicator_a_group():
+    """MPI_Comm_create takes disjoint groups (MPI 2.2): ranks 0,1 pass [1, 0] and ranks 2,3 pass [3, 2], and MPICH
+    gives two communicators of 2 in those orders, where the emulator made one of all 4 ([1, 3, 0, 2]). A group
+    with a rank outside the parent (in Create_group too), or groups that overlap and differ, are refused in one
+    line."""
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        r = comm.rank
+        world = comm.Get_group()
+        new = comm.Create(world.Incl([1, 0] if r < 2 else [3, 2]))
+        out = [new.rank, new.allgather(r)]
+        half = comm.Split(r // 2, r)  # ranks 0,1 and 2,3
+        for parent, bad in ((half, world),  # ranks outside each half
+                            (comm, world.Incl([2, 3] if r > 1 else [0, 1] if r == 0 else [1, 0]))):  # 0,1 differ
+            try:
+                parent.Create(bad)
+            except MPI.Exception as exc:
+                out.append((exc.Get_error_class() == MPI.ERR_GROUP, str(exc).split(": ", 1)[1]))
+        try:
+            half.Create_group(world)
+        except MPI.Exception as exc:
+            out.append(str(exc).split(": ", 1)[1].split(", which")[0])
+        return out
+
+    with swapped():
+        got = simulate(4, body)
+    assert [g[:2] for g in got] == [[1, [1, 0]], [0, [1, 0]], [1, [3, 2]], [0, [3, 2]]]
+    assert [g[2] for g in got] == [(True, f"Create: the group holds world ranks {[2, 3] if r < 2 else [0, 1]}, which "
+                                          f"are not in this communicator (the group of ranks {'0,1' if r < 2 else '2,3'}"
+                                          f"): a new communicator's group is a subset of its parent's") for r in range(4)]
+    assert [g[3:-1] for g in got] == [[], [(True, "Create: rank 1 passed the group of world ranks [1, 0], which "
+                                                  "overlaps a group another rank passed and differs from it (together "
+                                                  "they make [0, 1]): MPI_Comm_create takes the same group on every "
+                                                  "member, or disjoint groups")], [], []]
+    assert [g[-1] for g in got] == [f"Create_group: the group holds world ranks {[2, 3] if r < 2 else [0, 1]}"
+                                    for r in range(4)]
+
+
+def test_create_from_group():
+    """MPI 4.0's Intracomm.Create_from_group (a class method, called by the group's members alone) was an
+    AttributeError on simulated ranks; MPICH makes the communicator in the group's order."""
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        r = comm.rank
+        c = MPI.Intracomm.Create_from_group(comm.Get_group().Incl([2, 0, 1]))
+        out = [c.rank, c.allgather(r)]
+        if r < 2:
+            d = MPI.Intracomm.Create_from_group(comm.Get_group().Incl([1, 0]), stringtag="pair")
+            out += [d.rank, d.allgather(r)]
+        return out
+
+    with swapped():
+        got = simulate(3, body)
+    assert got == [[1, [2, 0, 1], 1, [1, 0]], [2, [2, 0, 1], 0, [1, 0]], [0, [2, 0, 1]]]
+
+
 def test_unmodified_script_sees_its_own_world():
     """Outside simulated ranks mpi4py is untouched; inside, MPI.COMM_WORLD is the rank's."""
     from mpi4py import MPI

@@ -50,6 +50,26 @@ def test_request_copies(simulated2):
                                          False, True, False]
 
 
+def test_failed_requests_raise_err_in_status(simulated2):
+    # A truncated receive among requests: Waitall, Testall and Waitsome raised the receive's own MPI.ERR_TRUNCATE
+    # with every status's error 0 and empty, where MPICH (and MPI) raise MPI.ERR_IN_STATUS and write each status:
+    # the failed one's source, tag, count and error, MPI.ERR_PENDING for one left active. MPICH's Testall completes
+    # none (a later Wait of the failed one raises again); a truncated receive gets the bytes that fit (it got none).
+    from mpi4py import MPI
+
+    in_status = mpi_says("ERR_IN_STATUS").split(",")[0]
+    got = [[0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 0.0, 0.0]]
+    for r, res in enumerate(simulated2):
+        peer = 1 - r
+        failed, pending = [MPI.ERR_TRUNCATE, peer, 0, 5], [MPI.ERR_PENDING, MPI.ANY_SOURCE, MPI.ANY_TAG, 0]
+        assert res["failed_requests"] == [
+            ["Waitall", in_status, [failed, pending], [False, True]], got,
+            ["Waitall without statuses", in_status, [], [False, False]], got,
+            ["Testall", in_status, [failed, pending], [True, True]], True, got,
+            ["Waitsome", in_status, [failed], [False, True]], got,
+            f"MPI.Exception {mpi_says('ERR_TRUNCATE')}", [peer, 2, 5, 0], got[0]]
+
+
 def test_non_native_byte_order_is_refused(simulated2):
     for res in simulated2:
         assert res["byte_order"] == ["BufferError"] * 3

@@ -223,22 +223,61 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     Idup_with_info = Idup
 
     def Create(self, group: SimGroup) -> "SimComm":
-        """Members of `group` (a subset of this communicator's) form a new one, in the group's order."""
+        """Members of `group` (a subset of this communicator's) form a new one, in the group's order. As in MPI
+        since 2.2, ranks may pass disjoint groups: each group is a communicator of its own (one Split, colored
+        by the group's first world rank); a rank outside the group it passes gets MPI.COMM_NULL."""
         self._live_handle()
-        members = list(_sim_group(group)._live()._members)
+        members = tuple(_sim_group(group)._live()._members)
+        self._subset("Create", members)
         mine = self.world_rank
-        return self.Split(0 if mine in members else special("UNDEFINED"),
-                          members.index(mine) if mine in members else 0)
+        new = self.Split(min(members) if mine in members else special("UNDEFINED"),
+                         members.index(mine) if mine in members else 0)
+        if isinstance(new, SimComm) and new._group.members != members:
+            text = (f"Create: rank {mine} passed the group of world ranks {list(members)}, which overlaps a group "
+                    f"another rank passed and differs from it (together they make {list(new._group.members)}): "
+                    f"MPI_Comm_create takes the same group on every member, or disjoint groups")
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_GROUP, text) if mpi is not None else SimulationError(text)
+        return new
+
+    def _subset(self, call: str, members: tuple) -> None:
+        """MPI's error (MPI.ERR_GROUP) for a group with ranks outside this communicator."""
+        outside = sorted(set(members) - set(self._group.members))
+        if outside:
+            text = (f"{call}: the group holds world ranks {outside}, which are not in this communicator "
+                    f"({self._group.label()}): a new communicator's group is a subset of its parent's")
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_GROUP, text) if mpi is not None else SimulationError(text)
 
     def Create_group(self, group: SimGroup, tag: int = 0) -> "SimComm":
         """Like Create, but called by the members of `group` only (MPI_Comm_create_group)."""
+        return self._create_group("Create_group", group, int(tag))
+
+    @classmethod
+    def Create_from_group(cls, group: SimGroup, stringtag: str = "org.mpi4py", info: Any = None,
+                          errhandler: Any = None) -> "SimComm":
+        """MPI 4.0's MPI_Comm_create_from_group: the members of `group` (world ranks) make a communicator,
+        called by them alone, as Create_group on the world; `stringtag` keeps concurrent calls apart."""
+        state = _local.simulated()
+        if state is None:
+            raise SimulationError("Intracomm.Create_from_group: not on a simulated rank")
+        new = world_of(state)._create_group("Create_from_group", group, ("stringtag", str(stringtag)))
+        if new and errhandler is not None:
+            new.Set_errhandler(errhandler)
+        if new and info is not None:
+            new.Set_info(info)
+        return new
+
+    def _create_group(self, call: str, group: SimGroup, tag: Any) -> "SimComm":
+        """Create_group's body (`call`: the program's call; `tag`: what keeps concurrent calls apart)."""
         self._live_handle()
         members = tuple(_sim_group(group)._live()._members)
+        self._subset(call, members)
         mine = self.world_rank
         if mine not in members:
             return comm_null()
         world = self._group.world
-        key = (members, int(tag))
+        key = (members, tag)
         n = self._h.creates.get(key, 0)
         self._h.creates[key] = n + 1
         with world.lock:  # the first member to come makes the shared group; the last forgets it

@@ -169,17 +169,24 @@ class PointToPoint:
         message is MPI's truncation error when the request completes, as under MPI (recv, which probes the message
         first, takes any size)."""
         source, tag = _any(source, "source"), _any(tag, "tag")
+        given = None
         if buf is None:
             import mpi4py
 
             room = int(getattr(getattr(mpi4py, "rc", None), "irecv_bufsz", 32768))
         elif isinstance(buf, numbers.Integral):  # mpi4py's irecv(100): a buffer of 100 bytes
-            room = int(buf)
+            room = given = int(buf)
             if room < 0:
                 raise ValueError(f"irecv: buffer size {room} is negative (an integer buf is a size in bytes)")
-        else:
-            room = memoryview(buf).nbytes
-        return post_recv(self._group, self._me, source, tag, None, room=room)
+        else:  # the program's buffer, which the message's bytes are written into (as mpi4py's irecv)
+            view = memoryview(buf)
+            if view.readonly:
+                raise BufferError("Object is not writable.")  # mpi4py's words
+            if not view.c_contiguous:
+                raise BufferError("irecv: the buffer is not one contiguous block")
+            given = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+            room = given.nbytes
+        return post_recv(self._group, self._me, source, tag, None, room=room, given=given)
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         self.isend(obj, dest, tag).wait()

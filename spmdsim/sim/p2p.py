@@ -112,11 +112,12 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
 
 
 def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None,
-              room: Optional[int] = None) -> Request:
+              room: Optional[int] = None, given: Any = None) -> Request:
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
     once they arrive (spmdsim.emulator.derived.unpacking). `room`: an object's receive (mpi4py's irecv) takes at
-    most that many bytes (more: MPI's truncation error, when it completes)."""
+    most that many bytes (more: MPI's truncation error, when it completes); `given`: what irecv was given for
+    them (Request.given)."""
     if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
         source = c_int(source, "source")  # as mpi4py converts it (`_any` passes a plain int as it is)
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
@@ -129,7 +130,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
-    recv.unpack, recv.room = unpack, room
+    recv.unpack, recv.room, recv.given = unpack, room, given
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -154,11 +155,19 @@ def _deliver(send: Request, recv: Request) -> None:
     if recv.buf is None:
         if recv.room is not None and n > recv.room:
             recv.error = _truncated(send, recv, n)
+            recv.nbytes = recv.room  # its status counts the bytes that fit, as MPICH's
         else:
             recv.payload = payload.tobytes()
             recv.nbytes = n
+        if isinstance(recv.given, memoryview):  # irecv(buf): the bytes land in the program's buffer (those that fit)
+            fit = min(n, recv.nbytes)
+            recv.given[:fit] = payload[:fit]
     elif n > recv.buf.nbytes:
         recv.error = _truncated(send, recv, n)
+        if recv.unpack is None:  # the bytes that fit are received, and counted, as MPICH receives them
+            into, fit = recv.buf, recv.buf.nbytes
+            (into if into.dtype.char == "B" else into.view(np.uint8))[:fit] = payload[:fit]
+            recv.nbytes = fit
     else:
         into = recv.buf
         (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
@@ -183,8 +192,14 @@ def _truncated(send: Request, recv: Request, n: int) -> BaseException:
     detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
               f"receives into a buffer of {recv.room if recv.buf is None else recv.buf.nbytes}")
     if recv.buf is None:
-        detail += (" (irecv's; given none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer "
-                   "large enough, or receive with recv, which takes any size)")
+        if recv.given is None:
+            detail += (" (irecv's; given none, mpi4py's own of mpi4py.rc.irecv_bufsz bytes: give irecv a buffer "
+                       "large enough")
+        elif isinstance(recv.given, memoryview):
+            detail += " (the buffer given to irecv: give it one large enough"
+        else:
+            detail += f" (irecv's of the {recv.room} bytes asked for: ask for enough"
+        detail += ", or receive with recv, which takes any size)"
     mpi = mpi_module()
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)

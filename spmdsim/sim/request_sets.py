@@ -46,7 +46,22 @@ class ManyRequests:
     def waitall(cls, requests: Sequence[Any], statuses: Any = None) -> list:
         statuses = _statuses(statuses, len(requests))
         _block_all(requests)
-        return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+        if not any(_failed(r) for r in requests):
+            return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+        # MPI_ERR_IN_STATUS, as MPICH's Waitall: with statuses, the requests complete in order up to the first
+        # that failed (its status has its error), the rest stay active (MPI.ERR_PENDING); without, all complete
+        failures = []
+        for i, r in enumerate(requests):
+            status = statuses[i] if statuses else None
+            if failures and statuses is not None:
+                _pending(status)
+                continue
+            try:
+                r._finish(status)
+            except Exception as exc:  # noqa: BLE001 - MPI's error, in the status and ERR_IN_STATUS's text
+                _set_error(status, exc)
+                failures.append((i, exc))
+        raise _in_status("Waitall", failures)
 
     @classmethod
     def Testall(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
@@ -64,7 +79,19 @@ class ManyRequests:
             pending._pause(token=Polled([pending], call))
             return False, None
         statuses = _statuses(statuses, len(requests))
-        return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+        failed = [(i, r) for i, r in enumerate(requests) if _failed(r)]
+        if not failed:
+            return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+        # MPI_ERR_IN_STATUS, as MPICH's Testall: no request completes (a later Wait of a failed one raises its
+        # error); a failed one's status has its fields and error, every other's MPI.ERR_PENDING
+        for i, r in enumerate(requests):
+            status = statuses[i] if statuses else None
+            if _failed(r):
+                r._peek(status)
+                _set_error(status, _failed(r))
+            else:
+                _pending(status)
+        raise _in_status(call, [(i, _failed(r)) for i, r in failed])
 
     @classmethod
     def Waitany(cls, requests: Sequence[Any], status: Any = None) -> int:
@@ -134,8 +161,19 @@ class ManyRequests:
                 requests[active[0]]._pause(token=Polled([requests[i] for i in active], call))
             return [], []
         statuses = _statuses(statuses, len(ready))
-        objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
-        return ready, objs
+        if not any(_failed(requests[i]) for i in ready):
+            objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
+            return ready, objs
+        # MPI_ERR_IN_STATUS: every done request completes, each status with its error (MPI.SUCCESS or MPI's)
+        failures = []
+        for k, i in enumerate(ready):
+            status = statuses[k] if statuses else None
+            try:
+                requests[i]._finish(status)
+            except Exception as exc:  # noqa: BLE001 - MPI's error, in the status and ERR_IN_STATUS's text
+                _set_error(status, exc)
+                failures.append((i, exc))
+        raise _in_status(call or "Waitsome", failures)
 
 
     # -- statuses without completing (MPI 4.1's MPI_Request_get_status_all/any/some) -------------
@@ -230,6 +268,47 @@ class Polled:
 
     def never_completes(self, world: Any) -> bool:
         return all(r.never_completes(world) for r in self.requests)
+
+
+def _failed(request: Any) -> Any:
+    """The MPI error (MPI.Exception) a done, active `request` completes with, else None: what Waitall, Testall,
+    Waitsome and Testsome report as MPI.ERR_IN_STATUS (another error is raised as it is, as before)."""
+    if request.null:
+        return None
+    error = request._received().error
+    mpi = mpi_module()
+    return error if mpi is not None and isinstance(error, mpi.Exception) else None
+
+
+def _set_error(status: Any, error: BaseException) -> None:
+    """Write `error`'s class into `status`'s error field (MPICH's code there has that class)."""
+    if status is not None and hasattr(status, "Set_error"):
+        mpi = mpi_module()
+        status.Set_error(error.Get_error_class() if mpi is not None and isinstance(error, mpi.Exception)
+                         else mpi.ERR_OTHER)
+
+
+def _pending(status: Any) -> None:
+    """The status of a request Waitall or Testall leaves active after another failed: MPI.ERR_PENDING."""
+    if status is not None and hasattr(status, "Set_error"):
+        _empty(status)
+        status.Set_error(mpi_module().ERR_PENDING)
+
+
+def _in_status(call: str, failures: list) -> BaseException:
+    """MPI.Exception MPI.ERR_IN_STATUS for `call`, naming the failed requests (index, error); a non-MPI error
+    (an unpickling one) among them is raised as it is."""
+    from ._buffers import mpi_error
+
+    mpi = mpi_module()
+    first = failures[0][1]
+    if mpi is None or not isinstance(first, mpi.Exception):
+        return first
+    said = "; ".join(f"request {i}: {exc}" for i, exc in failures[:3])
+    more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+    return mpi_error(mpi, mpi.ERR_IN_STATUS, f"{call}: {said}{more} (each status's Get_error() has its request's "
+                                             f"error class; MPI.SUCCESS for one that completed, MPI.ERR_PENDING "
+                                             f"for one still active)")
 
 
 def _statuses(statuses: Any, n: int) -> Any:

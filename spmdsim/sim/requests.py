@@ -28,7 +28,7 @@ class Request(ManyRequests):
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
                  "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
-                 "__weakref__")
+                 "given", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
@@ -48,6 +48,9 @@ class Request(ManyRequests):
         self.mode = "standard"
         self.unpack: Optional[Any] = None  # a receive into a derived datatype: unpack(nbytes) once delivered
         self.room: Optional[int] = None  # an object's receive into a buffer (mpi4py's irecv): the most bytes
+        # what irecv was given: None (mpi4py's own buffer of rc.irecv_bufsz bytes), a size, or the program's
+        # buffer (a byte memoryview over it, which the message's bytes are written into, as mpi4py receives)
+        self.given: Any = None
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
 
@@ -178,6 +181,8 @@ class Request(ManyRequests):
         self.null = True
         recv = self._received()
         if recv.error is not None:
+            if recv.kind == "recv":  # MPICH fills a failed receive's status too (a truncated one: the bytes it took)
+                fill_status(status, recv.source, recv.got_tag, recv.nbytes)
             raise recv.error
         if recv.kind == "recv" or recv.cancelled:
             fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
