@@ -14,7 +14,6 @@ import numpy as np
 
 from .buffers import broadcast_zero, contiguous
 from .context import current
-from .engines import matmul as _product
 from .flops import gemm as _gemm
 
 __all__ = ["contract"]
@@ -115,14 +114,16 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
     if engine.dry:  # shapes only (spmdsim.sim.dry): no operand copied into its matmul shape, no result reordered
         # Read-only zeros in the matmul shapes (the dry engine's product reads their shapes and dtypes alone;
         # reshaping a transposed block would copy it).
-        product = _product(broadcast_zero(r.lhs_shape, lhs.dtype), broadcast_zero(r.rhs_shape, rhs.dtype))
+        # Counted with the operands' own blocks (spmdsim.flops: a parameter's block is one the rank holds).
+        product = engine.matmul(broadcast_zero(r.lhs_shape, lhs.dtype), broadcast_zero(r.rhs_shape, rhs.dtype))
+        _gemm(r.lhs_shape, r.rhs_shape, product.dtype, (lhs, rhs, product))
         shape = r.shape if r.order is None else tuple(r.shape[i] for i in r.order)
         if r.order is None and shape:
             return product.reshape(shape)
         return engine.local(None, broadcast_zero(shape or (1,), product.dtype))  # 0-d: 1-d, as below
     lhs, rhs = lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)
     result = engine.matmul(lhs, rhs)  # spmdsim.engines.matmul's two lines, the engine at hand
-    _gemm(lhs.shape, rhs.shape, result.dtype)
+    _gemm(lhs.shape, rhs.shape, result.dtype, (lhs, rhs, result))
     result = result.reshape(r.shape)
     if r.order is not None:
         result = result.transpose(r.order)

@@ -21,12 +21,20 @@ dry runs alike (the blocks' shapes are the same). A kernel is counted as one fus
 read once, its results written once. Views and layout copies (reshape, transpose, stacking) and
 collectives are not kernels here: the collectives' bytes are the trace's.
 
+A counter opened with ``counting(blocks=True)`` (the estimate's ledger's) also records, for each product and
+each kernel over activations outside the optimizer, which blocks it read and wrote, by identity (a weak
+reference to the array owning each block's memory; a (shape, dtype) pair has none), and `hold` marks blocks
+the rank holds anyway: parameters, their gradients, what the graph keeps for backward. `FlopCounter.fresh`
+then gives, per product or kernel, the elements of its blocks that are not among those: `Fresh` records,
+what a moment's transient blocks add beside what the rank holds (spmdsim.estimate.ledger.largest_transient).
+
 With no counter open anywhere in the process, `gemm` and `sweep` return after one test.
 """
 from __future__ import annotations
 
 import math
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -37,7 +45,8 @@ from ._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "FlopCounter", "counting", "any_open", "gemm", "sweep"]
+__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "Fresh", "FlopCounter", "counting", "any_open",
+           "gemm", "sweep", "hold", "holding"]
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -116,12 +125,50 @@ class Kernel:
         return (self.read + self.written) * np.dtype(self.dtype).itemsize
 
 
+@dataclass(frozen=True)
+class Fresh:
+    """What one product or kernel call read and wrote that the rank held nowhere else (`FlopCounter.fresh`).
+
+    what: the product's Gemm, or the kernel's operator name; phase: one of PHASES; floating: elements of its
+    floating blocks (a product's operands and result are floating); other: bytes of its other blocks (masks,
+    ids) at their own width.
+    """
+
+    what: Any
+    phase: str
+    floating: int
+    other: int
+
+
 @dataclass
 class FlopCounter:
-    """How many times each `Gemm` and each `Kernel` ran while this counter was open."""
+    """How many times each `Gemm` and each `Kernel` ran while this counter was open; with `calls` and `held`
+    (``counting(blocks=True)``) the blocks of each call and the blocks the rank holds anyway (`fresh`)."""
 
     counts: dict = field(default_factory=dict)  # Gemm -> times executed
     kernels: dict = field(default_factory=dict)  # Kernel -> times executed
+    # (what, phase, ((weak reference to the block's owner or None, elements, floating, itemsize), ...)) a call
+    calls: Optional[list] = None
+    held: Optional[dict] = None  # id(weak reference) -> that reference: blocks `hold` marked
+
+    def fresh(self) -> tuple:
+        """The `Fresh` records of the calls seen (None without ``blocks=True``): each call's blocks that are not
+        held (`hold`, by identity), equal records once."""
+        if self.calls is None:
+            return None
+        held = self.held
+        out: dict = {}
+        for what, phase, entries in self.calls:
+            floating = other = 0
+            for ref, n, is_float, itemsize in entries:
+                if ref is not None and held.get(id(ref)) is ref:
+                    continue
+                if is_float:
+                    floating += n
+                else:
+                    other += n * itemsize
+            out[Fresh(what, phase, floating, other)] = None
+        return tuple(out)
 
     def add(self, gemm: Gemm, times: int = 1) -> None:
         """Count `gemm` executed `times` more times."""
@@ -149,6 +196,9 @@ class FlopCounter:
         if times:
             for k, n in list(other.kernels.items()):
                 self.kernels[k] = self.kernels.get(k, 0) + n * times
+        if self.calls is not None and other.calls is not None:  # the same blocks however often repeated
+            self.calls.extend(other.calls)
+            self.held.update(other.held)
 
 
 def _check_times(times: Any) -> None:
@@ -157,6 +207,7 @@ def _check_times(times: Any) -> None:
 
 
 _OPEN = 0  # counters open now in any context of this process: 0 and `gemm` returns at once
+_BLOCKS = 0  # of those, counters that record blocks (``counting(blocks=True)``): 0 and `hold` returns at once
 _LOCK = threading.Lock()
 
 
@@ -167,14 +218,15 @@ def any_open() -> bool:
 
 
 @contextmanager
-def counting() -> Iterator[FlopCounter]:
+def counting(blocks: bool = False) -> Iterator[FlopCounter]:
     """A counter of the running rank's matrix products until the block ends; counters nest (each sees
-    every product run inside it)."""
-    global _OPEN
-    counter = FlopCounter()
+    every product run inside it). `blocks`: record each call's blocks too (FlopCounter.fresh)."""
+    global _OPEN, _BLOCKS
+    counter = FlopCounter(calls=[], held={}) if blocks else FlopCounter()
     counters = current().flops
     with _LOCK:
         _OPEN += 1
+        _BLOCKS += bool(blocks)
     counters.append(counter)
     try:
         yield counter
@@ -183,23 +235,106 @@ def counting() -> Iterator[FlopCounter]:
         del counters[next(i for i in range(len(counters) - 1, -1, -1) if counters[i] is counter)]
         with _LOCK:
             _OPEN -= 1
+            _BLOCKS -= bool(blocks)
 
 
-def gemm(a_shape: tuple, b_shape: tuple, dtype: Any) -> None:
+def _entry(block: Any) -> Optional[tuple]:
+    """(weak reference to the block's owner or None, elements, floating, itemsize) of an array or a
+    (shape, dtype) pair; None for None."""
+    if block is None:
+        return None
+    if type(block) is tuple:
+        return (None,) + _sized(tuple(block[0]), block[1])
+    shape = getattr(block, "shape", None)
+    if shape is None:
+        return None
+    return (_ref(block),) + _sized(shape, block.dtype)
+
+
+_SIZED: dict = {}  # (shape, dtype) -> (elements, floating, itemsize): a step's calls have a few shapes
+
+
+def _sized(shape: tuple, dtype: Any) -> tuple:
+    key = (shape, dtype)
+    out = _SIZED.get(key)
+    if out is None:
+        dtype = np.dtype(dtype)
+        out = (int(math.prod(shape)), dtype.name.startswith(_FLOATING), dtype.itemsize)
+        if len(_SIZED) >= 4096:  # a long run over many shapes: start over
+            _SIZED.clear()
+        _SIZED[key] = out
+    return out
+
+
+_FLOATING = ("float", "complex")  # numpy's names of the dtypes priced at a precision's activation width
+
+
+def _ref(a: Any) -> Any:
+    """A weak reference to the array whose memory `a` views (spmdsim.buffers.owner): the block's identity; None
+    for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.buffers.broadcast_zero,
+    shared by every call of that shape: no block of its own)."""
+    while isinstance(getattr(a, "base", None), np.ndarray):
+        a = a.base
+    if getattr(a, "ndim", 0) == 0:
+        return None
+    try:
+        return weakref.ref(a)
+    except TypeError:
+        return None
+
+
+def _record(counters: list, what: Any, phase: str, blocks: Any) -> None:
+    """Add one call's blocks to the counters that record them."""
+    entries = None
+    for counter in counters:
+        if counter.calls is not None:
+            if entries is None:
+                entries = tuple(e for e in map(_entry, blocks) if e is not None)
+            counter.calls.append((what, phase, entries))
+
+
+def holding() -> bool:
+    """Whether a counter that records blocks is open now anywhere in this process (else `hold` marks nothing,
+    and a caller may skip gathering what it would pass it)."""
+    return _BLOCKS > 0
+
+
+def hold(*arrays: Any) -> None:
+    """Mark these blocks (arrays; None skipped) as held by the rank anyway in every counter open on this rank
+    that records blocks: a parameter, a parameter's gradient, a block the graph keeps for backward. A call's
+    blocks so marked, before or after the call, are not in its `Fresh` record."""
+    if not _BLOCKS:
+        return
+    counters = [c for c in current().flops if c.held is not None]
+    for a in arrays:
+        ref = None if a is None else _ref(a)
+        if ref is None:
+            continue
+        for counter in counters:
+            counter.held[id(ref)] = ref
+
+
+def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = None) -> None:
     """Count one ``np.matmul(a, b)`` of operands shaped `a_shape` and `b_shape` (batch dims broadcast,
     a 1-d operand a row or column as np.matmul takes it; a stack of rows times one matrix is one GEMM
-    of all the rows) in every counter open on this rank."""
+    of all the rows) in every counter open on this rank. `blocks`: the arrays (a, b, result), for the
+    counters that record blocks; without them the product's are three blocks of its shapes, held by nothing."""
     if not _OPEN:
         return
     context = current()
     if context.flops:
-        _count(context.flops, a_shape, b_shape, dtype, context.phase)
+        g = _count(context.flops, a_shape, b_shape, dtype, context.phase)
+        if _BLOCKS:
+            if blocks is None:
+                blocks = (((g.batch * g.m * g.k,), dtype), ((g.batch * g.k * g.n,), dtype),
+                          ((g.batch * g.m * g.n,), dtype))
+            _record(context.flops, g, g.phase, blocks)
 
 
 _GEMMS: dict = {}  # (a_shape, b_shape, dtype, phase) -> its Gemm: a step runs the same few products
 
 
-def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: str) -> None:
+def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: str) -> Gemm:
     key = (tuple(a_shape), tuple(b_shape), dtype, phase)
     g = _GEMMS.get(key)
     if g is None:
@@ -217,6 +352,7 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
         _GEMMS[key] = g
     for counter in counters:
         counter.counts[g] = counter.counts.get(g, 0) + 1
+    return g
 
 
 def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Optional[str] = None) -> None:
@@ -227,7 +363,10 @@ def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Op
         return
     context = current()
     if context.flops:
-        _sweep(context.flops, op, reads, writes, kind, phase or context.phase)
+        phase = phase or context.phase
+        _sweep(context.flops, op, reads, writes, kind, phase)
+        if _BLOCKS and kind == "activations" and phase != "optimizer":
+            _record(context.flops, op, phase, tuple(reads) + tuple(writes))
 
 
 def _signature(block: Any) -> Optional[tuple]:

@@ -299,15 +299,16 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
 
 def test_the_command_says_whether_a_rank_fits_the_machines_memory():
     """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (43.33 GiB a rank at bf16
-    mixed precision, 43.91 GiB at its peak: the tied table's two gradients summed, 0.58 GiB, for a moment);
-    with 16 experts a GPU (ep 8) it does not (167.12 GiB, 167.69 GiB at its peak)."""
+    mixed precision, 43.58 GiB at its peak: the attention dropout's backward, its gradient in and out, 2 blocks
+    of (1, 16, 2048, 2048) scores, for a moment; the tied table's two gradients are the table's gradient, which
+    the memory line holds); with 16 experts a GPU (ep 8) it does not (167.12 GiB, 167.66 GiB at its peak)."""
     model = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50304",
              "--experts", "128", "--top-k", "1", "--micro-batch", "1", "--global-batch", "128"]
     fits = _cli(*model, "--ep", "128").stdout.splitlines()[-1]
     assert fits == ("memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak (the most, stage 0: "
-                    "43.91 GiB)")
+                    "43.58 GiB)")
     over = _cli(*model, "--ep", "8", "--dp", "16").stdout.splitlines()[-1]
-    assert over == "memory: stage 0 needs 167.69 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
+    assert over == "memory: stage 0 needs 167.66 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
 
 
 def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pages():
@@ -373,7 +374,7 @@ def test_a_model_larger_than_this_machine_is_estimated_not_refused():
     done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
                 "--tp", "1", "--global-batch", "1", "--micro-batch", "1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == ("memory: stage 0 needs 1,227.86 GiB a rank at its peak, more than the "
+    assert done.stdout.splitlines()[-1] == ("memory: stage 0 needs 1,191.32 GiB a rank at its peak, more than the "
                                             "a100-dgx's 80.00 GiB per GPU")
 
 
@@ -459,3 +460,27 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
     # every option of the command is a field (a new one must be named in CONFIG_FIELDS), --json aside
     dests = {a.dest for a in build_parser(("estimate",))._subparsers._group_actions[0].choices["estimate"]._actions}
     assert dests - {"help", "json"} == set(estimate.CONFIG_FIELDS)
+
+
+def test_the_peak_adds_no_block_the_memory_line_holds():
+    """The transient part of the peak counts only the blocks of a product or kernel that the memory line does
+    not hold already (spmdsim.flops.Fresh: the dry run tells them apart by identity). One layer of width 256 on
+    one rank, seq 8, no recomputation, Megatron's kept set: MLP fc1's forward product (8 x 256) @ (256 x 1024)
+    reads x, which its backward keeps, and the weight W1, a parameter: only its result (8 x 1024, before the
+    bias add) is the moment's own; its weight-gradient product x^T dA reads the kept x and writes W1's gradient,
+    which the memory line holds as the gradients: only dA. The largest moment is then the backward walk's sum
+    of two gradients of the stacked Q, K, V (3 blocks of 3 x 8 x 256), not fc1's product with its weight
+    beside it (memory + (2,048 + 262,144 + 8,192) x 2 bytes, as the peak was counted)."""
+    from spmdsim.estimate.ledger import Transient, stage_memory
+    from spmdsim.flops import Gemm
+
+    (stage,) = gpt_ledger(GPTConfig(layers=1, d_model=256, heads=4, seq=8, batch=1, vocab=128), 1, 1, 1,
+                          kept="megatron")
+    fresh: dict = {}
+    for f in stage.fresh:
+        fresh.setdefault((f.what, f.phase), set()).add((f.floating, f.other))
+    assert fresh[(Gemm(1, 8, 1024, 256, "float64", "forward"), "forward")] == {(8 * 1024, 0)}
+    assert fresh[(Gemm(1, 256, 1024, 8, "float64", "backward"), "backward")] == {(8 * 1024, 0)}
+    mem = stage_memory(stage, "bf16-mixed", 0)
+    assert mem.transient == Transient(3 * 3 * 8 * 256 * 2, "add (backward)")
+    assert mem.peak == mem.memory + 3 * 3 * 8 * 256 * 2

@@ -23,7 +23,7 @@ import numpy as np
 from .. import buffers
 from ..context import current
 from ..errors import OperatorError
-from ..flops import any_open, sweep
+from ..flops import any_open, hold, holding, sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, _passed, used_axes, with_partial
 
@@ -311,6 +311,9 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
             raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
                                 f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
         layout = tensor._layout
+        leaf = type(key) is Leaf
+        if leaf and holding():  # a parameter's gradient: the rank holds it as one (spmdsim.flops.hold)
+            hold(g.local)
         if g._layout is layout and not layout.partial:  # most gradients: grad_layout's answer is `layout` itself
             target = layout
         else:
@@ -319,11 +322,13 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
                 g = _move(g, target)
         have = grads.get(key)
         if have is None:
-            if type(key) is Leaf:
+            if leaf:
                 leaves.append(key)
             grads[key], owners[key] = g, tensor
         else:
             grads[key] = add_grads(have, g, target)
+        if leaf and holding():
+            hold(g.local, grads[key].local)
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import buffers
+from ..flops import hold, holding
 from .graph import Node
 
 __all__ = ["kept_bytes", "UNTAGGED", "KEPT", "kept_problem", "shell", "nothing"]
@@ -69,19 +70,26 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
     `exclude`: tensors whose blocks are not counted (the parameters: they are held anyway). `masks`:
     return two such dicts, (values, masks), the second the boolean arrays' bytes (dropout masks kept
     as 1-byte bools), the first everything else; their sum is the dict returned without it.
+
+    The blocks counted and the excluded ones are held by the rank: under a counter that records blocks
+    (spmdsim.flops.counting(blocks=True)) they are marked so (spmdsim.flops.hold), and a kernel or product
+    that reads or writes them adds none of them to its transient blocks.
     """
+    exclude = list(exclude)
     skip = {id(buffers.owner(t.local)) for t in exclude} | {id(z) for z in list(_NOTHING.values())}
     order = _forward_order([getattr(t, "_ag", None) for t in roots])
-    where: dict[int, tuple[str, int, bool]] = {}  # id(buffer) -> (kind, bytes, a bool mask)
+    where: dict[int, tuple] = {}  # id(buffer) -> (kind, bytes, a bool mask, the buffer)
     for node in order:  # later (earlier in the forward) nodes take the buffers they share
         kind = node.kind or UNTAGGED
         for array in _arrays(node):
             owner = buffers.owner(array)
             if id(owner) not in skip:
-                where[id(owner)] = (kind, owner.nbytes, owner.dtype == np.bool_)
+                where[id(owner)] = (kind, owner.nbytes, owner.dtype == np.bool_, owner)
+    if holding():
+        hold(*(t.local for t in exclude), *(w[3] for w in where.values()))
     values: dict[str, int] = {}
     bools: dict[str, int] = {}
-    for kind, nbytes, is_mask in where.values():
+    for kind, nbytes, is_mask, _ in where.values():
         into = bools if masks and is_mask else values
         into[kind] = into.get(kind, 0) + nbytes
     return (values, bools) if masks else values

@@ -61,7 +61,7 @@ def matmul(a: Any, b: Any) -> Any:
     """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied);
     counted by spmdsim.flops either way."""
     out = current().engine.matmul(a, b)
-    (_GEMM[0] or _bind_gemm())(a.shape, b.shape, out.dtype)
+    (_GEMM[0] or _bind_gemm())(a.shape, b.shape, out.dtype, (a, b, out))
     return out
 
 

@@ -73,7 +73,9 @@ class StageLedger:
     microbatch-chunks whose activations it held at once; kernels: (Kernel, count) of every other kernel
     it ran (spmdsim.flops.sweep: the element-wise and reduction operators, forward, backward and
     recomputed, and the optimizer's update), elements read and written; expert_params: elements of its
-    MoE layers' experts (their routers aside), of layer_params.
+    MoE layers' experts (their routers aside), of layer_params; fresh: spmdsim.flops.Fresh records, what each
+    product and kernel over activations read and wrote beyond the blocks the rank holds anyway (parameters,
+    their gradients, what the graph keeps for backward: `largest_transient`).
     """
 
     stage: int
@@ -88,6 +90,7 @@ class StageLedger:
     ranks: tuple = field(default=())
     kernels: tuple = field(default=())
     expert_params: int = 0
+    fresh: tuple = field(default=())
 
     def flops(self, phase: Optional[str] = None) -> int:
         return sum(g.flops * n for g, n in self.gemms if phase is None or g.phase == phase)
@@ -178,9 +181,9 @@ def kernel_bytes(kernels: Any, precision: str) -> dict:
 
 @dataclass(frozen=True)
 class Transient:
-    """The most bytes one kernel or matrix product of a stage's step reads and writes at once, at a precision's
-    widths (`largest_transient`): blocks live together for a moment, beside what the rank holds. `what` names
-    it: the operator and phase (a Kernel's), or the product's shape (a Gemm's)."""
+    """The most bytes one kernel or matrix product of a stage's step reads and writes at once beyond what the rank
+    holds anyway, at a precision's widths (`largest_transient`): blocks live together for a moment, beside the
+    memory line. `what` names it: the operator and phase (a Kernel's), or the product's shape (a Gemm's)."""
 
     nbytes: int
     what: str
@@ -188,31 +191,31 @@ class Transient:
 
 def largest_transient(stage: StageLedger, precision: str) -> Transient:
     """The largest set of blocks one kernel or product of `stage`'s forward, backward or recomputation reads and
-    writes at once (the dry run's records: spmdsim.flops's Kernels and Gemms), priced at `precision`.
+    writes at once that the memory line does not hold already, from the dry run's records of each call's blocks
+    (StageLedger.fresh, spmdsim.flops.Fresh), priced at `precision`.
 
-    A kernel's floating blocks at the activation width, its masks and ids at their own (as `kernel_bytes`); one
-    call's blocks of several dtypes are as many Kernels of one operator and phase, taken together (the largest
-    of each dtype). A product's two operands and its result at the activation width. The attention core's
-    scores are such blocks: its product q k^T writes them, its softmax reads them and writes the probabilities,
-    its dropout reads those and writes the dropped-out values and the mask, and with recomputation the kept
-    ledger holds none of them. The optimizer's kernels run after the activations are freed: not counted."""
+    The memory line holds the parameters, their gradients and what the graph keeps for backward: a call's block
+    that is one of those, by identity in the dry run (a product's weight, the weight's gradient a product writes,
+    a kept input), is counted there and not again here (spmdsim.flops.hold marks them: the parameters and the
+    kept blocks where the trainer measures what the forward keeps, spmdsim.autograd.kept_bytes; a parameter's
+    gradients in the backward's walk, as a framework accumulates them into the main gradient the memory line
+    holds). The rest are the moment's own: a product's result no graph keeps, a gradient of an activation,
+    the attention core's scores under recomputation (its products and kernels, counted by their shapes, are
+    held by nothing). Floating blocks at the activation width, masks and ids at their own width. The optimizer's
+    kernels run after the activations are freed: not counted. Temporaries a kernel makes beyond its operands
+    and results (a softmax's sums), and blocks of two calls alive at once, are not counted either."""
     w = PRECISIONS[precision]
-    calls: dict = {}  # (op, phase) -> {dtype: the most bytes one Kernel of that dtype moves}
-    for k, _ in stage.kernels:
-        if k.phase == "optimizer" or k.kind != "activations":
-            continue
-        each = w.activations if k.dtype.startswith(("float", "complex")) else k.nbytes // max(1, k.read + k.written)
-        per = calls.setdefault((k.op, k.phase), {})
-        per[k.dtype] = max(per.get(k.dtype, 0), (k.read + k.written) * each)
     best = Transient(0, "nothing")
-    for (op, phase), per in calls.items():
-        if sum(per.values()) > best.nbytes:
-            best = Transient(sum(per.values()), f"{op} ({phase})")
-    for g, _ in stage.gemms:
-        nbytes = g.batch * (g.m * g.k + g.k * g.n + g.m * g.n) * w.activations
+    for f in stage.fresh:
+        nbytes = f.floating * w.activations + f.other
         if nbytes > best.nbytes:
-            lead = f"{g.batch:,} x " if g.batch != 1 else ""
-            best = Transient(nbytes, f"the product {lead}({g.m:,} x {g.k:,}) @ ({g.k:,} x {g.n:,}) ({g.phase})")
+            if isinstance(f.what, str):
+                what = f"{f.what} ({f.phase})"
+            else:
+                g = f.what
+                lead = f"{g.batch:,} x " if g.batch != 1 else ""
+                what = f"the product {lead}({g.m:,} x {g.k:,}) @ ({g.k:,} x {g.n:,}) ({g.phase})"
+            best = Transient(nbytes, what)
     return best
 
 
@@ -376,7 +379,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
     ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % min(cfg.vocab, 128)  # token ids: a dry run reads shapes
 
     def body() -> StageLedger:
-        with counting() as flops:
+        with counting(blocks=True) as flops:
             run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep)
@@ -387,7 +390,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
                           _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
-                          kernels=tuple(flops.kernels.items()), expert_params=experts)
+                          kernels=tuple(flops.kernels.items()), expert_params=experts, fresh=flops.fresh())
         run.close()
         return out
 

@@ -125,12 +125,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
     scores = (probs_local, dtype)
-    if any_open():  # else nothing is counted: no blocks to gather
-        count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
-        count_core_kernels(scores, drop, kept)  # and its element-wise kernels over the scores
-    if q._ag is None and k._ag is None and v._ag is None:
-        return out
-    if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
+    grads = not (q._ag is None and k._ag is None and v._ag is None)
+    if grads and mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
         block = broadcast_zero(probs_local, q.dtype)
         p = _engine_local(np.copy, block, block)
         saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
@@ -141,6 +137,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         else:
             factors = broadcast_zero(block.shape, np.float32) if low else block  # the kernel's dtype
             saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
+    if any_open():  # else nothing is counted: no blocks to gather
+        count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
+        count_core_kernels(scores, drop, kept, saved)  # and its element-wise kernels over the scores
+    if not grads:
+        return out
     return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
                             (scores, drop, kept))
 

@@ -35,23 +35,37 @@ def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tup
         gemm(qs[:-1] + ks[-1:], _seen(v.shape, heads), q.dtype)
 
 
-def count_core_kernels(block: tuple, drop: float, kept: str) -> None:
+def count_core_kernels(block: tuple, drop: float, kept: str, saved: Optional[dict] = None) -> None:
     """Count (spmdsim.flops.sweep) the core's element-wise kernels over its (b, h, tq, tk) scores `block`
     (a (shape, dtype) pair), as fused kernels run them: the scaled, masked softmax (scores read,
     probabilities written) and, with dropout, the dropout (probabilities read; dropped-out values and
-    the mask written: Megatron's boolean mask under `kept` "megatron", the float factors otherwise)."""
-    sweep("attention softmax", (block,), (block,))
+    the mask written: Megatron's boolean mask under `kept` "megatron", the float factors otherwise).
+    `saved`: what the rule keeps for backward (record_attention's `kept`), counted as those blocks themselves
+    (spmdsim.flops: blocks the rank holds), each where its shape and dtype are the count's."""
+    mask = (block[0], bool) if kept == "megatron" else block
+    p, pd, bits = (_own(saved, name, like) for name, like in (("p", block), ("pd", block),
+                                                              ("keep" if kept == "megatron" else "factors", mask)))
+    sweep("attention softmax", (block,), (p,))
     if drop:
-        sweep("attention dropout", (block,), (block, (block[0], bool) if kept == "megatron" else block))
+        sweep("attention dropout", (p,), (pd, bits))
 
 
-def _count_backward_kernels(block: tuple, drop: float, kept: str) -> None:
+def _count_backward_kernels(block: tuple, drop: float, kept: str, saved: Optional[dict] = None) -> None:
     """The backward's element-wise kernels over the scores: the dropout's (its gradient and the mask or
     factors read, the probabilities' gradient written) and the softmax's (that gradient and the
-    probabilities read, the scores' gradient written, the scale folded in)."""
+    probabilities read, the scores' gradient written, the scale folded in); `saved` as count_core_kernels's."""
+    mask = (block[0], bool) if kept == "megatron" else block
     if drop:
-        sweep("attention dropout", (block, (block[0], bool) if kept == "megatron" else block), (block,))
-    sweep("attention softmax", (block, block), (block,))
+        sweep("attention dropout", (block, _own(saved, "keep" if kept == "megatron" else "factors", mask)), (block,))
+    sweep("attention softmax", (block, _own(saved, "p", block)), (block,))
+
+
+def _own(saved: Optional[dict], name: str, like: tuple) -> Any:
+    """`saved[name]` where it is an array of `like`'s shape and dtype (the kernel's count unchanged), else `like`."""
+    a = saved.get(name) if saved else None
+    if getattr(a, "shape", None) == tuple(like[0]) and a.dtype == np.dtype(like[1]):
+        return a
+    return like
 
 
 def _seen(shape: tuple, order: tuple) -> tuple:
@@ -121,7 +135,7 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
                     count_core_kernels(*traffic)
                 finally:
                     context.phase = was
-            _count_backward_kernels(*traffic)
+            _count_backward_kernels(*traffic, kept)
         engine = dy.mesh.engine
         if engine.dry:  # a dry run: the dry engine's zeros of each operand's block (np.zeros would clear pages)
             dq, dk, dv = (engine.local(np.copy, t.local) for t in (q, k, v))

@@ -40,8 +40,10 @@ def _lead(ndim: int) -> tuple:
 
 def _rows(a: np.ndarray, dry: bool) -> np.ndarray:
     """`a` (..., n) seen as (rows, n) for a product: a view, or numpy's copy when `a`'s strides need one; in
-    a dry run a read-only broadcast zero of that shape (the dry engine's product reads shapes only)."""
-    if dry:
+    a dry run the view where it is one (no page read: the block itself, which spmdsim.flops tells apart from
+    the blocks a rank holds anyway), else a read-only broadcast zero of that shape (the dry engine's product
+    reads shapes only)."""
+    if dry and not a.flags.c_contiguous:
         return nothing(a.dtype, (math.prod(a.shape[:-1]), a.shape[-1]))
     return as_rows(a)
 
