@@ -220,6 +220,30 @@ def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
     assert max(len(line) for line in out.splitlines()) <= 100  # (test_classroom_docs leaves these runs to here)
 
 
+def test_the_llama_block_is_as_wide_at_64_ranks_as_at_8(monkeypatch, capsys):
+    """examples/llama_block.py drew its width from the ranks (a key/value head a rank: weights of 64 p^2 elements,
+    central differences of every one, > 300 s at 64 ranks, 23 GB at 256); tp is 8 at most now, the other ranks dp
+    replicas. A dry run at 64 ranks sends the bytes of one at 8, and makes no reference (no values to check)."""
+    from spmdsim import reference_grad
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a dry run computed central differences")
+
+    monkeypatch.setattr(reference_grad, "numeric_grads", refused)
+    path = next(p for p in EXAMPLES if p.stem == "llama_block")
+    rows = {}
+    for ranks in ("8", "64"):
+        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(path), run_name="__main__")
+        out = capsys.readouterr().out
+        assert done.value.code == 0, out
+        calls, sent, received, _, *collectives = next(line for line in out.splitlines()
+                                                      if line.startswith("ranks 0-")).split()[2:]
+        rows[ranks] = calls, sent, received, collectives  # the peak held counts the check's table, 48 B a rank
+    assert rows["64"] == rows["8"] == ("6", "23,296", "23,296", ["allreduce", "x6"])
+
+
 #: The check line an example must print where "PASS" alone would also match a partial result.
 PASS_LINES = {"llama_block": "forward and 10 gradients vs numpy: PASS"}
 

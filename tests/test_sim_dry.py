@@ -118,6 +118,26 @@ def test_dry_run_check_makes_no_reference():
     assert asked == [] and set(dry) == {(True, True, "check not made: a dry run has no values (32 elements)")}
 
 
+def test_a_dry_runs_check_passes_and_counts_each_element_once_at_every_rank_count():
+    """Past 1,365 ranks the check's 48-byte-a-rank table is beyond the 64 KiB a dry communicator fills with
+    values (zeros there): its verdict came back failed with 0 elements, and raise_if_failed() stopped the
+    run; a replicated tensor's elements were counted once per rank. The table is not read in a dry run."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body(n, placement):
+        def run():
+            mesh = Mesh(spmdsim.Layout((n,), ("mp",)))
+            x = DTensor.from_seeded(mesh, mesh.layout(*placement), spmdsim.SeededTensor((2 * n, 4), "float32"))
+            verdict = x.check(lambda region: np.ones((2, 4))).raise_if_failed()
+            return verdict.passed, verdict.dry_run, verdict.elements, verdict.failed_ranks, str(verdict)
+        return run
+
+    for n in (2048, 4):
+        for placement in (("mp", None), (None, None)):
+            got = set(spmdsim.simulate(n, body(n, placement), dry_run=True))
+            assert got == {(True, True, 8 * n, (), f"check not made: a dry run has no values ({8 * n} elements)")}
+
+
 def test_a_dry_run_computes_no_activation_softmax_or_their_gradients(monkeypatch):
     """Their results would be zeros of the same shape anyway: the kernels are not called, and the
     result and gradient shapes and dtypes are the real run's."""

@@ -89,6 +89,29 @@ def test_seed_003_trains_on_8_simulated_ranks():
         assert ok, failed
 
 
+def test_an_anchored_step_holds_one_table_the_simulated_ranks_share():
+    """NetworkTrainer's Anchor: every rank's parameters at the step's start, a row per rank. Simulated ranks share
+    one table (spmdsim.gpt.train.all_rows): an Allgather gave each of p ranks its own p rows (731 MB at 240 ranks
+    of examples/train_seed_networks.py's Paddle network, 341 MB shared)."""
+    from spmdsim.nets import seeds
+    from spmdsim.nets.train import NetworkTrainer
+
+    def body():
+        comm = spmdsim.world()
+        net = seeds.paddle_tp(comm.size, dtype="float64")
+        trainer = NetworkTrainer(net, comm)
+        labels = np.random.default_rng(1).integers(0, net.out_shape[-1], int(np.prod(net.out_shape[:-1])))
+        anchor = trainer.step(net.source.full(), labels, anchor=True).anchor
+        trainer.close()
+        return anchor.rows, comm.rank, np.concatenate([b.reshape(-1) for b in anchor.blocks["params"]])
+
+    ran = spmdsim.simulate(4, body)
+    first = ran[0][0]
+    assert first.shape[0] == 4 and all(np.shares_memory(rows, first) for rows, _, _ in ran)
+    for rows, rank, mine in ran:  # each rank's row is its parameters at the step's start
+        np.testing.assert_array_equal(rows[rank, :mine.size], mine)
+
+
 @pytest.mark.parametrize("x_map,activation,bias", [
     ((None, None), "gelu", True), (("dp", None), "relu", True), ((None, "dp", None), "gelu", False)])
 def test_fused_mlp_matches_its_layers_one_by_one(x_map, activation, bias):
