@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
-from .autograd.graph import with_partial
+from .autograd.graph import updated, with_partial
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
@@ -261,6 +261,7 @@ class DistributedAdamW(_Optimizer):
         from .runtime.collectives import allgather, reduce_scatter
 
         grads = self._grads()
+        updated([p._ag for p in self.params])  # every block changes in place: older graphs may not be walked
         _kernel(_count_step)(self)
         for b in self.buckets:
             if not self._dry:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 import numpy as np
 
-from .autograd.graph import Leaf, with_partial
+from .autograd.graph import Leaf, updated, with_partial
 from .buffers import owned_bytes
 from .buffers import owner as _owner
 from .context import current
@@ -62,22 +62,44 @@ class _Optimizer:
         object.__setattr__(self, name, value)
 
     def __init__(self, params: Iterable[Any], lr: float) -> None:
+        if hasattr(params, "_ag") or isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__"):
+            # (one DTensor was iterated by rows: "parameter 0 ... not a leaf")
+            one = "; one parameter goes in a list: [p]" if hasattr(params, "_ag") else ""
+            raise OperatorError(f"optimizer params: expected an iterable of parameters (a list of leaf DTensors), "
+                                f"got {_what(params, leaf=True)}{one}")
         self.params = tuple(params)
         if not self.params:
             raise OperatorError("optimizer got an empty parameter list")
+        seen: dict = {}
         for i, p in enumerate(self.params):
+            if isinstance(p, dict):
+                raise OperatorError(f"optimizer parameter {i} is a dict: parameter groups are not taken; give "
+                                    "a list of parameters (one optimizer per group; AdamW's decay= picks those "
+                                    "that decay)")
             if not isinstance(getattr(p, "_ag", None), Leaf):
                 raise OperatorError(f"optimizer parameter {i} ({_what(p)}) must be a DTensor leaf with "
                                     "requires_grad_() (layers' weights are)")
+            if id(p) in seen:  # it would be stepped twice a step
+                raise OperatorError(f"optimizer parameter {i} is parameter {seen[id(p)]} again "
+                                    f"({_what(p, leaf=True)}); give each parameter once")
+            seen[id(p)] = i
             if not p.local.flags.writeable:
                 raise OperatorError(f"optimizer parameter {i}'s local block is read-only")
         self.lr = _positive(lr, "lr")
         self.steps = 0
 
-    def zero_grad(self) -> None:
-        """Forget every parameter's gradient (the next backward starts from zero)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget every parameter's gradient (the next backward starts from zero); PyTorch's
+        ``set_to_none=False`` makes each gradient a zero DTensor instead of None."""
+        if set_to_none is not True and set_to_none is not False:
+            raise OperatorError(f"zero_grad(set_to_none={set_to_none!r}): expected True or False")
         for p in self.params:
-            p._ag.grad = None
+            leaf = p._ag
+            g = leaf.grad
+            if set_to_none or g is None:
+                leaf.grad = None
+            else:  # a new block: the old one may be a view another gradient's buffer holds
+                leaf.grad = type(g)._trusted(g.mesh, np.zeros_like(g.local), g.layout, g.global_shape)
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
@@ -92,6 +114,8 @@ class _Optimizer:
             if (g._layout is not whole and g._layout != whole) or g._local.shape != p._local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             found.append((i, p.local, g.local))
+        if found:  # their blocks change in place: a graph recorded before may no longer be walked
+            updated([self.params[i]._ag for i, _, _ in found])
         self._count(found)
         context = current()
         if context.dry_run:  # shapes, no values: count what the update would hold, compute nothing
@@ -513,10 +537,12 @@ def _address(array: np.ndarray) -> int:
 _GROUP_ELEMENTS = 1 << 16
 
 
-def _what(value: Any) -> str:
-    """A parameter as every rank describes it alike (a DTensor's repr names this rank and its block)."""
+def _what(value: Any, leaf: bool = False) -> str:
+    """A parameter as every rank describes it alike (a DTensor's repr names this rank and its block); `leaf`:
+    `value` may be a leaf (said so), not only a tensor refused for not being one."""
     if hasattr(value, "layout") and hasattr(value, "global_shape"):
-        kind = "not a leaf: computed by an op" if value.requires_grad else "without requires_grad_()"
+        kind = "a leaf" if leaf and isinstance(getattr(value, "_ag", None), Leaf) else \
+            "not a leaf: computed by an op" if value.requires_grad else "without requires_grad_()"
         return f"a DTensor of global shape {tuple(value.global_shape)!r}, layout {value.layout}, {kind}"
     from .ops._common import describe
 

@@ -28,17 +28,16 @@ def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input") 
         fn: the region: a function of `inputs` returning one DTensor, deterministic (seeded dropout).
         inputs: every DTensor that needs a gradient and that `fn` reads: its activations and the
             parameters it uses (the leaves are read as they are; parameters `fn` reads from elsewhere
-            must be among them, or the backward refuses: their gradient would be lost).
+            must be among them, or the backward refuses: their gradient would be lost). Other arguments
+            (numbers, flags, a seed) are passed to `fn` as they are, in the recomputation too.
         kind: what the node keeps (its inputs), for the memory tracker (`spmdsim.autograd.kept_bytes`).
     """
-    for i, t in enumerate(inputs):
-        if not (hasattr(t, "_ag") and hasattr(t, "layout")):
-            raise OperatorError(f"checkpoint: input {i} is a {type(t).__name__}, not a DTensor")
-    if not is_grad_enabled() or all(t._ag is None for t in inputs):
+    tensors = tuple(t if _is_dtensor(t) else None for t in inputs)  # the node's inputs: None for the others
+    if not is_grad_enabled() or all(t is None or t._ag is None for t in tensors):
         return fn(*inputs)
     with no_grad():
         out = fn(*inputs)
-    if not (hasattr(out, "_ag") and hasattr(out, "layout")):
+    if not _is_dtensor(out):
         raise OperatorError(f"checkpoint: the region returned a {type(out).__name__}; expected one DTensor")
     shape, layout = tuple(out.global_shape), out.layout
 
@@ -47,7 +46,7 @@ def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input") 
 
         # The activations as new leaves on the same blocks (their gradients come back pending, as the
         # walk left them); the parameters as they are (their leaves are the outer graph's).
-        again = tuple(_detached(t) for t in inputs)
+        again = tuple(a if t is None else _detached(t) for a, t in zip(inputs, tensors))
         context = current()
         was, context.phase = context.phase, "recompute"  # the region's products, for spmdsim.flops
         try:
@@ -55,16 +54,20 @@ def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input") 
                 redo = fn(*again)
         finally:
             context.phase = was
-        if tuple(redo.global_shape) != shape or redo.layout != layout:
-            raise OperatorError(f"checkpoint: the recomputed region returned {tuple(redo.global_shape)!r} "
-                                f"{redo.layout}, its forward {shape!r} {layout}; the region must be "
-                                "deterministic")
+        if not _is_dtensor(redo) or tuple(redo.global_shape) != shape or redo.layout != layout:
+            got = f"{tuple(redo.global_shape)!r} {redo.layout}" if _is_dtensor(redo) else f"a {type(redo).__name__}"
+            raise OperatorError(f"checkpoint: the recomputed region returned {got}, its forward {shape!r} {layout}; "
+                                "the region must be deterministic")
         if redo._ag is None:
             return (None,) * len(inputs)
-        return gradients(redo, dy, again)
+        return gradients(redo, dy, tuple(a if t is not None else None for a, t in zip(again, tensors)))
 
     with kept_as(kind):
-        return record(out, "checkpoint", inputs, backward)
+        return record(out, "checkpoint", tensors, backward)
+
+
+def _is_dtensor(value: Any) -> bool:
+    return hasattr(value, "_ag") and hasattr(value, "layout")
 
 
 def _detached(t: Any) -> Any:

@@ -25,13 +25,13 @@ from ..context import current
 from ..errors import OperatorError
 from ..flops import any_open, hold, holding, sweep
 from ..layout import TensorLayout
-from .graph import Leaf, Node, _passed, used_axes, with_partial
+from .graph import Leaf, Node, _Mode, _passed, stale_reads, used_axes, walked, with_partial
 
 __all__ = ["backward", "reduce_grads", "gradients", "grad_layout", "add_grads"]
 
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
-             keep_pending: Any = ()) -> None:
+             keep_pending: Any = (), retain_graph: Any = None, create_graph: Any = False) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -50,7 +50,13 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     axes they are replicated on, added into ``.grad`` as it is, for
     `reduce_grads` to sum once after several backwards (gradient accumulation
     over microbatches: DDP's ``no_sync``, Megatron's one reduction per step).
+    PyTorch's `retain_graph` and `create_graph` are taken to be refused when
+    true: the walk frees each node's saved tensors as it goes, and its
+    gradients are not recorded (no gradient of a gradient).
     """
+    if explain is not None and not isinstance(explain, list) or retain_graph is not None \
+            and retain_graph is not False or create_graph is not False and create_graph is not None:
+        _refuse_options(explain, retain_graph, create_graph)
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
@@ -68,6 +74,8 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
 
     _check_loss(loss, gradient)
     order = _topological(loss._ag)
+    if loss._ag.tag[1] != _Mode.tag[1] or _Mode.suspect:  # recorded before a step (never in a normal step)
+        _refuse_stale(order)
     grads: dict = {}
     owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
     if gradient is None:
@@ -122,6 +130,37 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
         if counting:
             _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
+    walked()  # nothing recorded on this thread since (an optimizer step then knows no graph is in flight)
+
+
+def _refuse_options(explain: Any, retain_graph: Any, create_graph: Any) -> None:
+    """The one-line refusal of `backward`'s `explain` that is no list, or of PyTorch's `retain_graph` or
+    `create_graph` asked for (alike on every rank: the arguments are the program's)."""
+    if explain is not None and not isinstance(explain, list):
+        hint = "; PyTorch's second argument, retain_graph, is spmdsim's explain" if isinstance(explain, bool) else ""
+        raise OperatorError(f"backward(explain={explain!r}): expected a list (it receives each answered step's "
+                            f"collectives) or None{hint}")
+    if retain_graph is not None and retain_graph is not False:
+        raise OperatorError(f"backward(retain_graph={retain_graph!r}): not taken; the walk frees each node's saved "
+                            "tensors as it goes. Run the forward again for another backward, or add the losses and "
+                            "call backward() once: (loss1 + loss2).backward()")
+    if create_graph is not False and create_graph is not None:
+        raise OperatorError(f"backward(create_graph={create_graph!r}): not taken; the backward records no graph "
+                            "of its own (no gradient of a gradient)")
+
+
+def _refuse_stale(order: list) -> None:
+    """Refuse, on every rank alike before any collective, a walk whose graph read a parameter before an optimizer
+    step changed its block in place: its rules would read the new values where the forward read the old ones (a
+    wrong gradient, without a word; PyTorch's version counter refuses it too)."""
+    found = stale_reads(order)
+    if found is not None:
+        node, t = found
+        raise OperatorError(
+            f"backward through a graph recorded before an optimizer step changed a parameter it reads in place: "
+            f"{node.describe().split(':')[0]!r} read the parameter of global shape {tuple(t.global_shape)!r}, "
+            f"layout {t.layout}, whose values are now the step's; run the forward again after step() (or call "
+            "backward() before step())")
 
 
 def _kept_leaves(keep_pending: Any) -> set:
@@ -376,7 +415,8 @@ def _topological(root: Any) -> list:
         if node.backward is None:
             raise OperatorError(
                 f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
-                "freed by the first backward(); run the forward again")
+                "freed by the first backward(); run the forward again (two losses of one forward: add them and call "
+                "backward() once)")
         push((node, True))
         for t in node.inputs:
             parent = getattr(t, "_ag", None)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..buffers import as_array, contiguous
 from ..errors import OperatorError
-from .graph import record, with_partial
+from .graph import is_grad_enabled, record, with_partial
 
 __all__ = ["Function", "FunctionCtx"]
 
@@ -40,11 +40,13 @@ class FunctionCtx:
     """What `forward` passes to `backward`: ``save_for_backward(*arrays)``, ``saved_tensors``, and any attribute.
 
     ``ctx.rank``, ``ctx.slices`` (per DTensor argument, this rank's region of it) and ``ctx.layouts`` say where
-    the blocks sit in the global tensors.
+    the blocks sit in the global tensors; ``ctx.needs_input_grad`` (PyTorch's), per argument, whether it is a
+    DTensor that wants a gradient.
     """
 
-    def __init__(self, rank: int, slices: tuple, layouts: tuple) -> None:
+    def __init__(self, rank: int, slices: tuple, layouts: tuple, needs_input_grad: tuple = ()) -> None:
         self.rank, self.slices, self.layouts = rank, slices, layouts
+        self.needs_input_grad = needs_input_grad
         self.saved_tensors: tuple = ()
 
     def save_for_backward(self, *arrays: Any) -> None:
@@ -83,8 +85,13 @@ class Function:
                                     f"cannot know whether {name} is linear")
         layout = first.layout if layout is None else layout
         shape = tuple(first.global_shape) if shape is None else tuple(shape)
-        ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors))
+        recording = is_grad_enabled()
+        needs = tuple(recording and id(a) in positions and a._ag is not None for a in args)
+        ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors), needs)
         block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
+        if isinstance(block, tuple) or not _numeric(block):
+            raise OperatorError(f"{name}.forward returned {_what(block)}; expected one numpy array, this rank's "
+                                "block of the output (one output per Function)")
         block = np.asanyarray(block)
         expected = layout.local_shape(shape, first.mesh.rank)
         if block.shape != expected:
@@ -112,6 +119,9 @@ class Function:
                 if g is None or t._ag is None:
                     result.append(None)
                     continue
+                if not _numeric(g):
+                    raise OperatorError(f"{name}.backward returned {_what(g)} as a gradient; expected a numpy "
+                                        "array, the gradient of this rank's block of that argument")
                 g = as_array(g, t.dtype)
                 if g.shape != t.local.shape:
                     raise OperatorError(f"{name}.backward returned a gradient block of shape {g.shape!r} "
@@ -120,3 +130,22 @@ class Function:
             return tuple(result)
 
         return record(out, name, tuple(tensors), backward, with_partial(layout, ()))
+
+
+def _numeric(value: Any) -> bool:
+    """Whether `value` is a block of numbers (an array, a number or nested lists of them), not a DTensor."""
+    if hasattr(value, "_ag") and hasattr(value, "layout"):
+        return False
+    try:
+        return np.asanyarray(value).dtype.kind in "biufV"
+    except (TypeError, ValueError):  # ragged lists
+        return False
+
+
+def _what(value: Any) -> str:
+    """`value` named by its kind, for a refusal (alike on every rank: no rank's values)."""
+    if hasattr(value, "_ag") and hasattr(value, "layout"):
+        return f"a DTensor of global shape {tuple(value.global_shape)!r} (blocks are numpy arrays: x.local)"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"

@@ -9,55 +9,110 @@ Pure Python: importing it starts no MPI.
 """
 from __future__ import annotations
 
+import itertools
 import threading
-from contextlib import contextmanager
-from functools import partial
-from typing import Any, Callable, Iterator, Optional, Sequence
+from functools import partial, wraps
+from typing import Any, Callable, Optional, Sequence
 
 from ..errors import OperatorError
 from ..precision import is_low
 from ..layout import TensorLayout
 
 __all__ = ["Leaf", "Node", "record", "attach", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
-           "with_partial", "kept_as", "enable_grad"]
+           "with_partial", "kept_as", "enable_grad", "updated", "walked", "stale_reads"]
+
+
+class _Quiet:
+    """`_Mode.enabled` while recording with no node recorded on this thread since its last backward (truthy)."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<recording, nothing recorded since the last backward>"
+
+
+_QUIET = _Quiet()
 
 
 class _ModeState(threading.local):
     """Whether operators record (False inside ``no_grad()``), per thread: simulated ranks are threads,
     and one rank's ``no_grad()`` must not switch recording off for the others."""
 
-    enabled = True
-    kind: Optional[str] = None  # what the nodes recorded now keep for backward (`kept_as`)
+    # False inside no_grad(); while recording, True, or _QUIET until the first node after a backward (which
+    # `attach` notes in `quiet`, its one test of a normal step: `enabled is not True`).
+    enabled: Any = _QUIET
+    quiet = True  # no node recorded since this thread's last backward (or since it started)
+    # An optimizer step changed parameters while nodes recorded before it may be unwalked: every later backward
+    # on this thread looks for nodes that read them (`stale_reads`), not only a graph whose root is older.
+    suspect = False
+    # (kind, era): what the nodes recorded now keep for backward (`kept_as`), and the era of this thread's
+    # last optimizer step (`updated`). One tuple, which `attach` stores in each node as it is: a node learns
+    # both for the one slot write it made for its kind alone.
+    tag: tuple = (None, 0)
 
 
 _Mode = _ModeState()
 
 
+def _recording() -> Any:
+    """What `_Mode.enabled` is while recording: True once a node was recorded since the last backward."""
+    return _QUIET if _Mode.quiet else True
+
+
 def is_grad_enabled() -> bool:
     """True unless inside ``no_grad()``."""
-    return _Mode.enabled
+    return _Mode.enabled is not False
 
 
-@contextmanager
-def no_grad() -> Iterator[None]:
+class _Switch:
+    """`no_grad` and `enable_grad`: a context manager, and a decorator with or without its parentheses
+    (``@no_grad()``, ``@no_grad``), as PyTorch's."""
+
+    __slots__ = ("before",)
+    _on = False
+
+    def __new__(cls, func: Any = None) -> Any:
+        if func is None:
+            return object.__new__(cls)
+        if not callable(func):
+            raise OperatorError(f"{cls.__name__}({func!r}): expected no argument (with {cls.__name__}(): ...) or "
+                                f"a function to decorate (@{cls.__name__})")
+        return object.__new__(cls)(func)
+
+    def __call__(self, func: Callable) -> Callable:
+        switch = type(self)
+
+        @wraps(func)
+        def switched(*args: Any, **kwargs: Any) -> Any:
+            with switch():
+                return func(*args, **kwargs)
+
+        return switched
+
+    def __enter__(self) -> None:
+        self.before = _Mode.enabled
+        _Mode.enabled = _recording() if self._on else False
+
+    def __exit__(self, *exc: Any) -> None:
+        # Recording again as it was, and whether a node was recorded since the last backward as it is now.
+        _Mode.enabled = False if self.before is False else _recording()
+
+
+class no_grad(_Switch):  # noqa: N801 - PyTorch's name
     """Operators run inside this block record no graph (optimizer updates, checks)."""
-    before = _Mode.enabled
-    _Mode.enabled = False
-    try:
-        yield
-    finally:
-        _Mode.enabled = before
+
+    __slots__ = ()
+    _on = False
 
 
-@contextmanager
-def enable_grad() -> Iterator[None]:
+class enable_grad(_Switch):  # noqa: N801 - PyTorch's name
     """Operators inside record again, even within ``no_grad()`` (a recomputed region's backward)."""
-    before = _Mode.enabled
-    _Mode.enabled = True
-    try:
-        yield
-    finally:
-        _Mode.enabled = before
+
+    __slots__ = ()
+    _on = True
 
 
 class kept_as:  # noqa: N801 - used as a function: ``with kept_as("mlp"):``
@@ -71,11 +126,51 @@ class kept_as:  # noqa: N801 - used as a function: ``with kept_as("mlp"):``
         self.kind = kind
 
     def __enter__(self) -> None:
-        self.before = _Mode.kind
-        _Mode.kind = self.kind
+        before = self.before = _Mode.tag
+        _Mode.tag = (self.kind, before[1])
 
     def __exit__(self, *exc: Any) -> None:
-        _Mode.kind = self.before
+        # The kind before, at the era now (an optimizer step inside the block started a new one).
+        tag, before = _Mode.tag, self.before
+        _Mode.tag = before if tag[1] == before[1] else (before[0], tag[1])
+
+
+_ERAS = itertools.count(1)  # eras of optimizer steps, over every thread: each step's is new
+
+
+def updated(leaves: Any) -> None:
+    """Note that the blocks of these leaves (parameters) were just changed in place (an optimizer's step): a
+    graph recorded before reads their new values, not those its forward read, and `stale_reads` finds it.
+    Costs one tuple and one attribute per leaf a step, nothing per recorded node."""
+    era = next(_ERAS)
+    for leaf in leaves:
+        leaf.updated = era
+    mode = _Mode
+    mode.tag = (mode.tag[0], era)
+    if not mode.quiet:  # nodes recorded since the last backward may read them (a forward not walked yet)
+        mode.suspect = True
+
+
+def walked() -> None:
+    """A backward walked its graph (the engine's end of `backward`): no node recorded since, on this thread."""
+    mode = _Mode
+    mode.quiet = True
+    if mode.enabled is True:
+        mode.enabled = _QUIET
+
+
+def stale_reads(order: Any) -> Any:
+    """The first (node, leaf tensor) of the graph `order` (its nodes) whose node read the leaf before an
+    optimizer step changed the leaf's block in place, or None. The backward asks only when its root was
+    recorded before this thread's last step, or after a step that found nodes recorded and not walked yet
+    (`_ModeState.suspect`): never in a normal step."""
+    for node in order:
+        era = node.tag[1]
+        for t in node.inputs:
+            leaf = getattr(t, "_ag", None)
+            if isinstance(leaf, Leaf) and leaf.updated > era:
+                return node, t
+    return None
 
 
 class _Recorded:
@@ -100,12 +195,14 @@ def _passed(dy: Any) -> tuple:
 
 
 class Leaf(_Recorded):
-    """A tensor the user asked gradients for; ``grad`` is a DTensor in its layout (or None)."""
+    """A tensor the user asked gradients for; ``grad`` is a DTensor in its layout (or None); ``updated``: the
+    era of the last optimizer step that changed its block in place (0: none; `updated`)."""
 
-    __slots__ = ("grad",)
+    __slots__ = ("grad", "updated")
 
     def __init__(self) -> None:
         self.grad: Any = None
+        self.updated = 0
 
 
 class Detached(Leaf):
@@ -130,25 +227,37 @@ class Node(_Recorded):
         reads: layouts of the tensors `backward` reads besides the gradient; a
             pending sum of the gradient over an axis none of them uses passes
             through (the backward is linear and their blocks repeat there).
-        kind: what the node keeps for backward, for the memory tracker (`kept_as`); None: untagged.
+        tag: (kind, era): what the node keeps for backward, for the memory tracker (`kept_as`; None:
+            untagged), and the era of the thread's last optimizer step when it was recorded (`updated`).
         low: the output's dtype when it is bfloat16 (spmdsim.precision), else None.
     """
 
-    __slots__ = ("name", "inputs", "backward", "want", "reads", "kind", "low")
+    __slots__ = ("name", "inputs", "backward", "want", "reads", "tag", "low")
 
     def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple,
                  kind: Optional[str] = None, low: Any = None) -> None:
         self.name, self.inputs, self.backward, self.want, self.reads = name, inputs, backward, want, reads
-        self.kind = kind
+        self.tag = (kind, _Mode.tag[1])
         self.low = low  # the output's dtype when bfloat16: its gradient is rounded to it before `backward`
+
+    @property
+    def kind(self) -> Optional[str]:
+        """What the node keeps for backward (`kept_as`); None: untagged."""
+        return self.tag[0]
 
     def describe(self) -> str:
         """The forward step this node records, as text."""
         return self.name if isinstance(self.name, str) else self.name()
 
 
-def requires_grad_(tensor: Any, flag: bool = True) -> Any:
-    """Mark `tensor` (a leaf) as needing ``.grad``; integer and bool tensors are refused."""
+def requires_grad_(tensor: Any, flag: bool = True, spelled: str = "") -> Any:
+    """Mark `tensor` (a leaf) as needing ``.grad``; integer and bool tensors are refused. `spelled`:
+    "requires_grad = " when called as ``tensor.requires_grad = flag`` (for the refusals' text)."""
+    if flag is not True and flag is not False:
+        if type(flag).__name__ != "bool_":  # numpy's bool passes as Python's
+            call = f"requires_grad = {flag!r}" if spelled else f"requires_grad_({flag!r})"
+            raise OperatorError(f"{call}: expected True or False, got a {type(flag).__name__}")
+        flag = bool(flag)
     if not flag:
         if isinstance(tensor._ag, Node):
             raise OperatorError("requires_grad_(False) on the output of an operator: only a leaf "
@@ -162,6 +271,30 @@ def requires_grad_(tensor: Any, flag: bool = True) -> Any:
     if tensor._ag is None:
         tensor._ag = Leaf()
     return tensor
+
+
+def set_grad(tensor: Any, value: Any) -> None:
+    """``tensor.grad = value``: None forgets a leaf's gradient (nothing to forget elsewhere); a DTensor of the
+    leaf's global shape, mesh and layout (no pending sum) and a floating dtype becomes its gradient."""
+    leaf = tensor._ag
+    if value is None:
+        if isinstance(leaf, Leaf):
+            leaf.grad = None
+        return
+    where = f"a DTensor of global shape {tuple(tensor.global_shape)!r}"
+    if not isinstance(leaf, Leaf):
+        raise OperatorError(f".grad = ... on {where} that is not a leaf with requires_grad_(): only such a tensor "
+                            "holds a gradient (None may be set anywhere)")
+    whole = tensor.layout if not tensor.layout.partial else tensor.layout.with_partial(())
+    shape = getattr(value, "global_shape", None)
+    if shape is None or not hasattr(value, "_ag"):
+        raise OperatorError(f".grad = {type(value).__name__}: expected None or {where} laid out {whole}")
+    if tuple(shape) != tuple(tensor.global_shape) or value.mesh is not tensor.mesh or value.layout != whole:
+        raise OperatorError(f".grad = a DTensor of global shape {tuple(shape)!r} laid out {value.layout}: expected "
+                            f"{where} laid out {whole} on the parameter's mesh")
+    if value.dtype.kind != "f" and not is_low(value.dtype):
+        raise OperatorError(f".grad = a DTensor of dtype {value.dtype.name!r}: a gradient is floating")
+    leaf.grad = value
 
 
 def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backward: Callable,
@@ -189,13 +322,15 @@ def attach(out: Any, name: str | Callable[[], str], inputs: tuple, backward: Cal
     """`record` for a caller that knows its node's read layouts (`reads`, a tuple of TensorLayouts, not
     tensors) and gives `inputs` as a tuple: an operator's prepared call (spmdsim.ops.pointwise), which
     works them out once per call signature, not on every call. Attaches nothing inside ``no_grad()``."""
-    if not _Mode.enabled:
-        return out
+    if _Mode.enabled is not True:
+        if not _Mode.enabled:
+            return out
+        _Mode.enabled, _Mode.quiet = True, False  # the first node since the last backward (once a forward)
     dtype = out._local.dtype
     # Node's fields set here, as Node() sets them, without its __init__'s frame (a node per operator).
     node = _new_node(Node)
     node.name, node.inputs, node.backward, node.want, node.reads = name, inputs, backward, want, reads
-    node.kind = _Mode.kind
+    node.tag = _Mode.tag
     node.low = dtype if dtype.kind == "V" and is_low(dtype) else None
     out._ag = node
     return out

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..autograd.engine import backward
-from ..autograd.graph import requires_grad_
+from ..autograd.graph import requires_grad_, set_grad
 from ..errors import OperatorError
 from ..runtime.dtensor import DTensor, install_operators
 from .joins import getitem, narrow
@@ -38,7 +38,7 @@ def _numpy_matmul(a: Any, b: Any) -> Any:
 
 
 install_operators(pointwise=pointwise, power=_power, matmul=_numpy_matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
-                  backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
+                  set_grad=set_grad, backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
 
 
 def _dims(x: Any, dim: Any, extra: int = 0) -> int:

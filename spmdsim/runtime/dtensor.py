@@ -53,8 +53,8 @@ class _Operators:
     (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
     (``from spmdsim import DTensor``) loads spmdsim.ops with it.
     """
-    __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "backward", "getitem", "reshape",
-                 "transpose")
+    __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "set_grad", "backward", "getitem",
+                 "reshape", "transpose")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
         raise OperatorError(f"DTensor's operators and autograd come with spmdsim.ops, which is not loaded: "
@@ -277,19 +277,26 @@ class DTensor:
         """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
         return _OPERATORS.requires_grad_(self, requires_grad)
 
-    requires_grad = property(lambda self: self._ag is not None)
-    grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
+    requires_grad = property(lambda self: self._ag is not None,
+                             lambda self, flag: _OPERATORS.requires_grad_(self, flag, "requires_grad = "),
+                             doc="whether gradients are recorded for it; ``x.requires_grad = True`` is "
+                                 "``x.requires_grad_()``")
+    grad = property(lambda self: getattr(self._ag, "grad", None), lambda self, value: _OPERATORS.set_grad(self, value),
+                    doc="the gradient, in this layout; ``p.grad = None`` forgets it (a DTensor of the "
+                        "parameter's global shape and layout sets it)")
 
     def backward(self, gradient: "DTensor | None" = None, explain: list | None = None,
-                 bucket: bool | int = False, keep_pending: Any = ()) -> None:
+                 bucket: bool | int = False, keep_pending: Any = (), *, retain_graph: Any = None,
+                 create_graph: Any = False) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
         `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
         layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
         a bucket's bytes. `keep_pending`: leaves whose gradients stay pending sums, accumulated, for
-        spmdsim.autograd.reduce_grads (gradient accumulation).
+        spmdsim.autograd.reduce_grads (gradient accumulation). PyTorch's `retain_graph` and
+        `create_graph` are refused when true (the walk frees the graph; no gradient of a gradient).
         """
-        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending)
+        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph)
 
     # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
     # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the

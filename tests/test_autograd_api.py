@@ -1,0 +1,234 @@
+"""The autograd API as a PyTorch user tries it (docs/training.md, "API" and "Bad input"), on simulated ranks:
+gradients against numpy, and each misuse refused in one line alike on every rank, before any collective.
+
+Each body is tiny (a 4 x 3 input, a 3 x 2 weight): the whole file takes about a second.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh, ops
+from spmdsim.autograd import Function, checkpoint, no_grad
+from spmdsim.errors import OperatorError
+from spmdsim.optim import SGD, DistributedAdamW
+
+A = np.arange(12.0).reshape(4, 3) / 7
+W = np.arange(6.0).reshape(3, 2) / 5 - 0.3
+
+
+def _setup(ranks: int):
+    """(mesh, layout, x rows split over "dp" requiring grad, w replicated requiring grad) on 1-d mesh."""
+    layout = Layout((ranks,), ("dp",))
+    mesh = Mesh(layout)
+    x = DTensor.from_global(mesh, A, layout("dp", None)).requires_grad_()
+    w = DTensor.from_global(mesh, W, layout(None, None)).requires_grad_()
+    return mesh, layout, x, w
+
+
+def _refused(ranks: int, body) -> set:
+    """The messages `body` raised on each rank (one entry when every rank raised the same)."""
+    def wrapped():
+        try:
+            body()
+        except OperatorError as e:
+            return str(e)
+        return None
+
+    return set(spmdsim.simulate(ranks, wrapped))
+
+
+def _square_loss(x, w):
+    y = x @ w
+    return ops.sum(y * y)
+
+
+STALE = "backward through a graph recorded before an optimizer step changed a parameter it reads in place"
+
+
+@pytest.mark.parametrize("case", ["loss before the step", "loss after the step", "checkpointed region"])
+def test_backward_of_a_graph_recorded_before_a_step_is_refused(case):
+    """PyTorch's version counter refuses these; spmdsim's rules read the parameter's block in place, so the walk
+    took the step's new values where the forward read the old ones: a wrong gradient, without a word."""
+    def body():
+        mesh, layout, x, w = _setup(4)
+        opt = SGD([w], lr=0.5)
+        _square_loss(x, w).backward()  # w has a gradient: the step below changes its block
+        if case == "loss before the step":
+            loss = _square_loss(x, w)
+            opt.step()
+        elif case == "loss after the step":  # part of the graph read w before the step
+            h = x @ w
+            opt.step()
+            loss = ops.sum(h * h)
+        else:
+            h = checkpoint(lambda a, b: ops.tanh(a @ b), x, w)  # its recomputation would read the new w
+            opt.step()
+            loss = ops.sum(h)
+        loss.backward()
+
+    (message,) = _refused(4, body)
+    assert message.startswith(STALE) and "global shape (3, 2)" in message
+
+
+def test_training_loops_step_between_backwards_unrefused_and_exact():
+    """No refusal where nothing is stale: zero_grad, forward, backward, step; a forward not walked before a step
+    (an evaluation without no_grad) makes later backwards look at every node, and they still pass; each
+    gradient and update against numpy."""
+    def body():
+        mesh, layout, x, w = _setup(4)
+        opt = SGD([w], lr=0.1)
+        ref = W.copy()
+        for step in range(3):
+            opt.zero_grad()
+            _square_loss(x, w).backward()
+            expected = 2 * A.T @ (A @ ref)
+            assert np.allclose(w.grad.gather(), expected, rtol=1e-13)
+            _square_loss(x, w)  # recorded, never walked: the step below cannot know it is dropped
+            opt.step()
+            ref = ref - 0.1 * expected
+            assert np.allclose(w.gather(), ref, rtol=1e-13)
+        return True
+
+    assert spmdsim.simulate(4, body) == [True] * 4
+
+
+def test_distributed_adamw_step_also_marks_its_parameters():
+    def body():
+        layout = Layout((2,), ("dp",))
+        mesh = Mesh(layout)
+        x = DTensor.from_global(mesh, A, layout("dp", None))
+        w = DTensor.from_global(mesh, W, layout(None, None)).requires_grad_()
+        opt = DistributedAdamW([w], mesh, ("dp",), lr=0.1)
+        _square_loss(x, w).backward(keep_pending=[w])
+        loss = _square_loss(x, w)
+        opt.step()
+        loss.backward(keep_pending=[w])
+
+    (message,) = _refused(2, body)
+    assert message.startswith(STALE)
+
+
+def test_backward_refuses_pytorch_options_and_an_explain_that_is_no_list():
+    """``loss.backward(None, True)`` (PyTorch's retain_graph, positionally) was an AttributeError of 'bool' from
+    deep in the walk; ``retain_graph=True`` a TypeError."""
+    cases = [(lambda loss: loss.backward(None, True), "backward(explain=True): expected a list"),
+             (lambda loss: loss.backward(retain_graph=True), "backward(retain_graph=True): not taken"),
+             (lambda loss: loss.backward(create_graph=True), "backward(create_graph=True): not taken")]
+    for call, start in cases:
+        def body():
+            mesh, layout, x, w = _setup(2)
+            call(_square_loss(x, w))
+
+        (message,) = _refused(2, body)
+        assert message.startswith(start), message
+
+    def fine():
+        mesh, layout, x, w = _setup(2)
+        _square_loss(x, w).backward(retain_graph=False)
+        return np.allclose(w.grad.gather(), 2 * A.T @ (A @ W))
+
+    assert spmdsim.simulate(2, fine) == [True, True]
+
+
+def test_requires_grad_flag_and_the_setters_pytorch_users_write():
+    def body():
+        mesh, layout, x, w = _setup(2)
+        with pytest.raises(OperatorError, match=r"requires_grad_\('no'\): expected True or False, got a str"):
+            DTensor.from_global(mesh, W, layout(None, None)).requires_grad_("no")  # was: asked for gradients
+        b = DTensor.from_global(mesh, np.ones(2), layout(None))
+        b.requires_grad = True  # was: AttributeError, no setter
+        assert b.requires_grad
+        loss = _square_loss(x, w) + ops.sum(b)
+        loss.backward()
+        w.grad = None  # was: AttributeError
+        assert w.grad is None and np.allclose(b.grad.gather(), 1)
+        with pytest.raises(OperatorError, match=r"\.grad = a DTensor of global shape \(2,\) laid out .*: expected a "
+                                                r"DTensor of global shape \(3, 2\)"):
+            w.grad = b
+        w.grad = DTensor.from_global(mesh, np.ones((3, 2)), layout(None, None))
+        SGD([w], lr=0.5).step()
+        return np.allclose(w.gather(), W - 0.5)
+
+    assert spmdsim.simulate(2, body) == [True, True]
+
+
+def test_optimizer_refuses_a_parameter_twice_a_lone_tensor_and_groups():
+    """A parameter given twice was stepped twice a step (SGD moved it by 2 lr g)."""
+    def body():
+        mesh, layout, x, w = _setup(2)
+        with pytest.raises(OperatorError, match=r"optimizer parameter 1 is parameter 0 again \(a DTensor of global "
+                                                r"shape \(3, 2\), .*a leaf\); give each parameter once"):
+            SGD([w, w], lr=0.1)
+        with pytest.raises(OperatorError, match=r"expected an iterable of parameters .* got a DTensor of global "
+                                                r"shape \(3, 2\).*one parameter goes in a list"):
+            SGD(w, lr=0.1)  # was: iterated by rows, "parameter 0 ... not a leaf"
+        with pytest.raises(OperatorError, match="parameter 0 is a dict: parameter groups are not taken"):
+            SGD([{"params": [w], "lr": 0.1}], lr=0.1)
+        opt = SGD([w], lr=0.1)
+        _square_loss(x, w).backward()
+        opt.zero_grad(set_to_none=False)  # was: TypeError
+        zeros = w.grad.gather()
+        _square_loss(x, w).backward()
+        return np.array_equal(zeros, np.zeros((3, 2))) and np.allclose(w.grad.gather(), 2 * A.T @ (A @ W))
+
+    assert spmdsim.simulate(2, body) == [True, True]
+
+
+def test_function_contract_errors_name_what_was_returned_and_ctx_has_needs_input_grad():
+    class Pair(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x, x
+
+    class Text(Function):
+        @staticmethod
+        def forward(ctx, x, scale):
+            assert ctx.needs_input_grad == (True, False)  # PyTorch's: per argument
+            return x * scale
+
+        @staticmethod
+        def backward(ctx, dy):
+            return "oops"  # was: ValueError "could not convert string to float"
+
+    def body():
+        mesh, layout, x, w = _setup(2)
+        with pytest.raises(OperatorError, match=r"Pair.forward returned a tuple of 2; expected one numpy array"):
+            Pair.apply(x)
+        y = Text.apply(x, 3.0)
+        assert y._ag.backward is not None
+        ops.sum(y).backward()
+
+    (message,) = _refused(2, body)
+    assert message.startswith("Text.backward returned a str as a gradient; expected a numpy array"), message
+
+
+def test_checkpoint_takes_arguments_that_are_not_tensors():
+    """PyTorch's checkpoint passes numbers and flags through; spmdsim's refused them."""
+    def body():
+        mesh, layout, x, w = _setup(2)
+        y = checkpoint(lambda a, b, scale, square: ops.tanh(a @ b) * scale, x, w, 3.0, True)
+        ops.sum(y).backward()
+        t = np.tanh(A @ W)
+        return np.allclose(w.grad.gather(), A.T @ (3 * (1 - t * t))) and \
+            np.allclose(x.grad.gather(), (3 * (1 - t * t)) @ W.T)
+
+    assert spmdsim.simulate(2, body) == [True, True]
+
+
+def test_no_grad_decorates_with_and_without_parentheses():
+    def body():
+        mesh, layout, x, w = _setup(1)
+
+        @no_grad
+        def bare():
+            return x @ w
+
+        @no_grad()
+        def called():
+            return x @ w
+
+        return bare().requires_grad, called().requires_grad, (x @ w).requires_grad
+
+    assert spmdsim.simulate(1, body) == [(False, False, True)]
