@@ -269,6 +269,28 @@ def test_a_malformed_partition_spec_is_called_one(capsys):
                     "--to", "None,x", "--shape", "8,8"], "partition spec \"('x',,None)\" has an empty entry")
 
 
+def test_a_partition_spec_reads_as_jax_prints_it(capsys):
+    # print(sharding.spec) shows PartitionSpec('x', None) (newer JAX: P('x', None)): it was "a malformed entry".
+    want = None
+    for spec in ("('x', None)", "PartitionSpec('x', None)", "P('x',)", "jax.sharding.PartitionSpec('x', None)"):
+        assert main(["slices", "--partition-spec", spec, "--device-matrix", "2,4", "--alias", "x,y",
+                     "--shape", "8,8"]) == 0, spec
+        out = capsys.readouterr().out
+        assert want in (None, out), spec
+        want = out
+    # Each argument of the call is one entry: P(('x', 'y')) splits dim 0 over both axes (x major).
+    assert main(["slices", "--partition-spec", "P(('x', 'y'))", "--device-matrix", "2,4", "--alias", "x,y",
+                 "--shape", "8,8"]) == 0
+    assert json.loads(capsys.readouterr().out)["rank_slices"]["5"] == [[5, 6], [0, 8]]
+    assert main(["plan", "--device-matrix", "2,4", "--alias", "x,y", "--from-partition-spec", "P('x', None)",
+                 "--to-partition-spec", "P(None, 'y')", "--shape", "8,8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"]
+    _fails(capsys, ["slices", "--partition-spec", "P('x',,None)", "--device-matrix", "2,4", "--alias", "x,y",
+                    "--shape", "8,8"], "partition spec \"P('x',,None)\" has an empty entry for tensor dim 1")
+    _fails(capsys, ["slices", "--partition-spec", "P(,)", "--device-matrix", "2,4", "--alias", "x,y",
+                    "--shape", "8,8"], "partition spec 'P(,)' has an empty entry for tensor dim 0")
+
+
 # -- 5, 6, 7: pictures, width, case file encoding --------------------------------------------------
 def test_show_png_path_is_checked_before_drawing(tmp_path, capsys):
     blocker = tmp_path / "in.json"

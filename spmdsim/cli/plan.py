@@ -22,7 +22,8 @@ from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
-from .cases import check_device_count, indivisible, parse_int_list, parse_name_list, parse_tensor_map
+from .cases import (check_device_count, indivisible, parse_int_list, parse_name_list, parse_partition_spec,
+                    parse_tensor_map)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -167,7 +168,7 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     elif spec:
         from ..dialects.partition_spec import partition_spec_to_layout
 
-        tl = partition_spec_to_layout(parse_tensor_map(spec, "partition spec"), mesh.device_matrix, ndim, mesh.alias_name)
+        tl = partition_spec_to_layout(parse_partition_spec(spec), mesh.device_matrix, ndim, mesh.alias_name)
     elif sbp:
         from ..dialects.sbp import sbp_to_layout
 
