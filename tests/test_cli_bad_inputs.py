@@ -291,6 +291,24 @@ def test_a_partition_spec_reads_as_jax_prints_it(capsys):
                     "--shape", "8,8"], "partition spec 'P(,)' has an empty entry for tensor dim 0")
 
 
+def test_an_empty_flag_is_named_as_given(capsys):
+    # An empty mesh was "mesh shape () must be ..." or "device_matrix must have at least one axis" (no flag named);
+    # plan's --from-placements "" was "give exactly one of ... got []" although it was given.
+    for argv, flag in ((["slices", "--placements", "R", "--device-matrix", "", "--shape", ""], "--device-matrix"),
+                       (["slices", "--sbp", "S(0)", "--placement", "", "--shape", "4"], "--placement"),
+                       (["plan", "--device-matrix", "", "--from", "", "--to", "", "--shape", ""], "--device-matrix"),
+                       (["plan", "--device-matrix", "2", "--to-device-matrix", "", "--from", "None", "--to", "None",
+                         "--shape", "4"], "--to-device-matrix")):
+        _fails(capsys, argv, f"{flag} '' gives no axis; expected at least one size")
+    _fails(capsys, ["plan", "--device-matrix", "2", "--from-placements", "", "--to", "None", "--shape", "4"],
+           "placements '' have an empty entry")
+    _fails(capsys, ["plan", "--device-matrix", "2", "--from-sbp", "", "--to", "None", "--shape", "4"],
+           "sbp '' has an empty entry")
+    # An empty tensor map is a 0-d tensor's, as in slices.
+    assert main(["plan", "--device-matrix", "2", "--from", "", "--to", "", "--shape", ""]) == 0
+    assert "no steps" in capsys.readouterr().out
+
+
 # -- 5, 6, 7: pictures, width, case file encoding --------------------------------------------------
 def test_show_png_path_is_checked_before_drawing(tmp_path, capsys):
     blocker = tmp_path / "in.json"

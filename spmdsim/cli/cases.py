@@ -447,6 +447,8 @@ def _flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     if any(v < minimum for v in values):
         what = "sizes of at least 0" if minimum == 0 else "positive sizes"
         raise SpmdsimError(f"{flag} {text!r} must be {what}, such as 2,4")
+    if minimum > 0 and not values:  # a mesh (a 0-d tensor's --shape is "")
+        raise SpmdsimError(f"{flag} {text!r} gives no axis; expected at least one size, such as 2,4")
     return values
 
 
