@@ -269,6 +269,46 @@ def test_a_malformed_partition_spec_is_called_one(capsys):
                     "--to", "None,x", "--shape", "8,8"], "partition spec \"('x',,None)\" has an empty entry")
 
 
+def test_a_partition_spec_reads_as_jax_prints_it(capsys):
+    # print(sharding.spec) shows PartitionSpec('x', None) (newer JAX: P('x', None)): it was "a malformed entry".
+    want = None
+    for spec in ("('x', None)", "PartitionSpec('x', None)", "P('x',)", "jax.sharding.PartitionSpec('x', None)"):
+        assert main(["slices", "--partition-spec", spec, "--device-matrix", "2,4", "--alias", "x,y",
+                     "--shape", "8,8"]) == 0, spec
+        out = capsys.readouterr().out
+        assert want in (None, out), spec
+        want = out
+    # Each argument of the call is one entry: P(('x', 'y')) splits dim 0 over both axes (x major).
+    assert main(["slices", "--partition-spec", "P(('x', 'y'))", "--device-matrix", "2,4", "--alias", "x,y",
+                 "--shape", "8,8"]) == 0
+    assert json.loads(capsys.readouterr().out)["rank_slices"]["5"] == [[5, 6], [0, 8]]
+    assert main(["plan", "--device-matrix", "2,4", "--alias", "x,y", "--from-partition-spec", "P('x', None)",
+                 "--to-partition-spec", "P(None, 'y')", "--shape", "8,8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"]
+    _fails(capsys, ["slices", "--partition-spec", "P('x',,None)", "--device-matrix", "2,4", "--alias", "x,y",
+                    "--shape", "8,8"], "partition spec \"P('x',,None)\" has an empty entry for tensor dim 1")
+    _fails(capsys, ["slices", "--partition-spec", "P(,)", "--device-matrix", "2,4", "--alias", "x,y",
+                    "--shape", "8,8"], "partition spec 'P(,)' has an empty entry for tensor dim 0")
+
+
+def test_an_empty_flag_is_named_as_given(capsys):
+    # An empty mesh was "mesh shape () must be ..." or "device_matrix must have at least one axis" (no flag named);
+    # plan's --from-placements "" was "give exactly one of ... got []" although it was given.
+    for argv, flag in ((["slices", "--placements", "R", "--device-matrix", "", "--shape", ""], "--device-matrix"),
+                       (["slices", "--sbp", "S(0)", "--placement", "", "--shape", "4"], "--placement"),
+                       (["plan", "--device-matrix", "", "--from", "", "--to", "", "--shape", ""], "--device-matrix"),
+                       (["plan", "--device-matrix", "2", "--to-device-matrix", "", "--from", "None", "--to", "None",
+                         "--shape", "4"], "--to-device-matrix")):
+        _fails(capsys, argv, f"{flag} '' gives no axis; expected at least one size")
+    _fails(capsys, ["plan", "--device-matrix", "2", "--from-placements", "", "--to", "None", "--shape", "4"],
+           "placements '' have an empty entry")
+    _fails(capsys, ["plan", "--device-matrix", "2", "--from-sbp", "", "--to", "None", "--shape", "4"],
+           "sbp '' has an empty entry")
+    # An empty tensor map is a 0-d tensor's, as in slices.
+    assert main(["plan", "--device-matrix", "2", "--from", "", "--to", "", "--shape", ""]) == 0
+    assert "no steps" in capsys.readouterr().out
+
+
 # -- 5, 6, 7: pictures, width, case file encoding --------------------------------------------------
 def test_show_png_path_is_checked_before_drawing(tmp_path, capsys):
     blocker = tmp_path / "in.json"

@@ -59,6 +59,15 @@ def test_parse_sbp_forms(value):
     assert parse_sbp(value) == (Broadcast(), Split(0))
 
 
+def test_parse_sbp_reads_what_oneflow_prints():
+    # A global tensor prints sbp=(oneflow.sbp.split(dim=0),); older OneFlow printed split(axis=0), and
+    # flow.sbp.broadcast() / partial_sum() are called in user code.
+    assert parse_sbp("(oneflow.sbp.split(dim=0), oneflow.sbp.broadcast)") == (Split(0), Broadcast())
+    assert parse_sbp("flow.sbp.split(axis=1), flow.sbp.partial_sum()") == (Split(1), PartialSum())
+    assert parse_sbp("broadcast(), S(0)") == (Broadcast(), Split(0))
+    _errors_with("sbp 'split(dim=-1)' is not valid", parse_sbp, "split(dim=-1)")
+
+
 def test_parse_sbp_single_entries():
     assert parse_sbp("(S(1), P)") == (Split(1), PartialSum())
     assert parse_sbp("S(3)") == (Split(3),)
@@ -176,6 +185,17 @@ def test_placement_values_and_parsing():
         Shard(-1), Replicate(), Partial("max"))
     assert parse_placements([Shard(1), "R"]) == (Shard(1), Replicate())
     assert format_placements([Shard(1), Replicate()]) == "(S(1), R)"
+
+
+def test_parse_placements_reads_what_pytorch_prints():
+    # print(dt.placements) shows the reprs: (Shard(dim=0), Replicate(), Partial(sum)).
+    assert parse_placements("(Shard(dim=0), Replicate(), Partial(sum))") == (Shard(0), Replicate(), Partial())
+    assert parse_placements("Shard(dim=-1), Partial(reduce_op='avg')") == (Shard(-1), Partial("avg"))
+    assert parse_placements(repr((Shard(1), Partial()))) == (Shard(1), Partial())
+    msg = _errors_with("placement '_StridedShard(dim=0, sf=2)' in '(_StridedShard(dim=0, sf=2), Shard(dim=0))' "
+                       "is DTensor's _StridedShard", parse_placements, "(_StridedShard(dim=0, sf=2), Shard(dim=0))")
+    assert "not model" in msg and "\n" not in msg
+    _errors_with("placement '_S(0, 2)' is DTensor's _StridedShard", parse_placements, "_S(0, 2)")
 
 
 @pytest.mark.parametrize(

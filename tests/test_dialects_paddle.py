@@ -95,6 +95,8 @@ def test_column_parallel_linear(gather_out):
         (((8, 0), "linear", 0, 2), {}, "size (8, 0) must be a list or tuple of two positive integers"),
         (((8, 8), "linear", 0, 0), {}, "num_partitions 0 must be a positive integer"),
         (((8, 8), "linear", 0, 2), {"input_ndim": 0}, "input_ndim 0 must be a positive integer"),
+        # A truthy string was read as True: gather_out="no" gathered.
+        (((8, 8), "linear", 1, 2), {"gather_out": "no"}, "gather_out 'no' must be True or False"),
     ],
 )
 def test_split_layouts_errors(args, kwargs, fragment):

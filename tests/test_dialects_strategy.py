@@ -192,6 +192,15 @@ def test_matmul_rep_axis_on_the_right():
     assert m.x.replica_groups()[0] == (0, 1, 2, 3)
 
 
+def test_matmul_transpose_flags_must_be_bools():
+    # transpose_a="no" was read as True (x stored (k, m)); numpy's bools are bools.
+    with pytest.raises(DialectError, match="transpose_a 'no' must be True or False"):
+        matmul_layouts(((2, 4), (4, 1)), 8, transpose_a="no")
+    with pytest.raises(DialectError, match="transpose_b 1 must be True or False"):
+        matmul_layouts(((2, 4), (4, 1)), 8, transpose_b=1)
+    assert matmul_layouts(((2, 4), (1, 4)), 8, transpose_b=np.bool_(True)).transpose_b is True
+
+
 def test_matmul_transposes_use_storage_order():
     mb = matmul_layouts(((2, 4), (1, 4)), 8, transpose_b=True)  # w stored (n, k)
     assert mb.layout.device_matrix == (2, 4, 1)

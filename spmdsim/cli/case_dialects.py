@@ -12,7 +12,7 @@ from ..errors import DialectError, SpmdsimError
 from ..layout import TensorLayout
 from ..validate import counted
 from .cases import (_SBP_KEYS, Case, _flag_text, _device_count_checked, _require, check_device_count, default_names,
-                    mesh_names, multi_axis_hint, parse_tensor_map, world_size_mismatch)
+                    mesh_names, multi_axis_hint, parse_partition_spec, world_size_mismatch)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
@@ -111,7 +111,7 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
     mesh = _device_count_checked(data, "device_matrix")
     spec = data["partition_spec"]
     if isinstance(spec, str):
-        spec = parse_tensor_map(spec, "partition spec")  # the same text form: ('x', None), x,None, ((sp,dp),None)
+        spec = parse_partition_spec(spec)  # ('x', None), x,None, ((sp,dp),None) or JAX's PartitionSpec('x', None)
     names = (mesh_names(data, mesh) if "alias_name" in data else
              default_names(len(mesh), spec if isinstance(spec, (list, tuple)) else (), partial, "JAX PartitionSpec"))
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, TextIO
@@ -43,6 +44,7 @@ __all__ = [
     "parse_int_list",
     "parse_name_list",
     "parse_tensor_map",
+    "parse_partition_spec",
     "check_device_count",
     "multi_axis_hint",
     "default_names",
@@ -391,6 +393,28 @@ def parse_tensor_map(text: str, what: str = "tensor map") -> tuple:
     return tuple(out)
 
 
+_SPEC_CALL = re.compile(r"^\s*(?:(?:jax\.sharding\.)?PartitionSpec|P)\s*\((.*)\)\s*$", re.S)
+
+
+def parse_partition_spec(text: str) -> tuple:
+    """A JAX PartitionSpec as text: ``('x', None)``, ``x,None``, or as JAX prints and writes it,
+    ``PartitionSpec('x', None)`` / ``P(('x', 'y'))`` (each argument of the call one entry; ``P()`` a scalar's)."""
+    call = _SPEC_CALL.match(text)
+    if call is None:
+        return parse_tensor_map(text, "partition spec")
+    args = call.group(1).strip()
+    # The call's arguments are the entries: as a tuple with a trailing comma, P(('x', 'y')) stays one entry.
+    body = args.removesuffix(",").rstrip()
+    if args and not body:  # P(,): Python's syntax error, not a scalar's spec
+        raise SpmdsimError(f"partition spec {text!r} has an empty entry for tensor dim 0; write P() for a scalar, "
+                           "None for a dim that is not split")
+    inner = f"({body},)" if body else "()"
+    try:
+        return parse_tensor_map(inner, "partition spec")
+    except SpmdsimError as exc:  # named as the user wrote it
+        raise SpmdsimError(str(exc).replace(f"partition spec {inner!r}", f"partition spec {text!r}", 1)) from None
+
+
 def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments `slices`, `explain` and `show` share."""
     parser.add_argument(
@@ -423,6 +447,8 @@ def _flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     if any(v < minimum for v in values):
         what = "sizes of at least 0" if minimum == 0 else "positive sizes"
         raise SpmdsimError(f"{flag} {text!r} must be {what}, such as 2,4")
+    if minimum > 0 and not values:  # a mesh (a 0-d tensor's --shape is "")
+        raise SpmdsimError(f"{flag} {text!r} gives no axis; expected at least one size, such as 2,4")
     return values
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import SpmdsimError
-from ..layout import TensorLayout
+from ..layout import TensorLayout, format_entry
 from .cases import add_case_arguments, case_from_args
 
 __all__ = ["register", "run", "Form", "convert_layout", "DIALECTS"]
@@ -76,17 +76,26 @@ def _map_text(tl: TensorLayout) -> str:
 
 
 def _layout(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
+    """The Layout call, as Python that MindSpore and spmdsim both run: a dim not split is the string "None" (MindSpore's
+    Layout refuses Python's None: "The axis None is not found"); spmdsim's own keywords (partial=, cut=) noted."""
     m = tl.layout
     names = ", ".join(f'"{n}"' for n in m.alias_name) + ("," if len(m.alias_name) == 1 else "")
     cut = "" if m.cut == "even" else f", cut={m.cut!r}"
-    text = f"Layout({m.device_matrix!r}, ({names}){cut}){tl}"
+    entries = ['"None"' if not axes else format_entry(axes) for axes in tl.tensor_map]
+    if tl.partial:
+        entries.append("partial=(" + ", ".join(f'"{a}"' for a in tl.partial) + ("," if len(tl.partial) == 1 else "")
+                       + ")")
+    text = f"Layout({m.device_matrix!r}, ({names}){cut})({', '.join(entries)})"
+    extras = [what for what, given in (("partial= (MindSpore's Layout has no pending sums)", tl.partial),
+                                       ("cut= (MindSpore cuts every dim evenly)", cut)) if given]
+    note = f"spmdsim's {' and '.join(extras)}" if extras else ""
     flags = (f"--device-matrix {_csv(m.device_matrix)} --alias {_csv(m.alias_name)} "
              f"--tensor-map \"{_map_text(tl)}\"")
     if tl.partial:
         flags += f" --partial {_csv(tl.partial)}"
     if cut:
         flags += f" --cut {m.cut}"
-    return Form(DIALECTS[0], text, "", flags)
+    return Form(DIALECTS[0], text, note, flags)
 
 
 def _uneven_note(tl: TensorLayout, shape: tuple[int, ...], who: str) -> Optional[str]:

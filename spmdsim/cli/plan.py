@@ -22,7 +22,8 @@ from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
-from .cases import check_device_count, indivisible, parse_int_list, parse_name_list, parse_tensor_map
+from .cases import (check_device_count, indivisible, parse_int_list, parse_name_list, parse_partition_spec,
+                    parse_tensor_map)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -134,6 +135,8 @@ def register(subparsers: Any) -> None:
 def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
     flag = f"--{prefix}device-matrix"
     dims = parse_int_list(matrix, flag)
+    if not dims:
+        raise SpmdsimError(f"{flag} {matrix!r} gives no axis; expected at least one size, such as 2,4")
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
     names = (parse_name_list(alias, f"--{prefix}alias") if alias
              else default_axis_names(len(dims)))
@@ -146,17 +149,17 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     placements = getattr(args, f"{which}_placements")
     spec = getattr(args, f"{which}_partition_spec")
     given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy),
-                                  ("placements", placements), ("partition-spec", spec)) if v]
+                                  ("placements", placements), ("partition-spec", spec)) if v is not None]
     if len(given) != 1:
         raise SpmdsimError(
             f"give exactly one of --{which}, --{which}-sbp, --{which}-placements, "
             f"--{which}-partition-spec and --{which}-strategy, got {given!r}"
         )
-    if strategy and which == "to" and (args.to_device_matrix or args.to_alias):
+    if strategy is not None and which == "to" and (args.to_device_matrix is not None or args.to_alias is not None):
         # A strategy brings its own device matrix; the target mesh flags would be dropped.
         raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
                            "expected no --to-device-matrix or --to-alias with it")
-    if strategy:
+    if strategy is not None:
         from ..dialects.strategy import strategy_to_layout
 
         # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
@@ -164,15 +167,15 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         tl = strategy_to_layout(strategy, world)
         if which == "to":
             tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
-    elif spec:
+    elif spec is not None:
         from ..dialects.partition_spec import partition_spec_to_layout
 
-        tl = partition_spec_to_layout(parse_tensor_map(spec, "partition spec"), mesh.device_matrix, ndim, mesh.alias_name)
-    elif sbp:
+        tl = partition_spec_to_layout(parse_partition_spec(spec), mesh.device_matrix, ndim, mesh.alias_name)
+    elif sbp is not None:
         from ..dialects.sbp import sbp_to_layout
 
         tl = sbp_to_layout(sbp, mesh.device_matrix, ndim, mesh.alias_name)
-    elif placements:
+    elif placements is not None:
         from ..dialects.dtensor import placements_to_layout
 
         tl = placements_to_layout(placements, mesh.device_matrix, ndim, mesh.alias_name)
@@ -198,9 +201,9 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     _one_device_matrix(args)
     shape = parse_int_list(args.shape, "--shape")
     source_mesh = _mesh(args.device_matrix, args.alias)
-    if args.to_device_matrix:
+    if args.to_device_matrix is not None:
         target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
-    elif args.to_alias:
+    elif args.to_alias is not None:
         target_mesh = _mesh(args.device_matrix, args.to_alias, "to-")
     else:
         target_mesh = source_mesh

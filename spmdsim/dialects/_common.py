@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Set as AbstractSet
 from typing import Optional, Sequence
 
+import numpy as np
+
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
@@ -15,6 +17,13 @@ def positive_int(value: object, what: str) -> int:
     if out is None or out <= 0:
         raise DialectError(f"{what} {value!r} must be a positive integer")
     return out
+
+
+def as_flag(value: object, what: str) -> bool:
+    """A True/False argument (numpy's bools too): "no" or 0 is no flag, as the frameworks' own checks say."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise DialectError(f"{what} {value!r} must be True or False")
 
 
 def positive_ints(values: object, what: str) -> tuple[int, ...]:

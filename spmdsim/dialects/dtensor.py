@@ -66,8 +66,11 @@ class Partial:
 
 Placement = Union[Shard, Replicate, Partial]
 
-_SHARD = re.compile(r"^(?:S|Shard)\s*\(\s*(-?\d+)\s*\)$")
-_PARTIAL = re.compile(r"^(?:P|Partial)\s*\(\s*['\"]?(\w+)['\"]?\s*\)$")
+# PyTorch prints a DTensor's placements with their reprs, ``(Shard(dim=0), Replicate(), Partial(sum))``, and
+# its constructors take keywords, ``Partial(reduce_op="sum")``: both read as the short forms do.
+_SHARD = re.compile(r"^(?:S|Shard)\s*\(\s*(?:dim\s*=\s*)?(-?\d+)\s*\)$")
+_PARTIAL = re.compile(r"^(?:P|Partial)\s*\(\s*(?:reduce_op\s*=\s*)?['\"]?(\w+)['\"]?\s*\)$")
+_STRIDED = re.compile(r"^(?:_S|_StridedShard)\s*\(")
 _NAMED = {"R": Replicate(), "Replicate()": Replicate(), "P": Partial(), "Partial()": Partial()}
 _EXPECTED = "expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), Partial())"
 
@@ -81,6 +84,10 @@ def _parse_one(token: object, shown: object) -> Placement:
     text = token.strip()
     if text in _NAMED:
         return _NAMED[text]
+    if _STRIDED.match(text):
+        raise DialectError(f"placement {token!r}{where} is DTensor's _StridedShard (a dim sharded right to left, "
+                           "as FSDP2 with TP does), which spmdsim does not model; expected Shard(d) on each mesh "
+                           "dim, or write the layout with a tensor map that lists the later mesh axis first")
     match = _SHARD.match(text)
     if match is not None:
         return Shard(int(match.group(1)))

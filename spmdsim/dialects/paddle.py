@@ -17,7 +17,7 @@ import numpy as np
 from ..datagen import SeededTensor
 from ..errors import DialectError, OperatorError
 from ..layout import Layout, TensorLayout
-from ._common import as_int, as_items, positive_int
+from ._common import as_flag, as_int, as_items, positive_int
 
 __all__ = ["MP_AXIS", "PaddleSplit", "split_layouts", "paddle_layout", "paddle_param", "ParamAttr"]
 
@@ -99,6 +99,7 @@ def split_layouts(
     and one more for embedding.
     """
     shape = _size(size)
+    gather_out = as_flag(gather_out, "gather_out")
     parts = positive_int(num_partitions, "num_partitions")
     ndim = as_int(input_ndim)
     if ndim is None or ndim < 1:

@@ -61,9 +61,12 @@ class PartialSum:
 
 SBP = Union[Broadcast, Split, PartialSum]
 
-_SPLIT = re.compile(r"^(?:S|split)\s*\(\s*(\d+)\s*\)$")
+# OneFlow prints an SBP as ``oneflow.sbp.split(dim=0)`` (older releases: ``split(axis=0)``), and its values are also
+# called, ``flow.sbp.broadcast()``: these read as the short forms do.
+_SPLIT = re.compile(r"^(?:S|split)\s*\(\s*(?:(?:dim|axis)\s*=\s*)?(\d+)\s*\)$")
 _PREFIX = re.compile(r"^(?:oneflow|flow)\.sbp\.")
-_NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "P": PartialSum(), "partial_sum": PartialSum()}
+_NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "broadcast()": Broadcast(), "P": PartialSum(),
+          "partial_sum": PartialSum(), "partial_sum()": PartialSum()}
 _EXPECTED = "expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"
 
 

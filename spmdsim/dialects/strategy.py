@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, axis_names, positive_int, require_layout
+from ._common import as_flag, as_int, as_items, axis_names, positive_int, require_layout
 
 __all__ = [
     "REP_AXIS", "StrategyLike", "MatMulLayouts", "parse_strategy", "format_strategy",
@@ -197,6 +197,7 @@ def matmul_layouts(
     ``transpose_b`` w is stored (n, k) and its strategy reads (c, b). Leading
     batch dims are aligned from the right and must be split equally.
     """
+    transpose_a, transpose_b = as_flag(transpose_a, "transpose_a"), as_flag(transpose_b, "transpose_b")
     parsed = parse_strategy(strategy)
     if len(parsed) != 2:
         raise DialectError(
@@ -229,7 +230,7 @@ def matmul_layouts(
     x = layout(*x_batch, *(("k", "m") if transpose_a else ("m", "k")))
     w = layout(*w_batch, *(("n", "k") if transpose_b else ("k", "n")))
     out = layout(*batch_names, "m", "n", partial=("k",) if k_x > 1 else ())
-    return MatMulLayouts(x, w, out, layout, parsed, bool(transpose_a), bool(transpose_b))
+    return MatMulLayouts(x, w, out, layout, parsed, transpose_a, transpose_b)
 
 
 def _batch_counts(
