@@ -427,6 +427,27 @@ def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
     assert "  backward collectives per step: {'allreduce': 1}" in out.splitlines(), out
 
 
+@pytest.mark.parametrize("args, code, said", [
+    # Nothing could run: it printed "skipped at 3 ranks: oneflow_2d_sbp" and exited 1, as a failed check does.
+    (["--ranks", "3", "--net", "oneflow_2d_sbp"], 2,
+     "spmdsim: error: the 2 x n placement needs an even rank count, not 3: use --ranks 8 or mpiexec -n 8\n"),
+    # `--net` with no name ran nothing and exited 1 without a word.
+    (["--ranks", "4", "--net"], 2, "error: argument --net: expected at least one argument\n"),
+    # One network skipped says why, and one rank is "1 rank" ("1 ranks", and the reason went unsaid).
+    (["--ranks", "1", "--steps", "1"], 0,
+     "skipped: oneflow_2d_sbp, oneflow_2d_signature (the 2 x n placement needs an even rank count, not 1)\n"),
+])
+def test_seed_networks_say_what_cannot_run_and_why(args, code, said, monkeypatch, capsys):
+    path = next(p for p in TRAINING if p.stem == "train_seed_networks")
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr()
+    assert done.value.code == code and (unfold(out.err) if code else out.out).endswith(said), out
+    if code == 0:
+        assert "Embedding -> column Linear -> row Linear, 1 rank\n" in out.out
+
+
 def test_the_banner_counts_one_rank_in_the_singular():
     """`--ranks 1` said "running on 1 simulated ranks"."""
     from spmdsim.sim.launch import banner
