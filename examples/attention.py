@@ -7,9 +7,11 @@ communication, and the row-parallel output projection ends in the one
 Allreduce. Run: timeout -k 5 120 mpiexec -n 8 python examples/attention.py
 (or `python examples/attention.py --ranks 8`: simulated ranks, one process)
 """
+import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.sim import dry_run_active, once, script
 from spmdsim import Layout, SeededTensor, reference
 from spmdsim.holdings import holdings
@@ -17,6 +19,11 @@ from spmdsim.ops import matmul, reshape, scale, softmax, transpose
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
 comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's

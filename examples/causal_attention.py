@@ -6,13 +6,21 @@ built rank by rank, softmax over the keys, the row-parallel output projection
 gradient against central differences of the same numpy program.
 Run: python examples/causal_attention.py --ranks 4   (or: timeout -k 5 120 mpiexec -n 4 python ...)
 """
+import argparse
+
 import numpy as np
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
 L = mesh.layout
@@ -40,10 +48,12 @@ def numpy_program(x, wq, wk, wv, wo):  # any argument may carry a leading axis o
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_program(*arrays))]
-# Central differences (good to ~1e-8), 128 elements a call; the ranks share them, each computing 1/p
+# Central differences, 128 elements a call; the ranks share them, each computing 1/p
 # (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
 numeric = shared_numeric_grads(mesh, lambda *b: numpy_program(*b) ** 2, *arrays, batch=128)
-verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, wq, wk, wv, wo), numeric)]
+# Their rounding error is about 1e-10 of the loss, which grows with the heads (3e4 at 12 ranks): so does atol.
+atol = max(1e-6, 1e-9 * float((numpy_program(*arrays) ** 2).sum()))
+verdicts += [t.grad.check(r, rtol=1e-6, atol=atol) for t, r in zip((x, wq, wk, wv, wo), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")
     print(f"forward and 5 gradients vs numpy: {'PASS' if all(verdicts) else 'FAILED'} "

@@ -3,9 +3,11 @@
 x (24, 240) @ W (240, 72) + b. Run: timeout -k 5 120 mpiexec -n 8 python examples/linear_row.py
 (or `python examples/linear_row.py --ranks 8`: simulated ranks, one process)
 """
+import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim import contraction_atol
@@ -16,6 +18,11 @@ from spmdsim.errors import SpmdsimError
 from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
 comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's

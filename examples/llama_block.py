@@ -12,16 +12,23 @@ sequence, so no gradient sum over dp), so each rank holds shards of one size and
 check's work does not grow with the ranks. Run: python examples/llama_block.py --ranks 8
 (or: timeout -k 5 300 mpiexec -n 8 python examples/llama_block.py)
 """
+import argparse
 import math
 
 import numpy as np
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
 from spmdsim.sim import dry_run_active, once
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 world = spmdsim.world()
 tp = math.gcd(world.size, 8)  # 8 key/value heads at most: the block's width does not grow with the ranks

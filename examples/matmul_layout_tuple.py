@@ -4,9 +4,11 @@ matmul1.shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"))) on
 x (32, 784) @ fc1_weight (784, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_layout_tuple.py
 (or `python examples/matmul_layout_tuple.py --ranks 8`: simulated ranks, one process)
 """
+import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim import contraction_atol
@@ -17,6 +19,11 @@ from spmdsim.reference import matmul_region
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
 comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's

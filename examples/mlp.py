@@ -3,9 +3,11 @@
 x (24, 96), inner width 480. Run: timeout -k 5 120 mpiexec -n 8 python examples/mlp.py
 (or `python examples/mlp.py --ranks 8`: simulated ranks, one process)
 """
+import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim import contraction_atol
@@ -15,6 +17,11 @@ from spmdsim.errors import SpmdsimError
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
 comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
@@ -41,11 +48,14 @@ mlp = ParallelMLP(mesh, hidden, ffn, activation="gelu", seed=1)
 with collect_trace() as trace:
     y = mlp(x)
 
+expected = {"allreduce": 1} if p > 1 else {}  # one rank holds the whole product: nothing to sum
 verdict = y.check(mlp.reference(xs), atol=contraction_atol(ffn, "float32"))
+ok = verdict.passed and trace.counts() == expected
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "W1": mlp.linear_fc1.weight, "W2": mlp.linear_fc2.weight, "y": y}))
 # Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
 # share one entry ("ranks 0-7: ...").
-print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
-sys.exit(0 if verdict.passed and trace.counts() == {"allreduce": 1} else 1)
+print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict,
+             "PASS" if ok else f"FAIL: collectives {trace.counts()}, expected {expected}")
+sys.exit(0 if ok else 1)

@@ -6,14 +6,22 @@ row-parallel fc2 (a pending sum); every parameter's gradient against central
 differences of the same numpy program. The operators pick the collectives.
 Run: python examples/mlp_layernorm.py --ranks 4   (or: timeout -k 5 120 mpiexec -n 4 python ...)
 """
+import argparse
+
 import numpy as np
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim.reference import gelu
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
 L, p = mesh.layout, mesh.size

@@ -5,9 +5,11 @@ the MLP (each rank holds 48/p positions); inner width 480.
 Run: timeout -k 5 120 mpiexec -n 8 python examples/mlp_sequence_parallel.py
 (or `python examples/mlp_sequence_parallel.py --ranks 8`: simulated ranks, one process)
 """
+import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim import contraction_atol
@@ -17,6 +19,11 @@ from spmdsim.errors import SpmdsimError
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
 comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's

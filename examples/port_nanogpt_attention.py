@@ -6,14 +6,21 @@ names the nanoGPT line the spmdsim line replaces; output and both weights' gradi
 numpy (central differences).
 Run: python examples/port_nanogpt_attention.py --ranks 8   (or: timeout -k 5 120 mpiexec -n 8 python ...)
 """
+import argparse
 import math
 
 import numpy as np
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, collect_trace, ops
 from spmdsim.runtime import shared_numeric_grads
 
+# --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
+parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 world = spmdsim.world()
 tp = 4 if world.size % 4 == 0 else 2 if world.size % 2 == 0 else 1

@@ -59,8 +59,8 @@ def main(args):
         print(f"{net.title}, {args.dtype}, {comm.size} ranks")
         print(f"data: {data.source}")
         print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {counted(args.steps, 'step')}; "
-              "each step checked against one")
-        print(f"process from the run's start (rtol {rtol:g} x the magnitudes that entered each element)")
+              "each step checked against one process")  # anchored: docs/training.md, "Seed 003 trained"
+        print(f"from the run's parameters at its start (rtol {rtol:g} x the magnitudes that entered each element)")
 
     losses, worst, failed = [], 0.0, 0
     bytes_by_phase = {phase: [0, 0] for phase in PHASES}  # calls, bytes sent (this rank)

@@ -4,7 +4,8 @@ Each network learns seeded labels for its own seeded input (cross-entropy over i
 last dim, SGD); every step's loss, gradients and updated parameters are compared with
 the same step in one process (numpy float64) from the run's parameters at the step's
 start, within 1e-12 of the magnitudes that entered each element. Paddle's network runs
-where 960 and 240 divide by the rank count, OneFlow's on an even count (a 2 x n placement).
+where 960 and 240 divide by the rank count, OneFlow's on an even count (a 2 x n placement);
+a network that cannot run is skipped, saying why, and a rank count where none can is refused.
 
 Run: timeout -k 5 300 mpiexec -n 4 python examples/train_seed_networks.py [--steps 10]
   or python examples/train_seed_networks.py --ranks 4   (4 simulated ranks in one process)
@@ -25,11 +26,26 @@ NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_nee
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--lr", type=float, default=0.1)
-parser.add_argument("--net", choices=tuple(NETWORKS), nargs="*", default=list(NETWORKS))
+parser.add_argument("--net", choices=tuple(NETWORKS), nargs="+", default=list(NETWORKS))
 parser.add_argument("--bucket", action="store_true",
                     help="sum the replicas' gradients pending over the same axes in one Allreduce")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
+
+
+def why_skipped(size):
+    """{reason: the networks asked for that cannot run on `size` ranks for it}, in the order asked."""
+    skipped = {}
+    for name in dict.fromkeys(args.net):
+        if NETWORKS[name](size):
+            skipped.setdefault(NETWORKS[name](size), []).append(name)
+    return skipped
+
+
+def none_runs(size):
+    """Why no network asked for runs on `size` ranks (refused in one line, exit 2), or None."""
+    skipped = why_skipped(size)
+    return "; ".join(skipped) if sum(map(len, skipped.values())) == len(set(args.net)) else None
 
 
 def train(name, comm):
@@ -49,7 +65,7 @@ def train(name, comm):
     trainer.close()
     trend, trend_ok = loss_trend(losses)
     if comm.rank == 0:
-        print(f"{net.title}, {comm.size} ranks")
+        print(f"{net.title}, {comm.size} rank{'s' * (comm.size > 1)}")
         print(f"  {trend}; every step vs one process: {'PASS' if not failed else f'FAILED ({failed})'}")
         for phase in PHASES:
             print(f"  {phase} collectives per step: {counts[phase]}")
@@ -59,10 +75,11 @@ def train(name, comm):
 def main(args):
     """One rank's run (MPI or simulated); returns the exit code every rank agrees on."""
     comm = spmdsim.world()
-    ran = [train(name, comm) for name in args.net if not NETWORKS[name](comm.size)]
-    if comm.rank == 0 and len(ran) < len(args.net):
-        print(f"skipped at {comm.size} ranks: " + ", ".join(n for n in args.net if NETWORKS[n](comm.size)))
+    ran = [train(name, comm) for name in dict.fromkeys(args.net) if not NETWORKS[name](comm.size)]
+    for why, names in why_skipped(comm.size).items():
+        if comm.rank == 0:
+            print(f"skipped: {', '.join(names)} ({why})")
     return 0 if ran and all(ran) else 1
 
 
-sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
+sys.exit(run_main(main, args, args.ranks, needs=none_runs))  # simulated ranks with --ranks, else MPI
