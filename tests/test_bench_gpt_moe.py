@@ -136,16 +136,28 @@ def test_differing_collectives_or_losses_exit_1_and_the_refusals_are_one_line(be
         assert code == 2 and err.splitlines()[-1].endswith("error: " + message), err
 
 
-@pytest.mark.parametrize("argv, needle", [
+PEER_REFUSALS = [
     (["--ep", "0"], "peer_mpi4py_moe.py: error: --ep 0 must be at least 1"),
     (["--experts", "3"], "peer_mpi4py_moe: --experts 3 are not divisible by --ep 2"),
     (["--dp", "4", "--ep", "4"], "peer_mpi4py_moe: the batch of 8 samples is not divisible by --dp 4 x --ep 4"),
     (["--capacity-factor", "0"], "peer_mpi4py_moe: MoEConfig capacity_factor 0.0 must be a finite number > 0 "
                                  "(or dropless=True)"),
     ([], "peer_mpi4py_moe: --dp 2 x --ep 2 x --tp 2 is 8 ranks; mpiexec started 1"),
-])
-def test_the_moe_peer_refuses_a_bad_value_in_one_line(argv, needle):
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "peer_mpi4py_moe.py"), *argv], capture_output=True,
-                          text=True, timeout=60)
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> list:
+    """`python scripts/peer_mpi4py_moe.py ARGV` for each of PEER_REFUSALS, run in turn by one interpreter where they
+    can be (testkit.run_scripts: each as a fresh interpreter runs it)."""
+    from testkit import run_scripts
+
+    return run_scripts([(_SCRIPTS / "peer_mpi4py_moe.py", argv) for argv, _ in PEER_REFUSALS],
+                       tmp_path_factory.mktemp("refused"))
+
+
+@pytest.mark.parametrize("index", range(len(PEER_REFUSALS)))
+def test_the_moe_peer_refuses_a_bad_value_in_one_line(index, refused):
+    needle, done = PEER_REFUSALS[index][1], refused[index]
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == needle, done.stderr

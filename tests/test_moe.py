@@ -16,6 +16,27 @@ from spmdsim.moe.reference import moe_backward, moe_forward
 TEXT = encode(load_text(20_000))
 
 
+def _example(argv: list) -> "subprocess.CompletedProcess":
+    """`python examples/train_moe_gpt.py ARGV` on simulated ranks (`--ranks N`), in this process as
+    docs_commands.run_example runs it: exit code, stdout and stderr as the command's (a fresh interpreter per
+    command cost a Python start and spmdsim's imports, ~0.5 CPU-s, for the same run)."""
+    from docs_commands import run_example
+
+    assert "--ranks" in argv, argv  # simulated ranks: no MPI in this process
+    return run_example("examples/train_moe_gpt.py", *argv)
+
+
+#: {argv: the run} for a command two tests run alike (the --capacity-factor 4 run both huge factors compare with).
+_RUNS: dict = {}
+
+
+def _example_once(argv: list):
+    key = tuple(argv)
+    if key not in _RUNS:
+        _RUNS[key] = _example(argv)
+    return _RUNS[key]
+
+
 # ---- routing (pure) ----
 
 def test_an_experts_capacity_stops_at_the_tokens_of_a_sequence():
@@ -190,7 +211,7 @@ def test_bad_moe_settings_are_refused_in_one_line(kwargs, message):
 def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_reports_experts():
     """MoEConfig(every=3) on a 2-layer GPTConfig made no block an MoE layer: the example trained a dense GPT and
     printed its experts, capacity and mesh of experts (--moe-every 3 --layers 2); every <= layers runs."""
-    from testkit import run_train_gpt, unfold
+    from testkit import unfold
 
     with pytest.raises(SpmdsimError) as info:
         GPTConfig(layers=2, d_model=16, heads=4, moe=MoEConfig(every=3))
@@ -198,8 +219,8 @@ def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_repo
                                "block 2, counted from 0); expected every at most layers 2, or moe=None for a dense "
                                "GPT")
     assert GPTConfig(layers=3, d_model=16, heads=4, moe=MoEConfig(every=3)).is_moe(2)
-    out = run_train_gpt(["--ranks", "4", "--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
-                         "8", "--moe-every", "3", "--dispatch"], script="train_moe_gpt.py")
+    out = _example(["--ranks", "4", "--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                    "8", "--moe-every", "3", "--dispatch"])
     assert out.returncode == 2 and "MoE GPT" not in out.stdout and "experts" not in out.stdout, out.stdout
     assert unfold(out.stderr).strip().splitlines()[-1] == (
         "spmdsim: error: --moe-every 3 makes none of the 2 blocks an MoE layer (the first would be h2); expected "
@@ -208,10 +229,8 @@ def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_repo
 
 def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
     """--zero 2 printed the model, its experts and mesh and the steps' header, then train's refusal."""
-    from testkit import run_train_gpt
-
-    out = run_train_gpt(["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
-                         "--zero", "2"], script="train_moe_gpt.py")
+    out = _example(["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
+                    "--zero", "2"])
     assert out.returncode == 2 and "MoE GPT" not in out.stdout and " step" not in out.stdout, out.stdout
     assert out.stderr.strip().splitlines()[-1].startswith("spmdsim: error: zero 2 is not 0 or 1"), out.stderr
 
@@ -222,11 +241,10 @@ def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
 def test_a_schedule_the_sizes_do_not_fit_is_refused_before_the_example_prints_its_model(flags, message):
     """--pp 2 --virtual-stages 2 (1f1b takes one chunk a stage) printed the model, its experts and the pipeline's
     line, then the schedule's refusal; the default microbatches' (2 x pp) was named as if the user gave it."""
-    from testkit import run_train_gpt, unfold
+    from testkit import unfold
 
     ranks = [] if "--ranks" in flags else ["--ranks", "4"]
-    out = run_train_gpt(ranks + ["--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8"]
-                        + flags, script="train_moe_gpt.py")
+    out = _example(ranks + ["--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8"] + flags)
     assert out.returncode == 2 and "MoE GPT" not in out.stdout and "pipeline" not in out.stdout, out.stdout
     assert message in unfold(out.stderr), out.stderr
 
@@ -531,11 +549,9 @@ def test_a_dry_runs_expert_bytes_equal_a_real_runs(dp, ep, tp):
 def test_the_example_runs_a_huge_capacity_factor_as_the_factor_that_drops_nothing(factor):
     """--capacity-factor 1e17 ended in numpy's ValueError (array is too big), 1e300 in OverflowError, on every
     rank: each is one slot per token of a sequence now, the steps of --capacity-factor 4 (E / k) to the bit."""
-    from testkit import run_train_gpt
-
     small = ["--ranks", "4", "--ep", "2", "--tp", "2", "--steps", "2", "--layers", "2", "--d-model", "16",
              "--seq", "8", "--every", "1"]
-    huge, four = (run_train_gpt(small + ["--capacity-factor", f], script="train_moe_gpt.py") for f in (factor, "4"))
+    huge, four = _example(small + ["--capacity-factor", factor]), _example_once(small + ["--capacity-factor", "4"])
     assert huge.returncode == 0 and four.returncode == 0, huge.stderr + four.stderr
     assert (f"capacity: 8 slots per expert per sequence, one per token (factor {float(factor):g} >= 8 / 2): "
             "none dropped") in huge.stdout.splitlines()
@@ -556,11 +572,8 @@ def test_the_examples_capacity_line_says_none_dropped_when_a_slot_per_token_is_r
     """A capacity of one slot per token drops nothing, whether the factor reached E / k or the ceiling reached
     T below it: the example said "8 slots ... (ceil(2 x 8 x 1.99 / 4)), the rest dropped" over a picture of
     0 dropped, and "1 slots" at seq 1."""
-    from testkit import run_train_gpt
-
-    out = run_train_gpt(["--ranks", "4", "--ep", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
-                         seq, "--batch", "4", "--experts", "4", "--capacity-factor", factor, "--dispatch"],
-                        script="train_moe_gpt.py")
+    out = _example(["--ranks", "4", "--ep", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                    seq, "--batch", "4", "--experts", "4", "--capacity-factor", factor, "--dispatch"])
     assert out.returncode == 0, out.stderr
     assert line in out.stdout.splitlines(), out.stdout
     dropped = [ln for ln in out.stdout.splitlines() if ln.startswith("  dropped: ")]
@@ -568,14 +581,14 @@ def test_the_examples_capacity_line_says_none_dropped_when_a_slot_per_token_is_r
 
 
 def test_a_dropless_dry_run_needs_a_routing_and_a_real_run_refuses_one():
-    from testkit import run_train_gpt, unfold
+    from testkit import unfold
 
     small = ["--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8", "--heads", "4", "--dropless"]
-    out = run_train_gpt(["--ranks", "4", "--dry-run"] + small, script="train_moe_gpt.py")
+    out = _example(["--ranks", "4", "--dry-run"] + small)
     assert out.returncode == 2 and unfold(out.stderr).strip() == "spmdsim: error: " + (
         "--dry-run with --dropless needs --routing balanced or --routing worst: the dry run has no values to "
         "route by, and the bytes depend on it"), out.stderr
-    out = run_train_gpt(["--ranks", "4", "--routing", "worst"] + small, script="train_moe_gpt.py")
+    out = _example(["--ranks", "4", "--routing", "worst"] + small)
     assert out.returncode == 2 and "--routing worst sets a dry run's routing" in unfold(out.stderr), out.stderr
 
 
@@ -691,23 +704,22 @@ def test_a_replayed_pipelined_moe_step_is_the_eager_one(dropless):
     assert len({tuple(s.per_expert for s in d) for d in routed}) > 1
 
 
-def test_the_pipelined_moe_example_replays_as_docs_experts_md_shows():
+def test_the_pipelined_moe_example_replays_as_docs_experts_md_shows(monkeypatch):
     """train_moe_gpt.py --pp --replay passed `replay` to the unpipelined train() alone: it printed a PASS and ran
     every step eagerly. The command docs/experts.md quotes runs each stage's program at step 0 alone (8 ranks, 3
     steps: 8 runs, not 24) and prints what the page quotes."""
+    import spmdsim.gpt.pipeline as p
     from docs_commands import mismatch, quotes
-    from testkit import run_train_gpt
 
     quoted = [q for q in quotes("docs/experts.md") if "train_moe_gpt.py" in q.command and "--pp" in q.command
               and "--replay" in q.command]
     assert len(quoted) == 1, quoted
     words = quoted[0].command.split()[2:]
-    count = ("import spmdsim.gpt.pipeline as p\nruns = []\nrun = p._run_program\n"
-             "p._run_program = lambda *a, **k: runs.append(1) or run(*a, **k)\n")
-    out = run_train_gpt(words, before=count, after="print('programs run', len(runs))\n",
-                        script="train_moe_gpt.py")
+    runs, run = [], p._run_program
+    monkeypatch.setattr(p, "_run_program", lambda *a, **k: runs.append(1) or run(*a, **k))
+    out = _example(words)
     assert out.returncode == 0, out.stderr
-    assert "programs run 8" in out.stdout.splitlines(), out.stdout[-500:]
+    assert len(runs) == 8, out.stdout[-500:]
     assert mismatch(quoted[0].output, out.stdout) is None, out.stdout
 
 

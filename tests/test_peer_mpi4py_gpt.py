@@ -67,12 +67,15 @@ def test_at_8_ranks_the_hand_written_step_is_the_references(wait, at_8_ranks):
     assert got["cpu"] > 0
 
 
-def test_a_mesh_that_cannot_run_is_one_line():
-    for argv, expected in ((["--dp", "2", "--tp", "4"], "--dp 2 x --tp 4 is 8 ranks; mpiexec started 1"),
-                           (["--dp", "1", "--tp", "1", "--dropout", "1.5"],
-                            "GPTConfig dropout 1.5 must be a finite number in [0, 1)"),
-                           (["--dp", "1", "--tp", "1", "--seq", "0"], "--seq 0 must be at least 1")):
-        done = subprocess.run([sys.executable, str(_SCRIPT), *argv], capture_output=True, text=True, timeout=60)
+def test_a_mesh_that_cannot_run_is_one_line(tmp_path):
+    from testkit import run_scripts
+
+    cases = ((["--dp", "2", "--tp", "4"], "--dp 2 x --tp 4 is 8 ranks; mpiexec started 1"),
+             (["--dp", "1", "--tp", "1", "--dropout", "1.5"],
+              "GPTConfig dropout 1.5 must be a finite number in [0, 1)"),
+             (["--dp", "1", "--tp", "1", "--seq", "0"], "--seq 0 must be at least 1"))
+    # in turn by one interpreter where they can be, each as a fresh interpreter runs it
+    for (argv, expected), done in zip(cases, run_scripts([(_SCRIPT, argv) for argv, _ in cases], tmp_path)):
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().splitlines()[-1].endswith(expected), done.stderr
         assert "Traceback" not in done.stderr

@@ -197,12 +197,31 @@ LAUNCHED = [  # scripts whose parser runs in main(): launched, bad values refuse
 ]
 
 
+PEER_PIPELINE = [
+    (["--steps", "0"], "peer_mpi4py_pipeline.py: error: --steps 0 must be at least 1"),
+    (["--microbatches", "0"], "peer_mpi4py_pipeline.py: error: --microbatches 0 must be at least 1"),
+    (["--microbatches", "3"], "peer_mpi4py_pipeline: --microbatches 3 must divide the batch of 8 samples"),
+    (["--dropout", "1.5"], "peer_mpi4py_pipeline: GPTConfig dropout 1.5 must be a finite number in [0, 1)"),
+]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict:
+    """{(script, argv): `python scripts/SCRIPT.py ARGV`'s CompletedProcess} for LAUNCHED and PEER_PIPELINE, run in
+    turn by one interpreter where they can be (testkit.run_scripts: each as a fresh interpreter runs it)."""
+    from testkit import run_scripts
+
+    cases = [(name, tuple(argv)) for name, argv, _ in LAUNCHED]
+    cases += [("peer_mpi4py_pipeline", tuple(argv)) for argv, _ in PEER_PIPELINE]
+    done = run_scripts([(_SCRIPTS / f"{name}.py", argv) for name, argv in cases], tmp_path_factory.mktemp("launched"))
+    return dict(zip(cases, done))
+
+
 @pytest.mark.parametrize("name, argv, needle", LAUNCHED, ids=[f"{n}{' '.join(a)}" for n, a, _ in LAUNCHED])
-def test_a_launched_scripts_bad_argument_is_one_error_line(name, argv, needle):
+def test_a_launched_scripts_bad_argument_is_one_error_line(name, argv, needle, launched):
     """Each of these tracebacked (StatisticsError, ZeroDivisionError, IndexError, GPTConfig's error) or, for
     bench_moe's seed, left 7 ranks waiting for the one that raised."""
-    done = subprocess.run(["timeout", "-k", "5", "60", sys.executable, str(_SCRIPTS / f"{name}.py"), *argv],
-                          capture_output=True, text=True, timeout=90)
+    done = launched[name, tuple(argv)]
     assert done.returncode == 2, done.stderr
     errors = [line for line in unfold(done.stderr).splitlines() if ": error: " in line]
     assert len(errors) == 1 and needle in errors[0] and "Traceback" not in done.stderr, done.stderr
@@ -324,15 +343,9 @@ def test_bench_gpt_pipeline_refuses_a_bad_value_in_one_line(argv, needle):
     assert err.strip().splitlines()[-1] == f"bench_gpt.py: error: {needle}", err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--steps", "0"], "peer_mpi4py_pipeline.py: error: --steps 0 must be at least 1"),
-    (["--microbatches", "0"], "peer_mpi4py_pipeline.py: error: --microbatches 0 must be at least 1"),
-    (["--microbatches", "3"], "peer_mpi4py_pipeline: --microbatches 3 must divide the batch of 8 samples"),
-    (["--dropout", "1.5"], "peer_mpi4py_pipeline: GPTConfig dropout 1.5 must be a finite number in [0, 1)"),
-])
-def test_peer_mpi4py_pipeline_refuses_a_bad_value_in_one_line(argv, needle):
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "peer_mpi4py_pipeline.py"), *argv], capture_output=True,
-                          text=True, timeout=60)
+@pytest.mark.parametrize("argv, needle", PEER_PIPELINE)
+def test_peer_mpi4py_pipeline_refuses_a_bad_value_in_one_line(argv, needle, launched):
+    done = launched["peer_mpi4py_pipeline", tuple(argv)]
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == needle, done.stderr
 

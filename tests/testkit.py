@@ -125,6 +125,72 @@ def load_script(path: str | os.PathLike, name: str) -> ModuleType:
     return module
 
 
+_SCRIPTS_RUNNER = r"""
+import json, os, runpy, sys
+cases, folder = json.loads(sys.argv[1]), sys.argv[2]
+environ = dict(os.environ)
+for i, (path, args) in enumerate(cases):
+    sys.stdout.flush(); sys.stderr.flush()
+    for fd, suffix in ((1, "out"), (2, "err")):  # this case's own output, C-level writes included
+        opened = os.open(os.path.join(folder, f"{i}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv, sys.excepthook = [path, *args], sys.__excepthook__  # as a fresh interpreter has them
+    os.environ.clear(); os.environ.update(environ)
+    here = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, here)
+    try:
+        runpy.run_path(path, run_name="__main__")
+        code = 0
+    except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if code == 1 and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # as the interpreter ends: the excepthook the script set (it may end us), else 1
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = 1
+    finally:
+        sys.path.remove(here)
+    sys.stdout.flush(); sys.stderr.flush()
+    with open(os.path.join(folder, f"{i}.code"), "w") as f:
+        f.write(str(code))
+"""
+
+
+def run_scripts(cases: list, tmp: str | os.PathLike, timeout: int = 120) -> list[subprocess.CompletedProcess]:
+    """What `python PATH ARGS` gives (exit code, stdout, stderr) for each (path, args) of `cases`, the commands run
+    in turn by ONE fresh interpreter where they can be (a Python start and spmdsim's imports, 0.2-0.5 CPU-s, for a
+    command that only refuses its arguments): each as a fresh interpreter runs it (runpy as __main__, its argv,
+    its folder first on sys.path, Python's own excepthook, the environment as it was), its file descriptors 1
+    and 2 its own files. A command that ends the process (an excepthook that exits, as spmdsim's
+    install_excepthook does) gets the process's exit code, and the commands after it a fresh interpreter again.
+    `tmp`: a folder for the outputs."""
+    import json
+
+    results: list = []
+    while len(results) < len(cases):
+        start = len(results)
+        folder = os.path.join(str(tmp), f"scripts-{start}")
+        os.makedirs(folder, exist_ok=True)
+        done = subprocess.run([sys.executable, "-c", _SCRIPTS_RUNNER,
+                               json.dumps([[str(p), list(a)] for p, a in cases[start:]]), folder],
+                              capture_output=True, text=True, timeout=timeout)
+        for i, (path, args) in enumerate(cases[start:]):
+            base = os.path.join(folder, str(i))
+            if not os.path.exists(base + ".out"):
+                break
+            out, err = (open(f"{base}.{s}", errors="replace").read() for s in ("out", "err"))
+            ended = not os.path.exists(base + ".code")
+            code = done.returncode if ended else int(open(base + ".code").read())
+            results.append(subprocess.CompletedProcess([sys.executable, str(path), *args], code, out, err))
+            if ended:
+                break
+        else:
+            assert done.returncode == 0, done.stderr  # the runner's own exit, after every command
+        assert len(results) > start, done.stderr
+    return results
+
+
 def program_lines(stderr: str) -> list[str]:
     """The non-blank stderr lines a job's ranks printed, without the launcher's own report.
 
