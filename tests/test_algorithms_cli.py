@@ -82,6 +82,21 @@ def test_pictures_of_every_round(tmp_path):
     assert all((tmp_path / "pics" / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)
 
 
+def test_pictures_of_too_many_ranks_are_refused_before_the_run(capsys, tmp_path):
+    """--png on 64 ranks drew for hours (70 panels of 4,096 boxes) into a billion-pixel overview: refused
+    in one line before the ranks start, and by the function itself; 16 ranks still draw."""
+    pytest.importorskip("matplotlib")
+    from spmdsim.algorithms.picture import MAX_PICTURE_RANKS, render_rounds_png
+    from spmdsim.errors import SpmdsimError
+
+    assert MAX_PICTURE_RANKS == 16
+    _fails(capsys, ["collective", "ring-allreduce", "--ranks", "17", "--size", "68", "--png", str(tmp_path / "p")],
+           "the pictures draw the rounds of up to 16 ranks, not 17: leave it out")
+    with pytest.raises(SpmdsimError, match="up to 16 ranks, not 64"):
+        render_rounds_png(schedule("scatter-allgather-bcast", 64, 64, 4), tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
 def test_report_and_json_from_a_run():
     s = schedule("ring-allreduce", 4, 1 << 14, 4)
     result = {"matches_mpi": True, "max_abs_difference": 2e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,

@@ -54,7 +54,8 @@ def register(subparsers: Any) -> None:
                         help="print every round as a table and what each rank holds after it (not with --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="DIR",
-                        help="draw each round into DIR (round_NN.png, rounds.png; needs the 'plot' extra)")
+                        help="draw each round into DIR (round_NN.png, rounds.png; up to 16 ranks; needs the "
+                             "'plot' extra)")
     add_cli_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -99,6 +100,10 @@ def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
         check_output_dir(args.png, "--png")
     if p < 2:
         raise SpmdsimError("spmdsim collective needs at least 2 ranks: mpiexec -n N, or --ranks N")
+    if args.png is not None:
+        from ..algorithms.picture import check_picture_ranks
+
+        check_picture_ranks(p, f"--png {args.png!r}: the pictures")  # before the run, not hours into drawing
     try:
         count = elements_for(collective, p, size, np.dtype(args.dtype).itemsize)
     except SpmdsimError as exc:
