@@ -138,6 +138,17 @@ def test_bench_script_arguments(capsys):
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
+def test_report_fits_100_columns_and_counts_one_element():
+    """A Reduce_scatter_block's result line ran to 110 columns; one element was "1 elements"."""
+    result = {"matches_mpi": True, "max_abs_difference": 2.38e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,
+              "round_seconds": [1e-4] * 4, "wait_mode": "busy", "simulated": True}
+    text = report(schedule("ring-reduce-scatter", 5, 5 * 8, 4), result)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "result: matches the simulated ranks' Reduce_scatter_block (max abs difference 2.38e-07: sums in" in text
+    one = report(schedule("ring-allreduce", 3, 1, 4), dict(result, round_seconds=[1e-4] * 4))
+    assert "  1 element of 4 B, cut into 3 slots" in one.splitlines()
+
+
 def test_report_says_a_whole_buffer_is_not_cut():
     """Recursive doubling sends the whole buffer each round: the report said "cut into 1 slots"
     (docs/lab.md, exercise 12 (d)); a ring still says how many slots it cuts."""
