@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from spmdsim.algorithms import (ALGORITHMS, NAMES, FORMULAS, build, check, check_choices, parse_name,
@@ -132,8 +133,13 @@ def test_names_and_errors():
         build("alltoall", "bruck", 4, 10)
     with pytest.raises(SpmdsimError, match="group size 0 must be an integer >= 1"):
         build("allreduce", "ring", 0, 10)
-    with pytest.raises(SpmdsimError, match="bcast root 4 must be a group rank"):
+    with pytest.raises(SpmdsimError, match="bcast root 4 must be an integer group rank"):
         build("bcast", "binomial", 4, 10, root=4)
+    # numpy's integers are ranks (np.int64(2) was refused as "must be a group rank"); a bool is not one.
+    assert build("bcast", "binomial", 4, 10, root=np.int64(2)) == build("bcast", "binomial", 4, 10, root=2)
+    with pytest.raises(SpmdsimError, match=r"bcast root True must be an integer group rank \(0 <= root < 4\)"):
+        build("bcast", "binomial", 4, 10, root=True)
+    assert build("allreduce", "ring", 4, 10, root=2) is build("allreduce", "ring", 4, 10)  # it has none
     assert check_choices({"allreduce": "ring", "bcast": "binomial"}) == {"allreduce": "ring", "bcast": "binomial"}
     assert check_choices({}) is None and check_choices(None) is None
     with pytest.raises(SpmdsimError, match="unknown collective 'all_reduce'"):

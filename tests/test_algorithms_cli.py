@@ -82,6 +82,21 @@ def test_pictures_of_every_round(tmp_path):
     assert all((tmp_path / "pics" / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)
 
 
+def test_pictures_of_too_many_ranks_are_refused_before_the_run(capsys, tmp_path):
+    """--png on 64 ranks drew for hours (70 panels of 4,096 boxes) into a billion-pixel overview: refused
+    in one line before the ranks start, and by the function itself; 16 ranks still draw."""
+    pytest.importorskip("matplotlib")
+    from spmdsim.algorithms.picture import MAX_PICTURE_RANKS, render_rounds_png
+    from spmdsim.errors import SpmdsimError
+
+    assert MAX_PICTURE_RANKS == 16
+    _fails(capsys, ["collective", "ring-allreduce", "--ranks", "17", "--size", "68", "--png", str(tmp_path / "p")],
+           "the pictures draw the rounds of up to 16 ranks, not 17: leave it out")
+    with pytest.raises(SpmdsimError, match="up to 16 ranks, not 64"):
+        render_rounds_png(schedule("scatter-allgather-bcast", 64, 64, 4), tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
 def test_report_and_json_from_a_run():
     s = schedule("ring-allreduce", 4, 1 << 14, 4)
     result = {"matches_mpi": True, "max_abs_difference": 2e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,
@@ -121,6 +136,17 @@ def test_bench_script_arguments(capsys):
     assert text.splitlines()[2].split() == ["ring-allreduce", "1M", "14", "1,835,008", "yes", "4.000",
                                             "2.000", "3.000", "yes"]
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_report_fits_100_columns_and_counts_one_element():
+    """A Reduce_scatter_block's result line ran to 110 columns; one element was "1 elements"."""
+    result = {"matches_mpi": True, "max_abs_difference": 2.38e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,
+              "round_seconds": [1e-4] * 4, "wait_mode": "busy", "simulated": True}
+    text = report(schedule("ring-reduce-scatter", 5, 5 * 8, 4), result)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "result: matches the simulated ranks' Reduce_scatter_block (max abs difference 2.38e-07: sums in" in text
+    one = report(schedule("ring-allreduce", 3, 1, 4), dict(result, round_seconds=[1e-4] * 4))
+    assert "  1 element of 4 B, cut into 3 slots" in one.splitlines()
 
 
 def test_report_says_a_whole_buffer_is_not_cut():

@@ -76,3 +76,26 @@ def test_allreduce_refuses_an_unknown_op_on_every_rank():
             return str(e)
 
     assert simulate(2, body) == ["allreduce op 'prod' is not supported; expected 'sum', 'max' or 'min'"] * 2
+
+
+def test_run_collective_refuses_what_the_mesh_collectives_refuse():
+    """run_collective summed text with numpy's string add (a silent wrong answer), ORed bools and failed inside
+    numpy on a datetime: now the mesh collectives' DTypeError, on every rank; text and bool still move."""
+    from spmdsim.errors import DTypeError
+    from spmdsim.runtime.algorithms import run_collective
+
+    def body(name, x):
+        try:
+            return run_collective(world(), name, x).tolist()
+        except DTypeError as e:
+            return str(e)
+
+    text = np.array(["ab", "c", "d", "e"])
+    assert simulate(2, body, "ring-allreduce", text) == [
+        "allreduce: cannot sum dtype 'str64'; expected an integer, float or complex dtype (bool and text can be "
+        "moved, not summed)"] * 2
+    assert simulate(2, body, "recursive-halving-reduce-scatter", np.ones(4, bool))[0].startswith(
+        "reduce_scatter: cannot sum dtype 'bool'")
+    assert simulate(2, body, "ring-allgather", np.zeros(2, "datetime64[D]"))[1].startswith(
+        "allgather: MPI cannot send dtype '<M8[D]' (datetime64[D]); expected a numeric dtype")
+    assert simulate(2, body, "bruck-allgather", text[:2]) == [["ab", "c", "ab", "c"]] * 2

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from spmdsim import Layout, SpmdsimError
@@ -95,6 +96,21 @@ def test_predict_errors():
         DEFAULT_MODEL.predict("allgather", 0, 10)
     with pytest.raises(SpmdsimError, match="bytes per rank -1"):
         DEFAULT_MODEL.predict("allgather", 2, -1)
+    # A NaN or infinite size priced NaN or inf seconds; a string or None raised TypeError, a NaN group size
+    # ValueError, an infinite one OverflowError; True counted as a byte.
+    for n in (math.nan, math.inf, "1M", None, True):
+        with pytest.raises(SpmdsimError, match=f"bytes per rank {n!r} must be a finite number >= 0"):
+            DEFAULT_MODEL.predict("allgather", 2, n)
+    for g in (math.nan, math.inf):
+        with pytest.raises(SpmdsimError, match=f"group size {g!r} must be a positive integer"):
+            DEFAULT_MODEL.predict("allgather", g, 10)
+    with pytest.raises(SpmdsimError, match="bytes copied nan must be a finite number >= 0"):
+        DEFAULT_MODEL.predict_copy(math.nan)
+    with pytest.raises(SpmdsimError, match="measurement bytes nan must be a finite number >= 0"):
+        Measurement("allgather", 2, math.nan, 1.0)
+    with pytest.raises(SpmdsimError, match="measurement seconds inf must be a finite number > 0"):
+        Measurement("allgather", 2, 10, math.inf)
+    assert DEFAULT_MODEL.predict("allgather", np.int64(2), np.int64(10)) == DEFAULT_MODEL.predict("allgather", 2, 10)
 
 
 def _synthetic(model, ops=("allgather", "allreduce", "reduce_scatter", "alltoall"), noise=()):

@@ -167,6 +167,22 @@ def test_cli_plan_text(capsys):
     assert "lower bound 458,752 B" in out and "8.0x this plan" in out
 
 
+def test_cli_plan_table_keeps_each_row_whole(capsys):
+    """A step too long for its row wraps inside the step column, its figures on its first line: the row
+    was wrapped whole at 100 columns ("received/rank  predicted" and "B     0.207 ms" on lines of their own)."""
+    assert main(["plan", "--device-matrix", "2,2,2", "--alias", "a,b,c", "--from", "(a,b),None",
+                 "--from-partial", "c", "--to-device-matrix", "8", "--to-alias", "x", "--to", "None,x",
+                 "--shape", "64,64"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["#", "step"])
+    assert lines[head].split()[-3:] == ["sent/rank", "received/rank", "predicted"]
+    assert lines[head + 1].split()[-6:-2] == ["2,048", "B", "2,048", "B"]
+    assert lines[head + 2].split()[:2] == ["2.", '(("a",'] and lines[head + 2].split()[-6:-2] == [
+        "2,048", "B", "2,048", "B"]
+    assert lines[head + 3].strip() == "Alltoallv exchange" and lines[head + 4].startswith("total received")
+    assert max(map(len, lines)) <= 100
+
+
 def test_cli_plan_json_cross_mesh_and_partial(capsys):
     assert main(["plan", "--device-matrix", "2,2,2", "--alias", "a,b,c", "--from", "(a,b),None",
                  "--from-partial", "c", "--to-device-matrix", "8", "--to-alias", "x",

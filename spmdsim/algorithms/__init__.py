@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from ..errors import ShapeError, SpmdsimError
+from ..validate import as_int
 from . import moving, reducing
 from .formulas import FORMULAS, busiest_bytes_sent, model_bytes
 from .schedule import Round, Schedule, Transfer
@@ -63,7 +64,7 @@ def build(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1
         count: elements of each rank's input (allgather: its block; reduce_scatter
             and alltoall: all p blocks, so a multiple of p).
         itemsize: bytes per element.
-        root: the bcast root (group rank).
+        root: the bcast root (group rank; numpy's integers too); the other collectives ignore it.
     """
     if collective not in _BUILDERS or algorithm not in _BUILDERS[collective]:
         raise SpmdsimError(f"unknown algorithm {algorithm!r} for {collective!r}; expected one of "
@@ -73,8 +74,13 @@ def build(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1
             raise SpmdsimError(f"{what} {value!r} must be an integer >= {low}")
     if collective in ("reduce_scatter", "alltoall") and count % p:
         raise ShapeError(f"{collective}: {count} elements per rank do not divide into {p} blocks")
-    if collective == "bcast" and not (isinstance(root, int) and 0 <= root < p):
-        raise SpmdsimError(f"bcast root {root!r} must be a group rank (0 <= root < {p})")
+    if collective == "bcast":
+        index = as_int(root)  # numpy's integers too (np.int64(2) was refused as "must be a group rank"); bool not
+        if index is None or not 0 <= index < p:
+            raise SpmdsimError(f"bcast root {root!r} must be an integer group rank (0 <= root < {p})")
+        root = index
+    else:
+        root = 0  # the others have none: one cached schedule whatever a caller looping over NAMES passes
     return _cached(collective, algorithm, p, count, itemsize, root)
 
 

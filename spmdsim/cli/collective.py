@@ -54,7 +54,8 @@ def register(subparsers: Any) -> None:
                         help="print every round as a table and what each rank holds after it (not with --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="DIR",
-                        help="draw each round into DIR (round_NN.png, rounds.png; needs the 'plot' extra)")
+                        help="draw each round into DIR (round_NN.png, rounds.png; up to 16 ranks; needs the "
+                             "'plot' extra)")
     add_cli_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -99,6 +100,10 @@ def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
         check_output_dir(args.png, "--png")
     if p < 2:
         raise SpmdsimError("spmdsim collective needs at least 2 ranks: mpiexec -n N, or --ranks N")
+    if args.png is not None:
+        from ..algorithms.picture import check_picture_ranks
+
+        check_picture_ranks(p, f"--png {args.png!r}: the pictures")  # before the run, not hours into drawing
     try:
         count = elements_for(collective, p, size, np.dtype(args.dtype).itemsize)
     except SpmdsimError as exc:
@@ -191,15 +196,17 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
     """The text report: bytes against the formula, the check against MPI, times; with `show` the rounds."""
     from ..algorithms.formulas import FORMULAS, busiest_bytes_sent
     from ..algorithms.table import format_rounds, format_states
+    from ..viz.table import wrap_lines
 
     p, me_bytes = schedule.group_size, schedule.input_count(schedule.root) * schedule.itemsize
+    elements = me_bytes // schedule.itemsize
     sent = max(schedule.bytes_sent())
     formula = busiest_bytes_sent(schedule.name, p, me_bytes)
     builtin = _BUILTIN[schedule.collective]
     library = "the simulated ranks'" if result.get("simulated") else "MPI's"
     gathered = f", {me_bytes * p:,} B gathered" if schedule.collective == "allgather" else ""
     lines = [f"{schedule.name} on {p} ranks: {me_bytes:,} B from each rank{gathered}",
-             f"  {me_bytes // schedule.itemsize:,} elements of {schedule.itemsize} B, {_cut_text(schedule)}",
+             f"  {elements:,} element{'s' if elements != 1 else ''} of {schedule.itemsize} B, {_cut_text(schedule)}",
              f"rounds: {len(schedule.rounds)} ({_phases(schedule)})",
              f"bytes sent by the busiest rank: {sent:,} B; textbook {formula:,} B "
              f"({'equal' if sent == formula else 'the buffer does not divide evenly into slots'})",
@@ -213,6 +220,7 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
                  f"{result['seconds_emulated'] * 1e3:.3f} ms, {'built-in' if result.get('simulated') else 'MPI'} "
                  f"{result['seconds_mpi'] * 1e3:.3f} ms" + model)
     lines.append(f"cost model: {origin}")
+    lines = wrap_lines(lines)  # a Reduce_scatter_block's result line ran to 110 columns
     if show:
         lines += ["", format_rounds(schedule, result["round_seconds"]), "", format_states(schedule)]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import textwrap
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def _duration(seconds: float) -> str:
 
 def format_plan(plan: Plan, dialect: str = "sbp") -> str:
     """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
-    from ..viz.table import wrap_lines
+    from ..viz.table import WIDTH, wrap_lines
     from ..viz.why import BOUND_WITH_SUMS, step_text
 
     where = str(plan.source.layout)
@@ -80,18 +81,23 @@ def format_plan(plan: Plan, dialect: str = "sbp") -> str:
         lines.append(f"planned on the common mesh {mesh}")
     if not plan.steps:
         lines.append("  no steps: every rank already holds its target block")
-    width = max([len(step_text(s, dialect)) for s in plan.steps] + [4])
+    texts = [step_text(s, dialect) for s in plan.steps]
     sent = [f"{s.max_bytes_sent:,} B" for s in plan.steps]
     received = [f"{s.max_bytes_received:,} B" for s in plan.steps]
     columns = max(map(len, sent + received + ["received/rank"]))  # wider at huge sizes, never cut
     seconds, origin = _predicted(plan)
+    # A step too long for the row wraps inside its column, the figures on its first line: the whole row
+    # wrapped at 100 columns cut the table apart ("2,048" on one line, its "B" under the step).
+    numbers = 2 * (columns + 2) + (13 if seconds else 0)
+    width = max(min(max(map(len, texts + ["step"])), WIDTH - 6 - numbers), 24)
     if plan.steps:
         lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>{columns}}  {'received/rank':>{columns}}"
                      + ("  predicted" if seconds else ""))
-    for i, step in enumerate(plan.steps, 1):
-        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {sent[i - 1]:>{columns}}  "
-                     f"{received[i - 1]:>{columns}}"
+    for i, text in enumerate(texts, 1):
+        first, *more = textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
+        lines.append(f"  {i:>2}. {first:<{width}}  {sent[i - 1]:>{columns}}  {received[i - 1]:>{columns}}"
                      + (f"  {_duration(seconds[i - 1]):>11}" if seconds else ""))
+        lines += [f"      {line}" for line in more]
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
     if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):

@@ -26,6 +26,7 @@ exactly what one rank sends and receives. A group of one rank costs 0.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,15 +117,24 @@ class Measurement:
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", normalize_op(self.op))
         _check_group_size(self.group_size)
-        if self.bytes_per_rank < 0 or not self.seconds > 0:
-            raise SpmdsimError(f"measurement bytes {self.bytes_per_rank!r} / seconds {self.seconds!r} "
-                               "must be >= 0 and > 0")
+        _check_bytes(self.bytes_per_rank, "measurement bytes")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, numbers.Real) or not (
+                0 < self.seconds < math.inf):
+            raise SpmdsimError(f"measurement seconds {self.seconds!r} must be a finite number > 0")
         object.__setattr__(self, "group_size", int(self.group_size))
 
 
 def _check_group_size(g: int) -> None:
-    if isinstance(g, bool) or int(g) != g or g < 1:
+    # A NaN or infinite size raised ValueError/OverflowError from int(); a string compared unequal.
+    if isinstance(g, bool) or not isinstance(g, numbers.Real) or not math.isfinite(g) or int(g) != g or g < 1:
         raise SpmdsimError(f"group size {g!r} must be a positive integer")
+
+
+def _check_bytes(value: Any, what: str) -> None:
+    """A byte count: a finite real number >= 0 (a NaN or infinite one priced NaN or inf seconds, a string or
+    None raised TypeError, True counted as 1 byte)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise SpmdsimError(f"{what} {value!r} must be a finite number >= 0")
 
 
 def _check_params(**params: float) -> None:
@@ -191,16 +201,14 @@ class CostModel:
         """Predicted seconds of one `op` over `group_size` ranks with per-rank buffer bytes."""
         op = normalize_op(op)
         _check_group_size(group_size)
-        if bytes_per_rank < 0:
-            raise SpmdsimError(f"bytes per rank {bytes_per_rank!r} must be >= 0")
+        _check_bytes(bytes_per_rank, "bytes per rank")
         a, b, c = _terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
         alpha, beta, gamma = self.params(op, int(group_size))
         return a * alpha + b * beta + c * gamma
 
     def predict_copy(self, bytes_copied: float) -> float:
         """Predicted seconds to pack or unpack `bytes_copied` bytes locally (a strided copy)."""
-        if bytes_copied < 0:
-            raise SpmdsimError(f"bytes copied {bytes_copied!r} must be >= 0")
+        _check_bytes(bytes_copied, "bytes copied")
         return bytes_copied * self.copy_s_per_byte
 
     # -- fitting (spmdsim.cost.fit) ---------------------------------------------------

@@ -27,6 +27,7 @@ from ..algorithms import build as build_schedule
 from ..algorithms.moving import pairwise_peers
 from ..algorithms.table import format_rounds
 from ..errors import OperatorError, ShapeError
+from ..precision import is_low
 from ..engines import engine_of
 from . import door
 
@@ -214,6 +215,10 @@ def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndar
     """
     collective, algorithm = parse_name(name)
     x = np.ascontiguousarray(local)
+    if not is_low(x.dtype):  # bfloat16 is summed here in numpy and moved as its 16-bit words
+        # What the mesh's collectives take (runtime.door): text summed into garbage with numpy's string
+        # add, bool sums were ORs, a datetime or object array failed inside numpy or the engine.
+        door._check_dtype(collective, x.dtype)
     p = comm.Get_size()
     if collective in ("reduce_scatter", "alltoall") and x.size % p:
         raise ShapeError(f"{name}: {x.size} elements per rank do not divide into {p} blocks")
