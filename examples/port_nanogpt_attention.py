@@ -3,7 +3,8 @@
 The fused c_attn weight (C, 3C) is split on its columns over tp, so `split(C, dim=2)` cuts across ranks'
 blocks: each of q, k and v moves only the columns each rank's share lacks (an Alltoallv each). Each comment
 names the nanoGPT line the spmdsim line replaces; output and both weights' gradients are checked against
-numpy (central differences).
+numpy (central differences); the global arrays and the reference are made once for all simulated ranks
+(spmdsim.sim.once), and a dry run makes no reference (it has no values to check).
 Run: python examples/port_nanogpt_attention.py --ranks 8   (or: timeout -k 5 120 mpiexec -n 8 python ...)
 """
 import argparse
@@ -15,6 +16,7 @@ import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, collect_trace, ops
 from spmdsim.runtime import shared_numeric_grads
+from spmdsim.sim import dry_run_active, once
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,7 +29,9 @@ tp = 4 if world.size % 4 == 0 else 2 if world.size % 2 == 0 else 1
 mesh = Mesh(Layout((world.size // tp, tp), ("dp", "tp")), world)
 L = mesh.layout
 B, T, C, nh = 2 * (world.size // tp), 8, 8 * tp, 2 * tp  # two heads of width 4 per tp rank
-X, WA, WP = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, T, C), (C, 3 * C), (C, C)]))
+# The global arrays every rank cuts its block from, once for all simulated ranks (each MPI rank makes its own).
+X, WA, WP = once("nanoGPT arrays", lambda shapes: [SeededTensor(s, "float64", seed=i).full()
+                                                   for i, s in enumerate(shapes)], [(B, T, C), (C, 3 * C), (C, C)])
 x = DTensor.from_global(mesh, X, L("dp", None, None))
 c_attn = DTensor.from_global(mesh, WA, L(None, "tp")).requires_grad_()  # ColwiseParallel
 c_proj = DTensor.from_global(mesh, WP, L("tp", None)).requires_grad_()  # RowwiseParallel
@@ -55,12 +59,14 @@ def numpy_program(x, wa, wp):  # a weight may carry a leading axis of copies (be
     return y.reshape(y.shape[:-2] + (C,)) @ wp
 
 
-verdicts = [y.check(numpy_program(X, WA, WP))]
+dry = dry_run_active()  # a dry run has no values to check: its references are not made
+verdicts = [y.check(lambda region: once("nanoGPT y", numpy_program, X, WA, WP)[region])]
 squares = lambda x, wa, wp: numpy_program(x, wa, wp) ** 2  # noqa: E731  # the loss's addends
 # The weights' only, 128 elements a call, each rank computing 1/p of them (spmdsim.runtime.shared_numeric_grads).
-grads = shared_numeric_grads(mesh, lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128)
+grads = [np.zeros(0)] * 2 if dry else shared_numeric_grads(mesh, lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128)
 # Central differences are good to ~1e-8 of the gradients' scale (here ~1e3: the loss sums squares).
-verdicts += [t.grad.check(g, rtol=1e-6, atol=1e-8 * abs(g).max()) for t, g in zip((c_attn, c_proj), grads)]
+verdicts += [t.grad.check(lambda region, g=g: g[region], rtol=1e-6, atol=1e-8 * abs(g).max(initial=0))
+             for t, g in zip((c_attn, c_proj), grads)]
 if mesh.rank == 0:
     print(f"nanoGPT attention: mesh dp {mesh.size // tp} x tp {tp}, {nh} heads, c_attn's columns split over tp")
     print(f"collectives: {trace.counts()}")

@@ -415,6 +415,32 @@ def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
     assert "output and 2 weight gradients vs numpy: PASS" in done.stdout
 
 
+
+def test_nanogpt_attention_makes_its_global_arrays_once_for_all_simulated_ranks(monkeypatch):
+    """Every simulated rank made x and both weights whole (and the output's reference): once for all now
+    (spmdsim.sim.once; each MPI rank still makes its own), the same output."""
+    from spmdsim import SeededTensor
+
+    made = []
+    full = SeededTensor.full
+    monkeypatch.setattr(SeededTensor, "full", lambda self: made.append(self.shape) or full(self))
+    done = _run("examples/port_nanogpt_attention.py", "--ranks", "2")
+    assert done.returncode == 0 and "output and 2 weight gradients vs numpy: PASS (max error" in done.stdout, done
+    assert made == [(2, 8, 16), (16, 48), (16, 16)]  # x, c_attn, c_proj: once each, not once a rank
+
+
+def test_nanogpt_attentions_dry_run_makes_no_reference(monkeypatch):
+    """A dry run has no values to check: it computed every central difference on its one rank (36 s at 256
+    ranks, whose batch grows with dp); now it makes no reference."""
+    from spmdsim import reference_grad
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a dry run computed central differences")
+
+    monkeypatch.setattr(reference_grad, "numeric_grads", refused)
+    done = _run("examples/port_nanogpt_attention.py", "--ranks", "8", "--dry-run")
+    assert done.returncode == 0 and "ranks 0-7      9  18,432      18,432" in done.stdout, done
+
 def test_einsum_of_bools_that_sums_is_refused_in_one_line():
     """np.einsum("ij->j", mask) gives numpy's bool (the or of each column); spmdsim's blocks' sum gave the count,
     int64 [1, 0, 2], a silently different value and dtype. Bools that sum over a letter are refused in one line,

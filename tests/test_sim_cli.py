@@ -244,8 +244,33 @@ def test_the_llama_block_is_as_wide_at_64_ranks_as_at_8(monkeypatch, capsys):
     assert rows["64"] == rows["8"] == ("6", "23,296", "23,296", ["allreduce", "x6"])
 
 
+def test_causal_attention_is_as_wide_at_64_ranks_as_at_4(monkeypatch, capsys):
+    """examples/causal_attention.py drew its width from the ranks (a head a rank: H = p, D = 4p, central
+    differences of 4 (4p)^2 weights over a program of O(p^2)); tp is 4 at most now, the other ranks dp replicas.
+    A dry run at 64 ranks sends the bytes of one at 4, and makes no reference (no values to check)."""
+    from spmdsim import reference_grad
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a dry run computed central differences")
+
+    monkeypatch.setattr(reference_grad, "numeric_grads", refused)
+    path = next(p for p in EXAMPLES if p.stem == "causal_attention")
+    rows = {}
+    for ranks in ("4", "64"):
+        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(path), run_name="__main__")
+        out = capsys.readouterr().out
+        assert done.value.code == 0, out
+        calls, sent, received, _, *collectives = next(line for line in out.splitlines()
+                                                      if line.startswith("ranks 0-")).split()[2:]
+        rows[ranks] = calls, sent, received, collectives
+    assert rows["64"] == rows["4"] == ("4", "4,608", "4,608", ["allreduce", "x4"])
+
+
 #: The check line an example must print where "PASS" alone would also match a partial result.
-PASS_LINES = {"llama_block": "forward and 10 gradients vs numpy: PASS"}
+PASS_LINES = {"llama_block": "forward and 10 gradients vs numpy: PASS",
+              "causal_attention": "forward and 5 gradients vs numpy: PASS"}
 
 
 #: The port examples take only --ranks N and refuse anything else in their own one line (tests/test_porting.py).

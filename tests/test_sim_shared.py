@@ -180,3 +180,50 @@ def test_ranks_wait_for_a_computation_in_progress_and_compute_their_own_if_it_fa
     out = spmdsim.simulate(8, body)
     assert out.count("raised") == 1 and out.count(2) == 7
     assert 2 <= len(calls) <= 8  # the waiters recomputed (sharing among themselves where they can)
+
+
+def test_a_check_on_simulated_ranks_shares_one_table_and_builds_its_verdict_once(monkeypatch):
+    """DTensor.check's table of every rank's record (spmdsim.runtime.check.agree): simulated ranks share one,
+    filled by one Gather (spmdsim.runtime.shared_rows), and the first to read it builds the Verdict for all.
+    An Allgather gave each of p ranks its own p records and each rank built its own Verdict from them (805 MB
+    at 4,096 ranks). A sub-communicator's next check gets a table of its own, never the last one's verdict."""
+    from spmdsim import DTensor, Layout, Mesh, SeededTensor
+    from spmdsim.runtime import check
+
+    built = []
+    real = check._verdict
+    monkeypatch.setattr(check, "_verdict", lambda *args: built.append(1) or real(*args))
+    src = SeededTensor((8, 16), "float64", seed=3)
+
+    def body():
+        with Mesh(Layout((2, 4), ("dp", "mp")), spmdsim.world()) as mesh:
+            x = DTensor.from_seeded(mesh, mesh.layout("dp", "mp"), src)
+            wrong = np.asarray(src.region((slice(0, 8), slice(0, 16)))).copy()
+            wrong[7, 15] += 1.0  # rank 7's block
+            verdicts = [x.check(src), x.check(wrong)]
+            sub = mesh.group("mp")  # its next call's table is a new one
+            verdicts += [check.agree(sub, np.array([float(k != 1), k + 0.5, 0.0, 0.0, 4.0, 1.0]), 1e-9, 1e-12)
+                         for k in range(2)]
+            return verdicts
+
+    ran = spmdsim.simulate(8, body)
+    assert [str(v).splitlines()[0] for v in ran[0][:2]] == [
+        "check passed: every element within atol 1e-12 + rtol 1e-09 x |ref| (128 elements)",
+        "check FAILED on ranks [7]: max abs err 1, max rel err 0.679 (worst rank 7; atol 1e-12, rtol 1e-09; 128 "
+        "elements)"]
+    assert [(v.passed, v.max_abs_error) for v in ran[0][2:]] == [(True, 0.5), (False, 1.5)]
+    for k in range(2):  # the same object on every rank: built once
+        assert all(verdicts[k] is ran[0][k] for verdicts in ran)
+    for k in range(2, 4):  # once per group of 4 (ranks 0-3, 4-7)
+        assert all(ran[r][k] is ran[r // 4 * 4][k] for r in range(8)) and ran[0][k] is not ran[4][k]
+    assert len(built) == 2 + 2 * 2
+
+
+def test_the_gpt_table_helper_is_the_runtimes(monkeypatch):
+    """spmdsim.gpt.train.all_rows, as its callers import it, hands over to spmdsim.runtime.shared_rows' (one copy;
+    the gpt package loads no runtime, and the runtime imports no gpt)."""
+    from spmdsim.gpt import train
+    from spmdsim.runtime import shared_rows
+
+    monkeypatch.setattr(shared_rows, "all_rows", lambda *args: ("runtime's", args))
+    assert train.all_rows("mesh", "flat", "label") == ("runtime's", ("mesh", "flat", "label"))

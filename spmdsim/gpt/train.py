@@ -229,40 +229,11 @@ def _table(model: Any, tables: list, label: str) -> np.ndarray:
 
 
 def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
-    """Every rank's `flat` (float64, alike in length), a row per rank, on every rank of `mesh` (a collective,
-    labelled `label`). Under MPI one Allgather: each rank holds its own table. Simulated ranks share one table,
-    the same array on every rank, to read and not to change: one Gather to rank 0 (untraced, as the check's
-    collectives lie outside a step's trace) into the table the first of them to ask made (spmdsim.sim.once);
-    the thread engine writes the root's table before it releases any member (spmdsim.sim.thread_engine), so
-    every rank reads it full once its Gather returns. An Allgather would give each of the p ranks its own
-    table of p rows: p^2 rows in one process (3 GB for `examples/train_gpt.py` at 256 ranks: docs/simulate.md)."""
-    from ..runtime.executor import gather
+    """Every rank's `flat`, a row per rank, on every rank of `mesh`: spmdsim.runtime.shared_rows.all_rows (its
+    home, the runtime's checks share it; imported when called, as this module loads no runtime)."""
+    from ..runtime.shared_rows import all_rows as rows
 
-    group = getattr(mesh.comm, "_group", None)  # the thread engine's group: what its members share
-    engine = mesh.engine
-    if mesh.size == 1 or not engine.simulated or engine.dry or group is None:
-        return gather(mesh, flat, tuple(mesh.layout.alias_name), label)
-    from ..engines.once import once
-    from ..runtime import door
-
-    # Keyed by the group (alive while its mesh is) and the label: every member of this call takes the entry
-    # before it enters the Gather, so no member asks for the next call's while this one's is still shared. A
-    # mesh over part of the simulated world leaves the entry (once drops it when every rank of the world took
-    # it): its next call gets the same table back, which that call's Gather fills before anyone reads it.
-    shared = once(("spmdsim.gpt.train.all_rows", id(group), label), _SharedRows, mesh.size, flat.size)
-    root = mesh.rank == 0
-    door.transfer(mesh.comm, label, (), flat, (0,), mesh.polite, "gather_to", flat,
-                  shared.rows if root else None, 0)
-    return shared.rows
-
-
-class _SharedRows:
-    """The table simulated ranks share (`all_rows`): `rows`, a row per rank, which rank 0's Gather fills."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self, size: int, width: int) -> None:
-        self.rows = np.empty((size, width))
+    return rows(mesh, flat, label)
 
 
 def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
