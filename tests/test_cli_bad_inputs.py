@@ -240,6 +240,25 @@ def test_convert_names_the_alias_flag_and_what_it_expects(capsys, argv, needle):
     assert "alias_name (" not in line and "device_matrix (" not in line and "mesh_axis_names" not in line
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["plan", "--alias", "", "--from", "a,None"], "--alias '' gives 0 names for the 2 axes of --device-matrix '2,2'"),
+    (["plan", "--alias", "a", "--from", "a,None"], "--alias 'a' gives 1 name for the 2 axes"),
+    (["plan", "--alias", "a,a", "--from", "a,None"], "--alias 'a,a' names axis 'a' twice"),
+    (["plan", "--to-alias", "", "--from", "axis_0,None"], "--to-alias '' gives 0 names for the 2 axes of "
+                                                          "--device-matrix '2,2'"),
+    (["run", "matmul", "--alias", "", "--x-map", "None,a", "--w-map", "a,None"],
+     "--alias-name '' gives 0 names for the 2 axes of --device-matrix '2,2'"),
+])
+def test_an_empty_or_short_alias_is_refused_naming_the_flag(capsys, argv, needle):
+    # plan took --alias "" as not given (the default names axis_0, ...: then "unknown alias 'a'"), run matmul as
+    # missing ("matmul needs --strategy, or ..."), and a short one met Layout's "alias_name ... device_matrix".
+    shape = ["--shape", "4,4"] if argv[0] == "plan" else ["--shape", "4,4,4"]
+    tail = ["--to", "None,None"] if argv[0] == "plan" else []
+    line = _fails(capsys, [*argv[:1 + (argv[0] == "run")], "--device-matrix", "2,2", *argv[1 + (argv[0] == "run"):],
+                           *tail, *shape], needle)
+    assert "alias_name" not in line and "unknown alias" not in line
+
+
 def test_strategy_of_the_wrong_length_names_the_strategy(capsys):
     # It named the layout's inner axes: 'tensor map ("axis_0", "axis_1") has 2 entries ...'.
     line = _fails(capsys, ["explain", "--strategy", "((2,1,1,2,1),)", "--world-size", "8", "--shape", "2,1,1,2"],

@@ -147,20 +147,24 @@ def mesh_names(data: Mapping, matrix: Sequence[int]) -> tuple[str, ...]:
     """The case's "alias_name" (``--alias``) for the mesh `matrix`: one distinct name per axis, each refused
     naming the flag and the key (the Layout's own message names its fields, alias_name and device_matrix)."""
     names = _name_list(data, "alias_name")
-    mesh = f"--device-matrix {','.join(map(str, matrix))!r}"
-    if len(names) != len(matrix):
-        example = ",".join(default_axis_names(len(matrix)) if len(matrix) > 26 else
-                           "abcdefghijklmnopqrstuvwxyz"[:len(matrix)])
-        raise SpmdsimError(f"{_flag_text('alias_name', names)} gives {counted(len(names), 'name')} for the "
-                           f"{_axes_text(len(matrix))} of {mesh}; expected one name per axis, such as {example}")
+    return checked_axis_names(names, _flag_text("alias_name", names), f"--device-matrix {','.join(map(str, matrix))!r}",
+                              len(matrix))
+
+
+def checked_axis_names(names: tuple[str, ...], given: str, mesh: str, axes: int) -> tuple[str, ...]:
+    """`names`, one distinct name per axis of a mesh of `axes` axes, or the one-line refusal naming what gave
+    them (`given`: "--alias 'a'") and the mesh (`mesh`: "--device-matrix '2,2'")."""
+    if len(names) != axes:
+        example = ",".join(default_axis_names(axes) if axes > 26 else "abcdefghijklmnopqrstuvwxyz"[:axes])
+        raise SpmdsimError(f"{given} gives {counted(len(names), 'name')} for the {_axes_text(axes)} of {mesh}; "
+                           f"expected one name per axis, such as {example}")
     for name in names:
         if not name or name in ("None", "none", "null"):
-            raise SpmdsimError(f"{_flag_text('alias_name', names)} names an axis {name!r}, which a tensor map "
-                               "reads as a dim not split; expected other names")
+            raise SpmdsimError(f"{given} names an axis {name!r}, which a tensor map reads as a dim not split; "
+                               "expected other names")
     repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if repeated is not None:
-        raise SpmdsimError(f"{_flag_text('alias_name', names)} names axis {repeated!r} twice; expected one "
-                           f"distinct name per axis of {mesh}")
+        raise SpmdsimError(f"{given} names axis {repeated!r} twice; expected one distinct name per axis of {mesh}")
     return names
 
 

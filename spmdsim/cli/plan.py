@@ -22,8 +22,8 @@ from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
-from .cases import (check_device_count, indivisible, parse_int_list, parse_name_list, parse_partition_spec,
-                    parse_tensor_map)
+from .cases import (check_device_count, checked_axis_names, indivisible, parse_int_list, parse_name_list,
+                    parse_partition_spec, parse_tensor_map)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -132,14 +132,17 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
-    flag = f"--{prefix}device-matrix"
+def _mesh(matrix: str, alias: str | None, prefix: str = "", flag: str = "") -> Layout:
+    """The mesh of `matrix` (--{prefix}device-matrix's text, or `flag`'s) named by `alias` (--{prefix}alias's)."""
+    flag = flag or f"--{prefix}device-matrix"
     dims = parse_int_list(matrix, flag)
     if not dims:
         raise SpmdsimError(f"{flag} {matrix!r} gives no axis; expected at least one size, such as 2,4")
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
-    names = (parse_name_list(alias, f"--{prefix}alias") if alias
-             else default_axis_names(len(dims)))
+    if alias is None:
+        return Layout(dims, default_axis_names(len(dims)))
+    names = checked_axis_names(parse_name_list(alias, f"--{prefix}alias"), f"--{prefix}alias {alias!r}",
+                               f"{flag} {matrix!r}", len(dims))  # "" is given, not absent: no names
     return Layout(dims, names)
 
 
@@ -204,7 +207,7 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     if args.to_device_matrix is not None:
         target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
     elif args.to_alias is not None:
-        target_mesh = _mesh(args.device_matrix, args.to_alias, "to-")
+        target_mesh = _mesh(args.device_matrix, args.to_alias, "to-", "--device-matrix")
     else:
         target_mesh = source_mesh
     world = source_mesh.num_devices
@@ -262,7 +265,7 @@ def _check_alias_used(args: argparse.Namespace) -> None:
     A strategy brings its own device matrix, and the target uses its own mesh
     when --to-device-matrix or --to-alias is given.
     """
-    if not args.alias:
+    if args.alias is None:
         return
     source_uses = not args.from_strategy
     target_uses = not (args.to_strategy or args.to_device_matrix or args.to_alias)

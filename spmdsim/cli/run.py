@@ -24,7 +24,7 @@ from ..dialects.strategy import parse_strategy
 from ..errors import SpmdsimError
 from ..layout import Layout
 from ..validate import counted
-from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from .cases import check_device_count, checked_axis_names, parse_int_list, parse_name_list, parse_tensor_map
 from ..engines import engine_of
 
 __all__ = ["register", "run", "add_common_arguments", "on_world", "guarded", "report"]
@@ -335,12 +335,17 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
                                                      out_strategy=out)
     if args.placement or args.x_sbp or args.w_sbp or args.out_sbp:
         return _sbp_matmul_maker(args, dims, common, flags, ranks)
-    if not (args.device_matrix and args.alias_name and args.x_map and args.w_map):
+    if None in (args.device_matrix, args.alias_name, args.x_map, args.w_map):  # given empty: checked below
         raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
                            "--x-map and --w-map, or --placement, --x-sbp and --w-sbp")
     matrix = parse_int_list(args.device_matrix, "--device-matrix")
+    if not matrix:
+        raise SpmdsimError(f"--device-matrix {args.device_matrix!r} gives no axis; expected at least one size, "
+                           "such as 2,4")
     check_device_count(math.prod(matrix), f"--device-matrix {args.device_matrix!r}")
-    layout = Layout(matrix, parse_name_list(args.alias_name, "--alias-name"))
+    names = checked_axis_names(parse_name_list(args.alias_name, "--alias-name"), f"--alias-name {args.alias_name!r}",
+                               f"--device-matrix {args.device_matrix!r}", len(matrix))
+    layout = Layout(matrix, names)
     x_map, w_map = parse_tensor_map(args.x_map), parse_tensor_map(args.w_map)
     x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, len(w_map))
     out = None
