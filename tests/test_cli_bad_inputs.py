@@ -398,10 +398,11 @@ def test_plan_reports_a_device_count_mismatch_first(capsys):
 def test_device_matrices_above_the_limit_are_refused(capsys):
     start = time.perf_counter()
     _fails(capsys, ["slices", "--device-matrix", "4096,4096", "--alias", "a,b", "--tensor-map", "a,b",
-                    "--shape", "8,8"], "device_matrix (4096, 4096) has 16,777,216 devices; expected at most 65,536")
+                    "--shape", "8,8"], "--device-matrix '4096,4096' (case key 'device_matrix') has 16,777,216 devices; "
+                                       "expected at most 65,536")
     _fails(capsys, ["slices", "--strategy", "((4096,4096),)", "--shape", "8,8"], "has 16,777,216 devices")
     _fails(capsys, ["slices", "--sbp", "S(0),B", "--placement", "4096,4096", "--shape", "8,8"],
-           "placement (4096, 4096) has 16,777,216 devices")
+           "--placement '4096,4096' (case key 'placement') has 16,777,216 devices")
     _fails(capsys, ["plan", "--device-matrix", "4096,4096", "--from", "axis_0,None", "--to", "None,axis_0",
                     "--shape", "8,8"], "--device-matrix '4096,4096' has 16,777,216 devices; expected at most 65,536")
     assert time.perf_counter() - start < 10

@@ -127,7 +127,7 @@ def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ..
 def _device_count_checked(data: Mapping, key: str) -> tuple[int, ...]:
     """The device matrix (or placement) under `key`: positive integers, at most MAX_DEVICES devices."""
     matrix = _int_list(data, key, "positive integers", 1)
-    check_device_count(math.prod(matrix), f"{key} {matrix!r}")
+    check_device_count(math.prod(matrix), _flag_text(key, matrix))
     return matrix
 
 
