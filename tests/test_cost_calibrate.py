@@ -32,6 +32,16 @@ def test_group_sizes():
         calibrate._group_sizes("3", 8)
 
 
+def test_too_few_measurements_for_the_fit_are_refused_before_timing():
+    # `--ops allreduce --sizes 1K` on 2 ranks timed its one point, then failed in the fit: "fit needs at least 2
+    # measurements, got 1". Now refused before any timing, naming the flags; a size given twice is one point.
+    args = build_parser().parse_args(["calibrate", "--ops", "allreduce", "--sizes", "1K,1K"])
+    with pytest.raises(SpmdsimError, match=r"needs at least 2: --ops 'allreduce', group sizes \[2\] and "
+                                           r"--sizes '1K,1K' give 1; expected more --sizes"):
+        calibrate._check_points(args, ["allreduce"], [2], [1024, 1024])
+    calibrate._check_points(args, ["allreduce"], [2, 4], [1024])  # two group sizes: two points
+
+
 def test_real_bytes_rounds_to_whole_elements_per_rank():
     assert calibrate._real_bytes(1 << 20, 8) == 1 << 20
     assert calibrate._real_bytes(100, 8) == 4 * 24

@@ -282,6 +282,15 @@ def _output_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _check_points(args: argparse.Namespace, ops: list, group_sizes: list, sizes: list) -> None:
+    """Refuse, before any timing, a run with fewer distinct measurements than the fit needs (CostModel.fit: 2)."""
+    points = len(set(ops)) * len(group_sizes) * len(set(sizes))
+    if points < 2:
+        raise SpmdsimError(f"calibrate fits a line through its measurements and needs at least 2: --ops {args.ops!r}, "
+                           f"group sizes {group_sizes} and --sizes {args.sizes!r} give {points}; expected more "
+                           "--sizes (e.g. --sizes 1K,1M) or --ops")
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     """Every check of the command line that needs no communicator: before MPI starts, on every rank alike (so a
     bad flag is the one line, under mpiexec or not; _calibrate checks the group sizes against the world)."""
@@ -320,6 +329,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
     ops = [normalize_op(o) for o in args.ops.split(",")]
     sizes = _sizes(args.sizes)
     group_sizes = _group_sizes(args.group_sizes, comm.Get_size())
+    _check_points(args, ops, group_sizes, sizes)
     # Rank 0 writes the files, so its verdict on the paths is everybody's.
     problem = engine_of(comm).broadcast_object(comm, _output_problem(args) if rank == 0 else None, 0)
     if problem:
