@@ -35,7 +35,8 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 # -- elementwise ---------------------------------------------------------------
 def relu(x: np.ndarray) -> np.ndarray:
-    """max(x, 0), same dtype."""
+    """max(x, 0), same dtype (a number as numpy takes it: a 0-d array of its dtype)."""
+    x = np.asanyarray(x)
     return np.maximum(x, np.zeros((), dtype=x.dtype))
 
 

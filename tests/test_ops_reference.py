@@ -83,6 +83,14 @@ def test_gelu_references_take_0d_as_numpy_does(x):
     assert ref.activation("gelu")(x) == got
 
 
+@pytest.mark.parametrize("x, want", [(1.5, 1.5), (-2, 0), (np.float32(-0.5), 0.0), (np.array([-1.0, 2.0]), [0.0, 2.0])])
+def test_relu_reference_takes_numbers_as_numpy_does(x, want):
+    # A Python number raised AttributeError ('float' object has no attribute 'dtype').
+    got = ref.relu(x)
+    assert got.dtype == np.asarray(x).dtype
+    np.testing.assert_array_equal(got, want)
+
+
 def test_embedding_reference_and_id_errors():
     table = SeededTensor((40, 6), "float64", seed=1)
     ids = SeededTensor((5, 7), "int64", seed=2, low=0, high=40)
