@@ -303,3 +303,41 @@ def mlp_region(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Opti
         return _shared(("mlp", x, w1, b1, w2, b2, act), region, out, compute)
 
     return region_fn
+
+
+#: The largest slope of each activation (|f'|): how much an error in its input can grow through it.
+_SLOPE = {"relu": 1.0, "gelu": 1.13}
+
+
+def mlp_rounding(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Optional[Source],
+                 act: str = "gelu") -> tuple[float, RegionFn]:
+    """(rtol, scale) that bound how far two float computations of `mlp_region`'s MLP, summing in different
+    orders, can differ: for ``DTensor.check(ref, rtol=rtol, scale=scale)``, the magnitudes that entered each
+    output and the rounding of the sums they entered, not the size of the output (docs/semantics.md,
+    "Tolerances").
+
+    To first order, each computation of y = act(x W1 + b1) W2 + b2 is off by at most eps (k2 S2 + L k1 (S1 @
+    |W2|)), where S1 = |x| @ |W1| + |b1| entered each hidden unit (a sum of k1 = in features + 1 terms), S2 =
+    |act(h)| @ |W2| + |b2| each output (k2 = hidden units + 1 terms), and L bounds the activation's slope: rtol
+    is 2 k2 eps (two computations) and scale is S2 + L (k1 / k2) (S1 @ |W2|), each element's, float64."""
+    k1, k2 = _shape(w1)[0] + 1, _shape(w2)[0] + 1
+    eps = float(np.finfo(np.result_type(*[np.dtype(s.dtype if isinstance(s, SeededTensor) else np.asarray(s).dtype)
+                                          for s in (x, w1, w2)])).eps)
+    fn, slope = activation(act), _SLOPE[act]
+    out = (*_shape(x)[:-1], _shape(w2)[-1])
+
+    def region_fn(region: Region) -> np.ndarray:
+        *rows, cols = tuple(region)
+
+        def compute() -> np.ndarray:
+            xs = _block(x, (*rows, _WHOLE)).astype(np.float64)
+            a1, a2 = (np.abs(_block(w, (_WHOLE, _WHOLE)).astype(np.float64)) for w in (w1, w2))
+            a2 = a2[:, cols]
+            s1 = np.abs(xs) @ a1 + (0.0 if b1 is None else np.abs(_block(b1, (_WHOLE,)).astype(np.float64)))
+            h = xs @ _block(w1, (_WHOLE, _WHOLE)).astype(np.float64) + (
+                0.0 if b1 is None else _block(b1, (_WHOLE,)).astype(np.float64))
+            s2 = np.abs(fn(h)) @ a2 + (0.0 if b2 is None else np.abs(_block(b2, (cols,)).astype(np.float64)))
+            return s2 + slope * (k1 / k2) * (s1 @ a2)
+        return _shared(("mlp rounding", x, w1, b1, w2, b2, act), region, out, compute)
+
+    return 2 * k2 * eps, region_fn

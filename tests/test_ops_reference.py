@@ -130,3 +130,23 @@ def test_paddle_layout_and_params():
     assert paddle_param(False, (6,), "float64", 1) is None
     with pytest.raises(OperatorError, match="does not match the expected"):
         paddle_param(SeededTensor((3,), "float32"), (6,), "float32", 1)
+
+
+def test_mlp_rounding_bounds_two_summation_orders_where_k_eps_does_not():
+    """examples/mlp.py checked with atol = 480 eps (contraction_atol: sums of products of values in [-1, 1)), but
+    its hidden units are sums of 96 such products: at 3 ranks its error sat at that atol exactly (5.72e-05), and a
+    wider input crosses it. mlp_rounding's (rtol, scale) follow the magnitudes that entered each output."""
+    from spmdsim.tolerances import contraction_atol
+
+    rng = np.random.default_rng(0)
+    x = (4 * rng.uniform(-1, 1, (24, 96))).astype(np.float32)
+    w1, w2 = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((96, 480), (480, 96)))
+    b1, b2 = (rng.uniform(-1, 1, n).astype(np.float32) for n in (480, 96))
+    a = ref.gelu(x @ w1 + b1)
+    one = a @ w2 + b2
+    split = sum(a[:, i:i + 160] @ w2[i:i + 160] for i in range(0, 480, 160)) + b2  # as 3 ranks sum
+    err = np.abs(one.astype(np.float64) - split)
+    assert err.max() > contraction_atol(480, "float32")  # the old tolerance cries wolf here
+    rtol, scale = ref.mlp_rounding(x, w1, b1, w2, b2, "gelu")
+    bound = rtol * np.maximum(scale((slice(None), slice(None))), np.abs(one))
+    assert (err <= bound).all() and bound.max() < 1.0  # holds, and still catches a wrong value of order 1

@@ -22,7 +22,7 @@ from ..autograd import graph
 from ..autograd.rules.grads import axes_of
 from ..autograd.rules.matmul import record_mlp
 from ..errors import OperatorError
-from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region
+from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region, mlp_rounding
 from ..runtime import debug
 from ..runtime.executor import execute
 from ..engines import local as engine_local
@@ -146,3 +146,11 @@ class ParallelMLP:
         """Region reference of the MLP applied to the global input `x`."""
         fc1, fc2 = self.linear_fc1, self.linear_fc2
         return mlp_region(x, fc1.weight_source, fc1.bias_source, fc2.weight_source, fc2.bias_source, self.activation)
+
+    def rounding(self, x: Source) -> tuple[float, RegionFn]:
+        """(rtol, scale) for checking this MLP's output on the global input `x` against `reference(x)`: the
+        rounding two computations summing in different orders can have (spmdsim.reference.mlp_rounding),
+        ``y.check(mlp.reference(x), rtol=rtol, scale=scale)``."""
+        fc1, fc2 = self.linear_fc1, self.linear_fc2
+        return mlp_rounding(x, fc1.weight_source, fc1.bias_source, fc2.weight_source, fc2.bias_source,
+                            self.activation)
