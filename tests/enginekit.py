@@ -106,3 +106,96 @@ def check_transfers(out: dict, r: int, g: int) -> None:
     assert out["split"] == (len(evens_or_odds), sorted(evens_or_odds, reverse=True).index(r))
 
 
+
+
+# -- dtypes: text moves on every engine alike; what MPI cannot take, every engine refuses in one line ------
+TEXT_DTYPES = ("S4", "<U4")
+#: (dtype, op) -> the DTypeError's line on every engine; the (dtype, op) pairs of `DTYPE_OPS` not named here
+#: are taken. "max" is allreduce's op="max".
+_SUM = "cannot sum dtype '{}'; expected an integer, float or complex dtype (bool and text can be moved, not summed)"
+_ORDER = ("cannot take the max of dtype '{}'; expected an integer or real float dtype (bool, complex and text "
+          "can be moved, not ordered)")
+_SEND = ("MPI cannot send dtype '{}' ({}); expected a numeric dtype: bool, int8..int64, uint8..uint64, "
+         "float16..float64, complex64, complex128")
+DTYPE_OPS = ("allreduce", "max", "reduce_scatter", "allgather", "alltoall", "bcast")
+REFUSED = {
+    **{(t, op): f"{op}: " + _SUM.format(n) for t, n in (("|b1", "bool"), ("|S4", "bytes32"), ("<U4", "str128"))
+       for op in ("allreduce", "reduce_scatter")},
+    **{(t, "max"): "allreduce: " + _ORDER.format(n) for t, n in (
+        ("|b1", "bool"), ("|S4", "bytes32"), ("<U4", "str128"), ("<c16", "complex128"), ("<c8", "complex64"))},
+    **{(t, op): f"{'allreduce' if op == 'max' else op}: " + _SEND.format(t, n)
+       + ("" if op in ("allreduce", "max", "reduce_scatter") else "; or text (numpy's S or U dtypes)")
+       for t, n in (("<M8[s]", "datetime64[s]"), ("|O", "object"), ("|V12", "void96")) for op in DTYPE_OPS},
+}
+USER_DTYPES = ("|b1", "|S4", "<U4", "<c16", "<c8", "<f2", "<M8[s]", "|O", "|V12")
+
+
+def _text(dtype: str, me: int, g: int) -> np.ndarray:
+    """Rank `me`'s (g, 2) text block: item [j, k] is "me.jk" (ranks and g under 10)."""
+    return np.array([[f"{me}.{j}{k}" for k in range(2)] for j in range(g)], dtype=dtype)
+
+
+def run_dtypes(comm: Any) -> dict:
+    """What the mesh's collectives make of the dtypes a user might pass, on meshes over `comm`: text (bytes and
+    str) through MPI's collectives, the prepared ones, alltoallv and (a mesh made with ``algorithms=``) the
+    emulated algorithms; then, for each of `USER_DTYPES` and `DTYPE_OPS`, "taken" or the DTypeError's line."""
+    from spmdsim import Layout
+    from spmdsim.errors import DTypeError
+    from spmdsim.runtime import (Mesh, allgather, allreduce, alltoall, alltoallv, bcast, prepare_allgather,
+                                 prepare_alltoall, reduce_scatter)
+
+    out: dict = {}
+    me, g = comm.Get_rank(), comm.Get_size()
+    for algorithms in (None, {"allgather": "bruck", "alltoall": "pairwise", "bcast": "binomial"}):
+        mesh = Mesh(Layout((g,), ("x",)), comm, algorithms=algorithms)
+        for dtype in TEXT_DTYPES:
+            x = _text(dtype, me, g)
+            key = (dtype, algorithms is not None)
+            out[key] = {"allgather 0": allgather(mesh, x, "x", 0), "allgather 1": allgather(mesh, x, "x", 1),
+                        "alltoall": alltoall(mesh, x, "x", 0, 1), "bcast": bcast(mesh, x.copy(), "x", g - 1)}
+            if algorithms is None:  # these run on MPI's own collectives on any mesh (docs/algorithms.md)
+                out[key]["prepared allgather"] = prepare_allgather(mesh, x, "x", 0).run().copy()
+                out[key]["prepared alltoall"] = prepare_alltoall(mesh, x, "x", 0).run().copy()
+                # Rank me sends (q % 2) + 1 items to rank q: counts of items, not of bytes.
+                got = alltoallv(mesh, {q: x[q, :q % 2 + 1] for q in range(g)},
+                                {q: (me % 2 + 1,) for q in range(g)}, dtype)
+                out[key]["alltoallv"] = [got[q].tolist() for q in range(g)]
+        mesh.close()
+    mesh = Mesh(Layout((g,), ("x",)), comm)
+    calls = {"allreduce": lambda a: allreduce(mesh, a, "x"), "max": lambda a: allreduce(mesh, a, "x", op="max"),
+             "reduce_scatter": lambda a: reduce_scatter(mesh, a, "x", 0), "allgather": lambda a: allgather(mesh, a, "x", 0),
+             "alltoall": lambda a: alltoall(mesh, a, "x", 0, 0), "bcast": lambda a: bcast(mesh, a, "x", 0)}
+    for dtype in USER_DTYPES:
+        a = np.zeros(2 * g, dtype="i4,f8" if dtype == "|V12" else dtype)
+        for op in DTYPE_OPS:
+            try:
+                calls[op](a)
+            except DTypeError as exc:
+                out[dtype, op] = str(exc)
+            else:
+                out[dtype, op] = "taken"
+    mesh.close()
+    return out
+
+
+def check_dtypes(out: dict, r: int, g: int, moved: bool = True) -> None:
+    """Rank `r`'s results of `run_dtypes` on `g` ranks: the text each call gives under MPI (unless not `moved`:
+    a dry run's), and each refusal's line."""
+    for dtype in TEXT_DTYPES:
+        x = [_text(dtype, q, g) for q in range(g)]
+        for emulated in (False, True):
+            got = out[dtype, emulated]
+            assert got["allgather 0"].dtype == np.dtype(dtype) and got["alltoall"].dtype == np.dtype(dtype)
+            if not moved:
+                continue
+            assert np.array_equal(got["allgather 0"], np.concatenate(x, 0))
+            assert np.array_equal(got["allgather 1"], np.concatenate(x, 1))
+            assert np.array_equal(got["alltoall"], np.concatenate([b[r:r + 1] for b in x], 1))
+            assert np.array_equal(got["bcast"], x[g - 1])
+            if not emulated:
+                assert np.array_equal(got["prepared allgather"], np.concatenate(x, 0))
+                assert np.array_equal(got["prepared alltoall"], np.concatenate([b[r:r + 1] for b in x], 0))
+                assert got["alltoallv"] == [x[q][r, :r % 2 + 1].tolist() for q in range(g)]
+    for dtype in USER_DTYPES:
+        for op in DTYPE_OPS:
+            assert out[dtype, op] == REFUSED.get((dtype, op), "taken"), (dtype, op)

@@ -268,6 +268,18 @@ def test_the_thread_engine_runs_every_transfer_as_mpi_defines_it():
         check_transfers(out, r, 4)
 
 
+def test_text_moves_and_every_engine_refuses_the_same_dtypes_with_one_line():
+    """The body tests/mpi/test_engine_transfers.py runs under mpiexec (tests/enginekit.py), on simulated ranks
+    and in a dry run: text moves through every collective that moves data; a complex (or bool, or text) max,
+    which MPI refuses, was numpy's maximum here: now the same DTypeError line as under MPI."""
+    from enginekit import check_dtypes, run_dtypes
+
+    for r, out in enumerate(spmdsim.simulate(4, lambda: run_dtypes(spmdsim.world()))):
+        check_dtypes(out, r, 4)
+    for r, out in enumerate(spmdsim.simulate(4, lambda: run_dtypes(spmdsim.world()), dry_run=True)):
+        check_dtypes(out, r, 4, moved=False)
+
+
 def test_the_dry_engine_counts_every_buffer_a_transfer_holds_and_moves_nothing():
     """One rank for all: results as if every member sent this rank's buffer; each buffer counted as held."""
     from spmdsim.sim.dry import DRY, DryComm
@@ -340,7 +352,8 @@ def test_every_engine_refuses_the_dtypes_mpi_refuses_with_mpis_message():
                 moves = op not in ("allreduce", "reduce_scatter", "prepared allreduce")
                 refused = not (moves and dtype in ("|b1", "<U1"))
                 name = "allreduce" if op == "prepared allreduce" else op
-                want += [(g, dtype, op, f"{name}: {text}" if refused else "taken")] * 2
+                line = text + ("; or text (numpy's S or U dtypes)" if moves and dtype == "|O" else "")
+                want += [(g, dtype, op, f"{name}: {line}" if refused else "taken")] * 2
     for results in (spmdsim.simulate(4, _dtype_refusals, (2, 1)),
                     spmdsim.simulate(4, _dtype_refusals, (2, 1), dry_run=True)):
         dry = isinstance(results, spmdsim.sim.run.DryRunResults)

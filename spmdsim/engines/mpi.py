@@ -21,6 +21,7 @@ __all__ = ["MpiEngine", "MPI"]
 
 _OPS: dict = {}  # "sum"/"max"/"min" -> MPI.SUM/MAX/MIN, filled on first use
 _CONST: list = []  # [MPI.IN_PLACE], on first use
+_SPECIAL = frozenset("VSU")  # dtype kinds `_w` converts: bfloat16's ("V") and text's
 
 
 def _op(op: str) -> Any:
@@ -35,14 +36,38 @@ def _op(op: str) -> Any:
 
 def _w(a: Any) -> Any:
     """`a` as MPI can move it: a bfloat16 block (ml_dtypes', which MPI has no datatype for) as a view of
-    its 16-bit words, the same memory; other blocks as they are. Sums never see bfloat16: the collectives
-    widen it to float32 first (spmdsim.runtime.collectives)."""
-    dtype = getattr(a, "dtype", None)
-    if getattr(dtype, "kind", None) != "V":  # not bfloat16 (is_low's first test): spmdsim.precision loads
+    its 16-bit words, the same memory; a text block (numpy's ``S``/``U``: mpi4py maps no datatype to their
+    buffer formats, ``'2w'``) with `_text`'s datatype of its item's bytes; other blocks as they are. Sums
+    never see either: the collectives widen bfloat16 to float32 first (spmdsim.runtime.collectives) and
+    refuse text (spmdsim.runtime.door) on every engine."""
+    kind = getattr(getattr(a, "dtype", None), "kind", None)
+    if kind == "S" or kind == "U":
+        return [a, _text(a.dtype.itemsize)]
+    if kind != "V":  # not bfloat16 (is_low's first test): spmdsim.precision loads
         return a  # dataclasses, which spmdsim mpirun's start does without
     from ..precision import is_low
 
-    return a.view(np.uint16) if is_low(dtype) else a
+    return a.view(np.uint16) if is_low(a.dtype) else a
+
+
+def _v(a: Any, counts: Any, displs: Any) -> list:
+    """Alltoallv's message spec of `a` with its counts and displacements (in items), as `_w` moves `a`."""
+    moved = _w(a)
+    return [moved, (counts, displs)] if type(moved) is not list else [a, (counts, displs), moved[1]]
+
+
+_TEXT: dict = {}  # item size in bytes -> its committed MPI datatype, made on first use and kept
+
+
+def _text(itemsize: int) -> Any:
+    """MPI's datatype of one text item of `itemsize` bytes: contiguous bytes, so that counts (Alltoallv's)
+    stay counts of items, as numpy's arrays count them."""
+    found = _TEXT.get(itemsize)
+    if found is None:
+        from mpi4py import MPI
+
+        found = _TEXT[itemsize] = MPI.BYTE.Create_contiguous(itemsize).Commit()
+    return found
 
 
 def _in_place() -> Any:
@@ -135,9 +160,9 @@ class MpiEngine(Engine):
     def all_to_allv(self, comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray,
                     rcounts: Any, rdispls: Any, wait: Wait) -> None:
         if wait is None:
-            comm.Alltoallv([_w(send), (scounts, sdispls)], [_w(recv), (rcounts, rdispls)])
+            comm.Alltoallv(_v(send, scounts, sdispls), _v(recv, rcounts, rdispls))
         else:
-            wait(comm.Ialltoallv([_w(send), (scounts, sdispls)], [_w(recv), (rcounts, rdispls)]))
+            wait(comm.Ialltoallv(_v(send, scounts, sdispls), _v(recv, rcounts, rdispls)))
 
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
         if wait is None:
@@ -165,13 +190,14 @@ class MpiEngine(Engine):
 
     def post(self, comm: Any, receives: list, sends: list) -> list:
         """The messages of a group in one call, a plain loop (no comprehension frames): a buffer passed as
-        it is unless its dtype is of kind "V" (ml_dtypes' bfloat16, moved as `_w`'s 16-bit words)."""
+        it is unless its dtype is of kind "V" (ml_dtypes' bfloat16, moved as `_w`'s 16-bit words) or
+        text ("S", "U": moved with `_w`'s datatype of its items' bytes)."""
         requests: list = []
         put = requests.append
         for buf, source, tag in receives:
-            put(comm.Irecv(buf if buf.dtype.kind != "V" else _w(buf), source, tag))
+            put(comm.Irecv(buf if buf.dtype.kind not in _SPECIAL else _w(buf), source, tag))
         for buf, dest, tag in sends:
-            put(comm.Isend(buf if buf.dtype.kind != "V" else _w(buf), dest, tag))
+            put(comm.Isend(buf if buf.dtype.kind not in _SPECIAL else _w(buf), dest, tag))
         return requests
 
     def wait_all(self, requests: list, wait: Wait) -> None:

@@ -21,7 +21,7 @@ from ..buffers import broadcast_zero
 from ..precision import is_low
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
-from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue
+from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order, issue
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes
 
@@ -141,6 +141,8 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         _reduction(op)
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
+    if op != "sum":  # MPI orders integers and real floats only: the same DTypeError on every engine
+        _take_order("allreduce", op, x.dtype)
     if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
         return _narrowed(mesh, allreduce(mesh, _wide32(mesh, x), axes, label, op=op), x.dtype, out, "allreduce")
     if g == 1:

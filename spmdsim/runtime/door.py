@@ -264,9 +264,10 @@ def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
     return out
 
 
-# dtype kinds MPI moves (numbers, bool, and bytes/str as characters) and the ones it can sum.
+# dtype kinds MPI moves (numbers, bool, and bytes/str as their bytes: spmdsim.engines.mpi) and the ones it can sum.
 _MOVABLE = "biufcSU"
 _SUMMABLE = "iufc"
+_ORDERED = "iuf"  # and the ones it can take the maximum or minimum of
 
 
 #: op -> the dtypes (as the callers pass them: an array's, or a dtype where shapes differ) `_check_dtype` let it
@@ -281,22 +282,37 @@ def _take(op: str, dtype: Any) -> None:
     _TAKEN[op].add(dtype)
 
 
-def _check_dtype(op: str, dtype: np.dtype) -> None:
-    """Raise the DTypeError every member raises alike when MPI cannot move (or sum) `dtype`, on every engine
-    (the thread and dry engines would move it). Callers on a collective's path go through `_take`'s cache."""
+def _take_order(op: str, reduction: str, dtype: Any) -> None:
+    """`_check_dtype` of `dtype` for `op`'s `reduction` ("max" or "min"), remembered in `_TAKEN` as `_take`."""
+    taken = _TAKEN[f"{op} {reduction}"]
+    if dtype not in taken:
+        _check_dtype(op, np.dtype(dtype), reduction)
+        taken.add(dtype)
+
+
+def _check_dtype(op: str, dtype: np.dtype, reduction: str = "sum") -> None:
+    """Raise the DTypeError every member raises alike when MPI cannot move (or reduce by `reduction`: "sum",
+    "max" or "min") `dtype`, on every engine (the thread and dry engines would move it, and take numpy's
+    maximum of complex numbers). Callers on a collective's path go through `_take`'s cache."""
     sums = op in ("allreduce", "reduce_scatter")
-    if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
+    if sums and reduction != "sum":  # MPI's MAX and MIN take integers and real floats only
+        if dtype.kind in _ORDERED and dtype.isnative or is_low(dtype):  # bfloat16's: float32's
+            return
+    elif dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
         return
     if is_low(dtype) and not sums:  # moved as its 16-bit words (spmdsim.engines.mpi; the sums of
         return  # bfloat16 are float32's, spmdsim.runtime.collectives)
     if not dtype.isnative:
         raise DTypeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "
                          f"with .astype({dtype.newbyteorder('=').name!r}) first")
+    if sums and reduction != "sum" and dtype.kind in _MOVABLE:
+        raise DTypeError(f"{op}: cannot take the {reduction} of dtype {dtype.name!r}; expected an integer or "
+                         "real float dtype (bool, complex and text can be moved, not ordered)")
     if sums and dtype.kind in _MOVABLE:
         raise DTypeError(f"{op}: cannot sum dtype {dtype.name!r}; expected an integer, float or "
                          "complex dtype (bool and text can be moved, not summed)")
     raise DTypeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
-                     f"dtype: {SUPPORTED_DTYPES}")
+                     f"dtype: {SUPPORTED_DTYPES}" + ("" if sums else "; or text (numpy's S or U dtypes)"))
 
 
 # Point-to-point messages are one recorded call when a rank captures a step, as the collectives are
