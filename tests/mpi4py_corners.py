@@ -85,6 +85,20 @@ def byte_order():
             _raises(lambda: comm.Bcast(np.zeros(2, ">f8")))]
 
 
+def op_types():
+    """A predefined op on elements MPI does not define it on (MPI.MAX of complex, MPI.SUM of booleans, MPI.BAND of
+    floats) is MPI.ERR_OP ("Invalid MPI_Op"); the same ops on the elements they take answer."""
+    comm = MPI.COMM_WORLD
+    out = []
+    for dtype in ("bool", "int32", "float64", "complex128"):
+        for op in ("SUM", "MAX", "LAND", "BAND"):
+            a = np.ones(2, dtype)
+            b = np.zeros_like(a)
+            raised = _raises(lambda: comm.Allreduce(a, b, op=getattr(MPI, op)))
+            out.append(raised or b.tolist() if dtype != "complex128" else raised or "taken")
+    return out
+
+
 def fortran_order_and_0d_counts():
     comm = MPI.COMM_WORLD
     p, r = comm.size, comm.rank
@@ -393,7 +407,7 @@ def _start_wait_free(request) -> None:
     request.Free()
 
 
-ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
+ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, op_types, fortran_order_and_0d_counts,
        fewer_statuses, failed_requests, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
        cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released)
 

@@ -75,6 +75,17 @@ def test_non_native_byte_order_is_refused(simulated2):
         assert res["byte_order"] == ["BufferError"] * 3
 
 
+def test_predefined_ops_only_on_the_elements_mpi_defines_them_on(simulated2):
+    # MPI.MAX of complex numbers gave numpy's maximum, MPI.SUM of booleans a logical or, MPI.BAND of floats a
+    # TypeError: MPICH raises MPI.ERR_OP for each (compared with MPICH in test_same_results_as_mpich).
+    bad = f"MPI.Exception {mpi_says('ERR_OP')}"
+    for res in simulated2:
+        assert res["op_types"] == [bad, bad, [True, True], bad,  # bool: only the logical ops
+                                   [2, 2], [1, 1], [1, 1], [1, 1],  # int32: all of them
+                                   [2.0, 2.0], [1.0, 1.0], bad, bad,  # float64: sums and orders
+                                   "taken", bad, bad, bad]  # complex128: sums alone
+
+
 @pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
 def test_same_results_as_mpich(simulated2, tmp_path):
     out = tmp_path / "mpich.json"

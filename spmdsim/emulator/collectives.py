@@ -21,7 +21,7 @@ from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
 from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, message, mpi_error,
-                            mpi_module, reduction, vector)
+                            mpi_module, numpy_dtype, reduction, vector)
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
 
@@ -41,6 +41,9 @@ def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
     (MPI.Op.Create) takes derived ones."""
     if red.name == "user op":
         return
+    allowed = _OP_KINDS.get(red.name)
+    if allowed is not None:
+        _op_on_elements(call, red, allowed, specs)
     for spec in specs:
         if not may_be_derived(spec):  # a buffer, or one ending in a predefined datatype (most calls)
             continue
@@ -56,6 +59,41 @@ def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
                                              f"(a {combiner} type): MPI's predefined operations take predefined "
                                              f"datatypes, as MPICH checks; reduce the data as its element type, or "
                                              f"with a user-defined MPI.Op.Create")
+
+
+#: The element kinds (numpy's) each predefined op is defined on, as the MPI standard lists them and MPICH checks:
+#: sums and products of integers, floats and complex numbers; max and min of integers and floats; logical ops of
+#: integers and booleans (C_BOOL); bitwise ops of integers.
+_OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": "iub", "lor": "iub", "lxor": "iub",
+             "band": "iu", "bor": "iu", "bxor": "iu"}
+_KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer"}
+
+
+def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
+    """MPI.ERR_OP, as MPICH raises it ("Invalid MPI_Op"), where a predefined op meets elements the standard does
+    not define it on: MPI.MAX of complex numbers, MPI.SUM of booleans, MPI.BAND of floats (numpy's answer here
+    was a value, or a TypeError). The elements are a plain array's, or a predefined datatype's."""
+    for spec in specs:
+        if in_place(spec):
+            continue
+        if type(spec) is np.ndarray:
+            kind = spec.dtype.kind
+        elif type(spec) in (list, tuple) and spec and getattr(spec[-1], "is_predefined", False) is True:
+            try:
+                kind = numpy_dtype(spec[-1]).kind
+            except (ShapeError, KeyError, TypeError):  # MPI.BYTE and the like: refused or taken where they are
+                continue
+        else:
+            continue
+        if kind in allowed or kind not in _KIND_NAMES:
+            return
+        mpi = mpi_module()
+        if mpi is None:
+            return
+        raise mpi_error(mpi, mpi.ERR_OP, f"{call}: MPI.{red.name.upper()} is not defined on {_KIND_NAMES[kind]} "
+                                         "data: MPI defines it on "
+                                         f"{' and '.join(sorted({_KIND_NAMES[k] for k in allowed}))} data, as "
+                                         "MPICH checks (Invalid MPI_Op)")
 
 
 def _aliased(call: str, sent: np.ndarray, into: np.ndarray, where: str = "the receive buffer",
