@@ -3,7 +3,8 @@
 Plain values mirroring ``torch.distributed.tensor.placement_types``; torch is
 never imported. One placement per device-mesh dim. ``Shard(d)`` on several
 mesh dims splits d with the lower mesh dim major (DTensor's default
-left-to-right order; its ``_StridedShard`` for other orders is not modelled).
+left-to-right order; its ``_StridedShard`` for other orders is not modelled),
+and on a layout cut "chunk" cuts it mesh dim by mesh dim, as DTensor does.
 Mesh dims without names are called ``"axis_0", "axis_1", ...``.
 """
 from __future__ import annotations
