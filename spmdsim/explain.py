@@ -188,11 +188,16 @@ def _cut_lines(ex: Explanation) -> list[str]:
     tl = ex.tensor_layout
     lines = []
     for d in tl.uneven_dims(ex.shape):
-        size, n = ex.shape[d], tl.shards_per_dim[d]
-        rule = (f"pieces of ceil({size}/{n}) = {-(-size // n)}, the last ones short or empty"
-                if tl.layout.cut == "chunk" else
-                f"{counted(size % n, 'piece')} of {size // n + 1}, then pieces of {size // n}")
-        sizes = " ".join(str(k) for k in shard_sizes(size, n, tl.layout.cut))
+        size, n, counts = ex.shape[d], tl.shards_per_dim[d], tl.counts_per_dim[d]
+        split = tuple(k for k in counts if k > 1)
+        if tl.layout.cut == "chunk" and len(split) > 1:  # DTensor's nested Shard: axis by axis
+            rule = (f"pieces of ceil({size}/{split[0]}) = {-(-size // split[0])}, the last ones short or empty, "
+                    f"each cut again the same way into {' then '.join(map(str, split[1:]))}")
+        elif tl.layout.cut == "chunk":
+            rule = f"pieces of ceil({size}/{n}) = {-(-size // n)}, the last ones short or empty"
+        else:
+            rule = f"{counted(size % n, 'piece')} of {size // n + 1}, then pieces of {size // n}"
+        sizes = " ".join(str(k) for k in shard_sizes(size, counts, tl.layout.cut))
         lines += _wrap(f"Dim {d} of size {size} does not divide into {n} shards: cut {tl.layout.cut!r} "
                        f"gives {rule} (sizes by shard: {sizes}).")
     return lines

@@ -411,6 +411,12 @@ class TensorLayout:
     def shards_per_dim(self) -> tuple[int, ...]:
         return tuple(self.num_shards(d) for d in range(self.ndim))
 
+    @cached_property
+    def counts_per_dim(self) -> tuple[tuple[int, ...], ...]:
+        """Per tensor dim, the sizes of the mesh axes it is split over (first major): what the cut rule
+        cuts by (spmdsim.slicing; under "chunk" a dim on several axes is cut axis by axis, as DTensor's)."""
+        return tuple(tuple(self.layout.axis_size(a) for a in axes) for axes in self.tensor_map)
+
     def with_partial(self, partial: str | Iterable[str]) -> "TensorLayout":
         """This layout pending over `partial` instead (kept per layout: the strategy search and the
         backward walk ask each layout for the same few, ~1.5 million times at 16 devices)."""
@@ -483,7 +489,7 @@ class TensorLayout:
         """Per dim, the largest shard (the first: every rule puts its longest pieces first)."""
         shape = self.check_shape(shape)
         cut = self.layout.cut
-        return tuple(b - a for a, b in (shard_bounds(s, n, 0, cut) for s, n in zip(shape, self.shards_per_dim)))
+        return tuple(b - a for a, b in (shard_bounds(s, n, 0, cut) for s, n in zip(shape, self.counts_per_dim)))
 
     # Answers about global shapes that passed check_shape, per layout: operators and the backward walk
     # ask each layout the same few questions every step. Kept only for shapes of Python ints (16.0
@@ -523,7 +529,7 @@ class TensorLayout:
         shape = self.check_shape(shape)
         cut = self.layout.cut
         out = tuple(shard_bounds(size, n, i, cut)
-                    for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank)))
+                    for size, n, i in zip(shape, self.counts_per_dim, self.shard_index(rank)))
         return self._keep(("bounds", rank, shape), out) if type(rank) is int else out
 
     def slices(self, rank: int, shape: Sequence[int]) -> tuple[slice, ...]:

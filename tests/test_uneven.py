@@ -4,7 +4,12 @@ The chunk rule is checked against torch.chunk's, written here from its documenta
 (torch is not installed): "each chunk is a view of the input tensor ... the last chunk
 will be smaller if the tensor size along the given dimension is not divisible by chunks",
 chunks of ceil(size / chunks), and fewer chunks than asked where that division leaves
-none; DTensor gives the ranks without a chunk an empty shard.
+none; DTensor gives the ranks without a chunk an empty shard. A dim on several mesh axes
+is checked against DTensor's own rule, written here from its source (torch 2.7-2.9,
+torch/distributed/tensor: `Shard.local_shard_size_and_offset` in placement_types.py,
+`compute_local_shape_and_global_offset` in _utils.py): the mesh dims cut it one after the
+other, each torch.chunk-ing the piece the one before left (in mesh-dim order for plain
+Shard placements; `_StridedShard`, or a later release's `shard_order`, names another).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from spmdsim.errors import LayoutError, ShapeError
 from spmdsim.plan import emulate, plan_redistribution, shards_of
 from spmdsim.plan.steps import Allgather, Alltoall, Exchange, ReduceScatter
 from spmdsim.plan.uneven import check_fits
-from spmdsim.plan.volume import lower_bound
+from spmdsim.plan.volume import lower_bound, rank_boxes
 
 CASES = 240
 
@@ -30,6 +35,27 @@ def torch_chunk(size: int, chunks: int) -> list[range]:
     step = -(-size // chunks)
     pieces = [range(start, min(start + step, size)) for start in range(0, size, step)]
     return pieces + [range(size, size)] * (chunks - len(pieces))
+
+
+def dtensor_shard(size: int, num_chunks: int, rank: int) -> tuple[int, int]:
+    """DTensor's `Shard.local_shard_size_and_offset`: (size, offset in the piece) of chunk `rank`."""
+    if size % num_chunks == 0:
+        return size // num_chunks, size // num_chunks * rank
+    full = -(-size // num_chunks)
+    start = full * rank
+    if size < start:
+        return 0, size
+    return min(size, start + full) - start, start
+
+
+def dtensor_bounds(size: int, mesh_shape: tuple, coords: tuple, mesh_dims: tuple) -> tuple[int, int]:
+    """DTensor's [start, stop) of a dim of `size` sharded on `mesh_dims`, in that order, at mesh `coords`
+    (`compute_local_shape_and_global_offset`: each mesh dim cuts the local piece again, offsets add up)."""
+    local, offset = size, 0
+    for m in mesh_dims:
+        local, more = dtensor_shard(local, mesh_shape[m], coords[m])
+        offset += more
+    return offset, offset + local
 
 
 def random_layout(rng: np.random.Generator, cut: str, ndim: int | None = None):
@@ -57,19 +83,61 @@ def random_shape(rng: np.random.Generator, ndim: int) -> tuple[int, ...]:
 
 
 # -- the rules ------------------------------------------------------------------------------
-def test_chunk_slices_agree_with_torch_chunk_on_random_layouts():
+def test_chunk_slices_agree_with_torch_chunk_and_dtensor_on_random_layouts():
+    """One axis: torch.chunk's pieces. Several: DTensor's, axis after axis in tensor-map order (spmdsim cut
+    such a dim once into the product of the axis sizes: 13 over (2, 4) gave rank 3 rows [6, 8), DTensor [6, 7))."""
     rng = np.random.default_rng(57)
-    uneven = 0
+    uneven = nested = 0
     for _ in range(CASES):
         layout, tl = random_layout(rng, "chunk")
         shape = random_shape(rng, tl.ndim)
         uneven += bool(tl.uneven_dims(shape))
+        boxes = rank_boxes(tl, shape)
         for rank, bounds in tl.rank_slices(shape).items():
+            coords = layout.coords(rank)
             for d, (lo, hi) in enumerate(bounds):
-                piece = torch_chunk(shape[d], tl.num_shards(d))[layout.group_index(rank, tl.tensor_map[d])]
-                assert (lo, hi) == (piece.start, piece.stop), (tl, shape, rank, d)
+                axes = tl.tensor_map[d]
+                if len([a for a in axes if layout.axis_size(a) > 1]) < 2:
+                    piece = torch_chunk(shape[d], tl.num_shards(d))[layout.group_index(rank, axes)]
+                    assert (lo, hi) == (piece.start, piece.stop), (tl, shape, rank, d)
+                else:
+                    nested += shape[d] % tl.num_shards(d) != 0
+                assert (lo, hi) == dtensor_bounds(shape[d], layout.device_matrix, coords,
+                                                  tuple(map(layout.axis_index, axes))), (tl, shape, rank, d)
             assert tl.local_shape(shape, rank) == tuple(hi - lo for lo, hi in bounds)
+            assert boxes[rank] == bounds  # the planner's view of every rank's block
     assert uneven > CASES // 3  # many cases cut some dim unevenly
+    assert nested > CASES // 4  # and many a dim over several axes
+
+
+def test_dtensor_placements_cut_mesh_dim_by_mesh_dim():
+    """5 rows on (Shard(0), Shard(0)) over 2 x 4: DTensor gives ranks rows [0], [1], [2], [], [3], [4], [], [];
+    spmdsim gave [0], [1], [2], [3], [4], [], [], [] (one cut into 8). Then random placements on random meshes
+    against DTensor's rule, every rank's bounds and the plan to replicated (every row arrives at the bound)."""
+    from spmdsim.dialects import placements_to_layout
+    from spmdsim.dialects.dtensor import Replicate, Shard
+
+    tl = placements_to_layout((Shard(0), Shard(0)), (2, 4), 1, cut="chunk")
+    assert [tl.bounds(r, (5,)) for r in range(8)] == [((0, 1),), ((1, 2),), ((2, 3),), ((3, 3),), ((3, 4),),
+                                                      ((4, 5),), ((5, 5),), ((5, 5),)]
+    assert tl.max_local_shape((5,)) == (1,)
+    rng = np.random.default_rng(59)
+    for _ in range(40):
+        mesh_shape = tuple(int(n) for n in rng.integers(2, 4, size=int(rng.integers(2, 4))))
+        ndim = int(rng.integers(1, 3))
+        placements = tuple(Shard(int(rng.integers(0, ndim))) if rng.random() < 0.8 else Replicate()
+                           for _ in mesh_shape)
+        shape = tuple(int(n) for n in rng.integers(1, 12, size=ndim))
+        tl = placements_to_layout(placements, mesh_shape, ndim, cut="chunk")
+        for rank in range(tl.layout.num_devices):
+            coords = tl.layout.coords(rank)
+            want = tuple(dtensor_bounds(size, mesh_shape, coords,
+                                        tuple(m for m, p in enumerate(placements) if p == Shard(d)))
+                         for d, size in enumerate(shape))
+            assert tl.bounds(rank, shape) == want, (placements, mesh_shape, shape, rank)
+        whole = tl.layout(*([None] * ndim))
+        plan = plan_redistribution(tl, whole, shape, "float32")
+        assert plan.bytes_received == lower_bound(tl, whole, shape, 4), (placements, mesh_shape, shape)
 
 
 def test_balanced_keeps_every_rank_busy_on_random_layouts():
@@ -193,3 +261,22 @@ def test_collectives_with_counts_fit_only_where_pieces_nest():
     swap = Alltoall(layout("b", None), layout(None, "b"), ("b",), split_dim=1, concat_dim=0)
     # Rank 0: rows [0, 3) to columns [0, 2) of 5 rows: 4 new elements; rank 1: rows [3, 5) to column 2: 3.
     assert swap.sized((5, 3), 4).bytes_received == (16, 12, 16, 12)
+
+
+def test_chunk_plans_across_meshes_keep_each_mesh_cut():
+    """Under the chunk rule a dim on several axes is cut axis by axis, so a mesh axis refined into several (the
+    planner's common device matrix of (2, 4) and (8,)) would cut it otherwise: 5 rows over (8,) are 1, 1, 1, 1,
+    1, 0, 0, 0, over the refined (2, 2, 2) 1, 1, 1, 0, 1, 1, 0, 0. The planner keeps a refinement only where
+    every rank's block stays (else it exchanges boxes); the plans move the right rows at the bound."""
+    for first, second in [((2, 4), (8,)), ((8,), (2, 4)), ((2, 4), (4, 2))]:
+        a = Layout(first, ("a", "b")[:len(first)], "chunk")
+        b = Layout(second, ("x", "y")[:len(second)], "chunk")
+        for rows in (5, 6, 8):
+            shape = (rows, 2)
+            full = np.arange(rows * 2.0).reshape(shape)
+            source = a(a.alias_name, None)
+            for target in (b(b.alias_name, None), b(None, b.alias_name)):
+                plan = plan_redistribution(source, target, shape, "float64")
+                got, want = emulate(plan, shards_of(source, full)), shards_of(target, full)
+                assert all(np.array_equal(got[r], want[r]) for r in want), (source, target, shape)
+                assert plan.bytes_received == lower_bound(source, target, shape, 8), (source, target, shape)

@@ -57,15 +57,25 @@ def test_a_partition_spec_cuts_unevenly_only_with_a_rule_named(capsys):
     assert placements_to_layout("S(0), R", Layout((4, 2), ("a", "b"), "chunk"), 2).layout.cut == "chunk"
 
 
-def test_dtensor_nested_cuts_that_differ_are_refused(capsys):
+def test_dtensor_nested_chunk_cuts_as_dtensor_and_balanced_is_refused(capsys):
+    """6 rows on (S(0), S(0)) over 2 x 2: spmdsim cut them once into 4 (2, 2, 2, 0 rows) and `slices` refused the
+    placements; now the chunk rule cuts mesh dim by mesh dim as DTensor does (3 then 2 + 1, 2 + 1). A balanced
+    cut of a dim on two mesh dims still differs from DTensor's and is refused in one line."""
     from spmdsim.dialects.dtensor import check_uneven_shards
 
     nested = placements_to_layout("S(0), S(0)", (2, 2), 1, cut="chunk")
-    check_uneven_shards(nested, (7,))  # DTensor's [0, 4) -> [0, 2), [2, 4) agrees with one cut in 4
-    with pytest.raises(DialectError, match=r"tensor dim 0 of size 6 sharded on mesh dims \('axis_0', 'axis_1'\)"):
-        check_uneven_shards(nested, (6,))
-    assert main(["slices", "--placements", "S(0),S(0)", "--device-matrix", "2,2", "--shape", "6"]) == 2
-    assert "DTensor would cut it piece by piece" in " ".join(capsys.readouterr().err.split())
+    for size in (6, 7):
+        check_uneven_shards(nested, (size,))
+    assert _slices(capsys, "--placements", "S(0),S(0)", "--device-matrix", "2,2", "--shape", "6") == \
+        [[0, 2], [2, 3], [3, 5], [5, 6]]
+    balanced = nested.layout.with_cut("balanced")(("axis_0", "axis_1"))
+    with pytest.raises(DialectError, match=r"^tensor dim 0 of size 6 sharded on mesh dims \('axis_0', 'axis_1'\): "
+                       r"DTensor would cut it piece by piece \(\[\(0, 2\), \(2, 3\), \(3, 5\), \(5, 6\)\]\), spmdsim "
+                       r"cuts it once \(\[\(0, 2\), \(2, 4\), \(4, 5\), \(5, 6\)\]\) by rule 'balanced'"):
+        check_uneven_shards(balanced, (6,))
+    assert main(["explain", "--placements", "S(0),S(0)", "--device-matrix", "2,4", "--shape", "5"]) == 0
+    assert "ceil(5/2) = 3, the last ones short or empty, each cut again the same way into 4 (sizes by shard: " \
+           "1 1 1 0 1 1 0 0)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_explain_and_show_draw_the_unequal_pieces(capsys):
@@ -136,10 +146,12 @@ def test_plan_reads_placements_as_slices_does_cutting_by_torch_chunk_unasked(cap
     assert main(["plan", "--device-matrix", "4", "--from-placements", "S(0)", "--to-placements", "R",
                  "--shape", "7,2", "--cut", "chunk", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == asked
-    # a dim on two mesh dims that DTensor would cut piece by piece otherwise than spmdsim: refused, one line
+    # a dim on two mesh dims, cut mesh dim by mesh dim as DTensor does (rows 2, 1, 2, 1; was refused): one
+    # Allgather over each mesh dim's pieces, received 6 rows less the rank's own, at the bound
     assert main(["plan", "--device-matrix", "2,2", "--from-placements", "S(0),S(0)", "--to-placements", "R,R",
-                 "--shape", "6,2"]) == 2
-    assert "DTensor would cut it piece by piece" in " ".join(capsys.readouterr().err.split())
+                 "--shape", "6,2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["bytes_received_per_rank"] == record["lower_bound_bytes_received_per_rank"] == 5 * 2 * 4
 
 
 def _matrix_sums_are_the_plans(plan, matrix) -> None:
@@ -204,22 +216,11 @@ def test_plan_explain_byte_matrix_of_uneven_local_steps(capsys, args, sent, rece
     assert out[-1].split() == ["received", *map(str, received)]
 
 
-def test_convert_gives_no_placements_dtensor_would_cut_piece_by_piece(capsys):
-    """6 over 2 x 2 by chunk: convert printed (S(0), S(0)) with a check line `slices` refuses; DTensor
-    cannot say that layout, and convert now says so with the reason. 8 and 7 still convert."""
+def test_convert_gives_placements_for_a_nested_chunk_cut(capsys):
+    """6 over 2 x 2 by chunk: spmdsim cut it once, DTensor mesh dim by mesh dim, so convert could give no
+    placements; the chunk rule now cuts as DTensor does, and 6, 7 and 8 all convert."""
     nested = ["--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "((a,b))", "--cut", "chunk"]
-    assert main(["convert", *nested, "--shape", "6", "--json"]) == 0
-    dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
-    assert dtensor["text"] is None and dtensor["flags"] is None
-    assert dtensor["note"] == ("tensor dim 0 of size 6 sharded on mesh dims ('a', 'b'): DTensor would cut it "
-                               "piece by piece ([(0, 2), (2, 3), (3, 5), (5, 6)]), spmdsim cuts it once "
-                               "([(0, 2), (2, 4), (4, 6), (6, 6)]); expected a size that divides, or one mesh "
-                               "dim per tensor dim")
-    assert main(["convert", *nested, "--shape", "6"]) == 0
-    text = capsys.readouterr().out
-    assert "PyTorch DTensor:\n  cannot express it\n  why: tensor dim 0 of size 6 sharded on mesh dims" in text
-    assert "--placements" not in text
-    for size in (7, 8):  # DTensor's piece-by-piece cut agrees with one cut: the placements and their check
+    for size in (6, 7, 8):
         assert main(["convert", *nested, "--shape", str(size), "--json"]) == 0
         dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
         assert (dtensor["text"], dtensor["note"]) == ("(S(0), S(0))", "")

@@ -104,11 +104,11 @@ def test_matmul_with_uneven_contracted_and_free_dims():
             np.testing.assert_allclose(y, x @ w, rtol=0, atol=1e-13)
             np.testing.assert_allclose(dx, g @ w.T, rtol=0, atol=1e-13)
             np.testing.assert_allclose(dw, x.T @ g, rtol=0, atol=1e-13)
-    # The pending sums over tp: an Allreduce; onto rows split over (dp, tp) the dp halves [0, 4), [4, 7) do not
-    # hold the chunk pieces of 7 over 6 ([0, 2), [2, 4), [4, 6), ...), so no Reduce_scatter can cut them: the
-    # planner's move instead (Allreduce, then an exchange); no sum for column-parallel; onto 5 columns over tp,
-    # a Reduce_scatter with counts (2, 2, 1).
-    assert [r[3] for r in results[0]] == [("allreduce",), ("allreduce", "alltoallv"), (), ("reduce_scatter",)]
+    # The pending sums over tp: an Allreduce; onto rows split over (dp, tp), cut mesh dim by mesh dim as DTensor
+    # does (the dp halves [0, 4), [4, 7), each in 3 over tp: 2, 2, 0 and 1, 1, 1 rows), a Reduce_scatter with
+    # counts over tp inside each half (cut once into 6 they did not nest: an Allreduce, then an exchange); no
+    # sum for column-parallel; onto 5 columns over tp, a Reduce_scatter with counts (2, 2, 1).
+    assert [r[3] for r in results[0]] == [("allreduce",), ("reduce_scatter",), (), ("reduce_scatter",)]
 
 
 def _embedding():
@@ -260,10 +260,10 @@ def test_backward_where_a_rank_holds_no_columns(ranks):
 
 
 def test_placements_of_a_tensor_dtensor_would_cut_otherwise_are_refused():
-    """`DTensor.placements` gave (S(0), S(0)) for 6 rows cut "chunk" over 2 x 2 (spmdsim: 2, 2, 2, 0 rows; DTensor
-    cuts mesh dim by mesh dim: 2, 1, 2, 1) and (S(0), S(0)) for a balanced cut that does not divide, which DTensor
-    cannot make; `spmdsim slices` and `convert` refused both. Now the property refuses them as those do, and
-    gives placements where DTensor cuts alike."""
+    """`DTensor.placements` gave (S(0), S(0)) for a balanced cut that does not divide, which DTensor cannot make;
+    the property refuses it as `slices` and `convert` do. 6 rows cut "chunk" over 2 x 2 are cut mesh dim by mesh
+    dim as DTensor cuts them (2, 1, 2, 1 rows), so they have placements (spmdsim cut them 2, 2, 2, 0 once and
+    refused them)."""
     from spmdsim import DTensor, Mesh
     from spmdsim.dialects import placements_to_layout
     from spmdsim.dialects.dtensor import Replicate, Shard
@@ -285,9 +285,7 @@ def test_placements_of_a_tensor_dtensor_would_cut_otherwise_are_refused():
     got = spmdsim.simulate(4, body)
     assert all(r == got[0] for r in got)
     assert got[0] == [
-        "tensor dim 0 of size 6 sharded on mesh dims ('dp', 'tp'): DTensor would cut it piece by piece "
-        "([(0, 2), (2, 3), (3, 5), (5, 6)]), spmdsim cuts it once ([(0, 2), (2, 4), (4, 6), (6, 6)]); expected a "
-        "size that divides, or one mesh dim per tensor dim",
+        (Shard(0), Shard(0)),
         "tensor dim 0 of size 6 is cut 'balanced' into 4 unequal pieces: DTensor cuts a dim that does not divide "
         "by torch.chunk's rule only, so these placements would name another cut; expected a size that divides, "
         "or cut 'chunk'",

@@ -222,3 +222,32 @@ def test_a_reduce_scatter_with_counts_keeps_an_integer_dtype():
         assert [g[2] for g in got] == list(plan.bytes_received)
         assert all(g[3] for g in got)
     assert list(plan_redistribution(source, target, shape, "int32").bytes_received) == [220, 140, 200, 60]
+
+
+def test_dtensor_constructors_cut_nested_shards_as_dtensor():
+    """5 rows on (Shard(0), Shard(0)) over 2 x 4: DTensor's ranks hold rows [0], [1], [2], [], [3], [4], [], []
+    (spmdsim's held [0], [1], [2], [3], [4], [], [], []). from_global, from_seeded and from_local (with
+    global_shape) build those blocks; gather and a move to (Replicate(), Shard(0)) (DTensor: rows 0-1, 2-3,
+    4, none per column) give the rows back."""
+    from spmdsim import SeededTensor
+    from spmdsim.dialects import placements_to_layout
+    from spmdsim.runtime import DTensor, Mesh, redistribute
+
+    full = np.arange(10.0).reshape(5, 2)
+    seeded = SeededTensor((5, 2), "float64", seed=3)
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "tp"), cut="chunk"), spmdsim.world())
+        nested = placements_to_layout("S(0), S(0)", mesh, 2)
+        x = DTensor.from_global(mesh, full, nested)
+        s = DTensor.from_seeded(mesh, nested, seeded)
+        y = DTensor.from_local(mesh, x.local.copy(), nested, global_shape=(5, 2))
+        moved = redistribute(y, placements_to_layout("R, S(0)", mesh, 2))
+        return (x.local[:, 0].tolist(), np.array_equal(s.local, seeded.full()[s.slices]), s.slices[0],
+                np.array_equal(y.gather(), full), moved.local[:, 0].tolist())
+
+    got = spmdsim.simulate(8, body)
+    assert [r[0] for r in got] == [[0.0], [2.0], [4.0], [], [6.0], [8.0], [], []]
+    assert all(r[1] and r[3] for r in got)
+    assert [(r[2].start, r[2].stop) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 3), (3, 4), (4, 5), (5, 5), (5, 5)]
+    assert [r[4] for r in got] == [[0.0, 2.0], [4.0, 6.0], [8.0], []] * 2

@@ -3,7 +3,8 @@
 Plain values mirroring ``torch.distributed.tensor.placement_types``; torch is
 never imported. One placement per device-mesh dim. ``Shard(d)`` on several
 mesh dims splits d with the lower mesh dim major (DTensor's default
-left-to-right order; its ``_StridedShard`` for other orders is not modelled).
+left-to-right order; its ``_StridedShard`` for other orders is not modelled),
+and on a layout cut "chunk" cuts it mesh dim by mesh dim, as DTensor does.
 Mesh dims without names are called ``"axis_0", "axis_1", ...``.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
-from ..slicing import shard_bounds
+from ..slicing import all_bounds, shard_bounds
 from ..validate import counted
 from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 
@@ -185,8 +186,8 @@ def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
 def placements_of(tl: TensorLayout, shape: Sequence[int]) -> tuple[Placement, ...]:
     """`layout_to_placements` of a tensor of global `shape`: refused (DialectError) where DTensor would cut it
     otherwise than `tl` does: a dim that does not divide under a cut other than torch.chunk's (DTensor
-    has only that rule; "balanced" has no DTensor form there), or one sharded on several mesh dims that
-    DTensor cuts piece by piece (`check_uneven_shards`)."""
+    has only that rule; "balanced" has no DTensor form there). Under the chunk rule a dim sharded on
+    several mesh dims is cut mesh dim by mesh dim, as DTensor cuts it (`check_uneven_shards`)."""
     if tl.layout.cut != "chunk":
         for d in tl.uneven_dims(shape):
             raise DialectError(f"tensor dim {d} of size {shape[d]!r} is cut {tl.layout.cut!r} into "
@@ -201,21 +202,23 @@ def check_uneven_shards(tl: TensorLayout, shape: Sequence[int]) -> None:
     """Raise DialectError where DTensor would cut `shape` otherwise than `tl` does.
 
     DTensor cuts a dim sharded on several mesh dims one mesh dim after the other
-    (torch.chunk of torch.chunk); spmdsim cuts it once into the product of the
-    shard counts. Under the chunk rule the two differ for some sizes that do not
-    divide (7 over 2 x 2: [0, 4) then [0, 2), [2, 4) against [0, 2), [2, 4), [4, 6)).
+    (torch.chunk of torch.chunk). spmdsim's chunk rule does the same (spmdsim.slicing),
+    so a layout cut "chunk" always passes; the balanced rule cuts such a dim once into
+    the product of the shard counts, which differs for some sizes that do not divide
+    (6 over 2 x 2: [0, 3) then [0, 2), [2, 3) against [0, 2), [2, 4), [4, 5), [5, 6)).
     """
     cut = tl.layout.cut
     for d in tl.uneven_dims(shape):
-        sizes = [tl.layout.axis_size(a) for a in tl.tensor_map[d]]
+        sizes = tl.counts_per_dim[d]
         if len([n for n in sizes if n > 1]) < 2:
             continue
         pieces = [(0, shape[d])]
         for n in sizes:  # DTensor: each mesh dim cuts every piece of the one before
             pieces = [(lo + a, lo + b) for lo, hi in pieces for a, b in
                       (shard_bounds(hi - lo, n, i, cut) for i in range(n))]
-        flat = [shard_bounds(shape[d], len(pieces), i, cut) for i in range(len(pieces))]
-        if pieces != flat:
+        held = list(all_bounds(shape[d], sizes, cut))
+        if pieces != held:
             raise DialectError(f"tensor dim {d} of size {shape[d]!r} sharded on mesh dims {tl.tensor_map[d]!r}: "
                                f"DTensor would cut it piece by piece ({pieces!r}), spmdsim cuts it once "
-                               f"({flat!r}); expected a size that divides, or one mesh dim per tensor dim")
+                               f"({held!r}) by rule {cut!r}; expected a size that divides, cut 'chunk', or one "
+                               "mesh dim per tensor dim")

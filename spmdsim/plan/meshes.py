@@ -60,7 +60,8 @@ def common_refinement(first: Layout, second: Layout) -> Optional[Refinement]:
         while name in names:
             name += "'"
         names.append(name)
-    # A rule cuts by the shard count, so an axis and its refinement into several cut alike.
+    # The even and balanced rules cut by the shard count, so an axis and its refinement into several cut
+    # alike; the chunk rule cuts axis by axis, so the planner keeps a refinement only where it cuts alike.
     refined = Layout(tuple(hi // lo for lo, hi in pieces), tuple(names), first.cut)
 
     def members(spans: dict) -> dict:

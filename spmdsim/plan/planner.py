@@ -28,7 +28,7 @@ from .meshes import common_refinement, translate
 from .record import Plan
 from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 from .uneven import sized_uneven
-from .volume import exchange_received, exchange_transfers, lower_bound
+from .volume import exchange_received, exchange_transfers, lower_bound, rank_boxes
 
 __all__ = ["plan_redistribution"]
 
@@ -103,6 +103,13 @@ def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) 
 def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> tuple:
     """(the least-communication steps, exchanges still unsent; the lower bound per rank)."""
     refinement = common_refinement(source.layout, target.layout)
+    if refinement is not None and source.layout.cut == "chunk" and source.layout != target.layout:
+        # The chunk rule cuts a dim axis by axis (DTensor's nested Shard), so an axis cut into refined
+        # axes may cut a size that does not divide otherwise: refine only where every rank's block stays.
+        mesh, first, second = refinement
+        if rank_boxes(translate(source, mesh, first), shape) != rank_boxes(source, shape) or \
+                rank_boxes(translate(target, mesh, second), shape) != rank_boxes(target, shape):
+            refinement = None
     if refinement is None:
         src, tgt = source, target
         candidates = (lambda: [_cross_mesh(source, target, shape, dtype)],)

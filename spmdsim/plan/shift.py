@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Optional
 
 from ..layout import TensorLayout
-from ..slicing import shard_bounds
+from ..slicing import all_bounds
 
 __all__ = ["Shift", "RankMoves"]
 
@@ -124,8 +124,7 @@ def _digits(k: int, sizes: list[int]) -> list[int]:
 @lru_cache(maxsize=1024)
 def _starts(layout: TensorLayout, size: int, d: int) -> tuple[int, ...]:
     """Where each block of dim `d` (of `size` rows) starts under `layout`, then `size`: the layout's cut."""
-    n = layout.num_shards(d)
-    return tuple(shard_bounds(size, n, k, layout.layout.cut)[0] for k in range(n)) + (size,)
+    return tuple(a for a, _ in all_bounds(size, layout.counts_per_dim[d], layout.layout.cut)) + (size,)
 
 
 def _index(mesh, where: list[int], c: list[int]) -> int:

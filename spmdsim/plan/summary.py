@@ -97,7 +97,7 @@ def block_rule(tl, shape: tuple) -> str:
             continue
         blocks = f"{size // count:,}"
         if size % count and layout.cut != "even":  # an uneven cut's blocks: the longest first
-            lengths = shard_sizes(size, count, layout.cut)
+            lengths = shard_sizes(size, tuple(sizes), layout.cut)
             blocks = f"{max(lengths):,} to {min(lengths):,} (cut {layout.cut!r})"
         parts.append(f"dim {d}: {count:,} blocks of {blocks}, block {' + '.join(terms)}")
     text = "; ".join(parts) if parts else "the 0-d value"

@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..layout import TensorLayout
-from ..slicing import shard_bounds
+from ..slicing import all_bounds
 from .steps import Transfer
 
 __all__ = ["Box", "box_shape", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers",
@@ -53,9 +53,8 @@ def rank_boxes(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Box, ...]:
     shape = tl.check_shape(shape)
     layout = tl.layout
     per_dim = []
-    for size, axes in zip(shape, tl.tensor_map):
-        n = layout.group_size(axes)
-        bounds = [shard_bounds(size, n, i, layout.cut) for i in range(n)]
+    for size, axes, counts in zip(shape, tl.tensor_map, tl.counts_per_dim):
+        bounds = all_bounds(size, counts, layout.cut)
         per_dim.append([bounds[i] for i in layout.group_indices(axes).tolist()])
     if not per_dim:  # a 0-d tensor: every rank holds the empty box
         return ((),) * layout.num_devices
@@ -70,14 +69,14 @@ def _box_array(tl: TensorLayout, shape: tuple[int, ...]) -> np.ndarray | None:
     shape = tl.check_shape(shape)
     layout = tl.layout
     out = np.empty((layout.num_devices, len(shape), 2), dtype=np.int64)
-    for d, (size, axes) in enumerate(zip(shape, tl.tensor_map)):
+    for d, (size, axes, counts) in enumerate(zip(shape, tl.tensor_map, tl.counts_per_dim)):
         n = layout.group_size(axes)
         if size % n == 0:  # every rule cuts a size that divides into [i * size//n, (i+1) * size//n)
             width = size // n
             out[:, d, 0] = layout.group_indices(axes) * width
             out[:, d, 1] = out[:, d, 0] + width
         else:
-            bounds = np.array([shard_bounds(size, n, i, layout.cut) for i in range(n)], dtype=np.int64)
+            bounds = np.array(all_bounds(size, counts, layout.cut), dtype=np.int64)
             out[:, d, :] = bounds[layout.group_indices(axes)]
     return out
 

@@ -241,8 +241,8 @@ class DTensor:
     @property
     def placements(self) -> tuple:
         """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``); refused
-        (DialectError) where DTensor would cut this tensor's shape otherwise (an uneven cut it does not have,
-        or a dim on several mesh dims that it cuts piece by piece: docs/semantics.md, "Uneven shards")."""
+        (DialectError) where DTensor would cut this tensor's shape otherwise (a size that does not divide under
+        the balanced cut, which DTensor does not have: docs/semantics.md, "Uneven shards")."""
         from ..dialects.dtensor import placements_of
 
         return placements_of(self._layout, self._shape)

@@ -18,7 +18,7 @@ from typing import Iterator, Optional, Sequence
 
 from ..explain import partial_text
 from ..layout import TensorLayout, format_entry
-from ..slicing import shard_bounds
+from ..slicing import all_bounds
 
 __all__ = ["Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture", "compact_ranks"]
 
@@ -163,9 +163,10 @@ def _slabs(
             yield (gi, gj), fixed, indices
 
 
-def _edges(size: int, shards: int, cut: str = "even") -> tuple[int, ...]:
-    """Where the shards of a dim start, and its size: the layout's own cut (spmdsim.slicing)."""
-    return tuple(shard_bounds(size, shards, i, cut)[0] for i in range(shards)) + (size,)
+def _edges(size: int, shards: int | tuple, cut: str = "even") -> tuple[int, ...]:
+    """Where the shards of a dim start, and its size: the layout's own cut (spmdsim.slicing; `shards` a count
+    or the dim's counts per mesh axis)."""
+    return tuple(a for a, _ in all_bounds(size, shards, cut)) + (size,)
 
 
 def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str = "x") -> LayoutPicture:
@@ -198,9 +199,9 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
                     grid_pos=pos,
                     row_dim=row_dim,
                     col_dim=col_dim,
-                    row_edges=_edges(shape[row_dim], shards[row_dim], tl.layout.cut) if row_dim is not None
-                    else (0, 1),
-                    col_edges=_edges(shape[col_dim], shards[col_dim], tl.layout.cut),
+                    row_edges=_edges(shape[row_dim], tl.counts_per_dim[row_dim], tl.layout.cut)
+                    if row_dim is not None else (0, 1),
+                    col_edges=_edges(shape[col_dim], tl.counts_per_dim[col_dim], tl.layout.cut),
                     blocks=rows,
                 )
             )
