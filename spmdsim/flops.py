@@ -23,10 +23,11 @@ collectives are not kernels here: the collectives' bytes are the trace's.
 
 A counter opened with ``counting(blocks=True)`` (the estimate's ledger's) also records, for each product and
 each kernel over activations outside the optimizer, which blocks it read and wrote, by identity (a weak
-reference to the array owning each block's memory; a (shape, dtype) pair has none), and `hold` marks blocks
-the rank holds anyway: parameters, their gradients, what the graph keeps for backward. `FlopCounter.fresh`
-then gives, per product or kernel, the elements of its blocks that are not among those: `Fresh` records,
-what a moment's transient blocks add beside what the rank holds (spmdsim.estimate.ledger.largest_transient).
+reference to the array owning each block's memory; a (shape, dtype) pair has none, a (shape, dtype, array)
+triple is that array's), and `hold` marks blocks the rank holds anyway: parameters, their gradients, what
+the graph keeps for backward. `FlopCounter.fresh` then gives, per product or kernel, the elements of its
+blocks that are not among those: `Fresh` records, what a moment's transient blocks add beside what the rank
+holds (spmdsim.estimate.ledger.largest_transient).
 
 With no counter open anywhere in the process, `gemm` and `sweep` return after one test.
 """
@@ -239,12 +240,12 @@ def counting(blocks: bool = False) -> Iterator[FlopCounter]:
 
 
 def _entry(block: Any) -> Optional[tuple]:
-    """(weak reference to the block's owner or None, elements, floating, itemsize) of an array or a
-    (shape, dtype) pair; None for None."""
+    """(weak reference to the block's owner or None, elements, floating, itemsize) of an array, a (shape, dtype)
+    pair or a (shape, dtype, array) triple (counted as the pair, the block that array's: `sweep`); None for None."""
     if block is None:
         return None
     if type(block) is tuple:
-        return (None,) + _sized(tuple(block[0]), block[1])
+        return (_ref(block[2]) if len(block) > 2 else None,) + _sized(tuple(block[0]), block[1])
     shape = getattr(block, "shape", None)
     if shape is None:
         return None
@@ -318,7 +319,9 @@ def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = N
     """Count one ``np.matmul(a, b)`` of operands shaped `a_shape` and `b_shape` (batch dims broadcast,
     a 1-d operand a row or column as np.matmul takes it; a stack of rows times one matrix is one GEMM
     of all the rows) in every counter open on this rank. `blocks`: the arrays (a, b, result), for the
-    counters that record blocks; without them the product's are three blocks of its shapes, held by nothing."""
+    counters that record blocks (each may be a (shape, dtype) pair, a block held by nothing, or a (shape,
+    dtype, array) triple, as `sweep` takes them); without them the product's are three blocks of its shapes,
+    held by nothing."""
     if not _OPEN:
         return
     context = current()
@@ -358,7 +361,9 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
 def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Optional[str] = None) -> None:
     """Count one kernel `op` that reads the blocks `reads` and writes the blocks `writes` (arrays, or
     (shape, dtype) pairs; None entries skipped) in every counter open on this rank, in `phase` (default
-    the rank context's), one `Kernel` per dtype."""
+    the rank context's), one `Kernel` per dtype. A (shape, dtype, array) triple is counted as its pair, and
+    is that array's block for the counters that record blocks (a kernel counted at other shapes or dtypes
+    than the arrays it stands for have: an MoE layer's, spmdsim.moe.layer)."""
     if not _OPEN:
         return
     context = current()

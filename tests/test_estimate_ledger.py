@@ -301,14 +301,16 @@ def test_the_command_says_whether_a_rank_fits_the_machines_memory():
     """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (43.33 GiB a rank at bf16
     mixed precision, 43.58 GiB at its peak: the attention dropout's backward, its gradient in and out, 2 blocks
     of (1, 16, 2048, 2048) scores, for a moment; the tied table's two gradients are the table's gradient, which
-    the memory line holds); with 16 experts a GPU (ep 8) it does not (167.12 GiB, 167.66 GiB at its peak)."""
+    the memory line holds); with 16 experts a GPU (ep 8) it does not (167.12 GiB, 167.37 GiB at its peak, the same
+    dropout's backward: the 16 experts' fc1 weights, 512 MiB, are parameters the memory line holds, not their
+    product's moment)."""
     model = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50304",
              "--experts", "128", "--top-k", "1", "--micro-batch", "1", "--global-batch", "128"]
     fits = _cli(*model, "--ep", "128").stdout.splitlines()[-1]
     assert fits == ("memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak (the most, stage 0: "
                     "43.58 GiB)")
     over = _cli(*model, "--ep", "8", "--dp", "16").stdout.splitlines()[-1]
-    assert over == "memory: stage 0 needs 167.66 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
+    assert over == "memory: stage 0 needs 167.37 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
 
 
 def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pages():
@@ -484,3 +486,89 @@ def test_the_peak_adds_no_block_the_memory_line_holds():
     mem = stage_memory(stage, "bf16-mixed", 0)
     assert mem.transient == Transient(3 * 3 * 8 * 256 * 2, "add (backward)")
     assert mem.peak == mem.memory + 3 * 3 * 8 * 256 * 2
+
+
+def _fresh(stage) -> dict:
+    """(what, phase) -> the set of (floating elements, other bytes) of its Fresh records."""
+    out: dict = {}
+    for f in stage.fresh:
+        out.setdefault((f.what, f.phase), set()).add((f.floating, f.other))
+    return out
+
+
+def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
+    """The MoE experts' products and kernels are recorded with their blocks (spmdsim.moe.layer._count_experts), as
+    the other products are: the experts' weights (parameters), their gradients and the rows the layer keeps for its
+    backward (xe, fc1's output, GELU's tanh and output) are the memory line's. One MoE layer of 4 experts on one
+    rank (top-1, capacity 2 a sequence of 8, width 64, hidden 256): fc1's product reads the kept rows and W1 and
+    writes fc1's kept output, nothing of its own (it counted x + W1 + h, 512 + 65,536 + 2,048 elements, W1 the
+    step's largest moment); fc2's only its result, the backward's d w1 product only dh (not W1's gradient), d xe
+    dh and its result (not W1); the largest moment is then GELU's backward (dacts in, dh out)."""
+    from spmdsim.estimate.ledger import Transient, stage_memory
+    from spmdsim.flops import Gemm
+
+    cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=1, vocab=128,
+                    moe=MoEConfig(experts=4, top_k=1, every=1))
+    (stage,) = gpt_ledger(cfg, 1, 1, 1)
+    fresh = _fresh(stage)
+    rows, hidden = 4 * 2 * 64, 4 * 2 * 256  # the experts' rows (4 experts x 2 slots) at width 64 and 256
+    assert fresh[(Gemm(4, 2, 256, 64, "float64", "forward"), "forward")] == {(0, 0)}  # fc1
+    assert fresh[(Gemm(4, 2, 64, 256, "float64", "forward"), "forward")] == {(rows, 0)}  # fc2
+    assert fresh[(Gemm(4, 64, 256, 2, "float64", "backward"), "backward")] == {(hidden, 0)}  # d w1 = xe^T dh
+    assert fresh[(Gemm(4, 2, 64, 256, "float64", "backward"), "backward")] == {(hidden + rows, 0)}  # d xe
+    assert fresh[("moe bias", "forward")] == {(0, 0), (2 * rows, 0)}  # fc1's kept output; fc2's in place
+    mem = stage_memory(stage, "bf16-mixed", 0)
+    assert mem.transient == Transient(2 * hidden * 2, "gelu backward (backward)")
+
+
+def test_an_moe_layer_counts_the_same_blocks_in_a_real_step_as_in_its_dry_run():
+    """A real step's MoE layer (ep 2 on 2 ranks) passes its own arrays where the dry run passes its stand-ins:
+    the same Fresh records of its products and kernels."""
+    import numpy as np
+
+    from spmdsim.flops import Gemm
+
+    cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=2, vocab=128,
+                    moe=MoEConfig(experts=4, top_k=1, every=1))
+
+    def experts(fresh) -> set:
+        return {f for f in fresh if isinstance(f.what, Gemm) and f.what.batch == 2
+                or isinstance(f.what, str) and f.what.startswith(("moe", "gelu"))}
+
+    (stage,) = gpt_ledger(cfg, 1, 1, 1, ep=2)
+    ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % 128
+
+    def body():
+        with counting(blocks=True) as flops:
+            run, _ = train_pipelined(cfg, spmdsim.world(), 1, 1, 1, 1, ids, memory=True, check=False, ep=2)
+        run.close()
+        return experts(flops.fresh())
+
+    dry = experts(stage.fresh)
+    assert len(dry) > 10 and spmdsim.simulate(2, body) == [dry, dry]
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_the_attention_cores_products_count_no_block_the_memory_line_holds(recompute):
+    """The attention core's products are recorded with q, k and v, which its rule keeps, and the probabilities
+    it keeps without recomputation (spmdsim.autograd.rules.attention.count_core): one layer of 4 heads of 16 on
+    one rank, seq 8, dropout, Megatron's kept set. The scores' product q k^T counts only the scores (it counted
+    q + k + the scores, 512 + 512 + 256 elements); the weighted values' product reads the kept probabilities
+    and v and writes the block the output projection keeps: nothing (under selective recomputation the
+    probabilities, made again, are its own: 256); the backward's dy v^T dy and the gradient, dq = ds k and
+    dk = ds^T q the scores' gradient and theirs, dv = pd^T dy dy and dv, none of q, k, v (nor pd but under
+    recomputation)."""
+    from spmdsim.flops import Gemm
+
+    cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=1, vocab=128, dropout=0.1)
+    (stage,) = gpt_ledger(cfg, 1, 1, 1, kept="megatron", recompute=recompute)
+    fresh = _fresh(stage)
+    block, scores = 4 * 8 * 16, 4 * 8 * 8  # q's (and k's, v's, dy's) block and the scores' (b, h, s, s)
+    again = recompute == "selective"
+    assert fresh[(Gemm(4, 8, 8, 16, "float64", "forward"), "forward")] == {(scores, 0)}
+    assert fresh[(Gemm(4, 8, 16, 8, "float64", "forward"), "forward")] == {(scores if again else 0, 0)}
+    assert fresh[(Gemm(4, 8, 8, 16, "float64", "backward"), "backward")] == {(block + scores, 0)}
+    assert fresh[(Gemm(4, 8, 16, 8, "float64", "backward"), "backward")] == \
+        {(scores + block, 0), ((scores if again else 0) + 2 * block, 0)}
+    if again:
+        assert fresh[(Gemm(4, 8, 8, 16, "float64", "recompute"), "recompute")] == {(scores, 0)}

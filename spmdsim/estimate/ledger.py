@@ -200,10 +200,12 @@ def largest_transient(stage: StageLedger, precision: str) -> Transient:
     kept blocks where the trainer measures what the forward keeps, spmdsim.autograd.kept_bytes; a parameter's
     gradients in the backward's walk, as a framework accumulates them into the main gradient the memory line
     holds). The rest are the moment's own: a product's result no graph keeps, a gradient of an activation,
-    the attention core's scores under recomputation (its products and kernels, counted by their shapes, are
-    held by nothing). Floating blocks at the activation width, masks and ids at their own width. The optimizer's
-    kernels run after the activations are freed: not counted. Temporaries a kernel makes beyond its operands
-    and results (a softmax's sums), and blocks of two calls alive at once, are not counted either."""
+    the attention core's scores and their gradients (blocks of their shapes to its products and kernels, held
+    by nothing; its q, k, v and the probabilities it keeps are recorded as those blocks, as an MoE layer's
+    experts' weights, their gradients and its kept rows are, spmdsim.moe.layer). Floating blocks at the
+    activation width, masks and ids at their own width. The optimizer's kernels run after the activations are
+    freed: not counted. Temporaries a kernel makes beyond its operands and results (a softmax's sums), and
+    blocks of two calls alive at once, are not counted either."""
     w = PRECISIONS[precision]
     best = Transient(0, "nothing")
     for f in stage.fresh:

@@ -222,7 +222,9 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     back = _combined(plan, ye, per_expert, got)
     out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
-        _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed)
+        _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
+                       blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
+                                   w1=W1, b1=B1, w2=W2, b2=B2))
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
         stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
         _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
@@ -241,7 +243,9 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
         if any_open():
             _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
-                           backward=True)
+                           backward=True, blocks=dict(zip(("gw1", "gb1", "gw2", "gb2"), grads), dy=dy.local,
+                                                      back=back, dye=dye, dx=dx, xe=xe, hs=hs, ts=ts, acts=acts,
+                                                      w1=W1, w2=W2))
         over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, dprobs, ()))
@@ -576,7 +580,9 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     back = move.combine(zeros(xe.shape, act) if mixed else ye)
     out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
     if any_open():
-        _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed)
+        _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed,
+                       blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
+                                   **dict(zip(("w1", "b1", "w2", "b2"), (w.local for w in weights)))))
     if stats is not None:
         stats.append(_stats(mesh, name, routing, move, rows[routing.kept], D * x.local.itemsize))
     counts = routing.counts.sum(axis=0).astype(np.float64)
@@ -591,57 +597,77 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     def backward(dy: Any) -> tuple:
         held = kept  # noqa: F841 (the closure holds them until the backward runs, as the real one does)
         dye = move.dispatch(zeros((nrows, D), act), f"{name} combine backward")
-        if any_open():
-            _count_experts(move, x.local.shape, nrows, weights[0].local.shape, act, mixed, backward=True)
         if mixed and tp > 1:  # d xe summed over tp before its way back (`_experts_grad_mixed`)
             allreduce(mesh, zeros(dye.shape, np.float32), "tp", f"{name} experts fc1 backward")
         move.combine(zeros(dye.shape, dye.dtype), f"{name} dispatch backward")
+        dx = zeros(x.local.shape, np.float32 if mixed else act)
+        grads = tuple(zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype) for w in weights)
+        if any_open():  # counted with the blocks the rank holds: the weights, their gradients, the kept blocks
+            _count_experts(move, x.local.shape, nrows, weights[0].local.shape, act, mixed, backward=True,
+                           blocks=dict(zip(("gw1", "gb1", "gw2", "gb2"), grads), dy=dy.local, back=back, dye=dye,
+                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, w1=weights[0].local,
+                                       w2=weights[2].local))
         over_tp = ("tp",) if tp > 1 and not mixed else ()
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
-        return ((_grad(x, zeros(x.local.shape, np.float32 if mixed else act), over_tp),
-                 _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))
-                + tuple(_grad(w, zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype),
-                              over_dp) for w in weights))
+        return ((_grad(x, dx, over_tp), _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))
+                + tuple(_grad(w, g, over_dp) for w, g in zip(weights, grads)))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
     return out, counts
 
 
 def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tuple, act: Any, mixed: bool,
-                   backward: bool = False) -> None:
+                   backward: bool = False, blocks: Optional[dict] = None) -> None:
     """Count one layer's expert kernels on this rank in spmdsim.flops's open counters, as `_run_experts` (or,
     `backward`, `_combine_grad` and `_experts_grad`) run them: with a capacity one product a weight batched
     over the local experts, dropless one 2-d product per expert and weight, on the rows each expert got; the
     bias adds, GELU and its backward, the biases' sums, and the packing of the send buffer and the tokens'
-    sum of their rows. A real step and a dry run count the same (the dry run routes by rule)."""
+    sum of their rows. A real step and a dry run count the same (the dry run routes by rule).
+
+    `blocks`: the layer's arrays by name ("x", "xe", "hs", "ts", "acts", "ye", "back", "out", "w1", "b1", "w2",
+    "b2"; in the backward also "dy", "dye", "dx" and the weights' gradients "gw1", "gb1", "gw2", "gb2"), each
+    counted at the shape and dtype counted without it but as that array's block (a (shape, dtype, array)
+    triple, spmdsim.flops.sweep): the counters that record blocks tell the parameters, their gradients and what
+    the layer keeps for its backward (held by the rank anyway) from the moment's own blocks. A name not given
+    (the send buffers, the gradients' intermediates) is a block held by nothing."""
     El, D, H = w1_shape
     dtype = np.float32 if mixed else act  # the products' result (spmdsim.precision.product)
     if move.dropless:
         groups = [((), hi - lo) for lo, hi in move.ranges]
     else:
         groups = [((El,), move.arrived // El if El else 0)]
+    given = blocks or {}
+
+    def b(name: str, pair: tuple) -> tuple:
+        a = given.get(name)
+        return pair if a is None else pair + (a,)
+
     tokens, rows = (x_shape, act), ((nrows, D), act)
     if not backward:
-        sweep("moe pack", (tokens,), (rows,))
+        sweep("moe pack", (b("x", tokens),), (rows,))
     else:
-        sweep("moe combine backward", (tokens, rows), (rows,))
+        sweep("moe combine backward", (b("dy", tokens), b("back", rows)), (rows,))
     for lead, n in groups:
         xs, hs, ys = (lead + (n, D), act), (lead + (n, H), act), (lead + (n, D), act)
+        w1, w2 = b("w1", (lead + (D, H), act)), b("w2", (lead + (H, D), act))
         if not backward:
-            gemm(xs[0], lead + (D, H), dtype)
-            sweep("moe bias", (hs, (lead + (H,), act)), (hs,))
-            sweep("gelu", (hs,), (hs, hs))
-            gemm(hs[0], lead + (H, D), dtype)
-            sweep("moe bias", (ys, (lead + (D,), act)), (ys,))
+            gemm(xs[0], lead + (D, H), dtype, (b("xe", xs), w1, b("hs", hs)))
+            sweep("moe bias", (b("hs", hs), b("b1", (lead + (H,), act))), (b("hs", hs),))
+            sweep("gelu", (b("hs", hs),), (b("ts", hs), b("acts", hs)))
+            gemm(hs[0], lead + (H, D), dtype, (b("acts", hs), w2, b("ye", ys)))
+            sweep("moe bias", (b("ye", ys), b("b2", (lead + (D,), act))), (b("ye", ys),))
         else:
-            gemm(lead + (H, n), ys[0], dtype)  # d w2
-            gemm(ys[0], lead + (D, H), dtype)  # d acts
-            sweep("sum", (ys,), ((lead + (D,), act),))  # d b2
-            sweep("gelu backward", (hs, hs, hs), (hs,))
-            gemm(lead + (D, n), hs[0], dtype)  # d w1
-            sweep("sum", (hs,), ((lead + (H,), act),))  # d b1
-            gemm(hs[0], lead + (H, D), dtype)  # d xe
-    sweep("moe unpack", (rows,), (tokens,))
+            gemm(lead + (H, n), ys[0], dtype, (b("acts", hs), b("dye", ys), b("gw2", w2[:2])))  # d w2
+            gemm(ys[0], lead + (D, H), dtype, (b("dye", ys), w2, hs))  # d acts
+            sweep("sum", (b("dye", ys),), (b("gb2", (lead + (D,), act)),))  # d b2
+            sweep("gelu backward", (b("hs", hs), hs, b("ts", hs)), (hs,))
+            gemm(lead + (D, n), hs[0], dtype, (b("xe", xs), hs, b("gw1", w1[:2])))  # d w1
+            sweep("sum", (hs,), (b("gb1", (lead + (H,), act)),))  # d b1
+            gemm(hs[0], lead + (H, D), dtype, (hs, w1, xs))  # d xe
+    if not backward:
+        sweep("moe unpack", (b("back", rows),), (b("out", tokens),))
+    else:
+        sweep("moe unpack", (rows,), (b("dx", tokens),))
 
 
 def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:

@@ -138,7 +138,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             factors = broadcast_zero(block.shape, np.float32) if low else block  # the kernel's dtype
             saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
     if any_open():  # else nothing is counted: no blocks to gather
-        count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
+        # its two products (spmdsim.flops) with the blocks the rule keeps and the result's
+        count_core(q.local, k.local, v.local, (heads, keys_t, back), saved, out.local)
         count_core_kernels(scores, drop, kept, saved)  # and its element-wise kernels over the scores
     if not grads:
         return out

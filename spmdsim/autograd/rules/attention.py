@@ -24,15 +24,22 @@ _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (nu
 __all__ = ["record_attention", "count_core", "count_core_kernels"]
 
 
-def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tuple) -> None:
+def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tuple, saved: Optional[dict] = None,
+               out: Optional[np.ndarray] = None) -> None:
     """Count (spmdsim.flops) the core's products on these blocks, whether or not its kernel runs (a dry
     run's does not): the scores q k^T and, given `v`, the weighted values probs @ v; `order` as
-    record_attention's."""
+    record_attention's. Each product is counted with its operands' blocks themselves (spmdsim.flops.gemm:
+    q, k and v, which the rule keeps, are blocks the rank holds), the dropped-out probabilities as `saved`'s
+    "pd" (count_core_kernels's `saved`) and the result as `out` where given, else blocks of their shapes."""
     heads, keys_t, _ = order
     qs, ks = _seen(q.shape, heads), _seen(k.shape, keys_t)  # (b, h, tq, d), (b, h, d, tk)
-    gemm(qs, ks, q.dtype)
+    dtype = q.dtype
+    scores = (qs[:-1] + ks[-1:], dtype)  # (b, h, tq, tk)
+    gemm(qs, ks, dtype, (q, k, scores))
     if v is not None:
-        gemm(qs[:-1] + ks[-1:], _seen(v.shape, heads), q.dtype)
+        vs = _seen(v.shape, heads)
+        gemm(scores[0], vs, dtype, (_own(saved, "pd", scores), v, (scores[0][:-1] + vs[-1:], dtype) if out is None
+                                   else out))
 
 
 def count_core_kernels(block: tuple, drop: float, kept: str, saved: Optional[dict] = None) -> None:
@@ -73,8 +80,10 @@ def _seen(shape: tuple, order: tuple) -> tuple:
 
 
 def _count_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray, order: tuple,
-                    recomputed: bool) -> None:
-    """Count the backward's products (and, `recomputed`, the scores made again first, as "recompute")."""
+                    recomputed: bool, saved: Optional[dict] = None, grads: tuple = (None, None, None)) -> None:
+    """Count the backward's products (and, `recomputed`, the scores made again first, as "recompute"), each
+    with its blocks as count_core's: q, k, v, `dy`, `saved`'s "pd" where the forward kept it, the gradients
+    `grads` (dq, dk, dv) where given; the scores' gradients are blocks of their shapes."""
     heads, keys_t, _ = order
     if recomputed:
         context = current()
@@ -87,10 +96,12 @@ def _count_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray,
     scores = dyh[:-1] + vt[-1:]  # (b, h, tq, tk)
     probs_t = scores[:-2] + scores[:-3:-1]  # (b, h, tk, tq)
     dtype = q.dtype
-    gemm(dyh, vt, dtype)  # dpd = dy v^T
-    gemm(probs_t, dyh, dtype)  # dv = pd^T dy
-    gemm(scores, _seen(k.shape, heads), dtype)  # dq = ds k
-    gemm(probs_t, _seen(q.shape, heads), dtype)  # dk = ds^T q
+    block = (scores, dtype)  # a gradient over the scores, held by nothing
+    dq, dk, dv = ((_seen(t.shape, heads), dtype) if g is None else g for t, g in zip((q, k, v), grads))
+    gemm(dyh, vt, dtype, (dy, v, block))  # dpd = dy v^T
+    gemm(probs_t, dyh, dtype, (_own(saved, "pd", block), dy, dv))  # dv = pd^T dy
+    gemm(scores, _seen(k.shape, heads), dtype, (block, k, dq))  # dq = ds k
+    gemm(probs_t, _seen(q.shape, heads), dtype, (block, q, dk))  # dk = ds^T q
 
 
 def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, core: Optional[Callable],
@@ -125,22 +136,22 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:
-        if any_open():  # else nothing would be counted: no shapes to gather
-            _count_backward(q.local, k.local, v.local, dy.local, order, core is not None)
-        if traffic and any_open():
-            if core is not None:  # the forward's kernels again, first
-                context = current()
-                was, context.phase = context.phase, "recompute"
-                try:
-                    count_core_kernels(*traffic)
-                finally:
-                    context.phase = was
-            _count_backward_kernels(*traffic, kept)
         engine = dy.mesh.engine
         if engine.dry:  # a dry run: the dry engine's zeros of each operand's block (np.zeros would clear pages)
             dq, dk, dv = (engine.local(np.copy, t.local) for t in (q, k, v))
         else:
             dq, dk, dv = grads(dy.local)
+        if any_open():  # else nothing would be counted: no shapes to gather
+            _count_backward(q.local, k.local, v.local, dy.local, order, core is not None, kept, (dq, dk, dv))
+            if traffic:
+                if core is not None:  # the forward's kernels again, first
+                    context = current()
+                    was, context.phase = context.phase, "recompute"
+                    try:
+                        count_core_kernels(*traffic)
+                    finally:
+                        context.phase = was
+                _count_backward_kernels(*traffic, kept)
         pending = dy.layout.partial
         return (grad_tensor(q, dq, pending) if q._ag is not None else None,
                 grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
