@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
@@ -85,7 +86,7 @@ class _Optimizer:
             seen[id(p)] = i
             if not p.local.flags.writeable:
                 raise OperatorError(f"optimizer parameter {i}'s local block is read-only")
-        self.lr = _positive(lr, "lr")
+        self.lr = _learning_rate(lr, "lr")
         self.steps = 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -199,10 +200,15 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _positive(value: Any, name: str) -> float:
-    out = tolerance_arg(value, name, OperatorError)
-    if not out > 0:
-        raise OperatorError(f"{name} {value!r} must be positive")
-    return out
+    """A finite number > 0 (eps), one message for every bad value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise OperatorError(f"{name} {value!r} must be a finite number > 0")
+    return float(value)
+
+
+def _learning_rate(value: Any, name: str) -> float:
+    """A finite number >= 0, as torch.optim allows (lr 0: a warm-up's first step, a frozen run)."""
+    return tolerance_arg(value, name, OperatorError)
 
 
 class SGD(_Optimizer):
@@ -248,7 +254,7 @@ def _at_least_zero(value: Any, name: str) -> float:
 
 #: The optimizers' hyperparameters (attribute -> its check): set between steps, the next update reads them
 #: (a replayed one too); set inside a captured step, refused (`_Optimizer.__setattr__`).
-_SETTINGS: dict = {"lr": _positive, "eps": _positive, "weight_decay": _at_least_zero, "clip_grad": _at_least_zero,
+_SETTINGS: dict = {"lr": _learning_rate, "eps": _positive, "weight_decay": _at_least_zero, "clip_grad": _at_least_zero,
                    "momentum": _momentum, "betas": _betas}
 
 

@@ -220,7 +220,7 @@ def test_a_case_alone_ends_its_process_with_2_and_one_line(kind: str) -> None:
 
 
 def test_a_script_under_mpiexec_ends_with_one_line(tmp_path) -> None:
-    """`spmdsim.script(__file__)`, as every example starts, guards the MPI ranks: one line, not a traceback each."""
+    """`spmdsim.script(__file__)` (every example but the training ones) guards the MPI ranks: one line each."""
     path = tmp_path / "user_script.py"
     path.write_text("import spmdsim\nspmdsim.script(__file__)\n" + _PRELUDE.replace("(8,)", "(3,)")
                     + 'mesh.layout("mp", "sp")\n')

@@ -169,3 +169,35 @@ def test_an_infinite_compute_rate_is_refused(capsys):
     assert _error(capsys, argv + ["1e400"]) == ("spmdsim: error: compute rate inf FLOP/s (--flops) must be a "
                                                 "finite number > 0\n")
     assert _error(capsys, argv + ["-1e9"]) == "spmdsim: error: --flops -1000000000.0 must be > 0\n"
+
+
+def test_reliability_says_how_every_example_guards_its_ranks():
+    """docs/reliability.md said `spmdsim.script(__file__)` is "the first line of every example": the training
+    examples call run_main instead, and the others parse their arguments first (--help, unknown arguments).
+    The doc says so now, and every example does as it says: run_main, or script(__file__) the statement after
+    parse_args() (after the imports in the two port_*_mlp.py examples, which take no argument but --ranks)."""
+    text = " ".join((ROOT / "docs" / "reliability.md").read_text(encoding="utf-8").split())
+    assert "the first line of every example" not in text
+    assert ("the training examples through `spmdsim.nets.train.run_main`, the others with "
+            "`spmdsim.script(__file__)` on the line after they parse their arguments") in text
+    ways = {}
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        calls = [ast.unparse(s.value if isinstance(s, (ast.Expr, ast.Assign)) else s).replace("spmdsim.script(",
+                                                                                                 "script(")
+                 for s in body]
+        if any("run_main(" in ast.unparse(s) for s in body):
+            ways[path.name] = "run_main"
+        elif "script(__file__)" in calls:
+            at = calls.index("script(__file__)")
+            before = body[at - 1]
+            ways[path.name] = ("script after parse_args" if calls[at - 1].endswith(".parse_args()") else
+                               "script after imports" if isinstance(before, (ast.Import, ast.ImportFrom)) else
+                               calls[at - 1])
+        else:
+            ways[path.name] = "neither"
+    assert set(ways.values()) == {"run_main", "script after parse_args", "script after imports"}, ways
+    assert {n for n, w in ways.items() if w == "script after imports"} == {"port_dtensor_mlp.py", "port_jax_mlp.py"}
+    assert {n for n, w in ways.items() if w == "run_main"} == {
+        "train_gpt.py", "train_megatron_block.py", "train_mindspore_tutorial.py", "train_moe_gpt.py",
+        "train_seed_networks.py"}

@@ -149,7 +149,7 @@ def test_adamw_matches_the_formula_and_decays_only_matrices():
     assert np.array_equal(params["b"], before) and opt.state["b"][0] == 3 and opt.state["w"][0] == 4
     with pytest.raises(SpmdsimError, match=r"gradient of 'w' has shape \(2,\); expected \(3, 2\)"):
         opt.step(params, {"w": np.ones(2)})
-    with pytest.raises(SpmdsimError, match=r"^AdamW lr -1 must be a finite number > 0$"):
+    with pytest.raises(SpmdsimError, match=r"^AdamW lr -1 must be a finite number >= 0$"):
         ref.AdamW(lr=-1)
     names = ref.AdamW.from_config(TINY)._decay
     assert names("wte") and names("h0.mlp.w1") and not names("h0.ln1.w") and not names("lnf.b")
@@ -219,7 +219,7 @@ def test_batch_refuses_bad_input(ids, step, fragment):
     ("heads", 3, r"GPTConfig d_model 128 must be divisible by heads 3"),
     ("dropout", 1.0, r"GPTConfig dropout 1.0 must be a finite number in \[0, 1\)"),
     ("dropout", -0.1, r"GPTConfig dropout -0.1 must be a finite number in \[0, 1\)"),
-    ("lr", 0, "GPTConfig lr 0 must be a finite number > 0"),
+    ("lr", -0.5, "GPTConfig lr -0.5 must be a finite number >= 0"),
     ("eps", float("nan"), "GPTConfig eps nan must be a finite number > 0"),
     ("weight_decay", -1, "GPTConfig weight_decay -1 must be a finite number >= 0"),
     ("betas", (0.9,), r"GPTConfig betas \(0.9,\) must be a pair \(beta1, beta2\) in \[0, 1\)"),

@@ -132,13 +132,49 @@ def test_a_hyperparameter_set_inside_a_captured_step_is_refused_in_one_line():
         with pytest.raises(ReplayError, match=r"^replay: AdamW.lr set to 0.2 inside a captured step: a replay does "
                                               r"not run the step's Python"):
             capture(step, 0.2)
-        with pytest.raises(OperatorError, match=r"^lr 0 must be positive$"):
-            opt.lr = 0
+        with pytest.raises(OperatorError, match=r"^lr -1 must be a finite number >= 0$"):
+            opt.lr = -1
         with pytest.raises(OperatorError, match=r"^weight_decay nan must be a finite number >= 0$"):
             opt.weight_decay = float("nan")
         return True
 
     assert spmdsim.simulate(2, body) == [True, True]
+
+
+def test_one_learning_rate_rule_everywhere_zero_allowed_as_torch_optim():
+    """`--lr -1` said "must be a finite number >= 0" and `--lr 0` "must be positive" (the examples' optimizers),
+    while GPTConfig refused 0 as "a finite number > 0". One rule now, torch.optim's: lr a finite number >= 0
+    (0 updates nothing: a warm-up's first step), said alike by SGD, Adam, AdamW, DistributedAdamW, a setting
+    between steps, GPTConfig and the reference AdamW; eps stays > 0, also in one wording."""
+    from spmdsim.gpt.reference import AdamW as ReferenceAdamW
+    from spmdsim.optim import SGD, Adam
+    from spmdsim.errors import SpmdsimError
+
+    def body():
+        mesh = Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        p = DTensor.from_global(mesh, np.ones(4), mesh.layout(None)).requires_grad_()
+        made = [SGD([p], lr=0), Adam([p], lr=0), AdamW([p], lr=0)]
+        assert DistributedAdamW([p], mesh, ("dp",), lr=0).lr == 0.0
+        ops.sum(ops.mul(p, p)).backward()
+        for opt in made:
+            opt.step()
+        assert np.array_equal(p.local, np.ones(4))  # lr 0 (no weight decay applies at 0): nothing moved
+        for bad in (-1, float("nan"), float("inf")):
+            for make in (lambda: SGD([p], lr=bad), lambda: AdamW([p], lr=bad),
+                         lambda: DistributedAdamW([p], mesh, ("dp",), lr=bad), lambda: setattr(made[1], "lr", bad)):
+                with pytest.raises(OperatorError, match=rf"^lr {bad!r} must be a finite number >= 0$"):
+                    make()
+        for bad in (0, -1):
+            with pytest.raises(OperatorError, match=rf"^eps {bad!r} must be a finite number > 0$"):
+                Adam([p], lr=0.1, eps=bad)
+        return True
+
+    assert spmdsim.simulate(2, body) == [True, True]
+    assert GPTConfig(lr=0).lr == 0.0 and ReferenceAdamW(lr=0).lr == 0.0
+    with pytest.raises(SpmdsimError, match=r"^GPTConfig lr -1 must be a finite number >= 0$"):
+        GPTConfig(lr=-1)
+    with pytest.raises(SpmdsimError, match=r"^AdamW lr -1 must be a finite number >= 0$"):
+        ReferenceAdamW(lr=-1)
 
 
 def test_zero1_clip_set_after_a_capture_without_it_and_last_norm_in_the_step_are_refused():

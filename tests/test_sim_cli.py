@@ -74,6 +74,23 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     assert run_on_ranks(2, lambda: 0) == 0
 
 
+def test_script_quotes_a_bad_ranks_count_as_the_training_examples_do(capsys):
+    """`spmdsim.script()` (every example but the training ones) said `--ranks '-1'` but `--ranks 0`, and `--ranks ²`
+    (a digit to str.isdigit, not to int) was a ValueError traceback. It reads the count as argparse's type=int
+    reads the training examples' (spmdsim.nets.train.run_main): a number unquoted, anything else quoted."""
+    from spmdsim.sim.launch import ranks_problem, script
+
+    for value, said in (("-1", "-1"), ("0", "0"), ("5000", "5000"), ("x", "'x'"), ("1.5", "'1.5'"),
+                        ("\u00b2", "'\u00b2'")):
+        with pytest.raises(SystemExit) as exc:
+            script("unused.py", ["--ranks", value])
+        assert exc.value.code == 2
+        err = unfold(capsys.readouterr().err)
+        assert err.startswith(f"spmdsim: error: --ranks {said} must be a number of ranks from 1 to 4096"), err
+        if said == value:  # a number: as run_main says it (argparse gave it an int)
+            assert err == f"spmdsim: error: {ranks_problem(int(value))}\n"
+
+
 def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeypatch, capsys):
     # mpiexec -n 4 python examples/train_gpt.py --steps 0: refuse() printed the line on every rank (run_main).
     import argparse

@@ -451,3 +451,50 @@ def test_memory_in_a_dry_run_prints_the_ledger_below_the_report():
     assert "--memory: the step's ledger by role" in dry.stdout, dry.stdout
     for out in (dry.stdout, real.stdout):
         assert "memory (rank 0, step 0, bytes): kept for backward" in out and "optimizer states" in out, out
+
+
+def test_attention_need_counts_the_scores_blocks_a_rank_holds():
+    """The pre-check's shape-only count: one layer's scores (local batch, local heads, seq, seq); the forward's
+    softmax holds two such blocks, and each earlier layer keeps Megatron's two values and a one-byte mask
+    (one value without dropout); recomputation keeps none; a pipeline stage holds its own layers' share."""
+    from spmdsim.gpt.memory import attention_need
+
+    cfg = GPTConfig(layers=4, d_model=128, heads=4, seq=1000, batch=8, dropout=0.1)
+    need = attention_need(cfg, 2, 4)
+    assert need.shape == (4, 1, 1000, 1000) and need.block == 4 * 10**6 * 8
+    assert need.nbytes == 3 * 4 * 10**6 * 17 + 2 * need.block
+    assert need.words() == "4 sequences x 1 head x 1,000 x 1,000 at 8 bytes"
+    assert attention_need(cfg, 2, 4, recompute="selective").nbytes == 2 * need.block
+    assert attention_need(cfg, 1, 2, pp=2, microbatches=4, activation="bfloat16").nbytes == \
+        4 * 10**6 * 5 + 2 * 4 * 10**6 * 2  # batch 8 / 4 microbatches, 2 heads, 2 layers a stage, bf16
+    from dataclasses import replace
+
+    assert attention_need(replace(cfg, dropout=0.0), 2, 4).nbytes == 5 * need.block
+
+
+def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch):
+    """`train_gpt.py --ranks 8 --seq 100000` ran 91 s until the simulator's memory stop (20.5 GiB): one layer's
+    scores alone are terabytes a rank. train() and train_pipelined() now compare the attention's shape-only
+    need with what a rank may use and refuse in one line, every rank alike, before any block is made."""
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    big = GPTConfig(layers=2, d_model=32, heads=4, seq=100_000, batch=8)
+    text = encode(load_text(200_000))
+    monkeypatch.setenv("SPMDSIM_MEMORY", "1GiB")
+    with pytest.raises(SpmdsimError) as got:
+        spmdsim.simulate(2, lambda: train(big, spmdsim.world(), 1, 2, 1, text))
+    assert str(got.value).splitlines()[0] == (
+        "the GPT's training step needs at least 4.8 TiB per rank for its attention at seq 100,000 (one layer's "
+        "scores: 8 sequences x 2 heads x 100,000 x 100,000 at 8 bytes, 1.16 TiB) but a rank may use 1 GiB "
+        "(SPMDSIM_MEMORY=1GiB); use a smaller seq or batch (--seq, --batch), more ranks, or a dry run "
+        "(--dry-run, or `spmdsim estimate gpt`: the step's peak per rank); SPMDSIM_MEMORY=SIZE|off changes the "
+        "limit")
+    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 1.16 TiB per rank .* "
+                                           r"2 sequences x 4 heads x 100,000 x 100,000 at 8 bytes, 596 GiB\)"):
+        spmdsim.simulate(2, lambda: train_pipelined(big, spmdsim.world(), 2, 1, 1, 1, text, microbatches=4))
+    monkeypatch.delenv("SPMDSIM_MEMORY")  # the machine's room, less what the memory stop keeps free
+    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 4.8 TiB per rank .* kept "
+                                           r"free for the memory stop\); use a smaller seq"):
+        spmdsim.simulate(2, lambda: train(big, spmdsim.world(), 1, 2, 1, text))
+    monkeypatch.setenv("SPMDSIM_MEMORY", "64K")  # a dry run writes no block: never refused
+    assert len(spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 1, 2, 1, TEXT)[1], dry_run=True)) == 2

@@ -65,7 +65,8 @@ class GPTConfig:
         _real(self, "dropout", 0.0, 1.0, "in [0, 1)", high_open=True)
         _real(self, "weight_decay", 0.0, math.inf, ">= 0")
         _real(self, "clip", 0.0, math.inf, ">= 0 (0: no clipping)")
-        for name in ("lr", "eps", "ln_eps", "init_std"):
+        _real(self, "lr", 0.0, math.inf, ">= 0")  # as torch.optim and spmdsim.optim allow: 0 updates nothing
+        for name in ("eps", "ln_eps", "init_std"):
             _real(self, name, 0.0, math.inf, "> 0", low_open=True)
         betas = self.betas
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:

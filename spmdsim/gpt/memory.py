@@ -113,3 +113,50 @@ def per_layer_units(kept: dict[str, int], layers: int, s: int, b: int, h: int, a
     core / (s·b·h), the attention core's / (a·s²·b)), from measured `kept` bytes (kind -> bytes)."""
     rest = sum(n for kind, n in kept.items() if kind in BLOCK_KINDS and kind != "attention core")
     return rest / layers / (s * b * h), kept.get("attention core", 0) / layers / (a * s * s * b)
+
+
+#: Bytes per element of the activation dtypes a precision policy computes in (spmdsim.precision).
+_ACTIVATION_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class AttentionNeed:
+    """A shape-only count of the largest blocks one rank of the GPT's training step holds at its peak
+    (`attention_need`): `nbytes` in all; `block` the bytes of one layer's attention scores on the rank, of
+    shape `shape` (local batch, local heads, seq, seq) at `width` bytes an element."""
+
+    nbytes: int
+    block: int
+    shape: tuple[int, int, int, int]
+    width: int
+
+    def words(self) -> str:
+        """ "the attention scores of one layer, 4 x 1 x 100,000 x 100,000 at 8 bytes, 298 GiB" (no size)."""
+        b, h, s, _ = self.shape
+        heads = "1 head" if h == 1 else f"{h:,} heads"
+        return f"{b:,} sequences x {heads} x {s:,} x {s:,} at {self.width} bytes"
+
+
+def attention_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatches: int = 1,
+                   recompute: str = "none", activation: str = "float64") -> AttentionNeed:
+    """The bytes one rank of a (pp, dp, ep, tp) mesh holds at least at its training step's peak for the attention
+    cores alone: a shape-only count, no array made (the pre-check before a run: `step_memory_problem`).
+
+    One layer's scores on a rank are (local batch, local heads, seq, seq): the batch split over dp x ep and the
+    microbatches, the heads over tp (sequence parallelism gathers the whole sequence for attention). The
+    forward's softmax holds the scores and its probabilities at once (2 blocks); without recomputation each
+    earlier layer of the stage keeps for backward at least what Megatron keeps (Korthikanti et al.: the
+    probabilities, and with dropout its output and a one-byte mask). A lower bound of the dry run's peak
+    (spmdsim.estimate.ledger.stage_memory: `spmdsim estimate`), which also counts the model states, the other
+    activations and the largest kernel's other blocks: a run refused by it cannot fit."""
+    b = max(1, cfg.batch // (dp * ep * max(1, microbatches)))
+    h = max(1, cfg.heads // tp)
+    s = cfg.seq
+    width = _ACTIVATION_BYTES.get(activation, 8)
+    elements = b * h * s * s
+    block = elements * width
+    layers = max(1, cfg.layers // max(1, pp))
+    kept = 0
+    if recompute == "none":
+        kept = elements * (2 * width + 1) if cfg.dropout else block
+    return AttentionNeed((layers - 1) * kept + 2 * block, block, (b, h, s, s), width)

@@ -201,7 +201,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from .mixed import tolerances as mixed_tolerances
     from .parallel import GPT
     from .train import (_checked_mixed, _checked_reference, _expert_bytes, _optimizer_start, _summed_grads,
-                        _zero_axes, _zero_moments, replay_problem)
+                        _zero_axes, _zero_moments, replay_problem, step_memory_problem)
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
@@ -211,6 +211,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
+    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
+                                  precision=precision)
+    if problem:  # every rank alike (a collective decided it), before any block is made
+        raise SpmdsimError(problem)
     policy = get_precision(precision)
     low = policy.activation != "float64"
     plan = build(schedule, pp, microbatches, virtual)

@@ -55,7 +55,8 @@ from .mixed import tolerances as mixed_tolerances
 from .params import decays, is_expert, param_specs
 from .wholes import Regions, assemble, peaks, regions
 
-__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE", "all_rows"]
+__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "step_memory_problem", "TOLERANCE",
+           "all_rows"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -317,6 +318,48 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
     return float(norms[-1]) if norms else None
 
 
+def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1,
+                        microbatches: int = 1, recompute: str = "none", precision: Any = "fp64") -> Optional[str]:
+    """Why one rank of this training step cannot fit the memory a rank may use, or None; collective (every rank
+    of `comm` alike: the same answer on each, before anything is allocated).
+
+    The need is `attention_need`'s shape-only count of the attention cores (a lower bound of the dry run's
+    peak: what is refused cannot fit). The limit is the room before the simulator's memory stop (and, under
+    mpiexec, the memory watch: spmdsim.engines.memory) fires: what this machine, or its cgroup, has left
+    (spmdsim.runtime.budget's agreed figure per rank) less the share of the memory the stop keeps free
+    (`LOW_FRACTION` of the total, at least `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and
+    SPMDSIM_MEMORY=off, a dry run (no block is written) or a machine that does not say skips the check."""
+    import os
+
+    from ..engines import engine_of
+    from ..engines import memory as stop
+    from ..memory import ENV_VAR, format_size
+    from ..runtime import door
+    from ..runtime.budget import agreed_budget
+    from .memory import attention_need
+
+    budget = agreed_budget(comm)
+    if budget is None:
+        return None
+    limit, source = budget.bytes, budget.source
+    got = stop.readings() if not os.environ.get(ENV_VAR, "").strip() else None
+    if got is not None:  # the stop's reserve, shared by the ranks on this node
+        reserve = max(stop.LOW_FLOOR, int(stop.LOW_FRACTION * got[2]))
+        limit = max(0, limit - reserve // engine_of(comm).node_size(comm))
+        source += f", less {format_size(reserve)} kept free for the memory stop"
+        if comm.Get_size() > 1:  # nodes may differ: the least, on every rank alike
+            limit = door.all_reduce_object(comm, limit, "min")
+    need = attention_need(cfg, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
+                          activation=get_precision(precision).activation)
+    if need.nbytes <= limit:
+        return None
+    return (f"the GPT's training step needs at least {format_size(need.nbytes)} per rank for its attention at seq "
+            f"{cfg.seq:,} (one layer's scores: {need.words()}, {format_size(need.block)}) but a rank may use "
+            f"{format_size(limit)} ({source}); use a smaller seq or batch (--seq, --batch), more ranks, or a "
+            f"dry run (--dry-run, or `spmdsim estimate gpt`: the step's peak per rank); {ENV_VAR}=SIZE|off "
+            "changes the limit")
+
+
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
     """Why `cfg`'s training step (train's or spmdsim.gpt.pipeline's: a pipelined MoE step's router losses are
     read when the step ends, as its other losses are) cannot be replayed (spmdsim.runtime.replay), or None: none
@@ -362,6 +405,10 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
+        raise SpmdsimError(problem)
+    problem = step_memory_problem(cfg, comm if mesh is None else mesh.comm, dp, tp, ep=ep, recompute=recompute,
+                                  precision=precision)
+    if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
     policy = get_precision(precision)
     low = policy.activation != "float64"

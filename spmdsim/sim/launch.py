@@ -238,9 +238,13 @@ def _take_ranks(args: list, path: str) -> Optional[int]:
         if len(flag) >= len("--ra") and "--ranks".startswith(flag):
             value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             del args[i:i + (1 if "=" in arg else 2)]
-            problem = ranks_problem(int(value) if value.isdigit() else value, "--dry-run" in args)
+            try:  # read as argparse's type=int reads the training examples' --ranks: -1 is -1, not '-1'
+                count: Any = int(value)
+            except ValueError:  # not a number ('x', '1.5'): quoted as typed
+                count = value
+            problem = ranks_problem(count, "--dry-run" in args)
             if problem:
                 print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
                 sys.exit(2)
-            return int(value)
+            return count
     return None
