@@ -175,3 +175,46 @@ def test_run_matmul_sbp_flags_are_one_form(capsys, argv, needle):
     assert main(["run", "matmul", "--shape", "8,4,4"] + argv) == 2
     err = capsys.readouterr().err
     assert needle in err, err
+
+
+def _descending_float32(a, w):
+    """a @ w in float32 with each output's products added in one legitimate order that rounds a lot:
+    largest first (the positives), then the negatives, so the partial sums grow to the positive half."""
+    import numpy as np
+
+    terms = -np.sort(-(a[:, :, None] * w[None]), axis=1)
+    return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+
+
+def test_mlp_job_tolerance_follows_the_magnitudes_not_one_sum_of_k():
+    """The `mlp` scenario / `spmdsim run mlp` checked with contraction_atol(max(H, F)) (one sum of products of
+    values in [-1, 1)), but its hidden units are sums of H such products: real runs reached 0.5 of it, and the
+    same MLP summed in another order (largest products first) is 2x beyond it. The job's (rtol, scale)
+    (ParallelMLP.rounding) hold it, and still fail a value off by 1 (its bound is at most 0.24)."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, SeededTensor
+    from spmdsim import reference as ref
+    from spmdsim.demo.jobs import mlp_job
+    from spmdsim.ops import ParallelMLP
+    from spmdsim.sim import simulate
+
+    def fn():
+        job = mlp_job(spmdsim.world(), (24, 96, 480))
+        mlp = ParallelMLP(job.mesh, 96, 480, activation="gelu", dtype="float32", seed=1)  # the job's weights
+        fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2
+        x = SeededTensor((24, 96), "float32", 0).full()
+        h = _descending_float32(x, fc1.weight_source.full()) + fc1.bias_source.full()
+        y = _descending_float32(ref.gelu(h).astype(np.float32), fc2.weight_source.full()) + fc2.bias_source.full()
+        whole = job.mesh.layout(None, None)
+        other_order = DTensor.from_global(job.mesh, y, whole)
+        y[3, 5] += 1.0
+        wrong = DTensor.from_global(job.mesh, y, whole)
+        verdicts = (other_order.check(job.reference, atol=contraction_atol(480, "float32")),
+                    other_order.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale),
+                    wrong.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale))
+        job.mesh.close()
+        return [v.passed for v in verdicts]
+
+    assert simulate(1, fn)[0] == [False, True, False]  # old: cries wolf; new: holds, and catches 1

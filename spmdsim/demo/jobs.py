@@ -291,6 +291,10 @@ def mlp_job(
            "same way, so each rank holds a partial sum of the output")
     steps = tuple((step, why) for step in fc2.steps)
     inputs = {"x": x, **_weights(W1=mlp.linear_fc1.weight, W2=mlp.linear_fc2.weight)}
+    # Two contractions in a chain: the tolerance follows the magnitudes that entered each output and the
+    # length of its sums (ParallelMLP.rounding), not one sum's k eps (at 3 ranks (24, 96, 480)'s error sat on
+    # contraction_atol(480)).
+    rtol, scale = mlp.rounding(xs)
     return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
                "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), inputs, steps,
-               contraction_atol(max(h, f), dtype))
+               rtol=rtol, scale=scale)

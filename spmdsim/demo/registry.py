@@ -50,6 +50,9 @@ class Job:
         inputs: name -> input DTensor (for the local shapes `--explain` prints).
         steps: (collective, why) in the order the forward pass runs them.
         atol: absolute tolerance of the check (None: the runtime's default for the dtype).
+        rtol: relative tolerance of the check (None: the runtime's default for the dtype).
+        scale: the magnitudes that entered each output element (a region function; None: |reference|), for
+            `DTensor.check` (docs/semantics.md, "Tolerances").
         notes: this rank's own `--explain` lines (what its local compute does), before its collectives.
     """
 
@@ -62,6 +65,8 @@ class Job:
     steps: tuple[tuple[Step, str], ...] = ()
     atol: Optional[float] = None
     notes: tuple[str, ...] = ()
+    rtol: Optional[float] = None
+    scale: Optional[RegionFn] = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ def run_job(job: Job, comm: Any) -> JobRun:
         began = perf_counter()
         out = job.forward()
         ended = perf_counter()
-    verdict = out.check(job.reference, atol=job.atol)
+    verdict = out.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale)
     stats = trace.reduce(comm)
     job.mesh.close()
     return JobRun(out, verdict, trace.entries, stats, (began, ended))
