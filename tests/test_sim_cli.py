@@ -237,19 +237,24 @@ def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
     assert max(len(line) for line in out.splitlines()) <= 100  # (test_classroom_docs leaves these runs to here)
 
 
-def test_the_llama_block_is_as_wide_at_64_ranks_as_at_8(monkeypatch, capsys):
-    """examples/llama_block.py drew its width from the ranks (a key/value head a rank: weights of 64 p^2 elements,
-    central differences of every one, > 300 s at 64 ranks, 23 GB at 256); tp is 8 at most now, the other ranks dp
-    replicas. A dry run at 64 ranks sends the bytes of one at 8, and makes no reference (no values to check)."""
+@pytest.mark.parametrize("stem, small, row", [
+    ("llama_block", "8", ("6", "23,296", "23,296", ["allreduce", "x6"])),
+    ("causal_attention", "4", ("4", "4,608", "4,608", ["allreduce", "x4"])),
+])
+def test_the_block_examples_are_as_wide_at_64_ranks_as_at_a_few(monkeypatch, capsys, stem, small, row):
+    """examples/llama_block.py and causal_attention.py drew their width from the ranks (a key/value head or a head
+    a rank: weights of O(p^2) elements, central differences of every one over a program of O(p^2); > 300 s at 64
+    ranks, 23 GB at 256); tp is 8 (4) at most now, the other ranks dp replicas. A dry run at 64 ranks sends the
+    bytes of one at 8 (4), and makes no reference (no values to check)."""
     from spmdsim import reference_grad
 
     def refused(*args, **kwargs):
         raise AssertionError("a dry run computed central differences")
 
     monkeypatch.setattr(reference_grad, "numeric_grads", refused)
-    path = next(p for p in EXAMPLES if p.stem == "llama_block")
+    path = next(p for p in EXAMPLES if p.stem == stem)
     rows = {}
-    for ranks in ("8", "64"):
+    for ranks in (small, "64"):
         monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
         with pytest.raises(SystemExit) as done:
             runpy.run_path(str(path), run_name="__main__")
@@ -258,31 +263,7 @@ def test_the_llama_block_is_as_wide_at_64_ranks_as_at_8(monkeypatch, capsys):
         calls, sent, received, _, *collectives = next(line for line in out.splitlines()
                                                       if line.startswith("ranks 0-")).split()[2:]
         rows[ranks] = calls, sent, received, collectives  # the peak held counts the check's table, 48 B a rank
-    assert rows["64"] == rows["8"] == ("6", "23,296", "23,296", ["allreduce", "x6"])
-
-
-def test_causal_attention_is_as_wide_at_64_ranks_as_at_4(monkeypatch, capsys):
-    """examples/causal_attention.py drew its width from the ranks (a head a rank: H = p, D = 4p, central
-    differences of 4 (4p)^2 weights over a program of O(p^2)); tp is 4 at most now, the other ranks dp replicas.
-    A dry run at 64 ranks sends the bytes of one at 4, and makes no reference (no values to check)."""
-    from spmdsim import reference_grad
-
-    def refused(*args, **kwargs):
-        raise AssertionError("a dry run computed central differences")
-
-    monkeypatch.setattr(reference_grad, "numeric_grads", refused)
-    path = next(p for p in EXAMPLES if p.stem == "causal_attention")
-    rows = {}
-    for ranks in ("4", "64"):
-        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
-        with pytest.raises(SystemExit) as done:
-            runpy.run_path(str(path), run_name="__main__")
-        out = capsys.readouterr().out
-        assert done.value.code == 0, out
-        calls, sent, received, _, *collectives = next(line for line in out.splitlines()
-                                                      if line.startswith("ranks 0-")).split()[2:]
-        rows[ranks] = calls, sent, received, collectives
-    assert rows["64"] == rows["4"] == ("4", "4,608", "4,608", ["allreduce", "x4"])
+    assert rows["64"] == rows[small] == row
 
 
 #: The check line an example must print where "PASS" alone would also match a partial result.
