@@ -135,7 +135,7 @@ def test_calibrate_under_mpi_fails_once_and_fast(tmp_path, extra, needle):
     extra = [a.format(blocker=blocker) for a in extra]
     spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
     given = {flag for flag in extra if flag.startswith("--")}  # a flag given twice is refused: once each
-    base = [word for flag, value in (("--sizes", "64K"), ("--ops", "allreduce"), ("--repeats", "1"))
+    base = [word for flag, value in (("--sizes", "1K,64K"), ("--ops", "allreduce"), ("--repeats", "1"))
             if flag not in given for word in (flag, value)]
     cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate", *base, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
