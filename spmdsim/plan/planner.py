@@ -8,7 +8,9 @@ replicates and the target splits or sums), plus a general exchange that
 always meets the lower bound, and keeps the one whose maximum bytes received
 per rank is smallest (ties: fewer received bytes in total, then collectives
 over the exchange, then fewer steps).
-Different device matrices are first rewritten on a common refined mesh.
+Mesh axes of size 1 are first taken out of both layouts (they change no
+rank's block: no step acts on them alone); different device matrices are then
+rewritten on a common refined mesh.
 """
 from __future__ import annotations
 
@@ -102,6 +104,10 @@ def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) 
 @lru_cache(maxsize=4096)
 def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> tuple:
     """(the least-communication steps, exchanges still unsent; the lower bound per rank)."""
+    # An axis of size 1 cuts nothing and sums one addend: every rank's block is the same without it, and a
+    # step on it alone would be a call that moves nothing. Planned without such axes, a move between
+    # layouts that differ only on them is no step at all.
+    source, target = _without_unit_axes(source), _without_unit_axes(target)
     refinement = common_refinement(source.layout, target.layout)
     if refinement is not None and source.layout.cut == "chunk" and source.layout != target.layout:
         # The chunk rule cuts a dim axis by axis (DTensor's nested Shard), so an axis cut into refined
@@ -134,6 +140,16 @@ def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str
     if best is None:
         raise PlanError(f"no plan found from {src} to {tgt}")
     return tuple(best), bound
+
+
+def _without_unit_axes(tl: TensorLayout) -> TensorLayout:
+    """`tl` with the mesh axes of size 1 taken out of its tensor map and partial axes (the same block on
+    every rank: such an axis splits a dim into one piece and pends a sum of one addend)."""
+    size = tl.layout.axis_size
+    if all(size(a) > 1 for a in tl.split_axes + tl.partial):
+        return tl
+    return _with(tl, [tuple(a for a in axes if size(a) > 1) for axes in tl.tensor_map],
+                 [a for a in tl.partial if size(a) > 1])
 
 
 def _received(steps: list[Step]) -> tuple:

@@ -15,7 +15,8 @@ class Plan:
     """Steps that turn `source` into `target` for one global shape and dtype.
 
     Attributes:
-        steps: the steps in order (on the common refined mesh when the meshes differ).
+        steps: the steps in order (on the common refined mesh when the meshes differ), between the layouts
+            without their mesh axes of size 1 (the same blocks; none on those axes alone).
         lower_bound: per rank, the fewest bytes any plan must deliver to it.
     """
 
