@@ -23,7 +23,8 @@ import numpy as np
 from .. import buffers
 from ..context import current
 from ..errors import OperatorError
-from ..flops import any_open, hold, holding, sweep
+from .. import flops as _flops
+from ..flops import any_open, hold, sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, _Mode, _passed, stale_reads, used_axes, walked, with_partial
 
@@ -339,7 +340,10 @@ def _read_by(readers: dict, leaves: list) -> str:
 
 def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
     """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
-    (summed with one already there); note leaves in first-contribution order."""
+    (summed with one already there); note leaves in first-contribution order. Under a counter that records
+    blocks (the estimate's dry run) each parameter's gradient block, as it comes, moved and summed, is marked
+    as one the rank holds (spmdsim.flops.hold: the memory line counts the gradients)."""
+    held = _flops._BLOCKS  # asked once a node: every step's backward passes each input here (issue 58)
     for tensor, g in zip(inputs, outs):
         if g is None or tensor is None:
             continue
@@ -349,10 +353,9 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
         if g._shape != tensor._shape:  # both tuples (DTensor keeps its shape as one)
             raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
                                 f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
-        layout = tensor._layout
-        leaf = type(key) is Leaf
-        if leaf and holding():  # a parameter's gradient: the rank holds it as one (spmdsim.flops.hold)
+        if held and type(key) is Leaf:
             hold(g.local)
+        layout = tensor._layout
         if g._layout is layout and not layout.partial:  # most gradients: grad_layout's answer is `layout` itself
             target = layout
         else:
@@ -361,12 +364,12 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
                 g = _move(g, target)
         have = grads.get(key)
         if have is None:
-            if leaf:
+            if type(key) is Leaf:
                 leaves.append(key)
             grads[key], owners[key] = g, tensor
         else:
             grads[key] = add_grads(have, g, target)
-        if leaf and holding():
+        if held and type(key) is Leaf:
             hold(g.local, grads[key].local)
 
 
