@@ -49,6 +49,12 @@ def test_collective_command_on_simulated_ranks(capsys):
     text = capsys.readouterr().out.splitlines()
     assert text[0] == "spmdsim: running on 4 simulated ranks in one process (--ranks 4), no mpiexec"
     assert any(line.startswith("result: matches the simulated ranks' Allreduce") for line in text)
+    assert "sums in another order" in " ".join(text)
+    # Integer sums are exact in any order: the report said "sums in another order" of them too.
+    assert main(["collective", "ring-allreduce", "--size", "1K", "--ranks", "4", "--repeat", "1", "--dtype",
+                 "int64"]) == 0
+    text = " ".join(" ".join(capsys.readouterr().out.split()).split())
+    assert "(max abs difference 0: integer sums, exact in any order)" in text and "another order" not in text
     # --root is the bcast algorithms' (given or not: 0); refused for the others (tests/test_algorithms_cli.py).
     for root in (["--root", "2"], []):
         assert main(["collective", "binomial-bcast", "--size", "64K", "--ranks", "4", "--repeat", "1",

@@ -212,8 +212,10 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
              f"({'equal' if sent == formula else 'the buffer does not divide evenly into slots'})",
              f"  formula: {FORMULAS[schedule.name][0]} (n: bytes from each rank)"]
     verdict = "matches" if result["matches_mpi"] else "DIFFERS FROM"
+    summed = schedule.collective in ("allreduce", "reduce_scatter")  # "rounded": a float sum, within its rounding
     lines.append(f"result: {verdict} {library} {builtin} (max abs difference {result['max_abs_difference']:.3g}"
-                 + (": sums in another order)" if schedule.collective in ("allreduce", "reduce_scatter") else ")"))
+                 + (")" if not summed else ": sums in another order)" if result.get("rounded", True) else
+                    ": integer sums, exact in any order)"))
     seconds, origin = _predicted(schedule)
     model = f", cost model {seconds * 1e3:.3f} ms" if seconds is not None else ""
     lines.append(f"time (slowest rank, median, {result['wait_mode']} wait): emulated "

@@ -358,5 +358,6 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
         "seconds_mpi": float(median[1]),
         "round_seconds": [float(s) for s in median[2:]],
         "wait_mode": mode,
+        "rounded": summed,  # a float sum: compared within its rounding (another order), else exactly
         "simulated": simulated,
     }
