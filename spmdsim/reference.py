@@ -330,13 +330,13 @@ def mlp_rounding(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Op
         *rows, cols = tuple(region)
 
         def compute() -> np.ndarray:
-            xs = _block(x, (*rows, _WHOLE)).astype(np.float64)
-            a1, a2 = (np.abs(_block(w, (_WHOLE, _WHOLE)).astype(np.float64)) for w in (w1, w2))
-            a2 = a2[:, cols]
-            s1 = np.abs(xs) @ a1 + (0.0 if b1 is None else np.abs(_block(b1, (_WHOLE,)).astype(np.float64)))
-            h = xs @ _block(w1, (_WHOLE, _WHOLE)).astype(np.float64) + (
-                0.0 if b1 is None else _block(b1, (_WHOLE,)).astype(np.float64))
-            s2 = np.abs(fn(h)) @ a2 + (0.0 if b2 is None else np.abs(_block(b2, (cols,)).astype(np.float64)))
+            def wide(src: Optional[Source], where: tuple) -> Any:  # the block in float64; 0.0 for no bias
+                return 0.0 if src is None else _block(src, where).astype(np.float64)
+
+            xs, v1, c1 = wide(x, (*rows, _WHOLE)), wide(w1, (_WHOLE, _WHOLE)), wide(b1, (_WHOLE,))
+            a2, c2 = np.abs(wide(w2, (_WHOLE, cols))), wide(b2, (cols,))
+            s1 = np.abs(xs) @ np.abs(v1) + np.abs(c1)
+            s2 = np.abs(fn(xs @ v1 + c1)) @ a2 + np.abs(c2)
             return s2 + slope * (k1 / k2) * (s1 @ a2)
         return _shared(("mlp rounding", x, w1, b1, w2, b2, act), region, out, compute)
 
