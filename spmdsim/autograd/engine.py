@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Optional
 
 import numpy as np
@@ -340,9 +341,10 @@ def _read_by(readers: dict, leaves: list) -> str:
 
 def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
     """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
-    (summed with one already there); note leaves in first-contribution order. Under a counter that records
-    blocks (the estimate's dry run) each parameter's gradient block, as it comes, moved and summed, is marked
-    as one the rank holds (spmdsim.flops.hold: the memory line counts the gradients)."""
+    (summed with one already there); note leaves, and their tensors in `owners`, in first-contribution order.
+    Under a counter that records blocks (the estimate's dry run) each parameter's gradient block, as it comes,
+    moved and summed, is marked as one the rank holds (spmdsim.flops.hold: the memory line counts the
+    gradients)."""
     held = _flops._BLOCKS  # asked once a node: every step's backward passes each input here (issue 58)
     for tensor, g in zip(inputs, outs):
         if g is None or tensor is None:
@@ -350,27 +352,28 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
         key = tensor._ag
         if key is None:
             continue
-        if g._shape != tensor._shape:  # both tuples (DTensor keeps its shape as one)
-            raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
-                                f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
-        if held and type(key) is Leaf:
-            hold(g.local)
         layout = tensor._layout
-        if g._layout is layout and not layout.partial:  # most gradients: grad_layout's answer is `layout` itself
-            target = layout
-        else:
+        if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
             target = grad_layout(layout, g._layout)
             if g._layout is not target:
                 g = _move(g, target)
+        else:
+            target = layout
         have = grads.get(key)
-        if have is None:
-            if type(key) is Leaf:
+        if type(key) is Leaf:
+            if held:
+                hold(g.local)
+            if have is None:
                 leaves.append(key)
-            grads[key], owners[key] = g, tensor
+                grads[key], owners[key] = g, tensor
+            else:
+                grads[key] = add_grads(have, g, target)
+            if held:
+                hold(g.local, grads[key].local)
+        elif have is None:
+            grads[key] = g
         else:
             grads[key] = add_grads(have, g, target)
-        if held and type(key) is Leaf:
-            hold(g.local, grads[key].local)
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:
@@ -401,32 +404,35 @@ def _check_loss(loss: Any, gradient: Any) -> None:
 
 
 def _topological(root: Any) -> list:
-    """Nodes reachable from `root`, each after every node that consumes it (refuses freed ones)."""
-    order: list = []
-    seen: set = set()  # the nodes themselves: a Node hashes and compares by identity, in C (no id() calls)
-    stack = [(root, False)]
+    """Nodes reachable from `root`, latest recorded first (`Node.seq`): each after every node that consumes
+    it, as a node's inputs were recorded before it (refuses freed ones, before any collective)."""
+    if type(root) is not Node:
+        return []
+    if root.backward is None:
+        _refuse_freed(root)
+    seen = {root}  # the nodes themselves: a Node hashes and compares by identity, in C (no id() calls)
+    stack = [root]
     # Bound once: the walk visits every node and input of the step's graph (`in` tests need no call).
-    pop, push, mark, emit, node_type = stack.pop, stack.append, seen.add, order.append, Node
+    pop, push, mark, node_type = stack.pop, stack.append, seen.add, Node
     while stack:
-        node, done = pop()
-        if done:
-            emit(node)
-            continue
-        if type(node) is not node_type or node in seen:
-            continue
-        mark(node)
-        if node.backward is None:
-            raise OperatorError(
-                f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
-                "freed by the first backward(); run the forward again (two losses of one forward: add them and call "
-                "backward() once)")
-        push((node, True))
-        for t in node.inputs:
+        for t in pop().inputs:
             parent = getattr(t, "_ag", None)
             if type(parent) is node_type and parent not in seen:
-                push((parent, False))
-    order.reverse()
-    return order
+                if parent.backward is None:
+                    _refuse_freed(parent)
+                mark(parent)
+                push(parent)
+    return sorted(seen, key=_SEQ, reverse=True)
+
+
+_SEQ = attrgetter("seq")
+
+
+def _refuse_freed(node: Node) -> None:
+    raise OperatorError(
+        f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
+        "freed by the first backward(); run the forward again (two losses of one forward: add them and call "
+        "backward() once)")
 
 
 def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:

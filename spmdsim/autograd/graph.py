@@ -230,15 +230,19 @@ class Node(_Recorded):
         tag: (kind, era): what the node keeps for backward, for the memory tracker (`kept_as`; None:
             untagged), and the era of the thread's last optimizer step when it was recorded (`updated`).
         low: the output's dtype when it is bfloat16 (spmdsim.precision), else None.
+        seq: when the node was recorded, a number that grows with each node recorded in the process: every
+            node's inputs were recorded before it, so the backward walks a graph latest first (PyTorch's
+            engine orders its ready nodes by such a sequence number too).
     """
 
-    __slots__ = ("name", "inputs", "backward", "want", "reads", "tag", "low")
+    __slots__ = ("name", "inputs", "backward", "want", "reads", "tag", "low", "seq")
 
     def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple,
                  kind: Optional[str] = None, low: Any = None) -> None:
         self.name, self.inputs, self.backward, self.want, self.reads = name, inputs, backward, want, reads
         self.tag = (kind, _Mode.tag[1])
         self.low = low  # the output's dtype when bfloat16: its gradient is rounded to it before `backward`
+        self.seq = _next_seq()
 
     @property
     def kind(self) -> Optional[str]:
@@ -332,11 +336,13 @@ def attach(out: Any, name: str | Callable[[], str], inputs: tuple, backward: Cal
     node.name, node.inputs, node.backward, node.want, node.reads = name, inputs, backward, want, reads
     node.tag = _Mode.tag
     node.low = dtype if dtype.kind == "V" and is_low(dtype) else None
+    node.seq = _next_seq()
     out._ag = node
     return out
 
 
 _new_node = object.__new__
+_next_seq = itertools.count().__next__  # Node.seq: one C call a node (atomic under the interpreter lock)
 
 
 def used_axes(layouts: Sequence[Any]) -> frozenset:

@@ -47,9 +47,12 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
 
 def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     """A gradient of `like` in `grad_layout` (its tensor map; pending where it says), block `local`."""
+    block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
+    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape \
+            and local.flags.c_contiguous:  # most gradients: a C-ordered block shaped and typed as `like`'s
+        return type(like)._trusted(like._mesh, local, grad_layout, like._shape)
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
     # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
-    block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
     dtype = block.dtype
     want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
     if type(local) is not _ndarray:  # a block already (most gradients): no call

@@ -101,6 +101,8 @@ DERIVATIVES: dict[str, Callable] = {
 _READS = {"add": "", "sub": "", "neg": "", "exp": "o", "sqrt": "o", "tanh": "o", "sigmoid": "o", "rsqrt": "o",
           "div": "xo", "pow": "xo", "expm1": "o", **dict.fromkeys(_CONSTANT, "")}
 _PASSED = {"add": (0, 1), "sub": (0,), "mod": (0,)}
+#: The ops whose derivative reads dY alone (their rule passes it no operand's block).
+_BLIND = frozenset(op for op, reads in _READS.items() if not reads)
 
 
 def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple) -> None:
@@ -213,6 +215,8 @@ class _PointwiseGrads:
         dry = dy._mesh.engine.dry
         if dry:  # the dry engine's zeros, not computed
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
+        elif op in _BLIND:  # a derivative of dY alone (a sum's): no operand's block read
+            fulls = derivative(d, None, None, need)
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
                 fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
@@ -243,7 +247,8 @@ class _PointwiseGrads:
                     g = _SUM(g, axis=lead)
                 if inner:
                     g = _SUM(g, axis=inner, keepdims=True)
-                result.append(gradient_block(x, g.reshape(x._local.shape), grad_layout))
+                shape = x._local.shape
+                result.append(gradient_block(x, g if g.shape == shape else g.reshape(shape), grad_layout))
             return tuple(result)
         result, ways = [], []
         partial, kept = layout.partial, plan.out.partial
