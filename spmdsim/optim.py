@@ -369,20 +369,37 @@ def _tupled(value: Any) -> Any:
 
 
 def _same_placement(name: str, key: str, given: Any, here: tuple) -> None:
-    """The state_dict's `key` ("blocks": each parameter's shape and this rank's bounds; "buckets") equals this
-    rank's, else one line naming the first that differs."""
+    """The state_dict's `key` ("blocks": each parameter's global shape and this rank's bounds; "buckets": each
+    ZeRO-1 bucket's dtype, dp axes, members and this rank's slice) equals this rank's, else one line naming the
+    first that differs."""
     given = _tupled(given)
     if given == here:
         return
-    unit = key[:-1]
+    ranks = "a state_dict holds one rank's shards; load into each rank the state it saved, on ranks laid out alike"
     if isinstance(given, tuple) and len(given) == len(here):
         for i, (theirs, mine) in enumerate(zip(given, here)):
-            if theirs != mine:
-                raise OperatorError(f"{name}: {unit} {i} is {mine!r} on this rank, {theirs!r} in the state_dict: a "
-                                    "state_dict holds one rank's shards; load into each rank the state it saved, "
-                                    "on ranks laid out alike")
-    raise OperatorError(f"{name}: {key} {_describe(given)} does not match this rank's {len(here)} {unit}(s) "
-                        f"{here!r}")
+            if theirs == mine:
+                continue
+            whole = isinstance(theirs, tuple) and len(theirs) == len(mine)
+            if key == "blocks" and whole and theirs[0] == mine[0]:
+                raise OperatorError(f"{name}: parameter {i}'s block on this rank is {_region(mine[1])} of "
+                                    f"{mine[0]!r}, the state_dict's {_region(theirs[1])}: {ranks}")
+            if key == "buckets" and whole and theirs[:3] == mine[:3]:
+                raise OperatorError(f"{name}: bucket {i}'s slice on this rank is {_region((mine[3],))}, the "
+                                    f"state_dict's {_region((theirs[3],))} (another dp rank's): {ranks}")
+            what = "global shape and block" if key == "blocks" else "dtype, dp axes, members and slice"
+            unit, other = ("parameter", "") if key == "blocks" else ("bucket", " or buckets (bucket=)")
+            raise OperatorError(f"{name}: {unit} {i} ({what}) is {mine!r} on this rank, {theirs!r} in the "
+                                f"state_dict: a state of other parameters{other}")
+    raise OperatorError(f"{name}: {key} {_describe(given)} does not match this rank's {len(here)} {key[:-1]}(s)")
+
+
+def _region(bounds: Any) -> str:
+    """[start, stop) per dim as slices: "[0:5, 2:4]"."""
+    try:
+        return "[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]"
+    except (TypeError, ValueError):
+        return repr(bounds)
 
 
 def _run_update(update: Callable, index: int, param: np.ndarray, grad: np.ndarray) -> None:

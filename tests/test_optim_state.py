@@ -244,23 +244,27 @@ def test_load_state_dict_refuses_in_one_line_before_anything_changes():
                 lambda d: d["param_groups"][0].update(lr=-1))
         refused(r"state\[1\]\['step'\] 1.5 must be an integer >= 0", lambda d: d["state"][1].update(step=1.5))
         refused(r"state key 4 is not a parameter index \(0 to 3\)$", lambda d: d["state"].update({4: {}}))
+        refused(r"parameter 3 \(global shape and block\) is \(\(4, 6\), .* on this rank, \(\(6, 4\), .* in the "
+                r"state_dict: a state of other parameters$",
+                lambda d: d.update(blocks=d["blocks"][:3] + (((6, 4), d["blocks"][3][1]),)))
         with pytest.raises(OperatorError, match=r"^AdamW.load_state_dict: expected the dict an optimizer's "
                                                 r"state_dict\(\) returns, got list"):
             opt.load_state_dict([])
         # Another tp rank's state (blocks of the same shapes elsewhere in the tensors): refused.
         other = spmdsim.world().allgather(sd)[rank ^ 1]
-        with pytest.raises(OperatorError, match=r"^AdamW.load_state_dict: block 0 is "
-                                                r"\(\(10,\), \(\((0|5), (5|10)\),\)\) on this rank, .* in the "
-                                                r"state_dict: a state_dict holds one rank's shards; load into each "
-                                                r"rank the state it saved"):
+        with pytest.raises(OperatorError, match=r"^AdamW.load_state_dict: parameter 0's block on this rank is "
+                                                r"\[(0:5|5:10)\] of \(10,\), the state_dict's \[(5:10|0:5)\]: a "
+                                                r"state_dict holds one rank's shards; load into each rank the state "
+                                                r"it saved"):
             opt.load_state_dict(other)
         opt.load_state_dict(spmdsim.world().allgather(sd)[rank ^ 2])  # the other dp rank's: the same blocks
         # ZeRO-1: another dp rank's slices refused; a state of AdamW's refused by type.
         zparams, zero = _make("zero", mesh, 0)
         _train("zero", mesh, zparams, zero, range(1))
         zsd = spmdsim.world().allgather(zero.state_dict())[rank ^ 2]
-        with pytest.raises(OperatorError, match=r"^DistributedAdamW.load_state_dict: bucket 0 is .* on this rank, "
-                                                r".* in the state_dict: a state_dict holds one rank's shards"):
+        with pytest.raises(OperatorError, match=r"^DistributedAdamW.load_state_dict: bucket 0's slice on this rank "
+                                                r"is \[(0:9|9:18)\], the state_dict's \[(9:18|0:9)\] \(another dp "
+                                                r"rank's\): a state_dict holds one rank's shards"):
             zero.load_state_dict(zsd)
         with pytest.raises(OperatorError, match=r"^DistributedAdamW.load_state_dict: the state_dict is of optimizer "
                                                 r"'AdamW', this optimizer is DistributedAdamW"):
@@ -298,3 +302,6 @@ def test_the_docs_checkpoint_example_runs():
     assert quoted[0] == ("AdamW.load_state_dict: state[2]['exp_avg'] is float64 of shape (3, 4), expected float64 of "
                          "shape (3, 2) (this rank's block of parameter 2)")
     assert quoted[1].startswith("AdamW.load_state_dict: the state_dict is of optimizer 'SGD', this optimizer is AdamW")
+    assert re.fullmatch(r"AdamW.load_state_dict: parameter 0's block on this rank is \[0:5\] of \(10,\), the "
+                        r"state_dict's \[5:10\]: a state_dict holds one rank's shards; load into each rank the state "
+                        r"it saved, on ranks laid out alike", quoted[2])
