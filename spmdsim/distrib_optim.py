@@ -133,6 +133,47 @@ class DistributedAdamW(_Optimizer):
         self._normed = False
         self._clip_parts = self._counted_parts()
 
+    # -- checkpoints (spmdsim.optim's state_dict / load_state_dict): this rank's slice of each bucket --
+
+    _hyper = ("lr", "betas", "eps", "weight_decay", "clip_grad")
+    _unit = "bucket"
+
+    def _placement(self) -> dict:
+        """Beside each parameter's block: each bucket's dtype, dp axes, members (parameter index, start, stop)
+        and this rank's slice [start, stop) of it."""
+        buckets = tuple((b.dtype.name, tuple(b.axes), tuple(tuple(int(x) for x in m) for m in b.members),
+                         (int(b.start), int(b.start + b.shard))) for b in self.buckets)
+        return dict(super()._placement(), buckets=buckets)
+
+    def _state_slots(self) -> int:
+        return len(self.buckets)
+
+    def _required(self) -> range:
+        return range(len(self.buckets))
+
+    def _whose(self, key: int) -> str:
+        return f"slice of bucket {key}"
+
+    def _state_items(self) -> dict:
+        return {k: {"step": b.t, "exp_avg": b.m, "exp_avg_sq": b.v, "master": b.master}
+                for k, b in enumerate(self.buckets)}
+
+    def _entry_spec(self, key: int) -> dict:
+        b = self.buckets[key]
+        wide = ((b.shard,), (b.wide,))
+        return {"step": int, "exp_avg": wide, "exp_avg_sq": wide, "master": wide}
+
+    def _load(self, entries: dict) -> None:
+        # In place: a captured step's kernels hold these slices (a replay updates the loaded ones).
+        for k, e in entries.items():
+            b = self.buckets[k]
+            np.copyto(b.m, e["exp_avg"])
+            np.copyto(b.v, e["exp_avg_sq"])
+            np.copyto(b.master, e["master"])
+            b.t = e["step"]
+            if b.params is not None:  # bfloat16: the master slice is the state's once a step has been taken
+                b.loaded = b.t > 0
+
     def _checked_axes(self, dp_axes: Any) -> tuple:
         """The dp axes of size above one (a group of one shards nothing), or the error every rank raises."""
         names = self.mesh.layout.alias_name
