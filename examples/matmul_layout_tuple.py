@@ -11,11 +11,10 @@ import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
-from spmdsim import contraction_atol
 from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
-from spmdsim.reference import matmul_region
+from spmdsim.reference import matmul_region, matmul_rounding
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -51,7 +50,10 @@ w = DTensor.from_seeded(mesh, layout(("sp", "dp"), None), ws)
 with collect_trace() as trace:
     y = matmul(x, w)
 
-verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(784, "float32"))
+# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/semantics.md "Tolerances"),
+# whatever order the ranks summed in.
+rtol, scale = matmul_rounding(xs, ws)
+verdict = y.check(matmul_region(xs, ws), rtol=rtol, scale=scale)
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication);
     # coordinates are (dp, sp, mp).

@@ -24,7 +24,8 @@ from .errors import OperatorError, ShapeError
 
 __all__ = ["ACTIVATIONS", "Region", "RegionFn", "matmul", "linear", "embedding", "relu", "gelu", "gelu_tanh",
            "gelu_from_tanh", "activation", "add", "bias_add", "softmax", "transpose", "mlp", "check_ids",
-           "matmul_region", "linear_region", "embedding_region", "mlp_region"]
+           "matmul_region", "linear_region", "embedding_region", "mlp_region", "mlp_rounding",
+           "matmul_rounding"]
 
 Region = Sequence[slice]
 RegionFn = Callable[[Region], np.ndarray]
@@ -341,3 +342,40 @@ def mlp_rounding(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Op
         return _shared(("mlp rounding", x, w1, b1, w2, b2, act), region, out, compute)
 
     return 2 * k2 * eps, region_fn
+
+
+def matmul_rounding(x: Source, w: Source, transpose_a: bool = False, transpose_b: bool = False,
+                    bias: Optional[Source] = None) -> tuple[float, RegionFn]:
+    """(rtol, scale) that bound how far two float computations of ``op(x) @ op(w) (+ bias)``, summing in
+    different orders (split over ranks, blocked, any order), can differ: for ``DTensor.check(ref, rtol=rtol,
+    scale=scale)`` (docs/semantics.md, "Tolerances"), as `mlp_rounding` for one contraction.
+
+    Each output is a sum of k = K (+ 1 with a bias) terms; each computation rounds it by at most k eps/2 of
+    the terms' magnitudes S = |op(x)| @ |op(w)| (+ |bias|), whatever the sum's own size: rtol is 2 k eps (two
+    computations) and scale is S, each element's, float64. `matmul_region`'s and `linear_region`'s shape
+    checks apply."""
+    matmul_region(x, w, transpose_a, transpose_b)  # its shape checks
+    xs, ws = _shape(x), _shape(w)
+    out = (*xs[:-2], xs[-1] if transpose_a else xs[-2], ws[-2] if transpose_b else ws[-1])
+    if bias is not None:
+        _check_bias(bias, out[-1], "linear")
+    k = (xs[-2] if transpose_a else xs[-1]) + (bias is not None)
+    eps = float(np.finfo(np.result_type(*[np.dtype(s.dtype if isinstance(s, SeededTensor) else np.asarray(s).dtype)
+                                          for s in (x, w)])).eps)
+
+    def region_fn(region: Region) -> np.ndarray:
+        region = tuple(region)
+
+        def compute() -> np.ndarray:
+            def wide(src: Source, where: tuple) -> np.ndarray:
+                return np.abs(_block(src, where).astype(np.float64))
+
+            *batch, rows, cols = region
+            xr = (*batch, _WHOLE, rows) if transpose_a else (*batch, rows, _WHOLE)
+            wb = tuple(batch) if len(ws) > 2 else ()
+            wr = (*wb, cols, _WHOLE) if transpose_b else (*wb, _WHOLE, cols)
+            s = matmul(wide(x, xr), wide(w, wr), transpose_a, transpose_b)
+            return s if bias is None else s + wide(bias, (cols,))
+        return _shared(("matmul rounding", x, w, bias, bool(transpose_a), bool(transpose_b)), region, out, compute)
+
+    return 2 * k * eps, region_fn

@@ -218,3 +218,38 @@ def test_mlp_job_tolerance_follows_the_magnitudes_not_one_sum_of_k():
         return [v.passed for v in verdicts]
 
     assert simulate(1, fn)[0] == [False, True, False]  # old: cries wolf; new: holds, and catches 1
+
+
+@pytest.mark.parametrize("kind", ["matmul", "linear"])
+def test_matmul_and_linear_jobs_tolerance_follows_the_magnitudes_not_k_eps(kind):
+    """The matmul and linear scenarios (`spmdsim run matmul/linear`, the demo's) checked with contraction_atol(K)
+    (plus 1e-4 |y|), but K products of values in [-1, 1) have magnitudes up to K/4, not 1: the demo's
+    (32, 784, 512) summed largest products first is 1.5x beyond it. The jobs' (rtol, scale) (matmul_rounding:
+    2 (K+1) eps x |x| @ |w| + |b|) hold that order, and still fail a value off by 0.1."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, SeededTensor
+    from spmdsim.demo.jobs import linear_job, strategy_matmul_job
+    from spmdsim.sim import simulate
+
+    def fn():
+        if kind == "matmul":
+            job, k = strategy_matmul_job(spmdsim.world(), "((1,1),(1,1))", (8, 784, 512)), 784
+            x, w, b = SeededTensor((8, k), "float32", 0).full(), SeededTensor((k, 512), "float32", 1).full(), 0
+        else:
+            job, k = linear_job(spmdsim.world(), "row", (8, 784, 512)), 784
+            x, w = SeededTensor((8, k), "float32", 0).full(), SeededTensor((k, 512), "float32", 1).full()
+            b = SeededTensor((512,), "float32", 2).full()
+        y = _descending_float32(x, w) + b
+        whole = job.mesh.layout(None, None)
+        other_order = DTensor.from_global(job.mesh, y, whole)
+        y[1, 5] += 0.1
+        wrong = DTensor.from_global(job.mesh, y, whole)
+        verdicts = (other_order.check(job.reference, atol=contraction_atol(k, "float32")),
+                    other_order.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale),
+                    wrong.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale))
+        job.mesh.close()
+        return [v.passed for v in verdicts]
+
+    assert simulate(1, fn)[0] == [False, True, False]  # old: cries wolf; new: holds, and catches 0.1

@@ -150,3 +150,27 @@ def test_mlp_rounding_bounds_two_summation_orders_where_k_eps_does_not():
     rtol, scale = ref.mlp_rounding(x, w1, b1, w2, b2, "gelu")
     bound = rtol * np.maximum(scale((slice(None), slice(None))), np.abs(one))
     assert (err <= bound).all() and bound.max() < 1.0  # holds, and still catches a wrong value of order 1
+
+
+def test_matmul_rounding_is_the_magnitudes_that_entered_each_output():
+    """matmul_rounding's scale is |op(x)| @ |op(w)| (+ |bias|) per element and its rtol 2 k eps (k counting the
+    bias): the same for a block as for the whole, transposed or batched; a wrong bias shape is refused."""
+    x = SeededTensor((2, 7, 5), "float32", 1)
+    w = SeededTensor((2, 6, 7), "float32", 2)  # transposed and batched
+    rtol, scale = ref.matmul_rounding(x, w, transpose_a=True, transpose_b=True)
+    ax = np.abs(x.full().astype(np.float64)).swapaxes(-1, -2)
+    aw = np.abs(w.full().astype(np.float64)).swapaxes(-1, -2)
+    whole = scale((slice(None), slice(None), slice(None)))
+    np.testing.assert_allclose(whole, ax @ aw, rtol=1e-15)
+    np.testing.assert_array_equal(scale((slice(1, 2), slice(1, 4), slice(2, 5))), whole[1:2, 1:4, 2:5])
+    assert rtol == 2 * 7 * float(np.finfo(np.float32).eps)
+    b = SeededTensor((4,), "float64", 3)
+    rtol, scale = ref.matmul_rounding(SeededTensor((3, 5), "float64", 4), SeededTensor((5, 4), "float64", 5), bias=b)
+    assert rtol == 2 * 6 * float(np.finfo(np.float64).eps)
+    expect = (np.abs(SeededTensor((3, 5), "float64", 4).full()) @ np.abs(SeededTensor((5, 4), "float64", 5).full())
+              + np.abs(b.full()))
+    np.testing.assert_allclose(scale((slice(None), slice(1, 3))), expect[:, 1:3], rtol=1e-15)
+    with pytest.raises(ShapeError, match="linear bias of shape \\(3,\\) does not match out_features 4"):
+        ref.matmul_rounding(SeededTensor((3, 5)), SeededTensor((5, 4)), bias=SeededTensor((3,)))
+    with pytest.raises(ShapeError, match="contraction sizes differ"):
+        ref.matmul_rounding(SeededTensor((3, 5)), SeededTensor((4, 4)))

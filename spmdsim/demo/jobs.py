@@ -15,7 +15,7 @@ from ..layout import Layout, TensorLayout, format_entry
 from ..infer import LinearPlan, infer_embedding, infer_linear, out_layout_from_strategy
 from ..nets.model import short_layout as short  # compact layout text for tables: [mp,(sp,dp)]
 from ..plan.steps import Step
-from ..reference import embedding_region, linear_region, matmul_region
+from ..reference import embedding_region, linear_region, matmul_region, matmul_rounding
 from ..tolerances import contraction_atol
 from ..validate import counted
 from .registry import Job
@@ -73,12 +73,14 @@ def matmul_job(
     steps = ()
     if plan.collective:
         steps = ((plan.steps[0], _partial_reason(plan.contraction_axes, "contraction dim K")),)
+    # The tolerance follows the magnitudes that entered each output (|x| @ |w|), not k eps alone: the demo's
+    # (32, 784, 512) summed largest products first is 1.5x beyond contraction_atol(784) + 1e-4 |y|.
+    rtol, scale = matmul_rounding(xs, ws, transpose_a, transpose_b)
     return Job(
         op, f"x{short(x_layout)} w{short(w_layout)} -> {short(plan.out)}", mesh,
         lambda: matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
                        out_layout=out_layout),
-        matmul_region(xs, ws, transpose_a, transpose_b), {"x": x, "w": w}, steps,
-        contraction_atol(x_shape[-2] if transpose_a else x_shape[-1], dtype),
+        matmul_region(xs, ws, transpose_a, transpose_b), {"x": x, "w": w}, steps, rtol=rtol, scale=scale,
     )
 
 
@@ -178,9 +180,10 @@ def linear_job(
         w_src, b_src, op = layer.weight_source, layer.bias_source, type(layer).__name__
         forward = layer
         inputs.update(_weights(W=layer.weight, b=layer.bias))
+    rtol, scale = matmul_rounding(xs, w_src, bias=b_src)  # as matmul_job's
     return Job(op, f"x{short(x_layout)} W{short(w_layout)} -> {short(plan.out)}", mesh,
                lambda: forward(x), linear_region(xs, w_src, b_src), inputs,
-               _linear_steps(plan), contraction_atol(k, dtype))
+               _linear_steps(plan), rtol=rtol, scale=scale)
 
 
 def _weights(**tensors: Any) -> dict[str, Any]:
