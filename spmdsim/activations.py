@@ -156,7 +156,9 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 
 def erf(x: np.ndarray) -> np.ndarray:
     """erf of a float array in its own dtype (libm's, correctly rounded to within an ulp); bfloat16: float32, as
-    `sigmoid` and `gelu_erf` give (it was float64, libm's own, wider than its peers); integers: float64."""
+    `sigmoid` and `gelu_erf` give; integers: float64.
+
+    (bfloat16 gave float64, libm's own, wider than its peers.)"""
     x = np.asanyarray(x)
     dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32) if is_low(x.dtype) else np.dtype(np.float64)
     return np.asanyarray(_ERF(x.astype(np.float64, copy=False))).astype(np.float64).astype(dtype, copy=False)

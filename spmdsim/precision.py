@@ -72,10 +72,12 @@ def wide(a: Any) -> Any:
 
 def sent_itemsize(dtype: Any, sums: bool) -> int:
     """Bytes one element of a `dtype` tensor takes in a collective's messages: float32's 4 for bfloat16 in a
-    sum (Allreduce, Reduce_scatter: MPI has no bfloat16 sum, so the collectives add the `wide` blocks and
-    round the total once, spmdsim.runtime.collectives); else the dtype's own itemsize (bfloat16 is moved as
-    its 2-byte words). What the runtime's collectives send, and so what a plan and a dry run count
-    (spmdsim.plan.steps, `Step.itemsize`)."""
+    sum (`sums`), else the dtype's own itemsize.
+
+    A sum is an Allreduce or a Reduce_scatter: MPI has no bfloat16 sum, so the collectives add the `wide`
+    blocks and round the total once (spmdsim.runtime.collectives); otherwise bfloat16 is moved as its 2-byte
+    words. What the runtime's collectives send, and so what a plan and a dry run count (spmdsim.plan.steps,
+    `Step.itemsize`)."""
     dtype = np.dtype(dtype)
     return 4 if sums and is_low(dtype) else dtype.itemsize
 
@@ -160,6 +162,7 @@ class Precision:
         return self.name
 
 
+#: The policies by name: `fp64` (the default), `fp32`, `bf16-mixed` (docs/training.md, "Mixed precision (bf16)").
 PRESETS = {
     "fp64": Precision("fp64", "float64", "float64", None, "float64", "float64"),
     "fp32": Precision("fp32", "float32", "float32", None, "float32", "float32"),

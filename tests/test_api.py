@@ -1,29 +1,151 @@
-"""The public API: docs/api.md equals the modules' __all__; the front door is lazy and complete."""
+"""The public API: docs/api.md equals the modules' __all__, each line is its name's docstring's first
+sentence (the page's rule), and the names the page leaves out are the ones it says; the front door is lazy
+and complete."""
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
 import pathlib
 import re
 import subprocess
 import sys
+from typing import Optional
 
 import spmdsim
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+#: Values with no docstring and no ``#:`` comment yet, whose lines docs/api.md writes itself (it says so).
+#: When one gets a comment in spmdsim/reference.py, drop it here: its line is then the comment's.
+_NO_COMMENT = {"spmdsim.reference.ACTIVATIONS", "spmdsim.reference.Region", "spmdsim.reference.RegionFn"}
+
+
+def _entries() -> list[tuple[Optional[str], str, str]]:
+    """(module, name, text) for each ``- `name`: text`` line of docs/api.md, in order; module is None for the
+    lines under a heading that names no module (the names the page leaves out, written module.name)."""
+    out = []
+    module = None
+    for line in (ROOT / "docs" / "api.md").read_text().splitlines():
+        if line.startswith("## "):
+            heading = re.match(r"^## `([\w.]+)`$", line)
+            module = heading.group(1) if heading else None
+        elif line.startswith("- `"):
+            entry = re.match(r"^- `([\w.]+)`: (.+)$", line)
+            assert entry, f"docs/api.md: not a '- `name`: line' entry: {line!r}"
+            out.append((module, entry.group(1), entry.group(2)))
+    return out
+
 
 def _documented() -> dict[str, list[str]]:
     """Module -> the names docs/api.md lists under its heading, in order."""
     out: dict[str, list[str]] = {}
-    module = None
-    for line in (ROOT / "docs" / "api.md").read_text().splitlines():
-        heading = re.match(r"^## `([\w.]+)`$", line)
-        if heading:
-            module = heading.group(1)
-            out[module] = []
-        elif line.startswith("- `") and module:
-            out[module].append(re.match(r"^- `(\w+)`", line).group(1))
+    for module, name, _ in _entries():
+        if module is not None:
+            out.setdefault(module, []).append(name)
     return out
+
+
+def _left_out() -> dict[str, str]:
+    """module.name -> why, for the names of listed modules that docs/api.md says it leaves out."""
+    return {name: why for module, name, why in _entries() if module is None}
+
+
+def first_sentence(text: str) -> str:
+    """docs/api.md's rule: the first line of `text` (a docstring, or a ``#:`` comment's lines), joined with
+    the lines after it up to the first that ends with a period (a blank line ends it too), each run of
+    whitespace one space."""
+    out: list[str] = []
+    for line in inspect.cleandoc(text).splitlines():
+        if not line.strip():
+            break
+        out.append(line.strip())
+        if line.rstrip().endswith("."):
+            break
+    return " ".join(" ".join(out).split())
+
+
+_ASSIGNED = re.compile(r"^([A-Za-z]\w*)\s*(?::[^=\n]*)?=", re.M)
+
+
+def _comments() -> dict[str, list[tuple[str, str]]]:
+    """Name -> (module, the text of the ``#:`` lines right above its top-level assignment) in spmdsim."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted((ROOT / "spmdsim").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for i, line in enumerate(lines):
+            assigned = _ASSIGNED.match(line)
+            if not assigned:
+                continue
+            j = i
+            while j > 0 and lines[j - 1].startswith("#:"):
+                j -= 1
+            text = "\n".join(c[2:].strip() for c in lines[j:i])
+            out.setdefault(assigned.group(1), []).append((module, text))
+    return out
+
+
+def _expected(module: str, name: str, comments: dict) -> tuple[str, Optional[str]]:
+    """What docs/api.md's line for module.name must be: ("line", text), ("alias", the name it is: the line
+    starts with it in backticks) or ("written", None): a value with no comment, whose line the page writes."""
+    obj = getattr(importlib.import_module(module), name)
+    if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj):
+        mod, own = importlib.import_module(module), obj.__name__.rsplit(".", 1)[-1]
+        if own != name and own in mod.__all__ and getattr(mod, own) is obj:  # an alias: its line names the name first
+            return "alias", own
+        return "line", first_sentence(obj.__doc__ or "")
+    inside = [(m, text) for m, text in comments.get(name, ()) if m == module or m.startswith(module + ".")]
+    outside = [(m, text) for m, text in comments.get(name, ()) if (m, text) not in inside]
+    for where, text in inside + outside:  # the module that binds this very object
+        if getattr(importlib.import_module(where), name, None) is obj:
+            return ("line", first_sentence(text)) if text else ("written", None)
+    return "written", None
+
+
+def test_api_md_lines_are_their_names_docstrings_first_sentences():
+    comments = _comments()
+    wrong, written = [], set()
+    for module, name, text in _entries():
+        if module is None:
+            continue
+        kind, expected = _expected(module, name, comments)
+        if kind == "written":
+            written.add(f"{module}.{name}")
+        elif kind == "alias":
+            if not text.startswith(f"`{expected}`"):
+                wrong.append(f"{module}.{name}: page {text!r}, not starting with the name it is, `{expected}`")
+        elif text != expected:
+            wrong.append(f"{module}.{name}:\n  page:      {text}\n  docstring: {expected}")
+    assert not wrong, f"{len(wrong)} lines of docs/api.md are not their docstrings' first sentences:\n" + \
+        "\n".join(wrong)
+    assert written == _NO_COMMENT, f"values without a docstring or #: comment: {sorted(written)}"
+
+
+def test_first_sentence_is_the_pages_rule():
+    assert first_sentence("One line.\n\n    More.") == "One line."
+    assert first_sentence("A first line,\n    its end.  Then more.\n    Not this.") == "A first line, its end. Then more."
+    assert first_sentence("No period\n\nNext paragraph.") == "No period"
+    assert first_sentence("e.g. ``x``, one line.") == "e.g. ``x``, one line."
+
+
+def test_listed_modules_have_no_other_public_names_than_the_page_says():
+    left_out = _left_out()
+    for module in _documented():
+        mod = importlib.import_module(module)
+        source = pathlib.Path(mod.__file__).read_text()
+        assigned = {target.id for node in ast.parse(source).body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                    if isinstance(target, ast.Name)}
+        own = {name for name, value in vars(mod).items() if not name.startswith("_") and not inspect.ismodule(value)
+               and (name in assigned or re.match(rf"{re.escape(module)}(\.|$)", str(getattr(value, "__module__", ""))))}
+        unlisted = own - set(mod.__all__) - {n.rsplit(".", 1)[1] for n in left_out if n.rsplit(".", 1)[0] == module}
+        assert not unlisted, f"{module} has public names neither in its __all__ nor in docs/api.md's " \
+            f"'Not listed': {sorted(unlisted)}"
+    for dotted in left_out:
+        module, name = dotted.rsplit(".", 1)
+        mod = importlib.import_module(module)
+        assert module in _documented() and hasattr(mod, name) and name not in mod.__all__, dotted
 
 
 def test_api_md_lists_exactly_each_modules_all():

@@ -28,6 +28,7 @@ from .volume import redistribution_bytes
 __all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
            "TIME_OBJECTIVE_MAX_DEVICES"]
 
+#: How `autoshard` chooses: "search" (tree DP, else branch and bound) or "propagate" (sharding propagation).
 METHODS = ("search", "propagate")
 
 #: The time objective plans every pair of candidate layouts (~20 s for the tutorial at 16).

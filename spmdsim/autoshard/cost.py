@@ -36,6 +36,7 @@ from .volume import redistribution_bytes
 
 __all__ = ["OBJECTIVES", "Objective", "Table", "measure_flops_rate", "plan_seconds"]
 
+#: What the search can minimise: "bytes" (per rank, exact) or "time" (seconds, modelled); `Objective`'s kinds.
 OBJECTIVES = ("bytes", "time")
 
 

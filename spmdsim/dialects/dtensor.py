@@ -65,6 +65,7 @@ class Partial:
         return "P" if self.reduce_op == "sum" else f"P({self.reduce_op})"
 
 
+#: One DTensor placement: `Shard | Replicate | Partial` (a type alias).
 Placement = Union[Shard, Replicate, Partial]
 
 # PyTorch prints a DTensor's placements with their reprs, ``(Shard(dim=0), Replicate(), Partial(sum))``, and

@@ -59,6 +59,7 @@ class PartialSum:
         return "P"
 
 
+#: One nD SBP entry: `Broadcast | Split | PartialSum` (a type alias).
 SBP = Union[Broadcast, Split, PartialSum]
 
 # OneFlow prints an SBP as ``oneflow.sbp.split(dim=0)`` (older releases: ``split(axis=0)``), and its values are also

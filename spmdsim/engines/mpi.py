@@ -294,5 +294,6 @@ class MpiEngine(Engine):
         return comm.allreduce(obj, op=_op(op))
 
 
+#: MPI's engine (`MpiEngine()`), the engine of any communicator that names none.
 MPI = MpiEngine()
 PROCESS.engine = MPI

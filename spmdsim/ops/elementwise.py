@@ -27,8 +27,9 @@ __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
 
 def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
-    """Apply the activation `name` ("relu" or "gelu") shard by shard; a pending sum is added up first
-    (Allreduce: relu(a + b) != relu(a) + relu(b)). `keep_tanh`: GELU's node keeps its inner tanh beside
+    """Apply the activation `name` ("relu" or "gelu") shard by shard; a pending sum is added up first.
+
+    (An Allreduce: relu(a + b) != relu(a) + relu(b).) `keep_tanh`: GELU's node keeps its inner tanh beside
     its input (else the backward computes it again)."""
     fn = activations.forward(name)  # the shard in its own precision (spmdsim.activations)
     try:
@@ -63,7 +64,8 @@ def relu(x: Any) -> Any:
 
 
 def gelu(x: Any, approximate: str = "tanh", kept: str = "graph") -> Any:
-    """GELU; x must be floating (a pending sum is added up first).
+    """GELU, `approximate` "tanh" (the default) or "none" (erf, PyTorch's default); x must be floating
+    (a pending sum is added up first).
 
     `approximate`: "tanh" (GPT-2's and Megatron's formula, the default here) or "none", x * Phi(x) with
     the error function (PyTorch's default for ``F.gelu``/``nn.GELU()``; the two differ by up to ~5e-4).

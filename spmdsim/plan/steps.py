@@ -161,7 +161,7 @@ class Alltoall(Step):
 
 @dataclass(frozen=True)
 class Allreduce(Step):
-    """P -> B on `axes`: sum the pending addends (``reduction`` "max"/"min": a reduction's maximum)."""
+    """P -> B on `axes`: sum the pending addends (``reduction`` "max"/"min": their maximum/minimum)."""
 
     reduction: str = "sum"
     op = "allreduce"

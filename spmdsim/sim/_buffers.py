@@ -29,6 +29,7 @@ class _InPlace:
         return "IN_PLACE"
 
 
+#: MPI.IN_PLACE for code that does not import mpi4py.
 IN_PLACE = _InPlace()
 
 #: The byte order numpy marks as not this machine's ('>' on little-endian machines).

@@ -24,7 +24,8 @@ __all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name"]
 
 
 class Request(ManyRequests):
-    """A pending operation of one simulated rank (see the module docstring)."""
+    """A pending operation of one simulated rank, with mpi4py's Request API
+    (Wait/Test and Waitall/any/some, Cancel, Free)."""
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
                  "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
