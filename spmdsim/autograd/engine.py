@@ -270,7 +270,7 @@ def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
     made: list = []
     for leaf in leaves:
         tensor, g = owners[leaf], grads[leaf]
-        layout = g.layout
+        layout = g._layout
         own = tensor._layout
         if not layout.partial or (layout.layout is not own.layout and layout.layout != own.layout) \
                 or layout.tensor_map != own.tensor_map:
@@ -532,17 +532,18 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
-    if kind is not None:
-        sweep("add", (a.local, b.local), (a.local,), kind)
-    if a.mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
-        like = buffers.broadcast_zero(a.local.shape, np.result_type(a.local, b.local))
-        total = a.mesh.engine.local(np.add, like, a.local, b.local)
+    x, y = a.local, b.local
+    if kind is not None and any_open():
+        sweep("add", (x, y), (x,), kind)
+    if a._mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
+        like = buffers.broadcast_zero(x.shape, np.result_type(x, y))
+        total = a._mesh.engine.local(np.add, like, x, y)
     else:
-        total = a.local + b.local
+        total = x + y
     if not isinstance(total, np.ndarray):  # 0-d blocks sum to a numpy scalar
         total = np.asarray(total)
     # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs.
-    return type(a)._trusted(a.mesh, total, a.layout, a.global_shape)
+    return type(a)._trusted(a._mesh, total, a._layout, a._shape)
 
 
 def _move(g: Any, target: TensorLayout) -> Any:
