@@ -82,7 +82,8 @@ class _Bucket:
 
 
 class DistributedAdamW(_Optimizer):
-    """AdamW (spmdsim.optim.AdamW's update) with its states and master copy sharded over `dp_axes`.
+    """AdamW (spmdsim.optim.AdamW's update) with its states and master copy sharded over the `dp_axes` each
+    parameter is replicated over (ZeRO-1; an MoE layer's experts over dp alone).
 
     Args:
         params: DTensor leaves on `mesh`.

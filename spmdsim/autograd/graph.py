@@ -117,7 +117,9 @@ class enable_grad(_Switch):  # noqa: N801 - PyTorch's name
 
 class kept_as:  # noqa: N801 - used as a function: ``with kept_as("mlp"):``
     """Nodes recorded inside keep their saved tensors under `kind` ("attention core", "mlp", ...), which
-    `spmdsim.autograd.kept_bytes` groups by; per thread, as `no_grad`. Nested: the innermost kind.
+    `spmdsim.autograd.kept_bytes` groups by.
+
+    Per thread, as `no_grad`. Nested: the innermost kind.
     (A class, not a generator: a model's forward enters one around each part, 27 a GPT step.)"""
 
     __slots__ = ("kind", "before")

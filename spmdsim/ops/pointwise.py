@@ -288,8 +288,9 @@ _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)
 
 
 def astype(x: Any, dtype: Any) -> Any:
-    """`x` with its blocks converted to `dtype` (a float rounded to nearest even), recorded for autograd
-    (the gradient goes back in x's own gradient dtype); the same layout, pending sums kept (a cast of a
+    """`x` with its blocks converted to `dtype` (a float rounded to nearest even), recorded for autograd.
+
+    The gradient goes back in x's own gradient dtype; the same layout, pending sums kept (a cast of a
     pending sum to a narrower float rounds each addend: round after resolving it)."""
     want = dtype_arg(dtype)
     if x.local.dtype == want:
