@@ -41,7 +41,8 @@ class _Recipe:
     A permutation that leaves the order as it is is None (the view numpy's transpose would give).
     """
 
-    __slots__ = ("a_gone", "b_gone", "lhs", "rhs", "lhs_shape", "rhs_shape", "shape", "order", "swap")
+    __slots__ = ("a_gone", "b_gone", "lhs", "rhs", "lhs_shape", "rhs_shape", "shape", "order", "swap",
+                 "lhs_moves", "rhs_moves", "out_moves")
 
     def __init__(self, a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> None:
         def gone(word: str, keep: str) -> tuple:
@@ -64,11 +65,18 @@ class _Recipe:
         self.lhs = _moved([a_word.index(ch) for ch in batch + m + k])
         self.rhs = _moved([b_word.index(ch) for ch in batch + k + n])
         prod = [math.prod(size[ch] for ch in group) for group in (batch, m, k, n)]
-        self.lhs_shape = (prod[0], prod[1], prod[2])
-        self.rhs_shape = (prod[0], prod[2], prod[3])
+        if prod[0] == 1:  # no batch: one (m, k) @ (k, n) GEMM, as numpy's batched matmul makes of a batch of one
+            self.lhs_shape, self.rhs_shape = (prod[1], prod[2]), (prod[2], prod[3])
+        else:
+            self.lhs_shape, self.rhs_shape = (prod[0], prod[1], prod[2]), (prod[0], prod[2], prod[3])
         self.shape = tuple(size[ch] for ch in batch + m + n)
         order = batch + m + n
         self.order = _moved([order.index(ch) for ch in out])
+        # Whether each operand (summed, transposed) and the product need a reshape (a new view each call,
+        # ~1 us, as much as a small ufunc): a 2-d operand already in its matmul shape needs none.
+        self.lhs_moves = tuple(a_shape[i] for i in (self.lhs or range(len(a_shape)))) != self.lhs_shape
+        self.rhs_moves = tuple(b_shape[i] for i in (self.rhs or range(len(b_shape)))) != self.rhs_shape
+        self.out_moves = self.lhs_shape[:-1] + self.rhs_shape[-1:] != self.shape
 
 
 def _moved(perm: list) -> tuple | None:
@@ -121,10 +129,14 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         if r.order is None and shape:
             return product.reshape(shape)
         return engine.local(None, broadcast_zero(shape or (1,), product.dtype))  # 0-d: 1-d, as below
-    lhs, rhs = lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)
+    if r.lhs_moves:
+        lhs = lhs.reshape(r.lhs_shape)
+    if r.rhs_moves:
+        rhs = rhs.reshape(r.rhs_shape)
     result = engine.matmul(lhs, rhs)  # spmdsim.engines.matmul's two lines, the engine at hand
-    _gemm(lhs.shape, rhs.shape, result.dtype, (lhs, rhs, result))
-    result = result.reshape(r.shape)
+    _gemm(r.lhs_shape, r.rhs_shape, result.dtype, (lhs, rhs, result))
+    if r.out_moves:
+        result = result.reshape(r.shape)
     if r.order is not None:
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.

@@ -305,12 +305,12 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
         pending, resolve = executor.pending, executor.resolve
         grads = bucket.grads
         first = grads[0]
-        parts = [g.local.reshape(-1) for g in grads]
+        blocks = [g.local for g in grads]
         if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
-            like = buffers.broadcast_zero((sum(p.size for p in parts),), np.result_type(*parts))
-            flat = first.mesh.engine.local(np.concatenate, like, parts)
+            like = buffers.broadcast_zero((sum(b.size for b in blocks),), np.result_type(*blocks))
+            flat = first.mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
         else:
-            flat = np.concatenate(parts)
+            flat = np.concatenate(blocks, axis=None)  # each flattened in C order, no view made per block
         label = f"gradient bucket of {len(grads)} leaves"
         with _collector(explain) as trace:
             summed = resolve(first.mesh, flat, pending(first.mesh.layout, 1, first.layout.partial), label,
