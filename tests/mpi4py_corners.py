@@ -355,6 +355,33 @@ def float_ranks():
     return got.tolist()
 
 
+def unmapped_dtypes():
+    """Buffers without a datatype whose numpy dtype mpi4py maps to no MPI datatype: text of more than one
+    character ('2w', '2s'), void and structured dtypes ('3x', 'T{...}'): KeyError; datetime (no buffer format,
+    and DLPack refuses it): BufferError; each read only where mpi4py reads the message (not to MPI.PROC_NULL).
+    One-character text maps (MPI.WCHAR, MPI.CHAR), and a datatype given moves any dtype's bytes."""
+    comm = MPI.COMM_WORLD
+    r = comm.rank
+    text = np.array(["ab", "cd"])
+    out = [_raises(lambda: comm.Send(text, r)), _raises(lambda: comm.Isend(np.array([b"ab"]), r)),
+           _raises(lambda: comm.Sendrecv(np.zeros(2), r, 0, text, r, 0)),  # read before anything is sent
+           _raises(lambda: comm.Send_init(text, r)), _raises(lambda: comm.Recv_init(np.zeros(2, "V3"), r)),
+           _raises(lambda: comm.Bcast([text, 2])), _raises(lambda: comm.Bcast(memoryview(text))),
+           _raises(lambda: comm.Allreduce(np.zeros(2, "i4,f8"), np.zeros(2, "i4,f8"))),
+           _raises(lambda: comm.Allgather(MPI.IN_PLACE, np.zeros(2 * comm.size, "S2"))),
+           _raises(lambda: comm.Bcast(np.zeros(2, "M8[s]"))), _raises(lambda: comm.Bcast([np.zeros(2, "m8"), 2])),
+           _raises(lambda: comm.Isend(text, MPI.PROC_NULL).Wait())]
+    one = np.array(["x", "y"]) if r == 0 else np.array(["", ""])
+    comm.Bcast(one)
+    chars = np.zeros(comm.size, "S1")
+    comm.Allgather(np.array([b"ab"[r % 2:r % 2 + 1]]), chars)
+    moved = np.array(["ab", "cd"]) if r == 0 else np.zeros(2, "U2")
+    comm.Bcast([moved, MPI.BYTE])
+    stamps = np.array([1, 2] if r == 0 else [0, 0], "M8[s]")
+    comm.Bcast([stamps, MPI.INT64_T])
+    return out + [one.tolist(), chars.tolist() == [b"a", b"b"][:comm.size], moved.tolist(), stamps.astype(int).tolist()]
+
+
 def _resizable(*buffers: bytearray) -> bool:
     """Whether every bytearray can be resized: none has a view alive anywhere (BufferError otherwise)."""
     try:
@@ -409,7 +436,8 @@ def _start_wait_free(request) -> None:
 
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, op_types, fortran_order_and_0d_counts,
        fewer_statuses, failed_requests, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
-       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released)
+       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released,
+       unmapped_dtypes)
 
 
 def run_all():

@@ -268,3 +268,35 @@ def test_copy_of_a_freed_communicator(simulated2):
 def test_a_float_destination_is_truncated(simulated2):
     for r, res in enumerate(simulated2):
         assert res["float_ranks"] == [(1 - r) + 0.5]
+
+
+def test_buffers_mpi4py_cannot_map_are_refused(simulated2):
+    # A text, void or structured array without a datatype moved its bytes, and so did a datetime array, where
+    # mpi4py finds no MPI datatype for its buffer format ('2w': KeyError) or no format at all (BufferError, from
+    # DLPack); one-character text maps, and a datatype given moves any dtype (compared with MPICH's too).
+    for res in simulated2:
+        assert res["unmapped_dtypes"] == ["KeyError"] * 9 + ["BufferError"] * 2 + ["", ["x", "y"], True,
+                                                                                  ["ab", "cd"], [1, 2]]
+
+
+def test_an_unmapped_buffer_names_its_format_and_the_way_out():
+    import numpy as np
+    from mpi4py import MPI
+
+    def prog():
+        comm = MPI.COMM_WORLD
+        out = []
+        for buf in (np.array(["ab", "cd"]), np.zeros(2, "M8[s]")):
+            try:
+                comm.Send(buf, dest=comm.rank)
+            except (KeyError, BufferError) as exc:
+                out.append(str(exc))
+        return out
+
+    with swapped():
+        got = simulate(2, prog)[0]
+    assert got == ["Send buffer: cannot map '2w' to MPI datatype (numpy dtype '<U2': mpi4py has no MPI datatype for "
+                   "it); name a datatype to move its bytes, e.g. [buffer, MPI.BYTE]",
+                   "Send buffer: dtype '<M8[s]' (datetime64[s]) has no buffer format, and DLPack only supports "
+                   "signed/unsigned integers, float and complex dtypes; name a datatype to move its bytes, e.g. "
+                   "[buffer, MPI.BYTE]"]
