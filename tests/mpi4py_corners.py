@@ -335,6 +335,33 @@ def derived_datatypes():
     return out
 
 
+def derived_truncation():
+    """Receives into derived datatypes (vector, indexed) of messages that do not fill them or are too long: the
+    elements that come land where the type puts them, a last item in part too, and a truncated receive raises
+    MPI.ERR_TRUNCATE with the bytes that fit written and counted. Each rank sends to the other."""
+    comm = MPI.COMM_WORLD
+    peer = comm.rank ^ 1
+    vector = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+    indexed = MPI.DOUBLE.Create_indexed([2, 1], [0, 4]).Commit()
+    out = []
+    for tag, (sent, datatype, count, size, nonblocking) in enumerate([
+            (5, vector, 2, 12, False), (2, vector, 1, 6, True), (5, vector, 1, 6, False), (4, indexed, 1, 6, True)]):
+        # (a fifth receive here, 7 doubles into 2 vectors, got [11, -1, 11, -1, 11] from MPICH 4.x, counted 3)
+        data = np.arange(1.0, sent + 1) + 10 * comm.rank
+        req = comm.Isend(data, peer, tag)
+        got, status = np.full(size, -1.0), MPI.Status()
+        if nonblocking:
+            raised = _raises(lambda: comm.Irecv([got, count, datatype], peer, tag).Wait(status))
+        else:
+            raised = _raises(lambda: comm.Recv([got, count, datatype], peer, tag, status))
+        req.Wait()
+        out.append([raised, got.tolist(), status.Get_count(MPI.DOUBLE), status.Get_count(datatype) == MPI.UNDEFINED,
+                    status.Get_source(), status.Get_tag()])
+    vector.Free()
+    indexed.Free()
+    return out
+
+
 def comm_copy_after_free():
     """A copy (MPI.Comm(c)) of a communicator freed through `c` keeps its handle: true, unequal to COMM_NULL."""
     dup = MPI.COMM_WORLD.Dup()
@@ -437,7 +464,7 @@ def _start_wait_free(request) -> None:
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, op_types, fortran_order_and_0d_counts,
        fewer_statuses, failed_requests, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
        cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released,
-       unmapped_dtypes)
+       unmapped_dtypes, derived_truncation)
 
 
 def run_all():
