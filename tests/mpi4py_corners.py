@@ -335,6 +335,33 @@ def derived_datatypes():
     return out
 
 
+def derived_truncation():
+    """Receives into derived datatypes (vector, indexed) of messages that do not fill them or are too long: the
+    elements that come land where the type puts them, a last item in part too, and a truncated receive raises
+    MPI.ERR_TRUNCATE with the bytes that fit written and counted. Each rank sends to the other."""
+    comm = MPI.COMM_WORLD
+    peer = comm.rank ^ 1
+    vector = MPI.DOUBLE.Create_vector(3, 1, 2).Commit()
+    indexed = MPI.DOUBLE.Create_indexed([2, 1], [0, 4]).Commit()
+    out = []
+    for tag, (sent, datatype, count, size, nonblocking) in enumerate([
+            (5, vector, 2, 12, False), (2, vector, 1, 6, True), (5, vector, 1, 6, False), (4, indexed, 1, 6, True)]):
+        # (a fifth receive here, 7 doubles into 2 vectors, got [11, -1, 11, -1, 11] from MPICH 4.x, counted 3)
+        data = np.arange(1.0, sent + 1) + 10 * comm.rank
+        req = comm.Isend(data, peer, tag)
+        got, status = np.full(size, -1.0), MPI.Status()
+        if nonblocking:
+            raised = _raises(lambda: comm.Irecv([got, count, datatype], peer, tag).Wait(status))
+        else:
+            raised = _raises(lambda: comm.Recv([got, count, datatype], peer, tag, status))
+        req.Wait()
+        out.append([raised, got.tolist(), status.Get_count(MPI.DOUBLE), status.Get_count(datatype) == MPI.UNDEFINED,
+                    status.Get_source(), status.Get_tag()])
+    vector.Free()
+    indexed.Free()
+    return out
+
+
 def comm_copy_after_free():
     """A copy (MPI.Comm(c)) of a communicator freed through `c` keeps its handle: true, unequal to COMM_NULL."""
     dup = MPI.COMM_WORLD.Dup()
@@ -353,6 +380,33 @@ def float_ranks():
     comm.Send(np.full(1, r + 0.5), (r + 1) % p + 0.0, 3)
     req.Wait()
     return got.tolist()
+
+
+def unmapped_dtypes():
+    """Buffers without a datatype whose numpy dtype mpi4py maps to no MPI datatype: text of more than one
+    character ('2w', '2s'), void and structured dtypes ('3x', 'T{...}'): KeyError; datetime (no buffer format,
+    and DLPack refuses it): BufferError; each read only where mpi4py reads the message (not to MPI.PROC_NULL).
+    One-character text maps (MPI.WCHAR, MPI.CHAR), and a datatype given moves any dtype's bytes."""
+    comm = MPI.COMM_WORLD
+    r = comm.rank
+    text = np.array(["ab", "cd"])
+    out = [_raises(lambda: comm.Send(text, r)), _raises(lambda: comm.Isend(np.array([b"ab"]), r)),
+           _raises(lambda: comm.Sendrecv(np.zeros(2), r, 0, text, r, 0)),  # read before anything is sent
+           _raises(lambda: comm.Send_init(text, r)), _raises(lambda: comm.Recv_init(np.zeros(2, "V3"), r)),
+           _raises(lambda: comm.Bcast([text, 2])), _raises(lambda: comm.Bcast(memoryview(text))),
+           _raises(lambda: comm.Allreduce(np.zeros(2, "i4,f8"), np.zeros(2, "i4,f8"))),
+           _raises(lambda: comm.Allgather(MPI.IN_PLACE, np.zeros(2 * comm.size, "S2"))),
+           _raises(lambda: comm.Bcast(np.zeros(2, "M8[s]"))), _raises(lambda: comm.Bcast([np.zeros(2, "m8"), 2])),
+           _raises(lambda: comm.Isend(text, MPI.PROC_NULL).Wait())]
+    one = np.array(["x", "y"]) if r == 0 else np.array(["", ""])
+    comm.Bcast(one)
+    chars = np.zeros(comm.size, "S1")
+    comm.Allgather(np.array([b"ab"[r % 2:r % 2 + 1]]), chars)
+    moved = np.array(["ab", "cd"]) if r == 0 else np.zeros(2, "U2")
+    comm.Bcast([moved, MPI.BYTE])
+    stamps = np.array([1, 2] if r == 0 else [0, 0], "M8[s]")
+    comm.Bcast([stamps, MPI.INT64_T])
+    return out + [one.tolist(), chars.tolist() == [b"a", b"b"][:comm.size], moved.tolist(), stamps.astype(int).tolist()]
 
 
 def _resizable(*buffers: bytearray) -> bool:
@@ -409,7 +463,8 @@ def _start_wait_free(request) -> None:
 
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, op_types, fortran_order_and_0d_counts,
        fewer_statuses, failed_requests, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
-       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released)
+       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released,
+       unmapped_dtypes, derived_truncation)
 
 
 def run_all():

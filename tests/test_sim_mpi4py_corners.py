@@ -268,3 +268,50 @@ def test_copy_of_a_freed_communicator(simulated2):
 def test_a_float_destination_is_truncated(simulated2):
     for r, res in enumerate(simulated2):
         assert res["float_ranks"] == [(1 - r) + 0.5]
+
+
+def test_buffers_mpi4py_cannot_map_are_refused(simulated2):
+    # A text, void or structured array without a datatype moved its bytes, and so did a datetime array, where
+    # mpi4py finds no MPI datatype for its buffer format ('2w': KeyError) or no format at all (BufferError, from
+    # DLPack); one-character text maps, and a datatype given moves any dtype (compared with MPICH's too).
+    for res in simulated2:
+        assert res["unmapped_dtypes"] == ["KeyError"] * 9 + ["BufferError"] * 2 + ["", ["x", "y"], True,
+                                                                                  ["ab", "cd"], [1, 2]]
+
+
+def test_an_unmapped_buffer_names_its_format_and_the_way_out():
+    import numpy as np
+    from mpi4py import MPI
+
+    def prog():
+        comm = MPI.COMM_WORLD
+        out = []
+        for buf in (np.array(["ab", "cd"]), np.zeros(2, "M8[s]")):
+            try:
+                comm.Send(buf, dest=comm.rank)
+            except (KeyError, BufferError) as exc:
+                out.append(str(exc))
+        return out
+
+    with swapped():
+        got = simulate(2, prog)[0]
+    assert got == ["Send buffer: cannot map '2w' to MPI datatype (numpy dtype '<U2': mpi4py has no MPI datatype for "
+                   "it); name a datatype to move its bytes, e.g. [buffer, MPI.BYTE]",
+                   "Send buffer: dtype '<M8[s]' (datetime64[s]) has no buffer format, and DLPack only supports "
+                   "signed/unsigned integers, float and complex dtypes; name a datatype to move its bytes, e.g. "
+                   "[buffer, MPI.BYTE]"]
+
+
+def test_receives_into_derived_datatypes_get_the_elements_that_come(simulated2):
+    # A message that fills a derived datatype in part (5 doubles into 2 vectors of 3, 2 into 1) wrote only its
+    # whole items (nothing of a last item in part), and a truncated one (5 into 1 vector, 4 into an indexed type
+    # of 3) wrote nothing and counted 0: MPICH writes each element that comes where the type puts it, a truncated
+    # receive's those that fit, counted (compared with MPICH's in test_same_results_as_mpich too).
+    truncated = f"MPI.Exception {mpi_says('ERR_TRUNCATE')}"
+    for r, res in enumerate(simulated2):
+        peer, a, b, c, d, e, f = 1 - r, *(10.0 * (1 - r) + v for v in range(1, 6)), -1.0
+        assert res["derived_truncation"] == [
+            ["", [a, f, b, f, c, d, f, e, f, f, f, f], 5, True, peer, 0],
+            ["", [a, f, b, f, f, f], 2, True, peer, 1],
+            [truncated, [a, f, b, f, c, f], 3, False, peer, 2],
+            [truncated, [a, b, f, f, c, f], 3, False, peer, 3]]

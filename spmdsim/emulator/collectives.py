@@ -20,8 +20,9 @@ from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, message, mpi_error,
-                            mpi_module, numpy_dtype, reduction, vector)
+from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, mpi_error, mpi_module,
+                            numpy_dtype, reduction)
+from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
 

@@ -92,8 +92,16 @@ def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
     space = np.empty(datatype.Pack_size(whole, comm), np.uint8)
 
     def unpack(nbytes: int) -> None:
-        count = nbytes // datatype.size if datatype.size else 0
-        datatype.Unpack(space[:count * datatype.size], 0, values[:count * datatype.extent], comm)
+        size, extent = datatype.size, datatype.extent
+        count, rest = divmod(nbytes, size) if size else (0, 0)
+        datatype.Unpack(space[:count * size], 0, values[:count * extent], comm)
+        if rest:  # a last item in part (a shorter or truncated message): its first bytes in the type's order go
+            # where the type puts them, the rest of its elements keep theirs, as MPICH receives them
+            item = values[count * extent:(count + 1) * extent]
+            own = np.empty(size, np.uint8)
+            datatype.Pack(item, own, 0, comm)
+            own[:rest] = space[count * size:count * size + rest]
+            datatype.Unpack(own, 0, item, comm)
 
     # The type's data bytes, what the sender's Pack gives (Pack_size may be more: a broadcast's sizes must match).
     return [space[:whole * datatype.size], mpi_module().BYTE], unpack

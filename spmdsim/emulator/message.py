@@ -81,7 +81,9 @@ class SimMessage:
         if send is _NO_PROC:
             return completed(kind="recv-null")
         from .derived import may_be_derived, unpacking
+        from .typemap import mapped
 
+        mapped(buf, "Recv buffer")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)
         return receive_matched(send, into, unpack)
 

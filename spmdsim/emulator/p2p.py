@@ -5,10 +5,11 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ..sim._buffers import c_int, message, no_buffer, special
+from ..sim._buffers import c_int, no_buffer, special
 from ..sim.p2p import post_recv, post_send, probe
 from ..sim.requests import Request
 from .derived import may_be_derived, packed, unpacking
+from .typemap import mapped, message
 
 __all__ = ["ANY_SOURCE", "ANY_TAG", "PointToPoint"]
 
@@ -40,23 +41,31 @@ def _no_buffer(call: str) -> TypeError:
     return no_buffer(call, "send, recv")
 
 
+def _send_buffer(buf: Any, call: str) -> None:
+    """Refuse, as mpi4py does, a message `call` reads (one to or from a rank, not MPI.PROC_NULL): None, and a
+    buffer without a datatype that mpi4py maps to none (spmdsim.emulator.typemap)."""
+    if buf is None:
+        raise _no_buffer(call)
+    mapped(buf, f"{call} buffer")
+
+
 class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            raise _no_buffer("Send")
+        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            _send_buffer(buf, "Send")
         return post_send(self._group, self._me, dest, tag, packed(buf) if may_be_derived(buf) else buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            raise _no_buffer("Bsend")
+        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            _send_buffer(buf, "Bsend")
         buf = packed(buf) if may_be_derived(buf) else buf
         return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            raise _no_buffer("Ssend")
+        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            _send_buffer(buf, "Ssend")
         buf = packed(buf) if may_be_derived(buf) else buf
         return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
@@ -64,8 +73,8 @@ class PointToPoint:
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         source, tag = _any(source, "source"), _any(tag, "tag")  # first, as mpi4py converts its arguments
-        if buf is None and source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            raise _no_buffer("Recv")
+        if source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            _send_buffer(buf, "Recv")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)  # a derived type: unpacked on arrival
         return post_recv(self._group, self._me, source, tag, into, unpack)
 
@@ -88,6 +97,8 @@ class PointToPoint:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         if recvbuf is None and sendbuf is not None and source != special("PROC_NULL"):
             raise _no_buffer("Recv")  # before the send is posted: mpi4py reads both messages before MPI sends
+        if source != special("PROC_NULL"):
+            mapped(recvbuf, "Recv buffer")
         send = self.Isend(sendbuf, dest, sendtag)
         recv = self.Irecv(recvbuf, source, recvtag)
         both = Request(None, self._me, "sendrecv")

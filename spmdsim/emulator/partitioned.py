@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import message, mpi_error, mpi_module, special
+from ..sim._buffers import mpi_error, mpi_module, special
 from ..sim.engine import Group
 from ..sim.p2p import _check_peer, _check_tag, _remove
+from .typemap import message
 from ..sim.request_sets import Polled
 from ..sim.requests import Request, rank_name
 from .p2p import ANY_SOURCE, ANY_TAG, _any

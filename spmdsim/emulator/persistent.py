@@ -16,6 +16,7 @@ from ..sim._buffers import c_int, mpi_error, mpi_module, special
 from ..sim.p2p import _check_peer, _check_tag
 from ..sim.requests import Request
 from .p2p import ANY_SOURCE, ANY_TAG, _any
+from .typemap import mapped
 
 __all__ = ["Prequest", "PersistentCalls"]
 
@@ -84,6 +85,8 @@ def _point_to_point(call: str) -> Callable:
         dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
         _check_peer(self._group, dest, "dest")
         _check_tag(tag, "send tag")
+        if dest != special("PROC_NULL"):
+            mapped(buf, f"{call[1:]}_init buffer")  # read when made, as mpi4py reads it
         start = getattr(self, call)
         return Prequest(lambda: start(buf, dest, tag))
 
@@ -117,6 +120,8 @@ class PersistentCalls:
         if source != special("ANY_SOURCE"):
             _check_peer(self._group, source, "source")
         _check_tag(tag, "receive tag", any_tag=True)
+        if source != special("PROC_NULL"):
+            mapped(buf, "Recv_init buffer")  # read when made, as mpi4py reads it
         return Prequest(lambda: self.Irecv(buf, source, tag))
 
     Barrier_init = _persistent("Ibarrier")

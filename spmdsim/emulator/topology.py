@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import copy_into, dtype_name, int_array, message, mpi_error, mpi_module, special, vector
+from ..sim._buffers import copy_into, dtype_name, int_array, mpi_error, mpi_module, special
+from .typemap import message, vector
 from .comm import SimComm, comm_null
 from .derived import wmessage
 from .group import speak_mpi4py

@@ -31,6 +31,7 @@ from ..sim.engine import _Waiting, ranks_text
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
+from .typemap import mapped
 
 np = numpy_on_first_use(globals())
 
@@ -870,6 +871,7 @@ class _Side:
     @classmethod
     def of(cls, spec: Any, what: str, readonly: bool, allow_none: bool = False) -> "_Side":
         """A buffer spec (buf, [buf, datatype], [buf, count, datatype], ...) as mpi4py's message_simple reads it."""
+        mapped(spec, what)
         buf, count, displ, datatype = _unpack(spec)
         if buf is None or buf is _mpi().BOTTOM:
             if count not in (None, 0) and not allow_none:

@@ -162,21 +162,19 @@ def _deliver(send: Request, recv: Request) -> None:
         if isinstance(recv.given, memoryview):  # irecv(buf): the bytes land in the program's buffer (those that fit)
             fit = min(n, recv.nbytes)
             recv.given[:fit] = payload[:fit]
-    elif n > recv.buf.nbytes:
-        recv.error = _truncated(send, recv, n)
-        if recv.unpack is None:  # the bytes that fit are received, and counted, as MPICH receives them
-            into, fit = recv.buf, recv.buf.nbytes
-            (into if into.dtype.char == "B" else into.view(np.uint8))[:fit] = payload[:fit]
-            recv.nbytes = fit
     else:
         into = recv.buf
+        if n > into.nbytes:  # the bytes that fit are received, and counted, as MPICH receives them
+            recv.error = _truncated(send, recv, n)
+            n = into.nbytes
+            payload = payload[:n]
         (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
         recv.nbytes = n
         if recv.unpack is not None:  # before the receive completes: its owner reads the buffer after that
-            try:
+            try:  # a derived datatype's bytes spread where they go, a truncated message's those that fit
                 recv.unpack(n)
             except Exception as exc:  # noqa: BLE001 - raised by the receive's Wait, in its owner (as a truncation)
-                recv.error = exc
+                recv.error = recv.error or exc
     group = send.group
     world = group.world
     with world.lock:
