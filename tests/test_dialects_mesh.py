@@ -26,6 +26,7 @@ from spmdsim.dialects import (
     partition_spec_to_layout,
     placements_to_layout,
     sbp_to_layout,
+    strategy_to_layout,
 )
 
 
@@ -238,7 +239,7 @@ def test_placements_to_layout_examples():
         (([Shard(0)], (4,), 1.5), {}, "ndim 1.5 must be a non-negative integer"),
         (([Shard(0)], (4,), 1), {"mesh_axis_names": ("a", "b")},
          "mesh_axis_names ('a', 'b') must give one name"),
-        (([Shard(0)], "4", 1), {}, "mesh shape '4' must be a non-empty sequence"),
+        (([Shard(0)], "4", 1), {}, "mesh shape '4' is not a mesh; expected a mesh shape"),
     ],
 )
 def test_placements_to_layout_errors(args, kwargs, fragment):
@@ -298,6 +299,71 @@ def test_partition_spec_cannot_express_partial():
         "PartitionSpec cannot express partial sums over ('mp',)", layout_to_partition_spec, tl
     )
     _errors_with("expected a TensorLayout, got", layout_to_partition_spec, ("dp",))
+
+
+# -- the mesh every converter takes --------------------------------------------------
+#: Each converter that takes a mesh, given one: rows split over "dp" (the first of (2, 4)), copies over "mp".
+CONVERTERS = {
+    "sbp": lambda mesh, **kw: sbp_to_layout("S(0), B", mesh, 2, **kw),
+    "placements": lambda mesh, **kw: placements_to_layout("S(0), R", mesh, 2, **kw),
+    "partition_spec": lambda mesh, **kw: partition_spec_to_layout(("dp", None), mesh, 2, **kw),
+    "strategy": lambda mesh, **kw: strategy_to_layout((2, 1), mesh, 2, **kw),
+}
+
+
+def _blocks(tl) -> list:
+    return [tl.slices(rank, (8, 8)) for rank in range(tl.layout.num_devices)]
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTERS))
+def test_every_converter_takes_a_layout_a_mesh_or_a_shape_and_refuses_the_rest_alike(name):
+    """sbp_to_layout and strategy_to_layout refused a Layout ("placement shape Layout(...) must be a non-empty
+    sequence of positive integers", "world_size Layout(...) must be a positive integer") where
+    placements_to_layout and partition_spec_to_layout took one: all four take a shape (with names), a bare
+    count (a 1-D mesh), a Layout or a Mesh now, the last two giving a layout on that very Layout; anything
+    else, or names beside a mesh that names its axes, is one line, the same for all four."""
+    import types
+
+    convert = CONVERTERS[name]
+    mesh = Layout((2, 4), ("dp", "mp"), cut="chunk")
+    want = _blocks(mesh("dp", None))
+    for given in (mesh, types.SimpleNamespace(layout=mesh)):  # a Mesh is read by its .layout
+        tl = convert(given)
+        assert tl == mesh("dp", None) and tl.layout is mesh, tl
+    assert _blocks(convert((2, 4), mesh_axis_names=("dp", "mp"))) == want
+    one_d = {"sbp": lambda: sbp_to_layout("S(0)", 8, 2), "placements": lambda: placements_to_layout("S(0)", 8, 2),
+             "partition_spec": lambda: partition_spec_to_layout(("x",), 8, 2, ("x",)),
+             "strategy": lambda: strategy_to_layout((8, 1), 8, 2)}[name]()
+    assert _blocks(one_d) == [(slice(r, r + 1), slice(0, 8)) for r in range(8)]
+    what = "placement shape" if name == "sbp" else "mesh shape"
+    for bad, said in (("8", f"{what} '8' is not a mesh; expected a mesh shape (a tuple of positive integers, or "
+                            "one for a 1-D mesh), a spmdsim Layout or a Mesh"),
+                      ({"dp": 2}, f"{what} {{'dp': 2}} is not a mesh; expected a mesh shape"),
+                      (0, f"{what} 0 must be a positive integer")):
+        _errors_with(said, convert, bad)
+    _errors_with("mesh_axis_names ('a', 'b'): a Layout or Mesh names its own axes ('dp', 'mp'); leave them out",
+                 convert, mesh, mesh_axis_names=("a", "b"))
+
+
+@pytest.mark.parametrize("counts", [(1, 1), (2, 1), (1, 2), (2, 4), (8, 1), (1, 8), (4, 1), (2, 2), (1, 4)])
+def test_a_strategy_on_a_mesh_holds_what_it_holds_on_its_own_device_matrix(counts):
+    """MindSpore numbers the devices row-major over the strategy, then "rep": on a Layout whose axes group into
+    the counts the same rank holds the same block, written on the mesh's axes (an axis of size 1 cuts nothing)."""
+    mesh = Layout((2, 1, 2, 2), ("a", "one", "b", "c"))
+    on_mesh, own = strategy_to_layout(counts, mesh), strategy_to_layout(counts, 8)
+    assert on_mesh.layout is mesh and _blocks(on_mesh) == _blocks(own), (on_mesh, own)
+    assert "one" not in [axis for axes in on_mesh.tensor_map for axis in axes]
+    assert strategy_to_layout((2, 2), mesh).tensor_map == (("a",), ("b",))
+
+
+def test_a_strategy_that_does_not_group_the_mesh_axes_is_one_line():
+    mesh = Layout((2, 4), ("dp", "mp"))
+    _errors_with("strategy (4, 2) does not lie on the mesh Layout(device_matrix=(2, 4), alias_name=('dp', 'mp')): "
+                 "its slice count 4 is not the product of the next mesh axes in order", strategy_to_layout, (4, 2), mesh)
+    _errors_with("or the number of ranks (8) for the strategy's own device matrix", strategy_to_layout, (4, 2), mesh)
+    _errors_with("strategy (3, 1) uses 3 devices, which does not divide the world size 8", strategy_to_layout,
+                 (3, 1), mesh)
+    _errors_with("strategy (4, 4) needs 16 devices but the world size is 8", strategy_to_layout, (4, 4), mesh)
 
 
 def test_dialects_import_no_mpi4py():
