@@ -412,9 +412,11 @@ def test_norm_and_expand_spellings():
 @pytest.mark.parametrize("ranks", ["1", "3"])
 def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
     # tp 1 leaves c_proj on L("tp", None) against a y whose K is whole: an axis of size 1 splits nothing.
+    # The batch grows with dp by design (2 sequences a replica, weak scaling): the run says so, as the docstring does.
     done = _run("examples/port_nanogpt_attention.py", "--ranks", ranks)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert f"nanoGPT attention: mesh dp {ranks} x tp 1, 2 heads" in done.stdout
+    assert f"nanoGPT attention: mesh dp {ranks} x tp 1, 2 heads, batch {2 * int(ranks)} (2 a dp replica)" in done.stdout
+    assert "weak scaling" in (ROOT / "examples/port_nanogpt_attention.py").read_text()
     assert "output and 2 weight gradients vs numpy: PASS" in done.stdout
 
 
