@@ -366,6 +366,53 @@ def test_a_strategy_that_does_not_group_the_mesh_axes_is_one_line():
     _errors_with("strategy (4, 4) needs 16 devices but the world size is 8", strategy_to_layout, (4, 4), mesh)
 
 
+# -- what no dialect reads ------------------------------------------------------------
+def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
+    """JAX's P.UNCONSTRAINED read as a mesh axis name ("names mesh axis 'UNCONSTRAINED', which is not one of the
+    mesh axes"); MindSpore's integer tensor map said only "must be an axis name"; Layout took MindSpore's
+    "interleaved_parallel" as a real axis (16 ranks for a layout MindSpore runs on 8, silently); Paddle's
+    dist.Shard and ProcessMesh were "not valid" / "not a mesh". Each names itself now, and what to write instead;
+    docs/dialects.md lists them under "Not supported"."""
+    from pathlib import Path
+
+    from spmdsim import LayoutError
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    for spec in (("dp", "UNCONSTRAINED"), ("dp", "P.UNCONSTRAINED")):
+        said = _errors_with(f"has entry {spec[1]}: JAX's 'let the compiler choose' (with_sharding_constraint), "
+                            "which spmdsim does not model", partition_spec_to_layout, spec, mesh)
+        assert said.endswith("expected None, a mesh axis name or a tuple of mesh axis names for that dim")
+    named = Layout((2,), ("UNCONSTRAINED",))  # an axis of that name is an axis
+    assert partition_spec_to_layout(("UNCONSTRAINED",), named).tensor_map == (("UNCONSTRAINED",),)
+    for call, said in ((lambda: mesh(1, 0), "tensor map entry 1 is an axis number (MindSpore's integer tensor_map, "
+                        "counted from the right, -1 for none), which spmdsim does not read; expected an axis name"),
+                       (lambda: mesh((-1, "dp")), "got -1 (an axis number, MindSpore's integer tensor_map: write "
+                        "the axis's name)"),
+                       (lambda: mesh("1", None), "unknown alias '1' in tensor map (\"1\", None); expected one of "
+                        "('dp', 'mp') (an axis number? MindSpore's integer tensor_map is not read"),
+                       (lambda: Layout((2, 4, 2), ("dp", "mp", "interleaved_parallel")),
+                        "alias name 'interleaved_parallel' in ('dp', 'mp', 'interleaved_parallel') is MindSpore's "
+                        "micro-interleaving (a tensor cut into slices that one device computes in turn), which "
+                        "spmdsim does not model; expected the device matrix of the real axes: leave that axis and "
+                        "its size out")):
+        with pytest.raises(LayoutError) as info:
+            call()
+        assert said in str(info.value), str(info.value)
+    said = _errors_with("placement 'dist.Shard(0)' in '[dist.Shard(0), dist.Replicate()]' is Paddle's "
+                        "(dist.shard_tensor's placements on a dist.ProcessMesh), which spmdsim does not read; "
+                        "expected PyTorch DTensor's spelling, 'S(d)', 'R' or 'P'", parse_placements,
+                        "[dist.Shard(0), dist.Replicate()]")
+    process_mesh = type("ProcessMesh", (), {"__module__": "paddle.distributed.auto_parallel.process_mesh",
+                                            "__repr__": lambda self: "ProcessMesh([[0, 1], [2, 3]])"})()
+    for convert in CONVERTERS.values():
+        _errors_with("ProcessMesh([[0, 1], [2, 3]]) is not a mesh (a paddle ProcessMesh, which spmdsim does not "
+                     "read: pass Layout(mesh.shape, mesh.dim_names) instead)", convert, process_mesh)
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "dialects.md").read_text().split())
+    section = doc[doc.index("## Not supported"):]
+    for name in ("P.UNCONSTRAINED", "integer tensor map", "interleaved_parallel", "ProcessMesh", "shard_tensor"):
+        assert name in section, name
+
+
 def test_dialects_import_no_mpi4py():
     code = (
         "import sys, spmdsim.dialects\n"

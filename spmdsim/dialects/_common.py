@@ -190,7 +190,17 @@ def mesh_of(mesh: object, names: Optional[Sequence[str]],
     if as_int(mesh) is not None:
         shape: tuple[int, ...] = (positive_int(mesh, what),)
     elif as_items(mesh) is None:
-        raise DialectError(f"{what} {mesh!r} is not a mesh; expected {MESH_FORMS}")
+        raise DialectError(f"{what} {mesh!r} is not a mesh{_foreign(mesh)}; expected {MESH_FORMS}")
     else:
         shape = positive_ints(mesh, what)
     return shape, axis_names(names, len(shape)), None
+
+
+def _foreign(mesh: object) -> str:
+    """For another framework's mesh object (Paddle's ProcessMesh, PyTorch's DeviceMesh, JAX's Mesh): what it
+    is and the spmdsim Layout of its shape and names, which is what to pass instead."""
+    kind, package = type(mesh).__name__, type(mesh).__module__.split(".")[0]
+    made = {("ProcessMesh", "paddle"): "Layout(mesh.shape, mesh.dim_names)",
+            ("DeviceMesh", "torch"): "Layout(mesh.shape, mesh.mesh_dim_names)",
+            ("Mesh", "jax"): "Layout(mesh.devices.shape, mesh.axis_names)"}.get((kind, package))
+    return f" (a {package} {kind}, which spmdsim does not read: pass {made} instead)" if made else ""
