@@ -4,25 +4,26 @@ Each comment names the PyTorch line that the spmdsim line replaces; layouts are 
 made spmdsim layouts by spmdsim.dialects; output, loss, gradients and updated weights are checked against numpy.
 Run: timeout -k 5 120 mpiexec -n 8 python examples/port_dtensor_mlp.py   (or: ... --ranks 8, no mpiexec)
 """
-import sys
+import argparse
 
 import numpy as np
 
-import spmdsim
+import spmdsim.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, optim
 from spmdsim.dialects import format_placements, placements_to_layout
 
+parser = spmdsim.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()  # --help prints this docstring; any other argument is refused in one line, exit 2
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process (instead of torchrun)
 comm = spmdsim.world()    # dist.init_process_group(): MPI's COMM_WORLD, or this simulated rank's
 install_excepthook(comm)  # an error on some ranks ends the job in one line
-problem = (f"unexpected argument {sys.argv[1]!r} (this example takes only --ranks N)" if sys.argv[1:] else
-           f"this example needs an even number of ranks (dp 2 x tp N/2), not {comm.size}" if comm.size % 2 else "")
-if problem:  # the same on every rank: one line, exit 2
-    raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
+if comm.size % 2:  # the same on every rank: one line, exit 2
+    raise SpmdsimError(f"dp 2 x tp N/2 needs an even number of ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
 mesh = Mesh(Layout((2, comm.size // 2), ("dp", "tp")), comm)  # init_device_mesh("cpu", (2, n // 2), ("dp", "tp"))
 # [Shard(0), Replicate()], [Replicate(), Shard(1)], [Replicate(), Shard(0)] on this mesh, as spmdsim layouts
-batch, cols, rows = (placements_to_layout(p, mesh, 2)
-                     for p in ("S(0), R", "R, S(1)", "R, S(0)"))
+batch, cols, rows = (placements_to_layout(p, mesh, 2) for p in ("S(0), R", "R, S(1)", "R, S(0)"))
 B, D, F = 8, 8, 4 * mesh.layout.device_matrix[1]  # batch, width, hidden width (4 hidden units per tp rank)
 X, T, W1, W2 = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, D), (B, D), (D, F), (F, D)]))
 x = DTensor.from_global(mesh, X, batch)  # x = distribute_tensor(X, mesh, [Shard(0), Replicate()])
@@ -30,8 +31,7 @@ t_local = T[batch.slices(mesh.rank, T.shape)]  # each rank loaded its own rows o
 t = DTensor.from_local(mesh, t_local, batch)  # t = DTensor.from_local(t_local, mesh, [Shard(0), Replicate()])
 # parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}), weights stored
 # (in, out) for x @ w: fc1's columns are Shard(1) (nn.Linear stores (out, in): ColwiseParallel shards its dim 0)
-w1 = DTensor.from_global(mesh, W1, cols).requires_grad_()
-w2 = DTensor.from_global(mesh, W2, rows).requires_grad_()
+w1, w2 = (DTensor.from_global(mesh, W, layout).requires_grad_() for W, layout in ((W1, cols), (W2, rows)))
 opt = optim.SGD([w1, w2], lr=0.1)  # opt = torch.optim.SGD(model.parameters(), lr=0.1)
 with collect_trace() as forward:
     y = ops.matmul(ops.relu(x @ w1), w2, reduce=False)  # y = fc2(relu(fc1(x))), before RowwiseParallel's output hook

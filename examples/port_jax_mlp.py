@@ -3,26 +3,26 @@
 Each comment names the JAX line the spmdsim line replaces; PartitionSpecs are tuples (P("dp", None) is ("dp", None)).
 Run: timeout -k 5 120 mpiexec -n 8 python examples/port_jax_mlp.py (or --ranks 8); every result is checked by numpy.
 """
-import sys
+import argparse
 
 import numpy as np
 
-import spmdsim
-from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops
+import spmdsim.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
+from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, dialects
 from spmdsim.autograd import no_grad
-from spmdsim.dialects import format_partition_spec, partition_spec_to_layout
 
+parser = spmdsim.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
+parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
+parser.parse_args()  # --help prints this docstring; any other argument is refused in one line, exit 2
 spmdsim.script(__file__)  # with --ranks N: N simulated devices in one process (XLA's forced host device count)
 comm = spmdsim.world()    # jax.distributed.initialize(): MPI's COMM_WORLD, or this simulated rank's
 install_excepthook(comm)  # an error on some ranks ends the job in one line
-problem = (f"unexpected argument {sys.argv[1]!r} (this example takes only --ranks N)" if sys.argv[1:] else
-           f"this example needs an even number of ranks (dp 2 x tp N/2), not {comm.size}" if comm.size % 2 else "")
-if problem:  # the same on every rank: one line, exit 2
-    raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
+if comm.size % 2:  # the same on every rank: one line, exit 2
+    raise SpmdsimError(f"dp 2 x tp N/2 needs an even number of ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
 mesh = Mesh(Layout((2, comm.size // 2), ("dp", "tp")), comm)  # mesh = jax.make_mesh((2, n // 2), ("dp", "tp"))
 # NamedSharding(mesh, P("dp", None)), P(None, "tp"), P("tp", None): a mesh and a spec make one spmdsim TensorLayout
-batch, cols, rows = (partition_spec_to_layout(spec, mesh, 2)
-                     for spec in (("dp", None), (None, "tp"), ("tp", None)))
+batch, cols, rows = (dialects.partition_spec_to_layout(s, mesh, 2) for s in (("dp", None), (None, "tp"), ("tp", None)))
 B, D, F = 8, 8, 4 * mesh.layout.device_matrix[1]  # batch, width, hidden width (4 hidden units per tp device)
 X, T, W1, W2 = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, D), (B, D), (D, F), (F, D)]))
 x, t = (DTensor.from_global(mesh, a, batch) for a in (X, T))  # jax.device_put(X, NamedSharding(mesh, P("dp", None)))
@@ -49,7 +49,7 @@ verdicts = [y.check(Y), loss.check(np.array(((Y - T) ** 2).mean())), w1.grad.che
             new_w1.check(W1 - 0.1 * G1), new_w2.check(W2 - 0.1 * G2)]  # each device checks its own block
 passed = all(verdicts) and np.allclose(y.gather(), Y, rtol=1e-12, atol=1e-12)  # jax.device_get(y)
 if mesh.rank == 0:  # below, x.local is the block a shard_map body gets for in_specs=P("dp", None)
-    specs = [format_partition_spec(v.partition_spec) for v in (x, w1, w2, y, w1.grad)]
+    specs = [dialects.format_partition_spec(v.partition_spec) for v in (x, w1, w2, y, w1.grad)]
     print(f"JAX port: Mesh((2, {mesh.size // 2}), ('dp', 'tp')), y = relu(x @ w1) @ w2, mean squared error, SGD")
     print("specs: x {}, w1 {}, w2 {}, y {}, grad w1 {}".format(*specs).replace("PartitionSpec", "P"))
     print(f"device 0's shard_map blocks: x {x.local.shape}, w1 {w1.local.shape}, w2 {w2.local.shape}")

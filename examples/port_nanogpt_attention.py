@@ -4,7 +4,9 @@ The fused c_attn weight (C, 3C) is split on its columns over tp, so `split(C, di
 blocks: each of q, k and v moves only the columns each rank's share lacks (an Alltoallv each). Each comment
 names the nanoGPT line the spmdsim line replaces; output and both weights' gradients are checked against
 numpy (central differences); the global arrays and the reference are made once for all simulated ranks
-(spmdsim.sim.once), and a dry run makes no reference (it has no values to check).
+(spmdsim.sim.once), and a dry run makes no reference (it has no values to check). The batch is 2 sequences per dp
+replica (weak scaling, as data parallelism is: more ranks, more rows): the work, the gradients (sums over the batch)
+and so their check's absolute error grow with --ranks; its tolerance is relative to the gradients' size.
 Run: python examples/port_nanogpt_attention.py --ranks 8   (or: timeout -k 5 120 mpiexec -n 8 python ...)
 """
 import argparse
@@ -28,7 +30,7 @@ world = spmdsim.world()
 tp = 4 if world.size % 4 == 0 else 2 if world.size % 2 == 0 else 1
 mesh = Mesh(Layout((world.size // tp, tp), ("dp", "tp")), world)
 L = mesh.layout
-B, T, C, nh = 2 * (world.size // tp), 8, 8 * tp, 2 * tp  # two heads of width 4 per tp rank
+B, T, C, nh = 2 * (world.size // tp), 8, 8 * tp, 2 * tp  # 2 sequences per dp replica, 2 heads of width 4 per tp rank
 # The global arrays every rank cuts its block from, once for all simulated ranks (each MPI rank makes its own).
 X, WA, WP = once("nanoGPT arrays", lambda shapes: [SeededTensor(s, "float64", seed=i).full()
                                                    for i, s in enumerate(shapes)], [(B, T, C), (C, 3 * C), (C, C)])
@@ -68,7 +70,8 @@ grads = [np.zeros(0)] * 2 if dry else shared_numeric_grads(mesh, lambda wa, wp: 
 verdicts += [t.grad.check(lambda region, g=g: g[region], rtol=1e-6, atol=1e-8 * abs(g).max(initial=0))
              for t, g in zip((c_attn, c_proj), grads)]
 if mesh.rank == 0:
-    print(f"nanoGPT attention: mesh dp {mesh.size // tp} x tp {tp}, {nh} heads, c_attn's columns split over tp")
+    print(f"nanoGPT attention: mesh dp {mesh.size // tp} x tp {tp}, {nh} heads, batch {B} (2 a dp replica), "
+          "c_attn's columns over tp")
     print(f"collectives: {trace.counts()}")
     print(f"output and 2 weight gradients vs numpy: {'PASS' if all(verdicts) else 'FAILED'} "
           f"(max error {max(v.max_abs_error for v in verdicts):.1e})")

@@ -27,6 +27,10 @@ __all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entr
 MapEntry = Union[str, None, Sequence[str]]
 
 
+#: MindSpore's virtual axis name for micro-interleaving, refused by Layout (docs/dialects.md, "Not supported").
+INTERLEAVED = "interleaved_parallel"
+
+
 def default_axis_names(count: int) -> tuple[str, ...]:
     """The mesh axis names every entry point uses when none are given: ``axis_0, axis_1, ...``."""
     return tuple(f"axis_{i}" for i in range(count))
@@ -46,9 +50,15 @@ def normalize_entry(entry: MapEntry) -> tuple[str, ...]:
         names = tuple(entry)
         for name in names:
             if not isinstance(name, str) or name == "None":
-                raise LayoutError(f"tensor map tuple {entry!r} must hold axis names only, got {name!r}")
+                number = " (an axis number, MindSpore's integer tensor_map: write the axis's name)" \
+                    if as_int(name) is not None else ""
+                raise LayoutError(f"tensor map tuple {entry!r} must hold axis names only, got {name!r}{number}")
         # A one-element tuple is the same as the bare alias; () stays 'not split'.
         return names
+    if as_int(entry) is not None:  # MindSpore's tensor_map numbers the device matrix's axes from the right
+        raise LayoutError(f"tensor map entry {entry!r} is an axis number (MindSpore's integer tensor_map, counted "
+                          "from the right, -1 for none), which spmdsim does not read; expected an axis name, "
+                          "None/'None' or a tuple of axis names: write the name of the axis it numbers")
     raise LayoutError(f"tensor map entry {entry!r} must be an axis name, None/'None' or a tuple of axis names")
 
 
@@ -125,6 +135,10 @@ class Layout:
                 raise LayoutError(f"alias name {name!r} must be a non-empty string other than 'None'")
         if len(set(names)) != len(names):
             raise LayoutError(f"alias_name {names!r} repeats a name")
+        if INTERLEAVED in names:  # MindSpore's: a virtual axis, no devices; here it would be one of real ranks
+            raise LayoutError(f"alias name {INTERLEAVED!r} in {names!r} is MindSpore's micro-interleaving (a tensor "
+                              "cut into slices that one device computes in turn), which spmdsim does not model; "
+                              "expected the device matrix of the real axes: leave that axis and its size out")
         if self.cut not in CUTS:
             raise LayoutError(f"cut {self.cut!r} must be one of {CUTS!r}")
         object.__setattr__(self, "device_matrix", matrix)
@@ -344,8 +358,10 @@ class TensorLayout:
         for axes in entries + (partial,):
             for alias in axes:
                 if alias not in self.layout.alias_name:
+                    number = (" (an axis number? MindSpore's integer tensor_map is not read: write the axis's name)"
+                              if alias.lstrip("-").isdigit() else "")
                     raise LayoutError(f"unknown alias {alias!r} in tensor map {self._shown(entries, partial)}; "
-                                      f"expected one of {self.layout.alias_name!r}")
+                                      f"expected one of {self.layout.alias_name!r}{number}")
                 if alias in seen:
                     raise LayoutError(f"axis {alias!r} is used more than once in tensor map "
                                       f"{self._shown(entries, partial)}; each mesh axis may appear at most once")

@@ -26,6 +26,7 @@ from spmdsim.dialects import (
     partition_spec_to_layout,
     placements_to_layout,
     sbp_to_layout,
+    strategy_to_layout,
 )
 
 
@@ -238,7 +239,7 @@ def test_placements_to_layout_examples():
         (([Shard(0)], (4,), 1.5), {}, "ndim 1.5 must be a non-negative integer"),
         (([Shard(0)], (4,), 1), {"mesh_axis_names": ("a", "b")},
          "mesh_axis_names ('a', 'b') must give one name"),
-        (([Shard(0)], "4", 1), {}, "mesh shape '4' must be a non-empty sequence"),
+        (([Shard(0)], "4", 1), {}, "mesh shape '4' is not a mesh; expected a mesh shape"),
     ],
 )
 def test_placements_to_layout_errors(args, kwargs, fragment):
@@ -298,6 +299,118 @@ def test_partition_spec_cannot_express_partial():
         "PartitionSpec cannot express partial sums over ('mp',)", layout_to_partition_spec, tl
     )
     _errors_with("expected a TensorLayout, got", layout_to_partition_spec, ("dp",))
+
+
+# -- the mesh every converter takes --------------------------------------------------
+#: Each converter that takes a mesh, given one: rows split over "dp" (the first of (2, 4)), copies over "mp".
+CONVERTERS = {
+    "sbp": lambda mesh, **kw: sbp_to_layout("S(0), B", mesh, 2, **kw),
+    "placements": lambda mesh, **kw: placements_to_layout("S(0), R", mesh, 2, **kw),
+    "partition_spec": lambda mesh, **kw: partition_spec_to_layout(("dp", None), mesh, 2, **kw),
+    "strategy": lambda mesh, **kw: strategy_to_layout((2, 1), mesh, 2, **kw),
+}
+
+
+def _blocks(tl) -> list:
+    return [tl.slices(rank, (8, 8)) for rank in range(tl.layout.num_devices)]
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTERS))
+def test_every_converter_takes_a_layout_a_mesh_or_a_shape_and_refuses_the_rest_alike(name):
+    """sbp_to_layout and strategy_to_layout refused a Layout ("placement shape Layout(...) must be a non-empty
+    sequence of positive integers", "world_size Layout(...) must be a positive integer") where
+    placements_to_layout and partition_spec_to_layout took one: all four take a shape (with names), a bare
+    count (a 1-D mesh), a Layout or a Mesh now, the last two giving a layout on that very Layout; anything
+    else, or names beside a mesh that names its axes, is one line, the same for all four."""
+    import types
+
+    convert = CONVERTERS[name]
+    mesh = Layout((2, 4), ("dp", "mp"), cut="chunk")
+    want = _blocks(mesh("dp", None))
+    for given in (mesh, types.SimpleNamespace(layout=mesh)):  # a Mesh is read by its .layout
+        tl = convert(given)
+        assert tl == mesh("dp", None) and tl.layout is mesh, tl
+    assert _blocks(convert((2, 4), mesh_axis_names=("dp", "mp"))) == want
+    one_d = {"sbp": lambda: sbp_to_layout("S(0)", 8, 2), "placements": lambda: placements_to_layout("S(0)", 8, 2),
+             "partition_spec": lambda: partition_spec_to_layout(("x",), 8, 2, ("x",)),
+             "strategy": lambda: strategy_to_layout((8, 1), 8, 2)}[name]()
+    assert _blocks(one_d) == [(slice(r, r + 1), slice(0, 8)) for r in range(8)]
+    what = "placement shape" if name == "sbp" else "mesh shape"
+    for bad, said in (("8", f"{what} '8' is not a mesh; expected a mesh shape (a tuple of positive integers, or "
+                            "one for a 1-D mesh), a spmdsim Layout or a Mesh"),
+                      ({"dp": 2}, f"{what} {{'dp': 2}} is not a mesh; expected a mesh shape"),
+                      (0, f"{what} 0 must be a positive integer")):
+        _errors_with(said, convert, bad)
+    _errors_with("mesh_axis_names ('a', 'b'): a Layout or Mesh names its own axes ('dp', 'mp'); leave them out",
+                 convert, mesh, mesh_axis_names=("a", "b"))
+
+
+@pytest.mark.parametrize("counts", [(1, 1), (2, 1), (1, 2), (2, 4), (8, 1), (1, 8), (4, 1), (2, 2), (1, 4)])
+def test_a_strategy_on_a_mesh_holds_what_it_holds_on_its_own_device_matrix(counts):
+    """MindSpore numbers the devices row-major over the strategy, then "rep": on a Layout whose axes group into
+    the counts the same rank holds the same block, written on the mesh's axes (an axis of size 1 cuts nothing)."""
+    mesh = Layout((2, 1, 2, 2), ("a", "one", "b", "c"))
+    on_mesh, own = strategy_to_layout(counts, mesh), strategy_to_layout(counts, 8)
+    assert on_mesh.layout is mesh and _blocks(on_mesh) == _blocks(own), (on_mesh, own)
+    assert "one" not in [axis for axes in on_mesh.tensor_map for axis in axes]
+    assert strategy_to_layout((2, 2), mesh).tensor_map == (("a",), ("b",))
+
+
+def test_a_strategy_that_does_not_group_the_mesh_axes_is_one_line():
+    mesh = Layout((2, 4), ("dp", "mp"))
+    _errors_with("strategy (4, 2) does not lie on the mesh Layout(device_matrix=(2, 4), alias_name=('dp', 'mp')): "
+                 "its slice count 4 is not the product of the next mesh axes in order", strategy_to_layout, (4, 2), mesh)
+    _errors_with("or the number of ranks (8) for the strategy's own device matrix", strategy_to_layout, (4, 2), mesh)
+    _errors_with("strategy (3, 1) uses 3 devices, which does not divide the world size 8", strategy_to_layout,
+                 (3, 1), mesh)
+    _errors_with("strategy (4, 4) needs 16 devices but the world size is 8", strategy_to_layout, (4, 4), mesh)
+
+
+# -- what no dialect reads ------------------------------------------------------------
+def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
+    """JAX's P.UNCONSTRAINED read as a mesh axis name ("names mesh axis 'UNCONSTRAINED', which is not one of the
+    mesh axes"); MindSpore's integer tensor map said only "must be an axis name"; Layout took MindSpore's
+    "interleaved_parallel" as a real axis (16 ranks for a layout MindSpore runs on 8, silently); Paddle's
+    dist.Shard and ProcessMesh were "not valid" / "not a mesh". Each names itself now, and what to write instead;
+    docs/dialects.md lists them under "Not supported"."""
+    from pathlib import Path
+
+    from spmdsim import LayoutError
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    for spec in (("dp", "UNCONSTRAINED"), ("dp", "P.UNCONSTRAINED")):
+        said = _errors_with(f"has entry {spec[1]}: JAX's 'let the compiler choose' (with_sharding_constraint), "
+                            "which spmdsim does not model", partition_spec_to_layout, spec, mesh)
+        assert said.endswith("expected None, a mesh axis name or a tuple of mesh axis names for that dim")
+    named = Layout((2,), ("UNCONSTRAINED",))  # an axis of that name is an axis
+    assert partition_spec_to_layout(("UNCONSTRAINED",), named).tensor_map == (("UNCONSTRAINED",),)
+    for call, said in ((lambda: mesh(1, 0), "tensor map entry 1 is an axis number (MindSpore's integer tensor_map, "
+                        "counted from the right, -1 for none), which spmdsim does not read; expected an axis name"),
+                       (lambda: mesh((-1, "dp")), "got -1 (an axis number, MindSpore's integer tensor_map: write "
+                        "the axis's name)"),
+                       (lambda: mesh("1", None), "unknown alias '1' in tensor map (\"1\", None); expected one of "
+                        "('dp', 'mp') (an axis number? MindSpore's integer tensor_map is not read"),
+                       (lambda: Layout((2, 4, 2), ("dp", "mp", "interleaved_parallel")),
+                        "alias name 'interleaved_parallel' in ('dp', 'mp', 'interleaved_parallel') is MindSpore's "
+                        "micro-interleaving (a tensor cut into slices that one device computes in turn), which "
+                        "spmdsim does not model; expected the device matrix of the real axes: leave that axis and "
+                        "its size out")):
+        with pytest.raises(LayoutError) as info:
+            call()
+        assert said in str(info.value), str(info.value)
+    said = _errors_with("placement 'dist.Shard(0)' in '[dist.Shard(0), dist.Replicate()]' is Paddle's "
+                        "(dist.shard_tensor's placements on a dist.ProcessMesh), which spmdsim does not read; "
+                        "expected PyTorch DTensor's spelling, 'S(d)', 'R' or 'P'", parse_placements,
+                        "[dist.Shard(0), dist.Replicate()]")
+    process_mesh = type("ProcessMesh", (), {"__module__": "paddle.distributed.auto_parallel.process_mesh",
+                                            "__repr__": lambda self: "ProcessMesh([[0, 1], [2, 3]])"})()
+    for convert in CONVERTERS.values():
+        _errors_with("ProcessMesh([[0, 1], [2, 3]]) is not a mesh (a paddle ProcessMesh, which spmdsim does not "
+                     "read: pass Layout(mesh.shape, mesh.dim_names) instead)", convert, process_mesh)
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "dialects.md").read_text().split())
+    section = doc[doc.index("## Not supported"):]
+    for name in ("P.UNCONSTRAINED", "integer tensor map", "interleaved_parallel", "ProcessMesh", "shard_tensor"):
+        assert name in section, name
 
 
 def test_dialects_import_no_mpi4py():

@@ -134,8 +134,8 @@ def test_strategy_layout_scalar_and_world_of_one():
     [
         ((2, 3), 8, "strategy (2, 3) uses 6 devices, which does not divide the world size 8"),
         ((4, 4), 8, "strategy (4, 4) needs 16 devices but the world size is 8"),
-        ((2, 1), 0, "world_size 0 must be a positive integer"),
-        ((2, 1), "8", "world_size '8' must be a positive integer"),
+        ((2, 1), 0, "mesh shape 0 must be a positive integer"),
+        ((2, 1), "8", "mesh shape '8' is not a mesh; expected a mesh shape"),
         (((2, 1), (1, 4)), 8, "has 2 inputs; expected one tensor's slice counts"),
     ],
 )

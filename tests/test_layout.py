@@ -155,7 +155,7 @@ def test_local_shape_and_bounds():
         (lambda: Layout((2, 4), ("dp", "dp")), "repeats a name"),
         (lambda: Layout((2, 4), ("dp", "None")), "other than 'None'"),
         (lambda: Layout((2,), ("dp",))(("dp", None)), "must hold axis names only"),
-        (lambda: Layout((2,), ("dp",))(3), "must be an axis name"),
+        (lambda: Layout((2,), ("dp",))(3.5), "must be an axis name"),
     ],
 )
 def test_layout_errors_name_the_value(build, fragment):

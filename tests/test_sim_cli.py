@@ -271,36 +271,24 @@ PASS_LINES = {"llama_block": "forward and 10 gradients vs numpy: PASS",
               "causal_attention": "forward and 5 gradients vs numpy: PASS"}
 
 
-#: The port examples take only --ranks N and refuse anything else in their own one line (tests/test_porting.py).
-TAKES_ONLY_RANKS = ("port_dtensor_mlp", "port_jax_mlp")
-
-
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_answers_help_and_refuses_an_unknown_argument(path, monkeypatch, capsys):
     """`--help` ran the whole example and printed no help (or failed at 1 rank); `--ranks 8 --bogus` ran it with
-    --bogus ignored. Now --help prints the docstring's first line and the flags; an unknown flag is exit 2."""
+    --bogus ignored. Now --help prints the docstring's first line and the flags; an unknown flag is exit 2. The two
+    port_*_mlp.py examples were exempt (their own line "unexpected argument '--help'", exit 2): they parse too now."""
     def run(*args):
         monkeypatch.setattr(sys, "argv", [str(path), *args])
         with pytest.raises(SystemExit) as done:
             runpy.run_path(str(path), run_name="__main__")
         return done.value.code, capsys.readouterr()
 
-    if path.stem in TAKES_ONLY_RANKS:  # one process, no launcher: the error itself (its excepthook prints it)
-        from spmdsim.errors import SpmdsimError
-
-        monkeypatch.setattr(sys, "argv", [str(path), "--help"])
-        with pytest.raises(SpmdsimError, match=r"^unexpected argument '--help' \(this example takes only --ranks N\)"):
-            runpy.run_path(str(path), run_name="__main__")
-    else:
-        code, out = run("--help")
-        doc = path.read_text().split('"""')[1].splitlines()[0]  # the docstring's first line
-        assert code == 0 and out.out.startswith(f"usage: {path.name} [-h]") and "--ranks N" in out.out, out
-        assert " ".join(doc.split()[:6]) in " ".join(out.out.split()), out.out
+    code, out = run("--help")
+    doc = path.read_text().split('"""')[1].splitlines()[0]  # the docstring's first line
+    assert code == 0 and out.out.startswith(f"usage: {path.name} [-h]") and "--ranks N" in out.out, out
+    assert " ".join(doc.split()[:6]) in " ".join(out.out.split()), out.out
     code, out = run("--ranks", "8", "--bogus")
-    banner = "spmdsim: running on 8 simulated ranks in one process (--ranks 8), no mpiexec\n"
-    assert code == 2 and out.out == (banner if path.stem in TAKES_ONLY_RANKS else "") and "Traceback" not in out.err
-    assert ("unexpected argument '--bogus'" if path.stem in TAKES_ONLY_RANKS
-            else "error: unrecognized arguments: --bogus") in unfold(out.err), out.err
+    assert code == 2 and out.out == "" and "Traceback" not in out.err
+    assert "error: unrecognized arguments: --bogus" in unfold(out.err), out.err
 
 
 @pytest.mark.parametrize("stem, ranks", [

@@ -171,14 +171,36 @@ def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:
             )
 
 
-def mesh_of(mesh: object, names: Optional[Sequence[str]]) -> tuple[tuple[int, ...], tuple[str, ...], Optional[Layout]]:
-    """(mesh shape, axis names, the Layout itself or None) of a mesh given as its shape (with `names`), a
-    spmdsim Layout or a Mesh (its ``layout``): the latter two name their axes, and `names` must be None."""
+#: The mesh forms every converter that takes a mesh accepts (its errors say so).
+MESH_FORMS = "a mesh shape (a tuple of positive integers, or one for a 1-D mesh), a spmdsim Layout or a Mesh"
+
+
+def mesh_of(mesh: object, names: Optional[Sequence[str]],
+            what: str = "mesh shape") -> tuple[tuple[int, ...], tuple[str, ...], Optional[Layout]]:
+    """(mesh shape, axis names, the Layout itself or None) of a mesh given as its shape (with `names`; a bare
+    positive integer is a 1-D mesh), a spmdsim Layout or a Mesh (its ``layout``): the latter two name their
+    axes, and `names` must be None. Every dialect converter that takes a mesh reads it here (`what` names
+    the argument in errors, e.g. "placement shape")."""
     layout = mesh if isinstance(mesh, Layout) else getattr(mesh, "layout", None)
     if isinstance(layout, Layout):
         if names is not None:
             raise DialectError(f"mesh_axis_names {names!r}: a Layout or Mesh names its own axes "
                                f"{tuple(layout.alias_name)!r}; leave them out")
         return tuple(layout.device_matrix), tuple(layout.alias_name), layout
-    shape = positive_ints(mesh, "mesh shape")
+    if as_int(mesh) is not None:
+        shape: tuple[int, ...] = (positive_int(mesh, what),)
+    elif as_items(mesh) is None:
+        raise DialectError(f"{what} {mesh!r} is not a mesh{_foreign(mesh)}; expected {MESH_FORMS}")
+    else:
+        shape = positive_ints(mesh, what)
     return shape, axis_names(names, len(shape)), None
+
+
+def _foreign(mesh: object) -> str:
+    """For another framework's mesh object (Paddle's ProcessMesh, PyTorch's DeviceMesh, JAX's Mesh): what it
+    is and the spmdsim Layout of its shape and names, which is what to pass instead."""
+    kind, package = type(mesh).__name__, type(mesh).__module__.split(".")[0]
+    made = {("ProcessMesh", "paddle"): "Layout(mesh.shape, mesh.dim_names)",
+            ("DeviceMesh", "torch"): "Layout(mesh.shape, mesh.mesh_dim_names)",
+            ("Mesh", "jax"): "Layout(mesh.devices.shape, mesh.axis_names)"}.get((kind, package))
+    return f" (a {package} {kind}, which spmdsim does not read: pass {made} instead)" if made else ""

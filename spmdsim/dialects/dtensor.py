@@ -90,6 +90,10 @@ def _parse_one(token: object, shown: object) -> Placement:
         raise DialectError(f"placement {token!r}{where} is DTensor's _StridedShard (a dim sharded right to left, "
                            "as FSDP2 with TP does), which spmdsim does not model; expected Shard(d) on each mesh "
                            "dim, or write the layout with a tensor map that lists the later mesh axis first")
+    if text.startswith("dist."):
+        raise DialectError(f"placement {token!r}{where} is Paddle's (dist.shard_tensor's placements on a "
+                           "dist.ProcessMesh), which spmdsim does not read; expected PyTorch DTensor's spelling, "
+                           f"{_EXPECTED[len('expected '):]}, or a spmdsim Layout and tensor map")
     match = _SHARD.match(text)
     if match is not None:
         return Shard(int(match.group(1)))

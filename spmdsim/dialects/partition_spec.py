@@ -19,9 +19,18 @@ __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_parti
 _ENTRY = "None, a mesh axis name or a tuple of mesh axis names"
 
 
+#: How JAX's PartitionSpec.UNCONSTRAINED reads: its repr, and the spellings of it in text.
+_UNCONSTRAINED = ("UNCONSTRAINED", "P.UNCONSTRAINED", "PartitionSpec.UNCONSTRAINED")
+
+
 def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tuple[str, ...]:
     if item is None:
         return ()
+    shown = item if isinstance(item, str) else repr(item)
+    if shown in _UNCONSTRAINED and item not in names:
+        raise DialectError(f"partition spec {spec!r} has entry {shown}: JAX's 'let the compiler choose' "
+                           "(with_sharding_constraint), which spmdsim does not model (it runs each operator "
+                           f"eagerly on the layouts it is given); expected {_ENTRY} for that dim")
     if isinstance(item, str):
         axes = (item,)
     else:

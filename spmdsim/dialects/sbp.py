@@ -16,8 +16,7 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import (as_int, axis_names, check_major_order, entry_tokens, positive_ints,
-                      renamed_keyword)
+from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 
 __all__ = [
     "Broadcast", "Split", "PartialSum", "SBP", "parse_sbp", "format_sbp", "sbp_to_layout",
@@ -106,20 +105,22 @@ def format_sbp(sbp: object) -> str:
 
 def sbp_to_layout(
     sbp: object,
-    mesh_shape: Optional[Sequence[int]] = None,
+    mesh_shape: Union[int, Sequence[int], Layout, object] = None,
     ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
     **deprecated: object,
 ) -> TensorLayout:
     """TensorLayout of an `ndim`-dim tensor with nD SBP `sbp` on a placement of `mesh_shape`.
 
-    Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given.
+    Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given, or
+    `mesh_shape` is a spmdsim Layout or Mesh, whose axes have names (the layout is then on
+    that very Layout: ``sbp_to_layout("S(0), B", mesh, 2)``); a bare integer is a 1-D placement.
     (``placement_shape=`` is the deprecated name of `mesh_shape`.)
     """
     mesh_shape = renamed_keyword(deprecated, "placement_shape", "mesh_shape", mesh_shape,
                                  "sbp_to_layout")
     parsed = parse_sbp(sbp)
-    shape = positive_ints(mesh_shape, "placement shape")
+    shape, names, base = mesh_of(mesh_shape, mesh_axis_names, "placement shape")
     if len(parsed) != len(shape):
         raise DialectError(
             f"sbp {format_sbp(parsed)} has {len(parsed)} entries but placement shape "
@@ -128,7 +129,6 @@ def sbp_to_layout(
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
-    names = axis_names(mesh_axis_names, len(shape))
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for axis, (name, item) in enumerate(zip(names, parsed)):
@@ -142,7 +142,7 @@ def sbp_to_layout(
             entries[item.tensor_dim].append(name)
         elif isinstance(item, PartialSum):
             partial.append(name)
-    return Layout(shape, names)(*(tuple(e) for e in entries), partial=partial)
+    return (base or Layout(shape, names))(*(tuple(e) for e in entries), partial=partial)
 
 
 def sbp_of_axis(tl: TensorLayout, axis: str) -> SBP:

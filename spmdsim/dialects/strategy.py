@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_flag, as_int, as_items, axis_names, positive_int, require_layout
+from ._common import as_flag, as_int, as_items, axis_names, mesh_of, positive_int, require_layout
 
 __all__ = [
     "REP_AXIS", "StrategyLike", "MatMulLayouts", "parse_strategy", "format_strategy",
@@ -119,15 +119,19 @@ def _device_layout(
 
 def strategy_to_layout(
     strategy: StrategyLike,
-    mesh_shape: Union[int, Sequence[int]],
+    mesh_shape: Union[int, Sequence[int], Layout, object],
     ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
 ) -> TensorLayout:
     """TensorLayout of one tensor sharded by `strategy` on the ranks of `mesh_shape`.
 
-    Only the number of ranks counts (`mesh_shape` is that number or any shape with
-    that product), as MindSpore lays a strategy over a flat device list. ``()`` is
-    a scalar (only the "rep" axis); `ndim`, when given, must equal the strategy's length.
+    Given a number of ranks or a shape, only the number of ranks counts (any shape with
+    that product), as MindSpore lays a strategy over a flat device list: the device matrix
+    is the strategy (axes named by `mesh_axis_names`, one per tensor dim) and "rep". Given
+    a spmdsim Layout or Mesh, the same ranks hold the same shards, written on that very
+    Layout: each dim's count must be the product of the next mesh axes in order (``(2, 1)``
+    on ``Layout((2, 4), ("dp", "mp"))`` is ``("dp", None)``), and the mesh names its axes.
+    ``()`` is a scalar (only the "rep" axis); `ndim`, when given, must equal the strategy's length.
     """
     # () alone is ambiguous for parse_strategy (no inputs); here it can only be a scalar.
     parsed = ((),) if as_items(strategy) == [] else parse_strategy(strategy)
@@ -139,11 +143,35 @@ def strategy_to_layout(
     if ndim is not None and as_int(ndim) != len(counts):
         raise DialectError(f"strategy {counts!r} has {counted(len(counts), 'dim')} but ndim is "
                            f"{ndim!r}; expected one slice count per tensor dim")
+    mesh = mesh_shape if isinstance(mesh_shape, Layout) else getattr(mesh_shape, "layout", None)
+    if isinstance(mesh, Layout):
+        mesh_of(mesh, mesh_axis_names)  # refuses names beside a mesh that names its axes
+        return _on_mesh(counts, mesh)
     names = axis_names(mesh_axis_names, len(counts))
-    shape = as_items(mesh_shape)
-    world = math.prod(positive_int(n, "mesh shape") for n in shape) if shape else mesh_shape
-    layout = _device_layout(counts, names, world, f"strategy {counts!r}")
+    shape, _, _ = mesh_of(mesh_shape, None)
+    layout = _device_layout(counts, names, math.prod(shape), f"strategy {counts!r}")
     return layout(*names)
+
+
+def _on_mesh(counts: tuple[int, ...], mesh: Layout) -> TensorLayout:
+    """The strategy's layout on `mesh`: MindSpore's device matrix (counts, then "rep") flattened row-major
+    is the mesh's when the mesh's axes, taken in order, group into the counts (the rest are "rep")."""
+    what = f"strategy {counts!r}"
+    _device_layout(counts, axis_names(None, len(counts)), mesh.num_devices, what)  # too many devices, or not a divisor
+    sizes, at, tensor_map = mesh.device_matrix, 0, []
+    for count in counts:
+        axes, product = [], 1
+        while product < count and at < len(sizes):
+            axes += [mesh.alias_name[at]] if sizes[at] > 1 else []  # an axis of size 1 cuts nothing
+            product, at = product * sizes[at], at + 1
+        if product != count:
+            raise DialectError(
+                f"{what} does not lie on the mesh {mesh!r}: its slice count {count} is not the product of "
+                f"the next mesh axes in order (MindSpore numbers the devices row-major over the strategy, "
+                f"then the repeats); expected counts that group the mesh's axes, or the number of ranks "
+                f"({mesh.num_devices}) for the strategy's own device matrix")
+        tensor_map.append(tuple(axes))
+    return mesh(*tensor_map)
 
 
 def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
