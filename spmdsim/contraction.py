@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import flops as _flops
 from .buffers import broadcast_zero, contiguous
 from .context import current
 from .flops import gemm as _gemm
@@ -85,6 +86,7 @@ def _moved(perm: list) -> tuple | None:
 
 
 _RECIPES: dict = {}  # (a_word, a.shape, b_word, b.shape, out) -> _Recipe
+_matmul = np.matmul
 _CACHE_MAX = 4096
 
 
@@ -107,7 +109,7 @@ def _recipe(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) 
 
 def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> np.ndarray:
     """einsum of two blocks as one batched matmul (transposes around np.matmul)."""
-    r = _recipe(a_word, a.shape, b_word, b.shape, out)
+    r = _RECIPES.get((a_word, a.shape, b_word, b.shape, out)) or _recipe(a_word, a.shape, b_word, b.shape, out)
     if r.swap:
         a, b = b, a
     if r.a_gone is not None or r.b_gone is not None:
@@ -133,8 +135,12 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         lhs = lhs.reshape(r.lhs_shape)
     if r.rhs_moves:
         rhs = rhs.reshape(r.rhs_shape)
-    result = engine.matmul(lhs, rhs)  # spmdsim.engines.matmul's two lines, the engine at hand
-    _gemm(r.lhs_shape, r.rhs_shape, result.dtype, (lhs, rhs, result))
+    if lhs.dtype.kind != "V" and rhs.dtype.kind != "V":  # no bfloat16: numpy's product (the engine's, inline)
+        result = _matmul(lhs, rhs)
+    else:  # spmdsim.precision.product: widened to float32, as a GPU multiplies bfloat16
+        result = engine.matmul(lhs, rhs)
+    if _flops._OPEN:  # spmdsim.flops: counted where a counter is open (no call otherwise)
+        _gemm(r.lhs_shape, r.rhs_shape, result.dtype, (lhs, rhs, result))
     if r.out_moves:
         result = result.reshape(r.shape)
     if r.order is not None:

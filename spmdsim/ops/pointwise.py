@@ -25,7 +25,8 @@ from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
 from ..autograd.rules.pointwise import DERIVATIVES, LOUD, quiet, record_pointwise
 from ..errors import DTypeError, OperatorError
-from ..flops import any_open, sweep
+from .. import flops as _flops
+from ..flops import sweep
 from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
@@ -163,7 +164,7 @@ def pointwise(op: str, *args: Any) -> Any:
                 block = forward(*locals_)
         else:
             block = forward(*locals_)
-    if any_open():  # one fused pass (spmdsim.flops): its operands read, its result written
+    if _flops._OPEN:  # one fused pass (spmdsim.flops): its operands read, its result written
         sweep(op, locals_, (block,))
     out = prepared_result(mesh, block, prepared)
     if prepared.derivative is not None:  # not a comparison
