@@ -26,8 +26,10 @@ each kernel over activations outside the optimizer, which blocks it read and wro
 reference to the array owning each block's memory; a (shape, dtype) pair has none, a (shape, dtype, array)
 triple is that array's), and `hold` marks blocks the rank holds anyway: parameters, their gradients, what
 the graph keeps for backward. `FlopCounter.fresh` then gives, per product or kernel, the elements of its
-blocks that are not among those: `Fresh` records, what a moment's transient blocks add beside what the rank
-holds (spmdsim.estimate.ledger.largest_transient).
+blocks that are not among those, an array once however many of the call's operands and results it is (an
+in-place kernel's block, read and written, is one block alive; its traffic still counts both): `Fresh`
+records, what a moment's transient blocks add beside what the rank holds
+(spmdsim.estimate.ledger.largest_transient).
 
 With no counter open anywhere in the process, `gemm` and `sweep` return after one test.
 """
@@ -132,7 +134,7 @@ class Fresh:
 
     what: the product's Gemm, or the kernel's operator name; phase: one of PHASES; floating: elements of its
     floating blocks (a product's operands and result are floating); other: bytes of its other blocks (masks,
-    ids) at their own width.
+    ids) at their own width. Each array once, however many of the call's operands and results it is.
     """
 
     what: Any
@@ -290,8 +292,31 @@ def _record(counters: list, what: Any, phase: str, blocks: Any) -> None:
     for counter in counters:
         if counter.calls is not None:
             if entries is None:
-                entries = tuple(e for e in map(_entry, blocks) if e is not None)
+                entries = _entries(blocks)
             counter.calls.append((what, phase, entries))
+
+
+def _entries(blocks: Any) -> tuple:
+    """The `_entry` of each of one call's blocks, an array once however many of its operands and results it is
+    (an in-place kernel's block, read and written: one block alive, not two); a (shape, dtype) pair is a block
+    of its own each time it is given (one pair may stand for several blocks of its shape)."""
+    out = []
+    seen: list = []
+    for block in blocks:
+        if block is None:
+            continue
+        if type(block) is tuple:
+            a = block[2] if len(block) > 2 else None
+        else:
+            a = block
+        if a is not None:
+            if any(a is b for b in seen):
+                continue
+            seen.append(a)
+        e = _entry(block)
+        if e is not None:
+            out.append(e)
+    return tuple(out)
 
 
 def holding() -> bool:

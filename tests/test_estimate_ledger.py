@@ -471,8 +471,9 @@ def test_the_peak_adds_no_block_the_memory_line_holds():
     reads x, which its backward keeps, and the weight W1, a parameter: only its result (8 x 1024, before the
     bias add) is the moment's own; its weight-gradient product x^T dA reads the kept x and writes W1's gradient,
     which the memory line holds as the gradients: only dA. The largest moment is then the backward walk's sum
-    of two gradients of the stacked Q, K, V (3 blocks of 3 x 8 x 256), not fc1's product with its weight
-    beside it (memory + (2,048 + 262,144 + 8,192) x 2 bytes, as the peak was counted)."""
+    of two gradients of the stacked Q, K, V into the first, in place (2 blocks of 3 x 8 x 256: the block read and
+    written is one block, not two, as it was counted), not fc1's product with its weight beside it (memory +
+    (2,048 + 262,144 + 8,192) x 2 bytes, as the peak was counted)."""
     from spmdsim.estimate.ledger import Transient, stage_memory
     from spmdsim.flops import Gemm
 
@@ -484,8 +485,8 @@ def test_the_peak_adds_no_block_the_memory_line_holds():
     assert fresh[(Gemm(1, 8, 1024, 256, "float64", "forward"), "forward")] == {(8 * 1024, 0)}
     assert fresh[(Gemm(1, 256, 1024, 8, "float64", "backward"), "backward")] == {(8 * 1024, 0)}
     mem = stage_memory(stage, "bf16-mixed", 0)
-    assert mem.transient == Transient(3 * 3 * 8 * 256 * 2, "add (backward)")
-    assert mem.peak == mem.memory + 3 * 3 * 8 * 256 * 2
+    assert mem.transient == Transient(2 * 3 * 8 * 256 * 2, "add (backward)")
+    assert mem.peak == mem.memory + 2 * 3 * 8 * 256 * 2
 
 
 def _fresh(stage) -> dict:
@@ -516,7 +517,7 @@ def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
     assert fresh[(Gemm(4, 2, 64, 256, "float64", "forward"), "forward")] == {(rows, 0)}  # fc2
     assert fresh[(Gemm(4, 64, 256, 2, "float64", "backward"), "backward")] == {(hidden, 0)}  # d w1 = xe^T dh
     assert fresh[(Gemm(4, 2, 64, 256, "float64", "backward"), "backward")] == {(hidden + rows, 0)}  # d xe
-    assert fresh[("moe bias", "forward")] == {(0, 0), (2 * rows, 0)}  # fc1's kept output; fc2's in place
+    assert fresh[("moe bias", "forward")] == {(0, 0), (rows, 0)}  # fc1's kept output; fc2's in place: once
     mem = stage_memory(stage, "bf16-mixed", 0)
     assert mem.transient == Transient(2 * hidden * 2, "gelu backward (backward)")
 

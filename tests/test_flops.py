@@ -230,3 +230,28 @@ def test_sweep_counts_each_operators_operands_and_result_by_hand():
         Kernel("add", bw, "grads", "float64", 2 * 6, 6): 1,  # and b's
     }
     assert kernels == expected
+
+
+def test_a_block_read_and_written_in_place_is_one_block_of_the_moment():
+    """`FlopCounter.fresh` counts an array once per call however many of its operands and results it is: an
+    in-place add (a += b: a read and written) holds a and b, 2 blocks, not 3; a held block stays out
+    (spmdsim.flops.hold) even read and written; the traffic still counts a read and a written (bytes that move).
+    A (shape, dtype) pair is a block of its own each time it is given (one pair stands for several blocks)."""
+    from spmdsim.flops import Fresh, Kernel, hold, sweep
+
+    def body():
+        a, b, w = np.zeros((4, 8)), np.zeros((4, 8)), np.zeros((8,))
+        with counting(blocks=True) as c:
+            sweep("add", (a, b), (a,))
+            sweep("bias", (a, w), (a,))
+            hold(w)
+            pair = ((4, 8), np.float64)
+            sweep("softmax", (pair, pair), (pair,))
+            mask = np.zeros((4, 8), bool)
+            sweep("dropout", (a, mask, mask), (a, mask))
+        return c.fresh(), dict(c.kernels)
+
+    fresh, kernels = spmdsim.simulate(1, body)[0]
+    assert fresh == (Fresh("add", "forward", 64, 0), Fresh("bias", "forward", 32, 0),
+                     Fresh("softmax", "forward", 96, 0), Fresh("dropout", "forward", 32, 32))
+    assert kernels[Kernel("add", "forward", "activations", "float64", 64, 32)] == 1

@@ -453,23 +453,102 @@ def test_memory_in_a_dry_run_prints_the_ledger_below_the_report():
         assert "memory (rank 0, step 0, bytes): kept for backward" in out and "optimizer states" in out, out
 
 
-def test_attention_need_counts_the_scores_blocks_a_rank_holds():
-    """The pre-check's shape-only count: one layer's scores (local batch, local heads, seq, seq); the forward's
-    softmax holds two such blocks, and each earlier layer keeps Megatron's two values and a one-byte mask
-    (one value without dropout); recomputation keeps none; a pipeline stage holds its own layers' share."""
-    from spmdsim.gpt.memory import attention_need
-
-    cfg = GPTConfig(layers=4, d_model=128, heads=4, seq=1000, batch=8, dropout=0.1)
-    need = attention_need(cfg, 2, 4)
-    assert need.shape == (4, 1, 1000, 1000) and need.block == 4 * 10**6 * 8
-    assert need.nbytes == 3 * 4 * 10**6 * 17 + 2 * need.block
-    assert need.words() == "4 sequences x 1 head x 1,000 x 1,000 at 8 bytes"
-    assert attention_need(cfg, 2, 4, recompute="selective").nbytes == 2 * need.block
-    assert attention_need(cfg, 1, 2, pp=2, microbatches=4, activation="bfloat16").nbytes == \
-        4 * 10**6 * 5 + 2 * 4 * 10**6 * 2  # batch 8 / 4 microbatches, 2 heads, 2 layers a stage, bf16
+def test_step_need_counts_what_a_rank_surely_holds_from_the_shapes():
+    """The pre-check's shape-only count (spmdsim.gpt.memory.step_need), by hand: one layer's scores (local
+    batch, local heads, seq, seq); each layer's kept set at least Megatron's (Korthikanti's s·b·h terms; the
+    graph keeps dropout's factors as values, Megatron a byte) and its attention core's probabilities, dropped-out
+    values and mask; at the last layer's softmax two blocks of scores instead of its kept set; the rank's weight
+    matrices and (one stage) embedding; or, at the step's end, the weights, their gradients and AdamW's moments."""
     from dataclasses import replace
 
-    assert attention_need(replace(cfg, dropout=0.0), 2, 4).nbytes == 5 * need.block
+    from spmdsim.gpt.memory import step_need
+
+    cfg = GPTConfig(layers=4, d_model=128, heads=4, seq=1000, batch=8, dropout=0.1)
+    need = step_need(cfg, 2, 4)  # dp 2, tp 4, no sp, the graph's kept set, fp64
+    sbh, elements = 1000 * 4 * 128, 4 * 1 * 1000 * 1000
+    assert need.shape == (4, 1, 1000, 1000) and need.block == elements * 8 and need.width == 8
+    assert need.words() == "4 sequences x 1 head x 1,000 x 1,000 at 8 bytes"
+    weights = 8 * (4 * 12 * 128 * 128 + 128 * 128) // 4  # the layers' matrices and the embedding, over tp
+    other = sbh * (4 * 8 + 2 * 8) + sbh * 12 * 8 // 4  # whole: 4 values, 2 factors; over tp: 12 values
+    assert need == replace(need, nbytes=weights + 4 * other + 4 * elements * 24, moment="in the forward",
+                           attention=4 * elements * 24, activations=4 * other, states=weights)
+    megatron = step_need(cfg, 2, 4, sp=True, kept="megatron")  # masks a byte, the whole terms over tp with sp
+    assert megatron.activations == 4 * (sbh * (4 * 8 + 2) // 4 + sbh * 12 * 8 // 4)
+    assert megatron.attention == 4 * elements * 17
+    selective = step_need(cfg, 2, 4, recompute="selective")  # the last softmax's 2 blocks beside 3 kept sets
+    assert (selective.attention, selective.activations) == (2 * need.block, 3 * other)
+    # 2 layers a stage, batch 8 / 4; full recomputation keeps each layer's input (over tp with sp): the first
+    # layer's beside the last softmax's 2 blocks
+    stage = step_need(cfg, 1, 2, pp=2, microbatches=4, recompute="full", sp=True)
+    assert (stage.shape, stage.activations, stage.attention) == ((2, 2, 1000, 1000), 1000 * 2 * 128 * 8 // 2,
+                                                                 2 * 2 * 2 * 1000 * 1000 * 8)
+    wide = GPTConfig(layers=2, d_model=256, heads=4, seq=8, batch=2)  # states outweigh the activations
+    end = step_need(wide, 2, 1, zero=1, precision="bf16-mixed")
+    w = 2 * 12 * 256 * 256 + 128 * 256
+    assert (end.moment, end.nbytes) == ("at the step's end", w * 2 + (w * 4 + 2 * w * 4 + w * 4) // 2)
+
+
+def test_step_need_takes_its_widths_from_the_precision():
+    """Every width is the policy's own dtype's itemsize (Precision.dtype): a policy whose activations are
+    numpy's "half" (float16 by another name) counts 2 bytes an element. The count kept its own table of
+    activation dtypes by name, which lacked "half" and counted 8."""
+    from dataclasses import replace
+
+    from spmdsim.gpt.memory import step_need
+    from spmdsim.precision import PRESETS
+
+    cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=100, batch=2)
+    half = replace(PRESETS["fp32"], activation="half")
+    need = step_need(cfg, 1, 1, precision=half)
+    assert need.width == half.dtype("activation").itemsize == 2 and need.block == 2 * 4 * 100 * 100 * 2
+    assert step_need(cfg, 1, 1, precision="bf16-mixed").width == 2
+    assert step_need(cfg, 1, 1, precision="fp32").width == 4
+
+
+@pytest.mark.parametrize("case", [
+    dict(pp=1, dp=2, tp=2, sp=True),
+    dict(pp=2, dp=1, tp=2, sp=True, recompute="selective", kept="megatron", precision="bf16-mixed"),
+    dict(pp=1, dp=2, tp=1, recompute="full", zero=1, dropout=0.0),
+    dict(pp=1, dp=1, tp=2, ep=2, experts=4, kept="megatron"),
+])
+def test_step_need_lies_below_the_dry_runs_peak(case):
+    """A lower bound of `spmdsim estimate`'s peak (spmdsim.estimate.ledger.stage_memory: a real step's bytes,
+    tests/test_estimate_ledger.py), so the pre-check never refuses a step that fits; within a factor of 4 (a
+    small model's buffers, positions and logits, which it leaves out, weigh more than a large one's)."""
+    from spmdsim.estimate.ledger import gpt_ledger, stage_memory
+    from spmdsim.gpt.memory import step_need
+    from spmdsim.moe import MoEConfig
+
+    case = dict(case)
+    precision, dropout, experts = case.pop("precision", "fp64"), case.pop("dropout", 0.1), case.pop("experts", 0)
+    pp, dp, tp = case.pop("pp"), case.pop("dp"), case.pop("tp")
+    cfg = GPTConfig(layers=4, d_model=64, heads=4, seq=128, batch=4, dropout=dropout,
+                    moe=MoEConfig(experts=experts, top_k=1) if experts else None)
+    m = 2 if pp > 1 else 1
+    stages = gpt_ledger(cfg, pp, dp, tp, microbatches=m, **case)
+    peak = max(stage_memory(s, precision, case.get("zero", 0)).peak for s in stages)
+    need = step_need(cfg, dp, tp, pp=pp, microbatches=m, precision=precision, **case)
+    assert peak / 4 < need.nbytes <= peak
+
+
+@pytest.mark.parametrize("cfg, kw, moment", [
+    (GPTConfig(layers=2, d_model=32, heads=4, seq=64, batch=4, dropout=0.1), dict(dp=1, tp=2, sp=True),
+     "in the forward"),
+    (GPTConfig(layers=2, d_model=128, heads=4, seq=8, batch=2, dropout=0.1), dict(dp=2, tp=1, zero=1,
+                                                                                 kept="megatron"),
+     "at the step's end"),
+])
+def test_step_need_lies_below_a_real_steps_measured_peak(cfg, kw, moment):
+    """Two steps that run, measured (train(memory=True): the largest of the totals after the forward, the backward
+    and the step): the need, at the moment it names, is below what the step held."""
+    from spmdsim.gpt.memory import step_need
+
+    kw = dict(kw)
+    dp, tp = kw.pop("dp"), kw.pop("tp")
+    need = step_need(cfg, dp, tp, **kw)
+    peaks = spmdsim.simulate(2, lambda: train(cfg, spmdsim.world(), dp, tp, 2, TEXT, memory=True, check=False,
+                                              **kw)[1][-1].memory.peak)
+    assert need.moment == moment and need.nbytes <= min(peaks)
 
 
 def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch):
@@ -483,17 +562,24 @@ def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch)
     monkeypatch.setenv("SPMDSIM_MEMORY", "1GiB")
     with pytest.raises(SpmdsimError) as got:
         spmdsim.simulate(2, lambda: train(big, spmdsim.world(), 1, 2, 1, text))
-    assert str(got.value).splitlines()[0] == (
-        "the GPT's training step needs at least 4.8 TiB per rank for its attention at seq 100,000 (one layer's "
-        "scores: 8 sequences x 2 heads x 100,000 x 100,000 at 8 bytes, 1.16 TiB) but a rank may use 1 GiB "
+    assert str(got.value).splitlines()[0] == (  # the graph's kept set: each layer's 3 blocks of (8, 2, s, s)
+        "the GPT's training step needs at least 6.99 TiB per rank in the forward at seq 100,000 (the attention's "
+        "scores 6.98 TiB, one layer's 1.16 TiB: 8 sequences x 2 heads x 100,000 x 100,000 at 8 bytes; other "
+        "activations kept for backward 4.58 GiB; parameters 112 KiB) but a rank may use 1 GiB "
         "(SPMDSIM_MEMORY=1GiB); use a smaller seq or batch (--seq, --batch), more ranks, or a dry run "
         "(--dry-run, or `spmdsim estimate gpt`: the step's peak per rank); SPMDSIM_MEMORY=SIZE|off changes the "
         "limit")
-    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 1.16 TiB per rank .* "
-                                           r"2 sequences x 4 heads x 100,000 x 100,000 at 8 bytes, 596 GiB\)"):
+    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 1.75 TiB per rank .* one "
+                                           r"layer's 596 GiB: 2 sequences x 4 heads x 100,000 x 100,000 at 8 bytes;"):
         spmdsim.simulate(2, lambda: train_pipelined(big, spmdsim.world(), 2, 1, 1, 1, text, microbatches=4))
+    wide = GPTConfig(layers=2, d_model=1024, heads=4, seq=8, batch=2)  # 25.3 M weights: 4 x 8 bytes each at the end
+    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 772 MiB per rank at the step's "
+                                           r"end at seq 8 \(parameters, gradients and optimizer states 772 MiB\) "
+                                           r"but a rank may use 512 MiB"):
+        monkeypatch.setenv("SPMDSIM_MEMORY", "512MiB")
+        spmdsim.simulate(2, lambda: train(wide, spmdsim.world(), 2, 1, 1, text))
     monkeypatch.delenv("SPMDSIM_MEMORY")  # the machine's room, less what the memory stop keeps free
-    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 4.8 TiB per rank .* kept "
+    with pytest.raises(SpmdsimError, match=r"^the GPT's training step needs at least 6.99 TiB per rank .* kept "
                                            r"free for the memory stop\); use a smaller seq"):
         spmdsim.simulate(2, lambda: train(big, spmdsim.world(), 1, 2, 1, text))
     monkeypatch.setenv("SPMDSIM_MEMORY", "64K")  # a dry run writes no block: never refused

@@ -7,7 +7,9 @@ by kind (spmdsim.autograd.kept_bytes), the parameters, gradients, master copy, o
 buffers, and the largest total of the three moments it looked (after the forward, the backward, the
 step). `korthikanti_bytes` is the closed formula those measurements are compared with (Korthikanti et
 al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4 and table 2), at
-spmdsim's dtypes. Pure: numpy-free, no mpi4py.
+spmdsim's dtypes. `step_need` is the shape-only count of what a rank of a step holds at least, the check
+before a training run (spmdsim.gpt.train.step_memory_problem). Pure: no mpi4py; numpy only where
+`step_need` asks a precision its dtypes' widths.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
-           "korthikanti_bytes", "per_layer_units"]
+           "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
 RECOMPUTE = ("none", "selective", "full")
@@ -115,48 +117,107 @@ def per_layer_units(kept: dict[str, int], layers: int, s: int, b: int, h: int, a
     return rest / layers / (s * b * h), kept.get("attention core", 0) / layers / (a * s * s * b)
 
 
-#: Bytes per element of the activation dtypes a precision policy computes in (spmdsim.precision).
-_ACTIVATION_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-
-
 @dataclass(frozen=True)
-class AttentionNeed:
-    """A shape-only count of the largest blocks one rank of the GPT's training step holds at its peak
-    (`attention_need`): `nbytes` in all; `block` the bytes of one layer's attention scores on the rank, of
-    shape `shape` (local batch, local heads, seq, seq) at `width` bytes an element."""
+class StepNeed:
+    """A shape-only count of the bytes one rank of the GPT's training step holds at least at its peak
+    (`step_need`): `nbytes` in all, at `moment` ("in the forward": the attention cores' scores and the
+    activations kept for backward beside the parameters; or "at the step's end": the parameters, their
+    gradients and the optimizer's master copy and states). `attention`: the attention cores' bytes then (the
+    kept probabilities of the layers before, and for a moment two blocks of scores); `activations`: the other
+    activations kept for backward then; `states`: the model states then. `block`: the bytes of one layer's
+    attention scores on the rank, of shape `shape` (local batch, local heads, seq, seq) at `width` bytes an
+    element."""
 
     nbytes: int
+    moment: str
+    attention: int
+    activations: int
+    states: int
     block: int
     shape: tuple[int, int, int, int]
     width: int
 
     def words(self) -> str:
-        """ "the attention scores of one layer, 4 x 1 x 100,000 x 100,000 at 8 bytes, 298 GiB" (no size)."""
+        """ "4 sequences x 1 head x 100,000 x 100,000 at 8 bytes": one layer's scores on the rank (no size)."""
         b, h, s, _ = self.shape
         heads = "1 head" if h == 1 else f"{h:,} heads"
         return f"{b:,} sequences x {heads} x {s:,} x {s:,} at {self.width} bytes"
 
 
-def attention_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatches: int = 1,
-                   recompute: str = "none", activation: str = "float64") -> AttentionNeed:
-    """The bytes one rank of a (pp, dp, ep, tp) mesh holds at least at its training step's peak for the attention
-    cores alone: a shape-only count, no array made (the pre-check before a run: `step_memory_problem`).
+def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatches: int = 1,
+              recompute: str = "none", sp: bool = False, kept: str = "graph", zero: int = 0,
+              precision: Any = "fp64") -> StepNeed:
+    """The bytes one rank of a (pp, dp, ep, tp) mesh holds at least at its training step's peak: a shape-only
+    count, no array made, a few dozen operations (the pre-check before a run: spmdsim.gpt.train's
+    `step_memory_problem`). `precision`: a policy or its name (spmdsim.precision); every width is the policy's
+    own dtype's itemsize (`Precision.dtype`).
 
-    One layer's scores on a rank are (local batch, local heads, seq, seq): the batch split over dp x ep and the
-    microbatches, the heads over tp (sequence parallelism gathers the whole sequence for attention). The
-    forward's softmax holds the scores and its probabilities at once (2 blocks); without recomputation each
-    earlier layer of the stage keeps for backward at least what Megatron keeps (Korthikanti et al.: the
-    probabilities, and with dropout its output and a one-byte mask). A lower bound of the dry run's peak
-    (spmdsim.estimate.ledger.stage_memory: `spmdsim estimate`), which also counts the model states, the other
-    activations and the largest kernel's other blocks: a run refused by it cannot fit."""
+    The larger of two moments, each counting only what the step surely holds then:
+    - in the forward, at its end or at the last layer's softmax: the rank's share of the transformer layers'
+      weight matrices (and, on one stage, the token embedding) at the parameters' width, and one microbatch's
+      activations kept for backward by at least Megatron's kept set (Korthikanti et al., `korthikanti_bytes`:
+      two layer norms' inputs, the QKV and MLP inputs, whole on every tp rank unless `sp`, Q, K, V, the
+      projection's input, GeLU's input and output split over tp, a dropout mask each for the attention's and
+      the MLP's output; an MoE layer's MLP part left out; `kept` "graph" keeps dropout's factors as values, not
+      one-byte masks) in each of the stage's layers; the attention core of each layer before the last keeps
+      its probabilities (with dropout, their dropped-out values and the mask too; none with recomputation),
+      and the last layer's softmax holds its scores and probabilities at once (2 blocks of (local batch,
+      local heads, seq, seq));
+    - at the step's end: the weights, their gradients at the gradients' width, and AdamW's two moments (and
+      under a mixed precision the master copy) at theirs; with ZeRO-1 the gradients, moments and master copy
+      counted as slices over dp x ep.
+    Replicated vectors (biases, layer norms), buffers, the positions, the head's logits, what the optimizer
+    allocates and the pipeline's other microbatches in flight are left out, and a stage is counted with
+    layers // pp layers: a lower bound of the dry run's peak (spmdsim.estimate.ledger.stage_memory: `spmdsim
+    estimate`), so a run refused by it cannot fit."""
+    from ..precision import precision as policy_of
+
+    policy = policy_of(precision)
+    width = policy.dtype("activation").itemsize
+    mask = width if kept == "graph" else 1  # the graph keeps dropout's factors, Megatron a byte each
     b = max(1, cfg.batch // (dp * ep * max(1, microbatches)))
     h = max(1, cfg.heads // tp)
-    s = cfg.seq
-    width = _ACTIVATION_BYTES.get(activation, 8)
+    s, d = cfg.seq, cfg.d_model
     elements = b * h * s * s
     block = elements * width
     layers = max(1, cfg.layers // max(1, pp))
-    kept = 0
-    if recompute == "none":
-        kept = elements * (2 * width + 1) if cfg.dropout else block
-    return AttentionNeed((layers - 1) * kept + 2 * block, block, (b, h, s, s), width)
+    shared = tp if sp else 1  # what every tp rank holds whole without sp is split over tp with it
+    sbh = s * b * d
+    drop = 1 if cfg.dropout else 0
+    moe = cfg.moe
+    per_layer = []  # (weight elements, other activations kept, attention core kept) of each layer on the rank
+    for layer in range(cfg.layers):
+        if moe is not None and cfg.is_moe(layer):
+            weights = 4 * d * d + max(1, moe.experts // ep) * 2 * d * (moe.hidden or 4 * d)
+            whole, masks, split = 3, drop, 4
+        else:
+            weights = 12 * d * d
+            whole, masks, split = 4, 2 * drop, 12
+        if recompute == "full":  # each layer keeps its input alone
+            other = sbh * width // shared
+        else:
+            other = sbh * (whole * width + masks * mask) // shared + sbh * split * width // tp
+        core = elements * (2 * width + mask if drop else width) if recompute == "none" else 0
+        per_layer.append((weights // tp, other, core))
+    if pp > 1:  # a stage's layers: as many as the fewest of each kind a layer holds
+        least = tuple(min(x[i] for x in per_layer) for i in range(3))
+        weights, other, core = (n * layers for n in least)
+        last = least
+    else:
+        weights, other, core = (sum(x[i] for x in per_layer) for i in range(3))
+        weights += cfg.padded_vocab * d // tp  # the token embedding, split over tp (the head tied to it)
+        last = per_layer[-1]
+    params = weights * policy.dtype("param").itemsize
+    # In the forward: at its end every layer's kept set; at the last layer's softmax the layers' before and,
+    # for a moment, its scores and probabilities.
+    ends, softmax = (other, core), (other - last[1], core - last[2] + 2 * block)
+    kept_then = max(ends, softmax, key=sum)
+    forward = params + sum(kept_then)
+    shards = dp * ep if zero else 1
+    states = (weights * policy.dtype("grad").itemsize // shards  # ZeRO-1's reduced slices at the least
+              + 2 * weights * policy.dtype("optimizer").itemsize // shards
+              + (weights * policy.dtype("master").itemsize // shards if policy.master else 0))
+    end = params + states
+    if forward >= end:
+        return StepNeed(forward, "in the forward", kept_then[1], kept_then[0], params, block, (b, h, s, s), width)
+    return StepNeed(end, "at the step's end", 0, 0, end, block, (b, h, s, s), width)

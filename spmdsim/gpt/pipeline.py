@@ -212,7 +212,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
     problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
-                                  precision=precision)
+                                  sp=sp, kept=kept, zero=zero, precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
     policy = get_precision(precision)

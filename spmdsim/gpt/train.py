@@ -319,12 +319,13 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
 
 
 def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1,
-                        microbatches: int = 1, recompute: str = "none", precision: Any = "fp64") -> Optional[str]:
+                        microbatches: int = 1, recompute: str = "none", sp: bool = False, kept: str = "graph",
+                        zero: int = 0, precision: Any = "fp64") -> Optional[str]:
     """Why one rank of this training step cannot fit the memory a rank may use, or None; collective (every rank
     of `comm` alike: the same answer on each, before anything is allocated).
 
-    The need is `attention_need`'s shape-only count of the attention cores (a lower bound of the dry run's
-    peak: what is refused cannot fit). The limit is the room before the simulator's memory stop (and, under
+    The need is spmdsim.gpt.memory.step_need's shape-only count (the model states, the activations kept for
+    backward and the attention's scores: a lower bound of the dry run's peak, so what is refused cannot fit). The limit is the room before the simulator's memory stop (and, under
     mpiexec, the memory watch: spmdsim.engines.memory) fires: what this machine, or its cgroup, has left
     (spmdsim.runtime.budget's agreed figure per rank) less the share of the memory the stop keeps free
     (`LOW_FRACTION` of the total, at least `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and
@@ -336,7 +337,7 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
     from ..memory import ENV_VAR, format_size
     from ..runtime import door
     from ..runtime.budget import agreed_budget
-    from .memory import attention_need
+    from .memory import step_need
 
     budget = agreed_budget(comm)
     if budget is None:
@@ -349,12 +350,21 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
         source += f", less {format_size(reserve)} kept free for the memory stop"
         if comm.Get_size() > 1:  # nodes may differ: the least, on every rank alike
             limit = door.all_reduce_object(comm, limit, "min")
-    need = attention_need(cfg, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
-                          activation=get_precision(precision).activation)
+    need = step_need(cfg, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
+                     zero=zero, precision=precision)
     if need.nbytes <= limit:
         return None
-    return (f"the GPT's training step needs at least {format_size(need.nbytes)} per rank for its attention at seq "
-            f"{cfg.seq:,} (one layer's scores: {need.words()}, {format_size(need.block)}) but a rank may use "
+    if need.attention:
+        parts = (f"the attention's scores {format_size(need.attention)}, one layer's {format_size(need.block)}: "
+                 f"{need.words()}; other activations kept for backward {format_size(need.activations)}; "
+                 f"parameters {format_size(need.states)}")
+    elif need.moment == "at the step's end":
+        parts = f"parameters, gradients and optimizer states {format_size(need.states)}"
+    else:
+        parts = (f"activations kept for backward {format_size(need.activations)}; parameters "
+                 f"{format_size(need.states)}")
+    return (f"the GPT's training step needs at least {format_size(need.nbytes)} per rank {need.moment} at seq "
+            f"{cfg.seq:,} ({parts}) but a rank may use "
             f"{format_size(limit)} ({source}); use a smaller seq or batch (--seq, --batch), more ranks, or a "
             f"dry run (--dry-run, or `spmdsim estimate gpt`: the step's peak per rank); {ENV_VAR}=SIZE|off "
             "changes the limit")
@@ -407,7 +417,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     problem = step_memory_problem(cfg, comm if mesh is None else mesh.comm, dp, tp, ep=ep, recompute=recompute,
-                                  precision=precision)
+                                  sp=sp, kept=kept, zero=zero, precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
     policy = get_precision(precision)
