@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zipfile
 from typing import Any, Optional
 
 import numpy as np
@@ -194,6 +195,10 @@ def save(directory: str, meta: dict, step: int, rank: int, params: dict, optimiz
 def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any) -> Optional[str]:
     """Load this rank's file into `params` and `optimizer`; None, or why not (nothing then trusted)."""
     path = rank_file(directory, rank)
+    if not os.path.exists(path):
+        return f"rank {rank}'s file {path} is missing"
+    if not zipfile.is_zipfile(path):
+        return f"rank {rank}'s file {path} is not a .npz file (damaged, or not written by --save)"
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -211,10 +216,11 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
         return f"rank {rank}'s file {path} is missing"
     except Exception as e:  # a damaged file: any reader's error, one line
         return f"rank {rank}'s file {path} cannot be read: {type(e).__name__}: {_reason(e)}"
-    if (header.get("rank"), header.get("step"), header.get("world size")) != (rank, step, world):
-        return (f"rank {rank}'s file {path} is of rank {header.get('rank')!r}, step {header.get('step')!r} of "
-                f"{header.get('world size')!r} ranks, the checkpoint's {META} of step {step} of {world} ranks "
-                "(a save that did not finish?)")
+    if header.get("rank") != rank:
+        return f"rank {rank}'s file {path} holds rank {header.get('rank')!r}'s blocks (a file copied or renamed?)"
+    if (header.get("step"), header.get("world size")) != (step, world):
+        return (f"rank {rank}'s file {path} is of step {header.get('step')!r} of {header.get('world size')!r} "
+                f"ranks, the checkpoint's {META} of step {step} of {world} ranks (a save that did not finish?)")
     if list(blocks) != list(params):
         return f"rank {rank}'s file {path} holds the parameters {list(blocks)}, this model {list(params)}"
     for name, t in params.items():
