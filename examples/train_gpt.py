@@ -174,13 +174,13 @@ def main(args):
             print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
                   f"gradients {policy.grad},\n  master copy {policy.master or 'none'}, optimizer states "
                   f"{policy.optimizer}")
+    if rank0:
+        words = DIALECTS[args.dialect]
+        print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     if rank0 and args.resume is not None:
         from spmdsim.gpt.checkpoint import read_meta
 
         print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
-    if rank0:
-        words = DIALECTS[args.dialect]
-        print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     check = not args.no_check and not dry_run_active()
     if rank0:
         print(" step    loss  collectives  bytes sent" +
