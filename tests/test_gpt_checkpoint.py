@@ -78,9 +78,15 @@ def test_save_every_writes_after_every_nth_step_and_the_last(tmp_path):
             if spmdsim.world().rank == 0:
                 seen.append((r.step, read_meta(where)[0]["step"] if os.path.exists(os.path.join(where, META))
                              else None))
-        train(SMALL, spmdsim.world(), 1, 2, 5, TEXT, check=False, save=where, save_every=2, on_step=look)
+        return train(SMALL, spmdsim.world(), 1, 2, 5, TEXT, check=False, save=where, save_every=2, on_step=look)[1]
 
-    spmdsim.simulate(2, body)
+    def figures(results):
+        return [(r.step, r.loss, r.calls, r.bytes_sent) for r in results]
+
+    saving = spmdsim.simulate(2, body)
+    # the saves change no step: the same losses and traffic (their barrier is not the step's)
+    plain = spmdsim.simulate(2, lambda: train(SMALL, spmdsim.world(), 1, 2, 5, TEXT, check=False)[1])
+    assert [figures(r) for r in saving] == [figures(r) for r in plain]
     # on_step runs before the step's save: after steps 0 and 1 none yet, then step 2's, then step 4's
     assert seen == [(0, None), (1, None), (2, 2), (3, 2), (4, 4)]
     assert read_meta(where)[0]["step"] == 5

@@ -174,10 +174,14 @@ def _write_aside(path: str, write: Any) -> None:
         raise SpmdsimError(f"checkpoint: cannot write {path}: {_reason(e)}") from None
 
 
-def save(directory: str, meta: dict, step: int, rank: int, params: dict, optimizer: Any) -> None:
+def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimizer: Any) -> None:
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
-    metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's. Local (no
-    collective): every rank writes its own."""
+    metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's. Collective: every
+    rank writes its own, then a barrier over `mesh`, so that the whole checkpoint is there when any rank goes
+    on (a resume in the same program, by any rank, reads it all)."""
+    from ..runtime.door import barrier
+
+    rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
               "optimizer": _encode(optimizer.state_dict(), arrays)}
@@ -190,6 +194,8 @@ def save(directory: str, meta: dict, step: int, rank: int, params: dict, optimiz
     if rank == 0:
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta}, indent=1) + "\n"
         _write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
+    if mesh.size > 1:
+        barrier(mesh.comm)
 
 
 def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any) -> Optional[str]:

@@ -541,8 +541,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
             from .checkpoint import save as save_checkpoint
 
-            save_checkpoint(save, meta, step + 1, mesh.rank, {s.name: model.params[s.name] for s in specs},
-                            optimizer)
+            save_checkpoint(save, meta, step + 1, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
     return model, results
 
 
