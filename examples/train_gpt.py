@@ -139,13 +139,12 @@ def main(args):
     pp = args.pp
     layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     checkpoints = args.save is not None or args.resume is not None or args.save_every
-    if checkpoints and pipelined(args):
-        problem = ("--save and --resume train without a pipeline (spmdsim.gpt.train); a pipeline's checkpoints "
-                   "are not written yet: leave out --pp, --microbatches and --schedule")
-    elif checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
+    if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
+        shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
+                 "virtual": virtual_stages(args), "split": None} if pipelined(args) else None
         problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, save=args.save,
-                                     save_every=args.save_every, resume=args.resume)
+                                     save_every=args.save_every, resume=args.resume, pipeline=shape)
     if problem:
         raise spmdsim.SpmdsimError(problem)
     rank0 = comm.rank == 0
@@ -197,7 +196,8 @@ def main(args):
                                          virtual=virtual_stages(args),
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
                                          zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
-                                         precision=args.precision)
+                                         precision=args.precision, save=args.save, save_every=args.save_every,
+                                         resume=args.resume)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,

@@ -173,13 +173,12 @@ def main(args):
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)
         layouts = dialect_layouts(cfg, spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), args.dialect, args.sp)
     checkpoints = args.save is not None or args.resume is not None or args.save_every
-    if checkpoints and piped:
-        problem = ("--save and --resume train without a pipeline (spmdsim.gpt.train); a pipeline's checkpoints "
-                   "are not written yet: leave out --pp, --microbatches and --schedule")
-    elif checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
+    if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
+        shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
+                 "virtual": virtual_stages(args), "split": None} if piped else None
         problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, ep=ep, save=args.save,
-                                     save_every=args.save_every, resume=args.resume)
+                                     save_every=args.save_every, resume=args.resume, pipeline=shape)
     if problem:
         raise spmdsim.SpmdsimError(problem)
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
@@ -262,7 +261,8 @@ def main(args):
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
-                                         layouts=layouts, replay=args.replay)
+                                         layouts=layouts, replay=args.replay, save=args.save,
+                                         save_every=args.save_every, resume=args.resume)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,

@@ -203,20 +203,46 @@ def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
     assert len(steps(done.stdout)) == 3 and steps(done.stdout) == steps(whole.stdout)
 
 
-def test_the_example_refuses_a_pipeline_and_a_dry_run_in_one_line(tmp_path):
-    common = ("--layers", "2", "--d-model", "16", "--heads", "2", "--seq", "8", "--batch", "4", "--sample", "0")
-    done = run_example("examples/train_gpt.py", "--ranks", "4", "--pp", "2", "--tp", "2", *common, "--steps", "2",
-                       "--save", str(tmp_path))
-    assert done.returncode == 2
-    assert unfold(done.stderr).splitlines()[-1] == (
-        "spmdsim: error: --save and --resume train without a pipeline (spmdsim.gpt.train); a pipeline's checkpoints "
-        "are not written yet: leave out --pp, --microbatches and --schedule")
+def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
+    common = ("--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--batch", "4", "--sample", "0")
     done = run_example("examples/train_gpt.py", "--ranks", "4", "--tp", "2", "--dry-run", *common, "--steps", "1",
                        "--resume", str(tmp_path))
     assert done.returncode == 2
     assert unfold(done.stderr).splitlines()[-1] == (
         "spmdsim: error: --save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or "
         "resume")
+
+
+@pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True})])
+def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, schedule, options):
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    cfg = dataclasses.replace(SMALL, layers=2)
+
+    def run(steps, **kw):
+        def body():
+            run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, 2, steps, TEXT, schedule=schedule,
+                                           microbatches=2, **options, **kw)
+            run.close()
+            return [(r.step, r.loss, r.errors) for r in results]
+        return spmdsim.simulate(4, body)
+
+    whole = run(3, save=str(tmp_path / "whole"))
+    run(1, save=str(tmp_path / "half"))
+    resumed = run(3, resume=str(tmp_path / "half"), save=str(tmp_path / "resumed"))
+    assert [w[1:] for w in whole] == resumed
+    _same_files(tmp_path / "whole", tmp_path / "resumed", 4)
+    assert read_meta(str(tmp_path / "whole"))[0]["pipeline"] == {"schedule": schedule, "microbatches": 2,
+                                                                 "virtual": 1, "split": None}
+    # another pipeline's checkpoint: one line, before any collective
+    pipeline = {"pp": 2, "schedule": schedule, "microbatches": 4, "virtual": 1, "split": None}
+    zero = options.get("zero", 0)
+    assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero) == (
+        f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has microbatches 2, this run's 4 (resume with the "
+        "settings it was saved with)")
+    plain = checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), zero=zero)  # train's: no pipeline
+    assert plain == (f"--resume {tmp_path / 'half'}: the checkpoint's mesh has pp 2, this run's none (resume with "
+                     "the settings it was saved with)")
 
 
 def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):

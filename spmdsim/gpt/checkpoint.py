@@ -3,10 +3,12 @@
 
 A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its
 optimizer's `state_dict()` (spmdsim.optim: this rank's moments, ZeRO-1's slices, a bfloat16 parameter's float32
-master) and the step reached; and ``checkpoint.json``, written by rank 0, which records what a resume must match:
-the model's config (GPTConfig, its MoE config too), the world size and the mesh (dp, ep, tp, sequence
-parallelism), every parameter's layout, the precision policy and the optimizer, and the step reached. Each file
-is written aside and renamed into place. The files hold arrays and text only (numpy's .npz read with
+master; a pipeline stage's rank, its stage's) and the step reached; and ``checkpoint.json``, written by rank 0,
+which records what a resume must match: the model's config (GPTConfig, its MoE config too), the world size and
+the mesh (pp, dp, ep, tp, sequence parallelism), every parameter's layout, the precision policy and the
+optimizer, the pipeline (schedule, microbatches, chunks, split; None without), and the step reached. Each file
+is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is there when a
+trainer returns). The files hold arrays and text only (numpy's .npz read with
 ``allow_pickle=False``; the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
 
 The data and the randomness of a step are functions of its index (spmdsim.gpt.data.batch, the dropout seeds of

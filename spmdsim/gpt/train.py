@@ -56,7 +56,7 @@ from .params import decays, is_expert, param_specs
 from .wholes import Regions, assemble, peaks, regions
 
 __all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "step_memory_problem", "TOLERANCE",
-           "all_rows", "checkpoint_problem"]
+           "all_rows", "checkpoint_problem", "checkpoint_meta"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -415,12 +415,10 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         raise SpmdsimError(problem)
     policy = get_precision(precision)
     moe = cfg.moe is not None or ep > 1
-    mesh_layout = mesh.layout if mesh is not None else \
-        Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp"))
     meta = None
     if save is not None or resume is not None or save_every:
         world = (comm if mesh is None else mesh.comm).Get_size()
-        meta = _checkpoint_meta(cfg, world, mesh_layout, sp, layouts, policy.name, zero)
+        meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep)
         problem = _checkpoint_problem(meta, steps, save, save_every, resume)
         if problem:  # every rank alike (each reads the same metadata file), before any collective
             raise SpmdsimError(problem)
@@ -430,7 +428,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         raise SpmdsimError(problem)
     low = policy.activation != "float64"
     if mesh is None:
-        mesh = Mesh(mesh_layout, comm)
+        mesh = Mesh(Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
@@ -547,30 +545,44 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
 def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
                        layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
-                       save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None) -> Optional[str]:
+                       save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None,
+                       pipeline: Optional[dict] = None) -> Optional[str]:
     """Why `train`'s checkpoint settings (`save`, `save_every`, `resume`) cannot be for a run of these arguments
-    (`train`'s) on `world` ranks, or None; alike on every rank and no collective (every rank reads the same
-    metadata file): a dry run (no values to save), `save_every` not an integer >= 0 or without `save`, an
+    (`train`'s; with `pipeline`, spmdsim.gpt.pipeline.train_pipelined's: {"pp", "schedule", "microbatches",
+    "virtual", "split"}) on `world` ranks, or None; alike on every rank and no collective (every rank reads the
+    same metadata file): a dry run (no values to save), `save_every` not an integer >= 0 or without `save`, an
     unwritable `save` directory, a `resume` checkpoint that does not fit (spmdsim.gpt.checkpoint.resume_problem:
-    missing, another config, mesh, world size, layout, precision or optimizer, at or past `steps`). `train`
-    refuses the same; a program asks first to refuse before it prints anything."""
+    missing, another config, mesh, world size, layout, precision, optimizer or pipeline, at or past `steps`).
+    The trainers refuse the same; a program asks first to refuse before it prints anything."""
     if save is None and resume is None and not save_every:
         return None
-    moe = cfg.moe is not None or ep > 1
-    mesh_layout = Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp"))
-    meta = _checkpoint_meta(cfg, world, mesh_layout, sp, layouts, get_precision(precision).name, zero)
+    meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep,
+                           pipeline=pipeline)
     return _checkpoint_problem(meta, steps, save, save_every, resume)
 
 
-def _checkpoint_meta(cfg: GPTConfig, world: int, mesh_layout: Layout, sp: bool, layouts: Optional[dict],
-                     policy: str, zero: int) -> dict:
-    """spmdsim.gpt.checkpoint.run_meta of a `train` run (its parameters' layouts: Megatron's and `layouts`)."""
+def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = False,
+                    layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
+                    pipeline: Optional[dict] = None) -> dict:
+    """spmdsim.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
+    `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
+    `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
     from .checkpoint import run_meta
     from .layouts import megatron_layouts
 
-    chosen = megatron_layouts(cfg, mesh_layout, sp)
+    moe = cfg.moe is not None or ep > 1
+    inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))
+    chosen = megatron_layouts(cfg, Layout(*inner), sp)
     chosen.update(layouts or {})
-    return run_meta(cfg, world, mesh_layout, sp, chosen, policy, "DistributedAdamW" if zero else "AdamW")
+    mesh_layout = Layout(*inner)
+    if pipeline is not None:
+        pipeline = dict(pipeline)
+        mesh_layout = Layout((pipeline.pop("pp"),) + inner[0], ("pp",) + inner[1])
+        pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
+    meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
+                    "DistributedAdamW" if zero else "AdamW")
+    meta["pipeline"] = pipeline
+    return meta
 
 
 def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every: Any,
