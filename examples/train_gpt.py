@@ -18,6 +18,9 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
   or in bfloat16: python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp --precision bf16-mixed
   or with GPT-2's odd vocabulary padded to a multiple of 128 x tp, the padded logits masked (docs/training.md):
      python examples/train_gpt.py --ranks 8 --tp 8 --heads 8 --vocab 50257 --pad-vocab-to 1024 --steps 3
+  or stopped and resumed, bit for bit as the run that never stopped (docs/training.md, "Stopping and resuming"):
+     python examples/train_gpt.py --ranks 4 --steps 5 --save ckpt && \
+     python examples/train_gpt.py --ranks 4 --steps 10 --resume ckpt
   or over a pipeline (docs/pipeline.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
          --microbatches 4 --schedule 1f1b
   or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
@@ -35,8 +38,9 @@ from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
-from spmdsim.gpt.train import replay_problem, train
+from spmdsim.gpt.options import (check_lines, checkpoint_arguments, model_arguments, model_config, padding_line,
+                                 sizes_problem)
+from spmdsim.gpt.train import checkpoint_problem, replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
@@ -77,6 +81,7 @@ parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixe
                          "checked against one numpy process under the same policy (docs/training.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/training.md)")
+checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.gpt.checkpoint)
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -132,6 +137,16 @@ def main(args):
     check_trace_out(args)
     dp, tp = shape
     pp = args.pp
+    layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
+    checkpoints = args.save is not None or args.resume is not None or args.save_every
+    if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
+        shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
+                 "virtual": virtual_stages(args), "split": None} if pipelined(args) else None
+        problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
+                                     precision=args.precision, zero=zero, save=args.save,
+                                     save_every=args.save_every, resume=args.resume, pipeline=shape)
+    if problem:
+        raise spmdsim.SpmdsimError(problem)
     rank0 = comm.rank == 0
     if rank0:
         print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
@@ -158,10 +173,13 @@ def main(args):
             print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
                   f"gradients {policy.grad},\n  master copy {policy.master or 'none'}, optimizer states "
                   f"{policy.optimizer}")
-    layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     if rank0:
         words = DIALECTS[args.dialect]
         print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
+    if rank0 and args.resume is not None:
+        from spmdsim.gpt.checkpoint import read_meta
+
+        print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
     check = not args.no_check and not dry_run_active()
     if rank0:
         print(" step    loss  collectives  bytes sent" +
@@ -178,11 +196,16 @@ def main(args):
                                          virtual=virtual_stages(args),
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
                                          zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
-                                         precision=args.precision)
+                                         precision=args.precision, save=args.save, save_every=args.save_every,
+                                         resume=args.resume)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
-                               memory=args.memory, kept=args.kept, precision=args.precision)
+                               memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
+                               save_every=args.save_every, resume=args.resume)
+    if rank0 and args.save is not None:
+        print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
+              "checkpoint.json)")
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -20,6 +20,7 @@ exchange tokens over its own ep groups and add their router losses, each microba
 
 Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 2
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
+  or stopped and resumed (--save DIR, --resume DIR; docs/training.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
   or, 64 experts on 1,024 ranks, shapes only (docs/experts.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
@@ -36,12 +37,13 @@ from spmdsim.gpt.layouts import written
 from spmdsim.gpt.memory import zero_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
-from spmdsim.gpt.train import replay_problem, train
+from spmdsim.gpt.train import checkpoint_problem, replay_problem, train
 from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
+from spmdsim.gpt.options import (check_lines, checkpoint_arguments, model_arguments, model_config, padding_line,
+                                 sizes_problem)
 from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
                                       virtual_stages)
 from spmdsim.sim import dry_run_active
@@ -100,6 +102,7 @@ parser.add_argument("--dispatch", action="store_true",
 model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
+checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.gpt.checkpoint)
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -169,6 +172,15 @@ def main(args):
     layouts = None
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)
         layouts = dialect_layouts(cfg, spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), args.dialect, args.sp)
+    checkpoints = args.save is not None or args.resume is not None or args.save_every
+    if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
+        shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
+                 "virtual": virtual_stages(args), "split": None} if piped else None
+        problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
+                                     precision=args.precision, zero=zero, ep=ep, save=args.save,
+                                     save_every=args.save_every, resume=args.resume, pipeline=shape)
+    if problem:
+        raise spmdsim.SpmdsimError(problem)
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
     if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
@@ -224,6 +236,10 @@ def main(args):
             chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
             print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
             print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
+        if args.resume is not None:
+            from spmdsim.gpt.checkpoint import read_meta
+
+            print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
         print(" step    loss  collectives  bytes sent" +
               ("  difference from one numpy process: loss grads params" if check else ""))
 
@@ -245,12 +261,16 @@ def main(args):
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
-                                         layouts=layouts, replay=args.replay)
+                                         layouts=layouts, replay=args.replay, save=args.save,
+                                         save_every=args.save_every, resume=args.resume)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
                                replay=args.replay, zero=zero, precision=args.precision, kept=args.kept,
-                               layouts=layouts)
+                               layouts=layouts, save=args.save, save_every=args.save_every, resume=args.resume)
+    if rank0 and args.save is not None:
+        print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
+              "checkpoint.json)")
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -6,7 +6,8 @@ argparse only).
 they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
 says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
 precision)`` the check's verdict and its largest differences against the precision's tolerances;
-``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be.
+``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
+``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.gpt.checkpoint).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Optional
 from ..validate import counted
 from .config import GPTConfig
 
-__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem"]
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments"]
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
 SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
@@ -37,6 +38,17 @@ def model_arguments(parser: Any) -> None:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+
+
+def checkpoint_arguments(parser: Any) -> None:
+    """Add the trainer's checkpoint options (spmdsim.gpt.train's `save`, `save_every`, `resume`) to a parser."""
+    parser.add_argument("--save", default=None, metavar="DIR",
+                        help="write a checkpoint into DIR after the last step (a file per rank and checkpoint.json; "
+                             "docs/training.md, \"Stopping and resuming\")")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="with --save: a checkpoint after every N-th step too (each replaces the last)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="continue from the checkpoint in DIR to --steps, as the run that never stopped")
 
 
 def model_config(args: Any, **more: Any) -> GPTConfig:

@@ -162,8 +162,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     layouts: Optional[dict] = None, recompute: str = "none", zero: int = 0,
                     memory: bool = False, kept: str = "graph", ep: int = 1,
                     algorithms: Optional[dict] = None, replay: bool = False,
-                    precision: Any = "fp64") -> tuple[PipelineRun, list]:
-    """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
+                    precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
+                    resume: Optional[str] = None) -> tuple[PipelineRun, list]:
+    """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step run).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
     chunks per stage); `split`: layers per chunk (default balanced). `recompute` and `zero` as
@@ -179,8 +180,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     with `memory` a replayed step reports what the step run eagerly reports: spmdsim.gpt.train._steady).
     `precision`: the policy (as spmdsim.gpt.train.train's: the stages compute under it, activations and their
     gradients cross stage boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them;
-    the check's reference is the policy's, microbatch by microbatch). Every refusal is raised alike on every rank
-    before the first collective.
+    the check's reference is the policy's, microbatch by microbatch). `save`, `save_every` and `resume`: checkpoints
+    as spmdsim.gpt.train.train's (each rank's file holds its stage's blocks; the metadata records the pipeline's
+    schedule, microbatches, chunks and split too). Every refusal is raised alike on every rank before the first
+    collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
@@ -200,8 +203,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..precision import precision as get_precision, precision_problem
     from .mixed import tolerances as mixed_tolerances
     from .parallel import GPT
-    from .train import (_checked_mixed, _checked_reference, _expert_bytes, _optimizer_start, _summed_grads,
-                        _zero_axes, _zero_moments, replay_problem, step_memory_problem)
+    from .train import (_checked_mixed, _checked_reference, _checkpoint_problem, _expert_bytes, _optimizer_start,
+                        _resumed_moments, _summed_grads, _zero_axes, _zero_moments, checkpoint_meta, replay_problem,
+                        step_memory_problem)
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
@@ -211,6 +215,14 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
+    meta = None
+    if save is not None or resume is not None or save_every:
+        shape = {"pp": pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
+        meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
+                               ep=ep, pipeline=shape)
+        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
+        if problem:  # every rank alike (each reads the same metadata file), before any collective
+            raise SpmdsimError(problem)
     problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
                                   sp=sp, kept=kept, zero=zero, precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
@@ -259,7 +271,20 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     # the receiving stage all-gathers over tp), else the block itself.
     wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
-    moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check and not low else None
+    first = 0
+    if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
+        from .checkpoint import load
+
+        first = load(resume, mesh, params, optimizer)
+    if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
+        where = _stage_regions(run, cfg)
+        slices = {name: t.slices for name, t in params.items()}
+    moments = None
+    if check and not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
+        moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,
+                              where.used(_tables(run, cfg, where, _optimizer_start(optimizer, params), "check.start")))
+    elif check and not low:
+        moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
     wire_dtype = np.dtype(policy.dtype("activation"))  # what crosses a stage boundary, both ways
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     results: list = []
@@ -296,10 +321,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         return losses
 
     graph = None
-    if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
-        where = _stage_regions(run, cfg)
-        slices = {name: t.slices for name, t in params.items()}
-    for step in range(steps):
+    for step in range(first, steps):
         if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
         else:
@@ -386,6 +408,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         results.append(result)
         if on_step is not None:
             on_step(result)
+        if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
+            from .checkpoint import save as save_checkpoint
+
+            save_checkpoint(save, meta, step + 1, mesh, params, optimizer)
     del ops, DTensor  # imported for their operators only
     return run, results
 

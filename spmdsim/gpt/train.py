@@ -56,7 +56,7 @@ from .params import decays, is_expert, param_specs
 from .wholes import Regions, assemble, peaks, regions
 
 __all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "step_memory_problem", "TOLERANCE",
-           "all_rows"]
+           "all_rows", "checkpoint_problem", "checkpoint_meta"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -381,8 +381,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
           recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
-          ep: int = 1, precision: Any = "fp64") -> tuple[Any, list]:
-    """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
+          ep: int = 1, precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
+          resume: Optional[str] = None) -> tuple[Any, list]:
+    """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step run).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
     instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
@@ -397,6 +398,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     `precision`: the precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"); the reference
     step then runs under it (spmdsim.gpt.mixed) and the check's tolerance is the policy's
     (spmdsim.gpt.mixed.tolerances: the optimizer checked on the run's own gradients).
+    `save`: a directory to write a checkpoint into (spmdsim.gpt.checkpoint: a file per rank and rank 0's
+    metadata) after the last step, and with `save_every` N > 0 after every N-th step too. `resume`: a checkpoint
+    directory to continue from: the steps from the one it reached to `steps` run (and are returned), as the run
+    that never stopped runs them, bit for bit; it is refused in one line, alike on every rank and before any
+    collective, when it does not fit this run (`checkpoint.resume_problem`). With `check`, a resumed run's
+    reference starts from the checkpoint's parameters and the run's moments (gathered).
     """
     from .. import ops
     from ..autograd import kept_bytes
@@ -416,14 +423,21 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
+    policy = get_precision(precision)
+    moe = cfg.moe is not None or ep > 1
+    meta = None
+    if save is not None or resume is not None or save_every:
+        world = (comm if mesh is None else mesh.comm).Get_size()
+        meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep)
+        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
+        if problem:  # every rank alike (each reads the same metadata file), before any collective
+            raise SpmdsimError(problem)
     problem = step_memory_problem(cfg, comm if mesh is None else mesh.comm, dp, tp, ep=ep, recompute=recompute,
                                   sp=sp, kept=kept, zero=zero, precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
-    policy = get_precision(precision)
     low = policy.activation != "float64"
     if mesh is None:
-        moe = cfg.moe is not None or ep > 1
         mesh = Mesh(Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
     specs = param_specs(cfg)
@@ -459,16 +473,26 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         look("after the step")
         return loss
 
+    first = 0
+    if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
+        from .checkpoint import load
+
+        first = load(resume, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
     graph = None
-    reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check and not low else None
-    tolerances = mixed_tolerances(policy, cfg)
-    ids_layout = mesh.layout(model.batch, None)
+    reference_moments = None
     if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
         where = regions(model.params, mesh.size)
         slices = {s.name: model.params[s.name].slices for s in specs}
+    if check and not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
+        reference_moments = shared_once(mesh, ("gpt-resumed", cfg, first), _resumed_moments,
+                                         where, where.used(_run_start(model, optimizer, specs)))
+    elif check and not low:
+        reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
+    tolerances = mixed_tolerances(policy, cfg)
+    ids_layout = mesh.layout(model.batch, None)
     results = []
     report = None
-    for step in range(steps):
+    for step in range(first, steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
@@ -522,7 +546,74 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         results.append(result)
         if on_step is not None:
             on_step(result)
+        if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
+            from .checkpoint import save as save_checkpoint
+
+            save_checkpoint(save, meta, step + 1, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
     return model, results
+
+
+def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
+                       layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
+                       save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None,
+                       pipeline: Optional[dict] = None) -> Optional[str]:
+    """Why `train`'s checkpoint settings (`save`, `save_every`, `resume`) cannot be for a run of these arguments
+    (`train`'s; with `pipeline`, spmdsim.gpt.pipeline.train_pipelined's: {"pp", "schedule", "microbatches",
+    "virtual", "split"}) on `world` ranks, or None; alike on every rank and no collective (every rank reads the
+    same metadata file): a dry run (no values to save), `save_every` not an integer >= 0 or without `save`, an
+    unwritable `save` directory, a `resume` checkpoint that does not fit (spmdsim.gpt.checkpoint.resume_problem:
+    missing, another config, mesh, world size, layout, precision, optimizer or pipeline, at or past `steps`).
+    The trainers refuse the same; a program asks first to refuse before it prints anything."""
+    if save is None and resume is None and not save_every:
+        return None
+    meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep,
+                           pipeline=pipeline)
+    return _checkpoint_problem(meta, steps, save, save_every, resume)
+
+
+def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = False,
+                    layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
+                    pipeline: Optional[dict] = None) -> dict:
+    """spmdsim.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
+    `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
+    `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
+    from .checkpoint import run_meta
+    from .layouts import megatron_layouts
+
+    moe = cfg.moe is not None or ep > 1
+    inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))
+    chosen = megatron_layouts(cfg, Layout(*inner), sp)
+    chosen.update(layouts or {})
+    mesh_layout = Layout(*inner)
+    if pipeline is not None:
+        pipeline = dict(pipeline)
+        mesh_layout = Layout((pipeline.pop("pp"),) + inner[0], ("pp",) + inner[1])
+        pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
+    meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
+                    "DistributedAdamW" if zero else "AdamW")
+    meta["pipeline"] = pipeline
+    return meta
+
+
+def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every: Any,
+                        resume: Optional[str]) -> Optional[str]:
+    from ..sim import dry_run_active
+    from . import checkpoint
+
+    if dry_run_active():
+        return "--save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or resume"
+    if type(save_every) is not int or save_every < 0:
+        return f"--save-every {save_every!r} must be an integer >= 0 (0: save after the last step only)"
+    if save_every and save is None:
+        return f"--save-every {save_every} saves into the directory --save names; give --save DIR with it"
+    problem = checkpoint.resume_problem(resume, meta, steps) if resume is not None else None
+    return problem or (checkpoint.save_problem(save) if save is not None else None)
+
+
+def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
+    """The reference's moments at a resumed run's first step: the run's (`_run_start`'s rows), whole."""
+    _, m, v = assemble(where, start, 3)
+    return {"m": m, "v": v}
 
 
 def _zero_axes(mesh: Any) -> tuple:

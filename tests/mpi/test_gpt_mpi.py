@@ -201,3 +201,46 @@ def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
     assert model.params["h0.attn.wq"].local.dtype.name == "bfloat16"
     assert comm.allgather(results[-1].loss) == [results[-1].loss] * comm.size
     model.mesh.close()
+
+
+def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
+    """--save / --resume under MPI (spmdsim.gpt.checkpoint; docs/training.md, "Stopping and resuming the GPT"):
+    4 steps, or 2 saved and 2 resumed, the same losses and parameters bit for bit; a rank's own file missing
+    stops every rank with the same line (the ranks agree on it), never a hang."""
+    import os
+
+    from mpi4py import MPI
+
+    from spmdsim.errors import SpmdsimError
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.checkpoint import rank_file
+    from spmdsim.gpt.train import train
+
+    comm = MPI.COMM_WORLD
+    where = comm.bcast(str(tmp_path), root=0)  # one directory for every rank (one machine)
+    tp = 2 if comm.size % 2 == 0 else 1
+    cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=comm.size // tp * 2, dropout=0.2)
+    text = encode(load_text(20_000))
+
+    def run(steps, **kw):
+        model, results = train(cfg, comm, comm.size // tp, tp, steps, text, **kw)
+        model.mesh.close()
+        return [(r.step, r.loss, r.errors) for r in results], {k: t.local.copy() for k, t in model.params.items()}
+
+    whole, params = run(4)
+    run(2, save=os.path.join(where, "half"), check=False)
+    resumed, again = run(4, resume=os.path.join(where, "half"))
+    assert resumed == whole[2:]
+    assert all(params[k].tobytes() == again[k].tobytes() for k in params)
+    comm.barrier()
+    last = comm.size - 1
+    if comm.rank == last:
+        os.remove(rank_file(os.path.join(where, "half"), last))
+    comm.barrier()
+    try:
+        run(4, resume=os.path.join(where, "half"))
+        said = None
+    except SpmdsimError as e:
+        said = str(e)
+    assert comm.allgather(said) == [f"--resume {where}/half: rank {last}'s file {where}/half/rank-{last:05d}.npz "
+                                    "is missing"] * comm.size

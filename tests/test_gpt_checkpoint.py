@@ -1,0 +1,267 @@
+"""Stopping and resuming the GPT trainer (spmdsim.gpt.checkpoint; docs/training.md, "Stopping and resuming the
+GPT"): a run resumed from a checkpoint steps as the run that never stopped, bit for bit, on simulated ranks; a
+checkpoint that does not fit is refused in one line, alike on every rank; a rank whose own file is wrong stops
+every rank with one line. The MPI case: tests/mpi/test_gpt_mpi.py."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import spmdsim
+from docs_commands import Quote, assert_prints_quote, run_example, run_quoted, section
+from spmdsim.errors import SpmdsimError
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.checkpoint import META, read_meta, rank_file
+from spmdsim.gpt.train import checkpoint_problem, train
+from testkit import unfold
+
+SMALL = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
+TEXT = encode(load_text(20_000))
+DOC = "docs/training.md"
+
+
+def _run(steps, dp=2, tp=2, cfg=SMALL, **kw):
+    """(each rank's (StepResults, {name: block}, optimizer state_dict)) of `train` on dp x tp simulated ranks."""
+    def body():
+        model, results = train(cfg, spmdsim.world(), dp, tp, steps, TEXT, **kw)
+        state = {name: t.local.copy() for name, t in model.params.items()}
+        return results, state
+
+    return spmdsim.simulate(dp * tp, body)
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _same_files(one, two, ranks):
+    for r in range(ranks):
+        with np.load(rank_file(str(one), r)) as x, np.load(rank_file(str(two), r)) as y:
+            assert x.files == y.files
+            for k in x.files:
+                if k != "header":
+                    assert _same(x[k], y[k]), (r, k)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"zero": 1, "precision": "bf16-mixed", "cfg": dataclasses.replace(SMALL, clip=0.5)},
+    {"sp": True, "replay": True},
+])
+def test_a_resumed_run_steps_as_the_run_that_never_stopped(tmp_path, options):
+    if options.get("precision") == "bf16-mixed":
+        pytest.importorskip("ml_dtypes")
+    whole = _run(4, save=str(tmp_path / "whole"), **options)
+    _run(2, save=str(tmp_path / "half"), **options)
+    resumed = _run(4, resume=str(tmp_path / "half"), save=str(tmp_path / "resumed"), **options)
+    for (w_results, w_params), (r_results, r_params) in zip(whole, resumed):
+        assert [r.step for r in r_results] == [2, 3]
+        assert r_results == w_results[2:]  # losses, the check's differences, traffic
+        assert all(r.passed for r in r_results)
+        assert all(_same(w_params[k], r_params[k]) for k in w_params)
+    _same_files(tmp_path / "whole", tmp_path / "resumed", 4)  # the optimizer's state too
+    assert read_meta(str(tmp_path / "resumed"))[0]["step"] == 4
+
+
+def test_save_every_writes_after_every_nth_step_and_the_last(tmp_path):
+    where = str(tmp_path / "ck")
+    seen = []
+
+    def body():
+        def look(r):
+            if spmdsim.world().rank == 0:
+                seen.append((r.step, read_meta(where)[0]["step"] if os.path.exists(os.path.join(where, META))
+                             else None))
+        return train(SMALL, spmdsim.world(), 1, 2, 5, TEXT, check=False, save=where, save_every=2, on_step=look)[1]
+
+    def figures(results):
+        return [(r.step, r.loss, r.calls, r.bytes_sent) for r in results]
+
+    saving = spmdsim.simulate(2, body)
+    # the saves change no step: the same losses and traffic (their barrier is not the step's)
+    plain = spmdsim.simulate(2, lambda: train(SMALL, spmdsim.world(), 1, 2, 5, TEXT, check=False)[1])
+    assert [figures(r) for r in saving] == [figures(r) for r in plain]
+    # on_step runs before the step's save: after steps 0 and 1 none yet, then step 2's, then step 4's
+    assert seen == [(0, None), (1, None), (2, 2), (3, 2), (4, 4)]
+    assert read_meta(where)[0]["step"] == 5
+    assert sorted(os.listdir(where)) == [META, "rank-00000.npz", "rank-00001.npz"]  # nothing left aside
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A checkpoint of 2 steps of SMALL on dp 2 x tp 2."""
+    where = tmp_path_factory.mktemp("saved") / "ck"
+    _run(2, save=str(where), check=False)
+    return str(where)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"cfg": dataclasses.replace(SMALL, lr=0.01)},
+     "the checkpoint's config has lr 0.003, this run's 0.01 (resume with the settings it was saved with)"),
+    ({"dp": 4, "tp": 1}, "the checkpoint's mesh has dp 2, this run's 4"),
+    ({"world": 8, "dp": 4}, "the checkpoint's world size is 4, this run's 8"),
+    ({"zero": 1}, "the checkpoint's optimizer is 'AdamW', this run's 'DistributedAdamW'"),
+    ({"precision": "fp32"}, "the checkpoint's precision is 'fp64', this run's 'fp32'"),
+    ({"sp": True}, "the checkpoint's sequence parallelism is False, this run's True"),
+    ({"steps": 2}, "the checkpoint is at step 2, at or past --steps 2; give --steps above 2 to train on"),
+])
+def test_a_checkpoint_of_another_run_is_refused_in_one_line(saved, change, expected):
+    args = {"cfg": SMALL, "world": 4, "dp": 2, "tp": 2, "steps": 5}
+    args.update(change)
+    kw = {k: v for k, v in args.items() if k not in ("cfg", "world", "dp", "tp", "steps")}
+    problem = checkpoint_problem(args["cfg"], args["world"], args["dp"], args["tp"], args["steps"], resume=saved,
+                                 **kw)
+    assert problem.startswith(f"--resume {saved}: ") and expected in problem, problem
+    assert checkpoint_problem(SMALL, 4, 2, 2, 3, resume=saved) is None
+
+
+def test_a_missing_or_damaged_checkpoint_is_refused_in_one_line(saved, tmp_path):
+    def problem(where, **kw):
+        return checkpoint_problem(SMALL, 4, 2, 2, 5, resume=str(where), **kw)
+
+    assert problem(tmp_path / "none") == (f"--resume {tmp_path / 'none'}: does not exist (expected a checkpoint "
+                                          "directory that --save wrote)")
+    assert problem(tmp_path) == (f"--resume {tmp_path}: no {META} in it (expected a checkpoint directory that "
+                                 "--save wrote)")
+    (tmp_path / META).write_text("{not json")
+    assert problem(tmp_path).startswith(f"--resume {tmp_path}: cannot read {META}: ")
+    (tmp_path / META).write_text(json.dumps({"format": "something else"}))
+    assert "is not a checkpoint of this version" in problem(tmp_path)
+    assert problem(saved, save_every=2) == "--save-every 2 saves into the directory --save names; give --save DIR " \
+                                           "with it"
+    assert problem(saved, save=saved, save_every=-1) == ("--save-every -1 must be an integer >= 0 (0: save after the "
+                                                         "last step only)")
+    assert problem(saved, save=str(tmp_path / META)) == (f"--save {tmp_path / META}: is not a directory (expected a "
+                                                         "directory to write the checkpoint into)")
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("missing", "rank 3's file {d}/rank-00003.npz is missing"),
+    ("junk", "rank 3's file {d}/rank-00003.npz is not a .npz file (damaged, or not written by --save)"),
+    ("other rank", "rank 3's file {d}/rank-00003.npz holds rank 0's blocks (a file copied or renamed?)"),
+])
+def test_a_rank_whose_own_file_is_wrong_stops_every_rank_with_one_line(saved, tmp_path, damage, expected):
+    where = tmp_path / "ck"
+    shutil.copytree(saved, where)
+    path = rank_file(str(where), 3)
+    os.remove(path)
+    if damage == "junk":
+        with open(path, "w") as f:
+            f.write("junk")
+    elif damage == "other rank":
+        shutil.copy(rank_file(str(where), 0), path)
+    # every rank raises the same line (the ranks agreed on rank 3's problem): no rank waits for another
+    def body():
+        try:
+            train(SMALL, spmdsim.world(), 2, 2, 3, TEXT, resume=str(where))
+        except SpmdsimError as e:
+            return str(e)
+        return None
+
+    said = spmdsim.simulate(4, body)
+    assert said == [f"--resume {where}: " + expected.format(d=where)] * 4
+
+
+def _section():
+    return section(DOC, "## Stopping and resuming the GPT")
+
+
+def _in(quote, where):
+    """The quote with its checkpoint directory `ckpt` in `where`."""
+    out = tuple(line.replace("ckpt", str(where)) for line in quote.output)
+    return Quote(quote.doc, quote.line, quote.command.replace(" ckpt", f" {where}"), out)
+
+
+def test_the_section_shows_the_commands_this_test_runs():
+    shown = _section()
+    assert [q.output is not None for q in shown] == [True, True, True]
+    assert [q.command.split("--steps")[1] for q in shown] == [" 3 --save ckpt", " 6 --resume ckpt",
+                                                              " 6 --resume ckpt 2>&1"]
+
+
+def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
+    save, resume, refused = _section()
+    where = tmp_path / "ckpt"
+    assert_prints_quote(_in(save, where))
+    done = assert_prints_quote(_in(resume, where))
+    refused = _in(refused, where)  # its line is folded where the path's length says: compared unfolded
+    said = run_quoted(refused.command)
+    assert said.returncode == 2
+    assert unfold(said.stdout) == unfold("\n".join(refused.output) + "\n")
+    whole = run_quoted(save.command.replace("--steps 3 --save ckpt", "--steps 6"))
+    assert whole.returncode == 0, whole.stderr
+
+    def steps(text):
+        return [line for line in text.splitlines() if re.match(r" {4}[345] ", line)]
+
+    assert len(steps(done.stdout)) == 3 and steps(done.stdout) == steps(whole.stdout)
+
+
+def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
+    common = ("--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--batch", "4", "--sample", "0")
+    done = run_example("examples/train_gpt.py", "--ranks", "4", "--tp", "2", "--dry-run", *common, "--steps", "1",
+                       "--resume", str(tmp_path))
+    assert done.returncode == 2
+    assert unfold(done.stderr).splitlines()[-1] == (
+        "spmdsim: error: --save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or "
+        "resume")
+
+
+@pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True})])
+def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, schedule, options):
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    cfg = dataclasses.replace(SMALL, layers=2)
+
+    def run(steps, **kw):
+        def body():
+            run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, 2, steps, TEXT, schedule=schedule,
+                                           microbatches=2, **options, **kw)
+            run.close()
+            return [(r.step, r.loss, r.errors) for r in results]
+        return spmdsim.simulate(4, body)
+
+    whole = run(3, save=str(tmp_path / "whole"))
+    run(1, save=str(tmp_path / "half"))
+    resumed = run(3, resume=str(tmp_path / "half"), save=str(tmp_path / "resumed"))
+    assert [w[1:] for w in whole] == resumed
+    _same_files(tmp_path / "whole", tmp_path / "resumed", 4)
+    assert read_meta(str(tmp_path / "whole"))[0]["pipeline"] == {"schedule": schedule, "microbatches": 2,
+                                                                 "virtual": 1, "split": None}
+    # another pipeline's checkpoint: one line, before any collective
+    pipeline = {"pp": 2, "schedule": schedule, "microbatches": 4, "virtual": 1, "split": None}
+    zero = options.get("zero", 0)
+    assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero) == (
+        f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has microbatches 2, this run's 4 (resume with the "
+        "settings it was saved with)")
+    plain = checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), zero=zero)  # train's: no pipeline
+    assert plain == (f"--resume {tmp_path / 'half'}: the checkpoint's mesh has pp 2, this run's none (resume with "
+                     "the settings it was saved with)")
+
+
+def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
+    from spmdsim.moe import MoEConfig
+
+    cfg = dataclasses.replace(SMALL, moe=MoEConfig(experts=4, top_k=2, every=1))
+
+    def run(steps, **kw):
+        def body():
+            _, results = train(cfg, spmdsim.world(), 1, 1, steps, TEXT, ep=2, **kw)
+            return results
+        return spmdsim.simulate(2, body)
+
+    whole = run(3, save=str(tmp_path / "whole"))
+    run(1, save=str(tmp_path / "half"))
+    resumed = run(3, resume=str(tmp_path / "half"), save=str(tmp_path / "resumed"))
+    def seen(results):
+        return [(r.step, r.loss, r.errors) for r in results]
+
+    assert [seen(w[1:]) for w in whole] == [seen(r) for r in resumed]
+    assert all(r.passed for r in resumed[0])
+    _same_files(tmp_path / "whole", tmp_path / "resumed", 2)
