@@ -24,7 +24,7 @@ EPS = float(np.finfo(np.float64).eps)
 def _run(monkeypatch, capsys, update):
     script = ROOT / "examples" / "train_megatron_block.py"
     monkeypatch.setattr(optim.SGD, "_update", update)
-    monkeypatch.setattr(sys, "argv", [str(script), "--ranks", "2", "--steps", "6"])
+    monkeypatch.setattr(sys, "argv", [str(script), "--ranks", "2", "--steps", "3"])
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(script), run_name="__main__")
     return done.value.code, capsys.readouterr().out
