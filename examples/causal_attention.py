@@ -20,6 +20,7 @@ from spmdsim import Layout, SeededTensor, ops
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
 from spmdsim.sim import dry_run_active, once
+from spmdsim.tolerances import central_difference_tolerance
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,6 +54,19 @@ def numpy_program(x, wq, wk, wv, wo):  # any argument may carry a leading axis o
     return o.reshape(o.shape[:-2] + (D,)) @ wo
 
 
+def magnitudes(x, wq, wk, wv, wo):  # what entered sum(y^2), each carried to it as an error in it would be
+    heads = lambda a: a.reshape(T, H, D // H)  # noqa: E731
+    q, k, v = (heads(x @ w) for w in (wq, wk, wv))
+    mq, mk, mv = (heads(np.abs(x) @ np.abs(w)) for w in (wq, wk, wv))
+    ms = (np.einsum("qhd,khd->hqk", mq, np.abs(k)) + np.einsum("qhd,khd->hqk", np.abs(q), mk)) * (D // H) ** -0.5
+    s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, np.einsum("qhd,khd->hqk", q, k) * (D // H) ** -0.5)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    mp = p * (1 + ms + (p * ms).sum(-1, keepdims=True))  # an error in a score moves its p and every p it shares
+    mo = (np.einsum("hqk,khd->qhd", mp, np.abs(v)) + np.einsum("hqk,khd->qhd", p, mv)).reshape(T, D)
+    return float((3 * np.abs(numpy_program(x, wq, wk, wv, wo)) * (mo @ np.abs(wo))).sum())  # y^2: 2 |y| dy
+
+
 dry = dry_run_active()  # a dry run has no values to check: its references are not made
 # The global tensors, once for all simulated ranks (spmdsim.sim.once; each MPI rank makes its own).
 arrays = None if dry else once("causal_attention arrays", lambda: [s.full() for s in src])
@@ -60,9 +74,9 @@ verdicts = [y.check(lambda region: once("causal_attention y", numpy_program, *ar
 # Central differences, 128 elements a call; the ranks share them, each computing 1/p
 # (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
 numeric = [None] * 5 if dry else shared_numeric_grads(mesh, lambda *b: numpy_program(*b) ** 2, *arrays, batch=128)
-# Their rounding error is about 1e-10 of the loss: atol follows it where the loss is large.
-atol = 1e-6 if dry else max(1e-6, 1e-9 * float((once("causal_attention y", numpy_program, *arrays) ** 2).sum()))
-verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=1e-6, atol=atol)
+# Their rounding follows what entered sum(y^2) over the step h (spmdsim.tolerances.central_difference_tolerance).
+rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(*arrays), T * D)
+verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=rtol, atol=atol)
              for t, r in zip((x, wq, wk, wv, wo), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -23,6 +23,7 @@ from spmdsim import Layout, SeededTensor, ops
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
 from spmdsim.sim import dry_run_active, once
+from spmdsim.tolerances import central_difference_tolerance
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,15 +89,51 @@ def numpy_block(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):  # any argument may carr
     return x + (h @ w1 / (1 + np.exp(-(h @ w1))) * (h @ w3)) @ w2
 
 
+def magnitudes(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):  # what entered sum(y^2), each carried to it as an error
+    def rms(x, mx, g):  # (value, magnitudes): the mean square's rounding moves every x / rms
+        ms = (x * x).mean(-1, keepdims=True) + 1e-6
+        return x / np.sqrt(ms) * g, (mx + abs(x) * (abs(x) * mx).mean(-1, keepdims=True) / ms) / np.sqrt(ms) * abs(g)
+
+    def rope(x, c, s):
+        return x * c + np.concatenate([-x[..., Dh // 2:], x[..., :Dh // 2]], -1) * s
+
+    def split(a, *dims):
+        return a.reshape(a.shape[:-1] + dims)
+
+    def turned(m, c, s):  # the magnitudes of rope's output from its input's: |cos| m + |sin| (m's halves swapped)
+        return m * np.abs(c) + np.concatenate([m[..., Dh // 2:], m[..., :Dh // 2]], -1) * np.abs(s)
+
+    h, mh = rms(x, np.abs(x), g1)
+    cq, sq, ck, sk = cos[:, None, None], sin[:, None, None], cos[:, None], sin[:, None]
+    q, k, v = rope(split(h @ wq, KV, G, Dh), cq, sq), rope(split(h @ wk, KV, Dh), ck, sk), split(h @ wv, KV, Dh)
+    mq, mk = turned(split(mh @ abs(wq), KV, G, Dh), cq, sq), turned(split(mh @ abs(wk), KV, Dh), ck, sk)
+    mv = split(mh @ abs(wv), KV, Dh)
+    sc = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, np.einsum("qhgd,khd->hgqk", q, k) * Dh ** -0.5)
+    msc = (np.einsum("qhgd,khd->hgqk", mq, abs(k)) + np.einsum("qhgd,khd->hgqk", abs(q), mk)) * Dh ** -0.5
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    mp = p * (1 + msc + (p * msc).sum(-1, keepdims=True))  # an error in a score moves its p and every p it shares
+    o = np.einsum("hgqk,khd->qhgd", p, v).reshape(T, D)
+    mo = (np.einsum("hgqk,khd->qhgd", mp, abs(v)) + np.einsum("hgqk,khd->qhgd", p, mv)).reshape(T, D)
+    x2, mx2 = x + o @ wo, np.abs(x) + mo @ abs(wo)
+    h, mh = rms(x2, mx2, g2)
+    a, b, ma, mb = h @ w1, h @ w3, mh @ abs(w1), mh @ abs(w3)
+    silu = a / (1 + np.exp(-a))
+    y, my = x2 + (silu * b) @ w2, mx2 + (1.1 * ma * abs(b) + abs(silu) * mb + abs(silu * b)) @ abs(w2)  # silu' < 1.1
+    return float((3 * np.abs(y) * my).sum())  # y^2: 2 |y| dy
+
+
 dry = dry_run_active()  # a dry run has no values to check: its references are not made
 # The global tensors, once for all simulated ranks (spmdsim.sim.once; each MPI rank makes its own).
 arrays = None if dry else once("llama_block arrays", lambda: [s.full() for s in src])
 verdicts = [y.check(lambda region: once("llama_block y", numpy_block, *arrays)[region])]
-# Central differences (good to ~1e-8), 128 elements a call; the ranks share them, each computing 1/p
+# Central differences, 128 elements a call; the ranks share them, each computing 1/p
 # (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
 numeric = [None] * len(params) if dry else shared_numeric_grads(mesh, lambda *b: numpy_block(*b) ** 2, *arrays,
                                                                  batch=128)
-verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=1e-6, atol=1e-6) for t, r in zip(params, numeric)]
+# Their rounding follows what entered sum(y^2) over the step h (spmdsim.tolerances.central_difference_tolerance).
+rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(*arrays), max(T * D, F))
+verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=rtol, atol=atol) for t, r in zip(params, numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")
     print(f"forward and {len(params)} gradients vs numpy: {'PASS' if all(verdicts) else 'FAILED'} "

@@ -20,6 +20,8 @@ from spmdsim import Layout, SeededTensor, ops
 from spmdsim.optim import clip_grad_norm_
 from spmdsim import DTensor, Mesh
 from spmdsim.runtime import shared_numeric_grads
+from spmdsim.sim import dry_run_active
+from spmdsim.tolerances import central_difference_tolerance, sum_rtol
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,11 +65,38 @@ def numpy_tagger(x, wq, wk, wv, wc):
     return -np.take_along_axis(lp, np.where(real, tags, 0)[..., None], -1)[..., 0][real].mean()
 
 
+def magnitudes(x, wq, wk, wv, wc):  # what entered the loss, each carried to it as an error in it would be
+    q, k, v = ((x @ w).reshape(B, T, H, Dh) for w in (wq, wk, wv))
+    mq, mk, mv = ((np.abs(x) @ np.abs(w)).reshape(B, T, H, Dh) for w in (wq, wk, wv))
+    s = np.where(real[:, None, None, :], np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(Dh), -np.inf)
+    ms = (np.einsum("bqhd,bkhd->bhqk", mq, np.abs(k)) + np.einsum("bqhd,bkhd->bhqk", np.abs(q), mk)) / np.sqrt(Dh)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    ma = a * (1 + ms + (a * ms).sum(-1, keepdims=True))  # an error in a score moves its weight and every other
+    h, mh = (np.einsum("bhqk,bkhd->bqhd", u, w).reshape(B, T, D) for u, w in ((a, v), (ma, np.abs(v))))
+    mz = (mh + np.einsum("bhqk,bkhd->bqhd", a, mv).reshape(B, T, D)) @ np.abs(wc)
+    z = h @ wc
+    e = np.exp(z - z.max(-1, keepdims=True))
+    taken = np.take_along_axis(mz, np.where(real, tags, 0)[..., None], -1)[..., 0]
+    return float((taken + (e * mz).sum(-1) / e.sum(-1) + np.abs(np.log(e.sum(-1))) + 1)[real].mean())
+
+
 arrays = [s.full() for s in src]
 grads = shared_numeric_grads(mesh, numpy_tagger, *arrays)  # each rank 1/p of the central differences
 want = np.sqrt(sum((g * g).sum() for g in grads))
-verdicts = [abs(loss.item() - numpy_tagger(*arrays)) < 1e-12, abs(norm - want) < 1e-6 * want]
-verdicts += [t.grad.check(g * min(1.0, 0.05 / (want + 1e-6)), rtol=1e-6, atol=1e-6) for t, g in zip(params, grads)]
+# The loss within its terms' rounding (2 k eps: two computations, k the longest sum); the central differences'
+# rounding follows what entered the loss over the step h (spmdsim.tolerances.central_difference_tolerance),
+# and the norm of their errors bounds the norm's.
+longest = max(D, T, C, int(real.sum()))
+magnitude = 0.0 if dry_run_active() else magnitudes(*arrays)
+rtol, atol = central_difference_tolerance(magnitude, longest, step=0.5)
+count = sum(g.size for g in grads)
+off = atol * np.sqrt(count) + rtol * want  # the norm's error: at most the norm of the elements' errors
+verdicts = [abs(loss.item() - numpy_tagger(*arrays)) <= 2 * sum_rtol(longest, "float64") * magnitude,
+            abs(norm - want) <= off]
+clip = min(1.0, 0.05 / (want + 1e-6))  # the clipped gradients: scaled by it, and by the norm's error relative
+moved = off / want if want > 0 else 0.0  # (a dry run has no values: its norm is nan)
+verdicts += [t.grad.check(g * clip, rtol=rtol + moved, atol=atol * clip) for t, g in zip(params, grads)]
 if mesh.rank == 0:
     print(f"{int(real.sum())} real tokens of {B * T}: loss {loss.item():.6f}, gradients' norm {norm:.4f} "
           f"(clipped to 0.05), {int(right[real].sum())} tagged right")

@@ -19,6 +19,7 @@ from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, collect_trace, ops
 from spmdsim.runtime import shared_numeric_grads
 from spmdsim.sim import dry_run_active, once
+from spmdsim.tolerances import central_difference_tolerance
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,14 +62,26 @@ def numpy_program(x, wa, wp):  # a weight may carry a leading axis of copies (be
     return y.reshape(y.shape[:-2] + (C,)) @ wp
 
 
+def magnitudes(x, wa, wp):  # what entered sum(y^2), each carried to it as an error in it would be
+    heads = lambda a: a.reshape(B, T, nh, C // nh).swapaxes(1, 2)  # noqa: E731
+    (q, k, v), (mq, mk, mv) = ([heads(t) for t in np.split(a, 3, axis=-1)] for a in (x @ wa, np.abs(x) @ np.abs(wa)))
+    ms = (mq @ np.abs(k).swapaxes(-1, -2) + np.abs(q) @ mk.swapaxes(-1, -2)) / math.sqrt(C // nh)
+    s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, q @ k.swapaxes(-1, -2) / math.sqrt(C // nh))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    mp = p * (1 + ms + (p * ms).sum(-1, keepdims=True))  # an error in a score moves its p and every p it shares
+    mo = (mp @ np.abs(v) + p @ mv).swapaxes(1, 2).reshape(B, T, C)
+    return float((3 * np.abs(numpy_program(x, wa, wp)) * (mo @ np.abs(wp))).sum())  # y^2: 2 |y| dy
+
+
 dry = dry_run_active()  # a dry run has no values to check: its references are not made
 verdicts = [y.check(lambda region: once("nanoGPT y", numpy_program, X, WA, WP)[region])]
 squares = lambda x, wa, wp: numpy_program(x, wa, wp) ** 2  # noqa: E731  # the loss's addends
 # The weights' only, 128 elements a call, each rank computing 1/p of them (spmdsim.runtime.shared_numeric_grads).
 grads = [np.zeros(0)] * 2 if dry else shared_numeric_grads(mesh, lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128)
-# Central differences are good to ~1e-8 of the gradients' scale (here ~1e3: the loss sums squares).
-verdicts += [t.grad.check(lambda region, g=g: g[region], rtol=1e-6, atol=1e-8 * abs(g).max(initial=0))
-             for t, g in zip((c_attn, c_proj), grads)]
+# Their rounding follows what entered sum(y^2) over the step h (spmdsim.tolerances.central_difference_tolerance).
+rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(X, WA, WP), max(B * T * C, 3 * C))
+verdicts += [t.grad.check(lambda region, g=g: g[region], rtol=rtol, atol=atol) for t, g in zip((c_attn, c_proj), grads)]
 if mesh.rank == 0:
     print(f"nanoGPT attention: mesh dp {mesh.size // tp} x tp {tp}, {nh} heads, batch {B} (2 a dp replica), "
           "c_attn's columns over tp")

@@ -6,7 +6,8 @@ the heads split; the row-parallel output projection Reduce_scattered back onto t
 sequence) -> + ParallelMLP(sequence_parallel) -> a column-parallel head whose logits stay
 split over the vocabulary -> vocab-parallel cross-entropy (the logits are never gathered).
 SGD on every parameter; each step's loss, gradients and updated parameters are checked
-against the block trained in one process (numpy float64). Any world size.
+against the block in one process (numpy float64), from the run's parameters at the step's
+start (anchored: differences in rounding do not compound over the steps). Any world size.
 
 Run: timeout -k 5 300 mpiexec -n 8 python examples/train_megatron_block.py [--steps 20]
   or python examples/train_megatron_block.py --ranks 8   (8 simulated ranks in one process)
@@ -27,6 +28,7 @@ from spmdsim.optim import SGD
 from spmdsim import redistribute
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.sim import dry_run_active, once
+from spmdsim.tolerances import sum_rtol
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402
 
@@ -80,9 +82,15 @@ def main(args):
 
     # A dry run (--dry-run) has shapes, not values: nothing to check, so no reference to hold.
     checking = not dry_run_active()
-    reference = {name: t.gather() for name, t in params.items()} if checking else {}  # small: whole
     # The widths grow with the ranks and the logits with them: a fixed step diverges at 128 ranks.
     lr = args.lr if args.lr is not None else 0.05 * min(1.0, 64 / p)
+    # The loss and the gradients within 2 k eps (two computations, each summing in its own order; k the
+    # longest sum, 4p) x the magnitudes that entered each element (docs/semantics.md, "Tolerances").
+    rtol = 2 * sum_rtol(max(seq, d_model, heads * width, ffn, vocab), "float64")
+    # Anchored: the reference starts each step from the run's parameters (small: whole), those the step before
+    # checked, so each check holds one step's rounding (a free-running reference's differences compound with
+    # the steps), and whatever moved the run's parameters after that check shows in the next step's loss.
+    start = {name: t.gather() for name, t in params.items()} if checking else {}
     optimizer = SGD(list(params.values()), lr=lr)
     losses, failed, worst, verdicts = [], 0, 0.0, []
     calls = {phase: [0, 0] for phase in PHASES}
@@ -99,19 +107,29 @@ def main(args):
             raise SpmdsimError(f"the loss diverged at step {step} ({float(loss.local)}): "
                                f"lower --lr (now {lr})")
         if checking:
-            x_ref = reference["table"][tokens_g]
+            x_ref = start["table"][tokens_g]
             # Simulated ranks (--ranks) run the reference once between them (spmdsim.sim.once).
-            ref_loss, grads = once(("megatron_block", step), megatron_block,
-                                   {k: v for k, v in reference.items() if k != "table"}, x_ref, labels_g, heads)
+            ref_loss, grads, loss_scale, scales = once(("megatron_block", step), megatron_block,
+                                                       {k: v for k, v in start.items() if k != "table"}, x_ref,
+                                                       labels_g, heads, True)
             grads["table"] = rg.embedding_grad(tokens_g, vocab, grads["x"])
-            verdicts = [loss.check(np.asarray(ref_loss), rtol=1e-10, atol=1e-10 * abs(ref_loss))]
+            scales["table"] = rg.embedding_grad(tokens_g, vocab, scales["x"])
+            # The loss and each gradient x the magnitudes that entered them (the step on absolute values: not
+            # |loss| or max|grad|, which fall far below their terms as the block learns); each updated
+            # parameter the run's own update, start - lr x the run's gradient: a few eps of its terms.
+            verdicts = [loss.check(np.asarray(ref_loss), rtol=rtol, atol=0.0, scale=np.asarray(loss_scale))]
+            sizes = [loss_scale]  # each tensor's largest entry (its magnitudes'), for the summary line
             for name, t in params.items():
                 scale_g = float(np.abs(grads[name]).max())
-                verdicts.append(t.grad.check(grads[name], rtol=1e-10, atol=1e-10 * scale_g))
-                reference[name] = reference[name] - lr * grads[name]
-                verdicts.append(t.check(reference[name], rtol=1e-10, atol=1e-10 * float(np.abs(reference[name]).max())))
+                verdicts.append(t.grad.check(grads[name], rtol=rtol, atol=0.0, scale=scales[name]))
+                run_grad = t.grad.gather()
+                terms = np.abs(start[name]) + lr * np.abs(run_grad)
+                verdicts.append(t.check(start[name] - lr * run_grad, rtol=4 * np.finfo(np.float64).eps, atol=0.0,
+                                        scale=terms))
+                sizes += [scale_g, float(terms.max())]
             failed += sum(not v for v in verdicts)
-            worst = max([worst] + [v.max_abs_error / max(v.atol / 1e-10, 1e-300) for v in verdicts])
+            worst = max([worst] + [v.max_abs_error / max(size, 1e-300) for v, size in zip(verdicts, sizes)])
+            start = {name: t.gather() for name, t in params.items()}  # the next step's start: the run's
         losses.append(float(loss.local))
         for phase, trace in traces.items():
             calls[phase][0] += trace.totals()["calls"]

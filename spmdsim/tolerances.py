@@ -11,15 +11,19 @@ minimum) has no relative accuracy: its rounding follows the terms. Given the
 magnitudes that entered each element (`DTensor.check(..., scale=)`: for a sum
 or product the sum of the terms' absolute values), rtol multiplies them
 instead of |ref|; `sum_rtol(k, dtype)` is the rounding a sum of k terms can
-have relative to them (docs/semantics.md, "Tolerances").
+have relative to them (docs/semantics.md, "Tolerances"). A gradient checked
+against central differences gets `central_difference_tolerance`: their
+rounding follows the magnitudes that entered the differenced function, over
+the step h.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["default_tolerances", "contraction_atol", "network_atol", "sum_rtol"]
+__all__ = ["default_tolerances", "contraction_atol", "network_atol", "sum_rtol", "central_difference_tolerance"]
 
 # (rtol, atol) by element type; complex types use their real part's entry.
 _TOLERANCES = {
@@ -47,6 +51,32 @@ def sum_rtol(k: int, dtype: Any) -> float:
     atol=0, scale=sum of |terms|)``.
     """
     return max(int(k), 1) * float(np.finfo(dtype).eps)
+
+
+def central_difference_tolerance(magnitude: float, terms: int, h: float = 1e-6, step: float = 1.0,
+                                 third: float = 0.0, dtype: Any = "float64") -> tuple[float, float]:
+    """(rtol, atol) for a gradient checked against central differences (f(x + h) - f(x - h)) / 2h
+    (`spmdsim.reference_grad.numeric_grads`): the error they can have, not the gradient's size.
+
+    Rounding: each evaluation of f is off by about ``sqrt(terms) eps x magnitude``, `magnitude` the
+    magnitudes that entered f (each sum's |terms|, carried to f as an error in them would be: ``|x| @ |W|``
+    and on, each >= the value it stands for) and `terms` the longest sum in it; the two evaluations round
+    independently (a step of h moves the operands far more than their last bits) and their difference is
+    divided by 2h: ``sqrt(terms) eps magnitude / h``. The roundings of a sum's additions have independent
+    signs and add up as a random walk, sqrt(k) eps x its terms (Higham and Mary, "A new approach to
+    probabilistic rounding error analysis", 2019), not `sum_rtol`'s k eps, the worst case of every rounding
+    one way: divided by h (1e-6), that worst case on magnitudes that already bound each value grows past
+    what a missing term moves a gradient by once the shapes grow (docs/semantics.md, "Tolerances").
+    Truncation: ``h^2 |f'''| / 6``, `third` a bound of |f'''| along one coordinate (it matters only past
+    ``6 sqrt(terms) eps magnitude / h^3``, 1.3e3 sqrt(terms) magnitude at h = 1e-6: 0 for programs of
+    products of values near 1). The steps: x + h and x - h round, moving the difference of the points by up
+    to eps (|x| + h), a relative error of ``eps (step + h) / 2h`` of the gradient (`step`: max |x|): the rtol.
+    The checked gradient's own rounding (its backward's sums, not divided by h) is far within these. Compare
+    with ``grad.check(numeric, rtol=rtol, atol=atol)``.
+    """
+    eps = float(np.finfo(dtype).eps)
+    rounding = math.sqrt(max(int(terms), 1)) * eps * float(magnitude) / h
+    return eps * (step + h) / (2 * h), rounding + h * h * third / 6
 
 
 def contraction_atol(k: int, dtype: str) -> float:

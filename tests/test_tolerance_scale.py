@@ -352,3 +352,32 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
             same = few[key] == many[key] or (isinstance(few[key], float) and math.isnan(few[key])
                                              and math.isnan(many[key]))
             assert same, (case, key, few[key], many[key])
+
+
+def test_the_demo_training_row_checks_each_gradient_element_within_its_terms_rounding():
+    # spmdsim.demo.training's row held every element to 1e-4 x max|grad| (+ 1e-4 x |grad|): an element whose
+    # terms are larger than the gradient's largest entry may round by more than that in float32 (cried wolf).
+    # It follows ReferenceStep.grad_scales now, as NetworkTrainer.check: within the bound passes, past it fails.
+    from spmdsim.demo.training import training_job
+    from spmdsim.nets import oneflow_2d_sbp
+
+    def body():
+        comm = spmdsim.world()
+        job = training_job(oneflow_2d_sbp(comm.size, dtype="float32", seed=0), comm)
+        grad = job.forward()
+        ref = job.reference(tuple(slice(None) for _ in grad.global_shape))
+        scale = job.scale(tuple(slice(None) for _ in grad.global_shape))
+        old = 1e-4 * (np.abs(ref).max() + np.abs(ref))  # what the row allowed before
+        where = np.unravel_index(np.argmax(scale / old), ref.shape)  # terms largest beside the old allowance
+        verdicts = [grad.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale).passed]
+        exact = grad._local.copy()
+        for by in (0.9, 1.1):  # the run's element moved by 0.9 and 1.1 times its bound
+            move = np.zeros(ref.shape)
+            move[where] = by * job.rtol * scale[where]
+            grad._local = (exact + move[grad.slices]).astype(exact.dtype)
+            verdicts.append(grad.check(job.reference, rtol=job.rtol, atol=job.atol, scale=job.scale).passed)
+        return verdicts, bool(0.9 * job.rtol * scale[where] > old[where])
+
+    for verdicts, old_cried_wolf in spmdsim.simulate(4, body):
+        assert verdicts == [True, True, False]
+        assert old_cried_wolf  # 0.9 of the bound is beyond what the row allowed before
