@@ -106,6 +106,32 @@ def test_simulated_ranks_share_the_process_memory_and_refuse_alike(monkeypatch):
         simulate(4, build, 4 * 4096)
 
 
+def test_ranks_agree_on_the_budget_and_its_words(monkeypatch):
+    """Each rank reads MemAvailable at its own moment: the ranks agree on the least budget and on the words of
+    the rank that read it, so a refusal is one line on every rank (the words were each rank's own: 'ranks
+    differ: ranks 5-7: ... MemAvailable 22.6 GiB' against 22.7 GiB on the others)."""
+    from spmdsim.runtime import budget
+    from spmdsim.sim import simulate
+
+    monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
+
+    def body():
+        import spmdsim
+
+        comm = spmdsim.world()
+        return budget.agreed_budget(comm)
+
+    def read(ranks_on_node, env=None):  # rank r reads (24 - r) GiB free, r's words
+        import spmdsim
+
+        r = spmdsim.world().rank
+        return Budget((24 - r) * GIB // ranks_on_node, f"MemAvailable {24 - r} GiB over {ranks_on_node} ranks")
+
+    monkeypatch.setattr(budget, "budget_per_rank", read)
+    got = simulate(4, body)
+    assert got == [Budget(21 * GIB // 4, "MemAvailable 21 GiB over 4 ranks")] * 4
+
+
 def test_a_dry_run_is_not_refused_by_this_machines_memory(monkeypatch):
     """A dry run holds no block (zeros never written): a model sized for a cluster is estimated on a laptop;
     the limit applies to real ranks only, and a bad SPMDSIM_MEMORY is still one line."""

@@ -52,9 +52,11 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     # Whether to agree depends only on the environment mpiexec gives every rank.
     if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
         mine = budget_per_rank(_ranks_on_node(comm))
-        # Object form (simulated ranks too); a reduction, so p simulated ranks cost O(p).
-        low = door.all_reduce_object(comm, _UNKNOWN if mine is None else mine.bytes, "min")
-        mine = None if low == _UNKNOWN else Budget(low, mine.source if mine else "MemAvailable")
+        # Object form (simulated ranks too); a reduction, so p simulated ranks cost O(p). The least budget
+        # with the words of the rank that read it (its MemAvailable, its node's ranks): each rank's own reading
+        # differs, and a refusal must be one line on every rank.
+        low = door.all_reduce_object(comm, (_UNKNOWN, "") if mine is None else (mine.bytes, mine.source), "min")
+        mine = None if low[0] == _UNKNOWN else Budget(low[0], low[1])
     _AGREED[key] = (comm, mine)
     return mine
 

@@ -600,7 +600,8 @@ def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
     """The recorded calls with each join written in place, and the bytes no longer copied a replay:
     (entries, bytes).
 
-    A gradient bucket joins its gradients into one flat buffer (``np.concatenate``) for one Allreduce. Where
+    A gradient bucket joins its gradients into one flat buffer (``np.concatenate``, of flat views or with
+    ``axis=None``) for one Allreduce. Where
     every part is the whole of an array the step made for the join alone (only the record names it, its
     first use writes it whole, the join is its last use) and the flat buffer is first used by the join,
     the parts' arrays become views of their places in the flat buffer and the join goes: the step writes
@@ -613,8 +614,9 @@ def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
     dropped: set = set()
     saved = 0
     for i, (func, args, kwargs) in enumerate(entries):
+        axis = kwargs.get("axis", 0)  # (None: the parts flattened, each in C order: its bytes as they lie)
         if func is not np.concatenate or len(args) != 1 or set(kwargs) - {"out", "axis"} \
-                or kwargs.get("axis", 0) not in (0, -1):
+                or axis not in (0, -1, None):
             continue
         flat, parts = kwargs.get("out"), args[0]
         if type(flat) is not _ndarray or flat.ndim != 1 or not flat.flags.c_contiguous \
@@ -623,7 +625,8 @@ def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
         roots = [_owner(part) if type(part) is _ndarray else None for part in parts]
         keys = {id(root) for root in roots}
         if len(keys) != len(parts) or id(_owner(flat)) in keys or not all(
-                root is not None and part.dtype == flat.dtype and part.ndim == 1 and _whole(part, root)
+                root is not None and part.dtype == flat.dtype and (part.ndim == 1 or axis is None)
+                and _whole(part, root)
                 and id(root) not in barred and id(root) not in placed and id(root) not in hosts
                 and whole.get(id(root))
                 and first[id(root)] != i and last[id(root)] == i and root.flags.c_contiguous
