@@ -51,7 +51,13 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     where = _LAZY.get(name)
     if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # A module of the package by its dotted name, as the docs write it: spmdsim.autograd.no_grad().
+        from ._lazy import submodule
+
+        found = submodule(__name__, name)
+        if found is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return found
     if where[0].startswith("spmdsim.runtime"):
         # A DTensor from the front door has its operators (x + y, x @ w, .backward()): spmdsim.ops
         # installs them in the runtime's DTensor when it loads (spmdsim/ops/methods.py).

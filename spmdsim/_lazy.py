@@ -3,7 +3,9 @@
 A package's ``_WHERE`` maps each public name to the module that defines it (a
 module of the package, or an absolute ``spmdsim.`` one); importing the package
 loads none of them, so that ``import spmdsim.runtime`` (or `nets`, `sim`)
-stays light until a name is used.
+stays light until a name is used. A name no table lists may be a module of the
+package (`submodule`): ``spmdsim.runtime.debug`` after a bare ``import spmdsim``;
+a package with no table gives its modules so with `modules_by_name`.
 """
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ def lazy(package: str, where: dict, namespace: dict) -> tuple[Callable[[str], An
     def get(name: str) -> Any:
         module = where.get(name)
         if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            found = submodule(package, name)  # a module of the package, by its dotted name
+            if found is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            return found
         path = module if module.startswith("spmdsim.") else f"{package}.{module}"
         value = getattr(importlib.import_module(path), name)
         namespace[name] = value
@@ -27,6 +32,37 @@ def lazy(package: str, where: dict, namespace: dict) -> tuple[Callable[[str], An
         return sorted(set(namespace) | set(namespace.get("__all__", ())))
 
     return get, names
+
+
+def submodule(package: str, name: str) -> Any:
+    """The module `package`.`name` (imported now if need be), or None where the package has no such module.
+
+    So ``spmdsim.autograd.no_grad()`` works after a bare ``import spmdsim``, as the docs write it:
+    a package's lazy ``__getattr__`` falls back to this for a name it does not list. Importing the
+    package itself loads none of its modules. Dunder names (``__main__``, ``__wrapped__``) are
+    never modules here: a tool's probe of one must not run ``python -m spmdsim``.
+    """
+    if name.startswith("__") or not name.isidentifier():
+        return None
+    path = f"{package}.{name}"
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError as error:
+        if error.name == path:
+            return None
+        raise
+
+
+def modules_by_name(package: str) -> Callable[[str], Any]:
+    """``__getattr__`` for a package with no other lazy names: its modules by name, loaded on first use
+    (`submodule`), so ``spmdsim.plan.summary.FOLD_RANKS`` works after a bare ``import spmdsim``."""
+    def get(name: str) -> Any:
+        found = submodule(package, name)
+        if found is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return found
+
+    return get
 
 
 class _Numpy:

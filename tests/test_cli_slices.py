@@ -259,3 +259,27 @@ def test_cases_without_alias_name_the_axes_axis_0_axis_1(capsys, monkeypatch):
     assert code == 2 and " ".join(err.split()) == (
         "spmdsim: error: --alias is missing (case key 'alias_name'), needed by the JAX PartitionSpec form: axis "
         "'mp' is none of the default names axis_0, axis_1")
+
+
+def test_an_integer_tensor_map_gets_mindspore_s_hint_and_the_map_by_name(capsys, monkeypatch):
+    """MindSpore's tensor_map numbers the device matrix's axes from the right (-1: none); spmdsim reads
+    names only. Without --alias the refusal said only that '1' is no default name; now it says what the
+    number is and writes the map by the default names (axis_0 is the left axis: number 1 of 2)."""
+    code, _, err = _run(["slices", "--tensor-map=1,-1", "--device-matrix", "2,4", "--shape", "8,8"], capsys)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: --alias is missing (case key 'alias_name'), needed by the layout form: axis '1' is "
+        "none of the default names axis_0, axis_1 (an axis number? MindSpore's integer tensor_map is not read: "
+        "write the axis's name; this map by name is --tensor-map axis_0,None)")
+    code, out, err = _run(["slices", "--tensor-map", "axis_0,None", "--device-matrix", "2,4", "--shape", "8,8"],
+                          capsys)
+    assert code == 0 and json.loads(out)["rank_slices"]["4"] == [[4, 8], [0, 8]], err  # the map it wrote
+    case = {"device_matrix": [2, 4], "alias_name": ["dp", "mp"], "tensor_map": [0, 1], "shape": [8, 8]}
+    code, _, err = _run(["slices"], capsys, json.dumps(case), monkeypatch)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: case key 'tensor_map' entry 0 must be an axis name, null or a list of axis names (an "
+        "axis number? MindSpore's integer tensor_map is not read: write the axis's name; this map by name is "
+        '["mp", "dp"])')
+    # A number no axis has: the hint without a map.
+    code, _, err = _run(["slices", "--tensor-map", "2,0", "--device-matrix", "2,4", "--shape", "8,8"], capsys)
+    assert code == 2 and err.rstrip().endswith("(an axis number? MindSpore's integer tensor_map is not read: "
+                                               "write the axis's name)")

@@ -367,6 +367,39 @@ def test_a_strategy_that_does_not_group_the_mesh_axes_is_one_line():
 
 
 # -- what no dialect reads ------------------------------------------------------------
+def test_a_mesh_where_a_count_goes_is_one_line_with_the_count_to_pass():
+    """matmul_layouts takes a number of ranks and split_layouts Paddle's num_partitions; a Layout, Mesh or
+    mesh shape there said only "must be a positive integer" (printing a Layout). Now the line says it is
+    a mesh and which number to pass for it."""
+    from spmdsim import Mesh, simulate, world
+    from spmdsim.dialects import matmul_layouts, split_layouts
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    takes = ("matmul_layouts takes the number of ranks (MindSpore lays a strategy over a flat device list; the "
+             "layouts come on the strategy's own device matrix: m, k, n and rep): pass 8 for this mesh")
+    for given, said in ((mesh, f"world_size {mesh!r} is a mesh"), ((2, 4), "world_size (2, 4) is a mesh shape")):
+        with pytest.raises(DialectError) as error:
+            matmul_layouts("((2,1),(1,4))", given)
+        assert str(error.value) == f"{said}, not a count; {takes}"
+
+    def rank() -> str:  # a Mesh: the same line on every rank (its repr names the rank)
+        with pytest.raises(DialectError) as error:
+            matmul_layouts("((2,1),(1,4))", Mesh(Layout((2, 4), ("dp", "mp")), world()))
+        return str(error.value)
+
+    assert simulate(8, rank) == [f"world_size is a Mesh (on {mesh!r}), not a count; {takes}"] * 8
+    with pytest.raises(DialectError) as error:
+        split_layouts((8, 8), "linear", 1, mesh)
+    assert str(error.value) == (
+        f"num_partitions {mesh!r} is a mesh, not a count; split_layouts takes Paddle's num_partitions, the size "
+        "of the model-parallel group (the layouts come on Layout((num_partitions,), ('mp',))): pass 4 for this mesh")
+    with pytest.raises(DialectError, match=r"^num_partitions \(8,\) is a mesh shape, not a count; .*: pass that number$"):
+        split_layouts((8, 8), "linear", 1, (8,))
+    # The counts still work, numpy's too.
+    assert matmul_layouts("((2,1),(1,4))", np.int64(8)).layout.device_matrix == (2, 1, 4)
+    assert split_layouts((8, 8), "linear", 1, 4).layout.device_matrix == (4,)
+
+
 def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
     """JAX's P.UNCONSTRAINED read as a mesh axis name ("names mesh axis 'UNCONSTRAINED', which is not one of the
     mesh axes"); MindSpore's integer tensor map said only "must be an axis name"; Layout took MindSpore's

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import types
 
+from .._lazy import modules_by_name
 from .candidates import Candidate, make_candidate
 from .choose import METHODS, OpReport, Result, autoshard
 from .cost import OBJECTIVES, Objective, Table
@@ -62,3 +63,6 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+# Its modules by name, loaded on first use: spmdsim.autoshard.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

@@ -191,9 +191,12 @@ def _tensor_map(data: Mapping) -> tuple:
             isinstance(entry, (list, tuple)) and all(isinstance(a, str) for a in entry)
         )
         if not ok:
+            matrix, names = data.get("device_matrix"), data.get("alias_name")
+            if not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
+                names = default_axis_names(len(matrix)) if isinstance(matrix, (list, tuple)) else ()
             raise SpmdsimError(
                 f"case key 'tensor_map' entry {entry!r} must be an axis name, null or a "
-                "list of axis names"
+                f"list of axis names{integer_map_hint(value, names, json_form=True)}"
             )
     return tuple(tuple(e) if isinstance(e, list) else e for e in value)
 
@@ -228,6 +231,30 @@ _FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor
             "world_size": "--world-size"}
 
 
+def _axis_number(entry: Any) -> Optional[int]:
+    """`entry` as an axis number (1, -1, "1", "-1"), or None where it is none."""
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        return entry
+    if isinstance(entry, str) and entry.lstrip("-").isdigit() and entry.count("-") <= 1:
+        return int(entry)
+    return None
+
+
+def integer_map_hint(entries: Sequence[Any], names: Sequence[str], json_form: bool = False) -> str:
+    """For a tensor map holding axis numbers (MindSpore's integer tensor_map: axes counted from the right,
+    -1 for none), which spmdsim does not read: the hint (layout.py's words), with the map written by the
+    names of `names` (the mesh axes) where every entry is such a number for them."""
+    numbers = [_axis_number(e) for e in entries]
+    if not any(n is not None for n in numbers):
+        return ""
+    hint = " (an axis number? MindSpore's integer tensor_map is not read: write the axis's name"
+    if names and all(n is not None and -1 <= n < len(names) for n in numbers):
+        written = [None if n == -1 else names[len(names) - 1 - n] for n in numbers]
+        hint += (f"; this map by name is {json.dumps(written)}" if json_form else
+                 f"; this map by name is --tensor-map {','.join(str(w) for w in written)}")
+    return hint + ")"
+
+
 def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], form: str) -> tuple[str, ...]:
     """The mesh axis names of a case without "alias_name": ``axis_0, axis_1, ...``, as everywhere
     (docs/dialects.md). A case that names other axes in its map (or `partial`) lacks its --alias."""
@@ -235,8 +262,9 @@ def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], fo
     used = [a for e in entries for a in ((e,) if isinstance(e, str) else e if isinstance(e, (list, tuple)) else ())]
     unknown = [a for a in [*used, *partial] if isinstance(a, str) and a not in names + ("None", "none", "null")]
     if unknown:
+        hint = integer_map_hint(entries, names) if form == "layout" and _axis_number(unknown[0]) is not None else ""
         raise SpmdsimError(f"--alias is missing (case key 'alias_name'), needed by the {form} form: axis "
-                           f"{unknown[0]!r} is none of the default names {', '.join(names)}")
+                           f"{unknown[0]!r} is none of the default names {', '.join(names)}{hint}")
     return names
 
 

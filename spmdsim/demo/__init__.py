@@ -6,7 +6,11 @@ registers scenarios with ``@scenario(...)`` and is found automatically.
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .registry import Context, Job, Outcome, Scenario, run_job, run_scenario, scenario, scenarios
 
 __all__ = ["Context", "Job", "Outcome", "Scenario", "scenario", "scenarios", "run_job",
            "run_scenario"]
+
+# Its modules by name, loaded on first use: spmdsim.demo.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

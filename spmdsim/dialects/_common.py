@@ -196,6 +196,24 @@ def mesh_of(mesh: object, names: Optional[Sequence[str]],
     return shape, axis_names(names, len(shape)), None
 
 
+def refuse_mesh_as_count(value: object, what: str, takes: str, count_of) -> None:
+    """Refuse a spmdsim Layout or Mesh (or a mesh shape) given where a converter takes a count (the ranks of
+    `matmul_layouts`, Paddle's `num_partitions`), in one line, the same on every rank: `takes` says what
+    the count is, and ``count_of(layout)`` the number to pass for that mesh (None: no number fits it)."""
+    layout = value if isinstance(value, Layout) else getattr(value, "layout", None)
+    if isinstance(layout, Layout):
+        given = f"{what} {layout!r} is a mesh" if layout is value else f"{what} is a Mesh (on {layout!r})"
+    else:
+        items = None if as_int(value) is not None else as_items(value)
+        if not items or not all(as_int(i) is not None and as_int(i) > 0 for i in items):
+            return
+        layout = Layout(tuple(as_int(i) for i in items), default_axis_names(len(items)))
+        given = f"{what} {value!r} is a mesh shape"
+    count = count_of(layout)
+    raise DialectError(f"{given}, not a count; {takes}: pass "
+                       + (f"{count} for this mesh" if count is not None else "that number"))
+
+
 def _foreign(mesh: object) -> str:
     """For another framework's mesh object (Paddle's ProcessMesh, PyTorch's DeviceMesh, JAX's Mesh): what it
     is and the spmdsim Layout of its shape and names, which is what to pass instead."""

@@ -17,7 +17,7 @@ import numpy as np
 from ..datagen import SeededTensor
 from ..errors import DialectError, OperatorError
 from ..layout import Layout, TensorLayout
-from ._common import as_flag, as_int, as_items, positive_int
+from ._common import as_flag, as_int, as_items, positive_int, refuse_mesh_as_count
 
 __all__ = ["MP_AXIS", "PaddleSplit", "split_layouts", "paddle_layout", "paddle_param", "ParamAttr"]
 
@@ -100,6 +100,10 @@ def split_layouts(
     """
     shape = _size(size)
     gather_out = as_flag(gather_out, "gather_out")
+    refuse_mesh_as_count(num_partitions, "num_partitions",
+                         "split_layouts takes Paddle's num_partitions, the size of the model-parallel group "
+                         f"(the layouts come on Layout((num_partitions,), ({MP_AXIS!r},)))",
+                         lambda layout: layout.axis_size(MP_AXIS) if MP_AXIS in layout.alias_name else None)
     parts = positive_int(num_partitions, "num_partitions")
     ndim = as_int(input_ndim)
     if ndim is None or ndim < 1:

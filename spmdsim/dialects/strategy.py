@@ -18,7 +18,8 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_flag, as_int, as_items, axis_names, mesh_of, positive_int, require_layout
+from ._common import (as_flag, as_int, as_items, axis_names, mesh_of, positive_int, refuse_mesh_as_count,
+                      require_layout)
 
 __all__ = [
     "REP_AXIS", "StrategyLike", "MatMulLayouts", "parse_strategy", "format_strategy",
@@ -225,6 +226,10 @@ def matmul_layouts(
     ``transpose_b`` w is stored (n, k) and its strategy reads (c, b). Leading
     batch dims are aligned from the right and must be split equally.
     """
+    refuse_mesh_as_count(world_size, "world_size",
+                         "matmul_layouts takes the number of ranks (MindSpore lays a strategy over a flat "
+                         "device list; the layouts come on the strategy's own device matrix: m, k, n and rep)",
+                         lambda layout: layout.num_devices)
     transpose_a, transpose_b = as_flag(transpose_a, "transpose_a"), as_flag(transpose_b, "transpose_b")
     parsed = parse_strategy(strategy)
     if len(parsed) != 2:

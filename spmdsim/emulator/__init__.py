@@ -20,3 +20,9 @@ the rank's), `mpirun` runs a program once per rank as its own __main__, with its
 modules (`rank_modules`) and random generators (`rank_random`). spmdsim's runtime
 never imports this package: its meshes run on the thread engine directly.
 """
+from __future__ import annotations
+
+from .._lazy import modules_by_name
+
+# Its modules by name, loaded on first use: spmdsim.emulator.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .._lazy import modules_by_name
 from .base import DONE, Engine, SimulationError
 from .mpi import MPI, MpiEngine
 from ..context import PROCESS, RankContext, current, enter, leave, simulated
@@ -75,3 +76,7 @@ def _bind_gemm() -> Callable[..., None]:
 
     _GEMM[0] = gemm
     return gemm
+
+
+# Its modules by name, loaded on first use: spmdsim.engines.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

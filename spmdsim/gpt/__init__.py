@@ -6,9 +6,9 @@ numpy process (``python -m spmdsim.gpt.reference --steps 200``). Pure: no mpi4py
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from .._lazy import submodule
 from .config import GPTConfig
 from .data import batch, decode, encode, load_text
 from .params import (ParamSpec, constant, decays, dropout_seed, dropout_shape, dropout_sites, dropout_tensor,
@@ -20,7 +20,9 @@ __all__ = ["GPTConfig", "ParamSpec", "param_specs", "seeded", "constant", "decay
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use, so `python -m spmdsim.gpt.reference` runs it once, as __main__.
-    if name == "reference":
-        return importlib.import_module(".reference", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # A module of the package (`reference`, `train`, `parallel`, ...) loads on first use, so
+    # `python -m spmdsim.gpt.reference` runs it once, as __main__.
+    found = submodule(__name__, name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found

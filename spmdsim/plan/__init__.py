@@ -6,6 +6,7 @@ steps the in-process `emulate` (here) or the MPI executor
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .emulator import emulate, partial_addends, shards_of, sum_partials
 from .planner import plan_redistribution
 from .record import Plan
@@ -14,3 +15,6 @@ from .volume import lower_bound
 
 __all__ = ["plan_redistribution", "Plan", "Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceScatter",
            "LocalZero", "Exchange", "emulate", "shards_of", "partial_addends", "sum_partials", "lower_bound"]
+
+# Its modules by name, loaded on first use: spmdsim.plan.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)
