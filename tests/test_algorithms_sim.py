@@ -105,3 +105,27 @@ def test_run_collective_refuses_what_the_mesh_collectives_refuse():
     assert simulate(2, body, "ring-allgather", np.zeros(2, "datetime64[D]"))[1].startswith(
         "allgather: MPI cannot send dtype '<M8[D]' (datetime64[D]); expected a numeric dtype")
     assert simulate(2, body, "bruck-allgather", text[:2]) == [["ab", "c", "ab", "c"]] * 2
+
+
+def test_ranks_whose_arrays_differ_get_one_line_before_any_message():
+    """A binomial bcast whose receivers' arrays were larger than the root's returned their extra elements
+    uninitialised (smaller ones were truncated or deadlocked); every rank now raises the same line."""
+    from spmdsim.runtime.algorithms import run_collective
+
+    def rank(sizes, dtypes, name, root=0):
+        def run():
+            me = world().Get_rank()
+            x = np.full(sizes[me], me + 1.0, dtypes[me])
+            try:
+                return run_collective(world(), name, x, root=root).tolist()
+            except Exception as error:  # noqa: BLE001 - the line itself is the result
+                return f"{type(error).__name__}: {error}"
+        return simulate(len(sizes), run)
+
+    line = ("ShapeError: binomial-bcast: every rank's array must have the root's (rank 1) size and dtype, 4 "
+            "elements of float64; rank 0: 6 of float64, rank 2: 6 of float64")
+    assert rank((6, 4, 6), ("f8",) * 3, "binomial-bcast", root=1) == [line] * 3
+    assert rank((4, 4), ("f8", "f4"), "ring-allreduce") == [
+        "ShapeError: ring-allreduce: every rank's array must have rank 0's size and dtype, 4 elements of "
+        "float64; rank 1: 4 of float32"] * 2
+    assert rank((4, 4, 4), ("f8",) * 3, "binomial-bcast", root=2) == [[3.0] * 4] * 3

@@ -28,6 +28,7 @@ from ..algorithms.moving import pairwise_peers
 from ..algorithms.table import format_rounds
 from ..errors import OperatorError, ShapeError
 from ..precision import is_low
+from ..validate import as_int
 from ..engines import engine_of
 from . import door
 
@@ -220,6 +221,7 @@ def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndar
         # add, bool sums were ORs, a datetime or object array failed inside numpy or the engine.
         door._check_dtype(collective, x.dtype)
     p = comm.Get_size()
+    _same_input(comm, name, collective, x, root)
     if collective in ("reduce_scatter", "alltoall") and x.size % p:
         raise ShapeError(f"{name}: {x.size} elements per rank do not divide into {p} blocks")
     schedule = build_schedule(collective, algorithm, p, int(x.size), x.dtype.itemsize, root)
@@ -232,6 +234,27 @@ def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndar
     send = x.reshape(-1) if schedule.input_slots[comm.Get_rank()] else None
     run_schedule(comm, schedule, send, out.reshape(-1), wait, label)
     return out
+
+
+def _same_input(comm: Any, name: str, collective: str, x: np.ndarray, root: Any) -> None:
+    """Every rank's element count and dtype, compared before the algorithm's first message (their least and
+    largest, two small reductions: O(p) on p simulated ranks; gathered only when they differ, to name the
+    ranks): ranks whose arrays differ each build another schedule (a bcast receiver with more elements
+    than the root kept the rest uninitialised; one with fewer was truncated or deadlocked). The same
+    error on every rank."""
+    mine = (int(x.size), x.dtype.name)
+    if door.all_reduce_object(comm, mine, "min") == door.all_reduce_object(comm, mine, "max"):
+        return
+    inputs = door.all_gather_object(comm, mine)
+    if collective == "bcast" and as_int(root) is not None and 0 <= as_int(root) < len(inputs):
+        want, whose = inputs[as_int(root)], f"the root's (rank {root})"
+    else:
+        want, whose = inputs[0], "rank 0's"
+    differ = [r for r, got in enumerate(inputs) if got != want]
+    shown = ", ".join(f"rank {r}: {inputs[r][0]} of {inputs[r][1]}" for r in differ[:4])
+    more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+    raise ShapeError(f"{name}: every rank's array must have {whose} size and dtype, {want[0]} elements of "
+                     f"{want[1]}; {shown}{more}")
 
 
 def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
