@@ -47,9 +47,11 @@ def _report(fn, *args) -> str:
 
 def test_spmdsim_collective_waiting_for_a_busy_rank(held):
     def main():
-        debug.configure(watchdog=0.2)  # on the rank: its own setting (Hooks.world marks the simulation)
         mesh = Mesh(Layout((2,), ("mp",)))
         x = collectives.allreduce(mesh, np.ones(3), "mp")  # the group exists: the next call is an allreduce
+        # On the rank, its own setting (Hooks.world marks the simulation); after the setup, whose waits a
+        # loaded machine may make long
+        debug.configure(watchdog=0.2)
         if mesh.rank == 1:
             held.wait(30)  # rank 1 computes
         return collectives.allreduce(mesh, x, "mp")
@@ -123,9 +125,9 @@ def test_spmdsim_point_to_point_deadlock_is_the_engines_report(held):
 
 def test_spmdsim_point_to_point_waiting_for_a_busy_rank(held):
     def main():
-        debug.configure(watchdog=0.2)
         mesh = Mesh(Layout((2,), ("mp",)))
         got = np.zeros(2)
+        debug.configure(watchdog=0.2)
         if mesh.rank == 1:
             held.wait(30)
             point_to_point(mesh, mesh.comm, ("mp",), [], [(got, 0, 7)], "send")
