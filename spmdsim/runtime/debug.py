@@ -10,7 +10,9 @@ pair's counts; Mesh compares each request for a new axis group.
 Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``): every
 collective (and fingerprint exchange) is posted nonblocking and polled; past
 the deadline the rank asks its group where they are (runtime._roster), prints
-who waits where and who is missing, and aborts the job (guard.abort_job).
+who waits where and who is missing, and aborts the job (guard.abort_job). A
+simulated rank waits as without it (`waiter`): its simulation times each of its
+waits, mpi4py's calls included (spmdsim.sim.engine.World.wait), and raises.
 
 The settings are the running rank's (`Hooks`, ``current().hooks``): an MPI
 rank's are its process's (`HOOKS`); a simulated rank starts from a copy of
@@ -71,7 +73,7 @@ class Hooks:
     counter is the running rank's (``current().seq``).
     """
 
-    __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet")
+    __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet", "world")
 
     def __init__(self, like: Optional["Hooks"] = None) -> None:
         """Settings read from the environment on first use, or, given `like`, a copy of its settings."""
@@ -80,6 +82,9 @@ class Hooks:
         self.watchdog_read = False if like is None else like.watchdog_read
         # configure() chose the watchdog: the environment and the default step aside
         self.watchdog_set = False if like is None else like.watchdog_set
+        # A simulated rank's: its simulation's World (spmdsim.sim.engine), whose waits the watchdog then
+        # times (`World.watched`, set by configure()); None for the process's and a copy (_reset keeps it)
+        self.world: Any = getattr(self, "world", None) if like is None else None
         # `quiet` stays unset until first read (__getattr__)
 
     def __getattr__(self, name: str) -> Any:
@@ -115,6 +120,8 @@ class Hooks:
         if watchdog != "keep":
             self.watchdog = watchdog_setting(watchdog, "watchdog")
             self.watchdog_read = self.watchdog_set = True
+        if self.world is not None:
+            self.world.watched = True  # its waits read this rank's watchdog from now on
         self.forget_quiet()
 
     def forget_quiet(self) -> None:
@@ -397,8 +404,10 @@ def begin(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[S
 
 def waiter(op: str, axes: Sequence[str], seq: int, polite: bool, comm: Any = None) -> Optional[Callable[[Any], None]]:
     """How to wait for call `seq` (an engine's `wait`, engines/base.py): None for the blocking call; the
-    polite wait; with SPMDSIM_WATCHDOG, `wait` above (a rank left waiting reports and ends the job)."""
-    if watchdog_seconds() is None:
+    polite wait; with SPMDSIM_WATCHDOG, `wait` above (a rank left waiting reports and ends the job). A
+    simulated rank waits as without it: its simulation times every wait of its own (spmdsim.sim.engine's
+    World.wait), and reports a deadlock at once, where polling would see one only after POLL_STALL_S."""
+    if watchdog_seconds() is None or _simulated() is not None:
         return waiting.polite_wait if polite else None
     return lambda request: wait(request, op, axes, seq, polite, comm=comm)
 

@@ -41,10 +41,11 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
+from ..context import current as _context
 from ..engines.base import SimulationError
 from ..errors import RuntimeMismatchError
-from .rank_threads import RankThreads, _held_lock
-from .report import explain, program_lines
+from .rank_threads import RankThreads, _held_lock, _Joined
+from .report import explain, program_lines, timed_out
 
 __all__ = ["World", "Group", "Call", "AllOf", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
 
@@ -366,6 +367,9 @@ class World(RankThreads):
         # when a failure that ends the run came (spmdsim.emulator.unsupported.not_simulated): `given_up`
         self.ends_run_at: Optional[float] = None
         self.deadlock: Optional[str] = None
+        # Whether a rank may have the watchdog on (SPMDSIM_WATCHDOG, or configure() on a rank: Hooks.world):
+        # `wait` then reads the waiting rank's setting; False, as most runs, it reads nothing
+        self.watched = False
         self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.sim.p2p.unreceived)
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
@@ -560,7 +564,8 @@ class World(RankThreads):
         return not any(m in self.failed or m in self.finished for m in group.members)
 
     def wait(self, rank: int, what: _Waiting) -> None:
-        """Block `rank` until another rank releases it; raise when nothing can release it."""
+        """Block `rank` until another rank releases it; raise when nothing can release it, or, with the
+        waiting rank's watchdog on (SPMDSIM_WATCHDOG), when nothing released it within its limit (`_watch`)."""
         key = self._rank_of_thread.get(threading.get_ident(), rank)  # a thread the rank started: its own key
         if key != rank and self.rank_of(key) != rank:
             # Another rank's thread waits as `rank`: it holds rank `rank`'s communicator (one made where the
@@ -568,19 +573,45 @@ class World(RankThreads):
             raise SimulationError(f"simulated rank {self.rank_of(key)} waits in {what.text()} as rank {rank}, on "
                                   f"rank {rank}'s communicator: each rank must use its own (MPI.COMM_WORLD read "
                                   f"in the rank, not kept where the ranks share it)")
+        # The rank's watchdog, read before it counts as waiting (a bad SPMDSIM_WATCHDOG raises here); a join of a
+        # thread is the program's own wait, not MPI's, and is never timed
+        limit = None if not self.watched or type(what.token) is _Joined else _context().hooks.watchdog_seconds()
         waiting = self.waiting
         waiting[key] = what
         if len(waiting) >= self.live:
             self._declare_deadlock()
         if key in self._holding:
             self._give_slot(key)  # another rank computes while this one waits (a rank's other threads hold none)
-        while (key in waiting and self.deadlock is None
-               and (self.failure is None or self._may_go_on(what.group))):
-            self._sleep(key)
+        if limit is None:
+            while (key in waiting and self.deadlock is None
+                   and (self.failure is None or self._may_go_on(what.group))):
+                self._sleep(key)
+        else:
+            self._watch(rank, key, what, limit)
         if waiting.pop(key, None) is not None:  # woken by a failure, not released
             self.check(rank)
         if key == rank:
             self._await_slot(rank)  # `release` lined it up
+
+    def _watch(self, rank: int, key: int, what: _Waiting, limit: float) -> None:
+        """`wait`'s sleep with the watchdog on: past `limit` seconds still waiting (no deadlock, no failure)
+        the rank fails with a RuntimeMismatchError naming what it waits in and where the others are, and the
+        run ends as MPI's watchdog ends the job: the other ranks stop at their next wait, and simulate() leaves
+        those that never reach one after LEFT_AFTER_S (a rank stuck in a loop)."""
+        waiting = self.waiting
+        deadline = time.monotonic() + limit
+        while key in waiting and self.deadlock is None and (self.failure is None or self._may_go_on(what.group)):
+            left = deadline - time.monotonic()
+            if left > 0:
+                self._nap(key, left)
+                continue
+            if self.failure is not None:
+                return  # another rank failed meanwhile: `wait` stops this one (Aborted)
+            exc = RuntimeMismatchError(timed_out(self, key, what, limit))
+            exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
+            del waiting[key]
+            self._fail(rank, exc)  # now, not where it is caught: a thread a rank started ends quietly
+            raise exc
 
     def release(self, rank: int, token: Any = None, group: Optional[Group] = None) -> None:
         """Let `rank` go on if it waits (for `token`'s request, when given; else in `group`'s collective):
@@ -634,6 +665,25 @@ class World(RankThreads):
             raise
         lock.acquire()
 
+    def _nap(self, key: int, seconds: float) -> None:
+        """`_sleep` for at most `seconds` (the watchdog's wait): woken or not, return with the lock held and the
+        waker held again."""
+        lock = self.lock
+        self._asleep.add(key)
+        lock.release()
+        try:
+            woken = self._wakers[key].acquire(True, seconds)
+        except BaseException:
+            woken = False
+            raise
+        finally:
+            lock.acquire()
+            if not woken:
+                if key in self._asleep:
+                    self._asleep.discard(key)
+                else:  # woken after the timeout, before the lock: take the wake back
+                    self._wakers[key].acquire(False)
+
     def _wake(self, key: int) -> None:
         """Let waiter `key` return from `_sleep` (world lock held); nothing if it does not sleep."""
         if key in self._asleep:
@@ -649,17 +699,22 @@ class World(RankThreads):
     def fail(self, rank: int, exc: BaseException) -> None:
         """Rank `rank` raised `exc`: every other rank stops at its next wait."""
         with self.lock:
-            self.failed.setdefault(rank, exc)
-            if self.ends_run_at is None and getattr(exc, "spmdsim_ends_run", False):
-                self.ends_run_at = time.monotonic()
-            if self.failure is None:
-                self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
-                self.failed_at = time.monotonic()
-            self._wake_all()
+            self._fail(rank, exc)
+
+    def _fail(self, rank: int, exc: BaseException) -> None:
+        """`fail` with the world lock held."""
+        self.failed.setdefault(rank, exc)
+        if self.ends_run_at is None and getattr(exc, "spmdsim_ends_run", False):
+            self.ends_run_at = time.monotonic()
+        if self.failure is None:
+            self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
+            self.failed_at = time.monotonic()
+        self._wake_all()
 
     def given_up(self) -> bool:
-        """Whether LEFT_AFTER_S have passed since a failure that ends the run (a call spmdsim does not simulate):
-        the ranks still running then wait outside MPI, for what the refused call would have done, and are left
+        """Whether LEFT_AFTER_S have passed since a failure that ends the run (a call spmdsim does not simulate:
+        the ranks still running then wait outside MPI, for what the refused call would have done; the watchdog,
+        which ends the job under MPI: a rank stuck in a loop never reaches a wait): those still running are left
         (those in a call of MPI's stop at once, as after any failure)."""
         return self.ends_run_at is not None and time.monotonic() - self.ends_run_at > LEFT_AFTER_S
 

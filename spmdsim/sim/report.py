@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ..errors import fold_message
 
-__all__ = ["explain", "unfold", "program_lines", "whereabouts"]
+__all__ = ["explain", "timed_out", "unfold", "program_lines", "whereabouts"]
 
 #: At most this many waiting calls are described one by one; the others are counted.
 MAX_CLAUSES = 6
@@ -25,13 +25,17 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # spmdsi
 _SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
 
 
-def explain(world: Any, polling: Optional[tuple] = None) -> str:
+def explain(world: Any, polling: Optional[tuple] = None,
+            head: str = "simulated ranks deadlock (every live rank waits, none can go on)",
+            first: Optional[int] = None) -> str:
     """Who waits in what, where in their program, and for each waited-on call where the others are
     (`polling`: (key, request, why: '' for "no rank left can complete it", call) of a rank, or a thread a rank
-    started, that polls in vain)."""
+    started, that polls in vain), after `head`; `first`: the key whose call `head` names (described on its line)."""
     from .engine import _Waiting, ranks_text
 
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
+    if first is not None:
+        by_call[world.waiting[first].key()] = (world.waiting[first], [])
     for key, what in sorted(world.waiting.items()):  # a rank's own threads wait under keys of their own
         by_call.setdefault(what.key(), (what, []))[1].append(key)
     clauses, hints, rest = [], [], []
@@ -54,7 +58,9 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
             rest += ranks
             continue
         who = ranks_text(ranks) if len(keys) == len(ranks) and keys == ranks else _threads_text(world, keys)
-        clause = f"{what.text()}: {who} {'waits' if len(keys) == 1 else 'wait'} in it"
+        clause = f"{who} {'waits' if len(keys) == 1 else 'wait'} in it"
+        if first is None or clauses:  # the call `first` waits in is the head's: not said twice
+            clause = f"{what.text()}: {clause}"
         if what.group is not None and what.token is None:
             missing = [m for m in what.group.members if m not in ranks]
             clause += "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
@@ -73,8 +79,19 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
                        f"{ranks_text(rest)} wait")
     # One call (or hint) a line, each folded within 100 columns: at 4 ranks the report
     # was one line of 465 columns. unfold() gives back the one-line form.
-    return fold_message("simulated ranks deadlock (every live rank waits, none can go on):"
-                        + "".join(f"\n  {clause}" for clause in clauses + hints))
+    if first is not None:  # the head's call first, on its line
+        head, clauses = f"{head}: {clauses[0]}", clauses[1:]
+    return fold_message(head + (":" if first is None else "") + "".join(f"\n  {clause}" for clause in clauses + hints))
+
+
+def timed_out(world: Any, key: int, what: Any, limit: float) -> str:
+    """The watchdog's report (SPMDSIM_WATCHDOG) of waiter `key` (a rank, or a thread a rank started), still
+    waiting in `what` after `limit` seconds: what it waits in, then who waits where and where the others are,
+    as a deadlock report says it (world lock held, `key` still waiting)."""
+    rank = world.rank_of(key)
+    who = f"[rank {rank}]" if key == rank else f"[rank {rank}, a thread it started]"
+    shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
+    return explain(world, head=f"{who} spmdsim: {what.text()} did not complete within {shown} s", first=key)
 
 
 def unfold(report: str) -> str:
@@ -138,7 +155,10 @@ def whereabouts(world: Any, rank: int) -> str:
     if rank in world.finished:
         return f"rank {rank} finished"
     call = world.polling().get(rank)
-    return f"rank {rank} polls ({call}) in vain" if call else f"rank {rank} is computing"
+    if call:
+        return f"rank {rank} polls ({call}) in vain"
+    line = _program_line(current_frames().get(world.threads.get(rank, -1)))
+    return f"rank {rank} is computing" + (f" (at {line})" if line else "")
 
 
 def _program_line(frame: Any) -> str:

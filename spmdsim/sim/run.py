@@ -98,12 +98,16 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     exited: dict[int, SystemExit] = {}  # rank -> the SystemExit that ended it
     shared: dict = {}
     settings = Hooks(HOOKS)  # the process's debug settings now: each rank starts from a copy
+    engine.watched = _may_watch(settings)
 
     def body(rank: int) -> None:
-        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared,
-                                 hooks=Hooks(settings)))
+        hooks = Hooks(settings)
+        hooks.world = engine  # configure() on the rank may turn its watchdog on
+        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared, hooks=hooks))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
+            if engine.watched:  # a bad setting is every rank's error now, not the one that waits first's
+                hooks.watchdog_seconds()
             try:
                 results[rank] = fn(*args, **kwargs)
             except SystemExit as exc:
@@ -161,6 +165,17 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     done = Results(results)
     done.unreceived = unreceived(engine)
     return done
+
+
+def _may_watch(settings: Any) -> bool:
+    """Whether the ranks, starting from `settings`, may have the watchdog on (World.watched): read from a copy,
+    so that each rank still reads the environment itself; a bad value (True) is then every rank's error."""
+    from ..runtime.debug import Hooks
+
+    try:
+        return Hooks(settings).watchdog_seconds() is not None
+    except SpmdsimError:
+        return True
 
 
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:

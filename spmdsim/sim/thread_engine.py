@@ -43,7 +43,8 @@ class ThreadEngine(Engine):
     """Simulated ranks as threads of this process; a group is a `Member` whose calls meet in a rendezvous.
 
     Transfers complete when made (every member meets in the rendezvous): a `wait` given is handed a
-    completed request. Simulated ranks wait busily; the watchdog's wait sees the call done.
+    completed request. Simulated ranks wait busily, and the watchdog times the rendezvous itself
+    (spmdsim.sim.engine.World.wait; debug.waiter gives no wait of its own on a simulated rank).
     """
 
     name = "threads"
