@@ -95,3 +95,43 @@ def test_a_run_on_a_mesh_with_a_unit_axis_issues_no_one_rank_call():
 
     assert spmdsim.simulate(4, body, layout("a", "b"), layout("b", "a")) == [[("alltoall", 4)]] * 4
     assert spmdsim.simulate(4, body, layout("a", "b"), layout(None, "b")) == [[]] * 4
+
+
+def test_the_runtime_s_own_sums_and_gathers_skip_axes_of_size_1_a_user_s_call_on_them_stays():
+    """`resolve` (DTensor.resolved_local, losses, gradient buckets) and `gather` leave out axes of size 1 as
+    the planner does: no Allreduce or Allgather on a group of one in the trace. A collective the program
+    calls itself on a group of one is a call of the program (MPI makes it too): numbered and traced with
+    group_size 1 and 0 bytes, left out of counts() and totals(). The dtype is checked either way."""
+    import spmdsim
+    from spmdsim import DTensor, DTypeError, Mesh, collect_trace
+    from spmdsim.runtime.collectives import allreduce
+    from spmdsim.runtime.executor import gather, pending, resolve
+
+    layout = Layout((1, 4), ("a", "b"))
+
+    def body():
+        mesh = Mesh(layout)
+        x = DTensor.from_local(mesh, np.full((8, 2), mesh.rank + 1.0), layout(None, "b").with_partial(("a",)),
+                               (8, 8))
+        both = pending(layout, 1, ("a", "b"))
+        with collect_trace() as trace:
+            alone = x.resolved_local()
+            summed = resolve(mesh, np.full(3, mesh.rank + 1.0), both, "sum")
+            rows = gather(mesh, np.full(2, float(mesh.rank)), ("a", "b"), "gather")
+            mine = allreduce(mesh, np.ones(3), ("a",), label="mine")
+        try:
+            resolve(mesh, np.ones(3, bool), pending(layout, 1, ("a",)), None)
+            refused = None
+        except DTypeError as e:
+            refused = str(e)
+        assert alone is x.local and mine.tolist() == [1.0] * 3
+        assert summed.tolist() == [10.0] * 3 and rows.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+        return ([(e.op, e.axes, e.group_size, e.bytes_received, e.label) for e in trace.entries],
+                trace.counts(), trace.counts(include_local=True), trace.totals()["calls"], refused)
+
+    entries, counts, local, calls, refused = spmdsim.simulate(4, body)[0]
+    assert [e[:3] for e in entries] == [("allreduce", ("b",), 4), ("allgather", ("b",), 4),
+                                        ("allreduce", ("a",), 1)]
+    assert entries[2][3:] == (0, "mine")
+    assert counts == {"allreduce": 1, "allgather": 1} and local == {"allreduce": 2, "allgather": 1} and calls == 2
+    assert refused.startswith("allreduce: cannot sum dtype 'bool'")

@@ -117,6 +117,10 @@ def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str
                 rank_boxes(translate(target, mesh, second), shape) != rank_boxes(target, shape):
             refinement = None
     if refinement is None:
+        if _same_blocks(source, target, shape):
+            # Every rank already holds its new block, pending the same sum: no step, nothing to deliver (the
+            # bound below would count a resolved sum: the meshes' axes differ, so none is kept by name).
+            return (), (0,) * source.layout.num_devices
         src, tgt = source, target
         candidates = (lambda: [_cross_mesh(source, target, shape, dtype)],)
     else:
@@ -454,15 +458,31 @@ def _slices(src: TensorLayout, order: list, choice: tuple, sz: _Sizes) -> list[S
     return steps
 
 
+def _same_blocks(source: TensorLayout, target: TensorLayout, shape: tuple) -> bool:
+    """Whether every rank holds the same box under both layouts and their pending sums group the ranks alike
+    (whatever the meshes: the move is then no step)."""
+    if rank_boxes(source, shape) != rank_boxes(target, shape):
+        return False
+    if not (source.partial or target.partial):
+        return True
+    return _sum_groups(source) == _sum_groups(target)
+
+
+def _sum_groups(tl: TensorLayout) -> frozenset:
+    return frozenset(frozenset(g) for g in tl.layout.axis_groups(tl.partial))
+
+
 def _cross_mesh(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str):
-    """Meshes without a common refinement: sum on the source mesh, then exchange boxes."""
+    """Meshes without a common refinement: sum on the source mesh, then exchange boxes (no exchange where
+    every rank holds its new box already: it would be a call that moves nothing)."""
     sz = _Sizes(shape, dtype)
     steps, cur = [], source
     if source.partial:
         steps.append(_allreduce(cur, source.partial, sz))
         cur = steps[-1].after
     plain = _with(target, target.tensor_map, ())
-    steps.append(_exchange(cur, plain, sz))
+    if rank_boxes(cur, shape) != rank_boxes(plain, shape):
+        steps.append(_exchange(cur, plain, sz))
     if target.partial:
         steps.append(_local_zero(plain, target, sz))
     return steps

@@ -239,7 +239,10 @@ class Exchange(Step):
         return replace(self, bytes_sent=tuple(sent), bytes_received=tuple(received))
 
     def __str__(self) -> str:
-        return f"{self.before}->{self.after} via {self.via}"
+        # No rank lacks any of its new block: each copies it out of its old one, and no call is made.
+        via = "local copy (nothing to exchange)" if self.bytes_received and not any(self.bytes_received) \
+            else self.via
+        return f"{self.before}->{self.after} via {via}"
 
 
 #: Step kinds by their `op` name (the names the runtime's collectives trace).

@@ -150,7 +150,10 @@ def pending(layout: Layout, ndim: int, axes: tuple[str, ...]) -> TensorLayout:
 
 @lru_cache(maxsize=256)
 def _resolution(before: TensorLayout, reduction: str) -> tuple[Step, ...]:
-    return (Allreduce(before, before.with_partial(()), before.partial, reduction=reduction),)
+    # As a redistribution's plan: no step on mesh axes of size 1 (a sum of one addend; an Allreduce over
+    # them alone would be a call that moves nothing, traced on every rank as a group of one).
+    axes = tuple(a for a in before.partial if before.layout.axis_size(a) > 1)
+    return (Allreduce(before, before.with_partial(()), axes, reduction=reduction),) if axes else ()
 
 
 def resolve(mesh: Any, local: Any, layout: TensorLayout, label: Optional[str], reduction: str = "sum",
@@ -160,13 +163,28 @@ def resolve(mesh: Any, local: Any, layout: TensorLayout, label: Optional[str], r
     `reduction` "max"/"min": the group's maximum/minimum (a softmax's shift). Losses, gradient
     buckets and `DTensor.resolved_local` finish their values through it.
     """
-    return execute(mesh, local, _resolution(layout, reduction), (), label, owned)
+    steps = _resolution(layout, reduction)
+    if not steps and layout.partial:  # pending over axes of size 1 alone: nothing to combine, no call
+        _reducible(local, reduction)
+    return execute(mesh, local, steps, (), label, owned)
+
+
+def _reducible(local: Any, reduction: str) -> None:
+    """The DTypeError the Allreduce over a larger group raises for `local`'s dtype, on a group of one too."""
+    from .door import _take, _take_order
+
+    from ..precision import is_low
+
+    dtype = getattr(local, "dtype", None)
+    if dtype is not None and not is_low(dtype):  # bfloat16 is summed and ordered as float32
+        _take("allreduce", dtype) if reduction == "sum" else _take_order("allreduce", reduction, dtype)
 
 
 @lru_cache(maxsize=256)
 def _gathering(before: TensorLayout) -> tuple[Step, ...]:
-    return (Allgather(before, TensorLayout(before.layout, (None,) * len(before.tensor_map)),
-                      before.split_axes, tensor_dim=0),)
+    axes = tuple(a for a in before.split_axes if before.layout.axis_size(a) > 1)  # none of size 1, as above
+    return (Allgather(before, TensorLayout(before.layout, (None,) * len(before.tensor_map)), axes,
+                      tensor_dim=0),) if axes else ()
 
 
 def gather(mesh: Any, local: Any, axes: tuple[str, ...], label: Optional[str]) -> Any:
@@ -313,9 +331,19 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
     """The Exchange runner for this rank: boxes, counts and offsets worked out once."""
     rank = mesh.rank
+    if step.bytes_received and not any(step.bytes_received):  # no rank lacks any of its new block: no call
+        return _kept_runner(exchange_program(step, rank, shape))
     if mesh.engine.dry:  # one rank runs for all: the step record says what each rank moves
         return _told(mesh.engine, _exchange_runner_of(step, rank, shape))
     return _exchange_runner_of(step, rank, shape)
+
+
+def _kept_runner(program: Any) -> Runner:
+    """An Exchange that moves nothing (each rank's new block lies inside its old one, as where the meshes
+    share no refinement): this rank's part copied out, no Alltoallv of empty counts (not traced)."""
+    def run(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
+        return program.assemble(local, ())
+    return run
 
 
 def _told(engine: Any, run: Runner) -> Runner:
