@@ -72,10 +72,17 @@ def test_backward_of_a_graph_recorded_before_a_step_is_refused(case):
     assert message.startswith(STALE) and "global shape (3, 2)" in message
 
 
-def test_training_loops_step_between_backwards_unrefused_and_exact():
+def test_training_loops_step_between_backwards_unrefused_and_exact(monkeypatch):
     """No refusal where nothing is stale: zero_grad, forward, backward, step; a forward not walked before a step
-    (an evaluation without no_grad) makes later backwards look at every node, and they still pass; each
-    gradient and update against numpy."""
+    (an evaluation without no_grad) leaves later backwards alone: their graphs were recorded after the step (a
+    flag set then made every later backward on the thread look at every node for stale reads); each gradient
+    and update against numpy."""
+    from spmdsim.autograd import engine
+
+    looked = []
+    real = engine.stale_reads
+    monkeypatch.setattr(engine, "stale_reads", lambda order: looked.append(len(order)) or real(order))
+
     def body():
         mesh, layout, x, w = _setup(4)
         opt = SGD([w], lr=0.1)
@@ -92,6 +99,7 @@ def test_training_loops_step_between_backwards_unrefused_and_exact():
         return True
 
     assert spmdsim.simulate(4, body) == [True] * 4
+    assert looked == []  # no graph walked held a node recorded before a step
 
 
 def test_distributed_adamw_step_also_marks_its_parameters():

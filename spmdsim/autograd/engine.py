@@ -27,7 +27,7 @@ from ..errors import OperatorError
 from .. import flops as _flops
 from ..flops import any_open, hold, sweep
 from ..layout import TensorLayout
-from .graph import Leaf, Node, _Mode, _passed, stale_reads, used_axes, walked, with_partial
+from .graph import Leaf, Node, _Mode, _passed, stale_reads, used_axes, with_partial
 
 __all__ = ["backward", "reduce_grads", "gradients", "grad_layout", "add_grads"]
 
@@ -76,7 +76,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
 
     _check_loss(loss, gradient)
     order = _topological(loss._ag)
-    if loss._ag.tag[1] != _Mode.tag[1] or _Mode.suspect:  # recorded before a step (never in a normal step)
+    if order[-1].seq < _Mode.step_seq:  # a node recorded before this thread's last step (never a normal step's)
         _refuse_stale(order)
     grads: dict = {}
     owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
@@ -132,7 +132,6 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
         if counting:
             _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
-    walked()  # nothing recorded on this thread since (an optimizer step then knows no graph is in flight)
 
 
 def _refuse_options(explain: Any, retain_graph: Any, create_graph: Any) -> None:

@@ -19,35 +19,18 @@ from ..precision import is_low
 from ..layout import TensorLayout
 
 __all__ = ["Leaf", "Node", "record", "attach", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
-           "with_partial", "kept_as", "enable_grad", "updated", "walked", "stale_reads"]
-
-
-class _Quiet:
-    """`_Mode.enabled` while recording with no node recorded on this thread since its last backward (truthy)."""
-
-    __slots__ = ()
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "<recording, nothing recorded since the last backward>"
-
-
-_QUIET = _Quiet()
+           "with_partial", "kept_as", "enable_grad", "updated", "stale_reads"]
 
 
 class _ModeState(threading.local):
     """Whether operators record (False inside ``no_grad()``), per thread: simulated ranks are threads,
     and one rank's ``no_grad()`` must not switch recording off for the others."""
 
-    # False inside no_grad(); while recording, True, or _QUIET until the first node after a backward (which
-    # `attach` notes in `quiet`, its one test of a normal step: `enabled is not True`).
-    enabled: Any = _QUIET
-    quiet = True  # no node recorded since this thread's last backward (or since it started)
-    # An optimizer step changed parameters while nodes recorded before it may be unwalked: every later backward
-    # on this thread looks for nodes that read them (`stale_reads`), not only a graph whose root is older.
-    suspect = False
+    enabled = True  # False inside no_grad()
+    # The `Node.seq` of this thread's last optimizer step (`updated`): a graph with a node recorded before it (a
+    # lower seq) may read a parameter the step changed in place, which the backward looks for (`stale_reads`);
+    # a graph recorded after it cannot (every node of a normal step's).
+    step_seq = -1
     # (kind, era): what the nodes recorded now keep for backward (`kept_as`), and the era of this thread's
     # last optimizer step (`updated`). One tuple, which `attach` stores in each node as it is: a node learns
     # both for the one slot write it made for its kind alone.
@@ -55,11 +38,6 @@ class _ModeState(threading.local):
 
 
 _Mode = _ModeState()
-
-
-def _recording() -> Any:
-    """What `_Mode.enabled` is while recording: True once a node was recorded since the last backward."""
-    return _QUIET if _Mode.quiet else True
 
 
 def is_grad_enabled() -> bool:
@@ -94,11 +72,10 @@ class _Switch:
 
     def __enter__(self) -> None:
         self.before = _Mode.enabled
-        _Mode.enabled = _recording() if self._on else False
+        _Mode.enabled = self._on
 
     def __exit__(self, *exc: Any) -> None:
-        # Recording again as it was, and whether a node was recorded since the last backward as it is now.
-        _Mode.enabled = False if self.before is False else _recording()
+        _Mode.enabled = self.before
 
 
 class no_grad(_Switch):  # noqa: N801 - PyTorch's name
@@ -149,23 +126,13 @@ def updated(leaves: Any) -> None:
         leaf.updated = era
     mode = _Mode
     mode.tag = (mode.tag[0], era)
-    if not mode.quiet:  # nodes recorded since the last backward may read them (a forward not walked yet)
-        mode.suspect = True
-
-
-def walked() -> None:
-    """A backward walked its graph (the engine's end of `backward`): no node recorded since, on this thread."""
-    mode = _Mode
-    mode.quiet = True
-    if mode.enabled is True:
-        mode.enabled = _QUIET
+    mode.step_seq = _next_seq()  # nodes recorded from now on on this thread have higher seqs
 
 
 def stale_reads(order: Any) -> Any:
     """The first (node, leaf tensor) of the graph `order` (its nodes) whose node read the leaf before an
-    optimizer step changed the leaf's block in place, or None. The backward asks only when its root was
-    recorded before this thread's last step, or after a step that found nodes recorded and not walked yet
-    (`_ModeState.suspect`): never in a normal step."""
+    optimizer step changed the leaf's block in place, or None. The backward asks only when the graph holds a
+    node recorded before this thread's last step (`_ModeState.step_seq`): never in a normal step."""
     for node in order:
         era = node.tag[1]
         for t in node.inputs:
@@ -328,10 +295,8 @@ def attach(out: Any, name: str | Callable[[], str], inputs: tuple, backward: Cal
     """`record` for a caller that knows its node's read layouts (`reads`, a tuple of TensorLayouts, not
     tensors) and gives `inputs` as a tuple: an operator's prepared call (spmdsim.ops.pointwise), which
     works them out once per call signature, not on every call. Attaches nothing inside ``no_grad()``."""
-    if _Mode.enabled is not True:
-        if not _Mode.enabled:
-            return out
-        _Mode.enabled, _Mode.quiet = True, False  # the first node since the last backward (once a forward)
+    if _Mode.enabled is not True:  # inside no_grad()
+        return out
     dtype = out._local.dtype
     # Node's fields set here, as Node() sets them, without its __init__'s frame (a node per operator).
     node = _new_node(Node)
