@@ -6,16 +6,30 @@ loads none of them, so that ``import spmdsim.runtime`` (or `nets`, `sim`)
 stays light until a name is used. A name no table lists may be a module of the
 package (`submodule`): ``spmdsim.runtime.debug`` after a bare ``import spmdsim``;
 a package with no table gives its modules so with `modules_by_name`.
+
+A name of a table that is also a module of the package keeps meaning the name:
+Python binds a module on its package when it is first imported, which would put
+the module in the name's place (``spmdsim.runtime.exchange``, the function, would
+become the module once anything imported ``spmdsim.runtime.exchange`` or
+``spmdsim.runtime.collectives``); a package made lazy here refuses that binding
+(`_Package`), as spmdsim.ops binds its functions over their modules' names.
 """
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any, Callable
 
 
 def lazy(package: str, where: dict, namespace: dict) -> tuple[Callable[[str], Any], Callable[[], list]]:
     """(``__getattr__``, ``__dir__``) for `package`: a name of `where` is imported from its module when
-    first asked for, then kept in `namespace` (the package's ``globals()``)."""
+    first asked for, then kept in `namespace` (the package's ``globals()``). A name of `where` that is also a
+    module of the package stays the name after that module's import (`_Package`)."""
+    _TABLES[package] = where
+    if type(sys.modules[package]) is types.ModuleType:
+        sys.modules[package].__class__ = _Package
+
     def get(name: str) -> Any:
         module = where.get(name)
         if module is None:
@@ -32,6 +46,24 @@ def lazy(package: str, where: dict, namespace: dict) -> tuple[Callable[[str], An
         return sorted(set(namespace) | set(namespace.get("__all__", ())))
 
     return get, names
+
+
+#: package -> its table (`lazy`'s `where`): the names that no module of the package may take the place of.
+_TABLES: dict = {}
+
+
+class _Package(types.ModuleType):
+    """A package with a lazy table: the import system does not bind a module of the package over a name of
+    the table (``import spmdsim.runtime.exchange`` leaves ``spmdsim.runtime.exchange`` the function; the
+    module stays in ``sys.modules``, so ``from spmdsim.runtime.exchange import shifted`` works; as with
+    ``spmdsim.ops.matmul``, ``import spmdsim.runtime.exchange as m`` gives the name, not the module). Every
+    other attribute is set as on any module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (isinstance(value, types.ModuleType) and name in _TABLES.get(self.__name__, ())
+                and value.__name__ == f"{self.__name__}.{name}"):
+            return
+        super().__setattr__(name, value)
 
 
 def submodule(package: str, name: str) -> Any:

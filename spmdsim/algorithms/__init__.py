@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping
 
+from .._lazy import modules_by_name
 from ..errors import ShapeError, SpmdsimError
 from ..validate import as_int
 from . import moving, reducing
@@ -132,3 +133,6 @@ def check_choices(choices: Mapping[str, str] | None) -> dict[str, str] | None:
                                f"expected one of {known[collective]!r}")
         out[collective] = algorithm
     return out or None
+
+# Its modules by name, loaded on first use: spmdsim.algorithms.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

@@ -9,9 +9,13 @@ Pure (numpy only; never imports mpi4py). One module per job:
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .model import ALGORITHMS, DEFAULT_MODEL, OPS, CostModel, Measurement, OpParams, normalize_op
 from .plan import StepPrediction, predict_plan
 from .store import default_path, load_or_default
 
 __all__ = ["OPS", "ALGORITHMS", "CostModel", "Measurement", "OpParams", "DEFAULT_MODEL", "default_path",
            "load_or_default", "predict_plan", "StepPrediction", "normalize_op"]
+
+# Its modules by name, loaded on first use: spmdsim.cost.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

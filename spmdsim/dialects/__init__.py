@@ -11,6 +11,7 @@ Decisions (axis names, orders, what is not expressible) are in docs/dialects.md.
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .dtensor import (Partial, Placement, Replicate, Shard, format_placements,
                       layout_to_placements, parse_placements, placements_to_layout)
 from .paddle import MP_AXIS, PaddleSplit, split_layouts
@@ -37,3 +38,6 @@ __all__ = [
     # Paddle
     "MP_AXIS", "PaddleSplit", "split_layouts",
 ]
+
+# Its modules by name, loaded on first use: spmdsim.dialects.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

@@ -11,6 +11,7 @@ The operators (`spmdsim.ops`) run these programs and the strategy search
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .attention import AttentionPlan, infer_attention
 from .concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from .finish import out_layout_from_strategy, resolve_partial
@@ -24,3 +25,6 @@ __all__ = sorted(set(_OPERATORS) | {"AttentionPlan", "infer_attention", "infer_r
                                      "resolve_partial", "out_layout_from_strategy", "infer_narrow",
                                      "infer_concatenate", "infer_broadcast_to", "CrossEntropyPlan",
                                      "infer_cross_entropy", "NormPlan", "infer_norm"})
+
+# Its modules by name, loaded on first use: spmdsim.infer.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

@@ -7,6 +7,7 @@ bubble and in-flight figures, and pictures (docs/pipeline.md).
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from ..errors import PipelineError
 from .check import check
 from .parse import parse
@@ -18,3 +19,6 @@ from .timeline import Timeline, bubble_formula, in_flight, timeline
 __all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "PipelineError", "SCHEDULES", "MAX_PAIRS",
            "build", "gpipe", "one_f_one_b", "interleaved", "parse", "check",
            "Timeline", "timeline", "bubble_formula", "in_flight", "render", "plot"]
+
+# Its modules by name, loaded on first use: spmdsim.pipeline.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

@@ -5,7 +5,9 @@ initialize MPI; ``spmdsim.runtime.trace`` never imports mpi4py at module
 level. DTensor's operators (``x + y``, ``x @ w``,
 ``.backward()``) come with ``spmdsim.ops``, which ``import spmdsim.ops`` or the
 front door (``from spmdsim import DTensor``) loads: the runtime sits below the
-operators and imports none.
+operators and imports none. ``spmdsim.runtime.exchange`` is the function
+`exchange`, also once its module (runtime/exchange.py) is imported: a module
+never takes the place of a name of `_WHERE` (spmdsim/_lazy.py).
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .ascii import render_layout_ascii
 from .model import Block, DeviceCell, DevicePanel, LayoutPicture, Panel, layout_picture
 from .plan import render_plan_ascii, render_plan_png
@@ -13,3 +14,6 @@ __all__ = [
     "Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture",
     "render_layout_ascii", "render_layout_png", "render_plan_ascii", "render_plan_png",
 ]
+
+# Its modules by name, loaded on first use: spmdsim.viz.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)
