@@ -249,7 +249,7 @@ def test_no_package_name_changes_meaning_when_its_module_is_imported():
 
 #: Packages whose modules are attributes only once imported (no lazy ``__getattr__`` yet; their files are
 #: being changed elsewhere): give each ``__getattr__ = modules_by_name(__name__)`` and drop it here.
-_NO_GETATTR_YET = {"spmdsim.ops", "spmdsim.autograd"}
+_NO_GETATTR_YET: set = set()
 
 
 def test_every_package_gives_its_modules_after_a_bare_import():

@@ -11,6 +11,7 @@ activations; `kept_bytes` measures what a recorded graph keeps for backward, by 
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .checkpoint import checkpoint
 from .engine import backward, reduce_grads
 from .function import Function, FunctionCtx
@@ -19,3 +20,5 @@ from .kept import kept_bytes
 
 __all__ = ["backward", "reduce_grads", "no_grad", "enable_grad", "is_grad_enabled", "Function", "FunctionCtx",
            "checkpoint", "kept_as", "kept_bytes"]
+
+__getattr__ = modules_by_name(__name__)  # spmdsim.<package>.<module> after a bare import (spmdsim/_lazy.py)

@@ -7,6 +7,7 @@ operator first runs). The functions shadow their modules' names on purpose
 """
 from __future__ import annotations
 
+from .._lazy import modules_by_name
 from .attention import attention
 from .einsum import einsum
 from .elementwise import activation, bias_add, gelu, relu, scale
@@ -37,3 +38,5 @@ __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activatio
            "cross_entropy",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelEmbedding",
            "ParallelMLP", "split", "paddle_mesh"]
+
+__getattr__ = modules_by_name(__name__)  # spmdsim.<package>.<module> after a bare import (spmdsim/_lazy.py)

@@ -89,7 +89,7 @@ def record_narrow_split(out: Any, x: Any, d: int, s: int, shape: tuple, rows: st
     gradient's rows moved back by the reverse Shift, zeros elsewhere.
 
     `move`: the runner the forward moved its rows with, ``move(mesh, local, shift, label) -> block``
-    (spmdsim.runtime.exchange.shifted).
+    (`shifted` of the module spmdsim.runtime.exchange).
     """
 
     def backward(dy: Any) -> tuple:
@@ -128,7 +128,7 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
     result's rows moved back to each operand that needs a gradient, all in one Alltoallv.
 
     `move`: the runner the forward joined them with, ``move(mesh, [(local, shift, out block), ...], label)``
-    (spmdsim.runtime.exchange.shifted_many).
+    (`shifted_many` of the module spmdsim.runtime.exchange).
     """
     d, shape, mesh = plan.dim, plan.shape, out.mesh
 
