@@ -36,6 +36,11 @@ from . import _hugepool
 from .context import PROCESS
 from .context import current as _current
 
+#: How many threads capture a step now (spmdsim.runtime.replay's count, this very list): while it is 0,
+#: ``DTensor.local`` is every tensor's block itself, and a hot path may read ``x._local`` after one test
+#: (``x._local if not CAPTURING[0] else x.local``) instead of calling the property's function per tensor.
+CAPTURING = [0]
+
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
            "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "LAZY_BYTES",
            "fresh", "as_array",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 import numpy as np
 
 from .autograd.graph import Leaf, updated, with_partial
-from .buffers import owned_bytes
+from .buffers import CAPTURING, owned_bytes
 from .buffers import owner as _owner
 from .context import current
 from .errors import OperatorError
@@ -110,6 +110,7 @@ class _Optimizer:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
         _kernel(_count_step)(self)
         found = []
+        plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
         for i, p in enumerate(self.params):
             g = p.grad
             if g is None:
@@ -118,7 +119,7 @@ class _Optimizer:
             whole = layout if not layout.partial else with_partial(layout, ())
             if (g._layout is not whole and g._layout != whole) or g._local.shape != p._local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
-            found.append((i, p.local, g.local))
+            found.append((i, p._local, g._local) if plain else (i, p.local, g.local))
         if found:  # their blocks change in place: a graph recorded before may no longer be walked
             updated([self.params[i]._ag for i, _, _ in found])
         self._count(found)

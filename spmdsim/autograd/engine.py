@@ -304,7 +304,7 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
         pending, resolve = executor.pending, executor.resolve
         grads = bucket.grads
         first = grads[0]
-        blocks = [g.local for g in grads]
+        blocks = [g._local for g in grads] if not buffers.CAPTURING[0] else [g.local for g in grads]
         if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
             like = buffers.broadcast_zero((sum(b.size for b in blocks),), np.result_type(*blocks))
             flat = first.mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
@@ -531,7 +531,7 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
-    x, y = a.local, b.local
+    x, y = (a._local, b._local) if not buffers.CAPTURING[0] else (a.local, b.local)
     if kind is not None and any_open():
         sweep("add", (x, y), (x,), kind)
     if a._mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)

@@ -22,7 +22,8 @@ from ..errors import OperatorError
 from ..infer.einsum import infer_einsum, parse_einsum
 from ..precision import rounded
 from . import _common
-from ._common import LOCAL, Prepared, check_dtensor, dry_zeros, moved, prepare, prepared_result, signature
+from ..buffers import CAPTURING
+from ._common import BLOCK, LOCAL, Prepared, check_dtensor, dry_zeros, moved, prepare, prepared_result, signature
 
 __all__ = ["einsum"]
 
@@ -49,7 +50,8 @@ def einsum(spec: str, *xs: Any) -> Any:
         prepared = prepare(_PREPARED, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
     plan = prepared.plan
     xs = moved(xs, prepared)
-    block = contract(plan.spec.inputs, list(map(LOCAL, xs)), plan.spec.output)
+    blocks = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
+    block = contract(plan.spec.inputs, blocks, plan.spec.output)
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
         # rounded once (a pending sum stays float32 until summed); a dry run's large one: zeros, not rounded
         dry = dry_zeros(xs[0].mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)

@@ -31,7 +31,8 @@ from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
+from ..buffers import CAPTURING
+from ._common import (BLOCK, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
                       result_dtype, signature)
 
 __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
@@ -153,7 +154,7 @@ def pointwise(op: str, *args: Any) -> Any:
         mesh, xs = args[0]._mesh, args
     xs = moved(xs, prepared)
     forward = _KERNELS[op]
-    locals_ = list(map(LOCAL, xs))
+    locals_ = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
         if prepared.dtype_name == "bfloat16":  # computed in float32, rounded once (spmdsim.precision)

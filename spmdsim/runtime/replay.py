@@ -51,7 +51,7 @@ class ReplayError(SpmdsimError):
 
 _ndarray = np.ndarray
 _tls = threading.local()
-_ACTIVE = [0]  # threads capturing now (simulated ranks capture together); 0: every hook is one test
+_ACTIVE = buffers.CAPTURING  # threads capturing now (simulated ranks capture together); 0: every hook is one test
 #: The same list, for a hot path outside this module: ``CAPTURES[0] and capturing()`` asks no function while
 #: nothing captures (runtime.door.point_to_point, a few calls per microbatch).
 CAPTURES = _ACTIVE

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ...buffers import CAPTURING
 from ...contraction import contract
 from ..graph import attach
 from .grads import grad_tensor, needs
@@ -39,7 +40,8 @@ class _EinsumGrads:
         xs, words, per, need = self.xs, self.words, self.per, self.need
         grads = []
         partial = dy._layout.partial
-        d = dy.local
+        plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
+        d = dy._local if plain else dy.local
         for k, x in enumerate(xs):
             if not need[k]:
                 grads.append(None)
@@ -47,7 +49,7 @@ class _EinsumGrads:
             others, their_words, summed, carried = per[k]
             blocks = [d]  # dY's and the other operands' blocks (a loop: a comprehension is a frame of its own)
             for i in others:
-                blocks.append(xs[i].local)
+                blocks.append(xs[i]._local if plain else xs[i].local)
             g = contract(their_words, blocks, words[k])
             if isinstance(g, tuple):  # letters only x has (summed away by the forward): dY spread over them
                 g, present = g  # `present` keeps x's letter order, so a reshape puts the ones in place

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import activations
+from ...buffers import CAPTURING
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ... import flops as _flops
 from ...flops import any_open, sweep
@@ -212,7 +213,7 @@ class _PointwiseGrads:
         plan, derivative = prepared.plan, prepared.derivative
         if _flops._OPEN:  # any_open(), without its call (a node of most kinds a step)
             _count_grads(op, dy, xs, out, need, plan.shape)
-        d = dy.local
+        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
         dry = dy._mesh.engine.dry
         if dry:  # the dry engine's zeros, not computed
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
@@ -221,6 +222,8 @@ class _PointwiseGrads:
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
                 fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
+        elif not CAPTURING[0]:
+            fulls = derivative(d, list(map(_BLOCK, xs)), out._local, need)
         else:
             fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
@@ -276,6 +279,7 @@ class _PointwiseGrads:
 
 _ndarray = np.ndarray
 _LOCAL = operator.attrgetter("local")
+_BLOCK = operator.attrgetter("_local")  # while no thread captures: the same arrays, no property call
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:

@@ -53,7 +53,8 @@ class _ReshapedBack:
 
     def __call__(self, dy: Any) -> tuple:
         x = self.x
-        return (grad_tensor(x, dy.local.reshape(x.local.shape), dy.layout.partial),)
+        d = dy._local if not buffers.CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        return (grad_tensor(x, d.reshape(x._local.shape), dy._layout.partial),)
 
 
 def record_broadcast_to(out: Any, x: Any, new: tuple) -> Any:
