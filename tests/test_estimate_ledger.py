@@ -503,8 +503,11 @@ def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
     backward (xe, fc1's output, GELU's tanh and output) are the memory line's. One MoE layer of 4 experts on one
     rank (top-1, capacity 2 a sequence of 8, width 64, hidden 256): fc1's product reads the kept rows and W1 and
     writes fc1's kept output, nothing of its own (it counted x + W1 + h, 512 + 65,536 + 2,048 elements, W1 the
-    step's largest moment); fc2's only its result, the backward's d w1 product only dh (not W1's gradient), d xe
-    dh and its result (not W1); the largest moment is then GELU's backward (dacts in, dh out)."""
+    step's largest moment); fc2's nothing either: at ep 1 with one sequence the experts' rows are in the send
+    buffer's order, so the combine returns fc2's output itself, which the layer keeps for its backward (the dry
+    run made a block there and counted fc2's result, 512 elements, as the real step does not); the backward's
+    d w1 product only dh (not W1's gradient), d xe dh and its result (not W1); the largest moment is then GELU's
+    backward (dacts in, dh out)."""
     from spmdsim.estimate.ledger import Transient, stage_memory
     from spmdsim.flops import Gemm
 
@@ -514,39 +517,43 @@ def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
     fresh = _fresh(stage)
     rows, hidden = 4 * 2 * 64, 4 * 2 * 256  # the experts' rows (4 experts x 2 slots) at width 64 and 256
     assert fresh[(Gemm(4, 2, 256, 64, "float64", "forward"), "forward")] == {(0, 0)}  # fc1
-    assert fresh[(Gemm(4, 2, 64, 256, "float64", "forward"), "forward")] == {(rows, 0)}  # fc2
+    assert fresh[(Gemm(4, 2, 64, 256, "float64", "forward"), "forward")] == {(0, 0)}  # fc2, kept as combined
     assert fresh[(Gemm(4, 64, 256, 2, "float64", "backward"), "backward")] == {(hidden, 0)}  # d w1 = xe^T dh
     assert fresh[(Gemm(4, 2, 64, 256, "float64", "backward"), "backward")] == {(hidden + rows, 0)}  # d xe
-    assert fresh[("moe bias", "forward")] == {(0, 0), (rows, 0)}  # fc1's kept output; fc2's in place: once
+    assert fresh[("moe bias", "forward")] == {(0, 0)}  # fc1's and fc2's outputs, both kept
     mem = stage_memory(stage, "bf16-mixed", 0)
     assert mem.transient == Transient(2 * hidden * 2, "gelu backward (backward)")
 
 
-def test_an_moe_layer_counts_the_same_blocks_in_a_real_step_as_in_its_dry_run():
-    """A real step's MoE layer (ep 2 on 2 ranks) passes its own arrays where the dry run passes its stand-ins:
-    the same Fresh records of its products and kernels."""
+@pytest.mark.parametrize("ep, batch", [(2, 2), (1, 1), (1, 2)])
+def test_an_moe_layer_counts_the_same_blocks_in_a_real_step_as_in_its_dry_run(ep, batch):
+    """A real step's MoE layer (ep 2 on 2 ranks; ep 1 on one, one sequence or two) passes its own arrays where
+    the dry run passes its stand-ins: the same Fresh records of its products and kernels. At ep 1 with one
+    sequence the real combine returns fc2's output itself (kept for the backward), and the dry run's made a
+    block: it counted fc2's result and its bias add as the moment's own (512 elements) where the real step
+    holds them."""
     import numpy as np
 
     from spmdsim.flops import Gemm
 
-    cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=2, vocab=128,
+    cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=batch, vocab=128,
                     moe=MoEConfig(experts=4, top_k=1, every=1))
 
-    def experts(fresh) -> set:
-        return {f for f in fresh if isinstance(f.what, Gemm) and f.what.batch == 2
+    def experts(fresh) -> set:  # the experts' products are batched over a rank's 4 / ep experts
+        return {f for f in fresh if isinstance(f.what, Gemm) and f.what.batch == 4 // ep
                 or isinstance(f.what, str) and f.what.startswith(("moe", "gelu"))}
 
-    (stage,) = gpt_ledger(cfg, 1, 1, 1, ep=2)
-    ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % 128
+    (stage,) = gpt_ledger(cfg, 1, 1, 1, ep=ep)
+    ids = np.arange(batch * cfg.seq + 2, dtype=np.int64) % 128
 
     def body():
         with counting(blocks=True) as flops:
-            run, _ = train_pipelined(cfg, spmdsim.world(), 1, 1, 1, 1, ids, memory=True, check=False, ep=2)
+            run, _ = train_pipelined(cfg, spmdsim.world(), 1, 1, 1, 1, ids, memory=True, check=False, ep=ep)
         run.close()
         return experts(flops.fresh())
 
     dry = experts(stage.fresh)
-    assert len(dry) > 10 and spmdsim.simulate(2, body) == [dry, dry]
+    assert len(dry) > 10 and spmdsim.simulate(ep, body) == [dry] * ep
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective"])

@@ -347,9 +347,11 @@ def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, 
 
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 1), (1, 2, 2)])
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 2)])
 @pytest.mark.parametrize("dropless", [False, True])
 def test_the_layer_and_its_gradients_match_the_reference(mesh_shape, dropless):
+    """At ep 1 (every expert on each tp rank) the dispatch and combine exchange nothing: no Alltoall(v), not
+    even on a group of one rank (the dropless layer's Alltoallv was made there, traced with group size 1)."""
     moe = MoEConfig(experts=4, top_k=2, capacity_factor=0.75, dropless=dropless, aux_loss_coeff=0.5,
                     z_loss_coeff=0.25)
     p, x, g, results = _on_ranks(moe, mesh_shape)
@@ -360,7 +362,8 @@ def test_the_layer_and_its_gradients_match_the_reference(mesh_shape, dropless):
         assert _close(got_dx, dx)
         for name in grads:  # the router's gradient carries the aux loss's and z-loss's
             assert _close(got_grads[name], grads[name]), name
-        assert ("alltoallv" in names) == dropless
+        assert ("alltoallv" in names) == (dropless and mesh_shape[1] > 1)
+        assert ("alltoall" in names) == (mesh_shape[1] > 1)
 
 
 def test_a_router_sending_every_token_to_one_expert_drops_and_shows_the_imbalance():
@@ -680,6 +683,30 @@ def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit(dp, ep, tp, s
         assert [r.dispatch for r in replayed] == [r.dispatch for r in eager]
     # the routing changed between steps (a replay that froze step 0's would repeat its figures)
     assert len({tuple(s.per_expert for s in r.dispatch) for r in replayed}) > 1
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_at_ep_1_no_step_calls_a_collective_on_a_group_of_one(dropless):
+    """dp 1 x ep 1 x tp 2: the MoE layers' dispatch and combine are the local permutation alone in eager,
+    replayed and dry steps (the dropless ones made an Alltoallv over ep, a group of one rank, four a layer and
+    step: traced with group size 1, numbered, its rows copied); the replayed steps equal the eager ones bit for
+    bit and pass their checks."""
+    from spmdsim.runtime.trace import collect_trace
+
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless,
+                                           dry_routing="balanced"))
+
+    def main(replay, check=True):
+        with collect_trace() as trace:
+            model, results = train(cfg, spmdsim.world(), 1, 2, 2, TEXT, ep=1, replay=replay, check=check)
+        alone = [(e.op, e.label) for e in trace.entries if e.group_size == 1]
+        return [(r.loss, r.passed, r.calls, r.bytes_sent) for r in results], alone
+
+    eager, replayed = (spmdsim.simulate(2, lambda: main(replay)) for replay in (False, True))
+    dry = spmdsim.simulate(2, lambda: main(False, check=False), dry_run=True)
+    assert eager == replayed
+    assert all(passed for steps, _ in eager for _, passed, _, _ in steps)
+    assert [alone for _, alone in eager + replayed + dry] == [[]] * 6
 
 
 @pytest.mark.parametrize("dropless", [False, True])

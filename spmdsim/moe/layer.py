@@ -15,6 +15,9 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 - combine: the dispatch's reverse exchange, then each token adds its experts'
   outputs times the gates.
 
+At ep 1 nothing is exchanged and no collective is called (not even on a group
+of one rank): the dispatch and combine are the rows' local reordering alone.
+
 Under a precision policy (fp32, bf16-mixed: spmdsim.precision) the router
 computes in float32, the exchanges carry the activations' dtype, and the
 experts round where the ranks' Linear and GELU round (`_run_experts_mixed`,
@@ -678,7 +681,7 @@ def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:
 
 class _Exchange:
     """One layer's dispatch and combine on one rank: the Alltoall (capacity) or the counts' Alltoall and the
-    Alltoallv (dropless) over ep, and where each local expert's rows lie in what arrives."""
+    Alltoallv (dropless) over ep, and where each local expert's rows lie in what arrives; at ep 1 no call."""
 
     def __init__(self, mesh: Any, moe: MoEConfig, capacity: int, bl: int, El: int, per_expert: np.ndarray,
                  dispatch_label: str, combine_label: str, got: Optional[np.ndarray] = None) -> None:
@@ -728,6 +731,8 @@ class _Exchange:
                 return contiguous(by_expert).reshape(-1, D)
             np.copyto(out.reshape(by_expert.shape), by_expert)
             return out
+        if self.ep == 1:  # a group of one: no exchange (no call), and rows by expert from one source are in order
+            return into(out, send)
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
         if self.dry:
             return got
@@ -739,14 +744,16 @@ class _Exchange:
         label = label or self.labels[1]
         D = rows.shape[1]
         if not self.dropless:
-            if self.dry:
-                blocks = zeros(rows.shape, rows.dtype)
+            if self.dry:  # at ep 1, slots already in the experts' order: the real step's `rows` itself, as here
+                blocks = rows if self.ep == 1 and (self.El == 1 or self.bl == 1) else zeros(rows.shape, rows.dtype)
             else:  # (El, ep, bl, C, D) -> (ep, bl, El, C, D): the send buffer's slots, each member's block together
                 blocks = contiguous(rows.reshape(self.El, self.ep, self.bl, self.C, D)
                                     .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
             if self.ep > 1:
                 return alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
             return into(out, blocks)
+        if self.ep == 1:  # a group of one: no exchange (no call); one source's rows by expert are in order already
+            return into(out, rows)
         if self.dry:
             return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, "ep", label)
         by_source = np.empty_like(rows)
