@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import PlanError, ShapeError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
+from ..buffers import CAPTURING as _CAPTURING
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
 from ..plan.kernels import exchange_program, local_slice, local_zero
 from ..plan.uneven import check_fits, group_pieces, is_uneven
@@ -255,7 +256,8 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     `target` may use another device matrix of as many devices (the result then lives on a mesh of it).
     """
     try:  # no isinstance check on the repeated path: an attribute miss says it all
-        mesh, local, shape = dtensor.mesh, dtensor.local, dtensor.global_shape
+        mesh, shape = dtensor.mesh, dtensor.global_shape
+        local = dtensor._local if not _CAPTURING[0] else dtensor.local  # (a captured step: its record's view)
     except AttributeError:
         raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
                         "with DTensor.from_local/from_seeded") from None

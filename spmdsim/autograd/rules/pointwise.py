@@ -338,10 +338,12 @@ class _DropoutGrads:
 
     def __call__(self, dy: Any) -> tuple:
         x, kept = self.x, self.kept
-        sweep("dropout", (dy.local, dy.local), (dy.local,))  # dY and the kept factors read
-        if kept is None or dy.mesh.engine.dry:
-            return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, self.scale), dy.layout.partial),)
-        return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
+        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        if _flops._OPEN:
+            sweep("dropout", (d, d), (d,))  # dY and the kept factors read
+        if kept is None or dy._mesh.engine.dry:
+            return (grad_tensor(x, _local(np.multiply, d, d, self.scale), dy._layout.partial),)
+        return (grad_tensor(x, d * kept, dy._layout.partial),)
 
 
 def record_dropout_mask(out: Any, x: Any, keep: np.ndarray, scale: np.generic) -> Any:
