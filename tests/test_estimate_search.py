@@ -375,3 +375,52 @@ def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
                                           "at its peak), which fits")):
         prose = " ".join((docs / name).read_text().split())  # the paragraphs' lines joined
         assert quoted.format(f"{memory / 2 ** 20:,.0f}", f"{peak / 2 ** 20:,.0f}") in prose, name
+
+
+def _run_estimate(command: str) -> dict:
+    """`command` (a `spmdsim estimate gpt ...` line, as the search prints it) run with --json."""
+    import contextlib
+    import io
+    import shlex
+
+    words = shlex.split(command)
+    assert words[:3] == ["spmdsim", "estimate", "gpt"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(words[1:] + ["--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(capsys):
+    """The search ends with the chosen configuration as a `spmdsim estimate` command, every option spelled
+    out: --kept megatron (the search's default, not the estimate's) and the micro-batch size among them, so
+    that the estimate prints the step time and the peak the search chose by (before, a user who typed the
+    chosen configuration into `spmdsim estimate` got spmdsim's own kept set and was told it did not fit)."""
+    from spmdsim.cli.autoshard_machine import estimate_command
+    from spmdsim.moe.config import MoEConfig
+
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
+            "--devices", "2", "--machine", "a100-dgx", "--memory-limit", "1G", "--max-dry-runs", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    head = "the chosen one, stage by stage (`spmdsim estimate`, the same step time and peak):\n"
+    assert head in out
+    command = out.split(head)[1].replace("\\\n", " ")
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert " ".join(data["estimate_command"].split()) == " ".join(command.split())
+    estimate = _run_estimate(command)
+    assert estimate["config"]["kept"] == "megatron" and estimate["fits"] is True
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
+    assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
+    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary
+    dense = GPTConfig(layers=4, d_model=32, heads=2, seq=64, batch=4, vocab=117, vocab_pad_to=8, dropout=0.1)
+    moe = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
+                    moe=MoEConfig(experts=4, top_k=1, capacity_factor=0.5))
+    for cfg, x in ((dense, Config(2, 2, 1, True, 2, 2, "selective", 0)),
+                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2))):
+        seconds, _, peak = price(cfg, x, A100, "bf16-mixed", "megatron")
+        estimate = _run_estimate(estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron"))
+        assert estimate["step_time_s"] == pytest.approx(seconds, rel=1e-12)
+        assert max(s["peak_bytes"] for s in estimate["stages"]) == peak

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from typing import Any
 
@@ -64,10 +65,18 @@ def run_machine(args: argparse.Namespace) -> int:
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells))
     seconds = time.perf_counter() - start
     note = vocab_note(cfg, devices, machine.gpus_per_node)
+    # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
+    # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak
+    command = None if result.chosen is None else estimate_command(cfg, result.chosen.config, args.machine,
+                                                                  args.precision, args.kept)
     if args.json:
-        print(json.dumps(_as_json(cfg, result, seconds) | ({"note": note} if note else {}), indent=1))
+        print(json.dumps(_as_json(cfg, result, seconds) | ({"note": note} if note else {})
+                         | {"estimate_command": command}, indent=1))
     else:
         print("\n".join(_lines(cfg, result, seconds, note)))
+        if command is not None:  # a command to paste into a shell: continued lines, each within 100 columns
+            print("the chosen one, stage by stage (`spmdsim estimate`, the same step time and peak):")
+            print(_shell_lines(command))
     if result.chosen is None:
         priced = [c.peak for c in result.candidates if c.peak is not None]
         unpriced = sum(c.verdict == "not priced" for c in result.candidates)
@@ -78,6 +87,44 @@ def run_machine(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"no configuration fits --memory-limit {format_size(limit)} on {devices:,} devices; "
                            f"the least needs {format_size(least)}" + (" at its peak" if priced else ""))
     return 0
+
+
+def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:
+    """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.estimate.search.Config) of the GPT
+    `cfg`, as the search priced it: its dry run, its memory and its step time are the search's."""
+    micro = cfg.batch // (x.dp * x.ep * x.microbatches)
+    words = ["spmdsim estimate gpt", f"--layers {cfg.layers}", f"--hidden {cfg.d_model}", f"--heads {cfg.heads}",
+             f"--seq {cfg.seq}", f"--vocab {cfg.vocab}"]
+    if cfg.vocab_pad_to > 1:
+        words.append(f"--pad-vocab-to {cfg.vocab_pad_to}")
+    if cfg.moe is not None:
+        m = cfg.moe
+        words += [f"--experts {m.experts}", f"--top-k {m.top_k}", f"--moe-every {m.every}", f"--ep {x.ep}"]
+        if m.dropless:
+            words.append("--dropless")
+        elif m.capacity_factor != 1.0:
+            words.append(f"--capacity-factor {m.capacity_factor:g}")
+        if m.dry_routing != "balanced":
+            words.append(f"--routing {m.dry_routing}")
+    words += [f"--micro-batch {micro}", f"--global-batch {cfg.batch}", f"--tp {x.tp}"] + (["--sp"] if x.sp else [])
+    words += [f"--pp {x.pp}"] + ([f"--virtual-stages {x.virtual}"] if x.virtual > 1 else [])
+    words += [f"--dp {x.dp}", f"--recompute {x.recompute}", f"--zero {x.zero}", f"--kept {kept}",
+              f"--precision {precision}", f"--machine {shlex.quote(machine)}"]
+    return " ".join(words)
+
+
+def _shell_lines(command: str, width: int = 100) -> str:
+    """`command` cut between its options into lines of at most `width` columns, each but the last ending in
+    a backslash (a shell reads them as one line)."""
+    words = command.replace(" --", "\0--").split("\0")
+    lines, line = [], "  " + words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = "    " + word
+        else:
+            line += " " + word
+    return "\n".join(lines + [line])
 
 
 #: Every verdict, in the order the table counts and shows them (spmdsim.estimate.search.Candidate).

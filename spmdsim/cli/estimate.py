@@ -204,7 +204,30 @@ def run(args: argparse.Namespace) -> int:
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
     print("\n".join(wrap_lines([_fit_line(memories, machine)])))
+    hint = _to_fit(memories, machine, args)
+    if hint:
+        print("\n".join(wrap_lines([hint])))
     return 0
+
+
+def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
+    """What to change when a stage does not fit ("" when every one does): the fullest stage's activations and
+    what it holds besides them, by value, each with the options of this command that shrink it."""
+    most = max(range(len(memories)), key=lambda s: memories[s].peak)
+    if memories[most].peak <= machine.memory_bytes:
+        return ""
+    held = memories[most].held
+    activations = held["activations"]
+    rest = sum(held.values()) - activations
+    fewer = {"none": ["--recompute selective or full"], "selective": ["--recompute full"]}.get(args.recompute, [])
+    fewer += ["--kept megatron"] if args.kept == "graph" else []
+    fewer += ["--sp"] if args.tp > 1 and not args.sp else []
+    fewer += ["a smaller --micro-batch"] if args.micro_batch > 1 else []
+    less = [] if args.zero else ["--zero 1" if args.dp * args.ep > 1 else "--zero 1 with --dp above 1"]
+    parts = [f"activations {_gib(activations)}" + (f" (fewer with {', '.join(fewer)})" if fewer else ""),
+             f"{_gib(rest)} besides them" + (f" (less with {', '.join(less)})" if less else "")]
+    return (f"to fit: stage {most} holds {parts[0]} and {parts[1]}; a larger --tp or --pp splits both; or let "
+            "`spmdsim autoshard --network gpt --machine` choose (docs/estimate.md)")
 
 
 def _fit_line(memories: list, machine: Any) -> str:

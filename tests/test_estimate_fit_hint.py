@@ -1,0 +1,55 @@
+"""`spmdsim estimate`: a configuration that does not fit is told what to change (docs/estimate.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import spmdsim.estimate
+from docs_commands import run_here
+from spmdsim.cli.estimate import _gib  # the command's own rounding of a size
+from testkit import unfold
+
+MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab", "128",
+         "--global-batch", "4"]
+
+
+def _machine(tmp_path: Path, memory: int) -> str:
+    raw = json.loads((Path(spmdsim.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(raw | {"name": "small", "memory_bytes": memory}))
+    return str(path)
+
+
+def _tail(*argv: str) -> str:
+    code, out, err = run_here("main", [*MODEL, *argv])
+    assert code == 0, err
+    assert all(len(line) <= 100 for line in out.splitlines())
+    return unfold(out[out.index("\nmemory: "):]).strip()
+
+
+@pytest.mark.parametrize("argv, hint", [
+    # each part with the options that shrink it, those already given left out
+    (["--micro-batch", "2", "--tp", "2"],
+     "activations {act} (fewer with --recompute selective or full, --kept megatron, --sp, a smaller "
+     "--micro-batch) and {rest} besides them (less with --zero 1 with --dp above 1)"),
+    (["--micro-batch", "4", "--recompute", "selective", "--kept", "megatron"],
+     "activations {act} (fewer with --recompute full, a smaller --micro-batch) and {rest} besides them (less "
+     "with --zero 1 with --dp above 1)"),
+    (["--micro-batch", "1", "--recompute", "full", "--kept", "megatron", "--dp", "2"],
+     "activations {act} and {rest} besides them (less with --zero 1)"),
+    (["--micro-batch", "1", "--recompute", "full", "--kept", "megatron", "--dp", "2", "--zero", "1"],
+     "activations {act} and {rest} besides them"),
+])
+def test_a_stage_over_the_gpus_memory_is_told_what_shrinks_it(tmp_path, argv, hint):
+    """The verdict names the stage's peak (as before) and then its activations and what it holds besides them,
+    by value, each with this command's options that shrink it; a configuration that fits gets no such line."""
+    code, out, _ = run_here("main", [*MODEL, *argv, "--json"])
+    (stage,) = json.loads(out)["stages"]
+    act, rest = stage["bytes"]["activations"], sum(stage["bytes"].values()) - stage["bytes"]["activations"]
+    tail = _tail(*argv, "--machine", _machine(tmp_path, stage["peak_bytes"] - 1))
+    assert f"\nto fit: stage 0 holds {hint.format(act=_gib(act), rest=_gib(rest))}; a larger --tp or --pp splits " \
+           "both; or let `spmdsim autoshard --network gpt --machine` choose (docs/estimate.md)" in tail, tail
+    assert tail.startswith("memory: stage 0 needs ")
+    assert "to fit" not in _tail(*argv, "--machine", _machine(tmp_path, stage["peak_bytes"]))
