@@ -80,12 +80,15 @@ def run_machine(args: argparse.Namespace) -> int:
     if result.chosen is None:
         priced = [c.peak for c in result.candidates if c.peak is not None]
         unpriced = sum(c.verdict == "not priced" for c in result.candidates)
+        # the limit as the user set it, or the machine's memory a GPU when no --memory-limit was given
+        within = (f"--memory-limit {format_size(limit)}" if args.memory_limit is not None else
+                  f"machine {machine.name}'s {format_size(limit)} a GPU")
         if unpriced:
-            raise SpmdsimError(f"none of the {len(priced)} configurations priced fits --memory-limit "
-                               f"{format_size(limit)}; {unpriced:,} not priced: raise --max-dry-runs")
+            raise SpmdsimError(f"none of the {len(priced)} configurations priced fits {within}; {unpriced:,} not "
+                               "priced: raise --max-dry-runs")
         least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
-        raise SpmdsimError(f"no configuration fits --memory-limit {format_size(limit)} on {devices:,} devices; "
-                           f"the least needs {format_size(least)}" + (" at its peak" if priced else ""))
+        raise SpmdsimError(f"no configuration fits {within} on {devices:,} devices; the least needs "
+                           f"{format_size(least)}" + (" at its peak" if priced else ""))
     return 0
 
 
