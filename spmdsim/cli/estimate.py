@@ -25,6 +25,13 @@ __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 GIB = 1024 ** 3
 
 
+def _shipped() -> list:
+    """The shipped machines' names (spmdsim.estimate.machine.machines), for --machine's help."""
+    from ..estimate.machine import machines
+
+    return list(machines())
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "estimate",
@@ -34,21 +41,28 @@ def register(subparsers: Any) -> None:
                      "one rank holds (priced at --precision), the FLOPs it executes, the bytes it sends by "
                      "kind and link level, and the step time predicted on --machine (docs/estimate.md)."))
     parser.add_argument("network", choices=("gpt",), help="the network (the GPT of spmdsim.gpt)")
-    for name, default in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 64), ("vocab", 128),
-                          ("micro-batch", 1), ("global-batch", 8), ("tp", 1), ("pp", 1), ("dp", 1),
-                          ("virtual-stages", 1)):
-        parser.add_argument(f"--{name}", type=int, default=default, metavar="N")
+    # The defaults are a toy GPT (it runs in a second): say so, so that a user sizing a real model sets each one.
+    for name, default, what in (
+            ("layers", 4, "transformer blocks"), ("hidden", 128, "the model width (d_model)"),
+            ("heads", 4, "attention heads"), ("seq", 64, "sequence length"), ("vocab", 128, "vocabulary size"),
+            ("micro-batch", 1, "sequences per microbatch"), ("global-batch", 8, "sequences per step"),
+            ("tp", 1, "tensor-parallel ranks"), ("pp", 1, "pipeline stages"), ("dp", 1, "data-parallel ranks"),
+            ("virtual-stages", 1, "model chunks per stage (interleaved)")):
+        parser.add_argument(f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
     parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
-    parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
-    parser.add_argument("--zero", type=int, default=0, choices=(0, 1))
+    parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                        help="activation recomputation (default none)")
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1),
+                        help="1: the distributed optimizer (ZeRO-1: states sharded over dp; default 0)")
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
-                        help="what each block keeps for backward: spmdsim's graph, or Megatron's set "
-                             "(docs/training.md, \"Megatron's kept set\")")
+                        help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
+                             "(docs/training.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
+                             "megatron and prints its choice as an estimate command)")
     parser.add_argument("--experts", type=int, default=0, metavar="N",
                         help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/experts.md)")
     parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
@@ -60,9 +74,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--routing", choices=("balanced", "worst"),
                         help="how the dry run routes (it has no router values): balanced (default), or worst (every "
                              "token to experts 0..k-1)")
-    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"))
+    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"),
+                        help="default bf16-mixed")
     parser.add_argument("--machine", default="a100-dgx",
-                        help="a shipped machine file's name or a path (spmdsim calibrate --machine-out)")
+                        help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
+                             "path (spmdsim calibrate --machine-out)")
     parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
     parser.set_defaults(func=run)
 
