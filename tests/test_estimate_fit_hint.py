@@ -71,3 +71,12 @@ def test_estimate_help_gives_each_default_and_the_shipped_machines():
         assert f"{flag} " in text and f"(default {default})" in text.split(flag, 1)[1][:80], (flag, text)
     assert all(name in text for name in machines())
     assert "spmdsim's graph (default)" in text and "activation recomputation (default none)" in text
+
+
+def test_a_stage_of_one_rank_is_named_so(capsys):
+    """A stage of one rank read 'stage 0 (ranks 0-0: 1 rank alike; one rank's figures)'."""
+    from spmdsim.cli.main import main
+
+    assert main(["estimate", "gpt", "--layers", "2", "--pp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "stage 0 (rank 0)\n" in out and "stage 1 (rank 1)\n" in out and "ranks 0-0" not in out

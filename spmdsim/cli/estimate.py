@@ -281,7 +281,8 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
                "receive fewer tokens)"]
     else:
         alike = counted(len(st.ranks), "rank")
-        out = [f"stage {st.stage} (ranks {lo}-{hi}: {alike} alike; one rank's figures)"]
+        out = [f"stage {st.stage} (rank {lo})" if lo == hi else
+               f"stage {st.stage} (ranks {lo}-{hi}: {alike} alike; one rank's figures)"]
     out.append(f"  memory {_gib(mem.memory)}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
     states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
     line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"
