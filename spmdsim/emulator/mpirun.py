@@ -398,6 +398,14 @@ def run(n: int, command: Sequence[str]) -> int:
 
         print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
         return 1 if isinstance(exc, _NotRunnable) else 2
+    from .._mpi_library import MPILibraryError, load_mpi
+    from ..errors import fold_message
+
+    try:  # the ranks send nothing through the library, but their MPI module is mpi4py's, swapped
+        load_mpi(why="spmdsim mpirun's ranks take MPI's constants, datatypes and exceptions from it")
+    except MPILibraryError as exc:
+        print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
+        return 1
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
     # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.
