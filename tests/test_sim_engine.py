@@ -611,3 +611,22 @@ def test_a_ranks_error_keeps_its_type_where_python_has_no_add_note():
     with pytest.raises(NoAddNote, match="^bad size") as info:
         simulate(3, body)
     assert info.value.__notes__ == ["raised on every simulated rank"] and info.value.simulated_ranks == (0, 1, 2)
+
+
+def test_a_rank_making_a_mesh_group_alone_is_named_so():
+    """Rank 0 alone redistributes (its mesh makes the 'tp' group at that first use) while the others gather:
+    the report names the group being made, not a bare 'split' the program never wrote."""
+    from spmdsim import DTensor, Layout, Mesh
+
+    def main():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x = DTensor.from_global(mesh, np.ones((4, 4)), mesh.layout("tp", None))
+        if mesh.rank == 0:
+            x = x.redistribute(mesh.layout(None, "tp"))
+        return x.gather()
+
+    with pytest.raises(RuntimeMismatchError) as caught:
+        simulate(4, main)
+    assert re.search(r"collectives diverge on the world \(call 1 on that communicator\): rank 0 calls split "
+                     r"\(the mesh's group over \('tp',\), made at its first use\) but rank [1-3] calls allgather "
+                     r"float64 x8; at test_sim_engine\.py:\d+ \(rank 0\)", unfold(str(caught.value)))

@@ -379,3 +379,17 @@ def test_a_program_sees_what_is_set_on_builtins(tmp_path, capsys):
     assert sorted(out.splitlines()) == ["0 42 2", "1 42 2"]
     assert err.startswith("spmdsim mpirun: error on simulated ranks 0,1: NameError: name 'spmdsim_answer' is not "
                           "defined\n"), err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["prog.py", "-n", "4"], "-n N goes before the program, not after it (there it is the program's own "
+                             "argument): spmdsim mpirun -n 4 python prog.py"),
+    (["python", "prog.py", "-np=4"], "-np N goes before the program, not after it (there it is the program's own "
+                                     "argument): spmdsim mpirun -n 4 python prog.py"),
+    (["prog.py"], "-n N is missing: the number of simulated ranks, as in spmdsim mpirun -n 4 python prog.py"),
+])
+def test_ranks_missing_or_after_the_program_is_one_line(argv, said, capsys):
+    # argparse said 'the following arguments are required: -n/-np/--np' under its usage, for `-n` it had been given
+    assert main(["mpirun", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and unfold(out.err) == f"spmdsim mpirun: error: {said}\n"

@@ -294,9 +294,9 @@ def _run_mpi(args: argparse.Namespace) -> int:
 
     if args.ranks is not None:  # --devices checked before the banner too: the only line when it differs
         return on_world(args, lambda comm: _run_choice(args, comm), lambda n: _check_devices_match(args, n))
-    from mpi4py import MPI
+    from .._mpi_library import load_mpi
 
-    comm = MPI.COMM_WORLD
+    comm = load_mpi().COMM_WORLD
     return guarded(lambda: _run_choice(args, comm), comm)
 
 

@@ -307,11 +307,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
-    from mpi4py import MPI
-
+    from .._mpi_library import load_mpi
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = load_mpi(why="calibrate times an MPI library's collectives").COMM_WORLD
     if comm.Get_size() < 2:  # every process of the job alike, before any collective: main() says it once
         raise SpmdsimError(f"calibrate needs at least 2 ranks (it times collectives between them), got "
                            f"{comm.Get_size()}: run it under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate")

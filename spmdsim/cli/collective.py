@@ -117,11 +117,10 @@ def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
 def run(args: argparse.Namespace) -> int:
     if args.ranks is not None:
         return _simulated(args)
-    from mpi4py import MPI
-
+    from .._mpi_library import load_mpi
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = load_mpi().COMM_WORLD
     return guarded(lambda: _execute(args, comm), comm, args)
 
 

@@ -55,9 +55,9 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
             from ..sim.launch import DRY_RUN_NEEDS_RANKS
 
             raise SpmdsimError(DRY_RUN_NEEDS_RANKS)
-        from mpi4py import MPI
+        from .._mpi_library import load_mpi
 
-        return fn(MPI.COMM_WORLD)
+        return fn(load_mpi().COMM_WORLD)
     from ..sim.launch import ranks_problem, run_on_ranks
     from ..engines import world
 

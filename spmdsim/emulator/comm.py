@@ -453,9 +453,9 @@ def world() -> Any:
     a dry run's `DryComm`, else mpi4py's ``MPI.COMM_WORLD``."""
     state = _local.simulated()
     if state is None:
-        from mpi4py import MPI
+        from .._mpi_library import SIMULATE_INSTEAD, load_mpi
 
-        return MPI.COMM_WORLD
+        return load_mpi(SIMULATE_INSTEAD).COMM_WORLD
     if state.engine is not THREADS:  # a dry run's world
         return state.comm
     return world_of(state)

@@ -137,6 +137,8 @@ def initial_errhandler(parent: Any = None) -> Any:
     import mpi4py
 
     errors = getattr(getattr(mpi4py, "rc", None), "errors", "exception")
+    if errors not in ("default", "fatal", "abort"):  # mpi4py's "exception": no handler, and no MPI library needed
+        return None
     mpi = _mpi()
     if errors == "default":
         return _fatal_handler_set(mpi.ERRORS_ARE_FATAL if parent is None else parent.errhandler)

@@ -45,8 +45,10 @@ _PYTHON_FLAGS = ("-u", "-B")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "-np", "--np", dest="ranks", type=int, required=True, metavar="N",
-                        help="number of simulated ranks")
+    # -n is required, but checked by `run`, which can say where it went: after the program it is the program's
+    parser.usage = "%(prog)s [-h] -n N [--oversubscribe] ..."
+    parser.add_argument("-n", "-np", "--np", dest="ranks", type=int, metavar="N",
+                        help="number of simulated ranks (before the program: what follows it is its own)")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="accepted as Open MPI's mpirun takes it: simulated ranks share this process's cores "
                              "anyway")
@@ -388,6 +390,15 @@ def run(n: int, command: Sequence[str]) -> int:
     from .rank_random import own_generators
     from ..sim.run import MAX_RANKS, simulate
 
+    if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
+        from ..errors import fold_message
+
+        late = next((a for a in command if a.split("=")[0] in ("-n", "-np", "--np")), None)
+        print(fold_message("spmdsim mpirun: error: " + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
+              "the program's own argument): spmdsim mpirun -n 4 python prog.py" if late else
+              "-n N is missing: the number of simulated ranks, as in spmdsim mpirun -n 4 python prog.py")),
+              file=sys.stderr)
+        return 2
     if type(n) is not int or not 1 <= n <= MAX_RANKS:
         print(f"spmdsim mpirun: error: -n {n!r} must be a number of ranks from 1 to {MAX_RANKS}", file=sys.stderr)
         return 2
@@ -398,6 +409,14 @@ def run(n: int, command: Sequence[str]) -> int:
 
         print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
         return 1 if isinstance(exc, _NotRunnable) else 2
+    from .._mpi_library import MPILibraryError, load_mpi
+    from ..errors import fold_message
+
+    try:  # the ranks send nothing through the library, but their MPI module is mpi4py's, swapped
+        load_mpi(why="spmdsim mpirun's ranks take MPI's constants, datatypes and exceptions from it")
+    except MPILibraryError as exc:
+        print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
+        return 1
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
     # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.

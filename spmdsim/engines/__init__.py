@@ -48,9 +48,9 @@ def world() -> Any:
     comm = current().comm
     if comm is not None:
         return comm
-    from mpi4py import MPI
+    from .._mpi_library import SIMULATE_INSTEAD, load_mpi
 
-    return MPI.COMM_WORLD
+    return load_mpi(SIMULATE_INSTEAD).COMM_WORLD
 
 
 def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:

@@ -50,6 +50,17 @@ class ThreadEngine(Engine):
     name = "threads"
     simulated = True
 
+    def group(self, mesh: Any, axes: tuple[str, ...]) -> tuple[Any, int, int]:
+        """The base engine's group, its split named for a report: a rank that makes a mesh group while the
+        others call something else reads 'split (the mesh's group over ('tp',), ...)', not a bare split
+        the program never wrote."""
+        color, key = mesh.layout.split_color_key(mesh.rank, axes)
+        comm = mesh.comm
+        group = split(comm, color, key, special("UNDEFINED"),
+                      f"split (the mesh's group over {axes!r}, made at its first use)")
+        sub = Member(group, group.members.index(comm.world_rank))
+        return sub, sub.Get_size(), sub.Get_rank()
+
     def split(self, comm: Any, color: int, key: int) -> Any:
         group = split(comm, color, key, special("UNDEFINED"))
         return None if group is None else Member(group, group.members.index(comm.world_rank))
@@ -374,9 +385,10 @@ def barrier(m: Member) -> None:
     m._enter("barrier", ("barrier",))
 
 
-def split(m: Member, color: int, key: int, undefined: int) -> Optional[Group]:
+def split(m: Member, color: int, key: int, undefined: int, op: str = "split") -> Optional[Group]:
     """The group of the members of `m`'s with this `color`, ordered by (key, rank in `m`): (group, this
-    member's index in it), or None for the color `undefined` (collective)."""
+    member's index in it), or None for the color `undefined` (collective). `op`: the call's name in a
+    report (the signature members compare stays "split")."""
     group = m._group
 
     def complete(slot: Any) -> None:
@@ -388,7 +400,7 @@ def split(m: Member, color: int, key: int, undefined: int) -> Optional[Group]:
         slot.shared = {c: Group(group.world, tuple(group.members[i] for _, i in sorted(items)))
                        for c, items in by_color.items()}
 
-    slot = m._enter("split", ("split",), (int(color), int(key)), complete)
+    slot = m._enter(op, ("split",), (int(color), int(key)), complete)
     new = slot.shared.get(int(color))
     if new is None or int(color) == undefined:
         return None
