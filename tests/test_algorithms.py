@@ -148,3 +148,15 @@ def test_names_and_errors():
         check_choices({"allreduce": "bruck"})
     with pytest.raises(SpmdsimError, match="must be a dict"):
         check_choices(["allreduce"])
+
+
+def test_one_byte_or_element_is_said_in_the_singular():
+    """`spmdsim collective` said '1 bytes are not a whole number' and '1 elements of 4 bytes do not divide'."""
+    from spmdsim.algorithms import build, elements_for
+
+    with pytest.raises(ShapeError, match=r"^1 byte is not a whole number of 4-byte elements$"):
+        elements_for("allreduce", 4, 1, 4)
+    with pytest.raises(ShapeError, match=r"^1 element of 4 bytes does not divide into 4 blocks, one per rank;"):
+        elements_for("alltoall", 4, 4, 4)
+    with pytest.raises(ShapeError, match=r"^alltoall: 1 element per rank does not divide into 4 blocks$"):
+        build("alltoall", "pairwise", 4, 1, 4)

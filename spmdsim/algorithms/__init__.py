@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .._lazy import modules_by_name
 from ..errors import ShapeError, SpmdsimError
-from ..validate import as_int
+from ..validate import as_int, counted
 from . import moving, reducing
 from .formulas import FORMULAS, busiest_bytes_sent, model_bytes
 from .schedule import Round, Schedule, Transfer
@@ -74,7 +74,8 @@ def build(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise SpmdsimError(f"{what} {value!r} must be an integer >= {low}")
     if collective in ("reduce_scatter", "alltoall") and count % p:
-        raise ShapeError(f"{collective}: {count} elements per rank do not divide into {p} blocks")
+        raise ShapeError(f"{collective}: {counted(count, 'element')} per rank {'does' if count == 1 else 'do'} not divide "
+                         f"into {p} blocks")
     if collective == "bcast":
         index = as_int(root)  # numpy's integers too (np.int64(2) was refused as "must be a group rank"); bool not
         if index is None or not 0 <= index < p:
@@ -107,11 +108,13 @@ def elements_for(collective: str, p: int, size: int, itemsize: int) -> int:
     bytes are not whole elements, or not p blocks where the collective cuts them.
     """
     if size % itemsize:
-        raise ShapeError(f"{size:,} bytes are not a whole number of {itemsize}-byte elements")
+        raise ShapeError(f"{size:,} byte{'s are' if size != 1 else ' is'} not a whole number of {itemsize}-byte "
+                         "elements")
     count = size // itemsize
     if collective in ("allgather", "reduce_scatter", "alltoall") and count % p:
-        raise ShapeError(f"{count:,} elements of {itemsize} bytes do not divide into {p} blocks, one per "
-                         f"rank; expected a multiple of {p * itemsize} bytes")
+        raise ShapeError(f"{count:,} element{'s' if count != 1 else ''} of {itemsize} bytes {'does' if count == 1 else 'do'} not "
+                         f"divide into {p} "
+                         f"blocks, one per rank; expected a multiple of {p * itemsize} bytes")
     return count // p if collective == "allgather" else count
 
 
