@@ -283,3 +283,15 @@ def test_an_integer_tensor_map_gets_mindspore_s_hint_and_the_map_by_name(capsys,
     code, _, err = _run(["slices", "--tensor-map", "2,0", "--device-matrix", "2,4", "--shape", "8,8"], capsys)
     assert code == 2 and err.rstrip().endswith("(an axis number? MindSpore's integer tensor_map is not read: "
                                                "write the axis's name)")
+
+
+def test_slices_takes_json_as_every_command_does(capsys):
+    """`spmdsim slices --json` was 'unrecognized arguments: --json', where every other command takes it; its
+    output is JSON with or without the flag."""
+    from spmdsim.cli.main import main
+
+    argv = ["slices", "--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "4,4"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main(argv + ["--json"]) == 0
+    assert capsys.readouterr().out == plain and json.loads(plain)["rank_slices"]["3"] == [[2, 4], [0, 4]]

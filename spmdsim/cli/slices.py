@@ -22,6 +22,9 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_case_arguments(parser)
+    # Every other command prints JSON with --json; this one always does, and takes the flag alike (it was
+    # refused as an unrecognized argument).
+    parser.add_argument("--json", action="store_true", help="its output is JSON already (taken, as by every command)")
     parser.set_defaults(func=run)
 
 
