@@ -80,3 +80,13 @@ def test_a_stage_of_one_rank_is_named_so(capsys):
     assert main(["estimate", "gpt", "--layers", "2", "--pp", "2"]) == 0
     out = capsys.readouterr().out
     assert "stage 0 (rank 0)\n" in out and "stage 1 (rank 1)\n" in out and "ranks 0-0" not in out
+
+
+def test_layers_that_do_not_divide_over_the_stages_are_said(capsys):
+    """`--pp 5` of 32 layers was split 7, 7, 6, 6, 6 without a word (the slowest stage sets the step)."""
+    from spmdsim.cli.main import main
+
+    assert main(["estimate", "gpt", "--layers", "7", "--pp", "3", "--global-batch", "3"]) == 0
+    assert "\nlayers uneven: 7 over 3 stages, 3, 2, 2 (the first take one more)\n" in capsys.readouterr().out
+    assert main(["estimate", "gpt", "--layers", "6", "--pp", "3", "--global-batch", "3"]) == 0
+    assert "uneven" not in capsys.readouterr().out

@@ -194,6 +194,13 @@ def run(args: argparse.Namespace) -> int:
             f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
             f"{schedule}",
             f"recompute {args.recompute}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; machine {machine.name}"]
+    chunks = args.pp * args.virtual_stages
+    if chunks > 1 and args.layers % chunks:  # said, not left to be found: the slowest chunk sets the step
+        from ..gpt.stages import chunk_parts
+
+        counts = [p.stop - p.first for p in chunk_parts(cfg, chunks)]
+        head.append(f"layers uneven: {args.layers} over {chunks} {'chunks' if args.virtual_stages > 1 else 'stages'}, "
+                    f"{', '.join(map(str, counts))} (the first take one more)")
     if cfg.moe:
         m = cfg.moe
         moe_layers = sum(cfg.is_moe(i) for i in range(cfg.layers))
