@@ -90,3 +90,14 @@ def test_layers_that_do_not_divide_over_the_stages_are_said(capsys):
     assert "\nlayers uneven: 7 over 3 stages, 3, 2, 2 (the first take one more)\n" in capsys.readouterr().out
     assert main(["estimate", "gpt", "--layers", "6", "--pp", "3", "--global-batch", "3"]) == 0
     assert "uneven" not in capsys.readouterr().out
+
+
+def test_a_tensor_parallel_group_wider_than_a_node_is_said(capsys):
+    """`--tp 16` on 8-GPU nodes was priced on the cluster links without a word."""
+    from spmdsim.cli.main import main
+
+    assert main(["estimate", "gpt", "--tp", "16", "--heads", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "\ntp 16 spans 2 of the a100-dgx's 8-GPU nodes: its collectives are priced on the cluster links\n" in out
+    assert main(["estimate", "gpt", "--tp", "8", "--heads", "8"]) == 0
+    assert "spans" not in capsys.readouterr().out

@@ -194,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
             f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
             f"{schedule}",
             f"recompute {args.recompute}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; machine {machine.name}"]
+    if args.tp > machine.gpus_per_node:  # said: each layer's tensor-parallel collectives cross the nodes
+        head.append(f"tp {args.tp} spans {-(-args.tp // machine.gpus_per_node)} of the {machine.name}'s "
+                    f"{machine.gpus_per_node}-GPU nodes: its collectives are priced on the cluster links")
     chunks = args.pp * args.virtual_stages
     if chunks > 1 and args.layers % chunks:  # said, not left to be found: the slowest chunk sets the step
         from ..gpt.stages import chunk_parts
