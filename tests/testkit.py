@@ -125,6 +125,16 @@ def load_script(path: str | os.PathLike, name: str) -> ModuleType:
     return module
 
 
+#: The lines of a generated runner (a fresh interpreter, or every rank of an MPI job) that turn a program's
+#: SystemExit into its exit code as the interpreter does: None is 0, a message is printed and 1. Shared by
+#: `run_scripts`' runner and `mpi_batch`'s, each after ``    try:\n        runpy.run_path(...)``.
+_EXITED = """    except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if code == 1 and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+"""
+
+
 _SCRIPTS_RUNNER = r"""
 import json, os, runpy, sys
 cases, folder = json.loads(sys.argv[1]), sys.argv[2]
@@ -142,11 +152,7 @@ for i, (path, args) in enumerate(cases):
     try:
         runpy.run_path(path, run_name="__main__")
         code = 0
-    except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-        if code == 1 and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException as exc:  # as the interpreter ends: the excepthook the script set (it may end us), else 1
+""" + _EXITED + r"""    except BaseException as exc:  # as the interpreter ends: the excepthook the script set (it may end us), else 1
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code = 1
     finally:
@@ -257,11 +263,7 @@ for name, path, args in {[(name, str(path), list(args)) for name, path, args in 
     try:
         runpy.run_path(path, run_name="__main__")
         code = 0
-    except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-        if code == 1 and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    sys.path.pop(0)
+{_EXITED}    sys.path.pop(0)
     sys.stdout.flush()
     request = comm.Ibarrier()
     while not request.Test():
