@@ -61,6 +61,11 @@ CASES = {
     # the head's weight gradient reads the layer norm's output copied into (b t, d) order: a block of its own
     "dense fp32 b2 tp2": (_gpt(2), "fp32", dict(tp=2)),
     "dense bf16 b1 tp2": (_gpt(1), "bf16-mixed", dict(tp=2)),
+    # the routing's gates in the router's dtype (float32), as a real step's (the dry run's were float64)
+    "moe fp32 ep2": (_gpt(2, moe=_moe()), "fp32", dict(ep=2)),
+    # fc2's output in the activations' dtype, and at ep 1 with one sequence the combine's result itself, kept
+    "moe bf16 b1 tp2": (_gpt(1, moe=_moe()), "bf16-mixed", dict(tp=2)),
+    "moe bf16 ep2 tp2 top2": (_gpt(2, moe=_moe(2)), "bf16-mixed", dict(ep=2, tp=2)),
 }
 
 
