@@ -66,6 +66,9 @@ CASES = {
     # fc2's output in the activations' dtype, and at ep 1 with one sequence the combine's result itself, kept
     "moe bf16 b1 tp2": (_gpt(1, moe=_moe()), "bf16-mixed", dict(tp=2)),
     "moe bf16 ep2 tp2 top2": (_gpt(2, moe=_moe(2)), "bf16-mixed", dict(ep=2, tp=2)),
+    # a pipeline's later microbatches keep their blocks as the first does
+    "dense fp32 pp2": (_gpt(2, layers=2), "fp32", dict(pp=2, microbatches=2)),
+    "moe bf16 pp2 ep2": (_gpt(4, layers=2, moe=_moe()), "bf16-mixed", dict(pp=2, ep=2, microbatches=2)),
 }
 
 
