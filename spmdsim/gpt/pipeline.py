@@ -48,6 +48,7 @@ from .. import buffers
 from ..autograd.kept import kept_problem
 from ..context import current
 from ..errors import SpmdsimError
+from ..flops import holding
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
@@ -599,6 +600,14 @@ class _Most:
                                                                                  masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
             self.sum_of[chunk] = sum(self.kept_of[chunk].values())
+        elif holding() and not isinstance(out, _Stand):
+            # A later microbatch's blocks are the rank's too while it is live: marked as held (spmdsim.flops.hold)
+            # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
+            # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
+            # cell, counted the first's).
+            from ..autograd import kept_bytes
+
+            kept_bytes([out], exclude=self.params)
         self.live[chunk] = self.live.get(chunk, 0) + 1
         self.total += self.sum_of[chunk]
         if self.total > self.most:
