@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from ..estimate.ledger import (PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory,
                                    transfers_at, unmappable)
     from ..estimate.machine import load_machine
-    from ..estimate.steptime import Pipeline, step_time
+    from ..estimate.steptime import Pipeline, assumptions, step_time
     from ..memory import UnmappableError
 
     cfg, microbatches = _config(args)
@@ -169,22 +169,25 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                       pipeline=pipeline, overlap=("gradients",), traffic=kernel_bytes(st.kernels, args.precision))
+                       pipeline=pipeline, overlap=OVERLAP, traffic=kernel_bytes(st.kernels, args.precision))
              for st in stages]
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]
     rows = [(stages[s], memories[s], times[s]) for s in shown]
+    ranks = args.pp * args.dp * args.ep * args.tp
+    use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
+    assumed = assumptions(machine, overlap=OVERLAP)
     if args.json:
         print(json.dumps({"config": config_record(args),
                           "microbatches": microbatches, "dry_run_s": seconds,
                           "memory_bytes_per_gpu": machine.memory_bytes,
                           "fits": peak_bytes(memories) <= machine.memory_bytes,
                           "step_time_s": max(t.total_s for t in times),
+                          "utilization": use.as_json(), "assumptions": assumed,
                           "stages": [_as_json(st, mem, timing, args.precision) for st, mem, timing in rows]},
                          default=str, indent=1))
         return 0
-    ranks = args.pp * args.dp * args.ep * args.tp
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
     head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, "
@@ -229,11 +232,45 @@ def run(args: argparse.Namespace) -> int:
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
+    print("\n".join(wrap_lines(_utilization_lines(use, args.precision, worst) + assumed)))
     print("\n".join(wrap_lines([_fit_line(memories, machine)])))
     hint = _to_fit(memories, machine, args)
     if hint:
         print("\n".join(wrap_lines([hint])))
     return 0
+
+
+#: The transfer phases the step time lets the backward hide (spmdsim.estimate.steptime's overlap): the
+#: data-parallel gradient sums, as DDP's and Megatron's buckets run under the backward.
+OVERLAP = ("gradients",)
+
+
+def _utilization(stages: list, step_s: float, gpus: int, machine: Any, precision: str) -> Any:
+    """The step's spmdsim.estimate.steptime.Utilization: the dry run's products of every stage, each rank of a
+    stage alike (forward and backward: the model's FLOPs; and the recomputed: the hardware's), at the
+    predicted step time, against the machine's peak at the precision's compute dtype."""
+    from ..estimate.ledger import PRECISIONS
+    from ..estimate.steptime import utilization
+
+    model = sum((st.flops("forward") + st.flops("backward")) * len(st.ranks) for st in stages)
+    hardware = sum(st.flops() * len(st.ranks) for st in stages)
+    return utilization(model, hardware, gpus, step_s, machine.peak(PRECISIONS[precision].compute))
+
+
+def _utilization_lines(use: Any, precision: str, worst: bool) -> list[str]:
+    """MFU (and HFU, where recomputation adds products) at the predicted step time: the papers' figures."""
+    from ..estimate.ledger import PRECISIONS
+
+    out = [f"MFU {use.mfu:.1%}: {use.tflops_per_gpu:,.1f} TFLOP/s per GPU of the {PRECISIONS[precision].compute} "
+           f"peak {use.peak / 1e12:,.4g}, from {use.model_flops:.4e} model FLOPs a step"]
+    what = "the dry run's forward and backward products, all ranks" + (
+        ", each as busy as rank 0: at most" if worst else "")
+    if use.hardware_flops > use.model_flops:
+        out += [f"  ({what})", f"HFU {use.hfu:.1%}: {use.hardware_tflops_per_gpu:,.1f} TFLOP/s per GPU with the "
+                               f"{use.hardware_flops - use.model_flops:.4e} FLOPs recomputed"]
+    else:
+        out.append(f"  ({what}; nothing recomputed: HFU the same)")
+    return out
 
 
 def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
