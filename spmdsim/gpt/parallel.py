@@ -144,7 +144,8 @@ class GPT:
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
         self._router_losses: list = []
-        self._rope_tables: Any = None  # (cos, sin) as DTensors (T, 1, 1, head_dim), made by `_rope` when first used
+        self._rope_tables: Any = None  # (cos, sin, turn) as DTensors, made by `_rope` when first used
+        self._group_ones: Any = None  # grouped-query attention's ones (1, 1, 1, G, 1), made by `_grouped`
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
@@ -244,13 +245,21 @@ class GPT:
         from ._blocks import rope_tables
 
         tables = self._rope_tables
-        if tables is None:
-            whole = self.mesh.layout(None, None, None, None)
-            tables = self._rope_tables = tuple(DTensor.from_global(self.mesh, t[:, None, None, :], whole)
-                                               for t in rope_tables(cfg.seq, cfg.head_dim))
-        cos, sin = tables
-        half = cfg.head_dim // 2
-        return x * cos + ops.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+        if tables is None:  # cos and sin (T, 1, 1, 2, Dh / 2); rotate_half's 2 x 2 turn of the halves
+            half, dtype = cfg.head_dim // 2, self.precision.dtype("activation")
+            whole = self.mesh.layout(None, None, None, None, None)
+            tables = tuple(DTensor.from_global(self.mesh, t.reshape(cfg.seq, 1, 1, 2, half).astype(dtype), whole)
+                           for t in rope_tables(cfg.seq, cfg.head_dim))
+            turn = np.array([[0.0, 1.0], [-1.0, 0.0]], dtype)  # [x1, x2] -> [-x2, x1]
+            tables += (DTensor.from_global(self.mesh, turn, self.mesh.layout(None, None)),)
+            self._rope_tables = tables
+        cos, sin, turn = tables
+        T, B, n, Dh = x.global_shape
+        # The head dim as its two halves (a view): the turn is a product over 2 (no slice or concatenation,
+        # whose blocks a dry run would make), then x cos + rotate_half(x) sin element-wise.
+        x = ops.reshape(x, (T, B, n, 2, Dh // 2))
+        out = x * cos + ops.einsum("tbhkd,kj->tbhjd", x, turn) * sin
+        return ops.reshape(out, (T, B, n, Dh))
 
     def _grouped(self, x: Any) -> Any:
         """Grouped-query attention's keys or values (T, B, kv_heads, head_dim) repeated for their query heads
@@ -259,9 +268,15 @@ class GPT:
         cfg = self.cfg
         if cfg.kv == cfg.heads:
             return x
+        from ..runtime.dtensor import DTensor
+
         T, B = x.global_shape[:2]
         G = cfg.heads // cfg.kv
-        x = ops.broadcast_to(ops.reshape(x, (T, B, cfg.kv, 1, cfg.head_dim)), (T, B, cfg.kv, G, cfg.head_dim))
+        ones = self._group_ones
+        if ones is None or ones.dtype != x.dtype:  # times ones (1, 1, 1, G, 1): an element-wise copy, as Megatron's
+            ones = self._group_ones = DTensor.from_global(  # expand (broadcast_to's copy would be made in a dry run)
+                self.mesh, np.ones((1, 1, 1, G, 1), x.dtype), self.mesh.layout(None, None, None, None, None))
+        x = ops.reshape(x, (T, B, cfg.kv, 1, cfg.head_dim)) * ones
         return ops.reshape(x, (T, B, cfg.heads, cfg.head_dim))
 
     def _megatron_block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
