@@ -311,7 +311,8 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
 def flops_bound(cfg: Any) -> float:
     """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
     configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer (with Llama's options, its own
-    weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's 24 B s h^2 + 12 B s^2 h and its experts' two products,
+    weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's
+    24 B s h^2 + 12 B s^2 h and its experts' two products,
     forward and backward, 12 x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
     min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
     assignments), the routers' products left out."""

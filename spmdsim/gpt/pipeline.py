@@ -818,7 +818,8 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
 def _held(run: PipelineRun, cfg: GPTConfig) -> list:
     """The names of the parameters each stage holds, in param_specs' order (every rank knows each stage's)."""
     pp, parts = run.mesh.layout.device_matrix[0], run.parts
-    return [[s.name for s in param_specs(cfg) if any(parts[c].holds(s.name, cfg.tied) for c in range(stage, len(parts), pp))]
+    return [[s.name for s in param_specs(cfg)
+             if any(parts[c].holds(s.name, cfg.tied) for c in range(stage, len(parts), pp))]
             for stage in range(pp)]
 
 

@@ -5,7 +5,8 @@ model chunks; chunk c lives on stage c % p (Megatron's interleaving). Chunk 0
 holds the token and position embeddings, the last chunk the final LayerNorm,
 the head (tied to the token embedding: its own copy of ``wte``, whose
 gradient is summed with the first chunk's, Megatron's embedding group; an
-untied head, GPTConfig.tied False, its own "head.w" alone) and the loss. The layers are balanced (the first chunks take one more where they
+untied head, GPTConfig.tied False, its own "head.w" alone) and the loss.
+The layers are balanced (the first chunks take one more where they
 do not divide), or follow a split the user gives: one layer count per chunk.
 """
 from __future__ import annotations
