@@ -130,8 +130,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
-    """The tp sizes that divide the devices and the heads within a node (the vocabulary aside)."""
-    return [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp]
+    """The tp sizes that divide the devices and the heads within a node (the vocabulary aside); the key/value
+    heads and the MLP's hidden width too, where Llama's options (GPTConfig kv_heads, ffn) make them differ."""
+    return [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp and not cfg.kv % tp
+            and not cfg.hidden % tp]
 
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
@@ -379,14 +381,18 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
 
 def flops_bound(cfg: Any) -> float:
     """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
-    configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer, forward and backward (the vocabulary's
-    products left out); an MoE layer its attention's 24 B s h^2 + 12 B s^2 h and its experts' two products,
+    configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer (with Llama's options, its own
+    weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's
+    24 B s h^2 + 12 B s^2 h and its experts' two products,
     forward and backward, 12 x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
     min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
     assignments), the routers' products left out."""
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
     moe_layers = sum(cfg.is_moe(i) for i in range(layers))
-    flops = 72 * b * s * (layers - moe_layers) * h * h * (1 + s / (6 * h))
+    # Llama's options (GPTConfig): Q and the projection h^2 each, K and V h x kv_heads x head_dim, the MLP's 2 (SwiGLU
+    # 3) matrices h x ffn; 2 FLOPs a multiply-add, 3 passes (forward and backward's two): 72 B s h^2 by default.
+    weights = 2 * h * h + 2 * h * cfg.kv * cfg.head_dim + (3 if cfg.mlp == "swiglu" else 2) * h * cfg.hidden
+    flops = (layers - moe_layers) * (6 * b * s * weights + 12 * b * s * s * h)
     if moe_layers:
         m = cfg.moe
         rows = b * s * (m.top_k if m.dropless else min(m.top_k * m.capacity_factor, m.experts))
