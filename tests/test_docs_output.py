@@ -101,3 +101,13 @@ def test_docs_networks_says_how_loosely_its_error_figures_are_compared():
     text = " ".join((ROOT / "docs" / "networks.md").read_text().split())
     assert f"within a factor of {FACTOR:g} of the quoted one" in text
     assert close(1.19e-06, 9.54e-07)  # why the page's stale figures passed
+
+
+def test_docs_counts_in_e_notation_match_as_quoted():
+    # A step's FLOPs quoted as 1.1436e+15 (docs/estimate.md) were matched as a rounding error, within a factor
+    # of 100: a count that moved to 1.2e+15 (or 1e+17) still passed. An error stays loose; a count is exact.
+    from docs_commands import close
+
+    assert close(9.5e-07, 9.54e-07) and close(1.19e-06, 9.54e-07)
+    assert close(1.1436e+15, 1.1436e+15)
+    assert not close(1.1436e+15, 1.1437e+15) and not close(1.1436e+15, 1e+17)
