@@ -295,3 +295,19 @@ def test_slices_takes_json_as_every_command_does(capsys):
     plain = capsys.readouterr().out
     assert main(argv + ["--json"]) == 0
     assert capsys.readouterr().out == plain and json.loads(plain)["rank_slices"]["3"] == [[2, 4], [0, 4]]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "a,None", "--operand", "w"],
+     "--operand 'w' (case key 'operand') picks a tensor of a MatMul --strategy"),
+    (["--sbp", "S(0),B", "--placement", "2,2", "--operand", "x"], "the sbp form gives one tensor's layout"),
+    (["--placements", "S(0),R", "--device-matrix", "2,2", "--world-size", "16"],
+     "--world-size 16 (case key 'world_size') does not match --device-matrix '2,2'"),
+    (["--partition-spec", "('x', None)", "--device-matrix", "2,2", "--alias", "x,y", "--world-size", "8"],
+     "which has 4 devices; expected 4"),
+])
+def test_an_option_the_form_does_not_read_is_refused_not_ignored(flags, words, capsys):
+    """--operand outside a MatMul strategy, and --world-size beside DTensor placements or a JAX spec, were
+    ignored: the slices printed were another layout's than the one the options asked for."""
+    code, out, err = _run(["slices", *flags, "--shape", "4,2"], capsys)
+    assert code == 2 and out == "" and words in err

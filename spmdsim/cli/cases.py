@@ -228,7 +228,7 @@ def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
 _FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
             "shape": "--shape", "placement": "--placement", "placements": "--placements",
             "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy",
-            "world_size": "--world-size"}
+            "world_size": "--world-size", "operand": "--operand"}
 
 
 def _axis_number(entry: Any) -> Optional[int]:
@@ -304,6 +304,10 @@ def case_from_dict(data: Any) -> Case:
     if len(forms) > 1:
         raise SpmdsimError(f"case mixes the {forms[0]} and {forms[1]} forms; give only one")
     form = forms[0]
+    if "operand" in data and form != "strategy":
+        raise SpmdsimError(f"{_flag_text('operand', data['operand'])} picks a tensor of a MatMul --strategy "
+                           f"such as \"((2,1),(1,4))\"; the {form} form gives one tensor's layout already: "
+                           "leave --operand out")
     _require(data, ("shape",), form)
     shape = _int_list(data, "shape", "non-negative integers", 0)
     partial = _name_list(data, "partial") if "partial" in data else ()
@@ -325,6 +329,10 @@ def case_from_dict(data: Any) -> Case:
         build = {"strategy": case_dialects.strategy_case, "sbp": case_dialects.sbp_case,
                  "dtensor": case_dialects.dtensor_case, "partition_spec": case_dialects.partition_spec_case}
         case = build[form](data, shape, partial)
+        if form in ("dtensor", "partition_spec") and "world_size" in data:  # the mesh's devices are the ranks
+            matrix = case.tensor_layout.layout.device_matrix
+            if data["world_size"] != math.prod(matrix):
+                raise SpmdsimError(world_size_mismatch(data["world_size"], "device_matrix", matrix))
         if cut is not None or form == "dtensor":
             tl = case.tensor_layout
             # DTensor cuts a dim that does not divide by torch.chunk's rule; where sizes divide the rules agree.
