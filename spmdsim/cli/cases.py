@@ -383,17 +383,24 @@ def _cut(data: Mapping, form: str) -> Optional[str]:
 
 # -- command-line flags -----------------------------------------------------------
 def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
-    """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2)."""
+    """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2); '' or '()' -> () (a scalar's shape)."""
     try:
-        return tuple(int(p) for p in split_top_level(text) if p)
+        parts = split_top_level(text)
+        values = tuple(int(p) for p in parts if p)
     except ValueError:
         raise SpmdsimError(f"{key} {text!r} must be comma-separated integers such as 2,4") from None
+    if len(values) != len(parts) and parts != [""]:  # '4,,2': a size left out, not a shape of 2 dims
+        raise SpmdsimError(f"{key} {text!r} has an empty entry; expected comma-separated integers such as 2,4")
+    return values
 
 
 def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
     """'dp,sp,mp' -> ('dp', 'sp', 'mp'); quotes are optional."""
     try:
-        names = tuple(p.strip("'\" ") for p in split_top_level(text) if p)
+        parts = split_top_level(text)
+        names = tuple(p.strip("'\" ") for p in parts if p)
+        if len(names) != len(parts) and parts != [""]:
+            names = ("",)  # 'a,,b': a name left out, refused below
     except ValueError:
         names = ("(",)  # unbalanced brackets: refused below
     if any(not n or any(c in n for c in "()[]") for n in names):
