@@ -18,7 +18,8 @@ Each form may add ``"partial": [axis, ...]``, and ``"cut"``: the rule that cuts 
 ("even", "chunk" or "balanced"; docs/semantics.md, "Uneven shards"). The Layout form
 takes any; DTensor placements cut a dim that does not divide as DTensor does
 ("chunk"); a JAX PartitionSpec only with a rule named; the strategy and SBP forms
-cut evenly, as MindSpore and OneFlow do. Pure: never imports mpi4py.
+cut evenly (MindSpore's rule; OneFlow's BalancedSplitter is not read: ONEFLOW_EVEN). Pure: never
+imports mpi4py.
 """
 from __future__ import annotations
 
@@ -354,6 +355,9 @@ def case_from_dict(data: Any) -> Case:
         if not hint and form == "partition_spec":
             hint = ('; JAX requires divisible dims: name a rule with "cut": "chunk" or "balanced" '
                     "(--cut) to cut unevenly")
+        elif not hint and form == "sbp":
+            hint = (f"; {ONEFLOW_EVEN}: write it in the layout form (--device-matrix, --alias, --tensor-map) "
+                    "with --cut balanced")
         elif not hint and form == "layout":
             hint = '; name a rule with "cut": "chunk" or "balanced" (--cut) to cut unevenly'
         if not hint:
@@ -375,10 +379,18 @@ def _cut(data: Mapping, form: str) -> Optional[str]:
     if cut not in CUTS:
         raise SpmdsimError(f"case key 'cut' {cut!r} must be one of {CUTS!r}")
     if cut != "even" and form in ("strategy", "sbp"):
-        framework = "MindSpore" if form == "strategy" else "OneFlow"
-        raise SpmdsimError(f"cut {cut!r} cannot go with the {form} form: {framework} cuts every dim evenly; "
+        why = "MindSpore cuts every dim evenly" if form == "strategy" else ONEFLOW_EVEN
+        raise SpmdsimError(f"cut {cut!r} cannot go with the {form} form: {why}; "
                            "use the layout, placements or partition_spec form for an uneven cut")
     return cut
+
+
+#: Why an SBP cuts only evenly here, in the refusals of an uneven SBP: OneFlow itself cuts a dim that does
+#: not divide by its BalancedSplitter, level by level over the placement's axes (on a 1-D placement that is
+#: the balanced rule), which spmdsim's SBP reader does not model.
+ONEFLOW_EVEN = ("spmdsim reads OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide "
+                "by its BalancedSplitter, the first pieces one longer: on a 1-D placement, a layout's cut "
+                "'balanced')")
 
 
 # -- command-line flags -----------------------------------------------------------
