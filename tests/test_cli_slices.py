@@ -295,3 +295,40 @@ def test_slices_takes_json_as_every_command_does(capsys):
     plain = capsys.readouterr().out
     assert main(argv + ["--json"]) == 0
     assert capsys.readouterr().out == plain and json.loads(plain)["rank_slices"]["3"] == [[2, 4], [0, 4]]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "a,None", "--operand", "w"],
+     "--operand 'w' (case key 'operand') picks a tensor of a MatMul --strategy"),
+    (["--sbp", "S(0),B", "--placement", "2,2", "--operand", "x"], "the sbp form gives one tensor's layout"),
+    (["--placements", "S(0),R", "--device-matrix", "2,2", "--world-size", "16"],
+     "--world-size 16 (case key 'world_size') does not match --device-matrix '2,2'"),
+    (["--partition-spec", "('x', None)", "--device-matrix", "2,2", "--alias", "x,y", "--world-size", "8"],
+     "which has 4 devices; expected 4"),
+])
+def test_an_option_the_form_does_not_read_is_refused_not_ignored(flags, words, capsys):
+    """--operand outside a MatMul strategy, and --world-size beside DTensor placements or a JAX spec, were
+    ignored: the slices printed were another layout's than the one the options asked for."""
+    code, out, err = _run(["slices", *flags, "--shape", "4,2"], capsys)
+    assert code == 2 and out == "" and words in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["slices", "--device-matrix", "2", "--alias", "a", "--tensor-map", "a,None", "--shape", "4,,2"],
+     "--shape '4,,2' has an empty entry"),
+    (["slices", "--device-matrix", "2,,2", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "4,2"],
+     "--device-matrix '2,,2' has an empty entry"),
+    (["slices", "--device-matrix", "2,2", "--alias", "a,,b", "--tensor-map", "a,None", "--shape", "4,2"],
+     "--alias 'a,,b' must be comma-separated axis names"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "8,,8,8", "--ranks", "8"],
+     "--shape '8,,8,8' has an empty entry"),
+    (["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "64,,64"],
+     "--shape '64,,64' has an empty entry"),
+])
+def test_an_empty_entry_in_a_list_of_sizes_or_names_is_refused(argv, words, capsys):
+    """'4,,2' (a size left out) was read as 4,2: the command answered for a tensor of another rank
+    (`run matmul --shape 8,,8,8` ran an unbatched 8x8x8 MatMul and said PASS)."""
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == "" and words in err
+    assert _run(["slices", "--device-matrix", "2,", "--alias", "a,", "--tensor-map", "a,", "--shape", "4,"],
+                capsys)[0] == 0  # a trailing comma, as in Python's (4,), is still fine

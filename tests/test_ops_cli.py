@@ -1,6 +1,7 @@
 """Pure tests of the demo registry and the `run` / `demo` command plumbing (no MPI)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -89,6 +90,19 @@ def test_demo_only_takes_commas_and_names_the_unknown():
     assert [sc.name for sc in _only(chosen, ["mlp", "linear_row"])] == ["linear_row", "mlp"]
     with pytest.raises(SpmdsimError, match=r"unknown scenario\(s\) \['nope'\]"):
         _only(chosen, ["mlp,nope"])
+
+
+def test_demo_list_takes_only_and_json(capsys):
+    """`demo --list --json` printed the text table, and `--list --only X` listed every scenario (an unknown
+    name too went unrefused): a script that asked for JSON, or for a few names, got neither."""
+    assert main(["demo", "--list", "--json", "--only", "mlp,linear_row"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["scenario"] for r in records] == ["linear_row", "mlp"]
+    assert records[1]["title"] == next(sc.title for sc in scenarios() if sc.name == "mlp")
+    assert main(["demo", "--list", "--only", "mlp"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["mlp"]
+    assert main(["demo", "--list", "--only", "nope"]) == 2
+    assert "unknown scenario(s) ['nope']" in capsys.readouterr().err
 
 
 def test_usage_errors_print_on_the_first_rank_only(monkeypatch, capsys):

@@ -668,6 +668,38 @@ def test_bad_operands_get_one_line():
     assert all(_on_ranks(4, body))
 
 
+def test_norm_weights_and_masks_are_checked_in_one_line_naming_the_op():
+    """A layer_norm/rms_norm weight or bias of another shape than (n,), or a numpy array, was a numpy
+    ValueError/AttributeError inside kept="megatron"'s kernel, and named 'mul'/'add' otherwise (or, as
+    (1,) or (n, n), broadcast silently); masked_fill's float mask was refused naming 'where'."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)), spmdsim.world())
+        x = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout("tp", None))
+        xs = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout(None, "tp"))  # the normalized dim split
+        w7, w1 = (DTensor.from_global(mesh, np.ones(shape), mesh.layout(None)) for shape in ((7,), (1,)))
+        w88 = DTensor.from_global(mesh, np.ones((8, 8)), mesh.layout(None, None))
+        w8 = DTensor.from_global(mesh, np.ones(8), mesh.layout(None))
+        fit = "does not fit x's last dim of size 8 (x of shape (4, 8)); expected shape (8,)"
+        cases = [
+            (lambda: ops.layer_norm(x, w7, kept="megatron"), f"layer_norm: weight of shape (7,) {fit}"),
+            (lambda: ops.layer_norm(x, w8, w7), f"layer_norm: bias of shape (7,) {fit}"),
+            (lambda: ops.layer_norm(xs, w88), f"layer_norm: weight of shape (8, 8) {fit}"),
+            (lambda: ops.layer_norm(x, w1), f"layer_norm: weight of shape (1,) {fit}"),
+            (lambda: ops.rms_norm(x, w7), f"rms_norm: weight of shape (7,) {fit}"),
+            (lambda: ops.layer_norm(x, np.ones(8), kept="megatron"),
+             "layer_norm: weight must be a DTensor, got ndarray of shape (8,)"),
+            (lambda: ops.masked_fill(x, x, 0.0), "masked_fill: mask must be a bool DTensor, got dtype 'float64'"),
+        ]
+        for call, text in cases:
+            with pytest.raises(ShapeError if "expected shape" in text else OperatorError, match=re.escape(text)):
+                call()
+        return True
+
+    assert all(_on_ranks(2, body))
+
+
 def test_backward_with_an_upstream_gradient_checks_it():
     from spmdsim.runtime import DTensor, Mesh
 

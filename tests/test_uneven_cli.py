@@ -34,7 +34,10 @@ def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
         (["--strategy", "((4,1),)", "--shape", "10,3"],
          "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))"),
         (["--sbp", "S(0)", "--placement", "4", "--shape", "10,3"],
-         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))"),
+         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',)); spmdsim reads "
+         "OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide by its BalancedSplitter, "
+         "the first pieces one longer: on a 1-D placement, a layout's cut 'balanced'): write it in the layout "
+         "form (--device-matrix, --alias, --tensor-map) with --cut balanced"),
         (["--strategy", "((4,1),)", "--shape", "10,3", "--cut", "chunk"],
          "spmdsim: error: cut 'chunk' cannot go with the strategy form: MindSpore cuts every dim evenly; use the "
          "layout, placements or partition_spec form for an uneven cut"),
@@ -97,7 +100,9 @@ def test_convert_says_which_dialects_can_cut_unevenly(capsys):
     assert forms["PyTorch DTensor"]["text"] == "(S(0))" and forms["PyTorch DTensor"]["note"] == ""
     assert forms["JAX PartitionSpec"]["flags"].endswith("--cut chunk")
     for dialect in ("MindSpore .shard", "OneFlow SBP", "Paddle split"):
-        assert forms[dialect]["text"] is None and "cuts every dim evenly" in forms[dialect]["note"]
+        assert forms[dialect]["text"] is None and "even" in forms[dialect]["note"]
+    assert forms["OneFlow SBP"]["note"].startswith("spmdsim reads OneFlow SBP with even cuts only (OneFlow itself "
+                                                   "cuts a dim that does not divide by its BalancedSplitter")
     assert main(["convert", *ROWS, "--cut", "balanced", "--json"]) == 0
     forms = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}
     assert forms["PyTorch DTensor"]["text"] is None and "torch.chunk" in forms["PyTorch DTensor"]["note"]
@@ -246,3 +251,20 @@ def test_a_count_of_dims_gets_no_cut_hint(capsys, args, message):
     which cannot fix them: the hint is now given only for a size the even cut cannot divide."""
     assert main(["slices", "--device-matrix", "2,4", "--alias", "dp,mp", *args]) == 2
     assert " ".join(capsys.readouterr().err.split()) == f"spmdsim: error: {message}"
+
+
+def test_an_uneven_sbp_is_refused_without_saying_oneflow_cuts_evenly(capsys):
+    """OneFlow cuts a dim that does not divide (its BalancedSplitter: 7 rows on 2 ranks are 4 and 3); the
+    refusals said "OneFlow cuts every dim evenly", and the SBP form's gave no way out."""
+    assert main(["slices", "--sbp", "S(0)", "--placement", "2", "--shape", "7,8"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.endswith("spmdsim reads OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not "
+                        "divide by its BalancedSplitter, the first pieces one longer: on a 1-D placement, a "
+                        "layout's cut 'balanced'): write it in the layout form (--device-matrix, --alias, "
+                        "--tensor-map) with --cut balanced")
+    assert main(["slices", "--sbp", "S(0)", "--placement", "2", "--shape", "7,8", "--cut", "balanced"]) == 2
+    assert "OneFlow cuts every dim evenly" not in capsys.readouterr().err
+    # the way out the line names gives OneFlow's cut
+    assert main(["slices", "--device-matrix", "2", "--alias", "x", "--tensor-map", "x,None", "--shape", "7,8",
+                 "--cut", "balanced"]) == 0
+    assert json.loads(capsys.readouterr().out)["rank_slices"] == {"0": [[0, 4], [0, 8]], "1": [[4, 7], [0, 8]]}

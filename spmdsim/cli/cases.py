@@ -18,7 +18,8 @@ Each form may add ``"partial": [axis, ...]``, and ``"cut"``: the rule that cuts 
 ("even", "chunk" or "balanced"; docs/semantics.md, "Uneven shards"). The Layout form
 takes any; DTensor placements cut a dim that does not divide as DTensor does
 ("chunk"); a JAX PartitionSpec only with a rule named; the strategy and SBP forms
-cut evenly, as MindSpore and OneFlow do. Pure: never imports mpi4py.
+cut evenly (MindSpore's rule; OneFlow's BalancedSplitter is not read: ONEFLOW_EVEN). Pure: never
+imports mpi4py.
 """
 from __future__ import annotations
 
@@ -228,7 +229,7 @@ def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
 _FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
             "shape": "--shape", "placement": "--placement", "placements": "--placements",
             "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy",
-            "world_size": "--world-size"}
+            "world_size": "--world-size", "operand": "--operand"}
 
 
 def _axis_number(entry: Any) -> Optional[int]:
@@ -304,6 +305,10 @@ def case_from_dict(data: Any) -> Case:
     if len(forms) > 1:
         raise SpmdsimError(f"case mixes the {forms[0]} and {forms[1]} forms; give only one")
     form = forms[0]
+    if "operand" in data and form != "strategy":
+        raise SpmdsimError(f"{_flag_text('operand', data['operand'])} picks a tensor of a MatMul --strategy "
+                           f"such as \"((2,1),(1,4))\"; the {form} form gives one tensor's layout already: "
+                           "leave --operand out")
     _require(data, ("shape",), form)
     shape = _int_list(data, "shape", "non-negative integers", 0)
     partial = _name_list(data, "partial") if "partial" in data else ()
@@ -325,6 +330,10 @@ def case_from_dict(data: Any) -> Case:
         build = {"strategy": case_dialects.strategy_case, "sbp": case_dialects.sbp_case,
                  "dtensor": case_dialects.dtensor_case, "partition_spec": case_dialects.partition_spec_case}
         case = build[form](data, shape, partial)
+        if form in ("dtensor", "partition_spec") and "world_size" in data:  # the mesh's devices are the ranks
+            matrix = case.tensor_layout.layout.device_matrix
+            if data["world_size"] != math.prod(matrix):
+                raise SpmdsimError(world_size_mismatch(data["world_size"], "device_matrix", matrix))
         if cut is not None or form == "dtensor":
             tl = case.tensor_layout
             # DTensor cuts a dim that does not divide by torch.chunk's rule; where sizes divide the rules agree.
@@ -346,6 +355,9 @@ def case_from_dict(data: Any) -> Case:
         if not hint and form == "partition_spec":
             hint = ('; JAX requires divisible dims: name a rule with "cut": "chunk" or "balanced" '
                     "(--cut) to cut unevenly")
+        elif not hint and form == "sbp":
+            hint = (f"; {ONEFLOW_EVEN}: write it in the layout form (--device-matrix, --alias, --tensor-map) "
+                    "with --cut balanced")
         elif not hint and form == "layout":
             hint = '; name a rule with "cut": "chunk" or "balanced" (--cut) to cut unevenly'
         if not hint:
@@ -367,25 +379,40 @@ def _cut(data: Mapping, form: str) -> Optional[str]:
     if cut not in CUTS:
         raise SpmdsimError(f"case key 'cut' {cut!r} must be one of {CUTS!r}")
     if cut != "even" and form in ("strategy", "sbp"):
-        framework = "MindSpore" if form == "strategy" else "OneFlow"
-        raise SpmdsimError(f"cut {cut!r} cannot go with the {form} form: {framework} cuts every dim evenly; "
+        why = "MindSpore cuts every dim evenly" if form == "strategy" else ONEFLOW_EVEN
+        raise SpmdsimError(f"cut {cut!r} cannot go with the {form} form: {why}; "
                            "use the layout, placements or partition_spec form for an uneven cut")
     return cut
 
 
+#: Why an SBP cuts only evenly here, in the refusals of an uneven SBP: OneFlow itself cuts a dim that does
+#: not divide by its BalancedSplitter, level by level over the placement's axes (on a 1-D placement that is
+#: the balanced rule), which spmdsim's SBP reader does not model.
+ONEFLOW_EVEN = ("spmdsim reads OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide "
+                "by its BalancedSplitter, the first pieces one longer: on a 1-D placement, a layout's cut "
+                "'balanced')")
+
+
 # -- command-line flags -----------------------------------------------------------
 def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
-    """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2)."""
+    """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2); '' or '()' -> () (a scalar's shape)."""
     try:
-        return tuple(int(p) for p in split_top_level(text) if p)
+        parts = split_top_level(text)
+        values = tuple(int(p) for p in parts if p)
     except ValueError:
         raise SpmdsimError(f"{key} {text!r} must be comma-separated integers such as 2,4") from None
+    if len(values) != len(parts) and parts != [""]:  # '4,,2': a size left out, not a shape of 2 dims
+        raise SpmdsimError(f"{key} {text!r} has an empty entry; expected comma-separated integers such as 2,4")
+    return values
 
 
 def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
     """'dp,sp,mp' -> ('dp', 'sp', 'mp'); quotes are optional."""
     try:
-        names = tuple(p.strip("'\" ") for p in split_top_level(text) if p)
+        parts = split_top_level(text)
+        names = tuple(p.strip("'\" ") for p in parts if p)
+        if len(names) != len(parts) and parts != [""]:
+            names = ("",)  # 'a,,b': a name left out, refused below
     except ValueError:
         names = ("(",)  # unbalanced brackets: refused below
     if any(not n or any(c in n for c in "()[]") for n in names):

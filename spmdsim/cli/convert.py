@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import SpmdsimError
 from ..layout import TensorLayout, format_entry
-from .cases import add_case_arguments, case_from_args
+from .cases import ONEFLOW_EVEN, add_case_arguments, case_from_args
 
 __all__ = ["register", "run", "Form", "convert_layout", "DIALECTS"]
 
@@ -104,7 +104,8 @@ def _uneven_note(tl: TensorLayout, shape: tuple[int, ...], who: str) -> Optional
     if not dims:
         return None
     d = dims[0]
-    return f"{who} cuts every dim evenly: dim {d} of size {shape[d]} does not divide into {tl.num_shards(d)} shards"
+    why = f"{who} cuts every dim evenly" if who != "OneFlow" else ONEFLOW_EVEN
+    return f"{why}: dim {d} of size {shape[d]} does not divide into {tl.num_shards(d)} shards"
 
 
 def _same_blocks(a: TensorLayout, b: TensorLayout, shape: tuple[int, ...]) -> Optional[str]:

@@ -41,7 +41,9 @@ def register(subparsers: Any) -> None:
                              "collectives, bytes_sent_per_rank)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run only these scenarios (names as --list shows them, space- or comma-separated)")
-    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--list", action="store_true",
+                        help="list the scenarios (those --only names) and exit; with --json, as a JSON list of "
+                             "records (scenario, title)")
     parser.add_argument("--wide", action="store_true",
                         help="add the layouts column and keep each row on one line (wider than 100 columns); "
                              "with --list, each title on one line")
@@ -53,11 +55,15 @@ def run(args: argparse.Namespace) -> int:
     from ..demo.registry import scenarios
 
     chosen = scenarios()
-    if args.list:
+    if args.list:  # --only narrows the list (an unknown name refused as when running), --json makes it JSON
         from ..viz.table import WIDTH, fold_cell
 
-        name_width = max(22, max(len(sc.name) for sc in chosen))
-        for sc in chosen:  # a long title folds under itself, unless --wide
+        listed = _only(chosen, args.only)
+        if args.json:
+            print(json.dumps([{"scenario": sc.name, "title": sc.title} for sc in listed], indent=1))
+            return 0
+        name_width = max(22, max(len(sc.name) for sc in listed))
+        for sc in listed:  # a long title folds under itself, unless --wide
             lines = [sc.title] if args.wide else fold_cell(sc.title, WIDTH - name_width - 1)
             print(f"{sc.name:<{name_width}} {lines[0]}")
             for line in lines[1:]:

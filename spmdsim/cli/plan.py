@@ -22,7 +22,7 @@ from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
-from .cases import (check_device_count, checked_axis_names, indivisible, parse_int_list, parse_name_list,
+from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, indivisible, parse_int_list, parse_name_list,
                     parse_partition_spec, parse_tensor_map)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
@@ -252,9 +252,9 @@ def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None
     """`tl` cutting dims by rule `cut` (docs/semantics.md, "Uneven shards"); a strategy or an SBP cuts evenly."""
     if cut is None or cut == tl.layout.cut:
         return tl
-    for flag, framework in (("strategy", "MindSpore"), ("sbp", "OneFlow")):
+    for flag, why in (("strategy", "MindSpore cuts every dim evenly"), ("sbp", ONEFLOW_EVEN)):
         if getattr(args, f"{which}_{flag}"):
-            raise SpmdsimError(f"--{which}-{flag} cannot take cut {cut!r}: {framework} cuts every dim evenly; "
+            raise SpmdsimError(f"--{which}-{flag} cannot take cut {cut!r}: {why}; "
                                f"write that side as --{which}, --{which}-placements or --{which}-partition-spec")
     return TensorLayout(tl.layout.with_cut(cut), tl.tensor_map, tl.partial)
 

@@ -34,7 +34,7 @@ from ..autograd.rules.norms import record_layer_norm, record_normalized
 from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
-from ..errors import OperatorError
+from ..errors import OperatorError, ShapeError
 from ..flops import any_open, sweep
 from ..infer.norms import infer_norm
 from ..precision import is_low, rounded, wide
@@ -104,6 +104,19 @@ def _eps(eps: Any, op: str) -> float:
     return float(eps)
 
 
+def _check_affine(op: str, x: Any, d: int, **params: Optional[Any]) -> None:
+    """Refuse a weight or bias that is not a DTensor of shape (n,), n the size of x's normalized dim, as
+    PyTorch does (a numpy array, or another shape, would fail inside the kernel or broadcast silently)."""
+    n = x.global_shape[d]
+    for name, t in params.items():
+        if t is None:
+            continue
+        raise_if_not_dtensors(op, (name,), t)
+        if tuple(t.global_shape) != (n,):
+            raise ShapeError(f"{op}: {name} of shape {tuple(t.global_shape)!r} does not fit x's last dim "
+                                f"of size {n} (x of shape {tuple(x.global_shape)!r}); expected shape ({n},)")
+
+
 def _affine(y: Any, weight: Optional[Any], bias: Optional[Any]) -> Any:
     if weight is not None:
         y = P.mul(y, weight)
@@ -166,6 +179,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"layer_norm: {problem}")
+    _check_affine("layer_norm", x, d, weight=weight, bias=bias)
     x = resolved(x)
     if infer_norm("layer_norm", x.layout, x.global_shape).whole:
         if kept == "megatron":
@@ -239,6 +253,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
     """x / sqrt(mean(x ** 2) + eps) * weight over the last dim."""
     d = _dim(x, -1, "rms_norm")
     eps = _eps(eps, "rms_norm")
+    _check_affine("rms_norm", x, d, weight=weight)
     x = resolved(x)
     if infer_norm("rms_norm", x.layout, x.global_shape).whole:
         return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
@@ -275,6 +290,10 @@ _MASKS: dict = {}
 
 def masked_fill(x: Any, mask: Any, value: float) -> Any:
     """x with `value` where the bool DTensor `mask` is True (broadcasting), e.g. -inf above the diagonal."""
+    raise_if_not_dtensors("masked_fill", ("x", "mask"), x, mask)
+    if mask.local.dtype != np.dtype(bool):
+        raise OperatorError(f"masked_fill: mask must be a bool DTensor, got dtype {mask.local.dtype.name!r}; "
+                            "compare first (ids == 0, x < 0) or use ops.causal_mask")
     return P.where(mask, value, x)
 
 
