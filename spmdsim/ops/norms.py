@@ -104,12 +104,13 @@ def _eps(eps: Any, op: str) -> float:
     return float(eps)
 
 
-def _check_affine(op: str, x: Any, d: int, **params: Optional[Any]) -> None:
+def _check_affine(op: str, x: Any, d: int, weight: Optional[Any], bias: Optional[Any] = None) -> None:
     """Refuse a weight or bias that is not a DTensor of shape (n,), n the size of x's normalized dim, as
-    PyTorch does (a numpy array, or another shape, would fail inside the kernel or broadcast silently)."""
+    PyTorch does (a numpy array, or another shape, would fail inside the kernel or broadcast silently).
+    Every step's norms ask: a DTensor of that shape is let through by one comparison (issue 58)."""
     n = x.global_shape[d]
-    for name, t in params.items():
-        if t is None:
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None or getattr(t, "_shape", None) == (n,) and hasattr(t, "_ag"):  # a DTensor's own fields
             continue
         raise_if_not_dtensors(op, (name,), t)
         if tuple(t.global_shape) != (n,):
@@ -179,7 +180,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"layer_norm: {problem}")
-    _check_affine("layer_norm", x, d, weight=weight, bias=bias)
+    _check_affine("layer_norm", x, d, weight, bias)
     x = resolved(x)
     if infer_norm("layer_norm", x.layout, x.global_shape).whole:
         if kept == "megatron":
@@ -253,7 +254,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
     """x / sqrt(mean(x ** 2) + eps) * weight over the last dim."""
     d = _dim(x, -1, "rms_norm")
     eps = _eps(eps, "rms_norm")
-    _check_affine("rms_norm", x, d, weight=weight)
+    _check_affine("rms_norm", x, d, weight)
     x = resolved(x)
     if infer_norm("rms_norm", x.layout, x.global_shape).whole:
         return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
