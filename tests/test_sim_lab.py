@@ -306,6 +306,24 @@ def test_requests_never_completed_are_a_warning(capsys):
                    "buffer)\n")
 
 
+@pytest.mark.parametrize("buffer, mpi4py_class, text", [
+    ("np.arange(16.0).reshape(4, 4)[:, 0]", "BufferError", "send buffer: buffer of shape (4,) and strides (32,) is "
+                                                           "not contiguous; MPI moves one block (np.ascontiguousarray "
+                                                           "makes one)"),
+    ("np.array([1, 'a'], dtype=object)", "KeyError", "send buffer: cannot map dtype '|O' (Python objects) to an MPI "
+                                                     "datatype; send objects with the lowercase methods (send, bcast, "
+                                                     "...)")])
+def test_a_buffer_mpi4py_refuses_is_named_by_mpi4pys_class(buffer, mpi4py_class, text, capsys):
+    # mpi4py: "BufferError: dlpack: buffer is not contiguous", "KeyError: \"cannot map 'O' to MPI datatype\"". The
+    # report's traceback ended with spmdsim.sim._buffers.BufferSpecError (DatatypeMapError), a private module's class.
+    code, out, err = _mpirun(capsys, "-c", f"import numpy as np\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                                           f"    MPI.COMM_WORLD.Send({buffer}, dest=1)")
+    assert code == 1 and str(PACKAGE) not in err
+    assert err.startswith(f"spmdsim mpirun: error on simulated rank 0: {mpi4py_class}: {text}\nTraceback")
+    assert err.endswith(f'\n  File "<string>", line 4, in <module>\n{mpi4py_class}: {text}\nraised on simulated '
+                        f"rank 0 of 4\n")
+
+
 def test_a_python_list_to_send_says_what_to_send(capsys):
     # mpi4py: "TypeError: a bytes-like object is required, not 'int'"; was "ShapeError: datatype 3 is not an
     # MPI datatype or a typecode" (the list read as [buffer, count, datatype]).

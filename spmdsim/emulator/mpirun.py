@@ -313,6 +313,13 @@ def _report(exc: BaseException, exits: dict) -> int:
     lines = traceback.TracebackException.from_exception(exc)
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
     detail = "".join(lines.format())
+    as_mpi4py = getattr(type(exc), "mpi4py_name", None)
+    if as_mpi4py:  # a buffer mpi4py refuses: its class's name (BufferError), in the traceback's last line too
+        shown = f"\n{type(exc).__module__}.{type(exc).__qualname__}: "
+        cut = detail.rfind(shown)
+        if cut >= 0:
+            detail = f"{detail[:cut]}\n{as_mpi4py}: {detail[cut + len(shown):]}"
+        name = as_mpi4py
     print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
     if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
         print(fold_message(REAL_COMM_HINT), file=sys.stderr)
