@@ -12,7 +12,7 @@ only when its receive matches it, so both ranks sending large messages first
 is a deadlock, as under MPICH. Bsend always buffers.
 
 A program's nonblocking receive into a buffer (``Irecv``, ``irecv(buf)``,
-``Message.Irecv``, a started ``Recv_init``) defers: its message lands in the
+``Message.Irecv``, a started ``Recv_init``, ``Isendrecv``) defers: its message lands in the
 buffer only when the request completes (Wait, Waitall, a Test that returns
 true, ...), as a rendezvous receive on a cluster may land it, so that a program
 reading the buffer before its Wait sees what was there before (MPI: the buffer
