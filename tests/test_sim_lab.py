@@ -282,7 +282,46 @@ def test_messages_never_received_are_a_warning(capsys):
                                            "sub = comm.Split(comm.rank % 2)\n"
                                            "if comm.rank == 3: sub.Irecv(bytearray(8), source=MPI.ANY_SOURCE)")
     assert code == 0 and err == ("spmdsim mpirun: warning: when the ranks ended, a receive of group rank 1 (world "
-                                 "rank 3) from any rank (tag any) on the group of ranks 1,3 was never matched\n")
+                                 "rank 3) from any rank (tag any) on the group of ranks 1,3 was never matched\n"
+                                 "spmdsim mpirun: warning: when the ranks ended, an Irecv of group rank 1 (world rank "
+                                 "3) from any rank (tag any) on the group of ranks 1,3 at <string>:4 was never "
+                                 "completed (no Wait or Test)\n")
+
+
+def test_a_receive_buffer_read_before_wait_holds_what_it_held(capsys):
+    # MPI forbids the read; MPICH on one node has copied the message by then ("before Wait: 7.0", every run here),
+    # a cluster may not have. Was 7.0 here too: the message landed when matched, and the bug passed unseen.
+    code, out, err = _mpirun(capsys, str(LAB / "read_before_wait.py"))
+    assert (code, err) == (0, "") and sorted(out.splitlines()) == ["rank 1 after Wait: 7.0", "rank 1 before Wait: 0.0"]
+
+
+def test_requests_never_completed_are_a_warning(capsys):
+    # MPICH prints "rank 1 got 7.0" and, at MPI_Finalize, "MPICH: Builtin communicator 44000000 has pending 1
+    # references." (exit 0). Was: no word, and rank 1 got 7.0.
+    code, out, err = _mpirun(capsys, str(LAB / "no_wait.py"))
+    assert code == 0 and sorted(out.splitlines()) == [f"rank {r} got 0.0" for r in range(4)]
+    assert err == ("spmdsim mpirun: warning: when the ranks ended, an Isend of rank 0 to rank 1 (tag 3) at "
+                   "no_wait.py:10 was never completed (no Wait or Test); an Irecv of rank 1 from rank 0 (tag 3) at "
+                   "no_wait.py:12 was never completed (no Wait or Test: the message it matched never reached its "
+                   "buffer)\n")
+
+
+@pytest.mark.parametrize("buffer, mpi4py_class, text", [
+    ("np.arange(16.0).reshape(4, 4)[:, 0]", "BufferError", "send buffer: buffer of shape (4,) and strides (32,) is "
+                                                           "not contiguous; MPI moves one block (np.ascontiguousarray "
+                                                           "makes one)"),
+    ("np.array([1, 'a'], dtype=object)", "KeyError", "send buffer: cannot map dtype '|O' (Python objects) to an MPI "
+                                                     "datatype; send objects with the lowercase methods (send, bcast, "
+                                                     "...)")])
+def test_a_buffer_mpi4py_refuses_is_named_by_mpi4pys_class(buffer, mpi4py_class, text, capsys):
+    # mpi4py: "BufferError: dlpack: buffer is not contiguous", "KeyError: \"cannot map 'O' to MPI datatype\"". The
+    # report's traceback ended with spmdsim.sim._buffers.BufferSpecError (DatatypeMapError), a private module's class.
+    code, out, err = _mpirun(capsys, "-c", f"import numpy as np\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                                           f"    MPI.COMM_WORLD.Send({buffer}, dest=1)")
+    assert code == 1 and str(PACKAGE) not in err
+    assert err.startswith(f"spmdsim mpirun: error on simulated rank 0: {mpi4py_class}: {text}\nTraceback")
+    assert err.endswith(f'\n  File "<string>", line 4, in <module>\n{mpi4py_class}: {text}\nraised on simulated '
+                        f"rank 0 of 4\n")
 
 
 def test_a_python_list_to_send_says_what_to_send(capsys):

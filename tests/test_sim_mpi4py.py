@@ -190,6 +190,33 @@ def test_unmodified_script_sees_its_own_world():
     assert MPI.COMM_WORLD is real and type(MPI).__name__ == "module"
 
 
+def test_buffer_errors_are_named_by_a_public_module():
+    # A traceback names a class by its module: was spmdsim.sim._buffers.BufferSpecError. `except BufferError` (and
+    # KeyError, as mpi4py's) still catches them.
+    import pickle
+    import traceback
+
+    from mpi4py import MPI
+
+    import spmdsim.sim
+
+    def body():
+        try:
+            MPI.COMM_WORLD.Send(np.zeros((2, 2))[:, 0], dest=0)
+        except BufferError as exc:
+            return exc
+
+    exc = _run_swapped(body)
+    assert isinstance(exc, spmdsim.sim.BufferSpecError) and issubclass(spmdsim.sim.DatatypeMapError, KeyError)
+    assert traceback.format_exception_only(type(exc), exc)[0].startswith("spmdsim.sim.BufferSpecError: send buffer: ")
+    assert type(pickle.loads(pickle.dumps(exc))) is spmdsim.sim.BufferSpecError
+
+
+def _run_swapped(body):
+    with swapped():
+        return simulate(1, body)[0]
+
+
 def test_an_empty_cuda_array_interface_at_address_0_is_an_empty_buffer():
     """An empty array.array's address is 0, and so is the __cuda_array_interface__ made of it (mpi4py's
     FakeGPUArrayBasic): numpy before 2.3 takes no interface without memory, so array_of makes the empty array

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ..sim._buffers import mpi_error, mpi_module
 from ..sim.p2p import receive_matched
-from ..sim.requests import Request, completed
+from ..sim.requests import Request, completed, noted
 from .group import speak_mpi4py
 from .p2p import ANY_SOURCE, ANY_TAG
 
@@ -77,7 +77,11 @@ class SimMessage:
         return send
 
     def Irecv(self, buf: Any) -> Request:
-        send = self._take("Irecv")
+        return noted(self._irecv(buf, "Irecv", True), "Irecv")
+
+    def _irecv(self, buf: Any, call: str, defer: bool) -> Request:
+        """Irecv (`call`: the program's); `defer` as spmdsim.sim.p2p.post_recv's (the blocking Recv's: none)."""
+        send = self._take(call)
         if send is _NO_PROC:
             return completed(kind="recv-null")
         from .derived import may_be_derived, unpacking
@@ -85,19 +89,22 @@ class SimMessage:
 
         mapped(buf, "Recv buffer")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)
-        return receive_matched(send, into, unpack)
+        return receive_matched(send, into, unpack, defer)
 
     def Recv(self, buf: Any, status: Any = None) -> None:
-        self.Irecv(buf).Wait(status)
+        self._irecv(buf, "Recv", False).Wait(status)
 
     def irecv(self) -> Request:
-        send = self._take("irecv")
+        return noted(self._irecv_object("irecv"), "irecv")
+
+    def _irecv_object(self, call: str) -> Request:
+        send = self._take(call)
         if send is _NO_PROC:
             return completed(kind="recv-null")
         return receive_matched(send, None)
 
     def recv(self, status: Any = None) -> Any:
-        return self.irecv().wait(status)
+        return self._irecv_object("recv").wait(status)
 
     # -- identity (an MPI handle) ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ spmdsim.sim.run.exit_status). Where MPI would hang or abort, one report (docs/si
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
 it and its traceback from the program on (exit 1); messages never received
-are a warning.
+and requests never completed (no Wait or Test) are warnings.
 """
 from __future__ import annotations
 
@@ -313,6 +313,13 @@ def _report(exc: BaseException, exits: dict) -> int:
     lines = traceback.TracebackException.from_exception(exc)
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
     detail = "".join(lines.format())
+    as_mpi4py = getattr(type(exc), "mpi4py_name", None)
+    if as_mpi4py:  # a buffer mpi4py refuses: its class's name (BufferError), in the traceback's last line too
+        shown = f"\n{type(exc).__module__}.{type(exc).__qualname__}: "
+        cut = detail.rfind(shown)
+        if cut >= 0:
+            detail = f"{detail[:cut]}\n{as_mpi4py}: {detail[cut + len(shown):]}"
+        name = as_mpi4py
     print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
     if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
         print(fold_message(REAL_COMM_HINT), file=sys.stderr)
@@ -450,10 +457,12 @@ def run(n: int, command: Sequence[str]) -> int:
         sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
         vars(rc).clear()
         vars(rc).update(saved_rc)
-    if codes.unreceived:  # MPI leaves them undefined; MPICH drops a small one without a word
-        more = f"; and {len(codes.unreceived) - 3} more" if len(codes.unreceived) > 3 else ""
-        print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(codes.unreceived[:3])}{more}",
-              file=sys.stderr)
+    # MPI leaves unreceived messages undefined (MPICH drops a small one without a word), and requires every
+    # request to be completed or freed (MPICH: "Builtin communicator 44000000 has pending 1 references")
+    for lines in (codes.unreceived, codes.uncompleted):
+        if lines:
+            more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
+            print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(lines[:3])}{more}", file=sys.stderr)
     return max(codes)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..sim._buffers import c_int, no_buffer, special
 from ..sim.p2p import post_recv, post_send, probe
-from ..sim.requests import Request
+from ..sim.requests import Request, noted
 from .derived import may_be_derived, packed, unpacking
 from .typemap import mapped, message
 
@@ -49,80 +49,100 @@ def _send_buffer(buf: Any, call: str) -> None:
     mapped(buf, f"{call} buffer")
 
 
+#: The blocking call of each send mode, as mpi4py names it in a refused buffer's error.
+_BLOCKING = {"standard": "Send", "buffered": "Bsend", "synchronous": "Ssend"}
+
+
 class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
+    # The program's nonblocking calls note their requests until completed (a warning names one never completed:
+    # spmdsim.sim.requests.noted); the blocking calls, which complete theirs at once, post through _isend, _irecv.
+
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            _send_buffer(buf, "Send")
-        return post_send(self._group, self._me, dest, tag, packed(buf) if may_be_derived(buf) else buf)
+        return noted(self._isend(buf, dest, tag, "standard"), "Isend")
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            _send_buffer(buf, "Bsend")
-        buf = packed(buf) if may_be_derived(buf) else buf
-        return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
+        return noted(self._isend(buf, dest, tag, "buffered"), "Ibsend")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
-            _send_buffer(buf, "Ssend")
-        buf = packed(buf) if may_be_derived(buf) else buf
-        return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
+        return noted(self._isend(buf, dest, tag, "synchronous"), "Issend")
 
-    Irsend = Isend
+    def Irsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        return noted(self._isend(buf, dest, tag, "standard"), "Irsend")
+
+    def _isend(self, buf: Any, dest: int, tag: int, mode: str) -> Request:
+        if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            _send_buffer(buf, _BLOCKING[mode])
+        buf = packed(buf) if may_be_derived(buf) else buf
+        return post_send(self._group, self._me, dest, tag, buf, mode=mode)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """The message lands in `buf` when the request completes (Wait, Test, ...): read before, `buf` holds what
+        it held (spmdsim.sim.p2p: MPI forbids reading it until then; a cluster's receive may land it late)."""
+        return noted(self._irecv(buf, source, tag, True), "Irecv")
+
+    def _irecv(self, buf: Any, source: Any, tag: Any, defer: bool) -> Request:
+        """Irecv; without `defer` (the blocking calls, which wait for it at once) the message lands as it arrives."""
         source, tag = _any(source, "source"), _any(tag, "tag")  # first, as mpi4py converts its arguments
         if source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, "Recv")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)  # a derived type: unpacked on arrival
-        return post_recv(self._group, self._me, source, tag, into, unpack)
+        return post_recv(self._group, self._me, source, tag, into, unpack, defer=defer)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
-        self.Isend(buf, dest, tag).Wait()
+        self._isend(buf, dest, tag, "standard").Wait()
 
     def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        self.Ibsend(buf, dest, tag).Wait()
+        self._isend(buf, dest, tag, "buffered").Wait()
 
     def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        self.Issend(buf, dest, tag).Wait()
+        self._isend(buf, dest, tag, "synchronous").Wait()
 
     Rsend = Send
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> None:
-        self.Irecv(buf, source, tag).Wait(status)
+        self._irecv(buf, source, tag, False).Wait(status)
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                   source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        return noted(self._isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, True), "Isendrecv")
+
+    def _isendrecv(self, sendbuf: Any, dest: Any, sendtag: Any, recvbuf: Any, source: Any, recvtag: Any,
+                   defer: bool) -> Request:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         if recvbuf is None and sendbuf is not None and source != special("PROC_NULL"):
             raise _no_buffer("Recv")  # before the send is posted: mpi4py reads both messages before MPI sends
         if source != special("PROC_NULL"):
             mapped(recvbuf, "Recv buffer")
-        send = self.Isend(sendbuf, dest, sendtag)
-        recv = self.Irecv(recvbuf, source, recvtag)
+        send = self._isend(sendbuf, dest, sendtag, "standard")
+        recv = self._irecv(recvbuf, source, recvtag, defer)
         both = Request(None, self._me, "sendrecv")
         both.null, both.parts = False, (send, recv)
         return both
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> None:
-        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
+        self._isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, False).Wait(status)
 
     def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                           recvtag: int = ANY_TAG) -> Request:
+        return noted(self._isendrecv_replace(buf, dest, sendtag, source, recvtag, True), "Isendrecv_replace")
+
+    def _isendrecv_replace(self, buf: Any, dest: Any, sendtag: Any, source: Any, recvtag: Any,
+                           defer: bool) -> Request:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         if buf is None and dest == source == special("PROC_NULL"):
             buf = [None, 0]  # mpi4py's empty message: None is one only to and from MPI.PROC_NULL
         data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
         both = Request(None, self._me, "sendrecv")
-        send = self.Isend(data[:count].copy(), dest, sendtag)  # sent from a copy: `buf` is received into
-        both.null, both.parts = False, (send, self.Irecv(data[:count], source, recvtag))
+        send = self._isend(data[:count].copy(), dest, sendtag, "standard")  # sent from a copy: `buf` is received into
+        both.null, both.parts = False, (send, self._irecv(data[:count], source, recvtag, defer))
         return both
 
     def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                          recvtag: int = ANY_TAG, status: Any = None) -> None:
-        self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
+        self._isendrecv_replace(buf, dest, sendtag, source, recvtag, False).Wait(status)
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
         return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, True)
@@ -166,13 +186,13 @@ class PointToPoint:
     # -- objects (pickled) -------------------------------------------------------------------------
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, None, obj)
+        return noted(post_send(self._group, self._me, dest, tag, None, obj), "isend")
 
     def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, None, obj, mode="buffered")
+        return noted(post_send(self._group, self._me, dest, tag, None, obj, mode="buffered"), "ibsend")
 
     def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous")
+        return noted(post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous"), "issend")
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """An object's receive into `buf`, into a buffer of its own of `buf` bytes when `buf` is an integer (as
@@ -197,16 +217,16 @@ class PointToPoint:
                 raise BufferError("irecv: the buffer is not one contiguous block")
             given = view.cast("B") if view.ndim != 1 or view.format != "B" else view
             room = given.nbytes
-        return post_recv(self._group, self._me, source, tag, None, room=room, given=given)
+        return noted(post_recv(self._group, self._me, source, tag, None, room=room, given=given, defer=True), "irecv")
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self.isend(obj, dest, tag).wait()
+        post_send(self._group, self._me, dest, tag, None, obj).wait()
 
     def bsend(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self.ibsend(obj, dest, tag).wait()
+        post_send(self._group, self._me, dest, tag, None, obj, mode="buffered").wait()
 
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self.issend(obj, dest, tag).wait()
+        post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous").wait()
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Any = None) -> Any:
@@ -219,7 +239,7 @@ class PointToPoint:
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> Any:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
-        send = self.isend(sendobj, dest, sendtag)
+        send = post_send(self._group, self._me, dest, sendtag, None, sendobj)
         got = post_recv(self._group, self._me, source, recvtag, None).wait(status)  # any size, as mpi4py's
         send.wait()
         return got

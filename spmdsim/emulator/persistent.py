@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..sim._buffers import c_int, mpi_error, mpi_module, special
 from ..sim.p2p import _check_peer, _check_tag
-from ..sim.requests import Request
+from ..sim.requests import Request, noted
 from .p2p import ANY_SOURCE, ANY_TAG, _any
 from .typemap import mapped
 
@@ -24,15 +24,15 @@ __all__ = ["Prequest", "PersistentCalls"]
 class Prequest(Request):
     """mpi4py's MPI.Prequest on a simulated rank (see the module docstring)."""
 
-    __slots__ = ("post",)
+    __slots__ = ("post", "call")
 
-    def __init__(self, post: Optional[Callable[[], Request]] = None) -> None:
+    def __init__(self, post: Optional[Callable[[], Request]] = None, call: str = "persistent request") -> None:
         if post is not None and not callable(post):  # MPI.Prequest(request): a copy of the handle
             Request.__init__(self, post)
-            self.post = getattr(post, "post", None)
+            self.post, self.call = getattr(post, "post", None), getattr(post, "call", call)
             return
         Request.__init__(self)
-        self.post = post
+        self.post, self.call = post, call  # call: what made it (Send_init, ...), which a warning names
         if post is not None:
             self.null, self.kind = False, "persistent"
 
@@ -49,6 +49,7 @@ class Prequest(Request):
             raise mpi_error(mpi, mpi.ERR_REQUEST, "Start: the persistent request is active (started and not "
                                                   "completed by a Wait or Test)")
         self.parts = (self.post(),)
+        noted(self, f"{self.call} (started)")  # until a Wait or Test completes it (a warning if never)
 
     start = Start
 
@@ -77,9 +78,9 @@ class Prequest(Request):
         return f"<simulated Prequest {state}>"
 
 
-def _point_to_point(call: str) -> Callable:
-    """A persistent send: its rank and tag checked when made, as MPICH's MPI_Send_init checks them (an
-    invalid rank is MPI's error there, not at Start)."""
+def _point_to_point(call: str, mode: str) -> Callable:
+    """A persistent send (`call`'s, in send mode `mode`): its rank and tag checked when made, as MPICH's
+    MPI_Send_init checks them (an invalid rank is MPI's error there, not at Start)."""
 
     def init(self: Any, buf: Any, dest: int, tag: int = 0) -> Prequest:
         dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
@@ -87,8 +88,7 @@ def _point_to_point(call: str) -> Callable:
         _check_tag(tag, "send tag")
         if dest != special("PROC_NULL"):
             mapped(buf, f"{call[1:]}_init buffer")  # read when made, as mpi4py reads it
-        start = getattr(self, call)
-        return Prequest(lambda: start(buf, dest, tag))
+        return Prequest(lambda: self._isend(buf, dest, tag, mode), f"{call[1:]}_init")
 
     init.__name__ = init.__qualname__ = f"{call[1:]}_init"
     init.__doc__ = f"A persistent request whose Start calls {call} with these arguments (checked now)."
@@ -108,10 +108,10 @@ def _persistent(call: str) -> Callable:
 class PersistentCalls:
     """SimComm's ``..._init`` methods (a mixin over its nonblocking calls)."""
 
-    Send_init = _point_to_point("Isend")
-    Bsend_init = _point_to_point("Ibsend")
-    Ssend_init = _point_to_point("Issend")
-    Rsend_init = _point_to_point("Irsend")
+    Send_init = _point_to_point("Isend", "standard")
+    Bsend_init = _point_to_point("Ibsend", "buffered")
+    Ssend_init = _point_to_point("Issend", "synchronous")
+    Rsend_init = _point_to_point("Irsend", "standard")
 
     def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         """A persistent receive; its source and tag are read and checked now, as mpi4py and MPICH do (None:
@@ -122,7 +122,7 @@ class PersistentCalls:
         _check_tag(tag, "receive tag", any_tag=True)
         if source != special("PROC_NULL"):
             mapped(buf, "Recv_init buffer")  # read when made, as mpi4py reads it
-        return Prequest(lambda: self.Irecv(buf, source, tag))
+        return Prequest(lambda: self._irecv(buf, source, tag, True), "Recv_init")
 
     Barrier_init = _persistent("Ibarrier")
     Bcast_init = _persistent("Ibcast")

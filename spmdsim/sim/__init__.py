@@ -19,13 +19,14 @@ _WHERE = {name: module for module, names in {
     "spmdsim.engines.once": ("once",),
     "dry": ("dry_run_active",),
     "p2p": ("Request",),
-    "_buffers": ("IN_PLACE",),
+    "_buffers": ("IN_PLACE", "BufferSpecError", "DatatypeMapError"),
     "engine": ("DeadlockError", "SimulationError"),
     "spmdsim.engines.memory": ("MemoryLimitError",),
 }.items() for name in names}
 
 __all__ = ["simulate", "world", "current_rank", "MAX_RANKS", "script", "run_on_ranks", "once", "dry_run_active",
-           "SimComm", "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MemoryLimitError"]
+           "SimComm", "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MemoryLimitError", "BufferSpecError",
+           "DatatypeMapError"]
 
 
 __getattr__, __dir__ = lazy(__name__, _WHERE, globals())

@@ -37,15 +37,24 @@ _FOREIGN = ">" if sys.byteorder == "little" else "<"
 
 
 class BufferSpecError(SpmdsimError, BufferError):
-    """A buffer MPI cannot move as it is (not one block, read-only where written, not in native byte
-    order): mpi4py's BufferError."""
+    """A buffer MPI cannot move as it is (not one block, read-only where written, not in native byte order):
+    a BufferError, as mpi4py's."""
+
+    #: The class mpi4py raises here, which spmdsim mpirun names in its report, as the program would read it
+    mpi4py_name = "BufferError"
 
 
 class DatatypeMapError(SpmdsimError, KeyError):
-    """A buffer whose numpy dtype maps to no MPI datatype (objects): mpi4py's KeyError."""
+    """A buffer whose numpy dtype maps to no MPI datatype (Python objects): a KeyError, as mpi4py's."""
+
+    mpi4py_name = "KeyError"
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+# Public as spmdsim.sim's (a traceback names a class by its module: was spmdsim.sim._buffers.BufferSpecError)
+BufferSpecError.__module__ = DatatypeMapError.__module__ = "spmdsim.sim"
 
 # MPICH's values, used when mpi4py is not loaded (a program that passes MPI's
 # constants has loaded it, and then its own values are read).

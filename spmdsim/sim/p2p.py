@@ -10,9 +10,21 @@ at once if no receive is posted (MPICH's eager protocol on one node: a ring
 of small Send then Recv works); a larger one, and every Ssend, completes
 only when its receive matches it, so both ranks sending large messages first
 is a deadlock, as under MPICH. Bsend always buffers.
+
+A program's nonblocking receive into a buffer (``Irecv``, ``irecv(buf)``,
+``Message.Irecv``, a started ``Recv_init``, ``Isendrecv``) defers: its message lands in the
+buffer only when the request completes (Wait, Waitall, a Test that returns
+true, ...), as a rendezvous receive on a cluster may land it, so that a program
+reading the buffer before its Wait sees what was there before (MPI: the buffer
+must not be read until the receive completes), every run, not only on some
+clusters. A message that arrives first is held (a copy, if its bytes are
+still the sender's buffer, which the sender may reuse once its send
+completes). A receive the program already waits for takes its message at
+once; so do the blocking calls (Recv, Sendrecv) and spmdsim's own transfers.
 """
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any, Optional
 
@@ -25,7 +37,8 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived", "probe", "receive_matched"]
+__all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived", "probe", "receive_matched",
+           "land", "uncompleted"]
 
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
@@ -88,7 +101,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
         else:  # a byte buffer (osu_bw's) as it is: a view costs as much as the rest of the slicing
             payload = data[:count] if data.dtype.char == "B" else data[:count].view(np.uint8)
     send = Request(group, me, "send", dest, tag)
-    send.payload, send.mode = payload, mode
+    send.payload, send.mode, send.own = payload, mode, buf is None
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -112,12 +125,13 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
 
 
 def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None,
-              room: Optional[int] = None, given: Any = None) -> Request:
+              room: Optional[int] = None, given: Any = None, defer: bool = False) -> Request:
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
     once they arrive (spmdsim.emulator.derived.unpacking). `room`: an object's receive (mpi4py's irecv) takes at
     most that many bytes (more: MPI's truncation error, when it completes); `given`: what irecv was given for
-    them (Request.given)."""
+    them (Request.given). `defer`: the message lands in the buffer only when the request completes (a
+    program's Irecv: the module docstring)."""
     if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
         source = c_int(source, "source")  # as mpi4py converts it (`_any` passes a plain int as it is)
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
@@ -130,7 +144,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
-    recv.unpack, recv.room, recv.given = unpack, room, given
+    recv.unpack, recv.room, recv.given, recv.defer = unpack, room, given, defer
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -148,7 +162,9 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
 
 
 def _deliver(send: Request, recv: Request) -> None:
-    """Copy the message (outside the lock), then complete both requests and wake their owners."""
+    """Match `send` with `recv`: the receive's source, tag, byte count and truncation error now; its bytes land
+    now (outside the lock), or, for a receive that defers, when it completes (`land`); then complete both
+    requests and wake their owners."""
     recv.source, recv.got_tag = send.me, send.tag
     payload = send.payload
     n = payload.nbytes
@@ -159,30 +175,67 @@ def _deliver(send: Request, recv: Request) -> None:
         else:
             recv.payload = payload.tobytes()
             recv.nbytes = n
-        if isinstance(recv.given, memoryview):  # irecv(buf): the bytes land in the program's buffer (those that fit)
-            fit = min(n, recv.nbytes)
-            recv.given[:fit] = payload[:fit]
     else:
-        into = recv.buf
-        if n > into.nbytes:  # the bytes that fit are received, and counted, as MPICH receives them
+        if n > recv.buf.nbytes:  # the bytes that fit are received, and counted, as MPICH receives them
             recv.error = _truncated(send, recv, n)
-            n = into.nbytes
-            payload = payload[:n]
-        (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
+            n = recv.buf.nbytes
         recv.nbytes = n
-        if recv.unpack is not None:  # before the receive completes: its owner reads the buffer after that
-            try:  # a derived datatype's bytes spread where they go, a truncated message's those that fit
-                recv.unpack(n)
-            except Exception as exc:  # noqa: BLE001 - raised by the receive's Wait, in its owner (as a truncation)
-                recv.error = recv.error or exc
     group = send.group
     world = group.world
+    if recv.defer and (recv.buf is not None or isinstance(recv.given, memoryview)):
+        # held until the receive completes; a copy if they are the sender's buffer (its send completes now)
+        held = payload if send.done or send.own else payload[:recv.nbytes].copy()
+        with world.lock:  # its owner stops deferring under the lock (a Wait for it, a Free)
+            if recv.defer:
+                recv.held, held = held, None
+        if held is not None:
+            _land(recv, held)
+    else:
+        _land(recv, payload)
     with world.lock:
         send.done = recv.done = True
         send.payload = None
         world.moves += 1
         world.release(group.members[send.me], send)
         world.release(group.members[recv.me], recv)
+
+
+def _land(recv: Request, payload: Any) -> None:
+    """Write the received bytes (`recv.nbytes` of `payload`) into the receive's buffer: a buffer receive's, or
+    the program's buffer given to irecv; a derived datatype's spread where they go."""
+    n = recv.nbytes
+    into = recv.buf
+    if into is None:
+        if isinstance(recv.given, memoryview):  # irecv(buf): the bytes land in the program's buffer (those that fit)
+            recv.given[:n] = payload[:n]
+        return
+    (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload if n == payload.nbytes else payload[:n]
+    if recv.unpack is not None:  # before the receive completes: its owner reads the buffer after that
+        try:  # a derived datatype's bytes spread where they go, a truncated message's those that fit
+            recv.unpack(n)
+        except Exception as exc:  # noqa: BLE001 - raised by the receive's Wait, in its owner (as a truncation)
+            recv.error = recv.error or exc
+
+
+def land(recv: Request) -> None:
+    """The message a deferring receive holds lands in its buffer: its completion (Wait, a Test that returns
+    true, Get_status that does, ...), in its owner's thread."""
+    held, recv.held = recv.held, None
+    if held is not None:
+        _land(recv, held)
+
+
+def let_land(recv: Request) -> None:
+    """`recv` stops deferring (its owner waits for it, or freed it): a message that arrives lands at once, and
+    one held lands now."""
+    group = recv.group
+    if group is None or not recv.defer:
+        return
+    with group.world.lock:
+        recv.defer = False
+        held, recv.held = recv.held, None
+    if held is not None:
+        _land(recv, held)
 
 
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
@@ -241,6 +294,36 @@ def unreceived(world: Any) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def uncompleted(world: Any) -> tuple[str, ...]:
+    """The program's nonblocking requests never completed (no Wait, Test, ... nor Free) once the ranks ended,
+    by rank, each as it was posted ('an Irecv of rank 1 from rank 0 (tag 3) at prog.py:7 was never completed
+    (no Wait or Test)'): MPI requires each to be completed or freed (MPICH's MPI_Finalize says only "Builtin
+    communicator 44000000 has pending 1 references"); a receive's message, if one came, never reached its
+    buffer."""
+    lines = []
+    noted = sorted(world.posted.values(), key=lambda n: _owner_rank(n[0]))  # stable: each rank's in posted order
+    for req, call, file, line in noted:
+        part = req._shown()
+        group = part.group
+        if group is None:
+            continue
+        where = "" if group is world.root else f" on {group.label()}"
+        peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
+        tag = "any" if part.tag == special("ANY_TAG") else part.tag
+        way = "from" if part.kind == "recv" else "to"
+        at = f" at {os.path.basename(file)}:{line}" if file else ""
+        article = "an" if call[:1] in "AEIOUaeiou" else "a"
+        lost = ": the message it matched never reached its buffer" if part.held is not None else ""
+        lines.append(f"{article} {call} of {rank_name(group, part.me)} {way} {peer} (tag {tag}){where}{at} was "
+                     f"never completed (no Wait or Test{lost})")
+    return tuple(lines)
+
+
+def _owner_rank(req: Request) -> int:
+    part = req._shown()
+    return part.group.members[part.me] if part.group is not None else -1
+
+
 def _wake_probes(group: Group, send: Request) -> None:
     """A send just queued (lock held): release the probes of its destination that it answers."""
     wild = wildcards()
@@ -284,15 +367,15 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
         return None if take else False
 
 
-def receive_matched(send: Request, buf: Any, unpack: Any = None) -> Request:
+def receive_matched(send: Request, buf: Any, unpack: Any = None, defer: bool = False) -> Request:
     """Receive the message of `send`, which a matched probe took (MPI_Mrecv): into `buf` (None: an object;
-    `unpack` as post_recv's)."""
+    `unpack` and `defer` as post_recv's)."""
     group, me = send.group, send.peer
     view = None
     if buf is not None:
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", send.me, send.tag, view)
-    recv.unpack = unpack
+    recv.unpack, recv.defer = unpack, defer
     _deliver(send, recv)
     return recv

@@ -346,6 +346,8 @@ def _block_on(requests: Sequence[Any], every: bool) -> None:
     with world.lock:
         world.check(rank)
         if every:
+            for p in pending:  # waited for: a deferring receive's message lands as it arrives (one held
+                p.defer = False  # already lands as the request completes)
             token = AllOf(pending)
             if not token.all_done():
                 world.wait(rank, _Waiting(None, token.group, None, token=token))

@@ -8,7 +8,9 @@ spmdsim.emulator.mpi4py_world) ``MPI.Request`` is this class, so
 """
 from __future__ import annotations
 
+import os
 import pickle
+import sys
 from typing import Any, Optional
 
 from ._buffers import mpi_module, special, wildcards
@@ -19,7 +21,9 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name"]
+__all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name", "noted"]
+
+_SPMDSIM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # spmdsim/
 
 
 
@@ -29,7 +33,7 @@ class Request(ManyRequests):
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
                  "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
-                 "given", "__weakref__")
+                 "given", "own", "defer", "held", "noted", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
@@ -52,6 +56,13 @@ class Request(ManyRequests):
         # what irecv was given: None (mpi4py's own buffer of rc.irecv_bufsz bytes), a size, or the program's
         # buffer (a byte memoryview over it, which the message's bytes are written into, as mpi4py receives)
         self.given: Any = None
+        self.own = False  # a send's payload is its own bytes (an object's pickle), not the program's buffer
+        # a program's nonblocking receive into a buffer: the message lands there only when the request completes
+        # (Wait, a Test that says done, ...), as a rendezvous receive may, so that a program reading the buffer
+        # before that sees what was there before; `held`: its bytes, arrived and waiting to land (`land`)
+        self.defer = False
+        self.held: Optional[np.ndarray] = None
+        self.noted: Optional[dict] = None  # the world's requests of the program not yet completed (`noted`)
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
 
@@ -161,6 +172,10 @@ class Request(ManyRequests):
         for part in (*self.parts, self):
             if part.group is None or part.done:
                 continue
+            if part.defer:  # waited for: its message lands as it arrives
+                from .p2p import let_land
+
+                let_land(part)
             world = part.group.world
             rank = part.group.members[part.me]
             with world.lock:
@@ -180,7 +195,13 @@ class Request(ManyRequests):
             _empty(status)
             return None
         self.null = True
+        if self.noted is not None or self.origin is not None:
+            self._completed()
         recv = self._received()
+        if recv.held is not None:  # a deferring receive's message lands as it completes
+            from .p2p import land
+
+            land(recv)
         if recv.error is not None:
             if recv.kind == "recv":  # MPICH fills a failed receive's status too (a truncated one: the bytes it took)
                 fill_status(status, recv.source, recv.got_tag, recv.nbytes)
@@ -269,9 +290,22 @@ class Request(ManyRequests):
         self._pause(token=Polled([self], call))
         return False
 
+    def _completed(self) -> None:
+        """The program completed (or freed) this request: no longer one it left pending (`noted`); a copy's
+        (MPI.Request(req)) completion is its original's."""
+        for req in (self, self.origin):
+            if req is not None and req.noted is not None:
+                req.noted.pop(id(req), None)
+                req.noted = None
+
     def _peek(self, status: Any) -> None:
-        """Fill `status` for a done request as its completion will (it stays active)."""
+        """Fill `status` for a done request as its completion will (it stays active); a deferring receive's
+        message lands (the operation is complete: MPI lets the program read the buffer)."""
         recv = self._received()
+        if recv.held is not None:
+            from .p2p import land
+
+            land(recv)
         if recv.kind == "recv" or recv.cancelled:
             fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
         elif recv.kind == "recv-null":
@@ -293,11 +327,18 @@ class Request(ManyRequests):
         """Drop the handle; the operation still completes (MPI_Request_free); MPI's error on a null request."""
         if self.null:
             _null_request("Free")
-        self.null = True
+        self.free()
 
     def free(self) -> None:
         """Free unless null (mpi4py's free: nothing on a null handle)."""
         self.null = True
+        if self.noted is not None or self.origin is not None:
+            self._completed()
+        for part in (*self.parts, self):  # a freed receive still completes: its message lands when it arrives
+            if part.defer:
+                from .p2p import let_land
+
+                let_land(part)
 
 def _null_request(call: str) -> None:
     """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
@@ -320,6 +361,21 @@ def _copy_of(req: Request, other: Any) -> None:
     mpi = mpi_module()
     if mpi is None or not isinstance(other, mpi.__dict__["Request"]) or other != mpi.__dict__["REQUEST_NULL"]:
         raise TypeError(f"expected a Request, got {type(other).__name__}")
+
+
+def noted(req: Request, call: str) -> Request:
+    """`req`, which the program's nonblocking `call` (Isend, Irecv, Start, ...) made, kept in its world's
+    `posted` with the program line that made it until a Wait, Test, ... completes it or Free frees it: one
+    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted)."""
+    owner = req if req.group is not None else next((p for p in req.parts if p.group is not None), None)
+    if owner is None:  # MPI.PROC_NULL's: complete already
+        return req
+    frame = sys._getframe(2)  # the call's caller: the program's line (or, past spmdsim's frames, the first)
+    while frame is not None and frame.f_code.co_filename.startswith(_SPMDSIM):
+        frame = frame.f_back
+    posted = req.noted = owner.group.world.posted
+    posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno)
+    return req
 
 
 def rank_name(group: Group, me: int) -> str:

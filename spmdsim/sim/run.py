@@ -40,7 +40,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     Simulations started from two threads run side by side, each rank with its own traces
     and debug settings: a copy of this process's as simulate() starts (spmdsim.runtime.debug;
     configure() on a simulated rank changes that rank's alone, as on an MPI rank).
-    The list's `unreceived` names the messages sent and never received (MPI leaves them undefined).
+    The list's `unreceived` names the messages sent and never received (MPI leaves them undefined), its
+    `uncompleted` the program's nonblocking requests (Isend, Irecv, ...) never completed by a Wait or Test.
 
     With ``dry_run=True`` (up to MAX_DRY_RANKS) one rank runs for all with shapes but no
     data (spmdsim.sim.dry): the list holds its result `n` times and has a ``report`` of
@@ -67,9 +68,11 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
 
 class Results(list):
     """The per-rank results of a simulation, with `unreceived`: the point-to-point messages sent and
-    never received, and receives never matched, when the ranks ended (spmdsim.sim.p2p.unreceived)."""
+    never received, and receives never matched, when the ranks ended (spmdsim.sim.p2p.unreceived); and
+    `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.sim.p2p.uncompleted)."""
 
     unreceived: tuple = ()
+    uncompleted: tuple = ()
 
 
 class DryRunResults(list):
@@ -160,10 +163,11 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     _raise_failure(engine, size)
     if exited:
         raise _exit_of(exited, size)
-    from .p2p import unreceived
+    from .p2p import uncompleted, unreceived
 
     done = Results(results)
     done.unreceived = unreceived(engine)
+    done.uncompleted = uncompleted(engine)
     return done
 
 

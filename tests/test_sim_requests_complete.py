@@ -1,0 +1,166 @@
+"""A nonblocking receive lands in its buffer when its request completes, and a request never completed is a warning.
+
+MPI forbids reading an Irecv's buffer before the receive completes (Wait, a Test that returns true, ...): on one
+node MPICH often has the message there already, a cluster's rendezvous receive may not. The emulator lands it
+only at completion, every run, so that a program reading early reads what the buffer held before. A request the
+program never completes (no Wait, Test or Free) is a warning when the ranks end, as a message never received is.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from spmdsim.cli.main import main
+from spmdsim.emulator.mpi4py_world import swapped
+from spmdsim.sim import simulate
+
+
+def _run(body, n=2):
+    with swapped():
+        return simulate(n, body)
+
+
+def test_an_irecv_buffer_holds_its_old_contents_until_the_receive_completes():
+    # Was: the message landed when matched (a send pending at Irecv, or arriving after it), so reading the buffer
+    # before Wait showed the message, and a program with that bug passed.
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            comm.Send(np.full(4, 1.0), 1, 1)  # eager: pending when rank 1 posts its Irecv
+            comm.Barrier()
+            comm.Send(np.full(4, 2.0), 1, 2)  # arrives after rank 1 posted (Test)
+            big = np.full(4096, 3.0)  # past the eager limit: the sender's own buffer until matched
+            req = comm.Isend(big, 1, 3)
+            comm.Barrier()
+            req.Wait()
+            big[:] = -1.0  # reused once its send completed: the receiver must still get 3.0
+            comm.Barrier()
+            comm.Send(np.full(2, 4.0), 1, 4)
+            comm.Send(np.full(2, 5.0), 1, 5)
+            comm.send({"six": 6}, 1, 6)
+            comm.Send(np.full(2, 7.0), 1, 7)
+            comm.Send(np.full(2, 8.0), 1, 8)
+            comm.Barrier()
+            return None
+        out = []
+        a = np.zeros(4)
+        req = comm.Irecv(a, 0, 1)
+        out.append(a[0])  # 0: before Wait
+        req.Wait()
+        out.append(a[0])  # 1
+        comm.Barrier()
+        b = np.zeros(4)
+        req = comm.Irecv(b, 0, 2)
+        while b[0] == 0 and not req.Test():  # a loop that reads the buffer for its answer: the Test ends it
+            pass
+        out.append(b[0])  # 2
+        c = np.zeros(4096)
+        req = comm.Irecv(c, 0, 3)
+        comm.Barrier()
+        comm.Barrier()
+        out.append(c[0])  # 0: matched, the sender's Wait returned and it reused its buffer
+        MPI.Request.Waitall([req])
+        out.append(c[0])  # 3
+        d, e, g, h = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
+        reqs = [comm.Irecv(d, 0, 4), comm.Irecv(e, 0, 5)]
+        raw = bytearray(64)
+        obj = comm.irecv(raw, 0, 6)  # an object into the program's buffer
+        msg = comm.Mprobe(0, 7)
+        matched = msg.Irecv(g)
+        persistent = comm.Recv_init(h, 0, 8)
+        persistent.Start()
+        comm.Barrier()
+        out += [d[0], e[0], bytes(raw[:8]) == bytes(8), g[0], h[0]]  # every one the old contents
+        out.append(MPI.Request.Waitany(reqs))  # one of the two lands, the other stays as it was
+        out.append(sorted([d[0], e[0]]))
+        out += [MPI.Request.Get_status(reqs[1]), e[0]]  # complete: MPI lets the program read it
+        reqs[1].Wait()
+        out += [obj.wait(), bytes(raw[:8]) != bytes(8), matched.Wait() and g[0], persistent.Wait() and h[0]]
+        return out
+
+    got = _run(body)[1]
+    assert got == [0.0, 1.0, 2.0, 0.0, 3.0, 0.0, 0.0, True, 0.0, 0.0, 0, [0.0, 4.0], True, 5.0, {"six": 6}, True,
+                   7.0, 8.0]
+
+
+def test_a_freed_irecv_and_the_blocking_receives_land_as_the_message_arrives():
+    # A freed receive still completes (MPI_Request_free): its message lands when it arrives. Recv, Sendrecv and
+    # a receive the program already waits for never hold one.
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        other = 1 - comm.rank
+        if comm.rank == 0:
+            comm.Send(np.full(2, 9.0), 1, 1)
+            comm.Barrier()
+            buf = np.zeros(2)
+            comm.Sendrecv(np.full(2, 1.0), 1, 2, buf, 1, 2)
+            return buf[0]
+        a = np.zeros(2)
+        comm.Irecv(a, 0, 1).Free()
+        comm.Barrier()
+        buf = np.zeros(2)
+        comm.Sendrecv(np.full(2, 2.0), other, 2, buf, other, 2)
+        return [a[0], buf[0]]
+
+    assert _run(body) == [2.0, [9.0, 1.0]]
+
+
+def test_requests_never_completed_are_named_when_the_ranks_end():
+    # Was: no word (MPICH's MPI_Finalize says "Builtin communicator 44000000 has pending 1 references").
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            comm.Isend(np.ones(2), 1, 3)  # matched, never waited (line A)
+            comm.Isend(np.ones(2), 1, 4).Wait()
+            comm.isend("x", 1, 5).Free()  # freed: complete as far as the program goes
+            comm.Barrier()
+        else:
+            comm.Irecv(np.zeros(2), 0, 3)  # (line B)
+            req = comm.Irecv(np.zeros(2), 0, 4)
+            while not req.Test():
+                pass
+            MPI.Request.Waitall([comm.irecv(source=0, tag=5)])
+            comm.Barrier()
+            comm.Irecv(np.zeros(1), MPI.ANY_SOURCE, 9)  # never matched either (line C)
+            persistent = comm.Recv_init(np.zeros(1), 0, 11)
+            persistent.Start()  # (line D)
+        return None
+
+    done = _run(body)
+    at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+          for mark in "ABCD" if line.endswith(f"(line {mark})")}
+    assert done.uncompleted == (
+        f"an Isend of rank 0 to rank 1 (tag 3) at {at['A']} was never completed (no Wait or Test)",
+        f"an Irecv of rank 1 from rank 0 (tag 3) at {at['B']} was never completed (no Wait or Test: the message it "
+        "matched never reached its buffer)",
+        f"an Irecv of rank 1 from any rank (tag 9) at {at['C']} was never completed (no Wait or Test)",
+        f"a Recv_init (started) of rank 1 from rank 0 (tag 11) at {at['D']} was never completed (no Wait or Test)")
+    assert done.unreceived == ("a receive of rank 1 from any rank (tag 9) was never matched",
+                               "a receive of rank 1 from rank 0 (tag 11) was never matched")
+
+
+def test_mpirun_warns_of_requests_never_completed(tmp_path, capsys):
+    prog = tmp_path / "nowait.py"
+    prog.write_text("import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                    "if comm.rank == 0:\n    comm.Isend(np.ones(4), dest=1, tag=3)\n"
+                    "elif comm.rank == 1:\n    comm.Irecv(np.zeros(4), source=0, tag=3)\n"
+                    "elif comm.rank == 2:\n    comm.issend('x', 0, 5)\n"
+                    "else:\n    r = comm.Recv_init(np.zeros(4), source=1)\n    MPI.Prequest.Startall([r])\n"
+                    "print(comm.rank, 'done')\n")
+    code = main(["mpirun", "-n", "4", "python", str(prog)])
+    out, err = capsys.readouterr()
+    assert code == 0 and sorted(out.splitlines()) == [f"{r} done" for r in range(4)]
+    assert err.splitlines() == [
+        "spmdsim mpirun: warning: when the ranks ended, a message from rank 2 to rank 0 (tag 5, 16 bytes) was never "
+        "received; a receive of rank 3 from rank 1 (tag any) was never matched",
+        "spmdsim mpirun: warning: when the ranks ended, an Isend of rank 0 to rank 1 (tag 3) at nowait.py:5 was never "
+        "completed (no Wait or Test); an Irecv of rank 1 from rank 0 (tag 3) at nowait.py:7 was never completed (no "
+        "Wait or Test: the message it matched never reached its buffer); an issend of rank 2 to rank 0 (tag 5) at "
+        "nowait.py:9 was never completed (no Wait or Test); and 1 more"]
