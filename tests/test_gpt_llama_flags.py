@@ -1,0 +1,97 @@
+"""Llama's options (GPTConfig ffn, kv_heads, norm, mlp, tied, positions, bias) as the examples' flags, spelled as
+`spmdsim estimate` spells them (spmdsim.cli.gpt_flags): examples/train_gpt.py and examples/train_moe_gpt.py train
+and check them, a bad one is one line naming the flag, and --save/--resume refuse another architecture while an
+older checkpoint, saved before the options existed, still resumes (docs/training.md, "Llama's options")."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from docs_commands import assert_prints_quote, run_example, section
+from spmdsim.cli.gpt_flags import MLPS, NORMS, architecture_flags
+from spmdsim.gpt import GPTConfig
+from spmdsim.gpt.checkpoint import META
+from spmdsim.gpt.config import CHOICES
+from spmdsim.gpt.params import param_specs
+from testkit import unfold
+
+SMALL = ("--layers", "1", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--sample", "0")
+LLAMA = ("--ffn", "24", "--kv-heads", "2", "--norm", "rms", "--mlp", "swiglu", "--untied", "--rope", "--no-bias")
+LLAMA_CFG = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, ffn=24, kv_heads=2, norm="rms", mlp="swiglu",
+                      tied=False, positions="rope", bias=False)
+
+
+def _gpt(*args):
+    return run_example("examples/train_gpt.py", "--ranks", "4", "--dp", "2", "--tp", "2", *SMALL, *args)
+
+
+def test_train_gpt_trains_llamas_architecture_checked_every_step():
+    done = _gpt("--steps", "2", "--every", "1", *LLAMA)
+    assert done.returncode == 0, done.stderr
+    out = unfold(done.stdout)
+    assert "\narchitecture: ffn 24, SwiGLU, RMSNorm, 2 kv heads, RoPE, untied head, no biases" in out
+    assert (f"check: 2 steps vs one numpy process (loss, {len(param_specs(LLAMA_CFG))} gradients and parameters "
+            "each): PASS") in out
+
+
+def test_train_moe_gpt_takes_llamas_flags():
+    done = run_example("examples/train_moe_gpt.py", "--ranks", "2", "--ep", "2", "--experts", "2", "--top-k", "1",
+                       "--layers", "2", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4",
+                       "--steps", "1", *LLAMA)
+    assert done.returncode == 0, done.stderr
+    out = unfold(done.stdout)
+    assert "\narchitecture: ffn 24, SwiGLU, RMSNorm, 2 kv heads, RoPE, untied head, no biases\n" in out
+    assert "PASS" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--kv-heads", "3"), "--kv-heads 3 must divide --heads 4 (each key/value head serves heads / kv-heads query "
+                          "heads)"),
+    (("--ffn", "0"), "--ffn 0 must be >= 1"),
+    (("--kv-heads", "2", "--tp", "4", "--dp", "1"), "kv_heads 2 is not divisible by tp 4"),
+])
+def test_a_bad_llama_flag_is_one_line_naming_it(flags, message):
+    done = run_example("examples/train_gpt.py", "--ranks", "4", *SMALL, "--steps", "1", *flags)
+    assert done.returncode == 2
+    last = unfold(done.stderr).strip().splitlines()
+    assert len(last) == 1 and last[0].startswith("spmdsim: error: ") and message in last[0], done.stderr
+
+
+def test_the_flags_are_the_configs_choices_and_say_a_config_back():
+    assert (NORMS, MLPS) == (CHOICES["norm"], CHOICES["mlp"])
+    assert " ".join(architecture_flags(LLAMA_CFG)) == " ".join(LLAMA)
+    assert architecture_flags(GPTConfig()) == []
+
+
+def test_resume_refuses_another_architecture_and_an_older_checkpoint_resumes(tmp_path):
+    where = str(tmp_path / "ck")
+    assert _gpt("--steps", "1", "--save", where, "--norm", "rms", "--rope").returncode == 0
+    done = _gpt("--steps", "2", "--resume", where, "--rope")
+    assert done.returncode == 2
+    assert unfold(done.stderr).strip().endswith(
+        f"--resume {where}: the checkpoint's config has norm 'rms', this run's 'layer' (resume with the settings it "
+        "was saved with)"), done.stderr
+    assert _gpt("--steps", "2", "--resume", where, "--norm", "rms", "--rope").returncode == 0
+    # A checkpoint of the GPT saved before Llama's options were GPTConfig's fields: resumed, as their defaults.
+    old = str(tmp_path / "old")
+    assert _gpt("--steps", "1", "--save", old).returncode == 0
+    path = os.path.join(old, META)
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f)
+    for name in ("ffn", "kv_heads", "norm", "mlp", "tied", "positions", "bias"):
+        del meta["config"][name]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    done = _gpt("--steps", "2", "--resume", old)
+    assert done.returncode == 0, done.stderr
+    done = _gpt("--steps", "2", "--resume", old, "--untied")
+    assert done.returncode == 2 and "the checkpoint's config has tied True, this run's False" in unfold(done.stderr)
+
+
+def test_the_docs_command_prints_what_the_doc_quotes():
+    shown = section("docs/training.md", "## Llama's options")
+    shown = [q for q in shown if not q.inline]  # the prose names `spmdsim estimate`
+    assert len(shown) == 1 and all(flag in shown[0].command for flag in LLAMA[2:])
+    assert_prints_quote(shown[0])
