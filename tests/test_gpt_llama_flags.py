@@ -5,6 +5,7 @@ older checkpoint, saved before the options existed, still resumes (docs/training
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -95,3 +96,20 @@ def test_the_docs_command_prints_what_the_doc_quotes():
     shown = [q for q in shown if not q.inline]  # the prose names `spmdsim estimate`
     assert len(shown) == 1 and all(flag in shown[0].command for flag in LLAMA[2:])
     assert_prints_quote(shown[0])
+
+
+def test_the_experts_width_follows_ffn_unless_the_moe_config_gives_its_own():
+    from spmdsim.gpt.layouts import mesh_problem
+    from spmdsim.moe import MoEConfig
+
+    def w1(cfg):
+        return next(s.shape for s in param_specs(cfg) if s.name == "h1.moe.w1")
+
+    moe = MoEConfig(experts=2, top_k=1)
+    assert w1(GPTConfig(layers=2, d_model=16, moe=moe)) == (2, 16, 64)  # 4 x d_model, the dense MLP's
+    assert w1(GPTConfig(layers=2, d_model=16, ffn=24, moe=moe)) == (2, 16, 24)  # Megatron's default: ffn
+    assert w1(GPTConfig(layers=2, d_model=16, ffn=24, moe=MoEConfig(experts=2, top_k=1, hidden=40))) == (2, 16, 40)
+    assert mesh_problem(GPTConfig(layers=2, d_model=16, ffn=30, moe=moe), 1, 4, False) == (
+        "the experts' hidden width 30 is not divisible by tp 4")
+    cfg = GPTConfig(layers=2, d_model=16, ffn=24, moe=moe)
+    assert cfg.parameters == sum(math.prod(s.shape) for s in param_specs(cfg))

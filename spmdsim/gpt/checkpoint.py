@@ -18,10 +18,10 @@ that never stopped, bit for bit.
 On resume every rank reads ``checkpoint.json`` and refuses, alike and before any collective, a missing or
 unreadable directory or metadata file, another config, mesh, world size, layout, precision or optimizer, and a
 checkpoint at or past the run's last step (`resume_problem`); a config field the checkpoint lacks (added to
-GPTConfig after it was saved, as Llama's options were) reads as its default, the model it was saved of. Then each rank reads its own file; what a rank
-finds wrong there (its file missing or unreadable, blocks of another shape, another step) can differ between
-ranks, so the ranks agree on it by one Allgather of their problems and every rank raises the first one: one
-line, exit 2, never a hang (`load`).
+GPTConfig after it was saved, as Llama's options were) reads as its default, the model it was saved of. Then
+each rank reads its own file; what a rank finds wrong there (its file missing or unreadable, blocks of another
+shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and
+every rank raises the first one: one line, exit 2, never a hang (`load`).
 """
 from __future__ import annotations
 
