@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from docs_commands import assert_prints_quote, run_example, section
+from docs_commands import assert_prints_quote, run_example, run_here, section
 from spmdsim.cli.gpt_flags import MLPS, NORMS, architecture_flags
 from spmdsim.gpt import GPTConfig
 from spmdsim.gpt.checkpoint import META
@@ -113,3 +113,34 @@ def test_the_experts_width_follows_ffn_unless_the_moe_config_gives_its_own():
         "the experts' hidden width 30 is not divisible by tp 4")
     cfg = GPTConfig(layers=2, d_model=16, ffn=24, moe=moe)
     assert cfg.parameters == sum(math.prod(s.shape) for s in param_specs(cfg))
+
+
+AUTOSHARD = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=4,seq=64,batch=4", "--devices", "2",
+             "--machine", "a100-dgx", "--memory-limit", "1G", "--max-dry-runs", "1", "--fix", "tp=2", "--fix", "pp=1",
+             "--fix", "mb=1", "--fix", "recompute=none", "--fix", "zero=0", "--fix", "sp=0"]
+LLAMA_32 = ("--ffn", "96", "--kv-heads", "2", "--norm", "rms", "--mlp", "swiglu", "--untied", "--rope", "--no-bias")
+
+
+def test_autoshard_machine_searches_llamas_architecture_and_prints_its_estimate_command():
+    code, out, err = run_here("main", AUTOSHARD + list(LLAMA_32) + ["--json"])
+    assert code == 0, err
+    data = json.loads(out)
+    assert " ".join(LLAMA_32) in data["estimate_command"]
+    code, out, err = run_here("main", data["estimate_command"].split()[1:] + ["--json"])
+    assert code == 0, err
+    estimate = json.loads(out)
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)  # the model searched
+    assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
+    assert {k: estimate["config"][k] for k in ("ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias")} == {
+        "ffn": 96, "kv_heads": 2, "norm": "rms", "mlp": "swiglu", "untied": True, "rope": True, "no_bias": True}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["autoshard", "--network", "gpt", "--rope"], "--rope sets Llama's architecture, which only the search by a "
+     "machine file prices (the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)"),
+    (AUTOSHARD + ["--kv-heads", "3"], "--kv-heads 3 must divide --gpt heads 4 (each key/value head serves heads / "
+     "kv-heads query heads)"),
+])
+def test_autoshard_refuses_a_llama_flag_it_cannot_take_in_one_line(argv, message):
+    code, out, err = run_here("main", argv)
+    assert code == 2 and unfold(err).strip() == f"spmdsim: error: {message}", err

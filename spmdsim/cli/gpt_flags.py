@@ -35,15 +35,17 @@ def architecture_arguments(parser: Any, width: str = "--d-model") -> None:
     parser.add_argument("--no-bias", action="store_true", help="linear layers without biases (as Llama's)")
 
 
-def architecture_problem(args: Any) -> Optional[str]:
+def architecture_problem(args: Any, heads: Optional[int] = None, said: str = "--heads") -> Optional[str]:
     """Why the flags of `architecture_arguments` cannot be (one line naming the flag), or None: --ffn and
-    --kv-heads at least 1, --kv-heads dividing --heads. Pure: alike on every rank."""
+    --kv-heads at least 1, --kv-heads dividing the heads (`heads`, said as `said`; default args.heads, --heads).
+    Pure: alike on every rank."""
     for name in ("ffn", "kv_heads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} {value} must be >= 1"
-    if args.kv_heads is not None and args.heads >= 1 and args.heads % args.kv_heads:
-        return (f"--kv-heads {args.kv_heads} must divide --heads {args.heads} (each key/value head serves "
+    heads = args.heads if heads is None else heads
+    if args.kv_heads is not None and heads >= 1 and heads % args.kv_heads:
+        return (f"--kv-heads {args.kv_heads} must divide {said} {heads} (each key/value head serves "
                 "heads / kv-heads query heads)")
     return None
 
