@@ -59,7 +59,8 @@ def architecture_problem(cfg: GPTConfig) -> Optional[str]:
 
 def longest_sum(cfg: GPTConfig) -> int:
     """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
-    gradient), the MLP's second product (its hidden width, an expert's too), the vocabulary (softmax), a row (d_model)."""
+    gradient), the MLP's second product (its hidden width, an expert's too), the vocabulary (softmax), a row
+    (d_model)."""
     return max(cfg.batch * cfg.seq, cfg.hidden, cfg.expert_hidden, cfg.vocab, cfg.d_model)
 
 
