@@ -11,13 +11,18 @@ Each step's loss, every gradient and every updated parameter is compared with th
 model trained in one numpy process (spmdsim.gpt.reference); the largest relative
 difference must stay within 1e-10. With --precision bf16-mixed the model computes in bfloat16
 with float32 master weights, and the reference runs under the same policy (docs/training.md,
-"Mixed precision (bf16)").
+"Mixed precision (bf16)"). Llama's architecture is options of the same model, flags spelled as `spmdsim
+estimate` spells them: --ffn N, --kv-heads N, --norm rms, --mlp swiglu, --untied, --rope, --no-bias
+(docs/training.md, "Llama's options"), each checked as the GPT is.
 
 Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
   or in bfloat16: python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp --precision bf16-mixed
   or with GPT-2's odd vocabulary padded to a multiple of 128 x tp, the padded logits masked (docs/training.md):
      python examples/train_gpt.py --ranks 8 --tp 8 --heads 8 --vocab 50257 --pad-vocab-to 1024 --steps 3
+  or Llama's architecture (RMSNorm, SwiGLU, grouped-query attention, rotary positions, an untied head, no
+     biases): python examples/train_gpt.py --ranks 4 --dp 2 --tp 2 --ffn 352 --kv-heads 2 --norm rms \
+         --mlp swiglu --untied --rope --no-bias
   or stopped and resumed, bit for bit as the run that never stopped (docs/training.md, "Stopping and resuming"):
      python examples/train_gpt.py --ranks 4 --steps 5 --save ckpt && \
      python examples/train_gpt.py --ranks 4 --steps 10 --resume ckpt
@@ -38,8 +43,8 @@ from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.options import (check_lines, checkpoint_arguments, model_arguments, model_config, padding_line,
-                                 sizes_problem)
+from spmdsim.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
+                                 padding_line, sizes_problem)
 from spmdsim.gpt.train import checkpoint_problem, replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
@@ -61,7 +66,7 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells); not with --dry-run")
-model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
+model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.gpt.options)
 parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
@@ -151,6 +156,8 @@ def main(args):
     if rank0:
         print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
               f"batch {cfg.batch}, dropout {cfg.dropout}")
+        if architecture_words(cfg):  # Llama's options, those that differ from the GPT's
+            print("architecture:" + architecture_words(cfg)[1:])
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
         mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"

@@ -42,8 +42,8 @@ from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.gpt.options import (check_lines, checkpoint_arguments, model_arguments, model_config, padding_line,
-                                 sizes_problem)
+from spmdsim.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
+                                 padding_line, sizes_problem)
 from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
                                       virtual_stages)
 from spmdsim.sim import dry_run_active
@@ -99,7 +99,7 @@ parser.add_argument("--replay", action="store_true",
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
-model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
+model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.gpt.options)
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.gpt.checkpoint)
@@ -192,6 +192,8 @@ def main(args):
     if rank0:
         print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(moe_layers) or 'none'} MoE), d_model "
               f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
+        if architecture_words(cfg):  # Llama's options, those that differ from the GPT's
+            print("architecture:" + architecture_words(cfg)[1:])
         print(f"experts: {moe.describe()}")
         if args.dialect:
             def said(role: str, ndim: int) -> str:

@@ -49,6 +49,10 @@ def register(subparsers: Any) -> None:
                              "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
                              "of it as Megatron pads to 128 x tp; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
+    from .gpt_flags import architecture_arguments
+
+    # Llama's architecture, with --machine (the search by dry runs of the model; the operators' graph is the GPT's)
+    architecture_arguments(parser, width="d_model")
     parser.add_argument("--devices", type=int, default=None,
                         help="device count (default 8; with --run, the ranks of the launch)")
     parser.add_argument("--fix", action="append", default=[], metavar="OP=STRATEGY",
@@ -231,6 +235,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
+    from .gpt_flags import architecture_fields, architecture_flags
+
+    given = architecture_flags(_Fields(architecture_fields(args)))
+    if given:  # the operators' graph (spmdsim.autoshard.gpt) is the GPT's own architecture: never ignored
+        raise SpmdsimError(f"{given[0]} sets Llama's architecture, which only the search by a machine file prices "
+                           "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
     for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
         if getattr(args, flag) is not None:
             value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
@@ -248,6 +258,13 @@ def run(args: argparse.Namespace) -> int:
         result = _choose(args, devices, args.flops)
     print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
     return 0
+
+
+class _Fields:
+    """GPTConfig's architecture fields as attributes (for spmdsim.cli.gpt_flags.architecture_flags)."""
+
+    def __init__(self, fields: dict) -> None:
+        self.__dict__.update(fields)
 
 
 def check_devices(devices: int) -> None:

@@ -32,7 +32,10 @@ SHOWN = 8
 def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
     from ..estimate.search import parse_fixed, search, vocab_note
+    from dataclasses import replace
+
     from .autoshard import _gpt_config, _still_working
+    from .gpt_flags import architecture_fields, architecture_problem
 
     if args.network != "gpt":
         raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
@@ -54,6 +57,10 @@ def run_machine(args: argparse.Namespace) -> int:
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
     cfg = _gpt_config(args.gpt or "layers=4", max_layers=1 << 20, sizes=False, moe=True)
+    problem = architecture_problem(args, cfg.heads, "--gpt heads")
+    if problem:
+        raise SpmdsimError(problem)
+    cfg = replace(cfg, **architecture_fields(args))  # Llama's options (--ffn, --rope, ...): GPTConfig checks them
     if args.moe_cells and cfg.moe is None:
         raise SpmdsimError("--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): "
                            "give --gpt ...,experts=N")
@@ -97,9 +104,11 @@ def run_machine(args: argparse.Namespace) -> int:
 def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:
     """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.estimate.search.Config) of the GPT
     `cfg`, as the search priced it: its dry run, its memory and its step time are the search's."""
+    from .gpt_flags import architecture_flags
+
     micro = cfg.batch // (x.dp * x.ep * x.microbatches)
     words = ["spmdsim estimate gpt", f"--layers {cfg.layers}", f"--hidden {cfg.d_model}", f"--heads {cfg.heads}",
-             f"--seq {cfg.seq}", f"--vocab {cfg.vocab}"]
+             f"--seq {cfg.seq}", f"--vocab {cfg.vocab}"] + architecture_flags(cfg)
     if cfg.vocab_pad_to > 1:
         words.append(f"--pad-vocab-to {cfg.vocab_pad_to}")
     if cfg.moe is not None:
@@ -160,11 +169,13 @@ def _fixed_json(fixed: dict) -> dict:
 def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) -> list[str]:
     from collections import Counter
 
+    from .gpt_flags import architecture_words
+
     moe = cfg.moe is not None
     experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
                f"route {cfg.moe.dry_routing})") if moe else ""
     head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
-            f"vocab {cfg.vocab_words}, "
+            f"vocab {cfg.vocab_words}{architecture_words(cfg)}, "
             f"global batch {cfg.batch}{experts}",
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}"]

@@ -52,17 +52,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
-    # Llama's architecture (spmdsim.gpt.GPTConfig's options; docs/estimate.md, "A Llama"): each default the GPT's.
-    parser.add_argument("--ffn", type=int, default=None, metavar="N",
-                        help="the MLP's hidden width (default 4 x --hidden; Llama-2 7B: 11008)")
-    parser.add_argument("--kv-heads", type=int, default=None, metavar="N",
-                        help="grouped-query attention's key/value heads (default --heads; Llama-2 70B: 8)")
-    parser.add_argument("--norm", default="layer", choices=("layer", "rms"), help="LayerNorm (default) or RMSNorm")
-    parser.add_argument("--mlp", default="gelu", choices=("gelu", "swiglu"),
-                        help="the MLP: GELU (default) or SwiGLU (silu(x W1) * (x W3) W2)")
-    parser.add_argument("--untied", action="store_true", help="an LM head of its own (default: tied to the embedding)")
-    parser.add_argument("--rope", action="store_true", help="rotary position embeddings (default: learned positions)")
-    parser.add_argument("--no-bias", action="store_true", help="linear layers without biases (as Llama's)")
+    # Llama's architecture (spmdsim.gpt.GPTConfig's options; docs/estimate.md, "A Llama"): each default the GPT's,
+    # the flags the examples take (spmdsim.gpt.options).
+    from .gpt_flags import architecture_arguments
+
+    architecture_arguments(parser, width="--hidden")
     parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
@@ -116,6 +110,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     from ..gpt import GPTConfig
 
     from ..moe.config import MoEConfig
+    from .gpt_flags import architecture_fields, architecture_problem
 
     if args.experts == 0:  # a dense GPT: an MoE option given is refused, not ignored
         given = [flag for flag in MOE_DEFAULTS if getattr(args, flag) is not None] + ["dropless"] * args.dropless
@@ -131,13 +126,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
-    for name in ("ffn", "kv_heads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
-    if args.kv_heads is not None and args.heads % args.kv_heads:
-        raise SpmdsimError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads} (each key/value head serves "
-                           "heads / kv-heads query heads)")
+    problem = architecture_problem(args)
+    if problem:
+        raise SpmdsimError(problem)
     if args.experts < 0:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
     if args.experts and args.top_k > args.experts:
@@ -162,9 +153,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
     cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
-                    batch=args.global_batch, dropout=0.1, moe=moe, vocab_pad_to=args.pad_vocab_to, ffn=args.ffn,
-                    kv_heads=args.kv_heads, norm=args.norm, mlp=args.mlp, tied=not args.untied,
-                    positions="rope" if args.rope else "learned", bias=not args.no_bias)
+                    batch=args.global_batch, dropout=0.1, moe=moe, vocab_pad_to=args.pad_vocab_to,
+                    **architecture_fields(args))
     return cfg, args.global_batch // per_step
 
 
@@ -174,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
     from ..estimate.steptime import Pipeline, assumptions, step_time
     from ..memory import UnmappableError
+    from .gpt_flags import architecture_words
 
     cfg, microbatches = _config(args)
     machine = load_machine(args.machine)
@@ -212,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
     head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, "
-            f"vocab {cfg.vocab_words}{_architecture(cfg)}; "
+            f"vocab {cfg.vocab_words}{architecture_words(cfg)}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
             f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
@@ -374,15 +365,6 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
     out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
     return wrap_lines(out)
-
-
-def _architecture(cfg: Any) -> str:
-    """The head line's words for Llama's options that differ from the GPT's ("" when none does)."""
-    words = ([f"ffn {cfg.hidden}"] if cfg.ffn is not None else []) \
-        + (["SwiGLU"] if cfg.mlp == "swiglu" else []) + (["RMSNorm"] if cfg.norm == "rms" else []) \
-        + ([f"{cfg.kv} kv heads"] if cfg.kv != cfg.heads else []) + (["RoPE"] if cfg.positions == "rope" else []) \
-        + (["untied head"] if not cfg.tied else []) + (["no biases"] if not cfg.bias else [])
-    return "".join(", " + w for w in words)
 
 
 def _sp(args: argparse.Namespace) -> str:

@@ -396,7 +396,7 @@ def flops_bound(cfg: Any) -> float:
     if moe_layers:
         m = cfg.moe
         rows = b * s * (m.top_k if m.dropless else min(m.top_k * m.capacity_factor, m.experts))
-        flops += moe_layers * (24 * b * s * h * h + 12 * b * s * s * h + 12 * rows * h * (m.hidden or 4 * h))
+        flops += moe_layers * (24 * b * s * h * h + 12 * b * s * s * h + 12 * rows * h * cfg.expert_hidden)
     return flops
 
 

@@ -17,10 +17,11 @@ that never stopped, bit for bit.
 
 On resume every rank reads ``checkpoint.json`` and refuses, alike and before any collective, a missing or
 unreadable directory or metadata file, another config, mesh, world size, layout, precision or optimizer, and a
-checkpoint at or past the run's last step (`resume_problem`). Then each rank reads its own file; what a rank
-finds wrong there (its file missing or unreadable, blocks of another shape, another step) can differ between
-ranks, so the ranks agree on it by one Allgather of their problems and every rank raises the first one: one
-line, exit 2, never a hang (`load`).
+checkpoint at or past the run's last step (`resume_problem`); a config field the checkpoint lacks (added to
+GPTConfig after it was saved, as Llama's options were) reads as its default, the model it was saved of. Then
+each rank reads its own file; what a rank finds wrong there (its file missing or unreadable, blocks of another
+shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and
+every rank raises the first one: one line, exit 2, never a hang (`load`).
 """
 from __future__ import annotations
 
@@ -93,6 +94,8 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
         return problem
     for key, here in meta.items():
         there = saved.get(key)
+        if key == "config" and isinstance(there, dict):  # a field added since it was saved: its default
+            there = {**_config_defaults(), **there}
         if there == here:
             continue
         if isinstance(here, dict) and isinstance(there, dict):
@@ -106,6 +109,14 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
         return (f"--resume {directory}: the checkpoint is at step {saved['step']}, at or past --steps {steps}; "
                 f"give --steps above {saved['step']} to train on")
     return None
+
+
+def _config_defaults() -> dict:
+    """GPTConfig's defaults as run_meta records them: what a checkpoint's config lacking a field (saved before the
+    field was added, as Llama's options were) had, since each default is the model as it was before."""
+    from .config import GPTConfig
+
+    return _plain(dataclasses.asdict(GPTConfig()))
 
 
 def save_problem(directory: str) -> Optional[str]:

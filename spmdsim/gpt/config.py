@@ -144,6 +144,12 @@ class GPTConfig:
         return 4 * self.d_model if self.ffn is None else self.ffn
 
     @property
+    def expert_hidden(self) -> int:
+        """The MoE layers' experts' hidden width: moe.hidden when given, else the MLP's (`hidden`: ffn, or 4 *
+        d_model), as Megatron's moe_ffn_hidden_size defaults to its ffn_hidden_size."""
+        return (self.moe.hidden if self.moe is not None else 0) or self.hidden
+
+    @property
     def kv(self) -> int:
         """The attention's key/value heads: kv_heads, or heads (multi-head attention)."""
         return self.heads if self.kv_heads is None else self.kv_heads

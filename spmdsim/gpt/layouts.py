@@ -47,7 +47,7 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Opt
     if ep > 1 and moe is None:
         return f"ep {ep} splits experts, and this model has none (give it MoE layers or ep 1)"
     if moe is not None:
-        hidden = moe.hidden or 4 * cfg.d_model
+        hidden = cfg.expert_hidden
         checks = [(moe.experts % ep, f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"),
                   (hidden % tp, f"the experts' hidden width {hidden} is not divisible by tp {tp}")]
         problem = next((text for bad, text in checks if bad), None)

@@ -189,7 +189,7 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     per_layer = []  # (weight elements, other activations kept, attention core kept) of each layer on the rank
     for layer in range(cfg.layers):
         if moe is not None and cfg.is_moe(layer):
-            weights = 4 * d * d + max(1, moe.experts // ep) * 2 * d * (moe.hidden or 4 * d)
+            weights = 4 * d * d + max(1, moe.experts // ep) * 2 * d * cfg.expert_hidden
             whole, masks, split = 3, drop, 4
         else:  # Q and the projection, K and V (kv_heads of them), the MLP's 2 (SwiGLU: 3) matrices
             kvd = cfg.kv * cfg.head_dim

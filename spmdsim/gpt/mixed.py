@@ -39,23 +39,29 @@ __all__ = ["loss_and_grads", "tolerances", "longest_sum", "architecture_problem"
 _F32 = np.float32
 
 
+#: Llama's options this reference computes (GPTConfig): the MLP's width, grouped-query attention, an untied head,
+#: no biases. RMSNorm, SwiGLU and rotary embeddings have rounding points of their own, not mirrored here.
+CHECKED = ("ffn", "kv_heads", "tied", "bias")
+
+
 def architecture_problem(cfg: GPTConfig) -> Optional[str]:
-    """Why this reference cannot check `cfg` (one line), or None: it computes the GPT's own architecture
-    (LayerNorm, GELU MLP of 4 d_model, multi-head attention, learned positions, tied head, biases); Llama's
-    options (GPTConfig) are checked at float64 (spmdsim.gpt.reference) only."""
+    """Why this reference cannot check `cfg` (one line), or None: it computes the GPT's architecture with
+    Llama's options CHECKED (ffn, kv_heads, tied, bias), not norm "rms", mlp "swiglu" nor positions "rope",
+    which are checked at float64 (spmdsim.gpt.reference) only."""
     default = GPTConfig()
-    changed = [f"{name} {getattr(cfg, name)!r}" for name in ("ffn", "norm", "mlp", "kv_heads", "tied", "positions",
-                                                              "bias") if getattr(cfg, name) != getattr(default, name)]
+    changed = [f"{name} {getattr(cfg, name)!r}" for name in ("norm", "mlp", "positions")
+               if getattr(cfg, name) != getattr(default, name)]
     if not changed:
         return None
-    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's architecture only, not "
-            f"{', '.join(changed)}; check it at fp64, or run without the check")
+    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's LayerNorm, GELU MLP "
+            f"and learned positions only, not {', '.join(changed)}; check it at fp64, or run without the check")
 
 
 def longest_sum(cfg: GPTConfig) -> int:
     """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
-    gradient), the MLP's second product (its hidden width), the vocabulary (softmax), a row (d_model)."""
-    return max(cfg.batch * cfg.seq, cfg.hidden, cfg.vocab, cfg.d_model)
+    gradient), the MLP's second product (its hidden width, an expert's too), the vocabulary (softmax), a row
+    (d_model)."""
+    return max(cfg.batch * cfg.seq, cfg.hidden, cfg.expert_hidden, cfg.vocab, cfg.d_model)
 
 
 def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
@@ -115,7 +121,8 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
         h, c = _block(P, f"h{layer}.", h, B, cfg, r, (routes or {}).get(f"h{layer}"))
         caches.append(c)
     hf, lnf = _ln(P, "lnf", h, cfg, r)
-    z = r(product(hf, P["wte"].T))
+    head = "wte" if cfg.tied else "head.w"  # an untied head: its own (padded_vocab, D) weight
+    z = r(product(hf, P[head].T))
     # Cross-entropy in float32, as the vocab-parallel kernel: shifted exponentials, their row sums.
     zw = wide(z)
     n = zw.shape[0]
@@ -131,13 +138,16 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     g[rows, ids] -= 1.0
     dz = r.grad(g * (np.ones((), _F32) / float(n)))
     grads = _Grads()
-    grads.dot("wte", dz, hf)
-    dh = _ln_backward(P, "lnf", product(dz, P["wte"]), lnf, grads, r)
+    grads.dot(head, dz, hf)
+    if not cfg.tied:  # the embedding's gradient from its lookups alone
+        grads["wte"] = np.zeros(P["wte"].shape, _F32)
+    dh = _ln_backward(P, "lnf", product(dz, P[head]), lnf, grads, r)
     for layer in reversed(range(cfg.layers)):
         dh = _block_backward(P, f"h{layer}.", dh, caches[layer], cfg, r, grads)
     dh0 = wide(r.grad(r.undrop(dh, "emb"))).reshape(B, T, D)
     np.add.at(grads["wte"], x.reshape(-1), dh0.reshape(B * T, D))
-    grads.total("wpe", dh0)
+    if "wpe" in P:
+        grads.total("wpe", dh0)
     return float(loss), {s.name: grads[s.name].astype(_F32) for s in param_specs(cfg)}
 
 
@@ -148,9 +158,11 @@ class _Grads(dict):
         """A weight's gradient: a^T d over the tokens (a float32 product)."""
         self[name] = product(a.T, d)
 
-    def total(self, name: str, d: np.ndarray) -> None:
-        """A bias's (or layer norm weight's) gradient: d summed over the tokens."""
-        self[name] = d.sum(axis=0)
+    def total(self, name: str, d: np.ndarray, params: Optional[dict] = None) -> None:
+        """A bias's (or layer norm weight's) gradient: d summed over the tokens; with `params`, only where
+        the model has the bias (GPTConfig.bias)."""
+        if params is None or name in params:
+            self[name] = d.sum(axis=0)
 
 
 class _Rounder:
@@ -207,21 +219,24 @@ def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r
 
 
 def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder) -> np.ndarray:
+    """a @ P[name], rounded, plus the bias `bias` where the model has one (GPTConfig.bias), rounded."""
     out = r(product(a, P[name]))
-    return out if bias is None else r(wide(out) + wide(P[bias]))
+    return out if bias is None or bias not in P else r(wide(out) + wide(P[bias]))
 
 
 def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder,
            follow: Optional[np.ndarray] = None) -> tuple:
-    T, H, Dh = h.shape[0] // B, cfg.heads, cfg.head_dim
+    T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
     layer = pre[:-1]
     a, ln1 = _ln(P, pre + "ln1", h, cfg, r)
 
-    def heads(w: str) -> np.ndarray:
+    def heads(w: str, n: int) -> np.ndarray:
         out = _linear(P, pre + "attn.w" + w, None if w == "k" else pre + "attn.b" + w, a, r)
-        return out.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+        return out.reshape(B, T, n, Dh).transpose(0, 2, 1, 3)
 
-    q, k, v = heads("q"), heads("k"), heads("v")
+    q, k, v = heads("q", H), heads("k", KV), heads("v", KV)
+    if KV != H:  # grouped-query attention: each key/value head repeated for its query heads (times ones: exact)
+        k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
     s = product(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(Dh))
     s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))
@@ -250,7 +265,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
 def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, r: _Rounder,
                     grads: dict) -> np.ndarray:
     """The block's input gradient (float32, summed) from its output's (float32, summed)."""
-    B, H, Dh = c["B"], cfg.heads, cfg.head_dim
+    B, H, Dh, KV = c["B"], cfg.heads, cfg.head_dim, cfg.kv
     T, layer = dh.shape[0] // B, pre[:-1]
     dh = r.grad(dh)
     dr = r.grad(r.undrop(dh, layer + ".resid2"))
@@ -259,16 +274,16 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
 
         da2 = moe_backward_mixed(P, pre, dr, c["moe"], cfg.moe, r, grads)
     else:
-        grads.total(pre + "mlp.b2", dr)
+        grads.total(pre + "mlp.b2", dr, P)
         grads.dot(pre + "mlp.w2", c["m"], dr)
         dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
         dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
-        grads.total(pre + "mlp.b1", dz)
+        grads.total(pre + "mlp.b1", dz, P)
         grads.dot(pre + "mlp.w1", c["a2"], dz)
         da2 = product(dz, P[pre + "mlp.w1"].T)
     dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", da2, c["ln2"], grads, r))
     dr = r.grad(r.undrop(dh1, layer + ".resid1"))
-    grads.total(pre + "attn.bo", dr)
+    grads.total(pre + "attn.bo", dr, P)
     grads.dot(pre + "attn.wo", c["o"], dr)
     do = r.grad(product(dr, P[pre + "attn.wo"].T)).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
     dpd = product(do, c["v"].transpose(0, 1, 3, 2))
@@ -278,11 +293,14 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * (1.0 / math.sqrt(Dh))
     dq, dk = product(ds, c["k"]), product(ds.transpose(0, 1, 3, 2), c["q"])
     da = None
-    for w, d in (("q", dq), ("k", dk), ("v", dv)):
-        d = r.grad(d).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
+    for w, d, n in (("q", dq, H), ("k", dk, KV), ("v", dv, KV)):
+        d = r.grad(d)
+        if n != H:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it
+            d = r.grad(d.reshape(B, KV, H // KV, T, Dh).sum(axis=2))
+        d = d.transpose(0, 2, 1, 3).reshape(B * T, n * Dh)
         grads.dot(pre + "attn.w" + w, c["a"], d)
         if w != "k":
-            grads.total(pre + "attn.b" + w, d)
+            grads.total(pre + "attn.b" + w, d, P)
         part = product(d, P[pre + "attn.w" + w].T)
         da = part if da is None else da + part
     return dh1 + _ln_backward(P, pre + "ln1", da, c["ln1"], grads, r)

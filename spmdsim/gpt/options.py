@@ -8,15 +8,24 @@ says how the vocabulary is padded and cut over tp (None without padding); ``chec
 precision)`` the check's verdict and its largest differences against the precision's tolerances;
 ``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.gpt.checkpoint).
+
+``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/training.md, "Llama's options"):
+``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
+``spmdsim estimate`` and ``spmdsim autoshard --machine`` spell them (one place: spmdsim.cli.gpt_flags, whose
+names this module gives too); `model_config` refuses a bad one in one line naming its flag.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 from ..validate import counted
+from ..cli.gpt_flags import (architecture_arguments, architecture_fields, architecture_flags, architecture_problem,
+                             architecture_words)
 from .config import GPTConfig
 
-__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments"]
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
+           "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
+           "architecture_words"]
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
 SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
@@ -38,6 +47,7 @@ def model_arguments(parser: Any) -> None:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    architecture_arguments(parser)
 
 
 def checkpoint_arguments(parser: Any) -> None:
@@ -52,10 +62,16 @@ def checkpoint_arguments(parser: Any) -> None:
 
 
 def model_config(args: Any, **more: Any) -> GPTConfig:
-    """The GPTConfig of `model_arguments`' parsed options, with the example's own fields `more`."""
+    """The GPTConfig of `model_arguments`' parsed options (Llama's among them: a bad one refused in one line
+    naming its flag, `architecture_problem`), with the example's own fields `more`."""
+    from ..errors import SpmdsimError
+
+    problem = architecture_problem(args)
+    if problem:  # pure: every rank alike, before any collective
+        raise SpmdsimError(problem)
     return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                      batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
-                     vocab_pad_to=args.pad_vocab_to, **more)
+                     vocab_pad_to=args.pad_vocab_to, **architecture_fields(args), **more)
 
 
 def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:

@@ -84,7 +84,7 @@ def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
                 out.append(ParamSpec(f"{h}.attn.b{w}", (KD,) if w == "v" else (D,), "zeros"))  # which Adam would
         out += norm(f"{h}.ln2")  # blow up to +-lr steps
         if cfg.is_moe(layer):
-            E, FE = cfg.moe.experts, cfg.moe.hidden or 4 * D
+            E, FE = cfg.moe.experts, cfg.expert_hidden
             out += [ParamSpec(f"{h}.moe.router", (D, E), "seeded"),
                     ParamSpec(f"{h}.moe.w1", (E, D, FE), "seeded"), ParamSpec(f"{h}.moe.b1", (E, FE), "zeros"),
                     ParamSpec(f"{h}.moe.w2", (E, FE, D), "seeded"), ParamSpec(f"{h}.moe.b2", (E, D), "zeros")]

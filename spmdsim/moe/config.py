@@ -36,7 +36,7 @@ class MoEConfig:
         capacity_factor: each expert's slots per sequence of T tokens are
             min(T, ceil(top_k * T * capacity_factor / experts)); ignored when `dropless`.
         dropless: no capacity, no dropping: the counts are exchanged, then the tokens (Alltoallv).
-        hidden: each expert's hidden width (0: 4 * d_model, the dense MLP's).
+        hidden: each expert's hidden width (0: the dense MLP's, GPTConfig ffn or 4 * d_model: GPTConfig.expert_hidden).
         aux_loss_coeff: weight of the load-balancing loss E * sum_e f_e P_e.
         z_loss_coeff: weight of the router z-loss, the mean of logsumexp(logits)^2.
         dry_routing: how a dry run routes, having no probabilities (spmdsim.moe.routing.planned):
