@@ -23,13 +23,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .._lazy import modules_by_name
-from .base import DONE, Engine, SimulationError
+from .base import DONE, DRY_VALUES_BYTES, Engine, SimulationError
 from .mpi import MPI, MpiEngine
 from ..context import PROCESS, RankContext, current, enter, leave, simulated
 from .once import once
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
-           "enter", "leave", "local", "matmul", "once", "world", "ways_out"]
+           "enter", "leave", "local", "c_order", "matmul", "once", "world", "ways_out"]
 
 
 def ways_out(n: int) -> str:
@@ -56,6 +56,23 @@ def world() -> Any:
 def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
     """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine."""
     return current().engine.local(fn, like, *args)
+
+
+def c_order(a: Any) -> Any:
+    """``a.copy()`` in C order on the running engine: a dry run's of DRY_VALUES_BYTES or more is the dry engine's zeros.
+
+    `a`: a strided view (a slice of an inner dim, a transpose) that a result or a gradient needs in C order. The
+    dry zeros have no page written (the real run's copy is as large, and as new a block); a smaller copy keeps
+    its values, as the dry engine's small results do. ``a.copy()``, not np.ascontiguousarray: a captured step
+    records a traced block's copy (spmdsim.runtime.replay)."""
+    engine = current().engine
+    if engine.dry and a.nbytes >= DRY_VALUES_BYTES:
+        return engine.local(_copy, a, a)
+    return a.copy()
+
+
+def _copy(a: Any) -> Any:
+    return a.copy()
 
 
 def matmul(a: Any, b: Any) -> Any:

@@ -16,6 +16,7 @@ from ..runtime import debug
 from ..runtime.replay import kernel
 from ..validate import as_int, dtype_name
 from ..context import current as _context
+from ..engines import c_order
 from ..engines.base import DRY_VALUES_BYTES
 from ..flops import gemm
 from ..autograd.graph import with_partial
@@ -37,8 +38,8 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
     cls = _DTENSOR or _dtensor_class()
     if type(local) is not np.ndarray:
         local = np.asanyarray(local)  # ascontiguousarray alone would make a 0-d block (a loss) 1-d
-    if not local.flags.c_contiguous:
-        local = local.copy()  # C order; a traced block's copy is recorded (np.ascontiguousarray's would not be)
+    if not local.flags.c_contiguous:  # C order (a dry run's large block: the engine's zeros, no page written)
+        local = c_order(local)
     if type(shape) is not tuple:
         shape = tuple(shape)
     # The checks DTensor() makes, passed before by this shape under an equal layout: the same block

@@ -18,13 +18,15 @@ import numpy as np
 from ..autograd.rules.shapes import (record_broadcast_to, record_concatenate, record_concatenate_split, record_narrow,
                                      record_narrow_split)
 from .. import buffers
+from ..buffers import broadcast_zero
+from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from ..infer.reshape import infer_reshape
 from ..plan.shift import Shift
 from ..validate import as_int, dtype_name
 from .local import reshape as _reshape
-from ._common import check_dtensor, describe, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
+from ._common import check_dtensor, describe, dry_zeros, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
 
 __all__ = ["narrow", "concatenate", "stack", "broadcast_to", "getitem"]
 
@@ -105,8 +107,12 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
     if not plan.local:
         return _concatenate_split(mesh, xs, plan, dtype)
     d = plan.dim
-    out = make_dtensor(mesh, np.concatenate([x.local for x in xs], axis=d).astype(dtype, copy=False),
-                       plan.out, plan.shape)
+    blocks = [x.local for x in xs]
+    # A dry run's large join: the engine's zeros of its block (spmdsim.sim.dry), nothing copied.
+    block = dry_zeros(mesh, plan.out.local_shape(plan.shape, mesh.rank), dtype, np.concatenate, blocks, d)
+    if block is None:
+        block = np.concatenate(blocks, axis=d).astype(dtype, copy=False)
+    out = make_dtensor(mesh, block, plan.out, plan.shape)
     return out if all(x._ag is None for x in xs) else record_concatenate(out, xs, d)
 
 
@@ -116,7 +122,9 @@ def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     from ..runtime.exchange import shifted_many
 
     d, shape = plan.dim, plan.shape
-    block = buffers.fresh(np.empty(plan.out.local_shape(shape, mesh.rank), dtype))  # every row written below
+    local_shape = plan.out.local_shape(shape, mesh.rank)
+    # Every row written below (a dry run's: the engine's zeros, written by no row: spmdsim.runtime.exchange)
+    block = buffers.fresh(_engine_local(np.empty, broadcast_zero(local_shape, dtype), local_shape, dtype))
     shifted_many(mesh, [(x.local, Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at), block)
                         for x, at in zip(xs, plan.offsets)], f"concatenate dim {d}")
     out = make_dtensor(mesh, block, plan.out, shape)
@@ -156,7 +164,11 @@ def broadcast_to(x: Any, shape: Any) -> Any:
         raise_if_not_dtensors("broadcast_to", ("x",), x)
         raise
     local_shape = layout.local_shape(new, x.mesh.rank)
-    out = make_dtensor(x.mesh, np.broadcast_to(x.local, local_shape).copy(), layout, new)
+    # A dry run's large result: the engine's zeros of its block (spmdsim.sim.dry), not copied out of x's.
+    block = dry_zeros(x.mesh, local_shape, x.local.dtype, np.broadcast_to, x.local, local_shape)
+    if block is None:
+        block = np.broadcast_to(x.local, local_shape).copy()
+    out = make_dtensor(x.mesh, block, layout, new)
     return out if x._ag is None else record_broadcast_to(out, x, new)
 
 

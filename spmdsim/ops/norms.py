@@ -271,6 +271,10 @@ def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
     if len(shape) < 2:
         raise OperatorError(f"causal_mask shape {shape!r} needs at least 2 dims (queries, keys)")
     layout = mesh.layout(*([None] * len(shape))) if layout is None else layout
+    if mesh.engine.dry:  # a large mask: the engine's zeros of its block (spmdsim.sim.dry), neither built nor kept
+        dry = dry_zeros(mesh, layout.local_shape(shape, mesh.rank), bool, np.greater)
+        if dry is not None:
+            return make_dtensor(mesh, dry, layout, shape)
     key = (layout, mesh.rank, shape)
     block = _MASKS.get(key)
     if block is None:

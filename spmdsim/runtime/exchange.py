@@ -4,7 +4,8 @@
 on every call; `exchange` runs a prebuilt `ExchangeSpec` (runtime.exchange_spec),
 whose counts and boxes were checked once, and is what the executor's Exchange
 steps call in loops. Both pack the outgoing blocks into the mesh's kept send
-buffer, receive into one flat buffer, and record one trace entry.
+buffer (a dry run's, spmdsim.sim.dry, stays unwritten: nothing reads it), receive
+into one flat buffer, and record one trace entry.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import buffers
+from ..engines.base import DRY_VALUES_BYTES
 from ..errors import DTypeError, RankError, ShapeError
 from ..validate import as_int
 from .door import _alone, _empty, _result, issue
@@ -72,7 +74,8 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
     send = mesh.scratch("send", (sdispls[-1] + scounts[-1],), dtype)
-    for r, a in arrays.items():
+    packed = () if mesh.engine.dry else arrays.items()  # a dry run's send buffer is unread: no page written
+    for r, a in packed:
         if r != me:  # one copy from a strided view straight into the send buffer
             lo = sdispls[r]
             if a.ndim == 1:
@@ -157,8 +160,9 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
         send, copied = local.reshape(-1), 0  # the whole block to one peer: sent as it lies
     else:
         send = mesh.scratch("send", (spec.send_total,), dtype)
-        for index, lo, hi, shape in packs:  # one copy from each box's view into the send buffer
-            send[lo:hi].reshape(shape)[...] = local[index]
+        if not mesh.engine.dry:  # (a dry run's: unread, its pages never written)
+            for index, lo, hi, shape in packs:  # one copy from each box's view into the send buffer
+                send[lo:hi].reshape(shape)[...] = local[index]
         copied = send.nbytes
     recv = _empty(spec.recv_total, dtype) if out is None else _result(out, (spec.recv_total,), dtype, "exchange")
     if size == 1:
@@ -176,8 +180,10 @@ def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
     keeps copied, the others received in one Alltoallv over the mesh (none when no rank lacks rows); rows
     no rank holds are zeros, or left as they are in `out` (the block to write into). Collective: every
     rank calls it with the same shift."""
-    if out is None:
-        out = buffers.fresh(np.zeros(shift.moves(mesh.rank).out_shape, local.dtype), 0)
+    if out is None:  # (a dry run's: the engine's zeros, lazily mapped, which shifted_many writes no row of)
+        shape = shift.moves(mesh.rank).out_shape
+        out = buffers.fresh(mesh.engine.local(np.zeros, buffers.broadcast_zero(shape, local.dtype), shape,
+                                              local.dtype), 0)
     shifted_many(mesh, [(local, shift, out)], label)
     return out
 
@@ -185,45 +191,57 @@ def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
 def shifted_many(mesh: Mesh, moves: Sequence[tuple[np.ndarray, Any, np.ndarray]], label: str | None = None) -> None:
     """Several shifts at once, each (local block, Shift, block to write its result into), their rows in one
     Alltoallv (a join's operands, or its gradient's pieces): the same bytes as one call each, one latency.
-    Collective: every rank calls it with the same shifts."""
+    Collective: every rank calls it with the same shifts.
+
+    A dry run (one rank for all, spmdsim.sim.dry) writes no row into a block of DRY_VALUES_BYTES or more (the
+    engine's zeros: its values are not results, and a row written would cost its pages) and sends the shifts'
+    rows as zeros of their sizes; the Alltoallv and its bytes are the real run's."""
     rank = mesh.rank
+    engine = mesh.engine
+    dry = engine.dry
     moving = []
     for local, shift, out in moves:
         own = shift.moves(rank).own
-        if own is not None:
+        if own is not None and not (dry and out.nbytes >= DRY_VALUES_BYTES):
             out[own[0]] = local[own[1]]
         if not shift.moves_nothing:
             moving.append((local, shift, out))
     if not moving:
         return
-    engine = mesh.engine
-    if engine.dry:  # one rank runs for all: the dry report takes every rank's bytes from the shifts
+    if dry:  # one rank runs for all: the dry report takes every rank's bytes from the shifts
         counts = [shift.bytes_per_rank(out.dtype.itemsize) for _, shift, out in moving]
         engine.ran(_ShiftBytes(*(tuple(map(sum, zip(*side))) for side in zip(*counts))))
     if len(moving) == 1:  # one shift: its Alltoallv by a spec worked out once (the repeated path)
         local, shift, out = moving[0]
         spec = _shift_spec(shift, mesh.size, rank, local.shape)
         recv = exchange(mesh, buffers.contiguous(local), spec, label)
-        for (_, index, shape), (_, lo, hi) in zip(shift.moves(rank).places, spec.recv_slots):
-            out[index] = recv[lo:hi].reshape(shape)
+        if not (dry and out.nbytes >= DRY_VALUES_BYTES):
+            for (_, index, shape), (_, lo, hi) in zip(shift.moves(rank).places, spec.recv_slots):
+                out[index] = recv[lo:hi].reshape(shape)
         return
     dtype = moving[0][2].dtype
     sends: dict = {}
     counts: dict = {}
     for local, shift, _ in moving:  # per peer, the shifts' boxes in order (at most one each)
         m = shift.moves(rank)
-        for dst, index, _ in m.sends:
-            sends.setdefault(dst, []).append(local[index].astype(dtype, copy=False).reshape(-1))
+        for dst, index, _ in m.sends:  # (a dry run's: the box's view, for its size)
+            box = local[index]
+            sends.setdefault(dst, []).append(box if dry else box.astype(dtype, copy=False).reshape(-1))
         for src, _, shape in m.places:
             counts[src] = counts.get(src, 0) + math.prod(shape)
-    got = alltoallv(mesh, {dst: np.concatenate(parts) for dst, parts in sends.items()},
-                    {src: (n,) for src, n in counts.items()}, dtype, label)
+    if dry:  # each peer's rows as zeros of their size (no joined copy of them made)
+        joined = {dst: buffers.broadcast_zero((sum(p.size for p in parts),), dtype) for dst, parts in sends.items()}
+    else:
+        joined = {dst: np.concatenate(parts) for dst, parts in sends.items()}
+    got = alltoallv(mesh, joined, {src: (n,) for src, n in counts.items()}, dtype, label)
     at: dict = {}
     for _, shift, out in moving:
+        write = not (dry and out.nbytes >= DRY_VALUES_BYTES)
         for src, index, shape in shift.moves(rank).places:
             lo = at.get(src, 0)
             at[src] = lo + math.prod(shape)
-            out[index] = got[src][lo:at[src]].reshape(shape)
+            if write:
+                out[index] = got[src][lo:at[src]].reshape(shape)
 
 
 # One recorded call each when a rank captures a step (spmdsim.runtime.replay).

@@ -7,6 +7,7 @@ import numpy as np
 
 from ...layout import TensorLayout
 from ...buffers import broadcast_zero
+from ...engines import c_order
 from ...precision import is_low
 from ..graph import with_partial
 
@@ -59,8 +60,8 @@ def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
         local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     if local.dtype != want:  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
         local = like.mesh.engine.local(np.ndarray.astype, broadcast_zero(local.shape, want), local, want)
-    if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
-        local = local.copy()
+    if not local.flags.c_contiguous:  # collectives read C order (a dry run's large block: the engine's zeros)
+        local = c_order(local)
     if local.shape == block.shape:  # `like`'s block shape under the same tensor map: checked
         return type(like)._trusted(like._mesh, local, grad_layout, like._shape)
     return type(like)(like._mesh, local, grad_layout, like._shape)  # raises, naming the shapes

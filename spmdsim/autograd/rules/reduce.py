@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ...buffers import broadcast_zero
+from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
@@ -25,23 +27,40 @@ def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims:
     reduction plan; `count`: the number of entries each result sums)."""
     def backward(dy: Any) -> tuple:
         d = dy.local if keepdims else np.expand_dims(dy.local, axes)
+        block = x.local.shape
         if kind in ("sum", "mean"):  # the gradient read and spread over x's block
             sweep(kind, (dy.local,), (x.local,))
-            g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
-            return (grad_tensor(x, g.copy(order="K"), dy.layout.partial),)
+            d = d / count if kind == "mean" else d
+            # on the running engine: a dry run's spread is the engine's zeros of x's block, nothing copied
+            return (grad_tensor(x, _local(_spread, broadcast_zero(block, d.dtype), d, block), dy.layout.partial),)
         sweep(kind, (dy.local, x.local, out.local), (x.local,))  # where x met the extreme, the gradient
         extreme = out.local if keepdims else np.expand_dims(out.local, axes)
-        hit = x.local == extreme
-        ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
+        if x.mesh.engine.dry:  # no mask of x's block made (the engine's zeros of the ties: their shape)
+            hit, rows = None, tuple(1 if i in axes else n for i, n in enumerate(block))
+            ties = _local(np.zeros, broadcast_zero(rows, x.dtype), rows, x.dtype)
+        else:
+            hit = x.local == extreme
+            ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
         if plan.steps:  # ties elsewhere in the group count too: their sum over the reduced dims' axes
             ndim = x.layout.ndim
             kept = plan.out if keepdims else _keepdims_layout(plan.out, axes, ndim)
             shape = tuple(1 if i in axes else n for i, n in enumerate(x.global_shape))
             pending = with_partial(kept, plan.local.partial)
             ties = type(x)(x.mesh, ties, pending, shape).redistribute(kept).local
-        return (grad_tensor(x, d * hit / ties, dy.layout.partial),)
+        like = broadcast_zero(block, np.result_type(d.dtype, ties.dtype))  # a dry run's: its zeros, not computed
+        return (grad_tensor(x, _local(_shared, like, d, hit, ties), dy.layout.partial),)
 
     return record(out, kind, (x,), backward, with_partial(plan.local, ()))
+
+
+def _spread(d: np.ndarray, shape: tuple) -> np.ndarray:
+    """`d` spread over `shape` (a sum's gradient over the dims it summed), a block of its own."""
+    return np.broadcast_to(d, shape).copy(order="K")
+
+
+def _shared(d: np.ndarray, hit: np.ndarray, ties: np.ndarray) -> np.ndarray:
+    """dY where x met the extreme, shared among the ties (a max's or min's gradient)."""
+    return d * hit / ties
 
 
 def _keepdims_layout(layout: Any, axes: tuple, ndim: int) -> Any:

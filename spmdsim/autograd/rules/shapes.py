@@ -62,9 +62,18 @@ def record_broadcast_to(out: Any, x: Any, new: tuple) -> Any:
     lead = len(new) - x.local.ndim
     grown = tuple(lead + d for d, (o, n) in enumerate(zip(x.global_shape, new[lead:])) if o == 1 and n != 1)
 
+    axes = tuple(range(lead)) + grown
+
+    def summed(d: np.ndarray) -> np.ndarray:
+        return _SUM(d, axis=axes, keepdims=True).reshape(x.local.shape)
+
     def backward(dy: Any) -> tuple:
-        block = _SUM(dy.local, axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
-        return (grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial),)
+        d = dy.local
+        if not axes:
+            return (grad_tensor(x, d.reshape(x.local.shape), dy.layout.partial),)
+        # the sum on the running engine (a dry run: the engine's zeros of x's block, dY not read)
+        block = _local(summed, buffers.broadcast_zero(x.local.shape, d.dtype), d)
+        return (grad_tensor(x, block, dy.layout.partial),)
 
     return record(out, "broadcast_to", (x,), backward)
 
@@ -136,7 +145,7 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
     def backward(dy: Any) -> tuple:
         wanted = [(k, x, Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape),
                                d, at)) for k, (x, at) in enumerate(zip(xs, plan.offsets)) if x._ag is not None]
-        grads = [buffers.fresh(np.zeros(back.moves(mesh.rank).out_shape, dy.local.dtype), 0) for _, _, back in wanted]
+        grads = [_zeros(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
         move(mesh, [(dy.local, back, g) for (_, _, back), g in zip(wanted, grads)],
              f"concatenate dim {d}: gradients back")
         pieces: list = [None] * len(xs)
@@ -150,3 +159,9 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
     # axis: its gradient is pending over it). A pending sum over an axis no operand uses passes through.
     return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward,
                   want=with_partial(out.layout, ()))
+
+
+def _zeros(shape: tuple, dtype: Any) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` on the running engine (a dry run's: the engine's zeros, lazily mapped), zeroed
+    again by a replay of a captured step."""
+    return buffers.fresh(_local(np.zeros, buffers.broadcast_zero(shape, dtype), shape, dtype), 0)
