@@ -255,8 +255,8 @@ class GPT:
             self._rope_tables = tables
         cos, sin, turn = tables
         T, B, n, Dh = x.global_shape
-        # The head dim as its two halves (a view): the turn is a product over 2 (no slice or concatenation,
-        # whose blocks a dry run would make), then x cos + rotate_half(x) sin element-wise.
+        # The head dim as its two halves (a view): the turn is a product over 2 (no slices and no
+        # concatenation: one node where rotate_half's would be three), then x cos + rotate_half(x) sin.
         x = ops.reshape(x, (T, B, n, 2, Dh // 2))
         out = x * cos + ops.einsum("tbhkd,kj->tbhjd", x, turn) * sin
         return ops.reshape(out, (T, B, n, Dh))
@@ -274,7 +274,7 @@ class GPT:
         G = cfg.heads // cfg.kv
         ones = self._group_ones
         if ones is None or ones.dtype != x.dtype:  # times ones (1, 1, 1, G, 1): an element-wise copy, as Megatron's
-            ones = self._group_ones = DTensor.from_global(  # expand (broadcast_to's copy would be made in a dry run)
+            ones = self._group_ones = DTensor.from_global(  # expand (an element-wise copy of each head)
                 self.mesh, np.ones((1, 1, 1, G, 1), x.dtype), self.mesh.layout(None, None, None, None, None))
         x = ops.reshape(x, (T, B, cfg.kv, 1, cfg.head_dim)) * ones
         return ops.reshape(x, (T, B, cfg.heads, cfg.head_dim))
