@@ -580,3 +580,46 @@ def test_the_attention_cores_products_count_no_block_the_memory_line_holds(recom
         {(scores + block, 0), ((scores if again else 0) + 2 * block, 0)}
     if again:
         assert fresh[(Gemm(4, 8, 8, 16, "float64", "recompute"), "recompute")] == {(scores, 0)}
+
+
+def test_the_optimizers_bytes_per_parameter_are_megatrons():
+    """Megatron-LM's bytes per parameter with bf16 parameters and fp32 main gradients (the Megatron Core
+    user guide, "Distributed Optimizer"): 18 without the distributed optimizer, 6 + 12/d with it. The dry
+    run's ledger holds those (every parameter in one ZeRO-1 bucket of this rank, padded to a multiple of d),
+    and beside them only what spmdsim's optimizers allocate more: one group's scratch (and gather buffer) of
+    AdamW's update, 64 Ki float32 elements each; with ZeRO-1 the Reduce_scatter's slice of the summed
+    gradients (4/d: Megatron reduces in place into its grad buffer) and the update's scratch. Before, the
+    scratch was the parameters' size (22 B a parameter without ZeRO-1) and ZeRO-1 packed the gradients into
+    a second buffer of their size (10 + 20/d)."""
+    args = ("--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab", "256",
+            "--global-batch", "8", "--precision", "bf16-mixed", "--json")
+    group = 1 << 16
+    for zero, d in ((0, 1), (1, 8)):
+        done = _cli(*args, "--dp", str(d), "--zero", str(zero))
+        assert done.returncode == 0, done.stderr
+        stage = json.loads(done.stdout)["stages"][0]
+        n, held = stage["params"], stage["bytes"]
+        shard = -(-n // d)
+        states = held["parameters"] + held["gradients"] + held["master copy"] + held["optimizer states"]
+        if zero:
+            assert states == 6 * n + 12 * shard + 4 * (shard * d - n)  # the bucket's padding in its gradients
+            assert held["buffers"] == 4 * shard + 4 * min(shard, group)
+        else:
+            assert states == 18 * n
+            assert held["buffers"] == 2 * 4 * min(n, group)
+        assert n > group  # the scratch is smaller than the parameters
+
+
+def test_a_65b_gpt_at_tp_8_pp_2_with_full_recomputation_fits_an_a100():
+    """GPT-3's 65B shape (80 layers, hidden 8192) at tp 8 with sequence parallelism, pp 2, full recomputation,
+    bf16-mixed, without the distributed optimizer: Megatron-LM's 18 B a parameter, 68.45 GiB of model states a
+    rank, fits 80 GiB; the ledger said 84.25 GiB, "does not fit", while AdamW kept a scratch the parameters'
+    size (buffers 15.21 GiB)."""
+    done = _cli("--layers", "80", "--hidden", "8192", "--heads", "64", "--seq", "2048", "--vocab", "51200",
+                "--micro-batch", "1", "--global-batch", "128", "--tp", "8", "--pp", "2", "--dp", "8", "--sp",
+                "--recompute", "full", "--precision", "bf16-mixed", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    first = out["stages"][0]
+    assert first["bytes"]["buffers"] == 2 * 4 * (1 << 16)
+    assert out["fits"] is True and max(s["peak_bytes"] for s in out["stages"]) < 70 << 30

@@ -223,15 +223,16 @@ def _bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
 def model_states(c: Config, precision: str, elements: int) -> int:
     """Bytes of the model states a rank of `c` holds at least for `elements` transformer-layer parameter
     elements it holds: parameters and gradients, and the master copy and Adam's moments (over dp x ep under
-    ZeRO-1, with its flat buffers: the padded gradients and two dp-th slices), at the precision's widths."""
+    ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'), at the
+    precision's widths."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
     shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
     states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
-    if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
-        states += elements * w.buffers + 2 * elements * w.buffers // shards
+    if c.zero:  # ZeRO-1's buffer (spmdsim.distrib_optim): the Reduce_scatter's slice of the summed gradients
+        states += elements * w.buffers // shards
     return states
 
 
