@@ -30,8 +30,15 @@ its first tp rank), one Allreduce over the mesh, before the update; over a pipel
 more Allreduce over pp adds the other stages' squares.
 
 In a dry run (shapes only) the collectives run on the dry engine's zeros and nothing is computed; the
-states, master copy and scratch it would hold (3 + 1 slices per bucket) are counted on the run's
-Meter, 1/dp of what AdamW counts.
+states and master copy it would hold (3 slices per bucket) and the update's scratch (one group of
+spmdsim.optim._GROUP_ELEMENTS at most) are counted on the run's Meter.
+
+Memory, as Megatron's distributed optimizer holds it (Megatron Core user guide, "Distributed Optimizer":
+6 + 12/d bytes a parameter with bf16 parameters and fp32 main gradients): the flat buffer of step 2 is the
+gradients' buffer (each ``.grad`` becomes a view of it, the backward's block freed), and receives the
+gathered parameters in step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
+the summed slice (step 3's result, 4/d: Megatron reduces in place into its grad buffer, which MPI's
+Reduce_scatter here does not) and a group's scratch for the update are all it holds beside.
 """
 from __future__ import annotations
 
