@@ -124,13 +124,21 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
     if engine.dry:  # shapes only (spmdsim.sim.dry): no operand copied into its matmul shape, no result reordered
         # Read-only zeros in the matmul shapes (the dry engine's product reads their shapes and dtypes alone;
         # reshaping a transposed block would copy it).
-        # Counted with the operands' own blocks (spmdsim.flops: a parameter's block is one the rank holds).
+        # Counted with the blocks the real product reads (spmdsim.flops: a parameter's block is one the rank
+        # holds): an operand's own, or where its reshape below copies it, a block of its own (held by nothing).
         product = engine.matmul(broadcast_zero(r.lhs_shape, lhs.dtype), broadcast_zero(r.rhs_shape, rhs.dtype))
+        if _flops._BLOCKS:  # (only a counter that records blocks reads them)
+            if r.lhs_moves and not _views(lhs, r.lhs_shape):
+                lhs = (r.lhs_shape, lhs.dtype)
+            if r.rhs_moves and not _views(rhs, r.rhs_shape):
+                rhs = (r.rhs_shape, rhs.dtype)
         _gemm(r.lhs_shape, r.rhs_shape, product.dtype, (lhs, rhs, product))
-        shape = r.shape if r.order is None else tuple(r.shape[i] for i in r.order)
-        if r.order is None and shape:
-            return product.reshape(shape)
-        return engine.local(None, broadcast_zero(shape or (1,), product.dtype))  # 0-d: 1-d, as below
+        result = product.reshape(r.shape) if r.out_moves else product
+        if r.order is not None:
+            result = result.transpose(r.order)
+        if result.flags.c_contiguous and result.ndim:  # the product itself, as below (a reorder of unit axes)
+            return result
+        return engine.local(None, broadcast_zero(result.shape or (1,), product.dtype))  # below's copy; 0-d: 1-d
     if r.lhs_moves:
         lhs = lhs.reshape(r.lhs_shape)
     if r.rhs_moves:
@@ -147,6 +155,21 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.
     return result if result.flags.c_contiguous and result.ndim else contiguous(result)
+
+
+def _views(a: np.ndarray, shape: tuple) -> bool:
+    """Whether ``a.reshape(shape)`` is a view of `a`'s memory (else numpy copies it), found without copying."""
+    try:
+        np.reshape(a, shape, copy=False)
+    except ValueError:  # a copy would be needed
+        return False
+    except TypeError:  # numpy 2.0: reshape takes no copy=; a shape set on a view is refused where it would copy
+        view = a.view()
+        try:
+            view.shape = shape
+        except AttributeError:
+            return False
+    return True
 
 
 def _counted(words: Sequence[str], blocks: Sequence[np.ndarray], present: str, dtype: np.dtype) -> None:

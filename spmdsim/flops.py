@@ -269,7 +269,9 @@ def _sized(shape: tuple, dtype: Any) -> tuple:
     return out
 
 
-_FLOATING = ("float", "complex")  # numpy's names of the dtypes priced at a precision's activation width
+# numpy's names of the dtypes priced at a precision's activation width (ml_dtypes' "bfloat16" among them: a
+# bfloat16 block is an activation, not a mask or ids at their own width)
+_FLOATING = ("float", "complex", "bfloat")
 
 
 def _ref(a: Any) -> Any:

@@ -161,7 +161,6 @@ def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     (["--node-limit", "1"], "--node-limit 1 does not go with --machine"),
     (["--repeat", "5"], "--repeat 5 does not go with --machine"),
     (["--flops", "0"], "--flops 0.0 does not go with --machine"),
-    (["--fix", "MatMul1=hand"], "--fix MatMul1=hand does not go with --machine"),
 ])
 def test_bad_input_is_one_line(extra, message, capsys):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
@@ -439,3 +438,53 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
         estimate = _run_estimate(estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron"))
         assert estimate["step_time_s"] == pytest.approx(seconds, rel=1e-12)
         assert max(s["peak_bytes"] for s in estimate["stages"]) == peak
+
+
+# ---- --fix with --machine: some degrees held, the rest searched ----
+
+def test_fixed_degrees_are_held_and_the_rest_searched():
+    """search(..., fixed=...) searches only the configurations with those degrees, and chooses the fastest of
+    them by their own dry runs (here tp 2 without recomputation; free, the search chooses tp 1)."""
+    from spmdsim.estimate.search import fixed_configurations, parse_fixed
+
+    fixed = parse_fixed(["tp=2", "recompute=none"])
+    assert fixed == {"tp": 2, "recompute": "none"}
+    held = fixed_configurations(configurations(CFG, 2, 8), fixed, 2)
+    assert held and all(c.tp == 2 and c.recompute == "none" for c in held)
+    times = {c: price(CFG, c, A100, "bf16-mixed", "megatron")[0] for c in held}
+    r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False, fixed=fixed)
+    assert {c.config for c in r.candidates} == set(held)
+    assert r.chosen.config == min(times, key=times.get) and r.chosen.step_s == times[r.chosen.config]
+
+
+def test_the_command_takes_fix_with_machine(capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
+            "--machine", "a100-dgx", "--fix", "tp=2", "--fix", "sp=1", "--fix", "mb=1", "--fix", "recompute=none"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "\nfixed (--fix): tp 2, mb 1, recompute none, sp 1; the rest searched\n" in out
+    assert "chosen: tp 2 sp, pp 1, dp 1, 1 mb, none, ZeRO 0: " in out and " --tp 2 --sp --pp 1 " in unfold(out)
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fixed"] == {"tp": 2, "mb": 1, "recompute": "none", "sp": True}
+    assert len(data["candidates"]) == 1 and data["chosen"]["config"]["sp"] is True
+
+
+@pytest.mark.parametrize("fix, message", [
+    (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
+                       "the configuration, one of tp, pp, v, dp, ep, mb, recompute, zero, sp (e.g. --fix tp=8)"),
+    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, mb, "
+             "recompute, zero, sp)"),
+    (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
+    (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
+    (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
+    (["zero=2"], "--fix zero=2 must be 0 or 1"),
+    (["v=0"], "--fix v=0 must be an integer >= 1"),
+    (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
+])
+def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
+            "--machine", "a100-dgx"] + [w for f in fix for w in ("--fix", f)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert unfold(err).rstrip("\n") == "spmdsim: error: " + message

@@ -255,3 +255,22 @@ def test_a_block_read_and_written_in_place_is_one_block_of_the_moment():
     assert fresh == (Fresh("add", "forward", 64, 0), Fresh("bias", "forward", 32, 0),
                      Fresh("softmax", "forward", 96, 0), Fresh("dropout", "forward", 32, 32))
     assert kernels[Kernel("add", "forward", "activations", "float64", 64, 32)] == 1
+
+
+def test_a_bfloat16_block_is_floating_not_a_mask():
+    """A bfloat16 block (ml_dtypes' dtype, named "bfloat16", numpy kind "V") is an activation: its elements are
+    a `Fresh` record's floating ones, priced at the precision's activation width, not bytes of a mask or ids at
+    their own width (its name does not start with "float": it was counted as 2 bytes of "other" an element)."""
+    pytest.importorskip("ml_dtypes")
+    from spmdsim.flops import Fresh, sweep
+    from spmdsim.precision import bfloat16
+
+    def body():
+        a, mask = np.zeros((4, 8), bfloat16()), np.zeros((4, 8), bool)
+        with counting(blocks=True) as c:
+            sweep("dropout", (a,), (a, mask))
+            gemm((4, 8), (8, 2), bfloat16(), (a, ((8, 2), bfloat16()), ((4, 2), np.float32)))
+        return c.fresh()
+
+    assert spmdsim.simulate(1, body)[0] == (Fresh("dropout", "forward", 32, 32),
+                                           Fresh(Gemm(1, 4, 2, 8, "bfloat16", "forward"), "forward", 32 + 16 + 8, 0))

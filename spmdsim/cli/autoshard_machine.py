@@ -5,7 +5,8 @@
 
 Every configuration is priced by its own dry run's ledger (spmdsim.estimate.search); the table shows
 the chosen one, the runners-up and why each lost, each by its peak (transient blocks included, as
-`spmdsim estimate`'s verdict: what the memory limit bounds) (docs/estimate.md).
+`spmdsim estimate`'s verdict: what the memory limit bounds) (docs/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
+dp, ep, mb, recompute, zero, sp) holds a degree and searches the rest.
 """
 from __future__ import annotations
 
@@ -30,19 +31,20 @@ SHOWN = 8
 
 def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
-    from ..estimate.search import search, vocab_note
+    from ..estimate.search import parse_fixed, search, vocab_note
     from .autoshard import _gpt_config, _still_working
 
     if args.network != "gpt":
         raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
     # The operator search's options: their parser defaults are None, False or [], so only what the user gave,
     # 0 included (compared by identity: 0 == False)
-    for flag in ("run", "training", "fix", "flops", "objective", "method", "node_limit", "repeat", "ranks"):
+    for flag in ("run", "training", "flops", "objective", "method", "node_limit", "repeat", "ranks"):
         value = getattr(args, flag)
         if value is not None and value is not False and value != []:
             given = "" if value is True else f" {value[0] if isinstance(value, list) else value}"
             raise SpmdsimError(f"--{flag.replace('_', '-')}{given} does not go with --machine (the dry run of a "
                                "training step prices it)")
+    fixed = parse_fixed(args.fix)  # --fix tp=8 ...: those degrees held, the rest searched
     args.precision = args.precision or "bf16-mixed"
     args.kept = args.kept or "megatron"
     args.max_dry_runs = 24 if args.max_dry_runs is None else args.max_dry_runs
@@ -62,7 +64,7 @@ def run_machine(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with _still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
-                        max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells))
+                        max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
     note = vocab_note(cfg, devices, machine.gpus_per_node)
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
@@ -71,9 +73,9 @@ def run_machine(args: argparse.Namespace) -> int:
                                                                   args.precision, args.kept)
     if args.json:
         print(json.dumps(_as_json(cfg, result, seconds) | ({"note": note} if note else {})
-                         | {"estimate_command": command}, indent=1))
+                         | {"estimate_command": command, "fixed": _fixed_json(fixed)}, indent=1))
     else:
-        print("\n".join(_lines(cfg, result, seconds, note)))
+        print("\n".join(_lines(cfg, result, seconds, note, fixed)))
         if command is not None:  # a command to paste into a shell: continued lines, each within 100 columns
             print("the chosen one, stage by stage (`spmdsim estimate`, the same step time and peak):")
             print(_shell_lines(command))
@@ -148,7 +150,14 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
             f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
 
 
-def _lines(cfg: Any, r: Any, seconds: float, note: str = "") -> list[str]:
+def _fixed_json(fixed: dict) -> dict:
+    """{--fix name: value} of the degrees held ({Config field: value}, spmdsim.estimate.search.parse_fixed)."""
+    from ..estimate.search import FIXABLE
+
+    return {name: fixed[f] for name, f in FIXABLE.items() if f in fixed}
+
+
+def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) -> list[str]:
     from collections import Counter
 
     moe = cfg.moe is not None
@@ -158,13 +167,17 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "") -> list[str]:
             f"vocab {cfg.vocab_words}, "
             f"global batch {cfg.batch}{experts}",
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
-            f"{r.precision}, kept {r.kept}",
-            f"{len(r.candidates):,} configurations in {seconds:.1f} s: {r.dry_runs} priced by the dry run of "
-            f"their step, {r.cell_runs:,} small dry runs of layer cells for the bounds; "
-            + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
-                                                        key=lambda vn: _VERDICTS.index(vn[0]))
-                        if v not in ("chosen", "slower")),
-            f"  ({r.stopped})"] + ([note] if note else [])
+            f"{r.precision}, kept {r.kept}"]
+    if fixed:
+        head.append("fixed (--fix): " + ", ".join(f"{name} {int(v) if isinstance(v, bool) else v}"
+                                                  for name, v in _fixed_json(fixed).items())
+                    + "; the rest searched")
+    head += [f"{len(r.candidates):,} configurations in {seconds:.1f} s: {r.dry_runs} priced by the dry run of "
+             f"their step, {r.cell_runs:,} small dry runs of layer cells for the bounds; "
+             + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
+                                                         key=lambda vn: _VERDICTS.index(vn[0]))
+                         if v not in ("chosen", "slower")),
+             f"  ({r.stopped})"] + ([note] if note else [])
     if r.chosen is not None:
         x = r.chosen.config
         head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.peak / MIB:,.1f} MiB at its "

@@ -52,6 +52,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
+    # Llama's architecture (spmdsim.gpt.GPTConfig's options; docs/estimate.md, "A Llama"): each default the GPT's.
+    parser.add_argument("--ffn", type=int, default=None, metavar="N",
+                        help="the MLP's hidden width (default 4 x --hidden; Llama-2 7B: 11008)")
+    parser.add_argument("--kv-heads", type=int, default=None, metavar="N",
+                        help="grouped-query attention's key/value heads (default --heads; Llama-2 70B: 8)")
+    parser.add_argument("--norm", default="layer", choices=("layer", "rms"), help="LayerNorm (default) or RMSNorm")
+    parser.add_argument("--mlp", default="gelu", choices=("gelu", "swiglu"),
+                        help="the MLP: GELU (default) or SwiGLU (silu(x W1) * (x W3) W2)")
+    parser.add_argument("--untied", action="store_true", help="an LM head of its own (default: tied to the embedding)")
+    parser.add_argument("--rope", action="store_true", help="rotary position embeddings (default: learned positions)")
+    parser.add_argument("--no-bias", action="store_true", help="linear layers without biases (as Llama's)")
     parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
@@ -92,7 +103,8 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 #: defaults): named here, so that an attribute argparse or main() adds (func, _usage_parser, ...) stays out.
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
                  "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
-                 "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine")
+                 "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
+                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:
@@ -119,6 +131,13 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
+    for name in ("ffn", "kv_heads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        raise SpmdsimError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads} (each key/value head serves "
+                           "heads / kv-heads query heads)")
     if args.experts < 0:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
     if args.experts and args.top_k > args.experts:
@@ -143,7 +162,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
     cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
-                    batch=args.global_batch, dropout=0.1, moe=moe, vocab_pad_to=args.pad_vocab_to)
+                    batch=args.global_batch, dropout=0.1, moe=moe, vocab_pad_to=args.pad_vocab_to, ffn=args.ffn,
+                    kv_heads=args.kv_heads, norm=args.norm, mlp=args.mlp, tied=not args.untied,
+                    positions="rope" if args.rope else "learned", bias=not args.no_bias)
     return cfg, args.global_batch // per_step
 
 
@@ -151,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from ..estimate.ledger import (PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory,
                                    transfers_at, unmappable)
     from ..estimate.machine import load_machine
-    from ..estimate.steptime import Pipeline, step_time
+    from ..estimate.steptime import Pipeline, assumptions, step_time
     from ..memory import UnmappableError
 
     cfg, microbatches = _config(args)
@@ -169,26 +190,29 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                       pipeline=pipeline, overlap=("gradients",), traffic=kernel_bytes(st.kernels, args.precision))
+                       pipeline=pipeline, overlap=OVERLAP, traffic=kernel_bytes(st.kernels, args.precision))
              for st in stages]
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]
     rows = [(stages[s], memories[s], times[s]) for s in shown]
+    ranks = args.pp * args.dp * args.ep * args.tp
+    use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
+    assumed = assumptions(machine, overlap=OVERLAP)
     if args.json:
         print(json.dumps({"config": config_record(args),
                           "microbatches": microbatches, "dry_run_s": seconds,
                           "memory_bytes_per_gpu": machine.memory_bytes,
                           "fits": peak_bytes(memories) <= machine.memory_bytes,
                           "step_time_s": max(t.total_s for t in times),
+                          "utilization": use.as_json(), "assumptions": assumed,
                           "stages": [_as_json(st, mem, timing, args.precision) for st, mem, timing in rows]},
                          default=str, indent=1))
         return 0
-    ranks = args.pp * args.dp * args.ep * args.tp
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
     head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, "
-            f"vocab {cfg.vocab_words}; "
+            f"vocab {cfg.vocab_words}{_architecture(cfg)}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
             f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
@@ -229,11 +253,45 @@ def run(args: argparse.Namespace) -> int:
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
+    print("\n".join(wrap_lines(_utilization_lines(use, args.precision, worst) + assumed)))
     print("\n".join(wrap_lines([_fit_line(memories, machine)])))
     hint = _to_fit(memories, machine, args)
     if hint:
         print("\n".join(wrap_lines([hint])))
     return 0
+
+
+#: The transfer phases the step time lets the backward hide (spmdsim.estimate.steptime's overlap): the
+#: data-parallel gradient sums, as DDP's and Megatron's buckets run under the backward.
+OVERLAP = ("gradients",)
+
+
+def _utilization(stages: list, step_s: float, gpus: int, machine: Any, precision: str) -> Any:
+    """The step's spmdsim.estimate.steptime.Utilization: the dry run's products of every stage, each rank of a
+    stage alike (forward and backward: the model's FLOPs; and the recomputed: the hardware's), at the
+    predicted step time, against the machine's peak at the precision's compute dtype."""
+    from ..estimate.ledger import PRECISIONS
+    from ..estimate.steptime import utilization
+
+    model = sum((st.flops("forward") + st.flops("backward")) * len(st.ranks) for st in stages)
+    hardware = sum(st.flops() * len(st.ranks) for st in stages)
+    return utilization(model, hardware, gpus, step_s, machine.peak(PRECISIONS[precision].compute))
+
+
+def _utilization_lines(use: Any, precision: str, worst: bool) -> list[str]:
+    """MFU (and HFU, where recomputation adds products) at the predicted step time: the papers' figures."""
+    from ..estimate.ledger import PRECISIONS
+
+    out = [f"MFU {use.mfu:.1%}: {use.tflops_per_gpu:,.1f} TFLOP/s per GPU of the {PRECISIONS[precision].compute} "
+           f"peak {use.peak / 1e12:,.4g}, from {use.model_flops:.4e} model FLOPs a step"]
+    what = "the dry run's forward and backward products, all ranks" + (
+        ", each as busy as rank 0: at most" if worst else "")
+    if use.hardware_flops > use.model_flops:
+        out += [f"  ({what})", f"HFU {use.hfu:.1%}: {use.hardware_tflops_per_gpu:,.1f} TFLOP/s per GPU with the "
+                               f"{use.hardware_flops - use.model_flops:.4e} FLOPs recomputed"]
+    else:
+        out.append(f"  ({what}; nothing recomputed: HFU the same)")
+    return out
 
 
 def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
@@ -316,6 +374,15 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
     out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
     return wrap_lines(out)
+
+
+def _architecture(cfg: Any) -> str:
+    """The head line's words for Llama's options that differ from the GPT's ("" when none does)."""
+    words = ([f"ffn {cfg.hidden}"] if cfg.ffn is not None else []) \
+        + (["SwiGLU"] if cfg.mlp == "swiglu" else []) + (["RMSNorm"] if cfg.norm == "rms" else []) \
+        + ([f"{cfg.kv} kv heads"] if cfg.kv != cfg.heads else []) + (["RoPE"] if cfg.positions == "rope" else []) \
+        + (["untied head"] if not cfg.tied else []) + (["no biases"] if not cfg.bias else [])
+    return "".join(", " + w for w in words)
 
 
 def _sp(args: argparse.Namespace) -> str:

@@ -26,6 +26,8 @@ The
 candidate of least bound is bounded further or, once its bound is the cells', priced; when the least bound
 reaches the best predicted time found under the limit, no configuration left can win and the search
 stops. At most `max_dry_runs` configurations are priced; those left unpriced then are reported as such.
+`fixed` ({Config field: value}, `parse_fixed` of `--fix tp=8 ...`) holds some degrees: only the configurations
+that have them are searched.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ from ..errors import SpmdsimError
 from ..memory import UnmappableError
 
 __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
-           "comm_bounds", "stage_elements", "model_states", "price", "search", "MAX_CONFIGS"]
+           "comm_bounds", "stage_elements", "model_states", "price", "search", "MAX_CONFIGS", "FIXABLE",
+           "parse_fixed", "fixed_configurations"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -127,8 +130,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
-    """The tp sizes that divide the devices and the heads within a node (the vocabulary aside)."""
-    return [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp]
+    """The tp sizes that divide the devices and the heads within a node (the vocabulary aside); the key/value
+    heads and the MLP's hidden width too, where Llama's options (GPTConfig kv_heads, ffn) make them differ."""
+    return [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp and not cfg.kv % tp
+            and not cfg.hidden % tp]
 
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
@@ -161,6 +166,74 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
                         raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
                                            "devices; expected fewer: a smaller global batch or fewer layers")
     return out
+
+
+#: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each.
+FIXABLE = {"tp": "tp", "pp": "pp", "v": "virtual", "dp": "dp", "ep": "ep", "mb": "microbatches",
+           "recompute": "recompute", "zero": "zero", "sp": "sp"}
+
+
+def parse_fixed(items: Any) -> dict[str, Any]:
+    """{Config field: value} of `--fix NAME=VALUE` items (NAME among FIXABLE), each checked; one line otherwise."""
+    names = ", ".join(FIXABLE)
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for item in items:
+        name, sep, text = str(item).partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name or not text:
+            raise SpmdsimError(f"--fix {item!r} must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of "
+                               f"{names})")
+        if name not in FIXABLE:
+            raise SpmdsimError(f"--fix {name}={text} holds an operator's strategy; with --machine --fix holds a "
+                               f"degree of the configuration, one of {names} (e.g. --fix tp=8)")
+        if name == "recompute":
+            if text not in RECOMPUTE:
+                raise SpmdsimError(f"--fix recompute={text} must be one of {', '.join(RECOMPUTE)}")
+            value: Any = text
+        elif name in ("zero", "sp"):
+            if text not in ("0", "1"):
+                raise SpmdsimError(f"--fix {name}={text} must be 0 or 1")
+            value = bool(int(text)) if name == "sp" else int(text)
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                value = 0
+            if value < 1 or str(value) != text.lstrip("+"):
+                raise SpmdsimError(f"--fix {name}={text} must be an integer >= 1")
+        field_ = FIXABLE[name]
+        if field_ in out and out[field_] != value:
+            raise SpmdsimError(f"--fix {name}={given[field_]} and --fix {name}={text} hold {name} two ways; give one")
+        out[field_], given[field_] = value, text
+    return out
+
+
+def _shown(field_: str, value: Any) -> str:
+    """A fixed value as `--fix` spells it (sp 1, not True)."""
+    name = next(n for n, f in FIXABLE.items() if f == field_)
+    return f"{name}={int(value) if isinstance(value, bool) else value}"
+
+
+def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
+    """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed);
+    one line naming the first degree that leaves none and the values it can take (with the degrees before it)."""
+    done: list[str] = []
+    for field_, value in (fixed or {}).items():
+        if field_ not in FIXABLE.values():
+            raise SpmdsimError(f"fixed degree {field_!r} is unknown; expected one of {tuple(FIXABLE.values())!r}")
+        left = [c for c in configs if getattr(c, field_) == value]
+        if not left:
+            name = _shown(field_, value).split("=")[0]
+            can = sorted({getattr(c, field_) for c in configs},
+                         key=lambda v: RECOMPUTE.index(v) if isinstance(v, str) else int(v))
+            values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
+            beside = f" with --fix {', '.join(done)}" if done else ""
+            raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "
+                               f"devices{beside}; {name} can be {values}")
+        configs = left
+        done.append(_shown(field_, value))
+    return configs
 
 
 def _eps(cfg: Any, ranks: int) -> list[int]:
@@ -309,14 +382,18 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
 
 def flops_bound(cfg: Any) -> float:
     """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
-    configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer, forward and backward (the vocabulary's
-    products left out); an MoE layer its attention's 24 B s h^2 + 12 B s^2 h and its experts' two products,
+    configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer (with Llama's options, its own
+    weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's
+    24 B s h^2 + 12 B s^2 h and its experts' two products,
     forward and backward, 12 x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
     min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
     assignments), the routers' products left out."""
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
     moe_layers = sum(cfg.is_moe(i) for i in range(layers))
-    flops = 72 * b * s * (layers - moe_layers) * h * h * (1 + s / (6 * h))
+    # Llama's options (GPTConfig): Q and the projection h^2 each, K and V h x kv_heads x head_dim, the MLP's 2 (SwiGLU
+    # 3) matrices h x ffn; 2 FLOPs a multiply-add, 3 passes (forward and backward's two): 72 B s h^2 by default.
+    weights = 2 * h * h + 2 * h * cfg.kv * cfg.head_dim + (3 if cfg.mlp == "swiglu" else 2) * h * cfg.hidden
+    flops = (layers - moe_layers) * (6 * b * s * weights + 12 * b * s * s * h)
     if moe_layers:
         m = cfg.moe
         rows = b * s * (m.top_k if m.dropless else min(m.top_k * m.capacity_factor, m.experts))
@@ -345,7 +422,7 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
            kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True,
-           moe_cells: bool = False) -> SearchResult:
+           moe_cells: bool = False, fixed: Any = None) -> SearchResult:
     """The fastest configuration whose peak is within `memory_limit` by predicted step time (module docstring).
 
     `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes held, peak bytes)`: `price` unless given
@@ -354,6 +431,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     `Cells` of the same model and kept set to reuse its cells (tests). With MoE layers the layer cells bound
     the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
     1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/estimate.md).
+    `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
     """
     import heapq
 
@@ -369,7 +447,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     pricer = price if pricer is None else pricer
     per_layer = _layer_elements(cfg)
     bounded, sums = [], {}
-    for c in configurations(cfg, devices, machine.gpus_per_node):
+    every = configurations(cfg, devices, machine.gpus_per_node)
+    for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = _bounds(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
     if not bounded:

@@ -21,6 +21,10 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   exceeds it. Default: none.
 
     total = compute + element-wise + optimizer + communication - hidden + bubble
+
+`utilization(model_flops, hardware_flops, gpus, step_s, peak)` turns a step's counted FLOPs and its
+predicted seconds into TFLOP/s per GPU, MFU and HFU (the figures the papers publish), and
+`assumptions(machine)` says in two short lines what the prediction above rests on.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from .machine import Machine, normalize_dtype
 from .records import LEVELS, Transfer
 
 __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
-           "TRANSFER_PHASES", "TRAFFIC_PHASES"]
+           "TRANSFER_PHASES", "TRAFFIC_PHASES", "Utilization", "utilization", "assumptions"]
 
 #: Pipeline schedules (the names of spmdsim.pipeline.SCHEDULES; a test keeps them equal).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -254,3 +258,79 @@ def _traffic_seconds(machine: Machine, traffic: Any) -> dict:
         _count(nbytes, "traffic bytes")
         out[phase] += nbytes / machine.hbm_achieved
     return out
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """What a step's FLOPs at its predicted time make of the GPUs' peak (Korthikanti et al. 2022's MFU and HFU).
+
+    model_flops: the step's matrix products of the forward and the backward, all GPUs (no recomputation);
+    hardware_flops: the same and the recomputed forward's products; gpus: the GPUs the step runs on;
+    step_s: its predicted seconds; peak: one GPU's peak FLOP/s at the products' dtype.
+    tflops_per_gpu = model_flops / (gpus * step_s) / 1e12, mfu = that / peak; hardware_tflops_per_gpu and
+    hfu the same of hardware_flops (equal to the model's without recomputation).
+    """
+
+    model_flops: int
+    hardware_flops: int
+    gpus: int
+    step_s: float
+    peak: float
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.model_flops / (self.gpus * self.step_s) / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        return self.hardware_flops / (self.gpus * self.step_s) / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu * 1e12 / self.peak
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_tflops_per_gpu * 1e12 / self.peak
+
+    def as_json(self) -> dict:
+        return {"model_flops": self.model_flops, "hardware_flops": self.hardware_flops, "gpus": self.gpus,
+                "step_time_s": self.step_s, "peak_flops_per_gpu": self.peak,
+                "tflops_per_gpu": self.tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+                "mfu": self.mfu, "hfu": self.hfu}
+
+
+def utilization(model_flops: Any, hardware_flops: Any, gpus: Any, step_s: Any, peak: Any) -> Utilization:
+    """The `Utilization` of a step that executes `model_flops` (forward and backward products, all GPUs) and
+    `hardware_flops` (those and the recomputed ones) on `gpus` GPUs of `peak` FLOP/s each in `step_s` seconds."""
+    for name, value in (("model flops", model_flops), ("hardware flops", hardware_flops)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpmdsimError(f"{name} {value!r} must be an integer >= 0 (FLOPs of one step, all GPUs)")
+    if hardware_flops < model_flops:
+        raise SpmdsimError(f"hardware flops {hardware_flops:,} must be at least the model flops {model_flops:,} "
+                           "(they add the recomputed products)")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise SpmdsimError(f"gpus {gpus!r} must be an integer >= 1")
+    for name, value in (("step seconds", step_s), ("peak", peak)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SpmdsimError(f"{name} {value!r} must be a finite number > 0")
+    return Utilization(model_flops, hardware_flops, gpus, float(step_s), float(peak))
+
+
+def _fraction(achieved: Any) -> str:
+    """An achieved fraction as the prediction uses it ("0.88"; "1" where the machine file gives none)."""
+    return "1" if achieved is None else f"{achieved.fraction:g}"
+
+
+def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) -> list[str]:
+    """Two short lines naming what `step_time` assumed: which communication it hid under the backward
+    (`overlap`) and the machine file's achieved fractions (the GEMM cap, the HBM and the links' efficiencies)
+    with the collectives' formulas."""
+    names = {"gradients": "dp gradient sums", "layers": "the layers' collectives", "pipeline": "pipeline messages"}
+    hidden = [names[p] for p in TRANSFER_PHASES if p in set(overlap)]
+    overlapped = f"{' and '.join(hidden)} hidden under the backward" if hidden else "no communication hidden"
+    return [f"assumes: {overlapped}; GEMMs at most {machine.gemm_efficiency.max_fraction:g} of peak "
+            f"({machine.gemm_efficiency.model});",
+            f"  other kernels at {_fraction(machine.hbm_efficiency)} of HBM bandwidth; {machine.algorithm} "
+            f"collectives at {_fraction(machine.node.efficiency)} (node), {_fraction(machine.cluster.efficiency)} "
+            "(cluster) of links"]

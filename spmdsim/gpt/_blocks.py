@@ -1,5 +1,9 @@
 """The reference GPT's pieces, forward and backward: layer norm, tanh-GELU, one pre-LN block.
 
+Llama's options (spmdsim.gpt.GPTConfig) are pieces here too: RMSNorm (`rms_norm`), the SwiGLU MLP
+(`silu`), rotary embeddings (`rope_tables`, `rope`) and grouped-query attention (each key/value head
+repeated for its heads / kv_heads query heads, its gradient the sum of theirs).
+
 Activations are (B*T, D) matrices so every linear layer is one matmul; attention works on
 (B, H, T, Dh) stacks with batched matmuls. Each forward returns what its backward needs.
 """
@@ -34,6 +38,77 @@ def layer_norm_backward(dy: np.ndarray, cache: tuple) -> tuple[np.ndarray, np.nd
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
                  - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, tuple]:
+    """x / sqrt(mean(x^2) + eps) * w over the last dim of x (N, D) (spmdsim.ops.rms_norm's order)."""
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    xhat = x * rstd
+    return xhat * w, (xhat, rstd, w)
+
+
+def rms_norm_backward(dy: np.ndarray, cache: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of x and w from dy (N, D)."""
+    xhat, rstd, w = cache
+    dxhat = dy * w
+    return rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)), (dy * xhat).sum(axis=0)
+
+
+def norm(params: dict, name: str, x: np.ndarray, cfg: GPTConfig) -> tuple[np.ndarray, tuple]:
+    """The block's norm `name` ("h0.ln1", "lnf") on x: cfg.norm's, layer norm or RMSNorm."""
+    if cfg.norm == "rms":
+        return rms_norm(x, params[name + ".w"], cfg.ln_eps)
+    return layer_norm(x, params[name + ".w"], params[name + ".b"], cfg.ln_eps)
+
+
+def norm_backward(dy: np.ndarray, cache: tuple, name: str, cfg: GPTConfig, grads: dict) -> np.ndarray:
+    """`norm`'s input gradient; its weight's (and bias's) into grads."""
+    if cfg.norm == "rms":
+        dx, grads[name + ".w"] = rms_norm_backward(dy, cache)
+        return dx
+    dx, grads[name + ".w"], grads[name + ".b"] = layer_norm_backward(dy, cache)
+    return dx
+
+
+def rope_tables(seq: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin), each (seq, head_dim): position t's angle t * ROPE_BASE ** (-i / (head_dim / 2)) for
+    frequency i, the halves alike (the rotate-half convention of Llama's Hugging Face port and Megatron)."""
+    from .config import ROPE_BASE
+
+    half = head_dim // 2
+    angle = np.arange(seq, dtype=np.float64)[:, None] * ROPE_BASE ** -(np.arange(half) / half)
+    both = np.concatenate([angle, angle], axis=1)
+    return np.cos(both), np.sin(both)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x * cos + rotate_half(x) * sin over x's last dim (x (..., T, Dh); rotate_half: [-x2, x1])."""
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+def rope_backward(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """`rope`'s input gradient: dy * cos + rotate_half^T(dy * sin) (rotate_half^T: [u2, -u1])."""
+    half = dy.shape[-1] // 2
+    u = dy * sin
+    return dy * cos + np.concatenate([u[..., half:], -u[..., :half]], axis=-1)
+
+
+def silu(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """z * sigmoid(z), and the sigmoid (its backward needs it)."""
+    sig = 1.0 / (1.0 + np.exp(-z))
+    return z * sig, sig
+
+
+def _biased(y: np.ndarray, params: dict, name: str) -> np.ndarray:
+    """y plus the bias `name` where the model has one (GPTConfig.bias)."""
+    b = params.get(name)
+    return y if b is None else y + b
+
+
+def _bias_grad(grads: dict, params: dict, name: str, d: np.ndarray) -> None:
+    if name in params:
+        grads[name] = d.sum(axis=0)
 
 
 def gelu(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,17 +152,22 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
                   drop: Drop, follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict[str, Any]]:
     """One pre-LN block on h (B*T, D): causal attention, then the GELU MLP (or the MoE layer, spmdsim.moe),
     each with a residual. `follow`: the ranks' (B, T, k) experts of an MoE layer, followed at near-ties."""
-    T, H, Dh = h.shape[0] // B, cfg.heads, cfg.head_dim
+    T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
     layer = pre[:-1]
-    a, ln1 = layer_norm(h, params[pre + "ln1.w"], params[pre + "ln1.b"], cfg.ln_eps)
+    a, ln1 = norm(params, pre + "ln1", h, cfg)
 
-    def heads(w: str) -> np.ndarray:  # (B, H, T, Dh)
+    def heads(w: str, n: int) -> np.ndarray:  # (B, n, T, Dh)
         out = a @ params[pre + "attn.w" + w]
         if w != "k":  # no key bias (spmdsim.gpt.params)
-            out = out + params[pre + "attn.b" + w]
-        return out.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+            out = _biased(out, params, pre + "attn.b" + w)
+        return out.reshape(B, T, n, Dh).transpose(0, 2, 1, 3)
 
-    qh, kh, vh = heads("q"), heads("k"), heads("v")
+    qh, kh, vh = heads("q", H), heads("k", KV), heads("v", KV)
+    if cfg.positions == "rope":
+        cos, sin = rope_tables(T, Dh)
+        qh, kh = rope(qh, cos, sin), rope(kh, cos, sin)
+    if KV != H:  # grouped-query attention: key/value head j serves query heads j G .. j G + G - 1
+        kh, vh = np.repeat(kh, H // KV, axis=1), np.repeat(vh, H // KV, axis=1)
     probs = qh @ kh.transpose(0, 1, 3, 2)  # the scores, then in place their softmax
     probs *= 1.0 / math.sqrt(Dh)
     probs += _causal(T)
@@ -96,39 +176,58 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
     probs /= probs.sum(axis=-1, keepdims=True)
     pd = drop(probs, layer + ".attn")
     o = (pd @ vh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
-    h = h + drop(o @ params[pre + "attn.wo"] + params[pre + "attn.bo"], layer + ".resid1")
-    a2, ln2 = layer_norm(h, params[pre + "ln2.w"], params[pre + "ln2.b"], cfg.ln_eps)
+    h = h + drop(_biased(o @ params[pre + "attn.wo"], params, pre + "attn.bo"), layer + ".resid1")
+    a2, ln2 = norm(params, pre + "ln2", h, cfg)
     cache = {"a": a, "ln1": ln1, "q": qh, "k": kh, "v": vh, "probs": probs, "pd": pd, "o": o, "a2": a2, "ln2": ln2,
              "B": B}
     if cfg.is_moe(int(layer[1:])):
         out, cache["moe"] = moe_forward(params, pre, a2, B, cfg.moe, follow)
         return h + drop(out, layer + ".resid2"), cache
-    z = a2 @ params[pre + "mlp.w1"] + params[pre + "mlp.b1"]
-    m, t = gelu(z)
-    h = h + drop(m @ params[pre + "mlp.w2"] + params[pre + "mlp.b2"], layer + ".resid2")
-    cache.update(z=z, t=t, m=m)
+    z = _biased(a2 @ params[pre + "mlp.w1"], params, pre + "mlp.b1")
+    if cfg.mlp == "swiglu":  # silu(a2 w1 + b1) * (a2 w3 + b3)
+        g, sig = silu(z)
+        u = _biased(a2 @ params[pre + "mlp.w3"], params, pre + "mlp.b3")
+        m = g * u
+        cache.update(g=g, sig=sig, u=u)
+    else:
+        m, t = gelu(z)
+        cache.update(t=t)
+    h = h + drop(_biased(m @ params[pre + "mlp.w2"], params, pre + "mlp.b2"), layer + ".resid2")
+    cache.update(z=z, m=m)
     return h, cache
 
 
 def block_backward(params: dict, pre: str, dh: np.ndarray, c: dict[str, Any], cfg: GPTConfig,
                    undrop: Drop, grads: dict[str, np.ndarray]) -> np.ndarray:
     """The block's input gradient from its output gradient dh (B*T, D); parameter gradients into grads."""
-    B, H, Dh = c["B"], cfg.heads, cfg.head_dim
+    B, H, Dh, KV = c["B"], cfg.heads, cfg.head_dim, cfg.kv
     T, layer = dh.shape[0] // B, pre[:-1]
-    # MLP: h_out = h_mid + drop(gelu(ln2(h_mid) @ w1 + b1) @ w2 + b2)
+    # MLP: h_out = h_mid + drop(gelu(ln2(h_mid) @ w1 + b1) @ w2 + b2) (or SwiGLU's)
     dr = undrop(dh, layer + ".resid2")
     if "moe" in c:
         da2 = moe_backward(params, pre, dr, c["moe"], cfg.moe, grads)
     else:
-        grads[pre + "mlp.w2"], grads[pre + "mlp.b2"] = c["m"].T @ dr, dr.sum(axis=0)
-        dz = gelu_backward(dr @ params[pre + "mlp.w2"].T, c["z"], c["t"])
-        grads[pre + "mlp.w1"], grads[pre + "mlp.b1"] = c["a2"].T @ dz, dz.sum(axis=0)
+        grads[pre + "mlp.w2"] = c["m"].T @ dr
+        _bias_grad(grads, params, pre + "mlp.b2", dr)
+        dm = dr @ params[pre + "mlp.w2"].T
+        if cfg.mlp == "swiglu":
+            du = dm * c["g"]
+            sig = c["sig"]
+            dz = dm * c["u"] * (sig * (1.0 + c["z"] * (1.0 - sig)))
+            grads[pre + "mlp.w3"] = c["a2"].T @ du
+            _bias_grad(grads, params, pre + "mlp.b3", du)
+        else:
+            dz = gelu_backward(dm, c["z"], c["t"])
+        grads[pre + "mlp.w1"] = c["a2"].T @ dz
+        _bias_grad(grads, params, pre + "mlp.b1", dz)
         da2 = dz @ params[pre + "mlp.w1"].T
-    dx, grads[pre + "ln2.w"], grads[pre + "ln2.b"] = layer_norm_backward(da2, c["ln2"])
-    dh = dh + dx
+        if cfg.mlp == "swiglu":
+            da2 += du @ params[pre + "mlp.w3"].T
+    dh = dh + norm_backward(da2, c["ln2"], pre + "ln2", cfg, grads)
     # Attention: h_mid = h_in + drop(attn(ln1(h_in)) @ wo + bo)
     dr = undrop(dh, layer + ".resid1")
-    grads[pre + "attn.wo"], grads[pre + "attn.bo"] = c["o"].T @ dr, dr.sum(axis=0)
+    grads[pre + "attn.wo"] = c["o"].T @ dr
+    _bias_grad(grads, params, pre + "attn.bo", dr)
     do = (dr @ params[pre + "attn.wo"].T).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
     dv = c["pd"].transpose(0, 1, 3, 2) @ do
     dprobs = undrop(do @ c["v"].transpose(0, 1, 3, 2), layer + ".attn")
@@ -139,12 +238,17 @@ def block_backward(params: dict, pre: str, dh: np.ndarray, c: dict[str, Any], cf
     np.multiply(probs, dprobs, out=ds)
     ds *= 1.0 / math.sqrt(Dh)
     dq, dk = ds @ c["k"], ds.transpose(0, 1, 3, 2) @ c["q"]
+    if KV != H:  # each key/value head's gradient: the sum of its query heads'
+        dk = dk.reshape(B, KV, H // KV, T, Dh).sum(axis=2)
+        dv = dv.reshape(B, KV, H // KV, T, Dh).sum(axis=2)
+    if cfg.positions == "rope":
+        cos, sin = rope_tables(T, Dh)
+        dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
     da = 0.0
-    for w, d in (("q", dq), ("k", dk), ("v", dv)):
-        d = d.transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
+    for w, d, n in (("q", dq, H), ("k", dk, KV), ("v", dv, KV)):
+        d = d.transpose(0, 2, 1, 3).reshape(B * T, n * Dh)
         grads[pre + "attn.w" + w] = c["a"].T @ d
         if w != "k":
-            grads[pre + "attn.b" + w] = d.sum(axis=0)
+            _bias_grad(grads, params, pre + "attn.b" + w, d)
         da = da + d @ params[pre + "attn.w" + w].T
-    dx, grads[pre + "ln1.w"], grads[pre + "ln1.b"] = layer_norm_backward(da, c["ln1"])
-    return dh + dx
+    return dh + norm_backward(da, c["ln1"], pre + "ln1", cfg, grads)

@@ -10,14 +10,24 @@ from ..errors import SpmdsimError
 from ..moe.config import MoEConfig
 from ..validate import as_int
 
-__all__ = ["GPTConfig"]
+__all__ = ["GPTConfig", "CHOICES", "ROPE_BASE"]
 
 _SIZES = ("vocab", "d_model", "heads", "layers", "seq", "batch", "vocab_pad_to")
+#: The architecture's named choices: field -> the values it takes (the first is the default).
+CHOICES = {"norm": ("layer", "rms"), "mlp": ("gelu", "swiglu"), "positions": ("learned", "rope")}
+#: Rotary embeddings' base (Llama-2's theta): frequency i of a head is base ** (-2i / head_dim).
+ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
 class GPTConfig:
     """A decoder-only GPT (pre-LN blocks, tied head) and its AdamW training: ``GPTConfig(layers=2)``.
+
+    Llama's architecture is options of the same model (each default is the GPT's): `ffn` the MLP's hidden
+    width, ``norm="rms"`` RMSNorm, ``mlp="swiglu"`` the SwiGLU MLP, `kv_heads` grouped-query attention
+    (each key/value head serves heads / kv_heads query heads, Megatron's num_query_groups),
+    ``tied=False`` an LM head of its own, ``positions="rope"`` rotary embeddings (base ROPE_BASE, 10000) and
+    ``bias=False`` linear layers without biases (docs/training.md, "Llama's options").
 
     The defaults are the model of examples/train_gpt.py: 4 layers, d_model 128, 4 heads,
     sequence 64, batch 8, character vocabulary 128.
@@ -47,6 +57,13 @@ class GPTConfig:
     clip: float = 0.0  # the gradients' joint norm is clipped to this before each update (0: not clipped)
     moe: Optional[MoEConfig] = None  # mixture-of-experts MLPs in every moe.every-th block (docs/experts.md)
     vocab_pad_to: int = 1  # the embedding's rows: vocab rounded up to a multiple of this (1: not padded)
+    ffn: Optional[int] = None  # the MLP's hidden width (None: 4 * d_model); `hidden` says it
+    norm: str = "layer"  # "layer" (LayerNorm, weight and bias) or "rms" (RMSNorm, a weight only)
+    mlp: str = "gelu"  # "gelu" (GELU(x W1 + b1) W2 + b2) or "swiglu" (silu(x W1 + b1) * (x W3 + b3) W2 + b2)
+    kv_heads: Optional[int] = None  # grouped-query attention's key/value heads (None: heads); `kv` says it
+    tied: bool = True  # the LM head is the token embedding (False: its own (padded_vocab, d_model) "head.w")
+    positions: str = "learned"  # "learned" (wpe, (seq, d_model)) or "rope" (rotary, on q and k; no wpe)
+    bias: bool = True  # the linear layers' biases (attention bq, bv, bo; the MLP's); False: none (Llama's)
 
     def __post_init__(self) -> None:
         for name in _SIZES:
@@ -74,6 +91,27 @@ class GPTConfig:
         if not all(_is_real(b) and 0 <= b < 1 for b in betas):
             raise SpmdsimError(f"GPTConfig betas {betas!r} must be a pair (beta1, beta2) in [0, 1)")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        for name in ("ffn", "kv_heads"):
+            value = getattr(self, name)
+            if value is not None:
+                n = as_int(value)
+                if n is None or n < 1:
+                    raise SpmdsimError(f"GPTConfig {name} {value!r} must be an integer >= 1 (or None: "
+                                       f"{'4 * d_model' if name == 'ffn' else 'heads'})")
+                object.__setattr__(self, name, n)
+        for name, values in CHOICES.items():
+            if getattr(self, name) not in values:
+                raise SpmdsimError(f"GPTConfig {name} {getattr(self, name)!r} must be one of "
+                                   f"{', '.join(map(repr, values))}")
+        for name in ("tied", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpmdsimError(f"GPTConfig {name} {getattr(self, name)!r} must be True or False")
+        if self.heads % self.kv:
+            raise SpmdsimError(f"GPTConfig kv_heads {self.kv_heads!r} must divide heads {self.heads!r} "
+                               "(each key/value head serves heads / kv_heads query heads)")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise SpmdsimError(f"GPTConfig positions 'rope' needs an even head_dim, got d_model {self.d_model} / "
+                               f"heads {self.heads} = {self.head_dim} (rotary embeddings turn pairs of features)")
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise SpmdsimError(f"GPTConfig moe {self.moe!r} must be None or a spmdsim.moe.MoEConfig")
         if self.moe is not None and self.moe.every > self.layers:  # a dense GPT that would say it has experts
@@ -99,6 +137,36 @@ class GPTConfig:
     def unpadded(self) -> GPTConfig:
         """This model without vocabulary padding (the single-process reference's model)."""
         return self if self.vocab_pad_to == 1 else replace(self, vocab_pad_to=1)
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden width: ffn, or 4 * d_model."""
+        return 4 * self.d_model if self.ffn is None else self.ffn
+
+    @property
+    def kv(self) -> int:
+        """The attention's key/value heads: kv_heads, or heads (multi-head attention)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def parameters(self) -> int:
+        """The model's parameter count in closed form (spmdsim.gpt.params.param_specs lists them): the token
+        embedding (padded_vocab x d_model; an untied head as many again), learned positions, per dense layer
+        its attention (Q and the projection d_model^2 each, K and V d_model x kv x head_dim) and MLP (2 or,
+        SwiGLU, 3 matrices d_model x hidden), the biases and norms' vectors. MoE layers: from param_specs."""
+        V, D, F, L = self.padded_vocab, self.d_model, self.hidden, self.layers
+        KD = self.kv * self.head_dim
+        swiglu = self.mlp == "swiglu"
+        norm = D if self.norm == "rms" else 2 * D
+        layer = 2 * D * D + 2 * D * KD + (3 if swiglu else 2) * D * F + 2 * norm
+        if self.bias:
+            layer += D + KD + D + (2 * F if swiglu else F) + D  # bq, bv, bo; b1 (and b3), b2
+        total = V * D * (1 if self.tied else 2) + (self.seq * D if self.positions == "learned" else 0) + norm
+        if self.moe is None:
+            return total + L * layer
+        from .params import param_specs
+
+        return sum(math.prod(s.shape) for s in param_specs(self))
 
     @property
     def head_dim(self) -> int:

@@ -5,11 +5,11 @@ layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT")
 
 | parameter                | layout          | why                                                   |
 | ------------------------ | --------------- | ----------------------------------------------------- |
-| wte (V, D)               | ("tp", None)    | vocab-parallel embedding, and the tied head's columns |
+| wte, head.w (V, D)       | ("tp", None)    | vocab-parallel embedding, and the head's columns      |
 |                          |                 | (V padded to a multiple of cfg.vocab_pad_to)          |
 | wpe (T, D)               | (None, None); ("tp", None) with sp | added to the sequence-split activations |
-| wq, wk, wv, w1 (D, *)    | (None, "tp")    | column-parallel: each rank its heads / hidden columns |
-| bq, bv, b1 (no key bias) | ("tp",)         | split like the columns                                |
+| wq, wk, wv, w1, w3 (D, *) | (None, "tp")   | column-parallel: each rank its heads / hidden columns |
+| bq, bv, b1, b3 (no key bias) | ("tp",)     | split like the columns                                |
 | wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
 | bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
 | moe.router (D, E)        | (None, None)    | replicated: every rank routes its own tokens          |
@@ -56,6 +56,10 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Opt
     batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
     checks = [(cfg.batch % (dp * ep), f"batch {cfg.batch} is not divisible by {batch}"),
               (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
+              (cfg.kv % tp, f"kv_heads {cfg.kv} is not divisible by tp {tp} (key/value heads are split over tp, "
+                            "Megatron's num_query_groups % tp == 0)"),
+              (cfg.hidden % tp, f"the MLP's hidden width ffn {cfg.hidden} is not divisible by tp {tp} (its "
+                                "columns are split over tp)"),
               (cfg.padded_vocab % tp, _vocab_problem(cfg, tp)),
               (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
     return next((text for bad, text in checks if bad), None)
@@ -75,11 +79,11 @@ def _role(name: str, sp: bool) -> str:
     leaf = name.rsplit(".", 1)[-1]
     if ".moe." in name:
         return "expert " + leaf
-    if name == "wte" or leaf in ("wo", "w2") or (name == "wpe" and sp):
+    if name in ("wte", "head.w") or leaf in ("wo", "w2") or (name == "wpe" and sp):
         return "rows"
-    if leaf in ("wq", "wk", "wv", "w1"):
+    if leaf in ("wq", "wk", "wv", "w1", "w3"):
         return "columns"
-    if leaf in ("bq", "bv", "b1"):
+    if leaf in ("bq", "bv", "b1", "b3"):
         return "vector"
     return "whole"
 

@@ -157,7 +157,8 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
       weight matrices (and, on one stage, the token embedding) at the parameters' width, and one microbatch's
       activations kept for backward by at least Megatron's kept set (Korthikanti et al., `korthikanti_bytes`:
       two layer norms' inputs, the QKV and MLP inputs, whole on every tp rank unless `sp`, Q, K, V, the
-      projection's input, GeLU's input and output split over tp, a dropout mask each for the attention's and
+      projection's input, GeLU's input and output split over tp (with Llama's options, GPTConfig: K and V of
+      kv_heads, and two of the MLP's hidden width), a dropout mask each for the attention's and
       the MLP's output; an MoE layer's MLP part left out; `kept` "graph" keeps dropout's factors as values, not
       one-byte masks) in each of the stage's layers; the attention core of each layer before the last keeps
       its probabilities (with dropout, their dropped-out values and the mask too; none with recomputation),
@@ -190,13 +191,16 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
         if moe is not None and cfg.is_moe(layer):
             weights = 4 * d * d + max(1, moe.experts // ep) * 2 * d * (moe.hidden or 4 * d)
             whole, masks, split = 3, drop, 4
-        else:
-            weights = 12 * d * d
-            whole, masks, split = 4, 2 * drop, 12
+        else:  # Q and the projection, K and V (kv_heads of them), the MLP's 2 (SwiGLU: 3) matrices
+            kvd = cfg.kv * cfg.head_dim
+            weights = 2 * d * d + 2 * d * kvd + (3 if cfg.mlp == "swiglu" else 2) * d * cfg.hidden
+            whole, masks, split = 4, 2 * drop, 2 * d + 2 * kvd + 2 * cfg.hidden  # split: per token, not per d
         if recompute == "full":  # each layer keeps its input alone
             other = sbh * width // shared
-        else:
+        elif moe is not None and cfg.is_moe(layer):
             other = sbh * (whole * width + masks * mask) // shared + sbh * split * width // tp
+        else:
+            other = sbh * (whole * width + masks * mask) // shared + s * b * split * width // tp
         core = elements * (2 * width + mask if drop else width) if recompute == "none" else 0
         per_layer.append((weights // tp, other, core))
     if pp > 1:  # a stage's layers: as many as the fewest of each kind a layer holds
@@ -205,7 +209,8 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
         last = least
     else:
         weights, other, core = (sum(x[i] for x in per_layer) for i in range(3))
-        weights += cfg.padded_vocab * d // tp  # the token embedding, split over tp (the head tied to it)
+        # the token embedding, split over tp (the head tied to it, or its own: GPTConfig.tied)
+        weights += (1 if cfg.tied else 2) * cfg.padded_vocab * d // tp
         last = per_layer[-1]
     params = weights * policy.dtype("param").itemsize
     # In the forward: at its end every layer's kept set; at the last layer's softmax the layers' before and,

@@ -34,15 +34,28 @@ from ..tolerances import sum_rtol
 from .config import GPTConfig
 from .params import padded_params, param_specs, unpadded_params
 
-__all__ = ["loss_and_grads", "tolerances", "longest_sum"]
+__all__ = ["loss_and_grads", "tolerances", "longest_sum", "architecture_problem"]
 
 _F32 = np.float32
 
 
+def architecture_problem(cfg: GPTConfig) -> Optional[str]:
+    """Why this reference cannot check `cfg` (one line), or None: it computes the GPT's own architecture
+    (LayerNorm, GELU MLP of 4 d_model, multi-head attention, learned positions, tied head, biases); Llama's
+    options (GPTConfig) are checked at float64 (spmdsim.gpt.reference) only."""
+    default = GPTConfig()
+    changed = [f"{name} {getattr(cfg, name)!r}" for name in ("ffn", "norm", "mlp", "kv_heads", "tied", "positions",
+                                                              "bias") if getattr(cfg, name) != getattr(default, name)]
+    if not changed:
+        return None
+    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's architecture only, not "
+            f"{', '.join(changed)}; check it at fp64, or run without the check")
+
+
 def longest_sum(cfg: GPTConfig) -> int:
     """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
-    gradient), the MLP's second product (4 d_model), the vocabulary (softmax), a row (d_model)."""
-    return max(cfg.batch * cfg.seq, 4 * cfg.d_model, cfg.vocab, cfg.d_model)
+    gradient), the MLP's second product (its hidden width), the vocabulary (softmax), a row (d_model)."""
+    return max(cfg.batch * cfg.seq, cfg.hidden, cfg.vocab, cfg.d_model)
 
 
 def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:

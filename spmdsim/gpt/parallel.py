@@ -130,7 +130,7 @@ class GPT:
                 t = DTensor.full(mesh, layout, spec.shape, constant(spec))
             else:
                 t = DTensor.from_seeded(mesh, layout, source)
-                if spec.name == "wte":
+                if spec.name in ("wte", "head.w"):
                     _zero_padded_rows(t, cfg.vocab)
             # The policy's parameter dtype: the float64 values rounded once (the reference's start, too).
             self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
@@ -144,6 +144,8 @@ class GPT:
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
         self._router_losses: list = []
+        self._rope_tables: Any = None  # (cos, sin, turn) as DTensors, made by `_rope` when first used
+        self._group_ones: Any = None  # grouped-query attention's ones (1, 1, 1, G, 1), made by `_grouped`
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
@@ -183,16 +185,17 @@ class GPT:
         pre = f"h{layer}."
         T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
         with kept_as("layer norm"):
-            a = self._gathered(ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps))
+            a = self._gathered(self._norm(h, pre + "ln1"))
 
-        def heads(name: str) -> Any:
+        def heads(name: str, n: int) -> Any:
             y = ops.einsum("tbd,de->tbe", a, p[pre + f"attn.w{name}"])
             if name != "k":  # no key bias (spmdsim.gpt.params)
-                y = y + p[pre + f"attn.b{name}"]
-            return ops.reshape(y, (T, B, H, cfg.head_dim))
+                y = self._biased(y, pre + f"attn.b{name}")
+            return ops.reshape(y, (T, B, n, cfg.head_dim))
 
         with kept_as("attention"):
-            q, k, v = heads("q"), heads("k"), heads("v")
+            q, k, v = heads("q", H), heads("k", cfg.kv), heads("v", cfg.kv)
+            q, k, v = self._rope(q), self._grouped(self._rope(k)), self._grouped(v)
         # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
@@ -202,16 +205,79 @@ class GPT:
                               recompute=self.recompute == "selective")
         with kept_as("attention"):
             proj = self._row_out(ops.einsum("tbd,de->tbe", ops.reshape(o, (T, B, D)), p[pre + "attn.wo"]))
-            proj = proj + p[pre + "attn.bo"]
+            proj = self._biased(proj, pre + "attn.bo")
             h = h + self._dropout(proj, pre + "resid1", step, train, micro)
         with kept_as("layer norm"):
-            m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
+            m = self._gathered(self._norm(h, pre + "ln2"))
         if cfg.is_moe(layer):
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
-            m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
-            out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
+            z = self._biased(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]), pre + "mlp.b1")
+            if cfg.mlp == "swiglu":  # silu(m w1 + b1) * (m w3 + b3)
+                m = ops.silu(z) * self._biased(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w3"]), pre + "mlp.b3")
+            else:
+                m = ops.gelu(z)
+            out = self._biased(self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])), pre + "mlp.b2")
             return h + self._dropout(out, pre + "resid2", step, train, micro)
+
+    def _biased(self, y: Any, name: str) -> Any:
+        """y plus the bias `name` where the model has one (GPTConfig.bias)."""
+        b = self.params.get(name)
+        return y if b is None else y + b
+
+    def _norm(self, h: Any, name: str, kept: str = "graph") -> Any:
+        """The norm `name` ("h0.ln1", "lnf") on h: GPTConfig.norm's, layer norm (`kept` as ops.layer_norm's)
+        or RMSNorm (ops.rms_norm: the graph's node under either kept set)."""
+        p, cfg = self.params, self.cfg
+        if cfg.norm == "rms":
+            return ops.rms_norm(h, p[name + ".w"], cfg.ln_eps)
+        if kept == "megatron":
+            return ops.layer_norm(h, p[name + ".w"], p[name + ".b"], cfg.ln_eps, kept="megatron")
+        return ops.layer_norm(h, p[name + ".w"], p[name + ".b"], cfg.ln_eps)
+
+    def _rope(self, x: Any) -> Any:
+        """x (T, B, heads, head_dim) turned by the rotary embeddings (GPTConfig.positions "rope"): x cos +
+        rotate_half(x) sin over the head dim, whole on every rank (local); x itself with learned positions."""
+        cfg = self.cfg
+        if cfg.positions != "rope":
+            return x
+        from ..runtime.dtensor import DTensor
+        from ._blocks import rope_tables
+
+        tables = self._rope_tables
+        if tables is None:  # cos and sin (T, 1, 1, 2, Dh / 2); rotate_half's 2 x 2 turn of the halves
+            half, dtype = cfg.head_dim // 2, self.precision.dtype("activation")
+            whole = self.mesh.layout(None, None, None, None, None)
+            tables = tuple(DTensor.from_global(self.mesh, t.reshape(cfg.seq, 1, 1, 2, half).astype(dtype), whole)
+                           for t in rope_tables(cfg.seq, cfg.head_dim))
+            turn = np.array([[0.0, 1.0], [-1.0, 0.0]], dtype)  # [x1, x2] -> [-x2, x1]
+            tables += (DTensor.from_global(self.mesh, turn, self.mesh.layout(None, None)),)
+            self._rope_tables = tables
+        cos, sin, turn = tables
+        T, B, n, Dh = x.global_shape
+        # The head dim as its two halves (a view): the turn is a product over 2 (no slice or concatenation,
+        # whose blocks a dry run would make), then x cos + rotate_half(x) sin element-wise.
+        x = ops.reshape(x, (T, B, n, 2, Dh // 2))
+        out = x * cos + ops.einsum("tbhkd,kj->tbhjd", x, turn) * sin
+        return ops.reshape(out, (T, B, n, Dh))
+
+    def _grouped(self, x: Any) -> Any:
+        """Grouped-query attention's keys or values (T, B, kv_heads, head_dim) repeated for their query heads
+        (T, B, heads, head_dim): head j serves heads j G .. j G + G - 1, G = heads / kv_heads (on each rank
+        its own: kv_heads split over tp like the heads); x itself when kv_heads is heads."""
+        cfg = self.cfg
+        if cfg.kv == cfg.heads:
+            return x
+        from ..runtime.dtensor import DTensor
+
+        T, B = x.global_shape[:2]
+        G = cfg.heads // cfg.kv
+        ones = self._group_ones
+        if ones is None or ones.dtype != x.dtype:  # times ones (1, 1, 1, G, 1): an element-wise copy, as Megatron's
+            ones = self._group_ones = DTensor.from_global(  # expand (broadcast_to's copy would be made in a dry run)
+                self.mesh, np.ones((1, 1, 1, G, 1), x.dtype), self.mesh.layout(None, None, None, None, None))
+        x = ops.reshape(x, (T, B, cfg.kv, 1, cfg.head_dim)) * ones
+        return ops.reshape(x, (T, B, cfg.heads, cfg.head_dim))
 
     def _megatron_block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
                         scale: float = 1.0) -> Any:
@@ -228,27 +294,51 @@ class GPT:
             return self._seed(step, pre + site, micro) if drop else None
 
         with kept_as("layer norm"):
-            a = ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps, kept="megatron")
+            a = self._norm(h, pre + "ln1", kept="megatron")
         with kept_as("attention"):
             pairs = [(p[pre + f"attn.w{n}"], p.get(pre + f"attn.b{n}") if n != "k" else None) for n in "qkv"]
-            qkv = ops.reshape(megatron.column_parallel_linear(a, pairs, self.full), (3, T, B, H, cfg.head_dim))
-            q, k, v = qkv[0], qkv[1], qkv[2]  # views of one buffer
+            if cfg.kv == H:
+                qkv = ops.reshape(megatron.column_parallel_linear(a, pairs, self.full), (3, T, B, H, cfg.head_dim))
+                q, k, v = qkv[0], qkv[1], qkv[2]  # views of one buffer
+            else:  # grouped-query attention: Q, and K and V of fewer heads
+                q = ops.reshape(megatron.column_parallel_linear(a, pairs[:1], self.full), (T, B, H, cfg.head_dim))
+                kv = ops.reshape(megatron.column_parallel_linear(a, pairs[1:], self.full),
+                                 (2, T, B, cfg.kv, cfg.head_dim))
+                k, v = kv[0], kv[1]
+            q, k, v = self._rope(q), self._grouped(self._rope(k)), self._grouped(v)
         with kept_as("attention core"):
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed("attn"), batch_first=False,
                               recompute=self.recompute == "selective", kept="megatron")
         with kept_as("attention"):
             y = megatron.row_parallel_linear(ops.reshape(o, (T, B, D)), p[pre + "attn.wo"], self.act)
-            h = megatron.bias_dropout_add(y, p[pre + "attn.bo"], h, drop, seed("resid1"), mask_dims=(1, 0, 2))
+            h = self._bias_dropout_add(y, pre + "attn.bo", h, drop, seed("resid1"), pre + "resid1", step, train,
+                                       micro)
         with kept_as("layer norm"):
-            m = ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps, kept="megatron")
+            m = self._norm(h, pre + "ln2", kept="megatron")
             if cfg.is_moe(layer):  # the MoE layer reads the tokens whole on tp (gathered with sp), as the graph's
                 m = self._gathered(m)
         if cfg.is_moe(layer):
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
-            z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p[pre + "mlp.b1"])], self.full)
-            y = megatron.row_parallel_linear(ops.gelu(z, kept="megatron"), p[pre + "mlp.w2"], self.act)
-            return megatron.bias_dropout_add(y, p[pre + "mlp.b2"], h, drop, seed("resid2"), mask_dims=(1, 0, 2))
+            if cfg.mlp == "swiglu":
+                z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1")),
+                                                        (p[pre + "mlp.w3"], p.get(pre + "mlp.b3"))], self.full)
+                act = ops.silu(z[0]) * z[1]
+            else:
+                z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1"))], self.full)
+                act = ops.gelu(z, kept="megatron")
+            y = megatron.row_parallel_linear(act, p[pre + "mlp.w2"], self.act)
+            return self._bias_dropout_add(y, pre + "mlp.b2", h, drop, seed("resid2"), pre + "resid2", step, train,
+                                          micro)
+
+    def _bias_dropout_add(self, y: Any, bias: str, h: Any, drop: float, seed: Any, site: str, step: Optional[int],
+                          train: bool, micro: Optional[int]) -> Any:
+        """h + dropout(y + bias): Megatron's fused node, or without the bias (GPTConfig.bias False) the
+        dropout's (its boolean mask kept) and a sum."""
+        b = self.params.get(bias)
+        if b is not None:
+            return megatron.bias_dropout_add(y, b, h, drop, seed, mask_dims=(1, 0, 2))
+        return h + self._dropout(y, site, step, train, micro)
 
     def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
                  scale: float) -> Any:
@@ -283,6 +373,8 @@ class GPT:
         # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
         with kept_as("embedding"):
             tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
+            if cfg.positions == "rope":  # positions turn q and k in each block instead
+                return self._dropout(tok, "emb", step, train, micro)
             pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
             return self._dropout(tok + pos, "emb", step, train, micro)
 
@@ -331,9 +423,9 @@ class GPT:
         if last:
             h = h[-1:]
         with kept_as("head"):
-            h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
-            # The tied head (columns split like the vocabulary), its logits batch-first again.
-            return self._masked(ops.einsum("tbd,vd->btv", h, p["wte"]))
+            h = self._gathered(self._norm(h, "lnf"))
+            # The head, tied or its own (columns split like the vocabulary), its logits batch-first again.
+            return self._masked(ops.einsum("tbd,vd->btv", h, p["wte" if cfg.tied else "head.w"]))
 
     def _masked(self, z: Any) -> Any:
         """The logits `z` (B, T, padded_vocab) with the padded vocabulary's columns at -inf (GPTConfig

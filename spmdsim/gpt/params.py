@@ -59,26 +59,46 @@ class ParamSpec:
 
 @functools.lru_cache(maxsize=16)  # a dry run's representatives ask for a 128-layer model's list many times
 def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
-    """Every parameter in the optimizer's order: wte, wpe, the blocks h0..h{L-1}, lnf."""
-    V, D, T = cfg.padded_vocab, cfg.d_model, cfg.seq
-    out = [ParamSpec("wte", (V, D), "seeded"), ParamSpec("wpe", (T, D), "seeded")]
+    """Every parameter in the optimizer's order: wte, wpe, the blocks h0..h{L-1}, lnf (and head.w untied).
+
+    Llama's options (spmdsim.gpt.GPTConfig) change the list: positions "rope" has no wpe; norm "rms" no
+    layer norm biases (ln1.b, ln2.b, lnf.b); kv_heads makes wk and wv (D, kv_heads x head_dim); mlp
+    "swiglu" adds mlp.w3 (D, F) (and mlp.b3) beside w1; bias False drops attn.bq, bv, bo and the MLP's
+    biases; tied False adds head.w (padded_vocab, D) last."""
+    V, D, T, F = cfg.padded_vocab, cfg.d_model, cfg.seq, cfg.hidden
+    KD = cfg.kv * cfg.head_dim
+    rms, bias = cfg.norm == "rms", cfg.bias
+    out = [ParamSpec("wte", (V, D), "seeded")]
+    if cfg.positions == "learned":
+        out.append(ParamSpec("wpe", (T, D), "seeded"))
+
+    def norm(name: str) -> list:
+        return [ParamSpec(f"{name}.w", (D,), "ones")] + ([] if rms else [ParamSpec(f"{name}.b", (D,), "zeros")])
+
     for layer in range(cfg.layers):
         h = f"h{layer}"
-        out += [ParamSpec(f"{h}.ln1.w", (D,), "ones"), ParamSpec(f"{h}.ln1.b", (D,), "zeros")]
+        out += norm(f"{h}.ln1")
         for w in ("q", "k", "v", "o"):
-            out.append(ParamSpec(f"{h}.attn.w{w}", (D, D), "seeded"))
-            if w != "k":  # no key bias: softmax ignores it, its gradient is zero but for rounding, which
-                out.append(ParamSpec(f"{h}.attn.b{w}", (D,), "zeros"))  # Adam would blow up to +-lr steps
-        out += [ParamSpec(f"{h}.ln2.w", (D,), "ones"), ParamSpec(f"{h}.ln2.b", (D,), "zeros")]
+            out.append(ParamSpec(f"{h}.attn.w{w}", (D, KD) if w in "kv" else (D, D), "seeded"))
+            if w != "k" and bias:  # no key bias: softmax ignores it, its gradient is zero but for rounding,
+                out.append(ParamSpec(f"{h}.attn.b{w}", (KD,) if w == "v" else (D,), "zeros"))  # which Adam would
+        out += norm(f"{h}.ln2")  # blow up to +-lr steps
         if cfg.is_moe(layer):
-            E, F = cfg.moe.experts, cfg.moe.hidden or 4 * D
+            E, FE = cfg.moe.experts, cfg.moe.hidden or 4 * D
             out += [ParamSpec(f"{h}.moe.router", (D, E), "seeded"),
-                    ParamSpec(f"{h}.moe.w1", (E, D, F), "seeded"), ParamSpec(f"{h}.moe.b1", (E, F), "zeros"),
-                    ParamSpec(f"{h}.moe.w2", (E, F, D), "seeded"), ParamSpec(f"{h}.moe.b2", (E, D), "zeros")]
-        else:
-            out += [ParamSpec(f"{h}.mlp.w1", (D, 4 * D), "seeded"), ParamSpec(f"{h}.mlp.b1", (4 * D,), "zeros"),
-                    ParamSpec(f"{h}.mlp.w2", (4 * D, D), "seeded"), ParamSpec(f"{h}.mlp.b2", (D,), "zeros")]
-    out += [ParamSpec("lnf.w", (D,), "ones"), ParamSpec("lnf.b", (D,), "zeros")]
+                    ParamSpec(f"{h}.moe.w1", (E, D, FE), "seeded"), ParamSpec(f"{h}.moe.b1", (E, FE), "zeros"),
+                    ParamSpec(f"{h}.moe.w2", (E, FE, D), "seeded"), ParamSpec(f"{h}.moe.b2", (E, D), "zeros")]
+            continue
+        out.append(ParamSpec(f"{h}.mlp.w1", (D, F), "seeded"))
+        out += [ParamSpec(f"{h}.mlp.b1", (F,), "zeros")] if bias else []
+        if cfg.mlp == "swiglu":
+            out.append(ParamSpec(f"{h}.mlp.w3", (D, F), "seeded"))
+            out += [ParamSpec(f"{h}.mlp.b3", (F,), "zeros")] if bias else []
+        out.append(ParamSpec(f"{h}.mlp.w2", (F, D), "seeded"))
+        out += [ParamSpec(f"{h}.mlp.b2", (D,), "zeros")] if bias else []
+    out += norm("lnf")
+    if not cfg.tied:
+        out.append(ParamSpec("head.w", (V, D), "seeded"))
     return tuple(out)
 
 
@@ -121,7 +141,7 @@ def initial_value(cfg: GPTConfig, spec: ParamSpec) -> np.ndarray:
     if source is None:
         return np.full(spec.shape, constant(spec), dtype=np.float64)
     out = np.array(source.full(), dtype=np.float64)
-    if spec.name == "wte":
+    if spec.name in ("wte", "head.w"):
         out[cfg.vocab:] = 0.0  # the padded rows (GPTConfig.vocab_pad_to)
     return out
 
@@ -129,20 +149,24 @@ def initial_value(cfg: GPTConfig, spec: ParamSpec) -> np.ndarray:
 def unpadded_params(arrays: dict, cfg: GPTConfig) -> dict:
     """`arrays` (parameter name -> whole array of the padded model `cfg`) with wte's padded rows dropped
     (a view): the unpadded model's (cfg.unpadded()); the same dict when cfg pads nothing."""
-    if cfg.padded_vocab == cfg.vocab or "wte" not in arrays:
+    if cfg.padded_vocab == cfg.vocab or not ("wte" in arrays or "head.w" in arrays):
         return arrays
-    return {**arrays, "wte": arrays["wte"][:cfg.vocab]}
+    return {**arrays, **{k: arrays[k][:cfg.vocab] for k in ("wte", "head.w") if k in arrays}}
 
 
 def padded_params(arrays: dict, cfg: GPTConfig, rows: Optional[np.ndarray] = None) -> dict:
     """`arrays` of the unpadded model with wte's padded rows appended: `rows` ((padded_vocab - vocab, D)),
     default zeros (a gradient's); the same dict when cfg pads nothing."""
     extra = cfg.padded_vocab - cfg.vocab
-    if not extra or "wte" not in arrays:
+    if not extra or not ("wte" in arrays or "head.w" in arrays):
         return arrays
-    wte = arrays["wte"]
-    tail = np.zeros((extra,) + wte.shape[1:], wte.dtype) if rows is None else rows
-    return {**arrays, "wte": np.concatenate([wte, np.asarray(tail, wte.dtype)])}
+    out = dict(arrays)
+    for name in ("wte", "head.w"):
+        if name in arrays:
+            table = arrays[name]
+            tail = np.zeros((extra,) + table.shape[1:], table.dtype) if rows is None or name != "wte" else rows
+            out[name] = np.concatenate([table, np.asarray(tail, table.dtype)])
+    return out
 
 
 def dropout_sites(cfg: GPTConfig) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ from .. import buffers
 from ..autograd.kept import kept_problem
 from ..context import current
 from ..errors import SpmdsimError
+from ..flops import holding
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
@@ -229,6 +230,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         raise SpmdsimError(problem)
     policy = get_precision(precision)
     low = policy.activation != "float64"
+    if check and low and not dry_run_active():  # every rank alike, before any collective
+        from .mixed import architecture_problem
+
+        problem = architecture_problem(cfg)
+        if problem:
+            raise SpmdsimError(problem)
     plan = build(schedule, pp, microbatches, virtual)
     chunks = pp * virtual
     last = chunks - 1
@@ -242,7 +249,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     mine = [c for c in range(chunks) if c % pp == stage]
     models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept,
                      precision=policy) for c in mine}
-    if 0 in models and chunks - 1 in models and chunks > 1:  # one stage holds both ends: one tied table
+    if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
         models[chunks - 1].params["wte"] = models[0].params["wte"]
     params: dict = {}
     for spec in param_specs(cfg):
@@ -251,7 +258,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 params.setdefault(spec.name, models[c].params[spec.name])
     tensors = list(params.values())
     decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
-    ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
+    ends = (0 in models) != (last in models) and pp > 1 and cfg.tied  # this stage holds one copy of the tied table
     # Clipping's joint norm: every stage's squares summed over pp, the tied table's counted on the first stage.
     counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
     if zero:  # each stage's states and master copy sharded over its dp ranks (and ep's: spmdsim.distrib_optim)
@@ -599,6 +606,14 @@ class _Most:
                                                                                  masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
             self.sum_of[chunk] = sum(self.kept_of[chunk].values())
+        elif holding() and not isinstance(out, _Stand):
+            # A later microbatch's blocks are the rank's too while it is live: marked as held (spmdsim.flops.hold)
+            # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
+            # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
+            # cell, counted the first's).
+            from ..autograd import kept_bytes
+
+            kept_bytes([out], exclude=self.params)
         self.live[chunk] = self.live.get(chunk, 0) + 1
         self.total += self.sum_of[chunk]
         if self.total > self.most:
@@ -812,7 +827,8 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
 def _held(run: PipelineRun, cfg: GPTConfig) -> list:
     """The names of the parameters each stage holds, in param_specs' order (every rank knows each stage's)."""
     pp, parts = run.mesh.layout.device_matrix[0], run.parts
-    return [[s.name for s in param_specs(cfg) if any(parts[c].holds(s.name) for c in range(stage, len(parts), pp))]
+    return [[s.name for s in param_specs(cfg)
+             if any(parts[c].holds(s.name, cfg.tied) for c in range(stage, len(parts), pp))]
             for stage in range(pp)]
 
 

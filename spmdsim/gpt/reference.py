@@ -286,13 +286,14 @@ def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int],
     keep = _masks(cfg, step, train, B, micro)
     q = 1.0 - cfg.dropout
     drop = (lambda a, site: a) if keep is None else (lambda a, site: a * keep[site].reshape(a.shape) / q)
-    h = drop(params["wte"][x] + params["wpe"][None], "emb").reshape(B * T, cfg.d_model)
+    h = params["wte"][x] if cfg.positions == "rope" else params["wte"][x] + params["wpe"][None]
+    h = drop(h, "emb").reshape(B * T, cfg.d_model)
     blocks = []
     for layer in range(cfg.layers):
         h, block = blk.block_forward(params, f"h{layer}.", h, B, cfg, drop, (routes or {}).get(f"h{layer}"))
         blocks.append(block if need_cache else None)
-    hf, lnf = blk.layer_norm(h, params["lnf.w"], params["lnf.b"], cfg.ln_eps)
-    out = hf @ params["wte"].T
+    hf, lnf = blk.norm(params, "lnf", h, cfg)
+    out = hf @ params["wte" if cfg.tied else "head.w"].T
     return out, {"keep": keep, "blocks": blocks, "hf": hf, "lnf": lnf}
 
 
@@ -301,14 +302,21 @@ def _backward(params: Params, x: np.ndarray, dlogits: np.ndarray, cache: dict, c
     keep, q = cache["keep"], 1.0 - cfg.dropout
     undrop = (lambda g, site: g) if keep is None else (lambda g, site: g * keep[site].reshape(g.shape) / q)
     grads: Params = {}
-    d_wte = dlogits.T @ cache["hf"]  # the tied head; the embedding's rows add in below
-    dh, grads["lnf.w"], grads["lnf.b"] = blk.layer_norm_backward(dlogits @ params["wte"], cache["lnf"])
+    head = "wte" if cfg.tied else "head.w"
+    d_head = dlogits.T @ cache["hf"]  # the head; a tied one's, the embedding's rows add in below
+    dh = blk.norm_backward(dlogits @ params[head], cache["lnf"], "lnf", cfg, grads)
+    if cfg.tied:
+        d_wte = d_head
+    else:
+        grads["head.w"], d_wte = d_head, np.zeros_like(params["wte"])
     for layer in reversed(range(cfg.layers)):
         dh = blk.block_backward(params, f"h{layer}.", dh, cache["blocks"][layer], cfg, undrop, grads)
     B, T = x.shape
     dh0 = undrop(dh, "emb").reshape(B, T, cfg.d_model)
     np.add.at(d_wte, x.reshape(-1), dh0.reshape(B * T, cfg.d_model))
-    grads["wte"], grads["wpe"] = d_wte, dh0.sum(axis=0)
+    grads["wte"] = d_wte
+    if cfg.positions == "learned":
+        grads["wpe"] = dh0.sum(axis=0)
     return {spec.name: grads[spec.name] for spec in param_specs(cfg)}
 
 

@@ -4,8 +4,9 @@ Pure (numpy only). A pipeline of p stages with v virtual stages each runs p*v
 model chunks; chunk c lives on stage c % p (Megatron's interleaving). Chunk 0
 holds the token and position embeddings, the last chunk the final LayerNorm,
 the head (tied to the token embedding: its own copy of ``wte``, whose
-gradient is summed with the first chunk's, Megatron's embedding group) and
-the loss. The layers are balanced (the first chunks take one more where they
+gradient is summed with the first chunk's, Megatron's embedding group; an
+untied head, GPTConfig.tied False, its own "head.w" alone) and the loss.
+The layers are balanced (the first chunks take one more where they
 do not divide), or follow a split the user gives: one layer count per chunk.
 """
 from __future__ import annotations
@@ -37,13 +38,14 @@ class Part:
              if self.stop > self.first else []) + (["head"] if self.head else [])
         return " + ".join(pieces) or "nothing"
 
-    def holds(self, name: str) -> bool:
-        """Whether the parameter `name` (spmdsim.gpt.params) is in this part."""
+    def holds(self, name: str, tied: bool = True) -> bool:
+        """Whether the parameter `name` (spmdsim.gpt.params) is in this part; `tied`: GPTConfig.tied (an untied
+        head holds its own "head.w", not the embedding's table)."""
         if name == "wte":
-            return self.embed or self.head
+            return self.embed or (self.head and tied)
         if name == "wpe":
             return self.embed
-        if name.startswith("lnf."):
+        if name.startswith(("lnf.", "head.")):
             return self.head
         layer = int(name[1:name.index(".")])
         return self.first <= layer < self.stop
@@ -56,7 +58,7 @@ def whole(cfg: GPTConfig) -> Part:
 
 def part_specs(cfg: GPTConfig, part: Part) -> tuple[ParamSpec, ...]:
     """The parameters `part` holds, in the optimizer's order (param_specs')."""
-    return tuple(s for name, specs in _pieces(cfg) if part.holds(name) for s in specs)
+    return tuple(s for name, specs in _pieces(cfg) if part.holds(name, cfg.tied) for s in specs)
 
 
 @functools.lru_cache(maxsize=16)  # each stage of a pipeline (and each dry-run representative) asks alike

@@ -437,6 +437,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
     low = policy.activation != "float64"
+    if check and low and not dry_run_active():  # every rank alike, before any collective
+        from .mixed import architecture_problem
+
+        problem = architecture_problem(cfg)
+        if problem:
+            raise SpmdsimError(problem)
     if mesh is None:
         mesh = Mesh(Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)

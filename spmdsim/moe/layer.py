@@ -565,7 +565,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     mesh = x.mesh
     T, bl, D = x.local.shape
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
-    routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing)
+    routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing, probs.local.dtype)
     rows, nrows, per_expert = dispatch_rows(routing, moe.dropless, ep)
     move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
                      f"{name} combine")
@@ -574,13 +574,18 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     W1 = weights[0].local
     xe = move.dispatch(zeros((nrows, D), act))
     # what a real step's experts keep for the backward, sized (`_run_experts`: fc1's output, GELU's tanh and
-    # output), and its fc2's output, summed over tp
+    # output), and its fc2's output ye in the activations' dtype: at fp64 fc2's product itself, summed over tp in
+    # place; under a policy the product is float32, summed over tp in place, and ye a block of its own that the
+    # product is rounded into (`_run_experts_mixed`). The combine is given ye, as the real step's is: at ep 1 it
+    # may return ye itself, which the layer then keeps for its backward.
     H = W1.shape[2]
     hs, ts, acts = zeros((xe.shape[0], H), act), zeros((xe.shape[0], H), np.float32 if mixed else act), \
         zeros((xe.shape[0], H), act)
-    ye = allreduce(mesh, zeros(xe.shape, np.float32 if mixed else act), "tp", f"{name} experts fc2") if tp > 1 \
-        else zeros(xe.shape, act)
-    back = move.combine(zeros(xe.shape, act) if mixed else ye)
+    fc2 = zeros(xe.shape, np.float32 if mixed else act)
+    if tp > 1:
+        allreduce(mesh, fc2, "tp", f"{name} experts fc2", out=fc2)
+    ye = zeros(xe.shape, act) if mixed else fc2
+    back = move.combine(ye)
     out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
     if any_open():
         _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed,

@@ -153,16 +153,19 @@ def followed(logits: np.ndarray, margin: np.ndarray, own: np.ndarray, follow: np
     return np.where(take[..., None], f, own)
 
 
-def planned(sequences: int, tokens: int, experts: int, top_k: int, capacity: int, how: str) -> Routing:
+def planned(sequences: int, tokens: int, experts: int, top_k: int, capacity: int, how: str,
+            dtype: Any = np.float64) -> Routing:
     """A routing by rule, not by probabilities (a dry run's: see the module docstring): `how` "balanced"
-    or "worst", for `sequences` groups of `tokens` tokens over `experts` experts."""
+    or "worst", for `sequences` groups of `tokens` tokens over `experts` experts; its gates of `dtype` (the
+    router probabilities', as `route` gives them: float32 under a precision policy)."""
     if how not in ROUTINGS:
         raise SpmdsimError(f"planned routing {how!r} is not one of {', '.join(map(repr, ROUTINGS))}")
     top_k, capacity = _counts(top_k, capacity, experts)
     # Each call its own arrays (a layer's node keeps them, as a routed layer keeps its own), copied from the
     # plan: the (S, T, E) slot count that made them is the cost a dry run's every MoE layer paid again.
     made = _plan(sequences, tokens, experts, top_k, capacity, how)
-    return Routing(made.experts.copy(), made.gates.copy(), made.slots.copy(), made.counts.copy(), made.capacity)
+    return Routing(made.experts.copy(), made.gates.astype(dtype), made.slots.copy(), made.counts.copy(),
+                   made.capacity)
 
 
 def _counts(top_k: object, capacity: object, experts: int) -> tuple[int, int]:

@@ -1,0 +1,88 @@
+"""A dry run counts what the real run allocates: one training step of a small GPT, run for real and dry
+(``spmdsim.simulate(n, ..., dry_run=True)``) at the same precision, gives every rank the same record.
+
+The record is each product's and kernel's blocks the rank holds nowhere else (spmdsim.flops.Fresh, by identity:
+a block the step keeps for its backward, a parameter or its gradient is held; a product's result that nothing
+keeps is the moment's own, what the estimate's peak adds, spmdsim.estimate.ledger.largest_transient), the
+products and kernels themselves, and the bytes kept for the backward, the master copy, the optimizer's states
+and the buffers (StepResult.memory). Dense and MoE GPTs, float32 and bf16-mixed, a few tp, ep and pp values.
+
+Under bf16-mixed the attention core's backward products are left out: their dry gradients are bfloat16 blocks
+where the real ones are float32 (spmdsim.autograd.rules.attention, not this test's).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.flops import Gemm, counting
+from spmdsim.gpt import GPTConfig
+from spmdsim.gpt.pipeline import train_pipelined
+from spmdsim.moe.config import MoEConfig
+
+
+def _gpt(batch: int, layers: int = 1, moe: MoEConfig | None = None) -> GPTConfig:
+    return GPTConfig(layers=layers, d_model=64, heads=4, seq=8, batch=batch, vocab=128, moe=moe)
+
+
+def _moe(top_k: int = 1) -> MoEConfig:
+    return MoEConfig(experts=4, top_k=top_k, every=1)
+
+
+def _step(cfg: GPTConfig, precision: str, dry: bool, pp: int = 1, tp: int = 1, ep: int = 1, **kw) -> list:
+    """Per rank: (stage, its Fresh records, products, kernels, (kept, master, states, buffers)) of one step."""
+    ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % 128
+
+    def body():
+        with counting(blocks=True) as flops:
+            run, steps = train_pipelined(cfg, spmdsim.world(), pp, 1, tp, 1, ids, memory=True, check=False, ep=ep,
+                                         precision=precision, **kw)
+        memory = steps[-1].memory
+        out = (run.stage, set(flops.fresh()), dict(flops.counts), dict(flops.kernels),
+               (memory.kept, memory.master, memory.states, memory.buffers))
+        run.close()
+        return out
+
+    return spmdsim.simulate(pp * ep * tp, body, dry_run=dry)
+
+
+def _attention_backward(f, cfg: GPTConfig) -> bool:
+    """Whether `f` is one of the attention core's backward products: (seq x head_dim) or (seq x seq) rows by
+    head (dpd = dy v^T, dv = pd^T dy, dq = ds k, dk = ds^T q)."""
+    g = f.what
+    return (isinstance(g, Gemm) and g.phase == "backward" and g.batch > 1 and g.m == cfg.seq
+            and cfg.head_dim in (g.k, g.n))
+
+
+CASES = {
+    # the head's product of one sequence a rank: (t, 1, v) -> (1, t, v) is the product itself, kept by the loss
+    "dense fp32 b1": (_gpt(1), "fp32", {}),
+    # the head's weight gradient reads the layer norm's output copied into (b t, d) order: a block of its own
+    "dense fp32 b2 tp2": (_gpt(2), "fp32", dict(tp=2)),
+    "dense bf16 b1 tp2": (_gpt(1), "bf16-mixed", dict(tp=2)),
+    # the routing's gates in the router's dtype (float32), as a real step's (the dry run's were float64)
+    "moe fp32 ep2": (_gpt(2, moe=_moe()), "fp32", dict(ep=2)),
+    # fc2's output in the activations' dtype, and at ep 1 with one sequence the combine's result itself, kept
+    "moe bf16 b1 tp2": (_gpt(1, moe=_moe()), "bf16-mixed", dict(tp=2)),
+    "moe bf16 ep2 tp2 top2": (_gpt(2, moe=_moe(2)), "bf16-mixed", dict(ep=2, tp=2)),
+    # a pipeline's later microbatches keep their blocks as the first does
+    "dense fp32 pp2": (_gpt(2, layers=2), "fp32", dict(pp=2, microbatches=2)),
+    "moe bf16 pp2 ep2": (_gpt(4, layers=2, moe=_moe()), "bf16-mixed", dict(pp=2, ep=2, microbatches=2)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_dry_step_counts_what_the_real_step_allocates(case):
+    cfg, precision, kw = CASES[case]
+    if precision == "bf16-mixed":
+        pytest.importorskip("ml_dtypes")
+    real, dry = _step(cfg, precision, False, **kw), _step(cfg, precision, True, **kw)
+    assert len(real) == len(dry) > 0
+    for rank, (ours, theirs) in enumerate(zip(dry, real)):
+        if precision == "bf16-mixed":
+            ours, theirs = ([*r[:1], {f for f in r[1] if not _attention_backward(f, cfg)}, *r[2:]]
+                            for r in (ours, theirs))
+        fresh, got = ours[1], theirs[1]
+        assert fresh == got, (rank, sorted(map(str, fresh - got)), sorted(map(str, got - fresh)))
+        assert ours[0] == theirs[0] and ours[2:] == theirs[2:], rank
