@@ -15,7 +15,7 @@ machine, the slowest stage's, as `spmdsim estimate` prints them).
 
 Lower bounds only prune, never choose (branch and bound; a bound of the memory a rank holds is one of its
 peak too): closed forms first (the model states of a
-rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
+rank's transformer layers, with ZeRO-1's summed gradient slice, over the memory limit drops a configuration; the
 program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
 machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
 spmdsim.estimate.bounds (a dense and an MoE layer's rows from four or six small dry runs, shared by every
