@@ -30,8 +30,15 @@ its first tp rank), one Allreduce over the mesh, before the update; over a pipel
 more Allreduce over pp adds the other stages' squares.
 
 In a dry run (shapes only) the collectives run on the dry engine's zeros and nothing is computed; the
-states, master copy and scratch it would hold (3 + 1 slices per bucket) are counted on the run's
-Meter, 1/dp of what AdamW counts.
+states and master copy it would hold (3 slices per bucket) and the update's scratch (one group of
+spmdsim.optim._GROUP_ELEMENTS at most) are counted on the run's Meter.
+
+Memory, as Megatron's distributed optimizer holds it (Megatron Core user guide, "Distributed Optimizer":
+6 + 12/d bytes a parameter with bf16 parameters and fp32 main gradients): the flat buffer of step 2 is the
+gradients' buffer (each ``.grad`` becomes a view of it, the backward's block freed), and receives the
+gathered parameters in step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
+the summed slice (step 3's result, 4/d: Megatron reduces in place into its grad buffer, which MPI's
+Reduce_scatter here does not) and a group's scratch for the update are all it holds beside.
 """
 from __future__ import annotations
 
@@ -44,8 +51,8 @@ from .autograd.graph import updated, with_partial
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
-from .optim import (_adam_args, _capturing, _count_step, _decay_flags, _kernel, _norm_of, _Optimizer, _run_update,
-                    _squares, _step_sizes, _summed_squares, clip_coefficient)
+from .optim import (_adam_args, _capturing, _count_step, _decay_flags, _gather_elements, _kernel, _norm_of,
+                    _Optimizer, _run_update, _squares, _step_sizes, _summed_squares, clip_coefficient)
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -59,19 +66,19 @@ class _Bucket:
     dtype: np.dtype  # the parameters'
     axes: tuple = ()  # the dp axes its members are replicated over: its slices' group (one of size above one)
     wide: Any = None  # the gradients', master copy's and moments' (float32 for bfloat16 parameters)
-    params: Any = None  # bfloat16 parameters: the flat buffer they are gathered into (else `flat` serves)
+    params: Any = None  # bfloat16 parameters: `flat`'s first bytes as bfloat16, what they are gathered into
     rounded: Any = None  # bfloat16 parameters: this rank's master slice rounded, what it sends
     members: list = field(default_factory=list)  # (parameter index, start, stop) in the flat buffer
     size: int = 0  # elements before padding
     padded: int = 0  # a multiple of dp
     start: int = 0  # this rank's slice [start, start + padded // dp)
     decayed: tuple = ()  # (a, b) slice-relative spans of decaying parameters
-    flat: Any = None  # the flat buffer: the gradients going out, the parameters coming back
+    flat: Any = None  # the gradient buffer: the gradients going out, the parameters coming back
     grad: Any = None  # this rank's slice of the summed gradients (the Reduce_scatter's result)
     master: Any = None
     m: Any = None
     v: Any = None
-    tmp: Any = None
+    tmp: Any = None  # the update's scratch: one group's (spmdsim.optim._GROUP_ELEMENTS) at most
     dp: int = 1  # the group's size
     t: int = 0  # steps taken
     loaded: bool = False  # bfloat16 parameters: the master slice was taken from them at the first step
@@ -223,14 +230,15 @@ class DistributedAdamW(_Optimizer):
 
             b.flat, b.grad = zeros((b.padded,), b.wide), zeros((b.shard,), b.wide)
             if low:
-                b.params, b.rounded = zeros((b.padded,), b.dtype), zeros((b.shard,), b.dtype)
+                b.params, b.rounded = _narrow_view(b.flat, b.dtype, b.padded), zeros((b.shard,), b.dtype)
             return
         b.flat, b.grad = np.zeros(b.padded, b.wide), np.zeros(b.shard, b.wide)
-        if low:
-            b.params, b.rounded = np.zeros(b.padded, b.dtype), np.zeros(b.shard, b.dtype)
+        if low:  # gathered into the gradient buffer's bytes, as Megatron's grad buffer receives the params
+            b.params, b.rounded = _narrow_view(b.flat, b.dtype, b.padded), np.zeros(b.shard, b.dtype)
         self._flatten_params(b)
         b.master = (b.params if low else b.flat)[b.start:b.start + b.shard].astype(b.wide)
-        b.m, b.v, b.tmp = (np.zeros(b.shard, b.wide) for _ in range(3))
+        b.m, b.v = (np.zeros(b.shard, b.wide) for _ in range(2))
+        b.tmp = np.zeros(_gather_elements(b.shard), b.wide)
 
     def _flatten_params(self, b: _Bucket) -> None:
         into = b.flat if b.params is None else b.params
@@ -238,13 +246,19 @@ class DistributedAdamW(_Optimizer):
             into[a:z] = self.params[i].local.reshape(-1)
 
     def memory(self) -> dict:
-        """This rank's bytes: "optimizer states" (the moments), "master copy", "buffers" (the flat buffers,
-        the summed gradients' slices and the update's scratch)."""
+        """This rank's bytes: "optimizer states" (the moments), "master copy", "buffers" (the summed gradients'
+        slices, the update's scratch, and a bfloat16 parameter's rounded slice). The buckets' flat buffers are
+        the gradients' (`gradient_buffers`), not counted here."""
         slices = sum(b.shard * b.wide.itemsize for b in self.buckets)
-        flats = sum((b.padded + b.shard) * b.wide.itemsize for b in self.buckets)
-        low = sum((b.padded + b.shard) * b.dtype.itemsize for b in self.buckets if b.params is not None)
-        return {"optimizer states": 2 * slices, "master copy": slices,
-                "buffers": flats + slices + low}
+        scratch = sum(_gather_elements(b.shard) * b.wide.itemsize for b in self.buckets)
+        low = sum(b.shard * b.dtype.itemsize for b in self.buckets if b.params is not None)
+        return {"optimizer states": 2 * slices, "master copy": slices, "buffers": slices + scratch + low}
+
+    def gradient_buffers(self) -> tuple:
+        """The buckets' flat buffers: the gradient buffer (Megatron's main_grad buffer) the step packs each
+        parameter's gradient into, its ``.grad`` then a view of it, until the parameters are gathered into
+        it (after a step every ``.grad`` is None). A memory report counts them as gradients."""
+        return tuple(b.flat for b in self.buckets)
 
     def states_of(self, params: Iterable[Any]) -> int:
         """The bytes of this rank's slices of the moments of these parameters (of this optimizer's), a part of
@@ -256,6 +270,13 @@ class DistributedAdamW(_Optimizer):
             total += sum(2 * max(0, min(z, hi) - max(a, lo)) * b.wide.itemsize for i, a, z in b.members
                          if id(self.params[i]) in wanted)
         return total
+
+    def grads_of(self, params: Iterable[Any]) -> int:
+        """The bytes of these parameters' gradients in the gradient buffers (their blocks' elements at the
+        gradients' width), whether or not a step has consumed them; a dry run's alike."""
+        wanted = {id(p) for p in params}
+        return sum((z - a) * b.wide.itemsize for b in self.buckets for i, a, z in b.members
+                   if id(self.params[i]) in wanted)
 
     def grad_slices(self) -> list:
         """(parameter index, start, stop, values): the summed gradient this rank updated at the last step,
@@ -308,6 +329,9 @@ class DistributedAdamW(_Optimizer):
         for b in self.buckets:
             if not self._dry:
                 _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
+            self._into_buffer(b)
+        del grads  # the backward's gradient blocks: each leaf's .grad views the gradient buffer now
+        for b in self.buckets:
             reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
@@ -324,7 +348,8 @@ class DistributedAdamW(_Optimizer):
         if self._dry:
             meter = current().meter
             if meter is not None:
-                meter.count(self, sum(4 * b.shard * b.wide.itemsize for b in self.buckets))
+                meter.count(self, sum((3 * b.shard + _gather_elements(b.shard)) * b.wide.itemsize
+                                      for b in self.buckets))
         else:
             for k, b in enumerate(self.buckets):
                 _kernel(_run_update)(self._update_slice, k, b.master, b.grad)
@@ -338,6 +363,18 @@ class DistributedAdamW(_Optimizer):
             allgather(self.mesh, sent, b.axes, 0, label="zero-1 parameter bucket", out=into)
             if not self._dry:
                 _kernel(_unpack)(into, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
+        for p in self.params:  # their buffer holds the parameters now (Megatron's grad buffer likewise)
+            p._ag.grad = None
+
+    def _into_buffer(self, b: _Bucket) -> None:
+        """Each member's ``.grad`` made a view of its place in `b`'s gradient buffer (packed there: the same
+        values, the same pending sum), so the block the backward made is freed: the buffer is the gradients'
+        memory, as Megatron's main_grad views its grad buffer."""
+        for i, a, z in b.members:
+            p = self.params[i]
+            g = p._ag.grad
+            block = b.flat[a:z].reshape(g.local.shape)
+            p._ag.grad = type(g)._trusted(g.mesh, block, g.layout, g.global_shape)
 
     def _update_slice(self, k: int, master: np.ndarray, grad: np.ndarray) -> None:
         """AdamW on bucket `k`'s slice, element by element as spmdsim.optim.adamw_update (one kernel call
@@ -348,7 +385,11 @@ class DistributedAdamW(_Optimizer):
             decay = 1 - self.lr * self.weight_decay
             for a, z in b.decayed:
                 master[a:z] *= decay
-        master -= _step_sizes(grad, b.m, b.v, b.t, b.tmp, lr=self.lr, betas=self.betas, eps=self.eps)
+        n = b.tmp.size  # a piece at a time through the scratch (elementwise: the values of one pass)
+        for a in range(0, master.size, n):
+            z = min(a + n, master.size)
+            master[a:z] -= _step_sizes(grad[a:z], b.m[a:z], b.v[a:z], b.t, b.tmp[:z - a], lr=self.lr,
+                                       betas=self.betas, eps=self.eps)
 
     def _grads(self) -> list:
         """Every parameter's gradient block summed over all but the dp axes (one Allreduce per other group of
@@ -446,6 +487,11 @@ def _dry_flat(n: int, dtype: Any) -> np.ndarray:
     from .sim.dry import zeros
 
     return zeros((n,), dtype)
+
+
+def _narrow_view(flat: np.ndarray, dtype: Any, n: int) -> np.ndarray:
+    """The first `n` elements' bytes of `flat` (a wider dtype) as an array of `dtype`: a view, no memory."""
+    return flat.view(np.uint8)[:n * np.dtype(dtype).itemsize].view(dtype)
 
 
 def _spans(b: _Bucket) -> tuple:

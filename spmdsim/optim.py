@@ -638,13 +638,16 @@ class AdamW(_Optimizer):
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         # A bfloat16 parameter (spmdsim.precision's bf16-mixed): a float32 master copy and float32 moments
         # take the update, and the parameter is the master rounded once (Megatron's mixed precision).
-        target = param if not is_low(param.dtype) else self.master.setdefault(index, param.astype(np.float32))
+        # (The master made once: `setdefault`'s default was a float32 copy of the block made at every step.)
+        target = param if not is_low(param.dtype) else self.master.get(index)
+        if target is None:
+            target = self.master[index] = param.astype(np.float32)
         t, m, v = self.state.get(index) or (0, np.zeros_like(target), np.zeros_like(target))
         self.state[index] = (t + 1, m, v)
         adamw_update(target, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
                      weight_decay=self.weight_decay if self.decays[index] else 0.0)
-        if target is not param:
-            param[...] = target.astype(param.dtype)
+        if target is not param:  # rounded once, as astype rounds it, with no block-sized temporary
+            np.copyto(param, target, casting="unsafe")
 
     def _together(self, found: list, taken: Any = None) -> bool:
         # One dtype, and every parameter at the same step (each counts its own): then the moments are one
@@ -673,7 +676,7 @@ class AdamW(_Optimizer):
                 old = self._dry_held()  # by the old buffers' element size
                 self._dry_itemsize = found[0][1].dtype.itemsize
                 new = sum(self._dry_sizes[i] for i in indices)
-                held.append(old + 3 * new + self._dry_gather(new))
+                held.append(old + 2 * new + 2 * self._dry_gather(new))
                 self._dry_flat = indices
                 for i in indices:
                     self._dry_homes[i] = indices
@@ -691,18 +694,20 @@ class AdamW(_Optimizer):
         return own + flats + self._dry_buffers()
 
     def _dry_buffers(self) -> int:
-        """The bytes of the last flat scratch and gather buffers a dry run's `_flatten` would have made."""
+        """The bytes of the last scratch and gather buffers a dry run's `_flatten` would have made."""
         total = sum(self._dry_sizes[i] for i in self._dry_flat)
-        return total + self._dry_gather(total)
+        return 2 * self._dry_gather(total) if total else 0
 
     def _dry_gather(self, total: int) -> int:
-        """The bytes of the gather buffer `_flatten` makes for flat buffers of `total` bytes."""
+        """The bytes of the scratch (and of the gather buffer) `_flatten` makes for flat buffers of `total`
+        bytes: one group's (`_GROUP_ELEMENTS`)."""
         return _gather_elements(total // self._dry_itemsize) * self._dry_itemsize
 
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy" (the float32 copies of bfloat16
-        parameters; none otherwise: the parameters are their own), "buffers" (the flat scratch of the update
-        and the buffer a group's gradients are gathered into); each buffer counted once."""
+        parameters; none otherwise: the parameters are their own), "buffers" (the update's scratch and the
+        buffer a group's gradients are gathered into, one group's each: `_GROUP_ELEMENTS`); each buffer
+        counted once."""
         if self._dry_sizes:  # a dry run's: what `_dry_held` counts, by kind
             scratch = self._dry_buffers()
             return {"optimizer states": self._dry_held() - scratch, "master copy": sum(self._dry_master.values()),
@@ -745,17 +750,25 @@ class AdamW(_Optimizer):
         # larger block alone and not contiguous: copied by reshape); its moments and steps, its blocks
         # stepped while that part of the buffers is still in cache; elementwise, so the same values as one
         # pass over the whole buffers.
+        # The step sizes go into one group's scratch (`tmp`), as Megatron's fused Adam holds none of the
+        # parameters' size; a block larger than a group alone is stepped a piece at a time (`_pieces`).
+        hyper = {"lr": self.lr, "betas": self.betas, "eps": self.eps}
         for a, b, members in groups:
+            if b - a > tmp.size:  # one block alone, larger than a group
+                (k,) = members
+                param, (pa, pb) = params[k], spans[k]
+                _step_pieces(param, grads[k], m[pa:pb].reshape(param.shape), v[pa:pb].reshape(param.shape), t,
+                             tmp, decay if self.weight_decay and self.decays[indices[k]] else None, **hyper)
+                continue
             grad = _end_to_end([grads[k] for k in members], g.dtype)
             if grad is None:
-                parts = [grads[k].reshape(-1) for k in members]
-                grad = parts[0] if b - a > g.size else np.concatenate(parts, out=g[:b - a])
-            _step_sizes(grad, m[a:b], v[a:b], t, tmp[a:b], lr=self.lr, betas=self.betas, eps=self.eps)
+                grad = np.concatenate([grads[k].reshape(-1) for k in members], out=g[:b - a])
+            _step_sizes(grad, m[a:b], v[a:b], t, tmp[:b - a], **hyper)
             for k in members:
                 param, (pa, pb) = params[k], spans[k]
                 if self.weight_decay and self.decays[indices[k]]:
                     param *= decay
-                param -= tmp[pa:pb].reshape(param.shape)
+                param -= tmp[pa - a:pb - a].reshape(param.shape)
 
     def _flatten(self, indices: tuple, params: tuple, grads: tuple) -> tuple:
         """Flat buffers for these parameters, laid out in the order their gradients lie in memory (a bucket's
@@ -768,8 +781,8 @@ class AdamW(_Optimizer):
         for k, a, b in zip(order, starts, ends):
             spans[k] = (a, b)
         dtype = params[0].dtype
-        m, v, tmp = (np.zeros(ends[-1], dtype) for _ in range(3))
-        g = np.zeros(_gather_elements(ends[-1]), dtype)
+        m, v = (np.zeros(ends[-1], dtype) for _ in range(2))
+        g, tmp = (np.zeros(_gather_elements(ends[-1]), dtype) for _ in range(2))
         for k, (a, b) in enumerate(spans):
             i, param = indices[k], params[k]
             t, m_i, v_i = self.state.get(i) or (0, None, None)
@@ -791,9 +804,9 @@ class AdamW(_Optimizer):
 
 
 def _gather_elements(total: int) -> int:
-    """The elements of the buffer AdamW gathers a group's gradients into, for flat buffers of `total`
-    elements: one group's (the gradients that lie end to end, a bucket's, are read in place; Megatron keeps
-    none)."""
+    """The elements of the buffer AdamW gathers a group's gradients into, and of its update's scratch, for flat
+    buffers of `total` elements: one group's (the gradients that lie end to end, a bucket's, are read in place;
+    Megatron keeps none)."""
     return min(total, _GROUP_ELEMENTS)
 
 
@@ -872,9 +885,41 @@ def adamw_update(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarr
     p -= lr * wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
     p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
     """
-    if weight_decay:
-        param *= 1 - lr * weight_decay
-    param -= _step_sizes(grad, m, v, t, None, lr=lr, betas=betas, eps=eps)
+    scratch = np.empty(min(param.size, _GROUP_ELEMENTS), _scratch_dtype(grad, betas))
+    _step_pieces(param, grad, m, v, t, scratch, 1 - lr * weight_decay if weight_decay else None, lr=lr,
+                 betas=betas, eps=eps)
+
+
+def _scratch_dtype(grad: np.ndarray, betas: tuple) -> np.dtype:
+    """The dtype of `_step_sizes`' intermediates: ``grad * (1 - beta1)``'s, as a new array would have it."""
+    return (np.empty(0, grad.dtype) * (1 - betas[0])).dtype
+
+
+def _step_pieces(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, scratch: np.ndarray,
+                 decay: Any, *, lr: float, betas: tuple, eps: float) -> None:
+    """One AdamW step of `param` (m and v shaped as it, `grad` too), a piece of at most ``scratch.size``
+    elements at a time (`_pieces`): each piece decayed (`decay`: the factor, None for none), its moments and
+    step sizes into `scratch`, then stepped. Elementwise: the values of one pass over the whole block, with
+    no scratch of the block's size (Megatron's fused Adam holds none)."""
+    for at in _pieces(param.shape, scratch.size):
+        piece = param[at]
+        tmp = scratch[:piece.size].reshape(piece.shape)
+        _step_sizes(grad[at], m[at], v[at], t, tmp, lr=lr, betas=betas, eps=eps)
+        if decay is not None:
+            piece *= decay
+        piece -= tmp
+
+
+def _pieces(shape: tuple, limit: int) -> list:
+    """Index tuples cutting an array of `shape` into views of at most `limit` elements each, in C order: whole
+    rows of the first axis together, or one row cut likewise when a row is larger."""
+    if math.prod(shape) <= limit:
+        return [(Ellipsis,)]
+    row = math.prod(shape[1:])
+    if row <= limit:
+        step = limit // row
+        return [(slice(r, min(r + step, shape[0])),) for r in range(0, shape[0], step)]
+    return [(r,) + rest for r in range(shape[0]) for rest in _pieces(shape[1:], limit)]
 
 
 def _step_sizes(grad: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, tmp: np.ndarray | None, *, lr: float,

@@ -298,19 +298,19 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
 
 
 def test_the_command_says_whether_a_rank_fits_the_machines_memory():
-    """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (43.33 GiB a rank at bf16
-    mixed precision, 43.58 GiB at its peak: the attention dropout's backward, its gradient in and out, 2 blocks
+    """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (38.42 GiB a rank at bf16
+    mixed precision, 38.67 GiB at its peak: the attention dropout's backward, its gradient in and out, 2 blocks
     of (1, 16, 2048, 2048) scores, for a moment; the tied table's two gradients are the table's gradient, which
-    the memory line holds); with 16 experts a GPU (ep 8) it does not (167.12 GiB, 167.37 GiB at its peak, the same
+    the memory line holds); with 16 experts a GPU (ep 8) it does not (139.70 GiB, 139.95 GiB at its peak, the same
     dropout's backward: the 16 experts' fc1 weights, 512 MiB, are parameters the memory line holds, not their
     product's moment)."""
     model = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50304",
              "--experts", "128", "--top-k", "1", "--micro-batch", "1", "--global-batch", "128"]
     fits = _cli(*model, "--ep", "128").stdout.splitlines()[-1]
     assert fits == ("memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak (the most, stage 0: "
-                    "43.58 GiB)")
+                    "38.67 GiB)")
     over = _cli(*model, "--ep", "8", "--dp", "16").stdout.split("\nto fit: ")[0].splitlines()[-1]
-    assert over == "memory: stage 0 needs 167.37 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
+    assert over == "memory: stage 0 needs 139.95 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
 
 
 def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pages():
@@ -376,7 +376,7 @@ def test_a_model_larger_than_this_machine_is_estimated_not_refused():
     done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
                 "--tp", "1", "--global-batch", "1", "--micro-batch", "1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\nto fit: ")[0].splitlines()[-1] == ("memory: stage 0 needs 1,191.30 GiB a rank at its peak, more than the "
+    assert done.stdout.split("\nto fit: ")[0].splitlines()[-1] == ("memory: stage 0 needs 974.85 GiB a rank at its peak, more than the "
                                             "a100-dgx's 80.00 GiB per GPU")
 
 
@@ -391,7 +391,7 @@ def test_the_head_counts_its_ranks_and_says_what_sp_and_zero_split_nothing():
 
 
 def test_a_transient_block_beyond_the_gpus_memory_does_not_fit_and_is_named():
-    """At seq 1,048,576 with selective recomputation the ledger keeps none of the attention core (68.61 GiB a
+    """At seq 1,048,576 with selective recomputation the ledger keeps none of the attention core (66.42 GiB a
     rank: "fits" was the answer), yet every layer's forward and backward make its (1, 4, 2^20, 2^20) scores and
     probabilities for a moment: the peak counts the largest kernel's blocks, so it does not fit, and the line
     names that kernel (the softmax's backward: scores' gradient written, probabilities and their gradient
@@ -400,11 +400,11 @@ def test_a_transient_block_beyond_the_gpus_memory_does_not_fit_and_is_named():
                 "--recompute", "selective", "--kept", "megatron", "--global-batch", "1")
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # the wrapped lines as one
-    assert "memory 68.61 GiB:" in text
-    assert "peak (transient included) 24,644.61 GiB: the memory above and, for a moment, the blocks of attention " \
+    assert "memory 66.42 GiB:" in text
+    assert "peak (transient included) 24,642.42 GiB: the memory above and, for a moment, the blocks of attention " \
            "softmax (backward): 24,576.00 GiB" in text
     assert text.split(" to fit: ")[0].endswith(
-        "memory: stage 0 needs 24,644.61 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU; "
+        "memory: stage 0 needs 24,642.42 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU; "
         "attention softmax (backward) alone reads and writes 24,576.00 GiB at once")
     data = json.loads(_cli("--layers", "2", "--hidden", "4096", "--heads", "32", "--seq", "1048576", "--tp", "8",
                            "--sp", "--recompute", "selective", "--kept", "megatron", "--global-batch", "1",
@@ -581,3 +581,46 @@ def test_the_attention_cores_products_count_no_block_the_memory_line_holds(recom
         {(scores + block, 0), ((scores if again else 0) + 2 * block, 0)}
     if again:
         assert fresh[(Gemm(4, 8, 8, 16, "float64", "recompute"), "recompute")] == {(scores, 0)}
+
+
+def test_the_optimizers_bytes_per_parameter_are_megatrons():
+    """Megatron-LM's bytes per parameter with bf16 parameters and fp32 main gradients (the Megatron Core
+    user guide, "Distributed Optimizer"): 18 without the distributed optimizer, 6 + 12/d with it. The dry
+    run's ledger holds those (every parameter in one ZeRO-1 bucket of this rank, padded to a multiple of d),
+    and beside them only what spmdsim's optimizers allocate more: one group's scratch (and gather buffer) of
+    AdamW's update, 64 Ki float32 elements each; with ZeRO-1 the Reduce_scatter's slice of the summed
+    gradients (4/d: Megatron reduces in place into its grad buffer) and the update's scratch. Before, the
+    scratch was the parameters' size (22 B a parameter without ZeRO-1) and ZeRO-1 packed the gradients into
+    a second buffer of their size (10 + 20/d)."""
+    args = ("--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab", "256",
+            "--global-batch", "8", "--precision", "bf16-mixed", "--json")
+    group = 1 << 16
+    for zero, d in ((0, 1), (1, 8)):
+        done = _cli(*args, "--dp", str(d), "--zero", str(zero))
+        assert done.returncode == 0, done.stderr
+        stage = json.loads(done.stdout)["stages"][0]
+        n, held = stage["params"], stage["bytes"]
+        shard = -(-n // d)
+        states = held["parameters"] + held["gradients"] + held["master copy"] + held["optimizer states"]
+        if zero:
+            assert states == 6 * n + 12 * shard + 4 * (shard * d - n)  # the bucket's padding in its gradients
+            assert held["buffers"] == 4 * shard + 4 * min(shard, group)
+        else:
+            assert states == 18 * n
+            assert held["buffers"] == 2 * 4 * min(n, group)
+        assert n > group  # the scratch is smaller than the parameters
+
+
+def test_a_65b_gpt_at_tp_8_pp_2_with_full_recomputation_fits_an_a100():
+    """GPT-3's 65B shape (80 layers, hidden 8192) at tp 8 with sequence parallelism, pp 2, full recomputation,
+    bf16-mixed, without the distributed optimizer: Megatron-LM's 18 B a parameter, 68.45 GiB of model states a
+    rank, fits 80 GiB; the ledger said 84.25 GiB, "does not fit", while AdamW kept a scratch the parameters'
+    size (buffers 15.21 GiB)."""
+    done = _cli("--layers", "80", "--hidden", "8192", "--heads", "64", "--seq", "2048", "--vocab", "51200",
+                "--micro-batch", "1", "--global-batch", "128", "--tp", "8", "--pp", "2", "--dp", "8", "--sp",
+                "--recompute", "full", "--precision", "bf16-mixed", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    first = out["stages"][0]
+    assert first["bytes"]["buffers"] == 2 * 4 * (1 << 16)
+    assert out["fits"] is True and max(s["peak_bytes"] for s in out["stages"]) < 70 << 30

@@ -29,12 +29,13 @@ def _gpt_bytes_per_rank(cfg: GPTConfig, tp: int, sp: bool) -> int:
 
 def test_a_gpt_dry_run_counts_adamws_states_and_allocates_none(monkeypatch):
     """The GPT's AdamW in a dry run: no moments or flat buffers made (nothing parameter-sized allocated while
-    it steps), and the meter holds three flat buffers the size of this rank's parameters more (both moments
-    and the scratch a real step keeps) and the buffer a group of gradients is gathered into (512 KiB: one
-    group of optim._GROUP_ELEMENTS float64s), which the report's peak includes."""
+    it steps), and the meter holds two flat buffers the size of this rank's parameters more (both moments)
+    and the update's scratch and the buffer a group of gradients is gathered into (512 KiB each: one group of
+    optim._GROUP_ELEMENTS float64s; the scratch was the parameters' size, which Megatron's fused Adam never
+    holds), which the report's peak includes."""
     cfg = GPTConfig(vocab=2048, layers=2, d_model=128, heads=4, seq=32, batch=8)
     dp, tp = 4, 2
-    states = 3 * _gpt_bytes_per_rank(cfg, tp, sp=True) + (512 << 10)
+    states = 2 * _gpt_bytes_per_rank(cfg, tp, sp=True) + 2 * (512 << 10)
     seen: dict = {}
     real_step = AdamW.step
 
@@ -151,7 +152,7 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     """GPT-2 medium's shape (24 layers, d_model 1024, 16 heads, seq 1024, Megatron's padded vocabulary)
     on 16,384 ranks, tp 8 with sequence parallelism: one rank's step, under 1 GiB of peak RSS (3.4 GiB when
     AdamW stepped on float64 zeros the size of the parameters), and its peak held counts the parameters and
-    AdamW's three flat buffers."""
+    AdamW's two flat moments."""
     out = run_train_gpt(GPT2_MEDIUM,
                         after="from spmdsim.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
     lines = out.stdout.splitlines()
@@ -164,7 +165,7 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     assert "\n" + lines[3] + "\n" in quoted, lines[3]  # docs/simulate.md quotes this run's row as it is
     cfg = GPTConfig(vocab=50304, layers=24, d_model=1024, heads=16, seq=1024, batch=2048)
     params = _gpt_bytes_per_rank(cfg, 8, sp=True)
-    assert int(row[5].replace(",", "")) >= 4 * params  # the parameters and AdamW's three flat buffers
+    assert int(row[5].replace(",", "")) >= 3 * params  # the parameters and AdamW's two flat moments
     # VmHWM, this program's own peak: ru_maxrss would carry the test worker's peak across vfork + exec.
     assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
 

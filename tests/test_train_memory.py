@@ -22,12 +22,13 @@ TEXT = encode(load_text(20_000))
 
 
 def _one_step(recompute: str, zero: int = 0, ranks: int = 4, dp: int = 2, tp: int = 2, **kw) -> list:
-    """Per rank: (loss, {name: gradient block}, {name: parameter block}, StepResult) after one step."""
+    """Per rank: (loss, {name: gradient block}, {name: parameter block}, StepResult) after one step (ZeRO-1's
+    step consumes the gradients: its gradient buffer receives the parameters, so no gradient block)."""
 
     def body():
         model, results = train(CFG, spmdsim.world(), dp, tp, 1, TEXT, sp=True, recompute=recompute, zero=zero,
                                **kw)
-        grads = {n: p.grad.local.copy() for n, p in model.params.items()}
+        grads = {n: p.grad.local.copy() for n, p in model.params.items() if p.grad is not None}
         return results[0].loss, grads, {n: p.local.copy() for n, p in model.params.items()}, results[0]
 
     return spmdsim.simulate(ranks, body)

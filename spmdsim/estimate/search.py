@@ -15,7 +15,7 @@ machine, the slowest stage's, as `spmdsim estimate` prints them).
 
 Lower bounds only prune, never choose (branch and bound; a bound of the memory a rank holds is one of its
 peak too): closed forms first (the model states of a
-rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
+rank's transformer layers, with ZeRO-1's summed gradient slice, over the memory limit drops a configuration; the
 program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
 machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
 spmdsim.estimate.bounds (a dense and an MoE layer's rows from four or six small dry runs, shared by every
@@ -296,15 +296,16 @@ def _bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
 def model_states(c: Config, precision: str, elements: int) -> int:
     """Bytes of the model states a rank of `c` holds at least for `elements` transformer-layer parameter
     elements it holds: parameters and gradients, and the master copy and Adam's moments (over dp x ep under
-    ZeRO-1, with its flat buffers: the padded gradients and two dp-th slices), at the precision's widths."""
+    ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'), at the
+    precision's widths."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
     shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
     states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
-    if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
-        states += elements * w.buffers + 2 * elements * w.buffers // shards
+    if c.zero:  # ZeRO-1's buffer (spmdsim.distrib_optim): the Reduce_scatter's slice of the summed gradients
+        states += elements * w.buffers // shards
     return states
 
 

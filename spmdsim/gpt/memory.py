@@ -47,9 +47,11 @@ def zero_problem(value: Any) -> Optional[str]:
 class MemoryReport:
     """One rank's bytes at one step (spmdsim.gpt.train's measurement; see the module docstring).
 
-    `kept`: (kind, bytes) the graph kept for backward after the forward; `buffers`: the optimizer's
-    flat buffers (scratch, and ZeRO's gradient and parameter buffers for its collectives); `peak`:
-    the largest of the totals after the forward, after the backward and after the step, at `moment`.
+    `kept`: (kind, bytes) the graph kept for backward after the forward; `grads`: the gradients after the
+    step (ZeRO-1's: its gradient buffer, which then holds the gathered parameters); `buffers`: the
+    optimizer's buffers (the update's scratch and AdamW's gather buffer, one group's each; ZeRO-1's summed
+    gradient slice); `peak`: the largest of the totals after the forward, after the backward and after the
+    step, at `moment`.
     """
 
     step: int

@@ -752,6 +752,7 @@ def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     return ExpertBytes(rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
                        sum(t.local.nbytes for t in experts),
+                       optimizer.grads_of(experts) if hasattr(optimizer, "grads_of") else
                        sum(t.grad.local.nbytes for t in experts if t.grad is not None),
                        optimizer.states_of(experts), sum(s.send_bytes for s in stats),
                        sum(s.received_bytes for s in stats), sum(e.bytes_sent for e in rows), len(rows),
@@ -762,7 +763,10 @@ def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Option
     """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
     and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks."""
     held = optimizer.memory()
-    grads = owned_bytes(p.grad.local for p in params if p.grad is not None)
+    # The gradients: the leaves' blocks and the gradient buffer ZeRO-1 packs them into (their .grad views it
+    # while the step runs; None after it), each buffer once.
+    grads = owned_bytes([p.grad.local for p in params if p.grad is not None]
+                        + list(getattr(optimizer, "gradient_buffers", tuple)()))
     moments[moment] = (held, grads, owned_bytes(p.local for p in params) + grads
                        + sum(held.values()) + sum((kept or {}).values()))
     if kept is not None:
