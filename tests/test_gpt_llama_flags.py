@@ -1,5 +1,5 @@
 """Llama's options (GPTConfig ffn, kv_heads, norm, mlp, tied, positions, bias) as the examples' flags, spelled as
-`spmdsim estimate` spells them (spmdsim.cli.gpt_flags): examples/train_gpt.py and examples/train_moe_gpt.py train
+`spmdsim estimate` spells them (spmdsim.gpt_flags): examples/train_gpt.py and examples/train_moe_gpt.py train
 and check them, a bad one is one line naming the flag, and --save/--resume refuse another architecture while an
 older checkpoint, saved before the options existed, still resumes (docs/training.md, "Llama's options")."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import pytest
 
 from docs_commands import assert_prints_quote, run_example, run_here, section
-from spmdsim.cli.gpt_flags import MLPS, NORMS, architecture_flags
+from spmdsim.gpt_flags import MLPS, NORMS, architecture_flags
 from spmdsim.gpt import GPTConfig
 from spmdsim.gpt.checkpoint import META
 from spmdsim.gpt.config import CHOICES

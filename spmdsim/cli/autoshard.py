@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
                              "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
                              "of it as Megatron pads to 128 x tp; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
-    from .gpt_flags import architecture_arguments
+    from ..gpt_flags import architecture_arguments
 
     # Llama's architecture, with --machine (the search by dry runs of the model; the operators' graph is the GPT's)
     architecture_arguments(parser, width="d_model")
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
-    from .gpt_flags import architecture_fields, architecture_flags
+    from ..gpt_flags import architecture_fields, architecture_flags
 
     given = architecture_flags(_Fields(architecture_fields(args)))
     if given:  # the operators' graph (spmdsim.autoshard.gpt) is the GPT's own architecture: never ignored
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Fields:
-    """GPTConfig's architecture fields as attributes (for spmdsim.cli.gpt_flags.architecture_flags)."""
+    """GPTConfig's architecture fields as attributes (for spmdsim.gpt_flags.architecture_flags)."""
 
     def __init__(self, fields: dict) -> None:
         self.__dict__.update(fields)

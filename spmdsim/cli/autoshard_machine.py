@@ -35,7 +35,7 @@ def run_machine(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from .autoshard import _gpt_config, _still_working
-    from .gpt_flags import architecture_fields, architecture_problem
+    from ..gpt_flags import architecture_fields, architecture_problem
 
     if args.network != "gpt":
         raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
@@ -104,7 +104,7 @@ def run_machine(args: argparse.Namespace) -> int:
 def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:
     """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.estimate.search.Config) of the GPT
     `cfg`, as the search priced it: its dry run, its memory and its step time are the search's."""
-    from .gpt_flags import architecture_flags
+    from ..gpt_flags import architecture_flags
 
     micro = cfg.batch // (x.dp * x.ep * x.microbatches)
     words = ["spmdsim estimate gpt", f"--layers {cfg.layers}", f"--hidden {cfg.d_model}", f"--heads {cfg.heads}",
@@ -169,7 +169,7 @@ def _fixed_json(fixed: dict) -> dict:
 def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) -> list[str]:
     from collections import Counter
 
-    from .gpt_flags import architecture_words
+    from ..gpt_flags import architecture_words
 
     moe = cfg.moe is not None
     experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "

@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
     # Llama's architecture (spmdsim.gpt.GPTConfig's options; docs/estimate.md, "A Llama"): each default the GPT's,
     # the flags the examples take (spmdsim.gpt.options).
-    from .gpt_flags import architecture_arguments
+    from ..gpt_flags import architecture_arguments
 
     architecture_arguments(parser, width="--hidden")
     parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
@@ -110,7 +110,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     from ..gpt import GPTConfig
 
     from ..moe.config import MoEConfig
-    from .gpt_flags import architecture_fields, architecture_problem
+    from ..gpt_flags import architecture_fields, architecture_problem
 
     if args.experts == 0:  # a dense GPT: an MoE option given is refused, not ignored
         given = [flag for flag in MOE_DEFAULTS if getattr(args, flag) is not None] + ["dropless"] * args.dropless
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
     from ..estimate.steptime import Pipeline, assumptions, step_time
     from ..memory import UnmappableError
-    from .gpt_flags import architecture_words
+    from ..gpt_flags import architecture_words
 
     cfg, microbatches = _config(args)
     machine = load_machine(args.machine)

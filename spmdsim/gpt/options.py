@@ -11,7 +11,7 @@ precision)`` the check's verdict and its largest differences against the precisi
 
 ``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/training.md, "Llama's options"):
 ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
-``spmdsim estimate`` and ``spmdsim autoshard --machine`` spell them (one place: spmdsim.cli.gpt_flags, whose
+``spmdsim estimate`` and ``spmdsim autoshard --machine`` spell them (one place: spmdsim.gpt_flags, whose
 names this module gives too); `model_config` refuses a bad one in one line naming its flag.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..validate import counted
-from ..cli.gpt_flags import (architecture_arguments, architecture_fields, architecture_flags, architecture_problem,
+from ..gpt_flags import (architecture_arguments, architecture_fields, architecture_flags, architecture_problem,
                              architecture_words)
 from .config import GPTConfig
 
