@@ -55,7 +55,9 @@ def _step_and_padding(cfg, dp, tp, mask=True, **options):
         wte = model.params["wte"]
         first = wte.slices[0].start
         padded = np.arange(first, first + wte.local.shape[0]) >= cfg.vocab
-        zero = not wte.grad.local[padded].any() and not wte.local[padded].any()
+        # Under ZeRO-1 `.grad` is None after the step (its buffer took the gathered parameters, as Megatron's):
+        # the padded rows' parameters then say it, as AdamW moves a zero row only by a nonzero gradient.
+        zero = (wte.grad is None or not wte.grad.local[padded].any()) and not wte.local[padded].any()
         whole = gathered(model)["wte"]  # collective: every rank's blocks
         return results[0], zero and not whole[cfg.vocab:].any()
 
