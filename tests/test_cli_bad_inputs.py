@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
@@ -20,7 +19,7 @@ from spmdsim.cli import calibrate, paths
 from spmdsim.cli import run as run_cli
 from spmdsim.cli.main import build_parser, main
 from spmdsim.errors import SpmdsimError
-from testkit import MPIEXEC, unfold
+from testkit import MPIEXEC, mpi_batch_streams, unfold
 
 CASE = ["--device-matrix", "8", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8"]
 PLAN = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x",
@@ -120,33 +119,48 @@ def test_output_path_checks(tmp_path):
         paths.check_output_file("", "--output")
 
 
-@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
-@pytest.mark.parametrize("extra, needle", [
+#: (calibrate's extra arguments, what its one error line says), "{blocker}" a file where a folder is expected.
+CALIBRATE_UNDER_MPI = [
     (["--output", "{blocker}/cost.json"], "--output '{blocker}/cost.json' cannot be written"),
     (["--dry-run", "--measurements", "{blocker}/m.json"], "--measurements '{blocker}/m.json'"),
     (["--dry-run", "--sizes", "abc"], "--sizes 'abc'"),
     (["--dry-run", "--group-sizes", "3"], "group size 3 must be >= 2"),
     (["--dry-run", "--repeats", "0"], "--repeats 0 must be at least 1"),
-])
-def test_calibrate_under_mpi_fails_once_and_fast(tmp_path, extra, needle):
-    # Before: a bad --output hung rank 1 in a barrier until the timeout.
-    blocker = tmp_path / "in.json"
+]
+
+
+@pytest.fixture(scope="module")
+def calibrated_under_mpi(tmp_path_factory) -> tuple:
+    """(each case's exit codes on the 2 ranks, the error lines the job printed, the blocker) of `spmdsim calibrate`
+    with each CALIBRATE_UNDER_MPI case, run in turn by ONE `mpiexec -n 2` job under a 60 s timeout (testkit.
+    mpi_batch_streams: each as `spmdsim calibrate ...` runs, its exit code its SystemExit's on every rank). Five
+    launches cost 5 x 0.4 CPU-s for 0.4 together; a case that hangs (a bad --output hung rank 1 in a barrier until
+    the timeout) ends the job by the timeout, which fails every case."""
+    if not MPIEXEC:
+        pytest.skip("no mpiexec")
+    blocker = tmp_path_factory.mktemp("calibrate") / "in.json"
     blocker.write_text("{}")
-    extra = [a.format(blocker=blocker) for a in extra]
     spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
-    given = {flag for flag in extra if flag.startswith("--")}  # a flag given twice is refused: once each
-    base = [word for flag, value in (("--sizes", "1K,64K"), ("--ops", "allreduce"), ("--repeats", "1"))
-            if flag not in given for word in (flag, value)]
-    cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate", *base, *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
-    seconds = time.perf_counter() - start
-    errors = [line for line in unfold(out.stderr).splitlines() if line.startswith("spmdsim: error")]
-    assert "Traceback" not in out.stdout + out.stderr, out.stderr
-    assert out.returncode == 2, (out.returncode, out.stderr)
-    assert len(errors) == 1 and needle.format(blocker=blocker) in errors[0], out.stderr
-    assert seconds < 30, seconds
+    programs = []
+    for i, (extra, _) in enumerate(CALIBRATE_UNDER_MPI):
+        extra = [a.format(blocker=blocker) for a in extra]
+        given = {flag for flag in extra if flag.startswith("--")}  # a flag given twice is refused: once each
+        base = [word for flag, value in (("--sizes", "1K,64K"), ("--ops", "allreduce"), ("--repeats", "1"))
+                if flag not in given for word in (flag, value)]
+        programs.append((f"case {i}", spmdsim, ["calibrate", *base, *extra]))
+    found, stderr = mpi_batch_streams(programs, 2, timeout=60)
+    assert "Traceback" not in stderr + "".join(text for _, text in found.values()), stderr
+    errors = [line for line in unfold(stderr).splitlines() if line.startswith("spmdsim: error")]
+    return [found[name][0] for name, _, _ in programs], errors, blocker
+
+
+@pytest.mark.parametrize("case", range(len(CALIBRATE_UNDER_MPI)))
+def test_calibrate_under_mpi_fails_once_and_fast(calibrated_under_mpi, case):
+    # Before: a bad --output hung rank 1 in a barrier until the timeout.
+    codes, errors, blocker = calibrated_under_mpi
+    assert codes[case] == [2, 2], codes
+    assert len(errors) == len(CALIBRATE_UNDER_MPI), errors  # one line each case, in the cases' order
+    assert CALIBRATE_UNDER_MPI[case][1].format(blocker=blocker) in errors[case], errors
 
 
 # -- 3, 4, 11: `run` flags that were ignored, shapes, output maps (checked inside the guard) -------

@@ -224,26 +224,38 @@ def test_the_layout_problem_names_what_the_schedule_cannot_take(schedule, m, v, 
     assert pipeline_layout_problem(cfg, 4, 1, 1, False, m, v) is None
 
 
-@pytest.mark.parametrize("argv, message", [
+#: (train_gpt.py's pipeline arguments, the refusal it prints)
+REFUSED_PIPELINES = [
     (["--pp", "2", "--virtual-stages", "2"],
      "the 1f1b schedule holds one chunk per stage, got virtual stages 2; several chunks per stage is --schedule "
      "interleaved"),
     (["--pp", "3"],
      "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp); expected --microbatches dividing "
      "the batch, or a --batch that 6 divides"),
-])
-def test_train_gpt_refuses_a_pipelines_sizes_in_one_line_before_any_output(argv, message):
+]
+
+
+@pytest.fixture(scope="module")
+def refused_pipelines(tmp_path_factory) -> list:
+    """`python examples/train_gpt.py --ranks PP ... ARGV` of each REFUSED_PIPELINES case, as a fresh interpreter
+    runs it: both in ONE fresh interpreter (testkit.run_scripts: a Python start and the example's imports less)."""
+    from pathlib import Path
+
+    from testkit import run_scripts
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_gpt.py"
+    return run_scripts([(path, ["--ranks", argv[1], "--layers", "4", "--d-model", "32", "--seq", "16", "--steps", "1",
+                                "--sample", "0", *argv]) for argv, _ in REFUSED_PIPELINES],
+                       tmp_path_factory.mktemp("refused"))
+
+
+@pytest.mark.parametrize("case", range(len(REFUSED_PIPELINES)))
+def test_train_gpt_refuses_a_pipelines_sizes_in_one_line_before_any_output(case, refused_pipelines):
     """`train_gpt.py --pp 2 --virtual-stages 2` (the 1f1b schedule) printed the run's header, "pipeline: 1f1b
     schedule, 4 microbatches" and the table's head, then refused at the schedule's build; now one line first.
     `--pp 3` alone refused "6 microbatches" the user never wrote: the line says they are the default."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "examples" / "train_gpt.py"), "--ranks", argv[1],
-                           "--layers", "4", "--d-model", "32", "--seq", "16", "--steps", "1", "--sample", "0", *argv],
-                          capture_output=True, text=True, timeout=120)
+    argv, message = REFUSED_PIPELINES[case]
+    done = refused_pipelines[case]
     assert done.returncode == 2, done
     assert done.stdout == f"spmdsim: running on {argv[1]} simulated ranks in one process (--ranks {argv[1]}), no " \
                           "mpiexec\n", done
