@@ -6,7 +6,7 @@ where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
 
 - each operator of the distributed model reads its operands widened to float32 and rounds its
   result once to the activations' dtype: the embeddings' sum, each dropout (x times its float32
-  factor), each layer norm's normalized values (statistics in float32), its times-weight and
+  factor), each layer norm's (or RMSNorm's) normalized values (statistics in float32), its times-weight and
   plus-bias, each product (a float32 BLAS product of the widened blocks) and its plus-bias, the
   attention core's probabilities, their dropped-out values and its output, GELU, the residual sums,
   the logits; cross-entropy in float32;
@@ -40,21 +40,23 @@ _F32 = np.float32
 
 
 #: Llama's options this reference computes (GPTConfig): the MLP's width, grouped-query attention, an untied head,
-#: no biases. RMSNorm, SwiGLU and rotary embeddings have rounding points of their own, not mirrored here.
-CHECKED = ("ffn", "kv_heads", "tied", "bias")
+#: no biases, RMSNorm (its mean square in float32, its normalized values rounded, as layer norm's).
+CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm")
+
+#: Those it does not (yet): their rounding points are not mirrored here, so they are checked at float64 only.
+REFUSED = {"mlp": "GELU MLP", "positions": "learned positions"}
 
 
 def architecture_problem(cfg: GPTConfig) -> Optional[str]:
     """Why this reference cannot check `cfg` (one line), or None: it computes the GPT's architecture with
-    Llama's options CHECKED (ffn, kv_heads, tied, bias), not norm "rms", mlp "swiglu" nor positions "rope",
-    which are checked at float64 (spmdsim.gpt.reference) only."""
+    Llama's options CHECKED, not those REFUSED (checked at float64 only, spmdsim.gpt.reference)."""
     default = GPTConfig()
-    changed = [f"{name} {getattr(cfg, name)!r}" for name in ("norm", "mlp", "positions")
-               if getattr(cfg, name) != getattr(default, name)]
+    changed = [f"{name} {getattr(cfg, name)!r}" for name in REFUSED if getattr(cfg, name) != getattr(default, name)]
     if not changed:
         return None
-    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's LayerNorm, GELU MLP "
-            f"and learned positions only, not {', '.join(changed)}; check it at fp64, or run without the check")
+    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's "
+            f"{' and '.join(REFUSED.values())} only, not {', '.join(changed)}; check it at fp64, or run without "
+            f"the check")
 
 
 def longest_sum(cfg: GPTConfig) -> int:
@@ -194,27 +196,33 @@ class _Rounder:
 
 
 def _ln(P: dict, pre: str, h: np.ndarray, cfg: GPTConfig, r: _Rounder) -> tuple:
-    """The layer norm as the ranks' three nodes: normalized (float32 statistics), times weight, plus bias."""
+    """The block's norm (GPTConfig.norm) as the ranks' nodes (spmdsim.ops.norms): normalized (float32
+    statistics: layer norm's mean and variance, RMSNorm's mean square, in the kernel's order), rounded; times
+    weight, rounded; plus bias (layer norm's), rounded."""
     n = h.shape[-1]
     inv = 1.0 / n
     block = wide(h)
-    c = block - np.sum(block, axis=-1, keepdims=True) * inv
+    centre = pre + ".b" in P  # layer norm (RMSNorm has no bias: spmdsim.gpt.params)
+    c = block - np.sum(block, axis=-1, keepdims=True) * inv if centre else block
     root = np.sqrt(np.sum(c * c, axis=-1, keepdims=True) * inv + cfg.ln_eps)
     yn = r(c / root)
     yw = r(wide(yn) * wide(P[pre + ".w"]))
-    return r(wide(yw) + wide(P[pre + ".b"])), (yn, 1.0 / root)
+    return (r(wide(yw) + wide(P[pre + ".b"])) if centre else yw), (yn, 1.0 / root)
 
 
 def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r: _Rounder) -> np.ndarray:
-    """The layer norm's input gradient (float32, not rounded: summed with the residual's first)."""
+    """The norm's input gradient (float32, not rounded: summed with the residual's first): the normalization's
+    rule (spmdsim.autograd.rules.norms) on the times-weight's gradient rounded; RMSNorm's without mean(dY)."""
     yn, rstd = cache
     da = r.grad(da)
-    grads.total(pre + ".b", da)
+    centre = pre + ".b" in P
+    grads.total(pre + ".b", da, P)
     grads.total(pre + ".w", da * yn)
     dy = r.grad(da * wide(P[pre + ".w"]))
     inv = 1.0 / yn.shape[-1]
     g = dy - np.sum(dy * yn, axis=-1, keepdims=True) * inv * yn
-    g = g - np.sum(dy, axis=-1, keepdims=True) * inv
+    if centre:
+        g = g - np.sum(dy, axis=-1, keepdims=True) * inv
     return g * rstd
 
 

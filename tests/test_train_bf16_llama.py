@@ -1,0 +1,77 @@
+"""A checked bf16-mixed step of Llama's RMSNorm, SwiGLU and rotary embeddings (spmdsim.gpt.mixed mirrors their
+rounding points; docs/training.md, "Llama's options").
+
+Each option on dp 2 x tp 2 with sp, under both kept sets: every step passes the check (the tolerances of
+spmdsim.gpt.mixed.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to
+bfloat16, differ in a few hundredths of the entries (sums in another order), as
+tests/test_train_bf16.py's `round_where` measures the GPT's. A reference that rounds the option elsewhere (a
+copy of its piece with one rounding point moved) differs in most of them, and the check's loss fails.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.train import train
+
+pytest.importorskip("ml_dtypes")
+
+TEXT = encode(load_text(20_000))
+
+
+def _checked(monkeypatch, kept: str = "graph", steps: int = 2, **options) -> tuple[list, list]:
+    """(each step's StepResult, each step's share of the gradient entries that differ from the check's reference
+    once both are rounded to bfloat16: rank 0's blocks, every parameter) of a bf16-mixed run on dp 2 x tp 2, sp."""
+    import spmdsim.gpt.train as T
+    from spmdsim.precision import bfloat16
+
+    act, shares, compare = bfloat16(), [], T.step_errors
+
+    def spy(value, ref_loss, grads, updated, tensors, zero=None, masters=None, top=None, slices=None,
+            anchored=None):
+        if spmdsim.world().Get_rank() == 0:
+            regions = slices or {n: t.slices for n, t in tensors.items()}
+            pairs = [(np.asarray(t.grad.local, np.float32).astype(act),
+                      np.asarray(grads[n][regions[n]], np.float32).astype(act)) for n, t in tensors.items()]
+            shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
+        return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored)
+
+    monkeypatch.setattr(T, "step_errors", spy)
+    cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2, **options)
+    results = spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, steps, TEXT, sp=True,
+                                                precision="bf16-mixed", kept=kept)[1])
+    assert all(r == results[0] for r in results)  # every rank reports the same
+    return results[0], shares
+
+
+def _passes(steps: list, shares: list) -> None:
+    for r in steps:
+        assert r.passed and r.errors[2] == 0.0, r
+        assert r.errors[0] < r.tolerances[0] / 4, r  # the loss well inside float32's sums (0.01 measured)
+    assert len(shares) == len(steps) and max(shares) <= 0.05, shares  # 1-2% measured
+
+
+@pytest.mark.parametrize("kept", ["graph", "megatron"])
+def test_a_bf16_step_of_rmsnorm_is_checked(monkeypatch, kept):
+    _passes(*_checked(monkeypatch, kept, norm="rms"))
+
+
+def test_a_reference_that_rounds_rmsnorm_elsewhere_is_caught(monkeypatch):
+    """RMSNorm's root of the mean square rounded to bfloat16 in a copy of the reference's norm (the ranks keep
+    their statistics in float32, as Megatron's fused norms do): most gradient entries differ, and the loss
+    fails the check by the second step."""
+    from spmdsim.gpt import mixed
+    from spmdsim.precision import wide
+
+    def rounded_root(P, pre, h, cfg, r):
+        block = wide(h)
+        root = wide(r(np.sqrt(np.sum(block * block, axis=-1, keepdims=True) * (1.0 / h.shape[-1]) + cfg.ln_eps)))
+        yn = r(block / root)
+        return r(wide(yn) * wide(P[pre + ".w"])), (yn, 1.0 / root)
+
+    monkeypatch.setattr(mixed, "_ln", rounded_root)
+    steps, shares = _checked(monkeypatch, norm="rms")
+    assert min(shares) >= 0.3, shares  # 59-64% measured
+    assert not all(r.passed for r in steps) and any(r.errors[0] > r.tolerances[0] for r in steps), steps
