@@ -122,9 +122,9 @@ def test_tp_must_divide_the_key_value_heads_and_a_low_precision_check_refuses_ll
         "== 0)")
     assert mesh_problem(GPTConfig(ffn=30), 1, 4, False) == (
         "the MLP's hidden width ffn 30 is not divisible by tp 4 (its columns are split over tp)")
-    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, norm="rms", mlp="swiglu")
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, norm="rms", mlp="swiglu", positions="rope")
     with pytest.raises(SpmdsimError, match="^a low-precision step is checked against spmdsim.gpt.mixed, which has "
-                                           "the GPT's GELU MLP and learned positions only, not mlp 'swiglu'; "
+                                           "the GPT's learned positions only, not positions 'rope'; "
                                            "check it at fp64"):
         spmdsim.simulate(2, lambda: train(cfg, spmdsim.world(), 1, 2, 1, TEXT, precision="bf16-mixed"))
 

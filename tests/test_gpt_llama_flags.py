@@ -148,7 +148,8 @@ def test_autoshard_refuses_a_llama_flag_it_cannot_take_in_one_line(argv, message
 
 @pytest.mark.parametrize("kept", ["graph", "megatron"])
 def test_a_bf16_step_of_ffn_grouped_queries_an_untied_head_and_no_biases_is_checked(kept):
-    """spmdsim.gpt.mixed mirrors these options (it refused them); RMSNorm, SwiGLU and RoPE it still refuses."""
+    """spmdsim.gpt.mixed mirrors these options (it refused them); RoPE it still refuses (RMSNorm and SwiGLU:
+    tests/test_train_bf16_llama.py)."""
     pytest.importorskip("ml_dtypes")
     import spmdsim
     from spmdsim.errors import SpmdsimError

@@ -5,7 +5,8 @@ Each option on dp 2 x tp 2 with sp, under both kept sets: every step passes the 
 spmdsim.gpt.mixed.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to
 bfloat16, differ in a few hundredths of the entries (sums in another order), as
 tests/test_train_bf16.py's `round_where` measures the GPT's. A reference that rounds the option elsewhere (a
-copy of its piece with one rounding point moved) differs in most of them, and the check's loss fails.
+copy of its piece with one rounding point moved) differs in most of them; where the move shifts the loss
+(RMSNorm's root rounded), the step's check fails too.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def _passes(steps: list, shares: list) -> None:
     for r in steps:
         assert r.passed and r.errors[2] == 0.0, r
         assert r.errors[0] < r.tolerances[0] / 4, r  # the loss well inside float32's sums (0.01 measured)
-    assert len(shares) == len(steps) and max(shares) <= 0.05, shares  # 1-2% measured
+    # 1-7%: a flip early in the backward carries into earlier tensors (the GPT's own LayerNorm and GELU: 7.8%)
+    assert len(shares) == len(steps) and max(shares) <= 0.1, shares
 
 
 @pytest.mark.parametrize("kept", ["graph", "megatron"])
@@ -75,3 +77,27 @@ def test_a_reference_that_rounds_rmsnorm_elsewhere_is_caught(monkeypatch):
     steps, shares = _checked(monkeypatch, norm="rms")
     assert min(shares) >= 0.3, shares  # 59-64% measured
     assert not all(r.passed for r in steps) and any(r.errors[0] > r.tolerances[0] for r in steps), steps
+
+
+@pytest.mark.parametrize("kept", ["graph", "megatron"])
+def test_a_bf16_step_of_swiglu_is_checked(monkeypatch, kept):
+    _passes(*_checked(monkeypatch, kept, mlp="swiglu"))
+
+
+def test_a_reference_that_rounds_swiglu_elsewhere_is_caught(monkeypatch):
+    """silu's output left in float32 and rounded only after its product (one rounding, as a fused kernel would
+    round; the ranks' silu node rounds its output, and the product its own) in a copy of the reference's
+    piece: most gradient entries differ. The step's check lets it through (its loss within 0.01-0.34 of the
+    tolerance over 4 steps; the gradients' bound is loose on purpose: docs/training.md, "Mixed precision
+    (bf16)"), so the share is what tells it apart here."""
+    from spmdsim.gpt import mixed
+    from spmdsim.precision import wide
+
+    def fused(z, u, r):
+        zw = wide(z)
+        s = zw * mixed.activations.sigmoid(zw)
+        return r(s * wide(u)), s
+
+    monkeypatch.setattr(mixed, "_swiglu", fused)
+    steps, shares = _checked(monkeypatch, mlp="swiglu")
+    assert min(shares) >= 0.3, shares  # 1-7% for the reference that rounds where the ranks round

@@ -40,11 +40,12 @@ _F32 = np.float32
 
 
 #: Llama's options this reference computes (GPTConfig): the MLP's width, grouped-query attention, an untied head,
-#: no biases, RMSNorm (its mean square in float32, its normalized values rounded, as layer norm's).
-CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm")
+#: no biases, RMSNorm (its mean square in float32, its normalized values rounded, as layer norm's), SwiGLU (silu
+#: in float32, rounded; times the second product, rounded).
+CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm", "mlp")
 
 #: Those it does not (yet): their rounding points are not mirrored here, so they are checked at float64 only.
-REFUSED = {"mlp": "GELU MLP", "positions": "learned positions"}
+REFUSED = {"positions": "learned positions"}
 
 
 def architecture_problem(cfg: GPTConfig) -> Optional[str]:
@@ -232,6 +233,22 @@ def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder)
     return out if bias is None or bias not in P else r(wide(out) + wide(P[bias]))
 
 
+def _swiglu(z: np.ndarray, u: np.ndarray, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
+    """(silu(z) * u, silu(z)) as the ranks' two nodes (ops.silu, then a product): silu computed in float32 on the
+    widened z (spmdsim.ops.pointwise's kernel, x sigmoid(x)) and rounded, the product of the widened factors
+    rounded."""
+    zw = wide(z)
+    s = r(zw * activations.sigmoid(zw))
+    return r(wide(s) * wide(u)), s
+
+
+def _silu_slope(x: np.ndarray) -> np.ndarray:
+    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x), in float32 on the widened x: the ranks' silu rule
+    (spmdsim.autograd.rules.pointwise) computes it so on the bfloat16 block."""
+    s = activations.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
 def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder,
            follow: Optional[np.ndarray] = None) -> tuple:
     T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
@@ -262,12 +279,18 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
                     "ln2": ln2, "moe": moe, "B": B}
     zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r)
-    t = activations.gelu_tanh(zpre)
-    m = activations.gelu_from_tanh(zpre, t)
+    gate = {}
+    if cfg.mlp == "swiglu":  # silu(z) (its float32 kernel, rounded) times the second product (rounded), rounded
+        u = _linear(P, pre + "mlp.w3", pre + "mlp.b3", a2, r)
+        (m, s), t = _swiglu(zpre, u, r), None
+        gate = {"s": s, "u": u}
+    else:
+        t = activations.gelu_tanh(zpre)
+        m = activations.gelu_from_tanh(zpre, t)
     out = _linear(P, pre + "mlp.w2", pre + "mlp.b2", m, r)
     h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
     return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
-                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B}
+                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B, **gate}
 
 
 def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, r: _Rounder,
@@ -285,10 +308,19 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         grads.total(pre + "mlp.b2", dr, P)
         grads.dot(pre + "mlp.w2", c["m"], dr)
         dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
-        dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
+        if "s" in c:  # SwiGLU: the product's rule (float32), each factor's gradient rounded at its node
+            du = r.grad(dm * wide(c["s"]))
+            ds = r.grad(dm * wide(c["u"]))
+            dz = r.grad(ds * _silu_slope(wide(c["z"])))
+            grads.total(pre + "mlp.b3", du, P)
+            grads.dot(pre + "mlp.w3", c["a2"], du)
+        else:
+            dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
         grads.total(pre + "mlp.b1", dz, P)
         grads.dot(pre + "mlp.w1", c["a2"], dz)
         da2 = product(dz, P[pre + "mlp.w1"].T)
+        if "s" in c:  # a2's gradient summed over its two products (float32)
+            da2 = da2 + product(du, P[pre + "mlp.w3"].T)
     dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", da2, c["ln2"], grads, r))
     dr = r.grad(r.undrop(dh1, layer + ".resid1"))
     grads.total(pre + "attn.bo", dr, P)
