@@ -8,8 +8,9 @@ where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
   result once to the activations' dtype: the embeddings' sum, each dropout (x times its float32
   factor), each layer norm's (or RMSNorm's) normalized values (statistics in float32), its times-weight and
   plus-bias, each product (a float32 BLAS product of the widened blocks) and its plus-bias, the
-  attention core's probabilities, their dropped-out values and its output, GELU, the residual sums,
-  the logits; cross-entropy in float32;
+  attention core's probabilities, their dropped-out values and its output, GELU (or SwiGLU's silu and
+  its product), the rotary embeddings' two products and their sum (bfloat16 tables), the residual
+  sums, the logits; cross-entropy in float32;
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -41,11 +42,13 @@ _F32 = np.float32
 
 #: Llama's options this reference computes (GPTConfig): the MLP's width, grouped-query attention, an untied head,
 #: no biases, RMSNorm (its mean square in float32, its normalized values rounded, as layer norm's), SwiGLU (silu
-#: in float32, rounded; times the second product, rounded).
-CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm", "mlp")
+#: in float32, rounded; times the second product, rounded), rotary embeddings (bfloat16 tables; each product and
+#: the sum rounded).
+CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm", "mlp", "positions")
 
-#: Those it does not (yet): their rounding points are not mirrored here, so they are checked at float64 only.
-REFUSED = {"positions": "learned positions"}
+#: Those it does not, by name (what it has instead): none now; an option added to GPTConfig whose rounding
+#: points are not mirrored here goes here, and a checked low-precision run of it is refused in one line.
+REFUSED: dict = {}
 
 
 def architecture_problem(cfg: GPTConfig) -> Optional[str]:
@@ -117,7 +120,9 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     r = _Rounder(act, cfg, masks)
     B, T = x.shape
     D = cfg.d_model
-    h = r(wide(P["wte"][x]) + wide(P["wpe"])[None])
+    # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
+    # plus its position's, rounded (rotary embeddings: none; they turn q and k in each block).
+    h = P["wte"][x] if "wpe" not in P else r(wide(P["wte"][x]) + wide(P["wpe"])[None])
     h = r.drop(h, "emb").reshape(B * T, D)
     caches = []
     for layer in range(cfg.layers):
@@ -233,6 +238,36 @@ def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder)
     return out if bias is None or bias not in P else r(wide(out) + wide(P[bias]))
 
 
+def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary embeddings' (cos, sin), each (T, 2, head_dim / 2) widened: spmdsim.gpt._blocks.rope_tables' float64
+    values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope)."""
+    from ._blocks import rope_tables
+
+    half = cfg.head_dim // 2
+    return tuple(wide(r(t)).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
+
+
+def _rope(x: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
+    """x (B, heads, T, head_dim) turned as the ranks' nodes (GPT._rope) round it: x cos, rounded; rotate_half(x)
+    (a product with a 2 x 2 turn of the halves: exact), rounded; times sin, rounded; the sum, rounded."""
+    cos, sin = tables
+    B, n, T, Dh = x.shape
+    xw = wide(x).reshape(B, n, T, 2, Dh // 2)
+    turned = np.stack([-xw[..., 1, :], xw[..., 0, :]], axis=-2)  # [x1, x2] -> [-x2, x1]
+    return r(wide(r(xw * cos)) + wide(r(wide(r(turned)) * sin))).reshape(B, n, T, Dh)
+
+
+def _rope_backward(d: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
+    """`_rope`'s input gradient from its output's `d` (float32, rounded): d cos (the first product's rule, float32)
+    plus the turn's transpose of d sin (the second product's rule, rounded at the turn's node), summed in
+    float32 (not rounded: the caller rounds it where the ranks' reshape does)."""
+    cos, sin = tables
+    B, n, T, Dh = d.shape
+    dw = d.reshape(B, n, T, 2, Dh // 2)
+    u = r.grad(dw * sin)
+    return (dw * cos + np.stack([u[..., 1, :], -u[..., 0, :]], axis=-2)).reshape(B, n, T, Dh)
+
+
 def _swiglu(z: np.ndarray, u: np.ndarray, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
     """(silu(z) * u, silu(z)) as the ranks' two nodes (ops.silu, then a product): silu computed in float32 on the
     widened z (spmdsim.ops.pointwise's kernel, x sigmoid(x)) and rounded, the product of the widened factors
@@ -260,6 +295,9 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
         return out.reshape(B, T, n, Dh).transpose(0, 2, 1, 3)
 
     q, k, v = heads("q", H), heads("k", KV), heads("v", KV)
+    rope = _rope_tables(cfg, T, r) if cfg.positions == "rope" else None
+    if rope is not None:  # q and k turned before k is repeated for its query heads (the ranks' order)
+        q, k = _rope(q, rope, r), _rope(k, rope, r)
     if KV != H:  # grouped-query attention: each key/value head repeated for its query heads (times ones: exact)
         k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
     s = product(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(Dh))
@@ -277,7 +315,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
         out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
-                    "ln2": ln2, "moe": moe, "B": B}
+                    "ln2": ln2, "moe": moe, "B": B, "rope": rope}
     zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r)
     gate = {}
     if cfg.mlp == "swiglu":  # silu(z) (its float32 kernel, rounded) times the second product (rounded), rounded
@@ -290,7 +328,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     out = _linear(P, pre + "mlp.w2", pre + "mlp.b2", m, r)
     h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
     return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
-                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B, **gate}
+                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B, "rope": rope, **gate}
 
 
 def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, r: _Rounder,
@@ -337,6 +375,8 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         d = r.grad(d)
         if n != H:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it
             d = r.grad(d.reshape(B, KV, H // KV, T, Dh).sum(axis=2))
+        if w != "v" and c["rope"] is not None:  # the turn's gradient, rounded where the product's output is reshaped
+            d = r.grad(_rope_backward(d, c["rope"], r))
         d = d.transpose(0, 2, 1, 3).reshape(B * T, n * Dh)
         grads.dot(pre + "attn.w" + w, c["a"], d)
         if w != "k":
