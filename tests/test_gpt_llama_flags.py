@@ -148,10 +148,10 @@ def test_autoshard_refuses_a_llama_flag_it_cannot_take_in_one_line(argv, message
 
 @pytest.mark.parametrize("kept", ["graph", "megatron"])
 def test_a_bf16_step_of_ffn_grouped_queries_an_untied_head_and_no_biases_is_checked(kept):
-    """spmdsim.gpt.mixed mirrors these options (it refused them); RMSNorm, SwiGLU and RoPE it still refuses."""
+    """spmdsim.gpt.mixed mirrors these options (it refused them; RMSNorm, SwiGLU and RoPE:
+    tests/test_train_bf16_llama.py)."""
     pytest.importorskip("ml_dtypes")
     import spmdsim
-    from spmdsim.errors import SpmdsimError
     from spmdsim.gpt import encode, load_text
     from spmdsim.gpt.train import train
 
@@ -161,6 +161,3 @@ def test_a_bf16_step_of_ffn_grouped_queries_an_untied_head_and_no_biases_is_chec
     steps = spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, 2, text, sp=True, precision="bf16-mixed",
                                               kept=kept)[1])[0]
     assert all(s.passed for s in steps) and steps[0].tolerances[0] < 1e-4, steps  # the loss within float32's sums
-    with pytest.raises(SpmdsimError, match="not positions 'rope'; check it at fp64"):
-        rope = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, positions="rope")
-        spmdsim.simulate(2, lambda: train(rope, spmdsim.world(), 1, 2, 1, text, precision="bf16-mixed"))

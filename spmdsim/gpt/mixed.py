@@ -6,10 +6,11 @@ where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
 
 - each operator of the distributed model reads its operands widened to float32 and rounds its
   result once to the activations' dtype: the embeddings' sum, each dropout (x times its float32
-  factor), each layer norm's normalized values (statistics in float32), its times-weight and
+  factor), each layer norm's (or RMSNorm's) normalized values (statistics in float32), its times-weight and
   plus-bias, each product (a float32 BLAS product of the widened blocks) and its plus-bias, the
-  attention core's probabilities, their dropped-out values and its output, GELU, the residual sums,
-  the logits; cross-entropy in float32;
+  attention core's probabilities, their dropped-out values and its output, GELU (or SwiGLU's silu and
+  its product), the rotary embeddings' two products and their sum (bfloat16 tables), the residual
+  sums, the logits; cross-entropy in float32;
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -40,21 +41,26 @@ _F32 = np.float32
 
 
 #: Llama's options this reference computes (GPTConfig): the MLP's width, grouped-query attention, an untied head,
-#: no biases. RMSNorm, SwiGLU and rotary embeddings have rounding points of their own, not mirrored here.
-CHECKED = ("ffn", "kv_heads", "tied", "bias")
+#: no biases, RMSNorm (its mean square in float32, its normalized values rounded, as layer norm's), SwiGLU (silu
+#: in float32, rounded; times the second product, rounded), rotary embeddings (bfloat16 tables; each product and
+#: the sum rounded).
+CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm", "mlp", "positions")
+
+#: Those it does not, by name (what it has instead): none now; an option added to GPTConfig whose rounding
+#: points are not mirrored here goes here, and a checked low-precision run of it is refused in one line.
+REFUSED: dict = {}
 
 
 def architecture_problem(cfg: GPTConfig) -> Optional[str]:
     """Why this reference cannot check `cfg` (one line), or None: it computes the GPT's architecture with
-    Llama's options CHECKED (ffn, kv_heads, tied, bias), not norm "rms", mlp "swiglu" nor positions "rope",
-    which are checked at float64 (spmdsim.gpt.reference) only."""
+    Llama's options CHECKED, not those REFUSED (checked at float64 only, spmdsim.gpt.reference)."""
     default = GPTConfig()
-    changed = [f"{name} {getattr(cfg, name)!r}" for name in ("norm", "mlp", "positions")
-               if getattr(cfg, name) != getattr(default, name)]
+    changed = [f"{name} {getattr(cfg, name)!r}" for name in REFUSED if getattr(cfg, name) != getattr(default, name)]
     if not changed:
         return None
-    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's LayerNorm, GELU MLP "
-            f"and learned positions only, not {', '.join(changed)}; check it at fp64, or run without the check")
+    return (f"a low-precision step is checked against spmdsim.gpt.mixed, which has the GPT's "
+            f"{' and '.join(REFUSED.values())} only, not {', '.join(changed)}; check it at fp64, or run without "
+            f"the check")
 
 
 def longest_sum(cfg: GPTConfig) -> int:
@@ -114,7 +120,9 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     r = _Rounder(act, cfg, masks)
     B, T = x.shape
     D = cfg.d_model
-    h = r(wide(P["wte"][x]) + wide(P["wpe"])[None])
+    # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
+    # plus its position's, rounded (rotary embeddings: none; they turn q and k in each block).
+    h = P["wte"][x] if "wpe" not in P else r(wide(P["wte"][x]) + wide(P["wpe"])[None])
     h = r.drop(h, "emb").reshape(B * T, D)
     caches = []
     for layer in range(cfg.layers):
@@ -194,27 +202,33 @@ class _Rounder:
 
 
 def _ln(P: dict, pre: str, h: np.ndarray, cfg: GPTConfig, r: _Rounder) -> tuple:
-    """The layer norm as the ranks' three nodes: normalized (float32 statistics), times weight, plus bias."""
+    """The block's norm (GPTConfig.norm) as the ranks' nodes (spmdsim.ops.norms): normalized (float32
+    statistics: layer norm's mean and variance, RMSNorm's mean square, in the kernel's order), rounded; times
+    weight, rounded; plus bias (layer norm's), rounded."""
     n = h.shape[-1]
     inv = 1.0 / n
     block = wide(h)
-    c = block - np.sum(block, axis=-1, keepdims=True) * inv
+    centre = pre + ".b" in P  # layer norm (RMSNorm has no bias: spmdsim.gpt.params)
+    c = block - np.sum(block, axis=-1, keepdims=True) * inv if centre else block
     root = np.sqrt(np.sum(c * c, axis=-1, keepdims=True) * inv + cfg.ln_eps)
     yn = r(c / root)
     yw = r(wide(yn) * wide(P[pre + ".w"]))
-    return r(wide(yw) + wide(P[pre + ".b"])), (yn, 1.0 / root)
+    return (r(wide(yw) + wide(P[pre + ".b"])) if centre else yw), (yn, 1.0 / root)
 
 
 def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r: _Rounder) -> np.ndarray:
-    """The layer norm's input gradient (float32, not rounded: summed with the residual's first)."""
+    """The norm's input gradient (float32, not rounded: summed with the residual's first): the normalization's
+    rule (spmdsim.autograd.rules.norms) on the times-weight's gradient rounded; RMSNorm's without mean(dY)."""
     yn, rstd = cache
     da = r.grad(da)
-    grads.total(pre + ".b", da)
+    centre = pre + ".b" in P
+    grads.total(pre + ".b", da, P)
     grads.total(pre + ".w", da * yn)
     dy = r.grad(da * wide(P[pre + ".w"]))
     inv = 1.0 / yn.shape[-1]
     g = dy - np.sum(dy * yn, axis=-1, keepdims=True) * inv * yn
-    g = g - np.sum(dy, axis=-1, keepdims=True) * inv
+    if centre:
+        g = g - np.sum(dy, axis=-1, keepdims=True) * inv
     return g * rstd
 
 
@@ -222,6 +236,52 @@ def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder)
     """a @ P[name], rounded, plus the bias `bias` where the model has one (GPTConfig.bias), rounded."""
     out = r(product(a, P[name]))
     return out if bias is None or bias not in P else r(wide(out) + wide(P[bias]))
+
+
+def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary embeddings' (cos, sin), each (T, 2, head_dim / 2) widened: spmdsim.gpt._blocks.rope_tables' float64
+    values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope)."""
+    from ._blocks import rope_tables
+
+    half = cfg.head_dim // 2
+    return tuple(wide(r(t)).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
+
+
+def _rope(x: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
+    """x (B, heads, T, head_dim) turned as the ranks' nodes (GPT._rope) round it: x cos, rounded; rotate_half(x)
+    (a product with a 2 x 2 turn of the halves: exact), rounded; times sin, rounded; the sum, rounded."""
+    cos, sin = tables
+    B, n, T, Dh = x.shape
+    xw = wide(x).reshape(B, n, T, 2, Dh // 2)
+    turned = np.stack([-xw[..., 1, :], xw[..., 0, :]], axis=-2)  # [x1, x2] -> [-x2, x1]
+    return r(wide(r(xw * cos)) + wide(r(wide(r(turned)) * sin))).reshape(B, n, T, Dh)
+
+
+def _rope_backward(d: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
+    """`_rope`'s input gradient from its output's `d` (float32, rounded): d cos (the first product's rule, float32)
+    plus the turn's transpose of d sin (the second product's rule, rounded at the turn's node), summed in
+    float32 (not rounded: the caller rounds it where the ranks' reshape does)."""
+    cos, sin = tables
+    B, n, T, Dh = d.shape
+    dw = d.reshape(B, n, T, 2, Dh // 2)
+    u = r.grad(dw * sin)
+    return (dw * cos + np.stack([u[..., 1, :], -u[..., 0, :]], axis=-2)).reshape(B, n, T, Dh)
+
+
+def _swiglu(z: np.ndarray, u: np.ndarray, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
+    """(silu(z) * u, silu(z)) as the ranks' two nodes (ops.silu, then a product): silu computed in float32 on the
+    widened z (spmdsim.ops.pointwise's kernel, x sigmoid(x)) and rounded, the product of the widened factors
+    rounded."""
+    zw = wide(z)
+    s = r(zw * activations.sigmoid(zw))
+    return r(wide(s) * wide(u)), s
+
+
+def _silu_slope(x: np.ndarray) -> np.ndarray:
+    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x), in float32 on the widened x: the ranks' silu rule
+    (spmdsim.autograd.rules.pointwise) computes it so on the bfloat16 block."""
+    s = activations.sigmoid(x)
+    return s * (1 + x * (1 - s))
 
 
 def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder,
@@ -235,6 +295,9 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
         return out.reshape(B, T, n, Dh).transpose(0, 2, 1, 3)
 
     q, k, v = heads("q", H), heads("k", KV), heads("v", KV)
+    rope = _rope_tables(cfg, T, r) if cfg.positions == "rope" else None
+    if rope is not None:  # q and k turned before k is repeated for its query heads (the ranks' order)
+        q, k = _rope(q, rope, r), _rope(k, rope, r)
     if KV != H:  # grouped-query attention: each key/value head repeated for its query heads (times ones: exact)
         k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
     s = product(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(Dh))
@@ -252,14 +315,20 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
         out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
-                    "ln2": ln2, "moe": moe, "B": B}
+                    "ln2": ln2, "moe": moe, "B": B, "rope": rope}
     zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r)
-    t = activations.gelu_tanh(zpre)
-    m = activations.gelu_from_tanh(zpre, t)
+    gate = {}
+    if cfg.mlp == "swiglu":  # silu(z) (its float32 kernel, rounded) times the second product (rounded), rounded
+        u = _linear(P, pre + "mlp.w3", pre + "mlp.b3", a2, r)
+        (m, s), t = _swiglu(zpre, u, r), None
+        gate = {"s": s, "u": u}
+    else:
+        t = activations.gelu_tanh(zpre)
+        m = activations.gelu_from_tanh(zpre, t)
     out = _linear(P, pre + "mlp.w2", pre + "mlp.b2", m, r)
     h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
     return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
-                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B}
+                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B, "rope": rope, **gate}
 
 
 def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, r: _Rounder,
@@ -277,10 +346,19 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         grads.total(pre + "mlp.b2", dr, P)
         grads.dot(pre + "mlp.w2", c["m"], dr)
         dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
-        dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
+        if "s" in c:  # SwiGLU: the product's rule (float32), each factor's gradient rounded at its node
+            du = r.grad(dm * wide(c["s"]))
+            ds = r.grad(dm * wide(c["u"]))
+            dz = r.grad(ds * _silu_slope(wide(c["z"])))
+            grads.total(pre + "mlp.b3", du, P)
+            grads.dot(pre + "mlp.w3", c["a2"], du)
+        else:
+            dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
         grads.total(pre + "mlp.b1", dz, P)
         grads.dot(pre + "mlp.w1", c["a2"], dz)
         da2 = product(dz, P[pre + "mlp.w1"].T)
+        if "s" in c:  # a2's gradient summed over its two products (float32)
+            da2 = da2 + product(du, P[pre + "mlp.w3"].T)
     dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", da2, c["ln2"], grads, r))
     dr = r.grad(r.undrop(dh1, layer + ".resid1"))
     grads.total(pre + "attn.bo", dr, P)
@@ -297,6 +375,8 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         d = r.grad(d)
         if n != H:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it
             d = r.grad(d.reshape(B, KV, H // KV, T, Dh).sum(axis=2))
+        if w != "v" and c["rope"] is not None:  # the turn's gradient, rounded where the product's output is reshaped
+            d = r.grad(_rope_backward(d, c["rope"], r))
         d = d.transpose(0, 2, 1, 3).reshape(B * T, n * Dh)
         grads.dot(pre + "attn.w" + w, c["a"], d)
         if w != "k":
