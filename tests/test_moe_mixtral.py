@@ -169,3 +169,23 @@ def test_the_memory_pre_check_counts_swiglu_experts_and_grouped_query_attention_
     end = step_need(cfg, 1, 1, ep=2)  # fp64: parameters, gradients and AdamW's two moments, 8 bytes each
     weights = 2 * (2 * d * d + 2 * d * kvd + 2 * 3 * d * f) + 2 * v * d  # 2 local experts a layer; head untied
     assert (end.moment, end.nbytes) == ("at the step's end", weights * 8 * 4)
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_a_replayed_step_with_swiglu_experts_equals_the_eager_one_bit_for_bit(dropless):
+    """The experts' kernels (spmdsim.runtime.replay) hand a SwiGLU expert's fc3 output and gradients back through
+    their `out` arrays: steps 1-2 replayed equal the eager ones (parameters, gradients, losses, bytes)."""
+    cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=4, ffn=24, dropout=0.1,
+                    moe=MoEConfig(experts=4, top_k=2, every=1, dropless=dropless), **MIXTRAL)
+
+    def both():
+        runs = [train(cfg, spmdsim.world(), 1, 2, 3, TEXT, ep=2, replay=replay) for replay in (False, True)]
+        (eager_model, eager), (model, replayed) = runs
+        same = all(a.local.tobytes() == b.local.tobytes() and a.grad.local.tobytes() == b.grad.local.tobytes()
+                   for a, b in zip(model.params.values(), eager_model.params.values()))
+        return eager, replayed, same
+
+    for eager, replayed, same in spmdsim.simulate(4, both):
+        assert same
+        assert [(r.loss, r.bytes_sent) for r in replayed] == [(r.loss, r.bytes_sent) for r in eager]
+        assert all(r.passed for r in replayed), replayed
