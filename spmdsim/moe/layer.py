@@ -421,7 +421,7 @@ def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, a
     into `out`'s arrays when given; d xe is pending over tp (each rank's hidden columns' share). `ts`: the
     forward's tanh (SwiGLU: its sigmoid); `W3`, `us`: SwiGLU's second weight and its output."""
     move = plan.exchange(per_expert, got)
-    El, D, H = W1.shape
+    El, D, _ = W1.shape
     swiglu = W3 is not None
     if out is None:
         out = _grad_outputs(W1, W2, W3, xe, (b1, b2, b3 and swiglu), W1.dtype, xe.dtype)
@@ -452,10 +452,9 @@ def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, a
         return dx
 
     if not move.dropless:  # batched, as the forward
-        every = slice(None)
         dxe.reshape(El, -1, D)[...] = backward(
             _batched(xe, El), _batched(hs, El), _batched(ts, El), _batched(acts, El),
-            None if us is None else _batched(us, El), _batched(dye, El), every, 1)
+            None if us is None else _batched(us, El), _batched(dye, El), slice(None), 1)
         return out
     for a in out:  # an expert no row reached has zero gradients
         a.fill(0.0)
@@ -569,7 +568,7 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
     float32 (an Allreduce here, so that the combine's way back carries whole rows in the activations' dtype)
     and rounded once."""
     move = plan.exchange(per_expert, got)
-    El, D, H = W1.shape
+    El, D, _ = W1.shape
     act = xe.dtype
     swiglu = W3 is not None
     main = np.dtype(np.float32) if is_low(W1.dtype) else W1.dtype
