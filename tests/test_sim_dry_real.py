@@ -5,7 +5,8 @@ The record is each product's and kernel's blocks the rank holds nowhere else (sp
 a block the step keeps for its backward, a parameter or its gradient is held; a product's result that nothing
 keeps is the moment's own, what the estimate's peak adds, spmdsim.estimate.ledger.largest_transient), the
 products and kernels themselves, and the bytes kept for the backward, the master copy, the optimizer's states
-and the buffers (StepResult.memory). Dense and MoE GPTs, float32 and bf16-mixed, a few tp, ep and pp values.
+and the buffers (StepResult.memory). Dense and MoE GPTs (GELU experts with biases, Mixtral's SwiGLU experts
+without), float32 and bf16-mixed, a few tp, ep and pp values.
 
 Under bf16-mixed the attention core's backward products are left out: their dry gradients are bfloat16 blocks
 where the real ones are float32 (spmdsim.autograd.rules.attention, not this test's).
@@ -22,8 +23,12 @@ from spmdsim.gpt.pipeline import train_pipelined
 from spmdsim.moe.config import MoEConfig
 
 
-def _gpt(batch: int, layers: int = 1, moe: MoEConfig | None = None) -> GPTConfig:
-    return GPTConfig(layers=layers, d_model=64, heads=4, seq=8, batch=batch, vocab=128, moe=moe)
+def _gpt(batch: int, layers: int = 1, moe: MoEConfig | None = None, **llama) -> GPTConfig:
+    return GPTConfig(layers=layers, d_model=64, heads=4, seq=8, batch=batch, vocab=128, moe=moe, **llama)
+
+
+#: Mixtral's options (docs/experts.md): SwiGLU experts without biases, RMSNorm, grouped-query attention, RoPE.
+MIXTRAL = dict(mlp="swiglu", bias=False, norm="rms", kv_heads=2, positions="rope", tied=False)
 
 
 def _moe(top_k: int = 1) -> MoEConfig:
@@ -66,6 +71,9 @@ CASES = {
     # fc2's output in the activations' dtype, and at ep 1 with one sequence the combine's result itself, kept
     "moe bf16 b1 tp2": (_gpt(1, moe=_moe()), "bf16-mixed", dict(tp=2)),
     "moe bf16 ep2 tp2 top2": (_gpt(2, moe=_moe(2)), "bf16-mixed", dict(ep=2, tp=2)),
+    # SwiGLU experts without biases: fc3's output kept beside fc1's, no bias blocks
+    "moe swiglu fp32 ep2 tp2 top2": (_gpt(2, moe=_moe(2), **MIXTRAL), "fp32", dict(ep=2, tp=2)),
+    "moe swiglu bf16 b1 tp2 top2": (_gpt(1, moe=_moe(2), **MIXTRAL), "bf16-mixed", dict(tp=2)),
     # a pipeline's later microbatches keep their blocks as the first does
     "dense fp32 pp2": (_gpt(2, layers=2), "fp32", dict(pp=2, microbatches=2)),
     "moe bf16 pp2 ep2": (_gpt(4, layers=2, moe=_moe()), "bf16-mixed", dict(pp=2, ep=2, microbatches=2)),
@@ -86,3 +94,7 @@ def test_a_dry_step_counts_what_the_real_step_allocates(case):
         fresh, got = ours[1], theirs[1]
         assert fresh == got, (rank, sorted(map(str, fresh - got)), sorted(map(str, got - fresh)))
         assert ours[0] == theirs[0] and ours[2:] == theirs[2:], rank
+        # the experts are the model's: SwiGLU ones run their gate (and no bias) where the MLP's options say so
+        ops = {k.op for k in theirs[3]}
+        assert ("swiglu" in ops) == (cfg.moe is not None and cfg.mlp == "swiglu"), ops
+        assert ("moe bias" in ops) == (cfg.moe is not None and cfg.bias), ops

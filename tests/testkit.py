@@ -440,7 +440,7 @@ def moe_layer_on_ranks(moe, mesh_shape: tuple, p: dict, x, g, batch: int, algori
     rows, D = x.shape
     T = rows // batch
     maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
-            "b2": ("ep", None)}
+            "b2": ("ep", None), "w3": ("ep", None, "tp"), "b3": ("ep", "tp")}  # (w3, b3: SwiGLU experts')
 
     def run():
         mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(), algorithms=algorithms)

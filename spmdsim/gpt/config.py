@@ -159,20 +159,22 @@ class GPTConfig:
         """The model's parameter count in closed form (spmdsim.gpt.params.param_specs lists them): the token
         embedding (padded_vocab x d_model; an untied head as many again), learned positions, per dense layer
         its attention (Q and the projection d_model^2 each, K and V d_model x kv x head_dim) and MLP (2 or,
-        SwiGLU, 3 matrices d_model x hidden), the biases and norms' vectors. MoE layers: from param_specs."""
+        SwiGLU, 3 matrices d_model x hidden), the biases and norms' vectors. An MoE layer has, in place of the
+        MLP, the router (d_model x experts) and `experts` MLPs of expert_hidden, each with the MLP's matrices and
+        biases (SwiGLU's three, Mixtral's experts without biases)."""
         V, D, F, L = self.padded_vocab, self.d_model, self.hidden, self.layers
         KD = self.kv * self.head_dim
         swiglu = self.mlp == "swiglu"
         norm = D if self.norm == "rms" else 2 * D
-        layer = 2 * D * D + 2 * D * KD + (3 if swiglu else 2) * D * F + 2 * norm
-        if self.bias:
-            layer += D + KD + D + (2 * F if swiglu else F) + D  # bq, bv, bo; b1 (and b3), b2
-        total = V * D * (1 if self.tied else 2) + (self.seq * D if self.positions == "learned" else 0) + norm
-        if self.moe is None:
-            return total + L * layer
-        from .params import param_specs
 
-        return sum(math.prod(s.shape) for s in param_specs(self))
+        def mlp(width: int) -> int:  # w1 (and w3), w2; b1 (and b3), b2
+            return (3 if swiglu else 2) * D * width + ((2 * width if swiglu else width) + D if self.bias else 0)
+
+        attention = 2 * D * D + 2 * D * KD + 2 * norm + (D + KD + D if self.bias else 0)  # bq, bv, bo
+        total = V * D * (1 if self.tied else 2) + (self.seq * D if self.positions == "learned" else 0) + norm
+        moe_layers = 0 if self.moe is None else sum(self.is_moe(layer) for layer in range(L))
+        experts = 0 if self.moe is None else D * self.moe.experts + self.moe.experts * mlp(self.expert_hidden)
+        return total + L * attention + (L - moe_layers) * mlp(F) + moe_layers * experts
 
     @property
     def head_dim(self) -> int:

@@ -13,8 +13,8 @@ layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT")
 | wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
 | bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
 | moe.router (D, E)        | (None, None)    | replicated: every rank routes its own tokens          |
-| moe.w1 (E, D, F)         | ("ep", None, "tp") | experts over ep, each column-parallel over tp      |
-| moe.b1 (E, F)            | ("ep", "tp")    | split like w1's experts and columns                   |
+| moe.w1, moe.w3 (E, D, F) | ("ep", None, "tp") | experts over ep, each column-parallel over tp      |
+| moe.b1, moe.b3 (E, F)    | ("ep", "tp")    | split like w1's experts and columns                   |
 | moe.w2 (E, F, D)         | ("ep", "tp", None) | experts over ep, each row-parallel over tp         |
 | moe.b2 (E, D)            | ("ep", None)    | experts over ep                                       |
 
@@ -90,7 +90,8 @@ def _role(name: str, sp: bool) -> str:
 
 #: Each split role's tensor map: which mesh axis cuts which dim (the module's table; "whole" is all None).
 _MAPS = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
-         "expert b1": ("ep", "tp"), "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
+         "expert b1": ("ep", "tp"), "expert w3": ("ep", None, "tp"), "expert b3": ("ep", "tp"),
+         "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
 
 
 def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:

@@ -190,12 +190,15 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     moe = cfg.moe
     per_layer = []  # (weight elements, other activations kept, attention core kept) of each layer on the rank
     for layer in range(cfg.layers):
+        # Q and the projection, K and V (kv_heads of them), the MLP's (or each local expert's) 2 (SwiGLU: 3)
+        # matrices
+        kvd = cfg.kv * cfg.head_dim
+        mats = 3 if cfg.mlp == "swiglu" else 2
         if moe is not None and cfg.is_moe(layer):
-            weights = 4 * d * d + max(1, moe.experts // ep) * 2 * d * cfg.expert_hidden
+            weights = 2 * d * d + 2 * d * kvd + max(1, moe.experts // ep) * mats * d * cfg.expert_hidden
             whole, masks, split = 3, drop, 4
-        else:  # Q and the projection, K and V (kv_heads of them), the MLP's 2 (SwiGLU: 3) matrices
-            kvd = cfg.kv * cfg.head_dim
-            weights = 2 * d * d + 2 * d * kvd + (3 if cfg.mlp == "swiglu" else 2) * d * cfg.hidden
+        else:
+            weights = 2 * d * d + 2 * d * kvd + mats * d * cfg.hidden
             whole, masks, split = 4, 2 * drop, 2 * d + 2 * kvd + 2 * cfg.hidden  # split: per token, not per d
         if recompute == "full":  # each layer keeps its input alone
             other = sbh * width // shared

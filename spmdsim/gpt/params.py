@@ -13,7 +13,10 @@ order is the tensor's, so a rank's block of it is ``.region`` of these shapes):
 
 A block with an MoE layer (``cfg.is_moe(l)``, spmdsim.moe) has, in place of
 mlp.w1 .. mlp.b2: moe.router (D, E), moe.w1 (E, D, F), moe.b1 (E, F), moe.w2
-(E, F, D), moe.b2 (E, D), with F the experts' hidden width.
+(E, F, D), moe.b2 (E, D), with F the experts' hidden width; the experts follow
+the MLP's options as the dense MLP does: mlp "swiglu" adds moe.w3 (E, D, F)
+(and moe.b3 (E, F)) after b1, bias False drops b1, b3 and b2 (Mixtral's
+experts: SwiGLU, no biases).
 
 With vocabulary padding (GPTConfig.vocab_pad_to) wte has cfg.padded_vocab rows: the first cfg.vocab
 are the unpadded model's (the same seeded numbers: an element's value depends on its flat index
@@ -83,11 +86,16 @@ def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
             if w != "k" and bias:  # no key bias: softmax ignores it, its gradient is zero but for rounding,
                 out.append(ParamSpec(f"{h}.attn.b{w}", (KD,) if w == "v" else (D,), "zeros"))  # which Adam would
         out += norm(f"{h}.ln2")  # blow up to +-lr steps
-        if cfg.is_moe(layer):
+        if cfg.is_moe(layer):  # the experts follow mlp and bias as the dense MLP does, each (E, ...) stacked
             E, FE = cfg.moe.experts, cfg.expert_hidden
-            out += [ParamSpec(f"{h}.moe.router", (D, E), "seeded"),
-                    ParamSpec(f"{h}.moe.w1", (E, D, FE), "seeded"), ParamSpec(f"{h}.moe.b1", (E, FE), "zeros"),
-                    ParamSpec(f"{h}.moe.w2", (E, FE, D), "seeded"), ParamSpec(f"{h}.moe.b2", (E, D), "zeros")]
+            out.append(ParamSpec(f"{h}.moe.router", (D, E), "seeded"))
+            out.append(ParamSpec(f"{h}.moe.w1", (E, D, FE), "seeded"))
+            out += [ParamSpec(f"{h}.moe.b1", (E, FE), "zeros")] if bias else []
+            if cfg.mlp == "swiglu":
+                out.append(ParamSpec(f"{h}.moe.w3", (E, D, FE), "seeded"))
+                out += [ParamSpec(f"{h}.moe.b3", (E, FE), "zeros")] if bias else []
+            out.append(ParamSpec(f"{h}.moe.w2", (E, FE, D), "seeded"))
+            out += [ParamSpec(f"{h}.moe.b2", (E, D), "zeros")] if bias else []
             continue
         out.append(ParamSpec(f"{h}.mlp.w1", (D, F), "seeded"))
         out += [ParamSpec(f"{h}.mlp.b1", (F,), "zeros")] if bias else []
@@ -131,7 +139,8 @@ def decays(spec: ParamSpec) -> bool:
 
 
 def is_expert(name: str) -> bool:
-    """Whether parameter `name` is an MoE layer's experts' ("h1.moe.w1" .. "h1.moe.b2"), not its router's."""
+    """Whether parameter `name` is an MoE layer's experts' ("h1.moe.w1" .. "h1.moe.b2", w3 and b3), not its
+    router's."""
     return name.split(".")[1:2] == ["moe"] and not name.endswith(".router")
 
 

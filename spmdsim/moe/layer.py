@@ -11,7 +11,10 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
   so the buffer leaves as it is; dropless, an Alltoall of
   the per-expert counts, then an Alltoallv of the rows with the true counts;
 - the experts run on what arrived: x @ w1 + b1, GELU, @ w2, an Allreduce over
-  tp (w2's rows are split there), + b2;
+  tp (w2's rows are split there), + b2; with SwiGLU experts (the model's mlp
+  "swiglu": a parameter moe.w3) silu(x @ w1 + b1) * (x @ w3 + b3) in place of
+  GELU, w3 column-parallel over tp as w1 (Megatron's grouped MLP); without
+  biases (the model's bias False: no moe.b1, b3, b2) none added;
 - combine: the dispatch's reverse exchange, then each token adds its experts'
   outputs times the gates.
 
@@ -59,7 +62,7 @@ import numpy as np
 
 from .. import ops
 from ..buffers import broadcast_zero, contiguous, into
-from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
+from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..layout import format_tensor_map
@@ -150,8 +153,9 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     """(output (T, B, D) in x's layout, the weighted router losses: a scalar) of the MoE layer `pre` ("h1.").
 
     `x` (T, B, D): whole on tp, the batch split over the mesh's other axes. `params`: the model's
-    DTensors, read at pre + "moe.router", "moe.w1", "moe.b1", "moe.w2", "moe.b2". `stats`: a list that
-    receives this rank's MoEStats.
+    DTensors, read at pre + "moe.router", "moe.w1", "moe.b1", "moe.w2", "moe.b2", and "moe.w3", "moe.b3"
+    where the experts are SwiGLU MLPs; a bias the model does not have (GPTConfig bias False) is absent and
+    not added (spmdsim.gpt.params). `stats`: a list that receives this rank's MoEStats.
     """
     mesh = x.mesh
     w1 = params[pre + "moe.w1"]
@@ -165,8 +169,9 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
         x32 = x
     logits = ops.einsum("tbd,de->tbe", x32, router)
     probs = ops.softmax(logits, -1)  # in the logits' dtype: float64 at fp64, float32 under a policy
-    out, counts = moe_experts(x, probs, w1, params[pre + "moe.b1"], params[pre + "moe.w2"], params[pre + "moe.b2"],
-                              moe, pre.rstrip("."), stats)
+    out, counts = moe_experts(x, probs, w1, params.get(pre + "moe.b1"), params[pre + "moe.w2"],
+                              params.get(pre + "moe.b2"), moe, pre.rstrip("."), stats, params.get(pre + "moe.w3"),
+                              params.get(pre + "moe.b3"))
     T, B, E = probs.global_shape
     N = T * B
     # Load balancing, E * sum_e f_e P_e: f_e the share of the k N assignments routed to e (counted, no
@@ -187,10 +192,11 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
 
 
 def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoEConfig, name: str = "moe",
-                stats: Optional[list] = None) -> tuple[Any, np.ndarray]:
+                stats: Optional[list] = None, w3: Any = None, b3: Any = None) -> tuple[Any, np.ndarray]:
     """(the experts' outputs times the gates, (T, B, D) in x's layout; this rank's (E,) assignment counts
     before dropping): route, dispatch, run the experts, combine; one node in the graph. `x` as `moe_layer`
-    takes it (`input_problem`), `probs` (T, B, E) laid out alike."""
+    takes it (`input_problem`), `probs` (T, B, E) laid out alike. `w3` (and `b3`): SwiGLU experts' second
+    column-parallel weight, laid out as w1; a bias None is not added (a model without biases)."""
     problem = input_problem(x) or (None if probs.layout.tensor_map == x.layout.tensor_map and
                                    not probs.layout.addend_axes else
                                    f"the router's probabilities are laid out {probs.layout}; expected the "
@@ -202,8 +208,10 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     E, k = moe.experts, moe.top_k
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     El = E // ep
+    names = _present(b1, b2, w3, b3)
+    weights = tuple(w for w in (w1, b1, w2, b2, w3, b3) if w is not None)  # in `names`' order
     if dry_run_active():
-        return _dry_experts(x, probs, (w1, b1, w2, b2), moe, name, stats)
+        return _dry_experts(x, probs, weights, names, moe, name, stats)
     C = moe.capacity(T)
     # Routing, packing, the exchanges, the experts and unpacking are kernels (spmdsim.runtime.replay), each
     # writing arrays of fixed shapes: a replayed step reruns them on its own router probabilities. Dropless,
@@ -217,22 +225,23 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         got = alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
-    W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
+    W1, B1, W2, B2, W3, B3 = (None if w is None else w.local for w in (w1, b1, w2, b2, w3, b3))
     mixed = x.local.dtype != np.float64  # under a precision policy (spmdsim.precision): its rounding points
     forward, backward_of = (_experts_forward_mixed, _experts_backward_mixed) if mixed else \
         (_experts_forward, _experts_backward)
-    hs, ts, acts, ye = forward(plan, xe, per_expert, got, W1, B1, W2, B2)
+    hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
+    us = more[0] if more else None  # SwiGLU's x @ w3 + b3, kept for the backward
     back = _combined(plan, ye, per_expert, got)
     out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
         _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                        blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
-                                   w1=W1, b1=B1, w2=W2, b2=B2))
+                                   us=us, **dict(zip(names, (w.local for w in weights)))), names=names)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
         stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
         _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
                D * x.local.itemsize)
-    tensors = (x, probs, w1, b1, w2, b2)
+    tensors = (x, probs) + weights
     if all(t._ag is None for t in tensors):
         return out, load
 
@@ -240,19 +249,20 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dgates, dback = _combine_grad(dy.local, back, rows, gates)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
         dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
-        *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2)
+        *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2, W3, us, B1 is not None,
+                                  B2 is not None, B3 is not None)
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _unpack(dsend, rows, None)
         dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
         if any_open():
             _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
-                           backward=True, blocks=dict(zip(("gw1", "gb1", "gw2", "gb2"), grads), dy=dy.local,
-                                                      back=back, dye=dye, dx=dx, xe=xe, hs=hs, ts=ts, acts=acts,
-                                                      w1=W1, w2=W2))
+                           backward=True, names=names,
+                           blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
+                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=W2, w3=W3))
         over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, dprobs, ()))
-                + tuple(_grad(w, g, over_dp) for w, g in zip((w1, b1, w2, b2), grads)))
+                + tuple(_grad(w, g, over_dp) for w, g in zip(weights, grads)))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
     return out, load
@@ -306,78 +316,166 @@ def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optiona
     return move.combine(rows[:move.arrived], label, out)
 
 
+def _present(b1: Any, b2: Any, w3: Any, b3: Any) -> tuple:
+    """The experts' weights' names, in the order the layer takes and returns them: w1 (b1), w2 (b2), and a SwiGLU
+    expert's w3 (b3); a bias the model does not have (None) left out."""
+    given = dict(b1=b1, b2=b2, w3=w3, b3=b3)
+    return tuple(n for n in ("w1", "b1", "w2", "b2", "w3", "b3") if n in ("w1", "w2") or given[n] is not None)
+
+
+def _batched(a: np.ndarray, El: int) -> np.ndarray:
+    """A (rows, n) block of the capacity mode's equal shares as (El, rows / El, n): each local expert's slots."""
+    return a.reshape(El, -1, a.shape[-1])
+
+
+def _plus(y: np.ndarray, b: Optional[np.ndarray]) -> None:
+    """y += b, b (El, n) added to each expert's (El, rows, n) or b (n,) to one expert's (rows, n); no bias: nothing."""
+    if b is not None:
+        y += b[:, None] if y.ndim == 3 else b
+
+
+def _swiglu(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, acts: np.ndarray) -> None:
+    """SwiGLU's gate at float64: ts = sigmoid(hs) (kept for the backward), acts = silu(hs) * us = hs ts us."""
+    ts[...] = sigmoid(hs)
+    np.multiply(hs, ts, out=acts)
+    acts *= us
+
+
+def _swiglu_backward(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, dacts: np.ndarray) -> tuple:
+    """(d hs, d us) from d acts, acts = silu(hs) us: d us = dacts silu(hs), d hs = dacts us silu'(hs) with
+    silu'(h) = s (1 + h (1 - s)), s = sigmoid(h) = ts."""
+    du = dacts * hs * ts
+    dh = dacts * us * (ts * (1.0 + hs * (1.0 - ts)))
+    return dh, du
+
+
 def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
-                 B1: np.ndarray, W2: np.ndarray, B2: np.ndarray, out: Optional[tuple] = None) -> tuple:
+                 B1: Optional[np.ndarray], W2: np.ndarray, B2: Optional[np.ndarray], W3: Optional[np.ndarray] = None,
+                 B3: Optional[np.ndarray] = None, out: Optional[tuple] = None) -> tuple:
     """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU's tanh (kept for the backward), the GELU,
-    the output summed over tp + b2), each as long as `xe` (into `out`'s four arrays when given: a replay's).
-    With a capacity every expert has the same rows: one batched product a weight (numpy's matmul makes each
-    expert's the 2-d product would)."""
+    the output summed over tp + b2), each as long as `xe` (into `out`'s arrays when given: a replay's). SwiGLU
+    experts (`W3`): (x @ w1 + b1, its sigmoid, silu(x @ w1 + b1) * (x @ w3 + b3), the output, x @ w3 + b3).
+    A bias None is not added. With a capacity every expert has the same rows: one batched product a weight
+    (numpy's matmul makes each expert's the 2-d product would)."""
     move = plan.exchange(per_expert, got)
     El, D, H = W1.shape
     rows = xe.shape[0]
-    hs, ts, acts, ye = out if out is not None else (np.empty((rows, H)), np.empty((rows, H)), np.empty((rows, H)),
-                                                    np.empty((rows, D)))
+    swiglu = W3 is not None
+    if out is None:
+        out = (np.empty((rows, H)), np.empty((rows, H)), np.empty((rows, H)), np.empty((rows, D))) \
+            + ((np.empty((rows, H)),) if swiglu else ())
+    hs, ts, acts, ye = out[:4]
+    us = out[4] if swiglu else None
     if not move.dropless:
-        h3 = hs.reshape(El, -1, H)
-        np.matmul(xe.reshape(El, -1, D), W1, out=h3)
-        h3 += B1[:, None]
-        gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
-        np.matmul(acts.reshape(El, -1, H), W2, out=ye.reshape(El, -1, D))
+        x3, h3 = _batched(xe, El), _batched(hs, El)
+        np.matmul(x3, W1, out=h3)
+        _plus(h3, B1)
+        if swiglu:
+            u3 = _batched(us, El)
+            np.matmul(x3, W3, out=u3)
+            _plus(u3, B3)
+            _swiglu(hs, us, ts, acts)
+        else:
+            gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
+        np.matmul(_batched(acts, El), W2, out=_batched(ye, El))
     else:
         ye.fill(0.0)
         for e, (lo, hi) in enumerate(move.ranges):
-            hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
-            gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
+            np.matmul(xe[lo:hi], W1[e], out=hs[lo:hi])
+            _plus(hs[lo:hi], None if B1 is None else B1[e])
+            if swiglu:
+                np.matmul(xe[lo:hi], W3[e], out=us[lo:hi])
+                _plus(us[lo:hi], None if B3 is None else B3[e])
+                _swiglu(hs[lo:hi], us[lo:hi], ts[lo:hi], acts[lo:hi])
+            else:
+                gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
             ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
         allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
-    if not move.dropless:
-        ye.reshape(El, -1, D)[...] += B2[:, None]
-    else:
-        for e, (lo, hi) in enumerate(move.ranges):
-            ye[lo:hi] += B2[e]
-    return hs, ts, acts, ye
+    if B2 is not None:
+        if not move.dropless:
+            _plus(_batched(ye, El), B2)
+        else:
+            for e, (lo, hi) in enumerate(move.ranges):
+                ye[lo:hi] += B2[e]
+    return out
+
+
+def _grad_outputs(W1: np.ndarray, W2: np.ndarray, W3: Optional[np.ndarray], xe: np.ndarray, biased: tuple,
+                  main: Any, act: Any) -> tuple:
+    """New arrays for `_experts_grad`'s results: each present weight's gradient (`_present`'s order, of dtype
+    `main`), then d xe (of dtype `act`). `biased`: whether b1, b2 and b3 are there."""
+    El, D, H = W1.shape
+    shapes = dict(w1=W1.shape, b1=(El, H), w2=W2.shape, b2=(El, D), w3=W1.shape, b3=(El, H))
+    names = _present(*(True if b else None for b in biased[:2]), W3, True if biased[2] else None)
+    return tuple(np.zeros(shapes[n], main) for n in names) + (np.zeros(xe.shape, act),)
 
 
 def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, acts: np.ndarray, dye: np.ndarray,
                   per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray,
-                  out: Optional[tuple] = None) -> tuple:
-    """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe), into `out`'s five
-    arrays when given; d xe is pending over tp (each rank's hidden columns' share). `ts`: the forward's tanh."""
+                  W3: Optional[np.ndarray] = None, us: Optional[np.ndarray] = None, b1: bool = True,
+                  b2: bool = True, b3: bool = True, out: Optional[tuple] = None) -> tuple:
+    """`_run_experts`' backward from its output's gradient dye: each present weight's gradient (d w1, d b1, d w2,
+    d b2, d w3, d b3: `_present`'s order, a bias only where `b1`, `b2`, `b3` say the model has it), then d xe,
+    into `out`'s arrays when given; d xe is pending over tp (each rank's hidden columns' share). `ts`: the
+    forward's tanh (SwiGLU: its sigmoid); `W3`, `us`: SwiGLU's second weight and its output."""
     move = plan.exchange(per_expert, got)
-    El, D, H = W1.shape
+    El, D, _ = W1.shape
+    swiglu = W3 is not None
     if out is None:
-        out = (np.zeros_like(W1), np.zeros((El, H)), np.zeros_like(W2), np.zeros((El, D)), np.zeros_like(xe))
-    gw1, gb1, gw2, gb2, dxe = out
+        out = _grad_outputs(W1, W2, W3, xe, (b1, b2, b3 and swiglu), W1.dtype, xe.dtype)
+    g_ = dict(zip(_present(*(True if b else None for b in (b1, b2)), W3, True if b3 and swiglu else None), out))
+    dxe = out[-1]
+
+    def backward(x: np.ndarray, h: np.ndarray, t: np.ndarray, a: np.ndarray, u: Optional[np.ndarray],
+                 g: np.ndarray, e: Any, sum_axis: int) -> np.ndarray:
+        """One expert's (or, batched, every expert's) gradients into g_[...][e]; its rows' d xe returned."""
+        T = (0, 2, 1) if g.ndim == 3 else (1, 0)
+        if "b2" in g_:
+            g_["b2"][e] = g.sum(axis=sum_axis)
+        g_["w2"][e] = a.transpose(T) @ g
+        dacts = g @ W2[e].transpose(T)
+        if swiglu:
+            dh, du = _swiglu_backward(h, u, t, dacts)
+            g_["w3"][e] = x.transpose(T) @ du
+            if "b3" in g_:
+                g_["b3"][e] = du.sum(axis=sum_axis)
+        else:
+            dh = gelu_backward(h, dacts, t)
+        g_["w1"][e] = x.transpose(T) @ dh
+        if "b1" in g_:
+            g_["b1"][e] = dh.sum(axis=sum_axis)
+        dx = dh @ W1[e].transpose(T)
+        if swiglu:
+            dx += du @ W3[e].transpose(T)
+        return dx
+
     if not move.dropless:  # batched, as the forward
-        g, a3 = dye.reshape(El, -1, D), acts.reshape(El, -1, H)
-        np.sum(g, axis=1, out=gb2)
-        np.matmul(a3.transpose(0, 2, 1), g, out=gw2)
-        dh = gelu_backward(hs.reshape(El, -1, H), np.matmul(g, W2.transpose(0, 2, 1)), ts.reshape(El, -1, H))
-        np.matmul(xe.reshape(El, -1, D).transpose(0, 2, 1), dh, out=gw1)
-        np.sum(dh, axis=1, out=gb1)
-        np.matmul(dh, W1.transpose(0, 2, 1), out=dxe.reshape(El, -1, D))
+        dxe.reshape(El, -1, D)[...] = backward(
+            _batched(xe, El), _batched(hs, El), _batched(ts, El), _batched(acts, El),
+            None if us is None else _batched(us, El), _batched(dye, El), slice(None), 1)
         return out
     for a in out:  # an expert no row reached has zero gradients
         a.fill(0.0)
     for e, (lo, hi) in enumerate(move.ranges):
-        g = dye[lo:hi]
-        gb2[e], gw2[e] = g.sum(axis=0), acts[lo:hi].T @ g
-        dh = gelu_backward(hs[lo:hi], g @ W2[e].T, ts[lo:hi])
-        gw1[e], gb1[e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
-        dxe[lo:hi] = dh @ W1[e].T
+        dxe[lo:hi] = backward(xe[lo:hi], hs[lo:hi], ts[lo:hi], acts[lo:hi], None if us is None else us[lo:hi],
+                              dye[lo:hi], e, 0)
     return out
 
 
-def _linear_mixed(a: np.ndarray, w: np.ndarray, b: np.ndarray, act: np.dtype, out: np.ndarray,
+def _linear_mixed(a: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], act: np.dtype, out: np.ndarray,
                   summed: Optional[Callable] = None) -> None:
     """a @ w + b into `out` as the ranks' Linear computes it under a policy: the product float32 BLAS on the
     widened blocks (`summed` sums it over tp first, in float32), rounded once to `act`, then its bias added
-    in float32 and rounded again. Batched over experts when `a` is (El, rows, in) and `b` (El, out)."""
+    in float32 and rounded again (no bias: the one rounding). Batched over experts when `a` is (El, rows, in)
+    and `b` (El, out)."""
     p = product(a, w)
     if summed is not None:
         summed(p)
+    if b is None:
+        out[...] = rounded(p, act)
+        return
     bias = wide(b)[:, None] if b.ndim == 2 and p.ndim == 3 else wide(b)
     out[...] = rounded(wide(rounded(p, act)) + bias, act)
 
@@ -387,75 +485,132 @@ def _grad_rounded(g: np.ndarray, act: np.dtype) -> np.ndarray:
     return wide(rounded(g, act))
 
 
+def _swiglu_mixed(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, acts: np.ndarray) -> None:
+    """SwiGLU's gate under a policy, as the ranks' silu and product compute low-precision blocks: the sigmoid of
+    the widened hs in float32 (kept, as GELU's tanh is), silu(hs) rounded once, times us in float32, rounded
+    once."""
+    act = acts.dtype
+    ts[...] = sigmoid(wide(hs))
+    acts[...] = rounded(wide(_silu_rounded(hs, ts)) * wide(us), act)
+
+
+def _silu_rounded(hs: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """silu(hs) = hs sigmoid(hs) from the kept float32 sigmoid, rounded once to hs's dtype (the forward's)."""
+    return rounded(wide(hs) * ts, hs.dtype)
+
+
+def _swiglu_backward_mixed(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, dacts: np.ndarray) -> tuple:
+    """(d hs, d us), float32, each rounded once to the activations' dtype before the rule that reads it: d us =
+    dacts silu(hs) (the rounded silu the product read), d silu = dacts us, d hs = d silu silu'(hs)."""
+    act = hs.dtype
+    du = _grad_rounded(dacts * wide(_silu_rounded(hs, ts)), act)
+    dsilu = _grad_rounded(dacts * wide(us), act)
+    dh = _grad_rounded(dsilu * (ts * (1.0 + wide(hs) * (1.0 - ts))), act)
+    return dh, du
+
+
 def _run_experts_mixed(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
-                       W1: np.ndarray, B1: np.ndarray, W2: np.ndarray, B2: np.ndarray,
+                       W1: np.ndarray, B1: Optional[np.ndarray], W2: np.ndarray, B2: Optional[np.ndarray],
+                       W3: Optional[np.ndarray] = None, B3: Optional[np.ndarray] = None,
                        out: Optional[tuple] = None) -> tuple:
     """`_run_experts` under a precision policy (spmdsim.precision; `xe` in the activations' dtype): each product
     and bias as `_linear_mixed`, GELU as spmdsim.activations computes a low-precision block (its tanh kept in
-    float32, the result rounded once); fc2's product, its rows split over tp, summed by its Allreduce in
-    float32 before its rounding."""
+    float32, the result rounded once), SwiGLU's gate as `_swiglu_mixed`; fc2's product, its rows split over
+    tp, summed by its Allreduce in float32 before its rounding."""
     move = plan.exchange(per_expert, got)
     El, D, H = W1.shape
     rows, act = xe.shape[0], xe.dtype
-    hs, ts, acts, ye = out if out is not None else (np.empty((rows, H), act), np.empty((rows, H), np.float32),
-                                                    np.empty((rows, H), act), np.zeros((rows, D), act))
+    swiglu = W3 is not None
+    if out is None:
+        out = (np.empty((rows, H), act), np.empty((rows, H), np.float32), np.empty((rows, H), act),
+               np.zeros((rows, D), act)) + ((np.empty((rows, H), act),) if swiglu else ())
+    hs, ts, acts, ye = out[:4]
+    us = out[4] if swiglu else None
     summed = None
     if plan.mesh.layout.axis_size("tp") > 1:
         def summed(p: np.ndarray) -> None:
             used = p.reshape(-1, D)[:move.arrived]
             allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if not move.dropless:
-        _linear_mixed(xe.reshape(El, -1, D), W1, B1, act, hs.reshape(El, -1, H))
-        gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
-        _linear_mixed(acts.reshape(El, -1, H), W2, B2, act, ye.reshape(El, -1, D), summed)
-        return hs, ts, acts, ye
+        _linear_mixed(_batched(xe, El), W1, B1, act, _batched(hs, El))
+        if swiglu:
+            _linear_mixed(_batched(xe, El), W3, B3, act, _batched(us, El))
+            _swiglu_mixed(hs, us, ts, acts)
+        else:
+            gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
+        _linear_mixed(_batched(acts, El), W2, B2, act, _batched(ye, El), summed)
+        return out
     ye.fill(0)
     fc2 = np.zeros((rows, D), np.float32)
     for e, (lo, hi) in enumerate(move.ranges):
-        _linear_mixed(xe[lo:hi], W1[e], B1[e], act, hs[lo:hi])
-        gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
+        _linear_mixed(xe[lo:hi], W1[e], None if B1 is None else B1[e], act, hs[lo:hi])
+        if swiglu:
+            _linear_mixed(xe[lo:hi], W3[e], None if B3 is None else B3[e], act, us[lo:hi])
+            _swiglu_mixed(hs[lo:hi], us[lo:hi], ts[lo:hi], acts[lo:hi])
+        else:
+            gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
         fc2[lo:hi] = product(acts[lo:hi], W2[e])
     if summed is not None:
         summed(fc2)
     for e, (lo, hi) in enumerate(move.ranges):
-        ye[lo:hi] = rounded(wide(rounded(fc2[lo:hi], act)) + wide(B2[e]), act)
-    return hs, ts, acts, ye
+        ye[lo:hi] = rounded(fc2[lo:hi], act) if B2 is None else rounded(wide(rounded(fc2[lo:hi], act))
+                                                                          + wide(B2[e]), act)
+    return out
 
 
 def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, acts: np.ndarray,
                         dye: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
-                        W2: np.ndarray, out: Optional[tuple] = None) -> tuple:
+                        W2: np.ndarray, W3: Optional[np.ndarray] = None, us: Optional[np.ndarray] = None,
+                        b1: bool = True, b2: bool = True, b3: bool = True, out: Optional[tuple] = None) -> tuple:
     """`_experts_grad` under a precision policy: the weights' and biases' gradients float32 (Megatron's
-    main_grad) for bfloat16 weights; each activation's gradient (GELU's output, fc1's output) rounded once to
-    the activations' dtype before the rule that reads it; d xe summed over tp in float32 (an Allreduce here,
-    so that the combine's way back carries whole rows in the activations' dtype) and rounded once."""
+    main_grad) for bfloat16 weights; each activation's gradient (GELU's or SwiGLU's output, fc1's (and fc3's)
+    output) rounded once to the activations' dtype before the rule that reads it; d xe summed over tp in
+    float32 (an Allreduce here, so that the combine's way back carries whole rows in the activations' dtype)
+    and rounded once."""
     move = plan.exchange(per_expert, got)
-    El, D, H = W1.shape
+    El, D, _ = W1.shape
     act = xe.dtype
+    swiglu = W3 is not None
     main = np.dtype(np.float32) if is_low(W1.dtype) else W1.dtype
     if out is None:
-        out = (np.zeros(W1.shape, main), np.zeros((El, H), main), np.zeros(W2.shape, main), np.zeros((El, D), main),
-               np.zeros(xe.shape, act))
-    gw1, gb1, gw2, gb2, dxe = out
+        out = _grad_outputs(W1, W2, W3, xe, (b1, b2, b3 and swiglu), main, act)
+    g_ = dict(zip(_present(*(True if b else None for b in (b1, b2)), W3, True if b3 and swiglu else None), out))
+    dxe = out[-1]
     dx = np.zeros(xe.shape, np.float32)
+
+    def backward(x: np.ndarray, h: np.ndarray, t: np.ndarray, a: np.ndarray, u: Optional[np.ndarray],
+                 dy: np.ndarray, e: Any, sum_axis: int) -> np.ndarray:
+        T = (0, 2, 1) if dy.ndim == 3 else (1, 0)
+        g = wide(dy)
+        if "b2" in g_:
+            g_["b2"][e] = g.sum(axis=sum_axis)
+        g_["w2"][e] = product(a.transpose(T), g)
+        dacts = _grad_rounded(product(g, W2[e].transpose(T)), act)
+        if swiglu:
+            dh, du = _swiglu_backward_mixed(h, u, t, dacts)
+            g_["w3"][e] = product(x.transpose(T), du)
+            if "b3" in g_:
+                g_["b3"][e] = du.sum(axis=sum_axis)
+        else:
+            dh = _grad_rounded(gelu_backward(h, dacts, t), act)
+        g_["w1"][e] = product(x.transpose(T), dh)
+        if "b1" in g_:
+            g_["b1"][e] = dh.sum(axis=sum_axis)
+        d = product(dh, W1[e].transpose(T))
+        if swiglu:
+            d += product(du, W3[e].transpose(T))
+        return d
+
     if not move.dropless:  # batched, as the forward
-        g = wide(dye).reshape(El, -1, D)
-        gb2[...] = g.sum(axis=1)
-        gw2[...] = product(acts.reshape(El, -1, H).transpose(0, 2, 1), g)
-        dacts = _grad_rounded(product(g, W2.transpose(0, 2, 1)), act)
-        dh = _grad_rounded(gelu_backward(hs.reshape(El, -1, H), dacts, ts.reshape(El, -1, H)), act)
-        gw1[...] = product(xe.reshape(El, -1, D).transpose(0, 2, 1), dh)
-        gb1[...] = dh.sum(axis=1)
-        dx.reshape(El, -1, D)[...] = product(dh, W1.transpose(0, 2, 1))
+        dx.reshape(El, -1, D)[...] = backward(
+            _batched(xe, El), _batched(hs, El), _batched(ts, El), _batched(acts, El),
+            None if us is None else _batched(us, El), _batched(dye, El), slice(None), 1)
     else:
         for a in out:  # an expert no row reached has zero gradients
             a.fill(0)
         for e, (lo, hi) in enumerate(move.ranges):
-            g = wide(dye[lo:hi])
-            gb2[e], gw2[e] = g.sum(axis=0), product(acts[lo:hi].T, g)
-            dh = _grad_rounded(gelu_backward(hs[lo:hi], _grad_rounded(product(g, W2[e].T), act), ts[lo:hi]), act)
-            gw1[e], gb1[e] = product(xe[lo:hi].T, dh), dh.sum(axis=0)
-            dx[lo:hi] = product(dh, W1[e].T)
+            dx[lo:hi] = backward(xe[lo:hi], hs[lo:hi], ts[lo:hi], acts[lo:hi], None if us is None else us[lo:hi],
+                                 dye[lo:hi], e, 0)
     if plan.mesh.layout.axis_size("tp") > 1:  # each tp rank's hidden columns' share, summed
         used = dx[:move.arrived]
         allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
@@ -558,10 +713,11 @@ _dispatched, _combined, _experts_forward, _experts_backward, _experts_forward_mi
     kernel(f) for f in (_dispatch, _combine, _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed))
 
 
-def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
+def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfig, name: str,
                  stats: Optional[list]) -> tuple[Any, np.ndarray]:
     """`moe_experts` in a dry run: the routing by rule (moe.dry_routing), the exchanges of both ways on zeros
-    of their true sizes (traced, their buffers metered), no product made; the backward's exchanges alike."""
+    of their true sizes (traced, their buffers metered), no product made; the backward's exchanges alike.
+    `weights`: the experts' DTensors, named by `names` (`_present`)."""
     mesh = x.mesh
     T, bl, D = x.local.shape
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
@@ -571,16 +727,20 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
                      f"{name} combine")
     act = x.local.dtype
     mixed = act != np.float64  # a policy's: fc2's sum over tp in float32, the exchanges in the activations' dtype
-    W1 = weights[0].local
+    local = dict(zip(names, (w.local for w in weights)))
+    W1 = local["w1"]
+    swiglu = "w3" in local
     xe = move.dispatch(zeros((nrows, D), act))
     # what a real step's experts keep for the backward, sized (`_run_experts`: fc1's output, GELU's tanh and
-    # output), and its fc2's output ye in the activations' dtype: at fp64 fc2's product itself, summed over tp in
-    # place; under a policy the product is float32, summed over tp in place, and ye a block of its own that the
-    # product is rounded into (`_run_experts_mixed`). The combine is given ye, as the real step's is: at ep 1 it
-    # may return ye itself, which the layer then keeps for its backward.
+    # output; SwiGLU's sigmoid, gate and fc3's output), and its fc2's output ye in the activations' dtype: at
+    # fp64 fc2's product itself, summed over tp in place; under a policy the product is float32, summed over tp
+    # in place, and ye a block of its own that the product is rounded into (`_run_experts_mixed`). The combine
+    # is given ye, as the real step's is: at ep 1 it may return ye itself, which the layer then keeps for its
+    # backward.
     H = W1.shape[2]
     hs, ts, acts = zeros((xe.shape[0], H), act), zeros((xe.shape[0], H), np.float32 if mixed else act), \
         zeros((xe.shape[0], H), act)
+    us = zeros((xe.shape[0], H), act) if swiglu else None
     fc2 = zeros(xe.shape, np.float32 if mixed else act)
     if tp > 1:
         allreduce(mesh, fc2, "tp", f"{name} experts fc2", out=fc2)
@@ -588,9 +748,9 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     back = move.combine(ye)
     out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
     if any_open():
-        _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed,
+        _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed, names=names,
                        blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
-                                   **dict(zip(("w1", "b1", "w2", "b2"), (w.local for w in weights)))))
+                                   us=us, **local))
     if stats is not None:
         stats.append(_stats(mesh, name, routing, move, rows[routing.kept], D * x.local.itemsize))
     counts = routing.counts.sum(axis=0).astype(np.float64)
@@ -600,7 +760,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
 
     # what the real step's backward holds (its closure's arrays, spmdsim.autograd.kept_bytes), of their sizes
     kept = (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert, xe, hs, ts, acts, back,
-            zeros(per_expert.shape, np.int64) if moe.dropless and ep > 1 else None)  # (dropless: the counts got)
+            us, zeros(per_expert.shape, np.int64) if moe.dropless and ep > 1 else None)  # (dropless: the counts got)
 
     def backward(dy: Any) -> tuple:
         held = kept  # noqa: F841 (the closure holds them until the backward runs, as the real one does)
@@ -611,10 +771,10 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
         dx = zeros(x.local.shape, np.float32 if mixed else act)
         grads = tuple(zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype) for w in weights)
         if any_open():  # counted with the blocks the rank holds: the weights, their gradients, the kept blocks
-            _count_experts(move, x.local.shape, nrows, weights[0].local.shape, act, mixed, backward=True,
-                           blocks=dict(zip(("gw1", "gb1", "gw2", "gb2"), grads), dy=dy.local, back=back, dye=dye,
-                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, w1=weights[0].local,
-                                       w2=weights[2].local))
+            _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed, backward=True, names=names,
+                           blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
+                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=local["w2"],
+                                       w3=local.get("w3")))
         over_tp = ("tp",) if tp > 1 and not mixed else ()
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))
@@ -625,19 +785,23 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
 
 
 def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tuple, act: Any, mixed: bool,
-                   backward: bool = False, blocks: Optional[dict] = None) -> None:
+                   backward: bool = False, blocks: Optional[dict] = None,
+                   names: tuple = ("w1", "b1", "w2", "b2")) -> None:
     """Count one layer's expert kernels on this rank in spmdsim.flops's open counters, as `_run_experts` (or,
     `backward`, `_combine_grad` and `_experts_grad`) run them: with a capacity one product a weight batched
     over the local experts, dropless one 2-d product per expert and weight, on the rows each expert got; the
-    bias adds, GELU and its backward, the biases' sums, and the packing of the send buffer and the tokens'
-    sum of their rows. A real step and a dry run count the same (the dry run routes by rule).
+    bias adds, GELU (SwiGLU's gate) and its backward, the biases' sums, and the packing of the send buffer
+    and the tokens' sum of their rows. A real step and a dry run count the same (the dry run routes by rule).
+    `names`: the experts' weights (`_present`): a bias not there is neither added nor summed, and "w3" makes
+    them SwiGLU experts (fc3's product beside fc1's, the gate in place of GELU, and their backward).
 
-    `blocks`: the layer's arrays by name ("x", "xe", "hs", "ts", "acts", "ye", "back", "out", "w1", "b1", "w2",
-    "b2"; in the backward also "dy", "dye", "dx" and the weights' gradients "gw1", "gb1", "gw2", "gb2"), each
-    counted at the shape and dtype counted without it but as that array's block (a (shape, dtype, array)
-    triple, spmdsim.flops.sweep): the counters that record blocks tell the parameters, their gradients and what
-    the layer keeps for its backward (held by the rank anyway) from the moment's own blocks. A name not given
-    (the send buffers, the gradients' intermediates) is a block held by nothing."""
+    `blocks`: the layer's arrays by name ("x", "xe", "hs", "ts", "acts", "ye", "back", "out", "us" (SwiGLU's
+    fc3 output), the weights by their names; in the backward also "dy", "dye", "dx" and the weights'
+    gradients "gw1", "gb1" ...), each counted at the shape and dtype counted without it but as that array's
+    block (a (shape, dtype, array) triple, spmdsim.flops.sweep): the counters that record blocks tell the
+    parameters, their gradients and what the layer keeps for its backward (held by the rank anyway) from the
+    moment's own blocks. A name not given (the send buffers, the gradients' intermediates) is a block held
+    by nothing."""
     El, D, H = w1_shape
     dtype = np.float32 if mixed else act  # the products' result (spmdsim.precision.product)
     if move.dropless:
@@ -645,6 +809,7 @@ def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tupl
     else:
         groups = [((El,), move.arrived // El if El else 0)]
     given = blocks or {}
+    swiglu = "w3" in names
 
     def b(name: str, pair: tuple) -> tuple:
         a = given.get(name)
@@ -657,21 +822,39 @@ def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tupl
         sweep("moe combine backward", (b("dy", tokens), b("back", rows)), (rows,))
     for lead, n in groups:
         xs, hs, ys = (lead + (n, D), act), (lead + (n, H), act), (lead + (n, D), act)
-        w1, w2 = b("w1", (lead + (D, H), act)), b("w2", (lead + (H, D), act))
+        w1, w2, w3 = b("w1", (lead + (D, H), act)), b("w2", (lead + (H, D), act)), b("w3", (lead + (D, H), act))
         if not backward:
             gemm(xs[0], lead + (D, H), dtype, (b("xe", xs), w1, b("hs", hs)))
-            sweep("moe bias", (b("hs", hs), b("b1", (lead + (H,), act))), (b("hs", hs),))
-            sweep("gelu", (b("hs", hs),), (b("ts", hs), b("acts", hs)))
+            if "b1" in names:
+                sweep("moe bias", (b("hs", hs), b("b1", (lead + (H,), act))), (b("hs", hs),))
+            if swiglu:
+                gemm(xs[0], lead + (D, H), dtype, (b("xe", xs), w3, b("us", hs)))
+                if "b3" in names:
+                    sweep("moe bias", (b("us", hs), b("b3", (lead + (H,), act))), (b("us", hs),))
+                sweep("swiglu", (b("hs", hs), b("us", hs)), (b("ts", hs), b("acts", hs)))
+            else:
+                sweep("gelu", (b("hs", hs),), (b("ts", hs), b("acts", hs)))
             gemm(hs[0], lead + (H, D), dtype, (b("acts", hs), w2, b("ye", ys)))
-            sweep("moe bias", (b("ye", ys), b("b2", (lead + (D,), act))), (b("ye", ys),))
+            if "b2" in names:
+                sweep("moe bias", (b("ye", ys), b("b2", (lead + (D,), act))), (b("ye", ys),))
         else:
             gemm(lead + (H, n), ys[0], dtype, (b("acts", hs), b("dye", ys), b("gw2", w2[:2])))  # d w2
             gemm(ys[0], lead + (D, H), dtype, (b("dye", ys), w2, hs))  # d acts
-            sweep("sum", (b("dye", ys),), (b("gb2", (lead + (D,), act)),))  # d b2
-            sweep("gelu backward", (b("hs", hs), hs, b("ts", hs)), (hs,))
+            if "b2" in names:
+                sweep("sum", (b("dye", ys),), (b("gb2", (lead + (D,), act)),))  # d b2
+            if swiglu:  # d hs and d us from d acts, the kept hs, us and sigmoid
+                sweep("swiglu backward", (b("hs", hs), b("us", hs), hs, b("ts", hs)), (hs, hs))
+                gemm(lead + (D, n), hs[0], dtype, (b("xe", xs), hs, b("gw3", w3[:2])))  # d w3
+                if "b3" in names:
+                    sweep("sum", (hs,), (b("gb3", (lead + (H,), act)),))  # d b3
+            else:
+                sweep("gelu backward", (b("hs", hs), hs, b("ts", hs)), (hs,))
             gemm(lead + (D, n), hs[0], dtype, (b("xe", xs), hs, b("gw1", w1[:2])))  # d w1
-            sweep("sum", (hs,), (b("gb1", (lead + (H,), act)),))  # d b1
+            if "b1" in names:
+                sweep("sum", (hs,), (b("gb1", (lead + (H,), act)),))  # d b1
             gemm(hs[0], lead + (H, D), dtype, (hs, w1, xs))  # d xe
+            if swiglu:
+                gemm(hs[0], lead + (H, D), dtype, (hs, w3, xs))  # d xe's fc3 part, added
     if not backward:
         sweep("moe unpack", (b("back", rows),), (b("out", tokens),))
     else:

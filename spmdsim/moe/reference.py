@@ -3,8 +3,11 @@
 The ranks' layer (spmdsim.moe.layer) is checked against this at every step.
 Rows are tokens batch-first, (B * T, D): sequence b's tokens are rows
 b*T .. b*T + T - 1, a routing group each (spmdsim.moe.routing). Each expert
-is a GELU MLP, x @ w1[e] + b1[e], GELU, @ w2[e] + b2[e], run on the tokens
-routed to it and added to their output times the gate. The router is a
+is a GELU MLP, x @ w1[e] + b1[e], GELU, @ w2[e] + b2[e], or, where the
+parameters have moe.w3 (the model's mlp "swiglu"), a SwiGLU MLP,
+silu(x @ w1[e] + b1[e]) * (x @ w3[e] + b3[e]) @ w2[e] + b2[e], Mixtral's; a
+bias the parameters lack (the model's bias False) is not added. Each runs on
+the tokens routed to it, added to their output times the gate. The router is a
 linear layer without bias, its softmax in float64; the load-balancing loss is
 E * sum_e f_e P_e (f_e: the fraction of the k * N assignments routed to e
 before dropping; P_e: e's mean probability over the N tokens) and the z-loss
@@ -16,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..activations import gelu, gelu_backward
+from ..activations import gelu, gelu_backward, sigmoid
 from .config import MoEConfig
 from .routing import followed, gates_backward, ranked, route, tie_margin
 
@@ -66,17 +69,30 @@ def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig,
     out = np.zeros_like(x)
     experts = []
     token = np.arange(N).reshape(B, T)[..., None] + np.zeros_like(routing.experts)
+    swiglu = pre + "moe.w3" in params
     for e in range(E):
         where = routing.kept & (routing.experts == e)
         tok, gate = token[where], routing.gates[where]
-        h = x[tok] @ params[pre + "moe.w1"][e] + params[pre + "moe.b1"][e]
-        a = gelu(h)
-        y = a @ params[pre + "moe.w2"][e] + params[pre + "moe.b2"][e]
+        h = _biased(x[tok] @ params[pre + "moe.w1"][e], params, pre + "moe.b1", e)
+        if swiglu:  # silu(h) * u
+            u = _biased(x[tok] @ params[pre + "moe.w3"][e], params, pre + "moe.b3", e)
+            s = sigmoid(h)
+            a = h * s * u
+        else:
+            u = s = None
+            a = gelu(h)
+        y = _biased(a @ params[pre + "moe.w2"][e], params, pre + "moe.b2", e)
         np.add.at(out, tok, gate[:, None] * y)
-        experts.append((where, tok, h, a, y))
+        experts.append((where, tok, h, a, y, u, s))
     aux, z = router_losses(logits, probs, routing.counts.sum(axis=0), moe.top_k)
     return out, {"x": x, "logits": logits, "lse": lse, "probs": probs, "routing": routing, "experts": experts,
                  "aux": aux, "z": z, "B": B}
+
+
+def _biased(y: np.ndarray, params: Params, name: str, e: int) -> np.ndarray:
+    """y plus expert e's row of the bias `name` where the model has it (GPTConfig.bias)."""
+    b = params.get(name)
+    return y if b is None else y + b[e]
 
 
 def moe_backward(params: Params, pre: str, dout: np.ndarray, c: dict[str, Any], moe: MoEConfig,
@@ -86,19 +102,31 @@ def moe_backward(params: Params, pre: str, dout: np.ndarray, c: dict[str, Any], 
     x, probs, routing, B = c["x"], c["probs"], c["routing"], c["B"]
     N, D = x.shape
     E, T = moe.experts, N // B
-    w1, w2 = params[pre + "moe.w1"], params[pre + "moe.w2"]
+    w1, w2, w3 = params[pre + "moe.w1"], params[pre + "moe.w2"], params.get(pre + "moe.w3")
     dx = np.zeros_like(x)
     dgates = np.zeros(routing.gates.shape)
-    names = ("w1", "b1", "w2", "b2")
+    names = [n for n in ("w1", "b1", "w3", "b3", "w2", "b2") if pre + "moe." + n in params]
     parts = {n: np.zeros_like(params[pre + "moe." + n]) for n in names}
-    for e, (where, tok, h, a, y) in enumerate(c["experts"]):
+    for e, (where, tok, h, a, y, u, s) in enumerate(c["experts"]):
         gate = routing.gates[where]
         dgates[where] = np.einsum("nd,nd->n", dout[tok], y)
         dy = gate[:, None] * dout[tok]
-        parts["w2"][e], parts["b2"][e] = a.T @ dy, dy.sum(axis=0)
-        dh = gelu_backward(h, dy @ w2[e].T)
-        parts["w1"][e], parts["b1"][e] = x[tok].T @ dh, dh.sum(axis=0)
-        np.add.at(dx, tok, dh @ w1[e].T)
+        parts["w2"][e] = a.T @ dy
+        da = dy @ w2[e].T
+        if w3 is not None:  # a = silu(h) u: d u = da silu(h), d h = da u silu'(h), silu' = s (1 + h (1 - s))
+            du = da * h * s
+            dh = da * u * s * (1.0 + h * (1.0 - s))
+            parts["w3"][e] = x[tok].T @ du
+        else:
+            dh = gelu_backward(h, da)
+        parts["w1"][e] = x[tok].T @ dh
+        for n, d in (("b1", dh), ("b2", dy)) + ((("b3", du),) if w3 is not None else ()):
+            if n in parts:
+                parts[n][e] = d.sum(axis=0)
+        dxe = dh @ w1[e].T
+        if w3 is not None:
+            dxe += du @ w3[e].T
+        np.add.at(dx, tok, dxe)
     for n in names:
         grads[pre + "moe." + n] = parts[n]
     dprobs = gates_backward(probs.reshape(B, T, E), routing, dgates).reshape(N, E)
