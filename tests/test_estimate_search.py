@@ -279,9 +279,11 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
         unfold(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"},
-                                 {"dropless": True}, {"capacity_factor": 1e17}])
-def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabularys(moe):
+@pytest.mark.parametrize("moe, llama", [({}, {}), ({"capacity_factor": 0.5}, {}),
+                                        ({"dropless": True, "dry_routing": "worst"}, {}), ({"dropless": True}, {}),
+                                        ({"capacity_factor": 1e17}, {}),
+                                        ({}, {"kv_heads": 1, "mlp": "swiglu", "ffn": 96, "bias": False})])
+def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabularys(moe, llama):
     """flops_bound against what every rank of a dry run multiplied (no recomputation, ep 4; k s c = 128 and 64
     rows a sequence: no capacity rounding; at factor 1e17 each expert's capacity stops at s, E s rows, where the
     dry run raised OverflowError): below it by the routers' and the head's products alone, which it leaves out
@@ -289,8 +291,10 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
     from spmdsim.estimate.ledger import gpt_ledger
     from spmdsim.estimate.search import flops_bound
 
+    # (llama: a Mixtral-like MoE layer, grouped-query attention and SwiGLU experts: the bound counted 4 h^2 of
+    # attention weights and two matrices an expert, more than such a layer multiplies: not a lower bound)
     cfg = GPTConfig(layers=2, d_model=128, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
-                    moe=_moe_cfg(**moe).moe)
+                    moe=_moe_cfg(**moe).moe, **llama)
     (stage,) = gpt_ledger(cfg, 1, 1, 1, ep=4)
     counted = stage.flops() * len(stage.ranks)
     b, s, h, V, E = cfg.batch, cfg.seq, cfg.d_model, cfg.vocab, cfg.moe.experts

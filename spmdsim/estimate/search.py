@@ -384,20 +384,22 @@ def flops_bound(cfg: Any) -> float:
     """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
     configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer (with Llama's options, its own
     weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's
-    24 B s h^2 + 12 B s^2 h and its experts' two products,
-    forward and backward, 12 x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
+    (24 B s h^2 + 12 B s^2 h by default; with grouped-query attention its own weights') and its experts' two
+    (SwiGLU three) products, forward and backward, 12 (18) x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
     min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
     assignments), the routers' products left out."""
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
     moe_layers = sum(cfg.is_moe(i) for i in range(layers))
     # Llama's options (GPTConfig): Q and the projection h^2 each, K and V h x kv_heads x head_dim, the MLP's 2 (SwiGLU
     # 3) matrices h x ffn; 2 FLOPs a multiply-add, 3 passes (forward and backward's two): 72 B s h^2 by default.
-    weights = 2 * h * h + 2 * h * cfg.kv * cfg.head_dim + (3 if cfg.mlp == "swiglu" else 2) * h * cfg.hidden
-    flops = (layers - moe_layers) * (6 * b * s * weights + 12 * b * s * s * h)
+    attention = 2 * h * h + 2 * h * cfg.kv * cfg.head_dim
+    matrices = 3 if cfg.mlp == "swiglu" else 2  # the MLP's, and each expert's (they follow mlp)
+    flops = (layers - moe_layers) * (6 * b * s * (attention + matrices * h * cfg.hidden) + 12 * b * s * s * h)
     if moe_layers:
         m = cfg.moe
         rows = b * s * (m.top_k if m.dropless else min(m.top_k * m.capacity_factor, m.experts))
-        flops += moe_layers * (24 * b * s * h * h + 12 * b * s * s * h + 12 * rows * h * cfg.expert_hidden)
+        flops += moe_layers * (6 * b * s * attention + 12 * b * s * s * h
+                               + 6 * matrices * rows * h * cfg.expert_hidden)
     return flops
 
 
