@@ -23,7 +23,7 @@ from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
 from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, indivisible, parse_int_list, parse_name_list,
-                    parse_partition_spec, parse_tensor_map)
+                    parse_partition_spec, parse_tensor_map, with_partial_axes)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -185,7 +185,13 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     else:
         tl = mesh(*parse_tensor_map(tmap))
     if partial:
-        tl = tl.with_partial(tuple(tl.partial) + parse_name_list(partial, f"--{which}-partial"))
+        axes = parse_name_list(partial, f"--{which}-partial")
+        if tmap is not None:  # the user wrote the map: the layout's own refusal names it
+            return tl.with_partial(tuple(tl.partial) + axes)
+        flag, value = next((f"--{which}-{form}", v) for form, v in (
+            ("sbp", sbp), ("strategy", strategy), ("placements", placements), ("partition-spec", spec))
+            if v is not None)
+        return with_partial_axes(tl, axes, f"{flag} {value!r}", lambda axis: f"--{which}-partial {axis!r}")
     return tl
 
 
