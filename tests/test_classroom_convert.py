@@ -146,3 +146,15 @@ def test_every_printed_check_line_reads_back_on_random_layouts(capsys, tmp_path)
             else:
                 assert got == want, (form, str(tl), shape)
     assert multi >= 3
+
+
+def test_paddle_form_of_an_uneven_cut_does_not_say_paddle_cuts_every_dim_evenly(capsys):
+    # Paddle's own embedding split gives the last rank the remainder (docs/dialects.md): the note said
+    # "Paddle's split() cuts every dim evenly".
+    assert main(["convert", "--device-matrix", "4", "--alias", "mp", "--tensor-map", "mp,None",
+                 "--shape", "10,8", "--cut", "balanced", "--json"]) == 0
+    paddle = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["Paddle split"]
+    assert paddle["text"] is None
+    assert paddle["note"] == ("spmdsim's split() cuts only evenly, as Paddle's linear split does (Paddle's embedding "
+                              "split gives the last rank the remainder, which spmdsim does not model): dim 0 of "
+                              "size 10 does not divide into 4 shards")

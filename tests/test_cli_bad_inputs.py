@@ -409,6 +409,17 @@ def test_plan_reports_a_device_count_mismatch_first(capsys):
            "--to-device-matrix '4' has 4 devices but --device-matrix '8' has 8; expected the same count")
 
 
+def test_a_target_over_its_own_mesh_naming_the_source_axes_is_told_of_to_alias(capsys):
+    # Was "unknown alias 'x' in tensor map (None, "x"); expected one of ('axis_0', 'axis_1')": neither why (the
+    # target mesh is another one) nor the way out (--to-alias).
+    _fails(capsys, PLAN + ["--to-device-matrix", "2,4"],
+           "--to 'None,x' names 'x', an axis of --alias 'x', but --to-device-matrix '2,4' gives the target a mesh "
+           "of its own, whose axis names are axis_0, axis_1 unless --to-alias gives others; expected --to-alias "
+           "with 2 names, one per axis of --to-device-matrix")
+    assert main(PLAN + ["--to-device-matrix", "2,4", "--to-alias", "y,x"]) == 0
+    capsys.readouterr()
+
+
 def test_device_matrices_above_the_limit_are_refused(capsys):
     start = time.perf_counter()
     _fails(capsys, ["slices", "--device-matrix", "4096,4096", "--alias", "a,b", "--tensor-map", "a,b",

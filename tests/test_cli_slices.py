@@ -332,3 +332,28 @@ def test_an_empty_entry_in_a_list_of_sizes_or_names_is_refused(argv, words, caps
     assert code == 2 and out == "" and words in err
     assert _run(["slices", "--device-matrix", "2,", "--alias", "a,", "--tensor-map", "a,", "--shape", "4,"],
                 capsys)[0] == 0  # a trailing comma, as in Python's (4,), is still fine
+
+
+def test_partial_beside_a_dialect_form_is_refused_in_that_form_s_terms(capsys):
+    """--partial over an axis the placements (a PartitionSpec, an SBP, a strategy) already split was refused
+    naming the tensor map the form became, ("axis_0", None), which the user never wrote."""
+    code, _, err = _run(["slices", "--placements", "S(0),R", "--device-matrix", "2,2", "--shape", "4,2",
+                         "--partial", "axis_0"], capsys)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: --partial 'axis_0' (case key 'partial'): --placements 'S(0),R' (case key 'placements') "
+        "splits tensor dim 0 over mesh axis 'axis_0', which cannot also hold pending sums; expected an axis the "
+        "tensor is not split over: axis_1")
+    code, _, err = _run(["slices", "--sbp", "S(0),B", "--placement", "2,2", "--shape", "4,2", "--partial", "zz"],
+                        capsys)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: --partial 'zz' (case key 'partial') is no mesh axis of --sbp 'S(0),B' (case key 'sbp'); "
+        "expected one of axis_0, axis_1")
+    code, out, err = _run(["slices", "--placements", "S(0),R", "--device-matrix", "2,2", "--shape", "4,2",
+                           "--partial", "axis_1"], capsys)
+    assert code == 0 and json.loads(out)["partial"]["axes"] == ["axis_1"], err
+    # `plan` read its --from-partial/--to-partial the same way
+    code, _, err = _run(["plan", "--device-matrix", "2,2", "--from-placements", "S(0),R", "--from-partial", "axis_0",
+                         "--to", "None,None", "--shape", "4,4"], capsys)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: --from-partial 'axis_0': --from-placements 'S(0),R' splits tensor dim 0 over mesh axis "
+        "'axis_0', which cannot also hold pending sums; expected an axis the tensor is not split over: axis_1")

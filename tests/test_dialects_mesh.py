@@ -171,7 +171,7 @@ def test_layout_to_sbp_rejects_descending_multi_axis_order():
     msg = _errors_with(
         "tensor dim 1 is split over ('sp', 'dp') with 'sp' major", layout_to_sbp, tl
     )
-    assert "nD SBP always makes the lower mesh axis major" in msg
+    assert "in nD SBP the lower mesh axis is always major" in msg
     assert "('dp', 'sp')" in msg
     assert layout_to_sbp(tl.with_map("mp", ("dp", "sp"))) == (Split(1), Split(1), Split(0))
     _errors_with("expected a TensorLayout, got", layout_to_sbp, "B")
@@ -252,6 +252,22 @@ def test_layout_to_placements_rejects_descending_order():
         "tensor dim 0 is split over ('mp', 'dp') with 'mp' major", layout_to_placements, tl
     )
     assert "_StridedShard" in msg
+    assert "in DTensor placements the lower mesh axis is always major" in msg  # not "placements ... makes"
+
+
+@pytest.mark.parametrize("convert, args", [
+    (placements_to_layout, ("R,R", (2, 4), 2)),
+    (sbp_to_layout, ("B,B", (2, 4), 2)),
+    (partition_spec_to_layout, ((None, None), (2, 4), 2)),
+    (strategy_to_layout, ("((2,4),)", 8)),
+])
+def test_repeated_or_empty_mesh_axis_names_are_refused_as_mesh_axis_names(convert, args):
+    # The Layout's own refusal named its field ("alias_name ('a', 'a') repeats a name"), a LayoutError: the
+    # converter's caller passed mesh_axis_names.
+    _errors_with("mesh_axis_names ('a', 'a') names two mesh axes 'a'; expected a different name for each",
+                 convert, *args, mesh_axis_names=("a", "a"))
+    _errors_with("mesh_axis_names ('a', '') holds the name ''", convert, *args, mesh_axis_names=("a", ""))
+    assert convert(*args, mesh_axis_names=("a", "b")).layout.alias_name == ("a", "b")
 
 
 # -- JAX PartitionSpec --------------------------------------------------------------

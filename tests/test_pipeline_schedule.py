@@ -425,3 +425,25 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     with pytest.raises(SpmdsimError, match=r"^pictures need matplotlib: pip install"):
         plot(build("gpipe", 2, 2), tmp_path / "grid.png")
+
+
+@pytest.mark.parametrize("schedule", [build("1f1b", 1, 1), build("gpipe", 2, 1), build("interleaved", 3, 3, 3)])
+def test_plot_keeps_its_title_legend_and_axis_label_inside_the_figure(monkeypatch, schedule):
+    """A one-stage schedule's figure was 2.7 inches wide: its title ("1f1b (1 stage, 1 microbatch); bu") and the
+    time axis's label were cut off at the figure's edge, and the legend sat on the title."""
+    pytest.importorskip("matplotlib")
+    import spmdsim.viz.png as png
+
+    drawn = []
+    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: drawn.append(fig) or str(path))
+    plot(schedule, "grid.png")  # (nothing written: save_figure replaced)
+    fig = drawn[0]
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    width = fig.bbox.width
+    boxes = {what: artist.get_window_extent(renderer) for what, artist in (
+        ("title", ax._left_title), ("label", ax.xaxis.label), ("legend", ax.get_legend()))}
+    for what, box in boxes.items():
+        assert 0 <= box.x0 and box.x1 <= width, (what, box.x0, box.x1, width)
+    title, legend = boxes["title"], boxes["legend"]
+    assert title.x1 <= legend.x0 or title.y1 <= legend.y0 or legend.y1 <= title.y0, (title, legend)

@@ -148,6 +148,28 @@ def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     assert out.out == "" and out.err.startswith("spmdsim: error: unknown scenario(s) ['nosuch']")
 
 
+@pytest.mark.parametrize("argv, error", [
+    (["mlp", "--shape", "16,32,60"], "ColumnParallelLinear weight W (32, 60): dim 1 of size 60 is not divisible by 8 "
+                                     "shards over ('mp',)"),
+    (["matmul", "--shape", "255,128,192", "--strategy", "((2,4),(4,1))"],
+     "tensor dim 0 of size 255 is not divisible by 2 shards (axes ('m',))"),
+    (["matmul", "--shape", "16,30,64", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "None,b",
+      "--w-map", "b,a"], "tensor dim 1 of size 30 is not divisible by 4 shards (axes ('b',))"),
+    (["matmul", "--shape", "12,32,64", "--strategy", "((2,1),(1,4))", "--out-strategy", "((8,1),)"],
+     "out_strategy (8, 1) does not follow"),
+    (["linear", "--parallel", "row", "--shape", "16,30,64"], "tensor dim 1 of size 30 is not divisible by 8 shards"),
+    (["linear", "--front", "paddle", "--shape", "16,32,60"], "size[1]=60, the columns (out features) of the linear"),
+    (["embedding", "--shape", "4,1001,48"], "VocabParallelEmbedding table (1001, 48): dim 0 of size 1001"),
+    (["embedding", "--mode", "dim", "--shape", "4,1000,50"], "ParallelEmbedding table (1000, 50): dim 1 of size 50"),
+])
+def test_a_size_the_layout_cannot_cut_is_refused_before_the_banner(capsys, argv, error):
+    """Such a size was refused by the job on every simulated rank, after "spmdsim: running on 8 simulated ranks":
+    two lines where under mpiexec there is one."""
+    assert main(["run", *argv, "--ranks", "8"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and unfold(err).startswith(f"spmdsim: error: {error}") and unfold(err).count("\n") == 1, (out, err)
+
+
 def test_an_spmdsim_error_on_every_rank_is_exit_2_whatever_each_says(monkeypatch, capsys):
     """As under MPI, where each rank's hook exits 2 and rank 0 prints its own line: an SpmdsimError (or a
     MemoryError) on every rank is one line and exit 2 though the texts or classes differ by rank. Only texts

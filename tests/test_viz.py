@@ -132,6 +132,21 @@ def test_png_and_svg_headless(tmp_path):
     assert "<svg" in text and "r0+1+2+3" in text
 
 
+def test_png_with_the_shape_before_the_path_says_the_order(tmp_path):
+    """render_layout_ascii(tl, shape) takes the shape second, render_layout_png(tl, path, shape) the path:
+    the ascii order raised os.fspath's "expected str, bytes or os.PathLike object, not tuple"."""
+    from spmdsim.viz import render_layout_png
+
+    tl = Layout((2, 4), ("a", "b"))("a", "b")
+    path = str(tmp_path / "x.png")
+    with pytest.raises(TypeError) as info:
+        render_layout_png(tl, (8, 8), path)
+    assert str(info.value) == (f"render_layout_png(layout, path, shape) takes the path before the shape; got path "
+                               f"(8, 8) and shape {path!r}: expected render_layout_png(layout, {path!r}, (8, 8))")
+    with pytest.raises(TypeError, match=r"^picture path 8 is not a file path; expected a str or os.PathLike"):
+        render_layout_png(tl, 8, (8, 8))
+
+
 def test_viz_imports_no_matplotlib_and_no_mpi4py():
     code = (
         "import sys, spmdsim.viz, spmdsim.viz.ascii, spmdsim.explain, spmdsim.cli.cases\n"

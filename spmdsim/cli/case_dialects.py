@@ -12,7 +12,7 @@ from ..errors import DialectError, SpmdsimError
 from ..layout import TensorLayout
 from ..validate import counted
 from .cases import (_SBP_KEYS, Case, _flag_text, _device_count_checked, _require, check_device_count, default_names,
-                    mesh_names, multi_axis_hint, parse_partition_spec, world_size_mismatch)
+                    mesh_names, multi_axis_hint, parse_partition_spec, with_partial_axes, world_size_mismatch)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
@@ -47,8 +47,8 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
                            f"has {counted(len(shape), 'dim')}; expected one slice count per tensor dim")
     world = _world_size(data) if "world_size" in data else math.prod(strategy)
     check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
-    return Case(_with_partial(strategy_to_layout(strategy, world), partial), shape, "strategy",
-                strategy=strategy)
+    return Case(_with_partial(strategy_to_layout(strategy, world), partial, _flag_text("strategy", value)), shape,
+                "strategy", strategy=strategy)
 
 
 def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: object,
@@ -69,7 +69,8 @@ def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: o
         *batch, m, k, n = shape
         shape = {"x": (*batch, m, k), "w": (*batch, k, n)[len(batch) + 2 - len(ws):],
                  "out": (*batch, m, n)}[operand]
-    return Case(_with_partial(tl, partial), tuple(shape), "strategy")
+    return Case(_with_partial(tl, partial, f"{_flag_text('strategy', value)} with --operand {operand}"), tuple(shape),
+                "strategy")
 
 
 def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
@@ -81,7 +82,7 @@ def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) ->
     placement = _device_count_checked(data, "placement")
     if "world_size" in data and _world_size(data) != math.prod(placement):
         raise SpmdsimError(world_size_mismatch(data["world_size"], "placement", placement))
-    tl = _with_partial(sbp_to_layout(sbp, placement, len(shape)), partial)
+    tl = _with_partial(sbp_to_layout(sbp, placement, len(shape)), partial, _flag_text("sbp", data["sbp"]))
     return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
 
 
@@ -100,7 +101,7 @@ def dtensor_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]
     mesh = _device_count_checked(data, "device_matrix")
     names = mesh_names(data, mesh) if "alias_name" in data else None
     tl = placements_to_layout(data["placements"], mesh, len(shape), names)
-    return Case(_with_partial(tl, partial), shape, "dtensor")
+    return Case(_with_partial(tl, partial, _flag_text("placements", data["placements"])), shape, "dtensor")
 
 
 def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
@@ -122,11 +123,11 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
         if not hint:
             raise
         raise DialectError(f"{exc}{hint}") from None
-    return Case(_with_partial(tl, partial), shape, "partition_spec")
+    return Case(_with_partial(tl, partial, _flag_text("partition_spec", data["partition_spec"])), shape,
+                "partition_spec")
 
 
-def _with_partial(tl: TensorLayout, partial: tuple[str, ...]) -> TensorLayout:
-    """`tl` with the case's `partial` axes added to those its dialect already gives (SBP's P, DTensor's Partial)."""
-    if not partial:
-        return tl
-    return tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
+def _with_partial(tl: TensorLayout, partial: tuple[str, ...], given: str) -> TensorLayout:
+    """`tl` with the case's `partial` axes added to those its dialect already gives (SBP's P, DTensor's Partial);
+    `given` names the dialect's value as the user wrote it (`with_partial_axes`)."""
+    return with_partial_axes(tl, partial, given, lambda axis: _flag_text("partial", axis))

@@ -29,7 +29,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional, Sequence, TextIO
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 
 from ..dialects._common import split_top_level
 from ..validate import counted, loads_json
@@ -48,6 +48,7 @@ __all__ = [
     "parse_partition_spec",
     "check_device_count",
     "multi_axis_hint",
+    "with_partial_axes",
     "default_names",
     "mesh_names",
     "world_size_mismatch",
@@ -229,7 +230,7 @@ def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
 _FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
             "shape": "--shape", "placement": "--placement", "placements": "--placements",
             "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy",
-            "world_size": "--world-size", "operand": "--operand"}
+            "world_size": "--world-size", "operand": "--operand", "partial": "--partial", "cut": "--cut"}
 
 
 def _axis_number(entry: Any) -> Optional[int]:
@@ -364,6 +365,30 @@ def case_from_dict(data: Any) -> Case:
             raise
         raise ShapeError(f"{exc}{hint}") from None
     return case
+
+
+def with_partial_axes(tl: TensorLayout, partial: Sequence[str], given: str,
+                      named: Callable[[str], str]) -> TensorLayout:
+    """`tl` with the `partial` axes added to those it holds pending already (an SBP's P, DTensor's Partial).
+
+    `given` names the dialect value `tl` was read from as the user wrote it (``--placements 'S(0),R'``) and
+    `named(axis)` the flag that gave an axis: an axis that cannot be pending is refused in those terms, not
+    in those of the tensor map the value became (``("axis_0", None)``), which the user never wrote.
+    """
+    if not partial:
+        return tl
+    names = tl.layout.alias_name
+    for axis in partial:
+        if axis not in names:
+            raise SpmdsimError(f"{named(axis)} is no mesh axis of {given}; expected one of {', '.join(names)}")
+        split = [d for d, axes in enumerate(tl.tensor_map) if axis in axes]
+        if split:
+            free = [a for a in names if a not in tl.split_axes]
+            way = (f"expected an axis the tensor is not split over: {', '.join(free)}" if free else
+                   "every mesh axis splits the tensor, none is left to hold pending sums")
+            raise SpmdsimError(f"{named(axis)}: {given} splits tensor dim {split[0]} over mesh axis {axis!r}, "
+                               f"which cannot also hold pending sums; {way}")
+    return tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
 
 
 def indivisible(tl: TensorLayout, shape: Sequence[int]) -> bool:

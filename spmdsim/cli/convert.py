@@ -104,8 +104,14 @@ def _uneven_note(tl: TensorLayout, shape: tuple[int, ...], who: str) -> Optional
     if not dims:
         return None
     d = dims[0]
-    why = f"{who} cuts every dim evenly" if who != "OneFlow" else ONEFLOW_EVEN
+    why = {"OneFlow": ONEFLOW_EVEN, "Paddle's split()": PADDLE_EVEN}.get(who, f"{who} cuts every dim evenly")
     return f"{why}: dim {d} of size {shape[d]} does not divide into {tl.num_shards(d)} shards"
+
+
+#: Why a Paddle split() form needs a dim that divides: spmdsim's split() (version 1) refuses one that does not, as
+#: Paddle's own linear split does; Paddle's embedding split would give the last rank the remainder (docs/dialects.md).
+PADDLE_EVEN = ("spmdsim's split() cuts only evenly, as Paddle's linear split does (Paddle's embedding split "
+               "gives the last rank the remainder, which spmdsim does not model)")
 
 
 def _same_blocks(a: TensorLayout, b: TensorLayout, shape: tuple[int, ...]) -> Optional[str]:

@@ -23,7 +23,7 @@ from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
 from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, indivisible, parse_int_list, parse_name_list,
-                    parse_partition_spec, parse_tensor_map)
+                    parse_partition_spec, parse_tensor_map, with_partial_axes)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -185,7 +185,13 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     else:
         tl = mesh(*parse_tensor_map(tmap))
     if partial:
-        tl = tl.with_partial(tuple(tl.partial) + parse_name_list(partial, f"--{which}-partial"))
+        axes = parse_name_list(partial, f"--{which}-partial")
+        if tmap is not None:  # the user wrote the map: the layout's own refusal names it
+            return tl.with_partial(tuple(tl.partial) + axes)
+        flag, value = next((f"--{which}-{form}", v) for form, v in (
+            ("sbp", sbp), ("strategy", strategy), ("placements", placements), ("partition-spec", spec))
+            if v is not None)
+        return with_partial_axes(tl, axes, f"{flag} {value!r}", lambda axis: f"--{which}-partial {axis!r}")
     return tl
 
 
@@ -218,8 +224,10 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
             f"--to-device-matrix {args.to_device_matrix!r} has {target_mesh.num_devices} devices "
             f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
         )
-    sides = {"from": _side(args, "from", source_mesh, len(shape), world),
-             "to": _side(args, "to", target_mesh, len(shape), world)}
+    source_side = _side(args, "from", source_mesh, len(shape), world)
+    if args.to_device_matrix is not None and args.to_alias is None:
+        _check_target_names(args, source_mesh, target_mesh)
+    sides = {"from": source_side, "to": _side(args, "to", target_mesh, len(shape), world)}
     cuts = {"from": args.cut, "to": args.to_cut or args.cut}
     if args.cut is None and any(getattr(args, f"{which}_placements") and indivisible(tl, shape)
                                 for which, tl in sides.items()):
@@ -246,6 +254,26 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
             raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") \
                 from None
     return source, target, shape, args.dtype
+
+
+def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_mesh: Layout) -> None:
+    """Refuse a target that names --alias's axes over a --to-device-matrix without --to-alias: that mesh is
+    another one, its axes named axis_0, axis_1, ...; the refusal ("unknown alias 'x' in tensor map ...;
+    expected one of ('axis_0', 'axis_1')") did not say why or name --to-alias."""
+    for flag, text, parse in (("--to", args.to_map, parse_tensor_map),
+                              ("--to-partition-spec", args.to_partition_spec, parse_partition_spec),
+                              ("--to-partial", args.to_partial, lambda t: parse_name_list(t, "--to-partial"))):
+        if text is None:
+            continue
+        used = [a for entry in parse(text) for a in ((entry,) if isinstance(entry, str) else entry or ())]
+        theirs = [a for a in used if a not in target_mesh.alias_name and a in source_mesh.alias_name]
+        if theirs:
+            count = target_mesh.ndim
+            raise SpmdsimError(
+                f"{flag} {text!r} names {theirs[0]!r}, an axis of --alias {args.alias!r}, but --to-device-matrix "
+                f"{args.to_device_matrix!r} gives the target a mesh of its own, whose axis names are "
+                f"{', '.join(target_mesh.alias_name)} unless --to-alias gives others; expected --to-alias with "
+                f"{counted(count, 'name')}, one per axis of --to-device-matrix")
 
 
 def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:

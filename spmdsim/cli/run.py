@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from ..dialects.strategy import parse_strategy
 from ..errors import SpmdsimError
-from ..layout import Layout
+from ..layout import Layout, TensorLayout
 from ..validate import counted
 from .cases import check_device_count, checked_axis_names, parse_int_list, parse_name_list, parse_tensor_map
 from ..engines import engine_of
@@ -316,6 +316,8 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
     check_seed(args)
     _check_flags(args)
     dims = _shape(args)
+    if ranks is not None and args.op != "matmul":  # matmul's layouts are checked below, as each form makes them
+        _check_mp_shapes(args, dims, ranks)
     if args.op == "linear":
         gather_out = _gather_out(args)
         return lambda comm: jobs.linear_job(comm, args.parallel, dims, **common, gather_out=gather_out,
@@ -329,8 +331,15 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
         out = _out_strategy(args.out_strategy) if args.out_strategy else None
         if ranks is not None:  # "needs 8 devices but the world size is 4", as the job says on the ranks
             from ..dialects.strategy import matmul_layouts
+            from ..infer import out_layout_from_strategy
 
-            matmul_layouts(args.strategy, ranks, args.transpose_a, args.transpose_b)
+            m = matmul_layouts(args.strategy, ranks, args.transpose_a, args.transpose_b)
+            if len(dims) - 3 != m.x.ndim - 2:  # strategy_matmul_job's refusal
+                raise SpmdsimError(f"matmul shape {dims!r} has {len(dims) - 3} batch dims but strategy "
+                                   f"{m.strategy!r} gives x {counted(m.x.ndim, 'dim')}")
+            x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, m.w.ndim)
+            _check_matmul_shapes(args, m.x, m.w, x_shape, w_shape,
+                                 None if out is None else out_layout_from_strategy(m.out, out))
         return lambda comm: jobs.strategy_matmul_job(comm, args.strategy, dims, **common, **flags,
                                                      out_strategy=out)
     if args.placement or args.x_sbp or args.w_sbp or args.out_sbp:
@@ -359,7 +368,57 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
         out = layout(*out_map)
     x, w = layout(*x_map), layout(*w_map)
     check_ranks(layout, f"--device-matrix {args.device_matrix!r}", ranks)
+    if ranks is not None:
+        _check_matmul_shapes(args, x, w, x_shape, w_shape, out)
     return lambda comm: jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out)
+
+
+def _check_matmul_shapes(args: argparse.Namespace, x: TensorLayout, w: TensorLayout, x_shape: tuple, w_shape: tuple,
+                         out: TensorLayout | None) -> None:
+    """With --ranks: what matmul_job refuses on every rank once the banner is out (a dim its layout cannot cut,
+    an output layout that does not follow), here before it, in the job's own words (DTensor, plan_matmul)."""
+    from ..infer import infer_matmul, matmul_shape
+
+    x.check_shape(x_shape)
+    w.check_shape(w_shape)
+    plan = infer_matmul(x, w, transpose_a=args.transpose_a, transpose_b=args.transpose_b, out=out)
+    shape = matmul_shape(x_shape, w_shape, args.transpose_a, args.transpose_b)
+    plan.local.check_shape(shape, "matmul output Y")
+    plan.out.check_shape(shape, "matmul output Y")
+
+
+def _check_mp_shapes(args: argparse.Namespace, dims: Sequence[int], ranks: int) -> None:
+    """With --ranks: the sizes `run linear/embedding/mlp` cut over its one axis "mp" of `ranks` ranks, refused
+    as the job refuses them on every rank (its layers' and Paddle split()'s words), before the banner."""
+    from ..demo.jobs import mp_layout
+    from ..dialects.paddle import split_layouts
+
+    mp = mp_layout(ranks)
+    if args.op == "mlp":  # ParallelMLP: fc1 column-parallel (H, F), fc2 row-parallel (F, H)
+        _, h, f = dims
+        mp(None, "mp").check_shape((h, f), "ColumnParallelLinear weight W")
+        mp("mp", None).check_shape((f, h), "RowParallelLinear weight W")
+    elif args.op == "embedding":
+        ids, (vocab, dim) = len(dims) - 2, dims[-2:]
+        if args.front == "paddle":
+            split_layouts((vocab, dim), "embedding", 0, ranks, True, ids)
+        elif args.mode == "vocab":
+            mp("mp", None).check_shape((vocab, dim), "VocabParallelEmbedding table")
+        else:
+            mp(None, "mp").check_shape((vocab, dim), "ParallelEmbedding table")
+    elif args.op == "linear":
+        m, k, n = dims
+        row = args.parallel == "row"
+        if row:  # X arrives split on K, as a column-parallel layer leaves it
+            mp(None, "mp").check_shape((m, k))
+        if args.front == "paddle":
+            split_layouts((k, n), "linear", 0 if row else 1, ranks, _gather_out(args))
+        elif row:
+            mp("mp", None).check_shape((k, n), "RowParallelLinear weight W")
+        else:
+            mp(None, "mp").check_shape((k, n), "ColumnParallelLinear weight W")
+            if not args.no_bias:
+                mp("mp").check_shape((n,), "ColumnParallelLinear bias b")
 
 
 def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
@@ -387,6 +446,8 @@ def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dic
     w = sbp_to_layout(args.w_sbp, placement, len(w_shape))
     out = sbp_to_layout(args.out_sbp, placement, len(dims) - 1) if args.out_sbp else None
     check_ranks(x.layout, f"--placement {args.placement!r}", ranks)
+    if ranks is not None:
+        _check_matmul_shapes(args, x, w, x_shape, w_shape, out)
     return lambda comm: jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out,
                                         op=f"MatMul sbp x ({args.x_sbp}) w ({args.w_sbp})")
 

@@ -130,6 +130,14 @@ def axis_names(
     if out is None or len(out) != count or not all(isinstance(n, str) for n in out):
         raise DialectError(f"{what} {names!r} must give one name per mesh axis ({count} axes), "
                            "each a string")
+    for name in out:  # refused here, naming the argument, not by the Layout under its own field's name
+        if not name or name == "None":
+            raise DialectError(f"{what} {names!r} holds the name {name!r}; expected non-empty names other "
+                               "than 'None', one per mesh axis")
+    repeated = [name for i, name in enumerate(out) if name in out[:i]]
+    if repeated:
+        raise DialectError(f"{what} {names!r} names two mesh axes {repeated[0]!r}; expected a different name "
+                           "for each mesh axis")
     return tuple(out)
 
 
@@ -166,7 +174,7 @@ def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:
             ordered = tuple(sorted(axes, key=tl.layout.axis_index))
             raise DialectError(
                 f"tensor dim {tensor_dim} is split over {axes!r} with {axes[0]!r} major, "
-                f"but {dialect} always makes the lower mesh axis major; only {ordered!r} "
+                f"but in {dialect} the lower mesh axis is always major; only {ordered!r} "
                 f"is expressible ({fix_hint})"
             )
 

@@ -100,6 +100,10 @@ def _tick_step(column: int, digits: int) -> int:
     return 10_000
 
 
+#: Inches a character of the plot's title (9 points, DejaVu Sans) takes, on average with some room.
+_TITLE_INCHES = 0.075
+
+
 def plot(what: Union[Schedule, Timeline], path: Union[str, os.PathLike], dpi: int = 120) -> str:
     """Draw the grid with matplotlib (.png, .svg or .pdf by suffix); returns the path written.
 
@@ -111,7 +115,13 @@ def plot(what: Union[Schedule, Timeline], path: Union[str, os.PathLike], dpi: in
     check_picture_path(path)
     t = _timeline(what)
     colours = {"F": "#9ecae1", "B": "#fdae6b"}
-    fig = new_figure(min(24.0, 2.0 + 0.35 * t.length), min(18.0, 1.4 + 0.45 * t.stages))
+    name = _formula_name(t)
+    title = (f"{_title(t)}; bubble {_percent(t.bubble)} (formula {formula_text(name)} = "
+             f"{_percent(bubble_formula(name, t.stages, max(t.microbatches, 1), t.virtual))})")
+    # Wide enough for the title beside the legend, not only for the cells: a short schedule's figure (1 stage,
+    # 2.7 inches) cut its title and its time axis's label off at the edges.
+    fig = new_figure(min(24.0, max(2.0 + 0.35 * t.length, _TITLE_INCHES * len(title) + 2.6)),
+                     min(18.0, max(2.2, 1.4 + 0.45 * t.stages)))
     ax = fig.add_subplot(1, 1, 1)
     labels = max(1, t.length) <= 160 and t.stages <= 64
     size = max(4.0, min(9.0, 240.0 / max(t.length, 1)))
@@ -134,9 +144,6 @@ def plot(what: Union[Schedule, Timeline], path: Union[str, os.PathLike], dpi: in
 
     ax.legend(handles=[Patch(facecolor=colours["F"], label="forward"), Patch(facecolor=colours["B"], label="backward")],
               loc="upper right", fontsize=7, ncol=2, bbox_to_anchor=(1.0, 1.16))
-    name = _formula_name(t)
-    ax.set_title(f"{_title(t)}; bubble {_percent(t.bubble)} (formula {formula_text(name)} = "
-                 f"{_percent(bubble_formula(name, t.stages, max(t.microbatches, 1), t.virtual))})",
-                 fontsize=9, loc="left", pad=18)
+    ax.set_title(title, fontsize=9, loc="left", pad=18)
     fig.tight_layout()
     return save_figure(fig, path, dpi)

@@ -61,6 +61,9 @@ def new_figure(width: float, height: float) -> Any:
 def check_picture_path(path: Union[str, os.PathLike], flag: str = "") -> str:
     """The path as a string, or SpmdsimError when its suffix is not a picture type we write; `flag`: the option
     that gave it (``--png``), named in the message."""
+    if not isinstance(path, (str, os.PathLike)):
+        given = f"{flag} {path!r}" if flag else f"picture path {path!r}"
+        raise TypeError(f"{given} is not a file path; expected a str or os.PathLike such as 'grid.png'")
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if suffix not in PICTURE_SUFFIXES:
@@ -95,6 +98,10 @@ def render_layout_png(
     The file type follows the suffix (.png, .svg, .pdf). Pass a LayoutPicture,
     or a TensorLayout with `shape`.
     """
+    if isinstance(shape, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
+        # render_layout_ascii(tl, shape) takes the shape second: its order here was a TypeError from os.fspath.
+        raise TypeError(f"render_layout_png(layout, path, shape) takes the path before the shape; got path "
+                        f"{path!r} and shape {shape!r}: expected render_layout_png(layout, {shape!r}, {path!r})")
     check_picture_path(path)
     if isinstance(picture, TensorLayout):
         if shape is None:
