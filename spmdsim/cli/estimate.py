@@ -57,6 +57,10 @@ def register(subparsers: Any) -> None:
     from ..gpt_flags import architecture_arguments
 
     architecture_arguments(parser, width="--hidden")
+    parser.add_argument("--dropout", type=float, default=0.1, metavar="P",
+                        help="dropout probability of the embeddings, the attention and the residual branches "
+                             "(default 0.1, GPT-3's; 0: none, as Llama trains: no dropout kernels, masks or kept "
+                             "outputs)")
     parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
@@ -98,7 +102,7 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
                  "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
                  "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
-                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias")
+                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,6 +133,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     problem = architecture_problem(args)
     if problem:
         raise SpmdsimError(problem)
+    if not (math.isfinite(args.dropout) and 0 <= args.dropout < 1):
+        raise SpmdsimError(f"--dropout {args.dropout:g} must be in [0, 1) (0: no dropout, as Llama trains)")
     if args.experts < 0:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
     if args.experts and args.top_k > args.experts:
@@ -153,7 +159,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
     cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
-                    batch=args.global_batch, dropout=0.1, moe=moe, vocab_pad_to=args.pad_vocab_to,
+                    batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
                     **architecture_fields(args))
     return cfg, args.global_batch // per_step
 

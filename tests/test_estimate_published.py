@@ -1,0 +1,67 @@
+"""`spmdsim estimate` beside published training measurements (docs/estimate.md, "Today's models beside their
+published figures"): what those comparisons rest on, on small models.
+
+A Llama trains without dropout (Meta's Llama 3 405B, NVIDIA's Llama 3.1 recipes: attention and hidden dropout 0),
+and `estimate` always built its GPT with dropout 0.1: a Llama's estimate held dropout masks and the dropped-out
+probabilities it never makes, and ran their kernels. `--dropout P` now sets it (0: none)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from docs_commands import run_here
+
+LLAMA = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+         "--norm", "rms", "--mlp", "swiglu", "--untied", "--no-bias", "--seq", "16", "--vocab", "128",
+         "--kept", "megatron"]
+
+
+def _json(*argv: str) -> dict:
+    batch = [] if "--global-batch" in argv else ["--global-batch", "2"]
+    code, out, err = run_here("main", [*LLAMA, *batch, *argv, "--json"])
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_dropout_0_keeps_no_dropout_mask_and_runs_no_dropout_kernel():
+    """With --dropout 0 the dry run keeps no dropout mask (the head's loss mask is no dropout's) and no
+    dropped-out probabilities, and its kernels move fewer bytes; the products are the same. Before, --dropout
+    was refused (argparse: unrecognized arguments) and every estimate had dropout 0.1."""
+    dropped, plain = _json(), _json("--dropout", "0")
+    assert dropped["config"]["dropout"] == 0.1 and plain["config"]["dropout"] == 0.0
+    kinds = {kind: n for kind, n in plain["stages"][0]["program_bytes"]["kept"]}
+    assert [kind for kind in kinds if kind.endswith("masks")] == ["head masks"]
+    before = {kind: n for kind, n in dropped["stages"][0]["program_bytes"]["kept"]}
+    assert {"attention core masks", "attention masks", "mlp masks", "embedding masks"} <= set(before)
+    # the attention core kept its probabilities and, with dropout, the dropped-out ones too: half as much without
+    assert kinds["attention core"] * 2 == before["attention core"]
+    assert plain["stages"][0]["bytes"]["activations"] < dropped["stages"][0]["bytes"]["activations"]
+    for phase in ("forward", "backward"):
+        assert plain["stages"][0]["kernel_bytes"][phase] < dropped["stages"][0]["kernel_bytes"][phase]
+    assert plain["stages"][0]["flops"] == dropped["stages"][0]["flops"]
+    assert plain["utilization"]["model_flops"] == dropped["utilization"]["model_flops"]
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1", "nan"])
+def test_a_dropout_outside_0_1_is_one_line(value):
+    code, out, err = run_here("main", [*LLAMA, "--dropout", value])
+    assert code == 2 and out == ""  # the usage error's code, as every refused option of the command
+    shown = f"{float(value):g}"
+    assert err.strip().splitlines()[-1] == f"spmdsim: error: --dropout {shown} must be in [0, 1) (0: no dropout, " \
+                                           "as Llama trains)"
+
+
+def test_a_llamas_model_flops_are_6_n_tokens_and_the_attention_term():
+    """The model FLOPs the published comparisons divide by (the dry run's forward and backward products, all
+    ranks) are 6 x the multiplied parameters x tokens plus the attention core's 12 L B s^2 h (scores and
+    probabilities times V, every score made: spmdsim's attention masks, it does not skip), with grouped-query
+    attention, SwiGLU, an untied head and a pipeline: the 6 N D count published MFUs use, less the embedding
+    table (looked up, not multiplied), and the attention term."""
+    layers, h, heads, kv, ffn, s, vocab, batch = 2, 64, 4, 2, 128, 16, 128, 4
+    d = _json("--pp", "2", "--tp", "2", "--sp", "--global-batch", str(batch), "--dropout", "0")
+    head_dim = h // heads
+    per_layer = h * (heads * head_dim) + 2 * h * (kv * head_dim) + h * h + 3 * h * ffn  # q, k and v, o; w1, w3, w2
+    multiplied = layers * per_layer + vocab * h  # and the untied head
+    tokens = batch * s
+    assert d["utilization"]["model_flops"] == 6 * multiplied * tokens + 12 * layers * batch * s * s * h
