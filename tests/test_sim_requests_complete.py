@@ -164,3 +164,25 @@ def test_mpirun_warns_of_requests_never_completed(tmp_path, capsys):
         "completed (no Wait or Test); an Irecv of rank 1 from rank 0 (tag 3) at nowait.py:7 was never completed (no "
         "Wait or Test: the message it matched never reached its buffer); an issend of rank 2 to rank 0 (tag 5) at "
         "nowait.py:9 was never completed (no Wait or Test); and 1 more"]
+
+
+def test_the_warnings_list_by_rank_then_in_post_order_every_run():
+    # Was: the never-received list went communicator by communicator in a WeakSet's order (by the groups'
+    # addresses), which changed from run to run: here the six communicators' lines came in any order.
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        comms = [world.Dup() for _ in range(6)]
+        if world.rank == 1:
+            for i, comm in enumerate(reversed(comms)):
+                comm.Irecv(np.zeros(1), 0, 20 + i).Free()  # freed: only the receive's line
+        else:
+            for i, comm in enumerate(comms[::2] + comms[1::2]):
+                comm.send(i, 1, i)
+        world.Barrier()
+
+    done = _run(body)
+    assert done.unreceived == tuple(
+        [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on the world was never received" for i in range(6)]
+        + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on the world was never matched" for i in range(6)])

@@ -24,6 +24,7 @@ once; so do the blocking calls (Recv, Sendrecv) and spmdsim's own transfers.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 from typing import Any, Optional
@@ -46,6 +47,10 @@ EAGER_BYTES = 8 << 10
 #: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
 #: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
 TAG_UB = (1 << 29) - 1
+
+#: Numbers the messages and receives as they are posted (Request.seq; each rank posts its own in turn, so a
+#: rank's are numbered in its order): the warnings when the ranks end list them by rank, then in that order.
+_POSTED = itertools.count()
 
 
 def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
@@ -101,7 +106,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
         else:  # a byte buffer (osu_bw's) as it is: a view costs as much as the rest of the slicing
             payload = data[:count] if data.dtype.char == "B" else data[:count].view(np.uint8)
     send = Request(group, me, "send", dest, tag)
-    send.payload, send.mode, send.own = payload, mode, buf is None
+    send.payload, send.mode, send.own, send.seq = payload, mode, buf is None, next(_POSTED)
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -144,7 +149,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
-    recv.unpack, recv.room, recv.given, recv.defer = unpack, room, given, defer
+    recv.unpack, recv.room, recv.given, recv.defer, recv.seq = unpack, room, given, defer, next(_POSTED)
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -280,18 +285,20 @@ def cancel(req: Request) -> None:
 def unreceived(world: Any) -> tuple[str, ...]:
     """The messages sent and never received, and the receives posted and never matched, once the
     ranks ended ('rank 0 to rank 1 (tag 3, 20 bytes)'): MPI leaves them undefined (MPICH drops a
-    small one at MPI_Finalize without a word)."""
-    lines = []
+    small one at MPI_Finalize without a word). By the world rank of the sender (of a message) or the
+    receiver (of a receive), then in the order that rank posted them, every run alike."""
+    found = []
     with world.lock:
-        for group in list(world.groups):
+        for group in list(world.groups):  # a WeakSet, in no set order: sorted below
             where = "" if group is world.root else f" on {group.label()}"
-            lines += [f"a message from {rank_name(group, s.me)} to {rank_name(group, s.peer)} (tag {s.tag}, "
-                      f"{s.payload.nbytes} bytes){where} was never received" for s in group.sends]
-            lines += [f"a receive of {rank_name(group, r.me)} from "
-                      f"{'any rank' if r.peer == special('ANY_SOURCE') else rank_name(group, r.peer)} "
-                      f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched"
+            found += [(group.members[s.me], s.seq, f"a message from {rank_name(group, s.me)} to "
+                       f"{rank_name(group, s.peer)} (tag {s.tag}, {s.payload.nbytes} bytes){where} was never "
+                       f"received") for s in group.sends]
+            found += [(group.members[r.me], r.seq, f"a receive of {rank_name(group, r.me)} from "
+                       f"{'any rank' if r.peer == special('ANY_SOURCE') else rank_name(group, r.peer)} "
+                       f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched")
                       for r in group.recvs]
-    return tuple(lines)
+    return tuple(line for _, _, line in sorted(found))
 
 
 def uncompleted(world: Any) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ class Request(ManyRequests):
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
                  "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
-                 "given", "own", "defer", "held", "noted", "__weakref__")
+                 "given", "own", "defer", "held", "noted", "seq", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:

@@ -69,7 +69,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
 class Results(list):
     """The per-rank results of a simulation, with `unreceived`: the point-to-point messages sent and
     never received, and receives never matched, when the ranks ended (spmdsim.sim.p2p.unreceived); and
-    `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.sim.p2p.uncompleted)."""
+    `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.sim.p2p.uncompleted).
+    Each lists by world rank, then in the order that rank posted them (the same every run)."""
 
     unreceived: tuple = ()
     uncompleted: tuple = ()
