@@ -186,3 +186,47 @@ def test_the_warnings_list_by_rank_then_in_post_order_every_run():
     assert done.unreceived == tuple(
         [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on the world was never received" for i in range(6)]
         + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on the world was never matched" for i in range(6)])
+
+
+def test_nonblocking_collectives_and_partitioned_requests_never_completed_are_named():
+    # Was: no word for them (a nonblocking collective's request is complete at once here; MPI still requires
+    # the program to complete it, and MPICH's MPI_Finalize reports the pending references).
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        comm.Ibarrier()  # (line E)
+        comm.Iallreduce(np.ones(1), np.zeros(1)).Wait()
+        comm.Ibcast(np.ones(2), root=0).Test()
+        out = np.zeros(1)
+        if comm.rank == 1:
+            comm.Iallreduce(np.ones(1), out, op=MPI.MAX)  # (line F)
+        else:
+            comm.Iallreduce(np.ones(1), out, op=MPI.MAX).Free()
+        persistent = comm.Allreduce_init(np.ones(1), np.zeros(1))
+        persistent.Start()  # (line G)
+        comm.Idup()[0].Free()  # (line H)
+        buf = np.zeros(4)
+        if comm.rank == 0:
+            part = comm.Psend_init(np.ones(4), 2, 1, 7)
+            part.Start()  # (line I)
+            part.Pready_range(0, 1)
+        else:
+            part = comm.Precv_init(buf, 2, 0, 7)
+            part.Start()
+            part.Wait()
+        return out[0]
+
+    done = _run(body)
+    at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+          for mark in "EFGHI" if line.endswith(f"(line {mark})")}
+    assert list(done) == [1.0, 1.0]  # a collective's result is there when posted (its request complete)
+    assert done.uncompleted == (
+        f"an Ibarrier of rank 0 at {at['E']} was never completed (no Wait or Test)",
+        f"an Allreduce_init (started) of rank 0 at {at['G']} was never completed (no Wait or Test)",
+        f"an Idup of rank 0 at {at['H']} was never completed (no Wait or Test)",
+        f"a Psend_init (started) of rank 0 to rank 1 (tag 7) at {at['I']} was never completed (no Wait or Test)",
+        f"an Ibarrier of rank 1 at {at['E']} was never completed (no Wait or Test)",
+        f"an Iallreduce of rank 1 at {at['F']} was never completed (no Wait or Test)",
+        f"an Allreduce_init (started) of rank 1 at {at['G']} was never completed (no Wait or Test)",
+        f"an Idup of rank 1 at {at['H']} was never completed (no Wait or Test)")

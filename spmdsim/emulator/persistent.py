@@ -48,8 +48,12 @@ class Prequest(Request):
         if self.parts:
             raise mpi_error(mpi, mpi.ERR_REQUEST, "Start: the persistent request is active (started and not "
                                                   "completed by a Wait or Test)")
-        self.parts = (self.post(),)
-        noted(self, f"{self.call} (started)")  # until a Wait or Test completes it (a warning if never)
+        part = self.post()
+        self.parts, where = (part,), ()
+        if part.noted is not None:  # a collective's nonblocking call noted its request: this one stands for it
+            where = part.noted.pop(id(part))[4:]  # its communicator and rank
+            part.noted = None
+        noted(self, f"{self.call} (started)", *where)  # until a Wait or Test completes it (a warning if never)
 
     start = Start
 
@@ -98,7 +102,7 @@ def _point_to_point(call: str, mode: str) -> Callable:
 def _persistent(call: str) -> Callable:
     def init(self: Any, *args: Any, **kwargs: Any) -> Prequest:
         start = getattr(self, call)
-        return Prequest(lambda: start(*args, **kwargs))
+        return Prequest(lambda: start(*args, **kwargs), f"{call[1:2].upper()}{call[2:]}_init")
 
     init.__name__ = init.__qualname__ = f"{call[1:]}_init"
     init.__doc__ = f"A persistent request whose Start calls {call} with these arguments."

@@ -303,32 +303,33 @@ def unreceived(world: Any) -> tuple[str, ...]:
 
 def uncompleted(world: Any) -> tuple[str, ...]:
     """The program's nonblocking requests never completed (no Wait, Test, ... nor Free) once the ranks ended,
-    by rank, each as it was posted ('an Irecv of rank 1 from rank 0 (tag 3) at prog.py:7 was never completed
-    (no Wait or Test)'): MPI requires each to be completed or freed (MPICH's MPI_Finalize says only "Builtin
-    communicator 44000000 has pending 1 references"); a receive's message, if one came, never reached its
-    buffer."""
-    lines = []
-    noted = sorted(world.posted.values(), key=lambda n: _owner_rank(n[0]))  # stable: each rank's in posted order
-    for req, call, file, line in noted:
-        part = req._shown()
-        group = part.group
-        if group is None:
-            continue
+    by rank, each rank's in the order it posted them, each as it was posted ('an Irecv of rank 1 from rank 0
+    (tag 3) at prog.py:7 was never completed (no Wait or Test)'; a nonblocking collective's: 'an Ibarrier of
+    rank 1 at prog.py:9 ...'): MPI requires each to be completed or freed (MPICH's MPI_Finalize says only
+    "Builtin communicator 44000000 has pending 1 references"); a receive's message, if one came, never
+    reached its buffer."""
+    found = []
+    for req, call, file, line, group, me in list(world.posted.values()):  # in posted order
+        part = req._shown() if group is None else None
+        if part is not None:
+            group, me = part.group, part.me
+            if group is None:
+                continue
         where = "" if group is world.root else f" on {group.label()}"
-        peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
-        tag = "any" if part.tag == special("ANY_TAG") else part.tag
-        way = "from" if part.kind == "recv" else "to"
         at = f" at {os.path.basename(file)}:{line}" if file else ""
         article = "an" if call[:1] in "AEIOUaeiou" else "a"
-        lost = ": the message it matched never reached its buffer" if part.held is not None else ""
-        lines.append(f"{article} {call} of {rank_name(group, part.me)} {way} {peer} (tag {tag}){where}{at} was "
-                     f"never completed (no Wait or Test{lost})")
-    return tuple(lines)
-
-
-def _owner_rank(req: Request) -> int:
-    part = req._shown()
-    return part.group.members[part.me] if part.group is not None else -1
+        if part is None:  # a collective
+            what = f"{article} {call} of {rank_name(group, me)}{where}{at}"
+            lost = ""
+        else:
+            peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
+            tag = "any" if part.tag == special("ANY_TAG") else part.tag
+            way = "from" if part.kind.endswith("recv") else "to"
+            what = f"{article} {call} of {rank_name(group, me)} {way} {peer} (tag {tag}){where}{at}"
+            lost = ": the message it matched never reached its buffer" if part.held is not None else ""
+        found.append((group.members[me], len(found),
+                      f"{what} was never completed (no Wait or Test{lost})"))
+    return tuple(text for _, _, text in sorted(found))
 
 
 def _wake_probes(group: Group, send: Request) -> None:

@@ -363,18 +363,19 @@ def _copy_of(req: Request, other: Any) -> None:
         raise TypeError(f"expected a Request, got {type(other).__name__}")
 
 
-def noted(req: Request, call: str) -> Request:
+def noted(req: Request, call: str, group: Optional[Group] = None, me: int = 0) -> Request:
     """`req`, which the program's nonblocking `call` (Isend, Irecv, Start, ...) made, kept in its world's
     `posted` with the program line that made it until a Wait, Test, ... completes it or Free frees it: one
-    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted)."""
+    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted). `group` and `me`: a
+    nonblocking collective's communicator and rank (its request, complete at once, has none)."""
     owner = req if req.group is not None else next((p for p in req.parts if p.group is not None), None)
-    if owner is None:  # MPI.PROC_NULL's: complete already
+    if owner is None and group is None:  # MPI.PROC_NULL's: complete already
         return req
-    frame = sys._getframe(2)  # the call's caller: the program's line (or, past spmdsim's frames, the first)
+    frame = sys._getframe(1)  # the program's line: past spmdsim's frames, the first
     while frame is not None and frame.f_code.co_filename.startswith(_SPMDSIM):
         frame = frame.f_back
-    posted = req.noted = owner.group.world.posted
-    posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno)
+    posted = req.noted = (owner.group if group is None else group).world.posted
+    posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno, group, me)
     return req
 
 
