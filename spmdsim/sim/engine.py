@@ -374,6 +374,9 @@ class World(RankThreads):
         # id -> (request, call, file, line, group, rank): the program's nonblocking requests not yet completed, in
         # the order posted (requests.noted; group and rank: a nonblocking collective's)
         self.posted: dict[int, tuple] = {}
+        # (world rank, post number, text): the program's nonblocking sends whose buffer it wrote into before the
+        # send completed (spmdsim.sim.p2p.rewritten)
+        self.rewritten: list[tuple] = []
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
         self.slots = run_slots(size)
