@@ -306,6 +306,30 @@ def test_requests_never_completed_are_a_warning(capsys):
                    "buffer)\n")
 
 
+def test_a_nonblocking_collective_never_completed_is_a_warning(capsys):
+    # MPICH prints the lines and, at MPI_Finalize, "MPICH: Builtin communicator 44000000 has pending 6
+    # references." on each rank (exit 0). Was: no word (the emulator's nonblocking collectives complete at once).
+    code, out, err = _mpirun(capsys, str(LAB / "no_wait_collective.py"))
+    assert code == 0 and sorted(out.splitlines()) == [f"rank {r} done" for r in range(4)]
+    assert err == ("spmdsim mpirun: warning: when the ranks ended, an Ibarrier of rank 0 at no_wait_collective.py:7 "
+                   "was never completed (no Wait or Test); an Ibarrier of rank 1 at no_wait_collective.py:7 was never "
+                   "completed (no Wait or Test); an Ibarrier of rank 2 at no_wait_collective.py:7 was never completed "
+                   "(no Wait or Test); and 1 more\n")
+
+
+@pytest.mark.parametrize("size, got", [(None, "7.0"), ("100000", "-1.0")])
+def test_a_send_buffer_written_before_wait_is_a_warning(capsys, size, got):
+    # MPICH 5 prints "rank 1 got 7.0" (a small message, copied as it is sent: the bug passes unseen) and "rank 1
+    # got -1.0" with 100000 doubles (read from the buffer after the write), exit 0, and says nothing. Was: the
+    # same lines here, and no word either.
+    code, out, err = _mpirun(capsys, str(LAB / "write_before_wait.py"), *([size] if size else []))
+    assert (code, out) == (0, f"rank 1 got {got}\n")
+    assert err == ("spmdsim mpirun: warning: when the ranks ended, rank 0 wrote into the buffer of its Isend to rank 1 "
+                   "(tag 3) at write_before_wait.py:14 before the send completed (Wait at write_before_wait.py:17): "
+                   "MPI forbids changing a send buffer until then; the receiver may get the old contents, the new or "
+                   "a mix\n")
+
+
 @pytest.mark.parametrize("buffer, mpi4py_class, text", [
     ("np.arange(16.0).reshape(4, 4)[:, 0]", "BufferError", "send buffer: buffer of shape (4,) and strides (32,) is "
                                                            "not contiguous; MPI moves one block (np.ascontiguousarray "

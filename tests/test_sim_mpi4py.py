@@ -234,3 +234,45 @@ def test_an_empty_cuda_array_interface_at_address_0_is_an_empty_buffer():
     with pytest.raises(BufferSpecError, match=r"^recv buffer: __cuda_array_interface__ of shape \(3,\) at address "
                                               r"0; expected the address of its memory$"):
         array_of(Cai((3,), 0, False), "recv buffer", readonly=False)
+
+
+def test_a_matched_message_refused_buffer_and_null_message_as_mpi4py_reports_them():
+    # mpi4py reads the buffer before MPI_Mrecv: a refused one raises BufferError and the message stays to be
+    # received (was: taken, then lost; the next Recv said MPI.MESSAGE_NULL). On MPI.MESSAGE_NULL MPICH names
+    # MPI_Mrecv for Recv and recv, MPI_Imrecv for Irecv and irecv ("Invalid MPI_Request, error stack: ...
+    # MPI_Mrecv_c(...) failed ... Null MPI_Request"), a bad buffer's BufferError coming first.
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 1:
+            comm.Send(np.full(2, 5.0), 0, 5)
+            return None
+        msg = comm.Mprobe(1, 5)
+        out = []
+        for buf in (np.zeros((2, 2))[:, 0], np.zeros(2)):
+            try:
+                msg.Recv(buf)
+                out.append(buf[0])
+            except BufferError:
+                out.append(("BufferError", msg != MPI.MESSAGE_NULL))
+        calls = {"Recv": lambda: msg.Recv(np.zeros(2)), "Irecv": lambda: msg.Irecv(np.zeros(2)),
+                 "recv": msg.recv, "irecv": msg.irecv, "bad buffer": lambda: msg.Recv(np.zeros((2, 2))[:, 0])}
+        for name, call in calls.items():
+            try:
+                call()
+            except MPI.Exception as exc:
+                out.append((name, exc.Get_error_class() == MPI.ERR_REQUEST, str(exc).split(": the message")[0]))
+            except BufferError:
+                out.append((name, "BufferError"))
+        return out
+
+    assert simulate_swapped(2, body)[0] == [
+        ("BufferError", True), 5.0, ("Recv", True, "Invalid MPI_Request: Recv (MPI_Mrecv)"),
+        ("Irecv", True, "Invalid MPI_Request: Irecv (MPI_Imrecv)"),
+        ("recv", True, "Invalid MPI_Request: recv (MPI_Mrecv)"), ("irecv", True, "Invalid MPI_Request: irecv (MPI_Imrecv)"), ("bad buffer", "BufferError")]
+
+
+def simulate_swapped(n, body):
+    with swapped():
+        return simulate(n, body)

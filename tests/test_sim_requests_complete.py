@@ -164,3 +164,132 @@ def test_mpirun_warns_of_requests_never_completed(tmp_path, capsys):
         "completed (no Wait or Test); an Irecv of rank 1 from rank 0 (tag 3) at nowait.py:7 was never completed (no "
         "Wait or Test: the message it matched never reached its buffer); an issend of rank 2 to rank 0 (tag 5) at "
         "nowait.py:9 was never completed (no Wait or Test); and 1 more"]
+
+
+def test_the_warnings_list_by_rank_then_in_post_order_every_run():
+    # Was: the never-received list went communicator by communicator in a WeakSet's order (by the groups'
+    # addresses), which changed from run to run: here the six communicators' lines came in any order.
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        comms = [world.Dup() for _ in range(6)]
+        if world.rank == 1:
+            for i, comm in enumerate(reversed(comms)):
+                comm.Irecv(np.zeros(1), 0, 20 + i).Free()  # freed: only the receive's line
+        else:
+            for i, comm in enumerate(comms[::2] + comms[1::2]):
+                comm.send(i, 1, i)
+        world.Barrier()
+
+    done = _run(body)
+    assert done.unreceived == tuple(
+        [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on the world was never received" for i in range(6)]
+        + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on the world was never matched" for i in range(6)])
+
+
+def test_nonblocking_collectives_and_partitioned_requests_never_completed_are_named():
+    # Was: no word for them (a nonblocking collective's request is complete at once here; MPI still requires
+    # the program to complete it, and MPICH's MPI_Finalize reports the pending references).
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        comm.Ibarrier()  # (line E)
+        comm.Iallreduce(np.ones(1), np.zeros(1)).Wait()
+        comm.Ibcast(np.ones(2), root=0).Test()
+        out = np.zeros(1)
+        if comm.rank == 1:
+            comm.Iallreduce(np.ones(1), out, op=MPI.MAX)  # (line F)
+        else:
+            comm.Iallreduce(np.ones(1), out, op=MPI.MAX).Free()
+        persistent = comm.Allreduce_init(np.ones(1), np.zeros(1))
+        persistent.Start()  # (line G)
+        comm.Idup()[0].Free()  # (line H)
+        buf = np.zeros(4)
+        if comm.rank == 0:
+            part = comm.Psend_init(np.ones(4), 2, 1, 7)
+            part.Start()  # (line I)
+            part.Pready_range(0, 1)
+        else:
+            part = comm.Precv_init(buf, 2, 0, 7)
+            part.Start()
+            part.Wait()
+        return out[0]
+
+    done = _run(body)
+    at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+          for mark in "EFGHI" if line.endswith(f"(line {mark})")}
+    assert list(done) == [1.0, 1.0]  # a collective's result is there when posted (its request complete)
+    assert done.uncompleted == (
+        f"an Ibarrier of rank 0 at {at['E']} was never completed (no Wait or Test)",
+        f"an Allreduce_init (started) of rank 0 at {at['G']} was never completed (no Wait or Test)",
+        f"an Idup of rank 0 at {at['H']} was never completed (no Wait or Test)",
+        f"a Psend_init (started) of rank 0 to rank 1 (tag 7) at {at['I']} was never completed (no Wait or Test)",
+        f"an Ibarrier of rank 1 at {at['E']} was never completed (no Wait or Test)",
+        f"an Iallreduce of rank 1 at {at['F']} was never completed (no Wait or Test)",
+        f"an Allreduce_init (started) of rank 1 at {at['G']} was never completed (no Wait or Test)",
+        f"an Idup of rank 1 at {at['H']} was never completed (no Wait or Test)")
+
+
+def test_a_send_buffer_written_before_the_send_completes_is_named():
+    # MPI: "the sender should not modify any part of the send buffer after a nonblocking send operation is called,
+    # until the send completes". Was: no word, and a small message (copied at the Isend, as MPICH's eager one) or
+    # one whose receive was posted arrived as it was, so the bug passed every run.
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 1:
+            for tag in (1, 2, 3, 4, 4, 6, 7):
+                comm.Recv(np.zeros(40000), 0, tag)
+            comm.Sendrecv(np.zeros(8), 0, 9, np.zeros(8), 0, 8)
+            return None
+        small, big, sync, legal = np.ones(4), np.ones(40000), np.ones(4), np.ones(4)
+        reqs = [comm.Isend(small, 1, 1)]  # (line J)
+        small[0] = 2.0
+        reqs.append(comm.Isend(big, 1, 2))  # past CHECK_BYTES: sampled (line K)
+        big[20000:] = 3.0
+        reqs.append(comm.Issend(sync, 1, 3))
+        reqs[-1].Wait()
+        sync[:] = 4.0  # after its Wait: right
+        persistent = comm.Send_init(legal, 1, 4)
+        persistent.Start()  # (line L)
+        legal[1] = 5.0
+        persistent.Wait()  # (line M)
+        persistent.Start()  # the buffer's contents when started are sent: right
+        persistent.Wait()
+        persistent.Free()
+        kept = np.ones(4)
+        comm.Isend(kept, 1, 6).Free()
+        kept[0] = 6.0  # freed: MPI forbids it all the same, but the program alone knows when the send is done
+        vector = MPI.DOUBLE.Create_vector(4, 1, 2).Commit()
+        strided = np.ones(8)
+        req = comm.Isend([strided, 1, vector], 1, 7)  # (line N)
+        strided[1] = 7.0  # between the vector's items: no part of the message
+        strided[2] = 7.0
+        req.Wait()
+        vector.Free()
+        pair = np.ones(8)
+        both = comm.Isendrecv(pair, 1, 8, np.zeros(8), 1, 9)  # (line O)
+        pair[7] = 8.0
+        MPI.Request.Waitall(reqs[:2])  # (line P)
+        while not both.Test():  # (line Q)
+            pass
+        return None
+
+    done = _run(body)
+    at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+          for mark in "JKLMNOPQ" if line.endswith(f"(line {mark})")}
+    rule = "MPI forbids changing a send buffer until then; the receiver may get the old contents, the new or a mix"
+    assert done.rewritten == (
+        f"rank 0 wrote into the buffer of its Isend to rank 1 (tag 1) at {at['J']} before the send completed "
+        f"(Waitall at {at['P']}): {rule}",
+        f"rank 0 wrote into the buffer of its Isend to rank 1 (tag 2) at {at['K']} before the send completed "
+        f"(Waitall at {at['P']}): {rule}",
+        f"rank 0 wrote into the buffer of its Send_init (started) to rank 1 (tag 4) at {at['L']} before the send "
+        f"completed (Wait at {at['M']}): {rule}",
+        f"rank 0 wrote into the buffer of its Isend to rank 1 (tag 7) at {at['N']} before the send completed "
+        f"(Wait at {at['N'][:-2]}{int(at['N'][-2:]) + 3}): {rule}",
+        f"rank 0 wrote into the buffer of its Isendrecv to rank 1 (tag 8) at {at['O']} before the send completed "
+        f"(Test at {at['Q']}): {rule}")

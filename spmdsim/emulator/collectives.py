@@ -475,10 +475,13 @@ class BufferCollectives:
     # -- nonblocking: posted and completed at once (see the module docstring) --------------------
 
     def _posted(self, method: Callable, *args: Any) -> Any:
-        from ..sim.p2p import completed
+        """The nonblocking form of `method` (Allreduce: Iallreduce): run now, its request noted until the
+        program completes it (a warning names one it never completes: spmdsim.sim.requests.noted)."""
+        from ..sim.requests import completed, noted
 
         method(*args)
-        return completed(self._group, self._me)
+        name = method.__name__
+        return noted(completed(self._group, self._me), f"I{name[:1].lower()}{name[1:]}", self._group, self._me)
 
     def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Alltoallw, sendbuf, recvbuf)

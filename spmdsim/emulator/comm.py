@@ -216,9 +216,9 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     Dup_with_info = Dup
 
     def Idup(self, info: Any = None) -> tuple:
-        from ..sim.requests import completed
+        from ..sim.requests import completed, noted
 
-        return self.Dup(info), completed()
+        return self.Dup(info), noted(completed(), "Idup", self._group, self._me)  # a warning if never completed
 
     Idup_with_info = Idup
 

@@ -70,7 +70,9 @@ class SimMessage:
             self._send = None
         if send is None:
             mpi = mpi_module()
-            text = f"{call}: the message is MPI.MESSAGE_NULL (received already, or never probed)"
+            # MPICH names the MPI call: MPI_Mrecv for Recv and recv, MPI_Imrecv for Irecv and irecv
+            text = (f"{call} (MPI_{'Imrecv' if call[0] in 'Ii' else 'Mrecv'}): the message is MPI.MESSAGE_NULL "
+                    f"(received already, or never probed)")
             if mpi is not None:
                 raise mpi_error(mpi, mpi.ERR_REQUEST, text)
             raise ValueError(text)
@@ -81,15 +83,18 @@ class SimMessage:
 
     def _irecv(self, buf: Any, call: str, defer: bool) -> Request:
         """Irecv (`call`: the program's); `defer` as spmdsim.sim.p2p.post_recv's (the blocking Recv's: none)."""
-        send = self._take(call)
-        if send is _NO_PROC:
+        if self._send is _NO_PROC:  # any buffer, as mpi4py's
+            self._take(call)
             return completed(kind="recv-null")
+        from ..sim._buffers import message
         from .derived import may_be_derived, unpacking
         from .typemap import mapped
 
+        # the buffer first, as mpi4py reads it before MPI_Mrecv: one refused leaves the message to receive
         mapped(buf, "Recv buffer")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)
-        return receive_matched(send, into, unpack, defer)
+        message(into, "receive buffer", readonly=False)
+        return receive_matched(self._take(call), into, unpack, defer)
 
     def Recv(self, buf: Any, status: Any = None) -> None:
         self._irecv(buf, "Recv", False).Wait(status)

@@ -18,8 +18,9 @@ statuses, each ``sys.exit`` code as the OS reports a process's (its low 8 bits: 
 spmdsim.sim.run.exit_status). Where MPI would hang or abort, one report (docs/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
-it and its traceback from the program on (exit 1); messages never received
-and requests never completed (no Wait or Test) are warnings.
+it and its traceback from the program on (exit 1); messages never received,
+requests never completed (no Wait or Test) and send buffers written before their
+send completed are warnings.
 """
 from __future__ import annotations
 
@@ -458,8 +459,9 @@ def run(n: int, command: Sequence[str]) -> int:
         vars(rc).clear()
         vars(rc).update(saved_rc)
     # MPI leaves unreceived messages undefined (MPICH drops a small one without a word), and requires every
-    # request to be completed or freed (MPICH: "Builtin communicator 44000000 has pending 1 references")
-    for lines in (codes.unreceived, codes.uncompleted):
+    # request to be completed or freed (MPICH: "Builtin communicator 44000000 has pending 1 references"), and
+    # forbids writing a send buffer until its send completes (MPICH says nothing)
+    for lines in (codes.unreceived, codes.uncompleted, codes.rewritten):
         if lines:
             more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
             print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(lines[:3])}{more}", file=sys.stderr)

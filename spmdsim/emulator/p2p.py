@@ -60,22 +60,27 @@ class PointToPoint:
     # spmdsim.sim.requests.noted); the blocking calls, which complete theirs at once, post through _isend, _irecv.
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return noted(self._isend(buf, dest, tag, "standard"), "Isend")
+        return noted(self._isend(buf, dest, tag, "standard", True), "Isend")
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return noted(self._isend(buf, dest, tag, "buffered"), "Ibsend")
+        return noted(self._isend(buf, dest, tag, "buffered", True), "Ibsend")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return noted(self._isend(buf, dest, tag, "synchronous"), "Issend")
+        return noted(self._isend(buf, dest, tag, "synchronous", True), "Issend")
 
     def Irsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return noted(self._isend(buf, dest, tag, "standard"), "Irsend")
+        return noted(self._isend(buf, dest, tag, "standard", True), "Irsend")
 
-    def _isend(self, buf: Any, dest: int, tag: int, mode: str) -> Request:
+    def _isend(self, buf: Any, dest: int, tag: int, mode: str, watch: Any = False) -> Request:
+        """A send; with `watch` (the program's nonblocking send) its completion checks that the program did not
+        write into the buffer since (spmdsim.sim.p2p.rewritten)."""
         if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, _BLOCKING[mode])
-        buf = packed(buf) if may_be_derived(buf) else buf
-        return post_send(self._group, self._me, dest, tag, buf, mode=mode)
+        if may_be_derived(buf):
+            given, buf = buf, packed(buf)
+            if watch and buf is not given:  # a derived datatype's: compared packed again
+                watch = lambda: packed(given)[0]  # noqa: E731
+        return post_send(self._group, self._me, dest, tag, buf, mode=mode, watch=watch or None)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """The message lands in `buf` when the request completes (Wait, Test, ...): read before, `buf` holds what
@@ -115,7 +120,7 @@ class PointToPoint:
             raise _no_buffer("Recv")  # before the send is posted: mpi4py reads both messages before MPI sends
         if source != special("PROC_NULL"):
             mapped(recvbuf, "Recv buffer")
-        send = self._isend(sendbuf, dest, sendtag, "standard")
+        send = self._isend(sendbuf, dest, sendtag, "standard", defer)  # Isendrecv's (`defer`): its buffer watched
         recv = self._irecv(recvbuf, source, recvtag, defer)
         both = Request(None, self._me, "sendrecv")
         both.null, both.parts = False, (send, recv)

@@ -26,7 +26,7 @@ from ..sim.engine import Group
 from ..sim.p2p import _check_peer, _check_tag, _remove
 from .typemap import message
 from ..sim.request_sets import Polled
-from ..sim.requests import Request, rank_name
+from ..sim.requests import Request, noted, rank_name
 from .p2p import ANY_SOURCE, ANY_TAG, _any
 from .persistent import Prequest
 from .._lazy import numpy_on_first_use
@@ -124,6 +124,8 @@ class Partitioned(Prequest):
                 self.delivered = [False] * send.partitions
                 if send.rounds == self.rounds and send.parts:
                     channel.started()
+        # until a Wait or Test completes it (a warning if never)
+        noted(self, f"{'Psend_init' if self.side == 'send' else 'Precv_init'} (started)")
 
     start = Start
 

@@ -48,8 +48,12 @@ class Prequest(Request):
         if self.parts:
             raise mpi_error(mpi, mpi.ERR_REQUEST, "Start: the persistent request is active (started and not "
                                                   "completed by a Wait or Test)")
-        self.parts = (self.post(),)
-        noted(self, f"{self.call} (started)")  # until a Wait or Test completes it (a warning if never)
+        part = self.post()
+        self.parts, where = (part,), ()
+        if part.noted is not None:  # a collective's nonblocking call noted its request: this one stands for it
+            where = part.noted.pop(id(part))[4:]  # its communicator and rank
+            part.noted = None
+        noted(self, f"{self.call} (started)", *where)  # until a Wait or Test completes it (a warning if never)
 
     start = Start
 
@@ -82,15 +86,17 @@ def _point_to_point(call: str, mode: str) -> Callable:
     """A persistent send (`call`'s, in send mode `mode`): its rank and tag checked when made, as MPICH's
     MPI_Send_init checks them (an invalid rank is MPI's error there, not at Start)."""
 
+    name = f"{call[1].upper()}{call[2:]}_init"  # Isend: Send_init
+
     def init(self: Any, buf: Any, dest: int, tag: int = 0) -> Prequest:
         dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
         _check_peer(self._group, dest, "dest")
         _check_tag(tag, "send tag")
         if dest != special("PROC_NULL"):
-            mapped(buf, f"{call[1:]}_init buffer")  # read when made, as mpi4py reads it
-        return Prequest(lambda: self._isend(buf, dest, tag, mode), f"{call[1:]}_init")
+            mapped(buf, f"{name} buffer")  # read when made, as mpi4py reads it
+        return Prequest(lambda: self._isend(buf, dest, tag, mode, True), name)
 
-    init.__name__ = init.__qualname__ = f"{call[1:]}_init"
+    init.__name__ = init.__qualname__ = name
     init.__doc__ = f"A persistent request whose Start calls {call} with these arguments (checked now)."
     return init
 
@@ -98,7 +104,7 @@ def _point_to_point(call: str, mode: str) -> Callable:
 def _persistent(call: str) -> Callable:
     def init(self: Any, *args: Any, **kwargs: Any) -> Prequest:
         start = getattr(self, call)
-        return Prequest(lambda: start(*args, **kwargs))
+        return Prequest(lambda: start(*args, **kwargs), f"{call[1:2].upper()}{call[2:]}_init")
 
     init.__name__ = init.__qualname__ = f"{call[1:]}_init"
     init.__doc__ = f"A persistent request whose Start calls {call} with these arguments."

@@ -371,8 +371,12 @@ class World(RankThreads):
         # `wait` then reads the waiting rank's setting; False, as most runs, it reads nothing
         self.watched = False
         self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.sim.p2p.unreceived)
-        # id -> (request, call, file, line): the program's nonblocking requests not yet completed (requests.noted)
+        # id -> (request, call, file, line, group, rank): the program's nonblocking requests not yet completed, in
+        # the order posted (requests.noted; group and rank: a nonblocking collective's)
         self.posted: dict[int, tuple] = {}
+        # (world rank, post number, text): the program's nonblocking sends whose buffer it wrote into before the
+        # send completed (spmdsim.sim.p2p.rewritten)
+        self.rewritten: list[tuple] = []
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
         self.slots = run_slots(size)

@@ -24,6 +24,7 @@ once; so do the blocking calls (Recv, Sendrecv) and spmdsim's own transfers.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 from typing import Any, Optional
@@ -32,13 +33,13 @@ from ..errors import ShapeError
 from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .request_sets import Polled
-from .requests import Request, completed, fill_status, rank_name
+from .requests import _SPMDSIM, Request, completed, fill_status, rank_name
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived", "probe", "receive_matched",
-           "land", "uncompleted"]
+           "land", "uncompleted", "rewrites"]
 
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
@@ -46,6 +47,10 @@ EAGER_BYTES = 8 << 10
 #: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
 #: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
 TAG_UB = (1 << 29) - 1
+
+#: Numbers the messages and receives as they are posted (Request.seq; each rank posts its own in turn, so a
+#: rank's are numbered in its order): the warnings when the ranks end list them by rank, then in that order.
+_POSTED = itertools.count()
 
 
 def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
@@ -82,8 +87,10 @@ def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
 
 
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
-              mode: str = "standard") -> Request:
-    """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
+              mode: str = "standard", watch: Any = None) -> Request:
+    """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`). `watch`: a program's
+    nonblocking send, whose buffer its completion compares with what it held now (`watched`): True for a plain
+    buffer, or for a derived datatype's (`buf` its packed bytes) a function packing the program's buffer again."""
     if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or not 0 <= tag <= TAG_UB:
         # as mpi4py converts them (a float truncated: a send to rank ``size / 2`` goes to rank 1 of 2, as in
         # mpi4py's demo osu_multi_lat.py), then the checks and MPI.PROC_NULL: a plain rank and tag skip them
@@ -101,9 +108,10 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
         else:  # a byte buffer (osu_bw's) as it is: a view costs as much as the rest of the slicing
             payload = data[:count] if data.dtype.char == "B" else data[:count].view(np.uint8)
     send = Request(group, me, "send", dest, tag)
-    send.payload, send.mode, send.own = payload, mode, buf is None
+    send.payload, send.mode, send.own, send.seq = payload, mode, buf is None, next(_POSTED)
     world = group.world
     wild = wildcards()
+    copy = None
     with world.lock:
         world.check(group.members[me])
         recvs = group.recvs
@@ -113,15 +121,79 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
                 break
         else:
             if mode == "buffered" or (mode == "standard" and payload.nbytes < EAGER_BYTES):
-                send.payload = payload.copy()  # the sender may reuse its buffer now
+                copy = send.payload = payload.copy()  # the sender may reuse its buffer now
                 send.done = True
             group.sends.append(send)
             world.moves += 1  # a poll of a probe may find it now: not stuck
             if group.probes:
                 _wake_probes(group, send)
-            return send
-    _deliver(send, other)
+            other = None
+    if other is not None:
+        copy = _deliver(send, other)
+    if watch is not None:
+        # the program's buffer as it is now (no line of the program ran since the post): its bytes, or a sample
+        # of them, which the send's completion compares (`rewritten`); a copy made already serves
+        if watch is True:
+            send.watch = (copy if copy is not None and copy.nbytes <= CHECK_BYTES else
+                          payload.copy() if payload.nbytes <= CHECK_BYTES else _sample(payload), payload)
+        else:  # a derived datatype's: its packed bytes, and how to pack them again
+            send.watch = (payload, watch)
     return send
+
+
+#: A program's nonblocking send of up to this many bytes is compared whole at its completion with what its buffer
+#: held when posted; a larger one at SAMPLES bytes spread over it and the first and last EDGE bytes (a few bytes
+#: changed between those go unseen), so that the check costs little beside the message (spmdsim.sim.p2p.rewritten).
+CHECK_BYTES = 64 << 10
+SAMPLES, EDGE = 4096, 4096
+
+
+def _sample(view: Any) -> Any:
+    """`view`'s bytes (a copy) up to CHECK_BYTES; past that the first and last EDGE and SAMPLES spread between."""
+    n = view.nbytes
+    if n <= CHECK_BYTES:
+        return view.copy()
+    return np.concatenate((view[:EDGE], view[EDGE:n - EDGE:max(1, (n - 2 * EDGE) // SAMPLES)], view[n - EDGE:]))
+
+
+def rewritten(send: Request, watch: tuple, call: str, file: Optional[str], line: Optional[int]) -> None:
+    """The program completed `send`, which its nonblocking `call` at `file`:`line` posted (Wait, a Test that
+    returned true, ...): if the buffer's bytes differ from those it held when posted (`watch`, which was
+    Request.watch), note it in the world's `rewritten` (a warning when the ranks end). MPI: "the sender should
+    not modify any part of the send buffer after a nonblocking send operation is called, until the send
+    completes"; what the receiver gets is then undefined (here, as under MPICH on one node: a message under
+    EAGER_BYTES as it was when sent, a larger one as it was when its receive took it)."""
+    then, now = watch
+    if callable(now):  # a derived datatype's: packed again
+        same = np.array_equal(then, now())
+    elif now.nbytes <= CHECK_BYTES:
+        same = then.tobytes() == now.tobytes()
+    else:
+        same = np.array_equal(then, _sample(now))
+    if same:
+        return
+    import sys
+
+    frame, caller = sys._getframe(1), None  # the program's line, and the call it made (Wait, Waitall, ...)
+    while frame is not None and frame.f_code.co_filename.startswith(_SPMDSIM):
+        frame, caller = frame.f_back, frame
+    done = caller.f_code.co_name if caller is not None else "its completion"
+    if frame is not None:
+        done += f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    group = send.group
+    world = group.world
+    where = "" if group is world.root else f" on {group.label()}"
+    at = f" at {os.path.basename(file)}:{line}" if file else ""
+    world.rewritten.append((group.members[send.me], send.seq, (
+        f"{rank_name(group, send.me)} wrote into the buffer of its {call} to {rank_name(group, send.peer)} (tag "
+        f"{send.tag}){where}{at} before the send completed ({done}): MPI forbids changing a send buffer until "
+        f"then; the receiver may get the old contents, the new or a mix")))
+
+
+def rewrites(world: Any) -> tuple[str, ...]:
+    """The program's nonblocking sends whose buffer it wrote into before the send completed (`rewritten`), by
+    rank, then in the order posted."""
+    return tuple(text for _, _, text in sorted(world.rewritten))
 
 
 def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None,
@@ -144,7 +216,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
-    recv.unpack, recv.room, recv.given, recv.defer = unpack, room, given, defer
+    recv.unpack, recv.room, recv.given, recv.defer, recv.seq = unpack, room, given, defer, next(_POSTED)
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -161,10 +233,11 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
     return recv
 
 
-def _deliver(send: Request, recv: Request) -> None:
+def _deliver(send: Request, recv: Request) -> Any:
     """Match `send` with `recv`: the receive's source, tag, byte count and truncation error now; its bytes land
     now (outside the lock), or, for a receive that defers, when it completes (`land`); then complete both
-    requests and wake their owners."""
+    requests and wake their owners. Returns the copy of the whole message it made for a deferring receive
+    (post_send's check of the buffer keeps it), else None."""
     recv.source, recv.got_tag = send.me, send.tag
     payload = send.payload
     n = payload.nbytes
@@ -184,20 +257,21 @@ def _deliver(send: Request, recv: Request) -> None:
     world = group.world
     if recv.defer and (recv.buf is not None or isinstance(recv.given, memoryview)):
         # held until the receive completes; a copy if they are the sender's buffer (its send completes now)
-        held = payload if send.done or send.own else payload[:recv.nbytes].copy()
+        held = copy = payload if send.done or send.own else payload[:recv.nbytes].copy()
         with world.lock:  # its owner stops deferring under the lock (a Wait for it, a Free)
             if recv.defer:
                 recv.held, held = held, None
         if held is not None:
             _land(recv, held)
     else:
-        _land(recv, payload)
+        _land(recv, copy := payload)
     with world.lock:
         send.done = recv.done = True
         send.payload = None
         world.moves += 1
         world.release(group.members[send.me], send)
         world.release(group.members[recv.me], recv)
+    return copy if copy is not payload and copy.nbytes == payload.nbytes else None
 
 
 def _land(recv: Request, payload: Any) -> None:
@@ -280,48 +354,51 @@ def cancel(req: Request) -> None:
 def unreceived(world: Any) -> tuple[str, ...]:
     """The messages sent and never received, and the receives posted and never matched, once the
     ranks ended ('rank 0 to rank 1 (tag 3, 20 bytes)'): MPI leaves them undefined (MPICH drops a
-    small one at MPI_Finalize without a word)."""
-    lines = []
+    small one at MPI_Finalize without a word). By the world rank of the sender (of a message) or the
+    receiver (of a receive), then in the order that rank posted them, every run alike."""
+    found = []
     with world.lock:
-        for group in list(world.groups):
+        for group in list(world.groups):  # a WeakSet, in no set order: sorted below
             where = "" if group is world.root else f" on {group.label()}"
-            lines += [f"a message from {rank_name(group, s.me)} to {rank_name(group, s.peer)} (tag {s.tag}, "
-                      f"{s.payload.nbytes} bytes){where} was never received" for s in group.sends]
-            lines += [f"a receive of {rank_name(group, r.me)} from "
-                      f"{'any rank' if r.peer == special('ANY_SOURCE') else rank_name(group, r.peer)} "
-                      f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched"
+            found += [(group.members[s.me], s.seq, f"a message from {rank_name(group, s.me)} to "
+                       f"{rank_name(group, s.peer)} (tag {s.tag}, {s.payload.nbytes} bytes){where} was never "
+                       f"received") for s in group.sends]
+            found += [(group.members[r.me], r.seq, f"a receive of {rank_name(group, r.me)} from "
+                       f"{'any rank' if r.peer == special('ANY_SOURCE') else rank_name(group, r.peer)} "
+                       f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched")
                       for r in group.recvs]
-    return tuple(lines)
+    return tuple(line for _, _, line in sorted(found))
 
 
 def uncompleted(world: Any) -> tuple[str, ...]:
     """The program's nonblocking requests never completed (no Wait, Test, ... nor Free) once the ranks ended,
-    by rank, each as it was posted ('an Irecv of rank 1 from rank 0 (tag 3) at prog.py:7 was never completed
-    (no Wait or Test)'): MPI requires each to be completed or freed (MPICH's MPI_Finalize says only "Builtin
-    communicator 44000000 has pending 1 references"); a receive's message, if one came, never reached its
-    buffer."""
-    lines = []
-    noted = sorted(world.posted.values(), key=lambda n: _owner_rank(n[0]))  # stable: each rank's in posted order
-    for req, call, file, line in noted:
-        part = req._shown()
-        group = part.group
-        if group is None:
-            continue
+    by rank, each rank's in the order it posted them, each as it was posted ('an Irecv of rank 1 from rank 0
+    (tag 3) at prog.py:7 was never completed (no Wait or Test)'; a nonblocking collective's: 'an Ibarrier of
+    rank 1 at prog.py:9 ...'): MPI requires each to be completed or freed (MPICH's MPI_Finalize says only
+    "Builtin communicator 44000000 has pending 1 references"); a receive's message, if one came, never
+    reached its buffer."""
+    found = []
+    for req, call, file, line, group, me in list(world.posted.values()):  # in posted order
+        part = req._shown() if group is None else None
+        if part is not None:
+            group, me = part.group, part.me
+            if group is None:
+                continue
         where = "" if group is world.root else f" on {group.label()}"
-        peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
-        tag = "any" if part.tag == special("ANY_TAG") else part.tag
-        way = "from" if part.kind == "recv" else "to"
         at = f" at {os.path.basename(file)}:{line}" if file else ""
         article = "an" if call[:1] in "AEIOUaeiou" else "a"
-        lost = ": the message it matched never reached its buffer" if part.held is not None else ""
-        lines.append(f"{article} {call} of {rank_name(group, part.me)} {way} {peer} (tag {tag}){where}{at} was "
-                     f"never completed (no Wait or Test{lost})")
-    return tuple(lines)
-
-
-def _owner_rank(req: Request) -> int:
-    part = req._shown()
-    return part.group.members[part.me] if part.group is not None else -1
+        if part is None:  # a collective
+            what = f"{article} {call} of {rank_name(group, me)}{where}{at}"
+            lost = ""
+        else:
+            peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
+            tag = "any" if part.tag == special("ANY_TAG") else part.tag
+            way = "from" if part.kind.endswith("recv") else "to"
+            what = f"{article} {call} of {rank_name(group, me)} {way} {peer} (tag {tag}){where}{at}"
+            lost = ": the message it matched never reached its buffer" if part.held is not None else ""
+        found.append((group.members[me], len(found),
+                      f"{what} was never completed (no Wait or Test{lost})"))
+    return tuple(text for _, _, text in sorted(found))
 
 
 def _wake_probes(group: Group, send: Request) -> None:

@@ -33,7 +33,7 @@ class Request(ManyRequests):
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
                  "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
-                 "given", "own", "defer", "held", "noted", "__weakref__")
+                 "given", "own", "defer", "held", "noted", "seq", "watch", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
@@ -63,6 +63,9 @@ class Request(ManyRequests):
         self.defer = False
         self.held: Optional[np.ndarray] = None
         self.noted: Optional[dict] = None  # the world's requests of the program not yet completed (`noted`)
+        # a program's nonblocking send: (what its buffer held when posted, the buffer), which its completion
+        # compares (spmdsim.sim.p2p.rewritten: MPI forbids writing the buffer until then)
+        self.watch: Optional[tuple] = None
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
 
@@ -290,13 +293,17 @@ class Request(ManyRequests):
         self._pause(token=Polled([self], call))
         return False
 
-    def _completed(self) -> None:
-        """The program completed (or freed) this request: no longer one it left pending (`noted`); a copy's
-        (MPI.Request(req)) completion is its original's."""
+    def _completed(self, finished: bool = True) -> None:
+        """The program completed (`finished`) or freed this request: no longer one it left pending (`noted`); a
+        copy's (MPI.Request(req)) completion is its original's. A send completed whose buffer the program wrote
+        into since it posted it is noted for a warning (spmdsim.sim.p2p.rewritten; freed, it is not checked:
+        the program learns of the send's completion otherwise)."""
         for req in (self, self.origin):
             if req is not None and req.noted is not None:
-                req.noted.pop(id(req), None)
+                entry = req.noted.pop(id(req), None)
                 req.noted = None
+                if req.watch is not None or req.parts:  # a send, or a request of parts (a receive: neither)
+                    _sent(req, finished and entry)
 
     def _peek(self, status: Any) -> None:
         """Fill `status` for a done request as its completion will (it stays active); a deferring receive's
@@ -333,12 +340,35 @@ class Request(ManyRequests):
         """Free unless null (mpi4py's free: nothing on a null handle)."""
         self.null = True
         if self.noted is not None or self.origin is not None:
-            self._completed()
+            self._completed(False)
         for part in (*self.parts, self):  # a freed receive still completes: its message lands when it arrives
             if part.defer:
                 from .p2p import let_land
 
                 let_land(part)
+
+def _sent(req: Request, entry: Any) -> None:
+    """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in
+    World.posted: completed, not freed) one whose buffer changed since posted is noted (p2p.rewritten)."""
+    for part in (req, *req.parts):
+        watch = part.watch
+        if watch is not None:
+            part.watch = None
+            if entry and not (watch[1].__class__ is np.ndarray and watch[1].nbytes == watch[0].nbytes
+                              and watch[0].tobytes() == watch[1].tobytes()):  # unchanged: a small one's bytes
+                _p2p().rewritten(part, watch, *entry[1:4])
+
+
+def _p2p() -> Any:
+    """spmdsim.sim.p2p (which imports this module: imported at the first use, then kept)."""
+    global _P2P
+    if _P2P is None:
+        from . import p2p as _P2P
+    return _P2P
+
+
+_P2P: Any = None
+
 
 def _null_request(call: str) -> None:
     """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
@@ -363,18 +393,22 @@ def _copy_of(req: Request, other: Any) -> None:
         raise TypeError(f"expected a Request, got {type(other).__name__}")
 
 
-def noted(req: Request, call: str) -> Request:
+def noted(req: Request, call: str, group: Optional[Group] = None, me: int = 0) -> Request:
     """`req`, which the program's nonblocking `call` (Isend, Irecv, Start, ...) made, kept in its world's
     `posted` with the program line that made it until a Wait, Test, ... completes it or Free frees it: one
-    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted)."""
-    owner = req if req.group is not None else next((p for p in req.parts if p.group is not None), None)
-    if owner is None:  # MPI.PROC_NULL's: complete already
-        return req
+    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted). `group` and `me`: a
+    nonblocking collective's communicator and rank (its request, complete at once, has none)."""
+    if group is None:
+        owner = req if req.group is not None else next((p for p in req.parts if p.group is not None), None)
+        if owner is None:  # MPI.PROC_NULL's: complete already
+            return req
+        posted = req.noted = owner.group.world.posted
+    else:
+        posted = req.noted = group.world.posted
     frame = sys._getframe(2)  # the call's caller: the program's line (or, past spmdsim's frames, the first)
     while frame is not None and frame.f_code.co_filename.startswith(_SPMDSIM):
         frame = frame.f_back
-    posted = req.noted = owner.group.world.posted
-    posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno)
+    posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno, group, me)
     return req
 
 

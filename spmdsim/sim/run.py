@@ -41,7 +41,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     and debug settings: a copy of this process's as simulate() starts (spmdsim.runtime.debug;
     configure() on a simulated rank changes that rank's alone, as on an MPI rank).
     The list's `unreceived` names the messages sent and never received (MPI leaves them undefined), its
-    `uncompleted` the program's nonblocking requests (Isend, Irecv, ...) never completed by a Wait or Test.
+    `uncompleted` the program's nonblocking requests (Isend, Irecv, ...) never completed by a Wait or Test, its
+    `rewritten` the nonblocking sends whose buffer the program wrote into before the send completed.
 
     With ``dry_run=True`` (up to MAX_DRY_RANKS) one rank runs for all with shapes but no
     data (spmdsim.sim.dry): the list holds its result `n` times and has a ``report`` of
@@ -69,10 +70,14 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
 class Results(list):
     """The per-rank results of a simulation, with `unreceived`: the point-to-point messages sent and
     never received, and receives never matched, when the ranks ended (spmdsim.sim.p2p.unreceived); and
-    `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.sim.p2p.uncompleted)."""
+    `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.sim.p2p.uncompleted);
+    and `rewritten`: its nonblocking sends whose buffer it wrote into before the send completed
+    (spmdsim.sim.p2p.rewritten). Each lists by world rank, then in the order that rank posted them (the same
+    every run)."""
 
     unreceived: tuple = ()
     uncompleted: tuple = ()
+    rewritten: tuple = ()
 
 
 class DryRunResults(list):
@@ -163,11 +168,12 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     _raise_failure(engine, size)
     if exited:
         raise _exit_of(exited, size)
-    from .p2p import uncompleted, unreceived
+    from .p2p import rewrites, uncompleted, unreceived
 
     done = Results(results)
     done.unreceived = unreceived(engine)
     done.uncompleted = uncompleted(engine)
+    done.rewritten = rewrites(engine)
     return done
 
 
