@@ -157,6 +157,19 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
                                                      for r in range(3))
 
 
+def test_spmdsim_mpirun_takes_the_module_and_code_forms_its_help_offers(tmp_path, capsys, monkeypatch):
+    # `--help` offers "[python] -m module": `spmdsim mpirun -n 2 -m mod` said "unrecognized arguments: -m"
+    # (argparse took the program's -m, and -c, for mpirun's own flags); `python -m mod` alone worked.
+    (tmp_path / "hello_mod.py").write_text("from mpi4py import MPI\nprint('module rank', MPI.COMM_WORLD.rank)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["mpirun", "-n", "2", "-m", "hello_mod"]) == 0
+    assert sorted(capsys.readouterr().out.splitlines()) == ["module rank 0", "module rank 1"]
+    assert main(["mpirun", "--np", "2", "--oversubscribe", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["2", "2"]
+    assert main(["mpirun", "-m", "hello_mod", "-n", "2"]) == 2  # -n after the program: its own, said so
+    assert "-n N goes before the program" in unfold(capsys.readouterr().err)
+
+
 def test_a_folder_or_zip_with_main_and_a_module_not_found_run_as_python_runs_them(tmp_path, capsys):
     """`python folder` and `python file.zip` run their __main__.py (sys.path[0] the folder or zip), as python and
     mpiexec do: it said "script 'folder' does not exist" (exit 2). `-m no_such_mod` and a folder without

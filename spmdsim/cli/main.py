@@ -68,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A command named first loads its own module only: the others' imports (the planner, the cost model)
     # took most of a short `spmdsim mpirun` program's start.
     parser = _parser(tuple(words[:1]) if words[:1] and words[0] in SUBCOMMANDS else SUBCOMMANDS)
-    args, extra = parser.parse_known_args(argv)
+    if words[:1] == ["mpirun"]:
+        words = _mpirun_words(words)
+    args, extra = parser.parse_known_args(words)
     if extra:
         # argparse reports flags a subcommand does not know with the top-level usage;
         # the subcommand's own usage says which flags it takes.
@@ -96,6 +98,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop_stdout()
         print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
         return 1
+
+
+def _mpirun_words(words: list) -> list:
+    """`spmdsim mpirun -n 2 -m module ARGS` (or `-c CODE`), as `--help` offers it: a `--` put before the
+    program's `-m`/`-c`, which argparse took for mpirun's own unknown flags ("unrecognized arguments: -m")."""
+    at = 1
+    while at < len(words):
+        word = words[at]
+        if word in ("-n", "-np", "--np"):
+            at += 2
+        elif word == "--oversubscribe" or word.startswith(("-n", "--np=")) and word not in ("-m", "-c"):
+            at += 1
+        else:
+            break
+    if at < len(words) and words[at] in ("-m", "-c"):
+        return words[:at] + ["--"] + words[at:]
+    return words
 
 
 #: Commands that never use MPI: under a launcher rank 0 alone runs them (`main`); autoshard is one without --run.
