@@ -65,9 +65,10 @@ def c_order(a: Any) -> Any:
     dry zeros have no page written (the real run's copy is as large, and as new a block); a smaller copy keeps
     its values, as the dry engine's small results do. ``a.copy()``, not np.ascontiguousarray: a captured step
     records a traced block's copy (spmdsim.runtime.replay)."""
-    engine = current().engine
-    if engine.dry and a.nbytes >= DRY_VALUES_BYTES:
-        return engine.local(_copy, a, a)
+    if a.nbytes >= DRY_VALUES_BYTES:  # (a smaller block, most an eager step moves: no engine asked)
+        engine = current().engine
+        if engine.dry:
+            return engine.local(_copy, a, a)
     return a.copy()
 
 
