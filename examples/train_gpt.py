@@ -78,8 +78,9 @@ parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
                     help="activation recomputation: the attention core (selective) or each block (full)")
-parser.add_argument("--zero", default="0", metavar="{0,1}",
-                    help="1: ZeRO-1, AdamW's states and master copy sharded over dp (docs/training.md)")
+parser.add_argument("--zero", default="0", metavar="{0,1,2}",
+                    help="1: ZeRO-1, AdamW's states and master copy sharded over dp; 2: ZeRO-2, the gradients "
+                         "too (docs/training.md)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
@@ -171,7 +172,8 @@ def main(args):
                   f"{v}; gradients accumulated, reduced once per step")
         if args.recompute != "none" or zero or args.kept != "graph":
             print(f"memory: recompute {args.recompute}"
-                  + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else "")
+                  + ({1: "; ZeRO-1 (states and master copy sharded over dp)",
+                      2: "; ZeRO-2 (states, master copy and gradients sharded over dp)"}.get(zero, ""))
                   + ("; Megatron's kept set" if args.kept == "megatron" else ""))
         if args.precision != "fp64":
             from spmdsim.precision import precision

@@ -83,9 +83,9 @@ parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default=None,
                     help="write Megatron's parameter layouts in this dialect (read back by spmdsim.dialects: the same "
                          "layouts; default: spmdsim's own)")
-parser.add_argument("--zero", default="0", metavar="{0,1}",
+parser.add_argument("--zero", default="0", metavar="{0,1,2}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
-                         "experts' over dp (docs/experts.md)")
+                         "experts' over dp (docs/experts.md); 2: ZeRO-2, the gradients too")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy (docs/training.md): bf16-mixed computes in bfloat16, the router in "
                          "float32 (docs/experts.md)")

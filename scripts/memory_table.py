@@ -26,10 +26,15 @@ import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.autograd.kept import KEPT
-from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, ZERO, korthikanti_bytes, per_layer_units
+from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, korthikanti_bytes, per_layer_units
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import train
 from spmdsim.precision import PRESETS, precision_problem
+
+
+#: The ZeRO stages the table measures: 0 and 1 (ZeRO-2 is ZeRO-1 with the gradients at 1/dp: docs/training.md,
+#: "ZeRO-2", quotes its run beside ZeRO-1's).
+TABLED = (0, 1)
 
 
 def measured(cfg: GPTConfig, ids, dp: int, tp: int, recompute: str, zero: int, dry: bool, kept: str = "graph",
@@ -77,7 +82,7 @@ def main() -> int:
     width = policy.dtype("activation").itemsize  # each kept value's bytes: 8 at fp64, 2 at bf16-mixed
     stat = 4 if policy.low else width  # a layer norm's row statistics: float32 beside bfloat16 values (Apex's)
     reports = {(r, z): measured(cfg, ids, dp, tp, r, z, args.dry_run, args.kept, args.precision)
-               for r in RECOMPUTE for z in ZERO}
+               for r in RECOMPUTE for z in TABLED}
     print(f"GPT {cfg.layers} layers, d_model {h}, {a} heads, seq {s}, batch {cfg.batch}; dp {dp} x tp {tp} "
           f"with sp; rank 0, bytes{' (dry run)' if args.dry_run else ''}{'; kept megatron' if megatron else ''}"
           f"{'' if args.precision == 'fp64' else '; precision ' + args.precision}")

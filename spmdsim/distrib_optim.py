@@ -39,6 +39,15 @@ gradients' buffer (each ``.grad`` becomes a view of it, the backward's block fre
 gathered parameters in step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
 the summed slice (step 3's result, 4/d: Megatron reduces in place into its grad buffer, which MPI's
 Reduce_scatter here does not) and a group's scratch for the update are all it holds beside.
+
+ZeRO-2 (``shard_grads=True``, Rajbhandari et al. 2020's P_os+g; DeepSpeed's ``stage: 2``): the gradients
+sharded too. Each rank keeps only its 1/d slice of the summed gradients (step 3's result, between steps the
+gradients' only memory); the buckets share one flat buffer (the largest bucket's bytes: DeepSpeed's reduce
+bucket), into which step 2 packs one bucket at a time, its members' gradient blocks freed (``.grad`` None)
+before its Reduce_scatter, and step 5 gathers one bucket at a time. The arithmetic is ZeRO-1's (the same
+buckets, the same sums, the same update): the parameters are ZeRO-1's bit for bit. The backward still ends
+with every gradient whole (spmdsim's backward resolves the leaves' gradients when its walk ends), so the
+step's peak after the backward is ZeRO-1's; from the step on they are 1/d.
 """
 from __future__ import annotations
 
@@ -73,7 +82,8 @@ class _Bucket:
     padded: int = 0  # a multiple of dp
     start: int = 0  # this rank's slice [start, start + padded // dp)
     decayed: tuple = ()  # (a, b) slice-relative spans of decaying parameters
-    flat: Any = None  # the gradient buffer: the gradients going out, the parameters coming back
+    flat: Any = None  # the gradient buffer: the gradients going out, the parameters coming back (ZeRO-2: the
+    # buckets' one shared buffer, a bucket at a time)
     grad: Any = None  # this rank's slice of the summed gradients (the Reduce_scatter's result)
     master: Any = None
     m: Any = None
@@ -108,6 +118,9 @@ class DistributedAdamW(_Optimizer):
             each stage's optimizer over its own (dp, tp) mesh); None: `mesh` alone.
         clip_counted: the parameters whose squares this rank adds (default all), as clip_grad_norm_'s
             `counted` (a tied table both end stages hold counts on one of them).
+        shard_grads: ZeRO-2: keep only this rank's slice of the summed gradients (each bucket's gradient
+            blocks freed as it is packed for its Reduce_scatter; the buckets share one flat buffer); False:
+            ZeRO-1 (the flat buffer is the gradients', one a bucket).
 
     Each step wants every parameter's gradient pending over dp (``loss.backward(keep_pending=
     optimizer.params)``, then ``optimizer.step()``); `grad_slices()` gives the summed gradients this
@@ -117,8 +130,14 @@ class DistributedAdamW(_Optimizer):
     def __init__(self, params: Iterable[Any], mesh: Any, dp_axes: tuple = ("dp",), lr: float = 1e-3,
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None, bucket: Optional[int] = None,
-                 clip_grad: float = 0.0, clip_across: Any = None, clip_counted: Any = None) -> None:
+                 clip_grad: float = 0.0, clip_across: Any = None, clip_counted: Any = None,
+                 shard_grads: bool = False) -> None:
         super().__init__(params, lr)
+        if type(shard_grads) is not bool:
+            raise OperatorError(f"DistributedAdamW: shard_grads {shard_grads!r} must be True (ZeRO-2: gradients "
+                                "sharded) or False (ZeRO-1)")
+        self.shard_grads = shard_grads
+        self.stage = 2 if shard_grads else 1
         self.clip_across = clip_across
         self._counted = None if clip_counted is None else {id(p) for p in clip_counted}
         self.mesh = mesh
@@ -133,6 +152,7 @@ class DistributedAdamW(_Optimizer):
         self.axes = [tuple(a for a in self.dp_axes if a not in p.layout.split_axes) for p in self.params]
         self.buckets = self._buckets(bucket)
         self._dry = bool(mesh.engine.dry)
+        self._shared = self._shared_buffer() if shard_grads else None
         for b in self.buckets:
             self._allocate(b)
         # Clipping: the norm before clipping of the last clipped step (written by a kernel: a replayed step
@@ -220,6 +240,16 @@ class DistributedAdamW(_Optimizer):
                               if self.decays[i] and max(a, lo) < min(z, hi))
         return made
 
+    def _shared_buffer(self) -> Any:
+        """ZeRO-2's one flat buffer for every bucket, in turn: the largest bucket's bytes (zeros; a dry run's
+        take no pages)."""
+        nbytes = max((b.padded * b.wide.itemsize for b in self.buckets), default=0)
+        if self._dry:
+            from .sim.dry import zeros
+
+            return zeros((nbytes,), np.uint8)
+        return np.zeros(nbytes, np.uint8)
+
     def _allocate(self, b: _Bucket) -> None:
         """The flat buffer and this rank's slice buffers; the master copy from the parameters as they are.
         A dry run makes the two buffers its collectives need as zeros (no pages touched), and counts the
@@ -228,11 +258,14 @@ class DistributedAdamW(_Optimizer):
         if self._dry:
             from .sim.dry import zeros
 
-            b.flat, b.grad = zeros((b.padded,), b.wide), zeros((b.shard,), b.wide)
+            b.flat = zeros((b.padded,), b.wide) if self._shared is None else _narrow_view(self._shared, b.wide,
+                                                                                          b.padded)
+            b.grad = zeros((b.shard,), b.wide)
             if low:
                 b.params, b.rounded = _narrow_view(b.flat, b.dtype, b.padded), zeros((b.shard,), b.dtype)
             return
-        b.flat, b.grad = np.zeros(b.padded, b.wide), np.zeros(b.shard, b.wide)
+        b.flat = np.zeros(b.padded, b.wide) if self._shared is None else _narrow_view(self._shared, b.wide, b.padded)
+        b.grad = np.zeros(b.shard, b.wide)
         if low:  # gathered into the gradient buffer's bytes, as Megatron's grad buffer receives the params
             b.params, b.rounded = _narrow_view(b.flat, b.dtype, b.padded), np.zeros(b.shard, b.dtype)
         self._flatten_params(b)
@@ -248,16 +281,23 @@ class DistributedAdamW(_Optimizer):
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy", "buffers" (the summed gradients'
         slices, the update's scratch, and a bfloat16 parameter's rounded slice). The buckets' flat buffers are
-        the gradients' (`gradient_buffers`), not counted here."""
+        the gradients' (`gradient_buffers`), not counted here; under ZeRO-2 the summed slices are the gradients'
+        and the buckets' one shared flat buffer is counted here."""
         slices = sum(b.shard * b.wide.itemsize for b in self.buckets)
         scratch = sum(_gather_elements(b.shard) * b.wide.itemsize for b in self.buckets)
         low = sum(b.shard * b.dtype.itemsize for b in self.buckets if b.params is not None)
+        if self._shared is not None:  # ZeRO-2: the summed slices are the gradients; the shared flat buffer
+            return {"optimizer states": 2 * slices, "master copy": slices,
+                    "buffers": self._shared.nbytes + scratch + low}
         return {"optimizer states": 2 * slices, "master copy": slices, "buffers": slices + scratch + low}
 
     def gradient_buffers(self) -> tuple:
         """The buckets' flat buffers: the gradient buffer (Megatron's main_grad buffer) the step packs each
         parameter's gradient into, its ``.grad`` then a view of it, until the parameters are gathered into
-        it (after a step every ``.grad`` is None). A memory report counts them as gradients."""
+        it (after a step every ``.grad`` is None). A memory report counts them as gradients. Under ZeRO-2 the
+        summed slices, the only gradients a rank keeps after the step."""
+        if self._shared is not None:
+            return tuple(b.grad for b in self.buckets)
         return tuple(b.flat for b in self.buckets)
 
     def states_of(self, params: Iterable[Any]) -> int:
@@ -273,8 +313,12 @@ class DistributedAdamW(_Optimizer):
 
     def grads_of(self, params: Iterable[Any]) -> int:
         """The bytes of these parameters' gradients in the gradient buffers (their blocks' elements at the
-        gradients' width), whether or not a step has consumed them; a dry run's alike."""
+        gradients' width), whether or not a step has consumed them; under ZeRO-2 the parts of this rank's summed
+        slices; a dry run's alike."""
         wanted = {id(p) for p in params}
+        if self._shared is not None:
+            return sum(max(0, min(z, b.start + b.shard) - max(a, b.start)) * b.wide.itemsize for b in self.buckets
+                       for i, a, z in b.members if id(self.params[i]) in wanted)
         return sum((z - a) * b.wide.itemsize for b in self.buckets for i, a, z in b.members
                    if id(self.params[i]) in wanted)
 
@@ -326,13 +370,22 @@ class DistributedAdamW(_Optimizer):
         grads = self._grads()
         updated([p._ag for p in self.params])  # every block changes in place: older graphs may not be walked
         _kernel(_count_step)(self)
-        for b in self.buckets:
-            if not self._dry:
-                _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
-            self._into_buffer(b)
-        del grads  # the backward's gradient blocks: each leaf's .grad views the gradient buffer now
-        for b in self.buckets:
-            reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
+        label = f"zero-{self.stage}"
+        if self._shared is not None:  # ZeRO-2: a bucket at a time through the shared buffer, its blocks freed
+            for b in self.buckets:
+                if not self._dry:
+                    _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
+                for i, _, _ in b.members:
+                    grads[i] = self.params[i]._ag.grad = None
+                reduce_scatter(self.mesh, b.flat, b.axes, 0, label=f"{label} gradient bucket", out=b.grad)
+        else:
+            for b in self.buckets:
+                if not self._dry:
+                    _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
+                self._into_buffer(b)
+            del grads  # the backward's gradient blocks: each leaf's .grad views the gradient buffer now
+            for b in self.buckets:
+                reduce_scatter(self.mesh, b.flat, b.axes, 0, label=f"{label} gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
         elif _capturing():  # a replay takes no norm: refused if clip_grad is set later
@@ -360,7 +413,7 @@ class DistributedAdamW(_Optimizer):
                 sent, into = b.rounded, b.params
             else:
                 sent, into = b.master if not self._dry else b.grad, b.flat
-            allgather(self.mesh, sent, b.axes, 0, label="zero-1 parameter bucket", out=into)
+            allgather(self.mesh, sent, b.axes, 0, label=f"{label} parameter bucket", out=into)
             if not self._dry:
                 _kernel(_unpack)(into, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
         for p in self.params:  # their buffer holds the parameters now (Megatron's grad buffer likewise)

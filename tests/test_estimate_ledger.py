@@ -46,7 +46,7 @@ def _real(recompute: str, zero: int) -> list:
     return spmdsim.simulate(8, body)
 
 
-@pytest.mark.parametrize("recompute, zero", [("none", 0), ("selective", 1), ("full", 0), ("full", 1)])
+@pytest.mark.parametrize("recompute, zero", [("none", 0), ("selective", 1), ("full", 0), ("full", 1), ("none", 2)])
 def test_the_ledger_equals_a_real_run_of_the_same_step(recompute, zero):
     ledger = gpt_ledger(CFG, 2, 2, 2, sp=True, microbatches=2, recompute=recompute, zero=zero)
     assert [(s.stage, s.ranks) for s in ledger] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
@@ -66,6 +66,19 @@ def test_the_ledger_equals_a_real_run_of_the_same_step(recompute, zero):
     assert (ledger[0].flops("recompute") > 0) == (recompute != "none")
     assert (ledger[0].traffic("recompute") > 0) == (recompute != "none")
     assert ledger[0].traffic("optimizer") > 0
+
+
+def test_a_zero2_ledger_holds_gradients_at_one_dp_th_of_zero1s():
+    """ZeRO-2's dry run: each rank's gradients after the step are its slices of the summed gradients, 1/dp of
+    ZeRO-1's gradient buffer (dp 2 over pp 2 x tp 2: a stage's buffer is padded to an even number of elements);
+    the rest of the model states as ZeRO-1's; its Reduce_scatter and Allgather are the gradients' phase."""
+    one, two = (gpt_ledger(CFG, 2, 2, 2, sp=True, microbatches=2, zero=zero) for zero in (1, 2))
+    for a, b in zip(one, two):
+        assert b.memory.grads * 2 == a.memory.grads > 0
+        assert (b.memory.params, b.memory.master, b.memory.states) == (a.memory.params, a.memory.master,
+                                                                       a.memory.states)
+        assert b.sent() == a.sent() and ("reduce_scatter", "node") in {k for k, _ in b.sent().items()}
+        assert priced(b, "fp16-mixed", 2)["gradients"] * 2 == priced(a, "fp16-mixed", 1)["gradients"]
 
 
 def test_prices_follow_the_precision_and_the_machine_levels():

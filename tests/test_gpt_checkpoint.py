@@ -53,6 +53,7 @@ def _same_files(one, two, ranks):
     {},
     {"zero": 1, "precision": "bf16-mixed", "cfg": dataclasses.replace(SMALL, clip=0.5)},
     {"sp": True, "replay": True},
+    {"zero": 2, "sp": True, "replay": True},
 ])
 def test_a_resumed_run_steps_as_the_run_that_never_stopped(tmp_path, options):
     if options.get("precision") == "bf16-mixed":
@@ -213,7 +214,8 @@ def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
         "resume")
 
 
-@pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True})])
+@pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True}),
+                                               ("1f1b", {"zero": 2, "replay": True})])
 def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, schedule, options):
     from spmdsim.gpt.pipeline import train_pipelined
 

@@ -228,11 +228,15 @@ def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_repo
 
 
 def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
-    """--zero 2 printed the model, its experts and mesh and the steps' header, then train's refusal."""
+    """--zero 2 (now --zero 3) printed the model, its experts and mesh and the steps' header, then train's
+    refusal."""
     out = _example(["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
-                    "--zero", "2"])
+                    "--zero", "3"])
     assert out.returncode == 2 and "MoE GPT" not in out.stdout and " step" not in out.stdout, out.stdout
-    assert out.stderr.strip().splitlines()[-1].startswith("spmdsim: error: zero 2 is not 0 or 1"), out.stderr
+    from testkit import unfold
+
+    assert unfold(out.stderr).strip().splitlines()[-1].startswith("spmdsim: error: zero 3 is not 0, 1 or 2"), \
+        out.stderr
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -105,3 +105,23 @@ def test_a_parameter_split_over_every_dp_axis_keeps_its_states_whole():
 
     for axes, states, diff in spmdsim.simulate(4, body):
         assert axes == () and states == 2 * 4 * 8 and diff == 0.0
+
+
+def test_zero2_with_moe_layers_is_zero1_bit_for_bit_with_the_gradients_sharded():
+    """dp 2 x ep 2: ZeRO-2 checked against the reference every step, the parameters ZeRO-1's bit for bit, the
+    experts' gradients (sharded over dp alone) half of ZeRO-1's buffer's, every gradient 1/dp of its group."""
+    cfg = _cfg()
+
+    def run(zero):
+        def main():
+            model, results = train(cfg, spmdsim.world(), 2, 1, 2, TEXT, ep=2, zero=zero, memory=True)
+            blocks = {n: t.local.copy() for n, t in model.params.items()}
+            model.mesh.close()
+            return results, blocks
+        return spmdsim.simulate(4, main)
+
+    for (r1, p1), (r2, p2) in zip(run(1), run(2)):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in r2), r2
+        assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
+        assert r2[-1].experts.grads * 2 == r1[-1].experts.grads
+        assert r2[-1].memory.grads < r1[-1].memory.grads // 2

@@ -115,6 +115,49 @@ def test_zero1_matches_one_numpy_process_and_adamw():
     assert m0.master == 0 and m1.master * 2 == params
 
 
+def test_zero2_matches_one_numpy_process_and_zero1_bit_for_bit():
+    """ZeRO-2 on dp 2 x tp 2 with sp: each step checked against the reference as ZeRO-1's (the loss, the summed
+    gradient slice each rank updated, every updated parameter); the same buckets, sums and update as ZeRO-1's,
+    so every parameter block equals ZeRO-1's bit for bit after 3 steps, through the same collectives; the
+    gradients after the step are this rank's slices, 1/dp of ZeRO-1's gradient buffer."""
+    def run(zero):
+        def body():
+            model, results = train(CFG, spmdsim.world(), 2, 2, 3, TEXT, sp=True, zero=zero, memory=True)
+            return results, {n: p.local.copy() for n, p in model.params.items()}
+        return spmdsim.simulate(4, body)
+
+    one, two = run(1), run(2)
+    for (r1, p1), (r2, p2) in zip(one, two):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in r2), r2
+        assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
+        assert [(r.loss, r.calls, r.bytes_sent) for r in r1] == [(r.loss, r.calls, r.bytes_sent) for r in r2]
+        m1, m2 = r1[-1].memory, r2[-1].memory
+        assert m2.grads * 2 == m1.grads and (m2.states, m2.master, m2.params) == (m1.states, m1.master, m1.params)
+
+
+def test_zero2_over_a_pipeline_with_replay_matches_one_numpy_process_and_zero1():
+    """pp 2 x dp 2, two microbatches, every step after the first replayed: ZeRO-2's stages accumulate the
+    microbatches' gradients and reduce-scatter them once a step, checked against the reference each step, the
+    parameters ZeRO-1's bit for bit and each rank's gradients after the step half of ZeRO-1's."""
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    cfg = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
+
+    def run(zero):
+        def body():
+            run, results = train_pipelined(cfg, spmdsim.world(), 2, 2, 1, 2, TEXT, microbatches=2, zero=zero,
+                                           memory=True, replay=True)
+            blocks = {n: t.local.copy() for n, t in run.params.items()}
+            run.close()
+            return results, blocks
+        return spmdsim.simulate(4, body)
+
+    for (r1, p1), (r2, p2) in zip(run(1), run(2)):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in r2), r2
+        assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
+        assert r2[-1].memory.grads * 2 == r1[-1].memory.grads
+
+
 def _params(mesh, shapes, split_over=None):
     from spmdsim.runtime.dtensor import DTensor
 
@@ -127,10 +170,13 @@ def _params(mesh, shapes, split_over=None):
     return out
 
 
-def test_distributed_adamw_buckets_pads_and_steps_as_adamw():
+@pytest.mark.parametrize("shard_grads", [False, True])
+def test_distributed_adamw_buckets_pads_and_steps_as_adamw(shard_grads):
     """Three parameters of 10, 7 and 5 elements on dp 4 (x tp 2), buckets of at most 17 elements: two
     buckets (17 -> padded 20, 5 -> 8), one Reduce_scatter and one Allgather each; the parameters after
-    two steps equal AdamW's on the dp-summed gradients."""
+    two steps equal AdamW's on the dp-summed gradients. ZeRO-2 (`shard_grads`): the two buckets through one
+    shared flat buffer of the larger's 20 elements, in turn; its gradients are this rank's slices (5 + 2
+    elements), every ``.grad`` None after the step."""
     from spmdsim import ops
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.mesh import Mesh
@@ -142,7 +188,7 @@ def test_distributed_adamw_buckets_pads_and_steps_as_adamw():
         mesh = Mesh(Layout((4, 2), ("dp", "tp")), spmdsim.world())
         mine, ref = _params(mesh, shapes), _params(mesh, shapes)
         zero = DistributedAdamW(mine, mesh, ("dp",), lr=0.1, weight_decay=0.1, decay=[mine[0], mine[2]],
-                                bucket=17 * 8)
+                                bucket=17 * 8, shard_grads=shard_grads)
         adamw = AdamW(ref, lr=0.1, weight_decay=0.1, decay=[ref[0], ref[2]])
         counts = None
         for step in range(2):
@@ -163,13 +209,20 @@ def test_distributed_adamw_buckets_pads_and_steps_as_adamw():
                     loss.backward()
                     opt.step()
         same = max(float(np.max(np.abs(a.local - b.local))) for a, b in zip(mine, ref))
-        return [(b.size, b.padded) for b in zero.buckets], same, counts, zero.memory()
+        grads = [g.nbytes for g in zero.gradient_buffers()]
+        return ([(b.size, b.padded) for b in zero.buckets], same, counts, zero.memory(), grads,
+                [p.grad for p in mine])
 
-    for buckets, same, counts, held in spmdsim.simulate(8, body):
+    for buckets, same, counts, held, grads, left in spmdsim.simulate(8, body):
         assert buckets == [(17, 20), (5, 8)]
         assert same <= 1e-15
         assert counts == {"reduce_scatter": 2, "allgather": 2}
         assert held["optimizer states"] == 2 * (5 + 2) * 8 and held["master copy"] == (5 + 2) * 8
+        assert left == [None] * 3
+        if shard_grads:
+            assert grads == [5 * 8, 2 * 8] and held["buffers"] == 20 * 8 + (5 + 2) * 8  # shared + scratch
+        else:
+            assert grads == [20 * 8, 8 * 8] and held["buffers"] == 2 * (5 + 2) * 8  # summed slices + scratch
 
 
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
@@ -331,8 +384,8 @@ def test_clipping_with_zero1_clips_the_joint_norm_of_the_slices():
 def test_bad_choices_are_refused_in_one_line_before_any_collective():
     with pytest.raises(SpmdsimError, match=r"^recompute 'foo' is not one of 'none', 'selective', 'full'"):
         spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, recompute="foo"))
-    with pytest.raises(SpmdsimError, match=r"^zero 2 is not 0 or 1 \(ZeRO-1: "):
-        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=2))
+    with pytest.raises(SpmdsimError, match=r"^zero 3 is not 0, 1 or 2 \(ZeRO-1: "):
+        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3))
     from spmdsim.gpt.parallel import GPT
     from spmdsim.runtime.mesh import Mesh
 
@@ -431,7 +484,8 @@ def test_train_gpt_with_both_features_passes_and_prints_its_memory():
 
 @pytest.mark.parametrize("flag, value, message", [
     ("--recompute", "foo", "recompute 'foo' is not one of 'none', 'selective', 'full'"),
-    ("--zero", "2", "zero 2 is not 0 or 1 (ZeRO-1: optimizer states and master copy sharded over dp)")])
+    ("--zero", "3", "zero 3 is not 0, 1 or 2 (ZeRO-1: optimizer states and master copy sharded over dp; ZeRO-2: "
+                    "gradients too)")])
 def test_train_gpt_refuses_a_bad_choice_in_one_line(flag, value, message):
     from testkit import unfold
 

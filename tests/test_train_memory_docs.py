@@ -20,12 +20,13 @@ def _section() -> list:
 
 def test_the_section_shows_the_commands_this_test_runs():
     shown = _section()
-    assert [q.output is not None for q in shown] == [True, False, False, False, False, False, True, True, True]
+    assert [q.output is not None for q in shown] == [True, False, False, False, False, False, True, True, True,
+                                                     True]
     assert sum("# long" in q.command for q in shown) == 5
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [5]  # tests/test_train_docs_mpi.py runs it
 
 
-@pytest.mark.parametrize("index", [0, 6, 7, 8])
+@pytest.mark.parametrize("index", [0, 6, 7, 8, 9])
 def test_a_quoted_command_prints_what_the_doc_quotes(index):
     quote = _section()[index]
     assert_prints_quote(quote)

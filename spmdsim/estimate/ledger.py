@@ -288,12 +288,13 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
     return "node"
 
 
-#: The trace labels of the sums of gradients (spmdsim.autograd's buckets; ZeRO-1's Reduce_scatter of the
-#: gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
+#: The trace labels of the sums of gradients (spmdsim.autograd's buckets; ZeRO-1's and ZeRO-2's Reduce_scatter of
+#: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
 #: layers of an MoE GPT), a Transfer of phase "gradients". Every other collective a stage runs is its layers'
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
 #: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's.
-GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket")
+GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
+                   "zero-2 parameter bucket")
 
 
 def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Transfer, ...]:

@@ -21,8 +21,9 @@ __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryRepo
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
 RECOMPUTE = ("none", "selective", "full")
-#: ZeRO stages: 0 (every rank holds the whole optimizer), 1 (states and master copy sharded over dp).
-ZERO = (0, 1)
+#: ZeRO stages: 0 (every rank holds the whole optimizer), 1 (states and master copy sharded over dp), 2 (the
+#: gradients too: each rank keeps its slice of the summed gradients).
+ZERO = (0, 1, 2)
 #: The suffix of a kind of kept bytes that are boolean masks ("mlp masks"): a byte each at any precision.
 MASKS = " masks"
 #: The kinds of kept bytes that belong to the blocks (the rest: the embedding, the head).
@@ -40,7 +41,8 @@ def zero_problem(value: Any) -> Optional[str]:
     """Why `value` is not a ZeRO stage spmdsim runs, or None."""
     if type(value) is int and value in ZERO:
         return None
-    return f"zero {value!r} is not 0 or 1 (ZeRO-1: optimizer states and master copy sharded over dp)"
+    return (f"zero {value!r} is not 0, 1 or 2 (ZeRO-1: optimizer states and master copy sharded over dp; ZeRO-2: "
+            "gradients too)")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class MemoryReport:
     """One rank's bytes at one step (spmdsim.gpt.train's measurement; see the module docstring).
 
     `kept`: (kind, bytes) the graph kept for backward after the forward; `grads`: the gradients after the
-    step (ZeRO-1's: its gradient buffer, which then holds the gathered parameters); `buffers`: the
+    step (ZeRO-1's: its gradient buffer, which then holds the gathered parameters; ZeRO-2's: its slices of the
+    summed gradients, 1/dp); `buffers`: the
     optimizer's buffers (the update's scratch and AdamW's gather buffer, one group's each; ZeRO-1's summed
     gradient slice); `peak`: the largest of the totals after the forward, after the backward and after the
     step, at `moment`.

@@ -206,7 +206,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from .parallel import GPT
     from .train import (_checked_mixed, _checked_reference, _checkpoint_problem, _expert_bytes, _optimizer_start,
                         _resumed_moments, _summed_grads, _zero_axes, _zero_moments, checkpoint_meta, replay_problem,
-                        step_memory_problem)
+                        step_memory_problem, zero_options)
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
@@ -264,7 +264,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     if zero:  # each stage's states and master copy sharded over its dp ranks (and ep's: spmdsim.distrib_optim)
         optimizer = DistributedAdamW(tensors, stage_mesh, _zero_axes(stage_mesh), lr=cfg.lr, betas=cfg.betas,
                                      eps=cfg.eps, weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
-                                     clip_across=(mesh, ("pp",)), clip_counted=counted)
+                                     clip_across=(mesh, ("pp",)), clip_counted=counted,
+                                     **zero_options(zero, tensors))
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)

@@ -389,8 +389,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
     the same way (with `cfg.clip` too: each replayed step clips by its own norm).
-    `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
-    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp). `memory`: measure each step's
+    `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW), 1
+    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp) or 2 (the same with the
+    gradients sharded too: `zero_options`). `memory`: measure each step's
     bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps
     for backward). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp),
     ("dp", "ep", "tp")), the batch split over dp x ep (spmdsim.moe.layer); the step's loss includes the router
@@ -451,7 +452,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     decaying = [model.params[s.name] for s in specs if decays(s)]
     if zero:
         optimizer = DistributedAdamW(params, mesh, _zero_axes(mesh), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip)
+                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
+                                     **zero_options(zero, params))
     else:
         optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
@@ -620,6 +622,20 @@ def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
     """The reference's moments at a resumed run's first step: the run's (`_run_start`'s rows), whole."""
     _, m, v = assemble(where, start, 3)
     return {"m": m, "v": v}
+
+
+#: ZeRO-2's bucket in elements (Megatron's distributed optimizer's default bucket_size, 40M): the buckets share
+#: one flat buffer of the largest's bytes, so the buffer a rank holds beside its gradient slices stays this size.
+ZERO2_BUCKET = 40_000_000
+
+
+def zero_options(zero: int, params: list) -> dict:
+    """DistributedAdamW's options for ZeRO stage `zero` (1 or 2) over `params`: ZeRO-2 shards the gradients, in
+    buckets of at most ZERO2_BUCKET elements (at the widest parameter's bytes); ZeRO-1 keeps one bucket."""
+    if zero < 2:
+        return {}
+    width = max((p.local.dtype.itemsize for p in params), default=8)
+    return {"shard_grads": True, "bucket": ZERO2_BUCKET * width}
 
 
 def _zero_axes(mesh: Any) -> tuple:

@@ -154,10 +154,10 @@ def test_pipeline_clipped_with_zero1_takes_the_norm_over_every_stage():
     assert all(r.norm > 4 * cfg.clip for r in steps) and comm.allgather(steps[-1].norm) == [steps[-1].norm] * comm.size
 
 
-@pytest.mark.parametrize("recompute, zero", [("selective", 1), ("full", 0)])
+@pytest.mark.parametrize("recompute, zero", [("selective", 1), ("full", 0), ("none", 2)])
 def test_memory_saving_gpt_steps_match_one_numpy_process(recompute, zero):
-    """Activation recomputation and ZeRO-1 (docs/training.md, "Memory") under MPI: each step within 1e-10
-    of one numpy process (with ZeRO-1 the gradient slice each rank updated), the same losses on every rank,
+    """Activation recomputation, ZeRO-1 and ZeRO-2 (docs/training.md, "Memory") under MPI: each step within 1e-10
+    of one numpy process (with ZeRO the gradient slice each rank updated), the same losses on every rank,
     and the parameters those of the plain run."""
     import numpy as np
     from mpi4py import MPI
