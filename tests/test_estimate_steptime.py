@@ -202,3 +202,56 @@ def test_zero_sized_products_and_calls_cost_nothing():
     st = step_time(A100, [(gemm(1, 0, 4096, 4096), 5), (gemm(1, 64, 64, 64), 0)],
                    [Transfer("allreduce", 8, 1 << 20, "node", "layers", 0)])
     assert st.total_s == 0
+
+
+def test_tp_and_pp_overlap_hide_at_most_the_compute_they_run_under():
+    """`overlap` "layers" (Megatron's --tp-comm-overlap) hides the layers' collectives under the products of every
+    GEMM phase, not the element-wise kernels; "pipeline" (overlap_p2p_comm) the messages under the products and
+    the kernels; each at most its own communication, all of them together at most the compute and kernels
+    (the step is never shorter than its compute, nor than its communication). Before, "layers" and "pipeline"
+    shared the gradients' window, the backward's, and --overlap did not exist."""
+    fwd, bwd, rec = gemm(1, 4096, 4096, 4096), gemm(1, 4096, 4096, 4096, phase="backward"), \
+        gemm(1, 4096, 4096, 4096, phase="recompute")
+    one = fwd.flops / (312e12 * 0.8)
+    pairs = [(fwd, 1), (bwd, 2), (rec, 1)]
+    traffic = {"forward": 1 << 30, "backward": 2 << 30}
+    kernels_s = (3 << 30) / 2039e9
+    big = {"layers": Transfer("allreduce", 8, 1 << 34, "node", "layers"),
+           "gradients": Transfer("reduce_scatter", 64, 1 << 31, "cluster", "gradients"),
+           "pipeline": Transfer("send", 2, 1 << 31, "cluster", "pipeline", 2)}
+    small = {"layers": Transfer("allreduce", 8, 1 << 20, "node", "layers"),
+             "pipeline": Transfer("send", 2, 1 << 20, "cluster", "pipeline")}
+
+    def comm(transfers):
+        return dict(step_time(A100, pairs, transfers, traffic=traffic).comm_by_phase)
+
+    seconds = comm(list(big.values()))
+    assert seconds["layers"] > 4 * one + kernels_s and seconds["pipeline"] > 4 * one + kernels_s  # more than any window
+    # the layers' collectives: at most the products (4 GEMMs), the kernels' seconds not theirs to hide under
+    st = step_time(A100, pairs, [big["layers"]], traffic=traffic, overlap=("layers",))
+    assert close(st.hidden_s, 4 * one) and dict(st.hidden_by_phase) == {"layers": st.hidden_s, "gradients": 0.0,
+                                                                        "pipeline": 0.0}
+    assert close(st.total_s, st.compute_s + st.memory_s + st.comm_s - 4 * one)
+    # the pipeline's messages: at most the products and the kernels, so the step is its communication
+    st = step_time(A100, pairs, [big["pipeline"]], traffic=traffic, overlap="pipeline")
+    assert close(st.hidden_s, 4 * one + kernels_s) and close(st.total_s, st.comm_s)
+    # less than the window: all of it, and the step is its compute
+    for phase in ("layers", "pipeline"):
+        st = step_time(A100, pairs, [small[phase]], traffic=traffic, overlap=(phase,))
+        assert close(st.hidden_s, st.comm_s) and close(st.total_s, 4 * one + kernels_s)
+    # all three, each more than its window: the gradients first under the backward (3 GEMMs, its kernels), the
+    # rest of the compute to the layers; together no more than the compute and the kernels
+    st = step_time(A100, pairs, list(big.values()), traffic=traffic, overlap=("gradients", "layers", "pipeline"))
+    hidden = dict(st.hidden_by_phase)
+    assert close(hidden["gradients"], 3 * one + (2 << 30) / 2039e9)
+    assert close(hidden["layers"], one + (1 << 30) / 2039e9) and hidden["pipeline"] == 0
+    assert close(st.hidden_s, 4 * one + kernels_s) and close(st.total_s, st.comm_s)
+    assert all(hidden[p] <= s for p, s in st.comm_by_phase)
+    # the default (the gradients alone) is as it was: only the backward's window
+    st = step_time(A100, pairs, list(big.values()), traffic=traffic, overlap=("gradients",))
+    assert close(st.hidden_s, 3 * one + (2 << 30) / 2039e9)
+    assert close(st.total_s, st.compute_s + st.memory_s + st.comm_s - st.hidden_s)
+    names = [line[:24].strip() for line in st.lines()[2:]]
+    assert names.count("gradients phase") == 1  # one phase hides: no rows of its own under "hidden by overlap"
+    both = step_time(A100, pairs, [small["layers"], big["gradients"]], overlap=("gradients", "layers")).lines()
+    assert [line[:24].strip() for line in both].count("layers phase") == 2  # its seconds, and those hidden

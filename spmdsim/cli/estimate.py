@@ -89,6 +89,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--machine", default="a100-dgx",
                         help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
                              "path (spmdsim calibrate --machine-out)")
+    parser.add_argument("--overlap", metavar="tp,pp",
+                        help="also hide, as NeMo's recipes run them: tp, the layers' tensor-parallel collectives "
+                             "under their GEMMs (Megatron's --tp-comm-overlap); pp, the pipeline's messages under "
+                             "the microbatches' compute (overlap_p2p_comm; interleaved schedule only); each at most "
+                             "that compute's time. Default: only the dp gradient sums, under the backward")
     parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
     parser.set_defaults(func=run)
 
@@ -103,7 +108,7 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
                  "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
                  "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
-                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout")
+                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,8 +179,9 @@ def run(args: argparse.Namespace) -> int:
     from ..gpt_flags import architecture_words
 
     cfg, microbatches = _config(args)
-    machine = load_machine(args.machine)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
+    overlap = _overlap(args.overlap, args.pp, schedule)
+    machine = load_machine(args.machine)
     start = time.perf_counter()
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
@@ -188,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                       pipeline=pipeline, overlap=OVERLAP, traffic=kernel_bytes(st.kernels, args.precision))
+                       pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, args.precision))
              for st in stages]
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
@@ -196,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [(stages[s], memories[s], times[s]) for s in shown]
     ranks = args.pp * args.dp * args.ep * args.tp
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
-    assumed = assumptions(machine, overlap=OVERLAP)
+    assumed = assumptions(machine, overlap=overlap)
     if args.json:
         print(json.dumps({"config": config_record(args),
                           "microbatches": microbatches, "dry_run_s": seconds,
@@ -262,6 +268,24 @@ def run(args: argparse.Namespace) -> int:
 #: The transfer phases the step time lets the backward hide (spmdsim.estimate.steptime's overlap): the
 #: data-parallel gradient sums, as DDP's and Megatron's buckets run under the backward.
 OVERLAP = ("gradients",)
+
+#: --overlap's words and the transfer phase each adds to OVERLAP (spmdsim.estimate.steptime.OVERLAP_UNDER).
+OVERLAP_WORDS = {"tp": "layers", "pp": "pipeline"}
+
+
+def _overlap(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
+    """The transfer phases the step time hides: OVERLAP and those --overlap names ("tp,pp"; None: none)."""
+    if given is None:
+        return OVERLAP
+    words = [w.strip() for w in given.split(",")]
+    for word in words:
+        if word not in OVERLAP_WORDS:
+            raise SpmdsimError(f"--overlap {given!r}: {word!r} is unknown; expected a comma-separated list of "
+                               f"{', '.join(OVERLAP_WORDS)} (e.g. --overlap tp,pp)")
+    if "pp" in words and pp > 1 and schedule != "interleaved":
+        raise SpmdsimError(f"--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the "
+                           f"interleaved schedule only, not {schedule}; give --virtual-stages N > 1 or leave out pp")
+    return OVERLAP + tuple(OVERLAP_WORDS[w] for w in OVERLAP_WORDS if w in words)
 
 
 def _utilization(stages: list, step_s: float, gpus: int, machine: Any, precision: str) -> Any:

@@ -16,9 +16,15 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
 - the bubble of a pipeline of p stages, m microbatches, v virtual stages per rank: the rank idles
   (p - 1) / v times one microbatch's forward and backward on one stage, taken as the step's
   compute and element-wise seconds (not the optimizer's) / m (communication inside a stage is not in it);
-- overlap: communication of the phases named in `overlap` runs under the backward pass's compute
-  (the GEMMs and element-wise kernels of phases "backward" and "recompute") and costs only what
-  exceeds it. Default: none.
+- overlap: communication of the phases named in `overlap` runs beside compute and costs only what
+  exceeds it (OVERLAP_UNDER): "gradients" (the data-parallel sums) under the backward pass's compute
+  (the GEMMs and element-wise kernels of phases "backward" and "recompute"); "layers" (tensor and
+  sequence parallelism's collectives, Megatron's --tp-comm-overlap) under the products of the passes
+  they run in (every GEMM phase: a Transfer does not say its pass); "pipeline" (the messages between
+  stages, Megatron's overlap_p2p_comm) under the adjacent microbatches' compute (the GEMMs and
+  element-wise kernels of every GEMM phase). Each phase hides at most its own communication and its
+  window, and all of them together at most the compute and element-wise seconds (the links of the
+  three run beside the compute, not beside each other). Default: none.
 
     total = compute + element-wise + optimizer + communication - hidden + bubble
 
@@ -38,7 +44,7 @@ from .machine import Machine, normalize_dtype
 from .records import LEVELS, Transfer
 
 __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
-           "TRANSFER_PHASES", "TRAFFIC_PHASES", "Utilization", "utilization", "assumptions"]
+           "TRANSFER_PHASES", "TRAFFIC_PHASES", "OVERLAP_UNDER", "Utilization", "utilization", "assumptions"]
 
 #: Pipeline schedules (the names of spmdsim.pipeline.SCHEDULES; a test keeps them equal).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -49,6 +55,12 @@ TRANSFER_PHASES = ("layers", "gradients", "pipeline")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
 _P2P = ("send", "recv")
+
+#: Each transfer phase `step_time`'s overlap can hide, in the order it is hidden, and the compute it hides under:
+#: (GEMM phases of the products, whether the element-wise kernels of those phases count too).
+OVERLAP_UNDER = {"gradients": (("backward", "recompute"), True),
+                 "layers": (GEMM_PHASES, False),
+                 "pipeline": (GEMM_PHASES, True)}
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,8 @@ class StepTime:
     memory_s: the element-wise and reduction kernels (forward, backward, recompute) at the achieved
     HBM rate; memory_by_phase: (phase, seconds) per GEMM phase; optimizer_s: the optimizer's update;
     comm_s: every transfer, before overlap; comm_by_level, comm_by_phase: the same split two ways;
-    hidden_s: communication the overlap hides under the backward compute;
+    hidden_s: communication the overlap hides under compute; hidden_by_phase: (phase, seconds) of it per
+    transfer phase;
     bubble_s: the pipeline's idle time;
     total_s = compute_s + memory_s + optimizer_s + comm_s - hidden_s + bubble_s.
     """
@@ -104,6 +117,7 @@ class StepTime:
     memory_s: float = 0.0
     memory_by_phase: tuple[tuple[str, float], ...] = ()
     optimizer_s: float = 0.0
+    hidden_by_phase: tuple[tuple[str, float], ...] = ()
 
     def lines(self) -> list[str]:
         """A short breakdown table (within 100 columns): seconds in ms and each part's share of the total."""
@@ -119,6 +133,9 @@ class StepTime:
         rows += [(f"  {phase} phase", s) for phase, s in self.comm_by_phase if s]
         if self.hidden_s:
             rows.append(("hidden by overlap", -self.hidden_s))
+            hiding = [(phase, s) for phase, s in self.hidden_by_phase if s]
+            if len(hiding) > 1:  # which phase's, where more than one hides some
+                rows += [(f"  {phase} phase", -s) for phase, s in hiding]
         if self.bubble_s:
             rows.append(("pipeline bubble", self.bubble_s))
         rows.append(("step total", self.total_s))
@@ -203,8 +220,9 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
         gemms: (gemm, count) pairs: one rank's products in one step.
         transfers: records.Transfer values: one rank's calls in one step (each with its count).
         pipeline: adds the bubble; None for no pipeline.
-        overlap: transfer phases whose communication runs under the backward compute (e.g.
-            ("gradients",): the data-parallel gradient sums under the backward, as DDP and Megatron run them).
+        overlap: transfer phases whose communication runs under compute (OVERLAP_UNDER; e.g.
+            ("gradients",): the data-parallel gradient sums under the backward, as DDP and Megatron run them;
+            "layers" under the products, "pipeline" under the microbatches' compute).
         traffic: {phase: bytes} of the memory-bound kernels (phases among TRAFFIC_PHASES;
             spmdsim.estimate.ledger.kernel_bytes), or None for none.
     """
@@ -235,14 +253,21 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
     compute_s = sum(compute.values())
     memory_s = sum(memory[p] for p in GEMM_PHASES)
     comm_s = sum(by_level.values())
-    under = compute["backward"] + compute["recompute"] + memory["backward"] + memory["recompute"]
-    hidden_s = min(sum(by_phase[p] for p in set(overlap)), under)
+    hidden = dict.fromkeys(TRANSFER_PHASES, 0.0)
+    room = compute_s + memory_s  # all of the phases together hide at most the compute and element-wise seconds
+    for phase, (gemm_phases, kernels) in OVERLAP_UNDER.items():
+        if phase in overlap:
+            under = sum(compute[p] + (memory[p] if kernels else 0.0) for p in gemm_phases)
+            hidden[phase] = min(by_phase[phase], under, room)
+            room -= hidden[phase]
+    hidden_s = sum(hidden.values())
     bubble_s = pipeline.bubble_s(compute_s + memory_s) if pipeline is not None else 0.0
     total = compute_s + memory_s + memory["optimizer"] + comm_s - hidden_s + bubble_s
     return StepTime(machine=machine.name, compute_s=compute_s, compute_by_phase=tuple(compute.items()),
                     comm_s=comm_s, comm_by_level=tuple(by_level.items()), comm_by_phase=tuple(by_phase.items()),
                     hidden_s=hidden_s, bubble_s=bubble_s, total_s=total, memory_s=memory_s,
-                    memory_by_phase=tuple((p, memory[p]) for p in GEMM_PHASES), optimizer_s=memory["optimizer"])
+                    memory_by_phase=tuple((p, memory[p]) for p in GEMM_PHASES), optimizer_s=memory["optimizer"],
+                    hidden_by_phase=tuple(hidden.items()))
 
 
 def _traffic_seconds(machine: Machine, traffic: Any) -> dict:
@@ -323,12 +348,16 @@ def _fraction(achieved: Any) -> str:
 
 
 def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) -> list[str]:
-    """Two short lines naming what `step_time` assumed: which communication it hid under the backward
+    """Two short lines naming what `step_time` assumed: which communication it hid under which compute
     (`overlap`) and the machine file's achieved fractions (the GEMM cap, the HBM and the links' efficiencies)
     with the collectives' formulas."""
-    names = {"gradients": "dp gradient sums", "layers": "the layers' collectives", "pipeline": "pipeline messages"}
-    hidden = [names[p] for p in TRANSFER_PHASES if p in set(overlap)]
-    overlapped = f"{' and '.join(hidden)} hidden under the backward" if hidden else "no communication hidden"
+    names = {"gradients": ("dp gradient sums", "under the backward"),
+             "layers": ("the layers' tp collectives", "under their GEMMs"),
+             "pipeline": ("pipeline messages", "under the microbatches' compute")}
+    overlap = {overlap} if isinstance(overlap, str) else set(overlap)
+    hidden = [names[p] for p in OVERLAP_UNDER if p in overlap]
+    overlapped = ", ".join(f"{what}{' hidden' if not i else ''} {where}" for i, (what, where) in enumerate(hidden)) \
+        if hidden else "no communication hidden"
     return [f"assumes: {overlapped}; GEMMs at most {machine.gemm_efficiency.max_fraction:g} of peak "
             f"({machine.gemm_efficiency.model});",
             f"  other kernels at {_fraction(machine.hbm_efficiency)} of HBM bandwidth; {machine.algorithm} "

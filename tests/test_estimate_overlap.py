@@ -1,0 +1,91 @@
+"""`spmdsim estimate --overlap tp,pp` (docs/estimate.md, "The predicted step time"): the layers' tensor-parallel
+collectives hidden under their GEMMs (Megatron's --tp-comm-overlap) and the pipeline's messages under the
+microbatches' compute (overlap_p2p_comm), each at most that compute; without it the figures are as before (the dp
+gradient sums alone hidden, under the backward). Before, the option did not exist: NeMo's GPT-3 175B recipe, which
+turns both on, could not be estimated as it runs."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from docs_commands import run_here
+
+# Two stages of two chunks (interleaved), tp 2 with sp, dp 2: every transfer phase has communication.
+MODEL = ["estimate", "gpt", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128",
+         "--global-batch", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--virtual-stages", "2", "--sp"]
+
+
+def _run(*argv: str) -> str:
+    code, out, err = run_here("main", [*MODEL, *argv])
+    assert code == 0, err
+    return out
+
+
+def _step_times(overlap: tuple) -> list:
+    """Each stage's spmdsim.estimate.steptime.StepTime of MODEL, from the ledger itself, hiding `overlap`."""
+    from spmdsim.cli.main import build_parser
+    from spmdsim.cli import estimate
+    from spmdsim.estimate.ledger import gemms_at, gpt_ledger, kernel_bytes, transfers_at
+    from spmdsim.estimate.machine import load_machine
+    from spmdsim.estimate.steptime import Pipeline, step_time
+
+    args = build_parser(("estimate",)).parse_args(MODEL)
+    cfg, microbatches = estimate._config(args)
+    machine = load_machine("a100-dgx")
+    stages = gpt_ledger(cfg, 2, 2, 2, sp=True, microbatches=microbatches, schedule="interleaved", virtual=2,
+                        gpus_per_node=machine.gpus_per_node)
+    pipeline = Pipeline(2, microbatches, 2, "interleaved")
+    return [step_time(machine, gemms_at(st.gemms, "bf16-mixed"), transfers_at(st.transfers, "bf16-mixed"),
+                      pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, "bf16-mixed"))
+            for st in stages]
+
+
+def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the_default_is_unchanged():
+    plain, on = json.loads(_run("--json")), json.loads(_run("--overlap", "tp,pp", "--json"))
+    before, after = _step_times(("gradients",)), _step_times(("gradients", "layers", "pipeline"))
+    # the default: the gradient sums alone hidden, under the backward, as before (figures and words)
+    assert plain["config"]["overlap"] is None and on["config"]["overlap"] == "tp,pp"
+    assert [s["step_time_s"] for s in plain["stages"]] == [t.total_s for t in before]
+    assert all(dict(t.hidden_by_phase) == {"layers": 0.0, "gradients": t.hidden_s, "pipeline": 0.0} for t in before)
+    assert plain["assumptions"][0] == "assumes: dp gradient sums hidden under the backward; GEMMs at most 0.8 of " \
+                                      "peak (roofline);"
+    # on: the step time the ledger's stages make with the three phases hidden, each bounded by its compute
+    assert [s["step_time_s"] for s in on["stages"]] == [t.total_s for t in after]
+    assert on["step_time_s"] < plain["step_time_s"]
+    for t, was in zip(after, before):
+        comm, hidden = dict(t.comm_by_phase), dict(t.hidden_by_phase)
+        assert comm["layers"] > 0 and comm["pipeline"] > 0 and hidden["layers"] > 0
+        assert hidden["gradients"] == was.hidden_s  # hidden first, under the backward, as without --overlap
+        assert hidden["layers"] <= min(comm["layers"], t.compute_s) and hidden["pipeline"] <= comm["pipeline"]
+        # a toy's communication is more than its compute: hidden up to the compute and the kernels, no more, and
+        # the step is its communication (never shorter than that, nor than its compute)
+        assert t.comm_s > t.compute_s + t.memory_s
+        assert math.isclose(t.hidden_s, t.compute_s + t.memory_s, rel_tol=1e-12)
+        assert math.isclose(t.total_s, t.comm_s + t.optimizer_s + t.bubble_s, rel_tol=1e-12)
+    assert on["assumptions"][0] == "assumes: dp gradient sums hidden under the backward, the layers' tp " \
+                                   "collectives under their GEMMs, pipeline messages under the microbatches' " \
+                                   "compute; GEMMs at most 0.8 of peak (roofline);"
+    text = _run("--overlap", "tp,pp")
+    assert "assumes: dp gradient sums hidden under the backward, the layers' tp collectives under their GEMMs,\n" \
+           "  pipeline messages under the microbatches' compute; GEMMs at most 0.8 of peak (roofline);\n" in text
+    default = _run()
+    assert "hidden by overlap" in default and default.count("    layers phase") == 2  # one row a stage (2)
+    assert text.count("    layers phase") == 4  # and one under "hidden by overlap"
+    # tp alone: the pipeline's messages are not hidden
+    tp = json.loads(_run("--overlap", "tp", "--json"))
+    assert [s["step_time_s"] for s in tp["stages"]] == [t.total_s for t in _step_times(("gradients", "layers"))]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (MODEL + ["--overlap", "tp,dp"], "--overlap 'tp,dp': 'dp' is unknown; expected a comma-separated list of tp, pp "
+                             "(e.g. --overlap tp,pp)"),
+    (MODEL[:-3] + ["--sp", "--overlap", "pp"],
+     "--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the interleaved schedule "
+     "only, not 1f1b; give --virtual-stages N > 1 or leave out pp"),
+])
+def test_a_bad_overlap_is_one_line(argv, line):
+    code, out, err = run_here("main", argv)
+    assert code == 2 and out == ""
+    assert " ".join(err.split()).endswith(f"spmdsim: error: {line}")
