@@ -55,6 +55,7 @@ def test_the_cell_bounds_lie_below_every_configurations_price(exhaustive, cells)
         time_bound = cells.time_bound(c, A100, "bf16-mixed", sums)
         assert time_bound <= seconds * (1 + 1e-12), c
         assert cells.memory_bound(c, "bf16-mixed") <= nbytes, c
+    assert {c.zero for c in exhaustive} == {0, 1, 2}  # ZeRO-2's bounds below its price too
     # the cells are shared: one per (tp, sp, micro-batch, recomputation), four small dry runs each
     keys = {(c.tp, c.sp, SMALL.batch // (c.dp * c.microbatches), c.recompute) for c in exhaustive}
     assert len(cells.cells) == len(keys) and cells.dry_runs == 4 * len(keys)
@@ -78,28 +79,33 @@ def test_pruning_keeps_the_true_best(exhaustive, cells, share):
 
 def test_the_search_at_3072_devices_prices_few():
     """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/estimate.md runs the same search
-    from the command line): 48 configurations; model states rule out most under 8.5 GiB, the bounds most of
-    the rest, and the choice is the fastest that fits of the four priced: selective recomputation, its peak its
-    memory line and, for a moment, the attention softmax's backward (3 blocks of a rank's (1, 20, 2048, 2048)
-    scores), within the limit; no recomputation is faster, over the limit by its memory line alone. (Counted
-    with the MLP's weight beside its product, 775 MiB where 150 are the moment's own, the peak was over the
-    limit and the choice full recomputation. The limit was 13 GiB while the optimizer held parameter-sized
-    scratch; without it no recomputation holds 8,822 MiB and fits 13 GiB, and selective recomputation needs
-    8,502 MiB at its peak: 8.5 GiB lies between.)"""
+    from the command line): 72 configurations (ZeRO 0, 1 and 2); model states rule out half under 8.5 GiB, the
+    bounds most of the rest, and the choice is the fastest that fits of the eight priced: no recomputation under
+    ZeRO-2, whose gradients are each rank's 1/24 slice of the summed fp32 gradients (5,673 MiB held), its peak its
+    memory line and, for a moment, attention dropout's backward (2 blocks of a rank's (1, 20, 2048, 2048)
+    scores); the same under ZeRO-1 is faster by 2.8 ms but over the limit by its memory line alone (its whole
+    fp32 gradients: 8,822 MiB). Every priced configuration's bounds lie below its price, ZeRO-2's too (its
+    gradients there are slices: the buckets' shared flat buffer is one bucket, not every gradient). (Before
+    ZeRO-2 was searched, the choice was selective recomputation under ZeRO-1, 1,458.7 ms and 8,502 MiB at its
+    peak. Counted with the MLP's weight beside its product, 775 MiB where 150 are the moment's own, the peak
+    was over the limit and the choice full recomputation.)"""
     cfg = GPTConfig(layers=16, d_model=25600, heads=160, seq=2048, vocab=51200, batch=48)
     limit = 17 << 29  # 8.5 GiB
     r = search(cfg, 3072, A100, limit, max_dry_runs=1000)
-    assert len(r.candidates) == 48
+    assert len(r.candidates) == 72 and {c.config.zero for c in r.candidates} == {0, 1, 2}
     x = r.chosen.config
     assert (x.tp, x.sp, x.pp, x.virtual, x.dp, x.microbatches, x.recompute, x.zero) == \
-        (8, True, 16, 1, 24, 2, "selective", 1)
+        (8, True, 16, 1, 24, 2, "none", 2)
     counts = {v: sum(c.verdict == v for c in r.candidates) for v in {c.verdict for c in r.candidates}}
-    assert counts == {"chosen": 1, "over the memory limit": 3, "cell bound above the best": 2,
-                      "FLOP bound above the best": 6, "model states over the limit": 36}
-    assert r.dry_runs == 4 and r.cell_runs == 24
-    assert r.chosen.peak == r.chosen.memory + 3 * 20 * 2048 * 2048 * 2 <= limit
-    faster = [c for c in r.candidates if c.step_s is not None and c.step_s < r.chosen.step_s]
-    assert [c.config.recompute for c in faster] == ["none"] and faster[0].memory > limit
+    assert counts == {"chosen": 1, "slower": 4, "over the memory limit": 3, "cell bound above the best": 10,
+                      "FLOP bound above the best": 18, "model states over the limit": 36}
+    assert r.dry_runs == 8 and r.cell_runs == 24
+    assert r.chosen.peak == r.chosen.memory + 2 * 20 * 2048 * 2048 * 2 <= limit
+    priced = [c for c in r.candidates if c.step_s is not None]
+    assert {c.config.zero for c in priced} == {1, 2}
+    assert all(c.bound_s <= c.step_s and c.bound_bytes <= c.memory for c in priced)
+    faster = [c for c in priced if c.step_s < r.chosen.step_s]
+    assert [(c.config.recompute, c.config.zero) for c in faster] == [("none", 1)] and faster[0].memory > limit
 
 
 # ---- a GPT with MoE layers: cells of a dense and an MoE layer, each stage's layers counted ----
@@ -122,7 +128,7 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     machine = dataclasses.replace(A100, gpus_per_node=node)
     cells = Cells(cfg, "megatron", node)
     exhaustive = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configurations(cfg, 2, node)}
-    gain, kept = [], []
+    gain, kept, twins = [], [], {}
     for c, (seconds, nbytes, _) in exhaustive.items():
         flop_s, states = lower_bounds(cfg, c, machine, "bf16-mixed", 2)
         sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1]
@@ -130,8 +136,11 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
         assert time_bound <= seconds * (1 + 1e-12), (c, time_bound, seconds)
         memory = cells.memory_bound(c, "bf16-mixed")
         assert memory <= nbytes, (c, memory, nbytes)
-        gain.append(time_bound / flop_s)
+        twins.setdefault(replace(c, zero=min(c.zero, 1)), set()).add(time_bound)
+        if c.zero < 2:  # ZeRO-2's time bounds are ZeRO-1's (the same sums and update: `twins`), counted once
+            gain.append(time_bound / flop_s)
         kept.append(memory > states)
+    assert all(len(bounds) == 1 for bounds in twins.values()) and {c.zero for c in exhaustive} == {0, 1, 2}
     # above the closed forms by a tenth or more on half the configurations (a quarter across nodes, where the
     # links' latency, which the closed forms count, is much of a step)
     assert sum(g > 1.1 for g in gain) >= len(gain) * (0.5 if node > 1 else 0.25)

@@ -30,8 +30,9 @@ def test_the_configurations_are_every_valid_mesh_schedule_and_memory_choice():
     # pp 2 with 2 layers: v 1 only (a virtual stage needs a layer); microbatches divide batch / dp
     assert {c.microbatches for c in configs if c.dp == 2} == {1, 2}
     assert {c.microbatches for c in configs if c.dp == 1} == {1, 2, 4}
-    # tp 2: sp or not x m 1, 2, 4 x 3 recomputations; pp 2: m x 3; dp 2: m 1, 2 x ZeRO 0, 1 x 3
-    assert len(configs) == len(set(configs)) == 2 * 3 * 3 + 3 * 3 + 2 * 2 * 3
+    assert {c.zero for c in configs if c.dp == 2} == {0, 1, 2}
+    # tp 2: sp or not x m 1, 2, 4 x 3 recomputations; pp 2: m x 3; dp 2: m 1, 2 x ZeRO 0, 1, 2 x 3
+    assert len(configs) == len(set(configs)) == 2 * 3 * 3 + 3 * 3 + 2 * 3 * 3
     assert all(c.virtual == 1 for c in configs)
 
 
@@ -233,7 +234,7 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
     machine = dataclasses.replace(A100, gpus_per_node=node)
     configs = configurations(cfg, 4, node)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
-    assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs)
+    assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2}
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
         bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
@@ -475,6 +476,25 @@ def test_the_command_takes_fix_with_machine(capsys):
     assert len(data["candidates"]) == 1 and data["chosen"]["config"]["sp"] is True
 
 
+def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
+    """`--fix zero=2` holds ZeRO-2 (each rank keeps its 1/dp slice of the summed gradients): the search chooses
+    among dp 2's configurations with it, and the `spmdsim estimate` command it prints gives the same step time,
+    memory and peak."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
+            "--machine", "a100-dgx", "--fix", "zero=2", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fixed"] == {"zero": 2}
+    assert {c["config"]["zero"] for c in data["candidates"]} == {2}
+    assert {c["config"]["dp"] for c in data["candidates"]} == {2}
+    assert data["chosen"]["config"]["zero"] == 2 and " --zero 2 " in data["estimate_command"]
+    estimate = _run_estimate(data["estimate_command"])
+    assert estimate["config"]["zero"] == 2
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
+    (stage,) = estimate["stages"]
+    assert (stage["peak_bytes"], sum(stage["bytes"].values())) == (data["chosen"]["peak"], data["chosen"]["memory"])
+
+
 @pytest.mark.parametrize("fix, message", [
     (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
                        "the configuration, one of tp, pp, v, dp, ep, mb, recompute, zero, sp (e.g. --fix tp=8)"),
@@ -483,7 +503,9 @@ def test_the_command_takes_fix_with_machine(capsys):
     (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
     (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
     (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
-    (["zero=2"], "--fix zero=2 must be 0 or 1"),
+    (["zero=3"], "--fix zero=3 must be 0, 1 or 2"),
+    (["sp=2"], "--fix sp=2 must be 0 or 1"),
+    (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
     (["v=0"], "--fix v=0 must be an integer >= 1"),
     (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
 ])

@@ -18,7 +18,7 @@ differ only in pp, v, dp, microbatches or ZeRO share them.
 Chunk k of a configuration's pp * v chunks lives on stage k mod pp, so each stage's layers of each kind are
 counted exactly, and its ledger holds at least their rows for each of its m microbatches: `step_time` of
 those rows alone (with the pipeline's bubble on their compute; the first and the last stage with their
-ends; without the data-parallel sums, the pipeline's messages and, under ZeRO-1, the optimizer's update) is
+ends; without the data-parallel sums, the pipeline's messages and, under ZeRO-1 or ZeRO-2, the optimizer's update) is
 a lower bound of the stage's priced time, because every part of `step_time`'s total only grows as rows are
 added (the overlap hides at most the communication it is given). With ep > 1 a cell keeps, of the transfers
 over a group of ep ranks, the experts' exchanges alone: the sums over the batch's axes (the routers'

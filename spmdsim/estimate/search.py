@@ -5,7 +5,7 @@ on `devices` ranks: tensor parallel tp (dividing the heads and the vocabulary, w
 pipeline stages pp and virtual stages v (pp * v dividing the layers), data parallel dp = devices /
 (tp * pp) (dividing the global batch), microbatches m (a microbatch of batch / m samples divisible
 by dp; m divisible by pp for the interleaved schedule), recomputation none / selective / full, ZeRO
-0 / 1 (1 only with dp > 1) and sequence parallelism (with tp > 1). With MoE layers (cfg.moe) also the
+0 / 1 / 2 (1 and 2 only with dp > 1) and sequence parallelism (with tp > 1). With MoE layers (cfg.moe) also the
 expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp * ep), the dense
 layers' batch split over dp x ep). Each is priced by the ledger of
 its own dry run (spmdsim.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
@@ -15,7 +15,8 @@ machine, the slowest stage's, as `spmdsim estimate` prints them).
 
 Lower bounds only prune, never choose (branch and bound; a bound of the memory a rank holds is one of its
 peak too): closed forms first (the model states of a
-rank's transformer layers, with ZeRO-1's summed gradient slice, over the memory limit drops a configuration; the
+rank's transformer layers, with ZeRO-1's summed gradient slice or ZeRO-2's gradient slices, over the memory limit
+drops a configuration; the
 program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
 machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
 spmdsim.estimate.bounds (a dense and an MoE layer's rows from four or six small dry runs, shared by every
@@ -48,6 +49,8 @@ __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bound
 MAX_CONFIGS = 200_000
 
 RECOMPUTE = ("none", "selective", "full")
+#: The ZeRO stages searched (spmdsim.gpt.memory.ZERO): 1 and 2 only with more than one data-parallel rank.
+ZERO = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
             for m, v in itertools.product(_divisors(cfg.batch // data), virtuals):
                 if (v > 1 and m % pp) or pp * m * v > MAX_PAIRS:  # more pairs than a schedule runs
                     continue
-                for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, (0, 1)):
+                for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
                     if (sp and (tp == 1 or cfg.seq % tp)) or (zero and data == 1):
                         continue
                     if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v, ep=ep) is not None:
@@ -192,8 +195,9 @@ def parse_fixed(items: Any) -> dict[str, Any]:
                 raise SpmdsimError(f"--fix recompute={text} must be one of {', '.join(RECOMPUTE)}")
             value: Any = text
         elif name in ("zero", "sp"):
-            if text not in ("0", "1"):
-                raise SpmdsimError(f"--fix {name}={text} must be 0 or 1")
+            can = ("0", "1", "2") if name == "zero" else ("0", "1")  # ZERO; sp off or on
+            if text not in can:
+                raise SpmdsimError(f"--fix {name}={text} must be {', '.join(can[:-1])} or {can[-1]}")
             value = bool(int(text)) if name == "sp" else int(text)
         else:
             try:
@@ -296,15 +300,17 @@ def _bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
 def model_states(c: Config, precision: str, elements: int) -> int:
     """Bytes of the model states a rank of `c` holds at least for `elements` transformer-layer parameter
     elements it holds: parameters and gradients, and the master copy and Adam's moments (over dp x ep under
-    ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'), at the
-    precision's widths."""
+    ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'; under
+    ZeRO-2 the gradients too are that slice alone, at the gradients' width, and the buckets' shared flat buffer,
+    at most one bucket, is left out), at the precision's widths."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]
-    sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
-    shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
-    states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
-    if c.zero:  # ZeRO-1's buffer (spmdsim.distrib_optim): the Reduce_scatter's slice of the summed gradients
+    sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states + (w.grads if c.zero == 2 else 0)
+    shards = c.dp * c.ep  # ZeRO shards the dense layers' states over dp x ep (the experts' over dp: more)
+    whole = w.params + (w.grads if c.zero != 2 else 0)
+    states = elements * whole + elements * sharded // (shards if c.zero else 1)
+    if c.zero == 1:  # ZeRO-1's buffer (spmdsim.distrib_optim): the Reduce_scatter's slice of the summed gradients
         states += elements * w.buffers // shards
     return states
 
@@ -330,7 +336,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     follow the routing), each attention's tensor-parallel collectives, two messages of each microbatch
     between stages (its activations forward, their gradient backward). The gradient sums, at the gradient
     width, of the `dense` parameter elements over dp x ep and the `experts`' over dp (an Allreduce each;
-    ZeRO-1 a Reduce_scatter and an Allgather), in one call each (buckets only add latency). Each on the link
+    ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather), in one call each (buckets only add latency). Each on the link
     of its group (`levels`)."""
     from .ledger import PRECISIONS
     from .records import LEVELS
