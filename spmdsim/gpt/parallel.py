@@ -323,7 +323,7 @@ class GPT:
             if cfg.mlp == "swiglu":
                 z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1")),
                                                         (p[pre + "mlp.w3"], p.get(pre + "mlp.b3"))], self.full)
-                act = ops.silu(z[0]) * z[1]
+                act = megatron.swiglu(z)  # Megatron's fused bias_swiglu: keeps z, silu made again
             else:
                 z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1"))], self.full)
                 act = ops.gelu(z, kept="megatron")

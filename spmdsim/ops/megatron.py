@@ -11,7 +11,10 @@ these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` 
 - ``row_parallel_linear(x, w, out_layout)``: x @ W, the pending sums Reduce_scattered onto the sequence
   or Allreduced (to `out_layout`); keeps x, not the pending product;
 - ``bias_dropout_add(y, bias, residual, p, seed)``: residual + dropout(y + bias) (Megatron's
-  bias_dropout_add_fused); keeps the 1-byte boolean mask only.
+  bias_dropout_add_fused); keeps the 1-byte boolean mask only;
+- ``swiglu(z)``: silu(z[0]) * z[1] on fc1's stacked output (gate and up, one column-parallel product of two
+  weights), Megatron's fused bias_swiglu (megatron/core/fusions/fused_bias_swiglu.py, its SwiGLUFunction);
+  keeps z only, silu made again in the backward.
 
 The values are the graph's (the same products and sums); the collectives of the forward are the
 graph's, and the backward's are too but for the column products' Allgathers. Under a low-precision policy
@@ -20,7 +23,10 @@ graph's, and the backward's are too but for the column products' Allgathers. Und
 activations' dtype (a row-parallel product after its collective has summed it), the bias added to it and
 rounded again; bias-dropout-add rounds y + bias, its dropped-out values and the residual sum, each once, as
 the graph's three operators do (Megatron's jit-fused kernel may keep the first two in float32; spmdsim
-rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). What
+rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). SwiGLU
+rounds as Megatron's fused kernel does and not as the graph's two nodes: silu(gate) * up in float32 on the
+widened blocks, rounded once (the graph rounds silu's output, then the product); its backward's two halves in
+float32, rounded once where fc1's rule reads them (spmdsim.gpt.mixed follows the kept set). What
 each node keeps is in the activations' dtype (bfloat16: 2 bytes an element), the masks 1 byte. Operands
 are laid out as the GPT lays them (the weights' and biases' splits Megatron's); these are its building
 blocks, not general operators.
@@ -32,7 +38,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..buffers import broadcast_zero
-from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row
+from ..activations import sigmoid
+from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row, record_swiglu
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..flops import sweep
@@ -42,7 +49,7 @@ from ..precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
 from .norms import dropout_keep
 
-__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add"]
+__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu"]
 
 
 def _detached(t: Any) -> Any:
@@ -201,3 +208,32 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
     if y._ag is None and bias._ag is None and residual._ag is None:
         return out
     return record_bias_dropout_add(out, y, bias, residual, keep, scale)
+
+
+def _swiglu(z: np.ndarray) -> np.ndarray:
+    """silu(z[0]) * z[1] in z's dtype (float64: the graph's silu and product, the same values)."""
+    gate = z[0]
+    return gate * sigmoid(gate) * z[1]
+
+
+def _swiglu_low(z: np.ndarray) -> np.ndarray:
+    """`_swiglu` of a bfloat16 block in float32 on the widened halves, rounded once (Megatron's fused kernel)."""
+    gate, up = wide(z[0]), wide(z[1])
+    return rounded(gate * sigmoid(gate) * up, z.dtype)
+
+
+def swiglu(z: Any) -> Any:
+    """silu(z[0]) * z[1] for z (2, ..., F) stacked as `column_parallel_linear` stacks two weights' products (fc1's
+    gate and up), laid out whole on its first dim: one node that keeps z and no other block (Megatron's
+    bias_swiglu; its biases, where the model has them, are fc1's node's)."""
+    if z.global_shape[0] != 2 or z.layout.tensor_map[0] != () or z.layout.partial:
+        raise OperatorError(f"swiglu: z {tuple(z.global_shape)} {z.layout} is not fc1's two stacked products "
+                            "(2, ..., F), whole on its first dim")
+    low = is_low(z.dtype)
+    like = broadcast_zero(z.local.shape[1:], z.dtype)
+    block = _engine_local(_swiglu_low if low else _swiglu, like, z.local)
+    out = make_dtensor(z.mesh, block, TensorLayout(z.layout.layout, z.layout.tensor_map[1:]), tuple(z.global_shape[1:]))
+    sweep("bias_swiglu", (z.local,), (out.local,))
+    if z._ag is None:
+        return out
+    return record_swiglu(out, z)

@@ -1,0 +1,76 @@
+"""Llama's options under Megatron's kept set (``kept="megatron"``): each one Megatron's fused piece, keeping what it keeps.
+
+The count of one layer on one tensor-parallel rank, s·b·h a (seq, samples of a dp rank, d_model) block, F the MLP's
+hidden width, t = tp, sequence parallelism on (the norms' outputs are sequence shards, s·b·h/t), w the activations'
+width (8 bytes at float64, 2 at bf16-mixed), masks 1 byte:
+
+- SwiGLU (spmdsim.ops.megatron.swiglu, Megatron's bias_swiglu): the MLP kind keeps fc1's input (the sequence shard,
+  s·b·h/t), fc1's stacked output, gate and up (2 s·b·F/t), fc2's input (s·b·F/t) and the residual dropout's mask
+  (s·b·h/t bytes): (s·b·h + 3 s·b·F)/t values, where silu(gate) as a node of its own kept one s·b·F/t more.
+
+Each measured on every rank by kept_bytes, real and dry alike (the dry run that `spmdsim estimate` reads).
+"""
+from __future__ import annotations
+
+import pytest
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.autograd import kept_bytes
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.data import batch
+from spmdsim.gpt.parallel import GPT
+from spmdsim.gpt.train import TOLERANCE, train
+
+TEXT = encode(load_text(20_000))
+DP, TP = 2, 2
+S, B, H = 16, 4, 32  # seq, samples of one dp rank (batch 8 over dp 2), d_model
+
+
+def _cfg(**options) -> GPTConfig:
+    return GPTConfig(layers=2, d_model=H, heads=4, seq=S, batch=B * DP, dropout=0.2, **options)
+
+
+def _kept(cfg: GPTConfig, dry: bool, precision: str = "fp64") -> list:
+    """Per rank: kept_bytes(..., masks=True) of one training forward under kept="megatron", dp 2 x tp 2 with sp."""
+
+    def body():
+        from spmdsim.precision import precision as policy
+
+        mesh = spmdsim.Mesh(Layout((DP, TP), ("dp", "tp")), spmdsim.world())
+        model = GPT(cfg, mesh, sp=True, kept="megatron", precision=policy(precision))
+        x, y = batch(TEXT, cfg, 0)
+        ids = spmdsim.DTensor.from_global(mesh, x, mesh.layout("dp", None))
+        targets = spmdsim.DTensor.from_global(mesh, y, mesh.layout("dp", None))
+        return kept_bytes([model.loss(ids, targets, 0)], exclude=list(model.params.values()), masks=True)
+
+    return spmdsim.simulate(DP * TP, body, dry_run=dry)
+
+
+@pytest.mark.parametrize("precision, width", [("fp64", 8), ("bf16-mixed", 2)])
+def test_swiglu_keeps_fc1s_output_alone(precision, width):
+    """The MLP kind: (s·b·h + 3 s·b·F)/t values and s·b·h/t mask bytes a layer (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    F = 48
+    cfg = _cfg(mlp="swiglu", ffn=F)
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["mlp"] == cfg.layers * (S * B * H + 3 * S * B * F) // TP * width, (rank, values)
+        assert masks["mlp"] == cfg.layers * S * B * H // TP, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
+def test_a_swiglu_step_under_megatrons_kept_set_passes_its_check(precision):
+    """fp64 against spmdsim.gpt.reference; bf16-mixed against spmdsim.gpt.mixed, which rounds as the fused kernel
+    under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as two nodes apart)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(mlp="swiglu", ffn=48)
+    steps = spmdsim.simulate(DP * TP, lambda: train(cfg, spmdsim.world(), DP, TP, 2, TEXT, sp=True, kept="megatron",
+                                                      precision=precision)[1])[0]
+    for r in steps:
+        assert r.passed and all(e <= t for e, t in zip(r.errors, r.tolerances)), steps
+        assert precision != "fp64" or max(r.errors) <= TOLERANCE, steps
