@@ -7,6 +7,11 @@ width (8 bytes at float64, 2 at bf16-mixed), masks 1 byte:
 - SwiGLU (spmdsim.ops.megatron.swiglu, Megatron's bias_swiglu): the MLP kind keeps fc1's input (the sequence shard,
   s·b·h/t), fc1's stacked output, gate and up (2 s·b·F/t), fc2's input (s·b·F/t) and the residual dropout's mask
   (s·b·h/t bytes): (s·b·h + 3 s·b·F)/t values, where silu(gate) as a node of its own kept one s·b·F/t more.
+- grouped-query attention (kv key/value heads of head_dim d each, in the core's products: spmdsim.ops.attention):
+  the attention kind keeps the QKV products' input (s·b·h/t), Q (s·b·h/t), K and V at kv heads (one buffer,
+  2 s·b·kv·d/t), the projection's input (s·b·h/t) and the residual dropout's mask: (3 s·b·h + 2 s·b·kv·d)/t
+  values, where K and V repeated for their query heads (times ones, as Megatron's repeat_interleave) kept
+  2 s·b·h/t more (and the 2 x 1 ones).
 
 Each measured on every rank by kept_bytes, real and dry alike (the dry run that `spmdsim estimate` reads).
 """
@@ -62,13 +67,32 @@ def test_swiglu_keeps_fc1s_output_alone(precision, width):
         assert dry[rank] == real[rank], rank
 
 
-@pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
-def test_a_swiglu_step_under_megatrons_kept_set_passes_its_check(precision):
-    """fp64 against spmdsim.gpt.reference; bf16-mixed against spmdsim.gpt.mixed, which rounds as the fused kernel
-    under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as two nodes apart)."""
+@pytest.mark.parametrize("precision, width", [("fp64", 8), ("bf16-mixed", 2)])
+def test_grouped_query_attention_keeps_k_and_v_at_kv_heads(precision, width):
+    """The attention kind: (3 s·b·h + 2 s·b·kv·d)/t values and s·b·h/t mask bytes a layer (the module's count)."""
     if precision != "fp64":
         pytest.importorskip("ml_dtypes")
-    cfg = _cfg(mlp="swiglu", ffn=48)
+    cfg = _cfg(kv_heads=2)
+    kv = cfg.kv * cfg.head_dim
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["attention"] == cfg.layers * (3 * S * B * H + 2 * S * B * kv) // TP * width, (rank, values)
+        assert masks["attention"] == cfg.layers * S * B * H // TP, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2)}
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_a_step_under_megatrons_kept_set_passes_its_check(precision, option):
+    """fp64 against spmdsim.gpt.reference; bf16-mixed against spmdsim.gpt.mixed, which rounds as the fused pieces
+    under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as the graph apart)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(**OPTIONS[option])
     steps = spmdsim.simulate(DP * TP, lambda: train(cfg, spmdsim.world(), DP, TP, 2, TEXT, sp=True, kept="megatron",
                                                       precision=precision)[1])[0]
     for r in steps:

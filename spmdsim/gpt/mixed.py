@@ -13,7 +13,8 @@ where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
   sums, the logits; cross-entropy in float32;
 - under Megatron's kept set (``kept="megatron"``, spmdsim.ops.megatron) the fused kernels that round
   otherwise than the graph's nodes: SwiGLU (bias_swiglu) as silu(gate) * up in float32, rounded once, its
-  backward's two halves in float32 (rounded where fc1's rule reads them);
+  backward's two halves in float32 (rounded where fc1's rule reads them); grouped-query attention in the
+  core's products (no repeated key/value heads: a group's gradient summed in float32, rounded once);
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -386,8 +387,12 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     dq, dk = product(ds, c["k"]), product(ds.transpose(0, 1, 3, 2), c["q"])
     da = None
     for w, d, n in (("q", dq, H), ("k", dk, KV), ("v", dv, KV)):
-        d = r.grad(d)
-        if n != H:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it
+        if n == H:
+            d = r.grad(d)
+        else:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it (each
+            # head's rounded first at the repeat's node; under Megatron's kept set the core sums the group in its
+            # product, float32, and no repeat rounds them)
+            d = d if r.fused else r.grad(d)
             d = r.grad(d.reshape(B, KV, H // KV, T, Dh).sum(axis=2))
         if w != "v" and c["rope"] is not None:  # the turn's gradient, rounded where the product's output is reshaped
             d = r.grad(_rope_backward(d, c["rope"], r))

@@ -305,7 +305,8 @@ class GPT:
                 kv = ops.reshape(megatron.column_parallel_linear(a, pairs[1:], self.full),
                                  (2, T, B, cfg.kv, cfg.head_dim))
                 k, v = kv[0], kv[1]
-            q, k, v = self._rope(q), self._grouped(self._rope(k)), self._grouped(v)
+            # grouped-query attention inside the core (as flash attention's): K and V at kv_heads, none repeated
+            q, k = self._rope(q), self._rope(k)
         with kept_as("attention core"):
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed("attn"), batch_first=False,
                               recompute=self.recompute == "selective", kept="megatron")
