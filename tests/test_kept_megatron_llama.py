@@ -1,4 +1,4 @@
-"""Llama's options under Megatron's kept set (``kept="megatron"``): each one Megatron's fused piece, keeping what it keeps.
+"""Llama's options under Megatron's kept set (``kept="megatron"``): each Megatron's fused piece, keeping its set.
 
 The count of one layer on one tensor-parallel rank, s·b·h a (seq, samples of a dp rank, d_model) block, F the MLP's
 hidden width, t = tp, sequence parallelism on (the norms' outputs are sequence shards, s·b·h/t), w the activations'
@@ -12,6 +12,12 @@ width (8 bytes at float64, 2 at bf16-mixed), masks 1 byte:
   2 s·b·kv·d/t), the projection's input (s·b·h/t) and the residual dropout's mask: (3 s·b·h + 2 s·b·kv·d)/t
   values, where K and V repeated for their query heads (times ones, as Megatron's repeat_interleave) kept
   2 s·b·h/t more (and the 2 x 1 ones).
+- rotary embeddings (spmdsim.ops.megatron.rotary, Megatron's fused apply_rotary_pos_emb): a node that keeps no
+  block, so with heads a attention's kinds keep the QKV products' input, Q, K and V (one buffer, 3 s·b·h/t: V a
+  view of it) and the projection's input (attention: 5 s·b·h/t values), and the rotated Q and K that the core
+  reads (attention core: 2 s·b·h/t, beside its probabilities and dropped-out ones, 2 a·s²·b/t, and the mask);
+  the cos and sin tables once (2 s·d at float32 beside bf16, else the values' width). The graph's rotation kept
+  x cos, the turned halves and their product with sin, for Q and for K: 6 s·b·h/t more a layer.
 
 Each measured on every rank by kept_bytes, real and dry alike (the dry run that `spmdsim estimate` reads).
 """
@@ -82,7 +88,25 @@ def test_grouped_query_attention_keeps_k_and_v_at_kv_heads(precision, width):
         assert dry[rank] == real[rank], rank
 
 
-OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2)}
+@pytest.mark.parametrize("precision, width, table", [("fp64", 8, 8), ("bf16-mixed", 2, 4)])
+def test_the_rotary_embeddings_keep_no_block_of_their_own(precision, width, table):
+    """The attention kinds: 5 s·b·h/t values, and 2 s·b·h/t + 2 a·s²·b/t in the core, a layer, and the two tables
+    once (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(positions="rope")
+    sbh, scores = S * B * H // TP, B * cfg.heads // TP * S * S
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["attention"] == cfg.layers * 5 * sbh * width + 2 * S * cfg.head_dim * table, (rank, values)
+        assert values["attention core"] == cfg.layers * (2 * sbh + 2 * scores) * width, (rank, values)
+        assert masks["attention core"] == cfg.layers * scores, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2), "rope": dict(positions="rope"),
+           "llama": dict(ffn=48, norm="rms", mlp="swiglu", kv_heads=2, tied=False, positions="rope", bias=False)}
 
 
 @pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])

@@ -15,6 +15,8 @@ where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
   otherwise than the graph's nodes: SwiGLU (bias_swiglu) as silu(gate) * up in float32, rounded once, its
   backward's two halves in float32 (rounded where fc1's rule reads them); grouped-query attention in the
   core's products (no repeated key/value heads: a group's gradient summed in float32, rounded once);
+  the rotary embeddings (TransformerEngine's fused RoPE) on float32 tables, x cos + rotate_half(x) sin in
+  float32, rounded once, their backward in float32;
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -247,10 +249,13 @@ def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder)
 
 def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
     """Rotary embeddings' (cos, sin), each (T, 2, head_dim / 2) widened: spmdsim.gpt._blocks.rope_tables' float64
-    values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope)."""
+    values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope); under Megatron's
+    kept set rounded once to float32 (GPT._rotary: the fused kernel's float32 tables)."""
     from ._blocks import rope_tables
 
     half = cfg.head_dim // 2
+    if r.fused:
+        return tuple(t.astype(_F32).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
     return tuple(wide(r(t)).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
 
 
@@ -261,6 +266,8 @@ def _rope(x: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
     B, n, T, Dh = x.shape
     xw = wide(x).reshape(B, n, T, 2, Dh // 2)
     turned = np.stack([-xw[..., 1, :], xw[..., 0, :]], axis=-2)  # [x1, x2] -> [-x2, x1]
+    if r.fused:  # Megatron's fused rotary (spmdsim.ops.megatron.rotary): in float32, rounded once
+        return r(xw * cos + turned * sin).reshape(B, n, T, Dh)
     return r(wide(r(xw * cos)) + wide(r(wide(r(turned)) * sin))).reshape(B, n, T, Dh)
 
 
@@ -271,7 +278,7 @@ def _rope_backward(d: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
     cos, sin = tables
     B, n, T, Dh = d.shape
     dw = d.reshape(B, n, T, 2, Dh // 2)
-    u = r.grad(dw * sin)
+    u = dw * sin if r.fused else r.grad(dw * sin)  # the fused rotary's backward: float32 throughout
     return (dw * cos + np.stack([u[..., 1, :], -u[..., 0, :]], axis=-2)).reshape(B, n, T, Dh)
 
 

@@ -14,7 +14,10 @@ these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` 
   bias_dropout_add_fused); keeps the 1-byte boolean mask only;
 - ``swiglu(z)``: silu(z[0]) * z[1] on fc1's stacked output (gate and up, one column-parallel product of two
   weights), Megatron's fused bias_swiglu (megatron/core/fusions/fused_bias_swiglu.py, its SwiGLUFunction);
-  keeps z only, silu made again in the backward.
+  keeps z only, silu made again in the backward;
+- ``rotary(x, cos, sin)``: the rotary embeddings, x cos + rotate_half(x) sin over the head dim (Megatron's
+  apply_rotary_pos_emb with apply_rope_fusion, TransformerEngine's fused RoPE kernel); keeps no block of x: its
+  backward is the inverse rotation of dY (dY cos + rotate_half^T(dY sin)), which reads the tables alone.
 
 The values are the graph's (the same products and sums); the collectives of the forward are the
 graph's, and the backward's are too but for the column products' Allgathers. Under a low-precision policy
@@ -26,7 +29,10 @@ the graph's three operators do (Megatron's jit-fused kernel may keep the first t
 rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). SwiGLU
 rounds as Megatron's fused kernel does and not as the graph's two nodes: silu(gate) * up in float32 on the
 widened blocks, rounded once (the graph rounds silu's output, then the product); its backward's two halves in
-float32, rounded once where fc1's rule reads them (spmdsim.gpt.mixed follows the kept set). What
+float32, rounded once where fc1's rule reads them (spmdsim.gpt.mixed follows the kept set). The rotary
+embeddings likewise round as the fused kernel: float32 tables (TransformerEngine's computes cos and sin in
+float32; here the float64 tables rounded once to float32), x cos + rotate_half(x) sin in float32, rounded once;
+the backward in float32 (the graph's x cos, turned halves times sin and sum each round, on bfloat16 tables). What
 each node keeps is in the activations' dtype (bfloat16: 2 bytes an element), the masks 1 byte. Operands
 are laid out as the GPT lays them (the weights' and biases' splits Megatron's); these are its building
 blocks, not general operators.
@@ -39,7 +45,8 @@ import numpy as np
 
 from ..buffers import broadcast_zero
 from ..activations import sigmoid
-from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row, record_swiglu
+from ..autograd.rules.megatron import (record_bias_dropout_add, record_column, record_rotary, record_row,
+                                       record_swiglu, rotate_halves)
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..flops import sweep
@@ -49,7 +56,7 @@ from ..precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
 from .norms import dropout_keep
 
-__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu"]
+__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary"]
 
 
 def _detached(t: Any) -> Any:
@@ -237,3 +244,36 @@ def swiglu(z: Any) -> Any:
     if z._ag is None:
         return out
     return record_swiglu(out, z)
+
+
+def _rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x cos + rotate_half(x) sin of x (t, b, n, d) with tables (t, 1, 1, 2, d / 2), in the tables' dtype (float32
+    beside bfloat16 x: its one rounding is the caller's)."""
+    t, b, n, d = x.shape
+    halves = x.reshape(t, b, n, 2, d // 2)
+    if is_low(x.dtype):
+        halves = wide(halves)
+    return (halves * cos + rotate_halves(halves) * sin).reshape(t, b, n, d)
+
+
+def _rotary_low(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    return rounded(_rotary(x, cos, sin), x.dtype)
+
+
+def rotary(x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
+    """The rotary embeddings of x (T, B, heads, head_dim), whole on its sequence and head dims: x cos + [-x2, x1]
+    sin over the head dim's halves x1, x2 (rotate-half), `cos` and `sin` numpy tables (T, 1, 1, 2, head_dim / 2)
+    of every position (float32 beside bfloat16 x, else x's dtype). One node that keeps no block of x."""
+    T, d = x.global_shape[0], x.global_shape[-1]
+    if len(x.global_shape) != 4 or x.layout.tensor_map[0] != () or x.layout.tensor_map[-1] != () or x.layout.partial:
+        raise OperatorError(f"rotary: x {tuple(x.global_shape)} {x.layout} is not (T, B, heads, head_dim) whole on "
+                            "its sequence and head dims")
+    if cos.shape != (T, 1, 1, 2, d // 2) or sin.shape != cos.shape:
+        raise OperatorError(f"rotary: tables {cos.shape} and {sin.shape}; expected {(T, 1, 1, 2, d // 2)}")
+    low = is_low(x.dtype)
+    block = _engine_local(_rotary_low if low else _rotary, x.local, x.local, cos, sin)
+    out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
+    sweep("rotary", (x.local, cos, sin), (out.local,))
+    if x._ag is None:
+        return out
+    return record_rotary(out, x, cos, sin)

@@ -8,7 +8,9 @@
   Reduce_scatter, as in the graph), dX = dY W^T, dW = X^T dY;
 - bias, dropout and residual: d residual = dY, d y = dY * mask / (1 - p), d bias = its sum;
 - SwiGLU (Megatron's bias_swiglu): from its kept input z = (gate, up) alone, d gate = dY silu'(gate) up and
-  d up = dY silu(gate), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) (Megatron's swiglu_back), stacked as z.
+  d up = dY silu(gate), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) (Megatron's swiglu_back), stacked as z;
+- rotary embeddings (TransformerEngine's fused RoPE): dX = dY cos + rotate_half^T(dY sin), rotate_half^T
+  [u1, u2] -> [u2, -u1]: the tables alone, no block of X.
 
 Under a low-precision policy the gradients are float32 (spmdsim.precision): each rule reads dY rounded to
 the activations' dtype (the walk rounds it), multiplies the bfloat16 blocks widened (precision.product),
@@ -35,7 +37,8 @@ from ..graph import record, with_partial
 from ..kept import nothing, shell
 from .grads import axes_of, grad_tensor
 
-__all__ = ["record_column", "record_row", "record_bias_dropout_add", "record_swiglu"]
+__all__ = ["record_column", "record_row", "record_bias_dropout_add", "record_swiglu", "record_rotary",
+           "rotate_halves"]
 
 
 def _lead(ndim: int) -> tuple:
@@ -163,3 +166,29 @@ def record_swiglu(out: Any, z: Any) -> Any:
         return (grad_tensor(z, dz, dy.layout.partial),)
 
     return record(out, "bias_swiglu", (z,), backward, with_partial(out.layout, ()))
+
+
+def rotate_halves(a: np.ndarray) -> np.ndarray:
+    """[-a2, a1] of `a` (..., 2, n) seen as its halves a1 = a[..., 0, :], a2 = a[..., 1, :] (rotate_half)."""
+    return np.stack([-a[..., 1, :], a[..., 0, :]], axis=-2)
+
+
+def _rotary_back(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """dY cos + rotate_half^T(dY sin) of dY (t, b, n, d), in dY's dtype (float32 at bfloat16)."""
+    t, b, n, d = dy.shape
+    halves = dy.reshape(t, b, n, 2, d // 2)
+    u = halves * sin
+    return (halves * cos + np.stack([u[..., 1, :], -u[..., 0, :]], axis=-2)).reshape(t, b, n, d)
+
+
+def record_rotary(out: Any, x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
+    """`out` = x cos + rotate_half(x) sin: the node keeps x's shell and the tables (shared by every layer)."""
+    x = shell(x)
+
+    def backward(dy: Any) -> tuple:
+        d = dy.local
+        dx = _local(_rotary_back, broadcast_zero(d.shape, d.dtype), d, cos, sin)
+        sweep("rotary", (d, cos, sin), (dx,))
+        return (grad_tensor(x, dx, dy.layout.partial),)
+
+    return record(out, "rotary", (x,), backward, with_partial(out.layout, ()))
