@@ -180,6 +180,9 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                      lambda a: np.broadcast_to(a, (2, 4, 3, 8)), False),
     "attention": (((2, 4, 2, 4), (2, 8, 2, 4), (2, 8, 2, 2)), lambda q, k, v: ops.attention(q, k, v),
                   _np_attention, False),
+    # grouped-query attention: 2 key/value heads for 4 query heads (numpy: each repeated for its two)
+    "attention_grouped": (((2, 4, 4, 4), (2, 8, 2, 4), (2, 8, 2, 2)), lambda q, k, v: ops.attention(q, k, v),
+                          lambda q, k, v: _np_attention(q, np.repeat(k, 2, 2), np.repeat(v, 2, 2)), False),
     "attention_causal_dropout": (((2, 8, 2, 4),) * 3, lambda q, k, v: ops.attention(
         q, k, v, causal=True, dropout=0.3, seed=7), lambda q, k, v: _np_attention(q, k, v, True, 0.3), False),
     "erf_gelu_exact": (((4, 8),), lambda a: ops.gelu(a, approximate="none") - ops.erf(a),

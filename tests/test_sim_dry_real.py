@@ -6,7 +6,7 @@ a block the step keeps for its backward, a parameter or its gradient is held; a 
 keeps is the moment's own, what the estimate's peak adds, spmdsim.estimate.ledger.largest_transient), the
 products and kernels themselves, and the bytes kept for the backward, the master copy, the optimizer's states
 and the buffers (StepResult.memory). Dense and MoE GPTs (GELU experts with biases, Mixtral's SwiGLU experts
-without), float32 and bf16-mixed, a few tp, ep and pp values.
+without; a dense Llama under Megatron's kept set), float32 and bf16-mixed, a few tp, ep and pp values.
 
 Under bf16-mixed the attention core's backward products are left out: their dry gradients are bfloat16 blocks
 where the real ones are float32 (spmdsim.autograd.rules.attention, not this test's).
@@ -74,6 +74,9 @@ CASES = {
     # SwiGLU experts without biases: fc3's output kept beside fc1's, no bias blocks
     "moe swiglu fp32 ep2 tp2 top2": (_gpt(2, moe=_moe(2), **MIXTRAL), "fp32", dict(ep=2, tp=2)),
     "moe swiglu bf16 b1 tp2 top2": (_gpt(1, moe=_moe(2), **MIXTRAL), "bf16-mixed", dict(tp=2)),
+    # Llama's options under Megatron's kept set: its fused SwiGLU (spmdsim.ops.megatron)
+    "llama megatron fp32 b2 tp2": (_gpt(2, **MIXTRAL), "fp32", dict(tp=2, kept="megatron")),
+    "llama megatron bf16 b1 tp2": (_gpt(1, **MIXTRAL), "bf16-mixed", dict(tp=2, kept="megatron")),
     # a pipeline's later microbatches keep their blocks as the first does
     "dense fp32 pp2": (_gpt(2, layers=2), "fp32", dict(pp=2, microbatches=2)),
     "moe bf16 pp2 ep2": (_gpt(4, layers=2, moe=_moe()), "bf16-mixed", dict(pp=2, ep=2, microbatches=2)),

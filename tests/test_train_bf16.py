@@ -107,8 +107,8 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
 
     real = module._mixed_step
 
-    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None):
-        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes)
+    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None, kept="graph"):
+        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes, kept)
         loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
         return loss, grads64, updated
 
@@ -253,7 +253,7 @@ def test_a_pipeline_reference_that_ignores_the_microbatches_is_caught(monkeypatc
     from spmdsim.gpt import train as module
 
     real = module._mixed_step
-    monkeypatch.setattr(module, "_mixed_step", lambda *a: real(*a[:7], 1))
+    monkeypatch.setattr(module, "_mixed_step", lambda *a, **kw: real(*a[:7], 1, **kw))
     steps, _ = _pipelined("bf16-mixed", steps=1, sp=True, microbatches=4)
     assert steps[0].errors[0] > steps[0].tolerances[0] and not steps[0].passed
 

@@ -11,6 +11,12 @@ where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
   attention core's probabilities, their dropped-out values and its output, GELU (or SwiGLU's silu and
   its product), the rotary embeddings' two products and their sum (bfloat16 tables), the residual
   sums, the logits; cross-entropy in float32;
+- under Megatron's kept set (``kept="megatron"``, spmdsim.ops.megatron) the fused kernels that round
+  otherwise than the graph's nodes: SwiGLU (bias_swiglu) as silu(gate) * up in float32, rounded once, its
+  backward's two halves in float32 (rounded where fc1's rule reads them); grouped-query attention in the
+  core's products (no repeated key/value heads: a group's gradient summed in float32, rounded once);
+  the rotary embeddings (TransformerEngine's fused RoPE) on float32 tables, x cos + rotate_half(x) sin in
+  float32, rounded once, their backward in float32;
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -105,19 +111,21 @@ def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
 
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
-                   policy: Precision, masks: Optional[dict], routes: Optional[dict] = None) -> tuple[float, dict]:
+                   policy: Precision, masks: Optional[dict], routes: Optional[dict] = None,
+                   kept: str = "graph") -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.gpt.reference's
     keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
     model's from the padded model's `params`, wte's padded rows' gradients zero (spmdsim.gpt.reference's).
-    `routes`: MoE layer ("h1") -> the ranks' (B, T, k) experts, followed at near-ties (spmdsim.moe.routing)."""
+    `routes`: MoE layer ("h1") -> the ranks' (B, T, k) experts, followed at near-ties (spmdsim.moe.routing).
+    `kept`: the ranks' kept set (spmdsim.gpt.parallel.GPT's), "megatron" rounding where its fused kernels round."""
     if cfg.unpadded() is not cfg:
         loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks,
-                                     routes)
+                                     routes, kept)
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
-    r = _Rounder(act, cfg, masks)
+    r = _Rounder(act, cfg, masks, kept)
     B, T = x.shape
     D = cfg.d_model
     # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
@@ -176,8 +184,9 @@ class _Grads(dict):
 class _Rounder:
     """Rounding to the activations' dtype, the dropout masks as the ranks' float32 factors."""
 
-    def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict]) -> None:
+    def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict], kept: str = "graph") -> None:
         self.act, self.masks = act, masks
+        self.fused = kept == "megatron"  # Megatron's fused kernels' rounding points (spmdsim.ops.megatron)
         self.scale = np.asarray(1.0 / (1.0 - cfg.dropout), _F32)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
@@ -240,10 +249,13 @@ def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder)
 
 def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
     """Rotary embeddings' (cos, sin), each (T, 2, head_dim / 2) widened: spmdsim.gpt._blocks.rope_tables' float64
-    values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope)."""
+    values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope); under Megatron's
+    kept set rounded once to float32 (GPT._rotary: the fused kernel's float32 tables)."""
     from ._blocks import rope_tables
 
     half = cfg.head_dim // 2
+    if r.fused:
+        return tuple(t.astype(_F32).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
     return tuple(wide(r(t)).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
 
 
@@ -254,6 +266,8 @@ def _rope(x: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
     B, n, T, Dh = x.shape
     xw = wide(x).reshape(B, n, T, 2, Dh // 2)
     turned = np.stack([-xw[..., 1, :], xw[..., 0, :]], axis=-2)  # [x1, x2] -> [-x2, x1]
+    if r.fused:  # Megatron's fused rotary (spmdsim.ops.megatron.rotary): in float32, rounded once
+        return r(xw * cos + turned * sin).reshape(B, n, T, Dh)
     return r(wide(r(xw * cos)) + wide(r(wide(r(turned)) * sin))).reshape(B, n, T, Dh)
 
 
@@ -264,15 +278,19 @@ def _rope_backward(d: np.ndarray, tables: tuple, r: _Rounder) -> np.ndarray:
     cos, sin = tables
     B, n, T, Dh = d.shape
     dw = d.reshape(B, n, T, 2, Dh // 2)
-    u = r.grad(dw * sin)
+    u = dw * sin if r.fused else r.grad(dw * sin)  # the fused rotary's backward: float32 throughout
     return (dw * cos + np.stack([u[..., 1, :], -u[..., 0, :]], axis=-2)).reshape(B, n, T, Dh)
 
 
 def _swiglu(z: np.ndarray, u: np.ndarray, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
     """(silu(z) * u, silu(z)) as the ranks' two nodes (ops.silu, then a product): silu computed in float32 on the
     widened z (spmdsim.ops.pointwise's kernel, x sigmoid(x)) and rounded, the product of the widened factors
-    rounded."""
+    rounded. Under Megatron's kept set as its fused bias_swiglu (spmdsim.ops.megatron.swiglu): the product of
+    the widened z sigmoid(z) and u in float32, rounded once, silu(z) left in float32."""
     zw = wide(z)
+    if r.fused:
+        s = zw * activations.sigmoid(zw)
+        return r(s * wide(u)), s
     s = r(zw * activations.sigmoid(zw))
     return r(wide(s) * wide(u)), s
 
@@ -346,10 +364,14 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         grads.total(pre + "mlp.b2", dr, P)
         grads.dot(pre + "mlp.w2", c["m"], dr)
         dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
-        if "s" in c:  # SwiGLU: the product's rule (float32), each factor's gradient rounded at its node
-            du = r.grad(dm * wide(c["s"]))
-            ds = r.grad(dm * wide(c["u"]))
-            dz = r.grad(ds * _silu_slope(wide(c["z"])))
+        if "s" in c:
+            if r.fused:  # Megatron's swiglu_back: both halves in float32 from z and u, rounded once
+                du = r.grad(dm * c["s"])
+                dz = r.grad(dm * _silu_slope(wide(c["z"])) * wide(c["u"]))
+            else:  # SwiGLU: the product's rule (float32), each factor's gradient rounded at its node
+                du = r.grad(dm * wide(c["s"]))
+                ds = r.grad(dm * wide(c["u"]))
+                dz = r.grad(ds * _silu_slope(wide(c["z"])))
             grads.total(pre + "mlp.b3", du, P)
             grads.dot(pre + "mlp.w3", c["a2"], du)
         else:
@@ -372,8 +394,12 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     dq, dk = product(ds, c["k"]), product(ds.transpose(0, 1, 3, 2), c["q"])
     da = None
     for w, d, n in (("q", dq, H), ("k", dk, KV), ("v", dv, KV)):
-        d = r.grad(d)
-        if n != H:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it
+        if n == H:
+            d = r.grad(d)
+        else:  # the repeat's gradient: its query heads' summed (float32), rounded where the product reads it (each
+            # head's rounded first at the repeat's node; under Megatron's kept set the core sums the group in its
+            # product, float32, and no repeat rounds them)
+            d = d if r.fused else r.grad(d)
             d = r.grad(d.reshape(B, KV, H // KV, T, Dh).sum(axis=2))
         if w != "v" and c["rope"] is not None:  # the turn's gradient, rounded where the product's output is reshaped
             d = r.grad(_rope_backward(d, c["rope"], r))

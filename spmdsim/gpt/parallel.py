@@ -35,7 +35,7 @@ from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ..autograd.kept import KEPT, kept_problem
 from ..ops import megatron
 from .memory import RECOMPUTE, recompute_problem
-from ..precision import precision as get_precision, precision_problem
+from ..precision import is_low, precision as get_precision, precision_problem
 from ..runtime.executor import redistribute
 from ..runtime.replay import Scalar
 from .params import constant, dropout_seed, seeded
@@ -145,6 +145,7 @@ class GPT:
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
         self._router_losses: list = []
         self._rope_tables: Any = None  # (cos, sin, turn) as DTensors, made by `_rope` when first used
+        self._rotary_tables: Any = None  # (cos, sin) numpy tables of Megatron's fused rotary, made by `_rotary`
         self._group_ones: Any = None  # grouped-query attention's ones (1, 1, 1, G, 1), made by `_grouped`
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
@@ -261,6 +262,22 @@ class GPT:
         out = x * cos + ops.einsum("tbhkd,kj->tbhjd", x, turn) * sin
         return ops.reshape(out, (T, B, n, Dh))
 
+    def _rotary(self, x: Any) -> Any:
+        """`_rope`'s values under Megatron's kept set: its fused rotary (spmdsim.ops.megatron.rotary), one node that
+        keeps no block of x; its tables float32 beside bfloat16 activations (the fused kernel's), else theirs."""
+        cfg = self.cfg
+        if cfg.positions != "rope":
+            return x
+        tables = self._rotary_tables
+        dtype = self.precision.dtype("activation")
+        width = np.dtype(np.float32) if is_low(dtype) else dtype
+        if tables is None or tables[0].dtype != width:
+            from ._blocks import rope_tables
+
+            tables = self._rotary_tables = tuple(t.reshape(cfg.seq, 1, 1, 2, cfg.head_dim // 2).astype(width)
+                                                 for t in rope_tables(cfg.seq, cfg.head_dim))  # rounded once
+        return megatron.rotary(x, *tables)
+
     def _grouped(self, x: Any) -> Any:
         """Grouped-query attention's keys or values (T, B, kv_heads, head_dim) repeated for their query heads
         (T, B, heads, head_dim): head j serves heads j G .. j G + G - 1, G = heads / kv_heads (on each rank
@@ -305,7 +322,8 @@ class GPT:
                 kv = ops.reshape(megatron.column_parallel_linear(a, pairs[1:], self.full),
                                  (2, T, B, cfg.kv, cfg.head_dim))
                 k, v = kv[0], kv[1]
-            q, k, v = self._rope(q), self._grouped(self._rope(k)), self._grouped(v)
+            # grouped-query attention inside the core (as flash attention's): K and V at kv_heads, none repeated
+            q, k = self._rotary(q), self._rotary(k)
         with kept_as("attention core"):
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed("attn"), batch_first=False,
                               recompute=self.recompute == "selective", kept="megatron")
@@ -323,7 +341,7 @@ class GPT:
             if cfg.mlp == "swiglu":
                 z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1")),
                                                         (p[pre + "mlp.w3"], p.get(pre + "mlp.b3"))], self.full)
-                act = ops.silu(z[0]) * z[1]
+                act = megatron.swiglu(z)  # Megatron's fused bias_swiglu: keeps z, silu made again
             else:
                 z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1"))], self.full)
                 act = ops.gelu(z, kept="megatron")

@@ -390,7 +390,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             run_grads = where.used(_tables(run, cfg, where, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
-                x, y, cfg, step, policy, microbatches)
+                x, y, cfg, step, policy, microbatches, None, kept)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
                                 slices)
         elif check:

@@ -86,20 +86,21 @@ class StepResult:
 
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
-                grads: dict, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
+                grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph") -> tuple:
     """The references of a step under a low-precision policy (spmdsim.gpt.mixed): (loss, gradients) of the
     same policy from the run's parameters at the step's start (its master copies), and the updated master
     copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
     each name -> whole array; the moments zeros before the first step). `microbatches` > 1: gradient
     accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
-    the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties."""
+    the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
+    model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.gpt.mixed)."""
     from ..optim import adamw_update
     from .mixed import loss_and_grads
     from .reference import _masks
 
     loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: loss_and_grads(
         start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i),
-        _rows(routes, rows)))
+        _rows(routes, rows), kept))
     if cfg.clip:
         from .reference import clip_grads
 
@@ -288,13 +289,13 @@ def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.n
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
                    cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1,
-                   routes: Optional[dict] = None) -> tuple:
+                   routes: Optional[dict] = None, kept: str = "graph") -> tuple:
     """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
     that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
     (spmdsim.gpt.pipeline's too, with its `microbatches`)."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
-                                           microbatches, routes)
+                                           microbatches, routes, kept=kept)
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
 
 
@@ -534,7 +535,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                 run_grads = where.used(_table(model, [summed], "check.grads"))
                 ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                             _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                            policy, 1, routes)
+                                                            policy, 1, routes, kept)
             else:
                 reference_moments, ref_loss, grads, updated, top = shared_once(
                     mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, reference_moments, x,

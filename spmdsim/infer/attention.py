@@ -11,6 +11,11 @@ k (B, Tk, H, D), v (B, Tk, H, E); the output is (B, Tq, H, E).
 | heads H | yes (tensor parallel: each rank its own heads) | split alike |
 | head dim D | no: a score sums over it, and softmax needs whole scores | whole |
 
+k and v may have fewer heads than q, Hk dividing H (grouped-query attention, as flash attention takes
+it): query head i reads key/value head i // (H / Hk). Their heads are split as q's (each rank its own
+query heads and the key/value heads they read) where those axes divide Hk; else every operand's heads are
+whole.
+
 A key mask (B, Tk), bool, True where a key takes part (PyTorch's boolean
 convention; False: padding), goes to q's batch split with the keys whole.
 
@@ -22,6 +27,7 @@ resolves them where their layout needs it); q's gradient is whole.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -62,9 +68,10 @@ def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: 
             raise OperatorError(f"attention: {name} is on {layout.layout} but q on {q.layout}; expected one "
                                 "device matrix")
     (b, tq, h, d), (kb, tk, kh, kd), (vb, vt, vh, e) = q_shape, k_shape, v_shape
-    if (kb, kh, kd) != (b, h, d):
+    if (kb, kd) != (b, d) or not kh or h % kh:
         raise ShapeError(f"attention: k of global shape {tuple(k_shape)!r} does not fit q's {tuple(q_shape)!r}; "
-                         "expected the same batch, heads and head dim")
+                         "expected the same batch and head dim, and heads that divide q's (grouped-query "
+                         "attention: each key/value head serves H / Hk query heads)")
     if (vb, vt, vh) != (kb, tk, kh):
         raise ShapeError(f"attention: v of global shape {tuple(v_shape)!r} does not fit k's {tuple(k_shape)!r}; "
                          "expected the same batch, sequence and heads")
@@ -72,8 +79,11 @@ def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: 
         raise ShapeError(f"attention: causal with {tq} queries and {tk} keys; expected as many queries as keys")
     matrix = q.layout
     qmap = q.tensor_map
-    target_q = matrix(qmap[0], qmap[1], qmap[2], None)
-    target_kv = matrix(qmap[0], None, qmap[2], None)
+    heads = qmap[2]
+    if kh != h and kh % math.prod(matrix.axis_size(a) for a in heads):
+        heads = ()  # grouped-query attention: each rank the key/value heads its query heads read, or all heads whole
+    target_q = matrix(qmap[0], qmap[1], heads, None)
+    target_kv = matrix(qmap[0], None, heads, None)
     query_axes = tuple(a for a in qmap[1] if matrix.axis_size(a) > 1)
     target_q.check_shape(q_shape)  # each raises a ShapeError naming the dim that does not divide
     target_kv.check_shape(k_shape)

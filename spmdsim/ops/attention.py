@@ -25,13 +25,13 @@ import numpy as np
 
 from ..buffers import broadcast_zero
 from ..autograd.kept import kept_problem
-from ..autograd.rules.attention import count_core, count_core_kernels, record_attention
+from ..autograd.rules.attention import count_core, count_core_kernels, grouped_product, record_attention
 from ..flops import any_open
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
 from ..layout import TensorLayout
-from ..precision import is_low, product, rounded, wide
+from ..precision import is_low, rounded, wide
 from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -45,6 +45,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
+    k and v may have Hk heads, Hk dividing H (grouped-query attention): query head i reads key/value head
+    i // (H / Hk) inside the products, as flash attention does; no head is repeated, and the node keeps k and v
+    at Hk heads.
     `batch_first=False`: the operands and the result sequence-first, (T, B, H, D) (Megatron's [s, b, h]
     activations, PyTorch's MultiheadAttention default), read through views: the same values, scores
     and dropout mask (still drawn over (B, H, Tq, Tk)), no copy to batch-first.
@@ -70,7 +73,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         _seed_checked(decided.drop, seed)  # raises (an int seed, or none without dropout, passes)
     plan, first, heads, keys_t, back = decided.plan, decided.first, decided.heads, decided.keys_t, decided.back
     scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
-    probs_shape, region = decided.probs_shape, decided.region
+    probs_shape, region, groups = decided.probs_shape, decided.region, decided.groups
     q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
     mesh = q.mesh
     padding = None
@@ -91,7 +94,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     # (np.einsum's own loops took several times as long). The backward of `recompute` calls it again.
     def masks(qb: np.ndarray, kb: np.ndarray) -> tuple:
         """(p, pd, factors, the boolean keep mask or None)."""
-        s = product(qb.transpose(heads), kb.transpose(keys_t)) * scale
+        s = grouped_product(qb.transpose(heads), kb.transpose(keys_t), groups) * scale
         above = masked()
         if above is not None:
             s = np.where(above, -np.inf, s)
@@ -118,7 +121,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             else:
                 saved["factors"] = factors
         if low:  # (spmdsim.precision: a float32 product, rounded once)
-            return rounded(product(pd, vb.transpose(heads)), dtype).transpose(back)
+            return rounded(grouped_product(pd, vb.transpose(heads), groups), dtype).transpose(back)
+        if groups > 1:
+            return grouped_product(pd, vb.transpose(heads), groups).transpose(back)
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     like = broadcast_zero(decided.block, dtype)  # the result's block
@@ -144,7 +149,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if not grads:
         return out
     return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
-                            (scores, drop, kept))
+                            (scores, drop, kept), groups)
 
 
 class _Decided:
@@ -154,7 +159,7 @@ class _Decided:
     signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
-                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores")
+                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores", "groups")
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
@@ -237,6 +242,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     out.out, out.shape = first(plan.out), first(plan.shape)
     out.block = out.out.local_shape(out.shape, rank)
     out.scores = (b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, out.tk)
+    out.groups = h // first(tuple(k.global_shape))[2]  # query heads per key/value head (1 without grouping)
     return out
 
 

@@ -11,7 +11,13 @@ these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` 
 - ``row_parallel_linear(x, w, out_layout)``: x @ W, the pending sums Reduce_scattered onto the sequence
   or Allreduced (to `out_layout`); keeps x, not the pending product;
 - ``bias_dropout_add(y, bias, residual, p, seed)``: residual + dropout(y + bias) (Megatron's
-  bias_dropout_add_fused); keeps the 1-byte boolean mask only.
+  bias_dropout_add_fused); keeps the 1-byte boolean mask only;
+- ``swiglu(z)``: silu(z[0]) * z[1] on fc1's stacked output (gate and up, one column-parallel product of two
+  weights), Megatron's fused bias_swiglu (megatron/core/fusions/fused_bias_swiglu.py, its SwiGLUFunction);
+  keeps z only, silu made again in the backward;
+- ``rotary(x, cos, sin)``: the rotary embeddings, x cos + rotate_half(x) sin over the head dim (Megatron's
+  apply_rotary_pos_emb with apply_rope_fusion, TransformerEngine's fused RoPE kernel); keeps no block of x: its
+  backward is the inverse rotation of dY (dY cos + rotate_half^T(dY sin)), which reads the tables alone.
 
 The values are the graph's (the same products and sums); the collectives of the forward are the
 graph's, and the backward's are too but for the column products' Allgathers. Under a low-precision policy
@@ -20,7 +26,13 @@ graph's, and the backward's are too but for the column products' Allgathers. Und
 activations' dtype (a row-parallel product after its collective has summed it), the bias added to it and
 rounded again; bias-dropout-add rounds y + bias, its dropped-out values and the residual sum, each once, as
 the graph's three operators do (Megatron's jit-fused kernel may keep the first two in float32; spmdsim
-rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). What
+rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). SwiGLU
+rounds as Megatron's fused kernel does and not as the graph's two nodes: silu(gate) * up in float32 on the
+widened blocks, rounded once (the graph rounds silu's output, then the product); its backward's two halves in
+float32, rounded once where fc1's rule reads them (spmdsim.gpt.mixed follows the kept set). The rotary
+embeddings likewise round as the fused kernel: float32 tables (TransformerEngine's computes cos and sin in
+float32; here the float64 tables rounded once to float32), x cos + rotate_half(x) sin in float32, rounded once;
+the backward in float32 (the graph's x cos, turned halves times sin and sum each round, on bfloat16 tables). What
 each node keeps is in the activations' dtype (bfloat16: 2 bytes an element), the masks 1 byte. Operands
 are laid out as the GPT lays them (the weights' and biases' splits Megatron's); these are its building
 blocks, not general operators.
@@ -32,7 +44,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..buffers import broadcast_zero
-from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row
+from ..activations import sigmoid
+from ..autograd.rules.megatron import (record_bias_dropout_add, record_column, record_rotary, record_row,
+                                       record_swiglu, rotate_halves)
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..flops import sweep
@@ -42,7 +56,7 @@ from ..precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
 from .norms import dropout_keep
 
-__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add"]
+__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary"]
 
 
 def _detached(t: Any) -> Any:
@@ -201,3 +215,65 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
     if y._ag is None and bias._ag is None and residual._ag is None:
         return out
     return record_bias_dropout_add(out, y, bias, residual, keep, scale)
+
+
+def _swiglu(z: np.ndarray) -> np.ndarray:
+    """silu(z[0]) * z[1] in z's dtype (float64: the graph's silu and product, the same values)."""
+    gate = z[0]
+    return gate * sigmoid(gate) * z[1]
+
+
+def _swiglu_low(z: np.ndarray) -> np.ndarray:
+    """`_swiglu` of a bfloat16 block in float32 on the widened halves, rounded once (Megatron's fused kernel)."""
+    gate, up = wide(z[0]), wide(z[1])
+    return rounded(gate * sigmoid(gate) * up, z.dtype)
+
+
+def swiglu(z: Any) -> Any:
+    """silu(z[0]) * z[1] for z (2, ..., F) stacked as `column_parallel_linear` stacks two weights' products (fc1's
+    gate and up), laid out whole on its first dim: one node that keeps z and no other block (Megatron's
+    bias_swiglu; its biases, where the model has them, are fc1's node's)."""
+    if z.global_shape[0] != 2 or z.layout.tensor_map[0] != () or z.layout.partial:
+        raise OperatorError(f"swiglu: z {tuple(z.global_shape)} {z.layout} is not fc1's two stacked products "
+                            "(2, ..., F), whole on its first dim")
+    low = is_low(z.dtype)
+    like = broadcast_zero(z.local.shape[1:], z.dtype)
+    block = _engine_local(_swiglu_low if low else _swiglu, like, z.local)
+    out = make_dtensor(z.mesh, block, TensorLayout(z.layout.layout, z.layout.tensor_map[1:]), tuple(z.global_shape[1:]))
+    sweep("bias_swiglu", (z.local,), (out.local,))
+    if z._ag is None:
+        return out
+    return record_swiglu(out, z)
+
+
+def _rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x cos + rotate_half(x) sin of x (t, b, n, d) with tables (t, 1, 1, 2, d / 2), in the tables' dtype (float32
+    beside bfloat16 x: its one rounding is the caller's)."""
+    t, b, n, d = x.shape
+    halves = x.reshape(t, b, n, 2, d // 2)
+    if is_low(x.dtype):
+        halves = wide(halves)
+    return (halves * cos + rotate_halves(halves) * sin).reshape(t, b, n, d)
+
+
+def _rotary_low(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    return rounded(_rotary(x, cos, sin), x.dtype)
+
+
+def rotary(x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
+    """The rotary embeddings of x (T, B, heads, head_dim), whole on its sequence and head dims: x cos + [-x2, x1]
+    sin over the head dim's halves x1, x2 (rotate-half), `cos` and `sin` numpy tables (T, 1, 1, 2, head_dim / 2)
+    of every position (float32 beside bfloat16 x, else x's dtype). One node that keeps no block of x."""
+    T, d = x.global_shape[0], x.global_shape[-1]
+    if len(x.global_shape) != 4 or x.layout.tensor_map[0] != () or x.layout.tensor_map[-1] != () or x.layout.partial:
+        raise OperatorError(f"rotary: x {tuple(x.global_shape)} {x.layout} is not (T, B, heads, head_dim) whole on "
+                            "its sequence and head dims")
+    if cos.shape != (T, 1, 1, 2, d // 2) or sin.shape != cos.shape:
+        raise OperatorError(f"rotary: tables {cos.shape} and {sin.shape}; expected {(T, 1, 1, 2, d // 2)}")
+    low = is_low(x.dtype)
+    block = _engine_local(_rotary_low if low else _rotary, x.local, x.local, cos, sin)
+    out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
+    sweep("rotary", (x.local, cos, sin), (out.local,))
+    if x._ag is None:
+        return out
+    return record_rotary(out, x, cos, sin)

@@ -5,6 +5,11 @@ the forward and works out dQ, dK and dV from them locally: dQ is whole, dK
 and dV are pending over the axes that split the query rows (each rank's
 queries read every key). With selective recomputation the forward keeps none of the core
 (probabilities, dropout mask, dropped-out probabilities): the rule computes them again first.
+
+Grouped-query attention (k and v with H / G heads, each serving G query heads) runs in the products
+themselves, as flash attention's kernels do: a group's G query heads are multiplied by their one key/value
+head (`grouped_product`), and dK and dV sum the group's G heads within one product over their G·Tq rows
+(`grouped_sum`); no key or value head is repeated.
 """
 from __future__ import annotations
 
@@ -21,7 +26,43 @@ from .grads import grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["record_attention", "count_core", "count_core_kernels"]
+__all__ = ["record_attention", "count_core", "count_core_kernels", "grouped_product", "grouped_sum"]
+
+
+def grouped_product(a: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
+    """a @ b per sample and head, a (n, h, m, k) and b (n, h / groups, k, p): head i of a times head
+    i // groups of b (grouped-query attention), (n, h, m, p); `groups` 1: product(a, b) itself."""
+    if groups == 1:
+        return product(a, b)
+    n, h = a.shape[:2]
+    out = product(a.reshape(n, h // groups, groups, *a.shape[2:]), b[:, :, None])
+    return out.reshape(n, h, *out.shape[-2:])
+
+
+def grouped_sum(a: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
+    """Per sample, the sum over each group of `groups` consecutive heads of a_i^T b_i, a (n, h, m, k) and
+    b (n, h, m, p): (n, h / groups, k, p), one product over the group's groups·m rows (dK = dS^T Q and
+    dV = Pd^T dY of grouped-query attention); `groups` 1: a^T b per head."""
+    if groups == 1:
+        return product(a.transpose(0, 1, 3, 2), b)
+    n, h, m = a.shape[:3]
+    rows = (n, h // groups, groups * m)
+    return product(a.reshape(*rows, a.shape[-1]).transpose(0, 1, 3, 2), b.reshape(*rows, b.shape[-1]))
+
+
+def _grouped_shapes(a: tuple, b: tuple) -> tuple:
+    """The shapes `grouped_product` multiplies for operands shaped a (n, h, m, k) and b (n, hk, k, p)."""
+    if a[1] == b[1]:
+        return a, b
+    return (a[0], b[1], a[1] // b[1]) + a[2:], (b[0], b[1], 1) + b[2:]
+
+
+def _summed_shapes(a: tuple, b: tuple, heads: int) -> tuple:
+    """The shapes `grouped_sum` multiplies for a (n, h, m, k), b (n, h, m, p) into `heads` heads."""
+    n, h, m = a[:3]
+    if h == heads:
+        return a[:2] + a[:-3:-1], b
+    return (n, heads, a[3], h // heads * m), (n, heads, h // heads * m, b[3])
 
 
 def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tuple, saved: Optional[dict] = None,
@@ -32,14 +73,14 @@ def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tup
     q, k and v, which the rule keeps, are blocks the rank holds), the dropped-out probabilities as `saved`'s
     "pd" (count_core_kernels's `saved`) and the result as `out` where given, else blocks of their shapes."""
     heads, keys_t, _ = order
-    qs, ks = _seen(q.shape, heads), _seen(k.shape, keys_t)  # (b, h, tq, d), (b, h, d, tk)
+    qs, ks = _seen(q.shape, heads), _seen(k.shape, keys_t)  # (b, h, tq, d), (b, hk, d, tk)
     dtype = q.dtype
     scores = (qs[:-1] + ks[-1:], dtype)  # (b, h, tq, tk)
-    gemm(qs, ks, dtype, (q, k, scores))
+    gemm(*_grouped_shapes(qs, ks), dtype, (q, k, scores))
     if v is not None:
         vs = _seen(v.shape, heads)
-        gemm(scores[0], vs, dtype, (_own(saved, "pd", scores), v, (scores[0][:-1] + vs[-1:], dtype) if out is None
-                                   else out))
+        gemm(*_grouped_shapes(scores[0], vs), dtype, (_own(saved, "pd", scores), v,
+                                                      (scores[0][:-1] + vs[-1:], dtype) if out is None else out))
 
 
 def count_core_kernels(block: tuple, drop: float, kept: str, saved: Optional[dict] = None) -> None:
@@ -98,14 +139,15 @@ def _count_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray,
     dtype = q.dtype
     block = (scores, dtype)  # a gradient over the scores, held by nothing
     dq, dk, dv = ((_seen(t.shape, heads), dtype) if g is None else g for t, g in zip((q, k, v), grads))
-    gemm(dyh, vt, dtype, (dy, v, block))  # dpd = dy v^T
-    gemm(probs_t, dyh, dtype, (_own(saved, "pd", block), dy, dv))  # dv = pd^T dy
-    gemm(scores, _seen(k.shape, heads), dtype, (block, k, dq))  # dq = ds k
-    gemm(probs_t, _seen(q.shape, heads), dtype, (block, q, dk))  # dk = ds^T q
+    kv = vt[1]  # the key/value heads (grouped-query attention: fewer than the query heads)
+    gemm(*_grouped_shapes(dyh, vt), dtype, (dy, v, block))  # dpd = dy v^T
+    gemm(*_summed_shapes(scores, dyh, kv), dtype, (_own(saved, "pd", block), dy, dv))  # dv = pd^T dy
+    gemm(*_grouped_shapes(scores, _seen(k.shape, heads)), dtype, (block, k, dq))  # dq = ds k
+    gemm(*_summed_shapes(scores, _seen(q.shape, heads), kv), dtype, (block, q, dk))  # dk = ds^T q
 
 
 def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, core: Optional[Callable],
-                     scale: float, order: tuple, traffic: tuple = ()) -> Any:
+                     scale: float, order: tuple, traffic: tuple = (), groups: int = 1) -> Any:
     """softmax(q k^T * scale [masked]) [dropped out] v, its operands already in the plan's layouts.
 
     `kept`: the probabilities "p", after dropout "pd", and the kept entries' dropout factor "factors"
@@ -115,7 +157,8 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
     again here, the mask drawn again from its seed) and in a dry run (zero gradients); `order`: the
     permutations that see a block as (b, h, t, d), k's as (b, h, d, t), and put a (b, h, t, e) product
     back in the operands' order; `traffic`: (scores block, dropout rate, kept set) for the element-wise
-    kernels' count (spmdsim.flops.sweep), none counted when empty.
+    kernels' count (spmdsim.flops.sweep), none counted when empty; `groups`: the query heads each key/value
+    head serves (grouped-query attention; 1 without).
     """
     heads, keys_t, back = order
 
@@ -127,12 +170,12 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
             keep = kept.get("keep")  # a boolean mask (Megatron's kept set): its factor made again
             factors = kept["factors"] if keep is None else np.multiply(keep, kept["scale"])
         dyh = dy.transpose(heads)  # (b, h, q, e)
-        dpd = product(dyh, v.local.transpose(keys_t))
-        dv = product(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
+        dpd = grouped_product(dyh, v.local.transpose(keys_t), groups)
+        dv = grouped_sum(pd, dyh, groups).transpose(back)
         dp = dpd if factors is None else dpd * factors
         ds = p * (dp - _SUM(dp * p, axis=-1, keepdims=True)) * scale
-        dq = product(ds, k.local.transpose(heads)).transpose(back)
-        dk = product(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
+        dq = grouped_product(ds, k.local.transpose(heads), groups).transpose(back)
+        dk = grouped_sum(ds, q.local.transpose(heads), groups).transpose(back)
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:

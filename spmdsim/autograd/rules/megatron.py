@@ -6,7 +6,11 @@
   gathered again along the sequence: one Allgather, Megatron's;
 - row-parallel product: dY gathered along the sequence (the conjugate of the forward's
   Reduce_scatter, as in the graph), dX = dY W^T, dW = X^T dY;
-- bias, dropout and residual: d residual = dY, d y = dY * mask / (1 - p), d bias = its sum.
+- bias, dropout and residual: d residual = dY, d y = dY * mask / (1 - p), d bias = its sum;
+- SwiGLU (Megatron's bias_swiglu): from its kept input z = (gate, up) alone, d gate = dY silu'(gate) up and
+  d up = dY silu(gate), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) (Megatron's swiglu_back), stacked as z;
+- rotary embeddings (TransformerEngine's fused RoPE): dX = dY cos + rotate_half^T(dY sin), rotate_half^T
+  [u1, u2] -> [u2, -u1]: the tables alone, no block of X.
 
 Under a low-precision policy the gradients are float32 (spmdsim.precision): each rule reads dY rounded to
 the activations' dtype (the walk rounds it), multiplies the bfloat16 blocks widened (precision.product),
@@ -22,16 +26,19 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...activations import sigmoid
+from ...buffers import broadcast_zero
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from ...flops import sweep
 from ...layout import TensorLayout
-from ...precision import as_rows, is_low
+from ...precision import as_rows, is_low, wide
 from ..graph import record, with_partial
 from ..kept import nothing, shell
 from .grads import axes_of, grad_tensor
 
-__all__ = ["record_column", "record_row", "record_bias_dropout_add"]
+__all__ = ["record_column", "record_row", "record_bias_dropout_add", "record_swiglu", "record_rotary",
+           "rotate_halves"]
 
 
 def _lead(ndim: int) -> tuple:
@@ -139,3 +146,49 @@ def record_bias_dropout_add(out: Any, y: Any, bias: Any, residual: Any, keep: Op
                 grad_tensor(residual, d, passed) if need[2] else None)
 
     return record(out, "bias_dropout_add", (y, bias, residual), backward, with_partial(out.layout, ()))
+
+
+def _swiglu_back(dy: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """(d gate, d up) stacked, in dY's dtype (float32 at bfloat16: the halves widened), from z = (gate, up)."""
+    gate, up = (wide(z[0]), wide(z[1])) if is_low(z.dtype) else (z[0], z[1])
+    s = sigmoid(gate)
+    return np.stack([dy * (s * (1 + gate * (1 - s))) * up, dy * (gate * s)])
+
+
+def record_swiglu(out: Any, z: Any) -> Any:
+    """`out` = silu(z[0]) * z[1]: the node keeps z (fc1's stacked output) and computes silu again."""
+
+    def backward(dy: Any) -> tuple:
+        d = dy.local
+        like = broadcast_zero(z.local.shape, d.dtype)  # z's shape in dY's dtype (a dry run's zeros)
+        dz = _local(_swiglu_back, like, d, z.local)
+        sweep("bias_swiglu", (d, z.local), (dz,))
+        return (grad_tensor(z, dz, dy.layout.partial),)
+
+    return record(out, "bias_swiglu", (z,), backward, with_partial(out.layout, ()))
+
+
+def rotate_halves(a: np.ndarray) -> np.ndarray:
+    """[-a2, a1] of `a` (..., 2, n) seen as its halves a1 = a[..., 0, :], a2 = a[..., 1, :] (rotate_half)."""
+    return np.stack([-a[..., 1, :], a[..., 0, :]], axis=-2)
+
+
+def _rotary_back(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """dY cos + rotate_half^T(dY sin) of dY (t, b, n, d), in dY's dtype (float32 at bfloat16)."""
+    t, b, n, d = dy.shape
+    halves = dy.reshape(t, b, n, 2, d // 2)
+    u = halves * sin
+    return (halves * cos + np.stack([u[..., 1, :], -u[..., 0, :]], axis=-2)).reshape(t, b, n, d)
+
+
+def record_rotary(out: Any, x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
+    """`out` = x cos + rotate_half(x) sin: the node keeps x's shell and the tables (shared by every layer)."""
+    x = shell(x)
+
+    def backward(dy: Any) -> tuple:
+        d = dy.local
+        dx = _local(_rotary_back, broadcast_zero(d.shape, d.dtype), d, cos, sin)
+        sweep("rotary", (d, cos, sin), (dx,))
+        return (grad_tensor(x, dx, dy.layout.partial),)
+
+    return record(out, "rotary", (x,), backward, with_partial(out.layout, ()))

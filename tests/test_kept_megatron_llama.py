@@ -1,0 +1,124 @@
+"""Llama's options under Megatron's kept set (``kept="megatron"``): each Megatron's fused piece, keeping its set.
+
+The count of one layer on one tensor-parallel rank, s·b·h a (seq, samples of a dp rank, d_model) block, F the MLP's
+hidden width, t = tp, sequence parallelism on (the norms' outputs are sequence shards, s·b·h/t), w the activations'
+width (8 bytes at float64, 2 at bf16-mixed), masks 1 byte:
+
+- SwiGLU (spmdsim.ops.megatron.swiglu, Megatron's bias_swiglu): the MLP kind keeps fc1's input (the sequence shard,
+  s·b·h/t), fc1's stacked output, gate and up (2 s·b·F/t), fc2's input (s·b·F/t) and the residual dropout's mask
+  (s·b·h/t bytes): (s·b·h + 3 s·b·F)/t values, where silu(gate) as a node of its own kept one s·b·F/t more.
+- grouped-query attention (kv key/value heads of head_dim d each, in the core's products: spmdsim.ops.attention):
+  the attention kind keeps the QKV products' input (s·b·h/t), Q (s·b·h/t), K and V at kv heads (one buffer,
+  2 s·b·kv·d/t), the projection's input (s·b·h/t) and the residual dropout's mask: (3 s·b·h + 2 s·b·kv·d)/t
+  values, where K and V repeated for their query heads (times ones, as Megatron's repeat_interleave) kept
+  2 s·b·h/t more (and the 2 x 1 ones).
+- rotary embeddings (spmdsim.ops.megatron.rotary, Megatron's fused apply_rotary_pos_emb): a node that keeps no
+  block, so with heads a attention's kinds keep the QKV products' input, Q, K and V (one buffer, 3 s·b·h/t: V a
+  view of it) and the projection's input (attention: 5 s·b·h/t values), and the rotated Q and K that the core
+  reads (attention core: 2 s·b·h/t, beside its probabilities and dropped-out ones, 2 a·s²·b/t, and the mask);
+  the cos and sin tables once (2 s·d at float32 beside bf16, else the values' width). The graph's rotation kept
+  x cos, the turned halves and their product with sin, for Q and for K: 6 s·b·h/t more a layer.
+
+Each measured on every rank by kept_bytes, real and dry alike (the dry run that `spmdsim estimate` reads).
+"""
+from __future__ import annotations
+
+import pytest
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.autograd import kept_bytes
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.data import batch
+from spmdsim.gpt.parallel import GPT
+from spmdsim.gpt.train import TOLERANCE, train
+
+TEXT = encode(load_text(20_000))
+DP, TP = 2, 2
+S, B, H = 16, 4, 32  # seq, samples of one dp rank (batch 8 over dp 2), d_model
+
+
+def _cfg(**options) -> GPTConfig:
+    return GPTConfig(layers=2, d_model=H, heads=4, seq=S, batch=B * DP, dropout=0.2, **options)
+
+
+def _kept(cfg: GPTConfig, dry: bool, precision: str = "fp64") -> list:
+    """Per rank: kept_bytes(..., masks=True) of one training forward under kept="megatron", dp 2 x tp 2 with sp."""
+
+    def body():
+        from spmdsim.precision import precision as policy
+
+        mesh = spmdsim.Mesh(Layout((DP, TP), ("dp", "tp")), spmdsim.world())
+        model = GPT(cfg, mesh, sp=True, kept="megatron", precision=policy(precision))
+        x, y = batch(TEXT, cfg, 0)
+        ids = spmdsim.DTensor.from_global(mesh, x, mesh.layout("dp", None))
+        targets = spmdsim.DTensor.from_global(mesh, y, mesh.layout("dp", None))
+        return kept_bytes([model.loss(ids, targets, 0)], exclude=list(model.params.values()), masks=True)
+
+    return spmdsim.simulate(DP * TP, body, dry_run=dry)
+
+
+@pytest.mark.parametrize("precision, width", [("fp64", 8), ("bf16-mixed", 2)])
+def test_swiglu_keeps_fc1s_output_alone(precision, width):
+    """The MLP kind: (s·b·h + 3 s·b·F)/t values and s·b·h/t mask bytes a layer (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    F = 48
+    cfg = _cfg(mlp="swiglu", ffn=F)
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["mlp"] == cfg.layers * (S * B * H + 3 * S * B * F) // TP * width, (rank, values)
+        assert masks["mlp"] == cfg.layers * S * B * H // TP, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+@pytest.mark.parametrize("precision, width", [("fp64", 8), ("bf16-mixed", 2)])
+def test_grouped_query_attention_keeps_k_and_v_at_kv_heads(precision, width):
+    """The attention kind: (3 s·b·h + 2 s·b·kv·d)/t values and s·b·h/t mask bytes a layer (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(kv_heads=2)
+    kv = cfg.kv * cfg.head_dim
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["attention"] == cfg.layers * (3 * S * B * H + 2 * S * B * kv) // TP * width, (rank, values)
+        assert masks["attention"] == cfg.layers * S * B * H // TP, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+@pytest.mark.parametrize("precision, width, table", [("fp64", 8, 8), ("bf16-mixed", 2, 4)])
+def test_the_rotary_embeddings_keep_no_block_of_their_own(precision, width, table):
+    """The attention kinds: 5 s·b·h/t values, and 2 s·b·h/t + 2 a·s²·b/t in the core, a layer, and the two tables
+    once (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(positions="rope")
+    sbh, scores = S * B * H // TP, B * cfg.heads // TP * S * S
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["attention"] == cfg.layers * 5 * sbh * width + 2 * S * cfg.head_dim * table, (rank, values)
+        assert values["attention core"] == cfg.layers * (2 * sbh + 2 * scores) * width, (rank, values)
+        assert masks["attention core"] == cfg.layers * scores, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2), "rope": dict(positions="rope"),
+           "llama": dict(ffn=48, norm="rms", mlp="swiglu", kv_heads=2, tied=False, positions="rope", bias=False)}
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_a_step_under_megatrons_kept_set_passes_its_check(precision, option):
+    """fp64 against spmdsim.gpt.reference; bf16-mixed against spmdsim.gpt.mixed, which rounds as the fused pieces
+    under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as the graph apart)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(**OPTIONS[option])
+    steps = spmdsim.simulate(DP * TP, lambda: train(cfg, spmdsim.world(), DP, TP, 2, TEXT, sp=True, kept="megatron",
+                                                      precision=precision)[1])[0]
+    for r in steps:
+        assert r.passed and all(e <= t for e, t in zip(r.errors, r.tolerances)), steps
+        assert precision != "fp64" or max(r.errors) <= TOLERANCE, steps
