@@ -18,6 +18,18 @@ width (8 bytes at float64, 2 at bf16-mixed), masks 1 byte:
   reads (attention core: 2 s·b·h/t, beside its probabilities and dropped-out ones, 2 a·s²·b/t, and the mask);
   the cos and sin tables once (2 s·d at float32 beside bf16, else the values' width). The graph's rotation kept
   x cos, the turned halves and their product with sin, for Q and for K: 6 s·b·h/t more a layer.
+- RMSNorm (spmdsim.ops.rms_norm(..., kept="megatron"), TransformerEngine's fused RMSNorm, which saves its input
+  and rsigma): the layer norm kind keeps each norm's input (s·b·h/t) and its rows' root (s·b/t statistics, float32
+  beside bf16, else the values' width): 2 (s·b·h/t values + s·b/t statistics) a layer, where the graph's
+  normalization kept its normalized values too (s·b·h/t a norm). Under bf16-mixed the fused kernel's x / root
+  times the weight in float32 rounds once (spmdsim.gpt.mixed follows).
+- residual adds without biases (GPTConfig.bias False): Megatron's bias_dropout_add with no bias
+  (spmdsim.ops.megatron.bias_dropout_add(y, None, ...)), the boolean mask kept alone: an add's backward reads no
+  operand, where the graph's sum kept the dropped-out y and the sum (s·b·h/t each, two adds a layer). A bias-less
+  model keeps what the biased one keeps, kind by kind (the biases are parameters).
+
+With all of Llama's options together (RMSNorm, SwiGLU, grouped-query attention, rotary embeddings, no biases) a
+layer keeps the sum of the kinds' counts above and nothing more.
 
 Each measured on every rank by kept_bytes, real and dry alike (the dry run that `spmdsim estimate` reads).
 """
@@ -105,7 +117,56 @@ def test_the_rotary_embeddings_keep_no_block_of_their_own(precision, width, tabl
         assert dry[rank] == real[rank], rank
 
 
+@pytest.mark.parametrize("precision, width, stat", [("fp64", 8, 8), ("bf16-mixed", 2, 4)])
+def test_rms_norm_keeps_its_input_and_each_rows_root(precision, width, stat):
+    """The layer norm kind: 2 (s·b·h/t values + s·b/t statistics) a layer (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    cfg = _cfg(norm="rms")
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["layer norm"] == cfg.layers * 2 * (S * B * H * width + S * B * stat) // TP, (rank, values)
+        assert "layer norm" not in masks, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
+def test_residual_adds_without_biases_keep_the_mask_alone(precision):
+    """A bias-less model keeps what the biased one keeps, kind by kind, values and masks (the module's count)."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    biased = _kept(_cfg(), False, precision)
+    real, dry = _kept(_cfg(bias=False), False, precision), _kept(_cfg(bias=False), True, precision)
+    for rank in range(DP * TP):
+        assert real[rank] == biased[rank], (rank, real[rank], biased[rank])
+        assert dry[rank] == real[rank], rank
+
+
+@pytest.mark.parametrize("precision, width, stat", [("fp64", 8, 8), ("bf16-mixed", 2, 4)])
+def test_llama_keeps_the_sum_of_its_pieces(precision, width, stat):
+    """Every option of Llama's at once: each kind keeps the module's count of its piece, nothing more."""
+    if precision != "fp64":
+        pytest.importorskip("ml_dtypes")
+    F = 48
+    cfg = _cfg(ffn=F, norm="rms", mlp="swiglu", kv_heads=2, tied=False, positions="rope", bias=False)
+    sbh, kv, scores = S * B * H // TP, S * B * cfg.kv * cfg.head_dim // TP, B * cfg.heads // TP * S * S
+    L = cfg.layers
+    real, dry = _kept(cfg, False, precision), _kept(cfg, True, precision)
+    for rank in range(DP * TP):
+        values, masks = real[rank]
+        assert values["layer norm"] == L * 2 * (sbh * width + S * B // TP * stat), (rank, values)
+        assert values["attention"] == L * (3 * sbh + 2 * kv) * width + 2 * S * cfg.head_dim * stat, (rank, values)
+        assert values["attention core"] == L * (sbh + kv + 2 * scores) * width, (rank, values)
+        assert values["mlp"] == L * (sbh + 3 * S * B * F // TP) * width, (rank, values)
+        blocks = {kind: masks.get(kind) for kind in ("layer norm", "attention", "attention core", "mlp")}
+        assert blocks == {"layer norm": None, "attention": L * sbh, "attention core": L * scores,
+                          "mlp": L * sbh}, (rank, masks)
+        assert dry[rank] == real[rank], rank
+
+
 OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2), "rope": dict(positions="rope"),
+           "rms": dict(norm="rms"), "nobias": dict(bias=False),
            "llama": dict(ffn=48, norm="rms", mlp="swiglu", kv_heads=2, tied=False, positions="rope", bias=False)}
 
 
@@ -122,3 +183,26 @@ def test_a_step_under_megatrons_kept_set_passes_its_check(precision, option):
     for r in steps:
         assert r.passed and all(e <= t for e, t in zip(r.errors, r.tolerances)), steps
         assert precision != "fp64" or max(r.errors) <= TOLERANCE, steps
+
+
+def test_an_moe_layers_residual_keeps_the_mask_alone():
+    """An MoE layer's residual under kept "megatron" (Mixtral's: no biases) is Megatron's bias_dropout_add: its node
+    keeps the boolean mask and no block of the layer's output or the residual (the graph's sum kept both)."""
+    from spmdsim import buffers
+    from spmdsim.autograd.kept import _NOTHING, _arrays
+    from spmdsim.moe.config import MoEConfig
+
+    cfg = _cfg(bias=False, moe=MoEConfig(experts=2, top_k=1, every=1))
+
+    def body():
+        mesh = spmdsim.Mesh(Layout((DP, 1, TP), ("dp", "ep", "tp")), spmdsim.world())
+        model = GPT(cfg, mesh, sp=True, kept="megatron")
+        x, _ = batch(TEXT, cfg, 0)
+        h = model.blocks(model.embed(spmdsim.DTensor.from_global(mesh, x, mesh.layout(("dp", "ep"), None)), 0, True),
+                         0, True)
+        zeros = {id(z) for z in _NOTHING.values()}
+        kept = [a for a in _arrays(h._ag) if id(buffers.owner(a)) not in zeros]
+        return h._ag.name, [(a.dtype.name, a.shape) for a in kept]
+
+    for name, kept in spmdsim.simulate(DP * TP, body):
+        assert name == "bias_dropout_add" and kept == [("bool", (S // TP, B, H))], (name, kept)

@@ -227,10 +227,12 @@ class GPT:
         return y if b is None else y + b
 
     def _norm(self, h: Any, name: str, kept: str = "graph") -> Any:
-        """The norm `name` ("h0.ln1", "lnf") on h: GPTConfig.norm's, layer norm (`kept` as ops.layer_norm's)
-        or RMSNorm (ops.rms_norm: the graph's node under either kept set)."""
+        """The norm `name` ("h0.ln1", "lnf") on h: GPTConfig.norm's, layer norm or RMSNorm (`kept` as
+        ops.layer_norm's and ops.rms_norm's: "megatron", the fused norm that keeps x and its rows' statistics)."""
         p, cfg = self.params, self.cfg
         if cfg.norm == "rms":
+            if kept == "megatron":
+                return ops.rms_norm(h, p[name + ".w"], cfg.ln_eps, kept="megatron")
             return ops.rms_norm(h, p[name + ".w"], cfg.ln_eps)
         if kept == "megatron":
             return ops.layer_norm(h, p[name + ".w"], p[name + ".b"], cfg.ln_eps, kept="megatron")
@@ -351,18 +353,17 @@ class GPT:
 
     def _bias_dropout_add(self, y: Any, bias: str, h: Any, drop: float, seed: Any, site: str, step: Optional[int],
                           train: bool, micro: Optional[int]) -> Any:
-        """h + dropout(y + bias): Megatron's fused node, or without the bias (GPTConfig.bias False) the
-        dropout's (its boolean mask kept) and a sum."""
-        b = self.params.get(bias)
-        if b is not None:
-            return megatron.bias_dropout_add(y, b, h, drop, seed, mask_dims=(1, 0, 2))
-        return h + self._dropout(y, site, step, train, micro)
+        """h + dropout(y + bias): Megatron's fused node, which keeps the boolean mask alone, with or without the
+        bias (GPTConfig.bias False: Megatron's bias_dropout_add with bias None; a sum of the graph's would keep
+        the dropped-out y and the sum, which an add's backward never reads)."""
+        return megatron.bias_dropout_add(y, self.params.get(bias), h, drop, seed, mask_dims=(1, 0, 2))
 
     def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
                  scale: float) -> Any:
         """The residual `h` plus an MoE layer's output (spmdsim.moe.layer) on the normalized tokens `m` (whole on
         tp), dropped out; its router losses kept for the step's loss. Both kept sets' blocks (the MoE node keeps
-        what its backward reads under either).
+        what its backward reads under either; under "megatron" the residual is its bias_dropout_add, which keeps
+        the dropout's mask alone).
 
         With full recomputation the block is a checkpointed region (spmdsim.autograd.checkpoint), run in the
         forward without a graph: the losses' value joins the step's loss there, and their gradient rides on the
@@ -379,7 +380,12 @@ class GPT:
             if not again:
                 self._router_losses.append(losses)
             out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
-            y = h + self._dropout(out, pre + "resid2", step, train, micro)
+            if self.kept == "megatron":  # Megatron's bias_dropout_add (no bias): the boolean mask kept alone
+                drop = self.cfg.dropout if train else 0.0
+                seed = self._seed(step, pre + "resid2", micro) if drop else None
+                y = megatron.bias_dropout_add(out, None, h, drop, seed, mask_dims=(1, 0, 2))
+            else:
+                y = h + self._dropout(out, pre + "resid2", step, train, micro)
         if self.recompute == "full":
             y = _with_losses(y, ops.resolved(losses) * float(scale))
         return y

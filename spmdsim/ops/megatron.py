@@ -11,7 +11,8 @@ these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` 
 - ``row_parallel_linear(x, w, out_layout)``: x @ W, the pending sums Reduce_scattered onto the sequence
   or Allreduced (to `out_layout`); keeps x, not the pending product;
 - ``bias_dropout_add(y, bias, residual, p, seed)``: residual + dropout(y + bias) (Megatron's
-  bias_dropout_add_fused); keeps the 1-byte boolean mask only;
+  bias_dropout_add_fused; bias None, a model without biases: residual + dropout(y), as Megatron's
+  _bias_dropout_add_func); keeps the 1-byte boolean mask only;
 - ``swiglu(z)``: silu(z[0]) * z[1] on fc1's stacked output (gate and up, one column-parallel product of two
   weights), Megatron's fused bias_swiglu (megatron/core/fusions/fused_bias_swiglu.py, its SwiGLUFunction);
   keeps z only, silu made again in the backward;
@@ -164,19 +165,19 @@ def _row_product_layout(layout: TensorLayout) -> TensorLayout:
     return out
 
 
-def _bias_dropout_add(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, keep: Optional[np.ndarray],
+def _bias_dropout_add(y: np.ndarray, bias: Optional[np.ndarray], residual: np.ndarray, keep: Optional[np.ndarray],
                       scale: np.generic) -> np.ndarray:
-    """residual + (y + bias) * keep * scale (keep None: no dropout), in the blocks' dtype."""
-    z = y + bias
+    """residual + (y + bias) * keep * scale (bias None: y; keep None: no dropout), in the blocks' dtype."""
+    z = y if bias is None else y + bias
     return residual + (z if keep is None else z * np.multiply(keep, scale))
 
 
-def _bias_dropout_add_low(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, keep: Optional[np.ndarray],
-                          scale: np.generic) -> np.ndarray:
-    """`_bias_dropout_add` of bfloat16 blocks in float32, rounded at the graph's three points: y + bias, its
-    dropped-out values (times the float32 factor), the residual sum."""
+def _bias_dropout_add_low(y: np.ndarray, bias: Optional[np.ndarray], residual: np.ndarray,
+                          keep: Optional[np.ndarray], scale: np.generic) -> np.ndarray:
+    """`_bias_dropout_add` of bfloat16 blocks in float32, rounded at the graph's three points: y + bias (none
+    without a bias), its dropped-out values (times the float32 factor), the residual sum."""
     dtype = y.dtype
-    z = rounded(wide(y) + wide(bias), dtype)
+    z = y if bias is None else rounded(wide(y) + wide(bias), dtype)
     if keep is not None:
         z = rounded(wide(z) * np.multiply(keep, scale), dtype)
     return rounded(wide(residual) + wide(z), dtype)
@@ -198,8 +199,9 @@ _ROW_PRODUCT_BY_VALUE: dict = {}  # x's layout -> the one product layout object 
 
 def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = None,
                      mask_dims: Optional[Sequence[int]] = None) -> Any:
-    """residual + dropout(y + bias, p) (`seed` and `mask_dims` as ops.dropout's; p 0: no dropout), y and
-    residual laid out alike. The node keeps the boolean mask only."""
+    """residual + dropout(y + bias, p) (`seed` and `mask_dims` as ops.dropout's; p 0: no dropout; bias None:
+    residual + dropout(y), as Megatron's with no bias), y and residual laid out alike. The node keeps the boolean
+    mask only (an add's backward reads no operand)."""
     if y.layout != residual.layout or y.global_shape != residual.global_shape:
         raise OperatorError(f"bias_dropout_add: y {y.layout} and residual {residual.layout} differ")
     mesh = y.mesh
@@ -208,11 +210,12 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
     scale = (np.float32 if low else y.dtype.type)(1.0 / (1.0 - p))
     keep = dropout_keep(y, p, seed, mask_dims, mesh.engine.dry) if p else None
 
-    block = _engine_local(_bias_dropout_add_low if low else _bias_dropout_add, y.local, y.local, bias.local,
+    b = None if bias is None else bias.local
+    block = _engine_local(_bias_dropout_add_low if low else _bias_dropout_add, y.local, y.local, b,
                           residual.local, keep, scale)
     out = make_dtensor(mesh, block, y.layout, y.global_shape)
-    sweep("bias_dropout_add", (y.local, bias.local, residual.local), (out.local, keep))  # the mask drawn, written
-    if y._ag is None and bias._ag is None and residual._ag is None:
+    sweep("bias_dropout_add", (y.local, b, residual.local), (out.local, keep))  # the mask drawn, written
+    if y._ag is None and (bias is None or bias._ag is None) and residual._ag is None:
         return out
     return record_bias_dropout_add(out, y, bias, residual, keep, scale)
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..buffers import broadcast_zero
 from ..autograd.graph import no_grad
-from ..autograd.rules.norms import record_layer_norm, record_normalized
+from ..autograd.rules.norms import record_layer_norm, record_normalized, record_rms_norm
 from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
@@ -250,16 +250,62 @@ def _replicated(t: Optional[Any]) -> Optional[Any]:
     return redistribute(t, target)
 
 
-def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
-    """x / sqrt(mean(x ** 2) + eps) * weight over the last dim."""
+def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str = "graph") -> Any:
+    """x / sqrt(mean(x ** 2) + eps) * weight over the last dim.
+
+    `kept` (rows whole on every rank; split rows take the composite either way): "graph", a node for the
+    normalization (keeping x, its normalized values and 1 / sqrt(mean(x ** 2) + eps)) and one for the weight
+    (keeping its input); "megatron", one node keeping x and each row's root (TransformerEngine's fused RMSNorm,
+    whose forward saves its input and rsigma, one number a row), which makes the normalized values again in the
+    backward.
+    """
     d = _dim(x, -1, "rms_norm")
     eps = _eps(eps, "rms_norm")
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"rms_norm: {problem}")
     _check_affine("rms_norm", x, d, weight)
     x = resolved(x)
     if infer_norm("rms_norm", x.layout, x.global_shape).whole:
+        if kept == "megatron":
+            return _fused_rms_norm(x, d, eps, weight)
         return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
     return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
+
+
+def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
+    """rms_norm along a whole last dim as one node that keeps x and each row's root sqrt(mean(x ** 2) + eps)
+    (spmdsim.autograd.rules.norms.record_rms_norm; TransformerEngine keeps its inverse, rsigma: the same
+    bytes); the values are the composite's. bfloat16: as the fused kernel, the root and x / root in float32,
+    times the widened weight in float32 and rounded once (the graph's two nodes round the normalized values,
+    then their product with the weight)."""
+    n = x.global_shape[d]
+    w = _replicated(weight)
+    low = is_low(x.dtype)
+    stats: dict[str, np.ndarray] = {}  # the rows' sqrt(mean(x ** 2) + eps) (a dry run's: zeros)
+
+    def kernel(block: np.ndarray) -> np.ndarray:
+        dt, block = block.dtype, wide(block)
+        stats["root"] = root = np.sqrt(_SUM(block * block, axis=d, keepdims=True) * (1.0 / n) + eps)
+        y = block / root
+        if w is not None:
+            y = y * (wide(w.local) if low else w.local)
+        return rounded(y, dt) if low else y
+
+    dtype = result_dtype(*[t.local.dtype for t in (x, w) if t is not None])
+    out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
+                       x.layout, x.global_shape)
+    stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
+    rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep("rms_norm", (x.local, None if w is None else w.local), (out.local, rows))  # y and each row's root
+    if all(t is None or t._ag is None for t in (x, w)):
+        return out
+    if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
+        rows = broadcast_zero(x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
+        stats["root"] = _engine_local(np.copy, rows, rows)
+    return record_rms_norm(out, x, w, stats, d)
 
 
 def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:

@@ -123,8 +123,9 @@ def record_row(out: Any, x: Any, w: Any, local: TensorLayout, gather: Callable) 
 def record_bias_dropout_add(out: Any, y: Any, bias: Any, residual: Any, keep: Optional[np.ndarray],
                             scale: np.generic) -> Any:
     """`out` = residual + dropout(y + bias): the node keeps the boolean mask `keep` (None: no dropout)
-    and shells of y and the residual; `scale`: 1 / (1 - p), a numpy scalar (no array kept)."""
-    need = (y._ag is not None, bias._ag is not None, residual._ag is not None)
+    and shells of y and the residual (bias None: no bias); `scale`: 1 / (1 - p), a numpy scalar (no array
+    kept)."""
+    need = (y._ag is not None, bias is not None and bias._ag is not None, residual._ag is not None)
     rows = axes_of(y.layout, y.layout.tensor_map[:-1])
     low = y.dtype if is_low(y.dtype) else None  # bfloat16: d(y + bias) rounded to it, as the graph's walk does
     y, residual = shell(y), shell(residual)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ... import reference_grad
+from ...buffers import broadcast_zero
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
 from ...precision import is_low, rounded, wide
@@ -19,7 +20,7 @@ from .grads import axes_of, grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["record_softmax", "record_normalized", "record_layer_norm"]
+__all__ = ["record_softmax", "record_normalized", "record_layer_norm", "record_rms_norm"]
 
 
 def record_softmax(out: Any, x: Any, dim: int) -> Any:
@@ -115,3 +116,47 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
                 grad_tensor(bias, gb, passed, rows) if need[2] else None)
 
     return record(out, "layer_norm", (x, weight, bias), backward, out.layout, reads=(x, out))
+
+
+def record_rms_norm(out: Any, x: Any, weight: Any, stats: dict, d: int) -> Any:
+    """rms_norm with its weight along the whole last dim `d`, one node that keeps x and each row's
+    sqrt(mean(x ** 2) + eps) (`stats["root"]`; TransformerEngine's fused RMSNorm keeps x and rsigma), not the
+    normalized values nor the output: the backward makes y = x / root again (the forward's values, bit for bit),
+    then dW = sum(dY y) (pending over the axes that split the rows) and dX = r (dY w - y mean(dY w y)),
+    r = 1 / root, as the graph's two rules do. bfloat16 x: as the fused kernel, in float32 throughout (y and
+    dY w not rounded; dY rounded where the graph's walk rounds it, a no-op where it did), dX float32.
+    """
+    n = x.global_shape[d]
+    rows = axes_of(x.layout, x.layout.tensor_map[:d] + x.layout.tensor_map[d + 1:])
+    need = (x._ag is not None, weight is not None and weight._ag is not None)
+    lead = tuple(range(x.layout.ndim - 1))
+    low = x.dtype if is_low(x.dtype) else None
+
+    def grads(dy: np.ndarray) -> tuple:
+        y = wide(x.local) / stats["root"]
+        if low is not None:
+            dy = wide(rounded(dy, low))
+        dw = _SUM(dy * y, axis=lead) if need[1] else None
+        if not need[0]:
+            return None, dw
+        dyy = dy if weight is None else dy * wide(weight.local)
+        g = dyy - _SUM(dyy * y, axis=d, keepdims=True) * (1.0 / n) * y
+        return g * (1.0 / stats["root"]), dw
+
+    def backward(dy: Any) -> tuple:
+        if any_open():  # else nothing is counted: no blocks to gather
+            w = None if weight is None else weight.local
+            sweep("rms_norm", (dy.local, x.local, stats["root"], w),
+                  (dy.local if need[0] else None, w if need[1] else None))
+        engine = dy.mesh.engine
+        if engine.dry:  # the dry engine's zeros of each gradient's block, float32 beside bfloat16 as the real ones
+            dt = np.float32 if low is not None else dy.local.dtype
+            gx, gw = (None if t is None else engine.local(np.copy, broadcast_zero(t.local.shape, dt))
+                      for t in (x, weight))
+        else:
+            gx, gw = grads(dy.local)
+        passed = dy.layout.partial
+        return (grad_tensor(x, gx, passed) if need[0] else None,
+                grad_tensor(weight, gw, passed, rows) if need[1] else None)
+
+    return record(out, "rms_norm", (x, weight), backward, out.layout, reads=(x, out))
