@@ -106,8 +106,10 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
             sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], w),
                   (dy.local if need[0] else None, w if need[1] else None, bias.local if need[2] else None))
         engine = dy.mesh.engine
-        if engine.dry:  # the dry engine's zeros of each operand's block (np.zeros would clear pages)
-            gx, gw, gb = (None if t is None else engine.local(np.copy, t.local) for t in (x, weight, bias))
+        if engine.dry:  # the dry engine's zeros of each gradient's block, float32 beside bfloat16 as the real ones
+            dt = np.float32 if low is not None else dy.local.dtype  # (they were the operands' own: bfloat16)
+            gx, gw, gb = (None if t is None else engine.local(np.copy, broadcast_zero(t.local.shape, dt))
+                          for t in (x, weight, bias))
         else:
             gx, gw, gb = grads(dy.local)
         passed = dy.layout.partial
