@@ -37,7 +37,7 @@ from .buffers import into
 from .precision import is_low
 
 __all__ = ["forward", "backward", "gelu", "gelu_tanh", "gelu_from_tanh", "gelu_backward", "relu_backward",
-           "sigmoid", "erf", "gelu_erf"]
+           "sigmoid", "silu_slope", "erf", "gelu_erf"]
 
 _C = 0.044715
 _SQRT_2_OVER_PI = reference._SQRT_2_OVER_PI
@@ -148,6 +148,14 @@ def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + e^-x) as (1 + tanh(x / 2)) / 2: no overflow for large |x|, and x's float precision kept."""
     return 0.5 * np.tanh(0.5 * x) + 0.5
+
+
+def silu_slope(x: np.ndarray, s: Optional[np.ndarray] = None) -> np.ndarray:
+    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x) (given when a forward kept it): the silu rule's, the
+    SwiGLU gates' (dense, fused and the MoE experts') and the bf16 reference's, one expression."""
+    if s is None:
+        s = sigmoid(x)
+    return s * (1 + x * (1 - s))
 
 
 _ERF = np.frompyfunc(math.erf, 1, 1)  # the C library's erf, element by element (numpy has none)

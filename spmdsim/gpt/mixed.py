@@ -304,13 +304,6 @@ def _swiglu(z: np.ndarray, u: np.ndarray, r: _Rounder) -> tuple[np.ndarray, np.n
     return r(wide(s) * wide(u)), s
 
 
-def _silu_slope(x: np.ndarray) -> np.ndarray:
-    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x), in float32 on the widened x: the ranks' silu rule
-    (spmdsim.autograd.rules.pointwise) computes it so on the bfloat16 block."""
-    s = activations.sigmoid(x)
-    return s * (1 + x * (1 - s))
-
-
 def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder,
            follow: Optional[np.ndarray] = None) -> tuple:
     T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
@@ -376,11 +369,11 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         if "s" in c:
             if r.fused:  # Megatron's swiglu_back: both halves in float32 from z and u, rounded once
                 du = r.grad(dm * c["s"])
-                dz = r.grad(dm * _silu_slope(wide(c["z"])) * wide(c["u"]))
+                dz = r.grad(dm * activations.silu_slope(wide(c["z"])) * wide(c["u"]))
             else:  # SwiGLU: the product's rule (float32), each factor's gradient rounded at its node
                 du = r.grad(dm * wide(c["s"]))
                 ds = r.grad(dm * wide(c["u"]))
-                dz = r.grad(ds * _silu_slope(wide(c["z"])))
+                dz = r.grad(ds * activations.silu_slope(wide(c["z"])))
             grads.total(pre + "mlp.b3", du, P)
             grads.dot(pre + "mlp.w3", c["a2"], du)
         else:

@@ -62,7 +62,7 @@ import numpy as np
 
 from .. import ops
 from ..buffers import broadcast_zero, contiguous, into
-from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid
+from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid, silu_slope
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..layout import format_tensor_map
@@ -345,7 +345,7 @@ def _swiglu_backward(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, dacts: np.n
     """(d hs, d us) from d acts, acts = silu(hs) us: d us = dacts silu(hs), d hs = dacts us silu'(hs) with
     silu'(h) = s (1 + h (1 - s)), s = sigmoid(h) = ts."""
     du = dacts * hs * ts
-    dh = dacts * us * (ts * (1.0 + hs * (1.0 - ts)))
+    dh = dacts * us * silu_slope(hs, ts)
     return dh, du
 
 
@@ -505,7 +505,7 @@ def _swiglu_backward_mixed(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, dacts
     act = hs.dtype
     du = _grad_rounded(dacts * wide(_silu_rounded(hs, ts)), act)
     dsilu = _grad_rounded(dacts * wide(us), act)
-    dh = _grad_rounded(dsilu * (ts * (1.0 + wide(hs) * (1.0 - ts))), act)
+    dh = _grad_rounded(dsilu * silu_slope(wide(hs), ts), act)
     return dh, du
 
 

@@ -122,7 +122,7 @@ def moe_backward_mixed(P: dict, pre: str, dout: np.ndarray, c: dict, moe: MoECon
         da = r.grad(product(dy, w2[e].T))
         if w3 is not None:  # a = silu(h) u, each factor's gradient rounded once, then silu's rule's
             du = r.grad(da * wide(r(wide(h) * t)))
-            dh = r.grad(r.grad(da * wide(u)) * (t * (1.0 + wide(h) * (1.0 - t))))
+            dh = r.grad(r.grad(da * wide(u)) * activations.silu_slope(wide(h), t))
             parts["w3"][e] = product(c["x"][tok].T, du)
         else:
             dh = r.grad(activations.gelu_backward(h, da, t))

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...activations import sigmoid
+from ...activations import sigmoid, silu_slope
 from ...buffers import broadcast_zero
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
@@ -153,7 +153,7 @@ def _swiglu_back(dy: np.ndarray, z: np.ndarray) -> np.ndarray:
     """(d gate, d up) stacked, in dY's dtype (float32 at bfloat16: the halves widened), from z = (gate, up)."""
     gate, up = (wide(z[0]), wide(z[1])) if is_low(z.dtype) else (z[0], z[1])
     s = sigmoid(gate)
-    return np.stack([dy * (s * (1 + gate * (1 - s))) * up, dy * (gate * s)])
+    return np.stack([dy * silu_slope(gate, s) * up, dy * (gate * s)])
 
 
 def record_swiglu(out: Any, z: Any) -> Any:

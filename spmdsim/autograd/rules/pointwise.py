@@ -44,12 +44,6 @@ def _clip_grads(dy: np.ndarray, x: np.ndarray, low: np.ndarray, high: np.ndarray
             dy * above if need[2] else None)
 
 
-def _silu_slope(x: np.ndarray) -> np.ndarray:
-    """d silu / dx = s (1 + x (1 - s)) with s = sigmoid(x)."""
-    s = activations.sigmoid(x)
-    return s * (1 + x * (1 - s))
-
-
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -87,7 +81,7 @@ DERIVATIVES: dict[str, Callable] = {
     "pow": lambda dy, x, o, n: (dy * x[1] * np.power(x[0], x[1] - 1) if n[0] else None,
                                 dy * o * np.log(x[0]) if n[1] else None),
     "sigmoid": lambda dy, x, o, n: (dy * o * (1 - o),),
-    "silu": lambda dy, x, o, n: (dy * _silu_slope(x[0]),),
+    "silu": lambda dy, x, o, n: (dy * activations.silu_slope(x[0]),),
     "sin": lambda dy, x, o, n: (dy * np.cos(x[0]),),
     "cos": lambda dy, x, o, n: (-dy * np.sin(x[0]),),
     "square": lambda dy, x, o, n: (2 * dy * x[0],),
