@@ -402,13 +402,17 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
     return out
 
 
-def _grad_outputs(W1: np.ndarray, W2: np.ndarray, W3: Optional[np.ndarray], xe: np.ndarray, biased: tuple,
-                  main: Any, act: Any) -> tuple:
-    """New arrays for `_experts_grad`'s results: each present weight's gradient (`_present`'s order, of dtype
-    `main`), then d xe (of dtype `act`). `biased`: whether b1, b2 and b3 are there."""
+def _grad_names(W3: Optional[np.ndarray], b1: bool, b2: bool, b3: bool) -> tuple:
+    """`_present`'s names of the gradients a backward returns, from whether each bias is there (b3 only beside
+    a SwiGLU expert's W3)."""
+    return _present(b1 or None, b2 or None, W3, (b3 and W3 is not None) or None)
+
+
+def _grad_outputs(W1: np.ndarray, W2: np.ndarray, names: tuple, xe: np.ndarray, main: Any, act: Any) -> tuple:
+    """New arrays for `_experts_grad`'s results: the gradient of each weight in `names` (`_grad_names`), of
+    dtype `main`, then d xe (of dtype `act`)."""
     El, D, H = W1.shape
     shapes = dict(w1=W1.shape, b1=(El, H), w2=W2.shape, b2=(El, D), w3=W1.shape, b3=(El, H))
-    names = _present(*(True if b else None for b in biased[:2]), W3, True if biased[2] else None)
     return tuple(np.zeros(shapes[n], main) for n in names) + (np.zeros(xe.shape, act),)
 
 
@@ -423,9 +427,10 @@ def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, a
     move = plan.exchange(per_expert, got)
     El, D, _ = W1.shape
     swiglu = W3 is not None
+    names = _grad_names(W3, b1, b2, b3)
     if out is None:
-        out = _grad_outputs(W1, W2, W3, xe, (b1, b2, b3 and swiglu), W1.dtype, xe.dtype)
-    g_ = dict(zip(_present(*(True if b else None for b in (b1, b2)), W3, True if b3 and swiglu else None), out))
+        out = _grad_outputs(W1, W2, names, xe, W1.dtype, xe.dtype)
+    g_ = dict(zip(names, out))
     dxe = out[-1]
 
     def backward(x: np.ndarray, h: np.ndarray, t: np.ndarray, a: np.ndarray, u: Optional[np.ndarray],
@@ -572,9 +577,10 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
     act = xe.dtype
     swiglu = W3 is not None
     main = np.dtype(np.float32) if is_low(W1.dtype) else W1.dtype
+    names = _grad_names(W3, b1, b2, b3)
     if out is None:
-        out = _grad_outputs(W1, W2, W3, xe, (b1, b2, b3 and swiglu), main, act)
-    g_ = dict(zip(_present(*(True if b else None for b in (b1, b2)), W3, True if b3 and swiglu else None), out))
+        out = _grad_outputs(W1, W2, names, xe, main, act)
+    g_ = dict(zip(names, out))
     dxe = out[-1]
     dx = np.zeros(xe.shape, np.float32)
 
