@@ -398,8 +398,7 @@ def flops_bound(cfg: Any) -> float:
     moe_layers = sum(cfg.is_moe(i) for i in range(layers))
     # Llama's options (GPTConfig): Q and the projection h^2 each, K and V h x kv_heads x head_dim, the MLP's 2 (SwiGLU
     # 3) matrices h x ffn; 2 FLOPs a multiply-add, 3 passes (forward and backward's two): 72 B s h^2 by default.
-    attention = 2 * h * h + 2 * h * cfg.kv * cfg.head_dim
-    matrices = 3 if cfg.mlp == "swiglu" else 2  # the MLP's, and each expert's (they follow mlp)
+    attention, matrices = cfg.attention_weights, cfg.mlp_matrices
     flops = (layers - moe_layers) * (6 * b * s * (attention + matrices * h * cfg.hidden) + 12 * b * s * s * h)
     if moe_layers:
         m = cfg.moe

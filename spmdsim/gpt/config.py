@@ -164,17 +164,28 @@ class GPTConfig:
         biases (SwiGLU's three, Mixtral's experts without biases)."""
         V, D, F, L = self.padded_vocab, self.d_model, self.hidden, self.layers
         KD = self.kv * self.head_dim
-        swiglu = self.mlp == "swiglu"
+        mats = self.mlp_matrices
         norm = D if self.norm == "rms" else 2 * D
 
         def mlp(width: int) -> int:  # w1 (and w3), w2; b1 (and b3), b2
-            return (3 if swiglu else 2) * D * width + ((2 * width if swiglu else width) + D if self.bias else 0)
+            return mats * D * width + ((mats - 1) * width + D if self.bias else 0)
 
-        attention = 2 * D * D + 2 * D * KD + 2 * norm + (D + KD + D if self.bias else 0)  # bq, bv, bo
+        attention = self.attention_weights + 2 * norm + (D + KD + D if self.bias else 0)  # bq, bv, bo
         total = V * D * (1 if self.tied else 2) + (self.seq * D if self.positions == "learned" else 0) + norm
         moe_layers = 0 if self.moe is None else sum(self.is_moe(layer) for layer in range(L))
         experts = 0 if self.moe is None else D * self.moe.experts + self.moe.experts * mlp(self.expert_hidden)
         return total + L * attention + (L - moe_layers) * mlp(F) + moe_layers * experts
+
+    @property
+    def attention_weights(self) -> int:
+        """The elements of a layer's attention matrices: Q and the projection d_model^2 each, K and V d_model x
+        kv x head_dim (`parameters`, the memory check's and the search's bounds count them so)."""
+        return 2 * self.d_model * self.d_model + 2 * self.d_model * self.kv * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        """The MLP's weight matrices, and each MoE expert's (they follow `mlp`): 2, SwiGLU's 3."""
+        return 3 if self.mlp == "swiglu" else 2
 
     @property
     def head_dim(self) -> int:

@@ -196,12 +196,12 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
         # Q and the projection, K and V (kv_heads of them), the MLP's (or each local expert's) 2 (SwiGLU: 3)
         # matrices
         kvd = cfg.kv * cfg.head_dim
-        mats = 3 if cfg.mlp == "swiglu" else 2
+        mats = cfg.mlp_matrices
         if moe is not None and cfg.is_moe(layer):
-            weights = 2 * d * d + 2 * d * kvd + max(1, moe.experts // ep) * mats * d * cfg.expert_hidden
+            weights = cfg.attention_weights + max(1, moe.experts // ep) * mats * d * cfg.expert_hidden
             whole, masks, split = 3, drop, 4
         else:
-            weights = 2 * d * d + 2 * d * kvd + mats * d * cfg.hidden
+            weights = cfg.attention_weights + mats * d * cfg.hidden
             whole, masks, split = 4, 2 * drop, 2 * d + 2 * kvd + 2 * cfg.hidden  # split: per token, not per d
         if recompute == "full":  # each layer keeps its input alone
             other = sbh * width // shared
