@@ -364,3 +364,55 @@ def test_a_repeated_attention_takes_its_prepared_path():
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     assert np.allclose(z, np.einsum("bhij,jbhe->ibhe", p, gv[:4]), rtol=1e-12, atol=1e-12)
+
+
+def test_a_rules_kept_gradient_layouts_follow_dy_and_the_operands():
+    """The pointwise and einsum rules keep, per call signature, the layouts their backward gives the gradients
+    (keyed by dY's layout object and, pointwise, which operands take one) and build the gradients from them
+    directly: a dY pending over an axis, after a whole one, gives gradients pending there (and back again);
+    an operand that takes no gradient gets None; each gradient's values are the right ones."""
+    import numpy as np
+
+    from spmdsim import ops
+
+    rng = np.random.default_rng(13)
+    ga, gb, gw, gd = (rng.standard_normal(s) for s in ((4, 6), (4, 6), (6, 2), (4, 6)))
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        layout = mesh.layout(None, "tp")
+        a, b = (DTensor.from_global(mesh, g, layout).requires_grad_() for g in (ga, gb))
+        bare = DTensor.from_global(mesh, ga, layout)  # a's layout object, no gradient
+        w = DTensor.from_global(mesh, gw, mesh.layout("tp", None)).requires_grad_()
+        out = []
+        for pending in ((), ("dp",), (), ("dp",)):
+            dy = DTensor.from_global(mesh, gd, layout.with_partial(pending))
+            for x, y in ((a, b), (bare, b), (a, bare)):
+                z = x * y
+                grads = z._ag.backward(dy)
+                out.append(("mul", pending, tuple(None if g is None else (g.layout.partial, g.gather())
+                                                  for g in grads), (x.gather(), y.gather())))
+            v = ops.einsum("td,de->te", a, w)
+            want = v._ag.want  # the product's layout, its pending sum resolved
+            dv = DTensor.from_global(mesh, gd[:, :2], want.with_partial(pending))
+            grads = v._ag.backward(dv)
+            out.append(("einsum", pending, tuple((g.layout.partial, g.gather()) for g in grads), None))
+        mesh.close()
+        return out
+
+    results = spmdsim.simulate(4, body)[0]
+    for op, pending, grads, values in results:
+        if op == "einsum":
+            (pa, xa), (pw, xw) = grads
+            assert "dp" in pa and "dp" in pw if pending else "dp" not in pa and "dp" not in pw
+            assert np.allclose(xa, gd[:, :2] @ gw.T) and np.allclose(xw, ga.T @ gd[:, :2])
+            continue
+        assert len(grads) == 2
+        expected = (gd * values[1], gd * values[0])
+        for k, g in enumerate(grads):
+            if g is None:
+                continue
+            assert g[0] == pending
+            assert np.array_equal(g[1], expected[k])
+    needed = [tuple(g is not None for g in grads) for op, _, grads, _ in results if op == "mul"]
+    assert needed == [(True, True), (False, True), (True, False)] * 4

@@ -16,7 +16,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from ..autograd.rules.einsum import record_einsum
+import numpy as np
+
+from ..autograd.rules.einsum import record_einsum, static
 from ..contraction import contract
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum, parse_einsum
@@ -47,20 +49,44 @@ def einsum(spec: str, *xs: Any) -> Any:
         if not xs:
             raise OperatorError("einsum needs at least one operand")
         _refuse_bool_sum(spec, xs)
-        prepared = prepare(_PREPARED, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
+        prepared = prepare(_PREPARED, partial(_Prepared, spec), xs, key)
     plan = prepared.plan
-    xs = moved(xs, prepared)
+    if not prepared.stays:
+        xs = moved(xs, prepared)
     blocks = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
     block = contract(plan.spec.inputs, blocks, plan.spec.output)
+    mesh = xs[0]._mesh
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
         # rounded once (a pending sum stays float32 until summed); a dry run's large one: zeros, not rounded
-        dry = dry_zeros(xs[0].mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)
+        dry = dry_zeros(mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)
         block = rounded(block, prepared.dtype) if dry is None else dry
-    out = prepared_result(xs[0].mesh, block, prepared)
+    if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
+        # `prepared_result`'s usual case, its DTensor built here (DTensor._trusted without its call)
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, prepared.out, prepared.shape, None
+    else:
+        out = prepared_result(mesh, block, prepared)
     for x in xs:
         if x._ag is not None:
-            return record_einsum(out, xs, plan, prepared.want, prepared.reads)
+            return record_einsum(out, xs, prepared)
     return out
+
+
+_ndarray = np.ndarray
+_new = object.__new__
+
+
+class _Prepared(Prepared):
+    """An einsum call's `Prepared`, with what its node and backward take from the plan alone
+    (spmdsim.autograd.rules.einsum's `static`: the node's name, per operand what its gradient contracts and
+    the axes it is pending over) and `ways`, the gradients' layouts its backward decides per dY layout."""
+
+    __slots__ = ("name", "per", "ways")
+
+    def __init__(self, spec: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
+        super().__init__(infer_einsum, spec, layouts, shapes, dtypes, "local")
+        self.name, self.per = static(self.plan)
+        self.ways: dict = {}
 
 
 def _refuse_bool_sum(spec: Any, xs: tuple) -> None:

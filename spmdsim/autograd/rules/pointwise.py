@@ -23,7 +23,7 @@ from ...flops import any_open, sweep
 from ...precision import as_rows
 from ..graph import attach, record, with_partial
 from ..kept import shell
-from .grads import axes_of, grad_tensor, gradient_block, needs
+from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -190,7 +190,20 @@ def record_pointwise(op: str, out: Any, xs: tuple, prepared: Any) -> Any:
     the call signature's (spmdsim.ops.pointwise's ``_Prepared``): its plan, its op's derivative
     (``DERIVATIVES[op]``), the node's `want` (the plan's output layout without pending sums) and read layouts
     (the operands' then the output's), and `ways`, the table where the backward keeps what it decides."""
-    return attach(out, op, xs, _PointwiseGrads(op, xs, out, prepared, needs(xs)), prepared.want, prepared.reads)
+    # The rule's object built without its __init__'s frame (a node per elementwise op), `needs` without its
+    # call for one or two operands (the nested table `_NEED` gives the shared tuple by the two tests).
+    grads = _new(_PointwiseGrads)
+    grads.op, grads.xs, grads.out, grads.prepared = op, xs, out, prepared
+    if len(xs) == 2:
+        grads.need = NEED2[xs[0]._ag is None][xs[1]._ag is None]
+    elif len(xs) == 1:  # (recorded: its operand takes a gradient)
+        grads.need = NEED1
+    else:
+        grads.need = needs(xs)
+    return attach(out, op, xs, grads, prepared.want, prepared.reads)
+
+
+_new = object.__new__
 
 
 class _PointwiseGrads:
@@ -245,8 +258,17 @@ class _PointwiseGrads:
                     g = _SUM(g, axis=lead)
                 if inner:
                     g = _SUM(g, axis=inner, keepdims=True)
-                shape = x._local.shape
-                result.append(gradient_block(x, g if g.shape == shape else g.reshape(shape), grad_layout))
+                block = x._local  # read for its shape and dtype (a captured step's traced view has the same)
+                if g.shape != block.shape:
+                    g = g.reshape(block.shape)
+                if type(g) is _ndarray and g.dtype is block.dtype and g.flags.c_contiguous:
+                    # gradient_block's usual case, its DTensor built here (DTensor._trusted without its call)
+                    grad = _new(type(x))
+                    grad._mesh, grad._local, grad._layout, grad._shape, grad._ag = x._mesh, g, grad_layout, \
+                        x._shape, None
+                    result.append(grad)
+                else:
+                    result.append(gradient_block(x, g, grad_layout))
             return tuple(result)
         result, ways = [], []
         partial, kept = layout.partial, plan.out.partial
