@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...buffers import CAPTURING
-from ...contraction import contract
+from ...contraction import contract, pair, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
 
@@ -55,11 +55,15 @@ class _EinsumGrads:
             if not need[k]:
                 grads.append(None)
                 continue
-            others, their_words, summed, carried = per[k]
-            blocks = [d]  # dY's and the other operands' blocks (a loop: a comprehension is a frame of its own)
-            for i in others:
-                blocks.append(xs[i]._local if plain else xs[i].local)
-            g = contract(their_words, blocks, words[k])
+            others, their_words, summed, carried, paired = per[k]
+            if paired:  # dY and the other operand: `contract` without its call
+                other = xs[others[0]]
+                g = pair(their_words[0], d, their_words[1], other._local if plain else other.local, words[k])
+            else:
+                blocks = [d]  # dY's and the other operands' blocks (a loop: a comprehension is a frame of its own)
+                for i in others:
+                    blocks.append(xs[i]._local if plain else xs[i].local)
+                g = contract(their_words, blocks, words[k])
             if isinstance(g, tuple):  # letters only x has (summed away by the forward): dY spread over them
                 g, present = g  # `present` keeps x's letter order, so a reshape puts the ones in place
                 g = np.broadcast_to(np.reshape(g, [g.shape[present.index(ch)] if ch in present else 1
@@ -88,7 +92,8 @@ class _EinsumGrads:
 def static(plan: Any) -> tuple:
     """What `plan`'s node and backward need that depends on the plan alone: the node's name and, per
     operand, (the other operands, their words after dY's, the axes of size above one that split the
-    letters it sums over, the other operands' pending axes). spmdsim.ops.einsum keeps it in the call
+    letters it sums over, the other operands' pending axes, whether its gradient is contraction.pair's
+    product of dY and one other operand). spmdsim.ops.einsum keeps it in the call
     signature's `Prepared`."""
     words, output = plan.spec.inputs, plan.spec.output
     mesh = plan.local.layout
@@ -100,5 +105,8 @@ def static(plan: Any) -> tuple:
                        if mesh.axis_size(a) > 1)
         # The operands are in the plan's layouts (ops.einsum moves those that are not): their pending axes.
         carried = tuple(a for i in others for a in plan.targets[i].partial)
-        per.append((others, (output,) + tuple(words[i] for i in others), summed, carried))
+        their_words = (output,) + tuple(words[i] for i in others)
+        # Whether the gradient is `pair`'s product of dY and one other operand (contract's two-operand case).
+        paired = len(their_words) == 2 and bool(words[k]) and present_letters(their_words, words[k]) == words[k]
+        per.append((others, their_words, summed, carried, paired))
     return f"einsum {plan.spec}", tuple(per)
