@@ -416,3 +416,33 @@ def test_a_rules_kept_gradient_layouts_follow_dy_and_the_operands():
             assert np.array_equal(g[1], expected[k])
     needed = [tuple(g is not None for g in grads) for op, _, grads, _ in results if op == "mul"]
     assert needed == [(True, True), (False, True), (True, False)] * 4
+
+
+def test_a_result_shaped_as_its_operand_is_checked_unless_it_is_the_operands_block_shape_and_dtype():
+    """spmdsim.ops._common.shaped_as (the norms', dropout's and activations' results) builds a tensor directly
+    only for a C-ordered block of the operand's block shape and dtype under the operand's own layout object;
+    another dtype, another layout or a wrong block shape goes through make_dtensor's checks (the last refused)."""
+    import numpy as np
+
+    from spmdsim.errors import ShapeError
+    from spmdsim.ops._common import shaped_as
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, np.arange(24.0).reshape(4, 6), mesh.layout("dp", "tp"))
+        same = shaped_as(x, x.local * 2, x.layout)
+        cast = shaped_as(x, x.local.astype(np.float32), x.layout)
+        other = mesh.layout("dp", None)
+        try:
+            shaped_as(x, x.local * 2, other)
+            refused = None
+        except ShapeError as error:
+            refused = str(error)
+        out = (same.gather(), same.layout is x.layout, cast.local.dtype, cast.gather(), refused)
+        mesh.close()
+        return out
+
+    same, kept, dtype, cast, refused = spmdsim.simulate(4, body)[0]
+    assert kept and np.array_equal(same, 2 * np.arange(24.0).reshape(4, 6))
+    assert dtype == np.float32 and np.array_equal(cast, np.arange(24.0).reshape(4, 6))
+    assert refused is not None and "does not match" in refused

@@ -43,7 +43,7 @@ from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
 from ._common import (
-    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, require_float, result_dtype, seed_arg,
+    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, result_dtype, seed_arg,
 )
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -153,7 +153,7 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
         return rounded(y, block.dtype)
 
     y = _engine_local(kernel, x.local, x.local)
-    out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
+    out = shaped_as(x, y, x._layout)
     rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
     if any_open():  # else nothing is counted: no blocks to gather
         sweep(op, (x.local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
@@ -388,7 +388,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         else:  # bfloat16: x times the float32 factor, rounded once (the graph's values)
             block = rounded(wide(x.local) * np.multiply(keep, scale), x.dtype) if low else x.local * np.multiply(
                 keep, scale)
-        out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
+        out = shaped_as(x, block, x._layout)
         if any_open():  # else nothing is counted: no blocks to gather
             sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
         return out if x._ag is None else record_dropout_mask(out, x, keep, scale.dtype.type(scale))
@@ -404,7 +404,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         block = dry
     else:
         block = rounded(wide(x.local) * factors, x.dtype) if low else x.local * factors
-    out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
+    out = shaped_as(x, block, x._layout)
     # the kept entries' factors drawn in the kernel and written beside the result
     if any_open():  # else nothing is counted: no blocks to gather
         sweep("dropout", (x.local,), (out.local, x.local))
