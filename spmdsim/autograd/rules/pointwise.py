@@ -341,7 +341,9 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
 def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
     """Dropout: dX = dY * the kept entries' factor (`kept`: keep mask times `scale`, as the forward
     multiplied by; in a dry run zeros of its size, and dY's zeros are scaled instead), shard by shard."""
-    return record(out, "dropout", (x,), _DropoutGrads(x, kept, scale), with_partial(x.layout, ()))
+    # `record`'s node (its reads: x's layout and out's) without its call
+    return attach(out, "dropout", (x,), _DropoutGrads(x, kept, scale), with_partial(x._layout, ()),
+                  (x._layout, out._layout))
 
 
 class _DropoutGrads:
