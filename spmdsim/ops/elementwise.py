@@ -41,19 +41,20 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     except AttributeError:
         raise_if_not_dtensors(name, ("x",), x)
         raise
+    local = x.local  # this rank's block, read once (a captured step: its record's view)
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
-        require_float(name, x.local)
+        require_float(name, local)
     if name == "gelu" and x._ag is not None and keep_tanh:  # the inner tanh kept for the backward (one tanh, not two)
         # bfloat16: the tanh is float32 (spmdsim.activations computes it widened); a dry run's zeros alike
-        like = broadcast_zero(x.local.shape, np.float32) if is_low(x.local.dtype) else x.local
-        tanh = engine_local(activations.gelu_tanh, like, x.local)
-        out = shaped_as(x, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout)
+        like = broadcast_zero(local.shape, np.float32) if is_low(local.dtype) else local
+        tanh = engine_local(activations.gelu_tanh, like, local)
+        out = shaped_as(x, engine_local(activations.gelu_from_tanh, local, local, tanh), layout)
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep(name, (x.local,), (out.local, tanh))
+            sweep(name, (local,), (out.local, tanh))
         return record_activation(out, x, name, tanh)
-    out = shaped_as(x, engine_local(fn, x.local, x.local), layout)
+    out = shaped_as(x, engine_local(fn, local, local), layout)
     if any_open():  # else nothing is counted: no blocks to gather
-        sweep(name, (x.local,), (out.local,))
+        sweep(name, (local,), (out.local,))
     return out if x._ag is None else record_activation(out, x, name)
 
 

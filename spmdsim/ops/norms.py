@@ -152,15 +152,16 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
         y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
         return rounded(y, block.dtype)
 
-    y = _engine_local(kernel, x.local, x.local)
+    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    y = _engine_local(kernel, local, local)
     out = shaped_as(x, y, x._layout)
-    rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+    rows = local.shape[:d] + (1,) + local.shape[d + 1:]
     if any_open():  # else nothing is counted: no blocks to gather
-        sweep(op, (x.local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
+        sweep(op, (local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
     if x._ag is None:
         return out
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
-        rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+        rows = local.shape[:d] + (1,) + local.shape[d + 1:]
         stat = np.float32 if is_low(y.dtype) else y.dtype  # bfloat16's statistics are float32
         kept["rstd"] = _engine_local(np.copy, broadcast_zero(rows, stat), y)
     return record_normalized(out, x, y, kept, d, centre, op)
@@ -373,24 +374,25 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         raise_if_not_dtensors("dropout", ("x",), x)
     if not training or p == 0:
         return x
-    require_float("dropout", x.local)
+    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    require_float("dropout", local)
     # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
     # one product forward and one backward.
     # bfloat16: the factor in float32 and x * factor rounded once (spmdsim.precision)
     low = is_low(x.dtype)
     scale = np.asarray(1.0 / (1.0 - p), np.float32 if low else x.dtype)
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
-    dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
+    dry = dry_zeros(x.mesh, local.shape, local.dtype, np.multiply, local, scale)
     if kept == "megatron":
         keep = dropout_keep(x, p, seed, mask_dims, dry is not None)
         if dry is not None:
             block = dry
         else:  # bfloat16: x times the float32 factor, rounded once (the graph's values)
-            block = rounded(wide(x.local) * np.multiply(keep, scale), x.dtype) if low else x.local * np.multiply(
+            block = rounded(wide(local) * np.multiply(keep, scale), x.dtype) if low else local * np.multiply(
                 keep, scale)
         out = shaped_as(x, block, x._layout)
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
+            sweep("dropout", (local,), (out.local, keep))  # the mask drawn in the kernel and written
         return out if x._ag is None else record_dropout_mask(out, x, keep, scale.dtype.type(scale))
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
@@ -403,11 +405,11 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     if dry is not None:
         block = dry
     else:
-        block = rounded(wide(x.local) * factors, x.dtype) if low else x.local * factors
+        block = rounded(wide(local) * factors, x.dtype) if low else local * factors
     out = shaped_as(x, block, x._layout)
     # the kept entries' factors drawn in the kernel and written beside the result
     if any_open():  # else nothing is counted: no blocks to gather
-        sweep("dropout", (x.local,), (out.local, x.local))
+        sweep("dropout", (local,), (out.local, local))
     return out if x._ag is None else record_dropout(out, x, factors, scale)
 
 

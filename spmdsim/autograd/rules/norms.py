@@ -65,9 +65,10 @@ class _NormalizedGrads:
         return g * self.kept["rstd"]
 
     def __call__(self, dy: Any) -> tuple:
+        d = dy.local  # read once (a captured step: its record's view)
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep(self.op, (dy.local, self.y, self.kept["rstd"]), (dy.local,))
-        return (grad_tensor(self.x, _local(self.grad, dy.local, dy.local), dy.layout.partial),)
+            sweep(self.op, (d, self.y, self.kept["rstd"]), (d,))
+        return (grad_tensor(self.x, _local(self.grad, d, d), dy._layout.partial),)
 
 
 def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: int) -> Any:

@@ -305,8 +305,9 @@ def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
     extra = () if kept is None else (kept,)
 
     def backward(dy: Any) -> tuple:
-        sweep(name, (dy.local, x.local) + extra, (x.local,))
-        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, *extra), dy.layout.partial),)
+        d, local = dy.local, x.local  # read once (a captured step: their record's views)
+        sweep(name, (d, local) + extra, (local,))
+        return (grad_tensor(x, _local(kernel, d, local, d, *extra), dy._layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)
 
