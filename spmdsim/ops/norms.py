@@ -52,6 +52,24 @@ __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "m
            "resolved", "dropout_keep"]
 
 
+def _whole_rows(kind: str, x: Any) -> bool:
+    """``infer_norm(kind, x.layout, x.global_shape).whole``, kept by x's layout object (infer_norm's cache
+    hashes and compares the layout in Python: ~100 opcodes a norm); the entry holds the layout."""
+    layout = x._layout
+    key = (kind, id(layout), x._shape)
+    seen = _WHOLE.get(key)
+    if seen is not None and seen[0] is layout:
+        return seen[1]
+    whole = infer_norm(kind, layout, x._shape).whole
+    if len(_WHOLE) >= 1024:  # a long run over many layouts: start over
+        _WHOLE.clear()
+    _WHOLE[key] = (layout, whole)
+    return whole
+
+
+_WHOLE: dict = {}  # (norm kind, id(layout), global shape) -> (that layout, whether its rows are whole)
+
+
 def resolved(x: Any) -> Any:
     """`x` with its pending sums added up (Allreduce; the same tensor when nothing is pending)."""
     if not x.layout.partial:
@@ -183,7 +201,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
         raise OperatorError(f"layer_norm: {problem}")
     _check_affine("layer_norm", x, d, weight, bias)
     x = resolved(x)
-    if infer_norm("layer_norm", x.layout, x.global_shape).whole:
+    if _whole_rows("layer_norm", x):
         if kept == "megatron":
             return _fused_layer_norm(x, d, eps, weight, bias)
         return _affine(_normalized(x, d, eps, True, "layer_norm"), weight, bias)
@@ -267,7 +285,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
         raise OperatorError(f"rms_norm: {problem}")
     _check_affine("rms_norm", x, d, weight)
     x = resolved(x)
-    if infer_norm("rms_norm", x.layout, x.global_shape).whole:
+    if _whole_rows("rms_norm", x):
         if kept == "megatron":
             return _fused_rms_norm(x, d, eps, weight)
         return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
