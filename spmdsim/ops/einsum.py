@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.rules.einsum import record_einsum, static
+from ..autograd.graph import attach
+from ..autograd.rules.einsum import EinsumGrads, record_einsum, static
+from ..autograd.rules.grads import NEED2
 from ..contraction import contract, pair, present_letters
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum, parse_einsum
@@ -76,6 +78,16 @@ def einsum(spec: str, *xs: Any) -> Any:
         out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, prepared.out, prepared.shape, None
     else:
         out = prepared_result(mesh, block, prepared)
+    if len(xs) == 2:  # record_einsum's node without its call (most products: two operands)
+        a, b = xs
+        need = NEED2[a._ag is None][b._ag is None]
+        if need is _NONE:
+            return out
+        if type(xs) is not tuple:
+            xs = tuple(xs)
+        grads = _new(EinsumGrads)
+        grads.xs, grads.prepared, grads.need = xs, prepared, need
+        return attach(out, prepared.name, xs, grads, prepared.want, prepared.reads)
     for x in xs:
         if x._ag is not None:
             return record_einsum(out, xs, prepared)
@@ -84,6 +96,7 @@ def einsum(spec: str, *xs: Any) -> Any:
 
 _ndarray = np.ndarray
 _new = object.__new__
+_NONE = NEED2[True][True]  # two operands, neither taking a gradient
 
 
 class _Prepared(Prepared):

@@ -20,10 +20,10 @@ import numpy as np
 from ..activations import erf as _erf
 from ..activations import gelu_erf as _gelu_erf
 from ..activations import sigmoid as _sigmoid
-from ..autograd.graph import record
+from ..autograd.graph import attach, record
 from ..autograd.kept import shell
-from ..autograd.rules.grads import grad_tensor
-from ..autograd.rules.pointwise import DERIVATIVES, LOUD, quiet, record_pointwise
+from ..autograd.rules.grads import NEED2, grad_tensor
+from ..autograd.rules.pointwise import DERIVATIVES, LOUD, PointwiseGrads, quiet, record_pointwise
 from ..errors import DTypeError, OperatorError
 from .. import flops as _flops
 from ..flops import sweep
@@ -179,6 +179,16 @@ def pointwise(op: str, *args: Any) -> Any:
     else:
         out = prepared_result(mesh, block, prepared)
     if prepared.derivative is not None:  # not a comparison
+        if len(xs) == 2:  # record_pointwise's node without its call (most nodes: two operands)
+            a, b = xs
+            need = NEED2[a._ag is None][b._ag is None]
+            if need is not _NONE:
+                if type(xs) is not tuple:  # (a lifted number's call)
+                    xs = tuple(xs)
+                grads = _new(PointwiseGrads)
+                grads.op, grads.xs, grads.out, grads.prepared, grads.need = op, xs, out, prepared, need
+                return attach(out, op, xs, grads, prepared.want, prepared.reads)
+            return out
         for x in xs:
             if x._ag is not None:
                 return record_pointwise(op, out, xs if type(xs) is tuple else tuple(xs), prepared)
@@ -187,6 +197,7 @@ def pointwise(op: str, *args: Any) -> Any:
 
 _ndarray = np.ndarray
 _new = object.__new__
+_NONE = NEED2[True][True]  # two operands, neither taking a gradient
 
 
 def _unscaled(op: str, args: tuple) -> tuple:

@@ -15,7 +15,7 @@ from ...contraction import contract, pair, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
 
-__all__ = ["record_einsum", "static"]
+__all__ = ["record_einsum", "static", "EinsumGrads"]
 
 
 def record_einsum(out: Any, xs: tuple, prepared: Any) -> Any:
@@ -23,7 +23,7 @@ def record_einsum(out: Any, xs: tuple, prepared: Any) -> Any:
     its plan, the node's `name`, `want` (the product's layout without pending sums) and read layouts
     (`reads`: the operands' then the product's), per operand what its gradient contracts (`per`, `static`'s)
     and `ways`, the table where the backward keeps the gradients' layouts per dY layout)."""
-    grads = _new(_EinsumGrads)  # without its __init__'s frame (a node per product)
+    grads = _new(EinsumGrads)  # without its __init__'s frame (a node per product)
     grads.xs, grads.prepared = xs, prepared
     grads.need = NEED2[xs[0]._ag is None][xs[1]._ag is None] if len(xs) == 2 else needs(xs)
     return attach(out, prepared.name, xs, grads, prepared.want, prepared.reads)
@@ -33,9 +33,10 @@ _new = object.__new__
 _ndarray = np.ndarray
 
 
-class _EinsumGrads:
+class EinsumGrads:
     """An einsum node's backward: one object where a closure took a function and four cells (the forward's
-    graph holds one per product until the backward: fewer objects for the garbage collector)."""
+    graph holds one per product until the backward: fewer objects for the garbage collector). spmdsim.ops.einsum
+    builds one of two operands itself, as `record_einsum` does (its slots set)."""
 
     __slots__ = ("xs", "prepared", "need")
 

@@ -27,8 +27,8 @@ from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
-           "record_dropout", "record_dropout_mask"]
+__all__ = ["DERIVATIVES", "PointwiseGrads", "quiet", "record_pointwise", "record_activation", "record_bias_add",
+           "record_scale", "record_dropout", "record_dropout_mask"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -192,7 +192,7 @@ def record_pointwise(op: str, out: Any, xs: tuple, prepared: Any) -> Any:
     (the operands' then the output's), and `ways`, the table where the backward keeps what it decides."""
     # The rule's object built without its __init__'s frame (a node per elementwise op), `needs` without its
     # call for one or two operands (the nested table `_NEED` gives the shared tuple by the two tests).
-    grads = _new(_PointwiseGrads)
+    grads = _new(PointwiseGrads)
     grads.op, grads.xs, grads.out, grads.prepared = op, xs, out, prepared
     if len(xs) == 2:
         grads.need = NEED2[xs[0]._ag is None][xs[1]._ag is None]
@@ -206,9 +206,10 @@ def record_pointwise(op: str, out: Any, xs: tuple, prepared: Any) -> Any:
 _new = object.__new__
 
 
-class _PointwiseGrads:
+class PointwiseGrads:
     """A pointwise node's backward: one object where a closure took a function and eight cells (the
-    forward's graph holds one per op until the backward: fewer objects for the garbage collector)."""
+    forward's graph holds one per op until the backward: fewer objects for the garbage collector).
+    spmdsim.ops.pointwise builds one of two operands itself, as `record_pointwise` does (its slots set)."""
 
     __slots__ = ("op", "xs", "out", "prepared", "need")
 
@@ -348,7 +349,7 @@ def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
 
 
 class _DropoutGrads:
-    """A dropout's backward, one object (as `_PointwiseGrads`)."""
+    """A dropout's backward, one object (as `PointwiseGrads`)."""
 
     __slots__ = ("x", "kept", "scale")
 
