@@ -446,3 +446,50 @@ def test_a_result_shaped_as_its_operand_is_checked_unless_it_is_the_operands_blo
     assert kept and np.array_equal(same, 2 * np.arange(24.0).reshape(4, 6))
     assert dtype == np.float32 and np.array_equal(cast, np.arange(24.0).reshape(4, 6))
     assert refused is not None and "does not match" in refused
+
+
+def test_a_repeated_layer_norm_checks_nothing_again_and_a_changed_call_is_checked():
+    """layer_norm keeps what its checks passed and decided per (x's layout object, shape, dtype, eps, kept, the
+    weight's and bias's shapes): a repeated call runs none of the checks (`_dim`, `_eps`, `_check_affine`) and
+    gives the first call's values; another eps is used (not the kept one's), and a bad eps, kept or weight after
+    good ones is still refused with its one line."""
+    import numpy as np
+
+    from spmdsim import ops
+    from spmdsim.errors import OperatorError, ShapeError
+
+    rng = np.random.default_rng(17)
+    gx, gw = rng.standard_normal((4, 6)), rng.standard_normal(6)
+    watched = {"_dim", "_eps", "_check_affine"}
+
+    def reference(eps):
+        c = gx - gx.mean(axis=-1, keepdims=True)
+        return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps) * gw
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, gx, mesh.layout("dp", None))
+        w = DTensor.from_global(mesh, gw, mesh.layout(None))
+        runs = [_watched_calls(lambda: ops.layer_norm(x, w, eps=1e-5), watched, None) for _ in range(2)]
+        other = ops.layer_norm(x, w, eps=0.5)
+        refused = []
+        short = DTensor.from_global(mesh, gw[:4], mesh.layout(None))
+        for bad, kind in (({"eps": True}, OperatorError), ({"eps": -1.0}, OperatorError),
+                          ({"kept": "all"}, OperatorError), ({"weight": short}, ShapeError)):
+            try:
+                ops.layer_norm(x, **{"weight": w, **bad})
+                refused.append(None)
+            except kind as error:
+                refused.append(str(error))
+        out = [(calls, y.gather()) for calls, y in runs], other.gather(), refused
+        mesh.close()
+        return out
+
+    ((calls1, y1), (calls2, y2)), other, refused = spmdsim.simulate(4, body)[0]
+    assert "_check_affine" in calls1 and calls2 == []
+    assert np.allclose(y1, reference(1e-5)) and np.array_equal(y2, y1)
+    assert np.allclose(other, reference(0.5))
+    assert refused[0] == "layer_norm: eps True must be a non-negative real number"
+    assert refused[1] == "layer_norm: eps -1.0 must be a non-negative real number"
+    assert refused[2] is not None and refused[2].startswith("layer_norm: kept 'all' is not one of")
+    assert refused[3] is not None and "weight of shape (4,)" in refused[3]
