@@ -574,6 +574,13 @@ HUGE_SEED = str(2 ** 63 - 1)
     (["run", "matmul", "--shape", "16,16", "--ranks", "4"], "--shape '16,16' has 2 sizes; expected M,K,N"),
     (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "4"],
      "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4"),
+    # "has 1 batch dims" (and "has 0 batch dims" for the other way round), with no word of the shape expected
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "4,16,32,64", "--ranks", "8"],
+     "matmul shape (4, 16, 32, 64) has 1 batch dim but strategy ((2, 1), (1, 4)) gives x 2 dims (no batch dim); "
+     "expected 3 sizes, M,K,N"),
+    (["run", "matmul", "--strategy", "((1,2,1,1),(1,4))", "--shape", "16,32,64", "--ranks", "8"],
+     "has no batch dim but strategy ((1, 2, 1, 1), (1, 4)) gives x 4 dims (2 batch dims); expected 5 sizes, "
+     "B1,B2,M,K,N"),
     (["run", "matmul", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "a,b", "--w-map", "b,None",
       "--shape", "8,8,8", "--ranks", "4"], "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"),
     (["run", "matmul", "--placement", "2,4", "--x-sbp", "S(0),B", "--w-sbp", "B,B", "--shape", "8,8,8",
