@@ -67,6 +67,8 @@ def test_calibrate_arguments_are_spmdsim_errors():
     (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
     (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
     (["--repeats", "0"], "--repeats 0 must be at least 1"),
+    (["--sizes", "-1K,4K"], "--sizes '-1K,4K': size '-1K' must be >= 0"),
+    (["--sizes", "1.5,4K"], "--sizes '1.5,4K': size '1.5' is not a whole number of bytes"),
 ])
 def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle):
     # Outside MPI it said "run it under MPI" (as "spmdsim calibrate: error:", unlike every other refusal) before
@@ -193,6 +195,7 @@ def test_run_honours_or_refuses_every_out_strategy_entry():
 @pytest.mark.parametrize("argv, needle", [
     (["matmul", "--shape", "16,16"], "--shape '16,16' has 2 sizes; expected M,K,N (or B,...,M,K,N)"),
     (["matmul", "--shape", "16,-16,16"], "--shape '16,-16,16' has a negative size"),
+    (["matmul", "--shape", "-16,16,16"], "--shape '-16,16,16' has a negative size"),  # argparse: "expected one"
     (["linear", "--shape", "4,8,8,3"], "--shape '4,8,8,3' has 4 sizes; expected M,K,N"),
     (["mlp", "--shape", "4,8"], "--shape '4,8' has 2 sizes; expected M,H,F"),
     (["embedding", "--shape", "4,0,8"], "--shape '4,0,8' gives a vocabulary of 0 rows; expected VOCAB >= 1"),
