@@ -581,6 +581,9 @@ HUGE_SEED = str(2 ** 63 - 1)
     (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "4,16,32,64", "--ranks", "8"],
      "matmul shape (4, 16, 32, 64) has 1 batch dim but strategy ((2, 1), (1, 4)) gives x 2 dims (no batch dim); "
      "expected 3 sizes, M,K,N"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--out-strategy", "((8,1),)", "--shape", "16,32,64",
+      "--ranks", "8"], "expected (2, 4): the contraction is not split, so no pending sum is left to reduce-scatter "
+     "into a finer cut"),  # was "or one dim cut 1 times more (the contraction's ())"
     (["run", "matmul", "--strategy", "((1,2,1,1),(1,4))", "--shape", "16,32,64", "--ranks", "8"],
      "has no batch dim but strategy ((1, 2, 1, 1), (1, 4)) gives x 4 dims (2 batch dims); expected 5 sizes, "
      "B1,B2,M,K,N"),
