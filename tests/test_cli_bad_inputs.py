@@ -207,6 +207,19 @@ def test_run_names_the_shape_flag(argv, needle):
     assert str(info.value).startswith(needle), str(info.value)
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16", "--ranks", "8"],
+     "--shape '16' has 1 size; expected M,K,N"),
+    (["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,y", "--to-device-matrix", "1",
+      "--to-alias", "y", "--shape", "8,8"], "--to-device-matrix '1' has 1 device but --device-matrix '8' has 8"),
+    (["slices", "--device-matrix", "1", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8", "--world-size",
+      "2"], "--device-matrix '1' (case key 'device_matrix'), which has 1 device; expected 1"),
+])
+def test_one_is_counted_in_the_singular(capsys, argv, needle):
+    # "has 1 sizes", "has 1 devices"
+    _fails(capsys, argv, needle)
+
+
 def test_run_shapes_that_were_valid_still_are():
     assert run_cli._shape(_args(["run", "matmul", "--shape", "2,0,16,16"])) == (2, 0, 16, 16)
     assert run_cli._shape(_args(["run", "embedding", "--shape", "10,4,1000,48"])) == (10, 4, 1000, 48)

@@ -274,7 +274,7 @@ def world_size_mismatch(world: Any, key: str, matrix: Sequence[int]) -> str:
     """Why ``--world-size`` (case key "world_size") does not go with the mesh under `key`: the flags and keys."""
     devices = math.prod(matrix)
     return (f"{_flag_text('world_size', world)} does not match {_flag_text(key, matrix)}, which has "
-            f"{devices} devices; expected {devices} (or leave --world-size out)")
+            f"{counted(devices, 'device')}; expected {devices} (or leave --world-size out)")
 
 
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:

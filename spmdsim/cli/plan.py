@@ -221,7 +221,7 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     # would otherwise be reported as an unknown alias.
     if target_mesh.num_devices != world:
         raise SpmdsimError(
-            f"--to-device-matrix {args.to_device_matrix!r} has {target_mesh.num_devices} devices "
+            f"--to-device-matrix {args.to_device_matrix!r} has {counted(target_mesh.num_devices, 'device')} "
             f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
         )
     source_side = _side(args, "from", source_mesh, len(shape), world)

@@ -240,7 +240,7 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
     form = {"matmul": "M,K,N (or B,...,M,K,N)", "linear": "M,K,N", "mlp": "M,H,F",
             "embedding": "ID_DIMS...,VOCAB,DIM"}[args.op]
     if len(dims) < 3 or (args.op in ("linear", "mlp") and len(dims) != 3):
-        raise SpmdsimError(f"--shape {args.shape!r} has {len(dims)} sizes; expected {form}")
+        raise SpmdsimError(f"--shape {args.shape!r} has {counted(len(dims), 'size')}; expected {form}")
     if any(d < 0 for d in dims):
         raise SpmdsimError(f"--shape {args.shape!r} has a negative size; expected {form} >= 0")
     if args.op == "embedding" and dims[-2] < 1:
