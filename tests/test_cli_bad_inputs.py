@@ -220,6 +220,24 @@ def test_one_is_counted_in_the_singular(capsys, argv, needle):
     _fails(capsys, argv, needle)
 
 
+@pytest.mark.parametrize("argv, needle", [
+    # "give exactly one of --to, --to-sbp, ... got []"
+    (["plan", "--device-matrix", "4", "--alias", "x", "--from", "x,None", "--shape", "8,8"],
+     "no target layout given; expected one of --to, --to-sbp, --to-placements, --to-partition-spec and "
+     "--to-strategy"),
+    # "shape (8, -8) must not have negative sizes, got -8 in dim 1": no flag named
+    (["plan", "--device-matrix", "4", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "8,-8"],
+     "--shape '8,-8' must be sizes of at least 0, such as 2,4"),
+    # "..., got None"
+    (["show", "--device-matrix", "2,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8", "--matmul"],
+     "--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", and none was given"),
+    # "GPTConfig layers -1 must be an integer >= 1": a name the user did not type
+    (["autoshard", "--network", "gpt", "--gpt", "layers=-1"], "--gpt layers '-1' must be an integer >= 1"),
+])
+def test_refusals_name_the_flag_given(capsys, argv, needle):
+    _fails(capsys, argv, needle)
+
+
 def test_run_shapes_that_were_valid_still_are():
     assert run_cli._shape(_args(["run", "matmul", "--shape", "2,0,16,16"])) == (2, 0, 16, 16)
     assert run_cli._shape(_args(["run", "embedding", "--shape", "10,4,1000,48"])) == (10, 4, 1000, 48)
