@@ -182,10 +182,12 @@ def test_the_warnings_list_by_rank_then_in_post_order_every_run():
                 comm.send(i, 1, i)
         world.Barrier()
 
-    done = _run(body)
+    done = _run(body)  # each on a Dup of the world (was: 'on the world', which they are not)
     assert done.unreceived == tuple(
-        [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on the world was never received" for i in range(6)]
-        + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on the world was never matched" for i in range(6)])
+        [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on a Dup of the world was never received"
+         for i in range(6)]
+        + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on a Dup of the world was never matched"
+           for i in range(6)])
 
 
 def test_nonblocking_collectives_and_partitioned_requests_never_completed_are_named():
@@ -353,3 +355,28 @@ def test_a_nonblocking_collective_lands_its_result_when_the_request_completes():
          0.0, 3.0, 3.0, 3.0, 0.0, 0.0, True, 1.0, [0.0, 0.0], [8.0, 8.0]],
         [0.0, 2.0, 6.0, 11.0, -1.0, [0.0] * 4, 2.0, [1.0, 1.0, 2.0, 2.0], [0.0, 0.0], True, [20.0, 21.0],
          0.0, 3.0, 3.0, 3.0, 1.0, 0.0, True, 2.0, [0.0, 0.0], [7.0, 7.0]]]
+
+
+def test_the_warnings_name_a_dup_of_the_world_as_one():
+    # Was: 'on the world' for a Dup of the world (and for a Dup of that, or a window made on it).
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        dup, half = world.Dup(), world.Split(world.rank % 2, 0)
+        again, win = dup.Dup(), MPI.Win.Create(np.zeros(1), comm=dup)
+        for tag, comm in enumerate((world, dup, again)):
+            if world.rank == 0:
+                comm.send(None, 1, tag)
+        text = [repr(dup), repr(again), repr(win), repr(half.Dup())]
+        win.Free()
+        return text
+
+    done = _run(body, 3)
+    assert done[0] == ["<simulated Intracomm rank 0 of 3 (a Dup of the world)>",
+                       "<simulated Intracomm rank 0 of 3 (a Dup of a Dup of the world)>",
+                       "<simulated Win rank 0 of 3 (a Dup of the world)>",
+                       "<simulated Intracomm rank 0 of 2 (a Dup of the group of ranks 0,2)>"]
+    assert done.unreceived == tuple(f"a message from rank 0 to rank 1 (tag {tag}, 4 bytes){where} was never received"
+                                    for tag, where in enumerate(("", " on a Dup of the world",
+                                                                 " on a Dup of a Dup of the world")))

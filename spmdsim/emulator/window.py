@@ -138,6 +138,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
             raise mpi_error(_mpi(), _mpi().ERR_DISP, f"displacement unit {unit} must be positive")
         mine = _memory(memory) if flavor != _mpi().WIN_FLAVOR_DYNAMIC else None
         private = comm.Dup()  # the window's own communicator: its Fences are no calls of `comm`'s
+        private._group.made = comm._group.label()  # a report names the window's ('a window's memory on the world')
 
         def complete(slot: Any) -> None:
             datas = [c.data for c in slot.calls]
