@@ -380,3 +380,35 @@ def test_the_warnings_name_a_dup_of_the_world_as_one():
     assert done.unreceived == tuple(f"a message from rank 0 to rank 1 (tag {tag}, 4 bytes){where} was never received"
                                     for tag, where in enumerate(("", " on a Dup of the world",
                                                                  " on a Dup of a Dup of the world")))
+
+
+def test_request_based_rma_never_completed_is_named():
+    # Was: no word for an Rput, Rget, Raccumulate or Rget_accumulate never completed (their requests were not noted).
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        got = np.zeros(1)
+        wins = [MPI.Win.Create(np.zeros(2), comm=world),  # one on the world, one on each pair
+                MPI.Win.Create(np.zeros(2), comm=world.Split(world.rank // 2, 0))]
+        win = wins[world.rank // 2]
+        for w in wins:
+            w.Fence()
+        if world.rank in (0, 2):
+            reqs = [win.Rput(np.ones(1), 1), win.Rget(got, 1),  # (line R)
+                    win.Raccumulate(np.ones(1), 1, op=MPI.SUM), win.Rget_accumulate(np.ones(1), got, 1)]  # (line S)
+            reqs[0].Wait()
+            MPI.Request.Waitall(reqs[2:] if world.rank == 0 else reqs[3:])
+        for w in wins:
+            w.Fence()
+            w.Free()
+
+    done = _run(body, 4)
+    at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+          for mark in "RS" if line.endswith(f"(line {mark})")}
+    assert done.uncompleted == (
+        f"an Rget of rank 0 at {at['R']} was never completed (no Wait or Test)",
+        f"an Rget of group rank 0 (world rank 2) on the group of ranks 2,3 at {at['R']} was never completed (no "
+        "Wait or Test)",
+        f"an Raccumulate of group rank 0 (world rank 2) on the group of ranks 2,3 at {at['S']} was never completed "
+        "(no Wait or Test)")

@@ -389,7 +389,8 @@ def uncompleted(world: Any) -> tuple[str, ...]:
                 continue
         where = "" if group is world.root else f" on {group.label()}"
         at = f" at {os.path.basename(file)}:{line}" if file else ""
-        article = "an" if call[:1] in "AEIOUaeiou" else "a"
+        # 'an Rput', 'an Rsend_init' (said 'ar-put'), 'a Recv_init'
+        article = "an" if call[:1] in "AEIOUaeiou" or call.startswith(("Rput", "Rget", "Racc", "Rsend")) else "a"
         if part is None:  # a collective
             what = f"{article} {call} of {rank_name(group, me)}{where}{at}"
             lost = ": its result never reached its receive buffer" if any(
