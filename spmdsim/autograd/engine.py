@@ -78,55 +78,91 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     order = _topological(loss._ag)
     if order[-1].seq < _Mode.step_seq:  # a node recorded before this thread's last step (never a normal step's)
         _refuse_stale(order)
-    grads: dict = {}
-    owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
     if gradient is None:
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
         ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
         gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
-    _take(grads, owners, [], (loss,), (gradient,))  # the loss is a node's output, never a leaf
-    leaves: list = []
+    grads: dict = {}
+    owners: dict = {}  # Node/Leaf -> its tensor's layout (a leaf's gradient's target)
+    _take(grads, owners, (loss,), (gradient,))  # the loss is a node's output, never a leaf
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
+    _walk(order, grads, owners, explain, readers)
+    # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
+    _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers)
+
+
+def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
+    """Run each node's backward of `order` (latest first) on its output's gradient in `grads` (popped), freeing
+    the node, and add the gradients it gives its inputs to `grads` (`_take`); `owners` notes the layout of the
+    tensor of each. `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        if explain is None:  # no trace to collect: no context per node
-            want = node.want
-            if node.low is not None or want is not None and (dy._layout is not want or want.partial):
-                dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
-            _take(grads, owners, leaves, inputs, run(dy))
+        if explain is not None:
+            _explained(node, dy, run, inputs, grads, owners, explain, readers)
             continue
-        with _collector(explain) as trace:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy, run, inputs)))
-        step = node.describe()
-        explain.append((step, trace.entries))
-        short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
-        for t in inputs:
-            if t is not None and isinstance(t._ag, Leaf):
-                names = readers.setdefault(t._ag, [])
-                if short not in names:
-                    names.append(short)
-    _resolve_leaves(leaves, grads, owners, kept, cap, explain, readers)
+        want = node.want  # no trace to collect: no context per node
+        if node.low is not None or want is not None and (dy._layout is not want or want.partial):
+            dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
+        outs = run(dy)
+        if _flops._BLOCKS:  # a counter that records blocks (the estimate's dry run): `_take` marks the leaves'
+            _take(grads, owners, inputs, outs)
+            continue
+        # `_take`, written out here without its frame and its counter's test per input (a node a call: issue 58)
+        for tensor, g in zip(inputs, outs):
+            if g is None or tensor is None:
+                continue
+            key = tensor._ag
+            if key is None:
+                continue
+            layout = tensor._layout
+            if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
+                target = grad_layout(layout, g._layout)
+                if g._layout is not target:
+                    g = _move(g, target)
+            else:
+                target = layout
+            have = grads.get(key)
+            if have is None:
+                grads[key], owners[key] = g, layout
+            else:
+                grads[key] = add_grads(have, g, target)
+
+
+def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners: dict, explain: list,
+               readers: dict) -> None:
+    """`_walk`'s step of `node` with an explanation: its collectives (and its gradients' moves) as one entry of
+    `explain`, and the node's step noted among the readers of the leaves it read."""
+    with _collector(explain) as trace:
+        _take(grads, owners, inputs, run(_prepared(node, dy, run, inputs)))
+    step = node.describe()
+    explain.append((step, trace.entries))
+    short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
+    for t in inputs:
+        if t is not None and isinstance(t._ag, Leaf):
+            names = readers.setdefault(t._ag, [])
+            if short not in names:
+                names.append(short)
 
 
 def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: float, explain: Optional[list],
                     readers: dict) -> None:
-    """The walk's end: each leaf's gradient (in `grads`, its tensor in `owners`) added into its ``.grad``, in
+    """The walk's end: each leaf's gradient (in `grads`, its tensor's layout in `owners`) added into ``.grad``, in
     `leaves`' order (first contribution: the same on every rank); left pending for the leaves in `kept` (their
     ids), else its replicas' parts summed (in buckets when `cap` is not 0), as its `_LeafPlan` says."""
     gs = list(map(grads.pop, leaves))
-    tensors = list(map(owners.__getitem__, leaves))
-    plan = _leaf_plan(leaves, gs, tensors, kept, cap)
+    own = tuple(map(owners.__getitem__, leaves))
+    plan = _leaf_plan(leaves, gs, own, kept, cap)
     counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
     for i in plan.kept:
         leaf, g = leaves[i], gs[i]
         if counting:
             _count_accumulation(g)
-        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, tensors[i].layout, None)
-    for leaf, g, whole in _wholes(plan, leaves, gs, tensors, explain, readers):
+        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, own[i], None)
+    for leaf, g, whole in _wholes(plan, leaves, gs, own, explain, readers):
         if counting:
             _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
@@ -205,20 +241,14 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
     in). A leaf of the graph that is not among `wrt` is refused: its gradient would be lost."""
     grads: dict = {}
     owners: dict = {}
-    leaves: list = []
-    _take(grads, owners, [], (out,), (dy,))  # `out` itself is no leaf to report
-    for node in _topological(out._ag):
-        g = grads.pop(node, None)
-        run, inputs = node.backward, node.inputs
-        node.backward, node.inputs = None, ()
-        if g is not None:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, g, run, inputs)))
+    _take(grads, owners, (out,), (dy,))  # `out` itself is no leaf to report
+    _walk(_topological(out._ag), grads, owners)
     wanted = {id(t._ag) for t in wrt if t is not None and t._ag is not None}
-    lost = [owners[leaf] for leaf in leaves if id(leaf) not in wanted]
+    lost = [leaf for leaf in grads if type(leaf) is Leaf and id(leaf) not in wanted]  # (the walk leaves leaves)
     if lost:
-        t = lost[0]
+        g = grads[lost[0]]
         raise OperatorError(f"a recomputed region read a tensor requiring grad that it was not given "
-                            f"(global shape {tuple(t.global_shape)!r}, layout {t.layout}); pass every "
+                            f"(global shape {tuple(g._shape)!r}, layout {owners[lost[0]]}); pass every "
                             "parameter it reads among its inputs")
     return tuple(None if t is None or t._ag is None else grads.get(t._ag) for t in wrt)
 
@@ -230,14 +260,14 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
     left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
     """
     cap = _bucket_cap(bucket)
-    leaves, tensors_of = [], []
+    leaves, own = [], []
     for t in tensors:
         leaf = getattr(t, "_ag", None)
         if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
             leaves.append(leaf)
-            tensors_of.append(t)
+            own.append(t._layout)
     gs = list(map(_GRAD, leaves))
-    for leaf, g, _ in _wholes(_leaf_plan(leaves, gs, tensors_of, None, cap), leaves, gs, tensors_of, None, {}):
+    for leaf, g, _ in _wholes(_leaf_plan(leaves, gs, own, None, cap), leaves, gs, own, None, {}):
         leaf.grad = g
 
 
@@ -270,13 +300,13 @@ class _BucketPlan:
     __slots__ = ("positions", "parts")
 
 
-def _leaf_plan(leaves: list, gs: list, tensors: list, kept: Any, cap: float) -> _LeafPlan:
-    """The `_LeafPlan` of leaves whose gradients are `gs` (`tensors`: the leaves' tensors), `kept` (the ids of
+def _leaf_plan(leaves: list, gs: list, own: Any, kept: Any, cap: float) -> _LeafPlan:
+    """The `_LeafPlan` of leaves whose gradients are `gs` (`own`: the leaves' tensors' layouts), `kept` (the ids of
     those kept pending, or None) and the bucket cap (0: no buckets). It depends on nothing else: the gradients'
     layouts, meshes, dtypes and shapes, the tensors' layouts, which are kept, the cap, all in leaf order, so
     a step that walks the same parameters again takes the plan made for the first (a dict look-up keyed in C;
     the ranks' threads share the table)."""
-    layouts, own, dtypes = tuple(map(_LAYOUT, gs)), tuple(map(_LAYOUT, tensors)), tuple(map(_DTYPE, gs))
+    layouts, own, dtypes = tuple(map(_LAYOUT, gs)), tuple(own), tuple(map(_DTYPE, gs))
     key = (cap, tuple(map(kept.__contains__, map(id, leaves))) if kept else None,
            tuple(map(id, chain(layouts, own, dtypes, map(_MESH, gs)))), tuple(map(_SHAPE, gs)),
            tuple(map(_BLOCK_SHAPE, gs)))
@@ -344,7 +374,7 @@ _LAYOUT, _DTYPE, _MESH, _SHAPE = attrgetter("_layout"), attrgetter("_local.dtype
 _BLOCK_SHAPE, _GRAD, _LOCAL = attrgetter("_local.shape"), attrgetter("grad"), attrgetter("_local")
 
 
-def _wholes(plan: _LeafPlan, leaves: list, gs: list, tensors: list, explain: Optional[list], readers: dict) -> Any:
+def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict) -> Any:
     """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order: its
     gradient moved there, or its bucket's part (the bucket's one Allreduce made when its first leaf comes)."""
     summed: list = [None] * len(plan.buckets)
@@ -360,8 +390,7 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, tensors: list, explain: Opt
         else:
             with _collector(explain) as trace:
                 g = _move(gs[i], whole)
-            tensor = tensors[i]
-            explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
+            explain.append((f"leaf {tuple(gs[i]._shape)} {own[i]}: its replicas' "
                             f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
             yield leaf, g, whole
 
@@ -401,13 +430,12 @@ def _read_by(readers: dict, leaves: list) -> str:
     return f" (read by {', '.join(names)})" if names else ""
 
 
-def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
+def _take(grads: dict, owners: dict, inputs: tuple, outs: tuple) -> None:
     """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
-    (summed with one already there); note leaves, and their tensors in `owners`, in first-contribution order.
-    Under a counter that records blocks (the estimate's dry run) each parameter's gradient block, as it comes,
-    moved and summed, is marked as one the rank holds (spmdsim.flops.hold: the memory line counts the
-    gradients)."""
-    held = _flops._BLOCKS  # asked once a node: every step's backward passes each input here (issue 58)
+    (summed with one already there), noting its tensor's layout in `owners` at its first. Under a counter that
+    records blocks (the estimate's dry run) each parameter's gradient block, as it comes, moved and summed, is
+    marked as one the rank holds (spmdsim.flops.hold: the memory line counts the gradients)."""
+    held = _flops._BLOCKS
     for tensor, g in zip(inputs, outs):
         if g is None or tensor is None:
             continue
@@ -422,20 +450,15 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
         else:
             target = layout
         have = grads.get(key)
-        if type(key) is Leaf:
-            if held:
-                hold(g.local)
-            if have is None:
-                leaves.append(key)
-                grads[key], owners[key] = g, tensor
-            else:
-                grads[key] = add_grads(have, g, target)
-            if held:
-                hold(g.local, grads[key].local)
-        elif have is None:
-            grads[key] = g
+        leaf = held and type(key) is Leaf
+        if leaf:
+            hold(g.local)
+        if have is None:
+            grads[key], owners[key] = g, layout
         else:
             grads[key] = add_grads(have, g, target)
+        if leaf:
+            hold(g.local, grads[key].local)
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:
