@@ -238,6 +238,20 @@ def test_refusals_name_the_flag_given(capsys, argv, needle):
     _fails(capsys, argv, needle)
 
 
+@pytest.mark.parametrize("argv, needle", [
+    # type=float kept only the number: "-1.0", "-1000000000.0", "0", "inf" for what was typed
+    (["launch", "-n", "1", "--timeout", "-1", "--", "true"], "--timeout -1 must be a positive, finite number"),
+    (["autoshard", "--network", "mlp", "--flops", "-1e9"], "--flops -1e9 must be a finite number > 0"),
+    (["autoshard", "--network", "mlp", "--flops", "1e400"], "--flops 1e400 (read as inf) must be a finite number > 0"),
+    (["estimate", "gpt", "--dropout", "0.99999999999999999999"], "--dropout 0.99999999999999999999 (read as 1.0) "
+                                                                 "must be in [0, 1)"),
+    (["estimate", "gpt", "--experts", "2", "--capacity-factor", "1e-400"],
+     "--capacity-factor 1e-400 (read as 0.0) must be a finite number > 0"),
+])
+def test_float_flags_are_named_as_typed(capsys, argv, needle):
+    _fails(capsys, argv, needle)
+
+
 def test_run_shapes_that_were_valid_still_are():
     assert run_cli._shape(_args(["run", "matmul", "--shape", "2,0,16,16"])) == (2, 0, 16, 16)
     assert run_cli._shape(_args(["run", "embedding", "--shape", "10,4,1000,48"])) == (10, 4, 1000, 48)
@@ -421,7 +435,7 @@ def test_launch_bad_mpiexec_and_timeout(capsys):
            "--mpiexec '/nonexistent/mpiexec' is not an executable program")
     for value in ("nan", "inf", "0"):
         _fails(capsys, ["launch", "-n", "1", "--timeout", value, "--", "true"],
-               f"--timeout {float(value)!r} must be a positive, finite number of seconds")
+               f"--timeout {value} must be a positive, finite number of seconds")
     true = shutil.which("true")
     if true:  # coreutils' true answers --version with its own name: no MPI there
         _fails(capsys, ["launch", "-n", "2", "--mpiexec", true, "--", "true"], "is not an MPI launcher")

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 from typing import Any
 
 from ..errors import SpmdsimError
 from ..engines import engine_of
+from .numbers import flag_float, typed
 
 __all__ = ["register", "run"]
 
@@ -70,7 +72,7 @@ def register(subparsers: Any) -> None:
                              "and the weight gradients' sums (bytes objective)")
     parser.add_argument("--method", choices=METHODS,
                         help="search (default) or propagate (MindSpore's sharding propagation)")
-    parser.add_argument("--flops", type=float, metavar="FLOP/S",
+    parser.add_argument("--flops", type=flag_float, metavar="FLOP/S",
                         help="compute rate of one rank (default: measured now)")
     parser.add_argument("--node-limit", type=int,
                         help="branch and bound stops after this many nodes (default 200000); variable elimination "
@@ -248,8 +250,8 @@ def run(args: argparse.Namespace) -> int:
             value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
             raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "
                                "predicted step time: give --machine NAME|PATH too")
-    if args.flops is not None and not args.flops > 0:
-        raise SpmdsimError(f"--flops {args.flops!r} must be > 0")
+    if args.flops is not None and not (math.isfinite(args.flops) and args.flops > 0):
+        raise SpmdsimError(f"--flops {typed(args.flops)} must be a finite number > 0 (FLOP/s of one rank)")
     if args.ranks is not None and not args.run:
         raise SpmdsimError("--ranks N simulates the ranks of --run; add --run")
     if args.run:

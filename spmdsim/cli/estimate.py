@@ -19,6 +19,7 @@ from ..errors import SpmdsimError
 from ..memory import format_size
 from ..validate import counted
 from ..viz.table import wrap_lines
+from .numbers import flag_float, typed
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 
@@ -57,7 +58,7 @@ def register(subparsers: Any) -> None:
     from ..gpt_flags import architecture_arguments
 
     architecture_arguments(parser, width="--hidden")
-    parser.add_argument("--dropout", type=float, default=0.1, metavar="P",
+    parser.add_argument("--dropout", type=flag_float, default=0.1, metavar="P",
                         help="dropout probability of the embeddings, the attention and the residual branches "
                              "(default 0.1, GPT-3's; 0: none, as Llama trains: no dropout kernels, masks or kept "
                              "outputs)")
@@ -78,7 +79,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
     parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
     parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
-    parser.add_argument("--capacity-factor", type=float, metavar="F",
+    parser.add_argument("--capacity-factor", type=flag_float, metavar="F",
                         help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq (default 1)")
     parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
     parser.add_argument("--routing", choices=("balanced", "worst"),
@@ -140,13 +141,13 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     if problem:
         raise SpmdsimError(problem)
     if not (math.isfinite(args.dropout) and 0 <= args.dropout < 1):
-        raise SpmdsimError(f"--dropout {args.dropout:g} must be in [0, 1) (0: no dropout, as Llama trains)")
+        raise SpmdsimError(f"--dropout {typed(args.dropout)} must be in [0, 1) (0: no dropout, as Llama trains)")
     if args.experts < 0:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
     if args.experts and args.top_k > args.experts:
         raise SpmdsimError(f"--top-k {args.top_k} must not exceed --experts {args.experts}")
     if args.experts and not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
-        raise SpmdsimError(f"--capacity-factor {args.capacity_factor:g} must be a finite number > 0 (or --dropless)")
+        raise SpmdsimError(f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)")
     if not args.experts and args.ep > 1:
         raise SpmdsimError(f"--ep {args.ep} splits experts: give --experts N (a multiple of {args.ep})")
     if args.experts and args.experts % args.ep:
