@@ -233,6 +233,10 @@ def test_one_is_counted_in_the_singular(capsys, argv, needle):
      "--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", and none was given"),
     # "GPTConfig layers -1 must be an integer >= 1": a name the user did not type
     (["autoshard", "--network", "gpt", "--gpt", "layers=-1"], "--gpt layers '-1' must be an integer >= 1"),
+    # "ColumnParallelLinear output_size 0 must be an integer >= 1", "ParallelMLP hidden_size 0 ...", "... embedding_dim 0"
+    (["run", "linear", "--shape", "8,8,0"], "--shape '8,8,0' gives N = 0; expected M,K,N with K and N >= 1"),
+    (["run", "mlp", "--shape", "8,0,8"], "--shape '8,0,8' gives H = 0; expected M,H,F with H and F >= 1"),
+    (["run", "embedding", "--shape", "4,8,0"], "--shape '4,8,0' gives DIM = 0; expected ID_DIMS...,VOCAB,DIM with DIM >= 1"),
 ])
 def test_refusals_name_the_flag_given(capsys, argv, needle):
     _fails(capsys, argv, needle)
