@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import time
+import types
 
 import pytest
 
@@ -48,10 +49,12 @@ def test_calibrate_arguments_are_spmdsim_errors():
     with pytest.raises(SpmdsimError, match=r"--sizes '1M,100G': 107,374,182,400 bytes per rank is above"):
         calibrate._sizes("1M,100G")
     assert calibrate._sizes("64K,1G") == [65536, 1 << 30]
-    for text in ("1", "3"):
-        with pytest.raises(SpmdsimError, match=rf"--group-sizes: group size {text} must be >= 2 "
-                                               "and divide the world size 8"):
-            calibrate._group_sizes(text, 8)
+    with pytest.raises(SpmdsimError, match=r"--group-sizes '2,1': group size 1 must be >= 2 \(the ranks of one "
+                                           r"collective\) and divide the world size$"):
+        calibrate._group_sizes("2,1", 8)
+    with pytest.raises(SpmdsimError, match=r"--group-sizes '3': group size 3 must be >= 2 and divide the world "
+                                           "size 8"):
+        calibrate._group_sizes("3", 8)
     with pytest.raises(SpmdsimError, match=r"--group-sizes 'x' must be comma-separated integers"):
         calibrate._group_sizes("x", 8)
     with pytest.raises(SpmdsimError, match=r"--repeats 0 must be at least 1"):
@@ -66,6 +69,7 @@ def test_calibrate_arguments_are_spmdsim_errors():
     (["--sizes", "abc"], "--sizes 'abc': size 'abc' is not a byte count like 64K or 4M"),
     (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
     (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
+    (["--group-sizes", "0"], "--group-sizes '0': group size 0 must be >= 2"),  # said "needs at least 2 ranks"
     (["--repeats", "0"], "--repeats 0 must be at least 1"),
     (["--sizes", "-1K,4K"], "--sizes '-1K,4K': size '-1K' must be >= 0"),
     (["--sizes", "1.5,4K"], "--sizes '1.5,4K': size '1.5' is not a whole number of bytes"),
@@ -76,6 +80,18 @@ def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle
     # import of mpi4py fails, so the flags must be refused before it.
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     _fails(capsys, ["calibrate", *argv], needle)
+
+
+def test_calibrate_on_one_process_names_a_bad_output_before_the_rank_count(capsys, monkeypatch, tmp_path):
+    # It said "calibrate needs at least 2 ranks"; the user, launching 8, then met the bad --output. One process
+    # is rank 0, whose verdict on the paths counts: its refusal comes first (a good path: the rank count).
+    import spmdsim._mpi_library as mpi_library
+
+    one = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Get_size=lambda: 1))
+    monkeypatch.setattr(mpi_library, "load_mpi", lambda why: one)
+    bad = str(tmp_path / "nonexistent" / "c.json")
+    _fails(capsys, ["calibrate", "--output", bad], f"--output {bad!r} cannot be written: directory")
+    _fails(capsys, ["calibrate", "--output", str(tmp_path / "c.json")], "calibrate needs at least 2 ranks")
 
 
 def test_calibrate_checks_its_output_paths_before_measuring(tmp_path):
