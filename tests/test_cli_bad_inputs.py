@@ -230,10 +230,36 @@ def test_run_names_the_shape_flag(argv, needle):
       "--to-alias", "y", "--shape", "8,8"], "--to-device-matrix '1' has 1 device but --device-matrix '8' has 8"),
     (["slices", "--device-matrix", "1", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8", "--world-size",
       "2"], "--device-matrix '1' (case key 'device_matrix'), which has 1 device; expected 1"),
+    # "makes none of the 1 blocks an MoE layer"
+    (["estimate", "gpt", "--layers", "1", "--experts", "2", "--moe-every", "2"],
+     "--moe-every 2 makes no MoE layer of the only block (the first would be block 1"),
+    (["autoshard", "--network", "gpt", "--gpt", "layers=1,experts=2,moe_every=2", "--machine", "a100-dgx"],
+     "--gpt moe_every 2 makes no MoE layer of the only block; expected at most layers 1"),
 ])
 def test_one_is_counted_in_the_singular(capsys, argv, needle):
     # "has 1 sizes", "has 1 devices"
     _fails(capsys, argv, needle)
+
+
+TINY_GPT = "layers=1,heads=1,d_model=16,seq=8,vocab=32,batch=1"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # "GPT 1 layers, hidden 16, 1 heads", "1 devices on a100-dgx"
+    (["estimate", "gpt", "--layers", "1", "--heads", "1", "--hidden", "16", "--seq", "8", "--vocab", "32",
+      "--global-batch", "1"], "GPT 1 layer, hidden 16, 1 head, seq 8,"),
+    (["autoshard", "--network", "gpt", "--gpt", TINY_GPT, "--machine", "a100-dgx", "--devices", "1"],
+     "GPT 1 layer, hidden 16, 1 head, seq 8, vocab 32, global batch 1\n1 device on a100-dgx,"),
+    # "on 1 devices, in six dialects"
+    (["convert", "--device-matrix", "1", "--tensor-map", "axis_0", "--shape", "4"], "on 1 device, in six dialects:"),
+    # "each rank sends each of the 1 others in its group" (--explain folded past 64 ranks)
+    (["plan", "--device-matrix", "2,64", "--alias", "a,b", "--from", "a,b", "--to", "None,b", "--shape", "128,128",
+      "--explain"], "64 groups of 2 ranks; each rank sends the other rank in its group 512 B"),
+])
+def test_reports_count_one_in_the_singular(capsys, argv, needle):
+    assert main(argv) == 0
+    out = capsys.readouterr().out.replace("\n    ", " ")  # --explain folds its lines at 100 columns
+    assert needle in out, out[:600]
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -688,3 +714,12 @@ def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
         out, err = capsys.readouterr()
         assert out == "" and len(unfold(err).splitlines()) == lines, err
     assert "--device-matrix '0,4' must be positive sizes" in err
+
+
+def test_autoshard_progress_counts_one_device():
+    # "mlp on 1 devices" in the "still choosing" line
+    from spmdsim.cli import autoshard as autoshard_cli
+
+    args = _args(["autoshard", "--network", "mlp", "--devices", "1"])
+    assert autoshard_cli._still_working(args, 1).what == "mlp on 1 device"
+    assert autoshard_cli._still_working(args, 8).what == "mlp on 8 devices"

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import SpmdsimError
 from ..engines import engine_of
+from ..validate import counted
 from .numbers import flag_float, typed
 
 __all__ = ["register", "run"]
@@ -144,6 +145,7 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
     vocab_pad_to=N pads the vocabulary."""
     from ..gpt.config import GPTConfig
     from ..moe.config import MoEConfig
+    from .estimate import no_moe_block
 
     keys = GPT_KEYS + (MACHINE_KEYS if moe else ())
     fields: dict = {}
@@ -175,7 +177,7 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
         experts["every"] = experts.pop("moe_every", 2)
         layers = fields.get("layers", GPTConfig.layers)
         if experts["every"] > layers:
-            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes none of the {layers} blocks an MoE layer; "
+            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
                                f"expected at most layers {layers}")
         fields["moe"] = MoEConfig(**experts)
     config = GPTConfig(**fields)
@@ -294,7 +296,7 @@ class _still_working:
     """
 
     def __init__(self, args: argparse.Namespace, devices: int) -> None:
-        self.what = f"{args.network} on {devices} devices" + (", training" if args.training else "")
+        self.what = f"{args.network} on {counted(devices, 'device')}" + (", training" if args.training else "")
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._say, daemon=True, name="autoshard progress")
 

@@ -26,6 +26,11 @@ __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 GIB = 1024 ** 3
 
 
+def no_moe_block(layers: int) -> str:
+    """What too large a moe_every makes of `layers` blocks ("none of the 1 blocks an MoE layer" was said)."""
+    return "no MoE layer of the only block" if layers == 1 else f"none of the {layers} blocks an MoE layer"
+
+
 def _shipped() -> list:
     """The shipped machines' names (spmdsim.estimate.machine.machines), for --machine's help."""
     from ..estimate.machine import machines
@@ -159,7 +164,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         sizes = f"{args.micro_batch} x {args.dp} x {args.ep}" if args.ep > 1 else f"{args.micro_batch} x {args.dp}"
         raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
     if args.experts and args.moe_every > args.layers:
-        raise SpmdsimError(f"--moe-every {args.moe_every} makes none of the {args.layers} blocks an MoE layer "
+        raise SpmdsimError(f"--moe-every {args.moe_every} makes {no_moe_block(args.layers)} "
                            f"(the first would be block {args.moe_every - 1}, counted from 0); expected at most "
                            f"--layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
@@ -216,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
-    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, "
+    head = [f"GPT {counted(args.layers, 'layer')}, hidden {args.hidden}, {counted(args.heads, 'head')}, seq {args.seq}, "
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
