@@ -85,6 +85,29 @@ def test_pictures_of_every_round(tmp_path):
     assert all((tmp_path / "pics" / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)
 
 
+def test_pictures_without_matplotlib_make_no_folder(tmp_path, monkeypatch):
+    # It made the folder, then refused: an empty folder left behind by a call that did nothing.
+    from spmdsim.algorithms.picture import render_rounds_png
+    from spmdsim.errors import SpmdsimError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(SpmdsimError, match="^pictures need matplotlib"):
+        render_rounds_png(schedule("ring-allreduce", 2, 8, 4), tmp_path / "pics")
+    assert not (tmp_path / "pics").exists()
+
+
+def test_picture_titles_count_one_rank(tmp_path, monkeypatch):
+    # A schedule on one rank (the library builds it: nothing to send) was titled "ring-allreduce on 1 ranks".
+    pytest.importorskip("matplotlib")
+    import spmdsim.viz.png as png
+    from spmdsim.algorithms.picture import render_rounds_png
+
+    titles = []
+    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: titles.append(fig._suptitle.get_text()) or path)
+    render_rounds_png(schedule("ring-allreduce", 1, 4, 4), tmp_path)
+    assert titles and all(t.startswith("ring-allreduce on 1 rank") and "1 ranks" not in t for t in titles)
+
+
 def test_pictures_of_too_many_ranks_are_refused_before_the_run(capsys, tmp_path):
     """--png on 64 ranks drew for hours (70 panels of 4,096 boxes) into a billion-pixel overview: refused
     in one line before the ranks start, and by the function itself; 16 ranks still draw."""

@@ -247,6 +247,13 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
         # The ids are drawn from [0, VOCAB): an empty vocabulary has none to draw.
         raise SpmdsimError(f"--shape {args.shape!r} gives a vocabulary of {dims[-2]} rows; "
                            "expected VOCAB >= 1")
+    # The layers refuse an empty weight in their own words ("ColumnParallelLinear output_size 0 must be ..."),
+    # which name no flag: refused here, naming --shape.
+    weight = {"linear": ("K", "N"), "mlp": ("H", "F"), "embedding": ("DIM",)}.get(args.op, ())
+    for letter, size in zip(weight, dims[len(dims) - len(weight):]):
+        if size < 1:
+            raise SpmdsimError(f"--shape {args.shape!r} gives {letter} = {size}; expected {form} with "
+                               f"{' and '.join(weight)} >= 1 (the layer's weights have no empty dim)")
     return dims
 
 
