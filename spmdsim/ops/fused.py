@@ -33,9 +33,8 @@ import numpy as np
 
 from .. import flops as _flops
 from ..autograd.graph import Leaf, attach, with_partial
-from ..autograd.rules.pointwise import _sum_dims, _summed_axes
 from ..autograd.rules.einsum import record_einsum
-from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, ResidualGrads
+from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..buffers import CAPTURING, broadcast_zero
 from ..contraction import contract
 from ..engines import local as _engine_local
@@ -151,8 +150,7 @@ class _Linear:
             if self.fused:
                 reads, source = reads + add.reads, add.out
                 name += " + bias"
-                lead, inner, dims = _sum_dims(bias._shape, add.shape)
-                self.sums = (lead, inner, _summed_axes(add.out, dims) if dims else ())
+                self.sums = bias_sums(add, bias)
         if shape is not None and self.fused:
             layout, new_shape = infer_reshape(source, y._shape, shape)
             self.shaped = (layout, new_shape)
@@ -254,7 +252,8 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
         return out
     reads = (first.reads if bias is not None else ()) + ((inner, inner) if p else ()) + last.reads
     name = ("bias + " if bias is not None else "") + ("dropout + " if p else "") + "residual add"
-    return attach(out, name, (h, y, bias), ResidualGrads(h, y, bias, biased, factors, scale, dropped, out),
+    sums = bias_sums(first, bias) if bias is not None and bias._ag is not None else None
+    return attach(out, name, (h, y, bias), ResidualGrads(h, y, bias, biased, factors, scale, dropped, out, sums),
                   last.want, reads)
 
 

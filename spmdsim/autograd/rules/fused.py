@@ -31,7 +31,7 @@ from .einsum import _EinsumGrads, _static
 from .grads import grad_tensor
 from .pointwise import _sum_dims, _summed_axes
 
-__all__ = ["EinsumBiasGrads", "ResidualGrads", "ReshapeEinsumGrads"]
+__all__ = ["EinsumBiasGrads", "ResidualGrads", "ReshapeEinsumGrads", "bias_sums"]
 
 _SUM = np.add.reduce  # the add rule's reduction (ndarray.sum's own kernel)
 _F32 = np.dtype(np.float32)
@@ -45,6 +45,24 @@ def _unread(d: np.ndarray) -> np.ndarray:
 def _rounded_wide(block: np.ndarray, low: np.dtype) -> np.ndarray:
     """`block` rounded once to `low`, widened to float32 again: the walk's rounding of a bfloat16 tensor's gradient."""
     return block.astype(low).astype(np.float32)
+
+
+def bias_sums(add: Any, bias: Any) -> tuple:
+    """What the add rule sums `bias`'s gradient over, for an add prepared as `add` (ops.pointwise's `Prepared` of
+    (y, bias)): (the leading dims it lacks, its own broadcast dims, the mesh axes that split them), kept per
+    prepared add (its operands' layouts and shapes decide it)."""
+    seen = _SUMS.get(id(add))
+    if seen is not None and seen[0] is add:
+        return seen[1]
+    lead, inner, dims = _sum_dims(bias._shape, add.shape)
+    out = (lead, inner, _summed_axes(add.out, dims) if dims else ())
+    if len(_SUMS) >= 4096:  # a long run over many signatures: start over
+        _SUMS.clear()
+    _SUMS[id(add)] = (add, out)  # the entry holds the add: its id is not reused meanwhile
+    return out
+
+
+_SUMS: dict = {}  # id(a prepared add) -> (that add, bias_sums' answer)
 
 
 def _bias_grad(bias: Any, d: np.ndarray, partial: tuple, sums: tuple, dry: bool) -> Any:
@@ -102,12 +120,12 @@ class ResidualGrads:
     Keeps h, y, the biased y, the dropout's factors, the dropped-out values and the sum, as the three nodes kept
     them (`factors` None: no dropout, or a dry run's that kept none; `bias` None: no bias add)."""
 
-    __slots__ = ("h", "y", "bias", "biased", "factors", "scale", "dropped", "out", "need")
+    __slots__ = ("h", "y", "bias", "biased", "factors", "scale", "dropped", "out", "need", "sums")
 
     def __init__(self, h: Any, y: Any, bias: Any, biased: Any, factors: Optional[np.ndarray], scale: Any,
-                 dropped: Any, out: Any) -> None:
+                 dropped: Any, out: Any, sums: Optional[tuple]) -> None:
         self.h, self.y, self.bias, self.biased, self.factors, self.scale = h, y, bias, biased, factors, scale
-        self.dropped, self.out = dropped, out
+        self.dropped, self.out, self.sums = dropped, out, sums
         self.need = (h._ag is not None, y._ag is not None, bias is not None and bias._ag is not None)
 
     def __call__(self, dy: Any) -> tuple:
@@ -137,9 +155,7 @@ class ResidualGrads:
             if dry:
                 g = _local(_unread, g, g)
             if need_b:
-                lead, inner, dims = _sum_dims(bias._shape, biased._shape)
-                gb = _bias_grad(bias, g, partial, (lead, inner, _summed_axes(biased._layout, dims) if dims else ()),
-                                dry)
+                gb = _bias_grad(bias, g, partial, self.sums, dry)
         return gh, grad_tensor(self.y, g, partial) if need_y else None, gb
 
 
