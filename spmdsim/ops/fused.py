@@ -32,8 +32,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import flops as _flops
-from ..autograd.graph import Leaf, attach, with_partial
-from ..autograd.rules.einsum import record_einsum
+from ..autograd.graph import Leaf, attach, used_axes, with_partial
+from ..autograd.rules.einsum import _static, record_einsum
 from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..buffers import CAPTURING, broadcast_zero
 from ..contraction import contract
@@ -136,7 +136,8 @@ class _Linear:
     read layouts; `fused` False where the chain moves an operand or holds a pending sum (the separate operators
     run). Holds the layouts its key names by id."""
 
-    __slots__ = ("einsum", "bias_layout", "add", "fused", "name", "want", "reads", "shaped", "block_shape", "sums")
+    __slots__ = ("einsum", "bias_layout", "add", "fused", "name", "want", "reads", "shaped", "block_shape", "sums",
+                 "per")
 
     def __init__(self, einsum: Any, y: Any, bias: Any, shape: Optional[tuple]) -> None:
         self.einsum, self.bias_layout, self.add = einsum, None if bias is None else bias._layout, None
@@ -146,7 +147,9 @@ class _Linear:
         name = f"einsum {einsum.plan.spec}"
         if bias is not None and self.fused:
             self.add = add = _add_plan(y, bias)
-            self.fused = _in_place(add, y._layout) and tuple(add.shape) == tuple(y._shape)
+            # (and a pending dY the add would pass the einsum passes too: the bias's gradient sums what the add's did)
+            self.fused = _in_place(add, y._layout) and tuple(add.shape) == tuple(y._shape) \
+                and used_axes(einsum.reads) <= used_axes(add.reads)
             if self.fused:
                 reads, source = reads + add.reads, add.out
                 name += " + bias"
@@ -159,6 +162,7 @@ class _Linear:
             name += ", reshaped"
         self.name, self.reads = name, reads
         self.want = with_partial(source, ())
+        self.per = (einsum.plan.spec.inputs, _static(einsum.plan)[1])  # the einsum rule's words and operands' sums
 
 
 _LINEARS: dict = {}  # (id(einsum's Prepared), id(bias layout), bias shape and dtype, shape, rank) -> _Linear
@@ -185,7 +189,7 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
                 _LINEARS.clear()
             _LINEARS[key] = linear
     record = xs[0]._ag is not None or xs[1]._ag is not None or bias is not None and bias._ag is not None
-    if not linear.fused or record and not _rounds(xs[0]) and is_low(y._local.dtype):
+    if not linear.fused or record and y._local.dtype.kind == "V" and is_low(y._local.dtype) and not _rounds(xs[0]):
         return _separate(y, xs, prepared, bias, shape)
     out = biased = y
     if bias is not None:
@@ -196,8 +200,8 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
         out = make_dtensor(mesh, biased.local.reshape(linear.block_shape), layout, new_shape)
     if not record:
         return out
-    grads = EinsumBiasGrads(xs, prepared.plan, y, bias, biased, linear.sums, linear.shaped is not None)
-    inputs = xs if bias is None else (bias,) + tuple(xs)  # the bias's gradient first, as the add's node gave it
+    grads = EinsumBiasGrads(xs, linear.per, y, bias, biased, linear.sums, linear.shaped is not None)
+    inputs = xs if bias is None else (bias, xs[0], xs[1])  # the bias's gradient first, as the add's node gave it
     return attach(out, linear.name, inputs, grads, linear.want, linear.reads)
 
 
@@ -227,14 +231,18 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
         return _pointwise("add", h, y)
     first = _add_plan(y, bias) if bias is not None else None
     try:
-        inner = first.out if bias is not None else y._layout  # the biased y's layout, the dropped-out values'
-        dtype = first.dtype if bias is not None else y._local.dtype
-        fused = (bias is None or _in_place(first, y._layout)) and not inner.partial and h._shape == y._shape \
-            and (h._layout is inner or h._layout == inner) and h._local.dtype == dtype
-    except AttributeError:  # an operand that is no DTensor (the separate operators say which)
-        fused = False
+        key = (id(first) if bias is not None else (id(y._layout), y._shape, y._local.dtype), id(h._layout), h._shape,
+               h._local.dtype, bool(p))
+        decided = _RESIDUALS.get(key)
+    except (AttributeError, TypeError):  # an operand that is no DTensor (the separate operators say which)
+        return _residual_separate(h, y, bias, p, seed, mask_dims)
+    if decided is None:
+        decided = _Residual(first, y, bias, h, p)
+        if len(_RESIDUALS) >= 4096:  # a long run over many signatures: start over
+            _RESIDUALS.clear()
+        _RESIDUALS[key] = decided
     grads_y = y._ag is not None or bias is not None and bias._ag is not None
-    if not fused or is_low(dtype) and (grads_y or h._ag is not None) and not _rounds(y):
+    if not decided.fused or decided.low and (grads_y or h._ag is not None) and not _rounds(y):
         return _residual_separate(h, y, bias, p, seed, mask_dims)
     mesh, plain = y._mesh, not CAPTURING[0]
     biased = y
@@ -243,18 +251,46 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
     dropped, factors, scale = biased, None, None
     if p:
         dropped, factors, scale = _dropped(biased, p, seed, mask_dims, grads_y)
-    last = _add_plan(h, dropped)
-    if not _in_place(last, h._layout):  # not met by operands laid out alike, whole (checked above)
-        raise OperatorError(f"residual: the add of h {h._layout} and the dropped-out y {dropped._layout} moves an "
-                            "operand")
+    last = decided.last
+    if last is None:  # the residual add's plan: its operands laid out alike, whole (checked), move nothing
+        last = _add_plan(h, dropped)
+        if not _in_place(last, h._layout):
+            raise OperatorError(f"residual: the add of h {h._layout} and the dropped-out y {dropped._layout} moves "
+                                "an operand")
+        decided.last = last
     out = _added(mesh, last, h._local if plain else h.local, dropped._local if plain else dropped.local)
     if not grads_y and h._ag is None:
         return out
-    reads = (first.reads if bias is not None else ()) + ((inner, inner) if p else ()) + last.reads
-    name = ("bias + " if bias is not None else "") + ("dropout + " if p else "") + "residual add"
-    sums = bias_sums(first, bias) if bias is not None and bias._ag is not None else None
-    return attach(out, name, (h, y, bias), ResidualGrads(h, y, bias, biased, factors, scale, dropped, out, sums),
-                  last.want, reads)
+    if decided.reads is None:
+        decided.reads = (first.reads if bias is not None else ()) + ((decided.inner,) * 2 if p else ()) + last.reads
+    sums = None if bias is None or bias._ag is None else bias_sums(first, bias)
+    return attach(out, decided.name, (h, y, bias),
+                  ResidualGrads(h, y, bias, biased, factors, scale, dropped, out, sums), last.want, decided.reads)
+
+
+class _Residual:
+    """What a `residual` call signature decides, once: whether its chain is fused (the bias add and the residual
+    add move no operand, nothing pending, a pending dY the residual add would pass the bias add passes too), the
+    biased y's layout, whether its blocks are bfloat16, the residual add's plan and the node's name and read
+    layouts (made on first use). Holds the layouts its key names by id."""
+
+    __slots__ = ("first", "h_layout", "y_layout", "fused", "inner", "low", "last", "reads", "name")
+
+    def __init__(self, first: Any, y: Any, bias: Any, h: Any, p: float) -> None:
+        self.first, self.h_layout, self.y_layout = first, h._layout, y._layout
+        self.inner = inner = first.out if bias is not None else y._layout  # the biased y's, the dropped-out values'
+        dtype = first.dtype if bias is not None else y._local.dtype
+        self.fused = not inner.partial and h._shape == y._shape and (h._layout is inner or h._layout == inner) \
+            and h._local.dtype == dtype and (bias is None or _in_place(first, y._layout)
+                                             and used_axes(first.reads) <= used_axes((inner,)))
+        self.low = is_low(dtype)
+        self.last = self.reads = None
+        self.name = ("bias + " if bias is not None else "") + ("dropout + " if p else "") + "residual add"
+
+
+# (id(the bias add's Prepared) or y's layout id, shape and dtype; id(h's layout), its shape and dtype; dropout?)
+# -> _Residual
+_RESIDUALS: dict = {}
 
 
 def _dropped(x: Any, p: float, seed: Any, mask_dims: Any, kept: bool) -> tuple:

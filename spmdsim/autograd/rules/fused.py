@@ -91,9 +91,9 @@ class EinsumBiasGrads:
 
     __slots__ = ("einsum", "y", "bias", "biased", "sums", "shaped")
 
-    def __init__(self, xs: tuple, plan: Any, y: Any, bias: Any, biased: Any, sums: Optional[tuple],
+    def __init__(self, xs: tuple, per: tuple, y: Any, bias: Any, biased: Any, sums: Optional[tuple],
                  shaped: bool) -> None:
-        self.einsum = _EinsumGrads(xs, plan.spec.inputs, _static(plan)[1])
+        self.einsum = _EinsumGrads(xs, *per)  # `per`: the plan's words and its operands' sums (einsum's _static)
         self.y, self.bias, self.biased, self.sums, self.shaped = y, bias, biased, sums, shaped
 
     def __call__(self, dy: Any) -> tuple:
