@@ -26,7 +26,10 @@ def _fails(capsys, argv, needle):
     (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "-4"], "--size '-4' must be between 1 byte and 64M"),  # was "must be >= 0"
     (["ring-allreduce", "--size=-1K"], "--size '-1K' must be between 1 byte and 64M"),
-    (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
+    (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M, such as 64K or 1M"),
+    # argparse took "-1K" for a flag: "argument --size: expected one argument", the value unnamed
+    (["ring-allreduce", "--size", "-1K"], "--size '-1K' must be between 1 byte and 64M, such as 64K or 1M"),
+    (["ring-allreduce", "--size", "1.5"], "--size: size '1.5' is not a whole number of bytes"),  # was 1 byte
     (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
     # Given options a run would not use were dropped silently: --root of an algorithm with none, --show with --json.
     (["ring-allreduce", "--root", "2"], "--root 2 applies only to the bcast algorithms (binomial-bcast, "

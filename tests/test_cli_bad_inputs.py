@@ -67,6 +67,8 @@ def test_calibrate_arguments_are_spmdsim_errors():
     (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
     (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
     (["--repeats", "0"], "--repeats 0 must be at least 1"),
+    (["--sizes", "-1K,4K"], "--sizes '-1K,4K': size '-1K' must be >= 0"),
+    (["--sizes", "1.5,4K"], "--sizes '1.5,4K': size '1.5' is not a whole number of bytes"),
 ])
 def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle):
     # Outside MPI it said "run it under MPI" (as "spmdsim calibrate: error:", unlike every other refusal) before
@@ -193,6 +195,7 @@ def test_run_honours_or_refuses_every_out_strategy_entry():
 @pytest.mark.parametrize("argv, needle", [
     (["matmul", "--shape", "16,16"], "--shape '16,16' has 2 sizes; expected M,K,N (or B,...,M,K,N)"),
     (["matmul", "--shape", "16,-16,16"], "--shape '16,-16,16' has a negative size"),
+    (["matmul", "--shape", "-16,16,16"], "--shape '-16,16,16' has a negative size"),  # argparse: "expected one"
     (["linear", "--shape", "4,8,8,3"], "--shape '4,8,8,3' has 4 sizes; expected M,K,N"),
     (["mlp", "--shape", "4,8"], "--shape '4,8' has 2 sizes; expected M,H,F"),
     (["embedding", "--shape", "4,0,8"], "--shape '4,0,8' gives a vocabulary of 0 rows; expected VOCAB >= 1"),
@@ -202,6 +205,37 @@ def test_run_names_the_shape_flag(argv, needle):
     with pytest.raises(SpmdsimError) as info:
         run_cli._shape(_args(["run", *argv]))
     assert str(info.value).startswith(needle), str(info.value)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16", "--ranks", "8"],
+     "--shape '16' has 1 size; expected M,K,N"),
+    (["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,y", "--to-device-matrix", "1",
+      "--to-alias", "y", "--shape", "8,8"], "--to-device-matrix '1' has 1 device but --device-matrix '8' has 8"),
+    (["slices", "--device-matrix", "1", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8", "--world-size",
+      "2"], "--device-matrix '1' (case key 'device_matrix'), which has 1 device; expected 1"),
+])
+def test_one_is_counted_in_the_singular(capsys, argv, needle):
+    # "has 1 sizes", "has 1 devices"
+    _fails(capsys, argv, needle)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # "give exactly one of --to, --to-sbp, ... got []"
+    (["plan", "--device-matrix", "4", "--alias", "x", "--from", "x,None", "--shape", "8,8"],
+     "no target layout given; expected one of --to, --to-sbp, --to-placements, --to-partition-spec and "
+     "--to-strategy"),
+    # "shape (8, -8) must not have negative sizes, got -8 in dim 1": no flag named
+    (["plan", "--device-matrix", "4", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "8,-8"],
+     "--shape '8,-8' must be sizes of at least 0, such as 2,4"),
+    # "..., got None"
+    (["show", "--device-matrix", "2,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8", "--matmul"],
+     "--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", and none was given"),
+    # "GPTConfig layers -1 must be an integer >= 1": a name the user did not type
+    (["autoshard", "--network", "gpt", "--gpt", "layers=-1"], "--gpt layers '-1' must be an integer >= 1"),
+])
+def test_refusals_name_the_flag_given(capsys, argv, needle):
+    _fails(capsys, argv, needle)
 
 
 def test_run_shapes_that_were_valid_still_are():
@@ -574,6 +608,16 @@ HUGE_SEED = str(2 ** 63 - 1)
     (["run", "matmul", "--shape", "16,16", "--ranks", "4"], "--shape '16,16' has 2 sizes; expected M,K,N"),
     (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "4"],
      "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4"),
+    # "has 1 batch dims" (and "has 0 batch dims" for the other way round), with no word of the shape expected
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "4,16,32,64", "--ranks", "8"],
+     "matmul shape (4, 16, 32, 64) has 1 batch dim but strategy ((2, 1), (1, 4)) gives x 2 dims (no batch dim); "
+     "expected 3 sizes, M,K,N"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--out-strategy", "((8,1),)", "--shape", "16,32,64",
+      "--ranks", "8"], "expected (2, 4): the contraction is not split, so no pending sum is left to reduce-scatter "
+     "into a finer cut"),  # was "or one dim cut 1 times more (the contraction's ())"
+    (["run", "matmul", "--strategy", "((1,2,1,1),(1,4))", "--shape", "16,32,64", "--ranks", "8"],
+     "has no batch dim but strategy ((1, 2, 1, 1), (1, 4)) gives x 4 dims (2 batch dims); expected 5 sizes, "
+     "B1,B2,M,K,N"),
     (["run", "matmul", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "a,b", "--w-map", "b,None",
       "--shape", "8,8,8", "--ranks", "4"], "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"),
     (["run", "matmul", "--placement", "2,4", "--x-sbp", "S(0),B", "--w-sbp", "B,B", "--shape", "8,8,8",

@@ -160,7 +160,9 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
         try:
             number = int(value)
         except ValueError:
-            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
+            number = 0
+        if number < 1:  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
+            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
         if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
             raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
         fields[key] = number

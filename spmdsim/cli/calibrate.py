@@ -41,9 +41,14 @@ def byte_count(text: str) -> int:
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     number = text[:-1] if scale != 1 else text
     try:
-        return int(float(number) * scale)
+        value = float(number) * scale
+        whole = int(value)
     except (ValueError, OverflowError):  # OverflowError: "inf"
         raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
+    if whole != value:  # "1.5" was 1 byte, silently: a size the user did not ask for
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a whole number of bytes; expected a byte count "
+                                         "like 64K or 4M")
+    return whole
 
 
 def parse_size(text: str) -> int:

@@ -240,7 +240,7 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
     form = {"matmul": "M,K,N (or B,...,M,K,N)", "linear": "M,K,N", "mlp": "M,H,F",
             "embedding": "ID_DIMS...,VOCAB,DIM"}[args.op]
     if len(dims) < 3 or (args.op in ("linear", "mlp") and len(dims) != 3):
-        raise SpmdsimError(f"--shape {args.shape!r} has {len(dims)} sizes; expected {form}")
+        raise SpmdsimError(f"--shape {args.shape!r} has {counted(len(dims), 'size')}; expected {form}")
     if any(d < 0 for d in dims):
         raise SpmdsimError(f"--shape {args.shape!r} has a negative size; expected {form} >= 0")
     if args.op == "embedding" and dims[-2] < 1:
@@ -334,9 +334,7 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
             from ..infer import out_layout_from_strategy
 
             m = matmul_layouts(args.strategy, ranks, args.transpose_a, args.transpose_b)
-            if len(dims) - 3 != m.x.ndim - 2:  # strategy_matmul_job's refusal
-                raise SpmdsimError(f"matmul shape {dims!r} has {len(dims) - 3} batch dims but strategy "
-                                   f"{m.strategy!r} gives x {counted(m.x.ndim, 'dim')}")
+            jobs.check_batch_dims(dims, m.strategy, m.x.ndim)  # strategy_matmul_job's refusal
             x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, m.w.ndim)
             _check_matmul_shapes(args, m.x, m.w, x_shape, w_shape,
                                  None if out is None else out_layout_from_strategy(m.out, out))
