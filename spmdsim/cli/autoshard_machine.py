@@ -97,7 +97,8 @@ def run_machine(args: argparse.Namespace) -> int:
             raise SpmdsimError(f"none of the {len(priced)} configurations priced fits {within}; {unpriced:,} not "
                                "priced: raise --max-dry-runs")
         least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
-        raise SpmdsimError(f"no configuration fits {within} on {counted(devices, 'device')}; the least needs "
+        plural = "s" if devices != 1 else ""
+        raise SpmdsimError(f"no configuration fits {within} on {devices:,} device{plural}; the least needs "
                            f"{format_size(least)}" + (" at its peak" if priced else ""))
     return 0
 
@@ -178,7 +179,8 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
     head = [f"GPT {counted(cfg.layers, 'layer')}, hidden {cfg.d_model}, {counted(cfg.heads, 'head')}, seq {cfg.seq}, "
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}, "
             f"global batch {cfg.batch}{experts}",
-            f"{counted(r.devices, 'device')} on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
+            f"{r.devices:,} device{'s' if r.devices != 1 else ''} on {r.machine}, "
+            f"memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}"]
     if fixed:
         head.append("fixed (--fix): " + ", ".join(f"{name} {int(v) if isinstance(v, bool) else v}"
