@@ -102,3 +102,49 @@ def test_a_gradient_laid_out_otherwise_after_steps_like_it_is_refused_in_one_lin
     for message, unchanged in spmdsim.simulate(4, body):
         assert message.startswith("parameter 2: gradient laid out ") and "does not match" in message
         assert "\n" not in message and unchanged
+
+
+def test_bfloat16_moments_loaded_as_float32_are_what_the_next_flat_step_reads():
+    """bfloat16 parameters with bfloat16 gradients step together over bfloat16 flat buffers; a state whose moments
+    are float32 (allowed: bf16-mixed's) is not copied into those buffers but kept as loaded: the buffers are made
+    again from it (were left as they were: the loaded moments, halved here, went unread)."""
+    pytest.importorskip("ml_dtypes")
+    from spmdsim.precision import bfloat16
+
+    def grads(params, s):
+        for k, p in enumerate(params):
+            p._ag.grad = DTensor._trusted(p.mesh, np.random.default_rng(10 * s + k).standard_normal(p.local.shape)
+                                          .astype(p.local.dtype), p.layout, p.global_shape)
+
+    def run():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        bf16 = bfloat16()
+
+        def made():
+            params = [DTensor.from_global(mesh, np.random.default_rng(k).standard_normal(shape).astype(bf16),
+                                          mesh.layout(*dims)).requires_grad_()
+                      for k, (shape, dims) in enumerate(zip(SHAPES, MAPS))]
+            return params, AdamW(params, lr=0.05, weight_decay=0.1)
+
+        params, opt = made()
+        for s in range(2):
+            grads(params, s)
+            opt.step()
+        sd = opt.state_dict()
+        for entry in sd["state"].values():
+            entry["exp_avg"] = entry["exp_avg"].astype(np.float32) * 0.5
+            entry["exp_avg_sq"] = entry["exp_avg_sq"].astype(np.float32) * 0.5
+        saved = [p.local.copy() for p in params]
+        opt.load_state_dict(sd)
+        grads(params, 2)
+        opt.step()
+        fresh_params, fresh = made()
+        for p, block in zip(fresh_params, saved):
+            p.local[...] = block
+        fresh.load_state_dict(sd)
+        grads(fresh_params, 2)
+        fresh.step()
+        return all(np.array_equal(a.local.view(np.uint16), b.local.view(np.uint16))
+                   for a, b in zip(params, fresh_params))
+
+    assert spmdsim.simulate(4, run) == [True] * 4
