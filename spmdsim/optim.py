@@ -104,17 +104,18 @@ class _Optimizer:
         self.lr = _learning_rate(lr, "lr")
         self.steps = 0
         self._seen: Any = None  # what the last step's `_found` checked (`_found_again`)
+        self._leaves: Any = None  # the parameters' leaves at the last step (zero_grad's, by identity)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget every parameter's gradient (the next backward starts from zero); PyTorch's
         ``set_to_none=False`` makes each gradient a zero DTensor instead of None."""
         if set_to_none is not True and set_to_none is not False:
             raise OperatorError(f"zero_grad(set_to_none={set_to_none!r}): expected True or False")
-        seen = self._seen
-        if set_to_none and seen is not None and all(map(_is, map(_AG, self.params), seen[0])):
-            # The leaves the last step checked (each parameter's own still): their gradients forgotten with
-            # no Python per parameter (`map` calls setattr; this line was ~14 opcodes a parameter a step).
-            _drain(map(setattr, seen[0], _GRAD_NAMES, _NONES))
+        leaves = self._leaves
+        if set_to_none and leaves is not None and all(map(_is, map(_AG, self.params), leaves)):
+            # The leaves the last step saw (each parameter's own still): their gradients forgotten with no
+            # Python per parameter (`map` calls setattr; this loop was ~14 opcodes a parameter a step).
+            _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
             return
         for p in self.params:
             leaf = p._ag
@@ -173,6 +174,7 @@ class _Optimizer:
                 self._seen = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
                               present, tuple(map(_LAYOUT, gs)), list(map(_SHAPE, gs)), list(map(_DTYPE, gs)),
                               indices, blocks, leaves)
+                self._leaves = self._seen[0]
         return indices, blocks, grads, leaves
 
     def _found_again(self) -> Any:

@@ -148,3 +148,40 @@ def test_bfloat16_moments_loaded_as_float32_are_what_the_next_flat_step_reads():
                    for a, b in zip(params, fresh_params))
 
     assert spmdsim.simulate(4, run) == [True] * 4
+
+
+def test_zero_refuses_a_gradient_after_steps_like_the_last():
+    """DistributedAdamW (ZeRO-1) steps twice with gradients pending over dp; then a gradient already summed (not
+    pending: it would be summed again), then one missing: each refused in its one line, as at a first step."""
+    from spmdsim.autograd.graph import with_partial
+    from spmdsim.optim import DistributedAdamW
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        params, _ = _made(mesh)
+        opt = DistributedAdamW(params, mesh, lr=0.05)
+
+        def pending(s, k):
+            p = params[k]
+            block = np.random.default_rng(10 * s + k).standard_normal(p.local.shape)
+            return DTensor._trusted(mesh, block, with_partial(p.layout, ("dp",)), p.global_shape)
+
+        for s in range(2):
+            for k, p in enumerate(params):
+                p._ag.grad = pending(s, k)
+            opt.step()
+        messages = []
+        for change in ("summed", "missing"):
+            for k, p in enumerate(params):
+                p._ag.grad = pending(2, k)
+            g = params[1]._ag.grad
+            params[1]._ag.grad = None if change == "missing" else DTensor._trusted(mesh, g.local, params[1].layout,
+                                                                                    g.global_shape)
+            with pytest.raises(OperatorError) as e:
+                opt.step()
+            messages.append(str(e.value))
+        return messages
+
+    for summed, missing in spmdsim.simulate(4, body):
+        assert summed.startswith("DistributedAdamW: parameter 1's gradient (") and "is not pending over" in summed
+        assert missing.startswith("DistributedAdamW: parameter 1 has no gradient")
