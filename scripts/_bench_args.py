@@ -28,9 +28,9 @@ def byte_size(text: str, minimum: int = 1) -> int:
     negative = body.startswith("-")  # parse_size refuses these with a message of its own
     try:
         value = parse_size(body[1:] if negative else body)
-    except (argparse.ArgumentTypeError, ValueError, OverflowError):  # OverflowError: 'inf'
-        raise argparse.ArgumentTypeError(
-            f"size {text!r} is not a byte count like 4096, 64K or 4M") from None
+    except (argparse.ArgumentTypeError, ValueError, OverflowError) as e:  # OverflowError: 'inf'
+        what = "not a whole number of bytes; expected" if "whole number" in str(e) else "not"  # '0.5', '1.5'
+        raise argparse.ArgumentTypeError(f"size {text!r} is {what} a byte count like 4096, 64K or 4M") from None
     value = -value if negative else value
     if value < minimum:
         raise argparse.ArgumentTypeError(f"size {text!r} is {value} bytes; expected at least {minimum}")

@@ -73,9 +73,10 @@ class OnceParser(argparse.ArgumentParser):
                            ("store_const", argparse._StoreConstAction), ("store_true", argparse._StoreTrueAction),
                            ("store_false", argparse._StoreFalseAction)):
             self.register("action", name, _once(base))
-        # `--shape -8,8` and `--flops -1e9`: a value that starts with a minus and a digit is a
-        # value (then refused by its own check, which names it), not an unknown option.
-        self._negative_number_matcher = re.compile(r"^-\d[\d,.eE+-]*$|^-\.\d")
+        # `--shape -8,8`, `--flops -1e9` and `--size -1K`: a value that starts with a minus and a digit is a
+        # value (then refused by its own check, which names it), not an unknown option (no option of spmdsim's
+        # starts so). "-1K" was one: "argument --size: expected one argument", the value unnamed.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, extra = super().parse_known_args(args, namespace)

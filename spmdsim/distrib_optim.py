@@ -51,17 +51,21 @@ step's peak after the backward is ZeRO-1's; from the step on they are 1/d.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
 from .autograd.graph import updated, with_partial
+from .buffers import CAPTURING
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
-from .optim import (_adam_args, _capturing, _count_step, _decay_flags, _gather_elements, _kernel, _norm_of,
-                    _Optimizer, _run_update, _squares, _step_sizes, _summed_squares, clip_coefficient)
+from .optim import (_AG, _GRAD, _GRAD_NAMES, _LAYOUT, _LOCAL, _NONES, _SHAPE, _adam_args, _capturing, _count_step,
+                    _decay_flags, _drain, _gather_elements, _is, _is_not, _kernel, _norm_of, _Optimizer, _picker,
+                    _run_update, _squares, _step_sizes, _summed_squares, clip_coefficient)
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -92,6 +96,17 @@ class _Bucket:
     dp: int = 1  # the group's size
     t: int = 0  # steps taken
     loaded: bool = False  # bfloat16 parameters: the master slice was taken from them at the first step
+    # Made once with the buffers (`DistributedAdamW._prepare`), read at every step: the members' parameter
+    # indices and `pick` (a tuple of theirs from a column over every parameter), their slices of `flat`,
+    # their gradients' views of `flat` (ZeRO-1's ``.grad`` blocks), the views of the gathered buffer their
+    # blocks are copied from, and `parts`: (pick, slices of `master`, slices of a flattened block) of the
+    # members overlapping this rank's slice (None: none).
+    indices: tuple = ()
+    pick: Any = None
+    slices: tuple = ()
+    views: tuple = ()
+    sources: tuple = ()
+    parts: Any = None
 
     @property
     def shard(self) -> int:
@@ -155,6 +170,8 @@ class DistributedAdamW(_Optimizer):
         self._shared = self._shared_buffer() if shard_grads else None
         for b in self.buckets:
             self._allocate(b)
+            self._prepare(b)
+        self._seen_grads: Any = None  # what the last step's `_grads` checked (`_grads_again`)
         # Clipping: the norm before clipping of the last clipped step (written by a kernel: a replayed step
         # writes its own), and the parts of the summed slices whose squares this rank adds.
         self._norm = np.zeros(1)
@@ -273,6 +290,24 @@ class DistributedAdamW(_Optimizer):
         b.m, b.v = (np.zeros(b.shard, b.wide) for _ in range(2))
         b.tmp = np.zeros(_gather_elements(b.shard), b.wide)
 
+    def _prepare(self, b: _Bucket) -> None:
+        """What a step reads of bucket `b` (its buffers made): the _Bucket fields after `loaded`."""
+        b.indices = tuple(i for i, _, _ in b.members)
+        b.pick = _picker(list(b.indices))
+        b.slices = tuple(slice(a, z) for _, a, z in b.members)
+        shapes = [self.params[i].local.shape for i in b.indices]
+        b.views = tuple(b.flat[a:z].reshape(shape) for (_, a, z), shape in zip(b.members, shapes))
+        if self._dry:
+            return
+        into = b.flat if b.params is None else b.params
+        b.sources = tuple(into[a:z].reshape(shape) for (_, a, z), shape in zip(b.members, shapes))
+        lo, hi = b.start, b.start + b.shard
+        overlap = [(i, slice(max(a, lo) - lo, min(z, hi) - lo), slice(max(a, lo) - a, min(z, hi) - a))
+                   for i, a, z in b.members if max(a, lo) < min(z, hi)]
+        if overlap:
+            b.parts = (_picker([i for i, _, _ in overlap]), tuple(d for _, d, _ in overlap),
+                       tuple(r for _, _, r in overlap))
+
     def _flatten_params(self, b: _Bucket) -> None:
         into = b.flat if b.params is None else b.params
         for i, a, z in b.members:
@@ -368,21 +403,23 @@ class DistributedAdamW(_Optimizer):
         from .runtime.collectives import allgather, reduce_scatter
 
         grads = self._grads()
-        updated([p._ag for p in self.params])  # every block changes in place: older graphs may not be walked
+        leaves = tuple(map(_AG, self.params))
+        self._leaves = leaves
+        updated(leaves)  # every block changes in place: older graphs may not be walked
         _kernel(_count_step)(self)
         label = f"zero-{self.stage}"
         if self._shared is not None:  # ZeRO-2: a bucket at a time through the shared buffer, its blocks freed
             for b in self.buckets:
                 if not self._dry:
-                    _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
-                for i, _, _ in b.members:
-                    grads[i] = self.params[i]._ag.grad = None
+                    _kernel(_pack)(b.flat, b.pick(grads), b.slices)
+                _drain(map(operator.setitem, repeat(grads), b.indices, _NONES))  # grads[i] = None
+                _drain(map(setattr, b.pick(leaves), _GRAD_NAMES, _NONES))  # leaf.grad = None
                 reduce_scatter(self.mesh, b.flat, b.axes, 0, label=f"{label} gradient bucket", out=b.grad)
         else:
             for b in self.buckets:
                 if not self._dry:
-                    _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
-                self._into_buffer(b)
+                    _kernel(_pack)(b.flat, b.pick(grads), b.slices)
+                self._into_buffer(b, leaves)
             del grads  # the backward's gradient blocks: each leaf's .grad views the gradient buffer now
             for b in self.buckets:
                 reduce_scatter(self.mesh, b.flat, b.axes, 0, label=f"{label} gradient bucket", out=b.grad)
@@ -390,9 +427,11 @@ class DistributedAdamW(_Optimizer):
             self._clip()
         elif _capturing():  # a replay takes no norm: refused if clip_grad is set later
             _kernel(_unclipped)(self)
+        # The parameters' blocks (read as recorded while capturing: `.local`)
+        blocks = tuple(map(_LOCAL if not CAPTURING[0] else _LOCAL_VIEW, self.params))
         if not self._dry:  # the master slices from the parameters as they are now (AdamW reads them in place)
             for b in self.buckets:
-                _kernel(_load_master)(b, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
+                _kernel(_load_master)(b, blocks)
         for b in self.buckets:  # the update's traffic (spmdsim.flops.sweep), real and dry alike
             block = ((b.shard,), b.wide)
             sweep("adamw", (block,), (block,), "master", "optimizer")
@@ -415,19 +454,19 @@ class DistributedAdamW(_Optimizer):
                 sent, into = b.master if not self._dry else b.grad, b.flat
             allgather(self.mesh, sent, b.axes, 0, label=f"{label} parameter bucket", out=into)
             if not self._dry:
-                _kernel(_unpack)(into, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
-        for p in self.params:  # their buffer holds the parameters now (Megatron's grad buffer likewise)
-            p._ag.grad = None
+                _kernel(_unpack)(b.pick(blocks), b.sources)
+        # their buffer holds the parameters now (Megatron's grad buffer likewise)
+        _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
 
-    def _into_buffer(self, b: _Bucket) -> None:
+    def _into_buffer(self, b: _Bucket, leaves: tuple) -> None:
         """Each member's ``.grad`` made a view of its place in `b`'s gradient buffer (packed there: the same
         values, the same pending sum), so the block the backward made is freed: the buffer is the gradients'
-        memory, as Megatron's main_grad views its grad buffer."""
-        for i, a, z in b.members:
-            p = self.params[i]
-            g = p._ag.grad
-            block = b.flat[a:z].reshape(g.local.shape)
-            p._ag.grad = type(g)._trusted(g.mesh, block, g.layout, g.global_shape)
+        memory, as Megatron's main_grad views its grad buffer. (The views made once, `b.views`; `map` makes
+        the DTensors, no Python per member.)"""
+        ours = b.pick(leaves)
+        gs = tuple(map(_GRAD, ours))
+        made = map(type(gs[0])._trusted, map(_MESH, gs), b.views, map(_LAYOUT, gs), map(_GLOBAL, gs))
+        _drain(map(setattr, ours, _GRAD_NAMES, made))
 
     def _update_slice(self, k: int, master: np.ndarray, grad: np.ndarray) -> None:
         """AdamW on bucket `k`'s slice, element by element as spmdsim.optim.adamw_update (one kernel call
@@ -450,6 +489,47 @@ class DistributedAdamW(_Optimizer):
         rank."""
         from .runtime.executor import pending, resolve
 
+        again = self._grads_again()
+        if again is not None:
+            out, extra = again
+        else:
+            out, extra = self._grads_checked()
+        for axes, (members, layouts) in extra.items():
+            flat = np.concatenate([out[i].reshape(-1) for i in members]) if not self._dry else \
+                _dry_flat(sum(out[i].size for i in members), out[members[0]].dtype)
+            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
+                             + ",".join(axes), owned=True)
+            at = 0
+            for i in members:
+                n = out[i].size
+                out[i] = summed[at:at + n].reshape(out[i].shape)
+                at += n
+            for i, layout in zip(members, layouts):  # the leaf's gradient, now pending over its dp axes only
+                p = self.params[i]
+                p._ag.grad = type(p.grad)(p.mesh, out[i], layout, p.global_shape)
+        return out
+
+    def _grads_again(self) -> Any:
+        """`_grads_checked`'s answer without its Python per parameter, when every parameter's leaf, block and
+        layout are the very objects the last check saw and each gradient's layout the very object it checked
+        (its block of the shape it had); else None."""
+        seen = self._seen_grads
+        if seen is None or CAPTURING[0]:  # (a captured step reads the blocks as recorded: `.local`)
+            return None
+        leaves, blocks, layouts, grad_layouts, shapes, extra = seen
+        params = self.params
+        if not (all(map(_is, map(_AG, params), leaves)) and all(map(_is, map(_LOCAL, params), blocks))
+                and all(map(_is, map(_LAYOUT, params), layouts))):
+            return None
+        held = list(map(_GRAD, leaves))
+        if not all(map(_is_not, held, _NONES)) or not all(map(_is, map(_LAYOUT, held), grad_layouts)) \
+                or list(map(_SHAPE, held)) != shapes:
+            return None
+        return list(map(_LOCAL, held)), extra
+
+    def _grads_checked(self) -> tuple:
+        """(each parameter's gradient block, {other axes: (members, their layouts once summed over those)}),
+        every gradient checked (the refusals); what was checked remembered for `_grads_again`."""
         extra: dict = {}
         for i, p in enumerate(self.params):
             want = set(self.axes[i])
@@ -466,23 +546,17 @@ class DistributedAdamW(_Optimizer):
                                     "again)")
             others = tuple(a for a in g.layout.partial if a not in want)
             if others:
-                extra.setdefault(others, []).append(i)
+                members, layouts = extra.setdefault(others, ([], []))
+                members.append(i)
+                layouts.append(with_partial(p.layout, tuple(a for a in g.layout.partial if a in self.axes[i])))
         out = [p.grad.local for p in self.params]
-        for axes, members in extra.items():
-            flat = np.concatenate([out[i].reshape(-1) for i in members]) if not self._dry else \
-                _dry_flat(sum(out[i].size for i in members), out[members[0]].dtype)
-            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
-                             + ",".join(axes), owned=True)
-            at = 0
-            for i in members:
-                n = out[i].size
-                out[i] = summed[at:at + n].reshape(out[i].shape)
-                at += n
-            for i in members:  # the leaf's gradient, now pending over its dp axes only
-                p = self.params[i]
-                p._ag.grad = type(p.grad)(p.mesh, out[i], with_partial(p.layout, tuple(
-                    a for a in p.grad.layout.partial if a in self.axes[i])), p.global_shape)
-        return out
+        params = self.params
+        self._seen_grads = None
+        if not CAPTURING[0]:
+            held = tuple(map(_GRAD, map(_AG, params)))
+            self._seen_grads = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
+                                tuple(map(_LAYOUT, held)), list(map(_SHAPE, held)), extra)
+        return out, extra
 
     def _counted_parts(self) -> tuple:
         """Views of the parts of this rank's summed slices whose squares it adds for clipping: each element
@@ -547,18 +621,18 @@ def _narrow_view(flat: np.ndarray, dtype: Any, n: int) -> np.ndarray:
     return flat.view(np.uint8)[:n * np.dtype(dtype).itemsize].view(dtype)
 
 
-def _spans(b: _Bucket) -> tuple:
-    return tuple((a, z) for _, a, z in b.members)
+_MESH, _GLOBAL, _LOCAL_VIEW = (operator.attrgetter(name) for name in ("_mesh", "_shape", "local"))
+_FLAT = operator.methodcaller("reshape", -1)
 
 
-def _pack(flat: np.ndarray, grads: tuple, spans: tuple) -> None:
-    """The gradient blocks end to end into `flat`, its padding zeroed."""
-    for g, (a, z) in zip(grads, spans):
-        flat[a:z] = g.reshape(-1)
-    flat[spans[-1][1]:] = 0
+def _pack(flat: np.ndarray, grads: tuple, slices: tuple) -> None:
+    """The gradient blocks end to end into `flat` (``flat[a:z] = g.reshape(-1)`` each, made by `map`), its
+    padding zeroed."""
+    _drain(map(operator.setitem, repeat(flat), slices, map(_FLAT, grads)))
+    flat[slices[-1].stop:] = 0
 
 
-def _load_master(b: _Bucket, blocks: tuple, spans: tuple) -> None:
+def _load_master(b: _Bucket, blocks: tuple) -> None:
     """This rank's master slice of bucket `b` from the parameters' blocks where they overlap it.
 
     AdamW updates the parameters themselves, so a parameter set between steps (weights loaded after the
@@ -572,11 +646,9 @@ def _load_master(b: _Bucket, blocks: tuple, spans: tuple) -> None:
         if b.loaded:
             return
         b.loaded = True
-    lo, hi = b.start, b.start + b.shard
-    for block, (a, z) in zip(blocks, spans):
-        s, e = max(a, lo), min(z, hi)
-        if s < e:
-            b.master[s - lo:e - lo] = block.reshape(-1)[s - a:e - a]
+    if b.parts is not None:  # `blocks`: every parameter's; each member's overlap with the slice, by `map`
+        pick, into, taken = b.parts
+        _drain(map(operator.setitem, repeat(b.master), into, map(operator.getitem, map(_FLAT, pick(blocks)), taken)))
 
 
 def _round(master: np.ndarray, out: np.ndarray) -> None:
@@ -585,7 +657,7 @@ def _round(master: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, master, casting="unsafe")
 
 
-def _unpack(flat: np.ndarray, blocks: tuple, spans: tuple) -> None:
-    """The gathered parameters from `flat` into their blocks, in place."""
-    for block, (a, z) in zip(blocks, spans):
-        block[...] = flat[a:z].reshape(block.shape)
+def _unpack(blocks: tuple, sources: tuple) -> None:
+    """The gathered parameters into their blocks, in place: ``block[...] = source`` each (`sources`: their views
+    of the gathered buffer, `_Bucket.sources`), made by `map`."""
+    _drain(map(operator.setitem, blocks, repeat(Ellipsis), sources))

@@ -25,7 +25,11 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 import sys
+from collections import deque
+from itertools import compress as _compress
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 import numpy as np
@@ -41,6 +45,13 @@ from .validate import tolerance_arg
 
 if TYPE_CHECKING:  # loaded on first use (`__getattr__`, below): it builds on this module's helpers
     from .distrib_optim import DistributedAdamW
+
+#: Per-parameter reads and tests done by `map` (no Python per parameter: `_Optimizer._found_again`).
+_AG, _GRAD, _LOCAL, _LAYOUT = (operator.attrgetter(name) for name in ("_ag", "grad", "_local", "_layout"))
+_SHAPE, _DTYPE = operator.attrgetter("_local.shape"), operator.attrgetter("_local.dtype")
+_is, _is_not = operator.is_, operator.is_not
+_NONES, _GRAD_NAMES = repeat(None), repeat("grad")
+_drain = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 
 __all__ = ["SGD", "Adam", "AdamW", "DistributedAdamW", "adamw_update", "clip_grad_norm_", "clip_coefficient"]
 
@@ -92,12 +103,20 @@ class _Optimizer:
                 raise OperatorError(f"optimizer parameter {i}'s local block is read-only")
         self.lr = _learning_rate(lr, "lr")
         self.steps = 0
+        self._seen: Any = None  # what the last step's `_found` checked (`_found_again`)
+        self._leaves: Any = None  # the parameters' leaves at the last step (zero_grad's, by identity)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget every parameter's gradient (the next backward starts from zero); PyTorch's
         ``set_to_none=False`` makes each gradient a zero DTensor instead of None."""
         if set_to_none is not True and set_to_none is not False:
             raise OperatorError(f"zero_grad(set_to_none={set_to_none!r}): expected True or False")
+        leaves = self._leaves
+        if set_to_none and leaves is not None and all(map(_is, map(_AG, self.params), leaves)):
+            # The leaves the last step saw (each parameter's own still): their gradients forgotten with no
+            # Python per parameter (`map` calls setattr; this loop was ~14 opcodes a parameter a step).
+            _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
+            return
         for p in self.params:
             leaf = p._ag
             g = leaf.grad
@@ -109,6 +128,29 @@ class _Optimizer:
     def step(self) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
         _kernel(_count_step)(self)
+        found = None if CAPTURING[0] else self._found_again()
+        again = found is not None
+        if not again:
+            found = self._found()
+        indices, blocks, grads, leaves = found
+        if indices:  # their blocks change in place: a graph recorded before may no longer be walked
+            updated(leaves)
+        self._count(blocks, grads)
+        context = current()
+        if context.dry_run:  # shapes, no values: count what the update would hold, compute nothing
+            if indices:
+                _dry_count(context.meter, self, self._dry_step(list(zip(indices, blocks, grads))))
+            return
+        if self._together_now(indices, blocks, grads, again):
+            _kernel(_run_update)(self._update_all, indices, blocks, grads)
+            return
+        for i, block, grad in zip(indices, blocks, grads):
+            _kernel(_run_update)(self._update, i, block, grad)
+
+    def _found(self) -> tuple:
+        """(indices, blocks, gradient blocks, leaves) of the parameters that have a gradient, each gradient
+        checked to be laid out as its parameter (else the one-line refusal); outside a capture, what was
+        checked is remembered for `_found_again`."""
         found = []
         plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
         for i, p in enumerate(self.params):
@@ -120,27 +162,50 @@ class _Optimizer:
             if (g._layout is not whole and g._layout != whole) or g._local.shape != p._local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             found.append((i, p._local, g._local) if plain else (i, p.local, g.local))
-        if found:  # their blocks change in place: a graph recorded before may no longer be walked
-            updated([self.params[i]._ag for i, _, _ in found])
-        self._count(found)
-        context = current()
-        if context.dry_run:  # shapes, no values: count what the update would hold, compute nothing
-            if found:
-                _dry_count(context.meter, self, self._dry_step(found))
-            return
-        if self._together(found):
-            _kernel(_run_update)(self._update_all, *(tuple(column) for column in zip(*found)))
-            return
-        for i, block, grad in found:
-            _kernel(_run_update)(self._update, i, block, grad)
+        indices, blocks, grads = (tuple(column) for column in zip(*found)) if found else ((), (), ())
+        leaves = tuple(self.params[i]._ag for i in indices)
+        self._seen = None
+        if plain:
+            params = self.params
+            if all(map(_is_not, map(_AG, params), _NONES)):  # (a leaf made no leaf again: none remembered)
+                held = list(map(_GRAD, map(_AG, params)))
+                present = list(map(_is_not, held, _NONES))
+                gs = tuple(_compress(held, present))
+                self._seen = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
+                              present, tuple(map(_LAYOUT, gs)), list(map(_SHAPE, gs)), list(map(_DTYPE, gs)),
+                              indices, blocks, leaves)
+                self._leaves = self._seen[0]
+        return indices, blocks, grads, leaves
 
-    def _count(self, found: list) -> None:
+    def _found_again(self) -> Any:
+        """`_found`'s answer without its Python per parameter, when every parameter's leaf, block and layout
+        are the very objects the last `_found` checked, the same parameters have a gradient, and each
+        gradient's layout is the very object that one checked (layouts do not change), its block of the
+        shape and dtype it had; else None (then `_found` checks them all, and refuses what does not fit)."""
+        seen = self._seen
+        if seen is None:
+            return None
+        leaves, blocks, layouts, present, grad_layouts, shapes, dtypes, indices, found_blocks, found_leaves = seen
+        params = self.params
+        if not (all(map(_is, map(_AG, params), leaves)) and all(map(_is, map(_LOCAL, params), blocks))
+                and all(map(_is, map(_LAYOUT, params), layouts))):
+            return None
+        held = list(map(_GRAD, leaves))
+        if list(map(_is_not, held, _NONES)) != present:
+            return None
+        gs = held if len(indices) == len(held) else list(_compress(held, present))
+        if not all(map(_is, map(_LAYOUT, gs), grad_layouts)) or list(map(_SHAPE, gs)) != shapes \
+                or list(map(_DTYPE, gs)) != dtypes:
+            return None
+        return indices, found_blocks, tuple(map(_LOCAL, gs)), found_leaves
+
+    def _count(self, blocks: tuple, grads: tuple) -> None:
         """Count the update's memory traffic (spmdsim.flops.sweep, phase "optimizer"), real and dry alike:
         each updated block read and written, its gradient read, its moments read and written."""
         if not any_open():  # no counter open: nothing would be counted
             return
         op, n = type(self).__name__.lower(), self._moments
-        for _, block, grad in found:
+        for block, grad in zip(blocks, grads):
             sweep(op, (block,), (block,), "params", "optimizer")
             sweep(op, (grad,), (), "grads", "optimizer")
             if n:
@@ -151,6 +216,11 @@ class _Optimizer:
 
     def _together(self, found: list) -> bool:
         """Whether `_update_all` updates these (index, block, gradient) in one pass over flat buffers."""
+        return False
+
+    def _together_now(self, indices: tuple, blocks: tuple, grads: tuple, again: bool) -> bool:
+        """`_together` at a step, on its columns; `again`: `_found_again` found them as the last `_found` did
+        (the same blocks, gradients of the same dtypes)."""
         return False
 
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
@@ -591,6 +661,10 @@ class AdamW(_Optimizer):
         # The parameters last updated together: the buffer a group's gradients are gathered into (one group's
         # size at most, _GROUP_ELEMENTS), their moments and scratch in flat buffers, their spans and groups.
         self._flat: tuple = ((), None)
+        # Parameters known to have taken the same number of steps (`_in_lockstep`), and those whose blocks and
+        # gradients were last found of one dtype (`_together_now`): tuples of indices, or None.
+        self._steady: Any = None
+        self._typed: Any = None
         # A dry run's `state` and `_flat`, by size: per parameter its steps, its block's bytes and where its
         # moments live (None: a pair of its own; else the indices of the flat buffers they view), and the
         # indices of the flat buffers last made.
@@ -624,16 +698,22 @@ class AdamW(_Optimizer):
     def _load(self, entries: dict) -> None:
         # Into the live moments where a parameter has them (views of the flat buffers `_update_all` reads); a
         # parameter that gains or loses its state: the flat buffers are made again at the next step, from `state`.
-        if set(entries) != set(self.state):
-            self._flat = ((), None)
+        # A loaded moment that is not copied into the live one (another dtype: a bfloat16 parameter's float32
+        # moments) is no longer a view of the flat buffers: those are made again too. The steps loaded may
+        # differ: nothing is known in lockstep any more (`_in_lockstep` looks again).
+        remake = set(entries) != set(self.state)
+        self._steady = None
         for i in [i for i in self.state if i not in entries]:
             del self.state[i]
             self.master.pop(i, None)
         for i, e in entries.items():
             _, m, v = self.state.get(i) or (0, None, None)
             self.state[i] = (e["step"], _into(m, e["exp_avg"]), _into(v, e["exp_avg_sq"]))
+            remake = remake or self.state[i][1] is not m or self.state[i][2] is not v
             if "master" in e:
                 self.master[i] = _into(self.master.get(i), e["master"])
+        if remake:
+            self._flat = ((), None)
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         # A bfloat16 parameter (spmdsim.precision's bf16-mixed): a float32 master copy and float32 moments
@@ -644,6 +724,7 @@ class AdamW(_Optimizer):
             target = self.master[index] = param.astype(np.float32)
         t, m, v = self.state.get(index) or (0, np.zeros_like(target), np.zeros_like(target))
         self.state[index] = (t + 1, m, v)
+        self._steady = None  # a parameter stepped alone: its steps may differ from the others' now
         adamw_update(target, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
                      weight_decay=self.weight_decay if self.decays[index] else 0.0)
         if target is not param:  # rounded once, as astype rounds it, with no block-sized temporary
@@ -661,6 +742,30 @@ class AdamW(_Optimizer):
         else:
             steps = {taken.get(i, 0) for i, _, _ in found}
         return len(steps) == 1 and all(b.dtype == dtype and g.dtype == dtype for _, b, g in found)
+
+    def _together_now(self, indices: tuple, blocks: tuple, grads: tuple, again: bool) -> bool:
+        # `_together` without its Python per parameter at a step like the last: the same blocks, gradients
+        # of the dtypes found last time (`again`), and parameters known to be in lockstep.
+        if not (again and indices is self._typed):
+            dtype = blocks[0].dtype if blocks else None
+            self._typed = indices if len(indices) >= 2 and all(b.dtype == dtype for b in blocks) \
+                and all(g.dtype == dtype for g in grads) else None
+            if self._typed is None:
+                return False
+        return self._in_lockstep(indices)
+
+    def _in_lockstep(self, indices: tuple) -> bool:
+        """Whether these parameters have all taken the same number of steps: looked up once, then known
+        (`_steady`) while they step together (`_update_all`), until one steps alone (`_update`) or a state
+        is loaded (`_load`)."""
+        steady = self._steady
+        if steady is not None and (indices is steady or indices == steady):
+            return True
+        state = self.state
+        if len({state[i][0] if i in state else 0 for i in indices}) != 1:
+            return False
+        self._steady = indices
+        return True
 
     def _dry_step(self, found: list) -> tuple[int, ...]:
         """`step`'s choices on sizes: the same parameters go together, the flat buffers are made when
@@ -732,18 +837,24 @@ class AdamW(_Optimizer):
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over
         flat buffers, then each block decayed and stepped."""
-        if len({self.state[i][0] if i in self.state else 0 for i in indices}) != 1:
+        if not self._in_lockstep(indices):
             # A replay (the capture found them at one step) after a state_dict loaded with these parameters at
             # different steps: each its own update, as the step run eagerly now would take them.
             for k, i in enumerate(indices):
                 self._update(i, params[k], grads[k])
             return
         # Other parameters than last time: new buffers, from the moments as they are now (kept in `state`).
-        g, m, v, tmp, spans, groups = self._flat[1] if self._flat[0] == indices else \
+        flat = self._flat
+        if flat[0] is not indices and flat[0] != indices:
             self._flatten(indices, params, grads)
+            flat = self._flat
+        g, m, v, tmp, spans, groups, moments, decays = flat[1]
+        if decays is not self.decays:  # (set anew since the buffers were made: each group's flags again)
+            groups = self._grouped(indices, params, tmp, spans, groups)
+            self._flat = (indices, flat[1][:5] + (groups, moments, self.decays))
         t = self.state[indices[0]][0] + 1
-        for i in indices:
-            self.state[i] = (t,) + self.state[i][1:]
+        self.state.update(zip(indices, zip(repeat(t), *moments)))  # (t, m, v): each one's moments, views of m, v
+        wd = bool(self.weight_decay)
         decay = 1 - self.lr * self.weight_decay
         # A group of parameters at a time (_GROUP_ELEMENTS): its gradients read where they lie when they lie
         # end to end (a gradient bucket's summed buffer, Megatron's grad buffer), else gathered into `g` (a
@@ -753,22 +864,24 @@ class AdamW(_Optimizer):
         # The step sizes go into one group's scratch (`tmp`), as Megatron's fused Adam holds none of the
         # parameters' size; a block larger than a group alone is stepped a piece at a time (`_pieces`).
         hyper = {"lr": self.lr, "betas": self.betas, "eps": self.eps}
-        for a, b, members in groups:
+        for a, b, members, pick, steps, decaying in groups:
             if b - a > tmp.size:  # one block alone, larger than a group
                 (k,) = members
                 param, (pa, pb) = params[k], spans[k]
                 _step_pieces(param, grads[k], m[pa:pb].reshape(param.shape), v[pa:pb].reshape(param.shape), t,
                              tmp, decay if self.weight_decay and self.decays[indices[k]] else None, **hyper)
                 continue
-            grad = _end_to_end([grads[k] for k in members], g.dtype)
+            ours = pick(grads)
+            grad = _end_to_end(ours, g.dtype)
             if grad is None:
-                grad = np.concatenate([grads[k].reshape(-1) for k in members], out=g[:b - a])
+                grad = np.concatenate([x.reshape(-1) for x in ours], out=g[:b - a])
             _step_sizes(grad, m[a:b], v[a:b], t, tmp[:b - a], **hyper)
-            for k in members:
-                param, (pa, pb) = params[k], spans[k]
-                if self.weight_decay and self.decays[indices[k]]:
-                    param *= decay
-                param -= tmp[pa - a:pb - a].reshape(param.shape)
+            # The decaying blocks decayed (``param *= decay``), then every block stepped by its step sizes, its
+            # view of `tmp` (``param -= step``): `map` makes those calls, no Python per parameter (the blocks
+            # are apart: each one's values are those of its own two calls in turn).
+            if wd and decaying is not None:
+                _drain(map(operator.imul, decaying(params), repeat(decay)))
+            _drain(map(operator.isub, pick(params), steps))
 
     def _flatten(self, indices: tuple, params: tuple, grads: tuple) -> tuple:
         """Flat buffers for these parameters, laid out in the order their gradients lie in memory (a bucket's
@@ -798,9 +911,32 @@ class AdamW(_Optimizer):
             if nxt == len(order) or ends[nxt] - starts[first] > _GROUP_ELEMENTS or runs[nxt] != runs[n]:
                 groups.append((starts[first], ends[n], tuple(order[first:nxt])))
                 first = nxt
-        buffers = (g, m, v, tmp, tuple(spans), tuple(groups))
-        self._flat = (indices, buffers)
-        return buffers
+        # What `_update_all` reads at every step, made once with the buffers (`_grouped`); each parameter's
+        # moments, the views `state` holds.
+        moments = tuple(tuple(self.state[i][n] for i in indices) for n in (1, 2))
+        self._flat = (indices, (g, m, v, tmp, tuple(spans), self._grouped(indices, params, tmp, spans, groups),
+                                moments, self.decays))
+
+    def _grouped(self, indices: tuple, params: tuple, tmp: np.ndarray, spans: tuple, groups: Any) -> tuple:
+        """Each group (a, b, members: positions in the step's columns) with what `_update_all` reads of it at
+        every step: `pick` (a tuple of the members' from a column), their step sizes (views of the scratch
+        `tmp`; none for a block larger than a group, stepped a piece at a time) and `decaying` (a tuple of the
+        members that decay, `decays`' now, from a column; None for none)."""
+        out = []
+        for a, b, members, *_ in groups:
+            steps = tuple(tmp[spans[k][0] - a:spans[k][1] - a].reshape(params[k].shape) for k in members) \
+                if b - a <= tmp.size else ()
+            decaying = [k for k in members if self.decays[indices[k]]]
+            out.append((a, b, members, _picker(members), steps, _picker(decaying) if decaying else None))
+        return tuple(out)
+
+
+def _picker(positions: list) -> Callable:
+    """``column -> tuple(column[k] for k in positions)`` (operator.itemgetter's, a tuple for one too)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    k = positions[0]
+    return lambda column: (column[k],)
 
 
 def _gather_elements(total: int) -> int:
@@ -835,9 +971,10 @@ def _runs(grads: tuple, order: list) -> list:
     return out
 
 
-def _end_to_end(grads: list, dtype: Any) -> Any:
+def _end_to_end(grads: Any, dtype: Any) -> Any:
     """The gradients as one flat array viewing them where they lie, if they are of `dtype`, contiguous and
-    end to end in one buffer in this order; else None."""
+    end to end in one buffer in this order; else None. (Each test over the gradients is a `map`: no Python
+    per gradient, at every step.)"""
     first = grads[0]
     if first.dtype != dtype or not first.flags.c_contiguous:
         return None
@@ -846,18 +983,25 @@ def _end_to_end(grads: list, dtype: Any) -> Any:
     root = first.base  # numpy names the array that owns a view's memory (a bucket's summed buffer)
     if root is None or type(root) is not np.ndarray or root.dtype != dtype or not root.flags.c_contiguous:
         return None
-    start = _address(first)
-    end = start + first.nbytes
-    for grad in grads[1:]:
-        if grad.base is not root or grad.dtype != dtype or not grad.flags.c_contiguous or _address(grad) != end:
-            return None
-        end += grad.nbytes
-    offset, rest = divmod(start - _address(root), dtype.itemsize)
-    return None if rest else root.reshape(-1)[offset:offset + (end - start) // dtype.itemsize]
+    if not (all(map(_is, map(_BASE, grads), repeat(root))) and all(map(operator.eq, map(_DTYPE_OF, grads),
+                                                                       repeat(dtype)))
+            and all(map(_CONTIGUOUS, grads))):
+        return None
+    starts = list(map(_FIRST, map(_DATA, map(_INTERFACE, grads))))  # each one's `_address`
+    ends = list(map(operator.add, starts, map(_NBYTES, grads)))
+    if starts[1:] != ends[:-1]:
+        return None
+    offset, rest = divmod(starts[0] - _address(root), dtype.itemsize)
+    return None if rest else root.reshape(-1)[offset:offset + (ends[-1] - starts[0]) // dtype.itemsize]
 
 
 def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
+
+
+_BASE, _DTYPE_OF, _NBYTES = operator.attrgetter("base"), operator.attrgetter("dtype"), operator.attrgetter("nbytes")
+_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
+_INTERFACE, _DATA, _FIRST = operator.attrgetter("__array_interface__"), operator.itemgetter("data"), operator.itemgetter(0)
 
 
 #: AdamW's flat update takes the parameters in groups of about this many elements (512 KiB a float64

@@ -26,7 +26,10 @@ def _fails(capsys, argv, needle):
     (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "-4"], "--size '-4' must be between 1 byte and 64M"),  # was "must be >= 0"
     (["ring-allreduce", "--size=-1K"], "--size '-1K' must be between 1 byte and 64M"),
-    (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
+    (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M, such as 64K or 1M"),
+    # argparse took "-1K" for a flag: "argument --size: expected one argument", the value unnamed
+    (["ring-allreduce", "--size", "-1K"], "--size '-1K' must be between 1 byte and 64M, such as 64K or 1M"),
+    (["ring-allreduce", "--size", "1.5"], "--size: size '1.5' is not a whole number of bytes"),  # was 1 byte
     (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
     # Given options a run would not use were dropped silently: --root of an algorithm with none, --show with --json.
     (["ring-allreduce", "--root", "2"], "--root 2 applies only to the bcast algorithms (binomial-bcast, "
@@ -80,6 +83,29 @@ def test_pictures_of_every_round(tmp_path):
     paths = render_rounds_png(schedule("bruck-allgather", 3, 4, 4), tmp_path / "pics")
     assert [p.rsplit("/", 1)[1] for p in paths] == ["round_00.png", "round_01.png", "round_02.png", "rounds.png"]
     assert all((tmp_path / "pics" / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)
+
+
+def test_pictures_without_matplotlib_make_no_folder(tmp_path, monkeypatch):
+    # It made the folder, then refused: an empty folder left behind by a call that did nothing.
+    from spmdsim.algorithms.picture import render_rounds_png
+    from spmdsim.errors import SpmdsimError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(SpmdsimError, match="^pictures need matplotlib"):
+        render_rounds_png(schedule("ring-allreduce", 2, 8, 4), tmp_path / "pics")
+    assert not (tmp_path / "pics").exists()
+
+
+def test_picture_titles_count_one_rank(tmp_path, monkeypatch):
+    # A schedule on one rank (the library builds it: nothing to send) was titled "ring-allreduce on 1 ranks".
+    pytest.importorskip("matplotlib")
+    import spmdsim.viz.png as png
+    from spmdsim.algorithms.picture import render_rounds_png
+
+    titles = []
+    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: titles.append(fig._suptitle.get_text()) or path)
+    render_rounds_png(schedule("ring-allreduce", 1, 4, 4), tmp_path)
+    assert titles and all(t.startswith("ring-allreduce on 1 rank") and "1 ranks" not in t for t in titles)
 
 
 def test_pictures_of_too_many_ranks_are_refused_before_the_run(capsys, tmp_path):

@@ -240,3 +240,86 @@ def test_no_grad_decorates_with_and_without_parentheses():
         return bare().requires_grad, called().requires_grad, (x @ w).requires_grad
 
     assert spmdsim.simulate(1, body) == [(False, False, True)]
+
+
+def test_each_backward_ends_by_the_plan_of_its_own_leaves():
+    """The walk's end is worked out once per kind of leaf set (their gradients' layouts, meshes, dtypes and
+    shapes, which are kept pending, the bucket cap, in leaf order: engine._leaf_plan) and reused by a later
+    backward alike: backwards over other leaves, orders, shapes, pending axes, keep_pending and caps, one after
+    the other, each sum and place their own gradients (numpy's)."""
+    from spmdsim.autograd import reduce_grads
+
+    U = np.arange(6.0).reshape(3, 2)[::-1] / 3
+    V = np.arange(12.0).reshape(3, 4) / 9 - 0.5
+    S = np.array([[1.0, 2.0], [0.5, -1.0]])
+
+    def body():
+        layout = Layout((2, 2), ("dp", "tp"))
+        mesh = Mesh(layout)
+        x = DTensor.from_global(mesh, A, layout("dp", None))  # no gradient: the leaves are the matrices
+        by_tp = DTensor.from_global(mesh, A, layout("tp", None))  # its matrices' gradients pending over "tp"
+        whole = DTensor.from_global(mesh, A, layout(None, None))  # its matrices' gradients not pending
+        rep = layout(None, None)  # one layout object for w, u and v: only their shapes tell them apart
+        w, u, v = (DTensor.from_global(mesh, m, rep).requires_grad_() for m in (W, U, V))
+        s = DTensor.from_global(mesh, S, layout(None, "dp")).requires_grad_()  # split: nothing pending
+        tensors, found, buckets = {"w": w, "u": u, "v": v, "s": s}, [], []
+
+        def walk(loss, **options):
+            for t in tensors.values():
+                t.grad = None
+            steps: list = []
+            loss.backward(explain=steps, **options)
+            pending = {k: t.grad.layout.partial for k, t in tensors.items() if t.grad is not None}
+            reduce_grads(list(tensors.values()))
+            found.append({k: (t.grad.gather(), pending[k]) for k, t in tensors.items() if t.grad is not None})
+            buckets.append([text.split(":")[0] for text, _ in steps if "in one bucket" in text])
+
+        walk(ops.sum((x @ w) * (x @ u)), bucket=True)  # w and u in one bucket
+        walk(ops.sum((x @ u) * (x @ w)), bucket=True)  # first contributions swapped
+        walk(ops.sum((x @ w) * (x @ w)) + ops.sum(x @ v), bucket=True)  # v for u: another shape
+        walk(ops.sum((x @ w) * (x @ u)) + ops.sum(x @ v), bucket=True)  # a third leaf
+        walk(ops.sum(w @ s) + ops.sum(x @ u), bucket=True)  # a split leaf among them
+        walk(ops.sum(x @ w) + ops.sum(by_tp @ u), bucket=True)  # pending over other axes: no bucket
+        walk(ops.sum((whole @ w) * (whole @ u)), bucket=True)  # nothing pending: no bucket
+        walk(ops.sum((x @ w) * (x @ u)), bucket=8)  # a cap that fits no two: no bucket
+        walk(ops.sum((x @ w) * (x @ u)), bucket=True, keep_pending=[u])  # u left pending
+        walk(ops.sum((x @ w) * (x @ u)))  # no bucket
+        return found, buckets
+
+    ones = np.ones((4, 2))
+    pair = {"w": A.T @ (A @ U), "u": A.T @ (A @ W)}
+    v = A.T @ np.ones((4, 4))
+    expected = [pair, pair, {"w": 2 * A.T @ (A @ W), "v": v}, dict(pair, v=v),
+                {"s": W.T @ np.ones((3, 2)), "w": np.ones((3, 2)) @ S.T, "u": A.T @ ones},
+                {"w": A.T @ ones, "u": A.T @ ones}, pair, pair, pair, pair]
+    two = ["2 leaves (3, 2), (3, 2)"]
+    in_one = [two, two, ["2 leaves (3, 4), (3, 2)"], ["3 leaves (3, 4), (3, 2), (3, 2)"], two, [], [], [], [], []]
+    for found, buckets in spmdsim.simulate(4, body):
+        assert buckets == in_one
+        assert [sorted(step) for step in found] == [sorted(step) for step in expected]
+        for step, (got, want) in enumerate(zip(found, expected)):
+            for k, grad in want.items():
+                assert np.allclose(got[k][0], grad, rtol=1e-13, atol=0), (step, k)
+                assert got[k][1] == (("dp",) if step == 8 and k == "u" else ()), (step, k)  # u kept pending
+
+
+@pytest.mark.parametrize("case", ["the same loss", "tanh met first", "matmul met first"])
+def test_a_backward_through_a_freed_graph_names_the_step_a_depth_first_search_meets_first(case):
+    """A second loss reading steps the first backward freed is refused naming the freed step that the search
+    from the loss meets first (depth first, an operator's last input first), the same one on every rank."""
+    def body():
+        mesh, layout, x, w = _setup(2)
+        h = x @ w
+        t = ops.tanh(h)
+        loss = ops.sum(h * t)
+        loss.backward()
+        if case == "the same loss":
+            loss.backward()
+        elif case == "tanh met first":
+            ops.sum(ops.exp(h) + t).backward()
+        else:
+            ops.sum(ops.exp(t) * h).backward()
+
+    (message,) = _refused(2, body)
+    step = {"the same loss": "'sum'", "tanh met first": "'tanh'", "matmul met first": '"matmul: '}[case]
+    assert message.startswith(f"backward through the graph of {step}") and "a second time" in message, message

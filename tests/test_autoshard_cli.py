@@ -45,7 +45,7 @@ def test_branching_network_reports_branch_and_bound(capsys):
     (["--fix", "MatMul1=((2,4)"], "is not a tuple of positive integers"),
     (["--memory-limit", "10"], "fits the memory limit of 10 bytes"),
     (["--devices", "0"], "--devices 0 must be >= 1"),
-    (["--flops", "-1"], "--flops -1.0 must be > 0"),
+    (["--flops", "-1"], "--flops -1 must be a finite number > 0"),
     (["--objective", "time", "--devices", "64"], "expected at most 16 (or --objective bytes)"),
     # the parts after a second 'out' were dropped: MatMul1 ran without its out strategy, exit 0
     (["--fix", "MatMul1=((2,4),(4,1)) out ((8,1),) out ((1,8),)"],

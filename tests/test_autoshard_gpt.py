@@ -171,7 +171,7 @@ def _used(c) -> int:
     (["--gpt", "layers=x"], "--gpt layers 'x' must be an integer >= 1"),
     (["--gpt", "layer=2"], "--gpt 'layer=2' must read KEY=VALUE"),
     (["--gpt", "heads=3"], "d_model 128 must be divisible by heads 3"),
-    (["--gpt", "seq=0"], "GPTConfig seq 0 must be an integer >= 1"),
+    (["--gpt", "seq=0"], "--gpt seq '0' must be an integer >= 1"),
     (["--gpt", "layers=1,layers=2"], "--gpt layers=1 and layers=2 set layers two ways; give one"),  # kept the last
 ])
 def test_bad_gpt_options_are_one_line(capsys, extra, needle):
@@ -191,7 +191,7 @@ def test_small_gpt_from_the_command_line(capsys):
     assert main(["autoshard", "--network", "gpt_sp", "--gpt", "layers=1,d_model=32,seq=16,vocab=32",
                  "--devices", "8", "--flops", "1e10"]) == 0
     out = capsys.readouterr().out
-    assert "GPT 1 layers, d_model 32, 4 heads, seq 16, batch 8, vocab 32" in out
+    assert "GPT 1 layer, d_model 32, 4 heads, seq 16, batch 8, vocab 32" in out
     assert "hand-written" in out and "variable elimination, proven optimal" in out
     assert math.isfinite(len(out))
 

@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import time
+import types
 
 import pytest
 
@@ -48,10 +49,12 @@ def test_calibrate_arguments_are_spmdsim_errors():
     with pytest.raises(SpmdsimError, match=r"--sizes '1M,100G': 107,374,182,400 bytes per rank is above"):
         calibrate._sizes("1M,100G")
     assert calibrate._sizes("64K,1G") == [65536, 1 << 30]
-    for text in ("1", "3"):
-        with pytest.raises(SpmdsimError, match=rf"--group-sizes: group size {text} must be >= 2 "
-                                               "and divide the world size 8"):
-            calibrate._group_sizes(text, 8)
+    with pytest.raises(SpmdsimError, match=r"--group-sizes '2,1': group size 1 must be >= 2 \(the ranks of one "
+                                           r"collective\) and divide the world size$"):
+        calibrate._group_sizes("2,1", 8)
+    with pytest.raises(SpmdsimError, match=r"--group-sizes '3': group size 3 must be >= 2 and divide the world "
+                                           "size 8"):
+        calibrate._group_sizes("3", 8)
     with pytest.raises(SpmdsimError, match=r"--group-sizes 'x' must be comma-separated integers"):
         calibrate._group_sizes("x", 8)
     with pytest.raises(SpmdsimError, match=r"--repeats 0 must be at least 1"):
@@ -66,7 +69,10 @@ def test_calibrate_arguments_are_spmdsim_errors():
     (["--sizes", "abc"], "--sizes 'abc': size 'abc' is not a byte count like 64K or 4M"),
     (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
     (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
+    (["--group-sizes", "0"], "--group-sizes '0': group size 0 must be >= 2"),  # said "needs at least 2 ranks"
     (["--repeats", "0"], "--repeats 0 must be at least 1"),
+    (["--sizes", "-1K,4K"], "--sizes '-1K,4K': size '-1K' must be >= 0"),
+    (["--sizes", "1.5,4K"], "--sizes '1.5,4K': size '1.5' is not a whole number of bytes"),
 ])
 def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle):
     # Outside MPI it said "run it under MPI" (as "spmdsim calibrate: error:", unlike every other refusal) before
@@ -74,6 +80,18 @@ def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle
     # import of mpi4py fails, so the flags must be refused before it.
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     _fails(capsys, ["calibrate", *argv], needle)
+
+
+def test_calibrate_on_one_process_names_a_bad_output_before_the_rank_count(capsys, monkeypatch, tmp_path):
+    # It said "calibrate needs at least 2 ranks"; the user, launching 8, then met the bad --output. One process
+    # is rank 0, whose verdict on the paths counts: its refusal comes first (a good path: the rank count).
+    import spmdsim._mpi_library as mpi_library
+
+    one = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Get_size=lambda: 1))
+    monkeypatch.setattr(mpi_library, "load_mpi", lambda why: one)
+    bad = str(tmp_path / "nonexistent" / "c.json")
+    _fails(capsys, ["calibrate", "--output", bad], f"--output {bad!r} cannot be written: directory")
+    _fails(capsys, ["calibrate", "--output", str(tmp_path / "c.json")], "calibrate needs at least 2 ranks")
 
 
 def test_calibrate_checks_its_output_paths_before_measuring(tmp_path):
@@ -193,6 +211,7 @@ def test_run_honours_or_refuses_every_out_strategy_entry():
 @pytest.mark.parametrize("argv, needle", [
     (["matmul", "--shape", "16,16"], "--shape '16,16' has 2 sizes; expected M,K,N (or B,...,M,K,N)"),
     (["matmul", "--shape", "16,-16,16"], "--shape '16,-16,16' has a negative size"),
+    (["matmul", "--shape", "-16,16,16"], "--shape '-16,16,16' has a negative size"),  # argparse: "expected one"
     (["linear", "--shape", "4,8,8,3"], "--shape '4,8,8,3' has 4 sizes; expected M,K,N"),
     (["mlp", "--shape", "4,8"], "--shape '4,8' has 2 sizes; expected M,H,F"),
     (["embedding", "--shape", "4,0,8"], "--shape '4,0,8' gives a vocabulary of 0 rows; expected VOCAB >= 1"),
@@ -202,6 +221,81 @@ def test_run_names_the_shape_flag(argv, needle):
     with pytest.raises(SpmdsimError) as info:
         run_cli._shape(_args(["run", *argv]))
     assert str(info.value).startswith(needle), str(info.value)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16", "--ranks", "8"],
+     "--shape '16' has 1 size; expected M,K,N"),
+    (["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,y", "--to-device-matrix", "1",
+      "--to-alias", "y", "--shape", "8,8"], "--to-device-matrix '1' has 1 device but --device-matrix '8' has 8"),
+    (["slices", "--device-matrix", "1", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8", "--world-size",
+      "2"], "--device-matrix '1' (case key 'device_matrix'), which has 1 device; expected 1"),
+    # "makes none of the 1 blocks an MoE layer"
+    (["estimate", "gpt", "--layers", "1", "--experts", "2", "--moe-every", "2"],
+     "--moe-every 2 makes no MoE layer of the only block (the first would be block 1"),
+    (["autoshard", "--network", "gpt", "--gpt", "layers=1,experts=2,moe_every=2", "--machine", "a100-dgx"],
+     "--gpt moe_every 2 makes no MoE layer of the only block; expected at most layers 1"),
+])
+def test_one_is_counted_in_the_singular(capsys, argv, needle):
+    # "has 1 sizes", "has 1 devices"
+    _fails(capsys, argv, needle)
+
+
+TINY_GPT = "layers=1,heads=1,d_model=16,seq=8,vocab=32,batch=1"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # "GPT 1 layers, hidden 16, 1 heads", "1 devices on a100-dgx"
+    (["estimate", "gpt", "--layers", "1", "--heads", "1", "--hidden", "16", "--seq", "8", "--vocab", "32",
+      "--global-batch", "1"], "GPT 1 layer, hidden 16, 1 head, seq 8,"),
+    (["autoshard", "--network", "gpt", "--gpt", TINY_GPT, "--machine", "a100-dgx", "--devices", "1"],
+     "GPT 1 layer, hidden 16, 1 head, seq 8, vocab 32, global batch 1\n1 device on a100-dgx,"),
+    # "on 1 devices, in six dialects"
+    (["convert", "--device-matrix", "1", "--tensor-map", "axis_0", "--shape", "4"], "on 1 device, in six dialects:"),
+    # "each rank sends each of the 1 others in its group" (--explain folded past 64 ranks)
+    (["plan", "--device-matrix", "2,64", "--alias", "a,b", "--from", "a,b", "--to", "None,b", "--shape", "128,128",
+      "--explain"], "64 groups of 2 ranks; each rank sends the other rank in its group 512 B"),
+])
+def test_reports_count_one_in_the_singular(capsys, argv, needle):
+    assert main(argv) == 0
+    out = capsys.readouterr().out.replace("\n    ", " ")  # --explain folds its lines at 100 columns
+    assert needle in out, out[:600]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # "give exactly one of --to, --to-sbp, ... got []"
+    (["plan", "--device-matrix", "4", "--alias", "x", "--from", "x,None", "--shape", "8,8"],
+     "no target layout given; expected one of --to, --to-sbp, --to-placements, --to-partition-spec and "
+     "--to-strategy"),
+    # "shape (8, -8) must not have negative sizes, got -8 in dim 1": no flag named
+    (["plan", "--device-matrix", "4", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "8,-8"],
+     "--shape '8,-8' must be sizes of at least 0, such as 2,4"),
+    # "..., got None"
+    (["show", "--device-matrix", "2,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8", "--matmul"],
+     "--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", and none was given"),
+    # "GPTConfig layers -1 must be an integer >= 1": a name the user did not type
+    (["autoshard", "--network", "gpt", "--gpt", "layers=-1"], "--gpt layers '-1' must be an integer >= 1"),
+    # "ColumnParallelLinear output_size 0 must be an integer >= 1", "ParallelMLP hidden_size 0 ...", "... embedding_dim 0"
+    (["run", "linear", "--shape", "8,8,0"], "--shape '8,8,0' gives N = 0; expected M,K,N with K and N >= 1"),
+    (["run", "mlp", "--shape", "8,0,8"], "--shape '8,0,8' gives H = 0; expected M,H,F with H and F >= 1"),
+    (["run", "embedding", "--shape", "4,8,0"], "--shape '4,8,0' gives DIM = 0; expected ID_DIMS...,VOCAB,DIM with DIM >= 1"),
+])
+def test_refusals_name_the_flag_given(capsys, argv, needle):
+    _fails(capsys, argv, needle)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # type=float kept only the number: "-1.0", "-1000000000.0", "0", "inf" for what was typed
+    (["launch", "-n", "1", "--timeout", "-1", "--", "true"], "--timeout -1 must be a positive, finite number"),
+    (["autoshard", "--network", "mlp", "--flops", "-1e9"], "--flops -1e9 must be a finite number > 0"),
+    (["autoshard", "--network", "mlp", "--flops", "1e400"], "--flops 1e400 (read as inf) must be a finite number > 0"),
+    (["estimate", "gpt", "--dropout", "0.99999999999999999999"], "--dropout 0.99999999999999999999 (read as 1.0) "
+                                                                 "must be in [0, 1)"),
+    (["estimate", "gpt", "--experts", "2", "--capacity-factor", "1e-400"],
+     "--capacity-factor 1e-400 (read as 0.0) must be a finite number > 0"),
+])
+def test_float_flags_are_named_as_typed(capsys, argv, needle):
+    _fails(capsys, argv, needle)
 
 
 def test_run_shapes_that_were_valid_still_are():
@@ -387,7 +481,7 @@ def test_launch_bad_mpiexec_and_timeout(capsys):
            "--mpiexec '/nonexistent/mpiexec' is not an executable program")
     for value in ("nan", "inf", "0"):
         _fails(capsys, ["launch", "-n", "1", "--timeout", value, "--", "true"],
-               f"--timeout {float(value)!r} must be a positive, finite number of seconds")
+               f"--timeout {value} must be a positive, finite number of seconds")
     true = shutil.which("true")
     if true:  # coreutils' true answers --version with its own name: no MPI there
         _fails(capsys, ["launch", "-n", "2", "--mpiexec", true, "--", "true"], "is not an MPI launcher")
@@ -574,6 +668,16 @@ HUGE_SEED = str(2 ** 63 - 1)
     (["run", "matmul", "--shape", "16,16", "--ranks", "4"], "--shape '16,16' has 2 sizes; expected M,K,N"),
     (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "4"],
      "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4"),
+    # "has 1 batch dims" (and "has 0 batch dims" for the other way round), with no word of the shape expected
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "4,16,32,64", "--ranks", "8"],
+     "matmul shape (4, 16, 32, 64) has 1 batch dim but strategy ((2, 1), (1, 4)) gives x 2 dims (no batch dim); "
+     "expected 3 sizes, M,K,N"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--out-strategy", "((8,1),)", "--shape", "16,32,64",
+      "--ranks", "8"], "expected (2, 4): the contraction is not split, so no pending sum is left to reduce-scatter "
+     "into a finer cut"),  # was "or one dim cut 1 times more (the contraction's ())"
+    (["run", "matmul", "--strategy", "((1,2,1,1),(1,4))", "--shape", "16,32,64", "--ranks", "8"],
+     "has no batch dim but strategy ((1, 2, 1, 1), (1, 4)) gives x 4 dims (2 batch dims); expected 5 sizes, "
+     "B1,B2,M,K,N"),
     (["run", "matmul", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "a,b", "--w-map", "b,None",
       "--shape", "8,8,8", "--ranks", "4"], "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"),
     (["run", "matmul", "--placement", "2,4", "--x-sbp", "S(0),B", "--w-sbp", "B,B", "--shape", "8,8,8",
@@ -610,3 +714,12 @@ def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
         out, err = capsys.readouterr()
         assert out == "" and len(unfold(err).splitlines()) == lines, err
     assert "--device-matrix '0,4' must be positive sizes" in err
+
+
+def test_autoshard_progress_counts_one_device():
+    # "mlp on 1 devices" in the "still choosing" line
+    from spmdsim.cli import autoshard as autoshard_cli
+
+    args = _args(["autoshard", "--network", "mlp", "--devices", "1"])
+    assert autoshard_cli._still_working(args, 1).what == "mlp on 1 device"
+    assert autoshard_cli._still_working(args, 8).what == "mlp on 8 devices"

@@ -148,6 +148,9 @@ def test_sbp_partial_and_custom_names():
     [
         (("S(2)", (4,), 2), "sbp S(2) on placement axis 0 splits tensor dim 2, but the tensor has 2"),
         (("B, S(0)", (2, 2, 2), 2), "(B, S(0)) has 2 entries but placement shape (2, 2, 2) has 3 axes"),
+        # A count of 1 read "has 1 entries", "has 1 axes".
+        (("S(0)", (2, 2), 2), "sbp (S(0)) has 1 entry but placement shape (2, 2) has 2 axes"),
+        (("S(0), B", (4,), 2), "sbp (S(0), B) has 2 entries but placement shape (4,) has 1 axis"),
         (("B", (0,), 2), "placement shape (0,) must hold positive integers, got 0"),
         (("B", (), 2), "placement shape () must be a non-empty sequence"),
         (("B", (2,), -1), "ndim -1 must be a non-negative integer"),
@@ -164,6 +167,8 @@ def test_sbp_to_layout_errors(args, fragment):
 def test_sbp_to_layout_mesh_names_must_match_axes():
     _errors_with("mesh_axis_names ('a',) must give one name per mesh axis (2 axes)",
                  sbp_to_layout, "B, B", (2, 2), 1, mesh_axis_names=("a",))
+    _errors_with("mesh_axis_names ('a', 'b') must give one name per mesh axis (1 axis)",  # read "(1 axes)"
+                 sbp_to_layout, "B", (2,), 1, mesh_axis_names=("a", "b"))
 
 
 def test_layout_to_sbp_rejects_descending_multi_axis_order():
@@ -301,7 +306,7 @@ def test_partition_spec_padding_and_entry_forms():
         ((("dp", None, None), (2,), 2, ("dp",)), {}, "has 3 entries but the tensor has 2 dims"),
         ((("dp",), (2,), -1, ("dp",)), {}, "ndim -1 must be a non-negative integer"),
         ((("dp",), (2,), None, ("dp", "mp")), {},
-         "mesh_axis_names ('dp', 'mp') must give one name per mesh axis (1 axes)"),
+         "mesh_axis_names ('dp', 'mp') must give one name per mesh axis (1 axis)"),
         ((("dp",), (2,), None, "dp"), {}, "mesh_axis_names 'dp' must give one name"),
     ],
 )

@@ -264,7 +264,11 @@ def test_matmul_layouts_compute_the_product(strategy, world, ta, tb, x_shape, w_
         (((2, 4), (4, 2)), {"transpose_b": True},
          "contraction dim of x is split 4 ways but of w 2 ways"),
         (((2, 2, 1), (4, 1, 2)), {}, "batch dim 0 of x is split 2 ways but batch dim 0 of w 4 ways"),
-        (((2, 1),), {}, "has 1 input(s); expected two"),
+        # A count of 1 read "split 1 ways", "1 input(s)".
+        (((2, 1), (2, 1)), {}, "contraction dim of x is split 1 way but of w 2 ways; they must be equal"),
+        (((1, 2, 1), (2, 1, 1)), {}, "batch dim 0 of x is split 1 way but batch dim 0 of w 2 ways"),
+        (((2, 1),), {}, "has 1 input; expected two"),
+        (((2, 1), (1, 1), (1, 1)), {}, "has 3 inputs; expected two"),
         (((2,), (2, 1)), {}, "matmul strategy for x (2,) has 1 dim; expected at least 2"),
         (((4, 2), (2, 4)), {}, "needs 32 devices but the world size is 8"),
         (((3, 1), (1, 1)), {}, "uses 3 devices, which does not divide the world size 8"),

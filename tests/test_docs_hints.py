@@ -166,9 +166,10 @@ def test_demo_too_few_ran_line_is_folded(capsys):
 def test_an_infinite_compute_rate_is_refused(capsys):
     # 1e400 reads as inf; it was accepted and every compute time priced at 0.
     argv = ["autoshard", "--network", "mlp", "--devices", "8", "--flops"]
-    assert _error(capsys, argv + ["1e400"]) == ("spmdsim: error: compute rate inf FLOP/s (--flops) must be a "
-                                                "finite number > 0\n")
-    assert _error(capsys, argv + ["-1e9"]) == "spmdsim: error: --flops -1000000000.0 must be > 0\n"
+    assert _error(capsys, argv + ["1e400"]) == ("spmdsim: error: --flops 1e400 (read as inf) must be a finite number > 0 "
+                                                "(FLOP/s of one rank)\n")
+    assert _error(capsys, argv + ["-1e9"]) == ("spmdsim: error: --flops -1e9 must be a finite number > 0 (FLOP/s of one "
+                                               "rank)\n")
 
 
 def test_reliability_says_how_every_example_guards_its_ranks():

@@ -30,6 +30,7 @@ def _empty_operator_tables():
     for name, table in (("pointwise", "_PREPARED"), ("einsum", "_PREPARED"), ("attention", "_PREPARED"),
                         ("_common", "_DECIDED")):
         getattr(importlib.import_module(f"spmdsim.ops.{name}"), table).clear()
+    importlib.import_module("spmdsim.autograd.engine")._PLANS.clear()  # the walk's leaf plans, as full
     yield
 
 
@@ -123,8 +124,9 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     numpy's Python wrapper of ``ndarray.sum`` (sums are ``np.add.reduce``), the pointwise backward's
     per-operand summed dims, axes and layouts (kept per plan, dY's layout and the operands' layouts; the
     ranks' threads share the table), a comprehension gathering an operator's operands (mapped by
-    attrgetter in C) or a node's read layouts, `_accumulate` (the walk's `_take` adds each gradient); and
-    the walk brings a node's gradient to its layout (`_prepared`) only where it is not already there."""
+    attrgetter in C) or a node's read layouts, `_accumulate` (the walk's `_take` adds each gradient), a new plan
+    of the walk's leaves (the first step's is taken again: `_leaf_plan`, once); and the walk brings a node's
+    gradient to its layout (`_prepared`) only where it is not already there."""
     import os
 
     import numpy as np
@@ -154,9 +156,11 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
            (rules + "einsum.py", "<listcomp>"), ("ops/pointwise.py", "<listcomp>"), ("ops/einsum.py", "<listcomp>"),
-           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_accumulate")]
+           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_accumulate"),
+           ("autograd/engine.py", "_new_leaf_plan")]
     assert {key: calls[key] for key in cut if key in calls} == {}
-    nodes = calls[("autograd/graph.py", "attach")]  # every node (record attaches through it too)
+    assert calls.get(("autograd/engine.py", "_leaf_plan")) == 1
+    nodes = calls[("autograd/graph.py", "attach")]  # every node (`record` calls it; prepared calls and fused pieces too)
     prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
     assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)
 

@@ -201,7 +201,7 @@ def test_cli_plan_sbp_and_errors(capsys):
     assert json.loads(capsys.readouterr().out)["steps"]
     assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None",
                  "--shape", "16,16"]) == 2
-    assert "exactly one of --to" in capsys.readouterr().err
+    assert "no target layout given; expected one of --to" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

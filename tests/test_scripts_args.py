@@ -46,7 +46,7 @@ def test_byte_size_reads_what_calibrate_reads(args_mod, text, value):
     ("1Q", "not a byte count"), ("abc", "not a byte count"), ("", "not a byte count"),
     ("nan", "not a byte count"), ("inf", "not a byte count"), ("-inf", "not a byte count"),
     ("1e400", "not a byte count"), ("-4", "expected at least 1"), ("0", "expected at least 1"),
-    ("0.5", "expected at least 1"), ("1e30", "expected at most"), ("2048G", "expected at most"),
+    ("0.5", "not a whole number of bytes"), ("1e30", "expected at most"), ("2048G", "expected at most"),
 ])
 def test_byte_size_refuses_with_the_value_named(args_mod, text, expected):
     with pytest.raises(argparse.ArgumentTypeError) as info:

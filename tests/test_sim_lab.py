@@ -295,6 +295,15 @@ def test_a_receive_buffer_read_before_wait_holds_what_it_held(capsys):
     assert (code, err) == (0, "") and sorted(out.splitlines()) == ["rank 1 after Wait: 7.0", "rank 1 before Wait: 0.0"]
 
 
+def test_a_collective_result_read_before_wait_holds_what_it_held(capsys):
+    # MPI: undefined until the request completes. MPICH 5 on one node prints the sum (10.0) or a partial one (3.0)
+    # before Wait, from run to run, and with 1000000 values partial sums (1.0, 3.0, 7.0). Was 10.0 here every run:
+    # the collective ran into the buffer when posted.
+    code, out, err = _mpirun(capsys, str(LAB / "read_before_wait_collective.py"))
+    assert (code, err) == (0, "") and sorted(out.splitlines()) == [
+        f"rank {r} {when} Wait: {got}" for r in range(4) for when, got in (("after", 10.0), ("before", 0.0))]
+
+
 def test_requests_never_completed_are_a_warning(capsys):
     # MPICH prints "rank 1 got 7.0" and, at MPI_Finalize, "MPICH: Builtin communicator 44000000 has pending 1
     # references." (exit 0). Was: no word, and rank 1 got 7.0.

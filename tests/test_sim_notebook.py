@@ -1,6 +1,8 @@
 """examples/notebook.ipynb runs in a real Jupyter kernel (nbclient, ipykernel: the `test` extra)."""
 from __future__ import annotations
 
+import ast
+import json
 import pathlib
 
 import pytest
@@ -28,3 +30,13 @@ def test_notebook_runs_every_cell_without_error():
     assert len(widest) <= 100, widest  # a notebook cell's output fits 100 columns too
     first = "".join(nb.cells[0].source)
     assert 'pip install -e ".[notebook]"' in first  # how to open it, where a notebook user reads
+
+
+def test_notebook_imports_only_what_it_uses():
+    """The first cell imported io and layout_picture, which no cell used (pure: the cells' code read, not run)."""
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    tree = ast.parse("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"))
+    imported = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert imported - used == set()

@@ -182,10 +182,12 @@ def test_the_warnings_list_by_rank_then_in_post_order_every_run():
                 comm.send(i, 1, i)
         world.Barrier()
 
-    done = _run(body)
+    done = _run(body)  # each on a Dup of the world (was: 'on the world', which they are not)
     assert done.unreceived == tuple(
-        [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on the world was never received" for i in range(6)]
-        + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on the world was never matched" for i in range(6)])
+        [f"a message from rank 0 to rank 1 (tag {i}, 5 bytes) on a Dup of the world was never received"
+         for i in range(6)]
+        + [f"a receive of rank 1 from rank 0 (tag {20 + i}) on a Dup of the world was never matched"
+           for i in range(6)])
 
 
 def test_nonblocking_collectives_and_partitioned_requests_never_completed_are_named():
@@ -220,15 +222,18 @@ def test_nonblocking_collectives_and_partitioned_requests_never_completed_are_na
     done = _run(body)
     at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
           for mark in "EFGHI" if line.endswith(f"(line {mark})")}
-    assert list(done) == [1.0, 1.0]  # a collective's result is there when posted (its request complete)
+    assert list(done) == [1.0, 0.0]  # a collective's result lands when completed or freed: rank 1's never did
     assert done.uncompleted == (
         f"an Ibarrier of rank 0 at {at['E']} was never completed (no Wait or Test)",
-        f"an Allreduce_init (started) of rank 0 at {at['G']} was never completed (no Wait or Test)",
+        f"an Allreduce_init (started) of rank 0 at {at['G']} was never completed (no Wait or Test: its result "
+        "never reached its receive buffer)",
         f"an Idup of rank 0 at {at['H']} was never completed (no Wait or Test)",
         f"a Psend_init (started) of rank 0 to rank 1 (tag 7) at {at['I']} was never completed (no Wait or Test)",
         f"an Ibarrier of rank 1 at {at['E']} was never completed (no Wait or Test)",
-        f"an Iallreduce of rank 1 at {at['F']} was never completed (no Wait or Test)",
-        f"an Allreduce_init (started) of rank 1 at {at['G']} was never completed (no Wait or Test)",
+        f"an Iallreduce of rank 1 at {at['F']} was never completed (no Wait or Test: its result never reached its "
+        "receive buffer)",
+        f"an Allreduce_init (started) of rank 1 at {at['G']} was never completed (no Wait or Test: its result "
+        "never reached its receive buffer)",
         f"an Idup of rank 1 at {at['H']} was never completed (no Wait or Test)")
 
 
@@ -293,3 +298,117 @@ def test_a_send_buffer_written_before_the_send_completes_is_named():
         f"(Wait at {at['N'][:-2]}{int(at['N'][-2:]) + 3}): {rule}",
         f"rank 0 wrote into the buffer of its Isendrecv to rank 1 (tag 8) at {at['O']} before the send completed "
         f"(Test at {at['Q']}): {rule}")
+
+
+def test_a_nonblocking_collective_lands_its_result_when_the_request_completes():
+    # Was: posting ran the collective into the receive buffer, so a program reading it before Wait always saw the
+    # whole result, where MPI leaves it undefined until completion (MPICH's large messages land later).
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        me = comm.rank
+        out = []
+        a = np.zeros(2)
+        req = comm.Iallreduce(np.ones(2), a)
+        out.append(a[0])  # 0: before Wait
+        req.Wait()
+        out.append(a[0])  # 2
+        b = np.full(2, 5.0 + me)  # in place: its own data until completed
+        req = comm.Iallreduce(MPI.IN_PLACE, b)
+        out.append(b[0])
+        while not req.Test():
+            pass
+        out.append(b[0])  # 11
+        c, d = np.full(3, -1.0), np.zeros(4)  # the root's Ibcast sends; a gather fills every block but its own
+        reqs = [comm.Ibcast(c if me else np.arange(3.0), root=0), comm.Iallgather(np.full(2, 1.0 + me), d)]
+        out += [c[2], list(d)]
+        MPI.Request.Waitall(reqs)
+        out += [c[2], list(d)]
+        e = np.zeros(2)
+        req = comm.Ialltoall(np.array([10.0 + me, 20.0 + me]), e)
+        copy = MPI.Request(req)  # mpi4py's copy of the handle: completing it completes the operation
+        out += [list(e), MPI.Request.Testall([copy]), list(e)]
+        persistent = comm.Allreduce_init(np.full(1, 1.0 + me), f := np.zeros(1))
+        for _ in range(2):
+            persistent.Start()
+            out.append(f[0])  # 0, then 3 (the first's)
+            MPI.Prequest.Waitall([persistent])
+            out.append(f[0])  # 3
+        persistent.Free()
+        g = np.zeros(1)
+        comm.Iexscan(np.ones(1), g).Free()  # freed: it lands at once (MPI forbids freeing it; MPICH lands it)
+        h = np.zeros(1)
+        req = comm.Iscan(np.ones(1), h)
+        out += [g[0], h[0], req.Get_status(), h[0]]
+        req.Wait()
+        cart = comm.Create_cart([2], [True])
+        k = np.zeros(2)
+        req = cart.Ineighbor_allgather(np.full(1, 7.0 + me), k)
+        out.append(list(k))
+        req.Wait()
+        out.append(list(k))
+        return out
+
+    assert _run(body) == [
+        [0.0, 2.0, 5.0, 11.0, -1.0, [0.0] * 4, -1.0, [1.0, 1.0, 2.0, 2.0], [0.0, 0.0], True, [10.0, 11.0],
+         0.0, 3.0, 3.0, 3.0, 0.0, 0.0, True, 1.0, [0.0, 0.0], [8.0, 8.0]],
+        [0.0, 2.0, 6.0, 11.0, -1.0, [0.0] * 4, 2.0, [1.0, 1.0, 2.0, 2.0], [0.0, 0.0], True, [20.0, 21.0],
+         0.0, 3.0, 3.0, 3.0, 1.0, 0.0, True, 2.0, [0.0, 0.0], [7.0, 7.0]]]
+
+
+def test_the_warnings_name_a_dup_of_the_world_as_one():
+    # Was: 'on the world' for a Dup of the world (and for a Dup of that, or a window made on it).
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        dup, half = world.Dup(), world.Split(world.rank % 2, 0)
+        again, win = dup.Dup(), MPI.Win.Create(np.zeros(1), comm=dup)
+        for tag, comm in enumerate((world, dup, again)):
+            if world.rank == 0:
+                comm.send(None, 1, tag)
+        text = [repr(dup), repr(again), repr(win), repr(half.Dup())]
+        win.Free()
+        return text
+
+    done = _run(body, 3)
+    assert done[0] == ["<simulated Intracomm rank 0 of 3 (a Dup of the world)>",
+                       "<simulated Intracomm rank 0 of 3 (a Dup of a Dup of the world)>",
+                       "<simulated Win rank 0 of 3 (a Dup of the world)>",
+                       "<simulated Intracomm rank 0 of 2 (a Dup of the group of ranks 0,2)>"]
+    assert done.unreceived == tuple(f"a message from rank 0 to rank 1 (tag {tag}, 4 bytes){where} was never received"
+                                    for tag, where in enumerate(("", " on a Dup of the world",
+                                                                 " on a Dup of a Dup of the world")))
+
+
+def test_request_based_rma_never_completed_is_named():
+    # Was: no word for an Rput, Rget, Raccumulate or Rget_accumulate never completed (their requests were not noted).
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        got = np.zeros(1)
+        wins = [MPI.Win.Create(np.zeros(2), comm=world),  # one on the world, one on each pair
+                MPI.Win.Create(np.zeros(2), comm=world.Split(world.rank // 2, 0))]
+        win = wins[world.rank // 2]
+        for w in wins:
+            w.Fence()
+        if world.rank in (0, 2):
+            reqs = [win.Rput(np.ones(1), 1), win.Rget(got, 1),  # (line R)
+                    win.Raccumulate(np.ones(1), 1, op=MPI.SUM), win.Rget_accumulate(np.ones(1), got, 1)]  # (line S)
+            reqs[0].Wait()
+            MPI.Request.Waitall(reqs[2:] if world.rank == 0 else reqs[3:])
+        for w in wins:
+            w.Fence()
+            w.Free()
+
+    done = _run(body, 4)
+    at = {mark: f"{Path(__file__).name}:{i}" for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+          for mark in "RS" if line.endswith(f"(line {mark})")}
+    assert done.uncompleted == (
+        f"an Rget of rank 0 at {at['R']} was never completed (no Wait or Test)",
+        f"an Rget of group rank 0 (world rank 2) on the group of ranks 2,3 at {at['R']} was never completed (no "
+        "Wait or Test)",
+        f"an Raccumulate of group rank 0 (world rank 2) on the group of ranks 2,3 at {at['S']} was never completed "
+        "(no Wait or Test)")

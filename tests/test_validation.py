@@ -247,6 +247,17 @@ def test_out_strategy_counts_must_be_integers():
     assert out_layout_from_strategy(local, (np.int64(8), 1)) == M24(("dp", "mp"), None)
 
 
+def test_out_strategy_refusal_says_what_would_follow():
+    # "expected (2, 4) or one dim cut 1 times more (the contraction's ())" when K was not split
+    with pytest.raises(OperatorError, match=re.escape("(cut (2, 4)); expected (2, 4): the contraction is not split, "
+                                                      "so no pending sum is left to reduce-scatter")):
+        out_layout_from_strategy(M24("dp", "mp"), (8, 4))
+    with pytest.raises(OperatorError, match=re.escape("expected (2, 1), or one dim cut 4 times more ((8, 1) or "
+                                                      "(2, 4)) by reduce-scattering the sum pending over the "
+                                                      "contraction's axis 'mp'")):
+        out_layout_from_strategy(M24("dp", None, partial="mp"), (2, 2))
+
+
 # -- references ---------------------------------------------------------------------------------
 def test_reference_matmul_needs_matrices():
     with pytest.raises(ShapeError, match=re.escape("got shapes (4,) and (4,)")):

@@ -1,9 +1,12 @@
 """Plan pictures: each step's collective, axis group and bytes, with the layout after it."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from spmdsim import Layout
+from spmdsim.errors import SpmdsimError
 from spmdsim.plan import plan_redistribution
 from spmdsim.viz import render_plan_ascii, render_plan_png
 from spmdsim.viz.plan import format_bytes
@@ -51,6 +54,16 @@ def test_plan_png(tmp_path):
     for path in paths:
         with open(path, "rb") as fh:
             assert fh.read(4) == b"\x89PNG"
+
+
+def test_plan_png_without_matplotlib_makes_no_folder(tmp_path, monkeypatch):
+    # It made the folder, then refused: an empty folder left behind by a call that did nothing.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    mesh = Layout((2,), ("x",))
+    plan = plan_redistribution(mesh("x", None), mesh(None, "x"), (4, 4))
+    with pytest.raises(SpmdsimError, match="^pictures need matplotlib"):
+        render_plan_png(plan, tmp_path / "plan")
+    assert not (tmp_path / "plan").exists()
 
 
 def test_format_bytes():

@@ -13,6 +13,7 @@ import os
 from typing import Any, Union
 
 from ..errors import SpmdsimError
+from ..validate import counted
 from .schedule import Schedule
 from .symbolic import leaves, states
 from .table import cell_text, describe_round
@@ -102,9 +103,10 @@ def render_rounds_png(schedule: Schedule, directory: Union[str, os.PathLike], dp
 
     Returns the paths written, the overview last.
     """
-    from ..viz.png import new_figure, save_figure
+    from ..viz.png import new_figure, require_matplotlib, save_figure
 
     check_picture_ranks(schedule.group_size)
+    require_matplotlib()  # before the folder: a refusal leaves nothing behind
     directory = os.fspath(directory)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -113,7 +115,7 @@ def render_rounds_png(schedule: Schedule, directory: Union[str, os.PathLike], dp
     snaps = states(schedule)
     p, slots = schedule.group_size, len(schedule.slot_counts)
     width, height = 1.2 + 0.75 * p, 1.4 + 0.45 * slots
-    head = f"{schedule.name} on {p} ranks"
+    head = f"{schedule.name} on {counted(p, 'rank')}"
     paths = []
     for i, snap in enumerate(snaps):
         fig = new_figure(width, height)

@@ -14,9 +14,9 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 from __future__ import annotations
 
 import contextlib
+from itertools import chain, repeat
 import math
-from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, Optional
 
 import numpy as np
@@ -78,57 +78,91 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     order = _topological(loss._ag)
     if order[-1].seq < _Mode.step_seq:  # a node recorded before this thread's last step (never a normal step's)
         _refuse_stale(order)
-    grads: dict = {}
-    owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
     if gradient is None:
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
         ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
         gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
-    _take(grads, owners, [], (loss,), (gradient,))  # the loss is a node's output, never a leaf
-    leaves: list = []
+    grads: dict = {}
+    owners: dict = {}  # Node/Leaf -> its tensor's layout (a leaf's gradient's target)
+    _take(grads, owners, (loss,), (gradient,))  # the loss is a node's output, never a leaf
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
+    _walk(order, grads, owners, explain, readers)
+    # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
+    _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers)
+
+
+def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
+    """Run each node's backward of `order` (latest first) on its output's gradient in `grads` (popped), freeing
+    the node, and add the gradients it gives its inputs to `grads` (`_take`); `owners` notes the layout of the
+    tensor of each. `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        if explain is None:  # no trace to collect: no context per node
-            want = node.want
-            if node.low is not None or want is not None and (dy._layout is not want or want.partial):
-                dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
-            _take(grads, owners, leaves, inputs, run(dy))
+        if explain is not None:
+            _explained(node, dy, run, inputs, grads, owners, explain, readers)
             continue
-        with _collector(explain) as trace:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy, run, inputs)))
-        step = node.describe()
-        explain.append((step, trace.entries))
-        short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
-        for t in inputs:
-            if t is not None and isinstance(t._ag, Leaf):
-                names = readers.setdefault(t._ag, [])
-                if short not in names:
-                    names.append(short)
-    if kept:
-        for leaf in [leaf for leaf in leaves if id(leaf) in kept]:
-            g = grads.pop(leaf)
-            _count_accumulation(g)
-            leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, owners[leaf].layout, None)
-        leaves = [leaf for leaf in leaves if id(leaf) not in kept]
-    buckets = _buckets(leaves, owners, grads, cap) if cap else {}
+        want = node.want  # no trace to collect: no context per node
+        if node.low is not None or want is not None and (dy._layout is not want or want.partial):
+            dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
+        outs = run(dy)
+        if _flops._BLOCKS:  # a counter that records blocks (the estimate's dry run): `_take` marks the leaves'
+            _take(grads, owners, inputs, outs)
+            continue
+        # `_take`, written out here without its frame and its counter's test per input (a node a call: issue 58)
+        for tensor, g in zip(inputs, outs):
+            if g is None or tensor is None:
+                continue
+            key = tensor._ag
+            if key is None:
+                continue
+            layout = tensor._layout
+            if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
+                target = grad_layout(layout, g._layout)
+                if g._layout is not target:
+                    g = _move(g, target)
+            else:
+                target = layout
+            have = grads.get(key)
+            if have is None:
+                grads[key], owners[key] = g, layout
+            else:
+                grads[key] = add_grads(have, g, target)
+
+
+def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners: dict, explain: list,
+               readers: dict) -> None:
+    """`_walk`'s step of `node` with an explanation: its collectives (and its gradients' moves) as one entry of
+    `explain`, and the node's step noted among the readers of the leaves it read."""
+    with _collector(explain) as trace:
+        _take(grads, owners, inputs, run(_prepared(node, dy, run, inputs)))
+    step = node.describe()
+    explain.append((step, trace.entries))
+    short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
+    for t in inputs:
+        if t is not None and isinstance(t._ag, Leaf):
+            names = readers.setdefault(t._ag, [])
+            if short not in names:
+                names.append(short)
+
+
+def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: float, explain: Optional[list],
+                    readers: dict) -> None:
+    """The walk's end: each leaf's gradient (in `grads`, its tensor's layout in `owners`) added into ``.grad``, in
+    `leaves`' order (first contribution: the same on every rank); left pending for the leaves in `kept` (their
+    ids), else its replicas' parts summed (in buckets when `cap` is not 0), as its `_LeafPlan` says."""
+    gs = list(map(grads.pop, leaves))
+    own = tuple(map(owners.__getitem__, leaves))
+    plan = _leaf_plan(leaves, gs, own, kept, cap)
     counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
-    for leaf in leaves:  # first-contribution order: the same on every rank
-        tensor, g = owners[leaf], grads.pop(leaf)
-        whole = tensor._layout if not tensor._layout.partial else with_partial(tensor._layout, ())
-        shared = buckets.get(leaf)
-        if shared is not None:
-            g = _bucketed(shared, leaf, explain, readers)
-        else:
-            with _collector(explain) as trace:
-                g = _move(g, whole)
-            if explain is not None:
-                explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
-                                f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
+    for i in plan.kept:
+        leaf, g = leaves[i], gs[i]
+        if counting:
+            _count_accumulation(g)
+        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, own[i], None)
+    for leaf, g, whole in _wholes(plan, leaves, gs, own, explain, readers):
         if counting:
             _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
@@ -173,14 +207,18 @@ def _kept_leaves(keep_pending: Any) -> set:
         raise OperatorError(f"backward(keep_pending=...): expected an iterable of parameters (a list, "
                             f"optimizer.params), got {_described(keep_pending)}; one parameter goes in a list: "
                             "keep_pending=[p]")
-    kept = set()
-    for i, t in enumerate(keep_pending):
-        leaf = getattr(t, "_ag", None)
+    items = keep_pending if type(keep_pending) is list or type(keep_pending) is tuple else list(keep_pending)
+    leaves = list(map(getattr, items, _AG, _NONE))
+    if all(map(_IS_LEAF, leaves)) and all(map(hasattr, items, _GLOBAL_SHAPE)):  # checked in C (a microbatch each)
+        return set(map(id, leaves))
+    for i, (t, leaf) in enumerate(zip(items, leaves)):
         if not isinstance(leaf, Leaf) or not hasattr(t, "global_shape"):
             raise OperatorError(f"backward(keep_pending=...): entry {i} is {_described(t)}; expected a leaf "
                                 "DTensor with requires_grad_() (a parameter)")
-        kept.add(id(leaf))
-    return kept
+    raise AssertionError("internal: a refused entry not found")  # pragma: no cover - the test above found one
+
+
+_IS_LEAF, _GLOBAL_SHAPE = Leaf.__instancecheck__, repeat("global_shape")
 
 
 def _described(value: Any) -> str:
@@ -207,20 +245,14 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
     in). A leaf of the graph that is not among `wrt` is refused: its gradient would be lost."""
     grads: dict = {}
     owners: dict = {}
-    leaves: list = []
-    _take(grads, owners, [], (out,), (dy,))  # `out` itself is no leaf to report
-    for node in _topological(out._ag):
-        g = grads.pop(node, None)
-        run, inputs = node.backward, node.inputs
-        node.backward, node.inputs = None, ()
-        if g is not None:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, g, run, inputs)))
+    _take(grads, owners, (out,), (dy,))  # `out` itself is no leaf to report
+    _walk(_topological(out._ag), grads, owners)
     wanted = {id(t._ag) for t in wrt if t is not None and t._ag is not None}
-    lost = [owners[leaf] for leaf in leaves if id(leaf) not in wanted]
+    lost = [leaf for leaf in grads if type(leaf) is Leaf and id(leaf) not in wanted]  # (the walk leaves leaves)
     if lost:
-        t = lost[0]
+        g = grads[lost[0]]
         raise OperatorError(f"a recomputed region read a tensor requiring grad that it was not given "
-                            f"(global shape {tuple(t.global_shape)!r}, layout {t.layout}); pass every "
+                            f"(global shape {tuple(g._shape)!r}, layout {owners[lost[0]]}); pass every "
                             "parameter it reads among its inputs")
     return tuple(None if t is None or t._ag is None else grads.get(t._ag) for t in wrt)
 
@@ -232,17 +264,15 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
     left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
     """
     cap = _bucket_cap(bucket)
-    leaves, owners, grads = [], {}, {}
+    leaves, own = [], []
     for t in tensors:
         leaf = getattr(t, "_ag", None)
         if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
             leaves.append(leaf)
-            owners[leaf], grads[leaf] = t, leaf.grad
-    buckets = _buckets(leaves, owners, grads, cap) if cap else {}
-    for leaf in leaves:
-        shared = buckets.get(leaf)
-        leaf.grad = _bucketed(shared, leaf, None, {}) if shared is not None else \
-            _move(grads[leaf], with_partial(owners[leaf].layout, ()))
+            own.append(t._layout)
+    gs = list(map(_GRAD, leaves))
+    for leaf, g, _ in _wholes(_leaf_plan(leaves, gs, own, None, cap), leaves, gs, own, None, {}):
+        leaf.grad = g
 
 
 def _bucket_cap(bucket: Any) -> float:
@@ -257,77 +287,143 @@ def _bucket_cap(bucket: Any) -> float:
                         "(each bucket's cap, e.g. 25 << 20)")
 
 
-def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
-    """Leaf -> its bucket, for leaves whose gradient needs only an Allreduce over the same axes.
+class _LeafPlan:
+    """What the walk's end does with its leaves' gradients (`_leaf_plan`), by their positions in the walk's
+    leaf order: `kept`, the positions of the leaves kept pending; `steps`, (position, the layout its whole
+    gradient takes, its bucket's index or -1) for each other leaf, in order; `buckets`, each `_BucketPlan`.
+    `held`: the layouts and dtypes whose ids its key holds (alive as long as it is, so no other object takes
+    their ids)."""
 
-    A bucket groups gradients of one mesh and dtype pending over the same
-    axes with the leaf's own tensor map, in leaf order, while their global
-    bytes stay within `cap`; two or more share one call, in the order of
-    their first leaf. Every rank groups alike: the layouts and shapes decide.
-    """
+    __slots__ = ("kept", "steps", "buckets", "held")
+
+
+class _BucketPlan:
+    """Leaves whose gradients share one Allreduce: `positions`, in leaf order; `parts`, (position, the part of
+    the summed flat block it takes (a slice), its block's shape, the whole gradient's layout, its global shape)
+    for each."""
+
+    __slots__ = ("positions", "parts")
+
+
+def _leaf_plan(leaves: list, gs: list, own: Any, kept: Any, cap: float) -> _LeafPlan:
+    """The `_LeafPlan` of leaves whose gradients are `gs` (`own`: the leaves' tensors' layouts), `kept` (the ids of
+    those kept pending, or None) and the bucket cap (0: no buckets). It depends on nothing else: the gradients'
+    layouts, meshes, dtypes and shapes, the tensors' layouts, which are kept, the cap, all in leaf order, so
+    a step that walks the same parameters again takes the plan made for the first (a dict look-up keyed in C;
+    the ranks' threads share the table)."""
+    layouts, own, dtypes = tuple(map(_LAYOUT, gs)), tuple(own), tuple(map(_DTYPE, gs))
+    key = (cap, tuple(map(kept.__contains__, map(id, leaves))) if kept else None,
+           tuple(map(id, chain(layouts, own, dtypes, map(_MESH, gs)))), tuple(map(_SHAPE, gs)),
+           tuple(map(_BLOCK_SHAPE, gs)))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _new_leaf_plan(gs, own, key[1], cap)
+        plan.held = (layouts, own, dtypes)
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+_PLANS: dict = {}  # `_leaf_plan`'s key -> its _LeafPlan
+
+
+def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _LeafPlan:
+    """`_leaf_plan`'s plan, worked out (`own`: the tensors' layouts; `kept`: whether each is kept, or None).
+
+    A bucket groups gradients of one mesh and dtype pending over the same axes with the leaf's own tensor
+    map, in leaf order, while their global bytes stay within `cap`; two or more share one call, in the order
+    of their first leaf. Every rank groups alike: the layouts and shapes decide."""
+    plan = _LeafPlan()
+    plan.kept = [i for i in range(len(gs)) if kept is not None and kept[i]]
     open_buckets: dict = {}
     made: list = []
-    for leaf in leaves:
-        tensor, g = owners[leaf], grads[leaf]
+    steps: list = []
+    for i, g in enumerate(gs):
+        if kept is not None and kept[i]:
+            continue
+        mine = own[i]
+        steps.append([i, mine if not mine.partial else with_partial(mine, ()), None])
         layout = g._layout
-        own = tensor._layout
-        if not layout.partial or (layout.layout is not own.layout and layout.layout != own.layout) \
-                or layout.tensor_map != own.tensor_map:
+        if not cap or not layout.partial or (layout.layout is not mine.layout and layout.layout != mine.layout) \
+                or layout.tensor_map != mine.tensor_map:
             continue
         dtype = g._local.dtype  # the block's dtype (a captured step's traced view has the same)
         key = (id(g._mesh), layout.partial, dtype.str)
         size = math.prod(g._shape) * dtype.itemsize
         current = open_buckets.get(key)
-        if current is None or current.bytes + size > cap:
-            current = open_buckets[key] = _Bucket()
+        if current is None or current[0] + size > cap:
+            current = open_buckets[key] = [0, []]
             made.append(current)
-        current.leaves.append(leaf)
-        current.grads.append(g)
-        current.bytes += size
-    return {leaf: b for b in made if len(b.leaves) > 1 for leaf in b.leaves}
-
-
-@dataclass
-class _Bucket:
-    """Leaves whose gradients share one Allreduce: in leaf order, their global bytes, the results once made."""
-
-    leaves: list = field(default_factory=list)
-    grads: list = field(default_factory=list)
-    bytes: int = 0
-    done: Optional[dict] = None  # leaf -> its whole gradient, once made (a Leaf hashes by identity, in C)
-
-
-def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict) -> Any:
-    """`leaf`'s whole gradient from its bucket's one Allreduce (made when its first leaf asks)."""
-    if bucket.done is None:
-        DTensor, executor = _RUNTIME or _runtime()
-        pending, resolve = executor.pending, executor.resolve
-        grads = bucket.grads
-        first = grads[0]
-        blocks = [g._local for g in grads] if not buffers.CAPTURING[0] else [g.local for g in grads]
-        if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
-            like = buffers.broadcast_zero((sum(b.size for b in blocks),), np.result_type(*blocks))
-            flat = first.mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
-        else:
-            flat = np.concatenate(blocks, axis=None)  # each flattened in C order, no view made per block
-        label = f"gradient bucket of {len(grads)} leaves"
-        with _collector(explain) as trace:
-            summed = resolve(first.mesh, flat, pending(first.mesh.layout, 1, first.layout.partial), label,
-                             owned=True)
-        if explain is not None:
-            shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
-            explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
-                            "bucket" + _read_by(readers, bucket.leaves), trace.entries))
-        done, at = {}, 0
-        trusted = DTensor._trusted  # each block is shaped and typed as its gradient's, which DTensor() checked
-        for one, g in zip(bucket.leaves, grads):
-            block = g._local  # its shape (a captured step's traced view has the same)
-            n = block.size
-            done[one] = trusted(g._mesh, summed[at:at + n].reshape(block.shape), with_partial(g._layout, ()),
-                                g._shape)
+        current[0] += size
+        current[1].append(steps[-1])
+    plan.buckets = []
+    for _, members in made:
+        if len(members) < 2:
+            continue
+        bucket, at = _BucketPlan(), 0
+        bucket.positions, bucket.parts = [step[0] for step in members], []
+        for step in members:
+            g = gs[step[0]]
+            n = g._local.size  # its block (a captured step's traced view has the same shape)
+            bucket.parts.append((step[0], slice(at, at + n), g._local.shape, with_partial(g._layout, ()), g._shape))
             at += n
-        bucket.done = done
-    return bucket.done[leaf]
+            step[2] = len(plan.buckets)
+        plan.buckets.append(bucket)
+    plan.steps = [(i, whole, -1 if b is None else b) for i, whole, b in steps]
+    return plan
+
+
+_LAYOUT, _DTYPE, _MESH, _SHAPE = attrgetter("_layout"), attrgetter("_local.dtype"), attrgetter("_mesh"), \
+    attrgetter("_shape")
+_BLOCK_SHAPE, _GRAD, _LOCAL = attrgetter("_local.shape"), attrgetter("grad"), attrgetter("_local")
+
+
+def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict) -> Any:
+    """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order: its
+    gradient moved there, or its bucket's part (the bucket's one Allreduce made when its first leaf comes)."""
+    summed: list = [None] * len(plan.buckets)
+    for i, whole, b in plan.steps:
+        leaf = leaves[i]
+        if b >= 0:
+            done = summed[b]
+            if done is None:
+                done = summed[b] = _bucket_sum(plan.buckets[b], leaves, gs, explain, readers)
+            yield leaf, done[i], whole
+        elif explain is None:
+            yield leaf, _move(gs[i], whole), whole
+        else:
+            with _collector(explain) as trace:
+                g = _move(gs[i], whole)
+            explain.append((f"leaf {tuple(gs[i]._shape)} {own[i]}: its replicas' "
+                            f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
+            yield leaf, g, whole
+
+
+def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[list], readers: dict) -> dict:
+    """Position -> whole gradient for each leaf of `bucket`, from one Allreduce of their blocks."""
+    DTensor, executor = _RUNTIME or _runtime()
+    grads = list(map(gs.__getitem__, bucket.positions))
+    first = grads[0]
+    blocks = list(map(_LOCAL, grads)) if not buffers.CAPTURING[0] else [g.local for g in grads]
+    if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
+        like = buffers.broadcast_zero((sum(b.size for b in blocks),), np.result_type(*blocks))
+        flat = first.mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
+    else:
+        flat = np.concatenate(blocks, axis=None)  # each flattened in C order, no view made per block
+    label = f"gradient bucket of {len(grads)} leaves"
+    with _collector(explain) as trace:
+        summed = executor.resolve(first.mesh, flat, executor.pending(first.mesh.layout, 1, first.layout.partial),
+                                  label, owned=True)
+    if explain is not None:
+        shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
+        explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
+                        "bucket" + _read_by(readers, [leaves[i] for i in bucket.positions]), trace.entries))
+    trusted, mesh = DTensor._trusted, first._mesh  # (one mesh: the bucket's gradients share it)
+    done = {}
+    for i, part, shape, layout, global_shape in bucket.parts:  # each shaped and typed as its gradient's block
+        done[i] = trusted(mesh, summed[part].reshape(shape), layout, global_shape)
+    return done
 
 
 def _read_by(readers: dict, leaves: list) -> str:
@@ -338,13 +434,12 @@ def _read_by(readers: dict, leaves: list) -> str:
     return f" (read by {', '.join(names)})" if names else ""
 
 
-def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
+def _take(grads: dict, owners: dict, inputs: tuple, outs: tuple) -> None:
     """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
-    (summed with one already there); note leaves, and their tensors in `owners`, in first-contribution order.
-    Under a counter that records blocks (the estimate's dry run) each parameter's gradient block, as it comes,
-    moved and summed, is marked as one the rank holds (spmdsim.flops.hold: the memory line counts the
-    gradients)."""
-    held = _flops._BLOCKS  # asked once a node: every step's backward passes each input here (issue 58)
+    (summed with one already there), noting its tensor's layout in `owners` at its first. Under a counter that
+    records blocks (the estimate's dry run) each parameter's gradient block, as it comes, moved and summed, is
+    marked as one the rank holds (spmdsim.flops.hold: the memory line counts the gradients)."""
+    held = _flops._BLOCKS
     for tensor, g in zip(inputs, outs):
         if g is None or tensor is None:
             continue
@@ -359,20 +454,15 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
         else:
             target = layout
         have = grads.get(key)
-        if type(key) is Leaf:
-            if held:
-                hold(g.local)
-            if have is None:
-                leaves.append(key)
-                grads[key], owners[key] = g, tensor
-            else:
-                grads[key] = add_grads(have, g, target)
-            if held:
-                hold(g.local, grads[key].local)
-        elif have is None:
-            grads[key] = g
+        leaf = held and type(key) is Leaf
+        if leaf:
+            hold(g.local)
+        if have is None:
+            grads[key], owners[key] = g, layout
         else:
             grads[key] = add_grads(have, g, target)
+        if leaf:
+            hold(g.local, grads[key].local)
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:
@@ -409,22 +499,40 @@ def _topological(root: Any) -> list:
         return []
     if root.backward is None:
         _refuse_freed(root)
-    seen = {root}  # the nodes themselves: a Node hashes and compares by identity, in C (no id() calls)
-    stack = [root]
-    # Bound once: the walk visits every node and input of the step's graph (`in` tests need no call).
-    pop, push, mark, node_type = stack.pop, stack.append, seen.add, Node
+    # Breadth first: each round gathers the graph slots of every input of the nodes found in the last one in
+    # C (`getattr` mapped: a None for a tensor without one), keeps the new ones and searches the nodes among
+    # them next; no Python per node or input (issue 58).
+    seen = {root, None}
+    found = [root]
+    while found:
+        new = set(map(getattr, chain.from_iterable(map(_INPUTS, found)), _AG, _NONE)) - seen
+        seen |= new
+        found = list(filter(_IS_NODE, new))
+    order = sorted(filter(_IS_NODE, seen), key=_SEQ, reverse=True)
+    if any(map(is_, _NONE, map(_BACKWARD, order))):  # a freed node (its backward None): named as a search finds it
+        _refuse_freed(_first_freed(root))
+    return order
+
+
+_AG, _NONE = repeat("_ag"), repeat(None)  # getattr(t, "_ag", None), mapped
+_IS_NODE = Node.__instancecheck__  # isinstance(x, Node) in C (no subclass of Node exists)
+_SEQ, _INPUTS = attrgetter("seq"), attrgetter("inputs")
+_BACKWARD = attrgetter("backward")
+
+
+def _first_freed(root: Node) -> Node:
+    """The freed node of `root`'s graph (a node whose backward is None) that the search meets first, depth
+    first from `root`: the one `backward` names in its refusal (every rank alike)."""
+    seen, stack = {root}, [root]
     while stack:
-        for t in pop().inputs:
+        for t in stack.pop().inputs:
             parent = getattr(t, "_ag", None)
-            if type(parent) is node_type and parent not in seen:
+            if type(parent) is Node and parent not in seen:
                 if parent.backward is None:
-                    _refuse_freed(parent)
-                mark(parent)
-                push(parent)
-    return sorted(seen, key=_SEQ, reverse=True)
-
-
-_SEQ = attrgetter("seq")
+                    return parent
+                seen.add(parent)
+                stack.append(parent)
+    raise AssertionError("internal: no freed node found")  # pragma: no cover - only called when one is
 
 
 def _refuse_freed(node: Node) -> None:

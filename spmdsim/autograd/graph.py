@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from functools import partial, wraps
+from operator import attrgetter, is_not
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import OperatorError
@@ -280,7 +281,9 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
     if not _Mode.enabled:
         return out
     if reads is None:
-        reads = tuple(inputs) + (out,)
+        reads = (*inputs, out)
+    if TensorLayout not in map(type, reads):  # tensors (and Nones): their layouts gathered in C
+        return attach(out, name, tuple(inputs), backward, want, tuple(map(_LAYOUT, filter(_NOT_NONE, reads))))
     # A loop, not a comprehension (a frame of its own); a TensorLayout is its own layout (its `.layout` is
     # the device matrix).
     layouts = []
@@ -288,6 +291,9 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         if t is not None:
             layouts.append(t if type(t) is TensorLayout else t.layout)
     return attach(out, name, tuple(inputs), backward, want, tuple(layouts))
+
+
+_LAYOUT, _NOT_NONE = attrgetter("layout"), partial(is_not, None)
 
 
 def attach(out: Any, name: str | Callable[[], str], inputs: tuple, backward: Callable, want: Any,

@@ -38,6 +38,7 @@ from ..gpt.config import GPTConfig
 from ..gpt.layouts import megatron_layouts, mesh_problem
 from ..gpt.params import constant, param_specs, seeded
 from ..layout import Layout
+from ..validate import counted
 from .graph import Constant, Graph, Hand, OpNode, ParamSpec, data_parallel
 
 __all__ = ["gpt_graph", "gpt_params", "gpt_config", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
@@ -117,7 +118,8 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     if unread:
         raise OperatorError(f"no node of the GPT's graph reads parameters {sorted(unread)!r}, which "
                             "spmdsim.gpt.params gives the model")
-    title = (f"GPT {cfg.layers} layers, d_model {D}, {H} heads, seq {T}, batch {B}, vocab {V}: "
+    title = (f"GPT {counted(cfg.layers, 'layer')}, d_model {D}, {counted(H, 'head')}, seq {T}, batch {B}, "
+             f"vocab {V}: "
              "training loss")
     return Graph("gpt", title, tuple(nodes), fully_use_above=FULLY_USE_ABOVE)
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 from typing import Any
 
 from ..errors import SpmdsimError
 from ..engines import engine_of
+from ..validate import counted
+from .numbers import flag_float, typed
 
 __all__ = ["register", "run"]
 
@@ -70,7 +73,7 @@ def register(subparsers: Any) -> None:
                              "and the weight gradients' sums (bytes objective)")
     parser.add_argument("--method", choices=METHODS,
                         help="search (default) or propagate (MindSpore's sharding propagation)")
-    parser.add_argument("--flops", type=float, metavar="FLOP/S",
+    parser.add_argument("--flops", type=flag_float, metavar="FLOP/S",
                         help="compute rate of one rank (default: measured now)")
     parser.add_argument("--node-limit", type=int,
                         help="branch and bound stops after this many nodes (default 200000); variable elimination "
@@ -142,6 +145,7 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
     vocab_pad_to=N pads the vocabulary."""
     from ..gpt.config import GPTConfig
     from ..moe.config import MoEConfig
+    from .estimate import no_moe_block
 
     keys = GPT_KEYS + (MACHINE_KEYS if moe else ())
     fields: dict = {}
@@ -160,7 +164,9 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
         try:
             number = int(value)
         except ValueError:
-            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
+            number = 0
+        if number < 1:  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
+            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
         if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
             raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
         fields[key] = number
@@ -171,7 +177,7 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
         experts["every"] = experts.pop("moe_every", 2)
         layers = fields.get("layers", GPTConfig.layers)
         if experts["every"] > layers:
-            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes none of the {layers} blocks an MoE layer; "
+            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
                                f"expected at most layers {layers}")
         fields["moe"] = MoEConfig(**experts)
     config = GPTConfig(**fields)
@@ -246,8 +252,8 @@ def run(args: argparse.Namespace) -> int:
             value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
             raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "
                                "predicted step time: give --machine NAME|PATH too")
-    if args.flops is not None and not args.flops > 0:
-        raise SpmdsimError(f"--flops {args.flops!r} must be > 0")
+    if args.flops is not None and not (math.isfinite(args.flops) and args.flops > 0):
+        raise SpmdsimError(f"--flops {typed(args.flops)} must be a finite number > 0 (FLOP/s of one rank)")
     if args.ranks is not None and not args.run:
         raise SpmdsimError("--ranks N simulates the ranks of --run; add --run")
     if args.run:
@@ -290,7 +296,7 @@ class _still_working:
     """
 
     def __init__(self, args: argparse.Namespace, devices: int) -> None:
-        self.what = f"{args.network} on {devices} devices" + (", training" if args.training else "")
+        self.what = f"{args.network} on {counted(devices, 'device')}" + (", training" if args.training else "")
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._say, daemon=True, name="autoshard progress")
 

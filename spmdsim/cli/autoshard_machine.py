@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import SpmdsimError
 from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED
 from ..memory import format_size
+from ..validate import counted
 
 __all__ = ["run_machine"]
 
@@ -96,7 +97,8 @@ def run_machine(args: argparse.Namespace) -> int:
             raise SpmdsimError(f"none of the {len(priced)} configurations priced fits {within}; {unpriced:,} not "
                                "priced: raise --max-dry-runs")
         least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
-        raise SpmdsimError(f"no configuration fits {within} on {devices:,} devices; the least needs "
+        plural = "s" if devices != 1 else ""
+        raise SpmdsimError(f"no configuration fits {within} on {devices:,} device{plural}; the least needs "
                            f"{format_size(least)}" + (" at its peak" if priced else ""))
     return 0
 
@@ -174,10 +176,11 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
     moe = cfg.moe is not None
     experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
                f"route {cfg.moe.dry_routing})") if moe else ""
-    head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
+    head = [f"GPT {counted(cfg.layers, 'layer')}, hidden {cfg.d_model}, {counted(cfg.heads, 'head')}, seq {cfg.seq}, "
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}, "
             f"global batch {cfg.batch}{experts}",
-            f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
+            f"{r.devices:,} device{'s' if r.devices != 1 else ''} on {r.machine}, "
+            f"memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}"]
     if fixed:
         head.append("fixed (--fix): " + ", ".join(f"{name} {int(v) if isinstance(v, bool) else v}"

@@ -41,9 +41,14 @@ def byte_count(text: str) -> int:
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     number = text[:-1] if scale != 1 else text
     try:
-        return int(float(number) * scale)
+        value = float(number) * scale
+        whole = int(value)
     except (ValueError, OverflowError):  # OverflowError: "inf"
         raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
+    if whole != value:  # "1.5" was 1 byte, silently: a size the user did not ask for
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a whole number of bytes; expected a byte count "
+                                         "like 64K or 4M")
+    return whole
 
 
 def parse_size(text: str) -> int:
@@ -211,10 +216,15 @@ def _real_bytes(nbytes: int, g: int, item: int = 4) -> int:
 def _group_size_list(text: str) -> list[int]:
     """--group-sizes as integers, before the world size is known (`_group_sizes` checks them against it)."""
     try:
-        return [int(v) for v in text.split(",")]
+        sizes = [int(v) for v in text.split(",")]
     except ValueError:
         raise SpmdsimError(f"--group-sizes {text!r} must be comma-separated integers "
                            "such as 2,4") from None
+    small = [g for g in sizes if g < 2]
+    if small:  # refused before MPI starts: whatever the world size (1 process outside mpiexec said only that)
+        raise SpmdsimError(f"--group-sizes {text!r}: group size {small[0]} must be >= 2 (the ranks of one "
+                           "collective) and divide the world size")
+    return sizes
 
 
 def _group_sizes(text: str | None, world: int) -> list[int]:
@@ -225,7 +235,7 @@ def _group_sizes(text: str | None, world: int) -> list[int]:
     for g in sizes:
         if g < 2 or world % g:
             raise SpmdsimError(
-                f"--group-sizes: group size {g!r} must be >= 2 and divide the world size {world}")
+                f"--group-sizes {text!r}: group size {g!r} must be >= 2 and divide the world size {world}")
     return sorted(set(sizes))
 
 
@@ -312,6 +322,9 @@ def run(args: argparse.Namespace) -> int:
 
     comm = load_mpi(why="calibrate times an MPI library's collectives").COMM_WORLD
     if comm.Get_size() < 2:  # every process of the job alike, before any collective: main() says it once
+        problem = _output_problem(args)  # this process is rank 0, whose verdict on the paths counts: said first
+        if problem:
+            raise SpmdsimError(problem)
         raise SpmdsimError(f"calibrate needs at least 2 ranks (it times collectives between them), got "
                            f"{comm.Get_size()}: run it under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate")
     # Guarded: an error on some ranks only (a file rank 0 cannot write) ends the

@@ -43,6 +43,7 @@ __all__ = [
     "case_from_args",
     "add_case_arguments",
     "parse_int_list",
+    "flag_ints",
     "parse_name_list",
     "parse_tensor_map",
     "parse_partition_spec",
@@ -274,7 +275,7 @@ def world_size_mismatch(world: Any, key: str, matrix: Sequence[int]) -> str:
     """Why ``--world-size`` (case key "world_size") does not go with the mesh under `key`: the flags and keys."""
     devices = math.prod(matrix)
     return (f"{_flag_text('world_size', world)} does not match {_flag_text(key, matrix)}, which has "
-            f"{devices} devices; expected {devices} (or leave --world-size out)")
+            f"{counted(devices, 'device')}; expected {devices} (or leave --world-size out)")
 
 
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
@@ -525,7 +526,7 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
                    "(DTensor's torch.chunk rule) or balanced (sizes differ by at most one)")
 
 
-def _flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
+def flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     """A flag's comma-separated integers, each at least `minimum`, refused naming the flag (not a case key)."""
     values = parse_int_list(text, flag)
     if any(v < minimum for v in values):
@@ -540,13 +541,13 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     """Build the case from a JSON file/stdin and the flags (flags win)."""
     flags: dict[str, Any] = {}
     if args.device_matrix is not None:
-        flags["device_matrix"] = _flag_ints(args.device_matrix, "--device-matrix", 1)
+        flags["device_matrix"] = flag_ints(args.device_matrix, "--device-matrix", 1)
     if args.alias is not None:
         flags["alias_name"] = parse_name_list(args.alias, "--alias")
     if args.tensor_map is not None:
         flags["tensor_map"] = parse_tensor_map(args.tensor_map)
     if args.shape is not None:
-        flags["shape"] = _flag_ints(args.shape, "--shape", 0)
+        flags["shape"] = flag_ints(args.shape, "--shape", 0)
     if args.partial is not None:
         flags["partial"] = parse_name_list(args.partial, "--partial")
     if args.strategy is not None:
@@ -560,7 +561,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     if args.sbp is not None:
         flags["sbp"] = args.sbp
     if args.placement is not None:
-        flags["placement"] = _flag_ints(args.placement, "--placement", 1)
+        flags["placement"] = flag_ints(args.placement, "--placement", 1)
     if args.placements is not None:
         flags["placements"] = args.placements
     if args.partition_spec is not None:

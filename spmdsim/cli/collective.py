@@ -69,7 +69,7 @@ def parse_size(text: str) -> int:
     except argparse.ArgumentTypeError as exc:
         raise SpmdsimError(f"--size: {exc}") from None
     if not 0 < size <= MAX_SIZE:
-        raise SpmdsimError(f"--size {text!r} must be between 1 byte and {MAX_SIZE >> 20}M")
+        raise SpmdsimError(f"--size {text!r} must be between 1 byte and {MAX_SIZE >> 20}M, such as 64K or 1M")
     return size
 
 

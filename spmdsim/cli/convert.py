@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..errors import SpmdsimError
+from ..validate import counted
 from ..layout import TensorLayout, format_entry
 from .cases import ONEFLOW_EVEN, add_case_arguments, case_from_args
 
@@ -244,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"shape": list(case.shape), "forms": [f.record() for f in forms]}))
         return 0
     lines = [f"one layout of a tensor of shape {case.shape!r} on "
-             f"{case.tensor_layout.layout.num_devices} devices, in six dialects:"]
+             f"{counted(case.tensor_layout.layout.num_devices, 'device')}, in six dialects:"]
     for form in forms:
         lines.append(f"{form.dialect}:")
         lines.append(f"  {form.text}" if form.text else "  cannot express it")

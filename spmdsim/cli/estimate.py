@@ -19,10 +19,16 @@ from ..errors import SpmdsimError
 from ..memory import format_size
 from ..validate import counted
 from ..viz.table import wrap_lines
+from .numbers import flag_float, typed
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 
 GIB = 1024 ** 3
+
+
+def no_moe_block(layers: int) -> str:
+    """What too large a moe_every makes of `layers` blocks ("none of the 1 blocks an MoE layer" was said)."""
+    return "no MoE layer of the only block" if layers == 1 else f"none of the {layers} blocks an MoE layer"
 
 
 def _shipped() -> list:
@@ -57,7 +63,7 @@ def register(subparsers: Any) -> None:
     from ..gpt_flags import architecture_arguments
 
     architecture_arguments(parser, width="--hidden")
-    parser.add_argument("--dropout", type=float, default=0.1, metavar="P",
+    parser.add_argument("--dropout", type=flag_float, default=0.1, metavar="P",
                         help="dropout probability of the embeddings, the attention and the residual branches "
                              "(default 0.1, GPT-3's; 0: none, as Llama trains: no dropout kernels, masks or kept "
                              "outputs)")
@@ -78,7 +84,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
     parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
     parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
-    parser.add_argument("--capacity-factor", type=float, metavar="F",
+    parser.add_argument("--capacity-factor", type=flag_float, metavar="F",
                         help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq (default 1)")
     parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
     parser.add_argument("--routing", choices=("balanced", "worst"),
@@ -140,13 +146,13 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     if problem:
         raise SpmdsimError(problem)
     if not (math.isfinite(args.dropout) and 0 <= args.dropout < 1):
-        raise SpmdsimError(f"--dropout {args.dropout:g} must be in [0, 1) (0: no dropout, as Llama trains)")
+        raise SpmdsimError(f"--dropout {typed(args.dropout)} must be in [0, 1) (0: no dropout, as Llama trains)")
     if args.experts < 0:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
     if args.experts and args.top_k > args.experts:
         raise SpmdsimError(f"--top-k {args.top_k} must not exceed --experts {args.experts}")
     if args.experts and not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
-        raise SpmdsimError(f"--capacity-factor {args.capacity_factor:g} must be a finite number > 0 (or --dropless)")
+        raise SpmdsimError(f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)")
     if not args.experts and args.ep > 1:
         raise SpmdsimError(f"--ep {args.ep} splits experts: give --experts N (a multiple of {args.ep})")
     if args.experts and args.experts % args.ep:
@@ -158,7 +164,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         sizes = f"{args.micro_batch} x {args.dp} x {args.ep}" if args.ep > 1 else f"{args.micro_batch} x {args.dp}"
         raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
     if args.experts and args.moe_every > args.layers:
-        raise SpmdsimError(f"--moe-every {args.moe_every} makes none of the {args.layers} blocks an MoE layer "
+        raise SpmdsimError(f"--moe-every {args.moe_every} makes {no_moe_block(args.layers)} "
                            f"(the first would be block {args.moe_every - 1}, counted from 0); expected at most "
                            f"--layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
@@ -215,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
-    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, "
+    head = [f"GPT {counted(args.layers, 'layer')}, hidden {args.hidden}, {counted(args.heads, 'head')}, seq {args.seq}, "
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "

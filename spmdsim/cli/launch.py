@@ -41,6 +41,7 @@ from .._malloc import glibc_env
 from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
 from ..runtime.debug import add_cli_arguments
+from .numbers import flag_float, typed
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("-n", "--np", dest="ranks", type=int, required=True, help="number of MPI ranks")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the job is killed (default 600)")
+    p.add_argument("--timeout", type=flag_float, default=600.0, help="seconds before the job is killed (default 600)")
     p.add_argument("--wait", choices=("auto", "busy", "polite"), default=None,
                    help="collective wait mode (default: $SPMDSIM_WAIT or auto)")
     p.add_argument("--mpiexec", default=None, help="mpiexec to use (default: the one beside this Python)")
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"-n {args.ranks} must be a number of ranks from 1 to {MAX_LAUNCH_RANKS:,} "
                            "(each one a process of this machine)")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise SpmdsimError(f"--timeout {args.timeout!r} must be a positive, finite number of seconds")
+        raise SpmdsimError(f"--timeout {typed(args.timeout)} must be a positive, finite number of seconds")
     if args.watchdog is not None:  # refused here, not in N ranks after the launch
         from ..runtime.debug import watchdog_setting
 

@@ -22,8 +22,8 @@ from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
-from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, indivisible, parse_int_list, parse_name_list,
-                    parse_partition_spec, parse_tensor_map, with_partial_axes)
+from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, flag_ints, indivisible, parse_int_list,
+                    parse_name_list, parse_partition_spec, parse_tensor_map, with_partial_axes)
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -153,10 +153,14 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     spec = getattr(args, f"{which}_partition_spec")
     given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy),
                                   ("placements", placements), ("partition-spec", spec)) if v is not None]
-    if len(given) != 1:
+    if len(given) != 1:  # it said "give exactly one of ..., got []" (or "got ['map', 'sbp']", no flag's name)
+        side = "source" if which == "from" else "target"
+        flags = " and ".join(f"--{which}" + ("" if f == "map" else f"-{f}") for f in given)
+        both = "both" if len(given) == 2 else "all"
         raise SpmdsimError(
-            f"give exactly one of --{which}, --{which}-sbp, --{which}-placements, "
-            f"--{which}-partition-spec and --{which}-strategy, got {given!r}"
+            (f"no {side} layout given" if not given else f"{flags} {both} give the {side} layout")
+            + f"; expected one of --{which}, --{which}-sbp, --{which}-placements, --{which}-partition-spec "
+            f"and --{which}-strategy"
         )
     if strategy is not None and which == "to" and (args.to_device_matrix is not None or args.to_alias is not None):
         # A strategy brings its own device matrix; the target mesh flags would be dropped.
@@ -208,7 +212,7 @@ def _renamed(tl: TensorLayout, names: dict[str, str]) -> TensorLayout:
 def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLayout, tuple, str]:
     """(source, target, shape, dtype) from the flags."""
     _one_device_matrix(args)
-    shape = parse_int_list(args.shape, "--shape")
+    shape = flag_ints(args.shape, "--shape", 0)  # "shape (8, -8) must not have negative sizes" named no flag
     source_mesh = _mesh(args.device_matrix, args.alias)
     if args.to_device_matrix is not None:
         target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
@@ -221,7 +225,7 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     # would otherwise be reported as an unknown alias.
     if target_mesh.num_devices != world:
         raise SpmdsimError(
-            f"--to-device-matrix {args.to_device_matrix!r} has {target_mesh.num_devices} devices "
+            f"--to-device-matrix {args.to_device_matrix!r} has {counted(target_mesh.num_devices, 'device')} "
             f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
         )
     source_side = _side(args, "from", source_mesh, len(shape), world)

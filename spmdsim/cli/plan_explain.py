@@ -212,8 +212,9 @@ def folded_explain_lines(plan: Plan, dialect: str = "sbp") -> list[str]:
             g = record["group_size"]
             # An uneven cut's pieces (Layout.cut): the busiest rank's bytes, spread over its peers.
             spread = " on average (the busiest rank's)" if len(set(step.bytes_sent)) > 1 else ""
-            lines.append(head + f"{record['groups']:,} groups of {g:,} ranks; each rank sends each of "
-                                f"the {g - 1:,} others in its group {nbytes(record['bytes_to_each_peer'])}{spread}")
+            peers = "the other rank" if g == 2 else f"each of the {g - 1:,} others"  # not "each of the 1 others"
+            lines.append(head + f"{record['groups']:,} groups of {g:,} ranks; each rank sends {peers} in its "
+                                f"group {nbytes(record['bytes_to_each_peer'])}{spread}")
         else:
             lines.append(head + "no communication")
     return lines

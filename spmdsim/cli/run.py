@@ -240,13 +240,20 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
     form = {"matmul": "M,K,N (or B,...,M,K,N)", "linear": "M,K,N", "mlp": "M,H,F",
             "embedding": "ID_DIMS...,VOCAB,DIM"}[args.op]
     if len(dims) < 3 or (args.op in ("linear", "mlp") and len(dims) != 3):
-        raise SpmdsimError(f"--shape {args.shape!r} has {len(dims)} sizes; expected {form}")
+        raise SpmdsimError(f"--shape {args.shape!r} has {counted(len(dims), 'size')}; expected {form}")
     if any(d < 0 for d in dims):
         raise SpmdsimError(f"--shape {args.shape!r} has a negative size; expected {form} >= 0")
     if args.op == "embedding" and dims[-2] < 1:
         # The ids are drawn from [0, VOCAB): an empty vocabulary has none to draw.
         raise SpmdsimError(f"--shape {args.shape!r} gives a vocabulary of {dims[-2]} rows; "
                            "expected VOCAB >= 1")
+    # The layers refuse an empty weight in their own words ("ColumnParallelLinear output_size 0 must be ..."),
+    # which name no flag: refused here, naming --shape.
+    weight = {"linear": ("K", "N"), "mlp": ("H", "F"), "embedding": ("DIM",)}.get(args.op, ())
+    for letter, size in zip(weight, dims[len(dims) - len(weight):]):
+        if size < 1:
+            raise SpmdsimError(f"--shape {args.shape!r} gives {letter} = {size}; expected {form} with "
+                               f"{' and '.join(weight)} >= 1 (the layer's weights have no empty dim)")
     return dims
 
 
@@ -334,9 +341,7 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
             from ..infer import out_layout_from_strategy
 
             m = matmul_layouts(args.strategy, ranks, args.transpose_a, args.transpose_b)
-            if len(dims) - 3 != m.x.ndim - 2:  # strategy_matmul_job's refusal
-                raise SpmdsimError(f"matmul shape {dims!r} has {len(dims) - 3} batch dims but strategy "
-                                   f"{m.strategy!r} gives x {counted(m.x.ndim, 'dim')}")
+            jobs.check_batch_dims(dims, m.strategy, m.x.ndim)  # strategy_matmul_job's refusal
             x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, m.w.ndim)
             _check_matmul_shapes(args, m.x, m.w, x_shape, w_shape,
                                  None if out is None else out_layout_from_strategy(m.out, out))

@@ -70,8 +70,8 @@ def _matmul(args: argparse.Namespace) -> int:
     from .cases import parse_int_list
 
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
-        raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as "
-                           f"\"((1,2),(2,1))\", got {args.strategy!r}")
+        raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
+                           + (f"got {args.strategy!r}" if args.strategy else "and none was given"))
     mkn = parse_int_list(args.shape or "", "--shape")
     if len(mkn) != 3:
         raise SpmdsimError(f"--matmul takes --shape M,K,N, got {args.shape!r}")

@@ -21,7 +21,7 @@ from ..validate import counted
 from .registry import Job
 
 __all__ = [
-    "short", "contraction_atol", "mp_layout", "matmul_job", "strategy_matmul_job", "linear_job",
+    "short", "contraction_atol", "mp_layout", "matmul_job", "strategy_matmul_job", "check_batch_dims", "linear_job",
     "embedding_job", "mlp_job", "FRONTS",
 ]
 
@@ -84,6 +84,22 @@ def matmul_job(
     )
 
 
+def _batch_dims(n: int) -> str:
+    return "no batch dim" if n == 0 else counted(n, "batch dim")
+
+
+def check_batch_dims(dims: Sequence[int], strategy: Any, x_ndim: int) -> None:
+    """Refuse a (batch..., M, K, N) `dims` whose batch dims are not the x of `strategy`'s (`x_ndim` dims) less 2."""
+    have, want = len(dims) - 3, x_ndim - 2
+    if have != want:
+        batch = ",".join(["B"] if want == 1 else [f"B{i}" for i in range(1, want + 1)])
+        raise OperatorError(
+            f"matmul shape {tuple(dims)!r} has {_batch_dims(have)} but strategy {strategy!r} gives x "
+            f"{counted(x_ndim, 'dim')} ({_batch_dims(want)}); expected {counted(want + 3, 'size')}, "
+            f"{batch + ',' if batch else ''}M,K,N"
+        )
+
+
 def strategy_matmul_job(
     comm: Any, strategy: Any, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
     transpose_a: bool = False, transpose_b: bool = False,
@@ -94,12 +110,8 @@ def strategy_matmul_job(
     dims = tuple(int(d) for d in dims)
     if len(dims) < 3:
         raise OperatorError(f"matmul shape {dims!r} must be M,K,N (or B,...,M,K,N)")
+    check_batch_dims(dims, m.strategy, m.x.ndim)
     *batch, mm, k, n = dims
-    if len(batch) != m.x.ndim - 2:
-        raise OperatorError(
-            f"matmul shape {dims!r} has {len(batch)} batch dims but strategy "
-            f"{m.strategy!r} gives x {counted(m.x.ndim, 'dim')}"
-        )
     x_shape = tuple(batch) + ((k, mm) if transpose_a else (mm, k))
     w_batch = tuple(batch)[len(batch) - (m.w.ndim - 2):] if m.w.ndim > 2 else ()
     w_shape = w_batch + ((n, k) if transpose_b else (k, n))

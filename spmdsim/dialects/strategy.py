@@ -234,7 +234,7 @@ def matmul_layouts(
     parsed = parse_strategy(strategy)
     if len(parsed) != 2:
         raise DialectError(
-            f"matmul strategy {strategy!r} has {len(parsed)} input(s); expected two, "
+            f"matmul strategy {strategy!r} has {counted(len(parsed), 'input')}; expected two, "
             "((a, b), (b, c)) for x (m, k) and w (k, n)"
         )
     xs, ws = parsed
@@ -248,7 +248,7 @@ def matmul_layouts(
     k_w, c = (ws[-1], ws[-2]) if transpose_b else (ws[-2], ws[-1])
     if k_x != k_w:
         raise DialectError(
-            f"contraction dim of x is split {k_x} ways but of w {k_w} ways; they must be "
+            f"contraction dim of x is split {_ways(k_x)} but of w {_ways(k_w)}; they must be "
             f"equal (matmul strategy {parsed!r}, transpose_a={transpose_a}, "
             f"transpose_b={transpose_b})"
         )
@@ -266,6 +266,11 @@ def matmul_layouts(
     return MatMulLayouts(x, w, out, layout, parsed, transpose_a, transpose_b)
 
 
+def _ways(count: int) -> str:
+    """"1 way", "2 ways" (`counted` would write "waies")."""
+    return "1 way" if count == 1 else f"{count} ways"
+
+
 def _batch_counts(
     x_batch: tuple[int, ...], w_batch: tuple[int, ...], parsed: object
 ) -> tuple[int, ...]:
@@ -275,8 +280,8 @@ def _batch_counts(
         ix, iw = len(x_batch) - shared + i, len(w_batch) - shared + i
         if x_batch[ix] != w_batch[iw]:
             raise DialectError(
-                f"batch dim {ix} of x is split {x_batch[ix]} ways but batch dim "
-                f"{iw} of w {w_batch[iw]} ways; they must be equal (matmul strategy {parsed!r})"
+                f"batch dim {ix} of x is split {_ways(x_batch[ix])} but batch dim "
+                f"{iw} of w {_ways(w_batch[iw])}; they must be equal (matmul strategy {parsed!r})"
             )
     return x_batch if len(x_batch) >= len(w_batch) else w_batch
 

@@ -9,8 +9,13 @@ Gather and Scatter a count is per peer. Reductions add in a fixed order (member
 0 + member 1 + ..., or MPICH's association), so every rank gets the same bytes on every run.
 Reduce and Allreduce of floating-point values associate as MPICH 5 does
 (spmdsim.sim.orders), so a program prints MPICH's digits.
-Nonblocking forms complete when posted (a program posts collectives in the
-same order on every member, as MPI requires) and return an active request.
+Nonblocking forms run when posted (a program posts collectives in the same
+order on every member, as MPI requires: each member waits there for the others)
+and return an active request; what they wrote into the caller's receive buffer
+is taken out again and lands only when the request completes (Wait, Waitall, a
+Test that returns true, ..., or Free), as a program's Irecv does
+(spmdsim.sim.p2p), so that a program reading the buffer before then sees what
+was there before, as on MPI, where it is undefined until completion.
 """
 from __future__ import annotations
 
@@ -20,8 +25,8 @@ from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, mpi_error, mpi_module,
-                            numpy_dtype, reduction)
+from ..sim._buffers import (BufferSpecError, _unpack, array_of, copy_into, dtype_name, fold, in_place, mpi_error,
+                            mpi_module, numpy_dtype, reduction)
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
@@ -148,6 +153,37 @@ def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndar
     if mpi is None:
         return ShapeError(detail)
     return mpi_error(mpi, mpi.ERR_TRUNCATE if sent.size > data.size else mpi.ERR_OTHER, detail)
+
+
+def _receive_memory(spec: Any) -> Any:
+    """All the bytes of the program's buffer that the message `spec` receives into (a flat uint8 view), or None
+    where none is to be deferred: no buffer (None, MPI.IN_PLACE), an empty one, or one not read as an array here
+    (MPI.BOTTOM with absolute addresses; a read-only one, which the call refuses itself)."""
+    if spec is None or in_place(spec):
+        return None
+    try:
+        buf = _unpack(spec)[0]
+        if buf is None:
+            return None
+        a = array_of(buf, "receive buffer", readonly=False, typed=True)
+    except Exception:  # noqa: BLE001 - the call reads it again and says what is wrong
+        return None
+    return a.view(np.uint8) if a.nbytes else None
+
+
+def _deferred(memory: np.ndarray, before: np.ndarray) -> Any:
+    """The bytes of `memory` that differ from `before` (what a nonblocking collective just wrote) put back as they
+    were; returns what writes them again (spmdsim.sim.p2p.land at the request's completion), None if none changed."""
+    changed = memory != before
+    lo = int(changed.argmax())
+    if not changed[lo]:
+        return None
+    hi = changed.size - int(changed[::-1].argmax())
+    after, mask = memory[lo:hi].copy(), changed[lo:hi]
+    memory[lo:hi] = before[lo:hi]
+    if mask.all():  # one run: every byte of it
+        return lambda: np.copyto(memory[lo:hi], after)
+    return lambda: np.copyto(memory[lo:hi], after, where=mask)
 
 
 class BufferCollectives:
@@ -472,16 +508,22 @@ class BufferCollectives:
         if unpack is not None:
             unpack(n * data.itemsize)
 
-    # -- nonblocking: posted and completed at once (see the module docstring) --------------------
+    # -- nonblocking: run when posted, their results landing at completion (see the module docstring) -------
 
-    def _posted(self, method: Callable, *args: Any) -> Any:
+    def _posted(self, method: Callable, *args: Any, into: int = 1) -> Any:
         """The nonblocking form of `method` (Allreduce: Iallreduce): run now, its request noted until the
-        program completes it (a warning names one it never completes: spmdsim.sim.requests.noted)."""
+        program completes it (a warning names one it never completes: spmdsim.sim.requests.noted). What it wrote
+        into the receive buffer (`args[into]`) is taken out again until the request completes (`_deferred`)."""
         from ..sim.requests import completed, noted
 
+        memory = _receive_memory(args[into]) if into < len(args) else None
+        before = None if memory is None else memory.copy()
         method(*args)
         name = method.__name__
-        return noted(completed(self._group, self._me), f"I{name[:1].lower()}{name[1:]}", self._group, self._me)
+        req = noted(completed(self._group, self._me), f"I{name[:1].lower()}{name[1:]}", self._group, self._me)
+        if memory is not None:
+            req.held = _deferred(memory, before)
+        return req
 
     def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Alltoallw, sendbuf, recvbuf)
@@ -529,7 +571,7 @@ class BufferCollectives:
         return self._posted(self.Alltoallv, sendbuf, recvbuf)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        return self._posted(self.Bcast, buf, root)
+        return self._posted(self.Bcast, buf, root, into=0)
 
     def Ibarrier(self) -> Any:
         return self._posted(self.Barrier)

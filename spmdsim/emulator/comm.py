@@ -201,8 +201,10 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Dup(self, info: Any = None) -> "SimComm":
         group = self._group
-        slot = self._enter("dup", ("dup",), None,
-                           lambda s: setattr(s, "shared", Group(group.world, group.members)))
+        def made(slot: Any) -> None:  # named so in a report ('an Isend ... on a Dup of the world')
+            slot.shared = Group(group.world, group.members, f"a Dup of {group.label()}")
+
+        slot = self._enter("dup", ("dup",), None, made)
         new = object.__new__(type(self))  # mpi4py's Dup gives the caller's class (pkl5.Intracomm, ...)
         SimComm.__init__(new, slot.shared, self._me)
         self._inherits(new)

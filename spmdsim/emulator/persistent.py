@@ -6,7 +6,8 @@ on it returns at once with an empty status, as MPI's. ``Start`` posts its operat
 call of the same name, with the arguments given at ``..._init``: the buffer's contents when started are
 sent, as MPI's); Wait, Test and the class methods (``MPI.Prequest.Waitall``) complete it, and it is
 inactive again. ``Free`` makes it null. A collective's persistent form starts its nonblocking form,
-which completes when every member posted it, as the emulator's nonblocking collectives do.
+which runs when every member posted it and lands its result when the request completes, as the
+emulator's nonblocking collectives do (spmdsim.emulator.collectives).
 """
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ class _Neighbourhood(SimComm):
         self._enter_all(op, (op,), (destinations, pick), (unpickle,))
         return received
 
-    # Nonblocking: posted and completed at once, as the other nonblocking collectives (_posted).
+    # Nonblocking: run when posted, the result landing at completion, as the other nonblocking collectives (_posted).
     def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Neighbor_allgather, sendbuf, recvbuf)
 

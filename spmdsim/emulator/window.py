@@ -50,6 +50,7 @@ class _Shared:
 
     def __init__(self, flavor: int, memories: list, units: list) -> None:
         self.flavor = flavor
+        self.group: Any = None  # the Group of the communicator it was made on (a warning names it)
         self.memories = memories  # member -> its window's bytes (uint8, 1-d), or None (dynamic)
         self.units = units
         self.attached: list = [[] for _ in memories]  # dynamic: member -> [(address, bytes)]
@@ -138,6 +139,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
             raise mpi_error(_mpi(), _mpi().ERR_DISP, f"displacement unit {unit} must be positive")
         mine = _memory(memory) if flavor != _mpi().WIN_FLAVOR_DYNAMIC else None
         private = comm.Dup()  # the window's own communicator: its Fences are no calls of `comm`'s
+        private._group.made = comm._group.label()  # a report names the window's ('a window's memory on the world')
 
         def complete(slot: Any) -> None:
             datas = [c.data for c in slot.calls]
@@ -151,6 +153,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
             else:
                 memories = [d[0] for d in datas]
             slot.shared = _Shared(flavor, memories, [d[1] for d in datas])
+            slot.shared.group = comm._group  # the communicator's it was made on (every member's is one)
 
         slot = private._enter("win_create", ("win_create", flavor), (mine, unit), complete)
         win = cls(None, slot.shared.memories[private._me])
@@ -412,20 +415,28 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
 
     def Rput(self, origin: Any, target_rank: int, target: Any = None) -> Any:
         self.Put(origin, target_rank, target)
-        return _done()
+        return self._request("Rput")
 
     def Rget(self, origin: Any, target_rank: int, target: Any = None) -> Any:
         self.Get(origin, target_rank, target)
-        return _done()
+        return self._request("Rget")
 
     def Raccumulate(self, origin: Any, target_rank: int, target: Any = None, op: Any = None) -> Any:
         self.Accumulate(origin, target_rank, target, op)
-        return _done()
+        return self._request("Raccumulate")
 
     def Rget_accumulate(self, origin: Any, result: Any, target_rank: int, target: Any = None,
                         op: Any = None) -> Any:
         self.Get_accumulate(origin, result, target_rank, target, op)
-        return _done()
+        return self._request("Rget_accumulate")
+
+    def _request(self, call: str) -> Any:
+        """The request of a request-based operation (`call`: Rput, ...), done when its call returned; noted until
+        the program completes it, as a nonblocking collective's (a warning names one never completed, on the
+        communicator the window was made on: spmdsim.sim.requests.noted)."""
+        from ..sim.requests import completed, noted
+
+        return noted(completed(), call, self._shared.group, self._comm._me)
 
     def _operation(self, call: str, origin: Any, target_rank: Any, target: Any, readonly: bool,
                    no_origin: bool = False) -> Optional[tuple]:
@@ -804,12 +815,6 @@ def _take_lock(shared: _Shared, rank: int, me: int, exclusive: bool) -> None:
         state[0] = me
     else:
         state[1][me] = state[1].get(me, 0) + 1
-
-
-def _done() -> Any:
-    from ..sim.requests import completed
-
-    return completed()
 
 
 def _default_comm(comm: Any) -> Any:

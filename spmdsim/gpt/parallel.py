@@ -33,7 +33,7 @@ from .config import GPTConfig
 # Megatron's plan is spmdsim.gpt.layouts' (pure); the model runs with it, and its names stay importable here.
 from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ..autograd.kept import KEPT, kept_problem
-from ..ops import megatron
+from ..ops import fused, megatron
 from .memory import RECOMPUTE, recompute_problem
 from ..precision import is_low, precision as get_precision, precision_problem
 from ..runtime.executor import redistribute
@@ -188,11 +188,9 @@ class GPT:
         with kept_as("layer norm"):
             a = self._gathered(self._norm(h, pre + "ln1"))
 
-        def heads(name: str, n: int) -> Any:
-            y = ops.einsum("tbd,de->tbe", a, p[pre + f"attn.w{name}"])
-            if name != "k":  # no key bias (spmdsim.gpt.params)
-                y = self._biased(y, pre + f"attn.b{name}")
-            return ops.reshape(y, (T, B, n, cfg.head_dim))
+        def heads(name: str, n: int) -> Any:  # x W (+ b), reshaped to the heads: one node (spmdsim.ops.fused)
+            b = p.get(pre + f"attn.b{name}") if name != "k" else None  # no key bias (spmdsim.gpt.params)
+            return fused.einsum_bias("tbd,de->tbe", a, p[pre + f"attn.w{name}"], b, (T, B, n, cfg.head_dim))
 
         with kept_as("attention"):
             q, k, v = heads("q", H), heads("k", cfg.kv), heads("v", cfg.kv)
@@ -205,21 +203,29 @@ class GPT:
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
                               recompute=self.recompute == "selective")
         with kept_as("attention"):
-            proj = self._row_out(ops.einsum("tbd,de->tbe", ops.reshape(o, (T, B, D)), p[pre + "attn.wo"]))
-            proj = self._biased(proj, pre + "attn.bo")
-            h = h + self._dropout(proj, pre + "resid1", step, train, micro)
+            proj = self._row_out(fused.reshape_einsum(o, (T, B, D), "tbd,de->tbe", p[pre + "attn.wo"]))
+            h = self._residual(h, proj, pre + "attn.bo", pre + "resid1", step, train, micro)
         with kept_as("layer norm"):
             m = self._gathered(self._norm(h, pre + "ln2"))
         if cfg.is_moe(layer):
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
-            z = self._biased(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]), pre + "mlp.b1")
+            z = fused.einsum_bias("tbd,de->tbe", m, p[pre + "mlp.w1"], p.get(pre + "mlp.b1"))
             if cfg.mlp == "swiglu":  # silu(m w1 + b1) * (m w3 + b3)
-                m = ops.silu(z) * self._biased(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w3"]), pre + "mlp.b3")
+                m = ops.silu(z) * fused.einsum_bias("tbd,de->tbe", m, p[pre + "mlp.w3"], p.get(pre + "mlp.b3"))
             else:
                 m = ops.gelu(z)
-            out = self._biased(self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])), pre + "mlp.b2")
-            return h + self._dropout(out, pre + "resid2", step, train, micro)
+            out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"]))
+            return self._residual(h, out, pre + "mlp.b2", pre + "resid2", step, train, micro)
+
+    def _residual(self, h: Any, y: Any, bias: Optional[str], site: str, step: Optional[int], train: bool,
+                  micro: Optional[int]) -> Any:
+        """h + dropout(y + the bias `bias` where the model has one), the dropout's at `site` (none in eval mode or
+        without cfg.dropout): the graph's add, dropout and add in one node (spmdsim.ops.fused.residual), which
+        keeps what they kept."""
+        p = self.cfg.dropout if train else 0.0
+        b = None if bias is None else self.params.get(bias)
+        return fused.residual(h, y, b, p, self._seed(step, site, micro) if p else None, mask_dims=(1, 0, 2))
 
     def _biased(self, y: Any, name: str) -> Any:
         """y plus the bias `name` where the model has one (GPTConfig.bias)."""
@@ -385,7 +391,7 @@ class GPT:
                 seed = self._seed(step, pre + "resid2", micro) if drop else None
                 y = megatron.bias_dropout_add(out, None, h, drop, seed, mask_dims=(1, 0, 2))
             else:
-                y = h + self._dropout(out, pre + "resid2", step, train, micro)
+                y = self._residual(h, out, None, pre + "resid2", step, train, micro)
         if self.recompute == "full":
             y = _with_losses(y, ops.resolved(losses) * float(scale))
         return y

@@ -105,5 +105,11 @@ def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> Tens
         entries = list(local.tensor_map)
         entries[d] = entries[d] + local.partial
         return TensorLayout(local.layout, tuple(entries))
-    raise OperatorError(f"out_strategy {counts!r} does not follow from the output {fmt(local)} (cut {now!r}); "
-                        f"expected {now!r} or one dim cut {extra} times more (the contraction's {local.partial!r})")
+    head = f"out_strategy {counts!r} does not follow from the output {fmt(local)} (cut {now!r}); expected {now!r}"
+    if not local.partial:  # it said "or one dim cut 1 times more (the contraction's ())"
+        raise OperatorError(f"{head}: the contraction is not split, so no pending sum is left to reduce-scatter "
+                            "into a finer cut")
+    finer = " or ".join(repr(now[:d] + (now[d] * extra,) + now[d + 1:]) for d in range(local.ndim))
+    axes = ", ".join(repr(a) for a in local.partial)
+    raise OperatorError(f"{head}, or one dim cut {extra} times more ({finer}) by reduce-scattering the sum pending "
+                        f"over the contraction's {'axis' if len(local.partial) == 1 else 'axes'} {axes}")

@@ -186,10 +186,11 @@ class _Slot:
 class Group:
     """One communicator's members (world ranks, in group order), shared by its members' SimComms."""
 
-    def __init__(self, world: "World", members: tuple[int, ...]) -> None:
+    def __init__(self, world: "World", members: tuple[int, ...], made: Optional[str] = None) -> None:
         self.world = world
         self.members = members
         self.size = len(members)
+        self.made = made  # what a report calls it, where its members do not say ('a Dup of the world')
         self.slots: dict[int, _Slot] = {}
         self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.sim.p2p)
         self.recvs: list[Any] = []  # receives posted and not yet matched
@@ -200,6 +201,10 @@ class Group:
         world.groups.add(self)
 
     def label(self) -> str:
+        """What made it where that was said ('a Dup of the world': spmdsim.emulator's Dup), else 'the world' for
+        one of every rank in the world's order, else its ranks ('the group of ranks 0,2')."""
+        if self.made is not None:
+            return self.made
         if self.members == tuple(range(self.world.size)):
             return "the world"
         return f"the group of {ranks_text(self.members)}"

@@ -293,9 +293,12 @@ def _land(recv: Request, payload: Any) -> None:
 
 def land(recv: Request) -> None:
     """The message a deferring receive holds lands in its buffer: its completion (Wait, a Test that returns
-    true, Get_status that does, ...), in its owner's thread."""
+    true, Get_status that does, ...), in its owner's thread. A nonblocking collective's request holds what writes
+    its result (a function: spmdsim.emulator.collectives._deferred)."""
     held, recv.held = recv.held, None
-    if held is not None:
+    if callable(held):
+        held()
+    elif held is not None:
         _land(recv, held)
 
 
@@ -376,7 +379,7 @@ def uncompleted(world: Any) -> tuple[str, ...]:
     (tag 3) at prog.py:7 was never completed (no Wait or Test)'; a nonblocking collective's: 'an Ibarrier of
     rank 1 at prog.py:9 ...'): MPI requires each to be completed or freed (MPICH's MPI_Finalize says only
     "Builtin communicator 44000000 has pending 1 references"); a receive's message, if one came, never
-    reached its buffer."""
+    reached its buffer, nor a collective's result its receive buffer."""
     found = []
     for req, call, file, line, group, me in list(world.posted.values()):  # in posted order
         part = req._shown() if group is None else None
@@ -386,10 +389,12 @@ def uncompleted(world: Any) -> tuple[str, ...]:
                 continue
         where = "" if group is world.root else f" on {group.label()}"
         at = f" at {os.path.basename(file)}:{line}" if file else ""
-        article = "an" if call[:1] in "AEIOUaeiou" else "a"
+        # 'an Rput', 'an Rsend_init' (said 'ar-put'), 'a Recv_init'
+        article = "an" if call[:1] in "AEIOUaeiou" or call.startswith(("Rput", "Rget", "Racc", "Rsend")) else "a"
         if part is None:  # a collective
             what = f"{article} {call} of {rank_name(group, me)}{where}{at}"
-            lost = ""
+            lost = ": its result never reached its receive buffer" if any(
+                p.held is not None for p in (req, *req.parts)) else ""
         else:
             peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
             tag = "any" if part.tag == special("ANY_TAG") else part.tag

@@ -59,7 +59,8 @@ class Request(ManyRequests):
         self.own = False  # a send's payload is its own bytes (an object's pickle), not the program's buffer
         # a program's nonblocking receive into a buffer: the message lands there only when the request completes
         # (Wait, a Test that says done, ...), as a rendezvous receive may, so that a program reading the buffer
-        # before that sees what was there before; `held`: its bytes, arrived and waiting to land (`land`)
+        # before that sees what was there before; `held`: its bytes, arrived and waiting to land (`land`); a
+        # nonblocking collective's: what writes its result into the receive buffer (spmdsim.emulator.collectives)
         self.defer = False
         self.held: Optional[np.ndarray] = None
         self.noted: Optional[dict] = None  # the world's requests of the program not yet completed (`noted`)
@@ -201,10 +202,7 @@ class Request(ManyRequests):
         if self.noted is not None or self.origin is not None:
             self._completed()
         recv = self._received()
-        if recv.held is not None:  # a deferring receive's message lands as it completes
-            from .p2p import land
-
-            land(recv)
+        _land_held(self)  # a deferring receive's message, a nonblocking collective's result, land as it completes
         if recv.error is not None:
             if recv.kind == "recv":  # MPICH fills a failed receive's status too (a truncated one: the bytes it took)
                 fill_status(status, recv.source, recv.got_tag, recv.nbytes)
@@ -309,10 +307,7 @@ class Request(ManyRequests):
         """Fill `status` for a done request as its completion will (it stays active); a deferring receive's
         message lands (the operation is complete: MPI lets the program read the buffer)."""
         recv = self._received()
-        if recv.held is not None:
-            from .p2p import land
-
-            land(recv)
+        _land_held(self)
         if recv.kind == "recv" or recv.cancelled:
             fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
         elif recv.kind == "recv-null":
@@ -346,6 +341,16 @@ class Request(ManyRequests):
                 from .p2p import let_land
 
                 let_land(part)
+            elif part.group is None and part.held is not None:  # a nonblocking collective's result: now
+                _p2p().land(part)
+
+def _land_held(req: Request) -> None:
+    """What `req` and its parts hold to land at completion lands (spmdsim.sim.p2p.land): a deferring receive's
+    message, a nonblocking collective's result (a persistent one's, a copy's: their part's)."""
+    for part in (req, *req.parts):
+        if part.held is not None:
+            _p2p().land(part)
+
 
 def _sent(req: Request, entry: Any) -> None:
     """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in

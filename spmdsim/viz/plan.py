@@ -72,8 +72,9 @@ def render_plan_png(
 
     Returns the paths written: ``step_00_source.png``, ``step_01_<op>.png``, ...
     """
-    from .png import draw_layout, new_figure, save_figure
+    from .png import draw_layout, new_figure, require_matplotlib, save_figure
 
+    require_matplotlib()  # before the folder: a refusal leaves nothing behind
     directory = os.fspath(directory)
     try:
         os.makedirs(directory, exist_ok=True)

@@ -27,6 +27,9 @@ module             operators
 ``einsum``         einsum
 ``megatron``       Megatron's fused pieces (spmdsim.ops.megatron): column- and
                    row-parallel products, bias + dropout + residual
+``fused``          the graph's fused pieces (spmdsim.ops.fused): einsum + bias
+                   (+ reshape), reshape + einsum, bias + dropout + residual,
+                   each its chain's rules in turn
 =================  ==============================================================
 
 The ops built from these (softmax and the norms along a split dim,
@@ -44,4 +47,4 @@ results are built with the class of the DTensor a rule is given.
 """
 from __future__ import annotations
 
-from . import attention, einsum, grads, losses, matmul, megatron, norms, pointwise, reduce, shapes  # noqa: F401
+from . import attention, einsum, fused, grads, losses, matmul, megatron, norms, pointwise, reduce, shapes  # noqa: F401

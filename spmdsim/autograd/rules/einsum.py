@@ -15,7 +15,7 @@ from ...contraction import contract, pair, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
 
-__all__ = ["record_einsum", "static", "EinsumGrads"]
+__all__ = ["record_einsum", "einsum_grads", "static", "EinsumGrads"]
 
 
 def record_einsum(out: Any, xs: tuple, prepared: Any) -> Any:
@@ -23,10 +23,16 @@ def record_einsum(out: Any, xs: tuple, prepared: Any) -> Any:
     its plan, the node's `name`, `want` (the product's layout without pending sums) and read layouts
     (`reads`: the operands' then the product's), per operand what its gradient contracts (`per`, `static`'s)
     and `ways`, the table where the backward keeps the gradients' layouts per dY layout)."""
-    grads = _new(EinsumGrads)  # without its __init__'s frame (a node per product)
+    return attach(out, prepared.name, xs, einsum_grads(xs, prepared), prepared.want, prepared.reads)
+
+
+def einsum_grads(xs: tuple, prepared: Any) -> "EinsumGrads":
+    """The backward of the einsum of `xs` (a tuple, in the plan's layouts) prepared as `prepared` (`record_einsum`'s;
+    a fused piece's rule runs one: spmdsim.autograd.rules.fused)."""
+    grads = _new(EinsumGrads)  # without an __init__'s frame (a node per product)
     grads.xs, grads.prepared = xs, prepared
     grads.need = NEED2[xs[0]._ag is None][xs[1]._ag is None] if len(xs) == 2 else needs(xs)
-    return attach(out, prepared.name, xs, grads, prepared.want, prepared.reads)
+    return grads
 
 
 _new = object.__new__

@@ -1,0 +1,180 @@
+"""Gradient rules of the graph's fused pieces (`spmdsim.ops.fused`): each runs the rules of the chain it stands for,
+in the backward's order, without the walk between them.
+
+- einsum + bias (+ reshape): dY reshaped back (the reshape's rule), the bias's gradient dY summed over the dims it
+  was broadcast along (the add's rule: the same numpy reduction), dX and dW the einsum's rule on dY;
+- bias + dropout + residual add: dH = dY (the add's rule), the dropped-out values' dY times the dropout's kept
+  factors (its rule), rounded to bfloat16 where the bias add's node rounded it, then the bias's gradient summed
+  over the broadcast dims and dY passed to y (the add's rule);
+- reshape + einsum: the einsum's rule on dY, dX reshaped back to x's dims (the reshape's rule).
+
+What the walk did between the chain's nodes is done where it changes a value: a gradient made C-ordered where its
+tensor's gradient was (spmdsim.autograd.rules.grads.gradient_block), a bfloat16 gradient rounded where a node
+rounded one that was not rounded already (spmdsim.autograd.engine's `_prepared`); a dry run's gradients are the
+engine's zeros where the add's rule made them. The fused operators fuse only chains whose nodes read the same mesh
+axes (a pending dY passes or is summed at the fused node as at the chain's first), so every gradient is the
+chain's, bit for bit. Each rule object keeps every block the chain's nodes kept (spmdsim.autograd.kept_bytes).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ... import flops as _flops
+from ...buffers import CAPTURING, broadcast_zero
+from ...engines import c_order
+from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ...flops import sweep
+from ...precision import is_low
+from .einsum import einsum_grads
+from .grads import grad_tensor
+from .pointwise import _sum_dims, _summed_axes
+
+__all__ = ["EinsumBiasGrads", "ResidualGrads", "ReshapeEinsumGrads", "bias_sums"]
+
+_SUM = np.add.reduce  # the add rule's reduction (ndarray.sum's own kernel)
+_F32 = np.dtype(np.float32)
+
+
+def _unread(d: np.ndarray) -> np.ndarray:
+    """A dry run's stand-in kernel (the dry engine's `local` gives zeros shaped and typed as its `like`, unread)."""
+    return d
+
+
+def _rounded_wide(block: np.ndarray, low: np.dtype) -> np.ndarray:
+    """`block` rounded once to `low`, widened to float32 again: the walk's rounding of a bfloat16 tensor's gradient."""
+    return block.astype(low).astype(np.float32)
+
+
+def bias_sums(add: Any, bias: Any) -> tuple:
+    """What the add rule sums `bias`'s gradient over, for an add prepared as `add` (ops.pointwise's `Prepared` of
+    (y, bias)): (the leading dims it lacks, its own broadcast dims, the mesh axes that split them), kept per
+    prepared add (its operands' layouts and shapes decide it)."""
+    seen = _SUMS.get(id(add))
+    if seen is not None and seen[0] is add:
+        return seen[1]
+    lead, inner, dims = _sum_dims(bias._shape, add.shape)
+    out = (lead, inner, _summed_axes(add.out, dims) if dims else ())
+    if len(_SUMS) >= 4096:  # a long run over many signatures: start over
+        _SUMS.clear()
+    _SUMS[id(add)] = (add, out)  # the entry holds the add: its id is not reused meanwhile
+    return out
+
+
+_SUMS: dict = {}  # id(a prepared add) -> (that add, bias_sums' answer)
+
+
+def _bias_grad(bias: Any, d: np.ndarray, partial: tuple, sums: tuple, dry: bool) -> Any:
+    """The add rule's gradient of `bias` from the sum's dY block `d`: summed over the leading dims it lacks and
+    its broadcast dims (`sums`: those, and the axes that split them), pending over those axes too."""
+    lead, inner, summed = sums
+    if _flops._OPEN:  # the add rule's count: dY read, the bias's gradient written
+        sweep("add", [d], [bias.local])
+    if dry and (lead or inner):  # a dry run's: the zeros of the sum's shape, dY not read
+        shape = [n for k, n in enumerate(d.shape) if k not in lead]
+        for k in inner:
+            shape[k] = 1
+        g = np.zeros(shape, d.dtype)
+    else:
+        g = _SUM(d, axis=lead) if lead else d
+        if inner:
+            g = _SUM(g, axis=inner, keepdims=True)
+    shape = bias._local.shape
+    return grad_tensor(bias, g if g.shape == shape else g.reshape(shape), partial, summed)
+
+
+class EinsumBiasGrads:
+    """`spmdsim.ops.fused.einsum_bias`'s backward: the reshape's, the bias add's and the einsum's rules in turn.
+    Keeps the einsum's operands (its rule's), the product before its bias and the biased product (the add's node
+    kept both), as the three nodes kept them."""
+
+    __slots__ = ("einsum", "y", "bias", "biased", "sums", "shaped")
+
+    def __init__(self, xs: tuple, einsum: Any, y: Any, bias: Any, biased: Any, sums: Optional[tuple],
+                 shaped: bool) -> None:
+        self.einsum = einsum_grads(xs, einsum)  # `einsum`: the product's call signature's (ops.einsum's Prepared)
+        self.y, self.bias, self.biased, self.sums, self.shaped = y, bias, biased, sums, shaped
+
+    def __call__(self, dy: Any) -> tuple:
+        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        partial = dy._layout.partial
+        bias, y = self.bias, self.y
+        if self.shaped:  # the reshape's rule: dY back in the product's dims, C-ordered as its gradient was made
+            d = d.reshape(self.biased._local.shape)
+            if not d.flags.c_contiguous:
+                d = c_order(d)
+        if bias is None:
+            return self.einsum(dy if d is dy._local else grad_tensor(y, d, partial))
+        dry = dy._mesh.engine.dry
+        if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
+            d = _local(_unread, d, d)
+        gb = None if bias._ag is None else _bias_grad(bias, d, partial, self.sums, dry)
+        if d is not dy._local:
+            dy = grad_tensor(y, d, partial)
+        return (gb,) + self.einsum(dy)
+
+
+class ResidualGrads:
+    """`spmdsim.ops.fused.residual`'s backward: the residual add's, the dropout's and the bias add's rules in turn.
+    Keeps h, y, the biased y, the dropout's factors, the dropped-out values and the sum, as the three nodes kept
+    them (`factors` None: no dropout, or a dry run's that kept none; `bias` None: no bias add)."""
+
+    __slots__ = ("h", "y", "bias", "biased", "factors", "scale", "dropped", "out", "need", "sums")
+
+    def __init__(self, h: Any, y: Any, bias: Any, biased: Any, factors: Optional[np.ndarray], scale: Any,
+                 dropped: Any, out: Any, sums: Optional[tuple]) -> None:
+        self.h, self.y, self.bias, self.biased, self.factors, self.scale = h, y, bias, biased, factors, scale
+        self.dropped, self.out, self.sums = dropped, out, sums
+        self.need = (h._ag is not None, y._ag is not None, bias is not None and bias._ag is not None)
+
+    def __call__(self, dy: Any) -> tuple:
+        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        partial = dy._layout.partial
+        need_h, need_y, need_b = self.need
+        dry = dy._mesh.engine.dry
+        if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
+            d = _local(_unread, d, d)
+        gh = grad_tensor(self.h, d, partial) if need_h else None
+        if not need_y and not need_b:
+            return gh, None, None
+        biased = self.biased
+        g = d
+        if self.scale is not None:  # the dropout's rule: dY times the kept entries' factors
+            if _flops._OPEN:
+                sweep("dropout", (g, g), (g,))
+            factors = self.factors
+            g = _local(np.multiply, g, g, self.scale) if factors is None or dry else g * factors
+            g = grad_tensor(biased, g, partial)._local  # C order and dtype, as its gradient was made
+            low = biased._local.dtype
+            if self.bias is not None and is_low(low):  # bfloat16: the bias add's node rounded it
+                g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)
+        bias = self.bias
+        gb = None
+        if bias is not None:
+            if dry:
+                g = _local(_unread, g, g)
+            if need_b:
+                gb = _bias_grad(bias, g, partial, self.sums, dry)
+        return gh, grad_tensor(self.y, g, partial) if need_y else None, gb
+
+
+class ReshapeEinsumGrads:
+    """`spmdsim.ops.fused.reshape_einsum`'s backward: the einsum's rule on dY, the reshaped x's gradient reshaped
+    back (the reshape's rule). Keeps x and the einsum's operands (the reshaped x: a view of x's block), as the two
+    nodes kept them."""
+
+    __slots__ = ("einsum", "x")
+
+    def __init__(self, x: Any, flat: Any, w: Any, einsum: Any) -> None:
+        flat._ag = x._ag  # (x's gradient is the reshaped x's: the einsum's rule makes it where x takes one)
+        self.einsum = einsum_grads((flat, w), einsum)  # `einsum`: the product's call signature's Prepared
+        self.x = x
+
+    def __call__(self, dy: Any) -> tuple:
+        g, gw = self.einsum(dy)
+        if g is None:
+            return None, gw
+        x = self.x
+        d = g._local if not CAPTURING[0] else g.local
+        return grad_tensor(x, d.reshape(x._local.shape), g._layout.partial), gw

@@ -1,0 +1,341 @@
+"""The graph's fused pieces: chains of general operators the GPT's default blocks (``kept="graph"``) run, each as
+one operator and one node, with the separate operators' values, kept blocks and counts.
+
+A node costs Python on every step (the operator's dispatch, its DTensor, the node, its rule, the backward walk's
+bookkeeping), whatever the size of its blocks; these chains are a third of a block's nodes. Each piece computes
+what the chain computes, with the same numpy calls in the same order (the same bits, forward and backward, under
+every precision policy), keeps for backward every block the chain's nodes kept (spmdsim.autograd.kept_bytes
+measures the same bytes, by the same kinds), and counts the same FLOPs and kernels (spmdsim.flops). Its rule
+(`spmdsim.autograd.rules.fused`) runs the chain's rules in turn, without the walk between them:
+
+- ``einsum_bias(spec, x, w, bias=None, shape=None)``: ``ops.reshape(ops.einsum(spec, x, w) + bias, shape)``, the
+  column-parallel products of Q, K, V and fc1 (no bias: the product alone; no shape: not reshaped). The node keeps
+  the einsum's operands, the product before its bias and the biased product (what the einsum's, the add's and the
+  reshape's nodes kept);
+- ``residual(h, y, bias=None, p=0.0, seed=None, mask_dims=None)``: ``h + ops.dropout(y + bias, p, seed,
+  mask_dims)``, the row-parallel output's bias, dropout and residual (no bias: dropout and add; p 0: no dropout).
+  The node keeps y, the biased y, the dropout's float factors, the dropped-out values, h and the sum (what the
+  add's, the dropout's and the residual add's nodes kept; ``kept="megatron"`` has its own,
+  spmdsim.ops.megatron.bias_dropout_add, which keeps the boolean mask alone);
+- ``reshape_einsum(x, shape, spec, w)``: ``ops.einsum(spec, ops.reshape(x, shape), w)``, the attention output
+  merged back to (T, B, D) for its projection; the node keeps x and w (the reshape's and the einsum's).
+
+Where the chain would move an operand (its plans' layouts differ) or hold a pending sum, each piece runs the
+separate operators instead (their nodes, as before): the fusion is only what the chain does without moving.
+"""
+from __future__ import annotations
+
+from functools import partial
+from numbers import Real
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .. import flops as _flops
+from ..autograd.graph import Leaf, attach, used_axes, with_partial
+from ..autograd.rules.einsum import record_einsum
+from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
+from ..buffers import CAPTURING, broadcast_zero
+from ..contraction import contract
+from ..engines import local as _engine_local
+from ..errors import OperatorError
+from ..flops import any_open, sweep
+from ..infer import infer_reshape
+from ..precision import is_low, rounded, wide
+from . import _common
+from .einsum import _PREPARED as _EINSUMS, _Prepared as _EinsumPrepared, _refuse_bool_sum, einsum as _einsum
+from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
+from ._common import check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
+from ._common import keep_mask, seed_arg
+from .local import reshape
+from .norms import _mask_geometry
+
+__all__ = ["einsum_bias", "residual", "reshape_einsum"]
+
+# ops.einsum's and ops.pointwise's tables of prepared calls (_EINSUMS, _ADDS): a fused product and add share them.
+
+
+def _product(spec: str, x: Any, w: Any, stay: bool = False) -> Optional[tuple]:
+    """(einsum(spec, x, w) outside the graph, the operands in the plan's layouts, the call's `Prepared`): ops.einsum's
+    forward, the same plan, kernel and rounding, without its node; `stay`: None, nothing computed, where the plan
+    moves an operand."""
+    xs = (x, w)
+    try:
+        key = signature(spec, xs)
+        prepared = _EINSUMS.get(key)
+    except (AttributeError, TypeError):
+        key = prepared = None
+    if prepared is None:
+        cls = _common._DTENSOR or _common._dtensor_class()
+        for k, t in enumerate(xs):
+            if type(t) is not cls:
+                check_dtensor(t, f"einsum: operand {k}")
+        _refuse_bool_sum(spec, xs)
+        prepared = prepare(_EINSUMS, partial(_EinsumPrepared, spec), xs, key)
+    if stay and not prepared.stays:
+        return None
+    plan = prepared.plan
+    xs = moved(xs, prepared)
+    if not CAPTURING[0]:
+        blocks = [xs[0]._local, xs[1]._local]
+    else:  # a captured step reads its record's views
+        blocks = [xs[0].local, xs[1].local]
+    block = contract(plan.spec.inputs, blocks, plan.spec.output)
+    if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16: a float32 product rounded once
+        dry = dry_zeros(xs[0].mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)
+        block = rounded(block, prepared.dtype) if dry is None else dry
+    return prepared_result(xs[0].mesh, block, prepared), xs, prepared
+
+
+def _rounds(x: Any) -> bool:
+    """Whether a node reading `x` rounds a bfloat16 gradient before its rule (spmdsim.autograd.engine: a node of
+    parameters alone does not): x is computed (a node's output, or a recomputed region's input). Where the input a
+    fused piece's chain reads first is not, its first node rounds and the fused node would not: the separate
+    operators run."""
+    ag = x._ag
+    return ag is not None and type(ag) is not Leaf
+
+
+def _add_plan(a: Any, b: Any) -> Any:
+    """ops.add(a, b)'s prepared call (ops.pointwise's table, shared), or None when the operands are not
+    DTensors of one mesh (the separate operator then says why)."""
+    try:
+        key = signature("add", (a, b))
+        prepared = _ADDS.get(key)
+    except (AttributeError, TypeError):
+        return None
+    if prepared is None:
+        cls = _common._DTENSOR or _common._dtensor_class()
+        if type(a) is not cls or type(b) is not cls or a.mesh is not b.mesh and a.mesh.layout != b.mesh.layout:
+            return None
+        prepared = prepare(_ADDS, partial(_PointwisePrepared, "add"), (a, b), key)
+    return prepared
+
+
+def _in_place(plan: Any, layout: Any) -> bool:
+    """Whether an add planned as `plan` moves no operand and leaves its result whole in `layout` (the first
+    operand's): the chains fused here, else the separate operators run."""
+    return plan is not None and plan.stays and not plan.out.partial and (plan.out is layout or plan.out == layout)
+
+
+def _added(mesh: Any, plan: Any, a: np.ndarray, b: np.ndarray) -> Any:
+    """ops.add's result of blocks `a` and `b` under its prepared `plan`: its kernel (bfloat16 widened, rounded
+    once; a dry run's large one: zeros), counted as its one pass."""
+    block = _dry_block(mesh, np.add, [a, b]) if mesh.engine.dry else None
+    if block is None:
+        block = rounded(np.add(wide(a), wide(b)), plan.dtype) if plan.dtype_name == "bfloat16" else np.add(a, b)
+    if _flops._OPEN:
+        sweep("add", [a, b], (block,))
+    return prepared_result(mesh, block, plan)
+
+
+class _Linear:
+    """What an `einsum_bias` call signature decides, once: the einsum's and the add's plans, the reshape's layout
+    and block shape on this rank, the bias gradient's sums (the add rule's), and the fused node's name, `want` and
+    read layouts; `fused` False where the chain moves an operand or holds a pending sum (the separate operators
+    run). Holds the layouts its key names by id."""
+
+    __slots__ = ("einsum", "bias_layout", "add", "fused", "name", "want", "reads", "shaped", "block_shape", "sums")
+
+    def __init__(self, einsum: Any, y: Any, bias: Any, shape: Optional[tuple]) -> None:
+        self.einsum, self.bias_layout, self.add = einsum, None if bias is None else bias._layout, None
+        self.fused = not einsum.out.partial
+        self.shaped = self.block_shape = self.sums = None
+        reads, source = einsum.reads, einsum.out
+        name = f"einsum {einsum.plan.spec}"
+        if bias is not None and self.fused:
+            self.add = add = _add_plan(y, bias)
+            # (and a pending dY the add would pass the einsum passes too: the bias's gradient sums what the add's did)
+            self.fused = _in_place(add, y._layout) and tuple(add.shape) == tuple(y._shape) \
+                and used_axes(einsum.reads) <= used_axes(add.reads)
+            if self.fused:
+                reads, source = reads + add.reads, add.out
+                name += " + bias"
+                self.sums = bias_sums(add, bias)
+        if shape is not None and self.fused:
+            layout, new_shape = infer_reshape(source, y._shape, shape)
+            self.shaped = (layout, new_shape)
+            self.block_shape = layout.local_shape(new_shape, y._mesh.rank)
+            reads, source = reads + (source, layout), layout
+            name += ", reshaped"
+        self.name, self.reads = name, reads
+        self.want = with_partial(source, ())
+
+
+_LINEARS: dict = {}  # (id(einsum's Prepared), id(bias layout), bias shape and dtype, shape, rank) -> _Linear
+
+
+def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Sequence[int]] = None) -> Any:
+    """``ops.reshape(ops.einsum(spec, x, w) + bias, shape)`` in one node (`bias` None: no add; `shape` None: no
+    reshape): the separate operators' values, kept blocks and counts (see the module docstring). `bias` is
+    broadcast against the product as the add broadcasts it."""
+    y, xs, prepared = _product(spec, x, w)
+    if bias is None and shape is None:
+        return _separate(y, xs, prepared, None, None)
+    mesh = y._mesh
+    try:
+        key = (id(prepared), shape, mesh.rank) if bias is None else \
+            (id(prepared), shape, mesh.rank, id(bias._layout), bias._shape, bias._local.dtype)
+        linear = _LINEARS.get(key)
+    except (AttributeError, TypeError):  # a bias that is no DTensor (the add says so), a shape that does not hash
+        return _separate(y, xs, prepared, bias, shape)
+    if linear is None:
+        linear = _Linear(prepared, y, bias, None if shape is None else tuple(shape))
+        if type(shape) is tuple or shape is None:
+            if len(_LINEARS) >= 4096:  # a long run over many signatures: start over
+                _LINEARS.clear()
+            _LINEARS[key] = linear
+    record = xs[0]._ag is not None or xs[1]._ag is not None or bias is not None and bias._ag is not None
+    if not linear.fused or record and y._local.dtype.kind == "V" and is_low(y._local.dtype) and not _rounds(xs[0]):
+        return _separate(y, xs, prepared, bias, shape)
+    out = biased = y
+    if bias is not None:
+        plain = not CAPTURING[0]
+        out = biased = _added(mesh, linear.add, y._local if plain else y.local, bias._local if plain else bias.local)
+    if linear.shaped is not None:  # ops.reshape's view of each rank's block
+        layout, new_shape = linear.shaped
+        out = make_dtensor(mesh, biased.local.reshape(linear.block_shape), layout, new_shape)
+    if not record:
+        return out
+    grads = EinsumBiasGrads(xs, linear.einsum, y, bias, biased, linear.sums, linear.shaped is not None)
+    inputs = xs if bias is None else (bias, xs[0], xs[1])  # the bias's gradient first, as the add's node gave it
+    return attach(out, linear.name, inputs, grads, linear.want, linear.reads)
+
+
+def _separate(y: Any, xs: tuple, prepared: Any, bias: Any, shape: Any) -> Any:
+    """The separate operators from the product `y` computed outside the graph: the einsum's node, the add, the
+    reshape."""
+    if xs[0]._ag is not None or xs[1]._ag is not None:
+        y = record_einsum(y, xs, prepared)
+    if bias is not None:
+        y = _pointwise("add", y, bias)
+    return y if shape is None else reshape(y, shape)
+
+
+def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
+             mask_dims: Optional[Sequence[int]] = None) -> Any:
+    """``h + ops.dropout(y + bias, p, seed=seed, mask_dims=mask_dims)`` in one node (`bias` None: no add; `p` 0: no
+    dropout; the dropout's arguments as ops.dropout's, whose node keeps its float factors): the separate operators'
+    values, kept blocks and counts (see the module docstring)."""
+    if p:
+        if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
+            raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
+        if seed is None:
+            raise OperatorError("dropout: a seed is required (an integer, different per layer and step), so every "
+                                "rank draws the same mask")
+        seed_arg(seed, "dropout")
+    elif bias is None:
+        return _pointwise("add", h, y)
+    first = _add_plan(y, bias) if bias is not None else None
+    try:
+        key = (id(first) if bias is not None else (id(y._layout), y._shape, y._local.dtype), id(h._layout), h._shape,
+               h._local.dtype, bool(p))
+        decided = _RESIDUALS.get(key)
+    except (AttributeError, TypeError):  # an operand that is no DTensor (the separate operators say which)
+        return _residual_separate(h, y, bias, p, seed, mask_dims)
+    if decided is None:
+        decided = _Residual(first, y, bias, h, p)
+        if len(_RESIDUALS) >= 4096:  # a long run over many signatures: start over
+            _RESIDUALS.clear()
+        _RESIDUALS[key] = decided
+    grads_y = y._ag is not None or bias is not None and bias._ag is not None
+    if not decided.fused or decided.low and (grads_y or h._ag is not None) and not _rounds(y):
+        return _residual_separate(h, y, bias, p, seed, mask_dims)
+    mesh, plain = y._mesh, not CAPTURING[0]
+    biased = y
+    if bias is not None:
+        biased = _added(mesh, first, y._local if plain else y.local, bias._local if plain else bias.local)
+    dropped, factors, scale = biased, None, None
+    if p:
+        dropped, factors, scale = _dropped(biased, p, seed, mask_dims, grads_y)
+    last = decided.last
+    if last is None:  # the residual add's plan: its operands laid out alike, whole (checked), move nothing
+        last = _add_plan(h, dropped)
+        if not _in_place(last, h._layout):
+            raise OperatorError(f"residual: the add of h {h._layout} and the dropped-out y {dropped._layout} moves "
+                                "an operand")
+        decided.last = last
+    out = _added(mesh, last, h._local if plain else h.local, dropped._local if plain else dropped.local)
+    if not grads_y and h._ag is None:
+        return out
+    if decided.reads is None:
+        decided.reads = (first.reads if bias is not None else ()) + ((decided.inner,) * 2 if p else ()) + last.reads
+    sums = None if bias is None or bias._ag is None else bias_sums(first, bias)
+    return attach(out, decided.name, (h, y, bias),
+                  ResidualGrads(h, y, bias, biased, factors, scale, dropped, out, sums), last.want, decided.reads)
+
+
+class _Residual:
+    """What a `residual` call signature decides, once: whether its chain is fused (the bias add and the residual
+    add move no operand, nothing pending, a pending dY the residual add would pass the bias add passes too), the
+    biased y's layout, whether its blocks are bfloat16, the residual add's plan and the node's name and read
+    layouts (made on first use). Holds the layouts its key names by id."""
+
+    __slots__ = ("first", "h_layout", "y_layout", "fused", "inner", "low", "last", "reads", "name")
+
+    def __init__(self, first: Any, y: Any, bias: Any, h: Any, p: float) -> None:
+        self.first, self.h_layout, self.y_layout = first, h._layout, y._layout
+        self.inner = inner = first.out if bias is not None else y._layout  # the biased y's, the dropped-out values'
+        dtype = first.dtype if bias is not None else y._local.dtype
+        self.fused = not inner.partial and h._shape == y._shape and (h._layout is inner or h._layout == inner) \
+            and h._local.dtype == dtype and (bias is None or _in_place(first, y._layout)
+                                             and used_axes(first.reads) <= used_axes((inner,)))
+        self.low = is_low(dtype)
+        self.last = self.reads = None
+        self.name = ("bias + " if bias is not None else "") + ("dropout + " if p else "") + "residual add"
+
+
+# (id(the bias add's Prepared) or y's layout id, shape and dtype; id(h's layout), its shape and dtype; dropout?)
+# -> _Residual
+_RESIDUALS: dict = {}
+
+
+def _dropped(x: Any, p: float, seed: Any, mask_dims: Any, kept: bool) -> tuple:
+    """(ops.dropout(x, p, seed, mask_dims=mask_dims), the factors its node keeps, its scale) with kept "graph": its
+    kernel, mask and count, without its node (`kept`: whether x takes a gradient, so that the node would keep
+    the factors: a dry run makes them only then)."""
+    local = x.local
+    if local.dtype.kind != "f" and not is_low(local.dtype):
+        raise OperatorError(f"dropout of a DTensor of dtype {local.dtype.name!r}: dropout needs a floating dtype "
+                            "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
+    low = is_low(local.dtype)
+    scale = np.asarray(1.0 / (1.0 - p), np.float32 if low else local.dtype)
+    dry = dry_zeros(x._mesh, local.shape, local.dtype, np.multiply, local, scale)
+    if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
+        factors = _engine_local(np.copy, broadcast_zero(dry.shape, scale.dtype), dry) if kept else None
+        block = dry
+    else:
+        order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
+        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
+        if order is not None:
+            factors = factors.transpose(back)
+        block = rounded(wide(local) * factors, local.dtype) if low else local * factors
+    out = make_dtensor(x._mesh, block, x._layout, x._shape)
+    if any_open():  # the kept entries' factors drawn in the kernel and written beside the result
+        sweep("dropout", (local,), (out.local, local))
+    return out, factors, scale
+
+
+def _residual_separate(h: Any, y: Any, bias: Any, p: float, seed: Any, mask_dims: Any) -> Any:
+    """`residual` as its separate operators."""
+    from .norms import dropout
+
+    if bias is not None:
+        y = _pointwise("add", y, bias)
+    if p:
+        y = dropout(y, p, seed=seed, mask_dims=mask_dims)
+    return _pointwise("add", h, y)
+
+
+def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
+    """``ops.einsum(spec, ops.reshape(x, shape), w)`` in one node: the separate operators' values, kept blocks and
+    counts (see the module docstring)."""
+    if getattr(x, "_ag", None) is None:
+        return _einsum(spec, reshape(x, shape), w)
+    flat = reshape(type(x)._trusted(x._mesh, x._local, x._layout, x._shape), shape)  # outside the graph
+    made = _product(spec, flat, w, stay=True)
+    if made is None or not _rounds(x) and is_low(x._local.dtype):  # the plan moves the reshaped x: separate
+        return _einsum(spec, reshape(x, shape), w)
+    y, xs, prepared = made
+    return attach(y, f"reshape, einsum {prepared.plan.spec}", (x, xs[1]),
+                  ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, (x._layout,) + prepared.reads)
