@@ -14,10 +14,10 @@ import numpy as np
 
 from . import flops as _flops
 from .buffers import broadcast_zero, contiguous
-from .context import current
+from .context import _THREAD  # the running thread's context (context.current's read)
 from .flops import gemm as _gemm
 
-__all__ = ["contract"]
+__all__ = ["contract", "pair", "present_letters"]
 
 
 def _summed(dtype: np.dtype) -> Any:
@@ -120,7 +120,7 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
             b = b.sum(axis=r.b_gone, dtype=dtype)
     lhs = a if r.lhs is None else a.transpose(r.lhs)
     rhs = b if r.rhs is None else b.transpose(r.rhs)
-    engine = current().engine
+    engine = _THREAD.context.engine  # current().engine, without its call
     if engine.dry:  # shapes only (spmdsim.sim.dry): no operand copied into its matmul shape, no result reordered
         # Read-only zeros in the matmul shapes (the dry engine's product reads their shapes and dtypes alone;
         # reshaping a transposed block would copy it).
@@ -184,12 +184,23 @@ def _counted(words: Sequence[str], blocks: Sequence[np.ndarray], present: str, d
 _PRESENT: dict = {}  # (words, out) -> the letters of `out` some operand has
 
 
+def present_letters(words: Sequence[str], out: str) -> str:
+    """The letters of `out` some operand of `words` has, in `out`'s order (`contract` broadcasts the others)."""
+    return "".join(ch for ch in out if any(ch in w for w in words))
+
+
+#: ``pair(a_word, a, b_word, b, out)`` is ``contract((a_word, b_word), (a, b), out)`` for an `out` not empty of
+#: letters `a_word` or `b_word` has (``present_letters(words, out) == out``), without contract's call: for a
+#: caller that keeps that test per call signature (spmdsim.ops.einsum and its gradient rule).
+pair = _pair
+
+
 def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np.ndarray:
     """The local einsum ``words -> out`` of `blocks`; letters of `out` in no operand are broadcast."""
     key = (tuple(words), out)
     present = _PRESENT.get(key)
     if present is None:
-        present = "".join(ch for ch in out if any(ch in w for w in words))
+        present = present_letters(words, out)
         if len(_PRESENT) >= _CACHE_MAX:
             _PRESENT.clear()
         _PRESENT[key] = present

@@ -368,3 +368,132 @@ def test_a_repeated_attention_takes_its_prepared_path():
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     assert np.allclose(z, np.einsum("bhij,jbhe->ibhe", p, gv[:4]), rtol=1e-12, atol=1e-12)
+
+
+def test_a_rules_kept_gradient_layouts_follow_dy_and_the_operands():
+    """The pointwise and einsum rules keep, per call signature, the layouts their backward gives the gradients
+    (keyed by dY's layout object and, pointwise, which operands take one) and build the gradients from them
+    directly: a dY pending over an axis, after a whole one, gives gradients pending there (and back again);
+    an operand that takes no gradient gets None; each gradient's values are the right ones."""
+    import numpy as np
+
+    from spmdsim import ops
+
+    rng = np.random.default_rng(13)
+    ga, gb, gw, gd = (rng.standard_normal(s) for s in ((4, 6), (4, 6), (6, 2), (4, 6)))
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        layout = mesh.layout(None, "tp")
+        a, b = (DTensor.from_global(mesh, g, layout).requires_grad_() for g in (ga, gb))
+        bare = DTensor.from_global(mesh, ga, layout)  # a's layout object, no gradient
+        w = DTensor.from_global(mesh, gw, mesh.layout("tp", None)).requires_grad_()
+        out = []
+        for pending in ((), ("dp",), (), ("dp",)):
+            dy = DTensor.from_global(mesh, gd, layout.with_partial(pending))
+            for x, y in ((a, b), (bare, b), (a, bare)):
+                z = x * y
+                grads = z._ag.backward(dy)
+                out.append(("mul", pending, tuple(None if g is None else (g.layout.partial, g.gather())
+                                                  for g in grads), (x.gather(), y.gather())))
+            v = ops.einsum("td,de->te", a, w)
+            want = v._ag.want  # the product's layout, its pending sum resolved
+            dv = DTensor.from_global(mesh, gd[:, :2], want.with_partial(pending))
+            grads = v._ag.backward(dv)
+            out.append(("einsum", pending, tuple((g.layout.partial, g.gather()) for g in grads), None))
+        mesh.close()
+        return out
+
+    results = spmdsim.simulate(4, body)[0]
+    for op, pending, grads, values in results:
+        if op == "einsum":
+            (pa, xa), (pw, xw) = grads
+            assert "dp" in pa and "dp" in pw if pending else "dp" not in pa and "dp" not in pw
+            assert np.allclose(xa, gd[:, :2] @ gw.T) and np.allclose(xw, ga.T @ gd[:, :2])
+            continue
+        assert len(grads) == 2
+        expected = (gd * values[1], gd * values[0])
+        for k, g in enumerate(grads):
+            if g is None:
+                continue
+            assert g[0] == pending
+            assert np.array_equal(g[1], expected[k])
+    needed = [tuple(g is not None for g in grads) for op, _, grads, _ in results if op == "mul"]
+    assert needed == [(True, True), (False, True), (True, False)] * 4
+
+
+def test_a_result_shaped_as_its_operand_is_checked_unless_it_is_the_operands_block_shape_and_dtype():
+    """spmdsim.ops._common.shaped_as (the norms', dropout's and activations' results) builds a tensor directly
+    only for a C-ordered block of the operand's block shape and dtype under the operand's own layout object;
+    another dtype, another layout or a wrong block shape goes through make_dtensor's checks (the last refused)."""
+    import numpy as np
+
+    from spmdsim.errors import ShapeError
+    from spmdsim.ops._common import shaped_as
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, np.arange(24.0).reshape(4, 6), mesh.layout("dp", "tp"))
+        same = shaped_as(x, x.local * 2, x.layout)
+        cast = shaped_as(x, x.local.astype(np.float32), x.layout)
+        other = mesh.layout("dp", None)
+        try:
+            shaped_as(x, x.local * 2, other)
+            refused = None
+        except ShapeError as error:
+            refused = str(error)
+        out = (same.gather(), same.layout is x.layout, cast.local.dtype, cast.gather(), refused)
+        mesh.close()
+        return out
+
+    same, kept, dtype, cast, refused = spmdsim.simulate(4, body)[0]
+    assert kept and np.array_equal(same, 2 * np.arange(24.0).reshape(4, 6))
+    assert dtype == np.float32 and np.array_equal(cast, np.arange(24.0).reshape(4, 6))
+    assert refused is not None and "does not match" in refused
+
+
+def test_a_repeated_layer_norm_checks_nothing_again_and_a_changed_call_is_checked():
+    """layer_norm keeps what its checks passed and decided per (x's layout object, shape, dtype, eps, kept, the
+    weight's and bias's shapes): a repeated call runs none of the checks (`_dim`, `_eps`, `_check_affine`) and
+    gives the first call's values; another eps is used (not the kept one's), and a bad eps, kept or weight after
+    good ones is still refused with its one line."""
+    import numpy as np
+
+    from spmdsim import ops
+    from spmdsim.errors import OperatorError, ShapeError
+
+    rng = np.random.default_rng(17)
+    gx, gw = rng.standard_normal((4, 6)), rng.standard_normal(6)
+    watched = {"_dim", "_eps", "_check_affine"}
+
+    def reference(eps):
+        c = gx - gx.mean(axis=-1, keepdims=True)
+        return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps) * gw
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, gx, mesh.layout("dp", None))
+        w = DTensor.from_global(mesh, gw, mesh.layout(None))
+        runs = [_watched_calls(lambda: ops.layer_norm(x, w, eps=1e-5), watched, None) for _ in range(2)]
+        other = ops.layer_norm(x, w, eps=0.5)
+        refused = []
+        short = DTensor.from_global(mesh, gw[:4], mesh.layout(None))
+        for bad, kind in (({"eps": True}, OperatorError), ({"eps": -1.0}, OperatorError),
+                          ({"kept": "all"}, OperatorError), ({"weight": short}, ShapeError)):
+            try:
+                ops.layer_norm(x, **{"weight": w, **bad})
+                refused.append(None)
+            except kind as error:
+                refused.append(str(error))
+        out = [(calls, y.gather()) for calls, y in runs], other.gather(), refused
+        mesh.close()
+        return out
+
+    ((calls1, y1), (calls2, y2)), other, refused = spmdsim.simulate(4, body)[0]
+    assert "_check_affine" in calls1 and calls2 == []
+    assert np.allclose(y1, reference(1e-5)) and np.array_equal(y2, y1)
+    assert np.allclose(other, reference(0.5))
+    assert refused[0] == "layer_norm: eps True must be a non-negative real number"
+    assert refused[1] == "layer_norm: eps -1.0 must be a non-negative real number"
+    assert refused[2] is not None and refused[2].startswith("layer_norm: kept 'all' is not one of")
+    assert refused[3] is not None and "weight of shape (4,)" in refused[3]

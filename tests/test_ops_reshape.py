@@ -179,6 +179,14 @@ def test_reshape_on_ranks_keeps_its_plan_for_int_shapes_only():
             np.testing.assert_array_equal(y.local, full.reshape(6, 2, 4)[y.slices])
         with pytest.raises(OperatorError, match=r"reshape shape \(6, 2\.0, 4\) must hold non-negative integers"):
             ops.reshape(x, (6, 2.0, 4))
+        # The kept plan serves a tensor of another dtype, and one that takes a gradient (the node recorded).
+        n = DTensor.from_global(mesh, full.astype(np.int32), x.layout)
+        w = DTensor.from_global(mesh, full, x.layout).requires_grad_()
+        m, v = ops.reshape(n, (6, 2, 4)), ops.reshape(w, (6, 2, 4))
+        assert m.local.dtype == np.int32 and m.layout is y.layout and m._ag is None
+        np.testing.assert_array_equal(m.local, full.reshape(6, 2, 4)[m.slices])
+        (v * v).sum().backward()
+        np.testing.assert_array_equal(w.grad.gather(), 2 * full)
         mesh.close()
 
     spmdsim.simulate(2, body)

@@ -74,8 +74,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     plan, first, heads, keys_t, back = decided.plan, decided.first, decided.heads, decided.keys_t, decided.back
     scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
     probs_shape, region, groups = decided.probs_shape, decided.region, decided.groups
-    q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
-    mesh = q.mesh
+    if not decided.stays:  # an operand in another layout than the plan's
+        q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
+    mesh = q._mesh
     padding = None
     if mask is not None:  # (b, 1, 1, Tk): padding keys, for every head and query row
         padding = ~_moved(mask, plan.mask).local[:, None, None, :]
@@ -159,7 +160,7 @@ class _Decided:
     signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
-                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores", "groups")
+                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores", "groups", "stays")
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
@@ -232,6 +233,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     out.scale = scale
     out.layouts = (q.layout, k.layout, v.layout)  # held: their ids key `_PREPARED`
     out.q, out.kv = first(plan.q), first(plan.kv)
+    out.stays = q.layout == out.q and k.layout == out.kv and v.layout == out.kv  # none moves (`_moved`)
     rank, shape = q.mesh.rank, tuple(q.global_shape)
     b_, t_, h_ = first(out.q.slices(rank, shape)[:3])  # q's rows here, in the plan's layout
     out.t_, out.tk = t_, first(tuple(k.global_shape))[1]

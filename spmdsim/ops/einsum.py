@@ -16,8 +16,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from ..autograd.rules.einsum import record_einsum
-from ..contraction import contract
+import numpy as np
+
+from ..autograd.graph import attach
+from ..autograd.rules.einsum import EinsumGrads, record_einsum, static
+from ..autograd.rules.grads import NEED2
+from ..contraction import contract, pair, present_letters
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum, parse_einsum
 from ..precision import rounded
@@ -35,7 +39,11 @@ def einsum(spec: str, *xs: Any) -> Any:
     contracts and builds its result and node directly. Bool operands alone that sum over a letter are refused:
     numpy's einsum of bools is a logical or of ands, a bool result; the blocks' sums would count (int64)."""
     try:
-        key = signature(spec, xs)
+        if len(xs) == 2:  # `signature`'s key, without its call (most products: two operands)
+            a, b = xs
+            key = spec, id(a._layout), id(b._layout), a._shape, b._shape, a._local.dtype, b._local.dtype
+        else:
+            key = signature(spec, xs)
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # an operand that is no DTensor, a spec that does not hash: refused below
         key = prepared = None
@@ -47,20 +55,65 @@ def einsum(spec: str, *xs: Any) -> Any:
         if not xs:
             raise OperatorError("einsum needs at least one operand")
         _refuse_bool_sum(spec, xs)
-        prepared = prepare(_PREPARED, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
+        prepared = prepare(_PREPARED, partial(_Prepared, spec), xs, key)
     plan = prepared.plan
-    xs = moved(xs, prepared)
-    blocks = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
-    block = contract(plan.spec.inputs, blocks, plan.spec.output)
+    if not prepared.stays:
+        xs = moved(xs, prepared)
+    if prepared.paired:  # two operands, every letter of the product in one: `contract` without its call
+        a, b = xs
+        (a_word, b_word), output = prepared.words
+        block = (pair(a_word, a._local, b_word, b._local, output) if not CAPTURING[0]
+                 else pair(a_word, a.local, b_word, b.local, output))
+    else:
+        blocks = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
+        block = contract(plan.spec.inputs, blocks, plan.spec.output)
+    mesh = xs[0]._mesh
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
         # rounded once (a pending sum stays float32 until summed); a dry run's large one: zeros, not rounded
-        dry = dry_zeros(xs[0].mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)
+        dry = dry_zeros(mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)
         block = rounded(block, prepared.dtype) if dry is None else dry
-    out = prepared_result(xs[0].mesh, block, prepared)
+    if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
+        # `prepared_result`'s usual case, its DTensor built here (DTensor._trusted without its call)
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, prepared.out, prepared.shape, None
+    else:
+        out = prepared_result(mesh, block, prepared)
+    if len(xs) == 2:  # record_einsum's node without its call (most products: two operands)
+        a, b = xs
+        need = NEED2[a._ag is None][b._ag is None]
+        if need is _NONE:
+            return out
+        if type(xs) is not tuple:
+            xs = tuple(xs)
+        grads = _new(EinsumGrads)
+        grads.xs, grads.prepared, grads.need = xs, prepared, need
+        return attach(out, prepared.name, xs, grads, prepared.want, prepared.reads)
     for x in xs:
         if x._ag is not None:
-            return record_einsum(out, xs, plan, prepared.want, prepared.reads)
+            return record_einsum(out, xs, prepared)
     return out
+
+
+_ndarray = np.ndarray
+_new = object.__new__
+_NONE = NEED2[True][True]  # two operands, neither taking a gradient
+
+
+class _Prepared(Prepared):
+    """An einsum call's `Prepared`, with what its node and backward take from the plan alone
+    (spmdsim.autograd.rules.einsum's `static`: the node's name, per operand what its gradient contracts and
+    the axes it is pending over), `ways`, the gradients' layouts its backward decides per dY layout, the
+    plan's `words` (the operands' words, the product's) and whether the product is `pair`'s (`paired`)."""
+
+    __slots__ = ("name", "per", "ways", "words", "paired")
+
+    def __init__(self, spec: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
+        super().__init__(infer_einsum, spec, layouts, shapes, dtypes, "local")
+        self.name, self.per = static(self.plan)
+        self.ways: dict = {}
+        words, output = self.words = self.plan.spec.inputs, self.plan.spec.output
+        # Whether the local product is `pair`'s of the two blocks (contraction.contract's two-operand case).
+        self.paired = len(words) == 2 and bool(output) and present_letters(words, output) == output
 
 
 def _refuse_bool_sum(spec: Any, xs: tuple) -> None:

@@ -21,7 +21,7 @@ from ..flops import any_open, sweep
 from ..infer import infer_bias_add, infer_elementwise
 from ..engines import local as engine_local
 from ..precision import is_low
-from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
+from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float, shaped_as
 
 __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
@@ -41,20 +41,20 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     except AttributeError:
         raise_if_not_dtensors(name, ("x",), x)
         raise
+    local = x.local  # this rank's block, read once (a captured step: its record's view)
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
-        require_float(name, x.local)
+        require_float(name, local)
     if name == "gelu" and x._ag is not None and keep_tanh:  # the inner tanh kept for the backward (one tanh, not two)
         # bfloat16: the tanh is float32 (spmdsim.activations computes it widened); a dry run's zeros alike
-        like = broadcast_zero(x.local.shape, np.float32) if is_low(x.local.dtype) else x.local
-        tanh = engine_local(activations.gelu_tanh, like, x.local)
-        out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
-                           x.global_shape)
+        like = broadcast_zero(local.shape, np.float32) if is_low(local.dtype) else local
+        tanh = engine_local(activations.gelu_tanh, like, local)
+        out = shaped_as(x, engine_local(activations.gelu_from_tanh, local, local, tanh), layout)
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep(name, (x.local,), (out.local, tanh))
+            sweep(name, (local,), (out.local, tanh))
         return record_activation(out, x, name, tanh)
-    out = make_dtensor(x.mesh, engine_local(fn, x.local, x.local), layout, x.global_shape)
+    out = shaped_as(x, engine_local(fn, local, local), layout)
     if any_open():  # else nothing is counted: no blocks to gather
-        sweep(name, (x.local,), (out.local,))
+        sweep(name, (local,), (out.local,))
     return out if x._ag is None else record_activation(out, x, name)
 
 

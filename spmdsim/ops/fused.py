@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import flops as _flops
 from ..autograd.graph import Leaf, attach, used_axes, with_partial
-from ..autograd.rules.einsum import _static, record_einsum
+from ..autograd.rules.einsum import record_einsum
 from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..buffers import CAPTURING, broadcast_zero
 from ..contraction import contract
@@ -41,12 +41,11 @@ from ..engines import local as _engine_local
 from ..errors import OperatorError
 from ..flops import any_open, sweep
 from ..infer import infer_reshape
-from ..infer.einsum import infer_einsum
 from ..precision import is_low, rounded, wide
 from . import _common
-from .einsum import _PREPARED as _EINSUMS, _refuse_bool_sum, einsum as _einsum
+from .einsum import _PREPARED as _EINSUMS, _Prepared as _EinsumPrepared, _refuse_bool_sum, einsum as _einsum
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
-from ._common import Prepared, check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
+from ._common import check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
 from ._common import keep_mask, seed_arg
 from .local import reshape
 from .norms import _mask_geometry
@@ -72,7 +71,7 @@ def _product(spec: str, x: Any, w: Any, stay: bool = False) -> Optional[tuple]:
             if type(t) is not cls:
                 check_dtensor(t, f"einsum: operand {k}")
         _refuse_bool_sum(spec, xs)
-        prepared = prepare(_EINSUMS, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
+        prepared = prepare(_EINSUMS, partial(_EinsumPrepared, spec), xs, key)
     if stay and not prepared.stays:
         return None
     plan = prepared.plan
@@ -136,8 +135,7 @@ class _Linear:
     read layouts; `fused` False where the chain moves an operand or holds a pending sum (the separate operators
     run). Holds the layouts its key names by id."""
 
-    __slots__ = ("einsum", "bias_layout", "add", "fused", "name", "want", "reads", "shaped", "block_shape", "sums",
-                 "per")
+    __slots__ = ("einsum", "bias_layout", "add", "fused", "name", "want", "reads", "shaped", "block_shape", "sums")
 
     def __init__(self, einsum: Any, y: Any, bias: Any, shape: Optional[tuple]) -> None:
         self.einsum, self.bias_layout, self.add = einsum, None if bias is None else bias._layout, None
@@ -162,7 +160,6 @@ class _Linear:
             name += ", reshaped"
         self.name, self.reads = name, reads
         self.want = with_partial(source, ())
-        self.per = (einsum.plan.spec.inputs, _static(einsum.plan)[1])  # the einsum rule's words and operands' sums
 
 
 _LINEARS: dict = {}  # (id(einsum's Prepared), id(bias layout), bias shape and dtype, shape, rank) -> _Linear
@@ -200,7 +197,7 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
         out = make_dtensor(mesh, biased.local.reshape(linear.block_shape), layout, new_shape)
     if not record:
         return out
-    grads = EinsumBiasGrads(xs, linear.per, y, bias, biased, linear.sums, linear.shaped is not None)
+    grads = EinsumBiasGrads(xs, linear.einsum, y, bias, biased, linear.sums, linear.shaped is not None)
     inputs = xs if bias is None else (bias, xs[0], xs[1])  # the bias's gradient first, as the add's node gave it
     return attach(out, linear.name, inputs, grads, linear.want, linear.reads)
 
@@ -209,7 +206,7 @@ def _separate(y: Any, xs: tuple, prepared: Any, bias: Any, shape: Any) -> Any:
     """The separate operators from the product `y` computed outside the graph: the einsum's node, the add, the
     reshape."""
     if xs[0]._ag is not None or xs[1]._ag is not None:
-        y = record_einsum(y, xs, prepared.plan, prepared.want, prepared.reads)
+        y = record_einsum(y, xs, prepared)
     if bias is not None:
         y = _pointwise("add", y, bias)
     return y if shape is None else reshape(y, shape)
@@ -341,4 +338,4 @@ def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
         return _einsum(spec, reshape(x, shape), w)
     y, xs, prepared = made
     return attach(y, f"reshape, einsum {prepared.plan.spec}", (x, xs[1]),
-                  ReshapeEinsumGrads(x, flat, xs[1], prepared.plan), prepared.want, (x._layout,) + prepared.reads)
+                  ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, (x._layout,) + prepared.reads)

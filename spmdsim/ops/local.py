@@ -19,6 +19,7 @@ from ..autograd.rules.shapes import record_reshape, record_transpose
 from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ..engines import local as engine_local
 from ..flops import sweep
+from ..buffers import CAPTURING
 from ._common import _ints, make_dtensor, raise_if_not_dtensors, require_float
 
 __all__ = ["transpose", "reshape", "softmax"]
@@ -49,23 +50,32 @@ def reshape(x: Any, shape: Any) -> Any:
         raise
     # By the layout object, for shapes of Python ints (16.0 equals 16 and hashes alike, and must be refused
     # again): the entry holds the layout, so its id is not reused; a model reshapes the same few ways.
-    key = (id(source), old_shape, shape, rank) if type(shape) is tuple and _ints(shape) else None
+    # The sizes' types in the key (in C, where _ints was a call): 16.0 finds no entry of 16.
+    key = (id(source), old_shape, shape, rank, tuple(map(type, shape))) if type(shape) is tuple else None
     seen = _RESHAPED.get(key) if key is not None else None
     if seen is not None and seen[0] is source:
         layout, new_shape, block_shape = seen[1]
+        if not CAPTURING[0]:
+            block = x._local.reshape(block_shape)
+            if block.flags.c_contiguous:  # make_dtensor's checks, passed by this key's first result: built here
+                out = _new(type(x))
+                out._mesh, out._local, out._layout, out._shape, out._ag = x._mesh, block, layout, new_shape, None
+                return out if x._ag is None else record_reshape(out, x)
     else:
         layout, new_shape = infer_reshape(source, old_shape, shape)
         block_shape = layout.local_shape(new_shape, rank)
-        if key is not None:
-            if len(_RESHAPED) >= 1024:  # a long run over many shapes: start over
-                _RESHAPED.clear()
-            _RESHAPED[key] = (source, (layout, new_shape, block_shape))
     out = make_dtensor(x._mesh, x.local.reshape(block_shape), layout, new_shape)
+    if key is not None and seen is None and _ints(shape) and type(out) is type(x):
+        if len(_RESHAPED) >= 1024:  # a long run over many shapes: start over
+            _RESHAPED.clear()
+        _RESHAPED[key] = (source, (layout, new_shape, block_shape))
     return out if x._ag is None else record_reshape(out, x)
 
 
-# (id(layout), global shape, new shape, rank) -> (that layout, (the result's layout, its global shape, this
-# rank's block shape)): infer_reshape's answer and the block's shape, the pure function of its key.
+_new = object.__new__
+# (id(layout), global shape, new shape, rank, the sizes' types) -> (that layout, (the result's layout, its
+# global shape, this rank's block shape)): infer_reshape's answer and the block's shape, the pure function of
+# its key, kept once make_dtensor built a result of them (its checks passed: a repeated call builds its own).
 _RESHAPED: dict = {}
 
 

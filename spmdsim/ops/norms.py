@@ -43,13 +43,31 @@ from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
 from ._common import (
-    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, require_float, result_dtype, seed_arg,
+    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, result_dtype, seed_arg,
 )
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
            "resolved", "dropout_keep"]
+
+
+def _whole_rows(kind: str, x: Any) -> bool:
+    """``infer_norm(kind, x.layout, x.global_shape).whole``, kept by x's layout object (infer_norm's cache
+    hashes and compares the layout in Python: ~100 opcodes a norm); the entry holds the layout."""
+    layout = x._layout
+    key = (kind, id(layout), x._shape)
+    seen = _WHOLE.get(key)
+    if seen is not None and seen[0] is layout:
+        return seen[1]
+    whole = infer_norm(kind, layout, x._shape).whole
+    if len(_WHOLE) >= 1024:  # a long run over many layouts: start over
+        _WHOLE.clear()
+    _WHOLE[key] = (layout, whole)
+    return whole
+
+
+_WHOLE: dict = {}  # (norm kind, id(layout), global shape) -> (that layout, whether its rows are whole)
 
 
 def resolved(x: Any) -> Any:
@@ -152,15 +170,16 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
         y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
         return rounded(y, block.dtype)
 
-    y = _engine_local(kernel, x.local, x.local)
-    out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
-    rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    y = _engine_local(kernel, local, local)
+    out = shaped_as(x, y, x._layout)
+    rows = local.shape[:d] + (1,) + local.shape[d + 1:]
     if any_open():  # else nothing is counted: no blocks to gather
-        sweep(op, (x.local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
+        sweep(op, (local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
     if x._ag is None:
         return out
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
-        rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+        rows = local.shape[:d] + (1,) + local.shape[d + 1:]
         stat = np.float32 if is_low(y.dtype) else y.dtype  # bfloat16's statistics are float32
         kept["rstd"] = _engine_local(np.copy, broadcast_zero(rows, stat), y)
     return record_normalized(out, x, y, kept, d, centre, op)
@@ -175,14 +194,33 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     and the bias (keeping their inputs); "megatron", one node keeping x and each row's mean and standard
     deviation (Apex's fused layer norm: 2 numbers a row), which makes the rest again in the backward.
     """
-    d = _dim(x, -1, "layer_norm")
-    eps = _eps(eps, "layer_norm")
-    problem = kept_problem(kept)
-    if problem:
-        raise OperatorError(f"layer_norm: {problem}")
-    _check_affine("layer_norm", x, d, weight, bias)
-    x = resolved(x)
-    if infer_norm("layer_norm", x.layout, x.global_shape).whole:
+    try:  # a call like one that passed the checks below: x's layout object, shape and dtype, eps, kept and
+        # the weight's and bias's shapes (each a DTensor's) as then
+        layout = x._layout
+        key = (id(layout), x._shape, x._local.dtype, type(eps), eps, kept,
+               None if weight is None else weight._shape, None if bias is None else bias._shape)
+        seen = _LAYER_NORMS.get(key)
+    except (AttributeError, TypeError):  # not DTensors, or what does not hash: the checks say which
+        seen = key = None
+    if (seen is not None and seen[0] is layout and (weight is None or hasattr(weight, "_ag"))
+            and (bias is None or hasattr(bias, "_ag"))):
+        d, eps, whole = seen[1]
+        if layout.partial:
+            x = resolved(x)
+    else:
+        d = _dim(x, -1, "layer_norm")
+        eps = _eps(eps, "layer_norm")
+        problem = kept_problem(kept)
+        if problem:
+            raise OperatorError(f"layer_norm: {problem}")
+        _check_affine("layer_norm", x, d, weight, bias)
+        x = resolved(x)
+        whole = _whole_rows("layer_norm", x)
+        if key is not None:  # (None: not DTensors, or a key that does not hash)
+            if len(_LAYER_NORMS) >= 1024:  # a long run over many shapes: start over
+                _LAYER_NORMS.clear()
+            _LAYER_NORMS[key] = (layout, (d, eps, whole))
+    if whole:
         if kept == "megatron":
             return _fused_layer_norm(x, d, eps, weight, bias)
         return _affine(_normalized(x, d, eps, True, "layer_norm"), weight, bias)
@@ -190,6 +228,12 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
     return _affine(P.div(centred, P.sqrt(P.add(var, eps))), weight, bias)
+
+
+# (id(x's layout), x's global shape and dtype, eps's type and value, kept, the weight's and bias's global shapes)
+# -> (that layout, (the normalized dim, eps as a float, whether rows are whole)): what layer_norm's checks
+# passed and decided for such a call, a pure function of its key; the entry holds the layout.
+_LAYER_NORMS: dict = {}
 
 
 def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: Optional[Any]) -> Any:
@@ -266,7 +310,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
         raise OperatorError(f"rms_norm: {problem}")
     _check_affine("rms_norm", x, d, weight)
     x = resolved(x)
-    if infer_norm("rms_norm", x.layout, x.global_shape).whole:
+    if _whole_rows("rms_norm", x):
         if kept == "megatron":
             return _fused_rms_norm(x, d, eps, weight)
         return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
@@ -373,24 +417,25 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         raise_if_not_dtensors("dropout", ("x",), x)
     if not training or p == 0:
         return x
-    require_float("dropout", x.local)
+    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    require_float("dropout", local)
     # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
     # one product forward and one backward.
     # bfloat16: the factor in float32 and x * factor rounded once (spmdsim.precision)
     low = is_low(x.dtype)
     scale = np.asarray(1.0 / (1.0 - p), np.float32 if low else x.dtype)
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
-    dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
+    dry = dry_zeros(x.mesh, local.shape, local.dtype, np.multiply, local, scale)
     if kept == "megatron":
         keep = dropout_keep(x, p, seed, mask_dims, dry is not None)
         if dry is not None:
             block = dry
         else:  # bfloat16: x times the float32 factor, rounded once (the graph's values)
-            block = rounded(wide(x.local) * np.multiply(keep, scale), x.dtype) if low else x.local * np.multiply(
+            block = rounded(wide(local) * np.multiply(keep, scale), x.dtype) if low else local * np.multiply(
                 keep, scale)
-        out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
+        out = shaped_as(x, block, x._layout)
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
+            sweep("dropout", (local,), (out.local, keep))  # the mask drawn in the kernel and written
         return out if x._ag is None else record_dropout_mask(out, x, keep, scale.dtype.type(scale))
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
@@ -403,11 +448,11 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     if dry is not None:
         block = dry
     else:
-        block = rounded(wide(x.local) * factors, x.dtype) if low else x.local * factors
-    out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
+        block = rounded(wide(local) * factors, x.dtype) if low else local * factors
+    out = shaped_as(x, block, x._layout)
     # the kept entries' factors drawn in the kernel and written beside the result
     if any_open():  # else nothing is counted: no blocks to gather
-        sweep("dropout", (x.local,), (out.local, x.local))
+        sweep("dropout", (local,), (out.local, local))
     return out if x._ag is None else record_dropout(out, x, factors, scale)
 
 

@@ -20,10 +20,10 @@ import numpy as np
 from ..activations import erf as _erf
 from ..activations import gelu_erf as _gelu_erf
 from ..activations import sigmoid as _sigmoid
-from ..autograd.graph import record
+from ..autograd.graph import attach, record
 from ..autograd.kept import shell
-from ..autograd.rules.grads import grad_tensor
-from ..autograd.rules.pointwise import DERIVATIVES, LOUD, quiet, record_pointwise
+from ..autograd.rules.grads import NEED2, grad_tensor
+from ..autograd.rules.pointwise import DERIVATIVES, LOUD, PointwiseGrads, quiet, record_pointwise
 from ..errors import DTypeError, OperatorError
 from .. import flops as _flops
 from ..flops import sweep
@@ -127,7 +127,11 @@ def pointwise(op: str, *args: Any) -> Any:
     part of the signature by its type (`_mixed_signature`) and lifted to its 0-d DTensor on each call.
     """
     try:
-        key = signature(op, args)
+        if len(args) == 2:  # `signature`'s key, without its call (most calls: two operands)
+            a, b = args
+            key = op, id(a._layout), id(b._layout), a._shape, b._shape, a._local.dtype, b._local.dtype
+        else:
+            key = signature(op, args)
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
         if (op == "mul" or op == "div") and len(args) == 2:  # a finite Python number (nonzero dividing) passes
@@ -152,7 +156,8 @@ def pointwise(op: str, *args: Any) -> Any:
             return _beyond(op, args)
     else:  # the same layout objects, shapes and dtypes as a call that passed _operands
         mesh, xs = args[0]._mesh, args
-    xs = moved(xs, prepared)
+    if not prepared.stays:
+        xs = moved(xs, prepared)
     forward = _KERNELS[op]
     locals_ = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
@@ -167,12 +172,32 @@ def pointwise(op: str, *args: Any) -> Any:
             block = forward(*locals_)
     if _flops._OPEN:  # one fused pass (spmdsim.flops): its operands read, its result written
         sweep(op, locals_, (block,))
-    out = prepared_result(mesh, block, prepared)
+    if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
+        # `prepared_result`'s usual case, its DTensor built here (DTensor._trusted without its call)
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, prepared.out, prepared.shape, None
+    else:
+        out = prepared_result(mesh, block, prepared)
     if prepared.derivative is not None:  # not a comparison
+        if len(xs) == 2:  # record_pointwise's node without its call (most nodes: two operands)
+            a, b = xs
+            need = NEED2[a._ag is None][b._ag is None]
+            if need is not _NONE:
+                if type(xs) is not tuple:  # (a lifted number's call)
+                    xs = tuple(xs)
+                grads = _new(PointwiseGrads)
+                grads.op, grads.xs, grads.out, grads.prepared, grads.need = op, xs, out, prepared, need
+                return attach(out, op, xs, grads, prepared.want, prepared.reads)
+            return out
         for x in xs:
             if x._ag is not None:
-                return record_pointwise(op, out, tuple(xs), prepared)
+                return record_pointwise(op, out, xs if type(xs) is tuple else tuple(xs), prepared)
     return out
+
+
+_ndarray = np.ndarray
+_new = object.__new__
+_NONE = NEED2[True][True]  # two operands, neither taking a gradient
 
 
 def _unscaled(op: str, args: tuple) -> tuple:

@@ -34,6 +34,7 @@ from ..plan.steps import (
     step_label,
 )
 from . import debug
+from ..context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
 
 __all__ = ["execute", "resolve", "gather", "pending", "redistribute", "ProgramCache", "PROGRAMS"]
 
@@ -234,6 +235,7 @@ class ProgramCache:
 
 #: The process's compiled redistributions.
 PROGRAMS = ProgramCache()
+_BY_ID = PROGRAMS._by_id  # read by redistribute directly (as `of` reads it)
 
 
 def _mesh_for(base: Any, layout: Layout) -> Any:
@@ -256,17 +258,18 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     `target` may use another device matrix of as many devices (the result then lives on a mesh of it).
     """
     try:  # no isinstance check on the repeated path: an attribute miss says it all
-        mesh, shape = dtensor.mesh, dtensor.global_shape
+        mesh, shape, source = dtensor._mesh, dtensor._shape, dtensor._layout
         local = dtensor._local if not _CAPTURING[0] else dtensor.local  # (a captured step: its record's view)
     except AttributeError:
         raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
                         "with DTensor.from_local/from_seeded") from None
-    if not debug.quiet():  # SPMDSIM_CHECK: the same move on every rank
-        debug.verify_operands(mesh, "redistribute", (("x", shape, dtensor.layout, local.dtype),
+    if not _THREAD.context.hooks.quiet:  # debug.quiet() without its two calls. SPMDSIM_CHECK: the same move on
+        # every rank
+        debug.verify_operands(mesh, "redistribute", (("x", shape, source, local.dtype),
                                                      ("target", shape, target, local.dtype)))
     if plan is None:
-        programs = PROGRAMS.of(mesh)
-        source = dtensor.layout
+        seen = _BY_ID.get(id(mesh))  # PROGRAMS.of(mesh) without its call (the mesh seen before)
+        programs = seen[1] if seen is not None and seen[0]() is mesh else PROGRAMS.of(mesh)
         # Keyed by the layout objects' ids (a step moves the same objects every time: a tuple of ints
         # hashes and compares in C, where TensorLayout keys call its Python __hash__ and __eq__); the
         # entry holds both layouts, so an id in the table is never another object's.
@@ -283,10 +286,10 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     else:
         if not isinstance(target, TensorLayout):
             raise PlanError(f"target {target!r} must be a TensorLayout")
-        if plan.source != dtensor.layout or plan.target != target or plan.shape != shape:
+        if plan.source != source or plan.target != target or plan.shape != shape:
             raise PlanError(
                 f"plan {plan.source} -> {plan.target} on shape {plan.shape!r} does not fit "
-                f"{dtensor.layout} -> {target} on shape {shape!r}"
+                f"{source} -> {target} on shape {shape!r}"
             )
         program = _compile(plan, mesh)
     for run, step, step_mesh, label in program.steps:
@@ -294,11 +297,16 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     if local.shape != program.local_shape:
         raise PlanError(f"internal: the plan produced a shard of shape {local.shape!r}, expected "
                         f"{program.local_shape!r} under {target}")
-    out = program.wrap(program.target_mesh, local, target, shape)
+    # DTensor._trusted's tensor, without its call
+    out = _new(program.cls)
+    out._mesh, out._local, out._layout, out._shape, out._ag = program.target_mesh, local, target, shape, None
     recorded = getattr(dtensor, "_ag", None)
     if recorded is not None:  # in autograd's graph (Leaf or Node): it records the move
         recorded.moved(out, dtensor)
     return out
+
+
+_new = object.__new__
 
 
 @dataclass(frozen=True)
@@ -308,18 +316,18 @@ class _Compiled:
     steps: tuple[tuple[Runner, Step, Any, str], ...]
     target_mesh: Any
     local_shape: tuple[int, ...]  # this rank's target shard
-    wrap: Callable  # DTensor._trusted, bound here so a call imports nothing
+    cls: Any  # DTensor, bound here so a call imports nothing (its result built as DTensor._trusted builds one)
 
 
-_TRUSTED: Any = None  # DTensor._trusted, bound on first use (an import statement runs importlib's Python)
+_DTENSOR: Any = None  # DTensor, bound on first use (an import statement runs importlib's Python)
 
 
 def _compile(plan: Plan, mesh: Any) -> _Compiled:
-    global _TRUSTED
-    if _TRUSTED is None:
+    global _DTENSOR
+    if _DTENSOR is None:
         from .dtensor import DTensor
 
-        _TRUSTED = DTensor._trusted
+        _DTENSOR = DTensor
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
@@ -327,7 +335,7 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), _TRUSTED)
+    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), _DTENSOR)
 
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:

@@ -11,63 +11,97 @@ from typing import Any
 import numpy as np
 
 from ...buffers import CAPTURING
-from ...contraction import contract
+from ...contraction import contract, pair, present_letters
 from ..graph import attach
-from .grads import grad_tensor, needs
+from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
 
-__all__ = ["record_einsum"]
-
-
-def record_einsum(out: Any, xs: tuple, plan: Any, want: Any, reads: tuple) -> Any:
-    """The einsum of `xs` (a tuple, in the plan's layouts) by `plan` (spmdsim.infer.einsum's): `want` is the
-    product's layout without pending sums (``with_partial(plan.local, ())``), `reads` the node's read layouts
-    (the operands' then the product's), worked out once per call signature by spmdsim.ops.einsum."""
-    name, per = _static(plan)
-    return attach(out, name, xs, _EinsumGrads(xs, plan.spec.inputs, per), want, reads)
+__all__ = ["record_einsum", "einsum_grads", "static", "EinsumGrads"]
 
 
-class _EinsumGrads:
+def record_einsum(out: Any, xs: tuple, prepared: Any) -> Any:
+    """The einsum of `xs` (a tuple, in the plan's layouts) by `prepared` (spmdsim.ops.einsum's call signature's:
+    its plan, the node's `name`, `want` (the product's layout without pending sums) and read layouts
+    (`reads`: the operands' then the product's), per operand what its gradient contracts (`per`, `static`'s)
+    and `ways`, the table where the backward keeps the gradients' layouts per dY layout)."""
+    return attach(out, prepared.name, xs, einsum_grads(xs, prepared), prepared.want, prepared.reads)
+
+
+def einsum_grads(xs: tuple, prepared: Any) -> "EinsumGrads":
+    """The backward of the einsum of `xs` (a tuple, in the plan's layouts) prepared as `prepared` (`record_einsum`'s;
+    a fused piece's rule runs one: spmdsim.autograd.rules.fused)."""
+    grads = _new(EinsumGrads)  # without an __init__'s frame (a node per product)
+    grads.xs, grads.prepared = xs, prepared
+    grads.need = NEED2[xs[0]._ag is None][xs[1]._ag is None] if len(xs) == 2 else needs(xs)
+    return grads
+
+
+_new = object.__new__
+_ndarray = np.ndarray
+
+
+class EinsumGrads:
     """An einsum node's backward: one object where a closure took a function and four cells (the forward's
-    graph holds one per product until the backward: fewer objects for the garbage collector)."""
+    graph holds one per product until the backward: fewer objects for the garbage collector). spmdsim.ops.einsum
+    builds one of two operands itself, as `record_einsum` does (its slots set)."""
 
-    __slots__ = ("xs", "words", "per", "need")
-
-    def __init__(self, xs: tuple, words: tuple, per: tuple) -> None:
-        self.xs, self.words, self.per = xs, words, per
-        self.need = needs(xs)
+    __slots__ = ("xs", "prepared", "need")
 
     def __call__(self, dy: Any) -> tuple:
-        xs, words, per, need = self.xs, self.words, self.per, self.need
+        xs, prepared, need = self.xs, self.prepared, self.need
+        words, per = prepared.plan.spec.inputs, prepared.per
         grads = []
-        partial = dy._layout.partial
+        layout = dy._layout
+        # Each operand's gradient layout: decided by the call signature (its operands' layout objects, the
+        # plan) and dY's layout object, the same every step: kept in `prepared.ways` by dY's layout (the
+        # entry holds it, so an id that matches is never another object's).
+        seen = prepared.ways.get(id(layout))
+        known = seen[1] if seen is not None and seen[0] is layout else None
         plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
         d = dy._local if plain else dy.local
         for k, x in enumerate(xs):
             if not need[k]:
                 grads.append(None)
                 continue
-            others, their_words, summed, carried = per[k]
-            blocks = [d]  # dY's and the other operands' blocks (a loop: a comprehension is a frame of its own)
-            for i in others:
-                blocks.append(xs[i]._local if plain else xs[i].local)
-            g = contract(their_words, blocks, words[k])
+            others, their_words, summed, carried, paired = per[k]
+            if paired:  # dY and the other operand: `contract` without its call
+                other = xs[others[0]]
+                g = pair(their_words[0], d, their_words[1], other._local if plain else other.local, words[k])
+            else:
+                blocks = [d]  # dY's and the other operands' blocks (a loop: a comprehension is a frame of its own)
+                for i in others:
+                    blocks.append(xs[i]._local if plain else xs[i].local)
+                g = contract(their_words, blocks, words[k])
             if isinstance(g, tuple):  # letters only x has (summed away by the forward): dY spread over them
                 g, present = g  # `present` keeps x's letter order, so a reshape puts the ones in place
                 g = np.broadcast_to(np.reshape(g, [g.shape[present.index(ch)] if ch in present else 1
                                                    for ch in words[k]]), x.local.shape).copy()
-            grads.append(grad_tensor(x, g, partial, summed, carried))
+            if known is None:
+                grads.append(grad_tensor(x, g, layout.partial, summed, carried))
+                continue
+            block = x._local  # read for its dtype and shape (a captured step's traced view has the same)
+            if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape and g.flags.c_contiguous:
+                # grad_tensor's usual case, its layout known and its DTensor built here (DTensor._trusted)
+                grad = _new(type(x))
+                grad._mesh, grad._local, grad._layout, grad._shape, grad._ag = x._mesh, g, known[k], x._shape, None
+                grads.append(grad)
+            else:
+                grads.append(gradient_block(x, g, known[k]))
+        if known is None:  # every operand's gradient layout, as grad_tensor gives it (pure of the key)
+            partial = layout.partial
+            ways = prepared.ways
+            if len(ways) >= 64:  # many gradient layouts of one signature: start over
+                ways.clear()
+            ways[id(layout)] = (layout, tuple(gradient_layout(x._layout, partial, p[2], p[3])
+                                              for x, p in zip(xs, per)))
         return tuple(grads)
 
 
-def _static(plan: Any) -> tuple:
+def static(plan: Any) -> tuple:
     """What `plan`'s node and backward need that depends on the plan alone: the node's name and, per
     operand, (the other operands, their words after dY's, the axes of size above one that split the
-    letters it sums over, the other operands' pending axes), remembered per plan object as
-    spmdsim.ops._common.decided keeps the plan (each entry holds its plan, so an id in the table is never
-    another object's)."""
-    seen = _STATIC.get(id(plan))
-    if seen is not None and seen[0] is plan:
-        return seen[1]
+    letters it sums over, the other operands' pending axes, whether its gradient is contraction.pair's
+    product of dY and one other operand). spmdsim.ops.einsum keeps it in the call
+    signature's `Prepared`."""
     words, output = plan.spec.inputs, plan.spec.output
     mesh = plan.local.layout
     split = dict(plan.choice.splits)
@@ -78,12 +112,8 @@ def _static(plan: Any) -> tuple:
                        if mesh.axis_size(a) > 1)
         # The operands are in the plan's layouts (ops.einsum moves those that are not): their pending axes.
         carried = tuple(a for i in others for a in plan.targets[i].partial)
-        per.append((others, (output,) + tuple(words[i] for i in others), summed, carried))
-    out = (f"einsum {plan.spec}", tuple(per))
-    if len(_STATIC) >= 4096:  # a long run over many plans: start over
-        _STATIC.clear()
-    _STATIC[id(plan)] = (plan, out)
-    return out
-
-
-_STATIC: dict = {}  # id(einsum plan) -> (that plan, _static's answer)
+        their_words = (output,) + tuple(words[i] for i in others)
+        # Whether the gradient is `pair`'s product of dY and one other operand (contract's two-operand case).
+        paired = len(their_words) == 2 and bool(words[k]) and present_letters(their_words, words[k]) == words[k]
+        per.append((others, their_words, summed, carried, paired))
+    return f"einsum {plan.spec}", tuple(per)

@@ -27,7 +27,7 @@ from ...engines import c_order
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import sweep
 from ...precision import is_low
-from .einsum import _EinsumGrads, _static
+from .einsum import einsum_grads
 from .grads import grad_tensor
 from .pointwise import _sum_dims, _summed_axes
 
@@ -91,9 +91,9 @@ class EinsumBiasGrads:
 
     __slots__ = ("einsum", "y", "bias", "biased", "sums", "shaped")
 
-    def __init__(self, xs: tuple, per: tuple, y: Any, bias: Any, biased: Any, sums: Optional[tuple],
+    def __init__(self, xs: tuple, einsum: Any, y: Any, bias: Any, biased: Any, sums: Optional[tuple],
                  shaped: bool) -> None:
-        self.einsum = _EinsumGrads(xs, *per)  # `per`: the plan's words and its operands' sums (einsum's _static)
+        self.einsum = einsum_grads(xs, einsum)  # `einsum`: the product's call signature's (ops.einsum's Prepared)
         self.y, self.bias, self.biased, self.sums, self.shaped = y, bias, biased, sums, shaped
 
     def __call__(self, dy: Any) -> tuple:
@@ -166,9 +166,9 @@ class ReshapeEinsumGrads:
 
     __slots__ = ("einsum", "x")
 
-    def __init__(self, x: Any, flat: Any, w: Any, plan: Any) -> None:
+    def __init__(self, x: Any, flat: Any, w: Any, einsum: Any) -> None:
         flat._ag = x._ag  # (x's gradient is the reshaped x's: the einsum's rule makes it where x takes one)
-        self.einsum = _EinsumGrads((flat, w), plan.spec.inputs, _static(plan)[1])
+        self.einsum = einsum_grads((flat, w), einsum)  # `einsum`: the product's call signature's Prepared
         self.x = x
 
     def __call__(self, dy: Any) -> tuple:

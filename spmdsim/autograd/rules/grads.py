@@ -11,10 +11,11 @@ from ...engines import c_order
 from ...precision import is_low
 from ..graph import with_partial
 
-__all__ = ["grad_tensor", "gradient_block", "axes_of", "named", "needs"]
+__all__ = ["grad_tensor", "gradient_block", "gradient_layout", "axes_of", "named", "needs", "NEED1", "NEED2"]
 
 _F32 = np.dtype(np.float32)
 _ndarray = np.ndarray
+_new = object.__new__
 
 
 def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
@@ -25,6 +26,27 @@ def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[s
 def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
     layout = like._layout
+    # gradient_layout's and gradient_block's usual cases without their calls (a rule's gradient each)
+    if any(pending):
+        try:
+            seen = _PENDING.get((id(layout), pending))
+        except TypeError:  # a group given as a list
+            seen = None
+        grad_layout = seen[1] if seen is not None and seen[0] is layout else gradient_layout(layout, *pending)
+    else:
+        grad_layout = with_partial(layout, ()) if layout.partial else layout
+    block = like._local
+    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape \
+            and local.flags.c_contiguous:
+        out = _new(type(like))
+        out._mesh, out._local, out._layout, out._shape, out._ag = like._mesh, local, grad_layout, like._shape, None
+        return out
+    return gradient_block(like, local, grad_layout)
+
+
+def gradient_layout(layout: TensorLayout, *pending: Iterable[str]) -> TensorLayout:
+    """The layout of a gradient of a tensor laid out `layout`: its tensor map, pending over the union of
+    `pending` (`grad_tensor`'s; a rule that keeps it per call signature builds its gradients from it)."""
     if any(pending):  # most gradients of a tensor-parallel step: by the layout object and the axes, in C
         key = (id(layout), pending)
         try:
@@ -32,18 +54,17 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
         except TypeError:  # a group given as a list: worked out each time
             seen = key = None
         if seen is not None and seen[0] is layout:
-            grad_layout = seen[1]
-        else:
-            wanted = set(a for group in pending for a in group)
-            grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
-            if key is not None and all(type(group) is tuple for group in pending):  # kept by value
-                if len(_PENDING) >= 4096:  # a long run over many layouts: start over
-                    _PENDING.clear()
-                # The entry holds the layout, so its id is not reused while the entry lives.
-                _PENDING[key] = (layout, grad_layout)
-    else:  # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
-        grad_layout = with_partial(layout, ()) if layout.partial else layout
-    return gradient_block(like, local, grad_layout)
+            return seen[1]
+        wanted = set(a for group in pending for a in group)
+        grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
+        if key is not None and all(type(group) is tuple for group in pending):  # kept by value
+            if len(_PENDING) >= 4096:  # a long run over many layouts: start over
+                _PENDING.clear()
+            # The entry holds the layout, so its id is not reused while the entry lives.
+            _PENDING[key] = (layout, grad_layout)
+        return grad_layout
+    # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
+    return with_partial(layout, ()) if layout.partial else layout
 
 
 def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
@@ -51,7 +72,10 @@ def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
     if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape \
             and local.flags.c_contiguous:  # most gradients: a C-ordered block shaped and typed as `like`'s
-        return type(like)._trusted(like._mesh, local, grad_layout, like._shape)
+        # DTensor._trusted without its call (~200 gradients a step)
+        out = _new(type(like))
+        out._mesh, out._local, out._layout, out._shape, out._ag = like._mesh, local, grad_layout, like._shape, None
+        return out
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
     # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
     dtype = block.dtype
@@ -73,14 +97,17 @@ _PENDING: dict = {}  # (id(layout), the pending groups) -> (layout, its gradient
 def needs(xs: Any) -> tuple:
     """Whether each of the tensors `xs` takes a gradient, as one shared tuple per pattern (a node's rule
     keeps it until the backward: the graph then holds no tuple of its own for the collector to scan)."""
-    if len(xs) == 2:  # most nodes (a comprehension is a frame of its own)
-        need = (xs[0]._ag is not None, xs[1]._ag is not None)
-    else:
-        need = tuple([x._ag is not None for x in xs])
+    if len(xs) == 2:  # most nodes: no tuple built (a comprehension is a frame of its own)
+        return NEED2[xs[0]._ag is None][xs[1]._ag is None]
+    need = tuple([x._ag is not None for x in xs])
     return _NEEDS.setdefault(need, need)
 
 
 _NEEDS: dict = {}  # (bool, ...) -> that tuple (a handful of patterns)
+#: `needs` of two tensors, ``NEED2[a._ag is None][b._ag is None]`` (a bool indexes as 0 or 1), and of one that
+#: takes a gradient: the shared tuples, for the rules that build their node without calling it.
+NEED2 = tuple(tuple(_NEEDS.setdefault((not a, not b), (not a, not b)) for b in (False, True)) for a in (False, True))
+NEED1 = _NEEDS.setdefault((True,), (True,))
 
 
 def named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:

@@ -15,7 +15,7 @@ from ...buffers import broadcast_zero
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
 from ...precision import is_low, rounded, wide
-from ..graph import record
+from ..graph import attach, record
 from .grads import axes_of, grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -41,7 +41,9 @@ def record_normalized(out: Any, x: Any, y: np.ndarray, kept: dict, d: int, centr
 
     `kept["rstd"]`: r = 1 / sqrt(var + eps), which the forward's kernel keeps (a dry run keeps none).
     """
-    return record(out, op, (x,), _NormalizedGrads(x, y, kept, d, centre, op), out.layout, reads=(x, out))
+    # `record`'s node (its reads: x's layout and out's) without its call
+    return attach(out, op, (x,), _NormalizedGrads(x, y, kept, d, centre, op), out._layout,
+                  (x._layout, out._layout))
 
 
 class _NormalizedGrads:
@@ -63,9 +65,10 @@ class _NormalizedGrads:
         return g * self.kept["rstd"]
 
     def __call__(self, dy: Any) -> tuple:
+        d = dy.local  # read once (a captured step: its record's view)
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep(self.op, (dy.local, self.y, self.kept["rstd"]), (dy.local,))
-        return (grad_tensor(self.x, _local(self.grad, dy.local, dy.local), dy.layout.partial),)
+            sweep(self.op, (d, self.y, self.kept["rstd"]), (d,))
+        return (grad_tensor(self.x, _local(self.grad, d, d), dy._layout.partial),)
 
 
 def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: int) -> Any:

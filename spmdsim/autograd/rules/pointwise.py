@@ -23,12 +23,12 @@ from ...flops import any_open, sweep
 from ...precision import as_rows
 from ..graph import attach, record, with_partial
 from ..kept import shell
-from .grads import axes_of, grad_tensor, gradient_block, needs
+from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
-           "record_dropout", "record_dropout_mask"]
+__all__ = ["DERIVATIVES", "PointwiseGrads", "quiet", "record_pointwise", "record_activation", "record_bias_add",
+           "record_scale", "record_dropout", "record_dropout_mask"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -190,12 +190,26 @@ def record_pointwise(op: str, out: Any, xs: tuple, prepared: Any) -> Any:
     the call signature's (spmdsim.ops.pointwise's ``_Prepared``): its plan, its op's derivative
     (``DERIVATIVES[op]``), the node's `want` (the plan's output layout without pending sums) and read layouts
     (the operands' then the output's), and `ways`, the table where the backward keeps what it decides."""
-    return attach(out, op, xs, _PointwiseGrads(op, xs, out, prepared, needs(xs)), prepared.want, prepared.reads)
+    # The rule's object built without its __init__'s frame (a node per elementwise op), `needs` without its
+    # call for one or two operands (the nested table `_NEED` gives the shared tuple by the two tests).
+    grads = _new(PointwiseGrads)
+    grads.op, grads.xs, grads.out, grads.prepared = op, xs, out, prepared
+    if len(xs) == 2:
+        grads.need = NEED2[xs[0]._ag is None][xs[1]._ag is None]
+    elif len(xs) == 1:  # (recorded: its operand takes a gradient)
+        grads.need = NEED1
+    else:
+        grads.need = needs(xs)
+    return attach(out, op, xs, grads, prepared.want, prepared.reads)
 
 
-class _PointwiseGrads:
+_new = object.__new__
+
+
+class PointwiseGrads:
     """A pointwise node's backward: one object where a closure took a function and eight cells (the
-    forward's graph holds one per op until the backward: fewer objects for the garbage collector)."""
+    forward's graph holds one per op until the backward: fewer objects for the garbage collector).
+    spmdsim.ops.pointwise builds one of two operands itself, as `record_pointwise` does (its slots set)."""
 
     __slots__ = ("op", "xs", "out", "prepared", "need")
 
@@ -245,8 +259,17 @@ class _PointwiseGrads:
                     g = _SUM(g, axis=lead)
                 if inner:
                     g = _SUM(g, axis=inner, keepdims=True)
-                shape = x._local.shape
-                result.append(gradient_block(x, g if g.shape == shape else g.reshape(shape), grad_layout))
+                block = x._local  # read for its shape and dtype (a captured step's traced view has the same)
+                if g.shape != block.shape:
+                    g = g.reshape(block.shape)
+                if type(g) is _ndarray and g.dtype is block.dtype and g.flags.c_contiguous:
+                    # gradient_block's usual case, its DTensor built here (DTensor._trusted without its call)
+                    grad = _new(type(x))
+                    grad._mesh, grad._local, grad._layout, grad._shape, grad._ag = x._mesh, g, grad_layout, \
+                        x._shape, None
+                    result.append(grad)
+                else:
+                    result.append(gradient_block(x, g, grad_layout))
             return tuple(result)
         result, ways = [], []
         partial, kept = layout.partial, plan.out.partial
@@ -283,8 +306,9 @@ def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
     extra = () if kept is None else (kept,)
 
     def backward(dy: Any) -> tuple:
-        sweep(name, (dy.local, x.local) + extra, (x.local,))
-        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, *extra), dy.layout.partial),)
+        d, local = dy.local, x.local  # read once (a captured step: their record's views)
+        sweep(name, (d, local) + extra, (local,))
+        return (grad_tensor(x, _local(kernel, d, local, d, *extra), dy._layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)
 
@@ -319,11 +343,13 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
 def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
     """Dropout: dX = dY * the kept entries' factor (`kept`: keep mask times `scale`, as the forward
     multiplied by; in a dry run zeros of its size, and dY's zeros are scaled instead), shard by shard."""
-    return record(out, "dropout", (x,), _DropoutGrads(x, kept, scale), with_partial(x.layout, ()))
+    # `record`'s node (its reads: x's layout and out's) without its call
+    return attach(out, "dropout", (x,), _DropoutGrads(x, kept, scale), with_partial(x._layout, ()),
+                  (x._layout, out._layout))
 
 
 class _DropoutGrads:
-    """A dropout's backward, one object (as `_PointwiseGrads`)."""
+    """A dropout's backward, one object (as `PointwiseGrads`)."""
 
     __slots__ = ("x", "kept", "scale")
 

@@ -18,7 +18,7 @@ import numpy as np
 from ... import buffers
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...plan.shift import Shift
-from ..graph import record, with_partial
+from ..graph import attach, record, with_partial
 from .grads import grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -39,7 +39,13 @@ def record_transpose(out: Any, x: Any, dims: tuple[int, ...]) -> Any:
 
 def record_reshape(out: Any, x: Any) -> Any:
     """A local reshape: the gradient is reshaped back."""
-    return record(out, "reshape", (x,), _ReshapedBack(x))
+    back = _new(_ReshapedBack)  # without its __init__'s frame (a node per reshape)
+    back.x = x
+    # `record`'s node (its reads: x's layout and out's) without its call
+    return attach(out, "reshape", (x,), back, None, (x._layout, out._layout))
+
+
+_new = object.__new__
 
 
 class _ReshapedBack:
