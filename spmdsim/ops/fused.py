@@ -2,7 +2,7 @@
 one operator and one node, with the separate operators' values, kept blocks and counts.
 
 A node costs Python on every step (the operator's dispatch, its DTensor, the node, its rule, the backward walk's
-bookkeeping), whatever the size of its blocks; these chains are a third of a block's nodes. Each piece computes
+bookkeeping), whatever the size of its blocks; these chains are half of a block's nodes. Each piece computes
 what the chain computes, with the same numpy calls in the same order (the same bits, forward and backward, under
 every precision policy), keeps for backward every block the chain's nodes kept (spmdsim.autograd.kept_bytes
 measures the same bytes, by the same kinds), and counts the same FLOPs and kernels (spmdsim.flops). Its rule
@@ -18,7 +18,13 @@ measures the same bytes, by the same kinds), and counts the same FLOPs and kerne
   add's, the dropout's and the residual add's nodes kept; ``kept="megatron"`` has its own,
   spmdsim.ops.megatron.bias_dropout_add, which keeps the boolean mask alone);
 - ``reshape_einsum(x, shape, spec, w)``: ``ops.einsum(spec, ops.reshape(x, shape), w)``, the attention output
-  merged back to (T, B, D) for its projection; the node keeps x and w (the reshape's and the einsum's).
+  merged back to (T, B, D) for its projection; the node keeps x and w (the reshape's and the einsum's);
+- ``norm_affine(x, d, eps, centre, op, weight=None, bias=None)``: a layer norm's (`centre`) or RMSNorm's
+  normalization along a whole last dim times its weight plus its bias, what ``ops.layer_norm`` and
+  ``ops.rms_norm`` run with ``kept="graph"`` where x's rows are whole (no weight: no product; no bias: no add). The
+  node keeps x, the normalized values and 1 / sqrt(var + eps) (the normalization's node), the product and the sum
+  (the product's and the add's); ``kept="megatron"`` has its own (spmdsim.ops.norms' fused norms, which keep x and
+  each row's statistics).
 
 Where the chain would move an operand (its plans' layouts differ) or hold a pending sum, each piece runs the
 separate operators instead (their nodes, as before): the fusion is only what the chain does without moving.
@@ -34,7 +40,8 @@ import numpy as np
 from .. import flops as _flops
 from ..autograd.graph import Leaf, attach, used_axes, with_partial
 from ..autograd.rules.einsum import record_einsum
-from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
+from ..autograd.rules.fused import EinsumBiasGrads, NormAffineGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
+from ..autograd.rules.norms import _NormalizedGrads, record_normalized
 from ..buffers import CAPTURING, broadcast_zero
 from ..contraction import contract
 from ..engines import local as _engine_local
@@ -48,9 +55,9 @@ from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry
 from ._common import check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
 from ._common import keep_mask, seed_arg
 from .local import reshape
-from .norms import _mask_geometry
+from .norms import _mask_geometry, normal_values
 
-__all__ = ["einsum_bias", "residual", "reshape_einsum"]
+__all__ = ["einsum_bias", "residual", "reshape_einsum", "norm_affine"]
 
 # ops.einsum's and ops.pointwise's tables of prepared calls (_EINSUMS, _ADDS): a fused product and add share them.
 
@@ -96,11 +103,11 @@ def _rounds(x: Any) -> bool:
     return ag is not None and type(ag) is not Leaf
 
 
-def _add_plan(a: Any, b: Any) -> Any:
-    """ops.add(a, b)'s prepared call (ops.pointwise's table, shared), or None when the operands are not
-    DTensors of one mesh (the separate operator then says why)."""
+def _add_plan(a: Any, b: Any, op: str = "add") -> Any:
+    """ops.add(a, b)'s prepared call (`op` "mul": ops.mul's; ops.pointwise's table, shared), or None when the
+    operands are not DTensors of one mesh (the separate operator then says why)."""
     try:
-        key = signature("add", (a, b))
+        key = signature(op, (a, b))
         prepared = _ADDS.get(key)
     except (AttributeError, TypeError):
         return None
@@ -108,7 +115,7 @@ def _add_plan(a: Any, b: Any) -> Any:
         cls = _common._DTENSOR or _common._dtensor_class()
         if type(a) is not cls or type(b) is not cls or a.mesh is not b.mesh and a.mesh.layout != b.mesh.layout:
             return None
-        prepared = prepare(_ADDS, partial(_PointwisePrepared, "add"), (a, b), key)
+        prepared = prepare(_ADDS, partial(_PointwisePrepared, op), (a, b), key)
     return prepared
 
 
@@ -118,14 +125,14 @@ def _in_place(plan: Any, layout: Any) -> bool:
     return plan is not None and plan.stays and not plan.out.partial and (plan.out is layout or plan.out == layout)
 
 
-def _added(mesh: Any, plan: Any, a: np.ndarray, b: np.ndarray) -> Any:
-    """ops.add's result of blocks `a` and `b` under its prepared `plan`: its kernel (bfloat16 widened, rounded
-    once; a dry run's large one: zeros), counted as its one pass."""
-    block = _dry_block(mesh, np.add, [a, b]) if mesh.engine.dry else None
+def _added(mesh: Any, plan: Any, a: np.ndarray, b: np.ndarray, op: str = "add", kernel: Any = np.add) -> Any:
+    """ops.add's result of blocks `a` and `b` under its prepared `plan` (`op` "mul" and its `kernel`: ops.mul's):
+    its kernel (bfloat16 widened, rounded once; a dry run's large one: zeros), counted as its one pass."""
+    block = _dry_block(mesh, kernel, [a, b]) if mesh.engine.dry else None
     if block is None:
-        block = rounded(np.add(wide(a), wide(b)), plan.dtype) if plan.dtype_name == "bfloat16" else np.add(a, b)
+        block = rounded(kernel(wide(a), wide(b)), plan.dtype) if plan.dtype_name == "bfloat16" else kernel(a, b)
     if _flops._OPEN:
-        sweep("add", [a, b], (block,))
+        sweep(op, [a, b], (block,))
     return prepared_result(mesh, block, plan)
 
 
@@ -339,3 +346,91 @@ def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
     y, xs, prepared = made
     return attach(y, f"reshape, einsum {prepared.plan.spec}", (x, xs[1]),
                   ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, (x._layout,) + prepared.reads)
+
+
+class _Norm:
+    """What a `norm_affine` call signature decides, once: the product's and the add's plans (ops.mul's of the
+    normalized values and the weight, ops.add's of that and the bias), what the weight's and the bias's gradients
+    sum over (the mul and add rules'), and the fused node's name, `want` and read layouts; `fused` False where the
+    chain moves an operand, holds a pending sum, changes the dtype or the shape, or reads a mesh axis that the
+    node its backward meets first does not (the separate operators run). Holds the layouts its key names by id
+    (its plans do)."""
+
+    __slots__ = ("mul", "add", "fused", "name", "want", "reads", "w_sums", "b_sums")
+
+    def __init__(self, y: Any, weight: Any, bias: Any, op: str) -> None:
+        layout, dtype = y._layout, y._local.dtype
+        self.mul = self.add = self.w_sums = self.b_sums = None
+        self.fused, last, reads = not layout.partial, None, (layout, layout)  # the normalization's reads
+        name = op
+        if weight is not None and self.fused:
+            self.mul = last = _add_plan(y, weight, "mul")
+            self.fused = _in_place(last, layout) and last.dtype == dtype and tuple(last.shape) == tuple(y._shape)
+            if self.fused:
+                reads += last.reads
+                self.w_sums = bias_sums(last, weight)
+                name += " * weight"
+        if bias is not None and self.fused:
+            before = y if self.mul is None else make_dtensor(y._mesh, y._local, self.mul.out, y._shape)
+            self.add = last = _add_plan(before, bias)
+            self.fused = _in_place(last, layout) and last.dtype == dtype and tuple(last.shape) == tuple(y._shape)
+            if self.fused:
+                reads += last.reads
+                self.b_sums = bias_sums(last, bias)
+                name += " + bias"
+        # The backward meets the last node first: its `want` and reads decide what a pending dY does; every node of
+        # the chain reads no axis that one does not (what passes it passes them all, as through the chain).
+        self.fused = self.fused and last is not None and used_axes(reads) <= used_axes(last.reads)
+        self.name, self.reads = name, reads
+        self.want = None if last is None else last.want
+
+
+# (op, id(x's layout), x's shape and dtype, id(the weight's layout), its shape and dtype, the bias's) -> _Norm
+_NORMS: dict = {}
+
+
+def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any = None, bias: Any = None) -> Any:
+    """layer_norm's (`centre`) or rms_norm's normalization of x along its whole last dim `d`, times `weight`,
+    plus `bias` (each None: none), in one node (`kept="graph"`): the normalization's node
+    (spmdsim.ops.norms._normalized), ops.mul's and ops.add's values, kept blocks and counts (see the module
+    docstring). x's layout is resolved (nothing pending), its rows whole on every rank (the caller's checks)."""
+    out, y, kept = normal_values(x, d, eps, centre, op)
+    if weight is None and bias is None:
+        return out if x._ag is None else record_normalized(out, x, y, kept, d, centre, op)
+    try:
+        key = (op, id(x._layout), x._shape, x._local.dtype,
+               None if weight is None else (id(weight._layout), weight._shape, weight._local.dtype),
+               None if bias is None else (id(bias._layout), bias._shape, bias._local.dtype))
+        norm = _NORMS.get(key)
+    except (AttributeError, TypeError):  # what is no DTensor (the separate operators say so)
+        norm = key = None
+    if norm is None and key is not None:
+        norm = _Norm(out, weight, bias, op)
+        if len(_NORMS) >= 1024:  # a long run over many signatures: start over
+            _NORMS.clear()
+        _NORMS[key] = norm
+    record = x._ag is not None
+    if (norm is None or not norm.fused or not record and (weight is not None and weight._ag is not None
+                                                          or bias is not None and bias._ag is not None)
+            or record and not _rounds(x) and is_low(y.dtype)):
+        # the separate nodes: where the chain moves or changes an operand, where x takes no gradient but the weight
+        # or bias does (the product's node keeps no x), or where a bfloat16 x is a leaf (its node rounds nothing)
+        if record:
+            out = record_normalized(out, x, y, kept, d, centre, op)
+        if weight is not None:
+            out = _pointwise("mul", out, weight)
+        return out if bias is None else _pointwise("add", out, bias)
+    mesh, plain = x._mesh, not CAPTURING[0]
+    z = scaled = out
+    if weight is not None:
+        scaled = z = _added(mesh, norm.mul, y if plain else out.local, weight._local if plain else weight.local,
+                            "mul", np.multiply)
+    if bias is not None:
+        z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
+    if not record:
+        return z
+    grads = NormAffineGrads(_NormalizedGrads(x, y, kept, d, centre, op), out, weight, scaled, bias, z, norm.w_sums,
+                            norm.b_sums)
+    # the bias's gradient first, then the weight's, then x's: as the add's, the product's and the normalization's
+    # nodes gave them
+    return attach(z, norm.name, (bias, weight, x), grads, norm.want, norm.reads)

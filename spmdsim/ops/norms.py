@@ -162,6 +162,16 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     The composite of the general rules would take nine operators (and their nodes) where a row is whole on
     every rank: the sequence-parallel and replicated layer norms of a transformer.
     """
+    out, y, kept = normal_values(x, d, eps, centre, op)
+    if x._ag is None:
+        return out
+    return record_normalized(out, x, y, kept, d, centre, op)
+
+
+def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
+    """`_normalized`'s forward without its node: (the normalized DTensor, its block, {"rstd": 1 / sqrt(var +
+    eps)} kept for the rule where x takes a gradient: a dry run's zeros), its kernel counted
+    (spmdsim.ops.fused.norm_affine records it with its weight and bias as one node)."""
     n = x.global_shape[d]
     kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
 
@@ -176,22 +186,19 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     rows = local.shape[:d] + (1,) + local.shape[d + 1:]
     if any_open():  # else nothing is counted: no blocks to gather
         sweep(op, (local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
-    if x._ag is None:
-        return out
-    if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
-        rows = local.shape[:d] + (1,) + local.shape[d + 1:]
-        stat = np.float32 if is_low(y.dtype) else y.dtype  # bfloat16's statistics are float32
+    if x._ag is not None and x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept
+        stat = np.float32 if is_low(y.dtype) else y.dtype  # bytes measure alike (bfloat16's statistics: float32)
         kept["rstd"] = _engine_local(np.copy, broadcast_zero(rows, stat), y)
-    return record_normalized(out, x, y, kept, d, centre, op)
+    return out, y, kept
 
 
 def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5,
                kept: str = "graph") -> Any:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
 
-    `kept` (rows whole on every rank; split rows take the composite either way): "graph", a node for the
-    normalization (keeping x, its normalized values and 1 / sqrt(var + eps)) and one each for the weight
-    and the bias (keeping their inputs); "megatron", one node keeping x and each row's mean and standard
+    `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
+    (spmdsim.ops.fused.norm_affine) keeping what the normalization's, the weight's and the bias's nodes would
+    keep (x, its normalized values and 1 / sqrt(var + eps), the product and the sum); "megatron", one node keeping x and each row's mean and standard
     deviation (Apex's fused layer norm: 2 numbers a row), which makes the rest again in the backward.
     """
     try:  # a call like one that passed the checks below: x's layout object, shape and dtype, eps, kept and
@@ -223,7 +230,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     if whole:
         if kept == "megatron":
             return _fused_layer_norm(x, d, eps, weight, bias)
-        return _affine(_normalized(x, d, eps, True, "layer_norm"), weight, bias)
+        return _fused.norm_affine(x, d, eps, True, "layer_norm", weight, bias)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
@@ -240,7 +247,7 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
     """layer_norm along a whole last dim as one node that keeps x and each row's mean and standard
     deviation (spmdsim.autograd.rules.norms.record_layer_norm); the values are the composite's. bfloat16:
     the statistics float32 (Apex's), and the normalized values, times weight and plus bias each rounded
-    once, where the graph's three nodes round them (spmdsim.precision)."""
+    once, where the graph's (spmdsim.ops.fused.norm_affine) rounds them (spmdsim.precision)."""
     n = x.global_shape[d]
     w, b = _replicated(weight), _replicated(bias)
     low = is_low(x.dtype)
@@ -297,9 +304,9 @@ def _replicated(t: Optional[Any]) -> Optional[Any]:
 def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str = "graph") -> Any:
     """x / sqrt(mean(x ** 2) + eps) * weight over the last dim.
 
-    `kept` (rows whole on every rank; split rows take the composite either way): "graph", a node for the
-    normalization (keeping x, its normalized values and 1 / sqrt(mean(x ** 2) + eps)) and one for the weight
-    (keeping its input); "megatron", one node keeping x and each row's root (TransformerEngine's fused RMSNorm,
+    `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
+    (spmdsim.ops.fused.norm_affine) keeping what the normalization's and the weight's nodes would keep (x, its
+    normalized values and 1 / sqrt(mean(x ** 2) + eps), the product); "megatron", one node keeping x and each row's root (TransformerEngine's fused RMSNorm,
     whose forward saves its input and rsigma, one number a row), which makes the normalized values again in the
     backward.
     """
@@ -313,7 +320,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
     if _whole_rows("rms_norm", x):
         if kept == "megatron":
             return _fused_rms_norm(x, d, eps, weight)
-        return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
+        return _fused.norm_affine(x, d, eps, False, "rms_norm", weight, None)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
     return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
 
@@ -322,7 +329,7 @@ def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
     """rms_norm along a whole last dim as one node that keeps x and each row's root sqrt(mean(x ** 2) + eps)
     (spmdsim.autograd.rules.norms.record_rms_norm; TransformerEngine keeps its inverse, rsigma: the same
     bytes); the values are the composite's. bfloat16: as the fused kernel, the root and x / root in float32,
-    times the widened weight in float32 and rounded once (the graph's two nodes round the normalized values,
+    times the widened weight in float32 and rounded once (the graph's norm rounds the normalized values,
     then their product with the weight)."""
     n = x.global_shape[d]
     w = _replicated(weight)
@@ -507,3 +514,7 @@ def _permutation(dims: Any, ndim: int) -> tuple:
         raise OperatorError(f"dropout: mask_dims {dims!r} must be a permutation of the tensor's {ndim} dims, "
                             f"e.g. {tuple(range(ndim))[::-1]!r}")
     return order
+
+
+# The graph's fused norm with its weight and bias (its module reads `normal_values` above: imported last).
+from . import fused as _fused  # noqa: E402

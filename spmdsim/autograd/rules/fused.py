@@ -28,10 +28,10 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...flops import sweep
 from ...precision import is_low
 from .einsum import einsum_grads
-from .grads import grad_tensor
+from .grads import grad_tensor, gradient_block, gradient_layout
 from .pointwise import _sum_dims, _summed_axes
 
-__all__ = ["EinsumBiasGrads", "ResidualGrads", "ReshapeEinsumGrads", "bias_sums"]
+__all__ = ["EinsumBiasGrads", "NormAffineGrads", "ResidualGrads", "ReshapeEinsumGrads", "bias_sums"]
 
 _SUM = np.add.reduce  # the add rule's reduction (ndarray.sum's own kernel)
 _F32 = np.dtype(np.float32)
@@ -49,13 +49,15 @@ def _rounded_wide(block: np.ndarray, low: np.dtype) -> np.ndarray:
 
 def bias_sums(add: Any, bias: Any) -> tuple:
     """What the add rule sums `bias`'s gradient over, for an add prepared as `add` (ops.pointwise's `Prepared` of
-    (y, bias)): (the leading dims it lacks, its own broadcast dims, the mesh axes that split them), kept per
-    prepared add (its operands' layouts and shapes decide it)."""
+    (y, bias); or a product's, of (y, weight)): (the leading dims it lacks, its own broadcast dims, the mesh axes
+    that split them, its gradient's layout where dY holds no pending sum), kept per prepared add (its operands'
+    layouts and shapes decide it)."""
     seen = _SUMS.get(id(add))
     if seen is not None and seen[0] is add:
         return seen[1]
     lead, inner, dims = _sum_dims(bias._shape, add.shape)
-    out = (lead, inner, _summed_axes(add.out, dims) if dims else ())
+    summed = _summed_axes(add.out, dims) if dims else ()
+    out = (lead, inner, summed, gradient_layout(bias._layout, summed))
     if len(_SUMS) >= 4096:  # a long run over many signatures: start over
         _SUMS.clear()
     _SUMS[id(add)] = (add, out)  # the entry holds the add: its id is not reused meanwhile
@@ -68,20 +70,48 @@ _SUMS: dict = {}  # id(a prepared add) -> (that add, bias_sums' answer)
 def _bias_grad(bias: Any, d: np.ndarray, partial: tuple, sums: tuple, dry: bool) -> Any:
     """The add rule's gradient of `bias` from the sum's dY block `d`: summed over the leading dims it lacks and
     its broadcast dims (`sums`: those, and the axes that split them), pending over those axes too."""
-    lead, inner, summed = sums
     if _flops._OPEN:  # the add rule's count: dY read, the bias's gradient written
         sweep("add", [d], [bias.local])
-    if dry and (lead or inner):  # a dry run's: the zeros of the sum's shape, dY not read
-        shape = [n for k, n in enumerate(d.shape) if k not in lead]
+    return _summed_grad(bias, d, partial, sums, dry)
+
+
+def _summed_grad(t: Any, g: np.ndarray, partial: tuple, sums: tuple, dry: bool) -> Any:
+    """An elementwise rule's gradient of its broadcast operand `t` from the output-shaped block `g`: summed over
+    the leading dims it lacks and its broadcast dims (`sums`: `bias_sums`' answer), pending over their axes too (a
+    dry run's: the zeros of the sum's shape, `g` not read)."""
+    lead, inner, summed, whole = sums
+    if dry and (lead or inner):
+        shape = [n for k, n in enumerate(g.shape) if k not in lead]
         for k in inner:
             shape[k] = 1
-        g = np.zeros(shape, d.dtype)
+        g = np.zeros(shape, g.dtype)
     else:
-        g = _SUM(d, axis=lead) if lead else d
+        if lead:
+            g = _SUM(g, axis=lead)
         if inner:
             g = _SUM(g, axis=inner, keepdims=True)
-    shape = bias._local.shape
-    return grad_tensor(bias, g if g.shape == shape else g.reshape(shape), partial, summed)
+    block = t._local
+    if g.shape != block.shape:
+        g = g.reshape(block.shape)
+    if not partial and type(g) is _ndarray and g.dtype is block.dtype and g.flags.c_contiguous:
+        out = _new(type(t))  # grad_tensor's usual case, its layout kept in `sums`
+        out._mesh, out._local, out._layout, out._shape, out._ag = t._mesh, g, whole, t._shape, None
+        return out
+    return grad_tensor(t, g, partial, summed)
+
+
+def _made(like: Any, d: np.ndarray) -> np.ndarray:
+    """The block of the gradient `d` of `like` as the rule's `grad_tensor` made it (C order, in its gradient dtype:
+    float32 beside bfloat16): `d` itself where it is one already (most), without the DTensor."""
+    if type(d) is _ndarray and d.flags.c_contiguous:
+        dtype = like._local.dtype
+        if d.dtype is dtype or d.dtype is _F32 and dtype.kind == "V" and is_low(dtype):
+            return d
+    return gradient_block(like, d, like._layout)._local
+
+
+_ndarray = np.ndarray
+_new = object.__new__
 
 
 class EinsumBiasGrads:
@@ -178,3 +208,55 @@ class ReshapeEinsumGrads:
         x = self.x
         d = g._local if not CAPTURING[0] else g.local
         return grad_tensor(x, d.reshape(x._local.shape), g._layout.partial), gw
+
+
+class NormAffineGrads:
+    """`spmdsim.ops.fused.norm_affine`'s backward: the bias add's, the product's and the normalization's rules in
+    turn. Keeps x, the normalized values and 1 / sqrt(var + eps) (the normalization's rule, `norm`), the weight,
+    the product and the bias (the product's and the add's nodes kept their operands) and the sum (the add's node
+    kept its output), as the nodes kept them (`weight` or `bias` None: none)."""
+
+    __slots__ = ("norm", "y", "weight", "scaled", "bias", "out", "w_sums", "b_sums", "need_w", "need_b")
+
+    def __init__(self, norm: Any, y: Any, weight: Any, scaled: Any, bias: Any, out: Any, w_sums: Optional[tuple],
+                 b_sums: Optional[tuple]) -> None:
+        self.norm, self.y, self.weight, self.scaled, self.bias, self.out = norm, y, weight, scaled, bias, out
+        self.w_sums, self.b_sums = w_sums, b_sums
+        self.need_w = weight is not None and weight._ag is not None
+        self.need_b = bias is not None and bias._ag is not None
+
+    def __call__(self, dy: Any) -> tuple:
+        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        partial = dy._layout.partial
+        dry = dy._mesh.engine.dry
+        bias, weight, y = self.bias, self.weight, self.y
+        gb = gw = None
+        if bias is not None:  # the add rule: the bias's gradient dY summed over its broadcast dims, dY passed on
+            if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
+                d = _local(_unread, d, d)
+            if self.need_b:
+                gb = _bias_grad(bias, d, partial, self.b_sums, dry)
+            d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
+        if weight is not None:  # the product's rule: dY times the weight, the weight's gradient dY y summed
+            need_w = self.need_w
+            plain = not CAPTURING[0]
+            yb = y._local if plain else y.local
+            wb = weight._local if plain else weight.local
+            if _flops._OPEN:  # its count: dY and both operands read, the gradients written
+                sweep("mul", [d, yb, wb], [yb, wb] if need_w else [yb])
+            if dry:  # the dry engine's zeros (one block, shaped as dY, for each operand)
+                g = gw = _local(_unread, d, d)
+            else:
+                g = d * wb
+                gw = d * yb if need_w else None
+            if need_w:
+                gw = _summed_grad(weight, gw, partial, self.w_sums, dry)
+            g = _made(y, g)
+            low = y._local.dtype
+            if is_low(low):  # bfloat16: the normalization's node rounded it
+                g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)
+            d = g
+        norm = self.norm  # the normalization's rule
+        if _flops._OPEN:
+            sweep(norm.op, (d, norm.y, norm.kept["rstd"]), (d,))
+        return gb, gw, grad_tensor(norm.x, _local(norm.grad, d, d), partial)
