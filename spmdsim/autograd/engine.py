@@ -14,9 +14,10 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 from __future__ import annotations
 
 import contextlib
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 import math
-from operator import attrgetter, is_
+import sys
+from operator import attrgetter, iadd, is_, not_
 from typing import Any, Optional
 
 import numpy as np
@@ -157,15 +158,106 @@ def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: flo
     own = tuple(map(owners.__getitem__, leaves))
     plan = _leaf_plan(leaves, gs, own, kept, cap)
     counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
-    for i in plan.kept:
-        leaf, g = leaves[i], gs[i]
-        if counting:
-            _count_accumulation(g)
-        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, own[i], None)
+    if plan.kept:
+        _add_kept(plan.kept, leaves, gs, own, counting)
     for leaf, g, whole in _wholes(plan, leaves, gs, own, explain, readers):
         if counting:
             _count_accumulation(g)
-        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
+        if leaf.grad is None:
+            leaf.grad = g
+        elif not _added_into(leaf, g):
+            leaf.grad = add_grads(leaf.grad, g, whole, None)
+
+
+def _add_kept(kept: list, leaves: list, gs: list, own: tuple, counting: bool) -> None:
+    """Add the gradients `gs` at the positions `kept` (those of leaves kept pending) into their leaves'
+    ``.grad``, as they are (a microbatch's backward under ``keep_pending``: issue 58's pipeline stage adds ~17 a
+    microbatch). Each into its ``.grad``'s block in place where `_added_into`'s conditions hold: here tested for
+    all of them at once in C (a map per condition, no Python per leaf), the leaves whose blocks own their
+    memory; the others (a placed or viewed block, a ``.grad`` held elsewhere) as `_added_into` decides one by
+    one, else `add_grads`. The first backward after ``zero_grad`` sets each ``.grad`` to its gradient."""
+    kl, kg = list(map(leaves.__getitem__, kept)), list(map(gs.__getitem__, kept))
+    if counting:
+        for g in kg:
+            _count_accumulation(g)
+    haves = list(map(_GRAD, kl))
+    n = len(kl)
+    if all(map(is_, haves, _NONE)):  # the first backward since zero_grad: each .grad is its gradient
+        # (`is`, mapped: list.count and `in` would call a DTensor's __eq__, an operator)
+        list(map(setattr, kl, _GRAD_NAME, kg))
+        return
+    rest = range(n)
+    if not any(map(is_, haves, _NONE)) and not buffers.CAPTURING[0] and not kg[0]._mesh.engine.dry:
+        xs, ys = list(map(_LOCAL, haves)), list(map(_LOCAL, kg))
+        if all(map(is_, map(type, xs), _NDARRAY)) and all(map(is_, map(type, ys), _NDARRAY)):
+            sole = list(map(_SOLE_MAPPED.__eq__, zip(
+                map(is_, map(_LAYOUT, haves), map(_LAYOUT, kg)), map(_refs, haves), map(_refs, xs),
+                map(is_, map(_BASE, xs), _NONE), map(_CARRAY, xs), map(is_, map(_DTYPE_OF, xs), map(_DTYPE_OF, ys)))))
+            done = sole.count(True)
+            if done == n:
+                list(map(iadd, xs, ys))
+                return
+            if done:
+                list(map(iadd, compress(xs, sole), compress(ys, sole)))
+                rest = list(compress(rest, map(not_, sole)))
+        haves = xs = ys = None  # (their references would count as other holders in `_added_into`)
+    for i in rest:
+        leaf, g = kl[i], kg[i]
+        if leaf.grad is None:
+            leaf.grad = g
+        elif not _added_into(leaf, g):
+            leaf.grad = add_grads(leaf.grad, g, own[kept[i]], None)
+
+
+def _added_into(leaf: Leaf, g: Any) -> bool:
+    """Whether `g` was added into the block of ``leaf.grad`` in place (``leaf.grad += g``: the same ufunc on
+    the same operands in the same order as `add_grads`' ``a + b``, so the same bits, without a new block and a
+    new DTensor per leaf and microbatch). Only where nothing else can see that block: ``leaf.grad`` held by the
+    leaf alone (no caller kept the DTensor of an earlier backward, whose values would change under it), its
+    block held by that DTensor alone and owning its memory (or the sole view of a placed buffer,
+    spmdsim.buffers), so no other tensor's block (a gradient handed to two inputs, a bucket's flat Allreduce, a
+    view) shares it; writeable and C-contiguous, of `g`'s layout, shape and dtype. Never while a step is
+    captured (the capture records `add_grads`' new block) nor in a dry run (whose engine adds nothing)."""
+    have = leaf.grad
+    if have._layout is not g._layout or buffers.CAPTURING[0] or _refs(have) != _SOLE[0]:
+        return False
+    x, y = have._local, g._local
+    if type(x) is not _ndarray or type(y) is not _ndarray or _refs(x) != _SOLE[1] or not x.flags.carray \
+            or x.shape != y.shape or x.dtype != y.dtype or have._mesh.engine.dry:
+        return False
+    base = x.base
+    if base is not None and (type(base) is not _ndarray or base.base is not None or _refs(base) != _SOLE[1]):
+        return False
+    x += y
+    return True
+
+
+_refs, _ndarray = sys.getrefcount, np.ndarray
+_GRAD_NAME, _NDARRAY = repeat("grad"), repeat(np.ndarray)
+_BASE, _CARRAY, _DTYPE_OF = attrgetter("base"), attrgetter("flags.carray"), attrgetter("dtype")
+
+
+class _Probe:
+    __slots__ = ("_local",)
+
+
+def _sole_counts() -> tuple:
+    """The reference counts `_added_into` reads of a DTensor held by a leaf's slot alone and of a block held
+    by that DTensor alone, its frame's own references included; and those `_add_kept` reads through its lists
+    (`_SOLE_MAPPED`'s). Measured on this interpreter, as those functions take them, not assumed."""
+    leaf = Leaf()
+    leaf.grad = _Probe()
+    leaf.grad._local = object()
+    have = leaf.grad
+    x = have._local
+    single = _refs(have), _refs(x)
+    have = x = None
+    haves = list(map(_GRAD, [leaf]))
+    xs = list(map(_LOCAL, haves))
+    mapped = next(zip(map(_refs, haves), map(_refs, xs)))
+    return single, mapped
+
+
 
 
 def _refuse_options(explain: Any, retain_graph: Any, create_graph: Any) -> None:
@@ -377,6 +469,10 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
 _LAYOUT, _DTYPE, _MESH, _SHAPE = attrgetter("_layout"), attrgetter("_local.dtype"), attrgetter("_mesh"), \
     attrgetter("_shape")
 _BLOCK_SHAPE, _GRAD, _LOCAL = attrgetter("_local.shape"), attrgetter("grad"), attrgetter("_local")
+_SOLE, _MAPPED = _sole_counts()
+#: What `_add_kept` asks of each kept leaf for an addition in place: its .grad's layout `g`'s, the .grad held
+#: by the leaf alone, its block by the .grad alone and owning its memory, C-contiguous and writeable, of g's dtype.
+_SOLE_MAPPED = (True, _MAPPED[0], _MAPPED[1], True, True, True)
 
 
 def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict) -> Any:
