@@ -117,3 +117,12 @@ def test_a_grad_without_keep_pending_accumulates_over_backwards_in_buckets_and_a
         np.testing.assert_allclose(a, dz * B, rtol=1e-13)
         np.testing.assert_allclose(b, dz * W, rtol=1e-13)
         np.testing.assert_allclose(v, dz.reshape(6), rtol=1e-13)
+
+
+def test_the_engine_makes_a_bucket_s_tensors_with_every_slot_of_a_dtensor():
+    """A bucket's whole gradients are made slot by slot in C (engine._tensors, as DTensor._trusted makes one):
+    a slot added to DTensor and not set there would be an AttributeError on its first read."""
+    from spmdsim.autograd import engine
+    from spmdsim.runtime.dtensor import DTensor as Runtime
+
+    assert sorted(engine.TENSOR_SLOTS) == sorted(Runtime.__slots__)
