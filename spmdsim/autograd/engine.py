@@ -117,9 +117,9 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
             if key is None:
                 continue
             layout = tensor._layout
-            have = g._layout
-            if have is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
+            if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
                 # grad_layout's look-up written out (its answer for these two layout objects, when it has one)
+                have = g._layout
                 seen = cached((id(layout), id(have)))
                 if seen is not None and seen[0] is layout and seen[1] is have:
                     target = seen[2]
