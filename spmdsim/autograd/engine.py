@@ -14,9 +14,10 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 from __future__ import annotations
 
 import contextlib
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 import math
-from operator import attrgetter, is_
+import sys
+from operator import attrgetter, iadd, is_, not_
 from typing import Any, Optional
 
 import numpy as np
@@ -95,24 +96,21 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
     """Run each node's backward of `order` (latest first) on its output's gradient in `grads` (popped), freeing
     the node, and add the gradients it gives its inputs to `grads` (`_take`); `owners` notes the layout of the
     tensor of each. `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
+    if explain is not None or _flops._BLOCKS:  # (a counter opens and closes outside the walk, as `any_open`'s)
+        _walk_noted(order, grads, owners, explain, readers)
+        return
+    cached = _GRAD_BY_OBJECT.get
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        if explain is not None:
-            _explained(node, dy, run, inputs, grads, owners, explain, readers)
-            continue
-        want = node.want  # no trace to collect: no context per node
+        want = node.want
         if node.low is not None or want is not None and (dy._layout is not want or want.partial):
             dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
-        outs = run(dy)
-        if _flops._BLOCKS:  # a counter that records blocks (the estimate's dry run): `_take` marks the leaves'
-            _take(grads, owners, inputs, outs)
-            continue
         # `_take`, written out here without its frame and its counter's test per input (a node a call: issue 58)
-        for tensor, g in zip(inputs, outs):
+        for tensor, g in zip(inputs, run(dy)):
             if g is None or tensor is None:
                 continue
             key = tensor._ag
@@ -120,8 +118,14 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 continue
             layout = tensor._layout
             if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
-                target = grad_layout(layout, g._layout)
-                if g._layout is not target:
+                # grad_layout's look-up written out (its answer for these two layout objects, when it has one)
+                have = g._layout
+                seen = cached((id(layout), id(have)))
+                if seen is not None and seen[0] is layout and seen[1] is have:
+                    target = seen[2]
+                else:
+                    target = grad_layout(layout, have)
+                if have is not target:
                     g = _move(g, target)
             else:
                 target = layout
@@ -130,6 +134,21 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 grads[key], owners[key] = g, layout
             else:
                 grads[key] = add_grads(have, g, target)
+
+
+def _walk_noted(order: list, grads: dict, owners: dict, explain: Optional[list], readers: Any) -> None:
+    """`_walk` with an explanation or under a counter that records blocks (the estimate's dry run): each node's
+    step by `_explained`, or by `_take`, which marks the leaves' gradient blocks as held."""
+    for node in order:
+        dy = grads.pop(node, None)
+        run, inputs = node.backward, node.inputs
+        node.backward, node.inputs = None, ()  # freed: saved tensors go with it
+        if dy is None:
+            continue
+        if explain is not None:
+            _explained(node, dy, run, inputs, grads, owners, explain, readers)
+        else:
+            _take(grads, owners, inputs, run(_prepared(node, dy, run, inputs)))
 
 
 def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners: dict, explain: list,
@@ -157,15 +176,104 @@ def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: flo
     own = tuple(map(owners.__getitem__, leaves))
     plan = _leaf_plan(leaves, gs, own, kept, cap)
     counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
-    for i in plan.kept:
-        leaf, g = leaves[i], gs[i]
-        if counting:
+    if plan.kept:  # their gradients as they are
+        kept = plan.kept
+        _into_grads(list(map(leaves.__getitem__, kept)), list(map(gs.__getitem__, kept)),
+                    list(map(own.__getitem__, kept)), counting)
+    if plan.positions:  # the others' whole
+        wholes = _whole_grads(plan, leaves, gs) if explain is None else \
+            [g for _, g, _ in _wholes(plan, leaves, gs, own, explain, readers)]
+        _into_grads(list(map(leaves.__getitem__, plan.positions)), wholes, plan.wholes, counting)
+
+
+def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
+    """Add the gradients `kg` into the ``.grad`` of the leaves `kl` (`layouts`: the layout each sum takes,
+    `add_grads`'): a microbatch's backward under ``keep_pending`` adds ~17 a pipeline stage's microbatch
+    (issue 58). Each into its ``.grad``'s block in place where `_added_into`'s conditions hold: here tested for
+    all of them at once in C (a map per condition, no Python per leaf), the leaves whose blocks own their
+    memory; the others (a placed or viewed block, a ``.grad`` held elsewhere) as `_added_into` decides one by
+    one, else `add_grads`. The first backward after ``zero_grad`` sets each ``.grad`` to its gradient."""
+    if counting:
+        for g in kg:
             _count_accumulation(g)
-        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, own[i], None)
-    for leaf, g, whole in _wholes(plan, leaves, gs, own, explain, readers):
-        if counting:
-            _count_accumulation(g)
-        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
+    haves = list(map(_GRAD, kl))
+    n = len(kl)
+    if all(map(is_, haves, _NONE)):  # the first backward since zero_grad: each .grad is its gradient
+        # (`is`, mapped: list.count and `in` would call a DTensor's __eq__, an operator)
+        list(map(setattr, kl, _GRAD_NAME, kg))
+        return
+    rest = range(n)
+    if not any(map(is_, haves, _NONE)) and not buffers.CAPTURING[0] and not kg[0]._mesh.engine.dry:
+        xs, ys = list(map(_LOCAL, haves)), list(map(_LOCAL, kg))
+        if all(map(is_, map(type, xs), _NDARRAY)) and all(map(is_, map(type, ys), _NDARRAY)):
+            sole = list(map(_SOLE_MAPPED.__eq__, zip(
+                map(is_, map(_LAYOUT, haves), map(_LAYOUT, kg)), map(_refs, haves), map(_refs, xs),
+                map(is_, map(_BASE, xs), _NONE), map(_CARRAY, xs), map(is_, map(_DTYPE_OF, xs), map(_DTYPE_OF, ys)))))
+            done = sole.count(True)
+            if done == n:
+                list(map(iadd, xs, ys))
+                return
+            if done:
+                list(map(iadd, compress(xs, sole), compress(ys, sole)))
+                rest = list(compress(rest, map(not_, sole)))
+        haves = xs = ys = None  # (their references would count as other holders in `_added_into`)
+    for i in rest:
+        leaf, g = kl[i], kg[i]
+        if leaf.grad is None:
+            leaf.grad = g
+        elif not _added_into(leaf, g):
+            leaf.grad = add_grads(leaf.grad, g, layouts[i], None)
+
+
+def _added_into(leaf: Leaf, g: Any) -> bool:
+    """Whether `g` was added into the block of ``leaf.grad`` in place (``leaf.grad += g``: the same ufunc on
+    the same operands in the same order as `add_grads`' ``a + b``, so the same bits, without a new block and a
+    new DTensor per leaf and microbatch). Only where nothing else can see that block: ``leaf.grad`` held by the
+    leaf alone (no caller kept the DTensor of an earlier backward, whose values would change under it), its
+    block held by that DTensor alone and owning its memory (or the sole view of a placed buffer,
+    spmdsim.buffers), so no other tensor's block (a gradient handed to two inputs, a bucket's flat Allreduce, a
+    view) shares it; writeable and C-contiguous, of `g`'s layout, shape and dtype. Never while a step is
+    captured (the capture records `add_grads`' new block) nor in a dry run (whose engine adds nothing)."""
+    have = leaf.grad
+    if have._layout is not g._layout or buffers.CAPTURING[0] or _refs(have) != _SOLE[0]:
+        return False
+    x, y = have._local, g._local
+    if type(x) is not _ndarray or type(y) is not _ndarray or _refs(x) != _SOLE[1] or not x.flags.carray \
+            or x.shape != y.shape or x.dtype != y.dtype or have._mesh.engine.dry:
+        return False
+    base = x.base
+    if base is not None and (type(base) is not _ndarray or base.base is not None or _refs(base) != _SOLE[1]):
+        return False
+    x += y
+    return True
+
+
+_refs, _ndarray = sys.getrefcount, np.ndarray
+_GRAD_NAME, _NDARRAY = repeat("grad"), repeat(np.ndarray)
+_BASE, _CARRAY, _DTYPE_OF = attrgetter("base"), attrgetter("flags.carray"), attrgetter("dtype")
+
+
+class _Probe:
+    __slots__ = ("_local",)
+
+
+def _sole_counts() -> tuple:
+    """The reference counts `_added_into` reads of a DTensor held by a leaf's slot alone and of a block held
+    by that DTensor alone, its frame's own references included; and those `_add_kept` reads through its lists
+    (`_SOLE_MAPPED`'s). Measured on this interpreter, as those functions take them, not assumed."""
+    leaf = Leaf()
+    leaf.grad = _Probe()
+    leaf.grad._local = object()
+    have = leaf.grad
+    x = have._local
+    single = _refs(have), _refs(x)
+    have = x = None
+    haves = list(map(_GRAD, [leaf]))
+    xs = list(map(_LOCAL, haves))
+    mapped = next(zip(map(_refs, haves), map(_refs, xs)))
+    return single, mapped
+
+
 
 
 def _refuse_options(explain: Any, retain_graph: Any, create_graph: Any) -> None:
@@ -271,8 +379,8 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
             leaves.append(leaf)
             own.append(t._layout)
     gs = list(map(_GRAD, leaves))
-    for leaf, g, _ in _wholes(_leaf_plan(leaves, gs, own, None, cap), leaves, gs, own, None, {}):
-        leaf.grad = g
+    plan = _leaf_plan(leaves, gs, own, None, cap)
+    list(map(setattr, leaves, _GRAD_NAME, _whole_grads(plan, leaves, gs)))  # (no leaf kept: every one, in order)
 
 
 def _bucket_cap(bucket: Any) -> float:
@@ -290,19 +398,23 @@ def _bucket_cap(bucket: Any) -> float:
 class _LeafPlan:
     """What the walk's end does with its leaves' gradients (`_leaf_plan`), by their positions in the walk's
     leaf order: `kept`, the positions of the leaves kept pending; `steps`, (position, the layout its whole
-    gradient takes, its bucket's index or -1) for each other leaf, in order; `buckets`, each `_BucketPlan`.
-    `held`: the layouts and dtypes whose ids its key holds (alive as long as it is, so no other object takes
-    their ids)."""
+    gradient takes, its bucket's index or -1) for each other leaf, in order; `positions` and `wholes`, those
+    steps' positions and layouts as two lists; `actions`, what makes them whole, in order: (a bucket's index,
+    its first member's step, that layout) where its one Allreduce is made, (-1, a step, its layout) for a leaf
+    whose gradient moves alone (not one already whole: nothing to do); `buckets`, each `_BucketPlan`. `held`:
+    the layouts and dtypes whose ids its key holds (alive as long as it is, so no other object takes their
+    ids)."""
 
-    __slots__ = ("kept", "steps", "buckets", "held")
+    __slots__ = ("kept", "steps", "positions", "wholes", "actions", "buckets", "held")
 
 
 class _BucketPlan:
-    """Leaves whose gradients share one Allreduce: `positions`, in leaf order; `parts`, (position, the part of
-    the summed flat block it takes (a slice), its block's shape, the whole gradient's layout, its global shape)
-    for each."""
+    """Leaves whose gradients share one Allreduce: `positions`, in leaf order; `slots`, their steps (indices
+    into `_LeafPlan.steps`); `slices`, the part of the summed flat block each takes; `shapes`, their blocks'
+    shapes; `layouts`, their whole gradients' layouts; `global_shapes`, theirs (five lists, one entry a
+    member: `_bucket_sum` maps over them in C)."""
 
-    __slots__ = ("positions", "parts")
+    __slots__ = ("positions", "slots", "slices", "shapes", "layouts", "global_shapes")
 
 
 def _leaf_plan(leaves: list, gs: list, own: Any, kept: Any, cap: float) -> _LeafPlan:
@@ -343,7 +455,7 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
         if kept is not None and kept[i]:
             continue
         mine = own[i]
-        steps.append([i, mine if not mine.partial else with_partial(mine, ()), None])
+        steps.append([i, mine if not mine.partial else with_partial(mine, ()), None, len(steps)])
         layout = g._layout
         if not cap or not layout.partial or (layout.layout is not mine.layout and layout.layout != mine.layout) \
                 or layout.tensor_map != mine.tensor_map:
@@ -362,33 +474,67 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
         if len(members) < 2:
             continue
         bucket, at = _BucketPlan(), 0
-        bucket.positions, bucket.parts = [step[0] for step in members], []
+        bucket.positions, bucket.slots = [step[0] for step in members], [step[3] for step in members]
+        bucket.slices, bucket.shapes, bucket.layouts, bucket.global_shapes = [], [], [], []
         for step in members:
             g = gs[step[0]]
             n = g._local.size  # its block (a captured step's traced view has the same shape)
-            bucket.parts.append((step[0], slice(at, at + n), g._local.shape, with_partial(g._layout, ()), g._shape))
+            bucket.slices.append(slice(at, at + n))
+            bucket.shapes.append(g._local.shape)
+            bucket.layouts.append(with_partial(g._layout, ()))
+            bucket.global_shapes.append(g._shape)
             at += n
             step[2] = len(plan.buckets)
         plan.buckets.append(bucket)
-    plan.steps = [(i, whole, -1 if b is None else b) for i, whole, b in steps]
+    plan.steps = [(i, whole, -1 if b is None else b) for i, whole, b, _ in steps]
+    plan.positions, plan.wholes = [step[0] for step in plan.steps], [step[1] for step in plan.steps]
+    plan.actions, met = [], set()
+    for k, (i, whole, b) in enumerate(plan.steps):
+        if b >= 0:
+            if b not in met:
+                met.add(b)
+                plan.actions.append((b, k, whole))
+        elif gs[i]._layout is not whole and gs[i]._layout != whole:  # else `_move` would hand it back as it is
+            plan.actions.append((-1, k, whole))
     return plan
 
 
 _LAYOUT, _DTYPE, _MESH, _SHAPE = attrgetter("_layout"), attrgetter("_local.dtype"), attrgetter("_mesh"), \
     attrgetter("_shape")
 _BLOCK_SHAPE, _GRAD, _LOCAL = attrgetter("_local.shape"), attrgetter("grad"), attrgetter("_local")
+_SOLE, _MAPPED = _sole_counts()
+#: What `_add_kept` asks of each kept leaf for an addition in place: its .grad's layout `g`'s, the .grad held
+#: by the leaf alone, its block by the .grad alone and owning its memory, C-contiguous and writeable, of g's dtype.
+_SOLE_MAPPED = (True, _MAPPED[0], _MAPPED[1], True, True, True)
+
+
+def _whole_grads(plan: _LeafPlan, leaves: list, gs: list) -> list:
+    """The whole gradient of each leaf `plan` does not keep pending (`plan.positions`' leaves, in order): its
+    gradient moved to its whole layout, or its bucket's part (the bucket's one Allreduce made where its first
+    leaf comes), or its gradient as it is where it is whole already; each bucket's parts put in place in C.
+    `_wholes` with an explanation."""
+    out = list(map(gs.__getitem__, plan.positions))
+    for b, k, whole in plan.actions:
+        if b < 0:
+            out[k] = _move(out[k], whole)
+        else:
+            bucket = plan.buckets[b]
+            list(map(out.__setitem__, bucket.slots, _bucket_sum(bucket, leaves, gs, None, None)))
+    return out
 
 
 def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict) -> Any:
-    """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order: its
-    gradient moved there, or its bucket's part (the bucket's one Allreduce made when its first leaf comes)."""
+    """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order, as
+    `_whole_grads` makes them, an explanation's entry for each bucket and each leaf (moved or not) added to
+    `explain`."""
     summed: list = [None] * len(plan.buckets)
     for i, whole, b in plan.steps:
         leaf = leaves[i]
         if b >= 0:
             done = summed[b]
             if done is None:
-                done = summed[b] = _bucket_sum(plan.buckets[b], leaves, gs, explain, readers)
+                bucket = plan.buckets[b]
+                done = summed[b] = dict(zip(bucket.positions, _bucket_sum(bucket, leaves, gs, explain, readers)))
             yield leaf, done[i], whole
         elif explain is None:
             yield leaf, _move(gs[i], whole), whole
@@ -400,8 +546,8 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional
             yield leaf, g, whole
 
 
-def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[list], readers: dict) -> dict:
-    """Position -> whole gradient for each leaf of `bucket`, from one Allreduce of their blocks."""
+def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[list], readers: dict) -> list:
+    """The whole gradient of each leaf of `bucket`, in its order, from one Allreduce of their blocks."""
     DTensor, executor = _RUNTIME or _runtime()
     grads = list(map(gs.__getitem__, bucket.positions))
     first = grads[0]
@@ -419,11 +565,24 @@ def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[l
         shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
         explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
                         "bucket" + _read_by(readers, [leaves[i] for i in bucket.positions]), trace.entries))
-    trusted, mesh = DTensor._trusted, first._mesh  # (one mesh: the bucket's gradients share it)
-    done = {}
-    for i, part, shape, layout, global_shape in bucket.parts:  # each shaped and typed as its gradient's block
-        done[i] = trusted(mesh, summed[part].reshape(shape), layout, global_shape)
-    return done
+    # Each part shaped as its gradient's block (the array's own class's reshape: a captured step's traced
+    # view stays one), and a DTensor of it, as DTensor._trusted makes one, each slot set by a map in C.
+    blocks = list(map(type(summed).reshape, map(summed.__getitem__, bucket.slices), bucket.shapes))
+    return _tensors(DTensor, first._mesh, blocks, bucket.layouts, bucket.global_shapes)  # (one mesh: theirs)
+
+
+def _tensors(DTensor: type, mesh: Any, blocks: list, layouts: list, global_shapes: list) -> list:
+    """``DTensor._trusted(mesh, block, layout, global_shape)`` for each of `blocks`, `layouts` and
+    `global_shapes` (no checks: the bucket's plan shaped each block), made by maps in C: no Python per tensor."""
+    made = list(map(_new_object, repeat(DTensor, len(blocks))))
+    for name, values in zip(TENSOR_SLOTS, (repeat(mesh), blocks, layouts, global_shapes, _NONE)):
+        list(map(setattr, made, repeat(name), values))
+    return made
+
+
+_new_object = object.__new__
+#: The slots `_tensors` sets, as DTensor._trusted does (tests/test_autograd_accumulate.py checks DTensor's).
+TENSOR_SLOTS = ("_mesh", "_local", "_layout", "_shape", "_ag")
 
 
 def _read_by(readers: dict, leaves: list) -> str:

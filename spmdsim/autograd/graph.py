@@ -9,7 +9,9 @@ Pure Python: importing it starts no MPI.
 """
 from __future__ import annotations
 
+from collections import deque
 import itertools
+from itertools import repeat
 import threading
 from functools import partial, wraps
 from operator import attrgetter, is_not
@@ -121,10 +123,9 @@ _ERAS = itertools.count(1)  # eras of optimizer steps, over every thread: each s
 def updated(leaves: Any) -> None:
     """Note that the blocks of these leaves (parameters) were just changed in place (an optimizer's step): a
     graph recorded before reads their new values, not those its forward read, and `stale_reads` finds it.
-    Costs one tuple and one attribute per leaf a step, nothing per recorded node."""
+    Costs one tuple a step and one attribute per leaf (set in C), nothing per recorded node."""
     era = next(_ERAS)
-    for leaf in leaves:
-        leaf.updated = era
+    deque(map(setattr, leaves, repeat("updated"), repeat(era)), 0)  # leaf.updated = era for each, in C
     mode = _Mode
     mode.tag = (mode.tag[0], era)
     mode.step_seq = _next_seq()  # nodes recorded from now on on this thread have higher seqs
@@ -153,7 +154,9 @@ class _Recorded:
         which the backward walk makes as it brings each gradient to its input's layout. Its name holds the
         two layouts, not the tensors: a closure over `out` made a cycle (out -> its node -> the name -> out)
         that kept both blocks, about 6 MiB a GPT step's rank, until the garbage collector ran."""
-        return record(out, partial(_move_name, x._layout, out._layout), (x,), _passed)
+        # `record`'s node, its read layouts (x's and out's) given: no gathering them (a move a call: issue 58)
+        source, target = x._layout, out._layout
+        return attach(out, partial(_move_name, source, target), (x,), _passed, None, (source, target))
 
 
 def _move_name(source: Any, target: Any) -> str:

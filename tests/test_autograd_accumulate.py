@@ -1,0 +1,128 @@
+"""Gradients added into ``.grad`` over several backwards (``keep_pending``: a pipeline's microbatches, DDP's
+no_sync): the walk adds a gradient into the block of the leaf's ``.grad`` in place where nothing else can see
+that block (spmdsim.autograd.engine's `_add_kept`, `_added_into`), else into a new one. Either way each ``.grad``
+is the sum of its own gradients: a block two gradients share, a view of another gradient's block, or a ``.grad``
+a caller kept from an earlier backward is never written. Tiny tensors on 2 simulated ranks: well under a second.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh, ops
+from spmdsim.autograd import reduce_grads
+
+A = np.arange(12.0).reshape(4, 3) / 7
+W = np.arange(6.0).reshape(3, 2) / 5 - 0.3
+V = np.arange(6.0) / 4 - 0.5
+SCALES = (1.0, -0.5, 2.0)  # one input per backward (a microbatch each)
+
+
+def _dz(z: np.ndarray, scale: float) -> np.ndarray:
+    """d sum((x z)^2) / dz for x = scale * A."""
+    x = scale * A
+    return 2 * x.T @ (x @ z)
+
+
+def _run(body):
+    """`body(mesh, x_of, leaves)` on 2 ranks, each leaf replicated (its gradient pending over "dp" when kept)."""
+    def wrapped():
+        layout = Layout((2,), ("dp",))
+        mesh = Mesh(layout)
+        rep = layout(None, None)
+        a = DTensor.from_global(mesh, W, rep).requires_grad_()
+        b = DTensor.from_global(mesh, W[::-1].copy(), rep).requires_grad_()
+        v = DTensor.from_global(mesh, V, layout(None)).requires_grad_()
+        x_of = lambda s: DTensor.from_global(mesh, s * A, layout("dp", None))  # noqa: E731
+        return body(mesh, x_of, (a, b, v))
+
+    return spmdsim.simulate(2, wrapped)
+
+
+def test_leaves_whose_gradients_share_a_block_each_sum_their_own():
+    """a + b hands both leaves one gradient, and v's (a reshape's) is a view of it: adding the next backward's
+    gradient into a's block in place would add it to b's and v's too (each of them twice the right sum's
+    share of it)."""
+    def body(mesh, x_of, leaves):
+        a, b, v = leaves
+        for s in SCALES:
+            z = a + b + ops.reshape(v, (3, 2))
+            y = x_of(s) @ z
+            ops.sum(y * y).backward(keep_pending=leaves)
+        reduce_grads(list(leaves))
+        return [t.grad.gather() for t in leaves]
+
+    z = W + W[::-1] + V.reshape(3, 2)
+    want = sum(_dz(z, s) for s in SCALES)
+    for a, b, v in _run(body):
+        np.testing.assert_allclose(a, want, rtol=1e-13)
+        np.testing.assert_allclose(b, want, rtol=1e-13)
+        np.testing.assert_allclose(v, want.reshape(6), rtol=1e-13)
+
+
+def test_a_grad_kept_from_an_earlier_backward_keeps_its_values():
+    """A caller's reference to ``w.grad`` after one backward: the next backward's sum goes into a new block, not
+    into that tensor's (PyTorch accumulates in place; spmdsim's ``.grad`` after a backward was always a new
+    tensor, and stays one where a caller holds the old). Nobody holding it, the sum is made in place."""
+    def body(mesh, x_of, leaves):
+        a = leaves[0]
+        sums = []
+        for s in SCALES:
+            y = x_of(s) @ a
+            ops.sum(y * y).backward(keep_pending=[a])
+            sums.append(a.grad)  # each backward's .grad, kept
+        blocks = [t.local.copy() for t in sums]
+        # Kept by nobody: the next backward adds into the block itself.
+        a.grad = None
+        sums = None
+        for s in SCALES:
+            y = x_of(s) @ a
+            ops.sum(y * y).backward(keep_pending=[a])
+            if s == SCALES[0]:
+                first = weakref.ref(a.grad.local)
+        same = first() is a.grad.local
+        reduce_grads([a])
+        return blocks, same, a.grad.gather()
+
+    parts = [_dz(W, s) for s in SCALES]
+    for blocks, same, total in _run(body):
+        # a pending sum over the 2 ranks' rows: each rank's block is its rows' part; their sum the gradient
+        assert same
+        np.testing.assert_allclose(total, sum(parts), rtol=1e-13)
+        for k in range(1, len(SCALES)):  # each kept tensor still differs from the one after it by its addend
+            assert not np.array_equal(blocks[k], blocks[k - 1])
+    # The ranks' blocks of each kept .grad add up to that backward's running sum.
+    per_rank = [blocks for blocks, _, _ in _run(body)]
+    for k in range(len(SCALES)):
+        np.testing.assert_allclose(per_rank[0][k] + per_rank[1][k], sum(parts[:k + 1]), rtol=1e-13)
+
+
+def test_a_grad_without_keep_pending_accumulates_over_backwards_in_buckets_and_alone():
+    """Without keep_pending each backward sums its gradients at once (in one bucket when asked: views of its
+    flat Allreduce), and a second backward adds into ``.grad`` as it is."""
+    def body(mesh, x_of, leaves):
+        a, b, v = leaves
+        for s in SCALES:
+            z = a * b + ops.reshape(v, (3, 2))
+            y = x_of(s) @ z
+            ops.sum(y * y).backward(bucket=s != SCALES[1])
+        return [t.grad.gather() for t in leaves]
+
+    B = W[::-1]
+    z = W * B + V.reshape(3, 2)
+    dz = sum(_dz(z, s) for s in SCALES)
+    for a, b, v in _run(body):
+        np.testing.assert_allclose(a, dz * B, rtol=1e-13)
+        np.testing.assert_allclose(b, dz * W, rtol=1e-13)
+        np.testing.assert_allclose(v, dz.reshape(6), rtol=1e-13)
+
+
+def test_the_engine_makes_a_bucket_s_tensors_with_every_slot_of_a_dtensor():
+    """A bucket's whole gradients are made slot by slot in C (engine._tensors, as DTensor._trusted makes one):
+    a slot added to DTensor and not set there would be an AttributeError on its first read."""
+    from spmdsim.autograd import engine
+    from spmdsim.runtime.dtensor import DTensor as Runtime
+
+    assert sorted(engine.TENSOR_SLOTS) == sorted(Runtime.__slots__)
