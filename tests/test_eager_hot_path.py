@@ -124,7 +124,7 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     numpy's Python wrapper of ``ndarray.sum`` (sums are ``np.add.reduce``), the pointwise backward's
     per-operand summed dims, axes and layouts (kept per plan, dY's layout and the operands' layouts; the
     ranks' threads share the table), a comprehension gathering an operator's operands (mapped by
-    attrgetter in C) or a node's read layouts, `_accumulate` (the walk's `_take` adds each gradient), a new plan
+    attrgetter in C) or a node's read layouts, a new plan
     of the walk's leaves (the first step's is taken again: `_leaf_plan`, once); and the walk brings a node's
     gradient to its layout (`_prepared`) only where it is not already there."""
     import os
@@ -156,8 +156,7 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
            (rules + "einsum.py", "<listcomp>"), ("ops/pointwise.py", "<listcomp>"), ("ops/einsum.py", "<listcomp>"),
-           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_accumulate"),
-           ("autograd/engine.py", "_new_leaf_plan")]
+           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_new_leaf_plan")]
     assert {key: calls[key] for key in cut if key in calls} == {}
     assert calls.get(("autograd/engine.py", "_leaf_plan")) == 1
     nodes = calls[("autograd/graph.py", "attach")]  # every node (`record` calls it; prepared calls and fused pieces too)
