@@ -230,7 +230,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     if whole:
         if kept == "megatron":
             return _fused_layer_norm(x, d, eps, weight, bias)
-        return _fused.norm_affine(x, d, eps, True, "layer_norm", weight, bias)
+        return (_NORM_AFFINE or _norm_affine())(x, d, eps, True, "layer_norm", weight, bias)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
@@ -320,7 +320,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
     if _whole_rows("rms_norm", x):
         if kept == "megatron":
             return _fused_rms_norm(x, d, eps, weight)
-        return _fused.norm_affine(x, d, eps, False, "rms_norm", weight, None)
+        return (_NORM_AFFINE or _norm_affine())(x, d, eps, False, "rms_norm", weight, None)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
     return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
 
@@ -516,5 +516,15 @@ def _permutation(dims: Any, ndim: int) -> tuple:
     return order
 
 
-# The graph's fused norm with its weight and bias (its module reads `normal_values` above: imported last).
-from . import fused as _fused  # noqa: E402
+# The graph's fused norm with its weight and bias (its module reads `normal_values` above).
+_NORM_AFFINE: Any = None  # spmdsim.ops.fused.norm_affine, once imported (fused imports this module: no cycle at import)
+
+
+def _norm_affine() -> Any:
+    """spmdsim.ops.fused.norm_affine (the graph-mode norm and its weight and bias as one node), imported at its
+    first use: spmdsim.ops.fused imports this module's kernels."""
+    global _NORM_AFFINE
+    from .fused import norm_affine
+
+    _NORM_AFFINE = norm_affine
+    return norm_affine
