@@ -16,6 +16,7 @@ import numpy as np
 
 from . import buffers
 from .context import current as _context
+from .context import _THREAD  # the running thread's context (current()'s read, without its call)
 from .errors import ShapeError, SpmdsimError
 from .validate import as_int, counted, shape_arg
 
@@ -213,7 +214,7 @@ class SeededTensor:
         """
         plan = _PLANS.get(id(region))
         if (plan is not None and plan[0] is region and plan[1] == self.shape and plan[2] == threshold
-                and self.dtype == "float64" and self.low == 0 and self.high == 1 and not _context().dry_run):
+                and self.dtype == "float64" and self.low == 0 and self.high == 1 and not _THREAD.context.dry_run):
             key = _KEYS.get(self.seed)
             bits = _xor(plan[4], _key(self.seed) if key is None else key)
             if out is None:
