@@ -16,6 +16,7 @@ import numpy as np
 
 from . import buffers
 from .context import current as _context
+from .context import _THREAD  # the running thread's context (current()'s read, without its call)
 from .errors import ShapeError, SpmdsimError
 from .validate import as_int, counted, shape_arg
 
@@ -38,21 +39,30 @@ Region = Sequence[Union[slice, Sequence[int]]]
 def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
     """splitmix64 finalizer, in place on a uint64 array (wraps modulo 2**64); `scratch`: a uint64
     array of x's shape for the shifted copies (else made each time)."""
-    t = np.empty_like(x) if scratch is None else scratch
-    x ^= np.right_shift(x, _S30, out=t)
+    t = _empty_like(x) if scratch is None else scratch
+    x ^= _right_shift(x, _S30, t)
     x *= _M1
-    x ^= np.right_shift(x, _S27, out=t)
+    x ^= _right_shift(x, _S27, t)
     x *= _M2
-    x ^= np.right_shift(x, _S31, out=t)
+    x ^= _right_shift(x, _S31, t)
     return x
 
 
+_empty, _empty_like, _right_shift, _xor, _greater_equal = (
+    np.empty, np.empty_like, np.right_shift, np.bitwise_xor, np.greater_equal)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _KEYS: dict = {}  # seed -> its mixed key (the simulated ranks of one step ask for the same seeds)
 _INNERS: dict = {}  # (shape, region's bounds) -> (inner flat index + 1) * golden, read-only
 _BASES: dict = {}  # (shape, region's bounds) -> the block's (flat index + 1) * golden, read-only
 _INNER_BYTES = [0]  # bytes held in _INNERS and _BASES
 _INNER_MAX_BYTES = 64 << 20
+#: id(region) -> (that region, the tensor's shape, the threshold, the block's shape, its kept counters (a
+#: _BASES entry), the threshold's edge on the bits): what `at_least` checked and worked out for a dropout's
+#: mask at one region, the region object held (its id is not reused) and compared by identity, shape and
+#: threshold by value. Only regions nothing can change (tuples of slices or of int pairs) are kept; cleared
+#: with _BASES (an entry holds one of its arrays).
+_PLANS: dict = {}
+_PLANS_MAX = 4096
 
 
 def _key(seed: int) -> np.uint64:
@@ -87,6 +97,7 @@ def _inner(shape: tuple, bounds: tuple) -> np.ndarray:
     if _INNER_BYTES[0] + inner.nbytes > _INNER_MAX_BYTES:  # many regions: start over
         _INNERS.clear()
         _BASES.clear()
+        _PLANS.clear()
         _INNER_BYTES[0] = 0
     if inner.nbytes <= _INNER_MAX_BYTES // 4:
         _INNERS[cache_key] = inner
@@ -161,10 +172,10 @@ class SeededTensor:
     def with_seed(self, seed: int) -> "SeededTensor":
         """This tensor under another seed: only the seed is checked (the rest was, when this one was made),
         so a dropout mask drawn each step does not check its shape and range again."""
-        value = as_int(seed)
+        value = seed if type(seed) is int else as_int(seed)
         if value is None or not 0 <= value < 2**63:
             raise SpmdsimError(f"seed {seed!r} must be an integer in [0, 2**63)")
-        other = object.__new__(SeededTensor)
+        other = _new(SeededTensor)
         other.__dict__.update(self.__dict__, seed=value)
         return other
 
@@ -197,8 +208,19 @@ class SeededTensor:
         (into `out`, a bool array of the region's shape, when given: a replayed mask's).
 
         For float64 in [0, 1), the default of a mask, it compares the generator's bits with the
-        threshold's (each value is (bits >> 11) * 2**-53 exactly), without making the floats.
+        threshold's (each value is (bits >> 11) * 2**-53 exactly), without making the floats. A mask
+        drawn again at the same region object and threshold (each step's dropout, each seed) reuses
+        what the first draw checked and worked out there (`_PLANS`): one pass of numpy calls.
         """
+        plan = _PLANS.get(id(region))
+        if (plan is not None and plan[0] is region and plan[1] == self.shape and plan[2] == threshold
+                and self.dtype == "float64" and self.low == 0 and self.high == 1 and not _THREAD.context.dry_run):
+            key = _KEYS.get(self.seed)
+            bits = _xor(plan[4], _key(self.seed) if key is None else key)
+            if out is None:
+                out = _empty(plan[3], bool)
+            _greater_equal(_mix(bits), plan[5], out)
+            return out
         if self.dtype != "float64" or self.low != 0 or self.high != 1 or _context().dry_run:
             if out is None:
                 return self.region(region) >= threshold
@@ -218,6 +240,11 @@ class SeededTensor:
         edge = np.uint64(first << 11)
         for bits, rows in self._bits(bounds, out_shape, keep=True):
             np.greater_equal(bits, edge, out=out.reshape(1) if rows is None else out[rows])
+        base = _BASES.get((self.shape, bounds))
+        if base is not None and _fixed(region):
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[id(region)] = (region, self.shape, threshold, out_shape, base, edge)
         return out
 
     def _bits(self, bounds: tuple, out_shape: tuple,
@@ -291,6 +318,22 @@ class SeededTensor:
                 raise ShapeError(f"region dim {d} range [{start}, {stop}) is outside size {size}")
             out.append((start, stop))
         return tuple(out)
+
+
+_new = object.__new__
+
+
+def _fixed(region: object) -> bool:
+    """Whether nothing can change `region`: a tuple of slices of ints or None, or of pairs of ints."""
+    if type(region) is not tuple:
+        return False
+    for part in region:
+        if type(part) is slice:
+            if not all(v is None or type(v) is int for v in (part.start, part.stop, part.step)):
+                return False
+        elif type(part) is not tuple or len(part) != 2 or not all(type(v) is int for v in part):
+            return False
+    return True
 
 
 def _pair(part: object, d: int) -> tuple[int, int]:

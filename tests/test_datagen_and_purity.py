@@ -75,6 +75,41 @@ def test_a_mask_drawn_again_with_new_seeds_is_the_region_compared():
     assert (shape, ((2, 5), (1, 4), (0, 9))) in datagen._BASES
 
 
+def test_a_mask_kept_per_region_object_serves_only_that_mask():
+    """What `at_least` keeps per region object (datagen._PLANS: bounds, block shape, threshold's edge, kept
+    counters) serves a draw of the same shape, range and threshold alone: another seed, threshold, shape,
+    dtype or range, a dry run, or a region that can change, is worked out as the floats compared say."""
+    import spmdsim
+
+    region = (slice(1, 3), slice(0, 4))
+    t = SeededTensor((4, 4), "float64", seed=5, low=0.0, high=1.0)
+    first = t.at_least(region, 0.3)
+    assert datagen._PLANS[id(region)][0] is region  # kept: the next draws at `region` start from it
+    for other, p in [(t, 0.3), (t.with_seed(6), 0.3), (t, 0.7), (t.with_seed(9), 0.0),
+                     (SeededTensor((4, 6), "float64", seed=5, low=0.0, high=1.0), 0.3),
+                     (SeededTensor((4, 4), "float32", seed=5, low=0.0, high=1.0), 0.3),
+                     (SeededTensor((4, 4), "int64", seed=5, low=0, high=1), 0.3),
+                     (SeededTensor((4, 4), "float64", seed=5, low=0.0, high=2.0), 0.3),
+                     (SeededTensor((4, 4), "float64", seed=5, low=0.5, high=1.0), 0.3), (t, 0.3)]:
+        np.testing.assert_array_equal(t.at_least(region, 0.3), first)  # kept for (4, 4) and 0.3 again
+        assert datagen._PLANS[id(region)][1:3] == ((4, 4), 0.3)
+        expected = other.region(region) >= p
+        np.testing.assert_array_equal(other.at_least(region, p), expected, err_msg=f"{other!r} at {p}")
+        out = np.empty((2, 4), dtype=bool)
+        assert other.at_least(region, p, out) is out
+        np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(first, t.region(region) >= 0.3)
+    assert first.any() and not first.all()
+    changing = [[1, 3], [0, 4]]  # a list can change between draws: never kept
+    np.testing.assert_array_equal(t.at_least(changing, 0.3), first)
+    changing[0][1] = 4
+    np.testing.assert_array_equal(t.at_least(changing, 0.3), t.region(changing) >= 0.3)
+    assert id(changing) not in datagen._PLANS
+    dry = spmdsim.simulate(1, lambda: (t.at_least(region, 0.3), t.region(region) >= 0.3), dry_run=True)[0]
+    np.testing.assert_array_equal(dry[0], dry[1])  # a dry run's stand-in values, not the kept mask
+    assert not np.array_equal(dry[0], first)
+
+
 def test_seeds_and_dtypes_differ_and_ints_cover_range():
     a = SeededTensor((100,), "float32", seed=1).full()
     b = SeededTensor((100,), "float32", seed=2).full()

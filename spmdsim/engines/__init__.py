@@ -26,6 +26,7 @@ from .._lazy import modules_by_name
 from .base import DONE, DRY_VALUES_BYTES, Engine, SimulationError
 from .mpi import MPI, MpiEngine
 from ..context import PROCESS, RankContext, current, enter, leave, simulated
+from ..context import _THREAD  # the running thread's context (current()'s read, without its call)
 from .once import once
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
@@ -54,8 +55,10 @@ def world() -> Any:
 
 
 def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
-    """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine."""
-    return current().engine.local(fn, like, *args)
+    """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine (the
+    dry engine's `local`, its zeros; any other engine's is Engine.local's ``fn(*args)``, called here)."""
+    engine = _THREAD.context.engine
+    return engine.local(fn, like, *args) if engine.dry else fn(*args)
 
 
 def c_order(a: Any) -> Any:
@@ -79,7 +82,7 @@ def _copy(a: Any) -> Any:
 def matmul(a: Any, b: Any) -> Any:
     """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied);
     counted by spmdsim.flops either way."""
-    out = current().engine.matmul(a, b)
+    out = _THREAD.context.engine.matmul(a, b)
     (_GEMM[0] or _bind_gemm())(a.shape, b.shape, out.dtype, (a, b, out))
     return out
 

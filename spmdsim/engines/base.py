@@ -207,7 +207,8 @@ class Engine:
     # -- local work --------------------------------------------------------------------------
 
     def local(self, fn: Callable[..., Any], like: Any, *args: Any) -> Any:
-        """``fn(*args)``: a local kernel whose result is shaped and typed like `like`."""
+        """``fn(*args)``: a local kernel whose result is shaped and typed like `like`. Only a dry engine
+        (``dry = True``) has its own: spmdsim.engines.local calls `fn` itself on the others."""
         return fn(*args)
 
     def matmul(self, a: Any, b: Any) -> Any:

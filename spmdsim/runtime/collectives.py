@@ -7,7 +7,10 @@ itself. Each checks its arguments and lays out the buffers (packing blocks
 along a dim with data before it), then hands the engine's transfer to runtime.door.issue.
 The common case (C-contiguous arrays, blocks along dim 0) makes no helper call
 but the result check before MPI: with 8 ranks sharing 2 cores, each rank runs
-its pre-MPI Python on cold caches, in turn, while the group waits.
+its pre-MPI Python on cold caches, in turn, while the group waits. A call the
+mesh made before with the same group (`axes` as spelled), shape, dtype and dims,
+which packed and unpacked nothing, is repeated from what that call worked out
+(kept per mesh, door.keep): no check it passed runs again (door.repeat).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ..buffers import broadcast_zero
 from ..precision import is_low
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
-from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order, issue
+from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order, issue, keep, repeat
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes
 
@@ -73,8 +76,19 @@ def _unpacker(mesh: Mesh, out: np.ndarray | None, shape: tuple, block_shape: tup
 def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
               label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Concatenate every member's `local` along `tensor_dim`, in group order (into `out` if given)."""
-    comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
+    key = None
+    if type(tensor_dim) is int:  # a call this mesh made before with this group, shape, dtype and dim: its plan
+        try:
+            plan = mesh._plans.get(key := ("allgather", axes, x.shape, x.dtype, tensor_dim))
+        except TypeError:  # axes as a list: worked out each time
+            plan = key = None
+        if plan is not None:
+            dst = _empty(plan[2], x.dtype) if out is None else out if (
+                type(out) is _ndarray and out.shape == plan[2] and out.dtype is x.dtype and out.flags.carray
+            ) else _result(out, plan[2], x.dtype, "allgather")
+            return repeat(mesh, plan, axes, label, (x, dst), dst, x)
+    comm, g, _ = mesh.group_info(axes)
     shape = x.shape
     d = tensor_dim if type(tensor_dim) is int and 0 <= tensor_dim < len(shape) else _dim(
         tensor_dim, len(shape), "tensor_dim")
@@ -92,15 +106,28 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
             return issue(mesh, comm, g, "allgather", axes, label, "all_gather",
                          (x, recv), None, x, (d,), x.nbytes, x.nbytes * g, t0, unpack)
     dst = _result(out, out_shape, x.dtype, "allgather")
-    return issue(mesh, comm, g, "allgather", axes, label, "all_gather", (x, dst),
-                 dst, x, (d,), x.nbytes)
+    result = issue(mesh, comm, g, "allgather", axes, label, "all_gather", (x, dst), dst, x, (d,), x.nbytes)
+    if key is not None:
+        keep(mesh, key, comm, g, out_shape, "allgather", "all_gather", (d,), x.nbytes)
+    return result
 
 
 def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, concat_dim: int,
              label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Split `local` along split_dim into g blocks, send block j to member j, concat along concat_dim."""
-    comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
+    key = None
+    if type(split_dim) is int and type(concat_dim) is int:  # as allgather's plan
+        try:
+            plan = mesh._plans.get(key := ("alltoall", axes, x.shape, x.dtype, (split_dim, concat_dim)))
+        except TypeError:
+            plan = key = None
+        if plan is not None:
+            dst = _empty(plan[2], x.dtype) if out is None else out if (
+                type(out) is _ndarray and out.shape == plan[2] and out.dtype is x.dtype and out.flags.carray
+            ) else _result(out, plan[2], x.dtype, "alltoall")
+            return repeat(mesh, plan, axes, label, (x, dst), dst, x)
+    comm, g, _ = mesh.group_info(axes)
     shape = x.shape
     ndim = len(shape)
     s = split_dim if type(split_dim) is int and 0 <= split_dim < ndim else _dim(split_dim, ndim, "split_dim")
@@ -113,8 +140,10 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return _alone_into(mesh, out, x, "alltoall")
     if s == c == 0:  # blocks are contiguous 1/g of the buffer both ways
         dst = _result(out, shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (x, dst),
-                     dst, x, (s, c), x.nbytes)
+        result = issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (x, dst), dst, x, (s, c), x.nbytes)
+        if key is not None:
+            keep(mesh, key, comm, g, shape, "alltoall", "all_to_all", (s, c), x.nbytes)
+        return result
     t0 = perf_counter()
     block_shape = shape[:s] + (shape[s] // g,) + shape[s + 1:]
     send = _send_blocks(mesh, x, s, g)
@@ -122,8 +151,11 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     copied = 0 if send is x else x.nbytes
     if c == 0 or math.prod(block_shape[:c]) == 1:
         dst = _result(out, out_shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, dst),
-                     dst, x, (s, c), x.nbytes, copied, t0)
+        result = issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, dst),
+                       dst, x, (s, c), x.nbytes, copied, t0)
+        if key is not None and send is x:  # nothing packed: the transfer alone
+            keep(mesh, key, comm, g, out_shape, "alltoall", "all_to_all", (s, c), x.nbytes)
+        return result
     dst = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
     recv, unpack = _unpacker(mesh, dst, out_shape, block_shape, x.dtype, c, g)
     return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, recv),
@@ -139,8 +171,16 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     """
     if op not in _REDUCTIONS:
         _reduction(op)
-    comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
+    try:  # as allgather's plan
+        plan = mesh._plans.get(key := ("allreduce", axes, x.shape, x.dtype, op))
+    except TypeError:
+        plan = key = None
+    if plan is not None:
+        dst = x if out is x and x.flags.writeable else (
+            _empty(x.shape, x.dtype) if out is None else _result(out, x.shape, x.dtype, "allreduce"))
+        return repeat(mesh, plan, axes, label, (x, dst, op), dst, x)
+    comm, g, _ = mesh.group_info(axes)
     if op != "sum":  # MPI orders integers and real floats only: the same DTypeError on every engine
         _take_order("allreduce", op, x.dtype)
     if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
@@ -149,7 +189,10 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         _alone("allreduce", axes, label, x.dtype)
         return x if out is x else _alone_into(mesh, out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
-    return issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
+    result = issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
+    if key is not None:
+        keep(mesh, key, comm, g, x.shape, "allreduce", "all_reduce", (), x.nbytes)
+    return result
 
 
 def _alone_into(mesh: Mesh, out: np.ndarray | None, x: np.ndarray, op: str) -> np.ndarray:
@@ -188,6 +231,17 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
                    label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Sum over the group, keeping this member's block (group order) along `tensor_dim`."""
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
+    key = None
+    if type(tensor_dim) is int:  # as allgather's plan
+        try:
+            plan = mesh._plans.get(key := ("reduce_scatter", axes, x.shape, x.dtype, tensor_dim))
+        except TypeError:
+            plan = key = None
+        if plan is not None:
+            dst = _empty(plan[2], x.dtype) if out is None else out if (
+                type(out) is _ndarray and out.shape == plan[2] and out.dtype is x.dtype and out.flags.carray
+            ) else _result(out, plan[2], x.dtype, "reduce_scatter")
+            return repeat(mesh, plan, axes, label, (x, dst, "sum"), dst, x)
     shape = x.shape
     d = tensor_dim if type(tensor_dim) is int and 0 <= tensor_dim < len(shape) else _dim(
         tensor_dim, len(shape), "tensor_dim")
@@ -208,8 +262,11 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         copied = 0 if send is x else x.nbytes
         out_shape = shape[:d] + (shape[d] // g,) + shape[d + 1:]
     dst = _result(out, out_shape, x.dtype, "reduce_scatter")
-    return issue(mesh, comm, g, "reduce_scatter", axes, label, "reduce_scatter", (send, dst, "sum"), dst, x,
-                 (d,), x.nbytes, copied, t0)
+    result = issue(mesh, comm, g, "reduce_scatter", axes, label, "reduce_scatter", (send, dst, "sum"), dst, x,
+                   (d,), x.nbytes, copied, t0)
+    if key is not None and send is x:  # nothing packed: the transfer alone
+        keep(mesh, key, comm, g, out_shape, "reduce_scatter", "reduce_scatter", (d,), x.nbytes)
+    return result
 
 
 def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,

@@ -4,7 +4,9 @@
 runtime.prepared: the mesh's engine's transfer (spmdsim.engines.base: one
 method per kind, taking buffers), by a plain way (the engine's call, nothing
 before it) or through the layers of runtime/layers.py (debug hooks or an
-emulated algorithm), then one trace row. The plain way is kept bare because
+emulated algorithm), then one trace row. `repeat` runs again a collective
+whose first call went through `issue` (what it worked out kept per mesh by
+`keep`): the engine's call alone on the plain way with no trace open, else `issue`. The plain way is kept bare because
 with 8 ranks on 2 cores each rank runs its pre-MPI Python on cold caches, in
 turn, while the group waits. `transfer` runs a transfer outside a mesh (the
 divergence check's tables, DTensor's gather), with the debug layers but no
@@ -94,6 +96,35 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         now = perf_counter()
         record_call(traces, name, axes, g, nbytes, now - t0, label, copied, now, counts)
     return result
+
+
+def repeat(mesh: Mesh, plan: tuple, axes: Any, label: str | None, args: tuple, result: Any, x: Any) -> Any:
+    """`issue` of a collective whose every check passed at an earlier call with the same group, shape, dtype
+    and dims (spmdsim.runtime.collectives keeps `plan`, what `keep` made of it, per mesh): with no debug hook
+    on, no algorithm and no trace open, the engine's transfer alone; else `issue` with what the plan holds."""
+    context = _context()
+    if context.hooks.quiet and mesh.algorithms is None and not context.traces:
+        plan[7](plan[0], *args, polite_wait if mesh.polite else None)
+        context.seq += 1
+        return result
+    comm, g, _, op, kind, extra, nbytes, _ = plan
+    return issue(mesh, comm, g, op, axes, label, kind, args, result, x, extra, nbytes)
+
+
+#: The most plans a mesh keeps (`keep`): a step's collectives repeat a few dozen signatures.
+_PLANS_MAX = 256
+
+
+def keep(mesh: Mesh, key: tuple, comm: Any, g: int, out_shape: tuple, op: str, kind: str, extra: tuple,
+         nbytes: Any) -> None:
+    """Keep, for `repeat`, a collective call that just ran through `issue` without packing or unpacking:
+    its group, the result's shape, what `issue` was handed and the engine's transfer (`kind`: the mesh's
+    engine's method), under `key` (the collective's name, `axes` as spelled, the array's shape and dtype
+    and the call's dims). Held by `mesh`, freed when it closes."""
+    plans = mesh._plans
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    plans[key] = (comm, g, out_shape, op, kind, extra, nbytes, getattr(mesh.engine, kind))
 
 
 def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool, kind: str, *args: Any) -> None:

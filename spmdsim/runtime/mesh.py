@@ -80,6 +80,9 @@ class Mesh:
         self._groups: dict[tuple[str, ...], tuple[Any, int, int]] = {}
         # The same groups under the spellings callers used ("mp" for ("mp",)): one lookup per collective.
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
+        # (collective, axes as spelled, shape, dtype, dims) -> what its first call over a group of this
+        # mesh checked and worked out (spmdsim.runtime.collectives, door.repeat); freed with the groups.
+        self._plans: dict[tuple, tuple] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of
         # three numpy views, which cost ~7 us per call with cold caches at 4 ranks per core.
@@ -162,6 +165,7 @@ class Mesh:
             self.engine.free(sub)
         self._groups.clear()
         self._spelled.clear()
+        self._plans.clear()
         from .executor import PROGRAMS  # its compiled redistributions use these groups
 
         PROGRAMS.forget(self)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 from ..errors import DTypeError, ShapeError
 from ._buffers import Reduction, c_int, copy_into, dtype_name, fold, integer, mpi_error, mpi_module, reduction, special
 from ..engines import DONE, Engine
+from ..validate import _NAMES  # dtype -> its name, filled by dtype_name: read first (no call once known)
 from .engine import Call, Group, SimulationError
 from .p2p import post_recv, post_send
 from .._lazy import numpy_on_first_use
@@ -82,7 +83,8 @@ class ThreadEngine(Engine):
 
     def reduce_scatter(self, comm: Any, send: Any, recv: Any, op: str, wait: Any) -> None:
         src, dst = send.reshape(-1), recv.reshape(-1)
-        checked_same("Reduce_scatter_block", src, dst)
+        if src.dtype is not dst.dtype:
+            checked_same("Reduce_scatter_block", src, dst)
         reduce_scatter(comm, src, dst, src.size // comm._group.size, reduction(op))
         if wait is not None:
             wait(DONE)
@@ -234,7 +236,7 @@ def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, data
     """dst = red over the members of `src` (flat, n items each; `src` may be `dst`: in place), in member order
     or, with `tree`, in that association (spmdsim.sim.orders)."""
     n = dst.size
-    signature = ("allreduce", dtype_name(src.dtype), n, red.name)
+    signature = ("allreduce", _NAMES.get(src.dtype) or dtype_name(src.dtype), n, red.name)
 
     def fold_all(slot: Any) -> None:
         # The first member's phase folds all n items once, before any member writes: g folds of n/g items
@@ -263,7 +265,7 @@ def reduce_scatter(m: Member, src: np.ndarray, dst: np.ndarray, b: int, red: Red
     """dst[:b] = red over the members of block `_me` (b items) of `src` (flat, g blocks; may be `dst`)."""
     me = m._me
     inplace = src is dst
-    signature = ("reduce_scatter", dtype_name(src.dtype), b, red.name)
+    signature = ("reduce_scatter", _NAMES.get(src.dtype) or dtype_name(src.dtype), b, red.name)
     out = np.empty(b, src.dtype) if inplace else dst[:b]
 
     def fold_mine(slot: Any) -> None:
@@ -280,7 +282,7 @@ def all_gather(m: Member, src: np.ndarray, dst: np.ndarray, n: int, inplace: boo
     """Block j (n items) of `dst` = member j's `src`, in group order (`inplace`: `src` is this member's
     block of `dst` already)."""
     g, me = m._group.size, m._me
-    signature = ("allgather", dtype_name(src.dtype), src.size)
+    signature = ("allgather", _NAMES.get(src.dtype) or dtype_name(src.dtype), src.size)
 
     def gather_mine(slot: Any) -> None:  # writes only this member's blocks no other member reads
         if not inplace and src.dtype == dst.dtype:
@@ -305,7 +307,8 @@ def all_to_all(m: Member, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> N
             else:
                 copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
 
-    m._enter_all("alltoall", ("alltoall", dtype_name(src.dtype), b * g), (src, b), (gather_mine,))
+    m._enter_all("alltoall", ("alltoall", _NAMES.get(src.dtype) or dtype_name(src.dtype), b * g), (src, b),
+                 (gather_mine,))
 
 
 def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.ndarray, rcounts: Any,
