@@ -110,7 +110,7 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
         m = DTensor.from_global(mesh, c, mesh.layout("x"))
         got = [f(x, m).gather() for f, _ in cases]
         said = []
-        for call in (lambda: x + 2 ** 100, lambda: x < 2 ** 100, lambda: x.astype(np.float32) > 0.5):
+        for call in (lambda: x + 2 ** 100, lambda: x < 2 ** 100, lambda: np.logical_and(x.astype(np.float32), 2 ** 70)):
             try:
                 call()
             except DTypeError as e:
@@ -122,6 +122,8 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
     assert [r.dtype.name for r in got] == [w.dtype.name for w in wants]
     assert all(_same(r, w) for r, w in zip(got, wants))
     # numpy's own refusal of an int past int64 beside bfloat16 is ml_dtypes' TypeError "expected number, got int"
-    assert said == [f"{op}: the Python int of 31 digits is out of bounds for bfloat16, the dtype it takes beside a "
-                    "DTensor of bfloat16 (numpy 2 refuses it too: TypeError); convert first, e.g. x.astype('float64')"
-                    for op in ("add", "lt")]
+    assert said == [f"{op}: the Python int of 31 digits is past int64, through which ml_dtypes converts a Python int "
+                    "to bfloat16, the dtype it takes beside a DTensor of bfloat16 (numpy 2 refuses it too: TypeError); "
+                    "convert first, e.g. x.astype('float64')" for op in ("add", "lt")] + [
+        "logical_and: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it takes beside a "
+        "DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True"]

@@ -326,9 +326,12 @@ def _beyond(op: str, args: tuple) -> Any:
     digits = str(number)
     shown = digits if len(digits) <= 24 else f"of {len(digits.lstrip('-'))} digits"
     beside = "/".join(sorted({a.local.dtype.name for a in args if type(a) is cls}))
-    numpys = "TypeError" if dtype.kind == "V" else "OverflowError"  # (ml_dtypes': "expected number, got int")
+    if dtype.kind == "V":  # ml_dtypes converts a Python int through int64 (past it: "expected number, got int")
+        raise DTypeError(f"{op}: the Python int {shown} is past int64, through which ml_dtypes converts a Python int "
+                         f"to {dtype.name}, the dtype it takes beside a DTensor of {beside} (numpy 2 refuses it too: "
+                         f"TypeError); {instead}")
     raise DTypeError(f"{op}: the Python int {shown} is out of bounds for {dtype.name}, the dtype it takes beside a "
-                     f"DTensor of {beside} (numpy 2 refuses it too: {numpys}); {instead}")
+                     f"DTensor of {beside} (numpy 2 refuses it too: OverflowError); {instead}")
 
 
 def _holds(dtype: np.dtype, number: int) -> bool:
