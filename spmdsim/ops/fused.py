@@ -28,6 +28,12 @@ measures the same bytes, by the same kinds), and counts the same FLOPs and kerne
 
 Where the chain would move an operand (its plans' layouts differ) or hold a pending sum, each piece runs the
 separate operators instead (their nodes, as before): the fusion is only what the chain does without moving.
+
+What a piece's call signature decides (the operands' layout objects, shapes and dtypes, its arguments, the rank) is
+kept after its first call (`_Call`, in a table per piece, as ops.einsum's and ops.pointwise's `Prepared` calls):
+a repeat whose chain fuses, moves nothing and is not bfloat16 runs the same kernels and builds its tensors, rule
+and node itself, without the general helpers (signature, prepared_result, make_dtensor); a first call, a captured
+step (spmdsim.runtime.replay) and a dry run (spmdsim.sim.dry) go through them.
 """
 from __future__ import annotations
 
