@@ -231,6 +231,8 @@ def pointwise(op: str, *args: Any) -> Any:
         mesh, xs = args[0]._mesh, args
     if not prepared.stays:
         xs = moved(xs, prepared)
+    if prepared.signed:  # an integer power of signed integers: numpy's kernel refuses a negative one
+        _negative_powers(mesh, args, xs)
     forward = _KERNELS[op]
     locals_ = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
@@ -351,7 +353,7 @@ class _Prepared(Prepared):
     `ways`, what its node's backward decides per dY layout (spmdsim.autograd.rules.pointwise), kept here, and
     the operands' dtypes (a lifted number's: `_lifted`)."""
 
-    __slots__ = ("derivative", "ways", "dtypes")
+    __slots__ = ("derivative", "ways", "dtypes", "signed")
 
     def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
         if op in _NO_BOOL and all(d.kind == "b" for d in dtypes):  # numpy refuses these (a TypeError)
@@ -362,6 +364,8 @@ class _Prepared(Prepared):
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
         self.dtypes = dtypes
+        # numpy's integer power raises on a negative exponent (`_negative_powers` checks it on every rank alike)
+        self.signed = op == "pow" and self.dtype.kind in "iu" and dtypes[1].kind == "i"
 
 
 #: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
@@ -403,6 +407,43 @@ def _lifted(args: tuple, prepared: _Prepared) -> tuple:
 
 
 _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)
+
+
+def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
+    """Refuse, on every rank alike, an integer power (numpy's integer loop: an integer or bool base, a signed
+    integer exponent) with a negative exponent where the result has entries, as numpy refuses it (its kernel's
+    ValueError, raised on the ranks holding such an entry alone, would leave the others going on into the next
+    collective). A number's exponent is every rank's: checked here. A DTensor's values differ between ranks:
+    each rank's least exponent among those its result block uses, the least of them agreed over the mesh (one
+    small Allreduce of control traffic, for this kind of call only; a dry run's blocks are zeros: none)."""
+    base, exponent = xs
+    cls = _common._DTENSOR
+    shared = type(args[1]) is not cls
+    block = exponent._local
+    if shared or mesh.engine.dry:
+        least = int(block.min()) if block.size and math.prod(xs[0]._shape) and not mesh.engine.dry else 0
+    else:
+        mine = int(block.min()) if block.size and base._local.size else 0
+        from ..runtime import door
+
+        least = door.all_reduce_object(mesh.comm, mine, "min")
+    if least >= 0:
+        return
+    if shared:
+        raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
+    what = f"a DTensor of {base._local.dtype.name}" if type(args[0]) is cls else describe(args[0])
+    raise OperatorError(f"pow: {what} to the powers of a DTensor of {block.dtype.name} whose entries include "
+                        f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
+                        "exponent.astype('float64')")
+
+
+def _negative_power(dtype: Any, exponent: int, base: Any = None) -> OperatorError:
+    """The refusal of a DTensor of integer `dtype` (None: the number `base`) to the negative integer power
+    `exponent`, the same on every rank."""
+    what = f"a DTensor of {dtype.name}" if dtype is not None else describe(base)
+    return OperatorError(f"pow: {what} to the negative integer power {exponent}: numpy refuses integers to "
+                         f"negative integer powers; use a float exponent ({float(exponent)!r}) or convert x first, "
+                         "e.g. x.astype('float64')")
 
 
 def astype(x: Any, dtype: Any) -> Any:
@@ -552,14 +593,14 @@ def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
 def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
     """x ** exponent (a number or a DTensor; pending sums are resolved first).
 
-    numpy's np.power: an integer or bool x to a negative integer number is refused in one line on every rank, as numpy refuses
-    it (its ValueError came from the kernel, on the ranks that hold entries alone)."""
+    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank, as
+    numpy refuses it (its ValueError came from the kernel, on the ranks that hold such an entry alone): a number
+    exponent here, a DTensor's (``2 ** x``, ``x ** y`` of integers) by its least entry, agreed over the mesh
+    (`_negative_powers`: one small Allreduce, for an integer power of signed integers only)."""
     if exponent.__class__ is int or isinstance(exponent, np.integer):
         kind = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind
         if kind in "biu" and exponent < 0:
-            raise OperatorError(f"pow: a DTensor of {x.local.dtype.name} to the negative integer power "
-                                f"{int(exponent)}: numpy refuses integers to negative integer powers; use a float "
-                                f"exponent ({float(exponent)!r}) or convert x first, e.g. x.astype('float64')")
+            raise _negative_power(x.local.dtype, int(exponent))
     return pointwise("pow", x, exponent)
 
 
