@@ -33,7 +33,7 @@ from ..validate import dtype_arg
 from . import _common
 from ..buffers import CAPTURING
 from ._common import (BLOCK, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
-                      result_dtype, signature)
+                      result_dtype, signature, ufunc_dtype)
 
 __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
            "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
@@ -109,10 +109,7 @@ def _number(value: Any, dtype: np.dtype) -> np.ndarray:
         raise
 
 
-#: numpy's own loops in the order its ufuncs try them (bool, the ints, the floats, the complex numbers)
-_LOOPS = "?bBhHiIlLqQefdgFDG"
 _BESIDE_LOW: dict = {}  # (op, the tensors' dtype, a Python number's type) -> the dtype numpy converts it to
-_UFUNC_DTYPES: dict = {}  # (dtype, dtype) -> the dtype numpy's ufuncs compute on the two in
 
 
 def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
@@ -136,23 +133,14 @@ def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
 
 
 def _ufunc_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
-    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in: np.result_type's, or where its table has no
-    entry (bfloat16 beside float16, int16 and wider ints: DTypePromotionError) the first of numpy's own loops
-    both cast to safely, as a ufunc picks it (bfloat16 and float16 or int16: float32; int32 or int64:
-    float64)."""
-    key = a, b
-    out = _UFUNC_DTYPES.get(key)
-    if out is None:
-        try:
-            out = np.result_type(a, b)
-        except TypeError:  # DTypePromotionError
-            out = next((np.dtype(c) for c in _LOOPS
-                        if np.can_cast(a, c, "safe") and np.can_cast(b, c, "safe")), None)
-            if out is None:
-                raise DTypeError(f"no common dtype of {a.name} and {b.name}: numpy has none; convert one first, "
-                                 f"e.g. .astype('float32')") from None
-        out = _UFUNC_DTYPES[key] = out
-    return out
+    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in (spmdsim.ops._common.ufunc_dtype)."""
+    return ufunc_dtype(a, b)
+
+
+def _promote(op: str) -> Callable:
+    """`op`'s rule for its result dtype: np.where's is np.result_type's (`result_dtype`: bfloat16 beside int32
+    refused, as np.where refuses it), every other op's numpy's ufuncs' (`ufunc_dtype`: float64)."""
+    return result_dtype if op == "where" else ufunc_dtype
 
 
 _SCALARS: dict = {}  # device matrix -> the layout of a replicated 0-d value on it
@@ -188,7 +176,7 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
         if t.mesh is not mesh and t.mesh.layout != mesh.layout:
             raise OperatorError(f"{op}: operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
     kinds = [t.local.dtype for t in tensors if t.local.dtype.kind != "b"]
-    dtype = result_dtype(*kinds) if kinds else None  # every tensor bool: each number by its own type
+    dtype = _promote(op)(*kinds) if kinds else None  # every tensor bool: each number by its own type
     return mesh, [a if any(a is t for t in tensors) else lift(mesh, a, dtype, op) for a in args]
 
 
@@ -308,7 +296,7 @@ def _beyond(op: str, args: tuple) -> Any:
     TypeError), and so does this, in one line."""
     cls = _common._DTENSOR or _common._dtensor_class()
     kinds = [a.local.dtype for a in args if type(a) is cls and a.local.dtype.kind != "b"]
-    dtype = result_dtype(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
+    dtype = _promote(op)(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
     if op in _LOGICAL and dtype.kind != "V":  # numpy's logical ufuncs take a Python int as int64 (`lift`)
         dtype = np.dtype(np.int64)
     number = next(a for a in args if type(a) is int and not _holds(dtype, a))
@@ -360,7 +348,7 @@ class _Prepared(Prepared):
             name, instead = _NO_BOOL[op]
             raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {name}; use {instead}, or convert "
                                 "first, e.g. x.astype('int64')")
-        super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
+        super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out", _promote(op))
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
         self.dtypes = dtypes
