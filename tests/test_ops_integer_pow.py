@@ -15,7 +15,7 @@ from spmdsim.ops.pointwise import pointwise
 G = np.array([1, 2, 3, -1, 4, 5, 6, 7], np.int64)  # the one negative entry on rank 1 of 4
 
 
-def _outcomes(call):
+def _outcomes(call, dry_run=False):
     """Per rank: ("ok", global result) or (the error's type name, its message)."""
     def body():
         mesh = Mesh(Layout((4,), ("x",)))
@@ -24,7 +24,7 @@ def _outcomes(call):
             return "ok", call(mesh, x).gather()
         except Exception as e:  # noqa: BLE001 - what each rank raised, compared below
             return type(e).__name__, str(e)
-    return spmdsim.simulate(4, body)
+    return spmdsim.simulate(4, body, dry_run=dry_run)
 
 
 def test_a_negative_integer_exponent_is_refused_on_every_rank_alike():
@@ -39,6 +39,8 @@ def test_a_negative_integer_exponent_is_refused_on_every_rank_alike():
         assert kind == OperatorError.__name__, f"{name}: {got[0]}"
         assert "whose entries include -1: numpy refuses integers to negative integer powers" in message
         assert "\n" not in message
+    # A dry run (one rank runs for all, on its own small block: rank 0's, -1 there) refuses it alike (was ValueError).
+    assert _outcomes(lambda m, x: 2 ** (x - 2), dry_run=True)[0][0] == OperatorError.__name__
     # A number exponent (pointwise's own path, a 0-d array through np.power) is every rank's: refused alike too.
     got = _outcomes(lambda m, x: pointwise("pow", x, np.array(-2)))
     assert got == [("OperatorError", "pow: a DTensor of int64 to the negative integer power -2: numpy refuses "

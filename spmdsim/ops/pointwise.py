@@ -32,8 +32,8 @@ from ..precision import is_low, rounded, wide
 from ..validate import dtype_arg
 from . import _common
 from ..buffers import CAPTURING
-from ._common import (BLOCK, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
-                      result_dtype, signature, ufunc_dtype)
+from ._common import (BLOCK, DRY_ZEROS_BYTES, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare,
+                      prepared_result, result_dtype, signature, ufunc_dtype)
 
 __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
            "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
@@ -403,13 +403,16 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
     ValueError, raised on the ranks holding such an entry alone, would leave the others going on into the next
     collective). A number's exponent is every rank's: checked here. A DTensor's values differ between ranks:
     each rank's least exponent among those its result block uses, the least of them agreed over the mesh (one
-    small Allreduce of control traffic, for this kind of call only; a dry run's blocks are zeros: none)."""
+    small Allreduce of control traffic, for this kind of call only; in a dry run, where one rank runs for all,
+    its own block's, a large one's zeros not looked at)."""
     base, exponent = xs
     cls = _common._DTENSOR
     shared = type(args[1]) is not cls
     block = exponent._local
-    if shared or mesh.engine.dry:
-        least = int(block.min()) if block.size and math.prod(xs[0]._shape) and not mesh.engine.dry else 0
+    if shared:
+        least = int(block.min()) if math.prod(base._shape) else 0
+    elif mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
+        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
     else:
         mine = int(block.min()) if block.size and base._local.size else 0
         from ..runtime import door
