@@ -76,8 +76,6 @@ def test_a_number_beside_a_dtensor_is_numpys_in_every_binary_op():
             for number in NUMBERS:
                 for op in BINARY:
                     for args, args_np, order in (((x, number), (g, number), "x, n"), ((number, x), (number, g), "n, x")):
-                        if op == "pow" and order == "n, x" and name == "int8":
-                            continue  # an int to the DTensor's negative entries: numpy's ValueError on one rank
                         why = _compare(mesh, x, g, op, args, args_np)
                         if why:
                             bad.append(f"{op}({order}) {name} x, n {type(number).__name__} {number!r}: {why}")
@@ -127,3 +125,44 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
                     "convert first, e.g. x.astype('float64')" for op in ("add", "lt")] + [
         "logical_and: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it takes beside a "
         "DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True"]
+
+
+def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dtype():
+    """bfloat16 beside a DTensor of float16, int16 and wider ints: np.result_type has no entry
+    (DTypePromotionError) and every binary op crashed with its traceback, where numpy's ufunc computes in
+    float32 (float16, int16, uint16) or float64 (int32 and wider). Now numpy's dtype and values in every binary
+    op, both orders (the bitwise ops on floats refused, as numpy refuses them); np.where and np.concatenate have
+    no common dtype for them (numpy refuses) and neither has spmdsim: one line."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    ints = np.array([-3, -1, 0, 1, 2, 5])
+    others = {name: (ints if name[0] == "i" else np.abs(ints)).astype(name) if name[0] in "iu"
+              else BASE.astype(name) for name in ("float16", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                                                  "uint8", "float32")}
+    g = ARRAYS["bfloat16"]
+    c = BASE > 0
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x = DTensor.from_global(mesh, g, mesh.layout("x"))
+        bad, said = [], []
+        for name, h in others.items():
+            y = DTensor.from_global(mesh, h, mesh.layout("x"))
+            for op in BINARY:
+                for args, args_np, order in (((x, y), (g, h), "x, y"), ((y, x), (h, g), "y, x")):
+                    why = _compare(mesh, x, g, op, args, args_np)
+                    if why:
+                        bad.append(f"{op}({order}) bfloat16 x, {name} y: {why}")
+            if name in ("int32", "float16"):
+                m = DTensor.from_global(mesh, c, mesh.layout("x"))
+                for call in (lambda: ops.where(m, x, y), lambda: ops.concatenate([x, y])):
+                    try:
+                        call()
+                    except DTypeError as e:
+                        said.append(str(e))
+        return bad, said
+
+    bad, said = spmdsim.simulate(2, body)[0]
+    assert not bad, f"{len(bad)} differ from numpy:\n" + "\n".join(bad[:20])
+    assert said == [f"no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: a "
+                    "join or np.where of them too); convert one first, e.g. x.astype('float32')"
+                    for name in ("float16", "float16", "int32", "int32")]

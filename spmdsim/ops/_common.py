@@ -8,7 +8,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from .. import buffers
-from ..errors import OperatorError
+from ..errors import DTypeError, OperatorError
 from ..layout import Layout, TensorLayout
 from ..precision import is_low, matmul
 from ..datagen import SeededTensor
@@ -73,7 +73,7 @@ def shaped_as(x: Any, block: Any, layout: TensorLayout) -> Any:
 _new = object.__new__
 
 
-def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> tuple:
+def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple, promote: Any = None) -> tuple:
     """(plan, result dtype, its name, whether each operand stays as it is) for operator `name` (an op or an
     einsum spec) planned by `infer(name, layouts, shapes, dtype name)` on operands of these layouts, global
     shapes and dtypes: what the operator decides, remembered per call signature as DTensor's sharding
@@ -82,15 +82,19 @@ def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple)
 
     Keyed by the layout objects' ids (a step passes the same objects every time: hashing and comparing
     tuples of ints is C, where a TensorLayout key calls its Python __hash__ and __eq__); each entry holds
-    its layouts, so an id in the table is never another object's."""
-    key = (infer, name, tuple(map(id, layouts)), shapes, dtypes)
+    its layouts, so an id in the table is never another object's.
+
+    `promote`: the result dtype's rule, `result_dtype` (np.result_type's, the default) or `ufunc_dtype`
+    (numpy's ufuncs', spmdsim.ops.pointwise's)."""
+    promote = promote or result_dtype
+    key = (infer, name, tuple(map(id, layouts)), shapes, dtypes, promote)
     try:
         return _DECIDED[key][1]
     except KeyError:
         pass
     except TypeError:  # a size that does not hash (the planner refuses it)
         key = None
-    dtype = result_dtype(*dtypes)
+    dtype = promote(*dtypes)
     plan = infer(name, layouts, shapes, dtype_name(dtype))
     out = (plan, dtype, dtype_name(dtype), tuple(layout == t for layout, t in zip(layouts, plan.targets)))
     if key is not None and all(_ints(shape) for shape in shapes):  # 16.0 hashes as 16: never kept
@@ -135,8 +139,9 @@ class Prepared:
 
     __slots__ = ("layouts", "plan", "dtype", "dtype_name", "stay", "stays", "out", "shape", "want", "reads", "block")
 
-    def __init__(self, infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple, result: str) -> None:
-        plan, self.dtype, self.dtype_name, stay = decided(infer, name, layouts, shapes, dtypes)
+    def __init__(self, infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple, result: str,
+                 promote: Any = None) -> None:
+        plan, self.dtype, self.dtype_name, stay = decided(infer, name, layouts, shapes, dtypes, promote)
         self.layouts, self.plan, self.stay, self.stays = layouts, plan, stay, all(stay)
         self.out, self.shape = getattr(plan, result), plan.shape
         self.want = with_partial(self.out, ())
@@ -248,16 +253,53 @@ def dry_zeros(mesh: Any, shape: tuple, dtype: Any, fn: Any, *args: Any) -> Optio
 
 
 _RESULT_DTYPES: dict = {}
+_UFUNC_DTYPES: dict = {}
+#: numpy's own loops in the order its ufuncs try them (bool, the ints, the floats, the complex numbers)
+_LOOPS = "?bBhHiIlLqQefdgFDG"
 
 
 def result_dtype(*dtypes: np.dtype) -> np.dtype:
     """``np.result_type`` of these dtypes, cached: numpy's call costs ~10 us, more than most ops' own
-    arithmetic on a small shard, and a program asks for the same few pairs every step."""
+    arithmetic on a small shard, and a program asks for the same few pairs every step. Where numpy has no
+    common dtype (bfloat16 beside float16, int16 and wider ints: its DTypePromotionError; a join or np.where
+    of them) a DTypeError in one line, the same on every rank (the dtypes are every rank's)."""
     try:
         return _RESULT_DTYPES[dtypes]
     except KeyError:
-        out = _RESULT_DTYPES[dtypes] = np.result_type(*dtypes)
-        return out
+        pass
+    try:
+        out = np.result_type(*dtypes)
+    except TypeError:  # DTypePromotionError
+        raise _no_common(dtypes, "its np.result_type refuses them: a join or np.where of them too") from None
+    out = _RESULT_DTYPES[dtypes] = out
+    return out
+
+
+def ufunc_dtype(*dtypes: np.dtype) -> np.dtype:
+    """The dtype numpy's binary ufuncs (np.add, np.power, np.maximum, np.less, ...) compute on blocks of these
+    dtypes in: `result_dtype`'s, or where numpy's promotion table has no entry (bfloat16 beside float16, int16
+    and wider ints) the first of numpy's own loops every dtype casts to safely, as a ufunc picks it (bfloat16
+    and float16, int16 or uint16: float32; int32, int64 or their unsigned: float64). Cached; a DTypeError in
+    one line where no loop takes them."""
+    try:
+        return _UFUNC_DTYPES[dtypes]
+    except KeyError:
+        pass
+    try:
+        out = np.result_type(*dtypes)
+    except TypeError:  # DTypePromotionError: numpy's ufunc looks for a loop instead
+        out = next((np.dtype(c) for c in _LOOPS if all(np.can_cast(d, c, "safe") for d in dtypes)), None)
+        if out is None:
+            raise _no_common(dtypes, "no loop of its ufuncs takes them") from None
+    out = _UFUNC_DTYPES[dtypes] = out
+    return out
+
+
+def _no_common(dtypes: tuple, why: str) -> Exception:
+    """The one-line DTypeError for dtypes numpy has no common dtype of."""
+    names = " and ".join(sorted({np.dtype(d).name for d in dtypes} - {"bool"}))  # (bool promotes with any)
+    return DTypeError(f"no common dtype of {names}: numpy has none ({why}); convert one first, e.g. "
+                      "x.astype('float32')")
 
 
 def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:

@@ -32,8 +32,8 @@ from ..precision import is_low, rounded, wide
 from ..validate import dtype_arg
 from . import _common
 from ..buffers import CAPTURING
-from ._common import (BLOCK, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
-                      result_dtype, signature)
+from ._common import (BLOCK, DRY_ZEROS_BYTES, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare,
+                      prepared_result, result_dtype, signature, ufunc_dtype)
 
 __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
            "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
@@ -109,10 +109,7 @@ def _number(value: Any, dtype: np.dtype) -> np.ndarray:
         raise
 
 
-#: numpy's own loops in the order its ufuncs try them (bool, the ints, the floats, the complex numbers)
-_LOOPS = "?bBhHiIlLqQefdgFDG"
 _BESIDE_LOW: dict = {}  # (op, the tensors' dtype, a Python number's type) -> the dtype numpy converts it to
-_UFUNC_DTYPES: dict = {}  # (dtype, dtype) -> the dtype numpy's ufuncs compute on the two in
 
 
 def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
@@ -136,23 +133,14 @@ def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
 
 
 def _ufunc_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
-    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in: np.result_type's, or where its table has no
-    entry (bfloat16 beside float16, int16 and wider ints: DTypePromotionError) the first of numpy's own loops
-    both cast to safely, as a ufunc picks it (bfloat16 and float16 or int16: float32; int32 or int64:
-    float64)."""
-    key = a, b
-    out = _UFUNC_DTYPES.get(key)
-    if out is None:
-        try:
-            out = np.result_type(a, b)
-        except TypeError:  # DTypePromotionError
-            out = next((np.dtype(c) for c in _LOOPS
-                        if np.can_cast(a, c, "safe") and np.can_cast(b, c, "safe")), None)
-            if out is None:
-                raise DTypeError(f"no common dtype of {a.name} and {b.name}: numpy has none; convert one first, "
-                                 f"e.g. .astype('float32')") from None
-        out = _UFUNC_DTYPES[key] = out
-    return out
+    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in (spmdsim.ops._common.ufunc_dtype)."""
+    return ufunc_dtype(a, b)
+
+
+def _promote(op: str) -> Callable:
+    """`op`'s rule for its result dtype: np.where's is np.result_type's (`result_dtype`: bfloat16 beside int32
+    refused, as np.where refuses it), every other op's numpy's ufuncs' (`ufunc_dtype`: float64)."""
+    return result_dtype if op == "where" else ufunc_dtype
 
 
 _SCALARS: dict = {}  # device matrix -> the layout of a replicated 0-d value on it
@@ -188,7 +176,7 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
         if t.mesh is not mesh and t.mesh.layout != mesh.layout:
             raise OperatorError(f"{op}: operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
     kinds = [t.local.dtype for t in tensors if t.local.dtype.kind != "b"]
-    dtype = result_dtype(*kinds) if kinds else None  # every tensor bool: each number by its own type
+    dtype = _promote(op)(*kinds) if kinds else None  # every tensor bool: each number by its own type
     return mesh, [a if any(a is t for t in tensors) else lift(mesh, a, dtype, op) for a in args]
 
 
@@ -231,6 +219,8 @@ def pointwise(op: str, *args: Any) -> Any:
         mesh, xs = args[0]._mesh, args
     if not prepared.stays:
         xs = moved(xs, prepared)
+    if prepared.signed:  # an integer power of signed integers: numpy's kernel refuses a negative one
+        _negative_powers(mesh, args, xs)
     forward = _KERNELS[op]
     locals_ = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
@@ -306,7 +296,7 @@ def _beyond(op: str, args: tuple) -> Any:
     TypeError), and so does this, in one line."""
     cls = _common._DTENSOR or _common._dtensor_class()
     kinds = [a.local.dtype for a in args if type(a) is cls and a.local.dtype.kind != "b"]
-    dtype = result_dtype(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
+    dtype = _promote(op)(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
     if op in _LOGICAL and dtype.kind != "V":  # numpy's logical ufuncs take a Python int as int64 (`lift`)
         dtype = np.dtype(np.int64)
     number = next(a for a in args if type(a) is int and not _holds(dtype, a))
@@ -351,17 +341,19 @@ class _Prepared(Prepared):
     `ways`, what its node's backward decides per dY layout (spmdsim.autograd.rules.pointwise), kept here, and
     the operands' dtypes (a lifted number's: `_lifted`)."""
 
-    __slots__ = ("derivative", "ways", "dtypes")
+    __slots__ = ("derivative", "ways", "dtypes", "signed")
 
     def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
         if op in _NO_BOOL and all(d.kind == "b" for d in dtypes):  # numpy refuses these (a TypeError)
             name, instead = _NO_BOOL[op]
             raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {name}; use {instead}, or convert "
                                 "first, e.g. x.astype('int64')")
-        super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
+        super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out", _promote(op))
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
         self.dtypes = dtypes
+        # numpy's integer power raises on a negative exponent (`_negative_powers` checks it on every rank alike)
+        self.signed = op == "pow" and self.dtype.kind in "iu" and dtypes[1].kind == "i"
 
 
 #: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
@@ -403,6 +395,46 @@ def _lifted(args: tuple, prepared: _Prepared) -> tuple:
 
 
 _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)
+
+
+def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
+    """Refuse, on every rank alike, an integer power (numpy's integer loop: an integer or bool base, a signed
+    integer exponent) with a negative exponent where the result has entries, as numpy refuses it (its kernel's
+    ValueError, raised on the ranks holding such an entry alone, would leave the others going on into the next
+    collective). A number's exponent is every rank's: checked here. A DTensor's values differ between ranks:
+    each rank's least exponent among those its result block uses, the least of them agreed over the mesh (one
+    small Allreduce of control traffic, for this kind of call only; in a dry run, where one rank runs for all,
+    its own block's, a large one's zeros not looked at)."""
+    base, exponent = xs
+    cls = _common._DTENSOR
+    shared = type(args[1]) is not cls
+    block = exponent._local
+    if shared:
+        least = int(block.min()) if math.prod(base._shape) else 0
+    elif mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
+        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
+    else:
+        mine = int(block.min()) if block.size and base._local.size else 0
+        from ..runtime import door
+
+        least = door.all_reduce_object(mesh.comm, mine, "min")
+    if least >= 0:
+        return
+    if shared:
+        raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
+    what = f"a DTensor of {base._local.dtype.name}" if type(args[0]) is cls else describe(args[0])
+    raise OperatorError(f"pow: {what} to the powers of a DTensor of {block.dtype.name} whose entries include "
+                        f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
+                        "exponent.astype('float64')")
+
+
+def _negative_power(dtype: Any, exponent: int, base: Any = None) -> OperatorError:
+    """The refusal of a DTensor of integer `dtype` (None: the number `base`) to the negative integer power
+    `exponent`, the same on every rank."""
+    what = f"a DTensor of {dtype.name}" if dtype is not None else describe(base)
+    return OperatorError(f"pow: {what} to the negative integer power {exponent}: numpy refuses integers to "
+                         f"negative integer powers; use a float exponent ({float(exponent)!r}) or convert x first, "
+                         "e.g. x.astype('float64')")
 
 
 def astype(x: Any, dtype: Any) -> Any:
@@ -552,14 +584,14 @@ def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
 def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
     """x ** exponent (a number or a DTensor; pending sums are resolved first).
 
-    numpy's np.power: an integer or bool x to a negative integer number is refused in one line on every rank, as numpy refuses
-    it (its ValueError came from the kernel, on the ranks that hold entries alone)."""
+    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank, as
+    numpy refuses it (its ValueError came from the kernel, on the ranks that hold such an entry alone): a number
+    exponent here, a DTensor's (``2 ** x``, ``x ** y`` of integers) by its least entry, agreed over the mesh
+    (`_negative_powers`: one small Allreduce, for an integer power of signed integers only)."""
     if exponent.__class__ is int or isinstance(exponent, np.integer):
         kind = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind
         if kind in "biu" and exponent < 0:
-            raise OperatorError(f"pow: a DTensor of {x.local.dtype.name} to the negative integer power "
-                                f"{int(exponent)}: numpy refuses integers to negative integer powers; use a float "
-                                f"exponent ({float(exponent)!r}) or convert x first, e.g. x.astype('float64')")
+            raise _negative_power(x.local.dtype, int(exponent))
     return pointwise("pow", x, exponent)
 
 

@@ -1,0 +1,60 @@
+"""An integer power with a negative exponent is refused on every rank alike, as numpy refuses it.
+
+numpy's integer np.power raises ValueError on a negative exponent entry; run on each rank's block, it was raised
+on the ranks holding one alone, while the others went on (into the next collective: a hang or a confusing
+partial failure under MPI). Pure: 4 simulated ranks, each returning what it raised.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+from spmdsim.ops.pointwise import pointwise
+
+G = np.array([1, 2, 3, -1, 4, 5, 6, 7], np.int64)  # the one negative entry on rank 1 of 4
+
+
+def _outcomes(call, dry_run=False):
+    """Per rank: ("ok", global result) or (the error's type name, its message)."""
+    def body():
+        mesh = Mesh(Layout((4,), ("x",)))
+        x = DTensor.from_global(mesh, G, mesh.layout("x"))
+        try:
+            return "ok", call(mesh, x).gather()
+        except Exception as e:  # noqa: BLE001 - what each rank raised, compared below
+            return type(e).__name__, str(e)
+    return spmdsim.simulate(4, body, dry_run=dry_run)
+
+
+def test_a_negative_integer_exponent_is_refused_on_every_rank_alike():
+    """``2 ** x``, ``x ** x``, ``np.power(mask, x)`` of int64 x with -1 on rank 1: numpy's ValueError on rank 1
+    alone; now the same one-line OperatorError on all four (the least exponent agreed over the mesh)."""
+    calls = {"2 ** x": lambda m, x: 2 ** x, "x ** x": lambda m, x: ops.pow(x, x),
+             "np.power(mask, x)": lambda m, x: np.power(x > 2, x)}
+    for name, call in calls.items():
+        got = _outcomes(call)
+        assert len(set(got)) == 1, f"{name}: {got}"
+        kind, message = got[0]
+        assert kind == OperatorError.__name__, f"{name}: {got[0]}"
+        assert "whose entries include -1: numpy refuses integers to negative integer powers" in message
+        assert "\n" not in message
+    # A dry run (one rank runs for all, on its own small block: rank 0's, -1 there) refuses it alike (was ValueError).
+    assert _outcomes(lambda m, x: 2 ** (x - 2), dry_run=True)[0][0] == OperatorError.__name__
+    # A number exponent (pointwise's own path, a 0-d array through np.power) is every rank's: refused alike too.
+    got = _outcomes(lambda m, x: pointwise("pow", x, np.array(-2)))
+    assert got == [("OperatorError", "pow: a DTensor of int64 to the negative integer power -2: numpy refuses "
+                    "integers to negative integer powers; use a float exponent (-2.0) or convert x first, e.g. "
+                    "x.astype('float64')")] * 4
+
+
+def test_integer_powers_numpy_computes_are_computed():
+    """No negative entry, an unsigned or float exponent or base: numpy's values and dtype, no refusal."""
+    cases = {"2 ** |x|": (lambda m, x: 2 ** abs(x), 2 ** np.abs(G)),
+             "x ** uint8": (lambda m, x: x ** abs(x).astype(np.uint8), G ** np.abs(G).astype(np.uint8)),
+             "2.0 ** x": (lambda m, x: 2.0 ** x, 2.0 ** G)}
+    for name, (call, want) in cases.items():
+        got = _outcomes(call)
+        for kind, value in got:
+            assert kind == "ok", f"{name}: {value}"
+            assert value.dtype == want.dtype and np.array_equal(value, want), f"{name}: {value} != {want}"
