@@ -143,9 +143,10 @@ def main(args):
     if problem:
         raise spmdsim.SpmdsimError(problem)
     if 1 <= args.layers < args.moe_every:  # a dense GPT, printing experts it does not have (GPTConfig refuses it)
-        raise spmdsim.SpmdsimError(f"--moe-every {args.moe_every} makes none of the {args.layers} blocks an MoE "
-                                   f"layer (the first would be h{args.moe_every - 1}); expected at most --layers "
-                                   f"{args.layers}")
+        none = "no MoE layer of the only block" if args.layers == 1 else \
+            f"none of the {args.layers} blocks an MoE layer"
+        raise spmdsim.SpmdsimError(f"--moe-every {args.moe_every} makes {none} (the first would be "
+                                   f"h{args.moe_every - 1}); expected at most --layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,

@@ -227,6 +227,19 @@ def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_repo
         "at most --layers 2"), out.stderr
 
 
+def test_too_large_moe_every_on_one_layer_says_the_only_block():
+    """--layers 1 with --moe-every 2 said "makes none of the 1 blocks an MoE layer"."""
+    from testkit import unfold
+
+    out = _example(["--ranks", "2", "--steps", "1", "--layers", "1", "--d-model", "16", "--seq", "8",
+                    "--moe-every", "2"])
+    assert out.returncode == 2 and unfold(out.stderr).strip().splitlines()[-1] == (
+        "spmdsim: error: --moe-every 2 makes no MoE layer of the only block (the first would be h1); expected at "
+        "most --layers 1"), out.stderr
+    with pytest.raises(SpmdsimError, match="makes no MoE layer of the only layer"):
+        GPTConfig(layers=1, d_model=16, heads=4, moe=MoEConfig(every=2))
+
+
 def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
     """--zero 2 (now --zero 3) printed the model, its experts and mesh and the steps' header, then train's
     refusal."""

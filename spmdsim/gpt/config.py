@@ -115,9 +115,11 @@ class GPTConfig:
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise SpmdsimError(f"GPTConfig moe {self.moe!r} must be None or a spmdsim.moe.MoEConfig")
         if self.moe is not None and self.moe.every > self.layers:  # a dense GPT that would say it has experts
-            raise SpmdsimError(f"GPTConfig moe every {self.moe.every} makes none of the {self.layers} layers an MoE "
-                               f"layer (the first would be block {self.moe.every - 1}, counted from 0); expected every at most layers "
-                               f"{self.layers}, or moe=None for a dense GPT")
+            none = "no MoE layer of the only layer" if self.layers == 1 else \
+                f"none of the {self.layers} layers an MoE layer"
+            raise SpmdsimError(f"GPTConfig moe every {self.moe.every} makes {none} (the first would be block "
+                               f"{self.moe.every - 1}, counted from 0); expected every at most layers {self.layers}, "
+                               "or moe=None for a dense GPT")
 
     def is_moe(self, layer: int) -> bool:
         """Whether block `layer` has a mixture-of-experts layer in place of its MLP."""
