@@ -256,14 +256,19 @@ pair = _pair
 
 def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np.ndarray:
     """The local einsum ``words -> out`` of `blocks`; letters of `out` in no operand are broadcast."""
-    key = (tuple(words), out)
-    present = _PRESENT.get(key)
-    if present is None:
-        present = present_letters(words, out)
-        if len(_PRESENT) >= _CACHE_MAX:
-            _PRESENT.clear()
-        _PRESENT[key] = present
+    try:
+        present = _PRESENT[words, out]
+    except (KeyError, TypeError):  # not seen yet, or `words` a list
+        key = (tuple(words), out)
+        present = _PRESENT.get(key)
+        if present is None:
+            present = present_letters(words, out)
+            if len(_PRESENT) >= _CACHE_MAX:
+                _PRESENT.clear()
+            _PRESENT[key] = present
     if len(blocks) == 2:
+        if present == out and out:  # most products (spmdsim.ops.fused's): `pair`'s, as it comes
+            return _pair(words[0], blocks[0], words[1], blocks[1], out)
         result = _pair(words[0], blocks[0], words[1], blocks[1], present)
         if not present and result.ndim:  # a scalar: _pair's product comes back 1-d (np.ascontiguousarray's rule)
             result = result.reshape(())
