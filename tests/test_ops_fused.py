@@ -4,10 +4,14 @@ The same values and gradients bit for bit, the same bytes kept for backward (spm
 same FLOPs and kernels counted (spmdsim.flops), on a tensor-parallel case with a pending-free product, a broadcast
 bias and a transposed dropout mask, a layer norm and an RMSNorm with their weight and bias (the sequence-parallel
 layout: the weight's gradient pending), at fp64, fp32 and bfloat16 (the operands a node's outputs of their dtype, so
-every bfloat16 rounding is the chain's); and a GPT block of kept "graph" records 16 nodes where its separate
-operators recorded 31.
+every bfloat16 rounding is the chain's), each measured on a repeated call signature (which runs its kernels and
+builds its tensors and node without the general helpers, but at bfloat16); a GPT block of kept "graph" records 16
+nodes where its separate operators recorded 31; and the GPT compares an activation's layout object with its whole
+layout once.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
@@ -52,9 +56,61 @@ _NORMS = {"layer_norm": (True, True, True), "layer_norm_weight": (True, True, Fa
           "layer_norm_bias": (True, False, True), "rms_norm": (False, True, False), "layer_norm_of_a_leaf": (True, True, True)}
 
 
+# The general helpers of spmdsim.ops.fused a piece's first call goes through; a repeat of its call signature (fp64,
+# fp32: no bfloat16 kernel) runs its kernels and builds its tensors and node itself, calling none of them
+_HELPERS = ("signature", "prepared_result", "make_dtensor", "_product", "_added", "_dropped", "_add_plan")
+_CALLED: dict = {}  # thread -> how many calls of _HELPERS it made
+
+
+def _operands(name, x, leaf, computed):
+    """The operands of the piece `name` after x (made once: a repeated call passes the same tensors) and its leaves
+    whose gradients are compared."""
+    if name in ("einsum_bias", "einsum_reshape"):
+        w = leaf((D, E), None, "tp")
+        b = leaf((E,), "tp") if name == "einsum_bias" else None
+        return (x, w, b), {k: t for k, t in (("w", w), ("b", b)) if t is not None}
+    if name == "reshape_einsum":
+        heads = computed(leaf((T, B, N, D // N), None, "dp", "tp", None))
+        w = leaf((D, E), "tp", None)
+        return (heads, w), {"w": w}
+    if name in _NORMS:  # the sequence-parallel layout: rows whole, the weight's gradient pending over both
+        centre, weighted, biased = _NORMS[name]
+        xn = leaf((T, B, D), "tp", "dp", None)
+        w, b = (leaf((D,), None) if weighted else None), (leaf((D,), None) if biased else None)
+        # (of a leaf: its bfloat16 node would round nothing, the chain's later nodes do: the separate nodes run)
+        xin = xn if name == "layer_norm_of_a_leaf" else computed(xn)
+        return (xin, w, b, centre), {k: t for k, t in (("x", xn), ("w", w), ("b", b)) if t is not None}
+    # residual, with and without its bias and dropout
+    bias, p = {"residual": (True, 0.25), "dropout_add": (False, 0.25), "bias_add": (True, 0.0)}[name]
+    y = computed(leaf((T, B, D), "tp", "dp", None))
+    h = computed(leaf((T, B, D), "tp", "dp", None))
+    b = leaf((D,), None) if bias else None
+    return (h, y, b, p), {"b": b} if bias else {}
+
+
+def _run_piece(name, use_fused, args):
+    """The piece `name` on `args` (`_operands`'), fused or as its separate operators."""
+    if name == "einsum_bias" or name == "einsum_reshape":
+        x, w, b = args
+        f = fused.einsum_bias if use_fused else _separate_linear
+        return f("tbd,de->tbe", x, w, b, (T, B, N, E // N))
+    if name == "reshape_einsum":
+        heads, w = args
+        f = fused.reshape_einsum if use_fused else _separate_reshape_einsum
+        return ops.resolved(f(heads, (T, B, D), "tbd,de->tbe", w))
+    if name in _NORMS:
+        xin, w, b, centre = args
+        return (_fused_norm if use_fused else _separate_norm)(xin, w, b, centre)
+    h, y, b, p = args
+    f = fused.residual if use_fused else _separate_residual
+    return f(h, y, b, p, seed=11 if p else None, mask_dims=(1, 0, 2))
+
+
 def _case(name, precision):
     """A function of (mesh, fused?) -> (the output's block, {name: gradient block}, kept bytes by kind, kernels
-    and products counted) for the piece `name`, its operands on a (dp 2, tp 2) mesh."""
+    and products counted, nodes, calls of the general helpers) for the piece `name`, its operands on a (dp 2,
+    tp 2) mesh. Fused, the piece runs twice on the same operands (a first call, then a repeat of its call
+    signature, which is the one measured and differentiated)."""
     def run(mesh, use_fused):
         dtype = {"fp64": np.float64, "fp32": np.float32}.get(precision) or spmdsim.precision.bfloat16()
         rng = np.random.default_rng(7)
@@ -69,46 +125,23 @@ def _case(name, precision):
         # x comes from a node (as a block's activations do): its gradient is an activation's (rounded at bfloat16)
         x0 = leaf((T, B, D), None, "dp", None)
         x = computed(x0)
+        args, leaves = _operands(name, x, leaf, computed)
+        if name in ("einsum_bias", "einsum_reshape"):
+            leaves = {"x0": x0, **leaves}
+        if use_fused:
+            _run_piece(name, True, args)  # the first call of this signature (its node left out of the backward)
+        me = threading.get_ident()
         with counting() as flops, kept_as("piece"):
-            if name == "einsum_bias":
-                w, b = leaf((D, E), None, "tp"), leaf((E,), "tp")
-                f = fused.einsum_bias if use_fused else _separate_linear
-                out = f("tbd,de->tbe", x, w, b, (T, B, N, E // N))
-                leaves = {"x0": x0, "w": w, "b": b}
-            elif name == "einsum_reshape":
-                w = leaf((D, E), None, "tp")
-                f = fused.einsum_bias if use_fused else _separate_linear
-                out = f("tbd,de->tbe", x, w, None, (T, B, N, E // N))
-                leaves = {"x0": x0, "w": w}
-            elif name == "reshape_einsum":
-                heads = computed(leaf((T, B, N, D // N), None, "dp", "tp", None))
-                w = leaf((D, E), "tp", None)
-                f = fused.reshape_einsum if use_fused else _separate_reshape_einsum
-                out = ops.resolved(f(heads, (T, B, D), "tbd,de->tbe", w))
-                leaves = {"w": w}
-            elif name in _NORMS:  # the sequence-parallel layout: rows whole, the weight's gradient pending over both
-                centre, weighted, biased = _NORMS[name]
-                xn = leaf((T, B, D), "tp", "dp", None)
-                w, b = (leaf((D,), None) if weighted else None), (leaf((D,), None) if biased else None)
-                # (of a leaf: its bfloat16 node would round nothing, the chain's later nodes do: the separate nodes run)
-                xin = xn if name == "layer_norm_of_a_leaf" else computed(xn)
-                out = (_fused_norm if use_fused else _separate_norm)(xin, w, b, centre)
-                leaves = {k: t for k, t in (("x", xn), ("w", w), ("b", b)) if t is not None}
-            else:  # residual, with and without its bias and dropout
-                bias, p = {"residual": (True, 0.25), "dropout_add": (False, 0.25), "bias_add": (True, 0.0)}[name]
-                y = computed(leaf((T, B, D), "tp", "dp", None))
-                h = computed(leaf((T, B, D), "tp", "dp", None))
-                b = leaf((D,), None) if bias else None
-                f = fused.residual if use_fused else _separate_residual
-                out = f(h, y, b, p, seed=11 if p else None, mask_dims=(1, 0, 2))
-                leaves = {"b": b} if bias else {}
+            before = _CALLED.get(me, 0)
+            out = _run_piece(name, use_fused, args)
+            called = _CALLED.get(me, 0) - before
             kept = kept_bytes([out], exclude=[t for t in leaves.values()])
         nodes = _count_nodes(out)
         with counting() as back:  # the backward's kernels and products too
             (out * out).sum().backward()
         grads = {k: np.asarray(t.grad.local).copy() for k, t in leaves.items()}
         counted = [dict(c.kernels) for c in (flops, back)], [dict(c.counts) for c in (flops, back)]
-        return (np.asarray(out.local).copy(), grads, kept) + counted + (nodes,)
+        return (np.asarray(out.local).copy(), grads, kept) + counted + (nodes, called)
     return run
 
 
@@ -116,6 +149,19 @@ def _count_nodes(t):
     from spmdsim.autograd.engine import _topological
 
     return len(_topological(t._ag))
+
+
+def _counted_helpers(monkeypatch):
+    """Count each thread's calls of spmdsim.ops.fused's general helpers (`_HELPERS`) in `_CALLED`."""
+    def counted(f):
+        def call(*args, **kwargs):
+            me = threading.get_ident()
+            _CALLED[me] = _CALLED.get(me, 0) + 1
+            return f(*args, **kwargs)
+        return call
+
+    for helper in _HELPERS:
+        monkeypatch.setattr(fused, helper, counted(getattr(fused, helper)))
 
 
 def _both(name, precision):
@@ -134,12 +180,13 @@ def _both(name, precision):
 @pytest.mark.parametrize("precision", ["fp64", "fp32", "bf16"])
 @pytest.mark.parametrize("name", ["einsum_bias", "einsum_reshape", "reshape_einsum", "residual", "dropout_add",
                                   "bias_add", *_NORMS])
-def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision):
+def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision, monkeypatch):
     if precision == "bf16":
         pytest.importorskip("ml_dtypes")
+    _counted_helpers(monkeypatch)
     for separate, one in _both(name, precision):
-        out, grads, kept, kernels, products, nodes = separate
-        f_out, f_grads, f_kept, f_kernels, f_products, f_nodes = one
+        out, grads, kept, kernels, products, nodes, _ = separate
+        f_out, f_grads, f_kept, f_kernels, f_products, f_nodes, called = one
         assert out.dtype == f_out.dtype and np.array_equal(out, f_out)
         assert grads.keys() == f_grads.keys()
         for k in grads:
@@ -150,6 +197,8 @@ def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision):
             assert f_nodes == nodes
         else:
             assert f_nodes < nodes  # one node where the chain made two or three
+        if precision != "bf16":  # the repeated call: its kernels run, its tensors and node built without the helpers
+            assert called == 0, name
 
 
 def test_a_graph_block_records_16_nodes():
@@ -175,3 +224,35 @@ def test_a_graph_block_records_16_nodes():
     # product, its Reduce_scatter), bias + dropout + residual 1. Separate: 31 (the layer norms 4 each, Q and V 3
     # each, K 2, the projection 3, the residuals 3 each, fc1 2).
     assert spmdsim.simulate(4, body) == [16] * 4
+
+
+def test_the_gpt_compares_a_whole_activation_layout_once(monkeypatch):
+    from spmdsim.gpt import GPTConfig
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.layout import TensorLayout
+
+    compared = []
+    eq = TensorLayout.__eq__
+
+    def counted(self, other):
+        compared.append(1)
+        return eq(self, other)
+
+    monkeypatch.setattr(TensorLayout, "__eq__", counted)
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=16, batch=4)
+
+    def body():
+        mesh = Mesh(Layout((1, 1), ("dp", "tp")), spmdsim.world())
+        try:
+            model = GPT(cfg, mesh)  # without sp the activations between blocks are whole: one layout object
+            assert model.act is model.full
+            full = model.full
+            alike = TensorLayout(full.layout, full.tensor_map, full.partial)  # equal, another object
+            x = DTensor.zeros(mesh, alike, (cfg.seq, cfg.batch, cfg.d_model))
+            del compared[:]
+            assert all(model._gathered(x) is x for _ in range(3))
+            return len(compared)
+        finally:
+            mesh.close()
+
+    assert spmdsim.simulate(1, body) == [1]  # compared once, then found by the object

@@ -55,8 +55,9 @@ def world() -> Any:
 
 
 def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
-    """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine (the
-    dry engine's `local`, its zeros; any other engine's is Engine.local's ``fn(*args)``, called here)."""
+    """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine.
+
+    The dry engine's `local` gives its zeros; any other engine's is Engine.local's ``fn(*args)``, called here."""
     engine = _THREAD.context.engine
     return engine.local(fn, like, *args) if engine.dry else fn(*args)
 

@@ -138,8 +138,10 @@ class GPT:
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.moe.layer).
         self.batch = ("dp", "ep") if "ep" in names else "dp"
-        self.act = L("tp", self.batch, None) if sp else L(None, self.batch, None)  # (T, B, D) between blocks
         self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
+        # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
+        self.act = L("tp", self.batch, None) if sp else self.full
+        self._whole: dict = {}  # layout objects found equal to `full`, by id (`_gathered`)
         self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.moe.layer)
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
@@ -175,7 +177,15 @@ class GPT:
 
     def _gathered(self, x: Any) -> Any:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""
-        return x if x._layout is self.full or x._layout == self.full else redistribute(x, self.full)
+        layout = x._layout
+        if layout is self.full or self._whole.get(id(layout)) is layout:  # or a layout found equal to it before
+            return x
+        if layout == self.full:  # compared once per layout object (a pipeline stage receives its own)
+            if len(self._whole) >= 64:
+                self._whole = {}
+            self._whole[id(layout)] = layout  # (held: its id is not reused while the entry lives)
+            return x
+        return redistribute(x, self.full)
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
                scale: float = 1.0) -> Any:

@@ -28,6 +28,12 @@ measures the same bytes, by the same kinds), and counts the same FLOPs and kerne
 
 Where the chain would move an operand (its plans' layouts differ) or hold a pending sum, each piece runs the
 separate operators instead (their nodes, as before): the fusion is only what the chain does without moving.
+
+What a piece's call signature decides (the operands' layout objects, shapes and dtypes, its arguments, the rank) is
+kept after its first call (`_Call`, in a table per piece, as ops.einsum's and ops.pointwise's `Prepared` calls):
+a repeat whose chain fuses, moves nothing and is not bfloat16 runs the same kernels and builds its tensors, rule
+and node itself, without the general helpers (signature, prepared_result, make_dtensor); a first call, a captured
+step (spmdsim.runtime.replay) and a dry run (spmdsim.sim.dry) go through them.
 """
 from __future__ import annotations
 
@@ -39,11 +45,12 @@ import numpy as np
 
 from .. import flops as _flops
 from ..autograd.graph import Leaf, attach, used_axes, with_partial
-from ..autograd.rules.einsum import record_einsum
+from ..autograd.rules.einsum import EinsumGrads, record_einsum
+from ..autograd.rules.grads import NEED2
 from ..autograd.rules.fused import EinsumBiasGrads, NormAffineGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..autograd.rules.norms import _NormalizedGrads, record_normalized
 from ..buffers import CAPTURING, broadcast_zero
-from ..contraction import contract
+from ..contraction import contract, pair
 from ..engines import local as _engine_local
 from ..errors import OperatorError
 from ..flops import any_open, sweep
@@ -52,7 +59,8 @@ from ..precision import is_low, rounded, wide
 from . import _common
 from .einsum import _PREPARED as _EINSUMS, _Prepared as _EinsumPrepared, _refuse_bool_sum, einsum as _einsum
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
-from ._common import check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
+from ._common import _PLAIN_DTYPES, check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result
+from ._common import signature
 from ._common import keep_mask, seed_arg
 from .local import reshape
 from .norms import _mask_geometry, normal_values
@@ -175,7 +183,100 @@ _LINEARS: dict = {}  # (id(einsum's Prepared), id(bias layout), bias shape and d
 def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Sequence[int]] = None) -> Any:
     """``ops.reshape(ops.einsum(spec, x, w) + bias, shape)`` in one node (`bias` None: no add; `shape` None: no
     reshape): the separate operators' values, kept blocks and counts (see the module docstring). `bias` is
-    broadcast against the product as the add broadcasts it."""
+    broadcast against the product as the add broadcasts it.
+
+    A repeated call signature (`_CALLS`: the operands' layout objects, shapes and dtypes, the shape, the rank)
+    whose chain fuses, moves nothing and is not bfloat16 runs its kernels and builds its tensors and node here,
+    from what its first call decided (`_Call`), without the general helpers; the rest (a first call, a captured
+    step, a dry run) take `_einsum_bias`: the same numpy calls either way."""
+    try:
+        if bias is None:
+            key = spec, id(x._layout), id(w._layout), x._shape, w._shape, x._local.dtype, w._local.dtype, shape, \
+                x._mesh.rank
+        else:
+            key = spec, id(x._layout), id(w._layout), x._shape, w._shape, x._local.dtype, w._local.dtype, shape, \
+                x._mesh.rank, id(bias._layout), bias._shape, bias._local.dtype
+        call = _CALLS.get(key)
+    except (AttributeError, TypeError):  # no DTensor, a shape that does not hash: the general path says why
+        key = call = None
+    mesh = x._mesh if call is not None else None
+    if call is None or CAPTURING[0] or mesh.engine.dry:
+        return _einsum_bias(spec, x, w, bias, shape, key)
+    prepared = call.prepared
+    (a_word, b_word), output = prepared.words
+    block = pair(a_word, x._local, b_word, w._local, output)  # (_product's contract, without its calls)
+    if block.dtype != prepared.dtype and not prepared.plan.local.partial:
+        block = rounded(block, prepared.dtype)
+    if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
+        out = biased = y = _new(_common._DTENSOR)  # prepared_result's usual case
+        y._mesh, y._local, y._layout, y._shape, y._ag = mesh, block, prepared.out, prepared.shape, None
+    else:
+        out = biased = y = prepared_result(mesh, block, prepared)
+    linear = call.linear
+    if bias is not None:  # _added's kernel and count (no bfloat16 here), its result built as prepared_result's
+        add = linear.add
+        a, b = y._local, bias._local
+        block = np.add(a, b)
+        if _flops._OPEN:
+            sweep("add", [a, b], (block,))
+        if type(block) is _ndarray and block.shape == add.block and block.flags.c_contiguous:
+            out = biased = _new(_common._DTENSOR)
+            out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, add.out, add.shape, None
+        else:
+            out = biased = prepared_result(mesh, block, add)
+    shaped = linear.shaped
+    if shaped is not None:  # ops.reshape's view of the block (make_dtensor passed it on the first call)
+        block = biased._local.reshape(linear.block_shape)
+        if block.flags.c_contiguous:
+            out = _new(_common._DTENSOR)
+            out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, shaped[0], shaped[1], None
+        else:
+            out = make_dtensor(mesh, block, shaped[0], shaped[1])
+    xa, wa = x._ag, w._ag
+    if xa is None and wa is None and (bias is None or bias._ag is None):
+        return out
+    einsum = _new(EinsumGrads)  # einsum_grads' object, without its call
+    einsum.xs, einsum.prepared, einsum.need = (x, w), prepared, NEED2[xa is None][wa is None]
+    grads = _new(EinsumBiasGrads)  # its __init__'s fields, without its frame
+    grads.einsum, grads.y, grads.bias, grads.biased, grads.sums = einsum, y, bias, biased, linear.sums
+    grads.shaped = shaped is not None
+    return attach(out, linear.name, (x, w) if bias is None else (bias, x, w), grads, linear.want, linear.reads)
+
+
+class _Call:
+    """A fused piece's repeated call signature (`_CALLS`, `_RESIDUAL_CALLS`, `_RESHAPE_CALLS`): what its first call
+    decided, for a call that runs its kernels and builds its tensors and node directly (its chain fuses, moves
+    nothing, is not bfloat16). Holds its `Prepared` calls, which hold the layouts its key names by id."""
+
+    __slots__ = ("prepared", "linear", "residual", "geometry", "sums", "flat", "name", "reads")
+
+    def __init__(self, prepared: Any = None, linear: Any = None) -> None:
+        self.prepared, self.linear = prepared, linear
+        self.residual = self.geometry = self.sums = self.flat = self.name = self.reads = None
+
+
+def _remember(table: dict, key: Any, call: _Call) -> None:
+    """Keep `call` under `key` in `table` (bounded: a long run over many signatures starts over)."""
+    if len(table) >= 4096:
+        table.clear()
+    table[key] = call
+
+
+def _plain(shape: Any) -> bool:
+    """`shape` None or a tuple of Python ints (16.0 finds 16's entry: never kept)."""
+    return shape is None or type(shape) is tuple and all(type(n) is int for n in shape)
+
+
+# einsum_bias's call signature (spec; the operands' layout ids, shapes and dtypes; the shape; the rank; the bias's
+# layout id, shape and dtype) -> _Call
+_CALLS: dict = {}
+_ndarray = np.ndarray
+_new = object.__new__
+
+
+def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any) -> Any:
+    """`einsum_bias` through the general helpers (`call_key`: its call signature, kept in `_CALLS` where a repeat can
+    run directly; None: never)."""
     y, xs, prepared = _product(spec, x, w)
     if bias is None and shape is None:
         return _separate(y, xs, prepared, None, None)
@@ -195,6 +296,10 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
     record = xs[0]._ag is not None or xs[1]._ag is not None or bias is not None and bias._ag is not None
     if not linear.fused or record and y._local.dtype.kind == "V" and is_low(y._local.dtype) and not _rounds(xs[0]):
         return _separate(y, xs, prepared, bias, shape)
+    if (call_key is not None and prepared.stays and prepared.paired and y._local.dtype in _PLAIN_DTYPES
+            and (bias is None or linear.add.dtype_name != "bfloat16" and linear.add.dtype in _PLAIN_DTYPES)
+            and _plain(shape) and type(mesh) is _common._MESH):
+        _remember(_CALLS, call_key, _Call(prepared, linear))
     out = biased = y
     if bias is not None:
         plain = not CAPTURING[0]
@@ -223,14 +328,95 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
              mask_dims: Optional[Sequence[int]] = None) -> Any:
     """``h + ops.dropout(y + bias, p, seed=seed, mask_dims=mask_dims)`` in one node (`bias` None: no add; `p` 0: no
     dropout; the dropout's arguments as ops.dropout's, whose node keeps its float factors): the separate operators'
-    values, kept blocks and counts (see the module docstring)."""
+    values, kept blocks and counts (see the module docstring).
+
+    A repeated call signature (`_RESIDUAL_CALLS`: the operands' layout objects, shapes and dtypes, p, mask_dims,
+    the rank) whose chain fuses and is not bfloat16 runs its kernels and builds its tensors and node here, from
+    what its first call decided, without the general helpers; the rest take `_residual`."""
+    try:
+        key = id(h._layout), id(y._layout), h._shape, y._shape, h._local.dtype, y._local.dtype, type(p), p, \
+            mask_dims, y._mesh.rank
+        if bias is not None:
+            key += (id(bias._layout), bias._shape, bias._local.dtype)
+        call = _RESIDUAL_CALLS.get(key)
+    except (AttributeError, TypeError):  # no DTensor, mask_dims as a list: the general path
+        key = call = None
+    mesh = y._mesh if call is not None else None
+    if call is None or CAPTURING[0] or mesh.engine.dry:
+        return _residual(h, y, bias, p, seed, mask_dims, key)
+    if p and type(seed) is not int:  # (p was checked by this signature's first call)
+        _dropout_args(p, seed)
+    decided = call.residual
+    biased = y
+    if bias is not None:  # _added's kernel and count, its result built as prepared_result's
+        first = decided.first
+        a, b = y._local, bias._local
+        block = np.add(a, b)
+        if _flops._OPEN:
+            sweep("add", [a, b], (block,))
+        if type(block) is _ndarray and block.shape == first.block and block.flags.c_contiguous:
+            biased = _new(_common._DTENSOR)
+            biased._mesh, biased._local, biased._layout, biased._shape, biased._ag = \
+                mesh, block, first.out, first.shape, None
+        else:
+            biased = prepared_result(mesh, block, first)
+    dropped, factors, scale = biased, None, None
+    if p:  # _dropped's kernel, mask and count
+        local = biased._local
+        scale = np.asarray(1.0 / (1.0 - p), local.dtype)
+        order, mask_shape, mask_region, back = call.geometry
+        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
+        if order is not None:
+            factors = factors.transpose(back)
+        block = local * factors
+        if type(block) is _ndarray and block.shape == local.shape and block.flags.c_contiguous:
+            dropped = _new(_common._DTENSOR)  # biased's layout and shape: make_dtensor passed them
+            dropped._mesh, dropped._local, dropped._layout, dropped._shape, dropped._ag = \
+                mesh, block, biased._layout, biased._shape, None
+        else:
+            dropped = make_dtensor(mesh, block, biased._layout, biased._shape)
+        if _flops._OPEN:
+            sweep("dropout", (local,), (dropped._local, local))
+    last = decided.last
+    a, b = h._local, dropped._local
+    block = np.add(a, b)
+    if _flops._OPEN:
+        sweep("add", [a, b], (block,))
+    if type(block) is _ndarray and block.shape == last.block and block.flags.c_contiguous:
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, last.out, last.shape, None
+    else:
+        out = prepared_result(mesh, block, last)
+    need = h._ag is not None, y._ag is not None, bias is not None and bias._ag is not None
+    if need == _NEED_NONE:
+        return out
+    grads = _new(ResidualGrads)  # its __init__'s fields, without its frame
+    grads.h, grads.y, grads.bias, grads.biased, grads.factors, grads.scale = h, y, bias, biased, factors, scale
+    grads.dropped, grads.out, grads.need, grads.sums = dropped, out, need, call.sums if need[2] else None
+    return attach(out, decided.name, (h, y, bias), grads, last.want, decided.reads)
+
+
+_NEED_NONE = (False, False, False)
+# residual's call signature (the layout ids, shapes and dtypes of h and y; p's type and value; mask_dims; the rank;
+# the bias's layout id, shape and dtype) -> _Call
+_RESIDUAL_CALLS: dict = {}
+
+
+def _dropout_args(p: Any, seed: Any) -> None:
+    """ops.dropout's checks of p (nonzero) and the seed."""
+    if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
+        raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
+    if seed is None:
+        raise OperatorError("dropout: a seed is required (an integer, different per layer and step), so every "
+                            "rank draws the same mask")
+    seed_arg(seed, "dropout")
+
+
+def _residual(h: Any, y: Any, bias: Any, p: Any, seed: Any, mask_dims: Any, call_key: Any) -> Any:
+    """`residual` through the general helpers (`call_key`: its call signature, kept in `_RESIDUAL_CALLS` where a
+    repeat can run directly; None: never)."""
     if p:
-        if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
-            raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
-        if seed is None:
-            raise OperatorError("dropout: a seed is required (an integer, different per layer and step), so every "
-                                "rank draws the same mask")
-        seed_arg(seed, "dropout")
+        _dropout_args(p, seed)
     elif bias is None:
         return _pointwise("add", h, y)
     first = _add_plan(y, bias) if bias is not None else None
@@ -263,10 +449,18 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
                                 "an operand")
         decided.last = last
     out = _added(mesh, last, h._local if plain else h.local, dropped._local if plain else dropped.local)
-    if not grads_y and h._ag is None:
-        return out
     if decided.reads is None:
         decided.reads = (first.reads if bias is not None else ()) + ((decided.inner,) * 2 if p else ()) + last.reads
+    if (call_key is not None and not decided.low and dropped._layout is decided.inner
+            and h._local.dtype in _PLAIN_DTYPES and dropped._local.dtype in _PLAIN_DTYPES
+            and out._local.dtype in _PLAIN_DTYPES and type(mesh) is _common._MESH):
+        call = _Call()
+        call.residual = decided
+        call.geometry = _mask_geometry(biased, mask_dims) if p else None
+        call.sums = None if bias is None else bias_sums(first, bias)
+        _remember(_RESIDUAL_CALLS, call_key, call)
+    if not grads_y and h._ag is None:
+        return out
     sums = None if bias is None or bias._ag is None else bias_sums(first, bias)
     return attach(out, decided.name, (h, y, bias),
                   ResidualGrads(h, y, bias, biased, factors, scale, dropped, out, sums), last.want, decided.reads)
@@ -339,13 +533,60 @@ def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
     counts (see the module docstring)."""
     if getattr(x, "_ag", None) is None:
         return _einsum(spec, reshape(x, shape), w)
+    try:  # a repeated call signature (`_RESHAPE_CALLS`) that fuses and is not bfloat16: built here
+        key = spec, id(x._layout), id(w._layout), x._shape, w._shape, x._local.dtype, w._local.dtype, shape, \
+            x._mesh.rank
+        call = _RESHAPE_CALLS.get(key)
+    except (AttributeError, TypeError):  # no DTensor w, a shape that does not hash: the general path
+        key = call = None
+    mesh = x._mesh
+    if call is None or CAPTURING[0] or mesh.engine.dry:
+        return _reshape_einsum(x, shape, spec, w, key)
+    layout, new_shape, block_shape = call.flat
+    block = x._local.reshape(block_shape)
+    if block.flags.c_contiguous:  # ops.reshape's repeat, outside the graph
+        flat = _new(_common._DTENSOR)
+        flat._mesh, flat._local, flat._layout, flat._shape, flat._ag = mesh, block, layout, new_shape, None
+    else:
+        flat = make_dtensor(mesh, block, layout, new_shape)
+    prepared = call.prepared
+    (a_word, b_word), output = prepared.words
+    block = pair(a_word, flat._local, b_word, w._local, output)  # (_product's contract, without its calls)
+    if block.dtype != prepared.dtype and not prepared.plan.local.partial:
+        block = rounded(block, prepared.dtype)
+    if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
+        y = _new(_common._DTENSOR)  # prepared_result's usual case
+        y._mesh, y._local, y._layout, y._shape, y._ag = mesh, block, prepared.out, prepared.shape, None
+    else:
+        y = prepared_result(mesh, block, prepared)
+    flat._ag = x._ag  # ReshapeEinsumGrads' fields, without its frame and einsum_grads' call
+    einsum = _new(EinsumGrads)
+    einsum.xs, einsum.prepared, einsum.need = (flat, w), prepared, NEED2[False][w._ag is None]
+    grads = _new(ReshapeEinsumGrads)
+    grads.einsum, grads.x = einsum, x
+    return attach(y, call.name, (x, w), grads, prepared.want, call.reads)
+
+
+# reshape_einsum's call signature (spec; the layout ids, shapes and dtypes of x and w; the shape; the rank) -> _Call
+_RESHAPE_CALLS: dict = {}
+
+
+def _reshape_einsum(x: Any, shape: Any, spec: str, w: Any, key: Any) -> Any:
+    """`reshape_einsum` of an x that takes a gradient, through the general helpers (`key`: its call signature,
+    kept in `_RESHAPE_CALLS` where a repeat can run directly; None: never)."""
     flat = reshape(type(x)._trusted(x._mesh, x._local, x._layout, x._shape), shape)  # outside the graph
     made = _product(spec, flat, w, stay=True)
     if made is None or not _rounds(x) and is_low(x._local.dtype):  # the plan moves the reshaped x: separate
         return _einsum(spec, reshape(x, shape), w)
     y, xs, prepared = made
-    return attach(y, f"reshape, einsum {prepared.plan.spec}", (x, xs[1]),
-                  ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, (x._layout,) + prepared.reads)
+    name, reads = f"reshape, einsum {prepared.plan.spec}", (x._layout,) + prepared.reads
+    if (key is not None and xs[1] is w and prepared.paired and _plain(shape) and y._local.dtype in _PLAIN_DTYPES
+            and flat._local.dtype in _PLAIN_DTYPES and type(x._mesh) is _common._MESH):
+        call = _Call(prepared)
+        call.flat = (flat._layout, flat._shape, flat._local.shape)
+        call.name, call.reads = name, reads
+        _remember(_RESHAPE_CALLS, key, call)
+    return attach(y, name, (x, xs[1]), ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, reads)
 
 
 class _Norm:
@@ -356,7 +597,7 @@ class _Norm:
     node its backward meets first does not (the separate operators run). Holds the layouts its key names by id
     (its plans do)."""
 
-    __slots__ = ("mul", "add", "fused", "name", "want", "reads", "w_sums", "b_sums")
+    __slots__ = ("mul", "add", "fused", "name", "want", "reads", "w_sums", "b_sums", "plain")
 
     def __init__(self, y: Any, weight: Any, bias: Any, op: str) -> None:
         layout, dtype = y._layout, y._local.dtype
@@ -383,6 +624,8 @@ class _Norm:
         self.fused = self.fused and last is not None and used_axes(reads) <= used_axes(last.reads)
         self.name, self.reads = name, reads
         self.want = None if last is None else last.want
+        # no bfloat16 kernel (norm_affine runs the plain ones itself)
+        self.plain = all(plan is None or plan.dtype_name != "bfloat16" for plan in (self.mul, self.add))
 
 
 # (op, id(x's layout), x's shape and dtype, id(the weight's layout), its shape and dtype, the bias's) -> _Norm
@@ -422,15 +665,41 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
         return out if bias is None else _pointwise("add", out, bias)
     mesh, plain = x._mesh, not CAPTURING[0]
     z = scaled = out
-    if weight is not None:
-        scaled = z = _added(mesh, norm.mul, y if plain else out.local, weight._local if plain else weight.local,
-                            "mul", np.multiply)
-    if bias is not None:
-        z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
+    if plain and norm.plain and not mesh.engine.dry:  # _added's kernels and counts, their results built here
+        if weight is not None:
+            mul, b = norm.mul, weight._local
+            block = np.multiply(y, b)
+            if _flops._OPEN:
+                sweep("mul", [y, b], (block,))
+            if type(block) is _ndarray and block.shape == mul.block and block.flags.c_contiguous:
+                scaled = z = _new(_common._DTENSOR)
+                z._mesh, z._local, z._layout, z._shape, z._ag = mesh, block, mul.out, mul.shape, None
+            else:
+                scaled = z = prepared_result(mesh, block, mul)
+        if bias is not None:
+            add, a, b = norm.add, scaled._local, bias._local
+            block = np.add(a, b)
+            if _flops._OPEN:
+                sweep("add", [a, b], (block,))
+            if type(block) is _ndarray and block.shape == add.block and block.flags.c_contiguous:
+                z = _new(_common._DTENSOR)
+                z._mesh, z._local, z._layout, z._shape, z._ag = mesh, block, add.out, add.shape, None
+            else:
+                z = prepared_result(mesh, block, add)
+    else:
+        if weight is not None:
+            scaled = z = _added(mesh, norm.mul, y if plain else out.local, weight._local if plain else weight.local,
+                                "mul", np.multiply)
+        if bias is not None:
+            z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
     if not record:
         return z
-    grads = NormAffineGrads(_NormalizedGrads(x, y, kept, d, centre, op), out, weight, scaled, bias, z, norm.w_sums,
-                            norm.b_sums)
+    grads = _new(NormAffineGrads)  # its __init__'s fields, without its frame
+    grads.norm, grads.y, grads.weight, grads.scaled, grads.bias, grads.out = \
+        _NormalizedGrads(x, y, kept, d, centre, op), out, weight, scaled, bias, z
+    grads.w_sums, grads.b_sums = norm.w_sums, norm.b_sums
+    grads.need_w = weight is not None and weight._ag is not None
+    grads.need_b = bias is not None and bias._ag is not None
     # the bias's gradient first, then the weight's, then x's: as the add's, the product's and the normalization's
     # nodes gave them
     return attach(z, norm.name, (bias, weight, x), grads, norm.want, norm.reads)

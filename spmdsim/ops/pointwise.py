@@ -28,7 +28,7 @@ from ..errors import DTypeError, OperatorError
 from .. import flops as _flops
 from ..flops import sweep
 from ..infer.pointwise import infer_pointwise
-from ..precision import rounded, wide
+from ..precision import is_low, rounded, wide
 from ..validate import dtype_arg
 from . import _common
 from ..buffers import CAPTURING
@@ -65,11 +65,23 @@ def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
     bool stays bool (``mask + True`` is a logical or), an int is int64, a float float64. A numpy scalar keeps
     its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64). A 0-d numpy array is its
     numpy scalar: numpy makes one of a scalar on the left of a comparison (``np.float64(0.5) < x`` reaches
-    DTensor.__array_ufunc__ as np.less(array(0.5), x)), and NEP 50 types the two alike."""
+    DTensor.__array_ufunc__ as np.less(array(0.5), x)), and NEP 50 types the two alike.
+
+    Beside bfloat16 (ml_dtypes' dtype, of kind "V"), the dtype numpy's own call gives (`_beside_low`): a Python
+    float is float32 (``x * 1.5`` of bfloat16 x is float32, as numpy's; in ``where`` float64, as np.where's), an
+    int or bool bfloat16; in a logical and/or/xor a Python int is int64 beside any other dtype, as numpy's
+    logical ufuncs take it (its truth is what counts; past int64 numpy refuses it: `_beyond`); a numpy scalar
+    whose dtype numpy's promotion table lacks beside bfloat16 (float16,
+    int16 and wider ints) is converted, exactly, to the float numpy's ufuncs compute in (float32, float64)."""
     if type(value) is np.ndarray and value.ndim == 0:
         value = value[()]
     if isinstance(value, np.generic):
-        if value.dtype.kind in "biuf":
+        kind = value.dtype.kind
+        if kind in "biuf" or (kind == "V" and is_low(value.dtype)):
+            if (kind == "V" or (dtype is not None and dtype.kind == "V")) and dtype is not None:
+                common = _ufunc_dtype(dtype, value.dtype)
+                if common != dtype and common != value.dtype:  # no entry in numpy's table: numpy's ufunc loop
+                    return make_dtensor(mesh, np.asarray(value, common), _scalar_layout(mesh.layout), ())
             return make_dtensor(mesh, np.asarray(value), _scalar_layout(mesh.layout), ())
         value = value.item()
     if not isinstance(value, (numbers.Real, bool)):
@@ -77,9 +89,70 @@ def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
                             "with DTensor.from_global or from_local first")
     if dtype is None:
         target = np.dtype(bool if isinstance(value, bool) else np.int64 if isinstance(value, int) else np.float64)
+    elif dtype.kind == "V":
+        target = _beside_low(op, dtype, type(value) if type(value) in (bool, int, float) else float)
+    elif op in _LOGICAL and type(value) is int:  # numpy's logical ufuncs take it as int64 (past it: refused)
+        target = np.dtype(np.int64)
     else:
         target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
-    return make_dtensor(mesh, np.asarray(value, dtype=target), _scalar_layout(mesh.layout), ())
+    return make_dtensor(mesh, _number(value, target), _scalar_layout(mesh.layout), ())
+
+
+def _number(value: Any, dtype: np.dtype) -> np.ndarray:
+    """``np.asarray(value, dtype)``; OverflowError for a Python int that `dtype` cannot hold (ml_dtypes' bfloat16
+    raises TypeError "expected number, got int" for one past int64)."""
+    try:
+        return np.asarray(value, dtype)
+    except TypeError:
+        if type(value) is int:
+            raise OverflowError(f"{value} does not fit {dtype.name}") from None
+        raise
+
+
+#: numpy's own loops in the order its ufuncs try them (bool, the ints, the floats, the complex numbers)
+_LOOPS = "?bBhHiIlLqQefdgFDG"
+_BESIDE_LOW: dict = {}  # (op, the tensors' dtype, a Python number's type) -> the dtype numpy converts it to
+_UFUNC_DTYPES: dict = {}  # (dtype, dtype) -> the dtype numpy's ufuncs compute on the two in
+
+
+def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
+    """The dtype a Python number of type `kind` takes beside a block of `dtype` (bfloat16, kind "V") in `op`, as
+    numpy's own call gives it on blocks of that dtype: np.where promotes by np.result_type (a float: float64),
+    np.clip has no bfloat16 loop (float32), the other ufuncs take an int or bool as bfloat16 and a float as
+    float32 (numpy's NEP 50 rule for a user dtype: the first of its loops both cast to safely)."""
+    key = op, dtype, kind
+    out = _BESIDE_LOW.get(key)
+    if out is None:
+        one = kind(1)
+        with np.errstate(all="ignore"):
+            if op == "where":
+                out = np.result_type(dtype, one)
+            elif op == "clip":
+                out = np.clip(np.zeros(1, dtype), one, one).dtype
+            else:
+                out = np.add(np.zeros(1, dtype), one).dtype
+        out = _BESIDE_LOW[key] = np.dtype(out)
+    return out
+
+
+def _ufunc_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
+    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in: np.result_type's, or where its table has no
+    entry (bfloat16 beside float16, int16 and wider ints: DTypePromotionError) the first of numpy's own loops
+    both cast to safely, as a ufunc picks it (bfloat16 and float16 or int16: float32; int32 or int64:
+    float64)."""
+    key = a, b
+    out = _UFUNC_DTYPES.get(key)
+    if out is None:
+        try:
+            out = np.result_type(a, b)
+        except TypeError:  # DTypePromotionError
+            out = next((np.dtype(c) for c in _LOOPS
+                        if np.can_cast(a, c, "safe") and np.can_cast(b, c, "safe")), None)
+            if out is None:
+                raise DTypeError(f"no common dtype of {a.name} and {b.name}: numpy has none; convert one first, "
+                                 f"e.g. .astype('float32')") from None
+        out = _UFUNC_DTYPES[key] = out
+    return out
 
 
 _SCALARS: dict = {}  # device matrix -> the layout of a replicated 0-d value on it
@@ -221,27 +294,42 @@ def _unscaled(op: str, args: tuple) -> tuple:
 #: the number, and those true where every entry lies above it.
 _SWAPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 _TRUE_BELOW, _TRUE_ABOVE = frozenset({"lt", "le", "ne"}), frozenset({"gt", "ge", "ne"})
+_LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
 
 
 def _beyond(op: str, args: tuple) -> Any:
     """`op` of DTensors and a Python int that their dtype cannot hold (`lift`'s OverflowError), as numpy 2 has
     it (NEP 50): an integer DTensor compared with it is compared (``x < 2**40`` of int32: every entry lies
     below the number, all True), by a comparison of x with its dtype's largest value that gives that same
-    answer everywhere; anything else numpy refuses (OverflowError), and so does this, in one line."""
+    answer everywhere; a quotient is numpy's float64 one (the number converted to float64), a logical and/or/xor
+    takes a number within int64 by its truth; anything else numpy refuses (OverflowError; ml_dtypes' bfloat16:
+    TypeError), and so does this, in one line."""
     cls = _common._DTENSOR or _common._dtensor_class()
     kinds = [a.local.dtype for a in args if type(a) is cls and a.local.dtype.kind != "b"]
     dtype = result_dtype(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
+    if op in _LOGICAL and dtype.kind != "V":  # numpy's logical ufuncs take a Python int as int64 (`lift`)
+        dtype = np.dtype(np.int64)
     number = next(a for a in args if type(a) is int and not _holds(dtype, a))
     if op in _SWAPPED and len(args) == 2 and kinds and dtype.kind in "iu":  # (bools alone: numpy refuses)
         x, cmp = (args[0], op) if args[1] is number else (args[1], _SWAPPED[op])
         top = int(np.iinfo(dtype).max)
         true = cmp in (_TRUE_BELOW if number > top else _TRUE_ABOVE)
         return pointwise("le" if true else "gt", x, top)
+    if op == "div" and dtype.kind in "iu":  # numpy divides integers in float64: the number converted to it
+        try:
+            return pointwise(op, *[float(number) if a is number else a for a in args])
+        except OverflowError:  # past float64's range (numpy refuses it too)
+            pass
     wider = "int64" if dtype.kind in "iu" and -2 ** 63 <= number < 2 ** 63 else "float64"
-    instead = f"convert first, e.g. x.astype({wider!r})" if wider != dtype.name else "compute in Python ints"
+    instead = (f"convert first, e.g. x.astype({wider!r})" if wider != dtype.name and op not in _LOGICAL
+               else "pass its truth, True" if op in _LOGICAL else "compute in Python ints")
     digits = str(number)
     shown = digits if len(digits) <= 24 else f"of {len(digits.lstrip('-'))} digits"
     beside = "/".join(sorted({a.local.dtype.name for a in args if type(a) is cls}))
+    if dtype.kind == "V":  # ml_dtypes converts a Python int through int64 (past it: "expected number, got int")
+        raise DTypeError(f"{op}: the Python int {shown} is past int64, through which ml_dtypes converts a Python int "
+                         f"to {dtype.name}, the dtype it takes beside a DTensor of {beside} (numpy 2 refuses it too: "
+                         f"TypeError); {instead}")
     raise DTypeError(f"{op}: the Python int {shown} is out of bounds for {dtype.name}, the dtype it takes beside a "
                      f"DTensor of {beside} (numpy 2 refuses it too: OverflowError); {instead}")
 
@@ -252,7 +340,7 @@ def _holds(dtype: np.dtype, number: int) -> bool:
         info = np.iinfo(dtype)
         return int(info.min) <= number <= int(info.max)
     try:
-        np.asarray(number, dtype)
+        _number(number, dtype)
     except OverflowError:
         return False
     return True
@@ -307,8 +395,11 @@ def _lifted(args: tuple, prepared: _Prepared) -> tuple:
     0-d layout and dtype its signature's first call gave it (checked then), the DTensors as they are."""
     cls = _common._DTENSOR
     mesh = next(a._mesh for a in args if type(a) is cls)
-    return mesh, [a if type(a) is cls else cls._trusted(mesh, np.asarray(a, dtype), layout, ())
-                  for a, layout, dtype in zip(args, prepared.layouts, prepared.dtypes)]
+    try:
+        return mesh, [a if type(a) is cls else cls._trusted(mesh, np.asarray(a, dtype), layout, ())
+                      for a, layout, dtype in zip(args, prepared.layouts, prepared.dtypes)]
+    except TypeError:  # ml_dtypes' bfloat16 of a Python int past int64 ("expected number, got int")
+        raise OverflowError("a Python int past its dtype") from None
 
 
 _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)
@@ -533,6 +624,23 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40); 2.0 refused); the other side refuses
         low = int(info.min) if type(low) is int and low < info.min else low
         high = int(info.max) if type(high) is int and high > info.max else high
+    if (low is None or high is None) and dtype.kind == "V":
+        # bfloat16: numpy's clip by one bound is np.minimum / np.maximum, whose bfloat16 loop keeps bfloat16 beside
+        # a Python int (np.clip's own has none: float32). Both bounds as numpy scalars of the dtype np.minimum
+        # gives (`_ufunc_dtype`), the missing one infinite.
+        given = high if low is None else low
+        if hasattr(given, "_ag"):
+            edge = _ufunc_dtype(dtype, given.local.dtype)
+        else:
+            edge = (_ufunc_dtype(dtype, given.dtype) if isinstance(given, np.generic)
+                    else _beside_low("minimum", dtype, type(given)))
+            try:
+                given = _number(given, edge)[()]
+            except OverflowError:
+                raise DTypeError(f"clip: the Python int bound {given} is out of bounds for {edge.name}, the dtype it "
+                                 f"takes beside a DTensor of {dtype.name} (numpy refuses it too)") from None
+        low, high = ((np.asarray(-np.inf, edge)[()], given) if low is None
+                     else (given, np.asarray(np.inf, edge)[()]))
     if low is None or high is None:
         # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone):
         # an integer's extremes, a bool's the ints 0 and 1 (-inf and inf would make it float64), a float's infs.

@@ -1,0 +1,129 @@
+"""A DTensor op a number (Python or numpy) gives numpy's dtype and values on the same blocks, bfloat16 included.
+
+numpy 2 with ml_dtypes is the reference: every binary pointwise op, both operand orders, on 2 simulated ranks
+(each rank's block against the same slice of numpy's whole result: no collective, so a refusal on one rank
+cannot hang the other). Pure; skipped without ml_dtypes.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import DTensor, DTypeError, Layout, Mesh, ops
+from spmdsim.ops.pointwise import _KERNELS, pointwise
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+BINARY = ["add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum", "eq", "ne", "lt", "gt", "le",
+          "ge", "and", "or", "xor", "logical_and", "logical_or", "logical_xor"]
+BASE = np.array([-2.5, -1.0, 0.0, 0.5, 1.0, 3.0])
+ARRAYS = {"bfloat16": BASE.astype(BF16), "float16": BASE.astype(np.float16), "float32": BASE.astype(np.float32),
+          "int8": np.array([-3, -1, 0, 1, 2, 5], np.int8), "uint8": np.array([0, 1, 2, 3, 5, 7], np.uint8),
+          "bool": BASE > 0}
+# Python numbers are weak (NEP 50), numpy scalars strong; a bfloat16 scalar is ml_dtypes' own.
+NUMBERS = [True, 3, -2, 300, 2 ** 70, 1.5, 0.1, np.float64(1.5), np.float16(1.5), np.int64(2), np.int16(2),
+           np.uint8(2), BF16.type(1.5)]
+
+
+def _same(got, want) -> bool:
+    """Equal dtypes and values (NaN equal to NaN)."""
+    if got.dtype != want.dtype:
+        return False
+    if got.dtype.kind in "fV":
+        return np.array_equal(got.astype(np.float64), want.astype(np.float64), equal_nan=True)
+    return np.array_equal(got, want)
+
+
+def _compare(mesh, x, g, op, args, args_np):
+    """(what differs, or None) for pointwise `op` of `args` against numpy's kernel on `args_np`."""
+    try:
+        with np.errstate(all="ignore"):
+            want = np.asarray(_KERNELS[op](*args_np))
+    except Exception as e:  # noqa: BLE001 - numpy's refusal, whatever its type
+        want = e
+    try:
+        out = pointwise(op, *args)
+        got = out.local
+        if not isinstance(want, Exception):
+            want = want[out.slices]
+    except Exception as e:  # noqa: BLE001
+        got = e
+    if isinstance(want, Exception) or isinstance(got, Exception):
+        if isinstance(want, Exception) != isinstance(got, Exception):
+            return f"numpy {getattr(want, 'dtype', want)!r}, spmdsim {getattr(got, 'dtype', got)!r}"
+        return None
+    return None if _same(got, want) else f"numpy {want.dtype} {want}, spmdsim {got.dtype} {got}"
+
+
+def test_a_number_beside_a_dtensor_is_numpys_in_every_binary_op():
+    """bfloat16 x * 1.5 was float64 (a Python float beside a dtype of kind "V" was lifted to float64), where
+    numpy's is float32; bfloat16 x + np.float16(1.5) (or np.int64(2)) raised numpy's DTypePromotionError from
+    deep inside (np.result_type has no entry: numpy's ufunc computes in float32 / float64); a bfloat16 numpy
+    scalar beside int8 or float16 was lifted as a Python float (float64, float16: numpy's are bfloat16 and
+    float32); uint8 / -3 and logical_and(uint8, -3) were refused (numpy: float64, bool), float32 and 2**70 in
+    a logical op computed (numpy refuses it: its logical ufuncs take a Python int as int64)."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        bad = []
+        for name, g in ARRAYS.items():
+            x = DTensor.from_global(mesh, g, mesh.layout("x"))
+            for number in NUMBERS:
+                for op in BINARY:
+                    for args, args_np, order in (((x, number), (g, number), "x, n"), ((number, x), (number, g), "n, x")):
+                        if op == "pow" and order == "n, x" and name == "int8":
+                            continue  # an int to the DTensor's negative entries: numpy's ValueError on one rank
+                        why = _compare(mesh, x, g, op, args, args_np)
+                        if why:
+                            bad.append(f"{op}({order}) {name} x, n {type(number).__name__} {number!r}: {why}")
+        return bad
+
+    bad = sorted({b for rank in spmdsim.simulate(2, body) for b in rank})
+    assert not bad, f"{len(bad)} differ from numpy:\n" + "\n".join(bad[:20])
+
+
+def test_where_and_clip_beside_bfloat16_are_numpys():
+    """np.where promotes by np.result_type (bfloat16 and a Python float: float64), np.clip has no bfloat16 loop
+    (float32, a Python int too), and clip by one bound is np.minimum / np.maximum (bfloat16 beside an int):
+    spmdsim's where and clip were float64 for a float (the number lifted to float64) and float64 / bfloat16
+    one-sided."""
+    g = BASE.astype(BF16)
+    c = np.array([True, False, True, False, True, True])
+    cases = [(lambda x, m: ops.where(m, x, 1.5), lambda: np.where(c, g, 1.5)),
+             (lambda x, m: ops.where(m, 2, x), lambda: np.where(c, 2, g)),
+             (lambda x, m: ops.clip(x, 0.0, 1.5), lambda: np.clip(g, 0.0, 1.5)),
+             (lambda x, m: ops.clip(x, 0, 2), lambda: np.clip(g, 0, 2)),
+             (lambda x, m: ops.clip(x, None, 2), lambda: np.clip(g, None, 2)),
+             (lambda x, m: x.clip(0.5), lambda: np.clip(g, 0.5, None)),
+             (lambda x, m: x.clip(None, np.float16(1)), lambda: np.clip(g, None, np.float16(1))),
+             (lambda x, m: x * 1.5, lambda: g * 1.5), (lambda x, m: 0.1 < x, lambda: 0.1 < g),
+             (lambda x, m: np.float16(1.5) * x, lambda: np.float16(1.5) * g)]
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x = DTensor.from_global(mesh, g, mesh.layout("x"))
+        m = DTensor.from_global(mesh, c, mesh.layout("x"))
+        got = [f(x, m).gather() for f, _ in cases]
+        said = []
+        for call in (lambda: x + 2 ** 100, lambda: x < 2 ** 100, lambda: np.logical_and(x.astype(np.float32), 2 ** 70)):
+            try:
+                call()
+            except DTypeError as e:
+                said.append(str(e))
+        return got, said
+
+    got, said = spmdsim.simulate(2, body)[0]
+    wants = [ref() for _, ref in cases]
+    assert [r.dtype.name for r in got] == [w.dtype.name for w in wants]
+    assert all(_same(r, w) for r, w in zip(got, wants))
+    # numpy's own refusal of an int past int64 beside bfloat16 is ml_dtypes' TypeError "expected number, got int"
+    assert said == [f"{op}: the Python int of 31 digits is past int64, through which ml_dtypes converts a Python int "
+                    "to bfloat16, the dtype it takes beside a DTensor of bfloat16 (numpy 2 refuses it too: TypeError); "
+                    "convert first, e.g. x.astype('float64')" for op in ("add", "lt")] + [
+        "logical_and: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it takes beside a "
+        "DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True"]
