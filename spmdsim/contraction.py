@@ -8,7 +8,7 @@ zeros, not multiplied).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -85,31 +85,90 @@ def _moved(perm: list) -> tuple | None:
     return None if perm == sorted(perm) else tuple(perm)
 
 
-_RECIPES: dict = {}  # (a_word, a.shape, b_word, b.shape, out) -> _Recipe
 _matmul = np.matmul
+_result_type = np.result_type
 _CACHE_MAX = 4096
 
 
 def _recipe(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> _Recipe:
-    key = (a_word, a_shape, b_word, b_shape, out)
-    try:
-        return _RECIPES[key]
-    except KeyError:
-        pass
     recipe = _Recipe(a_word, a_shape, b_word, b_shape, out)
     if recipe.order is not None:  # (B^T A^T)'s product may come out in order where (A B)'s needs a copy
         swapped = _Recipe(b_word, b_shape, a_word, a_shape, out)
         if swapped.order is None:
             recipe, recipe.swap = swapped, True
-    if len(_RECIPES) >= _CACHE_MAX:  # a long run over many shapes: start over
-        _RECIPES.clear()
-    _RECIPES[key] = recipe
     return recipe
 
 
+_RUNS: dict = {}  # (a_word, a.shape, b_word, b.shape, out) -> the recipe's compiled function of (a, b)
+
+
 def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> np.ndarray:
-    """einsum of two blocks as one batched matmul (transposes around np.matmul)."""
-    r = _RECIPES.get((a_word, a.shape, b_word, b.shape, out)) or _recipe(a_word, a.shape, b_word, b.shape, out)
+    """einsum of two blocks as one batched matmul (transposes around np.matmul): the recipe's own function."""
+    return (_RUNS.get((a_word, a.shape, b_word, b.shape, out)) or _run(a_word, a.shape, b_word, b.shape, out))(a, b)
+
+
+def _run(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> Callable:
+    """The function `_pair` runs for blocks of these words and shapes (made once: `_compiled`)."""
+    run = _compiled(_recipe(a_word, a_shape, b_word, b_shape, out))
+    if len(_RUNS) >= _CACHE_MAX:  # a long run over many shapes: start over
+        _RUNS.clear()
+    _RUNS[(a_word, a_shape, b_word, b_shape, out)] = run
+    return run
+
+
+def _compiled(r: _Recipe) -> Callable:
+    """`r` as a function of the two blocks that runs only the steps `r` needs (no test of a step it skips):
+    a training step's ~75 products a rank each ran ~100 opcodes of `_general`'s tests, a 2-d GEMM ~20 now.
+
+    Its numpy calls are `_general`'s, in the same order, with the same arguments (the same bits, the same
+    record in a captured step); a dry run's product and a bfloat16 one run `_general` itself. The source
+    names only constants (shapes, axes) and this module's globals."""
+    first, second = ("b", "a") if r.swap else ("a", "b")  # swapped: the first block is the rhs's
+    body = [f"def run({first}, {second}):",
+            "    if _THREAD.context.engine.dry or a.dtype.kind == 'V' or b.dtype.kind == 'V':",
+            f"        return _general(r, {first}, {second})"]
+    if r.a_gone is not None or r.b_gone is not None:
+        body.append("    dtype = _summed(_result_type(a, b))")
+        if r.a_gone is not None:
+            body.append(f"    a = a.sum(axis={r.a_gone!r}, dtype=dtype)")
+        if r.b_gone is not None:
+            body.append(f"    b = b.sum(axis={r.b_gone!r}, dtype=dtype)")
+    lhs, rhs = "a", "b"
+    if r.lhs is not None:
+        body.append(f"    lhs = a.transpose({r.lhs!r})")
+        lhs = "lhs"
+    if r.rhs is not None:
+        body.append(f"    rhs = b.transpose({r.rhs!r})")
+        rhs = "rhs"
+    if r.lhs_moves:
+        body.append(f"    lhs = {lhs}.reshape({r.lhs_shape!r})")
+        lhs = "lhs"
+    if r.rhs_moves:
+        body.append(f"    rhs = {rhs}.reshape({r.rhs_shape!r})")
+        rhs = "rhs"
+    body += [f"    result = _matmul({lhs}, {rhs})",
+             "    if _flops._OPEN:",
+             f"        _gemm({r.lhs_shape!r}, {r.rhs_shape!r}, result.dtype, ({lhs}, {rhs}, result))"]
+    if r.out_moves:
+        body.append(f"    result = result.reshape({r.shape!r})")
+    if r.order is not None:
+        body.append(f"    result = result.transpose({r.order!r})")
+    if r.order is None and r.shape:
+        # np.matmul's result (at most one loop axis, its core axes last: C order) or a view of it in C order,
+        # of one axis at least: `_general`'s test would always pass
+        body.append("    return result")
+    else:
+        body.append("    return result if result.flags.c_contiguous and result.ndim else contiguous(result)")
+    made: dict = {}  # `run` inside `make`: `r` a cell of its closure, this module's globals its globals
+    exec("def make(r):\n" + "\n".join("    " + line for line in body) + "\n    return run", globals(), made)
+    run = made["make"](r)
+    run.recipe = r  # (tests, and a reader's question "what does this product do")
+    return run
+
+
+def _general(r: _Recipe, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`r`'s product of blocks `a` and `b` with every step's test: a dry run's (shapes only) and a bfloat16
+    product's (spmdsim.precision.product), and the reference `_compiled`'s functions follow."""
     if r.swap:
         a, b = b, a
     if r.a_gone is not None or r.b_gone is not None:
@@ -197,14 +256,19 @@ pair = _pair
 
 def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np.ndarray:
     """The local einsum ``words -> out`` of `blocks`; letters of `out` in no operand are broadcast."""
-    key = (tuple(words), out)
-    present = _PRESENT.get(key)
-    if present is None:
-        present = present_letters(words, out)
-        if len(_PRESENT) >= _CACHE_MAX:
-            _PRESENT.clear()
-        _PRESENT[key] = present
+    try:
+        present = _PRESENT[words, out]
+    except (KeyError, TypeError):  # not seen yet, or `words` a list
+        key = (tuple(words), out)
+        present = _PRESENT.get(key)
+        if present is None:
+            present = present_letters(words, out)
+            if len(_PRESENT) >= _CACHE_MAX:
+                _PRESENT.clear()
+            _PRESENT[key] = present
     if len(blocks) == 2:
+        if present == out and out:  # most products (spmdsim.ops.fused's): `pair`'s, as it comes
+            return _pair(words[0], blocks[0], words[1], blocks[1], out)
         result = _pair(words[0], blocks[0], words[1], blocks[1], present)
         if not present and result.ndim:  # a scalar: _pair's product comes back 1-d (np.ascontiguousarray's rule)
             result = result.reshape(())

@@ -102,8 +102,9 @@ _NONE = NEED2[True][True]  # two operands, neither taking a gradient
 class _Prepared(Prepared):
     """An einsum call's `Prepared`, with what its node and backward take from the plan alone
     (spmdsim.autograd.rules.einsum's `static`: the node's name, per operand what its gradient contracts and
-    the axes it is pending over), `ways`, the gradients' layouts its backward decides per dY layout, the
-    plan's `words` (the operands' words, the product's) and whether the product is `pair`'s (`paired`)."""
+    the axes it is pending over), `ways`, what its backward decides per dY layout (the gradients' layouts, what
+    each product contracts), the plan's `words` (the operands' words, the product's) and whether the product
+    is `pair`'s (`paired`)."""
 
     __slots__ = ("name", "per", "ways", "words", "paired")
 

@@ -195,18 +195,19 @@ def gather(mesh: Any, local: Any, axes: tuple[str, ...], label: Optional[str]) -
 
 
 class ProgramCache:
-    """Compiled redistributions and meshes of other layouts, per mesh (dropped with the mesh).
+    """Meshes of other layouts, per mesh, and the registry that drops a mesh's compiled redistributions
+    (`_MOVES`) with the mesh.
 
     A repeated redistribution finds its program in one lookup, with no set-up before the MPI
     calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
     """
 
-    MAX_PER_MESH = 1024
 
     def __init__(self) -> None:
-        # id(mesh) -> (a weak reference to it, its programs): one lookup by an int for every rank's mesh (the
+        # id(mesh) -> (a weak reference to it, its table): one lookup by an int for every rank's mesh (the
         # simulated ranks' threads share this cache, so a "last mesh" shortcut missed on every call and a
-        # WeakKeyDictionary made a weak reference per lookup). The entry goes with its mesh.
+        # WeakKeyDictionary made a weak reference per lookup). The entry goes with its mesh, and the
+        # mesh's redistributions in `_MOVES` with it.
         self._by_id: dict[int, tuple[Any, dict]] = {}
 
     def of(self, mesh: Any) -> dict:
@@ -217,11 +218,13 @@ class ProgramCache:
             return seen[1]
         table: dict = {}
         by_id = self._by_id
+        forget_moves = _forget_moves  # (held: see _forget_moves)
 
         def dropped(ref: Any) -> None:  # the mesh is gone: its entry too (unless a new mesh took its id)
             entry = by_id.get(key)
             if entry is not None and entry[0] is ref:
                 by_id.pop(key, None)
+            forget_moves(key)  # before a new mesh can take its id
 
         by_id[key] = (weakref.ref(mesh, dropped), table)
         return table
@@ -231,11 +234,27 @@ class ProgramCache:
         seen = self._by_id.get(id(mesh))
         if seen is not None and seen[0]() is mesh:
             self._by_id.pop(id(mesh), None)
+        _forget_moves(id(mesh))
 
 
 #: The process's compiled redistributions.
 PROGRAMS = ProgramCache()
-_BY_ID = PROGRAMS._by_id  # read by redistribute directly (as `of` reads it)
+
+# Every mesh's compiled redistributions in one table, for one lookup a move: (id(mesh), id(source layout),
+# id(target layout), shape, dtype) -> (source, target, program). Keyed by ids (tuples of ints hash and compare
+# in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both layouts, so their ids
+# are never another object's while it lives, and a mesh's entries go when the mesh does (ProgramCache: its
+# weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
+_MOVES: dict = {}
+_MOVES_MAX = 4096
+
+
+def _forget_moves(mesh_id: int, moves: dict = _MOVES) -> None:
+    """Drop the compiled redistributions of the mesh whose id is `mesh_id` (`moves` bound here: a mesh that
+    goes at the interpreter's exit may find this module's globals cleared)."""
+    for key in list(moves):  # (a copy: the simulated ranks' threads add moves meanwhile)
+        if key[0] == mesh_id:
+            moves.pop(key, None)
 
 
 def _mesh_for(base: Any, layout: Layout) -> Any:
@@ -268,21 +287,17 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
         debug.verify_operands(mesh, "redistribute", (("x", shape, source, local.dtype),
                                                      ("target", shape, target, local.dtype)))
     if plan is None:
-        seen = _BY_ID.get(id(mesh))  # PROGRAMS.of(mesh) without its call (the mesh seen before)
-        programs = seen[1] if seen is not None and seen[0]() is mesh else PROGRAMS.of(mesh)
-        # Keyed by the layout objects' ids (a step moves the same objects every time: a tuple of ints
-        # hashes and compares in C, where TensorLayout keys call its Python __hash__ and __eq__); the
-        # entry holds both layouts, so an id in the table is never another object's.
-        key = ("redistribute", id(source), id(target), shape, local.dtype)
-        try:
-            program = programs[key][2]
+        try:  # a step moves the same layout objects every time: by their ids (`_MOVES`)
+            program = _MOVES[id(mesh), id(source), id(target), shape, local.dtype][2]
         except (KeyError, TypeError):  # TypeError: a size that does not hash (the planner refuses it)
             if not isinstance(target, TensorLayout):
                 raise PlanError(f"target {target!r} must be a TensorLayout") from None
             plan = plan_redistribution(source, target, shape, local.dtype.name)
             program = _compile(plan, mesh)
-            if len(programs) < ProgramCache.MAX_PER_MESH:
-                programs[key] = (source, target, program)
+            PROGRAMS.of(mesh)  # the mesh registered: its moves go with it
+            if len(_MOVES) >= _MOVES_MAX:  # a long run over many layouts: start over
+                _MOVES.clear()
+            _MOVES[id(mesh), id(source), id(target), shape, local.dtype] = (source, target, program)
     else:
         if not isinstance(target, TensorLayout):
             raise PlanError(f"target {target!r} must be a TensorLayout")

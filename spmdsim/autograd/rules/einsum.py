@@ -22,7 +22,8 @@ def record_einsum(out: Any, xs: tuple, prepared: Any) -> Any:
     """The einsum of `xs` (a tuple, in the plan's layouts) by `prepared` (spmdsim.ops.einsum's call signature's:
     its plan, the node's `name`, `want` (the product's layout without pending sums) and read layouts
     (`reads`: the operands' then the product's), per operand what its gradient contracts (`per`, `static`'s)
-    and `ways`, the table where the backward keeps the gradients' layouts per dY layout)."""
+    and `ways`, the table where the backward keeps per dY layout the gradients' layouts and, for two operands
+    whose gradients are both `pair`'s products, what each contracts)."""
     return attach(out, prepared.name, xs, einsum_grads(xs, prepared), prepared.want, prepared.reads)
 
 
@@ -47,14 +48,44 @@ class EinsumGrads:
     __slots__ = ("xs", "prepared", "need")
 
     def __call__(self, dy: Any) -> tuple:
-        xs, prepared, need = self.xs, self.prepared, self.need
-        words, per = prepared.plan.spec.inputs, prepared.per
-        grads = []
+        prepared = self.prepared
         layout = dy._layout
         # Each operand's gradient layout: decided by the call signature (its operands' layout objects, the
         # plan) and dY's layout object, the same every step: kept in `prepared.ways` by dY's layout (the
-        # entry holds it, so an id that matches is never another object's).
+        # entry holds it, so an id that matches is never another object's), with, for two operands whose
+        # gradients are both `pair`'s products, each one's (dY's word, the other's, its own, its layout).
         seen = prepared.ways.get(id(layout))
+        if seen is not None and seen[0] is layout and seen[2] is not None and not CAPTURING[0]:
+            # Most products: two operands, every decision kept; the blocks contracted, the DTensors built
+            # here (grad_tensor's usual case), a block of another shape or dtype left to gradient_block
+            a, b = self.xs
+            need = self.need
+            d = dy._local
+            ga = gb = None
+            if need[0]:
+                dy_word, other_word, word, grad_layout = seen[2][0]
+                g = pair(dy_word, d, other_word, b._local, word)
+                block = a._local
+                if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape \
+                        and g.flags.c_contiguous:
+                    ga = _new(type(a))
+                    ga._mesh, ga._local, ga._layout, ga._shape, ga._ag = a._mesh, g, grad_layout, a._shape, None
+                else:
+                    ga = gradient_block(a, g, grad_layout)
+            if need[1]:
+                dy_word, other_word, word, grad_layout = seen[2][1]
+                g = pair(dy_word, d, other_word, a._local, word)
+                block = b._local
+                if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape \
+                        and g.flags.c_contiguous:
+                    gb = _new(type(b))
+                    gb._mesh, gb._local, gb._layout, gb._shape, gb._ag = b._mesh, g, grad_layout, b._shape, None
+                else:
+                    gb = gradient_block(b, g, grad_layout)
+            return ga, gb
+        xs, need = self.xs, self.need
+        words, per = prepared.plan.spec.inputs, prepared.per
+        grads = []
         known = seen[1] if seen is not None and seen[0] is layout else None
         plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
         d = dy._local if plain else dy.local
@@ -91,8 +122,11 @@ class EinsumGrads:
             ways = prepared.ways
             if len(ways) >= 64:  # many gradient layouts of one signature: start over
                 ways.clear()
-            ways[id(layout)] = (layout, tuple(gradient_layout(x._layout, partial, p[2], p[3])
-                                              for x, p in zip(xs, per)))
+            known = tuple(gradient_layout(x._layout, partial, p[2], p[3]) for x, p in zip(xs, per))
+            paired = None  # two operands, both gradients `pair`'s: what each contracts, and its layout
+            if len(xs) == 2 and per[0][4] and per[1][4]:
+                paired = tuple(p[1] + (w, g) for p, w, g in zip(per, words, known))
+            ways[id(layout)] = (layout, known, paired)
         return tuple(grads)
 
 

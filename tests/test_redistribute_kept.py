@@ -1,0 +1,39 @@
+"""runtime.executor keeps each compiled redistribution in one table (`_MOVES`) keyed by the mesh's and the layout
+objects' ids, the shape and the dtype: a repeated move runs its program, and a program must never serve another
+mesh, shape or dtype (each result is checked against numpy, and its mesh against the caller's); a mesh's moves go
+when it is closed."""
+from __future__ import annotations
+
+import numpy as np
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.runtime import executor
+
+
+def test_a_kept_move_serves_only_its_own_mesh_shape_and_dtype():
+    layout = Layout((2, 2), ("dp", "tp"))
+    rows, cols = layout("dp", None), layout(None, "tp")  # one object each: every move below has the same ids
+
+    def body():
+        meshes = [Mesh(layout), Mesh(layout)]  # two meshes of one Layout: the same layout objects on each
+        rank = spmdsim.world().rank
+        for mesh in meshes * 2:  # twice each: compiled, then kept
+            for shape, dtype in [((4, 6), "float64"), ((8, 6), "float64"), ((8, 6), "float32"), ((8, 6), "int32")]:
+                a = (np.arange(np.prod(shape)).reshape(shape) % 7 - 3).astype(dtype)
+                x = DTensor.from_global(mesh, a, rows)
+                y = executor.redistribute(x, cols)
+                assert y.mesh is mesh and y.layout is cols and y.dtype == np.dtype(dtype)
+                np.testing.assert_array_equal(y.gather(), a)
+                z = executor.redistribute(y, rows)  # and back: the other direction is its own move
+                np.testing.assert_array_equal(z.local, x.local)
+        mine = [key for key in list(executor._MOVES) if key[0] in (id(meshes[0]), id(meshes[1]))]
+        kept = len(mine)
+        meshes[0].close()
+        left = [key for key in list(executor._MOVES) if key[0] == id(meshes[0])]
+        meshes[1].close()
+        return rank, kept, len(left)
+
+    for _, kept, left in spmdsim.simulate(4, body):
+        assert kept == 2 * 4 * 2  # per mesh: 4 (shape, dtype) x 2 directions
+        assert left == 0
