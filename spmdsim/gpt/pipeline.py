@@ -279,6 +279,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     # the receiving stage all-gathers over tp), else the block itself.
     wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
+    ids_shape = ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows of them:
+    ids_cut = ids_layout.slices(stage_mesh.rank, ids_shape)  # as DTensor.from_global cuts them
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
         from .checkpoint import load
@@ -309,7 +311,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         def ids(which: int, mb: int) -> Any:
             if given:
                 return given[mb if which == 0 else len(given) - microbatches + mb]
-            return DTensor.from_global(stage_mesh, (x, y)[which][mb * micro:(mb + 1) * micro], ids_layout)
+            # DTensor.from_global's block (an int64 batch's rows: nothing to check), without its checks
+            rows = (x, y)[which][mb * micro:(mb + 1) * micro]
+            return DTensor._trusted(stage_mesh, buffers.placed_copy(rows[ids_cut]), ids_layout, ids_shape)
 
         optimizer.zero_grad()
         watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
@@ -438,7 +442,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
-    found (the program as tuples, the received blocks' layout objects), kept from step to step as `described`."""
+    found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`."""
     from ..pipeline.schedule import Compute
     from ..runtime.dtensor import DTensor
     from ..runtime.door import messages, point_to_point
@@ -517,12 +521,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         with _first(repeat, ("B", c)):
             out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
         if c > 0:
-            x = inputs.pop((mb, c))
-            g = x.grad
-            if g._layout is not x._layout and blocks is None and c not in inward and g._layout == act:
-                # The object the chunk's rules hand its input's gradient in: its later inputs take it.
-                inward[c] = g._layout
-            sent_grads[(mb, c)] = outgoing(g.local)
+            sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
 
     if described is None:
         described = {}
@@ -530,12 +529,12 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     steps = known.get("program")
     if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
         steps = known["program"] = (program, _compiled(program))
-    # The layout objects the received blocks take: equal to `act`, each the very object the stage's own tensors
-    # and their gradients carry, so that the backward's tests stop at `is` as they do between the layers of
-    # one chunk (a block under an equal layout object of its own cost a few comparisons and moves a
-    # microbatch). Not in a dry run (its repeated cells' outputs are stand-ins).
-    inward = known.setdefault("inward", {}) if blocks is None else {}  # chunk -> its input's layout object
-    outward = known.setdefault("outward", {}) if blocks is None else None  # id -> an output layout equal to act
+    # A received gradient takes the very layout object of the chunk's output (equal to `act`), which the output's
+    # node wants: the backward's tests then stop at `is`, as between the layers of one chunk (under `act`, an
+    # equal object of the model's own, it cost ~8 comparisons and moves a microbatch). Not in a dry run (its
+    # repeated cells' outputs are stand-ins). An activation received keeps `act`: the chunk's rules hand its
+    # gradient back in that object.
+    outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
     trusted, plain = DTensor._trusted, np.ndarray
     received: list = []
     for entry in steps[1]:
@@ -570,7 +569,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             if type(buf) is not plain:
                 buf = np.asarray(buf)
             if is_act:
-                layout = inward.get(c, act)
+                layout = act
             elif outward is not None:
                 layout = _output_layout(outputs.get((mb, c)), act, outward)
             else:
