@@ -439,3 +439,32 @@ def test_simulated_ranks_share_one_gathered_table_in_the_pipelined_check(monkeyp
         tables = [rows for seen_label, rows in seen if seen_label == label]
         where = {rows.__array_interface__["data"][0] for rows in tables}  # the memory each call's table lies in
         assert len(tables) % 4 == 0 and len(where) <= len(tables) // 4, (label, len(tables), len(where))
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, False), (2, True)])
+def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch, tp, sp):
+    """A gradient a stage receives comes laid out by its chunk's output's very layout object (the one the
+    output's node wants), not by an equal one of the model's: the backward's layout tests stop at `is`, as
+    between the layers of one chunk (issue 58: an equal object cost comparisons and moves each microbatch).
+    Every step checked against one process; without sp at tp 2 the boundaries scatter and gather over tp."""
+    from spmdsim.runtime.dtensor import DTensor
+
+    cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=4, dropout=0.1)
+    same = []
+    backward = DTensor.backward
+
+    def spied(self, *a, **k):
+        gradient = k.get("gradient")
+        if gradient is not None:
+            same.append(gradient._layout is self._layout)
+        backward(self, *a, **k)
+
+    monkeypatch.setattr(DTensor, "backward", spied)
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, tp, 2, IDS, sp=sp, microbatches=2)
+        run.close()
+        return [r.passed for r in results]
+
+    assert all(all(p) for p in spmdsim.simulate(2 * tp, main))
+    assert len(same) == 2 * 2 * tp and all(same)  # stage 0's ranks: 2 microbatches x 2 steps each

@@ -279,6 +279,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     # the receiving stage all-gathers over tp), else the block itself.
     wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
+    ids_shape = ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows of them:
+    ids_cut = ids_layout.slices(stage_mesh.rank, ids_shape)  # as DTensor.from_global cuts them
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
         from .checkpoint import load
@@ -300,6 +302,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     clock = _Clock()  # each cell's start and end, stamped by a kernel: a replayed step stamps them again
     ran: dict = {}  # what the step's Python found (order, held, watch): a replayed step's are the capture's
     described: dict = {}  # each message group's trace description, worked out in the first step (_run_program)
+    found: dict = {}  # what `_run_program` found in the earlier steps (its program as tuples, layout objects)
 
     def pipeline_step(when: Any, *given: Any) -> list:
         """One step: the stage's program, the gradients' sums, the tied table, clipping, the update; the
@@ -308,13 +311,15 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         def ids(which: int, mb: int) -> Any:
             if given:
                 return given[mb if which == 0 else len(given) - microbatches + mb]
-            return DTensor.from_global(stage_mesh, (x, y)[which][mb * micro:(mb + 1) * micro], ids_layout)
+            # DTensor.from_global's block (an int64 batch's rows: nothing to check), without its checks
+            rows = (x, y)[which][mb * micro:(mb + 1) * micro]
+            return DTensor._trusted(stage_mesh, buffers.placed_copy(rows[ids_cut]), ids_layout, ids_shape)
 
         optimizer.zero_grad()
         watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
                                                          shape, act, wire, pp_comm, tensors, clock, watch,
-                                                         described, wire_dtype)
+                                                         described, wire_dtype, found)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
         if ends:
@@ -427,7 +432,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
                  clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None,
-                 wire_dtype: Any = np.float64) -> tuple[list, list, int]:
+                 wire_dtype: Any = np.float64, found: Optional[dict] = None) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses: DTensors, the router losses too;
     the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
@@ -436,8 +441,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     on receipt). `described`: each message group's trace description (runtime.door.messages) by its place in
     `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
-    where it is sent, as the receiving stage's node would round it)."""
-    from ..pipeline.schedule import Compute, Post, Send
+    where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
+    found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`."""
+    from ..pipeline.schedule import Compute
     from ..runtime.dtensor import DTensor
     from ..runtime.door import messages, point_to_point
     from ..runtime.replay import kernel
@@ -517,52 +523,104 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         if c > 0:
             sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
 
-    received: list = []
-
-    def message(op: Any, receives: list, sends: list) -> None:
-        if isinstance(op, Send):
-            if op.what == "act":
-                buf = outgoing(outputs[(op.microbatch, op.chunk)].local)
-            else:
-                buf = sent_grads.pop((op.microbatch, op.chunk))
-            sends.append((buf, op.peer, _tag(op.what, op.chunk)))
-        else:
-            buf = buffers.empty(wire_shape, wire_dtype) if blocks is None else blocks.empty(wire_shape)
-            sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
-            receives.append((buf, op.peer, _tag(op.what, sender)))
-            received.append((op, buf))
-
     if described is None:
         described = {}
-    for i, action in enumerate(program):
-        if isinstance(action, Compute):
+    known = found if found is not None else {}
+    steps = known.get("program")
+    if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
+        steps = known["program"] = (program, _compiled(program))
+    # A received gradient takes the very layout object of the chunk's output (equal to `act`), which the output's
+    # node wants: the backward's tests then stop at `is`, as between the layers of one chunk (under `act`, an
+    # equal object of the model's own, it cost ~8 comparisons and moves a microbatch). Not in a dry run (its
+    # repeated cells' outputs are stand-ins). An activation received keeps `act`: the chunk's rules hand its
+    # gradient back in that object.
+    outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
+    trusted, plain = DTensor._trusted, np.ndarray
+    received: list = []
+    for entry in steps[1]:
+        kind = entry[0]
+        if kind < 2:  # a cell: 0 forward, 1 backward
             stamp(clock)
-            (forward if action.kind == "F" else backward)(action.microbatch, action.chunk)
+            if kind:
+                backward(entry[1], entry[2])
+            else:
+                forward(entry[1], entry[2])
             stamp(clock)
-            order.append(action)
+            order.append(entry[3])
             continue
         receives: list = []
         sends: list = []
-        for op in (action.ops if isinstance(action, Post) else (action,)):
-            message(op, receives, sends)
-        known = described.get(i)
-        if known is None:  # the first step's: counted from its buffers once
-            known = described[i] = messages(pp_comm, _PP, receives, sends)
-        point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", known)
-        for op, buf in received:
-            # A dry run's: a plain array of wire_shape, made above (a captured step's buffer is a
-            # replay.Traced, which DTensor's own np.asarray makes a plain view of).
-            t = DTensor._trusted(mesh, buf, wire, checked) if blocks is not None else DTensor(mesh, buf, wire, checked)
-            if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
-                t = t.redistribute(act)
-            if op.what == "act":
-                inputs[(op.microbatch, op.chunk)] = t.requires_grad_()
+        for is_send, is_act, mb, c, peer, tag in entry[2]:
+            if is_send:
+                buf = outgoing(outputs[(mb, c)].local) if is_act else sent_grads.pop((mb, c))
+                sends.append((buf, peer, tag))
             else:
-                upstream[(op.microbatch, op.chunk)] = t
+                buf = buffers.empty(wire_shape, wire_dtype) if blocks is None else blocks.empty(wire_shape)
+                receives.append((buf, peer, tag))
+                received.append((is_act, mb, c, buf))
+        i = entry[1]
+        group = described.get(i)
+        if group is None:  # the first step's: counted from its buffers once
+            group = described[i] = messages(pp_comm, _PP, receives, sends)
+        point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", group)
+        for is_act, mb, c, buf in received:
+            # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
+            # which np.asarray makes a plain view, as DTensor's own check would): nothing to check.
+            if type(buf) is not plain:
+                buf = np.asarray(buf)
+            if is_act:
+                layout = act
+            elif outward is not None:
+                layout = _output_layout(outputs.get((mb, c)), act, outward)
+            else:
+                layout = act
+            if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
+                t = trusted(mesh, buf, wire, checked).redistribute(layout)
+            else:  # `wire` is `act`, `layout` an object equal to it
+                t = trusted(mesh, buf, layout, checked)
+            if is_act:
+                inputs[(mb, c)] = t.requires_grad_()
+            else:
+                upstream[(mb, c)] = t
         received.clear()
     if repeat is not None:
         repeat.flush()
     return losses, order, most
+
+
+def _compiled(program: Sequence) -> list:
+    """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
+    Compute), a message group as (2, its place in `program`, its ops in order as (a send?, an activation?,
+    microbatch, chunk, peer, tag))."""
+    from ..pipeline.schedule import Compute, Post, Send
+
+    steps: list = []
+    for i, action in enumerate(program):
+        if isinstance(action, Compute):
+            steps.append((0 if action.kind == "F" else 1, action.microbatch, action.chunk, action))
+            continue
+        ops = []
+        for op in (action.ops if isinstance(action, Post) else (action,)):
+            send, act = isinstance(op, Send), op.what == "act"
+            sender = op.chunk if send else op.chunk - 1 if act else op.chunk + 1
+            ops.append((send, act, op.microbatch, op.chunk, op.peer, _tag(op.what, sender)))
+        steps.append((2, i, tuple(ops)))
+    return steps
+
+
+def _output_layout(out: Any, act: Any, seen: dict) -> Any:
+    """The layout object of `out` (a chunk's output, whose gradient is being received) where it is equal to
+    `act` (the blocks' layout between chunks), else `act`: the gradient then reaches the output's node in the
+    very layout object it wants. Compared once per layout object (`seen`: id -> (the object, the answer))."""
+    layout = getattr(out, "_layout", None)  # (None: no such output, never in a checked schedule)
+    if layout is None or layout is act:
+        return act
+    hit = seen.get(id(layout))
+    if hit is None or hit[0] is not layout:
+        if len(seen) >= 64:
+            seen.clear()
+        hit = seen[id(layout)] = (layout, layout if layout == act else act)  # (held: its id is not reused)
+    return hit[1]
 
 
 class _Clock:
