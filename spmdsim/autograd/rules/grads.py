@@ -32,7 +32,7 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
             seen = _PENDING.get((id(layout), pending))
         except TypeError:  # a group given as a list
             seen = None
-        grad_layout = seen[1] if seen is not None and seen[0] is layout else gradient_layout(layout, *pending)
+        grad_layout = seen[1] if seen is not None else gradient_layout(layout, *pending)  # (as gradient_layout's)
     else:
         grad_layout = with_partial(layout, ()) if layout.partial else layout
     block = like._local
@@ -53,7 +53,7 @@ def gradient_layout(layout: TensorLayout, *pending: Iterable[str]) -> TensorLayo
             seen = _PENDING.get(key)
         except TypeError:  # a group given as a list: worked out each time
             seen = key = None
-        if seen is not None and seen[0] is layout:
+        if seen is not None:  # the entry holds `layout`: no other object has its id while it is there
             return seen[1]
         wanted = set(a for group in pending for a in group)
         grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
