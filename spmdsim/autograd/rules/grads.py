@@ -36,8 +36,11 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     else:
         grad_layout = with_partial(layout, ()) if layout.partial else layout
     block = like._local
-    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape \
-            and local.flags.c_contiguous:
+    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape:
+        if not local.flags.c_contiguous:  # a transposed block (attention's dq, dk, dv: 12 a GPT step)
+            if block.dtype.kind == "V":  # bfloat16's: gradient_block widens it
+                return gradient_block(like, local, grad_layout)
+            local = c_order(local)  # gradient_block's copy, without its tests again
         out = _new(type(like))
         out._mesh, out._local, out._layout, out._shape, out._ag = like._mesh, local, grad_layout, like._shape, None
         return out
