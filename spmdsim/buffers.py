@@ -82,8 +82,9 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
 
 def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     """`empty` for a buffer kept across calls (a mesh's scratch), which a capture never sees as new."""
-    dtype = dtype if isinstance(dtype, _dtype) else np.dtype(dtype)
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not isinstance(dtype, _dtype):
+        dtype = np.dtype(dtype)
+    dims = shape if type(shape) is tuple else (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(dims) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
         return _np_empty(dims, dtype)

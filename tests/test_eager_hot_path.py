@@ -125,7 +125,8 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     per-operand summed dims, axes and layouts (kept per plan, dY's layout and the operands' layouts; the
     ranks' threads share the table), a comprehension gathering an operator's operands (mapped by
     attrgetter in C) or a node's read layouts, a new plan
-    of the walk's leaves (the first step's is taken again: `_leaf_plan`, once); and the walk brings a node's
+    of the walk's leaves (the first step's is taken again: `_leaf_plan`, once), `gradient_block` (a rule's
+    transposed block of its operand's shape and dtype is copied to C order by `grad_tensor`); and the walk brings a node's
     gradient to its layout (`_prepared`) only where it is not already there."""
     import os
 
@@ -156,7 +157,8 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
            (rules + "einsum.py", "<listcomp>"), ("ops/pointwise.py", "<listcomp>"), ("ops/einsum.py", "<listcomp>"),
-           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_new_leaf_plan")]
+           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_new_leaf_plan"),
+           (rules + "grads.py", "gradient_block")]  # (attention's transposed dq, dk, dv: copied by grad_tensor)
     assert {key: calls[key] for key in cut if key in calls} == {}
     assert calls.get(("autograd/engine.py", "_leaf_plan")) == 1
     nodes = calls[("autograd/graph.py", "attach")]  # every node (`record` calls it; prepared calls and fused pieces too)
@@ -496,3 +498,28 @@ def test_a_repeated_layer_norm_checks_nothing_again_and_a_changed_call_is_checke
     assert refused[1] == "layer_norm: eps -1.0 must be a non-negative real number"
     assert refused[2] is not None and refused[2].startswith("layer_norm: kept 'all' is not one of")
     assert refused[3] is not None and "weight of shape (4,)" in refused[3]
+
+
+def test_grad_tensor_copies_a_transposed_block_to_c_order_and_widens_a_bfloat16_one():
+    """`grad_tensor`'s transposed block of its tensor's shape and dtype (attention's dq, dk, dv) is copied to C
+    order with the same values, without gradient_block; a bfloat16 one still goes there (widened to float32)."""
+    import numpy as np
+
+    from spmdsim.autograd.rules.grads import grad_tensor
+    from spmdsim.precision import bfloat16
+
+    def body():
+        mesh = Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        out = []
+        for dtype in (np.float64, bfloat16()):
+            like = DTensor.from_global(mesh, np.zeros((4, 3), dtype), mesh.layout(None, None))
+            block = np.arange(12.0).reshape(3, 4).astype(dtype).T  # (4, 3), not C-contiguous
+            g = grad_tensor(like, block, ("dp",))
+            out.append((g.local.flags.c_contiguous, g.local.dtype, np.array_equal(g.local.astype(np.float64),
+                        block.astype(np.float64)), g.layout.partial, g.local is block))
+        mesh.close()
+        return out
+
+    (c64, d64, same64, p64, view64), (c16, d16, same16, p16, _) = spmdsim.simulate(2, body)[0]
+    assert (c64, d64, same64, p64, view64) == (True, np.float64, True, ("dp",), False)
+    assert (c16, d16, same16, p16) == (True, np.float32, True, ("dp",))

@@ -118,13 +118,11 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 continue
             layout = tensor._layout
             if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
-                # grad_layout's look-up written out (its answer for these two layout objects, when it has one)
+                # grad_layout's look-up written out (its answer for these two layout objects, when it has one;
+                # an entry holds both objects, so no other object has their ids while it is there)
                 have = g._layout
                 seen = cached((id(layout), id(have)))
-                if seen is not None and seen[0] is layout and seen[1] is have:
-                    target = seen[2]
-                else:
-                    target = grad_layout(layout, have)
+                target = seen[2] if seen is not None else grad_layout(layout, have)
                 if have is not target:
                     g = _move(g, target)
             else:
@@ -752,8 +750,10 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     tensor's own partial axes excluded: an addend's gradient is the whole
     value); a gradient from another device matrix is resolved.
     """
-    seen = _GRAD_BY_OBJECT.get((id(layout), id(g_layout)))  # as graph.with_partial: no Python hashing
-    if seen is not None and seen[0] is layout and seen[1] is g_layout:
+    # As graph.with_partial: no Python hashing; the entry holds both objects, so while it is there no other
+    # object has their ids (a key found is these very two objects).
+    seen = _GRAD_BY_OBJECT.get((id(layout), id(g_layout)))
+    if seen is not None:
         return seen[2]
     keep = _GRAD_LAYOUTS.get((layout, g_layout))
     if keep is None:

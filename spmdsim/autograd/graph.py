@@ -351,9 +351,10 @@ def with_partial(layout: Any, partial: tuple[str, ...]) -> Any:
     # where a TensorLayout key calls its Python __hash__ and __eq__; and each layout gets its own derived
     # layouts (TensorLayout.with_partial keeps them, ~5 us to build one), so a pending gradient, summed,
     # is its tensor's own layout object, not that of the first equal layout seen (the optimizer's check
-    # of ~60 gradients a step then stops at `is`). The entry holds the layout: its id is not reused.
+    # of ~60 gradients a step then stops at `is`). The entry holds the layout: its id is not reused while the
+    # entry is there, so a key found is this very object's.
     seen = _BY_OBJECT.get((id(layout), partial))
-    if seen is not None and seen[0] is layout:
+    if seen is not None:
         return seen[1]
     out = layout.with_partial(partial)
     if len(_BY_OBJECT) >= _CACHE_MAX:

@@ -32,12 +32,15 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
             seen = _PENDING.get((id(layout), pending))
         except TypeError:  # a group given as a list
             seen = None
-        grad_layout = seen[1] if seen is not None and seen[0] is layout else gradient_layout(layout, *pending)
+        grad_layout = seen[1] if seen is not None else gradient_layout(layout, *pending)  # (as gradient_layout's)
     else:
         grad_layout = with_partial(layout, ()) if layout.partial else layout
     block = like._local
-    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape \
-            and local.flags.c_contiguous:
+    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape:
+        if not local.flags.c_contiguous:  # a transposed block (attention's dq, dk, dv: 12 a GPT step)
+            if block.dtype.kind == "V":  # bfloat16's: gradient_block widens it
+                return gradient_block(like, local, grad_layout)
+            local = c_order(local)  # gradient_block's copy, without its tests again
         out = _new(type(like))
         out._mesh, out._local, out._layout, out._shape, out._ag = like._mesh, local, grad_layout, like._shape, None
         return out
@@ -53,7 +56,7 @@ def gradient_layout(layout: TensorLayout, *pending: Iterable[str]) -> TensorLayo
             seen = _PENDING.get(key)
         except TypeError:  # a group given as a list: worked out each time
             seen = key = None
-        if seen is not None and seen[0] is layout:
+        if seen is not None:  # the entry holds `layout`: no other object has its id while it is there
             return seen[1]
         wanted = set(a for group in pending for a in group)
         grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
