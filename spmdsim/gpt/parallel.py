@@ -170,7 +170,11 @@ class GPT:
         """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce. Where nothing
         is pending and y is laid out as the activations already (tp 1: a pipeline's stages), y itself: no move
         node (nothing moves; its backward passed the gradient on unchanged)."""
-        y = self._as_act(y)
+        layout = y._layout
+        if layout.partial:
+            y = redistribute(y, self.act)
+        elif layout is not self.act and self._acts.get(id(layout)) is not layout:
+            y = self._as_act(y)  # (an equal layout object: compared once)
         # bfloat16 operands: the pending sum was float32; summed, it is rounded once to the activations' dtype.
         policy = self.precision
         kept = self._activation
