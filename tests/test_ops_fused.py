@@ -256,3 +256,33 @@ def test_the_gpt_compares_a_whole_activation_layout_once(monkeypatch):
             mesh.close()
 
     assert spmdsim.simulate(1, body) == [1]  # compared once, then found by the object
+
+
+def test_a_resolved_row_parallel_output_laid_out_as_the_activations_records_no_move():
+    # tp 1 (a pipeline's stages): the row-parallel products' outputs hold no pending sum and are laid out as the
+    # activations already (an equal layout object, not the same), as is the embedding's lookup: no redistribute node
+    from spmdsim.autograd.engine import _topological
+    from spmdsim.gpt import GPTConfig, batch, encode, load_text
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.layout import TensorLayout
+
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=16, batch=4, dropout=0.1)
+
+    def body():
+        mesh = Mesh(Layout((2, 1), ("dp", "tp")), spmdsim.world())
+        try:
+            model = GPT(cfg, mesh)
+            act = model.act
+            alike = TensorLayout(act.layout, act.tensor_map, act.partial)  # equal, another object
+            y = DTensor.zeros(mesh, alike, (cfg.seq, cfg.batch, cfg.d_model))
+            assert all(model._row_out(y) is y for _ in range(2))
+            x, t = batch(encode(load_text(5_000)), cfg, 0)
+            xd, td = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, t))
+            loss = model.loss(xd, td, 0)
+            names = [n.name if isinstance(n.name, str) else n.name() for n in _topological(loss._ag)]
+            loss.backward()
+            return sum(name.startswith("redistribute") for name in names)
+        finally:
+            mesh.close()
+
+    assert spmdsim.simulate(2, body) == [0, 0]

@@ -142,6 +142,7 @@ class GPT:
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
         self.act = L("tp", self.batch, None) if sp else self.full
         self._whole: dict = {}  # layout objects found equal to `full`, by id (`_gathered`)
+        self._acts: dict = {}  # layout objects found equal to `act` (resolved), by id (`_row_out`)
         self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.moe.layer)
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
@@ -166,14 +167,34 @@ class GPT:
         return dropout_seed(self.cfg, step, site, micro)
 
     def _row_out(self, y: Any) -> Any:
-        """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce."""
-        y = redistribute(y, self.act)
+        """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce. Where nothing
+        is pending and y is laid out as the activations already (tp 1: a pipeline's stages), y itself: no move
+        node (nothing moves; its backward passed the gradient on unchanged)."""
+        layout = y._layout
+        if layout.partial:
+            y = redistribute(y, self.act)
+        elif layout is not self.act and self._acts.get(id(layout)) is not layout:
+            y = self._as_act(y)  # (an equal layout object: compared once)
         # bfloat16 operands: the pending sum was float32; summed, it is rounded once to the activations' dtype.
         policy = self.precision
         kept = self._activation
         if kept is None or kept[0] is not policy:  # the dtype by the policy object (a dtype's .name is ~3 us)
             kept = self._activation = (policy, policy.dtype("activation"))
         return y if y._local.dtype == kept[1] else ops.astype(y, kept[1])
+
+    def _as_act(self, y: Any) -> Any:
+        """y laid out as the activations between blocks (`act`): redistributed, or y itself where nothing is
+        pending and its layout equals `act` already (tp 1: no move node, whose backward passed the gradient on
+        unchanged; compared once per layout object)."""
+        layout = y._layout
+        if layout is self.act or self._acts.get(id(layout)) is layout:
+            return y
+        if layout.partial or layout != self.act:
+            return redistribute(y, self.act)
+        if len(self._acts) >= 64:
+            self._acts = {}
+        self._acts[id(layout)] = layout  # (held: its id is not reused while the entry lives)
+        return y
 
     def _gathered(self, x: Any) -> Any:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""
@@ -412,7 +433,7 @@ class GPT:
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
         with kept_as("embedding"):
-            tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
+            tok = self._as_act(ops.embedding(ids.T, p["wte"], reduce=False))
             if cfg.positions == "rope":  # positions turn q and k in each block instead
                 return self._dropout(tok, "emb", step, train, micro)
             pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))

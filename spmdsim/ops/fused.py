@@ -597,7 +597,7 @@ class _Norm:
     node its backward meets first does not (the separate operators run). Holds the layouts its key names by id
     (its plans do)."""
 
-    __slots__ = ("mul", "add", "fused", "name", "want", "reads", "w_sums", "b_sums", "plain")
+    __slots__ = ("mul", "add", "fused", "name", "want", "reads", "w_sums", "b_sums", "plain", "low")
 
     def __init__(self, y: Any, weight: Any, bias: Any, op: str) -> None:
         layout, dtype = y._layout, y._local.dtype
@@ -626,6 +626,7 @@ class _Norm:
         self.want = None if last is None else last.want
         # no bfloat16 kernel (norm_affine runs the plain ones itself)
         self.plain = all(plan is None or plan.dtype_name != "bfloat16" for plan in (self.mul, self.add))
+        self.low = False  # whether the normalized values are bfloat16 (set by norm_affine)
 
 
 # (op, id(x's layout), x's shape and dtype, id(the weight's layout), its shape and dtype, the bias's) -> _Norm
@@ -640,25 +641,36 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
     out, y, kept = normal_values(x, d, eps, centre, op)
     if weight is None and bias is None:
         return out if x._ag is None else record_normalized(out, x, y, kept, d, centre, op)
-    try:
-        key = (op, id(x._layout), x._shape, x._local.dtype,
-               None if weight is None else (id(weight._layout), weight._shape, weight._local.dtype),
-               None if bias is None else (id(bias._layout), bias._shape, bias._local.dtype))
+    try:  # (flat: one tuple built a call; a None weight or bias holds one place, a DTensor's three)
+        if weight is not None and bias is not None:
+            key = op, id(x._layout), x._shape, x._local.dtype, id(weight._layout), weight._shape, \
+                weight._local.dtype, id(bias._layout), bias._shape, bias._local.dtype
+        elif weight is not None:
+            key = op, id(x._layout), x._shape, x._local.dtype, id(weight._layout), weight._shape, \
+                weight._local.dtype, None
+        else:
+            key = op, id(x._layout), x._shape, x._local.dtype, None, id(bias._layout), bias._shape, \
+                bias._local.dtype
         norm = _NORMS.get(key)
     except (AttributeError, TypeError):  # what is no DTensor (the separate operators say so)
         norm = key = None
     if norm is None and key is not None:
         norm = _Norm(out, weight, bias, op)
+        norm.low = is_low(y.dtype)  # (y's dtype follows x's, in the key)
         if len(_NORMS) >= 1024:  # a long run over many signatures: start over
             _NORMS.clear()
         _NORMS[key] = norm
-    record = x._ag is not None
-    if (norm is None or not norm.fused or not record and (weight is not None and weight._ag is not None
-                                                          or bias is not None and bias._ag is not None)
-            or record and not _rounds(x) and is_low(y.dtype)):
-        # the separate nodes: where the chain moves or changes an operand, where x takes no gradient but the weight
-        # or bias does (the product's node keeps no x), or where a bfloat16 x is a leaf (its node rounds nothing)
-        if record:
+    xa = x._ag
+    if xa is not None:  # the separate nodes where a bfloat16 x is a leaf (its node rounds nothing): `_rounds`
+        record = norm is not None and norm.fused and (not norm.low or type(xa) is not Leaf)
+    else:  # ... or where x takes no gradient but the weight or bias does (the product's node keeps no x)
+        record = False
+        if norm is None or not norm.fused or (weight is not None and weight._ag is not None
+                                              or bias is not None and bias._ag is not None):
+            norm = None
+    if xa is not None and not record or norm is None:
+        # the separate nodes: where the chain moves or changes an operand, and the cases above
+        if xa is not None:
             out = record_normalized(out, x, y, kept, d, centre, op)
         if weight is not None:
             out = _pointwise("mul", out, weight)
@@ -692,11 +704,13 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
                                 "mul", np.multiply)
         if bias is not None:
             z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
-    if not record:
+    if xa is None:
         return z
+    norm_grads = _new(_NormalizedGrads)  # its __init__'s fields, without its frame
+    norm_grads.x, norm_grads.y, norm_grads.kept, norm_grads.d, norm_grads.centre, norm_grads.op, norm_grads.n = \
+        x, y, kept, d, centre, op, x._shape[d]
     grads = _new(NormAffineGrads)  # its __init__'s fields, without its frame
-    grads.norm, grads.y, grads.weight, grads.scaled, grads.bias, grads.out = \
-        _NormalizedGrads(x, y, kept, d, centre, op), out, weight, scaled, bias, z
+    grads.norm, grads.y, grads.weight, grads.scaled, grads.bias, grads.out = norm_grads, out, weight, scaled, bias, z
     grads.w_sums, grads.b_sums = norm.w_sums, norm.b_sums
     grads.need_w = weight is not None and weight._ag is not None
     grads.need_b = bias is not None and bias._ag is not None

@@ -67,18 +67,13 @@ def bias_sums(add: Any, bias: Any) -> tuple:
 _SUMS: dict = {}  # id(a prepared add) -> (that add, bias_sums' answer)
 
 
-def _bias_grad(bias: Any, d: np.ndarray, partial: tuple, sums: tuple, dry: bool) -> Any:
-    """The add rule's gradient of `bias` from the sum's dY block `d`: summed over the leading dims it lacks and
-    its broadcast dims (`sums`: those, and the axes that split them), pending over those axes too."""
-    if _flops._OPEN:  # the add rule's count: dY read, the bias's gradient written
-        sweep("add", [d], [bias.local])
-    return _summed_grad(bias, d, partial, sums, dry)
-
-
-def _summed_grad(t: Any, g: np.ndarray, partial: tuple, sums: tuple, dry: bool) -> Any:
+def _summed_grad(t: Any, g: np.ndarray, partial: tuple, sums: tuple, dry: bool, count: bool = False) -> Any:
     """An elementwise rule's gradient of its broadcast operand `t` from the output-shaped block `g`: summed over
     the leading dims it lacks and its broadcast dims (`sums`: `bias_sums`' answer), pending over their axes too (a
-    dry run's: the zeros of the sum's shape, `g` not read)."""
+    dry run's: the zeros of the sum's shape, `g` not read). `count`: the add rule's gradient of a bias, counted
+    as the add rule counts it (dY read, the bias's gradient written)."""
+    if count and _flops._OPEN:
+        sweep("add", [g], [t.local])
     lead, inner, summed, whole = sums
     if dry and (lead or inner):
         shape = [n for k, n in enumerate(g.shape) if k not in lead]
@@ -87,9 +82,9 @@ def _summed_grad(t: Any, g: np.ndarray, partial: tuple, sums: tuple, dry: bool) 
         g = np.zeros(shape, g.dtype)
     else:
         if lead:
-            g = _SUM(g, axis=lead)
+            g = _SUM(g, lead)  # (np.add.reduce(g, axis): positional, the same reduction)
         if inner:
-            g = _SUM(g, axis=inner, keepdims=True)
+            g = _SUM(g, inner, None, None, True)  # (axis, dtype, out, keepdims)
     block = t._local
     if g.shape != block.shape:
         g = g.reshape(block.shape)
@@ -139,7 +134,7 @@ class EinsumBiasGrads:
         dry = dy._mesh.engine.dry
         if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
             d = _local(_unread, d, d)
-        gb = None if bias._ag is None else _bias_grad(bias, d, partial, self.sums, dry)
+        gb = None if bias._ag is None else _summed_grad(bias, d, partial, self.sums, dry, True)
         if d is not dy._local:
             dy = grad_tensor(y, d, partial)
         return (gb,) + self.einsum(dy)
@@ -185,7 +180,7 @@ class ResidualGrads:
             if dry:
                 g = _local(_unread, g, g)
             if need_b:
-                gb = _bias_grad(bias, g, partial, self.sums, dry)
+                gb = _summed_grad(bias, g, partial, self.sums, dry, True)
         return gh, grad_tensor(self.y, g, partial) if need_y else None, gb
 
 
@@ -235,7 +230,7 @@ class NormAffineGrads:
             if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
                 d = _local(_unread, d, d)
             if self.need_b:
-                gb = _bias_grad(bias, d, partial, self.b_sums, dry)
+                gb = _summed_grad(bias, d, partial, self.b_sums, dry, True)
             d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
         if weight is not None:  # the product's rule: dY times the weight, the weight's gradient dY y summed
             need_w = self.need_w
