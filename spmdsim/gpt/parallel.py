@@ -433,7 +433,7 @@ class GPT:
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
         with kept_as("embedding"):
-            tok = self._as_act(ops.embedding(ids.T, p["wte"], reduce=False))
+            tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
             if cfg.positions == "rope":  # positions turn q and k in each block instead
                 return self._dropout(tok, "emb", step, train, micro)
             pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
