@@ -38,7 +38,6 @@ step (spmdsim.runtime.replay) and a dry run (spmdsim.sim.dry) go through them.
 from __future__ import annotations
 
 from functools import partial
-from numbers import Real
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -61,9 +60,9 @@ from .einsum import _PREPARED as _EINSUMS, _Prepared as _EinsumPrepared, _refuse
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
 from ._common import _PLAIN_DTYPES, check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result
 from ._common import signature
-from ._common import keep_mask, seed_arg
+from ._common import keep_mask
 from .local import reshape
-from .norms import _mask_geometry, normal_values
+from .norms import _mask_geometry, dropout_args, normal_values
 
 __all__ = ["einsum_bias", "residual", "reshape_einsum", "norm_affine"]
 
@@ -345,7 +344,7 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
     if call is None or CAPTURING[0] or mesh.engine.dry:
         return _residual(h, y, bias, p, seed, mask_dims, key)
     if p and type(seed) is not int:  # (p was checked by this signature's first call)
-        _dropout_args(p, seed)
+        dropout_args(p, seed)
     decided = call.residual
     biased = y
     if bias is not None:  # _added's kernel and count, its result built as prepared_result's
@@ -402,21 +401,11 @@ _NEED_NONE = (False, False, False)
 _RESIDUAL_CALLS: dict = {}
 
 
-def _dropout_args(p: Any, seed: Any) -> None:
-    """ops.dropout's checks of p (nonzero) and the seed."""
-    if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
-        raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
-    if seed is None:
-        raise OperatorError("dropout: a seed is required (an integer, different per layer and step), so every "
-                            "rank draws the same mask")
-    seed_arg(seed, "dropout")
-
-
 def _residual(h: Any, y: Any, bias: Any, p: Any, seed: Any, mask_dims: Any, call_key: Any) -> Any:
     """`residual` through the general helpers (`call_key`: its call signature, kept in `_RESIDUAL_CALLS` where a
     repeat can run directly; None: never)."""
     if p:
-        _dropout_args(p, seed)
+        dropout_args(p, seed)
     elif bias is None:
         return _pointwise("add", h, y)
     first = _add_plan(y, bias) if bias is not None else None

@@ -399,6 +399,17 @@ def masked_fill(x: Any, mask: Any, value: float) -> Any:
     return P.where(mask, value, x)
 
 
+
+def dropout_args(p: Any, seed: Any) -> None:
+    """`dropout`'s refusals of its rate and seed (spmdsim.ops.fused's residual makes the same)."""
+    if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
+        raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
+    if seed is None:
+        raise OperatorError("dropout: a seed is required (an integer, different per layer and step, e.g. "
+                            "ops.dropout(x, 0.1, seed=1000 * step + layer)), so every rank draws the same mask")
+    seed_arg(seed, "dropout")
+
+
 def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
             mask_dims: Optional[Sequence[int]] = None, kept: str = "graph") -> Any:
     """Zero each element with probability `p` and scale the rest by 1 / (1 - p); identity when not training.
@@ -411,12 +422,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     `kept`: what the node keeps for backward: "graph", the kept entries' float factor and x's block;
     "megatron", the 1-byte boolean mask only (the backward multiplies by mask and 1 / (1 - p)).
     """
-    if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
-        raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
-    if seed is None:
-        raise OperatorError("dropout: a seed is required (an integer, different per layer and step, e.g. "
-                            "ops.dropout(x, 0.1, seed=1000 * step + layer)), so every rank draws the same mask")
-    seed_arg(seed, "dropout")
+    dropout_args(p, seed)
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"dropout: {problem}")
