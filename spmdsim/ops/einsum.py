@@ -48,14 +48,7 @@ def einsum(spec: str, *xs: Any) -> Any:
     except (AttributeError, TypeError):  # an operand that is no DTensor, a spec that does not hash: refused below
         key = prepared = None
     if prepared is None:
-        cls = _common._DTENSOR or _common._dtensor_class()
-        for k, x in enumerate(xs):
-            if type(x) is not cls:
-                check_dtensor(x, f"einsum: operand {k}")
-        if not xs:
-            raise OperatorError("einsum needs at least one operand")
-        _refuse_bool_sum(spec, xs)
-        prepared = prepare(_PREPARED, partial(_Prepared, spec), xs, key)
+        prepared = first_call(spec, xs, key)
     plan = prepared.plan
     if not prepared.stays:
         xs = moved(xs, prepared)
@@ -115,6 +108,20 @@ class _Prepared(Prepared):
         words, output = self.words = self.plan.spec.inputs, self.plan.spec.output
         # Whether the local product is `pair`'s of the two blocks (contraction.contract's two-operand case).
         self.paired = len(words) == 2 and bool(output) and present_letters(words, output) == output
+
+
+def first_call(spec: str, xs: tuple, key: Any) -> Any:
+    """What a call signature's first call decides (its `_Prepared`, kept under `key` in the table: None, not
+    kept), after the operands' checks: each a DTensor, at least one, no bool sum. spmdsim.ops.fused's products
+    share the table."""
+    cls = _common._DTENSOR or _common._dtensor_class()
+    for k, x in enumerate(xs):
+        if type(x) is not cls:
+            check_dtensor(x, f"einsum: operand {k}")
+    if not xs:
+        raise OperatorError("einsum needs at least one operand")
+    _refuse_bool_sum(spec, xs)
+    return prepare(_PREPARED, partial(_Prepared, spec), xs, key)
 
 
 def _refuse_bool_sum(spec: Any, xs: tuple) -> None:

@@ -56,9 +56,10 @@ from ..flops import any_open, sweep
 from ..infer import infer_reshape
 from ..precision import is_low, rounded, wide
 from . import _common
-from .einsum import _PREPARED as _EINSUMS, _Prepared as _EinsumPrepared, _refuse_bool_sum, einsum as _einsum
+from .einsum import _PREPARED as _EINSUMS, einsum as _einsum
+from .einsum import first_call as _einsum_first_call
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
-from ._common import _PLAIN_DTYPES, check_dtensor, dry_zeros, make_dtensor, moved, prepare, prepared_result
+from ._common import _PLAIN_DTYPES, dry_zeros, make_dtensor, moved, prepare, prepared_result
 from ._common import signature
 from ._common import keep_mask
 from .local import reshape
@@ -80,12 +81,7 @@ def _product(spec: str, x: Any, w: Any, stay: bool = False) -> Optional[tuple]:
     except (AttributeError, TypeError):
         key = prepared = None
     if prepared is None:
-        cls = _common._DTENSOR or _common._dtensor_class()
-        for k, t in enumerate(xs):
-            if type(t) is not cls:
-                check_dtensor(t, f"einsum: operand {k}")
-        _refuse_bool_sum(spec, xs)
-        prepared = prepare(_EINSUMS, partial(_EinsumPrepared, spec), xs, key)
+        prepared = _einsum_first_call(spec, xs, key)
     if stay and not prepared.stays:
         return None
     plan = prepared.plan
