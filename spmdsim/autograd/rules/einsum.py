@@ -61,28 +61,20 @@ class EinsumGrads:
             a, b = self.xs
             need = self.need
             d = dy._local
-            ga = gb = None
-            if need[0]:
-                dy_word, other_word, word, grad_layout = seen[2][0]
-                g = pair(dy_word, d, other_word, b._local, word)
-                block = a._local
+            grads = [None, None]
+            for k, x, other in ((0, a, b), (1, b, a)):
+                if not need[k]:
+                    continue
+                dy_word, other_word, word, grad_layout = seen[2][k]
+                g = pair(dy_word, d, other_word, other._local, word)
+                block = x._local
                 if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape \
                         and g.flags.c_contiguous:
-                    ga = _new(type(a))
-                    ga._mesh, ga._local, ga._layout, ga._shape, ga._ag = a._mesh, g, grad_layout, a._shape, None
+                    gx = grads[k] = _new(type(x))
+                    gx._mesh, gx._local, gx._layout, gx._shape, gx._ag = x._mesh, g, grad_layout, x._shape, None
                 else:
-                    ga = gradient_block(a, g, grad_layout)
-            if need[1]:
-                dy_word, other_word, word, grad_layout = seen[2][1]
-                g = pair(dy_word, d, other_word, a._local, word)
-                block = b._local
-                if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape \
-                        and g.flags.c_contiguous:
-                    gb = _new(type(b))
-                    gb._mesh, gb._local, gb._layout, gb._shape, gb._ag = b._mesh, g, grad_layout, b._shape, None
-                else:
-                    gb = gradient_block(b, g, grad_layout)
-            return ga, gb
+                    grads[k] = gradient_block(x, g, grad_layout)
+            return tuple(grads)
         xs, need = self.xs, self.need
         words, per = prepared.plan.spec.inputs, prepared.per
         grads = []
