@@ -404,28 +404,46 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
     collective). A number's exponent is every rank's: checked here. A DTensor's values differ between ranks:
     each rank's least exponent among those its result block uses, the least of them agreed over the mesh (one
     small Allreduce of control traffic, for this kind of call only; in a dry run, where one rank runs for all,
-    its own block's, a large one's zeros not looked at)."""
+    its own block's, a large one's zeros not looked at). While capturing (spmdsim.runtime.replay), that check is
+    recorded as a kernel: each replay checks the exponent it is given again, on every rank alike."""
     base, exponent = xs
     cls = _common._DTENSOR
-    shared = type(args[1]) is not cls
     block = exponent._local
-    if shared:
+    if type(args[1]) is not cls:  # a number: every rank's
         least = int(block.min()) if math.prod(base._shape) else 0
-    elif mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
-        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
-    else:
-        mine = int(block.min()) if block.size and base._local.size else 0
-        from ..runtime import door
-
-        least = door.all_reduce_object(mesh.comm, mine, "min")
-    if least >= 0:
+        if least < 0:
+            raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
         return
-    if shared:
-        raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
     what = f"a DTensor of {base._local.dtype.name}" if type(args[0]) is cls else describe(args[0])
-    raise OperatorError(f"pow: {what} to the powers of a DTensor of {block.dtype.name} whose entries include "
-                        f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
-                        "exponent.astype('float64')")
+    if mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
+        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
+        if least < 0:
+            raise _negative_exponents(what, block.dtype, least)
+        return
+    from ..runtime import replay
+
+    if CAPTURING[0] and replay.capturing():  # the values a replay is given are not the capture's: checked again
+        replay.kernel(_least_exponent)(mesh.comm, block, base._local.size, what)
+    else:
+        _least_exponent(mesh.comm, block, base._local.size, what)
+
+
+def _least_exponent(comm: Any, block: np.ndarray, base_size: int, what: str) -> None:
+    """`_negative_powers`' check of a DTensor's exponent `block` (this rank's, beside a base block of
+    `base_size` entries): the least entry over `comm`'s ranks, a negative one refused on every rank alike."""
+    from ..runtime import door
+
+    least = door.all_reduce_object(comm, int(block.min()) if block.size and base_size else 0, "min")
+    if least < 0:
+        raise _negative_exponents(what, block.dtype, least)
+
+
+def _negative_exponents(what: str, dtype: np.dtype, least: int) -> OperatorError:
+    """The refusal of `what` (a DTensor or a number, described) to the powers of a DTensor of integer `dtype`
+    whose least entry is `least`, the same on every rank."""
+    return OperatorError(f"pow: {what} to the powers of a DTensor of {dtype.name} whose entries include "
+                         f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
+                         "exponent.astype('float64')")
 
 
 def _negative_power(dtype: Any, exponent: int, base: Any = None) -> OperatorError:
