@@ -88,3 +88,22 @@ def test_a_replayed_integer_power_checks_each_replays_exponents_on_every_rank_al
                        "include -1: numpy refuses integers to negative integer powers; convert first, e.g. "
                        "exponent.astype('float64')"),
                       ("ok", int(np.sum(base ** (base // 2))))]
+
+
+def test_an_empty_integer_tensor_to_a_negative_power_is_the_empty_result():
+    """An empty tensor has no entry to refuse: numpy gives the empty result (np.power(empty int32, -1), bool's
+    int64), where ops.pow refused it by the exponent alone."""
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        out = []
+        for dtype in (np.int32, np.bool_):
+            x = DTensor.from_global(mesh, np.zeros((0, 4), dtype), mesh.layout(None, "x"))
+            for call in (lambda: ops.pow(x, -1), lambda: x ** -2, lambda: np.power(x, np.int64(-1))):
+                got = call().gather()
+                out.append((got.shape, got.dtype.name))
+        return out
+
+    empty = np.zeros((0, 4), np.int32)
+    want = [(w.shape, w.dtype.name) for a in (empty, empty.astype(bool))
+            for w in (np.power(a, -1), a ** -2, np.power(a, np.int64(-1)))]
+    assert spmdsim.simulate(2, body) == [want] * 2

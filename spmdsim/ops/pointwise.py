@@ -602,13 +602,14 @@ def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
 def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
     """x ** exponent (a number or a DTensor; pending sums are resolved first).
 
-    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank, as
-    numpy refuses it (its ValueError came from the kernel, on the ranks that hold such an entry alone): a number
+    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank where
+    the result has entries, as numpy refuses it (its ValueError came from the kernel, on the ranks that hold such
+    an entry alone; an empty x gives the empty result, as numpy's): a number
     exponent here, a DTensor's (``2 ** x``, ``x ** y`` of integers) by its least entry, agreed over the mesh
     (`_negative_powers`: one small Allreduce, for an integer power of signed integers only)."""
     if exponent.__class__ is int or isinstance(exponent, np.integer):
         kind = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind
-        if kind in "biu" and exponent < 0:
+        if kind in "biu" and exponent < 0 and math.prod(x._shape):  # (an empty result has no entry to refuse)
             raise _negative_power(x.local.dtype, int(exponent))
     return pointwise("pow", x, exponent)
 
