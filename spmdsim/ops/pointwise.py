@@ -348,6 +348,8 @@ class _Prepared(Prepared):
             name, instead = _NO_BOOL[op]
             raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {name}; use {instead}, or convert "
                                 "first, e.g. x.astype('int64')")
+        if op in _BITWISE:  # numpy's TypeError for floats (on every rank alike: the dtypes are every rank's)
+            _bitwise_dtypes(op, dtypes)
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out", _promote(op))
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
@@ -359,6 +361,26 @@ class _Prepared(Prepared):
 #: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
 _NO_BOOL = {"neg": ("negative", "ops.equal(x, False) for logical not"),
             "sub": ("subtract", "ops.not_equal(a, b) for exclusive or")}
+
+#: numpy's bitwise ufuncs, by spmdsim's op names: their names and operators in messages.
+_BITWISE = {"and": "bitwise_and (&)", "or": "bitwise_or (|)", "xor": "bitwise_xor (^)", "invert": "invert (~)"}
+
+
+def _bitwise_dtypes(op: str, dtypes: tuple) -> None:
+    """Refuse a bitwise `op` of operands of `dtypes` (a lifted number's too) numpy's bitwise ufuncs have no loop
+    for: a float or bfloat16 among them, or integers whose common dtype is a float (uint64 and int64), in one
+    line naming the op, the dtypes and what it takes (numpy's TypeError named none of them)."""
+    common = ufunc_dtype(*dtypes)
+    if common.kind in "biu":
+        return
+    names = " and ".join(dict.fromkeys(d.name for d in dtypes))
+    floats = [d.name for d in dtypes if d.kind not in "biu"]
+    if floats:
+        raise DTypeError(f"{_BITWISE[op]} of {names}: numpy's bitwise ops take integer or bool operands, not "
+                         f"{floats[0]}; convert first, e.g. x.astype('int64'), or compare for a mask, e.g. x > 0")
+    raise DTypeError(f"{_BITWISE[op]} of {names}: numpy's bitwise ops take integer or bool operands of a common "
+                     f"integer dtype, and these promote to {common.name}; convert one first, e.g. x.astype('int64')")
+
 
 _MIXED = object()  # the second entry of a signature whose operands mix DTensors and numbers
 
