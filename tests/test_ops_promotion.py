@@ -127,6 +127,28 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
         "DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True"]
 
 
+def test_clip_by_bfloat16_tensor_or_scalar_bounds_is_numpys_float32():
+    """np.clip of bfloat16 beside bfloat16 bounds (arrays or ml_dtypes scalars; int8 x too) computes in float32 (it
+    has no bfloat16 loop): spmdsim's clip by DTensor bounds was bfloat16, by bfloat16 scalars refused ("clip: low 1
+    must be a real number"). One bound is np.maximum / np.minimum's: bfloat16 still."""
+    g = BASE.astype(BF16)
+    lo, hi, i8 = np.full(6, -1.0, BF16), np.full(6, 1.5, BF16), ARRAYS["int8"]
+    wants = [np.clip(g, lo, hi), np.clip(g, lo, BF16.type(1.5)), np.clip(g, BF16.type(-1), BF16.type(1.5)),
+             np.clip(i8, lo, hi), np.clip(g, lo, None), np.clip(g, BF16.type(-1), None)]
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x, low, high, i = (DTensor.from_global(mesh, a, mesh.layout("x")) for a in (g, lo, hi, i8))
+        return [t.gather() for t in (ops.clip(x, low, high), np.clip(x, low, BF16.type(1.5)),
+                                     x.clip(BF16.type(-1), BF16.type(1.5)), ops.clip(i, low, high),
+                                     ops.clip(x, low), ops.clip(x, BF16.type(-1)))]
+
+    got = spmdsim.simulate(2, body)[0]
+    assert [w.dtype.name for w in wants] == ["float32"] * 4 + ["bfloat16"] * 2
+    assert [r.dtype.name for r in got] == [w.dtype.name for w in wants]
+    assert all(_same(r, w) for r, w in zip(got, wants))
+
+
 def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dtype():
     """bfloat16 beside a DTensor of float16, int16 and wider ints: np.result_type has no entry
     (DTypePromotionError) and every binary op crashed with its traceback, where numpy's ufunc computes in

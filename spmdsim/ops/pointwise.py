@@ -690,13 +690,16 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         raise OperatorError("clip: low None and high None: give at least one bound")
     for name, bound in (("low", low), ("high", high)):
         if bound is not None and not hasattr(bound, "_ag") and (
-                not isinstance(bound, numbers.Real) or isinstance(bound, bool) or bound != bound):
+                not (isinstance(bound, numbers.Real) or isinstance(bound, np.generic) and is_low(bound.dtype))
+                or isinstance(bound, bool) or bound != bound):
             raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
     dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
     if dtype.kind in "iu":  # a Python int bound beyond x's dtype on the side where it clips nothing: numpy 2.4's
         info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40); 2.0 refused); the other side refuses
         low = int(info.min) if type(low) is int and low < info.min else low
         high = int(info.max) if type(high) is int and high > info.max else high
+    if low is not None and high is not None and "V" in (dtype.kind, _kind(low), _kind(high)):
+        x = _clip_loop(x, dtype, low, high)
     if (low is None or high is None) and dtype.kind == "V":
         # bfloat16: numpy's clip by one bound is np.minimum / np.maximum, whose bfloat16 loop keeps bfloat16 beside
         # a Python int (np.clip's own has none: float32). Both bounds as numpy scalars of the dtype np.minimum
@@ -722,6 +725,33 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         low = edges[0] if low is None else low
         high = edges[1] if high is None else high
     return pointwise("clip", x, low, high)
+
+
+def _kind(bound: Any) -> str:
+    """The dtype kind of a clip bound that has a dtype (a DTensor's, a numpy scalar's), else ""."""
+    dtype = getattr(getattr(bound, "local", bound), "dtype", None)
+    return "" if dtype is None else dtype.kind
+
+
+def _clip_loop(x: Any, dtype: np.dtype, low: Any, high: Any) -> Any:
+    """`x` (of `dtype`) converted to the dtype numpy's np.clip computes in (exactly: a wider float) where that is
+    not the bounds' and x's common dtype: np.clip has no bfloat16 loop, so bfloat16 among x and DTensor or numpy
+    scalar bounds whose common dtype is bfloat16 computes in float32 (a Python number bound: `_beside_low`)."""
+    dtypes = [dtype] + [b.local.dtype if hasattr(b, "_ag") else b.dtype for b in (low, high)
+                        if hasattr(b, "_ag") or isinstance(b, np.generic)]
+    if len(dtypes) < 3:  # a Python number among the bounds: lifted to the dtype numpy's np.clip gives it
+        return x
+    common = ufunc_dtype(*dtypes)
+    if common.kind != "V":
+        return x
+    want = _CLIP_LOOPS.get(common)
+    if want is None:
+        with np.errstate(all="ignore"):
+            want = _CLIP_LOOPS[common] = np.clip(*(np.zeros(1, common),) * 3).dtype
+    return x if want == common else astype(x, want)
+
+
+_CLIP_LOOPS: dict = {}  # a low float dtype -> the dtype np.clip of three arrays of it computes in
 
 
 def equal(a: Any, b: Any) -> Any:
