@@ -153,8 +153,8 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
     """bfloat16 beside a DTensor of float16, int16 and wider ints: np.result_type has no entry
     (DTypePromotionError) and every binary op crashed with its traceback, where numpy's ufunc computes in
     float32 (float16, int16, uint16) or float64 (int32 and wider). Now numpy's dtype and values in every binary
-    op, both orders (the bitwise ops on floats refused, as numpy refuses them); np.where and np.concatenate have
-    no common dtype for them (numpy refuses) and neither has spmdsim: one line."""
+    op, both orders (the bitwise ops on floats refused, as numpy refuses them); np.where, np.concatenate and np.stack
+    have no common dtype for them (numpy refuses) and neither has spmdsim: one line naming the op."""
     warnings.simplefilter("ignore", RuntimeWarning)
     ints = np.array([-3, -1, 0, 1, 2, 5])
     others = {name: (ints if name[0] == "i" else np.abs(ints)).astype(name) if name[0] in "iu"
@@ -176,7 +176,7 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
                         bad.append(f"{op}({order}) bfloat16 x, {name} y: {why}")
             if name in ("int32", "float16"):
                 m = DTensor.from_global(mesh, c, mesh.layout("x"))
-                for call in (lambda: ops.where(m, x, y), lambda: ops.concatenate([x, y])):
+                for call in (lambda: ops.where(m, x, y), lambda: ops.concatenate([x, y]), lambda: ops.stack([y, x])):
                     try:
                         call()
                     except DTypeError as e:
@@ -185,6 +185,7 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
 
     bad, said = spmdsim.simulate(2, body)[0]
     assert not bad, f"{len(bad)} differ from numpy:\n" + "\n".join(bad[:20])
-    assert said == [f"no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: a "
-                    "join or np.where of them too); convert one first, e.g. x.astype('float32')"
-                    for name in ("float16", "float16", "int32", "int32")]
+    # (the op named: the line did not say which call refused)
+    assert said == [f"{op}: no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: "
+                    "a join or np.where of them too); convert one first, e.g. x.astype('float32')"
+                    for name in ("float16", "int32") for op in ("where", "concatenate", "stack")]

@@ -209,7 +209,12 @@ def pointwise(op: str, *args: Any) -> Any:
             mesh, xs = _operands(op, args)
         except OverflowError:  # a Python int the tensors' dtype cannot hold
             return _beyond(op, args)
-        prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+        except DTypeError as e:
+            raise _named(op, e) from None
+        try:
+            prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+        except DTypeError as e:
+            raise _named(op, e) from None
     elif key[1] is _MIXED:  # numbers of the types, beside DTensors of the layouts, of a call that passed _operands
         try:
             mesh, xs = _lifted(args, prepared)
@@ -256,6 +261,12 @@ def pointwise(op: str, *args: Any) -> Any:
             if x._ag is not None:
                 return record_pointwise(op, out, xs if type(xs) is tuple else tuple(xs), prepared)
     return out
+
+
+def _named(op: str, error: DTypeError) -> DTypeError:
+    """`error`, spmdsim.ops._common's line for dtypes numpy has no common one of (np.where's, a ufunc's) with
+    `op` named in front; any other DTypeError (naming its op already) as it is."""
+    return DTypeError(f"{op}: {error}") if str(error).startswith("no common dtype") else error
 
 
 _ndarray = np.ndarray
