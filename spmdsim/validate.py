@@ -27,12 +27,32 @@ _KINDS = "biufc"
 
 
 def counted(n: int, noun: str) -> str:
-    """`n` and `noun` in messages: "1 dim", "3 dims", "1 entry", "2 entries", "2 microbatches"."""
-    if n == 1:
-        return f"1 {noun}"
-    if noun.endswith("y"):
-        return f"{n} {noun[:-1]}ies"
-    return f"{n} {noun}es" if noun.endswith(("ch", "sh", "s", "x")) else f"{n} {noun}s"
+    """`n` and `noun` in messages: "1 dim", "3 dims", "1 entry", "2 entries", "2 ways", "2 microbatches", "2 axes",
+    "2 MoE layers" (a noun phrase's last word made plural: `_plural`)."""
+    return f"1 {noun}" if n == 1 else f"{n} {_plural(noun)}"
+
+
+#: Nouns whose plural no rule of `_plural` gives (the ones messages name, and their kin).
+_IRREGULAR = {"axis": "axes", "index": "indices", "matrix": "matrices", "vertex": "vertices", "basis": "bases",
+              "child": "children", "datum": "data"}
+
+
+def _plural(noun: str) -> str:
+    """The plural of `noun` (its last word's, in a phrase: "MoE layer", "batch dim"): `_IRREGULAR`'s (axis: axes),
+    a consonant's y as ies (entry: entries; way, key: ways, keys), -es after ch, sh, s, x and z (batch: batches),
+    else -s."""
+    head, space, word = noun.rpartition(" ")
+    lower = word.lower()
+    if lower in _IRREGULAR:
+        many = _IRREGULAR[lower]
+        many = many if word == lower else word[:1] + many[1:]  # (a capital kept: Axis, Axes)
+    elif lower.endswith("y") and len(lower) > 1 and lower[-2] not in "aeiou":
+        many = word[:-1] + "ies"
+    elif lower.endswith(("ch", "sh", "s", "x", "z")):
+        many = word + "es"
+    else:
+        many = word + "s"
+    return head + space + many
 
 
 def as_int(value: object) -> Optional[int]:

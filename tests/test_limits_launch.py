@@ -128,3 +128,22 @@ def test_launch_removes_the_segment_of_a_rank_killed_right_after_mpi_init(tmp_pa
     if not segments:
         pytest.skip("this MPI's segments were unlinked while the job ran: a killed job leaves none to remove")
     assert not any(os.path.exists(p) for p in segments), (segments, done.stderr)
+
+
+def test_the_removal_note_counts_its_segments_in_the_singular_and_plural(monkeypatch, capsys):
+    """The note said "removed 1 shared-memory segment(s)"; now "1 shared-memory segment", "2 ... segments"."""
+    from spmdsim.cli import launch
+
+    for left in (["mpich_shm_a"], ["mpich_shm_a", "sm_segment.b"]):
+        class Watch:
+            def note(self, pid):
+                pass
+
+            def remove_left(self, left=left):
+                return left
+
+        monkeypatch.setattr(launch, "_SegmentWatch", Watch)
+        assert launch.run_with_timeout([sys.executable, "-c", "pass"], dict(os.environ), 60) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "spmdsim: removed 1 shared-memory segment the job left: mpich_shm_a",
+        "spmdsim: removed 2 shared-memory segments the job left: mpich_shm_a, sm_segment.b"]

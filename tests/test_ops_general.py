@@ -1118,6 +1118,38 @@ def test_masks_value_tests_log1p_expm1_and_numpy_reduction_methods():
     np.testing.assert_allclose(grad, 1 / (1 + a) + np.exp(a / 16.0) / 16.0, rtol=1e-14)
 
 
+def test_bitwise_ops_of_floats_are_refused_in_one_line_naming_the_op_and_dtype():
+    """x & y, x | 1, ~x, np.bitwise_xor of float DTensors (a Python float beside an int one, uint64 beside int64:
+    float64) raised numpy's TypeError from the kernel ("ufunc 'bitwise_and' not supported for the input types"),
+    naming no dtype; now one DTypeError naming the op, the dtypes and what it takes, the same on every rank."""
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, np.arange(32.0).reshape(4, 8), mesh.layout("dp", "tp"))
+        i = spmdsim.DTensor.from_global(mesh, np.arange(32).reshape(4, 8), mesh.layout(None, "tp"))
+        u = spmdsim.DTensor.from_global(mesh, np.arange(32, dtype=np.uint64).reshape(4, 8), mesh.layout(None, "tp"))
+        said = []
+        for call in (lambda: x & (x > 3), lambda: ~x, lambda: np.bitwise_xor(i, x), lambda: i | 1.5,
+                     lambda: u & i):
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 - what each rank raised, compared below
+                said.append(f"{type(e).__name__}: {e}")
+        return said, (i & 6).gather()
+
+    got = spmdsim.simulate(8, run)
+    assert all(said == got[0][0] for said, _ in got)
+    floats = "numpy's bitwise ops take integer or bool operands, not float64; convert first, e.g. x.astype('int64'), " \
+             "or compare for a mask, e.g. x > 0"
+    assert got[0][0] == [f"DTypeError: bitwise_and (&) of float64 and bool: {floats}",
+                         f"DTypeError: invert (~) of float64: {floats}",
+                         f"DTypeError: bitwise_xor (^) of int64 and float64: {floats}",
+                         f"DTypeError: bitwise_or (|) of int64 and float64: {floats}",
+                         "DTypeError: bitwise_and (&) of uint64 and int64: numpy's bitwise ops take integer or bool "
+                         "operands of a common integer dtype, and these promote to float64; convert one first, e.g. "
+                         "x.astype('int64')"]
+    assert np.array_equal(got[0][1], np.arange(32).reshape(4, 8) & 6)  # integers as numpy's
+
+
 def test_a_bool_mask_index_is_refused_in_one_line_naming_where():
     def run():
         mesh = spmdsim.Mesh(L)

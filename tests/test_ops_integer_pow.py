@@ -58,3 +58,52 @@ def test_integer_powers_numpy_computes_are_computed():
         for kind, value in got:
             assert kind == "ok", f"{name}: {value}"
             assert value.dtype == want.dtype and np.array_equal(value, want), f"{name}: {value} != {want}"
+
+
+def test_a_replayed_integer_power_checks_each_replays_exponents_on_every_rank_alike():
+    """A captured step's check of a DTensor's integer exponents was the capture's int() of each rank's least entry,
+    a guard: a replay whose exponents changed stopped with ReplayError on the ranks whose least entry changed
+    (positive ones too), while the others went on into the step's Allreduce (a deadlock). Now the check is
+    recorded (a kernel: the least entry agreed over the mesh again): any exponents numpy takes replay, a negative
+    entry on one rank is refused on all four in one line, and the graph replays again afterwards."""
+    from spmdsim.runtime.replay import capture
+
+    def body():
+        mesh = Mesh(Layout((4,), ("x",)))
+        x, e = (DTensor.from_global(mesh, a, mesh.layout("x")) for a in (np.abs(G), np.abs(G)))
+        graph = capture(lambda x, e: ops.resolved(ops.sum(ops.pow(x, e))), x, e)
+        out = []
+        for new in (np.abs(G) + 1, G, np.abs(G) // 2):
+            try:
+                out.append(("ok", int(graph(x, DTensor.from_global(mesh, new, mesh.layout("x"))).local)))
+            except Exception as ex:  # noqa: BLE001 - what each rank raised, compared below
+                out.append((type(ex).__name__, str(ex)))
+        return out
+
+    got = spmdsim.simulate(4, body)
+    assert len(set(map(tuple, got))) == 1, got
+    base = np.abs(G)
+    assert got[0] == [("ok", int(np.sum(base ** (base + 1)))),
+                      ("OperatorError", "pow: a DTensor of int64 to the powers of a DTensor of int64 whose entries "
+                       "include -1: numpy refuses integers to negative integer powers; convert first, e.g. "
+                       "exponent.astype('float64')"),
+                      ("ok", int(np.sum(base ** (base // 2))))]
+
+
+def test_an_empty_integer_tensor_to_a_negative_power_is_the_empty_result():
+    """An empty tensor has no entry to refuse: numpy gives the empty result (np.power(empty int32, -1), bool's
+    int64), where ops.pow refused it by the exponent alone."""
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        out = []
+        for dtype in (np.int32, np.bool_):
+            x = DTensor.from_global(mesh, np.zeros((0, 4), dtype), mesh.layout(None, "x"))
+            for call in (lambda: ops.pow(x, -1), lambda: x ** -2, lambda: np.power(x, np.int64(-1))):
+                got = call().gather()
+                out.append((got.shape, got.dtype.name))
+        return out
+
+    empty = np.zeros((0, 4), np.int32)
+    want = [(w.shape, w.dtype.name) for a in (empty, empty.astype(bool))
+            for w in (np.power(a, -1), a ** -2, np.power(a, np.int64(-1)))]
+    assert spmdsim.simulate(2, body) == [want] * 2

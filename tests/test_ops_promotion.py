@@ -127,12 +127,34 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
         "DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True"]
 
 
+def test_clip_by_bfloat16_tensor_or_scalar_bounds_is_numpys_float32():
+    """np.clip of bfloat16 beside bfloat16 bounds (arrays or ml_dtypes scalars; int8 x too) computes in float32 (it
+    has no bfloat16 loop): spmdsim's clip by DTensor bounds was bfloat16, by bfloat16 scalars refused ("clip: low 1
+    must be a real number"). One bound is np.maximum / np.minimum's: bfloat16 still."""
+    g = BASE.astype(BF16)
+    lo, hi, i8 = np.full(6, -1.0, BF16), np.full(6, 1.5, BF16), ARRAYS["int8"]
+    wants = [np.clip(g, lo, hi), np.clip(g, lo, BF16.type(1.5)), np.clip(g, BF16.type(-1), BF16.type(1.5)),
+             np.clip(i8, lo, hi), np.clip(g, lo, None), np.clip(g, BF16.type(-1), None)]
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x, low, high, i = (DTensor.from_global(mesh, a, mesh.layout("x")) for a in (g, lo, hi, i8))
+        return [t.gather() for t in (ops.clip(x, low, high), np.clip(x, low, BF16.type(1.5)),
+                                     x.clip(BF16.type(-1), BF16.type(1.5)), ops.clip(i, low, high),
+                                     ops.clip(x, low), ops.clip(x, BF16.type(-1)))]
+
+    got = spmdsim.simulate(2, body)[0]
+    assert [w.dtype.name for w in wants] == ["float32"] * 4 + ["bfloat16"] * 2
+    assert [r.dtype.name for r in got] == [w.dtype.name for w in wants]
+    assert all(_same(r, w) for r, w in zip(got, wants))
+
+
 def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dtype():
     """bfloat16 beside a DTensor of float16, int16 and wider ints: np.result_type has no entry
     (DTypePromotionError) and every binary op crashed with its traceback, where numpy's ufunc computes in
     float32 (float16, int16, uint16) or float64 (int32 and wider). Now numpy's dtype and values in every binary
-    op, both orders (the bitwise ops on floats refused, as numpy refuses them); np.where and np.concatenate have
-    no common dtype for them (numpy refuses) and neither has spmdsim: one line."""
+    op, both orders (the bitwise ops on floats refused, as numpy refuses them); np.where, np.concatenate and np.stack
+    have no common dtype for them (numpy refuses) and neither has spmdsim: one line naming the op."""
     warnings.simplefilter("ignore", RuntimeWarning)
     ints = np.array([-3, -1, 0, 1, 2, 5])
     others = {name: (ints if name[0] == "i" else np.abs(ints)).astype(name) if name[0] in "iu"
@@ -154,7 +176,7 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
                         bad.append(f"{op}({order}) bfloat16 x, {name} y: {why}")
             if name in ("int32", "float16"):
                 m = DTensor.from_global(mesh, c, mesh.layout("x"))
-                for call in (lambda: ops.where(m, x, y), lambda: ops.concatenate([x, y])):
+                for call in (lambda: ops.where(m, x, y), lambda: ops.concatenate([x, y]), lambda: ops.stack([y, x])):
                     try:
                         call()
                     except DTypeError as e:
@@ -163,6 +185,7 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
 
     bad, said = spmdsim.simulate(2, body)[0]
     assert not bad, f"{len(bad)} differ from numpy:\n" + "\n".join(bad[:20])
-    assert said == [f"no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: a "
-                    "join or np.where of them too); convert one first, e.g. x.astype('float32')"
-                    for name in ("float16", "float16", "int32", "int32")]
+    # (the op named: the line did not say which call refused)
+    assert said == [f"{op}: no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: "
+                    "a join or np.where of them too); convert one first, e.g. x.astype('float32')"
+                    for name in ("float16", "int32") for op in ("where", "concatenate", "stack")]

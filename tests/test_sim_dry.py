@@ -382,3 +382,34 @@ def test_explain_beside_a_dry_run_is_one_line_before_the_banner(op, monkeypatch,
     assert out.err.replace("\n  ", " ") == (
         "spmdsim: error: --explain shows what each rank holds and which collectives it runs, from a run with data; "
         "a dry run prints its table of bytes instead: leave out --explain (or --dry-run)\n")
+
+
+def test_megatrons_column_parallel_bias_add_has_the_real_runs_dtype_in_a_dry_run():
+    """column_parallel_linear's bias add: a dry run's zeros took np.result_type of the product and the bias, asked
+    on real ranks too, so a bfloat16 product beside an int32 bias was refused ("no common dtype", not naming the
+    op) where the sum itself (in float32, rounded to bfloat16) takes it. Now both give the sum's own dtype, and
+    a bias numpy cannot add (bfloat16 beside float16) is the same one line, naming the op, real or dry."""
+    import ml_dtypes
+
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.ops.megatron import column_parallel_linear
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def run():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        out = []
+        for x_dtype, b_dtype in ((bf16, np.int32), (bf16, bf16), (np.float16, bf16)):
+            x = DTensor.from_global(mesh, np.ones((1024, 64), x_dtype), mesh.layout(None, None))  # 64 KiB products
+            w = DTensor.from_global(mesh, np.ones((64, 64), x_dtype), mesh.layout(None, "tp"))
+            b = DTensor.from_global(mesh, np.ones(64, b_dtype), mesh.layout("tp"))
+            try:
+                out.append(column_parallel_linear(x, [(w, b)]).local.dtype.name)
+            except Exception as e:  # noqa: BLE001 - what the run raised, compared below
+                out.append(f"{type(e).__name__}: {e}")
+        return out
+
+    real, dry = spmdsim.simulate(2, run)[0], spmdsim.simulate(2, run, dry_run=True)[0]
+    assert real == dry == ["bfloat16", "bfloat16", "DTypeError: column_parallel_linear: a bias of bfloat16 beside "
+                           "products of float16: numpy has no common dtype of them; convert the bias first, e.g. "
+                           "b.astype('float16')"]

@@ -281,3 +281,15 @@ def test_reference_biases_must_match_out_features():
     got = reference.linear_region(x, w, SeededTensor((8,), seed=1))((full, full))
     want = reference.linear(x.full(), w.full(), SeededTensor((8,), seed=1).full())
     np.testing.assert_allclose(got, want)
+
+
+def test_counted_makes_the_plural_of_the_nouns_messages_name():
+    """counted wrote "2 axises", "2 waies" (the dialects kept their own helpers for these two) and "2 keies"; now
+    axis, index and matrix are irregular, a vowel's y takes -s, and a phrase's last word is made plural."""
+    from spmdsim.validate import counted
+
+    nouns = ["axis", "way", "key", "entry", "index", "matrix", "batch", "dim", "MoE layer", "box", "array"]
+    assert [counted(2, noun) for noun in nouns] == [
+        "2 axes", "2 ways", "2 keys", "2 entries", "2 indices", "2 matrices", "2 batches", "2 dims", "2 MoE layers",
+        "2 boxes", "2 arrays"]
+    assert [counted(1, noun) for noun in ("axis", "way")] == ["1 axis", "1 way"]

@@ -41,6 +41,7 @@ from .._malloc import glibc_env
 from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
 from ..runtime.debug import add_cli_arguments
+from ..validate import counted
 from .numbers import flag_float, typed
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
@@ -218,7 +219,7 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
     finally:
         removed = watch.remove_left()
         if removed:
-            print(f"spmdsim: removed {len(removed)} shared-memory segment(s) the job left: "
+            print(f"spmdsim: removed {counted(len(removed), 'shared-memory segment')} the job left: "
                   f"{', '.join(removed)}", file=sys.stderr)
 
 

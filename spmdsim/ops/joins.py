@@ -20,7 +20,7 @@ from ..autograd.rules.shapes import (record_broadcast_to, record_concatenate, re
 from .. import buffers
 from ..buffers import broadcast_zero
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
-from ..errors import OperatorError
+from ..errors import DTypeError, OperatorError
 from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from ..infer.reshape import infer_reshape
 from ..plan.shift import Shift
@@ -97,7 +97,10 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
     if not xs:
         raise OperatorError("concatenate: no operands; give a sequence of DTensors")
     mesh = same_mesh(*xs)
-    dtype = result_dtype(*[x.local.dtype for x in xs])
+    try:
+        dtype = result_dtype(*[x.local.dtype for x in xs])
+    except DTypeError as e:  # numpy has no common dtype of them (bfloat16 beside float16)
+        raise DTypeError(f"concatenate: {e}") from None
     plan = infer_concatenate(tuple(x.layout for x in xs), tuple(tuple(x.global_shape) for x in xs), dim,
                              dtype_name(dtype))
     if any(x.layout != t for x, t in zip(xs, plan.targets)):
@@ -149,6 +152,10 @@ def stack(xs: Sequence[Any], dim: int = 0) -> Any:
         raise OperatorError(f"stack: dim {dim!r} is out of range for a result of {ndim} dims "
                             f"(expected an integer from {-ndim} to {ndim - 1})")
     d %= ndim
+    try:
+        result_dtype(*[x.local.dtype for x in xs])
+    except DTypeError as e:  # (as concatenate's, naming stack)
+        raise DTypeError(f"stack: {e}") from None
     shape = tuple(xs[0].global_shape)
     return concatenate([_reshape(x, shape[:d] + (1,) + shape[d:]) for x in xs], d)
 

@@ -49,12 +49,12 @@ from ..activations import sigmoid
 from ..autograd.rules.megatron import (record_bias_dropout_add, record_column, record_rotary, record_row,
                                        record_swiglu, rotate_halves)
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
-from ..errors import OperatorError
+from ..errors import DTypeError, OperatorError
 from ..flops import sweep
 from ..engines import matmul as _engine_matmul  # precision.product: bfloat16 widened, a float32 product
 from ..layout import TensorLayout
 from ..precision import is_low, rounded, wide
-from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
+from ._common import add_bias, dry_zeros, local_matmul, make_dtensor
 from .norms import dropout_keep
 
 __all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary"]
@@ -106,8 +106,12 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
         y = _rounded(_engine_matmul(X.local, w.local), x.dtype) if low else local_matmul(X.local, w.local, False)
         if b is not None:  # a dry run's large sum: zeros of its shape (spmdsim.ops._common.dry_zeros), not added
             add = _added_rounded if low else add_bias
-            dry = dry_zeros(x.mesh, y.shape, result_dtype(y.dtype, b.local.dtype), add, y, b.local)
-            y = add(y, b.local) if dry is None else dry
+            dry = dry_zeros(x.mesh, y.shape, _added_dtype(add, y.dtype, b.local.dtype), add, y, b.local) \
+                if x.mesh.engine.dry else None
+            try:
+                y = add(y, b.local) if dry is None else dry
+            except TypeError:  # numpy's DTypePromotionError: the same line as a dry run's
+                raise _no_sum(y.dtype, b.local.dtype) from None
             sweep("bias_add", (y, b.local), (y,))
         ys.append(y)
     one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
@@ -191,6 +195,22 @@ def _rounded(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _added_rounded(y: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """bfloat16 y + bias, in float32, rounded once to y's dtype (the graph's add)."""
     return rounded(wide(y) + wide(bias), y.dtype)
+
+
+def _added_dtype(add: Any, dtype: np.dtype, bias: np.dtype) -> np.dtype:
+    """The dtype `add` (`_added_rounded` or add_bias) gives a product of `dtype` and a bias of dtype `bias`: what a
+    dry run's zeros take, as the real sum's (bfloat16 products: theirs, int32 biases too); `_no_sum`'s line where
+    numpy has no common dtype of them (float16 beside bfloat16)."""
+    try:
+        return add(np.zeros((), dtype), np.zeros((), bias)).dtype
+    except TypeError:
+        raise _no_sum(dtype, bias) from None
+
+
+def _no_sum(dtype: np.dtype, bias: np.dtype) -> DTypeError:
+    """column_parallel_linear's refusal of a bias numpy cannot add to products of `dtype`, the same on every rank."""
+    return DTypeError(f"column_parallel_linear: a bias of {bias.name} beside products of {dtype.name}: numpy has no "
+                      f"common dtype of them; convert the bias first, e.g. b.astype({dtype.name!r})")
 
 
 _ROW_PRODUCT: dict = {}  # id(x's layout) -> (that layout, _row_product_layout's answer)

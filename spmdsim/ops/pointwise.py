@@ -209,7 +209,12 @@ def pointwise(op: str, *args: Any) -> Any:
             mesh, xs = _operands(op, args)
         except OverflowError:  # a Python int the tensors' dtype cannot hold
             return _beyond(op, args)
-        prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+        except DTypeError as e:
+            raise _named(op, e) from None
+        try:
+            prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+        except DTypeError as e:
+            raise _named(op, e) from None
     elif key[1] is _MIXED:  # numbers of the types, beside DTensors of the layouts, of a call that passed _operands
         try:
             mesh, xs = _lifted(args, prepared)
@@ -256,6 +261,12 @@ def pointwise(op: str, *args: Any) -> Any:
             if x._ag is not None:
                 return record_pointwise(op, out, xs if type(xs) is tuple else tuple(xs), prepared)
     return out
+
+
+def _named(op: str, error: DTypeError) -> DTypeError:
+    """`error`, spmdsim.ops._common's line for dtypes numpy has no common one of (np.where's, a ufunc's) with
+    `op` named in front; any other DTypeError (naming its op already) as it is."""
+    return DTypeError(f"{op}: {error}") if str(error).startswith("no common dtype") else error
 
 
 _ndarray = np.ndarray
@@ -348,6 +359,8 @@ class _Prepared(Prepared):
             name, instead = _NO_BOOL[op]
             raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {name}; use {instead}, or convert "
                                 "first, e.g. x.astype('int64')")
+        if op in _BITWISE:  # numpy's TypeError for floats (on every rank alike: the dtypes are every rank's)
+            _bitwise_dtypes(op, dtypes)
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out", _promote(op))
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
@@ -359,6 +372,26 @@ class _Prepared(Prepared):
 #: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
 _NO_BOOL = {"neg": ("negative", "ops.equal(x, False) for logical not"),
             "sub": ("subtract", "ops.not_equal(a, b) for exclusive or")}
+
+#: numpy's bitwise ufuncs, by spmdsim's op names: their names and operators in messages.
+_BITWISE = {"and": "bitwise_and (&)", "or": "bitwise_or (|)", "xor": "bitwise_xor (^)", "invert": "invert (~)"}
+
+
+def _bitwise_dtypes(op: str, dtypes: tuple) -> None:
+    """Refuse a bitwise `op` of operands of `dtypes` (a lifted number's too) numpy's bitwise ufuncs have no loop
+    for: a float or bfloat16 among them, or integers whose common dtype is a float (uint64 and int64), in one
+    line naming the op, the dtypes and what it takes (numpy's TypeError named none of them)."""
+    common = ufunc_dtype(*dtypes)
+    if common.kind in "biu":
+        return
+    names = " and ".join(dict.fromkeys(d.name for d in dtypes))
+    floats = [d.name for d in dtypes if d.kind not in "biu"]
+    if floats:
+        raise DTypeError(f"{_BITWISE[op]} of {names}: numpy's bitwise ops take integer or bool operands, not "
+                         f"{floats[0]}; convert first, e.g. x.astype('int64'), or compare for a mask, e.g. x > 0")
+    raise DTypeError(f"{_BITWISE[op]} of {names}: numpy's bitwise ops take integer or bool operands of a common "
+                     f"integer dtype, and these promote to {common.name}; convert one first, e.g. x.astype('int64')")
+
 
 _MIXED = object()  # the second entry of a signature whose operands mix DTensors and numbers
 
@@ -404,28 +437,46 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
     collective). A number's exponent is every rank's: checked here. A DTensor's values differ between ranks:
     each rank's least exponent among those its result block uses, the least of them agreed over the mesh (one
     small Allreduce of control traffic, for this kind of call only; in a dry run, where one rank runs for all,
-    its own block's, a large one's zeros not looked at)."""
+    its own block's, a large one's zeros not looked at). While capturing (spmdsim.runtime.replay), that check is
+    recorded as a kernel: each replay checks the exponent it is given again, on every rank alike."""
     base, exponent = xs
     cls = _common._DTENSOR
-    shared = type(args[1]) is not cls
     block = exponent._local
-    if shared:
+    if type(args[1]) is not cls:  # a number: every rank's
         least = int(block.min()) if math.prod(base._shape) else 0
-    elif mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
-        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
-    else:
-        mine = int(block.min()) if block.size and base._local.size else 0
-        from ..runtime import door
-
-        least = door.all_reduce_object(mesh.comm, mine, "min")
-    if least >= 0:
+        if least < 0:
+            raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
         return
-    if shared:
-        raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
     what = f"a DTensor of {base._local.dtype.name}" if type(args[0]) is cls else describe(args[0])
-    raise OperatorError(f"pow: {what} to the powers of a DTensor of {block.dtype.name} whose entries include "
-                        f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
-                        "exponent.astype('float64')")
+    if mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
+        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
+        if least < 0:
+            raise _negative_exponents(what, block.dtype, least)
+        return
+    from ..runtime import replay
+
+    if CAPTURING[0] and replay.capturing():  # the values a replay is given are not the capture's: checked again
+        replay.kernel(_least_exponent)(mesh.comm, block, base._local.size, what)
+    else:
+        _least_exponent(mesh.comm, block, base._local.size, what)
+
+
+def _least_exponent(comm: Any, block: np.ndarray, base_size: int, what: str) -> None:
+    """`_negative_powers`' check of a DTensor's exponent `block` (this rank's, beside a base block of
+    `base_size` entries): the least entry over `comm`'s ranks, a negative one refused on every rank alike."""
+    from ..runtime import door
+
+    least = door.all_reduce_object(comm, int(block.min()) if block.size and base_size else 0, "min")
+    if least < 0:
+        raise _negative_exponents(what, block.dtype, least)
+
+
+def _negative_exponents(what: str, dtype: np.dtype, least: int) -> OperatorError:
+    """The refusal of `what` (a DTensor or a number, described) to the powers of a DTensor of integer `dtype`
+    whose least entry is `least`, the same on every rank."""
+    return OperatorError(f"pow: {what} to the powers of a DTensor of {dtype.name} whose entries include "
+                         f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
+                         "exponent.astype('float64')")
 
 
 def _negative_power(dtype: Any, exponent: int, base: Any = None) -> OperatorError:
@@ -584,13 +635,14 @@ def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
 def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
     """x ** exponent (a number or a DTensor; pending sums are resolved first).
 
-    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank, as
-    numpy refuses it (its ValueError came from the kernel, on the ranks that hold such an entry alone): a number
+    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank where
+    the result has entries, as numpy refuses it (its ValueError came from the kernel, on the ranks that hold such
+    an entry alone; an empty x gives the empty result, as numpy's): a number
     exponent here, a DTensor's (``2 ** x``, ``x ** y`` of integers) by its least entry, agreed over the mesh
     (`_negative_powers`: one small Allreduce, for an integer power of signed integers only)."""
     if exponent.__class__ is int or isinstance(exponent, np.integer):
         kind = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind
-        if kind in "biu" and exponent < 0:
+        if kind in "biu" and exponent < 0 and math.prod(x._shape):  # (an empty result has no entry to refuse)
             raise _negative_power(x.local.dtype, int(exponent))
     return pointwise("pow", x, exponent)
 
@@ -649,13 +701,16 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         raise OperatorError("clip: low None and high None: give at least one bound")
     for name, bound in (("low", low), ("high", high)):
         if bound is not None and not hasattr(bound, "_ag") and (
-                not isinstance(bound, numbers.Real) or isinstance(bound, bool) or bound != bound):
+                not (isinstance(bound, numbers.Real) or isinstance(bound, np.generic) and is_low(bound.dtype))
+                or isinstance(bound, bool) or bound != bound):
             raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
     dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
     if dtype.kind in "iu":  # a Python int bound beyond x's dtype on the side where it clips nothing: numpy 2.4's
         info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40); 2.0 refused); the other side refuses
         low = int(info.min) if type(low) is int and low < info.min else low
         high = int(info.max) if type(high) is int and high > info.max else high
+    if low is not None and high is not None and "V" in (dtype.kind, _kind(low), _kind(high)):
+        x = _clip_loop(x, dtype, low, high)
     if (low is None or high is None) and dtype.kind == "V":
         # bfloat16: numpy's clip by one bound is np.minimum / np.maximum, whose bfloat16 loop keeps bfloat16 beside
         # a Python int (np.clip's own has none: float32). Both bounds as numpy scalars of the dtype np.minimum
@@ -681,6 +736,33 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         low = edges[0] if low is None else low
         high = edges[1] if high is None else high
     return pointwise("clip", x, low, high)
+
+
+def _kind(bound: Any) -> str:
+    """The dtype kind of a clip bound that has a dtype (a DTensor's, a numpy scalar's), else ""."""
+    dtype = getattr(getattr(bound, "local", bound), "dtype", None)
+    return "" if dtype is None else dtype.kind
+
+
+def _clip_loop(x: Any, dtype: np.dtype, low: Any, high: Any) -> Any:
+    """`x` (of `dtype`) converted to the dtype numpy's np.clip computes in (exactly: a wider float) where that is
+    not the bounds' and x's common dtype: np.clip has no bfloat16 loop, so bfloat16 among x and DTensor or numpy
+    scalar bounds whose common dtype is bfloat16 computes in float32 (a Python number bound: `_beside_low`)."""
+    dtypes = [dtype] + [b.local.dtype if hasattr(b, "_ag") else b.dtype for b in (low, high)
+                        if hasattr(b, "_ag") or isinstance(b, np.generic)]
+    if len(dtypes) < 3:  # a Python number among the bounds: lifted to the dtype numpy's np.clip gives it
+        return x
+    common = ufunc_dtype(*dtypes)
+    if common.kind != "V":
+        return x
+    want = _CLIP_LOOPS.get(common)
+    if want is None:
+        with np.errstate(all="ignore"):
+            want = _CLIP_LOOPS[common] = np.clip(*(np.zeros(1, common),) * 3).dtype
+    return x if want == common else astype(x, want)
+
+
+_CLIP_LOOPS: dict = {}  # a low float dtype -> the dtype np.clip of three arrays of it computes in
 
 
 def equal(a: Any, b: Any) -> Any:
