@@ -1119,11 +1119,14 @@ def _summed_squares(squares: Any, mesh: Any, across: Any) -> Any:
     """`squares` (this rank's, a 1-element float64 array) summed over `mesh` (its axes of size above 1), the
     stage's total, then once more over `across` = (mesh, axes), the other stages' (collective over that mesh;
     nothing more when `across` is None or its axes are 1)."""
+    from .runtime import debug
     from .runtime.executor import pending, resolve
 
-    for on, over in ((mesh, mesh.layout.alias_name), across or (None, ())):
+    for stages, (on, over) in enumerate(((mesh, mesh.layout.alias_name), across or (None, ()))):
         over = tuple(a for a in over if on.layout.axis_size(a) > 1)
         if over:
+            if stages:  # they made their own numbers of collectives: SPMDSIM_CHECK's call counters agree first
+                _kernel(debug.agree)(on.group(over), over, on.polite)  # (a kernel: each replay agrees too)
             squares = resolve(on, squares, pending(on.layout, 1, over), "clip_grad_norm", owned=True)
     return squares
 
@@ -1183,7 +1186,8 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
     A pipeline's stages hold different parameters: `across` = (mesh, axes) sums the stages' squares
     once more over those axes of that mesh (the whole (pp, dp, tp) mesh and ("pp",)), and `counted`
     names the parameters whose squares this rank adds (default all; a tied table both end stages
-    hold counts on one of them). Every parameter's gradient is scaled.
+    hold counts on one of them). Every parameter's gradient is scaled. With SPMDSIM_CHECK the stages, which
+    made their own numbers of collectives, agree on their call counters first (spmdsim.runtime.debug.agree).
 
     In a captured step (spmdsim.runtime.replay) the squares, the norm and the scaling are kernels, so each
     replayed step clips by its own norm, the values the step run eagerly gives; the gradients are always

@@ -523,3 +523,44 @@ def test_grad_tensor_copies_a_transposed_block_to_c_order_and_widens_a_bfloat16_
     (c64, d64, same64, p64, view64), (c16, d16, same16, p16, _) = spmdsim.simulate(2, body)[0]
     assert (c64, d64, same64, p64, view64) == (True, np.float64, True, ("dp",), False)
     assert (c16, d16, same16, p16) == (True, np.float32, True, ("dp",))
+
+
+def test_a_bfloat16_gradient_is_float32_whatever_its_blocks_memory_order():
+    """A gradient's dtype is its tensor's, float32 for bfloat16 (spmdsim.precision), in C order or not: a
+    C-ordered bfloat16 block of a bfloat16 tensor was kept bfloat16 by `grad_tensor` and `gradient_block`'s fast
+    paths where a transposed one was widened, so ``sum(x)``'s gradient of a bfloat16 leaf was bfloat16 and
+    ``sum(x.T)``'s float32. A float32 block is taken as it is (no copy)."""
+    import numpy as np
+
+    from spmdsim import ops
+    from spmdsim.autograd.rules.grads import grad_tensor, gradient_block
+    from spmdsim.precision import bfloat16
+
+    bf16 = bfloat16()
+
+    def body():
+        mesh = Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        like = DTensor.from_global(mesh, np.zeros((4, 3), bf16), mesh.layout(None, None))
+        values = np.arange(12.0).reshape(4, 3)
+        blocks = {"C": values.astype(bf16), "transposed": np.ascontiguousarray(values.T).astype(bf16).T}
+        made = {}
+        for order, block in blocks.items():
+            assert block.flags.c_contiguous == (order == "C")
+            for name, grad in (("grad_tensor", grad_tensor(like, block)),
+                               ("gradient_block", gradient_block(like, block, like.layout))):
+                assert np.array_equal(grad.local, values) and grad.local.flags.c_contiguous
+                made[name, order] = grad.local.dtype
+        f32 = np.arange(12, dtype=np.float32).reshape(4, 3)
+        kept = grad_tensor(like, f32).local is f32 and gradient_block(like, f32, like.layout).local is f32
+        leaves = {}
+        for name, loss in (("sum(x)", lambda x: ops.sum(x)), ("sum(x.T)", lambda x: ops.sum(x.T))):
+            x = DTensor.from_global(mesh, values.astype(bf16), mesh.layout(None, None)).requires_grad_()
+            loss(x).backward()
+            leaves[name] = x.grad.local.dtype
+        mesh.close()
+        return made, kept, leaves
+
+    made, kept, leaves = spmdsim.simulate(2, body)[0]
+    assert made == {(name, order): np.float32 for name in ("grad_tensor", "gradient_block")
+                    for order in ("C", "transposed")}
+    assert kept and leaves == {"sum(x)": np.float32, "sum(x.T)": np.float32}

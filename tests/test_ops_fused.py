@@ -260,9 +260,9 @@ def test_the_gpt_compares_a_whole_activation_layout_once(monkeypatch):
 
 def test_a_resolved_row_parallel_output_laid_out_as_the_activations_records_no_move():
     # tp 1 (a pipeline's stages): the row-parallel products' outputs hold no pending sum and are laid out as the
-    # activations already (an equal layout object, not the same): no redistribute node for them. The embedding's
-    # lookup keeps its one (dropped, the pipeline's stage 0 made 4 checked calls fewer than stage 1 before the
-    # clip's Allreduce over pp, which SPMDSIM_CHECK refused: tests/mpi/test_gpt_mpi.py)
+    # activations already (an equal layout object, not the same), as is the embedding's lookup: no redistribute
+    # node. (The lookup's identity move once made stage 0's SPMDSIM_CHECK call count equal stage 1's by chance;
+    # the stages agree on their counts before the clip's Allreduce over pp now: tests/test_check_across_stages.py)
     from spmdsim.autograd.engine import _topological
     from spmdsim.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.gpt.parallel import GPT
@@ -287,4 +287,4 @@ def test_a_resolved_row_parallel_output_laid_out_as_the_activations_records_no_m
         finally:
             mesh.close()
 
-    assert spmdsim.simulate(2, body) == [1, 1]
+    assert spmdsim.simulate(2, body) == [0, 0]

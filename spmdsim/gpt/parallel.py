@@ -431,9 +431,10 @@ class GPT:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
         p, cfg = self.params, self.cfg
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
-        # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
+        # Reduce_scattered onto the sequence), on tp 1 laid out as the activations already (no move node);
+        # each position's embedding added to every sample's row.
         with kept_as("embedding"):
-            tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
+            tok = self._as_act(ops.embedding(ids.T, p["wte"], reduce=False))
             if cfg.positions == "rope":  # positions turn q and k in each block instead
                 return self._dropout(tok, "emb", step, train, micro)
             pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))

@@ -22,7 +22,11 @@ process keep theirs.
 
 The sequence number counts the collectives this rank issued (groups of one
 rank included), the check's Allgather and DTensor.gather, so a rank that issued
-one more or one fewer than its peers is caught at its next collective. mpi4py
+one more or one fewer than its peers is caught at its next collective. That
+count must agree only among ranks that run one program: a pipeline's stages
+make their own numbers of calls on their own groups, so they agree on the
+largest (`agree`) before a collective they share inside a step (the clip's
+Allreduce over pp) and after each step (spmdsim.gpt.pipeline). mpi4py
 is imported only when a watched wait lasts longer than 0.1 s, or to abort.
 """
 from __future__ import annotations
@@ -45,7 +49,7 @@ from .._lazy import numpy_on_first_use
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Hooks", "HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
-           "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
+           "agree", "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
            "waiter", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
            "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
 
@@ -236,6 +240,27 @@ def next_seq() -> int:
 
 def current_seq() -> int:
     return _context().seq
+
+
+def agree(comm: Any, axes: Sequence[str], polite: bool) -> None:
+    """With SPMDSIM_CHECK, before a collective on `comm` whose members ran different programs since they last
+    shared one (a pipeline's stages, each making its own number of collectives on its own groups, before the
+    clip's Allreduce over pp): their call counters become the largest of them.
+
+    The guard compares the call number, a count of every collective the rank issued, which must agree only
+    among ranks that run one program; without this the stages' counts differ on `comm` and the guard
+    refuses a correct call (a false alarm), or they agree by chance. One int64 Allreduce (max), neither
+    numbered nor traced, waited as the mesh's calls are (the watchdog's too); nothing without the guard or
+    on a group of one. A kernel where a step is captured (spmdsim.optim's clipping), so each replay agrees.
+    """
+    if not check_enabled() or comm.Get_size() == 1:
+        return
+    context = _context()
+    counter = np.array([context.seq], np.int64)
+    from .door import untraced  # the door to the engine sits above this module
+
+    untraced(comm, "all_reduce", counter, counter, "max", wait=waiter("agree", axes, context.seq, polite, comm))
+    context.seq = int(counter[0])
 
 
 def _code(text: str) -> int:

@@ -11,11 +11,26 @@ from ...engines import c_order
 from ...precision import is_low
 from ..graph import with_partial
 
-__all__ = ["grad_tensor", "gradient_block", "gradient_layout", "axes_of", "named", "needs", "NEED1", "NEED2"]
+__all__ = ["grad_tensor", "gradient_block", "GRADIENT_DTYPE", "gradient_layout", "axes_of", "named", "needs", "NEED1",
+           "NEED2"]
 
 _F32 = np.dtype(np.float32)
 _ndarray = np.ndarray
 _new = object.__new__
+
+
+class _GradientDtypes(dict):
+    """A tensor's dtype -> its gradient's: its own, float32 for bfloat16 (spmdsim.precision: a bfloat16 tensor's
+    gradient is summed in float32 over its consumers and its ranks, rounded once where its tensor's rule reads
+    it; a parameter's stays float32), whatever the memory order of the block a rule made. Filled on first ask."""
+
+    def __missing__(self, dtype: np.dtype) -> np.dtype:
+        want = self[dtype] = _F32 if is_low(dtype) else dtype
+        return want
+
+
+#: ``GRADIENT_DTYPE[x.dtype]``: the dtype of x's gradient (one dict read; `grad_tensor` and `gradient_block`).
+GRADIENT_DTYPE = _GradientDtypes()
 
 
 def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
@@ -36,10 +51,10 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     else:
         grad_layout = with_partial(layout, ()) if layout.partial else layout
     block = like._local
-    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape:
+    # A block of the gradient's dtype (GRADIENT_DTYPE: like's, float32 for bfloat16) and like's shape; another
+    # dtype (a bfloat16 block of a bfloat16 tensor, C-ordered or not, too) is gradient_block's to convert.
+    if type(local) is _ndarray and local.dtype is GRADIENT_DTYPE[block.dtype] and local.shape == block.shape:
         if not local.flags.c_contiguous:  # a transposed block (attention's dq, dk, dv: 12 a GPT step)
-            if block.dtype.kind == "V":  # bfloat16's: gradient_block widens it
-                return gradient_block(like, local, grad_layout)
             local = c_order(local)  # gradient_block's copy, without its tests again
         out = _new(type(like))
         out._mesh, out._local, out._layout, out._shape, out._ag = like._mesh, local, grad_layout, like._shape, None
@@ -73,16 +88,14 @@ def gradient_layout(layout: TensorLayout, *pending: Iterable[str]) -> TensorLayo
 def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     """A gradient of `like` in `grad_layout` (its tensor map; pending where it says), block `local`."""
     block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
-    if type(local) is _ndarray and local.dtype is block.dtype and local.shape == block.shape \
-            and local.flags.c_contiguous:  # most gradients: a C-ordered block shaped and typed as `like`'s
+    # A bfloat16 tensor's gradient is float32 (GRADIENT_DTYPE), C-ordered or not; any other tensor's its dtype.
+    want = GRADIENT_DTYPE[block.dtype]
+    if type(local) is _ndarray and local.dtype is want and local.shape == block.shape \
+            and local.flags.c_contiguous:  # most gradients: a C-ordered block of like's shape, of the dtype wanted
         # DTensor._trusted without its call (~200 gradients a step)
         out = _new(type(like))
         out._mesh, out._local, out._layout, out._shape, out._ag = like._mesh, local, grad_layout, like._shape, None
         return out
-    # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
-    # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
-    dtype = block.dtype
-    want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
     if type(local) is not _ndarray:  # a block already (most gradients): no call
         local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     if local.dtype != want:  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
