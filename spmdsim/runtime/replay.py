@@ -52,10 +52,11 @@ class ReplayError(SpmdsimError):
 
 _ndarray = np.ndarray
 _tls = threading.local()
-_ACTIVE = buffers.CAPTURING  # threads capturing now (simulated ranks capture together); 0: every hook is one test
+_ACTIVE = buffers.CAPTURING  # threads capturing now (simulated ranks capture together)
 #: The same list, for a hot path outside this module: ``CAPTURES[0] and capturing()`` asks no function while
 #: nothing captures (runtime.door.point_to_point, a few calls per microbatch).
 CAPTURES = _ACTIVE
+_CAPTURE = buffers.CAPTURE  # this thread's flag: 0 in a thread that does not capture, every hook one test
 
 
 def _tape() -> Optional["_Tape"]:
@@ -65,13 +66,13 @@ def _tape() -> Optional["_Tape"]:
 
 def capturing() -> bool:
     """Whether this thread is capturing now, outside a kernel."""
-    return bool(_ACTIVE[0]) and _tape() is not None
+    return bool(_CAPTURE.on) and _tape() is not None
 
 
 def unrecorded(what: str) -> None:
     """Refuse `what` (a transfer no kernel records: DTensor.gather, a prepared collective) while this thread
     captures outside a kernel: a replay would not repeat it."""
-    if _ACTIVE[0] and _tape() is not None:
+    if _CAPTURE.on and _tape() is not None:
         raise ReplayError(f"replay: {what} while capturing is not recorded (no kernel runs it), so a replay would "
                           "not repeat it; do it outside the captured step, or inside a function marked with "
                           "spmdsim.runtime.replay.kernel")
@@ -408,7 +409,7 @@ def kernel(func: Callable, bind: Optional[Callable] = None) -> Callable:
     takes_out = code is not None and "out" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        if not _ACTIVE[0]:
+        if not _CAPTURE.on:
             return func(*args, **kwargs)
         tape = _tape()
         if tape is None:
@@ -471,7 +472,7 @@ class Scalar:
 
     def __index__(self) -> int:
         value = self.value
-        if _ACTIVE[0] and _tape() is not None:  # capturing(), without its call (a replayed mask's seed reads
+        if _CAPTURE.on and _tape() is not None:  # capturing(), without its call (a replayed mask's seed reads
             self._checked("as an index")  # its step's Scalar as an index, a few times a step)
         if type(value) is int:
             return value
@@ -508,10 +509,12 @@ def _begin(tape: "_Tape") -> None:
             buffers.FRESH = fresh
         _ACTIVE[0] += 1
     _tls.tape = tape
+    _CAPTURE.on = 1
 
 
 def _end() -> None:
     _tls.tape = None
+    _CAPTURE.on = 0
     with _lock:
         _ACTIVE[0] -= 1
         if _ACTIVE[0] == 0:
@@ -523,7 +526,7 @@ def local_of(tensor: Any) -> Any:
     capture() was not given is read like one it was), else the block itself. One property for every
     thread, never swapped: a simulation that captures leaves the DTensors of another alone."""
     local = tensor._local
-    if _ACTIVE[0] and type(local) is _ndarray and _tape() is not None:
+    if _CAPTURE.on and type(local) is _ndarray and _tape() is not None:
         return local.view(Traced)
     return local
 
