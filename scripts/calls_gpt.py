@@ -99,8 +99,8 @@ def _spmdsim_step(cfg, counts: collections.Counter, phases: dict, replayed: dict
 
     x, y = batch(ids, cfg, 4)
     xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
-    # Every rank's counted step over before any captures: a capture on one thread (spmdsim.buffers.CAPTURING,
-    # one counter for the process) sends the others' optimizer down its capturing path (860 calls, not 80).
+    # Every rank's counted step over before any captures (a capture on one thread once sent the others'
+    # optimizer down its capturing path, 860 calls, not 80; spmdsim.buffers.CAPTURE is each thread's now).
     comm.Barrier()
     graph = capture(train_step, xd, yd, Scalar(4), state=[model.params[s.name] for s in specs])
     if comm.rank == 0:

@@ -28,6 +28,7 @@ import ctypes
 import math
 import mmap
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,22 @@ from .context import PROCESS
 from .context import current as _current
 
 #: How many threads capture a step now (spmdsim.runtime.replay's count, this very list): while it is 0,
-#: ``DTensor.local`` is every tensor's block itself, and a hot path may read ``x._local`` after one test
-#: (``x._local if not CAPTURING[0] else x.local``) instead of calling the property's function per tensor.
+#: ``DTensor.local`` is every tensor's block itself. Hot paths test `CAPTURE` (this thread's) instead.
 CAPTURING = [0]
+
+
+class _Capture(threading.local):
+    """`on`: 1 in a thread while it captures a step (spmdsim.runtime.replay sets it), 0 in every other
+    thread. While it is 0, ``DTensor.local`` is every tensor's block itself in this thread, and a hot path
+    may read ``x._local`` after one test (``x._local if not CAPTURE.on else x.local``) instead of calling the
+    property's function per tensor: a rank (thread) that does not capture pays nothing for another's
+    capture."""
+
+    on = 0
+
+
+#: This thread's capture flag (`_Capture`).
+CAPTURE = _Capture()
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
            "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "LAZY_BYTES",
@@ -77,7 +91,7 @@ FRESH: Any = None
 def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     """Like ``np.empty`` (C order); from MIN_BYTES up the data starts PAGE_OFFSET bytes into a page."""
     out = kept_empty(shape, dtype)
-    return out if FRESH is None else FRESH(out)
+    return out if FRESH is None or not CAPTURE.on else FRESH(out)
 
 
 def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
@@ -205,7 +219,7 @@ def fresh(array: np.ndarray, fill: Any = None) -> np.ndarray:
     """`array`, memory the caller just made with numpy: while this thread captures a step, a traced view handed
     to the capture, with ``fill(fill)`` recorded when `fill` is given (each replay zeroes or fills it again);
     else `array` itself. ``fresh(np.zeros(shape, dtype), 0)`` is numpy's own allocation outside a capture."""
-    if FRESH is None:
+    if FRESH is None or not CAPTURE.on:
         return array
     out = FRESH(array)
     if fill is not None and out is not array:

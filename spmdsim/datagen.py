@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -321,6 +321,47 @@ class SeededTensor:
 
 
 _new = object.__new__
+
+
+def bind_keep(func: Callable, args: tuple, kwargs: dict) -> Optional[Callable[[], None]]:
+    """spmdsim.runtime.replay.kernel's `bind` for a dropout's keep mask, ``func(shape, seed, region, p,
+    out=mask)`` (spmdsim.ops' keep_mask: ``SeededTensor(shape, "float64", seed, 0, 1).at_least(region, p,
+    mask)``, `seed` an int or a callable giving one): a function a replay calls in its place, or None.
+
+    The block's counters `at_least` kept at the capture's draw (`_BASES`) and the threshold's edge, bound
+    once: each replay reads the seed, checks it as `SeededTensor.with_seed` does, and makes the numpy calls
+    of `at_least`'s kept plan into `mask` (the same calls, the same values). A seed that is not a Python int
+    in [0, 2**63), or a dry run, calls `func` itself (its conversion, or its one-line error)."""
+    if len(args) != 4 or set(kwargs) != {"out"}:
+        return None
+    shape, seed, region, threshold = args
+    out = kwargs["out"]
+    if type(shape) is not tuple or not _fixed(region) or type(threshold) not in (int, float) \
+            or type(out) is not np.ndarray or out.dtype != bool or not out.flags.writeable:
+        return None
+    try:
+        bounds = SeededTensor(shape, "float64", seed=0, low=0.0, high=1.0)._bounds(region)
+    except SpmdsimError:
+        return None
+    base = _BASES.get((shape, bounds))
+    first = math.ceil(threshold * 2.0**53) if threshold == threshold else None
+    if base is None or first is None or not 0 < first <= (1 << 53) - 1 \
+            or out.shape != tuple(b - a for a, b in bounds):
+        return None
+    edge = np.uint64(first << 11)  # as at_least's
+    get, called = _KEYS.get, callable(seed)
+
+    def keep() -> None:
+        value = seed() if called else seed
+        if type(value) is int and 0 <= value < _SEEDS and not _THREAD.context.dry_run:
+            key = get(value)
+            _greater_equal(_mix(_xor(base, _key(value) if key is None else key)), edge, out)
+        else:
+            func(*args, **kwargs)
+    return keep
+
+
+_SEEDS = 1 << 63  # seeds are in [0, 2**63)
 
 
 def _fixed(region: object) -> bool:

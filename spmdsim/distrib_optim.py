@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import numpy as np
 
 from .autograd.graph import updated, with_partial
-from .buffers import CAPTURING
+from .buffers import CAPTURE
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
@@ -428,7 +428,7 @@ class DistributedAdamW(_Optimizer):
         elif _capturing():  # a replay takes no norm: refused if clip_grad is set later
             _kernel(_unclipped)(self)
         # The parameters' blocks (read as recorded while capturing: `.local`)
-        blocks = tuple(map(_LOCAL if not CAPTURING[0] else _LOCAL_VIEW, self.params))
+        blocks = tuple(map(_LOCAL if not CAPTURE.on else _LOCAL_VIEW, self.params))
         if not self._dry:  # the master slices from the parameters as they are now (AdamW reads them in place)
             for b in self.buckets:
                 _kernel(_load_master)(b, blocks)
@@ -514,7 +514,7 @@ class DistributedAdamW(_Optimizer):
         layout are the very objects the last check saw and each gradient's layout the very object it checked
         (its block of the shape it had); else None."""
         seen = self._seen_grads
-        if seen is None or CAPTURING[0]:  # (a captured step reads the blocks as recorded: `.local`)
+        if seen is None or CAPTURE.on:  # (a captured step reads the blocks as recorded: `.local`)
             return None
         leaves, blocks, layouts, grad_layouts, shapes, extra = seen
         params = self.params
@@ -552,7 +552,7 @@ class DistributedAdamW(_Optimizer):
         out = [p.grad.local for p in self.params]
         params = self.params
         self._seen_grads = None
-        if not CAPTURING[0]:
+        if not CAPTURE.on:
             held = tuple(map(_GRAD, map(_AG, params)))
             self._seen_grads = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
                                 tuple(map(_LAYOUT, held)), list(map(_SHAPE, held)), extra)

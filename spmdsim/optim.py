@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 import numpy as np
 
 from .autograd.graph import Leaf, updated, with_partial
-from .buffers import CAPTURING, owned_bytes
+from .buffers import CAPTURE, owned_bytes
 from .buffers import owner as _owner
 from .context import current
 from .errors import OperatorError
@@ -128,7 +128,7 @@ class _Optimizer:
     def step(self) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
         _kernel(_count_step)(self)
-        found = None if CAPTURING[0] else self._found_again()
+        found = None if CAPTURE.on else self._found_again()
         again = found is not None
         if not again:
             found = self._found()
@@ -152,7 +152,7 @@ class _Optimizer:
         checked to be laid out as its parameter (else the one-line refusal); outside a capture, what was
         checked is remembered for `_found_again`."""
         found = []
-        plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
+        plain = not CAPTURE.on  # the blocks themselves (a captured step reads them as its record's, .local)
         for i, p in enumerate(self.params):
             g = p.grad
             if g is None:

@@ -201,7 +201,7 @@ def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
         list(map(setattr, kl, _GRAD_NAME, kg))
         return
     rest = range(n)
-    if not any(map(is_, haves, _NONE)) and not buffers.CAPTURING[0] and not kg[0]._mesh.engine.dry:
+    if not any(map(is_, haves, _NONE)) and not buffers.CAPTURE.on and not kg[0]._mesh.engine.dry:
         xs, ys = list(map(_LOCAL, haves)), list(map(_LOCAL, kg))
         if all(map(is_, map(type, xs), _NDARRAY)) and all(map(is_, map(type, ys), _NDARRAY)):
             sole = list(map(_SOLE_MAPPED.__eq__, zip(
@@ -233,7 +233,7 @@ def _added_into(leaf: Leaf, g: Any) -> bool:
     view) shares it; writeable and C-contiguous, of `g`'s layout, shape and dtype. Never while a step is
     captured (the capture records `add_grads`' new block) nor in a dry run (whose engine adds nothing)."""
     have = leaf.grad
-    if have._layout is not g._layout or buffers.CAPTURING[0] or _refs(have) != _SOLE[0]:
+    if have._layout is not g._layout or buffers.CAPTURE.on or _refs(have) != _SOLE[0]:
         return False
     x, y = have._local, g._local
     if type(x) is not _ndarray or type(y) is not _ndarray or _refs(x) != _SOLE[1] or not x.flags.carray \
@@ -549,7 +549,7 @@ def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[l
     DTensor, executor = _RUNTIME or _runtime()
     grads = list(map(gs.__getitem__, bucket.positions))
     first = grads[0]
-    blocks = list(map(_LOCAL, grads)) if not buffers.CAPTURING[0] else [g.local for g in grads]
+    blocks = list(map(_LOCAL, grads)) if not buffers.CAPTURE.on else [g.local for g in grads]
     if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
         like = buffers.broadcast_zero((sum(b.size for b in blocks),), np.result_type(*blocks))
         flat = first.mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
@@ -798,7 +798,7 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
-    x, y = (a._local, b._local) if not buffers.CAPTURING[0] else (a.local, b.local)
+    x, y = (a._local, b._local) if not buffers.CAPTURE.on else (a.local, b.local)
     if kind is not None and any_open():
         sweep("add", (x, y), (x,), kind)
     if a._mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)

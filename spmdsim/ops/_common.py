@@ -11,7 +11,7 @@ from .. import buffers
 from ..errors import DTypeError, OperatorError
 from ..layout import Layout, TensorLayout
 from ..precision import is_low, matmul
-from ..datagen import SeededTensor
+from ..datagen import SeededTensor, bind_keep
 from ..runtime import debug
 from ..runtime.replay import kernel
 from ..validate import as_int, dtype_name
@@ -27,7 +27,7 @@ _BOOL = np.dtype(bool)
 # An operator's operands' layouts, global shapes, dtypes and blocks, as ``tuple(map(LAYOUT, xs))``: in C, where
 # a comprehension runs a frame of its own (a few an operator).
 LAYOUT, SHAPE, LOCAL = attrgetter("_layout"), attrgetter("_shape"), attrgetter("local")
-# The blocks themselves, for a hot path while no thread captures (spmdsim.buffers.CAPTURING): the same arrays
+# The blocks themselves, for a hot path while this thread does not capture (spmdsim.buffers.CAPTURE): the same arrays
 # `LOCAL` gives then, without DTensor.local's function call per tensor.
 BLOCK = attrgetter("_local")
 DTYPE = attrgetter("_local.dtype")
@@ -462,7 +462,7 @@ def _keep(shape: tuple, seed: Any, region: tuple, p: float, out: np.ndarray | No
 #: ``keep_mask(shape, seed, region, p)``. `seed`: an int, or a callable giving one (a seed that changes
 #: between replays of a captured step, read from a spmdsim.runtime.replay.Scalar): a capture records the
 #: mask as one call, rerun by each replay into the captured mask (``out=``).
-keep_mask = kernel(_keep)
+keep_mask = kernel(_keep, bind=bind_keep)  # a replay draws the mask with what the capture's draw kept
 
 
 def seed_arg(seed: Any, op: str) -> None:

@@ -26,7 +26,7 @@ from ..errors import OperatorError
 from ..infer.einsum import infer_einsum, parse_einsum
 from ..precision import rounded
 from . import _common
-from ..buffers import CAPTURING
+from ..buffers import CAPTURE
 from ._common import BLOCK, LOCAL, Prepared, check_dtensor, dry_zeros, moved, prepare, prepared_result, signature
 
 __all__ = ["einsum"]
@@ -55,10 +55,10 @@ def einsum(spec: str, *xs: Any) -> Any:
     if prepared.paired:  # two operands, every letter of the product in one: `contract` without its call
         a, b = xs
         (a_word, b_word), output = prepared.words
-        block = (pair(a_word, a._local, b_word, b._local, output) if not CAPTURING[0]
+        block = (pair(a_word, a._local, b_word, b._local, output) if not CAPTURE.on
                  else pair(a_word, a.local, b_word, b.local, output))
     else:
-        blocks = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
+        blocks = list(map(BLOCK, xs)) if not CAPTURE.on else list(map(LOCAL, xs))
         block = contract(plan.spec.inputs, blocks, plan.spec.output)
     mesh = xs[0]._mesh
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,

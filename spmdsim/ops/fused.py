@@ -48,7 +48,7 @@ from ..autograd.rules.einsum import EinsumGrads, record_einsum
 from ..autograd.rules.grads import NEED2
 from ..autograd.rules.fused import EinsumBiasGrads, NormAffineGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..autograd.rules.norms import _NormalizedGrads, record_normalized
-from ..buffers import CAPTURING, broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from ..contraction import contract, pair
 from ..engines import local as _engine_local
 from ..errors import OperatorError
@@ -86,7 +86,7 @@ def _product(spec: str, x: Any, w: Any, stay: bool = False) -> Optional[tuple]:
         return None
     plan = prepared.plan
     xs = moved(xs, prepared)
-    if not CAPTURING[0]:
+    if not CAPTURE.on:
         blocks = [xs[0]._local, xs[1]._local]
     else:  # a captured step reads its record's views
         blocks = [xs[0].local, xs[1].local]
@@ -195,7 +195,7 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
     except (AttributeError, TypeError):  # no DTensor, a shape that does not hash: the general path says why
         key = call = None
     mesh = x._mesh if call is not None else None
-    if call is None or CAPTURING[0] or mesh.engine.dry:
+    if call is None or CAPTURE.on or mesh.engine.dry:
         return _einsum_bias(spec, x, w, bias, shape, key)
     prepared = call.prepared
     (a_word, b_word), output = prepared.words
@@ -297,7 +297,7 @@ def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any
         _remember(_CALLS, call_key, _Call(prepared, linear))
     out = biased = y
     if bias is not None:
-        plain = not CAPTURING[0]
+        plain = not CAPTURE.on
         out = biased = _added(mesh, linear.add, y._local if plain else y.local, bias._local if plain else bias.local)
     if linear.shaped is not None:  # ops.reshape's view of each rank's block
         layout, new_shape = linear.shaped
@@ -337,7 +337,7 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
     except (AttributeError, TypeError):  # no DTensor, mask_dims as a list: the general path
         key = call = None
     mesh = y._mesh if call is not None else None
-    if call is None or CAPTURING[0] or mesh.engine.dry:
+    if call is None or CAPTURE.on or mesh.engine.dry:
         return _residual(h, y, bias, p, seed, mask_dims, key)
     if p and type(seed) is not int:  # (p was checked by this signature's first call)
         dropout_args(p, seed)
@@ -419,7 +419,7 @@ def _residual(h: Any, y: Any, bias: Any, p: Any, seed: Any, mask_dims: Any, call
     grads_y = y._ag is not None or bias is not None and bias._ag is not None
     if not decided.fused or decided.low and (grads_y or h._ag is not None) and not _rounds(y):
         return _residual_separate(h, y, bias, p, seed, mask_dims)
-    mesh, plain = y._mesh, not CAPTURING[0]
+    mesh, plain = y._mesh, not CAPTURE.on
     biased = y
     if bias is not None:
         biased = _added(mesh, first, y._local if plain else y.local, bias._local if plain else bias.local)
@@ -525,7 +525,7 @@ def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
     except (AttributeError, TypeError):  # no DTensor w, a shape that does not hash: the general path
         key = call = None
     mesh = x._mesh
-    if call is None or CAPTURING[0] or mesh.engine.dry:
+    if call is None or CAPTURE.on or mesh.engine.dry:
         return _reshape_einsum(x, shape, spec, w, key)
     layout, new_shape, block_shape = call.flat
     block = x._local.reshape(block_shape)
@@ -660,7 +660,7 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
         if weight is not None:
             out = _pointwise("mul", out, weight)
         return out if bias is None else _pointwise("add", out, bias)
-    mesh, plain = x._mesh, not CAPTURING[0]
+    mesh, plain = x._mesh, not CAPTURE.on
     z = scaled = out
     if plain and norm.plain and not mesh.engine.dry:  # _added's kernels and counts, their results built here
         if weight is not None:

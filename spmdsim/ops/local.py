@@ -19,7 +19,7 @@ from ..autograd.rules.shapes import record_reshape, record_transpose
 from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ..engines import local as engine_local
 from ..flops import sweep
-from ..buffers import CAPTURING
+from ..buffers import CAPTURE
 from ._common import _ints, make_dtensor, raise_if_not_dtensors, require_float
 
 __all__ = ["transpose", "reshape", "softmax"]
@@ -55,7 +55,7 @@ def reshape(x: Any, shape: Any) -> Any:
     seen = _RESHAPED.get(key) if key is not None else None
     if seen is not None and seen[0] is source:
         layout, new_shape, block_shape = seen[1]
-        if not CAPTURING[0]:
+        if not CAPTURE.on:
             block = x._local.reshape(block_shape)
             if block.flags.c_contiguous:  # make_dtensor's checks, passed by this key's first result: built here
                 out = _new(type(x))

@@ -31,7 +31,7 @@ from ..infer.pointwise import infer_pointwise
 from ..precision import is_low, rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ..buffers import CAPTURING
+from ..buffers import CAPTURE
 from ._common import (BLOCK, DRY_ZEROS_BYTES, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare,
                       prepared_result, result_dtype, signature, ufunc_dtype)
 
@@ -227,7 +227,7 @@ def pointwise(op: str, *args: Any) -> Any:
     if prepared.signed:  # an integer power of signed integers: numpy's kernel refuses a negative one
         _negative_powers(mesh, args, xs)
     forward = _KERNELS[op]
-    locals_ = list(map(BLOCK, xs)) if not CAPTURING[0] else list(map(LOCAL, xs))
+    locals_ = list(map(BLOCK, xs)) if not CAPTURE.on else list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
         if prepared.dtype_name == "bfloat16":  # computed in float32, rounded once (spmdsim.precision)

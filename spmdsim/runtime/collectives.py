@@ -15,12 +15,15 @@ which packed and unpacked nothing, is repeated from what that call worked out
 from __future__ import annotations
 
 import math
+from inspect import signature
 from time import perf_counter
 from typing import Any, Iterable
 
 import numpy as np
 from ..errors import OperatorError, RankError
 from ..buffers import broadcast_zero
+from ..context import _THREAD
+from ..engines.wait import polite_wait
 from ..precision import is_low
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
@@ -299,9 +302,66 @@ def _group_root(root: Any, g: int, axes: Any) -> int:
     return index
 
 
+def _bind(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A captured step's call of collective `func` as its replay makes it (spmdsim.runtime.replay.kernel's
+    `bind`), or None: the call as `func`'s kept plan repeats it, its key and arrays worked out and checked
+    once. Each replay looks the plan up again (a mesh closed or its plans cleared: `func` itself, which
+    checks everything and keeps the plan again), and with a debug hook on, an algorithm or a trace open
+    calls `func` itself; else the engine's transfer alone, as `door.repeat` makes it."""
+    name = func.__name__
+    call = signature(func).bind(*args, **kwargs)
+    call.apply_defaults()
+    given = call.arguments
+    mesh, x, out = given["mesh"], given["local"], given["out"]
+    if not (type(x) is _ndarray and x.flags.c_contiguous and type(out) is _ndarray and out.flags.carray
+            and out.dtype is x.dtype) or type(mesh) is not Mesh or name not in _KEPT:
+        return None
+    dims = _KEPT[name](given)
+    if dims is None:
+        return None
+    key = (name, given["axes"], x.shape, x.dtype, dims)
+    try:
+        plan = mesh._plans.get(key)
+    except TypeError:  # axes as a list: never kept
+        return None
+    if name == "allreduce":
+        if plan is None or out.shape != x.shape:
+            return None
+        send = (x, out, dims)
+    elif plan is None or out.shape != plan[2]:
+        return None
+    else:
+        send = (x, out, "sum") if name == "reduce_scatter" else (x, out)
+    return _repeated(mesh, key, send, func, args, kwargs)
+
+
+def _repeated(mesh: Mesh, key: tuple, send: tuple, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`_bind`'s call (its names the closure's cells)."""
+    def replayed() -> None:
+        plan = mesh._plans.get(key)
+        context = _THREAD.context
+        if plan is not None and context.hooks.quiet and mesh.algorithms is None and not context.traces:
+            plan[7](plan[0], *send, polite_wait if mesh.polite else None)
+            context.seq += 1
+        else:
+            func(*args, **kwargs)
+    return replayed
+
+
+#: A kept collective's dims in its plan's key, from its call's arguments (None: never kept).
+_KEPT = {
+    "allgather": lambda given: given["tensor_dim"] if type(given["tensor_dim"]) is int else None,
+    "reduce_scatter": lambda given: given["tensor_dim"] if type(given["tensor_dim"]) is int else None,
+    "alltoall": lambda given: (given["split_dim"], given["concat_dim"])
+    if type(given["split_dim"]) is int and type(given["concat_dim"]) is int else None,
+    "allreduce": lambda given: given["op"] if given["op"] in _REDUCTIONS else None,
+}
+
+
 # Each collective is one recorded call when a rank captures a step (spmdsim.runtime.replay): a replay
-# meets the other ranks again, with none of the packing checks' Python recorded apart.
+# meets the other ranks again, with none of the packing checks' Python recorded apart, and a call its
+# mesh kept a plan of repeats it (_bind).
 from .replay import kernel as _kernel  # noqa: E402
 
 allgather, alltoall, allreduce, reduce_scatter, bcast = (
-    _kernel(f) for f in (allgather, alltoall, allreduce, reduce_scatter, bcast))
+    _kernel(f, bind=None if f is bcast else _bind) for f in (allgather, alltoall, allreduce, reduce_scatter, bcast))

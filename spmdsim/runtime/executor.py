@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import PlanError, ShapeError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
-from ..buffers import CAPTURING as _CAPTURING
+from ..buffers import CAPTURE as _CAPTURE
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
 from ..plan.kernels import exchange_program, local_slice, local_zero
 from ..plan.uneven import check_fits, group_pieces, is_uneven
@@ -278,7 +278,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     """
     try:  # no isinstance check on the repeated path: an attribute miss says it all
         mesh, shape, source = dtensor._mesh, dtensor._shape, dtensor._layout
-        local = dtensor._local if not _CAPTURING[0] else dtensor.local  # (a captured step: its record's view)
+        local = dtensor._local if not _CAPTURE.on else dtensor.local  # (a captured step: its record's view)
     except AttributeError:
         raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
                         "with DTensor.from_local/from_seeded") from None

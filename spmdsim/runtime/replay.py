@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from keyword import iskeyword
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
@@ -51,10 +52,11 @@ class ReplayError(SpmdsimError):
 
 _ndarray = np.ndarray
 _tls = threading.local()
-_ACTIVE = buffers.CAPTURING  # threads capturing now (simulated ranks capture together); 0: every hook is one test
+_ACTIVE = buffers.CAPTURING  # threads capturing now (simulated ranks capture together)
 #: The same list, for a hot path outside this module: ``CAPTURES[0] and capturing()`` asks no function while
 #: nothing captures (runtime.door.point_to_point, a few calls per microbatch).
 CAPTURES = _ACTIVE
+_CAPTURE = buffers.CAPTURE  # this thread's flag: 0 in a thread that does not capture, every hook one test
 
 
 def _tape() -> Optional["_Tape"]:
@@ -64,13 +66,13 @@ def _tape() -> Optional["_Tape"]:
 
 def capturing() -> bool:
     """Whether this thread is capturing now, outside a kernel."""
-    return bool(_ACTIVE[0]) and _tape() is not None
+    return bool(_CAPTURE.on) and _tape() is not None
 
 
 def unrecorded(what: str) -> None:
     """Refuse `what` (a transfer no kernel records: DTensor.gather, a prepared collective) while this thread
     captures outside a kernel: a replay would not repeat it."""
-    if _ACTIVE[0] and _tape() is not None:
+    if _CAPTURE.on and _tape() is not None:
         raise ReplayError(f"replay: {what} while capturing is not recorded (no kernel runs it), so a replay would "
                           "not repeat it; do it outside the captured step, or inside a function marked with "
                           "spmdsim.runtime.replay.kernel")
@@ -388,7 +390,7 @@ class _Tape:
         self.entries.append((func, args, kwargs))
 
 
-def kernel(func: Callable) -> Callable:
+def kernel(func: Callable, bind: Optional[Callable] = None) -> Callable:
     """`func` recorded as one call while capturing (and rerun whole by a replay), its own work unrecorded.
 
     For functions whose work a replay must redo with Python: collectives (they meet other ranks), a
@@ -396,12 +398,18 @@ def kernel(func: Callable) -> Callable:
     returns that are not views of its arguments are rewritten by the rerun (``out=`` when `func`
     takes one, else copied in). A tuple of arrays, each new memory, from a `func` that takes ``out``:
     the rerun is handed ``out=`` that tuple and writes into its arrays (an MoE layer's experts).
+
+    `bind`: ``bind(func, args, kwargs)``, called once a graph for each recorded call ``func(*args,
+    **kwargs)`` (its arguments as the replay passes them), may return a function of no argument that a
+    replay calls in its place (what the call worked out bound once: a collective's kept plan), or None.
     """
     code = getattr(func, "__code__", None)
+    if bind is not None:
+        _BINDERS[id(func)] = (func, bind)
     takes_out = code is not None and "out" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        if not _ACTIVE[0]:
+        if not _CAPTURE.on:
             return func(*args, **kwargs)
         tape = _tape()
         if tape is None:
@@ -463,7 +471,11 @@ class Scalar:
         return self.value
 
     def __index__(self) -> int:
-        value = self._checked("as an index")
+        value = self.value
+        if _CAPTURE.on and _tape() is not None:  # capturing(), without its call (a replayed mask's seed reads
+            self._checked("as an index")  # its step's Scalar as an index, a few times a step)
+        if type(value) is int:
+            return value
         if isinstance(value, (float, np.floating)) and not float(value).is_integer():
             raise ReplayError(f"Scalar({value!r}) used as an index: its value is not an integer; use "
                               "int(s) to truncate it or float(s) for its value")
@@ -497,10 +509,12 @@ def _begin(tape: "_Tape") -> None:
             buffers.FRESH = fresh
         _ACTIVE[0] += 1
     _tls.tape = tape
+    _CAPTURE.on = 1
 
 
 def _end() -> None:
     _tls.tape = None
+    _CAPTURE.on = 0
     with _lock:
         _ACTIVE[0] -= 1
         if _ACTIVE[0] == 0:
@@ -512,7 +526,7 @@ def local_of(tensor: Any) -> Any:
     capture() was not given is read like one it was), else the block itself. One property for every
     thread, never swapped: a simulation that captures leaves the DTensors of another alone."""
     local = tensor._local
-    if _ACTIVE[0] and type(local) is _ndarray and _tape() is not None:
+    if _CAPTURE.on and type(local) is _ndarray and _tape() is not None:
         return local.view(Traced)
     return local
 
@@ -527,6 +541,7 @@ class Graph:
         entries, self.joined_bytes = _joined_in_place(entries) if SHARE_MEMORY else (entries, 0)
         self._entries, self.shared_bytes = _share_memory(entries) if SHARE_MEMORY else (entries, 0)
         self._calls = tuple(_call(*entry) for entry in self._entries)
+        self._runs = _program(self._calls)
 
     @property
     def operations(self) -> int:
@@ -548,11 +563,8 @@ class Graph:
             raise ReplayError(f"replay: got {len(args)} argument(s); the step was captured with {len(self.args)}")
         for i, (new, old) in enumerate(zip(args, self.args)):
             _rebind(i, old, new)
-        for func, a, k in self._calls:
-            if k is None:
-                func(*a)
-            else:
-                func(*a, **k)
+        for run in self._runs:
+            run()
         return self.result
 
 
@@ -813,10 +825,20 @@ _REDUCE_DEFAULTS = {"dtype": None, "keepdims": False, "where": True}
 _OUT_BY_NAME = (np.maximum, np.minimum)
 
 
+#: id(a kernel's function) -> (the function, its `bind`): kernel(func, bind=...).
+_BINDERS: dict = {}
+
+
 def _call(func: Callable, args: tuple, kwargs: dict) -> tuple:
     """A recorded call as the replay makes it: (func, args, kwargs or None), the same call in numpy's fastest
     spelling: a ufunc called itself, not through its __call__ wrapper, with its outputs passed by position
-    (``np.add(a, b, out)``); a reduction without the keywords that say numpy's defaults; no empty ``**{}``."""
+    (``np.add(a, b, out)``); a reduction without the keywords that say numpy's defaults; no empty ``**{}``;
+    a kernel's call bound once where its `bind` binds it."""
+    binder = _BINDERS.get(id(func))
+    if binder is not None and binder[0] is func:
+        bound = binder[1](func, args, kwargs)
+        if bound is not None:
+            return bound, (), None
     if type(func) is _METHOD_WRAPPER and type(func.__self__) is np.ufunc and func.__name__ == "__call__":
         ufunc = func.__self__
         out = kwargs.get("out")
@@ -827,6 +849,81 @@ def _call(func: Callable, args: tuple, kwargs: dict) -> tuple:
     if getattr(func, "__name__", None) == "reduce" and type(getattr(func, "__self__", None)) is np.ufunc:
         kwargs = {k: v for k, v in kwargs.items() if not (k in _REDUCE_DEFAULTS and v is _REDUCE_DEFAULTS[k])}
     return func, args, kwargs or None
+
+
+#: The most objects one function of `_program` names (each a cell of its closure): up to 256, a name is read by
+#: one opcode (no EXTENDED_ARG).
+_NAMES_MAX = 256
+
+
+def _program(calls: tuple) -> tuple:
+    """The recorded calls as straight-line Python: functions of no argument that make them in order, each a
+    run of calls naming at most about _NAMES_MAX objects.
+
+    ``f(a, b, out)`` compiled once a graph costs a replay the call alone (a name read per object); a loop over
+    (func, args, kwargs) paid ~14 opcodes a call beside it (unpacking, a test of kwargs, ``func(*a, **k)``,
+    which also makes a dict of keywords a call). The calls, their arguments (the same objects, keywords by
+    name) and their order are the record's; a `_copy_into` is written as its body
+    (``np.copyto(result, func(*args, **kwargs), casting="unsafe")``)."""
+    runs: list = []
+    lines: list = []
+    names: dict = {}  # id(object) -> its name in this run
+    objects: list = []
+
+    def close() -> None:
+        made: dict = {}
+        exec(f"def make({', '.join(names.values())}):\n    def run():\n"
+             + "".join(f"        {line}\n" for line in lines) + "    return run", {}, made)
+        runs.append(made["make"](*objects))
+        lines.clear()
+        names.clear()
+        objects.clear()
+
+    for func, args, kwargs in calls:
+        if func is _copy_into and not kwargs and len(args) == 4 and type(args[3]) is dict:
+            result, inner, inner_args, inner_kwargs = args
+            line = _line(inner, inner_args, inner_kwargs or None)
+            line = ((np.copyto,), "(", (result,), ", ") + line + (", casting='unsafe')",)
+        else:
+            line = _line(func, args, kwargs)
+        new = {id(x[0]) for x in line if type(x) is tuple} - names.keys()
+        if lines and len(names) + len(new) > _NAMES_MAX:
+            close()
+        text = []
+        for x in line:
+            if type(x) is str:
+                text.append(x)
+                continue
+            found = names.get(id(x[0]))
+            if found is None:
+                found = names[id(x[0])] = f"k{len(objects)}"
+                objects.append(x[0])
+            text.append(found)
+        lines.append("".join(text))
+    if lines:
+        close()
+    return tuple(runs)
+
+
+def _line(func: Callable, args: tuple, kwargs: Optional[dict]) -> tuple:
+    """``func(*args, **kwargs)`` as a tuple of source text (a str) and the objects it names (each in a tuple of
+    one), in order."""
+    line: list = [(func,), "("]
+    for a in args:
+        line += [(a,), ", "]
+    if kwargs and _identifiers(kwargs):
+        for k, v in kwargs.items():
+            line += [f"{k}=", (v,), ", "]
+    elif kwargs:
+        line += ["**", (kwargs,), ", "]
+    if line[-1] == ", ":
+        line.pop()
+    return tuple(line) + (")",)
+
+
+def _identifiers(kwargs: dict) -> bool:
+    """Whether every key of `kwargs` can be written as a keyword argument (``name=value``)."""
+    return all(type(k) is str and k.isidentifier() and not iskeyword(k) for k in kwargs)
 
 
 def _rebind(i: int, old: Any, new: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...buffers import CAPTURING
+from ...buffers import CAPTURE
 from ...contraction import contract, pair, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
@@ -55,7 +55,7 @@ class EinsumGrads:
         # entry holds it, so an id that matches is never another object's), with, for two operands whose
         # gradients are both `pair`'s products, each one's (dY's word, the other's, its own, its layout).
         seen = prepared.ways.get(id(layout))
-        if seen is not None and seen[0] is layout and seen[2] is not None and not CAPTURING[0]:
+        if seen is not None and seen[0] is layout and seen[2] is not None and not CAPTURE.on:
             # Most products: two operands, every decision kept; the blocks contracted, the DTensors built
             # here (grad_tensor's usual case), a block of another shape or dtype left to gradient_block
             a, b = self.xs
@@ -79,7 +79,7 @@ class EinsumGrads:
         words, per = prepared.plan.spec.inputs, prepared.per
         grads = []
         known = seen[1] if seen is not None and seen[0] is layout else None
-        plain = not CAPTURING[0]  # the blocks themselves (a captured step reads them as its record's, .local)
+        plain = not CAPTURE.on  # the blocks themselves (a captured step reads them as its record's, .local)
         d = dy._local if plain else dy.local
         for k, x in enumerate(xs):
             if not need[k]:

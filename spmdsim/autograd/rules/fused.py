@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ... import flops as _flops
-from ...buffers import CAPTURING, broadcast_zero
+from ...buffers import CAPTURE, broadcast_zero
 from ...engines import c_order
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import sweep
@@ -122,7 +122,7 @@ class EinsumBiasGrads:
         self.y, self.bias, self.biased, self.sums, self.shaped = y, bias, biased, sums, shaped
 
     def __call__(self, dy: Any) -> tuple:
-        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        d = dy._local if not CAPTURE.on else dy.local  # (a captured step reads its record's view)
         partial = dy._layout.partial
         bias, y = self.bias, self.y
         if self.shaped:  # the reshape's rule: dY back in the product's dims, C-ordered as its gradient was made
@@ -154,7 +154,7 @@ class ResidualGrads:
         self.need = (h._ag is not None, y._ag is not None, bias is not None and bias._ag is not None)
 
     def __call__(self, dy: Any) -> tuple:
-        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        d = dy._local if not CAPTURE.on else dy.local  # (a captured step reads its record's view)
         partial = dy._layout.partial
         need_h, need_y, need_b = self.need
         dry = dy._mesh.engine.dry
@@ -201,7 +201,7 @@ class ReshapeEinsumGrads:
         if g is None:
             return None, gw
         x = self.x
-        d = g._local if not CAPTURING[0] else g.local
+        d = g._local if not CAPTURE.on else g.local
         return grad_tensor(x, d.reshape(x._local.shape), g._layout.partial), gw
 
 
@@ -221,7 +221,7 @@ class NormAffineGrads:
         self.need_b = bias is not None and bias._ag is not None
 
     def __call__(self, dy: Any) -> tuple:
-        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        d = dy._local if not CAPTURE.on else dy.local  # (a captured step reads its record's view)
         partial = dy._layout.partial
         dry = dy._mesh.engine.dry
         bias, weight, y = self.bias, self.weight, self.y
@@ -234,7 +234,7 @@ class NormAffineGrads:
             d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
         if weight is not None:  # the product's rule: dY times the weight, the weight's gradient dY y summed
             need_w = self.need_w
-            plain = not CAPTURING[0]
+            plain = not CAPTURE.on
             yb = y._local if plain else y.local
             wb = weight._local if plain else weight.local
             if _flops._OPEN:  # its count: dY and both operands read, the gradients written

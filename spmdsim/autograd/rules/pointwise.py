@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import activations
-from ...buffers import CAPTURING
+from ...buffers import CAPTURE
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ... import flops as _flops
 from ...flops import any_open, sweep
@@ -221,7 +221,7 @@ class PointwiseGrads:
         plan, derivative = prepared.plan, prepared.derivative
         if _flops._OPEN:  # any_open(), without its call (a node of most kinds a step)
             _count_grads(op, dy, xs, out, need, plan.shape)
-        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        d = dy._local if not CAPTURE.on else dy.local  # (a captured step reads its record's view)
         dry = dy._mesh.engine.dry
         if dry:  # the dry engine's zeros, not computed
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
@@ -230,7 +230,7 @@ class PointwiseGrads:
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
                 fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
-        elif not CAPTURING[0]:
+        elif not CAPTURE.on:
             fulls = derivative(d, list(map(_BLOCK, xs)), out._local, need)
         else:
             fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
@@ -358,7 +358,7 @@ class _DropoutGrads:
 
     def __call__(self, dy: Any) -> tuple:
         x, kept = self.x, self.kept
-        d = dy._local if not CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        d = dy._local if not CAPTURE.on else dy.local  # (a captured step reads its record's view)
         if _flops._OPEN:
             sweep("dropout", (d, d), (d,))  # dY and the kept factors read
         if kept is None or dy._mesh.engine.dry:

@@ -59,7 +59,7 @@ class _ReshapedBack:
 
     def __call__(self, dy: Any) -> tuple:
         x = self.x
-        d = dy._local if not buffers.CAPTURING[0] else dy.local  # (a captured step reads its record's view)
+        d = dy._local if not buffers.CAPTURE.on else dy.local  # (a captured step reads its record's view)
         return (grad_tensor(x, d.reshape(x._local.shape), dy._layout.partial),)
 
 

@@ -1,0 +1,78 @@
+"""A capture is this thread's (spmdsim.buffers.CAPTURE): while one simulated rank captures a step, another
+rank's eager code takes its plain path (the optimizer's remembered parameters, blocks read without
+DTensor.local's function), and the captured step replays as it was captured."""
+from __future__ import annotations
+
+import numpy as np
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh, buffers, ops
+from spmdsim.optim import AdamW
+from spmdsim.runtime import collectives
+from spmdsim.runtime.replay import capture
+
+
+def _ranks_capture_in_turn():
+    mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+    rank = mesh.rank
+    w = DTensor.from_global(mesh, np.arange(6.0).reshape(2, 3), mesh.layout(None, None)).requires_grad_()
+    opt = AdamW([w], lr=0.1)
+    x = buffers.zeros((3,), np.float64)
+    found = []  # per eager window: the optimizer's full checks of its parameters (AdamW._found), made there
+    seen = []  # per eager window: whether an array spmdsim made and a block read there were plain arrays
+    counting = {"on": False, "calls": 0}
+    full = opt._found
+
+    def counted():
+        if counting["on"]:
+            counting["calls"] += 1
+        return full()
+
+    opt._found = counted
+
+    def eager_step():
+        opt.zero_grad()
+        ops.sum(ops.mul(w, w)).backward()
+        opt.step()
+
+    def step(block):
+        collectives.allreduce(mesh, np.asanyarray(block), "x", out=np.asanyarray(block))  # the other rank is
+        eager = np.asanyarray(block) * 2.0  # in its window from here
+        collectives.allreduce(mesh, eager, "x", out=eager)  # ... to here
+        return eager
+
+    eager_step()  # the parameters checked once (remembered for the next steps)
+    graphs = []
+    for capturer in (0, 1):
+        x[...] = np.arange(3.0) + rank
+        if rank == capturer:
+            graphs.append(capture(step, x))
+        else:
+            a = buffers.zeros((3,), np.float64)
+            collectives.allreduce(mesh, a, "x", out=a)
+            counting["on"] = True  # the capturing rank is between its two collectives: capturing
+            eager_step()
+            seen.append((type(buffers.empty((4,))) is np.ndarray, type(w.local) is np.ndarray))
+            counting["on"] = False
+            found.append(counting["calls"])
+            b = buffers.zeros((3,), np.float64)
+            collectives.allreduce(mesh, b, "x", out=b)
+    # Each rank replays its own graph, the other meeting its two collectives eagerly.
+    results = []
+    for capturer in (0, 1):
+        if rank == capturer:
+            results.append(graphs[0](np.arange(3.0) * (rank + 1)).copy())
+        else:
+            for _ in range(2):
+                a = buffers.zeros((3,), np.float64)
+                collectives.allreduce(mesh, a, "x", out=a)
+    mesh.close()
+    return found, seen, results
+
+
+def test_a_rank_that_does_not_capture_takes_its_plain_path_while_another_captures():
+    (found0, seen0, results0), (found1, seen1, results1) = spmdsim.simulate(2, _ranks_capture_in_turn)
+    assert found0 == [0] and found1 == [0], (found0, found1)  # no full check: remembered, as outside a capture
+    assert seen0 == [(True, True)] and seen1 == [(True, True)]
+    # Each graph replays its capture: the block summed with the other rank's zeros, doubled, summed again.
+    assert np.array_equal(results0[0], np.arange(3.0) * 2.0) and np.array_equal(results1[0], np.arange(3.0) * 4.0)
