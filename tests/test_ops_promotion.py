@@ -216,3 +216,19 @@ def test_linear_of_a_bias_numpy_has_no_common_dtype_with_its_products_names_the_
     line = ("DTypeError: linear: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
             "refuses a product of one plus a bias of the other); convert one first, e.g. x.astype('float32')")
     assert spmdsim.simulate(2, body) == [[line] * 3] * 2
+
+
+def test_a_megatron_norm_of_dtypes_numpy_has_no_common_one_of_names_the_op():
+    """layer_norm and rms_norm with kept="megatron" (one fused node) of a float16 x and a bfloat16 weight said
+    "no common dtype of bfloat16 and float16: ..." without naming the call that refused; now the op first."""
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x = DTensor.from_global(mesh, np.ones((2, 6), np.float16), mesh.layout("x", None))
+        g = DTensor.from_global(mesh, np.ones(6, BF16), mesh.layout(None))
+        return [_said(lambda: ops.layer_norm(x, g, g, kept="megatron")),
+                _said(lambda: ops.rms_norm(x, g, kept="megatron"))]
+
+    said = spmdsim.simulate(2, body)
+    assert said == [[f"DTypeError: {op}: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
+                     "refuses them: a join or np.where of them too); convert one first, e.g. x.astype('float32')"
+                     for op in ("layer_norm", "rms_norm")]] * 2
