@@ -189,3 +189,46 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
     assert said == [f"{op}: no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: "
                     "a join or np.where of them too); convert one first, e.g. x.astype('float32')"
                     for name in ("float16", "int32") for op in ("where", "concatenate", "stack")]
+
+
+def _said(call) -> str:
+    """What `call` raised, as its type and line ("OK" where it returned)."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - numpy's own error too, compared by the tests
+        return f"{type(e).__name__}: {e}"
+    return "OK"
+
+
+def test_linear_of_a_bias_numpy_has_no_common_dtype_with_its_products_names_the_op():
+    """ops.linear of a float16 x and w with a bfloat16 bias raised numpy's DTypePromotionError (its traceback,
+    from spmdsim.ops._common.add_bias) and, where the product stays a pending sum (reduce=False), on the first
+    rank of the reduction only: the other ran on. Now one line naming the op and the dtypes, on every rank."""
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        f16 = lambda shape, *entries: DTensor.from_global(mesh, np.ones(shape, np.float16), mesh.layout(*entries))
+        bias = lambda *entries: DTensor.from_global(mesh, np.ones(4, BF16), mesh.layout(*entries))
+        column = f16((3, 6), None, None), f16((6, 4), None, "x"), bias("x")
+        row = f16((3, 6), None, "x"), f16((6, 4), "x", None), bias(None)
+        return [_said(lambda: ops.linear(*column)), _said(lambda: ops.linear(*row)),
+                _said(lambda: ops.linear(*row, reduce=False))]
+
+    line = ("DTypeError: linear: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
+            "refuses a product of one plus a bias of the other); convert one first, e.g. x.astype('float32')")
+    assert spmdsim.simulate(2, body) == [[line] * 3] * 2
+
+
+def test_a_megatron_norm_of_dtypes_numpy_has_no_common_one_of_names_the_op():
+    """layer_norm and rms_norm with kept="megatron" (one fused node) of a float16 x and a bfloat16 weight said
+    "no common dtype of bfloat16 and float16: ..." without naming the call that refused; now the op first."""
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x = DTensor.from_global(mesh, np.ones((2, 6), np.float16), mesh.layout("x", None))
+        g = DTensor.from_global(mesh, np.ones(6, BF16), mesh.layout(None))
+        return [_said(lambda: ops.layer_norm(x, g, g, kept="megatron")),
+                _said(lambda: ops.rms_norm(x, g, kept="megatron"))]
+
+    said = spmdsim.simulate(2, body)
+    assert said == [[f"DTypeError: {op}: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
+                     "refuses them: a join or np.where of them too); convert one first, e.g. x.astype('float32')"
+                     for op in ("layer_norm", "rms_norm")]] * 2

@@ -293,3 +293,21 @@ def test_counted_makes_the_plural_of_the_nouns_messages_name():
         "2 axes", "2 ways", "2 keys", "2 entries", "2 indices", "2 matrices", "2 batches", "2 dims", "2 MoE layers",
         "2 boxes", "2 arrays"]
     assert [counted(1, noun) for noun in ("axis", "way")] == ["1 axis", "1 way"]
+
+
+def test_the_dialects_take_their_plurals_from_counted(monkeypatch):
+    """The dialects kept their own "axes" and "ways" helpers (counted_axes, strategy._ways) while counted wrote
+    "axises" and "waies": one place for plurals now, so a plural counted is taught reaches their messages."""
+    from spmdsim import validate
+    from spmdsim.dialects import matmul_layouts, sbp_to_layout
+
+    monkeypatch.setitem(validate._IRREGULAR, "axis", "AXES")
+    monkeypatch.setitem(validate._IRREGULAR, "way", "WAYS")
+    with pytest.raises(DialectError, match=r"placement shape \(2, 2, 2\) has 3 AXES;"):
+        sbp_to_layout("B, S(0)", (2, 2, 2), 2)
+    with pytest.raises(DialectError, match=r"one name per mesh axis \(2 AXES\)"):
+        sbp_to_layout("B, B", (2, 2), 1, mesh_axis_names=("a",))
+    with pytest.raises(DialectError, match="contraction dim of x is split 4 WAYS but of w 2 WAYS"):
+        matmul_layouts(((2, 4), (2, 1)), 8)
+    with pytest.raises(DialectError, match="batch dim 0 of x is split 2 WAYS but batch dim 0 of w 4 WAYS"):
+        matmul_layouts(((2, 2, 1), (4, 1, 2)), 8)

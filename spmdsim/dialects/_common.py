@@ -8,12 +8,7 @@ import numpy as np
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout, default_axis_names
-from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
-
-
-def counted_axes(count: int) -> str:
-    """`count` mesh axes in messages: "1 axis", "2 axes" (`counted` would write "axises")."""
-    return "1 axis" if count == 1 else f"{count} axes"
+from ..validate import as_int, counted  # as_int: shared with layouts, data and plans; re-exported for the dialects
 
 
 def positive_int(value: object, what: str) -> int:
@@ -133,7 +128,7 @@ def axis_names(
         return default_axis_names(count)
     out = as_items(names)
     if out is None or len(out) != count or not all(isinstance(n, str) for n in out):
-        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({counted_axes(count)}), "
+        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({counted(count, 'axis')}), "
                            "each a string")
     for name in out:  # refused here, naming the argument, not by the Layout under its own field's name
         if not name or name == "None":

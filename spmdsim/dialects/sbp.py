@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, check_major_order, counted_axes, entry_tokens, mesh_of, renamed_keyword
+from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 
 __all__ = [
     "Broadcast", "Split", "PartialSum", "SBP", "parse_sbp", "format_sbp", "sbp_to_layout",
@@ -124,7 +124,7 @@ def sbp_to_layout(
     if len(parsed) != len(shape):
         raise DialectError(
             f"sbp {format_sbp(parsed)} has {counted(len(parsed), 'entry')} but placement shape "
-            f"{shape!r} has {counted_axes(len(shape))}; expected one SBP per placement axis"
+            f"{shape!r} has {counted(len(shape), 'axis')}; expected one SBP per placement axis"
         )
     dims = as_int(ndim)
     if dims is None or dims < 0:

@@ -248,7 +248,7 @@ def matmul_layouts(
     k_w, c = (ws[-1], ws[-2]) if transpose_b else (ws[-2], ws[-1])
     if k_x != k_w:
         raise DialectError(
-            f"contraction dim of x is split {_ways(k_x)} but of w {_ways(k_w)}; they must be "
+            f"contraction dim of x is split {counted(k_x, 'way')} but of w {counted(k_w, 'way')}; they must be "
             f"equal (matmul strategy {parsed!r}, transpose_a={transpose_a}, "
             f"transpose_b={transpose_b})"
         )
@@ -266,11 +266,6 @@ def matmul_layouts(
     return MatMulLayouts(x, w, out, layout, parsed, transpose_a, transpose_b)
 
 
-def _ways(count: int) -> str:
-    """"1 way", "2 ways" (`counted` would write "waies")."""
-    return "1 way" if count == 1 else f"{count} ways"
-
-
 def _batch_counts(
     x_batch: tuple[int, ...], w_batch: tuple[int, ...], parsed: object
 ) -> tuple[int, ...]:
@@ -280,8 +275,8 @@ def _batch_counts(
         ix, iw = len(x_batch) - shared + i, len(w_batch) - shared + i
         if x_batch[ix] != w_batch[iw]:
             raise DialectError(
-                f"batch dim {ix} of x is split {_ways(x_batch[ix])} but batch dim "
-                f"{iw} of w {_ways(w_batch[iw])}; they must be equal (matmul strategy {parsed!r})"
+                f"batch dim {ix} of x is split {counted(x_batch[ix], 'way')} but batch dim "
+                f"{iw} of w {counted(w_batch[iw], 'way')}; they must be equal (matmul strategy {parsed!r})"
             )
     return x_batch if len(x_batch) >= len(w_batch) else w_batch
 

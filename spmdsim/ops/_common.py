@@ -302,21 +302,32 @@ def _no_common(dtypes: tuple, why: str) -> Exception:
                       "x.astype('float32')")
 
 
-def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def add_bias(owned: np.ndarray, bias: np.ndarray, op: str = "linear") -> np.ndarray:
     """``owned + bias``, in place when the sum keeps `owned`'s shape and dtype.
 
     `owned` must be the operator's own temporary (its local product or a
     collective's fresh result), never a caller's array. In place spares a new
     array per call, and the work a rank does before the next collective is
     paid several times over when ranks share cores (docs/performance.md).
+    Dtypes numpy has no common one of (a float16 product, a bfloat16 bias): `no_bias_sum`'s line naming `op`.
     """
-    dtype = np.result_type(owned, bias)
+    try:  # (costs nothing unless numpy refuses)
+        dtype = np.result_type(owned, bias)
+    except TypeError:  # DTypePromotionError
+        raise no_bias_sum(op, owned.dtype, bias.dtype) from None
     # A bias along the last dim (the usual case) keeps `owned`'s shape without np.broadcast_shapes (~1 us).
     fits = bias.shape == owned.shape[-1:] or bias.shape == owned.shape
     shape = owned.shape if fits else np.broadcast_shapes(owned.shape, bias.shape)
     if dtype == owned.dtype and shape == owned.shape and owned.flags.writeable:
         return np.add(owned, bias, out=owned)
     return np.add(owned, bias, out=buffers.empty(shape, dtype))
+
+
+def no_bias_sum(op: str, product: np.dtype, bias: np.dtype) -> DTypeError:
+    """`op`'s one-line refusal of a bias of dtype `bias` numpy has no common dtype with its products' (bfloat16
+    beside float16, int16 and wider ints), the same on every rank (the dtypes are every rank's)."""
+    why = "its np.result_type refuses a product of one plus a bias of the other"
+    return DTypeError(f"{op}: {_no_common((product, bias), why)}")
 
 
 def describe(value: Any) -> str:

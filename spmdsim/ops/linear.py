@@ -23,15 +23,15 @@ from typing import Any, Iterable, Optional
 
 from ..autograd.rules.matmul import record_linear
 from ..datagen import SeededTensor
-from ..errors import OperatorError, ShapeError
+from ..errors import DTypeError, OperatorError, ShapeError
 from ..infer import LinearPlan, infer_linear, matmul_shape
 from ..layout import TensorLayout
 from ..reference import RegionFn, Source, linear_region
 from ..runtime.executor import execute
 from ..validate import int_arg
 from ._common import (
-    add_bias, default_axes, local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum,
-    scatter_local, seeded_dtensor,
+    add_bias, default_axes, local_matmul, make_dtensor, no_bias_sum, operands_mesh, raise_if_not_dtensors,
+    refuse_bool_sum, result_dtype, scatter_local, seeded_dtensor,
 )
 from .elementwise import bias_add
 from .matmul import matmul
@@ -93,11 +93,15 @@ def bias_once(mesh: Any, local: Any, bias: Any, plan: LinearPlan) -> Any:
     """`local` (the product after its steps) plus the bias, counted once in the sum.
 
     Where the result is still a pending sum, only the first rank of each
-    reduction group adds it; elsewhere every rank does.
+    reduction group adds it (the others refuse the dtypes it refuses); elsewhere every rank does.
     """
     pending = plan.matmul.out.partial
     if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
         return add_bias(local, bias.local)
+    try:  # the adding rank's refusal of dtypes numpy has no common one of, here too (no rank runs on alone)
+        result_dtype(local.dtype, bias.local.dtype)
+    except DTypeError:
+        raise no_bias_sum("linear", local.dtype, bias.local.dtype) from None
     return local
 
 

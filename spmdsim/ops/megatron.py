@@ -110,7 +110,7 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
                 if x.mesh.engine.dry else None
             try:
                 y = add(y, b.local) if dry is None else dry
-            except TypeError:  # numpy's DTypePromotionError: the same line as a dry run's
+            except DTypeError:  # add_bias's refusal (numpy's DTypePromotionError): the same line as a dry run's
                 raise _no_sum(y.dtype, b.local.dtype) from None
             sweep("bias_add", (y, b.local), (y,))
         ys.append(y)
@@ -203,7 +203,7 @@ def _added_dtype(add: Any, dtype: np.dtype, bias: np.dtype) -> np.dtype:
     numpy has no common dtype of them (float16 beside bfloat16)."""
     try:
         return add(np.zeros((), dtype), np.zeros((), bias)).dtype
-    except TypeError:
+    except DTypeError:  # add_bias's (numpy has no common dtype)
         raise _no_sum(dtype, bias) from None
 
 

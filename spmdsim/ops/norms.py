@@ -34,7 +34,7 @@ from ..autograd.rules.norms import record_layer_norm, record_normalized, record_
 from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
-from ..errors import OperatorError, ShapeError
+from ..errors import DTypeError, OperatorError, ShapeError
 from ..flops import any_open, sweep
 from ..infer.norms import infer_norm
 from ..precision import is_low, rounded, wide
@@ -273,7 +273,10 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
             y = y + b.local
         return y
 
-    dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
+    try:  # (costs nothing unless numpy refuses)
+        dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
+    except DTypeError as e:  # numpy has no common dtype of them (bfloat16 beside float16): the op named
+        raise DTypeError(f"layer_norm: {e}") from None
     out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
                        x.layout, x.global_shape)
     stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
@@ -344,7 +347,10 @@ def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
             y = y * (wide(w.local) if low else w.local)
         return rounded(y, dt) if low else y
 
-    dtype = result_dtype(*[t.local.dtype for t in (x, w) if t is not None])
+    try:  # (costs nothing unless numpy refuses)
+        dtype = result_dtype(*[t.local.dtype for t in (x, w) if t is not None])
+    except DTypeError as e:  # (as layer_norm's, naming rms_norm)
+        raise DTypeError(f"rms_norm: {e}") from None
     out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
                        x.layout, x.global_shape)
     stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
