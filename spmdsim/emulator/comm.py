@@ -15,10 +15,10 @@ from typing import Any
 
 from .. import context as _local
 from ..sim._buffers import mpi_error, mpi_module, special
-from .collectives import BufferCollectives
-from ..sim.engine import Group, SimulationError
+from .collectives import BufferCollectives, _kept, landed_freed, posting
+from ..sim.engine import Call, Group, SimulationError
 from ..sim import thread_engine as bodies
-from ..sim.thread_engine import THREADS, Count, Member
+from ..sim.thread_engine import THREADS, Count, Member, _freed
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
 from .objects import ObjectCollectives
@@ -88,6 +88,32 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     @property
     def _seq(self) -> int:
         return self._h.seq
+
+    def _enter_all(self, op: str, signature: tuple, data: Any, finish: tuple, complete: Any = None) -> Any:
+        req = posting()
+        if req is None:
+            return Member._enter_all(self, op, signature, data, finish, complete)
+        return self._post(req, signature, data, finish)
+
+    def _enter(self, op: str, signature: tuple, data: Any = None, complete: Any = None) -> Any:
+        req = posting() if op == "barrier" else None  # Ibarrier (an object collective inside a post waits)
+        if req is None:
+            return Member._enter(self, op, signature, data, complete)
+        return self._post(req, signature, data, ())
+
+    def _post(self, req: Any, signature: tuple, data: Any, finish: tuple) -> Any:
+        """Deposit this member's call of the nonblocking collective `req` is the request of, without waiting
+        (engine.Group.post): named as the program called it (Iallreduce), which a blocking call does not match."""
+        h = self._h
+        if h is None or h.freed:
+            raise _freed(self, req.kind)
+        h.seq += 1
+        call = Call(req.kind, (req.kind, *signature[1:]), _kept(data), None, finish)
+        call.request, req.call, req.number = req, call, h.seq
+        req.slot = slot = self._group.post(self._me, h.seq, call)
+        if req.done:  # posted last: requests freed meanwhile complete now
+            landed_freed(slot)
+        return slot
 
     # -- identity -------------------------------------------------------------------------
 

@@ -126,7 +126,8 @@ class _Neighbourhood(SimComm):
     inoutedges = property(lambda self: tuple(list(side) for side in self._inout()))
 
     def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
-        """Deposit `src` (`blocks(j)`: the slice of it for destination j), then fill each receive block
+        """Deposit `src` (`blocks(src, j)`: the slice of it for destination j; `src` passed in, so that a
+        nonblocking form's kept copy of it is the one read: spmdsim.emulator.collectives._kept), then fill each receive block
         rblocks[i] = (start, count) of `dst` from source i's block for this rank: the members meet once,
         the last to arrive filling every member's blocks (Group.enter_all), as the other collectives do."""
         null = special("PROC_NULL")
@@ -137,8 +138,8 @@ class _Neighbourhood(SimComm):
             for i, nb in enumerate(sources):
                 if nb == null:
                     continue
-                _, theirs, pick = slot.calls[nb].data
-                sent = pick(self._sent_index(i, nb, sources, theirs))
+                data, theirs, pick = slot.calls[nb].data
+                sent = pick(data, self._sent_index(i, nb, sources, theirs))
                 start, count = rblocks[i]
                 part = dst[start:start + count]
                 if sent.nbytes != part.nbytes:
@@ -157,7 +158,7 @@ class _Neighbourhood(SimComm):
         src, n, _ = message(sendbuf, "Neighbor_allgather sendbuf")
         src = src[:n]
         dst, c, _ = message(recvbuf, "Neighbor_allgather recvbuf", blocks=k, readonly=False)
-        self._exchange("neighbor_allgather", src, lambda j: src, dst, [(i * c, c) for i in range(k)])
+        self._exchange("neighbor_allgather", src, lambda s, j: s, dst, [(i * c, c) for i in range(k)])
 
     def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._neighbor_allgatherv, sendbuf, recvbuf, True, False, self.degrees[::-1])
@@ -167,7 +168,7 @@ class _Neighbourhood(SimComm):
         src, n, _ = message(sendbuf, "Neighbor_allgatherv sendbuf")
         src = src[:n]
         dst, counts, displs, _ = vector(recvbuf, "Neighbor_allgatherv recvbuf", k, readonly=False)
-        self._exchange("neighbor_allgatherv", src, lambda j: src, dst, list(zip(displs, counts)))
+        self._exchange("neighbor_allgatherv", src, lambda s, j: s, dst, list(zip(displs, counts)))
 
     def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._neighbor_alltoall, sendbuf, recvbuf, False, True, self.degrees[::-1])
@@ -176,7 +177,7 @@ class _Neighbourhood(SimComm):
         kin, kout = self.degrees
         src, n, _ = message(sendbuf, "Neighbor_alltoall sendbuf", blocks=kout)
         dst, c, _ = message(recvbuf, "Neighbor_alltoall recvbuf", blocks=kin, readonly=False)
-        self._exchange("neighbor_alltoall", src, lambda j: src[j * n:(j + 1) * n], dst,
+        self._exchange("neighbor_alltoall", src, lambda s, j: s[j * n:(j + 1) * n], dst,
                        [(i * c, c) for i in range(kin)])
 
     def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -186,7 +187,7 @@ class _Neighbourhood(SimComm):
         kin, kout = self.degrees
         src, scounts, sdispls, _ = vector(sendbuf, "Neighbor_alltoallv sendbuf", kout)
         dst, counts, displs, _ = vector(recvbuf, "Neighbor_alltoallv recvbuf", kin, readonly=False)
-        self._exchange("neighbor_alltoallv", src, lambda j: src[sdispls[j]:sdispls[j] + scounts[j]], dst,
+        self._exchange("neighbor_alltoallv", src, lambda s, j: s[sdispls[j]:sdispls[j] + scounts[j]], dst,
                        list(zip(displs, counts)))
 
     def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -194,10 +195,10 @@ class _Neighbourhood(SimComm):
         kin, kout = self.degrees
         dst, rsizes, rdispls, unpack = wmessage(recvbuf, "Neighbor_alltoallw recvbuf", kin, writable=True)
         src, ssizes, sdispls = wmessage(sendbuf, "Neighbor_alltoallw sendbuf", kout, writable=False)[:3]
-        self._exchange("neighbor_alltoallw", src, lambda j: src[sdispls[j]:sdispls[j] + ssizes[j]], dst,
+        self._exchange("neighbor_alltoallw", src, lambda s, j: s[sdispls[j]:sdispls[j] + ssizes[j]], dst,
                        list(zip(rdispls, rsizes)))
         if unpack is not None:
-            unpack()
+            self._then(unpack)
 
     def neighbor_allgather(self, sendobj: Any) -> list:
         """Each source's object (None from MPI.PROC_NULL), as mpi4py's pickled neighbour allgather."""
@@ -227,7 +228,7 @@ class _Neighbourhood(SimComm):
         self._enter_all(op, (op,), (destinations, pick), (unpickle,))
         return received
 
-    # Nonblocking: run when posted, the result landing at completion, as the other nonblocking collectives (_posted).
+    # Nonblocking: posted without waiting, run at completion, as the other nonblocking collectives (_posted).
     def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Neighbor_allgather, sendbuf, recvbuf)
 
