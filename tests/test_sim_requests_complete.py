@@ -457,7 +457,7 @@ def test_posting_a_nonblocking_collective_does_not_wait_for_the_other_members():
     assert _run(body) == [[7.0, 3.0, 1, [30.0, 30.0]], [3.0, 3.0, 1, [30.0, 30.0]]]
 
 
-def test_a_nonblocking_collective_a_rank_never_posts_is_a_deadlock_that_names_the_call():
+def test_a_nonblocking_collective_a_rank_never_posts_is_a_deadlock_that_names_the_call(monkeypatch):
     # Was: 'barrier on the world' for an Ibarrier; now the call as the program wrote it, the ranks waiting for it,
     # and where the rank that never posted it is. A blocking collective does not match a nonblocking one.
     import pytest
@@ -475,6 +475,22 @@ def test_a_nonblocking_collective_a_rank_never_posts_is_a_deadlock_that_names_th
         _run(never_posted, 3)
     text = " ".join(str(info.value).split())
     assert "Ibarrier on the world (call 1): ranks 0,2 wait in it; rank 1 finished; at test_sim_requests_complete.py:" \
+           in text, text
+
+    def polled():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            req = comm.Iallreduce(MPI.IN_PLACE, np.zeros(1))
+            while not req.Test():
+                pass
+
+    from spmdsim.sim import engine
+
+    monkeypatch.setattr(engine, "POLL_STALL_S", 0.3)
+    with pytest.raises(DeadlockError) as info:
+        _run(polled)
+    text = " ".join(str(info.value).split())
+    assert "Iallreduce on the world: rank 0 polls it (Test), and no rank left can complete it; rank 1 finished" \
            in text, text
 
     def mixed():

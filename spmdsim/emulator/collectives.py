@@ -176,7 +176,7 @@ def posting() -> Any:
     """The request of the nonblocking collective the calling thread is posting now and has not deposited yet
     (SimComm._enter_all), else None."""
     req = getattr(_POSTING, "req", None)
-    return req if req is not None and req.call is None else None
+    return req if req is not None and req.deposited is None else None
 
 
 def _kept(data: Any) -> Any:
@@ -200,12 +200,12 @@ class CollectiveRequest(Request):
     own receive buffer) and what its call does after them (a derived datatype's unpacking), in its own thread:
     the result lands then, in any buffer. The others read a copy of its data, taken when posted (`_kept`)."""
 
-    __slots__ = ("slot", "call", "after", "number", "writes")
+    __slots__ = ("slot", "deposited", "after", "number", "writes")
 
     def __init__(self, group: Any, me: int, kind: str) -> None:
         super().__init__(group, me, kind)
         self.slot: Any = None  # the rendezvous, once deposited
-        self.call: Any = None  # this member's call in it
+        self.deposited: Any = None  # this member's call in it (engine.Call; not `call`, which names a poll)
         self.after: list = []  # what the method does after its rendezvous, run at completion
         self.number = 0  # its call number on its communicator (a report names it)
         self.writes = False  # whether its completion writes into a buffer of the program (a warning says so)
@@ -224,14 +224,14 @@ class CollectiveRequest(Request):
                 world.wait(rank, _InCollective(self))
 
     def _complete(self) -> None:
-        slot, call, after = self.slot, self.call, self.after
+        slot, call, after = self.slot, self.deposited, self.after
         self.slot, self.after = None, []
         if slot is None:
             return
+        phases, call.finish = call.finish or (), None  # they hold this rank's buffers: dropped in its thread
         if slot.error is not None:
             raise RuntimeMismatchError(slot.error)
         with _PHASES:
-            phases, call.finish = call.finish or (), None
             for phase in phases:
                 phase(slot)
         for step in after:
@@ -629,17 +629,17 @@ class BufferCollectives:
             method(*args)
         finally:
             _POSTING.req = None
-        if req.call is None:  # no rendezvous: nothing to wait for
+        if req.deposited is None:  # no rendezvous: nothing to wait for
             req.done = True
         else:
-            req.writes = bool(req.after) or any(phase is not _nothing for phase in req.call.finish)
+            req.writes = bool(req.after) or any(phase is not _nothing for phase in req.deposited.finish)
         return noted(req, req.kind, self._group, self._me)
 
     def _then(self, step: Callable, *args: Any) -> None:
         """What a collective does after its rendezvous (a derived datatype's unpacking): now, or, for a
         nonblocking one being posted, at its completion."""
         req = getattr(_POSTING, "req", None)
-        if req is None:
+        if req is None or req.deposited is None:  # (before the rendezvous: a collective the post makes first)
             step(*args)
         else:
             req.after.append(lambda: step(*args))

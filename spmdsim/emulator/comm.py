@@ -109,7 +109,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
             raise _freed(self, req.kind)
         h.seq += 1
         call = Call(req.kind, (req.kind, *signature[1:]), _kept(data), None, finish)
-        call.request, req.call, req.number = req, call, h.seq
+        call.request, req.deposited, req.number = req, call, h.seq
         req.slot = slot = self._group.post(self._me, h.seq, call)
         if req.done:  # posted last: requests freed meanwhile complete now
             landed_freed(slot)
