@@ -520,3 +520,26 @@ def test_a_nonblocking_collective_into_mpi_bottom_lands_its_result_when_the_requ
         return [before, got.tolist()]
 
     assert _run(body) == [[[0, 0], [0, 10]], [[0, 0], [1, 11]]]
+
+
+def test_a_split_of_every_rank_in_order_is_named_as_a_split_not_the_world():
+    # Was: 'on the world' for a Split (Create, Create_group, Create_cart, ...) keeping every rank in its order, whose
+    # messages do not match the world's.
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        split, group = world.Split(0, world.rank), world.Create_group(world.Get_group())
+        cart = world.Create_cart([world.size])
+        for tag, comm in enumerate((split, group, cart, split.Dup())):
+            if world.rank == 0:
+                comm.send(None, 1, tag)
+        return [repr(split), repr(group)]
+
+    done = _run(body)
+    assert done[0] == ["<simulated Intracomm rank 0 of 2 (a Split of the world)>",
+                       "<simulated Intracomm rank 0 of 2 (a Create_group of the world)>"]
+    assert done.unreceived == tuple(f"a message from rank 0 to rank 1 (tag {tag}, 4 bytes) on {where} was never "
+                                    "received" for tag, where in enumerate((
+                                        "a Split of the world", "a Create_group of the world",
+                                        "a Create_cart of the world", "a Dup of a Split of the world")))

@@ -193,10 +193,18 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Split(self, color: int = 0, key: int = 0) -> "SimComm":
         """Members with equal `color` form a new communicator, ordered by (key, rank here)."""
+        return self._split(color, key, "Split")
+
+    def _split(self, color: int, key: int, call: str) -> "SimComm":
+        """`Split` for `call` (Split, Create, Create_cart, ...): a new communicator of every rank of the world in
+        its order is named for the call ('a Split of the world', as a Dup is 'a Dup of the world'), not as the
+        world, which it is not (messages on one do not match messages on the other)."""
         self._live_handle()
         new = bodies.split(self, color, key, special("UNDEFINED"))
         if new is None:
             return comm_null()
+        if new.made is None and new.members == tuple(range(new.world.size)):  # else its ranks name it
+            new.made = f"a {call} of {self._group.label()}"
         return self._inherits(SimComm(new, new.members.index(self.world_rank)))
 
     def _inherits(self, new: "SimComm") -> "SimComm":
@@ -223,7 +231,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
             if mpi is not None:
                 raise mpi.Exception(mpi.ERR_ARG)
             raise ValueError(f"Split_type: split type {split_type!r} is not an MPI.COMM_TYPE_*")
-        return self.Split(color, key)
+        return self._split(color, key, "Split_type")
 
     def Dup(self, info: Any = None) -> "SimComm":
         group = self._group
@@ -258,8 +266,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         members = tuple(_sim_group(group)._live()._members)
         self._subset("Create", members)
         mine = self.world_rank
-        new = self.Split(min(members) if mine in members else special("UNDEFINED"),
-                         members.index(mine) if mine in members else 0)
+        new = self._split(min(members) if mine in members else special("UNDEFINED"),
+                          members.index(mine) if mine in members else 0, "Create")
         if isinstance(new, SimComm) and new._group.members != members:
             text = (f"Create: rank {mine} passed the group of world ranks {list(members)}, which overlaps a group "
                     f"another rank passed and differs from it (together they make {list(new._group.members)}): "
@@ -310,7 +318,10 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         self._h.creates[key] = n + 1
         with world.lock:  # the first member to come makes the shared group; the last forgets it
             table = world.__dict__.setdefault("subgroups", {})
-            entry = table.setdefault((id(self._group), key, n), [Group(world, members), 0])
+            entry = table.get((id(self._group), key, n))
+            if entry is None:  # every rank of the world in its order: named for the call, as Split's (`_split`)
+                made = f"a {call} of {self._group.label()}" if members == tuple(range(world.size)) else None
+                entry = table[(id(self._group), key, n)] = [Group(world, members, made), 0]
             entry[1] += 1
             if entry[1] == len(members):
                 del table[(id(self._group), key, n)]

@@ -62,7 +62,7 @@ def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[A
         raise _error("ERR_ARG", f"Create_cart: dims {list(dims)!r} (periods {list(periods)!r}) do not fit "
                                 f"a communicator of {comm.size} ranks")
     inside = comm.rank < math.prod(dims)
-    sub = comm.Split(0 if inside else special("UNDEFINED"), comm.rank)
+    sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_cart")
     if not inside:
         return comm_null()
     return SimCartComm(sub, dims, periods)
@@ -362,7 +362,7 @@ class SimCartComm(_Neighbourhood):
         for c, d, k in zip(here, self._dims, keep):
             if not k:
                 color = color * d + c
-        sub = self.Split(color, self.rank)
+        sub = self._split(color, self.rank, "Sub")
         return SimCartComm(sub, [d for d, k in zip(self._dims, keep) if k],
                            [p for p, k in zip(self._periods, keep) if k])
 
@@ -402,7 +402,7 @@ def create_graph(comm: SimComm, index: Any, edges: Any, reorder: bool = False) -
     """MPI_Graph_create: the first len(index) members form the graph; the others get MPI.COMM_NULL."""
     index, edges = _graph(index, edges, comm.size, "Create_graph")
     inside = comm.rank < len(index)
-    sub = comm.Split(0 if inside else special("UNDEFINED"), comm.rank)
+    sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_graph")
     if not inside:
         return comm_null()
     return SimGraphComm(sub, index, edges)
@@ -504,7 +504,7 @@ def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, s
     _check_ranks(sources, destinations, comm.size, "Create_dist_graph_adjacent")
     weights = None if sw is None and dw is None else \
         (sw if sw is not None else [1] * len(sources), dw if dw is not None else [1] * len(destinations))
-    return SimDistGraphComm(comm.Split(0, comm.rank), sources, destinations, weights)
+    return SimDistGraphComm(comm._split(0, comm.rank, "Create_dist_graph_adjacent"), sources, destinations, weights)
 
 
 def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
@@ -519,7 +519,7 @@ def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: A
     if any(d < 0 for d in degrees):
         raise _detailed("ERR_ARG", f"Create_dist_graph: degrees {degrees!r} must not be negative")
     _check_ranks(sources, destinations, comm.size, "Create_dist_graph")
-    sub = comm.Split(0, comm.rank)
+    sub = comm._split(0, comm.rank, "Create_dist_graph")
     everyone = sub.allgather((sources, degrees, destinations, given))
     me = sub.rank
     ins, outs, in_weights, out_weights = [], [], [], []
