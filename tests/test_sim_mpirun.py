@@ -195,8 +195,13 @@ def test_a_folder_or_zip_with_main_and_a_module_not_found_run_as_python_runs_the
     assert main(["mpirun", "-n", "2", "python", str(tmp_path / "empty")]) == 1
     assert unfold(capsys.readouterr().err) == (f"spmdsim mpirun: error: can't find '__main__' module in "
                                        f"'{tmp_path / 'empty'}'\n")
+    # Was Python's line alone ('No module named no_such_mod'): now the command it ran too. MPICH's
+    # `mpiexec -n 2 python -m no_such_mod` exits 1 (Python's status), each rank printing Python's line.
     assert main(["mpirun", "-n", "2", "python", "-m", "no_such_mod"]) == 1
-    assert capsys.readouterr().err == "spmdsim mpirun: error: No module named no_such_mod\n"
+    assert capsys.readouterr().err == "spmdsim mpirun: error: python -m no_such_mod: No module named no_such_mod\n"
+    assert main(["mpirun", "-n", "2", "python", "-m", "json"]) == 1
+    assert capsys.readouterr().err == ("spmdsim mpirun: error: python -m json: No module named json.__main__; 'json' "
+                                       "is a package and cannot be directly executed\n")
 
 
 @pytest.mark.parametrize("exits, code", [("sys.exit(-1)", 255), ("raise SystemExit(-3)", 253),

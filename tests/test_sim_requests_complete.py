@@ -199,7 +199,9 @@ def test_nonblocking_collectives_and_partitioned_requests_never_completed_are_na
         comm = MPI.COMM_WORLD
         comm.Ibarrier()  # (line E)
         comm.Iallreduce(np.ones(1), np.zeros(1)).Wait()
-        comm.Ibcast(np.ones(2), root=0).Test()
+        req = comm.Ibcast(np.ones(2), root=0)
+        while not req.Test():  # completed (once every rank posted it): not named
+            pass
         out = np.zeros(1)
         if comm.rank == 1:
             comm.Iallreduce(np.ones(1), out, op=MPI.MAX)  # (line F)
@@ -328,7 +330,10 @@ def test_a_nonblocking_collective_lands_its_result_when_the_request_completes():
         e = np.zeros(2)
         req = comm.Ialltoall(np.array([10.0 + me, 20.0 + me]), e)
         copy = MPI.Request(req)  # mpi4py's copy of the handle: completing it completes the operation
-        out += [list(e), MPI.Request.Testall([copy]), list(e)]
+        out.append(list(e))
+        while not MPI.Request.Testall([copy]):  # True once every rank posted it
+            pass
+        out += [True, list(e)]
         persistent = comm.Allreduce_init(np.full(1, 1.0 + me), f := np.zeros(1))
         for _ in range(2):
             persistent.Start()
@@ -337,10 +342,14 @@ def test_a_nonblocking_collective_lands_its_result_when_the_request_completes():
             out.append(f[0])  # 3
         persistent.Free()
         g = np.zeros(1)
-        comm.Iexscan(np.ones(1), g).Free()  # freed: it lands at once (MPI forbids freeing it; MPICH lands it)
+        comm.Iexscan(np.ones(1), g).Free()  # freed: it lands once every rank posted it (MPI forbids freeing it;
+        comm.Barrier()  # MPICH lands it): by this barrier's end
         h = np.zeros(1)
         req = comm.Iscan(np.ones(1), h)
-        out += [g[0], h[0], req.Get_status(), h[0]]
+        out += [g[0], h[0]]
+        while not req.Get_status():  # True once every rank posted it
+            pass
+        out += [True, h[0]]
         req.Wait()
         cart = comm.Create_cart([2], [True])
         k = np.zeros(2)
@@ -412,3 +421,125 @@ def test_request_based_rma_never_completed_is_named():
         "Wait or Test)",
         f"an Raccumulate of group rank 0 (world rank 2) on the group of ranks 2,3 at {at['S']} was never completed "
         "(no Wait or Test)")
+
+
+def test_posting_a_nonblocking_collective_does_not_wait_for_the_other_members():
+    # Was: posting waited until every member had posted, so a valid program whose ranks need the posted collective
+    # to let them go on reported a deadlock (rank 0 waiting in the barrier, rank 1 in its 800 kB Send, past the
+    # eager limit). MPI: posting must not block; MPICH runs all three parts below.
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        me = comm.rank
+        big = np.zeros(100000)
+        if me == 0:
+            req = comm.Ibarrier()
+            comm.Recv(big, source=1)
+            req.Wait()
+        else:
+            comm.Send(np.full(100000, 7.0), dest=0)
+            comm.Ibarrier().Wait()
+        total = np.zeros(1)
+        req = comm.Iallreduce(np.full(1, 1.0 + me), total)
+        if me == 0:  # completed before rank 1 completes its own: rank 1 waits for this message meanwhile
+            req.Wait()
+            comm.Send(total, dest=1)
+        else:
+            comm.Recv(big[:1], source=0)
+            req.Wait()
+        a = np.full(2, 10.0 * (me + 1))  # a blocking collective while a nonblocking one is pending: posting order
+        first = comm.Iallreduce(MPI.IN_PLACE, a)
+        b = comm.allreduce(me)
+        first.Wait()
+        return [big[0], total[0], b, list(a)]
+
+    assert _run(body) == [[7.0, 3.0, 1, [30.0, 30.0]], [3.0, 3.0, 1, [30.0, 30.0]]]
+
+
+def test_a_nonblocking_collective_a_rank_never_posts_is_a_deadlock_that_names_the_call(monkeypatch):
+    # Was: 'barrier on the world' for an Ibarrier; now the call as the program wrote it, the ranks waiting for it,
+    # and where the rank that never posted it is. A blocking collective does not match a nonblocking one.
+    import pytest
+    from mpi4py import MPI
+
+    from spmdsim.errors import RuntimeMismatchError
+    from spmdsim.sim import DeadlockError
+
+    def never_posted():
+        comm = MPI.COMM_WORLD
+        if comm.rank != 1:
+            comm.Ibarrier().Wait()
+
+    with pytest.raises(DeadlockError) as info:
+        _run(never_posted, 3)
+    text = " ".join(str(info.value).split())
+    assert "Ibarrier on the world (call 1): ranks 0,2 wait in it; rank 1 finished; at test_sim_requests_complete.py:" \
+           in text, text
+
+    def polled():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            req = comm.Iallreduce(MPI.IN_PLACE, np.zeros(1))
+            while not req.Test():
+                pass
+
+    from spmdsim.sim import engine
+
+    monkeypatch.setattr(engine, "POLL_STALL_S", 0.3)
+    with pytest.raises(DeadlockError) as info:
+        _run(polled)
+    text = " ".join(str(info.value).split())
+    assert "Iallreduce on the world: rank 0 polls it (Test), and no rank left can complete it; rank 1 finished" \
+           in text, text
+
+    def mixed():
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            comm.Ibarrier().Wait()
+        else:
+            comm.Barrier()
+
+    with pytest.raises(RuntimeMismatchError, match="rank 0 calls Ibarrier but rank 1 calls barrier"):
+        _run(mixed)
+
+
+def test_a_nonblocking_collective_into_mpi_bottom_lands_its_result_when_the_request_completes():
+    # Was: a receive buffer at MPI.BOTTOM (a block per absolute address: Ialltoallw, Ineighbor_alltoallw) got its
+    # result when posted, where every other buffer gets it at completion.
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        send, got = np.array([10 * comm.rank, 10 * comm.rank + 1], "i"), np.zeros(2, "i")
+        a, b = MPI.Get_address(send), MPI.Get_address(got)
+        req = comm.Ialltoallw([MPI.BOTTOM, ([1, 1], [a, a + 4]), [MPI.INT] * 2],
+                              [MPI.BOTTOM, ([1, 1], [b, b + 4]), [MPI.INT] * 2])
+        before = got.tolist()
+        req.Wait()
+        return [before, got.tolist()]
+
+    assert _run(body) == [[[0, 0], [0, 10]], [[0, 0], [1, 11]]]
+
+
+def test_a_split_of_every_rank_in_order_is_named_as_a_split_not_the_world():
+    # Was: 'on the world' for a Split (Create, Create_group, Create_cart, ...) keeping every rank in its order, whose
+    # messages do not match the world's.
+    from mpi4py import MPI
+
+    def body():
+        world = MPI.COMM_WORLD
+        split, group = world.Split(0, world.rank), world.Create_group(world.Get_group())
+        cart = world.Create_cart([world.size])
+        for tag, comm in enumerate((split, group, cart, split.Dup())):
+            if world.rank == 0:
+                comm.send(None, 1, tag)
+        return [repr(split), repr(group)]
+
+    done = _run(body)
+    assert done[0] == ["<simulated Intracomm rank 0 of 2 (a Split of the world)>",
+                       "<simulated Intracomm rank 0 of 2 (a Create_group of the world)>"]
+    assert done.unreceived == tuple(f"a message from rank 0 to rank 1 (tag {tag}, 4 bytes) on {where} was never "
+                                    "received" for tag, where in enumerate((
+                                        "a Split of the world", "a Create_group of the world",
+                                        "a Create_cart of the world", "a Dup of a Split of the world")))

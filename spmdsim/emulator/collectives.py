@@ -9,27 +9,37 @@ Gather and Scatter a count is per peer. Reductions add in a fixed order (member
 0 + member 1 + ..., or MPICH's association), so every rank gets the same bytes on every run.
 Reduce and Allreduce of floating-point values associate as MPICH 5 does
 (spmdsim.sim.orders), so a program prints MPICH's digits.
-Nonblocking forms run when posted (a program posts collectives in the same
-order on every member, as MPI requires: each member waits there for the others)
-and return an active request; what they wrote into the caller's receive buffer
-is taken out again and lands only when the request completes (Wait, Waitall, a
-Test that returns true, ..., or Free), as a program's Irecv does
-(spmdsim.sim.p2p), so that a program reading the buffer before then sees what
-was there before, as on MPI, where it is undefined until completion.
+Nonblocking forms (Iallreduce, Ibarrier, ..., a started Allreduce_init) return at
+once, as MPI's posting must: the member's checks run and its call is deposited
+with a copy of its data (engine.Group.post, `_kept`), without waiting for the
+others. Its request is done once every member has posted the collective (in the
+same order on every member, as MPI requires), and its completion (Wait, Waitall,
+a Test that returns true, ..., or Free once done) runs the member's own phases,
+reading the others' copies and writing its own receive buffer, and what the call
+does after them (a derived datatype's unpacking), as MPICH's progress completes
+it (CollectiveRequest): a program reading the buffer before then sees what was
+there before, as on MPI, where it is undefined until completion. A Wait for a
+collective some member never posts is a deadlock that names the call
+(Ibarrier on the world, call 1).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import ShapeError
+import threading
+
+from ..errors import RuntimeMismatchError, ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..sim._buffers import (BufferSpecError, _unpack, array_of, copy_into, dtype_name, fold, in_place, mpi_error,
+from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, mpi_error,
                             mpi_module, numpy_dtype, reduction)
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
+from ..sim.engine import _Waiting
+from ..sim.report import whereabouts
+from ..sim.requests import Request
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -155,35 +165,131 @@ def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndar
     return mpi_error(mpi, mpi.ERR_TRUNCATE if sent.size > data.size else mpi.ERR_OTHER, detail)
 
 
-def _receive_memory(spec: Any) -> Any:
-    """All the bytes of the program's buffer that the message `spec` receives into (a flat uint8 view), or None
-    where none is to be deferred: no buffer (None, MPI.IN_PLACE), an empty one, or one not read as an array here
-    (MPI.BOTTOM with absolute addresses; a read-only one, which the call refuses itself)."""
-    if spec is None or in_place(spec):
-        return None
-    try:
-        buf = _unpack(spec)[0]
-        if buf is None:
-            return None
-        a = array_of(buf, "receive buffer", readonly=False, typed=True)
-    except Exception:  # noqa: BLE001 - the call reads it again and says what is wrong
-        return None
-    return a.view(np.uint8) if a.nbytes else None
+#: The nonblocking collective request the calling thread posts now (`BufferCollectives._posted`), if any: its
+#: method's rendezvous deposits the call without waiting, and what the method does after it waits for completion.
+_POSTING = threading.local()
+#: Held while a member of a nonblocking collective runs its phases (one at a time: they share the slot).
+_PHASES = threading.Lock()
 
 
-def _deferred(memory: np.ndarray, before: np.ndarray) -> Any:
-    """The bytes of `memory` that differ from `before` (what a nonblocking collective just wrote) put back as they
-    were; returns what writes them again (spmdsim.sim.p2p.land at the request's completion), None if none changed."""
-    changed = memory != before
-    lo = int(changed.argmax())
-    if not changed[lo]:
-        return None
-    hi = changed.size - int(changed[::-1].argmax())
-    after, mask = memory[lo:hi].copy(), changed[lo:hi]
-    memory[lo:hi] = before[lo:hi]
-    if mask.all():  # one run: every byte of it
-        return lambda: np.copyto(memory[lo:hi], after)
-    return lambda: np.copyto(memory[lo:hi], after, where=mask)
+def posting() -> Any:
+    """The request of the nonblocking collective the calling thread is posting now and has not deposited yet
+    (SimComm._enter_all), else None."""
+    req = getattr(_POSTING, "req", None)
+    return req if req is not None and req.deposited is None else None
+
+
+def _kept(data: Any) -> Any:
+    """A copy of a member's posted data (its arrays; lists and tuples of them): what the other members read, each
+    as it completes (this one may have completed and written its buffers again by then). Read when posted, as
+    MPI may (the program must not write a buffer of a pending collective), and so no other thread ever touches
+    this member's buffers, nor holds a view of them (a DLPack producer's reference count, a bytearray's export,
+    stay this rank's own)."""
+    if isinstance(data, np.ndarray):
+        return data.copy()
+    if type(data) in (tuple, list):
+        return type(data)(_kept(d) for d in data)
+    return data
+
+
+class CollectiveRequest(Request):
+    """The request of a nonblocking collective (Iallreduce, Ibarrier, ..., a started Allreduce_init): posting
+    deposits the member's call (engine.Group.post) and returns at once, as MPI's posting does; the request is
+    done once every member posted it, and its completion (Wait, a Test that returns true, ...: sim.p2p.land
+    runs `held`) runs this member's phases of the collective (its reads of the others' data, its writes of its
+    own receive buffer) and what its call does after them (a derived datatype's unpacking), in its own thread:
+    the result lands then, in any buffer. The others read a copy of its data, taken when posted (`_kept`)."""
+
+    __slots__ = ("slot", "deposited", "after", "number", "writes")
+
+    def __init__(self, group: Any, me: int, kind: str) -> None:
+        super().__init__(group, me, kind)
+        self.slot: Any = None  # the rendezvous, once deposited
+        self.deposited: Any = None  # this member's call in it (engine.Call; not `call`, which names a poll)
+        self.after: list = []  # what the method does after its rendezvous, run at completion
+        self.number = 0  # its call number on its communicator (a report names it)
+        self.writes = False  # whether its completion writes into a buffer of the program (a warning says so)
+        self.held = self._complete
+
+    def _block(self) -> None:
+        """Wait (as this rank) until every member posted the collective; the members waiting for one
+        collective are one clause of a deadlock report (`_InCollective`)."""
+        if self.done:
+            return
+        group = self.group
+        world, rank = group.world, group.members[self.me]
+        with world.lock:
+            world.check(rank)
+            if not self.done:
+                world.wait(rank, _InCollective(self))
+
+    def _complete(self) -> None:
+        slot, call, after = self.slot, self.deposited, self.after
+        self.slot, self.after = None, []
+        if slot is None:
+            return
+        phases, call.finish = call.finish or (), None  # they hold this rank's buffers: dropped in its thread
+        if slot.error is not None:
+            raise RuntimeMismatchError(slot.error)
+        with _PHASES:
+            for phase in phases:
+                phase(slot)
+        for step in after:
+            step()
+
+    def free(self) -> None:
+        """MPI forbids freeing a collective's request; MPICH lets the operation go on: a request done already
+        completes now, one not done yet when the last member posts the collective (`landed_freed`)."""
+        world = self.group.world
+        with world.lock:  # against the last member's post (`landed_freed`): one of the two lands it
+            done, self.null = self.done, True
+        super().free()
+        if done:
+            _land(self)
+
+    def why_stuck(self, world: Any) -> tuple[str, str]:
+        """Where the members that have not posted the collective are (world lock held)."""
+        slot = self.slot
+        if slot is None or self.done:
+            return "", ""
+        missing = [m for i, m in enumerate(self.group.members) if slot.calls[i] is None]
+        more = "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
+        return more + (f"; and {len(missing) - 8} more" if len(missing) > 8 else ""), ""
+
+    def never_completes(self, world: Any) -> bool:
+        """Whether a member that has not posted the collective finished (world lock held)."""
+        slot = self.slot
+        return (slot is not None and not self.done
+                and any(slot.calls[i] is None and m in world.finished for i, m in enumerate(self.group.members)))
+
+
+def landed_freed(slot: Any) -> None:
+    """Every member posted the collective of `slot` (the last member to post calls this): the requests the
+    program freed before then complete now, in this thread, as MPICH's progress completes them."""
+    if slot.error is None:
+        for call in slot.calls:
+            req = call.request
+            if req.null and req.held is not None:
+                _land(req)
+
+
+class _InCollective(_Waiting):
+    """A Wait for a nonblocking collective's request, for a report: 'Ibarrier on the world (call 2)', one key
+    for every member waiting for it (released as a wait for the request: World.release)."""
+
+    __slots__ = ()
+
+    def __init__(self, req: CollectiveRequest) -> None:
+        super().__init__(req.kind, req.group, req.number, token=req)
+
+    def key(self) -> tuple:
+        return (self._op, id(self.group), self.seq, "posted")
+
+
+def _land(req: Request) -> None:
+    from ..sim.p2p import land
+
+    land(req)
 
 
 class BufferCollectives:
@@ -209,7 +315,7 @@ class BufferCollectives:
         if in_place(sendbuf):  # this rank's data is in the receive buffer: its blocks packed where they go
             np.copyto(found[0][0], blocks(recvbuf, receives, v, writable=False)[0][0])
         run(sendbuf, found[0])
-        found[1]()
+        self._then(found[1])
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
@@ -221,7 +327,7 @@ class BufferCollectives:
         src = dst if in_place(sendbuf) else _matching("Allreduce", sendbuf, dst, n)
         bodies.all_reduce(self, src, dst, red, dt, allreduce_tree)  # MPICH's association, for floats
         if finish is not None:
-            finish()
+            self._then(finish)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
@@ -246,7 +352,7 @@ class BufferCollectives:
         phases = (fold_all, write) if me == root else (_nothing, _nothing)
         self._enter_all("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src, phases)
         if finish is not None:
-            finish()
+            self._then(finish)
 
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
@@ -268,7 +374,7 @@ class BufferCollectives:
         phases = (fold_mine, write) if upto else (_nothing, _nothing)
         self._enter_all(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src, phases)
         if finish is not None:
-            finish()
+            self._then(finish)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         self._scan("Scan", sendbuf, recvbuf, op, False)
@@ -294,7 +400,7 @@ class BufferCollectives:
             _aliased("Reduce_scatter_block", src[:g * b], dst[:b])
         bodies.reduce_scatter(self, src, dst, b, red, dt)
         if finish is not None:
-            finish()
+            self._then(finish)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
@@ -338,7 +444,7 @@ class BufferCollectives:
 
         self._enter_all("reduce_scatter_v", signature, src, (fold_mine, write))
         if finish is not None:
-            finish()
+            self._then(finish)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._allgather, sendbuf, recvbuf, False)
@@ -453,7 +559,7 @@ class BufferCollectives:
 
         self._enter_all(op, (op, f"root {root}"), data, (copy_mine,))
         if unpack is not None:
-            unpack(n * dst.itemsize)
+            self._then(unpack, n * dst.itemsize)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._alltoall, sendbuf, recvbuf, False, send_blocks=True)
@@ -496,7 +602,7 @@ class BufferCollectives:
             src, ssizes, sdispls = wmessage(sendbuf, "Alltoallw sendbuf", g, writable=False)[:3]
         bodies.all_to_allv(self, src, ssizes, sdispls, dst, rsizes, rdispls, "Alltoallw", "bytes")
         if unpack is not None:
-            unpack()
+            self._then(unpack)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         root = self._root(root, "Bcast")
@@ -506,24 +612,37 @@ class BufferCollectives:
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
         bodies.broadcast(self, data[:n], root, _bcast_count)
         if unpack is not None:
-            unpack(n * data.itemsize)
+            self._then(unpack, n * data.itemsize)
 
-    # -- nonblocking: run when posted, their results landing at completion (see the module docstring) -------
+    # -- nonblocking: posted without waiting, run at completion (see the module docstring) -------
 
-    def _posted(self, method: Callable, *args: Any, into: int = 1) -> Any:
-        """The nonblocking form of `method` (Allreduce: Iallreduce): run now, its request noted until the
-        program completes it (a warning names one it never completes: spmdsim.sim.requests.noted). What it wrote
-        into the receive buffer (`args[into]`) is taken out again until the request completes (`_deferred`)."""
-        from ..sim.requests import completed, noted
+    def _posted(self, method: Callable, *args: Any) -> Any:
+        """The nonblocking form of `method` (Allreduce: Iallreduce): its checks now, its call deposited at its
+        rendezvous without waiting (SimComm._enter_all), the rest at completion (CollectiveRequest), its request
+        noted until the program completes it (a warning names one it never completes: requests.noted)."""
+        from ..sim.requests import noted
 
-        memory = _receive_memory(args[into]) if into < len(args) else None
-        before = None if memory is None else memory.copy()
-        method(*args)
         name = method.__name__
-        req = noted(completed(self._group, self._me), f"I{name[:1].lower()}{name[1:]}", self._group, self._me)
-        if memory is not None:
-            req.held = _deferred(memory, before)
-        return req
+        req = CollectiveRequest(self._group, self._me, f"I{name[:1].lower()}{name[1:]}")
+        _POSTING.req = req
+        try:
+            method(*args)
+        finally:
+            _POSTING.req = None
+        if req.deposited is None:  # no rendezvous: nothing to wait for
+            req.done = True
+        else:
+            req.writes = bool(req.after) or any(phase is not _nothing for phase in req.deposited.finish)
+        return noted(req, req.kind, self._group, self._me)
+
+    def _then(self, step: Callable, *args: Any) -> None:
+        """What a collective does after its rendezvous (a derived datatype's unpacking): now, or, for a
+        nonblocking one being posted, at its completion."""
+        req = getattr(_POSTING, "req", None)
+        if req is None or req.deposited is None:  # (before the rendezvous: a collective the post makes first)
+            step(*args)
+        else:
+            req.after.append(lambda: step(*args))
 
     def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Alltoallw, sendbuf, recvbuf)
@@ -571,7 +690,7 @@ class BufferCollectives:
         return self._posted(self.Alltoallv, sendbuf, recvbuf)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        return self._posted(self.Bcast, buf, root, into=0)
+        return self._posted(self.Bcast, buf, root)
 
     def Ibarrier(self) -> Any:
         return self._posted(self.Barrier)

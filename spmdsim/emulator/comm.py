@@ -15,10 +15,10 @@ from typing import Any
 
 from .. import context as _local
 from ..sim._buffers import mpi_error, mpi_module, special
-from .collectives import BufferCollectives
-from ..sim.engine import Group, SimulationError
+from .collectives import BufferCollectives, _kept, landed_freed, posting
+from ..sim.engine import Call, Group, SimulationError
 from ..sim import thread_engine as bodies
-from ..sim.thread_engine import THREADS, Count, Member
+from ..sim.thread_engine import THREADS, Count, Member, _freed
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
 from .objects import ObjectCollectives
@@ -88,6 +88,32 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     @property
     def _seq(self) -> int:
         return self._h.seq
+
+    def _enter_all(self, op: str, signature: tuple, data: Any, finish: tuple, complete: Any = None) -> Any:
+        req = posting()
+        if req is None:
+            return Member._enter_all(self, op, signature, data, finish, complete)
+        return self._post(req, signature, data, finish)
+
+    def _enter(self, op: str, signature: tuple, data: Any = None, complete: Any = None) -> Any:
+        req = posting() if op == "barrier" else None  # Ibarrier (an object collective inside a post waits)
+        if req is None:
+            return Member._enter(self, op, signature, data, complete)
+        return self._post(req, signature, data, ())
+
+    def _post(self, req: Any, signature: tuple, data: Any, finish: tuple) -> Any:
+        """Deposit this member's call of the nonblocking collective `req` is the request of, without waiting
+        (engine.Group.post): named as the program called it (Iallreduce), which a blocking call does not match."""
+        h = self._h
+        if h is None or h.freed:
+            raise _freed(self, req.kind)
+        h.seq += 1
+        call = Call(req.kind, (req.kind, *signature[1:]), _kept(data), None, finish)
+        call.request, req.deposited, req.number = req, call, h.seq
+        req.slot = slot = self._group.post(self._me, h.seq, call)
+        if req.done:  # posted last: requests freed meanwhile complete now
+            landed_freed(slot)
+        return slot
 
     # -- identity -------------------------------------------------------------------------
 
@@ -167,10 +193,18 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Split(self, color: int = 0, key: int = 0) -> "SimComm":
         """Members with equal `color` form a new communicator, ordered by (key, rank here)."""
+        return self._split(color, key, "Split")
+
+    def _split(self, color: int, key: int, call: str) -> "SimComm":
+        """`Split` for `call` (Split, Create, Create_cart, ...): a new communicator of every rank of the world in
+        its order is named for the call ('a Split of the world', as a Dup is 'a Dup of the world'), not as the
+        world, which it is not (messages on one do not match messages on the other)."""
         self._live_handle()
         new = bodies.split(self, color, key, special("UNDEFINED"))
         if new is None:
             return comm_null()
+        if new.made is None and new.members == tuple(range(new.world.size)):  # else its ranks name it
+            new.made = f"a {call} of {self._group.label()}"
         return self._inherits(SimComm(new, new.members.index(self.world_rank)))
 
     def _inherits(self, new: "SimComm") -> "SimComm":
@@ -197,7 +231,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
             if mpi is not None:
                 raise mpi.Exception(mpi.ERR_ARG)
             raise ValueError(f"Split_type: split type {split_type!r} is not an MPI.COMM_TYPE_*")
-        return self.Split(color, key)
+        return self._split(color, key, "Split_type")
 
     def Dup(self, info: Any = None) -> "SimComm":
         group = self._group
@@ -232,8 +266,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         members = tuple(_sim_group(group)._live()._members)
         self._subset("Create", members)
         mine = self.world_rank
-        new = self.Split(min(members) if mine in members else special("UNDEFINED"),
-                         members.index(mine) if mine in members else 0)
+        new = self._split(min(members) if mine in members else special("UNDEFINED"),
+                          members.index(mine) if mine in members else 0, "Create")
         if isinstance(new, SimComm) and new._group.members != members:
             text = (f"Create: rank {mine} passed the group of world ranks {list(members)}, which overlaps a group "
                     f"another rank passed and differs from it (together they make {list(new._group.members)}): "
@@ -284,7 +318,10 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         self._h.creates[key] = n + 1
         with world.lock:  # the first member to come makes the shared group; the last forgets it
             table = world.__dict__.setdefault("subgroups", {})
-            entry = table.setdefault((id(self._group), key, n), [Group(world, members), 0])
+            entry = table.get((id(self._group), key, n))
+            if entry is None:  # every rank of the world in its order: named for the call, as Split's (`_split`)
+                made = f"a {call} of {self._group.label()}" if members == tuple(range(world.size)) else None
+                entry = table[(id(self._group), key, n)] = [Group(world, members, made), 0]
             entry[1] += 1
             if entry[1] == len(members):
                 del table[(id(self._group), key, n)]

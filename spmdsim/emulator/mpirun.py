@@ -146,8 +146,14 @@ def _program(kind: str, what: str) -> int:
     scope = module.__dict__
     try:
         if kind == "module":
-            # what run_module runs, in our module; a module not found: one line, as python -m says it
-            name, spec, code = runpy._get_module_details(what, _NotRunnable)
+            # what run_module runs, in our module; a module not found: one line naming the command, in Python's
+            # words after it, and Python's exit status (1), which mpiexec passes on
+            try:
+                name, spec, code = runpy._get_module_details(what, _NotRunnable)
+            except _NotRunnable as exc:
+                import shlex
+
+                raise _NotRunnable(f"python -m {shlex.quote(what)}: {exc}") from None
             scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
                          __loader__=spec.loader, __package__=name.rpartition(".")[0], __spec__=spec,
                          __builtins__=rank_builtins())

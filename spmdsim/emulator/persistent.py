@@ -5,9 +5,9 @@ A persistent request is inactive when made: truthy, unequal to MPI.REQUEST_NULL,
 on it returns at once with an empty status, as MPI's. ``Start`` posts its operation (the nonblocking
 call of the same name, with the arguments given at ``..._init``: the buffer's contents when started are
 sent, as MPI's); Wait, Test and the class methods (``MPI.Prequest.Waitall``) complete it, and it is
-inactive again. ``Free`` makes it null. A collective's persistent form starts its nonblocking form,
-which runs when every member posted it and lands its result when the request completes, as the
-emulator's nonblocking collectives do (spmdsim.emulator.collectives).
+inactive again. ``Free`` makes it null. A collective's persistent form starts its nonblocking form:
+``Start`` returns at once, and the completion, once every member started it, runs the rank's part and
+lands its result, as the emulator's nonblocking collectives do (spmdsim.emulator.collectives).
 """
 from __future__ import annotations
 

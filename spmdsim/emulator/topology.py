@@ -62,7 +62,7 @@ def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[A
         raise _error("ERR_ARG", f"Create_cart: dims {list(dims)!r} (periods {list(periods)!r}) do not fit "
                                 f"a communicator of {comm.size} ranks")
     inside = comm.rank < math.prod(dims)
-    sub = comm.Split(0 if inside else special("UNDEFINED"), comm.rank)
+    sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_cart")
     if not inside:
         return comm_null()
     return SimCartComm(sub, dims, periods)
@@ -126,7 +126,8 @@ class _Neighbourhood(SimComm):
     inoutedges = property(lambda self: tuple(list(side) for side in self._inout()))
 
     def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
-        """Deposit `src` (`blocks(j)`: the slice of it for destination j), then fill each receive block
+        """Deposit `src` (`blocks(src, j)`: the slice of it for destination j; `src` passed in, so that a
+        nonblocking form's kept copy of it is the one read: spmdsim.emulator.collectives._kept), then fill each receive block
         rblocks[i] = (start, count) of `dst` from source i's block for this rank: the members meet once,
         the last to arrive filling every member's blocks (Group.enter_all), as the other collectives do."""
         null = special("PROC_NULL")
@@ -137,8 +138,8 @@ class _Neighbourhood(SimComm):
             for i, nb in enumerate(sources):
                 if nb == null:
                     continue
-                _, theirs, pick = slot.calls[nb].data
-                sent = pick(self._sent_index(i, nb, sources, theirs))
+                data, theirs, pick = slot.calls[nb].data
+                sent = pick(data, self._sent_index(i, nb, sources, theirs))
                 start, count = rblocks[i]
                 part = dst[start:start + count]
                 if sent.nbytes != part.nbytes:
@@ -157,7 +158,7 @@ class _Neighbourhood(SimComm):
         src, n, _ = message(sendbuf, "Neighbor_allgather sendbuf")
         src = src[:n]
         dst, c, _ = message(recvbuf, "Neighbor_allgather recvbuf", blocks=k, readonly=False)
-        self._exchange("neighbor_allgather", src, lambda j: src, dst, [(i * c, c) for i in range(k)])
+        self._exchange("neighbor_allgather", src, lambda s, j: s, dst, [(i * c, c) for i in range(k)])
 
     def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._neighbor_allgatherv, sendbuf, recvbuf, True, False, self.degrees[::-1])
@@ -167,7 +168,7 @@ class _Neighbourhood(SimComm):
         src, n, _ = message(sendbuf, "Neighbor_allgatherv sendbuf")
         src = src[:n]
         dst, counts, displs, _ = vector(recvbuf, "Neighbor_allgatherv recvbuf", k, readonly=False)
-        self._exchange("neighbor_allgatherv", src, lambda j: src, dst, list(zip(displs, counts)))
+        self._exchange("neighbor_allgatherv", src, lambda s, j: s, dst, list(zip(displs, counts)))
 
     def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._neighbor_alltoall, sendbuf, recvbuf, False, True, self.degrees[::-1])
@@ -176,7 +177,7 @@ class _Neighbourhood(SimComm):
         kin, kout = self.degrees
         src, n, _ = message(sendbuf, "Neighbor_alltoall sendbuf", blocks=kout)
         dst, c, _ = message(recvbuf, "Neighbor_alltoall recvbuf", blocks=kin, readonly=False)
-        self._exchange("neighbor_alltoall", src, lambda j: src[j * n:(j + 1) * n], dst,
+        self._exchange("neighbor_alltoall", src, lambda s, j: s[j * n:(j + 1) * n], dst,
                        [(i * c, c) for i in range(kin)])
 
     def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -186,7 +187,7 @@ class _Neighbourhood(SimComm):
         kin, kout = self.degrees
         src, scounts, sdispls, _ = vector(sendbuf, "Neighbor_alltoallv sendbuf", kout)
         dst, counts, displs, _ = vector(recvbuf, "Neighbor_alltoallv recvbuf", kin, readonly=False)
-        self._exchange("neighbor_alltoallv", src, lambda j: src[sdispls[j]:sdispls[j] + scounts[j]], dst,
+        self._exchange("neighbor_alltoallv", src, lambda s, j: s[sdispls[j]:sdispls[j] + scounts[j]], dst,
                        list(zip(displs, counts)))
 
     def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -194,10 +195,10 @@ class _Neighbourhood(SimComm):
         kin, kout = self.degrees
         dst, rsizes, rdispls, unpack = wmessage(recvbuf, "Neighbor_alltoallw recvbuf", kin, writable=True)
         src, ssizes, sdispls = wmessage(sendbuf, "Neighbor_alltoallw sendbuf", kout, writable=False)[:3]
-        self._exchange("neighbor_alltoallw", src, lambda j: src[sdispls[j]:sdispls[j] + ssizes[j]], dst,
+        self._exchange("neighbor_alltoallw", src, lambda s, j: s[sdispls[j]:sdispls[j] + ssizes[j]], dst,
                        list(zip(rdispls, rsizes)))
         if unpack is not None:
-            unpack()
+            self._then(unpack)
 
     def neighbor_allgather(self, sendobj: Any) -> list:
         """Each source's object (None from MPI.PROC_NULL), as mpi4py's pickled neighbour allgather."""
@@ -227,7 +228,7 @@ class _Neighbourhood(SimComm):
         self._enter_all(op, (op,), (destinations, pick), (unpickle,))
         return received
 
-    # Nonblocking: run when posted, the result landing at completion, as the other nonblocking collectives (_posted).
+    # Nonblocking: posted without waiting, run at completion, as the other nonblocking collectives (_posted).
     def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Neighbor_allgather, sendbuf, recvbuf)
 
@@ -361,7 +362,7 @@ class SimCartComm(_Neighbourhood):
         for c, d, k in zip(here, self._dims, keep):
             if not k:
                 color = color * d + c
-        sub = self.Split(color, self.rank)
+        sub = self._split(color, self.rank, "Sub")
         return SimCartComm(sub, [d for d, k in zip(self._dims, keep) if k],
                            [p for p, k in zip(self._periods, keep) if k])
 
@@ -401,7 +402,7 @@ def create_graph(comm: SimComm, index: Any, edges: Any, reorder: bool = False) -
     """MPI_Graph_create: the first len(index) members form the graph; the others get MPI.COMM_NULL."""
     index, edges = _graph(index, edges, comm.size, "Create_graph")
     inside = comm.rank < len(index)
-    sub = comm.Split(0 if inside else special("UNDEFINED"), comm.rank)
+    sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_graph")
     if not inside:
         return comm_null()
     return SimGraphComm(sub, index, edges)
@@ -503,7 +504,7 @@ def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, s
     _check_ranks(sources, destinations, comm.size, "Create_dist_graph_adjacent")
     weights = None if sw is None and dw is None else \
         (sw if sw is not None else [1] * len(sources), dw if dw is not None else [1] * len(destinations))
-    return SimDistGraphComm(comm.Split(0, comm.rank), sources, destinations, weights)
+    return SimDistGraphComm(comm._split(0, comm.rank, "Create_dist_graph_adjacent"), sources, destinations, weights)
 
 
 def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
@@ -518,7 +519,7 @@ def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: A
     if any(d < 0 for d in degrees):
         raise _detailed("ERR_ARG", f"Create_dist_graph: degrees {degrees!r} must not be negative")
     _check_ranks(sources, destinations, comm.size, "Create_dist_graph")
-    sub = comm.Split(0, comm.rank)
+    sub = comm._split(0, comm.rank, "Create_dist_graph")
     everyone = sub.allgather((sources, degrees, destinations, given))
     me = sub.rank
     ins, outs, in_weights, out_weights = [], [], [], []

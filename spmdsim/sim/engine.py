@@ -149,7 +149,7 @@ class Call(_Waiting):
     """One member's collective call: what it is (`signature`, compared across members) and its data; while
     the member waits in it, what it waits in (a _Waiting of its group and call number, set on arrival)."""
 
-    __slots__ = ("signature", "data", "complete", "finish", "raised")
+    __slots__ = ("signature", "data", "complete", "finish", "raised", "request")
 
     def __init__(self, op: str, signature: tuple, data: Any = None,
                  complete: Optional[Callable[[Any], None]] = None,
@@ -161,6 +161,7 @@ class Call(_Waiting):
         # Group.enter_all: this member's reads and writes, one function of the slot per phase
         self.finish = finish
         self.raised: Optional[BaseException] = None  # what this member's finish raised
+        self.request: Any = None  # a nonblocking collective's request (`Group.post`): its member does not wait here
 
     def describe(self) -> str:
         """'allreduce float64 x3 sum': the op, then what must match (counts marked with x)."""
@@ -239,9 +240,7 @@ class Group:
             slot.error = self._mismatch(slot, me, seq)
         last = slot.error is None and slot.arrived == self.size
         if slot.error is not None:
-            for i, other in enumerate(slot.calls):
-                if other is not None and i != me:
-                    world.release(self.members[i], None, self)
+            self._let_go(slot, me)
             raise RuntimeMismatchError(slot.error)
         if last:
             del self.slots[seq]  # every member holds the slot now
@@ -253,6 +252,44 @@ class Group:
             if slot.error is not None:
                 raise RuntimeMismatchError(slot.error)
         return slot, last
+
+    def _let_go(self, slot: _Slot, me: int) -> None:
+        """Let the other members that arrived in `slot` go on (world lock held): those waiting in it, and the
+        requests of those that posted it (`post`: their completion raises the slot's error)."""
+        world = self.world
+        for i, other in enumerate(slot.calls):
+            if other is not None and i != me:
+                if other.request is None:
+                    world.release(self.members[i], None, self)
+                else:
+                    other.request.done = True
+                    world.release(self.members[i], other.request)
+
+    def post(self, me: int, seq: int, call: Call) -> _Slot:
+        """Deposit member `me`'s nonblocking collective call number `seq` without waiting (MPI: posting a
+        nonblocking collective does not block); once every member posted it, each member's request
+        (`call.request`) is done, and its completion runs that member's `finish` phases
+        (spmdsim.emulator.collectives). Raises RuntimeMismatchError when the calls differ (the members that
+        posted before raise it at completion)."""
+        world = self.world
+        with world.lock:
+            if world.deadlock is not None or world.failure is not None:
+                world.check(self.members[me], self)
+            slot = self.slots.get(seq)
+            if slot is None:
+                slot = self.slots[seq] = _Slot(self.size, call.signature)
+            slot.calls[me] = call
+            slot.arrived += 1
+            if slot.error is None and call.signature != slot.signature:
+                slot.error = self._mismatch(slot, me, seq)
+            if slot.error is not None:
+                self._let_go(slot, me)
+                raise RuntimeMismatchError(slot.error)
+            if slot.arrived == self.size:
+                del self.slots[seq]
+                call.request.done = True
+                self._let_go(slot, me)
+        return slot
 
     def enter_all(self, me: int, seq: int, call: Call) -> _Slot:
         """`enter`, then every member's `call.finish` phases run by the last member to arrive, in

@@ -294,7 +294,7 @@ def _land(recv: Request, payload: Any) -> None:
 def land(recv: Request) -> None:
     """The message a deferring receive holds lands in its buffer: its completion (Wait, a Test that returns
     true, Get_status that does, ...), in its owner's thread. A nonblocking collective's request holds what writes
-    its result (a function: spmdsim.emulator.collectives._deferred)."""
+    what completes it (a function: spmdsim.emulator.collectives.CollectiveRequest)."""
     held, recv.held = recv.held, None
     if callable(held):
         held()
@@ -393,8 +393,8 @@ def uncompleted(world: Any) -> tuple[str, ...]:
         article = "an" if call[:1] in "AEIOUaeiou" or call.startswith(("Rput", "Rget", "Racc", "Rsend")) else "a"
         if part is None:  # a collective
             what = f"{article} {call} of {rank_name(group, me)}{where}{at}"
-            lost = ": its result never reached its receive buffer" if any(
-                p.held is not None for p in (req, *req.parts)) else ""
+            lost = ": its result never reached its receive buffer" if any(  # `writes`: emulator.collectives'
+                p.held is not None and getattr(p, "writes", True) for p in (req, *req.parts)) else ""
         else:
             peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)
             tag = "any" if part.tag == special("ANY_TAG") else part.tag
