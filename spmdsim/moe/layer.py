@@ -61,7 +61,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .. import ops
-from ..buffers import broadcast_zero, contiguous, into
+from ..buffers import contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid, silu_slope
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
@@ -74,6 +74,7 @@ from ..runtime.exchange import group_alltoallv
 from ..runtime.replay import capturing, kernel
 from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
+from .losses import router_losses
 from .routing import Routing, dispatch_rows, gates_backward, planned, route
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem", "input_problem"]
@@ -145,10 +146,6 @@ def input_problem(x: Any) -> Optional[str]:
     return None
 
 
-def _row_max(block: np.ndarray) -> np.ndarray:
-    return block.max(axis=-1, keepdims=True)
-
-
 def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[list] = None) -> tuple[Any, Any]:
     """(output (T, B, D) in x's layout, the weighted router losses: a scalar) of the MoE layer `pre` ("h1.").
 
@@ -173,22 +170,30 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
                               params.get(pre + "moe.b2"), moe, pre.rstrip("."), stats, params.get(pre + "moe.w3"),
                               params.get(pre + "moe.b3"))
     T, B, E = probs.global_shape
-    N = T * B
     # Load balancing, E * sum_e f_e P_e: f_e the share of the k N assignments routed to e (counted, no
-    # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability.
-    batch = tuple(a for a in mesh.layout.alias_name if a != "tp" and mesh.layout.axis_size(a) > 1)
-    f = DTensor(mesh, (counts / (moe.top_k * N)).astype(probs.local.dtype, copy=False),
-                mesh.layout(None).with_partial(batch), (E,))
-    f = ops.resolved(f)
-    aux = ops.sum(ops.mean(probs, (0, 1)) * f) * float(E)
-    # z-loss: mean over tokens of logsumexp(logits)^2; the shift is a constant (no gradient through it).
-    # (A dry run's: the engine's zeros, the logits' pages not read.)
-    rows = logits.local.shape[:-1] + (1,)
-    top = DTensor(mesh, mesh.engine.local(_row_max, broadcast_zero(rows, logits.local.dtype), logits.local),
-                  logits.layout, (T, B, 1))
-    lse = ops.log(ops.sum(ops.exp(logits - top), -1, keepdims=True)) + top
-    z = ops.mean(lse * lse)
-    return out, aux * moe.aux_loss_coeff + z * moe.z_loss_coeff
+    # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability; the z-loss, the
+    # mean over tokens of logsumexp(logits)^2: one node (spmdsim.moe.losses).
+    f = DTensor._trusted(mesh, (counts / (moe.top_k * T * B)).astype(probs.local.dtype, copy=False),
+                         _counts_layout(mesh.layout), (E,))
+    return out, router_losses(logits, probs, ops.resolved(f), moe.aux_loss_coeff, moe.z_loss_coeff, pre.rstrip("."))
+
+
+def _counts_layout(mesh: Any) -> Any:
+    """The layout of a layer's (E,) assignment shares on device matrix `mesh`: whole, pending over the batch's
+    axes (those other than tp, of size above one); one object per device matrix, so that their Allreduce's
+    plan is found by it (spmdsim.runtime.executor.redistribute) rather than made again each call."""
+    seen = _COUNTS_LAYOUTS.get(id(mesh))
+    if seen is not None and seen[0] is mesh:
+        return seen[1]
+    batch = tuple(a for a in mesh.alias_name if a != "tp" and mesh.axis_size(a) > 1)
+    if len(_COUNTS_LAYOUTS) >= 64:
+        _COUNTS_LAYOUTS.clear()
+    layout = mesh(None).with_partial(batch)
+    _COUNTS_LAYOUTS[id(mesh)] = (mesh, layout)  # (held: its id is not reused while the entry lives)
+    return layout
+
+
+_COUNTS_LAYOUTS: dict = {}  # id(device matrix) -> (it, `_counts_layout`'s answer)
 
 
 def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoEConfig, name: str = "moe",
