@@ -55,6 +55,7 @@ def _chain(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: float) ->
 #: (id(probs' layout), id(logits'), id(f's), the shapes, the dtype) -> (those three layout objects, the losses'
 #: layout, its gradient's layout): by the layout objects (the entry holds them, so their ids are not reused).
 _CALLS: dict = {}
+_SUM = np.add.reduce  # np.sum's kernel on an array, without its Python wrapper (the same call)
 _FLOATS = frozenset(np.dtype(t) for t in (np.float32, np.float64))
 
 
@@ -89,20 +90,20 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
     count = T * B  # the entries each mean sums (the z-loss's: T B 1)
     # The chain's forward kernels (spmdsim.ops.reduce, spmdsim.ops.pointwise), in its order; a 0-d result as the
     # 0-d array its DTensor held; its Python numbers as the 0-d arrays `ops.pointwise.lift` made of them.
-    m = np.asanyarray(np.sum(p, axis=(0, 1), keepdims=False)) / np.asarray(count, dtype)
+    m = np.asanyarray(_SUM(p, axis=(0, 1), keepdims=False)) / np.asarray(count, dtype)
     pm = m * fb
-    s = np.asanyarray(np.sum(pm, axis=(0,), keepdims=False))
+    s = np.asanyarray(_SUM(pm, axis=(0,), keepdims=False))
     e_n = np.asarray(float(E), dtype)
     aux = np.asanyarray(s * e_n)
     top = _row_max(lg)
     shifted = lg - top
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # as ops.exp and ops.log run
         ex = np.exp(shifted)
-        sums = np.asanyarray(np.sum(ex, axis=(2,), keepdims=True))
+        sums = np.asanyarray(_SUM(ex, axis=(2,), keepdims=True))
         logs = np.log(sums)
     lse = logs + top
     sq = lse * lse
-    z = np.asanyarray(np.asanyarray(np.sum(sq, axis=(0, 1, 2), keepdims=False)) / np.asarray(count, dtype))
+    z = np.asanyarray(np.asanyarray(_SUM(sq, axis=(0, 1, 2), keepdims=False)) / np.asarray(count, dtype))
     a_n, z_n = np.asarray(aux_coeff, dtype), np.asarray(z_coeff, dtype)
     a1 = np.asanyarray(aux * a_n)
     z1 = np.asanyarray(z * z_n)
@@ -119,17 +120,18 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
         g = dy._local if not CAPTURING[0] else dy.local
         counting = _flops._OPEN
         gz, ga = g * z_n, g * a_n
-        dsq = _spread(np.expand_dims(gz, (0, 1, 2)) / count, sq.shape)
+        spread = _spread if CAPTURING[0] else _filled
+        dsq = spread(gz[None, None, None] / count, sq.shape)
         d1, d2 = dsq * lse, dsq * lse
         dlse = d1 + d2  # the walk's sum of lse's two gradients (spmdsim.autograd.engine.add_grads)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             dsums = dlse / sums
-        dex = _spread(dsums, ex.shape)
+        dex = spread(dsums, ex.shape)
         dlogits = dex * ex
         ds = ga * e_n
-        dpm = _spread(np.expand_dims(ds, (0,)), pm.shape)
+        dpm = spread(ds[None], pm.shape)
         dm = dpm * fb
-        dprobs = _spread(np.expand_dims(dm, (0, 1)) / count, p.shape)
+        dprobs = spread(dm[None, None] / count, p.shape)
         if counting:  # the chain's rules' counts (their `_count_grads` and reductions' sweeps), in their order
             sweep("mul", [g, z, z_n], [z])
             sweep("mul", [g, aux, a_n], [aux])
@@ -153,3 +155,11 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
 def _spread(d: np.ndarray, shape: tuple) -> np.ndarray:
     """A sum's (or mean's) gradient spread over the dims it summed, a block of its own (the reduce rule's)."""
     return np.broadcast_to(d, shape).copy(order="K")
+
+
+def _filled(d: np.ndarray, shape: tuple) -> np.ndarray:
+    """`_spread`'s values in a C-ordered block, without numpy's Python broadcast_to (a captured step's
+    blocks come from its allocator: there `_spread`)."""
+    out = np.empty(shape, d.dtype)
+    out[...] = d
+    return out
