@@ -33,6 +33,7 @@ from .config import GPTConfig
 # Megatron's plan is spmdsim.gpt.layouts' (pure); the model runs with it, and its names stay importable here.
 from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ..autograd.kept import KEPT, kept_problem
+from ..context import current
 from ..ops import fused, megatron
 from .memory import RECOMPUTE, recompute_problem
 from ..precision import is_low, precision as get_precision, precision_problem
@@ -68,6 +69,18 @@ def _with_losses(h: Any, losses: Any) -> Any:
         return dy, ones
 
     return record(out, "router losses attached", (h, losses), backward, reads=())
+
+
+_MOE_LAYER: Any = None  # spmdsim.moe.layer.moe_layer, bound on first use (an import statement costs ~2 us a call;
+# the module runs collectives, so it is not imported with this one)
+
+
+def _moe_layer() -> Any:
+    global _MOE_LAYER
+    from ..moe.layer import moe_layer
+
+    _MOE_LAYER = moe_layer
+    return moe_layer
 
 
 class GPT:
@@ -407,16 +420,14 @@ class GPT:
         block's output (`_with_losses`, Megatron's MoEAuxLossAutoScaler), so that the region recomputed in the
         backward (routing its tokens and exchanging them again, as Megatron's does) differentiates them once;
         the recomputation adds neither the losses nor the dispatch figures a second time."""
-        from ..context import current
-        from ..moe.layer import moe_layer
-
         pre = f"h{layer}."
         again = current().phase == "recompute"
         with kept_as("mlp"):
-            out, losses = moe_layer(m, self.params, pre, self.cfg.moe, None if again else self.moe_stats)
+            out, losses = (_MOE_LAYER or _moe_layer())(m, self.params, pre, self.cfg.moe,
+                                                       None if again else self.moe_stats)
             if not again:
                 self._router_losses.append(losses)
-            out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
+            out = self._as_act(out)  # with sp: a local slice (a redistribution)
             if self.kept == "megatron":  # Megatron's bias_dropout_add (no bias): the boolean mask kept alone
                 drop = self.cfg.dropout if train else 0.0
                 seed = self._seed(step, pre + "resid2", micro) if drop else None

@@ -56,12 +56,15 @@ makes none of the experts' products.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .. import ops
-from ..buffers import broadcast_zero, contiguous, into
+from ..buffers import contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid, silu_slope
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
@@ -74,6 +77,7 @@ from ..runtime.exchange import group_alltoallv
 from ..runtime.replay import capturing, kernel
 from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
+from .losses import router_losses
 from .routing import Routing, dispatch_rows, gates_backward, planned, route
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem", "input_problem"]
@@ -145,10 +149,6 @@ def input_problem(x: Any) -> Optional[str]:
     return None
 
 
-def _row_max(block: np.ndarray) -> np.ndarray:
-    return block.max(axis=-1, keepdims=True)
-
-
 def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[list] = None) -> tuple[Any, Any]:
     """(output (T, B, D) in x's layout, the weighted router losses: a scalar) of the MoE layer `pre` ("h1.").
 
@@ -159,11 +159,17 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     """
     mesh = x.mesh
     w1 = params[pre + "moe.w1"]
-    problem = moe_problem(mesh, moe, tuple(x.global_shape), w1.global_shape[2]) or input_problem(x)
-    if problem:
-        raise SpmdsimError(problem)
+    layout, hidden = x._layout, w1._shape[2]
+    seen = _LAYER_CHECKED.get((id(layout), x._shape, moe.experts, hidden))
+    if seen is None or seen is not layout:  # (checked once per layout object, shape, experts and width)
+        problem = moe_problem(mesh, moe, tuple(x.global_shape), hidden) or input_problem(x)
+        if problem:
+            raise SpmdsimError(problem)
+        if len(_LAYER_CHECKED) >= 256:
+            _LAYER_CHECKED.clear()
+        _LAYER_CHECKED[(id(layout), x._shape, moe.experts, hidden)] = layout  # (held: its id is not reused)
     router = params[pre + "moe.router"]
-    if is_low(x.local.dtype):  # the router in float32 (Megatron's --moe-router-dtype fp32): a bfloat16 softmax
+    if is_low(x._local.dtype):  # the router in float32 (Megatron's --moe-router-dtype fp32): a bfloat16 softmax
         x32, router = ops.astype(x, np.float32), ops.astype(router, np.float32)  # would tie most top-k choices
     else:
         x32 = x
@@ -173,22 +179,36 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
                               params.get(pre + "moe.b2"), moe, pre.rstrip("."), stats, params.get(pre + "moe.w3"),
                               params.get(pre + "moe.b3"))
     T, B, E = probs.global_shape
-    N = T * B
     # Load balancing, E * sum_e f_e P_e: f_e the share of the k N assignments routed to e (counted, no
-    # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability.
-    batch = tuple(a for a in mesh.layout.alias_name if a != "tp" and mesh.layout.axis_size(a) > 1)
-    f = DTensor(mesh, (counts / (moe.top_k * N)).astype(probs.local.dtype, copy=False),
-                mesh.layout(None).with_partial(batch), (E,))
-    f = ops.resolved(f)
-    aux = ops.sum(ops.mean(probs, (0, 1)) * f) * float(E)
-    # z-loss: mean over tokens of logsumexp(logits)^2; the shift is a constant (no gradient through it).
-    # (A dry run's: the engine's zeros, the logits' pages not read.)
-    rows = logits.local.shape[:-1] + (1,)
-    top = DTensor(mesh, mesh.engine.local(_row_max, broadcast_zero(rows, logits.local.dtype), logits.local),
-                  logits.layout, (T, B, 1))
-    lse = ops.log(ops.sum(ops.exp(logits - top), -1, keepdims=True)) + top
-    z = ops.mean(lse * lse)
-    return out, aux * moe.aux_loss_coeff + z * moe.z_loss_coeff
+    # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability; the z-loss, the
+    # mean over tokens of logsumexp(logits)^2: one node (spmdsim.moe.losses).
+    f = DTensor._trusted(mesh, (counts / (moe.top_k * T * B)).astype(probs.local.dtype, copy=False),
+                         _counts_layout(mesh.layout), (E,))
+    return out, router_losses(logits, probs, ops.resolved(f), moe.aux_loss_coeff, moe.z_loss_coeff, pre.rstrip("."))
+
+
+def _counts_layout(mesh: Any) -> Any:
+    """The layout of a layer's (E,) assignment shares on device matrix `mesh`: whole, pending over the batch's
+    axes (those other than tp, of size above one); one object per device matrix, so that their Allreduce's
+    plan is found by it (spmdsim.runtime.executor.redistribute) rather than made again each call."""
+    seen = _COUNTS_LAYOUTS.get(id(mesh))
+    if seen is not None and seen[0] is mesh:
+        return seen[1]
+    batch = tuple(a for a in mesh.alias_name if a != "tp" and mesh.axis_size(a) > 1)
+    if len(_COUNTS_LAYOUTS) >= 64:
+        _COUNTS_LAYOUTS.clear()
+    layout = mesh(None).with_partial(batch)
+    _COUNTS_LAYOUTS[id(mesh)] = (mesh, layout)  # (held: its id is not reused while the entry lives)
+    return layout
+
+
+_COUNTS_LAYOUTS: dict = {}  # id(device matrix) -> (it, `_counts_layout`'s answer)
+#: (id(tokens' layout), their global shape, experts, the experts' hidden width) -> that layout, for the
+#: layers that passed `moe_problem` and `input_problem` (pure of the key).
+_LAYER_CHECKED: dict = {}
+#: (id(tokens' layout), id(probabilities' layout)) -> (those two layouts), for the pairs that passed
+#: `moe_experts`' checks (pure of the key).
+_EXPERTS_CHECKED: dict = {}
 
 
 def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoEConfig, name: str = "moe",
@@ -197,19 +217,24 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     before dropping): route, dispatch, run the experts, combine; one node in the graph. `x` as `moe_layer`
     takes it (`input_problem`), `probs` (T, B, E) laid out alike. `w3` (and `b3`): SwiGLU experts' second
     column-parallel weight, laid out as w1; a bias None is not added (a model without biases)."""
-    problem = input_problem(x) or (None if probs.layout.tensor_map == x.layout.tensor_map and
-                                   not probs.layout.addend_axes else
-                                   f"the router's probabilities are laid out {probs.layout}; expected the "
-                                   f"tokens' layout {x.layout}")
-    if problem:
-        raise SpmdsimError(problem)
+    seen = _EXPERTS_CHECKED.get((id(x._layout), id(probs._layout)))
+    if seen is None or seen[0] is not x._layout or seen[1] is not probs._layout:
+        problem = input_problem(x) or (None if probs.layout.tensor_map == x.layout.tensor_map and
+                                       not probs.layout.addend_axes else
+                                       f"the router's probabilities are laid out {probs.layout}; expected the "
+                                       f"tokens' layout {x.layout}")
+        if problem:
+            raise SpmdsimError(problem)
+        if len(_EXPERTS_CHECKED) >= 256:
+            _EXPERTS_CHECKED.clear()
+        _EXPERTS_CHECKED[(id(x._layout), id(probs._layout))] = (x._layout, probs._layout)  # (held)
     mesh = x.mesh
     T, bl, D = x.local.shape
     E, k = moe.experts, moe.top_k
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     El = E // ep
     names = _present(b1, b2, w3, b3)
-    weights = tuple(w for w in (w1, b1, w2, b2, w3, b3) if w is not None)  # in `names`' order
+    weights = tuple(filter(_NOT_NONE, (w1, b1, w2, b2, w3, b3)))  # in `names`' order
     if dry_run_active():
         return _dry_experts(x, probs, weights, names, moe, name, stats)
     C = moe.capacity(T)
@@ -225,14 +250,16 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         got = alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
-    W1, B1, W2, B2, W3, B3 = (None if w is None else w.local for w in (w1, b1, w2, b2, w3, b3))
+    W1, W2 = w1.local, w2.local
+    B1, B2 = None if b1 is None else b1.local, None if b2 is None else b2.local
+    W3, B3 = (None, None) if w3 is None else (w3.local, None if b3 is None else b3.local)
     mixed = x.local.dtype != np.float64  # under a precision policy (spmdsim.precision): its rounding points
     forward, backward_of = (_experts_forward_mixed, _experts_backward_mixed) if mixed else \
         (_experts_forward, _experts_backward)
     hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
     us = more[0] if more else None  # SwiGLU's x @ w3 + b3, kept for the backward
     back = _combined(plan, ye, per_expert, got)
-    out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
+    out = _tensor(x, _unpack(back, rows, gates), x._layout)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
         _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                        blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
@@ -242,8 +269,10 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
                D * x.local.itemsize)
     tensors = (x, probs) + weights
-    if all(t._ag is None for t in tensors):
+    if not any(map(_AG, tensors)):  # (a node or leaf is true)
         return out, load
+    over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
+    over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
 
     def backward(dy: Any) -> tuple:
         dgates, dback = _combine_grad(dy.local, back, rows, gates)
@@ -259,10 +288,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
                            backward=True, names=names,
                            blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
                                        dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=W2, w3=W3))
-        over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
-        over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
-        return ((_grad(x, dx, over_tp), _grad(probs, dprobs, ()))
-                + tuple(_grad(w, g, over_dp) for w, g in zip(weights, grads)))
+        return (_grad(x, dx, over_tp), _grad(probs, dprobs, ())) + tuple(map(_grad, weights, grads, repeat(over_dp)))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
     return out, load
@@ -319,8 +345,16 @@ def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optiona
 def _present(b1: Any, b2: Any, w3: Any, b3: Any) -> tuple:
     """The experts' weights' names, in the order the layer takes and returns them: w1 (b1), w2 (b2), and a SwiGLU
     expert's w3 (b3); a bias the model does not have (None) left out."""
-    given = dict(b1=b1, b2=b2, w3=w3, b3=b3)
-    return tuple(n for n in ("w1", "b1", "w2", "b2", "w3", "b3") if n in ("w1", "w2") or given[n] is not None)
+    key = (b1 is None, b2 is None, w3 is None, b3 is None)
+    names = _NAMES.get(key)
+    if names is None:
+        given = dict(zip(("b1", "b2", "w3", "b3"), key))
+        names = _NAMES[key] = tuple(n for n in ("w1", "b1", "w2", "b2", "w3", "b3")
+                                    if n in ("w1", "w2") or not given[n])
+    return names
+
+
+_NAMES: dict = {}  # which of b1, b2, w3, b3 are None -> `_present`'s names (sixteen patterns at most)
 
 
 def _batched(a: np.ndarray, El: int) -> np.ndarray:
@@ -870,7 +904,21 @@ def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tupl
 def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:
     if like._ag is None:
         return None
-    return type(like)(like.mesh, local, with_partial(like.layout, pending), like.global_shape)
+    return _tensor(like, local, with_partial(like._layout, pending))
+
+
+def _tensor(like: Any, local: np.ndarray, layout: Any) -> Any:
+    """A DTensor of `like`'s mesh and global shape, block `local`, in `layout` (`like`'s tensor map): built
+    without DTensor()'s checks where the block is C-ordered, of `like`'s block's shape and a float dtype (the
+    layer's own arrays, always), else by DTensor() (which names what is wrong)."""
+    if type(local) is np.ndarray and local.shape == like._local.shape and local.dtype in _FLOATS \
+            and local.flags.c_contiguous:
+        return type(like)._trusted(like._mesh, local, layout, like._shape)
+    return type(like)(like.mesh, local, layout, like.global_shape)
+
+
+_FLOATS = frozenset(np.dtype(t) for t in (np.float32, np.float64))
+_AG, _NOT_NONE = attrgetter("_ag"), partial(is_not, None)
 
 
 class _Exchange:
