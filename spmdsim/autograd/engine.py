@@ -30,7 +30,7 @@ from ..flops import any_open, hold, sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, _Mode, _passed, stale_reads, used_axes, with_partial
 
-__all__ = ["backward", "reduce_grads", "gradients", "grad_layout", "add_grads"]
+__all__ = ["backward", "backward_kept", "kept_leaves", "reduce_grads", "gradients", "grad_layout", "add_grads"]
 
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
@@ -60,32 +60,51 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
         _refuse_options(explain, retain_graph, create_graph)
+    cap = _bucket_cap(bucket)
+    kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
+        kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
-        _backward(loss, explain, bucket, gradient, keep_pending)
+        _backward(loss, explain, cap, gradient, kept)
     finally:
         context.phase = was
 
 
-def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, keep_pending: Any) -> None:
-    """`backward`'s walk."""
-    cap = _bucket_cap(bucket)
-    kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
-        _kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
-    DTensor = (_RUNTIME or _runtime())[0]
+def backward_kept(loss: Any, gradient: Any, kept: set) -> None:
+    """``backward(loss, gradient=gradient, keep_pending=params)`` where `kept` is ``kept_leaves(params)``, made
+    once for many backwards: a pipeline stage's microbatches (spmdsim.gpt.pipeline) keep the same parameters
+    pending every microbatch, so their entries are checked once a step, not once a microbatch (issue 58)."""
+    context = current()
+    was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
+    try:
+        _backward(loss, None, 0, gradient, kept)
+    finally:
+        context.phase = was
 
-    _check_loss(loss, gradient)
-    order = _topological(loss._ag)
+
+def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kept: Any) -> None:
+    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or ())."""
+    DTensor = (_RUNTIME or _runtime())[0]
+    if type(loss) is not DTensor or type(loss._ag) is not Node or not (
+            gradient is None and loss._shape == _SCALAR or type(gradient) is DTensor and gradient._shape == loss._shape
+            and gradient._layout.layout is loss._layout.layout):  # else (most calls) nothing to refuse
+        _check_loss(loss, gradient)
+    node = loss._ag
+    order = _topological(node)
     if order[-1].seq < _Mode.step_seq:  # a node recorded before this thread's last step (never a normal step's)
         _refuse_stale(order)
+    layout = loss._layout
     if gradient is None:
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
         ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
-        gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
-    grads: dict = {}
-    owners: dict = {}  # Node/Leaf -> its tensor's layout (a leaf's gradient's target)
-    _take(grads, owners, (loss,), (gradient,))  # the loss is a node's output, never a leaf
+        gradient = DTensor(loss.mesh, ones, with_partial(layout, ()), loss.global_shape)
+    if gradient._layout is not layout or layout.partial:  # `_take`'s move of the loss's gradient (a node's)
+        target = grad_layout(layout, gradient._layout)
+        if gradient._layout is not target:
+            gradient = _move(gradient, target)
+    grads: dict = {node: gradient}
+    owners: dict = {node: layout}  # Node/Leaf -> its tensor's layout (a leaf's gradient's target)
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
     _walk(order, grads, owners, explain, readers)
     # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
@@ -304,7 +323,7 @@ def _refuse_stale(order: list) -> None:
             "backward() before step())")
 
 
-def _kept_leaves(keep_pending: Any) -> set:
+def kept_leaves(keep_pending: Any) -> set:
     """The ids of the leaves `backward(keep_pending=...)` names, or the error every rank raises alike (before
     any collective). One DTensor was iterated by rows (each a new tensor, no leaf) and anything that is not a
     leaf was skipped, so the gradients named were summed at once without a word."""
@@ -623,6 +642,8 @@ def _take(grads: dict, owners: dict, inputs: tuple, outs: tuple) -> None:
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:
+    """Refuse a loss or an upstream gradient `backward` cannot take (alike on every rank: shapes, layouts, the
+    graph)."""
     shape = getattr(loss, "global_shape", None)
     if shape is None or not hasattr(loss, "_ag"):
         raise OperatorError(f"backward() needs a DTensor loss, got {type(loss).__name__}")
@@ -647,6 +668,9 @@ def _check_loss(loss: Any, gradient: Any) -> None:
                             "computed from has requires_grad_() (or it was computed under no_grad())")
     if isinstance(loss._ag, Leaf):
         raise OperatorError("backward() of a leaf: the loss must be computed from the parameters")
+
+
+_SCALAR = ()  # a scalar loss's global shape
 
 
 def _topological(root: Any) -> list:

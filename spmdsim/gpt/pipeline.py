@@ -443,6 +443,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
     found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`."""
+    from ..autograd.engine import backward_kept, kept_leaves
     from ..pipeline.schedule import Compute
     from ..runtime.dtensor import DTensor
     from ..runtime.door import messages, point_to_point
@@ -469,6 +470,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         return buffers.contiguous(block[mine] if scatter else block)
 
     tag_micro = microbatches > 1
+    # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
+    kept = kept_leaves(params)
     # A kernel while a step is captured; a dry run, which captures none (its steps count bytes), stamps plainly.
     stamp = _stamp if mesh.engine.dry else kernel(_stamp)
 
@@ -476,15 +479,19 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
     # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
     first_backward: dict = {}
-    for action in program:
-        if isinstance(action, Compute) and action.kind == "B":
-            first_backward.setdefault(action.chunk, action.microbatch)
+    if repeat is not None:
+        for action in program:
+            if isinstance(action, Compute) and action.kind == "B":
+                first_backward.setdefault(action.chunk, action.microbatch)
 
     def forward(mb: int, c: int) -> None:
         nonlocal held, most
         held += 1
-        most = max(most, held)
-        if repeat is not None and mb != first_backward.get(c) and repeat.again(("F", c)):
+        if held > most:
+            most = held
+        if repeat is None:  # (a real run: every cell runs, none measured)
+            _forward(mb, c)
+        elif mb != first_backward.get(c) and repeat.again(("F", c)):
             # a dry run's later microbatch: the first's figures
             outputs[(mb, c)] = stand = repeat.output(("F", c))
             stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
@@ -511,15 +518,18 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         if watch is not None:
             watch.backward(c)
         out = outputs.pop((mb, c))
-        if isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
+        if repeat is None:  # (a real run: every cell runs, none measured)
+            backward_kept(out, None if c == last else upstream.pop((mb, c)), kept)
+        elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
             upstream.pop((mb, c), None)
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
                 raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
             if c > 0:
                 sent_grads[(mb, c)] = blocks.zeros(wire_shape)
             return
-        with _first(repeat, ("B", c)):
-            out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
+        else:
+            with _first(repeat, ("B", c)):
+                out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
         if c > 0:
             sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
 
