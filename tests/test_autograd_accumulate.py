@@ -160,3 +160,32 @@ def test_backward_kept_is_backward_with_keep_pending():
             assert x.tobytes() == y.tobytes()
         assert refused == ("backward(gradient): gradient of global shape (4, 3) for a tensor of global shape "
                            "(4, 2); expected the same shape")
+
+
+def test_the_walk_notes_a_tensor_s_layout_only_where_its_gradient_takes_another():
+    """The walk keeps a gradient laid out by its tensor's very layout object without noting that layout (most
+    gradients: the sum of such addends keeps the object), and notes it where an addend came in another (a
+    replicated leaf's, pending over dp): the leaves' ``.grad`` come out alike either way (issue 58: a store
+    fewer per gradient)."""
+    from spmdsim.autograd import engine
+
+    def body(mesh, x_of, leaves):
+        a, b, v = leaves
+        x = x_of(1.0)
+        s = DTensor.from_global(mesh, np.arange(8.0).reshape(4, 2) / 3, x.layout).requires_grad_()
+        y = x @ a + s
+        loss = ops.sum((y + s) * y)
+        ones = DTensor.from_global(mesh, np.ones(()), loss.layout.layout())
+        grads, owners = {loss._ag: ones}, {}
+        engine._walk(engine._topological(loss._ag), grads, owners)
+        noted = (a._ag in owners, s._ag in owners, grads[s._ag]._layout is s._layout, owners.get(a._ag) is a._layout)
+        y = x @ a + s
+        ops.sum((y + s) * y).backward()
+        return noted, a.grad.gather(), s.grad.gather()
+
+    S = np.arange(8.0).reshape(4, 2) / 3
+    Y = A @ W + S
+    for noted, da, ds in _run(body):
+        assert noted == (True, False, True, True)
+        np.testing.assert_allclose(da, A.T @ (2 * Y + S), rtol=1e-13)
+        np.testing.assert_allclose(ds, 3 * Y + S, rtol=1e-13)

@@ -104,7 +104,7 @@ def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kep
         if gradient._layout is not target:
             gradient = _move(gradient, target)
     grads: dict = {node: gradient}
-    owners: dict = {node: layout}  # Node/Leaf -> its tensor's layout (a leaf's gradient's target)
+    owners: dict = {}  # Node/Leaf -> its tensor's layout where its gradient's is not it (see `_walk`)
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
     _walk(order, grads, owners, explain, readers)
     # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
@@ -114,7 +114,7 @@ def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kep
 def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
     """Run each node's backward of `order` (latest first) on its output's gradient in `grads` (popped), freeing
     the node, and add the gradients it gives its inputs to `grads` (`_take`); `owners` notes the layout of the
-    tensor of each. `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
+    tensor of each whose gradient is not laid out by that very object (`_take` notes every one's). `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
     if explain is not None or _flops._BLOCKS:  # (a counter opens and closes outside the walk, as `any_open`'s)
         _walk_noted(order, grads, owners, explain, readers)
         return
@@ -143,14 +143,16 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 seen = cached((id(layout), id(have)))
                 target = seen[2] if seen is not None else grad_layout(layout, have)
                 if have is not target:
-                    g = _move(g, target)
-            else:
-                target = layout
+                    g = _move(g, target)  # (of `target`'s layout, or an equal one)
+                if key not in owners:
+                    owners[key] = layout
+            # Else `g` is laid out by `layout` itself, and so is their sum while every addend is: `owners` notes
+            # a tensor's layout only where an addend took another (its sum's layout object then is another).
             have = grads.get(key)
             if have is None:
-                grads[key], owners[key] = g, layout
+                grads[key] = g
             else:
-                grads[key] = add_grads(have, g, target)
+                grads[key] = add_grads(have, g, g._layout)
 
 
 def _walk_noted(order: list, grads: dict, owners: dict, explain: Optional[list], readers: Any) -> None:
@@ -186,11 +188,12 @@ def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners
 
 def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: float, explain: Optional[list],
                     readers: dict) -> None:
-    """The walk's end: each leaf's gradient (in `grads`, its tensor's layout in `owners`) added into ``.grad``, in
-    `leaves`' order (first contribution: the same on every rank); left pending for the leaves in `kept` (their
-    ids), else its replicas' parts summed (in buckets when `cap` is not 0), as its `_LeafPlan` says."""
+    """The walk's end: each leaf's gradient (in `grads`; its tensor's layout in `owners`, else the gradient's own
+    layout object, as `_walk` keeps them) added into ``.grad``, in `leaves`' order (first contribution: the same
+    on every rank); left pending for the leaves in `kept` (their ids), else its replicas' parts summed (in
+    buckets when `cap` is not 0), as its `_LeafPlan` says."""
     gs = list(map(grads.pop, leaves))
-    own = tuple(map(owners.__getitem__, leaves))
+    own = tuple(map(owners.get, leaves, map(_LAYOUT, gs)))
     plan = _leaf_plan(leaves, gs, own, kept, cap)
     counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
     if plan.kept:  # their gradients as they are
@@ -376,8 +379,9 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
     lost = [leaf for leaf in grads if type(leaf) is Leaf and id(leaf) not in wanted]  # (the walk leaves leaves)
     if lost:
         g = grads[lost[0]]
+        layout = owners.get(lost[0], g._layout)
         raise OperatorError(f"a recomputed region read a tensor requiring grad that it was not given "
-                            f"(global shape {tuple(g._shape)!r}, layout {owners[lost[0]]}); pass every "
+                            f"(global shape {tuple(g._shape)!r}, layout {layout}); pass every "
                             "parameter it reads among its inputs")
     return tuple(None if t is None or t._ag is None else grads.get(t._ag) for t in wrt)
 
