@@ -358,5 +358,7 @@ def test_a_block_reads_its_names_and_sizes_made_once_a_model(extra):
             optional = {n.ln1b, n.ln2b, n.bq, n.bv, n.bo, n.b1, n.b2} | ({n.b3} if n.swiglu else set())
             assert wanted <= held and all(name.startswith(f"h{k}.") for name in wanted | optional)
             assert (optional & held) == {name for name in held if name.startswith(f"h{k}.")} - wanted
+            assert [c.kind for c in (n.norm, n.attention, n.core, n.mlp)] == [
+                "layer norm", "attention", "attention core", "mlp"]  # (the kept_as contexts its parts enter)
             assert (n.rope, n.grouped, n.swiglu, n.kv, n.head_dim) == (
                 cfg.positions == "rope", cfg.kv != cfg.heads, cfg.mlp == "swiglu", cfg.kv, cfg.head_dim)

@@ -72,11 +72,14 @@ def _with_losses(h: Any, losses: Any) -> Any:
 
 class _Layer:
     """What `GPT._block` reads of block `layer` beside its tensors, worked out once a model: its parameters' and
-    dropout sites' names (each a string made once, where the block made ~20 a forward: issue 58) and the
-    config's sizes and choices for it (a frozen GPTConfig's: they never change)."""
+    dropout sites' names (each a string made once, where the block made ~20 a forward: issue 58), the
+    config's sizes and choices for it (a frozen GPTConfig's: they never change), and the `kept_as` contexts
+    its parts enter, one object a kind (entered one after another, never one inside itself: a model is one
+    rank's, its blocks run one at a time)."""
 
     __slots__ = ("ln1w", "ln1b", "wq", "bq", "wk", "wv", "bv", "attn", "wo", "bo", "resid1", "ln2w", "ln2b", "w1",
-                 "b1", "w3", "b3", "w2", "b2", "resid2", "kv", "head_dim", "rope", "grouped", "moe", "swiglu")
+                 "b1", "w3", "b3", "w2", "b2", "resid2", "kv", "head_dim", "rope", "grouped", "moe", "swiglu",
+                 "norm", "attention", "core", "mlp")
 
     def __init__(self, cfg: GPTConfig, layer: int) -> None:
         pre = f"h{layer}."
@@ -89,6 +92,8 @@ class _Layer:
         self.kv, self.head_dim = cfg.kv, cfg.head_dim
         self.rope, self.grouped = cfg.positions == "rope", cfg.kv != cfg.heads
         self.moe, self.swiglu = cfg.is_moe(layer), cfg.mlp == "swiglu"
+        self.norm, self.attention, self.core, self.mlp = (kept_as("layer norm"), kept_as("attention"),
+                                                          kept_as("attention core"), kept_as("mlp"))
 
 
 class GPT:
@@ -240,10 +245,10 @@ class GPT:
         if n is None:
             n = self._layers[layer] = _Layer(cfg, layer)
         T, B = h.global_shape[:2]
-        with kept_as("layer norm"):
+        with n.norm:
             a = self._gathered(self._normed(h, n.ln1w, n.ln1b))
         # x W (+ b), reshaped to the heads: one node each (spmdsim.ops.fused); no key bias (spmdsim.gpt.params)
-        with kept_as("attention"):
+        with n.attention:
             q = fused.einsum_bias("tbd,de->tbe", a, p[n.wq], p.get(n.bq), (T, B, cfg.heads, n.head_dim))
             k = fused.einsum_bias("tbd,de->tbe", a, p[n.wk], None, (T, B, n.kv, n.head_dim))
             v = fused.einsum_bias("tbd,de->tbe", a, p[n.wv], p.get(n.bv), (T, B, n.kv, n.head_dim))
@@ -255,17 +260,17 @@ class GPT:
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
         seed = self._seed(step, n.attn, micro) if drop else None
-        with kept_as("attention core"):
+        with n.core:
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
                               recompute=self.recompute == "selective")
-        with kept_as("attention"):
+        with n.attention:
             proj = self._row_out(fused.reshape_einsum(o, (T, B, cfg.d_model), "tbd,de->tbe", p[n.wo]))
             h = self._residual(h, proj, n.bo, n.resid1, step, train, micro)
-        with kept_as("layer norm"):
+        with n.norm:
             m = self._gathered(self._normed(h, n.ln2w, n.ln2b))
         if n.moe:
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
-        with kept_as("mlp"):
+        with n.mlp:
             z = fused.einsum_bias("tbd,de->tbe", m, p[n.w1], p.get(n.b1))
             if n.swiglu:  # silu(m w1 + b1) * (m w3 + b3)
                 m = ops.silu(z) * fused.einsum_bias("tbd,de->tbe", m, p[n.w3], p.get(n.b3))
