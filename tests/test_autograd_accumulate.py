@@ -126,3 +126,66 @@ def test_the_engine_makes_a_bucket_s_tensors_with_every_slot_of_a_dtensor():
     from spmdsim.runtime.dtensor import DTensor as Runtime
 
     assert sorted(engine.TENSOR_SLOTS) == sorted(Runtime.__slots__)
+
+
+def test_backward_kept_is_backward_with_keep_pending():
+    """engine.backward_kept(loss, gradient, kept_leaves(params)), a pipeline stage's microbatch backward
+    (spmdsim.gpt.pipeline), fills ``.grad`` as ``loss.backward(gradient=..., keep_pending=params)`` does, bit for
+    bit, its loss and gradient checked alike."""
+    from spmdsim.autograd import engine
+
+    def body(mesh, x_of, leaves):
+        a, b, v = leaves
+        kept = engine.kept_leaves([a, b])
+        sums = []
+        for fast in (False, True):
+            for s in SCALES:
+                y = x_of(s) @ (a * b + ops.reshape(v, (3, 2)))
+                g = DTensor.from_global(mesh, np.full((4, 2), s), y.layout)
+                if fast:
+                    engine.backward_kept(y, g, kept)
+                else:
+                    y.backward(gradient=g, keep_pending=[a, b])
+            sums.append([t.grad.local.copy() for t in leaves])
+            for t in leaves:
+                t.grad = None
+        try:  # a gradient of another shape: the same one-line refusal as backward's
+            engine.backward_kept(x_of(1.0) @ a, DTensor.from_global(mesh, np.ones((4, 3)), y.layout), kept)
+        except spmdsim.SpmdsimError as e:
+            refused = str(e)
+        return sums, refused
+
+    for (slow, fast), refused in _run(body):
+        for x, y in zip(slow, fast):
+            assert x.tobytes() == y.tobytes()
+        assert refused == ("backward(gradient): gradient of global shape (4, 3) for a tensor of global shape "
+                           "(4, 2); expected the same shape")
+
+
+def test_the_walk_notes_a_tensor_s_layout_only_where_its_gradient_takes_another():
+    """The walk keeps a gradient laid out by its tensor's very layout object without noting that layout (most
+    gradients: the sum of such addends keeps the object), and notes it where an addend came in another (a
+    replicated leaf's, pending over dp): the leaves' ``.grad`` come out alike either way (issue 58: a store
+    fewer per gradient)."""
+    from spmdsim.autograd import engine
+
+    def body(mesh, x_of, leaves):
+        a, b, v = leaves
+        x = x_of(1.0)
+        s = DTensor.from_global(mesh, np.arange(8.0).reshape(4, 2) / 3, x.layout).requires_grad_()
+        y = x @ a + s
+        loss = ops.sum((y + s) * y)
+        ones = DTensor.from_global(mesh, np.ones(()), loss.layout.layout())
+        grads, owners = {loss._ag: ones}, {}
+        engine._walk(engine._topological(loss._ag), grads, owners)
+        noted = (a._ag in owners, s._ag in owners, grads[s._ag]._layout is s._layout, owners.get(a._ag) is a._layout)
+        y = x @ a + s
+        ops.sum((y + s) * y).backward()
+        return noted, a.grad.gather(), s.grad.gather()
+
+    S = np.arange(8.0).reshape(4, 2) / 3
+    Y = A @ W + S
+    for noted, da, ds in _run(body):
+        assert noted == (True, False, True, True)
+        np.testing.assert_allclose(da, A.T @ (2 * Y + S), rtol=1e-13)
+        np.testing.assert_allclose(ds, 3 * Y + S, rtol=1e-13)

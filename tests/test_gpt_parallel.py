@@ -325,3 +325,40 @@ def test_general_operator_examples_pass(script):
                if line and not line.startswith(("#", '"""', "import", "from")) and ".local" not in line]
     assert ".local" not in (ROOT / script).read_text()
     assert len(program) > 5
+
+
+@pytest.mark.parametrize("extra", [{}, dict(norm="rms", mlp="swiglu", heads=4, kv_heads=2, positions="rope",
+                                            bias=False, tied=False)])
+def test_a_block_reads_its_names_and_sizes_made_once_a_model(extra):
+    """A block's parameter and dropout-site names and the config's sizes are made at its first forward and
+    read again by the next (issue 58: ~20 strings a block a forward); each name of a parameter is one the
+    model holds, or an optional bias it has none of; the forwards' losses are the same values."""
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.gpt import batch
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.gpt.params import param_specs
+
+    cfg = GPTConfig(**{**dict(layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2), **extra})
+
+    def main():
+        mesh = Mesh(Layout((2, 1), ("dp", "tp")))
+        model = GPT(cfg, mesh)
+        x, y = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in batch(TEXT, cfg, 0))
+        first = float(model.loss(x, y, 0).gather())
+        layers = dict(model._layers)
+        second = float(model.loss(x, y, 0).gather())
+        return first, second, layers, model._layers, set(model.params)
+
+    names = {s.name for s in param_specs(cfg)}
+    for first, second, layers, again, held in spmdsim.simulate(2, main):
+        assert first == second and held == names
+        assert sorted(layers) == [0, 1] and all(again[k] is layers[k] for k in layers)
+        for k, n in layers.items():
+            wanted = {n.ln1w, n.wq, n.wk, n.wv, n.wo, n.ln2w, n.w1, n.w2} | ({n.w3} if n.swiglu else set())
+            optional = {n.ln1b, n.ln2b, n.bq, n.bv, n.bo, n.b1, n.b2} | ({n.b3} if n.swiglu else set())
+            assert wanted <= held and all(name.startswith(f"h{k}.") for name in wanted | optional)
+            assert (optional & held) == {name for name in held if name.startswith(f"h{k}.")} - wanted
+            assert [c.kind for c in (n.norm, n.attention, n.core, n.mlp)] == [
+                "layer norm", "attention", "attention core", "mlp"]  # (the kept_as contexts its parts enter)
+            assert (n.rope, n.grouped, n.swiglu, n.kv, n.head_dim) == (
+                cfg.positions == "rope", cfg.kv != cfg.heads, cfg.mlp == "swiglu", cfg.kv, cfg.head_dim)

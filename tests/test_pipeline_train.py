@@ -447,19 +447,18 @@ def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch
     output's node wants), not by an equal one of the model's: the backward's layout tests stop at `is`, as
     between the layers of one chunk (issue 58: an equal object cost comparisons and moves each microbatch).
     Every step checked against one process; without sp at tp 2 the boundaries scatter and gather over tp."""
-    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.autograd import engine
 
     cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=4, dropout=0.1)
     same = []
-    backward = DTensor.backward
+    backward = engine.backward_kept  # (each microbatch's backward: the pipeline's entry)
 
-    def spied(self, *a, **k):
-        gradient = k.get("gradient")
+    def spied(loss, gradient, kept):
         if gradient is not None:
-            same.append(gradient._layout is self._layout)
-        backward(self, *a, **k)
+            same.append(gradient._layout is loss._layout)
+        backward(loss, gradient, kept)
 
-    monkeypatch.setattr(DTensor, "backward", spied)
+    monkeypatch.setattr(engine, "backward_kept", spied)
 
     def main():
         run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, tp, 2, IDS, sp=sp, microbatches=2)
@@ -468,3 +467,22 @@ def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch
 
     assert all(all(p) for p in spmdsim.simulate(2 * tp, main))
     assert len(same) == 2 * 2 * tp and all(same)  # stage 0's ranks: 2 microbatches x 2 steps each
+
+
+def test_a_step_checks_the_parameters_its_microbatches_keep_pending_once(monkeypatch):
+    """Every microbatch's backward keeps the stage's parameters pending; a step checks them once
+    (engine.kept_leaves), not once per microbatch (issue 58), and still agrees with one process."""
+    from spmdsim.autograd import engine
+
+    checked = []
+    kept_leaves = engine.kept_leaves
+    monkeypatch.setattr(engine, "kept_leaves", lambda params: checked.append(len(params)) or kept_leaves(params))
+    cfg = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, dropout=0.0)
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, 1, 2, IDS, microbatches=4)
+        run.close()
+        return [r.passed for r in results]
+
+    assert all(all(p) for p in spmdsim.simulate(2, main))
+    assert len(checked) == 2 * 2  # 2 ranks x 2 steps, of 4 microbatches each

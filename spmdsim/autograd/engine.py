@@ -30,7 +30,7 @@ from ..flops import any_open, hold, sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, _Mode, _passed, stale_reads, used_axes, with_partial
 
-__all__ = ["backward", "reduce_grads", "gradients", "grad_layout", "add_grads"]
+__all__ = ["backward", "backward_kept", "kept_leaves", "reduce_grads", "gradients", "grad_layout", "add_grads"]
 
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
@@ -60,32 +60,51 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
         _refuse_options(explain, retain_graph, create_graph)
+    cap = _bucket_cap(bucket)
+    kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
+        kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
-        _backward(loss, explain, bucket, gradient, keep_pending)
+        _backward(loss, explain, cap, gradient, kept)
     finally:
         context.phase = was
 
 
-def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, keep_pending: Any) -> None:
-    """`backward`'s walk."""
-    cap = _bucket_cap(bucket)
-    kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
-        _kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
-    DTensor = (_RUNTIME or _runtime())[0]
+def backward_kept(loss: Any, gradient: Any, kept: set) -> None:
+    """``backward(loss, gradient=gradient, keep_pending=params)`` where `kept` is ``kept_leaves(params)``, made
+    once for many backwards: a pipeline stage's microbatches (spmdsim.gpt.pipeline) keep the same parameters
+    pending every microbatch, so their entries are checked once a step, not once a microbatch (issue 58)."""
+    context = current()
+    was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
+    try:
+        _backward(loss, None, 0, gradient, kept)
+    finally:
+        context.phase = was
 
-    _check_loss(loss, gradient)
-    order = _topological(loss._ag)
+
+def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kept: Any) -> None:
+    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or ())."""
+    DTensor = (_RUNTIME or _runtime())[0]
+    if type(loss) is not DTensor or type(loss._ag) is not Node or not (
+            gradient is None and loss._shape == _SCALAR or type(gradient) is DTensor and gradient._shape == loss._shape
+            and gradient._layout.layout is loss._layout.layout):  # else (most calls) nothing to refuse
+        _check_loss(loss, gradient)
+    node = loss._ag
+    order = _topological(node)
     if order[-1].seq < _Mode.step_seq:  # a node recorded before this thread's last step (never a normal step's)
         _refuse_stale(order)
+    layout = loss._layout
     if gradient is None:
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
         ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
-        gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
-    grads: dict = {}
-    owners: dict = {}  # Node/Leaf -> its tensor's layout (a leaf's gradient's target)
-    _take(grads, owners, (loss,), (gradient,))  # the loss is a node's output, never a leaf
+        gradient = DTensor(loss.mesh, ones, with_partial(layout, ()), loss.global_shape)
+    if gradient._layout is not layout or layout.partial:  # `_take`'s move of the loss's gradient (a node's)
+        target = grad_layout(layout, gradient._layout)
+        if gradient._layout is not target:
+            gradient = _move(gradient, target)
+    grads: dict = {node: gradient}
+    owners: dict = {}  # Node/Leaf -> its tensor's layout where its gradient's is not it (see `_walk`)
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
     _walk(order, grads, owners, explain, readers)
     # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
@@ -95,7 +114,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
 def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
     """Run each node's backward of `order` (latest first) on its output's gradient in `grads` (popped), freeing
     the node, and add the gradients it gives its inputs to `grads` (`_take`); `owners` notes the layout of the
-    tensor of each. `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
+    tensor of each whose gradient is not laid out by that very object (`_take` notes every one's). `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
     if explain is not None or _flops._BLOCKS:  # (a counter opens and closes outside the walk, as `any_open`'s)
         _walk_noted(order, grads, owners, explain, readers)
         return
@@ -124,14 +143,16 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 seen = cached((id(layout), id(have)))
                 target = seen[2] if seen is not None else grad_layout(layout, have)
                 if have is not target:
-                    g = _move(g, target)
-            else:
-                target = layout
+                    g = _move(g, target)  # (of `target`'s layout, or an equal one)
+                if key not in owners:
+                    owners[key] = layout
+            # Else `g` is laid out by `layout` itself, and so is their sum while every addend is: `owners` notes
+            # a tensor's layout only where an addend took another (its sum's layout object then is another).
             have = grads.get(key)
             if have is None:
-                grads[key], owners[key] = g, layout
+                grads[key] = g
             else:
-                grads[key] = add_grads(have, g, target)
+                grads[key] = add_grads(have, g, g._layout)
 
 
 def _walk_noted(order: list, grads: dict, owners: dict, explain: Optional[list], readers: Any) -> None:
@@ -167,11 +188,12 @@ def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners
 
 def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: float, explain: Optional[list],
                     readers: dict) -> None:
-    """The walk's end: each leaf's gradient (in `grads`, its tensor's layout in `owners`) added into ``.grad``, in
-    `leaves`' order (first contribution: the same on every rank); left pending for the leaves in `kept` (their
-    ids), else its replicas' parts summed (in buckets when `cap` is not 0), as its `_LeafPlan` says."""
+    """The walk's end: each leaf's gradient (in `grads`; its tensor's layout in `owners`, else the gradient's own
+    layout object, as `_walk` keeps them) added into ``.grad``, in `leaves`' order (first contribution: the same
+    on every rank); left pending for the leaves in `kept` (their ids), else its replicas' parts summed (in
+    buckets when `cap` is not 0), as its `_LeafPlan` says."""
     gs = list(map(grads.pop, leaves))
-    own = tuple(map(owners.__getitem__, leaves))
+    own = tuple(map(owners.get, leaves, map(_LAYOUT, gs)))
     plan = _leaf_plan(leaves, gs, own, kept, cap)
     counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
     if plan.kept:  # their gradients as they are
@@ -304,7 +326,7 @@ def _refuse_stale(order: list) -> None:
             "backward() before step())")
 
 
-def _kept_leaves(keep_pending: Any) -> set:
+def kept_leaves(keep_pending: Any) -> set:
     """The ids of the leaves `backward(keep_pending=...)` names, or the error every rank raises alike (before
     any collective). One DTensor was iterated by rows (each a new tensor, no leaf) and anything that is not a
     leaf was skipped, so the gradients named were summed at once without a word."""
@@ -357,8 +379,9 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
     lost = [leaf for leaf in grads if type(leaf) is Leaf and id(leaf) not in wanted]  # (the walk leaves leaves)
     if lost:
         g = grads[lost[0]]
+        layout = owners.get(lost[0], g._layout)
         raise OperatorError(f"a recomputed region read a tensor requiring grad that it was not given "
-                            f"(global shape {tuple(g._shape)!r}, layout {owners[lost[0]]}); pass every "
+                            f"(global shape {tuple(g._shape)!r}, layout {layout}); pass every "
                             "parameter it reads among its inputs")
     return tuple(None if t is None or t._ag is None else grads.get(t._ag) for t in wrt)
 
@@ -623,6 +646,8 @@ def _take(grads: dict, owners: dict, inputs: tuple, outs: tuple) -> None:
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:
+    """Refuse a loss or an upstream gradient `backward` cannot take (alike on every rank: shapes, layouts, the
+    graph)."""
     shape = getattr(loss, "global_shape", None)
     if shape is None or not hasattr(loss, "_ag"):
         raise OperatorError(f"backward() needs a DTensor loss, got {type(loss).__name__}")
@@ -647,6 +672,9 @@ def _check_loss(loss: Any, gradient: Any) -> None:
                             "computed from has requires_grad_() (or it was computed under no_grad())")
     if isinstance(loss._ag, Leaf):
         raise OperatorError("backward() of a leaf: the loss must be computed from the parameters")
+
+
+_SCALAR = ()  # a scalar loss's global shape
 
 
 def _topological(root: Any) -> list:

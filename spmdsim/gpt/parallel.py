@@ -83,6 +83,32 @@ def _moe_layer() -> Any:
     return moe_layer
 
 
+class _Layer:
+    """What `GPT._block` reads of block `layer` beside its tensors, worked out once a model: its parameters' and
+    dropout sites' names (each a string made once, where the block made ~20 a forward: issue 58), the
+    config's sizes and choices for it (a frozen GPTConfig's: they never change), and the `kept_as` contexts
+    its parts enter, one object a kind (entered one after another, never one inside itself: a model is one
+    rank's, its blocks run one at a time)."""
+
+    __slots__ = ("ln1w", "ln1b", "wq", "bq", "wk", "wv", "bv", "attn", "wo", "bo", "resid1", "ln2w", "ln2b", "w1",
+                 "b1", "w3", "b3", "w2", "b2", "resid2", "kv", "head_dim", "rope", "grouped", "moe", "swiglu",
+                 "norm", "attention", "core", "mlp")
+
+    def __init__(self, cfg: GPTConfig, layer: int) -> None:
+        pre = f"h{layer}."
+        self.ln1w, self.ln1b, self.ln2w, self.ln2b = pre + "ln1.w", pre + "ln1.b", pre + "ln2.w", pre + "ln2.b"
+        self.wq, self.bq, self.wk = pre + "attn.wq", pre + "attn.bq", pre + "attn.wk"
+        self.wv, self.bv, self.wo, self.bo = pre + "attn.wv", pre + "attn.bv", pre + "attn.wo", pre + "attn.bo"
+        self.attn, self.resid1, self.resid2 = pre + "attn", pre + "resid1", pre + "resid2"
+        self.w1, self.b1, self.w3, self.b3 = pre + "mlp.w1", pre + "mlp.b1", pre + "mlp.w3", pre + "mlp.b3"
+        self.w2, self.b2 = pre + "mlp.w2", pre + "mlp.b2"
+        self.kv, self.head_dim = cfg.kv, cfg.head_dim
+        self.rope, self.grouped = cfg.positions == "rope", cfg.kv != cfg.heads
+        self.moe, self.swiglu = cfg.is_moe(layer), cfg.mlp == "swiglu"
+        self.norm, self.attention, self.core, self.mlp = (kept_as("layer norm"), kept_as("attention"),
+                                                          kept_as("attention core"), kept_as("mlp"))
+
+
 class GPT:
     """The model's parameters as DTensors on `mesh` (each rank builds only its shards) and its forward.
 
@@ -163,6 +189,7 @@ class GPT:
         self._rope_tables: Any = None  # (cos, sin, turn) as DTensors, made by `_rope` when first used
         self._rotary_tables: Any = None  # (cos, sin) numpy tables of Megatron's fused rotary, made by `_rotary`
         self._group_ones: Any = None  # grouped-query attention's ones (1, 1, 1, G, 1), made by `_grouped`
+        self._layers: dict = {}  # layer -> its _Layer (names and sizes `_block` reads), made at its first forward
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
@@ -227,40 +254,43 @@ class GPT:
         if self.kept == "megatron":
             return self._megatron_block(h, layer, step, train, micro, scale)
         p, cfg = self.params, self.cfg
-        pre = f"h{layer}."
-        T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
-        with kept_as("layer norm"):
-            a = self._gathered(self._norm(h, pre + "ln1"))
-
-        def heads(name: str, n: int) -> Any:  # x W (+ b), reshaped to the heads: one node (spmdsim.ops.fused)
-            b = p.get(pre + f"attn.b{name}") if name != "k" else None  # no key bias (spmdsim.gpt.params)
-            return fused.einsum_bias("tbd,de->tbe", a, p[pre + f"attn.w{name}"], b, (T, B, n, cfg.head_dim))
-
-        with kept_as("attention"):
-            q, k, v = heads("q", H), heads("k", cfg.kv), heads("v", cfg.kv)
-            q, k, v = self._rope(q), self._grouped(self._rope(k)), self._grouped(v)
+        n = self._layers.get(layer)
+        if n is None:
+            n = self._layers[layer] = _Layer(cfg, layer)
+        T, B = h.global_shape[:2]
+        with n.norm:
+            a = self._gathered(self._normed(h, n.ln1w, n.ln1b))
+        # x W (+ b), reshaped to the heads: one node each (spmdsim.ops.fused); no key bias (spmdsim.gpt.params)
+        with n.attention:
+            q = fused.einsum_bias("tbd,de->tbe", a, p[n.wq], p.get(n.bq), (T, B, cfg.heads, n.head_dim))
+            k = fused.einsum_bias("tbd,de->tbe", a, p[n.wk], None, (T, B, n.kv, n.head_dim))
+            v = fused.einsum_bias("tbd,de->tbe", a, p[n.wv], p.get(n.bv), (T, B, n.kv, n.head_dim))
+            if n.rope:
+                q, k = self._rope(q), self._rope(k)
+            if n.grouped:
+                k, v = self._grouped(k), self._grouped(v)
         # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
-        seed = self._seed(step, pre + "attn", micro) if drop else None
-        with kept_as("attention core"):
+        seed = self._seed(step, n.attn, micro) if drop else None
+        with n.core:
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
                               recompute=self.recompute == "selective")
-        with kept_as("attention"):
-            proj = self._row_out(fused.reshape_einsum(o, (T, B, D), "tbd,de->tbe", p[pre + "attn.wo"]))
-            h = self._residual(h, proj, pre + "attn.bo", pre + "resid1", step, train, micro)
-        with kept_as("layer norm"):
-            m = self._gathered(self._norm(h, pre + "ln2"))
-        if cfg.is_moe(layer):
+        with n.attention:
+            proj = self._row_out(fused.reshape_einsum(o, (T, B, cfg.d_model), "tbd,de->tbe", p[n.wo]))
+            h = self._residual(h, proj, n.bo, n.resid1, step, train, micro)
+        with n.norm:
+            m = self._gathered(self._normed(h, n.ln2w, n.ln2b))
+        if n.moe:
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
-        with kept_as("mlp"):
-            z = fused.einsum_bias("tbd,de->tbe", m, p[pre + "mlp.w1"], p.get(pre + "mlp.b1"))
-            if cfg.mlp == "swiglu":  # silu(m w1 + b1) * (m w3 + b3)
-                m = ops.silu(z) * fused.einsum_bias("tbd,de->tbe", m, p[pre + "mlp.w3"], p.get(pre + "mlp.b3"))
+        with n.mlp:
+            z = fused.einsum_bias("tbd,de->tbe", m, p[n.w1], p.get(n.b1))
+            if n.swiglu:  # silu(m w1 + b1) * (m w3 + b3)
+                m = ops.silu(z) * fused.einsum_bias("tbd,de->tbe", m, p[n.w3], p.get(n.b3))
             else:
                 m = ops.gelu(z)
-            out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"]))
-            return self._residual(h, out, pre + "mlp.b2", pre + "resid2", step, train, micro)
+            out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[n.w2]))
+            return self._residual(h, out, n.b2, n.resid2, step, train, micro)
 
     def _residual(self, h: Any, y: Any, bias: Optional[str], site: str, step: Optional[int], train: bool,
                   micro: Optional[int]) -> Any:
@@ -279,14 +309,18 @@ class GPT:
     def _norm(self, h: Any, name: str, kept: str = "graph") -> Any:
         """The norm `name` ("h0.ln1", "lnf") on h: GPTConfig.norm's, layer norm or RMSNorm (`kept` as
         ops.layer_norm's and ops.rms_norm's: "megatron", the fused norm that keeps x and its rows' statistics)."""
+        return self._normed(h, name + ".w", name + ".b", kept)
+
+    def _normed(self, h: Any, w: str, b: str, kept: str = "graph") -> Any:
+        """`_norm` of the norm whose parameters are named `w` and `b` (RMSNorm has no `b`)."""
         p, cfg = self.params, self.cfg
         if cfg.norm == "rms":
             if kept == "megatron":
-                return ops.rms_norm(h, p[name + ".w"], cfg.ln_eps, kept="megatron")
-            return ops.rms_norm(h, p[name + ".w"], cfg.ln_eps)
+                return ops.rms_norm(h, p[w], cfg.ln_eps, kept="megatron")
+            return ops.rms_norm(h, p[w], cfg.ln_eps)
         if kept == "megatron":
-            return ops.layer_norm(h, p[name + ".w"], p[name + ".b"], cfg.ln_eps, kept="megatron")
-        return ops.layer_norm(h, p[name + ".w"], p[name + ".b"], cfg.ln_eps)
+            return ops.layer_norm(h, p[w], p[b], cfg.ln_eps, kept="megatron")
+        return ops.layer_norm(h, p[w], p[b], cfg.ln_eps)
 
     def _rope(self, x: Any) -> Any:
         """x (T, B, heads, head_dim) turned by the rotary embeddings (GPTConfig.positions "rope"): x cos +

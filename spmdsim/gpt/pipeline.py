@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import math
+from itertools import repeat as repeat_
 from time import perf_counter
 
 import numpy as np
@@ -443,6 +444,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
     found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`."""
+    from ..autograd.engine import backward_kept, kept_leaves
     from ..pipeline.schedule import Compute
     from ..runtime.dtensor import DTensor
     from ..runtime.door import messages, point_to_point
@@ -469,6 +471,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         return buffers.contiguous(block[mine] if scatter else block)
 
     tag_micro = microbatches > 1
+    # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
+    kept = kept_leaves(params)
     # A kernel while a step is captured; a dry run, which captures none (its steps count bytes), stamps plainly.
     stamp = _stamp if mesh.engine.dry else kernel(_stamp)
 
@@ -476,15 +480,19 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
     # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
     first_backward: dict = {}
-    for action in program:
-        if isinstance(action, Compute) and action.kind == "B":
-            first_backward.setdefault(action.chunk, action.microbatch)
+    if repeat is not None:
+        for action in program:
+            if isinstance(action, Compute) and action.kind == "B":
+                first_backward.setdefault(action.chunk, action.microbatch)
 
     def forward(mb: int, c: int) -> None:
         nonlocal held, most
         held += 1
-        most = max(most, held)
-        if repeat is not None and mb != first_backward.get(c) and repeat.again(("F", c)):
+        if held > most:
+            most = held
+        if repeat is None:  # (a real run: every cell runs, none measured)
+            _forward(mb, c)
+        elif mb != first_backward.get(c) and repeat.again(("F", c)):
             # a dry run's later microbatch: the first's figures
             outputs[(mb, c)] = stand = repeat.output(("F", c))
             stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
@@ -511,15 +519,18 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         if watch is not None:
             watch.backward(c)
         out = outputs.pop((mb, c))
-        if isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
+        if repeat is None:  # (a real run: every cell runs, none measured)
+            backward_kept(out, None if c == last else upstream.pop((mb, c)), kept)
+        elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
             upstream.pop((mb, c), None)
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
                 raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
             if c > 0:
                 sent_grads[(mb, c)] = blocks.zeros(wire_shape)
             return
-        with _first(repeat, ("B", c)):
-            out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
+        else:
+            with _first(repeat, ("B", c)):
+                out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
         if c > 0:
             sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
 
@@ -536,7 +547,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     # gradient back in that object.
     outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
     trusted, plain = DTensor._trusted, np.ndarray
-    received: list = []
+    empty = buffers.empty if blocks is None else lambda shape, dtype: blocks.empty(shape)  # a receive's buffer
     for entry in steps[1]:
         kind = entry[0]
         if kind < 2:  # a cell: 0 forward, 1 backward
@@ -548,22 +559,22 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             stamp(clock)
             order.append(entry[3])
             continue
-        receives: list = []
         sends: list = []
-        for is_send, is_act, mb, c, peer, tag in entry[2]:
-            if is_send:
-                buf = outgoing(outputs[(mb, c)].local) if is_act else sent_grads.pop((mb, c))
-                sends.append((buf, peer, tag))
-            else:
-                buf = buffers.empty(wire_shape, wire_dtype) if blocks is None else blocks.empty(wire_shape)
-                receives.append((buf, peer, tag))
-                received.append((is_act, mb, c, buf))
+        for is_act, key, peer, tag in entry[2]:
+            sends.append((outgoing(outputs[key].local) if is_act else sent_grads.pop(key), peer, tag))
+        gets = entry[3]
+        if gets:
+            n = len(gets)
+            bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
+            receives = list(zip(bufs, entry[4], entry[5]))
+        else:
+            bufs = receives = []
         i = entry[1]
         group = described.get(i)
         if group is None:  # the first step's: counted from its buffers once
             group = described[i] = messages(pp_comm, _PP, receives, sends)
         point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", group)
-        for is_act, mb, c, buf in received:
+        for (is_act, key), buf in zip(gets, bufs):
             # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
             # which np.asarray makes a plain view, as DTensor's own check would): nothing to check.
             if type(buf) is not plain:
@@ -571,7 +582,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             if is_act:
                 layout = act
             elif outward is not None:
-                layout = _output_layout(outputs.get((mb, c)), act, outward)
+                layout = _output_layout(outputs.get(key), act, outward)
             else:
                 layout = act
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
@@ -579,10 +590,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             else:  # `wire` is `act`, `layout` an object equal to it
                 t = trusted(mesh, buf, layout, checked)
             if is_act:
-                inputs[(mb, c)] = t.requires_grad_()
+                inputs[key] = t.requires_grad_()
             else:
-                upstream[(mb, c)] = t
-        received.clear()
+                upstream[key] = t
     if repeat is not None:
         repeat.flush()
     return losses, order, most
@@ -590,8 +600,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
 
 def _compiled(program: Sequence) -> list:
     """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
-    Compute), a message group as (2, its place in `program`, its ops in order as (a send?, an activation?,
-    microbatch, chunk, peer, tag))."""
+    Compute), a message group as (2, its place in `program`, its sends in order as (an activation?, (microbatch,
+    chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags)."""
     from ..pipeline.schedule import Compute, Post, Send
 
     steps: list = []
@@ -599,12 +609,18 @@ def _compiled(program: Sequence) -> list:
         if isinstance(action, Compute):
             steps.append((0 if action.kind == "F" else 1, action.microbatch, action.chunk, action))
             continue
-        ops = []
+        sends, gets, peers, tags = [], [], [], []
         for op in (action.ops if isinstance(action, Post) else (action,)):
             send, act = isinstance(op, Send), op.what == "act"
             sender = op.chunk if send else op.chunk - 1 if act else op.chunk + 1
-            ops.append((send, act, op.microbatch, op.chunk, op.peer, _tag(op.what, sender)))
-        steps.append((2, i, tuple(ops)))
+            tag = _tag(op.what, sender)
+            if send:
+                sends.append((act, (op.microbatch, op.chunk), op.peer, tag))
+            else:
+                gets.append((act, (op.microbatch, op.chunk)))
+                peers.append(op.peer)
+                tags.append(tag)
+        steps.append((2, i, tuple(sends), tuple(gets), tuple(peers), tuple(tags)))
     return steps
 
 

@@ -28,7 +28,7 @@ from .. import flops as _flops
 from .. import ops
 from ..autograd.graph import attach, with_partial
 from ..autograd.rules.grads import grad_tensor
-from ..buffers import CAPTURING, broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from ..flops import sweep
 from ..runtime.dtensor import DTensor
 
@@ -81,7 +81,7 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
             _CALLS[key] = (P, L, f._layout, out._layout, with_partial(out._layout, ()))
         return out
     _, _, _, layout, want = seen
-    if not CAPTURING[0]:
+    if not CAPTURE.on:
         p, lg, fb = probs._local, logits._local, f._local
     else:  # a captured step's traced views (spmdsim.runtime.replay)
         p, lg, fb = probs.local, logits.local, f.local
@@ -117,10 +117,10 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
     def backward(dy: Any) -> tuple:
         """The chain's rules in the walk's order: the sum's, z's and aux's products by their numbers, the z-loss's
         mean, square, log-sum-exp; then aux's sum and mean (spmdsim.autograd.rules.pointwise, .reduce)."""
-        g = dy._local if not CAPTURING[0] else dy.local
+        g = dy._local if not CAPTURE.on else dy.local
         counting = _flops._OPEN
         gz, ga = g * z_n, g * a_n
-        spread = _spread if CAPTURING[0] else _filled
+        spread = _spread if CAPTURE.on else _filled
         dsq = spread(gz[None, None, None] / count, sq.shape)
         d1, d2 = dsq * lse, dsq * lse
         dlse = d1 + d2  # the walk's sum of lse's two gradients (spmdsim.autograd.engine.add_grads)
