@@ -232,3 +232,36 @@ def test_a_megatron_norm_of_dtypes_numpy_has_no_common_one_of_names_the_op():
     assert said == [[f"DTypeError: {op}: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
                      "refuses them: a join or np.where of them too); convert one first, e.g. x.astype('float32')"
                      for op in ("layer_norm", "rms_norm")]] * 2
+
+
+def test_a_products_dtype_and_values_do_not_depend_on_whether_ranks_split_its_contraction():
+    """ops.matmul and ops.linear of bfloat16 blocks: a split contraction dim sized its pending sum by
+    np.result_type (bfloat16 beside bfloat16, each rank's part rounded before the Allreduce; numpy's
+    DTypePromotionError for float16 beside bfloat16) where the whole one is precision.product's float32 product.
+    Now every layout gives np.matmul's dtype (float32) and the float32 product's values, whose two sums
+    (whole, or a part per rank added by the collective) differ within float32's rounding of K terms; the
+    single-process reference (spmdsim.reference.matmul, which refused float16 beside bfloat16) gives it too."""
+    from spmdsim import reference
+
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 8)), rng.standard_normal((8, 5))
+    pairs = ((BF16, BF16), (np.float16, BF16), (np.float32, BF16))
+
+    def body():
+        mesh = Mesh(Layout((2,), ("k",)))
+        got = []
+        for dx, dw in pairs:
+            for k in (None, "k"):  # the contraction dim whole on every rank, or split over both
+                a = DTensor.from_global(mesh, x.astype(dx), mesh.layout(None, k))
+                b = DTensor.from_global(mesh, w.astype(dw), mesh.layout(k, None))
+                got += [ops.matmul(a, b).local, ops.linear(a, b).local]
+        return got
+
+    got = spmdsim.simulate(2, body)[0]
+    for i, (dx, dw) in enumerate(pairs):
+        xs, ws = x.astype(dx), w.astype(dw)
+        want = reference.matmul(xs, ws)
+        bound = 8 * np.finfo(np.float32).eps * (np.abs(xs.astype(np.float64)) @ np.abs(ws.astype(np.float64)))
+        for y in got[4 * i:4 * i + 4]:  # matmul and linear, whole and split
+            assert y.dtype == want.dtype == np.float32, (dx, dw, y.dtype, want.dtype)
+            assert np.all(np.abs(y.astype(np.float64) - want) <= bound), (dx, dw)
