@@ -17,7 +17,10 @@ Where a bfloat16 block is computed, as a GPU computes it: a kernel reads bfloat1
 (`wide`) and writes its result rounded once to bfloat16 (`rounded`). A product of bfloat16 blocks
 is float32 BLAS on the widened blocks (`product`), rounded once when complete; a product that is
 a pending sum (its contraction split over ranks) stays float32 until the collective that sums it,
-and is rounded after the sum. Layer norm, softmax and cross-entropy take their statistics in
+and is rounded after the sum. Rounded to what its operator gives, the same for every layout:
+einsum (np.einsum's dtype) and the GPT's layers round to bfloat16; ops.matmul, ops.linear and
+ops.mlp give np.matmul's dtype (`product_dtype`: float32 beside bfloat16, float16 or float32),
+the float32 product itself, whole or summed by its collective. Layer norm, softmax and cross-entropy take their statistics in
 float32. A tensor's gradient is summed in float32 over its consumers and rounded once to the
 tensor's dtype before its own rule runs (spmdsim.autograd.engine).
 
@@ -36,7 +39,7 @@ from ._lazy import numpy_on_first_use
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "sent_itemsize",
-           "rounded", "product", "unit_roundoff", "NEEDS_ML_DTYPES"]
+           "rounded", "product", "product_dtype", "unit_roundoff", "NEEDS_ML_DTYPES"]
 
 #: What asking for bfloat16 without ml_dtypes says (one line).
 NEEDS_ML_DTYPES = "needs ml_dtypes: pip install -e '.[bf16]'"
@@ -98,6 +101,27 @@ def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if is_low(a.dtype) or is_low(b.dtype):
         return matmul(wide(a), wide(b))
     return matmul(a, b)
+
+
+def product_dtype(a: Any, b: Any) -> np.dtype:
+    """The dtype `product` gives blocks of dtypes `a` and `b`: numpy's own np.matmul's.
+
+    numpy's matmul has no bfloat16 loop; it computes in the first of its loops both dtypes cast to, as `product`
+    does: float32 for bfloat16 beside bfloat16, float16, float32, bool or a small int, float64 beside float64 or
+    int32 and wider ints; np.result_type's for numpy's own dtypes. Whatever splits the contraction, a product's
+    dtype is this one (spmdsim.ops._common.local_matmul; spmdsim.reference.matmul). Kept per pair; numpy's own
+    error where it multiplies no such blocks."""
+    out = _PRODUCT_DTYPES.get((a, b))
+    if out is None:
+        out = product(np.zeros((1, 1), a), np.zeros((1, 1), b)).dtype
+        if len(_PRODUCT_DTYPES) >= 256:
+            _PRODUCT_DTYPES.clear()
+        _PRODUCT_DTYPES[(a, b)] = out
+    return out
+
+
+# (dtype, dtype) -> `product_dtype`'s answer (read directly by a hot path: ``_PRODUCT_DTYPES.get((a, b))``)
+_PRODUCT_DTYPES: dict = {}
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:

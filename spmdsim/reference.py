@@ -21,6 +21,7 @@ import numpy as np
 
 from .datagen import SeededTensor
 from .errors import OperatorError, ShapeError
+from .precision import product_dtype
 
 __all__ = ["ACTIVATIONS", "Region", "RegionFn", "matmul", "linear", "embedding", "relu", "gelu", "gelu_tanh",
            "gelu_from_tanh", "activation", "add", "bias_add", "softmax", "transpose", "mlp", "check_ids",
@@ -129,7 +130,10 @@ def bias_add(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 # -- matmul family ---------------------------------------------------------------
 def matmul(x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b: bool = False) -> np.ndarray:
-    """x @ w (batched over leading dims), optionally transposing the last two dims."""
+    """x @ w (batched over leading dims), optionally transposing the last two dims.
+
+    In float64, rounded to the dtype spmdsim's products give (spmdsim.precision.product_dtype, numpy's
+    np.matmul's: float32 for bfloat16 beside bfloat16 or float16)."""
     x, w = np.asanyarray(x), np.asanyarray(w)
     if x.ndim < 2 or w.ndim < 2:
         raise ShapeError(f"matmul needs 2-d or batched operands, got shapes {x.shape!r} and {w.shape!r}")
@@ -137,7 +141,7 @@ def matmul(x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b:
     b = np.swapaxes(w, -1, -2) if transpose_b else w
     if a.shape[-1] != b.shape[-2]:
         raise ShapeError(f"contraction sizes differ: x gives {a.shape[-1]!r}, w gives {b.shape[-2]!r}")
-    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.result_type(x.dtype, w.dtype))
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(product_dtype(x.dtype, w.dtype))
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None) -> np.ndarray:
@@ -323,8 +327,7 @@ def mlp_rounding(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Op
     |act(h)| @ |W2| + |b2| each output (k2 = hidden units + 1 terms), and L bounds the activation's slope: rtol
     is 2 k2 eps (two computations) and scale is S2 + L (k1 / k2) (S1 @ |W2|), each element's, float64."""
     k1, k2 = _shape(w1)[0] + 1, _shape(w2)[0] + 1
-    eps = float(np.finfo(np.result_type(*[np.dtype(s.dtype if isinstance(s, SeededTensor) else np.asarray(s).dtype)
-                                          for s in (x, w1, w2)])).eps)
+    eps = _product_eps(x, w1, w2)
     fn, slope = activation(act), _SLOPE[act]
     out = (*_shape(x)[:-1], _shape(w2)[-1])
 
@@ -345,6 +348,16 @@ def mlp_rounding(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Op
     return 2 * k2 * eps, region_fn
 
 
+def _product_eps(*sources: Source) -> float:
+    """The machine epsilon of the products of these operands in turn (x @ w1, then @ w2): their dtype's
+    (spmdsim.precision.product_dtype: float32's for bfloat16 blocks, whose products are float32)."""
+    dtype = None
+    for s in sources:
+        own = np.dtype(s.dtype if isinstance(s, SeededTensor) else np.asarray(s).dtype)
+        dtype = own if dtype is None else product_dtype(dtype, own)
+    return float(np.finfo(dtype).eps)
+
+
 def matmul_rounding(x: Source, w: Source, transpose_a: bool = False, transpose_b: bool = False,
                     bias: Optional[Source] = None) -> tuple[float, RegionFn]:
     """(rtol, scale) for checking x @ w (+ bias) against `matmul_region` or `linear_region`: the magnitudes.
@@ -363,8 +376,7 @@ def matmul_rounding(x: Source, w: Source, transpose_a: bool = False, transpose_b
     if bias is not None:
         _check_bias(bias, out[-1], "linear")
     k = (xs[-2] if transpose_a else xs[-1]) + (bias is not None)
-    eps = float(np.finfo(np.result_type(*[np.dtype(s.dtype if isinstance(s, SeededTensor) else np.asarray(s).dtype)
-                                          for s in (x, w)])).eps)
+    eps = _product_eps(x, w)
 
     def region_fn(region: Region) -> np.ndarray:
         region = tuple(region)

@@ -218,17 +218,90 @@ def test_linear_of_a_bias_numpy_has_no_common_dtype_with_its_products_names_the_
     assert spmdsim.simulate(2, body) == [[line] * 3] * 2
 
 
-def test_a_megatron_norm_of_dtypes_numpy_has_no_common_one_of_names_the_op():
-    """layer_norm and rms_norm with kept="megatron" (one fused node) of a float16 x and a bfloat16 weight said
-    "no common dtype of bfloat16 and float16: ..." without naming the call that refused; now the op first."""
-    def body():
-        mesh = Mesh(Layout((2,), ("x",)))
-        x = DTensor.from_global(mesh, np.ones((2, 6), np.float16), mesh.layout("x", None))
-        g = DTensor.from_global(mesh, np.ones(6, BF16), mesh.layout(None))
-        return [_said(lambda: ops.layer_norm(x, g, g, kept="megatron")),
-                _said(lambda: ops.rms_norm(x, g, kept="megatron"))]
+def _norms(dtypes, dry=False):
+    """layer_norm (weight and bias) and rms_norm (weight) of x (4, 8) on 2 simulated ranks, per (x's dtype, the
+    weight's): rows split (whole on each rank: one fused node) or the last dim split (the composite), kept "graph"
+    or "megatron"; each result's block gathered (float64) with its dtype, and the weight's and bias's gradients."""
+    rng = np.random.default_rng(5)
+    x, g, b, dy = rng.standard_normal((4, 8)), rng.standard_normal(8), rng.standard_normal(8), rng.standard_normal((4, 8))
 
-    said = spmdsim.simulate(2, body)
-    assert said == [[f"DTypeError: {op}: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
-                     "refuses them: a join or np.where of them too); convert one first, e.g. x.astype('float32')"
-                     for op in ("layer_norm", "rms_norm")]] * 2
+    def body():
+        mesh = Mesh(Layout((2,), ("r",)))
+        out = []
+        for dx, dw in dtypes:
+            for layout in (mesh.layout("r", None), mesh.layout(None, "r")):
+                for kept in ("graph", "megatron"):
+                    for op in ("layer_norm", "rms_norm"):
+                        xd = DTensor.from_global(mesh, x.astype(dx), layout).requires_grad_()
+                        gd, bd = (DTensor.from_global(mesh, v.astype(dw), mesh.layout(None)).requires_grad_()
+                                  for v in (g, b))
+                        y = ops.layer_norm(xd, gd, bd, kept=kept) if op == "layer_norm" else ops.rms_norm(xd, gd,
+                                                                                                        kept=kept)
+                        y.backward(DTensor.from_global(mesh, dy.astype(y.dtype), layout))
+                        grads = (gd.grad.gather(), bd.grad.gather() if op == "layer_norm" else None)
+                        out.append((op, kept, y.dtype.name, y.gather().astype(np.float64)) + grads)
+        return out
+
+    return spmdsim.simulate(2, body, dry_run=dry)[0]
+
+
+def test_a_norms_dtype_is_the_graphs_for_every_layout_and_kept_real_or_dry():
+    """layer_norm and rms_norm beside a weight of another dtype: kept="megatron" with rows whole refused a float16
+    x beside a bfloat16 weight (np.result_type) and gave a bfloat16 x beside a float32 weight bfloat16 on a real
+    run (its kernel rounded to x's dtype) but float32 on a dry one, and the composite (the last dim split) gave
+    bfloat16 x beside a bfloat16 weight float32 (a Python float beside its bfloat16 sums), where the graph's fused
+    node gives what ops.mul and ops.add give: float32, float32, bfloat16. Now every layout and kept gives it, real
+    or dry, each within rounding of the graph's whole rows (the layer norm's megatron values its, bit for bit)."""
+    cases = ((np.float16, BF16), (BF16, np.float32), (BF16, BF16))
+    real, dry = _norms(cases), _norms(cases, dry=True)
+    for i, want in enumerate(("float32", "float32", "bfloat16")):
+        runs = real[8 * i:8 * i + 8]  # (rows whole, last dim split) x (graph, megatron) x (layer_norm, rms_norm)
+        assert [r[2] for r in runs] == [r[2] for r in dry[8 * i:8 * i + 8]] == [want] * 8, (cases[i], runs, dry)
+        for op in ("layer_norm", "rms_norm"):
+            same = [r[3] for r in runs if r[0] == op]
+            u = 2.0 ** -8 if BF16 in cases[i] else 2.0 ** -11  # the unit roundoff of the narrowest dtype
+            assert all(np.all(np.abs(y - same[0]) <= 8 * u * (1 + np.abs(same[0]))) for y in same), (cases[i], op)
+        assert np.array_equal(runs[0][3], runs[2][3])  # the layer norm's rows whole: megatron's values are the graph's
+
+
+def test_a_megatron_layer_norm_beside_a_float32_weight_has_the_graphs_weight_and_bias_gradients():
+    """kept="megatron"'s layer norm of a bfloat16 x beside a float32 weight and bias: its rule rounded dY to x's
+    dtype, where the graph's (its output now float32, as the graph's) takes dY as the walk gives it, float32. Now
+    the weight's and bias's gradients are the graph's, bit for bit (rows whole on each rank)."""
+    graph, megatron = _norms(((BF16, np.float32),))[0:3:2]  # layer_norm, rows whole: graph, megatron
+    assert graph[:2] == ("layer_norm", "graph") and megatron[:2] == ("layer_norm", "megatron")
+    for g, m in zip(graph[4:], megatron[4:]):
+        assert g.dtype == m.dtype == np.float32 and np.array_equal(g, m)
+
+
+def test_a_products_dtype_and_values_do_not_depend_on_whether_ranks_split_its_contraction():
+    """ops.matmul and ops.linear of bfloat16 blocks: a split contraction dim sized its pending sum by
+    np.result_type (bfloat16 beside bfloat16, each rank's part rounded before the Allreduce; numpy's
+    DTypePromotionError for float16 beside bfloat16) where the whole one is precision.product's float32 product.
+    Now every layout gives np.matmul's dtype (float32) and the float32 product's values, whose two sums
+    (whole, or a part per rank added by the collective) differ within float32's rounding of K terms; the
+    single-process reference (spmdsim.reference.matmul, which refused float16 beside bfloat16) gives it too."""
+    from spmdsim import reference
+
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 8)), rng.standard_normal((8, 5))
+    pairs = ((BF16, BF16), (np.float16, BF16), (np.float32, BF16))
+
+    def body():
+        mesh = Mesh(Layout((2,), ("k",)))
+        got = []
+        for dx, dw in pairs:
+            for k in (None, "k"):  # the contraction dim whole on every rank, or split over both
+                a = DTensor.from_global(mesh, x.astype(dx), mesh.layout(None, k))
+                b = DTensor.from_global(mesh, w.astype(dw), mesh.layout(k, None))
+                got += [ops.matmul(a, b).local, ops.linear(a, b).local]
+        return got
+
+    got = spmdsim.simulate(2, body)[0]
+    for i, (dx, dw) in enumerate(pairs):
+        xs, ws = x.astype(dx), w.astype(dw)
+        want = reference.matmul(xs, ws)
+        bound = 8 * np.finfo(np.float32).eps * (np.abs(xs.astype(np.float64)) @ np.abs(ws.astype(np.float64)))
+        for y in got[4 * i:4 * i + 4]:  # matmul and linear, whole and split
+            assert y.dtype == want.dtype == np.float32, (dx, dw, y.dtype, want.dtype)
+            assert np.all(np.abs(y.astype(np.float64) - want) <= bound), (dx, dw)

@@ -10,7 +10,7 @@ import numpy as np
 from .. import buffers
 from ..errors import DTypeError, OperatorError
 from ..layout import Layout, TensorLayout
-from ..precision import is_low, matmul
+from ..precision import _PRODUCT_DTYPES, is_low, matmul, product_dtype, wide
 from ..datagen import SeededTensor, bind_keep
 from ..runtime import debug
 from ..runtime.replay import kernel
@@ -215,7 +215,11 @@ def _dtensor_class() -> Any:
 
 
 def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
-    """``np.matmul(a, b)``; placed for MPI (spmdsim.buffers) when a collective reads it next (`sent`).
+    """``np.matmul(a, b)`` as spmdsim.precision.product computes it (bfloat16 widened: a float32 product), of
+    its dtype (`product_dtype`, numpy's np.matmul's) whether or not a collective sums it; placed for MPI
+    (spmdsim.buffers) when a collective reads it next (`sent`): a pending sum of bfloat16 blocks is float32, as
+    the whole product is, and the collective adds float32 (it was rounded to bfloat16 on each rank, and the
+    dtype was np.result_type's: bfloat16, or numpy's DTypePromotionError for float16 beside bfloat16).
 
     A product no collective reads (a column-parallel Linear without its
     gather) is numpy's own array: placing it costs ~2 us of Python, several
@@ -230,7 +234,13 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
         # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
         lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)
         shape = lead + (a.shape[-2], b.shape[-1])
-        out = matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
+        da, db = a.dtype, b.dtype
+        dtype = _PRODUCT_DTYPES.get((da, db))  # the whole product's dtype, decided once per pair
+        if dtype is None:
+            dtype = product_dtype(da, db)
+        if da.kind == "V" or db.kind == "V":  # bfloat16 (is_low's first test): product's widened blocks
+            a, b = wide(a), wide(b)
+        out = matmul(a, b, out=buffers.empty(shape, dtype))
     gemm(a.shape, b.shape, out.dtype, (a, b, out))  # spmdsim.flops: one test unless a counter is open
     return out
 

@@ -43,7 +43,7 @@ from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
 from ._common import (
-    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, result_dtype, seed_arg,
+    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg, ufunc_dtype,
 )
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -144,6 +144,28 @@ def _affine(y: Any, weight: Optional[Any], bias: Optional[Any]) -> Any:
     return y
 
 
+def _affine_dtypes(op: str, dtype: np.dtype, weight: Optional[Any], bias: Optional[Any]) -> tuple:
+    """(the dtype of normalized values of `dtype` times `weight`, of that plus `bias`): the graph's ops.mul's and
+    ops.add's (numpy's ufuncs': float32 for bfloat16 beside float32 or float16), which Megatron's fused norms give
+    too, whatever the layout, real or dry; decided once per dtypes. A DTypeError naming `op` where no loop of
+    numpy's takes them."""
+    key = (dtype, None if weight is None else weight._local.dtype, None if bias is None else bias._local.dtype)
+    out = _AFFINE_DTYPES.get(key)
+    if out is None:
+        try:
+            scaled = dtype if key[1] is None else ufunc_dtype(dtype, key[1])
+            out = (scaled, scaled if key[2] is None else ufunc_dtype(scaled, key[2]))
+        except DTypeError as e:
+            raise DTypeError(f"{op}: {e}") from None
+        if len(_AFFINE_DTYPES) >= 256:
+            _AFFINE_DTYPES.clear()
+        _AFFINE_DTYPES[key] = out
+    return out
+
+
+_AFFINE_DTYPES: dict = {}  # (x's dtype, the weight's, the bias's; None: none) -> _affine_dtypes' answer
+
+
 def _normalize(block: np.ndarray, d: int, n: int, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray]:
     """(y, 1 / sqrt(var + eps)) of rows along a whole dim `d` of `n` entries, in the composite's order of
     operations (its sums, products and quotient), so the values are the composite's."""
@@ -231,10 +253,15 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
         if kept == "megatron":
             return _fused_layer_norm(x, d, eps, weight, bias)
         return (_NORM_AFFINE or _norm_affine())(x, d, eps, True, "layer_norm", weight, bias)
+    # bfloat16: the statistics and the normalized values in float32, those rounded once (the whole rows' kernel's)
+    dt, low = x.dtype, is_low(x.dtype)
+    if low:
+        x = P.astype(x, np.float32)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
-    return _affine(P.div(centred, P.sqrt(P.add(var, eps))), weight, bias)
+    y = P.div(centred, P.sqrt(P.add(var, eps)))
+    return _affine(P.astype(y, dt) if low else y, weight, bias)
 
 
 # (id(x's layout), x's global shape and dtype, eps's type and value, kept, the weight's and bias's global shapes)
@@ -260,12 +287,12 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
         c = block - mean
         stats["root"] = root = np.sqrt(_SUM(c * c, axis=d, keepdims=True) * inv + eps)
         y = c / root
-        if low:
+        if low:  # each rounded once to what the graph's ops.mul and ops.add give (float32 beside float32)
             y = rounded(y, dt)
             if w is not None:
-                y = rounded(wide(y) * wide(w.local), dt)
+                y = rounded(wide(y) * wide(w.local), scaled)
             if b is not None:
-                y = rounded(wide(y) + wide(b.local), dt)
+                y = rounded(wide(y) + wide(b.local), dtype)
             return y
         if w is not None:
             y = y * w.local
@@ -273,10 +300,7 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
             y = y + b.local
         return y
 
-    try:  # (costs nothing unless numpy refuses)
-        dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
-    except DTypeError as e:  # numpy has no common dtype of them (bfloat16 beside float16): the op named
-        raise DTypeError(f"layer_norm: {e}") from None
+    scaled, dtype = _affine_dtypes("layer_norm", x.dtype, w, b)
     out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
                        x.layout, x.global_shape)
     stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
@@ -324,8 +348,12 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
         if kept == "megatron":
             return _fused_rms_norm(x, d, eps, weight)
         return (_NORM_AFFINE or _norm_affine())(x, d, eps, False, "rms_norm", weight, None)
+    dt, low = x.dtype, is_low(x.dtype)  # bfloat16: as layer_norm's
+    if low:
+        x = P.astype(x, np.float32)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
-    return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
+    y = P.div(x, P.sqrt(P.add(ms, eps)))
+    return _affine(P.astype(y, dt) if low else y, weight, None)
 
 
 def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
@@ -340,17 +368,14 @@ def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
     stats: dict[str, np.ndarray] = {}  # the rows' sqrt(mean(x ** 2) + eps) (a dry run's: zeros)
 
     def kernel(block: np.ndarray) -> np.ndarray:
-        dt, block = block.dtype, wide(block)
+        block = wide(block)
         stats["root"] = root = np.sqrt(_SUM(block * block, axis=d, keepdims=True) * (1.0 / n) + eps)
         y = block / root
         if w is not None:
             y = y * (wide(w.local) if low else w.local)
-        return rounded(y, dt) if low else y
+        return rounded(y, dtype) if low else y  # (dtype: the graph's ops.mul's: float32 beside float32)
 
-    try:  # (costs nothing unless numpy refuses)
-        dtype = result_dtype(*[t.local.dtype for t in (x, w) if t is not None])
-    except DTypeError as e:  # (as layer_norm's, naming rms_norm)
-        raise DTypeError(f"rms_norm: {e}") from None
+    dtype = _affine_dtypes("rms_norm", x.dtype, w, None)[1]
     out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
                        x.layout, x.global_shape)
     stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32

@@ -84,13 +84,13 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
     rows = axes_of(x.layout, x.layout.tensor_map[:d] + x.layout.tensor_map[d + 1:])
     need = tuple(t is not None and t._ag is not None for t in (x, weight, bias))
     lead = tuple(range(x.layout.ndim - 1))
-    low = x.dtype if is_low(x.dtype) else None
+    low, shown = (x.dtype if is_low(x.dtype) else None), out.dtype
 
     def grads(dy: np.ndarray) -> tuple:
         y = (wide(x.local) - stats["mean"]) / stats["root"]
         if low is not None:  # the forward's rounded normalized values; dY and d y rounded as the graph's walk
-            y = wide(rounded(y, low))  # rounds them (dY here too: see `backward`; a no-op where the walk did)
-            dy = wide(rounded(dy, low))
+            y = wide(rounded(y, low))  # rounds them (dY here too, to the output's dtype: float32 beside a float32
+            dy = wide(rounded(dy, shown))  # weight; see `backward`; a no-op where the walk did)
         dw = _SUM(dy * y, axis=lead) if need[1] else None
         db = _SUM(dy, axis=lead) if need[2] else None
         if not need[0]:
@@ -135,12 +135,12 @@ def record_rms_norm(out: Any, x: Any, weight: Any, stats: dict, d: int) -> Any:
     rows = axes_of(x.layout, x.layout.tensor_map[:d] + x.layout.tensor_map[d + 1:])
     need = (x._ag is not None, weight is not None and weight._ag is not None)
     lead = tuple(range(x.layout.ndim - 1))
-    low = x.dtype if is_low(x.dtype) else None
+    low, shown = (x.dtype if is_low(x.dtype) else None), out.dtype
 
     def grads(dy: np.ndarray) -> tuple:
         y = wide(x.local) / stats["root"]
-        if low is not None:
-            dy = wide(rounded(dy, low))
+        if low is not None:  # dY rounded to the output's dtype (float32 beside a float32 weight), as the walk did
+            dy = wide(rounded(dy, shown))
         dw = _SUM(dy * y, axis=lead) if need[1] else None
         if not need[0]:
             return None, dw
