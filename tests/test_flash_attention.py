@@ -181,6 +181,18 @@ def test_the_gpt_trains_with_flash_attention_checked_against_numpy(small_tiles, 
         assert len(steps) == 2 and all(s.passed for s in steps), steps
 
 
+def test_a_captured_step_with_flash_attention_replays_checked_against_numpy(small_tiles):
+    """spmdsim.runtime.replay: the tiles' writes into the output, log-sum-exp and dQ are recorded and replayed."""
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import train
+
+    text = encode(load_text(20_000))
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2, attention="flash")
+    steps = spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, 3, text, sp=True, replay=True)[1])[0]
+    assert len(steps) == 3 and all(s.passed for s in steps), steps
+    assert steps[1].loss != steps[2].loss  # replayed steps train (new batches, new masks)
+
+
 def test_the_pipelined_gpt_trains_with_flash_attention_checked_against_numpy(small_tiles):
     from spmdsim.gpt import GPTConfig, encode, load_text
     from spmdsim.gpt.pipeline import train_pipelined
