@@ -349,7 +349,10 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
 
     def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
         qh, kt, vh = qb.transpose(heads), kb.transpose(keys_t), vb.transpose(heads)
-        o = buffers.empty(qh.shape[:3] + vh.shape[3:], dtype)
+        # the output in the operands' order, written through its (b, h, t, e) view (as FlashAttention-2 writes
+        # O): the block the next product reads, a reshape of it a view, so one buffer is kept for both
+        result = buffers.empty(decided.block, dtype)
+        o = result.transpose(heads)
         lse = buffers.empty(qh.shape[:3], inner)
         for start, stop, region in tiles:
             s = scores(qh[:, :, start:stop], kt, start, stop)
@@ -360,7 +363,7 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
             pd = probs(e / total, region)[1]
             o[:, :, start:stop] = rounded(grouped_product(pd, vh, groups), dtype)
         saved["o"], saved["lse"] = o, lse
-        return o.transpose(back)
+        return result
 
     mesh = q._mesh
     like = broadcast_zero(decided.block, dtype)  # the result's block

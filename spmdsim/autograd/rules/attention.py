@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...precision import product, wide  # np.matmul; bfloat16 blocks widened to float32
+from ...precision import is_low, product, wide  # np.matmul; bfloat16 blocks widened to float32
 from ... import buffers
 
 from ...context import current
@@ -270,8 +270,11 @@ def _count_flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.nd
             gemm(*_grouped_shapes(scores, kh), dtype, (ds, k, dq, p, dp, dk, dv))  # dQ = dS k
             gemm(*_summed_shapes(scores, qs, kv), dtype, (ds, qt, dk, dq, dv))  # dK = dS^T q
             first = False
-        sweep("flash attention backward", (qt, dyt, (lead, lse.dtype, lse), (lead, big[1]), k, v, dk, dv),
-              ((lead + qs[3:], dq.dtype, dq), dk, dv), times=times)
+        # the gradients at the products' dtype (float32 under bfloat16: a dry run's are copies of q, k and v)
+        wide_ = np.float32 if is_low(dtype) else dtype
+        dkw, dvw = (dk.shape, wide_, dk), (dv.shape, wide_, dv)
+        sweep("flash attention backward", (qt, dyt, (lead, lse.dtype, lse), (lead, big[1]), k, v, dkw, dvw),
+              ((lead + qs[3:], wide_, dq), dkw, dvw), times=times)
 
 
 def record_flash(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, scores: Callable, probs: Callable,
