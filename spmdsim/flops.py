@@ -385,18 +385,20 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
     return g
 
 
-def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Optional[str] = None) -> None:
+def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Optional[str] = None,
+          times: int = 1) -> None:
     """Count one kernel `op` that reads the blocks `reads` and writes the blocks `writes` (arrays, or
     (shape, dtype) pairs; None entries skipped) in every counter open on this rank, in `phase` (default
     the rank context's), one `Kernel` per dtype. A (shape, dtype, array) triple is counted as its pair, and
     is that array's block for the counters that record blocks (a kernel counted at other shapes or dtypes
-    than the arrays it stands for have: an MoE layer's, spmdsim.moe.layer)."""
+    than the arrays it stands for have: an MoE layer's, spmdsim.moe.layer). `times`: the kernel ran that many
+    times on blocks of these shapes (flash attention's query tiles), its blocks recorded once."""
     if not _OPEN:
         return
     context = current()
     if context.flops:
         phase = phase or context.phase
-        _sweep(context.flops, op, reads, writes, kind, phase)
+        _sweep(context.flops, op, reads, writes, kind, phase, times)
         if _BLOCKS and kind == "activations" and phase != "optimizer":
             _record(context.flops, op, phase, tuple(reads) + tuple(writes))
 
@@ -413,7 +415,7 @@ def _signature(block: Any) -> Optional[tuple]:
 _KERNELS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
 
 
-def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str) -> None:
+def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str, times: int = 1) -> None:
     key = (op, kind, phase, tuple(map(_signature, reads)), tuple(map(_signature, writes)))
     made = _KERNELS.get(key)
     if made is None:
@@ -429,4 +431,4 @@ def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: s
     for counter in counters:
         kernels = counter.kernels
         for k in made:
-            kernels[k] = kernels.get(k, 0) + 1
+            kernels[k] = kernels.get(k, 0) + times

@@ -3,8 +3,9 @@ command-line flags, spelled alike wherever a GPT is built from a command line: e
 examples/train_moe_gpt.py (spmdsim.gpt.options.model_arguments), ``spmdsim estimate`` and ``spmdsim autoshard
 --machine`` (docs/training.md, "Llama's options"). Pure: argparse only (no numpy: a command's start imports it).
 
-``architecture_arguments(parser)`` adds ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope``
-and ``--no-bias``; ``architecture_problem(args)`` why their values cannot be (one line naming the flag);
+``architecture_arguments(parser)`` adds ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope``,
+``--no-bias`` and ``--attention`` (GPTConfig's attention: the core unfused or flash); ``architecture_problem(args)``
+why their values cannot be (one line naming the flag);
 ``architecture_fields(args)`` the GPTConfig fields they say; ``architecture_flags(cfg)`` the flags that say a
 GPTConfig's (none for the GPT's own architecture); ``architecture_words(cfg)`` a line's words for them.
 """
@@ -13,11 +14,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 __all__ = ["architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
-           "architecture_words", "NORMS", "MLPS"]
+           "architecture_words", "NORMS", "MLPS", "ATTENTIONS"]
 
 #: --norm's and --mlp's values, the first the default (spmdsim.gpt.config.CHOICES' "norm" and "mlp").
 NORMS = ("layer", "rms")
 MLPS = ("gelu", "swiglu")
+#: --attention's values, the first the default (spmdsim.gpt.config.CHOICES' "attention").
+ATTENTIONS = ("unfused", "flash")
 
 
 def architecture_arguments(parser: Any, width: str = "--d-model") -> None:
@@ -33,6 +36,9 @@ def architecture_arguments(parser: Any, width: str = "--d-model") -> None:
     parser.add_argument("--untied", action="store_true", help="an LM head of its own (default: tied to the embedding)")
     parser.add_argument("--rope", action="store_true", help="rotary position embeddings (default: learned positions)")
     parser.add_argument("--no-bias", action="store_true", help="linear layers without biases (as Llama's)")
+    parser.add_argument("--attention", default="unfused", choices=ATTENTIONS,
+                        help="the attention core: unfused (default: the scores materialized and kept for backward) "
+                             "or flash (FlashAttention-2's query tiles: no scores kept)")
 
 
 def architecture_problem(args: Any, heads: Optional[int] = None, said: str = "--heads") -> Optional[str]:
@@ -53,7 +59,8 @@ def architecture_problem(args: Any, heads: Optional[int] = None, said: str = "--
 def architecture_fields(args: Any) -> dict:
     """The GPTConfig fields the flags of `architecture_arguments` say."""
     return {"ffn": args.ffn, "kv_heads": args.kv_heads, "norm": args.norm, "mlp": args.mlp,
-            "tied": not args.untied, "positions": "rope" if args.rope else "learned", "bias": not args.no_bias}
+            "tied": not args.untied, "positions": "rope" if args.rope else "learned", "bias": not args.no_bias,
+            "attention": getattr(args, "attention", "unfused")}
 
 
 def architecture_flags(cfg: Any) -> list[str]:
@@ -63,7 +70,8 @@ def architecture_flags(cfg: Any) -> list[str]:
             + ([f"--norm {cfg.norm}"] if cfg.norm != "layer" else [])
             + ([f"--mlp {cfg.mlp}"] if cfg.mlp != "gelu" else [])
             + (["--untied"] if not cfg.tied else []) + (["--rope"] if cfg.positions == "rope" else [])
-            + (["--no-bias"] if not cfg.bias else []))
+            + (["--no-bias"] if not cfg.bias else [])
+            + ([f"--attention {cfg.attention}"] if getattr(cfg, "attention", "unfused") != "unfused" else []))
 
 
 def architecture_words(cfg: Any) -> str:
@@ -71,5 +79,6 @@ def architecture_words(cfg: Any) -> str:
     words = ([f"ffn {cfg.hidden}"] if cfg.ffn is not None else []) \
         + (["SwiGLU"] if cfg.mlp == "swiglu" else []) + (["RMSNorm"] if cfg.norm == "rms" else []) \
         + ([f"{cfg.kv} kv heads"] if cfg.kv != cfg.heads else []) + (["RoPE"] if cfg.positions == "rope" else []) \
-        + (["untied head"] if not cfg.tied else []) + (["no biases"] if not cfg.bias else [])
+        + (["untied head"] if not cfg.tied else []) + (["no biases"] if not cfg.bias else []) \
+        + (["flash attention"] if getattr(cfg, "attention", "unfused") == "flash" else [])
     return "".join(", " + w for w in words)

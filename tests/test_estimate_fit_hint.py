@@ -32,8 +32,12 @@ def _tail(*argv: str) -> str:
 @pytest.mark.parametrize("argv, hint", [
     # each part with the options that shrink it, those already given left out
     (["--micro-batch", "2", "--tp", "2"],
-     "activations {act} (fewer with --recompute selective or full, --kept megatron, --sp, a smaller "
-     "--micro-batch) and {rest} besides them (less with --zero 1 with --dp above 1)"),
+     "activations {act} (fewer with --recompute selective or full, --attention flash, --kept megatron, --sp, a "
+     "smaller --micro-batch) and {rest} besides them (less with --zero 1 with --dp above 1)"),
+    # flash attention keeps no scores: selective recomputation has nothing more to drop
+    (["--micro-batch", "2", "--tp", "2", "--attention", "flash"],
+     "activations {act} (fewer with --recompute full, --kept megatron, --sp, a smaller --micro-batch) and {rest} "
+     "besides them (less with --zero 1 with --dp above 1)"),
     (["--micro-batch", "4", "--recompute", "selective", "--kept", "megatron"],
      "activations {act} (fewer with --recompute full, a smaller --micro-batch) and {rest} besides them (less "
      "with --zero 1 with --dp above 1)"),

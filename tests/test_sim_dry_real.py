@@ -71,6 +71,10 @@ CASES = {
     "llama megatron bf16 b1 tp2": (_gpt(1, **MIXTRAL), "bf16-mixed", dict(tp=2, kept="megatron")),
     # the GPT's own LayerNorm under Megatron's kept set (its fused layer norm), bf16: its gradients float32
     "dense megatron bf16 b1 tp2": (_gpt(1), "bf16-mixed", dict(tp=2, kept="megatron")),
+    # flash attention (GPTConfig attention): the output and log-sum-exp kept, a tile's scores the moment's own
+    "dense flash fp32 b2 tp2": (_gpt(2, attention="flash"), "fp32", dict(tp=2)),
+    "llama flash megatron bf16 b1 tp2": (_gpt(1, attention="flash", **MIXTRAL), "bf16-mixed",
+                                         dict(tp=2, kept="megatron")),
     # a pipeline's later microbatches keep their blocks as the first does
     "dense fp32 pp2": (_gpt(2, layers=2), "fp32", dict(pp=2, microbatches=2)),
     "moe bf16 pp2 ep2": (_gpt(4, layers=2, moe=_moe()), "bf16-mixed", dict(pp=2, ep=2, microbatches=2)),

@@ -114,7 +114,7 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
                  "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
                  "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
-                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap")
+                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:
@@ -331,7 +331,10 @@ def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
     held = memories[most].held
     activations = held["activations"]
     rest = sum(held.values()) - activations
-    fewer = {"none": ["--recompute selective or full"], "selective": ["--recompute full"]}.get(args.recompute, [])
+    flash = getattr(args, "attention", "unfused") == "flash"  # no scores kept: selective drops nothing more
+    fewer = {"none": ["--recompute full" if flash else "--recompute selective or full"],
+             "selective": ["--recompute full"]}.get(args.recompute, [])
+    fewer += ["--attention flash"] if not flash and args.recompute == "none" else []
     fewer += ["--kept megatron"] if args.kept == "graph" else []
     fewer += ["--sp"] if args.tp > 1 and not args.sp else []
     fewer += ["a smaller --micro-batch"] if args.micro_batch > 1 else []

@@ -14,7 +14,8 @@ __all__ = ["GPTConfig", "CHOICES", "ROPE_BASE"]
 
 _SIZES = ("vocab", "d_model", "heads", "layers", "seq", "batch", "vocab_pad_to")
 #: The architecture's named choices: field -> the values it takes (the first is the default).
-CHOICES = {"norm": ("layer", "rms"), "mlp": ("gelu", "swiglu"), "positions": ("learned", "rope")}
+CHOICES = {"norm": ("layer", "rms"), "mlp": ("gelu", "swiglu"), "positions": ("learned", "rope"),
+           "attention": ("unfused", "flash")}
 #: Rotary embeddings' base (Llama-2's theta): frequency i of a head is base ** (-2i / head_dim).
 ROPE_BASE = 10000.0
 
@@ -27,7 +28,8 @@ class GPTConfig:
     width, ``norm="rms"`` RMSNorm, ``mlp="swiglu"`` the SwiGLU MLP, `kv_heads` grouped-query attention
     (each key/value head serves heads / kv_heads query heads, Megatron's num_query_groups),
     ``tied=False`` an LM head of its own, ``positions="rope"`` rotary embeddings (base ROPE_BASE, 10000) and
-    ``bias=False`` linear layers without biases (docs/training.md, "Llama's options").
+    ``bias=False`` linear layers without biases (docs/training.md, "Llama's options"); ``attention="flash"`` runs the
+    attention core as FlashAttention-2 (the same values up to rounding; no scores kept: docs/training.md, "Memory").
 
     The defaults are the model of examples/train_gpt.py: 4 layers, d_model 128, 4 heads,
     sequence 64, batch 8, character vocabulary 128.
@@ -64,6 +66,9 @@ class GPTConfig:
     tied: bool = True  # the LM head is the token embedding (False: its own (padded_vocab, d_model) "head.w")
     positions: str = "learned"  # "learned" (wpe, (seq, d_model)) or "rope" (rotary, on q and k; no wpe)
     bias: bool = True  # the linear layers' biases (attention bq, bv, bo; the MLP's); False: none (Llama's)
+    # the attention core: "unfused" (scores and probabilities materialized, kept for backward) or "flash"
+    # (FlashAttention-2's tiles: q, k, v, the output and the rows' log-sum-exp kept; spmdsim.ops.attention)
+    attention: str = "unfused"
 
     def __post_init__(self) -> None:
         for name in _SIZES:

@@ -168,7 +168,7 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
       one-byte masks) in each of the stage's layers; the attention core of each layer before the last keeps
       its probabilities (with dropout, their dropped-out values and the mask too; none with recomputation),
       and the last layer's softmax holds its scores and probabilities at once (2 blocks of (local batch,
-      local heads, seq, seq));
+      local heads, seq, seq)); with flash attention (cfg.attention) no core keeps or holds a block of scores;
     - at the step's end: the weights, their gradients at the gradients' width, and AdamW's two moments (and
       under a mixed precision the master copy) at theirs; with ZeRO-1 the gradients, moments and master copy
       counted as slices over dp x ep.
@@ -190,6 +190,7 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     shared = tp if sp else 1  # what every tp rank holds whole without sp is split over tp with it
     sbh = s * b * d
     drop = 1 if cfg.dropout else 0
+    flash = getattr(cfg, "attention", "unfused") == "flash"  # the core keeps no scores, holds a tile's at most
     moe = cfg.moe
     per_layer = []  # (weight elements, other activations kept, attention core kept) of each layer on the rank
     for layer in range(cfg.layers):
@@ -209,7 +210,7 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
             other = sbh * (whole * width + masks * mask) // shared + sbh * split * width // tp
         else:
             other = sbh * (whole * width + masks * mask) // shared + s * b * split * width // tp
-        core = elements * (2 * width + mask if drop else width) if recompute == "none" else 0
+        core = elements * (2 * width + mask if drop else width) if recompute == "none" and not flash else 0
         per_layer.append((weights // tp, other, core))
     if pp > 1:  # a stage's layers: as many as the fewest of each kind a layer holds
         least = tuple(min(x[i] for x in per_layer) for i in range(3))
@@ -223,7 +224,7 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     params = weights * policy.dtype("param").itemsize
     # In the forward: at its end every layer's kept set; at the last layer's softmax the layers' before and,
     # for a moment, its scores and probabilities.
-    ends, softmax = (other, core), (other - last[1], core - last[2] + 2 * block)
+    ends, softmax = (other, core), (other - last[1], core - last[2] + (0 if flash else 2 * block))
     kept_then = max(ends, softmax, key=sum)
     forward = params + sum(kept_then)
     shards = dp * ep if zero else 1

@@ -125,7 +125,8 @@ class GPT:
             attention core (scores, softmax, its dropout, times V) recomputed in the backward
             (Korthikanti et al. 2022); "full", each block's input kept and the block recomputed
             (spmdsim.autograd.checkpoint). The same gradients (the same dropout masks: seeded by step,
-            site and microbatch).
+            site and microbatch). With cfg.attention "flash" the core keeps no scores, and "selective"
+            is "none".
         kept: what the graph keeps for backward (docs/training.md, "Memory"): "graph", what spmdsim's
             general rules keep (every node its inputs' blocks); "megatron", Megatron-LM's set, Korthikanti
             et al.'s count (spmdsim.ops.megatron: each rule keeps only what it reads, boolean dropout
@@ -158,6 +159,10 @@ class GPT:
             where = f"dp {dp} x ep {ep} x tp {tp}" if "ep" in names else f"dp {dp} x tp {tp}"
             raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")
         self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
+        # the attention core's options: flash attention keeps no scores, so selective recomputation of the
+        # core has nothing to drop there (the same as "none")
+        self._flash = cfg.attention == "flash"
+        self._selective = recompute == "selective" and not self._flash
         self.part = whole(cfg) if part is None else part
         chosen = megatron_layouts(cfg, mesh.layout, sp)
         chosen.update(layouts or {})
@@ -275,7 +280,7 @@ class GPT:
         seed = self._seed(step, n.attn, micro) if drop else None
         with n.core:
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
-                              recompute=self.recompute == "selective")
+                              recompute=self._selective, flash=self._flash)
         with n.attention:
             proj = self._row_out(fused.reshape_einsum(o, (T, B, cfg.d_model), "tbd,de->tbe", p[n.wo]))
             h = self._residual(h, proj, n.bo, n.resid1, step, train, micro)
@@ -412,7 +417,7 @@ class GPT:
             q, k = self._rotary(q), self._rotary(k)
         with kept_as("attention core"):
             o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed("attn"), batch_first=False,
-                              recompute=self.recompute == "selective", kept="megatron")
+                              recompute=self._selective, kept="megatron", flash=self._flash)
         with kept_as("attention"):
             y = megatron.row_parallel_linear(ops.reshape(o, (T, B, D)), p[pre + "attn.wo"], self.act)
             h = self._bias_dropout_add(y, pre + "attn.bo", h, drop, seed("resid1"), pre + "resid1", step, train,

@@ -14,6 +14,15 @@ The values are the composite's (``einsum``, ``* scale``, ``masked_fill``,
 dropout mask included (``SeededTensor((B, H, Tq, Tk), seed)`` at this rank's
 region, as ``ops.dropout`` draws it on the probabilities), but one node
 instead of six, so a transformer's step records and walks fewer.
+
+``flash=True`` is FlashAttention-2's core (Dao 2023) on the same operands: the forward runs over tiles of
+`tile` query rows (FLASH_TILE, 128, by default; the last tile ragged), each tile's scores against every key
+with an exact row softmax (so the values are the composite's, up to the products' rounding), and keeps for
+the backward q, k, v, the output and each query row's log-sum-exp (float32 under bfloat16, as flash
+attention's kernels keep it; the operands' dtype at float32 and float64), never a (query, key) block
+whole. The backward makes each tile's probabilities again as exp(scores - lse) (the dropout mask drawn
+again at the tile's region of the same seeded mask: the same bits), with D = rowsum(dO * O), dS = P * (dP
+- D), dQ per tile and dK, dV summed over tiles. The transient blocks are one tile's scores.
 """
 from __future__ import annotations
 
@@ -23,9 +32,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import buffers
 from ..buffers import broadcast_zero
 from ..autograd.kept import kept_problem
-from ..autograd.rules.attention import count_core, count_core_kernels, grouped_product, record_attention
+from ..autograd.rules.attention import (count_core, count_core_kernels, count_flash, grouped_product,
+                                        record_attention, record_flash)
 from ..flops import any_open
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
@@ -36,12 +47,16 @@ from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_flo
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["attention"]
+__all__ = ["attention", "FLASH_TILE"]
+
+#: Query rows a flash attention tile takes by default (FlashAttention-2's query block on an H100: 128).
+FLASH_TILE = 128
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[float] = None,
               dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None,
-              batch_first: bool = True, recompute: bool = False, kept: str = "graph") -> Any:
+              batch_first: bool = True, recompute: bool = False, kept: str = "graph", flash: bool = False,
+              tile: int = FLASH_TILE) -> Any:
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
@@ -60,11 +75,15 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     them again from q and k, the mask drawn again from `seed` (the same mask), then its gradients.
     `kept`: "graph" keeps the dropout's float factor per probability, "megatron" its 1-byte boolean mask
     (Korthikanti et al.'s count; the backward makes the factor again, bit for bit).
+    `flash`: FlashAttention-2's core (the module's docstring): in tiles of `tile` query rows, keeping q, k, v, the
+    output and each row's log-sum-exp, no scores; the same values up to the products' rounding. `recompute`
+    has nothing more to drop there and is refused with it; `kept` changes nothing (no mask is kept).
     """
-    key = _signature(q, k, v, causal, scale, dropout, training, mask, batch_first, recompute, kept)
+    key = _signature(q, k, v, causal, scale, dropout, training, mask, batch_first, recompute, kept, flash, tile)
     decided = _PREPARED.get(key) if key is not None else None
     if decided is None or k._mesh is not q._mesh or v._mesh is not q._mesh:
-        decided = _decide(q, k, v, causal, scale, dropout, seed, training, mask, batch_first, recompute, kept)
+        decided = _decide(q, k, v, causal, scale, dropout, seed, training, mask, batch_first, recompute, kept, flash,
+                          tile)
         if key is not None:
             if len(_PREPARED) >= 1024:  # a long run over many shapes: start over
                 _PREPARED.clear()
@@ -80,6 +99,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     padding = None
     if mask is not None:  # (b, 1, 1, Tk): padding keys, for every head and query row
         padding = ~_moved(mask, plan.mask).local[:, None, None, :]
+    if decided.flash:
+        return _flash(q, k, v, decided, seed, padding, causal)
 
     def masked() -> Optional[np.ndarray]:
         """What the scores lose: this rank's query rows (global indices) against every key above the
@@ -160,22 +181,24 @@ class _Decided:
     signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
-                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores", "groups", "stays")
+                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores", "groups", "stays", "flash",
+                 "tiles", "tile_rows")
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
-               batch_first: Any, recompute: Any, kept: Any) -> Optional[tuple]:
+               batch_first: Any, recompute: Any, kept: Any, flash: Any = False,
+               tile: Any = FLASH_TILE) -> Optional[tuple]:
     """A call's key in `_PREPARED`: q's, k's and v's layout objects' ids, global shapes and dtypes, q's rank and
     the flags; None for a call that takes the checks every time (a padding mask, flags or numbers not of the
     plain types, operands that are not DTensors)."""
     if (mask is not None or type(causal) is not bool or type(batch_first) is not bool or type(recompute) is not bool
             or type(training) is not bool or type(dropout) is not float or type(kept) is not str
-            or scale is not None and type(scale) is not float):
+            or scale is not None and type(scale) is not float or type(flash) is not bool or type(tile) is not int):
         return None
     try:
         return (id(q._layout), id(k._layout), id(v._layout), q._shape, k._shape, v._shape, q._local.dtype,
                 k._local.dtype, v._local.dtype, q._mesh.rank, causal, batch_first, recompute, training, dropout,
-                scale, kept)
+                scale, kept, flash, tile)
     except AttributeError:  # not DTensors: `_decide` says which
         return None
 
@@ -190,15 +213,21 @@ def _seed_checked(drop: float, seed: Any) -> None:
 
 
 def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed: Any, training: Any, mask: Any,
-            batch_first: Any, recompute: Any, kept: Any) -> _Decided:
+            batch_first: Any, recompute: Any, kept: Any, flash: Any = False, tile: Any = FLASH_TILE) -> _Decided:
     """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"attention: {problem}")
-    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute)):
+    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
+                       ("flash", flash)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OperatorError(f"attention: {name} {flag!r} must be True or False")
+    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:
+        raise OperatorError(f"attention: tile {tile!r} must be an integer >= 1 (query rows a flash tile takes)")
+    if flash and recompute:
+        raise OperatorError("attention: flash=True keeps no scores already (q, k, v, the output and each row's "
+                            "log-sum-exp); recompute=True has nothing more to drop: pass one of them")
     if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
     out = _Decided()
@@ -245,6 +274,13 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     out.block = out.out.local_shape(out.shape, rank)
     out.scores = (b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, out.tk)
     out.groups = h // first(tuple(k.global_shape))[2]  # query heads per key/value head (1 without grouping)
+    out.flash = bool(flash)
+    # flash: this rank's query rows in tiles of `tile` rows, each (local start, stop, its region of the mask:
+    # the same object each call, so the mask's draw reuses its plan); tile_rows: (rows, tiles of them)
+    rows, tile = t_.stop - t_.start, int(tile)
+    out.tiles = tuple((i, min(i + tile, rows), (b_, h_, slice(t_.start + i, t_.start + min(i + tile, rows)),
+                                                  slice(0, out.tk))) for i in range(0, rows, tile)) if flash else ()
+    out.tile_rows = tuple((n, c) for n, c in ((tile, rows // tile), (rows % tile, 1)) if n and c) if flash else ()
     return out
 
 
@@ -281,3 +317,64 @@ def _moved(x: Any, target: Any) -> Any:
     from ..runtime.executor import redistribute
 
     return redistribute(x, target)
+
+
+def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, causal: bool) -> Any:
+    """`attention(..., flash=True)`: FlashAttention-2's forward over `decided.tiles` (the module's docstring),
+    the node keeping q, k, v, the output and the rows' log-sum-exp (spmdsim.autograd.rules.attention's
+    `record_flash`: its backward per tile)."""
+    heads, keys_t, back, groups = decided.heads, decided.keys_t, decided.back, decided.groups
+    scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
+    probs_shape, tiles = decided.probs_shape, decided.tiles
+    inner = np.dtype(np.float32) if low else dtype  # the scores', softmax's and log-sum-exp's dtype
+    factor = np.asarray(1.0 / (1.0 - drop), inner) if drop else None
+
+    def scores(qt: np.ndarray, kt: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """The tile of local query rows [start, stop)'s scaled scores against every key, masked to -inf."""
+        s = grouped_product(qt, kt, groups) * scale
+        above = np.arange(tk)[None, :] > np.arange(t_.start + start, t_.start + stop)[:, None] if causal else None
+        if padding is not None:
+            above = padding if above is None else above | padding
+        return s if above is None else np.where(above, -np.inf, s)
+
+    def probs(p: np.ndarray, region: tuple) -> tuple:
+        """A tile's (p, dropped-out p, factors or None), rounded as the composite's (`attention`'s `masks`)."""
+        factors = np.multiply(keep_mask(probs_shape, seed, region, drop), factor) if drop else None
+        if low:
+            p = rounded(p, dtype)
+            return p, (p if factors is None else rounded(wide(p) * factors, dtype)), factors
+        return p, (p if factors is None else p * factors), factors
+
+    saved: dict = {}  # the output "o" (b, h, tq, e) and the rows' log-sum-exp "lse" (b, h, tq)
+
+    def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
+        qh, kt, vh = qb.transpose(heads), kb.transpose(keys_t), vb.transpose(heads)
+        # the output in the operands' order, written through its (b, h, t, e) view (as FlashAttention-2 writes
+        # O): the block the next product reads, a reshape of it a view, so one buffer is kept for both
+        result = buffers.empty(decided.block, dtype)
+        o = result.transpose(heads)
+        lse = buffers.empty(qh.shape[:3], inner)
+        for start, stop, region in tiles:
+            s = scores(qh[:, :, start:stop], kt, start, stop)
+            top = s.max(axis=-1, keepdims=True)
+            e = np.exp(s - top)
+            total = _SUM(e, axis=-1, keepdims=True)
+            lse[:, :, start:stop] = (top + np.log(total))[..., 0]
+            pd = probs(e / total, region)[1]
+            o[:, :, start:stop] = rounded(grouped_product(pd, vh, groups), dtype)
+        saved["o"], saved["lse"] = o, lse
+        return result
+
+    mesh = q._mesh
+    like = broadcast_zero(decided.block, dtype)  # the result's block
+    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
+    grads = not (q._ag is None and k._ag is None and v._ag is None)
+    if mesh.engine.dry:  # what the rule keeps, sized: the dry engine's zeros, never touched
+        lse_like = broadcast_zero(decided.scores[:3], inner)
+        saved.update(o=out.local.transpose(heads), lse=_engine_local(np.copy, lse_like, lse_like))
+    if any_open():  # its products and its one kernel a tile (spmdsim.flops)
+        count_flash(q.local, k.local, v.local, saved["o"], saved["lse"], (heads, keys_t, back), decided.tile_rows)
+    if not grads:
+        return out
+    return record_flash(out, q, k, v, decided.plan, saved, scores, probs, tiles, scale, (heads, keys_t, back),
+                        groups, decided.tile_rows)

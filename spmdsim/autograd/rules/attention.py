@@ -10,6 +10,11 @@ Grouped-query attention (k and v with H / G heads, each serving G query heads) r
 themselves, as flash attention's kernels do: a group's G query heads are multiplied by their one key/value
 head (`grouped_product`), and dK and dV sum the group's G heads within one product over their G·Tq rows
 (`grouped_sum`); no key or value head is repeated.
+
+Flash attention (`record_flash`, spmdsim.ops.attention's ``flash=True``) keeps q, k, v, the output O and each
+query row's log-sum-exp, and works per tile of query rows as FlashAttention-2's backward: the tile's
+probabilities made again as exp(scores - lse) (the dropout mask drawn again at the tile's region), D =
+rowsum(dO * O), dS = P * (dP - D) * scale, the tile's dQ rows, and dK, dV summed over the tiles.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...precision import product  # np.matmul; bfloat16 blocks widened to float32
+from ...precision import is_low, product, wide  # np.matmul; bfloat16 blocks widened to float32
+from ... import buffers
 
 from ...context import current
 from ...flops import any_open, gemm, sweep
@@ -26,7 +32,8 @@ from .grads import grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["record_attention", "count_core", "count_core_kernels", "grouped_product", "grouped_sum"]
+__all__ = ["record_attention", "record_flash", "count_core", "count_core_kernels", "count_flash", "grouped_product",
+           "grouped_sum"]
 
 
 def grouped_product(a: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
@@ -195,6 +202,122 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
                     finally:
                         context.phase = was
                 _count_backward_kernels(*traffic, kept)
+        pending = dy.layout.partial
+        return (grad_tensor(q, dq, pending) if q._ag is not None else None,
+                grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
+                grad_tensor(v, dv, pending, plan.query_axes) if v._ag is not None else None)
+
+    return record(out, plan.why, (q, k, v), backward, with_partial(out.layout, ()))
+
+
+def count_flash(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray, order: tuple,
+                tile_rows: tuple) -> None:
+    """Count (spmdsim.flops) flash attention's forward on these blocks (q, k, v in the operands' order, `o` the
+    output (b, h, tq, e) and `lse` (b, h, tq), which the rule keeps), whether or not its kernel runs: the scores
+    q k^T and the weighted values p @ v, each counted as one product of the whole rows (the FLOPs of its tiles;
+    the roofline of the products a fused kernel runs without writing the scores anywhere), whose blocks are a
+    tile's: its q rows, k, a block of the tile's scores held by nothing (the moment's transient block), v and
+    its output rows; and one kernel a tile of `tile_rows` ((rows, tiles of them), ...) reading the tile's q rows,
+    k and v, writing its output rows and log-sum-exp (the softmax and dropout run on the tile inside it:
+    FlashAttention-2's traffic, no score written)."""
+    heads, keys_t, _ = order
+    qs, ks, vs = _seen(q.shape, heads), _seen(k.shape, keys_t), _seen(v.shape, heads)
+    dtype = q.dtype
+    scores = qs[:-1] + ks[-1:]
+    first = True
+    for rows, times in tile_rows:
+        lead = qs[:2] + (rows,)
+        qt, st = (lead + qs[3:], dtype, q), (lead + ks[-1:], dtype)
+        ot, lt = (lead + vs[-1:], o.dtype, o), (lead, lse.dtype, lse)
+        if first:  # the largest tile's blocks
+            gemm(*_grouped_shapes(qs, ks), dtype, (qt, k, st))
+            gemm(*_grouped_shapes(scores, vs), dtype, (st, v, ot))
+            first = False
+        sweep("flash attention", (qt, k, v), (ot, lt), times=times)
+
+
+def _count_flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray, order: tuple, kept: dict,
+                          tile_rows: tuple, grads: tuple) -> None:
+    """Count flash attention's backward as `count_flash` its forward, the gradients `grads` (dq, dk, dv, in the
+    operands' order) whole: D = rowsum(dO * O) (one kernel), then the scores again (phase "recompute": the
+    hardware's FLOPs, not the model's), dP = dO v^T, dV = Pd^T dO, dQ = dS k and dK = dS^T q, each one product
+    of the whole rows whose blocks are the largest tile's: its scores, probabilities and their gradients blocks
+    of the tile's shape held by nothing, beside the three gradients (the moment's transient blocks); and one
+    kernel a tile reading the tile's q, dO, lse and D rows, k, v, dK and dV, writing its dQ rows, dK and dV."""
+    heads, keys_t, _ = order
+    qs, ks, kh, vt = _seen(q.shape, heads), _seen(k.shape, keys_t), _seen(k.shape, heads), _seen(v.shape, keys_t)
+    dyh = _seen(dy.shape, heads)
+    dtype, o, lse = q.dtype, kept["o"], kept["lse"]
+    dq, dk, dv = grads
+    scores = qs[:-1] + ks[-1:]
+    kv = vt[1]
+    big = (lse.shape, lse.dtype)  # D, a row's
+    sweep("flash attention backward", (o, dy), (big,))
+    first = True
+    for rows, times in tile_rows:
+        lead = qs[:2] + (rows,)
+        qt, st, dyt = (lead + qs[3:], dtype, q), (lead + ks[-1:], dtype), (lead + dyh[3:], dy.dtype, dy)
+        if first:  # the largest tile's blocks
+            context = current()
+            was, context.phase = context.phase, "recompute"
+            try:
+                gemm(*_grouped_shapes(qs, ks), dtype, (qt, k, st))
+            finally:
+                context.phase = was
+            p, dp, ds = st, (st[0], dtype), (st[0], dtype)  # blocks of their own each
+            gemm(*_grouped_shapes(dyh, vt), dtype, (dyt, v, dp, p))  # dP = dO v^T
+            gemm(*_summed_shapes(scores, dyh, kv), dtype, (p, dyt, dv, dq, dk))  # dV = Pd^T dO
+            gemm(*_grouped_shapes(scores, kh), dtype, (ds, k, dq, p, dp, dk, dv))  # dQ = dS k
+            gemm(*_summed_shapes(scores, qs, kv), dtype, (ds, qt, dk, dq, dv))  # dK = dS^T q
+            first = False
+        # the gradients at the products' dtype (float32 under bfloat16: a dry run's are copies of q, k and v)
+        wide_ = np.float32 if is_low(dtype) else dtype
+        dkw, dvw = (dk.shape, wide_, dk), (dv.shape, wide_, dv)
+        sweep("flash attention backward", (qt, dyt, (lead, lse.dtype, lse), (lead, big[1]), k, v, dkw, dvw),
+              ((lead + qs[3:], wide_, dq), dkw, dvw), times=times)
+
+
+def record_flash(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, scores: Callable, probs: Callable,
+                 tiles: tuple, scale: float, order: tuple, groups: int, tile_rows: tuple) -> Any:
+    """Flash attention's node (spmdsim.ops.attention, ``flash=True``), its operands in the plan's layouts.
+
+    `kept`: the output "o" (b, h, tq, e) and the rows' log-sum-exp "lse" (b, h, tq); `scores(q tile, k^T, start,
+    stop)` a tile's scaled, masked scores, `probs(p, region)` a tile's (p, dropped-out p, factors or None) with
+    the mask drawn at `region`; `tiles`: (local start, stop, region) of each tile of query rows; `tile_rows` as
+    `count_flash`'s; the rest as `record_attention`'s.
+    """
+    heads, keys_t, back = order
+
+    def grads(dy: np.ndarray) -> tuple:
+        qh, kh = q.local.transpose(heads), k.local.transpose(heads)
+        kt, vt = k.local.transpose(keys_t), v.local.transpose(keys_t)
+        dyh, lse = dy.transpose(heads), kept["lse"]
+        big = _SUM(wide(dyh) * wide(kept["o"]), axis=-1)  # D = rowsum(dO * O)
+        dq = dk = dv = None
+        for start, stop, region in tiles:
+            qt, dyt = qh[:, :, start:stop], dyh[:, :, start:stop]
+            p, pd, factors = probs(np.exp(scores(qt, kt, start, stop) - lse[:, :, start:stop, None]), region)
+            dpd = grouped_product(dyt, vt, groups)
+            dp = dpd if factors is None else dpd * factors
+            ds = p * (dp - big[:, :, start:stop, None]) * scale
+            rows = grouped_product(ds, kh, groups)
+            if dq is None:
+                dq = buffers.empty(qh.shape[:3] + rows.shape[3:], rows.dtype)
+                dv, dk = grouped_sum(pd, dyt, groups), grouped_sum(ds, qt, groups)
+            else:
+                dv += grouped_sum(pd, dyt, groups)
+                dk += grouped_sum(ds, qt, groups)
+            dq[:, :, start:stop] = rows
+        return dq.transpose(back), dk.transpose(back), dv.transpose(back)
+
+    def backward(dy: Any) -> tuple:
+        engine = dy.mesh.engine
+        if engine.dry:  # a dry run: the dry engine's zeros of each operand's block
+            dq, dk, dv = (engine.local(np.copy, t.local) for t in (q, k, v))
+        else:
+            dq, dk, dv = grads(dy.local)
+        if any_open():
+            _count_flash_backward(q.local, k.local, v.local, dy.local, order, kept, tile_rows, (dq, dk, dv))
         pending = dy.layout.partial
         return (grad_tensor(q, dq, pending) if q._ag is not None else None,
                 grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
