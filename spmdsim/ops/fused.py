@@ -49,7 +49,7 @@ from ..autograd.rules.grads import NEED2
 from ..autograd.rules.fused import EinsumBiasGrads, NormAffineGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..autograd.rules.norms import _NormalizedGrads, record_normalized
 from ..buffers import CAPTURE, broadcast_zero
-from ..contraction import contract, pair
+from ..contraction import contract, pair_function
 from ..engines import local as _engine_local
 from ..errors import OperatorError
 from ..flops import any_open, sweep
@@ -198,8 +198,7 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
     if call is None or CAPTURE.on or mesh.engine.dry:
         return _einsum_bias(spec, x, w, bias, shape, key)
     prepared = call.prepared
-    (a_word, b_word), output = prepared.words
-    block = pair(a_word, x._local, b_word, w._local, output)  # (_product's contract, without its calls)
+    block = call.product(x._local, w._local)  # (_product's contract: the recipe's function, found once)
     if block.dtype != prepared.dtype and not prepared.plan.local.partial:
         block = rounded(block, prepared.dtype)
     if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
@@ -243,11 +242,18 @@ class _Call:
     decided, for a call that runs its kernels and builds its tensors and node directly (its chain fuses, moves
     nothing, is not bfloat16). Holds its `Prepared` calls, which hold the layouts its key names by id."""
 
-    __slots__ = ("prepared", "linear", "residual", "geometry", "sums", "flat", "name", "reads")
+    __slots__ = ("prepared", "linear", "residual", "geometry", "sums", "flat", "name", "reads", "product")
 
-    def __init__(self, prepared: Any = None, linear: Any = None) -> None:
+    def __init__(self, prepared: Any = None, linear: Any = None, blocks: tuple = ()) -> None:
         self.prepared, self.linear = prepared, linear
         self.residual = self.geometry = self.sums = self.flat = self.name = self.reads = None
+        # The product's function of the operands' blocks (`blocks`, the first call's: the key fixes their shapes
+        # and dtypes on this rank): `pair`'s, without its test of a dry run and bfloat16 where neither block is
+        # bfloat16 (a repeat runs on no dry run), found once.
+        self.product = None
+        if blocks:
+            (a_word, b_word), output = prepared.words
+            self.product = pair_function(a_word, blocks[0], b_word, blocks[1], output)
 
 
 def _remember(table: dict, key: Any, call: _Call) -> None:
@@ -294,7 +300,7 @@ def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any
     if (call_key is not None and prepared.stays and prepared.paired and y._local.dtype in _PLAIN_DTYPES
             and (bias is None or linear.add.dtype_name != "bfloat16" and linear.add.dtype in _PLAIN_DTYPES)
             and _plain(shape) and type(mesh) is _common._MESH):
-        _remember(_CALLS, call_key, _Call(prepared, linear))
+        _remember(_CALLS, call_key, _Call(prepared, linear, (xs[0]._local, xs[1]._local)))
     out = biased = y
     if bias is not None:
         plain = not CAPTURE.on
@@ -360,7 +366,8 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
         local = biased._local
         scale = np.asarray(1.0 / (1.0 - p), local.dtype)
         order, mask_shape, mask_region, back = call.geometry
-        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
+        # (keep_mask's kernel itself: its replay wrapper's test answered, this thread does not capture)
+        factors = np.multiply(_keep(mask_shape, seed, mask_region, p), scale)
         if order is not None:
             factors = factors.transpose(back)
         block = local * factors
@@ -392,6 +399,7 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
 
 
 _NEED_NONE = (False, False, False)
+_keep = keep_mask.__wrapped__  # the mask's kernel, for a call that knows this thread does not capture
 # residual's call signature (the layout ids, shapes and dtypes of h and y; p's type and value; mask_dims; the rank;
 # the bias's layout id, shape and dtype) -> _Call
 _RESIDUAL_CALLS: dict = {}
@@ -535,8 +543,7 @@ def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
     else:
         flat = make_dtensor(mesh, block, layout, new_shape)
     prepared = call.prepared
-    (a_word, b_word), output = prepared.words
-    block = pair(a_word, flat._local, b_word, w._local, output)  # (_product's contract, without its calls)
+    block = call.product(flat._local, w._local)  # (_product's contract: the recipe's function, found once)
     if block.dtype != prepared.dtype and not prepared.plan.local.partial:
         block = rounded(block, prepared.dtype)
     if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
@@ -567,7 +574,7 @@ def _reshape_einsum(x: Any, shape: Any, spec: str, w: Any, key: Any) -> Any:
     name, reads = f"reshape, einsum {prepared.plan.spec}", (x._layout,) + prepared.reads
     if (key is not None and xs[1] is w and prepared.paired and _plain(shape) and y._local.dtype in _PLAIN_DTYPES
             and flat._local.dtype in _PLAIN_DTYPES and type(x._mesh) is _common._MESH):
-        call = _Call(prepared)
+        call = _Call(prepared, None, (flat._local, w._local))
         call.flat = (flat._layout, flat._shape, flat._local.shape)
         call.name, call.reads = name, reads
         _remember(_RESHAPE_CALLS, key, call)
