@@ -124,7 +124,8 @@ def _frames(f) -> tuple:
 
 def test_a_repeated_residual_draws_its_mask_and_gelus_node_reads_its_blocks_without_wrappers():
     """A repeated `residual` with dropout calls the mask's kernel itself (not replay.kernel's wrapper, whose test
-    it answered: this thread does not capture); GELU's node is attached without `record`, and its backward
+    it answered: this thread does not capture), and its backward makes a DTensor of dH and dY alone (the
+    dropped-out values' gradient stays a block); GELU's node is attached without `record`, and its backward
     reads the blocks without the `local` property; the values are the separate operators' (same bits)."""
     from spmdsim import ops
     from spmdsim.ops.fused import residual
@@ -143,6 +144,10 @@ def test_a_repeated_residual_draws_its_mask_and_gelus_node_reads_its_blocks_with
             want = h + ops.dropout(y + bias, 0.3, seed=7)
             assert z.local.tobytes() == want.local.tobytes()
             out.append(names)
+        node, want_node = z._ag, want._ag
+        taken, grads = _frames(lambda: node.backward(z))
+        same = [g.local.tobytes() for g in grads] == [g.local.tobytes() for g in _separate_backward(want, z)]
+        out.append((taken.count("grad_tensor"), same))
         x = DTensor.from_global(mesh, gy, mesh.layout(None, None, "tp")).requires_grad_()
         made, g = _frames(lambda: ops.gelu(x))
         node = g._ag
@@ -150,10 +155,21 @@ def test_a_repeated_residual_draws_its_mask_and_gelus_node_reads_its_blocks_with
         mesh.close()
         return out, made, node.reads == (x.layout, g.layout) and node.want is x.layout, taken, grads[0].local
 
-    for (first, second), made, reads, taken, grad in spmdsim.simulate(2, body):
+    for (first, second, (made_grads, same)), made, reads, taken, grad in spmdsim.simulate(2, body):
         assert "recorded" in first and "recorded" not in second and "_keep" in second
+        assert made_grads == 2 and same  # dH's and dY's (dbias: its sum's own DTensor)
         assert "record" not in made and "attach" in made and reads
         assert "local_of" not in taken and grad.dtype == np.float64
+
+
+def _separate_backward(out, dy):
+    """The gradients of h, y and the bias through the separate operators' nodes of `out` (h + dropout(y + bias)),
+    for the output gradient `dy`: the walk's order by hand (the residual add, the dropout, the bias add)."""
+    gh, g_dropped = out._ag.backward(dy)
+    dropped = out._ag.inputs[1]
+    (g_biased,) = dropped._ag.backward(g_dropped)[:1]
+    g_y, g_b = dropped._ag.inputs[0]._ag.backward(g_biased)
+    return gh, g_y, g_b
 
 
 def test_kept_as_restores_the_kind_at_the_era_now_and_a_node_notes_a_bfloat16_output():
@@ -189,3 +205,35 @@ def test_kept_as_restores_the_kind_at_the_era_now_and_a_node_notes_a_bfloat16_ou
     [(seen, era, lows)] = spmdsim.simulate(1, body)
     assert era > 0 and seen == [("b", 0), ("a", 0), ("d", era), ("c", era), ("a", era), (None, era)]
     assert lows == [np.dtype(ml_dtypes.bfloat16), None, None]
+
+
+def test_a_repeated_einsum_bias_keeps_its_biased_product_as_a_block():
+    """A repeated `einsum_bias` with a bias and a reshape builds DTensors of the product (its rule's dY is laid out
+    by it) and of the result alone: the biased product is kept as its block (the rule reads its shape), as the
+    general path's node keeps it; both paths' values and gradients are the same bits."""
+    from spmdsim.autograd.kept import kept_bytes
+    from spmdsim.ops.fused import einsum_bias
+
+    rng = np.random.default_rng(4)
+    gx, gw, gb = rng.standard_normal((4, 2, 8)), rng.standard_normal((8, 6)), rng.standard_normal(6)
+
+    def body():
+        mesh = Mesh(Layout((1, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, gx, mesh.layout(None, None, None)).requires_grad_()
+        w = DTensor.from_global(mesh, gw, mesh.layout(None, "tp")).requires_grad_()
+        b = DTensor.from_global(mesh, gb, mesh.layout("tp")).requires_grad_()
+        seen = []
+        for _ in range(2):
+            z = einsum_bias("tbd,de->tbe", x, w, b, (4, 2, 2, 3))
+            kept = kept_bytes([z], exclude=[x, w, b])
+            rule = z._ag.backward
+            (z * z).sum().backward()
+            seen.append((type(rule.biased), z.local.tobytes(), kept,
+                         [t.grad.local.tobytes() for t in (x, w, b)]))
+            for t in (x, w, b):
+                t._ag.grad = None
+        mesh.close()
+        return seen
+
+    for first, second in spmdsim.simulate(2, body):
+        assert first[0] is second[0] is np.ndarray and first[1:] == second[1:]

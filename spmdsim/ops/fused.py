@@ -202,25 +202,29 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
     if block.dtype != prepared.dtype and not prepared.plan.local.partial:
         block = rounded(block, prepared.dtype)
     if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
-        out = biased = y = _new(_common._DTENSOR)  # prepared_result's usual case
+        out = y = _new(_common._DTENSOR)  # prepared_result's usual case
         y._mesh, y._local, y._layout, y._shape, y._ag = mesh, block, prepared.out, prepared.shape, None
     else:
-        out = biased = y = prepared_result(mesh, block, prepared)
+        out = y = prepared_result(mesh, block, prepared)
     linear = call.linear
+    shaped = linear.shaped
+    biased = y._local  # the (biased) product's block: the node keeps it, the rule reads its shape
     if bias is not None:  # _added's kernel and count (no bfloat16 here), its result built as prepared_result's
         add = linear.add
-        a, b = y._local, bias._local
+        a, b = biased, bias._local
         block = np.add(a, b)
         if _flops._OPEN:
             sweep("add", [a, b], (block,))
         if type(block) is _ndarray and block.shape == add.block and block.flags.c_contiguous:
-            out = biased = _new(_common._DTENSOR)
-            out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, add.out, add.shape, None
+            biased = block
+            if shaped is None:  # the result (reshaped: a DTensor of its view alone)
+                out = _new(_common._DTENSOR)
+                out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, add.out, add.shape, None
         else:
-            out = biased = prepared_result(mesh, block, add)
-    shaped = linear.shaped
+            out = prepared_result(mesh, block, add)
+            biased = out._local
     if shaped is not None:  # ops.reshape's view of the block (make_dtensor passed it on the first call)
-        block = biased._local.reshape(linear.block_shape)
+        block = biased.reshape(linear.block_shape)
         if block.flags.c_contiguous:
             out = _new(_common._DTENSOR)
             out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, shaped[0], shaped[1], None
@@ -310,7 +314,7 @@ def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any
         out = make_dtensor(mesh, biased.local.reshape(linear.block_shape), layout, new_shape)
     if not record:
         return out
-    grads = EinsumBiasGrads(xs, linear.einsum, y, bias, biased, linear.sums, linear.shaped is not None)
+    grads = EinsumBiasGrads(xs, linear.einsum, y, bias, biased._local, linear.sums, linear.shaped is not None)
     inputs = xs if bias is None else (bias, xs[0], xs[1])  # the bias's gradient first, as the add's node gave it
     return attach(out, linear.name, inputs, grads, linear.want, linear.reads)
 
@@ -361,26 +365,23 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
                 mesh, block, first.out, first.shape, None
         else:
             biased = prepared_result(mesh, block, first)
-    dropped, factors, scale = biased, None, None
+    # The dropped-out values' block (the node keeps it; no DTensor of it is read)
+    dropped, factors, scale = biased._local, None, None
     if p:  # _dropped's kernel, mask and count
-        local = biased._local
+        local = dropped
         scale = np.asarray(1.0 / (1.0 - p), local.dtype)
         order, mask_shape, mask_region, back = call.geometry
         # (keep_mask's kernel itself: its replay wrapper's test answered, this thread does not capture)
         factors = np.multiply(_keep(mask_shape, seed, mask_region, p), scale)
         if order is not None:
             factors = factors.transpose(back)
-        block = local * factors
-        if type(block) is _ndarray and block.shape == local.shape and block.flags.c_contiguous:
-            dropped = _new(_common._DTENSOR)  # biased's layout and shape: make_dtensor passed them
-            dropped._mesh, dropped._local, dropped._layout, dropped._shape, dropped._ag = \
-                mesh, block, biased._layout, biased._shape, None
-        else:
-            dropped = make_dtensor(mesh, block, biased._layout, biased._shape)
+        dropped = local * factors
+        if type(dropped) is not _ndarray or dropped.shape != local.shape or not dropped.flags.c_contiguous:
+            dropped = make_dtensor(mesh, dropped, biased._layout, biased._shape)._local  # (as make_dtensor makes it)
         if _flops._OPEN:
-            sweep("dropout", (local,), (dropped._local, local))
+            sweep("dropout", (local,), (dropped, local))
     last = decided.last
-    a, b = h._local, dropped._local
+    a, b = h._local, dropped
     block = np.add(a, b)
     if _flops._OPEN:
         sweep("add", [a, b], (block,))
