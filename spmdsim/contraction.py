@@ -17,7 +17,7 @@ from .buffers import broadcast_zero, contiguous
 from .context import _THREAD  # the running thread's context (context.current's read)
 from .flops import gemm as _gemm
 
-__all__ = ["contract", "pair", "present_letters"]
+__all__ = ["contract", "pair", "pair_plain", "pair_function", "present_letters"]
 
 
 def _summed(dtype: np.dtype) -> Any:
@@ -108,12 +108,35 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
 
 
 def _run(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> Callable:
-    """The function `_pair` runs for blocks of these words and shapes (made once: `_compiled`)."""
+    """The function `_pair` runs for blocks of these words and shapes (made once: `_compiled`); `_PLAIN` keeps
+    its twin without the test of a dry run and bfloat16 (`pair_plain`'s)."""
     run = _compiled(_recipe(a_word, a_shape, b_word, b_shape, out))
     if len(_RUNS) >= _CACHE_MAX:  # a long run over many shapes: start over
         _RUNS.clear()
+        _PLAIN.clear()
     _RUNS[(a_word, a_shape, b_word, b_shape, out)] = run
+    _PLAIN[(a_word, a_shape, b_word, b_shape, out)] = run.plain
     return run
+
+
+_PLAIN: dict = {}  # `_RUNS`' keys -> each compiled function's `plain` twin
+
+
+def pair_function(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> Callable:
+    """The function of two blocks that `pair` runs for blocks of `a`'s and `b`'s shapes under these words
+    (``pair_function(...)(a, b)`` is ``pair(a_word, a, b_word, b, out)``); its `plain` twin where neither block
+    is bfloat16 (the caller then calls it on no dry run's engine only). For a caller that keeps it per call
+    signature, whose key fixes both blocks' shapes and dtypes (a fused operator's repeat on one rank)."""
+    run = _RUNS.get((a_word, a.shape, b_word, b.shape, out)) or _run(a_word, a.shape, b_word, b.shape, out)
+    return run if a.dtype.kind == "V" or b.dtype.kind == "V" else run.plain
+
+
+def pair_plain(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> np.ndarray:
+    """`pair` for a caller that knows the running engine is no dry run's and neither block is bfloat16 (a fused
+    operator's repeated call, an einsum rule's kept case): the recipe's function without its test of those (the
+    same numpy calls)."""
+    return (_PLAIN.get((a_word, a.shape, b_word, b.shape, out)) or _run(a_word, a.shape, b_word, b.shape, out).plain)(
+        a, b)
 
 
 def _compiled(r: _Recipe) -> Callable:
@@ -160,9 +183,12 @@ def _compiled(r: _Recipe) -> Callable:
     else:
         body.append("    return result if result.flags.c_contiguous and result.ndim else contiguous(result)")
     made: dict = {}  # `run` inside `make`: `r` a cell of its closure, this module's globals its globals
-    exec("def make(r):\n" + "\n".join("    " + line for line in body) + "\n    return run", globals(), made)
-    run = made["make"](r)
-    run.recipe = r  # (tests, and a reader's question "what does this product do")
+    # `plain`: the same body without its first test (`pair_plain`'s, for callers that know its answer)
+    plain = [body[0].replace("def run(", "def plain(")] + body[3:]
+    exec("def make(r):\n" + "\n".join("    " + line for line in body + plain) + "\n    return run, plain",
+         globals(), made)
+    run, run.plain = made["make"](r)
+    run.recipe = run.plain.recipe = r  # (tests, and a reader's question "what does this product do")
     return run
 
 

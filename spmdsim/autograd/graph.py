@@ -102,19 +102,24 @@ class kept_as:  # noqa: N801 - used as a function: ``with kept_as("mlp"):``
     Per thread, as `no_grad`. Nested: the innermost kind.
     (A class, not a generator: a model's forward enters one around each part, 27 a GPT step.)"""
 
-    __slots__ = ("kind", "before")
+    __slots__ = ("kind", "before", "mine")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
     def __enter__(self) -> None:
         before = self.before = _Mode.tag
-        _Mode.tag = (self.kind, before[1])
+        _Mode.tag = self.mine = (self.kind, before[1])
 
     def __exit__(self, *exc: Any) -> None:
-        # The kind before, at the era now (an optimizer step inside the block started a new one).
-        tag, before = _Mode.tag, self.before
-        _Mode.tag = before if tag[1] == before[1] else (before[0], tag[1])
+        # The kind before, at the era now (an optimizer step inside the block started a new one). The tag this
+        # block set, still there (every nested block restored it, no step ran): the one before, as it is.
+        tag = _Mode.tag
+        if tag is self.mine:
+            _Mode.tag = self.before
+        else:
+            before = self.before
+            _Mode.tag = before if tag[1] == before[1] else (before[0], tag[1])
 
 
 _ERAS = itertools.count(1)  # eras of optimizer steps, over every thread: each step's is new
@@ -306,18 +311,29 @@ def attach(out: Any, name: str | Callable[[], str], inputs: tuple, backward: Cal
     works them out once per call signature, not on every call. Attaches nothing inside ``no_grad()``."""
     if _Mode.enabled is not True:  # inside no_grad()
         return out
-    dtype = out._local.dtype
     # Node's fields set here, as Node() sets them, without its __init__'s frame (a node per operator).
     node = _new_node(Node)
     node.name, node.inputs, node.backward, node.want, node.reads = name, inputs, backward, want, reads
     node.tag = _Mode.tag
-    node.low = dtype if dtype.kind == "V" and is_low(dtype) else None
+    node.low = _LOW[out._local.dtype]  # the dtype when bfloat16, else None: one dict read
     node.seq = _next_seq()
     out._ag = node
     return out
 
 
 _new_node = object.__new__
+
+
+class _LowDtypes(dict):
+    """A block's dtype -> itself when it is bfloat16 (spmdsim.precision.is_low), else None: `Node.low` of an
+    output of that dtype. Filled on first ask (a handful of dtypes)."""
+
+    def __missing__(self, dtype: Any) -> Any:
+        low = self[dtype] = dtype if getattr(dtype, "kind", None) == "V" and is_low(dtype) else None
+        return low
+
+
+_LOW = _LowDtypes()
 _next_seq = itertools.count().__next__  # Node.seq: one C call a node (atomic under the interpreter lock)
 
 

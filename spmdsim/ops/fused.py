@@ -49,7 +49,7 @@ from ..autograd.rules.grads import NEED2
 from ..autograd.rules.fused import EinsumBiasGrads, NormAffineGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
 from ..autograd.rules.norms import _NormalizedGrads, record_normalized
 from ..buffers import CAPTURE, broadcast_zero
-from ..contraction import contract, pair
+from ..contraction import contract, pair_function
 from ..engines import local as _engine_local
 from ..errors import OperatorError
 from ..flops import any_open, sweep
@@ -198,30 +198,33 @@ def einsum_bias(spec: str, x: Any, w: Any, bias: Any = None, shape: Optional[Seq
     if call is None or CAPTURE.on or mesh.engine.dry:
         return _einsum_bias(spec, x, w, bias, shape, key)
     prepared = call.prepared
-    (a_word, b_word), output = prepared.words
-    block = pair(a_word, x._local, b_word, w._local, output)  # (_product's contract, without its calls)
+    block = call.product(x._local, w._local)  # (_product's contract: the recipe's function, found once)
     if block.dtype != prepared.dtype and not prepared.plan.local.partial:
         block = rounded(block, prepared.dtype)
     if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
-        out = biased = y = _new(_common._DTENSOR)  # prepared_result's usual case
+        out = y = _new(_common._DTENSOR)  # prepared_result's usual case
         y._mesh, y._local, y._layout, y._shape, y._ag = mesh, block, prepared.out, prepared.shape, None
     else:
-        out = biased = y = prepared_result(mesh, block, prepared)
+        out = y = prepared_result(mesh, block, prepared)
     linear = call.linear
+    shaped = linear.shaped
+    biased = y._local  # the (biased) product's block: the node keeps it, the rule reads its shape
     if bias is not None:  # _added's kernel and count (no bfloat16 here), its result built as prepared_result's
         add = linear.add
-        a, b = y._local, bias._local
+        a, b = biased, bias._local
         block = np.add(a, b)
         if _flops._OPEN:
             sweep("add", [a, b], (block,))
         if type(block) is _ndarray and block.shape == add.block and block.flags.c_contiguous:
-            out = biased = _new(_common._DTENSOR)
-            out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, add.out, add.shape, None
+            biased = block
+            if shaped is None:  # the result (reshaped: a DTensor of its view alone)
+                out = _new(_common._DTENSOR)
+                out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, add.out, add.shape, None
         else:
-            out = biased = prepared_result(mesh, block, add)
-    shaped = linear.shaped
+            out = prepared_result(mesh, block, add)
+            biased = out._local
     if shaped is not None:  # ops.reshape's view of the block (make_dtensor passed it on the first call)
-        block = biased._local.reshape(linear.block_shape)
+        block = biased.reshape(linear.block_shape)
         if block.flags.c_contiguous:
             out = _new(_common._DTENSOR)
             out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, shaped[0], shaped[1], None
@@ -243,11 +246,18 @@ class _Call:
     decided, for a call that runs its kernels and builds its tensors and node directly (its chain fuses, moves
     nothing, is not bfloat16). Holds its `Prepared` calls, which hold the layouts its key names by id."""
 
-    __slots__ = ("prepared", "linear", "residual", "geometry", "sums", "flat", "name", "reads")
+    __slots__ = ("prepared", "linear", "residual", "geometry", "sums", "flat", "name", "reads", "product")
 
-    def __init__(self, prepared: Any = None, linear: Any = None) -> None:
+    def __init__(self, prepared: Any = None, linear: Any = None, blocks: tuple = ()) -> None:
         self.prepared, self.linear = prepared, linear
         self.residual = self.geometry = self.sums = self.flat = self.name = self.reads = None
+        # The product's function of the operands' blocks (`blocks`, the first call's: the key fixes their shapes
+        # and dtypes on this rank): `pair`'s, without its test of a dry run and bfloat16 where neither block is
+        # bfloat16 (a repeat runs on no dry run), found once.
+        self.product = None
+        if blocks:
+            (a_word, b_word), output = prepared.words
+            self.product = pair_function(a_word, blocks[0], b_word, blocks[1], output)
 
 
 def _remember(table: dict, key: Any, call: _Call) -> None:
@@ -294,7 +304,7 @@ def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any
     if (call_key is not None and prepared.stays and prepared.paired and y._local.dtype in _PLAIN_DTYPES
             and (bias is None or linear.add.dtype_name != "bfloat16" and linear.add.dtype in _PLAIN_DTYPES)
             and _plain(shape) and type(mesh) is _common._MESH):
-        _remember(_CALLS, call_key, _Call(prepared, linear))
+        _remember(_CALLS, call_key, _Call(prepared, linear, (xs[0]._local, xs[1]._local)))
     out = biased = y
     if bias is not None:
         plain = not CAPTURE.on
@@ -304,7 +314,7 @@ def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any
         out = make_dtensor(mesh, biased.local.reshape(linear.block_shape), layout, new_shape)
     if not record:
         return out
-    grads = EinsumBiasGrads(xs, linear.einsum, y, bias, biased, linear.sums, linear.shaped is not None)
+    grads = EinsumBiasGrads(xs, linear.einsum, y, bias, biased._local, linear.sums, linear.shaped is not None)
     inputs = xs if bias is None else (bias, xs[0], xs[1])  # the bias's gradient first, as the add's node gave it
     return attach(out, linear.name, inputs, grads, linear.want, linear.reads)
 
@@ -355,25 +365,23 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
                 mesh, block, first.out, first.shape, None
         else:
             biased = prepared_result(mesh, block, first)
-    dropped, factors, scale = biased, None, None
+    # The dropped-out values' block (the node keeps it; no DTensor of it is read)
+    dropped, factors, scale = biased._local, None, None
     if p:  # _dropped's kernel, mask and count
-        local = biased._local
+        local = dropped
         scale = np.asarray(1.0 / (1.0 - p), local.dtype)
         order, mask_shape, mask_region, back = call.geometry
-        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
+        # (keep_mask's kernel itself: its replay wrapper's test answered, this thread does not capture)
+        factors = np.multiply(_keep(mask_shape, seed, mask_region, p), scale)
         if order is not None:
             factors = factors.transpose(back)
-        block = local * factors
-        if type(block) is _ndarray and block.shape == local.shape and block.flags.c_contiguous:
-            dropped = _new(_common._DTENSOR)  # biased's layout and shape: make_dtensor passed them
-            dropped._mesh, dropped._local, dropped._layout, dropped._shape, dropped._ag = \
-                mesh, block, biased._layout, biased._shape, None
-        else:
-            dropped = make_dtensor(mesh, block, biased._layout, biased._shape)
+        dropped = local * factors
+        if type(dropped) is not _ndarray or dropped.shape != local.shape or not dropped.flags.c_contiguous:
+            dropped = make_dtensor(mesh, dropped, biased._layout, biased._shape)._local  # (as make_dtensor makes it)
         if _flops._OPEN:
-            sweep("dropout", (local,), (dropped._local, local))
+            sweep("dropout", (local,), (dropped, local))
     last = decided.last
-    a, b = h._local, dropped._local
+    a, b = h._local, dropped
     block = np.add(a, b)
     if _flops._OPEN:
         sweep("add", [a, b], (block,))
@@ -392,6 +400,7 @@ def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
 
 
 _NEED_NONE = (False, False, False)
+_keep = keep_mask.__wrapped__  # the mask's kernel, for a call that knows this thread does not capture
 # residual's call signature (the layout ids, shapes and dtypes of h and y; p's type and value; mask_dims; the rank;
 # the bias's layout id, shape and dtype) -> _Call
 _RESIDUAL_CALLS: dict = {}
@@ -535,8 +544,7 @@ def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
     else:
         flat = make_dtensor(mesh, block, layout, new_shape)
     prepared = call.prepared
-    (a_word, b_word), output = prepared.words
-    block = pair(a_word, flat._local, b_word, w._local, output)  # (_product's contract, without its calls)
+    block = call.product(flat._local, w._local)  # (_product's contract: the recipe's function, found once)
     if block.dtype != prepared.dtype and not prepared.plan.local.partial:
         block = rounded(block, prepared.dtype)
     if type(block) is _ndarray and block.shape == prepared.block and block.flags.c_contiguous:
@@ -567,7 +575,7 @@ def _reshape_einsum(x: Any, shape: Any, spec: str, w: Any, key: Any) -> Any:
     name, reads = f"reshape, einsum {prepared.plan.spec}", (x._layout,) + prepared.reads
     if (key is not None and xs[1] is w and prepared.paired and _plain(shape) and y._local.dtype in _PLAIN_DTYPES
             and flat._local.dtype in _PLAIN_DTYPES and type(x._mesh) is _common._MESH):
-        call = _Call(prepared)
+        call = _Call(prepared, None, (flat._local, w._local))
         call.flat = (flat._layout, flat._shape, flat._local.shape)
         call.name, call.reads = name, reads
         _remember(_RESHAPE_CALLS, key, call)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...buffers import CAPTURE
-from ...contraction import contract, pair, present_letters
+from ...contraction import contract, pair, pair_plain, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
 
@@ -56,25 +56,34 @@ class EinsumGrads:
         # gradients are both `pair`'s products, each one's (dY's word, the other's, its own, its layout).
         seen = prepared.ways.get(id(layout))
         if seen is not None and seen[0] is layout and seen[2] is not None and not CAPTURE.on:
-            # Most products: two operands, every decision kept; the blocks contracted, the DTensors built
-            # here (grad_tensor's usual case), a block of another shape or dtype left to gradient_block
+            # Most products: two operands, every decision kept; the blocks contracted (`pair_plain` where no
+            # block is bfloat16 and the run is no dry run's), the DTensors built here (grad_tensor's usual case),
+            # a block of another shape or dtype left to gradient_block. Written out for each operand (no loop).
             a, b = self.xs
-            need = self.need
+            need_a, need_b = self.need
             d = dy._local
-            grads = [None, None]
-            for k, x, other in ((0, a, b), (1, b, a)):
-                if not need[k]:
-                    continue
-                dy_word, other_word, word, grad_layout = seen[2][k]
-                g = pair(dy_word, d, other_word, other._local, word)
-                block = x._local
+            product = pair_plain if seen[3] and d.dtype.kind != "V" and not dy._mesh.engine.dry else pair
+            (a_dy, a_other, a_word, a_layout), (b_dy, b_other, b_word, b_layout) = seen[2]
+            ga = gb = None
+            if need_a:
+                g = product(a_dy, d, a_other, b._local, a_word)
+                block = a._local
                 if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape \
                         and g.flags.c_contiguous:
-                    gx = grads[k] = _new(type(x))
-                    gx._mesh, gx._local, gx._layout, gx._shape, gx._ag = x._mesh, g, grad_layout, x._shape, None
+                    ga = _new(type(a))
+                    ga._mesh, ga._local, ga._layout, ga._shape, ga._ag = a._mesh, g, a_layout, a._shape, None
                 else:
-                    grads[k] = gradient_block(x, g, grad_layout)
-            return tuple(grads)
+                    ga = gradient_block(a, g, a_layout)
+            if need_b:
+                g = product(b_dy, d, b_other, a._local, b_word)
+                block = b._local
+                if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape \
+                        and g.flags.c_contiguous:
+                    gb = _new(type(b))
+                    gb._mesh, gb._local, gb._layout, gb._shape, gb._ag = b._mesh, g, b_layout, b._shape, None
+                else:
+                    gb = gradient_block(b, g, b_layout)
+            return ga, gb
         xs, need = self.xs, self.need
         words, per = prepared.plan.spec.inputs, prepared.per
         grads = []
@@ -118,7 +127,8 @@ class EinsumGrads:
             paired = None  # two operands, both gradients `pair`'s: what each contracts, and its layout
             if len(xs) == 2 and per[0][4] and per[1][4]:
                 paired = tuple(p[1] + (w, g) for p, w, g in zip(per, words, known))
-            ways[id(layout)] = (layout, known, paired)
+            # (and whether no operand is bfloat16: its dtype is the signature's)
+            ways[id(layout)] = (layout, known, paired, all(x._local.dtype.kind != "V" for x in xs))
         return tuple(grads)
 
 

@@ -111,8 +111,8 @@ _new = object.__new__
 
 class EinsumBiasGrads:
     """`spmdsim.ops.fused.einsum_bias`'s backward: the reshape's, the bias add's and the einsum's rules in turn.
-    Keeps the einsum's operands (its rule's), the product before its bias and the biased product (the add's node
-    kept both), as the three nodes kept them."""
+    Keeps the einsum's operands (its rule's), the product before its bias and the biased product's block (the
+    add's node kept both), as the three nodes kept them."""
 
     __slots__ = ("einsum", "y", "bias", "biased", "sums", "shaped")
 
@@ -126,7 +126,7 @@ class EinsumBiasGrads:
         partial = dy._layout.partial
         bias, y = self.bias, self.y
         if self.shaped:  # the reshape's rule: dY back in the product's dims, C-ordered as its gradient was made
-            d = d.reshape(self.biased._local.shape)
+            d = d.reshape(self.biased.shape)
             if not d.flags.c_contiguous:
                 d = c_order(d)
         if bias is None:
@@ -143,7 +143,8 @@ class EinsumBiasGrads:
 class ResidualGrads:
     """`spmdsim.ops.fused.residual`'s backward: the residual add's, the dropout's and the bias add's rules in turn.
     Keeps h, y, the biased y, the dropout's factors, the dropped-out values and the sum, as the three nodes kept
-    them (`factors` None: no dropout, or a dry run's that kept none; `bias` None: no bias add)."""
+    them (`factors` None: no dropout, or a dry run's that kept none; `bias` None: no bias add; `dropped` the values'
+    DTensor, or its block where `spmdsim.ops.fused.residual` built none: the rule reads neither)."""
 
     __slots__ = ("h", "y", "bias", "biased", "factors", "scale", "dropped", "out", "need", "sums")
 
@@ -170,7 +171,7 @@ class ResidualGrads:
                 sweep("dropout", (g, g), (g,))
             factors = self.factors
             g = _local(np.multiply, g, g, self.scale) if factors is None or dry else g * factors
-            g = grad_tensor(biased, g, partial)._local  # C order and dtype, as its gradient was made
+            g = _made(biased, g)  # C order and dtype, as its gradient was made (its block, without the DTensor)
             low = biased._local.dtype
             if self.bias is not None and is_low(low):  # bfloat16: the bias add's node rounded it
                 g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)

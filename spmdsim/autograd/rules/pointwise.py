@@ -306,11 +306,16 @@ def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
     extra = () if kept is None else (kept,)
 
     def backward(dy: Any) -> tuple:
-        d, local = dy.local, x.local  # read once (a captured step: their record's views)
-        sweep(name, (d, local) + extra, (local,))
+        if not CAPTURE.on:  # the blocks (no property call)
+            d, local = dy._local, x._local
+        else:  # read once: their record's views
+            d, local = dy.local, x.local
+        if _flops._OPEN:
+            sweep(name, (d, local) + extra, (local,))
         return (grad_tensor(x, _local(kernel, d, local, d, *extra), dy._layout.partial),)
 
-    return record(out, name, (x,), backward, x.layout)
+    # `record`'s node (its reads: x's layout and out's), without its frame
+    return attach(out, name, (x,), backward, x._layout, (x._layout, out._layout))
 
 
 def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
