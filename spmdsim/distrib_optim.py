@@ -497,9 +497,7 @@ class DistributedAdamW(_Optimizer):
         bucket a backward with ``reduce_with=self`` may reduce (not yet reduced, none of `reduce_after`'s), in
         bucket order (autograd.engine._walk_reducing)."""
         if self._shared is None:
-            from .errors import OperatorError as _Error
-
-            raise _Error("backward(reduce_with=...): the optimizer must be a DistributedAdamW with shard_grads=True "
+            raise OperatorError("backward(reduce_with=...): the optimizer must be a DistributedAdamW with shard_grads=True "
                          "(ZeRO-2); ZeRO-1 reduces its buckets in the step")
         final, after, params = self._final, self._after, self.params
         return [(k, tuple(params[i]._ag for i in b.indices if i not in final)) for k, b in enumerate(self.buckets)

@@ -169,6 +169,26 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
         assert m1.grads_peak == 2 * grads  # the backward's blocks beside ZeRO-1's gradient buffer
 
 
+def test_reduce_with_refuses_what_is_no_zero2_optimizer_in_one_line():
+    """backward(reduce_with=...) takes a ZeRO-2 DistributedAdamW: AdamW or a ZeRO-1 one is refused on every rank
+    before any collective."""
+    from spmdsim.autograd import backward
+
+    def body():
+        mesh = spmdsim.Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        (p,) = _params(mesh, [(4, 3)])
+        found = []
+        for opt in (AdamW([p]), DistributedAdamW([p], mesh)):
+            loss = spmdsim.ops.sum(p * p)
+            with pytest.raises(OperatorError) as e:
+                backward(loss, keep_pending=[p], reduce_with=opt)
+            found.append(str(e.value))
+        return found
+
+    for found in spmdsim.simulate(2, body):
+        assert "got an object of type AdamW" in found[0] and "shard_grads=True" in found[1], found
+
+
 def test_zero2_over_a_pipeline_with_replay_matches_one_numpy_process_and_zero1(monkeypatch):
     """pp 2 x dp 2, two microbatches, every step after the first replayed, buckets of 2,000 elements: ZeRO-2's
     stages accumulate the first microbatch's gradients whole and reduce-scatter each bucket in the second's

@@ -65,6 +65,9 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
             and retain_graph is not False or create_graph is not False and create_graph is not None:
         _refuse_options(explain, retain_graph, create_graph)
     cap = _bucket_cap(bucket)
+    if reduce_with is not None and not hasattr(reduce_with, "_walk_groups"):
+        raise OperatorError(f"backward(reduce_with=...): expected a DistributedAdamW with shard_grads=True (ZeRO-2), "
+                            f"got an object of type {type(reduce_with).__name__}")
     kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
         kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
     context = current()
