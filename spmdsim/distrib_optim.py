@@ -44,10 +44,18 @@ ZeRO-2 (``shard_grads=True``, Rajbhandari et al. 2020's P_os+g; DeepSpeed's ``st
 sharded too. Each rank keeps only its 1/d slice of the summed gradients (step 3's result, between steps the
 gradients' only memory); the buckets share one flat buffer (the largest bucket's bytes: DeepSpeed's reduce
 bucket), into which step 2 packs one bucket at a time, its members' gradient blocks freed (``.grad`` None)
-before its Reduce_scatter, and step 5 gathers one bucket at a time. The arithmetic is ZeRO-1's (the same
-buckets, the same sums, the same update): the parameters are ZeRO-1's bit for bit. The backward still ends
-with every gradient whole (spmdsim's backward resolves the leaves' gradients when its walk ends), so the
-step's peak after the backward is ZeRO-1's; from the step on they are 1/d.
+before its Reduce_scatter, and step 5 gathers one bucket at a time. Steps 1-3 run in the backward, as
+DeepSpeed's stage 2 and Megatron's overlap_grad_reduce reduce a bucket as soon as it fills:
+``spmdsim.autograd.backward(loss, keep_pending=params, reduce_with=optimizer)`` stops its walk after the last
+node reading a bucket's members, puts their gradients into ``.grad`` and calls `_bucket_ready`, which checks
+them, sums those pending over other axes (one Allreduce per group of axes, of the bucket's members), packs the
+bucket, frees its members' blocks and reduce-scatters it. So the Reduce_scatters come in the order the buckets
+fill (the same on every rank of a dp group: one graph), and a rank never holds a reduced bucket's gradients
+whole again that step. ``step()`` reduces the buckets the backward did not (in bucket order; every one after a
+plain backward), then updates. With several microbatches a step only the last backward is given
+`reduce_with` (the earlier ones accumulate whole, as under ZeRO-1); `reduce_after` leaves the buckets of
+parameters whose gradients change after the backward (a pipeline's tied table) to the step. The arithmetic is
+ZeRO-1's (the same buckets' elements, the same sums, the same update): the parameters are ZeRO-1's bit for bit.
 """
 from __future__ import annotations
 
@@ -168,6 +176,13 @@ class DistributedAdamW(_Optimizer):
         self.buckets = self._buckets(bucket)
         self._dry = bool(mesh.engine.dry)
         self._shared = self._shared_buffer() if shard_grads else None
+        # ZeRO-2 in the backward (`backward(reduce_with=...)`): the buckets reduced this step, the parameters whose
+        # last gradient of the step a walk has given, those whose buckets only the step reduces (`reduce_after`),
+        # and `watch`, called with the walk's gradients before each bucket is reduced there (a memory look).
+        self._reduced = [False] * len(self.buckets)
+        self._final: set = set()
+        self._after: set = set()
+        self.watch: Optional[Callable[[dict], None]] = None
         for b in self.buckets:
             self._allocate(b)
             self._prepare(b)
@@ -402,13 +417,24 @@ class DistributedAdamW(_Optimizer):
         """Sum the gradients over dp onto this rank's slices, update them, gather the parameters (collective)."""
         from .runtime.collectives import allgather, reduce_scatter
 
-        grads = self._grads()
-        leaves = tuple(map(_AG, self.params))
+        done = self._reduced
+        in_backward = any(done)  # ZeRO-2: buckets reduced in the backward (`backward(reduce_with=self)`)
+        self._reduced, self._final = [False] * len(self.buckets), set()  # the next step's
+        if in_backward:  # the others here, a bucket at a time, in bucket order
+            leaves = tuple(map(_AG, self.params))
+            for k, b in enumerate(self.buckets):
+                if not done[k]:
+                    self._reduce_bucket(b, leaves)
+        else:
+            grads = self._grads()
+            leaves = tuple(map(_AG, self.params))
         self._leaves = leaves
         updated(leaves)  # every block changes in place: older graphs may not be walked
         _kernel(_count_step)(self)
         label = f"zero-{self.stage}"
-        if self._shared is not None:  # ZeRO-2: a bucket at a time through the shared buffer, its blocks freed
+        if in_backward:
+            pass  # every bucket reduced: its slice in `b.grad`
+        elif self._shared is not None:  # ZeRO-2: a bucket at a time through the shared buffer, its blocks freed
             for b in self.buckets:
                 if not self._dry:
                     _kernel(_pack)(b.flat, b.pick(grads), b.slices)
@@ -457,6 +483,80 @@ class DistributedAdamW(_Optimizer):
                 _kernel(_unpack)(b.pick(blocks), b.sources)
         # their buffer holds the parameters now (Megatron's grad buffer likewise)
         _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
+
+    # -- ZeRO-2 in the backward: each bucket reduced as soon as its members have their last gradients --
+
+    def reduce_after(self, params: Iterable[Any]) -> None:
+        """Leave the buckets of these parameters (of this optimizer's) to the step: their gradients change after
+        the backward (a pipeline's tied table, summed over its two end stages before the step)."""
+        ids = {id(p) for p in params}
+        self._after = {i for i, p in enumerate(self.params) if id(p) in ids}
+
+    def _walk_groups(self) -> list:
+        """(bucket index, its members' leaves whose last gradient no walk of this step has given yet) of each
+        bucket a backward with ``reduce_with=self`` may reduce (not yet reduced, none of `reduce_after`'s), in
+        bucket order (autograd.engine._walk_reducing)."""
+        if self._shared is None:
+            raise OperatorError("backward(reduce_with=...): the optimizer must be a DistributedAdamW with shard_grads=True "
+                         "(ZeRO-2); ZeRO-1 reduces its buckets in the step")
+        final, after, params = self._final, self._after, self.params
+        return [(k, tuple(params[i]._ag for i in b.indices if i not in final)) for k, b in enumerate(self.buckets)
+                if not self._reduced[k] and not after.intersection(b.indices)]
+
+    def _reached(self, leaves: Any) -> None:
+        """The parameters of these leaves (a walk's with ``reduce_with=self``) have their step's last gradient."""
+        self._final.update(i for i, p in enumerate(self.params) if p._ag in leaves)
+
+    def _bucket_ready(self, k: int, grads: dict) -> None:
+        """Bucket `k`'s members have their last gradients of the step in ``.grad`` (a walk put them there): its
+        Reduce_scatter now, its members' blocks freed (`grads`: the walk's gradients then, for `watch`)."""
+        if self.watch is not None:
+            self.watch(grads)
+        self._reduce_bucket(self.buckets[k], tuple(map(_AG, self.params)))
+        self._reduced[k] = True
+
+    def _reduce_bucket(self, b: _Bucket, leaves: tuple) -> None:
+        """ZeRO-2's steps 1-3 for one bucket: its members' gradients checked and summed over their other axes
+        (`_bucket_grads`), packed into the shared flat buffer, their blocks freed (``.grad`` None), and the
+        buffer reduce-scattered into this rank's slice."""
+        from .runtime.collectives import reduce_scatter
+
+        blocks = self._bucket_grads(b)
+        if not self._dry:
+            _kernel(_pack)(b.flat, blocks, b.slices)
+        del blocks
+        _drain(map(setattr, b.pick(leaves), _GRAD_NAMES, _NONES))  # leaf.grad = None
+        reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-2 gradient bucket", out=b.grad)
+
+    def _bucket_grads(self, b: _Bucket) -> list:
+        """Bucket `b`'s members' gradient blocks, in its order, each checked as `_grads_checked` checks it and
+        those pending over other axes than their dp ones summed over those first (one Allreduce per group of
+        axes, of this bucket's members: the values `_grads`' one Allreduce of every parameter's gives)."""
+        from .runtime.executor import pending, resolve
+
+        extra: dict = {}
+        out = []
+        for i in b.indices:
+            p = self.params[i]
+            g = p.grad
+            self._check_grad(i, p, g)
+            others = tuple(a for a in g.layout.partial if a not in self.axes[i])
+            if others:
+                members, layouts = extra.setdefault(others, ([], []))
+                members.append(len(out))
+                layouts.append(with_partial(p.layout, tuple(a for a in g.layout.partial if a in self.axes[i])))
+            out.append(g.local)
+        for axes, (members, layouts) in extra.items():
+            flat = np.concatenate([out[j].reshape(-1) for j in members]) if not self._dry else \
+                _dry_flat(sum(out[j].size for j in members), out[members[0]].dtype)
+            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
+                             + ",".join(axes), owned=True)
+            at = 0
+            for j in members:
+                n = out[j].size
+                out[j] = summed[at:at + n].reshape(out[j].shape)
+                at += n
+        return out
 
     def _into_buffer(self, b: _Bucket, leaves: tuple) -> None:
         """Each member's ``.grad`` made a view of its place in `b`'s gradient buffer (packed there: the same
@@ -532,19 +632,9 @@ class DistributedAdamW(_Optimizer):
         every gradient checked (the refusals); what was checked remembered for `_grads_again`."""
         extra: dict = {}
         for i, p in enumerate(self.params):
-            want = set(self.axes[i])
             g = p.grad
-            if g is None:
-                raise OperatorError(f"DistributedAdamW: parameter {i} has no gradient; every parameter of a "
-                                    "bucket steps together")
-            if g.layout.tensor_map != p.layout.tensor_map or g.local.shape != p.local.shape:
-                raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
-            if not want <= set(g.layout.partial):
-                raise OperatorError(f"DistributedAdamW: parameter {i}'s gradient ({g.layout}) is not pending over "
-                                    f"{self.axes[i]!r}: run loss.backward(keep_pending=optimizer.params), so the "
-                                    "optimizer sums it once over dp (a gradient already summed would be summed "
-                                    "again)")
-            others = tuple(a for a in g.layout.partial if a not in want)
+            self._check_grad(i, p, g)
+            others = tuple(a for a in g.layout.partial if a not in self.axes[i])
             if others:
                 members, layouts = extra.setdefault(others, ([], []))
                 members.append(i)
@@ -557,6 +647,20 @@ class DistributedAdamW(_Optimizer):
             self._seen_grads = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
                                 tuple(map(_LAYOUT, held)), list(map(_SHAPE, held)), extra)
         return out, extra
+
+    def _check_grad(self, i: int, p: Any, g: Any) -> None:
+        """Refuse parameter `i`'s gradient `g` if it is missing, laid out unlike `p` or not pending over the dp
+        axes its states shard over (alike on every rank: layouts and shapes)."""
+        if g is None:
+            raise OperatorError(f"DistributedAdamW: parameter {i} has no gradient; every parameter of a "
+                                "bucket steps together")
+        if g.layout.tensor_map != p.layout.tensor_map or g.local.shape != p.local.shape:
+            raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
+        if not set(self.axes[i]) <= set(g.layout.partial):
+            raise OperatorError(f"DistributedAdamW: parameter {i}'s gradient ({g.layout}) is not pending over "
+                                f"{self.axes[i]!r}: run loss.backward(keep_pending=optimizer.params), so the "
+                                "optimizer sums it once over dp (a gradient already summed would be summed "
+                                "again)")
 
     def _counted_parts(self) -> tuple:
         """Views of the parts of this rank's summed slices whose squares it adds for clipping: each element

@@ -135,11 +135,75 @@ def test_zero2_matches_one_numpy_process_and_zero1_bit_for_bit():
         assert m2.grads * 2 == m1.grads and (m2.states, m2.master, m2.params) == (m1.states, m1.master, m1.params)
 
 
-def test_zero2_over_a_pipeline_with_replay_matches_one_numpy_process_and_zero1():
-    """pp 2 x dp 2, two microbatches, every step after the first replayed: ZeRO-2's stages accumulate the
-    microbatches' gradients and reduce-scatter them once a step, checked against the reference each step, the
-    parameters ZeRO-1's bit for bit and each rank's gradients after the step half of ZeRO-1's."""
+def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
+    """Buckets of 2,000 elements (12 of them here): ZeRO-2's backward reduce-scatters each as soon as its members
+    have their last gradients and frees their blocks, so the most gradient bytes a rank held in the step (measured
+    before each bucket's Reduce_scatter: the walk's gradients, the .grad blocks, the summed slices) are well below
+    what it held with one bucket (every gradient whole and the slices, as before this was done) and below
+    ZeRO-1's whole gradients; the parameters are ZeRO-1's bit for bit after 2 steps, each rank's own
+    Reduce_scatters in the walk's order."""
+    import spmdsim.gpt.train as trainer
+    from spmdsim.distrib_optim import DistributedAdamW
+
+    ready: list = []
+    hook = DistributedAdamW._bucket_ready
+    monkeypatch.setattr(DistributedAdamW, "_bucket_ready", lambda self, k, grads: (ready.append(k),
+                                                                                    hook(self, k, grads)))
+
+    def run(zero):
+        def body():
+            model, results = train(CFG, spmdsim.world(), 2, 2, 2, TEXT, sp=True, zero=zero, memory=True)
+            return results[-1].memory, {n: p.local.copy() for n, p in model.params.items()}
+        return spmdsim.simulate(4, body)
+
+    one, whole = run(1), run(2)
+    monkeypatch.setattr(trainer, "ZERO2_BUCKET", 2000)
+    ready.clear()
+    small = run(2)
+    assert len(ready) == 4 * 2 * 12 and sorted(set(ready)) == list(range(12))  # every bucket, in the backward
+    for (m1, p1), (mw, _), (m2, p2) in zip(one, whole, small):
+        assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
+        grads = m1.grads  # ZeRO-1's gradient buffer: every gradient whole
+        assert mw.grads_peak == grads + grads // 2  # one bucket: all whole and the slices, when it fills
+        assert m2.grads == grads // 2 and m2.grads < m2.grads_peak < 0.8 * grads  # the slices and a few whole
+        assert m1.grads_peak == 2 * grads  # the backward's blocks beside ZeRO-1's gradient buffer
+
+
+def test_reduce_with_refuses_what_is_no_zero2_optimizer_in_one_line():
+    """backward(reduce_with=...) takes a ZeRO-2 DistributedAdamW: AdamW or a ZeRO-1 one is refused on every rank
+    before any collective."""
+    from spmdsim.autograd import backward
+
+    def body():
+        mesh = spmdsim.Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        (p,) = _params(mesh, [(4, 3)])
+        found = []
+        for opt in (AdamW([p]), DistributedAdamW([p], mesh)):
+            loss = spmdsim.ops.sum(p * p)
+            with pytest.raises(OperatorError) as e:
+                backward(loss, keep_pending=[p], reduce_with=opt)
+            found.append(str(e.value))
+        return found
+
+    for found in spmdsim.simulate(2, body):
+        assert "got an object of type AdamW" in found[0] and "shard_grads=True" in found[1], found
+
+
+def test_zero2_over_a_pipeline_with_replay_matches_one_numpy_process_and_zero1(monkeypatch):
+    """pp 2 x dp 2, two microbatches, every step after the first replayed, buckets of 2,000 elements: ZeRO-2's
+    stages accumulate the first microbatch's gradients whole and reduce-scatter each bucket in the second's
+    backward as it fills (the tied table's in the step, after the end stages summed it; a replayed step replays
+    those Reduce_scatters), checked against the reference each step, the parameters ZeRO-1's bit for bit and
+    each rank's gradients after the step half of ZeRO-1's."""
+    import spmdsim.gpt.train as trainer
+    from spmdsim.distrib_optim import DistributedAdamW
     from spmdsim.gpt.pipeline import train_pipelined
+
+    ready: list = []
+    hook = DistributedAdamW._bucket_ready
+    monkeypatch.setattr(DistributedAdamW, "_bucket_ready", lambda self, k, grads: (ready.append(k),
+                                                                                    hook(self, k, grads)))
+    monkeypatch.setattr(trainer, "ZERO2_BUCKET", 2000)
 
     cfg = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
 
@@ -156,6 +220,7 @@ def test_zero2_over_a_pipeline_with_replay_matches_one_numpy_process_and_zero1()
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in r2), r2
         assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
         assert r2[-1].memory.grads * 2 == r1[-1].memory.grads
+    assert sorted(set(ready)) == [1, 2, 3]  # the captured step's, in the backward (bucket 0: the tied table's)
 
 
 def _params(mesh, shapes, split_over=None):

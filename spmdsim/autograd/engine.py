@@ -34,7 +34,8 @@ __all__ = ["backward", "backward_kept", "kept_leaves", "reduce_grads", "gradient
 
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
-             keep_pending: Any = (), retain_graph: Any = None, create_graph: Any = False) -> None:
+             keep_pending: Any = (), retain_graph: Any = None, create_graph: Any = False,
+             reduce_with: Any = None) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -56,35 +57,43 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     PyTorch's `retain_graph` and `create_graph` are taken to be refused when
     true: the walk frees each node's saved tensors as it goes, and its
     gradients are not recorded (no gradient of a gradient).
+    `reduce_with`: a ZeRO-2 optimizer (spmdsim.distrib_optim.DistributedAdamW with ``shard_grads=True``) whose
+    buckets this backward reduces as soon as the walk has given every member its last gradient (this is the
+    last backward before the step to add to the parameters it reaches: `_walk_reducing`).
     """
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
         _refuse_options(explain, retain_graph, create_graph)
     cap = _bucket_cap(bucket)
+    if reduce_with is not None and not hasattr(reduce_with, "_walk_groups"):
+        raise OperatorError(f"backward(reduce_with=...): expected a DistributedAdamW with shard_grads=True (ZeRO-2), "
+                            f"got an object of type {type(reduce_with).__name__}")
     kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
         kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
-        _backward(loss, explain, cap, gradient, kept)
+        _backward(loss, explain, cap, gradient, kept, reduce_with)
     finally:
         context.phase = was
 
 
-def backward_kept(loss: Any, gradient: Any, kept: set) -> None:
+def backward_kept(loss: Any, gradient: Any, kept: set, reduce_with: Any = None) -> None:
     """``backward(loss, gradient=gradient, keep_pending=params)`` where `kept` is ``kept_leaves(params)``, made
     once for many backwards: a pipeline stage's microbatches (spmdsim.gpt.pipeline) keep the same parameters
-    pending every microbatch, so their entries are checked once a step, not once a microbatch (issue 58)."""
+    pending every microbatch, so their entries are checked once a step, not once a microbatch (issue 58).
+    `reduce_with` as `backward`'s (a stage's last microbatch's backward of a chunk under ZeRO-2)."""
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
-        _backward(loss, None, 0, gradient, kept)
+        _backward(loss, None, 0, gradient, kept, reduce_with)
     finally:
         context.phase = was
 
 
-def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kept: Any) -> None:
-    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or ())."""
+def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kept: Any,
+              reduce_with: Any = None) -> None:
+    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or (); `reduce_with`: `backward`'s)."""
     DTensor = (_RUNTIME or _runtime())[0]
     if type(loss) is not DTensor or type(loss._ag) is not Node or not (
             gradient is None and loss._shape == _SCALAR or type(gradient) is DTensor and gradient._shape == loss._shape
@@ -106,7 +115,10 @@ def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kep
     grads: dict = {node: gradient}
     owners: dict = {}  # Node/Leaf -> its tensor's layout where its gradient's is not it (see `_walk`)
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
-    _walk(order, grads, owners, explain, readers)
+    if reduce_with is None:
+        _walk(order, grads, owners, explain, readers)
+    else:
+        _walk_reducing(order, grads, owners, explain, readers, kept, reduce_with)
     # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
     _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers)
 
@@ -153,6 +165,41 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 grads[key] = g
             else:
                 grads[key] = add_grads(have, g, g._layout)
+
+
+def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[list], readers: Any, kept: Any,
+                   reducer: Any) -> None:
+    """`_walk`, stopping where a bucket of `reducer` (a ZeRO-2 DistributedAdamW) has its members' last gradients:
+    after the last node of `order` that reads any of them (the members this walk reaches; those an earlier walk
+    of the step finished are in ``.grad`` already). There the members' gradients go into ``.grad`` as the walk's
+    end puts them (`_resolve_leaves`: added to what earlier microbatches left, kept pending) and the reducer
+    reduce-scatters the bucket and frees them (`reducer._bucket_ready(k, grads)`, `grads` the walk's gradients
+    then, for a memory look). Several buckets ready at one node go in the reducer's order. Every rank of a dp
+    group walks the same graph, so each stops at the same nodes and reduces the same buckets in the same order.
+    The leaves of `reducer`'s buckets this walk reaches are its last gradients' (`reducer._reached`)."""
+    groups = reducer._walk_groups()  # [(bucket index, its members' leaves not yet final)], in bucket order
+    wanted = set(chain.from_iterable(leaves for _, leaves in groups))
+    last: dict = {}  # leaf -> the position in `order` of the last node reading it
+    for i, node in enumerate(order):
+        for t in node.inputs:
+            a = getattr(t, "_ag", None)
+            if a is not None and a in wanted:
+                last[a] = i
+    stops: dict = {}  # position -> the buckets ready after its node, in bucket order
+    for k, leaves in groups:
+        if leaves and all(map(last.__contains__, leaves)):
+            stops.setdefault(max(map(last.__getitem__, leaves)), []).append((k, leaves))
+    start = 0
+    for at in sorted(stops):
+        _walk(order[start:at + 1], grads, owners, explain, readers)
+        start = at + 1
+        for k, leaves in stops[at]:
+            here = [leaf for leaf in leaves if leaf in grads]
+            if here:
+                _resolve_leaves(here, grads, owners, kept, 0, explain, readers)
+            reducer._bucket_ready(k, grads)
+    _walk(order[start:], grads, owners, explain, readers)
+    reducer._reached(last)
 
 
 def _walk_noted(order: list, grads: dict, owners: dict, explain: Optional[list], readers: Any) -> None:

@@ -54,7 +54,9 @@ class MemoryReport:
     summed gradients, 1/dp); `buffers`: the
     optimizer's buffers (the update's scratch and AdamW's gather buffer, one group's each; ZeRO-1's summed
     gradient slice); `peak`: the largest of the totals after the forward, after the backward and after the
-    step, at `moment`.
+    step, at `moment`; `grads_peak`: the most bytes of gradients the rank held at once, at those moments and,
+    under ZeRO-2, in the backward where each bucket is reduced (its members' blocks, before they are freed, and
+    every other gradient held then: the walk's, the ``.grad`` blocks, the summed slices).
     """
 
     step: int
@@ -66,6 +68,7 @@ class MemoryReport:
     buffers: int
     peak: int
     moment: str
+    grads_peak: int = 0
 
     @property
     def kept_total(self) -> int:
@@ -88,7 +91,7 @@ class MemoryReport:
             out.append(line.rstrip(", "))
         out.append(f"  parameters {self.params:,}, gradients {self.grads:,}, master copy {self.master:,}")
         out.append(f"  optimizer states {self.states:,}, buffers {self.buffers:,}")
-        out.append(f"  peak {self.peak:,} {self.moment}")
+        out.append(f"  peak {self.peak:,} {self.moment}; gradients at most {self.grads_peak:,}")
         return out
 
 

@@ -56,7 +56,7 @@ from .data import batch, text_problem
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _look, _norm, _report, _steady, anchored_start, anchored_updates, step_errors
+from .train import StepResult, _look, _look_walk, _norm, _report, _steady, anchored_start, anchored_updates, step_errors
 from .wholes import Regions, assemble, stage_regions
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
@@ -270,6 +270,11 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
+    if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced in
+        # the step: the tied table's, which gets the other end's after the backward (`ends`), or one that two of
+        # this stage's chunks read (both ends on one stage)
+        optimizer.reduce_after([t for name, t in params.items() if name == "wte" and ends
+                                or sum(name in models[c].params for c in mine) > 1])
     run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
     check = check and not dry_run_active()
     micro = cfg.batch // microbatches
@@ -318,9 +323,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
         optimizer.zero_grad()
         watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
+        if watch is not None and zero == 2:  # a look in the backward before each bucket's Reduce_scatter
+            optimizer.watch = watch.walk
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
                                                          shape, act, wire, pp_comm, tensors, clock, watch,
-                                                         described, wire_dtype, found)
+                                                         described, wire_dtype, found,
+                                                         optimizer if zero == 2 else None)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
         if ends:
@@ -433,7 +441,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
                  clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None,
-                 wire_dtype: Any = np.float64, found: Optional[dict] = None) -> tuple[list, list, int]:
+                 wire_dtype: Any = np.float64, found: Optional[dict] = None,
+                 reducer: Any = None) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses: DTensors, the router losses too;
     the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
@@ -443,8 +452,10 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
-    found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`."""
-    from ..autograd.engine import backward_kept, kept_leaves
+    found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`.
+    `reducer`: ZeRO-2's optimizer, to which each chunk's last microbatch's backward hands its buckets as they
+    fill (spmdsim.autograd.backward's `reduce_with`); the microbatches before accumulate their gradients whole."""
+    from ..autograd.engine import backward as backward_, backward_kept, kept_leaves
     from ..pipeline.schedule import Compute
     from ..runtime.dtensor import DTensor
     from ..runtime.door import messages, point_to_point
@@ -519,8 +530,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         if watch is not None:
             watch.backward(c)
         out = outputs.pop((mb, c))
+        reduce_with = reducer if reducer is not None and last_backward.get(c) == mb else None
         if repeat is None:  # (a real run: every cell runs, none measured)
-            backward_kept(out, None if c == last else upstream.pop((mb, c)), kept)
+            backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
         elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
             upstream.pop((mb, c), None)
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
@@ -530,7 +542,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             return
         else:
             with _first(repeat, ("B", c)):
-                out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
+                backward_(out, gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params,
+                          reduce_with=reduce_with)
         if c > 0:
             sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
 
@@ -540,6 +553,11 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     steps = known.get("program")
     if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
         steps = known["program"] = (program, _compiled(program))
+    last_backward: dict = {}  # chunk -> the microbatch of its last backward (ZeRO-2's buckets reduced in it)
+    if reducer is not None:
+        for entry in steps[1]:
+            if entry[0] == 1:
+                last_backward[entry[2]] = entry[1]
     # A received gradient takes the very layout object of the chunk's output (equal to `act`), which the output's
     # node wants: the backward's tests then stop at `is`, as between the layers of one chunk (under `act`, an
     # equal object of the model's own, it cost ~8 comparisons and moves a microbatch). Not in a dry run (its
@@ -712,6 +730,10 @@ class _Most:
         self._flush()
         self.live[chunk] -= 1
         self.total -= self.sum_of[chunk]
+
+    def walk(self, grads: dict) -> None:
+        """A ZeRO-2 backward's look before it reduces a bucket (spmdsim.gpt.train._look_walk)."""
+        _look_walk(self.moments, self.optimizer, self.params, grads)
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
         self._flush()

@@ -409,6 +409,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     from .. import ops
     from ..autograd import kept_bytes
+    from ..autograd.engine import backward
     from ..optim import AdamW, DistributedAdamW, clip_grad_norm_
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
     from ..runtime.mesh import Mesh
@@ -467,11 +468,16 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if memory:
             _look(moments, moment, optimizer, params, kept)
 
+    if memory and zero == 2:  # a look in the backward before each bucket's Reduce_scatter frees its gradients
+        optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
+
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
         loss = model.loss(xd, yd, step)
         look("after the forward", kept_bytes([loss], exclude=params) if memory else None)
-        if zero:  # the dp sums left to the optimizer's Reduce_scatter
+        if zero == 2:  # each bucket reduce-scattered in the walk as soon as its members' gradients are final
+            backward(loss, keep_pending=params, reduce_with=optimizer)
+        elif zero:  # the dp sums left to the optimizer's Reduce_scatter
             loss.backward(keep_pending=params)
         else:
             loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
@@ -790,6 +796,17 @@ def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Option
         moments["kept"] = kept
 
 
+def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict) -> None:
+    """A ZeRO-2 backward's look before it reduces a bucket (DistributedAdamW.watch; `grads`: the walk's gradients
+    then): the most bytes of gradients held so far in the step's backwards, under "walk" in `moments`: the
+    parameters' gradients in the walk and in ``.grad`` and the optimizer's summed slices, each buffer once."""
+    found = [g for g in map(grads.get, [p._ag for p in params]) if g is not None]
+    held = owned_bytes([g.local for g in found] + [p.grad.local for p in params if p.grad is not None]
+                       + list(optimizer.gradient_buffers()))
+    if held > moments.get("walk", 0):
+        moments["walk"] = held
+
+
 def _steady(moments: dict) -> dict:
     """A first step's `_look` moments as a later step's: the optimizer's bytes after that step (its states and
     buffers, made in the first step) held at every moment, each total changed by as much. A replayed step's
@@ -797,7 +814,7 @@ def _steady(moments: dict) -> dict:
     after = moments["after the step"][0]
     out = {}
     for moment, value in moments.items():
-        if moment == "kept":
+        if moment in _NOT_MOMENTS:
             out[moment] = value
             continue
         held, grads, total = value
@@ -808,10 +825,15 @@ def _steady(moments: dict) -> dict:
 def _report(step: int, moments: dict, params: int) -> MemoryReport:
     """The step's MemoryReport from the moments `_look` recorded (the peak: the largest total of them)."""
     held, grads, _ = moments["after the step"]
-    peak, moment = max((moments[m][2], m) for m in moments if m != "kept")
+    peak, moment = max((moments[m][2], m) for m in moments if m not in _NOT_MOMENTS)
     kept = tuple(sorted(moments["kept"].items(), key=lambda kv: _KIND_ORDER.get(kv[0], len(_KIND_ORDER))))
+    most = max([moments[m][1] for m in moments if m not in _NOT_MOMENTS] + [moments.get("walk", 0)])
     return MemoryReport(step, kept, params, grads, held["master copy"], held["optimizer states"], held["buffers"],
-                        peak, moment)
+                        peak, moment, most)
+
+
+#: What `_look` and `_look_walk` record beside the moments: the graph's kept bytes, the backward's most gradients.
+_NOT_MOMENTS = ("kept", "walk")
 
 
 def _restep(report: MemoryReport, step: int) -> MemoryReport:
