@@ -455,7 +455,7 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
         return
     from ..runtime import replay
 
-    if CAPTURING[0] and replay.capturing():  # the values a replay is given are not the capture's: checked again
+    if CAPTURE.on and replay.capturing():  # the values a replay is given are not the capture's: checked again
         replay.kernel(_least_exponent)(mesh.comm, block, base._local.size, what)
     else:
         _least_exponent(mesh.comm, block, base._local.size, what)
