@@ -227,6 +227,11 @@ def test_matmul_strategy_operands_show_seed_001(capsys):
     # Without --operand a two-tensor strategy says what to add; --operand needs a MatMul strategy.
     code, _, err = _run(["slices", "--strategy", "((2,1),(1,4))", "--shape", "4,8"], capsys)
     assert code == 2 and "for a MatMul strategy add --operand x, w or out" in err
+    # Named as typed, the flag first (it said "case key 'strategy'" alone, to a user of the flag), with an
+    # example of this shape's length (it showed a 5-dim [[2, 1, 2, 2, 1]] for a 2-dim tensor).
+    assert " ".join(err.split()).startswith(
+        "spmdsim: error: --strategy '((2,1),(1,4))' (case key 'strategy') gives 2 tensors; expected one tensor's "
+        "strategy such as '((2, 1),)';")
     code, _, err = _run(["slices", "--strategy", "((2,4),)", "--operand", "x", "--shape", "4,8"], capsys)
     assert code == 2 and "operand 'x' goes with a MatMul strategy of two tensors" in err
 

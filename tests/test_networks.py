@@ -184,6 +184,20 @@ def test_main_rejects_unknown_networks_before_mpi(capsys):
     assert "unknown network(s) ['net_nope']" in capsys.readouterr().err
 
 
+def test_main_exits_3_when_every_network_asked_for_was_skipped(capsys):
+    """`python -m spmdsim.nets net_mindspore_tutorial` in one process (or on 3 ranks) printed its SKIP line and
+    exited 0, which a script read as a pass; now 3 (as `spmdsim demo` when none ran), with one line saying so."""
+    from spmdsim.nets.__main__ import main
+
+    assert main(["--ranks", "3", "net_mindspore_tutorial", "net_oneflow_2d_sbp"]) == 3
+    captured = capsys.readouterr()
+    assert "net_mindspore_tutorial: SKIP (the MindSpore tutorial's strategies need exactly 8 ranks, not 3)" \
+        in captured.out
+    assert " ".join(captured.err.split()).endswith(
+        "python -m spmdsim.nets: no network ran on 3 ranks (2 asked for, each skipped: its SKIP line says "
+        "what it needs); 8 ranks run them all (mpiexec -n 8, or --ranks 8)")
+
+
 def test_oneflow_sample_matches_the_seed_placement_and_numpy():
     # Seed 002: placement [[0, 1], [2, 3]], x (B, S(0)) with a (1, 2, 8) block per rank,
     # Linear(8, 4) > ReLU > Linear(4, 2) with broadcast weights: no communication.

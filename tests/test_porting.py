@@ -172,6 +172,46 @@ def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
     assert Replicate() not in placements
 
 
+def test_a_dialect_value_where_a_layout_goes_says_how_to_make_one():
+    """A PyTorch or JAX user passes placements or a PartitionSpec tuple where a TensorLayout goes: it said only
+    "layout ('dp', None) must be a TensorLayout"; an array passed as the mesh printed the array's whole repr
+    over many lines. Each is one line saying what was given and how to make the right thing."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, LayoutError, Mesh
+    from spmdsim.dialects import Replicate, Shard
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        a = np.ones((4, 4))
+        said = []
+        for call in (lambda: DTensor.from_global(mesh, a, ("dp", None)),
+                     lambda: DTensor.from_global(mesh, a, [Shard(0), Replicate()]),
+                     lambda: DTensor.from_local(mesh, a, mesh.layout),
+                     lambda: DTensor.from_global(a, mesh, mesh.layout("dp", None)),
+                     lambda: Mesh((2, 2))):
+            try:
+                call()
+            except LayoutError as e:
+                said.append(str(e))
+        return said
+
+    said = spmdsim.simulate(4, body)[0]
+    make = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect with "
+            "spmdsim.dialects' placements_to_layout(placements, mesh, ndim) or "
+            "partition_spec_to_layout(spec, mesh, ndim)")
+    assert said == [
+        "layout must be a TensorLayout, got tuple ('dp', None); " + make,
+        "layout must be a TensorLayout, got list [Shard(dim=0), Replicate()]; " + make,
+        "layout must be a TensorLayout, got Layout Layout(device_matrix=(2, 2), alias_name=('dp', 'tp')); a Layout "
+        "is the device matrix alone; call it with each tensor dim's mesh axis (or None): layout('dp', None)",
+        "mesh must be a spmdsim Mesh, got ndarray of shape (4, 4); make one with "
+        "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first",
+        "layout must be a spmdsim Layout (device matrix and axis names), got tuple (2, 2); "
+        "e.g. Mesh(Layout((2, 4), ('dp', 'tp')))"]
+
+
 def test_zeros_ones_full_make_only_each_ranks_block():
     """DTensor.zeros / ones / full (PyTorch's torch.distributed.tensor.zeros, ...): each rank's block of the
     layout, a pending sum held by its first member; a fill value its dtype cannot hold, one line."""

@@ -140,6 +140,25 @@ def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
                     "it), or is it still computing or stuck?"]
 
 
+def test_watchdog_names_a_call_on_a_whole_communicator_in_words(monkeypatch) -> None:
+    """A call that names no mesh axes (DTensor.gather or check, on the mesh's communicator) was reported as
+    "collective gather on () (seq 1)" under mpiexec, where the simulated ranks say "on the world"."""
+    monkeypatch.setattr(debug, "_world_rank", lambda: 0)
+    from spmdsim.runtime import guard
+
+    monkeypatch.setattr(guard, "world_channel", lambda: None)
+    monkeypatch.setattr(debug, "MIN_WATCHDOG_S", 0.01)
+    debug.configure(watchdog=0.05)
+    seen = []
+    debug.wait(_NeverDone(), "gather", (), 1, polite=True, on_timeout=seen.append)
+    assert seen[0].startswith("[rank 0] spmdsim: collective gather on its whole communicator (seq 1) did not "
+                              "complete within 0.05 s: "), seen
+    assert _roster.explain(("check", (), 2), {0: ("check", (), 2), 1: ("gather", (), 1)}, True).startswith(
+        ": rank 0 waits in it; rank 1 waits in gather on its whole communicator (seq 1)")
+    assert debug.describe(3, "allgather", (), "float64", (4,)) == \
+        "allgather on its whole communicator float64 (4,) (seq 3)"
+
+
 def test_ranks_text_folds_runs() -> None:
     assert _roster.ranks_text([3]) == "rank 3"
     assert _roster.ranks_text([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2,4-7"

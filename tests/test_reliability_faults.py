@@ -88,7 +88,7 @@ FAULTS = {
                            't = DTensor.from_seeded(mesh, mesh.layout("dp", None), src)\n'
                            'if rank == 3: time.sleep(120)\nt.check(src)',
                            {"SPMDSIM_WATCHDOG": "2"}, None,
-                           r"spmdsim: collective check on \(\) \(seq 5\) did not complete "
+                           r"spmdsim: collective check on its whole communicator \(seq 5\) did not complete "
                            r"within 2\.0 s"),
     "alltoallv-counts": ('from spmdsim.runtime.collectives import alltoallv\n'
                          'sends = {r: np.full(2, float(rank)) for r in range(4)}\n'

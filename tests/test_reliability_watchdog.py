@@ -45,7 +45,7 @@ CASES = {
         r"3\.0 s: ranks 0-2 wait in it; " + _MISSING + "$"),
     "check-on-one-rank": (
         "if mesh.rank == 0:\n    print(x.check(SeededTensor((4, 16), seed=1)))\n",
-        r"^\[rank 0\] spmdsim: collective check on \(\) \(seq \d+\) did not complete within 3\.0 s: "
+        r"^\[rank 0\] spmdsim: collective check on its whole communicator \(seq \d+\) did not complete within 3\.0 s: "
         r"rank 0 waits in it; ranks 1-3 are in no collective: skipped this one .*; DTensor\.check is "
         r"collective: call it on every rank and print on one \(verdict = y\.check\(ref\); if rank "
         r"== 0: print\(verdict\)\)$"),

@@ -36,9 +36,10 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
                            f"((2, 1), (1, 4)); strategy {value!r} gives {len(parsed)}")
     if len(parsed) != 1:
         hint = "; for a MatMul strategy add --operand x, w or out" if len(parsed) == 2 else ""
-        raise SpmdsimError(
-            f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
-            f"tensor's strategy such as [[2, 1, 2, 2, 1]]{hint}"
+        example = "((" + ", ".join(["2"] + ["1"] * (len(shape) - 1)) + "),)" if shape else "((2, 1),)"
+        raise SpmdsimError(  # named as the user gave it: the flag and its key, as the other case refusals
+            f"{_flag_text('strategy', value if isinstance(value, str) else str(value))} gives {len(parsed)} tensors; expected one "
+            f"tensor's strategy such as {example!r}{hint}"
         )
     parsed = parsed[0]
     strategy = tuple(parsed)

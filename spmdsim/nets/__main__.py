@@ -4,7 +4,8 @@
     timeout -k 5 120 mpiexec -n 4 python -m spmdsim.nets net_paddle_tp --seed 3
     python -m spmdsim.nets --ranks 8                                     # simulated ranks, no mpiexec
 
-Exits 1 when a value fails its check or a hop's collectives differ from its plan.
+Exits 1 when a value fails its check or a hop's collectives differ from its plan, 3 when every network
+asked for was skipped at this rank count (as `spmdsim demo` when none ran): nothing was checked.
 """
 from __future__ import annotations
 
@@ -53,13 +54,14 @@ def _on_world(args: argparse.Namespace) -> int:
 def _run(names: list[str], args: argparse.Namespace, comm: object) -> int:
     from .run import NetworkRunner
 
-    ok = True
+    ok, ran = True, 0
     for name in names:
         reason = _NEEDS[name](comm.Get_size())
         if reason:
             if comm.Get_rank() == 0:
                 print(f"{name}: SKIP ({reason})\n")
             continue
+        ran += 1
         runner = NetworkRunner(NETWORKS[name](comm.Get_size(), dtype=args.dtype, seed=args.seed), comm)
         result = runner.forward()
         verdicts = result.check_all()
@@ -70,6 +72,15 @@ def _run(names: list[str], args: argparse.Namespace, comm: object) -> int:
         ok = ok and passed
         if comm.Get_rank() == 0:
             print(f"{text}\n{verdicts[-1]}\n{'PASS' if passed else 'FAIL'}\n")
+    if not ran:  # an exit 0 here read as a pass: a script or a user checking the code saw nothing fail
+        if comm.Get_rank() == 0:
+            from ..errors import fold_message
+
+            size = comm.Get_size()
+            print(fold_message(f"python -m spmdsim.nets: no network ran on {size} rank{'s' if size != 1 else ''} "
+                               f"({len(names)} asked for, each skipped: its SKIP line says what it needs); "
+                               f"8 ranks run them all (mpiexec -n 8, or --ranks 8)"), file=sys.stderr)
+        return 3
     return 0 if ok else 1
 
 

@@ -133,9 +133,15 @@ def ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks, run=2)
 
 
+def on_axes(axes: Any) -> str:
+    """``on ('mp',)``, or for a call on its communicator as a whole (no mesh axes named: DTensor.gather,
+    DTensor.check, mpi4py's own calls) ``on its whole communicator``, not ``on ()``."""
+    return f"on {tuple(axes)!r}" if len(axes) else "on its whole communicator"
+
+
 def _where(state: State) -> str:
     op, axes, seq = state
-    return f"{op} on {tuple(axes)!r} (seq {seq})"
+    return f"{op} {on_axes(axes)} (seq {seq})"
 
 
 def explain(state: State, answers: Optional[dict[int, Optional[State]]], group_known: bool,

@@ -297,7 +297,7 @@ def _cached_row(op: str, axes: tuple, dtype: str, shape: Optional[tuple], extra:
 def describe(seq: int, op: str, axes: Sequence[str], dtype: Any,
              shape: Optional[Sequence[int]], extra: Sequence[Any] = ()) -> str:
     """Human text of one call: ``allreduce on ('mp',) float32 (4, 8) (seq 12)``."""
-    text = f"{op} on {tuple(axes)!r} {np.dtype(dtype).name}"
+    text = f"{op} {_roster.on_axes(axes)} {np.dtype(dtype).name}"
     if shape is not None:
         text += f" {tuple(int(s) for s in shape)!r}"
     if extra:
@@ -404,7 +404,7 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
     me = _world_rank()
     answers = _roster.survey(comm, state, min(1.0, max(0.25, limit / 2)))
     shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
-    text = (f"[rank {me}] spmdsim: collective {op} on {tuple(axes)!r} (seq {seq}) did not "
+    text = (f"[rank {me}] spmdsim: collective {op} {_roster.on_axes(axes)} (seq {seq}) did not "
             f"complete within {shown} s" + _roster.explain(state, answers, comm is not None,
                                                        check_enabled()))
     if on_timeout is not None:

@@ -16,7 +16,7 @@ import numpy as np
 from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
-from ..layout import TensorLayout
+from ..layout import Layout, TensorLayout
 from ..context import current as _context
 from ..validate import as_int, counted, dtype_arg, tolerance_arg
 from . import door
@@ -142,7 +142,7 @@ class DTensor:
                 raise DTypeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
         if global_shape is None:
             if not isinstance(layout, TensorLayout):
-                raise LayoutError(f"layout {layout!r} must be a TensorLayout")
+                raise LayoutError(_not_a_tensor_layout(layout))
             if local.ndim != layout.ndim:
                 raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
                                  f"layout {layout} maps {layout.ndim}")
@@ -583,11 +583,29 @@ def _check_placement(mesh: Any, layout: Any) -> None:
     if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
         return  # the usual case, in three identity tests
     if not isinstance(mesh, Mesh):
-        raise LayoutError(f"mesh {mesh!r} must be a spmdsim Mesh")
+        from ..ops._common import describe  # an ndarray passed as the mesh was its whole repr, many lines
+
+        raise LayoutError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}; make one with "
+                          "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first")
     if not isinstance(layout, TensorLayout):
-        raise LayoutError(f"layout {layout!r} must be a TensorLayout")
+        raise LayoutError(_not_a_tensor_layout(layout))
     if layout.layout != mesh.layout:
         raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
+
+
+def _not_a_tensor_layout(layout: Any) -> str:
+    """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
+    PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
+    from ..ops._common import describe
+
+    if isinstance(layout, Layout):
+        how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "
+               f"layout({layout.alias_name[0]!r}, None)")
+    else:
+        how = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect "
+               "with spmdsim.dialects' placements_to_layout(placements, mesh, ndim) or "
+               "partition_spec_to_layout(spec, mesh, ndim)")
+    return f"layout must be a TensorLayout, got {describe(layout)}; {how}"
 
 
 def _shape_note(value: Any) -> str:

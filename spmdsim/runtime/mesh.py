@@ -49,7 +49,10 @@ class Mesh:
         # Checked first: the same error on every rank, before any collective.
         self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
-            raise LayoutError(f"layout {layout!r} must be a spmdsim Layout")
+            from ..ops._common import describe
+
+            raise LayoutError(f"layout must be a spmdsim Layout (device matrix and axis names), got "
+                              f"{describe(layout)}; e.g. Mesh(Layout((2, 4), ('dp', 'tp')))")
         if comm is None:
             comm = world()
         #: What this mesh runs on (spmdsim.engines): MPI, simulated ranks' threads, or a dry run.
