@@ -28,6 +28,8 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
      python examples/train_gpt.py --ranks 4 --steps 10 --resume ckpt
   or over a pipeline (docs/pipeline.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
          --microbatches 4 --schedule 1f1b
+     (its layers split as Megatron's --decoder-first/last-pipeline-num-layers split them: --first-stage-layers N,
+     --last-stage-layers N; or every stage's: --layers 3 --stage-layers 1,2)
   or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
      python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \
          --d-model 1024 --heads 16 --seq 1024 --batch 2048
@@ -48,8 +50,8 @@ from spmdsim.gpt.options import (architecture_words, check_lines, checkpoint_arg
 from spmdsim.gpt.train import checkpoint_problem, replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
-                                      virtual_stages)
+from spmdsim.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
+                                      pipelined, split_words, virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
@@ -62,7 +64,7 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
-pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
+pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells); not with --dry-run")
@@ -92,8 +94,9 @@ ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
 
-def split(world, cfg):
-    """(dp, tp) for this world, or the reason it cannot be (the sizes given are at least 1: sizes_problem)."""
+def split(world, cfg, layers=None):
+    """(dp, tp) for this world, or the reason it cannot be (the sizes given are at least 1: sizes_problem);
+    `layers`: the pipeline's layers per chunk (--first-stage-layers, --last-stage-layers, --stage-layers)."""
     pp = args.pp
     if world % pp:
         return None, f"--pp {pp} must divide the world size {world}"
@@ -111,7 +114,8 @@ def split(world, cfg):
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
         problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
-        return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, schedule=args.schedule)
+        return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers,
+                                                                                   schedule=args.schedule)
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
 
 
@@ -122,7 +126,10 @@ def main(args):
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     cfg = model_config(args, clip=args.clip)
-    shape, problem = split(comm.size, cfg)
+    layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(problem)
+    shape, problem = split(comm.size, cfg, layers)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = replay_problem(cfg) if args.replay else None
@@ -147,7 +154,7 @@ def main(args):
     checkpoints = args.save is not None or args.resume is not None or args.save_every
     if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
         shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
-                 "virtual": virtual_stages(args), "split": None} if pipelined(args) else None
+                 "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
         problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, save=args.save,
                                      save_every=args.save_every, resume=args.resume, pipeline=shape)
@@ -170,6 +177,8 @@ def main(args):
             m = microbatches(args)
             print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}"
                   f"{v}; gradients accumulated, reduced once per step")
+            if layers is not None:
+                print(f"layers per {'chunk' if virtual_stages(args) > 1 else 'stage'}: {split_words(layers)}")
         if args.recompute != "none" or zero or args.kept != "graph":
             print(f"memory: recompute {args.recompute}"
                   + ({1: "; ZeRO-1 (states and master copy sharded over dp)",
@@ -202,7 +211,7 @@ def main(args):
     if pipelined(args):
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
                                          schedule=args.schedule, microbatches=microbatches(args),
-                                         virtual=virtual_stages(args),
+                                         virtual=virtual_stages(args), split=layers,
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
                                          zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
                                          precision=args.precision, save=args.save, save_every=args.save_every,

@@ -44,8 +44,8 @@ from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
-from spmdsim.pipeline.options import (default_microbatches_problem, microbatches, pipeline_arguments, pipelined,
-                                      virtual_stages)
+from spmdsim.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
+                                      pipelined, split_words, virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
@@ -59,7 +59,7 @@ parser.add_argument("--dp", type=int, default=None,
                     help="expert-data-parallel ranks: replicas of each expert (default: world / (ep x tp))")
 parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, inside the experts too")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
-pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
+pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
@@ -152,12 +152,15 @@ def main(args):
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
                     dry_routing=args.routing or "balanced")
     cfg = model_config(args, moe=moe)
+    layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     shape, problem = split(comm.size)
     piped, pp = pipelined(args), args.pp
     if not problem and piped:
         problem = default_microbatches_problem(args, cfg.batch) or pipeline_layout_problem(
-            cfg, pp, shape[0], shape[2], args.sp, microbatches(args), virtual_stages(args), ep=shape[1],
+            cfg, pp, shape[0], shape[2], args.sp, microbatches(args), virtual_stages(args), layers, ep=shape[1],
             schedule=args.schedule)
     elif not problem:
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
@@ -176,7 +179,7 @@ def main(args):
     checkpoints = args.save is not None or args.resume is not None or args.save_every
     if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
         shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
-                 "virtual": virtual_stages(args), "split": None} if piped else None
+                 "virtual": virtual_stages(args), "split": layers} if piped else None
         problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, ep=ep, save=args.save,
                                      save_every=args.save_every, resume=args.resume, pipeline=shape)
@@ -238,6 +241,8 @@ def main(args):
             m, v = microbatches(args), virtual_stages(args)
             chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
             print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
+            if layers is not None:
+                print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(layers)}")
             print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
         if args.resume is not None:
             from spmdsim.gpt.checkpoint import read_meta
@@ -261,7 +266,8 @@ def main(args):
     if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
                                          schedule=args.schedule, microbatches=microbatches(args),
-                                         virtual=virtual_stages(args), check=check, on_step=report,
+                                         virtual=virtual_stages(args), split=layers, check=check,
+                                         on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
                                          layouts=layouts, replay=args.replay, save=args.save,

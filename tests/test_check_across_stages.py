@@ -77,3 +77,22 @@ def test_a_rank_that_skips_a_call_inside_its_stage_is_still_named():
                                                    r"float64 \(1,\) \(seq 3\) but rank 2 calls allreduce on "
                                                    r"\('dp',\) float64 \(1,\) \(seq 4\)"):
         _stages(True)
+
+
+def test_the_stages_counters_agree_with_the_watchdog_alone_and_nothing_runs_with_neither_hook():
+    """The watchdog's report groups the ranks waiting in one call by its number, so the stages' counters agree
+    with the watchdog on and the check off too (debug.agree did nothing then); with neither hook on, no
+    collective runs, unless `always` (a pipelined step's end, which evens them every step as its own inline
+    Allreduce did)."""
+    from spmdsim.context import current
+
+    def main(watchdog, always):
+        if watchdog:
+            debug.configure(watchdog=60)
+        current().seq = 3 * spmdsim.world().rank  # the stages' own counts
+        debug.agree(spmdsim.world(), ("pp",), False, always)
+        return current().seq
+
+    assert spmdsim.simulate(2, main, True, False) == [3, 3]
+    assert spmdsim.simulate(2, main, False, False) == [0, 3]
+    assert spmdsim.simulate(2, main, False, True) == [3, 3]

@@ -453,10 +453,10 @@ def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch
     same = []
     backward = engine.backward_kept  # (each microbatch's backward: the pipeline's entry)
 
-    def spied(loss, gradient, kept):
+    def spied(loss, gradient, kept, reduce_with=None):
         if gradient is not None:
             same.append(gradient._layout is loss._layout)
-        backward(loss, gradient, kept)
+        backward(loss, gradient, kept, reduce_with)
 
     monkeypatch.setattr(engine, "backward_kept", spied)
 

@@ -413,3 +413,37 @@ def test_megatrons_column_parallel_bias_add_has_the_real_runs_dtype_in_a_dry_run
     assert real == dry == ["bfloat16", "bfloat16", "DTypeError: column_parallel_linear: a bias of bfloat16 beside "
                            "products of float16: numpy has no common dtype of them; convert the bias first, e.g. "
                            "b.astype('float16')"]
+
+
+def test_a_dry_runs_products_and_kernels_have_the_real_runs_dtypes():
+    """The dry engine sized a product of bfloat16 beside anything float32 (an int32 or float64 beside it is float64
+    on real ranks: precision.product_dtype, numpy's np.matmul's), a large sigmoid / silu / erf of bfloat16 by its raw
+    float32 kernel (real ranks round it to bfloat16), and bias_dropout_add by y alone (a float32 bias or residual
+    beside float16 y is float32 on real ranks). Now each is the real run's dtype; comparisons stay bool."""
+    import ml_dtypes
+
+    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim.ops.megatron import bias_dropout_add, row_parallel_linear
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def run():
+        mesh = Mesh(Layout((2,), ("k",)))
+        t = lambda shape, dtype, *entries: DTensor.from_global(mesh, np.ones(shape, dtype), mesh.layout(*entries))
+        out = []
+        for da, db in ((np.int32, bf16), (bf16, np.int64), (np.float64, bf16)):
+            for k in (None, "k"):  # the contraction whole, or split (the dry product of each rank's part)
+                out.append(ops.matmul(t((4, 8), da, None, k), t((8, 4), db, k, None)).dtype.name)
+        out.append(ops.einsum("ij,jk->ik", t((4, 8), bf16, None, "k"), t((8, 4), np.float64, "k", None)).dtype.name)
+        out.append(row_parallel_linear(t((4, 8), np.float64, None, "k"), t((8, 4), bf16, "k", None),
+                                       mesh.layout(None, None)).dtype.name)
+        x = t((256, 256), bf16, "k", None)  # 64 KiB blocks: a dry run's zeros, not computed
+        out += [ops.sigmoid(x).dtype.name, ops.silu(x).dtype.name, ops.erf(x).dtype.name, (x < x).dtype.name]
+        y = t((128, 256), np.float16, "k", None)
+        out.append(bias_dropout_add(y, t(256, np.float32, None), y, 0.1, seed=1).dtype.name)
+        out.append(bias_dropout_add(y, None, t((128, 256), np.float32, "k", None), 0.0).dtype.name)
+        return out
+
+    real, dry = spmdsim.simulate(2, run)[0], spmdsim.simulate(2, run, dry_run=True)[0]
+    assert real == ["float64"] * 8 + ["bfloat16"] * 3 + ["bool"] + ["float32"] * 2
+    assert dry == real

@@ -635,3 +635,34 @@ def test_a_rank_making_a_mesh_group_alone_is_named_so():
     assert re.search(r"collectives diverge on the world \(call 1 on that communicator\): rank 0 calls split "
                      r"\(the mesh's group over \('tp',\), made at its first use\) but rank [1-3] calls allgather "
                      r"float64 x8; at test_sim_engine\.py:\d+ \(rank 0\)", unfold(str(caught.value)))
+
+
+def test_a_mesh_group_or_split_of_every_rank_in_order_is_named_for_what_made_it_not_the_world():
+    """The thread engine's own split and a mesh's group over axes that keep every rank of the world in its order
+    were named 'the world' (in reports and repr), whose calls they do not count ('allreduce on the world (call 2)'
+    for the group's second call); the emulator names such a Split 'a Split of the world'. Now these are named for
+    what made them; a group of fewer ranks keeps its ranks' name."""
+    from spmdsim import Layout, Mesh
+    from spmdsim.sim.thread_engine import THREADS
+
+    def names():
+        mesh = Mesh(Layout((2, 1), ("dp", "tp")))
+        return [repr(mesh.group("dp")), repr(mesh.group("tp")), repr(THREADS.split(mesh.comm, 0, mesh.rank))]
+
+    assert simulate(2, names)[1] == ["<simulated group member 1 of 2 (the mesh's group over ('dp',) of the world)>",
+                                     "<simulated group member 0 of 1 (the group of rank 1)>",
+                                     "<simulated group member 1 of 2 (a split of the world)>"]
+
+    def main():
+        dp = Mesh(Layout((2, 1), ("dp", "tp"))).group("dp")
+        THREADS.all_reduce(dp, np.ones(2), np.ones(2), "sum", None)  # call 1 on that group
+        if spmdsim.world().rank == 0:
+            THREADS.all_reduce(dp, np.ones(2), np.ones(2), "sum", None)
+        else:
+            THREADS.barrier(dp, None)
+
+    with pytest.raises(RuntimeMismatchError) as caught:
+        simulate(2, main)
+    assert unfold(str(caught.value)).startswith(
+        "collectives diverge on the mesh's group over ('dp',) of the world (call 2 on that communicator): rank 0 "
+        "calls allreduce float64 x2 sum but rank 1 calls barrier")

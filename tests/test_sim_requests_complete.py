@@ -543,3 +543,24 @@ def test_a_split_of_every_rank_in_order_is_named_as_a_split_not_the_world():
                                     "received" for tag, where in enumerate((
                                         "a Split of the world", "a Create_group of the world",
                                         "a Create_cart of the world", "a Dup of a Split of the world")))
+
+
+def test_a_nonblocking_collective_freed_through_a_copy_or_its_persistent_request_still_lands_its_result():
+    # MPI_Request_free: the operation still completes. Was: freeing MPI.Request(req) (a copy of the handle) or a
+    # started Allreduce_init left the collective's request active and its result never landed (out stayed 0);
+    # Request.free landed only a part of no communicator (the old collective requests, complete when posted).
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        out, out2, out3 = np.zeros(1), np.zeros(1), np.zeros(1)
+        MPI.Request(comm.Iallreduce(np.ones(1), out)).Free()
+        persistent = comm.Allreduce_init(np.ones(1), out2)
+        persistent.Start()
+        persistent.Free()
+        comm.Iallreduce(np.ones(1), out3).Free()
+        comm.Barrier()
+        return [out[0], out2[0], out3[0]]
+
+    done = _run(body)
+    assert list(done) == [[2.0, 2.0, 2.0]] * 2 and done.uncompleted == ()

@@ -57,8 +57,10 @@ def test_spmdsim_collective_waiting_for_a_busy_rank(held):
         return collectives.allreduce(mesh, x, "mp")
 
     text = _report(main)
-    assert text.startswith("[rank 0] spmdsim: allreduce on the world (call 2) did not complete within 0.2 s: "
-                           "rank 0 waits in it; rank 1 is computing (at ")
+    # (the mesh's group, split from the world with every rank in order, named so: not 'the world', the call counts
+    # its own)
+    assert text.startswith("[rank 0] spmdsim: allreduce on the mesh's group over ('mp',) of the world (call 2) did "
+                           "not complete within 0.2 s: rank 0 waits in it; rank 1 is computing (at ")
     assert f"(at {HERE}:" in text and text.count(HERE) == 2  # both ranks' lines
 
 

@@ -124,6 +124,8 @@ def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) 
             words.append(f"--routing {m.dry_routing}")
     words += [f"--micro-batch {micro}", f"--global-batch {cfg.batch}", f"--tp {x.tp}"] + (["--sp"] if x.sp else [])
     words += [f"--pp {x.pp}"] + ([f"--virtual-stages {x.virtual}"] if x.virtual > 1 else [])
+    if getattr(x, "split", None) is not None:  # layers per chunk (the search's own are balanced: None)
+        words.append("--stage-layers " + ",".join(map(str, x.split)))
     words += [f"--dp {x.dp}", f"--recompute {x.recompute}", f"--zero {x.zero}", f"--kept {kept}",
               f"--precision {precision}", f"--machine {shlex.quote(machine)}"]
     return " ".join(words)

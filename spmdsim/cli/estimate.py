@@ -43,9 +43,10 @@ def register(subparsers: Any) -> None:
         "estimate",
         help="per-rank memory, FLOPs, bytes and step time of a GPT configuration, from its dry run",
         description=("Dry-run one training step of the GPT on a (pp, dp, tp) mesh of simulated ranks (shapes "
-                     "only, one rank per stage) and print, for the first, a middle and the last stage, what "
-                     "one rank holds (priced at --precision), the FLOPs it executes, the bytes it sends by "
-                     "kind and link level, and the step time predicted on --machine (docs/estimate.md)."))
+                     "only, one rank per stage) and print, for the first, a middle and the last stage (and the "
+                     "slowest and the fullest), what one rank holds (priced at --precision), the FLOPs it "
+                     "executes, the bytes it sends by kind and link level, and the step time predicted on "
+                     "--machine (docs/estimate.md)."))
     parser.add_argument("network", choices=("gpt",), help="the network (the GPT of spmdsim.gpt)")
     # The defaults are a toy GPT (it runs in a second): say so, so that a user sizing a real model sets each one.
     for name, default, what in (
@@ -55,6 +56,9 @@ def register(subparsers: Any) -> None:
             ("tp", 1, "tensor-parallel ranks"), ("pp", 1, "pipeline stages"), ("dp", 1, "data-parallel ranks"),
             ("virtual-stages", 1, "model chunks per stage (interleaved)")):
         parser.add_argument(f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
+    from ..pipeline.options import split_arguments
+
+    split_arguments(parser)  # --first-stage-layers, --last-stage-layers, --stage-layers (default: balanced)
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
@@ -114,7 +118,8 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
                  "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
                  "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
-                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention")
+                 "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
+                 "first_stage_layers", "last_stage_layers", "stage_layers")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,6 +181,17 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     return cfg, args.global_batch // per_step
 
 
+def _split(args: argparse.Namespace) -> Any:
+    """The layers per chunk that --first-stage-layers, --last-stage-layers or --stage-layers give (None: none
+    given, balanced), or the one-line SpmdsimError naming the flag (spmdsim.pipeline.options.layer_split)."""
+    from ..pipeline.options import layer_split
+
+    split, problem = layer_split(args, args.layers, args.pp, args.virtual_stages)
+    if problem:
+        raise SpmdsimError(problem)
+    return split
+
+
 def run(args: argparse.Namespace) -> int:
     from ..estimate.ledger import (PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory,
                                    transfers_at, unmappable)
@@ -183,8 +199,10 @@ def run(args: argparse.Namespace) -> int:
     from ..estimate.steptime import Pipeline, assumptions, step_time
     from ..memory import UnmappableError
     from ..gpt_flags import architecture_words
+    from ..gpt.stages import chunk_parts
 
     cfg, microbatches = _config(args)
+    split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     overlap = _overlap(args.overlap, args.pp, schedule)
     machine = load_machine(args.machine)
@@ -192,19 +210,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
                             schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
-                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep)
+                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split)
     except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
-    shown = sorted({0, len(stages) // 2, len(stages) - 1})
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
                        pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, args.precision))
              for st in stages]
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]
+    # The first, a middle and the last stage, and the slowest and the fullest where they are others (an uneven
+    # split can make a stage between them set the step or the memory line)
+    slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
+    fullest = max(range(len(stages)), key=lambda s: memories[s].peak)
+    shown = sorted({0, len(stages) // 2, len(stages) - 1, slowest, fullest})
     rows = [(stages[s], memories[s], times[s]) for s in shown]
     ranks = args.pp * args.dp * args.ep * args.tp
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
@@ -212,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"config": config_record(args),
                           "microbatches": microbatches, "dry_run_s": seconds,
+                          "chunk_layers": [p.stop - p.first for p in chunk_parts(cfg, args.pp * args.virtual_stages,
+                                                                                  split)],
                           "memory_bytes_per_gpu": machine.memory_bytes,
                           "fits": peak_bytes(memories) <= machine.memory_bytes,
                           "step_time_s": max(t.total_s for t in times),
@@ -232,12 +256,14 @@ def run(args: argparse.Namespace) -> int:
         head.append(f"tp {args.tp} spans {-(-args.tp // machine.gpus_per_node)} of the {machine.name}'s "
                     f"{machine.gpus_per_node}-GPU nodes: its collectives are priced on the cluster links")
     chunks = args.pp * args.virtual_stages
-    if chunks > 1 and args.layers % chunks:  # said, not left to be found: the slowest chunk sets the step
-        from ..gpt.stages import chunk_parts
+    over = f"{args.layers} over {chunks} {'chunks' if args.virtual_stages > 1 else 'stages'}"
+    if split is not None:  # the user's split: said, with the flags it came from
+        from ..pipeline.options import split_words
 
+        head.append(f"layers split as given: {over}, {split_words(split)}")
+    elif chunks > 1 and args.layers % chunks:  # said, not left to be found: the slowest chunk sets the step
         counts = [p.stop - p.first for p in chunk_parts(cfg, chunks)]
-        head.append(f"layers uneven: {args.layers} over {chunks} {'chunks' if args.virtual_stages > 1 else 'stages'}, "
-                    f"{', '.join(map(str, counts))} (the first take one more)")
+        head.append(f"layers uneven: {over}, {', '.join(map(str, counts))} (the first take one more)")
     if cfg.moe:
         m = cfg.moe
         moe_layers = sum(cfg.is_moe(i) for i in range(cfg.layers))
@@ -256,10 +282,11 @@ def run(args: argparse.Namespace) -> int:
     head.append(f"dry run of one step: {counted(len(stages), 'representative rank')}, {seconds:.1f} s; bytes and "
                 f"GEMMs at {args.precision} ({PRECISIONS[args.precision].about})")
     print("\n".join(wrap_lines(head)))
+    holds = _holds(cfg, args.pp, args.virtual_stages, split) if args.pp > 1 else {}
     for st, mem, timing in rows:
         print()
-        print("\n".join(_stage_lines(st, mem, timing, args.zero, args.precision, worst=worst)))
-    slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
+        print("\n".join(_stage_lines(st, mem, timing, args.zero, args.precision, worst=worst,
+                                     holds=holds.get(st.stage))))
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
@@ -370,7 +397,24 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB" if n >= GIB // 100 else format_size(n)
 
 
-def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, worst: bool = False) -> list[str]:
+def _holds(cfg: Any, pp: int, virtual: int, split: Any) -> dict:
+    """{stage: the line saying which layers (and ends) it holds}: its chunks (stage k holds chunks k, k + pp, ...)
+    of spmdsim.gpt.stages.chunk_parts, with the split given (None: balanced)."""
+    from ..gpt.stages import chunk_parts
+
+    parts = chunk_parts(cfg, pp * virtual, split)
+    out = {}
+    for stage in range(pp):
+        mine = parts[stage::pp]
+        layers = sum(p.stop - p.first for p in mine)
+        what = "; ".join(str(p) for p in mine) if virtual == 1 else \
+            f"{counted(len(mine), 'chunk')}: " + "; ".join(str(p) for p in mine)
+        out[stage] = f"holds {what} ({counted(layers, 'layer')})"
+    return out
+
+
+def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, worst: bool = False,
+                 holds: Any = None) -> list[str]:
     from ..estimate.ledger import kernel_bytes, layers_activations
 
     bytes_, transient = mem.held, mem.transient
@@ -382,6 +426,8 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
         alike = counted(len(st.ranks), "rank")
         out = [f"stage {st.stage} (rank {lo})" if lo == hi else
                f"stage {st.stage} (ranks {lo}-{hi}: {alike} alike; one rank's figures)"]
+    if holds:
+        out.append("  " + holds)
     out.append(f"  memory {_gib(mem.memory)}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
     states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
     line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"

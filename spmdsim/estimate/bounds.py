@@ -15,8 +15,8 @@ and its layers, item by item; what a stage does once for all its MoE layers (the
 scaled: a scalar's kernels) is left out. Cells are cached on what determines them, so configurations that
 differ only in pp, v, dp, microbatches or ZeRO share them.
 
-Chunk k of a configuration's pp * v chunks lives on stage k mod pp, so each stage's layers of each kind are
-counted exactly, and its ledger holds at least their rows for each of its m microbatches: `step_time` of
+Chunk k of a configuration's pp * v chunks lives on stage k mod pp (its layers balanced, or as the
+configuration's split cuts them), so each stage's layers of each kind are counted exactly, and its ledger holds at least their rows for each of its m microbatches: `step_time` of
 those rows alone (with the pipeline's bubble on their compute; the first and the last stage with their
 ends; without the data-parallel sums, the pipeline's messages and, under ZeRO-1 or ZeRO-2, the optimizer's update) is
 a lower bound of the stage's priced time, because every part of `step_time`'s total only grows as rows are
@@ -236,13 +236,15 @@ class Cells:
         return self.cell(c.tp, c.sp, self.cfg.batch // (c.dp * c.ep * c.microbatches), c.recompute, c.ep)
 
     def stages(self, c: Any) -> list:
-        """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}."""
+        """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}: its chunks
+        balanced, or as `c.split` cuts them (layers per chunk, where a configuration has one)."""
         from ..gpt.stages import chunk_parts
 
-        key = (c.pp, c.virtual)
+        split = getattr(c, "split", None)
+        key = (c.pp, c.virtual, split)
         if key not in self._stages:
             out: list = [[] for _ in range(c.pp)]
-            for k, part in enumerate(chunk_parts(self.cfg, c.pp * c.virtual)):
+            for k, part in enumerate(chunk_parts(self.cfg, c.pp * c.virtual, split)):
                 out[k % c.pp].append(layer_kinds(self.cfg, part.first, part.stop))
             self._stages[key] = out
         return self._stages[key]

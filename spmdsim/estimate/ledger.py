@@ -360,9 +360,11 @@ _KEEP = 256
 
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
-               kept: str = "graph", gpus_per_node: int = 8, ep: int = 1) -> list[StageLedger]:
+               kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
+               split: Optional[tuple] = None) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
-    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step);
+    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step),
+    its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
     (`_LEDGERS`)."""
@@ -370,16 +372,17 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
     from ..memory import ENV_VAR
 
+    split = None if split is None else tuple(split)
     key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
-           os.environ.get(ENV_VAR, ""))
+           os.environ.get(ENV_VAR, ""), split)
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
         return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node, ep)
+                           gpus_per_node, ep, split)
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node, ep))
+                                  gpus_per_node, ep, split))
         while len(_LEDGERS) >= _KEEP:
             del _LEDGERS[next(iter(_LEDGERS))]
         _LEDGERS[key] = known
@@ -387,7 +390,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
-                recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1) -> list[StageLedger]:
+                recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1,
+                split: Optional[tuple] = None) -> list[StageLedger]:
     """`gpt_ledger`'s dry run."""
     import numpy as np
 
@@ -406,7 +410,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         with counting(blocks=True) as flops:
             run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
-                                         zero=zero, kept=kept, memory=True, check=False, ep=ep)
+                                         zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split)
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())

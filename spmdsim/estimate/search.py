@@ -66,6 +66,9 @@ class Config:
     recompute: str
     zero: int
     ep: int = 1  # expert-parallel ranks of a stage (a GPT with MoE layers; the dense layers' batch: dp x ep)
+    # layers per chunk in pipeline order (spmdsim.gpt.stages.chunk_parts; `spmdsim estimate --stage-layers`); None,
+    # as the search makes every configuration: balanced
+    split: Optional[tuple] = None
 
     @property
     def schedule(self) -> str:
@@ -419,7 +422,7 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 
     stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
                         virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
-                        gpus_per_node=machine.gpus_per_node, ep=c.ep)
+                        gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split)
     pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule) if c.pp > 1 else None
     seconds = max(step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
                             pipeline=pipeline, overlap=("gradients",),

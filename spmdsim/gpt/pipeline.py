@@ -193,7 +193,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..optim import AdamW, clip_grad_norm_
     from ..pipeline.schedule import build
     from ..engines.wait import polite_wait
-    from ..runtime.door import all_reduce_object, untraced
+    from ..runtime import debug
+    from ..runtime.door import untraced
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
     from ..runtime.mesh import Mesh
     from ..runtime.replay import Scalar, capture
@@ -375,16 +376,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         order, held, watch = ran["order"], ran["held"], ran["watch"]
         cells = [(str(c), clock.times[2 * i], clock.times[2 * i + 1]) for i, c in enumerate(order)]
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
-        # (what SPMDSIM_CHECK compares) agree again from here.
-        # On a polite mesh (ranks outnumber cores) an int64 Iallreduce waited politely: the stages that end
-        # first then yield to the one still computing, where the object allreduce spun in MPICH (rank 0 of a
-        # replayed pp4 step: 4.8% of its step's samples there, py-spy); nothing pickled.
-        if mesh.polite:
-            agreed = np.array([current().seq], np.int64)
-            untraced(mesh.comm, "all_reduce", agreed, agreed, "max", wait=polite_wait)
-            current().seq = int(agreed[0])
-        else:
-            current().seq = all_reduce_object(mesh.comm, current().seq, "max")
+        # (what SPMDSIM_CHECK and the watchdog's reports compare) agree again from here, hooks on or off.
+        debug.agree(mesh.comm, mesh.layout.alias_name, mesh.polite, always=True)
         run.orders.append(order)
         run.in_flight.append(held)
         run.cells, run.trace = cells, trace

@@ -231,7 +231,11 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
     keep = dropout_keep(y, p, seed, mask_dims, mesh.engine.dry) if p else None
 
     b = None if bias is None else bias.local
-    block = _engine_local(_bias_dropout_add_low if low else _bias_dropout_add, y.local, y.local, b,
+    like = y.local
+    if not low and mesh.engine.dry:  # the real kernel's dtype: numpy's of the blocks (float16 y, a float32 bias)
+        like = broadcast_zero(like.shape, _bias_dropout_add(*[None if a is None else np.zeros((), a.dtype)
+                                                              for a in (like, b, residual.local)], None, scale).dtype)
+    block = _engine_local(_bias_dropout_add_low if low else _bias_dropout_add, like, y.local, b,
                           residual.local, keep, scale)
     out = make_dtensor(mesh, block, y.layout, y.global_shape)
     sweep("bias_dropout_add", (y.local, b, residual.local), (out.local, keep))  # the mask drawn, written

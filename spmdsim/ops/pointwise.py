@@ -228,7 +228,7 @@ def pointwise(op: str, *args: Any) -> Any:
         _negative_powers(mesh, args, xs)
     forward = _KERNELS[op]
     locals_ = list(map(BLOCK, xs)) if not CAPTURE.on else list(map(LOCAL, xs))
-    block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
+    block = _dry_block(mesh, forward, locals_, prepared) if mesh.engine.dry else None
     if block is None:
         if prepared.dtype_name == "bfloat16":  # computed in float32, rounded once (spmdsim.precision)
             with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
@@ -455,7 +455,7 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
         return
     from ..runtime import replay
 
-    if CAPTURING[0] and replay.capturing():  # the values a replay is given are not the capture's: checked again
+    if CAPTURE.on and replay.capturing():  # the values a replay is given are not the capture's: checked again
         replay.kernel(_least_exponent)(mesh.comm, block, base._local.size, what)
     else:
         _least_exponent(mesh.comm, block, base._local.size, what)
@@ -504,12 +504,17 @@ def astype(x: Any, dtype: Any) -> Any:
     return record(out, f"astype {want.name}", (x,), lambda dy: (grad_tensor(x, dy.local, dy.layout.partial),))
 
 
-def _dry_block(mesh: Any, forward: Callable, locals_: list) -> Any:
-    """A dry run's large result (spmdsim.ops._common.dry_zeros): zeros of the kernel's shape and dtype, not
-    computed; None for a small one (computed)."""
+def _dry_block(mesh: Any, forward: Callable, locals_: list, prepared: Optional[_Prepared] = None) -> Any:
+    """A dry run's large result (spmdsim.ops._common.dry_zeros): zeros of the real block's shape and dtype, not
+    computed; None for a small one (computed). `prepared`: the call's, whose bfloat16 result the real kernel
+    rounds to (None: the kernel's own dtype, ops.fused's adds and products)."""
     shape = np.broadcast_shapes(*(block.shape for block in locals_))
-    with np.errstate(all="ignore"):  # the result's dtype: the kernel's on one zero of each operand's dtype
-        dtype = np.asarray(forward(*(np.zeros((), block.dtype) for block in locals_))).dtype
+    zeros = [np.zeros((), block.dtype) for block in locals_]
+    with np.errstate(all="ignore"):  # the result's dtype: the real kernel's on one zero of each operand's dtype
+        if prepared is not None and prepared.dtype_name == "bfloat16":  # widened, rounded (sigmoid's raw: float32)
+            dtype = rounded(np.asarray(forward(*map(wide, zeros))), prepared.dtype).dtype
+        else:
+            dtype = np.asarray(forward(*zeros)).dtype
     return dry_zeros(mesh, shape, dtype, forward, *locals_)
 
 

@@ -242,20 +242,23 @@ def current_seq() -> int:
     return _context().seq
 
 
-def agree(comm: Any, axes: Sequence[str], polite: bool) -> None:
-    """With SPMDSIM_CHECK, before a collective on `comm` whose members ran different programs since they last
-    shared one (a pipeline's stages, each making its own number of collectives on its own groups, before the
-    clip's Allreduce over pp): their call counters become the largest of them.
+def agree(comm: Any, axes: Sequence[str], polite: bool, always: bool = False) -> None:
+    """With SPMDSIM_CHECK or the watchdog on, before a collective on `comm` whose members ran different programs
+    since they last shared one (a pipeline's stages, each making its own number of collectives on its own
+    groups, before the clip's Allreduce over pp, and after a pipelined step): their call counters become the
+    largest of them.
 
     The guard compares the call number, a count of every collective the rank issued, which must agree only
     among ranks that run one program; without this the stages' counts differ on `comm` and the guard
-    refuses a correct call (a false alarm), or they agree by chance. One int64 Allreduce (max), neither
-    numbered nor traced, waited as the mesh's calls are (the watchdog's too); nothing without the guard or
-    on a group of one. A kernel where a step is captured (spmdsim.optim's clipping), so each replay agrees.
+    refuses a correct call (a false alarm), or they agree by chance. The watchdog's report (`wait`) groups
+    the ranks waiting in one call by its number too. One int64 Allreduce (max), neither numbered nor traced,
+    waited as the mesh's calls are (the watchdog's too); nothing on a group of one, or with neither hook on
+    unless `always` (a pipelined step's end: the counters stay even for a hook turned on later). A kernel where
+    a step is captured (spmdsim.optim's clipping), so each replay agrees.
     """
-    if not check_enabled() or comm.Get_size() == 1:
-        return
     context = _context()
+    if context.hooks.quiet and not always or comm.Get_size() == 1:
+        return
     counter = np.array([context.seq], np.int64)
     from .door import untraced  # the door to the engine sits above this module
 

@@ -42,7 +42,7 @@ from .. import buffers
 from ..context import current
 from ..engines import Engine
 from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
-from ..precision import is_low
+from ..precision import _PRODUCT_DTYPES, product_dtype
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
            "report", "differ", "note"]
@@ -189,9 +189,11 @@ class DryEngine(Engine):
         return zeros(like.shape, like.dtype)
 
     def matmul(self, a: Any, b: Any) -> np.ndarray:
-        """Zeros of ``np.matmul(a, b)``'s shape and dtype, not multiplied (blocks are zeros anyway)."""
+        """Zeros of ``np.matmul(a, b)``'s shape and the real product's dtype (precision.product_dtype: float32
+        for bfloat16 beside bfloat16 or float32, float64 beside an int32 or float64), not multiplied."""
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        dtype = np.float32 if is_low(a.dtype) or is_low(b.dtype) else np.result_type(a, b)  # precision.product's
+        da, db = a.dtype, b.dtype
+        dtype = _PRODUCT_DTYPES.get((da, db)) or product_dtype(da, db)
         return zeros(lead + (a.shape[-2], b.shape[-1]), dtype)
 
     def blank(self, shape: tuple, dtype: Any) -> np.ndarray:

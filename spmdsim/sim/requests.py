@@ -341,8 +341,8 @@ class Request(ManyRequests):
                 from .p2p import let_land
 
                 let_land(part)
-            elif part.group is None and part.held is not None:  # a nonblocking collective's result: now
-                _p2p().land(part)
+            elif part is not self and part.held is not None:  # a nonblocking collective's request (a copy's,
+                part.free()  # a started persistent one's) freed with it: its result lands once every member posted
 
 def _land_held(req: Request) -> None:
     """What `req` and its parts hold to land at completion lands (spmdsim.sim.p2p.land): a deferring receive's
@@ -401,8 +401,9 @@ def _copy_of(req: Request, other: Any) -> None:
 def noted(req: Request, call: str, group: Optional[Group] = None, me: int = 0) -> Request:
     """`req`, which the program's nonblocking `call` (Isend, Irecv, Start, ...) made, kept in its world's
     `posted` with the program line that made it until a Wait, Test, ... completes it or Free frees it: one
-    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted). `group` and `me`: a
-    nonblocking collective's communicator and rank (its request, complete at once, has none)."""
+    never completed is a warning when the ranks end (spmdsim.sim.p2p.uncompleted). `group` and `me`: the
+    communicator and rank of a collective's nonblocking call, which its warning names (an Idup's or a window's
+    request, complete at once, has none of its own)."""
     if group is None:
         owner = req if req.group is not None else next((p for p in req.parts if p.group is not None), None)
         if owner is None:  # MPI.PROC_NULL's: complete already
@@ -431,11 +432,12 @@ def _world_rank(group: Optional[Group], me: int) -> Optional[int]:
     return group.members[me]
 
 
-def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") -> Request:
-    """An active request whose operation is already complete (a nonblocking collective, PROC_NULL)."""
+def completed(me: int = 0, kind: str = "done") -> Request:
+    """An active request of no communicator whose operation is already complete: a send or receive with
+    MPI.PROC_NULL, an Idup, an Iflush_buffer, a window's request (a nonblocking collective's is
+    spmdsim.emulator.collectives.CollectiveRequest, done once every member posted it)."""
     req = Request(None, me, kind)
     req.null = False
-    req.group = None
     return req
 
 

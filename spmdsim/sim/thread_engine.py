@@ -59,12 +59,16 @@ class ThreadEngine(Engine):
         comm = mesh.comm
         group = split(comm, color, key, special("UNDEFINED"),
                       f"split (the mesh's group over {axes!r}, made at its first use)")
+        _named(group, comm, f"the mesh's group over {axes!r} of")
         sub = Member(group, group.members.index(comm.world_rank))
         return sub, sub.Get_size(), sub.Get_rank()
 
     def split(self, comm: Any, color: int, key: int) -> Any:
         group = split(comm, color, key, special("UNDEFINED"))
-        return None if group is None else Member(group, group.members.index(comm.world_rank))
+        if group is None:
+            return None
+        _named(group, comm, "a split of")
+        return Member(group, group.members.index(comm.world_rank))
 
     def free(self, comm: Any) -> None:
         comm._h.freed = True
@@ -152,6 +156,14 @@ def matching(op: str, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     if src.size != dst.size:
         raise ShapeError(f"{op}: {src.size} items are sent but the receive buffer takes {dst.size}")
     return src
+
+
+def _named(group: Group, comm: Any, made: str) -> None:
+    """Name a `group` split from `comm` that keeps every rank of the world in its order for what made it ('a split
+    of the world', "the mesh's group over ('dp',) of the world"), as the emulator names its Split's (SimComm._split):
+    as 'the world' its reports would name the world, whose messages it does not match. Other groups: their ranks."""
+    if group.made is None and group.members == tuple(range(group.world.size)):
+        group.made = f"{made} {comm._group.label()}"
 
 
 class Count:
