@@ -81,6 +81,60 @@ def test_a_zero2_ledger_holds_gradients_at_one_dp_th_of_zero1s():
         assert priced(b, "fp16-mixed", 2)["gradients"] * 2 == priced(a, "fp16-mixed", 1)["gradients"]
 
 
+def test_a_zero2_peak_holds_the_gradients_its_backward_measured():
+    """ZeRO-2's peak is the memory line (its gradients: the slices kept between steps, the model states the ZeRO
+    paper compares) plus what the dry run's backward measurably held beside them (MemoryReport.grads_peak less
+    the slices, at the gradients' width): on one stage, the token embedding's gradient, final only at the walk's
+    end, is among them (a vocabulary of 4,096 rows, 131,072 elements of 16,384 x 8 on a rank, at 2 bytes); the
+    fit verdict's figure (peak_bytes, `--json`'s peak_bytes) is that peak. ZeRO-1 prices its gradients whole and
+    adds nothing."""
+    from spmdsim.estimate import ledger
+
+    cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=2, vocab=4096, dropout=0.0)
+    (stage,) = gpt_ledger(cfg, 1, 2, 1, zero=2)
+    m, held = stage.memory, ledger.stage_memory(stage, "fp16-mixed", 2)
+    assert held.held == priced(stage, "fp16-mixed", 2) and held.held["gradients"] == m.grads // 8 * 2
+    beside = (m.grads_peak - m.grads) // 8 * 2
+    assert beside >= cfg.vocab * cfg.d_model * 2  # the table's gradient whole, beside the slices
+    assert ledger.peak_bytes([held]) == held.peak == held.memory + beside + held.transient.nbytes
+    assert held.backward == ledger.backward_gradients(stage, "fp16-mixed", 2) == beside
+    assert ledger.stage_memory(gpt_ledger(cfg, 1, 2, 1, zero=1)[0], "fp16-mixed", 1).backward == 0
+    js = json.loads(_cli("--layers", "1", "--hidden", "32", "--heads", "4", "--seq", "16", "--vocab", "4096",
+                         "--dropout", "0", "--global-batch", "2", "--dp", "2", "--zero", "2",
+                         "--precision", "fp16-mixed", "--json").stdout)
+    (shown,) = js["stages"]
+    assert (shown["backward_gradient_bytes"], shown["peak_bytes"]) == (held.backward, held.peak)
+
+
+def test_a_zero2_dry_run_measures_what_the_real_runs_backward_holds(monkeypatch):
+    """pp 2 x dp 2 (x tp 2, sp), two microbatches, buckets of 2,000 elements: the real run reduces each bucket in
+    the last microbatch's backward, holding the first's gradients whole beside its own walk's; the dry run runs
+    that backward too (it repeated the first's figures, and the step reduced every bucket: whole gradients and
+    slices, 16,384 bytes short of the real figure on the last stage), so every rank's measured gradients at
+    most (MemoryReport.grads_peak) are its stage's ledger's. Stage 0's real run holds one row more: the
+    embedding's backward scatters into a spare last row (spmdsim.autograd.rules.matmul) a dry run does not make."""
+    import numpy as np
+
+    import spmdsim.estimate.ledger as ledger_module
+    import spmdsim.gpt.train as trainer
+
+    monkeypatch.setattr(trainer, "ZERO2_BUCKET", 2000)
+    monkeypatch.setattr(ledger_module, "_LEDGERS", {})  # this bucket size's own dry run
+    ids = np.arange(2 * CFG.seq + 2, dtype=np.int64) % 128
+
+    def body():
+        run, steps = train_pipelined(CFG, spmdsim.world(), 2, 2, 2, 1, ids, sp=True, microbatches=2, zero=2,
+                                     memory=True, check=False)
+        run.close()
+        return run.stage, steps[-1].memory.grads_peak
+
+    ledger = gpt_ledger(CFG, 2, 2, 2, sp=True, microbatches=2, zero=2)
+    row = CFG.d_model * 8  # a row of the table's gradient (its rows split over tp)
+    for stage, real in spmdsim.simulate(8, body):
+        dry = ledger[stage].memory.grads_peak
+        assert real - dry == (row if stage == 0 else 0), (stage, real, dry)
+
+
 def test_prices_follow_the_precision_and_the_machine_levels():
     ledger = gpt_ledger(CFG, 1, 2, 4, sp=True, microbatches=1, gpus_per_node=2)
     (stage,) = ledger

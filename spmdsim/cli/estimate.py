@@ -357,7 +357,7 @@ def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
         return ""
     held = memories[most].held
     activations = held["activations"]
-    rest = sum(held.values()) - activations
+    rest = sum(held.values()) - activations + memories[most].backward  # (ZeRO-2's gradients in the backward too)
     flash = getattr(args, "attention", "unfused") == "flash"  # no scores kept: selective drops nothing more
     fewer = {"none": ["--recompute full" if flash else "--recompute selective or full"],
              "selective": ["--recompute full"]}.get(args.recompute, [])
@@ -439,7 +439,9 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
                f"{_gib(layers_activations(st, precision))}; {st.in_flight} microbatch-chunk(s) in flight at "
                f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}"
                + (f", of which the experts' {st.expert_params:,}" if st.expert_params else ""))
-    out.append(f"  peak (transient included) {_gib(mem.peak)}: the memory above and, "
+    beside = f", {_gib(mem.backward)} more gradients in the backward (ZeRO-2's, beyond the slices)" \
+        if mem.backward else ""
+    out.append(f"  peak (transient included) {_gib(mem.peak)}: the memory above{beside} and, "
                f"for a moment, the blocks of {transient.what}: {_gib(transient.nbytes)}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
                + f"; total {st.flops() / 1e12:,.3f}")
@@ -476,5 +478,6 @@ def _as_json(st: Any, mem: Any, timing: Any, precision: str) -> dict:
             "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent(precision).items()}, "in_flight": st.in_flight,
             "kernel_bytes": kernel_bytes(st.kernels, precision),
             "peak_held": st.peak_held, "step_time_s": timing.total_s,
-            "transient": {"bytes": mem.transient.nbytes, "what": mem.transient.what}, "peak_bytes": mem.peak,
+            "transient": {"bytes": mem.transient.nbytes, "what": mem.transient.what},
+            "backward_gradient_bytes": mem.backward, "peak_bytes": mem.peak,
             "params": st.params, "layer_params": st.layer_params, "expert_params": st.expert_params}

@@ -26,7 +26,9 @@ load-balancing counts, the loss's mean) run over ep in the cell and over dp x ep
 price a link model need not order by group size. The memory bound is, at its largest over the stages, a
 stage's layers' model states (their parameter elements at the precision's bytes) plus the bytes its
 smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that stage at once
-(spmdsim.pipeline.schedule.in_flight_by_stage).
+(spmdsim.pipeline.schedule.in_flight_by_stage): a bound of the stage's memory line, so of its peak too, which
+adds to it the largest kernel's transient blocks and, under ZeRO-2, the gradients the backward holds beyond the
+slices (spmdsim.estimate.ledger.backward_gradients).
 """
 from __future__ import annotations
 

@@ -11,7 +11,10 @@ as `records.Transfer` rows, each placed within a node or across nodes from the m
 The program runs in float64. `PRECISIONS` prices the same elements at a training precision's widths
 (bf16 mixed precision: 2-byte parameters and activations, 4-byte main gradients, master copy and
 Adam moments, as Megatron keeps them); a mixed precision keeps a master copy of every element a rank
-updates, which a float64 run has no need for: `priced` names it.
+updates, which a float64 run has no need for: `priced` names it. Under ZeRO-2 the gradients `priced` names
+are the rank's slices, kept between steps (the model states the ZeRO paper compares); its backward holds
+more for a while, which the run measures (MemoryReport.grads_peak) and the peak adds (`backward_gradients`,
+`StageMemory`).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
-           "StageMemory", "stage_memory", "peak_bytes"]
+           "StageMemory", "stage_memory", "peak_bytes", "backward_gradients"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -108,7 +111,9 @@ class StageLedger:
 
 
 def priced(stage: StageLedger, precision: str, zero: int) -> dict:
-    """{role: bytes} of one rank of `stage` under `precision` (PRECISIONS), from its elements in the run."""
+    """{role: bytes} of one rank of `stage` under `precision` (PRECISIONS), from its elements in the run: what it
+    holds after the step (ZeRO-2's gradients its slices; `backward_gradients` what its backward holds beyond them)
+    and the activations at the moment the schedule held the most."""
     w = PRECISIONS[precision]
     m = stage.memory
     params = m.params // _RUN
@@ -221,15 +226,29 @@ def largest_transient(stage: StageLedger, precision: str) -> Transient:
     return best
 
 
+def backward_gradients(stage: StageLedger, precision: str, zero: int) -> int:
+    """The gradient bytes one rank of `stage` holds at once in its backward beyond `priced`'s "gradients", at
+    `precision`: under ZeRO-2, whose gradients between steps are the rank's 1/dp slices, the dry run's measured
+    most (spmdsim.gpt.memory.MemoryReport.grads_peak: the slices, the buckets not yet reduced, the gradients
+    final only at the walk's end, the token embedding's, and with several microbatches the earlier ones'
+    gradients whole) less those slices; 0 under ZeRO-0 and ZeRO-1, whose gradients priced are whole."""
+    if zero != 2:
+        return 0
+    m = stage.memory
+    return max(0, m.grads_peak - m.grads) // _RUN * PRECISIONS[precision].grads
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """One rank of a stage at a precision (`stage_memory`): what it holds, by role (`held`, `priced`'s: the
-    memory line) and the largest set of blocks one kernel or product reads and writes at once beside it
+    memory line), the gradients its backward holds beyond the memory line's (`backward`, `backward_gradients`':
+    ZeRO-2's) and the largest set of blocks one kernel or product reads and writes at once beside it
     (`transient`, `largest_transient`'s). `peak`, their sum, is what decides whether the rank fits a GPU:
     `spmdsim estimate`'s verdict and the search by a machine file's memory limit (spmdsim.estimate.search)."""
 
     held: dict
     transient: Transient
+    backward: int = 0
 
     @property
     def memory(self) -> int:
@@ -238,13 +257,15 @@ class StageMemory:
 
     @property
     def peak(self) -> int:
-        """The memory line and, for a moment, the largest kernel's or product's blocks beside it."""
-        return self.memory + self.transient.nbytes
+        """The memory line, the backward's gradients beyond it (ZeRO-2's) and, for a moment, the largest
+        kernel's or product's blocks beside them."""
+        return self.memory + self.backward + self.transient.nbytes
 
 
 def stage_memory(stage: StageLedger, precision: str, zero: int) -> StageMemory:
     """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory)."""
-    return StageMemory(priced(stage, precision, zero), largest_transient(stage, precision))
+    return StageMemory(priced(stage, precision, zero), largest_transient(stage, precision),
+                       backward_gradients(stage, precision, zero))
 
 
 def peak_bytes(memories: Any) -> int:

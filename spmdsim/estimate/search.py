@@ -9,7 +9,7 @@ by dp; m divisible by pp for the interleaved schedule), recomputation none / sel
 expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp * ep), the dense
 layers' batch split over dp x ep). Each is priced by the ledger of
 its own dry run (spmdsim.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
-with the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
+with ZeRO-2's gradients its backward holds beyond the slices and the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
 bounds it by the GPU's memory, spmdsim.estimate.ledger.peak_bytes; and its predicted step time on the
 machine, the slowest stage's, as `spmdsim estimate` prints them).
 
@@ -305,7 +305,8 @@ def model_states(c: Config, precision: str, elements: int) -> int:
     elements it holds: parameters and gradients, and the master copy and Adam's moments (over dp x ep under
     ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'; under
     ZeRO-2 the gradients too are that slice alone, at the gradients' width, and the buckets' shared flat buffer,
-    at most one bucket, is left out), at the precision's widths."""
+    at most one bucket, is left out), at the precision's widths: a bound of the memory line, so of the peak too
+    (which under ZeRO-2 adds the gradients its backward holds beyond the slices)."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]

@@ -56,7 +56,9 @@ class MemoryReport:
     gradient slice); `peak`: the largest of the totals after the forward, after the backward and after the
     step, at `moment`; `grads_peak`: the most bytes of gradients the rank held at once, at those moments and,
     under ZeRO-2, in the backward where each bucket is reduced (its members' blocks, before they are freed, and
-    every other gradient held then: the walk's, the ``.grad`` blocks, the summed slices).
+    every other gradient held then: the walk's, the ``.grad`` blocks, the summed slices). The estimate's ledger
+    prices ZeRO-2's `grads` as the model states between steps and adds ``grads_peak - grads`` to its peak
+    (spmdsim.estimate.ledger.backward_gradients).
     """
 
     step: int

@@ -482,7 +482,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
 
     blocks = _DryBlocks(wire_dtype) if mesh.engine.dry else None
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
-    # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
+    # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too; under
+    # ZeRO-2 so does its last (`last_backward`, below), which reduces the buckets as they fill.
     first_backward: dict = {}
     if repeat is not None:
         for action in program:
@@ -494,7 +495,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         held += 1
         if held > most:
             most = held
-        if repeat is None:  # (a real run: every cell runs, none measured)
+        if repeat is None or mb == last_backward.get(c) != first_backward.get(c):
+            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
+            # (its backward runs: it reduces the buckets as they fill, as the real run's does)
             _forward(mb, c)
         elif mb != first_backward.get(c) and repeat.again(("F", c)):
             # a dry run's later microbatch: the first's figures
@@ -524,7 +527,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             watch.backward(c)
         out = outputs.pop((mb, c))
         reduce_with = reducer if reducer is not None and last_backward.get(c) == mb else None
-        if repeat is None:  # (a real run: every cell runs, none measured)
+        if repeat is None or reduce_with is not None and mb != first_backward.get(c):
+            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
+            # (the gradients it holds while it reduces: the earlier microbatches' whole and its own)
             backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
         elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
             upstream.pop((mb, c), None)
