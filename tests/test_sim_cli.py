@@ -242,8 +242,8 @@ def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(path), run_name="__main__")
     assert done.value.code == 2
-    assert unfold(capsys.readouterr().err) == ("spmdsim: error: GPTConfig d_model 30 must be divisible by heads 4 "
-                                       "(each head takes d_model / heads features)\n")
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --d-model 30 must be divisible by --heads 4 "
+                                               "(each head takes --d-model / --heads features)\n")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -139,11 +139,18 @@ MAX_GPT_LAYERS = 64
 MAX_GPT_ELEMENTS = 2 ** 40
 
 
+def gpt_said() -> dict:
+    """GPTConfig's fields -> how --gpt and the architecture's flags set each (GPTConfig's refusals name them)."""
+    from ..gpt_flags import ARCHITECTURE_SAID
+
+    return {**{key: f"--gpt {key}" for key in GPT_KEYS + ("vocab_pad_to",)}, **ARCHITECTURE_SAID}
+
+
 def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
     """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
     a machine file) MACHINE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer, and
     vocab_pad_to=N pads the vocabulary."""
-    from ..gpt.config import GPTConfig
+    from ..gpt.config import GPTConfig, said_as
     from ..moe.config import MoEConfig
     from .estimate import no_moe_block
 
@@ -180,7 +187,8 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
             raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
                                f"expected at most layers {layers}")
         fields["moe"] = MoEConfig(**experts)
-    config = GPTConfig(**fields)
+    with said_as(gpt_said()):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
+        config = GPTConfig(**fields)
     if config.layers > max_layers:
         raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "
                            "(the search's time grows faster than the layers)")
