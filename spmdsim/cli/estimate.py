@@ -71,8 +71,11 @@ def register(subparsers: Any) -> None:
                         help="dropout probability of the embeddings, the attention and the residual branches "
                              "(default 0.1, GPT-3's; 0: none, as Llama trains: no dropout kernels, masks or kept "
                              "outputs)")
-    parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
-                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
+    from ..pipeline.options import schedule_choice
+
+    parser.add_argument("--schedule", type=schedule_choice, default=None, choices=("gpipe", "1f1b", "interleaved"),
+                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1; any case: "
+                             "1F1B, GPipe)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
                         help="activation recomputation (default none)")
