@@ -253,7 +253,9 @@ def run(args: argparse.Namespace) -> int:
 
     given = architecture_flags(_Fields(architecture_fields(args)))
     if given:  # the operators' graph (spmdsim.autoshard.gpt) is the GPT's own architecture: never ignored
-        raise SpmdsimError(f"{given[0]} sets Llama's architecture, which only the search by a machine file prices "
+        what = "the attention core (FlashAttention-2's tiles)" if given[0].startswith("--attention") else \
+            "Llama's architecture"
+        raise SpmdsimError(f"{given[0]} sets {what}, which only the search by a machine file prices "
                            "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
     for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
         if getattr(args, flag) is not None:
