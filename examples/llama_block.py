@@ -30,7 +30,7 @@ parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescription
 parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
 parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
 parser.parse_args()
-spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
+spmdsim.script(__file__, ranks=8)  # --ranks N: N simulated ranks here (1 process alone: says how to get 8)
 world = spmdsim.world()
 tp = math.gcd(world.size, 8)  # 8 key/value heads at most: the block's width does not grow with the ranks
 mesh = Mesh(Layout((world.size // tp, tp), ("dp", "tp")), world)  # dp: replicas of the tp ranks' block

@@ -22,7 +22,7 @@ parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in th
 parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
 parser.parse_args()
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
-script(__file__)
+script(__file__, ranks=8)  # 1 process without --ranks: says how to get 8
 comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)

@@ -28,7 +28,7 @@ parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescription
 parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
 parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
 parser.parse_args()
-spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
+spmdsim.script(__file__, ranks=4)  # --ranks N: N simulated ranks here (1 process alone: says how to get 4)
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
 L, p = mesh.layout, mesh.size
 B, T, H, Dh, C = 3, 6, p, 4, 5  # batch, padded length, heads (one per rank), head width, classes

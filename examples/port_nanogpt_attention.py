@@ -26,7 +26,7 @@ parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescription
 parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
 parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
 parser.parse_args()
-spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
+spmdsim.script(__file__, ranks=8)  # --ranks N: N simulated ranks here (1 process alone: says how to get 8)
 world = spmdsim.world()
 tp = 4 if world.size % 4 == 0 else 2 if world.size % 2 == 0 else 1
 mesh = Mesh(Layout((world.size // tp, tp), ("dp", "tp")), world)

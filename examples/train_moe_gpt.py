@@ -26,6 +26,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
 """
+import math
 import sys
 
 import spmdsim
@@ -130,6 +131,24 @@ def split(world):
     return (dp, ep, tp), None
 
 
+def moe_problem(args):
+    """Why the MoE flags cannot be, naming the flag typed (MoEConfig's own refusals name its fields: "MoEConfig
+    top_k 3 ..."), or None; pure: every rank alike, before any collective."""
+    if args.experts < 1 or args.moe_every < 1:
+        flag, value = ("--experts", args.experts) if args.experts < 1 else ("--moe-every", args.moe_every)
+        return f"{flag} {value} must be at least 1"
+    if args.top_k not in (1, 2):
+        return f"--top-k {args.top_k} must be 1 or 2 (experts per token)"
+    if args.top_k > args.experts:
+        return f"--top-k {args.top_k} must not exceed --experts {args.experts}"
+    if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
+        return f"--capacity-factor {args.capacity_factor:g} must be a finite number > 0 (or --dropless)"
+    for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
+        if not (math.isfinite(value) and value >= 0):
+            return f"{flag} {value:g} must be a finite number >= 0"
+    return None
+
+
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, before any collective: one line, exit 2.
@@ -139,7 +158,7 @@ def main(args):
     if dry_run_active() and args.dropless and not args.routing:
         raise spmdsim.SpmdsimError("--dry-run with --dropless needs --routing balanced or --routing worst: "
                                    "the dry run has no values to route by, and the bytes depend on it")
-    problem = sizes_problem(args)
+    problem = sizes_problem(args) or moe_problem(args)
     if problem:
         raise spmdsim.SpmdsimError(problem)
     if 1 <= args.layers < args.moe_every:  # a dense GPT, printing experts it does not have (GPTConfig refuses it)

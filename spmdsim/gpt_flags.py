@@ -7,20 +7,25 @@ examples/train_moe_gpt.py (spmdsim.gpt.options.model_arguments), ``spmdsim estim
 ``--no-bias`` and ``--attention`` (GPTConfig's attention: the core unfused or flash); ``architecture_problem(args)``
 why their values cannot be (one line naming the flag);
 ``architecture_fields(args)`` the GPTConfig fields they say; ``architecture_flags(cfg)`` the flags that say a
-GPTConfig's (none for the GPT's own architecture); ``architecture_words(cfg)`` a line's words for them.
+GPTConfig's (none for the GPT's own architecture); ``architecture_words(cfg)`` a line's words for them;
+``ARCHITECTURE_SAID`` the flags that set GPTConfig's fields, for its refusals (spmdsim.gpt.config.said_as).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 __all__ = ["architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
-           "architecture_words", "NORMS", "MLPS", "ATTENTIONS"]
+           "architecture_words", "NORMS", "MLPS", "ATTENTIONS", "ARCHITECTURE_SAID"]
 
 #: --norm's and --mlp's values, the first the default (spmdsim.gpt.config.CHOICES' "norm" and "mlp").
 NORMS = ("layer", "rms")
 MLPS = ("gelu", "swiglu")
 #: --attention's values, the first the default (spmdsim.gpt.config.CHOICES' "attention").
 ATTENTIONS = ("unfused", "flash")
+#: GPTConfig's fields that `architecture_arguments`' flags set -> the flag, so that GPTConfig's refusal names the
+#: flag typed (spmdsim.gpt.config.said_as): "--rope needs an even head_dim", not "GPTConfig positions 'rope' ...".
+ARCHITECTURE_SAID = {"ffn": "--ffn", "kv_heads": "--kv-heads", "norm": "--norm", "mlp": "--mlp",
+                     "positions": "--rope", "attention": "--attention"}
 
 
 def architecture_arguments(parser: Any, width: str = "--d-model") -> None:

@@ -275,6 +275,15 @@ def test_reports_count_one_in_the_singular(capsys, argv, needle):
      "--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", and none was given"),
     # "GPTConfig layers -1 must be an integer >= 1": a name the user did not type
     (["autoshard", "--network", "gpt", "--gpt", "layers=-1"], "--gpt layers '-1' must be an integer >= 1"),
+    # "GPTConfig d_model 100 must be divisible by heads 3", "GPTConfig positions 'rope' needs ...": field names
+    (["estimate", "gpt", "--hidden", "100", "--heads", "3"],
+     "--hidden 100 must be divisible by --heads 3 (each head takes --hidden / --heads features)"),
+    (["estimate", "gpt", "--hidden", "12", "--heads", "4", "--rope"],
+     "--rope needs an even head_dim, got --hidden 12 / --heads 4 = 3"),
+    (["autoshard", "--network", "gpt", "--gpt", "d_model=100,heads=3"],
+     "--gpt d_model 100 must be divisible by --gpt heads 3"),
+    (["autoshard", "--network", "gpt", "--gpt", "d_model=12,heads=4", "--rope", "--machine", "a100-dgx"],
+     "--rope needs an even head_dim, got --gpt d_model 12 / --gpt heads 4 = 3"),
     # "ColumnParallelLinear output_size 0 must be an integer >= 1", "ParallelMLP hidden_size 0 ...", "... embedding_dim 0"
     (["run", "linear", "--shape", "8,8,0"], "--shape '8,8,0' gives N = 0; expected M,K,N with K and N >= 1"),
     (["run", "mlp", "--shape", "8,0,8"], "--shape '8,0,8' gives H = 0; expected M,H,F with H and F >= 1"),
@@ -282,6 +291,36 @@ def test_reports_count_one_in_the_singular(capsys, argv, needle):
 ])
 def test_refusals_name_the_flag_given(capsys, argv, needle):
     _fails(capsys, argv, needle)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--d-model", "100", "--heads", "3"],
+     "--d-model 100 must be divisible by --heads 3 (each head takes --d-model / --heads features)"),
+    (["--d-model", "12", "--heads", "4", "--rope"], "--rope needs an even head_dim, got --d-model 12 / --heads 4 = 3 "
+                                                    "(rotary embeddings turn pairs of features)"),
+    (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be an integer >= 1"),
+    (["--dropout", "1.5"], "--dropout 1.5 must be a finite number in [0, 1)"),
+    (["--seed", "-1"], "--seed -1 must be an integer >= 0"),
+    (["--clip", "-1"], "--clip -1.0 must be a finite number >= 0 (0: no clipping)"),
+])
+def test_training_examples_refusals_name_the_flag(argv, expected):
+    # The examples' GPTConfig (spmdsim.gpt.options.model_config) said "GPTConfig d_model 100 ...", "GPTConfig
+    # vocab_pad_to 0 ...": fields, where the user typed flags. GPTConfig itself still names its fields.
+    import argparse
+
+    from spmdsim.gpt import GPTConfig
+    from spmdsim.gpt.options import model_arguments, model_config
+
+    parser = argparse.ArgumentParser()
+    model_arguments(parser)
+    parser.add_argument("--clip", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    with pytest.raises(SpmdsimError) as info:
+        model_config(args, clip=args.clip)
+    assert str(info.value) == expected
+    with pytest.raises(SpmdsimError, match=r"^GPTConfig d_model 100 must be divisible by heads 3 \(each head takes "
+                                           r"d_model / heads features\)$"):
+        GPTConfig(d_model=100, heads=3)
 
 
 @pytest.mark.parametrize("argv, needle", [

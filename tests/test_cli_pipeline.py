@@ -221,3 +221,29 @@ def test_the_table_at_8_stages_is_measured():
             assert f"{float(Fraction(bubble)):.1%}" == f"{percent}%"
             assert in_flight(schedule)[0] == int(holds), (name, m)
         assert Fraction(row[6]) == Fraction(int(row[7]), 2) and Fraction(row[10]) == Fraction(int(row[11]), 4)
+
+
+@pytest.mark.parametrize("typed, name", [("1F1B", "1f1b"), ("GPipe", "gpipe"), ("Interleaved", "interleaved"),
+                                         ("1f1b", "1f1b")])
+def test_every_schedule_flag_takes_the_name_in_any_case(typed, name):
+    # The docs write 1F1B and GPipe; --schedule 1F1B was argparse's "invalid choice" in `spmdsim pipeline`,
+    # `spmdsim estimate` and the training examples (spmdsim.pipeline.options.pipeline_arguments): one rule for all.
+    import argparse
+
+    from spmdsim.cli.main import build_parser
+    from spmdsim.pipeline.options import pipeline_arguments
+
+    parser = build_parser()
+    assert parser.parse_args(["pipeline", "--schedule", typed, "--stages", "2", "--microbatches", "4"]).schedule == name
+    assert parser.parse_args(["estimate", "gpt", "--schedule", typed]).schedule == name
+    examples = argparse.ArgumentParser()
+    pipeline_arguments(examples)
+    assert examples.parse_args(["--schedule", typed]).schedule == name
+
+
+def test_an_unknown_schedule_is_still_an_invalid_choice():
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
+        main(["pipeline", "--schedule", "1F2B", "--stages", "2", "--microbatches", "4"])
+    assert exit_.value.code == 2
+    assert "argument --schedule: invalid choice: '1F2B' (choose from" in err.getvalue(), err.getvalue()

@@ -295,10 +295,21 @@ def test_partition_spec_padding_and_entry_forms():
     assert partition_spec_to_layout((), (8,), 0, ("x",)).ndim == 0
 
 
+@pytest.mark.parametrize("text", ["P('dp', None)", "PartitionSpec('dp', None)", "('dp', None)", "dp,None", "dp"])
+def test_partition_spec_as_text_reads_as_the_cli_reads_it(text):
+    # "P('dp', None)" was refused ("must be a tuple") though `--partition-spec "P('dp', None)"` read it: one parser
+    from spmdsim.cli.cases import parse_partition_spec
+
+    tl = partition_spec_to_layout(text, (2, 4), 2, ("dp", "mp"))
+    assert layout_to_partition_spec(tl) == ("dp", None)
+    assert tl == partition_spec_to_layout(parse_partition_spec(text), (2, 4), 2, ("dp", "mp"))
+
+
 @pytest.mark.parametrize(
     "args, kwargs, fragment",
     [
-        (("dp", (2,), None, ("dp",)), {}, "partition spec 'dp' must be a tuple with one entry per"),
+        ((5, (2,), None, ("dp",)), {}, "partition spec 5 must be a tuple with one entry per"),
+        (("P('dp',,)", (2,), None, ("dp",)), {}, "partition spec \"P('dp',,)\" has an empty entry for tensor dim 1"),
         ((("z",), (2, 4), None, ("dp", "mp")), {},
          "partition spec ('z',) names mesh axis 'z', which is not one of the mesh axes ('dp', 'mp')"),
         ((("dp", ("mp", "dp")), (2, 4), None, ("dp", "mp")), {}, "uses mesh axis 'dp' more than once"),

@@ -189,8 +189,8 @@ def test_reliability_says_how_every_example_guards_its_ranks():
                  for s in body]
         if any("run_main(" in ast.unparse(s) for s in body):
             ways[path.name] = "run_main"
-        elif "script(__file__)" in calls:
-            at = calls.index("script(__file__)")
+        elif any(c.startswith("script(__file__") for c in calls):  # script(__file__, ranks=8) too
+            at = next(i for i, c in enumerate(calls) if c.startswith("script(__file__"))
             before = body[at - 1]
             ways[path.name] = ("script after parse_args" if calls[at - 1].endswith(".parse_args()") else
                                "script after imports" if isinstance(before, (ast.Import, ast.ImportFrom)) else

@@ -267,3 +267,22 @@ def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
     assert [seen(w[1:]) for w in whole] == [seen(r) for r in resumed]
     assert all(r.passed for r in resumed[0])
     _same_files(tmp_path / "whole", tmp_path / "resumed", 2)
+
+
+def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
+    # "the checkpoint's pipeline has split [1, 3], this run's none": none is the default split, balanced
+    from spmdsim.gpt import checkpoint
+    from spmdsim.gpt.train import checkpoint_meta
+
+    cfg = dataclasses.replace(SMALL, layers=4)
+    pipeline = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": [1, 3]}
+    meta = checkpoint_meta(cfg, 4, 1, 2, pipeline=pipeline)
+    (tmp_path / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
+                                             "step": 1, **meta}))
+    balanced = dict(pipeline, split=None)
+    assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=balanced) == (
+        f"--resume {tmp_path}: the checkpoint's pipeline has split [1, 3], this run's balanced (resume with the "
+        "settings it was saved with)")
+    assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=dict(pipeline, split=[3, 1])) == (
+        f"--resume {tmp_path}: the checkpoint's pipeline has split [1, 3], this run's [3, 1] (resume with the "
+        "settings it was saved with)")

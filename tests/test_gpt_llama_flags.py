@@ -138,6 +138,10 @@ def test_autoshard_machine_searches_llamas_architecture_and_prints_its_estimate_
 @pytest.mark.parametrize("argv, message", [
     (["autoshard", "--network", "gpt", "--rope"], "--rope sets Llama's architecture, which only the search by a "
      "machine file prices (the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)"),
+    # "--attention flash sets Llama's architecture": the flag sets the attention core, not Llama's options
+    (["autoshard", "--network", "gpt", "--attention", "flash"], "--attention flash sets the attention core "
+     "(FlashAttention-2's tiles), which only the search by a machine file prices (the operators' graph is the GPT's "
+     "own): add --machine (e.g. --machine a100-dgx)"),
     (AUTOSHARD + ["--kv-heads", "3"], "--kv-heads 3 must divide --gpt heads 4 (each key/value head serves heads / "
      "kv-heads query heads)"),
 ])

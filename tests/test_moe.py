@@ -208,6 +208,21 @@ def test_bad_moe_settings_are_refused_in_one_line(kwargs, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--top-k", "3"], "--top-k 3 must be 1 or 2 (experts per token)"),
+    (["--experts", "1", "--top-k", "2"], "--top-k 2 must not exceed --experts 1"),
+    (["--capacity-factor", "0"], "--capacity-factor 0 must be a finite number > 0 (or --dropless)"),
+    (["--moe-every", "0"], "--moe-every 0 must be at least 1"),
+])
+def test_the_examples_moe_flags_are_refused_by_their_names(flags, message):
+    # "MoEConfig top_k 3 must be 1 or 2", "MoEConfig capacity_factor 0.0 ...": fields, where a flag was typed
+    from testkit import unfold
+
+    out = _example(["--ranks", "2", "--steps", "1"] + flags)
+    assert out.returncode == 2 and unfold(out.stderr).strip().splitlines()[-1] == f"spmdsim: error: {message}", \
+        out.stderr
+
+
 def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_reports_experts():
     """MoEConfig(every=3) on a 2-layer GPTConfig made no block an MoE layer: the example trained a dense GPT and
     printed its experts, capacity and mesh of experts (--moe-every 3 --layers 2); every <= layers runs."""

@@ -80,18 +80,19 @@ def test_command_on_mpi_ranks_names_ranks_flag_in_one_line(tmp_path):
 def test_a_script_run_without_ranks_ends_with_one_line(tmp_path):
     # `python prog.py` of a script that needs MPI ranks (spmdsim.world() outside a simulation) ended in a traceback
     # through spmdsim whose last line was the clear one; now that line alone, naming the program (exit 1).
-    (tmp_path / "prog.py").write_text("import spmdsim\nspmdsim.script(__file__)\ncomm = spmdsim.world()\n"
-                                      "print(comm.Get_size())\n")
-    run = _run("""
-        import runpy
-        sys.argv = ["prog.py"]
-        runpy.run_path("prog.py", run_name="__main__")
-        """, tmp_path)
-    assert run.returncode == 1 and run.stdout == ""
-    assert run.stderr.replace("\n  ", " ") == (
-        "prog.py: error: mpi4py's MPI module does not load here (RuntimeError: cannot load MPI library): simulate "
-        "the ranks, which needs no MPI library (`python prog.py --ranks N` with spmdsim.script(__file__), or "
-        "spmdsim.simulate(N, main)), or install the 'mpi' extra (pip install mpich), or use your system's MPI\n")
+    # script(__file__, ranks=8) (the examples'): that line alone too, not the 1-rank hint before it
+    for call in ("spmdsim.script(__file__)", "spmdsim.script(__file__, ranks=8)"):
+        (tmp_path / "prog.py").write_text(f"import spmdsim\n{call}\ncomm = spmdsim.world()\nprint(comm.Get_size())\n")
+        run = _run("""
+            import runpy
+            sys.argv = ["prog.py"]
+            runpy.run_path("prog.py", run_name="__main__")
+            """, tmp_path)
+        assert run.returncode == 1 and run.stdout == ""
+        assert run.stderr.replace("\n  ", " ") == (
+            "prog.py: error: mpi4py's MPI module does not load here (RuntimeError: cannot load MPI library): "
+            "simulate the ranks, which needs no MPI library (`python prog.py --ranks N` with spmdsim.script(__file__), "
+            "or spmdsim.simulate(N, main)), or install the 'mpi' extra (pip install mpich), or use your system's MPI\n")
     # Caught, it changes nothing; another error left uncaught is Python's traceback as before.
     run = _run("""
         import spmdsim

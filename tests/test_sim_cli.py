@@ -242,8 +242,8 @@ def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(path), run_name="__main__")
     assert done.value.code == 2
-    assert unfold(capsys.readouterr().err) == ("spmdsim: error: GPTConfig d_model 30 must be divisible by heads 4 "
-                                       "(each head takes d_model / heads features)\n")
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --d-model 30 must be divisible by --heads 4 "
+                                               "(each head takes --d-model / --heads features)\n")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -529,3 +529,43 @@ def test_script_takes_ranks_out_of_argv_before_the_files_own_parser(tmp_path):
     assert run.returncode == 0, run.stderr
     assert sorted(run.stdout.splitlines()) == ["0 7", "1 7", "spmdsim: running on 2 simulated ranks in one process "
                                               "(--ranks 2), no mpiexec"]
+
+
+#: The examples that give script(__file__) the ranks they are written for (the rest refuse 1 rank themselves).
+WRITTEN_FOR = re.compile(r"script\(__file__, ranks=(\d+)\)")
+
+
+def test_an_example_alone_in_one_process_says_how_to_get_its_ranks(monkeypatch, capsys):
+    # examples/attention.py without --ranks or mpiexec ran on 1 rank: "no communication", check passed, not a word
+    # that it is written for 8. Now one line on stderr; it still runs (its exit code and stdout as before).
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    path = next(p for p in EXAMPLES if p.stem == "attention")
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr()
+    assert done.value.code == 0
+    assert out.err == ("spmdsim: 1 rank, no mpiexec: this example is written for 8; add --ranks 8 or use "
+                       "mpiexec -n 8\n")
+    assert "check passed" in out.out
+    from spmdsim.sim.launch import script
+
+    script(str(path), [], ranks=8)  # mpiexec -n 1 is one rank too
+    monkeypatch.setenv("PMI_SIZE", "1")
+    script(str(path), [], ranks=8)
+    assert capsys.readouterr().err.count("written for 8") == 2
+    monkeypatch.setenv("PMI_SIZE", "8")  # launched on 8 (its rank's guard aside): nothing to say
+    script(str(path), [], ranks=8)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if "script(__file__" in p.read_text()], ids=lambda p: p.stem)
+def test_each_example_that_runs_quietly_on_1_rank_gives_the_ranks_its_docstring_says(path):
+    source = path.read_text()
+    launch = re.search(r"mpiexec -n (\d+)", source.split('"""')[1])
+    given = WRITTEN_FOR.search(source)
+    if given is None:  # it refuses 1 rank itself, in one line naming --ranks N and mpiexec -n N
+        assert re.search(r"not \{comm\.size\}: use --ranks (\d+) or mpiexec -n \1", source), path.name
+    else:
+        assert launch and given.group(1) == launch.group(1), path.name

@@ -427,6 +427,16 @@ def test_layout_that_does_not_fit_fails_before_any_collective():
     with pytest.raises(RuntimeMismatchError, match=r"needs 8 ranks but the communicator has 6") as info:
         simulate(6, body)
     assert info.value.__notes__ == ["raised on every simulated rank"]
+    # and how to get 8 (said for a 1-rank run only); a sub-communicator's size is the program's: no hint
+    assert str(info.value).endswith("has 6 (simulate 8 ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch "
+                                    "them with `mpiexec -n 8 ...`)")
+
+    def half():
+        world = spmdsim.world()
+        return Mesh(spmdsim.Layout((4,), ("dp",)), world.Split(world.Get_rank() % 2, 0))
+
+    with pytest.raises(RuntimeMismatchError, match=r"^device matrix \(4,\) needs 4 ranks but the communicator has 2\n"):
+        simulate(4, half)
 
 
 def test_each_rank_traces_only_its_own_calls():

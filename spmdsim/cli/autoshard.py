@@ -139,11 +139,18 @@ MAX_GPT_LAYERS = 64
 MAX_GPT_ELEMENTS = 2 ** 40
 
 
+def gpt_said() -> dict:
+    """GPTConfig's fields -> how --gpt and the architecture's flags set each (GPTConfig's refusals name them)."""
+    from ..gpt_flags import ARCHITECTURE_SAID
+
+    return {**{key: f"--gpt {key}" for key in GPT_KEYS + ("vocab_pad_to",)}, **ARCHITECTURE_SAID}
+
+
 def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
     """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
     a machine file) MACHINE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer, and
     vocab_pad_to=N pads the vocabulary."""
-    from ..gpt.config import GPTConfig
+    from ..gpt.config import GPTConfig, said_as
     from ..moe.config import MoEConfig
     from .estimate import no_moe_block
 
@@ -180,7 +187,8 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
             raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
                                f"expected at most layers {layers}")
         fields["moe"] = MoEConfig(**experts)
-    config = GPTConfig(**fields)
+    with said_as(gpt_said()):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
+        config = GPTConfig(**fields)
     if config.layers > max_layers:
         raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "
                            "(the search's time grows faster than the layers)")
@@ -245,7 +253,9 @@ def run(args: argparse.Namespace) -> int:
 
     given = architecture_flags(_Fields(architecture_fields(args)))
     if given:  # the operators' graph (spmdsim.autoshard.gpt) is the GPT's own architecture: never ignored
-        raise SpmdsimError(f"{given[0]} sets Llama's architecture, which only the search by a machine file prices "
+        what = "the attention core (FlashAttention-2's tiles)" if given[0].startswith("--attention") else \
+            "Llama's architecture"
+        raise SpmdsimError(f"{given[0]} sets {what}, which only the search by a machine file prices "
                            "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
     for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
         if getattr(args, flag) is not None:

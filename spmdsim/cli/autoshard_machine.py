@@ -35,7 +35,8 @@ def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.search import parse_fixed, search, vocab_note
     from dataclasses import replace
 
-    from .autoshard import _gpt_config, _still_working
+    from ..gpt.config import said_as
+    from .autoshard import _gpt_config, _still_working, gpt_said
     from ..gpt_flags import architecture_fields, architecture_problem
 
     if args.network != "gpt":
@@ -61,7 +62,8 @@ def run_machine(args: argparse.Namespace) -> int:
     problem = architecture_problem(args, cfg.heads, "--gpt heads")
     if problem:
         raise SpmdsimError(problem)
-    cfg = replace(cfg, **architecture_fields(args))  # Llama's options (--ffn, --rope, ...): GPTConfig checks them
+    with said_as(gpt_said()):  # Llama's options (--ffn, --rope, ...): GPTConfig checks them, naming the flags
+        cfg = replace(cfg, **architecture_fields(args))
     if args.moe_cells and cfg.moe is None:
         raise SpmdsimError("--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): "
                            "give --gpt ...,experts=N")

@@ -71,8 +71,11 @@ def register(subparsers: Any) -> None:
                         help="dropout probability of the embeddings, the attention and the residual branches "
                              "(default 0.1, GPT-3's; 0: none, as Llama trains: no dropout kernels, masks or kept "
                              "outputs)")
-    parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
-                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
+    from ..pipeline.options import schedule_choice
+
+    parser.add_argument("--schedule", type=schedule_choice, default=None, choices=("gpipe", "1f1b", "interleaved"),
+                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1; any case: "
+                             "1F1B, GPipe)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
                         help="activation recomputation (default none)")
@@ -127,11 +130,15 @@ def config_record(args: argparse.Namespace) -> dict[str, Any]:
     return {"command": "estimate", **{name: getattr(args, name) for name in CONFIG_FIELDS}}
 
 
-def _config(args: argparse.Namespace) -> tuple[Any, int]:
-    from ..gpt import GPTConfig
+#: GPTConfig's fields -> the flag of `spmdsim estimate` that sets each (GPTConfig's refusals name it).
+ESTIMATE_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--hidden",
+                 "heads": "--heads", "seq": "--seq", "batch": "--global-batch", "dropout": "--dropout"}
 
+
+def _config(args: argparse.Namespace) -> tuple[Any, int]:
+    from ..gpt.config import GPTConfig, said_as
     from ..moe.config import MoEConfig
-    from ..gpt_flags import architecture_fields, architecture_problem
+    from ..gpt_flags import ARCHITECTURE_SAID, architecture_fields, architecture_problem
 
     if args.experts == 0:  # a dense GPT: an MoE option given is refused, not ignored
         given = [flag for flag in MOE_DEFAULTS if getattr(args, flag) is not None] + ["dropless"] * args.dropless
@@ -175,9 +182,10 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
-    cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
-                    batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
-                    **architecture_fields(args))
+    with said_as({**ESTIMATE_SAID, **ARCHITECTURE_SAID}):  # its refusals name the flags typed (--hidden, --rope)
+        cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
+                        batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
+                        **architecture_fields(args))
     return cfg, args.global_batch // per_step
 
 

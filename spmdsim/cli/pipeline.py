@@ -37,8 +37,10 @@ def register(subparsers: Any) -> None:
             f"paper's formula and the microbatches in flight per stage. File tokens: {TOKENS}."
         ),
     )
-    parser.add_argument("--schedule", choices=SCHEDULES, default=None,
-                        help="which schedule to build (default 1f1b; not with --file)")
+    from ..pipeline.options import schedule_choice
+
+    parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default=None,
+                        help="which schedule to build (default 1f1b; any case: 1F1B, GPipe; not with --file)")
     parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks)")
     parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="microbatches per step")
     parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",

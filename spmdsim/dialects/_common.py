@@ -1,12 +1,13 @@
 """Small validators and text splitting shared by the dialect converters (private)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Set as AbstractSet
 from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import DialectError
+from ..errors import DialectError, SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..validate import as_int, counted  # as_int: shared with layouts, data and plans; re-exported for the dialects
 
@@ -230,3 +231,72 @@ def _foreign(mesh: object) -> str:
             ("DeviceMesh", "torch"): "Layout(mesh.shape, mesh.mesh_dim_names)",
             ("Mesh", "jax"): "Layout(mesh.devices.shape, mesh.axis_names)"}.get((kind, package))
     return f" (a {package} {kind}, which spmdsim does not read: pass {made} instead)" if made else ""
+
+
+# -- text: the CLI's flags and partition_spec_to_layout read tensor maps and JAX specs alike --------------
+def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
+    """'dp,sp,mp' -> ('dp', 'sp', 'mp'); quotes are optional."""
+    try:
+        parts = split_top_level(text)
+        names = tuple(p.strip("'\" ") for p in parts if p)
+        if len(names) != len(parts) and parts != [""]:
+            names = ("",)  # 'a,,b': a name left out, refused below
+    except ValueError:
+        names = ("(",)  # unbalanced brackets: refused below
+    if any(not n or any(c in n for c in "()[]") for n in names):
+        raise SpmdsimError(f"{key} {text!r} must be comma-separated axis names such as dp,mp")
+    return names
+
+
+def parse_tensor_map(text: str, what: str = "tensor map") -> tuple:
+    """'mp,(sp,dp),None' -> ('mp', ('sp', 'dp'), None); Python-style brackets are optional.
+
+    `what` names the text in errors ("partition spec" for JAX's, which is written the same way).
+    """
+    body = text.strip()
+    try:
+        # '(b, d, e)' alone is the whole map written as a tuple; 'a, (b, d)' is not.
+        parts = split_top_level(body, unwrap=False) if body else []
+        if len(parts) == 1:
+            parts = split_top_level(body)
+    except ValueError:
+        raise SpmdsimError(f"{what} {text!r} has unbalanced brackets") from None
+    if parts == [""]:
+        parts = []  # "()": a scalar's map
+    out: list = []
+    for tensor_dim, part in enumerate(parts):
+        if not part.strip():  # "a,,b": a typo more often than a way to write None
+            raise SpmdsimError(f"{what} {text!r} has an empty entry for tensor dim {tensor_dim}; "
+                               "write None for a dim that is not split")
+        if part.startswith(("(", "[")):
+            out.append(parse_name_list(part, f"{what} entry"))
+        elif part.strip("'\"") in ("None", "none", "null", ""):
+            out.append(None)
+        else:
+            name = part.strip("'\" ")
+            if any(c in name for c in "()[] "):
+                raise SpmdsimError(f"{what} {text!r} has a malformed entry {part!r}")
+            out.append(name)
+    return tuple(out)
+
+
+_SPEC_CALL = re.compile(r"^\s*(?:(?:jax\.sharding\.)?PartitionSpec|P)\s*\((.*)\)\s*$", re.S)
+
+
+def parse_partition_spec(text: str) -> tuple:
+    """A JAX PartitionSpec as text: ``('x', None)``, ``x,None``, or as JAX prints and writes it,
+    ``PartitionSpec('x', None)`` / ``P(('x', 'y'))`` (each argument of the call one entry; ``P()`` a scalar's)."""
+    call = _SPEC_CALL.match(text)
+    if call is None:
+        return parse_tensor_map(text, "partition spec")
+    args = call.group(1).strip()
+    # The call's arguments are the entries: as a tuple with a trailing comma, P(('x', 'y')) stays one entry.
+    body = args.removesuffix(",").rstrip()
+    if args and not body:  # P(,): Python's syntax error, not a scalar's spec
+        raise SpmdsimError(f"partition spec {text!r} has an empty entry for tensor dim 0; write P() for a scalar, "
+                           "None for a dim that is not split")
+    inner = f"({body},)" if body else "()"
+    try:
+        return parse_tensor_map(inner, "partition spec")
+    except SpmdsimError as exc:  # named as the user wrote it
+        raise SpmdsimError(str(exc).replace(f"partition spec {inner!r}", f"partition spec {text!r}", 1)) from None

@@ -3,7 +3,8 @@
 A spec has one entry per tensor dim: ``None`` (not split), a mesh axis name,
 or a tuple of names (split over several axes, the first listed major, as in
 JAX and docs/semantics.md). Mesh axes the spec does not name are replicated. jax is
-never imported; ``PartitionSpec("x", None)`` is written ``("x", None)``.
+never imported; ``PartitionSpec("x", None)`` is written ``("x", None)``, or as text the way the CLI's
+``--partition-spec`` reads it: ``"P('x', None)"``, ``"('x', None)"`` or ``"x,None"``.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Optional, Sequence
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, mesh_of, require_layout
+from ..errors import SpmdsimError
+from ._common import as_int, as_items, mesh_of, parse_partition_spec, require_layout
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
 
@@ -21,6 +23,16 @@ _ENTRY = "None, a mesh axis name or a tuple of mesh axis names"
 
 #: How JAX's PartitionSpec.UNCONSTRAINED reads: its repr, and the spellings of it in text.
 _UNCONSTRAINED = ("UNCONSTRAINED", "P.UNCONSTRAINED", "PartitionSpec.UNCONSTRAINED")
+
+
+def _parsed(text: str) -> tuple:
+    """A spec written as text, read as the CLI's --partition-spec reads it (one parser: _common's)."""
+    try:
+        return parse_partition_spec(text)
+    except DialectError:
+        raise
+    except SpmdsimError as exc:
+        raise DialectError(str(exc)) from None
 
 
 def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tuple[str, ...]:
@@ -79,6 +91,8 @@ def partition_spec_to_layout(
         deprecated("partition_spec_to_layout(spec, mesh_axis_names, mesh_shape, ndim)",
                    "partition_spec_to_layout(spec, mesh_shape, ndim, mesh_axis_names)")
         mesh_axis_names, mesh_shape, ndim = mesh_shape, ndim, mesh_axis_names
+    if isinstance(spec, str):  # as the CLI's --partition-spec reads it: "P('dp', None)", "('dp', None)", "dp,None"
+        spec = _parsed(spec)
     entries = as_items(spec)
     if entries is None:
         raise DialectError(

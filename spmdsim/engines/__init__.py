@@ -33,10 +33,17 @@ __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of",
            "enter", "leave", "local", "c_order", "matmul", "once", "world", "ways_out"]
 
 
-def ways_out(n: int) -> str:
-    """What a one-process run that needs `n` ranks says after its error: the launcher, or --ranks."""
-    return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
-            f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
+def ways_out(n: int, size: int = 1, simulated: bool = False) -> str:
+    """What a run of `size` ranks (default one process) that needs `n` says after its error: the launcher, or
+    --ranks; the way it ran first (`simulated`: simulated ranks, --ranks; else MPI's, mpiexec)."""
+    if size == 1:
+        return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
+                f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
+    if simulated:
+        return (f" (simulate {n} ranks with `--ranks {n}` / spmdsim.simulate({n}, main), or launch them with "
+                f"`mpiexec -n {n} ...`)")
+    return (f" (launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in one process with `--ranks {n}` / "
+            f"spmdsim.simulate({n}, main))")
 
 
 def engine_of(comm: Any) -> Engine:

@@ -101,8 +101,8 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
         if isinstance(here, dict) and isinstance(there, dict):
             for k in list(here) + [k for k in there if k not in here]:
                 if here.get(k) != there.get(k):
-                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k))}, this "
-                            f"run's {_shown(here.get(k))} (resume with the settings it was saved with)")
+                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k), key, k)}, "
+                            f"this run's {_shown(here.get(k), key, k)} (resume with the settings it was saved with)")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
                 "(resume with the settings it was saved with)")
     if saved["step"] >= steps:
@@ -132,7 +132,10 @@ def save_problem(directory: str) -> Optional[str]:
     return None
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, key: str = "", field: str = "") -> str:
+    """A metadata value as a refusal says it; the pipeline's split None is the default, "balanced" (not "none")."""
+    if value is None and (key, field) == ("pipeline", "split"):
+        return "balanced"
     return "none" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else repr(value)
 
 

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import math
 import numbers
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Iterator, Mapping, Optional
 
 from ..errors import SpmdsimError
 from ..moe.config import MoEConfig
 from ..validate import as_int
 
-__all__ = ["GPTConfig", "CHOICES", "ROPE_BASE"]
+__all__ = ["GPTConfig", "CHOICES", "ROPE_BASE", "said_as"]
 
 _SIZES = ("vocab", "d_model", "heads", "layers", "seq", "batch", "vocab_pad_to")
 #: The architecture's named choices: field -> the values it takes (the first is the default).
@@ -18,6 +20,33 @@ CHOICES = {"norm": ("layer", "rms"), "mlp": ("gelu", "swiglu"), "positions": ("l
            "attention": ("unfused", "flash")}
 #: Rotary embeddings' base (Llama-2's theta): frequency i of a head is base ** (-2i / head_dim).
 ROPE_BASE = 10000.0
+
+#: How a refusal names each field: {field: the flag the user typed} while `said_as` holds (empty: "GPTConfig
+#: field"). A context variable: each simulated rank's thread has its own.
+_SAID: ContextVar[Mapping[str, str]] = ContextVar("spmdsim_gptconfig_said", default={})
+
+
+@contextmanager
+def said_as(flags: Mapping[str, str]) -> Iterator[None]:
+    """Within it, a GPTConfig's refusal names a field by the flag that gave it (`flags`: field -> flag, e.g.
+    ``{"d_model": "--hidden"}``): "--hidden 100 must be divisible by --heads 3", not "GPTConfig d_model 100
+    must be divisible by heads 3", a name the user never typed. ``"positions": "--rope"`` names the rotary
+    embeddings' flag. Fields not in `flags` keep "GPTConfig field"."""
+    token = _SAID.set(flags)
+    try:
+        yield
+    finally:
+        _SAID.reset(token)
+
+
+def _subject(name: str) -> str:
+    """A refusal's subject for field `name`: its flag under `said_as`, else "GPTConfig name"."""
+    return _SAID.get().get(name) or f"GPTConfig {name}"
+
+
+def _word(name: str) -> str:
+    """Field `name` as a refusal's later words say it: its flag under `said_as`, else the field's name."""
+    return _SAID.get().get(name) or name
 
 
 @dataclass(frozen=True)
@@ -75,14 +104,15 @@ class GPTConfig:
             value = getattr(self, name)
             n = as_int(value)
             if n is None or n < 1:
-                raise SpmdsimError(f"GPTConfig {name} {value!r} must be an integer >= 1")
+                raise SpmdsimError(f"{_subject(name)} {value!r} must be an integer >= 1")
             object.__setattr__(self, name, n)
         if self.d_model % self.heads:
-            raise SpmdsimError(f"GPTConfig d_model {self.d_model!r} must be divisible by heads "
-                               f"{self.heads!r} (each head takes d_model / heads features)")
+            d_model, heads = _word("d_model"), _word("heads")
+            raise SpmdsimError(f"{_subject('d_model')} {self.d_model!r} must be divisible by {heads} "
+                               f"{self.heads!r} (each head takes {d_model} / {heads} features)")
         seed = as_int(self.seed)
         if seed is None or seed < 0:
-            raise SpmdsimError(f"GPTConfig seed {self.seed!r} must be an integer >= 0")
+            raise SpmdsimError(f"{_subject('seed')} {self.seed!r} must be an integer >= 0")
         object.__setattr__(self, "seed", seed)
         _real(self, "dropout", 0.0, 1.0, "in [0, 1)", high_open=True)
         _real(self, "weight_decay", 0.0, math.inf, ">= 0")
@@ -101,8 +131,8 @@ class GPTConfig:
             if value is not None:
                 n = as_int(value)
                 if n is None or n < 1:
-                    raise SpmdsimError(f"GPTConfig {name} {value!r} must be an integer >= 1 (or None: "
-                                       f"{'4 * d_model' if name == 'ffn' else 'heads'})")
+                    raise SpmdsimError(f"{_subject(name)} {value!r} must be an integer >= 1 (or None: "
+                                       f"{'4 * ' + _word('d_model') if name == 'ffn' else _word('heads')})")
                 object.__setattr__(self, name, n)
         for name, values in CHOICES.items():
             if getattr(self, name) not in values:
@@ -112,11 +142,14 @@ class GPTConfig:
             if not isinstance(getattr(self, name), bool):
                 raise SpmdsimError(f"GPTConfig {name} {getattr(self, name)!r} must be True or False")
         if self.heads % self.kv:
-            raise SpmdsimError(f"GPTConfig kv_heads {self.kv_heads!r} must divide heads {self.heads!r} "
-                               "(each key/value head serves heads / kv_heads query heads)")
+            kv, heads = _word("kv_heads"), _word("heads")
+            raise SpmdsimError(f"{_subject('kv_heads')} {self.kv_heads!r} must divide {heads} {self.heads!r} "
+                               f"(each key/value head serves {heads} / {kv} query heads)")
         if self.positions == "rope" and self.head_dim % 2:
-            raise SpmdsimError(f"GPTConfig positions 'rope' needs an even head_dim, got d_model {self.d_model} / "
-                               f"heads {self.heads} = {self.head_dim} (rotary embeddings turn pairs of features)")
+            rope = _SAID.get().get("positions") or "GPTConfig positions 'rope'"
+            raise SpmdsimError(f"{rope} needs an even head_dim, got {_word('d_model')} {self.d_model} / "
+                               f"{_word('heads')} {self.heads} = {self.head_dim} (rotary embeddings turn pairs of "
+                               "features)")
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise SpmdsimError(f"GPTConfig moe {self.moe!r} must be None or a spmdsim.moe.MoEConfig")
         if self.moe is not None and self.moe.every > self.layers:  # a dense GPT that would say it has experts
@@ -211,5 +244,5 @@ def _real(cfg: GPTConfig, name: str, low: float, high: float, expected: str,
     ok = _is_real(value) and (value > low if low_open else value >= low) \
         and (value < high if high_open else value <= high)
     if not ok:
-        raise SpmdsimError(f"GPTConfig {name} {value!r} must be a finite number {expected}")
+        raise SpmdsimError(f"{_subject(name)} {value!r} must be a finite number {expected}")
     object.__setattr__(cfg, name, float(value))

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..validate import counted
-from ..gpt_flags import (architecture_arguments, architecture_fields, architecture_flags, architecture_problem,
-                             architecture_words)
-from .config import GPTConfig
+from ..gpt_flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
+                         architecture_problem, architecture_words)
+from .config import GPTConfig, said_as
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
@@ -29,6 +29,10 @@ __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "si
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
 SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
+#: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
+MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
+              "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
+              "seed": "--seed"}
 
 
 def model_arguments(parser: Any) -> None:
@@ -69,9 +73,13 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
     problem = architecture_problem(args)
     if problem:  # pure: every rank alike, before any collective
         raise SpmdsimError(problem)
-    return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                     batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
-                     vocab_pad_to=args.pad_vocab_to, **architecture_fields(args), **more)
+    # GPTConfig's refusals name the flags typed ("--d-model 30 must be divisible by --heads 4"), an example's own
+    # fields (`more`) too where it has the flag (--clip)
+    said = {**MODEL_SAID, **ARCHITECTURE_SAID, **{name: f"--{name}" for name in more if hasattr(args, name)}}
+    with said_as(said):
+        return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                         batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
+                         vocab_pad_to=args.pad_vocab_to, **architecture_fields(args), **more)
 
 
 def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:

@@ -22,8 +22,16 @@ from typing import Any, Optional
 
 from .schedule import SCHEDULES
 
-__all__ = ["pipeline_arguments", "pipelined", "microbatches", "virtual_stages", "default_microbatches_problem",
+__all__ = ["schedule_choice", "pipeline_arguments", "pipelined", "microbatches", "virtual_stages", "default_microbatches_problem",
            "split_arguments", "layer_split", "split_words"]
+
+
+def schedule_choice(text: str) -> str:
+    """argparse type of every --schedule flag (the examples', ``spmdsim pipeline``'s, ``spmdsim estimate``'s): a
+    schedule's name in any case, as the docs and papers write it (GPipe, 1F1B, Interleaved), as its SCHEDULES
+    name; anything else as typed, for argparse's "invalid choice" line (choices=SCHEDULES)."""
+    name = text.strip().lower()
+    return name if name in SCHEDULES else text
 
 
 def pipeline_arguments(parser: Any) -> None:
@@ -32,8 +40,8 @@ def pipeline_arguments(parser: Any) -> None:
     parser.add_argument("--microbatches", type=int, default=None,
                         help="microbatches per step (default: 1, or 2 x pp with --pp); gradients accumulate over "
                              "them")
-    parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                        help="the pipeline's schedule (with --pp or --microbatches)")
+    parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default="1f1b",
+                        help="the pipeline's schedule (with --pp or --microbatches; any case: 1F1B, GPipe)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage with --schedule interleaved (default 2)")
     split_arguments(parser)

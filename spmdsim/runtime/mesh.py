@@ -62,9 +62,11 @@ class Mesh:
             _check_mpi_comm(comm)
         size = comm.Get_size()
         if layout.num_devices != size:
+            # The whole world too few or too many: how to get as many (a sub-communicator's size is the program's)
+            whole = size == 1 or size == world().Get_size()
             raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "
                                        f"but the communicator has {size}"
-                                       + (ways_out(layout.num_devices) if size == 1 else ""))
+                                       + (ways_out(layout.num_devices, size, simulated) if whole else ""))
         if simulated:
             # Simulated ranks are threads of one process and share the planners' caches: their meshes
             # share one Layout per device matrix, so that the layouts of a plan one rank made hold the

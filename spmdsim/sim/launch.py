@@ -186,13 +186,21 @@ def ranks_argument(parser: Any) -> None:
                              "received and peak bytes held")
 
 
-def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
+def one_rank_hint(ranks: int) -> str:
+    """The line a script written for `ranks` ranks prints on stderr when it runs as one plain process."""
+    return (f"spmdsim: 1 rank, no mpiexec: this example is written for {ranks}; add --ranks {ranks} or use "
+            f"mpiexec -n {ranks}")
+
+
+def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[int] = None) -> None:
     """With ``--ranks N`` in argv (``--ranks=N``, or a prefix: ``--rank N``), run `path` on N simulated ranks and exit.
 
     ``--dry-run`` beside it makes that a dry run (spmdsim.sim.dry). Inside the
     simulation, and without the flag, it returns at once and the script goes on
     (under mpiexec, on its MPI rank, with `install_excepthook()`: an error ends the
-    job in one line).
+    job in one line). `ranks`: the ranks the script is written for (its docstring's ``mpiexec -n N``); run as one
+    process (no --ranks, no launcher or ``mpiexec -n 1``) it says on stderr how to get them (`one_rank_hint`), and
+    goes on: a 1-rank run otherwise shows no communication without a word.
     """
     if _local.simulated() is not None:
         return
@@ -206,6 +214,16 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
                 print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
             sys.exit(2)
         _guard_mpi_ranks()
+        if ranks is not None and ranks > 1:
+            from .._mpi_library import MPILibraryError, load_mpi
+            from .._threads import launcher_size
+
+            try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
+                load_mpi()
+            except MPILibraryError:
+                return
+            if launcher_size() <= 1:
+                print(one_rank_hint(ranks), file=sys.stderr, flush=True)
         return
     dry_run = "--dry-run" in args
     sys.argv[1:] = [a for a in args if a != "--dry-run"]
