@@ -121,3 +121,20 @@ def test_a_kernels_namespace_calls_the_function_itself_unless_this_thread_captur
     calls.clear()
     assert np.array_equal(graph(np.array([3.0, 4.0])), [8.0, 10.0]) and calls == ["double", "plus_one", "plus_one"]
     assert K.double(np.ones(1)) == 2.0 and calls[-1] == "double"
+
+
+def test_a_kernels_namespace_names_keyword_kernels_by_their_keyword_and_refuses_two_of_one_name():
+    import pytest
+
+    from spmdsim.runtime.replay import kernel, kernels
+
+    def double(x):
+        return x * 2.0
+
+    recorded = kernel(double)
+    K = kernels(twice=recorded)
+    assert K.twice is double and not hasattr(K, "double")
+    graph = capture(lambda x: K.twice(x), np.ones(2))
+    assert graph.operations == 1 and K.twice is double
+    with pytest.raises(ValueError, match="two kernels of one name"):
+        kernels(recorded, double=recorded)

@@ -43,7 +43,7 @@ from ..errors import OperatorError
 from ..infer.attention import infer_attention
 from ..layout import TensorLayout
 from ..precision import is_low, rounded, wide
-from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ._common import KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -122,7 +122,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             s = np.where(above, -np.inf, s)
         e = np.exp(s - s.max(axis=-1, keepdims=True))
         p = e / _SUM(e, axis=-1, keepdims=True)
-        keep = keep_mask(probs_shape, seed, region, drop) if drop else None
+        keep = KERNELS.keep_mask(probs_shape, seed, region, drop) if drop else None
         factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), np.float32 if low else dtype)) if drop else None
         if low:  # bfloat16: the scores and softmax in float32; p and its dropped-out values kept rounded
             p = rounded(p, dtype)
@@ -339,7 +339,7 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
 
     def probs(p: np.ndarray, region: tuple) -> tuple:
         """A tile's (p, dropped-out p, factors or None), rounded as the composite's (`attention`'s `masks`)."""
-        factors = np.multiply(keep_mask(probs_shape, seed, region, drop), factor) if drop else None
+        factors = np.multiply(KERNELS.keep_mask(probs_shape, seed, region, drop), factor) if drop else None
         if low:
             p = rounded(p, dtype)
             return p, (p if factors is None else rounded(wide(p) * factors, dtype)), factors

@@ -453,15 +453,17 @@ class _Kernels(threading.local):
 _SPACES: list = []
 
 
-def kernels(*recorded: Callable) -> Any:
-    """A namespace of kernels (each a function `kernel` returned), by name, for hot paths: ``K.f(...)`` is a
-    call of f's own function in a thread that does not capture (no wrapper's frame, no test), and of its
-    recorded wrapper in a thread that does. Each thread sees its own: a thread that captures changes what no
-    other thread calls."""
-    plain = {f.__name__: f.__wrapped__ for f in recorded}  # type: ignore[attr-defined]
+def kernels(*recorded: Callable, **named: Callable) -> Any:
+    """A namespace of kernels (each a function `kernel` returned), by name (their functions' names, or the
+    keywords' for `named`), for hot paths: ``K.f(...)`` is a call of f's own function in a thread that does not
+    capture (no wrapper's frame, no test), and of its recorded wrapper in a thread that does. Each thread sees
+    its own: a thread that captures changes what no other thread calls."""
     wrapped = {f.__name__: f for f in recorded}
-    if len(plain) != len(recorded):
-        raise ValueError(f"kernels: two kernels of one name in {sorted(f.__name__ for f in recorded)}")
+    if len(wrapped) != len(recorded) or set(wrapped) & set(named):
+        raise ValueError(f"kernels: two kernels of one name in {sorted(f.__name__ for f in recorded)} "
+                         f"and {sorted(named)}")
+    wrapped.update(named)
+    plain = {name: f.__wrapped__ for name, f in wrapped.items()}  # type: ignore[attr-defined]
     space = _Kernels(plain, wrapped)
     with _lock:
         _SPACES.append((space, plain, wrapped))
