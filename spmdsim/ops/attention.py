@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import buffers
-from ..buffers import broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from ..autograd.kept import kept_problem
 from ..autograd.rules.attention import (count_core, count_core_kernels, count_flash, grouped_product,
                                         record_attention, record_flash)
@@ -149,7 +149,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     like = broadcast_zero(decided.block, dtype)  # the result's block
-    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
+    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
+    out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
     scores = (probs_local, dtype)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
@@ -367,7 +368,8 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
 
     mesh = q._mesh
     like = broadcast_zero(decided.block, dtype)  # the result's block
-    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
+    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
+    out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
     if mesh.engine.dry:  # what the rule keeps, sized: the dry engine's zeros, never touched
         lse_like = broadcast_zero(decided.scores[:3], inner)

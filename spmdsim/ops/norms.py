@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..buffers import broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from ..autograd.graph import no_grad
 from ..autograd.rules.norms import record_layer_norm, record_normalized, record_rms_norm
 from ..autograd.kept import kept_problem
@@ -88,7 +88,7 @@ def _dim(x: Any, dim: Any, op: str) -> int:
     d = as_int(dim)
     if d is None or not -ndim <= d < ndim:
         raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims")
-    require_float(op, x.local)
+    require_float(op, x._local)  # (its dtype alone: the block's, captured or not)
     return d % ndim
 
 
@@ -202,7 +202,7 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
         y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
         return rounded(y, block.dtype)
 
-    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
     y = _engine_local(kernel, local, local)
     out = shaped_as(x, y, x._layout)
     rows = local.shape[:d] + (1,) + local.shape[d + 1:]
