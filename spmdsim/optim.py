@@ -127,8 +127,9 @@ class _Optimizer:
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
-        _kernel(_count_step)(self)
-        found = None if CAPTURE.on else self._found_again()
+        plain = not CAPTURE.on  # this thread does not capture: the kernels' functions themselves (no wrapper)
+        (_count_step if plain else _kernel(_count_step))(self)
+        found = self._found_again() if plain else None
         again = found is not None
         if not again:
             found = self._found()
@@ -142,10 +143,11 @@ class _Optimizer:
                 _dry_count(context.meter, self, self._dry_step(list(zip(indices, blocks, grads))))
             return
         if self._together_now(indices, blocks, grads, again):
-            _kernel(_run_update)(self._update_all, indices, blocks, grads)
+            (_run_update if plain else _kernel(_run_update))(self._update_all, indices, blocks, grads)
             return
+        update = _run_update if plain else _kernel(_run_update)
         for i, block, grad in zip(indices, blocks, grads):
-            _kernel(_run_update)(self._update, i, block, grad)
+            update(self._update, i, block, grad)
 
     def _found(self) -> tuple:
         """(indices, blocks, gradient blocks, leaves) of the parameters that have a gradient, each gradient

@@ -833,3 +833,33 @@ def test_megatrons_kept_set_with_moe_layers_passes_and_keeps_less(precision):
     assert all(r.passed for r in megatron), [r.errors for r in megatron]
     assert megatron[0].loss == graph[0].loss  # the same values at step 0 (after it, sums in another order)
     assert all(m.memory.kept_total < 0.7 * g.memory.kept_total for g, m in zip(graph, megatron))
+
+
+def test_a_capacity_layers_plan_is_kept_per_signature_by_its_mesh_and_a_dropless_ones_is_made_each_call():
+    """spmdsim.moe.layer._plan: with a capacity, one _Plan (and its _Exchange, made once) per layer, tokens,
+    sequences and config on a mesh, freed when the mesh closes; dropless, a new one each call (its exchange
+    follows the step's counts)."""
+    import dataclasses
+
+    from spmdsim import Layout, Mesh
+    from spmdsim.moe.layer import _plan
+
+    def body():
+        mesh = Mesh(Layout((1, 2, 1), ("dp", "ep", "tp")), spmdsim.world())
+        moe = MoEConfig(experts=4, top_k=2)
+        a, again = _plan(mesh, moe, 8, 2, 2, "h1"), _plan(mesh, moe, 8, 2, 2, "h1")
+        others = (_plan(mesh, moe, 8, 2, 2, "h3"), _plan(mesh, moe, 16, 2, 2, "h1"), _plan(mesh, moe, 8, 1, 2, "h1"),
+                  _plan(mesh, dataclasses.replace(moe, capacity_factor=2.0), 8, 2, 2, "h1"))
+        counts = np.array([4, 4, 4, 4])
+        kept = a.exchange(counts, None) is again.exchange(counts * 2, None)  # (nothing depends on the counts)
+        dropless = dataclasses.replace(moe, dropless=True)
+        once, twice = _plan(mesh, dropless, 8, 2, 2, "h1"), _plan(mesh, dropless, 8, 2, 2, "h1")
+        mesh.close()
+        after = Mesh(Layout((1, 2, 1), ("dp", "ep", "tp")), spmdsim.world())
+        fresh = _plan(after, moe, 8, 2, 2, "h1")
+        after.close()
+        return (a is again, kept, len({id(p) for p in (a,) + others}), (a.capacity, others[1].capacity),
+                once is not twice and once.capacity == 16, fresh is not a and fresh.mesh is after, not mesh._plans)
+
+    for same, kept, distinct, capacities, dropless_new, fresh, freed in spmdsim.simulate(2, body):
+        assert same and kept and distinct == 5 and capacities == (4, 8) and dropless_new and fresh and freed

@@ -486,3 +486,34 @@ def test_a_step_checks_the_parameters_its_microbatches_keep_pending_once(monkeyp
 
     assert all(all(p) for p in spmdsim.simulate(2, main))
     assert len(checked) == 2 * 2  # 2 ranks x 2 steps, of 4 microbatches each
+
+
+def test_an_eager_pipelined_step_stamps_and_reads_its_sent_blocks_without_the_replay_wrappers():
+    """Outside a capture a stage's program stamps its cells with the clock's function itself (no replay.kernel
+    wrapper: that thread does not capture) and reads the blocks it sends as ``_local`` (no DTensor.local call);
+    a captured step still records them (test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit)."""
+    import sys
+
+    cfg = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, dropout=0.1)
+
+    def main():
+        comm, seen, n = spmdsim.world(), [], [0]
+
+        def hook(frame, event, arg):
+            if event == "call" and frame.f_code.co_name in ("recorded", "local_of", "_stamp"):
+                caller = frame.f_back.f_code
+                if caller.co_filename.endswith("pipeline.py") and caller.co_name in ("_run_program", "forward",
+                                                                                     "backward"):
+                    seen.append((frame.f_code.co_name, caller.co_name))
+
+        def on_step(result):
+            n[0] += 1
+            sys.setprofile(hook if n[0] == 1 else None)  # the second step watched
+
+        run, results = train_pipelined(cfg, comm, 2, 1, 1, 2, IDS, microbatches=2, check=False, on_step=on_step)
+        sys.setprofile(None)
+        run.close()
+        return seen
+
+    for seen in spmdsim.simulate(2, main):
+        assert set(seen) == {("_stamp", "_run_program")} and len(seen) == 8, seen  # 4 cells, 2 stamps each

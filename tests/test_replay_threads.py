@@ -76,3 +76,65 @@ def test_a_rank_that_does_not_capture_takes_its_plain_path_while_another_capture
     assert seen0 == [(True, True)] and seen1 == [(True, True)]
     # Each graph replays its capture: the block summed with the other rank's zeros, doubled, summed again.
     assert np.array_equal(results0[0], np.arange(3.0) * 2.0) and np.array_equal(results1[0], np.arange(3.0) * 4.0)
+
+
+def test_a_kernels_namespace_calls_the_function_itself_unless_this_thread_captures():
+    """spmdsim.runtime.replay.kernels: ``K.f`` is f itself (no wrapper) in a thread that does not capture, also
+    while another thread captures, and f's recorded wrapper in the thread that captures, from its start to its end
+    (a namespace first made or first used there included): each call there is one recorded call a replay reruns."""
+    import threading
+
+    from spmdsim.runtime.replay import kernel, kernels
+
+    calls = []
+
+    def double(x):
+        calls.append("double")
+        return x * 2.0
+
+    def plus_one(x):
+        calls.append("plus_one")
+        return x + 1.0
+
+    recorded_double, recorded_plus_one = kernel(double), kernel(plus_one)
+    K = kernels(recorded_double)
+    assert K.double is double
+    elsewhere = {}
+
+    def look():
+        elsewhere["K"] = K.double  # another thread, while the main thread captures
+        elsewhere["made"] = kernels(recorded_plus_one)  # made there: first used by the capturing thread
+
+    def step(x):
+        assert K.double is recorded_double
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join()
+        made_here = kernels(recorded_plus_one)
+        assert made_here.plus_one is recorded_plus_one and elsewhere["made"].plus_one is recorded_plus_one
+        return elsewhere["made"].plus_one(made_here.plus_one(K.double(x)))
+
+    graph = capture(step, np.ones(2))
+    assert elsewhere["K"] is double
+    assert K.double is double and elsewhere["made"].plus_one is plus_one  # the capture over: the functions again
+    assert graph.operations == 3 and calls == ["double", "plus_one", "plus_one"]
+    calls.clear()
+    assert np.array_equal(graph(np.array([3.0, 4.0])), [8.0, 10.0]) and calls == ["double", "plus_one", "plus_one"]
+    assert K.double(np.ones(1)) == 2.0 and calls[-1] == "double"
+
+
+def test_a_kernels_namespace_names_keyword_kernels_by_their_keyword_and_refuses_two_of_one_name():
+    import pytest
+
+    from spmdsim.runtime.replay import kernel, kernels
+
+    def double(x):
+        return x * 2.0
+
+    recorded = kernel(double)
+    K = kernels(twice=recorded)
+    assert K.twice is double and not hasattr(K, "double")
+    graph = capture(lambda x: K.twice(x), np.ones(2))
+    assert graph.operations == 1 and K.twice is double
+    with pytest.raises(ValueError, match="two kernels of one name"):
+        kernels(recorded, double=recorded)

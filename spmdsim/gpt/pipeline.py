@@ -477,8 +477,11 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     tag_micro = microbatches > 1
     # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
     kept = kept_leaves(params)
-    # A kernel while a step is captured; a dry run, which captures none (its steps count bytes), stamps plainly.
-    stamp = _stamp if mesh.engine.dry else kernel(_stamp)
+    # A kernel while this thread captures the step; else (a dry run, which captures none: its steps count bytes; an
+    # eager step) stamps plainly, no wrapper. The blocks sent: read as ``_local`` in an eager step (a capture's are
+    # its record's views; a dry run's repeated cells' outputs are stand-ins, `_Stand`, with `.local` alone).
+    uncaptured = not buffers.CAPTURE.on and not mesh.engine.dry
+    stamp = _stamp if mesh.engine.dry or uncaptured else kernel(_stamp)
 
     blocks = _DryBlocks(wire_dtype) if mesh.engine.dry else None
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
@@ -543,7 +546,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
                 backward_(out, gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params,
                           reduce_with=reduce_with)
         if c > 0:
-            sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
+            grad = inputs.pop((mb, c)).grad
+            sent_grads[(mb, c)] = outgoing(grad._local if uncaptured else grad.local)
 
     if described is None:
         described = {}
@@ -577,7 +581,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             continue
         sends: list = []
         for is_act, key, peer, tag in entry[2]:
-            sends.append((outgoing(outputs[key].local) if is_act else sent_grads.pop(key), peer, tag))
+            sends.append((outgoing(outputs[key]._local if uncaptured else outputs[key].local) if is_act else
+                          sent_grads.pop(key), peer, tag))
         gets = entry[3]
         if gets:
             n = len(gets)

@@ -64,17 +64,18 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .. import ops
-from ..buffers import contiguous, into
+from ..buffers import CAPTURE, contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid, silu_slope
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..layout import format_tensor_map
 from ..flops import any_open, gemm, sweep
 from ..precision import is_low, product, rounded, wide
-from ..runtime.collectives import allreduce, alltoall
+from ..runtime.collectives import KERNELS as _C
+from ..runtime.collectives import allreduce
 from ..runtime.dtensor import DTensor
 from ..runtime.exchange import group_alltoallv
-from ..runtime.replay import capturing, kernel
+from ..runtime.replay import capturing, kernel, kernels
 from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
 from .losses import router_losses
@@ -182,7 +183,7 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     # Load balancing, E * sum_e f_e P_e: f_e the share of the k N assignments routed to e (counted, no
     # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability; the z-loss, the
     # mean over tokens of logsumexp(logits)^2: one node (spmdsim.moe.losses).
-    f = DTensor._trusted(mesh, (counts / (moe.top_k * T * B)).astype(probs.local.dtype, copy=False),
+    f = DTensor._trusted(mesh, (counts / (moe.top_k * T * B)).astype(probs._local.dtype, copy=False),
                          _counts_layout(mesh.layout), (E,))
     return out, router_losses(logits, probs, ops.resolved(f), moe.aux_loss_coeff, moe.z_loss_coeff, pre.rstrip("."))
 
@@ -229,7 +230,9 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
             _EXPERTS_CHECKED.clear()
         _EXPERTS_CHECKED[(id(x._layout), id(probs._layout))] = (x._layout, probs._layout)  # (held)
     mesh = x.mesh
-    T, bl, D = x.local.shape
+    block = _BLOCK if not CAPTURE.on else _LOCAL  # the blocks themselves (a captured step: its record's views)
+    xb = block(x)
+    T, bl, D = xb.shape
     E, k = moe.experts, moe.top_k
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     El = E // ep
@@ -237,37 +240,37 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     weights = tuple(filter(_NOT_NONE, (w1, b1, w2, b2, w3, b3)))  # in `names`' order
     if dry_run_active():
         return _dry_experts(x, probs, weights, names, moe, name, stats)
-    C = moe.capacity(T)
+    plan = _plan(mesh, moe, T, bl, El, name)
+    C = plan.capacity
     # Routing, packing, the exchanges, the experts and unpacking are kernels (spmdsim.runtime.replay), each
     # writing arrays of fixed shapes: a replayed step reruns them on its own router probabilities. Dropless,
     # what arrives is sized by the step's counts: captured, its arrays have room for the most that can come.
-    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless, ep)
+    experts, gates, slots, counts, rows, per_expert, load = _K._route(block(probs), k, C, moe.dropless, ep)
     nrows = bl * T * k if moe.dropless else bl * E * C  # dropless: every assignment has its row
-    send = _pack(x.local, rows, nrows)
-    plan = _Plan(mesh, moe, C, bl, El, name)
+    send = _K._pack(xb, rows, nrows)
     got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
     if moe.dropless:
-        got = alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
+        got = _C.alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
-    xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
-    W1, W2 = w1.local, w2.local
-    B1, B2 = None if b1 is None else b1.local, None if b2 is None else b2.local
-    W3, B3 = (None, None) if w3 is None else (w3.local, None if b3 is None else b3.local)
-    mixed = x.local.dtype != np.float64  # under a precision policy (spmdsim.precision): its rounding points
-    forward, backward_of = (_experts_forward_mixed, _experts_backward_mixed) if mixed else \
-        (_experts_forward, _experts_backward)
+    xe = _K._dispatch(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
+    W1, W2 = block(w1), block(w2)
+    B1, B2 = None if b1 is None else block(b1), None if b2 is None else block(b2)
+    W3, B3 = (None, None) if w3 is None else (block(w3), None if b3 is None else block(b3))
+    mixed = xb.dtype != np.float64  # under a precision policy (spmdsim.precision): its rounding points
+    forward, backward_of = (_K._run_experts_mixed, _K._experts_grad_mixed) if mixed else \
+        (_K._run_experts, _K._experts_grad)
     hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
     us = more[0] if more else None  # SwiGLU's x @ w3 + b3, kept for the backward
-    back = _combined(plan, ye, per_expert, got)
-    out = _tensor(x, _unpack(back, rows, gates), x._layout)
+    back = _K._combine(plan, ye, per_expert, got)
+    out = _tensor(x, _K._unpack(back, rows, gates), x._layout)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
         _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                        blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
                                    us=us, **dict(zip(names, (w.local for w in weights)))), names=names)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
         stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
-        _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
-               D * x.local.itemsize)
+        _K._note(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
+                 D * xb.itemsize)
     tensors = (x, probs) + weights
     if not any(map(_AG, tensors)):  # (a node or leaf is true)
         return out, load
@@ -275,14 +278,15 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
 
     def backward(dy: Any) -> tuple:
-        dgates, dback = _combine_grad(dy.local, back, rows, gates)
+        dgates, dback = _K._combine_grad(dy._local if not CAPTURE.on else dy.local, back, rows, gates)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
-        dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
+        dye = _K._dispatch(plan, dback, per_expert, got, most, f"{name} combine backward")
         *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2, W3, us, B1 is not None,
                                   B2 is not None, B3 is not None)
-        dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
-        dx = _unpack(dsend, rows, None)
-        dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
+        dsend = _K._combine(plan, dxe, per_expert, got, f"{name} dispatch backward")
+        dx = _K._unpack(dsend, rows, None)
+        dprobs = _K._probs_grad(probs._local if not CAPTURE.on else probs.local, experts, gates, slots, counts, C,
+                                dgates)
         if any_open():
             _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                            backward=True, names=names,
@@ -319,6 +323,19 @@ class _Plan:
         if got is not None or not self.moe.dropless:  # (without `got`, dropless exchanges the counts itself)
             self.last = (per_expert.copy(), None if got is None else got.copy(), move)
         return move
+
+
+def _plan(mesh: Any, moe: MoEConfig, T: int, bl: int, El: int, name: str) -> _Plan:
+    """Layer `name`'s _Plan on `mesh` for `bl` sequences of `T` tokens. With a capacity nothing in it depends on
+    a step's counts: one plan a signature, kept by the mesh with its collectives' plans (``mesh._plans``, freed
+    when it closes), its _Exchange made once. Dropless: a new one each call (its exchange follows the counts)."""
+    if moe.dropless:
+        return _Plan(mesh, moe, moe.capacity(T), bl, El, name)
+    key = ("moe plan", id(moe), T, bl, name)
+    seen = mesh._plans.get(key)
+    if seen is None or seen[0] is not moe:
+        seen = mesh._plans[key] = (moe, _Plan(mesh, moe, moe.capacity(T), bl, El, name))  # (held: its id is not reused)
+    return seen[1]
 
 
 def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -426,7 +443,7 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
             ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
-        allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+        _C.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if B2 is not None:
         if not move.dropless:
             _plus(_batched(ye, El), B2)
@@ -569,7 +586,7 @@ def _run_experts_mixed(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got:
     if plan.mesh.layout.axis_size("tp") > 1:
         def summed(p: np.ndarray) -> None:
             used = p.reshape(-1, D)[:move.arrived]
-            allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+            _C.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if not move.dropless:
         _linear_mixed(_batched(xe, El), W1, B1, act, _batched(hs, El))
         if swiglu:
@@ -653,7 +670,7 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
                                  dye[lo:hi], e, 0)
     if plan.mesh.layout.axis_size("tp") > 1:  # each tp rank's hidden columns' share, summed
         used = dx[:move.arrived]
-        allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
+        _C.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
     dxe[...] = rounded(dx, act)
     return out
 
@@ -747,10 +764,9 @@ def _note(put: Callable, at: int, plan: _Plan, name: str, experts: np.ndarray, s
 
 
 # One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.
-_routed, _pack, _unpack, _combine_grad, _probs_grad, _noted = (
-    kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note))
-_dispatched, _combined, _experts_forward, _experts_backward, _experts_forward_mixed, _experts_backward_mixed = (
-    kernel(f) for f in (_dispatch, _combine, _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed))
+# Called as ``_K._route(...)``: the function itself where this thread does not capture (no wrapper's frame).
+_K = kernels(*(kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note, _dispatch, _combine,
+                                   _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed)))
 
 
 def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfig, name: str,
@@ -919,6 +935,7 @@ def _tensor(like: Any, local: np.ndarray, layout: Any) -> Any:
 
 _FLOATS = frozenset(np.dtype(t) for t in (np.float32, np.float64))
 _AG, _NOT_NONE = attrgetter("_ag"), partial(is_not, None)
+_BLOCK, _LOCAL = attrgetter("_local"), attrgetter("local")  # a DTensor's block: itself, or as DTensor.local reads it
 
 
 class _Exchange:
@@ -941,7 +958,7 @@ class _Exchange:
             return
         # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts (`got`: done).
         if got is None:
-            got = alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
+            got = _C.alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
                            f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
@@ -964,7 +981,7 @@ class _Exchange:
         label = label or self.labels[0]
         D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
-            got = alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
+            got = _C.alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
             if self.dry:
                 return got
             # (ep, bl, El, C, D) -> (El, ep, bl, C, D): each local expert's slots together
@@ -992,7 +1009,7 @@ class _Exchange:
                 blocks = contiguous(rows.reshape(self.El, self.ep, self.bl, self.C, D)
                                     .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
             if self.ep > 1:
-                return alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
+                return _C.alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
             return into(out, blocks)
         if self.ep == 1:  # a group of one: no exchange (no call); one source's rows by expert are in order already
             return into(out, rows)

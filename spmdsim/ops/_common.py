@@ -13,7 +13,7 @@ from ..layout import Layout, TensorLayout
 from ..precision import _PRODUCT_DTYPES, is_low, matmul, product_dtype, wide
 from ..datagen import SeededTensor, bind_keep
 from ..runtime import debug
-from ..runtime.replay import kernel
+from ..runtime.replay import kernel, kernels
 from ..validate import as_int, dtype_name
 from ..context import current as _context
 from ..engines import c_order
@@ -484,6 +484,8 @@ def _keep(shape: tuple, seed: Any, region: tuple, p: float, out: np.ndarray | No
 #: between replays of a captured step, read from a spmdsim.runtime.replay.Scalar): a capture records the
 #: mask as one call, rerun by each replay into the captured mask (``out=``).
 keep_mask = kernel(_keep, bind=bind_keep)  # a replay draws the mask with what the capture's draw kept
+#: ``KERNELS.keep_mask(...)``: `keep_mask`'s function itself where this thread does not capture (no wrapper's frame).
+KERNELS = kernels(keep_mask=keep_mask)
 
 
 def seed_arg(seed: Any, op: str) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import buffers
-from ..buffers import broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from ..autograd.kept import kept_problem
 from ..autograd.rules.attention import (count_core, count_core_kernels, count_flash, grouped_product,
                                         record_attention, record_flash)
@@ -43,7 +43,7 @@ from ..errors import OperatorError
 from ..infer.attention import infer_attention
 from ..layout import TensorLayout
 from ..precision import is_low, rounded, wide
-from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ._common import KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -122,7 +122,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             s = np.where(above, -np.inf, s)
         e = np.exp(s - s.max(axis=-1, keepdims=True))
         p = e / _SUM(e, axis=-1, keepdims=True)
-        keep = keep_mask(probs_shape, seed, region, drop) if drop else None
+        keep = KERNELS.keep_mask(probs_shape, seed, region, drop) if drop else None
         factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), np.float32 if low else dtype)) if drop else None
         if low:  # bfloat16: the scores and softmax in float32; p and its dropped-out values kept rounded
             p = rounded(p, dtype)
@@ -149,7 +149,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     like = broadcast_zero(decided.block, dtype)  # the result's block
-    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
+    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
+    out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
     scores = (probs_local, dtype)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
@@ -339,7 +340,7 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
 
     def probs(p: np.ndarray, region: tuple) -> tuple:
         """A tile's (p, dropped-out p, factors or None), rounded as the composite's (`attention`'s `masks`)."""
-        factors = np.multiply(keep_mask(probs_shape, seed, region, drop), factor) if drop else None
+        factors = np.multiply(KERNELS.keep_mask(probs_shape, seed, region, drop), factor) if drop else None
         if low:
             p = rounded(p, dtype)
             return p, (p if factors is None else rounded(wide(p) * factors, dtype)), factors
@@ -367,7 +368,8 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
 
     mesh = q._mesh
     like = broadcast_zero(decided.block, dtype)  # the result's block
-    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
+    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
+    out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
     if mesh.engine.dry:  # what the rule keeps, sized: the dry engine's zeros, never touched
         lse_like = broadcast_zero(decided.scores[:3], inner)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..buffers import broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from .. import activations
 from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_activation, record_bias_add, record_scale
@@ -41,7 +41,7 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     except AttributeError:
         raise_if_not_dtensors(name, ("x",), x)
         raise
-    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, local)
     if name == "gelu" and x._ag is not None and keep_tanh:  # the inner tanh kept for the backward (one tanh, not two)

@@ -102,20 +102,22 @@ def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = T
                                 f"{rows - 1} (a row of the ({rows}, ...) table)")
         padding_idx = int(padding_idx) % rows
     start = 0
+    # the blocks, read once (a captured step: its record's views)
+    id_block, block = (ids._local, table._local) if not buffers.CAPTURE.on else (ids.local, table.local)
     # A dry run's large lookup: zeros of its shape, the table neither padded nor read (spmdsim.sim.dry).
-    dry = dry_zeros(mesh, ids.local.shape + table.local.shape[1:], table.dtype, np.take, table.local, ids.local)
+    dry = dry_zeros(mesh, id_block.shape + block.shape[1:], table.dtype, np.take, block, id_block)
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
     if dry is not None:  # placed as the real lookup's result (buffers.empty), so a dry run keeps its bytes
         local = buffers.empty(dry.shape, dry.dtype)
     elif plan.vocab_axes:
-        padded = pad_vocab_shard(table.local) if padded_local is None else padded_local
-        if padded.shape != (table.local.shape[0] + 1,) + table.local.shape[1:]:
-            raise ShapeError(f"padded shard {padded.shape!r} does not fit {table.local.shape!r}")
-        local = vocab_parallel_lookup(ids.local, padded, start)
+        padded = pad_vocab_shard(block) if padded_local is None else padded_local
+        if padded.shape != (block.shape[0] + 1,) + block.shape[1:]:
+            raise ShapeError(f"padded shard {padded.shape!r} does not fit {block.shape!r}")
+        local = vocab_parallel_lookup(id_block, padded, start)
     else:
-        local = table.local[ids.local]
-    sweep("embedding", (ids.local, local), (local,))  # the ids and the rows looked up read, the rows written
+        local = block[id_block]
+    sweep("embedding", (id_block, local), (local,))  # the ids and the rows looked up read, the rows written
     local = execute(mesh, local, plan.reduce, shape, label, owned=True)
     local = execute(mesh, local, plan.gather, shape, None if label is None else f"{label}.gather",
                     owned=True)

@@ -18,7 +18,7 @@ from ..autograd.rules.norms import record_softmax
 from ..autograd.rules.shapes import record_reshape, record_transpose
 from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ..engines import local as engine_local
-from ..flops import sweep
+from ..flops import any_open, sweep
 from ..buffers import CAPTURE
 from ._common import _ints, make_dtensor, raise_if_not_dtensors, require_float
 
@@ -86,7 +86,9 @@ def softmax(x: Any, dim: int = -1) -> Any:
     except AttributeError:
         raise_if_not_dtensors("softmax", ("x",), x)
         raise
-    require_float("softmax", x.local)
-    out = make_dtensor(x.mesh, engine_local(reference.softmax, x.local, x.local, d), layout, x.global_shape)
-    sweep("softmax", (x.local,), (out.local,))
+    local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
+    require_float("softmax", local)
+    out = make_dtensor(x.mesh, engine_local(reference.softmax, local, local, d), layout, x.global_shape)
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep("softmax", (local,), (out.local,))
     return out if x._ag is None else record_softmax(out, x, d)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..autograd.rules.grads import axes_of
-from ..buffers import broadcast_zero, contiguous, stacked
+from ..buffers import CAPTURE, broadcast_zero, contiguous, stacked
 from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
 from ..precision import is_low, wide
 from ..errors import OperatorError, ShapeError
@@ -99,7 +99,7 @@ def _check_labels(logits: Any, labels: Any) -> None:
         hint = (f"; flatten the rows first, as logits.view(-1, C) in PyTorch: ops.reshape(logits, (-1, {shape[-1]})) "
                 "and the labels to (-1,)" if len(shape) > 2 else "")
         raise ShapeError(f"cross_entropy: logits must be 2-d (rows, classes), got shape {shape!r}{hint}")
-    require_float("cross_entropy", logits.local)
+    require_float("cross_entropy", logits._local)  # (its dtype alone: the block's, captured or not)
     if labels.dtype.kind not in "iu":
         raise OperatorError(f"cross_entropy: labels must be integers (class indices), got dtype "
                             f"{labels.dtype.name!r}")
@@ -175,13 +175,14 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     batch, classes = logits.global_shape
     # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
     plan = infer_cross_entropy(layout, labels.layout, (batch, classes),
-                               "float32" if is_low(logits.local.dtype) else logits.local.dtype.name, bool(smooth),
+                               "float32" if is_low(logits._local.dtype) else logits._local.dtype.name, bool(smooth),
                                reduction)
     if resolve:
         from .norms import resolved
 
         logits = resolved(logits)
-    z, ids = _widened(mesh, logits.local), labels.local
+    z, ids = (_widened(mesh, logits._local), labels._local) if not CAPTURE.on else \
+        (_widened(mesh, logits.local), labels.local)  # (a captured step reads its record's views)
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
     bad = int(np.count_nonzero(valid & ((ids < 0) | (ids >= classes))))

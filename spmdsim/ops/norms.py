@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..buffers import broadcast_zero
+from ..buffers import CAPTURE, broadcast_zero
 from ..autograd.graph import no_grad
 from ..autograd.rules.norms import record_layer_norm, record_normalized, record_rms_norm
 from ..autograd.kept import kept_problem
@@ -43,7 +43,7 @@ from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
 from ._common import (
-    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg, ufunc_dtype,
+    KERNELS, dry_zeros, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg, ufunc_dtype,
 )
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -88,7 +88,7 @@ def _dim(x: Any, dim: Any, op: str) -> int:
     d = as_int(dim)
     if d is None or not -ndim <= d < ndim:
         raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims")
-    require_float(op, x.local)
+    require_float(op, x._local)  # (its dtype alone: the block's, captured or not)
     return d % ndim
 
 
@@ -202,7 +202,7 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
         y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
         return rounded(y, block.dtype)
 
-    local = x.local  # this rank's block, read once (a captured step: its record's view)
+    local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
     y = _engine_local(kernel, local, local)
     out = shaped_as(x, y, x._layout)
     rows = local.shape[:d] + (1,) + local.shape[d + 1:]
@@ -486,9 +486,9 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         like = broadcast_zero(dry.shape, scale.dtype)  # the factors' dtype (float32 at bfloat16)
         factors = None if x._ag is None else _engine_local(np.copy, like, dry)
     elif order is None:
-        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
+        factors = np.multiply(KERNELS.keep_mask(mask_shape, seed, mask_region, p), scale)
     else:
-        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale).transpose(back)
+        factors = np.multiply(KERNELS.keep_mask(mask_shape, seed, mask_region, p), scale).transpose(back)
     if dry is not None:
         block = dry
     else:
@@ -507,7 +507,7 @@ def dropout_keep(x: Any, p: float, seed: Any, mask_dims: Optional[Sequence[int]]
         like = broadcast_zero(x.local.shape, bool)
         return _engine_local(np.copy, like, like)
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
-    keep = keep_mask(mask_shape, seed, mask_region, p)
+    keep = KERNELS.keep_mask(mask_shape, seed, mask_region, p)
     return keep if order is None else keep.transpose(back)
 
 

@@ -362,6 +362,10 @@ _KEPT = {
 # meets the other ranks again, with none of the packing checks' Python recorded apart, and a call its
 # mesh kept a plan of repeats it (_bind).
 from .replay import kernel as _kernel  # noqa: E402
+from .replay import kernels as _kernels  # noqa: E402
 
 allgather, alltoall, allreduce, reduce_scatter, bcast = (
     _kernel(f, bind=None if f is bcast else _bind) for f in (allgather, alltoall, allreduce, reduce_scatter, bcast))
+#: The four for hot paths (the executor's runners, an MoE layer's): ``KERNELS.allgather(...)`` is the collective
+#: itself in a thread that does not capture, its recorded call in one that does (spmdsim.runtime.replay.kernels).
+KERNELS = _kernels(allgather, alltoall, allreduce, reduce_scatter)

@@ -43,7 +43,7 @@ from .. import buffers
 from ..buffers import owner as _owner
 from ..errors import SpmdsimError
 
-__all__ = ["ReplayError", "Scalar", "Graph", "capture", "kernel", "capturing"]
+__all__ = ["ReplayError", "Scalar", "Graph", "capture", "kernel", "kernels", "capturing"]
 
 
 class ReplayError(SpmdsimError):
@@ -441,6 +441,43 @@ def kernel(func: Callable, bind: Optional[Callable] = None) -> Callable:
     return recorded
 
 
+class _Kernels(threading.local):
+    """`kernels`' namespace: in each thread, its attributes are the kernels' own functions, or their recorded
+    wrappers while that thread captures (`_begin` and `_end` switch them in the capturing thread alone)."""
+
+    def __init__(self, plain: dict, recorded: dict) -> None:  # once in each thread, on its first use there
+        self.__dict__.update(recorded if _CAPTURE.on else plain)  # (a namespace made while this thread captures)
+
+
+#: Every `kernels` namespace: (it, {name: the function}, {name: its recorded wrapper}).
+_SPACES: list = []
+
+
+def kernels(*recorded: Callable, **named: Callable) -> Any:
+    """A namespace of kernels (each a function `kernel` returned), by name (their functions' names, or the
+    keywords' for `named`), for hot paths: ``K.f(...)`` is a call of f's own function in a thread that does not
+    capture (no wrapper's frame, no test), and of its recorded wrapper in a thread that does. Each thread sees
+    its own: a thread that captures changes what no other thread calls."""
+    wrapped = {f.__name__: f for f in recorded}
+    if len(wrapped) != len(recorded) or set(wrapped) & set(named):
+        raise ValueError(f"kernels: two kernels of one name in {sorted(f.__name__ for f in recorded)} "
+                         f"and {sorted(named)}")
+    wrapped.update(named)
+    plain = {name: f.__wrapped__ for name, f in wrapped.items()}  # type: ignore[attr-defined]
+    space = _Kernels(plain, wrapped)
+    with _lock:
+        _SPACES.append((space, plain, wrapped))
+    return space
+
+
+def _switch(recording: bool) -> None:
+    """This thread's `kernels` namespaces: their recorded wrappers (`recording`) or the functions themselves."""
+    with _lock:
+        spaces = tuple(_SPACES)
+    for space, plain, wrapped in spaces:
+        space.__dict__.update(wrapped if recording else plain)
+
+
 def fresh(array: np.ndarray) -> np.ndarray:
     """`array`, new memory this thread just allocated: a Traced view while capturing (so writes into it
     are recorded), else itself. spmdsim.buffers returns its arrays through it."""
@@ -509,12 +546,14 @@ def _begin(tape: "_Tape") -> None:
             buffers.FRESH = fresh
         _ACTIVE[0] += 1
     _tls.tape = tape
-    _CAPTURE.on = 1
+    _CAPTURE.on = 1  # (first: a `kernels` namespace this thread first uses from now on starts recorded)
+    _switch(True)
 
 
 def _end() -> None:
     _tls.tape = None
     _CAPTURE.on = 0
+    _switch(False)
     with _lock:
         _ACTIVE[0] -= 1
         if _ACTIVE[0] == 0:

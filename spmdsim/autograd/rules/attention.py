@@ -169,28 +169,30 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
     """
     heads, keys_t, back = order
 
-    def grads(dy: np.ndarray) -> tuple:
+    def grads(dy: np.ndarray, qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> tuple:
         if core is not None:
-            p, pd, factors = core(q.local, k.local)
+            p, pd, factors = core(qb, kb)
         else:
             p, pd = kept["p"], kept["pd"]
             keep = kept.get("keep")  # a boolean mask (Megatron's kept set): its factor made again
             factors = kept["factors"] if keep is None else np.multiply(keep, kept["scale"])
         dyh = dy.transpose(heads)  # (b, h, q, e)
-        dpd = grouped_product(dyh, v.local.transpose(keys_t), groups)
+        dpd = grouped_product(dyh, vb.transpose(keys_t), groups)
         dv = grouped_sum(pd, dyh, groups).transpose(back)
         dp = dpd if factors is None else dpd * factors
         ds = p * (dp - _SUM(dp * p, axis=-1, keepdims=True)) * scale
-        dq = grouped_product(ds, k.local.transpose(heads), groups).transpose(back)
-        dk = grouped_sum(ds, q.local.transpose(heads), groups).transpose(back)
+        dq = grouped_product(ds, kb.transpose(heads), groups).transpose(back)
+        dk = grouped_sum(ds, qb.transpose(heads), groups).transpose(back)
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:
         engine = dy.mesh.engine
         if engine.dry:  # a dry run: the dry engine's zeros of each operand's block (np.zeros would clear pages)
             dq, dk, dv = (engine.local(np.copy, t.local) for t in (q, k, v))
+        elif not buffers.CAPTURE.on:  # the blocks themselves (a captured step reads its record's views)
+            dq, dk, dv = grads(dy._local, q._local, k._local, v._local)
         else:
-            dq, dk, dv = grads(dy.local)
+            dq, dk, dv = grads(dy.local, q.local, k.local, v.local)
         if any_open():  # else nothing would be counted: no shapes to gather
             _count_backward(q.local, k.local, v.local, dy.local, order, core is not None, kept, (dq, dk, dv))
             if traffic:

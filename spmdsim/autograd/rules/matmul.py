@@ -16,7 +16,7 @@ import numpy as np
 from ... import activations, buffers
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
-from ...flops import sweep
+from ...flops import any_open, sweep
 from ...layout import TensorLayout
 from ...precision import as_rows
 from ..graph import record, with_partial
@@ -127,21 +127,23 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
     `padding_idx` row (a global row index) gets none."""
 
     def backward(dy: Any) -> tuple:
-        rows = table.local.shape[0]
+        rows = table._local.shape[0]
         # the table's gradient zeroed, then the ids and the rows' gradients read and added into their rows
-        sweep("embedding", (ids.local, dy.local, dy.local), (table.local, dy.local))
+        if any_open():  # else nothing is counted: no blocks to gather
+            sweep("embedding", (ids.local, dy.local, dy.local), (table.local, dy.local))
         if dy.mesh.engine.dry:  # shapes only: the table's gradient is zeros, not scattered into
             g = dy.mesh.engine.local(np.add.at, buffers.broadcast_zero(table.local.shape, dy.local.dtype))
             return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
-        flat_ids = ids.local.reshape(-1) - start
+        id_block, d = (ids._local, dy._local) if not buffers.CAPTURE.on else (ids.local, dy.local)  # (captured: views)
+        flat_ids = id_block.reshape(-1) - start
         owned = (flat_ids >= 0) & (flat_ids < rows)
         if padding_idx is not None:
             owned &= flat_ids != padding_idx - start
         # Ids this rank does not own add into a spare last row, dropped after: the same sums in the same
         # order as adding only the owned rows, and no array whose size depends on the ids (a captured
         # step replays; spmdsim.runtime.replay).
-        spare = buffers.fresh(np.zeros((rows + 1,) + table.local.shape[1:], dy.local.dtype), 0)
-        np.add.at(spare, np.where(owned, flat_ids, rows), as_rows(dy.local))
+        spare = buffers.fresh(np.zeros((rows + 1,) + table._local.shape[1:], d.dtype), 0)
+        np.add.at(spare, np.where(owned, flat_ids, rows), as_rows(d))
         g = spare[:rows]
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
 

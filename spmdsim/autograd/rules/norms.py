@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ... import reference_grad
-from ...buffers import broadcast_zero
+from ...buffers import CAPTURE, broadcast_zero
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
 from ...precision import is_low, rounded, wide
@@ -29,7 +29,8 @@ def record_softmax(out: Any, x: Any, dim: int) -> Any:
     def backward(dy: Any) -> tuple:
         if any_open():  # else nothing is counted: no blocks to gather
             sweep("softmax", (dy.local, out.local), (dy.local,))
-        grad = _local(reference_grad.softmax_grad, dy.local, out.local, dy.local, dim)
+        d, s = (dy._local, out._local) if not CAPTURE.on else (dy.local, out.local)  # (captured: views)
+        grad = _local(reference_grad.softmax_grad, d, s, d, dim)
         return (grad_tensor(x, grad, dy.layout.partial),)
 
     return record(out, "softmax", (x,), backward, out.layout, reads=(x, out))
