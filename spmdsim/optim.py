@@ -400,7 +400,7 @@ def _dry_count(meter: Any, optimizer: Any, held: tuple[int, ...]) -> None:
 
 
 def _describe(value: Any) -> str:
-    from .ops._common import describe
+    from .validate import describe
 
     return describe(value)
 
@@ -1019,7 +1019,7 @@ def _what(value: Any, leaf: bool = False) -> str:
         kind = "a leaf" if leaf and isinstance(getattr(value, "_ag", None), Leaf) else \
             "not a leaf: computed by an op" if value.requires_grad else "without requires_grad_()"
         return f"a DTensor of global shape {tuple(value.global_shape)!r}, layout {value.layout}, {kind}"
-    from .ops._common import describe
+    from .validate import describe
 
     return describe(value)
 

@@ -17,7 +17,8 @@ from ._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["loads_json", "MAX_JSON_DEPTH", "as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES"]
+__all__ = ["loads_json", "MAX_JSON_DEPTH", "as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES",
+           "describe"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
@@ -169,3 +170,14 @@ def loads_json(text: str, where: str, expected: str, invalid: str = "valid JSON"
         raise SpmdsimError(f"{where} is not {invalid}: {exc}") from None
     except RecursionError:
         raise SpmdsimError(f"{where} nests too deeply; expected {expected}") from None
+
+
+def describe(value: Any) -> str:
+    """A short account of a value for messages: "ndarray of shape (4, 4)", "list [1, 2]" (a long repr cut at
+    60 characters: an array passed where a mesh or a layout goes would print whole, many lines)."""
+    if value is None:
+        return "None"
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":  # (numpy not loaded for it)
+        return f"ndarray of shape {value.shape!r}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

@@ -230,14 +230,18 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     is in the MPI engine's module or the mpi4py emulator's package (and one line of prose about x.gather())."""
     out = subprocess.run(["grep", "-rnE", "--include=*.py", TRANSFER_CALL, "spmdsim"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    files = {line.split(":", 1)[0] for line in out.stdout.splitlines()}
+    # spmdsim's own collectives called through their kernels namespace (`KERNELS.allreduce(...)`,
+    # spmdsim.runtime.replay.kernels) are no communicator's method: the doc's second grep leaves them out
+    lines = [line for line in out.stdout.splitlines() if "KERNELS." not in line]
+    assert len(lines) < len(out.stdout.splitlines())  # (the executor's runners call them so)
+    files = {line.split(":", 1)[0] for line in lines}
     assert "spmdsim/engines/mpi.py" in files  # the scan sees calls at all
     strays = sorted(f for f in files if f != "spmdsim/engines/mpi.py" and not f.startswith("spmdsim/emulator/"))
     assert strays == ["spmdsim/ops/methods.py"], strays
-    prose = [line for line in out.stdout.splitlines() if line.startswith("spmdsim/ops/methods.py")]
+    prose = [line for line in lines if line.startswith("spmdsim/ops/methods.py")]
     assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]
     shown = (ROOT / "docs" / "architecture.md").read_text()
-    assert f'$ grep -rnE "{TRANSFER_CALL}" spmdsim' in shown  # the docs show this very command
+    assert f'$ grep -rnE "{TRANSFER_CALL}" spmdsim | grep -v "KERNELS\\."' in shown  # the docs show this command
 
 
 @pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/engines", "spmdsim/sim", "spmdsim/ops",

@@ -71,7 +71,7 @@ from ..errors import SpmdsimError
 from ..layout import format_tensor_map
 from ..flops import any_open, gemm, sweep
 from ..precision import is_low, product, rounded, wide
-from ..runtime.collectives import KERNELS as _C
+from ..runtime.collectives import KERNELS
 from ..runtime.collectives import allreduce
 from ..runtime.dtensor import DTensor
 from ..runtime.exchange import group_alltoallv
@@ -250,7 +250,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     send = _K._pack(xb, rows, nrows)
     got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
     if moe.dropless:
-        got = _C.alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
+        got = KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _K._dispatch(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, W2 = block(w1), block(w2)
@@ -443,7 +443,7 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
             ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
-        _C.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+        KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if B2 is not None:
         if not move.dropless:
             _plus(_batched(ye, El), B2)
@@ -586,7 +586,7 @@ def _run_experts_mixed(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got:
     if plan.mesh.layout.axis_size("tp") > 1:
         def summed(p: np.ndarray) -> None:
             used = p.reshape(-1, D)[:move.arrived]
-            _C.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+            KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if not move.dropless:
         _linear_mixed(_batched(xe, El), W1, B1, act, _batched(hs, El))
         if swiglu:
@@ -670,7 +670,7 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
                                  dye[lo:hi], e, 0)
     if plan.mesh.layout.axis_size("tp") > 1:  # each tp rank's hidden columns' share, summed
         used = dx[:move.arrived]
-        _C.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
+        KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
     dxe[...] = rounded(dx, act)
     return out
 
@@ -958,7 +958,7 @@ class _Exchange:
             return
         # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts (`got`: done).
         if got is None:
-            got = _C.alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
+            got = KERNELS.alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
                            f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
@@ -981,7 +981,7 @@ class _Exchange:
         label = label or self.labels[0]
         D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
-            got = _C.alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
+            got = KERNELS.alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
             if self.dry:
                 return got
             # (ep, bl, El, C, D) -> (El, ep, bl, C, D): each local expert's slots together
@@ -1009,7 +1009,7 @@ class _Exchange:
                 blocks = contiguous(rows.reshape(self.El, self.ep, self.bl, self.C, D)
                                     .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
             if self.ep > 1:
-                return _C.alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
+                return KERNELS.alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
             return into(out, blocks)
         if self.ep == 1:  # a group of one: no exchange (no call); one source's rows by expert are in order already
             return into(out, rows)

@@ -14,7 +14,7 @@ from ..precision import _PRODUCT_DTYPES, is_low, matmul, product_dtype, wide
 from ..datagen import SeededTensor, bind_keep
 from ..runtime import debug
 from ..runtime.replay import kernel, kernels
-from ..validate import as_int, dtype_name
+from ..validate import as_int, describe, dtype_name
 from ..context import current as _context
 from ..engines import c_order
 from ..engines.base import DRY_VALUES_BYTES
@@ -338,16 +338,6 @@ def no_bias_sum(op: str, product: np.dtype, bias: np.dtype) -> DTypeError:
     beside float16, int16 and wider ints), the same on every rank (the dtypes are every rank's)."""
     why = "its np.result_type refuses a product of one plus a bias of the other"
     return DTypeError(f"{op}: {_no_common((product, bias), why)}")
-
-
-def describe(value: Any) -> str:
-    """A short account of a value for messages: "ndarray of shape (4, 4)", "list [1, 2]"."""
-    if value is None:
-        return "None"
-    if isinstance(value, np.ndarray):
-        return f"ndarray of shape {value.shape!r}"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def check_dtensor(value: Any, what: str) -> None:

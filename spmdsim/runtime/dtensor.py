@@ -583,7 +583,7 @@ def _check_placement(mesh: Any, layout: Any) -> None:
     if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
         return  # the usual case, in three identity tests
     if not isinstance(mesh, Mesh):
-        from ..ops._common import describe  # an ndarray passed as the mesh was its whole repr, many lines
+        from ..validate import describe  # an ndarray passed as the mesh was its whole repr, many lines
 
         raise LayoutError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}; make one with "
                           "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first")
@@ -596,7 +596,7 @@ def _check_placement(mesh: Any, layout: Any) -> None:
 def _not_a_tensor_layout(layout: Any) -> str:
     """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
     PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
-    from ..ops._common import describe
+    from ..validate import describe
 
     if isinstance(layout, Layout):
         how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "

@@ -48,11 +48,12 @@ def _bind() -> None:
     """Bind the runners to the collectives (on first use: importing them loads mpi4py)."""
     from . import collectives as C
 
-    K = C.KERNELS  # the collectives themselves where this thread does not capture (no wrapper's frame)
+    KERNELS = C.KERNELS  # the collectives themselves where this thread does not capture (no wrapper's frame)
 
     def run_allreduce(step, mesh, local, shape, label, owned):
         in_place = owned and local.flags.c_contiguous and local.flags.writeable
-        return K.allreduce(mesh, local, step.axes, label=label, out=local if in_place else None, op=step.reduction)
+        return KERNELS.allreduce(mesh, local, step.axes, label=label, out=local if in_place else None,
+                                 op=step.reduction)
 
     from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 
@@ -63,21 +64,21 @@ def _bind() -> None:
         if how:
             return allgatherv(mesh, local, step.axes, step.tensor_dim, how, label=label) if type(how) is tuple \
                 else _detour(how, mesh, local, shape, label)
-        return K.allgather(mesh, local, step.axes, step.tensor_dim, label=label)
+        return KERNELS.allgather(mesh, local, step.axes, step.tensor_dim, label=label)
 
     def run_alltoall(step, mesh, local, shape, label, owned):
         how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
         if how:
             return alltoallv_dims(mesh, local, step.axes, step.split_dim, step.concat_dim, *how, label=label) \
                 if type(how) is tuple else _detour(how, mesh, local, shape, label)
-        return K.alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
+        return KERNELS.alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
 
     def run_reduce_scatter(step, mesh, local, shape, label, owned):
         how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
         if how:
             return reduce_scatterv(mesh, local, step.axes, step.tensor_dim, how, label=label) \
                 if type(how) is tuple else _detour(how, mesh, local, shape, label)
-        return K.reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
+        return KERNELS.reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
 
     _RUNNERS.update({
         LocalSlice: lambda step, mesh, local, shape, label, owned: local_slice(step, mesh.rank, local, shape),

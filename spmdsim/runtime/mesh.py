@@ -49,7 +49,7 @@ class Mesh:
         # Checked first: the same error on every rank, before any collective.
         self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
-            from ..ops._common import describe
+            from ..validate import describe
 
             raise LayoutError(f"layout must be a spmdsim Layout (device matrix and axis names), got "
                               f"{describe(layout)}; e.g. Mesh(Layout((2, 4), ('dp', 'tp')))")
