@@ -40,7 +40,7 @@ def test_kept_gradient_decisions_serve_only_their_own_dy_layout_needs_and_dtypes
                 x.requires_grad_()
             w = DTensor.from_global(mesh, W, w_layout).requires_grad_()
             y = ops.einsum("ij,jk->ik", x, w)
-            (prepared,) = [p for key, p in _EINSUMS.items()
+            (prepared,) = [p for key, p in _EINSUMS.copy().items()
                            if key[:3] == ("ij,jk->ik", id(x_layout), id(w_layout))
                            and key[5] == x._local.dtype]
             gx, gw = einsum_grads((x, w), prepared)(dys[which])
@@ -55,7 +55,7 @@ def test_kept_gradient_decisions_serve_only_their_own_dy_layout_needs_and_dtypes
             np.testing.assert_allclose(gw.gather(), X.astype(x_dtype).astype(np.float64).T @ G, rtol=1e-6)
             assert y.layout.partial == ("tp",)
             checked += 1
-        kept = [p for key, p in _EINSUMS.items() if key[:3] == ("ij,jk->ik", id(x_layout), id(w_layout))]
+        kept = [p for key, p in _EINSUMS.copy().items() if key[:3] == ("ij,jk->ik", id(x_layout), id(w_layout))]
         mesh.close()
         return checked, sorted(len(p.ways) for p in kept)
 
