@@ -40,7 +40,10 @@ runs the Alltoalls as that algorithm.
 Replay (spmdsim.runtime.replay): the routing, the packing, each exchange, the
 experts' products, the unpacking, their gradients and the dispatch figures
 are kernels over arrays, so a replayed step reruns them on its own router
-probabilities. Their arrays have fixed shapes: with a capacity by
+probabilities. With a capacity each dispatch and combine Alltoall is recorded as the collective itself,
+apart from the slots' reordering (`_dispatched`, `_combined`), so a replay binds it to its kept plan (the
+engine's transfer alone); dropless, the rows' Alltoallv runs whole in its kernel, its counts read again
+each step. Their arrays have fixed shapes: with a capacity by
 construction; dropless, what arrives is written into arrays with room for the
 most that can (ep x bl x T x min(k, local experts) rows) while capturing, and
 the counts, displacements and each expert's rows are worked out again from
@@ -252,7 +255,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     if moe.dropless:
         got = KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
-    xe = _K._dispatch(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
+    xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, W2 = block(w1), block(w2)
     B1, B2 = None if b1 is None else block(b1), None if b2 is None else block(b2)
     W3, B3 = (None, None) if w3 is None else (block(w3), None if b3 is None else block(b3))
@@ -261,7 +264,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         (_K._run_experts, _K._experts_grad)
     hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
     us = more[0] if more else None  # SwiGLU's x @ w3 + b3, kept for the backward
-    back = _K._combine(plan, ye, per_expert, got)
+    back = _combined(plan, ye, per_expert, got)
     out = _tensor(x, _K._unpack(back, rows, gates), x._layout)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
         _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
@@ -280,10 +283,10 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     def backward(dy: Any) -> tuple:
         dgates, dback = _K._combine_grad(dy._local if not CAPTURE.on else dy.local, back, rows, gates)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
-        dye = _K._dispatch(plan, dback, per_expert, got, most, f"{name} combine backward")
+        dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
         *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2, W3, us, B1 is not None,
                                   B2 is not None, B3 is not None)
-        dsend = _K._combine(plan, dxe, per_expert, got, f"{name} dispatch backward")
+        dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _K._unpack(dsend, rows, None)
         dprobs = _K._probs_grad(probs._local if not CAPTURE.on else probs.local, experts, gates, slots, counts, C,
                                 dgates)
@@ -320,8 +323,10 @@ class _Plan:
             return last[2]  # with a capacity nothing depends on the counts
         move = _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
                          f"{self.name} combine", got)
-        if got is not None or not self.moe.dropless:  # (without `got`, dropless exchanges the counts itself)
-            self.last = (per_expert.copy(), None if got is None else got.copy(), move)
+        if not self.moe.dropless:  # (called outside a kernel while capturing: `_dispatched`; nothing copied)
+            self.last = (None, None, move)
+        elif got is not None:  # (without `got`, dropless exchanges the counts itself)
+            self.last = (per_expert.copy(), got.copy(), move)
         return move
 
 
@@ -336,6 +341,40 @@ def _plan(mesh: Any, moe: MoEConfig, T: int, bl: int, El: int, name: str) -> _Pl
     if seen is None or seen[0] is not moe:
         seen = mesh._plans[key] = (moe, _Plan(mesh, moe, moe.capacity(T), bl, El, name))  # (held: its id is not reused)
     return seen[1]
+
+
+def _dispatched(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
+                most: Optional[int], label: Optional[str] = None) -> np.ndarray:
+    """The dispatch's exchange of `send` as `_dispatch` makes it. With a capacity over ep > 1, the Alltoall called
+    apart from putting what arrived in the experts' order (`_by_expert`): a captured step records the
+    collective as its own call, which a replay binds to its kept plan (the engine's transfer alone,
+    spmdsim.runtime.collectives._bind). Dropless, one kernel (its counts change each step)."""
+    move = None if plan.moe.dropless else plan.exchange(per_expert, got)
+    if move is None or move.ep == 1:
+        return _K._dispatch(plan, send, per_expert, got, most, label)
+    return _K._by_expert(move, KERNELS.alltoall(plan.mesh, send, "ep", 0, 0, label or move.labels[0]))
+
+
+def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
+              label: Optional[str] = None) -> np.ndarray:
+    """The combine's exchange of `rows` as `_combine` makes it; with a capacity over ep > 1, the slots put in
+    the send buffer's order (`_by_source`) and the Alltoall called apart (as `_dispatched`)."""
+    move = None if plan.moe.dropless else plan.exchange(per_expert, got)
+    if move is None or move.ep == 1:
+        return _K._combine(plan, rows, per_expert, got, label)
+    return KERNELS.alltoall(plan.mesh, _K._by_source(move, rows), "ep", 0, 0, label or move.labels[1])
+
+
+def _by_expert(move: "_Exchange", got: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """A capacity dispatch's arrived slots (ep, bl, El, C) in the experts' order (El, ep, bl, C): rows (into
+    `out` when given)."""
+    return move.by_expert(got, out)
+
+
+def _by_source(move: "_Exchange", rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """A capacity combine's expert-major rows (El, ep, bl, C) in the send buffer's order (ep, bl, El, C) (into
+    `out` when given)."""
+    return move.by_source(rows[:move.arrived], out)
 
 
 def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -766,6 +805,7 @@ def _note(put: Callable, at: int, plan: _Plan, name: str, experts: np.ndarray, s
 # One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.
 # Called as ``_K._route(...)``: the function itself where this thread does not capture (no wrapper's frame).
 _K = kernels(*(kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note, _dispatch, _combine,
+                                   _by_expert, _by_source,
                                    _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed)))
 
 
@@ -982,20 +1022,33 @@ class _Exchange:
         D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
             got = KERNELS.alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
-            if self.dry:
-                return got
-            # (ep, bl, El, C, D) -> (El, ep, bl, C, D): each local expert's slots together
-            by_expert = got.reshape(self.ep, self.bl, self.El, self.C, D).transpose(2, 0, 1, 3, 4)
-            if out is None:
-                return contiguous(by_expert).reshape(-1, D)
-            np.copyto(out.reshape(by_expert.shape), by_expert)
-            return out
+            return got if self.dry else self.by_expert(got, out)
         if self.ep == 1:  # a group of one: no exchange (no call), and rows by expert from one source are in order
             return into(out, send)
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
         if self.dry:
             return got
         return got[self.order] if out is None else np.take(got, self.order, axis=0, out=out)
+
+    def by_expert(self, got: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """A capacity dispatch's arrived slots as expert-major rows (into `out`, (arrived, D), when given)."""
+        D = got.shape[-1]
+        # (ep, bl, El, C, D) -> (El, ep, bl, C, D): each local expert's slots together
+        by_expert = got.reshape(self.ep, self.bl, self.El, self.C, D).transpose(2, 0, 1, 3, 4)
+        if out is None:
+            return contiguous(by_expert).reshape(-1, D)
+        np.copyto(out.reshape(by_expert.shape), by_expert)
+        return out
+
+    def by_source(self, rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """A capacity combine's expert-major rows as the send buffer's slots, each member's block together (into
+        `out` when given)."""
+        D = rows.shape[1]  # (El, ep, bl, C, D) -> (ep, bl, El, C, D)
+        by_source = rows.reshape(self.El, self.ep, self.bl, self.C, D).transpose(1, 2, 0, 3, 4)
+        if out is None:
+            return contiguous(by_source).reshape(-1, D)
+        np.copyto(out.reshape(by_source.shape), by_source)
+        return out
 
     def combine(self, rows: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed; into
@@ -1005,9 +1058,8 @@ class _Exchange:
         if not self.dropless:
             if self.dry:  # at ep 1, slots already in the experts' order: the real step's `rows` itself, as here
                 blocks = rows if self.ep == 1 and (self.El == 1 or self.bl == 1) else zeros(rows.shape, rows.dtype)
-            else:  # (El, ep, bl, C, D) -> (ep, bl, El, C, D): the send buffer's slots, each member's block together
-                blocks = contiguous(rows.reshape(self.El, self.ep, self.bl, self.C, D)
-                                    .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
+            else:
+                blocks = self.by_source(rows)
             if self.ep > 1:
                 return KERNELS.alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
             return into(out, blocks)
