@@ -185,6 +185,8 @@ def test_lines_fit_100_columns_and_name_every_part():
     (lambda: Pipeline(0, 8), "pipeline stages 0 must be an integer >= 1"),
     (lambda: Pipeline(4, 8, schedule="zb"), "pipeline schedule 'zb' is unknown; expected one of ('gpipe', '1f1b', "
                                             "'interleaved')"),
+    (lambda: Pipeline(4, 8, schedule="1F1B"), "pipeline schedule '1F1B' is unknown; expected one of ('gpipe', "
+                                              "'1f1b', 'interleaved') (lower-case: '1f1b')"),
     (lambda: Pipeline(4, 8, 2), "pipeline schedule '1f1b' has one chunk per rank, not virtual_stages 2; "
                                 "expected 1 (or schedule 'interleaved')"),
     (lambda: Link(-1.0, 0.0), "Link: key 'bandwidth' is -1.0; expected a number > 0 (bytes/s per GPU per "

@@ -173,6 +173,10 @@ def test_a_large_schedule_checks():
     (lambda: build("1f1b", 256, 512), f"256 stages x 512 microbatches x 1 virtual stages = 131,072 "
                                       f"(microbatch, chunk) pairs is too many; expected at most {MAX_PAIRS:,}"),
     (lambda: bubble_formula("zb", 2, 2), "unknown schedule 'zb'"),
+    # a name as the docs and papers spell it: the refusal says the spelling here (the CLI takes any case)
+    (lambda: build("1F1B", 2, 2), "unknown schedule '1F1B'; expected one of ('gpipe', '1f1b', 'interleaved') "
+                                  "(lower-case: '1f1b')"),
+    (lambda: bubble_formula("GPipe", 2, 2), "(lower-case: 'gpipe')"),
 ])
 def test_builder_errors(call, fragment):
     with _error(fragment):

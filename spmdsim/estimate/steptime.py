@@ -81,7 +81,9 @@ class Pipeline:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpmdsimError(f"pipeline {name} {value!r} must be an integer >= 1")
         if self.schedule not in SCHEDULES:
-            raise SpmdsimError(f"pipeline schedule {self.schedule!r} is unknown; expected one of {SCHEDULES!r}")
+            low = self.schedule.lower() if isinstance(self.schedule, str) else None
+            hint = f" (lower-case: {low!r})" if low in SCHEDULES else ""
+            raise SpmdsimError(f"pipeline schedule {self.schedule!r} is unknown; expected one of {SCHEDULES!r}{hint}")
         if self.schedule != "interleaved" and self.virtual_stages != 1:
             raise SpmdsimError(f"pipeline schedule {self.schedule!r} has one chunk per rank, not virtual_stages "
                                f"{self.virtual_stages!r}; expected 1 (or schedule 'interleaved')")

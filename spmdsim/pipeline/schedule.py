@@ -27,8 +27,8 @@ from typing import Iterator, Optional, Union
 
 from ..errors import PipelineError
 
-__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "most_in_flight", "MAX_PAIRS",
-           "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes", "schedule_problem"]
+__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "unknown_schedule", "most_in_flight",
+           "MAX_PAIRS", "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes", "schedule_problem"]
 
 #: The schedules `build` knows, by name.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -440,11 +440,20 @@ def build(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedu
         return gpipe(stages, microbatches) if name == "gpipe" else one_f_one_b(stages, microbatches)
 
 
+def unknown_schedule(name: object, what: str = "unknown schedule") -> str:
+    """The one line refusing schedule `name`: SCHEDULES' names are lower-case, so a name the docs and papers
+    spell otherwise ("1F1B", "GPipe") is told its spelling here (the CLI's --schedule takes any case)."""
+    line = f"{what} {name!r}; expected one of {SCHEDULES!r}"
+    if isinstance(name, str) and name.lower() in SCHEDULES:
+        line += f" (lower-case: {name.lower()!r})"
+    return line
+
+
 def schedule_problem(name: object, stages: object, microbatches: object, virtual: object = 1) -> Optional[str]:
     """Why `build(name, stages, microbatches, virtual)` refuses these sizes (its one line), or None: for a
     trainer to refuse them alike on every rank before it prints or runs anything."""
     if name not in SCHEDULES:
-        return f"unknown schedule {name!r}; expected one of {SCHEDULES!r}"
+        return unknown_schedule(name)
     try:
         check_sizes(stages, microbatches, virtual)
     except PipelineError as exc:

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Optional, Sequence, Union
 
 from ..errors import PipelineError
-from .schedule import SCHEDULES, Compute, Schedule, check_sizes
+from .schedule import SCHEDULES, Compute, Schedule, check_sizes, unknown_schedule
 
 __all__ = ["Timeline", "timeline", "bubble_formula", "formula_text", "in_flight"]
 
@@ -157,7 +157,7 @@ def bubble_formula(name: str, stages: int, microbatches: int, virtual: int = 1) 
     time, which is (p-1)/(v*m+p-1) of all cells when each chunk's F and B cost one unit.
     """
     if name not in SCHEDULES:
-        raise PipelineError(f"unknown schedule {name!r}; expected one of {SCHEDULES!r}")
+        raise PipelineError(unknown_schedule(name))
     check_sizes(stages, microbatches, virtual)
     v = virtual if name == "interleaved" else 1
     return Fraction(stages - 1, v * microbatches + stages - 1)
