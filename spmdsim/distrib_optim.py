@@ -532,30 +532,15 @@ class DistributedAdamW(_Optimizer):
         """Bucket `b`'s members' gradient blocks, in its order, each checked as `_grads_checked` checks it and
         those pending over other axes than their dp ones summed over those first (one Allreduce per group of
         axes, of this bucket's members: the values `_grads`' one Allreduce of every parameter's gives)."""
-        from .runtime.executor import pending, resolve
-
         extra: dict = {}
         out = []
         for i in b.indices:
             p = self.params[i]
             g = p.grad
             self._check_grad(i, p, g)
-            others = tuple(a for a in g.layout.partial if a not in self.axes[i])
-            if others:
-                members, layouts = extra.setdefault(others, ([], []))
-                members.append(len(out))
-                layouts.append(with_partial(p.layout, tuple(a for a in g.layout.partial if a in self.axes[i])))
+            self._note_other_axes(extra, len(out), i, p, g)
             out.append(g.local)
-        for axes, (members, layouts) in extra.items():
-            flat = np.concatenate([out[j].reshape(-1) for j in members]) if not self._dry else \
-                _dry_flat(sum(out[j].size for j in members), out[members[0]].dtype)
-            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
-                             + ",".join(axes), owned=True)
-            at = 0
-            for j in members:
-                n = out[j].size
-                out[j] = summed[at:at + n].reshape(out[j].shape)
-                at += n
+        self._sum_other_axes(out, extra)
         return out
 
     def _into_buffer(self, b: _Bucket, leaves: tuple) -> None:
@@ -587,23 +572,13 @@ class DistributedAdamW(_Optimizer):
         """Every parameter's gradient block summed over all but the dp axes (one Allreduce per other group of
         axes), checked to be a pending sum over the dp axes it is replicated over; the refusals are alike on every
         rank."""
-        from .runtime.executor import pending, resolve
-
         again = self._grads_again()
         if again is not None:
             out, extra = again
         else:
             out, extra = self._grads_checked()
-        for axes, (members, layouts) in extra.items():
-            flat = np.concatenate([out[i].reshape(-1) for i in members]) if not self._dry else \
-                _dry_flat(sum(out[i].size for i in members), out[members[0]].dtype)
-            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
-                             + ",".join(axes), owned=True)
-            at = 0
-            for i in members:
-                n = out[i].size
-                out[i] = summed[at:at + n].reshape(out[i].shape)
-                at += n
+        self._sum_other_axes(out, extra)
+        for members, layouts in extra.values():
             for i, layout in zip(members, layouts):  # the leaf's gradient, now pending over its dp axes only
                 p = self.params[i]
                 p._ag.grad = type(p.grad)(p.mesh, out[i], layout, p.global_shape)
@@ -634,11 +609,7 @@ class DistributedAdamW(_Optimizer):
         for i, p in enumerate(self.params):
             g = p.grad
             self._check_grad(i, p, g)
-            others = tuple(a for a in g.layout.partial if a not in self.axes[i])
-            if others:
-                members, layouts = extra.setdefault(others, ([], []))
-                members.append(i)
-                layouts.append(with_partial(p.layout, tuple(a for a in g.layout.partial if a in self.axes[i])))
+            self._note_other_axes(extra, i, i, p, g)
         out = [p.grad.local for p in self.params]
         params = self.params
         self._seen_grads = None
@@ -647,6 +618,31 @@ class DistributedAdamW(_Optimizer):
             self._seen_grads = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
                                 tuple(map(_LAYOUT, held)), list(map(_SHAPE, held)), extra)
         return out, extra
+
+    def _note_other_axes(self, extra: dict, at: int, i: int, p: Any, g: Any) -> None:
+        """Note in `extra` ({other axes: (positions, layouts once summed over them)}) parameter `i`'s gradient `g`,
+        at position `at` of its list, if it is pending over axes other than its dp ones (`self.axes[i]`)."""
+        others = tuple(a for a in g.layout.partial if a not in self.axes[i])
+        if others:
+            members, layouts = extra.setdefault(others, ([], []))
+            members.append(at)
+            layouts.append(with_partial(p.layout, tuple(a for a in g.layout.partial if a in self.axes[i])))
+
+    def _sum_other_axes(self, out: list, extra: dict) -> None:
+        """The blocks of `out` that `extra` (`_note_other_axes`') names summed over those other axes, in place of
+        their entries: one Allreduce per group of axes, of their blocks laid end to end."""
+        from .runtime.executor import pending, resolve
+
+        for axes, (members, _) in extra.items():
+            flat = np.concatenate([out[j].reshape(-1) for j in members]) if not self._dry else \
+                _dry_flat(sum(out[j].size for j in members), out[members[0]].dtype)
+            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
+                             + ",".join(axes), owned=True)
+            at = 0
+            for j in members:
+                n = out[j].size
+                out[j] = summed[at:at + n].reshape(out[j].shape)
+                at += n
 
     def _check_grad(self, i: int, p: Any, g: Any) -> None:
         """Refuse parameter `i`'s gradient `g` if it is missing, laid out unlike `p` or not pending over the dp
