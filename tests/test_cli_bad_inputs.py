@@ -301,7 +301,9 @@ def test_refusals_name_the_flag_given(capsys, argv, needle):
     (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be an integer >= 1"),
     (["--dropout", "1.5"], "--dropout 1.5 must be a finite number in [0, 1)"),
     (["--seed", "-1"], "--seed -1 must be an integer >= 0"),
-    (["--clip", "-1"], "--clip -1.0 must be a finite number >= 0 (0: no clipping)"),
+    (["--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
+    (["--lr", "-1"], "--lr -1 must be a finite number >= 0"),  # was "-1.0", a value never typed
+    (["--lr", "1e400"], "--lr 1e400 (read as inf) must be a finite number >= 0"),
 ])
 def test_training_examples_refusals_name_the_flag(argv, expected):
     # The examples' GPTConfig (spmdsim.gpt.options.model_config) said "GPTConfig d_model 100 ...", "GPTConfig
@@ -309,11 +311,12 @@ def test_training_examples_refusals_name_the_flag(argv, expected):
     import argparse
 
     from spmdsim.gpt import GPTConfig
+    from spmdsim.cli.numbers import flag_float
     from spmdsim.gpt.options import model_arguments, model_config
 
     parser = argparse.ArgumentParser()
     model_arguments(parser)
-    parser.add_argument("--clip", type=float, default=0.0)
+    parser.add_argument("--clip", type=flag_float, default=0.0)  # as examples/train_gpt.py's
     args = parser.parse_args(argv)
     with pytest.raises(SpmdsimError) as info:
         model_config(args, clip=args.clip)
@@ -321,6 +324,8 @@ def test_training_examples_refusals_name_the_flag(argv, expected):
     with pytest.raises(SpmdsimError, match=r"^GPTConfig d_model 100 must be divisible by heads 3 \(each head takes "
                                            r"d_model / heads features\)$"):
         GPTConfig(d_model=100, heads=3)
+    with pytest.raises(SpmdsimError, match=r"^GPTConfig lr -1.0 must be a finite number >= 0$"):
+        GPTConfig(lr=-1.0)  # a library call: the value's repr
 
 
 @pytest.mark.parametrize("argv, needle", [

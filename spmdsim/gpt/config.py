@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Optional
 
+from ..cli.numbers import shown
 from ..errors import SpmdsimError
 from ..moe.config import MoEConfig
 from ..validate import as_int
@@ -244,5 +245,5 @@ def _real(cfg: GPTConfig, name: str, low: float, high: float, expected: str,
     ok = _is_real(value) and (value > low if low_open else value >= low) \
         and (value < high if high_open else value <= high)
     if not ok:
-        raise SpmdsimError(f"{_subject(name)} {value!r} must be a finite number {expected}")
+        raise SpmdsimError(f"{_subject(name)} {shown(value)} must be a finite number {expected}")  # "--lr -1" as typed
     object.__setattr__(cfg, name, float(value))
