@@ -234,7 +234,7 @@ def test_run_names_the_shape_flag(argv, needle):
     (["estimate", "gpt", "--layers", "1", "--experts", "2", "--moe-every", "2"],
      "--moe-every 2 makes no MoE layer of the only block (the first would be block 1"),
     (["autoshard", "--network", "gpt", "--gpt", "layers=1,experts=2,moe_every=2", "--machine", "a100-dgx"],
-     "--gpt moe_every 2 makes no MoE layer of the only block; expected at most layers 1"),
+     "--gpt moe_every 2 makes no MoE layer of the only block; expected at most --gpt layers 1"),
 ])
 def test_one_is_counted_in_the_singular(capsys, argv, needle):
     # "has 1 sizes", "has 1 devices"
@@ -291,6 +291,24 @@ def test_reports_count_one_in_the_singular(capsys, argv, needle):
 ])
 def test_refusals_name_the_flag_given(capsys, argv, needle):
     _fails(capsys, argv, needle)
+
+
+@pytest.mark.parametrize("argv, line", [
+    # "--gpt d_model 128 must be divisible by --gpt heads 3": a key the user never typed, as if typed
+    (["--gpt", "heads=3"], "the default d_model 128 must be divisible by --gpt heads 3 (each head takes d_model / "
+                           "--gpt heads features)"),
+    (["--gpt", "d_model=30"], "--gpt d_model 30 must be divisible by the default heads 4 (each head takes "
+                              "--gpt d_model / heads features)"),
+    (["--gpt", "d_model=12", "--rope", "--machine", "a100-dgx"],
+     "--rope needs an even head_dim, got --gpt d_model 12 / the default heads 4 = 3 (rotary embeddings turn pairs "
+     "of features)"),
+    (["--rope", "--kv-heads", "3", "--machine", "a100-dgx"],  # no --gpt at all (the search read 'layers=4')
+     "--kv-heads 3 must divide the default heads 4 (each key/value head serves heads / kv-heads query heads)"),
+    (["--gpt", "experts=4,moe_every=8", "--machine", "a100-dgx"],
+     "--gpt moe_every 8 makes none of the 4 blocks an MoE layer; expected at most the default layers 4"),
+])
+def test_autoshard_says_a_gpt_size_left_at_its_default_is_the_default(capsys, argv, line):
+    assert _fails(capsys, ["autoshard", "--network", "gpt", *argv], line) == f"spmdsim: error: {line}"
 
 
 @pytest.mark.parametrize("argv, expected", [
