@@ -54,6 +54,7 @@ from spmdsim.pipeline.options import (default_microbatches_problem, layer_split,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
+from spmdsim.cli.numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.cli.run import check_trace_out
 from spmdsim.sim.launch import ranks_argument
@@ -69,10 +70,11 @@ parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells); not with --dry-run")
 model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.gpt.options)
-parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
+parser.add_argument("--clip", type=flag_float, default=0.0,
+                    help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
-parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
+parser.add_argument("--temperature", type=flag_float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")

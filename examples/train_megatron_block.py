@@ -16,6 +16,7 @@ import sys
 
 import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.cli.numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 from spmdsim import Layout, SeededTensor
@@ -34,7 +35,7 @@ import numpy as np  # noqa: E402
 
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)
-parser.add_argument("--lr", type=float, default=None,
+parser.add_argument("--lr", type=flag_float, default=None,
                     help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with the ranks)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()

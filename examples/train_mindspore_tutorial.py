@@ -15,6 +15,7 @@ import time
 
 import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.cli.numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
@@ -37,7 +38,7 @@ parser.add_argument("--steps", type=int, default=100)
 parser.add_argument("--dtype", choices=tuple(TOLERANCE), default="float64")
 parser.add_argument("--net", choices=("tutorial", "layout"), default="tutorial")
 parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-parser.add_argument("--lr", type=float, default=None, help="default 1e-2 (SGD) or 1e-3 (Adam)")
+parser.add_argument("--lr", type=flag_float, default=None, help="default 1e-2 (SGD) or 1e-3 (Adam)")
 parser.add_argument("--synthetic", action="store_true", help="seeded synthetic digits instead of MNIST")
 parser.add_argument("--explain", action="store_true", help="say what each backward collective answers")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it

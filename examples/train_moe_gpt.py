@@ -49,6 +49,7 @@ from spmdsim.pipeline.options import (default_microbatches_problem, layer_split,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
+from spmdsim.cli.numbers import flag_float, typed  # a refusal names the value as typed ("-1", not "-1.0")
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
@@ -64,7 +65,7 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
-parser.add_argument("--capacity-factor", type=float, default=1.25,
+parser.add_argument("--capacity-factor", type=flag_float, default=1.25,
                     help="each expert's slots per sequence: ceil(top_k x seq x factor / experts), at most seq "
                          "(experts / top_k or more drops nothing)")
 parser.add_argument("--dropless", action="store_true",
@@ -90,8 +91,8 @@ parser.add_argument("--zero", default="0", metavar="{0,1,2}",
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy (docs/training.md): bf16-mixed computes in bfloat16, the router in "
                          "float32 (docs/experts.md)")
-parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
-parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
+parser.add_argument("--aux-loss-coeff", type=flag_float, default=MoEConfig.aux_loss_coeff)
+parser.add_argument("--z-loss-coeff", type=flag_float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
                     help="run the Alltoalls as this emulated algorithm (docs/algorithms.md); pairwise runs the "
                          "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
@@ -142,10 +143,10 @@ def moe_problem(args):
     if args.top_k > args.experts:
         return f"--top-k {args.top_k} must not exceed --experts {args.experts}"
     if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
-        return f"--capacity-factor {args.capacity_factor:g} must be a finite number > 0 (or --dropless)"
+        return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
     for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
         if not (math.isfinite(value) and value >= 0):
-            return f"{flag} {value:g} must be a finite number >= 0"
+            return f"{flag} {typed(value)} must be a finite number >= 0"
     return None
 
 

@@ -14,6 +14,7 @@ import sys
 
 import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.cli.numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.nets import seeds
 from spmdsim.nets.train import PHASES, NetworkTrainer, loss_trend, run_main
@@ -25,7 +26,7 @@ NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_nee
 
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=10)
-parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--lr", type=flag_float, default=0.1)
 parser.add_argument("--net", choices=tuple(NETWORKS), nargs="+", default=list(NETWORKS))
 parser.add_argument("--bucket", action="store_true",
                     help="sum the replicas' gradients pending over the same axes in one Allreduce")

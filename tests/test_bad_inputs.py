@@ -236,7 +236,7 @@ EXAMPLES = {
     "every": ("train_moe_gpt.py", ["--every", "0"],
               "spmdsim: error: --every 0 must be at least 1 (print every N steps)"),
     "temperature": ("train_gpt.py", ["--temperature", "-1"],
-                    "spmdsim: error: --temperature -1.0 must be a finite number >= 0 (0: greedy)"),
+                    "spmdsim: error: --temperature -1 must be a finite number >= 0 (0: greedy)"),
     "dry-run": ("train_gpt.py", ["--dry-run"],
                 "spmdsim: error: --dry-run needs --ranks N (a dry run simulates the ranks in this process)"),
     "unknown-flag": ("train_moe_gpt.py", ["--bogus"], "train_moe_gpt.py: error: unrecognized arguments: --bogus"),

@@ -234,7 +234,7 @@ def test_run_names_the_shape_flag(argv, needle):
     (["estimate", "gpt", "--layers", "1", "--experts", "2", "--moe-every", "2"],
      "--moe-every 2 makes no MoE layer of the only block (the first would be block 1"),
     (["autoshard", "--network", "gpt", "--gpt", "layers=1,experts=2,moe_every=2", "--machine", "a100-dgx"],
-     "--gpt moe_every 2 makes no MoE layer of the only block; expected at most layers 1"),
+     "--gpt moe_every 2 makes no MoE layer of the only block; expected at most --gpt layers 1"),
 ])
 def test_one_is_counted_in_the_singular(capsys, argv, needle):
     # "has 1 sizes", "has 1 devices"
@@ -293,6 +293,24 @@ def test_refusals_name_the_flag_given(capsys, argv, needle):
     _fails(capsys, argv, needle)
 
 
+@pytest.mark.parametrize("argv, line", [
+    # "--gpt d_model 128 must be divisible by --gpt heads 3": a key the user never typed, as if typed
+    (["--gpt", "heads=3"], "the default d_model 128 must be divisible by --gpt heads 3 (each head takes d_model / "
+                           "--gpt heads features)"),
+    (["--gpt", "d_model=30"], "--gpt d_model 30 must be divisible by the default heads 4 (each head takes "
+                              "--gpt d_model / heads features)"),
+    (["--gpt", "d_model=12", "--rope", "--machine", "a100-dgx"],
+     "--rope needs an even head_dim, got --gpt d_model 12 / the default heads 4 = 3 (rotary embeddings turn pairs "
+     "of features)"),
+    (["--rope", "--kv-heads", "3", "--machine", "a100-dgx"],  # no --gpt at all (the search read 'layers=4')
+     "--kv-heads 3 must divide the default heads 4 (each key/value head serves heads / kv-heads query heads)"),
+    (["--gpt", "experts=4,moe_every=8", "--machine", "a100-dgx"],
+     "--gpt moe_every 8 makes none of the 4 blocks an MoE layer; expected at most the default layers 4"),
+])
+def test_autoshard_says_a_gpt_size_left_at_its_default_is_the_default(capsys, argv, line):
+    assert _fails(capsys, ["autoshard", "--network", "gpt", *argv], line) == f"spmdsim: error: {line}"
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--d-model", "100", "--heads", "3"],
      "--d-model 100 must be divisible by --heads 3 (each head takes --d-model / --heads features)"),
@@ -301,7 +319,9 @@ def test_refusals_name_the_flag_given(capsys, argv, needle):
     (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be an integer >= 1"),
     (["--dropout", "1.5"], "--dropout 1.5 must be a finite number in [0, 1)"),
     (["--seed", "-1"], "--seed -1 must be an integer >= 0"),
-    (["--clip", "-1"], "--clip -1.0 must be a finite number >= 0 (0: no clipping)"),
+    (["--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
+    (["--lr", "-1"], "--lr -1 must be a finite number >= 0"),  # was "-1.0", a value never typed
+    (["--lr", "1e400"], "--lr 1e400 (read as inf) must be a finite number >= 0"),
 ])
 def test_training_examples_refusals_name_the_flag(argv, expected):
     # The examples' GPTConfig (spmdsim.gpt.options.model_config) said "GPTConfig d_model 100 ...", "GPTConfig
@@ -309,11 +329,12 @@ def test_training_examples_refusals_name_the_flag(argv, expected):
     import argparse
 
     from spmdsim.gpt import GPTConfig
+    from spmdsim.cli.numbers import flag_float
     from spmdsim.gpt.options import model_arguments, model_config
 
     parser = argparse.ArgumentParser()
     model_arguments(parser)
-    parser.add_argument("--clip", type=float, default=0.0)
+    parser.add_argument("--clip", type=flag_float, default=0.0)  # as examples/train_gpt.py's
     args = parser.parse_args(argv)
     with pytest.raises(SpmdsimError) as info:
         model_config(args, clip=args.clip)
@@ -321,6 +342,8 @@ def test_training_examples_refusals_name_the_flag(argv, expected):
     with pytest.raises(SpmdsimError, match=r"^GPTConfig d_model 100 must be divisible by heads 3 \(each head takes "
                                            r"d_model / heads features\)$"):
         GPTConfig(d_model=100, heads=3)
+    with pytest.raises(SpmdsimError, match=r"^GPTConfig lr -1.0 must be a finite number >= 0$"):
+        GPTConfig(lr=-1.0)  # a library call: the value's repr
 
 
 @pytest.mark.parametrize("argv, needle", [

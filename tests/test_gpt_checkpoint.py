@@ -240,11 +240,22 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     pipeline = {"pp": 2, "schedule": schedule, "microbatches": 4, "virtual": 1, "split": None}
     zero = options.get("zero", 0)
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero) == (
-        f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has microbatches 2, this run's 4 (resume with the "
-        "settings it was saved with)")
+        f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has --microbatches 2, this run's --microbatches 4 "
+        "(resume with the settings it was saved with)")
+    # one side without a pipeline: both said as typed (was "the checkpoint's mesh has pp 2, this run's none")
     plain = checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), zero=zero)  # train's: no pipeline
-    assert plain == (f"--resume {tmp_path / 'half'}: the checkpoint's mesh has pp 2, this run's none (resume with "
-                     "the settings it was saved with)")
+    assert plain == (f"--resume {tmp_path / 'half'}: the checkpoint was saved with --pp 2 --schedule {schedule} "
+                     "--microbatches 2, this run without a pipeline (resume with the settings it was saved with)")
+    if schedule == "1f1b" and not options:  # and the other way: a checkpoint of train's, resumed in a pipeline
+        from spmdsim.gpt import checkpoint
+        from spmdsim.gpt.train import checkpoint_meta
+
+        (tmp_path / "plain").mkdir()
+        (tmp_path / "plain" / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
+                                                           "step": 1, **checkpoint_meta(cfg, 4, 2, 2)}))
+        assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "plain"), pipeline=pipeline) == (
+            f"--resume {tmp_path / 'plain'}: the checkpoint was saved without a pipeline, this run with --pp 2 "
+            "--schedule 1f1b --microbatches 4 (resume with the settings it was saved with)")
 
 
 def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
@@ -270,7 +281,8 @@ def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
 
 
 def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
-    # "the checkpoint's pipeline has split [1, 3], this run's none": none is the default split, balanced
+    # "the checkpoint's pipeline has split [1, 3], this run's none": none is the default split, balanced; both
+    # said as typed (--stage-layers)
     from spmdsim.gpt import checkpoint
     from spmdsim.gpt.train import checkpoint_meta
 
@@ -281,8 +293,8 @@ def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
                                              "step": 1, **meta}))
     balanced = dict(pipeline, split=None)
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=balanced) == (
-        f"--resume {tmp_path}: the checkpoint's pipeline has split [1, 3], this run's balanced (resume with the "
-        "settings it was saved with)")
+        f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's a balanced split (no "
+        "--stage-layers) (resume with the settings it was saved with)")
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=dict(pipeline, split=[3, 1])) == (
-        f"--resume {tmp_path}: the checkpoint's pipeline has split [1, 3], this run's [3, 1] (resume with the "
-        "settings it was saved with)")
+        f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's --stage-layers 3,1 "
+        "(resume with the settings it was saved with)")

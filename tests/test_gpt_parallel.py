@@ -221,7 +221,7 @@ def test_train_gpt_replays_clipped_steps():
     (["examples/train_gpt.py", "--sample", "-5"],
      "--sample -5 must be an integer >= 0 (characters to generate; 0: none)"),
     (["examples/train_gpt.py", "--temperature", "nan"], "--temperature nan must be a finite number >= 0 (0: greedy)"),
-    (["examples/train_gpt.py", "--temperature", "-1"], "--temperature -1.0 must be a finite number >= 0 (0: greedy)"),
+    (["examples/train_gpt.py", "--temperature", "-1"], "--temperature -1 must be a finite number >= 0 (0: greedy)"),
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
     (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
                                                  "[0, 102); expected vocab 127 or more (--vocab)"),
@@ -236,6 +236,36 @@ def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_befo
     assert out.returncode == 2, out.stderr
     assert unfold(out.stderr).strip().splitlines() == [f"spmdsim: error: {message}"]
     assert "step" not in out.stdout  # nothing trained
+
+
+@pytest.mark.parametrize("args, message", [
+    (["examples/train_gpt.py", "--lr", "-1"], "--lr -1 must be a finite number >= 0"),
+    (["examples/train_gpt.py", "--lr", "1e400"], "--lr 1e400 (read as inf) must be a finite number >= 0"),
+    (["examples/train_gpt.py", "--dropout", "2"], "--dropout 2 must be a finite number in [0, 1)"),
+    (["examples/train_gpt.py", "--dropout", "0.99999999999999999999"],
+     "--dropout 0.99999999999999999999 (read as 1.0) must be a finite number in [0, 1)"),
+    (["examples/train_gpt.py", "--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
+    (["examples/train_gpt.py", "--temperature", "-1e0"], "--temperature -1e0 must be a finite number >= 0 (0: greedy)"),
+    (["examples/train_moe_gpt.py", "--lr", "-1"], "--lr -1 must be a finite number >= 0"),
+    (["examples/train_moe_gpt.py", "--dropout", "-0.5"], "--dropout -0.5 must be a finite number in [0, 1)"),
+    (["examples/train_moe_gpt.py", "--capacity-factor", "1e400"],
+     "--capacity-factor 1e400 (read as inf) must be a finite number > 0 (or --dropless)"),
+    (["examples/train_moe_gpt.py", "--aux-loss-coeff", "-1.50"], "--aux-loss-coeff -1.50 must be a finite number >= 0"),
+    (["examples/train_moe_gpt.py", "--z-loss-coeff", "-1"], "--z-loss-coeff -1 must be a finite number >= 0"),
+    # the optimizer refused these naming its argument: "lr -1.0 must be a finite number >= 0"
+    (["examples/train_seed_networks.py", "--lr", "-1"], "--lr -1 must be a finite number >= 0"),
+    (["examples/train_megatron_block.py", "--lr", "-1"], "--lr -1 must be a finite number >= 0"),
+    (["examples/train_mindspore_tutorial.py", "--lr", "nan"], "--lr nan must be a finite number >= 0"),
+])
+def test_the_training_examples_name_a_float_flag_as_typed(args, message):
+    """type=float kept only the number: `--lr -1` was refused as "--lr -1.0", `--capacity-factor 1e400` as "inf"
+    (a value the user never typed). The examples' float flags remember the text now (spmdsim.cli.numbers), as
+    `spmdsim estimate`'s and `spmdsim launch`'s do: one line, no traceback."""
+    out = _run(*args, "--ranks", "8")
+    assert out.returncode == 2, out.stderr
+    assert unfold(out.stderr).strip().splitlines() == [f"spmdsim: error: {message}"]
+    assert "Traceback" not in out.stderr and "step" not in out.stdout
+
 
 
 @pytest.mark.parametrize("args, message", [

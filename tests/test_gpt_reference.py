@@ -304,8 +304,23 @@ def test_command_line_prints_losses_and_a_sample_in_100_columns(capsys):
     assert all(len(line) <= 100 for line in out.splitlines())
     assert ref.main(["--heads", "3", "--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.strip().count("\n") == 0 and "divisible by heads 3" in err
+    assert err.strip().count("\n") == 0 and "--d-model 128 must be divisible by --heads 3" in err
     assert ref.main(["--threads", "0"]) == 2 and "--threads 0 must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dropout", "2"], "--dropout 2 must be a finite number in [0, 1)"),  # was "GPTConfig dropout 2.0"
+    (["--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
+    (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4 (each head takes --d-model / --heads "
+                          "features)"),
+    # refused after 200 steps of training, as "temperature -1.0" and "n -1"
+    (["--temperature", "-1"], "--temperature -1 must be a finite number >= 0 (0: greedy)"),
+    (["--sample", "-1"], "--sample -1 must be an integer >= 0 (characters to generate)"),
+])
+def test_command_line_refuses_its_flags_as_typed_before_training(capsys, argv, message):
+    assert ref.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {message}\n" and captured.out == ""
 
 
 def test_gpt_modules_import_neither_mpi4py_nor_the_runtime():

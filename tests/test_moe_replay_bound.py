@@ -4,6 +4,7 @@ collective's checks, no door.repeat on replay); dropless, the Alltoallv whose co
 Either way a replay equals the eager layer on the same tokens bit for bit."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 import spmdsim
 from spmdsim import ops
+from spmdsim.flops import counting
 from spmdsim.moe import MoEConfig
 from spmdsim.moe.layer import moe_layer
 from spmdsim.runtime import collectives, door
@@ -38,7 +40,10 @@ def _entered(call):
     return result, frames
 
 
-def _layer_step(dropless):
+def _layer_step(dropless, counted=None):
+    """Each replay's (exchanges entered, equal to the eager layer, another output than the first replay's); with
+    `counted` (True: captured under a FLOP counter, False: without), (those, the record's length, whether the
+    counter's products and kernels are the eager step's)."""
     rng = np.random.default_rng(3)
     p = {"h1.moe.router": rng.standard_normal((D, E)), "h1.moe.w1": rng.standard_normal((E, D, 2 * D)) * 0.3,
          "h1.moe.b1": rng.standard_normal((E, 2 * D)) * 0.1, "h1.moe.w2": rng.standard_normal((E, 2 * D, D)) * 0.3,
@@ -66,8 +71,12 @@ def _layer_step(dropless):
         return y.local.copy(), [t.grad.local.copy() for t in params.values()]
 
     xd = DTensor.from_global(mesh, xs[0], tokens)
-    step(xd)  # an eager step first: the collectives' plans kept, as a training loop's
-    graph = capture(step, xd, state=params.values())
+    with counting() as eager_count:
+        step(xd)  # an eager step first: the collectives' plans kept, as a training loop's
+    with counting() if counted else contextlib.nullcontext() as captured_count:  # a FLOP counter open, or none
+        graph = capture(step, xd, state=params.values())
+    counts = (eager_count.counts, eager_count.kernels) == (captured_count.counts, captured_count.kernels) \
+        if counted else None
     exchanges = {collectives.alltoall.__wrapped__.__code__, door.repeat.__code__, getattr(group_alltoallv, "__wrapped__", group_alltoallv).__code__}
     replays = []
     for x in xs[1:]:
@@ -80,7 +89,7 @@ def _layer_step(dropless):
         same = y.tobytes() == want_y.tobytes() and all(a.tobytes() == b.tobytes() for a, b in zip(grads, want_grads))
         results.append((entered, same, y.tobytes() != replays[0][1].tobytes()))
     mesh.close()
-    return results
+    return results if counted is None else (results, graph.operations, counts)
 
 
 @pytest.mark.parametrize("dropless", [False, True])
@@ -93,3 +102,19 @@ def test_a_replayed_moe_layers_capacity_exchanges_are_bound_and_dropless_ones_ru
         for entered, same, _ in results:
             assert same, results  # each replay equals the eager layer on its tokens, output and gradients
             assert entered == (["group_alltoallv"] if dropless else []), results
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_a_moe_step_captured_under_a_flop_counter_records_what_the_uncounted_capture_does(dropless):
+    """The layer counts its products (spmdsim.flops) outside its kernels, with its plan's _Exchange: dropless,
+    `_Plan.exchange` compared the step's counts there, traced arrays while capturing, so a capture under an open
+    counter recorded four np.array_equal guards more than one without (73 operations against 69 at ep 2), and
+    every replay whose tokens routed otherwise stopped: "np.array_equal read True from an array while capturing
+    and False now". The count takes the exchange the step's kernels made (`_Plan.made`): the same record, the
+    replays equal to the eager layer, and the products and kernels counted as the eager step's."""
+    plain = spmdsim.simulate(2, lambda: _layer_step(dropless, False))
+    counted = spmdsim.simulate(2, lambda: _layer_step(dropless, True))
+    for (results, operations, _), (counted_results, counted_operations, same_counts) in zip(plain, counted):
+        assert counted_operations == operations
+        assert counted_results == results and all(same for _, same, _ in results) and results[1][2]
+        assert same_counts

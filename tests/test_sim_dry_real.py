@@ -96,3 +96,35 @@ def test_a_dry_step_counts_what_the_real_step_allocates(case):
         ops = {k.op for k in theirs[3]}
         assert ("swiglu" in ops) == (cfg.moe is not None and cfg.mlp == "swiglu"), ops
         assert ("moe bias" in ops) == (cfg.moe is not None and cfg.bias), ops
+
+
+@pytest.mark.parametrize("dtypes, drop", [
+    (("float32", "float64", "float32"), 0.0),  # the scores float64: so the probabilities kept and the result
+    (("float32", "float32", "float64"), 0.25),  # the result float64 (the probabilities, the dropout's, float32)
+    (("float32", "float64", "float64"), 0.25),
+    (("float64", "float32", "float32"), 0.0),  # q's dtype, as before
+])
+def test_attention_of_mixed_float_dtypes_types_its_dry_blocks_as_the_real_run(dtypes, drop):
+    """ops.attention with q float32 and k or v float64: the real run's result is float64 (numpy promotes the
+    products), the dry run's was q's float32, and the probabilities it keeps for the backward half their real
+    bytes. The dry blocks take numpy's promotion now: the result's dtype, the bytes kept and the products and
+    kernels counted are the real run's."""
+    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim.autograd.kept import kept_bytes
+
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        rng = np.random.default_rng(0)
+        q, k, v = (DTensor.from_global(mesh, rng.standard_normal((2, 4, 2, 4)).astype(d),
+                                       mesh.layout(None, None, "tp", None)).requires_grad_() for d in dtypes)
+        with counting() as counter:
+            o = ops.attention(q, k, v, causal=True, dropout=drop, seed=3 if drop else None)
+            kept = kept_bytes([o], exclude=(q, k, v), masks=True)
+            ops.sum(o).backward()
+        return (o.local.dtype.name, kept, [t.grad.local.dtype.name for t in (q, k, v)], counter.counts,
+                counter.kernels)
+
+    real = spmdsim.simulate(2, body)[0]
+    dry = spmdsim.simulate(2, body, dry_run=True)[0]
+    assert real[0] == np.result_type(*dtypes).name
+    assert dry == real

@@ -23,7 +23,7 @@ import json
 import math
 import sys
 import threading
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import SpmdsimError
 from ..engines import engine_of
@@ -139,24 +139,36 @@ MAX_GPT_LAYERS = 64
 MAX_GPT_ELEMENTS = 2 ** 40
 
 
-def gpt_said() -> dict:
-    """GPTConfig's fields -> how --gpt and the architecture's flags set each (GPTConfig's refusals name them)."""
+def gpt_said(text: Optional[str]) -> Any:
+    """GPTConfig's refusals, within it, name the fields --gpt `text` typed ("--gpt d_model 100") and the
+    architecture's flags (--rope, --kv-heads, ...) as typed, the other sizes as defaults ("the default d_model 128
+    must be divisible by --gpt heads 3", not "--gpt d_model 128", a key the user never typed); spmdsim.gpt.config.
+    said_as. `text` already read by _gpt_config (None: no --gpt)."""
+    from ..gpt.config import said_as
     from ..gpt_flags import ARCHITECTURE_SAID
 
-    return {**{key: f"--gpt {key}" for key in GPT_KEYS + ("vocab_pad_to",)}, **ARCHITECTURE_SAID}
+    typed = gpt_typed(text)
+    sizes = GPT_KEYS + ("vocab_pad_to",)
+    return said_as({**{key: f"--gpt {key}" for key in sizes if key in typed}, **ARCHITECTURE_SAID},
+                   defaults=[key for key in sizes if key not in typed])
+
+
+def gpt_typed(text: Optional[str]) -> set:
+    """The keys --gpt `text` gives (None: no --gpt, none)."""
+    return {item.partition("=")[0].strip() for item in text.split(",")} if text else set()
 
 
 def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
     """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
     a machine file) MACHINE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer, and
     vocab_pad_to=N pads the vocabulary."""
-    from ..gpt.config import GPTConfig, said_as
+    from ..gpt.config import GPTConfig
     from ..moe.config import MoEConfig
     from .estimate import no_moe_block
 
     keys = GPT_KEYS + (MACHINE_KEYS if moe else ())
     fields: dict = {}
-    for item in text.split(","):
+    for item in text.split(",") if text else ():  # "": no --gpt (the search by a machine file), the defaults
         key, sep, value = (part.strip() for part in item.partition("="))
         if sep and key in MOE_KEYS and not moe:
             raise SpmdsimError(f"--gpt {key} sets MoE layers, which only the search by a machine file prices: "
@@ -184,10 +196,11 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
         experts["every"] = experts.pop("moe_every", 2)
         layers = fields.get("layers", GPTConfig.layers)
         if experts["every"] > layers:
+            said = "--gpt layers" if "layers" in fields else "the default layers"  # not typed: not "--gpt"
             raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
-                               f"expected at most layers {layers}")
+                               f"expected at most {said} {layers}")
         fields["moe"] = MoEConfig(**experts)
-    with said_as(gpt_said()):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
+    with gpt_said(text):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
         config = GPTConfig(**fields)
     if config.layers > max_layers:
         raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "

@@ -35,8 +35,7 @@ def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.search import parse_fixed, search, vocab_note
     from dataclasses import replace
 
-    from ..gpt.config import said_as
-    from .autoshard import _gpt_config, _still_working, gpt_said
+    from .autoshard import _gpt_config, _still_working, gpt_said, gpt_typed
     from ..gpt_flags import architecture_fields, architecture_problem
 
     if args.network != "gpt":
@@ -58,11 +57,12 @@ def run_machine(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
-    cfg = _gpt_config(args.gpt or "layers=4", max_layers=1 << 20, sizes=False, moe=True)
-    problem = architecture_problem(args, cfg.heads, "--gpt heads")
+    cfg = _gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
+    problem = architecture_problem(args, cfg.heads, heads)
     if problem:
         raise SpmdsimError(problem)
-    with said_as(gpt_said()):  # Llama's options (--ffn, --rope, ...): GPTConfig checks them, naming the flags
+    with gpt_said(args.gpt):  # Llama's options (--ffn, --rope, ...): GPTConfig checks them, naming the flags
         cfg = replace(cfg, **architecture_fields(args))
     if args.moe_cells and cfg.moe is None:
         raise SpmdsimError("--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["FlagFloat", "flag_float", "typed"]
+__all__ = ["FlagFloat", "flag_float", "typed", "shown"]
 
 
 class FlagFloat(float):
@@ -43,3 +43,9 @@ def typed(value: float) -> str:
     if exact.is_finite() and exact != Decimal(repr(number)):
         return f"{text} (read as {number!r})"
     return text
+
+
+def shown(value: object) -> str:
+    """`value` for a refusal that a library call and a flag share: as typed (`typed`) when a flag gave it (a
+    FlagFloat), else its repr, as the library says it (``GPTConfig(lr=-1.0)``: "lr -1.0")."""
+    return typed(value) if getattr(value, "text", None) is not None else repr(value)  # type: ignore[arg-type]

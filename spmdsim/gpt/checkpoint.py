@@ -96,13 +96,22 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
         there = saved.get(key)
         if key == "config" and isinstance(there, dict):  # a field added since it was saved: its default
             there = {**_config_defaults(), **there}
+        if key == "mesh" and (saved.get("pipeline") is None) != (meta.get("pipeline") is None):
+            # one side a pipeline, the other none: both as typed ("pp none, this run's 2" said the mesh's pp)
+            return (f"--resume {directory}: the checkpoint was saved {_pipeline_words(saved)}, this run "
+                    f"{_pipeline_words(meta)} (resume with the settings it was saved with)")
         if there == here:
             continue
+        if key == "pipeline" and isinstance(here, dict) and isinstance(there, dict):
+            for k in list(here) + [k for k in there if k not in here]:
+                if here.get(k) != there.get(k):
+                    return (f"--resume {directory}: the checkpoint's pipeline has {_pipeline_flag(k, there.get(k))}, "
+                            f"this run's {_pipeline_flag(k, here.get(k))} (resume with the settings it was saved with)")
         if isinstance(here, dict) and isinstance(there, dict):
             for k in list(here) + [k for k in there if k not in here]:
                 if here.get(k) != there.get(k):
-                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k), key, k)}, "
-                            f"this run's {_shown(here.get(k), key, k)} (resume with the settings it was saved with)")
+                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k))}, "
+                            f"this run's {_shown(here.get(k))} (resume with the settings it was saved with)")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
                 "(resume with the settings it was saved with)")
     if saved["step"] >= steps:
@@ -132,11 +141,41 @@ def save_problem(directory: str) -> Optional[str]:
     return None
 
 
-def _shown(value: Any, key: str = "", field: str = "") -> str:
-    """A metadata value as a refusal says it; the pipeline's split None is the default, "balanced" (not "none")."""
-    if value is None and (key, field) == ("pipeline", "split"):
-        return "balanced"
+def _shown(value: Any) -> str:
+    """A metadata value as a refusal says it."""
     return "none" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else repr(value)
+
+
+#: The pipeline's recorded fields -> the flag that sets each (spmdsim.pipeline.options.pipeline_arguments).
+_PIPELINE_FLAGS = {"schedule": "--schedule", "microbatches": "--microbatches", "virtual": "--virtual-stages",
+                   "split": "--stage-layers"}
+
+
+def _pipeline_flag(field: str, value: Any) -> str:
+    """A pipeline's recorded field as the flag that gives it: "--schedule 1f1b", "--stage-layers 1,3"; the split
+    None is the default, balanced (not "none")."""
+    if field == "split":
+        return ("a balanced split (no --stage-layers)" if value is None else
+                f"--stage-layers {','.join(map(str, value)) if isinstance(value, list) else value}")
+    flag = _PIPELINE_FLAGS.get(field)
+    return f"{flag} {value}" if flag else f"{field} {_shown(value)}"
+
+
+def _pipeline_words(meta: dict) -> str:
+    """How the run of `meta` was pipelined, as its flags: "with --pp 2 --schedule 1f1b --microbatches 4" (its
+    --virtual-stages beyond 1 and --stage-layers when not balanced too), or "without a pipeline"."""
+    pipeline = meta.get("pipeline")
+    if pipeline is None:
+        return "without a pipeline"
+    mesh = meta.get("mesh")
+    pp = mesh.get("pp") if isinstance(mesh, dict) else None
+    words = ([f"--pp {pp}"] if pp is not None else []) + [_pipeline_flag(k, pipeline.get(k))
+                                                          for k in ("schedule", "microbatches")]
+    if pipeline.get("virtual", 1) != 1:
+        words.append(_pipeline_flag("virtual", pipeline.get("virtual")))
+    if pipeline.get("split") is not None:
+        words.append(_pipeline_flag("split", pipeline["split"]))
+    return "with " + " ".join(words)
 
 
 def _reason(e: BaseException) -> str:

@@ -6,8 +6,9 @@ import numbers
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Iterator, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
+from ..cli.numbers import shown
 from ..errors import SpmdsimError
 from ..moe.config import MoEConfig
 from ..validate import as_int
@@ -21,18 +22,21 @@ CHOICES = {"norm": ("layer", "rms"), "mlp": ("gelu", "swiglu"), "positions": ("l
 #: Rotary embeddings' base (Llama-2's theta): frequency i of a head is base ** (-2i / head_dim).
 ROPE_BASE = 10000.0
 
-#: How a refusal names each field: {field: the flag the user typed} while `said_as` holds (empty: "GPTConfig
-#: field"). A context variable: each simulated rank's thread has its own.
-_SAID: ContextVar[Mapping[str, str]] = ContextVar("spmdsim_gptconfig_said", default={})
+#: How a refusal names each field: ({field: the flag the user typed}, {fields left at their default}) while
+#: `said_as` holds (empty: "GPTConfig field"). A context variable: each simulated rank's thread has its own.
+_SAID: ContextVar[tuple[Mapping[str, str], frozenset]] = ContextVar("spmdsim_gptconfig_said",
+                                                                    default=({}, frozenset()))
 
 
 @contextmanager
-def said_as(flags: Mapping[str, str]) -> Iterator[None]:
+def said_as(flags: Mapping[str, str], defaults: Iterable[str] = ()) -> Iterator[None]:
     """Within it, a GPTConfig's refusal names a field by the flag that gave it (`flags`: field -> flag, e.g.
     ``{"d_model": "--hidden"}``): "--hidden 100 must be divisible by --heads 3", not "GPTConfig d_model 100
     must be divisible by heads 3", a name the user never typed. ``"positions": "--rope"`` names the rotary
-    embeddings' flag. Fields not in `flags` keep "GPTConfig field"."""
-    token = _SAID.set(flags)
+    embeddings' flag. `defaults`: fields the user left at their default (no flag gives them, as ``spmdsim
+    autoshard --gpt``'s keys not typed): said as such beside their value, "the default d_model 128 must be
+    divisible by --gpt heads 3", not as if typed. Other fields keep "GPTConfig field"."""
+    token = _SAID.set((flags, frozenset(defaults)))
     try:
         yield
     finally:
@@ -40,13 +44,23 @@ def said_as(flags: Mapping[str, str]) -> Iterator[None]:
 
 
 def _subject(name: str) -> str:
-    """A refusal's subject for field `name`: its flag under `said_as`, else "GPTConfig name"."""
-    return _SAID.get().get(name) or f"GPTConfig {name}"
+    """A refusal's subject for field `name` (its value follows): its flag under `said_as`, "the default name"
+    when left at its default, else "GPTConfig name"."""
+    flags, defaults = _SAID.get()
+    return flags.get(name) or (f"the default {name}" if name in defaults else f"GPTConfig {name}")
+
+
+def _valued(name: str) -> str:
+    """Field `name` as a refusal's later words say it before its value: its flag under `said_as`, "the default
+    name" when left at its default, else the field's name."""
+    flags, defaults = _SAID.get()
+    return flags.get(name) or (f"the default {name}" if name in defaults else name)
 
 
 def _word(name: str) -> str:
-    """Field `name` as a refusal's later words say it: its flag under `said_as`, else the field's name."""
-    return _SAID.get().get(name) or name
+    """Field `name` as a refusal's later words say it without a value: its flag under `said_as`, else the
+    field's name."""
+    return _SAID.get()[0].get(name) or name
 
 
 @dataclass(frozen=True)
@@ -108,7 +122,7 @@ class GPTConfig:
             object.__setattr__(self, name, n)
         if self.d_model % self.heads:
             d_model, heads = _word("d_model"), _word("heads")
-            raise SpmdsimError(f"{_subject('d_model')} {self.d_model!r} must be divisible by {heads} "
+            raise SpmdsimError(f"{_subject('d_model')} {self.d_model!r} must be divisible by {_valued('heads')} "
                                f"{self.heads!r} (each head takes {d_model} / {heads} features)")
         seed = as_int(self.seed)
         if seed is None or seed < 0:
@@ -143,12 +157,12 @@ class GPTConfig:
                 raise SpmdsimError(f"GPTConfig {name} {getattr(self, name)!r} must be True or False")
         if self.heads % self.kv:
             kv, heads = _word("kv_heads"), _word("heads")
-            raise SpmdsimError(f"{_subject('kv_heads')} {self.kv_heads!r} must divide {heads} {self.heads!r} "
-                               f"(each key/value head serves {heads} / {kv} query heads)")
+            raise SpmdsimError(f"{_subject('kv_heads')} {self.kv_heads!r} must divide {_valued('heads')} "
+                               f"{self.heads!r} (each key/value head serves {heads} / {kv} query heads)")
         if self.positions == "rope" and self.head_dim % 2:
-            rope = _SAID.get().get("positions") or "GPTConfig positions 'rope'"
-            raise SpmdsimError(f"{rope} needs an even head_dim, got {_word('d_model')} {self.d_model} / "
-                               f"{_word('heads')} {self.heads} = {self.head_dim} (rotary embeddings turn pairs of "
+            rope = _SAID.get()[0].get("positions") or "GPTConfig positions 'rope'"
+            raise SpmdsimError(f"{rope} needs an even head_dim, got {_valued('d_model')} {self.d_model} / "
+                               f"{_valued('heads')} {self.heads} = {self.head_dim} (rotary embeddings turn pairs of "
                                "features)")
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise SpmdsimError(f"GPTConfig moe {self.moe!r} must be None or a spmdsim.moe.MoEConfig")
@@ -244,5 +258,5 @@ def _real(cfg: GPTConfig, name: str, low: float, high: float, expected: str,
     ok = _is_real(value) and (value > low if low_open else value >= low) \
         and (value < high if high_open else value <= high)
     if not ok:
-        raise SpmdsimError(f"{_subject(name)} {value!r} must be a finite number {expected}")
+        raise SpmdsimError(f"{_subject(name)} {shown(value)} must be a finite number {expected}")  # "--lr -1" as typed
     object.__setattr__(cfg, name, float(value))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..cli.numbers import flag_float
 from ..validate import counted
 from ..gpt_flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
@@ -48,8 +49,8 @@ def model_arguments(parser: Any) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--dropout", type=flag_float, default=0.1)  # refused as typed: "--lr -1", not "-1.0"
+    parser.add_argument("--lr", type=flag_float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     architecture_arguments(parser)
 

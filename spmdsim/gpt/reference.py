@@ -26,7 +26,8 @@ from ..errors import SpmdsimError
 from ..optim import adamw_update
 from ..validate import as_int
 from . import _blocks as blk
-from .config import GPTConfig
+from ..cli.numbers import flag_float
+from .config import GPTConfig, said_as
 from .data import batch, decode, encode, load_text
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
                      unpadded_params)
@@ -330,13 +331,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--heads", type=int, default=GPTConfig.heads)
     ap.add_argument("--seq", type=int, default=GPTConfig.seq)
     ap.add_argument("--batch", type=int, default=GPTConfig.batch)
-    ap.add_argument("--dropout", type=float, default=GPTConfig.dropout)
+    ap.add_argument("--dropout", type=flag_float, default=GPTConfig.dropout)
     ap.add_argument("--seed", type=int, default=GPTConfig.seed)
-    ap.add_argument("--clip", type=float, default=GPTConfig.clip, help="clip the gradients' joint norm to this "
+    ap.add_argument("--clip", type=flag_float, default=GPTConfig.clip, help="clip the gradients' joint norm to this "
                     "(0: no clipping)")
     ap.add_argument("--prompt", default="def ", help="text the sample starts from")
     ap.add_argument("--sample", type=int, default=300, help="characters to generate")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--temperature", type=flag_float, default=0.0, help="0: greedy")
     ap.add_argument("--threads", type=int, default=None, help="BLAS threads (default: numpy's own)")
     args = ap.parse_args(argv)
     if args.threads is not None and args.threads < 1:
@@ -348,12 +349,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _main(args)
 
 
+#: GPTConfig's fields -> the flag of `main` that sets each: its refusals name the flag typed ("--dropout 2 ...").
+_SAID = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "batch": "--batch",
+         "dropout": "--dropout", "seed": "--seed", "clip": "--clip"}
+
+
 def _main(args: argparse.Namespace) -> int:
+    from ..cli.numbers import typed
+
     try:
-        cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                        batch=args.batch, dropout=args.dropout, seed=args.seed, clip=args.clip)
+        with said_as(_SAID):
+            cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                            batch=args.batch, dropout=args.dropout, seed=args.seed, clip=args.clip)
         if args.every < 1:
             raise SpmdsimError(f"--every {args.every!r} must be an integer >= 1")
+        # the sample's flags before the training, not after it (generate's own refusal names its arguments)
+        if args.sample < 0:
+            raise SpmdsimError(f"--sample {args.sample!r} must be an integer >= 0 (characters to generate)")
+        if not (math.isfinite(args.temperature) and args.temperature >= 0):
+            raise SpmdsimError(f"--temperature {typed(args.temperature)} must be a finite number >= 0 (0: greedy)")
         text = load_text()
         print(f"GPT {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch "
               f"{cfg.batch}, dropout {cfg.dropout}")

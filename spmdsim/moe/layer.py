@@ -267,7 +267,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     back = _combined(plan, ye, per_expert, got)
     out = _tensor(x, _K._unpack(back, rows, gates), x._layout)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
-        _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
+        _count_experts(plan.made(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                        blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
                                    us=us, **dict(zip(names, (w.local for w in weights)))), names=names)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
@@ -291,7 +291,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dprobs = _K._probs_grad(probs._local if not CAPTURE.on else probs.local, experts, gates, slots, counts, C,
                                 dgates)
         if any_open():
-            _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
+            _count_experts(plan.made(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                            backward=True, names=names,
                            blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
                                        dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=W2, w3=W3))
@@ -328,6 +328,14 @@ class _Plan:
         elif got is not None:  # (without `got`, dropless exchanges the counts itself)
             self.last = (per_expert.copy(), got.copy(), move)
         return move
+
+    def made(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
+        """This step's _Exchange as the layer's exchanges made it (`last`), for the FLOP count, outside a kernel:
+        `exchange` there compares the counts, which while capturing are traced arrays, so a dropless capture
+        recorded each comparison as a guard (np.array_equal) that a replay with other counts failed on, and a
+        count under a counter was no longer the step's alone. Made by `exchange` where none was yet."""
+        last = self.last
+        return last[2] if last is not None else self.exchange(per_expert, got)
 
 
 def _plan(mesh: Any, moe: MoEConfig, T: int, bl: int, El: int, name: str) -> _Plan:

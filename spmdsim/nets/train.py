@@ -281,8 +281,11 @@ def refuse(text: str) -> NoReturn:
 
 
 def _printing_problem(args: Any) -> Optional[str]:
-    """Why an example's ``--every``, ``--sample`` or ``--temperature`` (those it has) cannot be, or None:
-    checked before the first step, not when the last one prints or samples."""
+    """Why an example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` (those it has and was given)
+    cannot be, or None: checked before the first step, not when the last one prints or samples, nor by the
+    optimizer, which names its argument ("lr -1.0") where the user typed a flag ("--lr -1")."""
+    from ..cli.numbers import shown
+
     every = getattr(args, "every", None)
     if every is not None and every < 1:
         return f"--every {every!r} must be at least 1 (print every N steps)"
@@ -291,7 +294,10 @@ def _printing_problem(args: Any) -> Optional[str]:
         return f"--sample {sample!r} must be an integer >= 0 (characters to generate; 0: none)"
     temperature = getattr(args, "temperature", None)
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
-        return f"--temperature {temperature!r} must be a finite number >= 0 (0: greedy)"
+        return f"--temperature {shown(temperature)} must be a finite number >= 0 (0: greedy)"
+    lr = getattr(args, "lr", None)  # None: the example's default
+    if lr is not None and not (math.isfinite(lr) and lr >= 0):  # as torch.optim, spmdsim.optim and GPTConfig
+        return f"--lr {shown(lr)} must be a finite number >= 0"
     return None
 
 
@@ -327,7 +333,8 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
     First, on inputs every rank shares: ``--steps`` at least 1 (and, where the example has them, ``--every``
-    at least 1, ``--sample`` an integer >= 0 and ``--temperature`` a finite number >= 0), a valid ``--ranks``,
+    at least 1, ``--sample`` an integer >= 0, ``--temperature`` and ``--lr`` finite numbers >= 0, each named as
+    typed), a valid ``--ranks``,
     ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
     the report of each rank's bytes instead of the output; docs/simulate.md),
     and ``needs(world size)`` (why the network cannot run at that size, or None),

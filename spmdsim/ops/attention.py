@@ -148,14 +148,14 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             return grouped_product(pd, vb.transpose(heads), groups).transpose(back)
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
-    like = broadcast_zero(decided.block, dtype)  # the result's block
+    like = broadcast_zero(decided.block, decided.out_dtype)  # the result's block (numpy's promotion: the kernel's)
     blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
     out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
-    scores = (probs_local, dtype)
+    scores = (probs_local, decided.probs_dtype)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
     if grads and mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
-        block = broadcast_zero(probs_local, q.dtype)
+        block = broadcast_zero(probs_local, decided.probs_dtype)
         p = _engine_local(np.copy, block, block)
         saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
         if kept == "megatron" and drop:
@@ -163,7 +163,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             saved.update(keep=_engine_local(np.copy, bits, bits),
                             scale=(np.float32 if low else dtype.type)(1.0 / (1.0 - drop)))
         else:
-            factors = broadcast_zero(block.shape, np.float32) if low else block  # the kernel's dtype
+            factors = broadcast_zero(block.shape, np.float32 if low else dtype)  # the kernel's dtype
             saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
     if any_open():  # else nothing is counted: no blocks to gather
         # its two products (spmdsim.flops) with the blocks the rule keeps and the result's
@@ -182,8 +182,8 @@ class _Decided:
     signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
-                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores", "groups", "stays", "flash",
-                 "tiles", "tile_rows")
+                 "probs_dtype", "out_dtype", "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores",
+                 "groups", "stays", "flash", "tiles", "tile_rows")
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
@@ -271,6 +271,11 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     out.probs_shape, out.region = (b, h, tq, out.tk), (b_, h_, t_, slice(0, out.tk))
     out.dtype = q.dtype
     out.low = is_low(out.dtype)
+    # The unfused core's blocks as numpy's promotion types them (q float32 with k or v float64: float64 scores or
+    # result; bfloat16's q rounds both to q's dtype): what a dry run's zeros take, so that its result and the
+    # blocks the rule keeps have the real run's dtype and bytes. (Flash's are q's dtype: its kernels round to it.)
+    out.probs_dtype = out.dtype if out.low else np.result_type(q.dtype, k.dtype)
+    out.out_dtype = out.dtype if out.low else np.result_type(out.probs_dtype, v.dtype)
     out.out, out.shape = first(plan.out), first(plan.shape)
     out.block = out.out.local_shape(out.shape, rank)
     out.scores = (b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, out.tk)
