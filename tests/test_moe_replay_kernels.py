@@ -103,11 +103,11 @@ def _frames(call):
     return result, pairs
 
 
-#: Python a replayed layer's kernels ran before: numpy's along-axis helpers and broadcast_to, a Routing's,
-#: the stats' group look-up, the slots' reorderings.
+#: Python a replayed layer ran before: its kernels' numpy along-axis helpers and broadcast_to, a Routing's,
+#: the stats' group look-up, the slots' reorderings; the router softmax's np.max and np.sum (their wrappers).
 _GONE = {"take_along_axis", "put_along_axis", "_make_along_axis_idx", "broadcast_to", "_token_rows", "_stats",
          "group_ranks", "by_expert", "by_source", "_by_expert", "_by_source", "route", "_placed", "dispatch_rows",
-         "gates_backward"}
+         "gates_backward", "_wrapreduction"}
 
 T, B, D, E = 4, 2, 8, 4
 
@@ -132,7 +132,7 @@ def _layer_step(dropless):
         for t in params.values():
             t.grad = None
         y, losses = moe_layer(xd, params, "h1.", moe, stats)
-        ops.resolved(ops.sum(y * gd) + losses).backward()
+        ops.resolved(ops.einsum("tbd,tbd->", y, gd) + losses).backward()  # (no np.sum: see _GONE)
         return y
 
     def eager(x):
@@ -168,7 +168,8 @@ def _layer_step(dropless):
 def test_a_replayed_moe_layer_runs_no_shape_python_and_equals_the_eager_layer(dropless):
     """Before, each replay ran numpy's take_along_axis and put_along_axis (routing, gates' backward), a
     broadcast_to per pack, unpack and combine backward, the stats' group look-up and a Routing's properties,
-    and each slot reordering's reshapes; with a capacity on tp 2, fc2's Allreduce inside the experts' kernel
+    each slot reordering's reshapes, and np.max's and np.sum's Python wrappers in the router's softmax and its
+    gradient (spmdsim.reference.softmax and reference_grad.softmax_grad now call their reductions); with a capacity on tp 2, fc2's Allreduce inside the experts' kernel
     (the collective's checks each replay). Now none of them: the Allreduce is its own recorded call, bound to
     its kept plan (dropless, it sums the rows that arrived, a count each step's: inside the kernel still)."""
     for results in spmdsim.simulate(4, lambda: _layer_step(dropless)):
