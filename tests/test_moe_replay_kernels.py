@@ -86,6 +86,41 @@ def test_the_layers_stats_kernel_is_stats():
         assert results[0][2] > 0  # (the capacity dropped some: their figures compared too)
 
 
+@pytest.mark.parametrize("ep,El", [(1, 3), (2, 2), (3, 1), (4, 3)])
+def test_a_dropless_exchange_puts_what_arrived_by_expert_then_source(ep, El):
+    """_Exchange (dropless): the rows each member sends and receives, and the order that takes what arrived (by
+    source, then local expert) to the experts' (by expert, then source), as one loop over them would make it;
+    with members that send an expert nothing."""
+    rng = np.random.default_rng(ep * 10 + El)
+    for _ in range(5):
+        got = rng.integers(0, 4, size=(ep, El)) * (rng.random((ep, El)) > 0.3)
+        mine = rng.integers(0, 4, size=ep * El)
+        starts = np.cumsum(got.reshape(-1)) - got.reshape(-1)
+        order = [i for e in range(El) for s in range(ep)
+                 for i in range(starts[s * El + e], starts[s * El + e] + got[s, e])]
+        sizes = got.sum(axis=0)
+        ranges = [(int(sizes[:e].sum()), int(sizes[:e + 1].sum())) for e in range(El)]
+        made = _dropless_exchange(ep, El, mine, got)
+        assert made.order.dtype == np.int64 and made.order.tolist() == order
+        assert made.ranges == ranges and made.arrived == int(got.sum())
+        assert made.send_rows == [int(mine[j * El:(j + 1) * El].sum()) for j in range(ep)]
+        assert made.recv_rows == [int(n) for n in got.sum(axis=1)]
+        assert all(type(n) is int for n in made.send_rows + made.recv_rows + [v for r in made.ranges for v in r])
+
+
+class _Mesh:
+    """What _Exchange reads of a mesh: its ep (no collective runs: the counts are given)."""
+
+    def __init__(self, ep):
+        self.layout = spmdsim.Layout((1, ep, 1), ("dp", "ep", "tp"))
+
+
+def _dropless_exchange(ep, El, per_expert, got):
+    moe = MoEConfig(experts=ep * El, top_k=1, dropless=True)
+    return layer._Exchange(_Mesh(ep), moe, 1, 1, El, np.asarray(per_expert, np.int64), "d", "c",
+                           np.asarray(got, np.int64).reshape(-1))
+
+
 def _frames(call):
     """(call's result, {(code, its caller's code)} of the frames it entered)."""
     pairs: set = set()
@@ -104,10 +139,11 @@ def _frames(call):
 
 
 #: Python a replayed layer ran before: its kernels' numpy along-axis helpers and broadcast_to, a Routing's,
-#: the stats' group look-up, the slots' reorderings; the router softmax's np.max and np.sum (their wrappers).
+#: the stats' group look-up, the slots' reorderings; the router softmax's np.max and np.sum (their wrappers);
+#: dropless, np.array_equal of the counts each time a kernel asked for the step's exchange.
 _GONE = {"take_along_axis", "put_along_axis", "_make_along_axis_idx", "broadcast_to", "_token_rows", "_stats",
          "group_ranks", "by_expert", "by_source", "_by_expert", "_by_source", "route", "_placed", "dispatch_rows",
-         "gates_backward", "_wrapreduction"}
+         "gates_backward", "_wrapreduction", "array_equal"}
 
 T, B, D, E = 4, 2, 8, 4
 

@@ -328,8 +328,8 @@ class _Plan:
     bl: int
     El: int
     name: str
-    #: (per_expert, got, their _Exchange) made last: a step's kernels ask seven times (a replay's with the
-    #: same captured arrays, rewritten each step, so the counts are compared, not the arrays' identity).
+    #: (per_expert's bytes, got's, their _Exchange) made last: a step's kernels ask seven times (a replay's with
+    #: the same captured arrays, rewritten each step, so the counts are compared, not the arrays' identity).
     last: Optional[tuple] = field(default=None, repr=False)
     #: its layer's _Facts for MoEStats (`_facts`), made on first use
     facts: Optional[Any] = field(default=None, repr=False)
@@ -341,15 +341,15 @@ class _Plan:
 
     def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
         last = self.last
-        if last is not None and (not self.moe.dropless or (np.array_equal(last[0], per_expert)
-                                                          and np.array_equal(last[1], got))):
-            return last[2]  # with a capacity nothing depends on the counts
+        if last is not None and (not self.moe.dropless or (got is not None and last[0] == per_expert.tobytes()
+                                                          and last[1] == got.tobytes())):
+            return last[2]  # with a capacity nothing depends on the counts (dropless: the same counts' bytes)
         move = _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
                          f"{self.name} combine", got)
         if not self.moe.dropless:  # (called outside a kernel while capturing: `_dispatched`; nothing copied)
             self.last = (None, None, move)
         elif got is not None:  # (without `got`, dropless exchanges the counts itself)
-            self.last = (per_expert.copy(), got.copy(), move)
+            self.last = (per_expert.tobytes(), got.tobytes(), move)  # (the layer's int64 counts, as bytes)
         return move
 
 
@@ -1220,16 +1220,19 @@ class _Exchange:
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
             me = mesh.group_info("ep")[2]
             got = np.tile(np.asarray(per_expert[me * El:(me + 1) * El], np.int64), (ep, 1))
-        self.send_rows = [int(per_expert[j * El:(j + 1) * El].sum()) for j in range(ep)]
-        self.recv_rows = [int(n) for n in got.sum(axis=1)]
+        self.send_rows = np.add.reduce(np.asarray(per_expert, np.int64).reshape(ep, El), 1).tolist()
+        self.recv_rows = np.add.reduce(got, 1).tolist()
         self.arrived = sum(self.recv_rows)
-        # Arrived rows are by source, then local expert; the experts want them by expert, then source.
-        starts = np.cumsum(got.reshape(-1)) - got.reshape(-1)
-        order = [np.arange(starts[s * El + e], starts[s * El + e] + got[s, e]) for e in range(El) for s in range(ep)]
-        self.order = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
-        sizes = got.sum(axis=0)
-        ends = np.cumsum(sizes)
-        self.ranges = [(int(ends[e] - sizes[e]), int(ends[e])) for e in range(El)]
+        # Arrived rows are by source, then local expert; the experts want them by expert, then source: block
+        # (s, e) of got[s, e] rows starts at `starts` in what arrived and at `at` in the experts' order.
+        flat = got.reshape(-1)
+        starts = (np.cumsum(flat) - flat).reshape(ep, El).T.reshape(-1)  # by (e, s)
+        sizes = got.T.reshape(-1)
+        at = np.cumsum(sizes) - sizes
+        self.order = (np.repeat(starts - at, sizes) + np.arange(self.arrived)).astype(np.int64, copy=False)
+        per = np.add.reduce(got, 0)
+        ends = np.cumsum(per)
+        self.ranges = list(zip((ends - per).tolist(), ends.tolist()))
 
     def dispatch(self, send: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Send rows (the routing's buffer, destination-major) -> expert-major rows of this rank's experts (into
