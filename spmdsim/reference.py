@@ -105,9 +105,11 @@ def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
 def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
     """exp(x) / sum(exp(x)) along `dim`, shifted by the max for range (float results)."""
     x = np.asanyarray(x)
-    shifted = x - np.max(x, axis=dim, keepdims=True)
+    # (np.max's and np.sum's reductions called themselves: the same kernels, without their Python wrappers,
+    # which a replayed step ran each time it replayed a router's softmax: spmdsim.runtime.replay)
+    shifted = x - np.maximum.reduce(x, dim, keepdims=True)
     e = np.exp(shifted)
-    return e / np.sum(e, axis=dim, keepdims=True)
+    return e / np.add.reduce(e, dim, keepdims=True)
 
 
 def transpose(x: np.ndarray, perm: Optional[Sequence[int]] = None) -> np.ndarray:

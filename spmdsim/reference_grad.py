@@ -58,7 +58,7 @@ ACTIVATION_GRADS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"relu": relu_
 
 def softmax_grad(s: np.ndarray, dy: np.ndarray, dim: int = -1) -> np.ndarray:
     """dx of s = softmax(x) along `dim`: s * (dy - sum(dy * s))."""
-    return s * (dy - np.sum(dy * s, axis=dim, keepdims=True))
+    return s * (dy - np.add.reduce(dy * s, dim, keepdims=True))  # (np.sum's reduction, without its wrapper)
 
 
 def matmul_grads(x: np.ndarray, w: np.ndarray, dy: np.ndarray, transpose_a: bool = False,

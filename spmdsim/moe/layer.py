@@ -49,6 +49,12 @@ most that can (ep x bl x T x min(k, local experts) rows) while capturing, and
 the counts, displacements and each expert's rows are worked out again from
 the counts' arrays once a step: the layer's kernels share the last _Exchange
 while the counts they are handed are the same (with a capacity, always).
+What the kernels index by that depends on the layer's shapes alone is worked
+out once (`_tables`, `_facts`) and a capacity's reorderings of the slots are
+bound once a graph (`_bind_reorder`), so a replay runs the routing's own numpy
+(its sort, gathers, one cumulative sum, the scatters) and no Python loop over
+experts, ranks or choices; with a capacity over tp > 1, fc2's Allreduce is
+recorded as its own call too, bound as the exchanges are.
 
 A dry run (spmdsim.sim.dry: shapes, no values) routes by the rule
 ``moe.dry_routing`` names (spmdsim.moe.routing.planned: "balanced" or
@@ -58,15 +64,15 @@ makes none of the experts' products.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from itertools import repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, setitem
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .. import ops
+from .. import ops, reference, reference_grad
 from ..buffers import CAPTURE, contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid, silu_slope
 from ..autograd.graph import record, with_partial
@@ -82,7 +88,7 @@ from ..runtime.replay import capturing, kernel, kernels
 from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
 from .losses import router_losses
-from .routing import Routing, dispatch_rows, gates_backward, planned, route
+from .routing import dispatch_rows, planned
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem", "input_problem"]
 
@@ -248,9 +254,10 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     # Routing, packing, the exchanges, the experts and unpacking are kernels (spmdsim.runtime.replay), each
     # writing arrays of fixed shapes: a replayed step reruns them on its own router probabilities. Dropless,
     # what arrives is sized by the step's counts: captured, its arrays have room for the most that can come.
-    experts, gates, slots, counts, rows, per_expert, load = _K._route(block(probs), k, C, moe.dropless, ep)
+    tab = _tables(T, bl, E, k, C, ep)
+    experts, gates, slots, counts, rows, per_expert, load = _K._route(block(probs), tab, moe.dropless)
     nrows = bl * T * k if moe.dropless else bl * E * C  # dropless: every assignment has its row
-    send = _K._pack(xb, rows, nrows)
+    send = _K._pack(xb, rows, nrows, tab.tok)
     got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
     if moe.dropless:
         got = KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
@@ -262,18 +269,25 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     mixed = xb.dtype != np.float64  # under a precision policy (spmdsim.precision): its rounding points
     forward, backward_of = (_K._run_experts_mixed, _K._experts_grad_mixed) if mixed else \
         (_K._run_experts, _K._experts_grad)
-    hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
+    if mixed or moe.dropless or tp == 1:
+        hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
+    else:  # fc2's sum over tp a collective of its own (a replay binds it to its kept plan), then b2 added
+        hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, None, W3, B3, summed=False)
+        KERNELS.allreduce(mesh, ye, "tp", f"{name} experts fc2", out=ye)
+        if B2 is not None:
+            y3 = ye.reshape(El, -1, D)
+            y3 += B2[:, None]
     us = more[0] if more else None  # SwiGLU's x @ w3 + b3, kept for the backward
     back = _combined(plan, ye, per_expert, got)
-    out = _tensor(x, _K._unpack(back, rows, gates), x._layout)
+    out = _tensor(x, _K._unpack(back, rows, gates, tab.tok), x._layout)
     if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
         _count_experts(plan.made(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                        blocks=dict(x=x.local, xe=xe, hs=hs, ts=ts, acts=acts, ye=ye, back=back, out=out.local,
                                    us=us, **dict(zip(names, (w.local for w in weights)))), names=names)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
         stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
-        _K._note(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
-                 D * xb.itemsize)
+        _K._note(stats.__setitem__, len(stats) - 1, _facts(plan, tab, D * xb.itemsize), experts, slots, rows,
+                 per_expert, got)
     tensors = (x, probs) + weights
     if not any(map(_AG, tensors)):  # (a node or leaf is true)
         return out, load
@@ -281,15 +295,17 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
 
     def backward(dy: Any) -> tuple:
-        dgates, dback = _K._combine_grad(dy._local if not CAPTURE.on else dy.local, back, rows, gates)
+        # (the closure holds the routing's slots and counts, as before, though no kernel here reads them: the
+        # bytes a dry run's ledger counts as kept; and `tab`, not its tables: shared, held by `_tables`)
+        held = (slots, counts)  # noqa: F841
+        dgates, dback = _K._combine_grad(dy._local if not CAPTURE.on else dy.local, back, rows, gates, tab.tok)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
         dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
         *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2, W3, us, B1 is not None,
                                   B2 is not None, B3 is not None)
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
-        dx = _K._unpack(dsend, rows, None)
-        dprobs = _K._probs_grad(probs._local if not CAPTURE.on else probs.local, experts, gates, slots, counts, C,
-                                dgates)
+        dx = _K._unpack(dsend, rows, None, tab.tok)
+        dprobs = _K._probs_grad(probs._local if not CAPTURE.on else probs.local, experts, gates, tab, dgates)
         if any_open():
             _count_experts(plan.made(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
                            backward=True, names=names,
@@ -312,21 +328,28 @@ class _Plan:
     bl: int
     El: int
     name: str
-    #: (per_expert, got, their _Exchange) made last: a step's kernels ask seven times (a replay's with the
-    #: same captured arrays, rewritten each step, so the counts are compared, not the arrays' identity).
+    #: (per_expert's bytes, got's, their _Exchange) made last: a step's kernels ask seven times (a replay's with
+    #: the same captured arrays, rewritten each step, so the counts are compared, not the arrays' identity).
     last: Optional[tuple] = field(default=None, repr=False)
+    #: its layer's _Facts for MoEStats (`_facts`), made on first use
+    facts: Optional[Any] = field(default=None, repr=False)
+    #: the mesh's tp (w2's rows split over it: fc2's output summed there)
+    tp: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tp = self.mesh.layout.axis_size("tp")
 
     def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
         last = self.last
-        if last is not None and (not self.moe.dropless or (np.array_equal(last[0], per_expert)
-                                                          and np.array_equal(last[1], got))):
-            return last[2]  # with a capacity nothing depends on the counts
+        if last is not None and (not self.moe.dropless or (got is not None and last[0] == per_expert.tobytes()
+                                                          and last[1] == got.tobytes())):
+            return last[2]  # with a capacity nothing depends on the counts (dropless: the same counts' bytes)
         move = _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
                          f"{self.name} combine", got)
         if not self.moe.dropless:  # (called outside a kernel while capturing: `_dispatched`; nothing copied)
             self.last = (None, None, move)
         elif got is not None:  # (without `got`, dropless exchanges the counts itself)
-            self.last = (per_expert.copy(), got.copy(), move)
+            self.last = (per_expert.tobytes(), got.tobytes(), move)  # (the layer's int64 counts, as bytes)
         return move
 
     def made(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
@@ -383,6 +406,29 @@ def _by_source(move: "_Exchange", rows: np.ndarray, out: Optional[np.ndarray] = 
     """A capacity combine's expert-major rows (El, ep, bl, C) in the send buffer's order (ep, bl, El, C) (into
     `out` when given)."""
     return move.by_source(rows[:move.arrived], out)
+
+
+def _bind_reorder(func: Callable, args: tuple, kwargs: dict) -> Optional[Callable]:
+    """A captured step's `_by_expert` or `_by_source` call as its replay makes it (spmdsim.runtime.replay.kernel's
+    `bind`): the copy of the source's slots, seen in the destination's order, into the captured result, both
+    views made once (what the call itself works out again each time: the reshapes, the transpose, its
+    frames); None (the call itself) where the arrays are not as a capture leaves them."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out", None)
+    if len(args) != 2 or kwargs or not isinstance(args[0], _Exchange) or type(out) is not np.ndarray:
+        return None
+    move, src = args
+    if type(src) is not np.ndarray or move.dropless or src.dtype != out.dtype or not out.flags.c_contiguous:
+        return None
+    D = src.shape[-1]
+    if func is _by_expert:
+        seen = src.reshape(move.ep, move.bl, move.El, move.C, D).transpose(2, 0, 1, 3, 4)
+    else:
+        seen = src[:move.arrived].reshape(move.El, move.ep, move.bl, move.C, D).transpose(1, 2, 0, 3, 4)
+    into_ = out.reshape(seen.shape)  # (a view: `out` is C-ordered)
+    if np.may_share_memory(into_, seen):
+        return None
+    return partial(setitem, into_, Ellipsis, seen)  # (no Python frame: a C function's partial)
 
 
 def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -449,12 +495,14 @@ def _swiglu_backward(hs: np.ndarray, us: np.ndarray, ts: np.ndarray, dacts: np.n
 
 def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
                  B1: Optional[np.ndarray], W2: np.ndarray, B2: Optional[np.ndarray], W3: Optional[np.ndarray] = None,
-                 B3: Optional[np.ndarray] = None, out: Optional[tuple] = None) -> tuple:
-    """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU's tanh (kept for the backward), the GELU,
-    the output summed over tp + b2), each as long as `xe` (into `out`'s arrays when given: a replay's). SwiGLU
-    experts (`W3`): (x @ w1 + b1, its sigmoid, silu(x @ w1 + b1) * (x @ w3 + b3), the output, x @ w3 + b3).
-    A bias None is not added. With a capacity every expert has the same rows: one batched product a weight
-    (numpy's matmul makes each expert's the 2-d product would)."""
+                 B3: Optional[np.ndarray] = None, summed: bool = True, out: Optional[tuple] = None) -> tuple:
+    """The local experts on their rows of `xe` (float64): (x @ w1 + b1, its GELU's tanh (kept for the backward),
+    the GELU, the output summed over tp + b2), each as long as `xe` (into `out`'s arrays when given: a
+    replay's). SwiGLU experts (`W3`): (x @ w1 + b1, its sigmoid, silu(x @ w1 + b1) * (x @ w3 + b3), the output,
+    x @ w3 + b3). A bias None is not added. With a capacity every expert has the same rows: one batched product
+    a weight (numpy's matmul makes each expert's the 2-d product would). `summed` False: the output is fc2's
+    product alone, its sum over tp and b2 left to the caller (`moe_experts`: a capacity's Allreduce recorded as
+    its own call, which a replay binds to its kept plan)."""
     move = plan.exchange(per_expert, got)
     El, D, H = W1.shape
     rows = xe.shape[0]
@@ -464,18 +512,22 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
             + ((np.empty((rows, H)),) if swiglu else ())
     hs, ts, acts, ye = out[:4]
     us = out[4] if swiglu else None
-    if not move.dropless:
-        x3, h3 = _batched(xe, El), _batched(hs, El)
+    if not move.dropless:  # (the blocks as (El, rows / El, n): each local expert's slots)
+        x3, h3 = xe.reshape(El, -1, D), hs.reshape(El, -1, H)
         np.matmul(x3, W1, out=h3)
-        _plus(h3, B1)
+        if B1 is not None:
+            h3 += B1[:, None]
         if swiglu:
-            u3 = _batched(us, El)
+            u3 = us.reshape(El, -1, H)
             np.matmul(x3, W3, out=u3)
-            _plus(u3, B3)
+            if B3 is not None:
+                u3 += B3[:, None]
             _swiglu(hs, us, ts, acts)
-        else:
-            gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
-        np.matmul(_batched(acts, El), W2, out=_batched(ye, El))
+        else:  # (spmdsim.activations' GELU of a float64 block: the reference's)
+            reference.gelu_from_tanh(hs, reference.gelu_tanh(hs, ts), acts)
+        np.matmul(acts.reshape(El, -1, H), W2, out=ye.reshape(El, -1, D))
+        if not summed:
+            return out
     else:
         ye.fill(0.0)
         for e, (lo, hi) in enumerate(move.ranges):
@@ -488,12 +540,13 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
             else:
                 gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
             ye[lo:hi] = acts[lo:hi] @ W2[e]
-    if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
+    if plan.tp > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
         KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if B2 is not None:
         if not move.dropless:
-            _plus(_batched(ye, El), B2)
+            y3 = ye.reshape(El, -1, D)
+            y3 += B2[:, None]
         else:
             for e, (lo, hi) in enumerate(move.ranges):
                 ye[lo:hi] += B2[e]
@@ -523,12 +576,26 @@ def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, a
     into `out`'s arrays when given; d xe is pending over tp (each rank's hidden columns' share). `ts`: the
     forward's tanh (SwiGLU: its sigmoid); `W3`, `us`: SwiGLU's second weight and its output."""
     move = plan.exchange(per_expert, got)
-    El, D, _ = W1.shape
+    El, D, H = W1.shape
     swiglu = W3 is not None
-    names = _grad_names(W3, b1, b2, b3)
     if out is None:
-        out = _grad_outputs(W1, W2, names, xe, W1.dtype, xe.dtype)
-    g_ = dict(zip(names, out))
+        out = _grad_outputs(W1, W2, _grad_names(W3, b1, b2, b3), xe, W1.dtype, xe.dtype)
+    if not move.dropless and not swiglu:  # batched, as the forward: GELU experts' straight through
+        gw1, gb1, gw2, gb2 = out[0], out[1] if b1 else None, out[1 + b1], out[2 + b1] if b2 else None
+        x3, h3, t3, a3, g3 = (xe.reshape(El, -1, D), hs.reshape(El, -1, H), ts.reshape(El, -1, H),
+                              acts.reshape(El, -1, H), dye.reshape(El, -1, D))
+        if b2:
+            gb2[...] = g3.sum(axis=1)
+        gw2[...] = a3.transpose(0, 2, 1) @ g3
+        dacts = g3 @ W2.transpose(0, 2, 1)
+        dh = reference_grad.gelu_grad(h3, t3)  # (spmdsim.activations.gelu_backward of float64 blocks)
+        dh *= dacts
+        gw1[...] = x3.transpose(0, 2, 1) @ dh
+        if b1:
+            gb1[...] = dh.sum(axis=1)
+        out[-1].reshape(El, -1, D)[...] = dh @ W1.transpose(0, 2, 1)
+        return out
+    g_ = dict(zip(_grad_names(W3, b1, b2, b3), out))
     dxe = out[-1]
 
     def backward(x: np.ndarray, h: np.ndarray, t: np.ndarray, a: np.ndarray, u: Optional[np.ndarray],
@@ -722,65 +789,150 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
     return out
 
 
-def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool, ep: int) -> tuple:
+class _Tables:
+    """What one layer signature's routing kernels index by, worked out once (`_tables`): integer tables of the
+    (T, bl, E, k, C, ep) shapes alone, never written. Kernels handed one (a replay's: the capture's) gather and
+    scatter through them with numpy's take and fancy indexing, in place of take_along_axis, put_along_axis and
+    broadcast_to (each a few hundred opcodes of numpy's Python a call) and of a loop over the choices.
+
+    Attributes (each int64): tok (bl, T, k): each assignment's token as a row of a (T * bl, D) block, t bl + b;
+    tflat (bl, T, 1): (t bl + b) E, where token (b, t)'s E values start in a C-ordered (T, bl, E) block;
+    oflat (bl, T, k): ((b k + j) T + t) E, where choice j of token (b, t) starts in a (bl, k, T, E) block (the
+    choices in GShard's order of priority: every first choice, then every second); sflat (bl, 1, 1): b E, a
+    sequence's start in a (bl, E) block; slot_rows (bl E,): with a capacity, the send buffer's row of slot 0 of
+    (sequence b, expert e) at b E + e ((ep, bl, E / ep, C) slots, destination-major); per_expert (E,): rows per
+    expert with a capacity, bl C."""
+
+    __slots__ = ("T", "bl", "E", "k", "C", "ep", "tok", "tflat", "oflat", "sflat", "slot_rows", "per_expert")
+
+    def __init__(self, T: int, bl: int, E: int, k: int, C: int, ep: int) -> None:
+        self.T, self.bl, self.E, self.k, self.C, self.ep = T, bl, E, k, C, ep
+        El = E // ep
+        b, t, j = np.arange(bl)[:, None, None], np.arange(T)[None, :, None], np.arange(k)[None, None, :]
+        e = np.arange(E)
+        self.tok = np.ascontiguousarray(np.broadcast_to(t * bl + b, (bl, T, k)), dtype=np.int64)
+        self.tflat = ((t * bl + b) * E).astype(np.int64)
+        self.oflat = (((b * k + j) * T + t) * E).astype(np.int64)
+        self.sflat = (b * E).astype(np.int64)
+        self.slot_rows = (((e // El * bl + b[:, :, 0]) * El + e % El) * C).reshape(-1).astype(np.int64)
+        self.per_expert = np.full(E, bl * C, dtype=np.int64)
+        for a in (self.tok, self.tflat, self.oflat, self.sflat, self.slot_rows, self.per_expert):
+            a.flags.writeable = False
+
+
+def _tables(T: int, bl: int, E: int, k: int, C: int, ep: int) -> _Tables:
+    """The _Tables of a signature, made once (a pure function of its integers; 64 kept, then start over)."""
+    key = (T, bl, E, k, C, ep)
+    seen = _TABLES.get(key)
+    if seen is None:
+        if len(_TABLES) >= 64:
+            _TABLES.clear()
+        seen = _TABLES[key] = _Tables(T, bl, E, k, C, ep)
+    return seen
+
+
+_TABLES: dict = {}  # (T, bl, E, k, C, ep) -> its _Tables
+
+
+def _route(probs: np.ndarray, tab: _Tables, dropless: bool, out: Optional[tuple] = None) -> tuple:
     """This rank's routing of its (T, bl, E) probabilities, as arrays: (experts, gates, slots (bl, T, k);
     counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer (destination-major over the
-    `ep` ranks), -1 where dropped; rows per expert (E,); the (E,) assignments before dropping, float64, for
-    the load-balancing loss)."""
-    routing = route(np.ascontiguousarray(probs.transpose(1, 0, 2)), top_k, capacity)
-    rows, _, per_expert = dispatch_rows(routing, dropless, ep)
-    return (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert,
-            routing.counts.sum(axis=0).astype(np.float64))
+    ep ranks), -1 where dropped; rows per expert (E,); the (E,) assignments before dropping, float64, for
+    the load-balancing loss); into `out`'s seven arrays when given (a replay's).
+
+    The values of spmdsim.moe.routing.route and dispatch_rows on the probabilities as (bl, T, E) (the same
+    numpy calls where they compute floats: the stable sort, the gates' sum and division), by `tab`'s tables
+    (`_tables`): each token's row of E values sorted where it lies, the chosen ones gathered by flat index,
+    and the slots counted by one cumulative sum over the choices in GShard's order (every first choice, then
+    every second) where `_placed` counts choice by choice."""
+    bl, T, E, k, C = tab.bl, tab.T, tab.E, tab.k, tab.C
+    p = probs if probs.flags.c_contiguous else np.ascontiguousarray(probs)
+    if out is None:
+        experts, slots, rows = (np.empty((bl, T, k), np.int64) for _ in range(3))
+        per_expert, load = np.empty(E, np.int64), np.empty(E, np.float64)
+    else:
+        experts, gates, slots, counts, rows, per_expert, load = out
+    experts[...] = (-p).argsort(axis=-1, kind="stable")[..., :k].transpose(1, 0, 2)  # ties to the lower index
+    chosen = p.reshape(-1).take(tab.tflat + experts)
+    if k == 1:
+        g = chosen
+    else:
+        total = np.add.reduce(chosen, -1, keepdims=True)
+        g = chosen / np.where(total > 0, total, 1.0)  # (a dry run's zeros: gates zero, not 0 / 0)
+    if out is None:
+        gates = g
+    else:
+        gates[...] = g
+    at = tab.oflat + experts
+    onehot = np.zeros(bl * k * T * E, np.int64)
+    onehot[at] = 1
+    seen = onehot.reshape(bl, k * T, E).cumsum(axis=1)  # assignments to each (sequence, expert) so far
+    np.subtract(seen.reshape(-1).take(at), 1, out=slots)
+    if out is None:
+        counts = seen[:, -1].copy()
+    else:
+        counts[...] = seen[:, -1]
+    dropped = slots >= C
+    slots[dropped] = -1
+    if not dropless:
+        np.add(tab.slot_rows.take(tab.sflat + experts), slots, out=rows)
+        rows[dropped] = -1
+        per_expert[...] = tab.per_expert
+    else:  # rows sorted by expert, then sequence, then slot (dispatch_rows')
+        per = counts
+        before = np.cumsum(per, axis=0) - per
+        np.add.reduce(per, 0, out=per_expert)
+        base = (np.cumsum(per_expert) - per_expert)[None, :] + before
+        np.add(base.reshape(-1).take(tab.sflat + experts), slots, out=rows)
+        rows[dropped] = -1
+    load[...] = np.add.reduce(counts, 0)
+    return experts, gates, slots, counts, rows, per_expert, load
 
 
-def _token_rows(rows: np.ndarray, bl: int) -> tuple[np.ndarray, np.ndarray]:
-    """(each kept assignment's token, as a row of a (T * bl, D) block; its row in the send buffer)."""
-    _, T, k = rows.shape
-    kept = rows >= 0
-    token = np.arange(T)[None, :, None] * bl + np.arange(bl)[:, None, None]  # (t, b) -> t * bl + b
-    return np.broadcast_to(token, rows.shape)[kept], rows[kept]
-
-
-def _pack(x: np.ndarray, rows: np.ndarray, nrows: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+def _pack(x: np.ndarray, rows: np.ndarray, nrows: int, tok: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """The dispatch's send buffer (nrows, D): each kept assignment's token row of x (T, bl, D) at its row,
-    the rest zero."""
+    the rest zero. `tok`: each assignment's token row (`_Tables.tok`)."""
     T, bl, D = x.shape
     send = np.zeros((nrows, D), x.dtype) if out is None else out
     if out is not None:
         send.fill(0.0)
-    tok, at = _token_rows(rows, bl)
-    send[at] = x.reshape(T * bl, D)[tok]
+    kept = rows >= 0
+    send[rows[kept]] = x.reshape(T * bl, D)[tok[kept]]
     return send
 
 
-def _unpack(back: np.ndarray, rows: np.ndarray, gates: Optional[np.ndarray],
+def _unpack(back: np.ndarray, rows: np.ndarray, gates: Optional[np.ndarray], tok: np.ndarray,
             out: Optional[np.ndarray] = None) -> np.ndarray:
     """(T, bl, D): each token's kept assignments' rows of `back` (nrows, D) summed, times their gates (none:
-    the rows themselves, the dispatch's gradient)."""
+    the rows themselves, the dispatch's gradient). `tok`: each assignment's token row (`_Tables.tok`)."""
     bl, T, _ = rows.shape
     D = back.shape[1]
-    tok, at = _token_rows(rows, bl)
+    kept = rows >= 0
+    at = rows[kept]
     if back.dtype != np.float64:  # a policy's: summed in float32, the output rounded once (a gradient is not)
         acc = np.zeros((T, bl, D), np.float32)
-        np.add.at(acc.reshape(T * bl, D), tok, wide(back[at]) if gates is None else
-                  gates[rows >= 0][:, None] * wide(back[at]))
+        np.add.at(acc.reshape(T * bl, D), tok[kept], wide(back[at]) if gates is None else
+                  gates[kept][:, None] * wide(back[at]))
         return into(out, acc if gates is None else rounded(acc, back.dtype))
     ys = np.zeros((T, bl, D)) if out is None else out
     if out is not None:
         ys.fill(0.0)
-    np.add.at(ys.reshape(T * bl, D), tok, back[at] if gates is None else gates[rows >= 0][:, None] * back[at])
+    np.add.at(ys.reshape(T * bl, D), tok[kept], back[at] if gates is None else gates[kept][:, None] * back[at])
     return ys
 
 
-def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.ndarray,
+def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.ndarray, tok: np.ndarray,
                   out: Optional[tuple] = None) -> tuple:
     """The combine's backward: (d loss / d gates (bl, T, k); d loss / d the combine's rows (nrows, D)) from
-    the output's gradient dy (T, bl, D); into `out`'s two arrays when given (a replay's)."""
+    the output's gradient dy (T, bl, D); into `out`'s two arrays when given (a replay's). `tok`: each
+    assignment's token row (`_Tables.tok`)."""
     T, bl, D = dy.shape
     kept = rows >= 0
-    tok, at = _token_rows(rows, bl)
+    at = rows[kept]
     mixed = back.dtype != np.float64  # a policy's: float32 math, the rows' gradient rounded once to be sent
-    dys = wide(dy.reshape(T * bl, D)[tok]) if mixed else dy.reshape(T * bl, D)[tok]
+    dys = dy.reshape(T * bl, D)[tok[kept]]
+    if mixed:
+        dys = wide(dys)
     if out is None:
         dgates, dback = np.zeros(gates.shape, gates.dtype), np.zeros(back.shape, back.dtype)
     else:
@@ -796,25 +948,89 @@ def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.
     return dgates, dback
 
 
-def _probs_grad(probs: np.ndarray, experts: np.ndarray, gates: np.ndarray, slots: np.ndarray,
-                counts: np.ndarray, capacity: int, dgates: np.ndarray) -> np.ndarray:
-    """d loss / d probs (T, bl, E) from d loss / d gates (bl, T, k)."""
-    routing = Routing(experts, gates, slots, counts, capacity)
-    return np.ascontiguousarray(gates_backward(probs.transpose(1, 0, 2), routing, dgates).transpose(1, 0, 2))
+def _probs_grad(probs: np.ndarray, experts: np.ndarray, gates: np.ndarray, tab: _Tables, dgates: np.ndarray,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
+    """d loss / d probs (T, bl, E) from d loss / d gates (bl, T, k) (into `out` when given): the values of
+    spmdsim.moe.routing.gates_backward (the same numpy calls on the gathered probabilities), scattered by
+    `tab`'s flat indices (`_Tables.tflat`)."""
+    if out is not None and not out.flags.c_contiguous:  # (written through a flat view below)
+        out[...] = _probs_grad(probs, experts, gates, tab, dgates)
+        return out
+    p = probs if probs.flags.c_contiguous else np.ascontiguousarray(probs)
+    dprobs = np.zeros(p.shape, p.dtype) if out is None else out
+    if out is not None:
+        dprobs.fill(0)
+    at = tab.tflat + experts
+    if tab.k == 1:
+        dprobs.reshape(-1)[at] = dgates
+        return dprobs
+    chosen = p.reshape(-1).take(at)
+    total = np.add.reduce(chosen, -1, keepdims=True)
+    total = np.where(total > 0, total, 1.0)  # a dry run's zeros (route's gates are zero there too)
+    # g_i = p_i / (p_0 + p_1): dp_j = (dg_j - sum_i dg_i g_i) / (p_0 + p_1)
+    dprobs.reshape(-1)[at] = (dgates - np.add.reduce(dgates * gates, -1, keepdims=True)) / total
+    return dprobs
 
 
-def _note(put: Callable, at: int, plan: _Plan, name: str, experts: np.ndarray, slots: np.ndarray,
-          counts: np.ndarray, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], row: int) -> None:
-    """put(at, this rank's MoEStats of the routing's arrays); `row`: a token row's bytes."""
-    routing = Routing(experts, None, slots, counts, plan.capacity)
-    put(at, _stats(plan.mesh, name, routing, plan.exchange(per_expert, got), rows[rows >= 0], row))
+class _Facts:
+    """What a layer's MoEStats take from its signature and mesh alone (`_facts`), for `_note`."""
+
+    __slots__ = ("name", "rank", "group", "row", "E", "ep", "El", "share", "dropless", "sent", "send_bytes",
+                 "received_bytes")
+
+    def __init__(self, mesh: Any, name: str, tab: _Tables, row: int, dropless: bool) -> None:
+        self.name, self.rank, self.row, self.dropless = name, mesh.rank, row, dropless
+        self.group = tuple(int(r) for r in mesh.group_ranks("ep"))
+        self.E, self.ep = tab.E, tab.ep
+        self.El = tab.E // tab.ep
+        self.share = tab.bl * self.El * tab.C  # with a capacity: each destination's slots
+        rows = [self.share] * self.ep
+        self.sent = tuple(n * row for n in rows)
+        self.send_bytes = self.received_bytes = sum(rows) * row
+
+
+def _facts(plan: "_Plan", tab: _Tables, row: int) -> _Facts:
+    """`plan`'s _Facts for rows of `row` bytes, made once a plan (a capacity's plan lives as its mesh's)."""
+    facts = plan.facts
+    if facts is None or facts.row != row:
+        facts = plan.facts = _Facts(plan.mesh, plan.name, tab, row, plan.moe.dropless)
+    return facts
+
+
+def _note(put: Callable, at: int, facts: _Facts, experts: np.ndarray, slots: np.ndarray, rows: np.ndarray,
+          per_expert: np.ndarray, got: Optional[np.ndarray]) -> None:
+    """put(at, this rank's MoEStats of the routing's arrays), as `_stats` makes it."""
+    kept = rows >= 0
+    ep, row = facts.ep, facts.row
+    sent_to = rows[kept]
+    if facts.dropless:  # a kept assignment's row lies in its destination's share of the send buffer
+        send_rows = np.add.reduce(per_expert.reshape(ep, facts.El), 1)
+        tokens = np.bincount(np.searchsorted(np.cumsum(send_rows), sent_to, side="right"), minlength=ep)
+        sent = tuple((send_rows * row).tolist())
+        send_bytes = int(np.add.reduce(send_rows)) * row
+        received_bytes = int(np.add.reduce(got, None)) * row
+    else:  # the slots are destination-major: (ep, bl, El, C)
+        tokens = np.bincount(sent_to // facts.share, minlength=ep)
+        sent, send_bytes, received_bytes = facts.sent, facts.send_bytes, facts.received_bytes
+    # MoEStats(...) made without its frozen __init__'s twelve object.__setattr__ calls: its fields set at once
+    stats = _new(MoEStats)
+    stats.__dict__.update(zip(_STATS_FIELDS, (
+        facts.name, facts.rank, facts.group, tuple(tokens[:ep].tolist()), sent,
+        tuple(np.bincount(experts[slots >= 0], minlength=facts.E).tolist()), slots.size - int(np.count_nonzero(kept)),
+        slots.size, send_bytes, received_bytes, experts.copy())))
+    put(at, stats)
+
+
+_new = object.__new__
+_STATS_FIELDS = tuple(f.name for f in fields(MoEStats))  # (in MoEStats' order: its __init__'s)
 
 
 # One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.
 # Called as ``_K._route(...)``: the function itself where this thread does not capture (no wrapper's frame).
+# `_by_expert` and `_by_source` (a capacity's reorderings of the slots) bound once a graph (`_bind_reorder`).
 _K = kernels(*(kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note, _dispatch, _combine,
-                                   _by_expert, _by_source,
-                                   _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed)))
+                                   _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed)),
+             *(kernel(f, bind=_bind_reorder) for f in (_by_expert, _by_source)))
 
 
 def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfig, name: str,
@@ -1012,16 +1228,19 @@ class _Exchange:
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
             me = mesh.group_info("ep")[2]
             got = np.tile(np.asarray(per_expert[me * El:(me + 1) * El], np.int64), (ep, 1))
-        self.send_rows = [int(per_expert[j * El:(j + 1) * El].sum()) for j in range(ep)]
-        self.recv_rows = [int(n) for n in got.sum(axis=1)]
+        self.send_rows = np.add.reduce(np.asarray(per_expert, np.int64).reshape(ep, El), 1).tolist()
+        self.recv_rows = np.add.reduce(got, 1).tolist()
         self.arrived = sum(self.recv_rows)
-        # Arrived rows are by source, then local expert; the experts want them by expert, then source.
-        starts = np.cumsum(got.reshape(-1)) - got.reshape(-1)
-        order = [np.arange(starts[s * El + e], starts[s * El + e] + got[s, e]) for e in range(El) for s in range(ep)]
-        self.order = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
-        sizes = got.sum(axis=0)
-        ends = np.cumsum(sizes)
-        self.ranges = [(int(ends[e] - sizes[e]), int(ends[e])) for e in range(El)]
+        # Arrived rows are by source, then local expert; the experts want them by expert, then source: block
+        # (s, e) of got[s, e] rows starts at `starts` in what arrived and at `at` in the experts' order.
+        flat = got.reshape(-1)
+        starts = (np.cumsum(flat) - flat).reshape(ep, El).T.reshape(-1)  # by (e, s)
+        sizes = got.T.reshape(-1)
+        at = np.cumsum(sizes) - sizes
+        self.order = (np.repeat(starts - at, sizes) + np.arange(self.arrived)).astype(np.int64, copy=False)
+        per = np.add.reduce(got, 0)
+        ends = np.cumsum(per)
+        self.ranges = list(zip((ends - per).tolist(), ends.tolist()))
 
     def dispatch(self, send: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Send rows (the routing's buffer, destination-major) -> expert-major rows of this rank's experts (into
