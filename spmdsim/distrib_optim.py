@@ -186,6 +186,7 @@ class DistributedAdamW(_Optimizer):
         for b in self.buckets:
             self._allocate(b)
             self._prepare(b)
+        self._claim(tuple(map(_AG, self.params)))
         self._seen_grads: Any = None  # what the last step's `_grads` checked (`_grads_again`)
         # Clipping: the norm before clipping of the last clipped step (written by a kernel: a replayed step
         # writes its own), and the parts of the summed slices whose squares this rank adds.
@@ -322,6 +323,15 @@ class DistributedAdamW(_Optimizer):
         if overlap:
             b.parts = (_picker([i for i, _, _ in overlap]), tuple(d for _, d, _ in overlap),
                        tuple(r for _, _, r in overlap))
+
+    def _claim(self, leaves: tuple) -> None:
+        """ZeRO-1: each parameter's gradient accumulates in its view of its bucket's gradient buffer (its leaf's
+        ``main``, Megatron's main_grad: spmdsim.autograd.engine's `_into_main`), from the first backward of a step
+        on, so the step finds it packed already and the rank holds it once. ZeRO-2's buckets share one buffer,
+        a bucket at a time: its gradients stay blocks of their own until their bucket is reduced."""
+        if self._shared is None:
+            for b in self.buckets:
+                _drain(map(setattr, b.pick(leaves), _MAIN_NAMES, b.views))  # leaf.main = its view
 
     def _flatten_params(self, b: _Bucket) -> None:
         into = b.flat if b.params is None else b.params
@@ -483,6 +493,7 @@ class DistributedAdamW(_Optimizer):
                 _kernel(_unpack)(b.pick(blocks), b.sources)
         # their buffer holds the parameters now (Megatron's grad buffer likewise)
         _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
+        self._claim(leaves)  # (the leaves of the parameters now: a new one takes its view from here on)
 
     # -- ZeRO-2 in the backward: each bucket reduced as soon as its members have their last gradients --
 
@@ -496,15 +507,17 @@ class DistributedAdamW(_Optimizer):
         """(bucket index, its members' leaves whose last gradient no walk of this step has given yet) of each
         bucket a backward with ``reduce_with=self`` may reduce (not yet reduced, none of `reduce_after`'s), in
         bucket order (autograd.engine._walk_reducing)."""
-        if self._shared is None:
-            raise OperatorError("backward(reduce_with=...): the optimizer must be a DistributedAdamW with shard_grads=True "
-                         "(ZeRO-2); ZeRO-1 reduces its buckets in the step")
+        if self._shared is None:  # ZeRO-1: each parameter alone, its gradient into its main gradient when final
+            return list(zip(range(len(self.params)), zip(map(_AG, self.params))))
         final, after, params = self._final, self._after, self.params
         return [(k, tuple(params[i]._ag for i in b.indices if i not in final)) for k, b in enumerate(self.buckets)
                 if not self._reduced[k] and not after.intersection(b.indices)]
 
     def _reached(self, leaves: Any) -> None:
-        """The parameters of these leaves (a walk's with ``reduce_with=self``) have their step's last gradient."""
+        """The parameters of these leaves (a walk's with ``reduce_with=self``) have their step's last gradient
+        (ZeRO-2's; ZeRO-1's walks each give theirs)."""
+        if self._shared is None:
+            return
         self._final.update(i for i, p in enumerate(self.params) if p._ag in leaves)
 
     def _bucket_ready(self, k: int, grads: dict) -> None:
@@ -512,6 +525,8 @@ class DistributedAdamW(_Optimizer):
         Reduce_scatter now, its members' blocks freed (`grads`: the walk's gradients then, for `watch`)."""
         if self.watch is not None:
             self.watch(grads)
+        if self._shared is None:  # ZeRO-1: parameter `k`'s gradient is in its main gradient; reduced in the step
+            return
         self._reduce_bucket(self.buckets[k], tuple(map(_AG, self.params)))
         self._reduced[k] = True
 
@@ -722,6 +737,7 @@ def _narrow_view(flat: np.ndarray, dtype: Any, n: int) -> np.ndarray:
 
 
 _MESH, _GLOBAL, _LOCAL_VIEW = (operator.attrgetter(name) for name in ("_mesh", "_shape", "local"))
+_MAIN_NAMES = repeat("main")
 _FLAT = operator.methodcaller("reshape", -1)
 
 

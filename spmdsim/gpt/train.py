@@ -468,17 +468,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if memory:
             _look(moments, moment, optimizer, params, kept)
 
-    if memory and zero == 2:  # a look in the backward before each bucket's Reduce_scatter frees its gradients
+    if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
+        # ZeRO-1's as each parameter's gradient goes into its main gradient
         optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
         loss = model.loss(xd, yd, step)
         look("after the forward", kept_bytes([loss], exclude=params) if memory else None)
-        if zero == 2:  # each bucket reduce-scattered in the walk as soon as its members' gradients are final
+        if zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket fills;
+            # ZeRO-1's in the step, each gradient put into its main gradient in the walk as soon as it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
-        elif zero:  # the dp sums left to the optimizer's Reduce_scatter
-            loss.backward(keep_pending=params)
         else:
             loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
             if cfg.clip:  # the joint norm: one Allreduce of one number
