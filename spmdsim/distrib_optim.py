@@ -35,8 +35,12 @@ spmdsim.optim._GROUP_ELEMENTS at most) are counted on the run's Meter.
 
 Memory, as Megatron's distributed optimizer holds it (Megatron Core user guide, "Distributed Optimizer":
 6 + 12/d bytes a parameter with bf16 parameters and fp32 main gradients): the flat buffer of step 2 is the
-gradients' buffer (each ``.grad`` becomes a view of it, the backward's block freed), and receives the
-gathered parameters in step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
+gradients' buffer. Each parameter's gradient accumulates in its view of it from the step's first backward on
+(its leaf's ``main``, Megatron's main_grad: ``backward(keep_pending=params, reduce_with=optimizer)`` puts each
+gradient there as soon as the walk has it, copied at the first backward, added at the later ones, ``.grad`` a
+view of the buffer), so the rank holds the gradients once and step 2 finds them packed (a gradient made
+elsewhere, one summed over other axes first, is copied in). The buffer receives the gathered parameters in
+step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
 the summed slice (step 3's result, 4/d: Megatron reduces in place into its grad buffer, which MPI's
 Reduce_scatter here does not) and a group's scratch for the update are all it holds beside.
 
@@ -523,12 +527,20 @@ class DistributedAdamW(_Optimizer):
     def _bucket_ready(self, k: int, grads: dict) -> None:
         """Bucket `k`'s members have their last gradients of the step in ``.grad`` (a walk put them there): its
         Reduce_scatter now, its members' blocks freed (`grads`: the walk's gradients then, for `watch`)."""
-        if self.watch is not None:
-            self.watch(grads)
         if self._shared is None:  # ZeRO-1: parameter `k`'s gradient is in its main gradient; reduced in the step
             return
+        if self.watch is not None:
+            self.watch(grads)
         self._reduce_bucket(self.buckets[k], tuple(map(_AG, self.params)))
         self._reduced[k] = True
+
+    def _stopped(self, grads: dict) -> None:
+        """A walk with ``reduce_with=self`` stopped where parameters' gradients are final, before they go into
+        ``.grad`` (`grads`: the walk's gradients then). ZeRO-1: the memory look (`watch`) here, where the walk holds
+        every gradient its last node gave beside the gradient buffer (a fused product's three weights'); ZeRO-2's
+        is made before each bucket's Reduce_scatter (`_bucket_ready`)."""
+        if self._shared is None and self.watch is not None:
+            self.watch(grads)
 
     def _reduce_bucket(self, b: _Bucket, leaves: tuple) -> None:
         """ZeRO-2's steps 1-3 for one bucket: its members' gradients checked and summed over their other axes
