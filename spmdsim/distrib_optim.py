@@ -535,10 +535,13 @@ class DistributedAdamW(_Optimizer):
         self._reduced[k] = True
 
     def _stopped(self, grads: dict) -> None:
-        """A walk with ``reduce_with=self`` stopped where parameters' gradients are final, before they go into
-        ``.grad`` (`grads`: the walk's gradients then). ZeRO-1: the memory look (`watch`) here, where the walk holds
-        every gradient its last node gave beside the gradient buffer (a fused product's three weights'); ZeRO-2's
-        is made before each bucket's Reduce_scatter (`_bucket_ready`)."""
+        """A walk with ``reduce_with=self`` stopped where parameters' gradients are final and put them into
+        ``.grad`` (`grads`: the walk's gradients then). ZeRO-1: the memory look (`watch`) here, each stop's
+        gradients in the gradient buffer: beside it the walk holds the gradients not final yet (the tied table's,
+        from the head until the embedding's backward adds to it). A gradient a node makes counts as the
+        buffer's, as a framework accumulates it there as it is made (Megatron's gradient_accumulation_fusion;
+        spmdsim.estimate.ledger.largest_transient counts it so, not as the moment's own). ZeRO-2's look is made
+        before each bucket's Reduce_scatter (`_bucket_ready`)."""
         if self._shared is None and self.watch is not None:
             self.watch(grads)
 

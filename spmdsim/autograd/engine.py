@@ -176,8 +176,8 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
     of the step finished are in ``.grad`` already). There the members' gradients go into ``.grad`` as the walk's
     end puts them (`_resolve_leaves`: added to what earlier microbatches left, kept pending) and the reducer
     reduce-scatters the bucket and frees them (`reducer._bucket_ready(k, grads)`, `grads` the walk's gradients
-    then, for a memory look; before them ``reducer._stopped(grads)``, a look for ZeRO-1's). Several buckets ready
-    at one node go in the reducer's order. Every rank of a dp
+    then, for a memory look; after them ``reducer._stopped(grads)``, ZeRO-1's look). Several buckets ready at one
+    node go in the reducer's order. Every rank of a dp
     group walks the same graph, so each stops at the same nodes and reduces the same buckets in the same order.
     The leaves of `reducer`'s buckets this walk reaches are its last gradients' (`reducer._reached`)."""
     groups = reducer._walk_groups()  # [(bucket index, its members' leaves not yet final)], in bucket order
@@ -193,16 +193,16 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
         if leaves and all(map(last.__contains__, leaves)):
             stops.setdefault(max(map(last.__getitem__, leaves)), []).append((k, leaves))
     start = 0
-    stopped = reducer._stopped  # called at each stop before its gradients go into .grad (a memory look)
+    stopped = reducer._stopped  # called at each stop once its gradients went into .grad (a memory look)
     for at in sorted(stops):
         _walk(order[start:at + 1], grads, owners, explain, readers)
         start = at + 1
-        stopped(grads)
         for k, leaves in stops[at]:
             here = [leaf for leaf in leaves if leaf in grads]
             if here:
                 _resolve_leaves(here, grads, owners, kept, 0, explain, readers)
             reducer._bucket_ready(k, grads)
+        stopped(grads)
     _walk(order[start:], grads, owners, explain, readers)
     reducer._reached(last)
 
