@@ -786,8 +786,8 @@ def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Option
     """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
     and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks."""
     held = optimizer.memory()
-    # The gradients: the leaves' blocks and the gradient buffer ZeRO-1 packs them into (their .grad views it
-    # while the step runs; None after it), each buffer once.
+    # The gradients: the leaves' blocks and ZeRO-1's gradient buffer they accumulate in (their .grad views it
+    # from the first backward to the step; None after it), each buffer once.
     grads = owned_bytes([p.grad.local for p in params if p.grad is not None]
                         + list(getattr(optimizer, "gradient_buffers", tuple)()))
     moments[moment] = (held, grads, owned_bytes(p.local for p in params) + grads
