@@ -35,8 +35,12 @@ spmdsim.optim._GROUP_ELEMENTS at most) are counted on the run's Meter.
 
 Memory, as Megatron's distributed optimizer holds it (Megatron Core user guide, "Distributed Optimizer":
 6 + 12/d bytes a parameter with bf16 parameters and fp32 main gradients): the flat buffer of step 2 is the
-gradients' buffer (each ``.grad`` becomes a view of it, the backward's block freed), and receives the
-gathered parameters in step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
+gradients' buffer. Each parameter's gradient accumulates in its view of it from the step's first backward on
+(its leaf's ``main``, Megatron's main_grad: ``backward(keep_pending=params, reduce_with=optimizer)`` puts each
+gradient there as soon as the walk has it, copied at the first backward, added at the later ones, ``.grad`` a
+view of the buffer), so the rank holds the gradients once and step 2 finds them packed (a gradient made
+elsewhere, one summed over other axes first, is copied in). The buffer receives the gathered parameters in
+step 5 (bfloat16 ones in its first bytes), so after a step every ``.grad`` is None;
 the summed slice (step 3's result, 4/d: Megatron reduces in place into its grad buffer, which MPI's
 Reduce_scatter here does not) and a group's scratch for the update are all it holds beside.
 
@@ -186,6 +190,7 @@ class DistributedAdamW(_Optimizer):
         for b in self.buckets:
             self._allocate(b)
             self._prepare(b)
+        self._claim(tuple(map(_AG, self.params)))
         self._seen_grads: Any = None  # what the last step's `_grads` checked (`_grads_again`)
         # Clipping: the norm before clipping of the last clipped step (written by a kernel: a replayed step
         # writes its own), and the parts of the summed slices whose squares this rank adds.
@@ -322,6 +327,15 @@ class DistributedAdamW(_Optimizer):
         if overlap:
             b.parts = (_picker([i for i, _, _ in overlap]), tuple(d for _, d, _ in overlap),
                        tuple(r for _, _, r in overlap))
+
+    def _claim(self, leaves: tuple) -> None:
+        """ZeRO-1: each parameter's gradient accumulates in its view of its bucket's gradient buffer (its leaf's
+        ``main``, Megatron's main_grad: spmdsim.autograd.engine's `_into_main`), from the first backward of a step
+        on, so the step finds it packed already and the rank holds it once. ZeRO-2's buckets share one buffer,
+        a bucket at a time: its gradients stay blocks of their own until their bucket is reduced."""
+        if self._shared is None:
+            for b in self.buckets:
+                _drain(map(setattr, b.pick(leaves), _MAIN_NAMES, b.views))  # leaf.main = its view
 
     def _flatten_params(self, b: _Bucket) -> None:
         into = b.flat if b.params is None else b.params
@@ -483,6 +497,7 @@ class DistributedAdamW(_Optimizer):
                 _kernel(_unpack)(b.pick(blocks), b.sources)
         # their buffer holds the parameters now (Megatron's grad buffer likewise)
         _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
+        self._claim(leaves)  # (the leaves of the parameters now: a new one takes its view from here on)
 
     # -- ZeRO-2 in the backward: each bucket reduced as soon as its members have their last gradients --
 
@@ -496,24 +511,39 @@ class DistributedAdamW(_Optimizer):
         """(bucket index, its members' leaves whose last gradient no walk of this step has given yet) of each
         bucket a backward with ``reduce_with=self`` may reduce (not yet reduced, none of `reduce_after`'s), in
         bucket order (autograd.engine._walk_reducing)."""
-        if self._shared is None:
-            raise OperatorError("backward(reduce_with=...): the optimizer must be a DistributedAdamW with shard_grads=True "
-                         "(ZeRO-2); ZeRO-1 reduces its buckets in the step")
+        if self._shared is None:  # ZeRO-1: each parameter alone, its gradient into its main gradient when final
+            return list(zip(range(len(self.params)), zip(map(_AG, self.params))))
         final, after, params = self._final, self._after, self.params
         return [(k, tuple(params[i]._ag for i in b.indices if i not in final)) for k, b in enumerate(self.buckets)
                 if not self._reduced[k] and not after.intersection(b.indices)]
 
     def _reached(self, leaves: Any) -> None:
-        """The parameters of these leaves (a walk's with ``reduce_with=self``) have their step's last gradient."""
+        """The parameters of these leaves (a walk's with ``reduce_with=self``) have their step's last gradient
+        (ZeRO-2's; ZeRO-1's walks each give theirs)."""
+        if self._shared is None:
+            return
         self._final.update(i for i, p in enumerate(self.params) if p._ag in leaves)
 
     def _bucket_ready(self, k: int, grads: dict) -> None:
         """Bucket `k`'s members have their last gradients of the step in ``.grad`` (a walk put them there): its
         Reduce_scatter now, its members' blocks freed (`grads`: the walk's gradients then, for `watch`)."""
+        if self._shared is None:  # ZeRO-1: parameter `k`'s gradient is in its main gradient; reduced in the step
+            return
         if self.watch is not None:
             self.watch(grads)
         self._reduce_bucket(self.buckets[k], tuple(map(_AG, self.params)))
         self._reduced[k] = True
+
+    def _stopped(self, grads: dict) -> None:
+        """A walk with ``reduce_with=self`` stopped where parameters' gradients are final and put them into
+        ``.grad`` (`grads`: the walk's gradients then). ZeRO-1: the memory look (`watch`) here, each stop's
+        gradients in the gradient buffer: beside it the walk holds the gradients not final yet (the tied table's,
+        from the head until the embedding's backward adds to it). A gradient a node makes counts as the
+        buffer's, as a framework accumulates it there as it is made (Megatron's gradient_accumulation_fusion;
+        spmdsim.estimate.ledger.largest_transient counts it so, not as the moment's own). ZeRO-2's look is made
+        before each bucket's Reduce_scatter (`_bucket_ready`)."""
+        if self._shared is None and self.watch is not None:
+            self.watch(grads)
 
     def _reduce_bucket(self, b: _Bucket, leaves: tuple) -> None:
         """ZeRO-2's steps 1-3 for one bucket: its members' gradients checked and summed over their other axes
@@ -722,6 +752,7 @@ def _narrow_view(flat: np.ndarray, dtype: Any, n: int) -> np.ndarray:
 
 
 _MESH, _GLOBAL, _LOCAL_VIEW = (operator.attrgetter(name) for name in ("_mesh", "_shape", "local"))
+_MAIN_NAMES = repeat("main")
 _FLAT = operator.methodcaller("reshape", -1)
 
 

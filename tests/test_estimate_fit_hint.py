@@ -51,7 +51,8 @@ def test_a_stage_over_the_gpus_memory_is_told_what_shrinks_it(tmp_path, argv, hi
     by value, each with this command's options that shrink it; a configuration that fits gets no such line."""
     code, out, _ = run_here("main", [*MODEL, *argv, "--json"])
     (stage,) = json.loads(out)["stages"]
-    act, rest = stage["bytes"]["activations"], sum(stage["bytes"].values()) - stage["bytes"]["activations"]
+    act = stage["bytes"]["activations"]  # besides them: the rest of the memory line and the gradients held beyond it
+    rest = sum(stage["bytes"].values()) - act + stage["backward_gradient_bytes"]
     tail = _tail(*argv, "--machine", _machine(tmp_path, stage["peak_bytes"] - 1))
     assert f"\nto fit: stage 0 holds {hint.format(act=_gib(act), rest=_gib(rest))}; a larger --tp or --pp splits " \
            "both; or let `spmdsim autoshard --network gpt --machine` choose (docs/estimate.md)" in tail, tail

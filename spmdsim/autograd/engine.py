@@ -57,16 +57,18 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     PyTorch's `retain_graph` and `create_graph` are taken to be refused when
     true: the walk frees each node's saved tensors as it goes, and its
     gradients are not recorded (no gradient of a gradient).
-    `reduce_with`: a ZeRO-2 optimizer (spmdsim.distrib_optim.DistributedAdamW with ``shard_grads=True``) whose
-    buckets this backward reduces as soon as the walk has given every member its last gradient (this is the
-    last backward before the step to add to the parameters it reaches: `_walk_reducing`).
+    `reduce_with`: a spmdsim.distrib_optim.DistributedAdamW. ZeRO-2's (``shard_grads=True``): its buckets this
+    backward reduces as soon as the walk has given every member its last gradient (this is the last backward
+    before the step to add to the parameters it reaches: `_walk_reducing`); ZeRO-1's: each parameter's gradient
+    goes into its main gradient (``Leaf.main``, a view of the optimizer's gradient buffer) as soon as the walk
+    has given it, not at the walk's end, so the walk never holds every gradient beside that buffer.
     """
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
         _refuse_options(explain, retain_graph, create_graph)
     cap = _bucket_cap(bucket)
     if reduce_with is not None and not hasattr(reduce_with, "_walk_groups"):
-        raise OperatorError(f"backward(reduce_with=...): expected a DistributedAdamW with shard_grads=True (ZeRO-2), "
+        raise OperatorError(f"backward(reduce_with=...): expected a DistributedAdamW (ZeRO-1 or ZeRO-2), "
                             f"got an object of type {type(reduce_with).__name__}")
     kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
         kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
@@ -174,7 +176,8 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
     of the step finished are in ``.grad`` already). There the members' gradients go into ``.grad`` as the walk's
     end puts them (`_resolve_leaves`: added to what earlier microbatches left, kept pending) and the reducer
     reduce-scatters the bucket and frees them (`reducer._bucket_ready(k, grads)`, `grads` the walk's gradients
-    then, for a memory look). Several buckets ready at one node go in the reducer's order. Every rank of a dp
+    then, for a memory look; after them ``reducer._stopped(grads)``, ZeRO-1's look). Several buckets ready at one
+    node go in the reducer's order. Every rank of a dp
     group walks the same graph, so each stops at the same nodes and reduces the same buckets in the same order.
     The leaves of `reducer`'s buckets this walk reaches are its last gradients' (`reducer._reached`)."""
     groups = reducer._walk_groups()  # [(bucket index, its members' leaves not yet final)], in bucket order
@@ -190,6 +193,7 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
         if leaves and all(map(last.__contains__, leaves)):
             stops.setdefault(max(map(last.__getitem__, leaves)), []).append((k, leaves))
     start = 0
+    stopped = reducer._stopped  # called at each stop once its gradients went into .grad (a memory look)
     for at in sorted(stops):
         _walk(order[start:at + 1], grads, owners, explain, readers)
         start = at + 1
@@ -198,6 +202,7 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
             if here:
                 _resolve_leaves(here, grads, owners, kept, 0, explain, readers)
             reducer._bucket_ready(k, grads)
+        stopped(grads)
     _walk(order[start:], grads, owners, explain, readers)
     reducer._reached(last)
 
@@ -259,10 +264,17 @@ def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
     (issue 58). Each into its ``.grad``'s block in place where `_added_into`'s conditions hold: here tested for
     all of them at once in C (a map per condition, no Python per leaf), the leaves whose blocks own their
     memory; the others (a placed or viewed block, a ``.grad`` held elsewhere) as `_added_into` decides one by
-    one, else `add_grads`. The first backward after ``zero_grad`` sets each ``.grad`` to its gradient."""
+    one, else `add_grads`. The first backward after ``zero_grad`` sets each ``.grad`` to its gradient. A leaf with
+    a main gradient (``Leaf.main``: a view of an optimizer's gradient buffer) takes its gradient there
+    (`_into_main`)."""
     if counting:
         for g in kg:
             _count_accumulation(g)
+    if not all(map(is_, map(_MAIN, kl), _NONE)):  # (one map in C; none of them most backwards)
+        rest = [i for i, leaf, g in zip(range(len(kl)), kl, kg) if leaf.main is None or not _into_main(leaf, g)]
+        if not rest:
+            return
+        kl, kg, layouts = [kl[i] for i in rest], [kg[i] for i in rest], [layouts[i] for i in rest]
     haves = list(map(_GRAD, kl))
     n = len(kl)
     if all(map(is_, haves, _NONE)):  # the first backward since zero_grad: each .grad is its gradient
@@ -292,6 +304,55 @@ def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
             leaf.grad = add_grads(leaf.grad, g, layouts[i], None)
 
 
+def _into_main(leaf: Leaf, g: Any) -> bool:
+    """Whether `g`, a gradient of `leaf`, went into its main gradient (``leaf.main``, a view of an optimizer's flat
+    gradient buffer: Megatron's main_grad), ``leaf.grad`` then a DTensor of that view: copied there when
+    ``.grad`` is None (the first backward since the step, whose buffer holds other values: the gathered
+    parameters), else added in place (``main += g``: the ufunc and operands of `add_grads`' ``a + b``, so the same
+    bits) when ``.grad`` is that view in `g`'s layout, else their sum (`add_grads`, its layout) copied there. So
+    the gradient is held once, in the buffer, from the first microbatch on (no block of its own beside the
+    buffer the optimizer packs it into). False (nothing done) for a `g` of another shape or dtype than the view.
+    A dry run writes nothing (its buffer is the dry engine's zeros); a captured step records the copy or the sum
+    as a kernel (spmdsim.runtime.replay), which a replay reruns into the same view."""
+    view = leaf.main
+    block = g._local if not buffers.CAPTURE.on else g.local
+    if block.shape != view.shape or block.dtype != view.dtype:
+        return False
+    have = leaf.grad
+    dry = g._mesh.engine.dry
+    if have is None:
+        if not dry:
+            _main_kernel(_copy_main)(view, block)
+        leaf.grad = type(g)._trusted(g._mesh, view, g._layout, g._shape)
+        return True
+    if have._local is view and (have._layout is g._layout or have._layout == g._layout):
+        if not dry:
+            _main_kernel(_add_main)(view, block)
+        return True
+    total = add_grads(have, g, g._layout, None)  # laid out otherwise, or a .grad set elsewhere: their sum
+    if not dry:
+        _main_kernel(_copy_main)(view, total._local if not buffers.CAPTURE.on else total.local)
+    leaf.grad = type(total)._trusted(total._mesh, view, total._layout, total._shape)
+    return True
+
+
+def _copy_main(view: np.ndarray, block: np.ndarray) -> None:
+    np.copyto(view, block)
+
+
+def _add_main(view: np.ndarray, block: np.ndarray) -> None:
+    np.add(view, block, out=view)
+
+
+def _main_kernel(func: Any) -> Any:
+    """`func` itself, or while this thread captures a step its recorded kernel (spmdsim.runtime.replay)."""
+    if not buffers.CAPTURE.on:
+        return func
+    from ..runtime.replay import kernel
+
+    return kernel(func)
+
+
 def _added_into(leaf: Leaf, g: Any) -> bool:
     """Whether `g` was added into the block of ``leaf.grad`` in place (``leaf.grad += g``: the same ufunc on
     the same operands in the same order as `add_grads`' ``a + b``, so the same bits, without a new block and a
@@ -316,6 +377,7 @@ def _added_into(leaf: Leaf, g: Any) -> bool:
 
 
 _refs, _ndarray = sys.getrefcount, np.ndarray
+_MAIN = attrgetter("main")
 _GRAD_NAME, _NDARRAY = repeat("grad"), repeat(np.ndarray)
 _BASE, _CARRAY, _DTYPE_OF = attrgetter("base"), attrgetter("flags.carray"), attrgetter("dtype")
 

@@ -174,13 +174,17 @@ def _passed(dy: Any) -> tuple:
 
 class Leaf(_Recorded):
     """A tensor the user asked gradients for; ``grad`` is a DTensor in its layout (or None); ``updated``: the
-    era of the last optimizer step that changed its block in place (0: none; `updated`)."""
+    era of the last optimizer step that changed its block in place (0: none; `updated`); ``main``: where its
+    gradient accumulates, or None: a view of an optimizer's flat gradient buffer, shaped as the leaf's block
+    (Megatron's main_grad: spmdsim.distrib_optim under ZeRO-1), into which each backward's gradient is copied
+    (the first since the step) or added, ``.grad`` then a DTensor of that view (spmdsim.autograd.engine)."""
 
-    __slots__ = ("grad", "updated")
+    __slots__ = ("grad", "updated", "main")
 
     def __init__(self) -> None:
         self.grad: Any = None
         self.updated = 0
+        self.main: Any = None
 
 
 class Detached(Leaf):

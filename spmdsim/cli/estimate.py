@@ -365,7 +365,7 @@ def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
         return ""
     held = memories[most].held
     activations = held["activations"]
-    rest = sum(held.values()) - activations + memories[most].backward  # (ZeRO-2's gradients in the backward too)
+    rest = sum(held.values()) - activations + memories[most].backward  # (the gradients held beyond the line too)
     flash = getattr(args, "attention", "unfused") == "flash"  # no scores kept: selective drops nothing more
     fewer = {"none": ["--recompute full" if flash else "--recompute selective or full"],
              "selective": ["--recompute full"]}.get(args.recompute, [])
@@ -447,7 +447,7 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
                f"{_gib(layers_activations(st, precision))}; {st.in_flight} microbatch-chunk(s) in flight at "
                f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}"
                + (f", of which the experts' {st.expert_params:,}" if st.expert_params else ""))
-    beside = f", {_gib(mem.backward)} more gradients in the backward (ZeRO-2's, beyond the slices)" \
+    beside = f", {_gib(mem.backward)} more gradients in the backward (measured, beside those above)" \
         if mem.backward else ""
     out.append(f"  peak (transient included) {_gib(mem.peak)}: the memory above{beside} and, "
                f"for a moment, the blocks of {transient.what}: {_gib(transient.nbytes)}")

@@ -27,8 +27,8 @@ price a link model need not order by group size. The memory bound is, at its lar
 stage's layers' model states (their parameter elements at the precision's bytes) plus the bytes its
 smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that stage at once
 (spmdsim.pipeline.schedule.in_flight_by_stage): a bound of the stage's memory line, so of its peak too, which
-adds to it the largest kernel's transient blocks and, under ZeRO-2, the gradients the backward holds beyond the
-slices (spmdsim.estimate.ledger.backward_gradients).
+adds to it the largest kernel's transient blocks and the gradients the step holds beyond the memory line's
+(spmdsim.estimate.ledger.backward_gradients: ZeRO-2's beyond the slices).
 """
 from __future__ import annotations
 

@@ -11,10 +11,11 @@ as `records.Transfer` rows, each placed within a node or across nodes from the m
 The program runs in float64. `PRECISIONS` prices the same elements at a training precision's widths
 (bf16 mixed precision: 2-byte parameters and activations, 4-byte main gradients, master copy and
 Adam moments, as Megatron keeps them); a mixed precision keeps a master copy of every element a rank
-updates, which a float64 run has no need for: `priced` names it. Under ZeRO-2 the gradients `priced` names
-are the rank's slices, kept between steps (the model states the ZeRO paper compares); its backward holds
-more for a while, which the run measures (MemoryReport.grads_peak) and the peak adds (`backward_gradients`,
-`StageMemory`).
+updates, which a float64 run has no need for: `priced` names it. The gradients `priced` names are those the
+rank keeps after the step (ZeRO-0's and ZeRO-1's whole, in ZeRO-1's gradient buffer; ZeRO-2's the rank's slices,
+the model states the ZeRO paper compares); at every ZeRO level the most gradients the rank holds at once is the
+run's measured MemoryReport.grads_peak, whose excess over them the peak adds (`backward_gradients`,
+`StageMemory`): one rule, what the program holds.
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ class StageLedger:
 
 def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     """{role: bytes} of one rank of `stage` under `precision` (PRECISIONS), from its elements in the run: what it
-    holds after the step (ZeRO-2's gradients its slices; `backward_gradients` what its backward holds beyond them)
+    holds after the step (ZeRO-2's gradients its slices; `backward_gradients` what its step holds beyond them)
     and the activations at the moment the schedule held the most."""
     w = PRECISIONS[precision]
     m = stage.memory
@@ -227,13 +228,14 @@ def largest_transient(stage: StageLedger, precision: str) -> Transient:
 
 
 def backward_gradients(stage: StageLedger, precision: str, zero: int) -> int:
-    """The gradient bytes one rank of `stage` holds at once in its backward beyond `priced`'s "gradients", at
-    `precision`: under ZeRO-2, whose gradients between steps are the rank's 1/dp slices, the dry run's measured
-    most (spmdsim.gpt.memory.MemoryReport.grads_peak: the slices, the buckets not yet reduced, the gradients
-    final only at the walk's end, the token embedding's, and with several microbatches the earlier ones'
-    gradients whole) less those slices; 0 under ZeRO-0 and ZeRO-1, whose gradients priced are whole."""
-    if zero != 2:
-        return 0
+    """The gradient bytes one rank of `stage` holds at once in its step beyond `priced`'s "gradients", at
+    `precision`: the dry run's measured most (spmdsim.gpt.memory.MemoryReport.grads_peak) less the gradients kept
+    after the step, at every ZeRO level (`zero` changes nothing: one rule, what the program holds). Under ZeRO-2,
+    whose gradients after the step are the rank's 1/dp slices: the buckets not yet reduced, the gradients final
+    only at the walk's end, the token embedding's, and with several microbatches the earlier ones' gradients
+    whole. Under ZeRO-1, whose gradients accumulate in the gradient buffer (each parameter's view of it, Megatron's
+    main_grad), the tied table's gradient the walk holds beside it until the embedding's backward adds to it
+    (one stage; a pipeline's end stages read it once each) and a node's gradients given at once; ZeRO-0's none."""
     m = stage.memory
     return max(0, m.grads_peak - m.grads) // _RUN * PRECISIONS[precision].grads
 
@@ -241,8 +243,8 @@ def backward_gradients(stage: StageLedger, precision: str, zero: int) -> int:
 @dataclass(frozen=True)
 class StageMemory:
     """One rank of a stage at a precision (`stage_memory`): what it holds, by role (`held`, `priced`'s: the
-    memory line), the gradients its backward holds beyond the memory line's (`backward`, `backward_gradients`':
-    ZeRO-2's) and the largest set of blocks one kernel or product reads and writes at once beside it
+    memory line), the gradients its step holds beyond the memory line's (`backward`, `backward_gradients`': the
+    measured most less those) and the largest set of blocks one kernel or product reads and writes at once beside it
     (`transient`, `largest_transient`'s). `peak`, their sum, is what decides whether the rank fits a GPU:
     `spmdsim estimate`'s verdict and the search by a machine file's memory limit (spmdsim.estimate.search)."""
 
@@ -257,8 +259,8 @@ class StageMemory:
 
     @property
     def peak(self) -> int:
-        """The memory line, the backward's gradients beyond it (ZeRO-2's) and, for a moment, the largest
-        kernel's or product's blocks beside them."""
+        """The memory line, the gradients held beyond it (measured) and, for a moment, the largest kernel's or
+        product's blocks beside them."""
         return self.memory + self.backward + self.transient.nbytes
 
 

@@ -306,7 +306,7 @@ def model_states(c: Config, precision: str, elements: int) -> int:
     ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'; under
     ZeRO-2 the gradients too are that slice alone, at the gradients' width, and the buckets' shared flat buffer,
     at most one bucket, is left out), at the precision's widths: a bound of the memory line, so of the peak too
-    (which under ZeRO-2 adds the gradients its backward holds beyond the slices)."""
+    (which adds the gradients the step measurably holds beyond the line's: ZeRO-2's beyond the slices)."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]

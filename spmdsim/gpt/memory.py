@@ -54,11 +54,12 @@ class MemoryReport:
     summed gradients, 1/dp); `buffers`: the
     optimizer's buffers (the update's scratch and AdamW's gather buffer, one group's each; ZeRO-1's summed
     gradient slice); `peak`: the largest of the totals after the forward, after the backward and after the
-    step, at `moment`; `grads_peak`: the most bytes of gradients the rank held at once, at those moments and,
-    under ZeRO-2, in the backward where each bucket is reduced (its members' blocks, before they are freed, and
-    every other gradient held then: the walk's, the ``.grad`` blocks, the summed slices). The estimate's ledger
-    prices ZeRO-2's `grads` as the model states between steps and adds ``grads_peak - grads`` to its peak
-    (spmdsim.estimate.ledger.backward_gradients).
+    step, at `moment`; `grads_peak`: the most bytes of gradients the rank held at once, at those moments and in
+    the backward: under ZeRO-1 wherever the walk has put gradients into the gradient buffer (the buffer and the
+    walk's gradients not final yet), under ZeRO-2 where each bucket is reduced (its members' blocks, before
+    they are freed, and every other gradient held then: the walk's, the ``.grad`` blocks, the summed slices).
+    The estimate's ledger prices `grads` (ZeRO-2's: the model states between steps) and adds
+    ``grads_peak - grads`` to its peak at every ZeRO level (spmdsim.estimate.ledger.backward_gradients).
     """
 
     step: int

@@ -324,12 +324,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
         optimizer.zero_grad()
         watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
-        if watch is not None and zero == 2:  # a look in the backward before each bucket's Reduce_scatter
+        if watch is not None and zero:  # a look in the backward (ZeRO-2: before each bucket's Reduce_scatter)
             optimizer.watch = watch.walk
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
                                                          shape, act, wire, pp_comm, tensors, clock, watch,
                                                          described, wire_dtype, found,
-                                                         optimizer if zero == 2 else None)
+                                                         optimizer if zero else None)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
         if ends:
@@ -446,8 +446,10 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
     found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`.
-    `reducer`: ZeRO-2's optimizer, to which each chunk's last microbatch's backward hands its buckets as they
-    fill (spmdsim.autograd.backward's `reduce_with`); the microbatches before accumulate their gradients whole."""
+    `reducer`: the ZeRO-1 or ZeRO-2 optimizer (spmdsim.autograd.backward's `reduce_with`): ZeRO-1's takes each
+    microbatch's gradient of a parameter into its main gradient as soon as the walk has it; to ZeRO-2's each
+    chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
+    gradients whole."""
     from ..autograd.engine import backward as backward_, backward_kept, kept_leaves
     from ..pipeline.schedule import Compute
     from ..runtime.dtensor import DTensor
@@ -529,8 +531,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         if watch is not None:
             watch.backward(c)
         out = outputs.pop((mb, c))
-        reduce_with = reducer if reducer is not None and last_backward.get(c) == mb else None
-        if repeat is None or reduce_with is not None and mb != first_backward.get(c):
+        reducing = last_backward.get(c) == mb  # ZeRO-2's last microbatch of the chunk (else `last_backward` empty)
+        reduce_with = reducer if reducing or zero1 else None
+        if repeat is None or reducing and mb != first_backward.get(c):
             # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
             # (the gradients it holds while it reduces: the earlier microbatches' whole and its own)
             backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
@@ -556,7 +559,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
         steps = known["program"] = (program, _compiled(program))
     last_backward: dict = {}  # chunk -> the microbatch of its last backward (ZeRO-2's buckets reduced in it)
-    if reducer is not None:
+    zero1 = reducer is not None and not reducer.shard_grads  # every backward hands ZeRO-1's its gradients
+    if reducer is not None and reducer.shard_grads:
         for entry in steps[1]:
             if entry[0] == 1:
                 last_backward[entry[2]] = entry[1]
@@ -913,8 +917,23 @@ def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, describ
     if known is None:
         known = described["tied"] = messages(pp_comm, _PP, receives, sends)
     point_to_point(run.mesh, pp_comm, _PP, receives, sends, "embedding group", known)
+    if g._local is wte._ag.main:  # ZeRO-1's main gradient (spmdsim.distrib_optim): the sum into it, in place
+        if not g.mesh.engine.dry:
+            _add_main(wte._ag.main, theirs)
+        return
     total = mine if g.mesh.engine.dry else mine + theirs  # a dry run's zeros stay zeros, unread
     wte._ag.grad = type(g)(g.mesh, total, g.layout, g.global_shape)
+
+
+def _add_main(main: np.ndarray, theirs: np.ndarray) -> None:
+    """``main += theirs`` (the ufunc and operands of ``mine + theirs``: the same bits), a kernel while capturing."""
+    from ..runtime.replay import kernel
+
+    (kernel(_added) if buffers.CAPTURE.on else _added)(main, theirs)
+
+
+def _added(main: np.ndarray, theirs: np.ndarray) -> None:
+    np.add(main, theirs, out=main)
 
 
 def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:

@@ -468,17 +468,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if memory:
             _look(moments, moment, optimizer, params, kept)
 
-    if memory and zero == 2:  # a look in the backward before each bucket's Reduce_scatter frees its gradients
+    if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
+        # ZeRO-1's as each parameter's gradient goes into its main gradient
         optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
         loss = model.loss(xd, yd, step)
         look("after the forward", kept_bytes([loss], exclude=params) if memory else None)
-        if zero == 2:  # each bucket reduce-scattered in the walk as soon as its members' gradients are final
+        if zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket fills;
+            # ZeRO-1's in the step, each gradient put into its main gradient in the walk as soon as it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
-        elif zero:  # the dp sums left to the optimizer's Reduce_scatter
-            loss.backward(keep_pending=params)
         else:
             loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
             if cfg.clip:  # the joint norm: one Allreduce of one number
@@ -786,8 +786,8 @@ def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Option
     """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
     and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks."""
     held = optimizer.memory()
-    # The gradients: the leaves' blocks and the gradient buffer ZeRO-1 packs them into (their .grad views it
-    # while the step runs; None after it), each buffer once.
+    # The gradients: the leaves' blocks and ZeRO-1's gradient buffer they accumulate in (their .grad views it
+    # from the first backward to the step; None after it), each buffer once.
     grads = owned_bytes([p.grad.local for p in params if p.grad is not None]
                         + list(getattr(optimizer, "gradient_buffers", tuple)()))
     moments[moment] = (held, grads, owned_bytes(p.local for p in params) + grads
