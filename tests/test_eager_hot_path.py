@@ -5,6 +5,7 @@ walk's and the operators' own frames")."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 import pytest
@@ -168,6 +169,44 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     nodes = calls[("autograd/graph.py", "attach")]  # every node (`record` calls it; prepared calls and fused pieces too)
     prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
     assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)
+
+
+def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itself():
+    """Rank 0's third step (eager3): the walk moves a gradient to its tensor's layout without `_move`'s frame and its
+    layout comparison (whether it moves is kept with grad_layout's answer), the model compares no layout again to
+    gather its activations (an unequal one is kept too), a dropout mask is drawn without a SeededTensor of its
+    seed (`uniform_at_least`), a whole-row norm computes without its kernel's closure and the engine's frame, a
+    collective's buffer is sized once per shape and dtype, and the fused pieces' rules build their usual
+    gradients without `grad_tensor`'s frame."""
+    seen: dict = {}
+    ours = os.path.dirname(spmdsim.__file__) + os.sep
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code, back = frame.f_code, frame.f_back.f_code
+            key = (code.co_filename.replace(ours, ""), code.co_name, back.co_filename.replace(ours, ""), back.co_name)
+            seen[key] = seen.get(key, 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        counting = step == 2 and comm.rank == 0
+        if counting:
+            sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            if counting:
+                sys.setprofile(None)
+
+    _train_three_steps("graph", around)
+    called = {(name, caller) for _, name, _, caller in seen}
+    callees = {(f, name) for f, name, _, _ in seen}
+    assert ("_move", "_walk") not in called and ("__eq__", "_gathered") not in called
+    assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "autograd/rules/fused.py"}
+    assert {k for k in [("datagen.py", "with_seed"), ("datagen.py", "at_least"), ("ops/norms.py", "kernel"),
+                        ("buffers.py", "_sized")] if k in callees} == set()
+    assert ("datagen.py", "uniform_at_least") in callees  # (the masks are drawn: the fast path is the one taken)
+    assert sum(v for (f, n, _, _), v in seen.items() if (f, n) == ("runtime/executor.py", "redistribute")) > 0
 
 
 # The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code

@@ -150,12 +150,15 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
             layout = tensor._layout
             if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
                 # grad_layout's look-up written out (its answer for these two layout objects, when it has one;
-                # an entry holds both objects, so no other object has their ids while it is there)
+                # an entry holds both objects, so no other object has their ids while it is there), with
+                # whether `g` moves there (`_move`'s test, kept in the entry: no layout compared again)
                 have = g._layout
                 seen = cached((id(layout), id(have)))
-                target = seen[2] if seen is not None else grad_layout(layout, have)
-                if have is not target:
-                    g = _move(g, target)  # (of `target`'s layout, or an equal one)
+                if seen is None:
+                    grad_layout(layout, have)  # (its entry made)
+                    seen = cached((id(layout), id(have)))
+                if seen[3]:
+                    g = (_REDISTRIBUTE or _redistribute())(g, seen[2])
                 if key not in owners:
                     owners[key] = layout
             # Else `g` is laid out by `layout` itself, and so is their sum while every addend is: `owners` notes
@@ -836,11 +839,13 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     out = with_partial(layout, keep)  # derived from this very object (an equal one's would lead back to it)
     if len(_GRAD_BY_OBJECT) >= 4096:
         _GRAD_BY_OBJECT.clear()
-    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out)
+    # (and whether a gradient laid out `g_layout` moves to it: `_move`'s test, pure of the two objects)
+    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out, g_layout is not out and g_layout != out)
     return out
 
 
-_GRAD_BY_OBJECT: dict = {}  # (id(layout), id(gradient's layout)) -> (both, grad_layout's answer)
+# (id(layout), id(gradient's layout)) -> (both, grad_layout's answer, whether the gradient moves there)
+_GRAD_BY_OBJECT: dict = {}
 
 
 def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> tuple:
