@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _hugepool
 from .context import PROCESS
-from .context import current as _current
+from .context import _THREAD
 
 #: How many threads capture a step now (spmdsim.runtime.replay's count, this very list): while it is 0,
 #: ``DTensor.local`` is every tensor's block itself. Hot paths test `CAPTURE` (this thread's) instead.
@@ -105,12 +105,13 @@ def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     dims, dtype, nbytes = sized
     if nbytes < MIN_BYTES:  # (and Python objects, -1: MPI never moves them as bytes)
         return _np_empty(dims, dtype)
-    if nbytes >= HUGE_MIN and _HUGE and _current() is PROCESS:  # the pool is not thread-safe: no simulated rank's
+    context = _THREAD.context  # current()'s, without its call
+    if nbytes >= HUGE_MIN and _HUGE and context is PROCESS:  # the pool is not thread-safe: no simulated rank's
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
             return _ndarray(dims, dtype, mapped)
     # A dry run's: zeros that cost no memory until written (`lazy_zeros`), sized and placed as a real run's.
-    raw = lazy_zeros(nbytes + PAGE, _uint8) if _current().dry_run else _np_empty(nbytes + PAGE, _uint8)
+    raw = lazy_zeros(nbytes + PAGE, _uint8) if context.dry_run else _np_empty(nbytes + PAGE, _uint8)
     # One ndarray over the raw bytes at the offset: a third of slicing, viewing and reshaping.
     return _ndarray(dims, dtype, raw, (PAGE_OFFSET - _address(_as_char(raw))) % PAGE)
 

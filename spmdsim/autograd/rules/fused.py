@@ -191,9 +191,10 @@ class ResidualGrads:
                 sweep("dropout", (g, g), (g,))
             factors = self.factors
             g = _local(np.multiply, g, g, self.scale) if factors is None or dry else g * factors
-            g = _made(biased, g)  # C order and dtype, as its gradient was made (its block, without the DTensor)
+            if type(g) is not _ndarray or not g.flags.c_contiguous or g.dtype is not biased._local.dtype:
+                g = _made(biased, g)  # C order and dtype, as its gradient was made (its block, without the DTensor)
             low = biased._local.dtype
-            if self.bias is not None and is_low(low):  # bfloat16: the bias add's node rounded it
+            if self.bias is not None and low.kind == "V" and is_low(low):  # bfloat16: the bias add's node rounded it
                 g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)
         bias = self.bias
         gb = None
@@ -271,7 +272,8 @@ class NormAffineGrads:
                 d = _local(_unread, d, d)
             if self.need_b:
                 gb = _summed_grad(bias, d, partial, self.b_sums, dry, True)
-            d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
+            if type(d) is not _ndarray or not d.flags.c_contiguous or d.dtype is not self.scaled._local.dtype:
+                d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
         if weight is not None:  # the product's rule: dY times the weight, the weight's gradient dY y summed
             need_w = self.need_w
             plain = not CAPTURE.on
@@ -286,9 +288,10 @@ class NormAffineGrads:
                 gw = d * yb if need_w else None
             if need_w:
                 gw = _summed_grad(weight, gw, partial, self.w_sums, dry)
-            g = _made(y, g)
+            if type(g) is not _ndarray or not g.flags.c_contiguous or g.dtype is not y._local.dtype:
+                g = _made(y, g)  # (its usual case, a C-ordered block of y's dtype: `g` itself, without its call)
             low = y._local.dtype
-            if is_low(low):  # bfloat16: the normalization's node rounded it
+            if low.kind == "V" and is_low(low):  # bfloat16: the normalization's node rounded it
                 g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)
             d = g
         norm = self.norm  # the normalization's rule
