@@ -211,13 +211,15 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     # A repeated Allgather or Reduce_scatter move runs its kept collective call from `redistribute` itself (no
     # runner's and no collective's frame), a move's node is built by `moved` itself, a gradient sum without
     # DTensor._trusted's frame, a buffer without current()'s, the fused rules' blocks without `_made`'s and
-    # `is_low`'s frames, attention's float products per head without precision.product's and matmul's.
+    # `is_low`'s frames, attention's float products per head without precision.product's and matmul's, a whole-row
+    # norm's values without shaped_as's frame.
     assert sum(v for (f, n, _, _), v in seen.items() if (f, n) == ("runtime/executor.py", "redistribute")) >= 8
     assert {k for k in [("runtime/executor.py", "run_allgather"), ("runtime/executor.py", "run_reduce_scatter"),
                         ("runtime/collectives.py", "allgather"), ("runtime/collectives.py", "reduce_scatter")]
             if k in callees} == set()
     assert {("attach", "moved"), ("_trusted", "add_grads"), ("current", "kept_empty"), ("current", "repeat"),
-            ("product", "grouped_product"), ("product", "grouped_sum")} & called == set()
+            ("product", "grouped_product"), ("product", "grouped_sum"), ("shaped_as", "normal_values")} \
+        & called == set()
     assert {n for f, n, cf, c in seen if cf == "autograd/rules/fused.py" and c == "__call__"} & {"_made", "is_low"} \
         == set()
 

@@ -43,11 +43,14 @@ from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
+from . import _common
 from ._common import (
     KERNELS, dry_zeros, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg, ufunc_dtype,
 )
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+_ndarray = np.ndarray
+_new = object.__new__
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
            "resolved", "dropout_keep"]
@@ -201,8 +204,14 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
         # The kernel below on the running engine, called as that engine calls it, without its frames: no
         # bfloat16 block to widen, y rounded only where its dtype is not the block's (`rounded`'s test)
         y, kept["rstd"] = _normalize(local, d, n, eps, centre)
-        if y.dtype != local.dtype:
-            y = rounded(y, local.dtype)
+        if type(y) is _ndarray and y.dtype is local.dtype and y.shape == local.shape and y.flags.c_contiguous \
+                and _common._DTENSOR is not None:  # shaped_as's usual case, its DTensor built here
+            out = _new(_common._DTENSOR)
+            out._mesh, out._local, out._layout, out._shape, out._ag = x._mesh, y, x._layout, x._shape, None
+        else:
+            if y.dtype != local.dtype:
+                y = rounded(y, local.dtype)
+            out = shaped_as(x, y, x._layout)
     else:
         def kernel(block: np.ndarray) -> np.ndarray:
             # bfloat16: the statistics and y in float32, y rounded once (spmdsim.precision)
@@ -211,7 +220,7 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
 
         local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
         y = _engine_local(kernel, local, local)
-    out = shaped_as(x, y, x._layout)
+        out = shaped_as(x, y, x._layout)
     if any_open():  # else nothing is counted: no blocks to gather
         rows = local.shape[:d] + (1,) + local.shape[d + 1:]
         sweep(op, (local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
