@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _hugepool
 from .context import PROCESS
-from .context import current as _current
+from .context import _THREAD
 
 #: How many threads capture a step now (spmdsim.runtime.replay's count, this very list): while it is 0,
 #: ``DTensor.local`` is every tensor's block itself. Hot paths test `CAPTURE` (this thread's) instead.
@@ -96,20 +96,43 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
 
 def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     """`empty` for a buffer kept across calls (a mesh's scratch), which a capture never sees as new."""
-    if not isinstance(dtype, _dtype):
-        dtype = np.dtype(dtype)
-    dims = shape if type(shape) is tuple else (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    nbytes = math.prod(dims) * dtype.itemsize
-    if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
+    try:  # a shape and builtin dtype asked before (each step's collectives ask for the same few): its sizes
+        sized = _SIZED.get((shape, dtype))
+    except TypeError:  # a shape given as a list
+        sized = None
+    if sized is None:
+        sized = _sized(shape, dtype)
+    dims, dtype, nbytes = sized
+    if nbytes < MIN_BYTES:  # (and Python objects, -1: MPI never moves them as bytes)
         return _np_empty(dims, dtype)
-    if nbytes >= HUGE_MIN and _HUGE and _current() is PROCESS:  # the pool is not thread-safe: no simulated rank's
+    context = _THREAD.context  # current()'s, without its call
+    if nbytes >= HUGE_MIN and _HUGE and context is PROCESS:  # the pool is not thread-safe: no simulated rank's
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
             return _ndarray(dims, dtype, mapped)
     # A dry run's: zeros that cost no memory until written (`lazy_zeros`), sized and placed as a real run's.
-    raw = lazy_zeros(nbytes + PAGE, _uint8) if _current().dry_run else _np_empty(nbytes + PAGE, _uint8)
+    raw = lazy_zeros(nbytes + PAGE, _uint8) if context.dry_run else _np_empty(nbytes + PAGE, _uint8)
     # One ndarray over the raw bytes at the offset: a third of slicing, viewing and reshaping.
     return _ndarray(dims, dtype, raw, (PAGE_OFFSET - _address(_as_char(raw))) % PAGE)
+
+
+def _sized(shape: Any, dtype: Any) -> tuple:
+    """`kept_empty`'s (dims, dtype, bytes; -1 for a dtype of Python objects) of `shape` and `dtype`, kept in
+    `_SIZED` for a tuple of ints and a builtin numpy dtype (a pure function of the key)."""
+    given = dtype
+    if not isinstance(dtype, _dtype):
+        dtype = np.dtype(dtype)
+    dims = shape if type(shape) is tuple else (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    sized = (dims, dtype, -1 if dtype.hasobject else math.prod(dims) * dtype.itemsize)
+    if type(shape) is tuple and all(type(n) is int for n in shape) and given is dtype and dtype.isbuiltin == 1 \
+            and dtype.isnative:
+        if len(_SIZED) >= 1024:  # a long run over many shapes: start over
+            _SIZED.clear()
+        _SIZED[(shape, dtype)] = sized
+    return sized
+
+
+_SIZED: dict = {}  # (shape, dtype) -> `_sized`'s answer, for tuples of ints and builtin native dtype objects
 
 
 #: From this size up `lazy_zeros` gives an anonymous mapping of its own.

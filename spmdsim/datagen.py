@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -362,6 +362,25 @@ def bind_keep(func: Callable, args: tuple, kwargs: dict) -> Optional[Callable[[]
 
 
 _SEEDS = 1 << 63  # seeds are in [0, 2**63)
+
+
+def uniform_at_least(uniform: SeededTensor, seed: Any, region: Region, threshold: float,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """``uniform.with_seed(seed).at_least(region, threshold, out)`` for `uniform`, a float64 SeededTensor of [0, 1)
+    (spmdsim.ops' dropout draws: its dtype and range are not looked at again), without the tensor of `seed`:
+    where a mask was drawn at this region object, shape and threshold before (`_PLANS`) and `seed` is a Python
+    int in [0, 2**63) outside a dry run, `at_least`'s kept plan's numpy calls (the same values); else that call
+    (its conversion, or its one-line error). Each step's dropout masks: no object made, no checks again."""
+    plan = _PLANS.get(id(region))
+    if (plan is not None and plan[0] is region and plan[1] == uniform.shape and plan[2] == threshold
+            and type(seed) is int and 0 <= seed < _SEEDS and not _THREAD.context.dry_run):
+        key = _KEYS.get(seed)
+        bits = _xor(plan[4], _key(seed) if key is None else key)
+        if out is None:
+            out = _empty(plan[3], bool)
+        _greater_equal(_mix(bits), plan[5], out)
+        return out
+    return uniform.with_seed(seed).at_least(region, threshold, out)
 
 
 def _fixed(region: object) -> bool:

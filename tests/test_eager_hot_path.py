@@ -5,6 +5,7 @@ walk's and the operators' own frames")."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 import pytest
@@ -165,9 +166,62 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     # reads off the hot operators' paths remain (a transpose, the loss's backward, the ids' check ...).
     assert calls.get(("runtime/replay.py", "local_of"), 0) <= 8, calls.get(("runtime/replay.py", "local_of"))
     assert calls.get(("autograd/engine.py", "_leaf_plan")) == 1
-    nodes = calls[("autograd/graph.py", "attach")]  # every node (`record` calls it; prepared calls and fused pieces too)
+    # every node: `attach`'s (`record` calls it; prepared calls and fused pieces too) and the moves' (built by
+    # `_Recorded.moved` itself)
+    nodes = calls[("autograd/graph.py", "attach")] + calls.get(("autograd/graph.py", "moved"), 0)
     prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
     assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)
+
+
+def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itself():
+    """Rank 0's third step: the walk moves a gradient to its tensor's layout without `_move`'s frame and its
+    layout comparison (whether it moves is kept with grad_layout's answer), the model compares no layout again to
+    gather its activations (an unequal one is kept too), a dropout mask is drawn without a SeededTensor of its
+    seed (`uniform_at_least`), a whole-row norm computes without its kernel's closure and the engine's frame, a
+    collective's buffer is sized once per shape and dtype, and the fused pieces' rules build their usual
+    gradients without `grad_tensor`'s frame."""
+    seen: dict = {}
+    ours = os.path.dirname(spmdsim.__file__) + os.sep
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code, back = frame.f_code, frame.f_back.f_code
+            key = (code.co_filename.replace(ours, ""), code.co_name, back.co_filename.replace(ours, ""), back.co_name)
+            seen[key] = seen.get(key, 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        counting = step == 2 and comm.rank == 0
+        if counting:
+            sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            if counting:
+                sys.setprofile(None)
+
+    _train_three_steps("graph", around)
+    called = {(name, caller) for _, name, _, caller in seen}
+    callees = {(f, name) for f, name, _, _ in seen}
+    assert ("_move", "_walk") not in called and ("__eq__", "_gathered") not in called
+    assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "autograd/rules/fused.py"}
+    assert {k for k in [("datagen.py", "with_seed"), ("datagen.py", "at_least"), ("ops/norms.py", "kernel"),
+                        ("buffers.py", "_sized")] if k in callees} == set()
+    assert ("datagen.py", "uniform_at_least") in callees  # (the masks are drawn: the fast path is the one taken)
+    # A repeated Allgather or Reduce_scatter move runs its kept collective call from `redistribute` itself (no
+    # runner's and no collective's frame), a move's node is built by `moved` itself, a gradient sum without
+    # DTensor._trusted's frame, a buffer without current()'s, the fused rules' blocks without `_made`'s and
+    # `is_low`'s frames, attention's float products per head without precision.product's and matmul's, a whole-row
+    # norm's values without shaped_as's frame.
+    assert sum(v for (f, n, _, _), v in seen.items() if (f, n) == ("runtime/executor.py", "redistribute")) >= 8
+    assert {k for k in [("runtime/executor.py", "run_allgather"), ("runtime/executor.py", "run_reduce_scatter"),
+                        ("runtime/collectives.py", "allgather"), ("runtime/collectives.py", "reduce_scatter")]
+            if k in callees} == set()
+    assert {("attach", "moved"), ("_trusted", "add_grads"), ("current", "kept_empty"), ("current", "repeat"),
+            ("product", "grouped_product"), ("product", "grouped_sum"), ("shaped_as", "normal_values")} \
+        & called == set()
+    assert {n for f, n, cf, c in seen if cf == "autograd/rules/fused.py" and c == "__call__"} & {"_made", "is_low"} \
+        == set()
 
 
 # The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code

@@ -152,12 +152,15 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
             layout = tensor._layout
             if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
                 # grad_layout's look-up written out (its answer for these two layout objects, when it has one;
-                # an entry holds both objects, so no other object has their ids while it is there)
+                # an entry holds both objects, so no other object has their ids while it is there), with
+                # whether `g` moves there (`_move`'s test, kept in the entry: no layout compared again)
                 have = g._layout
                 seen = cached((id(layout), id(have)))
-                target = seen[2] if seen is not None else grad_layout(layout, have)
-                if have is not target:
-                    g = _move(g, target)  # (of `target`'s layout, or an equal one)
+                if seen is None:
+                    grad_layout(layout, have)  # (its entry made)
+                    seen = cached((id(layout), id(have)))
+                if seen[3]:
+                    g = (_REDISTRIBUTE or _redistribute())(g, seen[2])
                 if key not in owners:
                     owners[key] = layout
             # Else `g` is laid out by `layout` itself, and so is their sum while every addend is: `owners` notes
@@ -898,11 +901,13 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     out = with_partial(layout, keep)  # derived from this very object (an equal one's would lead back to it)
     if len(_GRAD_BY_OBJECT) >= 4096:
         _GRAD_BY_OBJECT.clear()
-    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out)
+    # (and whether a gradient laid out `g_layout` moves to it: `_move`'s test, pure of the two objects)
+    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out, g_layout is not out and g_layout != out)
     return out
 
 
-_GRAD_BY_OBJECT: dict = {}  # (id(layout), id(gradient's layout)) -> (both, grad_layout's answer)
+# (id(layout), id(gradient's layout)) -> (both, grad_layout's answer, whether the gradient moves there)
+_GRAD_BY_OBJECT: dict = {}
 
 
 def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> tuple:
@@ -936,17 +941,21 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
     x, y = (a._local, b._local) if not buffers.CAPTURE.on else (a.local, b.local)
-    if kind is not None and any_open():
+    if kind is not None and _flops._OPEN:  # (any_open's test)
         sweep("add", (x, y), (x,), kind)
-    if a._mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
+    mesh = a._mesh
+    if mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
         like = buffers.broadcast_zero(x.shape, np.result_type(x, y))
-        total = a._mesh.engine.local(np.add, like, x, y)
+        total = mesh.engine.local(np.add, like, x, y)
     else:
         total = x + y
     if not isinstance(total, np.ndarray):  # 0-d blocks sum to a numpy scalar
         total = np.asarray(total)
-    # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs.
-    return type(a)._trusted(a._mesh, total, a._layout, a._shape)
+    # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs (DTensor._trusted's
+    # tensor, without its call)
+    out = _new_object(type(a))
+    out._mesh, out._local, out._layout, out._shape, out._ag = mesh, total, a._layout, a._shape, None
+    return out
 
 
 def _move(g: Any, target: TensorLayout) -> Any:

@@ -159,9 +159,19 @@ class _Recorded:
         which the backward walk makes as it brings each gradient to its input's layout. Its name holds the
         two layouts, not the tensors: a closure over `out` made a cycle (out -> its node -> the name -> out)
         that kept both blocks, about 6 MiB a GPT step's rank, until the garbage collector ran."""
-        # `record`'s node, its read layouts (x's and out's) given: no gathering them (a move a call: issue 58)
+        # `record`'s node, its read layouts (x's and out's) given: no gathering them (a move a call: issue 58);
+        # `attach` written out (a move's node, 18 a GPT step), as it sets the fields
+        if _Mode.enabled is not True:  # inside no_grad()
+            return out
         source, target = x._layout, out._layout
-        return attach(out, partial(_move_name, source, target), (x,), _passed, None, (source, target))
+        node = _new_node(Node)
+        node.name, node.inputs, node.backward, node.want, node.reads = \
+            partial(_move_name, source, target), (x,), _passed, None, (source, target)
+        node.tag = _Mode.tag
+        node.low = _LOW[out._local.dtype]
+        node.seq = _next_seq()
+        out._ag = node
+        return out
 
 
 def _move_name(source: Any, target: Any) -> str:

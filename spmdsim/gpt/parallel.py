@@ -185,7 +185,7 @@ class GPT:
         self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
         self.act = L("tp", self.batch, None) if sp else self.full
-        self._whole: dict = {}  # layout objects found equal to `full`, by id (`_gathered`)
+        self._whole: dict = {}  # id(layout) -> (that layout, whether it equals `full`) (`_gathered`)
         self._acts: dict = {}  # layout objects found equal to `act` (resolved), by id (`_row_out`)
         self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.moe.layer)
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
@@ -244,14 +244,14 @@ class GPT:
     def _gathered(self, x: Any) -> Any:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""
         layout = x._layout
-        if layout is self.full or self._whole.get(id(layout)) is layout:  # or a layout found equal to it before
+        if layout is self.full:
             return x
-        if layout == self.full:  # compared once per layout object (a pipeline stage receives its own)
+        seen = self._whole.get(id(layout))  # (the layout, whether it equals `full`): compared once per layout
+        if seen is None or seen[0] is not layout:  # object (a pipeline stage receives its own; sp's act is not)
             if len(self._whole) >= 64:
                 self._whole = {}
-            self._whole[id(layout)] = layout  # (held: its id is not reused while the entry lives)
-            return x
-        return redistribute(x, self.full)
+            seen = self._whole[id(layout)] = (layout, layout == self.full)  # (held: its id is not reused)
+        return x if seen[1] else redistribute(x, self.full)
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
                scale: float = 1.0) -> Any:

@@ -11,7 +11,7 @@ from .. import buffers
 from ..errors import DTypeError, OperatorError
 from ..layout import Layout, TensorLayout
 from ..precision import _PRODUCT_DTYPES, is_low, matmul, product_dtype, wide
-from ..datagen import SeededTensor, bind_keep
+from ..datagen import SeededTensor, bind_keep, uniform_at_least
 from ..runtime import debug
 from ..runtime.replay import kernel, kernels
 from ..validate import as_int, describe, dtype_name
@@ -466,7 +466,7 @@ def _keep(shape: tuple, seed: Any, region: tuple, p: float, out: np.ndarray | No
         if len(_UNIFORM) >= 1024:
             _UNIFORM.clear()
         uniform = _UNIFORM[shape] = SeededTensor(shape, "float64", seed=0, low=0.0, high=1.0)
-    return uniform.with_seed(int(value)).at_least(region, p, out)
+    return uniform_at_least(uniform, int(value), region, p, out)  # (with_seed(...).at_least(...), no object made)
 
 
 #: A dropout's keep mask at this rank's `region`: ``SeededTensor(shape, seed) >= p`` there, as

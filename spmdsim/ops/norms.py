@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..buffers import CAPTURE, broadcast_zero
+from ..context import _THREAD  # the running thread's context (its engine, without current()'s call)
 from ..autograd.graph import no_grad
 from ..autograd.rules.norms import record_layer_norm, record_normalized, record_rms_norm
 from ..autograd.kept import kept_problem
@@ -42,11 +43,14 @@ from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
+from . import _common
 from ._common import (
     KERNELS, dry_zeros, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg, ufunc_dtype,
 )
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+_ndarray = np.ndarray
+_new = object.__new__
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
            "resolved", "dropout_keep"]
@@ -194,21 +198,34 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
     """`_normalized`'s forward without its node: (the normalized DTensor, its block, {"rstd": 1 / sqrt(var +
     eps)} kept for the rule where x takes a gradient: a dry run's zeros), its kernel counted
     (spmdsim.ops.fused.norm_affine records it with its weight and bias as one node)."""
-    n = x.global_shape[d]
+    n = x._shape[d]
     kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
+    if not CAPTURE.on and (local := x._local).dtype.kind != "V" and not _THREAD.context.engine.dry:
+        # The kernel below on the running engine, called as that engine calls it, without its frames: no
+        # bfloat16 block to widen, y rounded only where its dtype is not the block's (`rounded`'s test)
+        y, kept["rstd"] = _normalize(local, d, n, eps, centre)
+        if type(y) is _ndarray and y.dtype is local.dtype and y.shape == local.shape and y.flags.c_contiguous \
+                and _common._DTENSOR is not None:  # shaped_as's usual case, its DTensor built here
+            out = _new(_common._DTENSOR)
+            out._mesh, out._local, out._layout, out._shape, out._ag = x._mesh, y, x._layout, x._shape, None
+        else:
+            if y.dtype != local.dtype:
+                y = rounded(y, local.dtype)
+            out = shaped_as(x, y, x._layout)
+    else:
+        def kernel(block: np.ndarray) -> np.ndarray:
+            # bfloat16: the statistics and y in float32, y rounded once (spmdsim.precision)
+            y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
+            return rounded(y, block.dtype)
 
-    def kernel(block: np.ndarray) -> np.ndarray:
-        # bfloat16: the statistics and y in float32, y rounded once (spmdsim.precision)
-        y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
-        return rounded(y, block.dtype)
-
-    local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
-    y = _engine_local(kernel, local, local)
-    out = shaped_as(x, y, x._layout)
-    rows = local.shape[:d] + (1,) + local.shape[d + 1:]
+        local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
+        y = _engine_local(kernel, local, local)
+        out = shaped_as(x, y, x._layout)
     if any_open():  # else nothing is counted: no blocks to gather
+        rows = local.shape[:d] + (1,) + local.shape[d + 1:]
         sweep(op, (local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
     if x._ag is not None and x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept
+        rows = local.shape[:d] + (1,) + local.shape[d + 1:]
         stat = np.float32 if is_low(y.dtype) else y.dtype  # bytes measure alike (bfloat16's statistics: float32)
         kept["rstd"] = _engine_local(np.copy, broadcast_zero(rows, stat), y)
     return out, y, kept

@@ -39,7 +39,7 @@ from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
-from ..context import current as _context
+from ..context import _THREAD, current as _context
 from .trace import fold_to, record, record_call, record_to
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
@@ -102,7 +102,7 @@ def repeat(mesh: Mesh, plan: tuple, axes: Any, label: str | None, args: tuple, r
     """`issue` of a collective whose every check passed at an earlier call with the same group, shape, dtype
     and dims (spmdsim.runtime.collectives keeps `plan`, what `keep` made of it, per mesh): with no debug hook
     on, no algorithm and no trace open, the engine's transfer alone; else `issue` with what the plan holds."""
-    context = _context()
+    context = _THREAD.context  # current()'s, without its call
     if context.hooks.quiet and mesh.algorithms is None and not context.traces:
         plan[7](plan[0], *args, polite_wait if mesh.polite else None)
         context.seq += 1

@@ -15,6 +15,8 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from ..errors import PlanError, ShapeError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
@@ -47,7 +49,10 @@ _RUNNERS: dict[type, Runner] = {}
 def _bind() -> None:
     """Bind the runners to the collectives (on first use: importing them loads mpi4py)."""
     from . import collectives as C
+    from . import door
 
+    global _repeat
+    _repeat = door.repeat
     KERNELS = C.KERNELS  # the collectives themselves where this thread does not capture (no wrapper's frame)
 
     def run_allreduce(step, mesh, local, shape, label, owned):
@@ -289,7 +294,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                                                      ("target", shape, target, local.dtype)))
     if plan is None:
         try:  # a step moves the same layout objects every time: by their ids (`_MOVES`)
-            program = _MOVES[id(mesh), id(source), id(target), shape, local.dtype][2]
+            entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype]
         except (KeyError, TypeError):  # TypeError: a size that does not hash (the planner refuses it)
             if not isinstance(target, TensorLayout):
                 raise PlanError(f"target {target!r} must be a TensorLayout") from None
@@ -298,7 +303,21 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             PROGRAMS.of(mesh)  # the mesh registered: its moves go with it
             if len(_MOVES) >= _MOVES_MAX:  # a long run over many layouts: start over
                 _MOVES.clear()
-            _MOVES[id(mesh), id(source), id(target), shape, local.dtype] = (source, target, program)
+            entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype] = (
+                source, target, program, _direct(program, source.local_shape(shape, mesh.rank), local.dtype))
+        program, direct = entry[2], entry[3]
+        if direct is not None and not _CAPTURE.on:
+            # One collective whose call the mesh kept (spmdsim.runtime.door.keep: a repeat of the same group,
+            # shape, dtype and dim): the collective's repeated call written out, without the runner's and the
+            # collective's frames (runtime.collectives' allgather or reduce_scatter, its kept plan's branch)
+            key, step_mesh, axes, label, sums, block_shape = direct
+            kept = step_mesh._plans.get(key)
+            if kept is not None and type(local) is _ndarray and local.shape == block_shape \
+                    and local.flags.c_contiguous:
+                dst = _new_block(kept[2], local.dtype)
+                local = _repeat(step_mesh, kept, axes, label, (local, dst, "sum") if sums else (local, dst), dst,
+                                local)
+                program = None
     else:
         if not isinstance(target, TensorLayout):
             raise PlanError(f"target {target!r} must be a TensorLayout")
@@ -308,8 +327,11 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                 f"{source} -> {target} on shape {shape!r}"
             )
         program = _compile(plan, mesh)
-    for run, step, step_mesh, label in program.steps:
-        local = run(step, step_mesh, local, shape, label, False)
+    if program is None:  # (its one collective ran above)
+        program = entry[2]
+    else:
+        for run, step, step_mesh, label in program.steps:
+            local = run(step, step_mesh, local, shape, label, False)
     if local.shape != program.local_shape:
         raise PlanError(f"internal: the plan produced a shard of shape {local.shape!r}, expected "
                         f"{program.local_shape!r} under {target}")
@@ -323,6 +345,31 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
 
 
 _new = object.__new__
+_ndarray = np.ndarray
+_repeat: Any = None  # spmdsim.runtime.door.repeat, bound by `_bind` (importing it loads the collectives)
+
+
+def _direct(program: "_Compiled", block_shape: tuple, dtype: Any) -> Optional[tuple]:
+    """What `redistribute` needs to run `program`'s one collective itself once its mesh keeps that call (an
+    Allgather or a Reduce_scatter of an even cut, a plain dtype, outside a dry run: the runner's test then calls
+    the collective, whose kept plan's branch `redistribute` writes out): (the collective's key in the mesh's
+    kept plans, as runtime.collectives spells it, the step's mesh, axes and label, whether it sums, this rank's
+    block shape); None for any other program."""
+    if len(program.steps) != 1 or not isinstance(dtype, np.dtype) or dtype.kind not in "fiub":
+        return None
+    run, step, step_mesh, label = program.steps[0]
+    kind = type(step)
+    if kind is Allgather:
+        name = "allgather"
+    elif kind is ReduceScatter:
+        name = "reduce_scatter"
+    else:
+        return None
+    if step.before.layout.cut != "even" or type(step.tensor_dim) is not int or step_mesh.engine.dry \
+            or run is not _RUNNERS.get(kind):
+        return None
+    return ((name, step.axes, block_shape, dtype, step.tensor_dim), step_mesh, step.axes, label, kind is ReduceScatter,
+            block_shape)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from ..graph import record, with_partial
 from .grads import grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+_matmul = np.matmul
 
 __all__ = ["record_attention", "record_flash", "count_core", "count_core_kernels", "count_flash", "grouped_product",
            "grouped_sum"]
@@ -40,6 +41,8 @@ def grouped_product(a: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
     """a @ b per sample and head, a (n, h, m, k) and b (n, h / groups, k, p): head i of a times head
     i // groups of b (grouped-query attention), (n, h, m, p); `groups` 1: product(a, b) itself."""
     if groups == 1:
+        if a.dtype.kind != "V" and b.dtype.kind != "V" and b.ndim != 2:  # product's and precision.matmul's usual
+            return _matmul(a, b)  # case (no bfloat16, no stack of rows times one matrix): numpy's, without their frames
         return product(a, b)
     n, h = a.shape[:2]
     out = product(a.reshape(n, h // groups, groups, *a.shape[2:]), b[:, :, None])
@@ -51,6 +54,8 @@ def grouped_sum(a: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
     b (n, h, m, p): (n, h / groups, k, p), one product over the group's groups·m rows (dK = dS^T Q and
     dV = Pd^T dY of grouped-query attention); `groups` 1: a^T b per head."""
     if groups == 1:
+        if a.dtype.kind != "V" and b.dtype.kind != "V" and b.ndim != 2:  # (as grouped_product's)
+            return _matmul(a.transpose(0, 1, 3, 2), b)
         return product(a.transpose(0, 1, 3, 2), b)
     n, h, m = a.shape[:3]
     rows = (n, h // groups, groups * m)

@@ -28,7 +28,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...flops import sweep
 from ...precision import is_low
 from .einsum import einsum_grads
-from .grads import grad_tensor, gradient_block, gradient_layout
+from .grads import GRADIENT_DTYPE, grad_tensor, gradient_block, gradient_layout
 from .pointwise import _sum_dims, _summed_axes
 
 __all__ = ["EinsumBiasGrads", "NormAffineGrads", "ResidualGrads", "ReshapeEinsumGrads", "bias_sums"]
@@ -130,14 +130,25 @@ class EinsumBiasGrads:
             if not d.flags.c_contiguous:
                 d = c_order(d)
         if bias is None:
-            return self.einsum(dy if d is dy._local else grad_tensor(y, d, partial))
-        dry = dy._mesh.engine.dry
-        if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
-            d = _local(_unread, d, d)
-        gb = None if bias._ag is None else _summed_grad(bias, d, partial, self.sums, dry, True)
-        if d is not dy._local:
+            if d is dy._local:
+                return self.einsum(dy)
+        else:
+            dry = dy._mesh.engine.dry
+            if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
+                d = _local(_unread, d, d)
+            gb = None if bias._ag is None else _summed_grad(bias, d, partial, self.sums, dry, True)
+            if d is dy._local:
+                return (gb,) + self.einsum(dy)
+        # grad_tensor(y, d, partial), its usual case written out (nothing pending, a C-ordered block of y's
+        # shape and gradient dtype: its DTensor built here), else its call
+        block = y._local
+        if not partial and type(d) is _ndarray and d.dtype is GRADIENT_DTYPE[block.dtype] and d.shape == block.shape \
+                and d.flags.c_contiguous and not (layout := y._layout).partial:
+            dy = _new(type(y))
+            dy._mesh, dy._local, dy._layout, dy._shape, dy._ag = y._mesh, d, layout, y._shape, None
+        else:
             dy = grad_tensor(y, d, partial)
-        return (gb,) + self.einsum(dy)
+        return self.einsum(dy) if bias is None else (gb,) + self.einsum(dy)
 
 
 class ResidualGrads:
@@ -161,7 +172,16 @@ class ResidualGrads:
         dry = dy._mesh.engine.dry
         if dry:  # the add rule's dry gradient: the engine's zeros shaped as dY
             d = _local(_unread, d, d)
-        gh = grad_tensor(self.h, d, partial) if need_h else None
+        gh = None
+        if need_h:  # grad_tensor(h, d, partial), its usual case written out (as EinsumBiasGrads'), else its call
+            h = self.h
+            block = h._local
+            if not partial and type(d) is _ndarray and d.dtype is GRADIENT_DTYPE[block.dtype] \
+                    and d.shape == block.shape and d.flags.c_contiguous and not (layout := h._layout).partial:
+                gh = _new(type(h))
+                gh._mesh, gh._local, gh._layout, gh._shape, gh._ag = h._mesh, d, layout, h._shape, None
+            else:
+                gh = grad_tensor(h, d, partial)
         if not need_y and not need_b:
             return gh, None, None
         biased = self.biased
@@ -171,9 +191,10 @@ class ResidualGrads:
                 sweep("dropout", (g, g), (g,))
             factors = self.factors
             g = _local(np.multiply, g, g, self.scale) if factors is None or dry else g * factors
-            g = _made(biased, g)  # C order and dtype, as its gradient was made (its block, without the DTensor)
+            if type(g) is not _ndarray or not g.flags.c_contiguous or g.dtype is not biased._local.dtype:
+                g = _made(biased, g)  # C order and dtype, as its gradient was made (its block, without the DTensor)
             low = biased._local.dtype
-            if self.bias is not None and is_low(low):  # bfloat16: the bias add's node rounded it
+            if self.bias is not None and low.kind == "V" and is_low(low):  # bfloat16: the bias add's node rounded it
                 g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)
         bias = self.bias
         gb = None
@@ -182,7 +203,17 @@ class ResidualGrads:
                 g = _local(_unread, g, g)
             if need_b:
                 gb = _summed_grad(bias, g, partial, self.sums, dry, True)
-        return gh, grad_tensor(self.y, g, partial) if need_y else None, gb
+        gy = None
+        if need_y:  # grad_tensor(y, g, partial), its usual case written out (as EinsumBiasGrads'), else its call
+            y = self.y
+            block = y._local
+            if not partial and type(g) is _ndarray and g.dtype is GRADIENT_DTYPE[block.dtype] \
+                    and g.shape == block.shape and g.flags.c_contiguous and not (layout := y._layout).partial:
+                gy = _new(type(y))
+                gy._mesh, gy._local, gy._layout, gy._shape, gy._ag = y._mesh, g, layout, y._shape, None
+            else:
+                gy = grad_tensor(y, g, partial)
+        return gh, gy, gb
 
 
 class ReshapeEinsumGrads:
@@ -203,7 +234,16 @@ class ReshapeEinsumGrads:
             return None, gw
         x = self.x
         d = g._local if not CAPTURE.on else g.local
-        return grad_tensor(x, d.reshape(x._local.shape), g._layout.partial), gw
+        block = x._local
+        d = d.reshape(block.shape)
+        partial = g._layout.partial
+        # grad_tensor(x, d, partial), its usual case written out (as EinsumBiasGrads'), else its call
+        if not partial and type(d) is _ndarray and d.dtype is GRADIENT_DTYPE[block.dtype] and d.flags.c_contiguous \
+                and not (layout := x._layout).partial:
+            g = _new(type(x))
+            g._mesh, g._local, g._layout, g._shape, g._ag = x._mesh, d, layout, x._shape, None
+            return g, gw
+        return grad_tensor(x, d, partial), gw
 
 
 class NormAffineGrads:
@@ -232,7 +272,8 @@ class NormAffineGrads:
                 d = _local(_unread, d, d)
             if self.need_b:
                 gb = _summed_grad(bias, d, partial, self.b_sums, dry, True)
-            d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
+            if type(d) is not _ndarray or not d.flags.c_contiguous or d.dtype is not self.scaled._local.dtype:
+                d = _made(self.scaled, d)  # (the product's node rounds it again: no change)
         if weight is not None:  # the product's rule: dY times the weight, the weight's gradient dY y summed
             need_w = self.need_w
             plain = not CAPTURE.on
@@ -247,12 +288,22 @@ class NormAffineGrads:
                 gw = d * yb if need_w else None
             if need_w:
                 gw = _summed_grad(weight, gw, partial, self.w_sums, dry)
-            g = _made(y, g)
+            if type(g) is not _ndarray or not g.flags.c_contiguous or g.dtype is not y._local.dtype:
+                g = _made(y, g)  # (its usual case, a C-ordered block of y's dtype: `g` itself, without its call)
             low = y._local.dtype
-            if is_low(low):  # bfloat16: the normalization's node rounded it
+            if low.kind == "V" and is_low(low):  # bfloat16: the normalization's node rounded it
                 g = _local(_rounded_wide, broadcast_zero(g.shape, _F32), g, low)
             d = g
         norm = self.norm  # the normalization's rule
         if _flops._OPEN:
             sweep(norm.op, (d, norm.y, norm.kept["rstd"]), (d,))
-        return gb, gw, grad_tensor(norm.x, _local(norm.grad, d, d), partial)
+        g = _local(norm.grad, d, d)
+        x = norm.x
+        block = x._local
+        # grad_tensor(x, g, partial), its usual case written out (as EinsumBiasGrads'), else its call
+        if not partial and type(g) is _ndarray and g.dtype is GRADIENT_DTYPE[block.dtype] and g.shape == block.shape \
+                and g.flags.c_contiguous and not (layout := x._layout).partial:
+            gx = _new(type(x))
+            gx._mesh, gx._local, gx._layout, gx._shape, gx._ag = x._mesh, g, layout, x._shape, None
+            return gb, gw, gx
+        return gb, gw, grad_tensor(x, g, partial)
