@@ -54,7 +54,7 @@ from spmdsim.pipeline.options import (default_microbatches_problem, layer_split,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
-from spmdsim.cli.numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
+from spmdsim.typed_numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.cli.run import check_trace_out
 from spmdsim.sim.launch import ranks_argument

@@ -15,7 +15,7 @@ import time
 
 import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.cli.numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
+from spmdsim.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight

@@ -14,7 +14,7 @@ import sys
 
 import spmdsim
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.cli.numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
+from spmdsim.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.nets import seeds
 from spmdsim.nets.train import PHASES, NetworkTrainer, loss_trend, run_main

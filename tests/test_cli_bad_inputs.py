@@ -329,7 +329,7 @@ def test_training_examples_refusals_name_the_flag(argv, expected):
     import argparse
 
     from spmdsim.gpt import GPTConfig
-    from spmdsim.cli.numbers import flag_float
+    from spmdsim.typed_numbers import flag_float
     from spmdsim.gpt.options import model_arguments, model_config
 
     parser = argparse.ArgumentParser()

@@ -259,7 +259,7 @@ def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_befo
 ])
 def test_the_training_examples_name_a_float_flag_as_typed(args, message):
     """type=float kept only the number: `--lr -1` was refused as "--lr -1.0", `--capacity-factor 1e400` as "inf"
-    (a value the user never typed). The examples' float flags remember the text now (spmdsim.cli.numbers), as
+    (a value the user never typed). The examples' float flags remember the text now (spmdsim.typed_numbers), as
     `spmdsim estimate`'s and `spmdsim launch`'s do: one line, no traceback."""
     out = _run(*args, "--ranks", "8")
     assert out.returncode == 2, out.stderr

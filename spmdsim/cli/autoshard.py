@@ -28,7 +28,7 @@ from typing import Any, Optional
 from ..errors import SpmdsimError
 from ..engines import engine_of
 from ..validate import counted
-from .numbers import flag_float, typed
+from ..typed_numbers import flag_float, typed
 
 __all__ = ["register", "run"]
 

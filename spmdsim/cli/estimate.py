@@ -19,7 +19,7 @@ from ..errors import SpmdsimError
 from ..memory import format_size
 from ..validate import counted
 from ..viz.table import wrap_lines
-from .numbers import flag_float, typed
+from ..typed_numbers import flag_float, typed
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 

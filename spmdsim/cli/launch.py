@@ -42,7 +42,7 @@ from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
 from ..runtime.debug import add_cli_arguments
 from ..validate import counted
-from .numbers import flag_float, typed
+from ..typed_numbers import flag_float, typed
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 

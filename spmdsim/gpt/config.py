@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Mapping, Optional
 
-from ..cli.numbers import shown
+from ..typed_numbers import shown
 from ..errors import SpmdsimError
 from ..moe.config import MoEConfig
 from ..validate import as_int

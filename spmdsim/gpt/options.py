@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..cli.numbers import flag_float
+from ..typed_numbers import flag_float
 from ..validate import counted
 from ..gpt_flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)

@@ -26,7 +26,7 @@ from ..errors import SpmdsimError
 from ..optim import adamw_update
 from ..validate import as_int
 from . import _blocks as blk
-from ..cli.numbers import flag_float
+from ..typed_numbers import flag_float
 from .config import GPTConfig, said_as
 from .data import batch, decode, encode, load_text
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
@@ -355,7 +355,7 @@ _SAID = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "seq"
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli.numbers import typed
+    from ..typed_numbers import typed
 
     try:
         with said_as(_SAID):

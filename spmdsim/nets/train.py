@@ -284,7 +284,7 @@ def _printing_problem(args: Any) -> Optional[str]:
     """Why an example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` (those it has and was given)
     cannot be, or None: checked before the first step, not when the last one prints or samples, nor by the
     optimizer, which names its argument ("lr -1.0") where the user typed a flag ("--lr -1")."""
-    from ..cli.numbers import shown
+    from ..typed_numbers import shown
 
     every = getattr(args, "every", None)
     if every is not None and every < 1:

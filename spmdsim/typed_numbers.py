@@ -1,4 +1,6 @@
-"""Float flags that remember what was typed, so a refusal names the value as the user wrote it.
+"""Float flags that remember what was typed, so a refusal names the value as the user wrote it: the CLI's,
+the examples' and the GPT reference's flags (a module below the packages, so gpt and nets import it without
+importing cli, which imports them).
 
 ``type=float`` kept only the number: ``--timeout -1`` was refused as ``-1.0``, ``--flops -1e9`` as
 ``-1000000000.0``, and ``--flops 1e400`` (inf) as if it had been typed "inf". Pure: never imports mpi4py.
