@@ -180,3 +180,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Written, forwarded by mpiexec, MPICH's /dev/shm segment unlinked, then MPI_Abort.
     end_job(_WORLD, f"\n[rank {_WORLD.rank}] {report.nodeid} failed ({report.when}); aborting the MPI job\n"
                     f"{report.longreprtext}\n")
+
+
+@pytest.fixture
+def empty_tables():
+    """spmdsim's bounded tables of decided calls emptied before the test (tests/bounded_tables.py): one that
+    the earlier tests of this process filled to the brim could start over between the test's first call and
+    the repeat it checks, which would then decide again."""
+    import bounded_tables
+
+    bounded_tables.empty()
+    yield

@@ -62,6 +62,8 @@ def test_at_least_is_region_compared(shape, monkeypatch):
     np.testing.assert_array_equal(other.at_least(region, 0.25), other.region(region) >= 0.25)
 
 
+@pytest.mark.usefixtures("empty_tables")  # (datagen keeps a block's counters only while its regions' tables have
+# bytes to spare: earlier tests could have left too few, and the block's would not be kept)
 def test_a_mask_drawn_again_with_new_seeds_is_the_region_compared():
     """A mask drawn at the same block step after step makes its counters from the block's kept
     (seed-independent) ones and its seed's key on Python integers: the same bits as the floats'."""
@@ -75,6 +77,8 @@ def test_a_mask_drawn_again_with_new_seeds_is_the_region_compared():
     assert (shape, ((2, 5), (1, 4), (0, 9))) in datagen._BASES
 
 
+@pytest.mark.usefixtures("empty_tables")  # (datagen._PLANS starts over when full, or when its regions' tables
+# reach their bytes: filled by earlier tests, it could start over between a draw and the look at what it kept)
 def test_a_mask_kept_per_region_object_serves_only_that_mask():
     """What `at_least` keeps per region object (datagen._PLANS: bounds, block shape, threshold's edge, kept
     counters) serves a draw of the same shape, range and threshold alone: another seed, threshold, shape,

@@ -21,17 +21,13 @@ SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 
 
 @pytest.fixture(autouse=True)
-def _empty_operator_tables():
-    """Each test starts with the operators' tables of decided calls empty: a table starts over when it holds
-    4,096 entries (spmdsim.ops._common.prepare), and one that the earlier tests of this worker filled to the
-    brim could start over between a test's first call and its repeat, which then prepares again (seen once
-    in a full run: test_a_repeated_pointwise_call_takes_its_prepared_path[moved])."""
-    import importlib
-
-    for name, table in (("pointwise", "_PREPARED"), ("einsum", "_PREPARED"), ("attention", "_PREPARED"),
-                        ("_common", "_DECIDED")):
-        getattr(importlib.import_module(f"spmdsim.ops.{name}"), table).clear()
-    importlib.import_module("spmdsim.autograd.engine")._PLANS.clear()  # the walk's leaf plans, as full
+def _empty_operator_tables(empty_tables):
+    """Each test starts with spmdsim's bounded tables of decided calls empty (tests/bounded_tables.py): a table
+    starts over when full (the operators' at 4,096 entries, spmdsim.ops._common.prepare; the compiled moves'
+    at 4,096, runtime.executor), and one that the earlier tests of this worker filled to the brim could start
+    over between a test's first call and its repeat, which then prepares or compiles again (seen once in a full
+    run: test_a_repeated_pointwise_call_takes_its_prepared_path[moved]; executor._MOVES was not emptied here
+    before, and one filled to 4,095 failed test_a_step_after_the_first_compiles_no_redistribution)."""
     yield
 
 

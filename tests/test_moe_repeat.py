@@ -18,7 +18,7 @@ MAPS = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w
         "b2": ("ep", None)}
 
 
-def test_a_repeated_layer_call_plans_no_move_and_checks_its_layouts_once(monkeypatch):
+def test_a_repeated_layer_call_plans_no_move_and_checks_its_layouts_once(monkeypatch, empty_tables):
     """Before, each call laid out the assignment shares f by a new layout object (their Allreduce planned and
     compiled again every step) and checked the tokens' and probabilities' layouts again (moe_problem, and
     input_problem twice). The second step's loss and gradients are the first's (the same inputs)."""
@@ -33,13 +33,9 @@ def test_a_repeated_layer_call_plans_no_move_and_checks_its_layouts_once(monkeyp
         return wrapper
 
     monkeypatch.setattr(executor, "plan_redistribution", counted("plan", executor.plan_redistribution))
-    # The moves' cache starts over when full (executor._MOVES_MAX): after a long run of other tests in this
-    # process it could fill between the two steps and plan their moves again. Begin with it empty.
-    executor._MOVES.clear()
-    # So do the layer's tables of checked layouts (256 entries, then start over): filled by earlier MoE tests
-    # in this process, one could start over inside the second step and a rank would check again (seen in CI).
-    monkeypatch.setattr(layer, "_LAYER_CHECKED", {})
-    monkeypatch.setattr(layer, "_EXPERTS_CHECKED", {})
+    # (`empty_tables`: the moves' cache, executor._MOVES, and the layer's tables of checked layouts start over
+    # when full: filled by earlier tests in this process, one could start over inside the second step and a
+    # rank would plan or check again, as seen in CI. The test begins with them empty.)
     monkeypatch.setattr(layer, "moe_problem", counted("moe_problem", layer.moe_problem))
     monkeypatch.setattr(layer, "input_problem", counted("input_problem", layer.input_problem))
     rng = np.random.default_rng(0)
