@@ -7,18 +7,18 @@ from __future__ import annotations
 import contextlib
 import sys
 
-import numpy as np
 import pytest
 
 import spmdsim
 from spmdsim import ops
 from spmdsim.flops import counting
-from spmdsim.moe import MoEConfig
 from spmdsim.moe.layer import moe_layer
 from spmdsim.runtime import collectives, door
 from spmdsim.runtime.exchange import group_alltoallv
 from spmdsim.runtime.dtensor import DTensor
 from spmdsim.runtime.replay import capture
+
+from moekit import layer_inputs
 
 T, B, D, E = 4, 2, 8, 4
 
@@ -44,20 +44,7 @@ def _layer_step(dropless, counted=None):
     """Each replay's (exchanges entered, equal to the eager layer, another output than the first replay's); with
     `counted` (True: captured under a FLOP counter, False: without), (those, the record's length, whether the
     counter's products and kernels are the eager step's)."""
-    rng = np.random.default_rng(3)
-    p = {"h1.moe.router": rng.standard_normal((D, E)), "h1.moe.w1": rng.standard_normal((E, D, 2 * D)) * 0.3,
-         "h1.moe.b1": rng.standard_normal((E, 2 * D)) * 0.1, "h1.moe.w2": rng.standard_normal((E, 2 * D, D)) * 0.3,
-         "h1.moe.b2": rng.standard_normal((E, D)) * 0.1}
-    xs = [rng.standard_normal((T, B, D)) for _ in range(3)]
-    g = rng.standard_normal((T, B, D))
-    moe = MoEConfig(experts=E, top_k=2, capacity_factor=1.0, dropless=dropless)
-    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
-            "b2": ("ep", None)}
-    mesh = spmdsim.Mesh(spmdsim.Layout((1, 2, 1), ("dp", "ep", "tp")), spmdsim.world())
-    L = mesh.layout
-    params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
-    tokens = L(None, ("dp", "ep"), None)
-    gd = DTensor.from_global(mesh, g, tokens)
+    mesh, params, xs, gd, tokens, moe = layer_inputs((1, 2, 1), T, B, D, E, 1.0, dropless)
 
     def step(xd):
         for t in params.values():

@@ -20,6 +20,8 @@ from spmdsim.moe.routing import Routing, dispatch_rows, gates_backward, route
 from spmdsim.runtime.dtensor import DTensor
 from spmdsim.runtime.replay import capture
 
+from moekit import layer_inputs
+
 
 def _probs(rng, T, bl, E, dtype):
     """(T, bl, E) probabilities with ties: a few levels only, so that sorts and slots meet equal values."""
@@ -153,20 +155,7 @@ T, B, D, E = 4, 2, 8, 4
 
 
 def _layer_step(dropless):
-    rng = np.random.default_rng(3)
-    p = {"h1.moe.router": rng.standard_normal((D, E)), "h1.moe.w1": rng.standard_normal((E, D, 2 * D)) * 0.3,
-         "h1.moe.b1": rng.standard_normal((E, 2 * D)) * 0.1, "h1.moe.w2": rng.standard_normal((E, 2 * D, D)) * 0.3,
-         "h1.moe.b2": rng.standard_normal((E, D)) * 0.1}
-    xs = [rng.standard_normal((T, B, D)) for _ in range(3)]
-    g = rng.standard_normal((T, B, D))
-    moe = MoEConfig(experts=E, top_k=2, capacity_factor=0.75, dropless=dropless)
-    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
-            "b2": ("ep", None)}
-    mesh = spmdsim.Mesh(spmdsim.Layout((1, 2, 2), ("dp", "ep", "tp")), spmdsim.world())
-    L = mesh.layout
-    params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
-    tokens = L(None, ("dp", "ep"), None)
-    gd = DTensor.from_global(mesh, g, tokens)
+    mesh, params, xs, gd, tokens, moe = layer_inputs((1, 2, 2), T, B, D, E, 0.75, dropless)
 
     def step(xd, stats):
         for t in params.values():
