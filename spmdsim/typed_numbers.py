@@ -4,12 +4,21 @@ importing cli, which imports them).
 
 ``type=float`` kept only the number: ``--timeout -1`` was refused as ``-1.0``, ``--flops -1e9`` as
 ``-1000000000.0``, and ``--flops 1e400`` (inf) as if it had been typed "inf". Pure: never imports mpi4py.
+
+A flag added by ``add_noted`` notes on the parsed namespace that the user typed it, so a refusal can say
+a value the user left alone is the default (``said_fields``): "the default d_model 128 must be divisible by
+--heads 3", not "--d-model 128 ...", a flag the user never typed.
 """
 from __future__ import annotations
 
+import argparse
 from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping
 
-__all__ = ["FlagFloat", "flag_float", "typed", "shown"]
+__all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields"]
+
+#: The namespace attribute where `add_noted`'s flags keep the destinations typed.
+_NOTED = "_typed_dests"
 
 
 class FlagFloat(float):
@@ -51,3 +60,39 @@ def shown(value: object) -> str:
     """`value` for a refusal that a library call and a flag share: as typed (`typed`) when a flag gave it (a
     FlagFloat), else its repr, as the library says it (``GPTConfig(lr=-1.0)``: "lr -1.0")."""
     return typed(value) if getattr(value, "text", None) is not None else repr(value)  # type: ignore[arg-type]
+
+
+def _noting(base: type) -> type:
+    """`base` (a parser's plain store action) that also notes its destination as typed on the namespace."""
+
+    class Noted(base):  # type: ignore[misc, valid-type]
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            setattr(namespace, _NOTED, frozenset(getattr(namespace, _NOTED, ())) | {self.dest})
+
+    Noted.__name__ = Noted.__qualname__ = f"Noted{base.__name__}"
+    return Noted
+
+
+#: A noting class for each parser's store action (the CLI's OnceParser registers its own: spmdsim._once_parser).
+_NOTING: dict = {}
+
+
+def add_noted(parser: Any, *names: str, **kwargs: Any) -> Any:
+    """``parser.add_argument(*names, **kwargs)`` for a plain-store flag whose typing is noted on the namespace:
+    each parse of `parser` starts with none noted, so `said_fields` knows a noting parser made the namespace."""
+    base = parser._registry_get("action", None, argparse._StoreAction)
+    if base not in _NOTING:
+        _NOTING[base] = _noting(base)
+    parser.set_defaults(**{_NOTED: frozenset()})
+    return parser.add_argument(*names, action=_NOTING[base], **kwargs)
+
+def said_fields(args: Any, said: Mapping[str, str], noted: Mapping[str, str]) -> tuple[dict, list]:
+    """`said` (field -> the flag that sets it) split for GPTConfig's `said_as`: (the flags of the fields the
+    user typed, the fields left at their default). `noted`: field -> the destination of its `add_noted` flag.
+    A namespace no noting parser made (one built by hand) counts every field as typed."""
+    typed_dests = getattr(args, _NOTED, None)
+    if typed_dests is None:
+        return dict(said), []
+    defaults = [field for field, dest in noted.items() if field in said and dest not in typed_dests]
+    return {field: flag for field, flag in said.items() if field not in defaults}, defaults

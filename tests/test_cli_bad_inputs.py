@@ -311,6 +311,20 @@ def test_autoshard_says_a_gpt_size_left_at_its_default_is_the_default(capsys, ar
     assert _fails(capsys, ["autoshard", "--network", "gpt", *argv], line) == f"spmdsim: error: {line}"
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--heads", "3"], "the default d_model 128 must be divisible by --heads 3 (each head takes d_model / --heads "
+                       "features)"),
+    (["--hidden", "100", "--heads", "3"], "--hidden 100 must be divisible by --heads 3 (each head takes --hidden / "
+                                          "--heads features)"),
+    (["--kv-heads", "3"], "--kv-heads 3 must divide the default heads 4 (each key/value head serves heads / "
+                          "kv-heads query heads)"),
+    (["--kv-heads", "3", "--heads", "4"], "--kv-heads 3 must divide --heads 4 (each key/value head serves heads / "
+                                          "kv-heads query heads)"),
+])
+def test_estimate_says_a_size_left_at_its_default_is_the_default(capsys, argv, line):
+    assert _fails(capsys, ["estimate", "gpt", *argv], line) == f"spmdsim: error: {line}"
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--d-model", "100", "--heads", "3"],
      "--d-model 100 must be divisible by --heads 3 (each head takes --d-model / --heads features)"),
@@ -322,6 +336,13 @@ def test_autoshard_says_a_gpt_size_left_at_its_default_is_the_default(capsys, ar
     (["--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
     (["--lr", "-1"], "--lr -1 must be a finite number >= 0"),  # was "-1.0", a value never typed
     (["--lr", "1e400"], "--lr 1e400 (read as inf) must be a finite number >= 0"),
+    # a size the user left alone is said as the default, not as a flag typed ("--d-model 128 must be ...")
+    (["--heads", "3"], "the default d_model 128 must be divisible by --heads 3 (each head takes d_model / --heads "
+                       "features)"),
+    (["--d-model", "12", "--rope"], "--rope needs an even head_dim, got --d-model 12 / the default heads 4 = 3 "
+                                    "(rotary embeddings turn pairs of features)"),
+    (["--kv-heads", "3"], "--kv-heads 3 must divide the default heads 4 (each key/value head serves heads / "
+                          "kv-heads query heads)"),
 ])
 def test_training_examples_refusals_name_the_flag(argv, expected):
     # The examples' GPTConfig (spmdsim.gpt.options.model_config) said "GPTConfig d_model 100 ...", "GPTConfig

@@ -304,15 +304,18 @@ def test_command_line_prints_losses_and_a_sample_in_100_columns(capsys):
     assert all(len(line) <= 100 for line in out.splitlines())
     assert ref.main(["--heads", "3", "--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.strip().count("\n") == 0 and "--d-model 128 must be divisible by --heads 3" in err
+    # --d-model left alone: "the default d_model 128", not "--d-model 128", a flag the user never typed
+    assert err.strip().count("\n") == 0 and "error: the default d_model 128 must be divisible by --heads 3" in err
     assert ref.main(["--threads", "0"]) == 2 and "--threads 0 must be" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--dropout", "2"], "--dropout 2 must be a finite number in [0, 1)"),  # was "GPTConfig dropout 2.0"
     (["--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
-    (["--d-model", "30"], "--d-model 30 must be divisible by --heads 4 (each head takes --d-model / --heads "
-                          "features)"),
+    (["--d-model", "30"], "--d-model 30 must be divisible by the default heads 4 (each head takes --d-model / "
+                          "heads features)"),
+    (["--d-model", "30", "--heads", "4"], "--d-model 30 must be divisible by --heads 4 (each head takes --d-model / "
+                                          "--heads features)"),
     # refused after 200 steps of training, as "temperature -1.0" and "n -1"
     (["--temperature", "-1"], "--temperature -1 must be a finite number >= 0 (0: greedy)"),
     (["--sample", "-1"], "--sample -1 must be an integer >= 0 (characters to generate)"),

@@ -19,7 +19,7 @@ from ..errors import SpmdsimError
 from ..memory import format_size
 from ..validate import counted
 from ..viz.table import wrap_lines
-from ..typed_numbers import flag_float, typed
+from ..typed_numbers import add_noted, flag_float, said_fields, typed
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
             ("micro-batch", 1, "sequences per microbatch"), ("global-batch", 8, "sequences per step"),
             ("tp", 1, "tensor-parallel ranks"), ("pp", 1, "pipeline stages"), ("dp", 1, "data-parallel ranks"),
             ("virtual-stages", 1, "model chunks per stage (interleaved)")):
-        parser.add_argument(f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
+        add_noted(parser, f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
     from ..pipeline.options import split_arguments
 
     split_arguments(parser)  # --first-stage-layers, --last-stage-layers, --stage-layers (default: balanced)
@@ -133,6 +133,9 @@ def config_record(args: argparse.Namespace) -> dict[str, Any]:
 #: GPTConfig's fields -> the flag of `spmdsim estimate` that sets each (GPTConfig's refusals name it).
 ESTIMATE_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--hidden",
                  "heads": "--heads", "seq": "--seq", "batch": "--global-batch", "dropout": "--dropout"}
+#: The fields of the integer flags noted when typed (add_noted) -> their destinations.
+_ESTIMATE_DESTS = {field: flag[2:].replace("-", "_") for field, flag in ESTIMATE_SAID.items()
+                   if field in ("layers", "d_model", "heads", "seq", "vocab", "batch")}
 
 
 def _config(args: argparse.Namespace) -> tuple[Any, int]:
@@ -154,7 +157,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
-    problem = architecture_problem(args)
+    # its refusals name the flags typed (--hidden, --rope), and a size left alone as the default
+    said, defaults = said_fields(args, {**ESTIMATE_SAID, **ARCHITECTURE_SAID}, _ESTIMATE_DESTS)
+    problem = architecture_problem(args, said="the default heads" if "heads" in defaults else "--heads")
     if problem:
         raise SpmdsimError(problem)
     if not (math.isfinite(args.dropout) and 0 <= args.dropout < 1):
@@ -182,7 +187,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
-    with said_as({**ESTIMATE_SAID, **ARCHITECTURE_SAID}):  # its refusals name the flags typed (--hidden, --rope)
+    with said_as(said, defaults):
         cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
                         batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
                         **architecture_fields(args))

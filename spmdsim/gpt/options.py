@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..typed_numbers import flag_float
+from ..typed_numbers import add_noted, flag_float, said_fields
 from ..validate import counted
 from ..gpt_flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
@@ -34,24 +34,26 @@ SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
               "seed": "--seed"}
+#: GPTConfig's fields -> the destination of `model_arguments`' flag that sets each (noted when typed).
+_MODEL_DESTS = {field: flag[2:].replace("-", "_") for field, flag in MODEL_SAID.items()}
 
 
 def model_arguments(parser: Any) -> None:
     """Add the GPT's size and training options (GPTConfig's defaults for the examples) to a parser."""
-    parser.add_argument("--vocab", type=int, default=128,
-                        help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's "
-                             "padded 50304, shapes the embedding and head)")
-    parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
-                        help="pad the vocabulary to a multiple of N, the padded logits masked out of the loss "
-                             "(Megatron pads to 128 x tp; default 1: no padding)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--dropout", type=flag_float, default=0.1)  # refused as typed: "--lr -1", not "-1.0"
-    parser.add_argument("--lr", type=flag_float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    add_noted(parser, "--vocab", type=int, default=128,
+              help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's padded 50304, "
+                   "shapes the embedding and head)")
+    add_noted(parser, "--pad-vocab-to", type=int, default=1, metavar="N",
+              help="pad the vocabulary to a multiple of N, the padded logits masked out of the loss (Megatron pads "
+                   "to 128 x tp; default 1: no padding)")
+    add_noted(parser, "--layers", type=int, default=4)
+    add_noted(parser, "--d-model", type=int, default=128)
+    add_noted(parser, "--heads", type=int, default=4)
+    add_noted(parser, "--seq", type=int, default=64)
+    add_noted(parser, "--batch", type=int, default=8)
+    add_noted(parser, "--dropout", type=flag_float, default=0.1)  # refused as typed: "--lr -1", not "-1.0"
+    add_noted(parser, "--lr", type=flag_float, default=3e-3)
+    add_noted(parser, "--seed", type=int, default=0)
     architecture_arguments(parser)
 
 
@@ -71,13 +73,15 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
     naming its flag, `architecture_problem`), with the example's own fields `more`."""
     from ..errors import SpmdsimError
 
-    problem = architecture_problem(args)
+    # GPTConfig's refusals name the flags typed ("--d-model 30 must be divisible by --heads 4"), an example's own
+    # fields (`more`) too where it has the flag (--clip), and a size left alone as the default ("the default
+    # d_model 128 must be divisible by --heads 3")
+    said, defaults = said_fields(args, {**MODEL_SAID, **ARCHITECTURE_SAID,
+                                        **{name: f"--{name}" for name in more if hasattr(args, name)}}, _MODEL_DESTS)
+    problem = architecture_problem(args, said="the default heads" if "heads" in defaults else "--heads")
     if problem:  # pure: every rank alike, before any collective
         raise SpmdsimError(problem)
-    # GPTConfig's refusals name the flags typed ("--d-model 30 must be divisible by --heads 4"), an example's own
-    # fields (`more`) too where it has the flag (--clip)
-    said = {**MODEL_SAID, **ARCHITECTURE_SAID, **{name: f"--{name}" for name in more if hasattr(args, name)}}
-    with said_as(said):
+    with said_as(said, defaults):
         return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                          batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
                          vocab_pad_to=args.pad_vocab_to, **architecture_fields(args), **more)

@@ -26,7 +26,7 @@ from ..errors import SpmdsimError
 from ..optim import adamw_update
 from ..validate import as_int
 from . import _blocks as blk
-from ..typed_numbers import flag_float
+from ..typed_numbers import add_noted, flag_float, said_fields
 from .config import GPTConfig, said_as
 from .data import batch, decode, encode, load_text
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
@@ -326,13 +326,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spmdsim.gpt.reference", description=main.__doc__)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=20, help="print the loss every this many steps")
-    ap.add_argument("--layers", type=int, default=GPTConfig.layers)
-    ap.add_argument("--d-model", type=int, default=GPTConfig.d_model)
-    ap.add_argument("--heads", type=int, default=GPTConfig.heads)
-    ap.add_argument("--seq", type=int, default=GPTConfig.seq)
-    ap.add_argument("--batch", type=int, default=GPTConfig.batch)
-    ap.add_argument("--dropout", type=flag_float, default=GPTConfig.dropout)
-    ap.add_argument("--seed", type=int, default=GPTConfig.seed)
+    add_noted(ap, "--layers", type=int, default=GPTConfig.layers)
+    add_noted(ap, "--d-model", type=int, default=GPTConfig.d_model)
+    add_noted(ap, "--heads", type=int, default=GPTConfig.heads)
+    add_noted(ap, "--seq", type=int, default=GPTConfig.seq)
+    add_noted(ap, "--batch", type=int, default=GPTConfig.batch)
+    add_noted(ap, "--dropout", type=flag_float, default=GPTConfig.dropout)
+    add_noted(ap, "--seed", type=int, default=GPTConfig.seed)
     ap.add_argument("--clip", type=flag_float, default=GPTConfig.clip, help="clip the gradients' joint norm to this "
                     "(0: no clipping)")
     ap.add_argument("--prompt", default="def ", help="text the sample starts from")
@@ -352,13 +352,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 #: GPTConfig's fields -> the flag of `main` that sets each: its refusals name the flag typed ("--dropout 2 ...").
 _SAID = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "batch": "--batch",
          "dropout": "--dropout", "seed": "--seed", "clip": "--clip"}
+#: The fields of `main`'s flags noted when typed (add_noted) -> their destinations.
+_DESTS = {field: flag[2:].replace("-", "_") for field, flag in _SAID.items() if field != "clip"}
 
 
 def _main(args: argparse.Namespace) -> int:
     from ..typed_numbers import typed
 
     try:
-        with said_as(_SAID):
+        with said_as(*said_fields(args, _SAID, _DESTS)):  # a size left alone said as the default
             cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                             batch=args.batch, dropout=args.dropout, seed=args.seed, clip=args.clip)
         if args.every < 1:
