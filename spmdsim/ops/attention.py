@@ -91,7 +91,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     elif seed is not None and type(seed) is not int or decided.drop and seed is None:
         _seed_checked(decided.drop, seed)  # raises (an int seed, or none without dropout, passes)
     plan, first, heads, keys_t, back = decided.plan, decided.first, decided.heads, decided.keys_t, decided.back
-    scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
+    scale, drop, dtype, low = decided.scale, decided.drop, decided.dtype, decided.low
     probs_shape, region, groups = decided.probs_shape, decided.region, decided.groups
     if not decided.stays:  # an operand in another layout than the plan's
         q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
@@ -102,10 +102,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if decided.flash:
         return _flash(q, k, v, decided, seed, padding, causal)
 
+    causal_above = decided.above  # (None unless causal)
+
     def masked() -> Optional[np.ndarray]:
         """What the scores lose: this rank's query rows (global indices) against every key above the
-        diagonal if causal, and the padding keys; made where used (a recomputing backward keeps none)."""
-        above = np.arange(tk)[None, :] > np.arange(t_.start, t_.stop)[:, None] if causal else None
+        diagonal if causal (the signature's, `_decide`), and the padding keys; made where used (a recomputing
+        backward keeps none)."""
+        above = causal_above
         if padding is not None:
             above = padding if above is None else above | padding
         return above
@@ -183,7 +186,7 @@ class _Decided:
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
                  "probs_dtype", "out_dtype", "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores",
-                 "groups", "stays", "flash", "tiles", "tile_rows")
+                 "groups", "stays", "flash", "tiles", "tile_rows", "above")
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
@@ -267,6 +270,12 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     rank, shape = q.mesh.rank, tuple(q.global_shape)
     b_, t_, h_ = first(out.q.slices(rank, shape)[:3])  # q's rows here, in the plan's layout
     out.t_, out.tk = t_, first(tuple(k.global_shape))[1]
+    # What a causal core's scores lose, this rank's query rows (global indices) against every key above the
+    # diagonal: made once per signature, not per call (read only: each call's scores take it as it is)
+    out.above = None
+    if causal:
+        out.above = np.arange(out.tk)[None, :] > np.arange(t_.start, t_.stop)[:, None]
+        out.above.flags.writeable = False
     b, tq, h = first(shape)[:3]
     out.probs_shape, out.region = (b, h, tq, out.tk), (b_, h_, t_, slice(0, out.tk))
     out.dtype = q.dtype
