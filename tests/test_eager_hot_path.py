@@ -216,6 +216,11 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     assert {("attach", "moved"), ("_trusted", "add_grads"), ("current", "kept_empty"), ("current", "repeat"),
             ("product", "grouped_product"), ("product", "grouped_sum"), ("shaped_as", "normal_values")} \
         & called == set()
+    # A kept collective's buffer from kept_empty itself (not through buffers.empty's frame), a whole-row norm's
+    # statistics without `_normalize`'s and any_open's frames, attention's result without make_dtensor's.
+    assert {("empty", "redistribute"), ("_normalize", "normal_values"), ("any_open", "normal_values"),
+            ("make_dtensor", "attention")} & called == set()
+    assert ("kept_empty", "redistribute") in called
     assert {n for f, n, cf, c in seen if cf == "autograd/rules/fused.py" and c == "__call__"} & {"_made", "is_low"} \
         == set()
 
@@ -423,6 +428,77 @@ def test_a_repeated_attention_takes_its_prepared_path():
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     assert np.allclose(z, np.einsum("bhij,jbhe->ibhe", p, gv[:4]), rtol=1e-12, atol=1e-12)
+
+
+def test_a_repeated_causal_attention_makes_its_mask_once():
+    """attention's causal mask (this rank's query rows against the keys above the diagonal) is made once per
+    call signature (`_Decided.above`): a repeated call runs no ``np.arange`` (a C call: counted as one), and its
+    result is the first call's; the mask is read only. The result's DTensor is built without make_dtensor."""
+    import numpy as np
+
+    from spmdsim import ops
+
+    rng = np.random.default_rng(13)
+    gq, gk, gv = (rng.standard_normal((6, 4, 2, 3)) for _ in range(3))
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        layout = mesh.layout(None, "dp", "tp", None)
+        q, k, v = (DTensor.from_global(mesh, g, layout) for g in (gq, gk, gv))
+        runs = []
+        for _ in range(2):
+            seen: list = []
+
+            def hook(frame, event, arg):
+                if event == "c_call" and arg is np.arange or event == "call" and frame.f_code.co_name == \
+                        "make_dtensor":
+                    seen.append("arange" if event == "c_call" else "make_dtensor")
+
+            sys.setprofile(hook)
+            try:
+                z = ops.attention(q, k, v, causal=True, batch_first=False)
+            finally:
+                sys.setprofile(None)
+            runs.append((seen, z.gather()))
+        from spmdsim.ops.attention import _PREPARED
+        above = [d.above for d in _PREPARED.values() if d.above is not None]
+        out = runs, all(not a.flags.writeable for a in above) and len(above) > 0
+        mesh.close()
+        return out
+
+    (seen1, z1), (seen2, z2) = spmdsim.simulate(4, body)[0][0]
+    assert "arange" in seen1 and seen2 == []
+    assert np.array_equal(z2, z1)
+    s = np.einsum("ibhd,jbhd->bhij", gq, gk) / np.sqrt(3)
+    s = np.where(np.triu(np.ones((6, 6), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    assert np.allclose(z1, np.einsum("bhij,jbhe->ibhe", p, gv), rtol=1e-12, atol=1e-12)
+    assert spmdsim.simulate(4, body)[0][1]
+
+
+def test_a_repeated_move_names_its_node_with_the_kept_name():
+    """A repeated redistribution's node takes its name and read layouts from the move's kept entry
+    (runtime.executor `_MOVES`): two moves of the same layouts share one name object, which describes the
+    move."""
+    import numpy as np
+
+    g = np.arange(32.0).reshape(8, 4)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, g, mesh.layout("dp", None)).requires_grad_()
+        target = mesh.layout(None, None)
+        a, b = x.redistribute(target), x.redistribute(target)
+        out = (a._ag.name is b._ag.name, a._ag.reads == b._ag.reads == (x.layout, target), a._ag.describe(),
+               str(x.layout), str(target), a.gather())
+        mesh.close()
+        return out
+
+    same_name, same_reads, text, source, target, value = spmdsim.simulate(4, body)[0]
+    assert same_name and same_reads
+    assert text == f"redistribute {source} -> {target}"
+    assert np.array_equal(value, g)
 
 
 def test_a_rules_kept_gradient_layouts_follow_dy_and_the_operands():

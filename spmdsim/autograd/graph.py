@@ -154,24 +154,31 @@ class _Recorded:
 
     __slots__ = ()
 
-    def moved(self, out: Any, x: Any) -> Any:
+    def moved(self, out: Any, x: Any, name: Any = None, reads: Optional[tuple] = None) -> Any:
         """`out` is `x` redistributed (the executor's move): its backward is the reverse move,
         which the backward walk makes as it brings each gradient to its input's layout. Its name holds the
         two layouts, not the tensors: a closure over `out` made a cycle (out -> its node -> the name -> out)
-        that kept both blocks, about 6 MiB a GPT step's rank, until the garbage collector ran."""
+        that kept both blocks, about 6 MiB a GPT step's rank, until the garbage collector ran. `name` and
+        `reads`: `move_name`'s and the two layouts, where the caller keeps them per move (the executor)."""
         # `record`'s node, its read layouts (x's and out's) given: no gathering them (a move a call: issue 58);
         # `attach` written out (a move's node, 18 a GPT step), as it sets the fields
         if _Mode.enabled is not True:  # inside no_grad()
             return out
-        source, target = x._layout, out._layout
+        if name is None:
+            source, target = x._layout, out._layout
+            name, reads = partial(_move_name, source, target), (source, target)
         node = _new_node(Node)
-        node.name, node.inputs, node.backward, node.want, node.reads = \
-            partial(_move_name, source, target), (x,), _passed, None, (source, target)
+        node.name, node.inputs, node.backward, node.want, node.reads = name, (x,), _passed, None, reads
         node.tag = _Mode.tag
         node.low = _LOW[out._local.dtype]
         node.seq = _next_seq()
         out._ag = node
         return out
+
+
+def move_name(source: Any, target: Any) -> Callable[[], str]:
+    """A move's node's name: a function making its text (`Node.describe`), of the two layouts alone."""
+    return partial(_move_name, source, target)
 
 
 def _move_name(source: Any, target: Any) -> str:

@@ -43,7 +43,8 @@ from ..errors import OperatorError
 from ..infer.attention import infer_attention
 from ..layout import TensorLayout
 from ..precision import is_low, rounded, wide
-from ._common import KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from . import _common
+from ._common import _PLAIN_DTYPES, KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -91,7 +92,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     elif seed is not None and type(seed) is not int or decided.drop and seed is None:
         _seed_checked(decided.drop, seed)  # raises (an int seed, or none without dropout, passes)
     plan, first, heads, keys_t, back = decided.plan, decided.first, decided.heads, decided.keys_t, decided.back
-    scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
+    scale, drop, dtype, low = decided.scale, decided.drop, decided.dtype, decided.low
     probs_shape, region, groups = decided.probs_shape, decided.region, decided.groups
     if not decided.stays:  # an operand in another layout than the plan's
         q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
@@ -104,8 +105,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
 
     def masked() -> Optional[np.ndarray]:
         """What the scores lose: this rank's query rows (global indices) against every key above the
-        diagonal if causal, and the padding keys; made where used (a recomputing backward keeps none)."""
-        above = np.arange(tk)[None, :] > np.arange(t_.start, t_.stop)[:, None] if causal else None
+        diagonal if causal (the signature's, `_decide`), and the padding keys; made where used (a recomputing
+        backward keeps none: read from `decided` here, the closure holds no mask the graph would count as
+        kept)."""
+        above = decided.above  # (None unless causal)
         if padding is not None:
             above = padding if above is None else above | padding
         return above
@@ -150,7 +153,19 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
 
     like = broadcast_zero(decided.block, decided.out_dtype)  # the result's block (numpy's promotion: the kernel's)
     blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
-    out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
+    block = _engine_local(forward, like, *blocks)
+    if type(block) is np.ndarray and block.shape == decided.block and block.dtype in _PLAIN_DTYPES \
+            and decided.out.layout is mesh.layout and _common._DTENSOR is not None and not CAPTURE.on \
+            and not mesh.engine.dry:
+        # make_dtensor's trusted case (the signature's layout and shape, this rank's block shape), the DTensor
+        # built here without its frame and its checks' lookup; a strided block copied to C order as its
+        # c_order copies it (no dry run's, no capture's here)
+        if not block.flags.c_contiguous:
+            block = block.copy()
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, decided.out, decided.shape, None
+    else:
+        out = make_dtensor(mesh, block, decided.out, decided.shape)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
     scores = (probs_local, decided.probs_dtype)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
@@ -183,7 +198,10 @@ class _Decided:
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
                  "probs_dtype", "out_dtype", "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores",
-                 "groups", "stays", "flash", "tiles", "tile_rows")
+                 "groups", "stays", "flash", "tiles", "tile_rows", "above")
+
+
+_new = object.__new__
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
@@ -267,6 +285,12 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     rank, shape = q.mesh.rank, tuple(q.global_shape)
     b_, t_, h_ = first(out.q.slices(rank, shape)[:3])  # q's rows here, in the plan's layout
     out.t_, out.tk = t_, first(tuple(k.global_shape))[1]
+    # What a causal core's scores lose, this rank's query rows (global indices) against every key above the
+    # diagonal: made once per signature, not per call (read only: each call's scores take it as it is)
+    out.above = None
+    if causal:
+        out.above = np.arange(out.tk)[None, :] > np.arange(t_.start, t_.stop)[:, None]
+        out.above.flags.writeable = False
     b, tq, h = first(shape)[:3]
     out.probs_shape, out.region = (b, h, tq, out.tk), (b_, h_, t_, slice(0, out.tk))
     out.dtype = q.dtype
@@ -374,7 +398,19 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
     mesh = q._mesh
     like = broadcast_zero(decided.block, dtype)  # the result's block
     blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
-    out = make_dtensor(mesh, _engine_local(forward, like, *blocks), decided.out, decided.shape)
+    block = _engine_local(forward, like, *blocks)
+    if type(block) is np.ndarray and block.shape == decided.block and block.dtype in _PLAIN_DTYPES \
+            and decided.out.layout is mesh.layout and _common._DTENSOR is not None and not CAPTURE.on \
+            and not mesh.engine.dry:
+        # make_dtensor's trusted case (the signature's layout and shape, this rank's block shape), the DTensor
+        # built here without its frame and its checks' lookup; a strided block copied to C order as its
+        # c_order copies it (no dry run's, no capture's here)
+        if not block.flags.c_contiguous:
+            block = block.copy()
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, decided.out, decided.shape, None
+    else:
+        out = make_dtensor(mesh, block, decided.out, decided.shape)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
     if mesh.engine.dry:  # what the rule keeps, sized: the dry engine's zeros, never touched
         lse_like = broadcast_zero(decided.scores[:3], inner)

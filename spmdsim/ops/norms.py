@@ -36,6 +36,7 @@ from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import DTypeError, OperatorError, ShapeError
+from .. import flops as _flops
 from ..flops import any_open, sweep
 from ..infer.norms import infer_norm
 from ..precision import is_low, rounded, wide
@@ -203,7 +204,12 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
     if not CAPTURE.on and (local := x._local).dtype.kind != "V" and not _THREAD.context.engine.dry:
         # The kernel below on the running engine, called as that engine calls it, without its frames: no
         # bfloat16 block to widen, y rounded only where its dtype is not the block's (`rounded`'s test)
-        y, kept["rstd"] = _normalize(local, d, n, eps, centre)
+        # `_normalize` written out (its numpy calls, in its order: the same values), without its frame and tuple
+        inv = 1.0 / n
+        c = local - _SUM(local, axis=d, keepdims=True) * inv if centre else local
+        root = np.sqrt(_SUM(c * c, axis=d, keepdims=True) * inv + eps)
+        y = c / root
+        kept["rstd"] = 1.0 / root
         if type(y) is _ndarray and y.dtype is local.dtype and y.shape == local.shape and y.flags.c_contiguous \
                 and _common._DTENSOR is not None:  # shaped_as's usual case, its DTensor built here
             out = _new(_common._DTENSOR)
@@ -221,7 +227,7 @@ def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
         local = x._local if not CAPTURE.on else x.local  # this rank's block, read once (captured: its record's view)
         y = _engine_local(kernel, local, local)
         out = shaped_as(x, y, x._layout)
-    if any_open():  # else nothing is counted: no blocks to gather
+    if _flops._OPEN:  # (any_open()'s test, without its call) else nothing is counted: no blocks to gather
         rows = local.shape[:d] + (1,) + local.shape[d + 1:]
         sweep(op, (local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
     if x._ag is not None and x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept

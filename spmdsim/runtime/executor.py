@@ -22,6 +22,8 @@ from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
 from ..buffers import CAPTURE as _CAPTURE
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
+from ..buffers import kept_empty as _kept_empty
+from ..autograd.graph import move_name
 from ..plan.kernels import exchange_program, local_slice, local_zero
 from ..plan.uneven import check_fits, group_pieces, is_uneven
 from ..plan.steps import (
@@ -247,7 +249,8 @@ class ProgramCache:
 PROGRAMS = ProgramCache()
 
 # Every mesh's compiled redistributions in one table, for one lookup a move: (id(mesh), id(source layout),
-# id(target layout), shape, dtype) -> (source, target, program). Keyed by ids (tuples of ints hash and compare
+# id(target layout), shape, dtype) -> (source, target, program, its node's name and read layouts (`move_name`),
+# then `_direct`'s six fields), one flat tuple that `redistribute` unpacks once. Keyed by ids (tuples of ints hash and compare
 # in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both layouts, so their ids
 # are never another object's while it lives, and a mesh's entries go when the mesh does (ProgramCache: its
 # weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
@@ -304,20 +307,21 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             if len(_MOVES) >= _MOVES_MAX:  # a long run over many layouts: start over
                 _MOVES.clear()
             entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype] = (
-                source, target, program, _direct(program, source.local_shape(shape, mesh.rank), local.dtype))
-        program, direct = entry[2], entry[3]
-        if direct is not None and not _CAPTURE.on:
+                source, target, program, move_name(source, target), (source, target)) + _direct(
+                program, source.local_shape(shape, mesh.rank), local.dtype)
+        # one flat entry, unpacked once: the move's node's name and read layouts made with it, not per move
+        _, _, program, name, reads, key, step_mesh, axes, label, sums, block_shape = entry
+        if key is not None and not _CAPTURE.on and (kept := step_mesh._plans.get(key)) is not None \
+                and type(local) is _ndarray and local.shape == block_shape and local.flags.c_contiguous:
             # One collective whose call the mesh kept (spmdsim.runtime.door.keep: a repeat of the same group,
             # shape, dtype and dim): the collective's repeated call written out, without the runner's and the
-            # collective's frames (runtime.collectives' allgather or reduce_scatter, its kept plan's branch)
-            key, step_mesh, axes, label, sums, block_shape = direct
-            kept = step_mesh._plans.get(key)
-            if kept is not None and type(local) is _ndarray and local.shape == block_shape \
-                    and local.flags.c_contiguous:
-                dst = _new_block(kept[2], local.dtype)
-                local = _repeat(step_mesh, kept, axes, label, (local, dst, "sum") if sums else (local, dst), dst,
-                                local)
-                program = None
+            # collective's frames (runtime.collectives' allgather or reduce_scatter, its kept plan's branch).
+            # Its buffer from kept_empty itself: buffers.empty's one test more is of a capture, ruled out here.
+            dst = _kept_empty(kept[2], local.dtype)
+            local = _repeat(step_mesh, kept, axes, label, (local, dst, "sum") if sums else (local, dst), dst, local)
+        else:
+            for run, step, step_mesh, label in program.steps:
+                local = run(step, step_mesh, local, shape, label, False)
     else:
         if not isinstance(target, TensorLayout):
             raise PlanError(f"target {target!r} must be a TensorLayout")
@@ -327,9 +331,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                 f"{source} -> {target} on shape {shape!r}"
             )
         program = _compile(plan, mesh)
-    if program is None:  # (its one collective ran above)
-        program = entry[2]
-    else:
+        name = reads = None
         for run, step, step_mesh, label in program.steps:
             local = run(step, step_mesh, local, shape, label, False)
     if local.shape != program.local_shape:
@@ -338,9 +340,9 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     # DTensor._trusted's tensor, without its call
     out = _new(program.cls)
     out._mesh, out._local, out._layout, out._shape, out._ag = program.target_mesh, local, target, shape, None
-    recorded = getattr(dtensor, "_ag", None)
+    recorded = dtensor._ag
     if recorded is not None:  # in autograd's graph (Leaf or Node): it records the move
-        recorded.moved(out, dtensor)
+        recorded.moved(out, dtensor, name, reads)
     return out
 
 
@@ -349,14 +351,17 @@ _ndarray = np.ndarray
 _repeat: Any = None  # spmdsim.runtime.door.repeat, bound by `_bind` (importing it loads the collectives)
 
 
-def _direct(program: "_Compiled", block_shape: tuple, dtype: Any) -> Optional[tuple]:
+_NOT_DIRECT = (None,) * 6
+
+
+def _direct(program: "_Compiled", block_shape: tuple, dtype: Any) -> tuple:
     """What `redistribute` needs to run `program`'s one collective itself once its mesh keeps that call (an
     Allgather or a Reduce_scatter of an even cut, a plain dtype, outside a dry run: the runner's test then calls
     the collective, whose kept plan's branch `redistribute` writes out): (the collective's key in the mesh's
     kept plans, as runtime.collectives spells it, the step's mesh, axes and label, whether it sums, this rank's
-    block shape); None for any other program."""
+    block shape); six Nones for any other program."""
     if len(program.steps) != 1 or not isinstance(dtype, np.dtype) or dtype.kind not in "fiub":
-        return None
+        return _NOT_DIRECT
     run, step, step_mesh, label = program.steps[0]
     kind = type(step)
     if kind is Allgather:
@@ -364,10 +369,10 @@ def _direct(program: "_Compiled", block_shape: tuple, dtype: Any) -> Optional[tu
     elif kind is ReduceScatter:
         name = "reduce_scatter"
     else:
-        return None
+        return _NOT_DIRECT
     if step.before.layout.cut != "even" or type(step.tensor_dim) is not int or step_mesh.engine.dry \
             or run is not _RUNNERS.get(kind):
-        return None
+        return _NOT_DIRECT
     return ((name, step.axes, block_shape, dtype, step.tensor_dim), step_mesh, step.axes, label, kind is ReduceScatter,
             block_shape)
 
