@@ -220,6 +220,66 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
         == set()
 
 
+def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_products_by_kept_functions(monkeypatch):
+    """Rank 0's third step: the walk looks up grad_layout's answer (engine._GRAD_BY_OBJECT) only for a gradient
+    that moves (one that stays as it is, a parameter's pending over dp, is known by its layout object's mark,
+    TensorLayout._grad_of), and an einsum rule runs its products' kept functions (no `pair_plain` frame)."""
+    from spmdsim.autograd import engine
+
+    looked: list = []
+    moved: list = []
+    counting = [False]
+
+    class Counted(dict):
+        def get(self, key, default=None):
+            if counting[0] and spmdsim.world().rank == 0:
+                looked.append(key)
+            return dict.get(self, key, default)
+
+    monkeypatch.setattr(engine, "_GRAD_BY_OBJECT", Counted())
+    seen: dict = {}
+    ours = os.path.dirname(spmdsim.__file__) + os.sep
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code, back = frame.f_code, frame.f_back.f_code
+            key = (code.co_name, back.co_filename.replace(ours, ""), back.co_name)
+            seen[key] = seen.get(key, 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        on = step == 2 and comm.rank == 0
+        if on:
+            counting[0] = True
+            sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            if on:
+                sys.setprofile(None)
+                counting[0] = False
+
+    _train_three_steps("graph", around)
+    moves = seen.get(("redistribute", "autograd/engine.py", "_walk"), 0)
+    assert moves > 0 and len(looked) == moves, (len(looked), moves)  # (a move's each; none for the others)
+    assert ("pair_plain", "autograd/rules/einsum.py", "__call__") not in seen
+    assert sum(v for (n, f, c), v in seen.items() if n == "plain" and f == "autograd/rules/einsum.py") > 0
+
+
+def test_a_layouts_walk_mark_is_no_part_of_its_value():
+    """TensorLayout._grad_of (the walk's mark) is no field: equal, hashed, shown and pickled as without it."""
+    import pickle
+
+    layout = Layout((2, 2), ("dp", "tp"))
+    from spmdsim.layout import TensorLayout
+
+    a, b = TensorLayout(layout, ((), ("tp",)), ("dp",)), TensorLayout(layout, ((), ("tp",)), ("dp",))
+    object.__setattr__(a, "_grad_of", TensorLayout(layout, ((), ("tp",))))
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    assert pickle.dumps(a) == pickle.dumps(b)
+    assert pickle.loads(pickle.dumps(a))._grad_of is None
+
+
 # The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code
 # calls them (not a moved operand's redistribution, which records its node).
 _WATCHED = {"_operands", "decided", "make_dtensor", "record"}

@@ -151,16 +151,21 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 continue
             layout = tensor._layout
             if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
-                # grad_layout's look-up written out (its answer for these two layout objects, when it has one;
-                # an entry holds both objects, so no other object has their ids while it is there), with
-                # whether `g` moves there (`_move`'s test, kept in the entry: no layout compared again)
-                have = g._layout
-                seen = cached((id(layout), id(have)))
-                if seen is None:
-                    grad_layout(layout, have)  # (its entry made)
-                    seen = cached((id(layout), id(have)))
-                if seen[3]:
-                    g = (_REDISTRIBUTE or _redistribute())(g, seen[2])
+                g_layout = g._layout
+                # A gradient that stays as it is (most of these: a parameter's, pending over dp) is known by the
+                # mark its layout object carries (TensorLayout._grad_of, set below): one attribute read.
+                if g_layout._grad_of is not layout:
+                    # grad_layout's look-up written out (its answer for these two layout objects, when it has
+                    # one; an entry holds both objects, so no other object has their ids while it is there),
+                    # with whether `g` moves there (`_move`'s test, kept in the entry: no layout compared again)
+                    seen = cached((id(layout), id(g_layout)))
+                    if seen is None:
+                        grad_layout(layout, g_layout)  # (its entry made)
+                        seen = cached((id(layout), id(g_layout)))
+                    if seen[3]:
+                        g = (_REDISTRIBUTE or _redistribute())(g, seen[2])
+                    else:  # kept as it is, as every gradient laid out `g_layout` of a tensor laid out `layout`
+                        _set_attribute(g_layout, "_grad_of", layout)
                 if key not in owners:
                     owners[key] = layout
             # Else `g` is laid out by `layout` itself, and so is their sum while every addend is: `owners` notes
@@ -714,6 +719,7 @@ def _tensors(DTensor: type, mesh: Any, blocks: list, layouts: list, global_shape
 
 
 _new_object = object.__new__
+_set_attribute = object.__setattr__  # (a frozen TensorLayout's mark: `_walk`)
 #: The slots `_tensors` sets, as DTensor._trusted does (tests/test_autograd_accumulate.py checks DTensor's).
 TENSOR_SLOTS = ("_mesh", "_local", "_layout", "_shape", "_ag")
 
