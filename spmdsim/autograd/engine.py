@@ -14,10 +14,10 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 from __future__ import annotations
 
 import contextlib
-from itertools import chain, compress, repeat
+from itertools import chain, compress, count, repeat, tee
 import math
 import sys
-from operator import attrgetter, iadd, is_, not_
+from operator import attrgetter, eq, iadd, is_, not_
 from typing import Any, Optional
 
 import numpy as np
@@ -802,16 +802,18 @@ def _topological(root: Any) -> list:
         return []
     if root.backward is None:
         _refuse_freed(root)
-    # Breadth first: each round gathers the graph slots of every input of the nodes found in the last one in
-    # C (`getattr` mapped: a None for a tensor without one), keeps the new ones and searches the nodes among
-    # them next; no Python per node or input (issue 58).
-    seen = {root, None}
-    found = [root]
-    while found:
-        new = set(map(getattr, chain.from_iterable(map(_INPUTS, found)), _AG, _NONE)) - seen
-        seen |= new
-        found = list(filter(_IS_NODE, new))
-    order = sorted(filter(_IS_NODE, seen), key=_SEQ, reverse=True)
+    # Breadth first, in C: `order` is the queue, extended by the new nodes among the graph slots of the inputs of
+    # the nodes in it, read as it grows (a list's iterator reads its length at each step, and `extend` appends
+    # each node as it comes, before the next slot is read: every node is in `order` before its inputs are read,
+    # and the search ends when the slots of the last one are read). A node is new where `first.setdefault` answers
+    # its own place in the stream of slots (a count in step). No Python per node or input, and no round per
+    # depth (issue 58: a pipeline stage walks a graph each microbatch).
+    order = [root]
+    first = {root: -1}
+    found = filter(_IS_NODE, map(getattr, chain.from_iterable(map(_INPUTS, iter(order))), _AG, _NONE))
+    found, again = tee(found)
+    order.extend(compress(found, map(eq, map(first.setdefault, again, count()), count())))
+    order.sort(key=_SEQ, reverse=True)
     if any(map(is_, _NONE, map(_BACKWARD, order))):  # a freed node (its backward None): named as a search finds it
         _refuse_freed(_first_freed(root))
     return order
