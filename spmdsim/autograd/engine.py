@@ -561,14 +561,14 @@ def _leaf_plan(leaves: list, gs: list, own: Any, kept: Any, cap: float) -> _Leaf
     layouts, meshes, dtypes and shapes, the tensors' layouts, which are kept, the cap, all in leaf order, so
     a step that walks the same parameters again takes the plan made for the first (a dict look-up keyed in C;
     the ranks' threads share the table)."""
-    layouts, own, dtypes = tuple(map(_LAYOUT, gs)), tuple(own), tuple(map(_DTYPE, gs))
-    key = (cap, tuple(map(kept.__contains__, map(id, leaves))) if kept else None,
-           tuple(map(id, chain(layouts, own, dtypes, map(_MESH, gs)))), tuple(map(_SHAPE, gs)),
-           tuple(map(_BLOCK_SHAPE, gs)))
+    # (one tuple, made by one chain of maps in C; the objects whose ids it holds are kept only by a new plan)
+    key = (cap, tuple(map(kept.__contains__, map(id, leaves))) if kept else None, *map(id, chain(
+        map(_LAYOUT, gs), own, map(_DTYPE, gs), map(_MESH, gs))), *map(_SHAPE, gs), *map(_BLOCK_SHAPE, gs))
     plan = _PLANS.get(key)
     if plan is None:
+        own = tuple(own)
         plan = _new_leaf_plan(gs, own, key[1], cap)
-        plan.held = (layouts, own, dtypes)
+        plan.held = (tuple(map(_LAYOUT, gs)), own, tuple(map(_DTYPE, gs)))
         if len(_PLANS) >= 256:
             _PLANS.clear()
         _PLANS[key] = plan
