@@ -292,7 +292,7 @@ def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
     rest = range(n)
     if not any(map(is_, haves, _NONE)) and not buffers.CAPTURE.on and not kg[0]._mesh.engine.dry:
         xs, ys = list(map(_LOCAL, haves)), list(map(_LOCAL, kg))
-        if all(map(is_, map(type, xs), _NDARRAY)) and all(map(is_, map(type, ys), _NDARRAY)):
+        if all(map(is_, map(type, chain(xs, ys)), _NDARRAY)):
             sole = list(map(_SOLE_MAPPED.__eq__, zip(
                 map(is_, map(_LAYOUT, haves), map(_LAYOUT, kg)), map(_refs, haves), map(_refs, xs),
                 map(is_, map(_BASE, xs), _NONE), map(_CARRAY, xs), map(is_, map(_DTYPE_OF, xs), map(_DTYPE_OF, ys)))))
@@ -510,12 +510,18 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
     left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
     """
     cap = _bucket_cap(bucket)
-    leaves, own = [], []
-    for t in tensors:
-        leaf = getattr(t, "_ag", None)
-        if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
-            leaves.append(leaf)
-            own.append(t._layout)
+    items = tensors if type(tensors) is list or type(tensors) is tuple else list(tensors)
+    found = list(map(getattr, items, _AG, _NONE))
+    if all(map(_IS_LEAF, found)) and not any(map(is_, map(_GRAD, found), _NONE)):
+        # (a pipeline stage's every parameter, once a step: its leaves and their pending ones found by maps in C)
+        pending = list(map(bool, map(_GRAD_PARTIAL, found)))
+        leaves, own = list(compress(found, pending)), list(map(_LAYOUT, compress(items, pending)))
+    else:
+        leaves, own = [], []
+        for t, leaf in zip(items, found):
+            if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
+                leaves.append(leaf)
+                own.append(t._layout)
     gs = list(map(_GRAD, leaves))
     plan = _leaf_plan(leaves, gs, own, None, cap)
     list(map(setattr, leaves, _GRAD_NAME, _whole_grads(plan, leaves, gs)))  # (no leaf kept: every one, in order)
@@ -640,6 +646,7 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
 _LAYOUT, _DTYPE, _MESH, _SHAPE = attrgetter("_layout"), attrgetter("_local.dtype"), attrgetter("_mesh"), \
     attrgetter("_shape")
 _BLOCK_SHAPE, _GRAD, _LOCAL = attrgetter("_local.shape"), attrgetter("grad"), attrgetter("_local")
+_GRAD_PARTIAL = attrgetter("grad._layout.partial")
 _SOLE, _MAPPED = _sole_counts()
 #: What `_add_kept` asks of each kept leaf for an addition in place: its .grad's layout `g`'s, the .grad held
 #: by the leaf alone, its block by the .grad alone and owning its memory, C-contiguous and writeable, of g's dtype.
