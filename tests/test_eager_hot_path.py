@@ -174,8 +174,9 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     layout comparison (whether it moves is kept with grad_layout's answer), the model compares no layout again to
     gather its activations (an unequal one is kept too), a dropout mask is drawn without a SeededTensor of its
     seed (`uniform_at_least`), a whole-row norm computes without its kernel's closure and the engine's frame, a
-    collective's buffer is sized once per shape and dtype, and the fused pieces' rules build their usual
-    gradients without `grad_tensor`'s frame."""
+    collective's buffer is sized once per shape and dtype, the fused pieces' rules build their usual
+    gradients without `grad_tensor`'s frame, and the walk sums two gradients of one layout object without
+    `add_grads`' frame."""
     seen: dict = {}
     ours = os.path.dirname(spmdsim.__file__) + os.sep
 
@@ -200,6 +201,8 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     called = {(name, caller) for _, name, _, caller in seen}
     callees = {(f, name) for f, name, _, _ in seen}
     assert ("_move", "_walk") not in called and ("__eq__", "_gathered") not in called
+    # two gradients of one tensor in one layout object (a residual stream's) summed by the walk itself
+    assert ("add_grads", "_walk") not in called
     assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "autograd/rules/fused.py"}
     assert {k for k in [("datagen.py", "with_seed"), ("datagen.py", "at_least"), ("ops/norms.py", "kernel"),
                         ("buffers.py", "_sized")] if k in callees} == set()

@@ -132,7 +132,7 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
     if explain is not None or _flops._BLOCKS:  # (a counter opens and closes outside the walk, as `any_open`'s)
         _walk_noted(order, grads, owners, explain, readers)
         return
-    cached = _GRAD_BY_OBJECT.get
+    cached, capture = _GRAD_BY_OBJECT.get, buffers.CAPTURE
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
@@ -173,6 +173,14 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
             have = grads.get(key)
             if have is None:
                 grads[key] = g
+            elif have._layout is g._layout and not capture.on and not _flops._OPEN and not have._mesh.engine.dry \
+                    and type(total := have._local + g._local) is _ndarray:
+                # add_grads' usual case written out (one layout object, an eager step no counter counts, an ndarray
+                # sum): their sum's DTensor built here, as add_grads builds it (else its call, which adds again)
+                out = _new_object(type(have))
+                out._mesh, out._local, out._layout, out._shape, out._ag = \
+                    have._mesh, total, have._layout, have._shape, None
+                grads[key] = out
             else:
                 grads[key] = add_grads(have, g, g._layout)
 
