@@ -382,8 +382,13 @@ class TensorLayout:
     # TensorLayouts key the plan and program caches of every redistribution.
     __hash__ = _kept_hash(lambda self: (self.layout, self.tensor_map, self.partial))
 
+    # The tensor layout (an object) whose gradient, laid out by this object, the backward walk keeps as it is
+    # (spmdsim.autograd.engine.grad_layout moves it nowhere): noted on this object by the walk, so a parameter's
+    # pending gradient is routed by one attribute read (issue 58). Not a field: no part of the value.
+    _grad_of = None  # (no annotation: a class attribute, not a dataclass field)
+
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_derived", "_shapes")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_derived", "_shapes", "_grad_of")}
 
     @staticmethod
     def _shown(entries: tuple, partial: tuple) -> str:

@@ -174,8 +174,9 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     layout comparison (whether it moves is kept with grad_layout's answer), the model compares no layout again to
     gather its activations (an unequal one is kept too), a dropout mask is drawn without a SeededTensor of its
     seed (`uniform_at_least`), a whole-row norm computes without its kernel's closure and the engine's frame, a
-    collective's buffer is sized once per shape and dtype, and the fused pieces' rules build their usual
-    gradients without `grad_tensor`'s frame."""
+    collective's buffer is sized once per shape and dtype, the fused pieces' rules build their usual
+    gradients without `grad_tensor`'s frame, and the walk sums two gradients of one layout object without
+    `add_grads`' frame."""
     seen: dict = {}
     ours = os.path.dirname(spmdsim.__file__) + os.sep
 
@@ -200,6 +201,8 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     called = {(name, caller) for _, name, _, caller in seen}
     callees = {(f, name) for f, name, _, _ in seen}
     assert ("_move", "_walk") not in called and ("__eq__", "_gathered") not in called
+    # two gradients of one tensor in one layout object (a residual stream's) summed by the walk itself
+    assert ("add_grads", "_walk") not in called
     assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "autograd/rules/fused.py"}
     assert {k for k in [("datagen.py", "with_seed"), ("datagen.py", "at_least"), ("ops/norms.py", "kernel"),
                         ("buffers.py", "_sized")] if k in callees} == set()
@@ -223,6 +226,66 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     assert ("kept_empty", "redistribute") in called
     assert {n for f, n, cf, c in seen if cf == "autograd/rules/fused.py" and c == "__call__"} & {"_made", "is_low"} \
         == set()
+
+
+def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_products_by_kept_functions(monkeypatch):
+    """Rank 0's third step: the walk looks up grad_layout's answer (engine._GRAD_BY_OBJECT) only for a gradient
+    that moves (one that stays as it is, a parameter's pending over dp, is known by its layout object's mark,
+    TensorLayout._grad_of), and an einsum rule runs its products' kept functions (no `pair_plain` frame)."""
+    from spmdsim.autograd import engine
+
+    looked: list = []
+    moved: list = []
+    counting = [False]
+
+    class Counted(dict):
+        def get(self, key, default=None):
+            if counting[0] and spmdsim.world().rank == 0:
+                looked.append(key)
+            return dict.get(self, key, default)
+
+    monkeypatch.setattr(engine, "_GRAD_BY_OBJECT", Counted())
+    seen: dict = {}
+    ours = os.path.dirname(spmdsim.__file__) + os.sep
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code, back = frame.f_code, frame.f_back.f_code
+            key = (code.co_name, back.co_filename.replace(ours, ""), back.co_name)
+            seen[key] = seen.get(key, 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        on = step == 2 and comm.rank == 0
+        if on:
+            counting[0] = True
+            sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            if on:
+                sys.setprofile(None)
+                counting[0] = False
+
+    _train_three_steps("graph", around)
+    moves = seen.get(("redistribute", "autograd/engine.py", "_walk"), 0)
+    assert moves > 0 and len(looked) == moves, (len(looked), moves)  # (a move's each; none for the others)
+    assert ("pair_plain", "autograd/rules/einsum.py", "__call__") not in seen
+    assert sum(v for (n, f, c), v in seen.items() if n == "plain" and f == "autograd/rules/einsum.py") > 0
+
+
+def test_a_layouts_walk_mark_is_no_part_of_its_value():
+    """TensorLayout._grad_of (the walk's mark) is no field: equal, hashed, shown and pickled as without it."""
+    import pickle
+
+    layout = Layout((2, 2), ("dp", "tp"))
+    from spmdsim.layout import TensorLayout
+
+    a, b = TensorLayout(layout, ((), ("tp",)), ("dp",)), TensorLayout(layout, ((), ("tp",)), ("dp",))
+    object.__setattr__(a, "_grad_of", TensorLayout(layout, ((), ("tp",))))
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    assert pickle.dumps(a) == pickle.dumps(b)
+    assert pickle.loads(pickle.dumps(a))._grad_of is None
 
 
 # The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code
@@ -694,3 +757,90 @@ def test_a_bfloat16_gradient_is_float32_whatever_its_blocks_memory_order():
     assert made == {(name, order): np.float32 for name in ("grad_tensor", "gradient_block")
                     for order in ("C", "transposed")}
     assert kept and leaves == {"sum(x)": np.float32, "sum(x.T)": np.float32}
+
+
+def _opcodes(f, *args):
+    """(the opcodes `f(*args)`'s own frame runs, its result)."""
+    count = [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code is f.__code__:
+            frame.f_trace_opcodes = True
+            if event == "opcode":
+                count[0] += 1
+            return tracer
+        return None
+
+    sys.settrace(tracer)
+    try:
+        out = f(*args)
+    finally:
+        sys.settrace(None)
+    return count[0], out
+
+
+def test_the_walks_order_is_searched_without_python_per_node_or_per_depth():
+    """engine._topological (a pipeline stage searches a graph each microbatch) runs as many opcodes for a chain of
+    residual diamonds 40 deep as for one 2 deep: no Python per node, input or depth; and it finds each node once,
+    latest recorded first, with leaves and None inputs left out."""
+    from spmdsim.autograd import engine
+    from spmdsim.autograd.graph import Leaf, Node
+
+    class Slot:  # a tensor's graph slot, all the search reads
+        def __init__(self, ag):
+            self._ag = ag
+
+    def diamonds(depth):
+        leaf, h = Leaf(), Node("x", (None,), len, None, ())
+        made = [h]
+        for _ in range(depth):
+            a = Node("a", (Slot(h), Slot(leaf)), len, None, ())
+            b = Node("b", (Slot(h), Slot(None), None), len, None, ())
+            h = Node("add", (Slot(a), Slot(b), Slot(h)), len, None, ())
+            made += [a, b, h]
+        return h, made
+
+    counts = []
+    for depth in (2, 40):
+        root, made = diamonds(depth)
+        ops, order = _opcodes(engine._topological, root)
+        assert order == made[::-1]  # each once, latest first
+        counts.append(ops)
+    assert counts[0] == counts[1], counts
+
+
+def test_reduce_grads_finds_the_pending_gradients_without_python_per_parameter():
+    """autograd.reduce_grads (a pipeline stage's once a step, over every parameter) finds its leaves and which hold
+    a pending gradient by maps in C: its own frame runs as many opcodes for 12 parameters as for 3; the pending
+    ones summed, a whole one left as it is."""
+    import numpy as np
+
+    from spmdsim import ops
+    from spmdsim.autograd import engine, reduce_grads
+
+    w = np.arange(6.0).reshape(3, 2) / 5 - 0.3
+    a = np.arange(12.0).reshape(4, 3) / 7
+
+    def body():
+        layout = Layout((2,), ("dp",))
+        mesh = Mesh(layout)
+        out = []
+        for n in (3, 12):
+            leaves = [DTensor.from_global(mesh, w * (i + 1), layout(None, None)).requires_grad_() for i in range(n)]
+            z = leaves[0]
+            for t in leaves[1:]:
+                z = z + t
+            y = DTensor.from_global(mesh, a, layout("dp", None)) @ z
+            ops.sum(y * y).backward(keep_pending=leaves[:-1])  # the last one's gradient whole
+            whole = leaves[-1].grad
+            assert not whole.layout.partial and all(t.grad.layout.partial for t in leaves[:-1])
+            ops_run, _ = _opcodes(engine.reduce_grads, leaves)
+            assert leaves[-1].grad is whole and not any(t.grad.layout.partial for t in leaves)
+            out.append((ops_run, [t.grad.gather() for t in leaves]))
+        return out
+
+    for (small, grads_small), (large, grads_large) in spmdsim.simulate(2, body):
+        assert small == large, (small, large)
+        want = 2 * a.T @ (a @ (w * sum(range(1, 4))))
+        for g in grads_small:
+            np.testing.assert_allclose(g, want, rtol=1e-13)

@@ -14,10 +14,10 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 from __future__ import annotations
 
 import contextlib
-from itertools import chain, compress, repeat
+from itertools import chain, compress, count, repeat, tee
 import math
 import sys
-from operator import attrgetter, iadd, is_, not_
+from operator import attrgetter, eq, iadd, is_, not_
 from typing import Any, Optional
 
 import numpy as np
@@ -132,7 +132,7 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
     if explain is not None or _flops._BLOCKS:  # (a counter opens and closes outside the walk, as `any_open`'s)
         _walk_noted(order, grads, owners, explain, readers)
         return
-    cached = _GRAD_BY_OBJECT.get
+    cached, capture = _GRAD_BY_OBJECT.get, buffers.CAPTURE
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
@@ -151,16 +151,21 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
                 continue
             layout = tensor._layout
             if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
-                # grad_layout's look-up written out (its answer for these two layout objects, when it has one;
-                # an entry holds both objects, so no other object has their ids while it is there), with
-                # whether `g` moves there (`_move`'s test, kept in the entry: no layout compared again)
-                have = g._layout
-                seen = cached((id(layout), id(have)))
-                if seen is None:
-                    grad_layout(layout, have)  # (its entry made)
-                    seen = cached((id(layout), id(have)))
-                if seen[3]:
-                    g = (_REDISTRIBUTE or _redistribute())(g, seen[2])
+                g_layout = g._layout
+                # A gradient that stays as it is (most of these: a parameter's, pending over dp) is known by the
+                # mark its layout object carries (TensorLayout._grad_of, set below): one attribute read.
+                if g_layout._grad_of is not layout:
+                    # grad_layout's look-up written out (its answer for these two layout objects, when it has
+                    # one; an entry holds both objects, so no other object has their ids while it is there),
+                    # with whether `g` moves there (`_move`'s test, kept in the entry: no layout compared again)
+                    seen = cached((id(layout), id(g_layout)))
+                    if seen is None:
+                        grad_layout(layout, g_layout)  # (its entry made)
+                        seen = cached((id(layout), id(g_layout)))
+                    if seen[3]:
+                        g = (_REDISTRIBUTE or _redistribute())(g, seen[2])
+                    else:  # kept as it is, as every gradient laid out `g_layout` of a tensor laid out `layout`
+                        _set_attribute(g_layout, "_grad_of", layout)
                 if key not in owners:
                     owners[key] = layout
             # Else `g` is laid out by `layout` itself, and so is their sum while every addend is: `owners` notes
@@ -168,6 +173,14 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
             have = grads.get(key)
             if have is None:
                 grads[key] = g
+            elif have._layout is g._layout and not capture.on and not _flops._OPEN and not have._mesh.engine.dry \
+                    and type(total := have._local + g._local) is _ndarray:
+                # add_grads' usual case written out (one layout object, an eager step no counter counts, an ndarray
+                # sum): their sum's DTensor built here, as add_grads builds it (else its call, which adds again)
+                out = _new_object(type(have))
+                out._mesh, out._local, out._layout, out._shape, out._ag = \
+                    have._mesh, total, have._layout, have._shape, None
+                grads[key] = out
             else:
                 grads[key] = add_grads(have, g, g._layout)
 
@@ -287,7 +300,7 @@ def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
     rest = range(n)
     if not any(map(is_, haves, _NONE)) and not buffers.CAPTURE.on and not kg[0]._mesh.engine.dry:
         xs, ys = list(map(_LOCAL, haves)), list(map(_LOCAL, kg))
-        if all(map(is_, map(type, xs), _NDARRAY)) and all(map(is_, map(type, ys), _NDARRAY)):
+        if all(map(is_, map(type, chain(xs, ys)), _NDARRAY)):
             sole = list(map(_SOLE_MAPPED.__eq__, zip(
                 map(is_, map(_LAYOUT, haves), map(_LAYOUT, kg)), map(_refs, haves), map(_refs, xs),
                 map(is_, map(_BASE, xs), _NONE), map(_CARRAY, xs), map(is_, map(_DTYPE_OF, xs), map(_DTYPE_OF, ys)))))
@@ -505,12 +518,18 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
     left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
     """
     cap = _bucket_cap(bucket)
-    leaves, own = [], []
-    for t in tensors:
-        leaf = getattr(t, "_ag", None)
-        if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
-            leaves.append(leaf)
-            own.append(t._layout)
+    items = tensors if type(tensors) is list or type(tensors) is tuple else list(tensors)
+    found = list(map(getattr, items, _AG, _NONE))
+    if all(map(_IS_LEAF, found)) and not any(map(is_, map(_GRAD, found), _NONE)):
+        # (a pipeline stage's every parameter, once a step: its leaves and their pending ones found by maps in C)
+        pending = list(map(bool, map(_GRAD_PARTIAL, found)))
+        leaves, own = list(compress(found, pending)), list(map(_LAYOUT, compress(items, pending)))
+    else:
+        leaves, own = [], []
+        for t, leaf in zip(items, found):
+            if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
+                leaves.append(leaf)
+                own.append(t._layout)
     gs = list(map(_GRAD, leaves))
     plan = _leaf_plan(leaves, gs, own, None, cap)
     list(map(setattr, leaves, _GRAD_NAME, _whole_grads(plan, leaves, gs)))  # (no leaf kept: every one, in order)
@@ -556,14 +575,14 @@ def _leaf_plan(leaves: list, gs: list, own: Any, kept: Any, cap: float) -> _Leaf
     layouts, meshes, dtypes and shapes, the tensors' layouts, which are kept, the cap, all in leaf order, so
     a step that walks the same parameters again takes the plan made for the first (a dict look-up keyed in C;
     the ranks' threads share the table)."""
-    layouts, own, dtypes = tuple(map(_LAYOUT, gs)), tuple(own), tuple(map(_DTYPE, gs))
-    key = (cap, tuple(map(kept.__contains__, map(id, leaves))) if kept else None,
-           tuple(map(id, chain(layouts, own, dtypes, map(_MESH, gs)))), tuple(map(_SHAPE, gs)),
-           tuple(map(_BLOCK_SHAPE, gs)))
+    # (one tuple, made by one chain of maps in C; the objects whose ids it holds are kept only by a new plan)
+    key = (cap, tuple(map(kept.__contains__, map(id, leaves))) if kept else None, *map(id, chain(
+        map(_LAYOUT, gs), own, map(_DTYPE, gs), map(_MESH, gs))), *map(_SHAPE, gs), *map(_BLOCK_SHAPE, gs))
     plan = _PLANS.get(key)
     if plan is None:
+        own = tuple(own)
         plan = _new_leaf_plan(gs, own, key[1], cap)
-        plan.held = (layouts, own, dtypes)
+        plan.held = (tuple(map(_LAYOUT, gs)), own, tuple(map(_DTYPE, gs)))
         if len(_PLANS) >= 256:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -635,6 +654,7 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
 _LAYOUT, _DTYPE, _MESH, _SHAPE = attrgetter("_layout"), attrgetter("_local.dtype"), attrgetter("_mesh"), \
     attrgetter("_shape")
 _BLOCK_SHAPE, _GRAD, _LOCAL = attrgetter("_local.shape"), attrgetter("grad"), attrgetter("_local")
+_GRAD_PARTIAL = attrgetter("grad._layout.partial")
 _SOLE, _MAPPED = _sole_counts()
 #: What `_add_kept` asks of each kept leaf for an addition in place: its .grad's layout `g`'s, the .grad held
 #: by the leaf alone, its block by the .grad alone and owning its memory, C-contiguous and writeable, of g's dtype.
@@ -714,6 +734,7 @@ def _tensors(DTensor: type, mesh: Any, blocks: list, layouts: list, global_shape
 
 
 _new_object = object.__new__
+_set_attribute = object.__setattr__  # (a frozen TensorLayout's mark: `_walk`)
 #: The slots `_tensors` sets, as DTensor._trusted does (tests/test_autograd_accumulate.py checks DTensor's).
 TENSOR_SLOTS = ("_mesh", "_local", "_layout", "_shape", "_ag")
 
@@ -796,16 +817,18 @@ def _topological(root: Any) -> list:
         return []
     if root.backward is None:
         _refuse_freed(root)
-    # Breadth first: each round gathers the graph slots of every input of the nodes found in the last one in
-    # C (`getattr` mapped: a None for a tensor without one), keeps the new ones and searches the nodes among
-    # them next; no Python per node or input (issue 58).
-    seen = {root, None}
-    found = [root]
-    while found:
-        new = set(map(getattr, chain.from_iterable(map(_INPUTS, found)), _AG, _NONE)) - seen
-        seen |= new
-        found = list(filter(_IS_NODE, new))
-    order = sorted(filter(_IS_NODE, seen), key=_SEQ, reverse=True)
+    # Breadth first, in C: `order` is the queue, extended by the new nodes among the graph slots of the inputs of
+    # the nodes in it, read as it grows (a list's iterator reads its length at each step, and `extend` appends
+    # each node as it comes, before the next slot is read: every node is in `order` before its inputs are read,
+    # and the search ends when the slots of the last one are read). A node is new where `first.setdefault` answers
+    # its own place in the stream of slots (a count in step). No Python per node or input, and no round per
+    # depth (issue 58: a pipeline stage walks a graph each microbatch).
+    order = [root]
+    first = {root: -1}
+    found = filter(_IS_NODE, map(getattr, chain.from_iterable(map(_INPUTS, iter(order))), _AG, _NONE))
+    found, again = tee(found)
+    order.extend(compress(found, map(eq, map(first.setdefault, again, count()), count())))
+    order.sort(key=_SEQ, reverse=True)
     if any(map(is_, _NONE, map(_BACKWARD, order))):  # a freed node (its backward None): named as a search finds it
         _refuse_freed(_first_freed(root))
     return order

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...buffers import CAPTURE
-from ...contraction import contract, pair, pair_plain, present_letters
+from ...contraction import contract, pair, pair_function, pair_plain, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
 
@@ -62,6 +62,32 @@ class EinsumGrads:
             a, b = self.xs
             need_a, need_b = self.need
             d = dy._local
+            fns = seen[4]
+            if fns is not None and d.dtype.kind != "V" and not dy._mesh.engine.dry:
+                # Most products (no block bfloat16, no dry run, an even cut: every rank's blocks shaped alike):
+                # each gradient the kept function `pair_plain` runs for its two blocks' words and shapes
+                # (contraction.pair_function's), called without pair_plain's frame and look-up (issue 58). For
+                # ndarray blocks it returns an ndarray in C order (contraction's `_compiled`): only its class,
+                # dtype and shape are checked.
+                a_fn, a_layout, b_fn, b_layout = fns
+                ga = gb = None
+                if need_a:
+                    g = a_fn(d, b._local)
+                    block = a._local
+                    if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape:
+                        ga = _new(type(a))
+                        ga._mesh, ga._local, ga._layout, ga._shape, ga._ag = a._mesh, g, a_layout, a._shape, None
+                    else:
+                        ga = gradient_block(a, g, a_layout)
+                if need_b:
+                    g = b_fn(d, a._local)
+                    block = b._local
+                    if type(g) is _ndarray and g.dtype is block.dtype and g.shape == block.shape:
+                        gb = _new(type(b))
+                        gb._mesh, gb._local, gb._layout, gb._shape, gb._ag = b._mesh, g, b_layout, b._shape, None
+                    else:
+                        gb = gradient_block(b, g, b_layout)
+                return ga, gb
             product = pair_plain if seen[3] and d.dtype.kind != "V" and not dy._mesh.engine.dry else pair
             (a_dy, a_other, a_word, a_layout), (b_dy, b_other, b_word, b_layout) = seen[2]
             ga = gb = None
@@ -128,7 +154,17 @@ class EinsumGrads:
             if len(xs) == 2 and per[0][4] and per[1][4]:
                 paired = tuple(p[1] + (w, g) for p, w, g in zip(per, words, known))
             # (and whether no operand is bfloat16: its dtype is the signature's)
-            ways[id(layout)] = (layout, known, paired, all(x._local.dtype.kind != "V" for x in xs))
+            wide = all(x._local.dtype.kind != "V" for x in xs)
+            # With both, under the even cut (every rank's blocks of these layouts shaped alike, so one entry
+            # serves the ranks' threads): each product's `pair_plain` function, kept with its gradient's layout.
+            fns = None
+            if paired is not None and wide and layout.layout.cut == "even" and all(
+                    x._layout.layout.cut == "even" for x in xs):
+                (a_dy, a_other, a_word, a_layout), (b_dy, b_other, b_word, b_layout) = paired
+                a, b = xs
+                fns = (pair_function(a_dy, d, a_other, b._local, a_word), a_layout,
+                       pair_function(b_dy, d, b_other, a._local, b_word), b_layout)
+            ways[id(layout)] = (layout, known, paired, wide, fns)
         return tuple(grads)
 
 
