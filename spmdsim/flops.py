@@ -278,8 +278,9 @@ def _ref(a: Any) -> Any:
     """A weak reference to the array whose memory `a` views (spmdsim.buffers.owner): the block's identity; None
     for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.buffers.broadcast_zero,
     shared by every call of that shape: no block of its own)."""
-    while isinstance(getattr(a, "base", None), np.ndarray):
-        a = a.base
+    base = getattr(a, "base", None)
+    while isinstance(base, np.ndarray):
+        a, base = base, base.base
     if getattr(a, "ndim", 0) == 0:
         return None
     try:
@@ -301,23 +302,25 @@ def _record(counters: list, what: Any, phase: str, blocks: Any) -> None:
 def _entries(blocks: Any) -> tuple:
     """The `_entry` of each of one call's blocks, an array once however many of its operands and results it is
     (an in-place kernel's block, read and written: one block alive, not two); a (shape, dtype) pair is a block
-    of its own each time it is given (one pair may stand for several blocks of its shape)."""
+    of its own each time it is given (one pair may stand for several blocks of its shape). `_entry` written out
+    here, and the arrays met kept by id (the call holds them all): a dry run's step records ~50,000 calls."""
     out = []
-    seen: list = []
+    seen: set = set()
     for block in blocks:
         if block is None:
             continue
         if type(block) is tuple:
             a = block[2] if len(block) > 2 else None
-        else:
-            a = block
-        if a is not None:
-            if any(a is b for b in seen):
-                continue
-            seen.append(a)
-        e = _entry(block)
-        if e is not None:
-            out.append(e)
+            if a is None:
+                out.append((None,) + _sized(tuple(block[0]), block[1]))
+            elif id(a) not in seen:
+                seen.add(id(a))
+                out.append((_ref(a),) + _sized(tuple(block[0]), block[1]))
+        elif id(block) not in seen:
+            seen.add(id(block))
+            shape = getattr(block, "shape", None)
+            if shape is not None:
+                out.append((_ref(block),) + _sized(shape, block.dtype))
     return tuple(out)
 
 

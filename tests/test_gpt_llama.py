@@ -88,6 +88,22 @@ def test_the_closed_count_is_the_parameter_lists_and_llama_2s_published_sizes():
                         "ffn": 28672}).parameters == 68_976_648_192
 
 
+def test_rope_tables_of_one_size_are_made_once_and_read_only():
+    """Each model (a dry run's, a pipeline stage's) asks for its rope tables: one size's are made once and shared,
+    read-only (a caller writing into them would change every later model's), the largest made anew each time."""
+    from spmdsim.gpt import _blocks
+    from spmdsim.gpt.config import ROPE_BASE
+
+    cos, sin = _blocks.rope_tables(48, 8)
+    assert _blocks.rope_tables(48, 8)[0] is cos and _blocks.rope_tables(48, 8)[1] is sin
+    assert not cos.flags.writeable and not sin.flags.writeable
+    angle = np.arange(48.0)[:, None] * ROPE_BASE ** -(np.arange(4) / 4)
+    assert np.array_equal(cos, np.cos(np.concatenate([angle, angle], axis=1)))
+    assert np.array_equal(sin, np.sin(np.concatenate([angle, angle], axis=1)))
+    seq = _blocks._ROPE_KEPT_ELEMENTS // 8 + 1  # one row over the largest kept
+    assert _blocks.rope_tables(seq, 8)[0] is not _blocks.rope_tables(seq, 8)[0]
+
+
 def test_the_dry_run_of_a_llama_2_7b_shaped_model_holds_its_closed_count():
     from spmdsim.estimate.ledger import gpt_ledger
 

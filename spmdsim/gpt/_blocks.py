@@ -70,15 +70,37 @@ def norm_backward(dy: np.ndarray, cache: tuple, name: str, cfg: GPTConfig, grads
     return dx
 
 
+#: The largest rope table (seq x head_dim elements, float64) `rope_tables` keeps: 4096 x 128 is 4 MiB a table. A
+#: model made again (every dry run a search or an estimate makes, one a pipeline stage) asked for the same tables
+#: each time, and at seq 4096 their cos and sin cost ~20 ms a model (docs/estimate.md's Llama: 120 models, 2.5 s).
+_ROPE_KEPT_ELEMENTS = 1 << 20
+_ROPE: dict = {}  # (seq, head_dim) -> (cos, sin), read-only; at most 4, the oldest out first
+
+
 def rope_tables(seq: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin), each (seq, head_dim): position t's angle t * ROPE_BASE ** (-i / (head_dim / 2)) for
-    frequency i, the halves alike (the rotate-half convention of Llama's Hugging Face port and Megatron)."""
+    frequency i, the halves alike (the rotate-half convention of Llama's Hugging Face port and Megatron).
+    Read-only arrays, shared by the calls of one size (up to `_ROPE_KEPT_ELEMENTS` a table)."""
+    key = (seq, head_dim)
+    known = _ROPE.get(key)
+    if known is not None:
+        return known
     from .config import ROPE_BASE
 
     half = head_dim // 2
     angle = np.arange(seq, dtype=np.float64)[:, None] * ROPE_BASE ** -(np.arange(half) / half)
     both = np.concatenate([angle, angle], axis=1)
-    return np.cos(both), np.sin(both)
+    out = (np.cos(both), np.sin(both))
+    for t in out:
+        t.flags.writeable = False  # shared: a caller that wrote into one would change every later model's
+    if seq * head_dim <= _ROPE_KEPT_ELEMENTS:
+        while len(_ROPE) >= 4:
+            try:
+                del _ROPE[next(iter(_ROPE))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread's simulation took it first
+                break
+        _ROPE[key] = out
+    return out
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
