@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
@@ -581,3 +581,13 @@ class TensorLayout:
 
     def num_replicas(self) -> int:
         return self.layout.group_size(self.replicated_axes)
+
+
+def move_name(source: Any, target: Any) -> Callable[[], str]:
+    """A redistribution's node's name in autograd's graph: a function making its text (`Node.describe`), of the
+    two layouts alone (here, below the runtime and autograd: the executor keeps one per move it has planned)."""
+    return partial(_move_name, source, target)
+
+
+def _move_name(source: Any, target: Any) -> str:
+    return f"redistribute {source} -> {target}"

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import OperatorError
 from ..precision import is_low
-from ..layout import TensorLayout
+from ..layout import TensorLayout, move_name
 
 __all__ = ["Leaf", "Node", "record", "attach", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
            "with_partial", "kept_as", "enable_grad", "updated", "stale_reads"]
@@ -166,7 +166,7 @@ class _Recorded:
             return out
         if name is None:
             source, target = x._layout, out._layout
-            name, reads = partial(_move_name, source, target), (source, target)
+            name, reads = move_name(source, target), (source, target)
         node = _new_node(Node)
         node.name, node.inputs, node.backward, node.want, node.reads = name, (x,), _passed, None, reads
         node.tag = _Mode.tag
@@ -174,15 +174,6 @@ class _Recorded:
         node.seq = _next_seq()
         out._ag = node
         return out
-
-
-def move_name(source: Any, target: Any) -> Callable[[], str]:
-    """A move's node's name: a function making its text (`Node.describe`), of the two layouts alone."""
-    return partial(_move_name, source, target)
-
-
-def _move_name(source: Any, target: Any) -> str:
-    return f"redistribute {source} -> {target}"
 
 
 def _passed(dy: Any) -> tuple:

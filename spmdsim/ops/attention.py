@@ -108,7 +108,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         diagonal if causal (the signature's, `_decide`), and the padding keys; made where used (a recomputing
         backward keeps none: read from `decided` here, the closure holds no mask the graph would count as
         kept)."""
-        above = decided.above  # (None unless causal)
+        above = decided.above
+        if above is None and causal:  # the first real call's (a dry run's core makes no scores, so no mask)
+            above = decided.above = _above(decided)
         if padding is not None:
             above = padding if above is None else above | padding
         return above
@@ -231,6 +233,16 @@ def _seed_checked(drop: float, seed: Any) -> None:
         seed_arg(seed, "attention")
 
 
+def _above(decided: Any) -> np.ndarray:
+    """What a causal core's scores lose, this rank's query rows (global indices) against every key above the
+    diagonal: made once per signature, by its first call that makes scores, not per call (read only: each call's
+    scores take it as it is; a dry run's core makes none, so a dry run never holds the (Tq, Tk) mask)."""
+    t_ = decided.t_
+    above = np.arange(decided.tk)[None, :] > np.arange(t_.start, t_.stop)[:, None]
+    above.flags.writeable = False
+    return above
+
+
 def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed: Any, training: Any, mask: Any,
             batch_first: Any, recompute: Any, kept: Any, flash: Any = False, tile: Any = FLASH_TILE) -> _Decided:
     """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
@@ -285,12 +297,8 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     rank, shape = q.mesh.rank, tuple(q.global_shape)
     b_, t_, h_ = first(out.q.slices(rank, shape)[:3])  # q's rows here, in the plan's layout
     out.t_, out.tk = t_, first(tuple(k.global_shape))[1]
-    # What a causal core's scores lose, this rank's query rows (global indices) against every key above the
-    # diagonal: made once per signature, not per call (read only: each call's scores take it as it is)
+    # What a causal core's scores lose (`_above`): made by the signature's first call that makes scores, kept
     out.above = None
-    if causal:
-        out.above = np.arange(out.tk)[None, :] > np.arange(t_.start, t_.stop)[:, None]
-        out.above.flags.writeable = False
     b, tq, h = first(shape)[:3]
     out.probs_shape, out.region = (b, h, tq, out.tk), (b_, h_, t_, slice(0, out.tk))
     out.dtype = q.dtype

@@ -18,12 +18,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import PlanError, ShapeError
-from ..layout import Layout, TensorLayout
+from ..layout import Layout, TensorLayout, move_name
 from ..plan import Plan, plan_redistribution
 from ..buffers import CAPTURE as _CAPTURE
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
 from ..buffers import kept_empty as _kept_empty
-from ..autograd.graph import move_name
 from ..plan.kernels import exchange_program, local_slice, local_zero
 from ..plan.uneven import check_fits, group_pieces, is_uneven
 from ..plan.steps import (
