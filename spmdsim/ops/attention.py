@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -154,20 +154,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     like = broadcast_zero(decided.block, decided.out_dtype)  # the result's block (numpy's promotion: the kernel's)
-    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
-    block = _engine_local(forward, like, *blocks)
-    if type(block) is np.ndarray and block.shape == decided.block and block.dtype in _PLAIN_DTYPES \
-            and decided.out.layout is mesh.layout and _common._DTENSOR is not None and not CAPTURE.on \
-            and not mesh.engine.dry:
-        # make_dtensor's trusted case (the signature's layout and shape, this rank's block shape), the DTensor
-        # built here without its frame and its checks' lookup; a strided block copied to C order as its
-        # c_order copies it (no dry run's, no capture's here)
-        if not block.flags.c_contiguous:
-            block = block.copy()
-        out = _new(_common._DTENSOR)
-        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, decided.out, decided.shape, None
-    else:
-        out = make_dtensor(mesh, block, decided.out, decided.shape)
+    out = _result(mesh, forward, like, q, k, v, decided)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
     scores = (probs_local, decided.probs_dtype)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
@@ -231,6 +218,25 @@ def _seed_checked(drop: float, seed: Any) -> None:
                             "every rank draws the same mask")
     if seed is not None:
         seed_arg(seed, "attention")
+
+
+def _result(mesh: Any, forward: Callable, like: Any, q: Any, k: Any, v: Any, decided: Any) -> Any:
+    """The core's result: `forward` run on the three blocks by the engine (`like` the result's block, a dry run's
+    zeros), as a DTensor of the signature's layout and shape (the unfused core's and flash's alike)."""
+    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
+    block = _engine_local(forward, like, *blocks)
+    if type(block) is np.ndarray and block.shape == decided.block and block.dtype in _PLAIN_DTYPES \
+            and decided.out.layout is mesh.layout and _common._DTENSOR is not None and not CAPTURE.on \
+            and not mesh.engine.dry:
+        # make_dtensor's trusted case (the signature's layout and shape, this rank's block shape), the DTensor
+        # built here without its frame and its checks' lookup; a strided block copied to C order as its
+        # c_order copies it (no dry run's, no capture's here)
+        if not block.flags.c_contiguous:
+            block = block.copy()
+        out = _new(_common._DTENSOR)
+        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, decided.out, decided.shape, None
+        return out
+    return make_dtensor(mesh, block, decided.out, decided.shape)
 
 
 def _above(decided: Any) -> np.ndarray:
@@ -405,20 +411,7 @@ def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, c
 
     mesh = q._mesh
     like = broadcast_zero(decided.block, dtype)  # the result's block
-    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
-    block = _engine_local(forward, like, *blocks)
-    if type(block) is np.ndarray and block.shape == decided.block and block.dtype in _PLAIN_DTYPES \
-            and decided.out.layout is mesh.layout and _common._DTENSOR is not None and not CAPTURE.on \
-            and not mesh.engine.dry:
-        # make_dtensor's trusted case (the signature's layout and shape, this rank's block shape), the DTensor
-        # built here without its frame and its checks' lookup; a strided block copied to C order as its
-        # c_order copies it (no dry run's, no capture's here)
-        if not block.flags.c_contiguous:
-            block = block.copy()
-        out = _new(_common._DTENSOR)
-        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, decided.out, decided.shape, None
-    else:
-        out = make_dtensor(mesh, block, decided.out, decided.shape)
+    out = _result(mesh, forward, like, q, k, v, decided)
     grads = not (q._ag is None and k._ag is None and v._ag is None)
     if mesh.engine.dry:  # what the rule keeps, sized: the dry engine's zeros, never touched
         lse_like = broadcast_zero(decided.scores[:3], inner)
