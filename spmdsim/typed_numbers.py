@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 __all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields"]
 
-#: The namespace attribute where `add_noted`'s flags keep the destinations typed.
-_NOTED = "_typed_dests"
+#: The namespace attributes where `add_noted`'s flags keep the destinations typed, and those that can be.
+_NOTED, _NOTABLE = "_typed_dests", "_notable_dests"
 
 
 class FlagFloat(float):
@@ -80,19 +80,24 @@ _NOTING: dict = {}
 
 def add_noted(parser: Any, *names: str, **kwargs: Any) -> Any:
     """``parser.add_argument(*names, **kwargs)`` for a plain-store flag whose typing is noted on the namespace:
-    each parse of `parser` starts with none noted, so `said_fields` knows a noting parser made the namespace."""
+    each parse of `parser` starts with none noted and with the destinations that can be (`said_fields` reads
+    both: a field whose flag is noted nowhere counts as typed)."""
     base = parser._registry_get("action", None, argparse._StoreAction)
     if base not in _NOTING:
         _NOTING[base] = _noting(base)
-    parser.set_defaults(**{_NOTED: frozenset()})
-    return parser.add_argument(*names, action=_NOTING[base], **kwargs)
+    action = parser.add_argument(*names, action=_NOTING[base], **kwargs)
+    notable = (parser.get_default(_NOTABLE) or frozenset()) | {action.dest}
+    parser.set_defaults(**{_NOTED: frozenset(), _NOTABLE: notable})
+    return action
 
-def said_fields(args: Any, said: Mapping[str, str], noted: Mapping[str, str]) -> tuple[dict, list]:
+
+def said_fields(args: Any, said: Mapping[str, str]) -> tuple[dict, list]:
     """`said` (field -> the flag that sets it) split for GPTConfig's `said_as`: (the flags of the fields the
-    user typed, the fields left at their default). `noted`: field -> the destination of its `add_noted` flag.
-    A namespace no noting parser made (one built by hand) counts every field as typed."""
-    typed_dests = getattr(args, _NOTED, None)
+    user typed, the fields left at their default: those whose flag `add_noted` added and the parse did not
+    see). A namespace no noting parser made (one built by hand) counts every field as typed."""
+    typed_dests, notable = getattr(args, _NOTED, None), getattr(args, _NOTABLE, frozenset())
     if typed_dests is None:
         return dict(said), []
-    defaults = [field for field, dest in noted.items() if field in said and dest not in typed_dests]
+    defaults = [field for field, flag in said.items()
+                if (dest := flag.lstrip("-").replace("-", "_")) in notable and dest not in typed_dests]
     return {field: flag for field, flag in said.items() if field not in defaults}, defaults

@@ -133,9 +133,6 @@ def config_record(args: argparse.Namespace) -> dict[str, Any]:
 #: GPTConfig's fields -> the flag of `spmdsim estimate` that sets each (GPTConfig's refusals name it).
 ESTIMATE_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--hidden",
                  "heads": "--heads", "seq": "--seq", "batch": "--global-batch", "dropout": "--dropout"}
-#: The fields of the integer flags noted when typed (add_noted) -> their destinations.
-_ESTIMATE_DESTS = {field: flag[2:].replace("-", "_") for field, flag in ESTIMATE_SAID.items()
-                   if field in ("layers", "d_model", "heads", "seq", "vocab", "batch")}
 
 
 def _config(args: argparse.Namespace) -> tuple[Any, int]:
@@ -158,8 +155,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
     # its refusals name the flags typed (--hidden, --rope), and a size left alone as the default
-    said, defaults = said_fields(args, {**ESTIMATE_SAID, **ARCHITECTURE_SAID}, _ESTIMATE_DESTS)
-    problem = architecture_problem(args, said="the default heads" if "heads" in defaults else "--heads")
+    said, defaults = said_fields(args, {**ESTIMATE_SAID, **ARCHITECTURE_SAID})
+    problem = architecture_problem(args, said=said.get("heads", "the default heads"))
     if problem:
         raise SpmdsimError(problem)
     if not (math.isfinite(args.dropout) and 0 <= args.dropout < 1):

@@ -34,8 +34,6 @@ SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
               "seed": "--seed"}
-#: GPTConfig's fields -> the destination of `model_arguments`' flag that sets each (noted when typed).
-_MODEL_DESTS = {field: flag[2:].replace("-", "_") for field, flag in MODEL_SAID.items()}
 
 
 def model_arguments(parser: Any) -> None:
@@ -77,8 +75,8 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
     # fields (`more`) too where it has the flag (--clip), and a size left alone as the default ("the default
     # d_model 128 must be divisible by --heads 3")
     said, defaults = said_fields(args, {**MODEL_SAID, **ARCHITECTURE_SAID,
-                                        **{name: f"--{name}" for name in more if hasattr(args, name)}}, _MODEL_DESTS)
-    problem = architecture_problem(args, said="the default heads" if "heads" in defaults else "--heads")
+                                        **{name: f"--{name}" for name in more if hasattr(args, name)}})
+    problem = architecture_problem(args, said=said.get("heads", "the default heads"))
     if problem:  # pure: every rank alike, before any collective
         raise SpmdsimError(problem)
     with said_as(said, defaults):

@@ -352,15 +352,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 #: GPTConfig's fields -> the flag of `main` that sets each: its refusals name the flag typed ("--dropout 2 ...").
 _SAID = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "batch": "--batch",
          "dropout": "--dropout", "seed": "--seed", "clip": "--clip"}
-#: The fields of `main`'s flags noted when typed (add_noted) -> their destinations.
-_DESTS = {field: flag[2:].replace("-", "_") for field, flag in _SAID.items() if field != "clip"}
 
 
 def _main(args: argparse.Namespace) -> int:
     from ..typed_numbers import typed
 
     try:
-        with said_as(*said_fields(args, _SAID, _DESTS)):  # a size left alone said as the default
+        with said_as(*said_fields(args, _SAID)):  # a size left alone said as the default
             cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                             batch=args.batch, dropout=args.dropout, seed=args.seed, clip=args.clip)
         if args.every < 1:
