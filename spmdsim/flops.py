@@ -241,19 +241,6 @@ def counting(blocks: bool = False) -> Iterator[FlopCounter]:
             _BLOCKS -= bool(blocks)
 
 
-def _entry(block: Any) -> Optional[tuple]:
-    """(weak reference to the block's owner or None, elements, floating, itemsize) of an array, a (shape, dtype)
-    pair or a (shape, dtype, array) triple (counted as the pair, the block that array's: `sweep`); None for None."""
-    if block is None:
-        return None
-    if type(block) is tuple:
-        return (_ref(block[2]) if len(block) > 2 else None,) + _sized(tuple(block[0]), block[1])
-    shape = getattr(block, "shape", None)
-    if shape is None:
-        return None
-    return (_ref(block),) + _sized(shape, block.dtype)
-
-
 _SIZED: dict = {}  # (shape, dtype) -> (elements, floating, itemsize): a step's calls have a few shapes
 
 
@@ -300,10 +287,12 @@ def _record(counters: list, what: Any, phase: str, blocks: Any) -> None:
 
 
 def _entries(blocks: Any) -> tuple:
-    """The `_entry` of each of one call's blocks, an array once however many of its operands and results it is
-    (an in-place kernel's block, read and written: one block alive, not two); a (shape, dtype) pair is a block
-    of its own each time it is given (one pair may stand for several blocks of its shape). `_entry` written out
-    here, and the arrays met kept by id (the call holds them all): a dry run's step records ~50,000 calls."""
+    """Each of one call's blocks as (a weak reference to the block's owner or None, elements, floating, itemsize):
+    an array, a (shape, dtype) pair or a (shape, dtype, array) triple (counted as the pair, the block that array's:
+    `sweep`); None skipped. An array once however many of its operands and results it is (an in-place kernel's
+    block, read and written: one block alive, not two), the arrays met kept by id (the call holds them all: a dry
+    run's step records ~50,000 calls); a (shape, dtype) pair is a block of its own each time it is given (one
+    pair may stand for several blocks of its shape)."""
     out = []
     seen: set = set()
     for block in blocks:

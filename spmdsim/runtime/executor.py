@@ -249,10 +249,10 @@ PROGRAMS = ProgramCache()
 
 # Every mesh's compiled redistributions in one table, for one lookup a move: (id(mesh), id(source layout),
 # id(target layout), shape, dtype) -> (source, target, program, its node's name and read layouts (`move_name`),
-# then `_direct`'s six fields), one flat tuple that `redistribute` unpacks once. Keyed by ids (tuples of ints hash and compare
-# in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both layouts, so their ids
-# are never another object's while it lives, and a mesh's entries go when the mesh does (ProgramCache: its
-# weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
+# then `_direct`'s six fields), one flat tuple that `redistribute` unpacks once. Keyed by ids (tuples of ints
+# hash and compare in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both
+# layouts, so their ids are never another object's while it lives, and a mesh's entries go when the mesh does
+# (ProgramCache: its weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
 _MOVES: dict = {}
 _MOVES_MAX = 4096
 
