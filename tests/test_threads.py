@@ -82,16 +82,18 @@ def test_import_spmdsim_loads_no_mpi4py_and_changes_no_process_setting():
 
 
 _LAUNCHED = """
-import os
-from spmdsim import Layout, _threads
+import os, sys
+from spmdsim import Layout, _interrupts, _threads
 from spmdsim.runtime import Mesh, install_excepthook, memwatch, process
-before = dict(os.environ)
+before, hook = dict(os.environ), sys.unraisablehook
 Mesh(Layout((1,), ("x",)))  # an MPI rank's mesh: no process setting changes
-print(process._TUNED == [] and dict(os.environ) == before and not memwatch._STARTED)
-install_excepthook()  # the guard, first set up: the process is tuned, once
+print(process._TUNED == [] and dict(os.environ) == before and not memwatch._STARTED
+      and sys.unraisablehook is hook and not _interrupts._KEPT)
+install_excepthook()  # the guard, first set up: the process is tuned, once (a Ctrl-C in a callback kept too)
 threads = _threads.thread_cap(2)
 print(process._TUNED == [(threads, True, True)] and os.environ["OMP_NUM_THREADS"] == str(threads)
-      and process.tune_mpi_process() is process._TUNED[0])
+      and process.tune_mpi_process() is process._TUNED[0] and _interrupts._KEPT == [hook]
+      and sys.unraisablehook is not hook)
 """
 
 

@@ -25,7 +25,7 @@ _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, wa
 
 def tune_mpi_process() -> Optional[tuple]:
     """Once per process, under an MPI launcher: BLAS threads to this rank's share, freed heap kept, the
-    memory watch started; returns what it did, (threads or None, kept, watching), or None outside a launcher.
+    memory watch started, a Ctrl-C landing in a weakref callback kept (spmdsim._interrupts); returns what it did, (threads or None, kept, watching), or None outside a launcher.
 
     Call it from the main thread: mpi4py is imported here (MPI initialized) before the watch's thread asks it.
     """
@@ -38,10 +38,12 @@ def tune_mpi_process() -> Optional[tuple]:
         return None
     from mpi4py import MPI  # noqa: F401 - initialized on this thread, not on the watch's
 
+    from .._interrupts import keep_ctrl_c
     from .._malloc import keep_freed_buffers_under_launcher
     from .._threads import cap_blas_threads_under_launcher
     from . import memwatch
 
+    keep_ctrl_c()
     _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(), memwatch.start(local)))
     return _TUNED[0]
 

@@ -74,6 +74,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
         return 2
 
+    from .._interrupts import keep_ctrl_c
+
+    keep_ctrl_c()  # a Ctrl-C that lands in a weakref callback still stops the run (spmdsim._interrupts)
     # With --json, stdout is the JSON document alone: the banner goes to stderr.
     print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
     try:
