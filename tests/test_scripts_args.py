@@ -465,3 +465,23 @@ def test_bench_eager_prints_each_configurations_ratio():
         assert ("Megatron's fused pieces" in text) == ("megatron" in extra), text
         assert ("2 launches of each mode, 2 steps timed in each" in text) == bool(where), done.stdout
         assert max(map(len, done.stdout.splitlines())) <= 100, done.stdout
+
+
+def test_digest_training_tells_equal_results_from_different_ones():
+    """scripts/digest_training.py (docs/performance.md): selective recomputation computes what the plain step
+    computes, bit for bit (the same state, the same step rows), fp32 does not; an unknown name is one error line."""
+    script = str(_SCRIPTS / "digest_training.py")
+    done = subprocess.run([sys.executable, script, "--only", "dense,selective,fp32"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {}
+    for line in done.stdout.splitlines():
+        m = re.fullmatch(r"(\S+) +state ([0-9a-f]{16}) \(9 files\)  steps ([0-9a-f]{16}) \(3 rows\)", line)
+        assert m, done.stdout
+        rows[m[1]] = m[2], m[3]
+    assert list(rows) == ["dense", "selective", "fp32"]
+    assert rows["selective"] == rows["dense"] and rows["fp32"][0] != rows["dense"][0], rows
+    bad = subprocess.run([sys.executable, script, "--only", "dense,nope"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines()[-1].startswith("digest_training.py: error: --only 'dense,nope': unknown "
+                                                  "configuration 'nope'; expected names from dense, fp32, ")
