@@ -3,7 +3,7 @@
 
     python scripts/digest_training.py                      # every configuration below, one line each
     python scripts/digest_training.py --only dense,pp-1f1b # some of them
-    python scripts/digest_training.py --list               # their names and commands
+    python scripts/digest_training.py --list               # their names and commands (as shell lines)
 
 Each configuration is a training example run on 8 simulated ranks (`--ranks 8`, its own Python) for a few
 steps with `--save` into a fresh folder: its line is the SHA-256 of the checkpoint it saved (every rank's
@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,16 +56,22 @@ CONFIGS = {
 _LOSS_ROW = re.compile(r"^\s*\d+\s+\d+\.\d+")  # a step's row: its number, then its loss
 
 
+def command(name: str) -> list:
+    """The configuration's arguments after `python`, `--save` aside: its CONFIGS entry and its layers (2; 4 with
+    virtual stages, two chunks a stage)."""
+    return [*CONFIGS[name].split(), "--layers", "4" if "--virtual-stages" in CONFIGS[name] else "2"]
+
+
 def digest(name: str) -> tuple[str, str]:
     """(the configuration's line, "" or its failure's last lines)."""
     with tempfile.TemporaryDirectory(prefix="spmdsim-digest-") as folder:
         saved = Path(folder) / "ckpt"
-        layers = "4" if "--virtual-stages" in CONFIGS[name] else "2"
-        argv = [sys.executable, *CONFIGS[name].split(), "--layers", layers, "--save", str(saved)]
+        argv = [sys.executable, *command(name), "--save", str(saved)]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
         if done.returncode != 0:
-            return f"{name:16} failed (exit {done.returncode})", "\n".join((done.stdout + done.stderr).splitlines()[-6:])
+            last = (done.stdout + done.stderr).splitlines()[-6:]
+            return f"{name:16} failed (exit {done.returncode})", "\n".join(last)
         state = hashlib.sha256()
         files = sorted(p for p in saved.rglob("*") if p.is_file())
         for path in files:
@@ -82,8 +89,10 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print each configuration's name and command, and exit")
     args = ap.parse_args(argv)
     if args.list:
-        for name, command in CONFIGS.items():
-            print(f"{name:16} python {command} --layers {4 if '--virtual-stages' in command else 2} --save DIR")
+        for name in CONFIGS:  # within 100 columns: the command's lines continued with a backslash
+            lines = textwrap.wrap(f"python {' '.join(command(name))} --save DIR", 80, break_long_words=False,
+                                  break_on_hyphens=False)
+            print(f"{name:16} " + " \\\n                 ".join(lines))
         return 0
     names = list(CONFIGS) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in names if n not in CONFIGS]

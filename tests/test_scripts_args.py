@@ -481,6 +481,10 @@ def test_digest_training_tells_equal_results_from_different_ones():
         rows[m[1]] = m[2], m[3]
     assert list(rows) == ["dense", "selective", "fp32"]
     assert rows["selective"] == rows["dense"] and rows["fp32"][0] != rows["dense"][0], rows
+    listed = subprocess.run([sys.executable, script, "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and max(map(len, listed.stdout.splitlines())) <= 100, listed.stdout
+    names = [line.split()[0] for line in listed.stdout.splitlines() if not line.startswith(" ")]
+    assert len(names) == 19 and names[:3] == ["dense", "fp32", "bf16"], listed.stdout
     bad = subprocess.run([sys.executable, script, "--only", "dense,nope"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.splitlines()[-1].startswith("digest_training.py: error: --only 'dense,nope': unknown "
