@@ -25,7 +25,8 @@ _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, wa
 
 def tune_mpi_process() -> Optional[tuple]:
     """Once per process, under an MPI launcher: BLAS threads to this rank's share, freed heap kept, the
-    memory watch started, a Ctrl-C landing in a weakref callback kept (spmdsim._interrupts); returns what it did, (threads or None, kept, watching), or None outside a launcher.
+    memory watch started, a Ctrl-C landing in a weakref callback kept (spmdsim._interrupts); returns what it
+    did, (threads or None, kept, watching), or None outside a launcher.
 
     Call it from the main thread: mpi4py is imported here (MPI initialized) before the watch's thread asks it.
     """
