@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 # The callback raises what a SIGINT landing in it raises; then the main thread sleeps in small steps, as a
-# waiting program does. `INSTALL` puts the hook in place (or not).
+# waiting program does. `install` puts the hook in place (or not).
 _PROGRAM = """
 import sys, time, weakref
 {install}
