@@ -54,6 +54,7 @@ from _bench_harness import Case, peak_rss, run_case, size_text  # noqa: E402
 from _bench_op_cases import op_cases  # noqa: E402
 from _bench_overhead import overhead_records, overhead_table  # noqa: E402
 from spmdsim._threads import blas_kernels_text  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 SUITES = ("collectives", "redistribute", "ops", "overhead")
 KEYS = ("name", "bytes_per_rank", "spmdsim_s", "raw_s", "numpy_s", "ratio_vs_raw", "peak_rss_bytes")
@@ -259,4 +260,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -27,6 +27,7 @@ import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 SIZES = "64K,1M,8M"
 
@@ -118,4 +119,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

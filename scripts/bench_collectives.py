@@ -50,6 +50,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
 from spmdsim._threads import launcher_size  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 SIZES = (64 << 10, 1 << 20, 16 << 20)
 OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
@@ -354,4 +355,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # spmdsim from this checkout, also when run by path
 
 from spmdsim._malloc import glibc_env  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 
 def _ints(ap: argparse.ArgumentParser, text: str, flag: str, example: str) -> list[int]:
@@ -183,4 +184,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

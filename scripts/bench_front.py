@@ -35,6 +35,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 
 def _spins(text: str) -> list[int]:
@@ -151,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -158,6 +158,7 @@ sys.path.insert(0, str(HERE.parent))  # the peer beside this file, also when imp
 from peer_dtensor_gpt import missing  # noqa: E402
 
 from spmdsim._malloc import glibc_env  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 
 def _config(args):
@@ -911,4 +912,4 @@ def _report(args, rows: dict, start: str, peer: str | None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

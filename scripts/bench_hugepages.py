@@ -40,6 +40,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser  # noqa: E402
 from bench_placement import add_pair_arguments, pair_calls, slowest_medians, whole_blocks  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
 CASES = (("4K", "4K"), ("huge", "huge"), ("4K", "huge"), ("huge", "4K"))  # (send, receive)
@@ -132,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -48,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 
+from spmdsim.cli.main import run_script
+
 HERE = Path(__file__).resolve()
 RANKS = 8
 MODES = ("dropless", "capacity")
@@ -283,4 +285,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

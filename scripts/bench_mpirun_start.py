@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from spmdsim.cli.main import run_script
+
 HERE = Path(__file__).resolve().parent
 DEMOS = {"helloworld.py": "", "compute-pi/cpi-cco.py": "100\n100000\n0\n"}  # the stdin its makefile gives
 MEASURED = ("osu_bw.py", "osu_latency.py")  # they print times and rates (masked); 2 ranks, no stdin
@@ -113,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

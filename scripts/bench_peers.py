@@ -43,6 +43,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, launcher_rank, output_path  # noqa: E402
 from spmdsim._threads import blas_kernels_text  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 FULL = dict(shape=(4096, 1024), matmul=2048, batch=64, hidden=1024, ffn=4096, vocab=32000,
             emb_dim=1024, tokens=2048, repeats=7, warmup=2)
@@ -376,4 +377,4 @@ def run(args: argparse.Namespace, torch: Any) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -38,6 +38,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 DELTAS = (0, 8, 16, 32, 48, 64, 112, -112, 2048)
 SIZES = (1 << 20, 16 << 20)
@@ -185,4 +186,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

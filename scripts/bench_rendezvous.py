@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from spmdsim.cli.main import run_script
+
 HERE = Path(__file__).resolve().parent
 CASES = (("Allreduce", 2), ("Allreduce", 8), ("Barrier", 8), ("Bcast", 8), ("Send+Recv", 2))
 
@@ -102,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

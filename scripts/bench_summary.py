@@ -30,6 +30,7 @@ from typing import Any, Iterable, NoReturn, Optional
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import byte_size  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 COMM_TARGET = 1.1
 MODEL_FACTOR = 2.0
@@ -224,4 +225,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from spmdsim.cli.main import run_script
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -175,4 +176,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

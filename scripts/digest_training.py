@@ -27,6 +27,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from spmdsim.cli.main import run_script
+
 ROOT = Path(__file__).resolve().parent.parent
 _SMALL = "--d-model 32 --seq 16 --steps 3 --every 1"
 _GPT = f"examples/train_gpt.py --ranks 8 {_SMALL} --sample 0"
@@ -110,4 +112,4 @@ def main(argv: list | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

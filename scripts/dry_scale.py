@@ -19,6 +19,7 @@ from spmdsim import Layout, SeededTensor
 from spmdsim.cost.model import CostModel
 from spmdsim.memory import peak_rss
 from spmdsim.viz.table import wrap_lines
+from spmdsim.cli.main import run_script
 
 SEQ, WIDTH, D_MODEL, HIDDEN_PER_MP = 16, 4, 16, 8  # rows per rank, head width, model width, MLP units per rank
 
@@ -104,4 +105,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

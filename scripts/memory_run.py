@@ -40,6 +40,7 @@ _ENFORCE_FROM = 256 << 20
 
 
 from spmdsim.memory import peak_rss  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 
 def current_rss() -> int:
@@ -158,4 +159,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -30,6 +30,7 @@ from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, korthikanti_bytes, per_la
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import train
 from spmdsim.precision import PRESETS, precision_problem
+from spmdsim.cli.main import run_script
 
 
 #: The ZeRO stages the table measures: 0 and 1 (ZeRO-2 is ZeRO-1 with the gradients at 1/dp: docs/training.md,
@@ -126,4 +127,4 @@ def _units(rest: float, core: float) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -40,6 +40,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the shared arguments beside th
         sys.path.insert(0, str(_folder))
 
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 __all__ = ["MISSING", "missing", "build", "parallelize", "reference_drop", "native_drop", "step",
            "single_process_losses", "main"]
@@ -414,4 +415,4 @@ def _mesh_problem(args: argparse.Namespace, size: int) -> Optional[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -40,6 +40,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
 
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 __all__ = ["run", "stopped", "print_result", "main"]
 
@@ -204,4 +205,4 @@ def print_result(args: argparse.Namespace, result: dict, heading: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -46,6 +46,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
 
 from _peer_mpi4py_step import Replica, _gelu, _gelu_back, _layer_norm, _layer_norm_back, adamw_flat, shard  # noqa
 from peer_mpi4py_gpt import print_result, run, stopped  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 __all__ = ["MoEReplica", "moe_config", "main"]
 
@@ -278,4 +279,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

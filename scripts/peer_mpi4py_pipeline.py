@@ -52,6 +52,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _peer_mpi4py_step import _polite, _tight_timer_slack, adamw_flat  # noqa: E402
+from spmdsim.cli.main import run_script  # noqa: E402
 
 __all__ = ["Stage", "layer_counts", "pipeline_args_problem", "main"]
 
@@ -410,4 +411,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -489,3 +489,23 @@ def test_digest_training_tells_equal_results_from_different_ones():
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.splitlines()[-1].startswith("digest_training.py: error: --only 'dense,nope': unknown "
                                                   "configuration 'nope'; expected names from dense, fp32, ")
+
+
+def test_every_script_ends_quietly_when_its_reader_stops_reading():
+    """`python scripts/X.py ... | head` ends the script with 141, as a shell tool stopped by SIGPIPE (and as a
+    --ranks run), without a BrokenPipeError traceback: each script's main runs through run_script, and
+    digest_training's --list, written into a pipe whose reader is gone, shows it."""
+    mains = {}
+    for path in sorted(_SCRIPTS.glob("[!_]*.py")):
+        text = path.read_text()
+        mains[path.name] = text.split('\nif __name__ == "__main__":\n', 1)[1] if "__main__" in text else None
+    assert len(mains) >= 20 and all(tail is not None and "run_script(main)" in tail for tail in mains.values()), \
+        {name: tail for name, tail in mains.items() if tail is None or "run_script(main)" not in tail}
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, str(_SCRIPTS / "digest_training.py"), "--list"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, ""), done.stderr

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from .._once_parser import OnceParser
 from .._threads import launcher_rank
@@ -132,6 +132,20 @@ def output_error(exc: OSError) -> str:
     if exc.filename is not None:
         return f"cannot write {exc.filename!r}: {why}"
     return f"cannot write the output: {why}"
+
+
+def run_script(main: Callable[[], Any]) -> Any:
+    """`main()`'s exit code, for a script of scripts/ (``sys.exit(run_script(main))``): its stdout flushed before it
+    returns, and closed early by the reader (``| head``) it ends quietly with 141, a shell's code for a command
+    that SIGPIPE stopped (as a ``--ranks`` run does, spmdsim.sim.launch), not with a BrokenPipeError traceback."""
+    try:
+        try:
+            return main()
+        finally:
+            sys.stdout.flush()  # (argparse's --help exits through here too)
+    except BrokenPipeError:
+        _drop_stdout()
+        return 141
 
 
 def _drop_stdout() -> None:
