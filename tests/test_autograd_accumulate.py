@@ -189,3 +189,36 @@ def test_the_walk_notes_a_tensor_s_layout_only_where_its_gradient_takes_another(
         assert noted == (True, False, True, True)
         np.testing.assert_allclose(da, A.T @ (2 * Y + S), rtol=1e-13)
         np.testing.assert_allclose(ds, 3 * Y + S, rtol=1e-13)
+
+
+def test_capped_buckets_let_each_gradient_go_once_it_is_in_its_flat_block(monkeypatch):
+    """With a bucket cap (`bucket=` bytes) the walk's end and reduce_grads let a bucket's gradients go once they
+    are in its flat block, before its Allreduce, and a leaf summed alone once summed: at each Allreduce the
+    gradients already summed are gone, so a rank holds one bucket's gradients twice at a time, not all of them
+    beside the last bucket's block. Here a and b share a bucket of 96 bytes, v is summed alone after them."""
+    from spmdsim.autograd import engine
+    from spmdsim.runtime import executor
+
+    seen: dict = {0: [], 1: []}  # rank -> (what, its pending blocks still alive) at each sum
+    refs: dict = {0: {}, 1: {}}  # rank -> {leaf name: a weak reference to its pending gradient's block}
+
+    def note(what: str) -> None:
+        rank = spmdsim.world().Get_rank()
+        seen[rank].append((what, "".join(name for name, ref in refs[rank].items() if ref() is not None)))
+
+    resolve, move = executor.resolve, engine._move
+    monkeypatch.setattr(executor, "resolve", lambda *a, **k: note("bucket") or resolve(*a, **k))
+    monkeypatch.setattr(engine, "_move", lambda g, to: note("alone") or move(g, to))
+
+    def body(mesh, x_of, leaves):
+        a, b, v = leaves
+        z = a * b + ops.reshape(v, (3, 2))
+        y = x_of(1.0) @ z
+        spmdsim.autograd.backward(ops.sum(y * y), keep_pending=leaves)
+        refs[mesh.rank].update((name, weakref.ref(t.grad.local)) for name, t in zip("abv", leaves))
+        reduce_grads(leaves, bucket=96)
+        return [t.grad.local.copy() for t in leaves]
+
+    first, second = _run(body)
+    assert seen == {0: [("bucket", "v"), ("alone", "v")], 1: [("bucket", "v"), ("alone", "v")]}, seen
+    assert all(np.array_equal(x, y) for x, y in zip(first, second))  # summed: every rank's whole gradients

@@ -532,7 +532,8 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
                 own.append(t._layout)
     gs = list(map(_GRAD, leaves))
     plan = _leaf_plan(leaves, gs, own, None, cap)
-    list(map(setattr, leaves, _GRAD_NAME, _whole_grads(plan, leaves, gs)))  # (no leaf kept: every one, in order)
+    wholes = _whole_grads(plan, leaves, gs, True)  # (no leaf kept: every one, in order)
+    list(map(setattr, leaves, _GRAD_NAME, wholes))
 
 
 def _bucket_cap(bucket: Any) -> float:
@@ -661,18 +662,34 @@ _SOLE, _MAPPED = _sole_counts()
 _SOLE_MAPPED = (True, _MAPPED[0], _MAPPED[1], True, True, True)
 
 
-def _whole_grads(plan: _LeafPlan, leaves: list, gs: list) -> list:
+def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, in_grad: bool = False) -> list:
     """The whole gradient of each leaf `plan` does not keep pending (`plan.positions`' leaves, in order): its
     gradient moved to its whole layout, or its bucket's part (the bucket's one Allreduce made where its first
     leaf comes), or its gradient as it is where it is whole already; each bucket's parts put in place in C.
-    `_wholes` with an explanation."""
+    A bucket's gradients are let go (their entries in `gs`, and with `in_grad`, `reduce_grads`', the leaves'
+    ``.grad``, which hold them there: set again by the caller) once its flat block is made, a leaf's moved alone
+    once moved: with buckets capped (`backward`'s `bucket` in bytes) the rank holds one bucket's gradients twice
+    at a time, not every gradient beside the last bucket's flat block. `_wholes` with an explanation."""
     out = list(map(gs.__getitem__, plan.positions))
     for b, k, whole in plan.actions:
-        if b < 0:
+        if b < 0:  # a leaf alone: its sum, then its gradient let go
+            i = plan.positions[k]
             out[k] = _move(out[k], whole)
+            gs[i] = None
+            if in_grad:
+                leaves[i].grad = None
         else:
             bucket = plan.buckets[b]
-            list(map(out.__setitem__, bucket.slots, _bucket_sum(bucket, leaves, gs, None, None)))
+
+            def release(bucket: _BucketPlan = bucket) -> None:
+                for i in bucket.positions:
+                    gs[i] = None
+                    if in_grad:
+                        leaves[i].grad = None
+                for slot in bucket.slots:
+                    out[slot] = None
+
+            list(map(out.__setitem__, bucket.slots, _bucket_sum(bucket, leaves, gs, None, None, release)))
     return out
 
 
@@ -699,21 +716,28 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional
             yield leaf, g, whole
 
 
-def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[list], readers: dict) -> list:
-    """The whole gradient of each leaf of `bucket`, in its order, from one Allreduce of their blocks."""
+def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[list], readers: dict,
+                release: Any = None) -> list:
+    """The whole gradient of each leaf of `bucket`, in its order, from one Allreduce of their blocks; `release`
+    (`_whole_grads`': its references to the bucket's gradients let go) called once their flat block is made,
+    before the Allreduce, this frame's own references dropped too (without an explanation, which names them)."""
     DTensor, executor = _RUNTIME or _runtime()
     grads = list(map(gs.__getitem__, bucket.positions))
     first = grads[0]
+    mesh, partial, n = first._mesh, first._layout.partial, len(grads)
     blocks = list(map(_LOCAL, grads)) if not buffers.CAPTURE.on else [g.local for g in grads]
-    if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
+    if mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
         like = buffers.broadcast_zero((sum(b.size for b in blocks),), np.result_type(*blocks))
-        flat = first.mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
+        flat = mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
     else:
         flat = np.concatenate(blocks, axis=None)  # each flattened in C order, no view made per block
-    label = f"gradient bucket of {len(grads)} leaves"
+    if explain is None:
+        first = grads = blocks = None
+        if release is not None:
+            release()
+    label = f"gradient bucket of {n} leaves"
     with _collector(explain) as trace:
-        summed = executor.resolve(first.mesh, flat, executor.pending(first.mesh.layout, 1, first.layout.partial),
-                                  label, owned=True)
+        summed = executor.resolve(mesh, flat, executor.pending(mesh.layout, 1, partial), label, owned=True)
     if explain is not None:
         shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
         explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
@@ -721,7 +745,7 @@ def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[l
     # Each part shaped as its gradient's block (the array's own class's reshape: a captured step's traced
     # view stays one), and a DTensor of it, as DTensor._trusted makes one, each slot set by a map in C.
     blocks = list(map(type(summed).reshape, map(summed.__getitem__, bucket.slices), bucket.shapes))
-    return _tensors(DTensor, first._mesh, blocks, bucket.layouts, bucket.global_shapes)  # (one mesh: theirs)
+    return _tensors(DTensor, mesh, blocks, bucket.layouts, bucket.global_shapes)  # (one mesh: theirs)
 
 
 def _tensors(DTensor: type, mesh: Any, blocks: list, layouts: list, global_shapes: list) -> list:
