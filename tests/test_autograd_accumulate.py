@@ -193,22 +193,20 @@ def test_the_walk_notes_a_tensor_s_layout_only_where_its_gradient_takes_another(
 
 def test_capped_buckets_let_each_gradient_go_once_it_is_in_its_flat_block(monkeypatch):
     """With a bucket cap (`bucket=` bytes) the walk's end and reduce_grads let a bucket's gradients go once they
-    are in its flat block, before its Allreduce, and a leaf summed alone once summed: at each Allreduce the
+    are in its flat block, before its Allreduce, and sum a leaf alone in its own block: at each Allreduce the
     gradients already summed are gone, so a rank holds one bucket's gradients twice at a time, not all of them
     beside the last bucket's block. Here a and b share a bucket of 96 bytes, v is summed alone after them."""
-    from spmdsim.autograd import engine
     from spmdsim.runtime import executor
 
-    seen: dict = {0: [], 1: []}  # rank -> (what, its pending blocks still alive) at each sum
+    seen: dict = {0: [], 1: []}  # rank -> (its label, its pending blocks still alive) at each Allreduce
     refs: dict = {0: {}, 1: {}}  # rank -> {leaf name: a weak reference to its pending gradient's block}
 
-    def note(what: str) -> None:
+    def note(label: str) -> None:
         rank = spmdsim.world().Get_rank()
-        seen[rank].append((what, "".join(name for name, ref in refs[rank].items() if ref() is not None)))
+        seen[rank].append((label, "".join(name for name, ref in refs[rank].items() if ref() is not None)))
 
-    resolve, move = executor.resolve, engine._move
-    monkeypatch.setattr(executor, "resolve", lambda *a, **k: note("bucket") or resolve(*a, **k))
-    monkeypatch.setattr(engine, "_move", lambda g, to: note("alone") or move(g, to))
+    resolve = executor.resolve
+    monkeypatch.setattr(executor, "resolve", lambda *a, **k: note(a[3]) or resolve(*a, **k))
 
     def body(mesh, x_of, leaves):
         a, b, v = leaves
@@ -216,9 +214,41 @@ def test_capped_buckets_let_each_gradient_go_once_it_is_in_its_flat_block(monkey
         y = x_of(1.0) @ z
         spmdsim.autograd.backward(ops.sum(y * y), keep_pending=leaves)
         refs[mesh.rank].update((name, weakref.ref(t.grad.local)) for name, t in zip("abv", leaves))
+        at = v.grad.local.ctypes.data  # where v's pending gradient lies
         reduce_grads(leaves, bucket=96)
-        return [t.grad.local.copy() for t in leaves]
+        return [t.grad.local.copy() for t in leaves], v.grad.local.ctypes.data == at  # summed in place there
 
-    first, second = _run(body)
-    assert seen == {0: [("bucket", "v"), ("alone", "v")], 1: [("bucket", "v"), ("alone", "v")]}, seen
+    (first, in_place), (second, _) = _run(body)
+    sums = [("gradient bucket of 2 leaves", "v"), ("gradient bucket of 1 leaf", "v")]
+    assert seen == {0: sums, 1: sums} and in_place, (seen, in_place)
     assert all(np.array_equal(x, y) for x, y in zip(first, second))  # summed: every rank's whole gradients
+    B = W[::-1]
+    dz = _dz(W * B + V.reshape(3, 2), 1.0)
+    for got, want in zip(first, (dz * B, dz * W, dz.reshape(6))):
+        np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+def test_a_gradient_two_leaves_share_is_summed_once_for_each():
+    """a + b hands both leaves the same gradient block: summed alone (each above the bucket cap of 8 bytes), at the
+    walk's end and by reduce_grads, neither is summed in that shared block (which would sum the other's twice):
+    the gradients equal the uncapped run's."""
+    def body(mesh, x_of, leaves):
+        out = []
+        for cap, kept in ((True, False), (8, False), (True, True), (8, True)):
+            a, b, v = leaves
+            for t in leaves:
+                t.grad = None
+            y = x_of(1.0) @ (a + b + ops.reshape(v, (3, 2)))
+            spmdsim.autograd.backward(ops.sum(y * y), bucket=False if kept else cap,
+                                      keep_pending=leaves if kept else ())
+            if kept:
+                reduce_grads(leaves, bucket=cap)
+            out.append([t.grad.local.copy() for t in leaves])
+        return out
+
+    for runs in _run(body):
+        for run in runs[1:]:
+            for got, want in zip(run, runs[0]):
+                np.testing.assert_array_equal(got, want)
+    dz = _dz(W + W[::-1] + V.reshape(3, 2), 1.0)
+    np.testing.assert_allclose(runs[0][0], dz, rtol=1e-13)

@@ -169,6 +169,43 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
         assert m1.grads_peak < 1.2 * grads  # ZeRO-1's gradient buffer (and in the walk the tied table's)
 
 
+def test_zero0_holds_one_buckets_gradients_twice_real_dry_and_pipelined(monkeypatch):
+    """ZeRO-0 (AdamW): the backward's end sums the gradients in buckets of ZERO0_BUCKET elements, each bucket's
+    let go once in its flat block and a leaf above the cap summed alone in its own block. The memory report looks
+    as each flat block is made: with one bucket (this small model, without sp: every gradient pending over dp
+    alone) the rank holds nearly every gradient twice then (those summed in it; a few are whole already), with
+    buckets of 2,000 elements one bucket's at most beside the gradients; the dry run measures the same, the
+    pipelined step's reduce_grads too, and the parameters are the one bucket's bit for bit."""
+    import spmdsim.gpt.train as trainer
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    def run(dry: bool = False, pipelined: bool = False):
+        def body():
+            if pipelined:
+                run_, results = train_pipelined(CFG, spmdsim.world(), 1, 2, 2, 2, TEXT, memory=True, check=not dry)
+                params = run_.params
+            else:
+                model, results = train(CFG, spmdsim.world(), 2, 2, 2, TEXT, memory=True, check=not dry)
+                params = model.params
+            return results[-1].memory, {n: p.local.copy() for n, p in params.items()}
+        return spmdsim.simulate(4, body, dry_run=dry)
+
+    one, one_dry, one_pipe = run(), run(dry=True), run(pipelined=True)
+    monkeypatch.setattr(trainer, "ZERO0_BUCKET", 2000)
+    small, small_dry, small_pipe = run(), run(dry=True), run(pipelined=True)
+    m1, p1 = one[0]
+    grads = m1.grads  # the summed gradients after the step, each leaf's view of its bucket's block
+    assert 1.9 * grads < m1.grads_peak < 2 * grads  # one bucket: its gradients beside its flat block
+    assert (one_dry[0][0].grads, one_dry[0][0].grads_peak) == (grads, m1.grads_peak)
+    assert 1.9 * one_pipe[0][0].grads < one_pipe[0][0].grads_peak < 2 * one_pipe[0][0].grads
+    m2, p2 = small[0]
+    widest = 2000 * 8  # a bucket's flat block at most (or a leaf above the cap, summed in its own block)
+    assert m2.grads == grads and grads < m2.grads_peak <= grads + widest + 4096, (m2.grads_peak, grads)
+    assert small_dry[0][0].grads_peak == m2.grads_peak
+    assert small_pipe[0][0].grads_peak < 2 * small_pipe[0][0].grads
+    assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
+
+
 def test_reduce_with_refuses_what_is_no_distributed_adamw_in_one_line():
     """backward(reduce_with=...) takes a DistributedAdamW: AdamW is refused on every rank before any collective. A
     ZeRO-1 one takes each parameter's gradient into its view of the bucket's gradient buffer (its main gradient:

@@ -35,7 +35,7 @@ __all__ = ["backward", "backward_kept", "kept_leaves", "reduce_grads", "gradient
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
              keep_pending: Any = (), retain_graph: Any = None, create_graph: Any = False,
-             reduce_with: Any = None) -> None:
+             reduce_with: Any = None, watch: Any = None) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -62,6 +62,8 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     before the step to add to the parameters it reaches: `_walk_reducing`); ZeRO-1's: each parameter's gradient
     goes into its main gradient (``Leaf.main``, a view of the optimizer's gradient buffer) as soon as the walk
     has given it, not at the walk's end, so the walk never holds every gradient beside that buffer.
+    `watch`: called at the walk's end as each bucket's flat block is made (before its Allreduce), and as a leaf
+    summed alone is summed, with every gradient block the rank holds then (a memory look: spmdsim.gpt.train's).
     """
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
@@ -75,7 +77,7 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
-        _backward(loss, explain, cap, gradient, kept, reduce_with)
+        _backward(loss, explain, cap, gradient, kept, reduce_with, watch)
     finally:
         context.phase = was
 
@@ -94,8 +96,9 @@ def backward_kept(loss: Any, gradient: Any, kept: set, reduce_with: Any = None) 
 
 
 def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kept: Any,
-              reduce_with: Any = None) -> None:
-    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or (); `reduce_with`: `backward`'s)."""
+              reduce_with: Any = None, watch: Any = None) -> None:
+    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or (); `reduce_with`, `watch`:
+    `backward`'s)."""
     DTensor = (_RUNTIME or _runtime())[0]
     if type(loss) is not DTensor or type(loss._ag) is not Node or not (
             gradient is None and loss._shape == _SCALAR or type(gradient) is DTensor and gradient._shape == loss._shape
@@ -122,7 +125,7 @@ def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kep
     else:
         _walk_reducing(order, grads, owners, explain, readers, kept, reduce_with)
     # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
-    _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers)
+    _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers, watch)
 
 
 def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
@@ -255,11 +258,11 @@ def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners
 
 
 def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: float, explain: Optional[list],
-                    readers: dict) -> None:
+                    readers: dict, watch: Any = None) -> None:
     """The walk's end: each leaf's gradient (in `grads`; its tensor's layout in `owners`, else the gradient's own
     layout object, as `_walk` keeps them) added into ``.grad``, in `leaves`' order (first contribution: the same
     on every rank); left pending for the leaves in `kept` (their ids), else its replicas' parts summed (in
-    buckets when `cap` is not 0), as its `_LeafPlan` says."""
+    buckets when `cap` is not 0), as its `_LeafPlan` says; `watch`: `backward`'s."""
     gs = list(map(grads.pop, leaves))
     own = tuple(map(owners.get, leaves, map(_LAYOUT, gs)))
     plan = _leaf_plan(leaves, gs, own, kept, cap)
@@ -269,8 +272,8 @@ def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: flo
         _into_grads(list(map(leaves.__getitem__, kept)), list(map(gs.__getitem__, kept)),
                     list(map(own.__getitem__, kept)), counting)
     if plan.positions:  # the others' whole
-        wholes = _whole_grads(plan, leaves, gs) if explain is None else \
-            [g for _, g, _ in _wholes(plan, leaves, gs, own, explain, readers)]
+        wholes = _whole_grads(plan, leaves, gs, watch) if explain is None else \
+            [g for _, g, _ in _wholes(plan, leaves, gs, own, explain, readers, watch)]
         _into_grads(list(map(leaves.__getitem__, plan.positions)), wholes, plan.wholes, counting)
 
 
@@ -511,11 +514,12 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
     return tuple(None if t is None or t._ag is None else grads.get(t._ag) for t in wrt)
 
 
-def reduce_grads(tensors: Any, bucket: Any = True) -> None:
+def reduce_grads(tensors: Any, bucket: Any = True, watch: Any = None) -> None:
     """Sum the pending gradients `backward(keep_pending=...)` left in these leaves' ``.grad`` (collective).
 
     Every rank passes the same tensors in the same order; those whose gradient is whole (or None) are
     left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
+    `watch` as `backward`'s.
     """
     cap = _bucket_cap(bucket)
     items = tensors if type(tensors) is list or type(tensors) is tuple else list(tensors)
@@ -532,7 +536,7 @@ def reduce_grads(tensors: Any, bucket: Any = True) -> None:
                 own.append(t._layout)
     gs = list(map(_GRAD, leaves))
     plan = _leaf_plan(leaves, gs, own, None, cap)
-    wholes = _whole_grads(plan, leaves, gs, True)  # (no leaf kept: every one, in order)
+    wholes = _whole_grads(plan, leaves, gs, watch, True)  # (no leaf kept: every one, in order)
     list(map(setattr, leaves, _GRAD_NAME, wholes))
 
 
@@ -662,20 +666,27 @@ _SOLE, _MAPPED = _sole_counts()
 _SOLE_MAPPED = (True, _MAPPED[0], _MAPPED[1], True, True, True)
 
 
-def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, in_grad: bool = False) -> list:
+def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, watch: Any = None, in_grad: bool = False) -> list:
     """The whole gradient of each leaf `plan` does not keep pending (`plan.positions`' leaves, in order): its
     gradient moved to its whole layout, or its bucket's part (the bucket's one Allreduce made where its first
     leaf comes), or its gradient as it is where it is whole already; each bucket's parts put in place in C.
     A bucket's gradients are let go (their entries in `gs`, and with `in_grad`, `reduce_grads`', the leaves'
     ``.grad``, which hold them there: set again by the caller) once its flat block is made, a leaf's moved alone
     once moved: with buckets capped (`backward`'s `bucket` in bytes) the rank holds one bucket's gradients twice
-    at a time, not every gradient beside the last bucket's flat block. `_wholes` with an explanation."""
+    at a time, not every gradient beside the last bucket's flat block. `watch`: `backward`'s. `_wholes` with an
+    explanation."""
     out = list(map(gs.__getitem__, plan.positions))
     for b, k, whole in plan.actions:
-        if b < 0:  # a leaf alone: its sum, then its gradient let go
+        if b < 0:  # a leaf alone: its sum (in place where its block is the walk's alone), then its gradient let go
             i = plan.positions[k]
-            out[k] = _move(out[k], whole)
-            gs[i] = None
+            # (its references counted here, where nothing but its lists, and the leaf's .grad, hold it)
+            held, viewed, buffered = _alone_counts(out[k])
+            sole = held == _ALONE[0] + 2 + in_grad and viewed == _ALONE[1] and buffered in (0, _ALONE[2])
+            moved = _summed_alone(out[k], whole, sole)
+            if watch is not None:
+                watch([moved.local] + [g.local for g in chain(gs, out) if g is not None])
+            out[k] = moved
+            gs[i] = moved = None
             if in_grad:
                 leaves[i].grad = None
         else:
@@ -689,11 +700,12 @@ def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, in_grad: bool = False)
                 for slot in bucket.slots:
                     out[slot] = None
 
-            list(map(out.__setitem__, bucket.slots, _bucket_sum(bucket, leaves, gs, None, None, release)))
+            list(map(out.__setitem__, bucket.slots, _bucket_sum(bucket, leaves, gs, None, None, release, watch, out)))
     return out
 
 
-def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict) -> Any:
+def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict,
+            watch: Any = None) -> Any:
     """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order, as
     `_whole_grads` makes them, an explanation's entry for each bucket and each leaf (moved or not) added to
     `explain`."""
@@ -704,7 +716,8 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional
             done = summed[b]
             if done is None:
                 bucket = plan.buckets[b]
-                done = summed[b] = dict(zip(bucket.positions, _bucket_sum(bucket, leaves, gs, explain, readers)))
+                done = summed[b] = dict(zip(bucket.positions, _bucket_sum(bucket, leaves, gs, explain, readers,
+                                                                          watch=watch)))
             yield leaf, done[i], whole
         elif explain is None:
             yield leaf, _move(gs[i], whole), whole
@@ -716,11 +729,66 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional
             yield leaf, g, whole
 
 
+def _summed_alone(g: Any, whole: TensorLayout, sole: bool) -> Any:
+    """`g` moved to `whole`: where that is its pending sum alone (the same tensor map, replicated over the axes it
+    was pending on), one Allreduce of its block labelled as a gradient bucket's (a gradient sum, as
+    spmdsim.estimate.ledger prices one), in place where `sole` (`_whole_grads` found nothing but its two lists,
+    and with reduce_grads the leaf's ``.grad``, holding `g`, and nothing but `g` its block or the block's one
+    buffer: `_alone_counts`; a captured step records it so): as a bucket's flat block is summed in place, so summing a
+    leaf above the bucket cap needs no second block of its size. A dry run's (whose Allreduce moves nothing)
+    always in place. Otherwise `_move`'s redistribution."""
+    layout = g._layout
+    if not layout.partial or whole.partial or layout.tensor_map != whole.tensor_map or (
+            layout.layout is not whole.layout and layout.layout != whole.layout):
+        return _move(g, whole)
+    DTensor, executor = _RUNTIME or _runtime()
+    mesh = g._mesh
+    capture = buffers.CAPTURE.on
+    block = g._local if not capture else g.local
+    sole = sole or mesh.engine.dry
+    summed = executor.resolve(mesh, block.reshape(-1), executor.pending(mesh.layout, 1, layout.partial),
+                              "gradient bucket of 1 leaf", owned=sole)
+    return DTensor._trusted(mesh, type(summed).reshape(summed, block.shape), whole, g._shape)
+
+
+def _alone_counts(g: Any) -> tuple:
+    """(the references to `g`, to its block, to the block's buffer; 0 for a block that owns its memory) as
+    `_whole_grads` tests them: a block that is not a C-contiguous ndarray, or whose buffer is a view or not an
+    ndarray, gives -1 for each (never `_ALONE`'s)."""
+    x = g._local
+    if type(x) is not _ndarray or not x.flags.carray:
+        return -1, -1, -1
+    base = x.base
+    if base is None:
+        return _refs(g), _refs(x), 0
+    if type(base) is not _ndarray or base.base is not None:
+        return -1, -1, -1
+    return _refs(g), _refs(x), _refs(base)
+
+
+def _alone_probe() -> tuple:
+    """`_alone_counts`' answer for a gradient held by nothing but this frame's two lists (as `_whole_grads`' are)
+    and a block that owns its buffer's one view, less the two lists: measured on this interpreter, not assumed."""
+    probe = _Probe()
+    raw = np.empty(16, np.uint8)
+    probe._local = np.ndarray((2,), np.float64, raw, 0)
+    raw = None
+    out, gs = [probe], [probe]
+    probe = None
+    g, x, base = _alone_counts(out[0])
+    return g - 2, x, base
+
+
+_ALONE = _alone_probe()  # (references to a gradient beyond its holders, to its block, to the block's buffer)
+
+
 def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[list], readers: dict,
-                release: Any = None) -> list:
+                release: Any = None, watch: Any = None, out: Optional[list] = None) -> list:
     """The whole gradient of each leaf of `bucket`, in its order, from one Allreduce of their blocks; `release`
     (`_whole_grads`': its references to the bucket's gradients let go) called once their flat block is made,
-    before the Allreduce, this frame's own references dropped too (without an explanation, which names them)."""
+    before the Allreduce, this frame's own references dropped too (without an explanation, which names them);
+    `watch` (`backward`'s) shown first every gradient block held then: the flat, those in `gs` and in `out`
+    (`_whole_grads`' list)."""
     DTensor, executor = _RUNTIME or _runtime()
     grads = list(map(gs.__getitem__, bucket.positions))
     first = grads[0]
@@ -731,6 +799,8 @@ def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[l
         flat = mesh.engine.local(np.concatenate, like, [b.reshape(-1) for b in blocks])
     else:
         flat = np.concatenate(blocks, axis=None)  # each flattened in C order, no view made per block
+    if watch is not None:
+        watch([flat] + [g.local for g in chain(gs, out or ()) if g is not None])
     if explain is None:
         first = grads = blocks = None
         if release is not None:

@@ -15,7 +15,8 @@ sends it; without it, where tp divides the sequence, each rank sends its
 tp-th of the replicated block and the receiving stage all-gathers it over tp,
 Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled
 by 1/m; the gradients stay pending sums over the microbatches (autograd's ``keep_pending``) and are summed once
-after the flush (one bucketed Allreduce, as Megatron reduces once per step);
+after the flush (an Allreduce a bucket of spmdsim.gpt.train.ZERO0_BUCKET elements, as Megatron reduces once
+per step);
 the tied embedding's two copies (first and last stage) then add their
 gradients by one exchange (Megatron's embedding group); then AdamW.
 
@@ -56,7 +57,8 @@ from .data import batch, text_problem
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _look, _look_walk, _norm, _report, _steady, anchored_start, anchored_updates, step_errors
+from .train import (StepResult, _look, _look_blocks, _look_walk, _norm, _report, _steady, anchored_start,
+                    anchored_updates, dp_bucket, step_errors)
 from .wholes import Regions, assemble, stage_regions
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
@@ -331,7 +333,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                                                          described, wire_dtype, found,
                                                          optimizer if zero else None)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
-            reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
+            # dp (and sp's LayerNorm) sums: once per step, in buckets (a look as each is summed: ZeRO-0's)
+            reduce_grads(tensors, dp_bucket(tensors), None if watch is None else watch.sums)
         if ends:
             _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm, described)
         if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
@@ -741,6 +744,10 @@ class _Most:
     def walk(self, grads: dict) -> None:
         """A ZeRO-2 backward's look before it reduces a bucket (spmdsim.gpt.train._look_walk)."""
         _look_walk(self.moments, self.optimizer, self.params, grads)
+
+    def sums(self, blocks: list) -> None:
+        """A ZeRO-0 step's look as it sums a bucket or a leaf alone (spmdsim.gpt.train._look_blocks)."""
+        _look_blocks(self.moments, self.params, blocks)
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
         self._flush()

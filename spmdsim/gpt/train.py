@@ -40,12 +40,13 @@ to its own rounding whatever the gradients' bf16 flips.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..autograd.kept import kept_problem
-from ..buffers import owned_bytes
+from ..buffers import owned_bytes, owner
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
@@ -471,6 +472,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
         # ZeRO-1's as each parameter's gradient goes into its main gradient
         optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
+    bucket = dp_bucket(params)
+    # ZeRO-0's look in the backward: as each bucket's flat block is made, beside the gradients not yet let go
+    watch_sums = (lambda blocks: _look_blocks(moments, params, blocks)) if memory and not zero else None
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
@@ -479,8 +483,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket fills;
             # ZeRO-1's in the step, each gradient put into its main gradient in the walk as soon as it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
-        else:
-            loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
+        else:  # gradients summed over the same axes share one Allreduce a bucket
+            backward(loss, bucket=bucket, watch=watch_sums)
             if cfg.clip:  # the joint norm: one Allreduce of one number
                 norms.append(clip_grad_norm_(params, cfg.clip))
         look("after the backward")
@@ -634,6 +638,17 @@ def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
 #: ZeRO-2's bucket in elements (Megatron's distributed optimizer's default bucket_size, 40M): the buckets share
 #: one flat buffer of the largest's bytes, so the buffer a rank holds beside its gradient slices stays this size.
 ZERO2_BUCKET = 40_000_000
+
+#: ZeRO-0's bucket in elements, the same default (counted in the parameters' global elements, as `backward`'s cap
+#: counts bytes): one Allreduce a bucket, each bucket's gradients let go once they are in its flat block, so at
+#: the backward's end the rank holds its gradients and one bucket's flat block, not every gradient twice.
+ZERO0_BUCKET = 40_000_000
+
+
+def dp_bucket(params: list) -> int:
+    """ZeRO-0's gradient bucket in bytes (`backward`'s and `reduce_grads`' cap): ZERO0_BUCKET elements at the
+    widest parameter's bytes."""
+    return ZERO0_BUCKET * max((p.local.dtype.itemsize for p in params), default=8)
 
 
 def zero_options(zero: int, params: list) -> dict:
@@ -803,6 +818,21 @@ def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict) -> None
     found = [g for g in map(grads.get, [p._ag for p in params]) if g is not None]
     held = owned_bytes([g.local for g in found] + [p.grad.local for p in params if p.grad is not None]
                        + list(optimizer.gradient_buffers()))
+    if held > moments.get("walk", 0):
+        moments["walk"] = held
+
+
+def _look_blocks(moments: dict, params: list, blocks: list) -> None:
+    """A ZeRO-0 backward's look as it sums a bucket or a leaf alone (`backward`'s and `reduce_grads`' watch;
+    `blocks`: every gradient block the walk holds then, the bucket's flat among them), under "walk" as
+    `_look_walk`'s: those and the ``.grad`` blocks, each block's own bytes, the views of one buffer at most its
+    bytes (an eager block may view a larger buffer where a captured step's traced block is its own: the two
+    report the same)."""
+    owners: dict = {}
+    for a in chain(blocks, (p.grad.local for p in params if p.grad is not None)):
+        whole = owner(a)
+        owners.setdefault(id(whole), (whole.nbytes, {}))[1][id(a)] = a.nbytes
+    held = sum(min(size, sum(views.values())) for size, views in owners.values())
     if held > moments.get("walk", 0):
         moments["walk"] = held
 
