@@ -110,8 +110,10 @@ def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
             return _ndarray(dims, dtype, mapped)
-    # A dry run's: zeros that cost no memory until written (`lazy_zeros`), sized and placed as a real run's.
-    raw = lazy_zeros(nbytes + PAGE, _uint8) if context.dry_run else _np_empty(nbytes + PAGE, _uint8)
+    # A dry run's: zeros that cost no memory until written (`lazy_zeros`: a mapping of their own from MIN_BYTES,
+    # as spmdsim.sim.dry's zeros, not numpy's calloc, which writes every page its heap served before), sized and
+    # placed as a real run's.
+    raw = lazy_zeros(nbytes + PAGE, _uint8, MIN_BYTES) if context.dry_run else _np_empty(nbytes + PAGE, _uint8)
     # One ndarray over the raw bytes at the offset: a third of slicing, viewing and reshaping.
     return _ndarray(dims, dtype, raw, (PAGE_OFFSET - _address(_as_char(raw))) % PAGE)
 

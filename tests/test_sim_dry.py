@@ -342,8 +342,9 @@ def test_a_dry_run_holds_its_mid_sized_blocks_without_their_memory():
     their own); below 1 MiB they were numpy's zeros, whose pages calloc writes where glibc serves them from
     memory its heap used before (as under spmdsim's launchers and --ranks runs, spmdsim._malloc): a 1,000-layer
     GPT of width 256, whose blocks of 128-512 KiB the backward keeps, took `spmdsim estimate` 2.4 GB of this
-    machine's memory (12 GB at 5,000 layers); 175 MB now. The meter counts them as before; the small results
-    a dry run fills with values (spmdsim.sim.dry.DRY_COPY_BYTES) stay numpy's."""
+    machine's memory (12 GB at 5,000 layers); 175 MB now. spmdsim.buffers.empty's blocks too (a collective's
+    result, a gradient bucket's). The meter counts them as before; the small results a dry run fills with values
+    (spmdsim.sim.dry.DRY_COPY_BYTES) stay numpy's."""
     from spmdsim import Layout, Mesh, buffers
     from spmdsim.context import current
     from spmdsim.sim.dry import DRY_COPY_BYTES
@@ -358,10 +359,13 @@ def test_a_dry_run_holds_its_mid_sized_blocks_without_their_memory():
             out.append((kept[-1].nbytes, buffers.is_lazy(kept[-1])))
         small = np.broadcast_to(np.zeros((), np.float64), (8, 1023))
         out.append((small.nbytes, buffers.is_lazy(mesh.engine.local(np.copy, small, small))))
+        # spmdsim.buffers.empty's blocks (a collective's result, a bucket's), placed as a real run's, alike
+        out += [(a.nbytes, buffers.is_lazy(a)) for a in (buffers.empty((8, 1024)), buffers.empty((128, 256)))]
         return out, current().meter.held
 
     blocks, held = spmdsim.simulate(2, body, dry_run=True)[0]
-    assert blocks == [(64 << 10, True), (256 << 10, True), (1 << 20, True), (8 * 1023 * 8, False)]
+    assert blocks == [(64 << 10, True), (256 << 10, True), (1 << 20, True), (8 * 1023 * 8, False),
+                      (64 << 10, True), (256 << 10, True)]
     assert held >= (64 << 10) + (256 << 10) + (1 << 20) and DRY_COPY_BYTES == 64 << 10
 
 
