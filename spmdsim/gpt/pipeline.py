@@ -273,6 +273,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
+    bucket = None if zero else dp_bucket(tensors)  # ZeRO-0's, each step's reduce_grads'
     if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced in
         # the step: the tied table's, which gets the other end's after the backward (`ends`), or one that two of
         # this stage's chunks read (both ends on one stage)
@@ -334,7 +335,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                                                          optimizer if zero else None)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             # dp (and sp's LayerNorm) sums: once per step, in buckets (a look as each is summed: ZeRO-0's)
-            reduce_grads(tensors, dp_bucket(tensors), None if watch is None else watch.sums)
+            reduce_grads(tensors, bucket, None if watch is None else watch.sums)
         if ends:
             _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm, described)
         if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once

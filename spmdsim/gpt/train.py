@@ -472,7 +472,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
         # ZeRO-1's as each parameter's gradient goes into its main gradient
         optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
-    bucket = dp_bucket(params)
+    bucket = None if zero else dp_bucket(params)
     # ZeRO-0's look in the backward: as each bucket's flat block is made, beside the gradients not yet let go
     watch_sums = (lambda blocks: _look_blocks(moments, params, blocks)) if memory and not zero else None
 
@@ -648,7 +648,12 @@ ZERO0_BUCKET = 40_000_000
 def dp_bucket(params: list) -> int:
     """ZeRO-0's gradient bucket in bytes (`backward`'s and `reduce_grads`' cap): ZERO0_BUCKET elements at the
     widest parameter's bytes."""
-    return ZERO0_BUCKET * max((p.local.dtype.itemsize for p in params), default=8)
+    return ZERO0_BUCKET * _widest(params)
+
+
+def _widest(params: list) -> int:
+    """The bytes of an element of the widest of `params` (8 for none): a bucket's elements priced at them."""
+    return max((p.local.dtype.itemsize for p in params), default=8)
 
 
 def zero_options(zero: int, params: list) -> dict:
@@ -656,8 +661,7 @@ def zero_options(zero: int, params: list) -> dict:
     buckets of at most ZERO2_BUCKET elements (at the widest parameter's bytes); ZeRO-1 keeps one bucket."""
     if zero < 2:
         return {}
-    width = max((p.local.dtype.itemsize for p in params), default=8)
-    return {"shard_grads": True, "bucket": ZERO2_BUCKET * width}
+    return {"shard_grads": True, "bucket": ZERO2_BUCKET * _widest(params)}
 
 
 def _zero_axes(mesh: Any) -> tuple:
