@@ -123,7 +123,8 @@ def test_a_zero2_dry_run_measures_what_the_real_runs_backward_holds(monkeypatch)
     import spmdsim.estimate.ledger as ledger_module
     import spmdsim.gpt.train as trainer
 
-    monkeypatch.setattr(trainer, "ZERO2_BUCKET", 2000)
+    monkeypatch.setattr(trainer, "ZERO_BUCKET", 2000)
+    monkeypatch.setattr(trainer, "ZERO_BUCKET_PER_DP", 1)  # 2,000 elements at any dp
     monkeypatch.setattr(ledger_module, "_LEDGERS", {})  # this bucket size's own dry run
     ids = np.arange(2 * CFG.seq + 2, dtype=np.int64) % 128
 
@@ -371,19 +372,19 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
 
 def test_the_command_says_whether_a_rank_fits_the_machines_memory():
     """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (38.42 GiB a rank at bf16
-    mixed precision, 38.81 GiB at its peak: the dense layers' gradient bucket's flat block beside the gradients,
-    0.14 GiB, and the attention dropout's backward, its gradient in and out, 2 blocks of (1, 16, 2048, 2048)
-    scores, for a moment; the tied table's two gradients are the table's gradient, which the memory line holds);
-    with 16 experts a GPU (ep 8) it does not (139.70 GiB, 140.09 GiB at its peak, the same bucket and dropout's
-    backward: the 16 experts' fc1 weights, 512 MiB, are parameters the memory line holds, not their product's
-    moment)."""
+    mixed precision, 39.14 GiB at its peak: the dense layers' gradient bucket's flat block beside the gradients,
+    0.47 GiB (Megatron's 128M elements at dp 128), and the attention dropout's backward, its gradient in and
+    out, 2 blocks of (1, 16, 2048, 2048) scores, for a moment; the tied table's two gradients are the table's
+    gradient, which the memory line holds); with 16 experts a GPU (ep 8) it does not (139.70 GiB, 140.42 GiB at
+    its peak, the same bucket and dropout's backward: the 16 experts' fc1 weights, 512 MiB, are parameters the
+    memory line holds, not their product's moment)."""
     model = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50304",
              "--experts", "128", "--top-k", "1", "--micro-batch", "1", "--global-batch", "128"]
     fits = _cli(*model, "--ep", "128").stdout.splitlines()[-1]
     assert fits == ("memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak (the most, stage 0: "
-                    "38.81 GiB)")
+                    "39.14 GiB)")
     over = _cli(*model, "--ep", "8", "--dp", "16").stdout.split("\nto fit: ")[0].splitlines()[-1]
-    assert over == "memory: stage 0 needs 140.09 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
+    assert over == "memory: stage 0 needs 140.42 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
 
 
 def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pages():

@@ -157,7 +157,8 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
         return spmdsim.simulate(4, body)
 
     one, whole = run(1), run(2)
-    monkeypatch.setattr(trainer, "ZERO2_BUCKET", 2000)
+    monkeypatch.setattr(trainer, "ZERO_BUCKET", 2000)
+    monkeypatch.setattr(trainer, "ZERO_BUCKET_PER_DP", 1)  # 2,000 elements at any dp
     ready.clear()
     small = run(2)
     assert len(ready) == 4 * 2 * 12 and sorted(set(ready)) == list(range(12))  # every bucket, in the backward
@@ -170,7 +171,7 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
 
 
 def test_zero0_holds_one_buckets_gradients_twice_real_dry_and_pipelined(monkeypatch):
-    """ZeRO-0 (AdamW): the backward's end sums the gradients in buckets of ZERO0_BUCKET elements, each bucket's
+    """ZeRO-0 (AdamW): the backward's end sums the gradients in buckets of ZERO_BUCKET elements, each bucket's
     let go once in its flat block and a leaf above the cap summed alone in its own block. The memory report looks
     as each flat block is made: with one bucket (this small model, without sp: every gradient pending over dp
     alone) the rank holds nearly every gradient twice then (those summed in it; a few are whole already), with
@@ -191,7 +192,8 @@ def test_zero0_holds_one_buckets_gradients_twice_real_dry_and_pipelined(monkeypa
         return spmdsim.simulate(4, body, dry_run=dry)
 
     one, one_dry, one_pipe = run(), run(dry=True), run(pipelined=True)
-    monkeypatch.setattr(trainer, "ZERO0_BUCKET", 2000)
+    monkeypatch.setattr(trainer, "ZERO_BUCKET", 2000)
+    monkeypatch.setattr(trainer, "ZERO_BUCKET_PER_DP", 1)  # 2,000 elements at any dp
     small, small_dry, small_pipe = run(), run(dry=True), run(pipelined=True)
     m1, p1 = one[0]
     grads = m1.grads  # the summed gradients after the step, each leaf's view of its bucket's block

@@ -46,8 +46,10 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     leaf's resolution. `bucket`: the leaves whose replicas' gradients are
     summed over the same axes share one Allreduce (data-parallel gradient
     bucketing, as DDP and Megatron do): fewer calls, the same bytes. True
-    puts them all in one bucket; a byte count caps each bucket (by the
-    parameters' global bytes, DDP's ``bucket_cap_mb``; a larger one goes alone).
+    puts them all in one bucket; a byte count caps each bucket (by the bytes
+    of the parameters' shards a rank holds, as DDP's ``bucket_cap_mb`` and
+    Megatron's ``bucket_size`` count a process's parameters; the largest
+    shard where shards differ, so every rank groups alike; a larger one goes alone).
     `gradient`: the upstream gradient, a DTensor of `loss`'s global shape in
     any layout (moved to the loss's); None for a scalar loss (ones).
     `keep_pending`: leaf tensors whose gradient stays a pending sum over the
@@ -601,8 +603,9 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
     """`_leaf_plan`'s plan, worked out (`own`: the tensors' layouts; `kept`: whether each is kept, or None).
 
     A bucket groups gradients of one mesh and dtype pending over the same axes with the leaf's own tensor
-    map, in leaf order, while their global bytes stay within `cap`; two or more share one call, in the order
-    of their first leaf. Every rank groups alike: the layouts and shapes decide."""
+    map, in leaf order, while the bytes of their shards stay within `cap` (a rank's; the largest shard where
+    shards differ); two or more share one call, in the order of their first leaf. Every rank groups alike: the
+    layouts and shapes decide."""
     plan = _LeafPlan()
     plan.kept = [i for i in range(len(gs)) if kept is not None and kept[i]]
     open_buckets: dict = {}
@@ -619,7 +622,7 @@ def _new_leaf_plan(gs: list, own: tuple, kept: Optional[tuple], cap: float) -> _
             continue
         dtype = g._local.dtype  # the block's dtype (a captured step's traced view has the same)
         key = (id(g._mesh), layout.partial, dtype.str)
-        size = math.prod(g._shape) * dtype.itemsize
+        size = math.prod(layout.max_local_shape(g._shape)) * dtype.itemsize
         current = open_buckets.get(key)
         if current is None or current[0] + size > cap:
             current = open_buckets[key] = [0, []]

@@ -236,7 +236,7 @@ def backward_gradients(stage: StageLedger, precision: str, zero: int) -> int:
     whole. Under ZeRO-1, whose gradients accumulate in the gradient buffer (each parameter's view of it, Megatron's
     main_grad), the tied table's gradient the walk holds beside it until the embedding's backward adds to it
     (one stage; a pipeline's end stages read it once each) and a node's gradients given at once. Under ZeRO-0 the
-    flat block of the bucket being summed beside the gradients not yet summed (spmdsim.gpt.train.ZERO0_BUCKET)."""
+    flat block of the bucket being summed beside the gradients not yet summed (spmdsim.gpt.train.buckets)."""
     m = stage.memory
     return max(0, m.grads_peak - m.grads) // _RUN * PRECISIONS[precision].grads
 

@@ -15,7 +15,7 @@ sends it; without it, where tp divides the sequence, each rank sends its
 tp-th of the replicated block and the receiving stage all-gathers it over tp,
 Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled
 by 1/m; the gradients stay pending sums over the microbatches (autograd's ``keep_pending``) and are summed once
-after the flush (an Allreduce a bucket of spmdsim.gpt.train.ZERO0_BUCKET elements, as Megatron reduces once
+after the flush (an Allreduce a bucket of spmdsim.gpt.train.buckets(mesh) elements, as Megatron reduces once
 per step);
 the tied embedding's two copies (first and last stage) then add their
 gradients by one exchange (Megatron's embedding group); then AdamW.
@@ -269,11 +269,11 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         optimizer = DistributedAdamW(tensors, stage_mesh, _zero_axes(stage_mesh), lr=cfg.lr, betas=cfg.betas,
                                      eps=cfg.eps, weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
                                      clip_across=(mesh, ("pp",)), clip_counted=counted,
-                                     **zero_options(zero, tensors))
+                                     **zero_options(zero, tensors, stage_mesh))
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
-    bucket = None if zero else dp_bucket(tensors)  # ZeRO-0's, each step's reduce_grads'
+    bucket = None if zero else dp_bucket(tensors, stage_mesh)  # ZeRO-0's, each step's reduce_grads'
     if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced in
         # the step: the tied table's, which gets the other end's after the backward (`ends`), or one that two of
         # this stage's chunks read (both ends on one stage)

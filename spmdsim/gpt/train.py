@@ -456,7 +456,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if zero:
         optimizer = DistributedAdamW(params, mesh, _zero_axes(mesh), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
-                                     **zero_options(zero, params))
+                                     **zero_options(zero, params, mesh))
     else:
         optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
@@ -472,7 +472,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
         # ZeRO-1's as each parameter's gradient goes into its main gradient
         optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
-    bucket = None if zero else dp_bucket(params)
+    bucket = None if zero else dp_bucket(params, mesh)
     # ZeRO-0's look in the backward: as each bucket's flat block is made, beside the gradients not yet let go
     watch_sums = (lambda blocks: _look_blocks(moments, params, blocks)) if memory and not zero else None
 
@@ -635,20 +635,28 @@ def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
     return {"m": m, "v": v}
 
 
-#: ZeRO-2's bucket in elements (Megatron's distributed optimizer's default bucket_size, 40M): the buckets share
-#: one flat buffer of the largest's bytes, so the buffer a rank holds beside its gradient slices stays this size.
-ZERO2_BUCKET = 40_000_000
-
-#: ZeRO-0's bucket in elements, the same default (counted in the parameters' global elements, as `backward`'s cap
-#: counts bytes): one Allreduce a bucket, each bucket's gradients let go once they are in its flat block, so at
-#: the backward's end the rank holds its gradients and one bucket's flat block, not every gradient twice.
-ZERO0_BUCKET = 40_000_000
+#: The gradient buckets' size in elements of a rank's parameter shards, ZeRO-0's and ZeRO-2's alike: Megatron's
+#: default bucket_size, max(40M, 1M x the data-parallel size), larger at large dp "so that the chunks of NCCL's ring
+#: stay bandwidth-bound" (megatron/core/distributed/distributed_data_parallel.py; its buckets count a process's
+#: parameter elements, its shards under tensor parallelism). `buckets(mesh)` gives it for a mesh.
+ZERO_BUCKET = 40_000_000
+ZERO_BUCKET_PER_DP = 1_000_000
 
 
-def dp_bucket(params: list) -> int:
-    """ZeRO-0's gradient bucket in bytes (`backward`'s and `reduce_grads`' cap): ZERO0_BUCKET elements at the
-    widest parameter's bytes."""
-    return ZERO0_BUCKET * _widest(params)
+def buckets(mesh: Any) -> int:
+    """The gradient buckets' size in elements on `mesh` (ZERO_BUCKET, or ZERO_BUCKET_PER_DP a data-parallel rank:
+    the ranks over which the dense layers' gradients are summed, dp and, on an MoE mesh, ep, as Megatron's data-
+    parallel size counts them)."""
+    return max(ZERO_BUCKET, ZERO_BUCKET_PER_DP * mesh.layout.group_size(_zero_axes(mesh)))
+
+
+def dp_bucket(params: list, mesh: Any) -> int:
+    """ZeRO-0's gradient bucket in bytes (`backward`'s and `reduce_grads`' cap, which counts a rank's shards):
+    `buckets(mesh)` elements at the widest parameter's bytes. ZeRO-0 sums each bucket in a flat block of its
+    own (one Allreduce), each bucket's gradients let go once in its block, so at the backward's end the rank
+    holds its gradients and one bucket's flat block, not every gradient twice (Megatron's grad buffer, which
+    the gradients are written into as the walk gives them, holds no second copy)."""
+    return buckets(mesh) * _widest(params)
 
 
 def _widest(params: list) -> int:
@@ -656,12 +664,14 @@ def _widest(params: list) -> int:
     return max((p.local.dtype.itemsize for p in params), default=8)
 
 
-def zero_options(zero: int, params: list) -> dict:
-    """DistributedAdamW's options for ZeRO stage `zero` (1 or 2) over `params`: ZeRO-2 shards the gradients, in
-    buckets of at most ZERO2_BUCKET elements (at the widest parameter's bytes); ZeRO-1 keeps one bucket."""
+def zero_options(zero: int, params: list, mesh: Any) -> dict:
+    """DistributedAdamW's options for ZeRO stage `zero` (1 or 2) over `params` on `mesh`: ZeRO-2 shards the
+    gradients, in buckets of at most `buckets(mesh)` elements (at the widest parameter's bytes; the buckets share
+    one flat buffer of the largest's bytes, so the buffer a rank holds beside its gradient slices stays this
+    size); ZeRO-1 keeps one bucket."""
     if zero < 2:
         return {}
-    return {"shard_grads": True, "bucket": ZERO2_BUCKET * _widest(params)}
+    return {"shard_grads": True, "bucket": buckets(mesh) * _widest(params)}
 
 
 def _zero_axes(mesh: Any) -> tuple:
