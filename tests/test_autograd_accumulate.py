@@ -228,6 +228,41 @@ def test_capped_buckets_let_each_gradient_go_once_it_is_in_its_flat_block(monkey
         np.testing.assert_allclose(got, want, rtol=1e-13)
 
 
+def test_a_bucket_cap_counts_the_bytes_of_a_ranks_shards(monkeypatch):
+    """`bucket=` bytes caps a bucket by the parameter shards a rank holds, as DDP's bucket_cap_mb and Megatron's
+    bucket_size count a process's parameters: a and b, 8 float64 elements each split over tp 2, are 32 bytes a rank,
+    so a cap of 64 bytes sums both in one Allreduce over dp (counted whole, 64 bytes each, they went in two), and
+    63 bytes sums each alone. The sums equal the uncapped run's."""
+    from spmdsim.runtime import executor
+
+    labels: dict = {}  # rank -> the labels of its collectives in the backward
+    resolve = executor.resolve
+    monkeypatch.setattr(executor, "resolve",
+                        lambda *a, **k: labels[spmdsim.world().Get_rank()].append(a[3]) or resolve(*a, **k))
+    rng = np.random.default_rng(0)
+    x_, p_, q_ = rng.standard_normal((2, 4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 2))
+
+    def body():
+        layout = Layout((2, 2), ("dp", "tp"))
+        mesh = Mesh(layout)
+        out = []
+        for cap in (True, 64, 63):
+            a = DTensor.from_global(mesh, p_, layout("tp", None)).requires_grad_()
+            b = DTensor.from_global(mesh, q_, layout("tp", None)).requires_grad_()
+            x = DTensor.from_global(mesh, x_, layout("dp", "tp", None))
+            loss = ops.sum(x * (a * b))
+            labels[mesh.rank] = []
+            spmdsim.autograd.backward(loss, bucket=cap)
+            out.append((labels[mesh.rank], a.grad.local.copy(), b.grad.local.copy()))
+        return out
+
+    for whole, at_64, at_63 in spmdsim.simulate(4, body):
+        assert [whole[0], at_64[0], at_63[0]] == [["gradient bucket of 2 leaves"], ["gradient bucket of 2 leaves"],
+                                                  ["gradient bucket of 1 leaf"] * 2]
+        for run in (at_64, at_63):
+            assert all(np.array_equal(g, h) for g, h in zip(run[1:], whole[1:]))
+
+
 def test_a_gradient_two_leaves_share_is_summed_once_for_each():
     """a + b hands both leaves the same gradient block: summed alone (each above the bucket cap of 8 bytes), at the
     walk's end and by reduce_grads, neither is summed in that shared block (which would sum the other's twice):

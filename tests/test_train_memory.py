@@ -170,6 +170,21 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
         assert m1.grads_peak < 1.2 * grads  # ZeRO-1's gradient buffer (and in the walk the tied table's)
 
 
+def test_gradient_buckets_are_megatrons_default_size():
+    """Megatron's default bucket_size, max(40M, 1M x the data-parallel size), in elements of a rank's shards; on an
+    MoE mesh the data-parallel size counts dp and ep (the dense layers' gradients are summed over both)."""
+    from types import SimpleNamespace
+
+    from spmdsim.gpt.train import buckets
+
+    def on(shape, names):
+        return buckets(SimpleNamespace(layout=Layout(shape, names)))
+
+    assert on((8, 8), ("dp", "tp")) == on((40, 1), ("dp", "tp")) == 40_000_000
+    assert on((128, 8), ("dp", "tp")) == 128_000_000
+    assert on((16, 8, 1), ("dp", "ep", "tp")) == 128_000_000
+
+
 def test_zero0_holds_one_buckets_gradients_twice_real_dry_and_pipelined(monkeypatch):
     """ZeRO-0 (AdamW): the backward's end sums the gradients in buckets of ZERO_BUCKET elements, each bucket's
     let go once in its flat block and a leaf above the cap summed alone in its own block. The memory report looks
