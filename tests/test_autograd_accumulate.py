@@ -263,6 +263,30 @@ def test_a_bucket_cap_counts_the_bytes_of_a_ranks_shards(monkeypatch):
             assert all(np.array_equal(g, h) for g, h in zip(run[1:], whole[1:]))
 
 
+def test_a_leaf_summed_alone_is_a_gradient_sum_with_an_explanation_too():
+    """With `explain=` a leaf summed alone (no bucket) is one Allreduce labelled as a gradient sum, as without it
+    (the estimate prices such a sum in the gradients phase), where it was a redistribution's move; the gradients
+    are the same bits with and without."""
+    from spmdsim.runtime.trace import collect_trace
+
+    def body(mesh, x_of, leaves):
+        out = []
+        for explain in (None, []):
+            for t in leaves:
+                t.grad = None
+            a, b, v = leaves
+            loss = ops.sum((x_of(1.0) @ (a * b + ops.reshape(v, (3, 2)))) ** 2)
+            with collect_trace() as trace:
+                spmdsim.autograd.backward(loss, explain=explain)
+            out.append(([e.label for e in trace.entries if e.op == "allreduce"],
+                        [t.grad.local.copy() for t in leaves]))
+        return out
+
+    for (labels, grads), (explained, same) in _run(body):
+        assert labels == explained == ["gradient bucket of 1 leaf"] * 3, (labels, explained)
+        assert all(np.array_equal(g, h) for g, h in zip(grads, same))
+
+
 def test_a_gradient_two_leaves_share_is_summed_once_for_each():
     """a + b hands both leaves the same gradient block: summed alone (each above the bucket cap of 8 bytes), at the
     walk's end and by reduce_grads, neither is summed in that shared block (which would sum the other's twice):

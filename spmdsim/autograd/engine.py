@@ -707,11 +707,11 @@ def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, watch: Any = None, in_
     return out
 
 
-def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional[list], readers: dict,
+def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: list, readers: dict,
             watch: Any = None) -> Any:
     """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order, as
-    `_whole_grads` makes them, an explanation's entry for each bucket and each leaf (moved or not) added to
-    `explain`."""
+    `_whole_grads` makes them (a leaf alone summed out of place here: the explanation's lists hold its block), an
+    explanation's entry for each bucket and each leaf (moved or not) added to `explain`."""
     summed: list = [None] * len(plan.buckets)
     for i, whole, b in plan.steps:
         leaf = leaves[i]
@@ -722,11 +722,9 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: Optional
                 done = summed[b] = dict(zip(bucket.positions, _bucket_sum(bucket, leaves, gs, explain, readers,
                                                                           watch=watch)))
             yield leaf, done[i], whole
-        elif explain is None:
-            yield leaf, _move(gs[i], whole), whole
         else:
             with _collector(explain) as trace:
-                g = _move(gs[i], whole)
+                g = _summed_alone(gs[i], whole, False)
             explain.append((f"leaf {tuple(gs[i]._shape)} {own[i]}: its replicas' "
                             f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
             yield leaf, g, whole
