@@ -636,9 +636,10 @@ def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
 
 
 #: The gradient buckets' size in elements of a rank's parameter shards, ZeRO-0's and ZeRO-2's alike: Megatron's
-#: default bucket_size, max(40M, 1M x the data-parallel size), larger at large dp "so that the chunks of NCCL's ring
-#: stay bandwidth-bound" (megatron/core/distributed/distributed_data_parallel.py; its buckets count a process's
-#: parameter elements, its shards under tensor parallelism). `buckets(mesh)` gives it for a mesh.
+#: default bucket_size, max(40M, 1M x the data-parallel size): at a large dp a ring's per-rank chunk of a bucket
+#: stays large enough for the bandwidth, not the latency, to set its time (megatron/core/distributed/
+#: distributed_data_parallel.py; its buckets count a process's parameter elements, its shards under tensor
+#: parallelism). `buckets(mesh)` gives it for a mesh.
 ZERO_BUCKET = 40_000_000
 ZERO_BUCKET_PER_DP = 1_000_000
 
