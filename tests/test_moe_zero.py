@@ -125,3 +125,28 @@ def test_zero2_with_moe_layers_is_zero1_bit_for_bit_with_the_gradients_sharded()
         assert all(p1[n].tobytes() == p2[n].tobytes() for n in p1)
         assert r2[-1].experts.grads * 2 == r1[-1].experts.grads
         assert r2[-1].memory.grads < r1[-1].memory.grads // 2
+
+
+def test_zero0_cuts_its_buffer_again_where_a_router_gradient_is_whole_over_tp(monkeypatch):
+    """ZeRO-0's gradient buffer (spmdsim.autograd.grad_buffer) guesses each gradient pending over the axes its
+    parameter is replicated on; an MoE layer's router weight is replicated over tp but its gradient is whole
+    there. The first step sums the buckets that touches in blocks of their own (reduce_grads, the same calls as
+    every step's), the buffer is cut again from the axes found, and from the second step on every bucket is
+    summed in place: a rank then holds its gradients once (the buffer, and beside it in the walk the tied
+    table's), where the first step held a bucket's copy too. Every step passes its check."""
+    import spmdsim.autograd.engine as engine
+
+    cfg = _cfg()
+    copies: list = []  # (rank 0) a call of reduce_grads: a bucket summed in a block of its own
+    reduce_grads = engine.reduce_grads
+    monkeypatch.setattr(engine, "reduce_grads", lambda *a, **k: (copies.append(len(copies)) if
+                                                                spmdsim.world().Get_rank() == 0 else None)
+                        or reduce_grads(*a, **k))
+    firsts = _run(cfg, 2, 2, 2, 0, steps=1, sp=True)
+    first_copies = len(copies)
+    copies.clear()
+    laters = _run(cfg, 2, 2, 2, 0, steps=3, sp=True)
+    assert first_copies > 0 and len(copies) == first_copies  # in the first step alone
+    first, later = firsts[0][0][-1].memory, laters[0][0][-1].memory
+    assert first.grads == later.grads and later.grads <= later.grads_peak < first.grads_peak
+    assert all(r.passed for results, _ in firsts + laters for r in results)

@@ -14,9 +14,9 @@ so with sequence parallelism a boundary moves s*b*h/tp per rank, as Megatron
 sends it; without it, where tp divides the sequence, each rank sends its
 tp-th of the replicated block and the receiving stage all-gathers it over tp,
 Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled
-by 1/m; the gradients stay pending sums over the microbatches (autograd's ``keep_pending``) and are summed once
-after the flush (an Allreduce a bucket of spmdsim.gpt.train.buckets(mesh) elements, as Megatron reduces once
-per step);
+by 1/m; the gradients stay pending sums over the microbatches (autograd's ``keep_pending``), added into the
+gradient buffer (spmdsim.autograd.grad_buffer) as each walk gives them, and are summed once after the flush (an
+Allreduce in place a bucket of spmdsim.gpt.train.buckets(mesh) elements, as Megatron reduces once per step);
 the tied embedding's two copies (first and last stage) then add their
 gradients by one exchange (Megatron's embedding group); then AdamW.
 
@@ -190,7 +190,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     collective.
     """
     from .. import ops
-    from ..autograd import reduce_grads
+    from ..autograd.grad_buffer import GradBuffer
     from ..distrib_optim import DistributedAdamW
     from ..optim import AdamW, clip_grad_norm_
     from ..pipeline.schedule import build
@@ -273,7 +273,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
-    bucket = None if zero else dp_bucket(tensors, stage_mesh)  # ZeRO-0's, each step's reduce_grads'
+    # ZeRO-0's gradient buffer (Megatron DDP's): every microbatch's gradients added into it as the walk gives
+    # them, each bucket summed there in place once a step
+    sums = None if zero else GradBuffer(tensors, dp_bucket(tensors, stage_mesh))
     if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced in
         # the step: the tied table's, which gets the other end's after the backward (`ends`), or one that two of
         # this stage's chunks read (both ends on one stage)
@@ -326,16 +328,17 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             return DTensor._trusted(stage_mesh, buffers.placed_copy(rows[ids_cut]), ids_layout, ids_shape)
 
         optimizer.zero_grad()
-        watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
+        watch = ran["watch"] = _Most(optimizer, tensors, sums) if memory else None
         if watch is not None and zero:  # a look in the backward (ZeRO-2: before each bucket's Reduce_scatter)
             optimizer.watch = watch.walk
+        elif watch is not None:  # ZeRO-0: as the walk puts gradients into the buffer, and before each sum
+            sums.watch, sums.watch_blocks = watch.walk, watch.sums
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
                                                          shape, act, wire, pp_comm, tensors, clock, watch,
                                                          described, wire_dtype, found,
-                                                         optimizer if zero else None)
+                                                         optimizer if zero else sums)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
-            # dp (and sp's LayerNorm) sums: once per step, in buckets (a look as each is summed: ZeRO-0's)
-            reduce_grads(tensors, bucket, None if watch is None else watch.sums)
+            sums.reduce()  # dp (and sp's LayerNorm) sums: once per step, each bucket in place in its block
         if ends:
             _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm, described)
         if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
@@ -688,8 +691,8 @@ class _Most:
     microbatch of a chunk keeps blocks of the same shapes), summed over the microbatch-chunks held at
     each moment; the moment the schedule held the most, and after the backward and the step."""
 
-    def __init__(self, optimizer: Any, params: list) -> None:
-        self.optimizer, self.params = optimizer, params
+    def __init__(self, optimizer: Any, params: list, sums: Any = None) -> None:
+        self.optimizer, self.params, self.grad_sums = optimizer, params, sums  # (ZeRO-0's GradBuffer, or None)
         self.kept_of: dict = {}  # chunk -> {kind: bytes}
         self.sum_of: dict = {}  # chunk -> its kept bytes in all
         self.most = -1  # the most bytes kept at once so far
@@ -734,7 +737,7 @@ class _Most:
                 for kind, n in self.kept_of[c].items():
                     kinds[kind] = kinds.get(kind, 0) + n * times
         self.rise = None
-        _look(self.moments, "the most activations held", self.optimizer, self.params, kinds)
+        _look(self.moments, "the most activations held", self.optimizer, self.params, kinds, self.grad_sums)
 
     def backward(self, chunk: int) -> None:
         """A backward of `chunk` is about to run: one of its microbatches' kept bytes are no longer live."""
@@ -743,16 +746,18 @@ class _Most:
         self.total -= self.sum_of[chunk]
 
     def walk(self, grads: dict) -> None:
-        """A ZeRO-2 backward's look before it reduces a bucket (spmdsim.gpt.train._look_walk)."""
-        _look_walk(self.moments, self.optimizer, self.params, grads)
+        """A backward's look at a stop of its walk: ZeRO-2's before it reduces a bucket, ZeRO-1's and ZeRO-0's as
+        gradients go into the buffer, ZeRO-0's before each bucket's Allreduce (spmdsim.gpt.train._look_walk)."""
+        _look_walk(self.moments, self.optimizer, self.params, grads, self.grad_sums)
 
     def sums(self, blocks: list) -> None:
-        """A ZeRO-0 step's look as it sums a bucket or a leaf alone (spmdsim.gpt.train._look_blocks)."""
-        _look_blocks(self.moments, self.params, blocks)
+        """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone, where the gradients are not all
+        in their buffer's views (spmdsim.gpt.train._look_blocks; the buffer held beside them)."""
+        _look_blocks(self.moments, self.params, blocks + list(self.grad_sums.gradient_buffers()))
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
         self._flush()
-        _look(self.moments, moment, self.optimizer, self.params, kept)
+        _look(self.moments, moment, self.optimizer, self.params, kept, self.grad_sums)
 
     def report(self, step: int, replayed: bool = False) -> Any:
         """The step's MemoryReport; `replayed`: a replay of the step these looks were made in (which runs none

@@ -411,6 +411,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from .. import ops
     from ..autograd import kept_bytes
     from ..autograd.engine import backward
+    from ..autograd.grad_buffer import GradBuffer
     from ..optim import AdamW, DistributedAdamW, clip_grad_norm_
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
     from ..runtime.mesh import Mesh
@@ -467,14 +468,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
     def look(moment: str, kept: Optional[dict] = None) -> None:
         if memory:
-            _look(moments, moment, optimizer, params, kept)
+            _look(moments, moment, optimizer, params, kept, sums)
 
     if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
         # ZeRO-1's as each parameter's gradient goes into its main gradient
         optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
-    bucket = None if zero else dp_bucket(params, mesh)
-    # ZeRO-0's look in the backward: as each bucket's flat block is made, beside the gradients not yet let go
-    watch_sums = (lambda blocks: _look_blocks(moments, params, blocks)) if memory and not zero else None
+    # ZeRO-0's gradient buffer (Megatron DDP's): each bucket's gradients in one flat block the walk writes them
+    # into, summed there in place; its look in the backward at each stop of the walk and before each Allreduce
+    sums = None if zero else GradBuffer(params, dp_bucket(params, mesh))
+    if memory and not zero:
+        sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums)
+        sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks + list(sums.gradient_buffers()))
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
@@ -483,8 +487,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket fills;
             # ZeRO-1's in the step, each gradient put into its main gradient in the walk as soon as it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
-        else:  # gradients summed over the same axes share one Allreduce a bucket
-            backward(loss, bucket=bucket, watch=watch_sums)
+        else:  # each gradient into its bucket's block as the walk gives it; each bucket one Allreduce after it
+            backward(loss, keep_pending=params, reduce_with=sums)
+            sums.reduce()
             if cfg.clip:  # the joint norm: one Allreduce of one number
                 norms.append(clip_grad_norm_(params, cfg.clip))
         look("after the backward")
@@ -812,34 +817,41 @@ def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any
                        cfg.moe.dry_routing if dry_run_active() else "router")
 
 
-def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Optional[dict] = None) -> None:
+def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Optional[dict] = None,
+          sums: Any = None) -> None:
     """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
-    and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks."""
+    and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks. `sums`:
+    ZeRO-0's GradBuffer, or None."""
     held = optimizer.memory()
-    # The gradients: the leaves' blocks and ZeRO-1's gradient buffer they accumulate in (their .grad views it
-    # from the first backward to the step; None after it), each buffer once.
+    # The gradients: the leaves' blocks and the gradient buffer they accumulate in (ZeRO-1's, ZeRO-0's: their
+    # .grad views it from the first backward on; the buffer is held between steps too), each buffer once.
     grads = owned_bytes([p.grad.local for p in params if p.grad is not None]
-                        + list(getattr(optimizer, "gradient_buffers", tuple)()))
+                        + list(getattr(optimizer, "gradient_buffers", tuple)())
+                        + list(sums.gradient_buffers() if sums is not None else ()))
     moments[moment] = (held, grads, owned_bytes(p.local for p in params) + grads
                        + sum(held.values()) + sum((kept or {}).values()))
     if kept is not None:
         moments["kept"] = kept
 
 
-def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict) -> None:
-    """A ZeRO-2 backward's look before it reduces a bucket (DistributedAdamW.watch; `grads`: the walk's gradients
-    then): the most bytes of gradients held so far in the step's backwards, under "walk" in `moments`: the
-    parameters' gradients in the walk and in ``.grad`` and the optimizer's summed slices, each buffer once."""
+def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict, sums: Any = None) -> None:
+    """A backward's look at a stop of its walk (DistributedAdamW.watch: ZeRO-2's before it reduces a bucket,
+    ZeRO-1's as gradients go into its buffer; ZeRO-0's GradBuffer.watch, `sums`, the same and before each bucket's
+    sum; `grads`: the walk's gradients then): the most bytes of gradients held so far in the step's backwards,
+    under "walk" in `moments`: the parameters' gradients in the walk and in ``.grad``, the optimizer's summed
+    slices and the gradient buffers, each buffer once."""
     found = [g for g in map(grads.get, [p._ag for p in params]) if g is not None]
     held = owned_bytes([g.local for g in found] + [p.grad.local for p in params if p.grad is not None]
-                       + list(optimizer.gradient_buffers()))
+                       + list(getattr(optimizer, "gradient_buffers", tuple)())
+                       + list(sums.gradient_buffers() if sums is not None else ()))
     if held > moments.get("walk", 0):
         moments["walk"] = held
 
 
 def _look_blocks(moments: dict, params: list, blocks: list) -> None:
-    """A ZeRO-0 backward's look as it sums a bucket or a leaf alone (`backward`'s and `reduce_grads`' watch;
-    `blocks`: every gradient block the walk holds then, the bucket's flat among them), under "walk" as
+    """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone in a block of its own (`GradBuffer`'s
+    `watch_blocks`, where a gradient was not pending as guessed; `blocks`: every gradient block held then, the
+    bucket's flat and the buffer's blocks among them), under "walk" as
     `_look_walk`'s: those and the ``.grad`` blocks, each block's own bytes, the views of one buffer at most its
     bytes (an eager block may view a larger buffer where a captured step's traced block is its own: the two
     report the same)."""
