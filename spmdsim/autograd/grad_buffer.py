@@ -95,6 +95,7 @@ class GradBuffer:
                 self._at[i] = (b.flat, at, at + size)
                 at += size
             self.buckets.append(b)
+        self._groups = [(i, (self.params[i]._ag,)) for i in sorted(self._at)]
 
     def _axes(self) -> list:
         """Each parameter's bucket's axes (() for none)."""
@@ -111,12 +112,12 @@ class GradBuffer:
     # -- `backward(reduce_with=...)`'s interface (spmdsim.autograd.engine._walk_reducing), as ZeRO-1's --
 
     def _walk_groups(self) -> list:
-        """Each parameter alone: the walk stops after the last node that reads it and puts its gradient into
-        its view. The buckets cut again first where `reduce` found other axes than guessed, once every gradient
+        """Each parameter of a bucket alone: the walk stops after the last node that reads it and puts its
+        gradient into its view (the others' wait for the walk's end, as without a buffer). The buckets cut again first where `reduce` found other axes than guessed, once every gradient
         is let go (a step's first backward)."""
         if self._rebuild is not None and all(p._ag.grad is None for p in self.params):
             self._build(self._rebuild)
-        return [(i, (p._ag,)) for i, p in enumerate(self.params)]
+        return self._groups
 
     def _reached(self, leaves: Any) -> None:
         return None

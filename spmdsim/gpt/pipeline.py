@@ -336,7 +336,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
                                                          shape, act, wire, pp_comm, tensors, clock, watch,
                                                          described, wire_dtype, found,
-                                                         optimizer if zero else sums)
+                                                         optimizer if zero else sums if sums.buckets else None)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             sums.reduce()  # dp (and sp's LayerNorm) sums: once per step, each bucket in place in its block
         if ends:

@@ -488,7 +488,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             # ZeRO-1's in the step, each gradient put into its main gradient in the walk as soon as it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
         else:  # each gradient into its bucket's block as the walk gives it; each bucket one Allreduce after it
-            backward(loss, keep_pending=params, reduce_with=sums)
+            backward(loss, keep_pending=params, reduce_with=sums if sums.buckets else None)
             sums.reduce()
             if cfg.clip:  # the joint norm: one Allreduce of one number
                 norms.append(clip_grad_norm_(params, cfg.clip))
