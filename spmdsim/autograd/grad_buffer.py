@@ -113,8 +113,9 @@ class GradBuffer:
 
     def _walk_groups(self) -> list:
         """Each parameter of a bucket alone: the walk stops after the last node that reads it and puts its
-        gradient into its view (the others' wait for the walk's end, as without a buffer). The buckets cut again first where `reduce` found other axes than guessed, once every gradient
-        is let go (a step's first backward)."""
+        gradient into its view (the others' wait for the walk's end, as without a buffer). The buckets are cut
+        again first where `reduce` found other axes than guessed, once every gradient is let go (a step's first
+        backward)."""
         if self._rebuild is not None and all(p._ag.grad is None for p in self.params):
             self._build(self._rebuild)
         return self._groups
