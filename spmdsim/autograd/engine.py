@@ -35,7 +35,7 @@ __all__ = ["backward", "backward_kept", "kept_leaves", "reduce_grads", "gradient
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
              keep_pending: Any = (), retain_graph: Any = None, create_graph: Any = False,
-             reduce_with: Any = None, watch: Any = None) -> None:
+             reduce_with: Any = None) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -64,8 +64,6 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     before the step to add to the parameters it reaches: `_walk_reducing`); ZeRO-1's: each parameter's gradient
     goes into its main gradient (``Leaf.main``, a view of the optimizer's gradient buffer) as soon as the walk
     has given it, not at the walk's end, so the walk never holds every gradient beside that buffer.
-    `watch`: called at the walk's end as each bucket's flat block is made (before its Allreduce), and as a leaf
-    summed alone is summed, with every gradient block the rank holds then (a memory look: spmdsim.gpt.train's).
     """
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
@@ -79,7 +77,7 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
     try:
-        _backward(loss, explain, cap, gradient, kept, reduce_with, watch)
+        _backward(loss, explain, cap, gradient, kept, reduce_with)
     finally:
         context.phase = was
 
@@ -98,9 +96,8 @@ def backward_kept(loss: Any, gradient: Any, kept: set, reduce_with: Any = None) 
 
 
 def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kept: Any,
-              reduce_with: Any = None, watch: Any = None) -> None:
-    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or (); `reduce_with`, `watch`:
-    `backward`'s)."""
+              reduce_with: Any = None) -> None:
+    """`backward`'s walk (`cap`: `_bucket_cap`'s; `kept`: `kept_leaves`', or (); `reduce_with`: `backward`'s)."""
     DTensor = (_RUNTIME or _runtime())[0]
     if type(loss) is not DTensor or type(loss._ag) is not Node or not (
             gradient is None and loss._shape == _SCALAR or type(gradient) is DTensor and gradient._shape == loss._shape
@@ -127,7 +124,7 @@ def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kep
     else:
         _walk_reducing(order, grads, owners, explain, readers, kept, reduce_with)
     # What the walk leaves in `grads` are the leaves', in first-contribution order (the same on every rank).
-    _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers, watch)
+    _resolve_leaves(list(grads), grads, owners, kept, cap, explain, readers)
 
 
 def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
@@ -260,11 +257,11 @@ def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners
 
 
 def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: float, explain: Optional[list],
-                    readers: dict, watch: Any = None) -> None:
+                    readers: dict) -> None:
     """The walk's end: each leaf's gradient (in `grads`; its tensor's layout in `owners`, else the gradient's own
     layout object, as `_walk` keeps them) added into ``.grad``, in `leaves`' order (first contribution: the same
     on every rank); left pending for the leaves in `kept` (their ids), else its replicas' parts summed (in
-    buckets when `cap` is not 0), as its `_LeafPlan` says; `watch`: `backward`'s."""
+    buckets when `cap` is not 0), as its `_LeafPlan` says."""
     gs = list(map(grads.pop, leaves))
     own = tuple(map(owners.get, leaves, map(_LAYOUT, gs)))
     plan = _leaf_plan(leaves, gs, own, kept, cap)
@@ -274,8 +271,8 @@ def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: flo
         _into_grads(list(map(leaves.__getitem__, kept)), list(map(gs.__getitem__, kept)),
                     list(map(own.__getitem__, kept)), counting)
     if plan.positions:  # the others' whole
-        wholes = _whole_grads(plan, leaves, gs, watch) if explain is None else \
-            [g for _, g, _ in _wholes(plan, leaves, gs, own, explain, readers, watch)]
+        wholes = _whole_grads(plan, leaves, gs) if explain is None else \
+            [g for _, g, _ in _wholes(plan, leaves, gs, own, explain, readers)]
         _into_grads(list(map(leaves.__getitem__, plan.positions)), wholes, plan.wholes, counting)
 
 
@@ -521,7 +518,8 @@ def reduce_grads(tensors: Any, bucket: Any = True, watch: Any = None) -> None:
 
     Every rank passes the same tensors in the same order; those whose gradient is whole (or None) are
     left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
-    `watch` as `backward`'s.
+    `watch`: called as each bucket's flat block is made (before its Allreduce), and as a leaf summed alone is
+    summed, with every gradient block the rank holds then (a memory look: spmdsim.gpt.train's), or None.
     """
     cap = _bucket_cap(bucket)
     items = tensors if type(tensors) is list or type(tensors) is tuple else list(tensors)
@@ -676,8 +674,8 @@ def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, watch: Any = None, in_
     A bucket's gradients are let go (their entries in `gs`, and with `in_grad`, `reduce_grads`', the leaves'
     ``.grad``, which hold them there: set again by the caller) once its flat block is made, a leaf's moved alone
     once moved: with buckets capped (`backward`'s `bucket` in bytes) the rank holds one bucket's gradients twice
-    at a time, not every gradient beside the last bucket's flat block. `watch`: `backward`'s. `_wholes` with an
-    explanation."""
+    at a time, not every gradient beside the last bucket's flat block. `watch`: `reduce_grads`'. `_wholes` with
+    an explanation."""
     out = list(map(gs.__getitem__, plan.positions))
     for b, k, whole in plan.actions:
         if b < 0:  # a leaf alone: its sum (in place where its block is the walk's alone), then its gradient let go
@@ -707,8 +705,7 @@ def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, watch: Any = None, in_
     return out
 
 
-def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: list, readers: dict,
-            watch: Any = None) -> Any:
+def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: list, readers: dict) -> Any:
     """(leaf, its whole gradient, its layout) for each leaf `plan` does not keep pending, in order, as
     `_whole_grads` makes them (a leaf alone summed out of place here: the explanation's lists hold its block), an
     explanation's entry for each bucket and each leaf (moved or not) added to `explain`."""
@@ -719,8 +716,7 @@ def _wholes(plan: _LeafPlan, leaves: list, gs: list, own: Any, explain: list, re
             done = summed[b]
             if done is None:
                 bucket = plan.buckets[b]
-                done = summed[b] = dict(zip(bucket.positions, _bucket_sum(bucket, leaves, gs, explain, readers,
-                                                                          watch=watch)))
+                done = summed[b] = dict(zip(bucket.positions, _bucket_sum(bucket, leaves, gs, explain, readers)))
             yield leaf, done[i], whole
         else:
             with _collector(explain) as trace:
@@ -788,7 +784,7 @@ def _bucket_sum(bucket: _BucketPlan, leaves: list, gs: list, explain: Optional[l
     """The whole gradient of each leaf of `bucket`, in its order, from one Allreduce of their blocks; `release`
     (`_whole_grads`': its references to the bucket's gradients let go) called once their flat block is made,
     before the Allreduce, this frame's own references dropped too (without an explanation, which names them);
-    `watch` (`backward`'s) shown first every gradient block held then: the flat, those in `gs` and in `out`
+    `watch` (`reduce_grads`') shown first every gradient block held then: the flat, those in `gs` and in `out`
     (`_whole_grads`' list)."""
     DTensor, executor = _RUNTIME or _runtime()
     grads = list(map(gs.__getitem__, bucket.positions))
