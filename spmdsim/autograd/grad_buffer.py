@@ -132,46 +132,33 @@ class GradBuffer:
 
     def reduce(self) -> None:
         """The gradients summed over the axes each is pending on (collective: every rank of a group calls it after
-        the same backwards), in the buckets `reduce_grads` would cut (by mesh, those axes and dtype, in parameter
-        order, within the cap; the same calls, labels and values), each ``.grad`` then its view, whole. A bucket
-        whose gradients are a run of views of one block (every one, where the guessed axes were the gradients'
-        own) is summed there in place; another (a gradient pending over other axes than its parameter is
-        replicated on, as an MoE router's, whole over tp: some node made it whole) by `reduce_grads` in a block
-        of its own, copied back into the views, and the buckets are cut again from the axes found, for the next
-        steps (at the first backward after the gradients are let go)."""
+        the same backwards), in the buckets `reduce_grads` cuts (its plan, `engine._leaf_plan`: the same calls,
+        labels and values), each ``.grad`` then its view, whole. A bucket whose gradients are a run of views of
+        one block (every one, where the guessed axes were the gradients' own) is summed there in place; another
+        (a gradient pending over other axes than its parameter is replicated on, as an MoE router's, whole over
+        tp: some node made it whole) by `reduce_grads` in a block of its own, copied back into the views, and the
+        buckets are cut again from the axes found, for the next steps (at the first backward after the
+        gradients are let go)."""
         from ..runtime import executor
         from ..runtime.dtensor import DTensor
-        from .engine import _copy_main, _main_kernel, reduce_grads
+        from .engine import _copy_main, _leaf_plan, _main_kernel, reduce_grads
 
         params = self.params
         grads = [p._ag.grad for p in params]
-        for p, g in zip(params, grads):
-            if g is not None and (g._layout.tensor_map != p._layout.tensor_map
-                                  or g._layout.layout != p._layout.layout):  # moved otherwise: reduce_grads's
-                reduce_grads(params, bucket=self.cap, watch=self.watch_blocks)
-                return
         guessed = self._axes()
         found = [guess if g is None else _sized(g._mesh, g._layout.partial) for g, guess in zip(grads, guessed)]
         if found != guessed:
             self._rebuild = found
-        opened: dict = {}
-        groups: list = []
-        for i, (p, g) in enumerate(zip(params, grads)):
-            if g is None or not g._layout.partial:
-                continue
-            dtype = g._local.dtype
-            size = math.prod(g._layout.max_local_shape(g._shape)) * dtype.itemsize
-            key = (id(g._mesh), g._layout.partial, dtype.str)
-            current = opened.get(key)
-            if current is None or current[0] + size > self.cap:
-                current = opened[key] = [0, []]
-                groups.append(current)
-            current[0] += size
-            current[1].append(i)
-        for _, members in groups:
+        pending = [i for i, g in enumerate(grads) if g is not None and g._layout.partial]  # (as reduce_grads')
+        plan = _leaf_plan([params[i]._ag for i in pending], [grads[i] for i in pending],
+                          [params[i]._layout for i in pending], None, self.cap)
+        for b, k, whole in plan.actions:
+            members = [pending[j] for j in plan.buckets[b].positions] if b >= 0 else [pending[plan.positions[k]]]
             first = grads[members[0]]
             mesh, partial = first._mesh, first._layout.partial
-            run = self._run(members, grads)
+            # (a leaf alone is summed in place only where that is its move: its own tensor map, whole)
+            moved = b < 0 and (first._layout.tensor_map != whole.tensor_map or first._layout.layout != whole.layout)
+            run = None if moved else self._run(members, grads)
             if run is not None:  # a run of one block's views: summed there
                 if self.watch is not None:
                     self.watch({})
@@ -184,15 +171,16 @@ class GradBuffer:
                     g = grads[i]
                     params[i]._ag.grad = DTensor._trusted(mesh, self._view[i], with_partial(g._layout, ()), g._shape)
                 continue
-            group = [params[i] for i in members]  # summed in a block of their own (one call), then into the views
-            reduce_grads(group, bucket=True, watch=self.watch_blocks)
-            for i, t in zip(members, group):
-                g, view = t._ag.grad, self._view[i]
+            # in a block of their own (one call), then into the views
+            reduce_grads([params[i] for i in members], bucket=True, watch=self.watch_blocks)
+            for i in members:
+                leaf, view = params[i]._ag, self._view[i]
+                g = leaf.grad
                 if view is None or view.shape != g._local.shape or view.dtype != g._local.dtype:
                     continue
                 if not mesh.engine.dry:
                     _main_kernel(_copy_main)(view, g._local if not CAPTURE.on else g.local)
-                t._ag.grad = DTensor._trusted(mesh, view, g._layout, g._shape)
+                leaf.grad = DTensor._trusted(mesh, view, g._layout, g._shape)
 
     def _run(self, members: list, grads: list) -> Any:
         """The flat stretch of one block that the views of `members` (in order, each its gradient's block) make
