@@ -58,7 +58,8 @@ class MemoryReport:
     the backward: under ZeRO-1 wherever the walk has put gradients into the gradient buffer (the buffer and the
     walk's gradients not final yet), under ZeRO-2 where each bucket is reduced (its members' blocks, before
     they are freed, and every other gradient held then: the walk's, the ``.grad`` blocks, the summed slices),
-    under ZeRO-0 where each bucket's flat block is made for its Allreduce (beside every gradient not yet summed).
+    under ZeRO-0 as under ZeRO-1 (its gradient buffer, spmdsim.autograd.grad_buffer) and before each bucket's
+    Allreduce.
     The estimate's ledger prices `grads` (ZeRO-2's: the model states between steps) and adds
     ``grads_peak - grads`` to its peak at every ZeRO level (spmdsim.estimate.ledger.backward_gradients).
     """

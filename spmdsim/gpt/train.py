@@ -657,11 +657,8 @@ def buckets(mesh: Any) -> int:
 
 
 def dp_bucket(params: list, mesh: Any) -> int:
-    """ZeRO-0's gradient bucket in bytes (`backward`'s and `reduce_grads`' cap, which counts a rank's shards):
-    `buckets(mesh)` elements at the widest parameter's bytes. ZeRO-0 sums each bucket in a flat block of its
-    own (one Allreduce), each bucket's gradients let go once in its block, so at the backward's end the rank
-    holds its gradients and one bucket's flat block, not every gradient twice (Megatron's grad buffer, which
-    the gradients are written into as the walk gives them, holds no second copy)."""
+    """ZeRO-0's gradient bucket in bytes (its GradBuffer's cap, which counts a rank's shards, as `reduce_grads`'):
+    `buckets(mesh)` elements at the widest parameter's bytes."""
     return buckets(mesh) * _widest(params)
 
 
