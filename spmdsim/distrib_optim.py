@@ -537,8 +537,8 @@ class DistributedAdamW(_Optimizer):
     def _stopped(self, grads: dict) -> None:
         """A walk with ``reduce_with=self`` stopped where parameters' gradients are final and put them into
         ``.grad`` (`grads`: the walk's gradients then). ZeRO-1: the memory look (`watch`) here, each stop's
-        gradients in the gradient buffer: beside it the walk holds the gradients not final yet (the tied table's,
-        from the head until the embedding's backward adds to it). A gradient a node makes counts as the
+        gradients in the gradient buffer (a parameter read twice, the tied table, gets the head's there at a stop
+        of its own, then the embedding's). A gradient a node makes counts as the
         buffer's, as a framework accumulates it there as it is made (Megatron's gradient_accumulation_fusion;
         spmdsim.estimate.ledger.largest_transient counts it so, not as the moment's own). ZeRO-2's look is made
         before each bucket's Reduce_scatter (`_bucket_ready`)."""

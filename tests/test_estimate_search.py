@@ -3,6 +3,7 @@ configuration under the memory limit by each configuration's own dry-run estimat
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import re
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_the_ranking_is_the_configurations_own_estimates_sorted():
     r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, pricer=pricer, cells=False)
     priced = [c for c in r.candidates if c.step_s is not None]
     assert len(priced) == r.dry_runs == len(calls) and r.chosen is priced[0] and r.chosen.verdict == "chosen"
-    assert [c.step_s for c in priced] == sorted(c.step_s for c in priced)
+    assert [round(c.step_s, 15) for c in priced] == sorted(round(c.step_s, 15) for c in priced)
     # every bound is below what the dry run priced (they only prune)
     assert all(c.bound_s <= c.step_s and c.bound_bytes <= c.memory <= c.peak for c in priced)
     # each is what `spmdsim estimate` predicts for that configuration alone
@@ -195,6 +196,30 @@ def test_a_configuration_whose_dry_run_cannot_map_a_block_is_over_the_limit_not_
     assert lost.step_s is None and r.chosen is not None and r.dry_runs == sum(c.step_s is not None for c in r.candidates)
     with pytest.raises(UnmappableError, match=r"^the dry run cannot map a block of shape \(1099511627776, 64\)"):
         search(CFG, 2, A100, 4 << 46, max_dry_runs=1000, pricer=pricer, cells=False)
+
+
+def test_equal_times_are_ordered_by_the_fixed_order_not_by_their_last_bits():
+    """A ZeRO-1 configuration and its ZeRO-2 twin predict the same time, their sums added in other orders: a
+    time an ulp or two lower is no faster, and the fixed order among equals (lower ZeRO first) decides; a time
+    lower in its seventh digit is faster."""
+    def pricer(below):
+        def priced(cfg, c, *rest):
+            seconds, nbytes, peak = price(cfg, c, *rest)
+            if c.zero == 2:  # the twin, just below its ZeRO-1 configuration's time
+                seconds = below(price(cfg, replace(c, zero=1), *rest)[0])
+            return seconds, nbytes, peak
+        return priced
+
+    def twins(r):
+        """The order of each ZeRO-1 configuration and its ZeRO-2 twin among the priced ones."""
+        at = {c.config: i for i, c in enumerate(r.candidates) if c.step_s is not None}
+        return {at[c] < at[twin] for c in at if c.zero == 1 and (twin := replace(c, zero=2)) in at}
+
+    two_ulps = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False,
+                      pricer=pricer(lambda t: float(np.nextafter(np.nextafter(t, 0.0), 0.0))))
+    assert twins(two_ulps) == {True}  # ZeRO-1 first, as without the ulps
+    faster = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False, pricer=pricer(lambda t: t * (1 - 1e-7)))
+    assert twins(faster) == {False}
 
 
 def test_the_search_refuses_bad_arguments():

@@ -197,14 +197,21 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
     then, for a memory look; after them ``reducer._stopped(grads)``, ZeRO-1's look). Several buckets ready at one
     node go in the reducer's order. Every rank of a dp
     group walks the same graph, so each stops at the same nodes and reduces the same buckets in the same order.
-    The leaves of `reducer`'s buckets this walk reaches are its last gradients' (`reducer._reached`)."""
+    The leaves of `reducer`'s buckets this walk reaches are its last gradients' (`reducer._reached`). A kept leaf
+    with a main gradient (ZeRO-0's and ZeRO-1's buffers) that several nodes read (a tied table) also has the walk
+    stop after each of its readers but the last, its gradient so far added into that main gradient there, so the
+    walk never holds it beside the buffer (Megatron's main_grad, into which each use's weight gradient goes)."""
     groups = reducer._walk_groups()  # [(bucket index, its members' leaves not yet final)], in bucket order
     wanted = set(chain.from_iterable(leaves for _, leaves in groups))
     last: dict = {}  # leaf -> the position in `order` of the last node reading it
+    early: dict = {}  # position -> kept leaves with a main gradient that a later node of `order` reads again
     for i, node in enumerate(order):
         for t in node.inputs:
             a = getattr(t, "_ag", None)
             if a is not None and a in wanted:
+                j = last.get(a)
+                if j is not None and j != i and a.main is not None and id(a) in kept:
+                    early.setdefault(j, []).append(a)
                 last[a] = i
     stops: dict = {}  # position -> the buckets ready after its node, in bucket order
     for k, leaves in groups:
@@ -212,10 +219,18 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
             stops.setdefault(max(map(last.__getitem__, leaves)), []).append((k, leaves))
     start = 0
     stopped = reducer._stopped  # called at each stop once its gradients went into .grad (a memory look)
-    for at in sorted(stops):
+    for at in sorted(stops.keys() | early.keys()):
         _walk(order[start:at + 1], grads, owners, explain, readers)
         start = at + 1
-        for k, leaves in stops[at]:
+        # A parameter read twice (a tied table: the head, then the embedding) has its gradient so far put into
+        # its main gradient here, as Megatron's fused weight-gradient kernels add each use's into main_grad: the
+        # walk does not hold it beside the buffer until its last reader's backward. (Kept pending: `_resolve_leaves`'
+        # `_into_grads`, not counted by spmdsim.flops: the leaf's one accumulation a backward is its last reader's.)
+        here = [leaf for leaf in early.get(at, ()) if leaf in grads]
+        if here:
+            gs = list(map(grads.pop, here))
+            _into_grads(here, gs, list(map(owners.get, here, map(_LAYOUT, gs))), False)
+        for k, leaves in stops.get(at, ()):
             here = [leaf for leaf in leaves if leaf in grads]
             if here:
                 _resolve_leaves(here, grads, owners, kept, 0, explain, readers)

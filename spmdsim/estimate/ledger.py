@@ -234,11 +234,10 @@ def backward_gradients(stage: StageLedger, precision: str, zero: int) -> int:
     whose gradients after the step are the rank's 1/dp slices: the buckets not yet reduced, the gradients final
     only at the walk's end, the token embedding's, and with several microbatches the earlier ones' gradients
     whole. Under ZeRO-1, whose gradients accumulate in the gradient buffer (each parameter's view of it, Megatron's
-    main_grad), the tied table's gradient the walk holds beside it until the embedding's backward adds to it
-    (one stage; a pipeline's end stages read it once each) and a node's gradients given at once; under ZeRO-0,
-    whose gradients accumulate in its gradient buffer alike (spmdsim.autograd.grad_buffer), the same, and in a
-    first step whose gradients are pending over other axes than the buffer guessed, a copy of such a bucket as it
-    is summed."""
+    main_grad; a parameter read twice, the tied table, gets each reader's there as the walk gives it), a node's
+    gradients given at once beyond the buffer's; under ZeRO-0, whose gradients accumulate in its gradient buffer
+    alike (spmdsim.autograd.grad_buffer), the same, and in a first step whose gradients are pending over other
+    axes than the buffer guessed, a copy of such a bucket as it is summed."""
     m = stage.memory
     return max(0, m.grads_peak - m.grads) // _RUN * PRECISIONS[precision].grads
 

@@ -518,7 +518,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
                    "not priced, the choice is the best of those priced")
     elif left:
         stopped = "the rest's time bounds are no better than the chosen one's predicted time"
-    priced.sort(key=lambda c: (c.peak > memory_limit, c.step_s, _order(c)))
+    priced.sort(key=lambda c: (c.peak > memory_limit, _equal_time(c.step_s), _order(c)))
     chosen = None
     if priced and priced[0].peak <= memory_limit:
         chosen = replace(priced[0], verdict="chosen")
@@ -545,6 +545,13 @@ STATES = "model states over the limit"
 KEPT = "memory bound over the limit"
 ABOVE = ("FLOP bound above the best", "cell bound above the best")
 UNPRICED = "not priced"
+
+
+def _equal_time(seconds: float) -> float:
+    """`seconds` to 9 significant digits: two configurations whose predicted times differ in the last bits of
+    their sums alone (a ZeRO-1 configuration and its ZeRO-2 twin, the same transfers and kernels added in
+    another order) are equals, ordered by `_order`, not by rounding."""
+    return float(f"{seconds:.9g}")
 
 
 def _order(c: Candidate) -> tuple:
