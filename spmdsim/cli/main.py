@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -95,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:  # the output failed (a full disk, an I/O error): one line, exit 1
-        _drop_stdout()
+        from ..sim.launch import _quiet_stdout
+
+        _quiet_stdout()
         print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
         return 1
 
@@ -144,15 +145,7 @@ def run_script(main: Callable[[], Any]) -> Any:
         finally:
             sys.stdout.flush()  # (argparse's --help exits through here too)
     except BrokenPipeError:
-        _drop_stdout()
+        from ..sim.launch import _quiet_stdout
+
+        _quiet_stdout()
         return 141
-
-
-def _drop_stdout() -> None:
-    """Point stdout at /dev/null, so what is still buffered for a full disk fails no second time at exit."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # no file descriptor (captured output): nothing to drop
-        pass

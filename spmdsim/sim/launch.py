@@ -151,11 +151,14 @@ def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
 
 
 def _quiet_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's last flush does not fail on the closed pipe."""
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again on a closed pipe or a
+    full disk (also spmdsim.cli.main's)."""
     import os
 
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
         pass
 
