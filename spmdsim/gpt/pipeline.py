@@ -753,7 +753,7 @@ class _Most:
     def sums(self, blocks: list) -> None:
         """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone, where the gradients are not all
         in their buffer's views (spmdsim.gpt.train._look_blocks; the buffer held beside them)."""
-        _look_blocks(self.moments, self.params, blocks + list(self.grad_sums.gradient_buffers()))
+        _look_blocks(self.moments, self.params, blocks, self.grad_sums)
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
         self._flush()

@@ -478,7 +478,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     sums = None if zero else GradBuffer(params, dp_bucket(params, mesh))
     if memory and not zero:
         sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums)
-        sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks + list(sums.gradient_buffers()))
+        sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks, sums)
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
@@ -845,15 +845,15 @@ def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict, sums: A
         moments["walk"] = held
 
 
-def _look_blocks(moments: dict, params: list, blocks: list) -> None:
+def _look_blocks(moments: dict, params: list, blocks: list, sums: Any) -> None:
     """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone in a block of its own (`GradBuffer`'s
     `watch_blocks`, where a gradient was not pending as guessed; `blocks`: every gradient block held then, the
-    bucket's flat and the buffer's blocks among them), under "walk" as
-    `_look_walk`'s: those and the ``.grad`` blocks, each block's own bytes, the views of one buffer at most its
-    bytes (an eager block may view a larger buffer where a captured step's traced block is its own: the two
-    report the same)."""
+    bucket's flat among them; `sums`: that GradBuffer, whose blocks are held beside them), under "walk" as
+    `_look_walk`'s: those, the buffer's blocks and the ``.grad`` blocks, each block's own bytes, the views of one
+    buffer at most its bytes (an eager block may view a larger buffer where a captured step's traced block is its
+    own: the two report the same)."""
     owners: dict = {}
-    for a in chain(blocks, (p.grad.local for p in params if p.grad is not None)):
+    for a in chain(blocks, sums.gradient_buffers(), (p.grad.local for p in params if p.grad is not None)):
         whole = owner(a)
         owners.setdefault(id(whole), (whole.nbytes, {}))[1][id(a)] = a.nbytes
     held = sum(min(size, sum(views.values())) for size, views in owners.values())
