@@ -31,11 +31,14 @@ step. Rows:
   none of the Python that chose them (examples/train_gpt.py --replay checks
   such steps against one process);
 - 8 MPI ranks (mpiexec): the same step, the time its collectives take inside
-  spmdsim (the trace's seconds, the slowest rank), that time after each call's
-  last group member arrived (a call cannot end before that: the rest is
-  waiting for a late rank), and the CPU time of the 8 ranks together (on 2
-  cores, a rank waits in a collective while the others compute: the step
-  follows the CPU all ranks need);
+  spmdsim (the trace's seconds, the slowest rank), split in two: the time a
+  rank waited in them for a later member of the call's group to arrive, and
+  the time after each call's last group member arrived (a call cannot end
+  before that: its own cost), each summed over a rank's calls, the slowest
+  rank's; and the CPU time of the 8 ranks together (on 2 cores, a rank waits
+  in a collective while the others compute: the step follows the CPU all
+  ranks need, and a rank that computes less waits longer for ranks the
+  scheduler has not run yet);
 - 8 MPI ranks, replayed: as the simulated replay, with the same figures as
   the row above;
 - numpy + mpi4py by hand (scripts/peer_mpi4py_gpt.py, 8 ranks under mpiexec):
@@ -43,8 +46,9 @@ step. Rows:
   Reduce_scatter_block, Allreduce on Split sub-communicators), Megatron's
   sequence-parallel step with spmdsim's 41 collectives, from spmdsim.gpt's
   initial parameters, with its own numpy dropout masks; its collectives (the
-  time inside its MPI calls, the slowest rank), that time after each call's last
-  member arrived and the CPU time of its ranks are measured as spmdsim's. It
+  time inside its MPI calls, the slowest rank), the waits for later members in
+  them, their time after each call's last member arrived and the CPU time of its
+  ranks are measured as spmdsim's. It
   runs with spmdsim's wait (polite: the nonblocking call, Test() with
   sched_yield, then short sleeps; spmdsim waits so when ranks outnumber cores,
   and its 8-rank launches here are told to on any machine, SPMDSIM_WAIT=polite,
@@ -128,8 +132,8 @@ dp 2 x ep 2 x tp 2, sequence parallel: each round the hand-written peer
 mpi4py, Alltoall over ep, the same collectives a step as spmdsim's; polite
 wait), spmdsim's step replayed (step 0 captured, the timed steps replaying it),
 spmdsim's step eager, and the peer again (the A/A control), with the step, its
-collectives, their time after the last member arrived and the 8 ranks' CPU,
-as the dense rows. ``--simulated`` adds each round the peer on 8 simulated
+collectives, the waits for later members in them, their time after the last
+member arrived and the 8 ranks' CPU, as the dense rows. ``--simulated`` adds each round the peer on 8 simulated
 ranks (``spmdsim mpirun -n 8``, blocking calls), spmdsim's replayed step on 8
 simulated ranks and the peer there again. Step 0 runs with spmdsim's dropout
 masks on both sides: the peer's loss is printed beside spmdsim's (eager and
@@ -225,7 +229,7 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
     from spmdsim.runtime.replay import Scalar, capture
 
     cfg, ids = (_moe_config(args) if moe else _config(args)), encode(load_text())
-    walls, inside, arrived, cpus = [], [], [], []
+    walls, inside, waited, arrived, cpus = [], [], [], [], []
 
     mesh = Mesh(Layout(MOE_MESH, ("dp", "ep", "tp")), comm) if moe else Mesh(Layout(shape, ("dp", "tp")), comm)
     model, params, train_step = gpt_step(cfg, mesh)
@@ -250,8 +254,9 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
             loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
         spent = sum(e.seconds for e in trace.entries)
         if mpi:
-            mine = [(e.axes, e.started_at, e.ended_at) for e in trace.entries]
-            arrived.append(comm.allreduce(_after_arrival(mesh, mine), op=_max()))
+            before, after = _arrivals(mesh, [(e.axes, e.started_at, e.ended_at) for e in trace.entries])
+            waited.append(comm.allreduce(before, op=_max()))
+            arrived.append(comm.allreduce(after, op=_max()))
         cpus.append(comm.allreduce(cpu))
         walls.append(comm.allreduce(wall, op=_max()))
         inside.append(comm.allreduce(spent, op=_max()))
@@ -259,24 +264,26 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
     out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:]),
            "cpu": statistics.median(cpus[1:]), "loss0": loss0, "calls": len(trace.entries)}
     if mpi:
-        out["arrived"] = statistics.median(arrived[1:])
+        out["waited"], out["arrived"] = statistics.median(waited[1:]), statistics.median(arrived[1:])
     return out
 
 
-def _after_arrival(mesh, spans) -> float:
-    """Seconds this rank spent in collectives after their group's last member arrived.
+def _arrivals(mesh, spans) -> tuple[float, float]:
+    """Seconds this rank spent in collectives before their group's last member arrived, and after it.
 
     `spans`: (axes, start, end) per call, alike on every rank. A call cannot finish before its last
     member starts it, so ``end - the group's latest start`` is its time without the wait for late
-    members (load imbalance, the scheduler); perf_counter is one clock for the ranks of a machine.
-    scripts/peer_mpi4py_gpt.py measures its own calls so.
+    members (load imbalance, the scheduler), and the rest of the call is that wait; perf_counter is one
+    clock for the ranks of a machine. scripts/peer_mpi4py_gpt.py measures its own calls so.
     """
-    total = 0.0
+    before = after = 0.0
     for axes, start, end in spans:
         comm, g, _ = mesh.group_info(axes)
         if g > 1:
-            total += max(0.0, end - comm.allreduce(start, op=_max()))
-    return total
+            last = comm.allreduce(start, op=_max())
+            before += min(end, max(start, last)) - start
+            after += max(0.0, end - last)
+    return before, after
 
 
 def _pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -> dict:
@@ -837,7 +844,8 @@ LAUNCHES = ("ref", "ref2", "one", "handsim", "simreplay", "sim", "handsim2", "ha
             "busy")
 AGAIN = {"ref2": "ref", "handsim2": "handsim", "hand2": "hand"}
 #: The MPI launches' figures under their step row.
-FIGURES = (("collectives", "its collectives"), ("arrived", "after the last member arrived"),
+FIGURES = (("collectives", "its collectives"), ("waited", "waiting for a later member"),
+           ("arrived", "after the last member arrived"),
            ("cpu", "CPU time of its 8 ranks"))
 
 

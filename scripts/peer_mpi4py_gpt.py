@@ -62,14 +62,20 @@ def _own_masks(cfg: Any, step: int, rank: int) -> Callable[[str, tuple], np.ndar
     return lambda site, shape: rng.random(shape)
 
 
-def _after_arrival(comms: Comms) -> float:
-    """Seconds this rank spent in its calls after each call's last member had arrived (collective).
+def _arrivals(comms: Comms) -> tuple[float, float]:
+    """Seconds this rank spent in its calls before each call's last member had arrived, and after it
+    (collective).
 
     A call cannot end before its last member starts it; perf_counter is one clock on one machine.
     """
     from mpi4py import MPI
 
-    return sum(max(0.0, end - comm.allreduce(start, op=MPI.MAX)) for comm, start, end in comms.spans)
+    before = after = 0.0
+    for comm, start, end in comms.spans:
+        last = comm.allreduce(start, op=MPI.MAX)
+        before += min(end, max(start, last)) - start
+        after += max(0.0, end - last)
+    return before, after
 
 
 def _check(cfg: Any, world: Any, model: Replica, losses: list) -> dict:
@@ -118,7 +124,7 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, 
         x, y = (a[rows] for a in batch(ids, cfg, k))
         losses.append(model.step(x, y, Dropout(cfg.dropout, _spmdsim_masks(cfg, k, d, model.t))))
     result = _check(cfg, world, model, losses) if args.check else {}
-    walls, inside, arrived, cpus = [], [], [], []
+    walls, inside, waited, arrived, cpus = [], [], [], [], []
     for k in range(args.check, args.check + args.steps + 1):
         x, y = (a[rows] for a in batch(ids, cfg, k))  # made before the clock, as bench_gpt makes spmdsim's
         drop = Dropout(cfg.dropout, _own_masks(cfg, k, world.rank))
@@ -131,12 +137,15 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, 
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         walls.append(world.allreduce(wall, op=MPI.MAX))
         inside.append(world.allreduce(comms.seconds, op=MPI.MAX))
-        arrived.append(world.allreduce(_after_arrival(comms), op=MPI.MAX))
+        before, after = _arrivals(comms)
+        waited.append(world.allreduce(before, op=MPI.MAX))
+        arrived.append(world.allreduce(after, op=MPI.MAX))
         cpus.append(world.allreduce(cpu))
     if world.rank != 0:
         return {}
     medians = {key: statistics.median(values[1:]) for key, values in
-               (("step", walls), ("collectives", inside), ("arrived", arrived), ("cpu", cpus))}
+               (("step", walls), ("collectives", inside), ("waited", waited), ("arrived", arrived),
+                ("cpu", cpus))}
     return dict(result, **medians, calls=len(comms.spans), last_loss=loss, wait="polite" if polite else "busy")
 
 

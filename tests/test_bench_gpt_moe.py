@@ -56,12 +56,13 @@ def test_one_launch_prints_every_row_and_agrees_on_the_loss_and_the_collectives(
     ratios = {"  the same again": "x by hand (", "  spmdsim, replayed": "x by hand (", "  spmdsim   ": "x replayed ("}
     for start, versus in ratios.items():
         at = next(i for i, line in enumerate(lines) if line.startswith(start))
-        # the step and its three figures, each with its ratio: the median of one launch's is its min and max
-        for line in lines[at:at + 4]:
+        # the step and its four figures, each with its ratio: the median of one launch's is its min and max
+        for line in lines[at:at + 5]:
             ratio = line.split(versus)[0].split()[-1]
             assert line.endswith(f"{ratio}-{ratio})"), line
-        assert [line.split("  ")[2].strip() for line in lines[at + 1:at + 4]] == [
-            "its collectives", "after the last member arrived", "CPU time of its 8 ranks"], lines[at:at + 4]
+        assert [line.split("  ")[2].strip() for line in lines[at + 1:at + 5]] == [
+            "its collectives", "waiting for a later member", "after the last member arrived",
+            "CPU time of its 8 ranks"], lines[at:at + 5]
     [calls] = [line for line in lines if line.startswith("collectives a step, each rank: ")]
     # per step: 4 + 3 Reduce_scatter/Allgather pairs and the final LayerNorm's Allgather, the MoE layer's
     # Alltoall, Allreduce over tp, Alltoall and its counts' Allreduce, 3 in the cross-entropy, 1 for the router
@@ -88,7 +89,7 @@ def _args(**kw):
     return argparse.Namespace(**{**base, **kw})
 
 
-_ROW = dict(step=0.1, collectives=0.05, arrived=0.04, cpu=0.2, calls=32, loss0=4.5, losses=[4.5], reference=[4.5],
+_ROW = dict(step=0.1, collectives=0.05, waited=0.01, arrived=0.04, cpu=0.2, calls=32, loss0=4.5, losses=[4.5], reference=[4.5],
             grad_error=1e-16, param_error=1e-15)
 
 

@@ -390,11 +390,12 @@ def test_bench_gpt_times_every_row_in_one_run(monkeypatch, capsys, tmp_path):
     assert sum(line.startswith("  numpy + mpi4py by hand ") for line in lines) == 3, done.stdout
     assert sum(line.startswith("  the same again (A/A control)") for line in lines) == 2, done.stdout
     assert sum(line.startswith("  spmdsim, replayed ") for line in lines) == 2, done.stdout
-    assert sum(line.endswith("x by hand (" + line.rsplit("(", 1)[-1]) for line in lines) == 12, done.stdout
-    assert sum(line.endswith("x replayed (" + line.rsplit("(", 1)[-1]) for line in lines) == 6, done.stdout
-    assert sum(line.endswith("x polite (" + line.rsplit("(", 1)[-1]) for line in lines) == 4, done.stdout
+    assert sum(line.endswith("x by hand (" + line.rsplit("(", 1)[-1]) for line in lines) == 14, done.stdout
+    assert sum(line.endswith("x replayed (" + line.rsplit("(", 1)[-1]) for line in lines) == 7, done.stdout
+    assert sum(line.endswith("x polite (" + line.rsplit("(", 1)[-1]) for line in lines) == 5, done.stdout
     assert sum(line.startswith("    CPU time of its 8 ranks") for line in lines) == 9, done.stdout
     assert sum(line.startswith("    after the last member arrived") for line in lines) == 5, done.stdout
+    assert sum(line.startswith("    waiting for a later member") for line in lines) == 5, done.stdout
     check = [line for line in lines if line.startswith("by hand, step 0 loss ")]
     assert len(check) == 1 and float(check[0].rsplit("|diff| ", 1)[1]) <= 1e-10, done.stdout
     within = [line for line in lines if line.startswith("by hand, after step 0: gradients within ")]
