@@ -10,6 +10,7 @@ import re
 import sys
 from typing import IO
 
+from ._output import output_error, quiet_stdout
 from ._threads import launcher_rank
 from .errors import fold_message
 
@@ -84,8 +85,26 @@ class OnceParser(argparse.ArgumentParser):
         return parsed, extra
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
-        if launcher_rank() == 0:
-            super()._print_message(message, file)
+        """argparse's, on rank 0 only, and where argparse drops a write that failed: the help printed into a full
+        disk (``--help > file``) is one line and exit 1, not silence and 0; a reader gone (``| head``) ends the
+        output quietly."""
+        if launcher_rank() != 0 or not message:
+            return
+        out = file or sys.stderr
+        try:
+            out.write(message)
+            if out is sys.stdout:
+                out.flush()
+        except BrokenPipeError:
+            quiet_stdout()
+        except OSError as exc:
+            if out is not sys.stdout:  # stderr itself failed: nowhere to say it, as argparse
+                return
+            quiet_stdout()
+            print(f"{self.prog}: error: {output_error(exc)}", file=sys.stderr)
+            sys.exit(1)
+        except AttributeError:  # no stream at all (stdout None), as argparse
+            pass
 
     def error(self, message: str):  # type: ignore[override]
         """Usage, then the error folded within 100 columns (its first line names the value)."""

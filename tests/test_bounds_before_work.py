@@ -92,6 +92,10 @@ def _cli(argv: list[str], stdout=subprocess.DEVNULL, stdin=None) -> subprocess.C
      False, "spmdsim: error on simulated rank 0: cannot write the trace '/dev/full': No space left on device"),
     (["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "8,8,8", "--ranks", "8"], True,
      "spmdsim: error: cannot write the output: No space left on device"),
+    # the help too (argparse drops a failed write: it was silence and exit 0)
+    (["--help"], True, "spmdsim: error: cannot write the output: No space left on device"),
+    (["show", "--help"], True, "spmdsim show: error: cannot write the output: No space left on device"),
+    ([], True, "spmdsim: error: cannot write the output: No space left on device"),
 ])
 def test_a_full_disk_is_one_line_and_a_failure(argv, to_full, line):
     if to_full:

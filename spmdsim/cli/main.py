@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from .._once_parser import OnceParser
+from .._output import output_error, quiet_stdout
 from .._threads import launcher_rank
 from ..errors import SpmdsimError, fold_message
 
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the subcommand's own usage says which flags it takes.
         getattr(args, "_usage_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
-        parser.print_help()
+        parser.print_help()  # (OnceParser's: a failed write is one line and exit 1)
         return 2
     if launcher_rank() != 0 and _pure(args):
         # Under mpiexec every process runs the command line: a command that needs no other rank (no MPI) runs on
@@ -91,14 +92,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if launcher_rank() == 0:
             print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
-    except OSError as exc:  # the output failed (a full disk, an I/O error): one line, exit 1
-        from ..sim.launch import _quiet_stdout
+    except OSError as exc:
+        return _output_failed(exc)
 
-        _quiet_stdout()
-        print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
-        return 1
+
+def _output_failed(exc: OSError) -> int:
+    """The exit code for output that could not be written: 0 for a reader gone (`| head`); else, a full disk or
+    an I/O error, one line naming it and 1."""
+    quiet_stdout()
+    if isinstance(exc, BrokenPipeError):
+        return 0
+    print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
+    return 1
 
 
 def _mpirun_words(words: list) -> list:
@@ -127,14 +132,6 @@ def _pure(args: argparse.Namespace) -> bool:
     return args.command in PURE_COMMANDS or args.command == "autoshard" and not getattr(args, "run", False)
 
 
-def output_error(exc: OSError) -> str:
-    """One line for an OSError while writing: what failed and why (no traceback)."""
-    why = exc.strerror or str(exc) or type(exc).__name__
-    if exc.filename is not None:
-        return f"cannot write {exc.filename!r}: {why}"
-    return f"cannot write the output: {why}"
-
-
 def run_script(main: Callable[[], Any]) -> Any:
     """`main()`'s exit code, for a script of scripts/ (``sys.exit(run_script(main))``): its stdout flushed before it
     returns, and closed early by the reader (``| head``) it ends quietly with 141, a shell's code for a command
@@ -145,7 +142,5 @@ def run_script(main: Callable[[], Any]) -> Any:
         finally:
             sys.stdout.flush()  # (argparse's --help exits through here too)
     except BrokenPipeError:
-        from ..sim.launch import _quiet_stdout
-
-        _quiet_stdout()
+        quiet_stdout()
         return 141

@@ -451,9 +451,9 @@ def run(n: int, command: Sequence[str]) -> int:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         return 143
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
-        from ..sim.launch import _quiet_stdout
+        from .._output import quiet_stdout
 
-        _quiet_stdout()
+        quiet_stdout()
         return 141
     except KeyboardInterrupt:
         print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)

@@ -18,6 +18,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
+from .._output import quiet_stdout
 from ..errors import SpmdsimError, fold_message
 from .. import context as _local
 from ..engines import ways_out
@@ -90,7 +91,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         keep_freed_buffers_unless_set()  # the program's process, as an MPI rank's (tune_mpi_process)
         codes = simulate(n, _exit_code, fn)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
-        _quiet_stdout()
+        quiet_stdout()
         return 141
     except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
         print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
@@ -148,19 +149,6 @@ def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
         left = sorted(r for _, rs in rest for r in rs)
         more = f"; {len(rest)} more {'text' if len(rest) == 1 else 'texts'} on {ranks_text(left)}"
     return f"{first} ({ranks_text(ranks)}; ranks differ: {ranks_text(theirs)}: {text}{more})"
-
-
-def _quiet_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again on a closed pipe or a
-    full disk (also spmdsim.cli.main's)."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
-        pass
 
 
 def _exit_code(fn: Callable[[], Any]) -> int:
