@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["output_error", "quiet_stdout"]
-
 
 def output_error(exc: OSError) -> str:
     """One line for an OSError while writing: what failed and why (no traceback)."""
