@@ -38,8 +38,8 @@ def _step_times(overlap: tuple) -> list:
                         gpus_per_node=machine.gpus_per_node)
     pipeline = Pipeline(2, microbatches, 2, "interleaved")
     return [step_time(machine, gemms_at(st.gemms, "bf16-mixed"), transfers_at(st.transfers, "bf16-mixed"),
-                      pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, "bf16-mixed"))
-            for st in stages]
+                      pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, "bf16-mixed"), stage=k)
+            for k, st in enumerate(stages)]
 
 
 def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the_default_is_unchanged():

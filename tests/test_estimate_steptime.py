@@ -257,3 +257,37 @@ def test_tp_and_pp_overlap_hide_at_most_the_compute_they_run_under():
     assert names.count("gradients phase") == 1  # one phase hides: no rows of its own under "hidden by overlap"
     both = step_time(A100, pairs, [small["layers"], big["gradients"]], overlap=("gradients", "layers")).lines()
     assert [line[:24].strip() for line in both].count("layers phase") == 2  # its seconds, and those hidden
+
+
+def test_gradient_sums_start_with_each_chunks_last_microbatch():
+    """As DDP's no_sync and Megatron's --overlap-grad-reduce run them: a chunk's sums start with its last
+    microbatch's backward, one chunk's after another on the link, under the backward left after it and the idle
+    of stage s after its last backward (s microbatch-backwards); one microbatch: the whole backward, as before."""
+    bwd = gemm(1, 4096, 4096, 4096, phase="backward")
+    one = bwd.flops / (312e12 * 0.8)  # one backward GEMM
+    sums = Transfer("allreduce", 8, 1 << 30, "cluster", "gradients")
+    sums_s = 2 * 5e-6 * 7 + 2 * 7 / 8 * (1 << 30) / 25e9  # ring allreduce on the datasheet's cluster link
+    pairs = [(bwd, 16)]
+    backward = 16 * one
+
+    def hidden(pipeline, stage=0):
+        return step_time(A100, pairs, [sums], pipeline=pipeline, overlap="gradients", stage=stage).hidden_s
+
+    assert sums_s > backward  # the sums outlast even the whole backward here
+    assert close(hidden(None), backward) and close(hidden(Pipeline(1, 1)), backward)
+    # 1F1B, 8 microbatches: stage 0 hides them under its last microbatch's backward alone; stage 3 also under
+    # the 3 microbatch-backwards it idles after its last one
+    t = backward / 8
+    assert close(hidden(Pipeline(4, 8)), t) and close(hidden(Pipeline(4, 8), stage=3), 4 * t)
+    assert close(hidden(Pipeline(1, 8)), t)  # gradient accumulation without a pipeline: the same rule
+    # interleaved, 2 chunks a stage: chunk 1's half of the sums starts p backwards before chunk 0's last
+    u = backward / 16  # a chunk's backward of one microbatch
+    starts = [-(1 * 4 + 1) * u, -(0 * 4 + 1) * u]
+    done = max(starts[0] + sums_s / 2, starts[1]) + sums_s / 2
+    assert close(hidden(Pipeline(4, 8, 2, "interleaved")), sums_s - done)
+    # sums shorter than one microbatch's backward: all hidden, at every stage
+    small = Transfer("allreduce", 8, 1 << 10, "cluster", "gradients")
+    st = step_time(A100, pairs, [small], pipeline=Pipeline(4, 8), overlap="gradients")
+    assert close(st.hidden_s, st.comm_s)
+    with pytest.raises(SpmdsimError, match=r"^stage 4 must be an integer from 0 to 3 \(the pipeline's stages\)"):
+        step_time(A100, pairs, [sums], pipeline=Pipeline(4, 8), stage=4)

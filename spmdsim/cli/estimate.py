@@ -225,10 +225,11 @@ def run(args: argparse.Namespace) -> int:
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
-    pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
+    pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule)
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                       pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, args.precision))
-             for st in stages]
+                       pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, args.precision),
+                       stage=k)
+             for k, st in enumerate(stages)]
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]

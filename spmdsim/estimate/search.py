@@ -423,10 +423,11 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
                         virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
                         gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split)
-    pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule) if c.pp > 1 else None
+    pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule)
     seconds = max(step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
                             pipeline=pipeline, overlap=("gradients",),
-                            traffic=kernel_bytes(st.kernels, precision)).total_s for st in stages)
+                            traffic=kernel_bytes(st.kernels, precision), stage=k).total_s
+                  for k, st in enumerate(stages))
     memories = [stage_memory(st, precision, c.zero) for st in stages]
     return seconds, max(m.memory for m in memories), peak_bytes(memories)
 

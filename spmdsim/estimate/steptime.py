@@ -18,7 +18,11 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   compute and element-wise seconds (not the optimizer's) / m (communication inside a stage is not in it);
 - overlap: communication of the phases named in `overlap` runs beside compute and costs only what
   exceeds it (OVERLAP_UNDER): "gradients" (the data-parallel sums) under the backward pass's compute
-  (the GEMMs and element-wise kernels of phases "backward" and "recompute"); "layers" (tensor and
+  (the GEMMs and element-wise kernels of phases "backward" and "recompute"), as DDP's no_sync and
+  Megatron's --overlap-grad-reduce run them with several microbatches (`pipeline`: m, v; stages 1 for
+  gradient accumulation alone): each model chunk's sums start with its last microbatch's backward, one
+  chunk's after another, under the backward left after it and the idle of stage `stage` after its last
+  backward (`_sums_window`; without `pipeline`, the whole backward); "layers" (tensor and
   sequence parallelism's collectives, Megatron's --tp-comm-overlap) under the products of the passes
   they run in (every GEMM phase: a Transfer does not say its pass); "pipeline" (the messages between
   stages, Megatron's overlap_p2p_comm) under the adjacent microbatches' compute (the GEMMs and
@@ -214,7 +218,7 @@ def link_seconds(model: CostModel, kind: str, group: int, nbytes: int) -> float:
 
 def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Transfer], *,
               pipeline: Pipeline | None = None, overlap: Iterable[str] = (),
-              traffic: Any = None) -> StepTime:
+              traffic: Any = None, stage: int = 0) -> StepTime:
     """Predicted seconds of one rank's training step (module docstring).
 
     Args:
@@ -227,12 +231,16 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
             "layers" under the products, "pipeline" under the microbatches' compute).
         traffic: {phase: bytes} of the memory-bound kernels (phases among TRAFFIC_PHASES;
             spmdsim.estimate.ledger.kernel_bytes), or None for none.
+        stage: the rank's pipeline stage (0 .. stages - 1): the idle after its last backward hides gradient sums.
     """
     if not isinstance(machine, Machine):
         raise SpmdsimError(f"machine {machine!r:.80} is a {type(machine).__name__}; expected a Machine "
                            "(spmdsim.estimate.machine.load_machine)")
     if pipeline is not None and not isinstance(pipeline, Pipeline):
         raise SpmdsimError(f"pipeline {pipeline!r:.80} is a {type(pipeline).__name__}; expected a Pipeline or None")
+    stages = 1 if pipeline is None else pipeline.stages
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < stages:
+        raise SpmdsimError(f"stage {stage!r} must be an integer from 0 to {stages - 1} (the pipeline's stages)")
     overlap = (overlap,) if isinstance(overlap, str) else tuple(overlap)
     for phase in overlap:
         if phase not in TRANSFER_PHASES:
@@ -260,6 +268,8 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
     for phase, (gemm_phases, kernels) in OVERLAP_UNDER.items():
         if phase in overlap:
             under = sum(compute[p] + (memory[p] if kernels else 0.0) for p in gemm_phases)
+            if phase == "gradients" and pipeline is not None:
+                under = _sums_window(pipeline, stage, under, by_phase[phase])
             hidden[phase] = min(by_phase[phase], under, room)
             room -= hidden[phase]
     hidden_s = sum(hidden.values())
@@ -270,6 +280,23 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
                     hidden_s=hidden_s, bubble_s=bubble_s, total_s=total, memory_s=memory_s,
                     memory_by_phase=tuple((p, memory[p]) for p in GEMM_PHASES), optimizer_s=memory["optimizer"],
                     hidden_by_phase=tuple(hidden.items()))
+
+
+def _sums_window(pipeline: Pipeline, stage: int, backward_s: float, sums_s: float) -> float:
+    """The seconds of `sums_s` (the step's data-parallel gradient sums) that run beside compute when, as DDP's
+    no_sync and Megatron's --overlap-grad-reduce do, each model chunk's sums start with its last microbatch's
+    backward: chunk j's last backward ends j x p microbatch-backwards before the stage's last (the interleaved
+    cooldown takes the chunks last to first, p microbatches each), the sums run one after another on the link,
+    and stage `stage` idles `stage` microbatch-backwards after its last one (stage 0 ends the step)."""
+    p, v = pipeline.stages, pipeline.virtual_stages
+    one = backward_s / (pipeline.microbatches * v)  # a chunk's backward of one microbatch
+    per_chunk = sums_s / v
+    done = -math.inf
+    for j in range(v - 1, -1, -1):  # times from the stage's last backward's end
+        start = -(j * p + 1) * one
+        done = max(done, start) + per_chunk
+    exposed = max(0.0, done - stage * one)
+    return max(0.0, sums_s - exposed)
 
 
 def _traffic_seconds(machine: Machine, traffic: Any) -> dict:
