@@ -203,10 +203,9 @@ def _split(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..estimate.ledger import (PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory,
-                                   transfers_at, unmappable)
+    from ..estimate.ledger import PRECISIONS, gpt_ledger, peak_bytes, stage_memory, stage_times, unmappable
     from ..estimate.machine import load_machine
-    from ..estimate.steptime import Pipeline, assumptions, step_time
+    from ..estimate.steptime import Pipeline, assumptions
     from ..memory import UnmappableError
     from ..gpt_flags import architecture_words
     from ..gpt.stages import chunk_parts
@@ -226,10 +225,7 @@ def run(args: argparse.Namespace) -> int:
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule)
-    times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                       pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, args.precision),
-                       stage=k)
-             for k, st in enumerate(stages)]
+    times = stage_times(stages, machine, args.precision, pipeline, overlap)
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]

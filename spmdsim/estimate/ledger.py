@@ -31,7 +31,7 @@ from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
-           "StageMemory", "stage_memory", "peak_bytes", "backward_gradients"]
+           "StageMemory", "stage_memory", "peak_bytes", "backward_gradients", "stage_times"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -431,3 +431,14 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
     for r, ledger in enumerate(results):
         stages.setdefault(ledger.stage, (ledger, []))[1].append(r)
     return [replace(ledger, ranks=tuple(ranks)) for _, (ledger, ranks) in sorted(stages.items())]
+
+
+def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overlap: Any) -> list:
+    """Each stage's spmdsim.estimate.steptime.StepTime from its ledger (`gpt_ledger`'s, in stage order) at
+    `precision` on `pipeline` (a Pipeline, its stages those of `stages`), hiding `overlap`: what `spmdsim
+    estimate` prints and spmdsim.estimate.search prices."""
+    from .steptime import step_time
+
+    return [step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
+                      pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, precision), stage=k)
+            for k, st in enumerate(stages)]

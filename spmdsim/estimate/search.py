@@ -417,17 +417,14 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     largest stage's memory and the largest stage's peak (transient blocks included: what `spmdsim estimate`'s
     fit verdict compares with the GPU's memory, spmdsim.estimate.ledger.peak_bytes) at `precision`, as
     `spmdsim estimate` prints them."""
-    from .ledger import gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory, transfers_at
-    from .steptime import Pipeline, step_time
+    from .ledger import gpt_ledger, peak_bytes, stage_memory, stage_times
+    from .steptime import Pipeline
 
     stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
                         virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
                         gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split)
     pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule)
-    seconds = max(step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
-                            pipeline=pipeline, overlap=("gradients",),
-                            traffic=kernel_bytes(st.kernels, precision), stage=k).total_s
-                  for k, st in enumerate(stages))
+    seconds = max(t.total_s for t in stage_times(stages, machine, precision, pipeline, ("gradients",)))
     memories = [stage_memory(st, precision, c.zero) for st in stages]
     return seconds, max(m.memory for m in memories), peak_bytes(memories)
 
