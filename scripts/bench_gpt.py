@@ -254,7 +254,7 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
             loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
         spent = sum(e.seconds for e in trace.entries)
         if mpi:
-            before, after = _arrivals(mesh, [(e.axes, e.started_at, e.ended_at) for e in trace.entries])
+            before, after = _arrivals(mesh, trace.entries)
             waited.append(comm.allreduce(before, op=_max()))
             arrived.append(comm.allreduce(after, op=_max()))
         cpus.append(comm.allreduce(cpu))
@@ -268,22 +268,18 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
     return out
 
 
-def _arrivals(mesh, spans) -> tuple[float, float]:
-    """Seconds this rank spent in collectives before their group's last member arrived, and after it.
+def _arrivals(mesh, entries) -> tuple[float, float]:
+    """Seconds this rank spent in the collectives of trace `entries` (alike on every rank) before their group's
+    last member arrived, and after it: scripts/peer_mpi4py_gpt.py's `arrivals`, which measures the peer's
+    calls, on spmdsim's (a call on a group of one rank waits for nobody)."""
+    from peer_mpi4py_gpt import arrivals
 
-    `spans`: (axes, start, end) per call, alike on every rank. A call cannot finish before its last
-    member starts it, so ``end - the group's latest start`` is its time without the wait for late
-    members (load imbalance, the scheduler), and the rest of the call is that wait; perf_counter is one
-    clock for the ranks of a machine. scripts/peer_mpi4py_gpt.py measures its own calls so.
-    """
-    before = after = 0.0
-    for axes, start, end in spans:
-        comm, g, _ = mesh.group_info(axes)
+    spans = []
+    for e in entries:
+        comm, g, _ = mesh.group_info(e.axes)
         if g > 1:
-            last = comm.allreduce(start, op=_max())
-            before += min(end, max(start, last)) - start
-            after += max(0.0, end - last)
-    return before, after
+            spans.append((comm, e.started_at, e.ended_at))
+    return arrivals(spans)
 
 
 def _pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -> dict:

@@ -62,16 +62,17 @@ def _own_masks(cfg: Any, step: int, rank: int) -> Callable[[str, tuple], np.ndar
     return lambda site, shape: rng.random(shape)
 
 
-def _arrivals(comms: Comms) -> tuple[float, float]:
+def arrivals(spans: Any) -> tuple[float, float]:
     """Seconds this rank spent in its calls before each call's last member had arrived, and after it
-    (collective).
+    (collective: `spans` are (comm, start, end) per call, alike on every member; scripts/bench_gpt.py measures
+    spmdsim's calls with it too).
 
     A call cannot end before its last member starts it; perf_counter is one clock on one machine.
     """
     from mpi4py import MPI
 
     before = after = 0.0
-    for comm, start, end in comms.spans:
+    for comm, start, end in spans:
         last = comm.allreduce(start, op=MPI.MAX)
         before += min(end, max(start, last)) - start
         after += max(0.0, end - last)
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, 
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         walls.append(world.allreduce(wall, op=MPI.MAX))
         inside.append(world.allreduce(comms.seconds, op=MPI.MAX))
-        before, after = _arrivals(comms)
+        before, after = arrivals(comms.spans)
         waited.append(world.allreduce(before, op=MPI.MAX))
         arrived.append(world.allreduce(after, op=MPI.MAX))
         cpus.append(world.allreduce(cpu))
