@@ -48,11 +48,11 @@ step. Rows:
   initial parameters, with its own numpy dropout masks; its collectives (the
   time inside its MPI calls, the slowest rank), the waits for later members in
   them, their time after each call's last member arrived and the CPU time of its
-  ranks are measured as spmdsim's. It
-  runs with spmdsim's wait (polite: the nonblocking call, Test() with
-  sched_yield, then short sleeps; spmdsim waits so when ranks outnumber cores,
-  and its 8-rank launches here are told to on any machine, SPMDSIM_WAIT=polite,
-  so that on free cores too both sides wait alike), twice (the second, launched
+  ranks are measured as spmdsim's. It runs with spmdsim's wait (polite: the
+  nonblocking call, Test() with sched_yield, then short sleeps; spmdsim waits
+  so when ranks outnumber cores, and its 8-rank launches here are told to on
+  any machine, SPMDSIM_WAIT=polite, so that on free cores too both sides wait
+  alike), twice (the second, launched
   after spmdsim's, is the A/A control of 8-rank launches), and with the
   blocking calls a plain mpi4py program makes.
   Its first launch also runs step 0 with spmdsim's dropout masks and prints its
@@ -133,9 +133,9 @@ mpi4py, Alltoall over ep, the same collectives a step as spmdsim's; polite
 wait), spmdsim's step replayed (step 0 captured, the timed steps replaying it),
 spmdsim's step eager, and the peer again (the A/A control), with the step, its
 collectives, the waits for later members in them, their time after the last
-member arrived and the 8 ranks' CPU, as the dense rows. ``--simulated`` adds each round the peer on 8 simulated
-ranks (``spmdsim mpirun -n 8``, blocking calls), spmdsim's replayed step on 8
-simulated ranks and the peer there again. Step 0 runs with spmdsim's dropout
+member arrived and the 8 ranks' CPU, as the dense rows. ``--simulated`` adds
+each round the peer on 8 simulated ranks (``spmdsim mpirun -n 8``, blocking
+calls), spmdsim's replayed step on 8 simulated ranks and the peer there again. Step 0 runs with spmdsim's dropout
 masks on both sides: the peer's loss is printed beside spmdsim's (eager and
 replayed) and the one process's, and the script exits 1 when the losses or
 the collectives a step differ.
