@@ -11,11 +11,11 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import dry_run_active, once, script
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import dry_run_active, once, script
 from spmdsim import Layout, SeededTensor, reference
-from spmdsim.holdings import holdings
-from spmdsim.ops import matmul, reshape, scale, softmax, transpose
+from spmdsim.layouts.holdings import holdings
+from spmdsim.nn.ops import matmul, reshape, scale, softmax, transpose
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 

@@ -8,12 +8,12 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import script
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import script
 from spmdsim import SeededTensor
-from spmdsim.holdings import holdings
-from spmdsim.ops import paddle_mesh, split
-from spmdsim.reference import embedding_region
+from spmdsim.layouts.holdings import holdings
+from spmdsim.nn.ops import paddle_mesh, split
+from spmdsim.references.forward import embedding_region
 from spmdsim.errors import SpmdsimError
 from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines

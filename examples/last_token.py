@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, collect_trace, ops, print_ranked
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)

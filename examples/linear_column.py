@@ -7,11 +7,11 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import script
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import script
 from spmdsim import Layout, SeededTensor
-from spmdsim.holdings import holdings
-from spmdsim.ops import ColumnParallelLinear
+from spmdsim.layouts.holdings import holdings
+from spmdsim.nn.ops import ColumnParallelLinear
 from spmdsim.errors import SpmdsimError
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines

@@ -7,12 +7,12 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import script
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import script
 from spmdsim import SeededTensor
-from spmdsim.holdings import holdings
-from spmdsim.ops import paddle_mesh, split
-from spmdsim.reference import linear_region, matmul_rounding
+from spmdsim.layouts.holdings import holdings
+from spmdsim.nn.ops import paddle_mesh, split
+from spmdsim.references.forward import linear_region, matmul_rounding
 from spmdsim.errors import SpmdsimError
 from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines

@@ -18,12 +18,12 @@ import math
 import numpy as np
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
-from spmdsim.sim import dry_run_active, once
-from spmdsim.tolerances import central_difference_tolerance
+from spmdsim.runtime.sim import dry_run_active, once
+from spmdsim.references.tolerances import central_difference_tolerance
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,14 +124,14 @@ def magnitudes(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):  # what entered sum(y^2),
 
 
 dry = dry_run_active()  # a dry run has no values to check: its references are not made
-# The global tensors, once for all simulated ranks (spmdsim.sim.once; each MPI rank makes its own).
+# The global tensors, once for all simulated ranks (spmdsim.runtime.sim.once; each MPI rank makes its own).
 arrays = None if dry else once("llama_block arrays", lambda: [s.full() for s in src])
 verdicts = [y.check(lambda region: once("llama_block y", numpy_block, *arrays)[region])]
 # Central differences, 128 elements a call; the ranks share them, each computing 1/p
 # (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
 numeric = [None] * len(params) if dry else shared_numeric_grads(mesh, lambda *b: numpy_block(*b) ** 2, *arrays,
                                                                  batch=128)
-# Their rounding follows what entered sum(y^2) over the step h (spmdsim.tolerances.central_difference_tolerance).
+# Their rounding follows what entered sum(y^2) over the step h (spmdsim.references.tolerances.central_difference_tolerance).
 rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(*arrays), max(T * D, F))
 verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=rtol, atol=atol) for t, r in zip(params, numeric)]
 if mesh.rank == 0:

@@ -7,14 +7,14 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import script
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import script
 from spmdsim import SeededTensor
-from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.layouts.dialects.strategy import matmul_layouts
 from spmdsim.errors import SpmdsimError
-from spmdsim.holdings import holdings
-from spmdsim.ops import matmul
-from spmdsim.reference import matmul_region, matmul_rounding
+from spmdsim.layouts.holdings import holdings
+from spmdsim.nn.ops import matmul
+from spmdsim.references.forward import matmul_region, matmul_rounding
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 

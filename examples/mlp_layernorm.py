@@ -11,13 +11,13 @@ import argparse
 import numpy as np
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import Layout, SeededTensor, ops
-from spmdsim.reference import gelu
+from spmdsim.references.forward import gelu
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime import shared_numeric_grads
-from spmdsim.sim import dry_run_active
-from spmdsim.tolerances import central_difference_tolerance
+from spmdsim.runtime.sim import dry_run_active
+from spmdsim.references.tolerances import central_difference_tolerance
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -14,11 +14,11 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import script
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import script
 from spmdsim.errors import SpmdsimError
-from spmdsim.holdings import rank_blocks
-from spmdsim.nets import NetworkRunner, mindspore_tutorial
+from spmdsim.layouts.holdings import rank_blocks
+from spmdsim.models.nets import NetworkRunner, mindspore_tutorial
 from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 

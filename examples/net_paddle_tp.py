@@ -13,10 +13,10 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
-from spmdsim.sim import script
-from spmdsim.holdings import holdings
-from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.runtime.sim import script
+from spmdsim.layouts.holdings import holdings
+from spmdsim.models.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.errors import SpmdsimError
 from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked

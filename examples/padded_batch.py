@@ -15,13 +15,13 @@ import argparse
 import numpy as np
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed once, not by every rank
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim import Layout, SeededTensor, ops
-from spmdsim.optim import clip_grad_norm_
+from spmdsim.nn.optim import clip_grad_norm_
 from spmdsim import DTensor, Mesh
 from spmdsim.runtime import shared_numeric_grads
-from spmdsim.sim import dry_run_active
-from spmdsim.tolerances import central_difference_tolerance, sum_rtol
+from spmdsim.runtime.sim import dry_run_active
+from spmdsim.references.tolerances import central_difference_tolerance, sum_rtol
 
 # --help prints this docstring; an argument other than --ranks N and --dry-run is refused (exit 2)
 parser = OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,7 +85,7 @@ arrays = [s.full() for s in src]
 grads = shared_numeric_grads(mesh, numpy_tagger, *arrays)  # each rank 1/p of the central differences
 want = np.sqrt(sum((g * g).sum() for g in grads))
 # The loss within its terms' rounding (2 k eps: two computations, k the longest sum); the central differences'
-# rounding follows what entered the loss over the step h (spmdsim.tolerances.central_difference_tolerance),
+# rounding follows what entered the loss over the step h (spmdsim.references.tolerances.central_difference_tolerance),
 # and the norm of their errors bounds the norm's.
 longest = max(D, T, C, int(real.sum()))
 magnitude = 0.0 if dry_run_active() else magnitudes(*arrays)

@@ -1,18 +1,18 @@
 """Coming from PyTorch DTensor: a two-layer MLP (column- then row-parallel), MSE loss, backward, one SGD step.
 
 Each comment names the PyTorch line that the spmdsim line replaces; layouts are DTensor placements ("S(0), R"),
-made spmdsim layouts by spmdsim.dialects; output, loss, gradients and updated weights are checked against numpy.
+made spmdsim layouts by spmdsim.layouts.dialects; output, loss, gradients and updated weights are checked against numpy.
 Run: timeout -k 5 120 mpiexec -n 8 python examples/port_dtensor_mlp.py   (or: ... --ranks 8, no mpiexec)
 """
 import argparse
 
 import numpy as np
 
-import spmdsim.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
+import spmdsim.tools.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, optim
-from spmdsim.dialects import format_placements, placements_to_layout
+from spmdsim.layouts.dialects import format_placements, placements_to_layout
 
-parser = spmdsim.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = spmdsim.tools.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
 parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
 parser.parse_args()  # --help prints this docstring; any other argument is refused in one line, exit 2

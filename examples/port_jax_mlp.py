@@ -7,11 +7,11 @@ import argparse
 
 import numpy as np
 
-import spmdsim.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
+import spmdsim.tools.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, dialects
-from spmdsim.autograd import no_grad
+from spmdsim.nn.autograd import no_grad
 
-parser = spmdsim.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = spmdsim.tools.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--ranks", metavar="N", help="run on N simulated ranks in this process (no mpiexec)")
 parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes only, each rank's bytes and peak")
 parser.parse_args()  # --help prints this docstring; any other argument is refused in one line, exit 2

@@ -8,7 +8,7 @@ AdamW. Megatron's splits over tp (column-parallel Q, K, V and fc1 with the heads
 row-parallel output projections, vocab-parallel embedding and head), the batch over dp,
 and with --sp sequence parallelism. Every operator is one of spmdsim's general rules.
 Each step's loss, every gradient and every updated parameter is compared with the same
-model trained in one numpy process (spmdsim.gpt.reference); the largest relative
+model trained in one numpy process (spmdsim.models.gpt.reference); the largest relative
 difference must stay within 1e-10. With --precision bf16-mixed the model computes in bfloat16
 with float32 master weights, and the reference runs under the same policy (docs/training.md,
 "Mixed precision (bf16)"). Llama's architecture is options of the same model, flags spelled as `spmdsim
@@ -39,26 +39,26 @@ import sys
 import numpy as np
 
 import spmdsim
-from spmdsim.autograd.kept import kept_problem
-from spmdsim.gpt import decode, encode, load_text
-from spmdsim.gpt.data import text_problem
-from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
-from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
-from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
+from spmdsim.nn.autograd.kept import kept_problem
+from spmdsim.models.gpt import decode, encode, load_text
+from spmdsim.models.gpt.data import text_problem
+from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
+from spmdsim.models.gpt.pipeline import pipeline_layout_problem, train_pipelined
+from spmdsim.models.gpt.memory import recompute_problem, zero_problem
+from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
-from spmdsim.gpt.train import checkpoint_problem, replay_problem, train
-from spmdsim.precision import precision_problem
-from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
+from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
+from spmdsim.base.precision import precision_problem
+from spmdsim.models.nets.train import loss_trend, run_main
+from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
-from spmdsim.sim import dry_run_active
-from spmdsim.sim.dry import note
-from spmdsim.typed_numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
-from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.cli.run import check_trace_out
-from spmdsim.sim.launch import ranks_argument
-from spmdsim.validate import counted
+from spmdsim.runtime.sim import dry_run_active
+from spmdsim.runtime.sim.dry import note
+from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.tools.cli.run import check_trace_out
+from spmdsim.runtime.sim.launch import ranks_argument
+from spmdsim.base.validate import counted
 
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=200)
@@ -69,7 +69,7 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells); not with --dry-run")
-model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.gpt.options)
+model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
 parser.add_argument("--clip", type=flag_float, default=0.0,
                     help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
@@ -91,7 +91,7 @@ parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixe
                          "checked against one numpy process under the same policy (docs/training.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/training.md)")
-checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.gpt.checkpoint)
+checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.models.gpt.checkpoint)
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -187,7 +187,7 @@ def main(args):
                       2: "; ZeRO-2 (states, master copy and gradients sharded over dp)"}.get(zero, ""))
                   + ("; Megatron's kept set" if args.kept == "megatron" else ""))
         if args.precision != "fp64":
-            from spmdsim.precision import precision
+            from spmdsim.base.precision import precision
 
             policy = precision(args.precision)
             print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
@@ -197,7 +197,7 @@ def main(args):
         words = DIALECTS[args.dialect]
         print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     if rank0 and args.resume is not None:
-        from spmdsim.gpt.checkpoint import read_meta
+        from spmdsim.models.gpt.checkpoint import read_meta
 
         print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
     check = not args.no_check and not dry_run_active()
@@ -246,7 +246,7 @@ def main(args):
             print("\n".join(results[-1].memory.lines()))
     if pipelined(args) and not dry_run_active():
         # The last step's executed cells on a unit-cost timeline: the bubble, compared with its formula.
-        from spmdsim.pipeline.timeline import bubble_formula
+        from spmdsim.programs.pipeline.timeline import bubble_formula
 
         line, held = model.timeline(), model.held()
         formula = bubble_formula(args.schedule, pp, microbatches(args), virtual_stages(args))
@@ -260,8 +260,8 @@ def main(args):
                 print(f"trace of the last step written to {args.trace_out} (open it in https://ui.perfetto.dev)")
     if args.sample and not dry_run_active() and pipelined(args):
         # The pipeline's parameters whole on every rank; one numpy process draws from them.
-        from spmdsim.gpt.pipeline import gathered_stages
-        from spmdsim.gpt.reference import generate
+        from spmdsim.models.gpt.pipeline import gathered_stages
+        from spmdsim.models.gpt.reference import generate
         from spmdsim.runtime.shared_reference import shared_once
 
         sample = shared_once(model.mesh, ("gpt-sample", cfg), generate, gathered_stages(model, cfg), cfg, b"def ",
@@ -277,7 +277,7 @@ def main(args):
         if check and args.precision != "fp64":  # the reference draws at float64: not the same computation
             same = f", {args.precision}, not compared"
         elif check:  # the single-process model with these parameters draws the same characters
-            from spmdsim.gpt.train import reference_sample
+            from spmdsim.models.gpt.train import reference_sample
 
             ids = reference_sample(model, cfg, prompt, args.sample, args.temperature)  # one rank draws for all
             agree = bool((ids == sample).all())

@@ -15,22 +15,22 @@ Run: timeout -k 5 300 mpiexec -n 8 python examples/train_megatron_block.py [--st
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
-from spmdsim.sim.launch import ranks_argument
-from spmdsim.validate import counted
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.base.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
+from spmdsim.runtime.sim.launch import ranks_argument
+from spmdsim.base.validate import counted
 from spmdsim import Layout, SeededTensor
-from spmdsim import reference_grad as rg
+from spmdsim.references import backward as rg
 from spmdsim.errors import SpmdsimError
-from spmdsim.nets.train import PHASES, loss_trend, run_main
-from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
+from spmdsim.models.nets.train import PHASES, loss_trend, run_main
+from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
-from spmdsim.optim import SGD
+from spmdsim.nn.optim import SGD
 from spmdsim import redistribute
 from spmdsim import DTensor, Mesh, collect_trace
-from spmdsim.sim import dry_run_active, once
-from spmdsim.tolerances import sum_rtol
-from spmdsim.train_reference import megatron_block
+from spmdsim.runtime.sim import dry_run_active, once
+from spmdsim.references.tolerances import sum_rtol
+from spmdsim.models.nets.reference import megatron_block
 import numpy as np  # noqa: E402
 
 parser = OnceParser(description=__doc__.splitlines()[0])
@@ -109,7 +109,7 @@ def main(args):
                                f"lower --lr (now {lr})")
         if checking:
             x_ref = start["table"][tokens_g]
-            # Simulated ranks (--ranks) run the reference once between them (spmdsim.sim.once).
+            # Simulated ranks (--ranks) run the reference once between them (spmdsim.runtime.sim.once).
             ref_loss, grads, loss_scale, scales = once(("megatron_block", step), megatron_block,
                                                        {k: v for k, v in start.items() if k != "table"}, x_ref,
                                                        labels_g, heads, True)

@@ -14,14 +14,14 @@ import sys
 import time
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
-from spmdsim.sim.launch import ranks_argument
-from spmdsim.validate import counted
-from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
-from spmdsim.nets.digits import load_digits
-from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, loss_trend, run_main
-from spmdsim.runtime.shared_reference import SharedReferenceTrainer
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.base.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
+from spmdsim.runtime.sim.launch import ranks_argument
+from spmdsim.base.validate import counted
+from spmdsim.models.nets import mindspore_layout, mindspore_tutorial, needs_eight
+from spmdsim.models.nets.digits import load_digits
+from spmdsim.models.nets.train import PHASES, NetworkTrainer, explain_backward, loss_trend, run_main
+from spmdsim.models.nets.shared import SharedReferenceTrainer
 
 # rtol of the loss, the gradients and the updated parameters, x the magnitudes that entered each
 # element (ReferenceStep's scales; docs/semantics.md, "Tolerances"), not x the result: Adam drives

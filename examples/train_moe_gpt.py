@@ -1,14 +1,14 @@
 r"""A mixture-of-experts GPT trained on ep x dp x tp ranks, every step checked against one numpy process.
 
 The GPT of examples/train_gpt.py (the same text, embeddings, attention, head and AdamW) with every
-other block's MLP an MoE layer (spmdsim.moe, docs/experts.md): a router (linear, softmax in float64,
+other block's MLP an MoE layer (spmdsim.models.moe, docs/experts.md): a router (linear, softmax in float64,
 top-k), experts split over the ep ranks, each expert column- then row-parallel over tp, the tokens
 sent to their experts and back by Alltoall over ep (with a capacity: tokens past it dropped) or, with
 --dropless, an Alltoall of the counts then an Alltoallv of the tokens with the true counts. The batch
 is split over dp x ep in every other layer (the ep ranks are data parallel there, as in Megatron);
 an expert's gradients are summed over dp alone. The loss adds the Switch load-balancing loss and the
 router z-loss. Each step's loss, every gradient and every updated parameter is compared with the same
-model trained in one numpy process (spmdsim.gpt.reference); the largest relative difference must stay
+model trained in one numpy process (spmdsim.models.gpt.reference); the largest relative difference must stay
 within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per expert and the drops;
 --memory the last step's bytes on rank 0, the experts' among them (parameters, gradients, optimizer states, dispatch
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
@@ -30,29 +30,29 @@ import math
 import sys
 
 import spmdsim
-from spmdsim.autograd.kept import kept_problem
-from spmdsim.precision import precision, precision_problem
-from spmdsim.gpt import encode, load_text
-from spmdsim.gpt.data import text_problem
-from spmdsim.gpt.layouts import written
-from spmdsim.gpt.memory import zero_problem
-from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
-from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
-from spmdsim.gpt.train import checkpoint_problem, replay_problem, train
-from spmdsim.moe import MoEConfig
-from spmdsim.moe.routing import ROUTINGS
-from spmdsim.moe.report import dispatch_lines
-from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
+from spmdsim.nn.autograd.kept import kept_problem
+from spmdsim.base.precision import precision, precision_problem
+from spmdsim.models.gpt import encode, load_text
+from spmdsim.models.gpt.data import text_problem
+from spmdsim.models.gpt.layouts import written
+from spmdsim.models.gpt.memory import zero_problem
+from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
+from spmdsim.models.gpt.pipeline import pipeline_layout_problem, train_pipelined
+from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
+from spmdsim.models.moe import MoEConfig
+from spmdsim.models.moe.routing import ROUTINGS
+from spmdsim.models.moe.report import dispatch_lines
+from spmdsim.models.nets.train import loss_trend, run_main
+from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
-from spmdsim.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
+from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
-from spmdsim.sim import dry_run_active
-from spmdsim.sim.dry import note
-from spmdsim.typed_numbers import flag_float, typed  # a refusal names the value as typed ("-1", not "-1.0")
-from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.sim.launch import ranks_argument
-from spmdsim.validate import counted
+from spmdsim.runtime.sim import dry_run_active
+from spmdsim.runtime.sim.dry import note
+from spmdsim.base.typed_numbers import flag_float, typed  # a refusal names the value as typed ("-1", not "-1.0")
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.runtime.sim.launch import ranks_argument
+from spmdsim.base.validate import counted
 
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=50)
@@ -83,7 +83,7 @@ parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/training.md); "
                          "the MoE layers keep what their backward reads under either")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default=None,
-                    help="write Megatron's parameter layouts in this dialect (read back by spmdsim.dialects: the same "
+                    help="write Megatron's parameter layouts in this dialect (read back by spmdsim.layouts.dialects: the same "
                          "layouts; default: spmdsim's own)")
 parser.add_argument("--zero", default="0", metavar="{0,1,2}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
@@ -101,10 +101,10 @@ parser.add_argument("--replay", action="store_true",
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
-model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.gpt.options)
+model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
-checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.gpt.checkpoint)
+checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.models.gpt.checkpoint)
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -206,7 +206,7 @@ def main(args):
     if problem:
         raise spmdsim.SpmdsimError(problem)
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
-    if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.algorithms.VARIABLE)
+    if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.programs.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
     mesh = None if piped else spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
                                            algorithms=algorithms)
@@ -265,7 +265,7 @@ def main(args):
                 print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(layers)}")
             print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
         if args.resume is not None:
-            from spmdsim.gpt.checkpoint import read_meta
+            from spmdsim.models.gpt.checkpoint import read_meta
 
             print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
         print(" step    loss  collectives  bytes sent" +

@@ -13,12 +13,12 @@ Run: timeout -k 5 300 mpiexec -n 4 python examples/train_seed_networks.py [--ste
 import sys
 
 import spmdsim
-from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
-from spmdsim.sim.launch import ranks_argument
-from spmdsim.nets import seeds
-from spmdsim.nets.train import PHASES, NetworkTrainer, loss_trend, run_main
-from spmdsim.train_reference import ReferenceTrainer
+from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.base.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
+from spmdsim.runtime.sim.launch import ranks_argument
+from spmdsim.models.nets import seeds
+from spmdsim.models.nets.train import PHASES, NetworkTrainer, loss_trend, run_main
+from spmdsim.models.nets.reference import ReferenceTrainer
 import numpy as np  # noqa: E402
 
 NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_needs,

@@ -12,9 +12,9 @@ import math
 import os
 from typing import Callable
 
-from spmdsim.cli.calibrate import parse_size
-from spmdsim.cli.main import OnceParser as ArgumentParser  # usage and errors printed by rank 0 only
-from spmdsim._threads import launcher_rank
+from spmdsim.tools.cli.calibrate import parse_size
+from spmdsim.tools.cli.main import OnceParser as ArgumentParser  # usage and errors printed by rank 0 only
+from spmdsim.base.threads import launcher_rank
 
 __all__ = ["ArgumentParser", "launcher_rank", "byte_size", "byte_sizes", "int_at_least",
            "positive_float", "existing_file", "output_path"]

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from spmdsim import Layout, SeededTensor
-from spmdsim.cli.calibrate import Waiter
+from spmdsim.tools.cli.calibrate import Waiter
 
 from _bench_harness import Case, Raw, placed, size_text, traced
 
@@ -117,8 +117,8 @@ def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarr
     """
     from mpi4py import MPI
 
-    from spmdsim.plan.kernels import box_in, local_slice, local_zero
-    from spmdsim.plan.volume import intersect, rank_boxes
+    from spmdsim.programs.plan.kernels import box_in, local_slice, local_zero
+    from spmdsim.programs.plan.volume import intersect, rank_boxes
 
     rank, shape = comm.Get_rank(), plan.shape
     subs: dict = {}
@@ -259,7 +259,7 @@ def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: t
 
 
 def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, int]) -> list[Case]:
-    from spmdsim.plan import plan_redistribution
+    from spmdsim.programs.plan import plan_redistribution
     from spmdsim.runtime.executor import redistribute
     from spmdsim import DTensor, Mesh
 

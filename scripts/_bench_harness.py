@@ -8,8 +8,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from spmdsim import buffers
-from spmdsim.cli.calibrate import Waiter
+from spmdsim.base import buffers
+from spmdsim.tools.cli.calibrate import Waiter
 
 __all__ = ["Case", "Raw", "after_arrival_s", "peak_rss", "placed", "run_case", "size_text", "traced"]
 
@@ -26,7 +26,7 @@ class Case:
     extra: dict = field(default_factory=dict)
 
 
-from spmdsim.memory import peak_rss  # noqa: E402  (re-exported for the benches)
+from spmdsim.programs.memory import peak_rss  # noqa: E402  (re-exported for the benches)
 
 
 def traced(fn: Callable[[], Any], sink: list) -> Callable[[], tuple]:
@@ -173,7 +173,7 @@ def after_arrival_s(comm: Any, spans: list) -> Optional[float]:
 def placed(shape: Any, fill: Optional[float] = None) -> np.ndarray:
     """A float32 buffer for the raw code, placed in the page as spmdsim places its own.
 
-    Both sides then start from the same placement (spmdsim.buffers): a ratio
+    Both sides then start from the same placement (spmdsim.base.buffers): a ratio
     measures spmdsim's work, not which side the heap happened to favour.
     """
     return buffers.empty(shape, np.float32) if fill is None else buffers.full(shape, fill, np.float32)

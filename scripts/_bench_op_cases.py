@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from spmdsim import Layout, SeededTensor
-from spmdsim.cli.calibrate import Waiter
+from spmdsim.tools.cli.calibrate import Waiter
 
 from _bench_harness import Case, Raw, placed, traced
 
@@ -18,10 +18,10 @@ __all__ = ["op_cases"]
 # -- operators ------------------------------------------------------------------------------
 def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     from mpi4py import MPI
-    from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+    from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                              VocabParallelEmbedding, matmul)
-    from spmdsim import activations
-    from spmdsim.reference import gelu
+    from spmdsim.references import activations
+    from spmdsim.references.forward import gelu
     from spmdsim import DTensor, Mesh
 
     world, rank = comm.Get_size(), comm.Get_rank()
@@ -154,9 +154,9 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
     """
     from mpi4py import MPI
 
-    from spmdsim.ops import ParallelMLP, mse_loss
-    from spmdsim.optim import SGD
-    from spmdsim.activations import gelu, gelu_backward
+    from spmdsim.nn.ops import ParallelMLP, mse_loss
+    from spmdsim.nn.optim import SGD
+    from spmdsim.references.activations import gelu, gelu_backward
     from spmdsim import DTensor
 
     lr = 1e-4

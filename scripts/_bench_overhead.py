@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from spmdsim import Layout, SeededTensor
-from spmdsim.cli.calibrate import Waiter
+from spmdsim.tools.cli.calibrate import Waiter
 
 from _bench_harness import peak_rss
 
@@ -35,8 +35,8 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
     Run with few ranks (2) so that MPI latency, not scheduling, is the floor.
     """
     from mpi4py import MPI
-    from spmdsim.ops import matmul
-    from spmdsim.plan import plan_redistribution
+    from spmdsim.nn.ops import matmul
+    from spmdsim.programs.plan import plan_redistribution
     from spmdsim.runtime.executor import redistribute
     from spmdsim import DTensor, Mesh, collect_trace
     from spmdsim.runtime import collectives as C
@@ -80,10 +80,10 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
 
     def lazy_import():
         from spmdsim.runtime import DTensor as _  # noqa: F401  (as ops do on every call)
-    from spmdsim.ops._common import make_dtensor
-    from spmdsim.ops.matmul import plan_matmul
-    from spmdsim.plan import planner as _planner
-    from spmdsim.plan.steps import step_label
+    from spmdsim.nn.ops._common import make_dtensor
+    from spmdsim.nn.ops.matmul import plan_matmul
+    from spmdsim.programs.plan import planner as _planner
+    from spmdsim.programs.plan.steps import step_label
     step = plan.steps[0]
     keep = SeededTensor((8, 64, 128), "float64", seed=7, low=0.0, high=1.0)  # a GPT residual's mask
     rows = (slice(0, 4), slice(16, 32), slice(0, 128))  # one rank's block of it (dp 2 x tp 4, sequence split)

@@ -1,6 +1,6 @@
-"""spmdsim.gpt's GPT training step written by hand in numpy and mpi4py, with no spmdsim: one rank's replica.
+"""spmdsim.models.gpt's GPT training step written by hand in numpy and mpi4py, with no spmdsim: one rank's replica.
 
-The same model, mesh and splits as spmdsim.gpt.parallel (GPT(cfg, mesh, sp=True)
+The same model, mesh and splits as spmdsim.models.gpt.parallel (GPT(cfg, mesh, sp=True)
 on Layout((dp, tp), ("dp", "tp"))), written as an expert writes Megatron's
 sequence-parallel step straight on mpi4py: COMM_WORLD ``Split`` into a tp and a
 dp communicator (rank = d * tp + t); the activations sequence-first, rows
@@ -28,7 +28,7 @@ w2 rows). Per step, on 2-d activations:
 
 That is spmdsim's collective sequence call for call (41 a step at 4 layers).
 ``Comms(polite=True)`` posts the nonblocking call (Iallreduce, ...) and polls
-Test() with spmdsim.engines.wait's discipline (sched_yield for 1 ms, then sleeps
+Test() with spmdsim.runtime.engines.wait's discipline (sched_yield for 1 ms, then sleeps
 growing from 20 to 100 us under 1 us timer slack); with False, the blocking call.
 Each call's time (post and wait) is summed in ``Comms.seconds``.
 scripts/peer_mpi4py_gpt.py sets it up, checks it and times it.
@@ -45,7 +45,7 @@ import numpy as np
 __all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard"]
 
 _GELU_C = math.sqrt(2.0 / math.pi)
-# spmdsim.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
+# spmdsim.runtime.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
 # growing from _SLEEP_MIN_S to _SLEEP_MAX_S (tests/test_peer_mpi4py_gpt.py keeps them equal).
 _YIELD_S = 1000e-6
 _SLEEP_MIN_S = 20e-6
@@ -171,7 +171,7 @@ class Dropout:
 
     Args:
         draw: ``draw(site, shape) -> uniform [0, 1) numbers``; shape (B/dp, T/tp, D) for "emb" and the
-            residuals (batch-first, as spmdsim.gpt.params orders a mask), (B/dp, H/tp, T, T) for "attn".
+            residuals (batch-first, as spmdsim.models.gpt.params orders a mask), (B/dp, H/tp, T, T) for "attn".
     """
 
     def __init__(self, p: float, draw: Callable[[str, tuple], np.ndarray]) -> None:
@@ -387,7 +387,7 @@ class Replica:
 
 def adamw_flat(cfg: Any, t: int, theta: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
                n_decay: int) -> None:
-    """Step `t` of AdamW in place over flat buffers (the formulas of spmdsim.optim.adamw_update), weight
+    """Step `t` of AdamW in place over flat buffers (the formulas of spmdsim.nn.optim.adamw_update), weight
     decay on the first `n_decay` entries (the 2-d weights); both hand-written peers call it."""
     (b1, b2), lr = cfg.betas, cfg.lr
     decaying = theta[:n_decay]

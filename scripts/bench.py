@@ -13,11 +13,11 @@ Linear, the fused MLP, vocab-parallel Embedding). Every case runs three
 contenders in turn, in a rotating order, after a barrier: spmdsim, raw mpi4py
 (the same collectives on preallocated buffers of the same sizes; for ops the
 same local numpy work too; its buffers placed in the page as spmdsim places
-its own, spmdsim.buffers) and numpy in one process (rank 0 alone, the whole
+its own, spmdsim.base.buffers) and numpy in one process (rank 0 alone, the whole
 op). A time is the median over repeats (after warm-up) of the slowest rank.
 ``comm`` columns are the time inside collectives (spmdsim's trace; the raw
-code's own timers); ``model`` is spmdsim.cost's prediction for those calls.
-Peak RSS is VmHWM (spmdsim.memory.peak_rss), the largest over ranks, so far in the run.
+code's own timers); ``model`` is spmdsim.programs.cost's prediction for those calls.
+Peak RSS is VmHWM (spmdsim.programs.memory.peak_rss), the largest over ranks, so far in the run.
 
 ``--aa`` is the A/A control: every case is built twice and the spmdsim slot
 runs the second copy's raw code, with its own buffers, against the first's.
@@ -39,8 +39,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
-from spmdsim.cli.calibrate import Waiter, parse_size  # noqa: E402
-from spmdsim.cost import CostModel, load_or_default, predict_plan  # noqa: E402
+from spmdsim.tools.cli.calibrate import Waiter, parse_size  # noqa: E402
+from spmdsim.programs.cost import CostModel, load_or_default, predict_plan  # noqa: E402
 from spmdsim.errors import RuntimeMismatchError, SpmdsimError  # noqa: E402
 from spmdsim.runtime.guard import run_guarded  # noqa: E402
 
@@ -53,8 +53,8 @@ from _bench_comm_cases import collective_cases, redistribute_cases  # noqa: E402
 from _bench_harness import Case, peak_rss, run_case, size_text  # noqa: E402
 from _bench_op_cases import op_cases  # noqa: E402
 from _bench_overhead import overhead_records, overhead_table  # noqa: E402
-from spmdsim._threads import blas_kernels_text  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.base.threads import blas_kernels_text  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 SUITES = ("collectives", "redistribute", "ops", "overhead")
 KEYS = ("name", "bytes_per_rank", "spmdsim_s", "raw_s", "numpy_s", "ratio_vs_raw", "peak_rss_bytes")
@@ -86,7 +86,7 @@ def table(records: list[dict]) -> str:
             f"{ms(r['predicted_comm_s']):>9}{r['peak_rss_bytes'] / 2**20:>8.0f}")
     lines.append("times in ms: median over repeats of the slowest rank; comm = time inside "
                  "collectives; rawarr = raw comm after the last rank arrived (no load-imbalance "
-                 "wait); model = spmdsim.cost prediction of those collectives")
+                 "wait); model = spmdsim.programs.cost prediction of those collectives")
     return "\n".join(lines)
 
 

@@ -27,13 +27,13 @@ import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 SIZES = "64K,1M,8M"
 
 
 def parse_args(argv=None):
-    from spmdsim.algorithms import NAMES
+    from spmdsim.programs.algorithms import NAMES
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=byte_sizes(64), default=SIZES,
@@ -58,9 +58,9 @@ def measure(comm, names, sizes, repeats):
     """One row per (algorithm, size): the schedule's figures and the timed comparison."""
     import numpy as np
 
-    from spmdsim.algorithms import build, elements_for, parse_name
-    from spmdsim.algorithms.formulas import busiest_bytes_sent, predict_seconds
-    from spmdsim.cost import load_or_default
+    from spmdsim.programs.algorithms import build, elements_for, parse_name
+    from spmdsim.programs.algorithms.formulas import busiest_bytes_sent, predict_seconds
+    from spmdsim.programs.cost import load_or_default
     from spmdsim.runtime.algorithms import compare_with_mpi
 
     model = load_or_default()

@@ -49,8 +49,8 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
-from spmdsim._threads import launcher_size  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.base.threads import launcher_size  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 SIZES = (64 << 10, 1 << 20, 16 << 20)
 OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
@@ -70,12 +70,12 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
     """
     from mpi4py import MPI
 
-    from spmdsim import buffers
+    from spmdsim.base import buffers
     from spmdsim.runtime import collectives as C
 
     comm, g, _ = mesh.group_info(("x",))
     n = max(g, (n_bytes // 4) // g * g)
-    # Buffers placed in the page as spmdsim places its own (spmdsim.buffers), so
+    # Buffers placed in the page as spmdsim places its own (spmdsim.base.buffers), so
     # every launch compares the same placement.
     x = buffers.placed_copy(np.random.default_rng(mesh.rank).random(n, dtype=np.float32))
     gathered = buffers.empty(n * g, np.float32)
@@ -84,7 +84,7 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
     bbuf = buffers.placed_copy(x)
     if mesh.polite:
         # The same wait as spmdsim's polite mesh: the nonblocking call, then polite_wait.
-        from spmdsim.engines.wait import polite_wait as pw
+        from spmdsim.runtime.engines.wait import polite_wait as pw
 
         raw = {
             "allgather": lambda: pw(comm.Iallgather(x, gathered)),

@@ -15,7 +15,7 @@ before and after. The mesh is dp x tp with tp = gcd(ranks, 4), sequence parallel
 bench_gpt.py's dp 2 x tp 4). What the eager step adds is each operator's Python (the replay reruns the
 recorded numpy calls and collectives alone), about the same per rank whatever the ranks and the width, so
 the ratio falls as each rank's share of the arithmetic grows (docs/performance.md). `--kept megatron`: the
-GPT's blocks built from Megatron's fused pieces (spmdsim.ops.megatron), which keep Korthikanti et al.'s set
+GPT's blocks built from Megatron's fused pieces (spmdsim.nn.ops.megatron), which keep Korthikanti et al.'s set
 for backward (docs/training.md), in place of the graph's operators.
 
 `--apart N` runs each mode in processes of its own instead, as bench_gpt.py's launches do: N launches of an
@@ -39,8 +39,8 @@ from typing import Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # spmdsim from this checkout, also when run by path
 
-from spmdsim._malloc import glibc_env  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.base.malloc import glibc_env  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 
 def _ints(ap: argparse.ArgumentParser, text: str, flag: str, example: str) -> list[int]:
@@ -59,7 +59,7 @@ def _child(args: argparse.Namespace) -> dict:
 
     import spmdsim
     from spmdsim import DTensor, Layout, Mesh
-    from spmdsim.gpt import GPTConfig, batch, encode, load_text
+    from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.runtime.replay import Scalar, capture
     from bench_gpt import gpt_step  # the step bench_gpt.py times, built alike
 
@@ -107,7 +107,7 @@ def _launch(args: argparse.Namespace, mode: str, n: int, d: int, env: dict) -> O
 
 def _say(line: str) -> None:
     """Print `line` within 100 columns (its continuation indented)."""
-    from spmdsim.viz.table import wrap_lines
+    from spmdsim.programs.viz.table import wrap_lines
 
     print("\n".join(wrap_lines([line])), flush=True)
 
@@ -117,7 +117,7 @@ def _load() -> str:
 
 
 def main() -> int:
-    from spmdsim.autograd.kept import KEPT  # the sets a GPT's blocks may keep (its `kept`)
+    from spmdsim.nn.autograd.kept import KEPT  # the sets a GPT's blocks may keep (its `kept`)
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="8", help="simulated ranks, a comma list (default 8)")

@@ -35,7 +35,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 
 def _spins(text: str) -> list[int]:
@@ -78,11 +78,12 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
     """
     from mpi4py import MPI
 
-    from spmdsim import Layout, buffers
+    from spmdsim import Layout
+    from spmdsim.base import buffers
     from spmdsim import Mesh
     from spmdsim.runtime import collectives as C
     from spmdsim.runtime.door import issue
-    from spmdsim.engines.wait import polite_wait
+    from spmdsim.runtime.engines.wait import polite_wait
 
     comm = MPI.COMM_WORLD
     world = comm.Get_size()

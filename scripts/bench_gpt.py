@@ -12,7 +12,7 @@ warm-up step, then times --steps steps (each after a barrier, the slowest
 rank's wall time); a row is the median over launches of each launch's median
 step. Rows:
 
-- one numpy process: spmdsim.gpt.reference's step (loss, hand-written
+- one numpy process: spmdsim.models.gpt.reference's step (loss, hand-written
   backward, AdamW) on one BLAS thread, twice: the second is the A/A control,
   the spread between two equal runs on this machine now;
 - 1 simulated rank on a 1 x 1 mesh: the same step through spmdsim with
@@ -44,7 +44,7 @@ step. Rows:
 - numpy + mpi4py by hand (scripts/peer_mpi4py_gpt.py, 8 ranks under mpiexec):
   the same step written directly on mpi4py buffer calls (Allgather,
   Reduce_scatter_block, Allreduce on Split sub-communicators), Megatron's
-  sequence-parallel step with spmdsim's 41 collectives, from spmdsim.gpt's
+  sequence-parallel step with spmdsim's 41 collectives, from spmdsim.models.gpt's
   initial parameters, with its own numpy dropout masks; its collectives (the
   time inside its MPI calls, the slowest rank), the waits for later members in
   them, their time after each call's last member arrived and the CPU time of its
@@ -59,7 +59,7 @@ step. Rows:
   loss beside the one-process reference's, and how far its gradients and updated
   parameters are from the reference's;
 - PyTorch DTensor (gloo, 8 ranks under mpiexec): the same GPT in torch float64,
-  from spmdsim.gpt's initial parameters, with PyTorch's tensor-parallel plan on
+  from spmdsim.models.gpt's initial parameters, with PyTorch's tensor-parallel plan on
   the same dp 2 x tp 4 mesh, sequence parallel (scripts/peer_dtensor_gpt.py);
   the first launch also runs step 0 with spmdsim's dropout masks and prints its
   loss beside the one-process reference's. Needs torch (the `bench` extra);
@@ -78,14 +78,14 @@ its min-max over launches; the load average (1, 5, 15 min) is printed at the
 start and at the end: on a shared machine compare within one run only.
 Every launch (spmdsim's, the peers', the one process's) runs with the glibc
 heap thresholds that spmdsim's MPI ranks set for themselves (tune_mpi_process),
-given as `spmdsim launch` gives them (spmdsim._malloc.glibc_env), unless the
+given as `spmdsim launch` gives them (spmdsim.base.malloc.glibc_env), unless the
 environment sets glibc's variables already: under glibc's defaults a step that
 allocates its results afresh (an eager step, the peers') gives its freed heap
 top back to the OS and faults it in again the next step (docs/performance.md),
 so every row runs on the same heap.
 
 ``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,
-dp 1, 1F1B, --microbatches, default 8): spmdsim.gpt.pipeline's
+dp 1, 1F1B, --microbatches, default 8): spmdsim.models.gpt.pipeline's
 train_pipelined (the activations and their gradients between stages as
 point-to-point messages) beside the same schedule written by hand on mpi4py
 (scripts/peer_mpi4py_pipeline.py: Irecv/Isend of numpy buffers between
@@ -161,12 +161,12 @@ P2P = ("send", "recv", "sendrecv")  # the trace's point-to-point rows (spmdsim.r
 sys.path.insert(0, str(HERE.parent))  # the peer beside this file, also when imported by path
 from peer_dtensor_gpt import missing  # noqa: E402
 
-from spmdsim._malloc import glibc_env  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.base.malloc import glibc_env  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 
 def _config(args):
-    from spmdsim.gpt import GPTConfig
+    from spmdsim.models.gpt import GPTConfig
 
     return GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
 
@@ -180,9 +180,9 @@ def _moe_config(args):
 
 
 def _reference(args) -> dict:
-    from spmdsim._threads import blas_threads
-    from spmdsim.gpt import encode, load_text
-    from spmdsim.gpt.reference import Trainer
+    from spmdsim.base.threads import blas_threads
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.reference import Trainer
 
     cfg = _config(args)
     times = []
@@ -199,9 +199,9 @@ def gpt_step(cfg, mesh, kept: str = "graph") -> tuple:
     """(the GPT of `cfg` on `mesh`, sequence parallel where tp > 1, keeping `kept`'s set for backward; its
     parameters in order; its training step ``train_step(xd, yd, step) -> loss``: forward, backward with
     buckets, AdamW) as every bench here times it."""
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.gpt.params import decays, param_specs
-    from spmdsim.optim import AdamW
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.models.gpt.params import decays, param_specs
+    from spmdsim.nn.optim import AdamW
 
     model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1, kept=kept)
     specs = param_specs(cfg)
@@ -224,8 +224,9 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
     after arrival and the CPU time of all ranks. `replay`: the warm-up step is captured
     (spmdsim.runtime.replay) and each timed step replays it. `moe`: the MoE GPT (_moe_config) on MOE_MESH."""
     from spmdsim import Layout
-    from spmdsim.gpt import batch, encode, load_text
-    from spmdsim import DTensor, Mesh, collect_trace, ops
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim.nn import ops
     from spmdsim.runtime.replay import Scalar, capture
 
     cfg, ids = (_moe_config(args) if moe else _config(args)), encode(load_text())
@@ -290,8 +291,8 @@ def _pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -
     trace rows (spmdsim.runtime.door.point_to_point). `replay`: step 0 captured, the later steps replayed.
     `clock`: a rank's CPU clock (a simulated rank's is its thread's)."""
     from spmdsim import collect_trace
-    from spmdsim.gpt import encode, load_text
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     stamps, marks, clocks, ends = [], [], [], []
     with collect_trace() as trace:
@@ -329,12 +330,12 @@ REPLAYS = ("raw", "door", "raw2", "waitall", "replayed", "rawbound")
 
 
 def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
-    """`rank`'s point-to-point groups of one 1F1B step, in the order spmdsim.gpt.pipeline posts them:
+    """`rank`'s point-to-point groups of one 1F1B step, in the order spmdsim.models.gpt.pipeline posts them:
     (receives, sends), each a list of (bytes, peer, tag), from the schedule spmdsim runs
-    (spmdsim.pipeline.schedule.build; tags as spmdsim.gpt.pipeline tags them) and, on the first and the
-    last stage, the tied table's gradient exchange that ends the step (spmdsim.gpt.pipeline._tie_embedding)."""
-    from spmdsim.gpt.pipeline import _tag
-    from spmdsim.pipeline.schedule import Compute, Post, Send, build
+    (spmdsim.programs.pipeline.schedule.build; tags as spmdsim.models.gpt.pipeline tags them) and, on the first and the
+    last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.pipeline._tie_embedding)."""
+    from spmdsim.models.gpt.pipeline import _tag
+    from spmdsim.programs.pipeline.schedule import Compute, Post, Send, build
 
     act = cfg.batch // microbatches * cfg.seq * cfg.d_model * 8  # a microbatch's activation, float64
     groups = []
@@ -369,8 +370,9 @@ def _message_replay(args, comm) -> dict:
     from mpi4py import MPI
 
     from _peer_mpi4py_step import _polite, _tight_timer_slack
-    from spmdsim import Layout, Mesh, buffers, collect_trace
-    from spmdsim.gpt.pipeline import _PP
+    from spmdsim import Layout, Mesh, collect_trace
+    from spmdsim.base import buffers
+    from spmdsim.models.gpt.pipeline import _PP
     from spmdsim.runtime.door import messages, point_to_point
     from spmdsim.runtime.replay import capture
 
@@ -478,7 +480,7 @@ def _worker(args) -> None:
         result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False, replay=replay))[0]
     elif args.worker == "one":
         import spmdsim
-        from spmdsim._threads import blas_threads
+        from spmdsim.base.threads import blas_threads
 
         # One BLAS thread, as the one-process row: simulate() caps BLAS from 2 ranks only, and a
         # multithreaded OpenBLAS on a loaded machine took 15 ms for a (128, 32) @ (32, 128) product

@@ -9,7 +9,7 @@ Run under MPI (every mpiexec under a timeout):
 Four cases with plain mpi4py (``Alltoall``; ``--op sendrecv`` sends to the
 next rank and receives from the previous one): send and receive buffer each on
 4 KiB pages (advised ``MADV_NOHUGEPAGE``) or on 2 MiB huge pages (advised
-``MADV_HUGEPAGE``), both starting 16 bytes into a page as spmdsim.buffers
+``MADV_HUGEPAGE``), both starting 16 bytes into a page as spmdsim.base.buffers
 places its own. The cases run in a random order per repeat on the same four
 allocations; a time is the median over repeats of the slowest rank, and
 `ratio` is against 4 KiB pages on both sides in the same run. `huge_share` is
@@ -40,7 +40,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser  # noqa: E402
 from bench_placement import add_pair_arguments, pair_calls, slowest_medians, whole_blocks  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
 CASES = (("4K", "4K"), ("huge", "huge"), ("4K", "huge"), ("huge", "4K"))  # (send, receive)
@@ -75,7 +75,7 @@ def _anon_huge_kib() -> int | None:
 def bench(sizes: list[int], repeats: int, op: str) -> list[dict]:
     from mpi4py import MPI
 
-    from spmdsim.buffers import PAGE_OFFSET
+    from spmdsim.base.buffers import PAGE_OFFSET
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

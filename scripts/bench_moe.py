@@ -6,8 +6,8 @@
 Each launch (``timeout -k 5 600 mpiexec -n 8``) makes a mesh of ep 8 (dp 1,
 tp 1), routes each rank's own tokens (--sequences of --tokens, router
 probabilities from a seeded softmax, top-2 over --experts) with
-spmdsim.moe.routing, and builds the MoE layer's exchange (the
-``_Exchange`` of spmdsim.moe.layer, as the layer builds it, the counts
+spmdsim.models.moe.routing, and builds the MoE layer's exchange (the
+``_Exchange`` of spmdsim.models.moe.layer, as the layer builds it, the counts
 exchanged once). Then, --rounds times, each of three ways moves the same send
 buffer to the experts' ranks and back:
 
@@ -16,7 +16,7 @@ buffer to the experts' ranks and back:
   expert, and back) into buffers placed as spmdsim places its own; with a
   capacity, Ialltoall of the (S, E, C, D) slots packed and unpacked as the
   layer packs them. Completed by spmdsim's own wait
-  (spmdsim.engines.wait.polite_wait) when the mesh waits politely (ranks
+  (spmdsim.runtime.engines.wait.polite_wait) when the mesh waits politely (ranks
   outnumber cores, as here), else by the blocking call;
 - raw again: the same code a second time, the A/A control (the spread between
   two equal ways on this machine now);
@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-from spmdsim.cli.main import run_script
+from spmdsim.tools.cli.main import run_script
 
 HERE = Path(__file__).resolve()
 RANKS = 8
@@ -80,8 +80,8 @@ def _raw_ways(comm, move, polite: bool, D: int):
     import numpy as np
     from mpi4py import MPI
 
-    from spmdsim import buffers
-    from spmdsim.engines.wait import polite_wait
+    from spmdsim.base import buffers
+    from spmdsim.runtime.engines.wait import polite_wait
 
     def done(request) -> None:
         polite_wait(request) if polite else request.Wait()
@@ -132,9 +132,9 @@ def _worker(args) -> dict:
     from mpi4py import MPI
 
     from spmdsim import Layout, Mesh, collect_trace
-    from spmdsim.moe import MoEConfig, dispatch_rows, route
-    from spmdsim.moe.layer import _Exchange
-    from spmdsim.plan.steps import moved_bytes
+    from spmdsim.models.moe import MoEConfig, dispatch_rows, route
+    from spmdsim.models.moe.layer import _Exchange
+    from spmdsim.programs.plan.steps import moved_bytes
     from spmdsim.runtime.process import tune_mpi_process
 
     tune_mpi_process()  # as the guard does for spmdsim's commands: BLAS threads, heap, memory watch
@@ -160,7 +160,7 @@ def _worker(args) -> dict:
                     and np.array_equal(back, send))  # the combine brings every row home
         traced = sum(e.bytes_sent for e in trace.entries)
         # what the trace should count: an Alltoallv its whole send buffer (a rank's rows to itself too), an
-        # Alltoall the part that leaves the rank (spmdsim.plan.steps.moved_bytes)
+        # Alltoall the part that leaves the rank (spmdsim.programs.plan.steps.moved_bytes)
         expect = 2 * send.nbytes if moe.dropless else 2 * moved_bytes("alltoall", comm.size, send.nbytes)
         ways = {"raw": lambda: raw_combine(raw_dispatch(send)), "raw2": lambda: raw_combine(raw_dispatch(send)),
                 "spmdsim": lambda: move.combine(move.dispatch(send))}

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from spmdsim.cli.main import run_script
+from spmdsim.tools.cli.main import run_script
 
 HERE = Path(__file__).resolve().parent
 DEMOS = {"helloworld.py": "", "compute-pi/cpi-cco.py": "100\n100000\n0\n"}  # the stdin its makefile gives

@@ -42,8 +42,8 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, launcher_rank, output_path  # noqa: E402
-from spmdsim._threads import blas_kernels_text  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.base.threads import blas_kernels_text  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 FULL = dict(shape=(4096, 1024), matmul=2048, batch=64, hidden=1024, ffn=4096, vocab=32000,
             emb_dim=1024, tokens=2048, repeats=7, warmup=2)
@@ -124,7 +124,7 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
                                                    parallelize_module)
 
     from spmdsim import Layout, SeededTensor
-    from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+    from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                              VocabParallelEmbedding, matmul)
     from spmdsim.runtime.executor import redistribute
     from spmdsim import DTensor, Mesh
@@ -200,7 +200,7 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
 
 def _peak_rss_mib(comm: Any) -> tuple[float, float]:
     """(min, max) over ranks of this process's peak RSS so far (VmHWM), in MiB."""
-    from spmdsim.memory import peak_rss
+    from spmdsim.programs.memory import peak_rss
 
     peaks = comm.allgather(peak_rss() / 2**20)
     return min(peaks), max(peaks)
@@ -222,8 +222,8 @@ def training_case(comm: Any, torch: Any, cfg: dict,
                                                    parallelize_module)
 
     from spmdsim import Layout, SeededTensor
-    from spmdsim.ops import ParallelMLP, mse_loss
-    from spmdsim.optim import SGD
+    from spmdsim.nn.ops import ParallelMLP, mse_loss
+    from spmdsim.nn.optim import SGD
     from spmdsim import DTensor, Mesh
 
     world = comm.Get_size()
@@ -275,13 +275,13 @@ def _numpy_step(comm: Any, waiter: Any, x: np.ndarray, target: np.ndarray, param
     """The training step's math by hand on this rank's blocks: numpy and one mpi4py Allreduce.
 
     The floor for any numpy implementation of the step: spmdsim's local math
-    (GELU and its gradient from spmdsim.activations, the kernels its operators
+    (GELU and its gradient from spmdsim.references.activations, the kernels its operators
     run) without its Python around it, waiting as spmdsim waits. It updates
     its own copies of the weights.
     """
     from mpi4py import MPI
 
-    from spmdsim.activations import gelu, gelu_backward
+    from spmdsim.references.activations import gelu, gelu_backward
 
     w1, b1, w2, b2 = params
     y = np.empty(target.shape, target.dtype)
@@ -331,7 +331,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(args: argparse.Namespace, torch: Any) -> int:
     from mpi4py import MPI
 
-    from spmdsim.cli.calibrate import Waiter
+    from spmdsim.tools.cli.calibrate import Waiter
 
     comm = MPI.COMM_WORLD
     cfg = QUICK if args.quick else FULL

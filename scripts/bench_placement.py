@@ -15,7 +15,7 @@ rank, and `ratio` is against delta 0 in the same run. Between processes on one
 node MPICH copies large messages with the kernel's cross-memory attach, whose
 copy can be much slower for some deltas (docs/performance.md, "Buffer
 placement"); this script shows whether the machine at hand has that trap.
-spmdsim.buffers places what spmdsim allocates PAGE_OFFSET bytes into a page:
+spmdsim.base.buffers places what spmdsim allocates PAGE_OFFSET bytes into a page:
 delta 0 between its own buffers and against the arrays glibc maps on its own.
 """
 from __future__ import annotations
@@ -31,14 +31,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from spmdsim.buffers import PAGE  # noqa: E402
+from spmdsim.base.buffers import PAGE  # noqa: E402
 from spmdsim.runtime.guard import run_guarded  # noqa: E402
 
 # The shared argument types live beside this file (on sys.path when the script runs;
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 DELTAS = (0, 8, 16, 32, 48, 64, 112, -112, 2048)
 SIZES = (1 << 20, 16 << 20)
@@ -101,7 +101,7 @@ def slowest_medians(comm: Any, calls: Sequence[Callable[[], None]], repeats: int
 def bench(sizes: list[int], deltas: list[int], repeats: int, op: str) -> list[dict]:
     from mpi4py import MPI
 
-    from spmdsim.buffers import PAGE_OFFSET
+    from spmdsim.base.buffers import PAGE_OFFSET
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What one meeting of simulated ranks costs: mpi4py calls on simulated ranks (spmdsim.sim), in one process.
+"""What one meeting of simulated ranks costs: mpi4py calls on simulated ranks (spmdsim.runtime.sim), in one process.
 
     python scripts/bench_rendezvous.py                          # 5 launches of each case, 2,000 calls
     python scripts/bench_rendezvous.py --before /tmp/old        # another checkout's spmdsim beside, A/A too
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spmdsim.cli.main import run_script
+from spmdsim.tools.cli.main import run_script
 
 HERE = Path(__file__).resolve().parent
 CASES = (("Allreduce", 2), ("Allreduce", 8), ("Barrier", 8), ("Bcast", 8), ("Send+Recv", 2))
@@ -32,7 +32,7 @@ CASES = (("Allreduce", 2), ("Allreduce", 8), ("Barrier", 8), ("Bcast", 8), ("Sen
 _CHILD = r"""
 import json, sys, time
 import numpy as np
-from spmdsim.sim import simulate, world
+from spmdsim.runtime.sim import simulate, world
 
 def body(case, calls):
     comm = world()

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from spmdsim.cli.main import run_script
+from spmdsim.tools.cli.main import run_script
 
 HERE = Path(__file__).resolve()
 MOVE = "move (S(0),S(1))->(S(1),S(0)) 1024x1024 f32, 2x4"

@@ -30,7 +30,7 @@ from typing import Any, Iterable, NoReturn, Optional
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import byte_size  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 COMM_TARGET = 1.1
 MODEL_FACTOR = 2.0

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from spmdsim.cli.main import run_script
+from spmdsim.tools.cli.main import run_script
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -58,10 +58,10 @@ def _counting(counts: collections.Counter):
 def _spmdsim_step(cfg, counts: collections.Counter, phases: dict, replayed: dict) -> None:
     import spmdsim
     from spmdsim import DTensor, Layout, Mesh
-    from spmdsim.gpt import batch, encode, load_text
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.gpt.params import decays, param_specs
-    from spmdsim.optim import AdamW
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.models.gpt.params import decays, param_specs
+    from spmdsim.nn.optim import AdamW
     from spmdsim.runtime.replay import Scalar, capture
 
     comm = spmdsim.world()
@@ -101,7 +101,7 @@ def _spmdsim_step(cfg, counts: collections.Counter, phases: dict, replayed: dict
     x, y = batch(ids, cfg, 4)
     xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
     # Every rank's counted step over before any captures (a capture on one thread once sent the others'
-    # optimizer down its capturing path, 860 calls, not 80; spmdsim.buffers.CAPTURE is each thread's now).
+    # optimizer down its capturing path, 860 calls, not 80; spmdsim.base.buffers.CAPTURE is each thread's now).
     comm.Barrier()
     graph = capture(train_step, xd, yd, Scalar(4), state=[model.params[s.name] for s in specs])
     if comm.rank == 0:
@@ -114,8 +114,8 @@ def _peer_step(cfg, counts: collections.Counter) -> None:
     import spmdsim
     from _peer_mpi4py_step import Comms, Dropout, Replica
     from peer_mpi4py_gpt import _own_masks
-    from spmdsim.gpt import batch, encode, load_text
-    from spmdsim.gpt.reference import init_params
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim.models.gpt.reference import init_params
 
     world, dp, tp = spmdsim.world(), 2, 4
     comms = Comms(world, dp, tp, False)
@@ -142,8 +142,8 @@ def main() -> int:
     args = ap.parse_args()
     import spmdsim
     from spmdsim.errors import SpmdsimError
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.parallel import mesh_problem
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.parallel import mesh_problem
 
     try:
         cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)

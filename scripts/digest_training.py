@@ -27,7 +27,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from spmdsim.cli.main import run_script
+from spmdsim.tools.cli.main import run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 _SMALL = "--d-model 32 --seq 16 --steps 3 --every 1"

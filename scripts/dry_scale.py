@@ -3,10 +3,10 @@
     python scripts/dry_scale.py                  # (8, 128): 1,024 ranks
     python scripts/dry_scale.py --mesh 2,4 --json
 
-Shapes and dtypes only (spmdsim.sim.dry): prints the per-rank table folded
+Shapes and dtypes only (spmdsim.runtime.sim.dry): prints the per-rank table folded
 over equal ranks, the seconds and the process's peak RSS, and checks every
 rank's bytes sent and received against the cost model's ring formulas
-(spmdsim/cost/model.py): exit 1 if any rank differs.
+(spmdsim/programs/cost/model.py): exit 1 if any rank differs.
 """
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ import time
 
 import spmdsim
 from spmdsim import Layout, SeededTensor
-from spmdsim.cost.model import CostModel
-from spmdsim.memory import peak_rss
-from spmdsim.viz.table import wrap_lines
-from spmdsim.cli.main import run_script
+from spmdsim.programs.cost.model import CostModel
+from spmdsim.programs.memory import peak_rss
+from spmdsim.programs.viz.table import wrap_lines
+from spmdsim.tools.cli.main import run_script
 
 SEQ, WIDTH, D_MODEL, HIDDEN_PER_MP = 16, 4, 16, 8  # rows per rank, head width, model width, MLP units per rank
 
 
 def mlp(mesh):
     """ParallelMLP over "mp", rows split over "dp": one Allreduce of the (rows/dp, hidden) output."""
-    from spmdsim.ops import ParallelMLP
+    from spmdsim.nn.ops import ParallelMLP
     from spmdsim import DTensor
 
     dp, mp = mesh.layout.device_matrix
@@ -37,7 +37,7 @@ def mlp(mesh):
 
 def attention(mesh):
     """examples/attention.py on every dp replica: heads split over "mp", one Allreduce of (SEQ, D_MODEL)."""
-    from spmdsim.ops import matmul, reshape, scale, softmax, transpose
+    from spmdsim.nn.ops import matmul, reshape, scale, softmax, transpose
     from spmdsim import DTensor
 
     mp = mesh.layout.device_matrix[1]

@@ -39,8 +39,8 @@ from _bench_args import ArgumentParser, int_at_least, positive_float  # noqa: E4
 _ENFORCE_FROM = 256 << 20
 
 
-from spmdsim.memory import peak_rss  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.programs.memory import peak_rss  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 
 def current_rss() -> int:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     from spmdsim import Layout, SeededTensor
     from spmdsim.errors import SpmdsimError
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
     from spmdsim import DTensor, Mesh
 
     comm = MPI.COMM_WORLD

@@ -4,10 +4,10 @@
 Trains examples/train_gpt.py's model (4 layers, d_model 128, 4 heads, seq 64, batch 8) two steps on
 8 simulated ranks, dp 2 x tp 4 with sequence parallelism, once per combination, and prints rank 0's
 figures at the second step as two markdown tables: what the graph kept for backward after the
-forward (spmdsim.autograd.kept_bytes), per layer in Korthikanti et al.'s units (s sequence, b the
+forward (spmdsim.nn.autograd.kept_bytes), per layer in Korthikanti et al.'s units (s sequence, b the
 samples a dp rank runs, h d_model, a heads) beside their formula at the run's activation width (every
-value and dropout mask 8 bytes at the default fp64: spmdsim.gpt.memory.korthikanti_bytes); and the
-parameters, gradients, master copy, optimizer states, buffers and peak (spmdsim.gpt.memory.MemoryReport).
+value and dropout mask 8 bytes at the default fp64: spmdsim.models.gpt.memory.korthikanti_bytes); and the
+parameters, gradients, master copy, optimizer states, buffers and peak (spmdsim.models.gpt.memory.MemoryReport).
 
     python scripts/memory_table.py
     python scripts/memory_table.py --dry-run --dp 64 --tp 8 --vocab 50304 --layers 24 --d-model 1024 \
@@ -15,7 +15,7 @@ parameters, gradients, master copy, optimizer states, buffers and peak (spmdsim.
     python scripts/memory_table.py --kept megatron   # Megatron's kept set, against the formula at 1-byte masks
     python scripts/memory_table.py --kept megatron --precision bf16-mixed   # the paper's widths: 2-byte values
 
-With --dry-run the ranks run on shapes only (spmdsim.sim.dry): the same kept bytes, parameters and
+With --dry-run the ranks run on shapes only (spmdsim.runtime.sim.dry): the same kept bytes, parameters and
 optimizer figures as a real run (the saved blocks are zeros of their real sizes, never touched).
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ import argparse
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.autograd.kept import KEPT
-from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, korthikanti_bytes, per_layer_units
-from spmdsim.gpt.parallel import mesh_problem
-from spmdsim.gpt.train import train
-from spmdsim.precision import PRESETS, precision_problem
-from spmdsim.cli.main import run_script
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.nn.autograd.kept import KEPT
+from spmdsim.models.gpt.memory import BLOCK_KINDS, RECOMPUTE, korthikanti_bytes, per_layer_units
+from spmdsim.models.gpt.parallel import mesh_problem
+from spmdsim.models.gpt.train import train
+from spmdsim.base.precision import PRESETS, precision_problem
+from spmdsim.tools.cli.main import run_script
 
 
 #: The ZeRO stages the table measures: 0 and 1 (ZeRO-2 is ZeRO-1 with the gradients at 1/dp: docs/training.md,

@@ -1,12 +1,12 @@
-"""spmdsim.gpt's GPT in PyTorch (float64) with DTensor's tensor-parallel plan on gloo: bench_gpt's peer.
+"""spmdsim.models.gpt's GPT in PyTorch (float64) with DTensor's tensor-parallel plan on gloo: bench_gpt's peer.
 
     timeout -k 5 600 mpiexec -n 8 python scripts/peer_dtensor_gpt.py           # dp 2 x tp 4
     timeout -k 5 600 mpiexec -n 8 python scripts/peer_dtensor_gpt.py --steps 5 --check 3
 
-The same model as spmdsim.gpt (token + position embeddings, pre-LN blocks with
+The same model as spmdsim.models.gpt (token + position embeddings, pre-LN blocks with
 causal multi-head attention without a key bias, tanh-GELU MLP, residuals, final
 LayerNorm, head tied to the token embedding, mean cross-entropy, AdamW decaying
-the 2-d weights), started from spmdsim.gpt's own initial parameters. The plan
+the 2-d weights), started from spmdsim.models.gpt's own initial parameters. The plan
 is Megatron's as PyTorch writes it, on the "tp" dim of a (dp, tp) DeviceMesh:
 vocab-parallel embedding (RowwiseParallel, output on the sequence), q/k/v and
 w1 ColwiseParallel, wo and w2 RowwiseParallel reduce-scattered onto the
@@ -15,8 +15,8 @@ loss_parallel's cross-entropy. The LayerNorms' gradients (Partial over tp) are
 summed in one Allreduce, and all gradients averaged over "dp" in one more (what
 Megatron and DDP do, one bucket each).
 
-First --check steps run with spmdsim's dropout masks (spmdsim.gpt.params), and
-rank 0 compares their losses with spmdsim.gpt.reference's; the timed steps
+First --check steps run with spmdsim's dropout masks (spmdsim.models.gpt.params), and
+rank 0 compares their losses with spmdsim.models.gpt.reference's; the timed steps
 (one warm-up, then --steps) use torch's own dropout, as a PyTorch user would.
 Rank 0 prints the figures and a ``RESULT {json}`` line (scripts/bench_gpt.py
 reads it). Without torch: one line, exit 0.
@@ -40,7 +40,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the shared arguments beside th
         sys.path.insert(0, str(_folder))
 
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["MISSING", "missing", "build", "parallelize", "reference_drop", "native_drop", "step",
            "single_process_losses", "main"]
@@ -71,7 +71,7 @@ class _Dropper:
 
 
 def build(cfg: Any, params: dict) -> Any:
-    """The torch GPT of `cfg` (float64) holding copies of `params` (spmdsim.gpt.reference.init_params)."""
+    """The torch GPT of `cfg` (float64) holding copies of `params` (spmdsim.models.gpt.reference.init_params)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -146,7 +146,7 @@ def build(cfg: Any, params: dict) -> Any:
 
 
 def _torch_name(name: str) -> str:
-    """spmdsim.gpt's parameter name -> the torch model's: "h0.attn.wq" -> "h.0.attn.wq.weight"."""
+    """spmdsim.models.gpt's parameter name -> the torch model's: "h0.attn.wq" -> "h.0.attn.wq.weight"."""
     if name in ("wte", "wpe"):
         return "wte.weight" if name == "wte" else "wpe"
     if name.startswith("lnf."):
@@ -185,11 +185,11 @@ def parallelize(model: Any, tp_mesh: Any) -> Any:
 
 def reference_drop(cfg: Any, step_no: int, rows: slice = slice(None), tp_rank: int = 0,
                    tp: int = 1) -> Callable[[Any, str], Any]:
-    """Dropout with spmdsim.gpt's masks of step `step_no`: this rank's batch `rows`, its share of the
+    """Dropout with spmdsim.models.gpt's masks of step `step_no`: this rank's batch `rows`, its share of the
     split dim of a DTensor (its heads for the attention probabilities, a plain local tensor)."""
     import torch
 
-    from spmdsim.gpt import dropout_tensor
+    from spmdsim.models.gpt import dropout_tensor
 
     q = 1.0 - cfg.dropout
 
@@ -220,7 +220,7 @@ def native_drop(cfg: Any) -> Callable[[Any, str], Any]:
 
 
 def optimizer(cfg: Any, model: Any) -> Any:
-    """torch.optim.AdamW with cfg's settings, decaying the 2-d weights only (spmdsim.gpt.params.decays)."""
+    """torch.optim.AdamW with cfg's settings, decaying the 2-d weights only (spmdsim.models.gpt.params.decays)."""
     import torch
 
     params = list(model.parameters())  # the tied weight once
@@ -276,11 +276,11 @@ def _sum_partial_grads(model: Any) -> None:
 
 def single_process_losses(cfg: Any, steps: int = 1) -> list[float]:
     """The first `steps` losses of the torch GPT in this process (no torch.distributed), with
-    spmdsim's dropout masks: each should equal spmdsim.gpt.reference's."""
+    spmdsim's dropout masks: each should equal spmdsim.models.gpt.reference's."""
     import torch
 
-    from spmdsim.gpt import batch, encode, load_text
-    from spmdsim.gpt.reference import init_params
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim.models.gpt.reference import init_params
 
     ids = encode(load_text())
     model = build(cfg, init_params(cfg))
@@ -294,9 +294,9 @@ def single_process_losses(cfg: Any, steps: int = 1) -> list[float]:
 
 
 def _reference_losses(cfg: Any, steps: int) -> list[float]:
-    from spmdsim._threads import blas_threads
-    from spmdsim.gpt import encode, load_text
-    from spmdsim.gpt.reference import Trainer
+    from spmdsim.base.threads import blas_threads
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.reference import Trainer
 
     with blas_threads(1):
         trainer = Trainer(cfg, encode(load_text()))
@@ -326,8 +326,8 @@ def run(args: argparse.Namespace) -> dict:
     from mpi4py import MPI
     from torch.distributed.device_mesh import init_device_mesh
 
-    from spmdsim.gpt import GPTConfig, batch, encode, load_text
-    from spmdsim.gpt.reference import init_params
+    from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
+    from spmdsim.models.gpt.reference import init_params
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -370,7 +370,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse, then without torch one line; under mpiexec, the figures from rank 0."""
-    from spmdsim._threads import launcher_rank
+    from spmdsim.base.threads import launcher_rank
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(ap, 2, "first steps run with spmdsim's dropout masks, losses against the reference")
@@ -402,8 +402,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _mesh_problem(args: argparse.Namespace, size: int) -> Optional[str]:
     """Why the run cannot start on `size` ranks (one line), or None."""
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.parallel import mesh_problem
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.parallel import mesh_problem
 
     if args.dp * args.tp != size:
         return f"--dp {args.dp} x --tp {args.tp} is {args.dp * args.tp} ranks; mpiexec started {size}"

@@ -1,22 +1,22 @@
-"""spmdsim.gpt's GPT training step written by hand in numpy and mpi4py: bench_gpt's peer on the same work.
+"""spmdsim.models.gpt's GPT training step written by hand in numpy and mpi4py: bench_gpt's peer on the same work.
 
     timeout -k 5 600 mpiexec -n 8 python scripts/peer_mpi4py_gpt.py                # dp 2 x tp 4
     timeout -k 5 600 mpiexec -n 8 python scripts/peer_mpi4py_gpt.py --wait busy --check 2
 
-The step (scripts/_peer_mpi4py_step.py: numpy and mpi4py only) is spmdsim.gpt's
+The step (scripts/_peer_mpi4py_step.py: numpy and mpi4py only) is spmdsim.models.gpt's
 model on the same mesh with Megatron's sequence-parallel splits and spmdsim's
-41 collectives a step, started here from spmdsim.gpt's initial parameters.
+41 collectives a step, started here from spmdsim.models.gpt's initial parameters.
 Waiting: ``--wait busy`` makes the blocking calls; ``polite`` posts the
-nonblocking one and polls it as spmdsim.engines.wait does; ``auto`` (the
+nonblocking one and polls it as spmdsim.runtime.engines.wait does; ``auto`` (the
 default) decides as spmdsim does: polite when this node runs more ranks than it
 has cores. Its collectives' time is the time inside those calls (post and
 wait), summed per step on each rank; its CPU time is the step's process time
 summed over the ranks.
 
-The first --check steps use spmdsim's dropout masks (spmdsim.gpt.params, read
+The first --check steps use spmdsim's dropout masks (spmdsim.models.gpt.params, read
 at this rank's block, as spmdsim's dropout reads them); then rank 0 compares
 the losses, the last check step's gradients and the parameters after it with
-spmdsim.gpt.reference (one numpy process). The timed steps (one warm-up, then
+spmdsim.models.gpt.reference (one numpy process). The timed steps (one warm-up, then
 --steps) draw their masks from numpy's own generator, seeded by (seed, step,
 rank), at the same rate. Rank 0 prints the figures and a ``RESULT {json}`` line
 (scripts/bench_gpt.py reads it).
@@ -40,14 +40,14 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
 
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["run", "stopped", "print_result", "main"]
 
 
 def _spmdsim_masks(cfg: Any, step: int, d: int, t: int) -> Callable[[str, tuple], np.ndarray]:
-    """spmdsim.gpt's mask numbers of step `step` at this rank's block (its samples, its sequence rows or heads)."""
-    from spmdsim.gpt import dropout_tensor
+    """spmdsim.models.gpt's mask numbers of step `step` at this rank's block (its samples, its sequence rows or heads)."""
+    from spmdsim.models.gpt import dropout_tensor
 
     def draw(site: str, shape: tuple) -> np.ndarray:
         region = tuple(slice(i * n, (i + 1) * n) for i, n in zip((d, t), shape[:2])) + (slice(None),) * 2
@@ -80,15 +80,15 @@ def arrivals(spans: Any) -> tuple[float, float]:
 
 
 def _check(cfg: Any, world: Any, model: Replica, losses: list) -> dict:
-    """Rank 0: the check steps' losses against spmdsim.gpt.reference's, and the last step's gradients and the
+    """Rank 0: the check steps' losses against spmdsim.models.gpt.reference's, and the last step's gradients and the
     parameters after it (the largest difference relative to the tensor's largest entry, over all ranks)."""
     mine = (model.where, {n: model.g[n].copy() for n in model.g}, {n: model.p[n].copy() for n in model.p})
     everyone = world.gather(mine, root=0)
     if world.rank != 0:
         return {}
-    from spmdsim._threads import blas_threads
-    from spmdsim.gpt import encode, load_text
-    from spmdsim.gpt.reference import Trainer
+    from spmdsim.base.threads import blas_threads
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.reference import Trainer
 
     with blas_threads(1):
         trainer = Trainer(cfg, encode(load_text()))
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, 
     is split over (default args.dp); `make`: the replica, called as Replica is (scripts/peer_mpi4py_moe.py's)."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import batch, encode, load_text
-    from spmdsim.gpt.reference import init_params
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim.models.gpt.reference import init_params
 
     world = MPI.COMM_WORLD
     dp = batch_ranks or args.dp
@@ -153,8 +153,8 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, 
 def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
     """Why the run cannot start on `size` ranks (one line), or None."""
     from spmdsim.errors import SpmdsimError
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.layouts import mesh_problem
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.layouts import mesh_problem
 
     if args.dp * args.tp != size:
         return f"--dp {args.dp} x --tp {args.tp} is {args.dp * args.tp} ranks; mpiexec started {size}"
@@ -177,8 +177,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     refuse_small(ap, args)
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.engines.wait import resolve_wait_mode
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.runtime.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
     if stopped(world, "peer_mpi4py_gpt", _problem(args, world.size)):

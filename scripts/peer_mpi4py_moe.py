@@ -5,14 +5,14 @@
 
 The dense step of scripts/_peer_mpi4py_step.py (Megatron's sequence-parallel
 GPT on Split sub-communicators) with every --every-th block's MLP an MoE layer
-as spmdsim.moe.layer runs it on Layout((dp, ep, tp), ("dp", "ep", "tp")),
+as spmdsim.models.moe.layer runs it on Layout((dp, ep, tp), ("dp", "ep", "tp")),
 rank = (d * ep + e) * tp + t: the batch split over dp x ep (those ranks are the
 dense step's dp), each expert on one ep rank's share, column-parallel (w1) and
 row-parallel (w2) over tp. Per MoE layer and step, on 2-d activations:
 
 - LayerNorm on the sequence shard, ``Allgather`` over tp; the router's softmax
   on every token of this rank's samples; routing, gates and the capacity's
-  slots by spmdsim.moe.routing (pure numpy, the reference's too);
+  slots by spmdsim.models.moe.routing (pure numpy, the reference's too);
 - dispatch: the kept tokens packed straight into one (ep, samples, local
   experts, capacity, D) buffer, ``Alltoall`` over ep; the experts as batched
   matmuls (x @ w1 + b1, tanh-GELU, @ w2), ``Allreduce`` over tp, + b2;
@@ -46,7 +46,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
 
 from _peer_mpi4py_step import Replica, _gelu, _gelu_back, _layer_norm, _layer_norm_back, adamw_flat, shard  # noqa
 from peer_mpi4py_gpt import print_result, run, stopped  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["MoEReplica", "moe_config", "main"]
 
@@ -56,8 +56,8 @@ _EXPERT_TP = {"w1": 2, "b1": 1, "w2": 1, "b2": None}
 
 def moe_config(args: argparse.Namespace) -> Any:
     """bench_gpt --moe's model: args' sizes, batch 8, experts behind a top-2 router with a capacity."""
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.moe import MoEConfig
 
     moe = MoEConfig(experts=args.experts, top_k=2, every=2, capacity_factor=args.capacity_factor)
     return GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8,
@@ -121,7 +121,7 @@ class MoEReplica(Replica):
             return super()._mlp(pre, h, drop)
         from mpi4py import MPI
 
-        from spmdsim.moe.routing import dispatch_rows, route
+        from spmdsim.models.moe.routing import dispatch_rows, route
 
         c, p, cfg, moe = self.comms, self.p, self.cfg, self.moe
         T, B, D, Tl = self.T, self.B, self.D, self.Tl
@@ -181,7 +181,7 @@ class MoEReplica(Replica):
     def _mlp_back(self, pre: str, dh: np.ndarray, cache: tuple, drop: Any) -> np.ndarray:
         if not self.cfg.is_moe(int(pre[1:-1])):
             return super()._mlp_back(pre, dh, cache, drop)
-        from spmdsim.moe.routing import gates_backward
+        from spmdsim.models.moe.routing import gates_backward
 
         c, p, g, moe = self.comms, self.p, self.g, self.moe
         T, B, D, Tl = self.T, self.B, self.D, self.Tl
@@ -229,7 +229,7 @@ class MoEReplica(Replica):
 def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
     """Why the run cannot start on `size` ranks (one line), or None."""
     from spmdsim.errors import SpmdsimError
-    from spmdsim.gpt.layouts import mesh_problem
+    from spmdsim.models.gpt.layouts import mesh_problem
 
     try:
         cfg = moe_config(args)
@@ -264,7 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--ep {args.ep} must be at least 1")
     from mpi4py import MPI
 
-    from spmdsim.engines.wait import resolve_wait_mode
+    from spmdsim.runtime.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
     if stopped(world, "peer_mpi4py_moe", _problem(args, world.size)):

@@ -1,10 +1,10 @@
-"""spmdsim.gpt's pipelined training step (1F1B) written by hand in numpy and mpi4py: bench_gpt --pipeline's peer.
+"""spmdsim.models.gpt's pipelined training step (1F1B) written by hand in numpy and mpi4py: bench_gpt --pipeline's peer.
 
     OMP_NUM_THREADS=1 timeout -k 5 600 mpiexec -n 4 python scripts/peer_mpi4py_pipeline.py   # pp 4, 8 microbatches
     OMP_NUM_THREADS=1 timeout -k 5 600 mpiexec -n 4 python scripts/peer_mpi4py_pipeline.py --steps 5 --wait busy
 
 The work of ``train_pipelined(cfg, comm, pp, 1, 1, ..., schedule="1f1b")``
-(spmdsim.gpt.pipeline, tp 1 and dp 1), with no spmdsim in the step: rank s is
+(spmdsim.models.gpt.pipeline, tp 1 and dp 1), with no spmdsim in the step: rank s is
 stage s and holds its layers (balanced, the first stages one more where they do
 not divide), stage 0 also the embedding, the last stage the final LayerNorm and
 the tied head with its own copy of wte. A step splits the batch into
@@ -14,7 +14,7 @@ backwards; the activations (rows x d_model, float64) go to the next stage and
 their gradients back, each boundary's messages posted together (receives first,
 then sends, ``Irecv``/``Isend``) and waited for, as Megatron's
 send_forward_recv_backward and spmdsim's executor post them. Each stage's math
-is spmdsim.gpt._blocks' numpy (the one-process reference's blocks); the loss of
+is spmdsim.models.gpt._blocks' numpy (the one-process reference's blocks); the loss of
 each microbatch is scaled by 1/m and the gradients summed over the microbatches
 in flat buffers. After the flush the first and last stage add their wte
 gradients by one exchange (Megatron's embedding group), every stage runs AdamW
@@ -22,7 +22,7 @@ gradients by one exchange (Megatron's embedding group), every stage runs AdamW
 last stage's loss goes to every rank (one ``Allreduce``), as spmdsim's step
 ends.
 
-Step 0 uses spmdsim's dropout masks (spmdsim.gpt.params, microbatch by
+Step 0 uses spmdsim's dropout masks (spmdsim.models.gpt.params, microbatch by
 microbatch) and is checked: rank 0 prints its loss beside the one-process
 reference's and how far its gradients are from the reference's. It is also the
 warm-up; the timed steps 1..--steps draw masks from numpy's generator, seeded by
@@ -30,7 +30,7 @@ warm-up; the timed steps 1..--steps draw masks from numpy's generator, seeded by
 barrier to the barrier after it (the slowest rank), its CPU time from that
 barrier to the end of the step (before the next barrier), summed over the
 ranks; the point-to-point bytes are the send buffers' bytes summed over the ranks. Waiting: ``busy`` makes
-blocking waits, ``polite`` polls each request's Test() as spmdsim.engines.wait
+blocking waits, ``polite`` polls each request's Test() as spmdsim.runtime.engines.wait
 does, ``auto`` (the default) decides as spmdsim does. Rank 0 prints the figures
 and a ``RESULT {json}`` line (scripts/bench_gpt.py reads it).
 """
@@ -52,7 +52,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _peer_mpi4py_step import _polite, _tight_timer_slack, adamw_flat  # noqa: E402
-from spmdsim.cli.main import run_script  # noqa: E402
+from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["Stage", "layer_counts", "pipeline_args_problem", "main"]
 
@@ -60,7 +60,7 @@ _ACT, _GRAD, _TIE = 0, 1, 2  # message tags
 
 
 def layer_counts(layers: int, pp: int) -> list[int]:
-    """Layers per stage: balanced, the first stages one more where they do not divide (spmdsim.gpt.stages)."""
+    """Layers per stage: balanced, the first stages one more where they do not divide (spmdsim.models.gpt.stages)."""
     base, extra = divmod(layers, pp)
     return [base + (s < extra) for s in range(pp)]
 
@@ -78,7 +78,7 @@ class Stage:
     """One stage's parameters and optimizer state in flat buffers, its cells and its 1F1B step."""
 
     def __init__(self, cfg: Any, world: Any, pp: int, microbatches: int, params: dict, polite: bool) -> None:
-        from spmdsim.gpt.params import param_specs
+        from spmdsim.models.gpt.params import param_specs
 
         self.cfg, self.world, self.pp, self.m, self.polite = cfg, world, pp, microbatches, polite
         self.s = s = world.rank
@@ -141,7 +141,7 @@ class Stage:
 
     def _forward(self, i: int, h: Optional[np.ndarray], x: np.ndarray, y: np.ndarray, drop: Callable) -> Any:
         """Microbatch i's forward through this stage: its output activation (the last stage: its scaled loss)."""
-        from spmdsim.gpt import _blocks as blk
+        from spmdsim.models.gpt import _blocks as blk
 
         cfg, p, B = self.cfg, self.p, self.micro
         rows = slice(i * B, (i + 1) * B)
@@ -170,7 +170,7 @@ class Stage:
 
     def _backward(self, i: int, dh: Optional[np.ndarray], x: np.ndarray, undrop: Callable) -> Optional[np.ndarray]:
         """Microbatch i's backward through this stage (gradients summed in), the gradient of its input."""
-        from spmdsim.gpt import _blocks as blk
+        from spmdsim.models.gpt import _blocks as blk
 
         cfg, p, g = self.cfg, self.p, self.g
         grads: dict = {}
@@ -271,7 +271,7 @@ class Stage:
 def _masks(cfg: Any, step: int, stage: int, microbatches: int, own: bool) -> Callable[[int], tuple]:
     """masks(i) -> (drop, undrop) of microbatch i: spmdsim's (own=False) or numpy's generator's, drawn at first
     use and kept for the backward."""
-    from spmdsim.gpt.params import dropout_shape, dropout_tensor
+    from spmdsim.models.gpt.params import dropout_shape, dropout_tensor
 
     q, size = 1.0 - cfg.dropout, cfg.batch // microbatches
 
@@ -302,8 +302,8 @@ def _checked(cfg: Any, world: Any, stage: Stage, loss: float, x: np.ndarray, y: 
     everyone = world.gather(mine, root=0)
     if world.rank != 0:
         return {}
-    from spmdsim._threads import blas_threads
-    from spmdsim.gpt.reference import init_params, loss_and_grads
+    from spmdsim.base.threads import blas_threads
+    from spmdsim.models.gpt.reference import init_params, loss_and_grads
 
     params, m, size = init_params(cfg), stage.m, cfg.batch // stage.m
     ref_loss, ref_grads = 0.0, {}
@@ -327,8 +327,8 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
     """Check step 0, time steps 1..--steps on this rank; rank 0's figures (others: {})."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import batch, encode, load_text
-    from spmdsim.gpt.reference import init_params
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim.models.gpt.reference import init_params
 
     world = MPI.COMM_WORLD
     if polite:
@@ -379,9 +379,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1")
     from mpi4py import MPI
 
-    from spmdsim.engines.wait import resolve_wait_mode
+    from spmdsim.runtime.engines.wait import resolve_wait_mode
     from spmdsim.errors import SpmdsimError
-    from spmdsim.gpt import GPTConfig
+    from spmdsim.models.gpt import GPTConfig
 
     world = MPI.COMM_WORLD
     problem = pipeline_args_problem(args.layers, world.size, args.microbatches)

@@ -19,11 +19,11 @@ __version__ = "0.1.0"
 
 # Loaded on first use: name -> (module, attribute; None for the module itself).
 _LAZY = {
-    "Layout": ("spmdsim.layout", "Layout"),
-    "TensorLayout": ("spmdsim.layout", "TensorLayout"),
-    "SeededTensor": ("spmdsim.datagen", "SeededTensor"),
-    "contraction_atol": ("spmdsim.tolerances", "contraction_atol"),
-    "default_tolerances": ("spmdsim.tolerances", "default_tolerances"),
+    "Layout": ("spmdsim.layouts.layout", "Layout"),
+    "TensorLayout": ("spmdsim.layouts.layout", "TensorLayout"),
+    "SeededTensor": ("spmdsim.layouts.datagen", "SeededTensor"),
+    "contraction_atol": ("spmdsim.references.tolerances", "contraction_atol"),
+    "default_tolerances": ("spmdsim.references.tolerances", "default_tolerances"),
     "Mesh": ("spmdsim.runtime.mesh", "Mesh"),
     "DTensor": ("spmdsim.runtime.dtensor", "DTensor"),
     "redistribute": ("spmdsim.runtime.executor", "redistribute"),
@@ -31,14 +31,14 @@ _LAZY = {
     "install_excepthook": ("spmdsim.runtime.guard", "install_excepthook"),
     "abort_on_error": ("spmdsim.runtime.guard", "abort_on_error"),
     "print_ranked": ("spmdsim.runtime.ranked", "print_ranked"),
-    "simulate": ("spmdsim.sim", "simulate"),
+    "simulate": ("spmdsim.runtime.sim", "simulate"),
     "world": ("spmdsim.emulator.comm", "world"),
-    "script": ("spmdsim.sim", "script"),
-    "ops": ("spmdsim.ops", None),
-    "optim": ("spmdsim.optim", None),
-    "dialects": ("spmdsim.dialects", None),
-    "reference": ("spmdsim.reference", None),
-    "autoshard": ("spmdsim.autoshard", None),  # also callable: spmdsim.autoshard(...)
+    "script": ("spmdsim.runtime.sim", "script"),
+    "ops": ("spmdsim.nn.ops", None),
+    "optim": ("spmdsim.nn.optim", None),
+    "dialects": ("spmdsim.layouts.dialects", None),
+    "reference": ("spmdsim.references.forward", None),
+    "autoshard": ("spmdsim.tools.autoshard", None),  # also callable: spmdsim.tools.autoshard(...)
 }
 
 __all__ = [
@@ -51,17 +51,17 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     where = _LAZY.get(name)
     if where is None:
-        # A module of the package by its dotted name, as the docs write it: spmdsim.autograd.no_grad().
+        # A module of the package by its dotted name, as the docs write it: spmdsim.nn.autograd.no_grad().
         from ._lazy import submodule
 
         found = submodule(__name__, name)
         if found is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         return found
-    if where[0].startswith("spmdsim.runtime"):
-        # A DTensor from the front door has its operators (x + y, x @ w, .backward()): spmdsim.ops
-        # installs them in the runtime's DTensor when it loads (spmdsim/ops/methods.py).
-        importlib.import_module("spmdsim.ops")
+    if where[0].startswith("spmdsim.runtime") and not where[0].startswith("spmdsim.runtime.sim"):
+        # A DTensor from the front door has its operators (x + y, x @ w, .backward()): spmdsim.nn.ops
+        # installs them in the runtime's DTensor when it loads (spmdsim/nn/ops/methods.py).
+        importlib.import_module("spmdsim.nn.ops")
     module = importlib.import_module(where[0])
     value = module if where[1] is None else getattr(module, where[1])
     globals()[name] = value

@@ -1,4 +1,4 @@
 """`python -m spmdsim` is the `spmdsim` console script."""
-from .cli.main import main
+from .tools.cli.main import main
 
 raise SystemExit(main())

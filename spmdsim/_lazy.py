@@ -12,7 +12,7 @@ Python binds a module on its package when it is first imported, which would put
 the module in the name's place (``spmdsim.runtime.exchange``, the function, would
 become the module once anything imported ``spmdsim.runtime.exchange`` or
 ``spmdsim.runtime.collectives``); a package made lazy here refuses that binding
-(`_Package`), as spmdsim.ops binds its functions over their modules' names.
+(`_Package`), as spmdsim.nn.ops binds its functions over their modules' names.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class _Package(types.ModuleType):
     """A package with a lazy table: the import system does not bind a module of the package over a name of
     the table (``import spmdsim.runtime.exchange`` leaves ``spmdsim.runtime.exchange`` the function; the
     module stays in ``sys.modules``, so ``from spmdsim.runtime.exchange import shifted`` works; as with
-    ``spmdsim.ops.matmul``, ``import spmdsim.runtime.exchange as m`` gives the name, not the module). Every
+    ``spmdsim.nn.ops.matmul``, ``import spmdsim.runtime.exchange as m`` gives the name, not the module). Every
     other attribute is set as on any module."""
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -69,7 +69,7 @@ class _Package(types.ModuleType):
 def submodule(package: str, name: str) -> Any:
     """The module `package`.`name` (imported now if need be), or None where the package has no such module.
 
-    So ``spmdsim.autograd.no_grad()`` works after a bare ``import spmdsim``, as the docs write it:
+    So ``spmdsim.nn.autograd.no_grad()`` works after a bare ``import spmdsim``, as the docs write it:
     a package's lazy ``__getattr__`` falls back to this for a name it does not list. Importing the
     package itself loads none of its modules. Dunder names (``__main__``, ``__wrapped__``) are
     never modules here: a tool's probe of one must not run ``python -m spmdsim``.
@@ -87,7 +87,7 @@ def submodule(package: str, name: str) -> Any:
 
 def modules_by_name(package: str) -> Callable[[str], Any]:
     """``__getattr__`` for a package with no other lazy names: its modules by name, loaded on first use
-    (`submodule`), so ``spmdsim.plan.summary.FOLD_RANKS`` works after a bare ``import spmdsim``."""
+    (`submodule`), so ``spmdsim.programs.plan.summary.FOLD_RANKS`` works after a bare ``import spmdsim``."""
     def get(name: str) -> Any:
         found = submodule(package, name)
         if found is None:

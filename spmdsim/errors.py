@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 __all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
-           "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed"]
+           "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
+           "ResourceError"]
 
 
-#: Columns of a printed error line (spmdsim.viz.table.WIDTH: every default output).
+#: Columns of a printed error line (spmdsim.programs.viz.table.WIDTH: every default output).
 WIDTH = 100
 
 
@@ -77,7 +78,7 @@ class PlanError(SpmdsimError, ValueError):
 
 
 class PipelineError(SpmdsimError, ValueError):
-    """A pipeline schedule is malformed, mismatched or deadlocks (spmdsim.pipeline)."""
+    """A pipeline schedule is malformed, mismatched or deadlocks (spmdsim.programs.pipeline)."""
 
 
 class RuntimeMismatchError(SpmdsimError, RuntimeError):
@@ -86,3 +87,7 @@ class RuntimeMismatchError(SpmdsimError, RuntimeError):
 
 class CheckFailed(SpmdsimError, AssertionError):
     """A distributed result differs from its reference beyond tolerance."""
+
+
+class ResourceError(SpmdsimError, MemoryError):
+    """A job needs more memory than a rank may use (refused before anything is allocated)."""

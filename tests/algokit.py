@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from spmdsim import Layout
-from spmdsim.algorithms import ALGORITHMS, NAMES, parse_name, schedule
+from spmdsim.programs.algorithms import ALGORITHMS, NAMES, parse_name, schedule
 from spmdsim.runtime.algorithms import collect_rounds, result_shape, run_collective
 
 DTYPES = ("float64", "int32", "float32")
@@ -119,9 +119,9 @@ def matmul_on_a_ring(comm: Any) -> tuple[dict, list, int]:
     raises when the result differs from the numpy reference.
     """
     from spmdsim import SeededTensor
-    from spmdsim.dialects.strategy import matmul_layouts
-    from spmdsim.ops import matmul
-    from spmdsim.reference import matmul_region
+    from spmdsim.layouts.dialects.strategy import matmul_layouts
+    from spmdsim.nn.ops import matmul
+    from spmdsim.references.forward import matmul_region
     from spmdsim.runtime import DTensor, Mesh, collect_trace
 
     g = comm.Get_size()

@@ -220,7 +220,7 @@ def run_here(what: str, argv: list[str], merged: bool = False) -> tuple[int, str
         mp.setattr(sys, "excepthook", sys.excepthook)  # install_excepthook replaces it
         try:
             if what == "main":
-                from spmdsim.cli.main import main
+                from spmdsim.tools.cli.main import main
 
                 code = main(argv)
             else:  # as `python WHAT`: its folder first on sys.path, run as __main__

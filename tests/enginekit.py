@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from spmdsim.engines import engine_of
+from spmdsim.runtime.engines import engine_of
 
 __all__ = ["run_transfers", "check_transfers"]
 

@@ -36,7 +36,7 @@ def rank_output(capsys: Any) -> str:
 
     Collective under simulation (two barriers), so every rank calls it.
     """
-    from spmdsim.sim import current_rank
+    from spmdsim.runtime.sim import current_rank
 
     if current_rank() is None:
         return capsys.readouterr().out

@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from spmdsim import Layout, SeededTensor, ops
+from spmdsim import Layout, SeededTensor
+from spmdsim.nn import ops
 
 __all__ = ["Case", "run_case", "random_case", "CASES"]
 

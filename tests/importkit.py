@@ -58,7 +58,7 @@ def is_package(name: str, paths: dict[str, pathlib.Path]) -> bool:
 
 def _lazy_table(tree: ast.Module, package: str, top: str) -> dict[str, tuple[str, ...]]:
     """name -> modules a package __init__ loads for it on first use: `_LAZY = {name: (module, attr)}` (the
-    front door's: a runtime name also loads spmdsim.ops, which gives DTensor its operators) or `_WHERE = {name:
+    front door's: a runtime name also loads spmdsim.nn.ops, which gives DTensor its operators) or `_WHERE = {name:
     module for module, names in {module: (names...)}.items() for name in names}` (relative to the package
     unless it starts with "spmdsim.")."""
     table: dict[str, tuple[str, ...]] = {}

@@ -1,10 +1,10 @@
-"""The small MoE layer the replay tests of spmdsim.moe.layer share (not a test module)."""
+"""The small MoE layer the replay tests of spmdsim.models.moe.layer share (not a test module)."""
 from __future__ import annotations
 
 import numpy as np
 
 import spmdsim
-from spmdsim.moe import MoEConfig
+from spmdsim.models.moe import MoEConfig
 from spmdsim.runtime.dtensor import DTensor
 
 #: Each parameter's tensor map by its last name: the experts split over ep, their hidden width over tp.

@@ -1,9 +1,9 @@
-"""The activations' local kernels (spmdsim.activations) against the float64 reference."""
+"""The activations' local kernels (spmdsim.references.activations) against the float64 reference."""
 import numpy as np
 import pytest
 
-from spmdsim import activations, reference
-from spmdsim import reference_grad as rg
+from spmdsim.references import activations, forward as reference
+from spmdsim.references import backward as rg
 from spmdsim.errors import OperatorError
 
 
@@ -18,7 +18,7 @@ def test_single_precision_gelu_stays_within_a_few_ulp_of_the_reference(dtype):
     x = _values(dtype)
     got, want = activations.gelu(x), reference.gelu(x)
     assert got.dtype == dtype
-    # spmdsim.activations' stated bounds (1 + tanh cancels for negative x in any float32 tanh formula).
+    # spmdsim.references.activations' stated bounds (1 + tanh cancels for negative x in any float32 tanh formula).
     rtol, atol = (2e-5, 5e-7) if dtype == np.float32 else (2e-3, 1e-3)
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
 
@@ -115,7 +115,8 @@ def test_activations_of_0d_and_1_element_dtensors_forward_and_backward(dtype):
     simulated ranks: values and gradients against numpy's formulas (GELU's tanh form crashed on 0-d: numpy gives
     a 0-d operand's result as a scalar, which takes no out=)."""
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, TensorLayout, ops
+    from spmdsim import DTensor, Layout, Mesh, TensorLayout
+    from spmdsim.nn import ops
 
     numpy = _np_activations()
     numpy["gelu_megatron"] = numpy["gelu"]  # the tanh form, its backward computing the tanh again
@@ -154,7 +155,7 @@ def test_bfloat16_blocks_give_the_float32_they_are_computed_in():
     gradient rule reads), erf float64: wider than its peers. Now erf gives float32 too, erf of the widened block;
     gelu rounds to bfloat16 within itself, and the pointwise ops round each once (bfloat16 results)."""
     pytest.importorskip("ml_dtypes")
-    from spmdsim.precision import bfloat16
+    from spmdsim.base.precision import bfloat16
 
     bf16 = bfloat16()
     x = np.array([-2.5, -0.7, 0.0, 0.3, 1.9]).astype(bf16)

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from spmdsim.algorithms import (ALGORITHMS, NAMES, FORMULAS, build, check, check_choices, parse_name,
+from spmdsim.programs.algorithms import (ALGORITHMS, NAMES, FORMULAS, build, check, check_choices, parse_name,
                                 schedule, sum_order)
-from spmdsim.algorithms.formulas import MODEL_FORMULA, busiest_bytes_sent, cost_terms, model_bytes
-from spmdsim.algorithms.schedule import Round, Transfer, split_counts
-from spmdsim.algorithms.symbolic import final_outputs, states
-from spmdsim.cost import CostModel
+from spmdsim.programs.algorithms.formulas import MODEL_FORMULA, busiest_bytes_sent, cost_terms, model_bytes
+from spmdsim.programs.algorithms.schedule import Round, Transfer, split_counts
+from spmdsim.programs.algorithms.symbolic import final_outputs, states
+from spmdsim.programs.cost import CostModel
 from spmdsim.errors import ShapeError, SpmdsimError
 
 # Divisible by every p and p2 up to 16: the formulas are exact there.
@@ -152,7 +152,7 @@ def test_names_and_errors():
 
 def test_one_byte_or_element_is_said_in_the_singular():
     """`spmdsim collective` said '1 bytes are not a whole number' and '1 elements of 4 bytes do not divide'."""
-    from spmdsim.algorithms import build, elements_for
+    from spmdsim.programs.algorithms import build, elements_for
 
     with pytest.raises(ShapeError, match=r"^1 byte is not a whole number of 4-byte elements$"):
         elements_for("allreduce", 4, 1, 4)

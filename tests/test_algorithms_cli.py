@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from spmdsim.algorithms import NAMES, parse_name, schedule
-from spmdsim.algorithms.table import format_rounds, format_states
-from spmdsim.cli.collective import report, to_json
-from spmdsim.cli.main import main
+from spmdsim.programs.algorithms import NAMES, parse_name, schedule
+from spmdsim.programs.algorithms.table import format_rounds, format_states
+from spmdsim.tools.cli.collective import report, to_json
+from spmdsim.tools.cli.main import main
 from testkit import unfold
 
 
@@ -78,7 +78,7 @@ def test_states_show_the_sum_growing_round_by_round():
 
 def test_pictures_of_every_round(tmp_path):
     pytest.importorskip("matplotlib")
-    from spmdsim.algorithms.picture import render_rounds_png
+    from spmdsim.programs.algorithms.picture import render_rounds_png
 
     paths = render_rounds_png(schedule("bruck-allgather", 3, 4, 4), tmp_path / "pics")
     assert [p.rsplit("/", 1)[1] for p in paths] == ["round_00.png", "round_01.png", "round_02.png", "rounds.png"]
@@ -87,7 +87,7 @@ def test_pictures_of_every_round(tmp_path):
 
 def test_pictures_without_matplotlib_make_no_folder(tmp_path, monkeypatch):
     # It made the folder, then refused: an empty folder left behind by a call that did nothing.
-    from spmdsim.algorithms.picture import render_rounds_png
+    from spmdsim.programs.algorithms.picture import render_rounds_png
     from spmdsim.errors import SpmdsimError
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
@@ -99,8 +99,8 @@ def test_pictures_without_matplotlib_make_no_folder(tmp_path, monkeypatch):
 def test_picture_titles_count_one_rank(tmp_path, monkeypatch):
     # A schedule on one rank (the library builds it: nothing to send) was titled "ring-allreduce on 1 ranks".
     pytest.importorskip("matplotlib")
-    import spmdsim.viz.png as png
-    from spmdsim.algorithms.picture import render_rounds_png
+    import spmdsim.programs.viz.png as png
+    from spmdsim.programs.algorithms.picture import render_rounds_png
 
     titles = []
     monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: titles.append(fig._suptitle.get_text()) or path)
@@ -112,7 +112,7 @@ def test_pictures_of_too_many_ranks_are_refused_before_the_run(capsys, tmp_path)
     """--png on 64 ranks drew for hours (70 panels of 4,096 boxes) into a billion-pixel overview: refused
     in one line before the ranks start, and by the function itself; 16 ranks still draw."""
     pytest.importorskip("matplotlib")
-    from spmdsim.algorithms.picture import MAX_PICTURE_RANKS, render_rounds_png
+    from spmdsim.programs.algorithms.picture import MAX_PICTURE_RANKS, render_rounds_png
     from spmdsim.errors import SpmdsimError
 
     assert MAX_PICTURE_RANKS == 16

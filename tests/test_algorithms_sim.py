@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from algokit import allreduce_max_mismatches, alltoallv_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
-from spmdsim.cli.main import main
-from spmdsim.sim import simulate, world
+from spmdsim.tools.cli.main import main
+from spmdsim.runtime.sim import simulate, world
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 6, 8])

@@ -17,8 +17,8 @@ import spmdsim
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: Values with no docstring and no ``#:`` comment yet, whose lines docs/api.md writes itself (it says so).
-#: When one gets a comment in spmdsim/reference.py, drop it here: its line is then the comment's.
-_NO_COMMENT = {"spmdsim.reference.ACTIVATIONS", "spmdsim.reference.Region", "spmdsim.reference.RegionFn"}
+#: When one gets a comment in spmdsim/references/forward.py, drop it here: its line is then the comment's.
+_NO_COMMENT = {"spmdsim.references.forward.ACTIVATIONS", "spmdsim.references.forward.Region", "spmdsim.references.forward.RegionFn"}
 
 
 def _entries() -> list[tuple[Optional[str], str, str]]:
@@ -170,7 +170,7 @@ def test_every_public_name_resolves_and_private_modules_have_no_all():
 
 def test_front_door_is_lazy_and_gives_what_the_examples_use():
     code = ("import sys, spmdsim; lazy = 'mpi4py' in sys.modules\n"
-            "from spmdsim import Layout, Mesh, DTensor, SeededTensor, redistribute, ops, simulate, world, optim\n"
+            "from spmdsim import Layout, Mesh, DTensor, SeededTensor, redistribute, simulate, world; from spmdsim.nn import ops, optim\n"
             "import spmdsim.runtime as rt\n"
             "print(lazy, redistribute is rt.redistribute, DTensor.redistribute.__name__, ops.matmul.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -203,7 +203,7 @@ def test_front_door_runs_a_redistribution_on_simulated_ranks():
 
 def test_no_example_imports_the_demo_package():
     for path in sorted((ROOT / "examples").glob("*.py")):
-        assert "spmdsim.demo" not in path.read_text(), path.name
+        assert "spmdsim.tools.demo" not in path.read_text(), path.name
 
 
 def test_the_environment_variables_are_the_documented_few():

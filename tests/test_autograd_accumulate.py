@@ -1,6 +1,6 @@
 """Gradients added into ``.grad`` over several backwards (``keep_pending``: a pipeline's microbatches, DDP's
 no_sync): the walk adds a gradient into the block of the leaf's ``.grad`` in place where nothing else can see
-that block (spmdsim.autograd.engine's `_add_kept`, `_added_into`), else into a new one. Either way each ``.grad``
+that block (spmdsim.nn.autograd.engine's `_add_kept`, `_added_into`), else into a new one. Either way each ``.grad``
 is the sum of its own gradients: a block two gradients share, a view of another gradient's block, or a ``.grad``
 a caller kept from an earlier backward is never written. Tiny tensors on 2 simulated ranks: well under a second.
 """
@@ -11,8 +11,9 @@ import weakref
 import numpy as np
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, ops
-from spmdsim.autograd import reduce_grads
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.nn import ops
+from spmdsim.nn.autograd import reduce_grads
 
 A = np.arange(12.0).reshape(4, 3) / 7
 W = np.arange(6.0).reshape(3, 2) / 5 - 0.3
@@ -122,7 +123,7 @@ def test_a_grad_without_keep_pending_accumulates_over_backwards_in_buckets_and_a
 def test_the_engine_makes_a_bucket_s_tensors_with_every_slot_of_a_dtensor():
     """A bucket's whole gradients are made slot by slot in C (engine._tensors, as DTensor._trusted makes one):
     a slot added to DTensor and not set there would be an AttributeError on its first read."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
     from spmdsim.runtime.dtensor import DTensor as Runtime
 
     assert sorted(engine.TENSOR_SLOTS) == sorted(Runtime.__slots__)
@@ -130,9 +131,9 @@ def test_the_engine_makes_a_bucket_s_tensors_with_every_slot_of_a_dtensor():
 
 def test_backward_kept_is_backward_with_keep_pending():
     """engine.backward_kept(loss, gradient, kept_leaves(params)), a pipeline stage's microbatch backward
-    (spmdsim.gpt.pipeline), fills ``.grad`` as ``loss.backward(gradient=..., keep_pending=params)`` does, bit for
+    (spmdsim.models.gpt.pipeline), fills ``.grad`` as ``loss.backward(gradient=..., keep_pending=params)`` does, bit for
     bit, its loss and gradient checked alike."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
 
     def body(mesh, x_of, leaves):
         a, b, v = leaves
@@ -167,7 +168,7 @@ def test_the_walk_notes_a_tensor_s_layout_only_where_its_gradient_takes_another(
     gradients: the sum of such addends keeps the object), and notes it where an addend came in another (a
     replicated leaf's, pending over dp): the leaves' ``.grad`` come out alike either way (issue 58: a store
     fewer per gradient)."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
 
     def body(mesh, x_of, leaves):
         a, b, v = leaves
@@ -212,7 +213,7 @@ def test_capped_buckets_let_each_gradient_go_once_it_is_in_its_flat_block(monkey
         a, b, v = leaves
         z = a * b + ops.reshape(v, (3, 2))
         y = x_of(1.0) @ z
-        spmdsim.autograd.backward(ops.sum(y * y), keep_pending=leaves)
+        spmdsim.nn.autograd.backward(ops.sum(y * y), keep_pending=leaves)
         refs[mesh.rank].update((name, weakref.ref(t.grad.local)) for name, t in zip("abv", leaves))
         at = v.grad.local.ctypes.data  # where v's pending gradient lies
         reduce_grads(leaves, bucket=96)
@@ -252,7 +253,7 @@ def test_a_bucket_cap_counts_the_bytes_of_a_ranks_shards(monkeypatch):
             x = DTensor.from_global(mesh, x_, layout("dp", "tp", None))
             loss = ops.sum(x * (a * b))
             labels[mesh.rank] = []
-            spmdsim.autograd.backward(loss, bucket=cap)
+            spmdsim.nn.autograd.backward(loss, bucket=cap)
             out.append((labels[mesh.rank], a.grad.local.copy(), b.grad.local.copy()))
         return out
 
@@ -277,7 +278,7 @@ def test_a_leaf_summed_alone_is_a_gradient_sum_with_an_explanation_too():
             a, b, v = leaves
             loss = ops.sum((x_of(1.0) @ (a * b + ops.reshape(v, (3, 2)))) ** 2)
             with collect_trace() as trace:
-                spmdsim.autograd.backward(loss, explain=explain)
+                spmdsim.nn.autograd.backward(loss, explain=explain)
             out.append(([e.label for e in trace.entries if e.op == "allreduce"],
                         [t.grad.local.copy() for t in leaves]))
         return out
@@ -298,7 +299,7 @@ def test_a_gradient_two_leaves_share_is_summed_once_for_each():
             for t in leaves:
                 t.grad = None
             y = x_of(1.0) @ (a + b + ops.reshape(v, (3, 2)))
-            spmdsim.autograd.backward(ops.sum(y * y), bucket=False if kept else cap,
+            spmdsim.nn.autograd.backward(ops.sum(y * y), bucket=False if kept else cap,
                                       keep_pending=leaves if kept else ())
             if kept:
                 reduce_grads(leaves, bucket=cap)

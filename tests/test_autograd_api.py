@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, ops
-from spmdsim.autograd import Function, checkpoint, no_grad
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.nn import ops
+from spmdsim.nn.autograd import Function, checkpoint, no_grad
 from spmdsim.errors import OperatorError
-from spmdsim.optim import SGD, DistributedAdamW
+from spmdsim.nn.optim import SGD, DistributedAdamW
 
 A = np.arange(12.0).reshape(4, 3) / 7
 W = np.arange(6.0).reshape(3, 2) / 5 - 0.3
@@ -77,7 +78,7 @@ def test_training_loops_step_between_backwards_unrefused_and_exact(monkeypatch):
     (an evaluation without no_grad) leaves later backwards alone: their graphs were recorded after the step (a
     flag set then made every later backward on the thread look at every node for stale reads); each gradient
     and update against numpy."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
 
     looked = []
     real = engine.stale_reads
@@ -247,7 +248,7 @@ def test_each_backward_ends_by_the_plan_of_its_own_leaves():
     shapes, which are kept pending, the bucket cap, in leaf order: engine._leaf_plan) and reused by a later
     backward alike: backwards over other leaves, orders, shapes, pending axes, keep_pending and caps, one after
     the other, each sum and place their own gradients (numpy's)."""
-    from spmdsim.autograd import reduce_grads
+    from spmdsim.nn.autograd import reduce_grads
 
     U = np.arange(6.0).reshape(3, 2)[::-1] / 3
     V = np.arange(12.0).reshape(3, 4) / 9 - 0.5

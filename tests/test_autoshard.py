@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim.autoshard import Graph, OpNode, ParamSpec, Table, autoshard, mlp_chain
-from spmdsim.autoshard.cost import Objective
-from spmdsim.autoshard.graph import data_parallel
-from spmdsim.autoshard.search import branch_and_bound, tree_search
+from spmdsim.tools.autoshard import Graph, OpNode, ParamSpec, Table, autoshard, mlp_chain
+from spmdsim.tools.autoshard.cost import Objective
+from spmdsim.tools.autoshard.graph import data_parallel
+from spmdsim.tools.autoshard.search import branch_and_bound, tree_search
 from spmdsim.errors import SpmdsimError
-from spmdsim.nets.seeds import weight
+from spmdsim.models.nets.seeds import weight
 
 RATE = 1e10  # a stated compute rate: results do not depend on this machine
 
@@ -39,7 +39,7 @@ def _brute(table: Table) -> np.ndarray:
 
 
 def _table(graph: Graph, devices: int, objective: str = "bytes", memory: int | None = None) -> Table:
-    from spmdsim.autoshard.candidates import candidates
+    from spmdsim.tools.autoshard.candidates import candidates
 
     opts = []
     for node in graph.nodes:
@@ -69,7 +69,7 @@ def test_tree_dp_equals_brute_force_on_a_chain(devices, memory):
 
 def test_ties_go_to_the_first_cheapest_plan_in_candidate_order():
     # docs/autoshard.md, "Ties": the mlp at 8 devices has 35 plans of 0 B; candidates come most devices first.
-    from spmdsim.autoshard import build
+    from spmdsim.tools.autoshard import build
 
     graph, _ = build("mlp", 8)
     grid = _brute(_table(graph, 8))
@@ -84,7 +84,7 @@ def test_ties_go_to_the_first_cheapest_plan_in_candidate_order():
 def test_tree_runners_up_change_one_operator_and_can_miss_a_cheaper_plan():
     # docs/autoshard.md: the first runner-up is the second-best plan; a later one may cost more than a plan not
     # listed (mlp at 8 devices under 40,000 B: runner-up 3 22,032 B, the fourth-cheapest plan 21,888).
-    from spmdsim.autoshard import build
+    from spmdsim.tools.autoshard import build
 
     graph, _ = build("mlp", 8)
     values = np.sort(_brute(_table(graph, 8, memory=40_000)), axis=None)
@@ -174,7 +174,7 @@ def test_tutorial_with_matmul1_fixed_needs_no_more_than_its_own_strategies():
 @pytest.mark.parametrize("name", ["net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp",
                                   "net_oneflow_2d_sbp", "net_oneflow_2d_signature"])
 def test_hand_written_hops_match_the_network_schedule(name):
-    from spmdsim.nets import NETWORKS, schedule
+    from spmdsim.models.nets import NETWORKS, schedule
 
     result = autoshard(name, 8, flops_per_s=RATE)
     hops = schedule(NETWORKS[name](8))
@@ -193,8 +193,8 @@ def test_hand_written_hops_match_the_network_schedule(name):
 def test_a_seed_networks_graph_is_its_network(name, devices):
     # autoshard restates nothing of a seed network: its graph is the Network's stages, node for stage
     # (names, shapes, dtypes, the very weights), and the hand-written layouts are the stages' own.
-    from spmdsim.autoshard import build
-    from spmdsim.nets import NETWORKS
+    from spmdsim.tools.autoshard import build
+    from spmdsim.models.nets import NETWORKS
 
     graph, hand = build(name, devices)
     try:
@@ -221,9 +221,9 @@ def test_a_seed_networks_graph_is_its_network(name, devices):
 def test_a_chain_with_a_constant_weight_is_told_it_cannot_run_through_the_network_runner():
     # The GPT's layer norms start as ones (graph.Constant): the node-by-node runner fills them; the
     # network runner, which runs chains, cuts seeded weights only, and says so before any collective.
-    from spmdsim.autoshard.graph import Constant
-    from spmdsim.autoshard.runnable import check_runnable
-    from spmdsim.datagen import SeededTensor
+    from spmdsim.tools.autoshard.graph import Constant
+    from spmdsim.tools.autoshard.runnable import check_runnable
+    from spmdsim.layouts.datagen import SeededTensor
 
     sd, dt = (8, 16), "float32"
     x = OpNode("x", "input", (), (), sd, dt, layout=data_parallel(4, sd), source=SeededTensor(sd, dt, 0))
@@ -261,7 +261,7 @@ def test_layout_tuple_network_keeps_its_hand_written_layouts():
 
 @pytest.mark.parametrize("devices", [4, 8])
 def test_variable_elimination_equals_brute_force_with_branches(devices):
-    from spmdsim.autoshard.search import eliminate
+    from spmdsim.tools.autoshard.search import eliminate
 
     table = _table(_branches(devices), devices)
     grid = _brute(table)

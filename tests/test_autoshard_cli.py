@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from testkit import unfold
 
 TUTORIAL = ["autoshard", "--network", "net_mindspore_tutorial", "--flops", "1e10"]
@@ -127,7 +127,7 @@ def test_conflicting_flags_are_refused_naming_both(capsys):
 def test_a_slow_choice_says_it_is_still_working(capsys, monkeypatch):
     import time
 
-    from spmdsim.cli import autoshard as cli
+    from spmdsim.tools.cli import autoshard as cli
 
     real = cli._choose
     monkeypatch.setattr(cli, "PATIENCE_S", 0.02)

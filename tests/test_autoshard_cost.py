@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from spmdsim.autoshard import build, mlp_chain
-from spmdsim.autoshard.candidates import candidates
-from spmdsim.autoshard.volume import pair_bytes, redistribution_bytes
-from spmdsim.infer import infer_matmul
-from spmdsim.plan import plan_redistribution
+from spmdsim.tools.autoshard import build, mlp_chain
+from spmdsim.tools.autoshard.candidates import candidates
+from spmdsim.tools.autoshard.volume import pair_bytes, redistribution_bytes
+from spmdsim.programs.infer import infer_matmul
+from spmdsim.programs.plan import plan_redistribution
 
 
 def _pairs(graph, devices):
@@ -96,9 +96,9 @@ def test_embedding_candidates_split_vocabulary_and_dims():
 
 
 def test_batched_matmul_candidates_split_the_batch_too():
-    from spmdsim.autoshard import OpNode, ParamSpec
-    from spmdsim.datagen import SeededTensor
-    from spmdsim.nets.seeds import weight
+    from spmdsim.tools.autoshard import OpNode, ParamSpec
+    from spmdsim.layouts.datagen import SeededTensor
+    from spmdsim.models.nets.seeds import weight
 
     w = ParamSpec("w", SeededTensor((2, 16, 16), "float32", 1))
     node = OpNode("BMM", "matmul", ("x",), ((2, 8, 16),), (2, 8, 16), "float32", (w,))
@@ -116,6 +116,6 @@ def test_batched_matmul_candidates_split_the_batch_too():
 def test_the_package_is_callable():
     import spmdsim
 
-    result = spmdsim.autoshard("chain", 4, flops_per_s=1e10)
+    result = spmdsim.tools.autoshard("chain", 4, flops_per_s=1e10)
     assert result.graph.name == "chain" and len(result.ops) == 101
     assert isinstance(result.total_bytes_per_rank, int)

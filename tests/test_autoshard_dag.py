@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.autoshard import autoshard
-from spmdsim.autoshard.dag import run_dag
-from spmdsim.autoshard.evaluate import evaluate
-from spmdsim.autoshard.networks import gpt_network
-from spmdsim.autoshard.runnable import is_chain
-from spmdsim.cli.main import main
-from spmdsim.gpt.config import GPTConfig
+from spmdsim.tools.autoshard import autoshard
+from spmdsim.tools.autoshard.dag import run_dag
+from spmdsim.tools.autoshard.evaluate import evaluate
+from spmdsim.tools.autoshard.networks import gpt_network
+from spmdsim.tools.autoshard.runnable import is_chain
+from spmdsim.tools.cli.main import main
+from spmdsim.models.gpt.config import GPTConfig
 from testkit import unfold
 
 RATE = 1e10  # stated, so the choice does not depend on a measured rate
@@ -38,7 +38,7 @@ def _run(result, ranks: int, train: bool = False):
 @pytest.fixture
 def perturb(monkeypatch):
     """perturb(name, rank): that rank's shard of weight `name` gets 1.0 added to its first element."""
-    from spmdsim.autoshard.dag import DagRunner
+    from spmdsim.tools.autoshard.dag import DagRunner
 
     made = DagRunner._weight
 
@@ -60,9 +60,9 @@ def _bytes_as_predicted(result, report) -> None:
 
 
 def test_the_numpy_evaluation_is_the_gpt_reference_at_the_models_initial_weights():
-    # The graph's nodes, evaluated one by one, give spmdsim.gpt.reference's logits and loss from the
+    # The graph's nodes, evaluated one by one, give spmdsim.models.gpt.reference's logits and loss from the
     # parameters the model starts from (init_params): the graph's weights are the GPT's own.
-    from spmdsim.gpt import reference
+    from spmdsim.models.gpt import reference
 
     graph, _ = gpt_network(8, SMALL)
     cfg = GPTConfig(layers=2, d_model=64, dropout=0.0)
@@ -219,7 +219,7 @@ def test_random_candidates_of_every_node_run_as_predicted(seed):
     # norms and softmax split or not, Reduce_scatter outputs, heads or sequence split, ...).
     import random
 
-    from spmdsim.autoshard.candidates import candidates
+    from spmdsim.tools.autoshard.candidates import candidates
 
     graph, _ = gpt_network(8, GPTConfig(layers=1, d_model=32, seq=16, vocab=32, batch=4))
     rng = random.Random(seed)
@@ -266,7 +266,7 @@ def test_a_node_that_moves_other_bytes_than_predicted_gets_a_note_line():
     # The runner measures what the operators move; where the model priced another number, one line says so.
     from dataclasses import replace
 
-    from spmdsim.autoshard.report import format_checks
+    from spmdsim.tools.autoshard.report import format_checks
 
     result = _gpt(4)
     report = _run(result, 4)

@@ -1,4 +1,4 @@
-"""`spmdsim autoshard` on the GPT of spmdsim.gpt: every operator a node, against Megatron's layouts."""
+"""`spmdsim autoshard` on the GPT of spmdsim.models.gpt: every operator a node, against Megatron's layouts."""
 from __future__ import annotations
 
 import math
@@ -6,16 +6,16 @@ import math
 import pytest
 
 from docs_commands import ROOT
-from spmdsim.autoshard import autoshard, build
-from spmdsim.autoshard.candidates import candidates, make_candidate
-from spmdsim.autoshard.volume import redistribution_bytes
-from spmdsim.autoshard.gpt import gpt_graph
-from spmdsim.autoshard.networks import gpt_network
-from spmdsim.cli.main import main
-from spmdsim.gpt.config import GPTConfig
-from spmdsim.infer.einsum import infer_einsum
-from spmdsim.layout import Layout
-from spmdsim.plan import plan_redistribution
+from spmdsim.tools.autoshard import autoshard, build
+from spmdsim.tools.autoshard.candidates import candidates, make_candidate
+from spmdsim.tools.autoshard.volume import redistribution_bytes
+from spmdsim.tools.autoshard.gpt import gpt_graph
+from spmdsim.tools.autoshard.networks import gpt_network
+from spmdsim.tools.cli.main import main
+from spmdsim.models.gpt.config import GPTConfig
+from spmdsim.programs.infer.einsum import infer_einsum
+from spmdsim.layouts.layout import Layout
+from spmdsim.programs.plan import plan_redistribution
 from testkit import unfold
 
 RATE = 1e10
@@ -48,14 +48,14 @@ def test_every_operator_is_a_node():
                                  GPTConfig(vocab=48, d_model=32, heads=2, layers=3, seq=16, batch=4, seed=7,
                                            init_std=0.3)])
 def test_the_graphs_parameters_are_the_gpts(cfg):
-    # autoshard's GPT states no weight of its own: its nodes read exactly spmdsim.gpt.params' parameters,
+    # autoshard's GPT states no weight of its own: its nodes read exactly spmdsim.models.gpt.params' parameters,
     # by name and shape, starting from the values the reference and the ranks start from.
     from dataclasses import replace
 
     import numpy as np
 
-    from spmdsim.autoshard.gpt import gpt_config
-    from spmdsim.gpt.params import initial_value, param_specs
+    from spmdsim.tools.autoshard.gpt import gpt_config
+    from spmdsim.models.gpt.params import initial_value, param_specs
 
     graph = gpt_graph(cfg, 8)
     read: dict = {}
@@ -201,7 +201,7 @@ def _measured_step(cfg: GPTConfig, sp: bool) -> tuple[int, int]:
     import numpy as np
 
     import spmdsim
-    from spmdsim.gpt.parallel import GPT
+    from spmdsim.models.gpt.parallel import GPT
 
     def body() -> tuple[int, int]:
         from spmdsim.runtime import DTensor, Mesh, collect_trace
@@ -223,7 +223,7 @@ def _measured_step(cfg: GPTConfig, sp: bool) -> tuple[int, int]:
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_megatron_prices_equal_a_simulated_training_step(sp):
-    # spmdsim.gpt.parallel's GPT on 8 simulated ranks, its collectives' bytes measured.
+    # spmdsim.models.gpt.parallel's GPT on 8 simulated ranks, its collectives' bytes measured.
     cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=8, vocab=32)
     graph, hand = gpt_network(8, cfg, sp)
     r = autoshard(graph, 8, hand=hand, training=True, flops_per_s=RATE)
@@ -239,7 +239,7 @@ def test_devices_no_strategy_can_all_use_are_searched_as_the_usable_ones():
     """384 = 3 x 128: the small GPT's power-of-two shapes use at most 128 devices, each block repeated on
     3 ranks, which changes no byte. Fully using the devices means using those 128, as at 128 devices (every
     strategy was kept before: up to ~1,800 per operator on the full GPT, and the search did not finish)."""
-    from spmdsim.autoshard.candidates import most_devices
+    from spmdsim.tools.autoshard.candidates import most_devices
 
     cfg = GPTConfig(vocab=32, d_model=32, heads=2, layers=1, seq=16, batch=8)
     g384, g128 = gpt_graph(cfg, 384), gpt_graph(cfg, 128)
@@ -254,7 +254,7 @@ def test_devices_no_strategy_can_all_use_are_searched_as_the_usable_ones():
 
 def test_hops_priced_on_fewer_ranks_move_the_same_bytes():
     """`fewer_ranks`: layouts whose "rep" axis the factor 3 divides, priced on a third of the ranks."""
-    from spmdsim.autoshard.cost import fewer_ranks
+    from spmdsim.tools.autoshard.cost import fewer_ranks
 
     cfg = GPTConfig(vocab=32, d_model=32, heads=2, layers=1, seq=16, batch=8)
     graph = gpt_graph(cfg, 24)

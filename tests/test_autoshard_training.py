@@ -5,19 +5,19 @@ import json
 from pathlib import Path
 
 import spmdsim
-from spmdsim.autoshard import autoshard
-from spmdsim.autoshard.backward import replay
-from spmdsim.autoshard.runnable import to_network
-from spmdsim.cli.main import main
+from spmdsim.tools.autoshard import autoshard
+from spmdsim.tools.autoshard.backward import replay
+from spmdsim.tools.autoshard.runnable import to_network
+from spmdsim.tools.cli.main import main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "autoshard.md"
 
 
 def _measured_backward(net) -> int:
     """Bytes the busiest of 8 simulated ranks receives in one training step's backward."""
-    from spmdsim import ops
-    from spmdsim.nets.digits import load_digits
-    from spmdsim.nets.train import NetworkTrainer
+    from spmdsim.nn import ops
+    from spmdsim.models.nets.digits import load_digits
+    from spmdsim.models.nets.train import NetworkTrainer
 
     class Trainer(NetworkTrainer):  # MatMul in its chosen output layout (an out_strategy scatters)
         def _hop(self, hop, x):
@@ -38,7 +38,7 @@ def _measured_backward(net) -> int:
 
 
 def test_training_prediction_equals_measured_backward():
-    from spmdsim.nets import mindspore_tutorial
+    from spmdsim.models.nets import mindspore_tutorial
 
     result = autoshard("net_mindspore_tutorial", 8, fix={"MatMul1": "((2, 4), (4, 1))"},
                        flops_per_s=1e9, training=True)

@@ -7,7 +7,7 @@ hang (each launch runs under ``timeout -k``; a hang exits 124).
 
 The cases share one launch: a driver runs them one after the other on the same
 8 ranks, each library case inside ``abort_on_error()`` and each CLI case as
-``spmdsim.cli.main.main(argv)`` (what ``python -m spmdsim`` runs), and rank 0
+``spmdsim.tools.cli.main.main(argv)`` (what ``python -m spmdsim`` runs), and rank 0
 marks where each case starts and ends and what its exit code is. Starting 8
 Pythons is most of a launch's cost (1-12 s on a loaded 2-core machine), so one
 launch for the whole matrix instead of one per case. Two cases also run alone
@@ -40,7 +40,7 @@ _PRELUDE = """\
 import numpy as np
 from spmdsim import Layout, SeededTensor
 from spmdsim.runtime import Mesh, DTensor
-from spmdsim.ops import embedding, matmul
+from spmdsim.nn.ops import embedding, matmul
 mesh = Mesh(Layout((8,), ("mp",)))
 """
 
@@ -117,7 +117,7 @@ def launch(argv: list[str], limit: float = 30.0, ranks: int = RANKS,
 _DRIVER = """\
 import json, sys, time
 from mpi4py import MPI
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from spmdsim.runtime import abort_on_error
 comm = MPI.COMM_WORLD
 if comm.rank == 0:
@@ -243,7 +243,7 @@ EXAMPLES = {
 }
 
 def test_a_training_examples_refusal_under_mpiexec_is_printed_once_and_every_rank_exits_2() -> None:
-    """refuse() (spmdsim.nets.train) printed on every rank: four copies of "--steps 0 must be at least 1" under
+    """refuse() (spmdsim.models.nets.train) printed on every rank: four copies of "--steps 0 must be at least 1" under
     mpiexec -n 4, at times run together on one line; argparse's usage and error too. Rank 0 says so; every rank
     still exits 2. One launch runs every case (the messages differ, so each is counted in the job's output)."""
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")

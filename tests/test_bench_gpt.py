@@ -83,7 +83,7 @@ def test_every_launch_runs_on_the_heap_spmdsims_mpi_ranks_keep(bench, monkeypatc
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     args = argparse.Namespace(steps=1, layers=1, d_model=16, seq=8, microbatches=8)
-    from spmdsim import _malloc
+    from spmdsim.base import malloc as _malloc
     workers = ("ref", "one", "sim", "simreplay", "handsim", "hand", "mpi", "mpireplay", "psim", "psimhand", "msim",
                "msimhand", "moe", "mhand")
     for worker in workers:

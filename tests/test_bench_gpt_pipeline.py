@@ -167,7 +167,7 @@ def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, 
 
 
 def test_message_groups_follow_the_schedule(bench):
-    from spmdsim.gpt import GPTConfig
+    from spmdsim.models.gpt import GPTConfig
 
     cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8)
     plans = [bench.message_groups(cfg, 4, 8, rank) for rank in range(4)]

@@ -12,8 +12,8 @@ import bounded_tables
 import spmdsim
 
 _ROOT = pathlib.Path(spmdsim.__file__).parent
-#: Functions handed a module's table to keep an entry in, bounded by them (spmdsim.ops._common.prepare,
-#: spmdsim.ops.fused._remember): their first argument is such a table.
+#: Functions handed a module's table to keep an entry in, bounded by them (spmdsim.nn.ops._common.prepare,
+#: spmdsim.nn.ops.fused._remember): their first argument is such a table.
 _KEEPERS = {"prepare", "_remember"}
 
 

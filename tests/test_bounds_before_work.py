@@ -13,7 +13,7 @@ import pytest
 
 from testkit import unfold
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,7 +59,7 @@ def test_autoshard_at_its_bounds_still_prices(capsys):
 
 
 def test_a_saving_is_never_negative(capsys):
-    from spmdsim.autoshard.report import saving_text
+    from spmdsim.tools.autoshard.report import saving_text
 
     assert saving_text(179_392, 58_560) == "saves 120,832 B (67.4%)"
     assert saving_text(0, 0) == "saves 0 B"
@@ -108,7 +108,7 @@ def test_a_full_disk_is_one_line_and_a_failure(argv, to_full, line):
 
 
 def test_json_of_any_depth_is_one_line(tmp_path, capsys):
-    from spmdsim.validate import MAX_JSON_DEPTH, loads_json
+    from spmdsim.base.validate import MAX_JSON_DEPTH, loads_json
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
@@ -130,7 +130,7 @@ def test_json_of_any_depth_is_one_line(tmp_path, capsys):
 # -- spmdsim mpirun stopped by the memory guard: one line, a hint it can take ---------------------
 def test_mpirun_stopped_for_memory_is_one_line_without_dry_run(monkeypatch, capsys):
     from spmdsim.emulator import mpirun
-    from spmdsim.engines import memory
+    from spmdsim.runtime.engines import memory
 
     monkeypatch.setattr(memory, "short", lambda processes=1: (3 << 30, 1 << 28, 23 << 30))
     program = ("import time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\ntime.sleep(5)\n"
@@ -170,7 +170,7 @@ def test_sigterm_to_mpirun_leaves_no_shared_memory_segment():
 def test_dry_run_of_one_matmul_holds_far_less_than_before():
     # 8000**3 on 8 ranks: the report's peak is 224,000,432 B per rank; the check used to build
     # every rank's reference and compare (10 s, 1.9 GB; at 20000**3 58 s and 11.4 GB)
-    code = ("import sys\nfrom spmdsim.cli.main import main\nfrom spmdsim.memory import peak_rss\n"
+    code = ("import sys\nfrom spmdsim.tools.cli.main import main\nfrom spmdsim.programs.memory import peak_rss\n"
             "code = main(['run', 'matmul', '--strategy', '((2,4),(4,1))', '--shape', '8000,8000,8000',"
             " '--ranks', '8', '--dry-run'])\n"
             "print('maxrss', peak_rss())\nsys.exit(code)")

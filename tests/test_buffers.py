@@ -1,4 +1,4 @@
-"""spmdsim.buffers: arrays MPI moves start PAGE_OFFSET bytes into a page; pure, no MPI."""
+"""spmdsim.base.buffers: arrays MPI moves start PAGE_OFFSET bytes into a page; pure, no MPI."""
 from __future__ import annotations
 
 import math
@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from spmdsim import SeededTensor, buffers
-from spmdsim.buffers import MIN_BYTES, PAGE, PAGE_OFFSET, page_offset
-from spmdsim.memory import UnmappableError, format_size
-from spmdsim.ops._common import local_matmul
-from spmdsim.ops.embedding import pad_vocab_shard, vocab_parallel_lookup
+from spmdsim import SeededTensor
+from spmdsim.base import buffers
+from spmdsim.base.buffers import MIN_BYTES, PAGE, PAGE_OFFSET, page_offset
+from spmdsim.base.sizes import UnmappableError, format_size
+from spmdsim.nn.ops._common import local_matmul
+from spmdsim.nn.ops.embedding import pad_vocab_shard, vocab_parallel_lookup
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "complex128", "uint8", "float16"])
@@ -78,7 +79,7 @@ def test_vocab_lookup_is_placed_and_pads_unowned_ids():
 
 
 def test_add_bias_works_in_place_only_when_the_sum_keeps_shape_and_dtype():
-    from spmdsim.ops._common import add_bias
+    from spmdsim.nn.ops._common import add_bias
 
     owned = np.arange(12, dtype=np.float32).reshape(3, 4)
     got = add_bias(owned, np.ones(4, np.float32))

@@ -1,4 +1,4 @@
-"""Gradients checked against central differences within the error those can have (spmdsim.tolerances.
+"""Gradients checked against central differences within the error those can have (spmdsim.references.tolerances.
 central_difference_tolerance), not a fixed 1e-6: examples/mlp_layernorm.py at 64 ranks failed its correct
 gradients (error 3.1e-6 against rtol 1e-6, atol 1e-6), its shapes and sums growing with the ranks."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from spmdsim import SeededTensor
-from spmdsim.reference import gelu
-from spmdsim.reference_grad import gelu_grad, numeric_grad_values
-from spmdsim.tolerances import central_difference_tolerance
+from spmdsim.references.forward import gelu
+from spmdsim.references.backward import gelu_grad, numeric_grad_values
+from spmdsim.references.tolerances import central_difference_tolerance
 
 P = 64  # examples/mlp_layernorm.py's shapes at --ranks 64
 

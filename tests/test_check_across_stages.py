@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, ops
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.nn import ops
 from spmdsim.errors import RuntimeMismatchError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.optim import clip_grad_norm_
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.nn.optim import clip_grad_norm_
 from spmdsim.runtime import debug
 from spmdsim.runtime.collectives import allreduce
 
@@ -84,7 +85,7 @@ def test_the_stages_counters_agree_with_the_watchdog_alone_and_nothing_runs_with
     with the watchdog on and the check off too (debug.agree did nothing then); with neither hook on, no
     collective runs, unless `always` (a pipelined step's end, which evens them every step as its own inline
     Allreduce did)."""
-    from spmdsim.context import current
+    from spmdsim.base.context import current
 
     def main(watchdog, always):
         if watchdog:

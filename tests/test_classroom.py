@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.plan import plan_redistribution
+from spmdsim.tools.cli.main import main
+from spmdsim.programs.plan import plan_redistribution
 from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
-from spmdsim.viz.table import fold_cell, fold_table, nbytes, wrap_lines
-from spmdsim.viz.why import byte_matrix, format_byte_matrix, step_text, step_why
+from spmdsim.programs.viz.table import fold_cell, fold_table, nbytes, wrap_lines
+from spmdsim.programs.viz.why import byte_matrix, format_byte_matrix, step_text, step_why
 from testkit import unfold
 
 
@@ -214,7 +214,7 @@ def _volume(box):
 @pytest.mark.parametrize("source, target", [(("x", None), (None, "x")), (("x", None), (None, None)),
                                             ((("x", "y"), None), ("y", "x"))])
 def test_step_moves_deliver_exactly_what_each_rank_receives(source, target):
-    from spmdsim.viz.moves import step_moves
+    from spmdsim.programs.viz.moves import step_moves
 
     mesh = Layout((2, 4), ("x", "y"))
     if source == ("x", None) and target == (None, "x"):
@@ -229,7 +229,7 @@ def test_step_moves_deliver_exactly_what_each_rank_receives(source, target):
 
 
 def test_summed_moves_name_every_addend():
-    from spmdsim.viz.moves import step_moves
+    from spmdsim.programs.viz.moves import step_moves
 
     m = Layout((2, 4), ("dp", "tp"))
     plan = plan_redistribution(m("dp", None, partial=("tp",)), m(None, "tp"), (8, 8))
@@ -242,8 +242,8 @@ def test_summed_moves_name_every_addend():
 def test_show_matmul_prints_each_ranks_addend_and_the_sum(capsys):
     import numpy as np
 
-    from spmdsim.dialects.strategy import matmul_layouts
-    from spmdsim.viz.matmul import matmul_sum_lines
+    from spmdsim.layouts.dialects.strategy import matmul_layouts
+    from spmdsim.programs.viz.matmul import matmul_sum_lines
 
     lines = matmul_sum_lines(matmul_layouts("((2,2),(2,1))", 4), (4, 4, 2))
     x, w = np.arange(16).reshape(4, 4), np.arange(8).reshape(4, 2)

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 CASES = {
     "rows-two-copies": ["--device-matrix", "2,4", "--alias", "dp,mp", "--tensor-map", "mp,None",
@@ -106,8 +106,8 @@ def test_every_printed_check_line_reads_back_on_random_layouts(capsys, tmp_path)
     the form says so, the same blocks numbered otherwise)."""
     import numpy as np
 
-    from spmdsim.cli.cases import case_from_args
-    from spmdsim.cli.main import build_parser
+    from spmdsim.tools.cli.cases import case_from_args
+    from spmdsim.tools.cli.main import build_parser
     from test_uneven import random_layout, random_map
 
     parser = build_parser(("slices",))

@@ -16,9 +16,9 @@ import types
 
 import pytest
 
-from spmdsim.cli import calibrate, paths
-from spmdsim.cli import run as run_cli
-from spmdsim.cli.main import build_parser, main
+from spmdsim.tools.cli import calibrate, paths
+from spmdsim.tools.cli import run as run_cli
+from spmdsim.tools.cli.main import build_parser, main
 from spmdsim.errors import SpmdsimError
 from testkit import MPIEXEC, mpi_batch_streams, unfold
 
@@ -85,7 +85,7 @@ def test_calibrate_checks_its_flags_before_mpi(capsys, monkeypatch, argv, needle
 def test_calibrate_on_one_process_names_a_bad_output_before_the_rank_count(capsys, monkeypatch, tmp_path):
     # It said "calibrate needs at least 2 ranks"; the user, launching 8, then met the bad --output. One process
     # is rank 0, whose verdict on the paths counts: its refusal comes first (a good path: the rank count).
-    import spmdsim._mpi_library as mpi_library
+    import spmdsim.runtime.mpi_library as mpi_library
 
     one = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Get_size=lambda: 1))
     monkeypatch.setattr(mpi_library, "load_mpi", lambda why: one)
@@ -345,13 +345,13 @@ def test_estimate_says_a_size_left_at_its_default_is_the_default(capsys, argv, l
                           "kv-heads query heads)"),
 ])
 def test_training_examples_refusals_name_the_flag(argv, expected):
-    # The examples' GPTConfig (spmdsim.gpt.options.model_config) said "GPTConfig d_model 100 ...", "GPTConfig
+    # The examples' GPTConfig (spmdsim.models.gpt.options.model_config) said "GPTConfig d_model 100 ...", "GPTConfig
     # vocab_pad_to 0 ...": fields, where the user typed flags. GPTConfig itself still names its fields.
     import argparse
 
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.typed_numbers import flag_float
-    from spmdsim.gpt.options import model_arguments, model_config
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.base.typed_numbers import flag_float
+    from spmdsim.models.gpt.options import model_arguments, model_config
 
     parser = argparse.ArgumentParser()
     model_arguments(parser)
@@ -635,7 +635,7 @@ def test_plan_refuses_an_alias_no_side_uses(capsys):
 def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
     import argparse
 
-    from spmdsim.cli.calibrate import parse_size
+    from spmdsim.tools.cli.calibrate import parse_size
 
     for text in ("inf", "1e400", "abc"):
         with pytest.raises(argparse.ArgumentTypeError, match=rf"^size '{text}' is not a byte count"):
@@ -643,10 +643,10 @@ def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
 
 
 def test_main_builds_each_parser_once_and_answers_every_call_alike(capsys, monkeypatch):
-    """main() keeps the parsers it built (spmdsim.cli.main._PARSERS): a command's second call builds none, and
+    """main() keeps the parsers it built (spmdsim.tools.cli.main._PARSERS): a command's second call builds none, and
     every call answers as the first did (the output, an error's one line, an unknown flag's usage, --help, and
     autoshard's --fix, whose default list a parse must leave empty)."""
-    import spmdsim.cli.main as cli_main
+    import spmdsim.tools.cli.main as cli_main
 
     built = []
     monkeypatch.setattr(cli_main, "_PARSERS", {})
@@ -788,7 +788,7 @@ def test_simulated_ranks_refuse_bad_values_before_the_banner(capsys, argv, needl
 def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
     """Under `mpiexec -n 4`, an error every process raised before MPI (a bad --shape beside --ranks, --ranks 0, a
     bad slices flag) was printed by each of the 4: rank 0 says it and the job exits 2 (mpiexec gives the largest
-    code); slices needs no MPI, so the other ranks do not run it at all (exit 0, spmdsim.cli.main's PURE_COMMANDS)."""
+    code); slices needs no MPI, so the other ranks do not run it at all (exit 0, spmdsim.tools.cli.main's PURE_COMMANDS)."""
     argv = ["slices", "--device-matrix", "0,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8"]
     monkeypatch.setenv("PMI_SIZE", "4")
     for rank, lines, code in (("1", 0, 0), ("0", 1, 2)):
@@ -801,7 +801,7 @@ def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
 
 def test_autoshard_progress_counts_one_device():
     # "mlp on 1 devices" in the "still choosing" line
-    from spmdsim.cli import autoshard as autoshard_cli
+    from spmdsim.tools.cli import autoshard as autoshard_cli
 
     args = _args(["autoshard", "--network", "mlp", "--devices", "1"])
     assert autoshard_cli._still_working(args, 1).what == "mlp on 1 device"

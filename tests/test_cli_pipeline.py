@@ -12,8 +12,8 @@ from fractions import Fraction
 import pytest
 
 from docs_commands import DOCS, ROOT, quotes
-from spmdsim.cli.main import SUBCOMMANDS, main
-from spmdsim.pipeline import build, bubble_formula, in_flight, parse, timeline
+from spmdsim.tools.cli.main import SUBCOMMANDS, main
+from spmdsim.programs.pipeline import build, bubble_formula, in_flight, parse, timeline
 
 WRONG = """# 1F1B with blocking calls: each stage sends, then receives
 stage 0: F0 send-act0 F1 send-act1 recv-grad0 B0 F2 send-act2 recv-grad1 B1 recv-grad2 B2
@@ -155,7 +155,7 @@ def test_png_is_written_after_the_grid(tmp_path):
 def test_pipeline_is_a_subcommand_that_runs_without_mpi():
     """The command's own modules are pure (tests/test_datagen_and_purity.py); the CLI runs it without MPI."""
     assert "pipeline" in SUBCOMMANDS
-    code = ("import sys\nfrom spmdsim.cli.main import main\n"
+    code = ("import sys\nfrom spmdsim.tools.cli.main import main\n"
             "code = main(['pipeline', '--stages', '2', '--microbatches', '2'])\n"
             "assert 'mpi4py' not in sys.modules\n"
             "raise SystemExit(code)\n")
@@ -227,11 +227,11 @@ def test_the_table_at_8_stages_is_measured():
                                          ("1f1b", "1f1b")])
 def test_every_schedule_flag_takes_the_name_in_any_case(typed, name):
     # The docs write 1F1B and GPipe; --schedule 1F1B was argparse's "invalid choice" in `spmdsim pipeline`,
-    # `spmdsim estimate` and the training examples (spmdsim.pipeline.options.pipeline_arguments): one rule for all.
+    # `spmdsim estimate` and the training examples (spmdsim.programs.pipeline.options.pipeline_arguments): one rule for all.
     import argparse
 
-    from spmdsim.cli.main import build_parser
-    from spmdsim.pipeline.options import pipeline_arguments
+    from spmdsim.tools.cli.main import build_parser
+    from spmdsim.programs.pipeline.options import pipeline_arguments
 
     parser = build_parser()
     assert parser.parse_args(["pipeline", "--schedule", typed, "--stages", "2", "--microbatches", "4"]).schedule == name

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from spmdsim.cli.cases import case_from_dict, parse_tensor_map
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.cases import case_from_dict, parse_tensor_map
+from spmdsim.tools.cli.main import main
 from spmdsim.errors import SpmdsimError
 
 DESIGN_CASE = {
@@ -293,7 +293,7 @@ def test_an_integer_tensor_map_gets_mindspore_s_hint_and_the_map_by_name(capsys,
 def test_slices_takes_json_as_every_command_does(capsys):
     """`spmdsim slices --json` was 'unrecognized arguments: --json', where every other command takes it; its
     output is JSON with or without the flag."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     argv = ["slices", "--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "4,4"]
     assert main(argv) == 0

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 LAB = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "lab.md")
 

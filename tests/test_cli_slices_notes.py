@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 SBP_P = ["--sbp", "S(0),P", "--placement", "2,4", "--shape", "8,8"]
 SEED2_FLAGS = ["--device-matrix", "4,1,1,2,1", "--alias", "a,b,c,d,e", "--tensor-map", "b,d,e,a",

@@ -7,7 +7,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim import Layout, Mesh
-from spmdsim.context import current
+from spmdsim.base.context import current
 from spmdsim.runtime import collect_trace
 from spmdsim.runtime import collectives as C
 

@@ -1,4 +1,4 @@
-"""spmdsim.contraction: a two-block product runs its recipe's compiled function (`_compiled`), one per
+"""spmdsim.references.contraction: a two-block product runs its recipe's compiled function (`_compiled`), one per
 (words, shapes), which must give `_general`'s result bit for bit, C-ordered, and never be reused for blocks
 of other shapes or words (a dtype is read per call: one function serves every dtype)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import contraction
-from spmdsim.contraction import _general, contract, pair
+from spmdsim.references import contraction
+from spmdsim.references.contraction import _general, contract, pair
 
 # (a word, a shape, b word, b shape, out): a plain GEMM, a batched one, a transposed operand, a product that
 # needs a reorder (and its swapped recipe), letters summed alone on either side, an outer product, a scalar.
@@ -62,7 +62,7 @@ def test_each_recipes_function_gives_the_general_products_bits(dtype):
 def test_a_compiled_product_is_not_reused_for_other_shapes_words_or_dtypes():
     """The table is keyed by words and shapes: a block of another shape (or the same shapes under other words)
     gets its own function; the same words and shapes in another dtype reuse it and keep their dtype; a
-    bfloat16 pair takes the general path (spmdsim.precision.product: a float32 product)."""
+    bfloat16 pair takes the general path (spmdsim.base.precision.product: a float32 product)."""
     def run():
         contraction._RUNS.clear()
         a, b = _blocks((6, 2, 4), (4, 3), "float64", 0)

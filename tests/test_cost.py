@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, SpmdsimError
-from spmdsim.cost import (
+from spmdsim.programs.cost import (
     DEFAULT_MODEL,
     CostModel,
     Measurement,
@@ -289,12 +289,12 @@ def test_predict_plan_errors():
 
 
 def test_cost_module_is_pure():
-    code = "import sys, spmdsim.cost; assert 'mpi4py' not in sys.modules"
+    code = "import sys, spmdsim.programs.cost; assert 'mpi4py' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_predict_plan_on_real_plans():
-    plan_mod = pytest.importorskip("spmdsim.plan")
+    plan_mod = pytest.importorskip("spmdsim.programs.plan")
     one = Layout((8,), ("x",))
     model = CostModel(A, B, C)
     shape = (4096, 1024)
@@ -319,7 +319,7 @@ def test_predict_plan_on_real_plans():
 
 
 def test_predict_plan_prices_the_packing_of_planner_steps():
-    plan_mod = pytest.importorskip("spmdsim.plan")
+    plan_mod = pytest.importorskip("spmdsim.programs.plan")
     one = Layout((8,), ("x",))
     model = CostModel(A, B, C, copy_s_per_byte=1e-9)
     shape = (4096, 1024)

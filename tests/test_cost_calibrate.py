@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from spmdsim.cli import calibrate
-from spmdsim.cli.main import build_parser
+from spmdsim.tools.cli import calibrate
+from spmdsim.tools.cli.main import build_parser
 from spmdsim.errors import SpmdsimError
 
 
@@ -51,7 +51,7 @@ def test_real_bytes_rounds_to_whole_elements_per_rank():
 def test_calibrate_is_registered_and_imports_no_mpi():
     args = build_parser().parse_args(["calibrate", "--dry-run", "--sizes", "1M"])
     assert args.func is calibrate.run and args.dry_run and args.sizes == "1M"
-    code = ("import sys; from spmdsim.cli.main import build_parser; build_parser(); "
+    code = ("import sys; from spmdsim.tools.cli.main import build_parser; build_parser(); "
             "assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import importkit
-import spmdsim.datagen as datagen
+import spmdsim.layouts.datagen as datagen
 from spmdsim import Layout, SeededTensor, SpmdsimError
 
 
@@ -155,127 +155,78 @@ def test_region_errors():
         t.region([(0, 4)])
 
 
-PURE_MODULES = [
-    # Everything that decides: layouts, dialects, data, planning, cost, references, explanation and
-    # pictures. Importing none of these loads mpi4py or spmdsim.runtime, and none of their functions
-    # imports them, directly or through the modules it imports (test_pure_modules_never_reach_...).
-    "spmdsim",
-    "spmdsim.layout",
-    "spmdsim.slicing",
-    "spmdsim.datagen",
-    "spmdsim.errors",
-    "spmdsim.validate",
-    "spmdsim.memory",
-    "spmdsim.dialects",
-    "spmdsim.tolerances",
-    "spmdsim._deprecated",
-    "spmdsim.dialects.strategy",
-    "spmdsim.dialects.sbp",
-    "spmdsim.dialects.dtensor",
-    "spmdsim.dialects.partition_spec",
-    "spmdsim.dialects.paddle",
-    "spmdsim.explain",
-    "spmdsim.holdings",
-    "spmdsim.plan",
-    "spmdsim.plan.shift",
-    "spmdsim.plan.emulator",
-    "spmdsim.cost",
-    "spmdsim.reference",
-    "spmdsim.reference_grad",
-    "spmdsim.activations",
-    # The gradient rules and user Functions build their results with the class of the DTensor they
-    # are given; the backward walk that runs them is autograd.engine (below).
-    "spmdsim.autograd.graph",
-    "spmdsim.autograd.rules",
-    "spmdsim.autograd.function",
-    "spmdsim.train_reference",
-    "spmdsim.engines.once",
-    "spmdsim.flops",
-    "spmdsim.nets",
-    "spmdsim.nets.digits",
-    "spmdsim.nets.model",
-    "spmdsim.infer",
-    "spmdsim.infer.reshape",
-    "spmdsim.infer.operators",
-    "spmdsim.infer.finish",
-    "spmdsim.infer.assign",
-    "spmdsim.infer.einsum",
-    "spmdsim.infer.pointwise",
-    "spmdsim.infer.norms",
-    "spmdsim.infer.losses",
-    "spmdsim.infer.attention",
-    "spmdsim.infer.concat",
-    "spmdsim.gpt",
-    "spmdsim.viz",
-    "spmdsim.viz.ascii",
-    "spmdsim.viz.model",
-    "spmdsim.viz.plan",
-    "spmdsim.viz.table",
-    "spmdsim.viz.why",
-    "spmdsim.viz.moves",
-    "spmdsim.viz.matmul",
-    "spmdsim.cli.cases",
-    "spmdsim.algorithms",
-    "spmdsim.algorithms.table",
-    "spmdsim.algorithms.picture",
-    "spmdsim.cli.convert",
-    "spmdsim.cli.plan_explain",
-    "spmdsim.autoshard",
-    "spmdsim.autoshard.backward",
-    "spmdsim.autoshard.volume",
-    "spmdsim.autoshard.evaluate",
-    "spmdsim.autoshard.runnable",
-    "spmdsim.autoshard.report",
-    "spmdsim.autoshard.graph",
-    "spmdsim.autoshard.gpt",
-    "spmdsim.autoshard.networks",
-    "spmdsim.autoshard.choose",
-    "spmdsim.nets.seeds",
-    "spmdsim.gpt.params",
-    "spmdsim.gpt.layouts",
-    "spmdsim.gpt.mixed",
-    "spmdsim.precision",
-    "spmdsim.pipeline",
-    "spmdsim.pipeline.schedule",
-    "spmdsim.pipeline.check",
-    "spmdsim.pipeline.parse",
-    "spmdsim.pipeline.timeline",
-    "spmdsim.pipeline.picture",
-    "spmdsim.cli.pipeline",
+#: The floors that decide (layouts, data, planning, cost, references, explanation, pictures) and the
+#: ground floor below them: importing none of their modules loads mpi4py or spmdsim.runtime, and none
+#: of their functions imports them, directly or through the modules it imports
+#: (test_pure_modules_never_reach_...). Every module of these floors, found on disk.
+PURE_FLOORS = ("spmdsim.base", "spmdsim.layouts", "spmdsim.references", "spmdsim.programs")
+PURE_MODULES = ["spmdsim", "spmdsim.errors"] + sorted(
+    m for m in importkit.module_paths() if m.startswith(tuple(f + "." for f in PURE_FLOORS)) or m in PURE_FLOORS)
+
+#: Above the runtime, but deciding only (gradient rules, model descriptions, the autoshard search, the
+#: CLI's pure commands): they load the engines' interface (local work, a dry run's zeros) and no other
+#: module of the runtime, nor mpi4py.
+DECIDING_ABOVE = [
+    "spmdsim.nn.autograd.graph",
+    "spmdsim.nn.autograd.rules",
+    "spmdsim.nn.autograd.function",
+    "spmdsim.models.nets.reference",
+    "spmdsim.models.nets",
+    "spmdsim.models.nets.digits",
+    "spmdsim.models.nets.model",
+    "spmdsim.models.gpt",
+    "spmdsim.tools.cli.cases",
+    "spmdsim.tools.cli.convert",
+    "spmdsim.tools.cli.plan_explain",
+    "spmdsim.tools.autoshard",
+    "spmdsim.tools.autoshard.backward",
+    "spmdsim.tools.autoshard.volume",
+    "spmdsim.tools.autoshard.evaluate",
+    "spmdsim.tools.autoshard.runnable",
+    "spmdsim.tools.autoshard.report",
+    "spmdsim.tools.autoshard.graph",
+    "spmdsim.tools.autoshard.gpt",
+    "spmdsim.tools.autoshard.networks",
+    "spmdsim.tools.autoshard.choose",
+    "spmdsim.models.nets.seeds",
+    "spmdsim.models.gpt.params",
+    "spmdsim.models.gpt.layouts",
+    "spmdsim.models.gpt.mixed",
+    "spmdsim.tools.cli.pipeline",
 ]
 
-#: Importing these loads neither mpi4py nor spmdsim.runtime, but they are not pure: calling them runs
+#: Importing these loads no mpi4py, but they are not pure: calling them runs
 #: programs on ranks or reaches a module that does. Why, per module.
 LIGHT_MODULES = {
-    "spmdsim.autograd": "its `backward` is the backward walk (autograd.engine)",
-    "spmdsim.autograd.engine": "the backward walk: resolves pending sums and redistributes gradients (collectives)",
-    "spmdsim.optim": "steps DTensors' shards: resolves pending gradients and replays its kernels (the runtime); "
+    "spmdsim.nn.autograd": "its `backward` is the backward walk (autograd.engine)",
+    "spmdsim.nn.autograd.engine": "the backward walk: resolves pending sums and redistributes gradients (collectives)",
+    "spmdsim.nn.optim": "steps DTensors' shards: resolves pending gradients and replays its kernels (the runtime); "
                      "its numpy AdamW math (adamw_update, clip_coefficient) belongs in a pure module",
-    "spmdsim.gpt.reference": "takes AdamW's numpy math from spmdsim.optim, which reaches the runtime",
-    "spmdsim.gpt.train": "trains the parallel GPT on ranks",
-    "spmdsim.cli.main": "dispatches to every subcommand, which run programs under MPI or on simulated ranks",
-    "spmdsim.cli.autoshard": "--run executes the choice on ranks",
-    "spmdsim.cli.collective": "runs and compares collective algorithms on ranks",
+    "spmdsim.models.gpt.reference": "takes AdamW's numpy math from spmdsim.nn.optim, which reaches the runtime",
+    "spmdsim.models.gpt.train": "trains the parallel GPT on ranks",
+    "spmdsim.tools.cli.main": "dispatches to every subcommand, which run programs under MPI or on simulated ranks",
+    "spmdsim.tools.cli.autoshard": "--run executes the choice on ranks",
+    "spmdsim.tools.cli.collective": "runs and compares collective algorithms on ranks",
     # The engines of simulated ranks: they run programs (which use the runtime) and read mpi4py's
     # datatypes when a program passes them.
-    "spmdsim.sim": "its names start simulations",
-    "spmdsim.sim.run": "runs a program on simulated ranks",
+    "spmdsim.runtime.sim": "its names start simulations",
+    "spmdsim.runtime.sim.run": "runs a program on simulated ranks",
     "spmdsim.emulator.comm": "reads mpi4py's datatypes when a program passes them (sim._buffers)",
-    "spmdsim.sim.dry": "runs a program on one rank for all",
-    "spmdsim.sim.launch": "launches scripts on simulated ranks under the runtime's excepthook",
+    "spmdsim.runtime.sim.dry": "runs a program on one rank for all",
+    "spmdsim.runtime.sim.launch": "launches scripts on simulated ranks under the runtime's excepthook",
 }
 
 #: Below the runtime, the engines meet mpi4py only when a program runs under MPI (MpiEngine's
 #: transfers, `engines.world`); what a pure module asks of them is local work (`engines.local`,
 #: `matmul`, `once`). Their imports inside functions are not followed; their module-level ones are.
-ENGINES = "spmdsim.engines"
+ENGINES = "spmdsim.runtime.engines"
 
 
 #: The operators and the runtime package load spmdsim.runtime (lazily, names on first
 #: use) but still no mpi4py until a program runs.
-MPI_FREE_MODULES = ["spmdsim.ops", "spmdsim.ops.losses", "spmdsim.ops.local", "spmdsim.ops.einsum",
-                    "spmdsim.ops.pointwise", "spmdsim.ops.reduce", "spmdsim.ops.norms", "spmdsim.gpt.parallel",
-                    "spmdsim.runtime", "spmdsim.autoshard.execute", "spmdsim.autoshard.dag", "spmdsim.nets.run"]
+MPI_FREE_MODULES = ["spmdsim.nn.ops", "spmdsim.nn.ops.losses", "spmdsim.nn.ops.local", "spmdsim.nn.ops.einsum",
+                    "spmdsim.nn.ops.pointwise", "spmdsim.nn.ops.reduce", "spmdsim.nn.ops.norms", "spmdsim.models.gpt.parallel",
+                    "spmdsim.runtime", "spmdsim.tools.autoshard.execute", "spmdsim.tools.autoshard.dag", "spmdsim.models.nets.run"]
 
 
 def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:
@@ -294,18 +245,40 @@ def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:
     return out.stdout.strip()
 
 
-def test_pure_and_light_modules_import_neither_the_runtime_nor_mpi4py():
-    loaded = _loaded_after_import(PURE_MODULES + list(LIGHT_MODULES), ("mpi4py", "spmdsim.runtime"))
-    assert loaded == "", f"pure or light modules imported {loaded}"
+def test_pure_modules_import_neither_the_runtime_nor_mpi4py():
+    assert len(PURE_MODULES) > 80  # the floors were found on disk
+    loaded = _loaded_after_import(PURE_MODULES, ("mpi4py", "spmdsim.runtime"))
+    assert loaded == "", f"pure modules imported {loaded}"
+
+
+def test_deciding_modules_load_the_engines_interface_at_most():
+    loaded = _loaded_after_import(DECIDING_ABOVE, ("mpi4py", "spmdsim.runtime"))
+    beyond = [m for m in loaded.split(",") if m and m != "spmdsim.runtime" and not _engines(m)]
+    assert beyond == [], f"deciding modules imported {beyond}"
+
+
+def test_light_modules_do_not_import_mpi4py():
+    loaded = _loaded_after_import(list(LIGHT_MODULES), ("mpi4py",))
+    assert loaded == "", f"light modules imported {loaded}"
+
+
+def _engines(module: str) -> bool:
+    return module == ENGINES or module.startswith(ENGINES + ".")
 
 
 def _bad(target: str) -> bool:
     return target == "mpi4py" or target == "spmdsim.runtime" or target.startswith("spmdsim.runtime.")
 
 
+def _bad_above(target: str) -> bool:
+    """What a deciding module above the runtime never reaches: mpi4py, or the runtime beyond the engines
+    (its package's __init__, which loads its names on first use, is on the way to them)."""
+    return target == "mpi4py" or (_bad(target) and not _engines(target) and target != "spmdsim.runtime")
+
+
 def _follow(module: str, imp: importkit.Import) -> bool:
     """Every import, except those inside the engines' functions (ENGINES)."""
-    return imp.at_import or not (module == ENGINES or module.startswith(ENGINES + "."))
+    return imp.at_import or not _engines(module)
 
 
 def test_pure_modules_never_reach_the_runtime_or_mpi4py_when_they_run():
@@ -314,26 +287,27 @@ def test_pure_modules_never_reach_the_runtime_or_mpi4py_when_they_run():
     mpi4py. A name of the front door or of a package that loads names on first use counts as the
     module that defines it: ``from .. import DTensor`` is an import of spmdsim.runtime.dtensor."""
     imports = importkit.scan()
-    reached = {m: importkit.path_to(m, _bad, imports, _follow) for m in PURE_MODULES}
+    reached = {m: importkit.path_to(m, _bad, imports) for m in PURE_MODULES}
+    reached.update({m: importkit.path_to(m, _bad_above, imports, _follow) for m in DECIDING_ABOVE})
     bad = {m: chain for m, chain in reached.items() if chain}
     assert not bad, "pure modules reach the runtime or mpi4py:\n" + "\n".join(
         f"{m}:\n{importkit.describe(chain)}" for m, chain in bad.items())
-    assert not set(PURE_MODULES) & set(LIGHT_MODULES)
+    assert not set(PURE_MODULES + DECIDING_ABOVE) & set(LIGHT_MODULES)
 
 
 def test_the_reach_check_sees_what_runs():
     """The check above on modules that do reach the runtime or mpi4py: it names the statements, those
-    inside functions too; and the engines' boundary is what keeps the references pure."""
+    inside functions too; the references reach neither even through every function they call."""
     imports = importkit.scan()
-    chain = importkit.path_to("spmdsim.autograd", _bad, imports, _follow)
-    assert [(m, i.at_import) for m, i in chain][-1] == ("spmdsim.autograd.engine", False)
-    chain = importkit.path_to("spmdsim.cli.autoshard", _bad, imports, _follow)
+    chain = importkit.path_to("spmdsim.nn.autograd", _bad_above, imports, _follow)
+    assert [(m, i.at_import) for m, i in chain][-1] == ("spmdsim.nn.autograd.engine", False)
+    chain = importkit.path_to("spmdsim.tools.cli.autoshard", _bad_above, imports, _follow)
     assert [(m, i.target, i.at_import, i.statement) for m, i in chain] == [  # an import inside a function
-        ("spmdsim.cli.autoshard", "spmdsim.runtime", False, "from ..runtime.shared_reference import shared_once_on")]
-    assert importkit.path_to("spmdsim.autoshard.dag", _bad, imports, _follow)[0][1].at_import
-    assert importkit.path_to("spmdsim.reference", _bad, imports, _follow) == []
-    through = importkit.path_to("spmdsim.reference", _bad, imports)  # were the engines' functions followed
-    assert through[-1][0].startswith(ENGINES) and through[-1][1].target == "mpi4py"
+        ("spmdsim.tools.cli.autoshard", "spmdsim.runtime.mpi_library", False,
+         "from ...runtime.mpi_library import load_mpi")]
+    assert importkit.path_to("spmdsim.tools.autoshard.dag", _bad_above, imports, _follow)[0][1].at_import
+    assert importkit.path_to("spmdsim.references.forward", _bad, imports) == []
+    assert importkit.path_to("spmdsim.runtime.engines", _bad, imports)[0][1].target == "spmdsim.runtime"
 
 
 def test_operators_and_runtime_package_do_not_import_mpi4py():

@@ -72,7 +72,7 @@ from spmdsim.runtime import install_excepthook; install_excepthook()
 import numpy as np
 from spmdsim import Layout, SeededTensor, world
 from spmdsim.runtime import Mesh, DTensor
-from spmdsim.ops import ParallelMLP, matmul
+from spmdsim.nn.ops import ParallelMLP, matmul
 comm = world()
 mesh = Mesh(Layout((comm.size,), ("mp",)))
 xs, ws = SeededTensor((8, 48), "float32", 3), SeededTensor((48, 24), "float32", 4)

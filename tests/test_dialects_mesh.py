@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim import DialectError, Layout
-from spmdsim.dialects import (
+from spmdsim.layouts.dialects import (
     Broadcast,
     Partial,
     PartialSum,
@@ -298,7 +298,7 @@ def test_partition_spec_padding_and_entry_forms():
 @pytest.mark.parametrize("text", ["P('dp', None)", "PartitionSpec('dp', None)", "('dp', None)", "dp,None", "dp"])
 def test_partition_spec_as_text_reads_as_the_cli_reads_it(text):
     # "P('dp', None)" was refused ("must be a tuple") though `--partition-spec "P('dp', None)"` read it: one parser
-    from spmdsim.cli.cases import parse_partition_spec
+    from spmdsim.tools.cli.cases import parse_partition_spec
 
     tl = partition_spec_to_layout(text, (2, 4), 2, ("dp", "mp"))
     assert layout_to_partition_spec(tl) == ("dp", None)
@@ -404,7 +404,7 @@ def test_a_mesh_where_a_count_goes_is_one_line_with_the_count_to_pass():
     mesh shape there said only "must be a positive integer" (printing a Layout). Now the line says it is
     a mesh and which number to pass for it."""
     from spmdsim import Mesh, simulate, world
-    from spmdsim.dialects import matmul_layouts, split_layouts
+    from spmdsim.layouts.dialects import matmul_layouts, split_layouts
 
     mesh = Layout((2, 4), ("dp", "mp"))
     takes = ("matmul_layouts takes the number of ranks (MindSpore lays a strategy over a flat device list; the "
@@ -480,7 +480,7 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
 
 def test_dialects_import_no_mpi4py():
     code = (
-        "import sys, spmdsim.dialects\n"
+        "import sys, spmdsim.layouts.dialects\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('mpi4py', 'torch', 'jax', 'oneflow', 'paddle', 'mindspore')))"
     )

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from spmdsim import DialectError, Layout
-from spmdsim.dialects import MP_AXIS, split_layouts
+from spmdsim.layouts.dialects import MP_AXIS, split_layouts
 
 
 def test_seed_004_embedding_example():

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spmdsim import DialectError, Layout, TensorLayout
-from spmdsim.dialects import (
+from spmdsim.layouts.dialects import (
     Broadcast,
     Partial,
     PartialSum,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spmdsim import DialectError, Layout, ShapeError, TensorLayout
-from spmdsim.dialects import (
+from spmdsim.layouts.dialects import (
     REP_AXIS,
     format_strategy,
     layout_to_strategy,
@@ -291,7 +291,7 @@ def test_threads_parse_strategies_at_once():
     import threading
     import time
 
-    from spmdsim.dialects.strategy import parse_strategy
+    from spmdsim.layouts.dialects.strategy import parse_strategy
 
     got, errors = [], []
 

@@ -1,7 +1,7 @@
 """Every ``spmdsim.x.y`` spelling in the docs and examples works after a bare ``import spmdsim``.
 
-docs/porting.md writes ``with spmdsim.autograd.no_grad():``; that spelling must not depend on some
-other module having imported `spmdsim.autograd` first. The check runs in this process, whatever it
+docs/porting.md writes ``with spmdsim.nn.autograd.no_grad():``; that spelling must not depend on some
+other module having imported `spmdsim.nn.autograd` first. The check runs in this process, whatever it
 imported before: each step from a package to a name must be one that a fresh ``import spmdsim``
 would take too: the package's lazy ``__getattr__`` gives it (asked directly), or the package's own
 ``__init__`` binds it (its source read with `ast`), or it is a plain (non-module) name the package has.
@@ -87,7 +87,7 @@ def _bound_after_import(package: str, names: list[str]) -> set[str]:
 
 def test_every_documented_spmdsim_spelling_resolves_after_a_bare_import():
     spellings = _spellings()
-    assert len(spellings) > 150 and "spmdsim.autograd.no_grad" in spellings  # the scan sees the docs
+    assert len(spellings) > 150 and "spmdsim.nn.autograd.no_grad" in spellings  # the scan sees the docs
     failed, unsure = [], {}
     for spelling, where in sorted(spellings.items()):
         obj = spmdsim
@@ -110,18 +110,18 @@ def test_every_documented_spmdsim_spelling_resolves_after_a_bare_import():
 
 def test_the_documented_no_grad_spelling_in_a_fresh_process():
     code = ("import sys, spmdsim\n"
-            "with spmdsim.autograd.no_grad():\n"
-            "    on = spmdsim.autograd.is_grad_enabled()\n"
-            "print(on, spmdsim.gpt.train.__name__, 'mpi4py' in sys.modules)")
+            "with spmdsim.nn.autograd.no_grad():\n"
+            "    on = spmdsim.nn.autograd.is_grad_enabled()\n"
+            "print(on, spmdsim.models.gpt.train.__name__, 'mpi4py' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "spmdsim.gpt.train", "False"]
+    assert out.stdout.split() == ["False", "spmdsim.models.gpt.train", "False"]
 
 
 def test_a_name_that_is_no_module_is_still_an_attribute_error():
     """The packages' __getattr__, asked directly (whatever this process imported): no module, no name."""
     for package, name in ((spmdsim, "no_such_name"), (spmdsim, "__main__"), (spmdsim, "runtime.mesh"),
-                          (spmdsim.plan, "no_such"), (spmdsim.runtime, "no_such"), (spmdsim.gpt, "no_such")):
+                          (spmdsim.programs.plan, "no_such"), (spmdsim.runtime, "no_such"), (spmdsim.models.gpt, "no_such")):
         try:
             vars(package)["__getattr__"](name)
         except AttributeError as error:
@@ -239,7 +239,7 @@ def _tree() -> dict:
 
 def test_no_package_name_changes_meaning_when_its_module_is_imported():
     """A package's name that is also one of its modules' names is one object whatever was imported: a
-    function bound by the package's __init__ after importing its module (spmdsim.ops.matmul), or a lazy name
+    function bound by the package's __init__ after importing its module (spmdsim.nn.ops.matmul), or a lazy name
     the package keeps (spmdsim.runtime.exchange, spmdsim/_lazy.py), or the module itself."""
     tree = _tree()
     assert tree["checked"] > 200 and not tree["mpi4py"], tree

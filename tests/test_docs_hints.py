@@ -33,7 +33,7 @@ def test_commands_in_command_blocks_can_be_pasted(doc):
 def test_synopsis_lines_are_text_blocks():
     # The forms with alternatives and optional flags stay in the docs, in ```text blocks.
     assert "spmdsim run embedding --mode vocab|dim" in (ROOT / "docs/operators.md").read_text()
-    assert "python -m spmdsim.nets [NAME ...]" in (ROOT / "docs/networks.md").read_text()
+    assert "python -m spmdsim.models.nets [NAME ...]" in (ROOT / "docs/networks.md").read_text()
     for doc, what in (("docs/operators.md", "--mode vocab|dim"), ("docs/networks.md", "[NAME ...]")):
         text = (ROOT / doc).read_text()
         at = text.index(what)
@@ -42,7 +42,7 @@ def test_synopsis_lines_are_text_blocks():
 
 
 def test_nets_usage_error_is_printed_by_rank_zero_only(monkeypatch, capsys):
-    from spmdsim.nets.__main__ import main
+    from spmdsim.models.nets.__main__ import main
 
     for rank, printed in (("3", False), ("0", True)):
         monkeypatch.setenv("PMI_RANK", rank)
@@ -56,7 +56,7 @@ def test_nets_usage_error_is_printed_by_rank_zero_only(monkeypatch, capsys):
 
 
 def test_data_extra_hint_is_the_editable_install():
-    from spmdsim.nets import digits
+    from spmdsim.models.nets import digits
 
     source = pathlib.Path(digits.__file__).read_text()
     assert "spmdsim[data]" not in source and "pip install -e '.[data]'" in source
@@ -78,7 +78,7 @@ def test_train_gpt_timeout_is_the_readme_one():
 
 
 def _error(capsys, argv):
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     try:
         code = main(argv)
@@ -108,7 +108,7 @@ def test_a_negative_shape_is_a_value_not_an_option(capsys, argv, line):
     ('{"alpha_s": 1}', "its data has no 'version'; expected a"),
 ])
 def test_a_cost_file_of_another_version_says_which(tmp_path, monkeypatch, capsys, data, said):
-    from spmdsim.cost import CostModel
+    from spmdsim.programs.cost import CostModel
     from spmdsim.errors import SpmdsimError
 
     path = tmp_path / "cost.json"
@@ -136,8 +136,8 @@ def test_long_errors_fold_at_spaces_and_unfold_to_the_message(capsys):
 
 
 def test_demo_list_folds_long_titles_and_wide_keeps_one_line(capsys):
-    from spmdsim.cli.main import main
-    from spmdsim.demo import scenarios
+    from spmdsim.tools.cli.main import main
+    from spmdsim.tools.demo import scenarios
 
     names = [sc.name for sc in scenarios()]
     assert main(["demo", "--list"]) == 0
@@ -153,7 +153,7 @@ def test_demo_list_folds_long_titles_and_wide_keeps_one_line(capsys):
 
 
 def test_demo_too_few_ran_line_is_folded(capsys):
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     only = "linear_row,matmul_2x1_1x4,matmul_2x4_4x1,matmul_1x8_8x1"
     assert main(["demo", "--ranks", "3", "--only", only]) == 3
@@ -179,7 +179,7 @@ def test_reliability_says_how_every_example_guards_its_ranks():
     parse_args() (the two port_*_mlp.py examples too: they called it after their imports and refused --help)."""
     text = " ".join((ROOT / "docs" / "reliability.md").read_text(encoding="utf-8").split())
     assert "the first line of every example" not in text
-    assert ("the training examples through `spmdsim.nets.train.run_main`, the others with "
+    assert ("the training examples through `spmdsim.models.nets.train.run_main`, the others with "
             "`spmdsim.script(__file__)` on the line after they parse their arguments") in text
     ways = {}
     for path in sorted((ROOT / "examples").glob("*.py")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from docs_commands import ROOT
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 MLP = ["autoshard", "--network", "mlp", "--run", "--ranks", "8"]
 MEGATRON = ["--fix", "fc1=((1,1),(1,8),(8,))", "--fix", "fc2=((1,8),(8,1),(1,))"]
@@ -15,7 +15,7 @@ def _widest(text: str) -> int:
 
 
 def test_nets_tables_fit_100_columns_with_their_totals_on_one_line(capsys):
-    from spmdsim.nets.__main__ import main as nets
+    from spmdsim.models.nets.__main__ import main as nets
 
     assert nets(["--ranks", "8"]) == 0
     out = capsys.readouterr().out
@@ -61,9 +61,9 @@ def test_docs_networks_tables_are_what_the_command_prints(capsys):
     import shlex
 
     from docs_commands import mismatch, quotes
-    from spmdsim.nets.__main__ import main as nets
+    from spmdsim.models.nets.__main__ import main as nets
 
-    quoted = [q for q in quotes("docs/networks.md") if q.output and q.command.startswith("python -m spmdsim.nets")]
+    quoted = [q for q in quotes("docs/networks.md") if q.output and q.command.startswith("python -m spmdsim.models.nets")]
     assert len(quoted) == 5
     for quote in quoted:
         assert nets(shlex.split(quote.command)[3:]) == 0

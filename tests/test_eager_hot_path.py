@@ -12,10 +12,10 @@ import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh
-from spmdsim.gpt import GPTConfig, batch, encode, load_text
-from spmdsim.gpt.parallel import GPT
-from spmdsim.gpt.params import decays, param_specs
-from spmdsim.optim import AdamW
+from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
+from spmdsim.models.gpt.parallel import GPT
+from spmdsim.models.gpt.params import decays, param_specs
+from spmdsim.nn.optim import AdamW
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 
@@ -23,7 +23,7 @@ SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 @pytest.fixture(autouse=True)
 def _empty_operator_tables(empty_tables):
     """Each test starts with spmdsim's bounded tables of decided calls empty (tests/bounded_tables.py): a table
-    starts over when full (the operators' at 4,096 entries, spmdsim.ops._common.prepare; the compiled moves'
+    starts over when full (the operators' at 4,096 entries, spmdsim.nn.ops._common.prepare; the compiled moves'
     at 4,096, runtime.executor), and one that the earlier tests of this worker filled to the brim could start
     over between a test's first call and its repeat, which then prepares or compiles again (seen once in a full
     run: test_a_repeated_pointwise_call_takes_its_prepared_path[moved]; executor._MOVES was not emptied here
@@ -232,7 +232,7 @@ def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_prod
     """Rank 0's third step: the walk looks up grad_layout's answer (engine._GRAD_BY_OBJECT) only for a gradient
     that moves (one that stays as it is, a parameter's pending over dp, is known by its layout object's mark,
     TensorLayout._grad_of), and an einsum rule runs its products' kept functions (no `pair_plain` frame)."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
 
     looked: list = []
     moved: list = []
@@ -279,7 +279,7 @@ def test_a_layouts_walk_mark_is_no_part_of_its_value():
     import pickle
 
     layout = Layout((2, 2), ("dp", "tp"))
-    from spmdsim.layout import TensorLayout
+    from spmdsim.layouts.layout import TensorLayout
 
     a, b = TensorLayout(layout, ((), ("tp",)), ("dp",)), TensorLayout(layout, ((), ("tp",)), ("dp",))
     object.__setattr__(a, "_grad_of", TensorLayout(layout, ((), ("tp",))))
@@ -325,14 +325,14 @@ def _watched_step(f, leaves, watched=_WATCHED, callers=_CALLERS):
 
 @pytest.mark.parametrize("b_map", [(None, "tp"), ("dp", None), (None,)], ids=["moved", "same", "broadcast"])
 def test_a_repeated_pointwise_call_takes_its_prepared_path(b_map):
-    """A pointwise call with the layout objects, shapes and dtypes of an earlier one (spmdsim.ops.pointwise's
+    """A pointwise call with the layout objects, shapes and dtypes of an earlier one (spmdsim.nn.ops.pointwise's
     prepared call) plans, checks and builds nothing again: no `_operands`, `decided`, `make_dtensor` or
     `record` frame (a moved operand's redistribution records its own node), and the same result, layout,
     graph node and gradients as the first call; an operand in another layout, or of another shape, prepares
     again (and is right)."""
     import numpy as np
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
 
     rng = np.random.default_rng(3)
     ga = rng.standard_normal((4, 6))
@@ -383,7 +383,7 @@ def test_a_repeated_einsum_takes_its_prepared_path():
     call's result, layout, node and gradients; an operand of another shape prepares again."""
     import numpy as np
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
 
     rng = np.random.default_rng(5)
     gx, gw = rng.standard_normal((4, 3, 8)), rng.standard_normal((8, 6))
@@ -410,12 +410,12 @@ def test_a_repeated_einsum_takes_its_prepared_path():
 
 def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
     """A pointwise call with a Python number beside DTensors finds its prepared call by the number's type
-    (spmdsim.ops.pointwise._mixed_signature) and lifts the number directly: no `_operands`, `lift`, `decided`
+    (spmdsim.nn.ops.pointwise._mixed_signature) and lifts the number directly: no `_operands`, `lift`, `decided`
     or `make_dtensor` frame when it repeats (a new value too), the first call's layout, node and gradients,
     and the value's own result; a number of another type prepares again (and is right)."""
     import numpy as np
 
-    from spmdsim.ops import pointwise as P
+    from spmdsim.nn.ops import pointwise as P
 
     rng = np.random.default_rng(7)
     ga = rng.standard_normal((4, 6))
@@ -442,14 +442,14 @@ def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
 
 
 def test_a_repeated_attention_takes_its_prepared_path():
-    """attention keeps what a call decides per signature (spmdsim.ops.attention._Decided): a repeated call with
+    """attention keeps what a call decides per signature (spmdsim.nn.ops.attention._Decided): a repeated call with
     the same layout objects, shapes, dtypes and flags checks and plans nothing again (no `_decide`,
     `kept_problem`, `require_float`, `seed_arg` or `raise_if_not_dtensors` frame; only a seed that is no int
     is checked) and gives the first call's result, layout, node and gradients; a bad seed is still refused
     with its one line, and another shape decides again (and is right)."""
     import numpy as np
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.errors import OperatorError
 
     rng = np.random.default_rng(11)
@@ -499,7 +499,7 @@ def test_a_repeated_causal_attention_makes_its_mask_once():
     result is the first call's; the mask is read only. The result's DTensor is built without make_dtensor."""
     import numpy as np
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
 
     rng = np.random.default_rng(13)
     gq, gk, gv = (rng.standard_normal((6, 4, 2, 3)) for _ in range(3))
@@ -523,7 +523,7 @@ def test_a_repeated_causal_attention_makes_its_mask_once():
             finally:
                 sys.setprofile(None)
             runs.append((seen, z.gather()))
-        from spmdsim.ops.attention import _PREPARED
+        from spmdsim.nn.ops.attention import _PREPARED
         above = [d.above for d in _PREPARED.values() if d.above is not None]
         out = runs, all(not a.flags.writeable for a in above) and len(above) > 0
         mesh.close()
@@ -571,7 +571,7 @@ def test_a_rules_kept_gradient_layouts_follow_dy_and_the_operands():
     an operand that takes no gradient gets None; each gradient's values are the right ones."""
     import numpy as np
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
 
     rng = np.random.default_rng(13)
     ga, gb, gw, gd = (rng.standard_normal(s) for s in ((4, 6), (4, 6), (6, 2), (4, 6)))
@@ -617,13 +617,13 @@ def test_a_rules_kept_gradient_layouts_follow_dy_and_the_operands():
 
 
 def test_a_result_shaped_as_its_operand_is_checked_unless_it_is_the_operands_block_shape_and_dtype():
-    """spmdsim.ops._common.shaped_as (the norms', dropout's and activations' results) builds a tensor directly
+    """spmdsim.nn.ops._common.shaped_as (the norms', dropout's and activations' results) builds a tensor directly
     only for a C-ordered block of the operand's block shape and dtype under the operand's own layout object;
     another dtype, another layout or a wrong block shape goes through make_dtensor's checks (the last refused)."""
     import numpy as np
 
     from spmdsim.errors import ShapeError
-    from spmdsim.ops._common import shaped_as
+    from spmdsim.nn.ops._common import shaped_as
 
     def body():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
@@ -653,7 +653,7 @@ def test_a_repeated_layer_norm_checks_nothing_again_and_a_changed_call_is_checke
     good ones is still refused with its one line."""
     import numpy as np
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.errors import OperatorError, ShapeError
 
     rng = np.random.default_rng(17)
@@ -698,8 +698,8 @@ def test_grad_tensor_copies_a_transposed_block_to_c_order_and_widens_a_bfloat16_
     order with the same values, without gradient_block; a bfloat16 one still goes there (widened to float32)."""
     import numpy as np
 
-    from spmdsim.autograd.rules.grads import grad_tensor
-    from spmdsim.precision import bfloat16
+    from spmdsim.nn.autograd.rules.grads import grad_tensor
+    from spmdsim.base.precision import bfloat16
 
     def body():
         mesh = Mesh(Layout((2,), ("dp",)), spmdsim.world())
@@ -719,15 +719,15 @@ def test_grad_tensor_copies_a_transposed_block_to_c_order_and_widens_a_bfloat16_
 
 
 def test_a_bfloat16_gradient_is_float32_whatever_its_blocks_memory_order():
-    """A gradient's dtype is its tensor's, float32 for bfloat16 (spmdsim.precision), in C order or not: a
+    """A gradient's dtype is its tensor's, float32 for bfloat16 (spmdsim.base.precision), in C order or not: a
     C-ordered bfloat16 block of a bfloat16 tensor was kept bfloat16 by `grad_tensor` and `gradient_block`'s fast
     paths where a transposed one was widened, so ``sum(x)``'s gradient of a bfloat16 leaf was bfloat16 and
     ``sum(x.T)``'s float32. A float32 block is taken as it is (no copy)."""
     import numpy as np
 
-    from spmdsim import ops
-    from spmdsim.autograd.rules.grads import grad_tensor, gradient_block
-    from spmdsim.precision import bfloat16
+    from spmdsim.nn import ops
+    from spmdsim.nn.autograd.rules.grads import grad_tensor, gradient_block
+    from spmdsim.base.precision import bfloat16
 
     bf16 = bfloat16()
 
@@ -783,8 +783,8 @@ def test_the_walks_order_is_searched_without_python_per_node_or_per_depth():
     """engine._topological (a pipeline stage searches a graph each microbatch) runs as many opcodes for a chain of
     residual diamonds 40 deep as for one 2 deep: no Python per node, input or depth; and it finds each node once,
     latest recorded first, with leaves and None inputs left out."""
-    from spmdsim.autograd import engine
-    from spmdsim.autograd.graph import Leaf, Node
+    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd.graph import Leaf, Node
 
     class Slot:  # a tensor's graph slot, all the search reads
         def __init__(self, ag):
@@ -815,8 +815,8 @@ def test_reduce_grads_finds_the_pending_gradients_without_python_per_parameter()
     ones summed, a whole one left as it is."""
     import numpy as np
 
-    from spmdsim import ops
-    from spmdsim.autograd import engine, reduce_grads
+    from spmdsim.nn import ops
+    from spmdsim.nn.autograd import engine, reduce_grads
 
     w = np.arange(6.0).reshape(3, 2) / 5 - 0.3
     a = np.arange(12.0).reshape(4, 3) / 7

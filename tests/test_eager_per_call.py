@@ -1,6 +1,6 @@
 """What an eager step's operators decide once per call signature and keep (issue 58, docs/performance.md): a
 repeated fused piece's product and an einsum rule's kept products run the recipe's function without its test of
-a dry run and bfloat16 (`spmdsim.contraction.pair_plain`), with `pair`'s bits."""
+a dry run and bfloat16 (`spmdsim.references.contraction.pair_plain`), with `pair`'s bits."""
 from __future__ import annotations
 
 import sys
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, contraction
-from spmdsim.contraction import pair, pair_plain
-from spmdsim.gpt import GPTConfig, batch, encode, load_text
-from spmdsim.gpt.parallel import GPT
-from spmdsim.gpt.params import param_specs
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.references import contraction
+from spmdsim.references.contraction import pair, pair_plain
+from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
+from spmdsim.models.gpt.parallel import GPT
+from spmdsim.models.gpt.params import param_specs
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 CASES = [  # a plain GEMM, a batched one, a reorder (swapped recipe), letters summed alone, an outer product
@@ -129,8 +130,8 @@ def test_a_repeated_residual_draws_its_mask_and_gelus_node_reads_its_blocks_with
     it answered: this thread does not capture), and its backward makes a DTensor of dH and dY alone, itself (the
     dropped-out values' gradient stays a block); GELU's node is attached without `record`, and its backward
     reads the blocks without the `local` property; the values are the separate operators' (same bits)."""
-    from spmdsim import ops
-    from spmdsim.ops.fused import residual
+    from spmdsim.nn import ops
+    from spmdsim.nn.ops.fused import residual
 
     rng = np.random.default_rng(1)
     gh, gy, gb = rng.standard_normal((4, 2, 8)), rng.standard_normal((4, 2, 8)), rng.standard_normal(8)
@@ -181,7 +182,7 @@ def test_kept_as_restores_the_kind_at_the_era_now_and_a_node_notes_a_bfloat16_ou
     a node's `low` is its output's dtype when bfloat16, else None."""
     import ml_dtypes
 
-    from spmdsim.autograd import graph, kept_as
+    from spmdsim.nn.autograd import graph, kept_as
 
     def body():
         mode = graph._Mode
@@ -215,8 +216,8 @@ def test_a_repeated_einsum_bias_keeps_its_biased_product_as_a_block():
     """A repeated `einsum_bias` with a bias and a reshape builds DTensors of the product (its rule's dY is laid out
     by it) and of the result alone: the biased product is kept as its block (the rule reads its shape), as the
     general path's node keeps it; both paths' values and gradients are the same bits."""
-    from spmdsim.autograd.kept import kept_bytes
-    from spmdsim.ops.fused import einsum_bias
+    from spmdsim.nn.autograd.kept import kept_bytes
+    from spmdsim.nn.ops.fused import einsum_bias
 
     rng = np.random.default_rng(4)
     gx, gw, gb = rng.standard_normal((4, 2, 8)), rng.standard_normal((8, 6)), rng.standard_normal(6)

@@ -1,5 +1,5 @@
 """The einsum rule's backward keeps, per call signature and dY layout object, each operand's gradient layout and
-what its product contracts (spmdsim.autograd.rules.einsum: `Prepared.ways`), and a repeated backward builds the
+what its product contracts (spmdsim.nn.autograd.rules.einsum: `Prepared.ways`), and a repeated backward builds the
 gradients from it. A kept entry must never serve another dY layout (here: dY whole, then pending over "dp"),
 another pattern of operands that take a gradient, or operands of another dtype: each gradient below is checked
 against numpy's, and its layout against the pending sums it carries."""
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, ops
-from spmdsim.autograd.rules.einsum import einsum_grads
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.nn import ops
+from spmdsim.nn.autograd.rules.einsum import einsum_grads
 
-_EINSUMS = importlib.import_module("spmdsim.ops.einsum")._PREPARED  # (ops.einsum is also the function)
+_EINSUMS = importlib.import_module("spmdsim.nn.ops.einsum")._PREPARED  # (ops.einsum is also the function)
 
 X = np.arange(48.0).reshape(8, 6) / 11 - 1.5
 W = np.arange(24.0).reshape(6, 4) / 7 - 1.2

@@ -1,4 +1,4 @@
-"""Engines (spmdsim.engines): which engine a mesh runs on, simulations side by side, the dry engine."""
+"""Engines (spmdsim.runtime.engines): which engine a mesh runs on, simulations side by side, the dry engine."""
 from __future__ import annotations
 
 import ast
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import context
-from spmdsim.engines import MPI, engine_of
-from spmdsim.sim import SimulationError
+from spmdsim.base import context
+from spmdsim.runtime.engines import MPI, engine_of
+from spmdsim.runtime.sim import SimulationError
 from testkit import run_train_gpt, unfold
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -21,8 +21,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_a_mesh_runs_on_its_communicators_engine():
     from spmdsim.runtime import Mesh
-    from spmdsim.sim.dry import DRY
-    from spmdsim.sim.thread_engine import THREADS
+    from spmdsim.runtime.sim.dry import DRY
+    from spmdsim.runtime.sim.thread_engine import THREADS
 
     def body():
         mesh = Mesh(spmdsim.Layout((2, 2), ("a", "b")))
@@ -80,8 +80,8 @@ def test_a_simulated_rank_cannot_start_another_simulation():
 def test_the_dry_run_of_a_gpt_step_moves_what_the_real_run_moves_on_every_rank():
     """8 ranks, dp 2 x tp 4 with sequence parallelism: the dry run's per-rank bytes and calls are the
     real simulated run's, read from each rank's own trace."""
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.train import train
     from spmdsim.runtime import collect_trace
 
     cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4, vocab=48)
@@ -124,7 +124,7 @@ def _imports(path: pathlib.Path) -> set[str]:
     return {n for n in found if n.startswith("spmdsim")}
 
 
-@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/ops", "spmdsim/autograd", "spmdsim/datagen.py"])
+@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/nn/ops", "spmdsim/nn/autograd", "spmdsim/layouts/datagen.py"])
 def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_on(where):
     """They ask the mesh's engine or the running rank's context, never the simulator's internals."""
     files = [ROOT / where] if where.endswith(".py") else sorted((ROOT / where).glob("*.py"))
@@ -132,8 +132,8 @@ def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_o
         text = path.read_text()
         for word in ("SimComm", "_sim_local", "RUNNING"):
             assert word not in text, f"{path.relative_to(ROOT)} mentions {word}"
-        asked = {n for n in _imports(path) if n.startswith(("spmdsim.sim.run", "spmdsim.emulator",
-                                                              "spmdsim.sim.dry", "spmdsim.sim.engine"))}
+        asked = {n for n in _imports(path) if n.startswith(("spmdsim.runtime.sim.run", "spmdsim.emulator",
+                                                              "spmdsim.runtime.sim.dry", "spmdsim.runtime.sim.engine"))}
         assert not asked, f"{path.relative_to(ROOT)} imports {sorted(asked)}"
 
 
@@ -146,7 +146,7 @@ def _package(module: str) -> str | None:
 def test_no_import_cycle_between_spmdsims_packages():
     """Packages import downwards (docs/architecture.md): with every import counted, function-level ones
     too, the graph of packages has no cycle. DTensor's operators reach ops and autograd through the table
-    spmdsim.ops fills (ops/methods.py), not by an import from the runtime."""
+    spmdsim.nn.ops fills (ops/methods.py), not by an import from the runtime."""
     edges: dict[str, set[str]] = {}
     for path in sorted((ROOT / "spmdsim").rglob("*.py")):
         here = _package(".".join(path.relative_to(ROOT).with_suffix("").parts))
@@ -173,7 +173,7 @@ def test_dtensor_operators_come_with_spmdsim_ops():
     DTensor has them."""
     code = ("import numpy as np\n"
             "from spmdsim.runtime.dtensor import DTensor\n"
-            "from spmdsim.layout import Layout\n"
+            "from spmdsim.layouts.layout import Layout\n"
             "from spmdsim.errors import OperatorError\n"
             "try:\n"
             "    DTensor.__add__(None, 1)\n"
@@ -181,11 +181,11 @@ def test_dtensor_operators_come_with_spmdsim_ops():
             "    print(e)\n"
             "import spmdsim\n"
             "assert spmdsim.DTensor is DTensor\n"
-            "print(DTensor.__add__.__name__, 'spmdsim.ops' in __import__('sys').modules)\n")
+            "print(DTensor.__add__.__name__, 'spmdsim.nn.ops' in __import__('sys').modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "DTensor's operators and autograd come with spmdsim.ops, which is not loaded: import spmdsim.ops "
+        "DTensor's operators and autograd come with spmdsim.nn.ops, which is not loaded: import spmdsim.nn.ops "
         "(or take DTensor from spmdsim) before using pointwise", "__add__ True"]
 
 
@@ -211,7 +211,7 @@ def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
 def test_a_dry_runs_memory_check_is_one_ranks(capsys):
     """Only rank 0's blocks exist in a dry run: the memory check gives it the machine, not 1/16384 of it
     (a (4096, 4096) shard plan at 16,384 ranks was refused at 1.35 MiB a rank)."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     argv = ["run", "matmul", "--strategy", "((128,128),(128,1))", "--shape", "4096,4096,4096", "--ranks", "16384",
             "--dry-run"]
@@ -235,25 +235,25 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     lines = [line for line in out.stdout.splitlines() if "KERNELS." not in line]
     assert len(lines) < len(out.stdout.splitlines())  # (the executor's runners call them so)
     files = {line.split(":", 1)[0] for line in lines}
-    assert "spmdsim/engines/mpi.py" in files  # the scan sees calls at all
-    strays = sorted(f for f in files if f != "spmdsim/engines/mpi.py" and not f.startswith("spmdsim/emulator/"))
-    assert strays == ["spmdsim/ops/methods.py"], strays
-    prose = [line for line in lines if line.startswith("spmdsim/ops/methods.py")]
+    assert "spmdsim/runtime/engines/mpi.py" in files  # the scan sees calls at all
+    strays = sorted(f for f in files if f != "spmdsim/runtime/engines/mpi.py" and not f.startswith("spmdsim/emulator/"))
+    assert strays == ["spmdsim/nn/ops/methods.py"], strays
+    prose = [line for line in lines if line.startswith("spmdsim/nn/ops/methods.py")]
     assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]
     shown = (ROOT / "docs" / "architecture.md").read_text()
     assert f'$ grep -rnE "{TRANSFER_CALL}" spmdsim | grep -v "KERNELS\\."' in shown  # the docs show this command
 
 
-@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/engines", "spmdsim/sim", "spmdsim/ops",
-                                   "spmdsim/autograd", "spmdsim/cli", "spmdsim/autoshard", "spmdsim/nets",
-                                   "spmdsim/gpt"])
+@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/runtime/engines", "spmdsim/runtime/sim", "spmdsim/nn/ops",
+                                   "spmdsim/nn/autograd", "spmdsim/tools/cli", "spmdsim/tools/autoshard", "spmdsim/models/nets",
+                                   "spmdsim/models/gpt"])
 def test_spmdsim_never_imports_the_mpi4py_emulator(where):
     """The emulator runs users' own mpi4py programs (spmdsim.world(), spmdsim mpirun); spmdsim's own code runs
     on the thread engine and imports it nowhere, function-level imports included. The CLI's mpirun command
     and the front door's `world` name it by string, loaded when used."""
     for path in sorted((ROOT / where).glob("*.py")):
         asked = {n for n in _imports(path) if n.startswith("spmdsim.emulator")}
-        if path.relative_to(ROOT).as_posix() == "spmdsim/cli/mpirun.py":
+        if path.relative_to(ROOT).as_posix() == "spmdsim/tools/cli/mpirun.py":
             assert asked == {"spmdsim.emulator.mpirun", "spmdsim.emulator.mpirun.add_arguments",
                              "spmdsim.emulator.mpirun.run"}
             continue
@@ -286,10 +286,10 @@ def test_text_moves_and_every_engine_refuses_the_same_dtypes_with_one_line():
 
 def test_the_dry_engine_counts_every_buffer_a_transfer_holds_and_moves_nothing():
     """One rank for all: results as if every member sent this rank's buffer; each buffer counted as held."""
-    from spmdsim.sim.dry import DRY, DryComm
+    from spmdsim.runtime.sim.dry import DRY, DryComm
 
     def body() -> tuple:
-        from spmdsim.engines import current
+        from spmdsim.runtime.engines import current
 
         comm = DryComm(4, 1, "test")
         x = np.arange(3.0)
@@ -360,7 +360,7 @@ def test_every_engine_refuses_the_dtypes_mpi_refuses_with_mpis_message():
                 want += [(g, dtype, op, f"{name}: {line}" if refused else "taken")] * 2
     for results in (spmdsim.simulate(4, _dtype_refusals, (2, 1)),
                     spmdsim.simulate(4, _dtype_refusals, (2, 1), dry_run=True)):
-        dry = isinstance(results, spmdsim.sim.run.DryRunResults)
+        dry = isinstance(results, spmdsim.runtime.sim.run.DryRunResults)
         for rank, (got, flags, sums_) in enumerate(results):
             assert got == want
             if not dry:

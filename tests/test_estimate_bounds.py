@@ -1,4 +1,4 @@
-"""spmdsim.estimate.bounds and the branch and bound of spmdsim.estimate.search: the layer cells' bounds lie below
+"""spmdsim.tools.estimate.bounds and the branch and bound of spmdsim.tools.estimate.search: the layer cells' bounds lie below
 every configuration's own dry-run price, so pruning by them never drops the fastest configuration that fits."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from spmdsim.estimate.bounds import Cells
-from spmdsim.estimate.machine import load_machine
-from spmdsim.estimate.search import comm_bounds, configurations, lower_bounds, price, search, stage_elements
-from spmdsim.gpt import GPTConfig
-from spmdsim.pipeline.schedule import Compute, build, in_flight_by_stage, most_in_flight
+from spmdsim.tools.estimate.bounds import Cells
+from spmdsim.tools.estimate.machine import load_machine
+from spmdsim.tools.estimate.search import comm_bounds, configurations, lower_bounds, price, search, stage_elements
+from spmdsim.models.gpt import GPTConfig
+from spmdsim.programs.pipeline.schedule import Compute, build, in_flight_by_stage, most_in_flight
 
 A100 = load_machine("a100-dgx")
 SMALL = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)
@@ -111,7 +111,7 @@ def test_the_search_at_3072_devices_prices_few():
 # ---- a GPT with MoE layers: cells of a dense and an MoE layer, each stage's layers counted ----
 
 def _moe(layers: int, **moe) -> GPTConfig:
-    from spmdsim.moe.config import MoEConfig
+    from spmdsim.models.moe.config import MoEConfig
 
     return GPTConfig(layers=layers, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1,
                      moe=MoEConfig(**{"experts": 4, "top_k": 2, **moe}))

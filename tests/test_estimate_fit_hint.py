@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import spmdsim.estimate
+import spmdsim.tools.estimate
 from docs_commands import run_here
-from spmdsim.cli.estimate import _gib  # the command's own rounding of a size
+from spmdsim.tools.cli.estimate import _gib  # the command's own rounding of a size
 from testkit import unfold
 
 MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab", "128",
@@ -16,7 +16,7 @@ MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "
 
 
 def _machine(tmp_path: Path, memory: int) -> str:
-    raw = json.loads((Path(spmdsim.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
+    raw = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
     path = tmp_path / "small.json"
     path.write_text(json.dumps(raw | {"name": "small", "memory_bytes": memory}))
     return str(path)
@@ -66,7 +66,7 @@ def test_estimate_help_gives_each_default_and_the_shipped_machines():
     import subprocess
     import sys
 
-    from spmdsim.estimate.machine import machines
+    from spmdsim.tools.estimate.machine import machines
 
     out = subprocess.run([sys.executable, "-m", "spmdsim", "estimate", "--help"], capture_output=True, text=True,
                          timeout=60, env={**__import__("os").environ, "COLUMNS": "200"})
@@ -80,7 +80,7 @@ def test_estimate_help_gives_each_default_and_the_shipped_machines():
 
 def test_a_stage_of_one_rank_is_named_so(capsys):
     """A stage of one rank read 'stage 0 (ranks 0-0: 1 rank alike; one rank's figures)'."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     assert main(["estimate", "gpt", "--layers", "2", "--pp", "2"]) == 0
     out = capsys.readouterr().out
@@ -89,7 +89,7 @@ def test_a_stage_of_one_rank_is_named_so(capsys):
 
 def test_layers_that_do_not_divide_over_the_stages_are_said(capsys):
     """`--pp 5` of 32 layers was split 7, 7, 6, 6, 6 without a word (the slowest stage sets the step)."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     assert main(["estimate", "gpt", "--layers", "7", "--pp", "3", "--global-batch", "3"]) == 0
     assert "\nlayers uneven: 7 over 3 stages, 3, 2, 2 (the first take one more)\n" in capsys.readouterr().out
@@ -99,7 +99,7 @@ def test_layers_that_do_not_divide_over_the_stages_are_said(capsys):
 
 def test_a_tensor_parallel_group_wider_than_a_node_is_said(capsys):
     """`--tp 16` on 8-GPU nodes was priced on the cluster links without a word."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     assert main(["estimate", "gpt", "--tp", "16", "--heads", "16"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""spmdsim.estimate.ledger and `spmdsim estimate gpt`: the dry run's ledger is what a real run does.
+"""spmdsim.tools.estimate.ledger and `spmdsim estimate gpt`: the dry run's ledger is what a real run does.
 
 At small scale (dp 2 x tp 2 x pp 2 with sequence parallelism, each recomputation mode, ZeRO-1 on and
 off) a real run of the same step keeps the same bytes for backward at the moment its schedule held the
@@ -15,11 +15,11 @@ import pytest
 import spmdsim
 from docs_commands import run_here
 from testkit import unfold
-from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
-from spmdsim.flops import PHASES, counting
-from spmdsim.gpt import GPTConfig
-from spmdsim.moe.config import MoEConfig
-from spmdsim.gpt.pipeline import train_pipelined
+from spmdsim.tools.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
+from spmdsim.base.flops import PHASES, counting
+from spmdsim.models.gpt import GPTConfig
+from spmdsim.models.moe.config import MoEConfig
+from spmdsim.models.gpt.pipeline import train_pipelined
 
 CFG = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, vocab=128, dropout=0.1)
 
@@ -89,7 +89,7 @@ def test_a_zero2_peak_holds_the_gradients_its_backward_measured():
     fit verdict's figure (peak_bytes, `--json`'s peak_bytes) is that peak. ZeRO-1 by the same rule: its gradients
     whole (its gradient buffer, each gradient accumulated in its view of it, the tied table's head gradient put
     there before the embedding's backward adds to it, as Megatron's main_grad) and nothing beside them."""
-    from spmdsim.estimate import ledger
+    from spmdsim.tools.estimate import ledger
 
     cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=2, vocab=4096, dropout=0.0)
     (stage,) = gpt_ledger(cfg, 1, 2, 1, zero=2)
@@ -116,11 +116,11 @@ def test_a_zero2_dry_run_measures_what_the_real_runs_backward_holds(monkeypatch)
     that backward too (it repeated the first's figures, and the step reduced every bucket: whole gradients and
     slices, 16,384 bytes short of the real figure on the last stage), so every rank's measured gradients at
     most (MemoryReport.grads_peak) are its stage's ledger's. Stage 0's real run holds one row more: the
-    embedding's backward scatters into a spare last row (spmdsim.autograd.rules.matmul) a dry run does not make."""
+    embedding's backward scatters into a spare last row (spmdsim.nn.autograd.rules.matmul) a dry run does not make."""
     import numpy as np
 
-    import spmdsim.estimate.ledger as ledger_module
-    import spmdsim.gpt.train as trainer
+    import spmdsim.tools.estimate.ledger as ledger_module
+    import spmdsim.models.gpt.train as trainer
 
     monkeypatch.setattr(trainer, "ZERO_BUCKET", 2000)
     monkeypatch.setattr(trainer, "ZERO_BUCKET_PER_DP", 1)  # 2,000 elements at any dp
@@ -197,7 +197,7 @@ def test_megatrons_kept_set_at_bf16_is_korthikantis_count(tp, sp, recompute):
     """With kept="megatron" the blocks' activations priced at bf16 (values 2 bytes, boolean masks 1) are
     Korthikanti et al.'s s·b·h(10 + 24/t + 5as/(ht)) per layer (34/t·s·b·h with sp and selective
     recomputation), plus each layer norm's two row statistics (priced as values)."""
-    from spmdsim.gpt.memory import korthikanti_bytes
+    from spmdsim.models.gpt.memory import korthikanti_bytes
 
     (stage,) = gpt_ledger(CFG, 1, 1, tp, sp=sp, recompute=recompute, kept="megatron")
     s, b, h, a, layers = CFG.seq, CFG.batch, CFG.d_model, CFG.heads, CFG.layers
@@ -208,7 +208,7 @@ def test_megatrons_kept_set_at_bf16_is_korthikantis_count(tp, sp, recompute):
 
 
 def test_the_optimizers_bytes_are_its_elements_at_the_precisions_widths():
-    from spmdsim.estimate.ledger import kernel_bytes
+    from spmdsim.tools.estimate.ledger import kernel_bytes
 
     for zero in (0, 1):
         (stage,) = gpt_ledger(CFG, 1, 2, 2, sp=True, microbatches=1, zero=zero)
@@ -225,8 +225,8 @@ def test_the_optimizers_bytes_are_its_elements_at_the_precisions_widths():
 def test_an_equal_call_reads_the_ledger_of_the_dry_run_made_before(monkeypatch):
     """gpt_ledger keeps its ledgers by its arguments and SPMDSIM_MEMORY: an equal call runs nothing again and
     gives equal ledgers in a list of its own; another configuration or memory setting runs its own."""
-    from spmdsim.estimate import ledger
-    from spmdsim.sim import run
+    from spmdsim.tools.estimate import ledger
+    from spmdsim.runtime.sim import run
 
     runs = []
     real = run.simulate
@@ -391,7 +391,7 @@ def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pag
     Reduce_scatter and Allgather are copies a dry run's zeros need not make (they wrote 6 GB of pages, 13 s)."""
     import sys
 
-    code = ("import sys\nfrom spmdsim.cli.main import main\nfrom spmdsim.memory import peak_rss\n"
+    code = ("import sys\nfrom spmdsim.tools.cli.main import main\nfrom spmdsim.programs.memory import peak_rss\n"
             "code = main(['estimate', 'gpt', '--layers', '24', '--hidden', '2048', '--heads', '16', '--seq', '2048',"
             " '--vocab', '50304', '--experts', '128', '--top-k', '1', '--ep', '128', '--micro-batch', '1',"
             " '--global-batch', '128', '--zero', '1'])\nprint('peak', peak_rss(), code)\n")
@@ -431,7 +431,7 @@ def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_
     import sys
 
     code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (16 << 40, 16 << 40))\n"
-            "from spmdsim.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+            "from spmdsim.tools.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
     argv = ("estimate gpt --layers 2 --hidden 4096 --heads 32 --seq 1048576 --vocab 32000 --micro-batch 1 "
             "--global-batch 1 --tp 8 --sp").split()
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
@@ -497,7 +497,7 @@ def test_the_peak_is_the_memory_and_the_softmax_backwards_three_score_blocks(pre
     stage = data["stages"][0]
     scores = 2 * 2 * 256 * 256
     assert stage["transient"] == {"bytes": 3 * scores * width, "what": "attention softmax (backward)"}
-    # beside the memory line no gradient: ZeRO-0's are summed in place in their buffer (spmdsim.autograd.grad_buffer)
+    # beside the memory line no gradient: ZeRO-0's are summed in place in their buffer (spmdsim.nn.autograd.grad_buffer)
     held = sum(stage["bytes"].values()) + stage["backward_gradient_bytes"]
     assert stage["peak_bytes"] == held + 3 * scores * width and stage["backward_gradient_bytes"] == 0
     lines = " ".join(_cli(*argv).stdout.split())
@@ -510,7 +510,7 @@ def test_the_peak_is_the_memory_and_the_softmax_backwards_three_score_blocks(pre
 
 
 def _gib(n: int) -> str:
-    from spmdsim.cli.estimate import _gib as shown
+    from spmdsim.tools.cli.estimate import _gib as shown
 
     return shown(n)
 
@@ -518,8 +518,8 @@ def _gib(n: int) -> str:
 def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_arguments(capsys):
     """`--json` wrote vars(args): argparse's and main()'s own attributes (func, _usage_parser, json) and any added
     later went into "config". Now its fields are named: the keys and values it had, less those three."""
-    from spmdsim.cli import estimate
-    from spmdsim.cli.main import build_parser
+    from spmdsim.tools.cli import estimate
+    from spmdsim.tools.cli.main import build_parser
 
     args = build_parser(("estimate",)).parse_args(["estimate", "gpt", "--json", "--layers", "1", "--hidden", "16",
                                                    "--heads", "2", "--seq", "8", "--vocab", "16", "--global-batch",
@@ -543,7 +543,7 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
 
 def test_the_peak_adds_no_block_the_memory_line_holds():
     """The transient part of the peak counts only the blocks of a product or kernel that the memory line does
-    not hold already (spmdsim.flops.Fresh: the dry run tells them apart by identity). One layer of width 256 on
+    not hold already (spmdsim.base.flops.Fresh: the dry run tells them apart by identity). One layer of width 256 on
     one rank, seq 8, no recomputation, Megatron's kept set: MLP fc1's forward product (8 x 256) @ (256 x 1024)
     reads x, which its backward keeps, and the weight W1, a parameter: only its result (8 x 1024, before the
     bias add) is the moment's own; its weight-gradient product x^T dA reads the kept x and writes W1's gradient,
@@ -551,8 +551,8 @@ def test_the_peak_adds_no_block_the_memory_line_holds():
     of two gradients of the stacked Q, K, V into the first, in place (2 blocks of 3 x 8 x 256: the block read and
     written is one block, not two, as it was counted), not fc1's product with its weight beside it (memory +
     (2,048 + 262,144 + 8,192) x 2 bytes, as the peak was counted)."""
-    from spmdsim.estimate.ledger import Transient, stage_memory
-    from spmdsim.flops import Gemm
+    from spmdsim.tools.estimate.ledger import Transient, stage_memory
+    from spmdsim.base.flops import Gemm
 
     (stage,) = gpt_ledger(GPTConfig(layers=1, d_model=256, heads=4, seq=8, batch=1, vocab=128), 1, 1, 1,
                           kept="megatron")
@@ -575,7 +575,7 @@ def _fresh(stage) -> dict:
 
 
 def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
-    """The MoE experts' products and kernels are recorded with their blocks (spmdsim.moe.layer._count_experts), as
+    """The MoE experts' products and kernels are recorded with their blocks (spmdsim.models.moe.layer._count_experts), as
     the other products are: the experts' weights (parameters), their gradients and the rows the layer keeps for its
     backward (xe, fc1's output, GELU's tanh and output) are the memory line's. One MoE layer of 4 experts on one
     rank (top-1, capacity 2 a sequence of 8, width 64, hidden 256): fc1's product reads the kept rows and W1 and
@@ -585,8 +585,8 @@ def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
     run made a block there and counted fc2's result, 512 elements, as the real step does not); the backward's
     d w1 product only dh (not W1's gradient), d xe dh and its result (not W1); the largest moment is then GELU's
     backward (dacts in, dh out)."""
-    from spmdsim.estimate.ledger import Transient, stage_memory
-    from spmdsim.flops import Gemm
+    from spmdsim.tools.estimate.ledger import Transient, stage_memory
+    from spmdsim.base.flops import Gemm
 
     cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=1, vocab=128,
                     moe=MoEConfig(experts=4, top_k=1, every=1))
@@ -611,7 +611,7 @@ def test_an_moe_layer_counts_the_same_blocks_in_a_real_step_as_in_its_dry_run(ep
     holds them."""
     import numpy as np
 
-    from spmdsim.flops import Gemm
+    from spmdsim.base.flops import Gemm
 
     cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=batch, vocab=128,
                     moe=MoEConfig(experts=4, top_k=1, every=1))
@@ -636,14 +636,14 @@ def test_an_moe_layer_counts_the_same_blocks_in_a_real_step_as_in_its_dry_run(ep
 @pytest.mark.parametrize("recompute", ["none", "selective"])
 def test_the_attention_cores_products_count_no_block_the_memory_line_holds(recompute):
     """The attention core's products are recorded with q, k and v, which its rule keeps, and the probabilities
-    it keeps without recomputation (spmdsim.autograd.rules.attention.count_core): one layer of 4 heads of 16 on
+    it keeps without recomputation (spmdsim.nn.autograd.rules.attention.count_core): one layer of 4 heads of 16 on
     one rank, seq 8, dropout, Megatron's kept set. The scores' product q k^T counts only the scores (it counted
     q + k + the scores, 512 + 512 + 256 elements); the weighted values' product reads the kept probabilities
     and v and writes the block the output projection keeps: nothing (under selective recomputation the
     probabilities, made again, are its own: 256); the backward's dy v^T dy and the gradient, dq = ds k and
     dk = ds^T q the scores' gradient and theirs, dv = pd^T dy dy and dv, none of q, k, v (nor pd but under
     recomputation)."""
-    from spmdsim.flops import Gemm
+    from spmdsim.base.flops import Gemm
 
     cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=1, vocab=128, dropout=0.1)
     (stage,) = gpt_ledger(cfg, 1, 1, 1, kept="megatron", recompute=recompute)

@@ -1,4 +1,4 @@
-"""Machine files (spmdsim.estimate.machine): the shipped ones, every refusal's line, calibrate's round trip."""
+"""Machine files (spmdsim.tools.estimate.machine): the shipped ones, every refusal's line, calibrate's round trip."""
 from __future__ import annotations
 
 import copy
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from spmdsim.cli import calibrate
-from spmdsim.cli.main import build_parser
-from spmdsim.cost import CostModel
-from spmdsim.cost.model import ALGORITHMS as COST_ALGORITHMS
+from spmdsim.tools.cli import calibrate
+from spmdsim.tools.cli.main import build_parser
+from spmdsim.programs.cost import CostModel
+from spmdsim.programs.cost.model import ALGORITHMS as COST_ALGORITHMS
 from spmdsim.errors import SpmdsimError
-from spmdsim.estimate import machine as machine_mod
-from spmdsim.estimate.machine import (Link, load_machine, machine_from_dict, machine_to_dict, machines,
+from spmdsim.tools.estimate import machine as machine_mod
+from spmdsim.tools.estimate.machine import (Link, load_machine, machine_from_dict, machine_to_dict, machines,
                                       normalize_dtype, save_machine)
 from testkit import MPIEXEC
 
@@ -202,7 +202,7 @@ def test_calibrated_machine_round_trips_through_load_machine(tmp_path):
 def test_a_calibrated_machine_file_prices_every_precision_in_estimate_and_the_search(tmp_path, precision, capsys):
     """`spmdsim calibrate --machine-out`'s file is what --machine takes (docs/estimate.md): it gave only fp32, and
     every precision's GEMMs (fp64, bf16, fp16) were refused, in `estimate` and in `autoshard --machine` alike."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     model = CostModel(alpha_s=20e-6, beta_s_per_byte=2.0 ** -32, source="fit")
     path = save_machine(calibrate.calibrated_machine(model, RATES, 2e10, 2, 64 << 30, "box"), tmp_path / "m.json")
@@ -250,7 +250,7 @@ def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
     assert m.node == Link(1 / model.beta_s_per_byte, model.alpha_s) and m.algorithm == model.algorithm
     assert m.dtypes == ("fp64", "fp32", "bf16", "fp16") and m.peak("fp32") == m.peak("bf16") > 0 < m.peak("fp64")
     assert m.hbm_bandwidth > 0 and "peak FLOP/s: fp64 " in done.stdout
-    from spmdsim.cli.main import main  # the file is what --machine takes, at the default precision (bf16-mixed)
+    from spmdsim.tools.cli.main import main  # the file is what --machine takes, at the default precision (bf16-mixed)
 
     assert main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab",
                  "128", "--global-batch", "4", "--machine", str(out)]) == 0

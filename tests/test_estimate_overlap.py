@@ -24,12 +24,12 @@ def _run(*argv: str) -> str:
 
 
 def _step_times(overlap: tuple) -> list:
-    """Each stage's spmdsim.estimate.steptime.StepTime of MODEL, from the ledger itself, hiding `overlap`."""
-    from spmdsim.cli.main import build_parser
-    from spmdsim.cli import estimate
-    from spmdsim.estimate.ledger import gemms_at, gpt_ledger, kernel_bytes, transfers_at
-    from spmdsim.estimate.machine import load_machine
-    from spmdsim.estimate.steptime import Pipeline, step_time
+    """Each stage's spmdsim.tools.estimate.steptime.StepTime of MODEL, from the ledger itself, hiding `overlap`."""
+    from spmdsim.tools.cli.main import build_parser
+    from spmdsim.tools.cli import estimate
+    from spmdsim.tools.estimate.ledger import gemms_at, gpt_ledger, kernel_bytes, transfers_at
+    from spmdsim.tools.estimate.machine import load_machine
+    from spmdsim.tools.estimate.steptime import Pipeline, step_time
 
     args = build_parser(("estimate",)).parse_args(MODEL)
     cfg, microbatches = estimate._config(args)

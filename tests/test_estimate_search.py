@@ -1,4 +1,4 @@
-"""spmdsim.estimate.search and `spmdsim autoshard --network gpt --machine`: the choice is the fastest
+"""spmdsim.tools.estimate.search and `spmdsim autoshard --network gpt --machine`: the choice is the fastest
 configuration under the memory limit by each configuration's own dry-run estimate."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import spmdsim.estimate
-from spmdsim.cli.main import main
+import spmdsim.tools.estimate
+from spmdsim.tools.cli.main import main
 from spmdsim.errors import SpmdsimError
-from spmdsim.estimate.machine import load_machine
-from spmdsim.estimate.search import Config, configurations, lower_bounds, price, search
-from spmdsim.gpt import GPTConfig
+from spmdsim.tools.estimate.machine import load_machine
+from spmdsim.tools.estimate.search import Config, configurations, lower_bounds, price, search
+from spmdsim.models.gpt import GPTConfig
 
 from testkit import unfold
 
@@ -77,7 +77,7 @@ def _estimate(x: Config, machine: str = "a100-dgx") -> dict:
 
 def test_the_memory_limit_bounds_the_peak_the_estimates_verdict_bounds(tmp_path):
     """The search compares each configuration's peak (its memory line and the largest kernel's transient
-    blocks, spmdsim.estimate.ledger.peak_bytes) with the memory limit, as `spmdsim estimate`'s verdict does
+    blocks, spmdsim.tools.estimate.ledger.peak_bytes) with the memory limit, as `spmdsim estimate`'s verdict does
     with the GPU's memory: on a machine whose memory lies between the free choice's memory line and its peak
     (tp 1, dp 2, no recomputation: its attention scores and their softmax's blocks, for a moment), the search
     does not choose it (it did by the memory line, and the estimate then said it did not fit), and the estimate
@@ -86,7 +86,7 @@ def test_the_memory_limit_bounds_the_peak_the_estimates_verdict_bounds(tmp_path)
     first = free.chosen
     assert first.memory < first.peak
     limit = (first.memory + first.peak) // 2
-    raw = json.loads((Path(spmdsim.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
+    raw = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
     path = tmp_path / "small.json"
     path.write_text(json.dumps(raw | {"name": "small", "memory_bytes": limit}))
     machine = load_machine(path)
@@ -138,7 +138,7 @@ def test_the_command_prints_the_choice_and_the_runners_up(capsys):
 def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     """With no --memory-limit the limit is the machine's memory a GPU: the refusal named '--memory-limit 1 KiB',
     an option the user never gave (here a machine file of 1 KiB a GPU)."""
-    machine = json.loads((Path(spmdsim.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
+    machine = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
     machine["name"], machine["memory_bytes"] = "tiny", 1024
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(machine))
@@ -178,10 +178,10 @@ def test_bad_input_is_one_line(extra, message, capsys):
 
 
 def test_a_configuration_whose_dry_run_cannot_map_a_block_is_over_the_limit_not_a_traceback():
-    """A dry run that cannot map a block (spmdsim.memory.UnmappableError: beyond this machine's address space) of
+    """A dry run that cannot map a block (spmdsim.base.sizes.UnmappableError: beyond this machine's address space) of
     a configuration prices it as over the memory limit by that block at the precision's narrowest width, and the
     search goes on; a block within the limit is this machine's limit, not the configuration's: raised."""
-    from spmdsim.memory import UnmappableError
+    from spmdsim.base.sizes import UnmappableError
 
     huge = Config(1, 1, 2, False, 1, 1, "none", 0)
 
@@ -240,7 +240,7 @@ def test_the_searchs_own_options_without_machine_are_refused_not_ignored(flag, v
 # ---- a GPT with MoE layers: the expert-parallel size is searched too ----
 
 def _moe_cfg(**moe):
-    from spmdsim.moe.config import MoEConfig
+    from spmdsim.models.moe.config import MoEConfig
 
     return GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
                      moe=MoEConfig(experts=4, top_k=2, **moe))
@@ -272,7 +272,7 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
 
 
 def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
-    from spmdsim.cli import autoshard as cli
+    from spmdsim.tools.cli import autoshard as cli
 
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4,experts=4,top_k=1",
             "--devices", "4", "--machine", "a100-dgx", "--max-dry-runs", "4"]
@@ -314,8 +314,8 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
     rows a sequence: no capacity rounding; at factor 1e17 each expert's capacity stops at s, E s rows, where the
     dry run raised OverflowError): below it by the routers' and the head's products alone, which it leaves out
     (under `worst` routing the representative rank is the busiest: ranks x its count is more)."""
-    from spmdsim.estimate.ledger import gpt_ledger
-    from spmdsim.estimate.search import flops_bound
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+    from spmdsim.tools.estimate.search import flops_bound
 
     # (llama: a Mixtral-like MoE layer, grouped-query attention and SwiGLU experts: the bound counted 4 h^2 of
     # attention weights and two matrices an expert, more than such a layer multiplies: not a lower bound)
@@ -339,9 +339,9 @@ def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_
     Reduce_scatters) and at most the layers' transfers (the MLPs' left out). The gradient sums' bound is at
     most theirs (the buckets' latency and padding, the sequence-parallel replicas' larger groups, the
     embeddings left out)."""
-    from spmdsim.estimate.ledger import gpt_ledger, transfers_at
-    from spmdsim.estimate.search import _moe_elements, comm_bounds
-    from spmdsim.estimate.steptime import level_model
+    from spmdsim.tools.estimate.ledger import gpt_ledger, transfers_at
+    from spmdsim.tools.estimate.search import _moe_elements, comm_bounds
+    from spmdsim.tools.estimate.steptime import level_model
 
     cfg = _moe_cfg()
     for c in (Config(1, 1, 1, False, 1, 1, "none", zero, 4), Config(2, 1, 1, True, 2, 1, "none", zero, 2)):
@@ -441,8 +441,8 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
     out: --kept megatron (the search's default, not the estimate's) and the micro-batch size among them, so
     that the estimate prints the step time and the peak the search chose by (before, a user who typed the
     chosen configuration into `spmdsim estimate` got spmdsim's own kept set and was told it did not fit)."""
-    from spmdsim.cli.autoshard_machine import estimate_command
-    from spmdsim.moe.config import MoEConfig
+    from spmdsim.tools.cli.autoshard_machine import estimate_command
+    from spmdsim.models.moe.config import MoEConfig
 
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
             "--devices", "2", "--machine", "a100-dgx", "--memory-limit", "1G", "--max-dry-runs", "4"]
@@ -476,7 +476,7 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
 def test_fixed_degrees_are_held_and_the_rest_searched():
     """search(..., fixed=...) searches only the configurations with those degrees, and chooses the fastest of
     them by their own dry runs (here tp 2 without recomputation; free, the search chooses tp 1)."""
-    from spmdsim.estimate.search import fixed_configurations, parse_fixed
+    from spmdsim.tools.estimate.search import fixed_configurations, parse_fixed
 
     fixed = parse_fixed(["tp=2", "recompute=none"])
     assert fixed == {"tp": 2, "recompute": "none"}

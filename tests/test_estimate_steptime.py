@@ -1,4 +1,4 @@
-"""Predicted step time (spmdsim.estimate.steptime): hand-computed seconds, the bubble, overlap, refusals."""
+"""Predicted step time (spmdsim.tools.estimate.steptime): hand-computed seconds, the bubble, overlap, refusals."""
 from __future__ import annotations
 
 import math
@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from spmdsim.errors import SpmdsimError
-from spmdsim.estimate.machine import GemmEfficiency, Link, load_machine
-from spmdsim.estimate.records import Transfer
-from spmdsim.estimate.steptime import SCHEDULES, Pipeline, StepTime, level_model, step_time
-from spmdsim.pipeline.schedule import SCHEDULES as PIPELINE_SCHEDULES
+from spmdsim.tools.estimate.machine import GemmEfficiency, Link, load_machine
+from spmdsim.tools.estimate.records import Transfer
+from spmdsim.tools.estimate.steptime import SCHEDULES, Pipeline, StepTime, level_model, step_time
+from spmdsim.programs.pipeline.schedule import SCHEDULES as PIPELINE_SCHEDULES
 
-# A stand-in for spmdsim.flops.Gemm (not on this branch): the same fields, flops = 2 batch m n k.
+# A stand-in for spmdsim.base.flops.Gemm (not on this branch): the same fields, flops = 2 batch m n k.
 _Gemm = namedtuple("_Gemm", "batch m n k dtype phase flops")
 
 
@@ -162,7 +162,7 @@ def test_lines_fit_100_columns_and_name_every_part():
     (lambda: step_time(A100, [gemm(1, 2, 2, 2)], []), "gemms entry _Gemm(batch=1, m=2, n=2, k=2, dtype='bf16', "
                                                       "phase='forward', flops=16) must be a (gemm, count) pair"),
     (lambda: step_time(A100, [((1, 2), 1)], []), "gemm (1, 2) has no 'batch'; expected an object with batch, m, "
-                                                 "n, k, dtype, phase and flops (spmdsim.flops.Gemm)"),
+                                                 "n, k, dtype, phase and flops (spmdsim.base.flops.Gemm)"),
     (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "rack", "layers")]),
      "transfer level 'rack' is unknown; expected one of ('node', 'cluster')"),
     (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "layers", -2)]),
@@ -180,7 +180,7 @@ def test_lines_fit_100_columns_and_name_every_part():
      "overlap phase 'recompute' is unknown; expected phases among ('layers', 'gradients', "
      "'pipeline')"),
     (lambda: step_time("a100-dgx", [], []), "machine 'a100-dgx' is a str; expected a Machine "
-                                            "(spmdsim.estimate.machine.load_machine)"),
+                                            "(spmdsim.tools.estimate.machine.load_machine)"),
     (lambda: step_time(A100, [], [], pipeline=(4, 8)), "pipeline (4, 8) is a tuple; expected a Pipeline or None"),
     (lambda: Pipeline(0, 8), "pipeline stages 0 must be an integer >= 1"),
     (lambda: Pipeline(4, 8, schedule="zb"), "pipeline schedule 'zb' is unknown; expected one of ('gpipe', '1f1b', "

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import spmdsim.estimate
+import spmdsim.tools.estimate
 from docs_commands import run_here
 from spmdsim.errors import SpmdsimError
-from spmdsim.estimate.ledger import gpt_ledger
-from spmdsim.estimate.steptime import utilization
-from spmdsim.gpt import GPTConfig
+from spmdsim.tools.estimate.ledger import gpt_ledger
+from spmdsim.tools.estimate.steptime import utilization
+from spmdsim.models.gpt import GPTConfig
 from testkit import unfold
 
 MODEL = ["estimate", "gpt", "--hidden", "64", "--heads", "4", "--seq", "128", "--vocab", "128", "--global-batch", "4",
@@ -86,7 +86,7 @@ def test_the_assumptions_are_the_machine_files(tmp_path):
     assert ("\nassumes: dp gradient sums hidden under the backward; GEMMs at most 0.8 of peak (roofline);\n"
             "  other kernels at 0.88 of HBM bandwidth; ring collectives at 0.775 (node), 0.96 (cluster) of links\n"
             in out)  # two lines, as printed
-    raw = json.loads((Path(spmdsim.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
+    raw = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
     raw["gemm_efficiency"]["max_fraction"] = 0.6
     raw["hbm_efficiency"]["fraction"] = 0.5
     raw["links"]["node"]["efficiency"]["fraction"] = 0.7

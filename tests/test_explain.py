@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout
-from spmdsim.explain import MAX_VALUE_ELEMENTS, explain, explanation_to_dict, format_explanation
+from spmdsim.layouts.explain import MAX_VALUE_ELEMENTS, explain, explanation_to_dict, format_explanation
 
 ABCDE = ("a", "b", "c", "d", "e")
 
@@ -94,7 +94,7 @@ def test_partial_and_multi_axis_notes():
 
 def test_strategy_wording_and_repeat_axis():
     # Seed 2.2.2: strategy (2, 1, 1, 2, 1) on 8 ranks, a repeated-calculation axis on the right.
-    from spmdsim.dialects.strategy import strategy_to_layout
+    from spmdsim.layouts.dialects.strategy import strategy_to_layout
 
     tl = strategy_to_layout((2, 1, 1, 2, 1), 8)
     ex = explain(tl, (2, 1, 1, 2, 1), strategy=(2, 1, 1, 2, 1))

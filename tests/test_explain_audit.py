@@ -6,8 +6,8 @@ import math
 import numpy as np
 
 from spmdsim import Layout
-from spmdsim.dialects.sbp import parse_sbp, sbp_to_layout
-from spmdsim.explain import (explain, explanation_to_dict, format_explanation,
+from spmdsim.layouts.dialects.sbp import parse_sbp, sbp_to_layout
+from spmdsim.layouts.explain import (explain, explanation_to_dict, format_explanation,
                              partial_text)
 
 ABCDE = ("a", "b", "c", "d", "e")

@@ -1,4 +1,4 @@
-"""Flash attention (spmdsim.ops.attention's ``flash=True``; GPTConfig attention "flash"): the unfused core's values
+"""Flash attention (spmdsim.nn.ops.attention's ``flash=True``; GPTConfig attention "flash"): the unfused core's values
 and gradients within the rounding of the sums that make them, on simulated ranks with the query rows and heads
 split, over tile counts with a ragged last tile; no (Tq, Tk) block kept; its FLOPs those of selective
 recomputation; the GPT's training steps checked against one numpy process, dense and pipelined."""
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import Layout, OperatorError, SeededTensor, ops
-from spmdsim.autograd import kept_bytes
-from spmdsim.flops import counting
+from spmdsim import Layout, OperatorError, SeededTensor
+from spmdsim.nn import ops
+from spmdsim.nn.autograd import kept_bytes
+from spmdsim.base.flops import counting
 from spmdsim.runtime import DTensor, Mesh
 
 B, T, H, D = 2, 12, 4, 3  # 6 query rows a rank (the rows split over dp 2): tiles of 1, 4 (+2), 5 (+1), 6, 128
@@ -170,8 +171,8 @@ def small_tiles(monkeypatch):
 
 @pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
 def test_the_gpt_trains_with_flash_attention_checked_against_numpy(small_tiles, precision):
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import train
 
     text = encode(load_text(20_000))
     cfg = GPTConfig(layers=1, d_model=16, heads=4, kv_heads=2, seq=8, batch=4, dropout=0.2, attention="flash")
@@ -183,8 +184,8 @@ def test_the_gpt_trains_with_flash_attention_checked_against_numpy(small_tiles, 
 
 def test_a_captured_step_with_flash_attention_replays_checked_against_numpy(small_tiles):
     """spmdsim.runtime.replay: the tiles' writes into the output, log-sum-exp and dQ are recorded and replayed."""
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import train
 
     text = encode(load_text(20_000))
     cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2, attention="flash")
@@ -194,8 +195,8 @@ def test_a_captured_step_with_flash_attention_replays_checked_against_numpy(smal
 
 
 def test_the_pipelined_gpt_trains_with_flash_attention_checked_against_numpy(small_tiles):
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     text = encode(load_text(20_000))
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.1, attention="flash")
@@ -206,7 +207,7 @@ def test_the_pipelined_gpt_trains_with_flash_attention_checked_against_numpy(sma
 
 def test_gptconfig_refuses_an_unknown_attention():
     from spmdsim.errors import SpmdsimError
-    from spmdsim.gpt import GPTConfig
+    from spmdsim.models.gpt import GPTConfig
 
     with pytest.raises(SpmdsimError, match="^GPTConfig attention 'fused' must be one of 'unfused', 'flash'$"):
         GPTConfig(attention="fused")

@@ -1,4 +1,4 @@
-"""spmdsim.flops: the matrix products each rank executes, counted exactly, on real and dry runs alike.
+"""spmdsim.base.flops: the matrix products each rank executes, counted exactly, on real and dry runs alike.
 
 The GPT's counts are Narayanan et al. 2021's GEMM FLOPs (eq. 3 of "Efficient Large-Scale Language Model
 Training on GPU Clusters Using Megatron-LM"): per layer forward QKV 6Bsh², scores 2Bs²h, probs·V 2Bs²h,
@@ -22,13 +22,15 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, SeededTensor, flops, ops
-from spmdsim.context import current
+from spmdsim import DTensor, Layout, Mesh, SeededTensor
+from spmdsim.base import flops
+from spmdsim.nn import ops
+from spmdsim.base.context import current
 from spmdsim.errors import SpmdsimError
-from spmdsim.flops import PHASES, FlopCounter, Gemm, counting, gemm
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.gpt.train import train
+from spmdsim.base.flops import PHASES, FlopCounter, Gemm, counting, gemm
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.train import train
 
 IDS = encode(load_text(20_000))
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, vocab=128, dropout=0.1)
@@ -204,8 +206,8 @@ def test_sweep_counts_each_operators_operands_and_result_by_hand():
     import numpy as np
 
     import spmdsim
-    from spmdsim import ops
-    from spmdsim.flops import Kernel, counting
+    from spmdsim.nn import ops
+    from spmdsim.base.flops import Kernel, counting
 
     def body():
         mesh = spmdsim.Mesh(spmdsim.Layout((2,), ("tp",)), spmdsim.world())
@@ -235,9 +237,9 @@ def test_sweep_counts_each_operators_operands_and_result_by_hand():
 def test_a_block_read_and_written_in_place_is_one_block_of_the_moment():
     """`FlopCounter.fresh` counts an array once per call however many of its operands and results it is: an
     in-place add (a += b: a read and written) holds a and b, 2 blocks, not 3; a held block stays out
-    (spmdsim.flops.hold) even read and written; the traffic still counts a read and a written (bytes that move).
+    (spmdsim.base.flops.hold) even read and written; the traffic still counts a read and a written (bytes that move).
     A (shape, dtype) pair is a block of its own each time it is given (one pair stands for several blocks)."""
-    from spmdsim.flops import Fresh, Kernel, hold, sweep
+    from spmdsim.base.flops import Fresh, Kernel, hold, sweep
 
     def body():
         a, b, w = np.zeros((4, 8)), np.zeros((4, 8)), np.zeros((8,))
@@ -262,8 +264,8 @@ def test_a_bfloat16_block_is_floating_not_a_mask():
     a `Fresh` record's floating ones, priced at the precision's activation width, not bytes of a mask or ids at
     their own width (its name does not start with "float": it was counted as 2 bytes of "other" an element)."""
     pytest.importorskip("ml_dtypes")
-    from spmdsim.flops import Fresh, sweep
-    from spmdsim.precision import bfloat16
+    from spmdsim.base.flops import Fresh, sweep
+    from spmdsim.base.precision import bfloat16
 
     def body():
         a, mask = np.zeros((4, 8), bfloat16()), np.zeros((4, 8), bool)

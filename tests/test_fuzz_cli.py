@@ -1,6 +1,6 @@
 """Fuzzed CLI: every flag of `slices`, `explain`, `show`, `convert` and `plan` with hostile values.
 
-Each call runs `spmdsim.cli.main.main(argv)` in this process (stdin, stdout and
+Each call runs `spmdsim.tools.cli.main.main(argv)` in this process (stdin, stdout and
 stderr replaced) and must end with exit 0 and valid output, or exit 2 and one
 error line: never a traceback, never a negative count. Values: integers up to
 2**80 (and negative ones), random text, random device matrices, maps, SBPs,
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 settings.register_profile(
     "spmdsim-fuzz", derandomize=True, database=None, deadline=None, print_blob=True,

@@ -1,5 +1,5 @@
 """The GPT's training check updates on the run's own inputs: a gradient's rounding cannot fail it, a wrong
-update does (spmdsim.gpt.train.anchored_updates; docs/operators.md).
+update does (spmdsim.models.gpt.train.anchored_updates; docs/operators.md).
 
 AdamW's first step is lr x g / (|g| + eps): where a gradient has cancelled to near its rounding, a reference
 updating with its own gradients moves that parameter by up to 2 lr from the run's. Checked against AdamW
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.optim import AdamW, DistributedAdamW
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.nn.optim import AdamW, DistributedAdamW
 
 CFG = GPTConfig(layers=2, d_model=64, heads=4, seq=32, batch=8, dropout=0.1)
 

@@ -1,4 +1,4 @@
-"""Stopping and resuming the GPT trainer (spmdsim.gpt.checkpoint; docs/training.md, "Stopping and resuming the
+"""Stopping and resuming the GPT trainer (spmdsim.models.gpt.checkpoint; docs/training.md, "Stopping and resuming the
 GPT"): a run resumed from a checkpoint steps as the run that never stopped, bit for bit, on simulated ranks; a
 checkpoint that does not fit is refused in one line, alike on every rank; a rank whose own file is wrong stops
 every rank with one line. The MPI case: tests/mpi/test_gpt_mpi.py."""
@@ -16,9 +16,9 @@ import pytest
 import spmdsim
 from docs_commands import Quote, assert_prints_quote, run_example, run_quoted, section
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.checkpoint import META, read_meta, rank_file
-from spmdsim.gpt.train import checkpoint_problem, train
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.checkpoint import META, read_meta, rank_file
+from spmdsim.models.gpt.train import checkpoint_problem, train
 from testkit import unfold
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
@@ -217,7 +217,7 @@ def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
 @pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True}),
                                                ("1f1b", {"zero": 2, "replay": True})])
 def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, schedule, options):
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = dataclasses.replace(SMALL, layers=2)
 
@@ -247,8 +247,8 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     assert plain == (f"--resume {tmp_path / 'half'}: the checkpoint was saved with --pp 2 --schedule {schedule} "
                      "--microbatches 2, this run without a pipeline (resume with the settings it was saved with)")
     if schedule == "1f1b" and not options:  # and the other way: a checkpoint of train's, resumed in a pipeline
-        from spmdsim.gpt import checkpoint
-        from spmdsim.gpt.train import checkpoint_meta
+        from spmdsim.models.gpt import checkpoint
+        from spmdsim.models.gpt.train import checkpoint_meta
 
         (tmp_path / "plain").mkdir()
         (tmp_path / "plain" / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
@@ -259,7 +259,7 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
 
 
 def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.moe import MoEConfig
 
     cfg = dataclasses.replace(SMALL, moe=MoEConfig(experts=4, top_k=2, every=1))
 
@@ -283,8 +283,8 @@ def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
 def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
     # "the checkpoint's pipeline has split [1, 3], this run's none": none is the default split, balanced; both
     # said as typed (--stage-layers)
-    from spmdsim.gpt import checkpoint
-    from spmdsim.gpt.train import checkpoint_meta
+    from spmdsim.models.gpt import checkpoint
+    from spmdsim.models.gpt.train import checkpoint_meta
 
     cfg = dataclasses.replace(SMALL, layers=4)
     pipeline = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": [1, 3]}

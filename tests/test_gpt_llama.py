@@ -12,10 +12,10 @@ import pytest
 import spmdsim
 from docs_commands import run_here
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.params import param_specs
-from spmdsim.gpt.reference import init_params, loss_and_grads
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.params import param_specs
+from spmdsim.models.gpt.reference import init_params, loss_and_grads
+from spmdsim.models.gpt.train import TOLERANCE, train
 from testkit import unfold
 
 TEXT = encode(load_text(20_000))
@@ -59,7 +59,7 @@ def test_a_training_step_with_each_option_matches_one_numpy_process(options):
 
 
 def test_llamas_block_from_megatrons_fused_pieces_and_over_a_pipeline_matches_one_numpy_process():
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2, **LLAMA)
     steps = spmdsim.simulate(2, lambda: train(cfg, spmdsim.world(), 1, 2, 1, TEXT, kept="megatron")[1])[0]
@@ -91,8 +91,8 @@ def test_the_closed_count_is_the_parameter_lists_and_llama_2s_published_sizes():
 def test_rope_tables_of_one_size_are_made_once_and_read_only():
     """Each model (a dry run's, a pipeline stage's) asks for its rope tables: one size's are made once and shared,
     read-only (a caller writing into them would change every later model's), the largest made anew each time."""
-    from spmdsim.gpt import _blocks
-    from spmdsim.gpt.config import ROPE_BASE
+    from spmdsim.models.gpt import _blocks
+    from spmdsim.models.gpt.config import ROPE_BASE
 
     cos, sin = _blocks.rope_tables(48, 8)
     assert _blocks.rope_tables(48, 8)[0] is cos and _blocks.rope_tables(48, 8)[1] is sin
@@ -105,7 +105,7 @@ def test_rope_tables_of_one_size_are_made_once_and_read_only():
 
 
 def test_the_dry_run_of_a_llama_2_7b_shaped_model_holds_its_closed_count():
-    from spmdsim.estimate.ledger import gpt_ledger
+    from spmdsim.tools.estimate.ledger import gpt_ledger
 
     cfg = GPTConfig(seq=16, batch=1, **LLAMA2_7B)  # the sequence changes no parameter (RoPE)
     stage, = gpt_ledger(cfg, 1, 1, 8)
@@ -131,7 +131,7 @@ def test_a_bad_option_is_one_line_naming_it(options, message):
 
 
 def test_tp_must_divide_the_key_value_heads_and_a_low_precision_check_takes_llamas_options():
-    from spmdsim.gpt.layouts import mesh_problem
+    from spmdsim.models.gpt.layouts import mesh_problem
 
     assert mesh_problem(GPTConfig(heads=4, kv_heads=2), 1, 4, False) == (
         "kv_heads 2 is not divisible by tp 4 (key/value heads are split over tp, Megatron's num_query_groups % tp "
@@ -139,7 +139,7 @@ def test_tp_must_divide_the_key_value_heads_and_a_low_precision_check_takes_llam
     assert mesh_problem(GPTConfig(ffn=30), 1, 4, False) == (
         "the MLP's hidden width ffn 30 is not divisible by tp 4 (its columns are split over tp)")
     pytest.importorskip("ml_dtypes")
-    # spmdsim.gpt.mixed mirrors every option's rounding points (it refused RMSNorm, SwiGLU and RoPE): tp 2 without
+    # spmdsim.models.gpt.mixed mirrors every option's rounding points (it refused RMSNorm, SwiGLU and RoPE): tp 2 without
     # sp (the column-parallel inputs' gradients pending over tp; tests/test_train_bf16_llama.py has dp 2 x tp 2, sp)
     cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, norm="rms", mlp="swiglu", positions="rope",
                     kv_heads=2, tied=False, bias=False)

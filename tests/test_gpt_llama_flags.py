@@ -1,5 +1,5 @@
 """Llama's options (GPTConfig ffn, kv_heads, norm, mlp, tied, positions, bias) as the examples' flags, spelled as
-`spmdsim estimate` spells them (spmdsim.gpt_flags): examples/train_gpt.py and examples/train_moe_gpt.py train
+`spmdsim estimate` spells them (spmdsim.models.gpt.flags): examples/train_gpt.py and examples/train_moe_gpt.py train
 and check them, a bad one is one line naming the flag, and --save/--resume refuse another architecture while an
 older checkpoint, saved before the options existed, still resumes (docs/training.md, "Llama's options")."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import os
 import pytest
 
 from docs_commands import assert_prints_quote, run_example, run_here, section
-from spmdsim.gpt_flags import MLPS, NORMS, architecture_flags
-from spmdsim.gpt import GPTConfig
-from spmdsim.gpt.checkpoint import META
-from spmdsim.gpt.config import CHOICES
-from spmdsim.gpt.params import param_specs
+from spmdsim.models.gpt.flags import MLPS, NORMS, architecture_flags
+from spmdsim.models.gpt import GPTConfig
+from spmdsim.models.gpt.checkpoint import META
+from spmdsim.models.gpt.config import CHOICES
+from spmdsim.models.gpt.params import param_specs
 from testkit import unfold
 
 SMALL = ("--layers", "1", "--d-model", "16", "--heads", "4", "--seq", "8", "--batch", "4", "--sample", "0")
@@ -99,8 +99,8 @@ def test_the_docs_command_prints_what_the_doc_quotes():
 
 
 def test_the_experts_width_follows_ffn_unless_the_moe_config_gives_its_own():
-    from spmdsim.gpt.layouts import mesh_problem
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt.layouts import mesh_problem
+    from spmdsim.models.moe import MoEConfig
 
     def w1(cfg):
         return next(s.shape for s in param_specs(cfg) if s.name == "h1.moe.w1")
@@ -152,12 +152,12 @@ def test_autoshard_refuses_a_llama_flag_it_cannot_take_in_one_line(argv, message
 
 @pytest.mark.parametrize("kept", ["graph", "megatron"])
 def test_a_bf16_step_of_ffn_grouped_queries_an_untied_head_and_no_biases_is_checked(kept):
-    """spmdsim.gpt.mixed mirrors these options (it refused them; RMSNorm, SwiGLU and RoPE:
+    """spmdsim.models.gpt.mixed mirrors these options (it refused them; RMSNorm, SwiGLU and RoPE:
     tests/test_train_bf16_llama.py)."""
     pytest.importorskip("ml_dtypes")
     import spmdsim
-    from spmdsim.gpt import encode, load_text
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.train import train
 
     text = encode(load_text(20_000))
     cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2, ffn=48, kv_heads=2, tied=False,

@@ -1,8 +1,8 @@
-"""The GPT on DTensors (spmdsim.gpt.parallel) on simulated ranks: every step equal to one numpy process.
+"""The GPT on DTensors (spmdsim.models.gpt.parallel) on simulated ranks: every step equal to one numpy process.
 
 A small model trains a few steps on several meshes, with and without
 sequence parallelism; each step's loss, gradients and updated parameters
-must match the reference step within 1e-10 (spmdsim.gpt.train). The
+must match the reference step within 1e-10 (spmdsim.models.gpt.train). The
 examples that README quotes run as a user runs them.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.parallel import mesh_problem
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.parallel import mesh_problem
+from spmdsim.models.gpt.train import TOLERANCE, train
 from docs_commands import run_example
 from testkit import unfold
 
@@ -45,7 +45,7 @@ def test_clipped_gradients_match_one_numpy_process():
 
     import numpy as np
 
-    from spmdsim.gpt.reference import Trainer, clip_grads
+    from spmdsim.models.gpt.reference import Trainer, clip_grads
 
     clipped = dataclasses.replace(SMALL, clip=0.05)
     steps = spmdsim.simulate(8, lambda: train(clipped, spmdsim.world(), 2, 4, 3, TEXT, sp=True)[1])[0]
@@ -60,7 +60,7 @@ def test_clipped_gradients_match_one_numpy_process():
 
 def test_a_wrong_gradient_is_caught():
     """The check can fail: a model whose key projection's gradient is doubled differs from the reference."""
-    from spmdsim.gpt import parallel
+    from spmdsim.models.gpt import parallel
 
     original = parallel.GPT.loss
 
@@ -80,7 +80,7 @@ def test_a_wrong_gradient_is_caught():
 @pytest.mark.parametrize("sp", [False, True])
 def test_every_dialect_writes_megatrons_layouts(sp):
     from spmdsim import Layout
-    from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, megatron_layouts
+    from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, megatron_layouts
 
     layout = Layout((2, 4), ("dp", "tp"))
     want = megatron_layouts(SMALL, layout, sp)
@@ -95,14 +95,14 @@ def test_every_dialect_writes_megatrons_layouts(sp):
 @pytest.mark.parametrize("sp", [False, True])
 def test_every_dialect_writes_the_moe_gpts_layouts_on_a_dp_ep_tp_mesh(sp):
     """The experts' layouts and the dense ones on the MoE mesh (dp, ep, tp), each written as its dialect writes
-    it (`written`: DTensor's and OneFlow's with a placement per mesh axis) and read back by spmdsim.dialects:
+    it (`written`: DTensor's and OneFlow's with a placement per mesh axis) and read back by spmdsim.layouts.dialects:
     Megatron's plan; on (dp, tp) `written` gives the DIALECTS table's texts."""
     import dataclasses
 
     from spmdsim import Layout
-    from spmdsim.gpt.layouts import written
-    from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, megatron_layouts
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt.layouts import written
+    from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, megatron_layouts
+    from spmdsim.models.moe import MoEConfig
 
     cfg = dataclasses.replace(SMALL, layers=2, moe=MoEConfig(experts=4, top_k=2))
     layout = Layout((2, 2, 2), ("dp", "ep", "tp"))
@@ -139,7 +139,7 @@ def test_simulated_ranks_share_one_gathered_table_per_call(monkeypatch, precisio
     each rank its own table of p rows: p^2 rows in one process), each row that rank's blocks, and the step passes."""
     import numpy as np
 
-    from spmdsim.gpt import train as module
+    from spmdsim.models.gpt import train as module
 
     real, seen = module._table, []
 
@@ -259,7 +259,7 @@ def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_befo
 ])
 def test_the_training_examples_name_a_float_flag_as_typed(args, message):
     """type=float kept only the number: `--lr -1` was refused as "--lr -1.0", `--capacity-factor 1e400` as "inf"
-    (a value the user never typed). The examples' float flags remember the text now (spmdsim.typed_numbers), as
+    (a value the user never typed). The examples' float flags remember the text now (spmdsim.base.typed_numbers), as
     `spmdsim estimate`'s and `spmdsim launch`'s do: one line, no traceback."""
     out = _run(*args, "--ranks", "8")
     assert out.returncode == 2, out.stderr
@@ -330,7 +330,7 @@ def test_train_gpt_refuses_an_unwritable_trace_path_before_it_trains(tmp_path):
 
 def test_the_parallel_generate_checks_its_sampling_as_the_reference_does():
     from spmdsim import Layout, Mesh
-    from spmdsim.gpt.parallel import GPT
+    from spmdsim.models.gpt.parallel import GPT
 
     cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=2)
 
@@ -364,9 +364,9 @@ def test_a_block_reads_its_names_and_sizes_made_once_a_model(extra):
     read again by the next (issue 58: ~20 strings a block a forward); each name of a parameter is one the
     model holds, or an optional bias it has none of; the forwards' losses are the same values."""
     from spmdsim import DTensor, Layout, Mesh
-    from spmdsim.gpt import batch
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.gpt.params import param_specs
+    from spmdsim.models.gpt import batch
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.models.gpt.params import param_specs
 
     cfg = GPTConfig(**{**dict(layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2), **extra})
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from spmdsim import SeededTensor, SpmdsimError
-from spmdsim.gpt import (GPTConfig, batch, decays, decode, dropout_seed, dropout_tensor, encode, load_text,
+from spmdsim.models.gpt import (GPTConfig, batch, decays, decode, dropout_seed, dropout_tensor, encode, load_text,
                          param_specs, seeded)
-from spmdsim.gpt import reference as ref
+from spmdsim.models.gpt import reference as ref
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_blas_thread():
     # Small matrices; a BLAS pool on cores other agents keep busy spins (25x slower when measured).
-    from spmdsim._threads import blas_threads
+    from spmdsim.base.threads import blas_threads
 
     with blas_threads(1):
         yield
@@ -158,7 +158,7 @@ def test_adamw_matches_the_formula_and_decays_only_matrices():
 def test_the_text_is_the_shipped_one_on_every_python(tmp_path, monkeypatch):
     """load_text() reads the text shipped with spmdsim (CPython 3.11.7's sources of MODULES), not the running
     interpreter's: every Python version trains on the same bytes, so the docs' losses hold on all of them."""
-    from spmdsim.gpt import data
+    from spmdsim.models.gpt import data
 
     whole = load_text(10**9)
     assert len(whole) == data.SHIPPED_CHARS == 308_276 and zlib.crc32(whole) == data.SHIPPED_CRC32
@@ -327,7 +327,7 @@ def test_command_line_refuses_its_flags_as_typed_before_training(capsys, argv, m
 
 
 def test_gpt_modules_import_neither_mpi4py_nor_the_runtime():
-    code = ("import sys, spmdsim.gpt, spmdsim.gpt.reference\n"
+    code = ("import sys, spmdsim.models.gpt, spmdsim.models.gpt.reference\n"
             "print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'spmdsim.runtime'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr + out.stdout

@@ -14,9 +14,9 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, batch, encode, load_text, param_specs
-from spmdsim.gpt.layouts import mesh_problem
-from spmdsim.gpt.train import TOLERANCE, gathered, train
+from spmdsim.models.gpt import GPTConfig, batch, encode, load_text, param_specs
+from spmdsim.models.gpt.layouts import mesh_problem
+from spmdsim.models.gpt.train import TOLERANCE, gathered, train
 
 TEXT = encode(load_text(20_000))
 # GPT-2's vocabulary on a tiny model, padded as Megatron pads for tp 8 (128 x tp): 51,200 rows, 6,400 a rank.
@@ -48,7 +48,7 @@ def test_a_vocabulary_tp_does_not_divide_is_refused_in_one_line_naming_the_paddi
 def _step_and_padding(cfg, dp, tp, mask=True, **options):
     """One checked step on dp x tp simulated ranks: (its StepResult, whether every rank's padded wte rows
     had a zero gradient and are zero after the update)."""
-    from spmdsim.gpt import parallel
+    from spmdsim.models.gpt import parallel
 
     def body():
         model, results = train(cfg, spmdsim.world(), dp, tp, 1, TEXT, **options)
@@ -75,7 +75,7 @@ def _step_and_padding(cfg, dp, tp, mask=True, **options):
 def test_gpt2_vocabulary_over_tp_8_has_the_unpadded_one_process_loss():
     """The Megatron-LM 1754 case: vocab 50,257 on tp 8, padded to 51,200; the loss is the unpadded model's
     in one numpy process, and so is every gradient and updated parameter (the step's check)."""
-    from spmdsim.gpt.reference import init_params, loss_and_grads
+    from spmdsim.models.gpt.reference import init_params, loss_and_grads
 
     result, zero = _step_and_padding(GPT2, 1, 8)
     assert result.passed and max(result.errors) <= TOLERANCE, result
@@ -104,7 +104,7 @@ def test_padding_composes_with_the_training_options(options):
 
 
 def test_padding_composes_with_moe_layers():
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.moe import MoEConfig
 
     cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2,
                     moe=MoEConfig(experts=4))
@@ -113,7 +113,7 @@ def test_padding_composes_with_moe_layers():
 
 
 def test_padding_composes_with_a_pipeline():
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
     unpadded = cfg.unpadded()
@@ -127,8 +127,8 @@ def test_padding_composes_with_a_pipeline():
 
 def test_the_padded_model_samples_what_one_numpy_process_samples():
     """Generation never draws a padded id: greedy over the masked logits, sampling over the real ones."""
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.gpt.reference import generate, init_params
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.models.gpt.reference import generate, init_params
     from spmdsim.runtime import Mesh
 
     cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=1, d_model=16, heads=4, seq=8, batch=4)
@@ -148,7 +148,7 @@ def test_generation_runs_its_first_forward_and_replays_it_for_the_other_characte
     """GPT.generate captures the first character's forward (spmdsim.runtime.replay) and replays it: the
     model's Python runs once for six characters, and they are the characters six forwards run one by one
     draw (greedy: the prompt grows by each one), also over sequence-parallel layers and padded vocabulary."""
-    from spmdsim.gpt.parallel import GPT
+    from spmdsim.models.gpt.parallel import GPT
     from spmdsim.runtime import Mesh
 
     cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4)

@@ -1,4 +1,4 @@
-"""spmdsim.gpt.wholes: parameters made whole from every rank's blocks, as placing each rank's in order would,
+"""spmdsim.models.gpt.wholes: parameters made whole from every rank's blocks, as placing each rank's in order would,
 and on simulated ranks once per step between them (inside the shared reference step)."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.wholes import assemble, peaks, regions, stage_regions
-from spmdsim.layout import Layout, TensorLayout
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.wholes import assemble, peaks, regions, stage_regions
+from spmdsim.layouts.layout import Layout, TensorLayout
 
 MESH = Layout((2, 4), ("dp", "tp"))
 SHAPES = {"split": ((8, 6), ("tp", None)), "both": ((4, 8), ("dp", "tp")), "whole": ((5,), (None,)),
@@ -69,8 +69,8 @@ def test_peaks_are_the_largest_magnitudes():
 
 def _assemblies(monkeypatch, train) -> list:
     """Each rank's results of `train(cfg, comm, ids)` on 8 simulated ranks (2 steps) and how many times the
-    check assembled the reference's start (spmdsim.gpt.train.assemble)."""
-    from spmdsim.gpt import train as module
+    check assembled the reference's start (spmdsim.models.gpt.train.assemble)."""
+    from spmdsim.models.gpt import train as module
 
     calls = []
     real = module.assemble
@@ -92,7 +92,7 @@ def _assemblies(monkeypatch, train) -> list:
 
 
 def test_simulated_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt.train import train
 
     passed, calls = _assemblies(monkeypatch, lambda cfg, comm, ids: train(cfg, comm, 2, 4, 2, ids, sp=True))
     assert passed == [[True, True]] * 8
@@ -126,7 +126,7 @@ def test_stage_regions_place_each_stages_blocks_as_rank_order_does():
 
 
 def test_simulated_pipeline_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     passed, calls = _assemblies(monkeypatch, lambda cfg, comm, ids: train_pipelined(
         cfg, comm, 2, 2, 2, 2, ids, sp=True, microbatches=2))

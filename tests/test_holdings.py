@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from spmdsim import Layout, LayoutError, ShapeError
-from spmdsim.holdings import block_text, holdings, holdings_lines, rank_blocks
+from spmdsim.layouts.holdings import block_text, holdings, holdings_lines, rank_blocks
 
 MESH = Layout((2, 4), ("dp", "mp"))
 

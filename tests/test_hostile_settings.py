@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from spmdsim.runtime import debug
-from spmdsim.sim.launch import run_on_ranks
+from spmdsim.runtime.sim.launch import run_on_ranks
 from testkit import unfold
 
 RUN = ["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,16,16", "--ranks", "8"]

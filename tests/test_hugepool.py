@@ -1,4 +1,4 @@
-"""spmdsim._hugepool: arrays from 1 MiB sit on advised 2 MiB pages, from a pool of maps; pure, no MPI."""
+"""spmdsim.base.hugepool: arrays from 1 MiB sit on advised 2 MiB pages, from a pool of maps; pure, no MPI."""
 from __future__ import annotations
 
 import gc
@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from spmdsim import _hugepool, buffers
-from spmdsim._hugepool import HUGE_PAGE, POOL_BYTES
-from spmdsim.buffers import HUGE_MIN, PAGE_OFFSET, page_offset
+from spmdsim.base import hugepool as _hugepool, buffers
+from spmdsim.base.hugepool import HUGE_PAGE, POOL_BYTES
+from spmdsim.base.buffers import HUGE_MIN, PAGE_OFFSET, page_offset
 
 needs_pool = pytest.mark.skipif(not _hugepool.enabled(), reason="no MADV_HUGEPAGE on this OS")
 MiB = 1 << 20
@@ -132,7 +132,7 @@ def test_the_kernel_sees_the_array_as_huge_page_eligible():
 
 
 def test_use_huge_pages_false_turns_the_pool_off():
-    code = ("import numpy as np; from spmdsim import buffers; "
+    code = ("import numpy as np; from spmdsim.base import buffers; "
             "on = buffers.use_huge_pages(False); a = buffers.empty(4 << 20, np.uint8); "
             "print(on, isinstance(a.base, np.ndarray) and a.base.flags.owndata)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -40,15 +40,15 @@ def test_the_graph_sees_the_packages_imports():
     """Spot checks against the source, so an empty graph cannot pass the test above."""
     graph = module_level_graph()
     assert len(graph) == len(importkit.module_paths()) > 150
-    assert "spmdsim.runtime.executor" in graph["spmdsim.ops.matmul"]  # from ..runtime.executor import execute
-    assert "spmdsim.autoshard.volume" in graph["spmdsim.autoshard.backward"]
-    assert "spmdsim.autoshard.backward" in graph["spmdsim.autoshard.cost"]
-    assert "spmdsim.autoshard.cost" not in graph["spmdsim.autoshard.backward"]  # the cycle broken in volume.py
-    assert "spmdsim.autoshard.dag" not in graph["spmdsim.autoshard.report"]  # under TYPE_CHECKING
-    assert "spmdsim.algorithms.moving" in graph["spmdsim.algorithms"]  # from . import moving, reducing
+    assert "spmdsim.runtime.executor" in graph["spmdsim.nn.ops.matmul"]  # from ..runtime.executor import execute
+    assert "spmdsim.tools.autoshard.volume" in graph["spmdsim.tools.autoshard.backward"]
+    assert "spmdsim.tools.autoshard.backward" in graph["spmdsim.tools.autoshard.cost"]
+    assert "spmdsim.tools.autoshard.cost" not in graph["spmdsim.tools.autoshard.backward"]  # the cycle broken in volume.py
+    assert "spmdsim.tools.autoshard.dag" not in graph["spmdsim.tools.autoshard.report"]  # under TYPE_CHECKING
+    assert "spmdsim.programs.algorithms.moving" in graph["spmdsim.programs.algorithms"]  # from . import moving, reducing
     # A function-level import is in the scan, not in the graph.
-    assert "spmdsim.runtime.executor" not in graph["spmdsim.autograd.engine"]
-    assert any(i.target == "spmdsim.runtime.executor" and not i.at_import for i in scan()["spmdsim.autograd.engine"])
+    assert "spmdsim.runtime.executor" not in graph["spmdsim.nn.autograd.engine"]
+    assert any(i.target == "spmdsim.runtime.executor" and not i.at_import for i in scan()["spmdsim.nn.autograd.engine"])
 
 
 def _package(root, files: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""A Ctrl-C that lands in a weak reference's callback still interrupts the program (spmdsim._interrupts).
+"""A Ctrl-C that lands in a weak reference's callback still interrupts the program (spmdsim.base.interrupts).
 
 Python raises the KeyboardInterrupt of a SIGINT at the main thread's next bytecode boundary; inside a weakref
 callback it cannot propagate and was printed as "Exception ignored" and dropped (which fits test_sim_cli's Ctrl-C
@@ -43,19 +43,19 @@ def test_without_the_hook_python_drops_the_interrupt():
 
 
 def test_the_hook_gives_the_interrupt_back_to_the_main_thread_and_prints_nothing():
-    out = _run("from spmdsim._interrupts import keep_ctrl_c; assert keep_ctrl_c() and keep_ctrl_c()")
+    out = _run("from spmdsim.base.interrupts import keep_ctrl_c; assert keep_ctrl_c() and keep_ctrl_c()")
     assert (out.stdout, out.stderr) == ("interrupted\n", "")
 
 
 def test_another_error_in_a_callback_is_still_reported_as_python_reports_it():
-    out = _run("from spmdsim._interrupts import keep_ctrl_c; keep_ctrl_c()", "ValueError('lost')")
+    out = _run("from spmdsim.base.interrupts import keep_ctrl_c; keep_ctrl_c()", "ValueError('lost')")
     assert out.stdout == "went on\n"
     assert "Exception ignored" in out.stderr and "ValueError: lost" in out.stderr
 
 
 def test_a_run_on_simulated_ranks_keeps_the_interrupt():
-    """The CLI's and the examples' --ranks runs (spmdsim.sim.launch.run_on_ranks) install the hook."""
-    install = ("import spmdsim; from spmdsim.sim.launch import run_on_ranks\n"
+    """The CLI's and the examples' --ranks runs (spmdsim.runtime.sim.launch.run_on_ranks) install the hook."""
+    install = ("import spmdsim; from spmdsim.runtime.sim.launch import run_on_ranks\n"
                "assert run_on_ranks(2, lambda: spmdsim.world().barrier()) == 0")
     out = _run(install)
     assert out.stdout.splitlines()[-1] == "interrupted" and out.stderr == "", out.stdout + out.stderr

@@ -2,13 +2,13 @@
 
 Per layer and tensor-parallel rank the blocks keep exactly the bytes of Korthikanti et al. 2022 (section
 4.1, table 2) at spmdsim's widths, float64 values and 1-byte boolean masks
-(spmdsim.gpt.memory.korthikanti_bytes(..., value_bytes=8, mask_bytes=1)), plus one named difference: each
+(spmdsim.models.gpt.memory.korthikanti_bytes(..., value_bytes=8, mask_bytes=1)), plus one named difference: each
 layer norm also keeps its rows' mean and standard deviation (Apex's fused layer norm; 2 float64 a row,
 s·b/t rows with sequence parallelism, s·b without: 32 s·b / t bytes a layer, 1/h of one s·b·h value
 per layer norm and statistic), which the paper leaves out as negligible. Measured on simulated ranks and
 in dry runs alike; every step still agrees with one numpy process. Under bf16-mixed (2-byte values, the
 paper's own widths) and fp32 the blocks keep the same count at their width, the statistics float32, and each
-step passes the policy's check (spmdsim.gpt.mixed), its first loss kept="graph"'s to the bit.
+step passes the policy's check (spmdsim.models.gpt.mixed), its first loss kept="graph"'s to the bit.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.autograd import kept_bytes
+from spmdsim.nn.autograd import kept_bytes
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.data import batch
-from spmdsim.gpt.memory import BLOCK_KINDS, korthikanti_bytes
-from spmdsim.gpt.parallel import GPT
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.data import batch
+from spmdsim.models.gpt.memory import BLOCK_KINDS, korthikanti_bytes
+from spmdsim.models.gpt.parallel import GPT
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.train import TOLERANCE, train
 
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
 TEXT = encode(load_text(20_000))
@@ -173,7 +173,7 @@ def _low(policy: str, kept: str = "megatron", sp: bool = True, recompute: str = 
     ("bf16-mixed", True, "none"), ("bf16-mixed", True, "selective"), ("bf16-mixed", False, "full"),
     ("fp32", True, "none")])
 def test_under_a_low_precision_policy_each_step_passes_and_keeps_the_papers_count(policy, sp, recompute):
-    """The policy's check (spmdsim.gpt.mixed: the graph's rounding points), the update exact; per layer the
+    """The policy's check (spmdsim.models.gpt.mixed: the graph's rounding points), the update exact; per layer the
     blocks keep Korthikanti et al.'s count at the activations' width (2 bytes at bf16-mixed, the paper's),
     1-byte masks, plus the layer norms' float32 row statistics."""
     width = 2 if policy == "bf16-mixed" else 4
@@ -198,7 +198,7 @@ def test_at_bf16_the_losses_are_the_graphs():
 def test_at_bf16_a_row_parallel_sum_left_float32_is_caught(monkeypatch):
     """The row-parallel products' sums not rounded to bfloat16 after their Reduce_scatter (their (.., d_model)
     blocks only): the loss leaves the policy's reference beyond its tolerance at the second step."""
-    from spmdsim.ops import megatron
+    from spmdsim.nn.ops import megatron
 
     real = megatron._rounded
     monkeypatch.setattr(megatron, "_rounded",
@@ -231,14 +231,14 @@ def test_a_bad_kept_choice_is_refused_in_one_line():
         spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, kept="fused"))
 
 
-#: The large step's FLOPs by phase (spmdsim.flops), as counted before its dry run skipped any kernel.
+#: The large step's FLOPs by phase (spmdsim.base.flops), as counted before its dry run skipped any kernel.
 PINNED_FLOPS = {"forward": 894426939392, "backward": 1788853878784, "recompute": 34359738368}
 
 
 @pytest.mark.parametrize("sp, recompute", [(True, "selective"), (False, "none")])
 def test_a_dry_step_counts_what_the_real_step_does(sp, recompute):
     """FLOPs by GEMM, kept bytes, calls and bytes sent of one kept="megatron" step: dry equal to real."""
-    from spmdsim.flops import counting
+    from spmdsim.base.flops import counting
 
     def body():
         with counting() as flops:
@@ -256,10 +256,10 @@ _LARGE_STEP = """
 import json
 import numpy as np
 import spmdsim
-from spmdsim.flops import counting
-from spmdsim.gpt import GPTConfig
-from spmdsim.gpt.train import train
-from spmdsim.memory import peak_rss
+from spmdsim.base.flops import counting
+from spmdsim.models.gpt import GPTConfig
+from spmdsim.models.gpt.train import train
+from spmdsim.programs.memory import peak_rss
 
 cfg = GPTConfig(layers=2, d_model=4096, heads=32, seq=2048, batch=4, vocab=128, dropout=0.1)
 ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % cfg.vocab

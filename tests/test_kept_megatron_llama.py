@@ -4,27 +4,27 @@ The count of one layer on one tensor-parallel rank, s·b·h a (seq, samples of a
 hidden width, t = tp, sequence parallelism on (the norms' outputs are sequence shards, s·b·h/t), w the activations'
 width (8 bytes at float64, 2 at bf16-mixed), masks 1 byte:
 
-- SwiGLU (spmdsim.ops.megatron.swiglu, Megatron's bias_swiglu): the MLP kind keeps fc1's input (the sequence shard,
+- SwiGLU (spmdsim.nn.ops.megatron.swiglu, Megatron's bias_swiglu): the MLP kind keeps fc1's input (the sequence shard,
   s·b·h/t), fc1's stacked output, gate and up (2 s·b·F/t), fc2's input (s·b·F/t) and the residual dropout's mask
   (s·b·h/t bytes): (s·b·h + 3 s·b·F)/t values, where silu(gate) as a node of its own kept one s·b·F/t more.
-- grouped-query attention (kv key/value heads of head_dim d each, in the core's products: spmdsim.ops.attention):
+- grouped-query attention (kv key/value heads of head_dim d each, in the core's products: spmdsim.nn.ops.attention):
   the attention kind keeps the QKV products' input (s·b·h/t), Q (s·b·h/t), K and V at kv heads (one buffer,
   2 s·b·kv·d/t), the projection's input (s·b·h/t) and the residual dropout's mask: (3 s·b·h + 2 s·b·kv·d)/t
   values, where K and V repeated for their query heads (times ones, as Megatron's repeat_interleave) kept
   2 s·b·h/t more (and the 2 x 1 ones).
-- rotary embeddings (spmdsim.ops.megatron.rotary, Megatron's fused apply_rotary_pos_emb): a node that keeps no
+- rotary embeddings (spmdsim.nn.ops.megatron.rotary, Megatron's fused apply_rotary_pos_emb): a node that keeps no
   block, so with heads a attention's kinds keep the QKV products' input, Q, K and V (one buffer, 3 s·b·h/t: V a
   view of it) and the projection's input (attention: 5 s·b·h/t values), and the rotated Q and K that the core
   reads (attention core: 2 s·b·h/t, beside its probabilities and dropped-out ones, 2 a·s²·b/t, and the mask);
   the cos and sin tables once (2 s·d at float32 beside bf16, else the values' width). The graph's rotation kept
   x cos, the turned halves and their product with sin, for Q and for K: 6 s·b·h/t more a layer.
-- RMSNorm (spmdsim.ops.rms_norm(..., kept="megatron"), TransformerEngine's fused RMSNorm, which saves its input
+- RMSNorm (spmdsim.nn.ops.rms_norm(..., kept="megatron"), TransformerEngine's fused RMSNorm, which saves its input
   and rsigma): the layer norm kind keeps each norm's input (s·b·h/t) and its rows' root (s·b/t statistics, float32
   beside bf16, else the values' width): 2 (s·b·h/t values + s·b/t statistics) a layer, where the graph's
   normalization kept its normalized values too (s·b·h/t a norm). Under bf16-mixed the fused kernel's x / root
-  times the weight in float32 rounds once (spmdsim.gpt.mixed follows).
+  times the weight in float32 rounds once (spmdsim.models.gpt.mixed follows).
 - residual adds without biases (GPTConfig.bias False): Megatron's bias_dropout_add with no bias
-  (spmdsim.ops.megatron.bias_dropout_add(y, None, ...)), the boolean mask kept alone: an add's backward reads no
+  (spmdsim.nn.ops.megatron.bias_dropout_add(y, None, ...)), the boolean mask kept alone: an add's backward reads no
   operand, where the graph's sum kept the dropped-out y and the sum (s·b·h/t each, two adds a layer). A bias-less
   model keeps what the biased one keeps, kind by kind (the biases are parameters).
 
@@ -39,11 +39,11 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.autograd import kept_bytes
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.data import batch
-from spmdsim.gpt.parallel import GPT
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.nn.autograd import kept_bytes
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.data import batch
+from spmdsim.models.gpt.parallel import GPT
+from spmdsim.models.gpt.train import TOLERANCE, train
 
 TEXT = encode(load_text(20_000))
 DP, TP = 2, 2
@@ -58,7 +58,7 @@ def _kept(cfg: GPTConfig, dry: bool, precision: str = "fp64") -> list:
     """Per rank: kept_bytes(..., masks=True) of one training forward under kept="megatron", dp 2 x tp 2 with sp."""
 
     def body():
-        from spmdsim.precision import precision as policy
+        from spmdsim.base.precision import precision as policy
 
         mesh = spmdsim.Mesh(Layout((DP, TP), ("dp", "tp")), spmdsim.world())
         model = GPT(cfg, mesh, sp=True, kept="megatron", precision=policy(precision))
@@ -173,7 +173,7 @@ OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2), "rope"
 @pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_step_under_megatrons_kept_set_passes_its_check(precision, option):
-    """fp64 against spmdsim.gpt.reference; bf16-mixed against spmdsim.gpt.mixed, which rounds as the fused pieces
+    """fp64 against spmdsim.models.gpt.reference; bf16-mixed against spmdsim.models.gpt.mixed, which rounds as the fused pieces
     under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as the graph apart)."""
     if precision != "fp64":
         pytest.importorskip("ml_dtypes")
@@ -188,9 +188,9 @@ def test_a_step_under_megatrons_kept_set_passes_its_check(precision, option):
 def test_an_moe_layers_residual_keeps_the_mask_alone():
     """An MoE layer's residual under kept "megatron" (Mixtral's: no biases) is Megatron's bias_dropout_add: its node
     keeps the boolean mask and no block of the layer's output or the residual (the graph's sum kept both)."""
-    from spmdsim import buffers
-    from spmdsim.autograd.kept import _NOTHING, _arrays
-    from spmdsim.moe.config import MoEConfig
+    from spmdsim.base import buffers
+    from spmdsim.nn.autograd.kept import _NOTHING, _arrays
+    from spmdsim.models.moe.config import MoEConfig
 
     cfg = _cfg(bias=False, moe=MoEConfig(experts=2, top_k=1, every=1))
 

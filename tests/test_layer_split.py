@@ -1,4 +1,4 @@
-"""The pipeline's layers split as the user says (spmdsim.pipeline.options.layer_split): --first-stage-layers and
+"""The pipeline's layers split as the user says (spmdsim.programs.pipeline.options.layer_split): --first-stage-layers and
 --last-stage-layers (Megatron's --decoder-first/last-pipeline-num-layers) and --stage-layers, for `spmdsim
 estimate gpt` (its dry run, ledger and bounds of THAT split), examples/train_gpt.py and train_moe_gpt.py (a real
 pipelined run, checked every step), each bad value refused in one line."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from docs_commands import run_here
-from spmdsim.pipeline.options import layer_split, split_words
+from spmdsim.programs.pipeline.options import layer_split, split_words
 
 
 def _flags(first=None, last=None, stage=None):
@@ -126,12 +126,12 @@ def test_the_estimate_refuses_a_bad_split_in_one_line(argv, message):
 
 
 def test_the_bounds_and_the_price_of_a_configuration_with_a_split():
-    """spmdsim.estimate.search.Config's split: its price is the dry run of that split, and the layer cells' bounds
+    """spmdsim.tools.estimate.search.Config's split: its price is the dry run of that split, and the layer cells' bounds
     count each stage's layers as it cuts them, still below the price."""
-    from spmdsim.estimate.bounds import Cells
-    from spmdsim.estimate.machine import load_machine
-    from spmdsim.estimate.search import Config, price
-    from spmdsim.gpt import GPTConfig
+    from spmdsim.tools.estimate.bounds import Cells
+    from spmdsim.tools.estimate.machine import load_machine
+    from spmdsim.tools.estimate.search import Config, price
+    from spmdsim.models.gpt import GPTConfig
 
     cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)
     a100 = load_machine("a100-dgx")

@@ -13,11 +13,11 @@ import re
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.cli.plan_explain import ratio_text
-from spmdsim.cost import predict_plan
-from spmdsim.plan import plan_redistribution
-from spmdsim.viz.plan import format_bytes
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.cli.plan_explain import ratio_text
+from spmdsim.programs.cost import predict_plan
+from spmdsim.programs.plan import plan_redistribution
+from spmdsim.programs.viz.plan import format_bytes
 
 L = Layout((2, 4), ("a", "b"))
 M = Layout((4, 2), ("c", "d"))

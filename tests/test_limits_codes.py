@@ -1,8 +1,8 @@
 """Exit codes that mean something: a demo that ran too little is not a pass."""
 from __future__ import annotations
 
-from spmdsim.cli.demo import TOO_FEW_RAN, coverage
-from spmdsim.demo import Outcome, scenarios
+from spmdsim.tools.cli.demo import TOO_FEW_RAN, coverage
+from spmdsim.tools.demo import Outcome, scenarios
 
 
 def _outcomes(world_size: int) -> list:

@@ -74,7 +74,7 @@ def test_launch_removes_an_mpi_segment_it_never_saw_mapped_once_no_process_holds
     An MPI segment made while the job ran is removed when no process holds it (open or mapped); one a live process
     maps, one that is not MPI's and one older than the job are kept.
     """
-    from spmdsim.cli import launch
+    from spmdsim.tools.cli import launch
 
     tag = f"spmdsim_limits_{os.getpid()}"
     older, orphan, held, other = (f"/dev/shm/{name}" for name in (
@@ -132,7 +132,7 @@ def test_launch_removes_the_segment_of_a_rank_killed_right_after_mpi_init(tmp_pa
 
 def test_the_removal_note_counts_its_segments_in_the_singular_and_plural(monkeypatch, capsys):
     """The note said "removed 1 shared-memory segment(s)"; now "1 shared-memory segment", "2 ... segments"."""
-    from spmdsim.cli import launch
+    from spmdsim.tools.cli import launch
 
     for left in (["mpich_shm_a"], ["mpich_shm_a", "sm_segment.b"]):
         class Watch:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 
 from spmdsim import Layout
-from spmdsim.dialects.strategy import matmul_layouts
-from spmdsim.errors import SpmdsimError
-from spmdsim.memory import (
-    Budget, Need, ResourceError, budget_per_rank, check_need, format_size, largest_fitting_shape,
-    matmul_job_need, matmul_need, seeded_need,
+from spmdsim.layouts.dialects.strategy import matmul_layouts
+from spmdsim.base.sizes import format_size
+from spmdsim.errors import ResourceError, SpmdsimError
+from spmdsim.programs.memory import (
+    Budget, Need, budget_per_rank, check_need, largest_fitting_shape, matmul_job_need, matmul_need,
+    seeded_need,
 )
 
 GIB = 1 << 30
@@ -87,9 +88,9 @@ def test_largest_fitting_shape_and_sizes():
 
 
 def test_simulated_ranks_share_the_process_memory_and_refuse_alike(monkeypatch):
-    from spmdsim.datagen import SeededTensor
+    from spmdsim.layouts.datagen import SeededTensor
     from spmdsim.runtime import DTensor, Mesh
-    from spmdsim.sim import simulate
+    from spmdsim.runtime.sim import simulate
 
     monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
 
@@ -111,7 +112,7 @@ def test_ranks_agree_on_the_budget_and_its_words(monkeypatch):
     the rank that read it, so a refusal is one line on every rank (the words were each rank's own: 'ranks
     differ: ranks 5-7: ... MemAvailable 22.6 GiB' against 22.7 GiB on the others)."""
     from spmdsim.runtime import budget
-    from spmdsim.sim import simulate
+    from spmdsim.runtime.sim import simulate
 
     monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
 
@@ -135,10 +136,10 @@ def test_ranks_agree_on_the_budget_and_its_words(monkeypatch):
 def test_a_dry_run_is_not_refused_by_this_machines_memory(monkeypatch):
     """A dry run holds no block (zeros never written): a model sized for a cluster is estimated on a laptop;
     the limit applies to real ranks only, and a bad SPMDSIM_MEMORY is still one line."""
-    from spmdsim.datagen import SeededTensor
+    from spmdsim.layouts.datagen import SeededTensor
     from spmdsim.errors import SpmdsimError
     from spmdsim.runtime import DTensor, Mesh
-    from spmdsim.sim import simulate
+    from spmdsim.runtime.sim import simulate
 
     def build(rows: int):
         mesh = Mesh(Layout((4,), ("x",)))
@@ -160,7 +161,7 @@ def test_a_dry_run_is_not_refused_by_this_machines_memory(monkeypatch):
 def test_the_demos_refusal_names_no_flag_it_lacks(monkeypatch, capsys):
     """`SPMDSIM_MEMORY=1K spmdsim demo` said "the largest --shape that fits is 8,10,4", a flag the demo does not
     have (`spmdsim run matmul` has it): the demo's refusal now names the shape alone."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     monkeypatch.setenv("SPMDSIM_MEMORY", "1K")
     assert main(["demo", "--ranks", "8"]) == 2

@@ -1,5 +1,5 @@
 """Simulated ranks are threads: the limits on threads and their stacks are refused in one line, before any rank
-runs (spmdsim.sim.thread_limits), and a thread that cannot start anyway ends the run in one line, not a traceback
+runs (spmdsim.runtime.sim.thread_limits), and a thread that cannot start anyway ends the run in one line, not a traceback
 naming a rank that never ran."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from spmdsim.cli.main import main
-from spmdsim.sim import simulate
-from spmdsim.sim.thread_limits import ThreadLimitError, stack_bytes
+from spmdsim.tools.cli.main import main
+from spmdsim.runtime.sim import simulate
+from spmdsim.runtime.sim.thread_limits import ThreadLimitError, stack_bytes
 
 def unfold(text: str) -> str:
     """A message folded within 100 columns (spmdsim.errors.fold_message) back on one line."""
@@ -31,9 +31,9 @@ def test_an_address_space_cap_too_small_for_the_stacks_is_one_line_before_the_ba
             "size = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize'))\n"
             "cap = size * 1024 + (1 << 30)\n"
             "resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
-            "from spmdsim.cli.main import main\n"
+            "from spmdsim.tools.cli.main import main\n"
             "sys.exit(main(['run', 'mlp', '--shape', '8,16,4096', '--ranks', '1024']))\n")
-    done = subprocess.run([sys.executable, "-c", "import spmdsim.cli.run\n" + code], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", "import spmdsim.tools.cli.run\n" + code], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""  # not even the banner: refused before anything runs
@@ -72,7 +72,7 @@ def test_a_thread_that_cannot_start_ends_the_run_in_one_line(monkeypatch, capsys
 def test_simulate_refuses_a_count_over_the_cgroups_pids_before_any_thread_starts(monkeypatch):
     """The library's simulate() refuses as the CLI does, before the first rank's thread: here a cgroup that may
     start 100 more tasks (pids.max), asked for 128 ranks."""
-    from spmdsim.sim import thread_limits
+    from spmdsim.runtime.sim import thread_limits
 
     monkeypatch.setattr(thread_limits, "_cgroup_pids_left", lambda: (100, "/sys/fs/cgroup/pids.max"))
     started, start = [], threading.Thread.start
@@ -93,13 +93,13 @@ def test_mpirun_reports_a_thread_limit_in_one_line():
             "size = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize'))\n"
             "cap = size * 1024 + (1 << 30)\n"
             "resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
-            "from spmdsim.cli.main import main\n"
+            "from spmdsim.tools.cli.main import main\n"
             "sys.exit(main(['mpirun', '-n', '1024', sys.argv[1]]))\n")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "barrier.py")
         with open(path, "w") as f:
             f.write(prog)
-        done = subprocess.run([sys.executable, "-c", "import spmdsim.cli.mpirun\n" + code, path],
+        done = subprocess.run([sys.executable, "-c", "import spmdsim.tools.cli.mpirun\n" + code, path],
                               capture_output=True, text=True, timeout=120)
     line = unfold(done.stderr)
     assert done.returncode == 1 and "Traceback" not in line and line.count("\n") == 1, done.stderr[-2000:]

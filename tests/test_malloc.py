@@ -1,4 +1,4 @@
-"""Freed result buffers stay in the heap for ranks started by an MPI launcher (spmdsim/_malloc.py)."""
+"""Freed result buffers stay in the heap for ranks started by an MPI launcher (spmdsim/base/malloc.py)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from spmdsim import _malloc, _threads
+from spmdsim.base import malloc as _malloc, threads as _threads
 
 # Touch a fresh 16 MiB array twice over (allocate, fill, free) and print the
 # minor page faults of the second round: a reused heap block faults no pages.
@@ -53,7 +53,7 @@ def _second_round_faults(env_update: dict) -> tuple[bool, int]:
     env = {k: v for k, v in os.environ.items()
            if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
     env.update(env_update)
-    code = ("import spmdsim\nfrom spmdsim import _malloc\n"
+    code = ("import spmdsim\nfrom spmdsim.base import malloc as _malloc\n"
             "print(_malloc.keep_freed_buffers_under_launcher())\n" + FAULTS)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -79,7 +79,7 @@ def test_a_ranks_run_keeps_freed_buffers_as_an_mpi_rank_does_unless_the_user_cho
     """A --ranks N run of a program (the CLI, the examples: run_on_ranks) asks glibc to keep its freed buffers, as
     an MPI rank of the same program does (an eager step's freed heap top was faulted in again every step:
     docs/performance.md); a dry run allocates no blocks and does not; a glibc variable the user set wins."""
-    from spmdsim.sim.launch import run_on_ranks
+    from spmdsim.runtime.sim.launch import run_on_ranks
 
     assert run_on_ranks(2, lambda: None, dry_run=True) == 0 and calls == []
     assert run_on_ranks(2, lambda: None) == 0 and calls == [1]

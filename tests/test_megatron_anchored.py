@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spmdsim import optim
+from spmdsim.nn import optim
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = float(np.finfo(np.float64).eps)

@@ -1,4 +1,4 @@
-"""Mixture of experts (spmdsim.moe): routing, the layer on simulated ranks against the numpy reference,
+"""Mixture of experts (spmdsim.models.moe): routing, the layer on simulated ranks against the numpy reference,
 the MoE GPT's steps against one numpy process, and the refusals (docs/experts.md)."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.layouts import mesh_problem
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.moe import MoEConfig, dispatch_rows, gates_backward, route
-from spmdsim.moe.reference import moe_backward, moe_forward
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.layouts import mesh_problem
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.models.moe import MoEConfig, dispatch_rows, gates_backward, route
+from spmdsim.models.moe.reference import moe_backward, moe_forward
 
 TEXT = encode(load_text(20_000))
 
@@ -84,7 +84,7 @@ def test_route_refuses_a_capacity_or_top_k_that_is_not_an_integer_in_one_line(to
     so dispatch_rows put an expert's third slot on the next expert's first: two assignments on one row of the
     send buffer, a silently wrong dispatch. top_k 2.0 (== 2) failed later as a slice index, None and True
     as numpy or comparison tracebacks. planned (a dry run's) checks the same."""
-    from spmdsim.moe.routing import planned
+    from spmdsim.models.moe.routing import planned
 
     probs = np.random.default_rng(0).dirichlet(np.ones(4), size=(1, 8))
     for call in (lambda: route(probs, top_k, capacity), lambda: planned(1, 8, 4, top_k, capacity, "balanced")):
@@ -150,7 +150,7 @@ def test_a_reference_follows_another_routing_only_where_rounding_can_explain_it(
     """followed: token 0's experts 0 and 1 tie within their margins, so the ranks' 1 is taken; token 1's
     expert 1 trails by more than the margins, so the reference keeps its own 0 (a wrong choice still fails the
     check); token 2 asks for an expert out of range. Top-2: the order within the choice is held to the same."""
-    from spmdsim.moe.routing import followed
+    from spmdsim.models.moe.routing import followed
 
     logits = np.array([[[1.0, 1.0 - 1e-12, 0.0, -1.0], [1.0, 0.5, 0.0, -1.0], [1.0, 0.5, 0.0, -1.0]]])
     margin = np.full(logits.shape, 1e-11)
@@ -168,7 +168,7 @@ def test_a_crafted_near_tie_in_the_router_does_not_fail_a_correct_moe_gpt_step(m
     two scores tie to rounding, and the ranks' sums (their blocks) and the reference's (whole rows) decided
     some of them otherwise, so a correct step failed its check by 1e-2 in the gradients (fp64, 1e-10 allowed).
     The reference now follows the ranks' experts where rounding alone can explain them (followed)."""
-    import spmdsim.gpt.parallel as parallel
+    import spmdsim.models.gpt.parallel as parallel
 
     class Tied(parallel.GPT):
         def __init__(self, *args, **kwargs):
@@ -344,8 +344,8 @@ def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, 
     other than tp, so its input must have its batch split over exactly those axes and be whole otherwise.
     Before, the first two ran and returned the load-balancing loss doubled (2.049 for the reference's 1.024),
     the third a wrong output (1.37 off) and smaller losses, the fourth a numpy traceback."""
-    from spmdsim import ops
-    from spmdsim.moe.layer import moe_layer
+    from spmdsim.nn import ops
+    from spmdsim.models.moe.layer import moe_layer
     from spmdsim.runtime.dtensor import DTensor
 
     moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, aux_loss_coeff=1.0, z_loss_coeff=0.0)
@@ -402,7 +402,7 @@ def test_a_router_sending_every_token_to_one_expert_drops_and_shows_the_imbalanc
     """A zero router ties every expert: every token's first choice is expert 0 (the lower index). With a
     capacity of ceil(6 / 4) = 2 slots per sequence, 4 of each sequence's 6 tokens are dropped, and every
     rank's tokens go to rank 0 (expert 0's); dropless keeps them all and still equals one process."""
-    from spmdsim.moe.report import dispatch_lines, token_matrix
+    from spmdsim.models.moe.report import dispatch_lines, token_matrix
 
     p, x, g, results = _on_ranks(LAYER, (1, 4, 1), zero_router=True)
     out, loss, _, _, cache = _reference(LAYER, p, x, g)
@@ -472,9 +472,9 @@ def test_expert_gradients_are_summed_over_dp_only():
     cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2))
 
     def run():
-        from spmdsim.gpt.parallel import GPT
+        from spmdsim.models.gpt.parallel import GPT
         from spmdsim.runtime.dtensor import DTensor
-        from spmdsim.gpt import batch
+        from spmdsim.models.gpt import batch
 
         mesh = spmdsim.Mesh(spmdsim.Layout((2, 2, 2), ("dp", "ep", "tp")), spmdsim.world())
         model = GPT(cfg, mesh)
@@ -488,10 +488,10 @@ def test_expert_gradients_are_summed_over_dp_only():
     assert ("allreduce", ("dp",)) in seen and ("allreduce", ("dp", "ep")) in seen
 
 
-# ---- the dry run: routing by rule, the experts' bytes (spmdsim.moe.ledger) ----
+# ---- the dry run: routing by rule, the experts' bytes (spmdsim.models.moe.ledger) ----
 
 def test_planned_routings_balance_or_pile_onto_the_first_experts():
-    from spmdsim.moe.routing import planned
+    from spmdsim.models.moe.routing import planned
 
     balanced = planned(2, 8, 4, 2, capacity=4, how="balanced")
     assert balanced.counts.tolist() == [[4, 4, 4, 4]] * 2 and balanced.dropped == 0  # T k / E each
@@ -508,8 +508,8 @@ def test_planned_routings_balance_or_pile_onto_the_first_experts():
 def _layer_bytes(moe, mesh_shape, p, x, dry):
     """Rank 0's MoEStats and its dispatch and combine trace rows (op, label, bytes sent, received) of the
     layer's forward and backward on `x` (B * T, D), for real or in a dry run."""
-    from spmdsim import ops
-    from spmdsim.moe.layer import moe_layer
+    from spmdsim.nn import ops
+    from spmdsim.models.moe.layer import moe_layer
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.trace import collect_trace
 
@@ -638,7 +638,7 @@ def test_a_64_expert_dry_run_on_1024_ranks_reports_the_experts_bytes():
     from testkit import run_train_gpt
 
     out = run_train_gpt(DRY_64, script="train_moe_gpt.py",
-                        after="from spmdsim.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
+                        after="from spmdsim.programs.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
     lines = out.stdout.splitlines()
     peak = [line.split() for line in lines if line.startswith("peak ")]
     assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
@@ -746,7 +746,7 @@ def test_a_replayed_pipelined_moe_step_is_the_eager_one(dropless):
     """The router losses of each microbatch are scalar DTensors read when the step ends (GPT.chunk_blocks), so a
     replayed pipelined step (1F1B, 2 stages of ep 2) passes its check and equals the eager one bit for bit:
     losses, errors and each step's own dispatch figures (the routing changes between steps)."""
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = GPTConfig(**dict(SMALL, layers=4), moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless,
                                                            aux_loss_coeff=0.5, z_loss_coeff=0.1))
@@ -767,7 +767,7 @@ def test_the_pipelined_moe_example_replays_as_docs_experts_md_shows(monkeypatch)
     """train_moe_gpt.py --pp --replay passed `replay` to the unpipelined train() alone: it printed a PASS and ran
     every step eagerly. The command docs/experts.md quotes runs each stage's program at step 0 alone (8 ranks, 3
     steps: 8 runs, not 24) and prints what the page quotes."""
-    import spmdsim.gpt.pipeline as p
+    import spmdsim.models.gpt.pipeline as p
     from docs_commands import mismatch, quotes
 
     quoted = [q for q in quotes("docs/experts.md") if "train_moe_gpt.py" in q.command and "--pp" in q.command
@@ -788,8 +788,8 @@ def test_generation_with_moe_layers_replays_its_first_forward_and_samples_what_o
     and exchanges are replay kernels) and replays it for the others: each window routes anew (capacity 0.5
     drops tokens; dropless moves that window's counts), and greedy and sampled characters equal one numpy
     process's (weights scaled up, so the characters differ and depend on the routing)."""
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.gpt.reference import generate, init_params
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.models.gpt.reference import generate, init_params
     from spmdsim.runtime import Mesh
 
     cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4,
@@ -836,13 +836,13 @@ def test_megatrons_kept_set_with_moe_layers_passes_and_keeps_less(precision):
 
 
 def test_a_capacity_layers_plan_is_kept_per_signature_by_its_mesh_and_a_dropless_ones_is_made_each_call():
-    """spmdsim.moe.layer._plan: with a capacity, one _Plan (and its _Exchange, made once) per layer, tokens,
+    """spmdsim.models.moe.layer._plan: with a capacity, one _Plan (and its _Exchange, made once) per layer, tokens,
     sequences and config on a mesh, freed when the mesh closes; dropless, a new one each call (its exchange
     follows the step's counts)."""
     import dataclasses
 
     from spmdsim import Layout, Mesh
-    from spmdsim.moe.layer import _plan
+    from spmdsim.models.moe.layer import _plan
 
     def body():
         mesh = Mesh(Layout((1, 2, 1), ("dp", "ep", "tp")), spmdsim.world())

@@ -1,4 +1,4 @@
-"""An MoE layer's router losses (spmdsim.moe.losses): one node with the general operators' chain's bits.
+"""An MoE layer's router losses (spmdsim.models.moe.losses): one node with the general operators' chain's bits.
 
 The load-balancing loss and the z-loss were fourteen general operators' nodes a layer (mean, products, sums,
 exp, log ...), each paying Python on every step; a repeated call is now one node. Its loss, its gradients,
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.autograd import kept_bytes
-from spmdsim.flops import counting
-from spmdsim.moe.losses import router_losses
+from spmdsim.nn.autograd import kept_bytes
+from spmdsim.base.flops import counting
+from spmdsim.models.moe.losses import router_losses
 from spmdsim.runtime.dtensor import DTensor
 
 T, B, E = 6, 4, 4

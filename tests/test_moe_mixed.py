@@ -1,14 +1,14 @@
-"""The MoE layer under the low-precision policies (spmdsim.moe.layer, spmdsim.moe.mixed; docs/experts.md,
+"""The MoE layer under the low-precision policies (spmdsim.models.moe.layer, spmdsim.models.moe.mixed; docs/experts.md,
 "bf16"): the layer on simulated ranks against its one-process reference, element by element, and the MoE
-GPT's bf16-mixed and fp32 steps checked as the dense GPT's (spmdsim.gpt.mixed's tolerances)."""
+GPT's bf16-mixed and fp32 steps checked as the dense GPT's (spmdsim.models.gpt.mixed's tolerances)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.moe import MoEConfig
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.moe import MoEConfig
 
 pytest.importorskip("ml_dtypes")
 
@@ -39,9 +39,9 @@ def _layer_on_ranks(moe, mesh_shape, act, mixtral=False):
 
 
 def _reference(moe, p, x, g, act):
-    from spmdsim.gpt.mixed import _Rounder
-    from spmdsim.moe.mixed import moe_backward_mixed, moe_forward_mixed
-    from spmdsim.precision import wide
+    from spmdsim.models.gpt.mixed import _Rounder
+    from spmdsim.models.moe.mixed import moe_backward_mixed, moe_forward_mixed
+    from spmdsim.base.precision import wide
 
     r = _Rounder(act, GPTConfig(layers=2, d_model=D, heads=2, seq=T, batch=B, dropout=0.0), None)
     out, cache = moe_forward_mixed(p, "h1.", x, B, moe, r)
@@ -64,7 +64,7 @@ def _differing(a, b, act):
 def test_the_layer_under_bf16_rounds_where_its_reference_rounds(mesh_shape, dropless, mixtral):
     """Mixtral's experts (SwiGLU, no biases) too: silu rounded once, times fc3's output rounded once; the gate's
     gradients each rounded once (its silu left unrounded in the reference, 35% to 72% of entries differ)."""
-    from spmdsim.precision import bfloat16
+    from spmdsim.base.precision import bfloat16
 
     act = bfloat16()
     moe = MoEConfig(experts=4, top_k=2, capacity_factor=0.75, dropless=dropless, aux_loss_coeff=0.5,
@@ -106,9 +106,9 @@ def test_at_a_crafted_near_tie_the_reference_routes_as_the_ranks(top_k):
     """fp32: the ranks' float32 router logits (their blocks' sums) and the reference's (whole rows') differ by a
     unit in the last place in a few percent of entries, which decided 3 to 7 of these 128 tokens' near-ties
     otherwise (each row then off by the whole of an expert's output). Following the ranks' experts where
-    rounding alone can explain them (spmdsim.moe.routing.followed), every row agrees to rounding."""
-    from spmdsim.gpt.mixed import _Rounder
-    from spmdsim.moe.mixed import moe_forward_mixed
+    rounding alone can explain them (spmdsim.models.moe.routing.followed), every row agrees to rounding."""
+    from spmdsim.models.gpt.mixed import _Rounder
+    from spmdsim.models.moe.mixed import moe_forward_mixed
     from testkit import moe_layer_on_ranks
 
     moe = MoEConfig(experts=8, top_k=top_k, dropless=True)
@@ -129,7 +129,7 @@ def _gpt(dropless=False, layers=2):
 
 
 def _train(cfg, precision, steps=2, dry_run=False, **kwargs):
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt.train import train
 
     def main():
         model, results = train(cfg, spmdsim.world(), 2, 2, steps, TEXT, ep=2, sp=True, precision=precision, **kwargs)
@@ -170,7 +170,7 @@ def test_a_dry_moe_step_under_bf16_sends_what_a_real_one_does():
 
 
 def test_a_pipelined_moe_step_under_bf16_with_zero1_passes():
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = _gpt(dropless=True, layers=4)
 
@@ -188,7 +188,7 @@ def test_full_recomputation_of_a_pipelined_moe_step_under_bf16_is_the_plain_step
     """Each block recomputed in the backward (its MoE layer routing and exchanging its tokens again, its router
     losses' gradient scaled by the microbatch's 1/m as the forward's) gives the plain step's losses and errors, bit
     for bit, over 2 stages of 2 microbatches, dropless, under bf16-mixed."""
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = _gpt(dropless=True, layers=4)
 

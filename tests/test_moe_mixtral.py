@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.params import param_specs
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.moe import MoEConfig
-from spmdsim.moe.reference import moe_backward, moe_forward
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.params import param_specs
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.models.moe import MoEConfig
+from spmdsim.models.moe.reference import moe_backward, moe_forward
 
 TEXT = encode(load_text(20_000))
 D, T, B, E, F = 8, 6, 4, 4, 16
@@ -52,7 +52,7 @@ def _close(a, b):
 
 def test_one_swiglu_expert_is_the_dense_swiglu_mlp_and_its_gradients_are_central_differences():
     """One expert, top-1: every gate is 1, so the layer's output is silu(x w1) * (x w3) @ w2 (no biases), the
-    dense SwiGLU MLP (spmdsim.gpt._blocks); its gradients are the loss's central differences. Before, the
+    dense SwiGLU MLP (spmdsim.models.gpt._blocks); its gradients are the loss's central differences. Before, the
     reference ran a GELU expert whatever the parameters held (w3 unread, and b1, b2 required)."""
     moe = MoEConfig(experts=1, top_k=1, dropless=True, aux_loss_coeff=0.0, z_loss_coeff=0.0)
     rng = np.random.default_rng(1)
@@ -117,7 +117,7 @@ def test_a_mixtral_shaped_moe_gpt_step_matches_one_numpy_process(dp, ep, tp, dro
 
 
 def test_the_experts_parameters_follow_mlp_and_bias_and_their_layouts_are_megatrons():
-    from spmdsim.gpt.layouts import megatron_layouts
+    from spmdsim.models.gpt.layouts import megatron_layouts
 
     moe = MoEConfig(experts=4, top_k=2, every=1)
     shapes = {s.name: s.shape for s in param_specs(GPTConfig(layers=1, d_model=8, heads=2, ffn=12, moe=moe,
@@ -148,7 +148,7 @@ def test_the_closed_count_is_the_parameter_lists_and_mixtral_8x7bs_published_tot
 
 def test_the_dry_run_of_a_mixtral_8x7b_shaped_model_holds_its_closed_count():
     """One stage of 8 ep ranks: each holds the dense part whole and one expert of each layer."""
-    from spmdsim.estimate.ledger import gpt_ledger
+    from spmdsim.tools.estimate.ledger import gpt_ledger
 
     cfg = GPTConfig(seq=16, batch=8, moe=MoEConfig(experts=8, top_k=2, every=1), **MIXTRAL_8X7B)
     stage, = gpt_ledger(cfg, 1, 1, 1, ep=8)  # the sequence changes no parameter (RoPE)
@@ -157,11 +157,11 @@ def test_the_dry_run_of_a_mixtral_8x7b_shaped_model_holds_its_closed_count():
 
 
 def test_the_memory_pre_check_counts_swiglu_experts_and_grouped_query_attention_in_an_moe_layer():
-    """spmdsim.gpt.memory.step_need, a lower bound of a rank's peak: an MoE layer's weights are its attention's
+    """spmdsim.models.gpt.memory.step_need, a lower bound of a rank's peak: an MoE layer's weights are its attention's
     (Q and the projection d^2 each, K and V d x kv_heads x head_dim) and its local experts' 3 SwiGLU matrices.
     Before, it counted 4 d^2 of attention (more than a grouped-query layer holds: no longer a lower bound) and 2
     matrices an expert."""
-    from spmdsim.gpt.memory import step_need
+    from spmdsim.models.gpt.memory import step_need
 
     d, kvd, f, v = 256, 2 * 64, 64, 128
     cfg = GPTConfig(layers=2, d_model=d, heads=4, seq=8, batch=2, vocab=v, ffn=f, dropout=0.0,

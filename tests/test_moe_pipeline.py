@@ -1,4 +1,4 @@
-"""The MoE GPT over a pipeline (spmdsim.gpt.pipeline with cfg.moe): every step against one numpy process
+"""The MoE GPT over a pipeline (spmdsim.models.gpt.pipeline with cfg.moe): every step against one numpy process
 microbatch by microbatch, the router losses on the stage that holds each MoE layer, the experts' gradients
 summed over dp alone, a dry run's ledger against a real step's, and the refusals (docs/experts.md)."""
 from __future__ import annotations
@@ -9,16 +9,16 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.gpt.train import TOLERANCE
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.train import TOLERANCE
 
 TEXT = encode(load_text(20_000))
 SMALL = dict(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1)
 
 
 def _moe(dropless=False, **kwargs):
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.moe import MoEConfig
 
     # the router losses' weights raised from Switch's and ST-MoE's so that their gradients count in the check
     return MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless, aux_loss_coeff=0.5,

@@ -1,4 +1,4 @@
-"""A repeated MoE layer call (spmdsim.moe.layer) decides nothing again that its first call decided: no move
+"""A repeated MoE layer call (spmdsim.models.moe.layer) decides nothing again that its first call decided: no move
 planned, no layout checked again; its results are the first call's on the same values."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import threading
 import numpy as np
 
 import spmdsim
-import spmdsim.moe.layer as layer
+import spmdsim.models.moe.layer as layer
 import spmdsim.runtime.executor as executor
-from spmdsim import ops
-from spmdsim.moe import MoEConfig
+from spmdsim.nn import ops
+from spmdsim.models.moe import MoEConfig
 from spmdsim.runtime.dtensor import DTensor
 
 T, B, D, F, E = 4, 4, 8, 16, 4

@@ -1,4 +1,4 @@
-"""A replayed MoE layer's exchanges (spmdsim.moe.layer, spmdsim.runtime.replay): with a capacity each dispatch and
+"""A replayed MoE layer's exchanges (spmdsim.models.moe.layer, spmdsim.runtime.replay): with a capacity each dispatch and
 combine Alltoall is its own recorded call, bound to its mesh's kept plan (the engine's transfer alone: no
 collective's checks, no door.repeat on replay); dropless, the Alltoallv whose counts change each step runs whole.
 Either way a replay equals the eager layer on the same tokens bit for bit."""
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 import spmdsim
-from spmdsim import ops
-from spmdsim.flops import counting
-from spmdsim.moe.layer import moe_layer
+from spmdsim.nn import ops
+from spmdsim.base.flops import counting
+from spmdsim.models.moe.layer import moe_layer
 from spmdsim.runtime import collectives, door
 from spmdsim.runtime.exchange import group_alltoallv
 from spmdsim.runtime.dtensor import DTensor
@@ -93,7 +93,7 @@ def test_a_replayed_moe_layers_capacity_exchanges_are_bound_and_dropless_ones_ru
 
 @pytest.mark.parametrize("dropless", [False, True])
 def test_a_moe_step_captured_under_a_flop_counter_records_what_the_uncounted_capture_does(dropless):
-    """The layer counts its products (spmdsim.flops) outside its kernels, with its plan's _Exchange: dropless,
+    """The layer counts its products (spmdsim.base.flops) outside its kernels, with its plan's _Exchange: dropless,
     `_Plan.exchange` compared the step's counts there, traced arrays while capturing, so a capture under an open
     counter recorded four np.array_equal guards more than one without (73 operations against 69 at ep 2), and
     every replay whose tokens routed otherwise stopped: "np.array_equal read True from an array while capturing

@@ -1,9 +1,9 @@
-"""A replayed MoE layer's kernels (spmdsim.moe.layer) run numpy, not the Python that worked out its shapes.
+"""A replayed MoE layer's kernels (spmdsim.models.moe.layer) run numpy, not the Python that worked out its shapes.
 
 What depends only on the layer's shapes is worked out once (`_tables`: the flat indices its gathers and scatters
 use, the send buffer's rows of each slot; `_facts`: its MoEStats' fixed numbers; the slots' reorderings bound
 once a graph); what depends on the routing runs each step as a few whole-array numpy calls. The values are
-spmdsim.moe.routing's (route, dispatch_rows, gates_backward) and the eager layer's, bit for bit."""
+spmdsim.models.moe.routing's (route, dispatch_rows, gates_backward) and the eager layer's, bit for bit."""
 from __future__ import annotations
 
 import sys
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import ops
-from spmdsim.moe import MoEConfig
-from spmdsim.moe import layer
-from spmdsim.moe.layer import moe_layer
-from spmdsim.moe.routing import Routing, dispatch_rows, gates_backward, route
+from spmdsim.nn import ops
+from spmdsim.models.moe import MoEConfig
+from spmdsim.models.moe import layer
+from spmdsim.models.moe.layer import moe_layer
+from spmdsim.models.moe.routing import Routing, dispatch_rows, gates_backward, route
 from spmdsim.runtime.dtensor import DTensor
 from spmdsim.runtime.replay import capture
 
@@ -198,7 +198,7 @@ def test_a_replayed_moe_layer_runs_no_shape_python_and_equals_the_eager_layer(dr
     """Before, each replay ran numpy's take_along_axis and put_along_axis (routing, gates' backward), a
     broadcast_to per pack, unpack and combine backward, the stats' group look-up and a Routing's properties,
     each slot reordering's reshapes, and np.max's and np.sum's Python wrappers in the router's softmax and its
-    gradient (spmdsim.reference.softmax and reference_grad.softmax_grad now call their reductions); with a capacity on tp 2, fc2's Allreduce inside the experts' kernel
+    gradient (spmdsim.references.forward.softmax and reference_grad.softmax_grad now call their reductions); with a capacity on tp 2, fc2's Allreduce inside the experts' kernel
     (the collective's checks each replay). Now none of them: the Allreduce is its own recorded call, bound to
     its kept plan (dropless, it sums the rows that arrived, a count each step's: inside the kernel still)."""
     for results in spmdsim.simulate(4, lambda: _layer_step(dropless)):

@@ -1,4 +1,4 @@
-"""ZeRO-1 with MoE layers (spmdsim.distrib_optim.DistributedAdamW over ("dp", "ep")): the dense layers' states
+"""ZeRO-1 with MoE layers (spmdsim.nn.distrib_optim.DistributedAdamW over ("dp", "ep")): the dense layers' states
 and master copy sharded over dp x ep, the experts' over dp alone (Megatron's expert-data-parallel group), every
 step checked against one numpy process and equal to AdamW's, each bucket's Reduce_scatter and Allgather over its
 own group, a dry run's bytes those of a real step (docs/experts.md, "ZeRO-1")."""
@@ -10,14 +10,14 @@ import pytest
 import spmdsim
 from spmdsim import Layout
 from spmdsim.errors import OperatorError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.train import TOLERANCE, train
 
 TEXT = encode(load_text(20_000))
 
 
 def _cfg(dropless=False):
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.moe import MoEConfig
 
     moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless, aux_loss_coeff=0.5, z_loss_coeff=0.1)
     return GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, dropout=0.1, moe=moe)
@@ -70,7 +70,7 @@ def test_pipelined_moe_with_zero1_and_clipping_passes_every_step():
     (the experts' slices over dp, the others' over dp x ep) and sums the stages' squares over pp."""
     import dataclasses
 
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     cfg = dataclasses.replace(_cfg(), clip=0.05)
 
@@ -86,9 +86,9 @@ def test_pipelined_moe_with_zero1_and_clipping_passes_every_step():
 def test_a_parameter_split_over_every_dp_axis_keeps_its_states_whole():
     """DistributedAdamW shards a parameter's states over the dp axes it is replicated over: none left for one
     split over dp, so it steps as AdamW on its own block (no collective for its bucket)."""
-    from spmdsim import ops
-    from spmdsim.distrib_optim import DistributedAdamW
-    from spmdsim.optim import AdamW
+    from spmdsim.nn import ops
+    from spmdsim.nn.distrib_optim import DistributedAdamW
+    from spmdsim.nn.optim import AdamW
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.mesh import Mesh
 
@@ -128,13 +128,13 @@ def test_zero2_with_moe_layers_is_zero1_bit_for_bit_with_the_gradients_sharded()
 
 
 def test_zero0_cuts_its_buffer_again_where_a_router_gradient_is_whole_over_tp(monkeypatch):
-    """ZeRO-0's gradient buffer (spmdsim.autograd.grad_buffer) guesses each gradient pending over the axes its
+    """ZeRO-0's gradient buffer (spmdsim.nn.autograd.grad_buffer) guesses each gradient pending over the axes its
     parameter is replicated on; an MoE layer's router weight is replicated over tp but its gradient is whole
     there. The first step sums the buckets that touches in blocks of their own (reduce_grads, the same calls as
     every step's), the buffer is cut again from the axes found, and from the second step on every bucket is
     summed in place: a rank then holds its gradients once (the buffer, and beside it in the walk the tied
     table's), where the first step held a bucket's copy too. Every step passes its check."""
-    import spmdsim.autograd.engine as engine
+    import spmdsim.nn.autograd.engine as engine
 
     cfg = _cfg()
     copies: list = []  # (rank 0) a call of reduce_grads: a bucket summed in a block of its own

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor
-from spmdsim.nets import (
+from spmdsim.models.nets import (
     NETWORKS, mindspore_layout, mindspore_tutorial, needs_eight, network_atol, paddle_needs,
     paddle_tp, reference_rows, schedule,
 )
-from spmdsim.nets.model import flatten_stage, matmul_stage
-from spmdsim.nets.table import format_table, row_of
+from spmdsim.models.nets.model import flatten_stage, matmul_stage
+from spmdsim.models.nets.table import format_table, row_of
 
 
 def _labels_and_expected(net):
@@ -170,13 +170,13 @@ def test_table_rows_and_text():
 def test_networks_registry_and_purity():
     assert set(NETWORKS) == {"net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp",
                              "net_oneflow_2d_sbp", "net_oneflow_2d_signature"}
-    code = ("import sys, spmdsim.nets, spmdsim.demo.networks; "
+    code = ("import sys, spmdsim.models.nets, spmdsim.tools.demo.networks; "
             "sys.exit(1 if 'mpi4py' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_main_rejects_unknown_networks_before_mpi(capsys):
-    from spmdsim.nets.__main__ import main
+    from spmdsim.models.nets.__main__ import main
 
     with pytest.raises(SystemExit) as info:
         main(["net_nope"])
@@ -185,23 +185,23 @@ def test_main_rejects_unknown_networks_before_mpi(capsys):
 
 
 def test_main_exits_3_when_every_network_asked_for_was_skipped(capsys):
-    """`python -m spmdsim.nets net_mindspore_tutorial` in one process (or on 3 ranks) printed its SKIP line and
+    """`python -m spmdsim.models.nets net_mindspore_tutorial` in one process (or on 3 ranks) printed its SKIP line and
     exited 0, which a script read as a pass; now 3 (as `spmdsim demo` when none ran), with one line saying so."""
-    from spmdsim.nets.__main__ import main
+    from spmdsim.models.nets.__main__ import main
 
     assert main(["--ranks", "3", "net_mindspore_tutorial", "net_oneflow_2d_sbp"]) == 3
     captured = capsys.readouterr()
     assert "net_mindspore_tutorial: SKIP (the MindSpore tutorial's strategies need exactly 8 ranks, not 3)" \
         in captured.out
     assert " ".join(captured.err.split()).endswith(
-        "python -m spmdsim.nets: no network ran on 3 ranks (2 asked for, each skipped: its SKIP line says "
+        "python -m spmdsim.models.nets: no network ran on 3 ranks (2 asked for, each skipped: its SKIP line says "
         "what it needs); 8 ranks run them all (mpiexec -n 8, or --ranks 8)")
 
 
 def test_oneflow_sample_matches_the_seed_placement_and_numpy():
     # Seed 002: placement [[0, 1], [2, 3]], x (B, S(0)) with a (1, 2, 8) block per rank,
     # Linear(8, 4) > ReLU > Linear(4, 2) with broadcast weights: no communication.
-    from spmdsim.nets import oneflow_2d_sbp, oneflow_needs
+    from spmdsim.models.nets import oneflow_2d_sbp, oneflow_needs
 
     net = oneflow_2d_sbp(4, seed=2)
     assert net.source.shape == (2, 2, 8) and net.input_layout.local_shape((2, 2, 8)) == (1, 2, 8)
@@ -219,7 +219,7 @@ def test_oneflow_sample_matches_the_seed_placement_and_numpy():
 
 def test_oneflow_signature_splits_the_columns_then_gathers_them():
     # w (S(1), B) times x (B, S(0)): y's columns split over axis_0, gathered for Linear2's (B, B) weight.
-    from spmdsim.nets import oneflow_2d_signature
+    from spmdsim.models.nets import oneflow_2d_signature
 
     net = oneflow_2d_signature(4)
     hops = schedule(net)
@@ -227,6 +227,6 @@ def test_oneflow_signature_splits_the_columns_then_gathers_them():
     assert net.stages[0].out.tensor_map == (("axis_1",), (), ("axis_0",))
     assert hops[2].expected == (("allgather", ("axis_0",)),)
     with pytest.raises(OperatorError, match="weight_sbp 'P,B' must be"):
-        from spmdsim.nets import oneflow_2d_sbp
+        from spmdsim.models.nets import oneflow_2d_sbp
 
         oneflow_2d_sbp(4, weight_sbp="P,B")

@@ -53,7 +53,7 @@ def test_dtensor_program_on_simulated_ranks_needs_no_mpi_library(tmp_path):
 def test_mpirun_says_in_one_line_that_it_needs_an_mpi_library(tmp_path):
     (tmp_path / "prog.py").write_text("from mpi4py import MPI\nprint(MPI.COMM_WORLD.rank)\n")
     run = _run("""
-        from spmdsim.cli.main import main
+        from spmdsim.tools.cli.main import main
         sys.exit(main(["mpirun", "-n", "2", "prog.py"]))
         """, tmp_path)
     assert run.returncode == 1
@@ -66,7 +66,7 @@ def test_mpirun_says_in_one_line_that_it_needs_an_mpi_library(tmp_path):
 
 def test_command_on_mpi_ranks_names_ranks_flag_in_one_line(tmp_path):
     run = _run("""
-        from spmdsim.cli.main import main
+        from spmdsim.tools.cli.main import main
         sys.exit(main(["collective", "ring-allreduce", "--size", "64"]))
         """, tmp_path)
     assert run.returncode == 2

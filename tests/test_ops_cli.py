@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from spmdsim.cli.demo import format_table
-from spmdsim.cli.main import SUBCOMMANDS, build_parser, main
-from spmdsim.demo import Outcome, registry, scenario, scenarios
-from spmdsim.demo.jobs import contraction_atol, short
+from spmdsim.tools.cli.demo import format_table
+from spmdsim.tools.cli.main import SUBCOMMANDS, build_parser, main
+from spmdsim.tools.demo import Outcome, registry, scenario, scenarios
+from spmdsim.tools.demo.jobs import contraction_atol, short
 from spmdsim import Layout, SpmdsimError
 
 SEED_SCENARIOS = {
@@ -82,7 +82,7 @@ def test_parser_has_run_and_demo(capsys):
 
 
 def test_demo_only_takes_commas_and_names_the_unknown():
-    from spmdsim.cli.demo import _only
+    from spmdsim.tools.cli.demo import _only
     from spmdsim.errors import SpmdsimError
 
     chosen = scenarios()
@@ -118,7 +118,7 @@ def test_usage_errors_print_on_the_first_rank_only(monkeypatch, capsys):
 
 
 def test_demo_list_imports_no_mpi():
-    code = ("import sys\nfrom spmdsim.cli.main import main\nmain(['demo', '--list'])\n"
+    code = ("import sys\nfrom spmdsim.tools.cli.main import main\nmain(['demo', '--list'])\n"
             "assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
@@ -137,7 +137,7 @@ def _linear_args(*flags):
     (("--parallel", "row", "--front", "paddle"), False),         # a row output is whole already
 ])
 def test_run_linear_gathers_by_each_fronts_default(flags, gathered):
-    from spmdsim.cli import run as run_cli
+    from spmdsim.tools.cli import run as run_cli
 
     args = _linear_args(*flags)
     run_cli._check_flags(args)
@@ -153,7 +153,7 @@ def test_run_linear_gathers_by_each_fronts_default(flags, gathered):
     (("--parallel", "row", "--gather-out"), "--gather-out applies to --parallel column only"),
 ])
 def test_run_linear_refuses_contradictory_gather_flags(flags, message):
-    from spmdsim.cli import run as run_cli
+    from spmdsim.tools.cli import run as run_cli
 
     with pytest.raises(SpmdsimError) as info:
         run_cli._check_flags(_linear_args(*flags))
@@ -171,7 +171,7 @@ def test_run_linear_help_names_each_fronts_gather_default(capsys):
 
 def test_embedding_job_refuses_a_dim_parallel_paddle_front():
     # Through the API as through the CLI: no quiet fallback to Megatron's ParallelEmbedding.
-    from spmdsim.demo.jobs import embedding_job
+    from spmdsim.tools.demo.jobs import embedding_job
     from spmdsim.errors import OperatorError
 
     with pytest.raises(OperatorError, match="front 'paddle' has no mode 'dim'"):
@@ -184,7 +184,7 @@ def test_embedding_job_refuses_a_dim_parallel_paddle_front():
     (["--placement", "2,2", "--x-sbp", "B,S(0)"], "the SBP form of matmul needs --placement, --x-sbp and --w-sbp"),
 ])
 def test_run_matmul_sbp_flags_are_one_form(capsys, argv, needle):
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     assert main(["run", "matmul", "--shape", "8,4,4"] + argv) == 2
     err = capsys.readouterr().err
@@ -209,10 +209,10 @@ def test_mlp_job_tolerance_follows_the_magnitudes_not_one_sum_of_k():
 
     import spmdsim
     from spmdsim import DTensor, SeededTensor
-    from spmdsim import reference as ref
-    from spmdsim.demo.jobs import mlp_job
-    from spmdsim.ops import ParallelMLP
-    from spmdsim.sim import simulate
+    from spmdsim.references import forward as ref
+    from spmdsim.tools.demo.jobs import mlp_job
+    from spmdsim.nn.ops import ParallelMLP
+    from spmdsim.runtime.sim import simulate
 
     def fn():
         job = mlp_job(spmdsim.world(), (24, 96, 480))
@@ -244,8 +244,8 @@ def test_matmul_and_linear_jobs_tolerance_follows_the_magnitudes_not_k_eps(kind)
 
     import spmdsim
     from spmdsim import DTensor, SeededTensor
-    from spmdsim.demo.jobs import linear_job, strategy_matmul_job
-    from spmdsim.sim import simulate
+    from spmdsim.tools.demo.jobs import linear_job, strategy_matmul_job
+    from spmdsim.runtime.sim import simulate
 
     def fn():
         if kind == "matmul":

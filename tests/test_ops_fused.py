@@ -1,7 +1,7 @@
-"""The graph's fused pieces (spmdsim.ops.fused): each is its chain of separate operators, one node.
+"""The graph's fused pieces (spmdsim.nn.ops.fused): each is its chain of separate operators, one node.
 
-The same values and gradients bit for bit, the same bytes kept for backward (spmdsim.autograd.kept_bytes) and the
-same FLOPs and kernels counted (spmdsim.flops), on a tensor-parallel case with a pending-free product, a broadcast
+The same values and gradients bit for bit, the same bytes kept for backward (spmdsim.nn.autograd.kept_bytes) and the
+same FLOPs and kernels counted (spmdsim.base.flops), on a tensor-parallel case with a pending-free product, a broadcast
 bias and a transposed dropout mask, a layer norm and an RMSNorm with their weight and bias (the sequence-parallel
 layout: the weight's gradient pending), at fp64, fp32 and bfloat16 (the operands a node's outputs of their dtype, so
 every bfloat16 rounding is the chain's), each measured on a repeated call signature (which runs its kernels and
@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, ops
-from spmdsim.autograd import kept_as, kept_bytes
-from spmdsim.flops import counting
-from spmdsim.ops import fused
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.nn import ops
+from spmdsim.nn.autograd import kept_as, kept_bytes
+from spmdsim.base.flops import counting
+from spmdsim.nn.ops import fused
 
 T, B, D, E, N = 4, 2, 6, 8, 2  # (T, B, D) activations, E = N heads of E / N
 
@@ -41,7 +42,7 @@ def _separate_reshape_einsum(x, shape, spec, w):
 
 
 def _separate_norm(x, w=None, b=None, centre=True):
-    from spmdsim.ops.norms import _normalized
+    from spmdsim.nn.ops.norms import _normalized
 
     y = _normalized(x, 2, 1e-5, centre, "layer_norm" if centre else "rms_norm")
     y = y if w is None else y * w
@@ -56,7 +57,7 @@ _NORMS = {"layer_norm": (True, True, True), "layer_norm_weight": (True, True, Fa
           "layer_norm_bias": (True, False, True), "rms_norm": (False, True, False), "layer_norm_of_a_leaf": (True, True, True)}
 
 
-# The general helpers of spmdsim.ops.fused a piece's first call goes through; a repeat of its call signature (fp64,
+# The general helpers of spmdsim.nn.ops.fused a piece's first call goes through; a repeat of its call signature (fp64,
 # fp32: no bfloat16 kernel) runs its kernels and builds its tensors and node itself, calling none of them
 _HELPERS = ("signature", "prepared_result", "make_dtensor", "_product", "_added", "_dropped", "_add_plan")
 _CALLED: dict = {}  # thread -> how many calls of _HELPERS it made
@@ -112,7 +113,7 @@ def _case(name, precision):
     tp 2) mesh. Fused, the piece runs twice on the same operands (a first call, then a repeat of its call
     signature, which is the one measured and differentiated)."""
     def run(mesh, use_fused):
-        dtype = {"fp64": np.float64, "fp32": np.float32}.get(precision) or spmdsim.precision.bfloat16()
+        dtype = {"fp64": np.float64, "fp32": np.float32}.get(precision) or spmdsim.base.precision.bfloat16()
         rng = np.random.default_rng(7)
 
         def leaf(shape, *dims):
@@ -146,13 +147,13 @@ def _case(name, precision):
 
 
 def _count_nodes(t):
-    from spmdsim.autograd.engine import _topological
+    from spmdsim.nn.autograd.engine import _topological
 
     return len(_topological(t._ag))
 
 
 def _counted_helpers(monkeypatch):
-    """Count each thread's calls of spmdsim.ops.fused's general helpers (`_HELPERS`) in `_CALLED`."""
+    """Count each thread's calls of spmdsim.nn.ops.fused's general helpers (`_HELPERS`) in `_CALLED`."""
     def counted(f):
         def call(*args, **kwargs):
             me = threading.get_ident()
@@ -204,9 +205,9 @@ def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision, mo
 
 
 def test_a_graph_block_records_16_nodes():
-    from spmdsim.autograd.engine import _topological
-    from spmdsim.gpt import GPTConfig, batch, encode, load_text
-    from spmdsim.gpt.parallel import GPT
+    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
+    from spmdsim.models.gpt.parallel import GPT
 
     cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=16, batch=4, dropout=0.1)
 
@@ -229,9 +230,9 @@ def test_a_graph_block_records_16_nodes():
 
 
 def test_the_gpt_compares_a_whole_activation_layout_once(monkeypatch):
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.layout import TensorLayout
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.layouts.layout import TensorLayout
 
     compared = []
     eq = TensorLayout.__eq__
@@ -265,10 +266,10 @@ def test_a_resolved_row_parallel_output_laid_out_as_the_activations_records_no_m
     # activations already (an equal layout object, not the same), as is the embedding's lookup: no redistribute
     # node. (The lookup's identity move once made stage 0's SPMDSIM_CHECK call count equal stage 1's by chance;
     # the stages agree on their counts before the clip's Allreduce over pp now: tests/test_check_across_stages.py)
-    from spmdsim.autograd.engine import _topological
-    from spmdsim.gpt import GPTConfig, batch, encode, load_text
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.layout import TensorLayout
+    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
+    from spmdsim.models.gpt.parallel import GPT
+    from spmdsim.layouts.layout import TensorLayout
 
     cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=16, batch=4, dropout=0.1)
 

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import spmdsim
-from spmdsim import Layout, OperatorError, SeededTensor, ShapeError, ops
-from spmdsim.infer.einsum import infer_einsum, parse_einsum
-from spmdsim.infer.pointwise import infer_pointwise, infer_reduce
+from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
+from spmdsim.nn import ops
+from spmdsim.programs.infer.einsum import infer_einsum, parse_einsum
+from spmdsim.programs.infer.pointwise import infer_pointwise, infer_reduce
 
 from generalkit import CASES, Case, random_case, run_case
 
@@ -486,7 +487,7 @@ def test_cross_entropy_with_ignored_rows_is_pytorchs_and_the_references(ignored)
     import warnings
 
     from spmdsim import DTensor, Mesh
-    from spmdsim import reference_grad as rg
+    from spmdsim.references import backward as rg
 
     z = np.arange(32.0).reshape(8, 4) / 7
     y = np.full(8, -100) if ignored == "all" else np.array([1, -100, 3, 0, -100, 2, 2, -100])
@@ -733,7 +734,7 @@ def test_a_pending_scalar_loss_backpropagates():
     assert np.allclose(grad, 2 * full / 8) and np.isclose(value, (full ** 2).mean())
 
 
-class _Cube(spmdsim.autograd.Function):
+class _Cube(spmdsim.nn.autograd.Function):
     @staticmethod
     def forward(ctx, x, k):
         ctx.save_for_backward(x)
@@ -758,7 +759,7 @@ def test_custom_autograd_function_on_shards():
         assert y.check(2.0 * src.full() ** 3).passed
         ops.sum(y).backward()
         with pytest.raises(OperatorError, match=re.escape("is a pending sum; resolve it first with "
-                                                          "spmdsim.ops.resolved(x) (one Allreduce, on every rank)")):
+                                                          "spmdsim.nn.ops.resolved(x) (one Allreduce, on every rank)")):
             _Cube.apply(ops.sum(x, 1, keepdims=True), 1.0)
         return x.grad.gather()
 
@@ -785,7 +786,7 @@ def test_dropout_mask_does_not_depend_on_the_layout():
 @pytest.mark.parametrize("tmap", [("tp", "dp", None), (None, ("dp", "tp"), None), (("tp", "dp"), None, None)])
 def test_dropout_mask_dims_drops_what_the_transposed_twin_drops(tmap):
     """A sequence-first (T, B, D) tensor with mask_dims (1, 0, 2) keeps and scales exactly the entries its
-    batch-first twin keeps (spmdsim.gpt's activations against its one-process reference), forward and
+    batch-first twin keeps (spmdsim.models.gpt's activations against its one-process reference), forward and
     gradient, the result C-ordered as every block."""
     from spmdsim.runtime import DTensor, Mesh
 
@@ -863,7 +864,7 @@ def test_causal_mask_blocks_are_each_callers_own():
 def test_matmul_is_einsum_on_every_layout_matmul_accepts(seed, batched, ta, tb):
     """On any layouts matmul accepts (MindSpore's contract: K split alike), einsum plans the same local
     product: no operand moves, the same output map, pending over the same axes."""
-    from spmdsim.infer import infer_matmul
+    from spmdsim.programs.infer import infer_matmul
 
     rng = np.random.default_rng(seed)
     case = random_case("einsum_batched" if batched else "einsum_matmul", int(rng.choice([4, 8])), rng)
@@ -925,7 +926,7 @@ def test_a_repeated_move_and_result_call_no_layout_hash_or_compare():
     """The executor's programs and the results' checks are keyed by the layout objects (a step passes the
     same ones every time): a repeated redistribution and operator result call no TensorLayout __hash__ or
     __eq__ (Python functions); an equal layout that is another object still finds the same move."""
-    from spmdsim.layout import TensorLayout
+    from spmdsim.layouts.layout import TensorLayout
     from spmdsim.runtime import DTensor, Mesh, redistribute
 
     calls = []
@@ -961,7 +962,7 @@ def test_an_operators_decision_is_kept_per_signature_and_keyed_on_cut_dtype_and_
     """ops._common.decided (what pointwise and einsum decide, kept as DTensor's sharding propagation cache):
     a repeated call signature is answered from the table; a layout differing only in its cut rule, a
     dtype or a tensor map is another entry, planned on its own."""
-    from spmdsim.ops._common import decided
+    from spmdsim.nn.ops._common import decided
 
     even, chunk = Layout((2, 4), ("dp", "tp")), Layout((2, 4), ("dp", "tp"), cut="chunk")
     f64, f32 = np.dtype(np.float64), np.dtype(np.float32)

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from spmdsim import Layout, OperatorError, ShapeError
-from spmdsim.dialects.strategy import matmul_layouts
-from spmdsim.infer import (
+from spmdsim.layouts.dialects.strategy import matmul_layouts
+from spmdsim.programs.infer import (
     infer_bias_add,
     infer_elementwise,
     infer_embedding,
@@ -172,8 +172,8 @@ def test_resolve_partial_without_pending_rejects_other_layout():
 
 def test_inference_and_references_import_no_mpi():
     code = (
-        "import sys, spmdsim.infer, spmdsim.reference, spmdsim.ops.matmul, "
-        "spmdsim.ops.linear, spmdsim.ops.embedding, spmdsim.ops.mlp, spmdsim.ops.paddle_split\n"
+        "import sys, spmdsim.programs.infer, spmdsim.references.forward, spmdsim.nn.ops.matmul, "
+        "spmdsim.nn.ops.linear, spmdsim.nn.ops.embedding, spmdsim.nn.ops.mlp, spmdsim.nn.ops.paddle_split\n"
         "assert 'mpi4py' not in sys.modules, 'mpi4py imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -181,7 +181,7 @@ def test_inference_and_references_import_no_mpi():
 
 def test_contraction_mismatch_hint_is_itself_a_valid_map():
     from spmdsim import Layout, OperatorError
-    from spmdsim.infer import infer_matmul
+    from spmdsim.programs.infer import infer_matmul
 
     mesh = Layout((2, 4), ("dp", "mp"))
     with pytest.raises(OperatorError) as info:
@@ -193,7 +193,7 @@ def test_contraction_mismatch_hint_is_itself_a_valid_map():
 
 
 def test_transpose_moves_the_tensor_map_with_the_dims():
-    from spmdsim.infer import infer_transpose
+    from spmdsim.programs.infer import infer_transpose
 
     mesh = Layout((2, 4), ("dp", "mp"))
     x = mesh("dp", None, "mp").with_partial(())
@@ -207,7 +207,7 @@ def test_transpose_moves_the_tensor_map_with_the_dims():
 
 
 def test_softmax_needs_a_whole_dim_and_no_pending_sum():
-    from spmdsim.infer import infer_softmax
+    from spmdsim.programs.infer import infer_softmax
 
     mesh = Layout((2, 4), ("dp", "mp"))
     x = mesh("dp", None)

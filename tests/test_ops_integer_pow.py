@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
-from spmdsim.ops.pointwise import pointwise
+from spmdsim import DTensor, Layout, Mesh, OperatorError
+from spmdsim.nn import ops
+from spmdsim.nn.ops.pointwise import pointwise
 
 G = np.array([1, 2, 3, -1, 4, 5, 6, 7], np.int64)  # the one negative entry on rank 1 of 4
 

@@ -13,7 +13,7 @@ import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, SpmdsimError
-from spmdsim.reference_grad import numeric_grads
+from spmdsim.references.backward import numeric_grads
 
 IDIOMS = {  # name -> (the idiom on an array or a DTensor, whether it has a gradient)
     "pow2": (lambda x: x ** 2, True), "pow3": (lambda x: x ** 3, True), "sqrt_abs": (lambda x: abs(x) ** 0.5, True),

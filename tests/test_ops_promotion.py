@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, DTypeError, Layout, Mesh, ops
-from spmdsim.ops.pointwise import _KERNELS, pointwise
+from spmdsim import DTensor, DTypeError, Layout, Mesh
+from spmdsim.nn import ops
+from spmdsim.nn.ops.pointwise import _KERNELS, pointwise
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -202,7 +203,7 @@ def _said(call) -> str:
 
 def test_linear_of_a_bias_numpy_has_no_common_dtype_with_its_products_names_the_op():
     """ops.linear of a float16 x and w with a bfloat16 bias raised numpy's DTypePromotionError (its traceback,
-    from spmdsim.ops._common.add_bias) and, where the product stays a pending sum (reduce=False), on the first
+    from spmdsim.nn.ops._common.add_bias) and, where the product stays a pending sum (reduce=False), on the first
     rank of the reduction only: the other ran on. Now one line naming the op and the dtypes, on every rank."""
     def body():
         mesh = Mesh(Layout((2,), ("x",)))
@@ -280,8 +281,8 @@ def test_a_products_dtype_and_values_do_not_depend_on_whether_ranks_split_its_co
     DTypePromotionError for float16 beside bfloat16) where the whole one is precision.product's float32 product.
     Now every layout gives np.matmul's dtype (float32) and the float32 product's values, whose two sums
     (whole, or a part per rank added by the collective) differ within float32's rounding of K terms; the
-    single-process reference (spmdsim.reference.matmul, which refused float16 beside bfloat16) gives it too."""
-    from spmdsim import reference
+    single-process reference (spmdsim.references.forward.matmul, which refused float16 beside bfloat16) gives it too."""
+    from spmdsim.references import forward as reference
 
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((3, 8)), rng.standard_normal((8, 5))

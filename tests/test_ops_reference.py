@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
-from spmdsim import reference as ref
-from spmdsim.ops.embedding import pad_vocab_shard, vocab_parallel_lookup, vocab_range
-from spmdsim.ops.paddle_split import paddle_layout, paddle_param
+from spmdsim.references import forward as ref
+from spmdsim.nn.ops.embedding import pad_vocab_shard, vocab_parallel_lookup, vocab_range
+from spmdsim.nn.ops.paddle_split import paddle_layout, paddle_param
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -136,7 +136,7 @@ def test_mlp_rounding_bounds_two_summation_orders_where_k_eps_does_not():
     """examples/mlp.py checked with atol = 480 eps (contraction_atol: sums of products of values in [-1, 1)), but
     its hidden units are sums of 96 such products: at 3 ranks its error sat at that atol exactly (5.72e-05), and a
     wider input crosses it. mlp_rounding's (rtol, scale) follow the magnitudes that entered each output."""
-    from spmdsim.tolerances import contraction_atol
+    from spmdsim.references.tolerances import contraction_atol
 
     rng = np.random.default_rng(0)
     x = (4 * rng.uniform(-1, 1, (24, 96))).astype(np.float32)

@@ -9,7 +9,7 @@ import pytest
 
 from spmdsim import Layout
 from spmdsim.errors import OperatorError
-from spmdsim.infer.reshape import infer_reshape, reshape_shape
+from spmdsim.programs.infer.reshape import infer_reshape, reshape_shape
 
 MESHES = [Layout((2, 4), ("a", "b")), Layout((2, 2, 2), ("a", "b", "c")), Layout((4, 1, 2), ("a", "b", "c")),
           Layout((8,), ("a",))]
@@ -166,7 +166,8 @@ def test_reshape_on_ranks_keeps_its_plan_for_int_shapes_only():
     call again gives each rank its block of the reshaped tensor, and a shape of equal floats (which hashes
     as the ints do) is refused after the int one passed, as it is before."""
     import spmdsim
-    from spmdsim import DTensor, Mesh, ops
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
 
     full = np.arange(48.0).reshape(6, 8)
 

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DialectError, DTensor, Layout, Mesh, OperatorError, SeededTensor, ShapeError, collect_trace, ops
-from spmdsim.infer import infer_broadcast_to, infer_concatenate, infer_narrow
-from spmdsim.reference import gelu
-from spmdsim.reference_grad import numeric_grads
+from spmdsim import DialectError, DTensor, Layout, Mesh, OperatorError, SeededTensor, ShapeError, collect_trace
+from spmdsim.nn import ops
+from spmdsim.programs.infer import infer_broadcast_to, infer_concatenate, infer_narrow
+from spmdsim.references.forward import gelu
+from spmdsim.references.backward import numeric_grads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 L = Layout((2, 4), ("dp", "tp"))
@@ -76,7 +77,7 @@ def test_narrow_from_the_end_of_a_dim_is_empty_as_pytorchs():
 def test_shift_moves_each_rank_only_the_rows_it_lacks():
     """narrow(x, 0, 1, 4) of 8 rows over dp (a 2 x 4 mesh): dp 0 keeps rows 1:3 of its 0:4 and sends row 3 to
     its dp 1 peer (same tp coordinate), which keeps row 4 of its 4:8: one row a rank on dp 1, the lower bound."""
-    from spmdsim.plan.shift import Shift
+    from spmdsim.programs.plan.shift import Shift
 
     x, every = L("dp", None), slice(None)
     shift = Shift(x, (8, 3), x, (4, 3), 0, 1)
@@ -101,7 +102,7 @@ def test_shift_moves_each_rank_only_the_rows_it_lacks():
 def test_shift_sends_answer_places_rank_by_rank(before, after, offset):
     """Every box a rank expects from a source is one that source sends it, of the same shape, and each rank
     receives exactly the rows of its new block it does not hold (16 rows before, 8 after, shifted)."""
-    from spmdsim.plan.shift import Shift
+    from spmdsim.programs.plan.shift import Shift
 
     mesh = Layout((2, 2, 2), ("a", "b", "c"))
     b, a = mesh(*before), mesh(*after)
@@ -126,7 +127,7 @@ def test_shift_at_4096_devices_works_out_one_group_per_kind_of_rank():
     """narrow(x, 0, 100, 512) of 1,024 rows over 256 shards (a x b) on 8 x 32 x 16 devices: each rank needs
     2 rows held by the member 25 places on (rows 100 + 2k), who sends 2 rows to each of two ranks; the dry
     run's per-rank bytes come from one rank per coordinate on a and b, not from every rank."""
-    from spmdsim.plan.shift import Shift
+    from spmdsim.programs.plan.shift import Shift
 
     x = Layout((8, 32, 16), ("a", "b", "c"))(("a", "b"), None)
     shift = Shift(x, (1024, 8), x, (512, 8), 0, 100)
@@ -322,7 +323,7 @@ def test_encoder_with_a_padding_mask_and_a_pooled_classifier_matches_numpy():
 
 
 # -- a user's own op: a fused swish and a clamp with a straight-through gradient --------------------------------
-class _Swish(spmdsim.autograd.Function):
+class _Swish(spmdsim.nn.autograd.Function):
     @staticmethod
     def forward(ctx, x, beta):
         s = 1 / (1 + np.exp(-beta * x))
@@ -336,7 +337,7 @@ class _Swish(spmdsim.autograd.Function):
         return dy * (s + ctx.beta * x * s * (1 - s))
 
 
-class _ClampStraightThrough(spmdsim.autograd.Function):
+class _ClampStraightThrough(spmdsim.nn.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         return np.clip(x, -1, 1)
@@ -372,7 +373,7 @@ def test_custom_functions_inside_a_sharded_mlp_match_numpy():
         assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-class _Scaled(spmdsim.autograd.Function):
+class _Scaled(spmdsim.nn.autograd.Function):
     """k * x, its backward written as PyTorch's: one gradient per argument (None for the number)."""
 
     @staticmethod

@@ -12,7 +12,7 @@ import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, OperatorError
-from spmdsim.optim import SGD, AdamW
+from spmdsim.nn.optim import SGD, AdamW
 
 SHAPES = [(4, 6), (6,), (4,)]
 MAPS = [("tp", None), (None,), ("tp",)]
@@ -109,7 +109,7 @@ def test_bfloat16_moments_loaded_as_float32_are_what_the_next_flat_step_reads():
     are float32 (allowed: bf16-mixed's) is not copied into those buffers but kept as loaded: the buffers are made
     again from it (were left as they were: the loaded moments, halved here, went unread)."""
     pytest.importorskip("ml_dtypes")
-    from spmdsim.precision import bfloat16
+    from spmdsim.base.precision import bfloat16
 
     def grads(params, s):
         for k, p in enumerate(params):
@@ -153,8 +153,8 @@ def test_bfloat16_moments_loaded_as_float32_are_what_the_next_flat_step_reads():
 def test_zero_refuses_a_gradient_after_steps_like_the_last():
     """DistributedAdamW (ZeRO-1) steps twice with gradients pending over dp; then a gradient already summed (not
     pending: it would be summed again), then one missing: each refused in its one line, as at a first step."""
-    from spmdsim.autograd.graph import with_partial
-    from spmdsim.optim import DistributedAdamW
+    from spmdsim.nn.autograd.graph import with_partial
+    from spmdsim.nn.optim import DistributedAdamW
 
     def body():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())

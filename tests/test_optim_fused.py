@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import Layout, optim
-from spmdsim.optim import AdamW, adamw_update
+from spmdsim import Layout
+from spmdsim.nn import optim
+from spmdsim.nn.optim import AdamW, adamw_update
 
 SHAPES = [(8, 4), (4,), (4, 8), (8,)]
 MAPS = [("dp", "tp"), (None,), (None, "tp"), ("tp",)]

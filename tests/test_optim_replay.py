@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.optim import AdamW, DistributedAdamW, clip_grad_norm_
+from spmdsim import DTensor, Layout, Mesh, OperatorError
+from spmdsim.nn import ops
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.nn.optim import AdamW, DistributedAdamW, clip_grad_norm_
 from spmdsim.runtime.replay import ReplayError, Scalar, capture
 
 SHAPES = [(10,), (6,), (3, 4)]
@@ -27,7 +28,7 @@ BOUND = 0.5
 def _dtype(name: str):
     if name == "bfloat16":
         pytest.importorskip("ml_dtypes")
-        from spmdsim.precision import bfloat16
+        from spmdsim.base.precision import bfloat16
 
         return bfloat16()
     return np.dtype(name)
@@ -146,8 +147,8 @@ def test_one_learning_rate_rule_everywhere_zero_allowed_as_torch_optim():
     while GPTConfig refused 0 as "a finite number > 0". One rule now, torch.optim's: lr a finite number >= 0
     (0 updates nothing: a warm-up's first step), said alike by SGD, Adam, AdamW, DistributedAdamW, a setting
     between steps, GPTConfig and the reference AdamW; eps stays > 0, also in one wording."""
-    from spmdsim.gpt.reference import AdamW as ReferenceAdamW
-    from spmdsim.optim import SGD, Adam
+    from spmdsim.models.gpt.reference import AdamW as ReferenceAdamW
+    from spmdsim.nn.optim import SGD, Adam
     from spmdsim.errors import SpmdsimError
 
     def body():

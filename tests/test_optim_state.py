@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
-from spmdsim.optim import SGD, Adam, AdamW, DistributedAdamW
+from spmdsim import DTensor, Layout, Mesh, OperatorError
+from spmdsim.nn import ops
+from spmdsim.nn.optim import SGD, Adam, AdamW, DistributedAdamW
 from spmdsim.runtime.replay import ReplayError, capture
 
 SHAPES = [(10,), (6,), (3, 4), (4, 6)]
@@ -25,7 +26,7 @@ KINDS = ["sgd", "adam", "adamw", "adamw-bf16", "zero", "zero-bf16"]
 def _dtype(kind: str):
     if kind.endswith("bf16"):
         pytest.importorskip("ml_dtypes")
-        from spmdsim.precision import bfloat16
+        from spmdsim.base.precision import bfloat16
 
         return bfloat16()
     return np.dtype(np.float64)

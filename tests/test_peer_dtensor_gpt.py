@@ -2,7 +2,7 @@
 
 Pure (plain pytest, one process): without torch (hidden from the script) it says
 how to install it in one line; with torch, its model's first losses equal
-spmdsim.gpt.reference's (float64, same parameters and dropout masks).
+spmdsim.models.gpt.reference's (float64, same parameters and dropout masks).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spmdsim.gpt import GPTConfig, batch, encode, load_text
-from spmdsim.gpt.reference import Trainer
+from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
+from spmdsim.models.gpt.reference import Trainer
 from testkit import load_script
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "peer_dtensor_gpt.py"
@@ -87,7 +87,7 @@ def test_the_torch_gpt_loses_what_the_reference_loses(peer):
 def test_the_torch_gpt_holds_spmdsims_initial_parameters(peer):
     import torch
 
-    from spmdsim.gpt.reference import init_params
+    from spmdsim.models.gpt.reference import init_params
 
     cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=2)
     params = init_params(cfg)

@@ -1,7 +1,7 @@
 """scripts/peer_mpi4py_gpt.py, bench_gpt's hand-written numpy + mpi4py peer: the same step as the reference.
 
 At 8 ranks (dp 2 x tp 4, sequence parallel) on a 1-layer GPT, its losses, its
-gradients and its parameters after two steps equal spmdsim.gpt.reference's
+gradients and its parameters after two steps equal spmdsim.models.gpt.reference's
 (float64, spmdsim's dropout masks; and with dropout 0 on blocking calls), in
 spmdsim's 17 collectives; a mesh it cannot run is one line; its step imports
 no spmdsim; its pieces (shards, polite wait) are checked in one process.
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spmdsim.gpt import GPTConfig, param_specs
-from spmdsim.gpt.reference import init_params
+from spmdsim.models.gpt import GPTConfig, param_specs
+from spmdsim.models.gpt.reference import init_params
 from testkit import MPIEXEC, load_script, mpi_batch
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -112,7 +112,7 @@ def test_the_step_imports_no_spmdsim():
 
 
 def test_its_polite_wait_is_spmdsims(peer):
-    from spmdsim.engines import wait
+    from spmdsim.runtime.engines import wait
 
     assert (peer._YIELD_S, peer._SLEEP_MIN_S, peer._SLEEP_MAX_S) == (wait._YIELD_S, wait._SLEEP_MIN_S,
                                                                      wait._SLEEP_MAX_S)

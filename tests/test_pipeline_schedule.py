@@ -1,4 +1,4 @@
-"""spmdsim.pipeline: the records, the three builders against Megatron's structure, the check (every error
+"""spmdsim.programs.pipeline: the records, the three builders against Megatron's structure, the check (every error
 message), unit-cost timelines against the papers' bubble formulas, in-flight counts, parse, render and plot."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from fractions import Fraction
 import pytest
 
 from spmdsim.errors import PipelineError, SpmdsimError
-from spmdsim.pipeline import (MAX_PAIRS, Compute, Post, Recv, Schedule, Send, Timeline, build, bubble_formula, check,
+from spmdsim.programs.pipeline import (MAX_PAIRS, Compute, Post, Recv, Schedule, Send, Timeline, build, bubble_formula, check,
                               gpipe, in_flight, interleaved, one_f_one_b, parse, plot, render, timeline)
-from spmdsim.pipeline.check import message_ops
+from spmdsim.programs.pipeline.check import message_ops
 
 BUILT = ([("gpipe", p, m, 1) for p in range(1, 9) for m in range(1, 4 * p + 1)]
          + [("1f1b", p, m, 1) for p in range(1, 9) for m in range(1, 4 * p + 1)]
@@ -87,9 +87,9 @@ def test_measured_bubble_equals_the_papers_formula_exactly(name, v, p, times):
 
 
 def test_in_flight_names_one_function():
-    """spmdsim.pipeline.schedule.in_flight (the most pairs, an int from the sizes) and spmdsim.pipeline.in_flight
+    """spmdsim.programs.pipeline.schedule.in_flight (the most pairs, an int from the sizes) and spmdsim.programs.pipeline.in_flight
     (per stage, a tuple from a built schedule) shared a name: the first is most_in_flight now."""
-    from spmdsim.pipeline import schedule as schedule_module
+    from spmdsim.programs.pipeline import schedule as schedule_module
 
     assert getattr(schedule_module, "in_flight", in_flight) is in_flight
     assert "in_flight" not in schedule_module.__all__
@@ -410,7 +410,7 @@ def test_plot_draws_one_collection_per_stage_and_kind(monkeypatch):
     """A broken_barh call per cell made one collection per cell: 131,072 at the largest schedule `spmdsim
     pipeline --png` takes (64 x 256 x 4), over 10 minutes of matplotlib. Now two per stage, the same cells."""
     pytest.importorskip("matplotlib")
-    import spmdsim.viz.png as png
+    import spmdsim.programs.viz.png as png
 
     drawn = []
     monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: drawn.append(fig.axes[0]) or str(path))
@@ -436,7 +436,7 @@ def test_plot_keeps_its_title_legend_and_axis_label_inside_the_figure(monkeypatc
     """A one-stage schedule's figure was 2.7 inches wide: its title ("1f1b (1 stage, 1 microbatch); bu") and the
     time axis's label were cut off at the figure's edge, and the legend sat on the title."""
     pytest.importorskip("matplotlib")
-    import spmdsim.viz.png as png
+    import spmdsim.programs.viz.png as png
 
     drawn = []
     monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: drawn.append(fig) or str(path))

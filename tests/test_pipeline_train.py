@@ -1,4 +1,4 @@
-"""The GPT trained over a pipeline on simulated ranks (spmdsim.gpt.pipeline), checked against one process.
+"""The GPT trained over a pipeline on simulated ranks (spmdsim.models.gpt.pipeline), checked against one process.
 
 Each run compares every step's loss, gradients and updated parameters with the single-process reference
 (microbatch by microbatch) on every rank; the executed schedule's unit-cost bubble and the activations each
@@ -15,10 +15,10 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.pipeline.timeline import bubble_formula
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.programs.pipeline.timeline import bubble_formula
 
 IDS = encode(load_text(20_000))
 SMALL = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1)
@@ -80,7 +80,7 @@ def test_each_message_group_is_counted_once_a_run_and_every_steps_rows_are_the_s
     """The pipeline works out each group's trace row (op, peers, bytes each way: runtime.door.messages) the
     first time it posts it and passes it to the door from then on: three steps count each group once, and
     the last step's rows are what the schedule says (its sends and receives, a wire block each)."""
-    from spmdsim.pipeline.schedule import Post, Send
+    from spmdsim.programs.pipeline.schedule import Post, Send
     from spmdsim.runtime import door
 
     cfg, pp, m = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1), 4, 4
@@ -217,7 +217,7 @@ def test_refusals_are_one_line_on_every_rank(kwargs, message):
 def test_the_layout_problem_names_what_the_schedule_cannot_take(schedule, m, v, message):
     """pipeline_layout_problem(..., schedule=) says what build would refuse (a trainer asks it before printing
     anything); without a schedule it asks nothing of one (spmdsim estimate's search names none)."""
-    from spmdsim.gpt.pipeline import pipeline_layout_problem
+    from spmdsim.models.gpt.pipeline import pipeline_layout_problem
 
     cfg = GPTConfig(layers=24, d_model=32, heads=2, seq=16, batch=8)
     assert pipeline_layout_problem(cfg, 4, 1, 1, False, m, v, schedule=schedule) == message
@@ -267,7 +267,7 @@ def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monk
     """A dry run of pp 4: one rank per stage runs; later microbatches' cells repeat the first's measured
     rows, so the calls and bytes equal those of running every cell (the peak is the first cell's kept bytes
     times those in flight: see docs/pipeline.md)."""
-    from spmdsim.gpt import pipeline
+    from spmdsim.models.gpt import pipeline
 
     cfg = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=16, dropout=0.1)
 
@@ -299,13 +299,13 @@ def test_recomputation_and_zero1_compose_with_the_pipeline_and_a_dry_run_measure
     with one numpy process; a dry run (one representative per stage, later cells repeated) keeps the same
     bytes for backward at the moment the schedule holds the most, the same optimizer bytes, calls and
     bytes sent, on every rank. A real run's parameters and gradients are placed in page-rounded buffers
-    for MPI (spmdsim.buffers), a dry run's are their exact sizes: those differ by less than a page each."""
+    for MPI (spmdsim.base.buffers), a dry run's are their exact sizes: those differ by less than a page each."""
     cfg = GPTConfig(layers=4)
 
     def main():
         run, steps = train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 2, IDS, sp=True, schedule=schedule, virtual=v,
                                      microbatches=4, recompute=recompute, zero=zero, memory=True,
-                                     check=not spmdsim.sim.dry_run_active())
+                                     check=not spmdsim.runtime.sim.dry_run_active())
         run.close()
         return steps
 
@@ -357,7 +357,7 @@ def test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit(pp, dp, tp, sp
     and gradients equal those of the same steps run eagerly, bit for bit, and so do the memory reports; every
     step passes the check. Without
     sp (gpipe here) the boundaries scatter and gather over tp; with ZeRO-1 the optimizer's slices replay too."""
-    from spmdsim.gpt import pipeline
+    from spmdsim.models.gpt import pipeline
 
     programs = []
     run_program = pipeline._run_program
@@ -409,7 +409,7 @@ def test_a_pipelined_dry_runs_table_counts_what_the_real_steps_row_counts():
     it now, and the table's rank 0 is the row's."""
     def main():
         run, steps = train_pipelined(SMALL, spmdsim.world(), 2, 1, 2, 1, IDS, sp=True, microbatches=2,
-                                     check=not spmdsim.sim.dry_run_active())
+                                     check=not spmdsim.runtime.sim.dry_run_active())
         run.close()
         return steps
 
@@ -421,7 +421,7 @@ def test_a_pipelined_dry_runs_table_counts_what_the_real_steps_row_counts():
 def test_simulated_ranks_share_one_gathered_table_in_the_pipelined_check(monkeypatch):
     """The pipelined check's table of every rank's blocks is one array the 4 simulated ranks read (an Allgather
     gave each its own table of p rows, as train's did: tests/test_gpt_parallel.py), and the steps pass."""
-    from spmdsim.gpt import pipeline as module
+    from spmdsim.models.gpt import pipeline as module
 
     real, seen = module._tables, []
 
@@ -447,7 +447,7 @@ def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch
     output's node wants), not by an equal one of the model's: the backward's layout tests stop at `is`, as
     between the layers of one chunk (issue 58: an equal object cost comparisons and moves each microbatch).
     Every step checked against one process; without sp at tp 2 the boundaries scatter and gather over tp."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
 
     cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=4, dropout=0.1)
     same = []
@@ -472,7 +472,7 @@ def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch
 def test_a_step_checks_the_parameters_its_microbatches_keep_pending_once(monkeypatch):
     """Every microbatch's backward keeps the stage's parameters pending; a step checks them once
     (engine.kept_leaves), not once per microbatch (issue 58), and still agrees with one process."""
-    from spmdsim.autograd import engine
+    from spmdsim.nn.autograd import engine
 
     checked = []
     kept_leaves = engine.kept_leaves

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, PlanError, ShapeError
-from spmdsim.cli.main import main
-from spmdsim.plan import (
+from spmdsim.tools.cli.main import main
+from spmdsim.programs.plan import (
     Allgather,
     Allreduce,
     Alltoall,
@@ -24,7 +24,7 @@ from spmdsim.plan import (
     shards_of,
     sum_partials,
 )
-from spmdsim.plan.meshes import common_refinement
+from spmdsim.programs.plan.meshes import common_refinement
 
 X8 = Layout((8,), ("x",))
 DM = Layout((2, 4), ("dp", "mp"))
@@ -154,7 +154,7 @@ def test_indivisible_shape_is_a_shape_error():
 
 
 def test_planning_imports_no_mpi4py():
-    code = ("import sys, spmdsim.plan, spmdsim.runtime.executor, spmdsim.cli.plan; "
+    code = ("import sys, spmdsim.programs.plan, spmdsim.runtime.executor, spmdsim.tools.cli.plan; "
             "assert 'mpi4py' not in sys.modules, 'mpi4py imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -243,13 +243,13 @@ def test_device_matrix_and_placement_give_one_mesh(capsys):
 
 def test_a_bfloat16_pending_sum_is_planned_as_the_float32_it_is_sent_as():
     """MPI has no bfloat16 sum: a bfloat16 tensor's Allreduce and Reduce_scatter send float32 (4 bytes an
-    element; spmdsim.precision.sent_itemsize), its other steps 2. The plan counts what the trace and the dry run
+    element; spmdsim.base.precision.sent_itemsize), its other steps 2. The plan counts what the trace and the dry run
     count, rank by rank, on even and uneven cuts (it counted 2 bytes for the sums: half the trace's); the lower
     bound stays a bound (each summed element arrives at least once, at least 2 bytes)."""
     pytest.importorskip("ml_dtypes")
     import spmdsim
     from spmdsim import DTensor, Mesh, TensorLayout, collect_trace
-    from spmdsim.precision import bfloat16, sent_itemsize
+    from spmdsim.base.precision import bfloat16, sent_itemsize
     from spmdsim.runtime.executor import redistribute
 
     bf16 = bfloat16()

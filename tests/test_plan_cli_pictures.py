@@ -7,8 +7,8 @@ import os
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.plan import plan_redistribution
+from spmdsim.tools.cli.main import main
+from spmdsim.programs.plan import plan_redistribution
 from testkit import unfold
 
 ARGS = ["plan", "--device-matrix", "2,4", "--alias", "a,b", "--from", "(a,b),None",

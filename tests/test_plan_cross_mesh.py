@@ -14,9 +14,9 @@ import numpy as np
 
 import spmdsim
 from spmdsim import Layout, TensorLayout
-from spmdsim.plan import Exchange, emulate, partial_addends, plan_redistribution, shards_of, sum_partials
-from spmdsim.plan.meshes import common_refinement
-from spmdsim.plan.volume import rank_boxes
+from spmdsim.programs.plan import Exchange, emulate, partial_addends, plan_redistribution, shards_of, sum_partials
+from spmdsim.programs.plan.meshes import common_refinement
+from spmdsim.programs.plan.volume import rank_boxes
 
 A = Layout((2, 3), ("a", "b"))
 C = Layout((3, 2), ("c", "d"))

@@ -14,9 +14,9 @@ import time
 import numpy as np
 
 from spmdsim import Layout, TensorLayout
-from spmdsim.plan.meshes import common_refinement, translate
-from spmdsim.plan.planner import received_per_rank
-from spmdsim.plan import (
+from spmdsim.programs.plan.meshes import common_refinement, translate
+from spmdsim.programs.plan.planner import received_per_rank
+from spmdsim.programs.plan import (
     ReduceScatter,
     emulate,
     partial_addends,

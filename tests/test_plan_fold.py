@@ -1,7 +1,7 @@
 """Folded planning gives what the listed plan gives, and a 65,536-device plan fits in memory.
 
-spmdsim.plan.folded works an Exchange's bytes out from the block grid instead of
-listing every box, and spmdsim.plan.summary describes a plan's traffic per step
+spmdsim.programs.plan.folded works an Exchange's bytes out from the block grid instead of
+listing every box, and spmdsim.programs.plan.summary describes a plan's traffic per step
 and group instead of a ranks x ranks matrix. Here both are pinned, at sizes where
 the listed forms still run, to the listed forms; then a plan and its --explain
 on 65,536 devices run in a subprocess whose address space is capped.
@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.plan import Exchange, emulate, partial_addends, plan_redistribution, shards_of
-from spmdsim.plan import folded, planner
-from spmdsim.plan.summary import FOLD_RANKS, plan_traffic, sent_by_rank
-from spmdsim.plan.volume import exchange_transfers, rank_boxes
-from spmdsim.viz.why import byte_matrix
+from spmdsim.tools.cli.main import main
+from spmdsim.programs.plan import Exchange, emulate, partial_addends, plan_redistribution, shards_of
+from spmdsim.programs.plan import folded, planner
+from spmdsim.programs.plan.summary import FOLD_RANKS, plan_traffic, sent_by_rank
+from spmdsim.programs.plan.volume import exchange_transfers, rank_boxes
+from spmdsim.programs.viz.why import byte_matrix
 from test_properties import random_pair
 
 
@@ -177,7 +177,7 @@ _CAPPED = textwrap.dedent("""
     import resource, sys
     cap = 1 << 30
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -211,7 +211,7 @@ def test_the_bound_before_the_grid_is_never_below_the_choices():
 
 def test_a_dim_split_over_an_axis_of_size_1_is_whole_in_the_block_rule():
     """`block_rule` said "dim 1: 1 blocks of 64, block tp" for a dim over an axis of size 1 (run's folded output)."""
-    from spmdsim.plan.summary import block_rule
+    from spmdsim.programs.plan.summary import block_rule
 
     tl = Layout((8, 1), ("dp", "tp"))("dp", "tp")
     assert block_rule(tl, (16, 64)) == "dim 0: 8 blocks of 2, block dp; dim 1: whole"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.plan import (
+from spmdsim.tools.cli.main import main
+from spmdsim.programs.plan import (
     Allgather,
     Allreduce,
     LocalSlice,

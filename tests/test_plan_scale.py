@@ -12,8 +12,8 @@ import random
 import pytest
 
 from spmdsim import Layout
-from spmdsim.plan import plan_redistribution
-from spmdsim.plan.volume import box_size, exchange_transfers, intersect, rank_boxes
+from spmdsim.programs.plan import plan_redistribution
+from spmdsim.programs.plan.volume import box_size, exchange_transfers, intersect, rank_boxes
 
 MESHES = [(8,), (2, 4), (2, 2, 2), (4, 1, 2), (3, 2), (2, 3, 2), (1,)]
 

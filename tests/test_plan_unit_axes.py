@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 
 from spmdsim import Layout, TensorLayout
-from spmdsim.plan import emulate, partial_addends, plan_redistribution, shards_of, sum_partials
+from spmdsim.programs.plan import emulate, partial_addends, plan_redistribution, shards_of, sum_partials
 
 SHAPE = (8, 12)
 FULL = np.arange(np.prod(SHAPE), dtype=np.float64).reshape(SHAPE)

@@ -95,14 +95,14 @@ def test_the_examples_stay_short_and_name_what_they_replace(script):
 
 def test_every_spmdsim_name_the_page_maps_to_exists():
     text = (ROOT / DOC).read_text()
-    for module, pattern in (("spmdsim.ops", r"\bops\.(\w+)"), ("spmdsim.optim", r"\boptim\.(\w+)"),
+    for module, pattern in (("spmdsim.nn.ops", r"\bops\.(\w+)"), ("spmdsim.nn.optim", r"\boptim\.(\w+)"),
                             ("spmdsim.runtime", r"spmdsim\.runtime\.(\w+)"),
-                            ("spmdsim.autograd", r"spmdsim\.autograd\.(\w+)")):
+                            ("spmdsim.nn.autograd", r"spmdsim\.autograd\.(\w+)")):
         names = set(re.findall(pattern, text))
         assert names, module
         missing = sorted(n for n in names if not hasattr(importlib.import_module(module), n))
         assert missing == [], f"{DOC} names {module}.{missing}"
-    import spmdsim.dialects as dialects
+    import spmdsim.layouts.dialects as dialects
     from spmdsim import DTensor
 
     for name in ("placements_to_layout", "layout_to_placements", "format_placements", "partition_spec_to_layout",
@@ -134,7 +134,7 @@ def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
 
     import spmdsim
     from spmdsim import DTensor, Layout, LayoutError, Mesh, ShapeError
-    from spmdsim.dialects import Replicate, Shard, format_placements
+    from spmdsim.layouts.dialects import Replicate, Shard, format_placements
 
     def body():
         mesh = Mesh(Layout((2, 4), ("dp", "tp")))
@@ -143,7 +143,7 @@ def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
         layout = L("dp", "tp")
         block = whole[layout.slices(mesh.rank, whole.shape)]
         x = DTensor.from_local(mesh, block, layout)
-        from spmdsim.dialects import partition_spec_to_layout, placements_to_layout
+        from spmdsim.layouts.dialects import partition_spec_to_layout, placements_to_layout
 
         same = [placements_to_layout("S(0), S(1)", mesh, 2), placements_to_layout("S(0), S(1)", mesh.layout, 2),
                 partition_spec_to_layout(("dp", "tp"), mesh)]
@@ -180,7 +180,7 @@ def test_a_dialect_value_where_a_layout_goes_says_how_to_make_one():
 
     import spmdsim
     from spmdsim import DTensor, Layout, LayoutError, Mesh
-    from spmdsim.dialects import Replicate, Shard
+    from spmdsim.layouts.dialects import Replicate, Shard
 
     def body():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")))
@@ -199,7 +199,7 @@ def test_a_dialect_value_where_a_layout_goes_says_how_to_make_one():
 
     said = spmdsim.simulate(4, body)[0]
     make = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect with "
-            "spmdsim.dialects' placements_to_layout(placements, mesh, ndim) or "
+            "spmdsim.layouts.dialects' placements_to_layout(placements, mesh, ndim) or "
             "partition_spec_to_layout(spec, mesh, ndim)")
     assert said == [
         "layout must be a TensorLayout, got tuple ('dp', None); " + make,
@@ -249,7 +249,8 @@ def test_pytorch_and_numpy_method_spellings():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+    from spmdsim import DTensor, Layout, Mesh, OperatorError
+    from spmdsim.nn import ops
 
     a = np.arange(64.0).reshape(2, 4, 8) - 20
 
@@ -292,7 +293,8 @@ def test_numpy_functions_on_a_dtensor_follow_spmdsims_rules():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     a = np.linspace(0.5, 3.0, 32).reshape(4, 8)
 
@@ -322,11 +324,11 @@ def test_numpy_functions_on_a_dtensor_follow_spmdsims_rules():
     assert said == [
         "numpy array of a DTensor of global shape (4, 8): its values are spread over the ranks; x.gather() makes "
         "the whole array on every rank (a collective: every rank calls it), x.local is this rank's block",
-        "numpy.arctan of a DTensor: spmdsim has no rule for it; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) "
+        "numpy.arctan of a DTensor: spmdsim has no rule for it; use spmdsim.nn.ops (ops.sum, ops.exp, ops.where, ...) "
         "or the block x.local",
-        "numpy.add.reduce of a DTensor: spmdsim has no rule for it; use spmdsim.ops (ops.sum, ops.exp, ops.where, "
+        "numpy.add.reduce of a DTensor: spmdsim has no rule for it; use spmdsim.nn.ops (ops.sum, ops.exp, ops.where, "
         "...) or the block x.local",
-        "numpy.add of a DTensor: its out argument; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) or the block "
+        "numpy.add of a DTensor: its out argument; use spmdsim.nn.ops (ops.sum, ops.exp, ops.where, ...) or the block "
         "x.local",
         "sum: dtype=<class 'numpy.float32'> is not taken; a DTensor reduction takes dims (axis=, dim=) and "
         "keepdims (keepdim=)"]
@@ -339,7 +341,8 @@ def test_pytorch_method_spellings_of_spmdsims_operators():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     a = np.linspace(0.5, 3.0, 64).reshape(2, 4, 8)
 
@@ -380,11 +383,12 @@ def test_numpy_array_functions_on_a_dtensor_run_spmdsims_operators():
     """np.where, np.concatenate, np.stack, np.clip, np.dot, np.einsum, np.transpose, np.reshape, np.swapaxes,
     np.sum/mean/amax/amin, np.any/all, np.var/std, np.argmax, np.round, np.copy, np.zeros_like/ones_like/
     full_like, np.shape/ndim/size (numpy's __array_function__ protocol): numpy's values; a function without a rule
-    (np.cumsum) one line naming spmdsim.ops and gather."""
+    (np.cumsum) one line naming spmdsim.nn.ops and gather."""
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     a = np.arange(1.0, 33.0).reshape(4, 8)
 
@@ -414,7 +418,7 @@ def test_numpy_array_functions_on_a_dtensor_run_spmdsims_operators():
             np.ones_like(a), np.full_like(a, 7.0), a.max(), M.all(), (4, 8), 2, 32]
     for g, w in zip(got, want):
         assert np.allclose(g, w) and np.shape(g) == np.shape(w), (g, w)
-    assert got[-1].startswith("numpy.cumsum of a DTensor: spmdsim has no rule for it; use spmdsim.ops")
+    assert got[-1].startswith("numpy.cumsum of a DTensor: spmdsim has no rule for it; use spmdsim.nn.ops")
 
 
 def test_norm_and_expand_spellings():
@@ -423,7 +427,8 @@ def test_norm_and_expand_spellings():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     a = np.arange(1.0, 33.0).reshape(4, 8)
 
@@ -463,7 +468,7 @@ def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
 
 def test_nanogpt_attention_makes_its_global_arrays_once_for_all_simulated_ranks(monkeypatch):
     """Every simulated rank made x and both weights whole (and the output's reference): once for all now
-    (spmdsim.sim.once; each MPI rank still makes its own), the same output."""
+    (spmdsim.runtime.sim.once; each MPI rank still makes its own), the same output."""
     from spmdsim import SeededTensor
 
     made = []
@@ -477,7 +482,7 @@ def test_nanogpt_attention_makes_its_global_arrays_once_for_all_simulated_ranks(
 def test_nanogpt_attentions_dry_run_makes_no_reference(monkeypatch):
     """A dry run has no values to check: it computed every central difference on its one rank (36 s at 256
     ranks, whose batch grows with dp); now it makes no reference."""
-    from spmdsim import reference_grad
+    from spmdsim.references import backward as reference_grad
 
     def refused(*args, **kwargs):
         raise AssertionError("a dry run computed central differences")
@@ -528,7 +533,8 @@ def test_round_to_places_keeps_integers_as_numpy_does():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     ints = np.arange(-6, 6).reshape(3, 4)
     f32 = (np.arange(12.0).reshape(3, 4) / 7).astype(np.float32)
@@ -591,7 +597,8 @@ def test_size_is_numpys_element_count_and_pytorchs_call():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+    from spmdsim import DTensor, Layout, Mesh, OperatorError
+    from spmdsim.nn import ops
 
     a = np.arange(24.0).reshape(4, 6)
 
@@ -640,7 +647,8 @@ def test_a_row_of_a_split_dim_broadcast_back_over_it_has_a_gradient():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     a = np.random.default_rng(3).standard_normal((4, 6))
 
@@ -665,7 +673,8 @@ def test_max_and_min_of_a_bool_over_a_split_dim_are_numpys():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, ops
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
 
     b = np.array([[True, False, True, False, False], [False, False, True, False, True], [True, False, True] + [False] * 2])
 
@@ -687,7 +696,8 @@ def test_int_of_a_scalar_dtensor_is_numpys():
     import numpy as np
 
     import spmdsim
-    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+    from spmdsim import DTensor, Layout, Mesh, OperatorError
+    from spmdsim.nn import ops
 
     g = np.arange(6.0).reshape(2, 3) - 2.6
 

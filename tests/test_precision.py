@@ -1,8 +1,8 @@
-"""spmdsim.precision.matmul: np.matmul's values, a stack of rows times one matrix as one product."""
+"""spmdsim.base.precision.matmul: np.matmul's values, a stack of rows times one matrix as one product."""
 import numpy as np
 import pytest
 
-from spmdsim.precision import matmul, product
+from spmdsim.base.precision import matmul, product
 
 
 def _within(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
@@ -58,7 +58,7 @@ def test_one_product_for_a_stack_times_a_matrix() -> None:
             seen.append((x.shape, y.shape))
             return real(x, y, out=out)
 
-    import spmdsim.precision as precision
+    import spmdsim.base.precision as precision
     was = precision.np
     precision.np = Spy()
     try:

@@ -1,7 +1,7 @@
 """Operators and redistributions run step programs: what the trace records is what the steps say.
 
 One vocabulary for moving bytes (docs/architecture.md): an operator's inference
-(spmdsim.infer) and the redistribution planner both give step records, the
+(spmdsim.programs.infer) and the redistribution planner both give step records, the
 executor runs them, and each trace entry's bytes are the step's own
 (`Step.sized`). Run on 8 simulated ranks in this process.
 """
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, SeededTensor, simulate
-from spmdsim.infer import infer_embedding, infer_linear, infer_matmul
-from spmdsim.plan import plan_redistribution
-from spmdsim.plan.steps import KINDS, Allgather, Allreduce, Alltoall, ReduceScatter, moved_bytes
+from spmdsim.programs.infer import infer_embedding, infer_linear, infer_matmul
+from spmdsim.programs.plan import plan_redistribution
+from spmdsim.programs.plan.steps import KINDS, Allgather, Allreduce, Alltoall, ReduceScatter, moved_bytes
 
 MESH = Layout((2, 4), ("dp", "mp"))
 
@@ -42,7 +42,7 @@ def _expected(steps, shape, itemsize, rank):
     (("dp", None), (None, "mp"), None),                       # no collective
 ])
 def test_matmul_trace_is_its_programs_steps(x_map, w_map, out):
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
     from spmdsim.runtime import DTensor
 
     x_tl, w_tl = MESH(*x_map), MESH(*w_map)
@@ -57,7 +57,7 @@ def test_matmul_trace_is_its_programs_steps(x_map, w_map, out):
 
 
 def test_linear_and_embedding_traces_are_their_programs_steps():
-    from spmdsim.ops import embedding, linear
+    from spmdsim.nn.ops import embedding, linear
     from spmdsim.runtime import DTensor
 
     x_tl, w_tl, b_tl = MESH("dp", None), MESH(None, "mp"), MESH("mp")

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spmdsim import Layout, TensorLayout
-from spmdsim.plan import emulate, partial_addends, plan_redistribution, shards_of
-from spmdsim.plan.volume import rank_boxes
+from spmdsim.programs.plan import emulate, partial_addends, plan_redistribution, shards_of
+from spmdsim.programs.plan.volume import rank_boxes
 from testkit import factorizations as _factorizations
 
 EXAMPLES = 1000

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
 _PRELUDE = """\
 from spmdsim.runtime import install_excepthook; install_excepthook()
 from spmdsim import Layout, SeededTensor
-from spmdsim.ops import matmul
+from spmdsim.nn.ops import matmul
 from spmdsim.runtime import DTensor, Mesh
 mesh = Mesh(Layout((4,), ("mp",)))
 x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, 16), seed=1))

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, SeededTensor, buffers, ops
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.optim import SGD, Adam, AdamW
+from spmdsim import DTensor, Layout, Mesh, SeededTensor
+from spmdsim.base import buffers
+from spmdsim.nn import ops
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.nn.optim import SGD, Adam, AdamW
 from spmdsim.runtime import replay
 from spmdsim.runtime.replay import ReplayError, Scalar, capture
 
@@ -446,9 +448,9 @@ def test_a_transfer_no_kernel_records_is_refused_at_capture_and_runs_inside_one(
 
 
 def _many_operators(replay: bool, steps: int = 3):
-    """A step through most of spmdsim.ops on dp 2 x tp 2 (split dims joined, narrowed and reduced, exact GELU,
+    """A step through most of spmdsim.nn.ops on dp 2 x tp 2 (split dims joined, narrowed and reduced, exact GELU,
     erf, norms, attention with dropout, both losses, argmax, an embedding), its backward and AdamW."""
-    from spmdsim.optim import AdamW
+    from spmdsim.nn.optim import AdamW
 
     mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
     L = mesh.layout

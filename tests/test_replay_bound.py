@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import Layout, Mesh, SeededTensor, buffers
+from spmdsim import Layout, Mesh, SeededTensor
+from spmdsim.base import buffers
 from spmdsim.errors import SpmdsimError
-from spmdsim.ops._common import keep_mask
+from spmdsim.nn.ops._common import keep_mask
 from spmdsim.runtime import collectives, door, replay
 from spmdsim.runtime.replay import Scalar, capture
 

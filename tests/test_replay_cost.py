@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import SeededTensor, buffers
+from spmdsim import SeededTensor
+from spmdsim.base import buffers
 from spmdsim.errors import SpmdsimError
-from spmdsim.ops._common import _keep, keep_mask
-from spmdsim.precision import is_low
+from spmdsim.nn.ops._common import _keep, keep_mask
+from spmdsim.base.precision import is_low
 from spmdsim.runtime.replay import Scalar, capture
 
 

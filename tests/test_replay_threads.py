@@ -1,4 +1,4 @@
-"""A capture is this thread's (spmdsim.buffers.CAPTURE): while one simulated rank captures a step, another
+"""A capture is this thread's (spmdsim.base.buffers.CAPTURE): while one simulated rank captures a step, another
 rank's eager code takes its plain path (the optimizer's remembered parameters, blocks read without
 DTensor.local's function), and the captured step replays as it was captured."""
 from __future__ import annotations
@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, buffers, ops
-from spmdsim.optim import AdamW
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.base import buffers
+from spmdsim.nn import ops
+from spmdsim.nn.optim import AdamW
 from spmdsim.runtime import collectives
 from spmdsim.runtime.replay import capture
 

@@ -1,8 +1,8 @@
-"""One place for each operator rule: the strategy search prices the program spmdsim.infer gives an
+"""One place for each operator rule: the strategy search prices the program spmdsim.programs.infer gives an
 operator, and the operators run that program.
 
 For every candidate of every operator kind the search knows, its output layout
-is the one `spmdsim.infer` gives on its layouts and its own collectives
+is the one `spmdsim.programs.infer` gives on its layouts and its own collectives
 (`Candidate.own`) are infer's step records, kind, axes and bytes (sized on the
 whole mesh by the step's own formula). Then layer_norm and cross_entropy, whose
 programs the search prices from `infer.norms` and `infer.losses`, are run on
@@ -14,23 +14,24 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import Layout, ops
-from spmdsim.autoshard import build
-from spmdsim.autoshard.candidates import candidates, make_candidate
-from spmdsim.autoshard.graph import KINDS, OpNode
-from spmdsim.datagen import SeededTensor
+from spmdsim import Layout
+from spmdsim.nn import ops
+from spmdsim.tools.autoshard import build
+from spmdsim.tools.autoshard.candidates import candidates, make_candidate
+from spmdsim.tools.autoshard.graph import KINDS, OpNode
+from spmdsim.layouts.datagen import SeededTensor
 from spmdsim.errors import OperatorError
-from spmdsim.infer import (infer_cross_entropy, infer_elementwise, infer_embedding, infer_linear, infer_matmul,
+from spmdsim.programs.infer import (infer_cross_entropy, infer_elementwise, infer_embedding, infer_linear, infer_matmul,
                            infer_norm, infer_reshape, infer_softmax, resolve_partial)
-from spmdsim.infer.einsum import infer_einsum
-from spmdsim.infer.losses import counts_packed
-from spmdsim.infer.pointwise import infer_pointwise
-from spmdsim.layout import TensorLayout
-from spmdsim.plan.steps import Allreduce
+from spmdsim.programs.infer.einsum import infer_einsum
+from spmdsim.programs.infer.losses import counts_packed
+from spmdsim.programs.infer.pointwise import infer_pointwise
+from spmdsim.layouts.layout import TensorLayout
+from spmdsim.programs.plan.steps import Allreduce
 
 
 def _infer(node, c):
-    """(output layout, program) that spmdsim.infer gives `node` on candidate `c`'s layouts: the test's own
+    """(output layout, program) that spmdsim.programs.infer gives `node` on candidate `c`'s layouts: the test's own
     dispatch to the rules, one per kind."""
     kind, x = node.kind, (c.inputs[0] if c.inputs else None)
     operands = tuple(c.inputs) + tuple(c.params)

@@ -6,8 +6,8 @@ line per rank.
 """
 from __future__ import annotations
 
-from spmdsim.cli.main import main
-from spmdsim.demo.registry import group_text
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.demo.registry import group_text
 
 
 def _run(capsys, *argv: str) -> list[str]:

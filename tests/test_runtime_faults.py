@@ -207,7 +207,7 @@ def test_a_job_nearly_out_of_memory_ends_with_one_line_per_rank_that_saw_it():
     proc, seconds = _launch("""
     import time
     import spmdsim.runtime.memwatch as memwatch
-    from spmdsim.engines import memory
+    from spmdsim.runtime.engines import memory
     memwatch.POLL_S = 0.1
     install_excepthook()  # the guard starts the watch (runtime.process); a Mesh alone does not
     if mesh.rank == 1:

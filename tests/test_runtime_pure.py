@@ -9,8 +9,8 @@ import time
 import pytest
 
 from spmdsim import SpmdsimError
-from spmdsim.cli import launch
-from spmdsim.engines import wait
+from spmdsim.tools.cli import launch
+from spmdsim.runtime.engines import wait
 from spmdsim.runtime import trace
 from testkit import unfold
 
@@ -140,14 +140,14 @@ def test_launch_reports_a_killed_mpiexec_as_a_shell_does(sig, tmp_path):
 def test_importing_runtime_package_does_not_load_mpi4py():
     import subprocess
 
-    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.engines.wait, spmdsim.cli.launch, "
+    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.engines.wait, spmdsim.tools.cli.launch, "
             "spmdsim.runtime.exchange_spec; print('mpi4py' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_launch_refuses_an_mpiexec_from_another_mpi(tmp_path, capsys):
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     fake = tmp_path / "mpiexec"
     fake.write_text('#!/bin/sh\necho "mpirun (Open MPI) 5.0.3"\n')
@@ -192,7 +192,7 @@ def test_exchange_spec_counts_offsets_and_slots():
 ])
 def test_launch_asks_open_mpi_to_oversubscribe(monkeypatch, family, ranks, set_by_user, expected):
     # Open MPI refuses more ranks than cores ("not enough slots") unless asked.
-    from spmdsim.cli.main import build_parser
+    from spmdsim.tools.cli.main import build_parser
 
     for var in launch.OPENMPI_OVERSUBSCRIBE:
         monkeypatch.delenv(var, raising=False)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, SpmdsimError, simulate, world
-from spmdsim import reference_grad as rg
+from spmdsim.references import backward as rg
 
 
 def _program(x, w, g):  # any argument may carry a leading axis of copies

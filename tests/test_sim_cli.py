@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from testkit import EXAMPLE_ARGS, unfold
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
@@ -48,7 +48,7 @@ def test_run_and_redistribute_on_simulated_ranks(capsys):
 
 def test_a_closed_pipe_stops_quietly(capsys):
     # `spmdsim demo --ranks 8 | head -1`: the print after head left failed on every rank with a traceback.
-    from spmdsim.sim.launch import run_on_ranks
+    from spmdsim.runtime.sim.launch import run_on_ranks
 
     def body():
         raise BrokenPipeError(32, "Broken pipe")
@@ -59,7 +59,7 @@ def test_a_closed_pipe_stops_quietly(capsys):
 
 def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     # mpiexec -n 2 spmdsim demo --ranks 8: each process ran all 8 simulated ranks, every line printed twice.
-    from spmdsim.sim.launch import run_on_ranks
+    from spmdsim.runtime.sim.launch import run_on_ranks
 
     monkeypatch.setenv("PMI_SIZE", "2")
     monkeypatch.setenv("PMI_RANK", "0")
@@ -77,8 +77,8 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
 def test_script_quotes_a_bad_ranks_count_as_the_training_examples_do(capsys):
     """`spmdsim.script()` (every example but the training ones) said `--ranks '-1'` but `--ranks 0`, and `--ranks ²`
     (a digit to str.isdigit, not to int) was a ValueError traceback. It reads the count as argparse's type=int
-    reads the training examples' (spmdsim.nets.train.run_main): a number unquoted, anything else quoted."""
-    from spmdsim.sim.launch import ranks_problem, script
+    reads the training examples' (spmdsim.models.nets.train.run_main): a number unquoted, anything else quoted."""
+    from spmdsim.runtime.sim.launch import ranks_problem, script
 
     for value, said in (("-1", "-1"), ("0", "0"), ("5000", "5000"), ("x", "'x'"), ("1.5", "'1.5'"),
                         ("\u00b2", "'\u00b2'")):
@@ -95,7 +95,7 @@ def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeyp
     # mpiexec -n 4 python examples/train_gpt.py --steps 0: refuse() printed the line on every rank (run_main).
     import argparse
 
-    from spmdsim.nets.train import run_main
+    from spmdsim.models.nets.train import run_main
 
     monkeypatch.setenv("PMI_SIZE", "2")
     for rank, err in (("0", "spmdsim: error: --steps 0 must be at least 1\n"), ("1", "")):
@@ -109,9 +109,9 @@ def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeyp
                                          ("sys.exit(300)", 44), ("sys.exit('bye')", 1)])
 def test_a_scripts_exit_code_on_simulated_ranks_is_its_status_as_mpiexec_reports_it(exits, code):
     """`python prog.py --ranks 2` (spmdsim.script): the largest of the ranks' exit statuses, each the code's low 8
-    bits as the OS reports a process's (spmdsim.sim.run.exit_status, as spmdsim mpirun's): sys.exit(-1) on one
+    bits as the OS reports a process's (spmdsim.runtime.sim.run.exit_status, as spmdsim mpirun's): sys.exit(-1) on one
     rank, the other exiting 0, exited 0 (the largest of -1 and 0), where mpiexec gives 255."""
-    from spmdsim.sim.launch import run_on_ranks
+    from spmdsim.runtime.sim.launch import run_on_ranks
 
     def rank():
         import spmdsim
@@ -123,8 +123,8 @@ def test_a_scripts_exit_code_on_simulated_ranks_is_its_status_as_mpiexec_reports
 
 
 def test_an_examples_long_refusal_fits_100_columns(monkeypatch, capsys):
-    """refuse() (spmdsim.nets.train) printed its line at any length; the CLI's refusals fold at 100 columns."""
-    from spmdsim.nets.train import refuse
+    """refuse() (spmdsim.models.nets.train) printed its line at any length; the CLI's refusals fold at 100 columns."""
+    from spmdsim.models.nets.train import refuse
 
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):  # not launched: this process says it
         monkeypatch.delenv(name, raising=False)
@@ -179,7 +179,7 @@ def test_an_spmdsim_error_on_every_rank_is_exit_2_whatever_each_says(monkeypatch
 
     import spmdsim
     from spmdsim import DTensor, Layout, Mesh, ShapeError, SpmdsimError
-    from spmdsim.sim.launch import run_on_ranks
+    from spmdsim.runtime.sim.launch import run_on_ranks
 
     monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
 
@@ -269,7 +269,7 @@ def test_the_block_examples_are_as_wide_at_64_ranks_as_at_a_few(monkeypatch, cap
     a rank: weights of O(p^2) elements, central differences of every one over a program of O(p^2); > 300 s at 64
     ranks, 23 GB at 256); tp is 8 (4) at most now, the other ranks dp replicas. A dry run at 64 ranks sends the
     bytes of one at 8 (4), and makes no reference (no values to check)."""
-    from spmdsim import reference_grad
+    from spmdsim.references import backward as reference_grad
 
     def refused(*args, **kwargs):
         raise AssertionError("a dry run computed central differences")
@@ -510,7 +510,7 @@ def test_seed_networks_say_what_cannot_run_and_why(args, code, said, monkeypatch
 
 def test_the_banner_counts_one_rank_in_the_singular():
     """`--ranks 1` said "running on 1 simulated ranks"."""
-    from spmdsim.sim.launch import banner
+    from spmdsim.runtime.sim.launch import banner
 
     assert banner(1) == "spmdsim: running on 1 simulated rank in one process (--ranks 1), no mpiexec"
     assert banner(8, dry_run=True) == ("spmdsim: a dry run (shapes only) on 8 simulated ranks in one process "
@@ -550,7 +550,7 @@ def test_an_example_alone_in_one_process_says_how_to_get_its_ranks(monkeypatch, 
     assert out.err == ("spmdsim: 1 rank, no mpiexec: this example is written for 8; add --ranks 8 or use "
                        "mpiexec -n 8\n")
     assert "check passed" in out.out
-    from spmdsim.sim.launch import script
+    from spmdsim.runtime.sim.launch import script
 
     script(str(path), [], ranks=8)  # mpiexec -n 1 is one rank too
     monkeypatch.setenv("PMI_SIZE", "1")

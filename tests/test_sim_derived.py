@@ -7,7 +7,7 @@ import pytest
 
 from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.errors import DTypeError, ShapeError
-from spmdsim.sim import simulate
+from spmdsim.runtime.sim import simulate
 
 MPI = pytest.importorskip("mpi4py.MPI")
 

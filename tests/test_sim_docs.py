@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "simulate.md").read_text()

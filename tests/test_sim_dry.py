@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from testkit import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _bytes_per_rank(comm):
-    from spmdsim.demo.registry import Context, run_job, scenarios
+    from spmdsim.tools.demo.registry import Context, run_job, scenarios
 
     chosen = [sc for sc in scenarios() if sc.name in ("matmul_out_strategy", "linear_column", "net_mindspore_layout")]
     return [[(e.op, e.axes, e.bytes_sent, e.bytes_received) for e in run_job(sc.build(Context(comm)), comm).entries]
@@ -71,8 +71,8 @@ def test_scale_script_meets_the_cost_formulas(capsys):
 
 def test_dry_run_multiplies_nothing_and_moves_the_same_bytes(monkeypatch):
     """A training step's products (forward and gradients) are zeros made without np.matmul."""
-    from spmdsim.ops import ParallelMLP, mse_loss
-    from spmdsim.optim import SGD
+    from spmdsim.nn.ops import ParallelMLP, mse_loss
+    from spmdsim.nn.optim import SGD
     from spmdsim.runtime import DTensor, Mesh, collect_trace
 
     calls = []
@@ -141,8 +141,8 @@ def test_a_dry_runs_check_passes_and_counts_each_element_once_at_every_rank_coun
 def test_a_dry_run_computes_no_activation_softmax_or_their_gradients(monkeypatch):
     """Their results would be zeros of the same shape anyway: the kernels are not called, and the
     result and gradient shapes and dtypes are the real run's."""
-    from spmdsim import activations, reference, reference_grad
-    from spmdsim.ops import gelu, mse_loss, softmax
+    from spmdsim.references import activations, forward as reference, backward as reference_grad
+    from spmdsim.nn.ops import gelu, mse_loss, softmax
     from spmdsim.runtime import DTensor, Mesh
 
     calls = []
@@ -182,7 +182,7 @@ def _mapped(a):
 
 
 def test_a_dry_runs_large_zeros_cost_no_memory_until_written():
-    from spmdsim.sim import dry
+    from spmdsim.runtime.sim import dry
 
     big = dry.zeros((512, 1024), "float64")  # 4 MiB: its own anonymous mapping
     assert _mapped(big) and big.shape == (512, 1024) and big.dtype == np.float64
@@ -193,7 +193,7 @@ def test_a_dry_runs_large_zeros_cost_no_memory_until_written():
 
 def test_a_dry_run_scales_without_writing_and_scores_stay_unmapped():
     """scale and its gradient are zeros in a dry run, large ones lazily mapped (attention's scores)."""
-    from spmdsim.ops import mse_loss, scale
+    from spmdsim.nn.ops import mse_loss, scale
     from spmdsim.runtime import DTensor, Mesh
 
     def body():
@@ -215,7 +215,7 @@ def test_a_dry_runs_loss_and_reductions_read_no_page_of_their_large_blocks():
     pytest.importorskip("ml_dtypes")
     import resource
 
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime import DTensor, Mesh
 
     rows, classes = 4096, 4096  # 32 MiB of bfloat16 logits a rank: 8,192 pages, 16,384 once widened
@@ -248,7 +248,7 @@ def test_the_megatron_block_dry_run_at_512_ranks_fits_in_1_5_gib():
     import subprocess
     import sys
 
-    code = ("import runpy, sys\nfrom spmdsim.memory import peak_rss\n"
+    code = ("import runpy, sys\nfrom spmdsim.programs.memory import peak_rss\n"
             "sys.argv = ['train_megatron_block.py', '--ranks', '512', '--dry-run', '--steps', '1']\n"
             "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
             "    code = e.code\n"
@@ -262,7 +262,7 @@ def test_the_megatron_block_dry_run_at_512_ranks_fits_in_1_5_gib():
 
 
 def test_a_rank_list_too_long_for_its_column_says_how_many():
-    from spmdsim.sim.dry import DryRunReport, RankBytes
+    from spmdsim.runtime.sim.dry import DryRunReport, RankBytes
 
     # Every third rank differs: the others' list ("ranks 0-1,3-4,6-7,...") cannot fit 21 columns.
     rows = tuple(RankBytes(r, 1, 8, 8, 100 if r % 3 == 2 else 50, (("allreduce", 1),)) for r in range(30))
@@ -271,11 +271,11 @@ def test_a_rank_list_too_long_for_its_column_says_how_many():
 
 
 def test_the_meter_counts_each_array_over_one_lazy_mapping_until_it_is_freed():
-    """A pipeline's dry message buffers share one lazy mapping per size (spmdsim.gpt.pipeline._DryBlocks): the
+    """A pipeline's dry message buffers share one lazy mapping per size (spmdsim.models.gpt.pipeline._DryBlocks): the
     Meter still counts each array as the owner of its bytes (a view as its array's) and lets each go when freed."""
-    from spmdsim import buffers
-    from spmdsim.gpt.pipeline import _DryBlocks
-    from spmdsim.sim.dry import Meter
+    from spmdsim.base import buffers
+    from spmdsim.models.gpt.pipeline import _DryBlocks
+    from spmdsim.runtime.sim.dry import Meter
 
     meter, blocks = Meter(), _DryBlocks()
     a, b = blocks.empty((256, 1024)), blocks.zeros((256, 1024))  # 2 MiB each: one mapping of their own size
@@ -338,16 +338,17 @@ def test_a_dry_run_shows_no_floating_point_warning_of_the_values_nothing_set():
 
 
 def test_a_dry_run_holds_its_mid_sized_blocks_without_their_memory():
-    """A dry run's results from 64 KiB up are zeros on pages never written (spmdsim.sim.dry.zeros: a mapping of
+    """A dry run's results from 64 KiB up are zeros on pages never written (spmdsim.runtime.sim.dry.zeros: a mapping of
     their own); below 1 MiB they were numpy's zeros, whose pages calloc writes where glibc serves them from
-    memory its heap used before (as under spmdsim's launchers and --ranks runs, spmdsim._malloc): a 1,000-layer
+    memory its heap used before (as under spmdsim's launchers and --ranks runs, spmdsim.base.malloc): a 1,000-layer
     GPT of width 256, whose blocks of 128-512 KiB the backward keeps, took `spmdsim estimate` 2.4 GB of this
-    machine's memory (12 GB at 5,000 layers); 175 MB now. spmdsim.buffers.empty's blocks too (a collective's
+    machine's memory (12 GB at 5,000 layers); 175 MB now. spmdsim.base.buffers.empty's blocks too (a collective's
     result, a gradient bucket's). The meter counts them as before; the small results a dry run fills with values
-    (spmdsim.sim.dry.DRY_COPY_BYTES) stay numpy's."""
-    from spmdsim import Layout, Mesh, buffers
-    from spmdsim.context import current
-    from spmdsim.sim.dry import DRY_COPY_BYTES
+    (spmdsim.runtime.sim.dry.DRY_COPY_BYTES) stay numpy's."""
+    from spmdsim import Layout, Mesh
+    from spmdsim.base import buffers
+    from spmdsim.base.context import current
+    from spmdsim.runtime.sim.dry import DRY_COPY_BYTES
 
     def body():
         mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
@@ -359,7 +360,7 @@ def test_a_dry_run_holds_its_mid_sized_blocks_without_their_memory():
             out.append((kept[-1].nbytes, buffers.is_lazy(kept[-1])))
         small = np.broadcast_to(np.zeros((), np.float64), (8, 1023))
         out.append((small.nbytes, buffers.is_lazy(mesh.engine.local(np.copy, small, small))))
-        # spmdsim.buffers.empty's blocks (a collective's result, a bucket's), placed as a real run's, alike
+        # spmdsim.base.buffers.empty's blocks (a collective's result, a bucket's), placed as a real run's, alike
         out += [(a.nbytes, buffers.is_lazy(a)) for a in (buffers.empty((8, 1024)), buffers.empty((128, 256)))]
         return out, current().meter.held
 
@@ -376,7 +377,7 @@ def test_explain_beside_a_dry_run_is_one_line_before_the_banner(op, monkeypatch,
     """A dry run prints its bytes table in place of the program's output, so `--explain` was built and thrown
     away: each rank's line lists every member of its group, O(ranks^2) text (317 s and 16.7 GB at 32,768 ranks
     for nothing shown). Refused in one line, exit 2, before the banner and before any rank's line is made."""
-    from spmdsim.demo import registry
+    from spmdsim.tools.demo import registry
 
     made = []
     monkeypatch.setattr(registry, "explain_lines", lambda job: made.append(job) or [])
@@ -396,7 +397,7 @@ def test_megatrons_column_parallel_bias_add_has_the_real_runs_dtype_in_a_dry_run
     import ml_dtypes
 
     from spmdsim import DTensor, Layout, Mesh
-    from spmdsim.ops.megatron import column_parallel_linear
+    from spmdsim.nn.ops.megatron import column_parallel_linear
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -426,8 +427,9 @@ def test_a_dry_runs_products_and_kernels_have_the_real_runs_dtypes():
     beside float16 y is float32 on real ranks). Now each is the real run's dtype; comparisons stay bool."""
     import ml_dtypes
 
-    from spmdsim import DTensor, Layout, Mesh, ops
-    from spmdsim.ops.megatron import bias_dropout_add, row_parallel_linear
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
+    from spmdsim.nn.ops.megatron import bias_dropout_add, row_parallel_linear
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
 

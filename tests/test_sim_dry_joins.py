@@ -1,18 +1,18 @@
-"""A dry run's joins, slices, broadcasts and transposes make no block (spmdsim.sim.dry): ``ops.concatenate``,
+"""A dry run's joins, slices, broadcasts and transposes make no block (spmdsim.runtime.sim.dry): ``ops.concatenate``,
 ``ops.stack``, ``ops.broadcast_to``, ``x[..., a:b]`` (a narrow of an inner dim), ``ops.transpose``, a narrow or
 a join along a split dim (rows moved by one Alltoallv) and ``ops.causal_mask`` give the dry engine's zeros of
 their blocks, and so do their gradients and the reductions' (sum's dY spread over x, max's share among ties);
 each made a real array of its block's size (a copy, np.concatenate, broadcast_to's copy, the split path's rows
 written and its send buffer packed). The real run is unchanged, and a dry run counts the same products, kernels
-and fresh blocks (spmdsim.flops) as the real run of one program.
+and fresh blocks (spmdsim.base.flops) as the real run of one program.
 """
 from __future__ import annotations
 
 import resource
 
 import spmdsim
-from spmdsim import ops
-from spmdsim.flops import counting
+from spmdsim.nn import ops
+from spmdsim.base.flops import counting
 from spmdsim.runtime import DTensor, Mesh
 
 
@@ -114,7 +114,7 @@ def test_a_dry_runs_joins_slices_and_broadcasts_write_no_page_of_their_blocks_or
 
 
 def _program(dry: bool) -> list:
-    """Per rank: the fresh blocks, products and kernels (spmdsim.flops) of a forward and backward through every
+    """Per rank: the fresh blocks, products and kernels (spmdsim.base.flops) of a forward and backward through every
     op above, at blocks of 64-256 KiB (large enough for the dry engine's zeros), and two gradients' shapes."""
 
     def body():

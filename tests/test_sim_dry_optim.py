@@ -1,4 +1,4 @@
-"""The optimizers' dry path (spmdsim.optim, spmdsim.sim.dry): a dry run's step allocates no state and computes
+"""The optimizers' dry path (spmdsim.nn.optim, spmdsim.runtime.sim.dry): a dry run's step allocates no state and computes
 nothing, and the bytes the states would hold are counted on the run's meter, so the report's peak includes
 them; the real path is untouched (tests/test_optim_fused.py)."""
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.context import current
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.train import train
-from spmdsim.optim import SGD, Adam, AdamW
+from spmdsim.base.context import current
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.train import train
+from spmdsim.nn.optim import SGD, Adam, AdamW
 from testkit import run_train_gpt
 
 
 def _gpt_bytes_per_rank(cfg: GPTConfig, tp: int, sp: bool) -> int:
-    """One rank's parameter bytes (float64) under Megatron's splits, from the shapes (spmdsim.gpt.params):
+    """One rank's parameter bytes (float64) under Megatron's splits, from the shapes (spmdsim.models.gpt.params):
     wte split by rows over tp, wpe too with sp; wq, wk, wv, wo, w1, w2 split over tp, and the biases bq, bv,
     b1 with them; bo, b2 and the four layer norms' vectors whole; the final layer norm whole."""
     V, D, T, L = cfg.vocab, cfg.d_model, cfg.seq, cfg.layers
@@ -154,7 +154,7 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     AdamW stepped on float64 zeros the size of the parameters), and its peak held counts the parameters and
     AdamW's two flat moments."""
     out = run_train_gpt(GPT2_MEDIUM,
-                        after="from spmdsim.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
+                        after="from spmdsim.programs.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
     lines = out.stdout.splitlines()
     peak = [line.split() for line in lines if line.startswith("peak ")]
     assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
@@ -175,9 +175,9 @@ def test_a_dry_run_under_bf16_writes_no_page_of_its_large_blocks():
     a collective's float32 sum and its rounding, the backward's rounding of a gradient) give the dry engine's
     zeros, mapped and never written, as the float64 run's blocks are: a 1 MiB block or more is a lazy mapping."""
     pytest.importorskip("ml_dtypes")
-    from spmdsim.buffers import LAZY_BYTES, _Lazy
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import train
+    from spmdsim.base.buffers import LAZY_BYTES, _Lazy
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import train
 
     def lazy(a):
         while isinstance(a, np.ndarray):

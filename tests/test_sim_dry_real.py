@@ -1,9 +1,9 @@
 """A dry run counts what the real run allocates: one training step of a small GPT, run for real and dry
 (``spmdsim.simulate(n, ..., dry_run=True)``) at the same precision, gives every rank the same record.
 
-The record is each product's and kernel's blocks the rank holds nowhere else (spmdsim.flops.Fresh, by identity:
+The record is each product's and kernel's blocks the rank holds nowhere else (spmdsim.base.flops.Fresh, by identity:
 a block the step keeps for its backward, a parameter or its gradient is held; a product's result that nothing
-keeps is the moment's own, what the estimate's peak adds, spmdsim.estimate.ledger.largest_transient), the
+keeps is the moment's own, what the estimate's peak adds, spmdsim.tools.estimate.ledger.largest_transient), the
 products and kernels themselves, and the bytes kept for the backward, the master copy, the optimizer's states
 and the buffers (StepResult.memory). Dense and MoE GPTs (GELU experts with biases, Mixtral's SwiGLU experts
 without; a dense Llama under Megatron's kept set), float32 and bf16-mixed, a few tp, ep and pp values.
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.flops import counting
-from spmdsim.gpt import GPTConfig
-from spmdsim.gpt.pipeline import train_pipelined
-from spmdsim.moe.config import MoEConfig
+from spmdsim.base.flops import counting
+from spmdsim.models.gpt import GPTConfig
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.moe.config import MoEConfig
 
 
 def _gpt(batch: int, layers: int = 1, moe: MoEConfig | None = None, **llama) -> GPTConfig:
@@ -66,7 +66,7 @@ CASES = {
     # SwiGLU experts without biases: fc3's output kept beside fc1's, no bias blocks
     "moe swiglu fp32 ep2 tp2 top2": (_gpt(2, moe=_moe(2), **MIXTRAL), "fp32", dict(ep=2, tp=2)),
     "moe swiglu bf16 b1 tp2 top2": (_gpt(1, moe=_moe(2), **MIXTRAL), "bf16-mixed", dict(tp=2)),
-    # Llama's options under Megatron's kept set: its fused SwiGLU (spmdsim.ops.megatron)
+    # Llama's options under Megatron's kept set: its fused SwiGLU (spmdsim.nn.ops.megatron)
     "llama megatron fp32 b2 tp2": (_gpt(2, **MIXTRAL), "fp32", dict(tp=2, kept="megatron")),
     "llama megatron bf16 b1 tp2": (_gpt(1, **MIXTRAL), "bf16-mixed", dict(tp=2, kept="megatron")),
     # the GPT's own LayerNorm under Megatron's kept set (its fused layer norm), bf16: its gradients float32
@@ -109,8 +109,9 @@ def test_attention_of_mixed_float_dtypes_types_its_dry_blocks_as_the_real_run(dt
     products), the dry run's was q's float32, and the probabilities it keeps for the backward half their real
     bytes. The dry blocks take numpy's promotion now: the result's dtype, the bytes kept and the products and
     kernels counted are the real run's."""
-    from spmdsim import DTensor, Layout, Mesh, ops
-    from spmdsim.autograd.kept import kept_bytes
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.nn import ops
+    from spmdsim.nn.autograd.kept import kept_bytes
 
     def body():
         mesh = Mesh(Layout((2,), ("tp",)))

@@ -1,4 +1,4 @@
-"""The collective emulator (spmdsim.sim): every collective against numpy, groups, failures, scale."""
+"""The collective emulator (spmdsim.runtime.sim): every collective against numpy, groups, failures, scale."""
 from __future__ import annotations
 
 import re
@@ -9,9 +9,9 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import RuntimeMismatchError, ShapeError
-from spmdsim.sim import DeadlockError, IN_PLACE, Request, SimComm, simulate, world
-from spmdsim.sim.orders import allreduce_tree
-from spmdsim.sim.report import unfold
+from spmdsim.runtime.sim import DeadlockError, IN_PLACE, Request, SimComm, simulate, world
+from spmdsim.runtime.sim.orders import allreduce_tree
+from spmdsim.runtime.sim.report import unfold
 
 SIZES = (1, 2, 3, 4, 8)
 
@@ -63,7 +63,7 @@ def test_buffer_collectives_match_numpy(size):
     results = simulate(size, body)
     xs = [_data(r) for r in range(size)]
 
-    def mpichs(tree):  # world()'s Allreduce associates as MPICH 5 does (spmdsim.sim.orders)
+    def mpichs(tree):  # world()'s Allreduce associates as MPICH 5 does (spmdsim.runtime.sim.orders)
         return xs[tree] if type(tree) is int else mpichs(tree[0]) + mpichs(tree[1])
 
     expected_sum = mpichs(allreduce_tree(size))
@@ -137,7 +137,7 @@ def test_split_groups_and_dup():
         r = comm.rank
         rows = comm.Split(r // 4, -r)  # key reversed: rank 3 first in its row
         cols = comm.Split(r % 4, r)
-        none = comm.Split(0 if r == 0 else spmdsim.sim._buffers.special("UNDEFINED"), 0)
+        none = comm.Split(0 if r == 0 else spmdsim.runtime.sim._buffers.special("UNDEFINED"), 0)
         dup = rows.Dup()
         return (rows.rank, rows.size, rows.allgather(r), cols.allgather(r), dup.allreduce(r),
                 none.Get_size() if isinstance(none, SimComm) else "null")
@@ -260,7 +260,7 @@ def test_an_exit_the_others_do_not_wait_for_is_raised_once_the_ranks_end():
 # starts the collection; other threads run fresh frames, which it must make objects of.
 _FRAMES_DURING_A_COLLECTION = """
 import gc, sys, threading, time
-from spmdsim.sim.report import current_frames
+from spmdsim.runtime.sim.report import current_frames
 stop = threading.Event()
 def nap():
     time.sleep(0.0002)
@@ -397,7 +397,7 @@ def test_ranks_that_never_need_the_failed_one_again_still_stop(monkeypatch):
     shortened here (3 s of two ranks spinning on Barrier, 2 CPU-s a run): the pair stops by it all the same."""
     import threading
 
-    from spmdsim.sim import engine
+    from spmdsim.runtime.sim import engine
 
     monkeypatch.setattr(engine, "GO_ON_S", 0.2)
 
@@ -546,7 +546,7 @@ def test_a_half_imported_mpi4py_is_not_read_for_its_constants(monkeypatch):
     import types
     from importlib.machinery import ModuleSpec
 
-    from spmdsim.sim import _buffers
+    from spmdsim.runtime.sim import _buffers
 
     half = types.ModuleType("mpi4py.MPI")
     half.__spec__ = ModuleSpec("mpi4py.MPI", None)
@@ -570,8 +570,8 @@ class _RefusingOp:
 def test_a_buffer_reduction_that_raises_raises_on_every_rank(count):
     """The fold of an Allreduce raises on every member, fewer items than members or more: each rank
     folded its own share of the items, and a rank whose share was empty returned a buffer never written."""
-    from spmdsim.sim._buffers import Reduction
-    from spmdsim.sim.thread_engine import all_reduce
+    from spmdsim.runtime.sim._buffers import Reduction
+    from spmdsim.runtime.sim.thread_engine import all_reduce
 
     red = Reduction("user op", None, None, _RefusingOp())
 
@@ -608,7 +608,7 @@ def test_a_ranks_error_keeps_its_type_where_python_has_no_add_note():
     """Python 3.10 has no BaseException.add_note: the note goes on the same __notes__ list and the rank's own
     exception is raised (not a SimulationError wrapping it), so its type, message and simulated_ranks, and
     the launcher's exit code, are the same on every Python."""
-    from spmdsim.sim.run import _add_note
+    from spmdsim.runtime.sim.run import _add_note
 
     class NoAddNote(ValueError):  # as an exception is on 3.10
         @property
@@ -653,7 +653,7 @@ def test_a_mesh_group_or_split_of_every_rank_in_order_is_named_for_what_made_it_
     for the group's second call); the emulator names such a Split 'a Split of the world'. Now these are named for
     what made them; a group of fewer ranks keeps its ranks' name."""
     from spmdsim import Layout, Mesh
-    from spmdsim.sim.thread_engine import THREADS
+    from spmdsim.runtime.sim.thread_engine import THREADS
 
     def names():
         mesh = Mesh(Layout((2, 1), ("dp", "tp")))

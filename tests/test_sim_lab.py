@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import spmdsim
-from spmdsim.cli.main import main
-from spmdsim.sim import engine
-from spmdsim.sim.report import unfold
+from spmdsim.tools.cli.main import main
+from spmdsim.runtime.sim import engine
+from spmdsim.runtime.sim.report import unfold
 from testkit import MPICH, mpi_says, mpich_batch, mpich_version
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
@@ -348,7 +348,7 @@ def test_a_send_buffer_written_before_wait_is_a_warning(capsys, size, got):
                                                      "...)")])
 def test_a_buffer_mpi4py_refuses_is_named_by_mpi4pys_class(buffer, mpi4py_class, text, capsys):
     # mpi4py: "BufferError: dlpack: buffer is not contiguous", "KeyError: \"cannot map 'O' to MPI datatype\"". The
-    # report's traceback ended with spmdsim.sim._buffers.BufferSpecError (DatatypeMapError), a private module's class.
+    # report's traceback ended with spmdsim.runtime.sim._buffers.BufferSpecError (DatatypeMapError), a private module's class.
     code, out, err = _mpirun(capsys, "-c", f"import numpy as np\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
                                            f"    MPI.COMM_WORLD.Send({buffer}, dest=1)")
     assert code == 1 and str(PACKAGE) not in err
@@ -529,7 +529,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from spmdsim import context
+from spmdsim.base import context
 
 comm = MPI.COMM_WORLD
 mem = np.zeros(1, "i")
@@ -587,8 +587,8 @@ def test_the_programs_own_modules_are_each_ranks_own(capsys):
 def test_a_rank_waiting_on_another_ranks_communicator_is_named():
     # Ranks sharing one rank's communicator (kept in a module that every rank imports once, say) waited as
     # that rank, two threads as one, forever.
-    from spmdsim.sim import SimulationError, simulate
-    from spmdsim.sim import world
+    from spmdsim.runtime.sim import SimulationError, simulate
+    from spmdsim.runtime.sim import world
 
     shared = {}
 

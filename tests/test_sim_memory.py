@@ -1,4 +1,4 @@
-"""The memory guard of simulated ranks (spmdsim/sim/memory.py): one clear error, not the kernel's kill.
+"""The memory guard of simulated ranks (spmdsim/runtime/sim/memory.py): one clear error, not the kernel's kill.
 
 The machine's readings are replaced here (a real shortage would take the test machine down):
 the guard reads them while the ranks run and stops every rank at its next wait.
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import spmdsim
-from spmdsim.engines import memory
-from spmdsim.sim.launch import run_on_ranks
+from spmdsim.runtime.engines import memory
+from spmdsim.runtime.sim.launch import run_on_ranks
 from testkit import unfold
 
 GIB = 1 << 30

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import mpi4py_snippets as snippets
-from spmdsim.sim import simulate
+from spmdsim.runtime.sim import simulate
 from spmdsim.emulator.mpi4py_world import swapped
 from testkit import MPIEXEC
 
@@ -191,14 +191,14 @@ def test_unmodified_script_sees_its_own_world():
 
 
 def test_buffer_errors_are_named_by_a_public_module():
-    # A traceback names a class by its module: was spmdsim.sim._buffers.BufferSpecError. `except BufferError` (and
+    # A traceback names a class by its module: was spmdsim.runtime.sim._buffers.BufferSpecError. `except BufferError` (and
     # KeyError, as mpi4py's) still catches them.
     import pickle
     import traceback
 
     from mpi4py import MPI
 
-    import spmdsim.sim
+    import spmdsim.runtime.sim
 
     def body():
         try:
@@ -207,9 +207,9 @@ def test_buffer_errors_are_named_by_a_public_module():
             return exc
 
     exc = _run_swapped(body)
-    assert isinstance(exc, spmdsim.sim.BufferSpecError) and issubclass(spmdsim.sim.DatatypeMapError, KeyError)
-    assert traceback.format_exception_only(type(exc), exc)[0].startswith("spmdsim.sim.BufferSpecError: send buffer: ")
-    assert type(pickle.loads(pickle.dumps(exc))) is spmdsim.sim.BufferSpecError
+    assert isinstance(exc, spmdsim.runtime.sim.BufferSpecError) and issubclass(spmdsim.runtime.sim.DatatypeMapError, KeyError)
+    assert traceback.format_exception_only(type(exc), exc)[0].startswith("spmdsim.runtime.sim.BufferSpecError: send buffer: ")
+    assert type(pickle.loads(pickle.dumps(exc))) is spmdsim.runtime.sim.BufferSpecError
 
 
 def _run_swapped(body):
@@ -221,7 +221,7 @@ def test_an_empty_cuda_array_interface_at_address_0_is_an_empty_buffer():
     """An empty array.array's address is 0, and so is the __cuda_array_interface__ made of it (mpi4py's
     FakeGPUArrayBasic): numpy before 2.3 takes no interface without memory, so array_of makes the empty array
     itself (read-only as the interface says); an address 0 with entries is refused in one line."""
-    from spmdsim.sim._buffers import BufferSpecError, array_of
+    from spmdsim.runtime.sim._buffers import BufferSpecError, array_of
 
     class Cai:
         def __init__(self, shape, address, readonly):

@@ -13,7 +13,7 @@ import pytest
 
 import mpi4py_corners as corners
 from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.sim import simulate
+from spmdsim.runtime.sim import simulate
 from testkit import MPICH, mpi_says
 
 HERE = Path(__file__).resolve().parent

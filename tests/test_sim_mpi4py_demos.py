@@ -16,7 +16,7 @@ import pytest
 
 import mpi4py_demos
 import mpi4py_suite
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from testkit import MPICH
 
 #: The runs of the default test (names of mpi4py_demos.RUNS).

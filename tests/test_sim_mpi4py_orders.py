@@ -1,4 +1,4 @@
-"""Floating-point Reduce and Allreduce on simulated ranks give MPICH 5's bits (spmdsim.sim.orders), compared with
+"""Floating-point Reduce and Allreduce on simulated ranks give MPICH 5's bits (spmdsim.runtime.sim.orders), compared with
 ``mpiexec`` at 3, 4, 5, 6 and 8 ranks; and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 import mpi4py_orders
 from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.sim import simulate
-from spmdsim.sim.orders import allreduce_tree, reduce_tree
+from spmdsim.runtime.sim import simulate
+from spmdsim.runtime.sim.orders import allreduce_tree, reduce_tree
 from testkit import MPICH
 
 HERE = Path(__file__).resolve().parent

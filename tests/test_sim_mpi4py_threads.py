@@ -1,5 +1,5 @@
 """Simulated ranks that start threads of their own and call MPI from them (MPI_THREAD_MULTIPLE, as MPICH gives):
-no false deadlock, and a real one is still named (spmdsim.emulator.rank_threads, spmdsim.sim.rank_threads)."""
+no false deadlock, and a real one is still named (spmdsim.emulator.rank_threads, spmdsim.runtime.sim.rank_threads)."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.sim import DeadlockError, simulate
+from spmdsim.runtime.sim import DeadlockError, simulate
 
 
 def _counter(values_per_rank: int) -> list:
@@ -116,7 +116,7 @@ def test_a_thread_polling_in_vain_while_its_rank_joins_it_is_named(monkeypatch):
     which waited in the join, so the poller was never 'alone'): the run polled forever."""
     from mpi4py import MPI
 
-    from spmdsim.sim import engine
+    from spmdsim.runtime.sim import engine
 
     monkeypatch.setattr(engine, "POLL_STALL_S", 0.3)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from testkit import MPIEXEC, mpich_batch, unfold
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_mpirun_loads_no_planner(tmp_path):
     the cost model, the pipeline parser and the MPI door took about half of a short program's start."""
     prog = tmp_path / "prog.py"
     prog.write_text("import sys\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
-                    "    heavy = ('spmdsim.autoshard', 'spmdsim.cost', 'spmdsim.pipeline', 'spmdsim.plan', "
+                    "    heavy = ('spmdsim.tools.autoshard', 'spmdsim.programs.cost', 'spmdsim.programs.pipeline', 'spmdsim.programs.plan', "
                     "'spmdsim.runtime.door', 'spmdsim.runtime.guard')\n"
                     "    print(sorted(m for m in sys.modules if m.startswith(heavy)))\n")
     run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(prog)],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim.sim.engine import DeadlockError
+from spmdsim.runtime.sim.engine import DeadlockError
 from testkit import on_simulated_ranks as _run
 
 

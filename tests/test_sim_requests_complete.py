@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.sim import simulate
+from spmdsim.runtime.sim import simulate
 
 
 def _run(body, n=2):
@@ -464,7 +464,7 @@ def test_a_nonblocking_collective_a_rank_never_posts_is_a_deadlock_that_names_th
     from mpi4py import MPI
 
     from spmdsim.errors import RuntimeMismatchError
-    from spmdsim.sim import DeadlockError
+    from spmdsim.runtime.sim import DeadlockError
 
     def never_posted():
         comm = MPI.COMM_WORLD
@@ -484,7 +484,7 @@ def test_a_nonblocking_collective_a_rank_never_posts_is_a_deadlock_that_names_th
             while not req.Test():
                 pass
 
-    from spmdsim.sim import engine
+    from spmdsim.runtime.sim import engine
 
     monkeypatch.setattr(engine, "POLL_STALL_S", 0.3)
     with pytest.raises(DeadlockError) as info:

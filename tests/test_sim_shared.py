@@ -1,4 +1,4 @@
-"""spmdsim.sim.once: local work simulated ranks share when their inputs are equal."""
+"""spmdsim.runtime.sim.once: local work simulated ranks share when their inputs are equal."""
 from __future__ import annotations
 
 import threading
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import spmdsim
-import spmdsim.context
-from spmdsim.sim import once
+import spmdsim.base.context
+from spmdsim.runtime.sim import once
 
 
 class _Counter:
@@ -42,7 +42,7 @@ def test_equal_inputs_are_computed_once_and_shared_read_only():
         except ValueError:  # the shared arrays are read-only
             wrote = False
         comm.Barrier()
-        left = len(spmdsim.context.current().shared)  # taken by every rank: dropped
+        left = len(spmdsim.base.context.current().shared)  # taken by every rank: dropped
         return out["sum"].tolist(), len(out["parts"]), out["mine"], wrote, left
 
     results = spmdsim.simulate(8, body)
@@ -70,7 +70,7 @@ def test_a_rank_with_other_inputs_gets_its_own_answer():
     ({"a": 1}, {"a": 1}, True), ([1, (2, 3)], [1, (2, 3)], True), ([1, 2], (1, 2), False),
     (np.arange(3), [0, 1, 2], False)])
 def test_inputs_compare_exactly(a, b, same):
-    from spmdsim.engines.once import _equal
+    from spmdsim.base.once import _equal
 
     assert _equal(a, b) is same
 
@@ -122,7 +122,8 @@ def test_in_a_dry_run_the_shared_result_is_no_ranks_bytes_held():
 def test_a_whole_output_reference_is_made_once_for_every_replica(monkeypatch):
     """Region references of the whole output from seeded sources go through once(): every replica
     of a replicated output checks against one (`spmdsim run mlp --ranks 1024`: 10 s -> 3 s)."""
-    from spmdsim import SeededTensor, reference
+    from spmdsim import SeededTensor
+    from spmdsim.references import forward as reference
 
     calls = []
     linear = reference.linear
@@ -147,7 +148,7 @@ def test_ranks_wait_for_a_computation_in_progress_and_compute_their_own_if_it_fa
     import threading
     import time
 
-    from spmdsim.engines.once import once
+    from spmdsim.base.once import once
 
     calls, lock = [], threading.Lock()
 
@@ -220,9 +221,9 @@ def test_a_check_on_simulated_ranks_shares_one_table_and_builds_its_verdict_once
 
 
 def test_the_gpt_table_helper_is_the_runtimes(monkeypatch):
-    """spmdsim.gpt.train.all_rows, as its callers import it, hands over to spmdsim.runtime.shared_rows' (one copy;
+    """spmdsim.models.gpt.train.all_rows, as its callers import it, hands over to spmdsim.runtime.shared_rows' (one copy;
     the gpt package loads no runtime, and the runtime imports no gpt)."""
-    from spmdsim.gpt import train
+    from spmdsim.models.gpt import train
     from spmdsim.runtime import shared_rows
 
     monkeypatch.setattr(shared_rows, "all_rows", lambda *args: ("runtime's", args))

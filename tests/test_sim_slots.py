@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from spmdsim.sim import engine, simulate, world
+from spmdsim.runtime.sim import engine, simulate, world
 
 
 @pytest.fixture
@@ -19,9 +19,9 @@ def two_slots(monkeypatch):
 
 
 def test_slots_follow_the_cores_within_bounds(monkeypatch):
-    monkeypatch.setattr("spmdsim._threads.cores_available", lambda: 1)
+    monkeypatch.setattr("spmdsim.base.threads.cores_available", lambda: 1)
     assert engine.run_slots(8) == 2 and engine.run_slots(1) == 1
-    monkeypatch.setattr("spmdsim._threads.cores_available", lambda: 500)
+    monkeypatch.setattr("spmdsim.base.threads.cores_available", lambda: 500)
     assert engine.run_slots(1024) == engine.MAX_SLOTS == 32
 
 
@@ -50,7 +50,7 @@ def test_ranks_polling_test_let_the_ranks_in_line_run():
     # that a regression fails on its timeout instead of hanging the suite.
     code = textwrap.dedent("""
         import numpy as np
-        from spmdsim.sim import Request, engine, simulate, world
+        from spmdsim.runtime.sim import Request, engine, simulate, world
 
         engine.run_slots = lambda size: min(size, 2)
 
@@ -79,7 +79,7 @@ def test_ranks_polling_test_let_the_ranks_in_line_run():
 
 
 def test_a_deadlock_is_still_named_with_ranks_in_line(two_slots):
-    from spmdsim.sim import DeadlockError
+    from spmdsim.runtime.sim import DeadlockError
 
     def body():
         comm = world()
@@ -155,7 +155,7 @@ def test_waitall_wakes_its_rank_once_when_the_last_request_completes(monkeypatch
     """A rank in Waitall is let go when its last request completes, not at each: woken at each, it took the
     interpreter from the sender still posting the rest (up to Python's 5 ms switch interval a time), and
     osu_bw's windows of 64 Irecvs spent most of the run there (13.3 s simulated, 3.1 s once woken once)."""
-    from spmdsim.sim import Request, current_rank
+    from spmdsim.runtime.sim import Request, current_rank
 
     wakes = _count_wakes(monkeypatch, lambda: current_rank() == 1)
     n = 8

@@ -1,4 +1,4 @@
-"""The watchdog (SPMDSIM_WATCHDOG) on simulated ranks: every wait of a rank is timed (spmdsim.sim.engine's
+"""The watchdog (SPMDSIM_WATCHDOG) on simulated ranks: every wait of a rank is timed (spmdsim.runtime.sim.engine's
 World.wait), so spmdsim's collectives, its point-to-point and mpi4py's calls through the emulator report a
 rank left waiting as they do under MPI; a deadlock is still the engine's report, at once; a join is not timed.
 
@@ -19,7 +19,7 @@ from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.errors import RuntimeMismatchError
 from spmdsim.runtime import Mesh, collectives, debug
 from spmdsim.runtime.door import point_to_point
-from spmdsim.sim import DeadlockError, engine, simulate
+from spmdsim.runtime.sim import DeadlockError, engine, simulate
 
 HERE = "test_sim_watchdog.py"
 

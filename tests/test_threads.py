@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from spmdsim import _malloc, _threads
+from spmdsim.base import malloc as _malloc, threads as _threads
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_user_setting_wins(clean_env):
 _PROBE = """
 import os, sys
 before = dict(os.environ)
-import spmdsim, spmdsim.layout, spmdsim.dialects
+import spmdsim, spmdsim.layouts.layout, spmdsim.layouts.dialects
 print("mpi4py" in sys.modules, dict(os.environ) == before,
       any("openblas" in line for line in open("/proc/self/maps")))
 """
@@ -78,12 +78,13 @@ def test_import_spmdsim_loads_no_mpi4py_and_changes_no_process_setting():
     assert out.stdout.split() == ["False", "True", "True"]  # numpy's BLAS loaded, untouched
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()]
     assert "spmdsim" in imported and not any(name.startswith("mpi4py") for name in imported)
-    assert not any(name in imported for name in ("spmdsim._threads", "spmdsim._malloc"))
+    assert not any(name in imported for name in ("spmdsim.base.threads", "spmdsim.base.malloc"))
 
 
 _LAUNCHED = """
 import os, sys
-from spmdsim import Layout, _interrupts, _threads
+from spmdsim import Layout
+from spmdsim.base import interrupts as _interrupts, threads as _threads
 from spmdsim.runtime import Mesh, install_excepthook, memwatch, process
 before, hook = dict(os.environ), sys.unraisablehook
 Mesh(Layout((1,), ("x",)))  # an MPI rank's mesh: no process setting changes
@@ -109,7 +110,7 @@ def test_a_mesh_changes_no_process_setting_and_the_guard_tunes_a_launched_rank_o
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_cap_loaded_blas_sets_numpys_openblas():
-    code = ("import ctypes, numpy; from spmdsim import _threads\n"
+    code = ("import ctypes, numpy; from spmdsim.base import threads as _threads\n"
             "paths = _threads.cap_loaded_blas(1)\n"
             "lib = paths and ctypes.CDLL(paths[0])\n"
             "get = [getattr(lib, n.replace('set', 'get')) for n in _threads._SETTERS['openblas']\n"
@@ -123,7 +124,7 @@ def test_cap_loaded_blas_sets_numpys_openblas():
 
 def test_blas_kernels_names_what_openblas_chose_and_the_pin():
     # A fresh interpreter: OpenBLAS reads OPENBLAS_CORETYPE when numpy loads it.
-    code = ("import numpy, sys; from spmdsim._threads import blas_kernels, blas_kernels_text; "
+    code = ("import numpy, sys; from spmdsim.base.threads import blas_kernels, blas_kernels_text; "
             "print(blas_kernels()); print(blas_kernels_text())")
     env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
@@ -137,13 +138,13 @@ def test_blas_kernels_names_what_openblas_chose_and_the_pin():
 
 
 def test_blas_kernels_without_a_maps_file_is_none(tmp_path):
-    from spmdsim._threads import blas_kernels
+    from spmdsim.base.threads import blas_kernels
 
     assert blas_kernels(str(tmp_path / "missing")) is None
 
 
 def test_simulated_ranks_run_blas_on_one_thread_each_and_give_the_count_back():
-    code = ("import os, numpy, spmdsim; from spmdsim import _threads as t\n"
+    code = ("import os, numpy, spmdsim; from spmdsim.base import threads as t\n"
             "for v in t.THREAD_VARS: os.environ.pop(v, None)\n"
             "if not t.cap_loaded_blas(3): print('none'); raise SystemExit\n"
             "print(sorted(set(spmdsim.simulate(4, t.loaded_blas_threads))), t.loaded_blas_threads(),\n"

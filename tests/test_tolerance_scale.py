@@ -20,7 +20,7 @@ from docs_commands import run_example
 from spmdsim import Layout
 from spmdsim.errors import ShapeError
 from spmdsim.runtime.check import local_stats
-from spmdsim.tolerances import sum_rtol
+from spmdsim.references.tolerances import sum_rtol
 
 
 def _cancelling_sum(k: int = 1000) -> tuple[np.ndarray, float, float, float]:
@@ -104,9 +104,9 @@ def test_dtensor_check_slices_the_scale_to_each_rank():
 
 
 def test_reference_scales_cover_every_value():
-    from spmdsim.nets import mindspore_tutorial
-    from spmdsim.nets.digits import load_digits
-    from spmdsim.train_reference import ReferenceTrainer
+    from spmdsim.models.nets import mindspore_tutorial
+    from spmdsim.models.nets.digits import load_digits
+    from spmdsim.models.nets.reference import ReferenceTrainer
 
     net = mindspore_tutorial(8, dtype="float64", seed=0)
     data = load_digits(seed=0, synthetic=True)
@@ -121,10 +121,10 @@ def test_reference_scales_cover_every_value():
 
 
 def test_training_check_passes_rounding_and_fails_an_error_above_its_bound():
-    from spmdsim.nets import mindspore_tutorial
-    from spmdsim.nets.digits import load_digits
-    from spmdsim.nets.train import NetworkTrainer
-    from spmdsim.train_reference import ReferenceTrainer
+    from spmdsim.models.nets import mindspore_tutorial
+    from spmdsim.models.nets.digits import load_digits
+    from spmdsim.models.nets.train import NetworkTrainer
+    from spmdsim.models.nets.reference import ReferenceTrainer
 
     data = load_digits(seed=0, synthetic=True)
     rtol = 1e-12
@@ -156,10 +156,10 @@ def _adam_step_verdicts(anchored: bool, moved: float = 0.0, lr_error: float = 0.
     """Each of 8 simulated ranks' verdicts (loss, gradients, parameters) of Seed 003's first Adam step, the run's
     gradients moved by `moved` x each block's largest entry (alike on every replica: another machine's rounding)
     or its learning rate off by `lr_error` (relative), checked anchored or free-running."""
-    from spmdsim.nets import mindspore_tutorial
-    from spmdsim.nets.digits import load_digits
-    from spmdsim.nets.train import NetworkTrainer
-    from spmdsim.train_reference import ReferenceTrainer
+    from spmdsim.models.nets import mindspore_tutorial
+    from spmdsim.models.nets.digits import load_digits
+    from spmdsim.models.nets.train import NetworkTrainer
+    from spmdsim.models.nets.reference import ReferenceTrainer
 
     data = load_digits(seed=0, synthetic=True)
 
@@ -238,8 +238,8 @@ def test_documented_adam_command_passes_all_100_steps():
 
 def test_cross_entropy_resolves_pending_logits_as_softmax_does():
     """Issue 55, item 13: logits that are still a pending sum are added up first (one Allreduce)."""
-    from spmdsim import reference_grad as rg
-    from spmdsim.ops import cross_entropy
+    from spmdsim.references import backward as rg
+    from spmdsim.nn.ops import cross_entropy
     from spmdsim.runtime import DTensor, Mesh
     from spmdsim.runtime.trace import collect_trace
 
@@ -355,11 +355,11 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
 
 
 def test_the_demo_training_row_checks_each_gradient_element_within_its_terms_rounding():
-    # spmdsim.demo.training's row held every element to 1e-4 x max|grad| (+ 1e-4 x |grad|): an element whose
+    # spmdsim.tools.demo.training's row held every element to 1e-4 x max|grad| (+ 1e-4 x |grad|): an element whose
     # terms are larger than the gradient's largest entry may round by more than that in float32 (cried wolf).
     # It follows ReferenceStep.grad_scales now, as NetworkTrainer.check: within the bound passes, past it fails.
-    from spmdsim.demo.training import training_job
-    from spmdsim.nets import oneflow_2d_sbp
+    from spmdsim.tools.demo.training import training_job
+    from spmdsim.models.nets import oneflow_2d_sbp
 
     def body():
         comm = spmdsim.world()

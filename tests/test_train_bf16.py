@@ -1,7 +1,7 @@
 """Mixed precision (issue 52, item 3; docs/training.md, "Mixed precision (bf16)") on simulated ranks.
 
 A bf16-mixed run is checked each step against one numpy process under the same policy
-(spmdsim.gpt.mixed): the loss and the gradients within the policy's tolerances, the optimizer
+(spmdsim.models.gpt.mixed): the loss and the gradients within the policy's tolerances, the optimizer
 exactly (AdamW in float32 on the run's own gradients and moments). The check must fail for a
 reference that ignores the policy, for a run that skips a rounding point and for a wrong update;
 bfloat16 moves and is kept in 2 bytes an element.
@@ -15,10 +15,10 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.mixed import longest_sum, tolerances
-from spmdsim.gpt.train import train
-from spmdsim.precision import PRESETS, precision, precision_problem
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.mixed import longest_sum, tolerances
+from spmdsim.models.gpt.train import train
+from spmdsim.base.precision import PRESETS, precision, precision_problem
 
 pytest.importorskip("ml_dtypes")
 
@@ -47,7 +47,7 @@ def test_policies_and_refusals_are_one_line():
 
 
 def test_without_ml_dtypes_bf16_is_refused_in_one_line(monkeypatch):
-    from spmdsim import precision as module
+    from spmdsim.base import precision as module
 
     monkeypatch.setattr(module, "_BF16", [])
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
@@ -100,10 +100,10 @@ def _caught(steps: list, kind: int) -> bool:
 
 
 def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
-    """The reference at float64 throughout (spmdsim.gpt.reference) in place of the policy's: the loss tells it
+    """The reference at float64 throughout (spmdsim.models.gpt.reference) in place of the policy's: the loss tells it
     apart (the gradients' tolerance, 2u per layer, does not: docs/training.md gives the figures)."""
-    from spmdsim.gpt import reference
-    from spmdsim.gpt import train as module
+    from spmdsim.models.gpt import reference
+    from spmdsim.models.gpt import train as module
 
     real = module._mixed_step
 
@@ -120,7 +120,7 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
 def test_a_run_that_skips_a_rounding_point_is_caught(monkeypatch):
     """The row-parallel products' sums left in float32 after their Reduce_scatter (GPT._row_out not rounding
     them to bfloat16): the loss differs from the policy's reference beyond its tolerance."""
-    from spmdsim.gpt import parallel
+    from spmdsim.models.gpt import parallel
     from spmdsim.runtime.executor import redistribute
 
     monkeypatch.setattr(parallel.GPT, "_row_out", lambda self, y: redistribute(y, self.act))
@@ -131,7 +131,7 @@ def test_a_run_that_skips_a_rounding_point_is_caught(monkeypatch):
 def test_a_wrong_update_is_caught_by_the_optimizers_check(monkeypatch):
     """A bfloat16 parameter left at its old value (its master copy updated, not rounded into it): the
     parameters' check (the master rounded must equal the parameter, exactly) fails at once."""
-    from spmdsim import optim
+    from spmdsim.nn import optim
 
     real = optim.AdamW._update
 
@@ -148,7 +148,7 @@ def test_a_wrong_update_is_caught_by_the_optimizers_check(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["bf16-mixed", "fp32"])
 def test_zero1_under_a_low_precision_policy_is_adamw_and_passes_the_check(policy):
-    # ZeRO-1 (spmdsim.distrib_optim) beside AdamW, 4 steps on dp 2 x tp 2 with sp: every step checked against
+    # ZeRO-1 (spmdsim.nn.distrib_optim) beside AdamW, 4 steps on dp 2 x tp 2 with sp: every step checked against
     # one process under the policy, the optimizer exactly (its master slices and moments gathered over dp for
     # the check), and the losses AdamW's within the policy's loss tolerance (the dp sums' order differs: a
     # Reduce_scatter against an Allreduce, so the float32 gradients' last bits may too).
@@ -185,7 +185,7 @@ def test_zero1_at_bf16_keeps_float32_slices_and_gathers_bfloat16():
 def test_a_wrong_zero1_update_is_caught(monkeypatch):
     """A ZeRO-1 bucket's master slice updated with twice the step: the optimizer's check (AdamW in float32 on
     the run's own gradients and moments, gathered) fails at once."""
-    from spmdsim import distrib_optim
+    from spmdsim.nn import distrib_optim
 
     real = distrib_optim.DistributedAdamW._update_slice
 
@@ -205,7 +205,7 @@ PIPE_CFG = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, dropout=0.2
 def _pipelined(policy: str, dry: bool = False, **kw) -> tuple:
     """(each step's StepResult, the step's point-to-point rows (label, bytes sent), rank 0's memory report) of a
     pipelined run on 8 simulated ranks."""
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
     from spmdsim.runtime.trace import collect_trace
 
     kw = dict(kw)
@@ -250,7 +250,7 @@ def test_a_bf16_pipeline_sends_half_fp32s_bytes_and_its_dry_run_sends_the_same()
 def test_a_pipeline_reference_that_ignores_the_microbatches_is_caught(monkeypatch):
     """The reference drawing the whole batch's dropout masks at once (not each microbatch's): the loss check
     fails, so the reference the pipeline is checked against is the microbatched one."""
-    from spmdsim.gpt import train as module
+    from spmdsim.models.gpt import train as module
 
     real = module._mixed_step
     monkeypatch.setattr(module, "_mixed_step", lambda *a, **kw: real(*a[:7], 1, **kw))
@@ -306,7 +306,7 @@ def test_kept_bytes_parameters_and_master_copy_at_bf16():
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_recomputation_at_bf16_gives_the_gradients_of_the_run_without_it(recompute):
     """Recomputed activations are rounded as the first forward rounded them, and their gradients where the walk
-    rounds them (the nodes reading a recomputed block's input round as any: spmdsim.autograd.graph.Detached):
+    rounds them (the nodes reading a recomputed block's input round as any: spmdsim.nn.autograd.graph.Detached):
     the same float32 gradients, bit for bit, at the second step too (after the first update the layer norms'
     weights are no longer ones, whose products round exactly)."""
 
@@ -327,8 +327,8 @@ def test_a_pending_gradient_is_summed_before_it_is_rounded(monkeypatch):
     gave their part): a bfloat16 node rounds it only whole, summed first (one Allreduce, Megatron's), as the
     reference rounds the whole value; moves (their backward sums it) and a parameter's views (its gradient
     stays float32) pass it on."""
-    from spmdsim.autograd import engine
-    from spmdsim.autograd.graph import _passed
+    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd.graph import _passed
 
     real, seen = engine._prepared, []
 
@@ -361,8 +361,8 @@ def test_a_bf16_step_passes_under_the_divergence_guard():
 def _differing_share(monkeypatch, cfg, **kw) -> list:
     """Each step's share of all gradient entries (this rank's blocks, every parameter) that differ from the
     check's reference once both are rounded to bfloat16: read where the check compares them (step_errors)."""
-    import spmdsim.gpt.train as T
-    from spmdsim.precision import bfloat16
+    import spmdsim.models.gpt.train as T
+    from spmdsim.base.precision import bfloat16
 
     act, shares, compare = bfloat16(), [], T.step_errors
 
@@ -389,7 +389,7 @@ def test_a_bf16_steps_gradients_round_where_the_reference_rounds(monkeypatch):
     cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, dropout=0.1)
     assert max(_differing_share(monkeypatch, cfg)) <= 0.05
     assert max(_differing_share(monkeypatch, cfg, kept="megatron")) <= 0.05  # the fused pieces alike
-    einsum = importlib.import_module("spmdsim.ops.einsum")
+    einsum = importlib.import_module("spmdsim.nn.ops.einsum")
     exact = einsum.rounded
     monkeypatch.setattr(einsum, "rounded", lambda a, dtype: exact(a * np.float32(1 + 2 ** -9), dtype))
     assert min(_differing_share(monkeypatch, cfg)) >= 0.3

@@ -43,9 +43,9 @@ def test_a_long_command_runs_two_steps_and_passes(index):
 
 
 def test_the_tables_quote_the_tolerances_the_code_uses():
-    from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.mixed import tolerances
-    from spmdsim.precision import precision
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.mixed import tolerances
+    from spmdsim.base.precision import precision
 
     text = (ROOT / DOC).read_text()
     shown = text[text.index(HEADING):text.index("\n## ", text.index(HEADING) + 1)]

@@ -1,8 +1,8 @@
-"""A checked bf16-mixed step of Llama's RMSNorm, SwiGLU and rotary embeddings (spmdsim.gpt.mixed mirrors their
+"""A checked bf16-mixed step of Llama's RMSNorm, SwiGLU and rotary embeddings (spmdsim.models.gpt.mixed mirrors their
 rounding points; docs/training.md, "Llama's options").
 
 Each option on dp 2 x tp 2 with sp, under both kept sets: every step passes the check (the tolerances of
-spmdsim.gpt.mixed.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to
+spmdsim.models.gpt.mixed.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to
 bfloat16, differ in a few hundredths of the entries (sums in another order), as
 tests/test_train_bf16.py's `round_where` measures the GPT's. A reference that rounds the option elsewhere (a
 copy of its piece with one rounding point moved) differs in most of them; where the move shifts the loss
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.train import train
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.train import train
 
 pytest.importorskip("ml_dtypes")
 
@@ -25,8 +25,8 @@ TEXT = encode(load_text(20_000))
 def _checked(monkeypatch, kept: str = "graph", steps: int = 2, **options) -> tuple[list, list]:
     """(each step's StepResult, each step's share of the gradient entries that differ from the check's reference
     once both are rounded to bfloat16: rank 0's blocks, every parameter) of a bf16-mixed run on dp 2 x tp 2, sp."""
-    import spmdsim.gpt.train as T
-    from spmdsim.precision import bfloat16
+    import spmdsim.models.gpt.train as T
+    from spmdsim.base.precision import bfloat16
 
     act, shares, compare = bfloat16(), [], T.step_errors
 
@@ -68,8 +68,8 @@ def test_a_reference_that_rounds_rmsnorm_elsewhere_is_caught(monkeypatch):
     """RMSNorm's root of the mean square rounded to bfloat16 in a copy of the reference's norm (the ranks keep
     their statistics in float32, as Megatron's fused norms do): most gradient entries differ, and the loss
     fails the check by the second step."""
-    from spmdsim.gpt import mixed
-    from spmdsim.precision import wide
+    from spmdsim.models.gpt import mixed
+    from spmdsim.base.precision import wide
 
     def rounded_root(P, pre, h, cfg, r, fused=False):
         block = wide(h)
@@ -94,8 +94,8 @@ def test_a_reference_that_rounds_swiglu_elsewhere_is_caught(monkeypatch):
     piece: most gradient entries differ. The step's check lets it through (its loss within 0.01-0.34 of the
     tolerance over 4 steps; the gradients' bound is loose on purpose: docs/training.md, "Mixed precision
     (bf16)"), so the share is what tells it apart here."""
-    from spmdsim.gpt import mixed
-    from spmdsim.precision import wide
+    from spmdsim.models.gpt import mixed
+    from spmdsim.base.precision import wide
 
     def fused(z, u, r):
         zw = wide(z)
@@ -119,7 +119,7 @@ def test_under_megatrons_kept_set_a_reference_that_rounds_as_the_graph_is_caught
     its backward's halves in float32), their grouped-query attention is in the core's products (a group's key and
     value gradients summed in float32, rounded once), their rotary embeddings TransformerEngine's fused kernel
     (float32 tables, one rounding, the backward in float32), their RMSNorm TransformerEngine's fused RMSNorm (x / root
-    times the weight in float32, rounded once; the backward in float32), and spmdsim.gpt.mixed rounds so under that
+    times the weight in float32, rounded once; the backward in float32), and spmdsim.models.gpt.mixed rounds so under that
     kept set.
     The reference rounding as the graph's nodes instead (SwiGLU: silu rounded, then the product, each factor's
     gradient rounded; grouped queries: each repeated head's gradient rounded before the group's sum; the rotation:
@@ -127,7 +127,7 @@ def test_under_megatrons_kept_set_a_reference_that_rounds_as_the_graph_is_caught
     and the product's gradient) changes many gradient entries once rounded to bfloat16 (SwiGLU most of them;
     grouped queries 18% measured, the key and value weights' most; the rotation 35-43%; RMSNorm 19%, 58%, 61% over
     three steps), where the reference that follows the kept set changes 1-7%."""
-    from spmdsim.gpt import mixed
+    from spmdsim.models.gpt import mixed
 
     real = mixed._Rounder.__init__
 
@@ -150,8 +150,8 @@ def test_a_reference_that_rounds_rotary_embeddings_elsewhere_is_caught(monkeypat
     Megatron's apply_rotary_pos_emb casts cos and sin to the activations' dtype): most gradient entries differ.
     The step's check lets it through (its loss within 0.01 and 0.10 of the tolerance), so the share tells it
     apart here."""
-    from spmdsim.gpt import mixed
-    from spmdsim.gpt._blocks import rope_tables
+    from spmdsim.models.gpt import mixed
+    from spmdsim.models.gpt._blocks import rope_tables
 
     def float32_tables(cfg, T, r):
         return tuple(t.astype(np.float32).reshape(T, 2, cfg.head_dim // 2) for t in rope_tables(T, cfg.head_dim))

@@ -12,10 +12,10 @@ import pytest
 import spmdsim
 from spmdsim import Layout
 from spmdsim.errors import OperatorError, SpmdsimError
-from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.memory import korthikanti_bytes, per_layer_units
-from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.optim import SGD, AdamW, DistributedAdamW
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.memory import korthikanti_bytes, per_layer_units
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.nn.optim import SGD, AdamW, DistributedAdamW
 
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
 TEXT = encode(load_text(20_000))
@@ -86,7 +86,7 @@ def test_the_tracker_sees_selective_drop_the_attention_core_and_full_keep_only_b
 def test_a_dry_run_recomputes_and_measures_what_a_real_run_does():
     """Shapes only: the same collectives and bytes as the real run, and the same kept bytes by kind (a dry
     run's saved blocks are zeros of their real size, never touched), on blocks large enough for the dry
-    engine's zeros (spmdsim.ops._common.DRY_ZEROS_BYTES)."""
+    engine's zeros (spmdsim.nn.ops._common.DRY_ZEROS_BYTES)."""
     cfg = GPTConfig(layers=1, d_model=128, heads=4, seq=128, batch=16, dropout=0.1)
     for mode in ("none", "selective", "full"):
         def body():
@@ -142,8 +142,8 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
     what it held with one bucket (every gradient whole and the slices, as before this was done) and below
     ZeRO-1's whole gradients; the parameters are ZeRO-1's bit for bit after 2 steps, each rank's own
     Reduce_scatters in the walk's order."""
-    import spmdsim.gpt.train as trainer
-    from spmdsim.distrib_optim import DistributedAdamW
+    import spmdsim.models.gpt.train as trainer
+    from spmdsim.nn.distrib_optim import DistributedAdamW
 
     ready: list = []
     hook = DistributedAdamW._bucket_ready
@@ -175,7 +175,7 @@ def test_gradient_buckets_are_megatrons_default_size():
     MoE mesh the data-parallel size counts dp and ep (the dense layers' gradients are summed over both)."""
     from types import SimpleNamespace
 
-    from spmdsim.gpt.train import buckets
+    from spmdsim.models.gpt.train import buckets
 
     def on(shape, names):
         return buckets(SimpleNamespace(layout=Layout(shape, names)))
@@ -186,14 +186,14 @@ def test_gradient_buckets_are_megatrons_default_size():
 
 
 def test_zero0_holds_each_gradient_once_in_its_buffer_real_dry_and_pipelined(monkeypatch):
-    """ZeRO-0 (AdamW): the gradients live in the buckets' flat blocks (spmdsim.autograd.grad_buffer, Megatron
+    """ZeRO-0 (AdamW): the gradients live in the buckets' flat blocks (spmdsim.nn.autograd.grad_buffer, Megatron
     DDP's buffer), the walk writing each into its view as it gives it (the tied table's after the head's backward,
     then the embedding's added there) and each bucket summed there in place. So a rank holds its gradients once:
     at the backward's most, the buffer alone, where a flat copy beside them took 2G, with one bucket (this small
     model) and with buckets of 2,000 elements alike; the dry run measures the same, the pipelined step too, the
     buckets are summed one Allreduce each, and the parameters are the one bucket's bit for bit."""
-    import spmdsim.gpt.train as trainer
-    from spmdsim.gpt.pipeline import train_pipelined
+    import spmdsim.models.gpt.train as trainer
+    from spmdsim.models.gpt.pipeline import train_pipelined
     from spmdsim.runtime.trace import collect_trace
 
     def run(dry: bool = False, pipelined: bool = False):
@@ -231,20 +231,20 @@ def test_reduce_with_refuses_what_is_no_distributed_adamw_in_one_line():
     """backward(reduce_with=...) takes a DistributedAdamW: AdamW is refused on every rank before any collective. A
     ZeRO-1 one takes each parameter's gradient into its view of the bucket's gradient buffer (its main gradient:
     ``.grad`` a view of that buffer, the values those of a plain backward keeping the gradients pending)."""
-    from spmdsim.autograd import backward
+    from spmdsim.nn.autograd import backward
 
     def body():
         mesh = spmdsim.Mesh(Layout((2,), ("dp",)), spmdsim.world())
         (p,) = _params(mesh, [(4, 3)])
-        loss = spmdsim.ops.sum(p * p)
+        loss = spmdsim.nn.ops.sum(p * p)
         with pytest.raises(OperatorError) as e:
             backward(loss, keep_pending=[p], reduce_with=AdamW([p]))
         zero = DistributedAdamW([p], mesh)
-        backward(spmdsim.ops.sum(p * p), keep_pending=[p], reduce_with=zero)
+        backward(spmdsim.nn.ops.sum(p * p), keep_pending=[p], reduce_with=zero)
         main = p.grad.local.copy()
         held = np.shares_memory(p.grad.local, zero.gradient_buffers()[0])
         p._ag.grad, p._ag.main = None, None
-        backward(spmdsim.ops.sum(p * p), keep_pending=[p])
+        backward(spmdsim.nn.ops.sum(p * p), keep_pending=[p])
         return str(e.value), held, main.tobytes() == p.grad.local.tobytes()
 
     for refused, held, same in spmdsim.simulate(2, body):
@@ -260,7 +260,7 @@ def test_zero1_holds_the_gradients_once_in_its_buffer_real_and_dry():
     embedding's backward added to it (a table beside the buffer), and before that the backward's blocks beside
     the buffer (twice the gradients). Over a pipeline with 4 microbatches, whose end stages read the table once
     each, the buffer alone too. A dry run measures what the real run holds."""
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     def plain():
         model, results = train(CFG, spmdsim.world(), 2, 2, 2, TEXT, sp=True, zero=1, memory=True, check=False)
@@ -300,7 +300,7 @@ def test_distributed_adamw_buckets_pads_and_steps_as_adamw(shard_grads):
     two steps equal AdamW's on the dp-summed gradients. ZeRO-2 (`shard_grads`): the two buckets through one
     shared flat buffer of the larger's 20 elements, in turn; its gradients are this rank's slices (5 + 2
     elements), every ``.grad`` None after the step."""
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.mesh import Mesh
     from spmdsim.runtime.trace import collect_trace
@@ -355,13 +355,13 @@ def test_distributed_adamw_starts_from_parameters_set_after_it_was_made(dtype):
     values of the optimizer's making and the next Allgather wrote them back over the change (a parameter
     straddles two ranks' slices: buckets of 17 elements on dp 4). bfloat16 parameters are read at the first
     step only, as AdamW makes its float32 master copy then."""
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.mesh import Mesh
 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
-    from spmdsim.precision import bfloat16
+    from spmdsim.base.precision import bfloat16
 
     low = np.dtype(np.float64) if dtype == "float64" else bfloat16()
     shapes = [(10,), (7,), (5,)]
@@ -403,9 +403,10 @@ def test_keep_pending_accumulates_microbatches_and_refuses_what_is_no_list_of_le
     """Two half-batch microbatches (each loss halved) with keep_pending, then reduce_grads: the whole batch's
     gradients (dp 2 x tp 2). keep_pending=p (one DTensor) was iterated by rows and anything not a leaf skipped,
     so the gradient was summed at once without a word; each is now refused in one line, alike on every rank."""
-    from spmdsim import OperatorError, ops
-    from spmdsim.autograd import reduce_grads
-    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear
+    from spmdsim import OperatorError
+    from spmdsim.nn import ops
+    from spmdsim.nn.autograd import reduce_grads
+    from spmdsim.nn.ops import ColumnParallelLinear, RowParallelLinear
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.mesh import Mesh
 
@@ -455,7 +456,7 @@ def test_keep_pending_accumulates_microbatches_and_refuses_what_is_no_list_of_le
 def test_zero1_in_a_dry_run_counts_states_divided_by_dp(monkeypatch):
     """The meter is given, for DistributedAdamW, the moments, master copy and scratch of this rank's slices
     (4 x 1/dp of the parameters' bytes), where AdamW's dry step counts 4 x the parameters' bytes."""
-    from spmdsim.sim import dry
+    from spmdsim.runtime.sim import dry
 
     counted: dict = {}
     real = dry.Meter.count
@@ -509,7 +510,7 @@ def test_bad_choices_are_refused_in_one_line_before_any_collective():
         spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, recompute="foo"))
     with pytest.raises(SpmdsimError, match=r"^zero 3 is not 0, 1 or 2 \(ZeRO-1: "):
         spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3))
-    from spmdsim.gpt.parallel import GPT
+    from spmdsim.models.gpt.parallel import GPT
     from spmdsim.runtime.mesh import Mesh
 
     with pytest.raises(SpmdsimError, match=r"recompute True is not one of"):
@@ -517,7 +518,7 @@ def test_bad_choices_are_refused_in_one_line_before_any_collective():
 
 
 def test_distributed_adamw_refusals():
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime.mesh import Mesh
 
     def body(case):
@@ -538,8 +539,8 @@ def test_distributed_adamw_refusals():
 
 
 def test_checkpoint_refuses_a_region_reading_a_parameter_it_was_not_given():
-    from spmdsim import ops
-    from spmdsim.autograd import checkpoint
+    from spmdsim.nn import ops
+    from spmdsim.nn.autograd import checkpoint
     from spmdsim.runtime.mesh import Mesh
 
     def body():
@@ -554,8 +555,8 @@ def test_checkpoint_refuses_a_region_reading_a_parameter_it_was_not_given():
 
 
 def test_checkpoint_gradients_equal_the_plain_region():
-    from spmdsim import ops
-    from spmdsim.autograd import checkpoint
+    from spmdsim.nn import ops
+    from spmdsim.nn.autograd import checkpoint
     from spmdsim.runtime.mesh import Mesh
 
     def body(recomputed):
@@ -619,7 +620,7 @@ def test_train_gpt_refuses_a_bad_choice_in_one_line(flag, value, message):
 
 def test_memory_in_a_dry_run_prints_the_ledger_below_the_report():
     """`train_gpt.py --dry-run --memory` printed the dry run's table and nothing of --memory (a dry run hides the
-    program's own output): the ledger's lines go below the report (spmdsim.sim.dry.note), as a real run's."""
+    program's own output): the ledger's lines go below the report (spmdsim.runtime.sim.dry.note), as a real run's."""
     from testkit import run_train_gpt
 
     argv = ["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8", "--memory"]
@@ -632,14 +633,14 @@ def test_memory_in_a_dry_run_prints_the_ledger_below_the_report():
 
 
 def test_step_need_counts_what_a_rank_surely_holds_from_the_shapes():
-    """The pre-check's shape-only count (spmdsim.gpt.memory.step_need), by hand: one layer's scores (local
+    """The pre-check's shape-only count (spmdsim.models.gpt.memory.step_need), by hand: one layer's scores (local
     batch, local heads, seq, seq); each layer's kept set at least Megatron's (Korthikanti's s·b·h terms; the
     graph keeps dropout's factors as values, Megatron a byte) and its attention core's probabilities, dropped-out
     values and mask; at the last layer's softmax two blocks of scores instead of its kept set; the rank's weight
     matrices and (one stage) embedding; or, at the step's end, the weights, their gradients and AdamW's moments."""
     from dataclasses import replace
 
-    from spmdsim.gpt.memory import step_need
+    from spmdsim.models.gpt.memory import step_need
 
     cfg = GPTConfig(layers=4, d_model=128, heads=4, seq=1000, batch=8, dropout=0.1)
     need = step_need(cfg, 2, 4)  # dp 2, tp 4, no sp, the graph's kept set, fp64
@@ -672,8 +673,8 @@ def test_step_need_takes_its_widths_from_the_precision():
     activation dtypes by name, which lacked "half" and counted 8."""
     from dataclasses import replace
 
-    from spmdsim.gpt.memory import step_need
-    from spmdsim.precision import PRESETS
+    from spmdsim.models.gpt.memory import step_need
+    from spmdsim.base.precision import PRESETS
 
     cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=100, batch=2)
     half = replace(PRESETS["fp32"], activation="half")
@@ -690,12 +691,12 @@ def test_step_need_takes_its_widths_from_the_precision():
     dict(pp=1, dp=1, tp=2, ep=2, experts=4, kept="megatron"),
 ])
 def test_step_need_lies_below_the_dry_runs_peak(case):
-    """A lower bound of `spmdsim estimate`'s peak (spmdsim.estimate.ledger.stage_memory: a real step's bytes,
+    """A lower bound of `spmdsim estimate`'s peak (spmdsim.tools.estimate.ledger.stage_memory: a real step's bytes,
     tests/test_estimate_ledger.py), so the pre-check never refuses a step that fits; within a factor of 4 (a
     small model's buffers, positions and logits, which it leaves out, weigh more than a large one's)."""
-    from spmdsim.estimate.ledger import gpt_ledger, stage_memory
-    from spmdsim.gpt.memory import step_need
-    from spmdsim.moe import MoEConfig
+    from spmdsim.tools.estimate.ledger import gpt_ledger, stage_memory
+    from spmdsim.models.gpt.memory import step_need
+    from spmdsim.models.moe import MoEConfig
 
     case = dict(case)
     precision, dropout, experts = case.pop("precision", "fp64"), case.pop("dropout", 0.1), case.pop("experts", 0)
@@ -719,7 +720,7 @@ def test_step_need_lies_below_the_dry_runs_peak(case):
 def test_step_need_lies_below_a_real_steps_measured_peak(cfg, kw, moment):
     """Two steps that run, measured (train(memory=True): the largest of the totals after the forward, the backward
     and the step): the need, at the moment it names, is below what the step held."""
-    from spmdsim.gpt.memory import step_need
+    from spmdsim.models.gpt.memory import step_need
 
     kw = dict(kw)
     dp, tp = kw.pop("dp"), kw.pop("tp")
@@ -733,7 +734,7 @@ def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch)
     """`train_gpt.py --ranks 8 --seq 100000` ran 91 s until the simulator's memory stop (20.5 GiB): one layer's
     scores alone are terabytes a rank. train() and train_pipelined() now compare the attention's shape-only
     need with what a rank may use and refuse in one line, every rank alike, before any block is made."""
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline import train_pipelined
 
     big = GPTConfig(layers=2, d_model=32, heads=4, seq=100_000, batch=8)
     text = encode(load_text(200_000))

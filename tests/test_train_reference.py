@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim import OperatorError, ShapeError, reference
-from spmdsim import reference_grad as rg
-from spmdsim.nets import mindspore_tutorial, paddle_tp
-from spmdsim.nets.digits import load_digits
-from spmdsim.train_reference import ReferenceTrainer
+from spmdsim import OperatorError, ShapeError
+from spmdsim.references import forward as reference
+from spmdsim.references import backward as rg
+from spmdsim.models.nets import mindspore_tutorial, paddle_tp
+from spmdsim.models.nets.digits import load_digits
+from spmdsim.models.nets.reference import ReferenceTrainer
 from testkit import unfold
 
 RNG = np.random.default_rng(0)
@@ -129,7 +130,7 @@ def test_digits():
 
 
 def test_optimizers_refuse_what_they_cannot_update():
-    from spmdsim.optim import SGD, Adam
+    from spmdsim.nn.optim import SGD, Adam
 
     with pytest.raises(OperatorError, match="empty parameter list"):
         SGD([], lr=0.1)
@@ -146,7 +147,7 @@ def test_an_optimizer_refuses_a_dtensor_in_one_line_every_rank_shares(tmp_path):
     program = ("import spmdsim\nfrom spmdsim import DTensor, Layout, Mesh, SeededTensor\n"
                "spmdsim.script(__file__)\nL = Layout((2, 2), ('dp', 'tp')); mesh = Mesh(L)\n"
                "x = DTensor.from_seeded(mesh, L('dp', None), SeededTensor((4, 4), 'float64'))\n"
-               "spmdsim.optim.AdamW([x])\n")
+               "spmdsim.nn.optim.AdamW([x])\n")
     (tmp_path / "train.py").write_text(program)
     run = subprocess.run([sys.executable, str(tmp_path / "train.py"), "--ranks", "4"], capture_output=True,
                          text=True, timeout=120)
@@ -158,7 +159,7 @@ def test_an_optimizer_refuses_a_dtensor_in_one_line_every_rank_shares(tmp_path):
 
 def test_reference_trainer_gelu_stage_matches_central_differences():
     # A GELU stage (autoshard's mlp network runs one): its input gradient in the reference trainer.
-    from spmdsim import train_reference as tr
+    from spmdsim.models.nets import reference as tr
 
     rng = np.random.default_rng(5)
     x, dy = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))

@@ -6,8 +6,9 @@ import pytest
 from trainkit import check_grads, dt, mse_check
 
 import spmdsim
-from spmdsim import Layout, reference
-from spmdsim import reference_grad as rg
+from spmdsim import Layout
+from spmdsim.references import forward as reference
+from spmdsim.references import backward as rg
 
 
 def _mesh():
@@ -22,7 +23,7 @@ def _passed(verdicts):
 
 @pytest.mark.parametrize("ranks", [4, 8])
 def test_matmul_chain_and_vocab_parallel_cross_entropy(ranks):
-    from spmdsim.ops import cross_entropy, matmul, relu
+    from spmdsim.nn.ops import cross_entropy, matmul, relu
 
     def body():
         mesh = _mesh()
@@ -46,7 +47,7 @@ def test_matmul_chain_and_vocab_parallel_cross_entropy(ranks):
 
 def _sequence_parallel_mlp(mesh):
     """A sequence-parallel MLP over mp and its input (p, 2, 4), split on mp then dp, with a gradient."""
-    from spmdsim.ops import ParallelMLP
+    from spmdsim.nn.ops import ParallelMLP
 
     p = mesh.layout.axis_size("mp")
     mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=True, axes="mp", dtype="float64", seed=2)
@@ -68,10 +69,10 @@ def test_sequence_parallel_mlp_on_4_ranks():
 
 
 def test_seed_003_trains_on_8_simulated_ranks():
-    from spmdsim.nets import mindspore_tutorial
-    from spmdsim.nets.digits import load_digits
-    from spmdsim.nets.train import NetworkTrainer
-    from spmdsim.train_reference import ReferenceTrainer
+    from spmdsim.models.nets import mindspore_tutorial
+    from spmdsim.models.nets.digits import load_digits
+    from spmdsim.models.nets.train import NetworkTrainer
+    from spmdsim.models.nets.reference import ReferenceTrainer
 
     data = load_digits(synthetic=True)
 
@@ -91,10 +92,10 @@ def test_seed_003_trains_on_8_simulated_ranks():
 
 def test_an_anchored_step_holds_one_table_the_simulated_ranks_share():
     """NetworkTrainer's Anchor: every rank's parameters at the step's start, a row per rank. Simulated ranks share
-    one table (spmdsim.gpt.train.all_rows): an Allgather gave each of p ranks its own p rows (731 MB at 240 ranks
+    one table (spmdsim.models.gpt.train.all_rows): an Allgather gave each of p ranks its own p rows (731 MB at 240 ranks
     of examples/train_seed_networks.py's Paddle network, 341 MB shared)."""
-    from spmdsim.nets import seeds
-    from spmdsim.nets.train import NetworkTrainer
+    from spmdsim.models.nets import seeds
+    from spmdsim.models.nets.train import NetworkTrainer
 
     def body():
         comm = spmdsim.world()
@@ -118,8 +119,8 @@ def test_fused_mlp_matches_its_layers_one_by_one(x_map, activation, bias):
     """ParallelMLP's one-node way (no sequence parallelism) against fc1 -> act -> fc2 called apart:
     the same output, loss and every gradient, to the last bits the products allow, and the same
     collectives in the same order."""
-    from spmdsim.ops import ParallelMLP, mse_loss
-    from spmdsim.ops.elementwise import activation as act
+    from spmdsim.nn.ops import ParallelMLP, mse_loss
+    from spmdsim.nn.ops.elementwise import activation as act
     from spmdsim.runtime import collect_trace
 
     def body():
@@ -154,7 +155,7 @@ def test_fused_mlp_matches_its_layers_one_by_one(x_map, activation, bias):
 
 
 def test_one_step_has_no_trend_to_judge():
-    from spmdsim.nets.train import loss_trend
+    from spmdsim.models.nets.train import loss_trend
 
     assert loss_trend([2.5]) == ("loss 2.5000000 (1 step: no trend to judge)", True)
     assert loss_trend([2.5, 2.0]) == ("loss first 2.5000000, last 2.0000000 (falling)", True)
@@ -165,8 +166,8 @@ def test_one_step_has_no_trend_to_judge():
 def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
     """Gradients split, replicated over dp and tp, and on mixed axes: the joint norm equals numpy's over the
     gathered gradients (each block counted once), and every gradient is scaled by PyTorch's coefficient."""
-    from spmdsim import ops
-    from spmdsim.optim import clip_grad_norm_
+    from spmdsim.nn import ops
+    from spmdsim.nn.optim import clip_grad_norm_
     from spmdsim.runtime import DTensor
 
     rng = np.random.default_rng(ranks)
@@ -213,7 +214,7 @@ def test_a_backward_through_redistributions_leaves_no_cycle_holding_blocks():
         mesh = _mesh()
         mlp, x = _sequence_parallel_mlp(mesh)
         out = mlp(x)
-        from spmdsim.autograd.engine import _topological
+        from spmdsim.nn.autograd.engine import _topological
 
         assert any(n.describe().startswith("redistribute ") for n in _topological(out._ag))  # moves recorded
         (out * out).sum().backward()

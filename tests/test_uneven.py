@@ -20,10 +20,10 @@ import pytest
 
 from spmdsim import Layout
 from spmdsim.errors import LayoutError, ShapeError
-from spmdsim.plan import emulate, plan_redistribution, shards_of
-from spmdsim.plan.steps import Allgather, Alltoall, Exchange, ReduceScatter
-from spmdsim.plan.uneven import check_fits
-from spmdsim.plan.volume import lower_bound, rank_boxes
+from spmdsim.programs.plan import emulate, plan_redistribution, shards_of
+from spmdsim.programs.plan.steps import Allgather, Alltoall, Exchange, ReduceScatter
+from spmdsim.programs.plan.uneven import check_fits
+from spmdsim.programs.plan.volume import lower_bound, rank_boxes
 
 CASES = 240
 
@@ -114,8 +114,8 @@ def test_dtensor_placements_cut_mesh_dim_by_mesh_dim():
     """5 rows on (Shard(0), Shard(0)) over 2 x 4: DTensor gives ranks rows [0], [1], [2], [], [3], [4], [], [];
     spmdsim gave [0], [1], [2], [3], [4], [], [], [] (one cut into 8). Then random placements on random meshes
     against DTensor's rule, every rank's bounds and the plan to replicated (every row arrives at the bound)."""
-    from spmdsim.dialects import placements_to_layout
-    from spmdsim.dialects.dtensor import Replicate, Shard
+    from spmdsim.layouts.dialects import placements_to_layout
+    from spmdsim.layouts.dialects.dtensor import Replicate, Shard
 
     tl = placements_to_layout((Shard(0), Shard(0)), (2, 4), 1, cut="chunk")
     assert [tl.bounds(r, (5,)) for r in range(8)] == [((0, 1),), ((1, 2),), ((2, 3),), ((3, 3),), ((3, 4),),
@@ -229,7 +229,7 @@ def test_random_redistributions_agree_with_numpy_at_the_lower_bound():
 
 
 def test_partial_sources_on_uneven_shards_resolve_to_numpy():
-    from spmdsim.plan import partial_addends
+    from spmdsim.programs.plan import partial_addends
 
     rng = np.random.default_rng(60)
     for case in range(60):

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.dialects import partition_spec_to_layout, placements_to_layout
+from spmdsim.tools.cli.main import main
+from spmdsim.layouts.dialects import partition_spec_to_layout, placements_to_layout
 from spmdsim.errors import DialectError, ShapeError
 
 ROWS = ["--device-matrix", "4", "--alias", "mp", "--tensor-map", "mp,None", "--shape", "10,3"]
@@ -64,7 +64,7 @@ def test_dtensor_nested_chunk_cuts_as_dtensor_and_balanced_is_refused(capsys):
     """6 rows on (S(0), S(0)) over 2 x 2: spmdsim cut them once into 4 (2, 2, 2, 0 rows) and `slices` refused the
     placements; now the chunk rule cuts mesh dim by mesh dim as DTensor does (3 then 2 + 1, 2 + 1). A balanced
     cut of a dim on two mesh dims still differs from DTensor's and is refused in one line."""
-    from spmdsim.dialects.dtensor import check_uneven_shards
+    from spmdsim.layouts.dialects.dtensor import check_uneven_shards
 
     nested = placements_to_layout("S(0), S(0)", (2, 2), 1, cut="chunk")
     for size in (6, 7):
@@ -109,7 +109,7 @@ def test_convert_says_which_dialects_can_cut_unevenly(capsys):
 
 
 def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
-    from spmdsim.holdings import holdings_lines
+    from spmdsim.layouts.holdings import holdings_lines
 
     tl = Layout((2, 2), ("dp", "tp"), "chunk")("tp", None)
     assert holdings_lines({"x": (tl, (3, 4))}) == ["rank 0 (0, 0): x[0:2, 0:4]", "rank 1 (0, 1): x[2:3, 0:4]",
@@ -173,8 +173,8 @@ def test_byte_matrix_sums_to_each_ranks_bytes_on_uneven_cuts():
     import numpy as np
 
     from spmdsim.errors import SpmdsimError
-    from spmdsim.plan import plan_redistribution
-    from spmdsim.viz.why import byte_matrix
+    from spmdsim.programs.plan import plan_redistribution
+    from spmdsim.programs.viz.why import byte_matrix
     from test_uneven import random_layout, random_map, random_shape
 
     rng = np.random.default_rng(83)

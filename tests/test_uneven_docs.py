@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from docs_commands import mismatch, section
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 QUOTES = section("docs/semantics.md", "## Uneven shards") + section("docs/redistribution.md", "## Uneven shards")
 

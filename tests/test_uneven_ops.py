@@ -35,8 +35,9 @@ def test_general_ops_forward_and_backward_on_uneven_shards(name, cut, ranks):
 
 def _mlp_step():
     """Column- then row-parallel Linear over tp = 3 (10 -> 7 -> 5 features), batch 5 over dp = 2, one SGD step."""
-    from spmdsim import DTensor, Mesh, ops
-    from spmdsim.optim import SGD
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
+    from spmdsim.nn.optim import SGD
 
     mesh = Mesh(Layout((2, 3), ("dp", "tp"), "balanced"), spmdsim.world())
     fc1 = ops.ColumnParallelLinear(mesh, 10, 7, axes="tp", dtype="float64", seed=1)
@@ -76,7 +77,8 @@ def test_megatron_layers_train_a_step_on_uneven_features():
 
 
 def _matmul_uneven():
-    from spmdsim import DTensor, Mesh, collect_trace, ops
+    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim.nn import ops
 
     mesh = Mesh(Layout((2, 3), ("dp", "tp"), "chunk"), spmdsim.world())
     L = mesh.layout
@@ -112,7 +114,8 @@ def test_matmul_with_uneven_contracted_and_free_dims():
 
 
 def _embedding():
-    from spmdsim import DTensor, Mesh, ops
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
 
     mesh = Mesh(Layout((3,), ("tp",), "balanced"), spmdsim.world())
     table, ids = np.arange(40.0).reshape(10, 4), np.array([[0, 3, 9, 5], [4, 4, 8, 1]])
@@ -139,7 +142,8 @@ def test_argmax_and_argmin_where_a_shard_of_the_reduced_dim_is_empty(kind):
     block raised on its rank alone (ValueError: attempt to get argmax of an empty sequence) while the others
     went on to the value's Allreduce. The empty shard now offers no candidate; every dim, the flattened
     tensor, NaN (numpy's: it wins) and integers agree with numpy."""
-    from spmdsim import DTensor, Mesh, ops
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
 
     rng = np.random.default_rng(4)
     floats = rng.standard_normal((3, 5))
@@ -169,7 +173,8 @@ def test_a_size_one_dim_split_by_an_uneven_cut_takes_elementwise_ops_where_nothi
     op refused it ("operand 0 dim 0 has size 1 but is split"), reading any size-1 dim as a broadcast one: it
     runs now where the output keeps the dim at size 1 (forward and gradients as numpy's), and a split size-1
     dim stretched to a larger one is still refused, in one line on every rank."""
-    from spmdsim import DTensor, Mesh, ops
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
     from spmdsim.errors import OperatorError
 
     g = np.array([[0.5, -1.0, 2.0, 0.25, -3.0]])
@@ -204,7 +209,8 @@ def _empty_columns():
     one column over 2, a hidden layer of 2 over 3): Linear with its bias, a table split by its columns,
     ParallelMLP (fused). Each rank's gradients of an empty block reshaped its rows as numpy cannot infer them
     (``reshape(-1, 0)``: ValueError on those ranks alone)."""
-    from spmdsim import DTensor, Mesh, ops
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
 
     rng = np.random.default_rng(7)
     out = {}
@@ -265,8 +271,8 @@ def test_placements_of_a_tensor_dtensor_would_cut_otherwise_are_refused():
     dim as DTensor cuts them (2, 1, 2, 1 rows), so they have placements (spmdsim cut them 2, 2, 2, 0 once and
     refused them)."""
     from spmdsim import DTensor, Mesh
-    from spmdsim.dialects import placements_to_layout
-    from spmdsim.dialects.dtensor import Replicate, Shard
+    from spmdsim.layouts.dialects import placements_to_layout
+    from spmdsim.layouts.dialects.dtensor import Replicate, Shard
     from spmdsim.errors import DialectError
 
     def body():
@@ -297,7 +303,8 @@ def test_stack_and_getitem_keep_a_split_dim_of_size_one():
     adding a dim of size 1, then a join) and ``x[-2:, -1, 1]`` (narrows, then a reshape dropping dims of size 1)
     were refused, the latter after its narrow had already moved rows; now both run, forward and gradients as
     numpy's."""
-    from spmdsim import DTensor, Mesh, ops
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
 
     g, h = np.array([[0.5, -1.0, 2.0]]), np.array([[1.5, 0.25, -3.0]])
     up = np.arange(6.0).reshape(1, 2, 3) / 6

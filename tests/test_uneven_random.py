@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, collect_trace, ops
+from spmdsim import DTensor, Layout, Mesh, collect_trace
+from spmdsim.nn import ops
 from spmdsim.errors import SpmdsimError
-from spmdsim.plan import plan_redistribution
-from spmdsim.plan.volume import lower_bound
+from spmdsim.programs.plan import plan_redistribution
+from spmdsim.programs.plan.volume import lower_bound
 
 SIZES = (1, 1, 2, 3, 4, 5, 7)
 

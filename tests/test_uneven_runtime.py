@@ -8,7 +8,7 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.plan import plan_redistribution
+from spmdsim.programs.plan import plan_redistribution
 
 MAPS = (("mp", None), (None, "mp"), (("dp", "mp"), None), ("dp", "mp"), ("mp", "dp"), (None, None),
         (("mp", "dp"), None), (None, ("dp", "mp")))
@@ -115,7 +115,7 @@ def test_from_local_on_an_uneven_cut_asks_for_the_global_shape():
 
 def _replay_uneven():
     """A captured step of collectives with counts (Reduce_scatter, Alltoallv), replayed on new inputs."""
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime import DTensor, Mesh, capture, redistribute
 
     mesh = Mesh(Layout((2, 3), ("dp", "tp"), "chunk"), spmdsim.world())
@@ -230,7 +230,7 @@ def test_dtensor_constructors_cut_nested_shards_as_dtensor():
     global_shape) build those blocks; gather and a move to (Replicate(), Shard(0)) (DTensor: rows 0-1, 2-3,
     4, none per column) give the rows back."""
     from spmdsim import SeededTensor
-    from spmdsim.dialects import placements_to_layout
+    from spmdsim.layouts.dialects import placements_to_layout
     from spmdsim.runtime import DTensor, Mesh, redistribute
 
     full = np.arange(10.0).reshape(5, 2)

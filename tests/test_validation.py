@@ -14,12 +14,12 @@ import pytest
 from spmdsim import (
     DialectError, Layout, LayoutError, OperatorError, PlanError, SeededTensor, ShapeError, SpmdsimError,
 )
-from spmdsim import reference
-from spmdsim.dialects import parse_sbp, parse_strategy, split_layouts
-from spmdsim.ops.paddle_split import paddle_layout, paddle_param
-from spmdsim.infer.finish import out_layout_from_strategy
-from spmdsim.plan import emulate, plan_redistribution, shards_of
-from spmdsim.validate import as_int, dtype_arg, int_arg, shape_arg, tolerance_arg
+from spmdsim.references import forward as reference
+from spmdsim.layouts.dialects import parse_sbp, parse_strategy, split_layouts
+from spmdsim.nn.ops.paddle_split import paddle_layout, paddle_param
+from spmdsim.programs.infer.finish import out_layout_from_strategy
+from spmdsim.programs.plan import emulate, plan_redistribution, shards_of
+from spmdsim.base.validate import as_int, dtype_arg, int_arg, shape_arg, tolerance_arg
 
 X8 = Layout((8,), ("x",))
 M24 = Layout((2, 4), ("dp", "mp"))
@@ -286,7 +286,7 @@ def test_reference_biases_must_match_out_features():
 def test_counted_makes_the_plural_of_the_nouns_messages_name():
     """counted wrote "2 axises", "2 waies" (the dialects kept their own helpers for these two) and "2 keies"; now
     axis, index and matrix are irregular, a vowel's y takes -s, and a phrase's last word is made plural."""
-    from spmdsim.validate import counted
+    from spmdsim.base.validate import counted
 
     nouns = ["axis", "way", "key", "entry", "index", "matrix", "batch", "dim", "MoE layer", "box", "array"]
     assert [counted(2, noun) for noun in nouns] == [
@@ -298,8 +298,8 @@ def test_counted_makes_the_plural_of_the_nouns_messages_name():
 def test_the_dialects_take_their_plurals_from_counted(monkeypatch):
     """The dialects kept their own "axes" and "ways" helpers (counted_axes, strategy._ways) while counted wrote
     "axises" and "waies": one place for plurals now, so a plural counted is taught reaches their messages."""
-    from spmdsim import validate
-    from spmdsim.dialects import matmul_layouts, sbp_to_layout
+    from spmdsim.base import validate
+    from spmdsim.layouts.dialects import matmul_layouts, sbp_to_layout
 
     monkeypatch.setitem(validate._IRREGULAR, "axis", "AXES")
     monkeypatch.setitem(validate._IRREGULAR, "way", "WAYS")

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from spmdsim import Layout
-from spmdsim.viz import layout_picture, render_layout_ascii
-from spmdsim.viz.model import compact_ranks
+from spmdsim.programs.viz import layout_picture, render_layout_ascii
+from spmdsim.programs.viz.model import compact_ranks
 
 ABCDE = ("a", "b", "c", "d", "e")
 
@@ -120,7 +120,7 @@ def test_seed_ascii_exact(n, expected):
 
 def test_png_and_svg_headless(tmp_path):
     pytest.importorskip("matplotlib")
-    from spmdsim.viz import render_layout_png
+    from spmdsim.programs.viz import render_layout_png
 
     tl, shape = _seed(1)
     png = render_layout_png(tl, tmp_path / "seed.png", shape)
@@ -135,7 +135,7 @@ def test_png_and_svg_headless(tmp_path):
 def test_png_with_the_shape_before_the_path_says_the_order(tmp_path):
     """render_layout_ascii(tl, shape) takes the shape second, render_layout_png(tl, path, shape) the path:
     the ascii order raised os.fspath's "expected str, bytes or os.PathLike object, not tuple"."""
-    from spmdsim.viz import render_layout_png
+    from spmdsim.programs.viz import render_layout_png
 
     tl = Layout((2, 4), ("a", "b"))("a", "b")
     path = str(tmp_path / "x.png")
@@ -149,7 +149,7 @@ def test_png_with_the_shape_before_the_path_says_the_order(tmp_path):
 
 def test_viz_imports_no_matplotlib_and_no_mpi4py():
     code = (
-        "import sys, spmdsim.viz, spmdsim.viz.ascii, spmdsim.explain, spmdsim.cli.cases\n"
+        "import sys, spmdsim.programs.viz, spmdsim.programs.viz.ascii, spmdsim.layouts.explain, spmdsim.tools.cli.cases\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'matplotlib')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -268,7 +268,7 @@ def test_size1_axes_make_no_replica_note():
 
 
 def test_partial_notes_match_explain_and_fit_the_width():
-    from spmdsim.dialects.sbp import parse_sbp, sbp_to_layout
+    from spmdsim.layouts.dialects.sbp import parse_sbp, sbp_to_layout
 
     tl = sbp_to_layout(parse_sbp("S(0),P"), (2, 4), 2)
     pic = layout_picture(tl, (8, 8))

@@ -7,9 +7,9 @@ import pytest
 
 from spmdsim import Layout
 from spmdsim.errors import SpmdsimError
-from spmdsim.plan import plan_redistribution
-from spmdsim.viz import render_plan_ascii, render_plan_png
-from spmdsim.viz.plan import format_bytes
+from spmdsim.programs.plan import plan_redistribution
+from spmdsim.programs.viz import render_plan_ascii, render_plan_png
+from spmdsim.programs.viz.plan import format_bytes
 
 
 def test_alltoall_plan_ascii():
@@ -76,7 +76,7 @@ def test_format_bytes():
 
 def test_plan_picture_bytes_match_spmdsim_plan(capsys):
     """docs/lab.md exercise 8: the Python one-liner and `spmdsim plan` print the same byte counts."""
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     mesh = Layout((8,), ("x",))
     text = render_plan_ascii(plan_redistribution(mesh("x", None), mesh(None, "x"), (64, 64)))

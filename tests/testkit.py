@@ -41,7 +41,7 @@ MPICH = MPIEXEC if mpich_version() is not None else ""
 def mpi_says(name: str) -> str:
     """The text this process's MPI gives error class `name` ("ERR_TAG": MPICH's "Invalid tag", Open MPI's
     "MPI_ERR_TAG: invalid tag"), with which the emulator's MPI.Exception starts (it is MPI's own class, its
-    detail after); a class the MPI lacks reads as its ERR_ARG (spmdsim.sim._buffers.mpi_error)."""
+    detail after); a class the MPI lacks reads as its ERR_ARG (spmdsim.runtime.sim._buffers.mpi_error)."""
     from mpi4py import MPI
 
     code = getattr(MPI, name)
@@ -60,7 +60,7 @@ def on_simulated_ranks(n: int, body):
     """`body()` on `n` simulated ranks whose mpi4py.MPI.COMM_WORLD is their own (the emulator swapped in):
     each rank's result, in rank order."""
     from spmdsim.emulator.mpi4py_world import swapped
-    from spmdsim.sim import simulate
+    from spmdsim.runtime.sim import simulate
 
     with swapped():
         return simulate(n, body)
@@ -426,14 +426,14 @@ def bench_launches(bench, args, workers: list, tmp: str | os.PathLike, here: tup
 
 def moe_layer_on_ranks(moe, mesh_shape: tuple, p: dict, x, g, batch: int, algorithms=None) -> list:
     """Each simulated rank of a (dp, ep, tp) mesh: (output, loss value, every parameter's gradient, d x, its
-    MoEStats, the trace's op names) of one MoE layer "h1." (spmdsim.moe.layer) on parameters `p` (whole arrays,
-    laid out as spmdsim.gpt.layouts lays them), tokens `x` (batch * seq, d_model) batch-first, for the loss
+    MoEStats, the trace's op names) of one MoE layer "h1." (spmdsim.models.moe.layer) on parameters `p` (whole arrays,
+    laid out as spmdsim.models.gpt.layouts lays them), tokens `x` (batch * seq, d_model) batch-first, for the loss
     sum(y * g) + the router losses; the output and d x batch-first rows again, the gradients whole."""
     import numpy as np
 
     import spmdsim
-    from spmdsim import ops
-    from spmdsim.moe.layer import moe_layer
+    from spmdsim.nn import ops
+    from spmdsim.models.moe.layer import moe_layer
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.runtime.trace import collect_trace
 

@@ -54,7 +54,7 @@ def check_grads(tensors, arrays, loss_ref, loss):
 
 def mse_check(mesh, tensors, arrays, y, ref, seed=7):
     """mse_loss(y, seeded target) backward, checked against central differences of `ref`."""
-    from spmdsim.ops import mse_loss
+    from spmdsim.nn.ops import mse_loss
 
     target = np.random.default_rng(seed).standard_normal(y.global_shape)
     loss = mse_loss(y, dt(y.mesh, target, y.layout))

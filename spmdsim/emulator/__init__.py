@@ -12,8 +12,8 @@ Cartesian grids, matched-probe messages, error handlers and attributes in
 group.py, topology.py, message.py, handles.py; windows for one-sided
 communication in window.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
-the thread engine's primitives (spmdsim.sim.thread_engine's one body per
-transfer, spmdsim.sim.p2p's message matching, spmdsim.sim.engine's
+the thread engine's primitives (spmdsim.runtime.sim.thread_engine's one body per
+transfer, spmdsim.runtime.sim.p2p's message matching, spmdsim.runtime.sim.engine's
 rendezvous). `mpi4py_world` swaps mpi4py's MPI module for the simulated
 ranks (and `pkl5` mpi4py.util.pkl5; `rank_threads` makes the threads a rank starts
 the rank's), `mpirun` runs a program once per rank as its own __main__, with its own

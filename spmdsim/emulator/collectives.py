@@ -4,11 +4,11 @@ Every member deposits its send data; the last member to arrive runs every
 member's reads of the others' data and writes of its own receive buffer, in
 member order, and the members go on without a second wait
 (engine.Group.enter_all). Counts are read from the message arguments as
-mpi4py reads them (spmdsim.sim._buffers.message): in Allgather, Alltoall,
+mpi4py reads them (spmdsim.runtime.sim._buffers.message): in Allgather, Alltoall,
 Gather and Scatter a count is per peer. Reductions add in a fixed order (member
 0 + member 1 + ..., or MPICH's association), so every rank gets the same bytes on every run.
 Reduce and Allreduce of floating-point values associate as MPICH 5 does
-(spmdsim.sim.orders), so a program prints MPICH's digits.
+(spmdsim.runtime.sim.orders), so a program prints MPICH's digits.
 Nonblocking forms (Iallreduce, Ibarrier, ..., a started Allreduce_init) return at
 once, as MPI's posting must: the member's checks run and its call is deposited
 with a copy of its data (engine.Group.post, `_kept`), without waiting for the
@@ -29,17 +29,17 @@ from typing import Any, Callable
 import threading
 
 from ..errors import RuntimeMismatchError, ShapeError
-from ..sim import thread_engine as bodies
+from ..runtime.sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, mpi_error,
+from ..runtime.sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, mpi_error,
                             mpi_module, numpy_dtype, reduction)
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
-from ..sim.orders import allreduce_tree, reduce_tree
-from ..sim.thread_engine import _nothing, bad_root
-from ..sim.engine import _Waiting
-from ..sim.report import whereabouts
-from ..sim.requests import Request
+from ..runtime.sim.orders import allreduce_tree, reduce_tree
+from ..runtime.sim.thread_engine import _nothing, bad_root
+from ..runtime.sim.engine import _Waiting
+from ..runtime.sim.report import whereabouts
+from ..runtime.sim.requests import Request
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -153,7 +153,7 @@ def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
 def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
     """MPICH's error on a Bcast receiver whose count is not the root's: MPI_ERR_TRUNCATE where the root
     sends more (MPI.Exception "Message truncated"), MPI_ERR_OTHER where it sends fewer."""
-    from ..sim.requests import rank_name
+    from ..runtime.sim.requests import rank_name
 
     kind = dtype_name(data.dtype)
     detail = (f"Bcast: {rank_name(group, root)} (the root) broadcasts {sent.size} {kind} ({sent.nbytes} bytes) "
@@ -287,7 +287,7 @@ class _InCollective(_Waiting):
 
 
 def _land(req: Request) -> None:
-    from ..sim.p2p import land
+    from ..runtime.sim.p2p import land
 
     land(req)
 
@@ -620,7 +620,7 @@ class BufferCollectives:
         """The nonblocking form of `method` (Allreduce: Iallreduce): its checks now, its call deposited at its
         rendezvous without waiting (SimComm._enter_all), the rest at completion (CollectiveRequest), its request
         noted until the program completes it (a warning names one it never completes: requests.noted)."""
-        from ..sim.requests import noted
+        from ..runtime.sim.requests import noted
 
         name = method.__name__
         req = CollectiveRequest(self._group, self._me, f"I{name[:1].lower()}{name[1:]}")

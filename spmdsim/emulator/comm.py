@@ -4,7 +4,7 @@ Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
 collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
-point-to-point calls in spmdsim.sim.p2p, persistent requests in spmdsim.emulator.persistent, partitioned
+point-to-point calls in spmdsim.runtime.sim.p2p, persistent requests in spmdsim.emulator.persistent, partitioned
 ones in spmdsim.emulator.partitioned, Cartesian
 grids, graphs and distributed graphs in spmdsim.emulator.topology; windows (one-sided communication) over
 a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/simulate.md).
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import context as _local
-from ..sim._buffers import mpi_error, mpi_module, special
+from ..base import context as _local
+from ..runtime.sim._buffers import mpi_error, mpi_module, special
 from .collectives import BufferCollectives, _kept, landed_freed, posting
-from ..sim.engine import Call, Group, SimulationError
-from ..sim import thread_engine as bodies
-from ..sim.thread_engine import THREADS, Count, Member, _freed
+from ..runtime.sim.engine import Call, Group, SimulationError
+from ..runtime.sim import thread_engine as bodies
+from ..runtime.sim.thread_engine import THREADS, Count, Member, _freed
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
 from .objects import ObjectCollectives
@@ -60,7 +60,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
     """
 
-    spmdsim_engine = THREADS  # what a Mesh over it runs on (spmdsim.engines.engine_of)
+    spmdsim_engine = THREADS  # what a Mesh over it runs on (spmdsim.runtime.engines.engine_of)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SimComm":
         return object.__new__(cls)  # MPI.Comm.__new__(cls, comm), as mpi4py.util.pkl5's Comm calls it
@@ -252,7 +252,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     Dup_with_info = Dup
 
     def Idup(self, info: Any = None) -> tuple:
-        from ..sim.requests import completed, noted
+        from ..runtime.sim.requests import completed, noted
 
         return self.Dup(info), noted(completed(), "Idup", self._group, self._me)  # a warning if never completed
 
@@ -452,7 +452,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         pass  # buffered sends are delivered from their own copies
 
     def Iflush_buffer(self) -> Any:
-        from ..sim.requests import completed
+        from ..runtime.sim.requests import completed
 
         return completed()
 
@@ -492,7 +492,7 @@ def world() -> Any:
     a dry run's `DryComm`, else mpi4py's ``MPI.COMM_WORLD``."""
     state = _local.simulated()
     if state is None:
-        from .._mpi_library import SIMULATE_INSTEAD, load_mpi
+        from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
 
         return load_mpi(SIMULATE_INSTEAD).COMM_WORLD
     if state.engine is not THREADS:  # a dry run's world

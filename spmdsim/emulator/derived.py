@@ -2,7 +2,7 @@
 ``Create_struct``, ...) on simulated ranks: the sender's values are packed with this process's MPI
 (``Datatype.Pack`` on the real MPI.COMM_SELF, the typemap MPI itself reads) and travel as bytes; a receive
 into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_init``, a matched message's
-``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.sim.p2p:
+``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.runtime.sim.p2p:
 ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
 matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``, ``Scatter(v)``,
 ``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a
@@ -20,7 +20,7 @@ from itertools import accumulate
 from typing import Any, Callable, Optional
 
 from ..errors import DTypeError, ShapeError
-from ..sim._buffers import Reduction, _unpack, array_of, in_place, int_array, mpi_module, wparts, wvector
+from ..runtime.sim._buffers import Reduction, _unpack, array_of, in_place, int_array, mpi_module, wparts, wvector
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it

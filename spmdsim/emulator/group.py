@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import mpi_error, mpi_module, special
+from ..runtime.sim._buffers import mpi_error, mpi_module, special
 
 __all__ = ["SimGroup", "speak_mpi4py"]
 

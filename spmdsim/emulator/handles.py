@@ -30,8 +30,8 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from .. import context as _local
-from ..sim._buffers import mpi_error, mpi_module
+from ..base import context as _local
+from ..runtime.sim._buffers import mpi_error, mpi_module
 
 __all__ = ["CommHandles", "SimErrhandler", "end_on_fatal_errors", "initial_errhandler"]
 
@@ -152,8 +152,8 @@ def initial_errhandler(parent: Any = None) -> Any:
 
 def _fatal(comm: Any, call: str, error: BaseException) -> BaseException:
     """The end of the job for MPI's `error` in `call` on `comm`, whose handler is fatal (as MPICH aborts)."""
-    from ..sim.engine import SimulationError
-    from ..sim.report import _program_line
+    from ..runtime.sim.engine import SimulationError
+    from ..runtime.sim.report import _program_line
 
     mpi = _mpi()
     name = "MPI.ERRORS_ABORT" if comm._h.errhandler == getattr(mpi, "ERRORS_ABORT", None) else "MPI.ERRORS_ARE_FATAL"
@@ -303,7 +303,7 @@ class CommHandles:
         if isinstance(eh, SimErrhandler):
             eh.fn(self, errorcode)
         elif eh is not None and eh != mpi.ERRORS_RETURN:  # ERRORS_ARE_FATAL, ERRORS_ABORT: as MPI_Abort
-            from ..sim.engine import SimulationError
+            from ..runtime.sim.engine import SimulationError
 
             error = SimulationError(f"simulated rank {self.world_rank}: {mpi.Get_error_string(errorcode)} "
                                     f"(error code {errorcode}) on {self._group.label()}, whose error handler is "

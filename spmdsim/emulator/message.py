@@ -1,6 +1,6 @@
 """SimMessage: mpi4py's MPI.Message for simulated ranks (matched probes: Mprobe, Improbe, then Recv).
 
-A matched probe takes the message out of its destination's queue (spmdsim.sim.p2p.probe
+A matched probe takes the message out of its destination's queue (spmdsim.runtime.sim.p2p.probe
 with `take`), so that no other receive, on this thread or another, can take it; the
 Message then receives exactly that message (Recv, Irecv; recv, irecv for objects)
 and becomes null, as MPI_Mrecv leaves MPI_MESSAGE_NULL. ``SimMessage()`` is null
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sim._buffers import mpi_error, mpi_module
-from ..sim.p2p import receive_matched
-from ..sim.requests import Request, completed, noted
+from ..runtime.sim._buffers import mpi_error, mpi_module
+from ..runtime.sim.p2p import receive_matched
+from ..runtime.sim.requests import Request, completed, noted
 from .group import speak_mpi4py
 from .p2p import ANY_SOURCE, ANY_TAG
 
@@ -27,7 +27,7 @@ class SimMessage:
     """A message a matched probe took, to be received by this handle only (see the module docstring)."""
 
     def __init__(self, message: Any = None) -> None:
-        self._send: Any = None  # the taken send (spmdsim.sim.requests.Request), or _NO_PROC
+        self._send: Any = None  # the taken send (spmdsim.runtime.sim.requests.Request), or _NO_PROC
         if isinstance(message, SimMessage):  # MPI.Message(message): the same handle
             self._send = message._send
         elif message is not None:
@@ -82,11 +82,11 @@ class SimMessage:
         return noted(self._irecv(buf, "Irecv", True), "Irecv")
 
     def _irecv(self, buf: Any, call: str, defer: bool) -> Request:
-        """Irecv (`call`: the program's); `defer` as spmdsim.sim.p2p.post_recv's (the blocking Recv's: none)."""
+        """Irecv (`call`: the program's); `defer` as spmdsim.runtime.sim.p2p.post_recv's (the blocking Recv's: none)."""
         if self._send is _NO_PROC:  # any buffer, as mpi4py's
             self._take(call)
             return completed(kind="recv-null")
-        from ..sim._buffers import message
+        from ..runtime.sim._buffers import message
         from .derived import may_be_derived, unpacking
         from .typemap import mapped
 

@@ -24,7 +24,7 @@ import types
 import weakref
 from typing import Any, Iterator
 
-from .. import context as _local
+from ..base import context as _local
 from ._nesting import Nesting
 
 __all__ = ["swapped", "real", "SWAPPED"]
@@ -64,7 +64,7 @@ def _simulated(name: str, state: Any) -> Any:
         return {"Cartcomm": topology.SimCartComm, "Graphcomm": topology.SimGraphComm,
                 "Distgraphcomm": topology.SimDistGraphComm}[name]
     if name == "Request":
-        from ..sim.requests import Request
+        from ..runtime.sim.requests import Request
 
         return Request
     if name == "Win":
@@ -88,7 +88,7 @@ def _simulated(name: str, state: Any) -> Any:
 
         return message.SimMessage if name == "Message" else getattr(message, name)
     if name == "REQUEST_NULL":
-        from ..sim.requests import REQUEST_NULL
+        from ..runtime.sim.requests import REQUEST_NULL
 
         return REQUEST_NULL
     if name in _Lifetime.CALLS:
@@ -98,7 +98,7 @@ def _simulated(name: str, state: Any) -> Any:
     if name == "Detach_buffer":
         return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
     if name == "Iflush_buffer":
-        from ..sim.requests import completed
+        from ..runtime.sim.requests import completed
 
         return completed
     return lambda *args, **kwargs: None  # Flush_buffer
@@ -122,7 +122,7 @@ class _Lifetime:
         self.state = 0 if getattr(getattr(mpi4py, "rc", None), "initialize", True) is False else 1
 
     def _error(self, text: str) -> BaseException:
-        from ..sim._buffers import mpi_error
+        from ..runtime.sim._buffers import mpi_error
 
         mpi = real_module()
         return mpi_error(mpi, mpi.ERR_OTHER, text)
@@ -222,7 +222,7 @@ def swapped() -> Iterator[None]:
     from mpi4py import MPI
 
     from ..runtime.process import release_segments_once
-    from ..sim import p2p
+    from ..runtime.sim import p2p
 
     from .pkl5 import swapped_pkl5
     from .rank_streams import streams_of_ranks

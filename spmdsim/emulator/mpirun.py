@@ -15,7 +15,7 @@ folder: spmdsim.emulator.rank_modules) and its own `random` and `numpy.random`
 module-level generators (spmdsim.emulator.rank_random), and stdin goes to rank 0;
 other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' exit
 statuses, each ``sys.exit`` code as the OS reports a process's (its low 8 bits: ``sys.exit(-1)`` is 255:
-spmdsim.sim.run.exit_status). Where MPI would hang or abort, one report (docs/simulate.md): a
+spmdsim.runtime.sim.run.exit_status). Where MPI would hang or abort, one report (docs/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
 it and its traceback from the program on (exit 1); messages never received,
@@ -187,7 +187,7 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
     (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
-    from ..sim.run import current_rank, exit_status, note_exit
+    from ..runtime.sim.run import current_rank, exit_status, note_exit
     from .rank_random import adopt
 
     adopt()  # a process of its own: its own random and numpy.random generators
@@ -218,7 +218,7 @@ def _os_exit_ends_the_rank() -> Iterator[None]:
     """While the ranks run, os._exit(code) in a simulated rank's own thread ends that rank with `code`, as it
     ends that MPI process, where it ended this process and every rank without a word; in any other thread
     (one a rank started too) it is Python's, and ends the process."""
-    from .. import context as _local
+    from ..base import context as _local
     from .rank_threads import _is_rank_thread
 
     real = os._exit
@@ -246,12 +246,12 @@ class _StdinOfRankZero:
         self._stream = stream
 
     def _refuse(self) -> bool:
-        from ..sim.run import current_rank
+        from ..runtime.sim.run import current_rank
 
         return current_rank() not in (0, None)
 
     def _eof(self) -> EOFError:
-        from ..sim.run import current_rank
+        from ..runtime.sim.run import current_rank
 
         return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
                         f"forwards it): read it on rank 0 and send it on (comm.bcast)")
@@ -278,15 +278,15 @@ def _report(exc: BaseException, exits: dict) -> int:
     program lines, exit 1 or the largest code a rank exited with. MPI_Abort: one line, its code.
     Any other exception: the failing rank's traceback from the program down, exit 1; where it is
     MPI's error (MPI.Exception), an object receive's (UnpicklingError), spmdsim's, or a wrong argument
-    the emulator refused (TypeError, ValueError raised in spmdsim.sim: a str to Send), without the
+    the emulator refused (TypeError, ValueError raised in spmdsim.runtime.sim: a str to Send), without the
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
     import traceback  # here: the start of every run (the common case, no error) does not load it
 
-    from ..engines.memory import DRY_RUN_HINT, MemoryLimitError
+    from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
     from ..errors import RuntimeMismatchError, SpmdsimError, fold_message
-    from ..sim.engine import ranks_text
-    from ..sim.thread_limits import ThreadLimitError
+    from ..runtime.sim.engine import ranks_text
+    from ..runtime.sim.thread_limits import ThreadLimitError
 
     ranks = getattr(exc, "simulated_ranks", ())
     where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
@@ -345,7 +345,7 @@ REAL_COMM_HINT = ("spmdsim mpirun: this mpi4py call takes a real MPI communicato
 
 def _raised_by_emulator(exc: BaseException) -> bool:
     """Whether `exc` was raised in the emulator's code or the thread engine's under it (its innermost frame,
-    in spmdsim.emulator or spmdsim.sim), called from the program."""
+    in spmdsim.emulator or spmdsim.runtime.sim), called from the program."""
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
@@ -402,7 +402,7 @@ def run(n: int, command: Sequence[str]) -> int:
     from .mpi4py_world import swapped
     from .rank_modules import own_main, own_modules
     from .rank_random import own_generators
-    from ..sim.run import MAX_RANKS, simulate
+    from ..runtime.sim.run import MAX_RANKS, simulate
 
     if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
         from ..errors import fold_message
@@ -423,7 +423,7 @@ def run(n: int, command: Sequence[str]) -> int:
 
         print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
         return 1 if isinstance(exc, _NotRunnable) else 2
-    from .._mpi_library import MPILibraryError, load_mpi
+    from ..runtime.mpi_library import MPILibraryError, load_mpi
     from ..errors import fold_message
 
     try:  # the ranks send nothing through the library, but their MPI module is mpi4py's, swapped
@@ -451,7 +451,7 @@ def run(n: int, command: Sequence[str]) -> int:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         return 143
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
-        from .._output import quiet_stdout
+        from ..base.output import quiet_stdout
 
         quiet_stdout()
         return 141

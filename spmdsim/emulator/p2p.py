@@ -1,13 +1,13 @@
 """SimComm's point-to-point methods (mpi4py's Send, Recv, Isend, ..., send, recv): the thread engine's
-messages (spmdsim.sim.p2p: matching, eager sends, probes) behind mpi4py's names and arguments."""
+messages (spmdsim.runtime.sim.p2p: matching, eager sends, probes) behind mpi4py's names and arguments."""
 from __future__ import annotations
 
 import numbers
 from typing import Any
 
-from ..sim._buffers import c_int, no_buffer, special
-from ..sim.p2p import post_recv, post_send, probe
-from ..sim.requests import Request, noted
+from ..runtime.sim._buffers import c_int, no_buffer, special
+from ..runtime.sim.p2p import post_recv, post_send, probe
+from ..runtime.sim.requests import Request, noted
 from .derived import may_be_derived, packed, unpacking
 from .typemap import mapped, message
 
@@ -57,7 +57,7 @@ class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
     # The program's nonblocking calls note their requests until completed (a warning names one never completed:
-    # spmdsim.sim.requests.noted); the blocking calls, which complete theirs at once, post through _isend, _irecv.
+    # spmdsim.runtime.sim.requests.noted); the blocking calls, which complete theirs at once, post through _isend, _irecv.
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         return noted(self._isend(buf, dest, tag, "standard", True), "Isend")
@@ -73,7 +73,7 @@ class PointToPoint:
 
     def _isend(self, buf: Any, dest: int, tag: int, mode: str, watch: Any = False) -> Request:
         """A send; with `watch` (the program's nonblocking send) its completion checks that the program did not
-        write into the buffer since (spmdsim.sim.p2p.rewritten)."""
+        write into the buffer since (spmdsim.runtime.sim.p2p.rewritten)."""
         if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, _BLOCKING[mode])
         if may_be_derived(buf):
@@ -84,7 +84,7 @@ class PointToPoint:
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """The message lands in `buf` when the request completes (Wait, Test, ...): read before, `buf` holds what
-        it held (spmdsim.sim.p2p: MPI forbids reading it until then; a cluster's receive may land it late)."""
+        it held (spmdsim.runtime.sim.p2p: MPI forbids reading it until then; a cluster's receive may land it late)."""
         return noted(self._irecv(buf, source, tag, True), "Irecv")
 
     def _irecv(self, buf: Any, source: Any, tag: Any, defer: bool) -> Request:

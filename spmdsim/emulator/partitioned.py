@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import mpi_error, mpi_module, special
-from ..sim.engine import Group
-from ..sim.p2p import _check_peer, _check_tag, _remove
+from ..runtime.sim._buffers import mpi_error, mpi_module, special
+from ..runtime.sim.engine import Group
+from ..runtime.sim.p2p import _check_peer, _check_tag, _remove
 from .typemap import message
-from ..sim.request_sets import Polled
-from ..sim.requests import Request, noted, rank_name
+from ..runtime.sim.request_sets import Polled
+from ..runtime.sim.requests import Request, noted, rank_name
 from .p2p import ANY_SOURCE, ANY_TAG, _any
 from .persistent import Prequest
 from .._lazy import numpy_on_first_use

@@ -22,7 +22,7 @@ import types
 import weakref
 from typing import Any, Iterator
 
-from .. import context as _local
+from ..base import context as _local
 from ._nesting import Nesting
 
 __all__ = ["swapped_pkl5"]
@@ -79,7 +79,7 @@ def _rank_copy(state: Any) -> types.ModuleType:
 
 
 def _simulated_state() -> Any:
-    from ..sim.thread_engine import THREADS
+    from ..runtime.sim.thread_engine import THREADS
 
     state = _local.simulated()
     return state if state is not None and state.engine is THREADS else None

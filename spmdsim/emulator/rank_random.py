@@ -68,7 +68,7 @@ def adopt() -> None:
     """The running simulated rank gets its own generators, made now (numpy's when it first draws) and seeded
     from the OS as a new process's are (a rank of `spmdsim mpirun`: it runs a program that expects a process
     of its own)."""
-    from .. import context
+    from ..base import context
 
     state = context.simulated()
     if state is not None:
@@ -77,7 +77,7 @@ def adopt() -> None:
 
 
 def _mine(kind: int) -> Any:
-    from .. import context
+    from ..base import context
 
     state = context.simulated()
     pair = None if state is None else _OWN.get(state)

@@ -5,7 +5,7 @@ subclass of its type whose ``stdout`` and ``stderr`` are properties: a simulated
 started) that sets one (``sys.stderr = io.StringIO()``, as a test that captures a traceback does) sets
 its own, which it then reads back, and setting the process's stream back ends it. What the rank writes
 through the process's stream (``print``, a traceback Python or mpi4py prints from C, which read
-``sys``'s own dictionary) goes to the rank's own stream too (spmdsim.sim.run's whole-line streams ask
+``sys``'s own dictionary) goes to the rank's own stream too (spmdsim.runtime.sim.run's whole-line streams ask
 the rank's context, `RankContext.streams`). Every other thread sees ``sys`` as it is.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import types
 from typing import Any, Iterator
 
-from .. import context as _local
+from ..base import context as _local
 from ._nesting import Nesting
 
 __all__ = ["streams_of_ranks"]

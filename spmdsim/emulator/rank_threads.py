@@ -6,7 +6,7 @@ a counter thread serving Recv/Ssend while its rank computes). While `threads_of_
 is active (spmdsim.emulator.mpi4py_world.swapped), a ``threading.Thread`` started on a
 simulated rank runs in that rank's context (its MPI.COMM_WORLD, modules, random
 generators) and is counted by the rank's World as a live thread until it ends
-(spmdsim.sim.rank_threads), so a rank waiting for its own thread is no deadlock
+(spmdsim.runtime.sim.rank_threads), so a rank waiting for its own thread is no deadlock
 and a deadlock is still every live thread waiting; its ``join()`` is a wait the
 report names, and the rank's end waits for it unless it is a daemon, as Python's
 exit does. Threads started elsewhere are untouched.
@@ -17,7 +17,7 @@ import contextlib
 import threading
 from typing import Any, Iterator, Optional
 
-from .. import context as _local
+from ..base import context as _local
 from ._nesting import Nesting
 
 __all__ = ["threads_of_ranks"]
@@ -27,7 +27,7 @@ _REAL: dict = {}  # "init", "start", "join": threading.Thread's own, while swapp
 
 
 def _world_of(state: Any) -> Any:
-    from ..sim.thread_engine import THREADS
+    from ..runtime.sim.thread_engine import THREADS
 
     if state is None or state.engine is not THREADS:  # no rank, or a dry run's
         return None
@@ -58,7 +58,7 @@ def _start(thread: threading.Thread) -> None:
 
     def run_as_rank() -> None:
         from ..errors import RuntimeMismatchError
-        from ..sim.engine import Aborted
+        from ..runtime.sim.engine import Aborted
 
         _local.enter(state)
         world.enter_thread(key)

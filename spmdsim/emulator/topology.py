@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import copy_into, dtype_name, int_array, mpi_error, mpi_module, special
+from ..runtime.sim._buffers import copy_into, dtype_name, int_array, mpi_error, mpi_module, special
 from .typemap import message, vector
 from .comm import SimComm, comm_null
 from .derived import wmessage

@@ -5,20 +5,20 @@ PEP 3118 format, looked up in its table of typecodes (``MPI._typedict``): a nump
 (``'2w'`` for ``<U2``, ``'2s'`` for ``S2``, ``'3x'`` for ``V3``, ``'T{...}'`` for a structured dtype) maps to
 none, and mpi4py raises ``KeyError: "cannot map '2w' to MPI datatype"``; an array without a buffer format
 (datetime, timedelta, ml_dtypes' bfloat16) falls back to DLPack, which numpy refuses for those dtypes with
-``BufferError``. The shared reader of messages (spmdsim.sim._buffers.message) moves their bytes, as the
+``BufferError``. The shared reader of messages (spmdsim.runtime.sim._buffers.message) moves their bytes, as the
 runtime's own point-to-point needs (bfloat16, text); the emulator's entry points refuse them first, here.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ..sim import _buffers
-from ..sim._buffers import BufferSpecError, DatatypeMapError, _is_datatype, _numpy_type, mpi_module
+from ..runtime.sim import _buffers
+from ..runtime.sim._buffers import BufferSpecError, DatatypeMapError, _is_datatype, _numpy_type, mpi_module
 
 __all__ = ["mapped", "message", "vector"]
 
 #: numpy kinds every dtype of which has a format in mpi4py's table (bool, integers, floats, complex numbers;
-#: objects are refused by the shared reader: spmdsim.sim._buffers.check_dtype).
+#: objects are refused by the shared reader: spmdsim.runtime.sim._buffers.check_dtype).
 _MAPPED_KINDS = frozenset("biufcO")
 
 #: mpi4py's typecodes of numpy's text dtypes when mpi4py is not loaded (one character: MPI.CHAR, MPI.WCHAR).
@@ -75,12 +75,12 @@ def _refusal(dtype: Any) -> Any:
 
 
 def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tuple:
-    """spmdsim.sim._buffers.message, after `mapped`."""
+    """spmdsim.runtime.sim._buffers.message, after `mapped`."""
     mapped(spec, what)
     return _buffers.message(spec, what, blocks, readonly)
 
 
 def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple:
-    """spmdsim.sim._buffers.vector, after `mapped`."""
+    """spmdsim.runtime.sim._buffers.vector, after `mapped`."""
     mapped(spec, what)
     return _buffers.vector(spec, what, blocks, readonly)

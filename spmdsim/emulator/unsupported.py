@@ -18,7 +18,7 @@ def not_simulated(what: str) -> NotImplementedError:
     mpi4py raises where the MPI library lacks a call (a program may catch it and go on). Raised and not caught,
     it ends the run even from a thread the rank started, whose rank may wait for it outside MPI
     (mpi4py.futures' pool waits for its manager thread's Spawn): `spmdsim_ends_run`, read by
-    spmdsim.emulator.rank_threads and spmdsim.sim.engine.World.fail."""
+    spmdsim.emulator.rank_threads and spmdsim.runtime.sim.engine.World.fail."""
     exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
                               "collectives and one-sided communication (docs/simulate.md); run this program "
                               "under mpiexec")

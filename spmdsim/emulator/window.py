@@ -10,7 +10,7 @@ accumulates are atomic per element, as MPI's are), a valid way for MPI to comple
 up to the closing synchronization). What synchronizes is real: Fence is a barrier of the window's
 group; Lock waits while another rank holds a conflicting lock on the target (exclusive against any,
 shared against exclusive); Start waits for the targets' Post, Wait (and Test) for the origins'
-Complete. A wait goes through the simulation's engine (spmdsim.sim.engine: the run slot handed on,
+Complete. A wait goes through the simulation's engine (spmdsim.runtime.sim.engine: the run slot handed on,
 a deadlock reported with every rank's line). An operation outside an access epoch to its target (no
 Fence, Start or Lock of it) raises MPI.Exception ERR_RMA_SYNC, as MPICH does; one outside the
 target's window, ERR_RMA_RANGE.
@@ -25,9 +25,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from ..sim._buffers import _unpack, array_of, fold, mpi_error, mpi_module, mpi_datatype, numpy_dtype, \
+from ..runtime.sim._buffers import _unpack, array_of, fold, mpi_error, mpi_module, mpi_datatype, numpy_dtype, \
     reduction, special, typecode_datatype
-from ..sim.engine import _Waiting, ranks_text
+from ..runtime.sim.engine import _Waiting, ranks_text
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
@@ -433,8 +433,8 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
     def _request(self, call: str) -> Any:
         """The request of a request-based operation (`call`: Rput, ...), done when its call returned; noted until
         the program completes it, as a nonblocking collective's (a warning names one never completed, on the
-        communicator the window was made on: spmdsim.sim.requests.noted)."""
-        from ..sim.requests import completed, noted
+        communicator the window was made on: spmdsim.runtime.sim.requests.noted)."""
+        from ..runtime.sim.requests import completed, noted
 
         return noted(completed(), call, self._shared.group, self._comm._me)
 
@@ -679,7 +679,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
     def Sync(self) -> None:
         """The public and private copies agree (one copy: MPI.WIN_UNIFIED); a poll point as Test is, where a
         loop that reads its window until another rank writes it (``while mem[0] == 0: win.Sync()``) naps
-        after a while (spmdsim.sim.engine: SPIN_S) instead of spinning a core."""
+        after a while (spmdsim.runtime.sim.engine: SPIN_S) instead of spinning a core."""
         self._poll("Win.Sync", nap=True)
 
     def _poll(self, call: str, nap: bool) -> None:
@@ -719,7 +719,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
 
 
 class _WinPoll:
-    """What a rank polls a window with, for World.pause (spmdsim.sim.engine), which reports a loop of polls in
+    """What a rank polls a window with, for World.pause (spmdsim.runtime.sim.engine), which reports a loop of polls in
     vain as a request's: ``Win.Test`` waits for the Complete of the origins in `missing` (window ranks), and no
     rank left completes it once they all finished (`definite`: reported too while every other rank waits, as a
     request's Test); ``Sync``, ``Flush*`` and ``Unlock*`` wait for what the program's loop reads, which only a
@@ -739,7 +739,7 @@ class _WinPoll:
 
     def why_stuck(self, world: Any) -> tuple[str, str]:
         """Where the origins whose Complete a Win.Test waits for are (those that wait have their own clause)."""
-        from ..sim.report import whereabouts
+        from ..runtime.sim.report import whereabouts
 
         if self.missing is None:
             return "", ""
@@ -753,7 +753,7 @@ class _WinPoll:
 
 def _names(group: Any, ranks: tuple) -> str:
     """'rank 1', 'ranks 1,2', or on a communicator other than the world 'group rank 0 (world rank 2)', ..."""
-    from ..sim.requests import rank_name
+    from ..runtime.sim.requests import rank_name
 
     if group.members == tuple(range(group.world.size)):
         return ranks_text(ranks)
@@ -819,7 +819,7 @@ def _take_lock(shared: _Shared, rank: int, me: int, exclusive: bool) -> None:
 
 def _default_comm(comm: Any) -> Any:
     if comm is None:
-        from ..context import simulated
+        from ..base.context import simulated
         from .comm import self_comm
 
         return self_comm(simulated())

@@ -3,7 +3,7 @@
 Names are loaded on first use so that ``import spmdsim.runtime`` alone does not
 initialize MPI; ``spmdsim.runtime.trace`` never imports mpi4py at module
 level. DTensor's operators (``x + y``, ``x @ w``,
-``.backward()``) come with ``spmdsim.ops``, which ``import spmdsim.ops`` or the
+``.backward()``) come with ``spmdsim.nn.ops``, which ``import spmdsim.nn.ops`` or the
 front door (``from spmdsim import DTensor``) loads: the runtime sits below the
 operators and imports none. ``spmdsim.runtime.exchange`` is the function
 `exchange`, also once its module (runtime/exchange.py) is imported: a module

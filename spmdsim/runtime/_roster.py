@@ -15,7 +15,7 @@ import itertools
 import time
 from typing import Any, Optional
 
-from ..engines import engine_of
+from .engines import engine_of
 
 SERVE_S = 0.1  # a waiting rank looks for questions this often, after waiting this long
 _QUERY_TAG = 0x7351
@@ -51,7 +51,7 @@ def _send(side: Any, message: Any, dest: int, tag: int) -> None:
 
 
 def _me() -> int:
-    from ..engines import world
+    from .engines import world
 
     return world().Get_rank()
 
@@ -80,7 +80,7 @@ def survey(comm: Any, state: State, grace: float) -> Optional[dict[int, Optional
         return None
     side, spans_world = found
     try:
-        from ..engines import world
+        from .engines import world
 
         me = _me()
         if comm is None:
@@ -128,7 +128,7 @@ def drain(side: Any) -> None:
 
 def ranks_text(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0-2,4-7`` (sorted world ranks; two in a row fold too: ``0-1``)."""
-    from ..viz.model import compact_ranks  # pure; loaded only when a watchdog reports
+    from ..programs.viz.model import compact_ranks  # pure; loaded only when a watchdog reports
 
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks, run=2)
 

@@ -1,4 +1,4 @@
-"""Run a collective algorithm's schedule (spmdsim.algorithms) with point-to-point messages.
+"""Run a collective algorithm's schedule (spmdsim.programs.algorithms) with point-to-point messages.
 
     from spmdsim.runtime.algorithms import collect_rounds, run_collective
     with collect_rounds() as log:
@@ -22,14 +22,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..algorithms import Schedule, parse_name
-from ..algorithms import build as build_schedule
-from ..algorithms.moving import pairwise_peers
-from ..algorithms.table import format_rounds
+from ..programs.algorithms import Schedule, parse_name
+from ..programs.algorithms import build as build_schedule
+from ..programs.algorithms.moving import pairwise_peers
+from ..programs.algorithms.table import format_rounds
 from ..errors import OperatorError, ShapeError
-from ..precision import is_low
-from ..validate import as_int
-from ..engines import engine_of
+from ..base.precision import is_low
+from ..base.validate import as_int
+from .engines import engine_of
 from . import door
 
 __all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
@@ -77,7 +77,7 @@ class RoundLog:
         return "\n\n".join(parts)
 
 
-# Open logs per thread: simulated ranks (spmdsim.sim) are threads, each with its own.
+# Open logs per thread: simulated ranks (spmdsim.runtime.sim) are threads, each with its own.
 _LOCAL = threading.local()
 
 
@@ -270,7 +270,7 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
     """
     wait = None
     if mesh.polite:
-        from ..engines.wait import polite_wait as wait
+        from .engines.wait import polite_wait as wait
     if op == "alltoallv":
         sent, received = alltoallv_pairwise(comm, send, recv, *extra, wait=wait)
         return f"{op}[{algorithm}]", sent, received
@@ -291,7 +291,7 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
 
 def alltoallv_pairwise(comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray, rcounts: Any,
                        rdispls: Any, wait: Callable[[Any], None] | None = None) -> tuple[int, int]:
-    """MPI's Alltoallv as the pairwise exchange (spmdsim.algorithms.moving.pairwise_peers): in round s this
+    """MPI's Alltoallv as the pairwise exchange (spmdsim.programs.algorithms.moving.pairwise_peers): in round s this
     rank sends its block for one peer and receives another's, straight between the buffers; its own block
     is copied. Counts and displacements in elements, as mpi4py's; each rank's counts are its own (member
     j's scounts[i] is member i's rcounts[j]), so a round whose message is empty posts none, on both sides.
@@ -318,7 +318,7 @@ def _combine(op: Any) -> Any:
 
 def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
     """The engine's own collective (MPI's, or the simulated ranks') on the same buffers."""
-    from ..engines.wait import polite_wait
+    from .engines.wait import polite_wait
 
     wait = polite_wait if polite else None
     if collective == "bcast":
@@ -336,14 +336,14 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     """Run `schedule` and MPI's own collective on the same input `repeat` times (collective).
 
     Inputs: values in [-1, 1) (integers in [-50, 50) for integer dtypes), per rank.
-    On simulated ranks "MPI's" collective is theirs (spmdsim.sim). Returns (the
+    On simulated ranks "MPI's" collective is theirs (spmdsim.runtime.sim). Returns (the
     same on every rank): ``matches_mpi`` (bitwise for data movement and
     integers; float sums within p*p*eps, the bound for summing p values of
     magnitude < 1 in another order), ``max_abs_difference``, the median over the
     runs of the slowest rank's seconds (``seconds_emulated``, ``seconds_mpi``,
     ``round_seconds`` per round) and the ``wait_mode`` used.
     """
-    from ..engines.wait import polite_wait, resolve_wait_mode
+    from .engines.wait import polite_wait, resolve_wait_mode
 
     simulated = engine_of(comm).simulated
     dtype = np.dtype(dtype)

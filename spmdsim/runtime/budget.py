@@ -1,4 +1,4 @@
-"""The memory budget every rank of a communicator agrees on (the MPI side of spmdsim.memory).
+"""The memory budget every rank of a communicator agrees on (the MPI side of spmdsim.programs.memory).
 
 Ranks read MemAvailable at slightly different times and see slightly different
 figures; a refusal must be the same on every rank, so they take the minimum
@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from ..memory import ENV_VAR, Budget, Need, budget_per_rank, check_need, seeded_need
-from ..engines import engine_of
+from ..programs.memory import ENV_VAR, Budget, Need, budget_per_rank, check_need, seeded_need
+from .engines import engine_of
 from . import door
 
 __all__ = ["agreed_budget", "check_memory", "check_seeded"]
@@ -35,7 +35,7 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     """The bytes each rank of `comm` may use, the same on every rank (collective on first use).
 
     None when the check is off (SPMDSIM_MEMORY=off) or the machine does not say, and in a dry run, which
-    holds no block in memory (its shards are zeros whose pages are never written: spmdsim.sim.dry), so that
+    holds no block in memory (its shards are zeros whose pages are never written: spmdsim.runtime.sim.dry), so that
     this machine's memory does not refuse a model sized for a cluster; what a rank of the modelled machine
     holds is the estimate's to judge (`spmdsim estimate --machine`).
     A bad SPMDSIM_MEMORY raises the same SpmdsimError on every rank, before any collective.

@@ -1,6 +1,6 @@
 """Compare each rank's shard with its reference slice; every rank gets the same Verdict.
 
-Default tolerances: spmdsim.tolerances. An element passes when |actual - expected| <=
+Default tolerances: spmdsim.references.tolerances. An element passes when |actual - expected| <=
 atol + rtol x its scale: |expected|, or, given the magnitudes that entered it (`scale`: for a
 sum or product the sum of its terms' absolute values), the larger of the two (docs/semantics.md,
 "Tolerances"). A NaN or Inf on either side fails the check and
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed
-from ..tolerances import default_tolerances  # noqa: F401 - importable from here as before
+from ..references.tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
 __all__ = ["Verdict", "default_tolerances", "local_stats", "agree"]
 
@@ -36,7 +36,7 @@ class Verdict:
     nonfinite: int
     elements: int = 0  # global elements compared (each replica counted once), like nonfinite
     failed_ranks: tuple[int, ...] = ()
-    dry_run: bool = False  # a dry run's check (spmdsim.sim.dry): no values, nothing compared
+    dry_run: bool = False  # a dry run's check (spmdsim.runtime.sim.dry): no values, nothing compared
     scaled: bool = False  # rtol multiplied the magnitudes that entered each element, not |ref|
 
     def __bool__(self) -> bool:
@@ -147,14 +147,14 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     Allgather gave each of p ranks its own p records, and each rank built the Verdict from them (805 MB and
     O(p^2) work at 4,096 ranks).
 
-    On a dry run's communicator (spmdsim.sim.dry) the Allgather is made as a real check makes it (its call
+    On a dry run's communicator (spmdsim.runtime.sim.dry) the Allgather is made as a real check makes it (its call
     and its table's bytes count), but the table is not read: it holds no rank's figures (this rank's record
     repeated while it fits in 64 KiB, zeros past 1,365 ranks) and nothing was compared. The verdict is then
     the same at every rank count: passed (a program's raise_if_failed() lets its dry run go on), with
     ``dry_run=True``, no error, and `elements` (the global elements the check stands for; else this rank's
     record's, once per rank)."""
     from . import door
-    from ..engines import engine_of
+    from .engines import engine_of
     from .shared_rows import gather_shared
 
     send = np.ascontiguousarray(stats, np.float64)

@@ -21,12 +21,12 @@ from typing import Any, Iterable
 
 import numpy as np
 from ..errors import OperatorError, RankError
-from ..buffers import broadcast_zero
-from ..context import _THREAD
-from ..engines.wait import polite_wait
-from ..precision import is_low
-from ..validate import as_int
-from ..plan.steps import moved_bytes  # each step kind owns its byte formula
+from ..base.buffers import broadcast_zero
+from ..base.context import _THREAD
+from .engines.wait import polite_wait
+from ..base.precision import is_low
+from ..base.validate import as_int
+from ..programs.plan.steps import moved_bytes  # each step kind owns its byte formula
 from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order, issue, keep, repeat
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes

@@ -12,7 +12,7 @@ collective (and fingerprint exchange) is posted nonblocking and polled; past
 the deadline the rank asks its group where they are (runtime._roster), prints
 who waits where and who is missing, and aborts the job (guard.abort_job). A
 simulated rank waits as without it (`waiter`): its simulation times each of its
-waits, mpi4py's calls included (spmdsim.sim.engine.World.wait), and raises.
+waits, mpi4py's calls included (spmdsim.runtime.sim.engine.World.wait), and raises.
 
 The settings are the running rank's (`Hooks`, ``current().hooks``): an MPI
 rank's are its process's (`HOOKS`); a simulated rank starts from a copy of
@@ -26,7 +26,7 @@ one more or one fewer than its peers is caught at its next collective. That
 count must agree only among ranks that run one program: a pipeline's stages
 make their own numbers of calls on their own groups, so they agree on the
 largest (`agree`) before a collective they share inside a step (the clip's
-Allreduce over pp) and after each step (spmdsim.gpt.pipeline). mpi4py
+Allreduce over pp) and after each step (spmdsim.models.gpt.pipeline). mpi4py
 is imported only when a watched wait lasts longer than 0.1 s, or to abort.
 """
 from __future__ import annotations
@@ -39,11 +39,11 @@ from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import RuntimeMismatchError, SpmdsimError
-from ..context import PROCESS
-from ..context import current as _context
-from ..context import simulated as _simulated
+from ..base.context import PROCESS
+from ..base.context import current as _context
+from ..base.context import simulated as _simulated
 from . import _roster
-from ..engines import wait as waiting
+from .engines import wait as waiting
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -67,9 +67,9 @@ class Hooks:
 
     The process has its own (`HOOKS`, the settings of an MPI rank or of a plain
     process); each simulated rank gets a copy of the process's when simulate()
-    starts (spmdsim.sim.run), so configure() on a simulated rank changes that
+    starts (spmdsim.runtime.sim.run), so configure() on a simulated rank changes that
     rank's and nothing beside it, as configure() on an MPI rank changes that
-    process's. The running rank's are ``current().hooks`` (spmdsim.context).
+    process's. The running rank's are ``current().hooks`` (spmdsim.base.context).
 
     ``quiet``: True when neither hook is on, one attribute read for hot paths
     (worked out on first read and after configure()); the rest are the
@@ -86,7 +86,7 @@ class Hooks:
         self.watchdog_read = False if like is None else like.watchdog_read
         # configure() chose the watchdog: the environment and the default step aside
         self.watchdog_set = False if like is None else like.watchdog_set
-        # A simulated rank's: its simulation's World (spmdsim.sim.engine), whose waits the watchdog then
+        # A simulated rank's: its simulation's World (spmdsim.runtime.sim.engine), whose waits the watchdog then
         # times (`World.watched`, set by configure()); None for the process's and a copy (_reset keeps it)
         self.world: Any = getattr(self, "world", None) if like is None else None
         # `quiet` stays unset until first read (__getattr__)
@@ -254,7 +254,7 @@ def agree(comm: Any, axes: Sequence[str], polite: bool, always: bool = False) ->
     the ranks waiting in one call by its number too. One int64 Allreduce (max), neither numbered nor traced,
     waited as the mesh's calls are (the watchdog's too); nothing on a group of one, or with neither hook on
     unless `always` (a pipelined step's end: the counters stay even for a hook turned on later). A kernel where
-    a step is captured (spmdsim.optim's clipping), so each replay agrees.
+    a step is captured (spmdsim.nn.optim's clipping), so each replay agrees.
     """
     context = _context()
     if context.hooks.quiet and not always or comm.Get_size() == 1:
@@ -433,7 +433,7 @@ def begin(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[S
 def waiter(op: str, axes: Sequence[str], seq: int, polite: bool, comm: Any = None) -> Optional[Callable[[Any], None]]:
     """How to wait for call `seq` (an engine's `wait`, engines/base.py): None for the blocking call; the
     polite wait; with SPMDSIM_WATCHDOG, `wait` above (a rank left waiting reports and ends the job). A
-    simulated rank waits as without it: its simulation times every wait of its own (spmdsim.sim.engine's
+    simulated rank waits as without it: its simulation times every wait of its own (spmdsim.runtime.sim.engine's
     World.wait), and reports a deadlock at once, where polling would see one only after POLL_STALL_S."""
     if watchdog_seconds() is None or _simulated() is not None:
         return waiting.polite_wait if polite else None

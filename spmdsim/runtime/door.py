@@ -1,7 +1,7 @@
 """The one door: where the runtime hands bytes to an engine (docs/architecture.md, "The path of a byte").
 
 `issue` runs one collective of runtime.collectives, runtime.exchange or
-runtime.prepared: the mesh's engine's transfer (spmdsim.engines.base: one
+runtime.prepared: the mesh's engine's transfer (spmdsim.runtime.engines.base: one
 method per kind, taking buffers), by a plain way (the engine's call, nothing
 before it) or through the layers of runtime/layers.py (debug hooks or an
 emulated algorithm), then one trace row. `repeat` runs again a collective
@@ -28,21 +28,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import buffers
-from ..engines import engine_of
-from ..engines.wait import polite_wait
+from ..base import buffers
+from .engines import engine_of
+from .engines.wait import polite_wait
 from ..errors import DTypeError, ShapeError, SpmdsimError
-from ..precision import is_low
-from ..validate import SUPPORTED_DTYPES, counted
+from ..base.precision import is_low
+from ..base.validate import SUPPORTED_DTYPES, counted
 from . import debug
 from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
-from ..context import _THREAD, current as _context
+from ..base.context import _THREAD, current as _context
 from .trace import fold_to, record, record_call, record_to
 
-_empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
+_empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.base.buffers)
 _ndarray = np.ndarray
 
 
@@ -175,7 +175,7 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
                    known: tuple | None = None, bound: Any = None) -> None:
     """Messages between members of `comm` (a group of `mesh` over `axes`), posted together and all waited
     for: `receives` as (buffer, source, tag), `sends` as (buffer, dest, tag), receives posted first. A
-    pipeline's activations and gradients between stages (spmdsim.gpt.pipeline). Waited politely on a
+    pipeline's activations and gradients between stages (spmdsim.models.gpt.pipeline). Waited politely on a
     polite mesh, watched with SPMDSIM_WATCHDOG (a schedule that deadlocks anyway ends the job with the
     watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way (on a dry
     engine, one more count of an earlier group's row that differs in its times alone: Trace.fold). Not
@@ -295,7 +295,7 @@ def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
     return out
 
 
-# dtype kinds MPI moves (numbers, bool, and bytes/str as their bytes: spmdsim.engines.mpi) and the ones it can sum.
+# dtype kinds MPI moves (numbers, bool, and bytes/str as their bytes: spmdsim.runtime.engines.mpi) and the ones it can sum.
 _MOVABLE = "biufcSU"
 _SUMMABLE = "iufc"
 _ORDERED = "iuf"  # and the ones it can take the maximum or minimum of
@@ -331,7 +331,7 @@ def _check_dtype(op: str, dtype: np.dtype, reduction: str = "sum") -> None:
             return
     elif dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
         return
-    if is_low(dtype) and not sums:  # moved as its 16-bit words (spmdsim.engines.mpi; the sums of
+    if is_low(dtype) and not sums:  # moved as its 16-bit words (spmdsim.runtime.engines.mpi; the sums of
         return  # bfloat16 are float32's, spmdsim.runtime.collectives)
     if not dtype.isnative:
         raise DTypeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "

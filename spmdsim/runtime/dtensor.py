@@ -13,12 +13,12 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
-from .. import buffers
-from ..datagen import SeededTensor
+from ..base import buffers
+from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
-from ..layout import Layout, TensorLayout
-from ..context import current as _context
-from ..validate import as_int, counted, dtype_arg, tolerance_arg
+from ..layouts.layout import Layout, TensorLayout
+from ..base.context import current as _context
+from ..base.validate import as_int, counted, dtype_arg, tolerance_arg
 from . import door
 from .replay import local_of
 from .check import Verdict, agree, default_tolerances, local_stats
@@ -49,23 +49,23 @@ _new = object.__new__
 class _Operators:
     """What DTensor's operator methods call: the operators and autograd, which build DTensors.
 
-    The runtime sits below them and imports neither; `spmdsim.ops` fills this table when it loads
-    (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
-    (``from spmdsim import DTensor``) loads spmdsim.ops with it.
+    The runtime sits below them and imports neither; `spmdsim.nn.ops` fills this table when it loads
+    (`spmdsim/nn/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
+    (``from spmdsim import DTensor``) loads spmdsim.nn.ops with it.
     """
     __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "set_grad", "backward", "getitem",
                  "reshape", "transpose")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
-        raise OperatorError(f"DTensor's operators and autograd come with spmdsim.ops, which is not loaded: "
-                            f"import spmdsim.ops (or take DTensor from spmdsim) before using {name}")
+        raise OperatorError(f"DTensor's operators and autograd come with spmdsim.nn.ops, which is not loaded: "
+                            f"import spmdsim.nn.ops (or take DTensor from spmdsim) before using {name}")
 
 
 _OPERATORS = _Operators()
 
 
 def install_operators(**functions: Callable[..., Any]) -> None:
-    """Fill the table DTensor's methods call (spmdsim.ops does, when it loads)."""
+    """Fill the table DTensor's methods call (spmdsim.nn.ops does, when it loads)."""
     for name, function in functions.items():
         setattr(_OPERATORS, name, function)
 
@@ -79,7 +79,7 @@ class DTensor:
     PyTorch's and JAX's words); ``requires_grad`` and ``grad`` (docs/training.md).
     """
 
-    # _ag: autograd's record (None, a Leaf or a Node; spmdsim.autograd), None unless asked for.
+    # _ag: autograd's record (None, a Leaf or a Node; spmdsim.nn.autograd), None unless asked for.
     __slots__ = ("_mesh", "_local", "_layout", "_shape", "_ag")
 
     def __init__(self, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
@@ -243,14 +243,14 @@ class DTensor:
         """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``); refused
         (DialectError) where DTensor would cut this tensor's shape otherwise (a size that does not divide under
         the balanced cut, which DTensor does not have: docs/semantics.md, "Uneven shards")."""
-        from ..dialects.dtensor import placements_of
+        from ..layouts.dialects.dtensor import placements_of
 
         return placements_of(self._layout, self._shape)
 
     @property
     def partition_spec(self) -> tuple:
         """The layout as a JAX PartitionSpec tuple, one entry per dim (``("dp", None)``); none for a pending sum."""
-        from ..dialects.partition_spec import layout_to_partition_spec
+        from ..layouts.dialects.partition_spec import layout_to_partition_spec
 
         return layout_to_partition_spec(self._layout)
 
@@ -272,7 +272,7 @@ class DTensor:
 
         return resolve(self._mesh, local_of(self), self._layout, label)
 
-    # -- autograd and operators: spmdsim.ops fills `_OPERATORS` when it loads ----------------
+    # -- autograd and operators: spmdsim.nn.ops fills `_OPERATORS` when it loads ----------------
     def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
         """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
         return _OPERATORS.requires_grad_(self, requires_grad)
@@ -293,14 +293,14 @@ class DTensor:
         `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
         layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
         a bucket's bytes. `keep_pending`: leaves whose gradients stay pending sums, accumulated, for
-        spmdsim.autograd.reduce_grads (gradient accumulation). PyTorch's `retain_graph` and
+        spmdsim.nn.autograd.reduce_grads (gradient accumulation). PyTorch's `retain_graph` and
         `create_graph` are refused when true (the walk frees the graph; no gradient of a gradient).
         """
         _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph)
 
-    # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
+    # arithmetic (spmdsim.nn.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
     # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the
-    # operators are given by spmdsim.ops.methods.
+    # operators are given by spmdsim.nn.ops.methods.
     def __add__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("add", self, other)
 
@@ -360,7 +360,7 @@ class DTensor:
         return _OPERATORS.pointwise("invert", self)
 
     def __pow__(self, other: Any) -> "DTensor":
-        """numpy's ``x ** y`` (spmdsim.ops.pointwise.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
+        """numpy's ``x ** y`` (spmdsim.nn.ops.pointwise.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
         return _OPERATORS.power(self, other)
 
     def __rpow__(self, other: Any) -> "DTensor":
@@ -405,16 +405,16 @@ class DTensor:
         return _OPERATORS.pointwise("ge", self, other)
 
     def __getitem__(self, index: Any) -> "DTensor":
-        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.ops.narrow` on each cut dim; a
+        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.nn.ops.narrow` on each cut dim; a
         split one moves the rows each rank's new block lacks)."""
         return _OPERATORS.getitem(self, index)
 
     def reshape(self, *shape: Any) -> "DTensor":
-        """`spmdsim.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
+        """`spmdsim.nn.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
         return _OPERATORS.reshape(self, shape[0] if len(shape) == 1 else shape)
 
     def transpose(self, *perm: Any) -> "DTensor":
-        """`spmdsim.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
+        """`spmdsim.nn.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
         reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`).
 
         ``x.transpose(0, 1)`` of a 2-d tensor, which numpy keeps as it is and PyTorch swaps, is refused."""
@@ -424,28 +424,28 @@ class DTensor:
         return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
 
     def sum(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.ops.sum`: over a split dim, a pending sum. numpy's ``axis=`` and PyTorch's ``dim=``,
+        """`spmdsim.nn.ops.sum`: over a split dim, a pending sum. numpy's ``axis=`` and PyTorch's ``dim=``,
         ``keepdim=`` are taken too (so ``np.sum(x, axis=1)`` works)."""
         return _OPERATORS.reduce("sum", self, *_reduce_args("sum", dims, keepdims, aliases))
 
     def mean(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.ops.mean`: over a split dim, a pending sum (``axis=``, ``dim=``, ``keepdim=`` too)."""
+        """`spmdsim.nn.ops.mean`: over a split dim, a pending sum (``axis=``, ``dim=``, ``keepdim=`` too)."""
         return _OPERATORS.reduce("mean", self, *_reduce_args("mean", dims, keepdims, aliases))
 
     def max(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.ops.max`: over a split dim, one Allreduce(MAX) (``axis=``, ``dim=``, ``keepdim=`` too)."""
+        """`spmdsim.nn.ops.max`: over a split dim, one Allreduce(MAX) (``axis=``, ``dim=``, ``keepdim=`` too)."""
         return _OPERATORS.reduce("max", self, *_reduce_args("max", dims, keepdims, aliases))
 
     def min(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.ops.min`: over a split dim, one Allreduce(MIN) (``axis=``, ``dim=``, ``keepdim=`` too)."""
+        """`spmdsim.nn.ops.min`: over a split dim, one Allreduce(MIN) (``axis=``, ``dim=``, ``keepdim=`` too)."""
         return _OPERATORS.reduce("min", self, *_reduce_args("min", dims, keepdims, aliases))
 
     def argmax(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.ops.argmax`: int64 indices, the first on ties; over a split dim two Allreduces."""
+        """`spmdsim.nn.ops.argmax`: int64 indices, the first on ties; over a split dim two Allreduces."""
         return _OPERATORS.arg("argmax", self, dim, keepdims)
 
     def argmin(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.ops.argmin`: int64 indices, the first on ties; over a split dim two Allreduces."""
+        """`spmdsim.nn.ops.argmin`: int64 indices, the first on ties; over a split dim two Allreduces."""
         return _OPERATORS.arg("argmin", self, dim, keepdims)
 
     # -- whole-tensor views ------------------------------------------------------------
@@ -583,7 +583,7 @@ def _check_placement(mesh: Any, layout: Any) -> None:
     if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
         return  # the usual case, in three identity tests
     if not isinstance(mesh, Mesh):
-        from ..validate import describe  # an ndarray passed as the mesh was its whole repr, many lines
+        from ..base.validate import describe  # an ndarray passed as the mesh was its whole repr, many lines
 
         raise LayoutError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}; make one with "
                           "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first")
@@ -596,14 +596,14 @@ def _check_placement(mesh: Any, layout: Any) -> None:
 def _not_a_tensor_layout(layout: Any) -> str:
     """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
     PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
-    from ..validate import describe
+    from ..base.validate import describe
 
     if isinstance(layout, Layout):
         how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "
                f"layout({layout.alias_name[0]!r}, None)")
     else:
         how = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect "
-               "with spmdsim.dialects' placements_to_layout(placements, mesh, ndim) or "
+               "with spmdsim.layouts.dialects' placements_to_layout(placements, mesh, ndim) or "
                "partition_spec_to_layout(spec, mesh, ndim)")
     return f"layout must be a TensorLayout, got {describe(layout)}; {how}"
 

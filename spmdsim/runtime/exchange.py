@@ -4,7 +4,7 @@
 on every call; `exchange` runs a prebuilt `ExchangeSpec` (runtime.exchange_spec),
 whose counts and boxes were checked once, and is what the executor's Exchange
 steps call in loops. Both pack the outgoing blocks into the mesh's kept send
-buffer (a dry run's, spmdsim.sim.dry, stays unwritten: nothing reads it), receive
+buffer (a dry run's, spmdsim.runtime.sim.dry, stays unwritten: nothing reads it), receive
 into one flat buffer, and record one trace entry.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import buffers
-from ..engines.base import DRY_VALUES_BYTES
+from ..base import buffers
+from .engines.base import DRY_VALUES_BYTES
 from ..errors import DTypeError, RankError, ShapeError
-from ..validate import as_int
+from ..base.validate import as_int
 from .door import _alone, _empty, _result, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
@@ -111,7 +111,7 @@ def group_alltoallv(mesh: Mesh, local: Any, send_rows: Sequence[int], recv_rows:
     `send_rows[j]` consecutive rows go to member j (members in group order), `recv_rows[j]` rows come from
     member j; returns them (sum(recv_rows), ...), sources in group order. The counts must agree across the
     group (member i's send_rows[j] is member j's recv_rows[i]): the caller exchanged them first, as a
-    dropless MoE layer's Alltoall of counts does (spmdsim.moe.layer). A member's rows to itself travel too.
+    dropless MoE layer's Alltoall of counts does (spmdsim.models.moe.layer). A member's rows to itself travel too.
     """
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else np.ascontiguousarray(local)
@@ -176,7 +176,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
 
 def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
             out: np.ndarray | None = None) -> np.ndarray:
-    """This rank's block of `shift`'s result (a spmdsim.plan.shift.Shift of `local`'s tensor): the rows it
+    """This rank's block of `shift`'s result (a spmdsim.programs.plan.shift.Shift of `local`'s tensor): the rows it
     keeps copied, the others received in one Alltoallv over the mesh (none when no rank lacks rows); rows
     no rank holds are zeros, or left as they are in `out` (the block to write into). Collective: every
     rank calls it with the same shift."""
@@ -193,7 +193,7 @@ def shifted_many(mesh: Mesh, moves: Sequence[tuple[np.ndarray, Any, np.ndarray]]
     Alltoallv (a join's operands, or its gradient's pieces): the same bytes as one call each, one latency.
     Collective: every rank calls it with the same shifts.
 
-    A dry run (one rank for all, spmdsim.sim.dry) writes no row into a block of DRY_VALUES_BYTES or more (the
+    A dry run (one rank for all, spmdsim.runtime.sim.dry) writes no row into a block of DRY_VALUES_BYTES or more (the
     engine's zeros: its values are not results, and a row written would cost its pages) and sends the shifts'
     rows as zeros of their sizes; the Alltoallv and its bytes are the real run's."""
     rank = mesh.rank

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Iterable
 
-from ..engines.trace import count_peers  # the trace counts an Alltoallv's peers the same way
+from .engines.trace import count_peers  # the trace counts an Alltoallv's peers the same way
 from ..errors import RankError, ShapeError
 
 __all__ = ["ExchangeSpec", "count_peers"]

@@ -1,9 +1,9 @@
-"""The executor: runs step programs (spmdsim.plan.steps) on this rank's block.
+"""The executor: runs step programs (spmdsim.programs.plan.steps) on this rank's block.
 
-One executor for an operator's program (the steps spmdsim.infer gives to
+One executor for an operator's program (the steps spmdsim.programs.infer gives to
 finish its local result) and a redistribution's (the planner's steps). Each
 step kind has one runner here, which calls a collective or a local kernel
-(spmdsim.plan.kernels), traced with the operator's label or the step's own.
+(spmdsim.programs.plan.kernels), traced with the operator's label or the step's own.
 Importing this module does not start MPI: the collectives are bound when a
 program first runs. Compiled redistributions live in `PROGRAMS`, per mesh.
 """
@@ -18,14 +18,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import PlanError, ShapeError
-from ..layout import Layout, TensorLayout, move_name
-from ..plan import Plan, plan_redistribution
-from ..buffers import CAPTURE as _CAPTURE
-from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
-from ..buffers import kept_empty as _kept_empty
-from ..plan.kernels import exchange_program, local_slice, local_zero
-from ..plan.uneven import check_fits, group_pieces, is_uneven
-from ..plan.steps import (
+from ..layouts.layout import Layout, TensorLayout, move_name
+from ..programs.plan import Plan, plan_redistribution
+from ..base.buffers import CAPTURE as _CAPTURE
+from ..base.buffers import empty as _new_block  # placed for MPI's copies (spmdsim.base.buffers)
+from ..base.buffers import kept_empty as _kept_empty
+from ..programs.plan.kernels import exchange_program, local_slice, local_zero
+from ..programs.plan.uneven import check_fits, group_pieces, is_uneven
+from ..programs.plan.steps import (
     Allgather,
     Allreduce,
     Alltoall,
@@ -37,7 +37,7 @@ from ..plan.steps import (
     step_label,
 )
 from . import debug
-from ..context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
+from ..base.context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
 
 __all__ = ["execute", "resolve", "gather", "pending", "redistribute", "ProgramCache", "PROGRAMS"]
 
@@ -64,7 +64,7 @@ def _bind() -> None:
     from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 
     # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts, or,
-    # where the group's pieces do not nest (spmdsim.plan.uneven), the planner's redistribution instead.
+    # where the group's pieces do not nest (spmdsim.programs.plan.uneven), the planner's redistribution instead.
     def run_allgather(step, mesh, local, shape, label, owned):
         how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
         if how:
@@ -182,7 +182,7 @@ def _reducible(local: Any, reduction: str) -> None:
     """The DTypeError the Allreduce over a larger group raises for `local`'s dtype, on a group of one too."""
     from .door import _take, _take_order
 
-    from ..precision import is_low
+    from ..base.precision import is_low
 
     dtype = getattr(local, "dtype", None)
     if dtype is not None and not is_low(dtype):  # bfloat16 is summed and ordered as float32

@@ -31,8 +31,8 @@ import traceback
 from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError, fold_message
-from ..context import simulated as _simulated
-from ..engines import engine_of
+from ..base.context import simulated as _simulated
+from .engines import engine_of
 from .process import release_shared_segments
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
@@ -129,7 +129,7 @@ def world_channel() -> Any:
 def _world(comm: Any) -> Any:
     if comm is not None:
         return comm
-    from ..engines import world
+    from .engines import world
 
     return world()
 
@@ -157,8 +157,8 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
             abort_job(comm, f"spmdsim: rank {rank} was interrupted (Ctrl-C) and its job did not end\n")
         _interrupted(comm, private)
     if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
-        # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
-        from ..memory import out_of_memory
+        # Out of memory despite the estimate (spmdsim.programs.memory): one line, no traceback.
+        from ..programs.memory import out_of_memory
 
         exc = SpmdsimError(out_of_memory(exc))
     if isinstance(exc, SpmdsimError):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engines.wait import polite_wait
+from .engines.wait import polite_wait
 from . import debug
 from .mesh import normalize_axes
 

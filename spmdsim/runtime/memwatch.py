@@ -4,7 +4,7 @@ Linux kills the process that holds the most when memory runs out (SIGKILL:
 no message; mpiexec then reports a rank "KILLED BY SIGNAL: 9"), often after
 minutes of swapping. Each rank started by a launcher runs one daemon thread,
 from the guard's first setup on (runtime.process), that reads every `POLL_S` seconds what this process
-holds and what the machine (or its cgroup) has left (spmdsim.engines.memory's
+holds and what the machine (or its cgroup) has left (spmdsim.runtime.engines.memory's
 readings, as simulated ranks do). When less than 8% is left (at least 256
 MiB) and this rank times the ranks on its node hold 1 GiB or more, it says
 so on stderr and calls MPI_Abort: the whole job ends with exit 1. A single
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Optional
 
-from ..engines import memory
+from .engines import memory
 
 __all__ = ["POLL_S", "problem", "start"]
 

@@ -7,17 +7,17 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .. import buffers
+from ..base import buffers
 from ..errors import LayoutError, RuntimeMismatchError
-from ..layout import Layout
-from ..context import current
-from ..engines import engine_of, ways_out
-from ..engines.wait import WAIT_MODES, resolve_wait_mode
+from ..layouts.layout import Layout
+from ..base.context import current
+from .engines import engine_of, ways_out
+from .engines.wait import WAIT_MODES, resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
 
 # Temporaries above this are allocated per call: glibc maps that size afresh
-# anyway (spmdsim._malloc), and keeping one would pin that much per mesh.
+# anyway (spmdsim.base.malloc), and keeping one would pin that much per mesh.
 SCRATCH_MAX_BYTES = 32 << 20
 SCRATCH_ROLES = ("send", "recv")
 
@@ -43,19 +43,19 @@ class Mesh:
 
     def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
                  algorithms: dict[str, str] | None = None) -> None:
-        from ..algorithms import check_choices
-        from ..engines import world
+        from ..programs.algorithms import check_choices
+        from .engines import world
 
         # Checked first: the same error on every rank, before any collective.
         self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
-            from ..validate import describe
+            from ..base.validate import describe
 
             raise LayoutError(f"layout must be a spmdsim Layout (device matrix and axis names), got "
                               f"{describe(layout)}; e.g. Mesh(Layout((2, 4), ('dp', 'tp')))")
         if comm is None:
             comm = world()
-        #: What this mesh runs on (spmdsim.engines): MPI, simulated ranks' threads, or a dry run.
+        #: What this mesh runs on (spmdsim.runtime.engines): MPI, simulated ranks' threads, or a dry run.
         self.engine = engine = engine_of(comm)
         simulated = engine.simulated
         if not simulated:
@@ -73,7 +73,7 @@ class Mesh:
             # very Layout every rank's mesh holds, and placement checks stop at `is`.
             layout = _SHARED_LAYOUTS.setdefault(layout, layout)
         self.layout, self.comm, self.size, self.rank = layout, comm, size, comm.Get_rank()
-        #: The rank's context the mesh was made in (spmdsim.context: its open traces, its debug settings),
+        #: The rank's context the mesh was made in (spmdsim.base.context: its open traces, its debug settings),
         #: read by runtime.door.point_to_point without asking which thread runs.
         self.context = current()
         self.coords = layout.coords(self.rank)
@@ -87,7 +87,7 @@ class Mesh:
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
         # (collective, axes as spelled, shape, dtype, dims) -> what its first call over a group of this
         # mesh checked and worked out (spmdsim.runtime.collectives, door.repeat); freed with the groups. Also
-        # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.moe.layer._plan).
+        # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.layer._plan).
         self._plans: dict[tuple, tuple] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of

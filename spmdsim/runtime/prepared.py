@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 import numpy as np
 from ..errors import ShapeError
-from ..plan.steps import moved_bytes
-from ..engines import DONE
+from ..programs.plan.steps import moved_bytes
+from .engines import DONE
 from .door import _alone, _contig, _dim, _divisible, _result, _take, issue, normalize_axes
 from .mesh import Mesh
 from .replay import unrecorded

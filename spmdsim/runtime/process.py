@@ -1,13 +1,13 @@
 """What the process of a rank started by an MPI launcher gets, once (docs/runtime.md, "What a process gets").
 
 `tune_mpi_process()` caps the BLAS numpy loaded at this rank's share of the
-node's cores (spmdsim._threads), asks glibc to keep freed result buffers in
-the heap (spmdsim._malloc) and starts the memory watch (runtime.memwatch);
+node's cores (spmdsim.base.threads), asks glibc to keep freed result buffers in
+the heap (spmdsim.base.malloc) and starts the memory watch (runtime.memwatch);
 outside a launcher it does nothing. The guard calls it when it is first set
 up on this rank (runtime.guard: ``install_excepthook()``, ``run_guarded``,
 ``abort_on_error``), the door every program of spmdsim's goes through under
 MPI: the `spmdsim` command, the examples' ``spmdsim.script(__file__)``,
-``python -m spmdsim.nets``; the MPI test runs call it in tests/conftest.py.
+``python -m spmdsim.models.nets``; the MPI test runs call it in tests/conftest.py.
 Importing spmdsim, making a Mesh or running a simulation changes no process
 setting. `release_segments_once(world)`, at the same first setup, unlinks
 MPICH's shared-memory segment once every rank has mapped it, so a rank killed
@@ -25,12 +25,12 @@ _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, wa
 
 def tune_mpi_process() -> Optional[tuple]:
     """Once per process, under an MPI launcher: BLAS threads to this rank's share, freed heap kept, the
-    memory watch started, a Ctrl-C landing in a weakref callback kept (spmdsim._interrupts); returns what it
+    memory watch started, a Ctrl-C landing in a weakref callback kept (spmdsim.base.interrupts); returns what it
     did, (threads or None, kept, watching), or None outside a launcher.
 
     Call it from the main thread: mpi4py is imported here (MPI initialized) before the watch's thread asks it.
     """
-    from .._threads import launcher_local_ranks
+    from ..base.threads import launcher_local_ranks
 
     if _TUNED:
         return _TUNED[0]
@@ -39,9 +39,9 @@ def tune_mpi_process() -> Optional[tuple]:
         return None
     from mpi4py import MPI  # noqa: F401 - initialized on this thread, not on the watch's
 
-    from .._interrupts import keep_ctrl_c
-    from .._malloc import keep_freed_buffers_under_launcher
-    from .._threads import cap_blas_threads_under_launcher
+    from ..base.interrupts import keep_ctrl_c
+    from ..base.malloc import keep_freed_buffers_under_launcher
+    from ..base.threads import cap_blas_threads_under_launcher
     from . import memwatch
 
     keep_ctrl_c()

@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Sequence
 
-from ..viz.model import compact_ranks
-from ..viz.table import WIDTH, nbytes, wrap_lines
+from ..programs.viz.model import compact_ranks
+from ..programs.viz.table import WIDTH, nbytes, wrap_lines
 from . import door
 
 __all__ = ["print_ranked", "gather_ranked", "fold_ranked", "rank_ordered", "trace_lines"]

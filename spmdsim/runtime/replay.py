@@ -22,7 +22,7 @@ to it, and the methods that copy or write; `DTensor.local` is `local_of`,
 which asks the calling thread); functions marked `kernel` (the
 collectives, a dropout's mask, an optimizer's update) are recorded as one
 call each and rerun whole. Nothing outside spmdsim is swapped: memory a step
-makes comes from an allocator that hands it to the capture (spmdsim.buffers:
+makes comes from an allocator that hands it to the capture (spmdsim.base.buffers:
 ``FRESH`` is `fresh` while any thread captures) or from numpy's ``*_like`` of a
 traced array, and a recorded write into a plain array (memory numpy made out
 of the capture's sight) raises ReplayError (docs/replay.md, "Your own step").
@@ -39,8 +39,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from .. import buffers
-from ..buffers import owner as _owner
+from ..base import buffers
+from ..base.buffers import owner as _owner
 from ..errors import SpmdsimError
 
 __all__ = ["ReplayError", "Scalar", "Graph", "capture", "kernel", "kernels", "capturing"]
@@ -358,7 +358,7 @@ def _written(target: Any, what: str) -> None:
         raise ReplayError(
             f"replay: np.{what} wrote into a plain array {target.shape} {target.dtype.name} while capturing: numpy "
             "made it out of the capture's sight, so a replay would not zero or fill it again; make it with "
-            "spmdsim.buffers.zeros(...) or np.zeros_like(<a traced array>), and read traced arrays with "
+            "spmdsim.base.buffers.zeros(...) or np.zeros_like(<a traced array>), and read traced arrays with "
             "np.asanyarray, not np.asarray")
 
 
@@ -480,7 +480,7 @@ def _switch(recording: bool) -> None:
 
 def fresh(array: np.ndarray) -> np.ndarray:
     """`array`, new memory this thread just allocated: a Traced view while capturing (so writes into it
-    are recorded), else itself. spmdsim.buffers returns its arrays through it."""
+    are recorded), else itself. spmdsim.base.buffers returns its arrays through it."""
     return array.view(Traced) if capturing() else array
 
 

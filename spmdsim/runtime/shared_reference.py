@@ -1,7 +1,7 @@
 """Reference work the ranks of a mesh share instead of each repeating it whole.
 
 Checking a program's gradients against central differences of its numpy twin
-(`spmdsim.reference_grad.numeric_grads`) costs 2 evaluations of the twin per
+(`spmdsim.references.backward.numeric_grads`) costs 2 evaluations of the twin per
 element, and every rank needs the whole answer. Under MPI each rank is a
 process: p ranks computing it all do p times the work (8 times on 8 ranks,
 which on 2 cores made these references most of an example's run).
@@ -13,9 +13,9 @@ mesh) gives every rank every share, placed by position: the same bits as
 numeric_grads in one process, whatever the number of ranks. Before it, an
 Allgather of a 32-byte digest of the arrays, `h` and `batch` makes sure every
 rank asks the same question: ranks that differ all raise the same error. A
-dry run computes the whole answer on its one rank (spmdsim.sim.once).
+dry run computes the whole answer on its one rank (spmdsim.runtime.sim.once).
 
-`shared_once(mesh, key, fn, *args)` is `spmdsim.sim.once` for work that does
+`shared_once(mesh, key, fn, *args)` is `spmdsim.runtime.sim.once` for work that does
 not split (a reference training step): on simulated ranks it is `once`; under
 MPI, when every rank passes equal arguments (an Allgather of their digests),
 rank 0 computes ``fn(*args)`` and Bcasts through the door give every rank
@@ -35,14 +35,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import reference_grad as rg
-from .. import train_reference
-from ..train_reference import ReferenceTrainer
-from ..engines.once import once
+from ..references import backward as rg
+from ..base.once import once
 from ..errors import SpmdsimError
 from . import door
 
-__all__ = ["SharedReferenceTrainer", "shared_numeric_grads", "shared_once", "shared_once_on"]
+__all__ = ["across_processes", "digest", "shared_numeric_grads", "shared_once", "shared_once_on"]
 
 _DIGEST = 32  # bytes of blake2b
 _ALIGN = 64  # bytes: where each array received by shared_once starts in its buffer
@@ -64,7 +62,7 @@ def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.n
         return once("spmdsim.runtime.shared_numeric_grads", lambda: rg.numeric_grads(fn, *arrays, h=h, batch=batch))
     shapes = [np.shape(a) for a in arrays]
     polite = mesh.polite
-    mine = _digest((h, batch, arrays))
+    mine = digest((h, batch, arrays))
     digests = np.empty((size, _DIGEST), np.uint8)
     door.transfer(comm, "numeric_grads", (), mine, (), polite, "all_gather", mine, digests)
     differ = [r for r in range(size) if not np.array_equal(digests[r], digests[0])]
@@ -87,7 +85,7 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` (local work, no collectives), computed by one rank of `mesh` for all when their `args` are equal.
 
     A collective under MPI: every rank of `mesh` calls it, in the same order. Simulated ranks: ``once(key, fn,
-    *args)`` (spmdsim.sim.once). Under MPI: rank 0 computes and the others receive a copy of its result
+    *args)`` (spmdsim.runtime.sim.once). Under MPI: rank 0 computes and the others receive a copy of its result
     (pickled) when every rank's `args` are equal (arrays value by value); otherwise each rank computes its own.
     If rank 0's `fn` raises, or its result does not pickle, each rank computes its own (and raises its own error).
     """
@@ -99,68 +97,25 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
 def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """`shared_once` over the ranks of a communicator that no mesh holds (a command's world), waiting as a mesh
     over it would (SPMDSIM_WAIT)."""
-    from ..engines.wait import resolve_wait_mode
+    from .engines.wait import resolve_wait_mode
 
-    if not _processes(comm):
+    if not across_processes(comm):
         return once(key, fn, *args)
     return _rank_0_for_all(comm, comm.Get_rank(), comm.Get_size(), resolve_wait_mode(None, comm) == "polite", fn,
                            args)
 
 
-def _processes(comm: Any) -> bool:
+def across_processes(comm: Any) -> bool:
     """Whether `comm`'s ranks are two or more MPI processes (where rank 0 computes for the others), not one
     rank or simulated ranks (where `once` shares the work)."""
-    from ..engines import engine_of
+    from .engines import engine_of
 
     return comm.Get_size() > 1 and not engine_of(comm).simulated
 
 
-class SharedReferenceTrainer(ReferenceTrainer):
-    """``SharedReferenceTrainer(net, ..., comm=comm)``: spmdsim.train_reference.ReferenceTrainer, whose `step`
-    is a collective over `comm` under MPI: rank 0 computes each step and every rank whose trainer and batch
-    equal rank 0's receives its result (`shared_once_on`). The parameters and optimizer state are not
-    compared byte by byte each step: they are a function of the network, its seeded start and every step's
-    batch, whose digest each trainer carries (`lineage`) and compares; a rank whose differ computes its own
-    from then on. On simulated ranks or one rank it is a ReferenceTrainer."""
-
-    def __init__(self, *args: Any, comm: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.comm = comm
-        self.lineage: Any = None  # a digest of the start and of every step's inputs so far
-
-    def _computed(self, config: tuple, x: np.ndarray, labels: np.ndarray) -> tuple:
-        if not _processes(self.comm):  # `once` shares it, with no digest of the step's inputs
-            return super()._computed(config, x, labels)
-        if self.lineage is None:  # the start: the seeded parameters, digested once
-            self.lineage = _digest(("spmdsim.ReferenceTrainer", tuple(self.params)))
-        params, state = tuple(self.params), tuple(self.state)
-        result, state = shared_once_on(self.comm, ("spmdsim.ReferenceTrainer.step", self.steps),
-                                       lambda *given: _step_and_state(params, state, *given), self.lineage,
-                                       config, self.steps, x, labels)
-        self.lineage = _digest((self.lineage, config, self.steps, x, labels))
-        return result, tuple(p.copy() for p in result.params), state  # the parameters the trainer's own
-
-    def _shared_anchored(self, anchor: Any, x: np.ndarray, labels: np.ndarray) -> Any:
-        """An anchored step's loss and gradients (every input given: the run's parameters, gathered alike on
-        every rank), rank 0 computing them for all under MPI; the lineage starts again after it."""
-        if not _processes(self.comm):
-            return super()._shared_anchored(anchor, x, labels)
-        self.lineage = None
-        return shared_once_on(self.comm, ("spmdsim.ReferenceTrainer.anchored", self.steps),
-                              train_reference._anchored_step, self.net, anchor.where, anchor.rows, x, labels)
-
-
-def _step_and_state(params: tuple, state: tuple, lineage: Any, config: tuple, steps: int, x: np.ndarray,
-                    labels: np.ndarray) -> tuple:
-    """The reference step's (ReferenceStep, optimizer state after it): what rank 0 sends (the parameters after
-    the update are the ReferenceStep's, so they travel once). `lineage`: digested, not read."""
-    step, _, state = train_reference._train_step(config, params, state, steps, x, labels)
-    return step, state
-
-
 def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[..., Any], args: tuple) -> Any:
     """`shared_once` under MPI: rank 0's ``fn(*args)`` for every rank whose `args` equal its own."""
-    mine = _digest(args)
+    mine = digest(args)
     digests = np.empty((size, _DIGEST), np.uint8)
     door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
     if not (digests == digests[0]).all():
@@ -202,7 +157,7 @@ def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[
     return pickle.loads(payload, buffers=[data[start:start + n] for start, n in zip(starts, sizes[1:])])
 
 
-def _digest(value: Any) -> np.ndarray:
+def digest(value: Any) -> np.ndarray:
     """32 bytes (blake2b) that differ, but for a hash collision, where `value`s differ (see `_fold`)."""
     digest = hashlib.blake2b(digest_size=_DIGEST)
     _fold(digest, value)

@@ -1,8 +1,8 @@
 """Every rank's row on every rank: under MPI each rank's own table, on simulated ranks one table they share.
 
 A check needs every rank's figures on every rank: the result check's 48-byte record per rank
-(spmdsim.runtime.check.agree), a training check's parameter blocks (`all_rows`: spmdsim.gpt.train,
-spmdsim.gpt.pipeline, spmdsim.nets.train). Under MPI a rank is a process: one Allgather, and each rank holds
+(spmdsim.runtime.check.agree), a training check's parameter blocks (`all_rows`: spmdsim.models.gpt.train,
+spmdsim.models.gpt.pipeline, spmdsim.models.nets.train). Under MPI a rank is a process: one Allgather, and each rank holds
 its own table. Simulated ranks are threads of one process, where an Allgather gives each of the p ranks its
 own table of p rows: p^2 rows in one process (805 MB of check records at 4,096 ranks, 2.98 GB of a GPT's
 parameter blocks at 256; docs/simulate.md).
@@ -11,7 +11,7 @@ parameter blocks at 256; docs/simulate.md).
 member to ask makes it, every member takes the same one, and one Gather to member 0 through the door
 (runtime.door.transfer: numbered as `label` with SPMDSIM_CHECK, this rank's `row` its fingerprint, watched
 with SPMDSIM_WATCHDOG, waited politely where `polite`) fills it. The thread engine writes the root's table
-before it releases any member (spmdsim.sim.engine, Group.enter_all), so every member reads it full once its
+before it releases any member (spmdsim.runtime.sim.engine, Group.enter_all), so every member reads it full once its
 Gather returns. Every member takes the table before it enters the Gather, and none leaves the Gather before
 every member has entered it: the table goes from the registry when the last member takes it, and the next
 call finds none and makes its own (a table is never filled twice, so a caller may keep one). What the
@@ -32,7 +32,7 @@ from ..errors import ShapeError
 __all__ = ["Shared", "gather_shared", "all_rows"]
 
 _LOCK = threading.Lock()
-#: This module's registry inside a simulation's shared dict (spmdsim.context's `shared`, once's table too).
+#: This module's registry inside a simulation's shared dict (spmdsim.base.context's `shared`, once's table too).
 _REGISTRY = "spmdsim.runtime.shared_rows"
 
 
@@ -61,8 +61,8 @@ def gather_shared(comm: Any, row: np.ndarray, label: str, polite: bool, extra: A
     """Every member's `row` (float64, 1-d, alike in length) in one table the simulated members of `comm`
     share, by one Gather to member 0 (a collective, labelled `label`, `extra` in its fingerprint); None where
     none is shared (module doc): under MPI, in a dry run, on one member, off the thread engine."""
-    from ..context import simulated
-    from ..engines import engine_of
+    from ..base.context import simulated
+    from .engines import engine_of
 
     group = getattr(comm, "_group", None)  # the thread engine's group: what its members share
     engine = engine_of(comm)

@@ -9,14 +9,14 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any
 
-from ..context import current as _context
-from ..engines.trace import Trace, TraceEntry
+from ..base.context import current as _context
+from .engines.trace import Trace, TraceEntry
 
 __all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "fold_to", "open_traces"]
 
 
 def open_traces() -> list:
-    """The running rank's open collectors, innermost last (spmdsim.context: an MPI
+    """The running rank's open collectors, innermost last (spmdsim.base.context: an MPI
     process's own, or its simulated rank's); `record` skips all work when there are none."""
     return _context().traces
 

@@ -3,7 +3,7 @@
 The forms of runtime.collectives' allgather, reduce_scatter and alltoall that
 the executor runs when a Layout's uneven cut ("chunk", "balanced") leaves the
 members of a group with pieces of different extents along the dim a step cuts
-or joins (spmdsim.plan.uneven says which). Each is one engine transfer,
+or joins (spmdsim.programs.plan.uneven says which). Each is one engine transfer,
 ``all_to_allv`` (counts and offsets per member), through runtime.door.issue:
 Allgatherv sends the one block to every member (every send offset 0); a
 Reduce_scatter with counts sends member j its addend of member j's piece and
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from ..precision import is_low
+from ..base.precision import is_low
 from .door import _alone, _contig, _empty, issue
 from .collectives import _narrowed, _wide32
 from .mesh import Mesh

@@ -71,7 +71,7 @@ def test_unknown_algorithm_fails_on_every_rank_before_any_collective():
 def test_collective_command_json_and_show(capsys):
     import json
 
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     p = WORLD.size
     assert main(["collective", "ring-allreduce", "--size", "64K", "--json", "--repeat", "1"]) == 0

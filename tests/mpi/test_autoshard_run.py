@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from spmdsim.autoshard import autoshard
-from spmdsim.autoshard.execute import run_choice
+from spmdsim.tools.autoshard import autoshard
+from spmdsim.tools.autoshard.execute import run_choice
 from testkit import root_for_all
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -49,13 +49,13 @@ def test_paddle_choice_under_a_memory_limit_runs_as_predicted():
 @pytest.mark.skipif(COMM.size not in (4, 8), reason="the small GPT's choice is checked at 4 and 8 ranks")
 def test_gpt_choice_runs_node_by_node_as_predicted():
     # A graph with branches (the residuals, Q/K/V): the DAG runner, every node's value checked.
-    from spmdsim.autoshard.networks import gpt_network
-    from spmdsim.gpt.config import GPTConfig
+    from spmdsim.tools.autoshard.networks import gpt_network
+    from spmdsim.models.gpt.config import GPTConfig
 
     graph, hand = gpt_network(COMM.size, GPTConfig(layers=2, d_model=64))
     _check(_searched(graph, COMM.size, hand=hand, flops_per_s=RATE))
     if COMM.size == 8:  # Megatron's layouts, every node fixed: the tensor-parallel collectives
-        from spmdsim.autoshard.dag import run_dag
+        from spmdsim.tools.autoshard.dag import run_dag
 
         fix = {n.name: "hand" for n in graph.nodes[1:]}
         result = _searched(graph, 8, hand=hand, fix=fix, flops_per_s=RATE, training=True)

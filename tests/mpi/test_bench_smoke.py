@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spmdsim.cost import CostModel
+from spmdsim.programs.cost import CostModel
 from testkit import load_script
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -168,7 +168,7 @@ def test_bench_hugepages_times_every_page_kind(op):
 def test_calibrate_fits_and_saves(shared_dir, capsys):
     from mpi4py import MPI
 
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     comm = MPI.COMM_WORLD
     out = shared_dir / "cost.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 from spmdsim.runtime.ranked import print_ranked, rank_ordered
 
 pytestmark = pytest.mark.mpi(min_size=2)

@@ -16,7 +16,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from docs_commands import DOCS, mismatch, quotes  # noqa: E402
 
-from spmdsim.cli.main import main  # noqa: E402
+from spmdsim.tools.cli.main import main  # noqa: E402
 from testkit import allgather_after_all  # noqa: E402
 
 pytestmark = pytest.mark.mpi(min_size=2)

@@ -45,8 +45,8 @@ def test_seeded_shards_match_the_global_slice_for_every_device_matrix() -> None:
 
 
 def _run_once(comm) -> bytes:
-    from spmdsim.demo import jobs
-    from spmdsim.demo.registry import run_job
+    from spmdsim.tools.demo import jobs
+    from spmdsim.tools.demo.registry import run_job
 
     out = b""
     size = comm.size

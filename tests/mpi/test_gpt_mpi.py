@@ -10,8 +10,8 @@ pytestmark = pytest.mark.mpi(min_size=2)
 def test_gpt_steps_match_one_numpy_process(sp):
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import TOLERANCE, train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
 
     comm = MPI.COMM_WORLD
     tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
@@ -29,8 +29,8 @@ def test_a_padded_odd_vocabulary_steps_like_one_numpy_process():
     import numpy as np
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import TOLERANCE, train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
 
     comm = MPI.COMM_WORLD
     tp = next(t for t in (8, 4, 2, 1) if comm.size % t == 0)
@@ -49,8 +49,8 @@ def test_replayed_gpt_steps_equal_the_steps_run_one_by_one():
     step within 1e-10 of one numpy process."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import TOLERANCE, train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
 
     comm = MPI.COMM_WORLD
     tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
@@ -75,9 +75,9 @@ def test_replayed_pipeline_steps_equal_the_steps_run_one_by_one(schedule, v):
     each step within 1e-10 of one numpy process."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.pipeline import train_pipelined
-    from spmdsim.gpt.train import TOLERANCE
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.train import TOLERANCE
 
     comm = MPI.COMM_WORLD
     if comm.size % 4:
@@ -106,9 +106,9 @@ def test_pipeline_stages_agree_on_their_call_counters_after_each_step(wait, monk
     agreement was one)."""
     from mpi4py import MPI
 
-    from spmdsim.context import current
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.base.context import current
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
     from spmdsim.runtime import door
 
     comm = MPI.COMM_WORLD
@@ -139,9 +139,9 @@ def test_pipeline_clipped_with_zero1_takes_the_norm_over_every_stage():
     numpy process clipping the whole model."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.pipeline import train_pipelined
-    from spmdsim.gpt.train import TOLERANCE
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.train import TOLERANCE
 
     comm = MPI.COMM_WORLD
     if comm.size % 4:
@@ -163,8 +163,8 @@ def test_memory_saving_gpt_steps_match_one_numpy_process(recompute, zero):
     import numpy as np
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import TOLERANCE, train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
 
     comm = MPI.COMM_WORLD
     tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
@@ -183,13 +183,13 @@ def test_memory_saving_gpt_steps_match_one_numpy_process(recompute, zero):
 
 def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
     """--precision bf16-mixed under MPI (docs/training.md, "Mixed precision (bf16)"): bfloat16 activations move
-    as 16-bit words (spmdsim.engines.mpi), each step within the policy's tolerances of one numpy process under
+    as 16-bit words (spmdsim.runtime.engines.mpi), each step within the policy's tolerances of one numpy process under
     the same policy, the same loss on every rank."""
     pytest.importorskip("ml_dtypes")
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import train
 
     comm = MPI.COMM_WORLD
     tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
@@ -205,7 +205,7 @@ def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
 
 
 def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
-    """--save / --resume under MPI (spmdsim.gpt.checkpoint; docs/training.md, "Stopping and resuming the GPT"):
+    """--save / --resume under MPI (spmdsim.models.gpt.checkpoint; docs/training.md, "Stopping and resuming the GPT"):
     4 steps, or 2 saved and 2 resumed, the same losses and parameters bit for bit; a rank's own file missing
     stops every rank with the same line (the ranks agree on it), never a hang."""
     import os
@@ -213,9 +213,9 @@ def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
     from mpi4py import MPI
 
     from spmdsim.errors import SpmdsimError
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.checkpoint import rank_file
-    from spmdsim.gpt.train import train
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.checkpoint import rank_file
+    from spmdsim.models.gpt.train import train
 
     comm = MPI.COMM_WORLD
     where = comm.bcast(str(tmp_path), root=0)  # one directory for every rank (one machine)

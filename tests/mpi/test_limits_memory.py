@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout
-from spmdsim.cli.main import main
-from spmdsim.datagen import SeededTensor
+from spmdsim.tools.cli.main import main
+from spmdsim.layouts.datagen import SeededTensor
 from spmdsim.errors import ShapeError
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -39,7 +39,7 @@ def test_run_refuses_a_matmul_too_large_for_memory_before_allocating(capsys):
 
 
 def test_from_seeded_refuses_a_shard_over_spmdsim_memory(monkeypatch):
-    from spmdsim.memory import ResourceError
+    from spmdsim.errors import ResourceError
     from spmdsim.runtime import DTensor, Mesh
 
     monkeypatch.setenv("SPMDSIM_MEMORY", "64K")

@@ -1,4 +1,4 @@
-"""The MoE GPT under MPI (spmdsim.moe): steps on ep x tp meshes, each equal to one numpy process's step, and
+"""The MoE GPT under MPI (spmdsim.models.moe): steps on ep x tp meshes, each equal to one numpy process's step, and
 replayed steps equal to the eager ones bit for bit."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ pytestmark = pytest.mark.mpi(min_size=4)
 def test_moe_gpt_steps_match_one_numpy_process(dropless):
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import TOLERANCE, train
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
+    from spmdsim.models.moe import MoEConfig
 
     comm = MPI.COMM_WORLD
     tp = 2 if comm.size % 2 == 0 else 1
@@ -37,9 +37,9 @@ def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit(dropless):
     bit for bit."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import TOLERANCE, train
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
+    from spmdsim.models.moe import MoEConfig
 
     comm = MPI.COMM_WORLD
     tp = 2 if comm.size % 2 == 0 else 1
@@ -64,10 +64,10 @@ def test_pipelined_moe_gpt_steps_match_one_numpy_process(dropless):
     stages."""
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.pipeline import train_pipelined
-    from spmdsim.gpt.train import TOLERANCE
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.train import TOLERANCE
+    from spmdsim.models.moe import MoEConfig
 
     comm = MPI.COMM_WORLD
     pp = 2
@@ -92,9 +92,9 @@ def test_moe_gpt_under_bf16_with_zero1_passes_over_mpi():
     pytest.importorskip("ml_dtypes")
     from mpi4py import MPI
 
-    from spmdsim.gpt import GPTConfig, encode, load_text
-    from spmdsim.gpt.train import train
-    from spmdsim.moe import MoEConfig
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import train
+    from spmdsim.models.moe import MoEConfig
 
     comm = MPI.COMM_WORLD
     tp = 2 if comm.size % 2 == 0 else 1

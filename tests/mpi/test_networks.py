@@ -8,9 +8,9 @@ from __future__ import annotations
 import engines
 import pytest
 
-from spmdsim.demo.registry import Context, scenarios, run_scenario
-from spmdsim.nets import NetworkRunner, mindspore_layout, mindspore_tutorial, paddle_tp
-from spmdsim.nets import reference_rows
+from spmdsim.tools.demo.registry import Context, scenarios, run_scenario
+from spmdsim.models.nets import NetworkRunner, mindspore_layout, mindspore_tutorial, paddle_tp
+from spmdsim.models.nets import reference_rows
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -106,7 +106,7 @@ def test_paddle_network_adapts_and_needs_two_allreduces():
 
 
 def test_oneflow_networks_check_every_hop_with_the_planned_collectives():
-    from spmdsim.nets import oneflow_2d_sbp, oneflow_2d_signature
+    from spmdsim.models.nets import oneflow_2d_sbp, oneflow_2d_signature
 
     for make, expected in ((oneflow_2d_sbp, {"Linear1": (), "ReLU": (), "Linear2": ()}),
                            (oneflow_2d_signature, {"Linear1": (), "ReLU": (),
@@ -145,7 +145,7 @@ def test_demo_rows_pass_or_skip_with_a_reason():
 
 
 def test_module_main_prints_the_table_and_passes(capsys):
-    from spmdsim.nets.__main__ import main
+    from spmdsim.models.nets.__main__ import main
 
     assert main(["net_paddle_tp"]) == 0
     out = engines.rank_output(capsys)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -69,9 +69,9 @@ def test_run_linear_embedding_mlp(capsys):
 
 
 def test_a_wrong_result_reports_fail_on_every_rank():
-    from spmdsim.cli.run import report
-    from spmdsim.demo.jobs import mlp_job
-    from spmdsim.demo.registry import rank_line, run_job
+    from spmdsim.tools.cli.run import report
+    from spmdsim.tools.demo.jobs import mlp_job
+    from spmdsim.tools.demo.registry import rank_line, run_job
 
     comm = _world()
     job = mlp_job(comm, (4, 6, 2 * comm.size), dtype="float64")

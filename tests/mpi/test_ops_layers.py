@@ -7,8 +7,8 @@ import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor
 from spmdsim.errors import ShapeError
-from spmdsim.demo.jobs import contraction_atol
-from spmdsim.reference import embedding_region, linear_region
+from spmdsim.tools.demo.jobs import contraction_atol
+from spmdsim.references.forward import embedding_region, linear_region
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -47,7 +47,7 @@ def _traced(fn):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gather", [False, True])
 def test_column_parallel_linear(mesh2d, dtype, gather):
-    from spmdsim.ops import ColumnParallelLinear
+    from spmdsim.nn.ops import ColumnParallelLinear
 
     p = mesh2d.layout.axis_size("mp")
     xs = SeededTensor((6, 20), dtype, seed=1)
@@ -63,7 +63,7 @@ def test_column_parallel_linear(mesh2d, dtype, gather):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("input_is_parallel", [False, True])
 def test_row_parallel_linear_adds_bias_once(mesh2d, dtype, input_is_parallel):
-    from spmdsim.ops import RowParallelLinear
+    from spmdsim.nn.ops import RowParallelLinear
 
     p = mesh2d.layout.axis_size("mp")
     xs = SeededTensor((6, 5 * p), dtype, seed=1)
@@ -80,7 +80,7 @@ def test_row_parallel_linear_adds_bias_once(mesh2d, dtype, input_is_parallel):
 
 
 def test_row_linear_pending_sum_folds_bias_on_one_rank(mesh):
-    from spmdsim.ops import linear
+    from spmdsim.nn.ops import linear
 
     p = mesh.size
     xs, ws, bs = (SeededTensor(s, "float64", seed=i) for i, s in
@@ -94,7 +94,7 @@ def test_row_linear_pending_sum_folds_bias_on_one_rank(mesh):
 
 
 def test_linear_layout_errors(mesh):
-    from spmdsim.ops import linear
+    from spmdsim.nn.ops import linear
 
     x = _dt(mesh, mesh.layout(None, None), SeededTensor((4, 8), "float32"))
     w = _dt(mesh, mesh.layout(None, "mp"), SeededTensor((8, 2 * mesh.size), "float32"))
@@ -115,7 +115,7 @@ def test_linear_layout_errors(mesh):
 # -- Embedding ------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_vocab_parallel_embedding(mesh, dtype):
-    from spmdsim.ops import VocabParallelEmbedding
+    from spmdsim.nn.ops import VocabParallelEmbedding
 
     vocab = 13 * mesh.size
     ids_src = SeededTensor((5, 3), "int64", seed=2, low=0, high=vocab)
@@ -132,7 +132,7 @@ def test_vocab_parallel_embedding(mesh, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gather", [True, False])
 def test_dim_parallel_embedding_and_dp_split_ids(mesh2d, gather, dtype):
-    from spmdsim.ops import embedding
+    from spmdsim.nn.ops import embedding
 
     p = mesh2d.layout.axis_size("mp")
     ids_src = SeededTensor((6,), "int64", seed=2, low=0, high=30)
@@ -146,7 +146,7 @@ def test_dim_parallel_embedding_and_dp_split_ids(mesh2d, gather, dtype):
 
 
 def test_parallel_embedding_layer(mesh):
-    from spmdsim.ops import ParallelEmbedding
+    from spmdsim.nn.ops import ParallelEmbedding
 
     ids_src = SeededTensor((4, 3), "int64", seed=2, low=0, high=11)
     ids = _dt(mesh, mesh.layout(None, None), ids_src)
@@ -159,7 +159,7 @@ def test_parallel_embedding_layer(mesh):
 
 @pytest.mark.parametrize("bad", ["high", "negative", "float"])
 def test_bad_ids_raise_on_every_rank_before_communicating(mesh, bad):
-    from spmdsim.ops import VocabParallelEmbedding
+    from spmdsim.nn.ops import VocabParallelEmbedding
     from spmdsim.runtime import DTensor
 
     layer = VocabParallelEmbedding(mesh, 4 * mesh.size, 3)
@@ -175,8 +175,8 @@ def test_bad_ids_raise_on_every_rank_before_communicating(mesh, bad):
 
 # -- elementwise and MLP ----------------------------------------------------------
 def test_elementwise_keep_layout_and_reject_pending_sums(mesh2d):
-    from spmdsim.ops import add, bias_add, gelu, relu
-    from spmdsim.reference import gelu as ref_gelu, relu as ref_relu
+    from spmdsim.nn.ops import add, bias_add, gelu, relu
+    from spmdsim.references.forward import gelu as ref_gelu, relu as ref_relu
 
     src = SeededTensor((4, 2 * mesh2d.layout.axis_size("mp")), "float64", seed=1)
     x = _dt(mesh2d, mesh2d.layout("dp", "mp"), src)
@@ -202,7 +202,7 @@ def test_elementwise_keep_layout_and_reject_pending_sums(mesh2d):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 def test_mlp_uses_exactly_one_allreduce(mesh, dtype, act):
-    from spmdsim.ops import ParallelMLP
+    from spmdsim.nn.ops import ParallelMLP
 
     p = mesh.size
     xs = SeededTensor((5, 18), dtype, seed=1)
@@ -221,7 +221,7 @@ def test_sequence_parallel_mlp_allgathers_and_reduce_scatters(mesh2d):
     # Megatron's sequence parallelism on a (dp, mp) mesh: x [s, b, h] split on the sequence
     # over mp and on the batch over dp; fc1 Allgathers the sequence, fc2 Reduce_scatters it
     # back, and the Allreduce is gone. The bias is added once, to each rank's own rows.
-    from spmdsim.ops import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+    from spmdsim.nn.ops import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
     L, mp = mesh2d.layout, mesh2d.layout.device_matrix[1]
     s, b, h = 2 * mp, 2, 6
@@ -252,7 +252,7 @@ def test_sequence_parallel_mlp_allgathers_and_reduce_scatters(mesh2d):
 
 
 def test_layer_and_add_errors_name_the_sizes(mesh2d):
-    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear, add
+    from spmdsim.nn.ops import ColumnParallelLinear, RowParallelLinear, add
 
     L, mp = mesh2d.layout, mesh2d.layout.device_matrix[1]
     x = _dt(mesh2d, L(None, None), SeededTensor((4, 24), seed=1))
@@ -269,7 +269,7 @@ def test_layer_and_add_errors_name_the_sizes(mesh2d):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis, gather", [(0, True), (1, True), (1, False)])
 def test_paddle_split_linear(dtype, axis, gather):
-    from spmdsim.ops import paddle_mesh, split
+    from spmdsim.nn.ops import paddle_mesh, split
 
     p = _world().size // 2
     mesh = paddle_mesh(p)
@@ -287,7 +287,7 @@ def test_paddle_split_linear(dtype, axis, gather):
 
 
 def test_paddle_split_embedding_and_errors():
-    from spmdsim.ops import paddle_mesh, split
+    from spmdsim.nn.ops import paddle_mesh, split
 
     p = _world().size
     mesh = paddle_mesh(p)

@@ -11,7 +11,7 @@ import engines
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
-from spmdsim import reference
+from spmdsim.references import forward as reference
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -33,7 +33,7 @@ def mesh2d():
 
 
 def test_transpose_keeps_every_block_and_pending_sums(mesh2d):
-    from spmdsim.ops import transpose
+    from spmdsim.nn.ops import transpose
     from spmdsim.runtime import DTensor
 
     mp = mesh2d.layout.device_matrix[1]
@@ -56,7 +56,7 @@ def test_transpose_keeps_every_block_and_pending_sums(mesh2d):
 
 
 def test_softmax_along_a_whole_dim_and_along_a_split_one(mesh2d):
-    from spmdsim.ops import softmax
+    from spmdsim.nn.ops import softmax
     from spmdsim.runtime import DTensor
 
     src = SeededTensor((4, 6), "float64", seed=2, low=-3, high=3)
@@ -74,7 +74,7 @@ def test_softmax_along_a_whole_dim_and_along_a_split_one(mesh2d):
 def test_attention_block_on_dtensors(mesh2d):
     # x (S, D) replicated; Q, K, V column-parallel over mp; scores = Q K^T (K split: Allreduce),
     # softmax along the whole key dim, P V (split over mp), row-parallel output projection (Allreduce).
-    from spmdsim.ops import matmul, softmax, transpose
+    from spmdsim.nn.ops import matmul, softmax, transpose
     from spmdsim.runtime import DTensor, collect_trace
 
     L = mesh2d.layout
@@ -101,7 +101,7 @@ def test_attention_block_on_dtensors(mesh2d):
 
 
 def test_reshape_moves_no_data_and_keeps_every_block(mesh2d):
-    from spmdsim.ops import reshape
+    from spmdsim.nn.ops import reshape
     from spmdsim.runtime import DTensor, collect_trace
 
     mp = mesh2d.layout.device_matrix[1]
@@ -133,7 +133,7 @@ def test_multihead_attention_needs_one_allreduce(mesh2d):
     # x (B, S, D) batch over dp; heads split over mp (Megatron): Q/K/V column-parallel, reshape
     # to (B, S, H, W), heads to dim 1, attention per head with no communication, merge the heads
     # back and the row-parallel output projection ends in the one Allreduce over mp.
-    from spmdsim.ops import matmul, reshape, softmax, transpose
+    from spmdsim.nn.ops import matmul, reshape, softmax, transpose
     from spmdsim.runtime import DTensor, collect_trace
 
     L = mesh2d.layout
@@ -161,7 +161,7 @@ def test_multihead_attention_needs_one_allreduce(mesh2d):
 
 def test_gelu_and_softmax_refuse_integers_and_astype_converts(mesh2d):
     # GELU/softmax of an integer tensor would be truncated (GELU(1) = 0): refused, as PyTorch does.
-    from spmdsim.ops import gelu, relu, softmax
+    from spmdsim.nn.ops import gelu, relu, softmax
     from spmdsim.runtime import DTensor
 
     full = np.arange(-8, 8).reshape(4, 4)
@@ -180,7 +180,7 @@ def test_gelu_and_softmax_refuse_integers_and_astype_converts(mesh2d):
 
 
 def test_scale_keeps_dtype_layout_and_pending_sums(mesh2d):
-    from spmdsim.ops import scale
+    from spmdsim.nn.ops import scale
     from spmdsim.runtime import DTensor
 
     src = SeededTensor((4, 6), "float32", seed=5)

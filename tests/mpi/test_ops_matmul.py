@@ -5,9 +5,9 @@ import engines
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor
-from spmdsim.dialects.strategy import matmul_layouts
-from spmdsim.infer import out_layout_from_strategy
-from spmdsim.reference import matmul_region, matmul_rounding
+from spmdsim.layouts.dialects.strategy import matmul_layouts
+from spmdsim.programs.infer import out_layout_from_strategy
+from spmdsim.references.forward import matmul_region, matmul_rounding
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -31,7 +31,7 @@ def _strategies():
 
 def _run(x_layout, w_layout, x_shape, w_shape, dtype, **kw):
     """Run matmul on seeded data; return (out DTensor, verdict, per-rank collective counts)."""
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
     from spmdsim.runtime import DTensor, Mesh, collect_trace
 
     mesh = Mesh(x_layout.layout, _world())
@@ -131,7 +131,7 @@ def test_pending_sum_is_kept_and_checks_after_summing():
 
 
 def test_inconsistent_layouts_raise_on_every_rank_before_communicating():
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
     from spmdsim.runtime import DTensor, Mesh, collect_trace
 
     size = _world().size

@@ -19,7 +19,7 @@ import random
 import numpy as np
 import pytest
 
-from spmdsim.plan import partial_addends, shards_of
+from spmdsim.programs.plan import partial_addends, shards_of
 from testkit import load_script
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -76,7 +76,7 @@ def _divisor_triples(n: int) -> list[tuple[int, int, int]]:
 
 
 def _op_jobs(rng: random.Random, comm):
-    from spmdsim.demo import jobs
+    from spmdsim.tools.demo import jobs
 
     size = comm.size
     triples = _divisor_triples(size)
@@ -123,7 +123,7 @@ def _op_jobs(rng: random.Random, comm):
 
 
 def test_random_operators_with_random_strategies_match_the_reference() -> None:
-    from spmdsim.demo.registry import run_job
+    from spmdsim.tools.demo.registry import run_job
 
     comm = _world()
     rng = random.Random(7 + comm.size)

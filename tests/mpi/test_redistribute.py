@@ -10,7 +10,7 @@ import engines
 import pytest
 
 from spmdsim import Layout, SeededTensor
-from spmdsim.plan import plan_redistribution
+from spmdsim.programs.plan import plan_redistribution
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -113,7 +113,7 @@ def test_redistribute_matches_the_generator_bit_exactly(index):
     # The cost model's packing bytes per step are what the busiest rank really copied.
     from mpi4py import MPI
 
-    from spmdsim.cost import predict_plan
+    from spmdsim.programs.cost import predict_plan
 
     step_of = lambda e: int(e.label.split("]")[0].split("[")[1])  # noqa: E731
     copied = {step_of(e): e.bytes_copied for e in trace.entries}
@@ -142,7 +142,7 @@ def test_plan_labels_name_the_step():
 
 
 def test_cli_run_redistribute(capsys):
-    from spmdsim.cli.main import main
+    from spmdsim.tools.cli.main import main
 
     comm = _world()
     code = main(["run", "redistribute", "--device-matrix", str(comm.size), "--alias", "x",
@@ -168,13 +168,13 @@ def _exchanges(size: int):
 
 @pytest.mark.parametrize("index", range(4))
 def test_a_folded_exchange_runs_under_mpi_bit_exactly(index):
-    """Each rank works out its own boxes of a folded exchange (spmdsim.plan.folded); the data, the
+    """Each rank works out its own boxes of a folded exchange (spmdsim.programs.plan.folded); the data, the
     bytes each rank receives and the packing the cost model predicts are what the run does."""
     from mpi4py import MPI
 
-    from spmdsim.cost import predict_plan
-    from spmdsim.plan import Plan, lower_bound
-    from spmdsim.plan.folded import FoldedTransfers, folded_exchange
+    from spmdsim.programs.cost import predict_plan
+    from spmdsim.programs.plan import Plan, lower_bound
+    from spmdsim.programs.plan.folded import FoldedTransfers, folded_exchange
     from spmdsim.runtime import Mesh, collect_trace
     from spmdsim.runtime.executor import redistribute
 

@@ -155,8 +155,8 @@ def test_sequence_numbers_agree_after_collectives() -> None:
 
 def test_operators_and_redistributions_pass_with_the_guard_and_watchdog_on() -> None:
     from spmdsim import Layout
-    from spmdsim.demo import jobs
-    from spmdsim.demo.registry import run_job
+    from spmdsim.tools.demo import jobs
+    from spmdsim.tools.demo.registry import run_job
     from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
@@ -198,7 +198,7 @@ def test_guard_catches_operands_whose_global_shape_differs_on_one_rank() -> None
     # K = 16 on every rank but the last, 32 there: each collective's buffer is (4, 8)
     # everywhere, so only the operands show the bug (before: a silently wrong result).
     from spmdsim import Layout, SeededTensor
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
     from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from spmdsim.cli.main import main
+from spmdsim.tools.cli.main import main
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

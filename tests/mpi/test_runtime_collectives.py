@@ -204,8 +204,8 @@ def test_kept_temporaries_are_reused_and_never_part_of_a_result(monkeypatch):
 
 
 def test_results_and_kept_buffers_start_at_the_page_offset():
-    """What spmdsim allocates for MPI to write (results, kept temporaries) is placed (spmdsim.buffers)."""
-    from spmdsim import buffers
+    """What spmdsim allocates for MPI to write (results, kept temporaries) is placed (spmdsim.base.buffers)."""
+    from spmdsim.base import buffers
     from spmdsim.runtime.exchange_spec import ExchangeSpec
 
     mesh = _meshes("busy")[0]

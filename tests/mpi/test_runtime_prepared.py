@@ -96,7 +96,7 @@ def test_a_captured_point_to_point_group_is_bound_once_and_replayed_by_startall(
     with the bytes each way, and dropping the graph frees the requests."""
     import gc
 
-    from spmdsim.engines.mpi import MpiEngine
+    from spmdsim.runtime.engines.mpi import MpiEngine
     from spmdsim.runtime.door import point_to_point
     from spmdsim.runtime.replay import Scalar, capture, kernel
 

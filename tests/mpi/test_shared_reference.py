@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from spmdsim import Layout, SpmdsimError
-from spmdsim import reference_grad as rg
+from spmdsim.references import backward as rg
 from spmdsim.runtime import Mesh, shared_numeric_grads
 from spmdsim.runtime.shared_reference import shared_once, shared_once_on
 
@@ -141,10 +141,10 @@ def test_a_shared_reference_trainer_is_stepped_by_rank_0_for_all(monkeypatch):
     """SharedReferenceTrainer(comm=...) under MPI: rank 0 computes each step and the others receive it, the same bits
     as a trainer of their own; a batch that differs on one rank makes every rank compute its own from then on
     (the trainers' starts differ after it)."""
-    from spmdsim import train_reference as tr
-    from spmdsim.nets import mindspore_layout
-    from spmdsim.runtime.shared_reference import SharedReferenceTrainer
-    from spmdsim.nets.digits import load_digits
+    from spmdsim.models.nets import reference as tr
+    from spmdsim.models.nets import mindspore_layout
+    from spmdsim.models.nets.shared import SharedReferenceTrainer
+    from spmdsim.models.nets.digits import load_digits
 
     comm = MPI.COMM_WORLD
     calls = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from spmdsim.demo.registry import Context, run_job, scenarios
+from spmdsim.tools.demo.registry import Context, run_job, scenarios
 from testkit import root_for_all
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -50,8 +50,8 @@ def test_demo_scenarios_trace_alike_on_both_engines():
 
 def test_demo_table_alike_on_both_engines(capsys, monkeypatch):
     """`spmdsim demo --ranks N` prints the table `mpiexec -n N spmdsim demo` prints (errors aside)."""
-    from spmdsim._threads import SIZE_VARIABLES
-    from spmdsim.cli.main import main
+    from spmdsim.base.threads import SIZE_VARIABLES
+    from spmdsim.tools.cli.main import main
 
     comm = MPI.COMM_WORLD
     assert main(["demo", "--only", "matmul_2x4_4x1,linear_column,mlp"]) == 0

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from trainkit import check_grads, dt, mse_check
 
-from spmdsim import Layout, OperatorError, reference
-from spmdsim import reference_grad as rg
+from spmdsim import Layout, OperatorError
+from spmdsim.references import forward as reference
+from spmdsim.references import backward as rg
 
 pytestmark = pytest.mark.mpi(min_size=4)
 
@@ -48,7 +49,7 @@ def _backward_counts(fn):
 
 
 def test_matmul_column_and_row(mesh):
-    from spmdsim.ops import matmul, relu
+    from spmdsim.nn.ops import matmul, relu
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(4, 6), _rand(6, 2 * p, seed=1), _rand(2 * p, 3, seed=2)]
@@ -64,7 +65,7 @@ def test_matmul_column_and_row(mesh):
 
 
 def test_backward_collectives_are_the_conjugates(mesh):
-    from spmdsim.ops import matmul, mse_loss, relu
+    from spmdsim.nn.ops import matmul, mse_loss, relu
 
     p = mesh.layout.axis_size("mp")
     x = dt(mesh, _rand(4, 6), mesh.layout("dp", None), grad=True)
@@ -79,7 +80,7 @@ def test_backward_collectives_are_the_conjugates(mesh):
 
 @pytest.mark.parametrize("how", ["reduce_scatter", "pending"])
 def test_matmul_resolutions(mesh, how):
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
     from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")
@@ -94,7 +95,7 @@ def test_matmul_resolutions(mesh, how):
 
 
 def test_batched_transposed_matmul(mesh):
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(2, 2 * p, 4), _rand(2, 3, 2 * p, seed=4)]
@@ -106,7 +107,7 @@ def test_batched_transposed_matmul(mesh):
 
 
 def test_batched_x_shared_weight(mesh):
-    from spmdsim.ops import matmul
+    from spmdsim.nn.ops import matmul
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(2, 4, 6), _rand(6, 2 * p, seed=5)]
@@ -116,7 +117,7 @@ def test_batched_x_shared_weight(mesh):
 
 
 def test_elementwise_chain(mesh):
-    from spmdsim.ops import add, bias_add, gelu, relu, scale
+    from spmdsim.nn.ops import add, bias_add, gelu, relu, scale
 
     p = mesh.layout.axis_size("mp")
     layout = mesh.layout("dp", "mp")
@@ -129,7 +130,7 @@ def test_elementwise_chain(mesh):
 
 
 def test_reshape_transpose_softmax(mesh):
-    from spmdsim.ops import reshape, softmax, transpose
+    from spmdsim.nn.ops import reshape, softmax, transpose
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(4, 4 * p)]
@@ -151,7 +152,7 @@ def test_redistribute_backward_is_the_reverse_move(mesh):
 
 @pytest.mark.parametrize("classes_split", [False, True])
 def test_cross_entropy(mesh, classes_split):
-    from spmdsim.ops import cross_entropy
+    from spmdsim.nn.ops import cross_entropy
 
     p = mesh.layout.axis_size("mp")
     logits_g, labels_g = _rand(8, 2 * p), np.random.default_rng(3).integers(0, 2 * p, 8)
@@ -165,14 +166,14 @@ def test_cross_entropy(mesh, classes_split):
 
 
 def test_mse_loss_target_gradient(mesh):
-    from spmdsim.ops import mse_loss
+    from spmdsim.nn.ops import mse_loss
 
     arrays = [_rand(4, 6), _rand(4, 6, seed=9)]
     y, t = (dt(mesh, a, mesh.layout("dp", None), grad=True) for a in arrays)
     loss = mse_loss(y, t)
     _assert(check_grads([y, t], arrays, lambda a, b: rg.mse_loss(a, b)[0], loss))
     # A loss scaled after mse_loss: its backward gets 0.25, not 1.
-    from spmdsim.ops import scale
+    from spmdsim.nn.ops import scale
 
     y, t = (dt(mesh, a, mesh.layout("dp", None), grad=True) for a in arrays)
     loss = scale(mse_loss(y, t), 0.25)
@@ -180,7 +181,7 @@ def test_mse_loss_target_gradient(mesh):
 
 
 def test_pending_sums_flow_through_the_backward(mesh):
-    from spmdsim.ops import add, matmul, scale
+    from spmdsim.nn.ops import add, matmul, scale
     from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")
@@ -200,8 +201,8 @@ def test_bucketed_gradients_share_one_allreduce(mesh):
     """x split over dp, three parameters replicated: their gradients are pending over dp. With
     bucket=True one Allreduce sums all three (the same bytes as three calls) and the gradients
     are those of three calls; the explanation names the bucket and the steps that read it."""
-    from spmdsim.autograd import backward
-    from spmdsim.ops import bias_add, matmul, mse_loss, relu
+    from spmdsim.nn.autograd import backward
+    from spmdsim.nn.ops import bias_add, matmul, mse_loss, relu
     from spmdsim.runtime import collect_trace
 
     arrays = [_rand(4, 6), _rand(6, 5, seed=1), _rand(5, seed=2), _rand(5, 3, seed=3), _rand(4, 3, seed=4)]
@@ -229,8 +230,8 @@ def test_bucketed_gradients_share_one_allreduce(mesh):
 def test_bucket_caps_and_bad_values(mesh):
     """A byte cap closes a bucket before it would pass the cap (global bytes: W2 120 B, b1 40 B,
     W1 240 B in backward order); a bad value is refused before any collective."""
-    from spmdsim.autograd import backward
-    from spmdsim.ops import bias_add, matmul, mse_loss, relu
+    from spmdsim.nn.autograd import backward
+    from spmdsim.nn.ops import bias_add, matmul, mse_loss, relu
     from spmdsim.runtime import collect_trace
 
     arrays = [_rand(4, 6), _rand(6, 5, seed=1), _rand(5, seed=2), _rand(5, 3, seed=3), _rand(4, 3, seed=4)]

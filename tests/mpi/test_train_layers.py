@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from trainkit import check_grads, dt, mse_check
 
-from spmdsim import Layout, OperatorError, reference
+from spmdsim import Layout, OperatorError
+from spmdsim.references import forward as reference
 
 pytestmark = pytest.mark.mpi(min_size=4)
 
@@ -37,7 +38,7 @@ def _full(*tensors):
 
 @pytest.mark.parametrize("gather_output", [False, True])
 def test_column_then_row_parallel_linear(mesh, gather_output):
-    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear
+    from spmdsim.nn.ops import ColumnParallelLinear, RowParallelLinear
 
     p = mesh.layout.axis_size("mp")
     fc1 = ColumnParallelLinear(mesh, 5, 2 * p, gather_output=gather_output, axes="mp", dtype="float64", seed=1)
@@ -52,7 +53,7 @@ def test_column_then_row_parallel_linear(mesh, gather_output):
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_parallel_mlp(mesh, sequence_parallel):
-    from spmdsim.ops import ParallelMLP
+    from spmdsim.nn.ops import ParallelMLP
 
     p = mesh.layout.axis_size("mp")
     mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=sequence_parallel, axes="mp", dtype="float64", seed=2)
@@ -65,7 +66,7 @@ def test_parallel_mlp(mesh, sequence_parallel):
     y = mlp(x)
     ref = lambda x, w1, b1, w2, b2: reference.mlp(x, w1, b1, w2, b2, "gelu")  # noqa: E731
     target = np.zeros(y.global_shape)
-    from spmdsim.ops import mse_loss
+    from spmdsim.nn.ops import mse_loss
 
     loss = mse_loss(y, dt(mesh, target, y.layout))
     with collect_trace() as trace:
@@ -78,7 +79,7 @@ def test_parallel_mlp(mesh, sequence_parallel):
 
 @pytest.mark.parametrize("kind", ["vocab", "dim_gather", "dim_split"])
 def test_embeddings(mesh, kind):
-    from spmdsim.ops import ParallelEmbedding, VocabParallelEmbedding
+    from spmdsim.nn.ops import ParallelEmbedding, VocabParallelEmbedding
 
     p = mesh.layout.axis_size("mp")
     if kind == "vocab":
@@ -93,14 +94,14 @@ def test_embeddings(mesh, kind):
 
 
 def test_paddle_split_input_gradient():
-    from spmdsim.ops import paddle_mesh, split
+    from spmdsim.nn.ops import paddle_mesh, split
 
     p = _world().size
     mesh = paddle_mesh(p)
     x = dt(mesh, np.random.default_rng(3).standard_normal((2, 4)), mesh.layout(None, None), grad=True)
     col = split(x, (4, 2 * p), "linear", axis=1, num_partitions=p, gather_out=False, weight_attr=5)
     y = split(col, (2 * p, 3), "linear", axis=0, num_partitions=p, weight_attr=7)
-    from spmdsim.datagen import SeededTensor
+    from spmdsim.layouts.datagen import SeededTensor
 
     w1, b1 = SeededTensor((4, 2 * p), "float64", 5).full(), SeededTensor((2 * p,), "float64", 1).full()
     w2, b2 = SeededTensor((2 * p, 3), "float64", 7).full(), SeededTensor((3,), "float64", 1).full()
@@ -110,8 +111,8 @@ def test_paddle_split_input_gradient():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_optimizer_updates_the_vocab_table_the_lookup_reads(mesh, optimizer):
-    from spmdsim.ops import VocabParallelEmbedding, mse_loss
-    from spmdsim.optim import SGD, Adam
+    from spmdsim.nn.ops import VocabParallelEmbedding, mse_loss
+    from spmdsim.nn.optim import SGD, Adam
 
     p = mesh.layout.axis_size("mp")
     layer = VocabParallelEmbedding(mesh, 2 * p, 3, axes="mp", dtype="float64", seed=4)
@@ -143,8 +144,8 @@ def _adamw_formula(p, grads, lr, b1, b2, eps, wd):
 
 @pytest.mark.parametrize("decay", ["default", "predicate", "iterable"])
 def test_adamw_matches_its_formula_on_split_and_replicated_parameters(mesh, decay):
-    from spmdsim.ops import mse_loss
-    from spmdsim.optim import AdamW
+    from spmdsim.nn.ops import mse_loss
+    from spmdsim.nn.optim import AdamW
 
     p = mesh.layout.axis_size("mp")
     rng = np.random.default_rng(11)
@@ -178,7 +179,7 @@ def test_adamw_matches_its_formula_on_split_and_replicated_parameters(mesh, deca
 
 
 def test_bad_input_is_refused_on_every_rank(mesh):
-    from spmdsim.ops import cross_entropy, mse_loss
+    from spmdsim.nn.ops import cross_entropy, mse_loss
     from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")

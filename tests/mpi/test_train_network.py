@@ -5,9 +5,9 @@ import engines
 import numpy as np
 import pytest
 
-from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
-from spmdsim.nets.digits import load_digits
-from spmdsim.train_reference import ReferenceTrainer
+from spmdsim.models.nets import mindspore_layout, mindspore_tutorial, needs_eight
+from spmdsim.models.nets.digits import load_digits
+from spmdsim.models.nets.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -17,7 +17,7 @@ def _comm():
 
 
 def _train(net, steps, optimizer="sgd", lr=1e-2, data=None, explain=None):
-    from spmdsim.nets.train import NetworkTrainer
+    from spmdsim.models.nets.train import NetworkTrainer
 
     trainer = NetworkTrainer(net, _comm(), optimizer=optimizer, lr=lr)
     reference = ReferenceTrainer(net, optimizer=optimizer, lr=lr)
@@ -71,7 +71,7 @@ class _Fixed:
 
 @pytest.mark.parametrize("name", ["paddle_tp", "oneflow_2d_sbp", "oneflow_2d_signature"])
 def test_seed_networks_train_like_one_process(name):
-    from spmdsim.nets import seeds
+    from spmdsim.models.nets import seeds
 
     size = _comm().size
     reason = seeds.paddle_needs(size) if name == "paddle_tp" else seeds.oneflow_needs(size)

@@ -10,7 +10,7 @@ import engines
 import pytest
 
 from spmdsim import Layout, SeededTensor
-from spmdsim.plan import plan_redistribution
+from spmdsim.programs.plan import plan_redistribution
 
 pytestmark = pytest.mark.mpi(min_size=4)
 
@@ -53,7 +53,7 @@ def test_redistribute_uneven_shards_matches_numpy_at_the_plan_bytes(cut):
 
 
 def test_row_parallel_matmul_with_an_uneven_contracted_dim():
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime import DTensor, Mesh
 
     comm = engines.world()

@@ -102,7 +102,7 @@ def test_bool_tensors_move_but_never_hold_pending_sums(mesh):
 def test_any_and_all_of_a_split_bool_tensor_are_numpys(mesh):
     """x.any() and x.all() reduced the bools by MAX and MIN, which MPI takes for no bool (MPI_C_BOOL: the
     logical ops only), so they raised under mpiexec while simulated ranks summed bools; they travel as uint8."""
-    from spmdsim import ops  # noqa: F401 - DTensor's numpy methods (spmdsim.ops.methods)
+    from spmdsim.nn import ops  # noqa: F401 - DTensor's numpy methods (spmdsim.nn.ops.methods)
     from spmdsim.runtime import DTensor
 
     size = mesh.size
@@ -168,9 +168,9 @@ def test_zero_size_redistribution_gives_zero_size_shards(shape):
 
 # -- operators: argument types, dtypes, layer sizes --------------------------------------------
 def test_operators_name_an_argument_that_is_not_a_dtensor(mesh):
-    from spmdsim import ops
-    from spmdsim.ops.linear import plan_linear
-    from spmdsim.ops.matmul import plan_matmul
+    from spmdsim.nn import ops
+    from spmdsim.nn.ops.linear import plan_linear
+    from spmdsim.nn.ops.matmul import plan_matmul
     from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor
 
@@ -202,7 +202,7 @@ def test_operators_name_an_argument_that_is_not_a_dtensor(mesh):
 
 
 def test_matmul_and_linear_refuse_bool_operands(mesh):
-    from spmdsim import ops
+    from spmdsim.nn import ops
     from spmdsim.runtime import DTensor
 
     g = mesh.size
@@ -222,8 +222,8 @@ def test_matmul_and_linear_refuse_bool_operands(mesh):
 
 
 def test_layers_refuse_non_integer_and_empty_sizes(mesh):
-    from spmdsim.ops import ColumnParallelLinear, ParallelEmbedding, ParallelMLP, RowParallelLinear
-    from spmdsim.ops import VocabParallelEmbedding
+    from spmdsim.nn.ops import ColumnParallelLinear, ParallelEmbedding, ParallelMLP, RowParallelLinear
+    from spmdsim.nn.ops import VocabParallelEmbedding
 
     g = mesh.size
     cases = [
@@ -244,7 +244,7 @@ def test_layers_refuse_non_integer_and_empty_sizes(mesh):
 
 
 def test_layer_divisibility_errors_name_the_tensor(mesh):
-    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    from spmdsim.nn.ops import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
     g = mesh.size
     over = f"is not divisible by {g} shards over ('mp',)"
@@ -259,7 +259,7 @@ def test_layer_divisibility_errors_name_the_tensor(mesh):
 
 
 def test_paddle_mesh_checks_num_partitions():
-    from spmdsim.ops import paddle_mesh
+    from spmdsim.nn.ops import paddle_mesh
 
     with pytest.raises(OperatorError, match=re.escape("num_partitions='8' must be a positive integer")):
         paddle_mesh("8")
@@ -332,7 +332,7 @@ def test_layer_errors_say_what_to_change_in_the_layer():
     # The operator's own hint proposes other weight layouts, which a layer user cannot pick.
     from mpi4py import MPI
 
-    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear
+    from spmdsim.nn.ops import ColumnParallelLinear, RowParallelLinear
     from spmdsim.runtime import DTensor, Mesh
 
     size = MPI.COMM_WORLD.size

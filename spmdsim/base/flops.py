@@ -1,0 +1,426 @@
+"""The FLOPs of the matrix products a rank executes: each product's shape, counted while a counter is open.
+
+``with counting() as c: ...`` opens a `FlopCounter` on the running rank's
+context (spmdsim.base.context: each simulated rank has its own, as each MPI rank
+does); every local matrix product the rank runs inside calls `gemm` with its
+operands' shapes, and each open counter of that rank adds it, as a `Gemm`
+(batch, m, n, k, dtype, phase) and how many times it ran. The products are
+the rank's own blocks' (ops' local products, einsum contractions, attention's
+scores and weighted values, and every gradient rule's), on real and dry runs
+alike: a dry run multiplies nothing but its products have the same shapes.
+
+The phase is the rank context's `phase`: "forward"; "backward" while
+autograd's backward walk runs gradient rules (spmdsim.nn.autograd.engine); and
+"recompute" while a recomputed forward runs inside it (a `checkpoint`ed
+region again, or attention's scores again under selective recomputation).
+
+Beside the products, every other kernel the rank runs (the element-wise and reduction operators of
+spmdsim.nn.ops and their gradient rules, the optimizer's update) calls `sweep` with the blocks it reads
+and writes, and each open counter adds a `Kernel` per dtype: elements read and written, on real and
+dry runs alike (the blocks' shapes are the same). A kernel is counted as one fused pass: its operands
+read once, its results written once. Views and layout copies (reshape, transpose, stacking) and
+collectives are not kernels here: the collectives' bytes are the trace's.
+
+A counter opened with ``counting(blocks=True)`` (the estimate's ledger's) also records, for each product and
+each kernel over activations outside the optimizer, which blocks it read and wrote, by identity (a weak
+reference to the array owning each block's memory; a (shape, dtype) pair has none, a (shape, dtype, array)
+triple is that array's), and `hold` marks blocks the rank holds anyway: parameters, their gradients, what
+the graph keeps for backward. `FlopCounter.fresh` then gives, per product or kernel, the elements of its
+blocks that are not among those, an array once however many of the call's operands and results it is (an
+in-place kernel's block, read and written, is one block alive; its traffic still counts both): `Fresh`
+records, what a moment's transient blocks add beside what the rank holds
+(spmdsim.tools.estimate.ledger.largest_transient).
+
+With no counter open anywhere in the process, `gemm` and `sweep` return after one test.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from .context import current
+from ..errors import SpmdsimError
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
+
+__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "Fresh", "FlopCounter", "counting", "any_open",
+           "gemm", "sweep", "hold", "holding"]
+
+PHASES = ("forward", "backward", "recompute")
+
+#: What a kernel may be doing: a product's phases, and the optimizer's update.
+KERNEL_PHASES = PHASES + ("optimizer",)
+
+#: What a kernel's elements are: "activations" (the operators' values, gradients of values, masks, ids),
+#: or the optimizer's roles ("params", "grads", "master", "states"), priced apart (spmdsim.tools.estimate.ledger).
+KINDS = ("activations", "params", "grads", "master", "states")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product's shape: (a batch of) (m x k) @ (k x n), its dtype and phase."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    phase: str
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "m", "n", "k"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise SpmdsimError(f"Gemm {name} {value!r} must be an integer >= 0")
+        if self.phase not in PHASES:
+            raise SpmdsimError(f"Gemm phase {self.phase!r} must be one of {PHASES!r}")
+
+    @property
+    def flops(self) -> int:
+        """Multiplies and adds: 2 * batch * m * n * k."""
+        return 2 * self.batch * self.m * self.n * self.k
+
+    def __str__(self) -> str:
+        lead = f"{self.batch} x " if self.batch != 1 else ""
+        return f"{lead}({self.m}x{self.k})@({self.k}x{self.n}) {self.dtype} {self.phase}"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One non-product kernel's memory traffic in one dtype: elements read and written.
+
+    op: the operator ("layer_norm", "add", "softmax", "adamw", ...); phase: one of KERNEL_PHASES;
+    kind: one of KINDS; dtype: numpy's name of the elements' dtype.
+    """
+
+    op: str
+    phase: str
+    kind: str
+    dtype: str
+    read: int
+    written: int
+
+    def __post_init__(self) -> None:
+        for name in ("read", "written"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise SpmdsimError(f"Kernel {name} {value!r} must be an integer >= 0")
+        if self.phase not in KERNEL_PHASES:
+            raise SpmdsimError(f"Kernel phase {self.phase!r} must be one of {KERNEL_PHASES!r}")
+        if self.kind not in KINDS:
+            raise SpmdsimError(f"Kernel kind {self.kind!r} must be one of {KINDS!r}")
+        # The fields' hash, worked out once: a counter adds each kernel a program runs by it (a dry run's
+        # step counts ~10,000), where the dataclass's hash built the tuple of fields on every call.
+        object.__setattr__(self, "_hash", hash((self.op, self.phase, self.kind, self.dtype, self.read,
+                                                self.written)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read and written, at the elements' own width."""
+        return (self.read + self.written) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """What one product or kernel call read and wrote that the rank held nowhere else (`FlopCounter.fresh`).
+
+    what: the product's Gemm, or the kernel's operator name; phase: one of PHASES; floating: elements of its
+    floating blocks (a product's operands and result are floating); other: bytes of its other blocks (masks,
+    ids) at their own width. Each array once, however many of the call's operands and results it is.
+    """
+
+    what: Any
+    phase: str
+    floating: int
+    other: int
+
+
+@dataclass
+class FlopCounter:
+    """How many times each `Gemm` and each `Kernel` ran while this counter was open; with `calls` and `held`
+    (``counting(blocks=True)``) the blocks of each call and the blocks the rank holds anyway (`fresh`)."""
+
+    counts: dict = field(default_factory=dict)  # Gemm -> times executed
+    kernels: dict = field(default_factory=dict)  # Kernel -> times executed
+    # (what, phase, ((weak reference to the block's owner or None, elements, floating, itemsize), ...)) a call
+    calls: Optional[list] = None
+    held: Optional[dict] = None  # id(weak reference) -> that reference: blocks `hold` marked
+
+    def fresh(self) -> tuple:
+        """The `Fresh` records of the calls seen (None without ``blocks=True``): each call's blocks that are not
+        held (`hold`, by identity), equal records once."""
+        if self.calls is None:
+            return None
+        held = self.held
+        out: dict = {}
+        for what, phase, entries in self.calls:
+            floating = other = 0
+            for ref, n, is_float, itemsize in entries:
+                if ref is not None and held.get(id(ref)) is ref:
+                    continue
+                if is_float:
+                    floating += n
+                else:
+                    other += n * itemsize
+            out[Fresh(what, phase, floating, other)] = None
+        return tuple(out)
+
+    def add(self, gemm: Gemm, times: int = 1) -> None:
+        """Count `gemm` executed `times` more times."""
+        _check_times(times)
+        if times:
+            self.counts[gemm] = self.counts.get(gemm, 0) + times
+
+    def total(self, phase: Optional[str] = None) -> int:
+        """The FLOPs of every product counted, or of those of one `phase`."""
+        if phase is not None and phase not in PHASES:
+            raise SpmdsimError(f"phase {phase!r} must be one of {PHASES!r} (or None: all)")
+        return sum(g.flops * n for g, n in self.counts.items() if phase is None or g.phase == phase)
+
+    def traffic(self, phase: Optional[str] = None) -> int:
+        """Bytes the counted kernels read and wrote (at their own widths), or those of one `phase`."""
+        if phase is not None and phase not in KERNEL_PHASES:
+            raise SpmdsimError(f"phase {phase!r} must be one of {KERNEL_PHASES!r} (or None: all)")
+        return sum(k.nbytes * n for k, n in self.kernels.items() if phase is None or k.phase == phase)
+
+    def merge(self, other: "FlopCounter", times: int = 1) -> None:
+        """Add `other`'s products and kernels, each `times` times (a cell that ran `times` more times)."""
+        _check_times(times)
+        for g, n in list(other.counts.items()):
+            self.add(g, n * times)
+        if times:
+            for k, n in list(other.kernels.items()):
+                self.kernels[k] = self.kernels.get(k, 0) + n * times
+        if self.calls is not None and other.calls is not None:  # the same blocks however often repeated
+            self.calls.extend(other.calls)
+            self.held.update(other.held)
+
+
+def _check_times(times: Any) -> None:
+    if type(times) is not int or times < 0:
+        raise SpmdsimError(f"times {times!r} must be an integer >= 0")
+
+
+_OPEN = 0  # counters open now in any context of this process: 0 and `gemm` returns at once
+_BLOCKS = 0  # of those, counters that record blocks (``counting(blocks=True)``): 0 and `hold` returns at once
+_LOCK = threading.Lock()
+
+
+def any_open() -> bool:
+    """Whether a counter is open now anywhere in this process (else `sweep` and `gemm` count nothing, and
+    a caller may skip gathering what it would pass them)."""
+    return _OPEN > 0
+
+
+@contextmanager
+def counting(blocks: bool = False) -> Iterator[FlopCounter]:
+    """A counter of the running rank's matrix products until the block ends; counters nest (each sees
+    every product run inside it). `blocks`: record each call's blocks too (FlopCounter.fresh)."""
+    global _OPEN, _BLOCKS
+    counter = FlopCounter(calls=[], held={}) if blocks else FlopCounter()
+    counters = current().flops
+    with _LOCK:
+        _OPEN += 1
+        _BLOCKS += bool(blocks)
+    counters.append(counter)
+    try:
+        yield counter
+    finally:
+        # by identity: two counters of equal counts are equal, and only this one closes
+        del counters[next(i for i in range(len(counters) - 1, -1, -1) if counters[i] is counter)]
+        with _LOCK:
+            _OPEN -= 1
+            _BLOCKS -= bool(blocks)
+
+
+_SIZED: dict = {}  # (shape, dtype) -> (elements, floating, itemsize): a step's calls have a few shapes
+
+
+def _sized(shape: tuple, dtype: Any) -> tuple:
+    key = (shape, dtype)
+    out = _SIZED.get(key)
+    if out is None:
+        dtype = np.dtype(dtype)
+        out = (int(math.prod(shape)), dtype.name.startswith(_FLOATING), dtype.itemsize)
+        if len(_SIZED) >= 4096:  # a long run over many shapes: start over
+            _SIZED.clear()
+        _SIZED[key] = out
+    return out
+
+
+# numpy's names of the dtypes priced at a precision's activation width (ml_dtypes' "bfloat16" among them: a
+# bfloat16 block is an activation, not a mask or ids at their own width)
+_FLOATING = ("float", "complex", "bfloat")
+
+
+def _ref(a: Any) -> Any:
+    """A weak reference to the array whose memory `a` views (spmdsim.base.buffers.owner): the block's identity; None
+    for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.base.buffers.broadcast_zero,
+    shared by every call of that shape: no block of its own)."""
+    base = getattr(a, "base", None)
+    while isinstance(base, np.ndarray):
+        a, base = base, base.base
+    if getattr(a, "ndim", 0) == 0:
+        return None
+    try:
+        return weakref.ref(a)
+    except TypeError:
+        return None
+
+
+def _record(counters: list, what: Any, phase: str, blocks: Any) -> None:
+    """Add one call's blocks to the counters that record them."""
+    entries = None
+    for counter in counters:
+        if counter.calls is not None:
+            if entries is None:
+                entries = _entries(blocks)
+            counter.calls.append((what, phase, entries))
+
+
+def _entries(blocks: Any) -> tuple:
+    """Each of one call's blocks as (a weak reference to the block's owner or None, elements, floating, itemsize):
+    an array, a (shape, dtype) pair or a (shape, dtype, array) triple (counted as the pair, the block that array's:
+    `sweep`); None skipped. An array once however many of its operands and results it is (an in-place kernel's
+    block, read and written: one block alive, not two), the arrays met kept by id (the call holds them all: a dry
+    run's step records ~50,000 calls); a (shape, dtype) pair is a block of its own each time it is given (one
+    pair may stand for several blocks of its shape)."""
+    out = []
+    seen: set = set()
+    for block in blocks:
+        if block is None:
+            continue
+        if type(block) is tuple:
+            a = block[2] if len(block) > 2 else None
+            if a is None:
+                out.append((None,) + _sized(tuple(block[0]), block[1]))
+            elif id(a) not in seen:
+                seen.add(id(a))
+                out.append((_ref(a),) + _sized(tuple(block[0]), block[1]))
+        elif id(block) not in seen:
+            seen.add(id(block))
+            shape = getattr(block, "shape", None)
+            if shape is not None:
+                out.append((_ref(block),) + _sized(shape, block.dtype))
+    return tuple(out)
+
+
+def holding() -> bool:
+    """Whether a counter that records blocks is open now anywhere in this process (else `hold` marks nothing,
+    and a caller may skip gathering what it would pass it)."""
+    return _BLOCKS > 0
+
+
+def hold(*arrays: Any) -> None:
+    """Mark these blocks (arrays; None skipped) as held by the rank anyway in every counter open on this rank
+    that records blocks: a parameter, a parameter's gradient, a block the graph keeps for backward. A call's
+    blocks so marked, before or after the call, are not in its `Fresh` record."""
+    if not _BLOCKS:
+        return
+    counters = [c for c in current().flops if c.held is not None]
+    for a in arrays:
+        ref = None if a is None else _ref(a)
+        if ref is None:
+            continue
+        for counter in counters:
+            counter.held[id(ref)] = ref
+
+
+def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = None) -> None:
+    """Count one ``np.matmul(a, b)`` of operands shaped `a_shape` and `b_shape` (batch dims broadcast,
+    a 1-d operand a row or column as np.matmul takes it; a stack of rows times one matrix is one GEMM
+    of all the rows) in every counter open on this rank. `blocks`: the arrays (a, b, result), for the
+    counters that record blocks (each may be a (shape, dtype) pair, a block held by nothing, or a (shape,
+    dtype, array) triple, as `sweep` takes them); without them the product's are three blocks of its shapes,
+    held by nothing."""
+    if not _OPEN:
+        return
+    context = current()
+    if context.flops:
+        g = _count(context.flops, a_shape, b_shape, dtype, context.phase)
+        if _BLOCKS:
+            if blocks is None:
+                blocks = (((g.batch * g.m * g.k,), dtype), ((g.batch * g.k * g.n,), dtype),
+                          ((g.batch * g.m * g.n,), dtype))
+            _record(context.flops, g, g.phase, blocks)
+
+
+_GEMMS: dict = {}  # (a_shape, b_shape, dtype, phase) -> its Gemm: a step runs the same few products
+
+
+def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: str) -> Gemm:
+    key = (tuple(a_shape), tuple(b_shape), dtype, phase)
+    g = _GEMMS.get(key)
+    if g is None:
+        a, b = key[0], key[1]
+        if not a or not b:
+            raise SpmdsimError(f"gemm: operands of shapes {a!r} and {b!r}; np.matmul takes no scalars")
+        m, k = (1, a[0]) if len(a) == 1 else a[-2:]
+        n = 1 if len(b) == 1 else b[-1]
+        batch = math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
+        if len(b) <= 2 and len(a) > 2:  # (..., m, k) @ (k, n) is one GEMM of all the rows, as BLAS runs it
+            m, batch = m * batch, 1
+        g = Gemm(int(batch), int(m), int(n), int(k), np.dtype(dtype).name, phase)
+        if len(_GEMMS) >= 4096:  # a long run over many shapes: start over
+            _GEMMS.clear()
+        _GEMMS[key] = g
+    for counter in counters:
+        counter.counts[g] = counter.counts.get(g, 0) + 1
+    return g
+
+
+def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Optional[str] = None,
+          times: int = 1) -> None:
+    """Count one kernel `op` that reads the blocks `reads` and writes the blocks `writes` (arrays, or
+    (shape, dtype) pairs; None entries skipped) in every counter open on this rank, in `phase` (default
+    the rank context's), one `Kernel` per dtype. A (shape, dtype, array) triple is counted as its pair, and
+    is that array's block for the counters that record blocks (a kernel counted at other shapes or dtypes
+    than the arrays it stands for have: an MoE layer's, spmdsim.models.moe.layer). `times`: the kernel ran that many
+    times on blocks of these shapes (flash attention's query tiles), its blocks recorded once."""
+    if not _OPEN:
+        return
+    context = current()
+    if context.flops:
+        phase = phase or context.phase
+        _sweep(context.flops, op, reads, writes, kind, phase, times)
+        if _BLOCKS and kind == "activations" and phase != "optimizer":
+            _record(context.flops, op, phase, tuple(reads) + tuple(writes))
+
+
+def _signature(block: Any) -> Optional[tuple]:
+    if block is None:
+        return None
+    if type(block) is tuple:
+        return (tuple(block[0]), np.dtype(block[1]))
+    shape = getattr(block, "shape", None)
+    return None if shape is None else (shape, block.dtype)
+
+
+_KERNELS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
+
+
+def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str, times: int = 1) -> None:
+    key = (op, kind, phase, tuple(map(_signature, reads)), tuple(map(_signature, writes)))
+    made = _KERNELS.get(key)
+    if made is None:
+        per: dict = {}
+        for signatures, slot in ((key[3], 0), (key[4], 1)):
+            for sig in signatures:
+                if sig is not None:
+                    per.setdefault(np.dtype(sig[1]).name, [0, 0])[slot] += int(math.prod(sig[0]))
+        made = tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w)
+        if len(_KERNELS) >= 4096:  # a long run over many shapes: start over
+            _KERNELS.clear()
+        _KERNELS[key] = made
+    for counter in counters:
+        kernels = counter.kernels
+        for k in made:
+            kernels[k] = kernels.get(k, 0) + times

@@ -1,0 +1,112 @@
+"""OnceParser: the ArgumentParser of spmdsim's commands (the CLI, python -m spmdsim.models.nets, the scripts).
+
+A module of its own, below the packages: spmdsim.models.nets uses it without importing spmdsim.tools.cli,
+which imports spmdsim.models.nets (docs/architecture.md: packages import downwards).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import IO
+
+from .output import output_error, quiet_stdout
+from .threads import launcher_rank
+from ..errors import fold_message
+
+#: The namespace attribute where a parse keeps which single-valued options it has seen (dest -> (flag, value));
+#: parse_known_args removes it before returning, so no command sees it.
+_GIVEN = "_once_given"
+
+
+def _once(base: type[argparse.Action]) -> type[argparse.Action]:
+    """`base` (store, store_const, store_true, store_false), refusing a second, different value for its dest.
+
+    argparse keeps the last of `--shape 8,8 --shape 4,4` without a word: a flag repeated by mistake (a long
+    command line edited) answered a question the user did not ask. The same value twice changes nothing and
+    is accepted; options meant to repeat (action="append", "count", "extend") are not wrapped.
+    """
+
+    class Once(base):  # type: ignore[misc, valid-type]
+        def __call__(self, parser, namespace, values, option_string=None) -> None:
+            given = vars(namespace).setdefault(_GIVEN, {})
+            value = values if self.nargs != 0 else self.const
+            if self.dest in given:
+                flag, first = given[self.dest]
+                if first != value:
+                    parser.error(_twice(flag, first, option_string, value, self.nargs != 0))
+            given[self.dest] = (option_string, value)
+            super().__call__(parser, namespace, values, option_string)
+
+    Once.__name__ = Once.__qualname__ = f"Once{base.__name__}"
+    return Once
+
+
+def _shown(value: object) -> str:
+    """A value as the user typed it: a string quoted, a list of strings space-separated, a number plain."""
+    if isinstance(value, list):
+        return " ".join(_shown(v) for v in value)
+    return repr(value)
+
+
+def _twice(flag: str, first: object, again: str, value: object, takes_value: bool) -> str:
+    """The one line for a single-valued option given two different values."""
+    if not takes_value:  # two switches of one setting: --gather-out and --no-gather-out stored alike
+        return f"{flag} and {again} set the same option two ways; expected one of them"
+    if flag == again:
+        return f"{flag} given twice, {_shown(first)} then {_shown(value)}; expected it once"
+    return f"{flag} {_shown(first)} and {again} {_shown(value)} name one option; expected one of them"
+
+
+class OnceParser(argparse.ArgumentParser):
+    """An ArgumentParser that prints usage, help and errors on rank 0 only.
+
+    Every rank parses the same command line, so each would print the same
+    message: under ``mpiexec -n 8`` a typo gave eight usage blocks. The other
+    ranks still exit with the same code, without MPI (nothing has started).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A single-valued option given twice with two values is refused, naming both (_once): for every
+        # parser and subparser alike (subparsers are OnceParsers: add_subparsers' default parser class).
+        for name, base in ((None, argparse._StoreAction), ("store", argparse._StoreAction),
+                           ("store_const", argparse._StoreConstAction), ("store_true", argparse._StoreTrueAction),
+                           ("store_false", argparse._StoreFalseAction)):
+            self.register("action", name, _once(base))
+        # `--shape -8,8`, `--flops -1e9` and `--size -1K`: a value that starts with a minus and a digit is a
+        # value (then refused by its own check, which names it), not an unknown option (no option of spmdsim's
+        # starts so). "-1K" was one: "argument --size: expected one argument", the value unnamed.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extra = super().parse_known_args(args, namespace)
+        vars(parsed).pop(_GIVEN, None)  # the record of one parse: gone before a subcommand's is copied up
+        return parsed, extra
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        """argparse's, on rank 0 only, and where argparse drops a write that failed: the help printed into a full
+        disk (``--help > file``) is one line and exit 1, not silence and 0; a reader gone (``| head``) ends the
+        output quietly."""
+        if launcher_rank() != 0 or not message:
+            return
+        out = file or sys.stderr
+        try:
+            out.write(message)
+            if out is sys.stdout:
+                out.flush()
+        except BrokenPipeError:
+            quiet_stdout()
+        except OSError as exc:
+            if out is not sys.stdout:  # stderr itself failed: nowhere to say it, as argparse
+                return
+            quiet_stdout()
+            print(f"{self.prog}: error: {output_error(exc)}", file=sys.stderr)
+            sys.exit(1)
+        except AttributeError:  # no stream at all (stdout None), as argparse
+            pass
+
+    def error(self, message: str):  # type: ignore[override]
+        """Usage, then the error folded within 100 columns (its first line names the value)."""
+        self.print_usage(sys.stderr)
+        self.exit(2, fold_message(f"{self.prog}: error: {message}") + "\n")

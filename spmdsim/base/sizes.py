@@ -1,0 +1,30 @@
+"""Sizes in words, and the one error a block too large to map raises; numpy's dtype only."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ResourceError
+
+__all__ = ["UnmappableError", "format_size"]
+
+
+def format_size(n: int) -> str:
+    """1610612736 -> '1.5 GiB' (binary units, 3 significant digits; exact below 1 KiB)."""
+    if n < 1024:
+        return f"{n} B"
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    power = min((n.bit_length() - 1) // 10, len(units))
+    return f"{n / 1024 ** power:.3g} {units[power - 1]}"
+
+
+class UnmappableError(ResourceError):
+    """A dry run's block this machine cannot map even as pages never written: more than its address space has
+    left (a dry run costs no memory for its blocks, but still their addresses). `shape`, `dtype`, `nbytes`:
+    the block's; the modelled rank would hold it, which `spmdsim estimate` and its search compare with a
+    GPU's memory."""
+
+    def __init__(self, shape: tuple, dtype: Any, nbytes: int) -> None:
+        self.shape, self.dtype, self.nbytes = shape, dtype, nbytes
+        super().__init__(f"the dry run cannot map a block of shape {shape} {dtype} ({format_size(nbytes)}): more "
+                         "than this machine's address space has left (a dry run's blocks cost no memory, but "
+                         "still their addresses)")

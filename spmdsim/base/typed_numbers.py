@@ -1,0 +1,103 @@
+"""Float flags that remember what was typed, so a refusal names the value as the user wrote it: the CLI's,
+the examples' and the GPT reference's flags (a module below the packages, so gpt and nets import it without
+importing cli, which imports them).
+
+``type=float`` kept only the number: ``--timeout -1`` was refused as ``-1.0``, ``--flops -1e9`` as
+``-1000000000.0``, and ``--flops 1e400`` (inf) as if it had been typed "inf". Pure: never imports mpi4py.
+
+A flag added by ``add_noted`` notes on the parsed namespace that the user typed it, so a refusal can say
+a value the user left alone is the default (``said_fields``): "the default d_model 128 must be divisible by
+--heads 3", not "--d-model 128 ...", a flag the user never typed.
+"""
+from __future__ import annotations
+
+import argparse
+from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping
+
+__all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields"]
+
+#: The namespace attributes where `add_noted`'s flags keep the destinations typed, and those that can be.
+_NOTED, _NOTABLE = "_typed_dests", "_notable_dests"
+
+
+class FlagFloat(float):
+    """A float that keeps `text`, the flag's value as typed (arithmetic gives plain floats)."""
+
+    text: str
+
+
+def flag_float(text: str) -> FlagFloat:
+    """argparse type: `text` as a float that remembers `text` (ValueError for what float() refuses)."""
+    value = FlagFloat(text)
+    value.text = text.strip()
+    return value
+
+
+flag_float.__name__ = "float"  # argparse names the type: "argument --timeout: invalid float value: 'abc'"
+
+
+def typed(value: float) -> str:
+    """`value` for a message: its text as typed, with what it reads as when that differs.
+
+    ``1e400`` reads as inf, ``1e-400`` as 0.0 and ``0.99999999999999999999`` as 1.0: a message
+    saying "1e400 must be finite" alone would be false. A default (a plain float) is shown as ``%g``.
+    """
+    text = getattr(value, "text", None)
+    if text is None:
+        return f"{value:g}"
+    try:
+        exact = Decimal(text.strip())
+    except InvalidOperation:
+        return text
+    number = float(value)
+    if exact.is_finite() and exact != Decimal(repr(number)):
+        return f"{text} (read as {number!r})"
+    return text
+
+
+def shown(value: object) -> str:
+    """`value` for a refusal that a library call and a flag share: as typed (`typed`) when a flag gave it (a
+    FlagFloat), else its repr, as the library says it (``GPTConfig(lr=-1.0)``: "lr -1.0")."""
+    return typed(value) if getattr(value, "text", None) is not None else repr(value)  # type: ignore[arg-type]
+
+
+def _noting(base: type) -> type:
+    """`base` (a parser's plain store action) that also notes its destination as typed on the namespace."""
+
+    class Noted(base):  # type: ignore[misc, valid-type]
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+            super().__call__(parser, namespace, values, option_string)
+            setattr(namespace, _NOTED, frozenset(getattr(namespace, _NOTED, ())) | {self.dest})
+
+    Noted.__name__ = Noted.__qualname__ = f"Noted{base.__name__}"
+    return Noted
+
+
+#: A noting class for each parser's store action (the CLI's OnceParser registers its own: spmdsim.base.once_parser).
+_NOTING: dict = {}
+
+
+def add_noted(parser: Any, *names: str, **kwargs: Any) -> Any:
+    """``parser.add_argument(*names, **kwargs)`` for a plain-store flag whose typing is noted on the namespace:
+    each parse of `parser` starts with none noted and with the destinations that can be (`said_fields` reads
+    both: a field whose flag is noted nowhere counts as typed)."""
+    base = parser._registry_get("action", None, argparse._StoreAction)
+    if base not in _NOTING:
+        _NOTING[base] = _noting(base)
+    action = parser.add_argument(*names, action=_NOTING[base], **kwargs)
+    notable = (parser.get_default(_NOTABLE) or frozenset()) | {action.dest}
+    parser.set_defaults(**{_NOTED: frozenset(), _NOTABLE: notable})
+    return action
+
+
+def said_fields(args: Any, said: Mapping[str, str]) -> tuple[dict, list]:
+    """`said` (field -> the flag that sets it) split for GPTConfig's `said_as`: (the flags of the fields the
+    user typed, the fields left at their default: those whose flag `add_noted` added and the parse did not
+    see). A namespace no noting parser made (one built by hand) counts every field as typed."""
+    typed_dests, notable = getattr(args, _NOTED, None), getattr(args, _NOTABLE, frozenset())
+    if typed_dests is None:
+        return dict(said), []
+    defaults = [field for field, flag in said.items()
+                if (dest := flag.lstrip("-").replace("-", "_")) in notable and dest not in typed_dests]
+    return {field: flag for field, flag in said.items() if field not in defaults}, defaults

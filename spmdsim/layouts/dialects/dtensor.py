@@ -1,0 +1,229 @@
+"""PyTorch DTensor placements (Shard / Replicate / Partial) as TensorLayouts.
+
+Plain values mirroring ``torch.distributed.tensor.placement_types``; torch is
+never imported. One placement per device-mesh dim. ``Shard(d)`` on several
+mesh dims splits d with the lower mesh dim major (DTensor's default
+left-to-right order; its ``_StridedShard`` for other orders is not modelled),
+and on a layout cut "chunk" cuts it mesh dim by mesh dim, as DTensor does.
+Mesh dims without names are called ``"axis_0", "axis_1", ...``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+from ...errors import DialectError
+from ..layout import Layout, TensorLayout
+from ..slicing import all_bounds, shard_bounds
+from ...base.validate import counted
+from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
+
+__all__ = [
+    "Shard", "Replicate", "Partial", "Placement", "parse_placements", "format_placements",
+    "placements_to_layout", "layout_to_placements",
+]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Tensor dim `dim` is cut along this mesh dim (negative dims count from the end).
+
+    Evenly, or by torch.chunk's rule on a layout cut "chunk" (DTensor's uneven Shard)."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        dim = as_int(self.dim)
+        if dim is None:
+            raise DialectError(f"shard dim {self.dim!r} must be an integer")
+        object.__setattr__(self, "dim", dim)
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """Every rank along this mesh dim holds the same (sub)tensor."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Ranks along this mesh dim hold pending values combined by `reduce_op`."""
+
+    reduce_op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reduce_op, str) or not self.reduce_op:
+            raise DialectError(f"partial reduce_op {self.reduce_op!r} must be a name such as 'sum'")
+
+    def __str__(self) -> str:
+        return "P" if self.reduce_op == "sum" else f"P({self.reduce_op})"
+
+
+#: One DTensor placement: `Shard | Replicate | Partial` (a type alias).
+Placement = Union[Shard, Replicate, Partial]
+
+# PyTorch prints a DTensor's placements with their reprs, ``(Shard(dim=0), Replicate(), Partial(sum))``, and
+# its constructors take keywords, ``Partial(reduce_op="sum")``: both read as the short forms do.
+_SHARD = re.compile(r"^(?:S|Shard)\s*\(\s*(?:dim\s*=\s*)?(-?\d+)\s*\)$")
+_PARTIAL = re.compile(r"^(?:P|Partial)\s*\(\s*(?:reduce_op\s*=\s*)?['\"]?(\w+)['\"]?\s*\)$")
+_STRIDED = re.compile(r"^(?:_S|_StridedShard)\s*\(")
+_NAMED = {"R": Replicate(), "Replicate()": Replicate(), "P": Partial(), "Partial()": Partial()}
+_EXPECTED = "expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), Partial())"
+
+
+def _parse_one(token: object, shown: object) -> Placement:
+    if isinstance(token, (Shard, Replicate, Partial)):
+        return token
+    where = "" if isinstance(shown, str) and token == shown.strip() else f" in {shown!r}"
+    if not isinstance(token, str):
+        raise DialectError(f"placement {token!r}{where} is not a placement; {_EXPECTED}")
+    text = token.strip()
+    if text in _NAMED:
+        return _NAMED[text]
+    if _STRIDED.match(text):
+        raise DialectError(f"placement {token!r}{where} is DTensor's _StridedShard (a dim sharded right to left, "
+                           "as FSDP2 with TP does), which spmdsim does not model; expected Shard(d) on each mesh "
+                           "dim, or write the layout with a tensor map that lists the later mesh axis first")
+    if text.startswith("dist."):
+        raise DialectError(f"placement {token!r}{where} is Paddle's (dist.shard_tensor's placements on a "
+                           "dist.ProcessMesh), which spmdsim does not read; expected PyTorch DTensor's spelling, "
+                           f"{_EXPECTED[len('expected '):]}, or a spmdsim Layout and tensor map")
+    match = _SHARD.match(text)
+    if match is not None:
+        return Shard(int(match.group(1)))
+    match = _PARTIAL.match(text)
+    if match is not None:
+        return Partial(match.group(1))
+    raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}")
+
+
+def parse_placements(value: object) -> tuple[Placement, ...]:
+    """Normalize placements: objects, or text such as ``"S(0), R"`` / ``"(Shard(1), Partial())"``."""
+    if isinstance(value, (Shard, Replicate, Partial)):
+        return (value,)
+    tokens = entry_tokens(value, "placements", _EXPECTED, "placements", "mesh dim", plural=True)
+    return tuple(_parse_one(t, value) for t in tokens)
+
+
+def format_placements(placements: object) -> str:
+    """Short form: ``(S(0), R)``."""
+    return "(" + ", ".join(str(p) for p in parse_placements(placements)) + ")"
+
+
+def placements_to_layout(
+    placements: object,
+    mesh_shape: Sequence[int],
+    ndim: int,
+    mesh_axis_names: Optional[Sequence[str]] = None,
+    cut: Optional[str] = None,
+    **deprecated: object,
+) -> TensorLayout:
+    """TensorLayout of an `ndim`-dim DTensor with these placements on a mesh of `mesh_shape`.
+
+    Only ``Partial("sum")`` is supported: spmdsim's partial axes hold pending sums.
+    Mesh dims are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given
+    (``mesh_dim_names=`` is its deprecated name). `mesh_shape` may also be a spmdsim
+    Layout or Mesh, whose axes have names: ``placements_to_layout("S(0), R", mesh, 2)``.
+    DTensor cuts a dim that does not divide by torch.chunk's rule: pass ``cut="chunk"``
+    for that (the default keeps the mesh's rule, "even" for a bare shape; where sizes
+    divide the two agree; docs/semantics.md, "Uneven shards").
+    """
+    mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
+                                      mesh_axis_names, "placements_to_layout")
+    parsed = parse_placements(placements)
+    shape, names, base = mesh_of(mesh_shape, mesh_axis_names)
+    if len(parsed) != len(shape):
+        raise DialectError(
+            f"placements {format_placements(parsed)} have {counted(len(parsed), 'entry')} but mesh "
+            f"shape {shape!r} has {counted(len(shape), 'dim')}; expected one placement per mesh dim"
+        )
+    dims = as_int(ndim)
+    if dims is None or dims < 0:
+        raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+    entries: list[list[str]] = [[] for _ in range(dims)]
+    partial = []
+    for mesh_dim, (name, item) in enumerate(zip(names, parsed)):
+        if isinstance(item, Shard):
+            tensor_dim = item.dim + dims if item.dim < 0 else item.dim
+            if not 0 <= tensor_dim < dims:
+                raise DialectError(
+                    f"placement {item} on mesh dim {mesh_dim} shards tensor dim {item.dim}, "
+                    f"but the tensor has {counted(dims, 'dim')}"
+                )
+            # Ascending mesh-dim order: the lower mesh dim is major.
+            entries[tensor_dim].append(name)
+        elif isinstance(item, Partial):
+            if item.reduce_op != "sum":
+                raise DialectError(
+                    f"partial reduce_op {item.reduce_op!r} on mesh dim {mesh_dim} is not "
+                    "supported; spmdsim partial layouts hold pending sums (reduce_op='sum')"
+                )
+            partial.append(name)
+    mesh = base or Layout(shape, names)
+    return (mesh if cut is None else mesh.with_cut(cut))(*(tuple(e) for e in entries), partial=partial)
+
+
+def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
+    """One placement per mesh axis (in mesh-axis order) describing `tl`.
+
+    Raises DialectError when a dim is split over several axes listed in an
+    order other than ascending mesh order (not expressible without _StridedShard).
+    """
+    check_major_order(tl, "DTensor placements", "DTensor would need _StridedShard")
+    shard_dim = {a: d for d, axes in enumerate(tl.tensor_map) for a in axes}
+    out: list[Placement] = []
+    for name in tl.layout.alias_name:
+        if name in tl.partial:
+            out.append(Partial())
+        elif name in shard_dim:
+            out.append(Shard(shard_dim[name]))
+        else:
+            out.append(Replicate())
+    return tuple(out)
+
+
+def placements_of(tl: TensorLayout, shape: Sequence[int]) -> tuple[Placement, ...]:
+    """`layout_to_placements` of a tensor of global `shape`: refused (DialectError) where DTensor would cut it
+    otherwise than `tl` does: a dim that does not divide under a cut other than torch.chunk's (DTensor
+    has only that rule; "balanced" has no DTensor form there). Under the chunk rule a dim sharded on
+    several mesh dims is cut mesh dim by mesh dim, as DTensor cuts it (`check_uneven_shards`)."""
+    if tl.layout.cut != "chunk":
+        for d in tl.uneven_dims(shape):
+            raise DialectError(f"tensor dim {d} of size {shape[d]!r} is cut {tl.layout.cut!r} into "
+                               f"{tl.num_shards(d)} unequal pieces: DTensor cuts a dim that does not divide by "
+                               "torch.chunk's rule only, so these placements would name another cut; expected "
+                               "a size that divides, or cut 'chunk'")
+    check_uneven_shards(tl, shape)
+    return layout_to_placements(tl)
+
+
+def check_uneven_shards(tl: TensorLayout, shape: Sequence[int]) -> None:
+    """Raise DialectError where DTensor would cut `shape` otherwise than `tl` does.
+
+    DTensor cuts a dim sharded on several mesh dims one mesh dim after the other
+    (torch.chunk of torch.chunk). spmdsim's chunk rule does the same (spmdsim.layouts.slicing),
+    so a layout cut "chunk" always passes; the balanced rule cuts such a dim once into
+    the product of the shard counts, which differs for some sizes that do not divide
+    (6 over 2 x 2: [0, 3) then [0, 2), [2, 3) against [0, 2), [2, 4), [4, 5), [5, 6)).
+    """
+    cut = tl.layout.cut
+    for d in tl.uneven_dims(shape):
+        sizes = tl.counts_per_dim[d]
+        if len([n for n in sizes if n > 1]) < 2:
+            continue
+        pieces = [(0, shape[d])]
+        for n in sizes:  # DTensor: each mesh dim cuts every piece of the one before
+            pieces = [(lo + a, lo + b) for lo, hi in pieces for a, b in
+                      (shard_bounds(hi - lo, n, i, cut) for i in range(n))]
+        held = list(all_bounds(shape[d], sizes, cut))
+        if pieces != held:
+            raise DialectError(f"tensor dim {d} of size {shape[d]!r} sharded on mesh dims {tl.tensor_map[d]!r}: "
+                               f"DTensor would cut it piece by piece ({pieces!r}), spmdsim cuts it once "
+                               f"({held!r}) by rule {cut!r}; expected a size that divides, cut 'chunk', or one "
+                               "mesh dim per tensor dim")

@@ -1,0 +1,316 @@
+"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank (docs/training.md,
+"Stopping and resuming").
+
+A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its
+optimizer's `state_dict()` (spmdsim.nn.optim: this rank's moments, ZeRO-1's slices, a bfloat16 parameter's float32
+master; a pipeline stage's rank, its stage's) and the step reached; and ``checkpoint.json``, written by rank 0,
+which records what a resume must match: the model's config (GPTConfig, its MoE config too), the world size and
+the mesh (pp, dp, ep, tp, sequence parallelism), every parameter's layout, the precision policy and the
+optimizer, the pipeline (schedule, microbatches, chunks, split; None without), and the step reached. Each file
+is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is there when a
+trainer returns). The files hold arrays and text only (numpy's .npz read with
+``allow_pickle=False``; the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
+
+The data and the randomness of a step are functions of its index (spmdsim.models.gpt.data.batch, the dropout seeds of
+spmdsim.models.gpt.params), so the step reached is the whole data position: a run resumed at step s steps as the run
+that never stopped, bit for bit.
+
+On resume every rank reads ``checkpoint.json`` and refuses, alike and before any collective, a missing or
+unreadable directory or metadata file, another config, mesh, world size, layout, precision or optimizer, and a
+checkpoint at or past the run's last step (`resume_problem`); a config field the checkpoint lacks (added to
+GPTConfig after it was saved, as Llama's options were) reads as its default, the model it was saved of. Then
+each rank reads its own file; what a rank finds wrong there (its file missing or unreadable, blocks of another
+shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and
+every rank raises the first one: one line, exit 2, never a hang (`load`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zipfile
+from typing import Any, Optional
+
+import numpy as np
+
+from ...errors import SpmdsimError
+
+__all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta"]
+
+#: The metadata file rank 0 writes.
+META = "checkpoint.json"
+_FORMAT = "spmdsim GPT checkpoint"
+_VERSION = 1
+
+
+def rank_file(directory: str, rank: int) -> str:
+    """The path of rank `rank`'s file in `directory`."""
+    return os.path.join(directory, f"rank-{rank:05d}.npz")
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON holds it (tuples as lists, numpy numbers as Python's)."""
+    return json.loads(json.dumps(value, default=lambda v: v.item() if isinstance(v, np.generic) else str(v)))
+
+
+def run_meta(cfg: Any, world: int, mesh_layout: Any, sp: bool, layouts: dict, precision: str,
+             optimizer: str) -> dict:
+    """What a resume must match (JSON-plain): `cfg` (GPTConfig), the world size, the mesh's axes and sizes
+    (`mesh_layout`, a Layout) and sequence parallelism, each parameter's layout (`layouts`: name -> TensorLayout),
+    the precision policy's name and the optimizer's class name."""
+    axes = {str(a): int(n) for a, n in zip(mesh_layout.alias_name, mesh_layout.device_matrix)}
+    return _plain({"world size": world, "mesh": axes, "sequence parallelism": bool(sp),
+                   "config": dataclasses.asdict(cfg), "layouts": {k: str(v) for k, v in layouts.items()},
+                   "precision": precision, "optimizer": optimizer})
+
+
+def read_meta(directory: str) -> tuple[Optional[dict], Optional[str]]:
+    """(the metadata of the checkpoint in `directory`, None) or (None, why it cannot be read)."""
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        return None, f"--resume {directory}: {what} (expected a checkpoint directory that --save wrote)"
+    path = os.path.join(directory, META)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return None, f"--resume {directory}: no {META} in it (expected a checkpoint directory that --save wrote)"
+    except (OSError, ValueError) as e:
+        return None, f"--resume {directory}: cannot read {META}: {_reason(e)}"
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT or meta.get("version") != _VERSION:
+        return None, (f"--resume {directory}: {META} is not a checkpoint of this version ({_FORMAT!r}, version "
+                      f"{_VERSION})")
+    step = meta.get("step")
+    if type(step) is not int or step < 1:
+        return None, f"--resume {directory}: {META} step {step!r} must be an integer >= 1"
+    return meta, None
+
+
+def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
+    """Why the run described by `meta` (`run_meta`) cannot resume from `directory` and train to `steps`, or None.
+    Pure and alike on every rank (each reads the same metadata file): call it before any collective."""
+    saved, problem = read_meta(directory)
+    if problem:
+        return problem
+    for key, here in meta.items():
+        there = saved.get(key)
+        if key == "config" and isinstance(there, dict):  # a field added since it was saved: its default
+            there = {**_config_defaults(), **there}
+        if key == "mesh" and (saved.get("pipeline") is None) != (meta.get("pipeline") is None):
+            # one side a pipeline, the other none: both as typed ("pp none, this run's 2" said the mesh's pp)
+            return (f"--resume {directory}: the checkpoint was saved {_pipeline_words(saved)}, this run "
+                    f"{_pipeline_words(meta)} (resume with the settings it was saved with)")
+        if there == here:
+            continue
+        if key == "pipeline" and isinstance(here, dict) and isinstance(there, dict):
+            for k in list(here) + [k for k in there if k not in here]:
+                if here.get(k) != there.get(k):
+                    return (f"--resume {directory}: the checkpoint's pipeline has {_pipeline_flag(k, there.get(k))}, "
+                            f"this run's {_pipeline_flag(k, here.get(k))} (resume with the settings it was saved with)")
+        if isinstance(here, dict) and isinstance(there, dict):
+            for k in list(here) + [k for k in there if k not in here]:
+                if here.get(k) != there.get(k):
+                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k))}, "
+                            f"this run's {_shown(here.get(k))} (resume with the settings it was saved with)")
+        return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
+                "(resume with the settings it was saved with)")
+    if saved["step"] >= steps:
+        return (f"--resume {directory}: the checkpoint is at step {saved['step']}, at or past --steps {steps}; "
+                f"give --steps above {saved['step']} to train on")
+    return None
+
+
+def _config_defaults() -> dict:
+    """GPTConfig's defaults as run_meta records them: what a checkpoint's config lacking a field (saved before the
+    field was added, as Llama's options were) had, since each default is the model as it was before."""
+    from .config import GPTConfig
+
+    return _plain(dataclasses.asdict(GPTConfig()))
+
+
+def save_problem(directory: str) -> Optional[str]:
+    """Why checkpoints cannot be written into `directory` (made when missing), or None: checked before any work."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        return f"--save {directory}: is not a directory (expected a directory to write the checkpoint into)"
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        return f"--save {directory}: cannot make the directory: {_reason(e)}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"--save {directory}: the directory is not writable"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A metadata value as a refusal says it."""
+    return "none" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else repr(value)
+
+
+#: The pipeline's recorded fields -> the flag that sets each (spmdsim.programs.pipeline.options.pipeline_arguments).
+_PIPELINE_FLAGS = {"schedule": "--schedule", "microbatches": "--microbatches", "virtual": "--virtual-stages",
+                   "split": "--stage-layers"}
+
+
+def _pipeline_flag(field: str, value: Any) -> str:
+    """A pipeline's recorded field as the flag that gives it: "--schedule 1f1b", "--stage-layers 1,3"; the split
+    None is the default, balanced (not "none")."""
+    if field == "split":
+        return ("a balanced split (no --stage-layers)" if value is None else
+                f"--stage-layers {','.join(map(str, value)) if isinstance(value, list) else value}")
+    flag = _PIPELINE_FLAGS.get(field)
+    return f"{flag} {value}" if flag else f"{field} {_shown(value)}"
+
+
+def _pipeline_words(meta: dict) -> str:
+    """How the run of `meta` was pipelined, as its flags: "with --pp 2 --schedule 1f1b --microbatches 4" (its
+    --virtual-stages beyond 1 and --stage-layers when not balanced too), or "without a pipeline"."""
+    pipeline = meta.get("pipeline")
+    if pipeline is None:
+        return "without a pipeline"
+    mesh = meta.get("mesh")
+    pp = mesh.get("pp") if isinstance(mesh, dict) else None
+    words = ([f"--pp {pp}"] if pp is not None else []) + [_pipeline_flag(k, pipeline.get(k))
+                                                          for k in ("schedule", "microbatches")]
+    if pipeline.get("virtual", 1) != 1:
+        words.append(_pipeline_flag("virtual", pipeline.get("virtual")))
+    if pipeline.get("split") is not None:
+        words.append(_pipeline_flag("split", pipeline["split"]))
+    return "with " + " ".join(words)
+
+
+def _reason(e: BaseException) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+
+
+# -- the optimizer's dict as JSON beside its arrays --
+
+def _encode(value: Any, arrays: dict) -> Any:
+    if isinstance(value, np.ndarray):
+        key = f"optimizer.{len(arrays)}"
+        name = value.dtype.name
+        arrays[key] = value.view(np.uint16) if name == "bfloat16" else value
+        return {"array": key, "dtype": name}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(k, arrays), _encode(v, arrays)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return {"list" if isinstance(value, list) else "tuple": [_encode(v, arrays) for v in value]}
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise SpmdsimError(f"checkpoint: cannot save {type(value).__name__} {value!r} of the optimizer's state")
+
+
+def _decode(value: Any, arrays: Any) -> Any:
+    if isinstance(value, dict):
+        if "array" in value:
+            array = arrays[value["array"]]
+            if value["dtype"] == "bfloat16":
+                from ...base.precision import bfloat16
+
+                return array.view(bfloat16())
+            return array
+        if "dict" in value:
+            return {_decode(k, arrays): _decode(v, arrays) for k, v in value["dict"]}
+        if "tuple" in value:
+            return tuple(_decode(v, arrays) for v in value["tuple"])
+        return [_decode(v, arrays) for v in value["list"]]
+    return value
+
+
+def _write_aside(path: str, write: Any) -> None:
+    """`write(file)` into a file beside `path`, renamed onto it: a reader never sees half a file."""
+    aside = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(aside, "wb") as f:
+            write(f)
+        os.replace(aside, path)
+    except OSError as e:
+        raise SpmdsimError(f"checkpoint: cannot write {path}: {_reason(e)}") from None
+
+
+def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimizer: Any) -> None:
+    """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
+    metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's. Collective: every
+    rank writes its own, then a barrier over `mesh`, so that the whole checkpoint is there when any rank goes
+    on (a resume in the same program, by any rank, reads it all)."""
+    from ...runtime.door import barrier
+
+    rank = mesh.rank
+    arrays: dict = {}
+    header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
+              "optimizer": _encode(optimizer.state_dict(), arrays)}
+    for name, t in params.items():
+        block = np.asarray(t.local)
+        arrays[f"param.{name}"] = block.view(np.uint16) if block.dtype.name == "bfloat16" else block
+        header.setdefault("dtypes", {})[name] = block.dtype.name
+    arrays["header"] = np.array(json.dumps(header))
+    _write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
+    if rank == 0:
+        text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta}, indent=1) + "\n"
+        _write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
+    if mesh.size > 1:
+        barrier(mesh.comm)
+
+
+def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any) -> Optional[str]:
+    """Load this rank's file into `params` and `optimizer`; None, or why not (nothing then trusted)."""
+    path = rank_file(directory, rank)
+    if not os.path.exists(path):
+        return f"rank {rank}'s file {path} is missing"
+    if not zipfile.is_zipfile(path):
+        return f"rank {rank}'s file {path} is not a .npz file (damaged, or not written by --save)"
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+        header = json.loads(str(arrays["header"]))
+        blocks = {}
+        for name in header["params"]:
+            block = arrays[f"param.{name}"]
+            if header["dtypes"][name] == "bfloat16":
+                from ...base.precision import bfloat16
+
+                block = block.view(bfloat16())
+            blocks[name] = block
+        state = _decode(header["optimizer"], arrays)
+    except FileNotFoundError:
+        return f"rank {rank}'s file {path} is missing"
+    except Exception as e:  # a damaged file: any reader's error, one line
+        return f"rank {rank}'s file {path} cannot be read: {type(e).__name__}: {_reason(e)}"
+    if header.get("rank") != rank:
+        return f"rank {rank}'s file {path} holds rank {header.get('rank')!r}'s blocks (a file copied or renamed?)"
+    if (header.get("step"), header.get("world size")) != (step, world):
+        return (f"rank {rank}'s file {path} is of step {header.get('step')!r} of {header.get('world size')!r} "
+                f"ranks, the checkpoint's {META} of step {step} of {world} ranks (a save that did not finish?)")
+    if list(blocks) != list(params):
+        return f"rank {rank}'s file {path} holds the parameters {list(blocks)}, this model {list(params)}"
+    for name, t in params.items():
+        if blocks[name].shape != t.local.shape or blocks[name].dtype != t.local.dtype:
+            return (f"rank {rank}'s file {path}: parameter {name} is {blocks[name].dtype} of shape "
+                    f"{blocks[name].shape}, this rank's block {t.local.dtype} of shape {t.local.shape}")
+    try:
+        optimizer.load_state_dict(state)
+    except SpmdsimError as e:
+        return f"rank {rank}'s file {path}: {e}"
+    for name, t in params.items():
+        t.local[...] = blocks[name]
+    return None
+
+
+def load(directory: str, mesh: Any, params: dict, optimizer: Any) -> int:
+    """Every rank loads its own file of the checkpoint in `directory` into `params` (name -> DTensor) and
+    `optimizer`; returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
+    is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
+    `resume_problem` first (the metadata is read again here: it must still be readable)."""
+    from ...runtime.door import all_gather_object
+
+    meta, problem = read_meta(directory)
+    step = meta["step"] if meta else 0
+    if not problem:
+        problem = _read_own(directory, step, mesh.rank, mesh.size, params, optimizer)
+        problem = problem and f"--resume {directory}: {problem}"
+    problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
+    first = next((p for p in problems if p), None)
+    if first:
+        raise SpmdsimError(first)
+    return step

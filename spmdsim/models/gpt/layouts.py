@@ -1,0 +1,163 @@
+"""Megatron's plan for the GPT's parameters on a (dp, tp) mesh: pure (numpy only; no runtime, no mpi4py).
+
+Each parameter of `spmdsim.models.gpt.params` gets a TensorLayout on a ``("dp", "tp")``
+layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT"):
+
+| parameter                | layout          | why                                                   |
+| ------------------------ | --------------- | ----------------------------------------------------- |
+| wte, head.w (V, D)       | ("tp", None)    | vocab-parallel embedding, and the head's columns      |
+|                          |                 | (V padded to a multiple of cfg.vocab_pad_to)          |
+| wpe (T, D)               | (None, None); ("tp", None) with sp | added to the sequence-split activations |
+| wq, wk, wv, w1, w3 (D, *) | (None, "tp")   | column-parallel: each rank its heads / hidden columns |
+| bq, bv, b1, b3 (no key bias) | ("tp",)     | split like the columns                                |
+| wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
+| bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
+| moe.router (D, E)        | (None, None)    | replicated: every rank routes its own tokens          |
+| moe.w1, moe.w3 (E, D, F) | ("ep", None, "tp") | experts over ep, each column-parallel over tp      |
+| moe.b1, moe.b3 (E, F)    | ("ep", "tp")    | split like w1's experts and columns                   |
+| moe.w2 (E, F, D)         | ("ep", "tp", None) | experts over ep, each row-parallel over tp         |
+| moe.b2 (E, D)            | ("ep", None)    | experts over ep                                       |
+
+The MoE rows (spmdsim.models.moe, docs/experts.md) need an "ep" axis: the layout
+``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers.
+
+The model on DTensors (`spmdsim.models.gpt.parallel.GPT`) runs with these layouts, and
+`spmdsim autoshard --network gpt` takes them as the hand-written ones
+(`spmdsim.tools.autoshard.gpt.megatron`). `dialect_layouts` writes the same plan in
+MindSpore's, JAX's, DTensor's or OneFlow's words; `mesh_problem` says why a
+model does not fit a (dp, tp) mesh.
+"""
+from __future__ import annotations
+
+import functools
+
+from typing import Optional
+
+from ...errors import SpmdsimError
+from ...layouts.layout import Layout, TensorLayout
+from .config import GPTConfig
+from .params import param_specs
+
+__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "written"]
+
+
+def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
+    """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None."""
+    moe = cfg.moe
+    if ep > 1 and moe is None:
+        return f"ep {ep} splits experts, and this model has none (give it MoE layers or ep 1)"
+    if moe is not None:
+        hidden = cfg.expert_hidden
+        checks = [(moe.experts % ep, f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"),
+                  (hidden % tp, f"the experts' hidden width {hidden} is not divisible by tp {tp}")]
+        problem = next((text for bad, text in checks if bad), None)
+        if problem:
+            return problem
+    batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
+    checks = [(cfg.batch % (dp * ep), f"batch {cfg.batch} is not divisible by {batch}"),
+              (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
+              (cfg.kv % tp, f"kv_heads {cfg.kv} is not divisible by tp {tp} (key/value heads are split over tp, "
+                            "Megatron's num_query_groups % tp == 0)"),
+              (cfg.hidden % tp, f"the MLP's hidden width ffn {cfg.hidden} is not divisible by tp {tp} (its "
+                                "columns are split over tp)"),
+              (cfg.padded_vocab % tp, _vocab_problem(cfg, tp)),
+              (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
+    return next((text for bad, text in checks if bad), None)
+
+
+def _vocab_problem(cfg: GPTConfig, tp: int) -> str:
+    """What to say when tp does not divide the embedding's rows: pad the vocabulary (to a multiple of tp)."""
+    if cfg.padded_vocab == cfg.vocab:
+        return (f"vocab {cfg.vocab} is not divisible by tp {tp} (vocab-parallel embedding); pad it to a multiple "
+                f"of tp (GPTConfig vocab_pad_to, --pad-vocab-to; Megatron pads to 128 x tp = {128 * tp})")
+    return (f"vocab {cfg.vocab} padded to a multiple of {cfg.vocab_pad_to} is {cfg.padded_vocab}, not divisible by "
+            f"tp {tp} (vocab-parallel embedding); pad to a multiple of tp (Megatron pads to 128 x tp = {128 * tp})")
+
+
+def _role(name: str, sp: bool) -> str:
+    """A parameter's place in Megatron's plan: "rows" split, "columns" split, a split "vector", or "whole"."""
+    leaf = name.rsplit(".", 1)[-1]
+    if ".moe." in name:
+        return "expert " + leaf
+    if name in ("wte", "head.w") or leaf in ("wo", "w2") or (name == "wpe" and sp):
+        return "rows"
+    if leaf in ("wq", "wk", "wv", "w1", "w3"):
+        return "columns"
+    if leaf in ("bq", "bv", "b1", "b3"):
+        return "vector"
+    return "whole"
+
+
+#: Each split role's tensor map: which mesh axis cuts which dim (the module's table; "whole" is all None).
+_MAPS = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
+         "expert b1": ("ep", "tp"), "expert w3": ("ep", None, "tp"), "expert b3": ("ep", "tp"),
+         "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
+
+
+def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
+    """Each parameter's TensorLayout on a ("dp", "tp") layout (the module's table)."""
+    return dict(_megatron_layouts(cfg, layout, bool(sp)))
+
+
+@functools.lru_cache(maxsize=16)  # each stage of a pipeline (and each dry-run representative) asks alike
+def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, TensorLayout]:
+    names = set(layout.alias_name)
+    out = {}
+    for s in param_specs(cfg):
+        entries = _MAPS.get(_role(s.name, sp), (None,) * len(s.shape))
+        out[s.name] = layout(*(e if e is None or e in names else None for e in entries))
+    return out
+
+
+#: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
+DIALECTS = {
+    "mindspore": {"rows": ("tp", "None"), "columns": ("None", "tp"), "vector": ("tp",), "whole": ("None",)},
+    "jax": {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "whole": (None,)},
+    "dtensor": {"rows": "R,S(0)", "columns": "R,S(1)", "vector": "R,S(0)", "whole": "R,R"},
+    "oneflow": {"rows": "B,S(0)", "columns": "B,S(1)", "vector": "B,S(0)", "whole": "B,B"},
+}
+
+
+def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = False) -> dict[str, TensorLayout]:
+    """`megatron_layouts` written in `dialect` ("mindspore", "jax", "dtensor" or "oneflow") and converted
+    by spmdsim.layouts.dialects: the same TensorLayouts, whichever dialect wrote them."""
+    if dialect not in DIALECTS:
+        raise SpmdsimError(f"dialect {dialect!r} is not one of {sorted(DIALECTS)!r}")
+    return dict(_dialect_layouts(cfg, layout, dialect, bool(sp)))
+
+
+def written(dialect: str, role: str, ndim: int, names: tuple) -> object:
+    """How `dialect` writes a parameter of `role` (`_role`: "rows", "columns", "vector", "whole", "expert w1"
+    ...) with `ndim` dims on a mesh of axes `names`: MindSpore's tensor_map of axis names ("None" where whole),
+    a JAX PartitionSpec's entries, DTensor's placements ("S(dim)" or "R" per mesh axis) or OneFlow's nd SBP
+    ("S(dim)" or "B"). On ("dp", "tp") these are `DIALECTS`' texts; an MoE mesh ("dp", "ep", "tp") adds the
+    experts' roles and an axis to DTensor's and OneFlow's."""
+    entries = _MAPS.get(role, (None,) * ndim)
+    if dialect == "mindspore":
+        return tuple("None" if e is None else e for e in entries)
+    if dialect == "jax":
+        return tuple(entries)
+    whole = "R" if dialect == "dtensor" else "B"
+    return ",".join(f"S({entries.index(a)})" if a in entries else whole for a in names)
+
+
+@functools.lru_cache(maxsize=16)  # every rank (and each dry-run representative) asks alike: ~1,500 layouts at 96 layers
+def _dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool) -> dict[str, TensorLayout]:
+    from ...layouts.dialects.dtensor import placements_to_layout
+    from ...layouts.dialects.partition_spec import partition_spec_to_layout
+    from ...layouts.dialects.sbp import sbp_to_layout
+
+    shape, names = layout.device_matrix, tuple(layout.alias_name)
+    out = {}
+    for spec in param_specs(cfg):
+        ndim = len(spec.shape)
+        text = written(dialect, _role(spec.name, sp), ndim, names)
+        if dialect == "mindspore":  # Layout(device_matrix, alias_name)(tensor_map)
+            out[spec.name] = layout(*text)
+        elif dialect == "jax":
+            out[spec.name] = partition_spec_to_layout(text, shape, ndim, names)
+        elif dialect == "dtensor":
+            out[spec.name] = placements_to_layout(text, shape, ndim, names)
+        else:
+            out[spec.name] = sbp_to_layout(text, shape, ndim, names)
+    return out

@@ -1,0 +1,126 @@
+"""The GPT's size and training options on the command line, shared by the examples that train it (pure:
+argparse only).
+
+``model_arguments(parser)`` adds ``--vocab``, ``--pad-vocab-to``, ``--layers``, ``--d-model``, ``--heads``,
+``--seq``, ``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
+they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
+says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
+precision)`` the check's verdict and its largest differences against the precision's tolerances;
+``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
+``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint).
+
+``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/training.md, "Llama's options"):
+``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
+``spmdsim estimate`` and ``spmdsim autoshard --machine`` spell them (one place: spmdsim.models.gpt.flags, whose
+names this module gives too); `model_config` refuses a bad one in one line naming its flag.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ...base.typed_numbers import add_noted, flag_float, said_fields
+from ...base.validate import counted
+from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
+                         architecture_problem, architecture_words)
+from .config import GPTConfig, said_as
+
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
+           "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
+           "architecture_words"]
+
+#: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
+SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
+#: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
+MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
+              "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
+              "seed": "--seed"}
+
+
+def model_arguments(parser: Any) -> None:
+    """Add the GPT's size and training options (GPTConfig's defaults for the examples) to a parser."""
+    add_noted(parser, "--vocab", type=int, default=128,
+              help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's padded 50304, "
+                   "shapes the embedding and head)")
+    add_noted(parser, "--pad-vocab-to", type=int, default=1, metavar="N",
+              help="pad the vocabulary to a multiple of N, the padded logits masked out of the loss (Megatron pads "
+                   "to 128 x tp; default 1: no padding)")
+    add_noted(parser, "--layers", type=int, default=4)
+    add_noted(parser, "--d-model", type=int, default=128)
+    add_noted(parser, "--heads", type=int, default=4)
+    add_noted(parser, "--seq", type=int, default=64)
+    add_noted(parser, "--batch", type=int, default=8)
+    add_noted(parser, "--dropout", type=flag_float, default=0.1)  # refused as typed: "--lr -1", not "-1.0"
+    add_noted(parser, "--lr", type=flag_float, default=3e-3)
+    add_noted(parser, "--seed", type=int, default=0)
+    architecture_arguments(parser)
+
+
+def checkpoint_arguments(parser: Any) -> None:
+    """Add the trainer's checkpoint options (spmdsim.models.gpt.train's `save`, `save_every`, `resume`) to a parser."""
+    parser.add_argument("--save", default=None, metavar="DIR",
+                        help="write a checkpoint into DIR after the last step (a file per rank and checkpoint.json; "
+                             "docs/training.md, \"Stopping and resuming\")")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="with --save: a checkpoint after every N-th step too (each replaces the last)")
+    parser.add_argument("--resume", default=None, metavar="DIR",
+                        help="continue from the checkpoint in DIR to --steps, as the run that never stopped")
+
+
+def model_config(args: Any, **more: Any) -> GPTConfig:
+    """The GPTConfig of `model_arguments`' parsed options (Llama's among them: a bad one refused in one line
+    naming its flag, `architecture_problem`), with the example's own fields `more`."""
+    from ...errors import SpmdsimError
+
+    # GPTConfig's refusals name the flags typed ("--d-model 30 must be divisible by --heads 4"), an example's own
+    # fields (`more`) too where it has the flag (--clip), and a size left alone as the default ("the default
+    # d_model 128 must be divisible by --heads 3")
+    said, defaults = said_fields(args, {**MODEL_SAID, **ARCHITECTURE_SAID,
+                                        **{name: f"--{name}" for name in more if hasattr(args, name)}})
+    problem = architecture_problem(args, said=said.get("heads", "the default heads"))
+    if problem:  # pure: every rank alike, before any collective
+        raise SpmdsimError(problem)
+    with said_as(said, defaults):
+        return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                         batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
+                         vocab_pad_to=args.pad_vocab_to, **architecture_fields(args), **more)
+
+
+def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
+    """The check's lines after a run: its verdict over the steps' StepResults (spmdsim.models.gpt.train), then the
+    largest difference against the tolerance (fp64), or per kind against the policy's (spmdsim.models.gpt.mixed)."""
+    from .params import param_specs
+
+    failed = sum(not r.passed for r in results)
+    out = [f"check: {counted(len(results), 'step')} vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
+           f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}"]
+    if precision == "fp64":
+        worst = max(max(r.errors) for r in results)
+        return out + [f"largest difference {worst:.1e} of the tensor's largest entry (tolerance "
+                      f"{results[0].tolerances[0]:.0e})"]
+    kinds = ("loss", "gradients", "parameters")
+    return out + ["largest differences: " + ", ".join(f"{what} {max(r.errors[i] for r in results):.1e}"
+                                                      for i, what in enumerate(kinds)),
+                  f"tolerances under {precision}: " + ", ".join(f"{what} {results[0].tolerances[i]:.1e}"
+                                                                for i, what in enumerate(kinds))]
+
+
+def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:
+    """One line on the vocabulary's padding over `tp` ranks, or None when cfg pads nothing."""
+    extra = cfg.padded_vocab - cfg.vocab
+    if not extra:
+        return None
+    rows = "row" if extra == 1 else "rows"
+    return (f"vocab {cfg.vocab:,} padded to {cfg.padded_vocab:,} (a multiple of {cfg.vocab_pad_to:,}): "
+            f"{cfg.padded_vocab // tp:,} rows per tp rank, {extra:,} padded {rows} masked")
+
+
+def sizes_problem(args: Any) -> Optional[str]:
+    """Why a size the command line gave (``--pp``, ``--dp``, ``--ep``, ``--tp``, ``--microbatches``,
+    ``--virtual-stages``: those `args` has) cannot be, or None: each given must be at least 1. Checked before
+    any is derived from another, so a message names the value the user typed; None (not given) is the default,
+    and 0 is refused rather than read as "not given"."""
+    for name in SIZE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} {value!r} must be at least 1"
+    return None

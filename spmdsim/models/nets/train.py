@@ -1,0 +1,376 @@
+"""Train a seed `Network` under MPI: forward hop by hop, cross-entropy, backward, optimizer; checked step by step.
+
+mpi4py is imported lazily (through spmdsim.runtime). Every parameter is this
+rank's shard of its SeededTensor, marked ``requires_grad_()``; the forward runs
+the network's schedule (redistributions planned by `spmdsim.programs.plan`, operators
+from `spmdsim.nn.ops`), so the backward's collectives are the conjugates of those
+hops. Each phase runs under its own trace. `NetworkTrainer.check` compares the
+step with `spmdsim.models.nets.reference` on each rank's own slices (one agreed
+verdict per tensor). With ``step(..., anchor=True)`` the reference takes the
+run's step as its start (`Anchor`: every rank's parameters at the step's start,
+from one Allgather, for the loss and gradients; this rank's parameters,
+optimizer state and gradients, for the update of its region), so each step is
+checked at rounding level: two trajectories that differ only in the order of
+their sums drift apart under Adam, whichever is right (docs/training.md).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Optional
+
+import numpy as np
+
+from ...errors import OperatorError, fold_message
+from ...layouts.layout import Layout, TensorLayout
+from .model import Hop, Network, schedule
+
+__all__ = ["NetworkTrainer", "StepResult", "Anchor", "PHASES", "explain_backward", "world_size", "run_main",
+           "refuse", "loss_trend"]
+
+#: Trace phases of a step, in order.
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A run's step as its reference takes it (`ReferenceTrainer.step(..., anchor=)`). `where` and `rows`:
+    every rank's blocks of each parameter at the step's start, a row per rank (the Allgather's rows that
+    `where.used` keeps; spmdsim.models.gpt.wholes.Regions says where each block lies), the same on every rank, from
+    which the reference's loss and gradients are computed once for all. `blocks`: this rank's own blocks at
+    the step's start, "params" and each part of the optimizer's state (`kinds`: "buffer" for SGD's momentum,
+    "m" and "v" for Adam's moments; zeros before a parameter's first step, which the optimizers' first update
+    equals), and its gradients the update stepped with ("grads"), from which the reference's update of this
+    rank's region is computed (elementwise: no rank needs another's)."""
+
+    where: Any
+    rows: np.ndarray
+    kinds: tuple[str, ...]
+    blocks: dict
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step on this rank: the loss DTensor, the trace of each phase, and with ``anchor=True`` the step as
+    its reference takes it (`Anchor`)."""
+
+    loss: Any
+    traces: dict
+    anchor: Optional[Anchor] = None
+
+    @property
+    def value(self) -> float:
+        return float(self.loss.local)
+
+
+class NetworkTrainer:
+    """``NetworkTrainer(net, comm, optimizer="sgd", lr=1e-2, momentum=0.0, bucket=False)``: shards, meshes, optimizer.
+
+    Call `step(x, labels)` with the global batch (every rank passes the same
+    arrays; each cuts its own shard), `check(step, reference_step)` to compare,
+    and `close()` at the end. `bucket`: the backward sums the replicas'
+    gradients of parameters pending over the same axes in one Allreduce.
+    """
+
+    def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
+                 momentum: float = 0.0, bucket: Any = False) -> None:
+        from ...nn import ops, optim  # noqa: F401 - ops gives DTensor its operators (requires_grad_, backward)
+        from ...runtime.dtensor import DTensor
+        from ...runtime.mesh import Mesh
+
+        if net.stages[-1].out.ndim < 2:
+            raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
+        self.net, self.comm, self.bucket = net, comm, bucket
+        self.hops = schedule(net)
+        self._meshes: dict[Layout, Any] = {}
+        self._mesh_type = Mesh
+        self.params: list[tuple] = []
+        for stage in net.stages:
+            self.params.append(tuple(DTensor.from_seeded(self.mesh(p.layout.layout), p.layout, p.source)
+                                     .requires_grad_() for p in stage.params))
+        flat = [p for ps in self.params for p in ps]
+        # What of the optimizer's state an `Anchor` carries: SGD's momentum buffers, Adam's two moments.
+        self._kinds = ("m", "v") if optimizer == "adam" else ("buffer",) if momentum else ()
+        self._where: Any = None  # spmdsim.models.gpt.wholes.Regions of the parameters, made by the first anchored step
+        if optimizer == "sgd":
+            self.optimizer: Any = optim.SGD(flat, lr, momentum)
+        elif optimizer == "adam":
+            self.optimizer = optim.Adam(flat, lr)
+        else:
+            raise OperatorError(f"optimizer {optimizer!r} must be 'sgd' or 'adam'")
+
+    def mesh(self, layout: Layout) -> Any:
+        """The runtime Mesh of `layout` over this trainer's communicator (one per device matrix)."""
+        mesh = self._meshes.get(layout)
+        if mesh is None:
+            mesh = self._meshes[layout] = self._mesh_type(layout, self.comm)
+        return mesh
+
+    @property
+    def flat_params(self) -> tuple:
+        return tuple(p for ps in self.params for p in ps)
+
+    def step(self, x: np.ndarray, labels: np.ndarray, explain: Optional[list] = None,
+             anchor: bool = False) -> StepResult:
+        """zero_grad, forward, cross-entropy, backward and the optimizer step, each phase traced.
+
+        `explain`: a list that receives what each backward collective answers
+        (`spmdsim.nn.autograd.backward`). `anchor`: also gather the step as its reference takes it
+        (`StepResult.anchor`): a collective after the optimizer, outside the phases' traces; none in a dry
+        run, which checks no values (its calls and bytes are the phases', as a real run's report counts).
+        """
+        from ...base.context import current
+        from ...nn.ops import cross_entropy, reshape
+        from ...runtime.dtensor import DTensor
+        from ...runtime.trace import collect_trace
+
+        net = self.net
+        start = self._start() if anchor and not current().dry_run else None
+        self.optimizer.zero_grad()
+        traces = {}
+        with collect_trace() as traces["forward"]:
+            value = DTensor.from_global(self.mesh(net.input_layout.layout), x.astype(net.source.dtype),
+                                        net.input_layout)
+            for hop in self.hops:
+                value = self._hop(hop, value)
+            classes = value.global_shape[-1]
+            if value.layout.ndim > 2:
+                value = reshape(value, (-1, classes))
+            loss = cross_entropy(value, DTensor.from_global(value.mesh, np.asarray(labels).reshape(-1),
+                                                            _labels_layout(value.layout)))
+        with collect_trace() as traces["backward"]:
+            loss.backward(explain=explain, bucket=self.bucket)
+        with collect_trace() as traces["optimizer"]:
+            self.optimizer.step()
+        return StepResult(loss, traces, None if start is None else self._anchor(start))
+
+    def _start(self) -> dict:
+        """This rank's blocks of the parameters and of each part of the optimizer's state at the step's start
+        (copies: the step updates them in place), as `Anchor.blocks` holds them."""
+        params = self.flat_params
+        blocks = {"params": tuple(p.local.copy() for p in params)}
+        opt = self.optimizer
+        for kind in self._kinds:
+            held = []
+            for i, p in enumerate(params):
+                if kind == "buffer":
+                    state = opt.buffers.get(i)
+                else:
+                    moments = opt.moments.get(i)
+                    state = None if moments is None else moments[0 if kind == "m" else 1]
+                held.append(np.zeros(p.local.shape) if state is None else state.copy())
+            blocks[kind] = tuple(held)
+        return blocks
+
+    def _anchor(self, start: dict) -> Anchor:
+        """The step's `Anchor`: every rank's parameters at the step's start in one Allgather (label "check"; on
+        simulated ranks one table they share: spmdsim.models.gpt.train.all_rows), this rank's `start` and gradients."""
+        from ..gpt.train import all_rows
+        from ..gpt.wholes import regions
+
+        params = self.flat_params
+        if self._where is None:  # where each rank's blocks lie: the same every step
+            self._where = regions({i: p for i, p in enumerate(params)}, self.comm.Get_size())
+        where = self._where
+        row = np.zeros(where.width)  # a shorter row (an uneven cut) padded at its end
+        at = 0
+        for block in start["params"]:
+            row[at:at + block.size] = block.reshape(-1)
+            at += block.size
+        mesh = params[0].mesh
+        rows = all_rows(mesh, row, "check")  # on simulated ranks one table they share (p tables of p rows before)
+        return Anchor(where, where.used(rows), self._kinds, dict(start, grads=tuple(p.grad.local for p in params)))
+
+    def _hop(self, hop: Hop, x: Any) -> Any:
+        from ...nn import ops
+        from ...runtime.dtensor import DTensor
+        from ...runtime.executor import redistribute
+
+        if hop.is_redistribution:
+            y = redistribute(x, hop.after, hop.plan)
+            if y._ag is not None:  # name the node after the hop, for explanations
+                y._ag.name = f"{hop.label} ({_plan_text(hop)})"
+            return y
+        stage = self.net.stages[hop.stage]
+        params = self.params[hop.stage]
+        if stage.kind == "flatten":  # only the batch dim is split: a local reshape (x needs no grad)
+            local = x.local.reshape(x.local.shape[:self.net.batch_dims] + (-1,))
+            return DTensor(self.mesh(stage.out.layout), local, stage.out, stage.out_shape)
+        if stage.kind in ("relu", "gelu"):
+            return ops.activation(x, stage.kind)
+        if stage.kind == "matmul":
+            return ops.matmul(x, params[0], label=stage.name)
+        if stage.kind == "embedding":
+            return ops.embedding(x, params[0], label=stage.name)
+        return ops.linear(x, *params, label=stage.name)  # linear, column_linear, row_linear
+
+    def check(self, result: StepResult, ref: Any, rtol: float, atol: float = 0.0,
+              param_rtol: Optional[float] = None) -> tuple:
+        """Verdicts (agreed by all ranks) of the loss, every gradient and every updated parameter.
+
+        Each element passes within `atol` + `rtol` x the magnitudes that entered
+        it (`ReferenceStep`'s scales: the step on absolute values), not x the
+        tensor's largest entry: a gradient near zero made of large terms keeps
+        the rounding those terms can have (docs/semantics.md, "Tolerances").
+        `param_rtol` (default `rtol`) for the updated parameters. From an anchored
+        step (``step(..., anchor=True)``, ``ref`` from ``ReferenceTrainer.step(...,
+        anchor=result.anchor)``) their scale is that step's update terms: the update
+        of the run's own inputs, `rtol` like the rest. Free-running it is |first
+        value| + the sum of |update| so far, and Adam, which divides each gradient
+        by its history's size, moves the parameters further than their terms'
+        rounding: a free-running Adam check can fail a correct run (docs/training.md).
+        """
+        param_rtol = rtol if param_rtol is None else param_rtol
+        loss_scale = np.asarray(ref.loss_scale) if ref.grad_scales else None
+        verdicts = [result.loss.check(np.asarray(ref.loss), rtol=rtol, atol=atol, scale=loss_scale)]
+        grad_scales = ref.grad_scales or (None,) * len(ref.grads)
+        param_scales = ref.param_scales or (None,) * len(ref.params)
+        for p, g, new, gs, ps in zip(self.flat_params, ref.grads, ref.params, grad_scales, param_scales):
+            verdicts.append(p.grad.check(g, rtol=rtol, atol=atol, scale=gs))
+            verdicts.append(p.check(new, rtol=param_rtol, atol=atol, scale=ps))
+        return tuple(verdicts)
+
+    def close(self, keep: Any = None) -> None:
+        """Free the meshes' sub-communicators, except `keep`'s (collective: all ranks call it)."""
+        for mesh in self._meshes.values():
+            if mesh is not keep:
+                mesh.close()
+
+
+def explain_backward(explain: list) -> str:
+    """Lines "collective(axes) bytes  <- forward step" for the backward steps that communicated."""
+    lines = ["backward collectives (this rank) <- the forward step each answers"]
+    for step, entries in explain:
+        for e in entries:
+            if e.group_size > 1:
+                call = f"{e.op}({','.join(e.axes) or 'all'})"
+                text = f"  {call:<22} {e.bytes_sent:>9,} B  <- "
+                head, cut, tail = step.partition(" (read by ")
+                if cut and len(text + step) > 100:  # the readers on a line of their own, under the step
+                    lines += [text + head, " " * len(text) + "(read by " + tail]
+                else:
+                    lines.append(text + step)
+    return "\n".join(lines)
+
+
+def _plan_text(hop: Hop) -> str:
+    """The forward move of a redistribution hop: "Allreduce(k) [m,n] -> [s0,s1]"."""
+    from .model import short_layout
+
+    ops = ", ".join(f"{s.op}({','.join(s.axes)})" for s in hop.plan.steps) or "no step"
+    return f"{short_layout(hop.before)} -> {short_layout(hop.after)} by {ops}"
+
+
+def _labels_layout(logits: TensorLayout) -> TensorLayout:
+    """Labels split like the logits' batch dim."""
+    return TensorLayout(logits.layout, logits.tensor_map[:1])
+
+
+def refuse(text: str) -> NoReturn:
+    """Bad input of an example: one line on stderr and exit 2, as the CLI does (no traceback).
+
+    Under mpiexec every rank refuses the same command line (before MPI starts); one says so, or the line is
+    printed once per rank, the copies run together. Every rank still exits 2.
+    """
+    from ...base.threads import launcher_rank
+
+    if launcher_rank() == 0:
+        print(fold_message(f"spmdsim: error: {text}"), file=sys.stderr)  # 100 columns, as the CLI's refusals
+    sys.exit(2)
+
+
+def _printing_problem(args: Any) -> Optional[str]:
+    """Why an example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` (those it has and was given)
+    cannot be, or None: checked before the first step, not when the last one prints or samples, nor by the
+    optimizer, which names its argument ("lr -1.0") where the user typed a flag ("--lr -1")."""
+    from ...base.typed_numbers import shown
+
+    every = getattr(args, "every", None)
+    if every is not None and every < 1:
+        return f"--every {every!r} must be at least 1 (print every N steps)"
+    sample = getattr(args, "sample", None)
+    if sample is not None and sample < 0:
+        return f"--sample {sample!r} must be an integer >= 0 (characters to generate; 0: none)"
+    temperature = getattr(args, "temperature", None)
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        return f"--temperature {shown(temperature)} must be a finite number >= 0 (0: greedy)"
+    lr = getattr(args, "lr", None)  # None: the example's default
+    if lr is not None and not (math.isfinite(lr) and lr >= 0):  # as torch.optim, spmdsim.nn.optim and GPTConfig
+        return f"--lr {shown(lr)} must be a finite number >= 0"
+    return None
+
+
+def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
+    """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
+    if ranks is not None:
+        from ...runtime.sim.launch import ranks_problem
+
+        problem = ranks_problem(ranks, dry_run)
+        if problem:
+            refuse(problem)
+        return ranks
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def loss_trend(losses: Any) -> tuple[str, bool]:
+    """("loss first a, last b (falling)", whether the trend passes) for a training's losses.
+
+    One step has no trend: its loss alone, and a pass (a user asking for one
+    step to see its collectives is not told the training failed).
+    """
+    if len(losses) < 2:
+        return f"loss {losses[0]:.7f} (1 step: no trend to judge)", True
+    falling = losses[-1] < losses[0]
+    return (f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
+            f"({'falling' if falling else 'NOT falling'})"), falling
+
+
+def run_main(main: Any, args: Any, ranks: Optional[int],
+             needs: Optional[Callable[[int], Optional[str]]] = None) -> int:
+    """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
+
+    First, on inputs every rank shares: ``--steps`` at least 1 (and, where the example has them, ``--every``
+    at least 1, ``--sample`` an integer >= 0, ``--temperature`` and ``--lr`` finite numbers >= 0, each named as
+    typed), a valid ``--ranks``,
+    ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
+    the report of each rank's bytes instead of the output; docs/simulate.md),
+    and ``needs(world size)`` (why the network cannot run at that size, or None),
+    each refused in one line with exit 2. Simulated ranks go through the same
+    launcher as every example's ``--ranks N`` (spmdsim.runtime.sim.launch: the
+    one-process banner first, errors named by rank, the largest rank's exit
+    code). Under MPI an exception on some ranks ends the whole job instead of
+    hanging the others.
+    """
+    steps = getattr(args, "steps", 1)
+    if steps < 1:
+        refuse(f"--steps {steps!r} must be at least 1")
+    problem = _printing_problem(args)
+    if problem:
+        refuse(problem)
+    dry_run = bool(getattr(args, "dry_run", False))
+    if dry_run and ranks is None:
+        from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS
+
+        refuse(DRY_RUN_NEEDS_RANKS)
+    if ranks is not None:
+        size = world_size(ranks, dry_run)  # refuses a count that cannot be
+        problem = needs(size) if needs is not None else None
+        if problem:
+            refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")
+        from ...runtime.sim.launch import run_on_ranks
+
+        return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
+    from mpi4py import MPI
+
+    from ...errors import SpmdsimError
+    from ...runtime import install_excepthook
+
+    install_excepthook(MPI.COMM_WORLD)
+    problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None
+    if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
+        raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
+    return main(args)
+

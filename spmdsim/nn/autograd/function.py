@@ -1,0 +1,151 @@
+"""``spmdsim.nn.autograd.Function``: a user's own local op on shards, with its own backward.
+
+Like ``torch.autograd.Function``, but each rank's `forward` and `backward`
+see numpy blocks (this rank's shards), not global tensors::
+
+    class Square(spmdsim.nn.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):          # x: this rank's block of a DTensor
+            ctx.save_for_backward(x)
+            return x * x
+        @staticmethod
+        def backward(ctx, dy):        # dy: this rank's block of the output's gradient
+            (x,) = ctx.saved_tensors
+            return 2 * x * dy
+
+    y = Square.apply(x)               # a DTensor in x's layout
+
+The output has the first DTensor argument's layout and global shape unless
+``apply(..., layout=, shape=)`` says otherwise; its block must have that
+layout's shard shape. Inputs must not be pending sums (the op is the user's:
+spmdsim cannot know it is linear); the gradient reaches `backward` whole in
+the output's layout, and each returned block is the gradient of that input's
+block (None for none): one per DTensor argument, or one per argument as
+PyTorch's backward returns them (None for the others).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...base.buffers import as_array, contiguous
+from ...errors import OperatorError
+from .graph import is_grad_enabled, record, with_partial
+
+__all__ = ["Function", "FunctionCtx"]
+
+
+class FunctionCtx:
+    """What `forward` passes to `backward`: ``save_for_backward(*arrays)``, ``saved_tensors``, and any attribute.
+
+    ``ctx.rank``, ``ctx.slices`` (per DTensor argument, this rank's region of it) and ``ctx.layouts`` say where
+    the blocks sit in the global tensors; ``ctx.needs_input_grad`` (PyTorch's), per argument, whether it is a
+    DTensor that wants a gradient.
+    """
+
+    def __init__(self, rank: int, slices: tuple, layouts: tuple, needs_input_grad: tuple = ()) -> None:
+        self.rank, self.slices, self.layouts = rank, slices, layouts
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple = ()
+
+    def save_for_backward(self, *arrays: Any) -> None:
+        self.saved_tensors = arrays
+
+
+class Function:
+    """Subclass with static ``forward(ctx, *blocks_and_args)`` and ``backward(ctx, dy_block)``; call ``apply``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, *args: Any) -> Any:  # pragma: no cover - the subclass's
+        raise NotImplementedError("a Function subclass defines forward(ctx, *args)")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, dy: Any) -> Any:  # pragma: no cover - the subclass's
+        raise NotImplementedError("a Function subclass defines backward(ctx, dy)")
+
+    @classmethod
+    def apply(cls, *args: Any, layout: Any = None, shape: Sequence[int] | None = None) -> Any:
+        """Run `forward` on this rank's blocks of the DTensor arguments (others pass as they are)."""
+        tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
+        positions = {id(t): k for k, t in enumerate(tensors)}
+        name = cls.__name__
+        if not tensors:
+            raise OperatorError(f"{name}.apply: no argument is a DTensor")
+        first = tensors[0]
+        tensor = type(first)  # the runtime's DTensor, taken from the argument: this module imports no runtime
+
+        def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
+            return tensor(mesh, contiguous(local), layout, tuple(shape))
+
+        for t in tensors:
+            if t.layout.partial:
+                raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
+                                    "first with spmdsim.nn.ops.resolved(x) (one Allreduce, on every rank): spmdsim "
+                                    f"cannot know whether {name} is linear")
+        layout = first.layout if layout is None else layout
+        shape = tuple(first.global_shape) if shape is None else tuple(shape)
+        recording = is_grad_enabled()
+        needs = tuple(recording and id(a) in positions and a._ag is not None for a in args)
+        ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors), needs)
+        block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
+        if isinstance(block, tuple) or not _numeric(block):
+            raise OperatorError(f"{name}.forward returned {_what(block)}; expected one numpy array, this rank's "
+                                "block of the output (one output per Function)")
+        block = np.asanyarray(block)
+        expected = layout.local_shape(shape, first.mesh.rank)
+        if block.shape != expected:
+            raise OperatorError(f"{name}.forward returned a block of shape {block.shape!r}; the output's layout "
+                                f"{layout} of global shape {shape!r} needs {expected!r}")
+        out = make_dtensor(first.mesh, block, layout, shape)
+        if all(t._ag is None for t in tensors):
+            return out
+
+        def backward(dy: Any) -> tuple:
+            grads = cls.backward(ctx, dy.local)
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            if len(grads) == len(args) != len(tensors):  # PyTorch's habit: one per argument, None for the others
+                extra = [k for k, a in enumerate(args) if positions.get(id(a)) is None and grads[k] is not None]
+                if extra:
+                    raise OperatorError(f"{name}.backward returned a gradient for argument {extra[0]} "
+                                        f"({args[extra[0]]!r}), which is not a DTensor; return None there")
+                grads = tuple(grads[k] for k, a in enumerate(args) if positions.get(id(a)) is not None)
+            if len(grads) != len(tensors):
+                raise OperatorError(f"{name}.backward returned {len(grads)} gradients for {len(tensors)} "
+                                    f"DTensor arguments of {len(args)} (one per DTensor argument, or one per "
+                                    "argument as PyTorch's; None for none)")
+            result = []
+            for t, g in zip(tensors, grads):
+                if g is None or t._ag is None:
+                    result.append(None)
+                    continue
+                if not _numeric(g):
+                    raise OperatorError(f"{name}.backward returned {_what(g)} as a gradient; expected a numpy "
+                                        "array, the gradient of this rank's block of that argument")
+                g = as_array(g, t.dtype)
+                if g.shape != t.local.shape:
+                    raise OperatorError(f"{name}.backward returned a gradient block of shape {g.shape!r} "
+                                        f"for an argument block of shape {t.local.shape!r}")
+                result.append(make_dtensor(t.mesh, g, t.layout, t.global_shape))
+            return tuple(result)
+
+        return record(out, name, tuple(tensors), backward, with_partial(layout, ()))
+
+
+def _numeric(value: Any) -> bool:
+    """Whether `value` is a block of numbers (an array, a number or nested lists of them), not a DTensor."""
+    if hasattr(value, "_ag") and hasattr(value, "layout"):
+        return False
+    try:
+        return np.asanyarray(value).dtype.kind in "biufV"
+    except (TypeError, ValueError):  # ragged lists
+        return False
+
+
+def _what(value: Any) -> str:
+    """`value` named by its kind, for a refusal (alike on every rank: no rank's values)."""
+    if hasattr(value, "_ag") and hasattr(value, "layout"):
+        return f"a DTensor of global shape {tuple(value.global_shape)!r} (blocks are numpy arrays: x.local)"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"

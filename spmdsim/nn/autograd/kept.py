@@ -1,0 +1,151 @@
+"""What a recorded graph keeps for its backward, in bytes, by kind: measured on the graph itself.
+
+A node keeps alive every array its backward can reach: its inputs' blocks (the walk needs the
+tensors) and whatever its backward closure holds (saved activations, a dropout's factors,
+attention's probabilities). `kept_bytes` walks the graph from its roots, collects those arrays,
+counts each buffer once (a view keeps its whole base alive, so the base's bytes count), leaves out
+the parameters' blocks (`exclude`), and groups the bytes by the kind of the node that keeps them
+(`spmdsim.nn.autograd.kept_as`); a buffer several nodes keep goes to the one recorded earliest in the
+forward (the block's input to the layer norm that reads it first, not to the residual add after
+it). These are the bytes a real run holds for its backward, not an estimate: a dry run's blocks
+have their real sizes (their pages are never touched), so the figures hold there too.
+`masks=True` tells the 1-byte boolean dropout masks apart from the values (a ledger prices values at
+the training precision's width and masks at one byte).
+
+`KEPT` names what a model's rules keep: "graph", every node keeps its inputs' blocks and what its
+rule saved; "megatron", each rule keeps only what its backward reads, as Megatron-LM's fused layers
+do (its nodes hold `shell`s of the inputs they do not read: the walk's layout, shape and graph slot,
+no block). Pure Python and numpy: importing it starts no MPI.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from ...base import buffers
+from ...base.flops import hold, holding
+from .graph import Node
+
+__all__ = ["kept_bytes", "UNTAGGED", "KEPT", "kept_problem", "shell", "nothing"]
+
+#: The kind of the bytes kept by nodes recorded outside any `kept_as`.
+UNTAGGED = "other"
+#: What the rules keep for backward (see the module docstring).
+KEPT = ("graph", "megatron")
+
+
+def kept_problem(value: Any) -> Optional[str]:
+    """Why `value` is not one of `KEPT`, or None."""
+    if isinstance(value, str) and value in KEPT:
+        return None
+    return f"kept {value!r} is not one of {', '.join(map(repr, KEPT))}"
+
+
+_NOTHING: dict = {}  # dtype -> one 0-d zero: every shell's block is a broadcast view of it, never counted
+
+
+def nothing(dtype: Any, shape: tuple) -> np.ndarray:
+    """A read-only block of `shape` and `dtype` that holds no memory: a broadcast view of one zero,
+    which `kept_bytes` does not count."""
+    dtype = np.dtype(dtype)
+    zero = _NOTHING.get(dtype)
+    if zero is None:
+        zero = _NOTHING.setdefault(dtype, np.zeros((), dtype))
+    return np.broadcast_to(zero, shape)
+
+
+def shell(t: Any) -> Any:
+    """`t` as the backward walk needs it (mesh, layout, global shape, dtype and graph slot) without its
+    block (`nothing`). A rule that does not read an input records its shell, so the node does not keep
+    the input's block alive."""
+    out = type(t)._trusted(t.mesh, nothing(t.dtype, t.local.shape), t.layout, t.global_shape)
+    out._ag = t._ag
+    return out
+
+
+def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = False) -> Any:
+    """{kind: bytes} the graphs of `roots` (DTensors: a loss, or a stage's outputs) keep for backward.
+
+    `exclude`: tensors whose blocks are not counted (the parameters: they are held anyway). `masks`:
+    return two such dicts, (values, masks), the second the boolean arrays' bytes (dropout masks kept
+    as 1-byte bools), the first everything else; their sum is the dict returned without it.
+
+    The blocks counted and the excluded ones are held by the rank: under a counter that records blocks
+    (spmdsim.base.flops.counting(blocks=True)) they are marked so (spmdsim.base.flops.hold), and a kernel or product
+    that reads or writes them adds none of them to its transient blocks.
+    """
+    exclude = list(exclude)
+    skip = {id(buffers.owner(t.local)) for t in exclude} | {id(z) for z in list(_NOTHING.values())}
+    order = _forward_order([getattr(t, "_ag", None) for t in roots])
+    where: dict[int, tuple] = {}  # id(buffer) -> (kind, bytes, a bool mask, the buffer)
+    for node in order:  # later (earlier in the forward) nodes take the buffers they share
+        kind = node.kind or UNTAGGED
+        for array in _arrays(node):
+            owner = buffers.owner(array)
+            if id(owner) not in skip:
+                where[id(owner)] = (kind, owner.nbytes, owner.dtype == np.bool_, owner)
+    if holding():
+        hold(*(t.local for t in exclude), *(w[3] for w in where.values()))
+    values: dict[str, int] = {}
+    bools: dict[str, int] = {}
+    for kind, nbytes, is_mask, _ in where.values():
+        into = bools if masks and is_mask else values
+        into[kind] = into.get(kind, 0) + nbytes
+    return (values, bools) if masks else values
+
+
+def _forward_order(roots: list) -> list:
+    """The nodes reachable from `roots`, each after every node that consumes it (the backward's order)."""
+    order: list = []
+    seen: set = set()
+    stack = [(r, False) for r in roots if isinstance(r, Node)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for t in node.inputs:
+            parent = getattr(t, "_ag", None)
+            if isinstance(parent, Node) and id(parent) not in seen:
+                stack.append((parent, False))
+    order.reverse()
+    return order
+
+
+def _arrays(node: Node) -> list:
+    """Every numpy array `node` keeps alive: its inputs' blocks and what its backward's closure (or, for a
+    rule written as a callable object, its slots) holds."""
+    found: list = []
+    seen: set = set()
+    todo: list = list(node.inputs) + [node.backward]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, np.ndarray):
+            found.append(x)
+        elif hasattr(x, "_ag") and hasattr(x, "layout") and hasattr(x, "local"):  # a DTensor: its block
+            todo.append(x.local)
+        elif isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (tuple, list)):
+            todo.extend(x)
+        elif callable(x) and getattr(x, "__closure__", None):
+            todo.extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
+        elif callable(x) and not isinstance(x, type) and hasattr(type(x), "__slots__"):  # a rule's object
+            todo.extend(getattr(x, name, None) for name in type(x).__slots__)
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return False
+    return True

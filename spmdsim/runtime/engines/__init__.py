@@ -1,0 +1,111 @@
+"""Engines: what a mesh's transfers and local work run on (docs/architecture.md, "Engines").
+
+Three engines answer one interface (`Engine`, engines/base.py: one method per
+kind of transfer, each taking buffers): `MPI` (engines/mpi.py: ranks are
+processes, groups are mpi4py sub-communicators; the one module that calls
+mpi4py's communicator methods), the thread engine of spmdsim.runtime.sim.thread_engine
+(simulated ranks in one process, groups are `Member`s meeting in a
+rendezvous) and the dry engine of spmdsim.runtime.sim.dry (one rank stands for all:
+groups are sized, nothing moves, local work makes shape-only zeros). A
+communicator names its engine (``comm.spmdsim_engine``; mpi4py's have none:
+MPI); the running rank's context (`spmdsim.base.context`) names the engine of the
+code that runs now.
+
+Imports numpy (on first use), spmdsim.base.context, spmdsim.errors, spmdsim.base.flops and spmdsim.base.precision
+(when a block is first multiplied: each local product is counted there while a FLOP counter is open;
+their dataclasses are not on `spmdsim mpirun`'s start) and spmdsim.base.threads (how many
+cores a rank has, for the polite wait of engines/wait.py); mpi4py only when
+the MPI engine makes its first transfer or a wait mode is resolved; to read a
+trace, the step kinds' byte formulas; never the runtime or spmdsim.runtime.sim.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..._lazy import modules_by_name
+from .base import DONE, DRY_VALUES_BYTES, Engine, SimulationError
+from .mpi import MPI, MpiEngine
+from ...base.context import PROCESS, RankContext, current, enter, leave, simulated
+from ...base.context import _THREAD  # the running thread's context (current()'s read, without its call)
+from ...base.once import once
+
+__all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
+           "enter", "leave", "local", "c_order", "matmul", "once", "world", "ways_out"]
+
+
+def ways_out(n: int, size: int = 1, simulated: bool = False) -> str:
+    """What a run of `size` ranks (default one process) that needs `n` says after its error: the launcher, or
+    --ranks; the way it ran first (`simulated`: simulated ranks, --ranks; else MPI's, mpiexec)."""
+    if size == 1:
+        return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
+                f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
+    if simulated:
+        return (f" (simulate {n} ranks with `--ranks {n}` / spmdsim.simulate({n}, main), or launch them with "
+                f"`mpiexec -n {n} ...`)")
+    return (f" (launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in one process with `--ranks {n}` / "
+            f"spmdsim.simulate({n}, main))")
+
+
+def engine_of(comm: Any) -> Engine:
+    """The engine a communicator belongs to: its ``spmdsim_engine``, else (an mpi4py one) MPI."""
+    return getattr(comm, "spmdsim_engine", MPI)
+
+
+def world() -> Any:
+    """The running rank's world communicator: its simulation's, else mpi4py's ``COMM_WORLD``."""
+    comm = current().comm
+    if comm is not None:
+        return comm
+    from ..mpi_library import SIMULATE_INSTEAD, load_mpi
+
+    return load_mpi(SIMULATE_INSTEAD).COMM_WORLD
+
+
+def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
+    """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine.
+
+    The dry engine's `local` gives its zeros; any other engine's is Engine.local's ``fn(*args)``, called here."""
+    engine = _THREAD.context.engine
+    return engine.local(fn, like, *args) if engine.dry else fn(*args)
+
+
+def c_order(a: Any) -> Any:
+    """``a.copy()`` in C order on the running engine: a dry run's of DRY_VALUES_BYTES or more is the dry engine's zeros.
+
+    `a`: a strided view (a slice of an inner dim, a transpose) that a result or a gradient needs in C order. The
+    dry zeros have no page written (the real run's copy is as large, and as new a block); a smaller copy keeps
+    its values, as the dry engine's small results do. ``a.copy()``, not np.ascontiguousarray: a captured step
+    records a traced block's copy (spmdsim.runtime.replay)."""
+    if a.nbytes >= DRY_VALUES_BYTES:  # (a smaller block, most an eager step moves: no engine asked)
+        engine = current().engine
+        if engine.dry:
+            return engine.local(_copy, a, a)
+    return a.copy()
+
+
+def _copy(a: Any) -> Any:
+    return a.copy()
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied);
+    counted by spmdsim.base.flops either way."""
+    out = _THREAD.context.engine.matmul(a, b)
+    (_GEMM[0] or _bind_gemm())(a.shape, b.shape, out.dtype, (a, b, out))
+    return out
+
+
+#: spmdsim.base.flops.gemm, bound by the first `matmul` (not at the top: spmdsim mpirun's start loads no
+#: dataclasses; not per call: an import statement inside a function runs importlib's Python each time).
+_GEMM: list = [None]
+
+
+def _bind_gemm() -> Callable[..., None]:
+    from ...base.flops import gemm
+
+    _GEMM[0] = gemm
+    return gemm
+
+
+# Its modules by name, loaded on first use: spmdsim.runtime.engines.<module> after a bare `import spmdsim`.
+__getattr__ = modules_by_name(__name__)

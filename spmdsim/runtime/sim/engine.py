@@ -1,0 +1,785 @@
+"""The shared state of one simulation: one lock, who waits where, and the collective rendezvous.
+
+Every simulated rank is a thread. A collective is a rendezvous per
+(communicator, call number): each member deposits its call and waits until all
+members arrived; the last to arrive runs every member's reads and writes and
+lets them go (`enter_all`), or each reads the others' buffers and writes its
+own, then waits until all have finished reading (`enter`, `leave`), so that a
+sender may reuse its buffer as soon as its call returns, as under MPI.
+
+All waiting goes through `World.wait` under the world lock, each waiter asleep
+on a lock of its own that the one letting it go releases (`_sleep`, `_wake`):
+a completed rendezvous wakes its own members only, so 1,024 ranks do not wake
+each other. The world counts the live ranks
+and those waiting on something not yet satisfied; when every live rank waits,
+nothing can complete, and every waiter raises a DeadlockError that names the
+call, the ranks waiting in it, their program lines and where the others are
+(spmdsim.runtime.sim.report); so does a rank that polls (Test) for POLL_STALL_S a
+request no rank left can complete, or while every other live rank waits, or polls
+idly too (`_all_idle`: every rank spins or sleeps in a poll loop, no message moves).
+A rank that raises
+ends the simulation: a waiter whose collective can no longer complete (a member
+gone, or every live rank waiting) raises `Aborted`, the others go on as MPI ranks
+would (so an error every rank raises is reported as every rank's) for GO_ON_S
+at most (MPI's guard aborts the job by then), and simulate() reports the lowest
+failing rank's error.
+
+At most `World.slots` ranks compute at once (the cores, at least 2, at most
+32): a rank holds a run slot from its start, gives it to the next rank in
+line while it waits in a collective and takes one back before it goes on.
+The interpreter runs one thread's Python at a time anyway; the cap bounds how
+many ranks are inside numpy's BLAS together. OpenBLAS as numpy ships it keeps
+per-caller buffers for 64 threads and past about 128 concurrent callers
+corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
+256 simulated ranks multiplying at once crashed the process.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable, Optional
+
+from ...base.context import current as _context
+from ..engines.base import SimulationError
+from ...errors import RuntimeMismatchError
+from .rank_threads import RankThreads, _held_lock, _Joined
+from .report import explain, program_lines, timed_out
+
+__all__ = ["World", "Group", "Call", "AllOf", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
+
+#: After a rank fails, how long the others may go on with collectives that can still complete (an error
+#: every rank raises is then reported as every rank's): the MPI guard's grace before it aborts the job,
+#: so ranks that never again need the failed one (a loop within their own group) stop too.
+GO_ON_S = 3.0
+LEFT_AFTER_S = 0.5  # World.given_up: after a refusal that ends the run, how long the ranks still running get
+
+
+#: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished), or polls while
+#: every other live rank waits and none is released, or while every live rank waits or polls idly (`idle`
+#: below) and no message moves, for this long polls forever: a deadlock, as if it waited.
+POLL_STALL_S = 2.0
+
+#: A rank that polls in vain (Test, Iprobe, Testany) again and again, less than SPIN_GAP_S apart, for SPIN_S (in
+#: its thread's CPU time), naps NAP_S after each such poll: a `while not req.Test(): pass` loop no longer spins a
+#: core (and holds the interpreter from the ranks that compute what it waits for) for as long as it waits; a
+#: message that arrives meanwhile is seen at most NAP_S late. A loop that computes between its polls (SPIN_GAP_S
+#: or more) never naps.
+SPIN_S = 0.01
+SPIN_GAP_S = 0.0005
+NAP_S = 0.001
+
+#: A rank polls idly when it polls in vain again less than SPIN_GAP_S of its thread's CPU time and less than this
+#: share of POLL_STALL_S (0.5 s) of wall time after its last poll in vain: it spins or sleeps between polls
+#: (``while not req.Test(): time.sleep(0.01)``) and computes nothing that it could send. A rank that computes
+#: between its polls, or sleeps longer (``time.sleep(3)``, then a send), is not idle, and no rank is reported then.
+IDLE_GAP_SHARE = 0.25
+
+MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
+
+
+def run_slots(size: int) -> int:
+    """How many of `size` simulated ranks may compute at once: the cores, at least 2, at most 32."""
+    from ...base.threads import cores_available
+
+    return max(1, min(size, max(2, min(cores_available(), MAX_SLOTS))))
+
+
+class DeadlockError(RuntimeMismatchError):
+    """Every live simulated rank waits and none can go on (a skipped or mismatched call)."""
+
+
+class Aborted(BaseException):
+    """Raised in a simulated rank when another rank failed: it stops (simulate reports the failure).
+
+    A BaseException so that an ``except Exception`` in user code cannot keep
+    the rank running after its peers are gone.
+    """
+
+
+def ranks_text(ranks: Any) -> str:
+    """'rank 3' or 'ranks 0-2,5' (runs of three or more folded)."""
+    from ...programs.viz.model import compact_ranks
+
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
+
+
+class _Waiting:
+    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
+    request's own words, ``token._what()``, or the first three of a Waitany's tuple of requests, made only
+    for a report: a Recv waits once per message)."""
+
+    __slots__ = ("_op", "group", "seq", "token")
+
+    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+        self._op, self.group, self.seq, self.token = op, group, seq, token
+
+    @property
+    def op(self) -> str:
+        if self._op is not None:
+            return self._op
+        token = self.token
+        if type(token) is tuple:
+            return " | ".join(p._what() for p in token[:3])
+        return token._what()
+
+    def key(self) -> tuple:
+        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
+
+    def text(self) -> str:
+        token = self.token
+        if self._op is None and token is not None:  # requests: each on its own communicator (a Waitall's or a
+            # Waitany's may be on several: the group the wait began with need not be the one of the request named)
+            shown = token[:3] if type(token) is tuple else (token,)
+            groups = {id(r.group) for r in shown}
+            if len(groups) == 1:
+                return f"{self.op}{_on(shown[0].group)}"
+            return " | ".join(f"{r._what()}{_on(r.group)}" for r in shown)
+        number = "" if self.seq is None else f" (call {self.seq})"
+        return f"{self.op}{_on(self.group)}{number}"
+
+
+def _on(group: Optional["Group"]) -> str:
+    return "" if group is None else f" on {group.label()}"
+
+
+class Call(_Waiting):
+    """One member's collective call: what it is (`signature`, compared across members) and its data; while
+    the member waits in it, what it waits in (a _Waiting of its group and call number, set on arrival)."""
+
+    __slots__ = ("signature", "data", "complete", "finish", "raised", "request")
+
+    def __init__(self, op: str, signature: tuple, data: Any = None,
+                 complete: Optional[Callable[[Any], None]] = None,
+                 finish: Optional[tuple] = None) -> None:
+        self._op, self.group, self.seq, self.token = op, None, None, None
+        self.signature = signature  # (op, dtype, count, root, ...): must be equal on every member
+        self.data = data
+        self.complete = complete  # run once, under the lock, by the last member to arrive
+        # Group.enter_all: this member's reads and writes, one function of the slot per phase
+        self.finish = finish
+        self.raised: Optional[BaseException] = None  # what this member's finish raised
+        self.request: Any = None  # a nonblocking collective's request (`Group.post`): its member does not wait here
+
+    def describe(self) -> str:
+        """'allreduce float64 x3 sum': the op, then what must match (counts marked with x)."""
+        parts = [self.op] + [f"x{p}" if isinstance(p, int) else str(p) for p in self.signature[1:]
+                             if p is not None]
+        return " ".join(parts)
+
+
+class _Slot:
+    """The rendezvous of one collective call number on one communicator."""
+
+    __slots__ = ("calls", "arrived", "left", "error", "shared", "signature")
+
+    def __init__(self, size: int, signature: tuple) -> None:
+        self.calls: list[Optional[Call]] = [None] * size
+        self.signature = signature  # the first arrival's: every member's must equal it
+        self.arrived = 0
+        self.left = 0
+        self.error: Optional[str] = None
+        self.shared: Any = None  # set by the calls' `complete` hook (a result every member reads)
+
+
+class Group:
+    """One communicator's members (world ranks, in group order), shared by its members' SimComms."""
+
+    def __init__(self, world: "World", members: tuple[int, ...], made: Optional[str] = None) -> None:
+        self.world = world
+        self.members = members
+        self.size = len(members)
+        self.made = made  # what a report calls it, where its members do not say ('a Dup of the world')
+        self.slots: dict[int, _Slot] = {}
+        self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.runtime.sim.p2p)
+        self.recvs: list[Any] = []  # receives posted and not yet matched
+        self.probes: list[Any] = []  # blocking probes waiting for a message to arrive
+        # partitioned requests made and not yet matched (spmdsim.emulator.partitioned): (sender, receiver, tag)
+        # -> those of that key, oldest first
+        self.partitioned: dict = {}
+        world.groups.add(self)
+
+    def label(self) -> str:
+        """What made it where that was said ('a Dup of the world': spmdsim.emulator's Dup), else 'the world' for
+        one of every rank in the world's order, else its ranks ('the group of ranks 0,2')."""
+        if self.made is not None:
+            return self.made
+        if self.members == tuple(range(self.world.size)):
+            return "the world"
+        return f"the group of {ranks_text(self.members)}"
+
+    def enter(self, me: int, seq: int, call: Call) -> _Slot:
+        """Deposit member `me`'s call number `seq`; return the rendezvous once every member is there.
+
+        Raises RuntimeMismatchError on every member when the calls differ.
+        """
+        world = self.world
+        with world.lock:
+            slot, last = self._arrive(me, seq, call)
+            if last:
+                world.release_members(self, me)
+        return slot
+
+    def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
+        """Deposit the call (world lock held); wait unless last. (slot, whether this member came last).
+
+        Raises RuntimeMismatchError on every member when the calls differ.
+        """
+        world = self.world
+        rank = self.members[me]
+        if world.deadlock is not None or world.failure is not None:
+            world.check(rank, self)
+        slot = self.slots.get(seq)
+        if slot is None:
+            slot = self.slots[seq] = _Slot(self.size, call.signature)
+        slot.calls[me] = call
+        slot.arrived += 1
+        if slot.error is None and call.signature != slot.signature:  # equal to every earlier arrival's, or not
+            slot.error = self._mismatch(slot, me, seq)
+        last = slot.error is None and slot.arrived == self.size
+        if slot.error is not None:
+            self._let_go(slot, me)
+            raise RuntimeMismatchError(slot.error)
+        if last:
+            del self.slots[seq]  # every member holds the slot now
+            if call.complete is not None:
+                call.complete(slot)
+        else:
+            call.group, call.seq = self, seq  # what it waits in, for a report: no object made per wait
+            world.wait(rank, call)
+            if slot.error is not None:
+                raise RuntimeMismatchError(slot.error)
+        return slot, last
+
+    def _let_go(self, slot: _Slot, me: int) -> None:
+        """Let the other members that arrived in `slot` go on (world lock held): those waiting in it, and the
+        requests of those that posted it (`post`: their completion raises the slot's error)."""
+        world = self.world
+        for i, other in enumerate(slot.calls):
+            if other is not None and i != me:
+                if other.request is None:
+                    world.release(self.members[i], None, self)
+                else:
+                    other.request.done = True
+                    world.release(self.members[i], other.request)
+
+    def post(self, me: int, seq: int, call: Call) -> _Slot:
+        """Deposit member `me`'s nonblocking collective call number `seq` without waiting (MPI: posting a
+        nonblocking collective does not block); once every member posted it, each member's request
+        (`call.request`) is done, and its completion runs that member's `finish` phases
+        (spmdsim.emulator.collectives). Raises RuntimeMismatchError when the calls differ (the members that
+        posted before raise it at completion)."""
+        world = self.world
+        with world.lock:
+            if world.deadlock is not None or world.failure is not None:
+                world.check(self.members[me], self)
+            slot = self.slots.get(seq)
+            if slot is None:
+                slot = self.slots[seq] = _Slot(self.size, call.signature)
+            slot.calls[me] = call
+            slot.arrived += 1
+            if slot.error is None and call.signature != slot.signature:
+                slot.error = self._mismatch(slot, me, seq)
+            if slot.error is not None:
+                self._let_go(slot, me)
+                raise RuntimeMismatchError(slot.error)
+            if slot.arrived == self.size:
+                del self.slots[seq]
+                call.request.done = True
+                self._let_go(slot, me)
+        return slot
+
+    def enter_all(self, me: int, seq: int, call: Call) -> _Slot:
+        """`enter`, then every member's `call.finish` phases run by the last member to arrive, in
+        phase then member order, before the members go on: no `leave` (nobody reads a buffer after
+        the members are released, so they may reuse them at once, as under MPI).
+
+        One wait per member instead of two: each wait is a hand-off between threads. A phase that
+        raises in a member's function is raised in that member, as if it had run there.
+        """
+        world = self.world
+        with world.lock:
+            slot, last = self._arrive(me, seq, call)
+        if last:
+            calls = slot.calls
+            for phase in range(len(call.finish)):
+                for other in calls:
+                    if other.raised is None:
+                        try:
+                            other.finish[phase](slot)
+                        except Exception as exc:  # noqa: BLE001 - raised in its member
+                            other.raised = exc
+            with world.lock:
+                if world.deadlock is not None or world.failure is not None:
+                    world.check(self.members[me], self)
+                for other in calls:
+                    # Nobody reads the buffers any more: drop them, and the phases that hold them, before a
+                    # member goes on, so that this thread holds none of its buffers once it is released (a
+                    # reference dropped here later would free its buffer in this thread while it runs).
+                    other.data = other.finish = None
+                world.release_members(self, me)
+        raised, call.raised = call.raised, None  # its traceback holds this member's buffers: its own only
+        if raised is not None:
+            raise raised
+        return slot
+
+    def leave(self, me: int, slot: _Slot) -> None:
+        """Wait until every member has finished reading the others' buffers for this call.
+
+        The caller drops its own references to the others' buffers first: once a member goes on, no
+        other thread may hold a view of its buffers (dropped there later, it would release the buffer's
+        export, or free it, while its owner runs: a bytearray that cannot be resized, a DLPack
+        producer's reference count that changes under it)."""
+        world = self.world
+        with world.lock:
+            world.check(self.members[me], self)
+            slot.left += 1
+            if slot.left == self.size:
+                world.release_members(self, me)
+            else:
+                world.wait(self.members[me], _Waiting(slot.calls[me].op, self, None))
+        # Nobody reads this member's buffers any more: drop them, so they are freed when the
+        # member drops them (a dry run's peak bytes held does not depend on the others' timing).
+        slot.calls[me].data = None
+
+    def _mismatch(self, slot: _Slot, me: int, seq: int) -> Optional[str]:
+        # Compared with one member that arrived before: every earlier arrival was compared
+        # the same way, so equal signatures on arrival mean equal on every member.
+        first = next((i for i, c in enumerate(slot.calls) if c is not None and i != me), None)
+        if first is None:
+            return None
+        mine, theirs = slot.calls[me], slot.calls[first]
+        if mine.signature == theirs.signature:
+            return None
+        (a, one), (b, other) = sorted([(self.members[me], mine), (self.members[first], theirs)],
+                                      key=lambda pair: pair[0])
+        return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
+                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}"
+                f"{program_lines(self.world, [a, b])}")
+
+
+class AllOf:
+    """Requests a rank waits for together (Waitall): `World.release` lets it go when the last is done, not at
+    each. Woken at each, the rank took the interpreter from its peer while that one still posted the rest
+    (a hand-over that waits up to Python's 5 ms switch interval): osu_bw's windows of 64 Irecvs spent
+    most of their time there. A report (why_stuck, kind, ...) sees the first request not done."""
+
+    __slots__ = ("requests", "_next")
+
+    def __init__(self, requests: tuple) -> None:
+        self.requests, self._next = requests, 0  # requests[:_next] are done
+
+    def all_done(self) -> bool:
+        requests, i = self.requests, self._next
+        while i < len(requests) and requests[i].done:
+            i += 1
+        self._next = i
+        return i == len(requests)
+
+    def __getattr__(self, name: str) -> Any:
+        requests = self.requests
+        return getattr(next((r for r in requests if not r.done), requests[-1]), name)
+
+
+def _lets_go(waited: Any, token: Any) -> bool:
+    """Whether the completion of `token` (a request) ends a wait for `waited`: that request, any of a tuple
+    (Waitany), or the last of an `AllOf` (Waitall)."""
+    return (waited is token or (type(waited) is tuple and any(t is token for t in waited))
+            or (type(waited) is AllOf and waited.all_done()))
+
+
+class World(RankThreads):
+    """The lock, the per-rank wakers and the live/waiting bookkeeping of one simulation (and of the
+    threads its ranks start: spmdsim.runtime.sim.rank_threads)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        # key -> a plain lock, held while that waiter has not been woken: `_wake` releases it, `_sleep` blocks on it
+        self._wakers = {rank: _held_lock() for rank in range(size)}
+        self._asleep: set[int] = set()  # keys blocked (or about to block) on their waker, not yet woken
+        self.waiting: dict[int, _Waiting] = {}  # rank (or a rank's thread's key) -> what it waits for, until released
+        self.live = size  # ranks and the threads they started, until they end
+        self.finished: set[int] = set()
+        self.failed: dict[int, BaseException] = {}  # rank -> its own (first) exception
+        self.failure: Optional[str] = None  # set once: why every waiter stops
+        self.failed_at = 0.0  # when (time.monotonic()): the others go on for GO_ON_S at most
+        # when a failure that ends the run came (spmdsim.emulator.unsupported.not_simulated): `given_up`
+        self.ends_run_at: Optional[float] = None
+        self.deadlock: Optional[str] = None
+        # Whether a rank may have the watchdog on (SPMDSIM_WATCHDOG, or configure() on a rank: Hooks.world):
+        # `wait` then reads the waiting rank's setting; False, as most runs, it reads nothing
+        self.watched = False
+        self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.runtime.sim.p2p.unreceived)
+        # id -> (request, call, file, line, group, rank): the program's nonblocking requests not yet completed, in
+        # the order posted (requests.noted; group and rank: a nonblocking collective's)
+        self.posted: dict[int, tuple] = {}
+        # (world rank, post number, text): the program's nonblocking sends whose buffer it wrote into before the
+        # send completed (spmdsim.runtime.sim.p2p.rewritten)
+        self.rewritten: list[tuple] = []
+        self.root = Group(self, tuple(range(size)))
+        # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
+        self.slots = run_slots(size)
+        self._free = self.slots
+        self._queue: deque = deque()
+        self._granted: set[int] = set()
+        self._holding: set[int] = set()
+        self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.runtime.sim.report)
+        self._rank_of_thread: dict[int, int] = {}  # and back
+        # rank -> how it exited: "sys.exit(3)" (spmdsim mpirun: a non-zero code), "SystemExit(0)" (simulate)
+        self.exits: dict[int, str] = {}
+        # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
+        self._polls: dict[int, tuple[float, int, str]] = {}
+        self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
+        self.moves = 0  # messages queued or matched so far (spmdsim.runtime.sim.p2p): a poll that sees them rise neither
+        # rank -> (when it last polled in vain, its thread's CPU time then, whether it polled idly, the request,
+        # the call): who polls in a loop that computes nothing (`_all_idle`)
+        self._vain: dict[int, tuple[float, float, bool, Any, str]] = {}
+        self._spins: dict[int, list] = {}  # rank -> [since when it polls in vain, when its last such poll returned]
+        self._init_threads()
+
+    # -- run slots (all with the lock held) --------------------------------------------------
+
+    def start(self, rank: int) -> None:
+        """Block `rank`'s thread until it may compute (a run slot), even after another rank failed."""
+        with self.lock:
+            self.threads[rank] = threading.get_ident()
+            self._rank_of_thread[self.threads[rank]] = rank
+            self._take_slot(rank)
+
+    def pause(self, rank: int, token: Any = None, nap: bool = True) -> None:
+        """`rank` polls a request that is not done (Test): a rank in line for a slot computes first.
+
+        Without this, ranks spinning on Test for a message from a rank that
+        stands in line would hold every slot and never let it in. With the
+        request polled (`token`): one that no rank left can complete, polled for
+        POLL_STALL_S, is a deadlock (a Test loop for a message never sent). A tight loop of polls in vain
+        naps (SPIN_S, NAP_S), unless `nap` is False (a call that is a poll point but mostly not polled in a
+        loop: a window's Flush and Unlock).
+        """
+        with self.lock:
+            self.check(rank)
+            key = self._key_waiting(rank) if self._extra else rank  # a thread the rank started: its own key
+            if token is not None:
+                self._watch_poll(key, token)
+            if self._queue and rank in self._holding and key == rank:
+                self._give_slot(rank)
+                self._take_slot(rank)
+        if not nap:
+            return
+        # The thread's own CPU time: a thread the system (or another thread holding the interpreter) keeps
+        # waiting a few ms, as on a loaded machine, still polls in a tight loop.
+        now = time.thread_time()
+        spin = self._spins.get(key)
+        if spin is None or now - spin[1] >= SPIN_GAP_S:  # the first poll in vain, or one after other work
+            self._spins[key] = [now, now]
+            return
+        if now - spin[0] >= SPIN_S:  # a tight loop of polls: give the interpreter to the other ranks a while
+            time.sleep(NAP_S)
+        spin[1] = now
+
+    def _watch_poll(self, key: int, token: Any) -> None:
+        """A poll in vain for POLL_STALL_S is a deadlock: of a request no rank left can complete (its peer
+        finished), or while every other live rank waits, or while every live rank waits or polls idly
+        (`_all_idle`), and no rank has been let go and no message moved since the poll began (the poller's own
+        sends, or anything else that moves, start the clock again). `key`: the polling thread's waiter key (its
+        rank, or the key of a thread the rank started). A poll whose token is not `definite` (a window's Sync,
+        Flush or Unlock: what it waits for is the program's to say) counts only while every live rank waits or
+        polls idly."""
+        never = getattr(token, "never_completes", None)  # a point-to-point request (spmdsim.runtime.sim.requests)
+        if never is None:
+            self._polls.pop(key, None)
+            self._vain.pop(key, None)
+            return
+        call = getattr(token, "call", None) or ("Iprobe" if token.kind == "probe" else "Test")
+        now, cpu = time.monotonic(), time.thread_time()
+        last = self._vain.get(key)
+        idle = last is not None and cpu - last[1] < SPIN_GAP_S and now - last[0] < POLL_STALL_S * IDLE_GAP_SHARE
+        self._vain[key] = (now, cpu, idle, token, call)
+        alone = key not in self.waiting and len(self.waiting) >= self.live - 1 and getattr(token, "definite", True)
+        gone = never(self)
+        if not (alone or gone or (idle and self._all_idle(now))):
+            self._polls.pop(key, None)
+            return
+        moved = self.releases + self.moves
+        since, seen, _ = self._polls.get(key, (now, moved, call))
+        if seen != moved:  # a rank was let go or a message moved meanwhile: progress, start again
+            since, seen = now, moved
+        self._polls[key] = (since, seen, call)  # the call it polls with last (a loop may make several)
+        if now - since < POLL_STALL_S:
+            return
+        if self.deadlock is None and self.failure is None:
+            why = ("" if gone else "while every other live rank waits" if alone else
+                   "while every other live rank waits or polls in vain")
+            self.deadlock = explain(self, (key, token, why, call))
+        self._wake_all()
+        self.check(self.rank_of(key))
+
+    def _all_idle(self, now: float) -> bool:
+        """Whether every live rank (and thread a rank started) waits or polls idly now (world lock held): each
+        poller's last poll in vain came after no computing (SPIN_GAP_S of CPU time) and less than the idle share
+        of POLL_STALL_S ago. A rank that computes, sleeps long, or stands in line for a run slot counts as one
+        that may yet send."""
+        waiting = self.waiting
+        idle = 0
+        for key, (last, _, was_idle, _, _) in self._vain.items():
+            if key in waiting or not self._lives(key):
+                continue
+            if not was_idle or now - last >= POLL_STALL_S * IDLE_GAP_SHARE:
+                return False
+            idle += 1
+        return len(waiting) + idle >= self.live
+
+    def _lives(self, key: int) -> bool:
+        """Whether waiter `key` (a rank, or a thread a rank started) has not ended (world lock held)."""
+        return key not in self.finished if key < self.size else key in self._extra
+
+    def idle_polls(self) -> list[tuple[int, Any, str]]:
+        """(key, request, call) of the ranks (and threads ranks started, by their keys) that poll idly now, but
+        for those that wait (world lock held): the others a report of every rank polling names."""
+        now = time.monotonic()
+        return [(key, token, call) for key, (last, _, idle, token, call) in sorted(self._vain.items())
+                if idle and key not in self.waiting and self._lives(key)
+                and now - last < POLL_STALL_S * IDLE_GAP_SHARE]
+
+    def polling(self) -> dict[int, str]:
+        """The ranks that poll a request in vain now (themselves or a thread they started), each with its call
+        (Test, Iprobe, Testany) (world lock held), for the deadlock report."""
+        found = {self.rank_of(key): call for key, _, call in self.idle_polls()}
+        found.update((self.rank_of(key), call) for key, (_, _, call) in self._polls.items() if self._lives(key))
+        return found
+
+    def _take_slot(self, rank: int) -> None:
+        self._line_up(rank)
+        self._await_slot(rank)
+
+    def _line_up(self, rank: int) -> None:
+        """Grant `rank` a free run slot, or put it in line for one (`_give_slot` grants it later)."""
+        if self._free and not self._queue:
+            self._free -= 1
+            self._granted.add(rank)
+            self._wake(rank)  # for a rank released while it waits in `wait`
+        else:
+            self._queue.append(rank)
+
+    def _await_slot(self, rank: int) -> None:
+        """Block until `rank` holds its granted slot.
+
+        A failure elsewhere does not stop a rank in line: like an MPI rank, it runs on to its
+        next wait (a rank that raises what the others raised is reported with them).
+        """
+        while rank not in self._granted:
+            self._sleep(rank)
+        self._granted.discard(rank)
+        self._holding.add(rank)
+
+    def _give_slot(self, rank: int) -> None:
+        if rank not in self._holding:
+            return
+        self._holding.discard(rank)
+        if self._queue:
+            nxt = self._queue.popleft()
+            self._granted.add(nxt)
+            self._wake(nxt)
+        else:
+            self._free += 1
+
+    # -- waiting (all with the lock held) --------------------------------------------------
+
+    def check(self, rank: int, group: Optional[Group] = None) -> None:
+        """Raise in `rank` if the simulation is over (another rank failed, or a deadlock).
+
+        With `group`, the communicator of the collective `rank` is in: after a failure it goes
+        on while the collective can still complete (`_may_go_on`).
+        """
+        if self.deadlock is not None:
+            raise DeadlockError(self.deadlock)
+        if self.failure is not None and not self._may_go_on(group):
+            raise Aborted(self.failure)
+
+    def _may_go_on(self, group: Optional[Group]) -> bool:
+        """After a failure, may a rank in `group`'s collective go on? While every member lives and
+        not every live rank waits: as MPI ranks do, so that an error every rank raises (a check after
+        an Allreduce) is reported as every rank's, not as the first one's. A failure of the caller's
+        own (Ctrl-C, memory: rank -1) stops every rank.
+        """
+        if group is None or -1 in self.failed or len(self.waiting) >= self.live:
+            return False
+        if time.monotonic() - self.failed_at > GO_ON_S:  # as MPI's guard, which aborts the job by then
+            return False
+        return not any(m in self.failed or m in self.finished for m in group.members)
+
+    def wait(self, rank: int, what: _Waiting) -> None:
+        """Block `rank` until another rank releases it; raise when nothing can release it, or, with the
+        waiting rank's watchdog on (SPMDSIM_WATCHDOG), when nothing released it within its limit (`_watch`)."""
+        key = self._rank_of_thread.get(threading.get_ident(), rank)  # a thread the rank started: its own key
+        if key != rank and self.rank_of(key) != rank:
+            # Another rank's thread waits as `rank`: it holds rank `rank`'s communicator (one made where the
+            # ranks share it, as a module every rank imports once), and the two would wait as one forever.
+            raise SimulationError(f"simulated rank {self.rank_of(key)} waits in {what.text()} as rank {rank}, on "
+                                  f"rank {rank}'s communicator: each rank must use its own (MPI.COMM_WORLD read "
+                                  f"in the rank, not kept where the ranks share it)")
+        # The rank's watchdog, read before it counts as waiting (a bad SPMDSIM_WATCHDOG raises here); a join of a
+        # thread is the program's own wait, not MPI's, and is never timed
+        limit = None if not self.watched or type(what.token) is _Joined else _context().hooks.watchdog_seconds()
+        waiting = self.waiting
+        waiting[key] = what
+        if len(waiting) >= self.live:
+            self._declare_deadlock()
+        if key in self._holding:
+            self._give_slot(key)  # another rank computes while this one waits (a rank's other threads hold none)
+        if limit is None:
+            while (key in waiting and self.deadlock is None
+                   and (self.failure is None or self._may_go_on(what.group))):
+                self._sleep(key)
+        else:
+            self._watch(rank, key, what, limit)
+        if waiting.pop(key, None) is not None:  # woken by a failure, not released
+            self.check(rank)
+        if key == rank:
+            self._await_slot(rank)  # `release` lined it up
+
+    def _watch(self, rank: int, key: int, what: _Waiting, limit: float) -> None:
+        """`wait`'s sleep with the watchdog on: past `limit` seconds still waiting (no deadlock, no failure)
+        the rank fails with a RuntimeMismatchError naming what it waits in and where the others are, and the
+        run ends as MPI's watchdog ends the job: the other ranks stop at their next wait, and simulate() leaves
+        those that never reach one after LEFT_AFTER_S (a rank stuck in a loop)."""
+        waiting = self.waiting
+        deadline = time.monotonic() + limit
+        while key in waiting and self.deadlock is None and (self.failure is None or self._may_go_on(what.group)):
+            left = deadline - time.monotonic()
+            if left > 0:
+                self._nap(key, left)
+                continue
+            if self.failure is not None:
+                return  # another rank failed meanwhile: `wait` stops this one (Aborted)
+            exc = RuntimeMismatchError(timed_out(self, key, what, limit))
+            exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
+            del waiting[key]
+            self._fail(rank, exc)  # now, not where it is caught: a thread a rank started ends quietly
+            raise exc
+
+    def release(self, rank: int, token: Any = None, group: Optional[Group] = None) -> None:
+        """Let `rank` go on if it waits (for `token`'s request, when given; else in `group`'s collective):
+        with a free run slot now, else in line for one, woken only when it gets one.
+
+        Waking every member of a collective at once to queue for the few run slots put 1,024 threads
+        through the lock twice per call (docs/simulate.md, "Limits").
+        """
+        if self._extra:  # ranks run threads of their own: find the one that waits for this
+            self._release_matching(rank, token, group)
+            return
+        what = self.waiting.get(rank)
+        if what is not None and (token is None or what.token is token or _lets_go(what.token, token)):
+            del self.waiting[rank]
+            self.releases += 1
+            self._line_up(rank)
+
+    def release_members(self, group: Group, me: int) -> None:
+        """`release` every member of `group`'s collective but member `me` (the last to arrive)."""
+        members = group.members
+        if self._extra:
+            for i, rank in enumerate(members):
+                if i != me:
+                    self._release_matching(rank, None, group)
+            return
+        waiting = self.waiting
+        for i, rank in enumerate(members):
+            if i != me and waiting.pop(rank, None) is not None:
+                self.releases += 1
+                self._line_up(rank)
+
+    _lets_go = staticmethod(_lets_go)  # for RankThreads._release_matching
+
+    def _sleep(self, key: int) -> None:
+        """Block the calling thread (waiter `key`, world lock held) until `_wake(key)`; return with the lock held.
+
+        A plain lock per waiter, held until the waker releases it: a threading.Condition allocated a lock and
+        went through five Python calls per wait, and each arrival in a rendezvous waits once.
+        """
+        lock = self.lock
+        self._asleep.add(key)
+        lock.release()
+        try:
+            self._wakers[key].acquire()
+        except BaseException:  # interrupted (a signal in the main thread): leave the waker held, not asleep
+            lock.acquire()
+            if key in self._asleep:
+                self._asleep.discard(key)
+            else:  # woken meanwhile: take the wake back
+                self._wakers[key].acquire(False)
+            raise
+        lock.acquire()
+
+    def _nap(self, key: int, seconds: float) -> None:
+        """`_sleep` for at most `seconds` (the watchdog's wait): woken or not, return with the lock held and the
+        waker held again."""
+        lock = self.lock
+        self._asleep.add(key)
+        lock.release()
+        try:
+            woken = self._wakers[key].acquire(True, seconds)
+        except BaseException:
+            woken = False
+            raise
+        finally:
+            lock.acquire()
+            if not woken:
+                if key in self._asleep:
+                    self._asleep.discard(key)
+                else:  # woken after the timeout, before the lock: take the wake back
+                    self._wakers[key].acquire(False)
+
+    def _wake(self, key: int) -> None:
+        """Let waiter `key` return from `_sleep` (world lock held); nothing if it does not sleep."""
+        if key in self._asleep:
+            self._asleep.discard(key)
+            self._wakers[key].release()
+
+    def _wake_all(self) -> None:
+        for key in list(self._asleep):
+            self._wake(key)
+
+    # -- the end of a rank -------------------------------------------------------------------
+
+    def fail(self, rank: int, exc: BaseException) -> None:
+        """Rank `rank` raised `exc`: every other rank stops at its next wait."""
+        with self.lock:
+            self._fail(rank, exc)
+
+    def _fail(self, rank: int, exc: BaseException) -> None:
+        """`fail` with the world lock held."""
+        self.failed.setdefault(rank, exc)
+        if self.ends_run_at is None and getattr(exc, "spmdsim_ends_run", False):
+            self.ends_run_at = time.monotonic()
+        if self.failure is None:
+            self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
+            self.failed_at = time.monotonic()
+        self._wake_all()
+
+    def given_up(self) -> bool:
+        """Whether LEFT_AFTER_S have passed since a failure that ends the run (a call spmdsim does not simulate:
+        the ranks still running then wait outside MPI, for what the refused call would have done; the watchdog,
+        which ends the job under MPI: a rank stuck in a loop never reaches a wait): those still running are left
+        (those in a call of MPI's stop at once, as after any failure)."""
+        return self.ends_run_at is not None and time.monotonic() - self.ends_run_at > LEFT_AFTER_S
+
+    def finish(self, rank: int) -> None:
+        """Rank `rank` returned (or raised); if all the others wait, none of them can go on."""
+        with self.lock:
+            self.live -= 1
+            self.finished.add(rank)
+            self._vain.pop(rank, None)
+            self._give_slot(rank)
+            if self.waiting and len(self.waiting) >= self.live:
+                self._declare_deadlock()
+            elif self.failure is not None:
+                self._wake_all()  # a waiter whose collective needed this rank stops
+
+    def _declare_deadlock(self) -> None:
+        if self.deadlock is None and self.failure is None:
+            self.deadlock = explain(self)
+        self._wake_all()
+

@@ -1,0 +1,262 @@
+"""Commands and scripts on simulated ranks: ``--ranks N`` for the CLI and the examples.
+
+    spmdsim demo --ranks 8
+    python examples/mlp.py --ranks 8
+
+`run_on_ranks(n, fn)` runs `fn()` on n simulated ranks and turns the outcome
+into an exit code the way the MPI guard does: the ranks' own codes (the
+largest), 2 with one line for an SpmdsimError (or MemoryError) every rank
+raised, whatever each one's text or class, else 1 with the failing rank named.
+`script(__file__)` lets a script take ``--ranks N``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import runpy
+import sys
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+from ...base.output import quiet_stdout
+from ...errors import SpmdsimError, fold_message
+from ...base import context as _local
+from ..engines import ways_out
+from ..engines.memory import MemoryLimitError
+from .thread_limits import ThreadLimitError
+
+__all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
+
+
+def banner(n: int, dry_run: bool = False) -> str:
+    """The first line of a simulated run: says it is one process, not an MPI job."""
+    what = "a dry run (shapes only) on" if dry_run else "running on"
+    ranks = "1 simulated rank" if n == 1 else f"{n} simulated ranks"
+    return f"spmdsim: {what} {ranks} in one process (--ranks {n}), no mpiexec"
+
+
+#: The refusal of --dry-run without --ranks N, from the CLI, the examples and the training scripts.
+DRY_RUN_NEEDS_RANKS = "--dry-run needs --ranks N (a dry run simulates the ranks in this process)"
+
+
+def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
+    """Why `n` cannot be a ``--ranks`` count (one line for "spmdsim: error: "), or None."""
+    from .run import MAX_DRY_RANKS, MAX_RANKS
+
+    most = MAX_DRY_RANKS if dry_run else MAX_RANKS
+    if type(n) is int and 1 <= n <= most:
+        if dry_run:
+            return None
+        from .thread_limits import threads_problem  # a thread each: the stacks must fit (ulimit -v, -u)
+
+        return threads_problem(n)
+    more = f" (with --dry-run up to {MAX_DRY_RANKS})" if not dry_run and type(n) is int and n > most else ""
+    return f"--ranks {n!r} must be a number of ranks from 1 to {most}{more}, e.g. --ranks 8"
+
+
+def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: bool = False) -> int:
+    """Run `fn()` on `n` simulated ranks; return the exit code (see the module docstring).
+
+    A dry run prints its report (a table, or JSON) instead of the program's output.
+    A count that cannot be is refused in one line before anything else (exit 2).
+    """
+    from .run import simulate
+
+    from ...base.threads import launcher_rank, launcher_size
+
+    problem = ranks_problem(n, dry_run)
+    launched = launcher_size()
+    if not problem and launched > 1:  # each MPI process would run all n ranks: n x launched, output repeated
+        problem = (f"--ranks {n} simulates the ranks in one process, but mpiexec started {launched}; "
+                   f"leave out --ranks under mpiexec (mpiexec -n {n} ...), or run without mpiexec")
+        if launcher_rank() != 0:  # every process refuses; one says so
+            return 2
+    if problem:
+        print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
+        return 2
+
+    from ...base.interrupts import keep_ctrl_c
+
+    keep_ctrl_c()  # a Ctrl-C that lands in a weakref callback still stops the run (spmdsim.base.interrupts)
+    # With --json, stdout is the JSON document alone: the banner goes to stderr.
+    print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
+    try:
+        if dry_run:
+            with contextlib.redirect_stdout(io.StringIO()):  # values of a dry run are not results
+                codes = simulate(n, _exit_code, fn, dry_run=True)
+            print(codes.report.to_json() if as_json else codes.report.table())
+            return 0
+        from ...base.malloc import keep_freed_buffers_unless_set
+
+        keep_freed_buffers_unless_set()  # the program's process, as an MPI rank's (tune_mpi_process)
+        codes = simulate(n, _exit_code, fn)
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
+        quiet_stdout()
+        return 141
+    except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
+        print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
+        return 130
+    except (MemoryLimitError, ThreadLimitError) as exc:  # not one rank's error: the whole simulation's
+        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
+        return 1
+    except (SpmdsimError, MemoryError) as exc:  # MemoryError: numpy's own (the estimate was off or short)
+        every = _every_ranks_line(exc, n)
+        if every is not None:  # as the MPI guard: every rank's hook exits 2, rank 0 says why
+            print(fold_message(f"spmdsim: error: {every}"), file=sys.stderr)
+            return 2
+        if isinstance(exc, SpmdsimError):
+            print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
+            return 1
+        from ...programs.memory import out_of_memory
+
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {out_of_memory(exc)}"), file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{detail}",
+              file=sys.stderr, end="")
+        return 1
+    return max(codes)
+
+
+def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
+    """The one line of an error every one of the `n` ranks raised, each an SpmdsimError or a MemoryError (the
+    errors the MPI guard ends a job with in one line and exit 2, whatever their text or class on each rank),
+    else None. Rank 0's text, as under MPI, and where the texts differ, the ranks that said it and the next
+    text with its ranks: 'TEXT (rank 0; ranks differ: ranks 1,3: TEXT; 1 more text on rank 2)'.
+
+    Only the ranks' texts alike used to count: a shard's size in the message (DTensor.from_local), or a
+    ShapeError on one rank and an SpmdsimError on the others, was exit 1 with 'error on simulated rank 0'."""
+    failures = getattr(exc, "simulated_failures", None)
+    if failures is None:  # a dry run's: one rank ran for all, its error every rank's (spmdsim.runtime.sim.run._dry_run)
+        failures = tuple((rank, type(exc), str(exc)) for rank in getattr(exc, "simulated_ranks", ()))
+    if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
+        return None
+    from ...programs.memory import out_of_memory
+    from .engine import ranks_text
+
+    texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
+    for rank, kind, text in failures:
+        if not issubclass(kind, SpmdsimError):  # a MemoryError: as the guard turns it into an SpmdsimError
+            text = out_of_memory(MemoryError(text))
+        texts.setdefault(text, []).append(rank)
+    (first, ranks), *others = texts.items()
+    if not others:
+        return first
+    (text, theirs), rest = others[0], others[1:]
+    more = ""
+    if rest:
+        left = sorted(r for _, rs in rest for r in rs)
+        more = f"; {len(rest)} more {'text' if len(rest) == 1 else 'texts'} on {ranks_text(left)}"
+    return f"{first} ({ranks_text(ranks)}; ranks differ: {ranks_text(theirs)}: {text}{more})"
+
+
+def _exit_code(fn: Callable[[], Any]) -> int:
+    try:
+        code = fn()
+    except SystemExit as exc:  # a script's sys.exit(code) on every rank
+        code = exc.code
+    if not (code is None or isinstance(code, int)):
+        print(code, file=sys.stderr)
+    from .run import exit_status
+
+    return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
+
+
+def _where(exc: BaseException) -> str:
+    ranks = getattr(exc, "simulated_ranks", ())
+    from .engine import ranks_text
+
+    return f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
+
+
+def ranks_argument(parser: Any) -> None:
+    """Add ``--ranks N`` (and ``--dry-run``) to an argparse parser."""
+    parser.add_argument("--ranks", type=int, metavar="N", default=None,
+                        help="run on N simulated ranks in this process (no mpiexec); "
+                             "see docs/simulate.md")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --ranks: shapes only, no data; print each rank's bytes sent, "
+                             "received and peak bytes held")
+
+
+def one_rank_hint(ranks: int) -> str:
+    """The line a script written for `ranks` ranks prints on stderr when it runs as one plain process."""
+    return (f"spmdsim: 1 rank, no mpiexec: this example is written for {ranks}; add --ranks {ranks} or use "
+            f"mpiexec -n {ranks}")
+
+
+def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[int] = None) -> None:
+    """With ``--ranks N`` in argv (``--ranks=N``, or a prefix: ``--rank N``), run `path` on N simulated ranks and exit.
+
+    ``--dry-run`` beside it makes that a dry run (spmdsim.runtime.sim.dry). Inside the
+    simulation, and without the flag, it returns at once and the script goes on
+    (under mpiexec, on its MPI rank, with `install_excepthook()`: an error ends the
+    job in one line). `ranks`: the ranks the script is written for (its docstring's ``mpiexec -n N``); run as one
+    process (no --ranks, no launcher or ``mpiexec -n 1``) it says on stderr how to get them (`one_rank_hint`), and
+    goes on: a 1-rank run otherwise shows no communication without a word.
+    """
+    if _local.simulated() is not None:
+        return
+    args = list(sys.argv[1:] if argv is None else argv)
+    n = _take_ranks(args, path)
+    if n is None:
+        if "--dry-run" in args:  # a dry run asked for and a real run given would be a silent surprise
+            from ...base.threads import launcher_rank
+
+            if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
+                print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
+            sys.exit(2)
+        _guard_mpi_ranks()
+        if ranks is not None and ranks > 1:
+            from ..mpi_library import MPILibraryError, load_mpi
+            from ...base.threads import launcher_size
+
+            try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
+                load_mpi()
+            except MPILibraryError:
+                return
+            if launcher_size() <= 1:
+                print(one_rank_hint(ranks), file=sys.stderr, flush=True)
+        return
+    dry_run = "--dry-run" in args
+    sys.argv[1:] = [a for a in args if a != "--dry-run"]
+
+    def rank() -> Any:
+        runpy.run_path(path, run_name="__main__")
+
+    sys.exit(run_on_ranks(n, rank, dry_run=dry_run))
+
+
+def _guard_mpi_ranks() -> None:
+    """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank."""
+    import os
+
+    from ...base.threads import RANK_VARIABLES
+
+    if not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
+        return  # one plain process: Python's own traceback
+    try:
+        from ..guard import install_excepthook
+        install_excepthook()
+    except ImportError:  # no mpi4py: nothing to end but this process
+        pass
+
+
+def _take_ranks(args: list, path: str) -> Optional[int]:
+    for i, arg in enumerate(args):
+        # A prefix of --ranks counts, as argparse reads the CLI's: `--rank 8` must not run one process silently.
+        flag = arg.partition("=")[0]
+        if len(flag) >= len("--ra") and "--ranks".startswith(flag):
+            value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            del args[i:i + (1 if "=" in arg else 2)]
+            try:  # read as argparse's type=int reads the training examples' --ranks: -1 is -1, not '-1'
+                count: Any = int(value)
+            except ValueError:  # not a number ('x', '1.5'): quoted as typed
+                count = value
+            problem = ranks_problem(count, "--dry-run" in args)
+            if problem:
+                print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
+                sys.exit(2)
+            return count
+    return None

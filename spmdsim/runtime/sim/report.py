@@ -1,0 +1,171 @@
+"""What a deadlock report says: who waits in what, where in the program, and where the others are.
+
+Read with the world lock held, once, when a World finds that no rank can go on
+(spmdsim.runtime.sim.engine). A rank's program line is the innermost frame of its
+thread outside spmdsim (``prog.py:13``), read from the waiting threads' frames;
+a point-to-point request adds what it knows (Request.why_stuck: the peer that
+finished, messages a receive does not take, sends that wait for each other).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+from typing import Any, Optional
+
+from ...errors import fold_message
+
+__all__ = ["explain", "timed_out", "unfold", "program_lines", "whereabouts"]
+
+#: At most this many waiting calls are described one by one; the others are counted.
+MAX_CLAUSES = 6
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # spmdsim/
+_SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
+
+
+def explain(world: Any, polling: Optional[tuple] = None,
+            head: str = "simulated ranks deadlock (every live rank waits, none can go on)",
+            first: Optional[int] = None) -> str:
+    """Who waits in what, where in their program, and for each waited-on call where the others are
+    (`polling`: (key, request, why: '' for "no rank left can complete it", call) of a rank, or a thread a rank
+    started, that polls in vain), after `head`; `first`: the key whose call `head` names (described on its line)."""
+    from .engine import _Waiting, ranks_text
+
+    by_call: dict[tuple, tuple[Any, list[int]]] = {}
+    if first is not None:
+        by_call[world.waiting[first].key()] = (world.waiting[first], [])
+    for key, what in sorted(world.waiting.items()):  # a rank's own threads wait under keys of their own
+        by_call.setdefault(what.key(), (what, []))[1].append(key)
+    clauses, hints, rest = [], [], []
+    if polling is not None:
+        key, token, why, call = polling
+        more, _ = token.why_stuck(world)
+        why = why or "and no rank left can complete it"
+        clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: {_threads_text(world, [key])} polls "
+                       f"it ({call}), {why}{more}{program_lines(world, [key])}")
+        if why == "while every other live rank waits or polls in vain":  # every poller, each on its own line
+            for other, request, how in world.idle_polls():
+                if other != key:
+                    more, _ = request.why_stuck(world)
+                    clauses.append(f"{_Waiting(request._what(), request.group, None).text()}: "
+                                   f"{_threads_text(world, [other])} polls it ({how}) in vain{more}"
+                                   f"{program_lines(world, [other])}")
+    for what, keys in by_call.values():
+        ranks = sorted({world.rank_of(k) for k in keys})
+        if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it
+            rest += ranks
+            continue
+        who = ranks_text(ranks) if len(keys) == len(ranks) and keys == ranks else _threads_text(world, keys)
+        clause = f"{who} {'waits' if len(keys) == 1 else 'wait'} in it"
+        if first is None or clauses:  # the call `first` waits in is the head's: not said twice
+            clause = f"{what.text()}: {clause}"
+        if what.group is not None and what.token is None:
+            missing = [m for m in what.group.members if m not in ranks]
+            clause += "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
+            if len(missing) > 8:
+                clause += f"; and {len(missing) - 8} more"
+        stuck = getattr(what.token, "why_stuck", None)  # a point-to-point request (spmdsim.runtime.sim.requests)
+        if stuck is not None:
+            more, hint = stuck(world)
+            clause += more
+            if hint and hint not in hints:
+                hints.append(hint)
+        clause += program_lines(world, keys)
+        clauses.append(clause)
+    if rest:
+        clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
+                       f"{ranks_text(rest)} wait")
+    # One call (or hint) a line, each folded within 100 columns: at 4 ranks the report
+    # was one line of 465 columns. unfold() gives back the one-line form.
+    if first is not None:  # the head's call first, on its line
+        head, clauses = f"{head}: {clauses[0]}", clauses[1:]
+    return fold_message(head + (":" if first is None else "") + "".join(f"\n  {clause}" for clause in clauses + hints))
+
+
+def timed_out(world: Any, key: int, what: Any, limit: float) -> str:
+    """The watchdog's report (SPMDSIM_WATCHDOG) of waiter `key` (a rank, or a thread a rank started), still
+    waiting in `what` after `limit` seconds: what it waits in, then who waits where and where the others are,
+    as a deadlock report says it (world lock held, `key` still waiting)."""
+    rank = world.rank_of(key)
+    who = f"[rank {rank}]" if key == rank else f"[rank {rank}, a thread it started]"
+    shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
+    return explain(world, head=f"{who} spmdsim: {what.text()} did not complete within {shown} s", first=key)
+
+
+def unfold(report: str) -> str:
+    """The report on one line, its calls separated by " | " (what it printed before it folded)."""
+    head, _, body = report.replace("\n    ", " ").partition(":\n  ")
+    return f"{head}: {body.replace(chr(10) + '  ', ' | ')}" if body else head
+
+
+def current_frames() -> dict:
+    """``sys._current_frames()`` with the garbage collector held off while it runs. On Python 3.11 it makes
+    frame objects while it holds the interpreter's thread-list lock; a collection those allocations start
+    that frees a ``threading.local`` takes that lock again, and the thread deadlocks holding the interpreter
+    lock, every thread with it (CPython gh-106883, fixed in 3.12; a test's deadlock report hung that way)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def program_lines(world: Any, ranks: list[int]) -> str:
+    """'; at prog.py:12' (or per line: '; at prog.py:12 (ranks 0,1), prog.py:15 (rank 3)'): the line of
+    the program (the innermost frame outside spmdsim) where each of `ranks` is now."""
+    from .engine import ranks_text
+
+    frames = current_frames()
+    lines: dict[str, list[int]] = {}
+    for key in ranks:  # a rank, or the key of a thread a rank started
+        line = _program_line(frames.get(world.threads.get(key, -1)))
+        if line:
+            lines.setdefault(line, []).append(world.rank_of(key))
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return f"; at {next(iter(lines))}"
+    return "; at " + ", ".join(f"{line} ({ranks_text(sorted(set(rs)))})" for line, rs in lines.items())
+
+
+def _threads_text(world: Any, keys: list) -> str:
+    """'rank 0 and a thread of rank 0' (a rank's own thread is the rank; the others are its threads)."""
+    from .engine import ranks_text
+
+    own = [k for k in keys if k < world.size]
+    started = sorted(world.rank_of(k) for k in keys if k >= world.size)
+    parts = [ranks_text(own)] if own else []
+    parts += [f"a thread of rank {r}" for r in started]
+    return " and ".join(parts)
+
+
+def whereabouts(world: Any, rank: int) -> str:
+    """Where `rank` is: 'rank 3 finished', 'rank 3 is elsewhere, in barrier on the world', ..."""
+    what = world.waiting.get(rank)
+    if what is not None:
+        return f"rank {rank} is elsewhere, in {what.text()}"
+    if rank in world.failed:
+        return f"rank {rank} failed"
+    if rank in world.exits:
+        return f"rank {rank} exited ({world.exits[rank]})"
+    if rank in world.finished:
+        return f"rank {rank} finished"
+    call = world.polling().get(rank)
+    if call:
+        return f"rank {rank} polls ({call}) in vain"
+    line = _program_line(current_frames().get(world.threads.get(rank, -1)))
+    return f"rank {rank} is computing" + (f" (at {line})" if line else "")
+
+
+def _program_line(frame: Any) -> str:
+    """'prog.py:12' of the innermost frame outside spmdsim (and threading), or ''."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_SKIPPED) and not name.startswith("<frozen"):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""

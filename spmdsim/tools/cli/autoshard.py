@@ -1,0 +1,416 @@
+"""`spmdsim autoshard`: choose every operator's strategy of a network by least communication.
+
+    spmdsim autoshard --network net_mindspore_tutorial --devices 8 --fix "MatMul1=((2,4),(4,1))"
+    spmdsim autoshard --network attention --devices 8 --objective time --json
+    spmdsim autoshard --network gpt --devices 8 --training --memory-limit 768K
+    spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --devices 4096
+    timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
+    spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
+    spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --training --run --ranks 4
+    spmdsim autoshard --network gpt --gpt layers=4,d_model=64,heads=4,seq=32,batch=4 --devices 4 \
+        --machine a100-dgx --memory-limit 10M   # (tp, pp, dp, microbatches, ...) by predicted time
+
+Planning is pure (no MPI); `--run` executes the choice on the ranks of the
+launch (their count is the device count) and prints predicted vs measured
+bytes and times per operator (`--ranks N`: N simulated ranks in this process),
+then checks every operator's output against numpy; on the GPT's graphs
+`--training` runs and checks the backward too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+from typing import Any, Optional
+
+from ...errors import SpmdsimError
+from ...runtime.engines import engine_of
+from ...base.validate import counted
+from ...base.typed_numbers import flag_float, typed
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    from ..autoshard import METHODS, NAMES, OBJECTIVES
+    from .calibrate import parse_size
+
+    parser = subparsers.add_parser(
+        "autoshard", help="choose every operator's strategy by least communication",
+        description="Enumerate each operator's strategies, price them (own collectives + "
+                    "redistribution between operators), and choose by search (exact on chains "
+                    "and trees, branch and bound otherwise) or by propagation from the fixed "
+                    "operators. Compares the total with the network's hand-written strategies.",
+    )
+    parser.add_argument("--network", required=True, choices=tuple(NAMES), metavar="NAME",
+                        help=f"one of {', '.join(NAMES)}")
+    parser.add_argument("--gpt", metavar="KEY=VALUE,...",
+                        help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
+                             "(keys vocab, d_model, heads, layers, seq, batch; with --machine also experts, "
+                             "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
+                             "of it as Megatron pads to 128 x tp; default examples/"
+                             "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
+    from ...models.gpt.flags import architecture_arguments
+
+    # Llama's architecture, with --machine (the search by dry runs of the model; the operators' graph is the GPT's)
+    architecture_arguments(parser, width="d_model")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="device count (default 8; with --run, the ranks of the launch)")
+    parser.add_argument("--fix", action="append", default=[], metavar="OP=STRATEGY",
+                        help='hold an operator\'s strategy, e.g. "MatMul1=((2,4),(4,1))", '
+                             '"MatMul2=((1,8),(8,1)) out ((8,1),)" or "MatMul1=hand" (repeatable); '
+                             '"*=hand": every operator not named holds its hand-written strategy; with '
+                             '--machine, DEGREE=VALUE holds a degree of the configuration and searches the rest '
+                             '(tp, pp, v, dp, ep, mb, recompute, zero, sp; e.g. tp=8)')
+    parser.add_argument("--memory-limit", type=parse_size, metavar="BYTES",
+                        help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
+    parser.add_argument("--objective", choices=OBJECTIVES,
+                        help="minimise bytes per rank (exact) or modelled time (default bytes)")
+    parser.add_argument("--training", action="store_true",
+                        help="also price a training step's backward: the gradients' reverse moves "
+                             "and the weight gradients' sums (bytes objective)")
+    parser.add_argument("--method", choices=METHODS,
+                        help="search (default) or propagate (MindSpore's sharding propagation)")
+    parser.add_argument("--flops", type=flag_float, metavar="FLOP/S",
+                        help="compute rate of one rank (default: measured now)")
+    parser.add_argument("--node-limit", type=int,
+                        help="branch and bound stops after this many nodes (default 200000); variable elimination "
+                             "then finishes the search, exactly when its tables fit (else: best found, not proven)")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
+    parser.add_argument("--run", action="store_true",
+                        help="execute the choice under MPI, print predicted vs measured per operator and "
+                             "check the values (with --training on the GPT: the backward too)")
+    parser.add_argument("--repeat", type=int, help="--run: forward passes (median; default 3)")
+    parser.add_argument("--ranks", type=int, metavar="N",
+                        help="--run on N simulated ranks in this process (no mpiexec; bytes are "
+                             "exact, times are not a cluster's)")
+    parser.add_argument("--machine", metavar="NAME|PATH",
+                        help="--network gpt: choose (tp, pp, dp, microbatches, virtual stages, recomputation, "
+                             "ZeRO, sp) by the step time predicted on this machine file from each "
+                             "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
+                             "(default the machine's memory); docs/estimate.md")
+    parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed"),
+                        help="--machine: the widths the ledger prices at (default bf16-mixed)")
+    parser.add_argument("--kept", choices=("graph", "megatron"),
+                        help="--machine: what each block keeps for backward (default megatron's set)")
+    parser.add_argument("--max-dry-runs", type=int, metavar="N",
+                        help="--machine: at most N configurations priced by a dry run (default 24)")
+    parser.add_argument("--moe-cells", action="store_true", default=None,
+                        help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
+                             "small dry runs each, one per tp, sp, micro-batch, recomputation and ep: slower, "
+                             "prunes more and prices better configurations; docs/estimate.md)")
+    parser.set_defaults(func=run, dry_run=False)
+
+
+def _fixes(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise SpmdsimError(f"--fix {item!r} must read OP=STRATEGY, e.g. 'MatMul1=((2,4),(4,1))'")
+        name, text = name.strip(), text.strip()
+        if name != "*":  # a malformed strategy is refused before any search or launch
+            from ..autoshard.choose import _parse_fix
+
+            _parse_fix(name, text)
+        if "".join(out.get(name, text).split()) != "".join(text.split()):  # held two ways: the last would win unsaid
+            raise SpmdsimError(f"--fix {name}={out[name]} and --fix {name}={text} hold {name} two ways; give one")
+        out[name] = text
+    return out
+
+
+#: The GPTConfig fields --gpt sets.
+GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
+#: With --machine, the MoE layers' keys too (spmdsim.models.moe.MoEConfig: experts, top_k, every as moe_every), and the
+#: vocabulary's padding (the model's dry run masks the padded logits out of the loss, as Megatron does; the
+#: operators' graph has no such mask: there a vocabulary no tp divides is cut unevenly instead).
+MOE_KEYS = ("experts", "top_k", "moe_every")
+MACHINE_KEYS = MOE_KEYS + ("vocab_pad_to",)
+
+#: Most layers --gpt prices: the search grows faster than the layers (64 take about 11 s
+#: at 8 devices, 256 more than 30 s).
+MAX_GPT_LAYERS = 64
+
+#: Most elements of one GPT tensor (logits batch*seq*vocab, scores batch*heads*seq*seq,
+#: the MLP's batch*seq*4*d_model, the table vocab*d_model): 2**40, so byte counts stay exact integers.
+MAX_GPT_ELEMENTS = 2 ** 40
+
+
+def gpt_said(text: Optional[str]) -> Any:
+    """GPTConfig's refusals, within it, name the fields --gpt `text` typed ("--gpt d_model 100") and the
+    architecture's flags (--rope, --kv-heads, ...) as typed, the other sizes as defaults ("the default d_model 128
+    must be divisible by --gpt heads 3", not "--gpt d_model 128", a key the user never typed); spmdsim.models.gpt.config.
+    said_as. `text` already read by _gpt_config (None: no --gpt)."""
+    from ...models.gpt.config import said_as
+    from ...models.gpt.flags import ARCHITECTURE_SAID
+
+    typed = gpt_typed(text)
+    sizes = GPT_KEYS + ("vocab_pad_to",)
+    return said_as({**{key: f"--gpt {key}" for key in sizes if key in typed}, **ARCHITECTURE_SAID},
+                   defaults=[key for key in sizes if key not in typed])
+
+
+def gpt_typed(text: Optional[str]) -> set:
+    """The keys --gpt `text` gives (None: no --gpt, none)."""
+    return {item.partition("=")[0].strip() for item in text.split(",")} if text else set()
+
+
+def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
+    """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
+    a machine file) MACHINE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer, and
+    vocab_pad_to=N pads the vocabulary."""
+    from ...models.gpt.config import GPTConfig
+    from ...models.moe.config import MoEConfig
+    from .estimate import no_moe_block
+
+    keys = GPT_KEYS + (MACHINE_KEYS if moe else ())
+    fields: dict = {}
+    for item in text.split(",") if text else ():  # "": no --gpt (the search by a machine file), the defaults
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if sep and key in MOE_KEYS and not moe:
+            raise SpmdsimError(f"--gpt {key} sets MoE layers, which only the search by a machine file prices: "
+                               "add --machine (e.g. --machine a100-dgx)")
+        if sep and key == "vocab_pad_to" and not moe:
+            raise SpmdsimError("--gpt vocab_pad_to pads the vocabulary in the search by a machine file (add --machine, "
+                               "e.g. --machine a100-dgx); the operators' search cuts a vocabulary no tp divides "
+                               "unevenly instead")
+        if not sep or key not in keys:
+            raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
+                               "e.g. 'layers=2,d_model=64'")
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
+            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
+        if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
+            raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
+        fields[key] = number
+    experts = {k: fields.pop(k) for k in MOE_KEYS if k in fields}
+    if experts and "experts" not in experts:
+        raise SpmdsimError(f"--gpt {', '.join(experts)} set MoE layers: give experts=N too")
+    if experts:
+        experts["every"] = experts.pop("moe_every", 2)
+        layers = fields.get("layers", GPTConfig.layers)
+        if experts["every"] > layers:
+            said = "--gpt layers" if "layers" in fields else "the default layers"  # not typed: not "--gpt"
+            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
+                               f"expected at most {said} {layers}")
+        fields["moe"] = MoEConfig(**experts)
+    with gpt_said(text):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
+        config = GPTConfig(**fields)
+    if config.layers > max_layers:
+        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "
+                           "(the search's time grows faster than the layers)")
+    c = config
+    if not sizes:  # a dry run's blocks are never written: any size
+        return config
+    tensors = {"batch*seq*vocab": c.batch * c.seq * c.padded_vocab,
+               "batch*heads*seq*seq": c.batch * c.heads * c.seq ** 2,
+               "batch*seq*4*d_model": c.batch * c.seq * 4 * c.d_model, "vocab*d_model": c.padded_vocab * c.d_model}
+    name, elements = max(tensors.items(), key=lambda kv: kv[1])
+    if elements > MAX_GPT_ELEMENTS:
+        raise SpmdsimError(f"--gpt {text!r} makes a tensor of {name} = {elements:,} elements; "
+                           f"expected at most {MAX_GPT_ELEMENTS:,} (2**40)")
+    return config
+
+
+def _network(args: argparse.Namespace, devices: int) -> tuple:
+    """(network name or graph, hand-written layouts or None) for autoshard."""
+    if args.gpt is None:
+        return args.network, None
+    if args.network not in ("gpt", "gpt_sp"):
+        raise SpmdsimError(f"--gpt sizes the GPT; --network {args.network!r} is not 'gpt' or 'gpt_sp'")
+    from ..autoshard.networks import gpt_network
+
+    return gpt_network(devices, _gpt_config(args.gpt), sp=args.network == "gpt_sp")
+
+
+def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
+    from ..autoshard import autoshard
+
+    if args.node_limit < 1:
+        raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
+    check_devices(devices)
+    network, hand = _network(args, devices)
+    return autoshard(network, devices, fix=_fixes(args.fix), memory_limit=args.memory_limit,
+                     objective=args.objective, method=args.method, flops_per_s=flops,
+                     node_limit=args.node_limit, training=args.training, hand=hand)
+
+
+#: The operator search's options and their defaults, set in `run` when not given: None from the parser says the
+#: user gave none, so that the search by a machine file refuses only what was given (it uses none of them).
+OPERATOR_DEFAULTS = {"objective": "bytes", "method": "search", "node_limit": 200_000, "repeat": 3}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.machine is not None:
+        from .autoshard_machine import run_machine
+
+        return run_machine(args)
+    if args.repeat is not None and not args.run:  # before the default: only a --repeat the user gave
+        raise SpmdsimError(f"--repeat {args.repeat} counts the forward passes of --run; add --run")
+    if args.repeat is not None and args.repeat < 1:  # 0 printed a table and PASS after no pass at all
+        raise SpmdsimError(f"--repeat {args.repeat} must be at least 1 (forward passes of --run)")
+    _fixes(args.fix)  # a malformed or twice-given --fix is refused before any search or launch
+    if args.node_limit is not None and args.method == "propagate":  # was taken and ignored without a word
+        raise SpmdsimError(f"--node-limit {args.node_limit} bounds the search's branch and bound; --method propagate "
+                           "searches nothing: leave one of them out")
+    for flag, default in OPERATOR_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, default)
+    from ...models.gpt.flags import architecture_fields, architecture_flags
+
+    given = architecture_flags(_Fields(architecture_fields(args)))
+    if given:  # the operators' graph (spmdsim.tools.autoshard.gpt) is the GPT's own architecture: never ignored
+        what = "the attention core (FlashAttention-2's tiles)" if given[0].startswith("--attention") else \
+            "Llama's architecture"
+        raise SpmdsimError(f"{given[0]} sets {what}, which only the search by a machine file prices "
+                           "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
+    for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
+        if getattr(args, flag) is not None:
+            value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
+            raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "
+                               "predicted step time: give --machine NAME|PATH too")
+    if args.flops is not None and not (math.isfinite(args.flops) and args.flops > 0):
+        raise SpmdsimError(f"--flops {typed(args.flops)} must be a finite number > 0 (FLOP/s of one rank)")
+    if args.ranks is not None and not args.run:
+        raise SpmdsimError("--ranks N simulates the ranks of --run; add --run")
+    if args.run:
+        return _run_mpi(args)
+    devices = 8 if args.devices is None else args.devices
+    check_devices(devices)
+    with _still_working(args, devices):
+        result = _choose(args, devices, args.flops)
+    print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
+    return 0
+
+
+class _Fields:
+    """GPTConfig's architecture fields as attributes (for spmdsim.models.gpt.flags.architecture_flags)."""
+
+    def __init__(self, fields: dict) -> None:
+        self.__dict__.update(fields)
+
+
+def check_devices(devices: int) -> None:
+    """One line unless 1 <= devices <= MAX_PLAN_DEVICES (plan's, explain's and show's limit)."""
+    from .plan import MAX_PLAN_DEVICES
+
+    if devices < 1:
+        raise SpmdsimError(f"--devices {devices!r} must be >= 1")
+    if devices > MAX_PLAN_DEVICES:
+        raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_PLAN_DEVICES:,} "
+                           "(as plan, explain and show)")
+
+
+#: Seconds before the first "still choosing" line on stderr, and between the next ones.
+PATIENCE_S = 15.0
+
+
+class _still_working:
+    """Say on stderr, every PATIENCE_S seconds, that the choice is still being priced (never silent for minutes).
+
+    The training objective plans each gradient move in full: the attention network at 64 devices
+    takes about 90 s, at 128 several minutes (docs/autoshard.md).
+    """
+
+    def __init__(self, args: argparse.Namespace, devices: int) -> None:
+        self.what = f"{args.network} on {counted(devices, 'device')}" + (", training" if args.training else "")
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._say, daemon=True, name="autoshard progress")
+
+    def _say(self) -> None:
+        waited = 0.0
+        while not self.done.wait(PATIENCE_S):
+            waited += PATIENCE_S
+            print(f"spmdsim: still pricing {self.what} after {waited:.0f} s", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _run_mpi(args: argparse.Namespace) -> int:
+    from .run import guarded, on_world
+
+    if args.ranks is not None:  # --devices checked before the banner too: the only line when it differs
+        return on_world(args, lambda comm: _run_choice(args, comm), lambda n: _check_devices_match(args, n))
+    from ...runtime.mpi_library import load_mpi
+
+    comm = load_mpi().COMM_WORLD
+    return guarded(lambda: _run_choice(args, comm), comm)
+
+
+def _check_devices_match(args: argparse.Namespace, size: int) -> None:
+    """Refuse a --devices other than the `size` ranks --run runs on."""
+    if args.devices not in (None, size):
+        launch = f"--ranks {args.devices}" if args.ranks is not None else f"mpiexec -n {args.devices}"
+        raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
+                           f"differs (launch with {launch})")
+
+
+def _run_choice(args: argparse.Namespace, comm: Any) -> int:
+    from ..autoshard.cost import measure_flops_rate
+    from ..autoshard.execute import run_choice
+    from ..autoshard.report import format_checks, format_measured
+    from ..autoshard.runnable import check_runnable, is_chain
+    from ...runtime.shared_reference import shared_once_on
+
+    size = comm.Get_size()
+    if size == 1 and args.ranks is None:  # one plain process: say how to get ranks, on every rank alike
+        n = args.devices or 8
+        raise SpmdsimError(f"--run in one process would run on 1 rank: launch it with mpiexec -n {n}, "
+                           f"or add --ranks {n}")
+    _check_devices_match(args, size)
+    # Every rank measures at once (they share the cores, as they will when running);
+    # the slowest rate, agreed, makes every rank choose the same strategies.
+    flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
+    # The search is local work on inputs every rank shares (the command line, the agreed rate): one rank
+    # searches for all (simulated ranks: the first to ask; MPI ranks: rank 0, the others get its choice).
+    result = shared_once_on(comm, ("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
+    check_runnable(result)  # an operator the runners lack raises here, on every rank
+    checks, no_backward = None, ""
+    if is_chain(result):
+        measured, passed = run_choice(result, comm, args.repeat)
+        if args.training:  # said, as a graph without a numpy backward says it: never a silent forward-only PASS
+            no_backward = "chains run through the network runner, forward only"
+    else:
+        from ..autoshard.dag import run_dag
+
+        report = run_dag(result, comm, args.repeat, train=args.training)
+        measured, passed, checks = report.measured, report.passed, report
+    if comm.Get_rank() == 0:
+        if args.json:
+            record = result.to_json()
+            record["measured"] = [{"name": m.name, "bytes_received_per_rank": m.bytes_received,
+                                   "comm_seconds": m.comm_seconds, "seconds": m.seconds}
+                                  for m in measured]
+            if checks is not None:
+                record["checked"] = {name: bool(v) for name, v in checks.verdicts.items()}
+                record["loss"] = None if checks.loss is None else {"ranks": checks.loss[0],
+                                                                   "numpy": checks.loss[1]}
+                back = checks.backward
+                record["backward_measured"] = None if back is None else {
+                    "bytes_received_per_rank": back.bytes_received, "seconds": back.seconds,
+                    "checked": {name: bool(v) for name, v in back.verdicts.items()}}
+            if no_backward:
+                record["backward_measured"] = None
+            record["passed"] = passed
+            print(json.dumps(record, indent=1))
+        else:
+            print(result.table())
+            print()
+            print(format_measured(result, measured))
+            if checks is not None:
+                print(format_checks(result, checks))
+            if no_backward:
+                print(f"backward not run (forward only): {no_backward}")
+            print("PASS" if passed else "FAIL")
+    return 0 if passed else 1

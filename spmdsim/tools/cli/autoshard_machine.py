@@ -1,0 +1,240 @@
+"""`spmdsim autoshard --network gpt --machine F`: the GPT's configuration by predicted step time.
+
+    spmdsim autoshard --network gpt --gpt layers=48,d_model=6144,heads=64,seq=2048,vocab=51200,batch=4 \\
+        --devices 8 --machine a100-dgx --memory-limit 80G
+
+Every configuration is priced by its own dry run's ledger (spmdsim.tools.estimate.search); the table shows
+the chosen one, the runners-up and why each lost, each by its peak (transient blocks included, as
+`spmdsim estimate`'s verdict: what the memory limit bounds) (docs/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
+dp, ep, mb, recompute, zero, sp) holds a degree and searches the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+from typing import Any
+
+from ...errors import SpmdsimError
+from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED
+from ...base.sizes import format_size
+from ...base.validate import counted
+
+__all__ = ["run_machine"]
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+#: Runners-up the table shows (the JSON has every candidate).
+SHOWN = 8
+
+
+def run_machine(args: argparse.Namespace) -> int:
+    from ..estimate.machine import load_machine
+    from ..estimate.search import parse_fixed, search, vocab_note
+    from dataclasses import replace
+
+    from .autoshard import _gpt_config, _still_working, gpt_said, gpt_typed
+    from ...models.gpt.flags import architecture_fields, architecture_problem
+
+    if args.network != "gpt":
+        raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
+    # The operator search's options: their parser defaults are None, False or [], so only what the user gave,
+    # 0 included (compared by identity: 0 == False)
+    for flag in ("run", "training", "flops", "objective", "method", "node_limit", "repeat", "ranks"):
+        value = getattr(args, flag)
+        if value is not None and value is not False and value != []:
+            given = "" if value is True else f" {value[0] if isinstance(value, list) else value}"
+            raise SpmdsimError(f"--{flag.replace('_', '-')}{given} does not go with --machine (the dry run of a "
+                               "training step prices it)")
+    fixed = parse_fixed(args.fix)  # --fix tp=8 ...: those degrees held, the rest searched
+    args.precision = args.precision or "bf16-mixed"
+    args.kept = args.kept or "megatron"
+    args.max_dry_runs = 24 if args.max_dry_runs is None else args.max_dry_runs
+    if args.max_dry_runs < 1:
+        raise SpmdsimError(f"--max-dry-runs {args.max_dry_runs} must be >= 1")
+    devices = 8 if args.devices is None else args.devices
+    if devices < 1:
+        raise SpmdsimError(f"--devices {devices} must be >= 1")
+    cfg = _gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
+    problem = architecture_problem(args, cfg.heads, heads)
+    if problem:
+        raise SpmdsimError(problem)
+    with gpt_said(args.gpt):  # Llama's options (--ffn, --rope, ...): GPTConfig checks them, naming the flags
+        cfg = replace(cfg, **architecture_fields(args))
+    if args.moe_cells and cfg.moe is None:
+        raise SpmdsimError("--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): "
+                           "give --gpt ...,experts=N")
+    machine = load_machine(args.machine)
+    limit = machine.memory_bytes if args.memory_limit is None else args.memory_limit
+    if limit < 1:
+        raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
+    start = time.perf_counter()
+    with _still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
+        result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
+                        max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
+    seconds = time.perf_counter() - start
+    note = vocab_note(cfg, devices, machine.gpus_per_node)
+    # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
+    # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak
+    command = None if result.chosen is None else estimate_command(cfg, result.chosen.config, args.machine,
+                                                                  args.precision, args.kept)
+    if args.json:
+        print(json.dumps(_as_json(cfg, result, seconds) | ({"note": note} if note else {})
+                         | {"estimate_command": command, "fixed": _fixed_json(fixed)}, indent=1))
+    else:
+        print("\n".join(_lines(cfg, result, seconds, note, fixed)))
+        if command is not None:  # a command to paste into a shell: continued lines, each within 100 columns
+            print("the chosen one, stage by stage (`spmdsim estimate`, the same step time and peak):")
+            print(_shell_lines(command))
+    if result.chosen is None:
+        priced = [c.peak for c in result.candidates if c.peak is not None]
+        unpriced = sum(c.verdict == "not priced" for c in result.candidates)
+        # the limit as the user set it, or the machine's memory a GPU when no --memory-limit was given
+        within = (f"--memory-limit {format_size(limit)}" if args.memory_limit is not None else
+                  f"machine {machine.name}'s {format_size(limit)} a GPU")
+        if unpriced:
+            raise SpmdsimError(f"none of the {len(priced)} configurations priced fits {within}; {unpriced:,} not "
+                               "priced: raise --max-dry-runs")
+        least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
+        plural = "s" if devices != 1 else ""
+        raise SpmdsimError(f"no configuration fits {within} on {devices:,} device{plural}; the least needs "
+                           f"{format_size(least)}" + (" at its peak" if priced else ""))
+    return 0
+
+
+def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:
+    """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.tools.estimate.search.Config) of the GPT
+    `cfg`, as the search priced it: its dry run, its memory and its step time are the search's."""
+    from ...models.gpt.flags import architecture_flags
+
+    micro = cfg.batch // (x.dp * x.ep * x.microbatches)
+    words = ["spmdsim estimate gpt", f"--layers {cfg.layers}", f"--hidden {cfg.d_model}", f"--heads {cfg.heads}",
+             f"--seq {cfg.seq}", f"--vocab {cfg.vocab}"] + architecture_flags(cfg)
+    if cfg.vocab_pad_to > 1:
+        words.append(f"--pad-vocab-to {cfg.vocab_pad_to}")
+    if cfg.moe is not None:
+        m = cfg.moe
+        words += [f"--experts {m.experts}", f"--top-k {m.top_k}", f"--moe-every {m.every}", f"--ep {x.ep}"]
+        if m.dropless:
+            words.append("--dropless")
+        elif m.capacity_factor != 1.0:
+            words.append(f"--capacity-factor {m.capacity_factor:g}")
+        if m.dry_routing != "balanced":
+            words.append(f"--routing {m.dry_routing}")
+    words += [f"--micro-batch {micro}", f"--global-batch {cfg.batch}", f"--tp {x.tp}"] + (["--sp"] if x.sp else [])
+    words += [f"--pp {x.pp}"] + ([f"--virtual-stages {x.virtual}"] if x.virtual > 1 else [])
+    if getattr(x, "split", None) is not None:  # layers per chunk (the search's own are balanced: None)
+        words.append("--stage-layers " + ",".join(map(str, x.split)))
+    words += [f"--dp {x.dp}", f"--recompute {x.recompute}", f"--zero {x.zero}", f"--kept {kept}",
+              f"--precision {precision}", f"--machine {shlex.quote(machine)}"]
+    return " ".join(words)
+
+
+def _shell_lines(command: str, width: int = 100) -> str:
+    """`command` cut between its options into lines of at most `width` columns, each but the last ending in
+    a backslash (a shell reads them as one line)."""
+    words = command.replace(" --", "\0--").split("\0")
+    lines, line = [], "  " + words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = "    " + word
+        else:
+            line += " " + word
+    return "\n".join(lines + [line])
+
+
+#: Every verdict, in the order the table counts and shows them (spmdsim.tools.estimate.search.Candidate).
+_VERDICTS = ("chosen", "slower", OVER, UNPRICED) + ABOVE[::-1] + (KEPT, STATES)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"
+
+
+def _row(rank: str, c: Any, moe: bool = False) -> str:
+    x = c.config
+    step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
+    # the peak (a bound of the memory held is one of the peak too)
+    memory = f"{c.peak / MIB:,.1f}" if c.peak is not None else f">{c.bound_bytes / MIB:,.1f}"
+    ep = f"{x.ep:>4}" if moe else ""
+    return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{x.microbatches:>5} "
+            f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
+
+
+def _fixed_json(fixed: dict) -> dict:
+    """{--fix name: value} of the degrees held ({Config field: value}, spmdsim.tools.estimate.search.parse_fixed)."""
+    from ..estimate.search import FIXABLE
+
+    return {name: fixed[f] for name, f in FIXABLE.items() if f in fixed}
+
+
+def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) -> list[str]:
+    from collections import Counter
+
+    from ...models.gpt.flags import architecture_words
+
+    moe = cfg.moe is not None
+    experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
+               f"route {cfg.moe.dry_routing})") if moe else ""
+    head = [f"GPT {counted(cfg.layers, 'layer')}, hidden {cfg.d_model}, {counted(cfg.heads, 'head')}, seq {cfg.seq}, "
+            f"vocab {cfg.vocab_words}{architecture_words(cfg)}, "
+            f"global batch {cfg.batch}{experts}",
+            f"{r.devices:,} device{'s' if r.devices != 1 else ''} on {r.machine}, "
+            f"memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
+            f"{r.precision}, kept {r.kept}"]
+    if fixed:
+        head.append("fixed (--fix): " + ", ".join(f"{name} {int(v) if isinstance(v, bool) else v}"
+                                                  for name, v in _fixed_json(fixed).items())
+                    + "; the rest searched")
+    head += [f"{len(r.candidates):,} configurations in {seconds:.1f} s: {r.dry_runs} priced by the dry run of "
+             f"their step, {r.cell_runs:,} small dry runs of layer cells for the bounds; "
+             + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
+                                                         key=lambda vn: _VERDICTS.index(vn[0]))
+                         if v not in ("chosen", "slower")),
+             f"  ({r.stopped})"] + ([note] if note else [])
+    if r.chosen is not None:
+        x = r.chosen.config
+        head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.peak / MIB:,.1f} MiB at its "
+                    "peak")
+        head.append(f"  ({r.chosen.memory / MIB:,.1f} MiB held, and for a moment one kernel's blocks)")
+    else:
+        head.append("chosen: none fits the memory limit")
+    out = list(head)
+    eph = f"{'ep':>4}" if moe else ""
+    out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{eph}{'mb':>5} "
+               f"{'recompute':<10}{'Z':>2}"
+               f"{'step ms':>13}{'peak MiB':>14}  why not chosen")
+    priced = [c for c in r.candidates if c.step_s is not None]
+    # the fastest that fit, then those faster still that the memory limit ruled out
+    best = r.chosen.step_s if r.chosen is not None else float("inf")
+    over = sorted((c for c in priced if c.verdict == "over the memory limit" and c.step_s < best),
+                  key=lambda c: c.step_s)[:SHOWN // 2]
+    fit = [c for c in priced if c.verdict != "over the memory limit"][:SHOWN - len(over)]
+    for c in fit + over:
+        out.append(_row(str(priced.index(c) + 1), c, moe))
+    if len(priced) > len(fit) + len(over):
+        out.append(f"... {len(priced) - len(fit) - len(over)} more priced (--json lists them all)")
+    if len(priced) < len(r.candidates):
+        out.append("unpriced, by their lower bounds (> ms, > MiB held, so at the peak too), for instance:")
+    unpriced = [c for c in r.candidates if c.step_s is None]
+    for verdict in _VERDICTS[3:]:  # the closest of each kind of pruned one
+        first = next((c for c in unpriced if c.verdict == verdict), None)
+        if first is not None:
+            out.append(_row("-", first, moe))
+    from ...programs.viz.table import wrap_lines
+
+    return wrap_lines(out)
+
+
+def _as_json(cfg: Any, r: Any, seconds: float) -> dict:
+    from dataclasses import asdict
+
+    return {"model": {k: getattr(cfg, k) for k in ("layers", "d_model", "heads", "seq", "vocab", "batch")},
+            "devices": r.devices, "machine": r.machine, "memory_limit": r.memory_limit, "precision": r.precision,
+            "kept": r.kept, "dry_runs": r.dry_runs, "seconds": seconds, "stopped": r.stopped,
+            "chosen": None if r.chosen is None else asdict(r.chosen),
+            "candidates": [asdict(c) for c in r.candidates]}

@@ -1,0 +1,517 @@
+"""`spmdsim calibrate`: time raw mpi4py collectives, fit the cost model, save it.
+
+Run it under MPI, e.g.
+``timeout -k 5 300 mpiexec -n 8 spmdsim calibrate``. Every group size g
+divides the world into groups of g consecutive ranks that run at the same
+time (as the groups of one mesh axis do). Each timing is the median over
+repeats of the slowest rank's time. The helpers here (`raw_collective`,
+`time_interleaved`, `Waiter`) are shared with scripts/bench.py.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ...base import buffers
+from ...programs.cost import CostModel, Measurement, default_path, normalize_op
+from ...errors import SpmdsimError
+from ...runtime.engines import engine_of
+from ..estimate.machine import GemmEfficiency, Link, Machine, save_machine
+from ...programs.viz.table import wrap_lines
+
+__all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
+           "parse_size", "byte_count", "measure_memory_bandwidth", "calibrated_machine"]
+
+_DEFAULT_SIZES = "64K,1M,4M,16M"
+_DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
+
+
+def byte_count(text: str) -> int:
+    """'64K' -> 65536, '-4' -> -4: the number a size reads as, its sign unchecked, for a caller that states
+    its own range (spmdsim collective's --size); ArgumentTypeError when it reads as none."""
+    given = text
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = float(number) * scale
+        whole = int(value)
+    except (ValueError, OverflowError):  # OverflowError: "inf"
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
+    if whole != value:  # "1.5" was 1 byte, silently: a size the user did not ask for
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a whole number of bytes; expected a byte count "
+                                         "like 64K or 4M")
+    return whole
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536, '4M' -> 4194304, '100' -> 100 (binary units)."""
+    value = byte_count(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be >= 0")
+    return value
+
+
+class Waiter:
+    """Completes requests as the runtime's wait mode does ("busy" blocks, "polite" sleeps)."""
+
+    def __init__(self, comm: Any, mode: str | None = None) -> None:
+        from ...runtime.engines.wait import polite_wait, resolve_wait_mode
+
+        self.mode = resolve_wait_mode(mode, comm)
+        self._polite = polite_wait
+
+    def call(self, blocking: Callable, nonblocking: Callable, *args: Any) -> None:
+        """Raw mpi4py for the benchmarks' peers: `blocking(*args)`, or `nonblocking`'s request waited for."""
+        if self.mode == "polite":
+            self._polite(nonblocking(*args))
+        else:
+            blocking(*args)
+
+    @property
+    def wait(self) -> Callable[[Any], None] | None:
+        """The engines' `wait` argument for this mode (spmdsim.runtime.engines.base)."""
+        return self._polite if self.mode == "polite" else None
+
+    def barrier(self, comm: Any) -> None:
+        engine_of(comm).barrier(comm, self.wait)
+
+
+def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
+                   dtype: str = "float32") -> Callable[[], None]:
+    """A zero-argument call doing `op` as the communicator's engine does it (mpi4py's plain call,
+    under MPI) on buffers made once.
+
+    `nbytes` is the collective's per-rank buffer n (spmdsim.programs.cost): gathered
+    output, unreduced input, or the whole send buffer. The buffers are placed
+    as spmdsim places its own (spmdsim.base.buffers), so the fit prices what
+    spmdsim's calls move.
+    """
+    op = normalize_op(op)
+    g = comm.Get_size()
+    item = np.dtype(dtype).itemsize
+    count = max(g, nbytes // item // g * g)  # divisible by g, at least one element each
+    full, part = buffers.full(count, 1, dtype), buffers.full(count // g, 1, dtype)
+    engine, w = engine_of(comm), waiter.wait
+    if op == "allgather":
+        return lambda: engine.all_gather(comm, part, full, w)
+    if op == "allreduce":
+        out = buffers.empty(count, dtype)
+        return lambda: engine.all_reduce(comm, full, out, "sum", w)
+    if op == "reduce_scatter":
+        return lambda: engine.reduce_scatter(comm, full, part, "sum", w)
+    if op == "alltoall":
+        out = buffers.empty(count, dtype)
+        return lambda: engine.all_to_all(comm, full, out, w)
+    if op == "alltoallv":
+        # As spmdsim's alltoallv: the own block is not sent.
+        me, block = comm.Get_rank(), count // g
+        counts = [0 if r == me else block for r in range(g)]
+        displs = list(np.cumsum([0] + counts[:-1]))
+        send, recv = buffers.full(block * (g - 1), 1, dtype), buffers.empty(block * (g - 1), dtype)
+        return lambda: engine.all_to_allv(comm, send, counts, displs, recv, counts, displs, w)
+    if op == "bcast":
+        return lambda: engine.broadcast(comm, full, 0, w)
+    raise AssertionError(op)  # normalize_op admits only OPS
+
+
+def time_interleaved(comm: Any, calls: Mapping[str, Callable[[], Any]], waiter: Waiter, *,
+                     warmup: int = 2, repeats: int = 7,
+                     only_rank0: Sequence[str] = ()) -> dict[str, list[float]]:
+    """Time each call `repeats` times, interleaved, after `warmup` rounds.
+
+    Every repeat starts after a barrier; the result per name is the list of
+    the slowest rank's seconds per repeat. Names in `only_rank0` run on
+    rank 0 alone while the others wait (single-process references).
+    """
+    names = list(calls)
+    local = np.zeros((len(names), repeats))
+    rank = comm.Get_rank()
+    for rep in range(-warmup, repeats):
+        # Rotate the order so that no contender always runs first after a barrier.
+        order = names[rep % len(names):] + names[:rep % len(names)] if names else names
+        for name in order:
+            solo = name in only_rank0
+            waiter.barrier(comm)
+            waiter.barrier(comm)  # a second, hot barrier: all ranks start together
+            t0 = time.perf_counter()
+            if not solo or rank == 0:
+                calls[name]()
+            elapsed = time.perf_counter() - t0
+            if rep >= 0:
+                local[names.index(name), rep] = elapsed
+    slowest = np.empty_like(local)
+    engine_of(comm).all_reduce(comm, local, slowest, "max", None)
+    return {name: slowest[i].tolist() for i, name in enumerate(names)}
+
+
+def measure(comm: Any, ops: Sequence[str], group_sizes: Sequence[int], sizes: Sequence[int],
+            waiter: Waiter, *, warmup: int = 2, repeats: int = 7,
+            progress: Callable[[str], None] | None = None) -> list[Measurement]:
+    """Median slowest-rank time of each raw collective, per group size and buffer size."""
+    out = []
+    rank = comm.Get_rank()
+    for g in group_sizes:
+        sub = engine_of(comm).split(comm, rank // g, rank)
+        try:
+            for n in sizes:
+                calls = {op: raw_collective(sub, op, n, waiter) for op in ops}
+                times = time_interleaved(comm, calls, waiter, warmup=warmup, repeats=repeats)
+                for op in ops:
+                    out.append(Measurement(op, g, _real_bytes(n, g), statistics.median(times[op])))
+                if progress:
+                    progress(f"calibrate: g={g} n={n} done")
+        finally:
+            engine_of(comm).free(sub)
+    return out
+
+
+def measure_copy(comm: Any, sizes: Sequence[int], waiter: Waiter, *, warmup: int = 2,
+                 repeats: int = 7) -> float:
+    """Seconds per byte of the packing copy collectives do, as it costs inside a collective step.
+
+    The copy is the one spmdsim makes to send blocks along a non-leading dim:
+    a (rows, g, rest) view transposed into a contiguous buffer. It is timed as
+    the difference between that copy followed by an Alltoall of the packed
+    buffer and the same Alltoall alone (interleaved): a rank packing while its
+    peers already wait in the collective is slower than one copying alone
+    (1.5-3x at 8 ranks on 2 cores). The copy alone is the floor. Median over
+    the sizes >= 1 MiB (all sizes if none are) of the slowest rank.
+    """
+    g = comm.Get_size()
+    rates = []
+    big = [n for n in sizes if n >= 1 << 20] or list(sizes)
+    for n in big:
+        count = _real_bytes(n, g * 64) // 4
+        # Placed (and from 1 MiB on huge pages) as spmdsim's own buffers are:
+        # a fresh heap array copies up to 3x slower than a huge-page one.
+        src = buffers.full((64, g, count // (64 * g)), 1, np.float32)
+        dst = buffers.empty((g, 64, count // (64 * g)), np.float32)
+        recv = buffers.empty(dst.shape, np.float32)
+        view = src.swapaxes(0, 1)
+
+        def packed() -> None:
+            np.copyto(dst, view)
+            waiter.call(comm.Alltoall, comm.Ialltoall, dst, recv)
+        calls = {"copy": lambda: np.copyto(dst, view), "packed": packed,
+                 "plain": lambda: waiter.call(comm.Alltoall, comm.Ialltoall, dst, recv)}
+        times = {k: statistics.median(v) for k, v in
+                 time_interleaved(comm, calls, waiter, warmup=warmup, repeats=repeats).items()}
+        rates.append(max(times["copy"], times["packed"] - times["plain"]) / src.nbytes)
+    return statistics.median(rates)
+
+
+def _real_bytes(nbytes: int, g: int, item: int = 4) -> int:
+    """The n raw_collective really used (rounded to g whole elements)."""
+    return max(g, nbytes // item // g * g) * item
+
+
+def _group_size_list(text: str) -> list[int]:
+    """--group-sizes as integers, before the world size is known (`_group_sizes` checks them against it)."""
+    try:
+        sizes = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SpmdsimError(f"--group-sizes {text!r} must be comma-separated integers "
+                           "such as 2,4") from None
+    small = [g for g in sizes if g < 2]
+    if small:  # refused before MPI starts: whatever the world size (1 process outside mpiexec said only that)
+        raise SpmdsimError(f"--group-sizes {text!r}: group size {small[0]} must be >= 2 (the ranks of one "
+                           "collective) and divide the world size")
+    return sizes
+
+
+def _group_sizes(text: str | None, world: int) -> list[int]:
+    if text:
+        sizes = _group_size_list(text)
+    else:
+        sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world and world % g == 0] + [world]
+    for g in sizes:
+        if g < 2 or world % g:
+            raise SpmdsimError(
+                f"--group-sizes {text!r}: group size {g!r} must be >= 2 and divide the world size {world}")
+    return sorted(set(sizes))
+
+
+#: Largest --sizes entry. Each rank holds about three buffers of the size, so 1 GiB
+#: already needs 24 GiB for 8 ranks on one machine, and the fit gains nothing
+#: beyond tens of MiB, where the bandwidth term dominates.
+MAX_CALIBRATION_BYTES = 1 << 30
+
+
+def _sizes(text: str) -> list[int]:
+    """--sizes as byte counts; an SpmdsimError (raised on every rank alike) names the bad one."""
+    try:
+        sizes = [parse_size(s) for s in text.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise SpmdsimError(f"--sizes {text!r}: {exc}") from None
+    too_big = [n for n in sizes if n > MAX_CALIBRATION_BYTES]
+    if too_big:
+        raise SpmdsimError(f"--sizes {text!r}: {too_big[0]:,} bytes per rank is above the "
+                           f"{MAX_CALIBRATION_BYTES:,}-byte (1G) limit; expected sizes up to 1G "
+                           "(each rank allocates about three buffers of each size)")
+    return sizes
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    if args.repeats < 1:
+        raise SpmdsimError(f"--repeats {args.repeats!r} must be at least 1 "
+                           "(each timing is a median over the repeats)")
+    if args.warmup < 0:
+        raise SpmdsimError(f"--warmup {args.warmup!r} must be at least 0")
+    if args.dry_run and args.output is not None:
+        raise SpmdsimError(f"--output {args.output!r} has no effect with --dry-run "
+                           "(which saves nothing); give one of them")
+    if args.dry_run and args.machine_out is not None:
+        raise SpmdsimError(f"--machine-out {args.machine_out!r} has no effect with --dry-run "
+                           "(which saves nothing); give one of them")
+
+
+def _output_problem(args: argparse.Namespace) -> str | None:
+    """Why --output or --measurements cannot be written (rank 0 writes them), or None."""
+    from .paths import check_output_file
+
+    try:
+        if args.measurements is not None:
+            check_output_file(args.measurements, "--measurements")
+        if args.machine_out is not None and not args.dry_run:
+            check_output_file(args.machine_out, "--machine-out")
+        if not args.dry_run:
+            if args.output is not None:
+                check_output_file(args.output, "--output")
+            else:  # the default's folder (~/.cache/spmdsim) is made on first use
+                check_output_file(default_path(), "the cost file (--output's default)", make_parents=True)
+    except SpmdsimError as exc:
+        return str(exc)
+    return None
+
+
+def _check_points(args: argparse.Namespace, ops: list, group_sizes: list, sizes: list) -> None:
+    """Refuse, before any timing, a run with fewer distinct measurements than the fit needs (CostModel.fit: 2)."""
+    points = len(set(ops)) * len(group_sizes) * len(set(sizes))
+    if points < 2:
+        raise SpmdsimError(f"calibrate fits a line through its measurements and needs at least 2: --ops {args.ops!r}, "
+                           f"group sizes {group_sizes} and --sizes {args.sizes!r} give {points}; expected more "
+                           "--sizes (e.g. --sizes 1K,1M) or --ops")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Every check of the command line that needs no communicator: before MPI starts, on every rank alike (so a
+    bad flag is the one line, under mpiexec or not; _calibrate checks the group sizes against the world)."""
+    _check_counts(args)
+    try:
+        for op in args.ops.split(","):
+            normalize_op(op)
+    except SpmdsimError as exc:
+        raise SpmdsimError(f"--ops {args.ops!r}: {exc}") from None
+    _sizes(args.sizes)
+    if args.group_sizes:
+        _group_size_list(args.group_sizes)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
+    from ...runtime.mpi_library import load_mpi
+    from .run import guarded
+
+    comm = load_mpi(why="calibrate times an MPI library's collectives").COMM_WORLD
+    if comm.Get_size() < 2:  # every process of the job alike, before any collective: main() says it once
+        problem = _output_problem(args)  # this process is rank 0, whose verdict on the paths counts: said first
+        if problem:
+            raise SpmdsimError(problem)
+        raise SpmdsimError(f"calibrate needs at least 2 ranks (it times collectives between them), got "
+                           f"{comm.Get_size()}: run it under MPI, e.g. timeout -k 5 300 mpiexec -n 8 spmdsim calibrate")
+    # Guarded: an error on some ranks only (a file rank 0 cannot write) ends the
+    # job instead of leaving the others in a collective.
+    return guarded(lambda: _calibrate(args, comm), comm)
+
+
+def _calibrate(args: argparse.Namespace, comm: Any) -> int:
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    # Every argument is checked before the first timing, on every rank alike.
+    _check_counts(args)
+    ops = [normalize_op(o) for o in args.ops.split(",")]
+    sizes = _sizes(args.sizes)
+    group_sizes = _group_sizes(args.group_sizes, comm.Get_size())
+    _check_points(args, ops, group_sizes, sizes)
+    # Rank 0 writes the files, so its verdict on the paths is everybody's.
+    problem = engine_of(comm).broadcast_object(comm, _output_problem(args) if rank == 0 else None, 0)
+    if problem:
+        raise SpmdsimError(problem)
+    waiter = Waiter(comm, args.wait)
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else None
+    data = measure(comm, ops, group_sizes, sizes, waiter,
+                   warmup=args.warmup, repeats=args.repeats, progress=say)
+    model = CostModel.fit(data, source=f"spmdsim calibrate: {comm.Get_size()} ranks, "
+                          f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
+    copy = measure_copy(comm, sizes, waiter, warmup=args.warmup, repeats=args.repeats)
+    model = dataclasses.replace(model, copy_s_per_byte=copy)
+    machine = None
+    if args.machine_out is not None and not args.dry_run:
+        # Rank 0's fit decides, for every rank alike: one line, not an error on rank 0 alone.
+        problem = engine_of(comm).broadcast_object(comm, _bandwidth_problem(model) if rank == 0 else None, 0)
+        if problem:
+            raise SpmdsimError(problem)
+        machine = _measure_machine(comm, model, waiter)
+    failure = None
+    if rank == 0:
+        print(f"{'op':<15}{'g':>3}{'bytes':>11}{'measured ms':>13}{'model ms':>11}{'ratio':>7}")
+        for m in data:
+            pred = model.predict(m.op, m.group_size, m.bytes_per_rank)
+            print(f"{m.op:<15}{m.group_size:>3}{m.bytes_per_rank:>11}{m.seconds * 1e3:>13.4f}"
+                  f"{pred * 1e3:>11.4f}{pred / m.seconds:>7.2f}")
+        print("\n".join(wrap_lines([str(model)])))  # within 100 columns: its fields fold onto a second line
+        failure = _save(args, model, data, machine)
+    # Rank 0's outcome reaches every rank: a failed write is one error, not a hang.
+    failure = engine_of(comm).broadcast_object(comm, failure, 0)
+    if failure:
+        raise SpmdsimError(failure)
+    return 0
+
+
+def measure_memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Bytes/s of a contiguous copy of `nbytes` on this process (read + write, best of `repeats`)."""
+    src = np.ones(max(nbytes // 8, 1))
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / max(best, 1e-9)
+
+
+#: Dtypes numpy cannot multiply in, each with the measured dtype its peak is taken from: spmdsim multiplies
+#: bf16 and fp16 operands in float32 (spmdsim.base.precision.product), as the estimate's mixed precisions do.
+TAKEN_FROM = {"bf16": "fp32", "fp16": "fp32"}
+
+
+def calibrated_machine(model: CostModel, flops_rates: Mapping[str, float], memory_bandwidth: float,
+                       ranks_per_node: int, memory_bytes: int, host: str) -> Machine:
+    """This machine as a spmdsim.tools.estimate machine: one rank is one "GPU", both levels the measured link.
+
+    Pure. links.*.latency is the fit's shared alpha, links.*.bandwidth 1 / its shared beta (the per-op
+    overrides are not carried), reduction_rate 1 / gamma (none where gamma is 0); peak_flops.fp32 and fp64
+    are `flops_rates`, the measured GEMM rates, so the efficiency cap is 1 (the roofline still slows small
+    products); bf16 and fp16, which every precision but fp64 computes in, are fp32's (`TAKEN_FROM`), as the
+    sources say.
+    """
+    problem = _bandwidth_problem(model)
+    if problem:
+        raise SpmdsimError(problem)
+    link = Link(bandwidth=1.0 / model.beta_s_per_byte, latency=model.alpha_s)
+    peaks = {**{d: float(flops_rates[d]) for d in ("fp64", "fp32")},
+             **{low: float(flops_rates[src]) for low, src in TAKEN_FROM.items()}}
+    sources = (f"spmdsim calibrate on {host}: links.node and links.cluster are the fitted shared alpha (latency) "
+               f"and 1/beta (bandwidth), reduction_rate 1/gamma, algorithm the fit's; {model.source}",
+               "peak_flops.fp64 and fp32: spmdsim.tools.autoshard.cost.measure_flops_rate (192x192 float64 and float32 "
+               "matmul, best of 5), median over the ranks, measured together",
+               "peak_flops.bf16 and fp16: fp32's, not measured (numpy has no bf16 and no BLAS fp16 product; "
+               "spmdsim multiplies both in float32)",
+               "hbm_bandwidth: a contiguous 64 MiB copy (2 bytes moved per byte copied, best of 5), median over "
+               "the ranks, measured together",
+               f"gpus_per_node: the ranks on this node ({ranks_per_node}); memory_bytes: physical memory / ranks")
+    efficiency = GemmEfficiency(1.0, "roofline at the measured rate: peak_flops are achieved, not datasheet "
+                                     "peaks, so the cap is 1")
+    gamma = model.gamma_s_per_byte
+    return Machine(name=f"calibrated-{host}", description=f"{host} as measured by spmdsim calibrate "
+                   f"({ranks_per_node} ranks on the node)", sources=sources, gpus_per_node=ranks_per_node,
+                   memory_bytes=max(memory_bytes, 1), peak_flops=tuple(peaks.items()),
+                   hbm_bandwidth=float(memory_bandwidth), gemm_efficiency=efficiency, node=link, cluster=link,
+                   algorithm=model.algorithm, reduction_rate=1.0 / gamma if gamma > 0 else None)
+
+
+def peaks_line(machine: Machine) -> str:
+    """What a calibrated machine file's peak FLOP/s are, and which were measured (`TAKEN_FROM`)."""
+    peaks = dict(machine.peak_flops)
+    measured = ", ".join(f"{d} {v:.3g}" for d, v in peaks.items() if d not in TAKEN_FROM)
+    taken = ", ".join(f"{d} {peaks[d]:.3g} (={src}'s)" for d, src in TAKEN_FROM.items() if d in peaks)
+    return (f"peak FLOP/s: {measured} measured; {taken}, not measured: numpy has no bf16 and no BLAS fp16 "
+            "product, spmdsim multiplies both in float32")
+
+
+def _bandwidth_problem(model: CostModel) -> str | None:
+    """Why the fit cannot make a machine file (no bandwidth term), or None."""
+    if model.beta_s_per_byte > 0:
+        return None
+    return (f"the fit's beta {model.beta_s_per_byte!r} s/byte gives no bandwidth for --machine-out; expected a "
+            "fit with a bandwidth term (add larger --sizes, or run on a quieter machine)")
+
+
+def _measure_machine(comm: Any, model: CostModel, waiter: Waiter) -> Machine | None:
+    """Every rank measures its GEMM rate and copy bandwidth together; rank 0 gets the machine, others None."""
+    import os
+    import platform
+
+    from ..autoshard.cost import measure_flops_rate
+    from ...runtime.engines.wait import local_ranks
+
+    ranks = local_ranks(comm)
+    waiter.barrier(comm)
+    mine = (measure_flops_rate(dtype=np.float32), measure_flops_rate(dtype=np.float64), measure_memory_bandwidth())
+    rates = engine_of(comm).gather_object(comm, mine, 0)
+    if comm.Get_rank() != 0:
+        return None
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    flops = {"fp32": statistics.median(r[0] for r in rates), "fp64": statistics.median(r[1] for r in rates)}
+    return calibrated_machine(model, flops, statistics.median(r[2] for r in rates), ranks, physical // ranks,
+                              platform.node() or "localhost")
+
+
+def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement],
+          machine: Machine | None = None) -> str | None:
+    """Write the measurements, the model and the machine file (rank 0); why that failed, or None."""
+    where = args.measurements
+    try:
+        if args.measurements:
+            with open(args.measurements, "w") as fh:
+                json.dump([dataclasses.astuple(m) for m in data], fh)
+        if not args.dry_run:
+            where = args.output or str(default_path())
+            path = model.save(args.output)
+            print(f"saved to {path}")
+        if machine is not None:
+            where = args.machine_out
+            print(f"machine file saved to {save_machine(machine, args.machine_out)}")
+            print("\n".join(wrap_lines([peaks_line(machine)])))
+    except OSError as exc:
+        # Checked before measuring; this is the disk filling up or the path changing meanwhile.
+        return f"cannot write {where!r}: {exc.strerror or exc}"
+    return None
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="time raw MPI collectives and fit the alpha-beta cost model (run under mpiexec)",
+        description="Time raw mpi4py collectives over a few sizes and group sizes, fit the "
+                    "alpha-beta cost model (spmdsim.programs.cost) and save it. Run under MPI, e.g. "
+                    "timeout -k 5 300 mpiexec -n 8 spmdsim calibrate",
+    )
+    parser.add_argument("--sizes", default=_DEFAULT_SIZES,
+                        help=f"per-rank buffer sizes (default {_DEFAULT_SIZES})")
+    parser.add_argument("--group-sizes", default=None,
+                        help="comma-separated group sizes (default 2, 4, ... and the world size)")
+    parser.add_argument("--ops", default=_DEFAULT_OPS, help=f"collectives (default {_DEFAULT_OPS})")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--wait", choices=("busy", "polite", "auto"), default=None,
+                        help="how ranks wait in a collective (default $SPMDSIM_WAIT or auto)")
+    parser.add_argument("--output", default=None,
+                        help=f"where to save (default $SPMDSIM_COST_FILE or {default_path()})")
+    parser.add_argument("--measurements", default=None,
+                        help="also write the raw (op, g, bytes, seconds) list to this JSON file")
+    parser.add_argument("--machine-out", default=None, metavar="PATH",
+                        help="also write this machine's machine file (spmdsim.tools.estimate): the fitted link, "
+                             "the measured GEMM rate and copy bandwidth, the ranks on this node")
+    parser.add_argument("--dry-run", action="store_true", help="fit and print, do not save")
+    parser.set_defaults(func=run)
+

@@ -1,0 +1,379 @@
+"""`spmdsim launch -n N [--timeout S] -- COMMAND...`: mpiexec with dependable settings.
+
+Runs the mpiexec that belongs to this Python's mpi4py under a timeout and
+returns its exit code (124 on timeout, like coreutils `timeout`; 128 + N when
+a signal N killed mpiexec itself, as a shell says). For the
+child it sets, unless already set:
+
+* ``SPMDSIM_WAIT`` (``--wait``; default auto = polite wait when ranks outnumber cores);
+* ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` to
+  cores // N (at least 1): BLAS thread pools of 8 oversubscribed ranks made a
+  measured job 20x slower (docs/oversubscription.md);
+* ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (unless any glibc
+  malloc variable is set): freed result buffers stay in the heap (spmdsim.base.malloc);
+* ``SPMDSIM_EXPECT_WORLD=N``, so a Mesh fails loudly under a foreign mpiexec.
+
+A job killed from outside (a rank's SIGKILL, the timeout) leaves its MPI
+shared-memory segment in /dev/shm (MPICH: ``mpich_shm_*``, 8 MB). While the job
+runs, launch notes the /dev/shm files its processes map; when it has ended it
+removes those that still exist and did not exist before it started, and also
+the MPI segments (``mpich_shm_*``, ``sm_segment.*``) made while it ran that no
+process holds open or mapped any more (a rank killed within one poll of its
+MPI_Init is never seen mapping its segment), and says so in one line. Nothing
+else in /dev/shm is touched (older files, other live jobs' segments).
+
+A leading ``python``/``python3`` in COMMAND becomes this interpreter. This
+module never imports mpi4py (it asks ``python -m mpi4py --mpi-library``).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from ...base.malloc import glibc_env
+from ...base.threads import THREAD_VARS, thread_cap
+from ...errors import RuntimeMismatchError, SpmdsimError
+from ...runtime.debug import add_cli_arguments
+from ...base.validate import counted
+from ...base.typed_numbers import flag_float, typed
+
+__all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
+
+_KILL_GRACE_S = 5.0
+
+#: Words an MPI launcher's --version output contains (MPICH/Hydra, Open MPI/PRRTE,
+#: Intel MPI, Slurm's srun, Cray's aprun, IBM's jsrun, Flux); anything else is not one.
+_LAUNCHER_WORDS = ("mpi", "hydra", "prte", "pmix", "orte", "slurm", "aprun", "alps", "jsrun", "flux")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="run a command under mpiexec with oversubscription-safe settings and a timeout",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("-n", "--np", dest="ranks", type=int, required=True, help="number of MPI ranks")
+    p.add_argument("--timeout", type=flag_float, default=600.0, help="seconds before the job is killed (default 600)")
+    p.add_argument("--wait", choices=("auto", "busy", "polite"), default=None,
+                   help="collective wait mode (default: $SPMDSIM_WAIT or auto)")
+    p.add_argument("--mpiexec", default=None, help="mpiexec to use (default: the one beside this Python)")
+    # Not --no-check: --check is the divergence guard, as in `spmdsim run`.
+    p.add_argument("--no-mpi-check", action="store_true", help="skip the mpiexec/mpi4py MPI match check")
+    add_cli_arguments(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each rank runs")
+    p.set_defaults(func=run)
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """The venv's mpiexec (beside sys.executable), else the first on PATH."""
+    if explicit:
+        found = shutil.which(explicit)
+        if not found:
+            raise SpmdsimError(f"--mpiexec {explicit!r} is not an executable program "
+                               "(a path, or a name on PATH); expected an MPI launcher such as mpiexec")
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise RuntimeMismatchError("no mpiexec found beside this Python or on PATH; install the 'mpi' extra")
+    return found
+
+
+def _family(text: str) -> str | None:
+    text = text.lower()
+    if "open mpi" in text or "openrte" in text or "libmpi.so.4" in text or "open-mpi" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text or "intel(r) mpi" in text or "libmpi.so.12" in text:
+        return "mpich"
+    return None
+
+
+#: Open MPI counts one slot per core and refuses more ranks unless told to
+#: oversubscribe; these ask for it without a command-line flag (Open MPI 5's
+#: PRRTE reads the first, 4.x the second). A value the user set wins.
+OPENMPI_OVERSUBSCRIBE = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                         "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def check_same_mpi(mpiexec: str) -> str | None:
+    """Raise RuntimeMismatchError when mpiexec and mpi4py's library clearly differ in family.
+
+    Returns the launcher's family ("mpich", "openmpi") or None when it cannot tell.
+    """
+    # Both probes at once: each is a process start-up (~0.2-1 s on a loaded machine).
+    probes: list[subprocess.Popen] = []
+    try:
+        probes.append(subprocess.Popen([sys.executable, "-m", "mpi4py", "--mpi-library"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        probes.append(subprocess.Popen([mpiexec, "--version"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+        lib = probes[0].communicate(timeout=30)[0].strip()
+        ver = probes[1].communicate(timeout=30)[0]
+    except (OSError, subprocess.TimeoutExpired):
+        for proc in probes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return None  # cannot tell; SPMDSIM_EXPECT_WORLD still catches a mismatch at run time
+    if not any(word in ver.lower() for word in _LAUNCHER_WORDS):
+        # Every MPI launcher names itself on --version; another program (e.g.
+        # /bin/true) would "run" the job without starting a rank and exit 0.
+        first = (ver.strip().splitlines() or [""])[0][:60]
+        raise RuntimeMismatchError(
+            f"mpiexec {mpiexec!r} is not an MPI launcher: its --version output "
+            f"{first!r} names no MPI; pass --mpiexec with mpiexec or mpirun "
+            "(or --no-mpi-check to skip this check)"
+        )
+    lib_family, exec_family = _family(os.path.basename(lib)), _family(ver)
+    if lib_family and exec_family and lib_family != exec_family:
+        raise RuntimeMismatchError(
+            f"mpiexec {mpiexec!r} is {exec_family} but mpi4py uses {lib!r} ({lib_family}); "
+            "pass --mpiexec or activate the matching environment"
+        )
+    return exec_family
+
+
+def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
+    """The child environment: wait mode, BLAS thread caps, glibc heap thresholds, expected world size."""
+    env = dict(os.environ if base is None else base)
+    if wait is not None:
+        env["SPMDSIM_WAIT"] = wait
+    else:
+        env.setdefault("SPMDSIM_WAIT", "auto")
+    threads = str(thread_cap(ranks))
+    for var in THREAD_VARS:
+        env.setdefault(var, threads)
+    env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
+    return glibc_env(env)
+
+
+def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]:
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SpmdsimError("launch needs a command after '--', e.g. spmdsim launch -n 8 -- python prog.py")
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    elif shutil.which(command[0]) is None:  # else mpiexec prints its own failure once per rank
+        where = "file" if os.sep in command[0] else "program on PATH"
+        raise SpmdsimError(f"launch: command {command[0]!r} is not an executable {where}; "
+                           "expected e.g. spmdsim launch -n 8 -- python prog.py")
+    return [mpiexec, "-n", str(ranks), *command]
+
+
+#: Most ranks `spmdsim launch` starts: the mpiexec it runs starts every rank as a process of this machine (as
+#: many as --ranks simulates as threads: spmdsim.runtime.sim.run.MAX_RANKS).
+MAX_LAUNCH_RANKS = 4096
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.ranks <= MAX_LAUNCH_RANKS:  # -n 99999 started mpiexec, which forked until out of files
+        raise SpmdsimError(f"-n {args.ranks} must be a number of ranks from 1 to {MAX_LAUNCH_RANKS:,} "
+                           "(each one a process of this machine)")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SpmdsimError(f"--timeout {typed(args.timeout)} must be a positive, finite number of seconds")
+    if args.watchdog is not None:  # refused here, not in N ranks after the launch
+        from ...runtime.debug import watchdog_setting
+
+        watchdog_setting(args.watchdog, "--watchdog")
+    mpiexec = find_mpiexec(args.mpiexec)
+    cmd = build_command(mpiexec, args.ranks, args.command)
+    family = None if args.no_mpi_check else check_same_mpi(mpiexec)
+    env = launch_env(args.ranks, args.wait)
+    if family == "openmpi" and args.ranks > (os.cpu_count() or 1):
+        for var, value in OPENMPI_OVERSUBSCRIBE.items():
+            env.setdefault(var, value)
+    # The debug flags reach every rank through the environment the runtime reads.
+    if args.check:
+        env["SPMDSIM_CHECK"] = "1"
+    if args.watchdog is not None:
+        env["SPMDSIM_WATCHDOG"] = str(args.watchdog)
+    return run_with_timeout(cmd, env, args.timeout)
+
+
+def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
+    """Run cmd in its own process group; on timeout SIGTERM the group, then SIGKILL; 124.
+
+    Shared-memory segments the job left behind are removed afterwards (`_SegmentWatch`).
+    """
+    watch = _SegmentWatch()
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    except OSError as exc:
+        raise SpmdsimError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
+    try:
+        # With no watchdog, a job that times out may be ranks waiting in a collective one skipped: say how to see.
+        hint = "" if env.get("SPMDSIM_WATCHDOG") else (
+            "; ranks waiting in a collective another rank skipped? --watchdog SECONDS names them")
+        return _wait(proc, timeout, watch, hint)
+    finally:
+        removed = watch.remove_left()
+        if removed:
+            print(f"spmdsim: removed {counted(len(removed), 'shared-memory segment')} the job left: "
+                  f"{', '.join(removed)}", file=sys.stderr)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: str = "") -> int:
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            watch.note(proc.pid)
+            left = deadline - time.monotonic()
+            try:
+                return _exit_status(proc.wait(timeout=max(0.0, min(left, _WATCH_INTERVAL_S))))
+            except subprocess.TimeoutExpired:
+                if left <= _WATCH_INTERVAL_S:
+                    raise
+    except subprocess.TimeoutExpired:
+        print(f"spmdsim: error: job exceeded the {timeout:g} s timeout; killing it{hint}", file=sys.stderr)
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        return 124
+    except KeyboardInterrupt:
+        _kill_group(proc, signal.SIGINT)
+        try:
+            proc.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        return 130
+
+
+def _exit_status(returncode: int) -> int:
+    """mpiexec's exit code, or 128 + N when a signal N ended it, as a shell and coreutils `timeout` report it.
+
+    Popen gives -N for a signal: returned as is, it became exit status 256 - N (247 for an mpiexec killed with
+    SIGKILL, which no shell convention reads as a signal).
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+_SHM = "/dev/shm"
+#: How often the job's maps are read: MPI creates its segment at MPI_Init and
+#: keeps it mapped for the job's life, so a job alive this long is seen.
+_WATCH_INTERVAL_S = 0.2
+#: The names MPI gives its node segments (MPICH's, Open MPI's): the files launch may remove without having
+#: seen its job map them (`_SegmentWatch.orphans`).
+_MPI_SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
+
+
+class _SegmentWatch:
+    """The /dev/shm files a job's processes map, noted while it runs (Linux /proc; else nothing)."""
+
+    def __init__(self) -> None:
+        self.before = self._names()
+        self.seen: set[str] = set()
+
+    @staticmethod
+    def _names() -> set[str]:
+        try:
+            return set(os.listdir(_SHM))
+        except OSError:
+            return set()
+
+    def note(self, root: int) -> None:
+        """Add the /dev/shm files mapped by `root` and its descendants now."""
+        for pid in _descendants(root):
+            try:
+                with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        at = line.find(_SHM + "/")
+                        if at >= 0:
+                            name = line[at + len(_SHM) + 1:].split()[0]
+                            if "/" not in name and name not in self.before:
+                                self.seen.add(name)
+            except OSError:
+                continue  # the process ended meanwhile
+
+    def orphans(self) -> set[str]:
+        """MPI segments new since the job started that no process on this machine holds open or mapped.
+
+        The maps are read every _WATCH_INTERVAL_S, so a rank that dies within one poll of its MPI_Init (a
+        crash at start-up, a SIGKILL) is never seen mapping its segment: three of three such jobs left
+        MPICH's 2 MB segment behind. A segment no process holds can never be attached again (MPI opens it
+        by name only while its creator maps it), so removing it takes nothing from a live job.
+        """
+        new = {name for name in self._names() - self.before - self.seen
+               if name.startswith(_MPI_SEGMENT_PREFIXES)}
+        return new - _held(new) if new else set()
+
+    def remove_left(self) -> list[str]:
+        """Remove the noted files and the orphaned new MPI segments that still exist and are this user's."""
+        removed = []
+        for name in sorted(self.seen | self.orphans()):
+            path = os.path.join(_SHM, name)
+            try:
+                if os.stat(path).st_uid == os.getuid():
+                    os.unlink(path)
+                    removed.append(name)
+            except OSError:
+                continue  # gone already: the job ended normally and removed it
+        return removed
+
+
+def _held(names: set[str]) -> set[str]:
+    """Those of `names` (in /dev/shm) that some process has open or mapped (/proc/PID/fd and maps)."""
+    paths = {os.path.join(_SHM, name): name for name in names}
+    held: set[str] = set()
+    try:
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit()]
+    except OSError:
+        return set(names)  # cannot tell: keep them all
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    at = line.find(_SHM + "/")
+                    if at >= 0 and line[at:].split()[0] in paths:
+                        held.add(paths[line[at:].split()[0]])
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # ended meanwhile, or another user's process (its files are not ours to remove)
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if target in paths:
+                held.add(paths[target])
+    return held
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it (/proc/PID/task/TID/children), root first."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,413 @@
+"""`spmdsim plan`: the redistribution steps between two layouts, with bytes per rank.
+
+    spmdsim plan --device-matrix 8 --alias x --from "x,None" --to "None,x" --shape 1024,1024
+    spmdsim plan --device-matrix 2,2,2 --alias a,b,c --from "(a,b,c),None" \\
+        --to-device-matrix 8 --to-alias x --to "None,x" --shape 64,64 --json
+    mpiexec -n 8 spmdsim run redistribute --device-matrix 8 --alias x --from "x,None" \\
+        --to "None,x" --shape 64,64
+
+Planning is pure; `run_redistribute` (called by `spmdsim run redistribute`)
+executes the plan under MPI and checks every rank's block bit-exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from ...errors import ShapeError, SpmdsimError
+from ...layouts.layout import Layout, TensorLayout, default_axis_names
+from ...layouts.slicing import CUTS
+from ...programs.plan import plan_redistribution
+from ...programs.plan.summary import FOLD_RANKS
+from ...base.validate import counted
+from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, flag_ints, indivisible, parse_int_list,
+                    parse_name_list, parse_partition_spec, parse_tensor_map, with_partial_axes)
+from ...runtime.engines import engine_of
+from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
+
+__all__ = [
+    "register",
+    "run",
+    "add_plan_arguments",
+    "add_redistribute_arguments",
+    "layouts_from_args",
+    "run_redistribute",
+    "MAX_PLAN_DEVICES",
+]
+
+#: Most devices `plan` takes (as `slices`, `explain` and `show`). Planning and
+#: --explain are linear in the devices (exchanges past 2**16 sender choices are
+#: folded, --explain past 64 ranks prints traffic per group): about 2 s and
+#: 150 MB at 65,536 (docs/redistribution.md, "At scale").
+MAX_PLAN_DEVICES = 65536
+
+
+class _EachGiven(argparse.Action):
+    """Store the value, and keep every (flag, value) given for it in `<dest>_given`: a flag and its other
+    name (--device-matrix, --placement), or one flag twice, must not silently keep only the last value."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        given = list(getattr(namespace, f"{self.dest}_given", None) or ())
+        setattr(namespace, f"{self.dest}_given", given + [(option_string, values)])
+
+
+def _one_device_matrix(args: argparse.Namespace) -> None:
+    """Refuse --device-matrix and --placement (one flag by two names) given two different device matrices."""
+    given = getattr(args, "device_matrix_given", None) or []
+    for flag, value in given[1:]:
+        first_flag, first = given[0]
+        try:
+            same = parse_int_list(value, flag) == parse_int_list(first, first_flag)
+        except SpmdsimError:
+            same = value == first  # a value that is no list is refused, naming it, when the mesh is built
+        if not same:
+            raise SpmdsimError(f"{first_flag} {first!r} and {flag} {value!r} give two device matrices "
+                               "(--placement is another name for --device-matrix); give one")
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Source/target layout, shape and dtype flags (shared by `plan` and `run redistribute`)."""
+    g = parser.add_argument_group("layouts")
+    g.add_argument("--device-matrix", "--placement", dest="device_matrix", required=True, metavar="N,..",
+                   action=_EachGiven,
+                   help="e.g. 8 or 2,2,2 (--placement: the same, as OneFlow and `spmdsim show` call it)")
+    g.add_argument("--alias", metavar="NAME,..", help="axis names (default axis_0,axis_1,..)")
+    g.add_argument("--from", dest="from_map", metavar="MAP", help='source tensor map, e.g. "x,None"')
+    g.add_argument("--to", dest="to_map", metavar="MAP", help='target tensor map, e.g. "None,(sp,dp)"')
+    g.add_argument("--from-partial", metavar="NAME,..", help="source axes holding pending sums")
+    g.add_argument("--to-partial", metavar="NAME,..", help="target axes holding pending sums")
+    g.add_argument("--from-sbp", metavar="SBP", help='source nD SBP over the device matrix, e.g. "S(0),B"')
+    g.add_argument("--to-sbp", metavar="SBP", help="target nD SBP over the target device matrix")
+    g.add_argument("--from-placements", metavar="P",
+                   help='source PyTorch DTensor placements over the device matrix, e.g. "S(0),R"')
+    g.add_argument("--to-placements", metavar="P", help="target DTensor placements over the target device matrix")
+    g.add_argument("--from-partition-spec", metavar="SPEC",
+                   help="source JAX PartitionSpec over the device matrix's axis names, e.g. \"('x', None)\"")
+    g.add_argument("--to-partition-spec", metavar="SPEC",
+                   help="target JAX PartitionSpec over the target mesh's axis names")
+    g.add_argument("--from-strategy", metavar="S", help='source .shard strategy, e.g. "((8,1),)"')
+    g.add_argument("--to-strategy", metavar="S", help='target .shard strategy, e.g. "((1,8),)"')
+    g.add_argument("--to-device-matrix", metavar="N,..", help="target device matrix (same device count)")
+    g.add_argument("--to-alias", metavar="NAME,..", help="target axis names")
+    g.add_argument("--cut", choices=CUTS, help="how a dim that does not divide is cut: even (refused), chunk "
+                   "(DTensor's torch.chunk rule) or balanced (sizes differ by at most one)")
+    g.add_argument("--to-cut", choices=CUTS, help="the target's rule, when it differs from --cut")
+    parser.add_argument("--shape", required=True, metavar="N,..", help="global shape, e.g. 1024,1024")
+    parser.add_argument("--dtype", default="float32",
+                        choices=("float32", "float64", "int32", "int64"), help="default float32")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--explain", action="store_true",
+                        help="also say why each step runs, each rank's block before and after, and "
+                             "the bytes each rank sends to each rank")
+
+
+def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
+    from ...runtime.debug import add_cli_arguments
+
+    from .run import add_trace_out
+
+    add_plan_arguments(parser)
+    add_trace_out(parser)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated tensor")
+    add_cli_arguments(parser)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan a redistribution between two layouts (steps, bytes, lower bound)",
+        description="Print the steps that move a tensor from one layout to another, the bytes "
+                    "each rank sends and receives per step, and the total against the lower "
+                    "bound (each rank receives only the part of its target block it lacks).",
+    )
+    add_plan_arguments(parser)
+    parser.add_argument("--show", action="store_true",
+                        help="also draw the layout before and after each step (ASCII, 80 columns)")
+    parser.add_argument("--png", metavar="DIR",
+                        help="write one picture per step into DIR (needs the 'plot' extra)")
+    parser.set_defaults(func=run)
+
+
+def _mesh(matrix: str, alias: str | None, prefix: str = "", flag: str = "") -> Layout:
+    """The mesh of `matrix` (--{prefix}device-matrix's text, or `flag`'s) named by `alias` (--{prefix}alias's)."""
+    flag = flag or f"--{prefix}device-matrix"
+    dims = parse_int_list(matrix, flag)
+    if not dims:
+        raise SpmdsimError(f"{flag} {matrix!r} gives no axis; expected at least one size, such as 2,4")
+    check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
+    if alias is None:
+        return Layout(dims, default_axis_names(len(dims)))
+    names = checked_axis_names(parse_name_list(alias, f"--{prefix}alias"), f"--{prefix}alias {alias!r}",
+                               f"{flag} {matrix!r}", len(dims))  # "" is given, not absent: no names
+    return Layout(dims, names)
+
+
+def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout:
+    tmap, partial = getattr(args, f"{which}_map"), getattr(args, f"{which}_partial")
+    sbp, strategy = getattr(args, f"{which}_sbp"), getattr(args, f"{which}_strategy")
+    placements = getattr(args, f"{which}_placements")
+    spec = getattr(args, f"{which}_partition_spec")
+    given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy),
+                                  ("placements", placements), ("partition-spec", spec)) if v is not None]
+    if len(given) != 1:  # it said "give exactly one of ..., got []" (or "got ['map', 'sbp']", no flag's name)
+        side = "source" if which == "from" else "target"
+        flags = " and ".join(f"--{which}" + ("" if f == "map" else f"-{f}") for f in given)
+        both = "both" if len(given) == 2 else "all"
+        raise SpmdsimError(
+            (f"no {side} layout given" if not given else f"{flags} {both} give the {side} layout")
+            + f"; expected one of --{which}, --{which}-sbp, --{which}-placements, --{which}-partition-spec "
+            f"and --{which}-strategy"
+        )
+    if strategy is not None and which == "to" and (args.to_device_matrix is not None or args.to_alias is not None):
+        # A strategy brings its own device matrix; the target mesh flags would be dropped.
+        raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
+                           "expected no --to-device-matrix or --to-alias with it")
+    if strategy is not None:
+        from ...layouts.dialects.strategy import strategy_to_layout
+
+        # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
+        # target's are to_0, to_1, ... so the report tells the two meshes apart.
+        tl = strategy_to_layout(strategy, world)
+        if which == "to":
+            tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
+    elif spec is not None:
+        from ...layouts.dialects.partition_spec import partition_spec_to_layout
+
+        tl = partition_spec_to_layout(parse_partition_spec(spec), mesh.device_matrix, ndim, mesh.alias_name)
+    elif sbp is not None:
+        from ...layouts.dialects.sbp import sbp_to_layout
+
+        tl = sbp_to_layout(sbp, mesh.device_matrix, ndim, mesh.alias_name)
+    elif placements is not None:
+        from ...layouts.dialects.dtensor import placements_to_layout
+
+        tl = placements_to_layout(placements, mesh.device_matrix, ndim, mesh.alias_name)
+    else:
+        tl = mesh(*parse_tensor_map(tmap))
+    if partial:
+        axes = parse_name_list(partial, f"--{which}-partial")
+        if tmap is not None:  # the user wrote the map: the layout's own refusal names it
+            return tl.with_partial(tuple(tl.partial) + axes)
+        flag, value = next((f"--{which}-{form}", v) for form, v in (
+            ("sbp", sbp), ("strategy", strategy), ("placements", placements), ("partition-spec", spec))
+            if v is not None)
+        return with_partial_axes(tl, axes, f"{flag} {value!r}", lambda axis: f"--{which}-partial {axis!r}")
+    return tl
+
+
+def _renamed(tl: TensorLayout, names: dict[str, str]) -> TensorLayout:
+    """`tl` with its mesh axes renamed (the same device matrix and sharding)."""
+    def entry(axes: tuple[str, ...]) -> Any:
+        return None if not axes else tuple(names.get(a, a) for a in axes)
+
+    mesh = Layout(tl.layout.device_matrix, tuple(names.get(a, a) for a in tl.layout.alias_name))
+    return mesh(*(entry(axes) for axes in tl.tensor_map)).with_partial(
+        tuple(names.get(a, a) for a in tl.partial))
+
+
+def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLayout, tuple, str]:
+    """(source, target, shape, dtype) from the flags."""
+    _one_device_matrix(args)
+    shape = flag_ints(args.shape, "--shape", 0)  # "shape (8, -8) must not have negative sizes" named no flag
+    source_mesh = _mesh(args.device_matrix, args.alias)
+    if args.to_device_matrix is not None:
+        target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
+    elif args.to_alias is not None:
+        target_mesh = _mesh(args.device_matrix, args.to_alias, "to-", "--device-matrix")
+    else:
+        target_mesh = source_mesh
+    world = source_mesh.num_devices
+    # Before the maps: a map naming the source's axes on a target of another size
+    # would otherwise be reported as an unknown alias.
+    if target_mesh.num_devices != world:
+        raise SpmdsimError(
+            f"--to-device-matrix {args.to_device_matrix!r} has {counted(target_mesh.num_devices, 'device')} "
+            f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
+        )
+    source_side = _side(args, "from", source_mesh, len(shape), world)
+    if args.to_device_matrix is not None and args.to_alias is None:
+        _check_target_names(args, source_mesh, target_mesh)
+    sides = {"from": source_side, "to": _side(args, "to", target_mesh, len(shape), world)}
+    cuts = {"from": args.cut, "to": args.to_cut or args.cut}
+    if args.cut is None and any(getattr(args, f"{which}_placements") and indivisible(tl, shape)
+                                for which, tl in sides.items()):
+        # DTensor placements cut a dim that does not divide as DTensor does (torch.chunk's rule), unasked, as
+        # `spmdsim slices` reads them; the other side takes the same rule where it can (an even-only strategy
+        # or SBP keeps its own), so that the two differ only where the placements do.
+        for which in sides:
+            if cuts[which] is None and not any(getattr(args, f"{which}_{form}") for form in ("strategy", "sbp")):
+                cuts[which] = "chunk"
+    source, target = (_cut(args, which, sides[which], cuts[which]) for which in ("from", "to"))
+    _check_alias_used(args)
+    even_only = any(getattr(args, f"{which}_{form}") for which in sides for form in ("strategy", "sbp"))
+    for which, tl in (("from", source), ("to", target)):
+        if getattr(args, f"{which}_placements") and indivisible(tl, shape):
+            from ...layouts.dialects.dtensor import check_uneven_shards
+
+            check_uneven_shards(tl, shape)  # where DTensor would cut piece by piece otherwise: one line
+        try:
+            tl.check_shape(shape)
+        except ShapeError as exc:  # a dim an even layout cannot cut: name the rules that can (the strategy and
+            # SBP forms cut evenly only: their refusal of --cut says what to write instead)
+            if even_only or not indivisible(tl, shape):
+                raise
+            raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") \
+                from None
+    return source, target, shape, args.dtype
+
+
+def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_mesh: Layout) -> None:
+    """Refuse a target that names --alias's axes over a --to-device-matrix without --to-alias: that mesh is
+    another one, its axes named axis_0, axis_1, ...; the refusal ("unknown alias 'x' in tensor map ...;
+    expected one of ('axis_0', 'axis_1')") did not say why or name --to-alias."""
+    for flag, text, parse in (("--to", args.to_map, parse_tensor_map),
+                              ("--to-partition-spec", args.to_partition_spec, parse_partition_spec),
+                              ("--to-partial", args.to_partial, lambda t: parse_name_list(t, "--to-partial"))):
+        if text is None:
+            continue
+        used = [a for entry in parse(text) for a in ((entry,) if isinstance(entry, str) else entry or ())]
+        theirs = [a for a in used if a not in target_mesh.alias_name and a in source_mesh.alias_name]
+        if theirs:
+            count = target_mesh.ndim
+            raise SpmdsimError(
+                f"{flag} {text!r} names {theirs[0]!r}, an axis of --alias {args.alias!r}, but --to-device-matrix "
+                f"{args.to_device_matrix!r} gives the target a mesh of its own, whose axis names are "
+                f"{', '.join(target_mesh.alias_name)} unless --to-alias gives others; expected --to-alias with "
+                f"{counted(count, 'name')}, one per axis of --to-device-matrix")
+
+
+def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
+    """`tl` cutting dims by rule `cut` (docs/semantics.md, "Uneven shards"); a strategy or an SBP cuts evenly."""
+    if cut is None or cut == tl.layout.cut:
+        return tl
+    for flag, why in (("strategy", "MindSpore cuts every dim evenly"), ("sbp", ONEFLOW_EVEN)):
+        if getattr(args, f"{which}_{flag}"):
+            raise SpmdsimError(f"--{which}-{flag} cannot take cut {cut!r}: {why}; "
+                               f"write that side as --{which}, --{which}-placements or --{which}-partition-spec")
+    return TensorLayout(tl.layout.with_cut(cut), tl.tensor_map, tl.partial)
+
+
+def _check_alias_used(args: argparse.Namespace) -> None:
+    """Refuse --alias when no side is written over --device-matrix's axes (it would be dropped).
+
+    A strategy brings its own device matrix, and the target uses its own mesh
+    when --to-device-matrix or --to-alias is given.
+    """
+    if args.alias is None:
+        return
+    source_uses = not args.from_strategy
+    target_uses = not (args.to_strategy or args.to_device_matrix or args.to_alias)
+    if not (source_uses or target_uses):
+        raise SpmdsimError(
+            f"--alias {args.alias!r} names no axis used here: the source is a .shard strategy "
+            "(it brings its own device matrix and axis names) and the target is written over "
+            "its own mesh; expected no --alias, or a source/target written over --device-matrix"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "png", None) is not None:
+        from .paths import check_output_dir
+
+        from ...programs.viz.png import require_matplotlib
+
+        check_output_dir(args.png, "--png")  # before the report: no traceback after it
+        require_matplotlib()
+    source, target, shape, dtype = layouts_from_args(args)
+    plan = plan_redistribution(source, target, shape, dtype)
+    print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
+    if getattr(args, "show", False) and not args.json:
+        from ...programs.viz import render_plan_ascii
+
+        print()
+        print(render_plan_ascii(plan), end="")
+    if getattr(args, "png", None) is not None:
+        from ...programs.viz import render_plan_png
+
+        paths = render_plan_png(plan, args.png)
+        paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
+        if not args.json:
+            print(f"wrote {counted(len(paths), 'picture')} to {args.png}")
+            if plan.num_ranks > FOLD_RANKS:
+                print(f"(moves_NN.png and bytes.png are drawn up to {FOLD_RANKS} ranks; "
+                      "--explain gives the traffic per group)")
+    return 0
+
+
+def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
+    """With --ranks `ranks`: the command line's checks before the banner (_execute repeats them on every rank)."""
+    from .run import check_ranks, check_seed, check_trace_out, check_watchdog
+
+    check_watchdog(args)
+    check_trace_out(args)
+    check_seed(args)
+    source, _, _, _ = layouts_from_args(args)
+    check_ranks(source.layout, f"--device-matrix {args.device_matrix!r}", ranks)
+
+
+def run_redistribute(args: argparse.Namespace) -> int:
+    """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
+    from ...runtime.engines import world
+    from .run import guarded
+
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
+    return guarded(lambda: _execute(args, comm), comm, args)
+
+
+def _execute(args: argparse.Namespace, comm: Any) -> int:
+    from time import perf_counter
+
+    from ...layouts.datagen import SeededTensor
+    from ...runtime.dtensor import DTensor
+    from ...runtime.executor import redistribute
+    from ...runtime.mesh import Mesh
+    from ...runtime.trace import collect_trace
+
+    from ...programs.memory import redistribute_need, shard_multiples
+    from ...runtime.budget import check_memory
+    from .run import check_seed, check_trace_out
+
+    check_trace_out(args)
+    check_seed(args)
+    source, target, shape, dtype = layouts_from_args(args)
+    plan = plan_redistribution(source, target, shape, dtype)
+    check_memory(comm, f"redistribute {source} -> {target}",
+                 lambda s: redistribute_need(source, target, s, dtype), shape,
+                 shard_multiples(source, target), "--shape")
+    mesh = Mesh(source.layout, comm)
+    seeded = SeededTensor(shape, dtype, seed=args.seed)
+    x = DTensor.from_seeded(mesh, source, seeded)
+    with collect_trace() as trace:
+        began = perf_counter()
+        y = redistribute(x, target, plan)
+        ended = perf_counter()
+    verdict = y.check(seeded, rtol=0.0, atol=0.0)
+    if args.trace_out:
+        from ...runtime.trace_export import write_chrome_trace
+
+        write_chrome_trace(comm, trace, args.trace_out, began, ended)
+    received = engine_of(comm).all_reduce_object(comm, sum(e.bytes_received for e in trace.entries), "max")
+    from ...runtime.ranked import gather_ranked
+
+    # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").
+    calls = gather_ranked(comm, [f"{(e.label or e.op).replace('redistribute', 'step', 1)}: sent "
+                                 f"{e.bytes_sent:,} B, received {e.bytes_received:,} B"
+                                 for e in trace.entries] or ["none"])
+    if comm.Get_rank() == 0:
+        if args.json:
+            record = plan_record(plan, args)
+            record.update(passed=bool(verdict.passed), max_abs_error=float(verdict.max_abs_error),
+                          measured_bytes_received_per_rank=int(received))
+            print(json.dumps(record))
+        else:
+            print(plan_text(plan, args))
+            print("collectives:")
+            print("\n".join("  " + line for line in calls))
+            print(f"measured bytes received per rank (max): {received:,} B")
+            print(f"{verdict}  {'PASS' if verdict.passed else 'FAIL'}")
+    return 0 if verdict.passed else 1
+

@@ -1,0 +1,94 @@
+"""`spmdsim show`: a picture of a layout (ASCII in the terminal, PNG/SVG with --png)."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from ...errors import SpmdsimError
+from ...programs.viz.ascii import render_layout_ascii
+from ...programs.viz.model import layout_picture
+from .cases import add_case_arguments, case_from_args
+
+__all__ = ["register", "run", "MIN_WIDTH"]
+
+#: Narrowest --width: a grid cell with its rank label and border needs about this much.
+MIN_WIDTH = 20
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "show",
+        help="draw a layout: tensor blocks with their ranks and the device matrix",
+        description=(
+            "Draw the global tensor cut into blocks, each labelled by the ranks that hold "
+            "it (r0,1 = replicas, r0+1 = partial terms to add) and its shard number (#0, #1, ...), "
+            "then the device matrix with each rank's shard. ASCII by default; --png FILE "
+            "also writes a matplotlib picture (.png or .svg)."
+        ),
+    )
+    add_case_arguments(parser)
+    parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
+    parser.add_argument("--name", default=None,
+                        help="the tensor's name in titles (default x, or the --operand)")
+    parser.add_argument("--matmul", action="store_true",
+                        help='with a MatMul --strategy such as "((1,2),(2,1))" and --shape M,K,N: draw '
+                             "x, w and out side by side and each rank's partial sum with numbers")
+    parser.add_argument("--width", type=int, default=80,
+                        help=f"terminal columns (default 80, at least {MIN_WIDTH})")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.width < MIN_WIDTH:
+        raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least {MIN_WIDTH} columns")
+    if args.matmul:
+        return _matmul(args)
+    case = case_from_args(args)
+    if args.png is not None:
+        from ...programs.viz.png import check_picture_path, require_matplotlib
+        from .paths import check_output_file
+
+        # Fail before printing anything: the ASCII picture comes first.
+        check_output_file(check_picture_path(args.png, "--png"), "--png")
+        require_matplotlib()
+    name = args.name or getattr(args, "operand", None) or "x"
+    picture = layout_picture(case.tensor_layout, case.shape, name)
+    print(render_layout_ascii(picture, width=args.width), end="")
+    if args.png is not None:
+        from ...programs.viz.png import render_layout_png
+
+        path = render_layout_png(picture, args.png)
+        print(f"wrote {path}")
+    return 0
+
+
+def _matmul(args: argparse.Namespace) -> int:
+    """`show --matmul`: the three tensors of a MatMul strategy and its partial sums."""
+    from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
+    from ...programs.viz.matmul import matmul_ascii
+    from .cases import parse_int_list
+
+    if not args.strategy or len(parse_strategy(args.strategy)) != 2:
+        raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
+                           + (f"got {args.strategy!r}" if args.strategy else "and none was given"))
+    mkn = parse_int_list(args.shape or "", "--shape")
+    if len(mkn) != 3:
+        raise SpmdsimError(f"--matmul takes --shape M,K,N, got {args.shape!r}")
+    strategy = parse_strategy(args.strategy)
+    world = args.world_size or math.prod(strategy[0]) * strategy[1][-1]
+    layouts = matmul_layouts(strategy, world)
+    for tl, shape in ((layouts.x, mkn[:2]), (layouts.w, mkn[1:]), (layouts.out, (mkn[0], mkn[2]))):
+        tl.check_shape(shape)
+    if args.png is not None:
+        from ...programs.viz.png import check_picture_path, require_matplotlib
+        from .paths import check_output_file
+
+        check_output_file(check_picture_path(args.png, "--png"), "--png")
+        require_matplotlib()
+    print(matmul_ascii(layouts, mkn, args.width), end="")
+    if args.png is not None:
+        from ...programs.viz.matmul import render_matmul_png
+
+        print(f"wrote {render_matmul_png(layouts, mkn, args.png)}")
+    return 0

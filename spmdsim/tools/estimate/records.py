@@ -1,0 +1,34 @@
+"""The rows a step's ledger is made of: pure, frozen values every module of spmdsim.tools.estimate shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LEVELS", "Transfer"]
+
+#: Where a message travels: between ranks of one node (NVLink-class links) or across nodes (the network).
+LEVELS = ("node", "cluster")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """`count` calls of one collective (or point-to-point message) one rank takes part in.
+
+    kind: "allgather", "reduce_scatter", "allreduce", "alltoall", "alltoallv", "bcast" (the names of
+        spmdsim.programs.cost.model.OPS) or "send" / "recv" (point-to-point);
+    group: ranks in the communicator (2 for a message);
+    nbytes: the call's per-rank buffer as spmdsim.programs.cost.model takes it (the gathered output of an
+        allgather, the unreduced input of a reduce_scatter, the buffer of an allreduce, the message);
+    level: "node" when every member is on this rank's node, else "cluster";
+    phase: "layers" (tensor/sequence-parallel collectives inside the forward and backward),
+        "gradients" (data-parallel sums, ZeRO-1's buckets) or "pipeline" (messages between stages);
+    count: how many such calls one step makes;
+    sent: bytes this rank sends in one such call (what its trace recorded; 0 for a receive).
+    """
+
+    kind: str
+    group: int
+    nbytes: int
+    level: str
+    phase: str
+    count: int = 1
+    sent: int = 0
