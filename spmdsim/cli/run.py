@@ -82,7 +82,7 @@ DRY_RUN_EXPLAINS_NOTHING = ("--explain shows what each rank holds and which coll
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "run", help="run one distributed operator under MPI and check it",
+        "run", help="run one distributed operator on MPI or simulated ranks and check it",
         description="Run one operator on generated data (each rank makes only its shards), "
                     "print the per-rank layout, the collectives and bytes, the max error and "
                     "PASS/FAIL. Launch with mpiexec -n N.",
