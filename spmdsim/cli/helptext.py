@@ -36,17 +36,15 @@ EXAMPLES: dict[str, str] = {
     "run linear": "spmdsim run linear --parallel row --shape 64,200,72 --ranks 8",
     "run embedding": "spmdsim run embedding --mode vocab --shape 10,4,1000,48 --ranks 8",
     "run mlp": "spmdsim run mlp --shape 24,96,360 --activation relu --ranks 8",
-    "run redistribute": ('spmdsim run redistribute --device-matrix 2,4 --alias dp,tp --from "dp,None" '
-                         '--to "None,tp" --shape 64,64 --ranks 8'),
+    "run redistribute": ("spmdsim run redistribute --device-matrix 2,2 --alias x,y --from x,y --to y,x "
+                         "--shape 8,8 --ranks 4"),
     "launch": "spmdsim launch -n 4 --timeout 120 -- spmdsim run mlp --shape 24,96,360",
     "plan": 'spmdsim plan --device-matrix 8 --alias x --from "x,None" --to "None,x" --shape 1024,1024',
     "convert": 'spmdsim convert --device-matrix 2,4 --alias dp,mp --tensor-map "mp,None" --shape 8,6',
     "estimate": "spmdsim estimate gpt --layers 8 --hidden 512 --heads 8 --tp 2 --pp 2 --dp 2",
     "autoshard": "spmdsim autoshard --network mlp --devices 8",
-    "calibrate": ("timeout -k 5 300 mpiexec -n 2 spmdsim calibrate --sizes 1K,64K --ops allreduce "
-                  "--repeats 3 --dry-run"),
-    "mpirun": ('spmdsim mpirun -n 4 -c "from mpi4py import MPI; c = MPI.COMM_WORLD; '
-               'print(c.rank, c.allreduce(c.rank))"'),
+    "calibrate": "timeout -k 5 300 mpiexec -n 2 spmdsim calibrate --sizes 1K,64K --ops allreduce --dry-run",
+    "mpirun": 'spmdsim mpirun -n 4 -c "from mpi4py import MPI; print(MPI.COMM_WORLD.allreduce(1))"',
 }
 
 #: The line above each command's example in its --help.
