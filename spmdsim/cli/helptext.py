@@ -14,7 +14,7 @@ __all__ = ["GROUPS", "EXAMPLES", "EXAMPLE_HEAD", "ExampleFormatter", "add_exampl
 
 #: The commands by what a user wants to do, in the order `spmdsim --help` lists them.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("learn: who holds which block, and why an operator communicates",
+    ("learn how layouts, collectives and pipelines work",
      ("slices", "explain", "show", "demo", "collective", "pipeline")),
     ("run and check a sharded program", ("run", "launch")),
     ("plan moves between layouts", ("plan", "convert")),

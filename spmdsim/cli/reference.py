@@ -73,7 +73,7 @@ def flag_entry(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if action.option_strings:
         spellings = formatter._format_action_invocation(action).split(", ")
     else:
-        spellings = [formatter._metavar_formatter(action, action.dest)(1)[0]]
+        spellings = [_positional(action)]
     names = ", ".join(f"`{spelling}`" for spelling in spellings)
     text = formatter._expand_help(action) if action.help else ""
     if isinstance(action, argparse._SubParsersAction):
@@ -85,6 +85,11 @@ def flag_entry(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
             and "default" not in text):
         text = f"{text} (default {default})" if text else f"default {default}"
     return f"| {_cell(names)} | {_cell(_escaped(' '.join(text.split())))} |"
+
+
+def _positional(action: argparse.Action) -> str:
+    """A positional argument as --help names it: its metavar, its choices ({gpt}) or its dest."""
+    return argparse.HelpFormatter("spmdsim")._metavar_formatter(action, action.dest)(1)[0]
 
 
 def _cell(text: str) -> str:
@@ -99,12 +104,13 @@ def _section(root: argparse.ArgumentParser, words: tuple[str, ...], helps: dict[
     parser = _parser_of(root, words)
     example, prose = _split_description(parser)
     parts = [f"{'#' * (2 if len(words) < 2 else 3)} spmdsim {' '.join(words)}".rstrip()]
-    if words and helps.get(" ".join(words)):
-        parts.append(_fill(_escaped(helps[" ".join(words)][:1].upper() + helps[" ".join(words)][1:]) + "."))
+    summary = helps.get(" ".join(words), "")
+    if summary:
+        parts.append(_fill(_escaped(summary[:1].upper() + summary[1:]) + "."))
     if example:  # a command too long for one line of prose in a block of its own
         line = f"Example: `{example}`"
         parts.append(line if len(line) <= WIDTH else f"Example:\n\n```sh\n{example}\n```")
-    if prose and words and prose.rstrip(".").lower() != helps.get(" ".join(words), "").lower():
+    if prose and words and prose.rstrip(".").lower() != summary.lower():
         parts.append(_fill(_escaped(prose)))
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
@@ -113,7 +119,7 @@ def _section(root: argparse.ArgumentParser, words: tuple[str, ...], helps: dict[
             rows = "\n".join(flag_entry(parser, a) for a in actions)
             if rows in seen:
                 first = seen[rows]
-                names = ", ".join("/".join(f"`{s}`" for s in a.option_strings or [a.dest]) for a in actions)
+                names = ", ".join("/".join(f"`{s}`" for s in a.option_strings or [_positional(a)]) for a in actions)
                 parts.append(_fill(f"{title}: as [`spmdsim {' '.join(first)}`](#{_anchor(first)}) takes them "
                                    f"({names})."))
             else:
@@ -127,8 +133,8 @@ def _index(root: argparse.ArgumentParser) -> str:
     helps = one_liners(root)
     rows = ["| Task | Command | What it does |", "| --- | --- | --- |"]
     for title, names in GROUPS:
-        for name in names:
-            rows.append(f"| {title.split(':')[0]} | [`spmdsim {name}`](#{_anchor((name,))}) | "
+        for at, name in enumerate(names):  # the task named on its first row
+            rows.append(f"| {'' if at else title} | [`spmdsim {name}`](#{_anchor((name,))}) | "
                         f"{_escaped(helps[name]).replace('|', '/')} |")
     return "## Commands by task\n\n" + "\n".join(rows)
 
