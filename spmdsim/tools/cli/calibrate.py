@@ -501,12 +501,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--group-sizes", default=None,
                         help="comma-separated group sizes (default 2, 4, ... and the world size)")
     parser.add_argument("--ops", default=_DEFAULT_OPS, help=f"collectives (default {_DEFAULT_OPS})")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each case, the median of the slowest rank's "
+                        "times kept (default 7)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs before them (default 2)")
     parser.add_argument("--wait", choices=("busy", "polite", "auto"), default=None,
                         help="how ranks wait in a collective (default $SPMDSIM_WAIT or auto)")
     parser.add_argument("--output", default=None,
-                        help=f"where to save (default $SPMDSIM_COST_FILE or {default_path()})")
+                        help="where to save (default $SPMDSIM_COST_FILE, else ~/.cache/spmdsim/cost.json; "
+                             "$XDG_CACHE_HOME in place of ~/.cache when set)")
     parser.add_argument("--measurements", default=None,
                         help="also write the raw (op, g, bytes, seconds) list to this JSON file")
     parser.add_argument("--machine-out", default=None, metavar="PATH",

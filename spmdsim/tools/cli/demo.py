@@ -29,8 +29,7 @@ TOO_FEW_RAN = 3
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "demo", help="run every scenario of the source documents (MindSpore, OneFlow, Paddle) and "
-                     "print a summary table",
+        "demo", help="run the scenarios of MindSpore's, OneFlow's and Paddle's docs, each checked",
         description="Run the scenarios of the source documents (MindSpore MatMul strategies and Layout tuples, "
                     "Paddle split / Megatron layers, the fused MLP) on generated data, each "
                     "checked against its numpy reference.",

@@ -98,7 +98,7 @@ def register(subparsers: Any) -> None:
                         help="how the dry run routes (it has no router values): balanced (default), or worst (every "
                              "token to experts 0..k-1)")
     parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"),
-                        help="default bf16-mixed")
+                        help="the widths the ledger prices each tensor at (default bf16-mixed)")
     parser.add_argument("--machine", default="a100-dgx",
                         help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
                              "path (spmdsim calibrate --machine-out)")

@@ -16,26 +16,34 @@ from ...base.once_parser import OnceParser
 from ...base.output import output_error, quiet_stdout
 from ...base.threads import launcher_rank
 from ...errors import SpmdsimError, fold_message
+from .helptext import GROUPS, add_examples, command_list
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser", "output_error"]
 
-#: Subcommand modules under spmdsim.tools.cli, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
-                                 "plan", "autoshard", "collective", "mpirun", "pipeline", "estimate")
+#: Subcommand modules under spmdsim.tools.cli, in the order `--help` lists them (by task: helptext.GROUPS).
+SUBCOMMANDS: tuple[str, ...] = tuple(name for _, names in GROUPS for name in names)
+
+#: The first line of `spmdsim --help`'s description.
+DESCRIPTION = "Run and check tensor-parallel programs on plain CPUs, with MPI or simulated ranks."
 
 
 def build_parser(commands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:
     """The parser of `commands` (each module imported to register it: every one for --help)."""
     parser = OnceParser(
         prog="spmdsim",
-        description="Run and check tensor-parallel programs on plain CPUs with MPI.",
+        epilog="`spmdsim COMMAND --help` shows a command's flags, with an example first.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the command list as command_list wrote it
     )
     from ... import __version__
 
     parser.add_argument("--version", action="version", version=f"spmdsim {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Listed by task in the description (command_list), not in argparse's one flat list.
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
     for name in commands:
         importlib.import_module(f"{__package__}.{name}").register(subparsers)
+    parser.usage = "%(prog)s [-h] [--version] COMMAND ..."  # (after add_subparsers, which names prog from it)
+    parser.description = f"{DESCRIPTION}\n\n{command_list(parser)}"
+    add_examples(parser)
     _mark_usage(parser)
     return parser
 

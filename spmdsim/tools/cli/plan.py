@@ -97,7 +97,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--to-cut", choices=CUTS, help="the target's rule, when it differs from --cut")
     parser.add_argument("--shape", required=True, metavar="N,..", help="global shape, e.g. 1024,1024")
     parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "int32", "int64"), help="default float32")
+                        choices=("float32", "float64", "int32", "int64"),
+                        help="element type, whose width sets the bytes (default float32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--explain", action="store_true",
                         help="also say why each step runs, each rank's block before and after, and "

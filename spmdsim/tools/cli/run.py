@@ -82,7 +82,7 @@ DRY_RUN_EXPLAINS_NOTHING = ("--explain shows what each rank holds and which coll
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "run", help="run one distributed operator under MPI and check it",
+        "run", help="run one distributed operator on MPI or simulated ranks and check it",
         description="Run one operator on generated data (each rank makes only its shards), "
                     "print the per-rank layout, the collectives and bytes, the max error and "
                     "PASS/FAIL. Launch with mpiexec -n N.",
@@ -106,14 +106,15 @@ def register(subparsers: Any) -> None:
     mm.add_argument("--transpose-b", action="store_true", help="W is stored (N, K)")
     lin = _op(ops, "linear", "column- or row-parallel Linear with bias over every rank")
     lin.add_argument("--shape", required=True, help="M,K,N: X (M, K), W (K, N)")
-    lin.add_argument("--parallel", choices=("column", "row"), default="column")
+    lin.add_argument("--parallel", choices=("column", "row"), default="column",
+                     help="split W's output columns or its input rows (default column)")
     lin.add_argument("--gather-out", action="store_true",
                      help="Allgather the column output into whole rows (the default with "
                           "--front paddle, as Paddle's split() gather_out=True)")
     lin.add_argument("--no-gather-out", action="store_true",
                      help="keep the column output split, no communication (the default with "
                           "--front megatron, as ColumnParallelLinear gather_output=False)")
-    lin.add_argument("--no-bias", action="store_true")
+    lin.add_argument("--no-bias", action="store_true", help="a Linear without bias")
     lin.add_argument("--front", choices=("megatron", "paddle"), default="megatron",
                      help="megatron: ColumnParallelLinear / RowParallelLinear (column output "
                           "stays split by default); paddle: distributed.split(x, (K, N), "
@@ -121,14 +122,16 @@ def register(subparsers: Any) -> None:
                           "Same implementation underneath")
     emb = _op(ops, "embedding", "vocab-parallel (Allreduce) or dim-parallel (Allgather) Embedding")
     emb.add_argument("--shape", required=True, help="ID_DIMS...,VOCAB,DIM, e.g. 10,4,1000,48")
-    emb.add_argument("--mode", choices=("vocab", "dim"), default="vocab")
+    emb.add_argument("--mode", choices=("vocab", "dim"), default="vocab",
+                     help="split the table's vocabulary rows or its embedding columns (default vocab)")
     emb.add_argument("--front", choices=("megatron", "paddle"), default="megatron",
                      help="megatron: VocabParallelEmbedding / ParallelEmbedding; paddle: "
                           "distributed.split(ids, (VOCAB, DIM), \"embedding\"), each rank's "
                           "table rows plus a zero padding row (vocab only)")
     mlp = _op(ops, "mlp", "ColumnParallelLinear -> activation -> RowParallelLinear")
     mlp.add_argument("--shape", required=True, help="M,H,F: X (M, H), inner width F")
-    mlp.add_argument("--activation", choices=("gelu", "relu"), default="gelu")
+    mlp.add_argument("--activation", choices=("gelu", "relu"), default="gelu",
+                     help="the activation between the two layers (default gelu)")
     _add_redistribute(ops)
     parser.set_defaults(func=run, _parser=parser)
 
