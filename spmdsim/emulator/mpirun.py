@@ -350,7 +350,7 @@ def _raised_by_emulator(exc: BaseException) -> bool:
 
     frames = traceback.extract_tb(exc.__traceback__)
     here = os.path.dirname(os.path.abspath(__file__))
-    ours = (here + os.sep, os.path.join(os.path.dirname(here), "sim") + os.sep)
+    ours = (here + os.sep, os.path.join(os.path.dirname(here), "runtime", "sim") + os.sep)
     return bool(frames) and frames[-1].filename.startswith(ours)
 
 

@@ -499,13 +499,13 @@ def _count_step(optimizer: Any) -> None:
 def _capturing() -> bool:
     """Whether this thread captures a step now (spmdsim.runtime.replay), outside a kernel; no import while
     nothing captures."""
-    replay = sys.modules.get(__package__ + ".runtime.replay")
+    replay = sys.modules.get("spmdsim.runtime.replay")
     return replay is not None and replay.capturing()
 
 
 def _is_scalar(value: Any) -> bool:
     """Whether `value` is a spmdsim.runtime.replay.Scalar (none exists before that module is loaded)."""
-    replay = sys.modules.get(__package__ + ".runtime.replay")
+    replay = sys.modules.get("spmdsim.runtime.replay")
     return replay is not None and isinstance(value, replay.Scalar)
 
 
