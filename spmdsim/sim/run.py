@@ -13,6 +13,7 @@ from ..context import RankContext
 from ..engines import memory
 from ..errors import SpmdsimError
 from ..validate import as_int
+from . import rank_sleep
 from .engine import Aborted, SimulationError, World, ranks_text
 from .thread_engine import THREADS, Member
 
@@ -315,8 +316,9 @@ def _add_note(exc: BaseException, note: str) -> None:
 
 
 class _simulating:
-    """While any simulation runs: BLAS on one thread, whole lines on the streams (and its ranks' arrays are
-    never on huge pages: spmdsim.buffers uses its pool only outside simulated ranks).
+    """While any simulation runs: BLAS on one thread, whole lines on the streams, ``time.sleep`` that gives a
+    rank's run slot away while it sleeps (spmdsim.sim.rank_sleep) (and its ranks' arrays are never on huge
+    pages: spmdsim.buffers uses its pool only outside simulated ranks).
 
     Counted, so that two simulations side by side share the switch and the last one to end
     restores what was there.
@@ -344,8 +346,9 @@ class _simulating:
             blas = contextlib.ExitStack()
             if self._slots > 1 and not _threads.threads_set_by_user():
                 blas.enter_context(_threads.blas_threads(1))
-            cls._saved = (blas, sys.stdout, sys.stderr)
+            cls._saved = (blas, sys.stdout, sys.stderr, time.sleep)
             sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
+            time.sleep = rank_sleep.sleep  # a rank that sleeps lets another compute
 
     def __exit__(self, *exc: object) -> None:
         cls = _simulating
@@ -353,8 +356,9 @@ class _simulating:
             cls._count -= 1
             if cls._count:
                 return
-            blas, out, err = cls._saved
+            blas, out, err, sleep = cls._saved
             cls._saved = None
+            time.sleep = sleep
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, _Lines):
                     stream.flush_all()
