@@ -25,6 +25,7 @@ __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 #: is refused before any thread starts (spmdsim.sim.thread_limits).
 MAX_RANKS = 4096
 MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for
+STOP_S = 1.0  # interrupted (Ctrl-C, SIGTERM): how long the ranks get, all together, to stop at their next wait
 
 
 def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, **kwargs: Any) -> list:
@@ -157,12 +158,14 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                             raise memory.MemoryLimitError(why)
         except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
-            # Short of memory, a rank inside numpy may not reach its next wait before the
-            # machine runs out: give them all half a second together, then leave (daemon threads).
-            deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else 1e9)
+            # The ranks that reach a wait stop there; one computing may not reach its next wait soon (short of
+            # memory, before the machine runs out; on SIGTERM, before `timeout -k` kills the process): give them
+            # all STOP_S together (half a second short of memory), then leave (daemon threads). Each rank got a
+            # second of its own: 8 ranks in a loop held a terminated `spmdsim mpirun` 8 s.
+            deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
             for t in threads:
                 try:
-                    t.join(max(0.0, min(1.0, deadline - time.monotonic())))
+                    t.join(max(0.0, deadline - time.monotonic()))
                 except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
                     break
             raise
