@@ -13,8 +13,8 @@ each rank's own answer, never another rank's. Outside a simulation (under MPI
 a rank is a process) and on one rank it is just ``fn(*args)``.
 
 `fn` must be local work (no collectives): a rank that asks while another
-computes the same key and arguments waits for that result (local work always
-finishes, so the wait cannot deadlock); if that computation raises, each
+computes the same key and arguments waits for that result, without its run
+slot (local work always finishes, so the wait cannot deadlock); if that computation raises, each
 waiting rank computes its own and raises its own error. The
 first asker's arguments are kept (not copied) to compare the others' with, so
 they must not change in place while other ranks may still ask: replace them
@@ -71,7 +71,7 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
                     entry = [args, _PENDING, 0, threading.Event()]
                     table.setdefault(key, []).append(entry)
                     break
-        entry[3].wait()
+        _wait(state, entry[3])
         if entry[1] is not _PENDING:
             return _take(table, key, entry, state.size)
         # Its computation raised and left the table: look again, and compute if no one else does.
@@ -85,6 +85,17 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
                 _drop(table, key, entry)
         entry[3].set()
     return _take(table, key, entry, state.size)
+
+
+def _wait(state: Any, done: threading.Event) -> None:
+    """Wait for `done` without this rank's run slot (the thread engine's World.stepped_aside): the rank that
+    computes may need one back, after a ``time.sleep`` in `fn` gave its own away."""
+    world = getattr(getattr(state.comm, "_group", None), "world", None)
+    if world is None:
+        done.wait()
+        return
+    with world.stepped_aside(state.rank):
+        done.wait()
 
 
 #: An entry's result while its first asker computes it.

@@ -137,8 +137,12 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     def Is_intra(self) -> bool:
         return True
 
+    #: MPI.<TOPOLOGY> of this kind of communicator, and the attributes that hold its topology: a Dup copies
+    #: them, and ``MPI.Comm.Get_topology(cart)`` reads them, as mpi4py's base classes query the handle.
+    TOPOLOGY, TOPOLOGY_STATE = "UNDEFINED", ()
+
     def Get_topology(self) -> int:
-        return special("UNDEFINED")
+        return special(self.TOPOLOGY)
 
     topology = property(Get_topology)
     is_inter = property(Is_inter)
@@ -241,6 +245,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         slot = self._enter("dup", ("dup",), None, made)
         new = object.__new__(type(self))  # mpi4py's Dup gives the caller's class (pkl5.Intracomm, ...)
         SimComm.__init__(new, slot.shared, self._me)
+        for name in self.TOPOLOGY_STATE:  # a Cartcomm's Dup, Dup_with_info, Idup: a Cartcomm of the same grid
+            setattr(new, name, getattr(self, name))
         self._inherits(new)
         if info is not None and mpi_module() is not None and info != mpi_module().INFO_NULL:
             new.Set_info(info)
@@ -417,21 +423,27 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Free(self) -> None:
         """Free the communicator (this handle then equals MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
-        are permanent: MPI.Exception (MPI.ERR_COMM), as MPICH raises, and they stay usable."""
+        are permanent, and a null communicator is none: MPI.Exception (MPI.ERR_COMM), as MPICH raises (the
+        permanent ones stay usable)."""
         h = self._h
-        if h is not None and h.predefined:
-            text = f"cannot free permanent communicator {h.name}"
+        if h is None or h.predefined:
+            text = "the communicator is MPI.COMM_NULL" if h is None else f"cannot free permanent communicator {h.name}"
             mpi = mpi_module()
             raise mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
-        if h is not None:
-            if h.attrs:
-                self._delete_attrs()
-            h.freed = True
-            self._h = None  # this handle is MPI.COMM_NULL now; a copy (MPI.Comm(c)) keeps the freed one
+        if h.attrs:
+            self._delete_attrs()
+        h.freed = True
+        self._h = None  # this handle is MPI.COMM_NULL now; a copy (MPI.Comm(c)) keeps the freed one
 
     def free(self) -> None:
-        """Free the communicator if it is not null or predefined (mpi4py's free: nothing on those)."""
-        if self._h is not None and not self._h.predefined and not self._h.freed:
+        """Free the communicator if it is not null or predefined (mpi4py's free: nothing on MPI.COMM_WORLD and
+        MPI.COMM_SELF themselves; a copy of one, ``MPI.Comm(MPI.COMM_WORLD)``, becomes MPI.COMM_NULL)."""
+        h = self._h
+        if h is not None and h.predefined:
+            state = _local.simulated()
+            if state is None or self is not state.world_comm and self is not state.self_comm:
+                self._h = None
+        elif h is not None and not h.freed:
             self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..runtime.sim._buffers import mpi_error, mpi_module, special
+from ..runtime.sim._buffers import c_int, int_array, mpi_error, mpi_module, special
 
 __all__ = ["SimGroup", "speak_mpi4py"]
 
@@ -65,7 +65,7 @@ class SimGroup:
     def Translate_ranks(self, ranks: Optional[Sequence[int]] = None, group: Optional["SimGroup"] = None) -> list:
         """Where ranks of this group are in `group` (MPI.UNDEFINED if absent; None: all ranks)."""
         members = _sim(self)._live()._members
-        ranks = range(len(members)) if ranks is None else ranks
+        ranks = range(len(members)) if ranks is None else _ranks(ranks, len(members), "Translate_ranks", True)
         there = None if group is None else _sim(group)._live()._members
         out = []
         for r in ranks:
@@ -90,18 +90,18 @@ class SimGroup:
 
     def Incl(self, ranks: Sequence[int]) -> "SimGroup":
         group = _sim(self)._live()
-        return group._new([group._members[r] for r in ranks])
+        return group._new([group._members[r] for r in _ranks(ranks, len(group._members), "Incl")])
 
     def Excl(self, ranks: Sequence[int]) -> "SimGroup":
         group = _sim(self)._live()
-        drop = set(ranks)
+        drop = set(_ranks(ranks, len(group._members), "Excl"))
         return group._new([m for i, m in enumerate(group._members) if i not in drop])
 
     def Range_incl(self, ranges: Sequence[tuple]) -> "SimGroup":
-        return SimGroup.Incl(self, _ranged(ranges))
+        return SimGroup.Incl(self, _ranged(ranges, _sim(self)._live().size, "Range_incl"))
 
     def Range_excl(self, ranges: Sequence[tuple]) -> "SimGroup":
-        return SimGroup.Excl(self, _ranged(ranges))
+        return SimGroup.Excl(self, _ranged(ranges, _sim(self)._live().size, "Range_excl"))
 
     # mpi4py's set operations are class methods: MPI.Group.Union(group1, group2)
     @classmethod
@@ -165,8 +165,35 @@ class SimGroup:
 _EMPTY = object()  # the handle of every empty group: MPI.GROUP_EMPTY's
 
 
-def _ranged(ranges: Sequence[tuple]) -> list:
-    return [r for first, last, stride in ranges for r in range(first, last + (1 if stride > 0 else -1), stride)]
+def _ranks(ranks: Any, size: int, call: str, proc_null: bool = False) -> list:
+    """`ranks` of a group of `size` as mpi4py and MPICH take them: each an integer (operator.index: a float
+    is mpi4py's TypeError), each a rank of the group (MPI.PROC_NULL too where `proc_null`), else
+    MPI.Exception (MPI.ERR_RANK), as MPICH raises."""
+    ranks = int_array(ranks)
+    null = special("PROC_NULL") if proc_null else None
+    bad = [r for r in ranks if not 0 <= r < size and r != null]
+    if bad:
+        raise _refused("ERR_RANK", f"{call}: rank {bad[0]!r} is not in a group of {size}")
+    return ranks
+
+
+def _ranged(ranges: Sequence[tuple], size: int, call: str) -> list:
+    """The ranks of (first, last, stride) triples, each number a C int as mpi4py takes it (a float truncated:
+    mpi4py's Range_incl takes (0.0, 2.0, 1)); a stride of 0 or a range leaving the group's `size` ranks is
+    MPI.Exception (MPI.ERR_ARG), as MPICH raises."""
+    out = []
+    for triple in ranges:
+        first, last, stride = (c_int(v, f"{call} range {triple!r}") for v in triple)
+        if stride == 0 or not (0 <= first < size and 0 <= last < size):
+            raise _refused("ERR_ARG", f"{call}: range {triple!r} of a group of {size}")
+        out += range(first, last + (1 if stride > 0 else -1), stride)
+    return out
+
+
+def _refused(code: str, text: str) -> BaseException:
+    """MPI.Exception(MPI.<code>) that goes on with `text`, as MPICH raises it; a ValueError without mpi4py."""
+    mpi = mpi_module()
+    return mpi_error(mpi, getattr(mpi, code), text) if mpi is not None else ValueError(text)
 
 
 def _from_real(group: Any) -> tuple:

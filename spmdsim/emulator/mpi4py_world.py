@@ -5,7 +5,7 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the simulated
+Comm, Intracomm, Topocomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the simulated
 classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
@@ -30,10 +30,10 @@ from ._nesting import Nesting
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
-           "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread",
-           "Finalize", "Is_initialized", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer",
-           "Iflush_buffer", "Win", "File", "Session")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm",
+           "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init",
+           "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Attach_buffer", "Detach_buffer",
+           "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -58,11 +58,11 @@ def _simulated(name: str, state: Any) -> Any:
         return self_comm(state)
     if name in ("Comm", "Intracomm"):
         return SimComm
-    if name in ("Cartcomm", "Graphcomm", "Distgraphcomm"):
+    if name in ("Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm"):
         from . import topology
 
-        return {"Cartcomm": topology.SimCartComm, "Graphcomm": topology.SimGraphComm,
-                "Distgraphcomm": topology.SimDistGraphComm}[name]
+        return {"Topocomm": topology._Neighbourhood, "Cartcomm": topology.SimCartComm,
+                "Graphcomm": topology.SimGraphComm, "Distgraphcomm": topology.SimDistGraphComm}[name]
     if name == "Request":
         from ..runtime.sim.requests import Request
 
@@ -181,7 +181,7 @@ def _attach_buffer(buf: Any) -> None:
 
 
 #: The swapped names whose simulated value is the same for every rank (a class, a constant): found once.
-_SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
+_SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
                                   "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC",
                                   "Attach_buffer", "Iflush_buffer"))
 

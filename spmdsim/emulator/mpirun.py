@@ -397,6 +397,19 @@ def _terminated_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
+def _stopped(code: int) -> int:
+    """`code`, once SIGTERM or Ctrl-C stopped the ranks; where a thread a rank started still runs (no daemon:
+    Python's exit waits for it), the process ends now, its output flushed, as the signal ends an MPI process
+    with its threads (a terminated run went on until `timeout -k` killed it)."""
+    main = threading.main_thread()
+    if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
     from .mpi4py_world import swapped
@@ -449,7 +462,7 @@ def run(n: int, command: Sequence[str]) -> int:
             codes = simulate(n, _rank, kind, what, exits)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
-        return 143
+        return _stopped(143)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         from ..base.output import quiet_stdout
 
@@ -457,7 +470,7 @@ def run(n: int, command: Sequence[str]) -> int:
         return 141
     except KeyboardInterrupt:
         print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
-        return 130
+        return _stopped(130)
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
         return _report(exc, exits)
     finally:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ..runtime.sim._buffers import copy_into, dtype_name, int_array, mpi_error, mpi_module, special
+from ..runtime.sim._buffers import c_int, copy_into, dtype_name, int_array, mpi_error, mpi_module, special
 from .typemap import message, vector
 from .comm import SimComm, comm_null
 from .derived import wmessage
@@ -69,15 +69,13 @@ def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[A
 
 
 def _grid(dims: Sequence[int], periods: Any) -> tuple:
-    """(dims, periods) as tuples; `periods` None (none), one flag for every dimension, or one each
-    (mpi4py's ValueError for another count)."""
-    dims = tuple(int(d) for d in dims)
-    if periods is None or isinstance(periods, (bool, int)):
-        return dims, (bool(periods),) * len(dims)
-    periods = tuple(bool(p) for p in periods)
-    if len(periods) != len(dims):
-        raise ValueError(f"expecting {len(dims)} items, got {len(periods)}")
-    return dims, periods
+    """(dims, periods) as tuples of ints, each read as mpi4py reads an array (operator.index: a float is its
+    TypeError); `periods` None (none), one bool for every dimension, or one each (mpi4py's ValueError for
+    another count)."""
+    dims = tuple(int_array(dims))
+    if periods is None or isinstance(periods, bool):
+        return dims, (int(bool(periods)),) * len(dims)
+    return dims, tuple(int_array(periods, len(dims)))
 
 
 def cart_map(comm: SimComm, dims: Sequence[int], periods: Any = None) -> int:
@@ -95,6 +93,14 @@ class _Neighbourhood(SimComm):
     MPI.PROC_NULL), and `_sent_index`, which of a source's destination blocks is this rank's."""
 
     is_topo = True
+
+    def __new__(cls, comm: Any = None, *args: Any, **kwargs: Any) -> "SimComm":
+        """``MPI.Topocomm(comm)``: a copy of the topology communicator `comm` of its own kind (a Cartcomm's
+        copy knows its grid); a communicator without a topology is mpi4py's TypeError."""
+        if cls is _Neighbourhood and comm is not None:
+            _copyable(comm, _Neighbourhood, "a topology")
+            return object.__new__(type(comm))
+        return object.__new__(cls)
 
     def _inout(self) -> tuple[list, list]:  # pragma: no cover - each topology defines its own
         raise NotImplementedError
@@ -277,10 +283,7 @@ class SimCartComm(_Neighbourhood):
 
     # -- the grid -------------------------------------------------------------------------
 
-    def Get_topology(self) -> int:
-        return special("CART")
-
-    topology = property(Get_topology)
+    TOPOLOGY, TOPOLOGY_STATE = "CART", ("_dims", "_periods")  # SimComm.Get_topology and Dup read them
 
     def Get_dim(self) -> int:
         return len(self._dims)
@@ -288,15 +291,16 @@ class SimCartComm(_Neighbourhood):
     dim = ndim = property(Get_dim)
 
     def Get_topo(self) -> tuple[list, list, list]:
-        """(dims, periods as 0/1, this rank's coordinates), as mpi4py returns them."""
-        return list(self._dims), [int(p) for p in self._periods], self.Get_coords(self.rank)
+        """(dims, periods as given (1 for True), this rank's coordinates), as mpi4py returns them from MPICH."""
+        return list(self._dims), list(self._periods), self.Get_coords(self.rank)
 
     topo = property(Get_topo)
     dims = property(lambda self: list(self._dims))
-    periods = property(lambda self: [int(p) for p in self._periods])
+    periods = property(lambda self: list(self._periods))
     coords = property(lambda self: self.Get_coords(self.rank))
 
     def Get_coords(self, rank: int) -> list:
+        rank = c_int(rank, "rank")
         if not 0 <= rank < self.size:
             raise _error("ERR_RANK", f"Get_coords: rank {rank!r} is outside the grid of {self.size} ranks")
         coords = []
@@ -306,8 +310,7 @@ class SimCartComm(_Neighbourhood):
         return coords[::-1]
 
     def Get_cart_rank(self, coords: Sequence[int]) -> int:
-        if len(coords) != len(self._dims):
-            raise _error("ERR_ARG", f"Get_cart_rank: {len(coords)} coordinates for a grid of {len(self._dims)}")
+        coords = int_array(coords, len(self._dims))
         rank = 0
         for c, d, periodic in zip(coords, self._dims, self._periods):
             if not 0 <= c < d:
@@ -320,7 +323,8 @@ class SimCartComm(_Neighbourhood):
 
     def Shift(self, direction: int, disp: int) -> tuple[int, int]:
         """(source, dest): the ranks `disp` steps back and forward along `direction`
-        (MPI.PROC_NULL past a non-periodic edge)."""
+        (MPI.PROC_NULL past a non-periodic edge); each a C int as mpi4py takes it (a float truncated)."""
+        direction, disp = c_int(direction, "direction"), c_int(disp, "disp")
         if not 0 <= direction < len(self._dims):
             raise _error("ERR_ARG", f"Shift: direction {direction!r} of a grid of {len(self._dims)} dimensions")
         here = self.Get_coords(self.rank)
@@ -354,9 +358,7 @@ class SimCartComm(_Neighbourhood):
 
     def Sub(self, remain_dims: Sequence[Any]) -> "SimCartComm":
         """The grids of the dimensions kept (members that differ only there), as MPI_Cart_sub."""
-        keep = [bool(k) for k in remain_dims]
-        if len(keep) != len(self._dims):
-            raise _error("ERR_ARG", f"Sub: {len(keep)} flags for a grid of {len(self._dims)} dimensions")
+        keep = [bool(k) for k in int_array(remain_dims, len(self._dims))]
         here = self.Get_coords(self.rank)
         color = 0
         for c, d, k in zip(here, self._dims, keep):
@@ -365,11 +367,6 @@ class SimCartComm(_Neighbourhood):
         sub = self._split(color, self.rank, "Sub")
         return SimCartComm(sub, [d for d, k in zip(self._dims, keep) if k],
                            [p for p, k in zip(self._periods, keep) if k])
-
-    def Dup(self, info: Any = None) -> "SimCartComm":
-        return SimCartComm(SimComm.Dup(self, info), self._dims, self._periods)
-
-    Clone = Dup
 
     def __repr__(self) -> str:
         return f"<simulated Cartcomm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
@@ -426,10 +423,7 @@ class SimGraphComm(_Neighbourhood):
         super().__init__(comm)
         self._index, self._edges = tuple(index), tuple(edges)
 
-    def Get_topology(self) -> int:
-        return special("GRAPH")
-
-    topology = property(Get_topology)
+    TOPOLOGY, TOPOLOGY_STATE = "GRAPH", ("_index", "_edges")  # SimComm.Get_topology and Dup read them
 
     def Get_dims(self) -> tuple[int, int]:
         """(nodes, edges)."""
@@ -461,11 +455,6 @@ class SimGraphComm(_Neighbourhood):
     def _inout(self) -> tuple[list, list]:
         neighbours = self.Get_neighbors(self.rank)
         return neighbours, neighbours
-
-    def Dup(self, info: Any = None) -> "SimGraphComm":
-        return SimGraphComm(SimComm.Dup(self, info), self._index, self._edges)
-
-    Clone = Dup
 
     def __repr__(self) -> str:
         return f"<simulated Graphcomm rank {self.rank} of {self.size}, neighbours {self.neighbors}>"
@@ -553,10 +542,7 @@ class SimDistGraphComm(_Neighbourhood):
         self._sources, self._destinations = tuple(sources), tuple(destinations)
         self._weights = None if weights is None else (tuple(weights[0]), tuple(weights[1]))
 
-    def Get_topology(self) -> int:
-        return special("DIST_GRAPH")
-
-    topology = property(Get_topology)
+    TOPOLOGY, TOPOLOGY_STATE = "DIST_GRAPH", ("_sources", "_destinations", "_weights")  # read by SimComm
 
     def Get_dist_neighbors_count(self) -> tuple[int, int, bool]:
         """(indegree, outdegree, weighted)."""
@@ -569,11 +555,6 @@ class SimDistGraphComm(_Neighbourhood):
 
     def _inout(self) -> tuple[list, list]:
         return list(self._sources), list(self._destinations)
-
-    def Dup(self, info: Any = None) -> "SimDistGraphComm":
-        return SimDistGraphComm(SimComm.Dup(self, info), self._sources, self._destinations, self._weights)
-
-    Clone = Dup
 
     def __repr__(self) -> str:
         return (f"<simulated Distgraphcomm rank {self.rank} of {self.size}, sources {list(self._sources)}, "

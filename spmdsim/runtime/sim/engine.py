@@ -26,7 +26,8 @@ failing rank's error.
 
 At most `World.slots` ranks compute at once (the cores, at least 2, at most
 32): a rank holds a run slot from its start, gives it to the next rank in
-line while it waits in a collective and takes one back before it goes on.
+line while it waits in a collective or sleeps (``time.sleep``: spmdsim.runtime.sim.rank_sleep)
+and takes one back before it goes on.
 The interpreter runs one thread's Python at a time anyway; the cap bounds how
 many ranks are inside numpy's BLAS together. OpenBLAS as numpy ships it keeps
 per-caller buffers for 64 threads and past about 128 concurrent callers
@@ -35,15 +36,17 @@ corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ...base.context import current as _context
 from ..engines.base import SimulationError
 from ...errors import RuntimeMismatchError
+from .rank_sleep import real_sleep
 from .rank_threads import RankThreads, _held_lock, _Joined
 from .report import explain, program_lines, timed_out
 
@@ -477,7 +480,7 @@ class World(RankThreads):
             self._spins[key] = [now, now]
             return
         if now - spin[0] >= SPIN_S:  # a tight loop of polls: give the interpreter to the other ranks a while
-            time.sleep(NAP_S)
+            real_sleep(NAP_S)
         spin[1] = now
 
     def _watch_poll(self, key: int, token: Any) -> None:
@@ -574,6 +577,21 @@ class World(RankThreads):
             self._sleep(rank)
         self._granted.discard(rank)
         self._holding.add(rank)
+
+    @contextlib.contextmanager
+    def stepped_aside(self, rank: int) -> Iterator[None]:
+        """Within this block `rank`'s own thread computes nothing (it sleeps: spmdsim.runtime.sim.rank_sleep): the next
+        rank in line takes its run slot, and it takes one back, in line, as the block ends."""
+        with self.lock:
+            gave = rank in self._holding and self.threads.get(rank) == threading.get_ident()
+            if gave:
+                self._give_slot(rank)
+        try:
+            yield
+        finally:
+            if gave:
+                with self.lock:
+                    self._take_slot(rank)
 
     def _give_slot(self, rank: int) -> None:
         if rank not in self._holding:

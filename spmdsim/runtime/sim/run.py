@@ -13,6 +13,7 @@ from ...base.context import RankContext
 from ..engines import memory
 from ...errors import SpmdsimError
 from ...base.validate import as_int
+from . import rank_sleep
 from .engine import Aborted, SimulationError, World, ranks_text
 from .thread_engine import THREADS, Member
 
@@ -24,6 +25,7 @@ __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 #: is refused before any thread starts (spmdsim.runtime.sim.thread_limits).
 MAX_RANKS = 4096
 MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for
+STOP_S = 1.0  # interrupted (Ctrl-C, SIGTERM): how long the ranks get, all together, to stop at their next wait
 
 
 def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, **kwargs: Any) -> list:
@@ -156,12 +158,14 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                             raise memory.MemoryLimitError(why)
         except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
-            # Short of memory, a rank inside numpy may not reach its next wait before the
-            # machine runs out: give them all half a second together, then leave (daemon threads).
-            deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else 1e9)
+            # The ranks that reach a wait stop there; one computing may not reach its next wait soon (short of
+            # memory, before the machine runs out; on SIGTERM, before `timeout -k` kills the process): give them
+            # all STOP_S together (half a second short of memory), then leave (daemon threads). Each rank got a
+            # second of its own: 8 ranks in a loop held a terminated `spmdsim mpirun` 8 s.
+            deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
             for t in threads:
                 try:
-                    t.join(max(0.0, min(1.0, deadline - time.monotonic())))
+                    t.join(max(0.0, deadline - time.monotonic()))
                 except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
                     break
             raise
@@ -315,8 +319,9 @@ def _add_note(exc: BaseException, note: str) -> None:
 
 
 class _simulating:
-    """While any simulation runs: BLAS on one thread, whole lines on the streams (and its ranks' arrays are
-    never on huge pages: spmdsim.base.buffers uses its pool only outside simulated ranks).
+    """While any simulation runs: BLAS on one thread, whole lines on the streams, ``time.sleep`` that gives a
+    rank's run slot away while it sleeps (spmdsim.runtime.sim.rank_sleep) (and its ranks' arrays are never on huge
+    pages: spmdsim.base.buffers uses its pool only outside simulated ranks).
 
     Counted, so that two simulations side by side share the switch and the last one to end
     restores what was there.
@@ -344,8 +349,9 @@ class _simulating:
             blas = contextlib.ExitStack()
             if self._slots > 1 and not _threads.threads_set_by_user():
                 blas.enter_context(_threads.blas_threads(1))
-            cls._saved = (blas, sys.stdout, sys.stderr)
+            cls._saved = (blas, sys.stdout, sys.stderr, time.sleep)
             sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
+            time.sleep = rank_sleep.sleep  # a rank that sleeps lets another compute
 
     def __exit__(self, *exc: object) -> None:
         cls = _simulating
@@ -353,8 +359,9 @@ class _simulating:
             cls._count -= 1
             if cls._count:
                 return
-            blas, out, err = cls._saved
+            blas, out, err, sleep = cls._saved
             cls._saved = None
+            time.sleep = sleep
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, _Lines):
                     stream.flush_all()

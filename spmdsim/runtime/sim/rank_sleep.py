@@ -1,0 +1,39 @@
+"""``time.sleep`` on a simulated rank gives the rank's run slot to the next rank in line while it sleeps.
+
+At most `World.slots` ranks compute at once (spmdsim.runtime.sim.engine: the cores, at least 2). A rank that
+sleeps computes nothing, but held its slot: 8 ranks each sleeping 1 s took 4 s on 2 cores, where 8 MPI
+processes sleep side by side (1 s). While a simulation runs (spmdsim.runtime.sim.run's `_simulating`),
+``time.sleep`` is `sleep` below: on a rank's own thread it gives the slot away
+(`World.stepped_aside`), sleeps, and takes one back in line before it returns; on any other thread
+(the caller's, a thread a rank started, which holds no slot) it is Python's own. Modules that took
+``from time import sleep`` before the simulation started keep Python's own.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...base import context as _local
+
+__all__ = ["sleep", "real_sleep"]
+
+real_sleep = time.sleep  # Python's own, as this module is first imported (spmdsim's own waits use it)
+
+
+def sleep(seconds: float) -> None:
+    """time.sleep(seconds); a simulated rank's own thread sleeps without its run slot."""
+    state = _local.simulated()
+    world = _world_of(state)
+    if world is None:
+        return real_sleep(seconds)
+    with world.stepped_aside(state.rank):
+        real_sleep(seconds)
+    return None
+
+
+def _world_of(state: Any) -> Any:
+    """The thread engine's World of the running rank (None outside one, and in a dry run)."""
+    if state is None or state.dry_run:
+        return None
+    group = getattr(state.comm, "_group", None)
+    return getattr(group, "world", None)

@@ -1,0 +1,85 @@
+"""A simulated rank that sleeps (``time.sleep``) gives its run slot away: 8 ranks sleeping 1 s each sleep side
+by side, as 8 MPI processes do, where at most `World.slots` ranks (the cores, at least 2) compute at once."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from spmdsim.runtime.sim import simulate
+from spmdsim.runtime.sim.engine import run_slots
+from testkit import MPICH
+
+# Each rank's (start, end) of its sleep, by its own clock readings; then a collective: every rank takes a
+# slot back. One write per rank: MPICH may join two ranks' print() lines.
+_PROGRAM = """
+    import sys, time
+    from time import sleep
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    start = time.time()
+    (sleep if comm.rank % 2 else time.sleep)(1.0)
+    end = time.time()
+    total = comm.allreduce(comm.rank)
+    sys.stdout.write(f"sleep {comm.rank} {start!r} {end!r} {total}\\n")
+    """
+
+
+def _overlap(spans: list) -> bool:
+    """Whether every sleep began before any ended: they all ran at once."""
+    return max(start for start, _ in spans) < min(end for _, end in spans)
+
+
+def _spans(out: str, n: int) -> list:
+    found = [line.split() for line in out.split("sleep ")[1:]]
+    assert sorted(int(f[0]) for f in found) == list(range(n)), out
+    assert {int(f[3]) for f in found} == {n * (n - 1) // 2}, out
+    return [(float(f[1]), float(f[2])) for f in found]
+
+
+def test_sleeping_ranks_sleep_side_by_side():
+    # At most run_slots(8) ranks (2 on 2 cores) ran at once, each holding its slot while it slept: the sleeps
+    # ran two by two (8 x 1 s took 4 s). Now each sleep began before any ended.
+    assert run_slots(8) < 8 or pytest.skip("as many cores as ranks: every rank has a slot anyway")
+
+    def rank():
+        start = time.monotonic()
+        time.sleep(1.0)
+        end = time.monotonic()
+        return start, end
+
+    spans = simulate(8, rank)
+    assert _overlap(spans), spans
+    assert time.sleep.__module__ == "time"  # Python's own again once the simulation ended
+
+
+def test_a_sleep_outside_a_rank_and_in_a_ranks_thread_is_pythons():
+    # The caller's thread and a thread a rank starts hold no slot: their sleeps are plain, and the ranks go on.
+    def rank():
+        helper = threading.Thread(target=time.sleep, args=(0.05,))
+        helper.start()
+        helper.join()
+        time.sleep(0)
+        return "done"
+
+    assert simulate(3, rank) == ["done"] * 3
+
+
+def test_mpirun_ranks_sleep_side_by_side_as_under_mpich(tmp_path):
+    script = tmp_path / "sleepers.py"
+    script.write_text(textwrap.dedent(_PROGRAM))
+    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "8", str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    spans = _spans(run.stdout, 8)
+    assert _overlap(spans), spans
+    if MPICH:
+        mpich = subprocess.run(["timeout", "-k", "5", "120", MPICH, "-n", "8", sys.executable, str(script)],
+                               capture_output=True, text=True)
+        assert mpich.returncode == 0, mpich.stderr[-2000:]
+        assert _overlap(_spans(mpich.stdout, 8))
