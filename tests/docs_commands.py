@@ -1,4 +1,4 @@
-"""The commands README.md and docs/lab.md quote, and the outputs they show, for the docs tests.
+"""The commands README.md and the docs pages quote, and the outputs they show, for the docs tests.
 
 A fenced block is a list of commands (continuation lines joined) or, when its
 first line starts with ``$ ``, one command followed by the output it prints.
@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/lab.md", "docs/architecture.md", "docs/pipeline.md", "docs/estimate.md", "docs/experts.md")
+#: The pages whose pure commands tests/test_classroom_docs.py runs (README.md's: tests/test_readme.py).
+DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorials/lab-part2.md",
+        "docs/explanation/architecture.md", "docs/howto/pipelines.md", "docs/howto/estimate.md",
+        "docs/explanation/estimate-published.md",
+        "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
+        "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/reference/operators.md",
+        "docs/explanation/algorithms.md", "docs/howto/simulate.md")
 
 #: Subcommands that run without MPI (the others need mpiexec, or measure for long).
 PURE = ("slices", "explain", "show", "plan", "convert", "pipeline", "estimate")
@@ -170,7 +176,8 @@ def section(doc: str, heading: str) -> list[Quote]:
     """The quotes of `doc` under the heading line `heading` (to the next "## " heading)."""
     text = (ROOT / doc).read_text()
     start = text.count("\n", 0, text.index(heading))
-    stop = text.count("\n", 0, text.index("\n## ", text.index(heading) + 1))
+    after = text.find("\n## ", text.index(heading) + 1)
+    stop = text.count("\n", 0, after if after >= 0 else len(text))
     return [q for q in quotes(doc) if start <= q.line <= stop]
 
 
@@ -281,7 +288,7 @@ def run_long(quote: Quote) -> subprocess.CompletedProcess:
 
 def mpi_long(quote: Quote) -> bool:
     """Whether `quote` is an MPI launch of examples/train_gpt.py marked ``# long``: tests/test_train_docs_mpi.py runs
-    every such command of docs/training.md and docs/replay.md (run_long_together), the pages' other tests the rest."""
+    every such command of docs/howto/train.md and docs/howto/replay.md (run_long_together), the pages' other tests the rest."""
     command, _, note = quote.command.partition("#")
     return quote.mpi is not None and quote.mpi[1][:2] == ["python", "examples/train_gpt.py"] and note.strip() == "long"
 

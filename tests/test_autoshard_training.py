@@ -10,7 +10,7 @@ from spmdsim.autoshard.backward import replay
 from spmdsim.autoshard.runnable import to_network
 from spmdsim.cli.main import main
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "autoshard.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "howto" / "autoshard.md"
 
 
 def _measured_backward(net) -> int:

@@ -1,4 +1,4 @@
-"""Every command README.md and docs/lab.md quote runs, and prints what they quote (pure commands).
+"""Every command README.md and docs/tutorials/lab.md quote runs, and prints what they quote (pure commands).
 
 The MPI commands run in tests/mpi/test_classroom_docs.py at their own rank
 count; the examples in tests/mpi/test_examples.py. The pictures beside a
@@ -62,7 +62,7 @@ def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
 
 class _Ran(dict):
     """{doc: [(quote, (code, out, err))]} for every pure command a doc quotes, run when a doc is first asked for,
-    in one folder (README and lab.md quote some commands twice, with and without their output: each runs once),
+    in one folder (README and docs/tutorials/lab.md quote some commands twice, with and without their output: each runs once),
     and the folder, where the pictures they draw are, under the key "workdir". Run doc by doc, not all at the
     first test: each test's time limit (pytest-timeout) covers its own doc's commands only."""
 
@@ -105,8 +105,8 @@ def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, ran):
             assert why is None, f"{quote.where()}: {why}\n{out}"
         if "--json" not in quote.command:  # JSON stays complete, any width
             assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
-    least = {"docs/architecture.md": 1, "docs/estimate.md": 5, "docs/experts.md": 3}
-    assert len(ran[doc]) >= least.get(doc, 10)  # the lab pages
+    least = {"docs/tutorials/lab.md": 10, "docs/tutorials/lab-part2.md": 5, "docs/tutorials/walkthrough.md": 10}
+    assert len(ran[doc]) >= least.get(doc, 1)  # every page listed quotes commands; the lab pages many
     # quote many
 
 
@@ -185,7 +185,7 @@ def test_a_quoted_error_must_be_near_the_measured_one():
 def test_a_quoted_pytest_command_names_files_this_suite_runs():
     """The docs' `python -m pytest tests/...` lines are not run again here: the files they name are this suite's."""
     named = [q for doc in DOCS for q in quotes(doc) if q.command.startswith("python -m pytest ")]
-    assert named  # docs/architecture.md's import rules
+    assert named  # docs/explanation/architecture.md's import rules
     for quote in named:
         assert any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE), quote.where()
         for path in quote.command.split()[3:]:
@@ -206,9 +206,9 @@ def test_the_examples_left_to_test_sim_cli_are_the_ones_it_runs():
 
 
 def test_the_lab_counts_its_own_exercises():
-    """docs/lab.md's opening said "Sixteen short exercises" (answers "10-16", in-process "13 to 16")
+    """docs/tutorials/lab.md's opening said "Sixteen short exercises" (answers "10-16", in-process "13 to 16")
     over nineteen sections: the count, the answers' range and the in-process range follow the sections."""
-    text = (ROOT / "docs" / "lab.md").read_text()
+    text = (ROOT / "docs" / "tutorials" / "lab.md").read_text()
     last = max(int(n) for n in re.findall(r"^## (\d+)\. ", text, re.M))
     words = {16: "Sixteen", 17: "Seventeen", 18: "Eighteen", 19: "Nineteen", 20: "Twenty"}
     assert text.split("\n\n")[1].startswith(f"{words[last]} short exercises"), last

@@ -1,4 +1,4 @@
-"""docs/simulate.md: its Python example and every command of its bash blocks run and do what it says."""
+"""docs/howto/simulate.md: its Python example and every command of its bash blocks run and do what it says."""
 from __future__ import annotations
 
 import pathlib
@@ -12,13 +12,13 @@ import pytest
 from spmdsim.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOC = (ROOT / "docs" / "simulate.md").read_text()
+DOC = (ROOT / "docs" / "howto" / "simulate.md").read_text()
 COMMANDS = [line for block in re.findall(r"```bash\n(.*?)```", DOC, re.S) for line in block.splitlines() if line]
 
 
 def test_the_python_example_runs_on_8_ranks(capsys):
     code = re.search(r"```python\n(.*?)```", DOC, re.S).group(1)
-    exec(compile(code, "docs/simulate.md", "exec"), {"__name__": "simulate_md"})
+    exec(compile(code, "docs/howto/simulate.md", "exec"), {"__name__": "simulate_md"})
     assert capsys.readouterr().out.strip() == str([(True, {"allreduce": 1})] * 8)
 
 

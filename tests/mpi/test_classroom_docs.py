@@ -1,4 +1,4 @@
-"""The `spmdsim` MPI commands README.md and docs/lab.md quote, run at their own rank count.
+"""The `spmdsim` MPI commands README.md and docs/tutorials/lab.md quote, run at their own rank count.
 
 Each runs in-process under the suite's mpiexec (a launch per command would cost
 seconds on 2 cores); rank 0 checks the output the doc quotes under it. Commands

@@ -131,8 +131,8 @@ def test_readme_library_example_runs_under_mpi(tmp_path, monkeypatch):
 @pytest.mark.parametrize("schedule, replay", [("gpipe", False), ("1f1b", False), ("interleaved", False),
                                               ("interleaved", True)])
 def test_train_gpt_over_a_pipeline_under_mpi(schedule, replay, monkeypatch):
-    """docs/pipeline.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step;
-    with --replay steps 1-2 replay step 0 (docs/replay.md)."""
+    """docs/howto/pipelines.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step;
+    with --replay steps 1-2 replay step 0 (docs/howto/replay.md)."""
     comm = MPI.COMM_WORLD
     if comm.size % 4:
         pytest.skip("pp 2 x tp 2 needs a multiple of 4 ranks")
