@@ -1,7 +1,7 @@
 """OnceParser: the ArgumentParser of spmdsim's commands (the CLI, python -m spmdsim.nets, the scripts).
 
 A module of its own, below the packages: spmdsim.nets uses it without importing spmdsim.cli,
-which imports spmdsim.nets (docs/architecture.md: packages import downwards).
+which imports spmdsim.nets (docs/explanation/architecture.md: packages import downwards).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ _NO_COMMENT = {"spmdsim.reference.ACTIVATIONS", "spmdsim.reference.Region", "spm
 
 
 def _entries() -> list[tuple[Optional[str], str, str]]:
-    """(module, name, text) for each ``- `name`: text`` line of docs/reference/api.md, in order; module is None for the
+    """(module, name, text) for each ``| `name` | text |`` row of docs/reference/api.md, in order; module is None for the
     lines under a heading that names no module (the names the page leaves out, written module.name)."""
     out = []
     module = None
@@ -30,10 +30,10 @@ def _entries() -> list[tuple[Optional[str], str, str]]:
         if line.startswith("## "):
             heading = re.match(r"^## `([\w.]+)`$", line)
             module = heading.group(1) if heading else None
-        elif line.startswith("- `"):
-            entry = re.match(r"^- `([\w.]+)`: (.+)$", line)
-            assert entry, f"docs/reference/api.md: not a '- `name`: line' entry: {line!r}"
-            out.append((module, entry.group(1), entry.group(2)))
+        elif line.startswith("| `"):
+            entry = re.match(r"^\| `([\w.]+)` \| (.+) \|$", line)
+            assert entry, f"docs/reference/api.md: not a '| `name` | line |' row: {line!r}"
+            out.append((module, entry.group(1), entry.group(2).replace("\\|", "|")))
     return out
 
 

@@ -129,7 +129,7 @@ def test_the_pictures_are_made_by_the_commands_beside_them(ran):
     for doc in DOCS:
         text = (ROOT / doc).read_text()
         commands = [q for q in quotes(doc) if q.argv and "--png" in q.argv]
-        for name in re.findall(r"!\[[^\]]*\]\((?:docs/)?img/([\w./]+\.png)\)", text):
+        for name in re.findall(r"!\[[^\]]*\]\((?:docs/|\.\./)?img/([\w./]+\.png)\)", text):
             # `--png NAME.png` (show), or `--png DIR` writing DIR/NAME.png (plan)
             maker = [q for q in commands if q.argv[q.argv.index("--png") + 1] in (name, name.split("/")[0])]
             if not maker:  # drawn under MPI (`spmdsim collective --png DIR`): a command must say how

@@ -58,7 +58,9 @@ def history(text: str) -> list[str]:
 
 
 def too_wide(text: str) -> list[str]:
-    return [f"{number}: {len(line)} characters" for number, line in _prose(text) if len(line) > WIDTH]
+    """Prose lines past WIDTH, but for one that is a single word (a URL): it cannot be wrapped."""
+    return [f"{number}: {len(line)} characters" for number, line in _prose(text)
+            if len(line) > WIDTH and " " in line.strip()]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -84,5 +86,5 @@ def test_the_checks_catch_what_they_name():
     assert history("on tree 1dfb077: 4:40")
     assert history("the ring's rounds, round by round; in 3 rounds; after round 3; each round's sends") == []
     assert history("shard `#2`; 0.75 s; 1e+15; 2**40; it rounds once, as the graph rounds") == []
-    assert too_wide("x" * 101) and not too_wide("| " + "x" * 200 + " |") and not too_wide("```\n" + "x" * 200 + "\n```")
+    assert too_wide("x " * 51) and not too_wide("  (<https://" + "x" * 100 + ">,") and not too_wide("| " + "x" * 200 + " |") and not too_wide("```\n" + "x" * 200 + "\n```")
     assert PERFORMANCE in PAGES and "docs/reference/glossary.md" in PAGES and "docs/index.md" in PAGES

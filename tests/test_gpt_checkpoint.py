@@ -1,4 +1,4 @@
-"""Stopping and resuming the GPT trainer (spmdsim.gpt.checkpoint; docs/howto/train.md, "Stopping and resuming the
+"""Stopping and resuming the GPT trainer (spmdsim.gpt.checkpoint; docs/howto/train-gpt.md, "Stopping and resuming the
 GPT"): a run resumed from a checkpoint steps as the run that never stopped, bit for bit, on simulated ranks; a
 checkpoint that does not fit is refused in one line, alike on every rank; a rank whose own file is wrong stops
 every rank with one line. The MPI case: tests/mpi/test_gpt_mpi.py."""

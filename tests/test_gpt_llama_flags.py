@@ -1,7 +1,7 @@
 """Llama's options (GPTConfig ffn, kv_heads, norm, mlp, tied, positions, bias) as the examples' flags, spelled as
 `spmdsim estimate` spells them (spmdsim.gpt_flags): examples/train_gpt.py and examples/train_moe_gpt.py train
 and check them, a bad one is one line naming the flag, and --save/--resume refuse another architecture while an
-older checkpoint, saved before the options existed, still resumes (docs/howto/train.md, "Llama's options")."""
+older checkpoint, saved before the options existed, still resumes (docs/howto/train-gpt.md, "Llama's options")."""
 from __future__ import annotations
 
 import json

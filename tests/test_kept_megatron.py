@@ -208,7 +208,7 @@ def test_at_bf16_a_row_parallel_sum_left_float32_is_caught(monkeypatch):
 
 
 def test_the_documented_bf16_table_is_what_the_command_prints():
-    """docs/howto/train.md ("Megatron's kept set"): the bf16-mixed table is the documented command's first table,
+    """docs/howto/memory.md ("Megatron's kept set"): the bf16-mixed table is the documented command's first table,
     row for row."""
     pytest.importorskip("ml_dtypes")
     from docs_commands import ROOT, run_quoted

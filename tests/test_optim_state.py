@@ -289,7 +289,7 @@ def test_state_dict_in_a_dry_run_is_refused_in_one_line():
 
 
 def test_the_docs_checkpoint_example_runs():
-    """docs/howto/train.md, "Checkpoints": its example (a run resumed at step 2 against the whole run, on 4 simulated
+    """docs/howto/train-gpt.md, "Checkpoints": its example (a run resumed at step 2 against the whole run, on 4 simulated
     ranks) runs and its assert holds; its quoted refusals are the ones the code says."""
     import pathlib
     import re

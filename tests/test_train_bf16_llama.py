@@ -1,5 +1,5 @@
 """A checked bf16-mixed step of Llama's RMSNorm, SwiGLU and rotary embeddings (spmdsim.gpt.mixed mirrors their
-rounding points; docs/howto/train.md, "Llama's options").
+rounding points; docs/howto/train-gpt.md, "Llama's options").
 
 Each option on dp 2 x tp 2 with sp, under both kept sets: every step passes the check (the tolerances of
 spmdsim.gpt.mixed.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to

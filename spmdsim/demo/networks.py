@@ -1,4 +1,4 @@
-"""Demo scenarios of whole seed networks (`spmdsim.nets`, docs/networks.md).
+"""Demo scenarios of whole seed networks (`spmdsim.nets`, docs/reference/networks.md).
 
 Each runs the full forward pass, redistributing wherever one operator's output
 layout differs from what the next requires, and checks the output against a
