@@ -28,6 +28,17 @@ DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorial
         "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
         "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/reference/operators.md",
         "docs/explanation/algorithms.md", "docs/howto/simulate.md")
+#: Pages of DOCS whose commands are run here only in these sections ("": the part before the first "## "
+#: heading); their other sections' commands run in the tests named beside each page.
+SECTIONS = {
+    "docs/howto/train.md": ("",),  # the rest: tests/test_train_*.py, test_optim_state.py
+    "docs/howto/train-gpt.md": ("## General operators and the GPT",),  # test_train_vocab_docs, test_gpt_*
+    "docs/howto/autoshard.md": ("## At a glance",),  # test_autoshard_*.py
+    "docs/reference/operators.md": ("## Running the operators",),  # test_ops_infer.py, test_docs_hints.py
+    "docs/explanation/algorithms.md": ("## At a glance",),  # test_algorithms_cli.py
+    "docs/howto/simulate.md": ("## At a glance",),  # test_sim_docs.py
+    "docs/howto/choose-configuration.md": ("", "## Choosing a configuration by predicted time"),  # test_autoshard_*
+}
 
 #: Subcommands that run without MPI (the others need mpiexec, or measure for long).
 PURE = ("slices", "explain", "show", "plan", "convert", "pipeline", "estimate")
@@ -170,6 +181,22 @@ def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
         at += 1
         skipping = False
     return None
+
+
+def shown(doc: str) -> list[Quote]:
+    """The quotes of `doc` that tests/test_classroom_docs.py runs: all, or those of its SECTIONS."""
+    if doc not in SECTIONS:
+        return quotes(doc)
+    text = (ROOT / doc).read_text()
+    starts = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(r"^## ", text, re.M)] + [text.count("\n") + 2]
+    spans = []
+    for heading in SECTIONS[doc]:
+        if heading == "":
+            spans.append((0, starts[0]))
+            continue
+        at = text.count("\n", 0, text.index("\n" + heading) + 1) + 1
+        spans.append((at, min(s for s in starts if s > at)))
+    return [q for q in quotes(doc) if any(a <= q.line < b for a, b in spans)]
 
 
 def section(doc: str, heading: str) -> list[Quote]:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here
+from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here, shown
 
 _BIN = pathlib.Path(sys.executable).parent
 # Commands a test here does not run, and why (each must still be quoted as written).
@@ -75,7 +75,7 @@ class _Ran(dict):
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(workdir)  # case files and pictures the commands write land here
             mp.setenv("SPMDSIM_COST_FILE", str(workdir / "no-calibration.json"))  # built-in model
-            for quote in quotes(doc):
+            for quote in shown(doc):
                 if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
                     continue
                 if quote.output is None and _run_by_test_sim_cli(quote.command):
@@ -128,12 +128,12 @@ def test_the_pictures_are_made_by_the_commands_beside_them(ran):
     checked = []
     for doc in DOCS:
         text = (ROOT / doc).read_text()
-        commands = [q for q in quotes(doc) if q.argv and "--png" in q.argv]
+        commands = [q for q in shown(doc) if q.argv and "--png" in q.argv]
         for name in re.findall(r"!\[[^\]]*\]\((?:docs/|\.\./)?img/([\w./]+\.png)\)", text):
             # `--png NAME.png` (show), or `--png DIR` writing DIR/NAME.png (plan)
             maker = [q for q in commands if q.argv[q.argv.index("--png") + 1] in (name, name.split("/")[0])]
             if not maker:  # drawn under MPI (`spmdsim collective --png DIR`): a command must say how
-                assert any("--png" in q.command for q in quotes(doc)), f"{doc}: who draws {name}?"
+                assert any("--png" in q.command for q in shown(doc)), f"{doc}: who draws {name}?"
                 continue
             assert any(q.command == maker[0].command for q, _ in ran[doc]), maker[0].where()
             made, kept = _pixels(ran["workdir"] / name), _pixels(ROOT / "docs" / "img" / name)
@@ -151,7 +151,7 @@ def test_the_pictures_are_made_by_the_commands_beside_them(ran):
 
 
 def test_every_mpiexec_the_docs_quote_runs_under_a_timeout():
-    launched = [q for doc in DOCS for q in quotes(doc) if "mpiexec" in q.command]
+    launched = [q for doc in DOCS for q in shown(doc) if "mpiexec" in q.command]
     assert len(launched) >= 10
     for quote in launched:
         assert re.search(r"(^|&& )timeout -k 5 \d+ mpiexec -n \d+ ", quote.command), quote.where()
@@ -184,7 +184,7 @@ def test_a_quoted_error_must_be_near_the_measured_one():
 
 def test_a_quoted_pytest_command_names_files_this_suite_runs():
     """The docs' `python -m pytest tests/...` lines are not run again here: the files they name are this suite's."""
-    named = [q for doc in DOCS for q in quotes(doc) if q.command.startswith("python -m pytest ")]
+    named = [q for doc in DOCS for q in shown(doc) if q.command.startswith("python -m pytest ")]
     assert named  # docs/explanation/architecture.md's import rules
     for quote in named:
         assert any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE), quote.where()
@@ -196,8 +196,8 @@ def test_the_examples_left_to_test_sim_cli_are_the_ones_it_runs():
     """The docs' `python examples/NAME.py --ranks 8` lines this file leaves out are run by test_sim_cli as written."""
     import test_sim_cli
 
-    left = [q.command for doc in DOCS for q in quotes(doc) if q.output is None and _run_by_test_sim_cli(q.command)]
-    assert len(left) >= 4, left  # README's llama_block, attention and port_* lines
+    left = [q.command for doc in DOCS for q in shown(doc) if q.output is None and _run_by_test_sim_cli(q.command)]
+    assert len(left) >= 3, left  # the llama_block, net_mindspore_tutorial and attention lines
     stems = {path.stem for path in test_sim_cli.EXAMPLES}
     for command in left:
         assert command.split("/")[1].split(".py")[0] in stems, command
@@ -209,7 +209,8 @@ def test_the_lab_counts_its_own_exercises():
     """docs/tutorials/lab.md's opening said "Sixteen short exercises" (answers "10-16", in-process "13 to 16")
     over nineteen sections: the count, the answers' range and the in-process range follow the sections."""
     text = (ROOT / "docs" / "tutorials" / "lab.md").read_text()
-    last = max(int(n) for n in re.findall(r"^## (\d+)\. ", text, re.M))
+    both = text + (ROOT / "docs" / "tutorials" / "lab-part2.md").read_text()
+    last = max(int(n) for n in re.findall(r"^## (\d+)\. ", both, re.M))
     words = {16: "Sixteen", 17: "Seventeen", 18: "Eighteen", 19: "Nineteen", 20: "Twenty"}
     assert text.split("\n\n")[1].startswith(f"{words[last]} short exercises"), last
     assert f"those of 10-{last} under each" in text and f"13 to {last} simulate their ranks" in text

@@ -17,7 +17,8 @@ PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs")
 PERFORMANCE = "docs/explanation/performance.md"
 
 DATE = re.compile(r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b")
-ISSUE = re.compile(r"\b(?:issues?|PR|pull request)\s+#?\d+\b|(?<![\w&`#])#\d+\b", re.I)
+ISSUE = re.compile(r"\b(?:issue|PR|pull request)\s+#?\d+\b|\bissues\s+#?\d+(?:,| and| or|\))|(?<![\w&`#])#\d+\b",
+                   re.I)
 HASH = re.compile(r"(?<![\w.+-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])")
 #: "round" as a time of measuring, not a step of an algorithm ("round by round", "in 3 rounds").
 ROUND = re.compile(r"\brounds \d+\s*(?:-|to|and)\s*\d+|\b(?:latest|last|earlier|previous|recent|later|night's|"
@@ -85,6 +86,7 @@ def test_the_checks_catch_what_they_name():
     assert history("rounds 8-10 on the VM") and history("the latest round gave 1.1x")
     assert history("on tree 1dfb077: 4:40")
     assert history("the ring's rounds, round by round; in 3 rounds; after round 3; each round's sends") == []
+    assert history("as issues 54 and 58 asked") and not history("a step issues 41 collectives")
     assert history("shard `#2`; 0.75 s; 1e+15; 2**40; it rounds once, as the graph rounds") == []
     assert too_wide("x " * 51) and not too_wide("  (<https://" + "x" * 100 + ">,") and not too_wide("| " + "x" * 200 + " |") and not too_wide("```\n" + "x" * 200 + "\n```")
     assert PERFORMANCE in PAGES and "docs/reference/glossary.md" in PAGES and "docs/index.md" in PAGES
