@@ -28,6 +28,8 @@ DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorial
         "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
         "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/reference/operators.md",
         "docs/explanation/algorithms.md", "docs/howto/simulate.md")
+#: The pages whose `timeout -k 5 N mpiexec -n N spmdsim ...` commands tests/mpi/test_classroom_docs.py runs.
+MPI_DOCS = DOCS + ("docs/howto/install.md",)
 #: Pages of DOCS whose commands are run here only in these sections ("": the part before the first "## "
 #: heading); their other sections' commands run in the tests named beside each page.
 SECTIONS = {

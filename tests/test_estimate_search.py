@@ -413,10 +413,10 @@ def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
     assert memory == 76_199_334_912 and peak == 76_702_651_392 and peak < 80 << 30
     from pathlib import Path
 
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    for name, quoted in (("docs/howto/estimate.md", "without interleaving, 100.4 s and {} MiB ({} MiB at its peak), within it "
+    docs = Path(__file__).resolve().parents[1]
+    for name, quoted in (("docs/howto/choose-configuration.md", "without interleaving, 100.4 s and {} MiB ({} MiB at its peak), within it "
                                          "but slower"),
-                         ("docs/howto/autoshard.md", "without interleaving at 100.4 s and {} MiB (70.97 GiB; {} MiB, 71.44 GiB, "
+                         ("docs/howto/choose-configuration.md", "without interleaving at 100.4 s and {} MiB (70.97 GiB; {} MiB, 71.44 GiB, "
                                           "at its peak), which fits")):
         prose = " ".join((docs / name).read_text().split())  # the paragraphs' lines joined
         assert quoted.format(f"{memory / 2 ** 20:,.0f}", f"{peak / 2 ** 20:,.0f}") in prose, name

@@ -214,9 +214,9 @@ def test_the_documented_bf16_table_is_what_the_command_prints():
     from docs_commands import ROOT, run_quoted
 
     command = "python scripts/memory_table.py --kept megatron --precision bf16-mixed"
-    text = (ROOT / "docs/howto/train.md").read_text()
-    start = text.index("### Megatron's kept set")
-    shown = text[start:text.index("\n## ", start)]
+    text = (ROOT / "docs/howto/memory.md").read_text()
+    start = text.index("## Megatron's kept set")
+    shown = text[start:]
     at = shown.index(f"`{command}`")
     table = [line for line in shown[at:].split("\n\n")[1].splitlines()]
     assert table and all(line.startswith("| ") for line in table), table

@@ -294,7 +294,7 @@ def test_the_docs_checkpoint_example_runs():
     import pathlib
     import re
 
-    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs/howto/train.md").read_text()
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs/howto/train-gpt.md").read_text()
     section = doc.split("## Checkpoints: state_dict and load_state_dict\n", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
     exec(compile(code, "docs/howto/train.md", "exec"), {})

@@ -263,7 +263,7 @@ def test_packing_with_a_simulated_communicator_is_refused_with_what_runs_instead
                           "type (expected mpi4py.MPI.Comm, got Intracomm)\n")
     assert err.endswith("\n" + fold_message(REAL_COMM_HINT) + "\n")
     assert all(len(line) <= 100 for line in fold_message(REAL_COMM_HINT).splitlines())
-    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "howto" / "simulate.md").read_text()  # what the doc quotes
+    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "howto" / "mpi4py-lab.md").read_text()  # what the doc quotes
     external = tmp_path / "external.py"
     external.write_text(
         "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
