@@ -26,17 +26,17 @@ DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorial
         "docs/explanation/architecture.md", "docs/howto/pipelines.md", "docs/howto/estimate.md",
         "docs/explanation/estimate-published.md",
         "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
-        "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/reference/operators.md",
-        "docs/explanation/algorithms.md", "docs/howto/simulate.md")
+        "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/explanation/algorithms.md",
+        "docs/howto/simulate.md")
 #: The pages whose `timeout -k 5 N mpiexec -n N spmdsim ...` commands tests/mpi/test_classroom_docs.py runs.
-MPI_DOCS = DOCS + ("docs/howto/install.md",)
+MPI_DOCS = DOCS + ("docs/howto/install.md", "docs/reference/operators.md")
 #: Pages of DOCS whose commands are run here only in these sections ("": the part before the first "## "
 #: heading); their other sections' commands run in the tests named beside each page.
 SECTIONS = {
     "docs/howto/train.md": ("",),  # the rest: tests/test_train_*.py, test_optim_state.py
     "docs/howto/train-gpt.md": ("## General operators and the GPT",),  # test_train_vocab_docs, test_gpt_*
     "docs/howto/autoshard.md": ("## At a glance",),  # test_autoshard_*.py
-    "docs/reference/operators.md": ("## Running the operators",),  # test_ops_infer.py, test_docs_hints.py
+    "docs/reference/operators.md": ("## Running the operators",),  # (MPI_DOCS) test_ops_infer.py, test_docs_hints.py
     "docs/explanation/algorithms.md": ("## At a glance",),  # test_algorithms_cli.py
     "docs/howto/simulate.md": ("## At a glance",),  # test_sim_docs.py
     "docs/howto/choose-configuration.md": ("", "## Choosing a configuration by predicted time"),  # test_autoshard_*
