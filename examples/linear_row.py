@@ -49,7 +49,7 @@ with collect_trace() as trace:
     y = split(x, (k, n), operation="linear", axis=0, num_partitions=p,
               weight_attr=ws, bias_attr=bs)
 
-# Within 2 (k + 1) eps of the magnitudes that entered each output (|x| @ |w| + |b|, docs/semantics.md
+# Within 2 (k + 1) eps of the magnitudes that entered each output (|x| @ |w| + |b|, docs/explanation/semantics.md
 # "Tolerances"), whatever order the ranks summed in.
 rtol, scale = matmul_rounding(xs, ws, bias=bs)
 verdict = y.check(linear_region(xs, ws, bs), rtol=rtol, scale=scale)

@@ -52,7 +52,7 @@ with collect_trace() as trace:
 
 # Check: each rank compares its (16, 512) block with X[rows, :] @ W[:, :] made
 # from the seeds, never the whole result.
-# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/semantics.md "Tolerances"),
+# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/explanation/tolerances.md "Tolerances"),
 # whatever order the ranks summed in.
 rtol, scale = matmul_rounding(xs, ws)
 verdict = y.check(matmul_region(xs, ws), rtol=rtol, scale=scale)

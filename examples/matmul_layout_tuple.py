@@ -50,7 +50,7 @@ w = DTensor.from_seeded(mesh, layout(("sp", "dp"), None), ws)
 with collect_trace() as trace:
     y = matmul(x, w)
 
-# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/semantics.md "Tolerances"),
+# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/explanation/tolerances.md "Tolerances"),
 # whatever order the ranks summed in.
 rtol, scale = matmul_rounding(xs, ws)
 verdict = y.check(matmul_region(xs, ws), rtol=rtol, scale=scale)

@@ -49,7 +49,7 @@ out_layout = out_layout_from_strategy(m.out, (8, 1))
 with collect_trace() as trace:
     y = matmul(x, w, out_layout=out_layout)
 
-# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/semantics.md "Tolerances"),
+# Within 2 k eps of the magnitudes that entered each output (|x| @ |w|, docs/explanation/tolerances.md "Tolerances"),
 # whatever order the ranks summed in.
 rtol, scale = matmul_rounding(xs, ws)
 verdict = y.check(matmul_region(xs, ws), rtol=rtol, scale=scale)

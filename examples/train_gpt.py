@@ -10,27 +10,26 @@ and with --sp sequence parallelism. Every operator is one of spmdsim's general r
 Each step's loss, every gradient and every updated parameter is compared with the same
 model trained in one numpy process (spmdsim.models.gpt.reference); the largest relative
 difference must stay within 1e-10. With --precision bf16-mixed the model computes in bfloat16
-with float32 master weights, and the reference runs under the same policy (docs/training.md,
-"Mixed precision (bf16)"). Llama's architecture is options of the same model, flags spelled as `spmdsim
+with float32 master weights, and the reference runs under the same policy (docs/howto/bf16.md). Llama's architecture is options of the same model, flags spelled as `spmdsim
 estimate` spells them: --ffn N, --kv-heads N, --norm rms, --mlp swiglu, --untied, --rope, --no-bias
-(docs/training.md, "Llama's options"), each checked as the GPT is.
+(docs/howto/train-gpt.md, "Llama's options"), each checked as the GPT is.
 
 Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
   or in bfloat16: python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp --precision bf16-mixed
-  or with GPT-2's odd vocabulary padded to a multiple of 128 x tp, the padded logits masked (docs/training.md):
+  or with GPT-2's odd vocabulary padded to a multiple of 128 x tp, the padded logits masked (docs/howto/train.md):
      python examples/train_gpt.py --ranks 8 --tp 8 --heads 8 --vocab 50257 --pad-vocab-to 1024 --steps 3
   or Llama's architecture (RMSNorm, SwiGLU, grouped-query attention, rotary positions, an untied head, no
      biases): python examples/train_gpt.py --ranks 4 --dp 2 --tp 2 --ffn 352 --kv-heads 2 --norm rms \
          --mlp swiglu --untied --rope --no-bias
-  or stopped and resumed, bit for bit as the run that never stopped (docs/training.md, "Stopping and resuming"):
+  or stopped and resumed, bit for bit as the run that never stopped (docs/howto/train-gpt.md, "Stopping and resuming"):
      python examples/train_gpt.py --ranks 4 --steps 5 --save ckpt && \
      python examples/train_gpt.py --ranks 4 --steps 10 --resume ckpt
-  or over a pipeline (docs/pipeline.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
+  or over a pipeline (docs/howto/pipelines.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
          --microbatches 4 --schedule 1f1b
      (its layers split as Megatron's --decoder-first/last-pipeline-num-layers split them: --first-stage-layers N,
      --last-stage-layers N; or every stage's: --layers 3 --stage-layers 1,2)
-  or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
+  or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/howto/simulate.md, "Dry runs"):
      python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \
          --d-model 1024 --heads 16 --seq 1024 --batch 2048
 """
@@ -84,13 +83,13 @@ parser.add_argument("--recompute", default="none", metavar="{none,selective,full
                     help="activation recomputation: the attention core (selective) or each block (full)")
 parser.add_argument("--zero", default="0", metavar="{0,1,2}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded over dp; 2: ZeRO-2, the gradients "
-                         "too (docs/training.md)")
+                         "too (docs/howto/train.md)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
-                         "checked against one numpy process under the same policy (docs/training.md)")
+                         "checked against one numpy process under the same policy (docs/howto/train.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
-                    help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/training.md)")
+                    help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/howto/train.md)")
 checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.models.gpt.checkpoint)
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()

@@ -86,7 +86,7 @@ def main(args):
     # The widths grow with the ranks and the logits with them: a fixed step diverges at 128 ranks.
     lr = args.lr if args.lr is not None else 0.05 * min(1.0, 64 / p)
     # The loss and the gradients within 2 k eps (two computations, each summing in its own order; k the
-    # longest sum, 4p) x the magnitudes that entered each element (docs/semantics.md, "Tolerances").
+    # longest sum, 4p) x the magnitudes that entered each element (docs/explanation/tolerances.md, "Tolerances").
     rtol = 2 * sum_rtol(max(seq, d_model, heads * width, ffn, vocab), "float64")
     # Anchored: the reference starts each step from the run's parameters (small: whole), those the step before
     # checked, so each check holds one step's rounding (a free-running reference's differences compound with

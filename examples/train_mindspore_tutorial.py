@@ -24,9 +24,9 @@ from spmdsim.models.nets.train import PHASES, NetworkTrainer, explain_backward, 
 from spmdsim.models.nets.shared import SharedReferenceTrainer
 
 # rtol of the loss, the gradients and the updated parameters, x the magnitudes that entered each
-# element (ReferenceStep's scales; docs/semantics.md, "Tolerances"), not x the result: Adam drives
+# element (ReferenceStep's scales; docs/explanation/tolerances.md, "Tolerances"), not x the result: Adam drives
 # the loss to 1e-8, far below the terms of its sums. Each step's reference starts from the run's
-# parameters and optimizer state and updates with the run's gradients (anchored: docs/training.md),
+# parameters and optimizer state and updates with the run's gradients (anchored: docs/howto/train.md),
 # so each figure is one step's rounding. float64: the sums differ from one process's only in their
 # order (a sum of k terms can round by k eps, about 4e-13 here); float32 is held to the float64
 # reference. Measured worst over 100 steps, SGD and Adam: float64 gradients 4e-18 and parameters 6e-16 of
@@ -60,7 +60,7 @@ def main(args):
         print(f"{net.title}, {args.dtype}, {comm.size} ranks")
         print(f"data: {data.source}")
         print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {counted(args.steps, 'step')}; "
-              "each step checked against one process")  # anchored: docs/training.md, "Seed 003 trained"
+              "each step checked against one process")  # anchored: docs/howto/train.md, "Seed 003 trained"
         print(f"from the run's parameters at its start (rtol {rtol:g} x the magnitudes that entered each element)")
 
     losses, worst, failed = [], 0.0, 0

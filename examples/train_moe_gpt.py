@@ -1,7 +1,7 @@
 r"""A mixture-of-experts GPT trained on ep x dp x tp ranks, every step checked against one numpy process.
 
 The GPT of examples/train_gpt.py (the same text, embeddings, attention, head and AdamW) with every
-other block's MLP an MoE layer (spmdsim.models.moe, docs/experts.md): a router (linear, softmax in float64,
+other block's MLP an MoE layer (spmdsim.models.moe, docs/howto/experts.md): a router (linear, softmax in float64,
 top-k), experts split over the ep ranks, each expert column- then row-parallel over tp, the tokens
 sent to their experts and back by Alltoall over ep (with a capacity: tokens past it dropped) or, with
 --dropless, an Alltoall of the counts then an Alltoallv of the tokens with the true counts. The batch
@@ -14,15 +14,15 @@ within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
-With --pp the blocks are cut into pipeline stages (docs/pipeline.md; --microbatches, --schedule,
+With --pp the blocks are cut into pipeline stages (docs/howto/pipelines.md; --microbatches, --schedule,
 --virtual-stages as examples/train_gpt.py has them): each stage is a dp x ep x tp mesh whose MoE layers
 exchange tokens over its own ep groups and add their router losses, each microbatch's scaled by 1/m.
 
 Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 2
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
-  or stopped and resumed (--save DIR, --resume DIR; docs/training.md, "Stopping and resuming"): as train_gpt.py
+  or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
-  or, 64 experts on 1,024 ranks, shapes only (docs/experts.md, "The dry run"):
+  or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
 """
@@ -78,23 +78,23 @@ parser.add_argument("--memory", action="store_true",
                          "the experts' (a dry run prints the experts' anyway)")
 parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                     help="selective: the attention core recomputed in the backward; full: each block, its MoE layer "
-                         "routing and exchanging its tokens again (docs/experts.md)")
+                         "routing and exchanging its tokens again (docs/howto/experts.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
-                    help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/training.md); "
+                    help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/howto/train.md); "
                          "the MoE layers keep what their backward reads under either")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default=None,
                     help="write Megatron's parameter layouts in this dialect (read back by spmdsim.layouts.dialects: the same "
                          "layouts; default: spmdsim's own)")
 parser.add_argument("--zero", default="0", metavar="{0,1,2}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
-                         "experts' over dp (docs/experts.md); 2: ZeRO-2, the gradients too")
+                         "experts' over dp (docs/howto/experts.md); 2: ZeRO-2, the gradients too")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
-                    help="the precision policy (docs/training.md): bf16-mixed computes in bfloat16, the router in "
-                         "float32 (docs/experts.md)")
+                    help="the precision policy (docs/howto/train.md): bf16-mixed computes in bfloat16, the router in "
+                         "float32 (docs/howto/experts.md)")
 parser.add_argument("--aux-loss-coeff", type=flag_float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=flag_float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
-                    help="run the Alltoalls as this emulated algorithm (docs/algorithms.md); pairwise runs the "
+                    help="run the Alltoalls as this emulated algorithm (docs/explanation/algorithms.md); pairwise runs the "
                          "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
 parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")

@@ -145,7 +145,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
 
 
 def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d_out: int, add) -> None:
-    """One training step of the fused MLP: forward, mse_loss, backward, SGD (docs/training.md).
+    """One training step of the fused MLP: forward, mse_loss, backward, SGD (docs/howto/train.md).
 
     x requires grad (a layer inside a network), so the backward has the
     Allreduce answering Megatron's f; the raw code does the same math in the

@@ -24,7 +24,7 @@ runs one fixed job (a few hundred small and medium collectives, two ranks
 computing more than the others) ``--launches`` times with MPICH defaults, with
 one BLAS thread per rank but busy waits, and through ``spmdsim launch``
 (one BLAS thread, polite wait), interleaved, and prints the table recorded in
-docs/oversubscription.md. Each mode refuses the other's options (``-n`` and
+docs/explanation/oversubscription.md. Each mode refuses the other's options (``-n`` and
 ``--iterations`` are the launch test's; the rest the overhead table's).
 """
 from __future__ import annotations

@@ -14,15 +14,15 @@ a step and the median over rounds of the round's eager / replayed with its sprea
 before and after. The mesh is dp x tp with tp = gcd(ranks, 4), sequence parallel when tp > 1 (8 ranks:
 bench_gpt.py's dp 2 x tp 4). What the eager step adds is each operator's Python (the replay reruns the
 recorded numpy calls and collectives alone), about the same per rank whatever the ranks and the width, so
-the ratio falls as each rank's share of the arithmetic grows (docs/performance.md). `--kept megatron`: the
+the ratio falls as each rank's share of the arithmetic grows (docs/explanation/performance.md). `--kept megatron`: the
 GPT's blocks built from Megatron's fused pieces (spmdsim.nn.ops.megatron), which keep Korthikanti et al.'s set
-for backward (docs/training.md), in place of the graph's operators.
+for backward (docs/howto/train.md), in place of the graph's operators.
 
 `--apart N` runs each mode in processes of its own instead, as bench_gpt.py's launches do: N launches of an
 eager process (the step alone, nothing captured) and N of a replayed one (captured, then replayed alone),
 alternating; a launch's figure is the median of its rounds, and eager / replayed is taken launch by launch
 (the median and spread over the N pairs). An eager step in a process that also holds a replayed step's record
-costs more CPU than one alone (docs/performance.md), so the alternating figure overstates the ratio.
+costs more CPU than one alone (docs/explanation/performance.md), so the alternating figure overstates the ratio.
 """
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ checks, then that body). A time is the median over repeats of the slowest
 rank, after two barriers; `ratio` is against raw in the same run, and
 `us/us` is the group's extra time per microsecond of the spin. With more
 ranks than cores a rank's work before its call runs in turn with the others'
-on its core, so the group pays a multiple of it (docs/performance.md, "The
-collectives through one body").
+on its core, so the group pays a multiple of it (docs/explanation/performance.md, "Collectives against raw mpi4py").
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ heap thresholds that spmdsim's MPI ranks set for themselves (tune_mpi_process),
 given as `spmdsim launch` gives them (spmdsim.base.malloc.glibc_env), unless the
 environment sets glibc's variables already: under glibc's defaults a step that
 allocates its results afresh (an eager step, the peers') gives its freed heap
-top back to the OS and faults it in again the next step (docs/performance.md),
+top back to the OS and faults it in again the next step (docs/explanation/performance.md),
 so every row runs on the same heap.
 
 ``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,

@@ -17,7 +17,7 @@ the share of the huge-advised buffers' pages the kernel really backed with
 huge pages (Linux, read from /proc/self/smaps; None elsewhere). Between
 processes on one node MPICH copies large messages with the kernel's
 cross-memory attach, which pins the sender's pages for each copy
-(docs/performance.md, "Huge pages").
+(docs/explanation/performance.md, "Huge pages").
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ bytes after the send buffer, modulo the page size. All cases run interleaved on
 the same two allocations; a time is the median over repeats of the slowest
 rank, and `ratio` is against delta 0 in the same run. Between processes on one
 node MPICH copies large messages with the kernel's cross-memory attach, whose
-copy can be much slower for some deltas (docs/performance.md, "Buffer
+copy can be much slower for some deltas (docs/explanation/performance.md, "Buffer
 placement"); this script shows whether the machine at hand has that trap.
 spmdsim.base.buffers places what spmdsim allocates PAGE_OFFSET bytes into a page:
 delta 0 between its own buffers and against the arrays glibc maps on its own.

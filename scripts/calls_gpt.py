@@ -13,11 +13,11 @@ once, not what numpy calls inside), and other builtins (dict lookups,
 isinstance, len). Python's profile hook does not see a ufunc called as an
 object (np.add(a, b), np.exp(x)) or an array operator (a + b, a *= c): those
 kernels run on both sides uncounted. On 8 ranks through one interpreter lock
-every call is paid 8 times a step: docs/performance.md, "What the step's cost is made of".
+every call is paid 8 times a step: docs/explanation/performance.md, "A GPT training step".
 Its last line captures one more step (spmdsim.runtime.replay) and gives the
 record's calls and the memory its arrays hold on rank 0, the intermediates
 sharing memory by lifetime and each on its own, and the bytes of the gradient
-buckets' joins the capture writes in place (docs/replay.md, "Memory").
+buckets' joins the capture writes in place (docs/howto/replay.md, "Memory").
 """
 from __future__ import annotations
 

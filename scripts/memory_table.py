@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The GPT example's memory per rank with each recompute and ZeRO choice, measured (docs/training.md, "Memory").
+"""The GPT example's memory per rank with each recompute and ZeRO choice, measured (docs/howto/memory.md, "Memory").
 
 Trains examples/train_gpt.py's model (4 layers, d_model 128, 4 heads, seq 64, batch 8) two steps on
 8 simulated ranks, dp 2 x tp 4 with sequence parallelism, once per combination, and prints rank 0's
@@ -33,7 +33,7 @@ from spmdsim.base.precision import PRESETS, precision_problem
 from spmdsim.tools.cli.main import run_script
 
 
-#: The ZeRO stages the table measures: 0 and 1 (ZeRO-2 is ZeRO-1 with the gradients at 1/dp: docs/training.md,
+#: The ZeRO stages the table measures: 0 and 1 (ZeRO-2 is ZeRO-1 with the gradients at 1/dp: docs/howto/train.md,
 #: "ZeRO-2", quotes its run beside ZeRO-1's).
 TABLED = (0, 1)
 

@@ -27,7 +27,7 @@ if mpiexec --version 2>/dev/null | grep -i 'open mpi' >/dev/null; then
     export PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}
     export OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe:-1}
 fi
-# One BLAS thread per rank: ranks already outnumber the cores (docs/oversubscription.md).
+# One BLAS thread per rank: ranks already outnumber the cores (docs/explanation/oversubscription.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # The pure tests on three workers (pytest-xdist, the test extra) when it is installed: many of them
 # wait (on launched MPI jobs, watchdogs, timeouts), so a third worker computes while the other two wait

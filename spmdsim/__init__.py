@@ -5,7 +5,7 @@ redistribute, ops, simulate, world, optim, ...`` gives what the examples use.
 The errors load with the package; every other name on first use, so
 ``import spmdsim`` loads neither mpi4py nor numpy (``spmdsim mpirun`` of a
 program without numpy loads none) and changes no process setting.
-docs/api.md lists every public name.
+docs/reference/api.md lists every public name.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Test-session setup shared by the pure and the MPI runs.
 
 Under ``mpiexec ... pytest --only-mpi`` (see scripts/test.sh) this file makes
-pytest-mpi safe (docs/architecture.md, "Tests under MPI"): a failed test on any rank aborts the
+pytest-mpi safe (docs/explanation/architecture.md, "Tests under MPI"): a failed test on any rank aborts the
 whole job at once instead of deadlocking the next collective, every rank gets
 its own temp dir, the world size must be the one the script asked for (a
 foreign mpiexec would run N separate 1-rank jobs and falsely pass), and only

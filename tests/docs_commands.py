@@ -1,4 +1,4 @@
-"""The commands README.md and docs/lab.md quote, and the outputs they show, for the docs tests.
+"""The commands README.md and the docs pages quote, and the outputs they show, for the docs tests.
 
 A fenced block is a list of commands (continuation lines joined) or, when its
 first line starts with ``$ ``, one command followed by the output it prints.
@@ -21,7 +21,26 @@ from dataclasses import dataclass
 from typing import Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/lab.md", "docs/architecture.md", "docs/pipeline.md", "docs/estimate.md", "docs/experts.md")
+#: The pages whose pure commands tests/test_classroom_docs.py runs (README.md's: tests/test_readme.py).
+DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorials/lab-part2.md",
+        "docs/explanation/architecture.md", "docs/howto/pipelines.md", "docs/howto/estimate.md",
+        "docs/explanation/estimate-published.md",
+        "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
+        "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/explanation/algorithms.md",
+        "docs/howto/simulate.md")
+#: The pages whose `timeout -k 5 N mpiexec -n N spmdsim ...` commands tests/mpi/test_classroom_docs.py runs.
+MPI_DOCS = DOCS + ("docs/howto/install.md", "docs/reference/operators.md")
+#: Pages of DOCS whose commands are run here only in these sections ("": the part before the first "## "
+#: heading); their other sections' commands run in the tests named beside each page.
+SECTIONS = {
+    "docs/howto/train.md": ("",),  # the rest: tests/test_train_*.py, test_optim_state.py
+    "docs/howto/train-gpt.md": ("## General operators and the GPT",),  # test_train_vocab_docs, test_gpt_*
+    "docs/howto/autoshard.md": ("## At a glance",),  # test_autoshard_*.py
+    "docs/reference/operators.md": ("## Running the operators",),  # (MPI_DOCS) test_ops_infer.py, test_docs_hints.py
+    "docs/explanation/algorithms.md": ("## At a glance",),  # test_algorithms_cli.py
+    "docs/howto/simulate.md": ("## At a glance",),  # test_sim_docs.py
+    "docs/howto/choose-configuration.md": ("", "## Choosing a configuration by predicted time"),  # test_autoshard_*
+}
 
 #: Subcommands that run without MPI (the others need mpiexec, or measure for long).
 PURE = ("slices", "explain", "show", "plan", "convert", "pipeline", "estimate")
@@ -166,11 +185,28 @@ def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
     return None
 
 
+def shown(doc: str) -> list[Quote]:
+    """The quotes of `doc` that tests/test_classroom_docs.py runs: all, or those of its SECTIONS."""
+    if doc not in SECTIONS:
+        return quotes(doc)
+    text = (ROOT / doc).read_text()
+    starts = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(r"^## ", text, re.M)] + [text.count("\n") + 2]
+    spans = []
+    for heading in SECTIONS[doc]:
+        if heading == "":
+            spans.append((0, starts[0]))
+            continue
+        at = text.count("\n", 0, text.index("\n" + heading) + 1) + 1
+        spans.append((at, min(s for s in starts if s > at)))
+    return [q for q in quotes(doc) if any(a <= q.line < b for a, b in spans)]
+
+
 def section(doc: str, heading: str) -> list[Quote]:
     """The quotes of `doc` under the heading line `heading` (to the next "## " heading)."""
     text = (ROOT / doc).read_text()
     start = text.count("\n", 0, text.index(heading))
-    stop = text.count("\n", 0, text.index("\n## ", text.index(heading) + 1))
+    after = text.find("\n## ", text.index(heading) + 1)
+    stop = text.count("\n", 0, after if after >= 0 else len(text))
     return [q for q in quotes(doc) if start <= q.line <= stop]
 
 
@@ -281,7 +317,7 @@ def run_long(quote: Quote) -> subprocess.CompletedProcess:
 
 def mpi_long(quote: Quote) -> bool:
     """Whether `quote` is an MPI launch of examples/train_gpt.py marked ``# long``: tests/test_train_docs_mpi.py runs
-    every such command of docs/training.md and docs/replay.md (run_long_together), the pages' other tests the rest."""
+    every such command of docs/howto/train.md and docs/howto/replay.md (run_long_together), the pages' other tests the rest."""
     command, _, note = quote.command.partition("#")
     return quote.mpi is not None and quote.mpi[1][:2] == ["python", "examples/train_gpt.py"] and note.strip() == "long"
 

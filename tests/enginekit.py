@@ -153,7 +153,7 @@ def run_dtypes(comm: Any) -> dict:
             key = (dtype, algorithms is not None)
             out[key] = {"allgather 0": allgather(mesh, x, "x", 0), "allgather 1": allgather(mesh, x, "x", 1),
                         "alltoall": alltoall(mesh, x, "x", 0, 1), "bcast": bcast(mesh, x.copy(), "x", g - 1)}
-            if algorithms is None:  # these run on MPI's own collectives on any mesh (docs/algorithms.md)
+            if algorithms is None:  # these run on MPI's own collectives on any mesh (docs/explanation/algorithms.md)
                 out[key]["prepared allgather"] = prepare_allgather(mesh, x, "x", 0).run().copy()
                 out[key]["prepared alltoall"] = prepare_alltoall(mesh, x, "x", 0).run().copy()
                 # Rank me sends (q % 2) + 1 items to rank q: counts of items, not of bytes.

@@ -6,7 +6,7 @@ when the module is imported (module level, class bodies and `try` blocks include
 blocks excluded) or only when a function runs. `module_level_graph` and `cycles` give the import cycles,
 `path_to` the chain of statements by which a module reaches another, `names_from_above` the names taken
 through the `__init__` of a package the importing module sits in. tests/test_import_graph.py and
-tests/test_datagen_and_purity.py ask them (docs/architecture.md, "Imports").
+tests/test_datagen_and_purity.py ask them (docs/explanation/architecture.md, "Imports").
 
 How a statement resolves (the import system's own rules):
 

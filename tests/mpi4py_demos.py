@@ -90,7 +90,7 @@ def _runs() -> tuple:
 #: Every run the script makes (the makefiles' demos that a simulated rank can run, at several counts).
 RUNS = _runs()
 
-#: mpi4py's demos not run, and why (docs/simulate.md).
+#: mpi4py's demos not run, and why (docs/howto/simulate.md).
 OUT_OF_SCOPE = {
     "dynamic processes (Spawn, ports)": ("compute-pi/cpi-dpm.py", "nxtval/nxtval-dynproc.py",
                                          "spawning/cpi-master.py", "spawning/cpi-worker.py",

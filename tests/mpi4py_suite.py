@@ -41,7 +41,7 @@ FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "tes
          "test_cco_pr_buf", "test_cco_pr_vec", "test_cco_pr_ngh_buf", "test_win", "test_rma", "test_rma_nb",
          "test_util_sync", "test_p2p_buf_part", "test_datatype", "test_util_dtlib", "test_pack")
 
-#: mpi4py's test files not run, and why (docs/simulate.md's table).
+#: mpi4py's test files not run, and why (docs/howto/simulate.md's table).
 NOT_RUN = {
     "intercommunicators": ("test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_comm_inter"),
     "MPI I/O": ("test_file", "test_io"),

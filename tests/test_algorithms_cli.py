@@ -177,7 +177,7 @@ def test_report_fits_100_columns_and_counts_one_element():
 
 def test_report_says_a_whole_buffer_is_not_cut():
     """Recursive doubling sends the whole buffer each round: the report said "cut into 1 slots"
-    (docs/lab.md, exercise 12 (d)); a ring still says how many slots it cuts."""
+    (docs/tutorials/lab.md, exercise 12 (d)); a ring still says how many slots it cuts."""
     result = {"matches_mpi": True, "max_abs_difference": 2e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,
               "round_seconds": [1e-4] * 2, "wait_mode": "polite"}
     text = report(schedule("recursive-doubling-allreduce", 4, 1 << 14, 4), result)

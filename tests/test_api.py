@@ -1,4 +1,4 @@
-"""The public API: docs/api.md equals the modules' __all__, each line is its name's docstring's first
+"""The public API: docs/reference/api.md equals the modules' __all__, each line is its name's docstring's first
 sentence (the page's rule), and the names the page leaves out are the ones it says; the front door is lazy
 and complete."""
 from __future__ import annotations
@@ -16,29 +16,29 @@ import spmdsim
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-#: Values with no docstring and no ``#:`` comment yet, whose lines docs/api.md writes itself (it says so).
+#: Values with no docstring and no ``#:`` comment yet, whose lines docs/reference/api.md writes itself (it says so).
 #: When one gets a comment in spmdsim/references/forward.py, drop it here: its line is then the comment's.
 _NO_COMMENT = {"spmdsim.references.forward.ACTIVATIONS", "spmdsim.references.forward.Region", "spmdsim.references.forward.RegionFn"}
 
 
 def _entries() -> list[tuple[Optional[str], str, str]]:
-    """(module, name, text) for each ``- `name`: text`` line of docs/api.md, in order; module is None for the
+    """(module, name, text) for each ``| `name` | text |`` row of docs/reference/api.md, in order; module is None for the
     lines under a heading that names no module (the names the page leaves out, written module.name)."""
     out = []
     module = None
-    for line in (ROOT / "docs" / "api.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "reference" / "api.md").read_text().splitlines():
         if line.startswith("## "):
             heading = re.match(r"^## `([\w.]+)`$", line)
             module = heading.group(1) if heading else None
-        elif line.startswith("- `"):
-            entry = re.match(r"^- `([\w.]+)`: (.+)$", line)
-            assert entry, f"docs/api.md: not a '- `name`: line' entry: {line!r}"
-            out.append((module, entry.group(1), entry.group(2)))
+        elif line.startswith("| `"):
+            entry = re.match(r"^\| `([\w.]+)` \| (.+) \|$", line)
+            assert entry, f"docs/reference/api.md: not a '| `name` | line |' row: {line!r}"
+            out.append((module, entry.group(1), entry.group(2).replace("\\|", "|")))
     return out
 
 
 def _documented() -> dict[str, list[str]]:
-    """Module -> the names docs/api.md lists under its heading, in order."""
+    """Module -> the names docs/reference/api.md lists under its heading, in order."""
     out: dict[str, list[str]] = {}
     for module, name, _ in _entries():
         if module is not None:
@@ -47,12 +47,12 @@ def _documented() -> dict[str, list[str]]:
 
 
 def _left_out() -> dict[str, str]:
-    """module.name -> why, for the names of listed modules that docs/api.md says it leaves out."""
+    """module.name -> why, for the names of listed modules that docs/reference/api.md says it leaves out."""
     return {name: why for module, name, why in _entries() if module is None}
 
 
 def first_sentence(text: str) -> str:
-    """docs/api.md's rule: the first line of `text` (a docstring, or a ``#:`` comment's lines), joined with
+    """docs/reference/api.md's rule: the first line of `text` (a docstring, or a ``#:`` comment's lines), joined with
     the lines after it up to the first that ends with a period (a blank line ends it too), each run of
     whitespace one space."""
     out: list[str] = []
@@ -87,7 +87,7 @@ def _comments() -> dict[str, list[tuple[str, str]]]:
 
 
 def _expected(module: str, name: str, comments: dict) -> tuple[str, Optional[str]]:
-    """What docs/api.md's line for module.name must be: ("line", text), ("alias", the name it is: the line
+    """What docs/reference/api.md's line for module.name must be: ("line", text), ("alias", the name it is: the line
     starts with it in backticks) or ("written", None): a value with no comment, whose line the page writes."""
     obj = getattr(importlib.import_module(module), name)
     if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj):
@@ -117,7 +117,7 @@ def test_api_md_lines_are_their_names_docstrings_first_sentences():
                 wrong.append(f"{module}.{name}: page {text!r}, not starting with the name it is, `{expected}`")
         elif text != expected:
             wrong.append(f"{module}.{name}:\n  page:      {text}\n  docstring: {expected}")
-    assert not wrong, f"{len(wrong)} lines of docs/api.md are not their docstrings' first sentences:\n" + \
+    assert not wrong, f"{len(wrong)} lines of docs/reference/api.md are not their docstrings' first sentences:\n" + \
         "\n".join(wrong)
     assert written == _NO_COMMENT, f"values without a docstring or #: comment: {sorted(written)}"
 
@@ -140,7 +140,7 @@ def test_listed_modules_have_no_other_public_names_than_the_page_says():
         own = {name for name, value in vars(mod).items() if not name.startswith("_") and not inspect.ismodule(value)
                and (name in assigned or re.match(rf"{re.escape(module)}(\.|$)", str(getattr(value, "__module__", ""))))}
         unlisted = own - set(mod.__all__) - {n.rsplit(".", 1)[1] for n in left_out if n.rsplit(".", 1)[0] == module}
-        assert not unlisted, f"{module} has public names neither in its __all__ nor in docs/api.md's " \
+        assert not unlisted, f"{module} has public names neither in its __all__ nor in docs/reference/api.md's " \
             f"'Not listed': {sorted(unlisted)}"
     for dotted in left_out:
         module, name = dotted.rsplit(".", 1)
@@ -154,7 +154,7 @@ def test_api_md_lists_exactly_each_modules_all():
     for module, names in documented.items():
         code = importlib.import_module(module).__all__
         assert len(set(code)) == len(code), f"{module}.__all__ repeats a name"
-        assert names == list(code), f"docs/api.md and {module}.__all__ differ: " \
+        assert names == list(code), f"docs/reference/api.md and {module}.__all__ differ: " \
             f"only in docs {sorted(set(names) - set(code))}, only in code {sorted(set(code) - set(names))}"
 
 
@@ -209,6 +209,6 @@ def test_no_example_imports_the_demo_package():
 def test_the_environment_variables_are_the_documented_few():
     code = {m for path in (ROOT / "spmdsim").rglob("*.py")
             for m in re.findall(r"SPMDSIM_[A-Z_]+", path.read_text())}
-    table = re.findall(r"^\| `(SPMDSIM_[A-Z_]+)", (ROOT / "docs" / "runtime.md").read_text(), re.M)
-    assert len(table) <= 5, table  # the settings a user sets; docs/runtime.md has their one table
+    table = re.findall(r"^\| `(SPMDSIM_[A-Z_]+)", (ROOT / "docs" / "reference" / "settings.md").read_text(), re.M)
+    assert len(table) <= 5, table  # the settings a user sets; docs/reference/settings.md has their one table
     assert code == set(table) | {"SPMDSIM_EXPECT_WORLD"}, sorted(code ^ (set(table) | {"SPMDSIM_EXPECT_WORLD"}))

@@ -1,4 +1,4 @@
-"""The autograd API as a PyTorch user tries it (docs/training.md, "API" and "Bad input"), on simulated ranks:
+"""The autograd API as a PyTorch user tries it (docs/howto/train.md, "API" and "Bad input"), on simulated ranks:
 gradients against numpy, and each misuse refused in one line alike on every rank, before any collective.
 
 Each body is tiny (a 4 x 3 input, a 3 x 2 weight): the whole file takes about a second.

@@ -68,7 +68,7 @@ def test_tree_dp_equals_brute_force_on_a_chain(devices, memory):
 
 
 def test_ties_go_to_the_first_cheapest_plan_in_candidate_order():
-    # docs/autoshard.md, "Ties": the mlp at 8 devices has 35 plans of 0 B; candidates come most devices first.
+    # docs/howto/autoshard.md, "Ties": the mlp at 8 devices has 35 plans of 0 B; candidates come most devices first.
     from spmdsim.tools.autoshard import build
 
     graph, _ = build("mlp", 8)
@@ -82,7 +82,7 @@ def test_ties_go_to_the_first_cheapest_plan_in_candidate_order():
 
 
 def test_tree_runners_up_change_one_operator_and_can_miss_a_cheaper_plan():
-    # docs/autoshard.md: the first runner-up is the second-best plan; a later one may cost more than a plan not
+    # docs/howto/autoshard.md: the first runner-up is the second-best plan; a later one may cost more than a plan not
     # listed (mlp at 8 devices under 40,000 B: runner-up 3 22,032 B, the fourth-cheapest plan 21,888).
     from spmdsim.tools.autoshard import build
 

@@ -234,14 +234,14 @@ def test_random_candidates_of_every_node_run_as_predicted(seed):
 
 
 def test_the_docs_quote_what_the_gpt_run_prints(capsys):
-    # docs/autoshard.md, "Running the GPT's choice": each quoted command's lines appear in order in what
+    # docs/howto/autoshard.md, "Running the GPT's choice": each quoted command's lines appear in order in what
     # it prints ("..." any lines); numbers with a decimal point (times, ratios) and column widths
     # (which follow the times) may differ.
     import shlex
 
     from docs_commands import quotes
 
-    quoted = [q for q in quotes("docs/autoshard.md")
+    quoted = [q for q in quotes("docs/howto/autoshard.md")
               if q.output and q.command.startswith("spmdsim autoshard --network gpt") and "--run" in q.command]
     assert len(quoted) == 3
     for quote in quoted:

@@ -20,7 +20,7 @@ from testkit import unfold
 
 RATE = 1e10
 KIB = 1024
-DOCS = ROOT / "docs" / "autoshard.md"
+DOCS = ROOT / "docs" / "howto" / "autoshard.md"
 
 
 def _hand(graph, hand):

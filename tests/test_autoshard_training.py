@@ -10,7 +10,7 @@ from spmdsim.tools.autoshard.backward import replay
 from spmdsim.tools.autoshard.runnable import to_network
 from spmdsim.tools.cli.main import main
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "autoshard.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "howto" / "autoshard.md"
 
 
 def _measured_backward(net) -> int:

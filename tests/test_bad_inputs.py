@@ -13,7 +13,7 @@ Pythons is most of a launch's cost (1-12 s on a loaded 2-core machine), so one
 launch for the whole matrix instead of one per case. Two cases also run alone
 to the end of their process: through the documented guard one-liner
 (``install_excepthook``) and through ``python -m spmdsim``, so the real exit
-code and output of a whole job stay tested. docs/reliability.md lists the messages.
+code and output of a whole job stay tested. docs/explanation/reliability.md lists the messages.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ RANKS = 8
 
 pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
 
-# The guard one-liner (docs/reliability.md), then a mesh over every rank.
+# The guard one-liner (docs/explanation/reliability.md), then a mesh over every rank.
 _HOOK = "from spmdsim.runtime import install_excepthook; install_excepthook()\n"
 _PRELUDE = """\
 import numpy as np
@@ -183,10 +183,10 @@ def test_bad_input_ends_the_job_with_one_line(case: str, batch) -> None:
 
 
 def test_the_doc_quotes_each_cases_line_as_it_is_printed(batch) -> None:
-    """docs/reliability.md's table of these cases quotes each message exactly: two rows had drifted from what
+    """docs/explanation/reliability.md's table of these cases quotes each message exactly: two rows had drifted from what
     the program prints ("has 1 entries" for "has 1 entry"; "e.g. w mapped ("mp", "mp")", itself an invalid map,
     for ("mp", None)). Each case's line, unwrapped, is in the doc (lines the doc abridges with "..." aside)."""
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "explanation" / "reliability.md").read_text()
     missing = []
     for case, (_, out) in sorted(batch[3].items()):
         line = " ".join(out.split("spmdsim: error: ", 1)[-1].split())  # unwrapped (the 100-column wrap)

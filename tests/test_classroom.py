@@ -290,7 +290,7 @@ def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
 
 def test_local_zeroing_says_what_it_does_on_split_and_copied_axes():
     """S -> P gave B -> P's reason ("one copy keeps the values and the others hold zeros"): on an axis
-    that split a dim every rank pads its own block with zeros instead (docs/redistribution.md)."""
+    that split a dim every rank pads its own block with zeros instead (docs/explanation/redistribution.md)."""
     m = Layout((2, 4), ("a", "b"))
 
     def why(source, target):

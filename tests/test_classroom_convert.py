@@ -149,7 +149,7 @@ def test_every_printed_check_line_reads_back_on_random_layouts(capsys, tmp_path)
 
 
 def test_paddle_form_of_an_uneven_cut_does_not_say_paddle_cuts_every_dim_evenly(capsys):
-    # Paddle's own embedding split gives the last rank the remainder (docs/dialects.md): the note said
+    # Paddle's own embedding split gives the last rank the remainder (docs/reference/dialects.md): the note said
     # "Paddle's split() cuts every dim evenly".
     assert main(["convert", "--device-matrix", "4", "--alias", "mp", "--tensor-map", "mp,None",
                  "--shape", "10,8", "--cut", "balanced", "--json"]) == 0

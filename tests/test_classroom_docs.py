@@ -1,4 +1,4 @@
-"""Every command README.md and docs/lab.md quote runs, and prints what they quote (pure commands).
+"""Every command README.md and docs/tutorials/lab.md quote runs, and prints what they quote (pure commands).
 
 The MPI commands run in tests/mpi/test_classroom_docs.py at their own rank
 count; the examples in tests/mpi/test_examples.py. The pictures beside a
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here
+from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here, shown
 
 _BIN = pathlib.Path(sys.executable).parent
 # Commands a test here does not run, and why (each must still be quoted as written).
@@ -62,7 +62,7 @@ def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
 
 class _Ran(dict):
     """{doc: [(quote, (code, out, err))]} for every pure command a doc quotes, run when a doc is first asked for,
-    in one folder (README and lab.md quote some commands twice, with and without their output: each runs once),
+    in one folder (README and docs/tutorials/lab.md quote some commands twice, with and without their output: each runs once),
     and the folder, where the pictures they draw are, under the key "workdir". Run doc by doc, not all at the
     first test: each test's time limit (pytest-timeout) covers its own doc's commands only."""
 
@@ -75,7 +75,7 @@ class _Ran(dict):
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(workdir)  # case files and pictures the commands write land here
             mp.setenv("SPMDSIM_COST_FILE", str(workdir / "no-calibration.json"))  # built-in model
-            for quote in quotes(doc):
+            for quote in shown(doc):
                 if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
                     continue
                 if quote.output is None and _run_by_test_sim_cli(quote.command):
@@ -105,8 +105,8 @@ def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, ran):
             assert why is None, f"{quote.where()}: {why}\n{out}"
         if "--json" not in quote.command:  # JSON stays complete, any width
             assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
-    least = {"docs/architecture.md": 1, "docs/estimate.md": 5, "docs/experts.md": 3}
-    assert len(ran[doc]) >= least.get(doc, 10)  # the lab pages
+    least = {"docs/tutorials/lab.md": 10, "docs/tutorials/lab-part2.md": 5, "docs/tutorials/walkthrough.md": 10}
+    assert len(ran[doc]) >= least.get(doc, 1)  # every page listed quotes commands; the lab pages many
     # quote many
 
 
@@ -128,12 +128,12 @@ def test_the_pictures_are_made_by_the_commands_beside_them(ran):
     checked = []
     for doc in DOCS:
         text = (ROOT / doc).read_text()
-        commands = [q for q in quotes(doc) if q.argv and "--png" in q.argv]
-        for name in re.findall(r"!\[[^\]]*\]\((?:docs/)?img/([\w./]+\.png)\)", text):
+        commands = [q for q in shown(doc) if q.argv and "--png" in q.argv]
+        for name in re.findall(r"!\[[^\]]*\]\((?:docs/|\.\./)?img/([\w./]+\.png)\)", text):
             # `--png NAME.png` (show), or `--png DIR` writing DIR/NAME.png (plan)
             maker = [q for q in commands if q.argv[q.argv.index("--png") + 1] in (name, name.split("/")[0])]
             if not maker:  # drawn under MPI (`spmdsim collective --png DIR`): a command must say how
-                assert any("--png" in q.command for q in quotes(doc)), f"{doc}: who draws {name}?"
+                assert any("--png" in q.command for q in shown(doc)), f"{doc}: who draws {name}?"
                 continue
             assert any(q.command == maker[0].command for q, _ in ran[doc]), maker[0].where()
             made, kept = _pixels(ran["workdir"] / name), _pixels(ROOT / "docs" / "img" / name)
@@ -151,7 +151,7 @@ def test_the_pictures_are_made_by_the_commands_beside_them(ran):
 
 
 def test_every_mpiexec_the_docs_quote_runs_under_a_timeout():
-    launched = [q for doc in DOCS for q in quotes(doc) if "mpiexec" in q.command]
+    launched = [q for doc in DOCS for q in shown(doc) if "mpiexec" in q.command]
     assert len(launched) >= 10
     for quote in launched:
         assert re.search(r"(^|&& )timeout -k 5 \d+ mpiexec -n \d+ ", quote.command), quote.where()
@@ -184,8 +184,8 @@ def test_a_quoted_error_must_be_near_the_measured_one():
 
 def test_a_quoted_pytest_command_names_files_this_suite_runs():
     """The docs' `python -m pytest tests/...` lines are not run again here: the files they name are this suite's."""
-    named = [q for doc in DOCS for q in quotes(doc) if q.command.startswith("python -m pytest ")]
-    assert named  # docs/architecture.md's import rules
+    named = [q for doc in DOCS for q in shown(doc) if q.command.startswith("python -m pytest ")]
+    assert named  # docs/explanation/architecture.md's import rules
     for quote in named:
         assert any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE), quote.where()
         for path in quote.command.split()[3:]:
@@ -196,8 +196,8 @@ def test_the_examples_left_to_test_sim_cli_are_the_ones_it_runs():
     """The docs' `python examples/NAME.py --ranks 8` lines this file leaves out are run by test_sim_cli as written."""
     import test_sim_cli
 
-    left = [q.command for doc in DOCS for q in quotes(doc) if q.output is None and _run_by_test_sim_cli(q.command)]
-    assert len(left) >= 4, left  # README's llama_block, attention and port_* lines
+    left = [q.command for doc in DOCS for q in shown(doc) if q.output is None and _run_by_test_sim_cli(q.command)]
+    assert len(left) >= 2, left  # the llama_block and attention lines
     stems = {path.stem for path in test_sim_cli.EXAMPLES}
     for command in left:
         assert command.split("/")[1].split(".py")[0] in stems, command
@@ -206,10 +206,11 @@ def test_the_examples_left_to_test_sim_cli_are_the_ones_it_runs():
 
 
 def test_the_lab_counts_its_own_exercises():
-    """docs/lab.md's opening said "Sixteen short exercises" (answers "10-16", in-process "13 to 16")
+    """docs/tutorials/lab.md's opening said "Sixteen short exercises" (answers "10-16", in-process "13 to 16")
     over nineteen sections: the count, the answers' range and the in-process range follow the sections."""
-    text = (ROOT / "docs" / "lab.md").read_text()
-    last = max(int(n) for n in re.findall(r"^## (\d+)\. ", text, re.M))
+    text = (ROOT / "docs" / "tutorials" / "lab.md").read_text()
+    both = text + (ROOT / "docs" / "tutorials" / "lab-part2.md").read_text()
+    last = max(int(n) for n in re.findall(r"^## (\d+)\. ", both, re.M))
     words = {16: "Sixteen", 17: "Seventeen", 18: "Eighteen", 19: "Nineteen", 20: "Twenty"}
     assert text.split("\n\n")[1].startswith(f"{words[last]} short exercises"), last
     assert f"those of 10-{last} under each" in text and f"13 to {last} simulate their ranks" in text

@@ -1,5 +1,5 @@
 """`spmdsim pipeline`: the grids and figures within 100 columns, hand-written files, every error as one line,
-and what docs/pipeline.md says about the schedules."""
+and what docs/howto/pipelines.md says about the schedules."""
 from __future__ import annotations
 
 import contextlib
@@ -176,15 +176,15 @@ def test_under_a_launcher_a_pure_command_runs_on_rank_0_alone(argv, monkeypatch,
         assert bool(capsys.readouterr().out) is printed, rank
 
 
-# --- docs/pipeline.md ----------------------------------------------------------------------------------------
+# --- docs/howto/pipelines.md ----------------------------------------------------------------------------------------
 
 
-DOC = (ROOT / "docs" / "pipeline.md").read_text()
+DOC = (ROOT / "docs" / "howto" / "pipelines.md").read_text()
 
 
 def test_the_doc_is_run_with_the_other_docs_and_shows_each_schedule_and_the_lab():
-    assert "docs/pipeline.md" in DOCS  # tests/test_classroom_docs.py runs its commands, compares the output
-    shown = [q.command for q in quotes("docs/pipeline.md") if q.output]
+    assert "docs/howto/pipelines.md" in DOCS  # tests/test_classroom_docs.py runs its commands, compares the output
+    shown = [q.command for q in quotes("docs/howto/pipelines.md") if q.output]
     for name in ("gpipe", "1f1b", "interleaved"):
         assert any(f"--schedule {name} --stages 4 --microbatches 8" in c for c in shown), name
     assert any("--file pipeline_wrong.txt" in c for c in shown) and any("pipeline_right.txt" in c for c in shown)
@@ -202,7 +202,7 @@ def test_the_wrong_and_right_files_of_the_lab_are_the_ones_tested():
 def test_the_python_example_prints_what_its_comment_says(capsys):
     block = re.search(r"```python\n(.*?)```", DOC, re.S).group(1)
     said = re.search(r"^# (.*)$", block, re.M).group(1)
-    exec(compile(block, "docs/pipeline.md", "exec"), {})
+    exec(compile(block, "docs/howto/pipelines.md", "exec"), {})
     assert capsys.readouterr().out.splitlines()[0] == said
 
 

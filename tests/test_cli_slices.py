@@ -237,7 +237,7 @@ def test_matmul_strategy_operands_show_seed_001(capsys):
 
 
 def test_cases_without_alias_name_the_axes_axis_0_axis_1(capsys, monkeypatch):
-    """docs/dialects.md: mesh axes not named are axis_0, axis_1, ... everywhere; the layout and JAX forms
+    """docs/reference/dialects.md: mesh axes not named are axis_0, axis_1, ... everywhere; the layout and JAX forms
     of a case still required --alias (`plan` did not). Now they take the default names, and refuse a
     map that names other axes, naming it."""
     want = {"0": [[0, 4], [0, 8]], "3": [[0, 4], [0, 8]], "4": [[4, 8], [0, 8]]}

@@ -1,4 +1,4 @@
-"""Every single-line `spmdsim` command of docs/lab.md that needs no MPI runs and exits 0."""
+"""Every single-line `spmdsim` command of docs/tutorials/lab.md that needs no MPI runs and exits 0."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import pytest
 
 from spmdsim.tools.cli.main import main
 
-LAB = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "lab.md")
+LAB = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "docs/tutorials/lab.md")
 
 
 def _lab_text() -> str:

@@ -1,4 +1,4 @@
-"""Counter-based data and the pure/MPI dividing line (docs/architecture.md, "Imports")."""
+"""Counter-based data and the pure/MPI dividing line (docs/explanation/architecture.md, "Imports")."""
 from __future__ import annotations
 
 import subprocess

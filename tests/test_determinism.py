@@ -7,7 +7,7 @@
   under timeout) gives bit-identical results run to run (tests/mpi/test_determinism.py
   repeats jobs within one run at 8 and 4 ranks).
 * The same job on 1, 2, 4 and 8 simulated ranks, and the MPI runs, agree
-  within the documented tolerance (docs/reliability.md): the contraction is
+  within the documented tolerance (docs/explanation/reliability.md): the contraction is
   split differently, so the summation order, and with it the last bits, differ.
   Which ranks sum in which order is spmdsim's split, the same on either engine;
   simulated ranks show it without starting 15 more Pythons.

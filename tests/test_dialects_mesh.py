@@ -277,7 +277,7 @@ def test_repeated_or_empty_mesh_axis_names_are_refused_as_mesh_axis_names(conver
 
 # -- JAX PartitionSpec --------------------------------------------------------------
 def test_partition_spec_design_example():
-    # docs/semantics.md: mesh (dp, sp, mp) = (2, 2, 2), x (32, 784) mapped ("mp", ("sp", "dp")).
+    # docs/explanation/semantics.md: mesh (dp, sp, mp) = (2, 2, 2), x (32, 784) mapped ("mp", ("sp", "dp")).
     tl = partition_spec_to_layout(("mp", ("sp", "dp")), (2, 2, 2), 2, ("dp", "sp", "mp"))
     shape = (32, 784)
     assert tl.slices(tl.layout.rank_of((0, 1, 0)), shape) == (slice(0, 16), slice(392, 588))
@@ -437,7 +437,7 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
     mesh axes"); MindSpore's integer tensor map said only "must be an axis name"; Layout took MindSpore's
     "interleaved_parallel" as a real axis (16 ranks for a layout MindSpore runs on 8, silently); Paddle's
     dist.Shard and ProcessMesh were "not valid" / "not a mesh". Each names itself now, and what to write instead;
-    docs/dialects.md lists them under "Not supported"."""
+    docs/reference/dialects.md lists them under "Not supported"."""
     from pathlib import Path
 
     from spmdsim import LayoutError
@@ -472,7 +472,7 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
     for convert in CONVERTERS.values():
         _errors_with("ProcessMesh([[0, 1], [2, 3]]) is not a mesh (a paddle ProcessMesh, which spmdsim does not "
                      "read: pass Layout(mesh.shape, mesh.dim_names) instead)", convert, process_mesh)
-    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "dialects.md").read_text().split())
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "reference" / "dialects.md").read_text().split())
     section = doc[doc.index("## Not supported"):]
     for name in ("P.UNCONSTRAINED", "integer tensor map", "interleaved_parallel", "ProcessMesh", "shard_tensor"):
         assert name in section, name

@@ -1,6 +1,6 @@
 """Every ``spmdsim.x.y`` spelling in the docs and examples works after a bare ``import spmdsim``.
 
-docs/porting.md writes ``with spmdsim.nn.autograd.no_grad():``; that spelling must not depend on some
+docs/tutorials/porting.md writes ``with spmdsim.nn.autograd.no_grad():``; that spelling must not depend on some
 other module having imported `spmdsim.nn.autograd` first. The check runs in this process, whatever it
 imported before: each step from a package to a name must be one that a fresh ``import spmdsim``
 would take too: the package's lazy ``__getattr__`` gives it (asked directly), or the package's own
@@ -29,7 +29,7 @@ _SPELLING = re.compile(r"(?<![\w./-])(?<!import )(?<!from )(?<!-m )spmdsim(?:\.[
 def _spellings() -> dict[str, str]:
     """spelling -> the first file that writes it (docs/*.md, README.md, examples/*.py)."""
     found: dict[str, str] = {}
-    files = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]
+    files = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", *sorted((ROOT / "examples").glob("*.py"))]
     for path in files:
         for match in _SPELLING.finditer(path.read_text()):
             found.setdefault(match.group(0), str(path.relative_to(ROOT)))
@@ -147,7 +147,7 @@ print(spelled is bare is exchange is spmdsim.runtime.collectives.exchange is mod
 
 
 def test_spmdsim_runtime_exchange_is_the_function_whatever_was_imported_first():
-    """docs/runtime.md's ``exchange``: the one function before and after ``import spmdsim.runtime.exchange``
+    """docs/explanation/runtime.md's ``exchange``: the one function before and after ``import spmdsim.runtime.exchange``
     (the function's module, which Python would bind on its package when first imported: spmdsim/_lazy.py)."""
     out = subprocess.run([sys.executable, "-c", _EXCHANGE], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from docs_commands import ROOT, quotes  # noqa: E402
 
-DOCS = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+DOCS = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
 _PROGRAMS = ("spmdsim ", "timeout ", "mpiexec ", "python ", "python3 ", "bash ", "pip ")
 # `[--json]`, `[NAME ...]`, `...` as an argument, `vocab|dim`: a synopsis, not a command to paste.
 _SYNOPSIS = re.compile(r"(?:^|\s)\[[-A-Z]|\s\.\.\.(?:\s|\]|$)|\b\w+\|\w+\b")
@@ -32,9 +32,9 @@ def test_commands_in_command_blocks_can_be_pasted(doc):
 
 def test_synopsis_lines_are_text_blocks():
     # The forms with alternatives and optional flags stay in the docs, in ```text blocks.
-    assert "spmdsim run embedding --mode vocab|dim" in (ROOT / "docs/operators.md").read_text()
-    assert "python -m spmdsim.models.nets [NAME ...]" in (ROOT / "docs/networks.md").read_text()
-    for doc, what in (("docs/operators.md", "--mode vocab|dim"), ("docs/networks.md", "[NAME ...]")):
+    assert "spmdsim run embedding --mode vocab|dim" in (ROOT / "docs/reference/operators.md").read_text()
+    assert "python -m spmdsim.models.nets [NAME ...]" in (ROOT / "docs/reference/networks.md").read_text()
+    for doc, what in (("docs/reference/operators.md", "--mode vocab|dim"), ("docs/reference/networks.md", "[NAME ...]")):
         text = (ROOT / doc).read_text()
         at = text.index(what)
         fence = text.rfind("```", 0, at)
@@ -60,7 +60,7 @@ def test_data_extra_hint_is_the_editable_install():
 
     source = pathlib.Path(digits.__file__).read_text()
     assert "spmdsim[data]" not in source and "pip install -e '.[data]'" in source
-    assert "pip install -e \".[data]\"" in (ROOT / "README.md").read_text()
+    assert "pip install -e \".[data]\"" in (ROOT / "docs/howto/train.md").read_text()
 
 
 def test_cpi_docstring_names_itself():
@@ -73,7 +73,7 @@ def test_train_gpt_timeout_is_the_readme_one():
     doc = ast.get_docstring(ast.parse((ROOT / "examples/train_gpt.py").read_text()))
     run = re.search(r"timeout -k 5 (\d+) mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp\n", doc)
     readme = re.search(r"timeout -k 5 (\d+) mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp\n",
-                       (ROOT / "README.md").read_text())
+                       (ROOT / "docs/howto/train-gpt.md").read_text())
     assert run and readme and run.group(1) == readme.group(1) == "3600"
 
 
@@ -173,11 +173,11 @@ def test_an_infinite_compute_rate_is_refused(capsys):
 
 
 def test_reliability_says_how_every_example_guards_its_ranks():
-    """docs/reliability.md said `spmdsim.script(__file__)` is "the first line of every example": the training
+    """docs/explanation/reliability.md said `spmdsim.script(__file__)` is "the first line of every example": the training
     examples call run_main instead, and the others parse their arguments first (--help, unknown arguments).
     The doc says so now, and every example does as it says: run_main, or script(__file__) the statement after
     parse_args() (the two port_*_mlp.py examples too: they called it after their imports and refused --help)."""
-    text = " ".join((ROOT / "docs" / "reliability.md").read_text(encoding="utf-8").split())
+    text = " ".join((ROOT / "docs" / "explanation" / "reliability.md").read_text(encoding="utf-8").split())
     assert "the first line of every example" not in text
     assert ("the training examples through `spmdsim.models.nets.train.run_main`, the others with "
             "`spmdsim.script(__file__)` on the line after they parse their arguments") in text

@@ -30,9 +30,9 @@ def test_nets_tables_fit_100_columns_with_their_totals_on_one_line(capsys):
 
 
 def test_autoshard_mlp_is_what_readme_says(capsys):
-    readme = (ROOT / "README.md").read_text()
-    assert "spmdsim autoshard --network mlp --run --ranks 8" in readme
-    assert "The last line chooses data parallel" in readme and "16,128 B per\nrank" in readme
+    page = " ".join((ROOT / "docs/howto/autoshard.md").read_text().split())
+    assert "spmdsim autoshard --network mlp --run --ranks 8" in page
+    assert "The last line chooses data parallel" in page and "16,128 B per rank" in page
 
     assert main(MLP) == 0
     out = capsys.readouterr().out
@@ -48,7 +48,7 @@ def test_autoshard_mlp_is_what_readme_says(capsys):
 
 
 def test_the_seed_strategy_picture_of_lab_exercise_5_fits(capsys):
-    lab = (ROOT / "docs" / "lab.md").read_text()
+    lab = (ROOT / "docs" / "tutorials" / "lab.md").read_text()
     command = 'spmdsim show --strategy "((2,1,1,2,1),)" --world-size 8 --shape 2,1,1,2,1'
     assert command in lab
     assert main(["show", "--strategy", "((2,1,1,2,1),)", "--world-size", "8", "--shape", "2,1,1,2,1"]) == 0
@@ -63,7 +63,7 @@ def test_docs_networks_tables_are_what_the_command_prints(capsys):
     from docs_commands import mismatch, quotes
     from spmdsim.models.nets.__main__ import main as nets
 
-    quoted = [q for q in quotes("docs/networks.md") if q.output and q.command.startswith("python -m spmdsim.models.nets")]
+    quoted = [q for q in quotes("docs/reference/networks.md") if q.output and q.command.startswith("python -m spmdsim.models.nets")]
     assert len(quoted) == 5
     for quote in quoted:
         assert nets(shlex.split(quote.command)[3:]) == 0
@@ -76,16 +76,16 @@ def test_docs_networks_tables_are_what_the_command_prints(capsys):
 
 def test_demo_pass_counts_are_the_ones_the_docs_give(capsys):
     # README: the 8-rank table ends "18 passed"; at 16 ranks "14 of the 18 run".
-    # docs/operators.md: "18 of 18 pass at 8 ranks, 14 at 16 ..., 10 at 4, 9 at 6 ..., 6 at 3".
-    readme = (ROOT / "README.md").read_text()
-    operators = " ".join((ROOT / "docs" / "operators.md").read_text().split())
+    # docs/reference/operators.md: "18 of 18 pass at 8 ranks, 14 at 16 ..., 10 at 4, 9 at 6 ..., 6 at 3".
+    readme = (ROOT / "docs/howto/install.md").read_text()
+    operators = " ".join((ROOT / "docs" / "reference" / "operators.md").read_text().split())
     m = re.search(r"(\d+) of (\d+) pass at 8 ranks, (\d+) at 16 .*?, (\d+) at 4, (\d+) at 6 .*?, (\d+) at 3",
                   operators)
-    assert m, "docs/operators.md states the demo's counts"
+    assert m, "docs/reference/operators.md states the demo's counts"
     total = int(m.group(2))
     said = {8: int(m.group(1)), 16: int(m.group(3)), 4: int(m.group(4)), 6: int(m.group(5)), 3: int(m.group(6))}
     assert f"\n{said[8]} passed, 0 failed, 0 skipped\n```" in readme
-    assert f"(at 16 ranks {said[16]} of the {total} run)" in readme
+    assert f"(at 16 ranks {said[16]} of the {total} run)" in " ".join(readme.split())
     for ranks, passed in said.items():
         code = main(["demo", "--ranks", str(ranks)])
         out, err = capsys.readouterr()
@@ -98,13 +98,13 @@ def test_docs_networks_says_how_loosely_its_error_figures_are_compared():
     # (docs_commands.close), so stale figures (1.19e-06 for 9.54e-07) passed: the page says how loose it is.
     from docs_commands import FACTOR, close
 
-    text = " ".join((ROOT / "docs" / "networks.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "reference" / "networks.md").read_text().split())
     assert f"within a factor of {FACTOR:g} of the quoted one" in text
     assert close(1.19e-06, 9.54e-07)  # why the page's stale figures passed
 
 
 def test_docs_counts_in_e_notation_match_as_quoted():
-    # A step's FLOPs quoted as 1.1436e+15 (docs/estimate.md) were matched as a rounding error, within a factor
+    # A step's FLOPs quoted as 1.1436e+15 (docs/howto/estimate.md) were matched as a rounding error, within a factor
     # of 100: a count that moved to 1.2e+15 (or 1e+17) still passed. An error stays loose; a count is exact.
     from docs_commands import close
 

@@ -1,6 +1,5 @@
 """The eager step's hot path: no import statement (a relative import inside a function runs importlib's
-Python on every call), no redistribution compiled again after the first step (docs/performance.md, "Then
-the import statements on the hot path") and none of the per-operator helpers cut since ("Then the autograd
+Python on every call), no redistribution compiled again after the first step (docs/explanation/performance.md, "Python overhead of the hot paths") and none of the per-operator helpers cut since ("Then the autograd
 walk's and the operators' own frames")."""
 from __future__ import annotations
 

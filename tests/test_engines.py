@@ -144,7 +144,7 @@ def _package(module: str) -> str | None:
 
 
 def test_no_import_cycle_between_spmdsims_packages():
-    """Packages import downwards (docs/architecture.md): with every import counted, function-level ones
+    """Packages import downwards (docs/explanation/architecture.md): with every import counted, function-level ones
     too, the graph of packages has no cycle. DTensor's operators reach ops and autograd through the table
     spmdsim.nn.ops fills (ops/methods.py), not by an import from the runtime."""
     edges: dict[str, set[str]] = {}
@@ -220,13 +220,13 @@ def test_a_dry_runs_memory_check_is_one_ranks(capsys):
     assert lines[-1].split()[:4] == ["ranks", "0-16383", "1", "1,040,384"] and "allreduce x1" in lines[-1]
 
 
-#: A communicator's transfer methods, mpi4py's names (docs/architecture.md, "The path of a byte").
+#: A communicator's transfer methods, mpi4py's names (docs/explanation/architecture.md, "The path of a byte").
 TRANSFER_CALL = (r"\.(Allreduce|Allgather|Alltoallv?|Reduce_scatter|Bcast|Send|Recv|Isend|Irecv|Sendrecv|"
                  r"allreduce|allgather|bcast|gather|alltoall)\(")
 
 
 def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_methods():
-    """The command docs/architecture.md shows: every call of a communicator's transfer method in the package
+    """The command docs/explanation/architecture.md shows: every call of a communicator's transfer method in the package
     is in the MPI engine's module or the mpi4py emulator's package (and one line of prose about x.gather())."""
     out = subprocess.run(["grep", "-rnE", "--include=*.py", TRANSFER_CALL, "spmdsim"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
@@ -240,7 +240,7 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     assert strays == ["spmdsim/nn/ops/methods.py"], strays
     prose = [line for line in lines if line.startswith("spmdsim/nn/ops/methods.py")]
     assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]
-    shown = (ROOT / "docs" / "architecture.md").read_text()
+    shown = (ROOT / "docs" / "explanation" / "architecture.md").read_text()
     assert f'$ grep -rnE "{TRANSFER_CALL}" spmdsim | grep -v "KERNELS\\."' in shown  # the docs show this command
 
 

@@ -78,7 +78,7 @@ def test_pruning_keeps_the_true_best(exhaustive, cells, share):
 
 
 def test_the_search_at_3072_devices_prices_few():
-    """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/estimate.md runs the same search
+    """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/howto/estimate.md runs the same search
     from the command line): 72 configurations (ZeRO 0, 1 and 2); model states rule out half under 8.5 GiB, the
     bounds most of the rest, and the choice is the fastest that fits of the eight priced: selective
     recomputation under ZeRO-1, its peak its memory line and, for a moment, the attention softmax's backward (3

@@ -1,4 +1,4 @@
-"""`spmdsim estimate`: a configuration that does not fit is told what to change (docs/estimate.md)."""
+"""`spmdsim estimate`: a configuration that does not fit is told what to change (docs/howto/estimate.md)."""
 from __future__ import annotations
 
 import json
@@ -55,7 +55,7 @@ def test_a_stage_over_the_gpus_memory_is_told_what_shrinks_it(tmp_path, argv, hi
     rest = sum(stage["bytes"].values()) - act + stage["backward_gradient_bytes"]
     tail = _tail(*argv, "--machine", _machine(tmp_path, stage["peak_bytes"] - 1))
     assert f"\nto fit: stage 0 holds {hint.format(act=_gib(act), rest=_gib(rest))}; a larger --tp or --pp splits " \
-           "both; or let `spmdsim autoshard --network gpt --machine` choose (docs/estimate.md)" in tail, tail
+           "both; or let `spmdsim autoshard --network gpt --machine` choose (docs/howto/estimate.md)" in tail, tail
     assert tail.startswith("memory: stage 0 needs ")
     assert "to fit" not in _tail(*argv, "--machine", _machine(tmp_path, stage["peak_bytes"]))
 

@@ -424,7 +424,7 @@ def test_gpt2s_vocabulary_is_padded_as_megatron_pads_it():
 
 
 def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_does_not_fit():
-    """docs/estimate.md: at seq 1,048,576 a rank's attention scores are 32 TiB a block, which the dry run cannot
+    """docs/howto/estimate.md: at seq 1,048,576 a rank's attention scores are 32 TiB a block, which the dry run cannot
     map (numpy's MemoryError was an 80-line traceback); at bf16 still more than a GPU holds, so the line says the
     configuration does not fit. The address space is limited to 16 TiB, so that the first such block fails on
     any machine (with 47-bit addresses the third did)."""
@@ -444,7 +444,7 @@ def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_
 
 
 def test_a_model_larger_than_this_machine_is_estimated_not_refused():
-    """docs/estimate.md: a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
+    """docs/howto/estimate.md: a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
     dry run writes none of it: the estimate runs and says the rank does not fit the A100."""
     done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
                 "--tp", "1", "--global-batch", "1", "--micro-batch", "1")

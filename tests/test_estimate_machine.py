@@ -132,7 +132,7 @@ _F = "machine file 'x.json': "
                                           "(0, 1] (fraction of peak)"),
     ("gemm_efficiency.model", "tiles", "key 'gemm_efficiency.model' is 'tiles'; expected one of ('roofline',)"),
     ("gemm_efficiency.source", _DELETE, "key 'gemm_efficiency.source' is missing; expected present "
-                                        "(see docs/estimate-machine.md)"),
+                                        "(see docs/howto/add-machine-file.md)"),
 ])
 def test_every_bad_value_is_one_line_naming_file_key_value_and_expectation(key, value, line):
     with pytest.raises(SpmdsimError) as info:
@@ -200,7 +200,7 @@ def test_calibrated_machine_round_trips_through_load_machine(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp64", "bf16-mixed", "fp16-mixed"])
 def test_a_calibrated_machine_file_prices_every_precision_in_estimate_and_the_search(tmp_path, precision, capsys):
-    """`spmdsim calibrate --machine-out`'s file is what --machine takes (docs/estimate.md): it gave only fp32, and
+    """`spmdsim calibrate --machine-out`'s file is what --machine takes (docs/howto/estimate.md): it gave only fp32, and
     every precision's GEMMs (fp64, bf16, fp16) were refused, in `estimate` and in `autoshard --machine` alike."""
     from spmdsim.tools.cli.main import main
 

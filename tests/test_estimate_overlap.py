@@ -1,4 +1,4 @@
-"""`spmdsim estimate --overlap tp,pp` (docs/estimate.md, "The predicted step time"): the layers' tensor-parallel
+"""`spmdsim estimate --overlap tp,pp` (docs/explanation/estimate.md, "The predicted step time"): the layers' tensor-parallel
 collectives hidden under their GEMMs (Megatron's --tp-comm-overlap) and the pipeline's messages under the
 microbatches' compute (overlap_p2p_comm), each at most that compute; without it the figures are as before (the dp
 gradient sums alone hidden, under the backward). Before, the option did not exist: NeMo's GPT-3 175B recipe, which

@@ -1,4 +1,4 @@
-"""`spmdsim estimate` beside published training measurements (docs/estimate.md, "Today's models beside their
+"""`spmdsim estimate` beside published training measurements (docs/howto/estimate.md, "Today's models beside their
 published figures"): what those comparisons rest on, on small models.
 
 A Llama trains without dropout (Meta's Llama 3 405B, NVIDIA's Llama 3.1 recipes: attention and hidden dropout 0),

@@ -400,7 +400,7 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
 
 
 def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
-    """docs/estimate.md and docs/autoshard.md: Narayanan et al.'s t 8, p 64, d 6 with full recomputation, not
+    """docs/howto/estimate.md and docs/howto/autoshard.md: Narayanan et al.'s t 8, p 64, d 6 with full recomputation, not
     interleaved (`spmdsim estimate gpt --layers 128 --hidden 25600 --heads 160 --seq 2048 --vocab 51200
     --global-batch 3072 --tp 8 --pp 64 --dp 6 --recompute full --kept megatron`), holds 72,669 MiB (70.97 GiB)
     on its fullest rank (the docs said 89,322, then 80,995 while the optimizer held parameter-sized scratch), and
@@ -413,10 +413,10 @@ def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
     assert memory == 76_199_334_912 and peak == 76_702_651_392 and peak < 80 << 30
     from pathlib import Path
 
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    for name, quoted in (("estimate.md", "without interleaving, 100.4 s and {} MiB ({} MiB at its peak), within it "
+    docs = Path(__file__).resolve().parents[1]
+    for name, quoted in (("docs/howto/choose-configuration.md", "without interleaving, 100.4 s and {} MiB ({} MiB at its peak), within it "
                                          "but slower"),
-                         ("autoshard.md", "without interleaving at 100.4 s and {} MiB (70.97 GiB; {} MiB, 71.44 GiB, "
+                         ("docs/howto/choose-configuration.md", "without interleaving at 100.4 s and {} MiB (70.97 GiB; {} MiB, 71.44 GiB, "
                                           "at its peak), which fits")):
         prose = " ".join((docs / name).read_text().split())  # the paragraphs' lines joined
         assert quoted.format(f"{memory / 2 ** 20:,.0f}", f"{peak / 2 ** 20:,.0f}") in prose, name

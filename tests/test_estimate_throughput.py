@@ -1,5 +1,5 @@
 """`spmdsim estimate`: the MFU and HFU lines are the dry run's FLOPs at the predicted step time, and the
-assumptions line is the machine file's (docs/estimate.md, "MFU, HFU and what the prediction assumes")."""
+assumptions line is the machine file's (docs/howto/estimate.md, "MFU, HFU and what the prediction assumes")."""
 from __future__ import annotations
 
 import json
@@ -124,11 +124,11 @@ def test_utilization_refuses_bad_values_in_one_line(args, message):
 
 
 def _quoted(text: str, what: str) -> dict:
-    """{"MFU": (percent, TFLOP/s), "HFU": ...} of the output docs/estimate.md quotes under the command with `what`
+    """{"MFU": (percent, TFLOP/s), "HFU": ...} of the output docs/explanation/estimate-published.md quotes under the command with `what`
     (tests/test_classroom_docs.py checks the quoted lines against the command's own output)."""
     from docs_commands import quotes
 
-    (quote,) = [q for q in quotes("docs/estimate.md") if what in q.command and q.output
+    (quote,) = [q for q in quotes("docs/explanation/estimate-published.md") if what in q.command and q.output
                 and any(line.startswith("MFU ") for line in q.output)]
     out = {}
     for line in quote.output:
@@ -139,9 +139,9 @@ def _quoted(text: str, what: str) -> dict:
 
 
 def test_the_docs_comparisons_with_the_papers_are_the_quoted_outputs():
-    """docs/estimate.md's table beside Korthikanti's Table 5 and Narayanan's Table 1, and its prose, give the
+    """docs/explanation/estimate-published.md's table beside Korthikanti's Table 5 and Narayanan's Table 1, and its prose, give the
     MFU, HFU and TFLOP/s the commands it quotes print (each quoted line is checked against the program)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "estimate.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "explanation" / "estimate-published.md").read_text()
     prose = " ".join(text.split())
     # (the 22B model's own flags: the Mixtral section quotes a selective, kept megatron run with an MFU line too)
     selective = _quoted(text, "--hidden 6144 --heads 64 --seq 2048 --vocab 51200 --micro-batch 4 --global-batch 4 "

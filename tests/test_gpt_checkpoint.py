@@ -1,4 +1,4 @@
-"""Stopping and resuming the GPT trainer (spmdsim.models.gpt.checkpoint; docs/training.md, "Stopping and resuming the
+"""Stopping and resuming the GPT trainer (spmdsim.models.gpt.checkpoint; docs/howto/train-gpt.md, "Stopping and resuming the
 GPT"): a run resumed from a checkpoint steps as the run that never stopped, bit for bit, on simulated ranks; a
 checkpoint that does not fit is refused in one line, alike on every rank; a rank whose own file is wrong stops
 every rank with one line. The MPI case: tests/mpi/test_gpt_mpi.py."""
@@ -23,7 +23,7 @@ from testkit import unfold
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
 TEXT = encode(load_text(20_000))
-DOC = "docs/training.md"
+DOC = "docs/howto/train-gpt.md"
 
 
 def _run(steps, dp=2, tp=2, cfg=SMALL, **kw):

@@ -1,7 +1,7 @@
 """Llama's options of the GPT (GPTConfig ffn, norm, mlp, kv_heads, tied, positions, bias): the reference against
 central differences, a training step on simulated ranks against the reference, the dry run's parameter count
-against the closed count of a Llama-2-7B-shaped config, and `spmdsim estimate`'s flags (docs/training.md,
-"Llama's options"; docs/estimate.md, "A Llama")."""
+against the closed count of a Llama-2-7B-shaped config, and `spmdsim estimate`'s flags (docs/howto/train-gpt.md,
+"Llama's options"; docs/howto/estimate.md, "A Llama")."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
 """Llama's options (GPTConfig ffn, kv_heads, norm, mlp, tied, positions, bias) as the examples' flags, spelled as
 `spmdsim estimate` spells them (spmdsim.models.gpt.flags): examples/train_gpt.py and examples/train_moe_gpt.py train
 and check them, a bad one is one line naming the flag, and --save/--resume refuse another architecture while an
-older checkpoint, saved before the options existed, still resumes (docs/training.md, "Llama's options")."""
+older checkpoint, saved before the options existed, still resumes (docs/howto/train-gpt.md, "Llama's options")."""
 from __future__ import annotations
 
 import json
@@ -92,7 +92,7 @@ def test_resume_refuses_another_architecture_and_an_older_checkpoint_resumes(tmp
 
 
 def test_the_docs_command_prints_what_the_doc_quotes():
-    shown = section("docs/training.md", "## Llama's options")
+    shown = section("docs/howto/train-gpt.md", "## Llama's options")
     shown = [q for q in shown if not q.inline]  # the prose names `spmdsim estimate`
     assert len(shown) == 1 and all(flag in shown[0].command for flag in LLAMA[2:])
     assert_prints_quote(shown[0])

@@ -183,7 +183,7 @@ def test_train_gpt_example_as_a_user_runs_it():
 
 
 def test_readmes_replay_command_prints_the_losses_of_the_steps_run_one_by_one():
-    quoted = [line for line in (ROOT / "README.md").read_text().splitlines()
+    quoted = [line for line in (ROOT / "docs/howto/train-gpt.md").read_text().splitlines()
               if line.startswith("python examples/train_gpt.py") and line.endswith("--replay")]
     assert len(quoted) == 1, quoted
     words = quoted[0].split()[1:]

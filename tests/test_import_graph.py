@@ -1,4 +1,4 @@
-"""No import cycle among spmdsim's modules (docs/architecture.md, "Imports").
+"""No import cycle among spmdsim's modules (docs/explanation/architecture.md, "Imports").
 
 The graph: every module of the package (a package's ``__init__`` is a module) and, for each, the spmdsim
 modules its module-level imports load (tests/importkit.py reads them with `ast`; imports inside functions

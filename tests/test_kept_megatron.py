@@ -208,15 +208,15 @@ def test_at_bf16_a_row_parallel_sum_left_float32_is_caught(monkeypatch):
 
 
 def test_the_documented_bf16_table_is_what_the_command_prints():
-    """docs/training.md ("Megatron's kept set"): the bf16-mixed table is the documented command's first table,
+    """docs/howto/memory.md ("Megatron's kept set"): the bf16-mixed table is the documented command's first table,
     row for row."""
     pytest.importorskip("ml_dtypes")
     from docs_commands import ROOT, run_quoted
 
     command = "python scripts/memory_table.py --kept megatron --precision bf16-mixed"
-    text = (ROOT / "docs/training.md").read_text()
-    start = text.index("### Megatron's kept set")
-    shown = text[start:text.index("\n## ", start)]
+    text = (ROOT / "docs/howto/memory.md").read_text()
+    start = text.index("## Megatron's kept set")
+    shown = text[start:]
     at = shown.index(f"`{command}`")
     table = [line for line in shown[at:].split("\n\n")[1].splitlines()]
     assert table and all(line.startswith("| ") for line in table), table

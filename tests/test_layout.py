@@ -1,4 +1,4 @@
-"""Layout algebra: docs/semantics.md worked examples, tiling property, queries, errors."""
+"""Layout algebra: docs/explanation/semantics.md worked examples, tiling property, queries, errors."""
 from __future__ import annotations
 
 import math

@@ -78,7 +78,7 @@ def test_a_rank_reuses_a_freed_16_mib_buffer_without_page_faults():
 def test_a_ranks_run_keeps_freed_buffers_as_an_mpi_rank_does_unless_the_user_chose(calls, monkeypatch):
     """A --ranks N run of a program (the CLI, the examples: run_on_ranks) asks glibc to keep its freed buffers, as
     an MPI rank of the same program does (an eager step's freed heap top was faulted in again every step:
-    docs/performance.md); a dry run allocates no blocks and does not; a glibc variable the user set wins."""
+    docs/explanation/performance.md); a dry run allocates no blocks and does not; a glibc variable the user set wins."""
     from spmdsim.runtime.sim.launch import run_on_ranks
 
     assert run_on_ranks(2, lambda: None, dry_run=True) == 0 and calls == []

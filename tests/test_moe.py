@@ -1,5 +1,5 @@
 """Mixture of experts (spmdsim.models.moe): routing, the layer on simulated ranks against the numpy reference,
-the MoE GPT's steps against one numpy process, and the refusals (docs/experts.md)."""
+the MoE GPT's steps against one numpy process, and the refusals (docs/howto/experts.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -371,10 +371,10 @@ def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, 
     assert "\n" not in errors[0] and "the MoE layer's input (tokens, batch, features) is laid out" in errors[0]
     want = '("dp", "ep")' if mesh_shape[0] > 1 else '"ep"'
     assert errors[0].endswith(f"nothing else split or pending: (None, {want}, None)"), errors[0]
-    if x_map == (None, "dp", None):  # the line docs/experts.md quotes
+    if x_map == (None, "dp", None):  # the line docs/howto/experts.md quotes
         import pathlib
 
-        doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "experts.md").read_text()
+        doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "howto" / "experts.md").read_text()
         assert "\n" + errors[0] + "\n" in doc, errors[0]
 
 
@@ -765,12 +765,12 @@ def test_a_replayed_pipelined_moe_step_is_the_eager_one(dropless):
 
 def test_the_pipelined_moe_example_replays_as_docs_experts_md_shows(monkeypatch):
     """train_moe_gpt.py --pp --replay passed `replay` to the unpipelined train() alone: it printed a PASS and ran
-    every step eagerly. The command docs/experts.md quotes runs each stage's program at step 0 alone (8 ranks, 3
+    every step eagerly. The command docs/howto/experts.md quotes runs each stage's program at step 0 alone (8 ranks, 3
     steps: 8 runs, not 24) and prints what the page quotes."""
     import spmdsim.models.gpt.pipeline as p
     from docs_commands import mismatch, quotes
 
-    quoted = [q for q in quotes("docs/experts.md") if "train_moe_gpt.py" in q.command and "--pp" in q.command
+    quoted = [q for q in quotes("docs/howto/experts.md") if "train_moe_gpt.py" in q.command and "--pp" in q.command
               and "--replay" in q.command]
     assert len(quoted) == 1, quoted
     words = quoted[0].command.split()[2:]

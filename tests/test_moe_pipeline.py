@@ -1,6 +1,6 @@
 """The MoE GPT over a pipeline (spmdsim.models.gpt.pipeline with cfg.moe): every step against one numpy process
 microbatch by microbatch, the router losses on the stage that holds each MoE layer, the experts' gradients
-summed over dp alone, a dry run's ledger against a real step's, and the refusals (docs/experts.md)."""
+summed over dp alone, a dry run's ledger against a real step's, and the refusals (docs/howto/experts.md)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,7 +1,7 @@
 """ZeRO-1 with MoE layers (spmdsim.nn.distrib_optim.DistributedAdamW over ("dp", "ep")): the dense layers' states
 and master copy sharded over dp x ep, the experts' over dp alone (Megatron's expert-data-parallel group), every
 step checked against one numpy process and equal to AdamW's, each bucket's Reduce_scatter and Allgather over its
-own group, a dry run's bytes those of a real step (docs/experts.md, "ZeRO-1")."""
+own group, a dry run's bytes those of a real step (docs/howto/experts-memory.md, "ZeRO-1")."""
 from __future__ import annotations
 
 import numpy as np

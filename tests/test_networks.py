@@ -69,7 +69,7 @@ def test_redistributions_into_relu_are_local_and_all_plans_meet_the_lower_bound(
 def test_layout_variant_matches_the_seed_and_design():
     net = mindspore_layout(8)
     matmul1 = net.stages[1]
-    # docs/semantics.md: ("sp", "dp") is sp-major; device (0, 1, 0) = rank 2 holds x[0:16, 392:588].
+    # docs/explanation/semantics.md: ("sp", "dp") is sp-major; device (0, 1, 0) = rank 2 holds x[0:16, 392:588].
     assert matmul1.x.bounds(2, (32, 784)) == ((0, 16), (392, 588))
     assert matmul1.x.bounds(1, (32, 784)) == ((16, 32), (0, 196))
     assert matmul1.params[0].layout.bounds(2, (784, 512)) == ((392, 588), (0, 512))

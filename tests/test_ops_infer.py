@@ -241,11 +241,11 @@ def test_contraction_messages_say_where_a_transpose_flag_puts_k():
 
 
 def test_operators_md_inference_example_runs_as_quoted():
-    """docs/operators.md's `>>>` example of an operator program (its steps and bytes) holds."""
+    """docs/reference/operators.md's `>>>` example of an operator program (its steps and bytes) holds."""
     import doctest
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "operators.md"
+    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "reference" / "operators.md"
     result = doctest.testfile(str(path), module_relative=False, verbose=False)
     assert result.attempted >= 6 and result.failed == 0
 

@@ -45,7 +45,7 @@ def test_narrow_rule_of_a_split_dim_keeps_the_split_that_divides_the_slice():
     assert infer_narrow(x, (16, 3), 0, -1, 1) == (L(None, None), 0, 15, (1, 3))  # one row: whole
     pending = L(None, "tp", partial=("dp",))
     assert infer_narrow(pending, (2, 8), 1, 2, 4) == (pending, 1, 2, (2, 4))
-    wide = Layout((4, 2), ("a", "b"))  # docs/semantics.md: 2 rows of a dim over ("a", "b") keep "b"
+    wide = Layout((4, 2), ("a", "b"))  # docs/explanation/semantics.md: 2 rows of a dim over ("a", "b") keep "b"
     assert [infer_narrow(wide(("a", "b")), (16,), 0, 0, n)[0] for n in (2, 4, 6, 1)] == [
         wide("b"), wide("a"), wide("b"), wide(None)]
 
@@ -157,7 +157,7 @@ def _split_slices():
 def test_slices_of_split_dims_move_the_rows_by_one_alltoallv_each():
     every = spmdsim.simulate(8, _split_slices)
     (last_layout, last, rows_layout, rows, chunk, turned_layout, turned), grad, calls = every[5]
-    # x[..., -1] (docs/operators.md): tp 3 (ranks 3 and 7) sends 4 rows of column 7 to each of tp 0-2 and
+    # x[..., -1] (docs/reference/operators.md): tp 3 (ranks 3 and 7) sends 4 rows of column 7 to each of tp 0-2 and
     # receives nothing; the others receive their 4 rows (32 B), where an Allgather of the dim brings 192 B.
     assert [r[2][0] for r in every] == [("alltoallv", 96, 0) if r % 4 == 3 else ("alltoallv", 0, 32)
                                         for r in range(8)]

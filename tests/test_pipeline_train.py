@@ -2,7 +2,7 @@
 
 Each run compares every step's loss, gradients and updated parameters with the single-process reference
 (microbatch by microbatch) on every rank; the executed schedule's unit-cost bubble and the activations each
-stage held are compared with the published formulas (docs/pipeline.md).
+stage held are compared with the published formulas (docs/howto/pipelines.md).
 """
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def test_train_gpt_refuses_a_pipelines_sizes_in_one_line_before_any_output(case,
 def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monkeypatch):
     """A dry run of pp 4: one rank per stage runs; later microbatches' cells repeat the first's measured
     rows, so the calls and bytes equal those of running every cell (the peak is the first cell's kept bytes
-    times those in flight: see docs/pipeline.md)."""
+    times those in flight: see docs/howto/pipelines.md)."""
     from spmdsim.models.gpt import pipeline
 
     cfg = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=16, dropout=0.1)

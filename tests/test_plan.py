@@ -223,7 +223,7 @@ def test_small_dims_and_single_devices(source, target, shape):
 
 
 def test_device_matrix_and_placement_give_one_mesh(capsys):
-    """--placement is another name for --device-matrix (docs/redistribution.md): `--device-matrix 8
+    """--placement is another name for --device-matrix (docs/explanation/redistribution.md): `--device-matrix 8
     --placement 2,4` planned on (2, 4) without a word; two different meshes are refused, naming both."""
     rest = ["--alias", "a,b", "--from", "a,None", "--to", "None,b", "--shape", "8,8", "--json"]
     assert main(["plan", "--device-matrix", "8", "--placement", "2,4", *rest]) == 2

@@ -1,4 +1,4 @@
-"""docs/porting.md and its two examples: they run, pass their checks, print what the page quotes, and
+"""docs/tutorials/porting.md and its two examples: they run, pass their checks, print what the page quotes, and
 refuse bad input in one line; the names the page maps onto exist."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from docs_commands import ROOT, mismatch, quotes, run_example
 from testkit import unfold
 
-DOC = "docs/porting.md"
+DOC = "docs/tutorials/porting.md"
 EXAMPLES = {"dtensor": "examples/port_dtensor_mlp.py", "jax": "examples/port_jax_mlp.py"}
 VERDICT = re.compile(r"^loss \d\.\d{7}; output, loss, gradients, updated weights vs numpy: PASS "
                      r"\(max error \d\.\de-\d\d\)$")

@@ -1,6 +1,6 @@
 """Operators and redistributions run step programs: what the trace records is what the steps say.
 
-One vocabulary for moving bytes (docs/architecture.md): an operator's inference
+One vocabulary for moving bytes (docs/explanation/architecture.md): an operator's inference
 (spmdsim.programs.infer) and the redistribution planner both give step records, the
 executor runs them, and each trace entry's bytes are the step's own
 (`Step.sized`). Run on 8 simulated ranks in this process.

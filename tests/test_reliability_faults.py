@@ -135,7 +135,7 @@ def test_fault_ends_the_job_with_a_message(fault: str, ran: dict) -> None:
     assert rc != 0 and rc != 124, (rc, out)
     if want_rc is not None and not (rc == -11 and not MPICH and "prterun" in out):
         # (Open MPI's prterun itself segfaults now and then when some ranks abort while others are in
-        # MPI_Finalize, reproduced with plain mpi4py: docs/runtime.md; the message is still checked below)
+        # MPI_Finalize, reproduced with plain mpi4py: docs/explanation/runtime.md; the message is still checked below)
         assert rc == want_rc, (rc, out)
     assert pattern is None or re.search(pattern, unfold(out)), out
     assert seconds <= FAULT_LIMIT_S, f"{fault} took {seconds:.1f} s"

@@ -1,4 +1,4 @@
-"""What a replayed step does per recorded call (docs/performance.md, "Where a replayed step's CPU goes"): a
+"""What a replayed step does per recorded call (docs/explanation/performance.md, "A GPT training step"): a
 recorded copy or cast is one np.copyto into its captured result, a dropout mask is drawn into its captured
 array, and the mask's SeededTensor is checked once per shape; each gives the values it gave before."""
 from __future__ import annotations

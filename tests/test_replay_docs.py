@@ -1,6 +1,6 @@
-"""Every training command docs/replay.md shows runs (with ``--steps 2 --sample 0``, as ``# long`` marks) and PASSes.
+"""Every training command docs/howto/replay.md shows runs (with ``--steps 2 --sample 0``, as ``# long`` marks) and PASSes.
 
-The simulated ones here; the MPI ones in tests/test_train_docs_mpi.py, in one mpiexec job with docs/training.md's
+The simulated ones here; the MPI ones in tests/test_train_docs_mpi.py, in one mpiexec job with docs/howto/train.md's
 (docs_commands.mpi_long). The page's other fenced block is an error message it quotes, not a command; the test
 counts the commands so a new one cannot be left out.
 """
@@ -10,7 +10,7 @@ import pytest
 
 from docs_commands import mpi_long, quotes, run_long
 
-DOC = "docs/replay.md"
+DOC = "docs/howto/replay.md"
 
 
 def _commands() -> list:

@@ -238,7 +238,7 @@ def test_valid_arguments_parse_as_before():
     assert bc.parse_args(["--sizes", "4096", "64K"]).sizes == [4096, 65536]
     args = bc.parse_args([])
     assert (args.ops, args.wait, args.ranks, args.iterations) == (list(bc.OPS), "busy", 8, 60)
-    args = bc.parse_args(["--launches", "10", "-n", "8", "--iterations", "30"])  # docs/oversubscription.md's
+    args = bc.parse_args(["--launches", "10", "-n", "8", "--iterations", "30"])  # docs/explanation/oversubscription.md's
     assert (args.launches, args.ranks, args.iterations, args.sizes) == (10, 8, 30, list(bc.SIZES))
     assert bc.parse_args(["--wait", "polite", "--sizes", "4096", "65536"]).wait == "polite"
     bp = _script("bench_placement")
@@ -437,11 +437,11 @@ def test_calls_gpt_counts_both_steps_calls():
     joined = re.fullmatch(r"gradient buckets written in place, their joins dropped: ([\d,]+) KiB", lines[12])
     assert captured and joined and len(lines) == 13, done.stdout
     assert int(captured[1].replace(",", "")) > 0 and 0 < float(captured[2]) < float(captured[3])
-    assert int(joined[1].replace(",", "")) > 0  # docs/replay.md, "Memory"
+    assert int(joined[1].replace(",", "")) > 0  # docs/howto/replay.md, "Memory"
 
 
 def test_bench_eager_prints_each_configurations_ratio():
-    """scripts/bench_eager.py (docs/performance.md quotes it, also under `taskset -c 0`: one core, which its child
+    """scripts/bench_eager.py (docs/explanation/performance.md quotes it, also under `taskset -c 0`: one core, which its child
     keeps): one short run of the two modes in one process, one with each mode in its own (`--apart`), and one of
     Megatron's fused blocks (`--kept megatron`), on one core where taskset is here."""
     one_core = ["taskset", "-c", "0"] if shutil.which("taskset") else []
@@ -469,7 +469,7 @@ def test_bench_eager_prints_each_configurations_ratio():
 
 
 def test_digest_training_tells_equal_results_from_different_ones():
-    """scripts/digest_training.py (docs/performance.md): selective recomputation computes what the plain step
+    """scripts/digest_training.py (docs/explanation/performance.md): selective recomputation computes what the plain step
     computes, bit for bit (the same state, the same step rows), fp32 does not; an unknown name is one error line."""
     script = str(_SCRIPTS / "digest_training.py")
     done = subprocess.run([sys.executable, script, "--only", "dense,selective,fp32"], capture_output=True, text=True,

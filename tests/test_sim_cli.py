@@ -346,7 +346,7 @@ def test_training_examples_dry_run_to_the_bytes_of_a_real_step(path, monkeypatch
     calls, sent = int(row.split()[2]), int(row.split()[3].replace(",", ""))
     code, out = run()
     assert code == 0, out
-    # The check is anchored at each step (docs/training.md); it said "one process from the run's start".
+    # The check is anchored at each step (docs/howto/train.md); it said "one process from the run's start".
     assert path.stem != "train_mindspore_tutorial" or "\nfrom the run's parameters at its start (rtol" in out
     real = {k: v for k, v in re.findall(r"(collectives|bytes sent) per step \(busiest rank\): (.*)", out)}
     per_step = lambda text: sum(float(v.replace(",", "")) for v in re.findall(r"[a-z]+ ([\d,.]+)", text))  # noqa: E731

@@ -161,8 +161,8 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     assert lines[1] == "dry run on 16384 simulated ranks (no data; bytes from the trace)"
     row = lines[3].split()
     assert row[:2] == ["ranks", "0-16383"], lines[3]
-    quoted = (Path(__file__).resolve().parents[1] / "docs" / "simulate.md").read_text()
-    assert "\n" + lines[3] + "\n" in quoted, lines[3]  # docs/simulate.md quotes this run's row as it is
+    quoted = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "simulate.md").read_text()
+    assert "\n" + lines[3] + "\n" in quoted, lines[3]  # docs/howto/simulate.md quotes this run's row as it is
     cfg = GPTConfig(vocab=50304, layers=24, d_model=1024, heads=16, seq=1024, batch=2048)
     params = _gpt_bytes_per_rank(cfg, 8, sp=True)
     assert int(row[5].replace(",", "")) >= 3 * params  # the parameters and AdamW's two flat moments

@@ -27,7 +27,7 @@ def _gpt(batch: int, layers: int = 1, moe: MoEConfig | None = None, **llama) -> 
     return GPTConfig(layers=layers, d_model=64, heads=4, seq=8, batch=batch, vocab=128, moe=moe, **llama)
 
 
-#: Mixtral's options (docs/experts.md): SwiGLU experts without biases, RMSNorm, grouped-query attention, RoPE.
+#: Mixtral's options (docs/howto/experts.md): SwiGLU experts without biases, RMSNorm, grouped-query attention, RoPE.
 MIXTRAL = dict(mlp="swiglu", bias=False, norm="rms", kv_heads=2, positions="rope", tied=False)
 
 

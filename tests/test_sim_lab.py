@@ -2,7 +2,7 @@
 
 The programs are in tests/data/lab/. The right ones print under `spmdsim mpirun`
 the lines they print under MPICH's `mpiexec -n 4` (in any order); the wrong ones
-end with the one-line report docs/simulate.md shows ("What the simulator does
+end with the one-line report docs/howto/simulate.md shows ("What the simulator does
 where MPI would hang or abort"), where MPI hangs or aborts.
 """
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
 
 
 DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
-# (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/simulate.md has which), one line each.
+# (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/howto/simulate.md has which), one line each.
 # A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it; these tests wait
 # _STALL_S instead (the same report, found sooner).
 _STALL_S = 0.3
@@ -527,7 +527,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from spmdsim import context
+from spmdsim.base import context
 
 comm = MPI.COMM_WORLD
 mem = np.zeros(1, "i")

@@ -96,7 +96,7 @@ def test_the_process_managers_attributes_need_no_mpiexec_on_path(tmp_path):
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
 def test_the_start_benchmark_runs():
-    """scripts/bench_mpirun_start.py (docs/simulate.md quotes its medians), one round: every configuration
+    """scripts/bench_mpirun_start.py (docs/howto/simulate.md quotes its medians), one round: every configuration
     ran and printed what mpiexec printed (the script exits non-zero otherwise)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import mpi4py_suite
@@ -263,7 +263,7 @@ def test_packing_with_a_simulated_communicator_is_refused_with_what_runs_instead
                           "type (expected mpi4py.MPI.Comm, got Intracomm)\n")
     assert err.endswith("\n" + fold_message(REAL_COMM_HINT) + "\n")
     assert all(len(line) <= 100 for line in fold_message(REAL_COMM_HINT).splitlines())
-    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "simulate.md").read_text()  # what the doc quotes
+    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "howto" / "mpi4py-lab.md").read_text()  # what the doc quotes
     external = tmp_path / "external.py"
     external.write_text(
         "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
@@ -308,7 +308,7 @@ def test_errors_of_the_program_and_its_modules_read_as_pythons(tmp_path, capsys)
 
 
 def test_the_ranks_share_the_process_pid_environment_and_folder(tmp_path, capsys):
-    """What docs/simulate.md says the simulated ranks share, unlike MPI processes: one PID, one os.environ (each
+    """What docs/howto/simulate.md says the simulated ranks share, unlike MPI processes: one PID, one os.environ (each
     rank sets XR to its rank, then all read the last setter's value), one working folder."""
     program = tmp_path / "env.py"
     program.write_text("import os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nos.environ['XR'] = str(c.rank)\n"

@@ -197,7 +197,7 @@ def test_a_collective_wakes_each_waiting_member_once(monkeypatch):
 
 
 def test_the_rendezvous_benchmark_times_a_case_and_refuses_bad_counts():
-    """scripts/bench_rendezvous.py (docs/performance.md quotes its medians), one short launch."""
+    """scripts/bench_rendezvous.py (docs/explanation/performance.md quotes its medians), one short launch."""
     import pathlib
 
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_rendezvous.py"

@@ -148,7 +148,7 @@ def _same(seen: dict, before: dict) -> list:
 
 def test_module_objects_stay_the_same_before_during_and_after_a_run_and_a_capture():
     """The identity of each object, seen from the ranks and from the caller, while they run and while
-    they capture a step (docs/replay.md, "How it records")."""
+    they capture a step (docs/howto/replay.md, "How it records")."""
     from spmdsim.runtime.dtensor import DTensor
 
     before = _module_objects()

@@ -213,7 +213,7 @@ def _example(*args: str) -> subprocess.CompletedProcess:
 
 
 # Adam failed from about step 25 (loss near 1e-8: "FAILED (121 of 700)" over 100 steps); the
-# other combinations of docs/training.md with fewer steps (layout with adam: its 100 documented steps,
+# other combinations of docs/howto/train.md with fewer steps (layout with adam: its 100 documented steps,
 # below, whose first 40 are these).
 @pytest.mark.parametrize("args", [
     ("--net", "tutorial", "--optimizer", "adam", "--steps", "40"),

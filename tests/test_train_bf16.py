@@ -1,4 +1,4 @@
-"""Mixed precision (issue 52, item 3; docs/training.md, "Mixed precision (bf16)") on simulated ranks.
+"""Mixed precision (issue 52, item 3; docs/howto/bf16.md) on simulated ranks.
 
 A bf16-mixed run is checked each step against one numpy process under the same policy
 (spmdsim.models.gpt.mixed): the loss and the gradients within the policy's tolerances, the optimizer
@@ -101,7 +101,7 @@ def _caught(steps: list, kind: int) -> bool:
 
 def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
     """The reference at float64 throughout (spmdsim.models.gpt.reference) in place of the policy's: the loss tells it
-    apart (the gradients' tolerance, 2u per layer, does not: docs/training.md gives the figures)."""
+    apart (the gradients' tolerance, 2u per layer, does not: docs/howto/train.md gives the figures)."""
     from spmdsim.models.gpt import reference
     from spmdsim.models.gpt import train as module
 

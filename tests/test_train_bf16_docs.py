@@ -1,4 +1,4 @@
-"""Every command docs/training.md shows under "Mixed precision (bf16)" runs, and prints what the doc quotes.
+"""Every command docs/howto/bf16.md shows runs, and prints what the doc quotes.
 
 The quoted command (``$ ...``) runs as shown and its output must match (docs_commands.mismatch); a command
 marked ``# long`` (200 steps on four layouts) runs with ``--steps 2 --sample 0`` in place of its step count and must
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from docs_commands import ROOT, assert_prints_quote, mpi_long, run_long, section
+from docs_commands import ROOT, assert_prints_quote, mpi_long, quotes, run_long
 
 pytest.importorskip("ml_dtypes")
 
-DOC = "docs/training.md"
-HEADING = "## Mixed precision (bf16)"
+DOC = "docs/howto/bf16.md"
+
 
 
 def _section() -> list:
-    return section(DOC, HEADING)
+    return quotes(DOC)
 
 
 def test_the_section_shows_the_commands_this_test_runs():
@@ -48,7 +48,7 @@ def test_the_tables_quote_the_tolerances_the_code_uses():
     from spmdsim.base.precision import precision
 
     text = (ROOT / DOC).read_text()
-    shown = text[text.index(HEADING):text.index("\n## ", text.index(HEADING) + 1)]
+    shown = text
     loss, grads, params = tolerances(precision("bf16-mixed"), GPTConfig())
     for figure in (f"{loss:.1e}", f"{grads:.1e}", f"{params:.1e}"):
         assert figure in shown, figure
@@ -60,7 +60,7 @@ def test_zero1_at_bf16_sends_the_bytes_the_doc_quotes():
     from docs_commands import run_quoted
 
     text = (ROOT / DOC).read_text()
-    shown = text[text.index(HEADING):text.index("\n## ", text.index(HEADING) + 1)]
+    shown = text
     assert "with `--zero 1` sends 3,741,704 bytes" in " ".join(shown.split())
     done = run_quoted(_section()[0].command.split(" --steps")[0] + " --zero 1 --steps 1 --sample 0")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,5 +1,5 @@
 """A checked bf16-mixed step of Llama's RMSNorm, SwiGLU and rotary embeddings (spmdsim.models.gpt.mixed mirrors their
-rounding points; docs/training.md, "Llama's options").
+rounding points; docs/howto/train-gpt.md, "Llama's options").
 
 Each option on dp 2 x tp 2 with sp, under both kept sets: every step passes the check (the tolerances of
 spmdsim.models.gpt.mixed.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to
@@ -92,7 +92,7 @@ def test_a_reference_that_rounds_swiglu_elsewhere_is_caught(monkeypatch):
     """silu's output left in float32 and rounded only after its product (one rounding, as a fused kernel would
     round; the ranks' silu node rounds its output, and the product its own) in a copy of the reference's
     piece: most gradient entries differ. The step's check lets it through (its loss within 0.01-0.34 of the
-    tolerance over 4 steps; the gradients' bound is loose on purpose: docs/training.md, "Mixed precision
+    tolerance over 4 steps; the gradients' bound is loose on purpose: docs/howto/train.md, "Mixed precision
     (bf16)"), so the share is what tells it apart here."""
     from spmdsim.models.gpt import mixed
     from spmdsim.base.precision import wide

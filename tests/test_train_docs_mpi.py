@@ -1,4 +1,4 @@
-"""Every MPI training command docs/training.md and docs/replay.md show (``# long``) runs on every rank and PASSes.
+"""Every MPI training command the training how-to pages (DOCS) show (``# long``) runs on every rank and PASSes.
 
 Each runs with ``--steps 2 --sample 0`` in place of its step count, as the pages' simulated commands do
 (tests/test_train_memory_docs.py, test_train_vocab_docs.py, test_train_bf16_docs.py, test_replay_docs.py,
@@ -13,7 +13,7 @@ import pytest
 from docs_commands import mpi_long, quotes, run_long_together
 from testkit import MPIEXEC
 
-DOCS = ("docs/training.md", "docs/replay.md")
+DOCS = ("docs/howto/memory.md", "docs/howto/bf16.md", "docs/howto/train-gpt.md", "docs/howto/replay.md")
 
 
 def _commands() -> list:
@@ -22,8 +22,8 @@ def _commands() -> list:
 
 def test_the_pages_show_the_commands_this_file_runs():
     shown = _commands()
-    assert [(q.doc, q.mpi[0]) for q in shown] == [("docs/training.md", 8)] * 4 + [("docs/replay.md", 8),
-                                                                                   ("docs/replay.md", 4)]
+    assert [(q.doc, q.mpi[0]) for q in shown] == [("docs/howto/memory.md", 8), ("docs/howto/bf16.md", 8)] + \
+        [("docs/howto/train-gpt.md", 8)] * 2 + [("docs/howto/replay.md", 8), ("docs/howto/replay.md", 4)]
     assert sum("--precision bf16-mixed" in q.command for q in shown) == 1
     assert sum("--vocab 50257" in q.command for q in shown) == 2
     assert sum("--replay" in q.command for q in shown) == 2

@@ -1,4 +1,4 @@
-"""Every command docs/training.md shows under "Memory" runs, and prints what the doc quotes.
+"""Every command docs/howto/memory.md shows runs, and prints what the doc quotes.
 
 A command quoted with its output (``$ ...``) runs as shown and its output must match
 (docs_commands.mismatch: ``...`` skips lines, e-notation differences match any number). A command
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from docs_commands import assert_prints_quote, mpi_long, run_long, section
+from docs_commands import assert_prints_quote, mpi_long, quotes, run_long
 
-DOC = "docs/training.md"
+DOC = "docs/howto/memory.md"
 
 
 def _section() -> list:
-    return section(DOC, "## Memory: activation recomputation")
+    return quotes(DOC)
 
 
 def test_the_section_shows_the_commands_this_test_runs():
@@ -41,14 +41,14 @@ def test_a_long_command_runs_two_steps_and_passes(index):
 
 def test_the_section_sends_a_pipeline_to_the_command_docs_pipeline_md_runs():
     """The section said train_gpt.py refuses --recompute, --zero and --memory beside --pp in one line; they run
-    and pass. It points to docs/pipeline.md's run instead, which tests/test_classroom_docs.py runs (its PASS)."""
+    and pass. It points to docs/howto/pipelines.md's run instead, which tests/test_classroom_docs.py runs (its PASS)."""
     from docs_commands import ROOT, quotes
 
     text = " ".join((ROOT / DOC).read_text().split())
     assert "refuses `--recompute`" not in text
     assert ("`train_gpt.py` takes `--recompute`, `--zero 1` and `--memory` beside `--pp`" in text
-            and '(docs/pipeline.md, "Running a pipeline", quotes a run that passes)' in text)
-    runs = [q for q in quotes("docs/pipeline.md") if q.output and all(
+            and '(docs/howto/pipelines.md, "Running a pipeline", quotes a run that passes)' in text)
+    runs = [q for q in quotes("docs/howto/pipelines.md") if q.output and all(
         flag in q.command.split() for flag in ("--pp", "--recompute", "--zero", "--memory"))]
     assert len(runs) == 1 and any(line.endswith(": PASS") for line in runs[0].output), runs
-    assert "## Running a pipeline" in (ROOT / "docs/pipeline.md").read_text()
+    assert "## Running a pipeline" in (ROOT / "docs/howto/pipelines.md").read_text()

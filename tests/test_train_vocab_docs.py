@@ -1,4 +1,4 @@
-"""Every command docs/training.md shows under "An odd vocabulary: padding" runs, and prints what the doc quotes.
+"""Every command docs/howto/train.md shows under "An odd vocabulary: padding" runs, and prints what the doc quotes.
 
 A command quoted with its output (``$ ...``) runs as shown and its output must match
 (docs_commands.mismatch); the refusal exits 2. The pipeline marked ``# long`` runs with ``--steps 2 --sample 0``
@@ -11,7 +11,7 @@ import pytest
 
 from docs_commands import assert_prints_quote, mpi_long, run_long, section
 
-DOC = "docs/training.md"
+DOC = "docs/howto/train-gpt.md"
 
 
 def _section() -> list:

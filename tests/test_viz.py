@@ -286,10 +286,10 @@ def test_partial_notes_match_explain_and_fit_the_width():
 
 
 def test_lab_legend_explains_every_label_notation():
-    """Each kind of label the ASCII picture prints is explained in docs/lab.md's legend."""
+    """Each kind of label the ASCII picture prints is explained in docs/tutorials/lab.md's legend."""
     import os
 
-    lab = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "lab.md")
+    lab = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "tutorials", "lab.md")
     with open(lab, encoding="utf-8") as fh:
         legend = fh.read().split("## 1.")[0]
     mesh = Layout((2, 4), ("dp", "mp"))

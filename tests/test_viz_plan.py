@@ -75,7 +75,7 @@ def test_format_bytes():
 
 
 def test_plan_picture_bytes_match_spmdsim_plan(capsys):
-    """docs/lab.md exercise 8: the Python one-liner and `spmdsim plan` print the same byte counts."""
+    """docs/tutorials/lab.md exercise 8: the Python one-liner and `spmdsim plan` print the same byte counts."""
     from spmdsim.tools.cli.main import main
 
     mesh = Layout((8,), ("x",))

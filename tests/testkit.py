@@ -79,7 +79,7 @@ def wait_for_all(comm) -> None:
     """Return once every rank of `comm` has called it; meanwhile sleep between polls of an Ibarrier (every
     10 ms), where MPICH's blocking calls poll and take the cores the late ranks still work on. A test's
     blocking collective after one rank's long work goes through it first: while rank 0 drew the 8 pictures of
-    docs/lab.md's `--png` command, the 3 others spun in the test's allgather as long (4 ranks on 2 cores:
+    docs/tutorials/lab.md's `--png` command, the 3 others spun in the test's allgather as long (4 ranks on 2 cores:
     test_classroom_docs.py 10.7-11.5 CPU-s, 5.8-6.0 with this). spmdsim's polite wait is not used: its
     20-100 us sleeps are for collectives that end within a millisecond, not for seconds of one rank's work."""
     import time
@@ -96,13 +96,12 @@ def allgather_after_all(comm, value):
 
 
 def readme_library_example() -> str:
-    """The Python program README.md quotes under "Using it as a library" (its only python block)."""
+    """The Python program docs/tutorials/first-program.md quotes (its first python block)."""
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index("## Using it as a library"):]
-    return re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs/tutorials/first-program.md").read_text()
+    return re.search(r"^```python\n(.*?)^```", text, re.S | re.M).group(1)
 
 
 def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -321,7 +320,7 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier; with
     test_loop_late.py and test_loop_feeding.py, whose rank 0 spins while it polls, at 0.8 s and 5 x 0.2 s,
     3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5)."""
-    if not MPICH:  # the emulator is compared with MPICH, what it mimics (docs/runtime.md)
+    if not MPICH:  # the emulator is compared with MPICH, what it mimics (docs/explanation/runtime.md)
         import pytest
 
         pytest.skip(f"compares the emulator with MPICH's mpiexec; {MPIEXEC or 'none'} is another MPI's launcher")

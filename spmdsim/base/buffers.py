@@ -4,7 +4,7 @@ Why: MPICH copies large messages between processes with the kernel's
 cross-memory attach, and on this project's AMD VM that copy depends on where
 the receive buffer starts relative to the send buffer within their pages: 16
 bytes apart (mod 32) costs 1.05-1.6x against 0 or 32 apart, 8 bytes apart 2-4x
-(docs/performance.md, "Buffer placement"). Where the heap puts each array is
+(docs/explanation/performance.md, "Buffer placement"). Where the heap puts each array is
 luck, so the same code ran 10-40% faster or slower from one launch to the next.
 
 Every array spmdsim allocates for MPI, from 64 KiB up, starts `PAGE_OFFSET` =

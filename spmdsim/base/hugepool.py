@@ -3,7 +3,7 @@
 Why: MPICH's cross-memory copy between two processes pins the *sender's* pages
 for every copy; a send buffer on huge pages made it 1.7-2x faster, and a fresh
 8 MiB array filled in 0.35 ms instead of 2-5 ms (scripts/bench_hugepages.py;
-docs/performance.md, "Huge pages"). numpy advises arrays from 4 MiB to be huge,
+docs/explanation/performance.md, "Huge pages"). numpy advises arrays from 4 MiB to be huge,
 but whether the kernel honours that depends on the heap's history, so it
 differed by rank and launch.
 

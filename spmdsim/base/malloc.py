@@ -3,7 +3,7 @@
 Every collective and operator returns a fresh array. With glibc's defaults a
 multi-MiB array is often a new mmap handed back on free, so the next call pays
 one page fault per 4 KiB page again: on the 2-core VM with 8 ranks that doubled
-a 16 MiB Allreduce (docs/performance.md, "Heap reuse for result buffers").
+a 16 MiB Allreduce (docs/explanation/performance.md, "Heap reuse for result buffers").
 
 Under an MPI launcher, glibc serves allocations up to 32 MiB (its largest
 mmap threshold) from the heap and keeps up to 64 MiB of freed heap top, so a
@@ -13,7 +13,7 @@ mallopt when spmdsim's guard is first set up on it (`keep_freed_buffers_under_la
 from runtime.process). A ``--ranks N`` run of spmdsim's programs (the CLI, the
 examples: `spmdsim.runtime.sim.launch.run_on_ranks`) calls mallopt alike before its
 ranks start: its eager steps otherwise fault their freed heap top in again
-every step (docs/performance.md); `spmdsim.simulate` itself does not. Skipped when
+every step (docs/explanation/performance.md); `spmdsim.simulate` itself does not. Skipped when
 the user set any of GLIBC_VARS (to opt out: ``MALLOC_TRIM_THRESHOLD_=131072``,
 glibc's default) and without glibc. ``import spmdsim`` changes nothing.
 """

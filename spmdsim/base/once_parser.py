@@ -1,7 +1,7 @@
 """OnceParser: the ArgumentParser of spmdsim's commands (the CLI, python -m spmdsim.models.nets, the scripts).
 
 A module of its own, below the packages: spmdsim.models.nets uses it without importing spmdsim.tools.cli,
-which imports spmdsim.models.nets (docs/architecture.md: packages import downwards).
+which imports spmdsim.models.nets (docs/explanation/architecture.md: packages import downwards).
 """
 from __future__ import annotations
 

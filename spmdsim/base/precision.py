@@ -1,6 +1,6 @@
 """A training run's precision policy, and the one place low-precision blocks are widened and rounded.
 
-A policy names the dtype of each kind of array (docs/training.md, "Mixed precision (bf16)"):
+A policy names the dtype of each kind of array (docs/howto/bf16.md):
 
 | preset | parameters | gradients | master copy | optimizer states | activations |
 | --- | --- | --- | --- | --- | --- |
@@ -186,7 +186,7 @@ class Precision:
         return self.name
 
 
-#: The policies by name: `fp64` (the default), `fp32`, `bf16-mixed` (docs/training.md, "Mixed precision (bf16)").
+#: The policies by name: `fp64` (the default), `fp32`, `bf16-mixed` (docs/howto/bf16.md).
 PRESETS = {
     "fp64": Precision("fp64", "float64", "float64", None, "float64", "float64"),
     "fp32": Precision("fp32", "float32", "float32", None, "float32", "float32"),

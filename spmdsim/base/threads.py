@@ -2,7 +2,7 @@
 
 A rank started by an MPI launcher should run its BLAS on its share of the
 node's cores: with numpy's default pools, 8 ranks on 2 cores ran a measured job
-20x slower (docs/oversubscription.md). `spmdsim launch` sets the thread
+20x slower (docs/explanation/oversubscription.md). `spmdsim launch` sets the thread
 variables for its ranks before they start; a rank started by a plain
 ``mpiexec`` caps the BLAS numpy already loaded when spmdsim's guard is first
 set up on it (`cap_blas_threads_under_launcher`, from runtime.process). ``import spmdsim`` changes nothing. A

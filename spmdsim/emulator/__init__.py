@@ -1,4 +1,4 @@
-"""The mpi4py emulator: users' own mpi4py programs on simulated ranks, in one process (docs/simulate.md).
+"""The mpi4py emulator: users' own mpi4py programs on simulated ranks, in one process (docs/howto/simulate.md).
 
     import spmdsim
     comm = spmdsim.world()        # inside spmdsim.simulate(n, main): this rank's MPI.COMM_WORLD

@@ -7,7 +7,7 @@ collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, th
 point-to-point calls in spmdsim.runtime.sim.p2p, persistent requests in spmdsim.emulator.persistent, partitioned
 ones in spmdsim.emulator.partitioned, Cartesian
 grids, graphs and distributed graphs in spmdsim.emulator.topology; windows (one-sided communication) over
-a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/simulate.md).
+a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/howto/simulate.md).
 """
 from __future__ import annotations
 
@@ -404,7 +404,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         mpi = mpi_module()
         return mpi.Intercomm() if mpi is not None else None
 
-    # Intercommunicators and dynamic processes are not simulated (docs/simulate.md, "Limits"): refused in one
+    # Intercommunicators and dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
     # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
     def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:
         _not_simulated("intercommunicators (Intracomm.Create_intercomm)")

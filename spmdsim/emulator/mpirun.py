@@ -15,7 +15,7 @@ folder: spmdsim.emulator.rank_modules) and its own `random` and `numpy.random`
 module-level generators (spmdsim.emulator.rank_random), and stdin goes to rank 0;
 other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' exit
 statuses, each ``sys.exit`` code as the OS reports a process's (its low 8 bits: ``sys.exit(-1)`` is 255:
-spmdsim.runtime.sim.run.exit_status). Where MPI would hang or abort, one report (docs/simulate.md): a
+spmdsim.runtime.sim.run.exit_status). Where MPI would hang or abort, one report (docs/howto/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
 it and its traceback from the program on (exit 1); messages never received,

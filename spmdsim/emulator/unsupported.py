@@ -1,4 +1,4 @@
-"""What a simulated rank's ``mpi4py.MPI`` refuses: MPI I/O files over simulated ranks (docs/simulate.md,
+"""What a simulated rank's ``mpi4py.MPI`` refuses: MPI I/O files over simulated ranks (docs/reference/emulator.md,
 "Limits"). ``MPI.File`` is, on a simulated rank, a subclass of mpi4py's whose constructor raises
 NotImplementedError in one line (what mpi4py raises where the MPI
 library lacks a call, so a program that checks for it goes on), instead of a TypeError about a
@@ -20,7 +20,7 @@ def not_simulated(what: str) -> NotImplementedError:
     (mpi4py.futures' pool waits for its manager thread's Spawn): `spmdsim_ends_run`, read by
     spmdsim.emulator.rank_threads and spmdsim.runtime.sim.engine.World.fail."""
     exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
-                              "collectives and one-sided communication (docs/simulate.md); run this program "
+                              "collectives and one-sided communication (docs/howto/simulate.md); run this program "
                               "under mpiexec")
     exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
     return exc

@@ -1,6 +1,6 @@
 """Device matrices and tensor layouts: who holds which slice of a global tensor.
 
-Pure Python; never imports mpi4py. Semantics (docs/semantics.md):
+Pure Python; never imports mpi4py. Semantics (docs/explanation/semantics.md):
 
 * ranks are numbered row-major over the device matrix (last axis fastest);
 * a tensor map entry names the mesh axes a tensor dim is split over; with
@@ -27,7 +27,7 @@ __all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entr
 MapEntry = Union[str, None, Sequence[str]]
 
 
-#: MindSpore's virtual axis name for micro-interleaving, refused by Layout (docs/dialects.md, "Not supported").
+#: MindSpore's virtual axis name for micro-interleaving, refused by Layout (docs/reference/dialects.md, "Not supported").
 INTERLEAVED = "interleaved_parallel"
 
 

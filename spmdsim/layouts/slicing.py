@@ -1,6 +1,6 @@
 """The one place that decides how a tensor dim is cut into shards.
 
-Three cutting rules (docs/semantics.md, "Uneven shards"), chosen per Layout (``cut=``):
+Three cutting rules (docs/explanation/semantics.md, "Uneven shards"), chosen per Layout (``cut=``):
 
 * ``even`` (the default): equal pieces; a size that does not divide is refused
   (MindSpore, JAX, Megatron and Paddle do the same);

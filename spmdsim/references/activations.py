@@ -11,7 +11,7 @@ for large |x|, as in every float32 tanh formula, PyTorch's too): far inside
 the float32 check's rtol 1e-4 and atol 1e-5. The saving is the time: on a
 (64, 512) float32 shard the forward takes about a third of the float64
 formula's time, and the derivative times the incoming gradient about a third
-of the reference's derivative alone (docs/performance.md,
+of the reference's derivative alone (docs/explanation/performance.md,
 "Activations in the shard's precision", has the figures and the command).
 
 `sigmoid`, `erf` and `gelu_erf` are the elementwise kernels that

@@ -322,7 +322,7 @@ def mlp_rounding(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Op
 
     They bound how far two float computations of `mlp_region`'s MLP, summing in different orders, can differ:
     for ``DTensor.check(ref, rtol=rtol, scale=scale)``, the magnitudes that entered each output and the
-    rounding of the sums they entered, not the size of the output (docs/semantics.md, "Tolerances").
+    rounding of the sums they entered, not the size of the output (docs/explanation/tolerances.md, "Tolerances").
 
     To first order, each computation of y = act(x W1 + b1) W2 + b2 is off by at most eps (k2 S2 + L k1 (S1 @
     |W2|)), where S1 = |x| @ |W1| + |b1| entered each hidden unit (a sum of k1 = in features + 1 terms), S2 =
@@ -366,7 +366,7 @@ def matmul_rounding(x: Source, w: Source, transpose_a: bool = False, transpose_b
 
     They bound how far two float computations of ``op(x) @ op(w) (+ bias)``, summing in different orders
     (split over ranks, blocked, any order), can differ: for ``DTensor.check(ref, rtol=rtol, scale=scale)``
-    (docs/semantics.md, "Tolerances"), as `mlp_rounding` for one contraction.
+    (docs/explanation/tolerances.md, "Tolerances"), as `mlp_rounding` for one contraction.
 
     Each output is a sum of k = K (+ 1 with a bias) terms; each computation rounds it by at most k eps/2 of
     the terms' magnitudes S = |op(x)| @ |op(w)| (+ |bias|), whatever the sum's own size: rtol is 2 k eps (two

@@ -11,7 +11,7 @@ minimum) has no relative accuracy: its rounding follows the terms. Given the
 magnitudes that entered each element (`DTensor.check(..., scale=)`: for a sum
 or product the sum of the terms' absolute values), rtol multiplies them
 instead of |ref|; `sum_rtol(k, dtype)` is the rounding a sum of k terms can
-have relative to them (docs/semantics.md, "Tolerances"). A gradient checked
+have relative to them (docs/explanation/tolerances.md, "Tolerances"). A gradient checked
 against central differences gets `central_difference_tolerance`: their
 rounding follows the magnitudes that entered the differenced function, over
 the step h.
@@ -66,7 +66,7 @@ def central_difference_tolerance(magnitude: float, terms: int, h: float = 1e-6, 
     signs and add up as a random walk, sqrt(k) eps x its terms (Higham and Mary, "A new approach to
     probabilistic rounding error analysis", 2019), not `sum_rtol`'s k eps, the worst case of every rounding
     one way: divided by h (1e-6), that worst case on magnitudes that already bound each value grows past
-    what a missing term moves a gradient by once the shapes grow (docs/semantics.md, "Tolerances").
+    what a missing term moves a gradient by once the shapes grow (docs/explanation/tolerances.md, "Tolerances").
     Truncation: ``h^2 |f'''| / 6``, `third` a bound of |f'''| along one coordinate (it matters only past
     ``6 sqrt(terms) eps magnitude / h^3``, 1.3e3 sqrt(terms) magnitude at h = 1e-6: 0 for programs of
     products of values near 1). The steps: x + h and x - h round, moving the difference of the points by up

@@ -10,7 +10,7 @@ ranks'): its messages go through spmdsim.runtime.door (the engine's
 ``isend``/``irecv``); `compare_with_mpi` times the engine's own collective
 beside it. Each round posts every receive, then every send, then waits:
 no order of arrival can deadlock. A rank adds a received piece to its own
-as ``own + received`` (docs/algorithms.md gives each algorithm's summation order).
+as ``own + received`` (docs/explanation/algorithms.md gives each algorithm's summation order).
 """
 from __future__ import annotations
 

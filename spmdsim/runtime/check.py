@@ -2,7 +2,7 @@
 
 Default tolerances: spmdsim.references.tolerances. An element passes when |actual - expected| <=
 atol + rtol x its scale: |expected|, or, given the magnitudes that entered it (`scale`: for a
-sum or product the sum of its terms' absolute values), the larger of the two (docs/semantics.md,
+sum or product the sum of its terms' absolute values), the larger of the two (docs/explanation/tolerances.md,
 "Tolerances"). A NaN or Inf on either side fails the check and
 is counted in ``nonfinite``.
 """

@@ -1,4 +1,4 @@
-"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays (docs/runtime.md).
+"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays (docs/explanation/runtime.md).
 
 Each function takes the mesh, this rank's array and the mesh axes of the group
 (one sub-communicator, ranks in mixed-radix order of the axes, first major) and
@@ -63,7 +63,7 @@ def _unpacker(mesh: Mesh, out: np.ndarray | None, shape: tuple, block_shape: tup
 
     unpack() copies them into place along `tensor_dim` of the result (`out`, or a new array made
     after the MPI call: work before it delays the whole group) and returns it. The new array is
-    numpy's own: numpy fills it, not MPI, and a page-placed one took 1.1x as long (docs/performance.md).
+    numpy's own: numpy fills it, not MPI, and a page-placed one took 1.1x as long (docs/explanation/performance.md).
     """
     recv = mesh.scratch("recv", (g,) + block_shape, dtype)
     outer = math.prod(block_shape[:tensor_dim])

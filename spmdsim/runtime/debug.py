@@ -1,4 +1,4 @@
-"""Debug mode for collectives: a divergence guard and a watchdog (docs/reliability.md).
+"""Debug mode for collectives: a divergence guard and a watchdog (docs/explanation/reliability.md).
 
 Divergence guard (``SPMDSIM_CHECK=1`` or ``configure(check=True)``): before each
 collective the ranks of its group Allgather a fixed-size int64 fingerprint

@@ -1,4 +1,4 @@
-"""The one door: where the runtime hands bytes to an engine (docs/architecture.md, "The path of a byte").
+"""The one door: where the runtime hands bytes to an engine (docs/explanation/architecture.md, "The path of a byte").
 
 `issue` runs one collective of runtime.collectives, runtime.exchange or
 runtime.prepared: the mesh's engine's transfer (spmdsim.runtime.engines.base: one

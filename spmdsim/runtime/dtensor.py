@@ -76,7 +76,7 @@ class DTensor:
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
     ``global_shape``, ``dtype``, ``partial`` and ``slices`` (this rank's region
     of the global tensor); ``placements`` and ``partition_spec`` (the layout in
-    PyTorch's and JAX's words); ``requires_grad`` and ``grad`` (docs/training.md).
+    PyTorch's and JAX's words); ``requires_grad`` and ``grad`` (docs/howto/train.md).
     """
 
     # _ag: autograd's record (None, a Leaf or a Node; spmdsim.nn.autograd), None unless asked for.
@@ -242,7 +242,7 @@ class DTensor:
     def placements(self) -> tuple:
         """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``); refused
         (DialectError) where DTensor would cut this tensor's shape otherwise (a size that does not divide under
-        the balanced cut, which DTensor does not have: docs/semantics.md, "Uneven shards")."""
+        the balanced cut, which DTensor does not have: docs/explanation/semantics.md, "Uneven shards")."""
         from ..layouts.dialects.dtensor import placements_of
 
         return placements_of(self._layout, self._shape)
@@ -515,7 +515,7 @@ class DTensor:
         `scale`: the magnitudes that entered each element (a global ndarray of
         the tensor's shape, or a callable of the region's slices; for a sum or
         product, the sum of its terms' absolute values): an element passes
-        within atol + rtol x the larger of it and |reference| (docs/semantics.md,
+        within atol + rtol x the larger of it and |reference| (docs/explanation/semantics.md,
         "Tolerances").
         """
         # Checked before the first collective, on every rank alike: a negative or NaN

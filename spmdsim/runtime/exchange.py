@@ -43,7 +43,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         dtype = np.dtype(dtype)
     size, me = mesh.size, mesh.rank
     # Counts and offsets as Python ints: a handful per rank, where numpy's
-    # per-call overhead would cost more than the arithmetic (docs/performance.md).
+    # per-call overhead would cost more than the arithmetic (docs/explanation/performance.md).
     scounts = [0] * size
     arrays = {}
     # Checked on cold caches between this rank's arrival and the MPI call: plain ints

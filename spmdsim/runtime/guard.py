@@ -1,4 +1,4 @@
-"""Never hang: an exception on some ranks ends the whole MPI job (docs/runtime.md, "Never hang").
+"""Never hang: an exception on some ranks ends the whole MPI job (docs/explanation/runtime.md, "Never hang").
 
 An SpmdsimError raised on every rank within `GRACE_S` is a clean error (rank 0
 prints ``spmdsim: error: ...``, every rank exits 2); a SystemExit on every rank

@@ -37,7 +37,7 @@ class Mesh:
     (the same RuntimeMismatchError otherwise). Attributes: ``layout``, ``comm``,
     ``rank``, ``size``, ``coords`` (``coord("tp")``: one axis's), ``wait_mode`` ("busy" or "polite"; ``polite``),
     ``algorithms`` (``{"allreduce": "ring", ...}``: run step by step over
-    point-to-point messages, docs/algorithms.md; None: MPI's own collectives).
+    point-to-point messages, docs/explanation/algorithms.md; None: MPI's own collectives).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
@@ -100,7 +100,7 @@ class Mesh:
         Roles: "send" (packed before sending) and "recv" (received before being
         copied into place); filled and drained within one call, never returned.
         Fresh above SCRATCH_MAX_BYTES. At 8 ranks on 2 cores a fresh buffer per
-        call measured 1.1-1.4x a kept one (docs/performance.md, "Kept temporaries").
+        call measured 1.1-1.4x a kept one (docs/explanation/performance.md, "Kept temporaries").
         """
         key = (role, shape, dtype)
         try:

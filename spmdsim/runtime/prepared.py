@@ -1,4 +1,4 @@
-"""Prepared collectives: checked once, bound to fixed buffers, then run many times (docs/runtime.md).
+"""Prepared collectives: checked once, bound to fixed buffers, then run many times (docs/explanation/runtime.md).
 
 A prepared collective validates shapes once and asks the engine for a
 persistent request (MPI-4's `Allreduce_init`, ...); each `run()` is then

@@ -1,4 +1,4 @@
-"""What the process of a rank started by an MPI launcher gets, once (docs/runtime.md, "What a process gets").
+"""What the process of a rank started by an MPI launcher gets, once (docs/howto/cluster-mpi.md, "What a process gets").
 
 `tune_mpi_process()` caps the BLAS numpy loaded at this rank's share of the
 node's cores (spmdsim.base.threads), asks glibc to keep freed result buffers in

@@ -1,4 +1,4 @@
-"""Capture a rank's step once, replay its arrays' work without the Python that decided it (docs/replay.md).
+"""Capture a rank's step once, replay its arrays' work without the Python that decided it (docs/howto/replay.md).
 
 ``graph = capture(step, *args, state=params)`` runs ``step(*args)`` once, as
 always, and records on this rank every numpy operation that wrote an array
@@ -25,7 +25,7 @@ call each and rerun whole. Nothing outside spmdsim is swapped: memory a step
 makes comes from an allocator that hands it to the capture (spmdsim.base.buffers:
 ``FRESH`` is `fresh` while any thread captures) or from numpy's ``*_like`` of a
 traced array, and a recorded write into a plain array (memory numpy made out
-of the capture's sight) raises ReplayError (docs/replay.md, "Your own step").
+of the capture's sight) raises ReplayError (docs/howto/replay.md, "Your own step").
 A Python value read off an array while capturing (``bool(x)``, ``float(x)``,
 ``x.item()``) is recorded as a guard: a replay that reads a different value
 stops with an error naming the capture's value.
@@ -619,7 +619,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
 
     A capture keeps every array the step made, each its own memory, so a replay writes each intermediate
     into memory it last touched a step ago, not into what the eager step's allocator handed back warm
-    (docs/replay.md, "Memory"). Here an array the step made whose only references are the record's (its
+    (docs/howto/replay.md, "Memory"). Here an array the step made whose only references are the record's (its
     views' too: no DTensor, gradient, result, cache or request holds it), whose first recorded use writes
     it whole and whose last use ends before another such array of the same size is first written, takes
     that array's memory. The calls, their order and their values are the capture's; only where the

@@ -5,7 +5,7 @@ A check needs every rank's figures on every rank: the result check's 48-byte rec
 spmdsim.models.gpt.pipeline, spmdsim.models.nets.train). Under MPI a rank is a process: one Allgather, and each rank holds
 its own table. Simulated ranks are threads of one process, where an Allgather gives each of the p ranks its
 own table of p rows: p^2 rows in one process (805 MB of check records at 4,096 ranks, 2.98 GB of a GPT's
-parameter blocks at 256; docs/simulate.md).
+parameter blocks at 256; docs/howto/simulate.md).
 
 `gather_shared(comm, row, label, polite, extra)` makes one table for the members of `comm` instead: the first
 member to ask makes it, every member takes the same one, and one Gather to member 0 through the door
@@ -102,7 +102,7 @@ def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
     table. Simulated ranks share one table, the same array on every rank, to read and not to change
     (`gather_shared`: one Gather to rank 0, untraced, as the checks' collectives lie outside a step's trace).
     An Allgather would give each of the p ranks its own table of p rows: p^2 rows in one process (3 GB for
-    `examples/train_gpt.py` at 256 ranks: docs/simulate.md)."""
+    `examples/train_gpt.py` at 256 ranks: docs/howto/simulate.md)."""
     shared = gather_shared(mesh.comm, flat, label, mesh.polite, (0,))
     if shared is not None:
         return shared.rows

@@ -1,4 +1,4 @@
-"""A record of every collective: op, group, bytes on the wire, time (docs/runtime.md, "Trace").
+"""A record of every collective: op, group, bytes on the wire, time (docs/explanation/runtime.md, "Trace").
 
 Pure Python (no mpi4py): ``reduce`` takes the communicator as an argument.
 Collectors nest: an entry goes to every collector open at the time. Under

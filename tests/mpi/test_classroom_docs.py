@@ -1,4 +1,4 @@
-"""The `spmdsim` MPI commands README.md and docs/lab.md quote, run at their own rank count.
+"""The `spmdsim` MPI commands the docs quote (docs_commands.MPI_DOCS), run at their own rank count.
 
 Each runs in-process under the suite's mpiexec (a launch per command would cost
 seconds on 2 cores); rank 0 checks the output the doc quotes under it. Commands
@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from docs_commands import DOCS, mismatch, quotes  # noqa: E402
+from docs_commands import MPI_DOCS, mismatch, shown  # noqa: E402
 
 from spmdsim.tools.cli.main import main  # noqa: E402
 from testkit import allgather_after_all  # noqa: E402
@@ -26,12 +26,12 @@ _NOT_HERE = ("calibrate",)  # measures for minutes
 
 def _here() -> list:
     size = MPI.COMM_WORLD.size
-    return [q for doc in DOCS for q in quotes(doc)
+    return [q for doc in MPI_DOCS for q in shown(doc)
             if q.mpi and q.mpi[0] == size and q.mpi[1][0] == "spmdsim" and q.mpi[1][1] not in _NOT_HERE]
 
 
 def test_the_docs_quote_spmdsim_commands_at_4_and_8_ranks():
-    counts = [q.mpi[0] for doc in DOCS for q in quotes(doc) if q.mpi and q.mpi[1][0] == "spmdsim"]
+    counts = [q.mpi[0] for doc in MPI_DOCS for q in shown(doc) if q.mpi and q.mpi[1][0] == "spmdsim"]
     assert counts.count(8) >= 8 and counts.count(4) >= 2
 
 

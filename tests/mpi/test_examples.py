@@ -106,12 +106,12 @@ def test_paddle_example_prints_every_ranks_blocks(monkeypatch):
 
 
 def test_readme_library_example_runs_under_mpi(tmp_path, monkeypatch):
-    """README's library example, as README quotes it, on this MPI world (it needs 8 ranks)."""
+    """docs/tutorials/first-program.md's example, as the page quotes it, on this MPI world (it needs 8 ranks)."""
     from testkit import readme_library_example
 
     comm = MPI.COMM_WORLD
     if comm.size != 8:
-        pytest.skip("the README example's layout needs 8 ranks")
+        pytest.skip("the first program's layout needs 8 ranks")
     path = tmp_path / "my_matmul.py"
     if comm.rank == 0:
         path.write_text(readme_library_example())
@@ -131,8 +131,8 @@ def test_readme_library_example_runs_under_mpi(tmp_path, monkeypatch):
 @pytest.mark.parametrize("schedule, replay", [("gpipe", False), ("1f1b", False), ("interleaved", False),
                                               ("interleaved", True)])
 def test_train_gpt_over_a_pipeline_under_mpi(schedule, replay, monkeypatch):
-    """docs/pipeline.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step;
-    with --replay steps 1-2 replay step 0 (docs/replay.md)."""
+    """docs/howto/pipelines.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step;
+    with --replay steps 1-2 replay step 0 (docs/howto/replay.md)."""
     comm = MPI.COMM_WORLD
     if comm.size % 4:
         pytest.skip("pp 2 x tp 2 needs a multiple of 4 ranks")

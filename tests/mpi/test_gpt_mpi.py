@@ -157,7 +157,7 @@ def test_pipeline_clipped_with_zero1_takes_the_norm_over_every_stage():
 
 @pytest.mark.parametrize("recompute, zero", [("selective", 1), ("full", 0), ("none", 2)])
 def test_memory_saving_gpt_steps_match_one_numpy_process(recompute, zero):
-    """Activation recomputation, ZeRO-1 and ZeRO-2 (docs/training.md, "Memory") under MPI: each step within 1e-10
+    """Activation recomputation, ZeRO-1 and ZeRO-2 (docs/tutorials/lab.md, "Memory") under MPI: each step within 1e-10
     of one numpy process (with ZeRO the gradient slice each rank updated), the same losses on every rank,
     and the parameters those of the plain run."""
     import numpy as np
@@ -182,7 +182,7 @@ def test_memory_saving_gpt_steps_match_one_numpy_process(recompute, zero):
 
 
 def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
-    """--precision bf16-mixed under MPI (docs/training.md, "Mixed precision (bf16)"): bfloat16 activations move
+    """--precision bf16-mixed under MPI (docs/howto/bf16.md): bfloat16 activations move
     as 16-bit words (spmdsim.runtime.engines.mpi), each step within the policy's tolerances of one numpy process under
     the same policy, the same loss on every rank."""
     pytest.importorskip("ml_dtypes")
@@ -205,7 +205,7 @@ def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
 
 
 def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
-    """--save / --resume under MPI (spmdsim.models.gpt.checkpoint; docs/training.md, "Stopping and resuming the GPT"):
+    """--save / --resume under MPI (spmdsim.models.gpt.checkpoint; docs/howto/train-gpt.md, "Stopping and resuming the GPT"):
     4 steps, or 2 saved and 2 resumed, the same losses and parameters bit for bit; a rank's own file missing
     stops every rank with the same line (the ranks agree on it), never a hang."""
     import os

@@ -149,7 +149,7 @@ def test_sequence_numbers_agree_after_collectives() -> None:
         counted = debug.current_seq() - before
         # Counts from here: a pipeline run earlier in the session left its stages at different totals.
         seqs = world.allgather(counted)
-    assert counted in (0, 2)  # 0 until the collectives are hooked (see docs/reliability.md)
+    assert counted in (0, 2)  # 0 until the collectives are hooked (see docs/explanation/reliability.md)
     assert len(set(seqs)) == 1
 
 

@@ -56,7 +56,7 @@ def test_in_place_allreduce_and_trace(mesh):
 
 
 def test_prepared_collectives_keep_mpis_call_on_a_mesh_that_emulates_algorithms():
-    # A mesh's algorithms= applies to the per-call collectives (docs/algorithms.md): a prepared
+    # A mesh's algorithms= applies to the per-call collectives (docs/explanation/algorithms.md): a prepared
     # call binds MPI's persistent request and stays on it, traced under MPI's name.
     world = MPI.COMM_WORLD
     mesh = Mesh(Layout((world.size,), ("x",)), algorithms={"allreduce": "ring"})

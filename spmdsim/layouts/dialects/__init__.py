@@ -7,7 +7,7 @@
 * ``paddle``: ``paddle.distributed.split`` (row / column / vocab parallel).
 
 All pure: no mpi4py, torch, jax, oneflow, paddle or mindspore import.
-Decisions (axis names, orders, what is not expressible) are in docs/dialects.md.
+Decisions (axis names, orders, what is not expressible) are in docs/reference/dialects.md.
 """
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def placements_to_layout(
     Layout or Mesh, whose axes have names: ``placements_to_layout("S(0), R", mesh, 2)``.
     DTensor cuts a dim that does not divide by torch.chunk's rule: pass ``cut="chunk"``
     for that (the default keeps the mesh's rule, "even" for a bare shape; where sizes
-    divide the two agree; docs/semantics.md, "Uneven shards").
+    divide the two agree; docs/explanation/semantics.md, "Uneven shards").
     """
     mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
                                       mesh_axis_names, "placements_to_layout")

@@ -5,7 +5,7 @@ outputs summed by AllReduce, bias added once after the sum); axis 1 is
 column-parallel (weight columns split, AllGather when ``gather_out``);
 ``operation="embedding"`` is vocab-parallel (each rank's rows plus a zero
 padding row for the ids it does not own, AllReduce of the lookups). The split
-dim must be divisible by num_partitions. The tables are in docs/dialects.md.
+dim must be divisible by num_partitions. The tables are in docs/reference/dialects.md.
 """
 from __future__ import annotations
 

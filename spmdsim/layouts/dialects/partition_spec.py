@@ -2,7 +2,7 @@
 
 A spec has one entry per tensor dim: ``None`` (not split), a mesh axis name,
 or a tuple of names (split over several axes, the first listed major, as in
-JAX and docs/semantics.md). Mesh axes the spec does not name are replicated. jax is
+JAX and docs/explanation/semantics.md). Mesh axes the spec does not name are replicated. jax is
 never imported; ``PartitionSpec("x", None)`` is written ``("x", None)``, or as text the way the CLI's
 ``--partition-spec`` reads it: ``"P('x', None)"``, ``"('x', None)"`` or ``"x,None"``.
 """
@@ -76,7 +76,7 @@ def partition_spec_to_layout(
 
     JAX requires every sharded dim to divide: the layout cuts evenly (and refuses
     other sizes) unless `cut` names another rule ("chunk", "balanced"), or the
-    mesh is a Layout with one (docs/semantics.md, "Uneven shards").
+    mesh is a Layout with one (docs/explanation/semantics.md, "Uneven shards").
 
     Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is
     given, or `mesh_shape` is a spmdsim Layout or Mesh (named axes:

@@ -1,11 +1,11 @@
-"""MindSpore `.shard` strategies as TensorLayouts (docs/semantics.md, "Strategies").
+"""MindSpore `.shard` strategies as TensorLayouts (docs/explanation/semantics.md, "Strategies").
 
 A strategy gives, per input tensor, the slice count of each tensor dim:
 ``ops.MatMul().shard(((2, 1), (1, 4)))``. One tensor's device matrix is its
 strategy (axes ``"axis_0", ...``); a MatMul's is ``(batch.., a, b, c)`` named
 ``("batch0", .., "m", "k", "n")``. A strategy using fewer devices than the world
 gets a repeated-calculation axis ``"rep"`` on the right (MindSpore's default).
-The tables are in docs/dialects.md.
+The tables are in docs/reference/dialects.md.
 """
 from __future__ import annotations
 

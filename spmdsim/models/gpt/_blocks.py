@@ -72,7 +72,7 @@ def norm_backward(dy: np.ndarray, cache: tuple, name: str, cfg: GPTConfig, grads
 
 #: The largest rope table (seq x head_dim elements, float64) `rope_tables` keeps: 4096 x 128 is 4 MiB a table. A
 #: model made again (every dry run a search or an estimate makes, one a pipeline stage) asked for the same tables
-#: each time, and at seq 4096 their cos and sin cost ~20 ms a model (docs/estimate.md's Llama: 120 models, 2.5 s).
+#: each time, and at seq 4096 their cos and sin cost ~20 ms a model (docs/howto/estimate.md's Llama: 120 models, 2.5 s).
 _ROPE_KEPT_ELEMENTS = 1 << 20
 _ROPE: dict = {}  # (seq, head_dim) -> (cos, sin), read-only; at most 4, the oldest out first
 

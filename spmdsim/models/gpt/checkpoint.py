@@ -1,4 +1,4 @@
-"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank (docs/training.md,
+"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank (docs/howto/train-gpt.md,
 "Stopping and resuming").
 
 A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its

@@ -71,8 +71,8 @@ class GPTConfig:
     width, ``norm="rms"`` RMSNorm, ``mlp="swiglu"`` the SwiGLU MLP, `kv_heads` grouped-query attention
     (each key/value head serves heads / kv_heads query heads, Megatron's num_query_groups),
     ``tied=False`` an LM head of its own, ``positions="rope"`` rotary embeddings (base ROPE_BASE, 10000) and
-    ``bias=False`` linear layers without biases (docs/training.md, "Llama's options"); ``attention="flash"`` runs the
-    attention core as FlashAttention-2 (the same values up to rounding; no scores kept: docs/training.md, "Memory").
+    ``bias=False`` linear layers without biases (docs/howto/train-gpt.md, "Llama's options"); ``attention="flash"`` runs the
+    attention core as FlashAttention-2 (the same values up to rounding; no scores kept: docs/howto/memory.md, "Memory").
 
     The defaults are the model of examples/train_gpt.py: 4 layers, d_model 128, 4 heads,
     sequence 64, batch 8, character vocabulary 128.
@@ -81,7 +81,7 @@ class GPTConfig:
     --make-vocab-size-divisible-by does (it pads to 128 x tp), so tp can split a vocabulary that it does
     not divide: the token embedding (and the head tied to it) has `padded_vocab` rows, the padded ones
     start at zero and are never looked up, and their logits are masked out of the softmax (-inf, forward
-    and backward), so the loss and every gradient are the unpadded model's (docs/training.md,
+    and backward), so the loss and every gradient are the unpadded model's (docs/howto/train.md,
     "An odd vocabulary"). The single-process reference is always the unpadded model (`unpadded`).
     """
 
@@ -100,7 +100,7 @@ class GPTConfig:
     ln_eps: float = 1e-5
     init_std: float = 0.02
     clip: float = 0.0  # the gradients' joint norm is clipped to this before each update (0: not clipped)
-    moe: Optional[MoEConfig] = None  # mixture-of-experts MLPs in every moe.every-th block (docs/experts.md)
+    moe: Optional[MoEConfig] = None  # mixture-of-experts MLPs in every moe.every-th block (docs/howto/experts.md)
     vocab_pad_to: int = 1  # the embedding's rows: vocab rounded up to a multiple of this (1: not padded)
     ffn: Optional[int] = None  # the MLP's hidden width (None: 4 * d_model); `hidden` says it
     norm: str = "layer"  # "layer" (LayerNorm, weight and bias) or "rms" (RMSNorm, a weight only)

@@ -1,7 +1,7 @@
 """Llama's architecture (spmdsim.models.gpt.GPTConfig's options ffn, kv_heads, norm, mlp, tied, positions, bias) as
 command-line flags, spelled alike wherever a GPT is built from a command line: examples/train_gpt.py and
 examples/train_moe_gpt.py (spmdsim.models.gpt.options.model_arguments), ``spmdsim estimate`` and ``spmdsim autoshard
---machine`` (docs/training.md, "Llama's options"). Pure: argparse only (no numpy: a command's start imports it).
+--machine`` (docs/howto/train-gpt.md, "Llama's options"). Pure: argparse only (no numpy: a command's start imports it).
 
 ``architecture_arguments(parser)`` adds ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope``,
 ``--no-bias`` and ``--attention`` (GPTConfig's attention: the core unfused or flash); ``architecture_problem(args)``

@@ -1,7 +1,7 @@
 """Megatron's plan for the GPT's parameters on a (dp, tp) mesh: pure (numpy only; no runtime, no mpi4py).
 
 Each parameter of `spmdsim.models.gpt.params` gets a TensorLayout on a ``("dp", "tp")``
-layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT"):
+layout by its role in Megatron's tensor parallelism (docs/reference/operators.md, "A GPT"):
 
 | parameter                | layout          | why                                                   |
 | ------------------------ | --------------- | ----------------------------------------------------- |
@@ -18,7 +18,7 @@ layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT")
 | moe.w2 (E, F, D)         | ("ep", "tp", None) | experts over ep, each row-parallel over tp         |
 | moe.b2 (E, D)            | ("ep", None)    | experts over ep                                       |
 
-The MoE rows (spmdsim.models.moe, docs/experts.md) need an "ep" axis: the layout
+The MoE rows (spmdsim.models.moe, docs/howto/experts.md) need an "ep" axis: the layout
 ``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers.
 
 The model on DTensors (`spmdsim.models.gpt.parallel.GPT`) runs with these layouts, and

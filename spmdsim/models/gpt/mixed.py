@@ -98,7 +98,7 @@ def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
       its expected change is d, what float32 would give. The loss (the mean of the tokens' losses, each
       >= 0, so the magnitudes that entered are the loss itself) is allowed float32's bound for the step's
       longest sum (`longest_sum`), ``K eps32``: an expected-value argument, not a worst case; the
-      measured margins are in docs/training.md ("Mixed precision (bf16)").
+      measured margins are in docs/howto/bf16.md.
     - gradients: one flip moves a value by 2u of it, at most 2u of its tensor's largest entry, and is
       carried on by each later layer (layer norm renormalizes each row, the residual stream adds): 2u for
       each of the L layers and the embedding and the head, ``2u (L + 2)`` of the tensor's largest entry

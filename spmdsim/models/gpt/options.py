@@ -9,7 +9,7 @@ precision)`` the check's verdict and its largest differences against the precisi
 ``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint).
 
-``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/training.md, "Llama's options"):
+``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/howto/train-gpt.md, "Llama's options"):
 ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
 ``spmdsim estimate`` and ``spmdsim autoshard --machine`` spell them (one place: spmdsim.models.gpt.flags, whose
 names this module gives too); `model_config` refuses a bad one in one line naming its flag.
@@ -59,7 +59,7 @@ def checkpoint_arguments(parser: Any) -> None:
     """Add the trainer's checkpoint options (spmdsim.models.gpt.train's `save`, `save_every`, `resume`) to a parser."""
     parser.add_argument("--save", default=None, metavar="DIR",
                         help="write a checkpoint into DIR after the last step (a file per rank and checkpoint.json; "
-                             "docs/training.md, \"Stopping and resuming\")")
+                             "docs/howto/train.md, \"Stopping and resuming\")")
     parser.add_argument("--save-every", type=int, default=0, metavar="N",
                         help="with --save: a checkpoint after every N-th step too (each replaces the last)")
     parser.add_argument("--resume", default=None, metavar="DIR",

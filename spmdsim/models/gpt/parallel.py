@@ -2,7 +2,7 @@
 
 Mesh ``Layout((dp, tp), ("dp", "tp"))``; the batch is split over dp. The
 parameters' splits are Megatron's, stated in `spmdsim.models.gpt.layouts` (pure, its
-table; docs/operators.md, "A GPT"): vocab-parallel embedding, column-parallel
+table; docs/reference/operators.md, "A GPT"): vocab-parallel embedding, column-parallel
 Q, K, V and fc1, row-parallel projections.
 
 Activations are sequence-first, (T, B, D), as Megatron keeps them ([s, b, h]):
@@ -121,13 +121,13 @@ class GPT:
             converted to a TensorLayout: spmdsim.layouts.dialects).
         part: the pieces this object holds (spmdsim.models.gpt.stages.Part: a pipeline chunk's layers,
             embedding, head); default the whole model. Only its parameters are made.
-        recompute: activation recomputation (docs/training.md, "Memory"): "none"; "selective", the
+        recompute: activation recomputation (docs/howto/memory.md, "Memory"): "none"; "selective", the
             attention core (scores, softmax, its dropout, times V) recomputed in the backward
             (Korthikanti et al. 2022); "full", each block's input kept and the block recomputed
             (spmdsim.nn.autograd.checkpoint). The same gradients (the same dropout masks: seeded by step,
             site and microbatch). With cfg.attention "flash" the core keeps no scores, and "selective"
             is "none".
-        kept: what the graph keeps for backward (docs/training.md, "Memory"): "graph", what spmdsim's
+        kept: what the graph keeps for backward (docs/howto/memory.md, "Memory"): "graph", what spmdsim's
             general rules keep (every node its inputs' blocks); "megatron", Megatron-LM's set, Korthikanti
             et al.'s count (spmdsim.nn.ops.megatron: each rule keeps only what it reads, boolean dropout
             masks, the column-parallel products' input kept as its sequence shard and gathered again in

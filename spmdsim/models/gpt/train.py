@@ -22,7 +22,7 @@ computing it and broadcasting it (spmdsim.runtime.shared_reference.shared_once);
 also makes the gathered blocks whole (spmdsim.models.gpt.wholes: where each lies worked out once per run) and the
 largest magnitudes each comparison is relative to.
 
-Memory (docs/training.md, "Memory"): `recompute` recomputes activations in the
+Memory (docs/howto/memory.md, "Memory"): `recompute` recomputes activations in the
 backward (the GPT's option); `zero=1` steps with ZeRO-1
 (spmdsim.nn.optim.DistributedAdamW: states and master copy sharded over dp), and the
 check then compares, besides the loss and every updated parameter, the summed
@@ -30,7 +30,7 @@ gradient slice each rank updated (its Reduce_scatter's result) with the same
 elements of the reference's gradients; `memory=True` measures each step's bytes
 (spmdsim.models.gpt.memory.MemoryReport).
 
-Precision (docs/training.md, "Mixed precision (bf16)"): under `precision="fp32"` or
+Precision (docs/howto/bf16.md): under `precision="fp32"` or
 "bf16-mixed" the reference step runs under the same policy (spmdsim.models.gpt.mixed) from the
 run's master copies; the loss and gradients are compared with it within the policy's
 tolerances (spmdsim.models.gpt.mixed.tolerances), and AdamW is checked on the run's own

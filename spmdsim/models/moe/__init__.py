@@ -3,7 +3,7 @@
 ``MoEConfig`` (config) on a ``GPTConfig(moe=...)``; the routing stated once for
 ranks and reference (routing); the layer in one numpy process (reference);
 on DTensors (``spmdsim.models.moe.layer``, loaded on first use: it runs collectives);
-the pictures of who sent how many tokens where (report). docs/experts.md.
+the pictures of who sent how many tokens where (report). docs/howto/experts.md.
 """
 from __future__ import annotations
 

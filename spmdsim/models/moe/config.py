@@ -2,7 +2,7 @@
 
 ``MoEConfig(experts=8, top_k=2)`` on a ``GPTConfig(moe=...)`` makes every
 `every`-th block's MLP (blocks every-1, 2*every-1, ...) a layer of `experts`
-MLPs behind a router (docs/experts.md): the GPT's own kind, GELU or, with its
+MLPs behind a router (docs/howto/experts.md): the GPT's own kind, GELU or, with its
 mlp "swiglu", SwiGLU, with or without biases as its `bias` says (Mixtral's). `capacity_factor` > 0 counts each
 expert's slots per sequence (Switch Transformer: tokens past them are dropped
 and pass through the residual); ``dropless=True`` sends every token to its

@@ -6,7 +6,7 @@ w2, b2 on this rank), their gradients, the optimizer's moments of them
 (spmdsim.nn.optim.AdamW.states_of), the dispatch's send and receive buffers
 (spmdsim.models.moe.layer.MoEStats) and the bytes the dispatches, combines and their
 backward sent (the step's trace rows labelled with the layers' names). In a
-dry run these are the dry engine's blocks and trace (docs/experts.md, "The
+dry run these are the dry engine's blocks and trace (docs/howto/experts-memory.md, "The
 dry run"), so the figures are the program's, for the routing the dry run
 chose (spmdsim.models.moe.routing.planned).
 """

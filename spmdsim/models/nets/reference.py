@@ -10,7 +10,7 @@ parameter's gradient and every parameter after the update, and beside each
 the magnitudes that entered it (`ReferenceStep.scales`): the same step
 computed on absolute values (|x| @ |W| for a product, the sum of |terms| for a
 sum, carried through the backward), the scale a check's tolerance follows
-(docs/semantics.md, "Tolerances").
+(docs/explanation/tolerances.md, "Tolerances").
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class ReferenceTrainer:
         were. Every step is checked at rounding level: the gradients at
         the run's very parameters, the update on the run's very inputs (scaled by that step's terms alone).
         Free-running (no anchor), two trajectories whose gradients differ only in the order of their sums
-        drift apart under Adam, which divides each gradient by its history's size (docs/training.md).
+        drift apart under Adam, which divides each gradient by its history's size (docs/howto/train.md).
 
         Simulated ranks with equal trainers and batches compute it once
         (`spmdsim.runtime.sim.once`): the step's arrays are then shared, read-only.

@@ -1,10 +1,10 @@
 """The source documents' networks as pure `Network` values (OneFlow's 2D SBP sample, MindSpore's
-operator-level parallel tutorial, Paddle's distributed.split; docs/semantics.md, "Source documents").
+operator-level parallel tutorial, Paddle's distributed.split; docs/explanation/semantics.md, "Source documents").
 
 `mindspore_tutorial` (MatMul strategies) and `mindspore_layout` (Layout tuples),
 `paddle_tp` (``paddle.distributed.split`` over every rank), `oneflow_2d_sbp` and
 `oneflow_2d_signature` (2D SBP on a 2 x n placement). Their choices (data-parallel
-input, default strategies, weights uniform in ±sqrt(6 / fan_in)) are in docs/networks.md.
+input, default strategies, weights uniform in ±sqrt(6 / fan_in)) are in docs/reference/networks.md.
 """
 from __future__ import annotations
 

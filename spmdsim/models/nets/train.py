@@ -11,7 +11,7 @@ run's step as its start (`Anchor`: every rank's parameters at the step's start,
 from one Allgather, for the loss and gradients; this rank's parameters,
 optimizer state and gradients, for the update of its region), so each step is
 checked at rounding level: two trajectories that differ only in the order of
-their sums drift apart under Adam, whichever is right (docs/training.md).
+their sums drift apart under Adam, whichever is right (docs/howto/train.md).
 """
 from __future__ import annotations
 
@@ -212,14 +212,14 @@ class NetworkTrainer:
         Each element passes within `atol` + `rtol` x the magnitudes that entered
         it (`ReferenceStep`'s scales: the step on absolute values), not x the
         tensor's largest entry: a gradient near zero made of large terms keeps
-        the rounding those terms can have (docs/semantics.md, "Tolerances").
+        the rounding those terms can have (docs/explanation/tolerances.md, "Tolerances").
         `param_rtol` (default `rtol`) for the updated parameters. From an anchored
         step (``step(..., anchor=True)``, ``ref`` from ``ReferenceTrainer.step(...,
         anchor=result.anchor)``) their scale is that step's update terms: the update
         of the run's own inputs, `rtol` like the rest. Free-running it is |first
         value| + the sum of |update| so far, and Adam, which divides each gradient
         by its history's size, moves the parameters further than their terms'
-        rounding: a free-running Adam check can fail a correct run (docs/training.md).
+        rounding: a free-running Adam check can fail a correct run (docs/howto/train.md).
         """
         param_rtol = rtol if param_rtol is None else param_rtol
         loss_scale = np.asarray(ref.loss_scale) if ref.grad_scales else None
@@ -336,7 +336,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     at least 1, ``--sample`` an integer >= 0, ``--temperature`` and ``--lr`` finite numbers >= 0, each named as
     typed), a valid ``--ranks``,
     ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
-    the report of each rank's bytes instead of the output; docs/simulate.md),
+    the report of each rank's bytes instead of the output; docs/howto/simulate.md),
     and ``needs(world size)`` (why the network cannot run at that size, or None),
     each refused in one line with exit 2. Simulated ranks go through the same
     launcher as every example's ``--ranks N`` (spmdsim.runtime.sim.launch: the

@@ -9,7 +9,7 @@ those axes) and resolved once, where an operator needs the whole value or at
 a leaf, where ``.grad`` is whole: there the planner's Allreduce is the
 data-parallel gradient Allreduce. Every move is a redistribution planned by
 `spmdsim.programs.plan`, so each backward collective is the conjugate of a forward one
-(docs/training.md).
+(docs/howto/train.md).
 """
 from __future__ import annotations
 

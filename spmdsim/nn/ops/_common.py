@@ -318,7 +318,7 @@ def add_bias(owned: np.ndarray, bias: np.ndarray, op: str = "linear") -> np.ndar
     `owned` must be the operator's own temporary (its local product or a
     collective's fresh result), never a caller's array. In place spares a new
     array per call, and the work a rank does before the next collective is
-    paid several times over when ranks share cores (docs/performance.md).
+    paid several times over when ranks share cores (docs/explanation/performance.md).
     Dtypes numpy has no common one of (a float16 product, a bfloat16 bias): `no_bias_sum`'s line naming `op`.
     """
     try:  # (costs nothing unless numpy refuses)

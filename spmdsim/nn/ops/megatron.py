@@ -1,6 +1,6 @@
 """Megatron-LM's fused transformer pieces, each one operator and one node that keeps only what its backward reads.
 
-The GPT's ``kept="megatron"`` blocks (spmdsim.models.gpt.parallel; docs/training.md, "Memory") are built from
+The GPT's ``kept="megatron"`` blocks (spmdsim.models.gpt.parallel; docs/howto/memory.md, "Memory") are built from
 these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` and
 `ops.attention(..., kept="megatron")`, so a block keeps Korthikanti et al.'s set (2022, table 2):
 

@@ -3,7 +3,7 @@
 ``x + y``, ``x @ w``, ``x.sum()``, ``x.requires_grad_()`` and ``loss.backward()``
 are methods of the runtime's DTensor that call what this module installs in
 `spmdsim.runtime.dtensor`'s table: the operators and autograd build DTensors,
-so the runtime, below them, imports neither (docs/architecture.md, "The layers").
+so the runtime, below them, imports neither (docs/explanation/architecture.md, "The layers").
 PyTorch's spellings of spmdsim's operators (``x.view(...)``, ``x.softmax(-1)``,
 ``x.unsqueeze(0)``, ``x.detach()``, ...) are methods this module gives the class.
 """
@@ -344,7 +344,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
 
 
 #: numpy's protocol and spellings (np.exp(x), abs(x), len(x), x.T, x.swapaxes) and PyTorch's method spellings
-#: of spmdsim's operators (docs/porting.md).
+#: of spmdsim's operators (docs/tutorials/porting.md).
 _METHODS = {
     "__array_ufunc__": _array_ufunc, "__array_function__": _array_function, "__array__": _array, "__len__": _len,
     "__abs__": lambda x: pointwise("abs", x), "__pos__": lambda x: _positive(x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,

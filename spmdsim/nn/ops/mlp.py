@@ -11,7 +11,7 @@ pending sum, floating operands), the three steps run as one operator and one
 node of the backward graph (`autograd.rules.matmul.record_mlp`): the same local math,
 collectives and trace labels as the layers one by one, with about a quarter
 less Python per training step, which ranks sharing cores pay several times
-over (docs/performance.md). Anything else goes through the two layers.
+over (docs/explanation/performance.md). Anything else goes through the two layers.
 """
 from __future__ import annotations
 

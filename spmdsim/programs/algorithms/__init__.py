@@ -6,7 +6,7 @@
     s.bytes_sent()           # per rank: 6144 each = 2(p-1)/p of 4096 bytes
 
 Pure (no mpi4py, no numpy): spmdsim.runtime.algorithms runs a schedule over
-point-to-point messages; docs/algorithms.md describes each algorithm.
+point-to-point messages; docs/explanation/algorithms.md describes each algorithm.
 """
 from __future__ import annotations
 

@@ -275,7 +275,7 @@ def _gbps(s_per_byte: float) -> str:
 
 #: Used when no model was saved: the shared ring fit of `spmdsim calibrate --sizes
 #: 1M,2M,4M,8M,16M` for MPICH shared memory, 8 ranks on 2 cores, polite wait (see
-#: docs/performance.md). Latency is scheduling-bound there. Run `spmdsim calibrate` for yours.
+#: docs/explanation/performance.md). Latency is scheduling-bound there. Run `spmdsim calibrate` for yours.
 DEFAULT_MODEL = CostModel(
     alpha_s=200e-6, beta_s_per_byte=0.75e-9, gamma_s_per_byte=0.65e-9, source="default",
     copy_s_per_byte=1.0e-9,  # 1 GB/s: packing inside a collective step (spmdsim calibrate)

@@ -1,6 +1,6 @@
 """Finishing a result: the step records that turn a local result into the wanted layout (pure).
 
-Collective choice (docs/semantics.md, the collective of each move):
+Collective choice (docs/explanation/semantics.md, the collective of each move):
 | local result -> wanted            | collective      |
 | --------------------------------- | --------------- |
 | partial over P -> not partial     | Allreduce(P)    |

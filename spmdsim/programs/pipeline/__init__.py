@@ -1,5 +1,5 @@
 """Pipeline parallelism, the pure half: schedules as per-stage programs, their check, unit-cost timelines,
-bubble and in-flight figures, and pictures (docs/pipeline.md).
+bubble and in-flight figures, and pictures (docs/howto/pipelines.md).
 
     >>> from spmdsim.programs.pipeline import build, timeline
     >>> timeline(build("1f1b", 4, 8)).bubble

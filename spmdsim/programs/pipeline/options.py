@@ -36,7 +36,7 @@ def schedule_choice(text: str) -> str:
 
 def pipeline_arguments(parser: Any) -> None:
     """Add ``--pp``, ``--microbatches``, ``--schedule`` and ``--virtual-stages`` to an argparse parser."""
-    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (docs/pipeline.md)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (docs/howto/pipelines.md)")
     parser.add_argument("--microbatches", type=int, default=None,
                         help="microbatches per step (default: 1, or 2 x pp with --pp); gradients accumulate over "
                              "them")

@@ -9,7 +9,7 @@ kind owns its byte formula (`moved`); the planner, the trace, `spmdsim plan`,
 inference makes is shape-free (no byte figures) until `sized` binds it to a
 global shape and element size.
 
-Which collective serves which transition (on one mesh-axis group; docs/semantics.md):
+Which collective serves which transition (on one mesh-axis group; docs/explanation/semantics.md):
 
 ==========  =================================  ===========
 from -> to  step                               bytes/rank

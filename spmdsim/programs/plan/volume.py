@@ -1,7 +1,7 @@
 """Box arithmetic, the communication lower bound and the exchange's box list.
 
 Pure numpy. A box is a tuple of half-open ``(start, stop)`` pairs, one per
-tensor dim, in global coordinates. Ranks are numbered as in docs/semantics.md; a rank
+tensor dim, in global coordinates. Ranks are numbered as in docs/explanation/semantics.md; a rank
 keeps its number when the same ranks are viewed through another device matrix.
 """
 from __future__ import annotations

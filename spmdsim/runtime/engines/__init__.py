@@ -1,4 +1,4 @@
-"""Engines: what a mesh's transfers and local work run on (docs/architecture.md, "Engines").
+"""Engines: what a mesh's transfers and local work run on (docs/explanation/architecture.md, "Engines").
 
 Three engines answer one interface (`Engine`, engines/base.py: one method per
 kind of transfer, each taking buffers): `MPI` (engines/mpi.py: ranks are

@@ -1,4 +1,4 @@
-"""A rank's record of its collectives: `Trace` and its `TraceEntry`s (docs/runtime.md, "Trace").
+"""A rank's record of its collectives: `Trace` and its `TraceEntry`s (docs/explanation/runtime.md, "Trace").
 
 The rows are appended by spmdsim.runtime.trace (`collect_trace`, `record`) to the
 collectors open in the running rank's context; a trace reads them back as entries,

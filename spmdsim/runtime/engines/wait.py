@@ -1,13 +1,13 @@
 """How a rank waits inside a collective: "busy" (MPI's own blocking call) or "polite".
 
 Under oversubscription MPICH ranks blocked in a collective spin and steal the
-cores the computing ranks need (docs/oversubscription.md). The polite wait posts the
+cores the computing ranks need (docs/explanation/oversubscription.md). The polite wait posts the
 nonblocking collective and polls ``Test()``, first with ``sched_yield`` between
 polls (a plain Test spin is ~100x slower than the blocking call when
 oversubscribed: the spinning rank keeps the core its peers need), then with
 sleeps of growing length, under a 1 us timer slack so short sleeps stay short.
 ``SPMDSIM_WAIT=busy|polite|auto`` picks the mode. The constants below were
-measured on a 2-core VM with 8 ranks (docs/oversubscription.md).
+measured on a 2-core VM with 8 ranks (docs/explanation/oversubscription.md).
 """
 from __future__ import annotations
 

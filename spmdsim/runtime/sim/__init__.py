@@ -1,4 +1,4 @@
-"""Simulated ranks in one process: the launcher, the thread engine and the dry run (docs/simulate.md).
+"""Simulated ranks in one process: the launcher, the thread engine and the dry run (docs/howto/simulate.md).
 
     import spmdsim
     results = spmdsim.simulate(8, main)      # main() runs once per rank, each in its own thread

@@ -314,7 +314,7 @@ def numpy_dtype(datatype: Any) -> np.dtype:
         base, combiner, params = datatype.decode()
         if combiner != "CONTIGUOUS":  # not cached: a freed type's handle is given to the next one
             raise NotImplementedError("derived datatypes other than contiguous ones are not simulated "
-                                      "(docs/simulate.md)")
+                                      "(docs/howto/simulate.md)")
         return np.dtype((np.void, params["count"] * numpy_dtype(base).itemsize))  # its bytes, moved as one
     from mpi4py.util.dtlib import to_numpy_dtype
 

@@ -684,7 +684,7 @@ class World(RankThreads):
         with a free run slot now, else in line for one, woken only when it gets one.
 
         Waking every member of a collective at once to queue for the few run slots put 1,024 threads
-        through the lock twice per call (docs/simulate.md, "Limits").
+        through the lock twice per call (docs/reference/emulator.md, "Limits").
         """
         if self._extra:  # ranks run threads of their own: find the one that waits for this
             self._release_matching(rank, token, group)

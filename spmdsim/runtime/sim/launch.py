@@ -174,7 +174,7 @@ def ranks_argument(parser: Any) -> None:
     """Add ``--ranks N`` (and ``--dry-run``) to an argparse parser."""
     parser.add_argument("--ranks", type=int, metavar="N", default=None,
                         help="run on N simulated ranks in this process (no mpiexec); "
-                             "see docs/simulate.md")
+                             "see docs/howto/simulate.md")
     parser.add_argument("--dry-run", action="store_true",
                         help="with --ranks: shapes only, no data; print each rank's bytes sent, "
                              "received and peak bytes held")

@@ -21,7 +21,7 @@ __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
 #: The most ranks `simulate` runs (a dry run up to MAX_DRY_RANKS, 65536).
 #: One thread each. Each maps its stack (8 MiB under the usual ulimit -s) as address space, which no cap binds
-#: by default, and takes ~17 KB of memory idle (docs/simulate.md, "Limits"); a cap that cannot hold the stacks
+#: by default, and takes ~17 KB of memory idle (docs/reference/emulator.md, "Limits"); a cap that cannot hold the stacks
 #: is refused before any thread starts (spmdsim.runtime.sim.thread_limits).
 MAX_RANKS = 4096
 MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for

@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
                         help="--network gpt: choose (tp, pp, dp, microbatches, virtual stages, recomputation, "
                              "ZeRO, sp) by the step time predicted on this machine file from each "
                              "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
-                             "(default the machine's memory); docs/estimate.md")
+                             "(default the machine's memory); docs/howto/choose-configuration.md")
     parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed"),
                         help="--machine: the widths the ledger prices at (default bf16-mixed)")
     parser.add_argument("--kept", choices=("graph", "megatron"),
@@ -101,7 +101,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--moe-cells", action="store_true", default=None,
                         help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
                              "small dry runs each, one per tp, sp, micro-batch, recomputation and ep: slower, "
-                             "prunes more and prices better configurations; docs/estimate.md)")
+                             "prunes more and prices better configurations; docs/howto/choose-configuration.md)")
     parser.set_defaults(func=run, dry_run=False)
 
 
@@ -315,7 +315,7 @@ class _still_working:
     """Say on stderr, every PATIENCE_S seconds, that the choice is still being priced (never silent for minutes).
 
     The training objective plans each gradient move in full: the attention network at 64 devices
-    takes about 90 s, at 128 several minutes (docs/autoshard.md).
+    takes about 90 s, at 128 several minutes (docs/howto/autoshard.md).
     """
 
     def __init__(self, args: argparse.Namespace, devices: int) -> None:

@@ -5,7 +5,7 @@
 
 Every configuration is priced by its own dry run's ledger (spmdsim.tools.estimate.search); the table shows
 the chosen one, the runners-up and why each lost, each by its peak (transient blocks included, as
-`spmdsim estimate`'s verdict: what the memory limit bounds) (docs/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
+`spmdsim estimate`'s verdict: what the memory limit bounds) (docs/howto/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
 dp, ep, mb, recompute, zero, sp) holds a degree and searches the rest.
 """
 from __future__ import annotations

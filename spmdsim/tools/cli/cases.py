@@ -12,10 +12,10 @@ flags; flags override keys of the file. One form per dialect:
 * JAX: ``{"partition_spec": "('x', None)", "device_matrix": [2, 4], "alias_name": ["x", "y"],
   "shape": [...]}`` (a shorter spec is padded with None)
 
-Without ``alias_name`` the mesh axes are ``axis_0, axis_1, ...`` in every form (docs/dialects.md).
+Without ``alias_name`` the mesh axes are ``axis_0, axis_1, ...`` in every form (docs/reference/dialects.md).
 
 Each form may add ``"partial": [axis, ...]``, and ``"cut"``: the rule that cuts a dim
-("even", "chunk" or "balanced"; docs/semantics.md, "Uneven shards"). The Layout form
+("even", "chunk" or "balanced"; docs/explanation/semantics.md, "Uneven shards"). The Layout form
 takes any; DTensor placements cut a dim that does not divide as DTensor does
 ("chunk"); a JAX PartitionSpec only with a rule named; the strategy and SBP forms
 cut evenly (MindSpore's rule; OneFlow's BalancedSplitter is not read: ONEFLOW_EVEN). Pure: never
@@ -259,7 +259,7 @@ def integer_map_hint(entries: Sequence[Any], names: Sequence[str], json_form: bo
 
 def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], form: str) -> tuple[str, ...]:
     """The mesh axis names of a case without "alias_name": ``axis_0, axis_1, ...``, as everywhere
-    (docs/dialects.md). A case that names other axes in its map (or `partial`) lacks its --alias."""
+    (docs/reference/dialects.md). A case that names other axes in its map (or `partial`) lacks its --alias."""
     names = default_axis_names(count)
     used = [a for e in entries for a in ((e,) if isinstance(e, str) else e if isinstance(e, (list, tuple)) else ())]
     unknown = [a for a in [*used, *partial] if isinstance(a, str) and a not in names + ("None", "none", "null")]

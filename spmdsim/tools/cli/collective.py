@@ -186,7 +186,7 @@ def _phases(schedule: Any) -> str:
 
 def _cut_text(schedule: Any) -> str:
     """How the buffer is cut. Recursive doubling and the trees send the whole buffer as one slot:
-    say so, rather than "cut into 1 slots" (exercise 12 of docs/lab.md reads this line)."""
+    say so, rather than "cut into 1 slots" (exercise 12 of docs/tutorials/lab-part2.md reads this line)."""
     n = len(schedule.slot_counts)
     return "cut into {:,} slots".format(n) if n > 1 else "sent whole (one slot, not cut)"
 

@@ -5,7 +5,7 @@
         --machine a100-dgx
 
 The figures are those of the dry run of the real training step (spmdsim.tools.estimate.ledger), priced at
-the precision's widths and timed on the machine file (spmdsim.tools.estimate.steptime); docs/estimate.md.
+the precision's widths and timed on the machine file (spmdsim.tools.estimate.steptime); docs/howto/estimate.md.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
                      "only, one rank per stage) and print, for the first, a middle and the last stage (and the "
                      "slowest and the fullest), what one rank holds (priced at --precision), the FLOPs it "
                      "executes, the bytes it sends by kind and link level, and the step time predicted on "
-                     "--machine (docs/estimate.md)."))
+                     "--machine (docs/howto/estimate.md)."))
     parser.add_argument("network", choices=("gpt",), help="the network (the GPT of spmdsim.models.gpt)")
     # The defaults are a toy GPT (it runs in a second): say so, so that a user sizing a real model sets each one.
     for name, default, what in (
@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
-    # Llama's architecture (spmdsim.models.gpt.GPTConfig's options; docs/estimate.md, "A Llama"): each default the GPT's,
+    # Llama's architecture (spmdsim.models.gpt.GPTConfig's options; docs/howto/estimate.md, "A Llama"): each default the GPT's,
     # the flags the examples take (spmdsim.models.gpt.options).
     from ...models.gpt.flags import architecture_arguments
 
@@ -84,10 +84,10 @@ def register(subparsers: Any) -> None:
                              "(ZeRO-2; default 0)")
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
                         help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
-                             "(docs/training.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
+                             "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
                              "megatron and prints its choice as an estimate command)")
     parser.add_argument("--experts", type=int, default=0, metavar="N",
-                        help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/experts.md)")
+                        help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/howto/experts.md)")
     parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
     parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
     parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
@@ -376,7 +376,7 @@ def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
     parts = [f"activations {_gib(activations)}" + (f" (fewer with {', '.join(fewer)})" if fewer else ""),
              f"{_gib(rest)} besides them" + (f" (less with {', '.join(less)})" if less else "")]
     return (f"to fit: stage {most} holds {parts[0]} and {parts[1]}; a larger --tp or --pp splits both; or let "
-            "`spmdsim autoshard --network gpt --machine` choose (docs/estimate.md)")
+            "`spmdsim autoshard --network gpt --machine` choose (docs/howto/estimate.md)")
 
 
 def _fit_line(memories: list, machine: Any) -> str:

@@ -8,7 +8,7 @@ child it sets, unless already set:
 * ``SPMDSIM_WAIT`` (``--wait``; default auto = polite wait when ranks outnumber cores);
 * ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` to
   cores // N (at least 1): BLAS thread pools of 8 oversubscribed ranks made a
-  measured job 20x slower (docs/oversubscription.md);
+  measured job 20x slower (docs/explanation/oversubscription.md);
 * ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (unless any glibc
   malloc variable is set): freed result buffers stay in the heap (spmdsim.base.malloc);
 * ``SPMDSIM_EXPECT_WORLD=N``, so a Mesh fails loudly under a foreign mpiexec.

@@ -1,7 +1,7 @@
 """`spmdsim mpirun -n N python script.py ARGS...`: an unmodified mpi4py program on N simulated ranks.
 
 One process, no mpiexec: each rank is a thread whose ``MPI.COMM_WORLD`` is its
-simulated world (spmdsim.emulator.mpirun, docs/simulate.md).
+simulated world (spmdsim.emulator.mpirun, docs/howto/mpi4py-lab.md).
 """
 from __future__ import annotations
 

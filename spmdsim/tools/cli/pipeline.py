@@ -4,7 +4,7 @@
     spmdsim pipeline --schedule interleaved --stages 4 --microbatches 8 --virtual-stages 2
     spmdsim pipeline --stages 2 --microbatches 3 --file my_schedule.txt
 
-Pure: the schedules are built (or read) and checked, never run (docs/pipeline.md).
+Pure: the schedules are built (or read) and checked, never run (docs/howto/pipelines.md).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ __all__ = [
 #: Most devices `plan` takes (as `slices`, `explain` and `show`). Planning and
 #: --explain are linear in the devices (exchanges past 2**16 sender choices are
 #: folded, --explain past 64 ranks prints traffic per group): about 2 s and
-#: 150 MB at 65,536 (docs/redistribution.md, "At scale").
+#: 150 MB at 65,536 (docs/explanation/redistribution.md, "At scale").
 MAX_PLAN_DEVICES = 65536
 
 
@@ -282,7 +282,7 @@ def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_me
 
 
 def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
-    """`tl` cutting dims by rule `cut` (docs/semantics.md, "Uneven shards"); a strategy or an SBP cuts evenly."""
+    """`tl` cutting dims by rule `cut` (docs/explanation/semantics.md, "Uneven shards"); a strategy or an SBP cuts evenly."""
     if cut is None or cut == tl.layout.cut:
         return tl
     for flag, why in (("strategy", "MindSpore cuts every dim evenly"), ("sbp", ONEFLOW_EVEN)):

@@ -101,7 +101,7 @@ def format_plan(plan: Plan, dialect: str = "sbp") -> str:
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
     if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
-        # Say why, or a reader takes the plan for a poor one (docs/redistribution.md).
+        # Say why, or a reader takes the plan for a poor one (docs/explanation/redistribution.md).
         verdict += f": with pending sums {BOUND_WITH_SUMS}"
     lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
     base = _baseline(plan)

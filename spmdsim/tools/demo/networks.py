@@ -1,4 +1,4 @@
-"""Demo scenarios of whole seed networks (`spmdsim.models.nets`, docs/networks.md).
+"""Demo scenarios of whole seed networks (`spmdsim.models.nets`, docs/reference/networks.md).
 
 Each runs the full forward pass, redistributing wherever one operator's output
 layout differs from what the next requires, and checks the output against a

@@ -52,7 +52,7 @@ class Job:
         atol: absolute tolerance of the check (None: the runtime's default for the dtype).
         rtol: relative tolerance of the check (None: the runtime's default for the dtype).
         scale: the magnitudes that entered each output element (a region function; None: |reference|), for
-            `DTensor.check` (docs/semantics.md, "Tolerances").
+            `DTensor.check` (docs/explanation/tolerances.md, "Tolerances").
         notes: this rank's own `--explain` lines (what its local compute does), before its collectives.
     """
 

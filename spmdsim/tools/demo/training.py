@@ -4,7 +4,7 @@ Each row runs one step of `spmdsim.models.nets.train.NetworkTrainer` (cross-entr
 against seeded labels, SGD lr 1e-2) on the network's own seeded input, and
 checks the gradient of its first weight (which the whole backward feeds)
 against `spmdsim.models.nets.reference`; the row's collectives are the forward's and
-the backward's together (docs/training.md splits them). The check follows the
+the backward's together (docs/howto/train.md splits them). The check follows the
 magnitudes that entered each gradient element (`ReferenceStep.grad_scales`,
 as `NetworkTrainer.check`), not the gradient's largest entry: an element near
 zero made of large terms keeps the rounding those terms can have.
@@ -38,7 +38,7 @@ def training_job(net: Network, comm: Any) -> Job:
     ref = ReferenceTrainer(net).step(x, labels)
     # Each element within 2 k eps (two computations, each summing in its own order) x the magnitudes that
     # entered it, k the longest sum of the step (a batch's rows or a parameter's dimension): not x
-    # max|grad|, which an element of large cancelling terms can exceed (docs/semantics.md, "Tolerances").
+    # max|grad|, which an element of large cancelling terms can exceed (docs/explanation/tolerances.md, "Tolerances").
     params = [p.source for stage in net.stages for p in stage.params]
     longest = max([int(np.prod(net.out_shape[:-1]))] + [d for p in params for d in p.shape])
     rtol, scale = 2 * sum_rtol(longest, params[0].dtype), ref.grad_scales[0]  # (an embedding's input is ids)

@@ -1,4 +1,4 @@
-"""Lower bounds of a configuration's priced step time and memory from one layer's dry cells (docs/estimate.md).
+"""Lower bounds of a configuration's priced step time and memory from one layer's dry cells (docs/howto/estimate.md).
 
 The search (spmdsim.tools.estimate.search) prices a configuration by the dry run of its whole training step. A
 transformer layer does the same work wherever it sits: under every configuration with the same tensor

@@ -1,4 +1,4 @@
-"""One rank's ledger per pipeline stage, from the dry run of the real training step (docs/estimate.md).
+"""One rank's ledger per pipeline stage, from the dry run of the real training step (docs/howto/estimate.md).
 
 `gpt_ledger` runs spmdsim.models.gpt.pipeline.train_pipelined on the dry engine (shapes only: no array is
 written, one representative rank per stage, later microbatches' cells repeated from the first's

@@ -1,6 +1,6 @@
 """Machine files: what one GPU of a cluster computes, holds and sends, read from a small JSON file.
 
-Pure (standard library only). A file (docs/estimate-machine.md) names the machine, cites its
+Pure (standard library only). A file (docs/howto/add-machine-file.md) names the machine, cites its
 sources, and gives per GPU: its memory, its peak FLOP/s per dtype, its memory (HBM) bandwidth,
 the GEMM efficiency model, and per level ("node", "cluster") the link's bandwidth (bytes/s per
 GPU per direction) and latency (s), with the collective algorithm. `load_machine("a100-dgx")`
@@ -296,7 +296,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
         raise _fail(where, "gemm_efficiency", eff, _WHAT["gemm_efficiency"])
     for key in ("model", "max_fraction", "source"):
         if key not in eff:
-            raise _fail(where, f"gemm_efficiency.{key}", _MISSING, "present (see docs/estimate-machine.md)")
+            raise _fail(where, f"gemm_efficiency.{key}", _MISSING, "present (see docs/howto/add-machine-file.md)")
     for key in eff:
         if key not in ("model", "max_fraction", "source"):
             raise _fail(where, f"gemm_efficiency.{key}", eff[key], "no such key; ('model', 'max_fraction', 'source')")

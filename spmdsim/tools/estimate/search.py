@@ -1,4 +1,4 @@
-"""Choose a GPT's parallel configuration by predicted step time under a memory limit (docs/estimate.md).
+"""Choose a GPT's parallel configuration by predicted step time under a memory limit (docs/howto/estimate.md).
 
 `search(cfg, devices, machine, memory_limit)` enumerates every configuration the training step runs
 on `devices` ranks: tensor parallel tp (dividing the heads and the vocabulary, within a node),
@@ -439,7 +439,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     `cells`: bound by the layer cells too (spmdsim.tools.estimate.bounds), not by the closed forms alone; a
     `Cells` of the same model and kept set to reuse its cells (tests). With MoE layers the layer cells bound
     the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
-    1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/estimate.md).
+    1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/howto/estimate.md).
     `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
     """
     import heapq
