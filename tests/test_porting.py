@@ -97,7 +97,7 @@ def test_every_spmdsim_name_the_page_maps_to_exists():
     text = (ROOT / DOC).read_text()
     for module, pattern in (("spmdsim.nn.ops", r"\bops\.(\w+)"), ("spmdsim.nn.optim", r"\boptim\.(\w+)"),
                             ("spmdsim.runtime", r"spmdsim\.runtime\.(\w+)"),
-                            ("spmdsim.nn.autograd", r"spmdsim\.autograd\.(\w+)")):
+                            ("spmdsim.nn.autograd", r"spmdsim\.nn\.autograd\.(\w+)")):
         names = set(re.findall(pattern, text))
         assert names, module
         missing = sorted(n for n in names if not hasattr(importlib.import_module(module), n))

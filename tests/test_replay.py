@@ -398,7 +398,7 @@ def test_memory_the_step_makes_through_the_capture_replays_with_new_inputs(make)
 
 
 _REFUSED = (r"^replay: np\.{what} wrote into a plain array \(4,\) float64 while capturing: numpy made it out of the "
-            r"capture's sight, so a replay would not zero or fill it again; make it with spmdsim\.buffers\.zeros"
+            r"capture's sight, so a replay would not zero or fill it again; make it with spmdsim\.base\.buffers\.zeros"
             r"\(\.\.\.\) or np\.zeros_like\(<a traced array>\), and read traced arrays with np\.asanyarray, not "
             r"np\.asarray$")
 
