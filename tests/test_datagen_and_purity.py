@@ -307,7 +307,7 @@ def test_the_reach_check_sees_what_runs():
          "from ...runtime.mpi_library import load_mpi")]
     assert importkit.path_to("spmdsim.tools.autoshard.dag", _bad_above, imports, _follow)[0][1].at_import
     assert importkit.path_to("spmdsim.references.forward", _bad, imports) == []
-    assert importkit.path_to("spmdsim.runtime.engines", _bad, imports)[0][1].target == "spmdsim.runtime"
+    assert importkit.path_to("spmdsim.runtime.engines", _bad, imports)[0][1].target.startswith("spmdsim.runtime")
 
 
 def test_operators_and_runtime_package_do_not_import_mpi4py():

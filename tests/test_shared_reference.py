@@ -94,12 +94,12 @@ def test_shared_once_on_simulated_ranks_is_once():
     assert simulate(4, rank) == [6.0] * 4 and len(calls) == 1
 
 
-def test_the_digest_reads_a_command_line_and_its_functions_by_name_not_address():
+def test_thedigest_reads_a_command_line_and_its_functions_by_name_not_address():
     """Two processes' equal command lines digest alike: a namespace by its fields, a function (argparse's
     handler) by module and name, never by its address, which differs from process to process."""
     import argparse
 
-    from spmdsim.runtime.shared_reference import _digest
+    from spmdsim.runtime.shared_reference import digest
 
     def handler():
         def run():
@@ -108,7 +108,7 @@ def test_the_digest_reads_a_command_line_and_its_functions_by_name_not_address()
 
     first, second = handler(), handler()  # equal functions at two addresses, as in two ranks
     assert first is not second
-    same = [_digest(argparse.Namespace(network="mlp", run=True, func=f)) for f in (first, second)]
+    same = [digest(argparse.Namespace(network="mlp", run=True, func=f)) for f in (first, second)]
     assert np.array_equal(same[0], same[1])
-    assert not np.array_equal(same[0], _digest(argparse.Namespace(network="gpt", run=True, func=first)))
-    assert not np.array_equal(same[0], _digest(argparse.Namespace(network="mlp", run=True, func=len)))
+    assert not np.array_equal(same[0], digest(argparse.Namespace(network="gpt", run=True, func=first)))
+    assert not np.array_equal(same[0], digest(argparse.Namespace(network="mlp", run=True, func=len)))
