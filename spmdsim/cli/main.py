@@ -21,7 +21,7 @@ __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser", "output_error"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
-                                 "plan", "autoshard", "collective", "mpirun", "pipeline", "estimate")
+                                 "plan", "autoshard", "collective", "mpirun", "pipeline", "estimate", "lab")
 
 
 def build_parser(commands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:

@@ -1,0 +1,191 @@
+"""One submission on one case: its function run on n simulated ranks, judged against the exercise.
+
+`run_case` runs in the calling process, with no limit of time or memory: the grader calls it inside a
+limited child process (spmdsim.tools.lab.sandbox); tests call it directly on submissions that end.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import copy
+import dataclasses
+import os
+import re
+import traceback
+from typing import Any, Iterator, Optional
+
+from ..._mpi_library import load_mpi
+from ...emulator.mpi4py_world import swapped
+from ...errors import RuntimeMismatchError
+from ...sim.run import current_rank, simulate
+from .calls import Notes, violation, watching
+from .compare import first_difference
+from .exercise import Exercise, LabError
+
+__all__ = ["CaseResult", "run_case", "PASS"]
+
+PASS = "pass"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    """How one case went: `status` is pass, not-implemented, wrong, deadlock, error, exit, memory, forbidden,
+    bytes, timeout or cpu; `reason` is one line (a CSV cell), `detail` the lines of feedback under it."""
+
+    ranks: int
+    seed: int
+    label: str
+    status: str
+    reason: str = ""
+    detail: str = ""
+    sent: int = 0
+    optimum: Optional[int] = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASS
+
+
+class _Exited(Exception):
+    """A rank called sys.exit or os._exit: it ends the run, not the grader."""
+
+    def __init__(self, call: str, code: Any) -> None:
+        super().__init__(f"{call}({code!r})")
+        self.call = call
+        self.code = code
+
+
+class _Missing(Exception):
+    """The submission defines no function of the exercise's name."""
+
+
+@contextlib.contextmanager
+def _os_exit_raises() -> Iterator[None]:
+    """While the ranks run, os._exit on a simulated rank raises _Exited there; elsewhere it is Python's."""
+    real = os._exit
+
+    def _exit(code: int) -> None:
+        if current_rank() is None:
+            real(code)
+        raise _Exited("os._exit", code)
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+def _compile(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        raise LabError(f"submission {path!r} cannot be read: {exc.strerror or exc}") from None
+    return compile(source, os.path.abspath(path), "exec")
+
+
+def _line(exc: BaseException, path: str) -> Optional[int]:
+    """The submission's line where `exc` was raised (its innermost frame in the file)."""
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    if isinstance(exc, SyntaxError) and exc.filename == path:
+        return exc.lineno
+    return lines[-1] if lines else None
+
+
+def _failure(exc: BaseException, path: str, n: int) -> tuple:
+    """(status, reason, detail) of a run that ended with `exc`."""
+    ranks = getattr(exc, "simulated_ranks", ()) or ()
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
+        f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
+    line = _line(exc, path)
+    at = f" at line {line}" if line else ""
+    if isinstance(exc, NotImplementedError):
+        return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
+    if isinstance(exc, _Missing):
+        return "error", str(exc), ""
+    if isinstance(exc, RuntimeMismatchError):
+        text = re.sub(r"at (\S+):(\d+)", lambda m: f"at line {m.group(2)}"
+                      if os.path.basename(path) == m.group(1) else m.group(0), str(exc))
+        head, _, rest = text.partition("\n")
+        first = rest.strip().splitlines()[0] if rest.strip() else ""
+        status = "deadlock" if "deadlock" in head else "mismatch"
+        return status, f"{status} at {n} ranks: {first or head}", text
+    if isinstance(exc, _Exited):
+        return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
+    if isinstance(exc, MemoryError):
+        return "memory", f"{who} ran out of memory{at} (the exercise's memory limit)", ""
+    if isinstance(exc, SyntaxError) and line:
+        return "error", f"syntax error at line {line}: {exc.msg}", ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return "error", f"{who} raised {type(exc).__name__}{at}" + (f": {message}" if message else ""), ""
+
+
+def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:
+    """What each simulated rank runs: the submission loaded as its own module, its function called."""
+    mpi = load_mpi()
+    rank = current_rank()
+    scope = {"__name__": "submission", "__file__": path, "__builtins__": builtins}
+    try:
+        exec(code, scope)
+        function = scope.get(exercise.function)
+        if not callable(function):
+            raise _Missing(f"{os.path.basename(path)} defines no function {exercise.function!r}: "
+                           f"def {exercise.signature}")
+        args = copy.deepcopy(tuple(case["args"][rank]))
+        with watching(path, notes[rank]):
+            return function(mpi.COMM_WORLD, *args)
+    except SystemExit as exc:
+        raise _Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
+
+
+def _case(exercise: Exercise, seed: int, n: int) -> dict:
+    try:
+        case = exercise.case(seed, n)
+    except Exception as exc:  # noqa: BLE001 - the instructor's generator: one line naming it
+        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(case, dict) or len(case.get("args", ())) != n or len(case.get("expected", ())) != n:
+        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) must return a dict with {n} 'args' and "
+                       f"{n} 'expected', one per rank")
+    return case
+
+
+def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
+    """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it."""
+    path = os.path.abspath(path)
+    case = _case(exercise, seed, n)
+    label = str(case.get("label", f"seed {seed}"))
+    result = dict(ranks=n, seed=seed, label=label)
+    try:
+        code = _compile(path)
+    except SyntaxError as exc:
+        return CaseResult(**result, status="error", reason=f"syntax error at line {exc.lineno}: {exc.msg}")
+    notes = [Notes() for _ in range(n)]
+    failure = None
+    try:
+        with swapped(), _os_exit_raises():
+            results = simulate(n, _per_rank, exercise, code, path, case, notes)
+    except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
+        failure = _failure(exc, path, n)
+        if failure[0] == "not-implemented":
+            return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2])
+    sent = max(note.sent for note in notes)
+    broken = violation(notes, exercise.forbidden, exercise.allowed, () if failure else exercise.required)
+    if broken:
+        hint = f": {exercise.hint}" if exercise.hint and "not allowed" in broken else ""
+        return CaseResult(**result, status="forbidden", reason=broken + hint, sent=sent)
+    if failure:
+        return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2], sent=sent)
+    wrong = first_difference(results, case["expected"], case["args"], exercise.rtol, exercise.atol,
+                             exercise.explain, case)
+    if wrong:
+        reason, _, detail = wrong.partition("\n")
+        return CaseResult(**result, status="wrong", reason=f"wrong at {n} ranks ({label}): {reason}",
+                          detail=detail.strip(), sent=sent)
+    optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes else None
+    if optimum is not None and sent > optimum:
+        busiest = max(range(n), key=lambda r: notes[r].sent)
+        return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
+                          reason=f"rank {busiest} sent {sent:,} B at {n} ranks ({label}); the algorithm needs "
+                                 f"{optimum:,} B from its busiest rank")
+    return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)
