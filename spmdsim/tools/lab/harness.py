@@ -26,6 +26,27 @@ __all__ = ["CaseResult", "run_case", "PASS"]
 
 PASS = "pass"
 
+#: A call of the emulator's deadlock report: "recv from group rank 1 (any tag) on the world: rank 0 waits in it;
+#: rank 1 finished; at prog.py:9", said here "rank 0 waits in recv from ... (rank 1 finished) at line 9".
+_WAITS = re.compile(r"(\s*)(.+?): ((?:rank|ranks) .+?) (waits?) in it((?:; .*)?)")
+
+
+def _deadlock_text(report: str, path: str) -> str:
+    """The emulator's deadlock report (spmdsim.sim.report), each waiting call said from the rank's side, its
+    program line as the submission's line number."""
+    lines = []
+    for line in report.replace("\n    ", " ").split("\n"):  # its folded calls, one a line again
+        match = _WAITS.fullmatch(line)
+        if match:
+            indent, what, who, verb, tail = match.groups()
+            parts = [part for part in tail.split("; ") if part]
+            at = [part for part in parts if part.startswith("at ")]
+            others = [part for part in parts if not part.startswith("at ")]
+            line = (f"{indent}{who} {verb} in {what}" + (f" ({'; '.join(others)})" if others else "")
+                    + (f" {at[-1]}" if at else ""))
+        lines.append(re.sub(rf"(?<![\w/]){re.escape(os.path.basename(path))}:(\d+)", r"line \1", line))
+    return "\n".join(lines)
+
 
 @dataclasses.dataclass(frozen=True)
 class CaseResult:
@@ -105,8 +126,7 @@ def _failure(exc: BaseException, path: str, n: int) -> tuple:
     if isinstance(exc, _Missing):
         return "error", str(exc), ""
     if isinstance(exc, RuntimeMismatchError):
-        text = re.sub(r"at (\S+):(\d+)", lambda m: f"at line {m.group(2)}"
-                      if os.path.basename(path) == m.group(1) else m.group(0), str(exc))
+        text = _deadlock_text(str(exc), path)
         head, _, rest = text.partition("\n")
         first = rest.strip().splitlines()[0] if rest.strip() else ""
         status = "deadlock" if "deadlock" in head else "mismatch"
@@ -118,7 +138,8 @@ def _failure(exc: BaseException, path: str, n: int) -> tuple:
     if isinstance(exc, SyntaxError) and line:
         return "error", f"syntax error at line {line}: {exc.msg}", ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return "error", f"{who} raised {type(exc).__name__}{at}" + (f": {message}" if message else ""), ""
+    name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
+    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else ""), ""
 
 
 def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:

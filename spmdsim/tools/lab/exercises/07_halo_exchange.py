@@ -57,11 +57,18 @@ def explain(case, n, rank, got):
     want = case["expected"][rank]
     if not isinstance(got, np.ndarray) or got.shape != want.shape:
         return None
-    if np.allclose(got[1:-1, 1:-1], want[1:-1, 1:-1]) and not np.allclose(got[0], want[0]):
-        if np.allclose(got[0, 1:-1], want[-1, 1:-1]):
-            return "row 0 holds what row h + 1 should: the rows above and below are swapped"
-    if np.allclose(got[1:-1, 0], 0) and not np.allclose(want[1:-1, 0], 0):
-        return "column 0 is still 0: the left and right neighbours' columns never arrived"
+    if np.allclose(got[1:-1, 1:-1], want[1:-1, 1:-1]) and np.allclose(got[0, 1:-1], want[-1, 1:-1]) \
+            and not np.allclose(got[0, 1:-1], want[0, 1:-1]):
+        return "row 0 holds what row h + 1 should: the rows above and below are swapped"
+    rows_right = np.allclose(got[[0, -1], 1:-1], want[[0, -1], 1:-1])
+    if rows_right and np.allclose(got[1:-1, [0, -1]], 0) and not np.allclose(want[1:-1, [0, -1]], 0):
+        return "columns 0 and w + 1 are still 0: exchange with the left and right neighbours too"
+    edges = {"top": (got[0, 1:-1], want[0, 1:-1]), "bottom": (got[-1, 1:-1], want[-1, 1:-1]),
+             "left": (got[1:-1, 0], want[1:-1, 0]), "right": (got[1:-1, -1], want[1:-1, -1])}
+    zero = [side for side, (g, w) in edges.items() if np.allclose(g, 0) and not np.allclose(w, 0)]
+    if 0 < len(zero) < 4:
+        return (f"the {' and '.join(zero)} halo is 0 where the grid ends: the neighbours wrap around "
+                "(periods=[True, True])")
     return None
 
 

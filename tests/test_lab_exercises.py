@@ -1,0 +1,385 @@
+"""spmdsim lab's exercises: every reference passes at its rank counts; typical wrong solutions get their message."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from spmdsim.tools.lab import load_exercises
+from spmdsim.tools.lab.exercise import find_exercise
+from spmdsim.tools.lab.harness import run_case
+
+EXERCISES = load_exercises()
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"{e.number}-{e.name}")
+def test_every_reference_solution_passes_every_case_at_every_rank_count_it_allows(exercise):
+    assert set(exercise.ranks) <= {1, 2, 3, 4, 8} and len(exercise.ranks) >= 4
+    for n in exercise.ranks:
+        for seed in exercise.seeds:
+            result = run_case(exercise, exercise.path, n, seed)
+            assert result.passed, (n, seed, result)
+            if exercise.optimal_bytes is not None:
+                assert result.sent <= result.optimum
+
+
+# (exercise, ranks, seed, status, words of the message, the wrong solution)
+WRONG = [
+    (1, 2, 0, "deadlock", ["deadlock at 2 ranks", "rank 0 waits in recv", "rank 1 waits in recv", "line 6"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            rank = comm.Get_rank()
+            other = np.empty_like(x)
+            if rank < 2:
+                comm.Recv(other, source=1 - rank)
+                comm.Send(x + rank, dest=1 - rank)
+                return other
+        """),
+    (1, 2, 0, "wrong", ["rank 0 result[0:5] differs", "rank 1 must add 1"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            if comm.Get_rank() == 0:
+                comm.Send(x, dest=1)
+                comm.Recv(x, source=1)
+                return x
+            if comm.Get_rank() == 1:
+                got = np.empty_like(x)
+                comm.Recv(got, source=0)
+                comm.Send(got, dest=0)
+                return got
+        """),
+    (1, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 2 waits in recv", "(rank 0 finished) at line 8"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            if comm.Get_rank() == 0:
+                comm.Send(x, dest=1)
+                comm.Recv(x, source=1)
+                return x
+            got = np.empty_like(x)
+            comm.Recv(got, source=0)
+            comm.Send(got + 1, dest=0)
+            return got
+        """),
+    (1, 2, 0, "forbidden", ["line 2: comm.bcast is not allowed", "use Send and Recv"], """
+        def ping_pong(comm, x):
+            x0 = comm.bcast(x, root=0)
+            return {0: x0 + 1, 1: x0}.get(comm.Get_rank())
+        """),
+    (2, 3, 0, "wrong", ["rank 0 result[0:4] differs", "rank 1's x", "the ring turns the wrong way"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            got = np.empty_like(x)
+            comm.Sendrecv(x, dest=(rank - 1) % n, recvbuf=got, source=(rank + 1) % n)
+            return got
+        """),
+    (2, 2, 1, "deadlock", ["deadlock at 2 ranks", "rank 0 waits in send", "line 4", "post the receive first"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            comm.Send(x, dest=(rank + 1) % n)
+            got = np.empty_like(x)
+            comm.Recv(got, source=(rank - 1) % n)
+            return got
+        """),
+    (2, 3, 0, "error", ["rank 2 raised MPI.Exception at line 5", "dest rank 3 is outside the communicator"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            rank = comm.Get_rank()
+            got = np.empty_like(x)
+            comm.Sendrecv(x, dest=rank + 1, recvbuf=got, source=rank - 1)
+            return got
+        """),
+    (2, 4, 0, "wrong", ["rank 0 result[0:4] differs", "this rank's own input, unchanged"], """
+        def ring_pass(comm, x):
+            return x
+        """),
+    (3, 4, 0, "wrong", ["rank 0 returned 0.786", "rank 0's own partial sum"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            part = float(np.sum(4.0 / (1.0 + t * t)) / intervals)
+            comm.reduce(0.0, root=0)
+            return part if rank == 0 else None
+        """),
+    (3, 3, 0, "wrong", ["rank 0 returned 9.42", "3 times pi: every rank summed every interval"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            t = (np.arange(intervals) + 0.5) / intervals
+            total = comm.reduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals), root=0)
+            return total if comm.Get_rank() == 0 else None
+        """),
+    (3, 2, 0, "wrong", ["rank 0 returned None, expected a float"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            return comm.reduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals), root=1)
+        """),
+    (3, 2, 0, "forbidden", ["line 5: comm.allreduce is not allowed", "Reduce onto rank 0"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            total = comm.allreduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals))
+            return total if rank == 0 else None
+        """),
+    (4, 2, 0, "forbidden", ["no rank called comm.Scatter or comm.Scatterv or comm.scatter"], """
+        def matvec(comm, A, x):
+            return A @ x if comm.Get_rank() == 0 else None
+        """),
+    (4, 3, 0, "error", ["ranks 1, 2 raised ValueError at line 7: matmul"], """
+        import numpy as np
+        def matvec(comm, A, x):
+            m, k = comm.bcast(None if A is None else A.shape, root=0)
+            n = comm.Get_size()
+            mine = np.empty((m // n, k))
+            comm.Scatter(A, mine, root=0)
+            part = mine @ x
+            y = np.empty(m) if comm.Get_rank() == 0 else None
+            comm.Gather(part, y, root=0)
+            return y
+        """),
+    (4, 3, 0, "wrong", ["rank 1 returned [", "expected None (this rank returns nothing)"], """
+        import numpy as np
+        def matvec(comm, A, x):
+            m, k = comm.bcast(None if A is None else A.shape, root=0)
+            n = comm.Get_size()
+            mine = np.empty((m // n, k))
+            comm.Scatter(A, mine, root=0)
+            x = comm.bcast(x, root=0)
+            y = np.zeros(m)
+            comm.Gather(mine @ x, y, root=0)
+            return y
+        """),
+    (4, 2, 0, "forbidden", ["line 7: comm.Send is not allowed", "use Scatter, Bcast and Gather"], """
+        import numpy as np
+        def matvec(comm, A, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            if rank == 0:
+                rows = len(A) // n
+                for r in range(1, n):
+                    comm.Send(np.ascontiguousarray(A[r * rows:(r + 1) * rows]), dest=r)
+            comm.Scatter(None, np.empty(0), root=0)
+            comm.Gather(np.empty(0), None if rank else np.empty(0), root=0)
+            return A @ x if rank == 0 else None
+        """),
+    (5, 4, 0, "forbidden", ["line 5: comm.Allreduce is not allowed", "implement it with Send/Recv"], """
+        import numpy as np
+        from mpi4py import MPI
+        def ring_allreduce(comm, x):
+            out = np.empty_like(x)
+            comm.Allreduce(x, out, op=MPI.SUM)
+            return out
+        """),
+    (5, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 0 waits in recv from group rank 2", "line 7"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            total, cur = x.copy(), x.copy()
+            for step in range(n - 1):
+                buf = np.empty_like(cur)
+                comm.Recv(buf, source=(r - 1) % n)
+                comm.Send(cur, dest=(r + 1) % n)
+                total += buf
+                cur = buf
+            return total
+        """),
+    (5, 4, 0, "bytes", ["rank 0 sent 384 B at 4 ranks (N=16); the algorithm needs 192 B"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            if r != 0:
+                comm.Send(x, dest=0)
+                comm.Recv(x, source=0)
+                return x
+            total = x.copy()
+            for src in range(1, n):
+                buf = np.empty_like(x)
+                comm.Recv(buf, source=src)
+                total += buf
+            for dst in range(1, n):
+                comm.Send(total, dest=dst)
+            return total
+        """),
+    (5, 3, 0, "error", ["every rank raised ValueError at line 4", "cannot reshape array of size 16"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            chunks = x.reshape(n, -1).copy()
+            for step in range(n - 1):
+                s, t = (r - step) % n, (r - step - 1) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] += buf
+            for step in range(n - 1):
+                s, t = (r + 1 - step) % n, (r - step) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] = buf
+            return chunks.ravel()
+        """),
+    (5, 2, 0, "wrong", ["rank 0 result[0:6] differs (8 of 16 values wrong)"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            chunks = [c.copy() for c in np.array_split(x, n)]
+            for step in range(n - 1):
+                s, t = (r - step) % n, (r - step - 1) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] += buf
+            return np.concatenate(chunks)
+        """),
+    (6, 2, 0, "forbidden", ["line 4: comm.Allgather is not allowed", "pass the blocks around the ring"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            out = np.empty(comm.Get_size() * block.size)
+            comm.Allgather(block, out)
+            return out
+        """),
+    (6, 3, 0, "wrong", ["rank 0 result[0:3] differs (6 of 9 values wrong)"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            rank, n, k = comm.Get_rank(), comm.Get_size(), block.size
+            out = np.empty(n * k)
+            out[rank * k:(rank + 1) * k] = block
+            for step in range(n - 1):
+                send = (rank - step) % n
+                buf = np.empty(k)
+                comm.Sendrecv(out[send * k:(send + 1) * k].copy(), dest=(rank + 1) % n, recvbuf=buf,
+                              source=(rank - 1) % n)
+                out[send * k:(send + 1) * k] = buf
+            return out
+        """),
+    (6, 4, 0, "bytes", ["rank 0 sent 288 B at 4 ranks (k=3); the algorithm needs 72 B"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            if rank != 0:
+                comm.Send(block, dest=0)
+                out = np.empty(n * block.size)
+                comm.Recv(out, source=0)
+                return out
+            parts = [block]
+            for src in range(1, n):
+                buf = np.empty_like(block)
+                comm.Recv(buf, source=src)
+                parts.append(buf)
+            out = np.concatenate(parts)
+            for dst in range(1, n):
+                comm.Send(out, dest=dst)
+            return out
+        """),
+    (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs", "the rows above and below are swapped"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[True, True])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            left, right = cart.Shift(1, 1)
+            row, col = np.empty(w), np.empty(h)
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[0, 1:-1] = row
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[-1, 1:-1] = row
+            cart.Sendrecv(block[:, -1].copy(), dest=right, recvbuf=col, source=left)
+            out[1:-1, 0] = col
+            cart.Sendrecv(block[:, 0].copy(), dest=left, recvbuf=col, source=right)
+            out[1:-1, -1] = col
+            return out
+        """),
+    (7, 4, 0, "wrong", ["rank 0 result[1, 0] differs", "columns 0 and w + 1 are still 0"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[True, True])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            row = np.empty(w)
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[0, 1:-1] = row
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[-1, 1:-1] = row
+            return out
+        """),
+    (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs (7 of 30 values wrong)", "got [0, 0, 0, 0]", "wrap around"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[False, False])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            left, right = cart.Shift(1, 1)
+            row, col = np.zeros(w), np.zeros(h)
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[0, 1:-1] = row
+            row = np.zeros(w)
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[-1, 1:-1] = row
+            cart.Sendrecv(block[:, -1].copy(), dest=right, recvbuf=col, source=left)
+            out[1:-1, 0] = col
+            col = np.zeros(h)
+            cart.Sendrecv(block[:, 0].copy(), dest=left, recvbuf=col, source=right)
+            out[1:-1, -1] = col
+            return out
+        """),
+    (7, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "exchange the edges"], """
+        import numpy as np
+        def halo_exchange(comm, block):
+            blocks = comm.allgather(block)
+            return np.pad(block, 1)
+        """),
+    (8, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs", "this rank's partial product x @ w"], """
+        def row_parallel_linear(comm, x, w):
+            return x @ w
+        """),
+    (8, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs (8 of 8 values wrong)", "3 times the expected value"], """
+        from mpi4py import MPI
+        def row_parallel_linear(comm, x, w):
+            y = x @ w
+            comm.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
+            comm.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
+            return y
+        """),
+    (8, 2, 0, "wrong", ["rank 1 result[0, 0:4] differs", "this rank's partial product x @ w"], """
+        import numpy as np
+        from mpi4py import MPI
+        def row_parallel_linear(comm, x, w):
+            y = x @ w
+            total = np.empty_like(y)
+            comm.Reduce(y, total, op=MPI.SUM, root=0)
+            return total if comm.Get_rank() == 0 else y
+        """),
+    (8, 2, 0, "wrong", ["rank 0 returned shape (2, 8), expected (2, 4)"], """
+        import numpy as np
+        def row_parallel_linear(comm, x, w):
+            return np.concatenate(comm.allgather(x @ w), axis=1)
+        """),
+]
+
+
+@pytest.mark.parametrize("number, ranks, seed, status, words, source", WRONG,
+                         ids=[f"{w[0]}-{w[3]}-{i}" for i, w in enumerate(WRONG)])
+def test_a_typical_wrong_solution_gets_its_own_message(tmp_path, number, ranks, seed, status, words, source):
+    path = tmp_path / "submission.py"
+    path.write_text(textwrap.dedent(source).lstrip())
+    result = run_case(find_exercise(number), str(path), ranks, seed)
+    text = f"{result.reason}\n{result.detail}"
+    assert result.status == status, text
+    for word in words:
+        assert word in text, text
+    assert max(map(len, result.reason.split("\n"))) < 200
+
+
+def test_every_exercise_has_at_least_three_wrong_solutions_with_their_messages():
+    counts = {e.number: sum(w[0] == e.number for w in WRONG) for e in EXERCISES}
+    assert min(counts.values()) >= 3, counts
