@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
+import os
 import resource
 import sys
 import time
 from typing import Sequence
 
+from ...sim import thread_limits
 from .exercise import find_exercise
 from .harness import PASS, run_case
 
@@ -31,10 +34,16 @@ def _address_space() -> int:
     return 0
 
 
-def set_limits(memory_mb: int, cpu_seconds: float) -> None:
-    """Limit this process's further address space to `memory_mb` MiB and its CPU time to `cpu_seconds` more."""
+def set_limits(memory_mb: int, cpu_seconds: float, ranks: int) -> None:
+    """Limit this process's further address space to `memory_mb` MiB, besides what `ranks` simulated ranks'
+    threads reserve (spmdsim.sim.thread_limits: a stack each, the malloc arenas), and its CPU time to
+    `cpu_seconds` more."""
     if memory_mb > 0:
-        room = _address_space() + memory_mb * (1 << 20)
+        stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+        stack = stack if 0 < stack < (1 << 30) else 8 << 20
+        arenas = int(os.environ.get("MALLOC_ARENA_MAX", "2") or 2)
+        threads = ranks * stack + arenas * thread_limits.ARENA
+        room = _address_space() + threads + memory_mb * (1 << 20)
         resource.setrlimit(resource.RLIMIT_AS, (room, room))
     if cpu_seconds > 0:
         used = resource.getrusage(resource.RUSAGE_SELF)
@@ -54,15 +63,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     exercise = find_exercise(args.number, args.folder)
     with open(args.out, "a", buffering=1) as out:
-        set_limits(args.memory_mb, args.cpu_seconds)
+        set_limits(args.memory_mb, args.cpu_seconds, max(args.ranks))
         for n in args.ranks:
             for seed in exercise.seeds:
                 out.write(json.dumps({"event": "start", "ranks": n, "seed": seed, "time": time.time()}) + "\n")
                 result = run_case(exercise, args.file, n, seed)
+                if result.status == "memory":
+                    result = dataclasses.replace(result, reason=f"{result.reason} (limit {args.memory_mb} MiB)")
                 out.write(json.dumps({"event": "done", **dataclasses.asdict(result)}) + "\n")
                 if result.status == "not-implemented":
                     return 0
                 if result.status != PASS:
+                    gc.collect()  # what the failed case held (a memory bomb's blocks, kept by its traceback)
                     break
     return 0
 

@@ -97,6 +97,10 @@ def _os_exit_raises() -> Iterator[None]:
         os._exit = real
 
 
+def _ranks(n: int) -> str:
+    return f"{n} rank{'s' if n != 1 else ''}"
+
+
 def _compile(path: str) -> Any:
     try:
         with open(path, "rb") as f:
@@ -130,11 +134,11 @@ def _failure(exc: BaseException, path: str, n: int) -> tuple:
         head, _, rest = text.partition("\n")
         first = rest.strip().splitlines()[0] if rest.strip() else ""
         status = "deadlock" if "deadlock" in head else "mismatch"
-        return status, f"{status} at {n} ranks: {first or head}", text
+        return status, f"{status} at {_ranks(n)}: {first or head}", text
     if isinstance(exc, _Exited):
         return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
     if isinstance(exc, MemoryError):
-        return "memory", f"{who} ran out of memory{at} (the exercise's memory limit)", ""
+        return "memory", f"{who} ran out of memory{at}", ""
     if isinstance(exc, SyntaxError) and line:
         return "error", f"syntax error at line {line}: {exc.msg}", ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -201,12 +205,12 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
                              exercise.explain, case)
     if wrong:
         reason, _, detail = wrong.partition("\n")
-        return CaseResult(**result, status="wrong", reason=f"wrong at {n} ranks ({label}): {reason}",
+        return CaseResult(**result, status="wrong", reason=f"wrong at {_ranks(n)} ({label}): {reason}",
                           detail=detail.strip(), sent=sent)
     optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes else None
     if optimum is not None and sent > optimum:
         busiest = max(range(n), key=lambda r: notes[r].sent)
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
-                          reason=f"rank {busiest} sent {sent:,} B at {n} ranks ({label}); the algorithm needs "
+                          reason=f"rank {busiest} sent {sent:,} B at {_ranks(n)} ({label}); the algorithm needs "
                                  f"{optimum:,} B from its busiest rank")
     return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)

@@ -33,7 +33,8 @@ def _summary(verdict: Verdict) -> str:
     good = [n for n, passed in by_count.items() if all(passed)]
     bad = [n for n, passed in by_count.items() if not all(passed)]
     unrun = [n for n in verdict.ranks if n not in by_count]
-    parts = []
+    parts = [] if bad or good else ["no case ran"]
+    bad = [n for n in bad if n]
     if good:
         parts.append(f"passes at {_ranks(good)}")
     if bad:
@@ -68,6 +69,8 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
             lines.append(head + f"pass ({len(results)} case{'s' if len(results) != 1 else ''}{bytes_note})")
         else:
             lines.append(head + "not run (an earlier rank count stopped the run)")
+    if verdict.ended is not None and verdict.ended.ranks not in verdict.ranks:  # it ended before any case
+        lines.append(f"  {verdict.ended.reason}")
     word = verdict_word(verdict)
     lines.append(f"{word}: {_summary(verdict)} ({verdict.passed} of {verdict.cases} cases, "
                  f"{verdict.seconds:.1f} s)")

@@ -78,7 +78,7 @@ def _events(path: str) -> list:
 def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str) -> CaseResult:
     """The result of the case the child was running when it was killed or died (`running`: its start event)."""
     n, seed = running.get("ranks", 0), running.get("seed", 0)
-    where = f" at {n} ranks (seed {seed})" if running else ""
+    where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
     if timed_out:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: an endless loop, or a rank "
                                      "waiting for a message no rank sends")
@@ -90,7 +90,8 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
         last = errors.strip().splitlines()[-1] if errors.strip() else ""
         status = "memory" if "MemoryError" in last else "exit" if code else "error"
         reason = (f"ran out of memory{where} (limit {memory_mb} MiB)" if status == "memory" else
-                  f"the process ended{where} with exit code {code} (os._exit in a thread of its own?)" if code else
+                  f"the grader stopped{where}: {last}" if "Error" in last.partition(":")[0] else
+                  f"the process ended{where} with exit code {code}" if code else
                   f"the process ended{where} without a result")
     return CaseResult(ranks=n, seed=seed, label=f"seed {seed}", status=status, reason=reason)
 
