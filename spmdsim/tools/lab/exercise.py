@@ -63,7 +63,7 @@ class Exercise:
     explain: Optional[Callable[..., Optional[str]]] = None
     rtol: float = 1e-9
     atol: float = 1e-12
-    time_limit: float = 20.0
+    time_limit: float = 10.0
     memory_mb: int = 512
 
     def __post_init__(self) -> None:
