@@ -57,11 +57,13 @@ EXPECTED = {
 
 
 @pytest.fixture
-def tiny(tmp_path):
+def tiny(tmp_path, monkeypatch):
+    """The instructor's folder, named relative to the working directory as a user types it."""
     folder = tmp_path / "course"
     folder.mkdir()
     (folder / "01_double.py").write_text(TINY)
-    return str(folder)
+    monkeypatch.chdir(tmp_path)
+    return "course"
 
 
 def test_list_prints_one_line_per_exercise_in_number_order(capsys):

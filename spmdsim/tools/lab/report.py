@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ...errors import fold_message
 from .exercise import Exercise
-from .harness import PASS
+from .harness import PASS, CaseResult
 from .sandbox import Verdict
 
 __all__ = ["verdict_lines", "csv_row", "CSV_HEADER", "VERDICTS"]
@@ -55,13 +55,16 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
     by_count: dict = {}
     for result in verdict.all_results:
         by_count.setdefault(result.ranks, []).append(result)
+    shown = False
     for n in verdict.ranks:
         results = by_count.get(n, [])
         failed = next((r for r in results if not r.passed), None)
         head = f"  {n:>2} rank{'s' if n != 1 else ' '}: "
         if failed:
             lines.append(head + f"FAIL {failed.reason}")
-            lines.extend("       " + line for line in failed.detail.splitlines() if line.strip())
+            if not shown:  # the first failure's feedback in full; the others' first line
+                lines.extend(_detail(failed))
+                shown = True
         elif results:
             best = results[-1]
             bytes_note = f", busiest rank sent {best.sent:,} B" if best.sent else ""
@@ -75,6 +78,15 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
     lines.append(f"{word}: {_summary(verdict)} ({verdict.passed} of {verdict.cases} cases, "
                  f"{verdict.seconds:.1f} s)")
     return [fold_message(line) for line in "\n".join(lines).split("\n")]
+
+
+def _detail(result: CaseResult) -> list:
+    """The lines of a failure's feedback under its reason, without the lines the reason already says (a
+    deadlock report's head, and its first call)."""
+    lines = result.detail.splitlines()
+    if lines and lines[0].startswith("simulated ranks"):
+        lines = lines[1:]
+    return ["       " + line.strip() for line in lines if line.strip() and line.strip() not in result.reason]
 
 
 def csv_row(verdict: Verdict) -> tuple:
