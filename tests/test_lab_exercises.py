@@ -239,11 +239,11 @@ WRONG = [
             comm.Allgather(block, out)
             return out
         """),
-    (6, 3, 0, "wrong", ["rank 0 result[0:3] differs (6 of 9 values wrong)"], """
+    (6, 3, 0, "wrong", ["rank 0 result[0:6] differs (9 of 9 values wrong)"], """
         import numpy as np
         def ring_allgather(comm, block):
             rank, n, k = comm.Get_rank(), comm.Get_size(), block.size
-            out = np.empty(n * k)
+            out = np.zeros(n * k)
             out[rank * k:(rank + 1) * k] = block
             for step in range(n - 1):
                 send = (rank - step) % n
@@ -363,6 +363,137 @@ WRONG = [
         import numpy as np
         def row_parallel_linear(comm, x, w):
             return np.concatenate(comm.allgather(x @ w), axis=1)
+        """),
+    (9, 4, 0, "error", ["ranks 2, 3 raised MPI.Exception at line 7", "dest rank 4 is outside the communicator"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total, mask = x.copy(), 1
+            while mask < n:
+                other = np.empty_like(total)
+                comm.Sendrecv(total, dest=rank + mask, recvbuf=other, source=rank - mask)
+                total += other
+                mask <<= 1
+            return total
+        """),
+    (9, 4, 0, "wrong", ["rank 0 result[0:6] differs (6 of 6 values wrong)"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total, mask = x.copy(), 1
+            while mask < n:
+                other = np.empty_like(x)
+                comm.Sendrecv(x, dest=rank ^ mask, recvbuf=other, source=rank ^ mask)
+                total += other
+                mask <<= 1
+            return total
+        """),
+    (9, 2, 0, "forbidden", ["line 3: comm.allreduce is not allowed", "partner rank ^ (1 << k)"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            return comm.allreduce(x)
+        """),
+    (9, 4, 0, "bytes", ["rank 0 sent 144 B at 4 ranks (N=6); the algorithm needs 96 B"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total = x.copy()
+            for other in range(n):
+                if other != rank:
+                    buf = np.empty_like(x)
+                    comm.Sendrecv(x, dest=other, recvbuf=buf, source=other)
+                    total += buf
+            return total
+        """),
+    (10, 3, 0, "wrong", ["rank 0 returned shape (2, 2), expected (2, 6)", "this rank's own block of columns"], """
+        def column_parallel_linear(comm, x, w):
+            return x @ w
+        """),
+    (10, 3, 0, "wrong", ["rank 0 result[0, 2:6] differs", "the blocks are interleaved"], """
+        import numpy as np
+        def column_parallel_linear(comm, x, w):
+            y = x @ w
+            blocks = np.empty((comm.Get_size(),) + y.shape)
+            comm.Allgather(y, blocks)
+            return blocks.reshape(y.shape[0], -1)
+        """),
+    (10, 2, 0, "wrong", ["rank 0 returned shape (4, 2), expected (2, 4)"], """
+        import numpy as np
+        def column_parallel_linear(comm, x, w):
+            return np.concatenate(comm.allgather(x @ w), axis=0)
+        """),
+    (10, 2, 0, "forbidden", ["no rank called comm.Allgather or comm.allgather"], """
+        import numpy as np
+        from mpi4py import MPI
+        def column_parallel_linear(comm, x, w):
+            n, r = comm.Get_size(), comm.Get_rank()
+            y = np.zeros((x.shape[0], n * w.shape[1]))
+            y[:, r * w.shape[1]:(r + 1) * w.shape[1]] = x @ w
+            comm.Allreduce(MPI.IN_PLACE, y)
+            return y
+        """),
+    (11, 3, 0, "wrong", ["rank 0 result[", "differs"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_embedding(comm, ids, table):
+            out = table[ids % table.shape[0]]
+            comm.Allreduce(MPI.IN_PLACE, out)
+            return out
+        """),
+    (11, 3, 0, "wrong", ["rank 0 result[1, 0:4] differs", "this rank's own rows only"], """
+        import numpy as np
+        def vocab_parallel_embedding(comm, ids, table):
+            rows, start = table.shape[0], comm.Get_rank() * table.shape[0]
+            mine = (ids >= start) & (ids < start + rows)
+            out = np.zeros((ids.size, table.shape[1]))
+            out[mine] = table[ids[mine] - start]
+            comm.allreduce(0)
+            return out
+        """),
+    (11, 2, 0, "error", ["rank 0 raised IndexError at line 7: index 3 is out of bounds"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_embedding(comm, ids, table):
+            rows, start = table.shape[0], comm.Get_rank() * table.shape[0]
+            mine = (ids >= start) & (ids <= start + rows)
+            out = np.zeros((ids.size, table.shape[1]))
+            out[mine] = table[ids[mine] - start]
+            comm.Allreduce(MPI.IN_PLACE, out)
+            return out
+        """),
+    (12, 2, 0, "forbidden", ["line 4: comm.allgather is not allowed", "one Alltoall moves only"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            whole = np.concatenate(comm.allgather(x))
+            return np.split(whole, n, axis=1)[r]
+        """),
+    (12, 3, 0, "wrong", ["rank 0 returned shape (2, 9), expected (6, 3)"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            send = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=1)))
+            recv = np.empty_like(send)
+            comm.Alltoall(send, recv)
+            return np.concatenate(list(recv), axis=1)
+        """),
+    (12, 3, 0, "wrong", ["rank 0 result[1, 0:3] differs (9 of 18 values wrong)"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n = comm.Get_size()
+            send = np.ascontiguousarray(x.reshape(n, x.shape[0], -1))
+            recv = np.empty_like(send)
+            comm.Alltoall(send, recv)
+            return np.concatenate(list(recv), axis=0)
+        """),
+    (12, 3, 0, "forbidden", ["no rank called comm.Alltoall or comm.alltoall or comm.Alltoallv"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            blocks = np.split(x, n, axis=1)
+            got = [None] * n
+            for j in range(n):
+                got[j] = comm.sendrecv(blocks[j], dest=j, source=j)
+            return np.concatenate(got, axis=0)
         """),
 ]
 

@@ -15,7 +15,7 @@ import pickle
 import sys
 from typing import Any, Iterator, Optional
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -113,19 +113,21 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         sys.setprofile(before)
 
 
-def violation(notes: list, forbidden: tuple, allowed: Optional[tuple], required: tuple) -> Optional[str]:
-    """The first broken rule of the calls in `notes` (one Notes per rank), or None.
-
-    A forbidden call, or a communication call (collective or point-to-point) outside `allowed`, is named
-    with its first line; a required call that no rank made is named too.
-    """
-    for rank, note in enumerate(notes):
+def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Optional[str]:
+    """The first call in `notes` (one Notes per rank) that the rules forbid, with its line, or None: a
+    forbidden call, or a communication call (collective or point-to-point) outside `allowed`."""
+    for note in notes:
         for name, line in note.calls:
             if name in forbidden:
                 return f"line {line}: comm.{name} is not allowed in this exercise"
             if allowed is not None and name not in allowed and (name in COLLECTIVES or name in POINT_TO_POINT):
                 return (f"line {line}: comm.{name} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
+    return None
+
+
+def missing(notes: list, required: tuple) -> Optional[str]:
+    """The first of the `required` calls (each "A|B": any of them) that no rank made, said, or None."""
     made = {name for note in notes for name, _ in note.calls}
     for need in required:
         options = need.split("|")

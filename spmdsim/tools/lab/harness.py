@@ -18,7 +18,7 @@ from ..._mpi_library import load_mpi
 from ...emulator.mpi4py_world import swapped
 from ...errors import RuntimeMismatchError
 from ...sim.run import current_rank, simulate
-from .calls import Notes, violation, watching
+from .calls import Notes, missing, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
 
@@ -195,8 +195,8 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
         if failure[0] == "not-implemented":
             return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2])
     sent = max(note.sent for note in notes)
-    broken = violation(notes, exercise.forbidden, exercise.allowed, () if failure else exercise.required)
-    if broken:
+    broken = violation(notes, exercise.forbidden, exercise.allowed)
+    if broken:  # first: a forbidden call may well give the right answer
         hint = f": {exercise.hint}" if exercise.hint and "not allowed" in broken else ""
         return CaseResult(**result, status="forbidden", reason=broken + hint, sent=sent)
     if failure:
@@ -207,6 +207,9 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
         reason, _, detail = wrong.partition("\n")
         return CaseResult(**result, status="wrong", reason=f"wrong at {_ranks(n)} ({label}): {reason}",
                           detail=detail.strip(), sent=sent)
+    unmade = missing(notes, exercise.required)
+    if unmade:
+        return CaseResult(**result, status="forbidden", reason=unmade, sent=sent)
     optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes else None
     if optimum is not None and sent > optimum:
         busiest = max(range(n), key=lambda r: notes[r].sent)
