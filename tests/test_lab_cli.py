@@ -137,3 +137,24 @@ def test_an_exercise_file_without_its_fields_is_named(tmp_path, capsys):
     assert main(["lab", "list", "--exercises", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "03_broken.py' lacks STATEMENT, FUNCTION, SIGNATURE, case" in err.replace("\n  ", " ")
+
+
+def test_check_under_mpiexec_passes_one_rank_and_names_the_deadlock_at_two(tmp_path, capsys):
+    path = tmp_path / "recv_first.py"  # a ring that receives first: no step at 1 rank, a deadlock at 2
+    path.write_text(textwrap.dedent("""\
+        import numpy as np
+        def ring_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total, current = x.copy(), x.copy()
+            for step in range(n - 1):
+                got = np.empty_like(current)
+                comm.Recv(got, source=(rank - 1) % n)
+                comm.Send(current, dest=(rank + 1) % n)
+                total, current = total + got, got
+            return total
+        """))
+    assert main(["lab", "check", "5", str(path), "--mpiexec", "--ranks", "1", "2", "--time-limit", "6"]) == 1
+    out = capsys.readouterr().out
+    assert "   1 rank : pass (2 cases)" in out
+    assert "2 ranks: FAIL ran past the time limit of 6 s at 2 ranks under mpiexec: a deadlock" in out
+    assert "FAIL: passes at 1 rank; fails at 2 ranks (2 of 4 cases" in out

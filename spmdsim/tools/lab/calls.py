@@ -90,7 +90,8 @@ def _sent(name: str, frame: Any) -> int:
 
 @contextlib.contextmanager
 def watching(filename: str, notes: Notes) -> Iterator[Notes]:
-    """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`."""
+    """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`
+    (mpi4py's own communicators are compiled code, which a profile hook does not see)."""
 
     def hook(frame: Any, event: str, arg: Any) -> None:
         if event != "call":

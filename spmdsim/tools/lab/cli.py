@@ -3,6 +3,7 @@
     spmdsim lab list                          the exercises, one line each
     spmdsim lab start N [DIR]                 the statement and a starter file to complete
     spmdsim lab check N FILE [--ranks n ...]  run a submission on each rank count, with feedback
+                                              (--mpiexec: as MPI jobs)
     spmdsim lab grade N DIR --csv OUT         every submission of a folder, one CSV row each
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from .exercise import EXERCISES, LabError, find_exercise, load_exercises
 from .report import CSV_HEADER, csv_row, verdict_lines, verdict_word
-from .sandbox import check
+from .sandbox import check, check_mpiexec
 
 __all__ = ["register"]
 
@@ -44,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_check.add_argument("file", metavar="FILE")
     p_check.add_argument("--ranks", type=int, nargs="+", metavar="n", help="rank counts (default: the "
                          "exercise's)")
+    p_check.add_argument("--mpiexec", action="store_true", help="run each rank count as an mpiexec job (values "
+                         "only: calls and bytes are checked on simulated ranks)")
     p_check.set_defaults(func=_check)
     p_grade = commands.add_parser("grade", parents=[folder, limits], help="grade a folder of submissions")
     p_grade.add_argument("number", metavar="N")
@@ -102,7 +105,11 @@ def _check(args: argparse.Namespace) -> int:
     bad = [n for n in ranks if not 1 <= n <= 64]
     if bad:
         raise LabError(f"--ranks {bad[0]!r} must be a rank count from 1 to 64")
-    verdict = check(exercise, args.file, ranks, **_limits(args))
+    limits = _limits(args)
+    if args.mpiexec:
+        verdict = check_mpiexec(exercise, args.file, ranks, limits["time_limit"])
+    else:
+        verdict = check(exercise, args.file, ranks, **limits)
     print("\n".join(verdict_lines(exercise, verdict)))
     return 0 if verdict_word(verdict) == "PASS" else 1
 

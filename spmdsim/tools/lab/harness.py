@@ -22,7 +22,8 @@ from .calls import Notes, missing, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
 
-__all__ = ["CaseResult", "run_case", "PASS"]
+__all__ = ["CaseResult", "run_case", "judge", "make_case", "compile_submission", "describe_failure",
+           "call_submission", "PASS"]
 
 PASS = "pass"
 
@@ -101,7 +102,7 @@ def _ranks(n: int) -> str:
     return f"{n} rank{'s' if n != 1 else ''}"
 
 
-def _compile(path: str) -> Any:
+def compile_submission(path: str) -> Any:
     try:
         with open(path, "rb") as f:
             source = f.read()
@@ -118,7 +119,7 @@ def _line(exc: BaseException, path: str) -> Optional[int]:
     return lines[-1] if lines else None
 
 
-def _failure(exc: BaseException, path: str, n: int) -> tuple:
+def describe_failure(exc: BaseException, path: str, n: int) -> tuple:
     """(status, reason, detail) of a run that ended with `exc`."""
     ranks = getattr(exc, "simulated_ranks", ()) or ()
     who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
@@ -146,10 +147,9 @@ def _failure(exc: BaseException, path: str, n: int) -> tuple:
     return "error", f"{who} raised {name}{at}" + (f": {message}" if message else ""), ""
 
 
-def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:
-    """What each simulated rank runs: the submission loaded as its own module, its function called."""
-    mpi = load_mpi()
-    rank = current_rank()
+def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: tuple, notes: Notes) -> Any:
+    """Load the submission's `code` as a module of this rank's own, and call its function on `comm` and a
+    copy of `args`, its MPI calls noted in `notes`; sys.exit in it raises _Exited."""
     scope = {"__name__": "submission", "__file__": path, "__builtins__": builtins}
     try:
         exec(code, scope)
@@ -157,14 +157,19 @@ def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list)
         if not callable(function):
             raise _Missing(f"{os.path.basename(path)} defines no function {exercise.function!r}: "
                            f"def {exercise.signature}")
-        args = copy.deepcopy(tuple(case["args"][rank]))
-        with watching(path, notes[rank]):
-            return function(mpi.COMM_WORLD, *args)
+        with watching(path, notes):
+            return function(comm, *copy.deepcopy(tuple(args)))
     except SystemExit as exc:
         raise _Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
 
 
-def _case(exercise: Exercise, seed: int, n: int) -> dict:
+def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:
+    """What each simulated rank runs: the submission called on its world and its own arguments."""
+    rank = current_rank()
+    return call_submission(exercise, code, path, load_mpi().COMM_WORLD, case["args"][rank], notes[rank])
+
+
+def make_case(exercise: Exercise, seed: int, n: int) -> dict:
     try:
         case = exercise.case(seed, n)
     except Exception as exc:  # noqa: BLE001 - the instructor's generator: one line naming it
@@ -178,24 +183,34 @@ def _case(exercise: Exercise, seed: int, n: int) -> dict:
 def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
     """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it."""
     path = os.path.abspath(path)
-    case = _case(exercise, seed, n)
+    case = make_case(exercise, seed, n)
     label = str(case.get("label", f"seed {seed}"))
-    result = dict(ranks=n, seed=seed, label=label)
     try:
-        code = _compile(path)
+        code = compile_submission(path)
     except SyntaxError as exc:
-        return CaseResult(**result, status="error", reason=f"syntax error at line {exc.lineno}: {exc.msg}")
+        return CaseResult(n, seed, label, status="error", reason=f"syntax error at line {exc.lineno}: {exc.msg}")
     notes = [Notes() for _ in range(n)]
-    failure = None
+    failure, results = None, None
     try:
         with swapped(), _os_exit_raises():
             results = simulate(n, _per_rank, exercise, code, path, case, notes)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
-        failure = _failure(exc, path, n)
-        if failure[0] == "not-implemented":
-            return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2])
+        failure = describe_failure(exc, path, n)
+    return judge(exercise, case, seed, n, results, notes, failure)
+
+
+def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[list], notes: list,
+          failure: Optional[tuple], rules: bool = True) -> CaseResult:
+    """The verdict of one case from the ranks' `results` (or the `failure` that ended the run: status,
+    reason, detail) and the calls in `notes`: not implemented, a forbidden call, the failure, a wrong
+    value, a required call never made, more bytes than the optimum, or a pass. Without `rules` (under
+    mpiexec, where the calls are not seen) the values alone."""
+    label = str(case.get("label", f"seed {seed}"))
+    result = dict(ranks=n, seed=seed, label=label)
+    if failure and failure[0] == "not-implemented":
+        return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2])
     sent = max(note.sent for note in notes)
-    broken = violation(notes, exercise.forbidden, exercise.allowed)
+    broken = violation(notes, exercise.forbidden, exercise.allowed) if rules else None
     if broken:  # first: a forbidden call may well give the right answer
         hint = f": {exercise.hint}" if exercise.hint and "not allowed" in broken else ""
         return CaseResult(**result, status="forbidden", reason=broken + hint, sent=sent)
@@ -207,10 +222,10 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
         reason, _, detail = wrong.partition("\n")
         return CaseResult(**result, status="wrong", reason=f"wrong at {_ranks(n)} ({label}): {reason}",
                           detail=detail.strip(), sent=sent)
-    unmade = missing(notes, exercise.required)
+    unmade = missing(notes, exercise.required) if rules else None
     if unmade:
         return CaseResult(**result, status="forbidden", reason=unmade, sent=sent)
-    optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes else None
+    optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes and rules else None
     if optimum is not None and sent > optimum:
         busiest = max(range(n), key=lambda r: notes[r].sent)
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,

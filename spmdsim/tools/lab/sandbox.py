@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 from .exercise import Exercise
 from .harness import PASS, CaseResult
 
-__all__ = ["Verdict", "check"]
+__all__ = ["Verdict", "check", "check_mpiexec"]
 
 #: Seconds the child may take to load its modules before its first case starts.
 STARTUP_SECONDS = 60.0
@@ -147,4 +147,50 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
+                   seconds=time.monotonic() - began)
+
+
+def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> list:
+    """The results of one mpiexec job at `n` ranks: its lines (the first for each case: ranks that fail at
+    once each write one), then, where the job ended mid-case, why."""
+    results, seen = [], set()
+    for event in events:
+        key = (event.get("ranks"), event.get("seed"))
+        if event["event"] == "done" and key not in seen:
+            seen.add(key)
+            results.append(CaseResult(**{k: v for k, v in event.items() if k != "event"}))
+    starts = [e for e in events if e["event"] == "start"]
+    running = starts[-1] if starts and (starts[-1]["ranks"], starts[-1]["seed"]) not in seen else None
+    if code == 124 and running is not None:  # spmdsim launch's timeout
+        results.append(CaseResult(ranks=n, seed=running["seed"], label=f"seed {running['seed']}", status="timeout",
+                                  reason=f"ran past the time limit of {limit:g} s at {n} ranks under mpiexec: a "
+                                         "deadlock (MPI ranks wait forever) or an endless loop"))
+    elif code and (running is not None or not results):
+        last = errors.strip().splitlines()[-1] if errors.strip() else f"exit code {code}"
+        results.append(CaseResult(ranks=n, seed=running["seed"] if running else 0, label="", status="exit",
+                                  reason=f"the mpiexec job at {n} ranks ended: {last}"))
+    return results
+
+
+def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None
+                  ) -> Verdict:
+    """Run the submission under `spmdsim launch` (mpiexec with a timeout), one job per rank count; its values
+    are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child)."""
+    ranks = tuple(ranks) or exercise.ranks
+    limit = exercise.time_limit if time_limit is None else time_limit
+    folder = os.path.dirname(os.path.abspath(exercise.path))
+    began, results = time.monotonic(), []
+    with tempfile.TemporaryDirectory(prefix="spmdsim-lab-") as tmp:
+        for n in ranks:
+            out = os.path.join(tmp, f"cases-{n}.jsonl")
+            command = [sys.executable, "-m", "spmdsim", "launch", "-n", str(n), "--timeout", str(limit), "--",
+                       "python", "-m", "spmdsim.tools.lab.mpi_child", folder, str(exercise.number),
+                       os.path.abspath(path), out]
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, errors="replace", cwd=tmp)
+            found = _mpi_results(_events(out), done.returncode, n, limit, done.stderr[-4000:])
+            results.extend(found)
+            if any(r.status == "not-implemented" for r in found):
+                break
+    return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
                    seconds=time.monotonic() - began)
