@@ -153,8 +153,8 @@ def test_check_under_mpiexec_passes_one_rank_and_names_the_deadlock_at_two(tmp_p
                 total, current = total + got, got
             return total
         """))
-    assert main(["lab", "check", "5", str(path), "--mpiexec", "--ranks", "1", "2", "--time-limit", "6"]) == 1
+    assert main(["lab", "check", "5", str(path), "--mpiexec", "--ranks", "1", "2", "--time-limit", "5"]) == 1
     out = capsys.readouterr().out
     assert "   1 rank : pass (2 cases)" in out
-    assert "2 ranks: FAIL ran past the time limit of 6 s at 2 ranks under mpiexec: a deadlock" in out
+    assert "2 ranks: FAIL ran past the time limit of 5 s at 2 ranks under mpiexec: a deadlock" in out
     assert "FAIL: passes at 1 rank; fails at 2 ranks (2 of 4 cases" in out

@@ -495,6 +495,28 @@ WRONG = [
                 got[j] = comm.sendrecv(blocks[j], dest=j, source=j)
             return np.concatenate(got, axis=0)
         """),
+    (13, 2, 0, "wrong", ["rank 1 item 1 is ('F', 1), expected ('B', 0)", "GPipe's order"], """
+        def one_f_one_b(comm, m):
+            return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        """),
+    (13, 4, 0, "wrong", ["rank 0 item 2 is ('F', 2), expected ('B', 0)", "there is no microbatch 2 (m=2)"], """
+        def one_f_one_b(comm, m):
+            p, r = comm.Get_size(), comm.Get_rank()
+            warm = p - r - 1
+            order = [("F", i) for i in range(warm)]
+            for i in range(m - warm):
+                order += [("F", warm + i), ("B", i)]
+            return order + [("B", i) for i in range(max(0, m - warm), m)]
+        """),
+    (13, 3, 1, "wrong", ["rank 0 item 3 is ('F', 3), expected ('B', 0)", "one forward too many"], """
+        def one_f_one_b(comm, m):
+            p, r = comm.Get_size(), comm.Get_rank()
+            warm = min(p - r, m)
+            order = [["F", i] for i in range(warm)]
+            for i in range(m - warm):
+                order += [["F", warm + i], ["B", i]]
+            return order + [["B", i] for i in range(m - warm, m)]
+        """),
 ]
 
 

@@ -23,7 +23,7 @@ def show(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         return f"{float(value):.10g}"
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 72 else text[:69] + "..."
 
 
 def _number(value: Any) -> str:
@@ -93,7 +93,29 @@ def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
         if not np.isclose(float(got), float(want), rtol=rtol, atol=atol, equal_nan=False):
             return f"returned {show(got)}, expected {show(want)}"
         return None
+    if isinstance(want, (list, tuple)):
+        return _sequence_difference(got, want)
     return None if got == want else f"returned {show(got)}, expected {show(want)}"
+
+
+def _items(value: Any) -> Any:
+    """A sequence's items with lists made tuples (["F", 0] and ("F", 0) say the same), or None."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    return [tuple(item) if isinstance(item, list) else item for item in value]
+
+
+def _sequence_difference(got: Any, want: Any) -> Optional[str]:
+    """How a returned sequence differs from the expected one: its first differing item, or its length."""
+    mine, theirs = _items(got), _items(want)
+    if mine is None:
+        return f"returned {_kind(got)}, expected a list of {len(want)} items"
+    for index, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            return f"item {index} is {show(a)}, expected {show(b)} (expected {show(list(theirs))})"
+    if len(mine) != len(theirs):
+        return f"returned {len(mine)} items, expected {len(theirs)} (expected {show(list(theirs))})"
+    return None
 
 
 def _why(got: Any, want: Any, args: tuple, n: int) -> Optional[str]:
