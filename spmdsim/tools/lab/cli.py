@@ -63,9 +63,13 @@ def _no_command(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    for exercise in load_exercises(args.exercises):
-        ranks = ",".join(map(str, exercise.ranks))
-        print(f"{exercise.number:>3}  {exercise.title:<58.58}  ranks {ranks}")
+    exercises = load_exercises(args.exercises)
+    rows = [(e.number, e.title, "ranks " + ",".join(map(str, e.ranks))) for e in exercises]
+    room = 100 - 3 - 4 - max((len(r[2]) for r in rows), default=0)  # the title's columns within 100
+    width = min(room, max((len(r[1]) for r in rows), default=0))
+    for number, title, ranks in rows:
+        title = title if len(title) <= width else title[:width - 3] + "..."
+        print(f"{number:>3}  {title:<{width}}  {ranks}")
     return 0
 
 
