@@ -38,13 +38,12 @@ def explain(case, n, rank, got):
 
 
 def vocab_parallel_embedding(comm, ids, table):
-    from mpi4py import MPI
-
     rank = comm.Get_rank()
     rows = table.shape[0]
     start = rank * rows
     mine = (ids >= start) & (ids < start + rows)
-    out = np.zeros((ids.size, table.shape[1]))
-    out[mine] = table[ids[mine] - start]
-    comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+    partial = np.zeros((ids.size, table.shape[1]))
+    partial[mine] = table[ids[mine] - start]
+    out = np.empty_like(partial)
+    comm.Allreduce(partial, out)  # op=MPI.SUM, the default
     return out
