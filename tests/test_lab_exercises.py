@@ -517,6 +517,11 @@ WRONG = [
                 order += [["F", warm + i], ["B", i]]
             return order + [["B", i] for i in range(m - warm, m)]
         """),
+    (8, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs (8 of 8 values wrong)", "got [nan, nan, nan, nan]"], """
+        import numpy as np
+        def row_parallel_linear(comm, x, w):
+            return np.full((x.shape[0], w.shape[1]), np.nan)
+        """),
 ]
 
 

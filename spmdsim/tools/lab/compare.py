@@ -133,6 +133,15 @@ def _why(got: Any, want: Any, args: tuple, n: int) -> Optional[str]:
     return None
 
 
+def _guess(function: Any, *args: Any) -> Optional[str]:
+    """`function(*args)`, a sentence that guesses at the mistake, or None where it cannot tell (or fails: an
+    instructor's `explain` on a result of a shape it did not expect must not end the check)."""
+    try:
+        return function(*args)
+    except Exception:  # noqa: BLE001 - a guess, never the verdict
+        return None
+
+
 def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequence[tuple], rtol: float,
                      atol: float, explain: Any = None, case: Any = None) -> Optional[str]:
     """The first rank whose result differs, said in one or two lines; None where every rank's matches."""
@@ -141,7 +150,7 @@ def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequ
         text = _difference(got, want, rtol, atol)
         if text is None:
             continue
-        why = explain(case, n, rank, got) if explain is not None else None
-        why = why or _why(got if not isinstance(got, (list, tuple)) else np.asarray(got), want, args[rank], n)
+        why = _guess(explain, case, n, rank, got) if explain is not None else None
+        why = why or _guess(_why, got, want, args[rank], n)
         return f"rank {rank} {text}" + (f"\n  {why}" if why else "")
     return None

@@ -100,19 +100,28 @@ def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
     """Wait for the child; kill its process group once `limit` seconds have passed since its first case
     started (or STARTUP_SECONDS before that). Returns whether it was killed."""
     spawned, started = time.monotonic(), None
-    while proc.poll() is None:
-        if started is None and os.path.exists(out) and os.path.getsize(out):
-            started = time.monotonic()
-        deadline = started + limit if started is not None else spawned + STARTUP_SECONDS
-        if time.monotonic() > deadline:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            return True
-        time.sleep(_POLL)
+    try:
+        while proc.poll() is None:
+            if started is None and os.path.exists(out) and os.path.getsize(out):
+                started = time.monotonic()
+            deadline = started + limit if started is not None else spawned + STARTUP_SECONDS
+            if time.monotonic() > deadline:
+                _kill(proc)
+                return True
+            time.sleep(_POLL)
+    except BaseException:  # Ctrl-C: the child, in a session of its own, would outlive the grader
+        _kill(proc)
+        raise
     return False
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (the processes a submission started too) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None,
