@@ -522,6 +522,91 @@ WRONG = [
         def row_parallel_linear(comm, x, w):
             return np.full((x.shape[0], w.shape[1]), np.nan)
         """),
+    (14, 4, 0, "wrong", ["rank 1 item 1 is (6, 12), expected (12, 18)", "the first listed is major"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            coords, rest = {}, rank
+            for name, size in reversed(list(zip(alias_names, device_matrix))):
+                coords[name], rest = rest % size, rest // size
+            sizes = dict(zip(alias_names, device_matrix))
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+                index, parts = 0, 1
+                for axis in reversed(axes):
+                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+                block.append((index * (length // parts), (index + 1) * (length // parts)))
+            return block
+        """),
+    (14, 2, 0, "wrong", ["rank 0 item 1 is (0, 12), expected (0, 6)"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                parts = 1 if entry is None or isinstance(entry, tuple) else dict(zip(alias_names, device_matrix))[entry]
+                block.append((rank % parts * (length // parts), (rank % parts + 1) * (length // parts)))
+            return block
+        """),
+    (14, 8, 0, "wrong", ["rank 1 item 0 is (0, 4), expected (4, 8)", "rank 4's block: ranks are numbered row-major"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            coords, rest = {}, rank
+            for name, size in zip(alias_names, device_matrix):
+                coords[name], rest = rest % size, rest // size
+            sizes = dict(zip(alias_names, device_matrix))
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+                index, parts = 0, 1
+                for axis in axes:
+                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+                block.append((index * (length // parts), (index + 1) * (length // parts)))
+            return block
+        """),
+    (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs", "normalized by this rank's own columns"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            comm.allreduce(0)
+            return (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
+        """),
+    (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs (12 of 12 values wrong)"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            total = comm.allreduce(x.sum(axis=1))
+            centered = x - (total / x.shape[1])[:, None]
+            squares = comm.allreduce((centered ** 2).sum(axis=1))
+            return centered / np.sqrt(squares / x.shape[1] + 1e-5)[:, None]
+        """),
+    (15, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            h = x.shape[1] * comm.Get_size()
+            total = comm.allreduce(x.sum(axis=1))
+            centered = x - (total / h)[:, None]
+            squares = comm.allreduce((centered ** 2).sum(axis=1))
+            return centered / np.sqrt(squares / (h - 1) + 1e-5)[:, None]
+        """),
+    (15, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "combine the rows' partial sums"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            rows = np.concatenate(comm.allgather(x), axis=1)
+            y = (rows - rows.mean(axis=1, keepdims=True)) / np.sqrt(rows.var(axis=1, keepdims=True) + 1e-5)
+            return np.split(y, comm.Get_size(), axis=1)[comm.Get_rank()]
+        """),
+    (16, 3, 0, "wrong", ["rank 0 result[0:3] differs", "this rank's own last row"], """
+        def last_position(comm, x):
+            comm.bcast(None)
+            return x[-1]
+        """),
+    (16, 3, 0, "wrong", ["rank 0 result[0:3] differs", "only rank n - 1 holds the sequence's last position"], """
+        def last_position(comm, x):
+            return comm.bcast(x[-1], root=0)
+        """),
+    (16, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "broadcast the one row"], """
+        import numpy as np
+        def last_position(comm, x):
+            return np.concatenate(comm.allgather(x))[-1]
+        """),
 ]
 
 
