@@ -626,3 +626,28 @@ def test_a_typical_wrong_solution_gets_its_own_message(tmp_path, number, ranks, 
 def test_every_exercise_has_at_least_three_wrong_solutions_with_their_messages():
     counts = {e.number: sum(w[0] == e.number for w in WRONG) for e in EXERCISES}
     assert min(counts.values()) >= 3, counts
+
+
+BRUCK = """
+import numpy as np
+def ring_allgather(comm, block):
+    rank, n, k = comm.Get_rank(), comm.Get_size(), block.size
+    have, distance = [block.copy()], 1  # the blocks of ranks rank, rank + 1, ... in that order
+    while distance < n:
+        count = min(distance, n - distance)
+        got = np.empty(count * k)
+        comm.Sendrecv(np.concatenate(have[:count]), dest=(rank - distance) % n, recvbuf=got,
+                      source=(rank + distance) % n)
+        have += np.split(got, count)
+        distance *= 2
+    return np.roll(np.concatenate(have[:n]), rank * k)
+"""
+
+
+@pytest.mark.parametrize("ranks", [3, 8])
+def test_bruck_allgather_passes_the_allgather_exercise_within_its_bytes(tmp_path, ranks):
+    path = tmp_path / "bruck.py"
+    path.write_text(BRUCK.lstrip())
+    for seed in (0, 1):
+        result = run_case(find_exercise(6), str(path), ranks, seed)
+        assert result.passed and result.sent == result.optimum, result
