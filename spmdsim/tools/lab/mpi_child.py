@@ -18,6 +18,7 @@ import time
 from typing import Sequence
 
 from ..._mpi_library import load_mpi
+from ...engines import engine_of
 from .calls import Notes
 from .exercise import find_exercise
 from .harness import PASS, call_submission, compile_submission, describe_failure, judge, make_case
@@ -55,14 +56,15 @@ def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
             _write(out, {"event": "done", **dataclasses.asdict(result)})
             comm.Abort(1)
             raise SystemExit(1) from None
-        gathered = comm.gather((value, notes), root=0)
+        engine = engine_of(comm)  # control traffic through the engine, as spmdsim's front ends send it
+        gathered = engine.gather_object(comm, (value, notes), 0)
         passed = None
         if rank == 0:
             result = judge(exercise, case, seed, n, [g[0] for g in gathered], [g[1] for g in gathered], None,
                            rules=False)
             _write(out, {"event": "done", **dataclasses.asdict(result)})
             passed = result.status == PASS
-        if not comm.bcast(passed, root=0):
+        if not engine.broadcast_object(comm, passed, 0):
             return False
     return True
 
