@@ -1,5 +1,5 @@
 """Which block of a tensor does this rank hold? Row-major ranks, several mesh axes on one tensor dim."""
-from spmdsim import Layout
+from spmdsim.layout import Layout
 
 TITLE = "Which block does this rank hold? A layout by hand"
 FUNCTION = "my_block"
