@@ -37,20 +37,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_list = commands.add_parser("list", parents=[folder], help="the exercises, one line each")
     p_list.set_defaults(func=_list)
     p_start = commands.add_parser("start", parents=[folder], help="write an exercise's statement and starter")
-    p_start.add_argument("number", metavar="N")
-    p_start.add_argument("dir", metavar="DIR", nargs="?", default=".")
+    p_start.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+    p_start.add_argument("dir", metavar="DIR", nargs="?", default=".", help="where to write them (default: .)")
     p_start.set_defaults(func=_start)
     p_check = commands.add_parser("check", parents=[folder, limits], help="check one submission")
-    p_check.add_argument("number", metavar="N")
-    p_check.add_argument("file", metavar="FILE")
+    p_check.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+    p_check.add_argument("file", metavar="FILE", help="the submission: a .py file defining the exercise's function")
     p_check.add_argument("--ranks", type=int, nargs="+", metavar="n", help="rank counts (default: the "
                          "exercise's)")
     p_check.add_argument("--mpiexec", action="store_true", help="run each rank count as an mpiexec job (values "
                          "only: calls and bytes are checked on simulated ranks)")
     p_check.set_defaults(func=_check)
     p_grade = commands.add_parser("grade", parents=[folder, limits], help="grade a folder of submissions")
-    p_grade.add_argument("number", metavar="N")
-    p_grade.add_argument("dir", metavar="DIR")
+    p_grade.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+    p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")
     p_grade.add_argument("--csv", required=True, metavar="OUT", help="the grade book to write")
     p_grade.add_argument("--jobs", type=int, default=2, metavar="J", help="submissions checked at once "
                          "(default 2)")
@@ -106,9 +106,10 @@ def _check(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.file):
         raise LabError(f"submission {args.file!r} is not a file")
     ranks = tuple(args.ranks or exercise.ranks)
-    bad = [n for n in ranks if not 1 <= n <= 64]
+    bad = [n for n in ranks if n not in exercise.ranks]
     if bad:
-        raise LabError(f"--ranks {bad[0]!r} must be a rank count from 1 to 64")
+        raise LabError(f"--ranks {bad[0]!r}: exercise {exercise.number} runs on "
+                       f"{', '.join(map(str, exercise.ranks))} ranks")
     limits = _limits(args)
     if args.mpiexec:
         verdict = check_mpiexec(exercise, args.file, ranks, limits["time_limit"])
