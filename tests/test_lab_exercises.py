@@ -6,6 +6,7 @@ import textwrap
 import pytest
 
 from spmdsim.tools.lab import load_exercises
+from spmdsim.tools.lab.calls import Notes, missing, violation
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
 
@@ -651,3 +652,44 @@ def test_bruck_allgather_passes_the_allgather_exercise_within_its_bytes(tmp_path
     for seed in (0, 1):
         result = run_case(find_exercise(6), str(path), ranks, seed)
         assert result.passed and result.sent == result.optimum, result
+
+
+RING_PASS_FORMS = {
+    "lowercase": """
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    return comm.sendrecv(x, dest=(rank + 1) % n, source=(rank - 1) % n)
+""",
+    "buffer_spec": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    request = comm.Irecv([got, MPI.DOUBLE], source=(rank - 1) % n)
+    comm.Send([x, x.size, MPI.DOUBLE], dest=(rank + 1) % n)
+    request.Wait()
+    return got
+""",
+}
+
+
+@pytest.mark.parametrize("form", sorted(RING_PASS_FORMS))
+def test_a_send_counts_its_data_in_every_mpi4py_form(tmp_path, form):
+    """An array sent by the lowercase (pickled) call or a buffer spec counts its data, as Sendrecv's."""
+    path = tmp_path / "ring.py"
+    path.write_text(RING_PASS_FORMS[form].lstrip())
+    for seed in (0, 1):
+        result = run_case(find_exercise(2), str(path), 3, seed)
+        assert result.passed and result.sent == result.optimum, result
+
+
+def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
+    notes = [Notes(calls=[("Get_rank", 3), ("Send", 5)]), Notes(calls=[("Recv", 6), ("Bcast", 9)])]
+    assert violation(notes, (), ("Send", "Recv")) == (
+        "line 9: comm.Bcast is not one of the calls this exercise allows (Send, Recv)")
+    assert violation(notes, ("Recv",), None) == "line 6: comm.Recv is not allowed in this exercise"
+    assert violation(notes, (), ("Send", "Recv", "Bcast")) is None
+    assert missing(notes, ("Bcast|bcast", "Scatter|scatter")) == (
+        "no rank called comm.Scatter or comm.scatter: the exercise asks for it")
+    assert missing(notes, ("Send",)) is None

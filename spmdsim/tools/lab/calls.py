@@ -65,6 +65,13 @@ def _buffer_bytes(spec: Any) -> int:
 
 
 def _object_bytes(obj: Any) -> int:
+    """The bytes of an object a lowercase send carries: an array's (or a list or tuple of arrays') data, as
+    its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`;
+    any other object its pickle's."""
+    if isinstance(obj, (list, tuple)) and obj and all(hasattr(item, "__array_interface__") for item in obj):
+        return sum(_buffer_bytes(item) for item in obj)
+    if hasattr(obj, "__array_interface__"):
+        return _buffer_bytes(obj)
     try:
         return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - what cannot be pickled fails in the send itself
