@@ -608,6 +608,23 @@ WRONG = [
         def last_position(comm, x):
             return np.concatenate(comm.allgather(x))[-1]
         """),
+    (17, 3, 0, "wrong", ["rank 0 output 0: result[0, 0:3] differs", "dx is this rank's partial dy @ w.T"], """
+        def column_parallel_backward(comm, x, w, dy):
+            comm.allreduce(0)
+            return dy @ w.T, x.T @ dy
+        """),
+    (17, 3, 0, "wrong", ["rank 0 output 1: result[0, 0:2] differs", "dw was summed over the ranks"], """
+        def column_parallel_backward(comm, x, w, dy):
+            return comm.allreduce(dy @ w.T), comm.allreduce(x.T @ dy)
+        """),
+    (17, 3, 0, "wrong", ["rank 0 output 1: shape (2, 3), expected (3, 2)"], """
+        def column_parallel_backward(comm, x, w, dy):
+            return comm.allreduce(dy @ w.T), dy.T @ x
+        """),
+    (17, 2, 0, "wrong", ["rank 0 returned an array of shape (2, 3), expected a tuple of 2 outputs"], """
+        def column_parallel_backward(comm, x, w, dy):
+            return comm.allreduce(dy @ w.T)
+        """),
 ]
 
 

@@ -93,9 +93,23 @@ def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
         if not np.isclose(float(got), float(want), rtol=rtol, atol=atol, equal_nan=False):
             return f"returned {show(got)}, expected {show(want)}"
         return None
+    if isinstance(want, tuple) and any(isinstance(item, np.ndarray) for item in want):
+        return _outputs_difference(got, want, rtol, atol)
     if isinstance(want, (list, tuple)):
         return _sequence_difference(got, want)
     return None if got == want else f"returned {show(got)}, expected {show(want)}"
+
+
+def _outputs_difference(got: Any, want: tuple, rtol: float, atol: float) -> Optional[str]:
+    """How a function's several outputs (a tuple with arrays: (dx, dw)) differ: the first output that does."""
+    if not isinstance(got, (list, tuple)) or len(got) != len(want):
+        return f"returned {_kind(got)}, expected a tuple of {len(want)} outputs"
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        text = _difference(mine, theirs, rtol, atol)
+        if text is not None:
+            return f"output {index}: {text.replace('returned ', '', 1)}" if text.startswith("returned ") else \
+                f"output {index}: {text}"
+    return None
 
 
 def _items(value: Any) -> Any:
