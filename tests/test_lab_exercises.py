@@ -625,6 +625,64 @@ WRONG = [
         def column_parallel_backward(comm, x, w, dy):
             return comm.allreduce(dy @ w.T)
         """),
+    (18, 3, 0, "forbidden", ["line 4: comm.Allreduce is not allowed", "at half an Allreduce's bytes"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            total = np.empty_like(partial)
+            comm.Allreduce(partial, total)
+            return np.split(total, comm.Get_size())[comm.Get_rank()]
+        """),
+    (18, 3, 0, "wrong", ["rank 0 result[0:2] differs", "rank 2's block of the sum: rank r keeps block r"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            n, r = comm.Get_size(), comm.Get_rank()
+            blocks = np.split(partial, n)[::-1]
+            out = np.empty(partial.size // n)
+            comm.Reduce_scatter_block(np.concatenate(blocks), out)
+            return out
+        """),
+    (18, 2, 0, "wrong", ["rank 0 returned shape (4,), expected (2,)", "the whole sum: keep only this rank's block"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            n = comm.Get_size()
+            out = np.empty(partial.size // n)
+            comm.Reduce_scatter_block(partial, out)
+            return np.concatenate(comm.allgather(out))
+        """),
+    (18, 2, 0, "wrong", ["rank 0 result[0:2] differs", "this rank's own partial block"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            n, r = comm.Get_size(), comm.Get_rank()
+            comm.Reduce_scatter_block(np.zeros_like(partial), np.empty(partial.size // n))
+            return np.split(partial, n)[r]
+        """),
+    (19, 2, 0, "forbidden", ["rank 0 called comm.Allreduce 4 times, again at line 6; the exercise allows 1",
+                             "one bucket"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            out = []
+            for g in grads:
+                total = np.empty_like(g)
+                comm.Allreduce(g, total)
+                out.append(total)
+            return out
+        """),
+    (19, 3, 0, "wrong", ["rank 0 output 0: shape (6,), expected (3, 2)"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            bucket = np.concatenate([g.ravel() for g in grads])
+            total = np.empty_like(bucket)
+            comm.Allreduce(bucket, total)
+            return np.split(total, np.cumsum([g.size for g in grads])[:-1])
+        """),
+    (19, 3, 1, "wrong", ["rank 0 output 1: result[0, 0:3] differs"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            bucket = np.concatenate([g.ravel() for g in grads])
+            total = np.empty_like(bucket)
+            comm.Allreduce(bucket, total)
+            return [total[:g.size].reshape(g.shape) for g in grads]
+        """),
 ]
 
 

@@ -15,7 +15,7 @@ import pickle
 import sys
 from typing import Any, Iterator, Optional
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -141,4 +141,18 @@ def missing(notes: list, required: tuple) -> Optional[str]:
         options = need.split("|")
         if not made.intersection(options):
             return f"no rank called {' or '.join('comm.' + o for o in options)}: the exercise asks for it"
+    return None
+
+
+def too_many(notes: list, most: dict) -> Optional[str]:
+    """The first rank that made more of the calls a `most` entry counts ("Allreduce|allreduce": 1) than it
+    allows, said with the line of its first extra call, or None."""
+    for rank, note in enumerate(notes):
+        for need, limit in most.items():
+            options = need.split("|")
+            lines = [line for name, line in note.calls if name in options]
+            if len(lines) > limit:
+                name = next(name for name, _ in note.calls if name in options)
+                return (f"rank {rank} called comm.{name} {len(lines)} times, again at line {lines[limit]}; the "
+                        f"exercise allows {limit}")
     return None

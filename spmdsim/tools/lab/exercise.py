@@ -12,7 +12,8 @@ An exercise file (``NN_name.py``; NN is its number in `spmdsim lab list`) define
 
 and may define RANKS (rank counts, default 1, 2, 3, 4, 8), SEEDS (default 0, 1), FORBIDDEN (comm calls the
 exercise forbids), ALLOWED (the only comm calls it allows), REQUIRED (calls it must make: each entry names
-one or more calls, any of which counts, "Scatter|Scatterv|scatter"), HINT (said with a forbidden call),
+one or more calls, any of which counts, "Scatter|Scatterv|scatter"), MOST_CALLS (how many times a rank
+may make such calls, {"Allreduce|allreduce": 1}), HINT (said with a forbidden call),
 def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank; more is a failure),
 RTOL / ATOL (tolerances), TIME_LIMIT (seconds of wall time for one check), MEMORY_MB, and
 def explain(case, n, rank, got) (a sentence for a wrong result, or None).
@@ -58,6 +59,7 @@ class Exercise:
     forbidden: tuple = ()
     allowed: Optional[tuple] = None
     required: tuple = ()
+    most_calls: tuple = ()
     hint: str = ""
     optimal_bytes: Optional[Callable[[dict, int], int]] = None
     explain: Optional[Callable[..., Optional[str]]] = None
@@ -102,11 +104,14 @@ def _exercise(path: str, number: int, name: str) -> Exercise:
                        "or reference()")
     optional = {"ranks": "RANKS", "seeds": "SEEDS", "forbidden": "FORBIDDEN", "required": "REQUIRED",
                 "hint": "HINT", "rtol": "RTOL", "atol": "ATOL", "time_limit": "TIME_LIMIT",
-                "memory_mb": "MEMORY_MB", "optimal_bytes": "optimal_bytes", "explain": "explain"}
+                "memory_mb": "MEMORY_MB", "optimal_bytes": "optimal_bytes", "explain": "explain",
+                "most_calls": "MOST_CALLS"}
     extra = {field: found[key] for field, key in optional.items() if key in found}
     for field in ("ranks", "seeds", "forbidden", "required"):
         if field in extra:
             extra[field] = tuple(extra[field])
+    if "most_calls" in extra:  # a dict in the file; a tuple of pairs in the frozen value
+        extra["most_calls"] = tuple(dict(extra["most_calls"]).items())
     if "ALLOWED" in found:
         extra["allowed"] = tuple(found["ALLOWED"])
     return Exercise(number=number, name=name, path=path, title=found["TITLE"], statement=found["STATEMENT"],

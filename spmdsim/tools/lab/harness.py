@@ -18,7 +18,7 @@ from ..._mpi_library import load_mpi
 from ...emulator.mpi4py_world import swapped
 from ...errors import RuntimeMismatchError
 from ...sim.run import current_rank, simulate
-from .calls import Notes, missing, violation, watching
+from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
 
@@ -225,6 +225,10 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     unmade = missing(notes, exercise.required) if rules else None
     if unmade:
         return CaseResult(**result, status="forbidden", reason=unmade, sent=sent)
+    extra = too_many(notes, dict(exercise.most_calls)) if rules else None
+    if extra:
+        return CaseResult(**result, status="forbidden", reason=extra + (f": {exercise.hint}" if exercise.hint else ""),
+                          sent=sent)
     optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes and rules else None
     if optimum is not None and sent > optimum:
         busiest = max(range(n), key=lambda r: notes[r].sent)
