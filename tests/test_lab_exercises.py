@@ -12,6 +12,10 @@ from spmdsim.tools.lab.harness import run_case
 
 EXERCISES = load_exercises()
 
+#: The wrong solutions' own overflow (exp of 800 without the maximum subtracted) warns, as it would for a student.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:invalid value encountered:RuntimeWarning")
+
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"{e.number}-{e.name}")
 def test_every_reference_solution_passes_every_case_at_every_rank_count_it_allows(exercise):
@@ -682,6 +686,68 @@ WRONG = [
             total = np.empty_like(bucket)
             comm.Allreduce(bucket, total)
             return [total[:g.size].reshape(g.shape) for g in grads]
+        """),
+    (20, 2, 1, "wrong", ["rank 0 result[", "a loss is inf or nan: subtract each row's maximum"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            sums = comm.allreduce(np.exp(logits).sum(axis=1))
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return np.where(labels == -100, 0.0, np.log(sums) - comm.allreduce(picked))
+        """),
+    (20, 3, 0, "wrong", ["rank 0 result[0] differs (4 of 5 values wrong)"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            top = logits.max(axis=1)
+            sums = comm.allreduce(np.exp(logits - top[:, None]).sum(axis=1))
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return np.where(labels == -100, 0.0, top + np.log(sums) - comm.allreduce(picked))
+        """),
+    (20, 3, 0, "wrong", ["rank 0 result[1] differs (1 of 5 values wrong)", "an ignored position (label -100)"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            top = np.empty(len(labels))
+            comm.Allreduce(logits.max(axis=1), top, op=MPI.MAX)
+            sums = comm.allreduce(np.exp(logits - top[:, None]).sum(axis=1))
+            local = labels - start
+            mine = (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return top + np.log(sums) - comm.allreduce(picked)
+        """),
+    (20, 3, 0, "wrong", ["rank 0 result[4] differs (1 of 5 values wrong)", "lives on one rank only"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            top = np.empty(len(labels))
+            comm.Allreduce(logits.max(axis=1), top, op=MPI.MAX)
+            sums = comm.allreduce(np.exp(logits - top[:, None]).sum(axis=1))
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return np.where(labels == -100, 0.0, top + np.log(sums) - picked)
+        """),
+    (20, 2, 0, "forbidden", ["line 4: comm.allgather is not allowed", "reduce the maxima, the sums"], """
+        import numpy as np
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            whole = np.concatenate(comm.allgather(logits), axis=1)
+            top = whole.max(axis=1)
+            lse = top + np.log(np.exp(whole - top[:, None]).sum(axis=1))
+            return np.where(labels == -100, 0.0, lse - whole[np.arange(len(labels)), np.maximum(labels, 0)])
         """),
 ]
 
