@@ -801,6 +801,41 @@ WRONG = [
                      ((comm.allgather(wq), 1), (comm.allgather(wk), 1), (comm.allgather(wv), 1), (comm.allgather(wo), 0))]
             return x @ whole[0] @ whole[3]
         """),
+    (22, 2, 0, "forbidden", ["line 6: comm.Allreduce is not allowed", "in one Reduce_scatter"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = np.maximum(whole @ w1, 0) @ w2
+            total = np.empty_like(partial)
+            comm.Allreduce(partial, total)
+            return np.split(total, comm.Get_size())[comm.Get_rank()]
+        """),
+    (22, 3, 0, "wrong", ["rank 0 returned shape (6, 3), expected (2, 3)", "it is the whole sequence"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = np.maximum(whole @ w1, 0) @ w2
+            out = np.empty_like(x)
+            comm.Reduce_scatter_block(partial, out)
+            return np.concatenate(comm.allgather(out))
+        """),
+    (22, 3, 0, "wrong", ["rank 0 result[0, 0:3] differs", "this rank's partial rows"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = np.maximum(whole @ w1, 0) @ w2
+            comm.Reduce_scatter_block(np.zeros_like(partial), np.empty_like(x))
+            return np.split(partial, comm.Get_size())[comm.Get_rank()]
+        """),
+    (22, 2, 0, "wrong", ["rank 0 result[0, 0:3] differs"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = (whole @ w1) @ w2
+            out = np.empty_like(x)
+            comm.Reduce_scatter_block(partial, out)
+            return out
+        """),
 ]
 
 
