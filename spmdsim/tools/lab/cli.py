@@ -24,37 +24,39 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("lab", help="exercises students solve in code, graded on simulated ranks",
                               description=__doc__.split("\n\n")[0])
+    _add_folder(p, EXERCISES)
     p.set_defaults(func=_no_command, _lab_parser=p)
     commands = p.add_subparsers(dest="lab_command", metavar="{list,start,check,grade}")
-    folder = argparse.ArgumentParser(add_help=False)
-    folder.add_argument("--exercises", metavar="DIR", default=EXERCISES,
-                        help="the folder of exercise files (default: the exercises spmdsim ships)")
-    limits = argparse.ArgumentParser(add_help=False)
-    limits.add_argument("--time-limit", type=float, metavar="S", help="seconds of wall time per submission "
-                        "(default: the exercise's)")
-    limits.add_argument("--memory-mb", type=int, metavar="M", help="MiB of memory per submission "
-                        "(default: the exercise's)")
-    p_list = commands.add_parser("list", parents=[folder], help="the exercises, one line each")
-    p_list.set_defaults(func=_list)
-    p_start = commands.add_parser("start", parents=[folder], help="write an exercise's statement and starter")
-    p_start.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+    p_list = commands.add_parser("list", help="the exercises, one line each")
+    p_start = commands.add_parser("start", help="write an exercise's statement and starter")
+    p_check = commands.add_parser("check", help="check one submission")
+    p_grade = commands.add_parser("grade", help="grade a folder of submissions")
+    for sub in (p_list, p_start, p_check, p_grade):  # before or after the command: `lab check ... --exercises D`
+        _add_folder(sub, argparse.SUPPRESS)
+    for sub in (p_start, p_check, p_grade):
+        sub.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
     p_start.add_argument("dir", metavar="DIR", nargs="?", default=".", help="where to write them (default: .)")
-    p_start.set_defaults(func=_start)
-    p_check = commands.add_parser("check", parents=[folder, limits], help="check one submission")
-    p_check.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
     p_check.add_argument("file", metavar="FILE", help="the submission: a .py file defining the exercise's function")
+    p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")
+    for sub in (p_check, p_grade):
+        sub.add_argument("--time-limit", type=float, metavar="S", help="seconds of wall time per submission "
+                         "(default: the exercise's)")
+        sub.add_argument("--memory-mb", type=int, metavar="M", help="MiB of memory per submission "
+                         "(default: the exercise's)")
     p_check.add_argument("--ranks", type=int, nargs="+", metavar="n", help="rank counts (default: the "
                          "exercise's)")
     p_check.add_argument("--mpiexec", action="store_true", help="run each rank count as an mpiexec job (values "
                          "only: calls and bytes are checked on simulated ranks)")
-    p_check.set_defaults(func=_check)
-    p_grade = commands.add_parser("grade", parents=[folder, limits], help="grade a folder of submissions")
-    p_grade.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
-    p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")
     p_grade.add_argument("--csv", required=True, metavar="OUT", help="the grade book to write")
     p_grade.add_argument("--jobs", type=int, default=2, metavar="J", help="submissions checked at once "
                          "(default 2)")
-    p_grade.set_defaults(func=_grade)
+    for sub, func in ((p_list, _list), (p_start, _start), (p_check, _check), (p_grade, _grade)):
+        sub.set_defaults(func=func)
+
+
+def _add_folder(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--exercises", metavar="DIR", default=default,
+                        help="the folder of exercise files (default: the exercises spmdsim ships)")
 
 
 def _no_command(args: argparse.Namespace) -> int:
