@@ -836,6 +836,14 @@ WRONG = [
             comm.Reduce_scatter_block(partial, out)
             return out
         """),
+    (2, 2, 0, "exit", ["rank 0 called comm.Abort(3) at line 2: return the result instead"], """
+        def ring_pass(comm, x):
+            comm.Abort(3)
+        """),
+    (2, 2, 0, "error", ["every rank raised KeyboardInterrupt at line 2"], """
+        def ring_pass(comm, x):
+            raise KeyboardInterrupt
+        """),
 ]
 
 

@@ -136,6 +136,8 @@ def describe_failure(exc: BaseException, path: str, n: int) -> tuple:
         first = rest.strip().splitlines()[0] if rest.strip() else ""
         status = "deadlock" if "deadlock" in head else "mismatch"
         return status, f"{status} at {_ranks(n)}: {first or head}", text
+    if getattr(exc, "abort_code", None) is not None:  # comm.Abort(code): MPI ends the job
+        return "exit", f"{who} called comm.Abort({exc.abort_code}){at}: return the result instead", ""
     if isinstance(exc, _Exited):
         return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
     if isinstance(exc, MemoryError):
@@ -195,6 +197,10 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
         with swapped(), _os_exit_raises():
             results = simulate(n, _per_rank, exercise, code, path, case, notes)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
+        failure = describe_failure(exc, path, n)
+    except KeyboardInterrupt as exc:  # raised by a rank's code (a real Ctrl-C, in no rank, stops the check)
+        if not getattr(exc, "simulated_ranks", None):
+            raise
         failure = describe_failure(exc, path, n)
     return judge(exercise, case, seed, n, results, notes, failure)
 
