@@ -22,7 +22,10 @@ from ...sim import thread_limits
 from .exercise import find_exercise
 from .harness import PASS, run_case
 
-__all__ = ["main", "set_limits"]
+__all__ = ["main", "set_limits", "FILE_BYTES"]
+
+#: The largest file a submission may write (its stderr included).
+FILE_BYTES = 64 << 20
 
 
 def _address_space() -> int:
@@ -36,8 +39,8 @@ def _address_space() -> int:
 
 def set_limits(memory_mb: int, cpu_seconds: float, ranks: int) -> None:
     """Limit this process's further address space to `memory_mb` MiB, besides what `ranks` simulated ranks'
-    threads reserve (spmdsim.sim.thread_limits: a stack each, the malloc arenas), and its CPU time to
-    `cpu_seconds` more."""
+    threads reserve (spmdsim.sim.thread_limits: a stack each, the malloc arenas), the files it writes to
+    FILE_BYTES, and its CPU time to `cpu_seconds` more."""
     if memory_mb > 0:
         stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
         stack = stack if 0 < stack < (1 << 30) else 8 << 20
@@ -45,6 +48,8 @@ def set_limits(memory_mb: int, cpu_seconds: float, ranks: int) -> None:
         threads = ranks * stack + arenas * thread_limits.ARENA
         room = _address_space() + threads + memory_mb * (1 << 20)
         resource.setrlimit(resource.RLIMIT_AS, (room, room))
+    # no file it writes grows past FILE_BYTES (Python ignores SIGXFSZ: the write fails with EFBIG instead)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
     if cpu_seconds > 0:
         used = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime + cpu_seconds) + 1

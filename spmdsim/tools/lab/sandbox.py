@@ -143,6 +143,7 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
                                     cwd=tmp, env=env, start_new_session=True)
             timed_out = _wait(proc, out, limit)
+            _kill(proc)  # what the submission started and left running (a `sleep 100` it spawned) ends too
         events = _events(out)
         with open(err, errors="replace") as f:
             stderr = f.read()[-4000:]
