@@ -15,6 +15,9 @@ import pickle
 import sys
 from typing import Any, Iterator, Optional
 
+from ...emulator import comm as _comm
+from ...sim import p2p as _p2p
+
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
@@ -37,8 +40,9 @@ POINT_TO_POINT = frozenset(set(_SEND_BUFFER) | set(_SEND_OBJECT) | {
     "Recv", "Irecv", "recv", "irecv", "Probe", "Iprobe", "probe", "iprobe", "Mprobe", "Improbe", "mprobe",
     "improbe"})
 
-_EMULATOR = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), part)
-                  + os.sep for part in ("emulator", "sim"))
+#: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
+#: under it), found from the modules themselves wherever the package puts them.
+_EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (_comm, _p2p))
 
 
 @dataclasses.dataclass
