@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Write docs/reference/cli.md, every spmdsim command and flag, from the CLI's own parsers.
+"""Write docs/reference/cli.md and cli-cluster.md, every spmdsim command and flag, from the CLI's parsers.
 
-    python scripts/cli_reference.py            # rewrite the page
-    python scripts/cli_reference.py --check    # exit 1, naming the page, when it differs from the parsers
+    python scripts/cli_reference.py            # rewrite the pages
+    python scripts/cli_reference.py --check    # exit 1, naming a page, when it differs from the parsers
 
-tests/test_cli_reference.py runs the check, so a flag added without rewriting the page fails there.
+tests/test_cli_reference.py runs the check, so a flag added without rewriting the pages fails there.
 """
 from __future__ import annotations
 
@@ -13,30 +13,32 @@ from pathlib import Path
 
 from spmdsim.base.once_parser import OnceParser
 from spmdsim.tools.cli.main import run_script
-from spmdsim.tools.cli.reference import REGENERATE, markdown
+from spmdsim.tools.cli.reference import REGENERATE, pages
 
 #: The page, from the repository's root (this file's folder's parent).
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
+FOLDER = Path(__file__).resolve().parents[1] / "docs" / "reference"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OnceParser(prog="cli_reference.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 when the page differs from what the parsers give")
-    parser.add_argument("--output", type=Path, default=PAGE, metavar="FILE",
-                        help=f"where the page goes (default {PAGE.relative_to(PAGE.parents[2])})")
+                        help="write nothing; exit 1 when a page differs from what the parsers give")
+    parser.add_argument("--output", type=Path, default=FOLDER, metavar="DIR",
+                        help=f"where the pages go (default {FOLDER.relative_to(FOLDER.parents[1])})")
     args = parser.parse_args(argv)
-    text = markdown()
+    texts = pages()
     if args.check:
-        current = args.output.read_text() if args.output.exists() else None
-        if current != text:
-            print(f"{args.output} is not what the parsers give; rewrite it with: {REGENERATE}", file=sys.stderr)
-            return 1
-        print(f"{args.output} is current")
+        for name, text in texts.items():
+            page = args.output / name
+            if not page.exists() or page.read_text() != text:
+                print(f"{page} is not what the parsers give; rewrite it with: {REGENERATE}", file=sys.stderr)
+                return 1
+        print(f"{', '.join(str(args.output / n) for n in texts)} are current")
         return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output} ({len(text.splitlines())} lines)")
+    args.output.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (args.output / name).write_text(text)
+        print(f"wrote {args.output / name} ({len(text.splitlines())} lines)")
     return 0
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from spmdsim.tools.cli.main import main
 
-LAB = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "docs/tutorials/lab.md")
+LAB = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "tutorials", "lab.md")
 
 
 def _lab_text() -> str:

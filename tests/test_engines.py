@@ -236,7 +236,9 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     assert len(lines) < len(out.stdout.splitlines())  # (the executor's runners call them so)
     files = {line.split(":", 1)[0] for line in lines}
     assert "spmdsim/runtime/engines/mpi.py" in files  # the scan sees calls at all
-    strays = sorted(f for f in files if f != "spmdsim/runtime/engines/mpi.py" and not f.startswith("spmdsim/emulator/"))
+    # (the lab's exercises are students' mpi4py programs, their reference solutions run by the emulator)
+    strays = sorted(f for f in files if f != "spmdsim/runtime/engines/mpi.py"
+                    and not f.startswith(("spmdsim/emulator/", "spmdsim/tools/lab/exercises/")))
     assert strays == ["spmdsim/nn/ops/methods.py", "spmdsim/tools/cli/helptext.py"], strays
     prose = [line for line in lines if line.startswith("spmdsim/nn/ops/methods.py")]
     assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]

@@ -20,6 +20,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plan moves between layouts", ("plan", "convert")),
     ("size a cluster", ("estimate", "autoshard", "calibrate")),
     ("emulate MPI", ("mpirun",)),
+    ("teach with exercises graded on simulated ranks", ("lab",)),
 )
 
 #: One command line per command (and per `run` operator) that runs as written; those that need an MPI
@@ -44,6 +45,7 @@ EXAMPLES: dict[str, str] = {
     "estimate": "spmdsim estimate gpt --layers 8 --hidden 512 --heads 8 --tp 2 --pp 2 --dp 2",
     "autoshard": "spmdsim autoshard --network mlp --devices 8",
     "calibrate": "timeout -k 5 300 mpiexec -n 2 spmdsim calibrate --sizes 1K,64K --ops allreduce --dry-run",
+    "lab": "spmdsim lab list",
     "mpirun": 'spmdsim mpirun -n 4 -c "from mpi4py import MPI; print(MPI.COMM_WORLD.allreduce(1))"',
 }
 

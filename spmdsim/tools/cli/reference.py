@@ -1,7 +1,10 @@
-"""docs/reference/cli.md, written from the parsers `spmdsim` itself uses, so that the page cannot drift.
+"""docs/reference/cli.md and cli-cluster.md, written from the parsers `spmdsim` itself uses, so that
+the pages cannot drift.
 
-`markdown()` is the page; scripts/cli_reference.py writes it (or, with --check, says whether the
-committed page is current). Every command gets its one-line help, its example, its usage, its
+`pages()` gives them by file name; scripts/cli_reference.py writes them (or, with --check, says
+whether the committed pages are current). The first holds the commands by task and the commands to
+learn, run and plan moves; the second those that size a cluster, emulate MPI and teach (two pages of
+at most 600 lines each). Every command gets its one-line help, its example, its usage, its
 description and every flag with its help; prose is wrapped within 100 columns.
 """
 from __future__ import annotations
@@ -14,12 +17,14 @@ from typing import Iterator
 from .helptext import EXAMPLE_HEAD, GROUPS, one_liners, subcommands
 from .main import build_parser
 
-__all__ = ["markdown", "commands", "flag_entry", "WIDTH", "REGENERATE"]
+__all__ = ["pages", "markdown", "commands", "flag_entry", "WIDTH", "REGENERATE", "PAGES"]
 
 #: The page's width for prose and usage lines.
 WIDTH = 100
-#: The command that rewrites the page, from the repository's root.
+#: The command that rewrites the pages, from the repository's root.
 REGENERATE = "python scripts/cli_reference.py"
+#: Each page's file name and the task groups (spmdsim.tools.cli.helptext.GROUPS) it holds, by count.
+PAGES: tuple[tuple[str, int], ...] = (("cli.md", 3), ("cli-cluster.md", len(GROUPS) - 3))
 
 def commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The words of every command under `parser` (its own first, as ``()``), depth first."""
@@ -44,9 +49,13 @@ def _fill(text: str, first: str = "", rest: str = "") -> str:
 
 _HEAD = "# Command-line reference\n\n" + _fill(
     f"Every `spmdsim` command and every flag it takes, written from the command's own parsers by "
-    f"`{REGENERATE}` (a test fails when this page and the parsers differ). `spmdsim COMMAND --help` "
+    f"`{REGENERATE}` (a test fails when these pages and the parsers differ). `spmdsim COMMAND --help` "
     f"prints the same: its usage, an example that runs, and its flags. Every command also takes "
-    f"`-h`, `--help`.")
+    f"`-h`, `--help`. The commands that size a cluster, emulate MPI and teach are on "
+    f"[a second page](cli-cluster.md).")
+_HEAD_2 = "# Command-line reference: size a cluster, emulate MPI, teach\n\n" + _fill(
+    "The commands of the last three tasks of [the command-line reference](cli.md), written from their "
+    "parsers as that page is.")
 
 
 def _escaped(text: str) -> str:
@@ -128,13 +137,20 @@ def _section(root: argparse.ArgumentParser, words: tuple[str, ...], helps: dict[
     return "\n\n".join(parts)
 
 
+def _page_of(name: str) -> str:
+    """The file name of the page that holds command `name`'s section."""
+    first = {n for _, names in GROUPS[:PAGES[0][1]] for n in names}
+    return PAGES[0][0] if name in first else PAGES[1][0]
+
+
 def _index(root: argparse.ArgumentParser) -> str:
     """The commands by task, as `spmdsim --help` groups them, each linked to its section."""
     helps = one_liners(root)
     rows = ["| Task | Command | What it does |", "| --- | --- | --- |"]
     for title, names in GROUPS:
         for at, name in enumerate(names):  # the task named on its first row
-            rows.append(f"| {'' if at else title} | [`spmdsim {name}`](#{_anchor((name,))}) | "
+            where = "" if _page_of(name) == PAGES[0][0] else _page_of(name)
+            rows.append(f"| {'' if at else title} | [`spmdsim {name}`]({where}#{_anchor((name,))}) | "
                         f"{_escaped(helps[name]).replace('|', '/')} |")
     return "## Commands by task\n\n" + "\n".join(rows)
 
@@ -148,11 +164,20 @@ def _all_helps(root: argparse.ArgumentParser) -> dict[str, str]:
     return helps
 
 
-def markdown() -> str:
-    """The whole page, from the parsers of every command."""
+def pages() -> dict[str, str]:
+    """Each page by its file name, from the parsers of every command."""
     root = build_parser()
     helps = _all_helps(root)
-    sections = [_HEAD, _index(root)]
-    seen: dict[str, tuple[str, ...]] = {}
-    sections += [_section(root, words, helps, seen) for words in commands(root)]
-    return "\n\n".join(sections) + "\n"
+    texts = {}
+    for name, head in zip((p for p, _ in PAGES), (_HEAD, _HEAD_2)):
+        sections = [head] + ([_index(root)] if name == PAGES[0][0] else [])
+        seen: dict[str, tuple[str, ...]] = {}  # a group's rows -> the command of this page that has them
+        sections += [_section(root, words, helps, seen) for words in commands(root)
+                     if (_page_of(words[0]) if words else PAGES[0][0]) == name]
+        texts[name] = "\n\n".join(sections) + "\n"
+    return texts
+
+
+def markdown() -> str:
+    """Both pages one after the other (what the tests search for a command's section)."""
+    return "".join(pages().values())

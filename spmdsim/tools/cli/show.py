@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
         help="draw a layout: tensor blocks with their ranks and the device matrix",
         description=(
             "Draw the global tensor cut into blocks, each labelled by the ranks that hold "
-            "it (r0,1 = replicas, r0+1 = partial terms to add) and its shard number (#0, #1, ...), "
+            "it (r0,1 = replicas, r0+1 = partial terms to add) and its shard number (`#0`, `#1`, ...), "
             "then the device matrix with each rank's shard. ASCII by default; --png FILE "
             "also writes a matplotlib picture (.png or .svg)."
         ),

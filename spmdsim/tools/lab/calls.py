@@ -1,0 +1,162 @@
+"""Which MPI calls a submission makes, at which line, and the bytes its sends carry.
+
+A profile hook on each simulated rank's thread (`watching`) notes every call from the submission's
+own file into the emulator (spmdsim.emulator, spmdsim.runtime.sim): a call on any communicator, whether the
+one passed in, MPI.COMM_WORLD or one made by Split or Create_cart. Nothing is refused while it runs:
+the grader judges the notes afterwards (`violation`), so a forbidden call is named with its line even
+when it gave the right answer.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import sys
+from typing import Any, Iterator, Optional
+
+from ...emulator import comm as _comm
+from ...runtime.sim import p2p as _p2p
+
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing", "too_many"]
+
+_UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
+                      "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
+                      "Scan", "Exscan", "Barrier", "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall",
+                      "Neighbor_alltoallv", "Neighbor_alltoallw")
+#: Every collective call, in its buffer (Allreduce), nonblocking (Iallreduce) and object (allreduce) forms.
+COLLECTIVES = frozenset(_UPPER_COLLECTIVES + tuple("I" + c.lower() if c == "Barrier" else "I" + c[0].lower() + c[1:]
+                                                   for c in _UPPER_COLLECTIVES)
+                        + ("allreduce", "reduce", "bcast", "scatter", "gather", "allgather", "alltoall", "barrier",
+                           "scan", "exscan", "ibarrier"))
+
+_SEND_BUFFER = {"Send": "buf", "Ssend": "buf", "Bsend": "buf", "Rsend": "buf", "Isend": "buf", "Issend": "buf",
+                "Ibsend": "buf", "Irsend": "buf", "Sendrecv": "sendbuf", "Isendrecv": "sendbuf",
+                "Sendrecv_replace": "buf", "Isendrecv_replace": "buf"}
+_SEND_OBJECT = {"send": "obj", "ssend": "obj", "bsend": "obj", "isend": "obj", "issend": "obj", "ibsend": "obj",
+                "sendrecv": "sendobj"}
+#: Every point-to-point call (sends, receives, probes).
+POINT_TO_POINT = frozenset(set(_SEND_BUFFER) | set(_SEND_OBJECT) | {
+    "Recv", "Irecv", "recv", "irecv", "Probe", "Iprobe", "probe", "iprobe", "Mprobe", "Improbe", "mprobe",
+    "improbe"})
+
+#: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
+#: under it), found from the modules themselves wherever the package puts them.
+_EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (_comm, _p2p))
+
+
+@dataclasses.dataclass
+class Notes:
+    """One rank's calls from the submission: (name, line) in order, and the bytes its sends carried to other
+    ranks (a send to itself or to MPI.PROC_NULL moves nothing)."""
+
+    calls: list = dataclasses.field(default_factory=list)
+    sent: int = 0
+
+
+def _buffer_bytes(spec: Any) -> int:
+    """The bytes of an mpi4py buffer argument: an array, or [array, datatype] / [array, count, datatype]."""
+    count = None
+    if isinstance(spec, (list, tuple)) and spec:
+        if len(spec) >= 3 and isinstance(spec[1], int):
+            count = spec[1]
+        spec = spec[0]
+    try:
+        view = memoryview(spec)
+    except TypeError:
+        return 0
+    return view.nbytes if count is None else count * view.itemsize
+
+
+def _object_bytes(obj: Any) -> int:
+    """The bytes of an object a lowercase send carries: an array's (or a list or tuple of arrays') data, as
+    its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`;
+    any other object its pickle's."""
+    if isinstance(obj, (list, tuple)) and obj and all(hasattr(item, "__array_interface__") for item in obj):
+        return sum(_buffer_bytes(item) for item in obj)
+    if hasattr(obj, "__array_interface__"):
+        return _buffer_bytes(obj)
+    try:
+        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - what cannot be pickled fails in the send itself
+        return 0
+
+
+def _sent(name: str, frame: Any) -> int:
+    """The bytes a send call (the callee's `frame`) carries to another rank."""
+    local = frame.f_locals
+    dest = local.get("dest")
+    if not isinstance(dest, int) or dest < 0:
+        return 0
+    me = local.get("self")
+    try:
+        if me is not None and dest == me.Get_rank():
+            return 0
+    except Exception:  # noqa: BLE001 - a freed communicator: the call itself says so
+        return 0
+    if name in _SEND_BUFFER:
+        return _buffer_bytes(local.get(_SEND_BUFFER[name]))
+    return _object_bytes(local.get(_SEND_OBJECT[name]))
+
+
+@contextlib.contextmanager
+def watching(filename: str, notes: Notes) -> Iterator[Notes]:
+    """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`
+    (mpi4py's own communicators are compiled code, which a profile hook does not see)."""
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        back = frame.f_back
+        if back is None or back.f_code.co_filename != filename:
+            return
+        if not frame.f_code.co_filename.startswith(_EMULATOR):
+            return
+        name = frame.f_code.co_name
+        notes.calls.append((name, back.f_lineno))
+        if name in _SEND_BUFFER or name in _SEND_OBJECT:
+            notes.sent += _sent(name, frame)
+
+    before = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        yield notes
+    finally:
+        sys.setprofile(before)
+
+
+def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Optional[str]:
+    """The first call in `notes` (one Notes per rank) that the rules forbid, with its line, or None: a
+    forbidden call, or a communication call (collective or point-to-point) outside `allowed`."""
+    for note in notes:
+        for name, line in note.calls:
+            if name in forbidden:
+                return f"line {line}: comm.{name} is not allowed in this exercise"
+            if allowed is not None and name not in allowed and (name in COLLECTIVES or name in POINT_TO_POINT):
+                return (f"line {line}: comm.{name} is not one of the calls this exercise allows "
+                        f"({', '.join(allowed)})")
+    return None
+
+
+def missing(notes: list, required: tuple) -> Optional[str]:
+    """The first of the `required` calls (each "A|B": any of them) that no rank made, said, or None."""
+    made = {name for note in notes for name, _ in note.calls}
+    for need in required:
+        options = need.split("|")
+        if not made.intersection(options):
+            return f"no rank called {' or '.join('comm.' + o for o in options)}: the exercise asks for it"
+    return None
+
+
+def too_many(notes: list, most: dict) -> Optional[str]:
+    """The first rank that made more of the calls a `most` entry counts ("Allreduce|allreduce": 1) than it
+    allows, said with the line of its first extra call, or None."""
+    for rank, note in enumerate(notes):
+        for need, limit in most.items():
+            options = need.split("|")
+            lines = [line for name, line in note.calls if name in options]
+            if len(lines) > limit:
+                name = next(name for name, _ in note.calls if name in options)
+                return (f"rank {rank} called comm.{name} {len(lines)} times, again at line {lines[limit]}; the "
+                        f"exercise allows {limit}")
+    return None

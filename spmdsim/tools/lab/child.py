@@ -1,0 +1,88 @@
+"""The child process that runs one submission: ``python -m spmdsim.tools.lab.child FOLDER N FILE OUT ...``.
+
+It sets its own limits once its modules are loaded (memory: the address space it holds then plus the
+exercise's MEMORY_MB; CPU seconds), then runs the cases rank count by rank count, writing one JSON
+line to OUT as each case starts and ends, so the parent (spmdsim.tools.lab.sandbox) knows which case
+was running if the process is killed. A rank count stops at its first failing case; a submission not
+yet implemented stops at once.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from typing import Sequence
+
+from ...runtime.sim import thread_limits
+from .exercise import find_exercise
+from .harness import PASS, run_case
+
+__all__ = ["main", "set_limits", "FILE_BYTES"]
+
+#: The largest file a submission may write (its stderr included).
+FILE_BYTES = 64 << 20
+
+
+def _address_space() -> int:
+    """The bytes of address space this process holds now (VmSize)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def set_limits(memory_mb: int, cpu_seconds: float, ranks: int) -> None:
+    """Limit this process's further address space to `memory_mb` MiB, besides what `ranks` simulated ranks'
+    threads reserve (spmdsim.runtime.sim.thread_limits: a stack each, the malloc arenas), the files it writes to
+    FILE_BYTES, and its CPU time to `cpu_seconds` more."""
+    if memory_mb > 0:
+        stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+        stack = stack if 0 < stack < (1 << 30) else 8 << 20
+        arenas = int(os.environ.get("MALLOC_ARENA_MAX", "2") or 2)
+        threads = ranks * stack + arenas * thread_limits.ARENA
+        room = _address_space() + threads + memory_mb * (1 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (room, room))
+    # no file it writes grows past FILE_BYTES (Python ignores SIGXFSZ: the write fails with EFBIG instead)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
+    if cpu_seconds > 0:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(used.ru_utime + used.ru_stime + cpu_seconds) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spmdsim.tools.lab.child")
+    parser.add_argument("folder")
+    parser.add_argument("number")
+    parser.add_argument("file")
+    parser.add_argument("out")
+    parser.add_argument("--ranks", type=int, nargs="+", required=True)
+    parser.add_argument("--memory-mb", type=int, default=512)
+    parser.add_argument("--cpu-seconds", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    exercise = find_exercise(args.number, args.folder)
+    with open(args.out, "a", buffering=1) as out:
+        set_limits(args.memory_mb, args.cpu_seconds, max(args.ranks))
+        for n in args.ranks:
+            for seed in exercise.seeds:
+                out.write(json.dumps({"event": "start", "ranks": n, "seed": seed, "time": time.time()}) + "\n")
+                result = run_case(exercise, args.file, n, seed)
+                if result.status == "memory":
+                    result = dataclasses.replace(result, reason=f"{result.reason} (limit {args.memory_mb} MiB)")
+                out.write(json.dumps({"event": "done", **dataclasses.asdict(result)}) + "\n")
+                if result.status == "not-implemented":
+                    return 0
+                if result.status != PASS:
+                    gc.collect()  # what the failed case held (a memory bomb's blocks, kept by its traceback)
+                    break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`spmdsim lab`: exercises students solve in code, checked on simulated ranks.
+
+    spmdsim lab list                          the exercises, one line each
+    spmdsim lab start N [DIR]                 the statement and a starter file to complete
+    spmdsim lab check N FILE [--ranks n ...]  run a submission on each rank count, with feedback
+                                              (--mpiexec: as MPI jobs)
+    spmdsim lab grade N DIR --csv OUT         every submission of a folder, one CSV row each
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .exercise import EXERCISES, LabError, find_exercise, load_exercises
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("lab", help="exercises students solve in code, graded on simulated ranks",
+                              description=__doc__.split("\n\n")[0])
+    _add_folder(p, EXERCISES)
+    p.set_defaults(func=_no_command, _lab_parser=p)
+    commands = p.add_subparsers(dest="lab_command", metavar="{list,start,check,grade}")
+    p_list = commands.add_parser("list", help="the exercises, one line each")
+    p_start = commands.add_parser("start", help="write an exercise's statement and starter")
+    p_check = commands.add_parser("check", help="check one submission")
+    p_grade = commands.add_parser("grade", help="grade a folder of submissions")
+    for sub in (p_list, p_start, p_check, p_grade):  # before or after the command: `lab check ... --exercises D`
+        _add_folder(sub, argparse.SUPPRESS)
+    for sub in (p_start, p_check, p_grade):
+        sub.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+    p_start.add_argument("dir", metavar="DIR", nargs="?", default=".", help="where to write them (default: .)")
+    p_check.add_argument("file", metavar="FILE", help="the submission: a .py file defining the exercise's function")
+    p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")
+    for sub in (p_check, p_grade):
+        sub.add_argument("--time-limit", type=float, metavar="S", help="seconds of wall time per submission "
+                         "(default: the exercise's)")
+        sub.add_argument("--memory-mb", type=int, metavar="M", help="MiB of memory per submission "
+                         "(default: the exercise's)")
+    p_check.add_argument("--ranks", type=int, nargs="+", metavar="n", help="rank counts (default: the "
+                         "exercise's)")
+    p_check.add_argument("--mpiexec", action="store_true", help="run each rank count as an mpiexec job (values "
+                         "only: calls and bytes are checked on simulated ranks)")
+    p_grade.add_argument("--csv", required=True, metavar="OUT", help="the grade book to write")
+    p_grade.add_argument("--jobs", type=int, default=2, metavar="J", help="submissions checked at once "
+                         "(default 2)")
+    for sub, func in ((p_list, _list), (p_start, _start), (p_check, _check), (p_grade, _grade)):
+        sub.set_defaults(func=func)
+
+
+def _add_folder(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--exercises", metavar="DIR", default=default,
+                        help="the folder of exercise files (default: the exercises spmdsim ships)")
+
+
+def _no_command(args: argparse.Namespace) -> int:
+    args._lab_parser.print_help()
+    return 2
+
+
+def _list(args: argparse.Namespace) -> int:
+    exercises = load_exercises(args.exercises)
+    rows = [(e.number, e.title, "ranks " + ",".join(map(str, e.ranks))) for e in exercises]
+    room = 100 - 3 - 4 - max((len(r[2]) for r in rows), default=0)  # the title's columns within 100
+    width = min(room, max((len(r[1]) for r in rows), default=0))
+    for number, title, ranks in rows:
+        title = title if len(title) <= width else title[:width - 3] + "..."
+        print(f"{number:>3}  {title:<{width}}  {ranks}")
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    exercise = find_exercise(args.number, args.exercises)
+    os.makedirs(args.dir, exist_ok=True)
+    code = os.path.join(args.dir, f"{exercise.name}.py")
+    text = os.path.join(args.dir, f"{exercise.name}.md")
+    for path in (code, text):
+        if os.path.exists(path):
+            raise LabError(f"{path!r} exists: not overwritten (remove it, or give another folder: "
+                           f"spmdsim lab start {exercise.number} DIR)")
+    with open(text, "w") as f:
+        f.write(f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n"
+                f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
+                f"{', '.join(map(str, exercise.ranks))} ranks.\n")
+    with open(code, "w") as f:
+        f.write(exercise.starter())
+    print(f"wrote {text} (the statement) and {code} (the function to write)")
+    print(f"check it with: spmdsim lab check {exercise.number} {code}")
+    return 0
+
+
+def _limits(args: argparse.Namespace) -> dict:
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise LabError(f"--time-limit {args.time_limit!r} must be a positive number of seconds")
+    if args.memory_mb is not None and args.memory_mb < 64:
+        raise LabError(f"--memory-mb {args.memory_mb!r} must be at least 64")
+    return {"time_limit": args.time_limit, "memory_mb": args.memory_mb}
+
+
+def _check(args: argparse.Namespace) -> int:
+    # The runner loads the emulator: imported when a check runs, not for `spmdsim --help`.
+    from .report import verdict_lines, verdict_word
+    from .sandbox import check, check_mpiexec
+
+    exercise = find_exercise(args.number, args.exercises)
+    if not os.path.isfile(args.file):
+        raise LabError(f"submission {args.file!r} is not a file")
+    ranks = tuple(args.ranks or exercise.ranks)
+    bad = [n for n in ranks if n not in exercise.ranks]
+    if bad:
+        raise LabError(f"--ranks {bad[0]!r}: exercise {exercise.number} runs on "
+                       f"{', '.join(map(str, exercise.ranks))} ranks")
+    limits = _limits(args)
+    if args.mpiexec:
+        verdict = check_mpiexec(exercise, args.file, ranks, limits["time_limit"])
+    else:
+        verdict = check(exercise, args.file, ranks, **limits)
+    print("\n".join(verdict_lines(exercise, verdict)))
+    return 0 if verdict_word(verdict) == "PASS" else 1
+
+
+def _grade(args: argparse.Namespace) -> int:
+    import concurrent.futures  # (a thread pool and the CSV writer: `spmdsim --help` loads neither)
+    import csv
+
+    from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
+    from .sandbox import check
+
+    exercise = find_exercise(args.number, args.exercises)
+    if not os.path.isdir(args.dir):
+        raise LabError(f"submission folder {args.dir!r} does not exist")
+    if args.jobs < 1:
+        raise LabError(f"--jobs {args.jobs!r} must be at least 1")
+    files = sorted(os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".py"))
+    if not files:
+        raise LabError(f"submission folder {args.dir!r} holds no .py file")
+    limits = _limits(args)
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        verdicts = list(pool.map(lambda path: check(exercise, path, **limits), files))
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_HEADER)
+        for verdict in verdicts:
+            writer.writerow(csv_row(verdict))
+    width = max(len(os.path.basename(v.file)) for v in verdicts)
+    for verdict in verdicts:
+        row = csv_row(verdict)
+        line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
+        print(line if len(line) <= 100 else line[:97] + "...")
+    passed = sum(csv_row(v)[1] == "PASS" for v in verdicts)
+    print(f"{passed} of {len(verdicts)} submissions pass; grade book: {args.csv}", file=sys.stderr)
+    return 0

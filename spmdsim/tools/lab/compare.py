@@ -1,0 +1,170 @@
+"""A submission's results against the expected ones: the first rank and slice that differ, said so it teaches."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["first_difference", "show"]
+
+#: The most values a message shows of an array.
+_SHOWN = 6
+
+
+def show(value: Any) -> str:
+    """A short text of a value: arrays with their first few values, scalars in full."""
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        flat = value.ravel()
+        body = ", ".join(_number(v) for v in flat[:_SHOWN])
+        more = f", ... ({flat.size} values)" if flat.size > _SHOWN else ""
+        return f"[{body}{more}]"
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.10g}"
+    text = repr(value)
+    return text if len(text) <= 72 else text[:69] + "..."
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.4g}"
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    return f"a {type(value).__name__}"
+
+
+def _slice(index: tuple, stop: int) -> str:
+    """The text of `result[i, j, a:b]`: `index` with its last axis running to `stop`."""
+    head = ", ".join(str(i) for i in index[:-1])
+    last = f"{index[-1]}:{stop}" if stop > index[-1] + 1 else f"{index[-1]}"
+    return f"[{head + ', ' if head else ''}{last}]"
+
+
+def _array_difference(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> Optional[str]:
+    if got.shape != want.shape:
+        return f"returned shape {got.shape}, expected {want.shape}"
+    if want.size == 0:
+        return None
+    if not np.issubdtype(got.dtype, np.number) and got.dtype != bool:
+        return f"returned an array of dtype {got.dtype}, expected numbers ({want.dtype})"
+    bad = ~np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=False)
+    if not bad.any():
+        return None
+    first = tuple(int(i) for i in np.argwhere(bad)[0]) if got.ndim else ()
+    if not first:
+        return f"returned {show(got.item())}, expected {show(want.item())}"
+    row_bad = bad[first[:-1]]
+    stop = first[-1]
+    while stop < row_bad.size and row_bad[stop] and stop - first[-1] < _SHOWN:
+        stop += 1
+    cut = first[:-1] + (slice(first[-1], stop),)
+    where = _slice(first, stop)
+    count = int(bad.sum())
+    return (f"result{where} differs ({count} of {bad.size} values wrong): expected {show(want[cut])}, "
+            f"got {show(got[cut])}")
+
+
+def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
+    """How `got` differs from `want`, or None where it matches."""
+    if want is None:
+        return None if got is None else f"returned {show(got)}, expected None (this rank returns nothing)"
+    if got is None:
+        return f"returned None, expected {_kind(want)}: return the result"
+    if isinstance(want, np.ndarray):
+        try:
+            got_array = np.asarray(got)
+        except Exception:  # noqa: BLE001 - anything a student returns
+            return f"returned {_kind(got)}, expected {_kind(want)}"
+        if got_array.dtype == object:
+            return f"returned {_kind(got)}, expected {_kind(want)}"
+        return _array_difference(got_array, want, rtol, atol)
+    if isinstance(want, (int, float, np.number)):
+        if isinstance(got, np.ndarray) and got.size == 1:
+            got = got.item()
+        if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
+            return f"returned {_kind(got)}, expected a number ({show(want)})"
+        if not np.isclose(float(got), float(want), rtol=rtol, atol=atol, equal_nan=False):
+            return f"returned {show(got)}, expected {show(want)}"
+        return None
+    if isinstance(want, tuple) and any(isinstance(item, np.ndarray) for item in want):
+        return _outputs_difference(got, want, rtol, atol)
+    if isinstance(want, (list, tuple)):
+        return _sequence_difference(got, want)
+    return None if got == want else f"returned {show(got)}, expected {show(want)}"
+
+
+def _outputs_difference(got: Any, want: tuple, rtol: float, atol: float) -> Optional[str]:
+    """How a function's several outputs (a tuple with arrays: (dx, dw)) differ: the first output that does."""
+    if not isinstance(got, (list, tuple)) or len(got) != len(want):
+        return f"returned {_kind(got)}, expected a tuple of {len(want)} outputs"
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        text = _difference(mine, theirs, rtol, atol)
+        if text is not None:
+            return f"output {index}: {text.replace('returned ', '', 1)}" if text.startswith("returned ") else \
+                f"output {index}: {text}"
+    return None
+
+
+def _items(value: Any) -> Any:
+    """A sequence's items with lists made tuples (["F", 0] and ("F", 0) say the same), or None."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    return [tuple(item) if isinstance(item, list) else item for item in value]
+
+
+def _sequence_difference(got: Any, want: Any) -> Optional[str]:
+    """How a returned sequence differs from the expected one: its first differing item, or its length."""
+    mine, theirs = _items(got), _items(want)
+    if mine is None:
+        return f"returned {_kind(got)}, expected a list of {len(want)} items"
+    for index, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            return f"item {index} is {show(a)}, expected {show(b)} (expected {show(list(theirs))})"
+    if len(mine) != len(theirs):
+        return f"returned {len(mine)} items, expected {len(theirs)} (expected {show(list(theirs))})"
+    return None
+
+
+def _why(got: Any, want: Any, args: tuple, n: int) -> Optional[str]:
+    """A guess at the mistake behind a wrong array: a sum taken twice or never, the input sent back."""
+    if not isinstance(want, np.ndarray) or not isinstance(got, np.ndarray) or got.shape != want.shape:
+        return None
+    if not np.issubdtype(got.dtype, np.number) or not np.abs(want).sum():
+        return None
+    for array in args:
+        if isinstance(array, np.ndarray) and array.shape == got.shape and np.allclose(got, array):
+            return "it is this rank's own input, unchanged: no data from the other ranks reached it"
+    for factor in range(2, max(3, n + 1)):
+        if np.allclose(got, factor * want):
+            return f"it is {factor} times the expected value: a sum taken more than once"
+    return None
+
+
+def _guess(function: Any, *args: Any) -> Optional[str]:
+    """`function(*args)`, a sentence that guesses at the mistake, or None where it cannot tell (or fails: an
+    instructor's `explain` on a result of a shape it did not expect must not end the check)."""
+    try:
+        return function(*args)
+    except Exception:  # noqa: BLE001 - a guess, never the verdict
+        return None
+
+
+def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequence[tuple], rtol: float,
+                     atol: float, explain: Any = None, case: Any = None) -> Optional[str]:
+    """The first rank whose result differs, said in one or two lines; None where every rank's matches."""
+    n = len(expected)
+    for rank, (got, want) in enumerate(zip(results, expected)):
+        text = _difference(got, want, rtol, atol)
+        if text is None:
+            continue
+        why = _guess(explain, case, n, rank, got) if explain is not None else None
+        why = why or _guess(_why, got, want, args[rank], n)
+        return f"rank {rank} {text}" + (f"\n  {why}" if why else "")
+    return None

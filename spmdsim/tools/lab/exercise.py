@@ -1,0 +1,145 @@
+"""Exercises as data: one Python file each, loaded into a frozen `Exercise`.
+
+An exercise file (``NN_name.py``; NN is its number in `spmdsim lab list`) defines:
+
+    TITLE = "Allreduce by ring from Send/Recv"        one line
+    STATEMENT = '''...'''                              what to write, for the student
+    FUNCTION = "ring_allreduce"                        the function the student writes
+    SIGNATURE = "ring_allreduce(comm, x)"              its parameters (comm first)
+    def case(seed, n): return {"args": [...], "expected": [...], "label": "N=13"}
+                                                       per rank: a tuple of arguments, the expected result
+    def reference(comm, x): ...                        the solution (named after FUNCTION or `reference`)
+
+and may define RANKS (rank counts, default 1, 2, 3, 4, 8), SEEDS (default 0, 1), FORBIDDEN (comm calls the
+exercise forbids), ALLOWED (the only comm calls it allows), REQUIRED (calls it must make: each entry names
+one or more calls, any of which counts, "Scatter|Scatterv|scatter"), MOST_CALLS (how many times a rank
+may make such calls, {"Allreduce|allreduce": 1}), HINT (said with a forbidden call),
+def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank; more is a failure),
+RTOL / ATOL (tolerances), TIME_LIMIT (seconds of wall time for one check), MEMORY_MB, and
+def explain(case, n, rank, got) (a sentence for a wrong result, or None).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from typing import Any, Callable, Optional
+
+from ...errors import SpmdsimError
+
+__all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "EXERCISES"]
+
+#: The folder of the exercises spmdsim ships.
+EXERCISES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises")
+
+_FILE = re.compile(r"(\d+)_(\w+)\.py")
+_NEEDED = ("TITLE", "STATEMENT", "FUNCTION", "SIGNATURE", "case")
+
+
+class LabError(SpmdsimError, ValueError):
+    """A bad exercise file, exercise number or submission path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    """One exercise, as its file defines it (see the module docstring)."""
+
+    number: int
+    name: str
+    path: str
+    title: str
+    statement: str
+    function: str
+    signature: str
+    case: Callable[[int, int], dict]
+    reference: Callable[..., Any]
+    ranks: tuple = (1, 2, 3, 4, 8)
+    seeds: tuple = (0, 1)
+    forbidden: tuple = ()
+    allowed: Optional[tuple] = None
+    required: tuple = ()
+    most_calls: tuple = ()
+    hint: str = ""
+    optimal_bytes: Optional[Callable[[dict, int], int]] = None
+    explain: Optional[Callable[..., Optional[str]]] = None
+    rtol: float = 1e-9
+    atol: float = 1e-12
+    time_limit: float = 10.0
+    memory_mb: int = 512
+
+    def __post_init__(self) -> None:
+        if not self.ranks or any(type(n) is not int or not 1 <= n <= 64 for n in self.ranks):
+            raise LabError(f"exercise {self.path!r}: RANKS {self.ranks!r} must be rank counts from 1 to 64")
+        if not self.seeds or any(type(s) is not int for s in self.seeds):
+            raise LabError(f"exercise {self.path!r}: SEEDS {self.seeds!r} must be integers")
+        if not self.signature.startswith(self.function + "(") or not self.signature.endswith(")"):
+            raise LabError(f"exercise {self.path!r}: SIGNATURE {self.signature!r} must read "
+                           f"'{self.function}(comm, ...)'")
+
+    def starter(self) -> str:
+        """The starter file's text: the statement as a docstring, the function raising NotImplementedError."""
+        doc = "\n".join(("    " + line).rstrip() for line in self.statement.strip().splitlines())
+        return (f'"""Exercise {self.number}: {self.title}.\n\nCheck it with: spmdsim lab check {self.number} '
+                f'{self.name}.py\n"""\nimport numpy as np\nfrom mpi4py import MPI\n\n\n'
+                f'def {self.signature}:\n    """\n{doc}\n    """\n'
+                f'    raise NotImplementedError("{self.function}")\n')
+
+
+def _exercise(path: str, number: int, name: str) -> Exercise:
+    spec = importlib.util.spec_from_file_location(f"spmdsim_lab_exercise_{number}_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - an instructor's file: one line naming it
+        raise LabError(f"exercise file {path!r} does not load: {type(exc).__name__}: {exc}") from None
+    found = vars(module)
+    missing = [key for key in _NEEDED if key not in found]
+    if missing:
+        raise LabError(f"exercise file {path!r} lacks {', '.join(missing)} (spmdsim lab's exercise format: "
+                       "docs/howto/grade-exercises.md)")
+    reference = found.get(found["FUNCTION"], found.get("reference"))
+    if not callable(reference):
+        raise LabError(f"exercise file {path!r} has no reference solution: define {found['FUNCTION']}() "
+                       "or reference()")
+    optional = {"ranks": "RANKS", "seeds": "SEEDS", "forbidden": "FORBIDDEN", "required": "REQUIRED",
+                "hint": "HINT", "rtol": "RTOL", "atol": "ATOL", "time_limit": "TIME_LIMIT",
+                "memory_mb": "MEMORY_MB", "optimal_bytes": "optimal_bytes", "explain": "explain",
+                "most_calls": "MOST_CALLS"}
+    extra = {field: found[key] for field, key in optional.items() if key in found}
+    for field in ("ranks", "seeds", "forbidden", "required"):
+        if field in extra:
+            extra[field] = tuple(extra[field])
+    if "most_calls" in extra:  # a dict in the file; a tuple of pairs in the frozen value
+        extra["most_calls"] = tuple(dict(extra["most_calls"]).items())
+    if "ALLOWED" in found:
+        extra["allowed"] = tuple(found["ALLOWED"])
+    return Exercise(number=number, name=name, path=path, title=found["TITLE"], statement=found["STATEMENT"],
+                    function=found["FUNCTION"], signature=found["SIGNATURE"], case=found["case"],
+                    reference=reference, **extra)
+
+
+def load_exercises(folder: str = EXERCISES) -> tuple:
+    """Every exercise of `folder` (files NN_name.py), by number."""
+    if not os.path.isdir(folder):
+        raise LabError(f"exercise folder {folder!r} does not exist")
+    found = []
+    for entry in sorted(os.listdir(folder)):
+        match = _FILE.fullmatch(entry)
+        if match:
+            found.append(_exercise(os.path.join(folder, entry), int(match.group(1)), match.group(2)))
+    numbers = [e.number for e in found]
+    twice = sorted({n for n in numbers if numbers.count(n) > 1})
+    if twice:
+        raise LabError(f"exercise folder {folder!r} numbers two files {twice[0]!r}: give each its own number")
+    return tuple(sorted(found, key=lambda e: e.number))
+
+
+def find_exercise(number: Any, folder: str = EXERCISES) -> Exercise:
+    """The exercise numbered `number` in `folder`."""
+    exercises = load_exercises(folder)
+    for exercise in exercises:
+        if str(exercise.number) == str(number).lstrip("0") or exercise.name == number:
+            return exercise
+    known = ", ".join(str(e.number) for e in exercises)
+    raise LabError(f"no exercise {number!r} in {folder!r}: expected one of {known} (spmdsim lab list)")

@@ -1,0 +1,40 @@
+"""Matrix-vector product: rows scattered from rank 0, the vector broadcast, the results gathered."""
+import numpy as np
+
+from spmdsim.tools.lab.calls import POINT_TO_POINT
+
+TITLE = "Matrix-vector product with Scatter, Bcast and Gather"
+FUNCTION = "matvec"
+SIGNATURE = "matvec(comm, A, x)"
+STATEMENT = """\
+Rank 0 holds a float64 matrix A of shape (m, k) and a vector x of length k; every other rank gets
+A = None and x = None. m is a multiple of the number of ranks n.
+
+Compute y = A @ x in parallel: scatter the rows of A from rank 0 (comm.Scatter, m/n rows each),
+broadcast x (comm.Bcast or comm.bcast), multiply each rank's rows by x, and gather the pieces of y
+onto rank 0 (comm.Gather). Return y on rank 0 and None on every other rank.
+Point-to-point calls (Send, Recv) are not allowed.
+"""
+FORBIDDEN = tuple(sorted(POINT_TO_POINT))
+REQUIRED = ("Scatter|Scatterv|scatter", "Gather|Gatherv|gather")
+HINT = "use Scatter, Bcast and Gather"
+
+
+def case(seed, n):
+    rng = np.random.default_rng(seed)
+    rows, k = (2, 3)[seed % 2], (5, 4)[seed % 2]
+    a, x = rng.standard_normal((n * rows, k)), rng.standard_normal(k)
+    args = [(a, x)] + [(None, None)] * (n - 1)
+    return {"args": args, "expected": [a @ x] + [None] * (n - 1), "label": f"A {n * rows}x{k}"}
+
+
+def matvec(comm, A, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    shape = comm.bcast(None if A is None else A.shape, root=0)
+    m, k = shape
+    mine = np.empty((m // n, k))
+    comm.Scatter(A, mine, root=0)
+    x = comm.bcast(x, root=0)
+    y = np.empty(m) if rank == 0 else None
+    comm.Gather(mine @ x, y, root=0)
+    return y

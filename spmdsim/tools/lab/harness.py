@@ -1,0 +1,244 @@
+"""One submission on one case: its function run on n simulated ranks, judged against the exercise.
+
+`run_case` runs in the calling process, with no limit of time or memory: the grader calls it inside a
+limited child process (spmdsim.tools.lab.sandbox); tests call it directly on submissions that end.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import copy
+import dataclasses
+import os
+import re
+import traceback
+from typing import Any, Iterator, Optional
+
+from ...runtime.mpi_library import load_mpi
+from ...emulator.mpi4py_world import swapped
+from ...errors import RuntimeMismatchError
+from ...runtime.sim.run import current_rank, simulate
+from .calls import Notes, missing, too_many, violation, watching
+from .compare import first_difference
+from .exercise import Exercise, LabError
+
+__all__ = ["CaseResult", "run_case", "judge", "make_case", "compile_submission", "describe_failure",
+           "call_submission", "PASS"]
+
+PASS = "pass"
+
+#: A call of the emulator's deadlock report: "recv from group rank 1 (any tag) on the world: rank 0 waits in it;
+#: rank 1 finished; at prog.py:9", said here "rank 0 waits in recv from ... (rank 1 finished) at line 9".
+_WAITS = re.compile(r"(\s*)(.+?): ((?:rank|ranks) .+?) (waits?) in it((?:; .*)?)")
+
+
+def _deadlock_text(report: str, path: str) -> str:
+    """The emulator's deadlock report (spmdsim.runtime.sim.report), each waiting call said from the rank's side, its
+    program line as the submission's line number."""
+    lines = []
+    for line in report.replace("\n    ", " ").split("\n"):  # its folded calls, one a line again
+        match = _WAITS.fullmatch(line)
+        if match:
+            indent, what, who, verb, tail = match.groups()
+            parts = [part for part in tail.split("; ") if part]
+            at = [part for part in parts if part.startswith("at ")]
+            others = [part for part in parts if not part.startswith("at ")]
+            line = (f"{indent}{who} {verb} in {what}" + (f" ({'; '.join(others)})" if others else "")
+                    + (f" {at[-1]}" if at else ""))
+        lines.append(re.sub(rf"(?<![\w/]){re.escape(os.path.basename(path))}:(\d+)", r"line \1", line))
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    """How one case went: `status` is pass, not-implemented, wrong, deadlock, error, exit, memory, forbidden,
+    bytes, timeout or cpu; `reason` is one line (a CSV cell), `detail` the lines of feedback under it."""
+
+    ranks: int
+    seed: int
+    label: str
+    status: str
+    reason: str = ""
+    detail: str = ""
+    sent: int = 0
+    optimum: Optional[int] = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASS
+
+
+class _Exited(Exception):
+    """A rank called sys.exit or os._exit: it ends the run, not the grader."""
+
+    def __init__(self, call: str, code: Any) -> None:
+        super().__init__(f"{call}({code!r})")
+        self.call = call
+        self.code = code
+
+
+class _Missing(Exception):
+    """The submission defines no function of the exercise's name."""
+
+
+@contextlib.contextmanager
+def _os_exit_raises() -> Iterator[None]:
+    """While the ranks run, os._exit on a simulated rank raises _Exited there; elsewhere it is Python's."""
+    real = os._exit
+
+    def _exit(code: int) -> None:
+        if current_rank() is None:
+            real(code)
+        raise _Exited("os._exit", code)
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank{'s' if n != 1 else ''}"
+
+
+def compile_submission(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        raise LabError(f"submission {path!r} cannot be read: {exc.strerror or exc}") from None
+    return compile(source, os.path.abspath(path), "exec")
+
+
+def _line(exc: BaseException, path: str) -> Optional[int]:
+    """The submission's line where `exc` was raised (its innermost frame in the file)."""
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    if isinstance(exc, SyntaxError) and exc.filename == path:
+        return exc.lineno
+    return lines[-1] if lines else None
+
+
+def describe_failure(exc: BaseException, path: str, n: int) -> tuple:
+    """(status, reason, detail) of a run that ended with `exc`."""
+    ranks = getattr(exc, "simulated_ranks", ()) or ()
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
+        f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
+    line = _line(exc, path)
+    at = f" at line {line}" if line else ""
+    if isinstance(exc, NotImplementedError):
+        return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
+    if isinstance(exc, _Missing):
+        return "error", str(exc), ""
+    if isinstance(exc, RuntimeMismatchError):
+        text = _deadlock_text(str(exc), path)
+        head, _, rest = text.partition("\n")
+        first = rest.strip().splitlines()[0] if rest.strip() else ""
+        status = "deadlock" if "deadlock" in head else "mismatch"
+        return status, f"{status} at {_ranks(n)}: {first or head}", text
+    if getattr(exc, "abort_code", None) is not None:  # comm.Abort(code): MPI ends the job
+        return "exit", f"{who} called comm.Abort({exc.abort_code}){at}: return the result instead", ""
+    if isinstance(exc, _Exited):
+        return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
+    if isinstance(exc, MemoryError):
+        return "memory", f"{who} ran out of memory{at}", ""
+    if isinstance(exc, SyntaxError) and line:
+        return "error", f"syntax error at line {line}: {exc.msg}", ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
+    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else ""), ""
+
+
+def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: tuple, notes: Notes) -> Any:
+    """Load the submission's `code` as a module of this rank's own, and call its function on `comm` and a
+    copy of `args`, its MPI calls noted in `notes`; sys.exit in it raises _Exited."""
+    scope = {"__name__": "submission", "__file__": path, "__builtins__": builtins}
+    try:
+        exec(code, scope)
+        function = scope.get(exercise.function)
+        if not callable(function):
+            raise _Missing(f"{os.path.basename(path)} defines no function {exercise.function!r}: "
+                           f"def {exercise.signature}")
+        with watching(path, notes):
+            return function(comm, *copy.deepcopy(tuple(args)))
+    except SystemExit as exc:
+        raise _Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
+
+
+def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:
+    """What each simulated rank runs: the submission called on its world and its own arguments."""
+    rank = current_rank()
+    return call_submission(exercise, code, path, load_mpi().COMM_WORLD, case["args"][rank], notes[rank])
+
+
+def make_case(exercise: Exercise, seed: int, n: int) -> dict:
+    try:
+        case = exercise.case(seed, n)
+    except Exception as exc:  # noqa: BLE001 - the instructor's generator: one line naming it
+        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(case, dict) or len(case.get("args", ())) != n or len(case.get("expected", ())) != n:
+        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) must return a dict with {n} 'args' and "
+                       f"{n} 'expected', one per rank")
+    return case
+
+
+def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
+    """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it."""
+    path = os.path.abspath(path)
+    case = make_case(exercise, seed, n)
+    label = str(case.get("label", f"seed {seed}"))
+    try:
+        code = compile_submission(path)
+    except SyntaxError as exc:
+        return CaseResult(n, seed, label, status="error", reason=f"syntax error at line {exc.lineno}: {exc.msg}")
+    notes = [Notes() for _ in range(n)]
+    failure, results = None, None
+    try:
+        with swapped(), _os_exit_raises():
+            results = simulate(n, _per_rank, exercise, code, path, case, notes)
+    except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
+        failure = describe_failure(exc, path, n)
+    except KeyboardInterrupt as exc:  # raised by a rank's code (a real Ctrl-C, in no rank, stops the check)
+        if not getattr(exc, "simulated_ranks", None):
+            raise
+        failure = describe_failure(exc, path, n)
+    return judge(exercise, case, seed, n, results, notes, failure)
+
+
+def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[list], notes: list,
+          failure: Optional[tuple], rules: bool = True) -> CaseResult:
+    """The verdict of one case from the ranks' `results` (or the `failure` that ended the run: status,
+    reason, detail) and the calls in `notes`: not implemented, a forbidden call, the failure, a wrong
+    value, a required call never made, more bytes than the optimum, or a pass. Without `rules` (under
+    mpiexec, where the calls are not seen) the values alone."""
+    label = str(case.get("label", f"seed {seed}"))
+    result = dict(ranks=n, seed=seed, label=label)
+    if failure and failure[0] == "not-implemented":
+        return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2])
+    sent = max(note.sent for note in notes)
+    broken = violation(notes, exercise.forbidden, exercise.allowed) if rules else None
+    if broken:  # first: a forbidden call may well give the right answer
+        hint = f": {exercise.hint}" if exercise.hint and "not allowed" in broken else ""
+        return CaseResult(**result, status="forbidden", reason=broken + hint, sent=sent)
+    if failure:
+        return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2], sent=sent)
+    wrong = first_difference(results, case["expected"], case["args"], exercise.rtol, exercise.atol,
+                             exercise.explain, case)
+    if wrong:
+        reason, _, detail = wrong.partition("\n")
+        return CaseResult(**result, status="wrong", reason=f"wrong at {_ranks(n)} ({label}): {reason}",
+                          detail=detail.strip(), sent=sent)
+    unmade = missing(notes, exercise.required) if rules else None
+    if unmade:
+        return CaseResult(**result, status="forbidden", reason=unmade, sent=sent)
+    extra = too_many(notes, dict(exercise.most_calls)) if rules else None
+    if extra:
+        return CaseResult(**result, status="forbidden", reason=extra + (f": {exercise.hint}" if exercise.hint else ""),
+                          sent=sent)
+    optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes and rules else None
+    if optimum is not None and sent > optimum:
+        busiest = max(range(n), key=lambda r: notes[r].sent)
+        return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
+                          reason=f"rank {busiest} sent {sent:,} B at {_ranks(n)} ({label}); the algorithm needs "
+                                 f"{optimum:,} B from its busiest rank")
+    return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)

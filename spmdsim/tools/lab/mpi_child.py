@@ -1,0 +1,83 @@
+"""One submission on real MPI ranks: ``mpiexec -n N python -m spmdsim.tools.lab.mpi_child FOLDER NUM FILE OUT``.
+
+Every process runs the exercise's cases with the submission's function on MPI.COMM_WORLD; rank 0
+gathers the results, judges their values as on simulated ranks (the calls a submission makes, its
+rules and bytes, are seen on simulated ranks only) and writes one JSON line per case to OUT, as the simulated
+child does (spmdsim.tools.lab.child). A rank whose submission raises or exits writes its own line
+and aborts the job: under MPI the others would wait for it forever. A deadlock or an endless loop
+runs into the launcher's timeout (spmdsim launch --timeout), which the parent reports.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from ...runtime.mpi_library import load_mpi
+from ...runtime.engines import engine_of
+from .calls import Notes
+from .exercise import find_exercise
+from .harness import PASS, call_submission, compile_submission, describe_failure, judge, make_case
+
+__all__ = ["main", "cases_on"]
+
+
+def _write(out: str, record: dict) -> None:
+    with open(out, "a") as f:  # (a line each, appended: ranks that fail at once do not mix their lines)
+        f.write(json.dumps(record) + "\n")
+
+
+def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
+    """Run every case of `exercise` on `comm` (its size the rank count); True where all pass."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    path = os.path.abspath(path)
+    try:
+        code = compile_submission(path)
+    except SyntaxError as exc:
+        if rank == 0:
+            _write(out, {"event": "done", "ranks": n, "seed": exercise.seeds[0], "label": "", "status": "error",
+                         "reason": f"syntax error at line {exc.lineno}: {exc.msg}"})
+        return False
+    for seed in exercise.seeds:
+        case = make_case(exercise, seed, n)
+        if rank == 0:
+            _write(out, {"event": "start", "ranks": n, "seed": seed, "time": time.time()})
+        notes = Notes()
+        try:
+            value = call_submission(exercise, code, path, comm, case["args"][rank], notes)
+        except Exception as exc:  # noqa: BLE001 - the submission's failure: said, then the job ends
+            exc.simulated_ranks = (rank,)  # (describe_failure names the rank that failed)
+            failure = describe_failure(exc, path, n)
+            result = judge(exercise, case, seed, n, None, [notes], failure, rules=False)
+            _write(out, {"event": "done", **dataclasses.asdict(result)})
+            comm.Abort(1)
+            raise SystemExit(1) from None
+        engine = engine_of(comm)  # control traffic through the engine, as spmdsim's front ends send it
+        gathered = engine.gather_object(comm, (value, notes), 0)
+        passed = None
+        if rank == 0:
+            result = judge(exercise, case, seed, n, [g[0] for g in gathered], [g[1] for g in gathered], None,
+                           rules=False)
+            _write(out, {"event": "done", **dataclasses.asdict(result)})
+            passed = result.status == PASS
+        if not engine.broadcast_object(comm, passed, 0):
+            return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spmdsim.tools.lab.mpi_child")
+    for name in ("folder", "number", "file", "out"):
+        parser.add_argument(name)
+    args = parser.parse_args(argv)
+    exercise = find_exercise(args.number, args.folder)
+    cases_on(load_mpi().COMM_WORLD, exercise, args.file, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

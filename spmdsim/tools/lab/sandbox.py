@@ -1,0 +1,206 @@
+"""One submission checked in a child process of its own, under limits of wall time, CPU time and memory.
+
+The child (spmdsim.tools.lab.child) runs the cases and writes each one's result as it ends; this
+side waits for it, kills its whole process group once the exercise's time limit has passed since its
+first case started, and turns how it ended into the verdict: an endless loop, a memory bomb, sys.exit,
+os._exit or an exception ends that submission with its reason, never the grader. These are resource
+limits, not a security sandbox: the submission runs with the grader's user and its files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+from .exercise import Exercise
+from .harness import PASS, CaseResult
+
+__all__ = ["Verdict", "check", "check_mpiexec"]
+
+#: Seconds the child may take to load its modules before its first case starts.
+STARTUP_SECONDS = 60.0
+#: Seconds between two looks at the child.
+_POLL = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """How a submission went on every rank count it ran: its cases' results, and `ended`, the reason a
+    killed or crashed child gave no result for the case it was running ("" where it ended normally)."""
+
+    file: str
+    ranks: tuple
+    cases: int
+    results: tuple
+    ended: Optional[CaseResult] = None
+    seconds: float = 0.0
+
+    @property
+    def all_results(self) -> tuple:
+        return self.results + ((self.ended,) if self.ended else ())
+
+    @property
+    def passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def failure(self) -> Optional[CaseResult]:
+        """The first case that failed, or None."""
+        return next((r for r in self.all_results if not r.passed), None)
+
+    @property
+    def status(self) -> str:
+        failure = self.failure
+        return failure.status if failure else PASS if self.passed == self.cases else "incomplete"
+
+
+def _events(path: str) -> list:
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:  # a line cut short by a kill
+            break
+    return events
+
+
+def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str) -> CaseResult:
+    """The result of the case the child was running when it was killed or died (`running`: its start event)."""
+    n, seed = running.get("ranks", 0), running.get("seed", 0)
+    where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
+    if timed_out:
+        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: an endless loop, or a rank "
+                                     "waiting for a message no rank sends")
+    elif code in (-signal.SIGXCPU, -signal.SIGKILL):
+        status, reason = "cpu", f"used more than its {limit:g} s of CPU time{where}: an endless loop?"
+    elif code < 0:
+        status, reason = "error", f"the process died{where} of signal {signal.Signals(-code).name}"
+    else:
+        last = errors.strip().splitlines()[-1] if errors.strip() else ""
+        status = "memory" if "MemoryError" in last else "exit" if code else "error"
+        reason = (f"ran out of memory{where} (limit {memory_mb} MiB)" if status == "memory" else
+                  f"the grader stopped{where}: {last}" if "Error" in last.partition(":")[0] else
+                  f"the process ended{where} with exit code {code}" if code else
+                  f"the process ended{where} without a result")
+    return CaseResult(ranks=n, seed=seed, label=f"seed {seed}", status=status, reason=reason)
+
+
+def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
+    """Wait for the child; kill its process group once `limit` seconds have passed since its first case
+    started (or STARTUP_SECONDS before that). Returns whether it was killed."""
+    spawned, started = time.monotonic(), None
+    try:
+        while proc.poll() is None:
+            if started is None and os.path.exists(out) and os.path.getsize(out):
+                started = time.monotonic()
+            deadline = started + limit if started is not None else spawned + STARTUP_SECONDS
+            if time.monotonic() > deadline:
+                _kill(proc)
+                return True
+            time.sleep(_POLL)
+    except BaseException:  # Ctrl-C: the child, in a session of its own, would outlive the grader
+        _kill(proc)
+        raise
+    return False
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (the processes a submission started too) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None,
+          memory_mb: Optional[int] = None) -> Verdict:
+    """Run the submission at `path` on each rank count in a limited child process; return its verdict."""
+    ranks = tuple(ranks) or exercise.ranks
+    limit = exercise.time_limit if time_limit is None else time_limit
+    memory = exercise.memory_mb if memory_mb is None else memory_mb
+    folder = os.path.dirname(os.path.abspath(exercise.path))
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="spmdsim-lab-") as tmp:
+        out, err = os.path.join(tmp, "cases.jsonl"), os.path.join(tmp, "stderr")
+        command = [sys.executable, "-m", "spmdsim.tools.lab.child", folder, str(exercise.number),
+                   os.path.abspath(path), out, "--ranks", *map(str, ranks), "--memory-mb", str(memory),
+                   "--cpu-seconds", str(limit)]
+        # one BLAS thread and two malloc arenas: the ranks' threads must not reserve the memory limit away
+        env = dict(os.environ, MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        with open(err, "wb") as errors:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                                    cwd=tmp, env=env, start_new_session=True)
+            timed_out = _wait(proc, out, limit)
+            _kill(proc)  # what the submission started and left running (a `sleep 100` it spawned) ends too
+        events = _events(out)
+        with open(err, errors="replace") as f:
+            stderr = f.read()[-4000:]
+    results = tuple(CaseResult(**{k: v for k, v in e.items() if k != "event"}) for e in events
+                    if e["event"] == "done")
+    starts = [e for e in events if e["event"] == "start"]
+    running = starts[-1] if len(starts) > len(results) else {}
+    ended = None
+    if timed_out or proc.returncode or running or (not results and not timed_out):
+        ended = _ended(proc.returncode, limit, memory, running, timed_out, stderr)
+        if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
+            ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
+    return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
+                   seconds=time.monotonic() - began)
+
+
+def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> list:
+    """The results of one mpiexec job at `n` ranks: its lines (the first for each case: ranks that fail at
+    once each write one), then, where the job ended mid-case, why."""
+    results, seen = [], set()
+    for event in events:
+        key = (event.get("ranks"), event.get("seed"))
+        if event["event"] == "done" and key not in seen:
+            seen.add(key)
+            results.append(CaseResult(**{k: v for k, v in event.items() if k != "event"}))
+    starts = [e for e in events if e["event"] == "start"]
+    running = starts[-1] if starts and (starts[-1]["ranks"], starts[-1]["seed"]) not in seen else None
+    if code == 124 and running is not None:  # spmdsim launch's timeout
+        results.append(CaseResult(ranks=n, seed=running["seed"], label=f"seed {running['seed']}", status="timeout",
+                                  reason=f"ran past the time limit of {limit:g} s at {n} ranks under mpiexec: a "
+                                         "deadlock (MPI ranks wait forever) or an endless loop"))
+    elif code and (running is not None or not results):
+        last = errors.strip().splitlines()[-1] if errors.strip() else f"exit code {code}"
+        results.append(CaseResult(ranks=n, seed=running["seed"] if running else 0, label="", status="exit",
+                                  reason=f"the mpiexec job at {n} ranks ended: {last}"))
+    return results
+
+
+def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None
+                  ) -> Verdict:
+    """Run the submission under `spmdsim launch` (mpiexec with a timeout), one job per rank count; its values
+    are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child)."""
+    ranks = tuple(ranks) or exercise.ranks
+    limit = exercise.time_limit if time_limit is None else time_limit
+    folder = os.path.dirname(os.path.abspath(exercise.path))
+    began, results = time.monotonic(), []
+    with tempfile.TemporaryDirectory(prefix="spmdsim-lab-") as tmp:
+        for n in ranks:
+            out = os.path.join(tmp, f"cases-{n}.jsonl")
+            command = [sys.executable, "-m", "spmdsim", "launch", "-n", str(n), "--timeout", str(limit), "--",
+                       "python", "-m", "spmdsim.tools.lab.mpi_child", folder, str(exercise.number),
+                       os.path.abspath(path), out]
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, errors="replace", cwd=tmp)
+            found = _mpi_results(_events(out), done.returncode, n, limit, done.stderr[-4000:])
+            results.extend(found)
+            if any(r.status == "not-implemented" for r in found):
+                break
+    return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
+                   seconds=time.monotonic() - began)

@@ -1,0 +1,161 @@
+"""spmdsim lab's commands: list, start, check (the starter's verdict), grade over mixed submissions, bad input."""
+from __future__ import annotations
+
+import csv
+import textwrap
+
+import pytest
+
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.lab import load_exercises
+
+#: An instructor's exercise in a folder of their own: spmdsim's code untouched.
+TINY = '''
+import numpy as np
+
+TITLE = "Double it"
+FUNCTION = "double"
+SIGNATURE = "double(comm, x)"
+STATEMENT = "Return 2 * x on every rank."
+RANKS = (1, 2)
+SEEDS = (0,)
+TIME_LIMIT = 10
+
+
+def case(seed, n):
+    xs = [np.arange(3.0) + r for r in range(n)]
+    return {"args": [(x,) for x in xs], "expected": [2 * x for x in xs]}
+
+
+def double(comm, x):
+    return 2 * x
+'''
+
+SUBMISSIONS = {
+    "right.py": "def double(comm, x):\n    return x + x\n",
+    "wrong.py": "def double(comm, x):\n    return 3 * x\n",
+    "hanging.py": "def double(comm, x):\n    while True:\n        pass\n",
+    "crashing.py": "def double(comm, x):\n    return x[7]\n",
+    "hungry.py": "import numpy as np\ndef double(comm, x):\n    return np.ones(10**9)\n",
+    "exiting.py": "import sys\ndef double(comm, x):\n    sys.exit(3)\n",
+    "os_exiting.py": "import os\ndef double(comm, x):\n    os._exit(4)\n",
+    "typo.py": "def double(comm, x)\n    return 2 * x\n",
+}
+
+#: file -> (verdict, passed cases, words of the reason)
+EXPECTED = {
+    "right.py": ("PASS", 2, ""),
+    "wrong.py": ("FAIL", 0, "wrong at 1 rank (seed 0): rank 0 result[1:3] differs (2 of 3 values wrong): "
+                            "expected [2, 4], got [3, 6]"),
+    "hanging.py": ("FAIL", 0, "ran past the time limit of 2 s at 1 rank (seed 0): an endless loop"),
+    "crashing.py": ("FAIL", 0, "rank 0 raised IndexError at line 2: index 7 is out of bounds"),
+    "hungry.py": ("FAIL", 0, "rank 0 ran out of memory at line 3 (limit 128 MiB)"),
+    "exiting.py": ("FAIL", 0, "rank 0 called sys.exit(3) at line 3: return the result instead of exiting"),
+    "os_exiting.py": ("FAIL", 0, "rank 0 called os._exit(4) at line 3"),
+    "typo.py": ("FAIL", 0, "syntax error at line 1"),
+}
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """The instructor's folder, named relative to the working directory as a user types it."""
+    folder = tmp_path / "course"
+    folder.mkdir()
+    (folder / "01_double.py").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    return "course"
+
+
+def test_list_prints_one_line_per_exercise_in_number_order(capsys):
+    assert main(["lab", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    numbers = [e.number for e in load_exercises()]
+    assert [int(line.split()[0]) for line in lines] == numbers
+    assert "Allreduce by ring from Send/Recv" in lines[numbers.index(5)]
+    assert all(len(line) <= 100 for line in lines)
+
+
+def test_start_then_check_of_the_unedited_starter_says_not_yet_implemented(tmp_path, capsys):
+    assert main(["lab", "start", "1", str(tmp_path)]) == 0
+    assert (tmp_path / "ping_pong.md").read_text().startswith("# Exercise 1: Ping-pong")
+    starter = tmp_path / "ping_pong.py"
+    assert "def ping_pong(comm, x):" in starter.read_text()
+    capsys.readouterr()
+    assert main(["lab", "check", "1", str(starter)]) == 1
+    out = capsys.readouterr()
+    assert "NOT YET IMPLEMENTED: ping_pong() in ping_pong.py still raises NotImplementedError" in out.out
+    assert "Traceback" not in out.out + out.err
+    assert all(len(line) <= 100 for line in out.out.splitlines())
+    assert main(["lab", "start", "1", str(tmp_path)]) == 2  # never overwrites the student's work
+    assert "ping_pong.py' exists: not overwritten" in capsys.readouterr().err.replace("\n  ", " ")
+
+
+def test_grade_gives_each_submission_of_a_mixed_folder_its_row(tiny, tmp_path, capsys):
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    for name, source in SUBMISSIONS.items():
+        (folder / name).write_text(source)
+    book = tmp_path / "grades.csv"
+    assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny, "--time-limit", "2",
+                 "--memory-mb", "128"]) == 0
+    rows = list(csv.DictReader(book.open()))
+    assert sorted(row["file"] for row in rows) == sorted(SUBMISSIONS)
+    for row in rows:
+        verdict, passed, words = EXPECTED[row["file"]]
+        assert (row["verdict"], int(row["passed"]), int(row["cases"])) == (verdict, passed, 2), row
+        assert words in row["reason"], row
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(SUBMISSIONS) and all(len(line) <= 100 for line in out)
+
+
+def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
+    path = tmp_path / "only_one.py"
+    path.write_text(textwrap.dedent("""\
+        def double(comm, x):
+            return 2 * x if comm.Get_size() == 1 else x
+        """))
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: passes at 1 rank; fails at 2 ranks (1 of 2 cases" in out
+    assert "it is this rank's own input, unchanged" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["lab", "check", "99", "x.py"], "no exercise '99' in"),
+    (["lab", "check", "1", "no_such_file.py"], "submission 'no_such_file.py' is not a file"),
+    (["lab", "grade", "1", "no_such_dir", "--csv", "out.csv"], "submission folder 'no_such_dir' does not exist"),
+    (["lab", "list", "--exercises", "no_such_dir"], "exercise folder 'no_such_dir' does not exist"),
+    (["lab", "check", "9", __file__, "--ranks", "3"], "--ranks 3: exercise 9 runs on 1, 2, 4, 8 ranks"),
+])
+def test_bad_input_is_one_line_naming_the_value(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_an_exercise_file_without_its_fields_is_named(tmp_path, capsys):
+    (tmp_path / "03_broken.py").write_text("TITLE = 'half an exercise'\n")
+    assert main(["lab", "list", "--exercises", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "03_broken.py' lacks STATEMENT, FUNCTION, SIGNATURE, case" in err.replace("\n  ", " ")
+
+
+def test_check_under_mpiexec_passes_one_rank_and_names_the_deadlock_at_two(tmp_path, capsys):
+    path = tmp_path / "recv_first.py"  # a ring that receives first: no step at 1 rank, a deadlock at 2
+    path.write_text(textwrap.dedent("""\
+        import numpy as np
+        def ring_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total, current = x.copy(), x.copy()
+            for step in range(n - 1):
+                got = np.empty_like(current)
+                comm.Recv(got, source=(rank - 1) % n)
+                comm.Send(current, dest=(rank + 1) % n)
+                total, current = total + got, got
+            return total
+        """))
+    assert main(["lab", "check", "5", str(path), "--mpiexec", "--ranks", "1", "2", "--time-limit", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "   1 rank : pass (2 cases)" in out
+    assert "2 ranks: FAIL ran past the time limit of 5 s at 2 ranks under mpiexec: a deadlock" in out
+    assert "FAIL: passes at 1 rank; fails at 2 ranks (2 of 4 cases" in out

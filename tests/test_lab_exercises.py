@@ -1,0 +1,931 @@
+"""spmdsim lab's exercises: every reference passes at its rank counts; typical wrong solutions get their message."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from spmdsim.tools.lab import load_exercises
+from spmdsim.tools.lab.calls import Notes, missing, violation
+from spmdsim.tools.lab.exercise import find_exercise
+from spmdsim.tools.lab.harness import run_case
+
+EXERCISES = load_exercises()
+
+#: The wrong solutions' own overflow (exp of 800 without the maximum subtracted) warns, as it would for a student.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:invalid value encountered:RuntimeWarning")
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"{e.number}-{e.name}")
+def test_every_reference_solution_passes_every_case_at_every_rank_count_it_allows(exercise):
+    assert set(exercise.ranks) <= {1, 2, 3, 4, 8} and len(exercise.ranks) >= 4
+    for n in exercise.ranks:
+        for seed in exercise.seeds:
+            result = run_case(exercise, exercise.path, n, seed)
+            assert result.passed, (n, seed, result)
+            if exercise.optimal_bytes is not None:
+                assert result.sent <= result.optimum
+
+
+# (exercise, ranks, seed, status, words of the message, the wrong solution)
+WRONG = [
+    (1, 2, 0, "deadlock", ["deadlock at 2 ranks", "rank 0 waits in recv", "rank 1 waits in recv", "line 6"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            rank = comm.Get_rank()
+            other = np.empty_like(x)
+            if rank < 2:
+                comm.Recv(other, source=1 - rank)
+                comm.Send(x + rank, dest=1 - rank)
+                return other
+        """),
+    (1, 2, 0, "wrong", ["rank 0 result[0:5] differs", "rank 1 must add 1"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            if comm.Get_rank() == 0:
+                comm.Send(x, dest=1)
+                comm.Recv(x, source=1)
+                return x
+            if comm.Get_rank() == 1:
+                got = np.empty_like(x)
+                comm.Recv(got, source=0)
+                comm.Send(got, dest=0)
+                return got
+        """),
+    (1, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 2 waits in recv", "(rank 0 finished) at line 8"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            if comm.Get_rank() == 0:
+                comm.Send(x, dest=1)
+                comm.Recv(x, source=1)
+                return x
+            got = np.empty_like(x)
+            comm.Recv(got, source=0)
+            comm.Send(got + 1, dest=0)
+            return got
+        """),
+    (1, 2, 0, "forbidden", ["line 2: comm.bcast is not allowed", "use Send and Recv"], """
+        def ping_pong(comm, x):
+            x0 = comm.bcast(x, root=0)
+            return {0: x0 + 1, 1: x0}.get(comm.Get_rank())
+        """),
+    (2, 3, 0, "wrong", ["rank 0 result[0:4] differs", "rank 1's x", "the ring turns the wrong way"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            got = np.empty_like(x)
+            comm.Sendrecv(x, dest=(rank - 1) % n, recvbuf=got, source=(rank + 1) % n)
+            return got
+        """),
+    (2, 2, 1, "deadlock", ["deadlock at 2 ranks", "rank 0 waits in send", "line 4", "post the receive first"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            comm.Send(x, dest=(rank + 1) % n)
+            got = np.empty_like(x)
+            comm.Recv(got, source=(rank - 1) % n)
+            return got
+        """),
+    (2, 3, 0, "error", ["rank 2 raised MPI.Exception at line 5", "dest rank 3 is outside the communicator"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            rank = comm.Get_rank()
+            got = np.empty_like(x)
+            comm.Sendrecv(x, dest=rank + 1, recvbuf=got, source=rank - 1)
+            return got
+        """),
+    (2, 4, 0, "wrong", ["rank 0 result[0:4] differs", "this rank's own input, unchanged"], """
+        def ring_pass(comm, x):
+            return x
+        """),
+    (3, 4, 0, "wrong", ["rank 0 returned 0.786", "rank 0's own partial sum"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            part = float(np.sum(4.0 / (1.0 + t * t)) / intervals)
+            comm.reduce(0.0, root=0)
+            return part if rank == 0 else None
+        """),
+    (3, 3, 0, "wrong", ["rank 0 returned 9.42", "3 times pi: every rank summed every interval"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            t = (np.arange(intervals) + 0.5) / intervals
+            total = comm.reduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals), root=0)
+            return total if comm.Get_rank() == 0 else None
+        """),
+    (3, 2, 0, "wrong", ["rank 0 returned None, expected a float"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            return comm.reduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals), root=1)
+        """),
+    (3, 2, 0, "forbidden", ["line 5: comm.allreduce is not allowed", "Reduce onto rank 0"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            total = comm.allreduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals))
+            return total if rank == 0 else None
+        """),
+    (4, 2, 0, "forbidden", ["no rank called comm.Scatter or comm.Scatterv or comm.scatter"], """
+        def matvec(comm, A, x):
+            return A @ x if comm.Get_rank() == 0 else None
+        """),
+    (4, 3, 0, "error", ["ranks 1, 2 raised ValueError at line 7: matmul"], """
+        import numpy as np
+        def matvec(comm, A, x):
+            m, k = comm.bcast(None if A is None else A.shape, root=0)
+            n = comm.Get_size()
+            mine = np.empty((m // n, k))
+            comm.Scatter(A, mine, root=0)
+            part = mine @ x
+            y = np.empty(m) if comm.Get_rank() == 0 else None
+            comm.Gather(part, y, root=0)
+            return y
+        """),
+    (4, 3, 0, "wrong", ["rank 1 returned [", "expected None (this rank returns nothing)"], """
+        import numpy as np
+        def matvec(comm, A, x):
+            m, k = comm.bcast(None if A is None else A.shape, root=0)
+            n = comm.Get_size()
+            mine = np.empty((m // n, k))
+            comm.Scatter(A, mine, root=0)
+            x = comm.bcast(x, root=0)
+            y = np.zeros(m)
+            comm.Gather(mine @ x, y, root=0)
+            return y
+        """),
+    (4, 2, 0, "forbidden", ["line 7: comm.Send is not allowed", "use Scatter, Bcast and Gather"], """
+        import numpy as np
+        def matvec(comm, A, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            if rank == 0:
+                rows = len(A) // n
+                for r in range(1, n):
+                    comm.Send(np.ascontiguousarray(A[r * rows:(r + 1) * rows]), dest=r)
+            comm.Scatter(None, np.empty(0), root=0)
+            comm.Gather(np.empty(0), None if rank else np.empty(0), root=0)
+            return A @ x if rank == 0 else None
+        """),
+    (5, 4, 0, "forbidden", ["line 5: comm.Allreduce is not allowed", "implement it with Send/Recv"], """
+        import numpy as np
+        from mpi4py import MPI
+        def ring_allreduce(comm, x):
+            out = np.empty_like(x)
+            comm.Allreduce(x, out, op=MPI.SUM)
+            return out
+        """),
+    (5, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 0 waits in recv from group rank 2", "line 7"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            total, cur = x.copy(), x.copy()
+            for step in range(n - 1):
+                buf = np.empty_like(cur)
+                comm.Recv(buf, source=(r - 1) % n)
+                comm.Send(cur, dest=(r + 1) % n)
+                total += buf
+                cur = buf
+            return total
+        """),
+    (5, 4, 0, "bytes", ["rank 0 sent 384 B at 4 ranks (N=16); the algorithm needs 192 B"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            if r != 0:
+                comm.Send(x, dest=0)
+                comm.Recv(x, source=0)
+                return x
+            total = x.copy()
+            for src in range(1, n):
+                buf = np.empty_like(x)
+                comm.Recv(buf, source=src)
+                total += buf
+            for dst in range(1, n):
+                comm.Send(total, dest=dst)
+            return total
+        """),
+    (5, 3, 0, "error", ["every rank raised ValueError at line 4", "cannot reshape array of size 16"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            chunks = x.reshape(n, -1).copy()
+            for step in range(n - 1):
+                s, t = (r - step) % n, (r - step - 1) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] += buf
+            for step in range(n - 1):
+                s, t = (r + 1 - step) % n, (r - step) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] = buf
+            return chunks.ravel()
+        """),
+    (5, 2, 0, "wrong", ["rank 0 result[0:6] differs (8 of 16 values wrong)"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            chunks = [c.copy() for c in np.array_split(x, n)]
+            for step in range(n - 1):
+                s, t = (r - step) % n, (r - step - 1) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] += buf
+            return np.concatenate(chunks)
+        """),
+    (6, 2, 0, "forbidden", ["line 4: comm.Allgather is not allowed", "pass the blocks around the ring"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            out = np.empty(comm.Get_size() * block.size)
+            comm.Allgather(block, out)
+            return out
+        """),
+    (6, 3, 0, "wrong", ["rank 0 result[0:6] differs (9 of 9 values wrong)"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            rank, n, k = comm.Get_rank(), comm.Get_size(), block.size
+            out = np.zeros(n * k)
+            out[rank * k:(rank + 1) * k] = block
+            for step in range(n - 1):
+                send = (rank - step) % n
+                buf = np.empty(k)
+                comm.Sendrecv(out[send * k:(send + 1) * k].copy(), dest=(rank + 1) % n, recvbuf=buf,
+                              source=(rank - 1) % n)
+                out[send * k:(send + 1) * k] = buf
+            return out
+        """),
+    (6, 4, 0, "bytes", ["rank 0 sent 288 B at 4 ranks (k=3); the algorithm needs 72 B"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            if rank != 0:
+                comm.Send(block, dest=0)
+                out = np.empty(n * block.size)
+                comm.Recv(out, source=0)
+                return out
+            parts = [block]
+            for src in range(1, n):
+                buf = np.empty_like(block)
+                comm.Recv(buf, source=src)
+                parts.append(buf)
+            out = np.concatenate(parts)
+            for dst in range(1, n):
+                comm.Send(out, dest=dst)
+            return out
+        """),
+    (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs", "the rows above and below are swapped"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[True, True])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            left, right = cart.Shift(1, 1)
+            row, col = np.empty(w), np.empty(h)
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[0, 1:-1] = row
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[-1, 1:-1] = row
+            cart.Sendrecv(block[:, -1].copy(), dest=right, recvbuf=col, source=left)
+            out[1:-1, 0] = col
+            cart.Sendrecv(block[:, 0].copy(), dest=left, recvbuf=col, source=right)
+            out[1:-1, -1] = col
+            return out
+        """),
+    (7, 4, 0, "wrong", ["rank 0 result[1, 0] differs", "columns 0 and w + 1 are still 0"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[True, True])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            row = np.empty(w)
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[0, 1:-1] = row
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[-1, 1:-1] = row
+            return out
+        """),
+    (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs (7 of 30 values wrong)", "got [0, 0, 0, 0]", "wrap around"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[False, False])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            left, right = cart.Shift(1, 1)
+            row, col = np.zeros(w), np.zeros(h)
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[0, 1:-1] = row
+            row = np.zeros(w)
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[-1, 1:-1] = row
+            cart.Sendrecv(block[:, -1].copy(), dest=right, recvbuf=col, source=left)
+            out[1:-1, 0] = col
+            col = np.zeros(h)
+            cart.Sendrecv(block[:, 0].copy(), dest=left, recvbuf=col, source=right)
+            out[1:-1, -1] = col
+            return out
+        """),
+    (7, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "exchange the edges"], """
+        import numpy as np
+        def halo_exchange(comm, block):
+            blocks = comm.allgather(block)
+            return np.pad(block, 1)
+        """),
+    (8, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs", "this rank's partial product x @ w"], """
+        def row_parallel_linear(comm, x, w):
+            return x @ w
+        """),
+    (8, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs (8 of 8 values wrong)", "3 times the expected value"], """
+        from mpi4py import MPI
+        def row_parallel_linear(comm, x, w):
+            y = x @ w
+            comm.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
+            comm.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
+            return y
+        """),
+    (8, 2, 0, "wrong", ["rank 1 result[0, 0:4] differs", "this rank's partial product x @ w"], """
+        import numpy as np
+        from mpi4py import MPI
+        def row_parallel_linear(comm, x, w):
+            y = x @ w
+            total = np.empty_like(y)
+            comm.Reduce(y, total, op=MPI.SUM, root=0)
+            return total if comm.Get_rank() == 0 else y
+        """),
+    (8, 2, 0, "wrong", ["rank 0 returned shape (2, 8), expected (2, 4)"], """
+        import numpy as np
+        def row_parallel_linear(comm, x, w):
+            return np.concatenate(comm.allgather(x @ w), axis=1)
+        """),
+    (9, 4, 0, "error", ["ranks 2, 3 raised MPI.Exception at line 7", "dest rank 4 is outside the communicator"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total, mask = x.copy(), 1
+            while mask < n:
+                other = np.empty_like(total)
+                comm.Sendrecv(total, dest=rank + mask, recvbuf=other, source=rank - mask)
+                total += other
+                mask <<= 1
+            return total
+        """),
+    (9, 4, 0, "wrong", ["rank 0 result[0:6] differs (6 of 6 values wrong)"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total, mask = x.copy(), 1
+            while mask < n:
+                other = np.empty_like(x)
+                comm.Sendrecv(x, dest=rank ^ mask, recvbuf=other, source=rank ^ mask)
+                total += other
+                mask <<= 1
+            return total
+        """),
+    (9, 2, 0, "forbidden", ["line 3: comm.allreduce is not allowed", "partner rank ^ (1 << k)"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            return comm.allreduce(x)
+        """),
+    (9, 4, 0, "bytes", ["rank 0 sent 144 B at 4 ranks (N=6); the algorithm needs 96 B"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            total = x.copy()
+            for other in range(n):
+                if other != rank:
+                    buf = np.empty_like(x)
+                    comm.Sendrecv(x, dest=other, recvbuf=buf, source=other)
+                    total += buf
+            return total
+        """),
+    (10, 3, 0, "wrong", ["rank 0 returned shape (2, 2), expected (2, 6)", "this rank's own block of columns"], """
+        def column_parallel_linear(comm, x, w):
+            return x @ w
+        """),
+    (10, 3, 0, "wrong", ["rank 0 result[0, 2:6] differs", "the blocks are interleaved"], """
+        import numpy as np
+        def column_parallel_linear(comm, x, w):
+            y = x @ w
+            blocks = np.empty((comm.Get_size(),) + y.shape)
+            comm.Allgather(y, blocks)
+            return blocks.reshape(y.shape[0], -1)
+        """),
+    (10, 2, 0, "wrong", ["rank 0 returned shape (4, 2), expected (2, 4)"], """
+        import numpy as np
+        def column_parallel_linear(comm, x, w):
+            return np.concatenate(comm.allgather(x @ w), axis=0)
+        """),
+    (10, 2, 0, "forbidden", ["no rank called comm.Allgather or comm.allgather"], """
+        import numpy as np
+        from mpi4py import MPI
+        def column_parallel_linear(comm, x, w):
+            n, r = comm.Get_size(), comm.Get_rank()
+            y = np.zeros((x.shape[0], n * w.shape[1]))
+            y[:, r * w.shape[1]:(r + 1) * w.shape[1]] = x @ w
+            comm.Allreduce(MPI.IN_PLACE, y)
+            return y
+        """),
+    (11, 3, 0, "wrong", ["rank 0 result[", "differs"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_embedding(comm, ids, table):
+            out = table[ids % table.shape[0]]
+            comm.Allreduce(MPI.IN_PLACE, out)
+            return out
+        """),
+    (11, 3, 0, "wrong", ["rank 0 result[1, 0:4] differs", "this rank's own rows only"], """
+        import numpy as np
+        def vocab_parallel_embedding(comm, ids, table):
+            rows, start = table.shape[0], comm.Get_rank() * table.shape[0]
+            mine = (ids >= start) & (ids < start + rows)
+            out = np.zeros((ids.size, table.shape[1]))
+            out[mine] = table[ids[mine] - start]
+            comm.allreduce(0)
+            return out
+        """),
+    (11, 2, 0, "error", ["rank 0 raised IndexError at line 7: index 3 is out of bounds"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_embedding(comm, ids, table):
+            rows, start = table.shape[0], comm.Get_rank() * table.shape[0]
+            mine = (ids >= start) & (ids <= start + rows)
+            out = np.zeros((ids.size, table.shape[1]))
+            out[mine] = table[ids[mine] - start]
+            comm.Allreduce(MPI.IN_PLACE, out)
+            return out
+        """),
+    (12, 2, 0, "forbidden", ["line 4: comm.allgather is not allowed", "one Alltoall moves only"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            whole = np.concatenate(comm.allgather(x))
+            return np.split(whole, n, axis=1)[r]
+        """),
+    (12, 3, 0, "wrong", ["rank 0 returned shape (2, 9), expected (6, 3)"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            send = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=1)))
+            recv = np.empty_like(send)
+            comm.Alltoall(send, recv)
+            return np.concatenate(list(recv), axis=1)
+        """),
+    (12, 3, 0, "wrong", ["rank 0 result[1, 0:3] differs (9 of 18 values wrong)"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n = comm.Get_size()
+            send = np.ascontiguousarray(x.reshape(n, x.shape[0], -1))
+            recv = np.empty_like(send)
+            comm.Alltoall(send, recv)
+            return np.concatenate(list(recv), axis=0)
+        """),
+    (12, 3, 0, "forbidden", ["no rank called comm.Alltoall or comm.alltoall or comm.Alltoallv"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            blocks = np.split(x, n, axis=1)
+            got = [None] * n
+            for j in range(n):
+                got[j] = comm.sendrecv(blocks[j], dest=j, source=j)
+            return np.concatenate(got, axis=0)
+        """),
+    (13, 2, 0, "wrong", ["rank 1 item 1 is ('F', 1), expected ('B', 0)", "GPipe's order"], """
+        def one_f_one_b(comm, m):
+            return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        """),
+    (13, 4, 0, "wrong", ["rank 0 item 2 is ('F', 2), expected ('B', 0)", "there is no microbatch 2 (m=2)"], """
+        def one_f_one_b(comm, m):
+            p, r = comm.Get_size(), comm.Get_rank()
+            warm = p - r - 1
+            order = [("F", i) for i in range(warm)]
+            for i in range(m - warm):
+                order += [("F", warm + i), ("B", i)]
+            return order + [("B", i) for i in range(max(0, m - warm), m)]
+        """),
+    (13, 3, 1, "wrong", ["rank 0 item 3 is ('F', 3), expected ('B', 0)", "one forward too many"], """
+        def one_f_one_b(comm, m):
+            p, r = comm.Get_size(), comm.Get_rank()
+            warm = min(p - r, m)
+            order = [["F", i] for i in range(warm)]
+            for i in range(m - warm):
+                order += [["F", warm + i], ["B", i]]
+            return order + [["B", i] for i in range(m - warm, m)]
+        """),
+    (8, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs (8 of 8 values wrong)", "got [nan, nan, nan, nan]"], """
+        import numpy as np
+        def row_parallel_linear(comm, x, w):
+            return np.full((x.shape[0], w.shape[1]), np.nan)
+        """),
+    (14, 4, 0, "wrong", ["rank 1 item 1 is (6, 12), expected (12, 18)", "the first listed is major"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            coords, rest = {}, rank
+            for name, size in reversed(list(zip(alias_names, device_matrix))):
+                coords[name], rest = rest % size, rest // size
+            sizes = dict(zip(alias_names, device_matrix))
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+                index, parts = 0, 1
+                for axis in reversed(axes):
+                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+                block.append((index * (length // parts), (index + 1) * (length // parts)))
+            return block
+        """),
+    (14, 2, 0, "wrong", ["rank 0 item 1 is (0, 12), expected (0, 6)"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                parts = 1 if entry is None or isinstance(entry, tuple) else dict(zip(alias_names, device_matrix))[entry]
+                block.append((rank % parts * (length // parts), (rank % parts + 1) * (length // parts)))
+            return block
+        """),
+    (14, 8, 0, "wrong", ["rank 1 item 0 is (0, 4), expected (4, 8)", "rank 4's block: ranks are numbered row-major"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            coords, rest = {}, rank
+            for name, size in zip(alias_names, device_matrix):
+                coords[name], rest = rest % size, rest // size
+            sizes = dict(zip(alias_names, device_matrix))
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+                index, parts = 0, 1
+                for axis in axes:
+                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+                block.append((index * (length // parts), (index + 1) * (length // parts)))
+            return block
+        """),
+    (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs", "normalized by this rank's own columns"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            comm.allreduce(0)
+            return (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5)
+        """),
+    (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs (12 of 12 values wrong)"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            total = comm.allreduce(x.sum(axis=1))
+            centered = x - (total / x.shape[1])[:, None]
+            squares = comm.allreduce((centered ** 2).sum(axis=1))
+            return centered / np.sqrt(squares / x.shape[1] + 1e-5)[:, None]
+        """),
+    (15, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            h = x.shape[1] * comm.Get_size()
+            total = comm.allreduce(x.sum(axis=1))
+            centered = x - (total / h)[:, None]
+            squares = comm.allreduce((centered ** 2).sum(axis=1))
+            return centered / np.sqrt(squares / (h - 1) + 1e-5)[:, None]
+        """),
+    (15, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "combine the rows' partial sums"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            rows = np.concatenate(comm.allgather(x), axis=1)
+            y = (rows - rows.mean(axis=1, keepdims=True)) / np.sqrt(rows.var(axis=1, keepdims=True) + 1e-5)
+            return np.split(y, comm.Get_size(), axis=1)[comm.Get_rank()]
+        """),
+    (16, 3, 0, "wrong", ["rank 0 result[0:3] differs", "this rank's own last row"], """
+        def last_position(comm, x):
+            comm.bcast(None)
+            return x[-1]
+        """),
+    (16, 3, 0, "wrong", ["rank 0 result[0:3] differs", "only rank n - 1 holds the sequence's last position"], """
+        def last_position(comm, x):
+            return comm.bcast(x[-1], root=0)
+        """),
+    (16, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "broadcast the one row"], """
+        import numpy as np
+        def last_position(comm, x):
+            return np.concatenate(comm.allgather(x))[-1]
+        """),
+    (17, 3, 0, "wrong", ["rank 0 output 0: result[0, 0:3] differs", "dx is this rank's partial dy @ w.T"], """
+        def column_parallel_backward(comm, x, w, dy):
+            comm.allreduce(0)
+            return dy @ w.T, x.T @ dy
+        """),
+    (17, 3, 0, "wrong", ["rank 0 output 1: result[0, 0:2] differs", "dw was summed over the ranks"], """
+        def column_parallel_backward(comm, x, w, dy):
+            return comm.allreduce(dy @ w.T), comm.allreduce(x.T @ dy)
+        """),
+    (17, 3, 0, "wrong", ["rank 0 output 1: shape (2, 3), expected (3, 2)"], """
+        def column_parallel_backward(comm, x, w, dy):
+            return comm.allreduce(dy @ w.T), dy.T @ x
+        """),
+    (17, 2, 0, "wrong", ["rank 0 returned an array of shape (2, 3), expected a tuple of 2 outputs"], """
+        def column_parallel_backward(comm, x, w, dy):
+            return comm.allreduce(dy @ w.T)
+        """),
+    (18, 3, 0, "forbidden", ["line 4: comm.Allreduce is not allowed", "at half an Allreduce's bytes"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            total = np.empty_like(partial)
+            comm.Allreduce(partial, total)
+            return np.split(total, comm.Get_size())[comm.Get_rank()]
+        """),
+    (18, 3, 0, "wrong", ["rank 0 result[0:2] differs", "rank 2's block of the sum: rank r keeps block r"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            n, r = comm.Get_size(), comm.Get_rank()
+            blocks = np.split(partial, n)[::-1]
+            out = np.empty(partial.size // n)
+            comm.Reduce_scatter_block(np.concatenate(blocks), out)
+            return out
+        """),
+    (18, 2, 0, "wrong", ["rank 0 returned shape (4,), expected (2,)", "the whole sum: keep only this rank's block"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            n = comm.Get_size()
+            out = np.empty(partial.size // n)
+            comm.Reduce_scatter_block(partial, out)
+            return np.concatenate(comm.allgather(out))
+        """),
+    (18, 2, 0, "wrong", ["rank 0 result[0:2] differs", "this rank's own partial block"], """
+        import numpy as np
+        def sum_my_block(comm, partial):
+            n, r = comm.Get_size(), comm.Get_rank()
+            comm.Reduce_scatter_block(np.zeros_like(partial), np.empty(partial.size // n))
+            return np.split(partial, n)[r]
+        """),
+    (19, 2, 0, "forbidden", ["rank 0 called comm.Allreduce 4 times, again at line 6; the exercise allows 1",
+                             "one bucket"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            out = []
+            for g in grads:
+                total = np.empty_like(g)
+                comm.Allreduce(g, total)
+                out.append(total)
+            return out
+        """),
+    (19, 3, 0, "wrong", ["rank 0 output 0: shape (6,), expected (3, 2)"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            bucket = np.concatenate([g.ravel() for g in grads])
+            total = np.empty_like(bucket)
+            comm.Allreduce(bucket, total)
+            return np.split(total, np.cumsum([g.size for g in grads])[:-1])
+        """),
+    (19, 3, 1, "wrong", ["rank 0 output 1: result[0, 0:3] differs"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            bucket = np.concatenate([g.ravel() for g in grads])
+            total = np.empty_like(bucket)
+            comm.Allreduce(bucket, total)
+            return [total[:g.size].reshape(g.shape) for g in grads]
+        """),
+    (20, 2, 1, "wrong", ["rank 0 result[", "a loss is inf or nan: subtract each row's maximum"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            sums = comm.allreduce(np.exp(logits).sum(axis=1))
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return np.where(labels == -100, 0.0, np.log(sums) - comm.allreduce(picked))
+        """),
+    (20, 3, 0, "wrong", ["rank 0 result[0] differs (4 of 5 values wrong)"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            top = logits.max(axis=1)
+            sums = comm.allreduce(np.exp(logits - top[:, None]).sum(axis=1))
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return np.where(labels == -100, 0.0, top + np.log(sums) - comm.allreduce(picked))
+        """),
+    (20, 3, 0, "wrong", ["rank 0 result[1] differs (1 of 5 values wrong)", "an ignored position (label -100)"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            top = np.empty(len(labels))
+            comm.Allreduce(logits.max(axis=1), top, op=MPI.MAX)
+            sums = comm.allreduce(np.exp(logits - top[:, None]).sum(axis=1))
+            local = labels - start
+            mine = (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return top + np.log(sums) - comm.allreduce(picked)
+        """),
+    (20, 3, 0, "wrong", ["rank 0 result[4] differs (1 of 5 values wrong)", "lives on one rank only"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            top = np.empty(len(labels))
+            comm.Allreduce(logits.max(axis=1), top, op=MPI.MAX)
+            sums = comm.allreduce(np.exp(logits - top[:, None]).sum(axis=1))
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+            picked = np.zeros(len(labels))
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            return np.where(labels == -100, 0.0, top + np.log(sums) - picked)
+        """),
+    (20, 2, 0, "forbidden", ["line 4: comm.allgather is not allowed", "reduce the maxima, the sums"], """
+        import numpy as np
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            start = comm.Get_rank() * logits.shape[1]
+            whole = np.concatenate(comm.allgather(logits), axis=1)
+            top = whole.max(axis=1)
+            lse = top + np.log(np.exp(whole - top[:, None]).sum(axis=1))
+            return np.where(labels == -100, 0.0, lse - whole[np.arange(len(labels)), np.maximum(labels, 0)])
+        """),
+    (21, 2, 0, "wrong", ["rank 0 result[0, 0:6] differs", "this rank's partial output"], """
+        import numpy as np
+        def attention_heads(comm, x, wq, wk, wv, wo, e):
+            s = x.shape[0]
+            q, k, v = x @ wq, x @ wk, x @ wv
+            outs = []
+            for h in range(wq.shape[1] // e):
+                cut = slice(h * e, (h + 1) * e)
+                scores = q[:, cut] @ k[:, cut].T / np.sqrt(e)
+                scores[~np.tril(np.ones((s, s), dtype=bool))] = -np.inf
+                weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+                outs.append(weights / weights.sum(axis=1, keepdims=True) @ v[:, cut])
+            partial = np.concatenate(outs, axis=1) @ wo
+            comm.allreduce(0)
+            return partial
+        """),
+    (21, 3, 0, "wrong", ["rank 0 result[0, 0:6] differs", "mask j > i to -inf before the softmax"], """
+        import numpy as np
+        def attention_heads(comm, x, wq, wk, wv, wo, e):
+            s = x.shape[0]
+            q, k, v = x @ wq, x @ wk, x @ wv
+            outs = []
+            for h in range(wq.shape[1] // e):
+                cut = slice(h * e, (h + 1) * e)
+                scores = q[:, cut] @ k[:, cut].T / np.sqrt(e)
+                weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+                outs.append(weights / weights.sum(axis=1, keepdims=True) @ v[:, cut])
+            partial = np.concatenate(outs, axis=1) @ wo
+            return comm.allreduce(partial)
+        """),
+    (21, 3, 0, "wrong", ["rank 0 result[", "not divided by sqrt(e)"], """
+        import numpy as np
+        def attention_heads(comm, x, wq, wk, wv, wo, e):
+            s = x.shape[0]
+            q, k, v = x @ wq, x @ wk, x @ wv
+            outs = []
+            for h in range(wq.shape[1] // e):
+                cut = slice(h * e, (h + 1) * e)
+                scores = q[:, cut] @ k[:, cut].T
+                scores[~np.tril(np.ones((s, s), dtype=bool))] = -np.inf
+                weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+                outs.append(weights / weights.sum(axis=1, keepdims=True) @ v[:, cut])
+            partial = np.concatenate(outs, axis=1) @ wo
+            return comm.allreduce(partial)
+        """),
+    (21, 2, 0, "forbidden", ["line 4: comm.allgather is not allowed", "each rank's heads give a partial output"], """
+        import numpy as np
+        def attention_heads(comm, x, wq, wk, wv, wo, e):
+            whole = [np.concatenate(parts, axis=axis) for parts, axis in
+                     ((comm.allgather(wq), 1), (comm.allgather(wk), 1), (comm.allgather(wv), 1), (comm.allgather(wo), 0))]
+            return x @ whole[0] @ whole[3]
+        """),
+    (22, 2, 0, "forbidden", ["line 6: comm.Allreduce is not allowed", "in one Reduce_scatter"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = np.maximum(whole @ w1, 0) @ w2
+            total = np.empty_like(partial)
+            comm.Allreduce(partial, total)
+            return np.split(total, comm.Get_size())[comm.Get_rank()]
+        """),
+    (22, 3, 0, "wrong", ["rank 0 returned shape (6, 3), expected (2, 3)", "it is the whole sequence"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = np.maximum(whole @ w1, 0) @ w2
+            out = np.empty_like(x)
+            comm.Reduce_scatter_block(partial, out)
+            return np.concatenate(comm.allgather(out))
+        """),
+    (22, 3, 0, "wrong", ["rank 0 result[0, 0:3] differs", "this rank's partial rows"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = np.maximum(whole @ w1, 0) @ w2
+            comm.Reduce_scatter_block(np.zeros_like(partial), np.empty_like(x))
+            return np.split(partial, comm.Get_size())[comm.Get_rank()]
+        """),
+    (22, 2, 0, "wrong", ["rank 0 result[0, 0:3] differs"], """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            whole = np.concatenate(comm.allgather(x))
+            partial = (whole @ w1) @ w2
+            out = np.empty_like(x)
+            comm.Reduce_scatter_block(partial, out)
+            return out
+        """),
+    (2, 2, 0, "exit", ["rank 0 called comm.Abort(3) at line 2: return the result instead"], """
+        def ring_pass(comm, x):
+            comm.Abort(3)
+        """),
+    (2, 2, 0, "error", ["every rank raised KeyboardInterrupt at line 2"], """
+        def ring_pass(comm, x):
+            raise KeyboardInterrupt
+        """),
+]
+
+
+@pytest.mark.parametrize("number, ranks, seed, status, words, source", WRONG,
+                         ids=[f"{w[0]}-{w[3]}-{i}" for i, w in enumerate(WRONG)])
+def test_a_typical_wrong_solution_gets_its_own_message(tmp_path, number, ranks, seed, status, words, source):
+    path = tmp_path / "submission.py"
+    path.write_text(textwrap.dedent(source).lstrip())
+    result = run_case(find_exercise(number), str(path), ranks, seed)
+    text = f"{result.reason}\n{result.detail}"
+    assert result.status == status, text
+    for word in words:
+        assert word in text, text
+    assert "\n" not in result.reason and len(result.reason) < 240  # one line: a CSV cell
+
+
+def test_every_exercise_has_at_least_three_wrong_solutions_with_their_messages():
+    counts = {e.number: sum(w[0] == e.number for w in WRONG) for e in EXERCISES}
+    assert min(counts.values()) >= 3, counts
+
+
+BRUCK = """
+import numpy as np
+def ring_allgather(comm, block):
+    rank, n, k = comm.Get_rank(), comm.Get_size(), block.size
+    have, distance = [block.copy()], 1  # the blocks of ranks rank, rank + 1, ... in that order
+    while distance < n:
+        count = min(distance, n - distance)
+        got = np.empty(count * k)
+        comm.Sendrecv(np.concatenate(have[:count]), dest=(rank - distance) % n, recvbuf=got,
+                      source=(rank + distance) % n)
+        have += np.split(got, count)
+        distance *= 2
+    return np.roll(np.concatenate(have[:n]), rank * k)
+"""
+
+
+@pytest.mark.parametrize("ranks", [3, 8])
+def test_bruck_allgather_passes_the_allgather_exercise_within_its_bytes(tmp_path, ranks):
+    path = tmp_path / "bruck.py"
+    path.write_text(BRUCK.lstrip())
+    for seed in (0, 1):
+        result = run_case(find_exercise(6), str(path), ranks, seed)
+        assert result.passed and result.sent == result.optimum, result
+
+
+RING_PASS_FORMS = {
+    "lowercase": """
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    return comm.sendrecv(x, dest=(rank + 1) % n, source=(rank - 1) % n)
+""",
+    "buffer_spec": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    request = comm.Irecv([got, MPI.DOUBLE], source=(rank - 1) % n)
+    comm.Send([x, x.size, MPI.DOUBLE], dest=(rank + 1) % n)
+    request.Wait()
+    return got
+""",
+}
+
+
+@pytest.mark.parametrize("form", sorted(RING_PASS_FORMS))
+def test_a_send_counts_its_data_in_every_mpi4py_form(tmp_path, form):
+    """An array sent by the lowercase (pickled) call or a buffer spec counts its data, as Sendrecv's."""
+    path = tmp_path / "ring.py"
+    path.write_text(RING_PASS_FORMS[form].lstrip())
+    for seed in (0, 1):
+        result = run_case(find_exercise(2), str(path), 3, seed)
+        assert result.passed and result.sent == result.optimum, result
+
+
+def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
+    notes = [Notes(calls=[("Get_rank", 3), ("Send", 5)]), Notes(calls=[("Recv", 6), ("Bcast", 9)])]
+    assert violation(notes, (), ("Send", "Recv")) == (
+        "line 9: comm.Bcast is not one of the calls this exercise allows (Send, Recv)")
+    assert violation(notes, ("Recv",), None) == "line 6: comm.Recv is not allowed in this exercise"
+    assert violation(notes, (), ("Send", "Recv", "Bcast")) is None
+    assert missing(notes, ("Bcast|bcast", "Scatter|scatter")) == (
+        "no rank called comm.Scatter or comm.scatter: the exercise asks for it")
+    assert missing(notes, ("Send",)) is None
