@@ -14,8 +14,8 @@ a rank is a process) and on one rank it is just ``fn(*args)``.
 
 `fn` must be local work (no collectives): a rank that asks while another
 computes the same key and arguments waits for that result, without its run
-slot (local work always finishes, so the wait cannot deadlock); if that computation raises, each
-waiting rank computes its own and raises its own error. The
+slot (local work always finishes, so the wait cannot deadlock); if that
+computation raises, each waiting rank computes its own and raises its own error. The
 first asker's arguments are kept (not copied) to compare the others' with, so
 they must not change in place while other ranks may still ask: replace them
 (``p = p - lr * g``), as `ReferenceTrainer` does. The
