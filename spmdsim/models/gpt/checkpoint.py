@@ -34,6 +34,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
+from ..axes import PIPELINE
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta"]
 
@@ -168,7 +169,7 @@ def _pipeline_words(meta: dict) -> str:
     if pipeline is None:
         return "without a pipeline"
     mesh = meta.get("mesh")
-    pp = mesh.get("pp") if isinstance(mesh, dict) else None
+    pp = mesh.get(PIPELINE) if isinstance(mesh, dict) else None
     words = ([f"--pp {pp}"] if pp is not None else []) + [_pipeline_flag(k, pipeline.get(k))
                                                           for k in ("schedule", "microbatches")]
     if pipeline.get("virtual", 1) != 1:

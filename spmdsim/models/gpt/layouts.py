@@ -37,6 +37,7 @@ from ...errors import SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
+from ..axes import EXPERT, TENSOR
 
 __all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "written"]
 
@@ -89,9 +90,9 @@ def _role(name: str, sp: bool) -> str:
 
 
 #: Each split role's tensor map: which mesh axis cuts which dim (the module's table; "whole" is all None).
-_MAPS = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
-         "expert b1": ("ep", "tp"), "expert w3": ("ep", None, "tp"), "expert b3": ("ep", "tp"),
-         "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
+_MAPS = {"rows": (TENSOR, None), "columns": (None, TENSOR), "vector": (TENSOR,), "expert w1": (EXPERT, None, TENSOR),
+         "expert b1": (EXPERT, TENSOR), "expert w3": (EXPERT, None, TENSOR), "expert b3": (EXPERT, TENSOR),
+         "expert w2": (EXPERT, TENSOR, None), "expert b2": (EXPERT, None)}
 
 
 def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
@@ -111,8 +112,8 @@ def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, Ten
 
 #: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
 DIALECTS = {
-    "mindspore": {"rows": ("tp", "None"), "columns": ("None", "tp"), "vector": ("tp",), "whole": ("None",)},
-    "jax": {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "whole": (None,)},
+    "mindspore": {"rows": (TENSOR, "None"), "columns": ("None", TENSOR), "vector": (TENSOR,), "whole": ("None",)},
+    "jax": {"rows": (TENSOR, None), "columns": (None, TENSOR), "vector": (TENSOR,), "whole": (None,)},
     "dtensor": {"rows": "R,S(0)", "columns": "R,S(1)", "vector": "R,S(0)", "whole": "R,R"},
     "oneflow": {"rows": "B,S(0)", "columns": "B,S(1)", "vector": "B,S(0)", "whole": "B,B"},
 }

@@ -23,13 +23,14 @@ from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
 from .config import GPTConfig, said_as
+from ..axes import DATA, EXPERT, PIPELINE, TENSOR
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
-SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
+SIZE_FLAGS = (PIPELINE, DATA, EXPERT, TENSOR, "microbatches", "virtual_stages")
 #: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",

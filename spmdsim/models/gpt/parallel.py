@@ -41,6 +41,7 @@ from ...runtime.executor import redistribute
 from ...runtime.replay import Scalar
 from .params import constant, dropout_seed, seeded
 from .stages import Part, part_specs, whole
+from ..axes import DATA, EXPERT, TENSOR, axis_of, roles_of
 
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
@@ -150,13 +151,17 @@ class GPT:
         param_dtype = None if policy.param == "float64" else policy.dtype("param")
 
         names = tuple(mesh.layout.alias_name)
-        if names not in (("dp", "tp"), ("dp", "ep", "tp")):
-            raise SpmdsimError(f"the GPT runs on a mesh with axes ('dp', 'tp') or ('dp', 'ep', 'tp'), got {names!r}")
-        dp, tp = mesh.layout.axis_size("dp"), mesh.layout.axis_size("tp")
-        ep = mesh.layout.axis_size("ep") if "ep" in names else 1
+        if names not in ((DATA, TENSOR), (DATA, EXPERT, TENSOR)):
+            raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r} or {(DATA, EXPERT, TENSOR)!r}, "
+                               f"got {names!r}")
+        if any(axis_of(mesh, role) != axis for role, axis in roles_of(names).items()):
+            raise SpmdsimError(f"the GPT's mesh axes play the roles {roles_of(names)!r}, but the mesh was given "
+                               f"the roles {mesh.roles!r}")
+        dp, tp = mesh.layout.axis_size(DATA), mesh.layout.axis_size(TENSOR)
+        ep = mesh.layout.axis_size(EXPERT) if EXPERT in names else 1
         problem = mesh_problem(cfg, dp, tp, sp, ep)
         if problem:
-            where = f"dp {dp} x ep {ep} x tp {tp}" if "ep" in names else f"dp {dp} x tp {tp}"
+            where = f"dp {dp} x ep {ep} x tp {tp}" if EXPERT in names else f"dp {dp} x tp {tp}"
             raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")
         self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
         # the attention core's options: flash attention keeps no scores, so selective recomputation of the
@@ -181,10 +186,10 @@ class GPT:
         L = mesh.layout
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.models.moe.layer).
-        self.batch = ("dp", "ep") if "ep" in names else "dp"
+        self.batch = (DATA, EXPERT) if EXPERT in names else DATA
         self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
-        self.act = L("tp", self.batch, None) if sp else self.full
+        self.act = L(TENSOR, self.batch, None) if sp else self.full
         self._whole: dict = {}  # id(layout) -> (that layout, whether it equals `full`) (`_gathered`)
         self._acts: dict = {}  # layout objects found equal to `act` (resolved), by id (`_row_out`)
         self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.models.moe.layer)
@@ -605,7 +610,7 @@ class GPT:
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         cfg, mesh = self.cfg, self.mesh
-        dp = mesh.layout.axis_size("dp") * (mesh.layout.axis_size("ep") if "ep" in mesh.layout.alias_name else 1)
+        dp = mesh.layout.axis_size(DATA) * (mesh.layout.axis_size(EXPERT) if EXPERT in mesh.layout.alias_name else 1)
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0

@@ -58,8 +58,37 @@ from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
 from .train import (StepResult, _look, _look_blocks, _look_walk, _norm, _report, _steady, anchored_start,
-                    anchored_updates, dp_bucket, step_errors)
+                    all_rows, anchored_updates, dp_bucket, step_errors)
 from .wholes import Regions, assemble, stage_regions
+from ..axes import DATA, PIPELINE, TENSOR, model_layout, roles_of
+from . import parallel
+from ...base.flops import counting
+from ...base.precision import precision as get_precision, precision_problem
+from ...nn import ops
+from ...nn.autograd import engine as autograd_engine, kept_bytes
+from ...nn.autograd.grad_buffer import GradBuffer
+from ...nn.distrib_optim import DistributedAdamW
+from ...nn.optim import AdamW, clip_grad_norm_
+from ...programs.pipeline.schedule import Compute, Post, Send, build, schedule_problem
+from ...programs.pipeline.timeline import timeline
+from ...runtime import debug, door
+from ...runtime.door import all_gather_object, untraced
+from ...runtime.dtensor import DTensor
+from ...runtime.engines.wait import polite_wait
+from ...runtime.executor import pending, resolve
+from ...runtime.mesh import Mesh
+from ...runtime.replay import Scalar, capture, kernel
+from ...runtime.shared_reference import shared_once
+from ...runtime.sim import dry_run_active, once
+from ...runtime.sim.dry import differ
+from ...runtime.trace import collect_trace
+from ...runtime.trace_export import write_chrome_trace
+from .checkpoint import load, save as save_checkpoint
+from .layouts import mesh_problem
+from .mixed import architecture_problem, tolerances as mixed_tolerances
+from .train import (_checked_mixed, _checked_reference, _checkpoint_problem, _expert_bytes, _optimizer_start,
+                    _resumed_moments, _summed_grads, _zero_axes, _zero_moments, checkpoint_meta, replay_problem,
+                    step_memory_problem, zero_options)
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -71,10 +100,7 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     (one line, alike on every rank), or None. With `schedule` (its name) also why that schedule cannot take
     these sizes (spmdsim.programs.pipeline.schedule.schedule_problem: one chunk per stage but under "interleaved",
     whose microbatches a multiple of pp), so that a trainer refuses them before its first line of output."""
-    from ...programs.pipeline.schedule import schedule_problem
-    from .layouts import mesh_problem
-
-    for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual stages", virtual)):
+    for name, value in ((PIPELINE, pp), ("microbatches", microbatches), ("virtual stages", virtual)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             return f"{name} {value!r} must be an integer >= 1"
     if virtual > 1 and pp < 2:  # Megatron's interleaving also needs a pipeline: chunk k goes to stage k mod pp
@@ -123,23 +149,16 @@ class PipelineRun:
     def timeline(self, step: int = -1) -> Any:
         """The unit-cost timeline (spmdsim.programs.pipeline.timeline) of what every stage ran at `step`: each
         stage's executed order gathered from its first rank (collective over the whole mesh)."""
-        from ...programs.pipeline.timeline import timeline
-        from ...runtime.door import all_gather_object
-
         orders = all_gather_object(self.mesh.comm, self.orders[step])[::self.stage_mesh.size]
         return timeline(self.schedule.stages, orders, self.schedule.virtual)
 
     def held(self, step: int = -1) -> tuple[int, ...]:
         """Per stage, the most microbatch-chunks whose activations it held at once at `step` (collective)."""
-        from ...runtime.door import all_gather_object
-
         return tuple(all_gather_object(self.mesh.comm, self.in_flight[step])[::self.stage_mesh.size])
 
     def write_trace(self, path: str) -> None:
         """The last step as a Chrome/Perfetto trace: one track per rank with its messages and collectives,
         and a second with its pipeline cells (F3, B3; chunk after a dot when v > 1). Collective."""
-        from ...runtime.trace_export import write_chrome_trace
-
         start = min((c[1] for c in self.cells), default=None)
         write_chrome_trace(self.mesh.comm, self.trace, path, start=start, spans=self.cells,
                            span_track="pipeline cells")
@@ -149,7 +168,7 @@ class PipelineRun:
         self.mesh.close()
 
 
-_PP = ("pp",)  # the messages' axes, normalized once (runtime.door.point_to_point takes a tuple as it is)
+_PP = (PIPELINE,)  # the messages' axes, normalized once (runtime.door.point_to_point takes a tuple as it is)
 
 
 def _tag(what: str, chunk: int) -> int:
@@ -189,29 +208,6 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     schedule, microbatches, chunks and split too). Every refusal is raised alike on every rank before the first
     collective.
     """
-    from ...nn import ops
-    from ...nn.autograd.grad_buffer import GradBuffer
-    from ...nn.distrib_optim import DistributedAdamW
-    from ...nn.optim import AdamW, clip_grad_norm_
-    from ...programs.pipeline.schedule import build
-    from ...runtime.engines.wait import polite_wait
-    from ...runtime import debug
-    from ...runtime.door import untraced
-    from ...runtime.dtensor import DTensor  # its operators came with `ops`, just imported
-    from ...runtime.mesh import Mesh
-    from ...runtime.replay import Scalar, capture
-    from ...runtime.trace import collect_trace
-    from ...runtime.executor import pending, resolve
-    from ...runtime.shared_reference import shared_once
-    from ...runtime.sim import dry_run_active, once
-    from ...runtime.sim.dry import differ
-    from ...base.precision import precision as get_precision, precision_problem
-    from .mixed import tolerances as mixed_tolerances
-    from .parallel import GPT
-    from .train import (_checked_mixed, _checked_reference, _checkpoint_problem, _expert_bytes, _optimizer_start,
-                        _resumed_moments, _summed_grads, _zero_axes, _zero_moments, checkpoint_meta, replay_problem,
-                        step_memory_problem, zero_options)
-
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
@@ -222,7 +218,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
     meta = None
     if save is not None or resume is not None or save_every:
-        shape = {"pp": pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
+        shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
         meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
                                ep=ep, pipeline=shape)
         problem = _checkpoint_problem(meta, steps, save, save_every, resume)
@@ -235,7 +231,6 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     policy = get_precision(precision)
     low = policy.activation != "float64"
     if check and low and not dry_run_active():  # every rank alike, before any collective
-        from .mixed import architecture_problem
 
         problem = architecture_problem(cfg)
         if problem:
@@ -244,14 +239,15 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     chunks = pp * virtual
     last = chunks - 1
     parts = chunk_parts(cfg, chunks, split)
-    inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))  # a stage's mesh
-    mesh = Mesh(Layout((pp,) + inner[0], ("pp",) + inner[1]), comm, algorithms=algorithms)
-    differ(mesh, ("pp",))  # a dry run runs one rank per stage: the stages' work differs
-    stage = mesh.coord("pp")
-    stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms)
-    pp_comm = mesh.group("pp") if pp > 1 else None
+    inner = model_layout(tp, dp, ep if moe else None)  # a stage's mesh
+    outer = model_layout(tp, dp, ep if moe else None, pp)
+    mesh = Mesh(Layout(*outer), comm, algorithms=algorithms, roles=roles_of(outer[1]))
+    differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
+    stage = mesh.coord(PIPELINE)
+    stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms, roles=roles_of(inner[1]))
+    pp_comm = mesh.group(PIPELINE) if pp > 1 else None
     mine = [c for c in range(chunks) if c % pp == stage]
-    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept,
+    models = {c: parallel.GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept,
                      precision=policy) for c in mine}
     if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
         models[chunks - 1].params["wte"] = models[0].params["wte"]
@@ -268,7 +264,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     if zero:  # each stage's states and master copy sharded over its dp ranks (and ep's: spmdsim.nn.distrib_optim)
         optimizer = DistributedAdamW(tensors, stage_mesh, _zero_axes(stage_mesh), lr=cfg.lr, betas=cfg.betas,
                                      eps=cfg.eps, weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
-                                     clip_across=(mesh, ("pp",)), clip_counted=counted,
+                                     clip_across=(mesh, (PIPELINE,)), clip_counted=counted,
                                      **zero_options(zero, tensors, stage_mesh))
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
@@ -289,13 +285,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     act = any_model.act  # (T, B, D) between blocks
     # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
     # the receiving stage all-gathers over tp), else the block itself.
-    wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
+    wire = stage_mesh.layout(TENSOR, any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
     ids_shape = ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows of them:
     ids_cut = ids_layout.slices(stage_mesh.rank, ids_shape)  # as DTensor.from_global cuts them
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
-        from .checkpoint import load
 
         first = load(resume, mesh, params, optimizer)
     if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
@@ -342,7 +337,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         if ends:
             _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm, described)
         if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
-            norms.append(clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted))
+            norms.append(clip_grad_norm_(tensors, cfg.clip, across=(mesh, (PIPELINE,)), counted=counted))
         if watch is not None:
             watch.look("after the backward")
         optimizer.step()
@@ -396,7 +391,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         value = float(sum(losses))
         if pp > 1:
             total = np.array([value])
-            untraced(mesh.group("pp"), "all_reduce", total, total, "sum", wait=polite_wait if mesh.polite else None)
+            untraced(mesh.group(PIPELINE), "all_reduce", total, total, "sum", wait=polite_wait if mesh.polite else None)
             value = float(total[0])
         errors = (float("nan"),) * 3
         if check and low:  # as train.py's: the optimizer on the run's own gradients, the rest on the policy's
@@ -415,7 +410,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
                                 slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
         if check:
-            worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
+            worst = resolve(mesh, local, pending(mesh.layout, 1, (PIPELINE, DATA, TENSOR)), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
@@ -431,10 +426,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         if on_step is not None:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            from .checkpoint import save as save_checkpoint
-
             save_checkpoint(save, meta, step + 1, mesh, params, optimizer)
-    del ops, DTensor  # imported for their operators only
     return run, results
 
 
@@ -457,12 +449,6 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     microbatch's gradient of a parameter into its main gradient as soon as the walk has it; to ZeRO-2's each
     chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
     gradients whole."""
-    from ...nn.autograd.engine import backward as backward_, backward_kept, kept_leaves
-    from ...programs.pipeline.schedule import Compute
-    from ...runtime.dtensor import DTensor
-    from ...runtime.door import messages, point_to_point
-    from ...runtime.replay import kernel
-
     mesh, models = run.stage_mesh, run.models
     inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
     outputs: dict = {}  # (mb, chunk) -> the forward's output (activation, or the scaled loss), until backward
@@ -475,8 +461,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
     scatter = wire != act
     if scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
-        rows_per = shape[0] // mesh.layout.axis_size("tp")
-        mine = slice(mesh.coord("tp") * rows_per, (mesh.coord("tp") + 1) * rows_per)
+        rows_per = shape[0] // mesh.layout.axis_size(TENSOR)
+        mine = slice(mesh.coord(TENSOR) * rows_per, (mesh.coord(TENSOR) + 1) * rows_per)
 
     def outgoing(block: np.ndarray) -> np.ndarray:  # a copy, if one, recorded while capturing
         if block.dtype != wire_dtype:  # a bfloat16 activation's float32 gradient, rounded once
@@ -485,7 +471,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
 
     tag_micro = microbatches > 1
     # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
-    kept = kept_leaves(params)
+    kept = autograd_engine.kept_leaves(params)
     # A kernel while this thread captures the step; else (a dry run, which captures none: its steps count bytes; an
     # eager step) stamps plainly, no wrapper. The blocks sent: read as ``_local`` in an eager step (a capture's are
     # its record's views; a dry run's repeated cells' outputs are stand-ins, `_Stand`, with `.local` alone).
@@ -543,7 +529,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         if repeat is None or reducing and mb != first_backward.get(c):
             # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
             # (the gradients it holds while it reduces: the earlier microbatches' whole and its own)
-            backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
+            autograd_engine.backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
         elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
             upstream.pop((mb, c), None)
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
@@ -553,7 +539,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             return
         else:
             with _first(repeat, ("B", c)):
-                backward_(out, gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params,
+                autograd_engine.backward(out, gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params,
                           reduce_with=reduce_with)
         if c > 0:
             grad = inputs.pop((mb, c)).grad
@@ -604,8 +590,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         i = entry[1]
         group = described.get(i)
         if group is None:  # the first step's: counted from its buffers once
-            group = described[i] = messages(pp_comm, _PP, receives, sends)
-        point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", group)
+            group = described[i] = door.messages(pp_comm, _PP, receives, sends)
+        door.point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", group)
         for (is_act, key), buf in zip(gets, bufs):
             # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
             # which np.asarray makes a plain view, as DTensor's own check would): nothing to check.
@@ -634,8 +620,6 @@ def _compiled(program: Sequence) -> list:
     """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
     Compute), a message group as (2, its place in `program`, its sends in order as (an activation?, (microbatch,
     chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags)."""
-    from ...programs.pipeline.schedule import Compute, Post, Send
-
     steps: list = []
     for i, action in enumerate(program):
         if isinstance(action, Compute):
@@ -707,7 +691,6 @@ class _Most:
     def forward(self, chunk: int, out: Any) -> None:
         """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
-            from ...nn.autograd import kept_bytes
 
             values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
                                                                                  masks=True)
@@ -718,7 +701,6 @@ class _Most:
             # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
             # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
             # cell, counted the first's).
-            from ...nn.autograd import kept_bytes
 
             kept_bytes([out], exclude=self.params)
         self.live[chunk] = self.live.get(chunk, 0) + 1
@@ -874,7 +856,6 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
     def __enter__(self) -> None:
         if self.repeat is None:
             return
-        from ...base.flops import counting
 
         context = current()
         self.meter, self.trace = context.meter, context.traces[-1]
@@ -920,16 +901,14 @@ def _largest(stats: tuple) -> tuple:
 def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, described: dict) -> None:
     """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group).
     `described`: the exchange's trace description under "tied" after the first step (runtime.door.messages)."""
-    from ...runtime.door import messages, point_to_point
-
     g = wte.grad
     mine = buffers.contiguous(g.local)
     theirs = buffers.empty(mine.shape, mine.dtype)
     receives, sends = [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)]
     known = described.get("tied")
     if known is None:
-        known = described["tied"] = messages(pp_comm, _PP, receives, sends)
-    point_to_point(run.mesh, pp_comm, _PP, receives, sends, "embedding group", known)
+        known = described["tied"] = door.messages(pp_comm, _PP, receives, sends)
+    door.point_to_point(run.mesh, pp_comm, _PP, receives, sends, "embedding group", known)
     if g._local is wte._ag.main:  # ZeRO-1's main gradient (spmdsim.nn.distrib_optim): the sum into it, in place
         if not g.mesh.engine.dry:
             _add_main(wte._ag.main, theirs)
@@ -940,8 +919,6 @@ def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, describ
 
 def _add_main(main: np.ndarray, theirs: np.ndarray) -> None:
     """``main += theirs`` (the ufunc and operands of ``mine + theirs``: the same bits), a kernel while capturing."""
-    from ...runtime.replay import kernel
-
     (kernel(_added) if buffers.CAPTURE.on else _added)(main, theirs)
 
 
@@ -975,7 +952,6 @@ def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, labe
     """`_table` of several tables (name -> this rank's block, of the parameters its stage holds), table after
     table in each row (spmdsim.models.gpt.wholes.assemble reads them so), from one Allgather over the whole mesh (on
     simulated ranks one table they share: spmdsim.models.gpt.train.all_rows)."""
-    from .train import all_rows
 
     mesh = run.mesh
     flat = np.zeros(where.width * len(tables))

@@ -55,6 +55,34 @@ from ...base.precision import is_low, precision as get_precision, precision_prob
 from .mixed import tolerances as mixed_tolerances
 from .params import decays, is_expert, param_specs
 from .wholes import Regions, assemble, peaks, regions
+from ..axes import DATA, EXPERT, PIPELINE, TENSOR, model_layout, roles_of
+from . import checkpoint
+from ...base.sizes import format_size
+from ...errors import SpmdsimError
+from ...nn import ops
+from ...nn.autograd import kept_bytes
+from ...nn.autograd.engine import backward
+from ...nn.autograd.grad_buffer import GradBuffer
+from ...nn.optim import AdamW, DistributedAdamW, adamw_update, clip_grad_norm_
+from ...programs.memory import ENV_VAR
+from ...runtime import door
+from ...runtime.budget import agreed_budget
+from ...runtime.dtensor import DTensor
+from ...runtime.engines import engine_of, memory as stop
+from ...runtime.executor import gather, pending, resolve
+from ...runtime.mesh import Mesh
+from ...runtime.replay import Scalar, capture
+from ...runtime.shared_reference import shared_once
+from ...runtime import shared_rows
+from ...runtime.sim import dry_run_active, once
+from ...runtime.trace import collect_trace
+from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
+from .checkpoint import load, run_meta, save as save_checkpoint
+from .layouts import megatron_layouts
+from .memory import step_need
+from .mixed import architecture_problem, loss_and_grads as mixed_loss_and_grads
+from . import parallel
+from .reference import _masks, clip_grads, generate, loss_and_grads as reference_loss_and_grads
 
 __all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "step_memory_problem", "TOLERANCE",
            "all_rows", "checkpoint_problem", "checkpoint_meta"]
@@ -95,16 +123,10 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
     the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
     model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed)."""
-    from ...nn.optim import adamw_update
-    from .mixed import loss_and_grads
-    from .reference import _masks
-
-    loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: loss_and_grads(
+    loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
         start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i),
         _rows(routes, rows), kept))
     if cfg.clip:
-        from .reference import clip_grads
-
         ref_grads = clip_grads(ref_grads, cfg.clip)[1]
     state = policy.dtype("optimizer")
     updated = {}
@@ -125,14 +147,9 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
     (spmdsim.models.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
     `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
     """
-    from ...nn.optim import adamw_update
-    from .reference import loss_and_grads
-
-    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: loss_and_grads(
+    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: reference_loss_and_grads(
         params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows)))
     if cfg.clip:
-        from .reference import clip_grads
-
         grads = clip_grads(grads, cfg.clip)[1]
     new_moments, updated = {"m": {}, "v": {}}, {}
     for spec in param_specs(cfg):
@@ -154,8 +171,6 @@ def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
     of each layer's (its batch rows split as the tokens are, copies over tp); None without MoE
     layers. The check's reference follows them where rounding alone can explain them (the ranks' and its own
     router logits differ by a unit in the last place here and there: spmdsim.models.moe.routing.followed)."""
-    from ...runtime.dtensor import DTensor
-
     if cfg.moe is None or not model.moe_stats:
         return None
     mesh = model.mesh
@@ -201,16 +216,12 @@ def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperatur
     """What the single-process model draws (spmdsim.models.gpt.reference.generate) from `model`'s parameters: a
     collective (one Allgather of every rank's blocks, as `gathered`), the parameters made whole and the draw
     made by one rank for all (spmdsim.runtime.shared_once)."""
-    from ...runtime.shared_reference import shared_once
-
     where = regions(model.params, model.mesh.size)
     return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, where, _params_rows(model, where), cfg,
                        prompt, n, temperature)
 
 
 def _sample_from(where: Regions, rows: np.ndarray, cfg: GPTConfig, prompt: Any, n: int, temperature: float) -> Any:
-    from .reference import generate
-
     return generate(assemble(where, rows)[0], cfg, prompt, n, temperature)
 
 
@@ -233,10 +244,8 @@ def _table(model: Any, tables: list, label: str) -> np.ndarray:
 
 def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
     """Every rank's `flat`, a row per rank, on every rank of `mesh`: spmdsim.runtime.shared_rows.all_rows (its
-    home, the runtime's checks share it; imported when called, as this module loads no runtime)."""
-    from ...runtime.shared_rows import all_rows as rows
-
-    return rows(mesh, flat, label)
+    home, the runtime's checks share it)."""
+    return shared_rows.all_rows(mesh, flat, label)
 
 
 def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
@@ -334,13 +343,6 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
     SPMDSIM_MEMORY=off, a dry run (no block is written) or a machine that does not say skips the check."""
     import os
 
-    from ...runtime.engines import engine_of
-    from ...runtime.engines import memory as stop
-    from ...programs.memory import ENV_VAR
-    from ...base.sizes import format_size
-    from ...runtime import door
-    from ...runtime.budget import agreed_budget
-    from .memory import step_need
 
     budget = agreed_budget(comm)
     if budget is None:
@@ -409,21 +411,6 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     collective, when it does not fit this run (`checkpoint.resume_problem`). With `check`, a resumed run's
     reference starts from the checkpoint's parameters and the run's moments (gathered).
     """
-    from ...nn import ops
-    from ...nn.autograd import kept_bytes
-    from ...nn.autograd.engine import backward
-    from ...nn.autograd.grad_buffer import GradBuffer
-    from ...nn.optim import AdamW, DistributedAdamW, clip_grad_norm_
-    from ...runtime.dtensor import DTensor  # its operators came with `ops`, just imported
-    from ...runtime.mesh import Mesh
-    from ...runtime.trace import collect_trace
-    from ...errors import SpmdsimError
-    from ...runtime.executor import pending, resolve
-    from ...runtime.replay import Scalar, capture
-    from ...runtime.shared_reference import shared_once
-    from ...runtime.sim import dry_run_active, once
-    from .parallel import GPT
-
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
@@ -444,14 +431,14 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         raise SpmdsimError(problem)
     low = policy.activation != "float64"
     if check and low and not dry_run_active():  # every rank alike, before any collective
-        from .mixed import architecture_problem
 
         problem = architecture_problem(cfg)
         if problem:
             raise SpmdsimError(problem)
     if mesh is None:
-        mesh = Mesh(Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp")), comm)
-    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
+        shape, names = model_layout(tp, dp, ep if moe else None)
+        mesh = Mesh(Layout(shape, names), comm, roles=roles_of(names))
+    model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     decaying = [model.params[s.name] for s in specs if decays(s)]
@@ -500,7 +487,6 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
-        from .checkpoint import load
 
         first = load(resume, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
     graph = None
@@ -572,8 +558,6 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if on_step is not None:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            from .checkpoint import save as save_checkpoint
-
             save_checkpoint(save, meta, step + 1, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
     return model, results
 
@@ -602,17 +586,14 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     """spmdsim.models.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
     `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
     `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
-    from .checkpoint import run_meta
-    from .layouts import megatron_layouts
-
     moe = cfg.moe is not None or ep > 1
-    inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))
+    inner = model_layout(tp, dp, ep if moe else None)
     chosen = megatron_layouts(cfg, Layout(*inner), sp)
     chosen.update(layouts or {})
     mesh_layout = Layout(*inner)
     if pipeline is not None:
         pipeline = dict(pipeline)
-        mesh_layout = Layout((pipeline.pop("pp"),) + inner[0], ("pp",) + inner[1])
+        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE)))
         pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
                     "DistributedAdamW" if zero else "AdamW")
@@ -622,9 +603,6 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
 
 def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every: Any,
                         resume: Optional[str]) -> Optional[str]:
-    from ...runtime.sim import dry_run_active
-    from . import checkpoint
-
     if dry_run_active():
         return "--save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or resume"
     if type(save_every) is not int or save_every < 0:
@@ -681,7 +659,7 @@ def zero_options(zero: int, params: list, mesh: Any) -> dict:
 def _zero_axes(mesh: Any) -> tuple:
     """The axes ZeRO-1 shards over: the data-parallel ones, "dp" and, on an MoE mesh, "ep" (the dense layers'
     tokens are split over both; the experts, split over ep, shard over dp alone: spmdsim.nn.distrib_optim)."""
-    return tuple(a for a in ("dp", "ep") if a in mesh.layout.alias_name)
+    return tuple(a for a in (DATA, EXPERT) if a in mesh.layout.alias_name)
 
 
 def anchored_start(optimizer: Any, tensors: dict) -> Any:
@@ -709,8 +687,6 @@ def anchored_updates(start: Any, tensors: dict, cfg: GPTConfig, optimizer: Any) 
     ZeRO-1 each rank updates its own slice of each bucket from its summed gradient slice, and the slices are
     gathered over dp (one Allgather a bucket, label "check": a collective) into the parameters' blocks, as the
     optimizer's own Allgather gathers them."""
-    from ...nn.optim import adamw_update
-
     if hasattr(optimizer, "buckets"):
         return _zero_anchored(start, tensors, cfg, optimizer)
     out = {}
@@ -726,9 +702,6 @@ def anchored_updates(start: Any, tensors: dict, cfg: GPTConfig, optimizer: Any) 
 
 def _zero_anchored(start: list, tensors: dict, cfg: GPTConfig, optimizer: Any) -> dict:
     """`anchored_updates` under ZeRO-1: AdamW of each bucket's slice (decay on its decaying spans), gathered."""
-    from ...nn.optim import adamw_update
-    from ...runtime.executor import gather
-
     names = list(tensors)
     out = {}
     for b, (master, m, v, steps) in zip(optimizer.buckets, start):
@@ -798,14 +771,11 @@ def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any
     """Rank `rank`'s spmdsim.models.moe.ledger.ExpertBytes of the step just taken: `params` the parameters it holds
     (name -> DTensor on `mesh`, a (dp, ep, tp) mesh), `stats` its MoEStats of one forward, `trace` the
     step's trace. A pipeline stage counts the MoE layers it holds."""
-    from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
-    from ...runtime.sim import dry_run_active
-
     experts = [t for name, t in params.items() if is_expert(name)]
     layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i) and f"h{i}.moe.w1" in params]
     rows = [e for e in trace.entries if e.label and any(e.label.startswith(f"{layer}{word}") for layer in layers
                                                         for word in EXCHANGE_WORDS)]
-    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
     return ExpertBytes(rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
                        sum(t.local.nbytes for t in experts),
                        optimizer.grads_of(experts) if hasattr(optimizer, "grads_of") else

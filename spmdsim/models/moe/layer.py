@@ -90,6 +90,7 @@ from ...runtime.sim.dry import dry_run_active, zeros
 from .config import MoEConfig
 from .losses import router_losses
 from .routing import dispatch_rows, planned
+from ..axes import DATA, EXPERT, TENSOR
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem", "input_problem"]
 
@@ -127,9 +128,9 @@ class MoEStats:
 def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
     """Why an MoE layer cannot run on `mesh` (one line, the same on every rank), or None."""
     names = tuple(mesh.layout.alias_name)
-    if "ep" not in names or "tp" not in names:
+    if EXPERT not in names or TENSOR not in names:
         return f"an MoE layer runs on a mesh with axes 'ep' and 'tp', got {names!r}"
-    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
     if moe.experts % ep:
         return f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"
     if hidden % tp:
@@ -151,7 +152,7 @@ def input_problem(x: Any) -> Optional[str]:
     """
     L = x.layout
     big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
-    want = big(a for a in L.layout.alias_name if a != "tp")
+    want = big(a for a in L.layout.alias_name if a != TENSOR)
     T, batch, D = L.tensor_map
     if big(T) or big(D) or big(batch) != want or L.addend_axes:
         expected = format_tensor_map(((), tuple(a for a in L.layout.alias_name if a in want), ()))
@@ -205,7 +206,7 @@ def _counts_layout(mesh: Any) -> Any:
     seen = _COUNTS_LAYOUTS.get(id(mesh))
     if seen is not None and seen[0] is mesh:
         return seen[1]
-    batch = tuple(a for a in mesh.alias_name if a != "tp" and mesh.axis_size(a) > 1)
+    batch = tuple(a for a in mesh.alias_name if a != TENSOR and mesh.axis_size(a) > 1)
     if len(_COUNTS_LAYOUTS) >= 64:
         _COUNTS_LAYOUTS.clear()
     layout = mesh(None).with_partial(batch)
@@ -244,7 +245,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     xb = block(x)
     T, bl, D = xb.shape
     E, k = moe.experts, moe.top_k
-    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
     El = E // ep
     names = _present(b1, b2, w3, b3)
     weights = tuple(filter(_NOT_NONE, (w1, b1, w2, b2, w3, b3)))  # in `names`' order
@@ -261,7 +262,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     send = _K._pack(xb, rows, nrows, tab.tok)
     got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
     if moe.dropless:
-        got = KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
+        got = KERNELS.alltoall(mesh, per_expert, EXPERT, 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, W2 = block(w1), block(w2)
@@ -274,7 +275,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
     else:  # fc2's sum over tp a collective of its own (a replay binds it to its kept plan), then b2 added
         hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, None, W3, B3, summed=False)
-        KERNELS.allreduce(mesh, ye, "tp", f"{name} experts fc2", out=ye)
+        KERNELS.allreduce(mesh, ye, TENSOR, f"{name} experts fc2", out=ye)
         if B2 is not None:
             y3 = ye.reshape(El, -1, D)
             y3 += B2[:, None]
@@ -292,8 +293,8 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     tensors = (x, probs) + weights
     if not any(map(_AG, tensors)):  # (a node or leaf is true)
         return out, load
-    over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
-    over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
+    over_tp = (TENSOR,) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
+    over_dp = (DATA,) if DATA in mesh.layout.alias_name and mesh.layout.axis_size(DATA) > 1 else ()
 
     def backward(dy: Any) -> tuple:
         # (the closure holds the routing's slots and counts, as before, though no kernel here reads them: the
@@ -338,7 +339,7 @@ class _Plan:
     tp: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.tp = self.mesh.layout.axis_size("tp")
+        self.tp = self.mesh.layout.axis_size(TENSOR)
 
     def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
         last = self.last
@@ -384,7 +385,7 @@ def _dispatched(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Opti
     move = None if plan.moe.dropless else plan.exchange(per_expert, got)
     if move is None or move.ep == 1:
         return _K._dispatch(plan, send, per_expert, got, most, label)
-    return _K._by_expert(move, KERNELS.alltoall(plan.mesh, send, "ep", 0, 0, label or move.labels[0]))
+    return _K._by_expert(move, KERNELS.alltoall(plan.mesh, send, EXPERT, 0, 0, label or move.labels[0]))
 
 
 def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -394,7 +395,7 @@ def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Option
     move = None if plan.moe.dropless else plan.exchange(per_expert, got)
     if move is None or move.ep == 1:
         return _K._combine(plan, rows, per_expert, got, label)
-    return KERNELS.alltoall(plan.mesh, _K._by_source(move, rows), "ep", 0, 0, label or move.labels[1])
+    return KERNELS.alltoall(plan.mesh, _K._by_source(move, rows), EXPERT, 0, 0, label or move.labels[1])
 
 
 def _by_expert(move: "_Exchange", got: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -543,7 +544,7 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
             ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.tp > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
-        KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+        KERNELS.allreduce(plan.mesh, used, TENSOR, f"{plan.name} experts fc2", out=used)
     if B2 is not None:
         if not move.dropless:
             y3 = ye.reshape(El, -1, D)
@@ -698,10 +699,10 @@ def _run_experts_mixed(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got:
     hs, ts, acts, ye = out[:4]
     us = out[4] if swiglu else None
     summed = None
-    if plan.mesh.layout.axis_size("tp") > 1:
+    if plan.mesh.layout.axis_size(TENSOR) > 1:
         def summed(p: np.ndarray) -> None:
             used = p.reshape(-1, D)[:move.arrived]
-            KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+            KERNELS.allreduce(plan.mesh, used, TENSOR, f"{plan.name} experts fc2", out=used)
     if not move.dropless:
         _linear_mixed(_batched(xe, El), W1, B1, act, _batched(hs, El))
         if swiglu:
@@ -783,9 +784,9 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
         for e, (lo, hi) in enumerate(move.ranges):
             dx[lo:hi] = backward(xe[lo:hi], hs[lo:hi], ts[lo:hi], acts[lo:hi], None if us is None else us[lo:hi],
                                  dye[lo:hi], e, 0)
-    if plan.mesh.layout.axis_size("tp") > 1:  # each tp rank's hidden columns' share, summed
+    if plan.mesh.layout.axis_size(TENSOR) > 1:  # each tp rank's hidden columns' share, summed
         used = dx[:move.arrived]
-        KERNELS.allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
+        KERNELS.allreduce(plan.mesh, used, TENSOR, f"{plan.name} experts fc1 backward", out=used)
     dxe[...] = rounded(dx, act)
     return out
 
@@ -981,7 +982,7 @@ class _Facts:
 
     def __init__(self, mesh: Any, name: str, tab: _Tables, row: int, dropless: bool) -> None:
         self.name, self.rank, self.row, self.dropless = name, mesh.rank, row, dropless
-        self.group = tuple(int(r) for r in mesh.group_ranks("ep"))
+        self.group = tuple(int(r) for r in mesh.group_ranks(EXPERT))
         self.E, self.ep = tab.E, tab.ep
         self.El = tab.E // tab.ep
         self.share = tab.bl * self.El * tab.C  # with a capacity: each destination's slots
@@ -1041,7 +1042,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
     `weights`: the experts' DTensors, named by `names` (`_present`)."""
     mesh = x.mesh
     T, bl, D = x.local.shape
-    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
     routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing, probs.local.dtype)
     rows, nrows, per_expert = dispatch_rows(routing, moe.dropless, ep)
     move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
@@ -1064,7 +1065,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
     us = zeros((xe.shape[0], H), act) if swiglu else None
     fc2 = zeros(xe.shape, np.float32 if mixed else act)
     if tp > 1:
-        allreduce(mesh, fc2, "tp", f"{name} experts fc2", out=fc2)
+        allreduce(mesh, fc2, TENSOR, f"{name} experts fc2", out=fc2)
     ye = zeros(xe.shape, act) if mixed else fc2
     back = move.combine(ye)
     out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
@@ -1087,7 +1088,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
         held = kept  # noqa: F841 (the closure holds them until the backward runs, as the real one does)
         dye = move.dispatch(zeros((nrows, D), act), f"{name} combine backward")
         if mixed and tp > 1:  # d xe summed over tp before its way back (`_experts_grad_mixed`)
-            allreduce(mesh, zeros(dye.shape, np.float32), "tp", f"{name} experts fc1 backward")
+            allreduce(mesh, zeros(dye.shape, np.float32), TENSOR, f"{name} experts fc1 backward")
         move.combine(zeros(dye.shape, dye.dtype), f"{name} dispatch backward")
         dx = zeros(x.local.shape, np.float32 if mixed else act)
         grads = tuple(zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype) for w in weights)
@@ -1096,8 +1097,8 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
                            blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
                                        dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=local["w2"],
                                        w3=local.get("w3")))
-        over_tp = ("tp",) if tp > 1 and not mixed else ()
-        over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
+        over_tp = (TENSOR,) if tp > 1 and not mixed else ()
+        over_dp = (DATA,) if DATA in mesh.layout.alias_name and mesh.layout.axis_size(DATA) > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))
                 + tuple(_grad(w, g, over_dp) for w, g in zip(weights, grads)))
 
@@ -1212,7 +1213,7 @@ class _Exchange:
         self.mesh, self.dropless, self.C, self.bl, self.El = mesh, moe.dropless, capacity, bl, El
         self.labels = (dispatch_label, combine_label)
         self.dry = dry_run_active()  # zeros: no rows to put in order
-        ep = mesh.layout.axis_size("ep")
+        ep = mesh.layout.axis_size(EXPERT)
         self.ep = ep
         if not self.dropless:
             n = ep * bl * capacity
@@ -1223,11 +1224,11 @@ class _Exchange:
             return
         # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts (`got`: done).
         if got is None:
-            got = KERNELS.alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
+            got = KERNELS.alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), EXPERT, 0, 0,
                            f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
-            me = mesh.group_info("ep")[2]
+            me = mesh.group_info(EXPERT)[2]
             got = np.tile(np.asarray(per_expert[me * El:(me + 1) * El], np.int64), (ep, 1))
         self.send_rows = np.add.reduce(np.asarray(per_expert, np.int64).reshape(ep, El), 1).tolist()
         self.recv_rows = np.add.reduce(got, 1).tolist()
@@ -1249,11 +1250,11 @@ class _Exchange:
         label = label or self.labels[0]
         D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
-            got = KERNELS.alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
+            got = KERNELS.alltoall(self.mesh, send, EXPERT, 0, 0, label) if self.ep > 1 else send
             return got if self.dry else self.by_expert(got, out)
         if self.ep == 1:  # a group of one: no exchange (no call), and rows by expert from one source are in order
             return into(out, send)
-        got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
+        got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, EXPERT, label)
         if self.dry:
             return got
         return got[self.order] if out is None else np.take(got, self.order, axis=0, out=out)
@@ -1289,20 +1290,20 @@ class _Exchange:
             else:
                 blocks = self.by_source(rows)
             if self.ep > 1:
-                return KERNELS.alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
+                return KERNELS.alltoall(self.mesh, blocks, EXPERT, 0, 0, label, out)
             return into(out, blocks)
         if self.ep == 1:  # a group of one: no exchange (no call); one source's rows by expert are in order already
             return into(out, rows)
         if self.dry:
-            return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, "ep", label)
+            return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, EXPERT, label)
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
-        return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
+        return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, EXPERT, label))
 
 
 def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, row: int) -> MoEStats:
     """`row`: the bytes of one token row (d_model values of the activations' dtype)."""
-    group = mesh.group_ranks("ep")
+    group = mesh.group_ranks(EXPERT)
     ep = move.ep
     # A kept assignment's row lies in its destination's share of the send buffer.
     if move.dropless:
