@@ -38,6 +38,9 @@ from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
 from ..axes import EXPERT, TENSOR
+from ...layouts.dialects.dtensor import placements_to_layout
+from ...layouts.dialects.partition_spec import partition_spec_to_layout
+from ...layouts.dialects.sbp import sbp_to_layout
 
 __all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "written"]
 
@@ -144,10 +147,6 @@ def written(dialect: str, role: str, ndim: int, names: tuple) -> object:
 
 @functools.lru_cache(maxsize=16)  # every rank (and each dry-run representative) asks alike: ~1,500 layouts at 96 layers
 def _dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool) -> dict[str, TensorLayout]:
-    from ...layouts.dialects.dtensor import placements_to_layout
-    from ...layouts.dialects.partition_spec import partition_spec_to_layout
-    from ...layouts.dialects.sbp import sbp_to_layout
-
     shape, names = layout.device_matrix, tuple(layout.alias_name)
     out = {}
     for spec in param_specs(cfg):

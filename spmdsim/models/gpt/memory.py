@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
+from ...base.precision import precision as policy_of
 
 __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
@@ -184,8 +185,6 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     allocates and the pipeline's other microbatches in flight are left out, and a stage is counted with
     layers // pp layers: a lower bound of the dry run's peak (spmdsim.tools.estimate.ledger.stage_memory: `spmdsim
     estimate`), so a run refused by it cannot fit."""
-    from ...base.precision import precision as policy_of
-
     policy = policy_of(precision)
     width = policy.dtype("activation").itemsize
     mask = width if kept == "graph" else 1  # the graph keeps dropout's factors, Megatron a byte each

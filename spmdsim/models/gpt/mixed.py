@@ -42,6 +42,8 @@ from ...base.precision import Precision, product, rounded, unit_roundoff, wide
 from ...references.tolerances import sum_rtol
 from .config import GPTConfig
 from .params import padded_params, param_specs, unpadded_params
+from ..moe.mixed import moe_backward_mixed, moe_forward_mixed
+from ._blocks import rope_tables
 
 __all__ = ["loss_and_grads", "tolerances", "longest_sum", "architecture_problem"]
 
@@ -260,8 +262,6 @@ def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.nd
     """Rotary embeddings' (cos, sin), each (T, 2, head_dim / 2) widened: spmdsim.models.gpt._blocks.rope_tables' float64
     values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope); under Megatron's
     kept set rounded once to float32 (GPT._rotary: the fused kernel's float32 tables)."""
-    from ._blocks import rope_tables
-
     half = cfg.head_dim // 2
     if r.fused:
         return tuple(t.astype(_F32).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
@@ -330,7 +330,6 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
     a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r, r.fused)
     if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.models.moe.mixed), its router losses in the cache
-        from ..moe.mixed import moe_forward_mixed
 
         out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
@@ -359,8 +358,6 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     dh = r.grad(dh)
     dr = r.grad(r.undrop(dh, layer + ".resid2"))
     if "moe" in c:
-        from ..moe.mixed import moe_backward_mixed
-
         da2 = moe_backward_mixed(P, pre, dr, c["moe"], cfg.moe, r, grads)
     else:
         grads.total(pre + "mlp.b2", dr, P)

@@ -42,6 +42,14 @@ from ...runtime.replay import Scalar
 from .params import constant, dropout_seed, seeded
 from .stages import Part, part_specs, whole
 from ..axes import DATA, EXPERT, TENSOR, axis_of, roles_of
+from ...nn.autograd import no_grad
+from ...runtime.dtensor import DTensor
+from ...runtime.replay import capture
+from ...runtime.sim import dry_run_active
+from ..moe.layer import moe_layer
+from ._blocks import rope_tables
+from .data import encode
+from .reference import sampling
 
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
@@ -49,8 +57,6 @@ __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_probl
 def _zero_padded_rows(wte: Any, vocab: int) -> None:
     """Zero, in place, the rows of this rank's block of the token embedding `wte` at or past `vocab`: the
     padded vocabulary's rows start at zero (GPTConfig.vocab_pad_to; spmdsim.models.gpt.params.initial_value)."""
-    from ...runtime.sim import dry_run_active
-
     rows = wte.slices[0]
     if rows.stop > vocab and not dry_run_active():  # a dry run's blocks have shapes, not values
         wte.local[max(vocab - rows.start, 0):] = 0.0
@@ -78,7 +84,6 @@ _MOE_LAYER: Any = None  # spmdsim.models.moe.layer.moe_layer, bound on first use
 
 def _moe_layer() -> Any:
     global _MOE_LAYER
-    from ..moe.layer import moe_layer
 
     _MOE_LAYER = moe_layer
     return moe_layer
@@ -142,8 +147,6 @@ class GPT:
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
                  recompute: str = "none", kept: str = "graph", precision: Any = "fp64") -> None:
-        from ...runtime.dtensor import DTensor  # its operators came with `ops`, imported above
-
         problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision)
         if problem:
             raise SpmdsimError(problem)
@@ -338,8 +341,6 @@ class GPT:
         cfg = self.cfg
         if cfg.positions != "rope":
             return x
-        from ...runtime.dtensor import DTensor
-        from ._blocks import rope_tables
 
         tables = self._rope_tables
         if tables is None:  # cos and sin (T, 1, 1, 2, Dh / 2); rotate_half's 2 x 2 turn of the halves
@@ -368,8 +369,6 @@ class GPT:
         dtype = self.precision.dtype("activation")
         width = np.dtype(np.float32) if is_low(dtype) else dtype
         if tables is None or tables[0].dtype != width:
-            from ._blocks import rope_tables
-
             tables = self._rotary_tables = tuple(t.reshape(cfg.seq, 1, 1, 2, cfg.head_dim // 2).astype(width)
                                                  for t in rope_tables(cfg.seq, cfg.head_dim))  # rounded once
         return megatron.rotary(x, *tables)
@@ -381,7 +380,6 @@ class GPT:
         cfg = self.cfg
         if cfg.kv == cfg.heads:
             return x
-        from ...runtime.dtensor import DTensor
 
         T, B = x.global_shape[:2]
         G = cfg.heads // cfg.kv
@@ -551,7 +549,6 @@ class GPT:
         cfg = self.cfg
         if cfg.padded_vocab == cfg.vocab:
             return z
-        from ...runtime.dtensor import DTensor  # after the return above: an import statement costs ~2 us
 
         z = ops.resolved(z) if z.layout.partial else z
         layout = TensorLayout(z.layout.layout, (z.layout.tensor_map[-1],))
@@ -601,12 +598,6 @@ class GPT:
         """
         import zlib
 
-        from ...nn.autograd import no_grad
-        from ...runtime.dtensor import DTensor  # its operators came with `ops`, imported above
-        from ...runtime.executor import redistribute
-        from ...runtime.replay import capture
-        from .data import encode
-        from .reference import sampling
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         cfg, mesh = self.cfg, self.mesh

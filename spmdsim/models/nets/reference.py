@@ -24,6 +24,7 @@ from ...references import backward as rg
 from ...errors import OperatorError
 from .model import Network
 from ...base.once import once
+from ..gpt.wholes import assemble
 
 __all__ = ["ReferenceStep", "ReferenceTrainer", "OPTIMIZERS"]
 
@@ -140,8 +141,6 @@ def _anchored_step(net: Network, where: Any, rows: np.ndarray, x: np.ndarray, la
     """The loss and gradients (with their scales) of the step from the run's parameters at its start, made whole
     here from every rank's blocks (`where`, `rows`: spmdsim.models.nets.train.Anchor's) by the rank that computes
     for all; no parameters: the update is each rank's own (ReferenceTrainer._anchored)."""
-    from ..gpt.wholes import assemble
-
     loss, grads, loss_scale, grad_scales = _gradients(net, tuple(assemble(where, rows)[0].values()), x, labels)
     return ReferenceStep(loss, grads, (), loss_scale, grad_scales, ())
 
