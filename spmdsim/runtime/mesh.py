@@ -96,7 +96,7 @@ class Mesh:
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
         # (collective, axes as spelled, shape, dtype, dims) -> what its first call over a group of this
         # mesh checked and worked out (spmdsim.runtime.collectives, door.repeat); freed with the groups. Also
-        # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.layer._plan).
+        # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.exchange._plan).
         self._plans: dict[tuple, tuple] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of

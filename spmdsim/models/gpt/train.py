@@ -103,7 +103,7 @@ class StepResult:
     calls: int
     bytes_sent: int
     memory: Optional[MemoryReport] = None
-    dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.models.moe.layer.MoEStats of the step's forward
+    dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.models.moe.stats.MoEStats of the step's forward
     experts: Any = None  # with MoE layers: this rank's spmdsim.models.moe.ledger.ExpertBytes of the step
     # (loss, gradients, parameters): the policy's (spmdsim.models.gpt.mixed.tolerances); 1e-10 each at float64
     tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
