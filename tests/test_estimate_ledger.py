@@ -120,7 +120,7 @@ def test_a_zero2_dry_run_measures_what_the_real_runs_backward_holds(monkeypatch)
     import numpy as np
 
     import spmdsim.tools.estimate.ledger as ledger_module
-    import spmdsim.models.gpt.train as trainer
+    import spmdsim.models.gpt.buckets as trainer
 
     monkeypatch.setattr(trainer, "ZERO_BUCKET", 2000)
     monkeypatch.setattr(trainer, "ZERO_BUCKET_PER_DP", 1)  # 2,000 elements at any dp

@@ -8,7 +8,7 @@ buffers, and the largest total of the three moments it looked (after the forward
 step). `korthikanti_bytes` is the closed formula those measurements are compared with (Korthikanti et
 al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4 and table 2), at
 spmdsim's dtypes. `step_need` is the shape-only count of what a rank of a step holds at least, the check
-before a training run (spmdsim.models.gpt.train.step_memory_problem). Pure: no mpi4py; numpy only where
+before a training run (spmdsim.models.gpt.step_looks.step_memory_problem). Pure: no mpi4py; numpy only where
 `step_need` asks a precision its dtypes' widths.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ tp-th of the replicated block and the receiving stage all-gathers it over tp,
 Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled
 by 1/m; the gradients stay pending sums over the microbatches (autograd's ``keep_pending``), added into the
 gradient buffer (spmdsim.nn.autograd.grad_buffer) as each walk gives them, and are summed once after the flush (an
-Allreduce in place a bucket of spmdsim.models.gpt.train.buckets(mesh) elements, as Megatron reduces once per step);
+Allreduce in place a bucket of spmdsim.models.gpt.buckets.buckets(mesh) elements, as Megatron reduces once per step);
 the tied embedding's two copies (first and last stage) then add their
 gradients by one exchange (Megatron's embedding group); then AdamW.
 
@@ -37,60 +37,54 @@ stage's parameters at the start of the step, compared on every rank.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-import math
-from itertools import repeat as repeat_
-from time import perf_counter
 
 import numpy as np
 
 from ...base import buffers
 from ...nn.autograd.kept import kept_problem
-from ...base.context import current
 from ...errors import SpmdsimError
-from ...base.flops import holding
 from ...layouts.layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
-from .memory import MASKS, recompute_problem, zero_problem
+from .memory import recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import (StepResult, _look, _look_blocks, _look_walk, _norm, _report, _steady, anchored_start,
-                    all_rows, anchored_updates, dp_bucket, step_errors)
+from .train import StepResult, all_rows
 from .wholes import Regions, assemble, stage_regions
 from ..axes import DATA, PIPELINE, TENSOR, model_layout, roles_of
 from . import parallel
-from ...base.flops import counting
 from ...base.precision import precision as get_precision, precision_problem
 from ...nn import ops
-from ...nn.autograd import engine as autograd_engine, kept_bytes
 from ...nn.autograd.grad_buffer import GradBuffer
 from ...nn.distrib_optim import DistributedAdamW
 from ...nn.optim import AdamW, clip_grad_norm_
-from ...programs.pipeline.schedule import Compute, Post, Send, build, schedule_problem
-from ...programs.pipeline.timeline import timeline
-from ...runtime import debug, door
-from ...runtime.door import all_gather_object, untraced
+from ...programs.pipeline.schedule import build, schedule_problem
+from ...runtime import debug
+from ...runtime.door import untraced
 from ...runtime.dtensor import DTensor
 from ...runtime.engines.wait import polite_wait
 from ...runtime.executor import pending, resolve
 from ...runtime.mesh import Mesh
-from ...runtime.replay import Scalar, capture, kernel
+from ...runtime.replay import Scalar, capture
 from ...runtime.shared_reference import shared_once
 from ...runtime.sim import dry_run_active, once
 from ...runtime.sim.dry import differ
 from ...runtime.trace import collect_trace
-from ...runtime.trace_export import write_chrome_trace
 from .checkpoint import load, save as save_checkpoint
 from .layouts import mesh_problem
-from .mixed import architecture_problem, tolerances as mixed_tolerances
-from .train import (_checked_mixed, _checked_reference, _checkpoint_problem, _expert_bytes, _optimizer_start,
-                    _resumed_moments, _summed_grads, _zero_axes, _zero_moments, checkpoint_meta, replay_problem,
-                    step_memory_problem, zero_options)
+from .mixed import architecture_problem
+from .tolerances import tolerances as mixed_tolerances
+from .train import _checkpoint_problem, _optimizer_start, checkpoint_meta, replay_problem
+from .stage_memory import _Most
+from .stage_program import PipelineRun, _Clock, _run_program, _tie_embedding
+from .step_check import _norm, _summed_grads, step_errors
+from .buckets import _zero_axes, anchored_start, anchored_updates, dp_bucket, zero_options
+from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
+from .step_looks import _expert_bytes, step_memory_problem
 
-__all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
+__all__ = ["train_pipelined", "pipeline_layout_problem"]
 
 
 def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
@@ -119,65 +113,6 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     return problem or pipeline_problem(cfg, pp * virtual, split)
 
 
-@dataclass
-class PipelineRun:
-    """What a pipelined training ran: the stage's chunks and models, and each step's executed cells.
-
-    Attributes:
-        schedule: the spmdsim.programs.pipeline Schedule every stage ran; ``parts``: each chunk's (stages.Part).
-        stage: this rank's stage; ``models``: chunk -> its GPT part on the stage's mesh.
-        mesh: the whole (pp, dp, tp) mesh; ``stage_mesh``: this stage's (dp, tp) mesh (with MoE layers
-            (pp, dp, ep, tp) and (dp, ep, tp)).
-        orders: per step, the Compute records this rank ran, in order (what a timeline is made from).
-        in_flight: per step, the most microbatch-chunks whose activations this rank held at once.
-        cells: the last step's cells as trace spans: (name, start, end) in perf_counter seconds.
-        trace: the last step's trace (spmdsim.runtime.trace: collectives and messages).
-    """
-
-    schedule: Any
-    parts: tuple
-    stage: int
-    models: dict
-    mesh: Any
-    stage_mesh: Any
-    params: dict
-    orders: list
-    in_flight: list
-    cells: list = field(default_factory=list)
-    trace: Any = None
-
-    def timeline(self, step: int = -1) -> Any:
-        """The unit-cost timeline (spmdsim.programs.pipeline.timeline) of what every stage ran at `step`: each
-        stage's executed order gathered from its first rank (collective over the whole mesh)."""
-        orders = all_gather_object(self.mesh.comm, self.orders[step])[::self.stage_mesh.size]
-        return timeline(self.schedule.stages, orders, self.schedule.virtual)
-
-    def held(self, step: int = -1) -> tuple[int, ...]:
-        """Per stage, the most microbatch-chunks whose activations it held at once at `step` (collective)."""
-        return tuple(all_gather_object(self.mesh.comm, self.in_flight[step])[::self.stage_mesh.size])
-
-    def write_trace(self, path: str) -> None:
-        """The last step as a Chrome/Perfetto trace: one track per rank with its messages and collectives,
-        and a second with its pipeline cells (F3, B3; chunk after a dot when v > 1). Collective."""
-        start = min((c[1] for c in self.cells), default=None)
-        write_chrome_trace(self.mesh.comm, self.trace, path, start=start, spans=self.cells,
-                           span_track="pipeline cells")
-
-    def close(self) -> None:
-        self.stage_mesh.close()
-        self.mesh.close()
-
-
-_PP = (PIPELINE,)  # the messages' axes, normalized once (runtime.door.point_to_point takes a tuple as it is)
-
-
-def _tag(what: str, chunk: int) -> int:
-    """A message's tag: its kind and the chunk that sent it. Messages between two ranks with one tag match
-    in the order posted, and every checked schedule posts each kind's receives in the order the peer
-    sends (GPipe's gradients go in reverse microbatch order on both sides; spmdsim.programs.pipeline.check)."""
-    return 2 * chunk + (what == "grad")
-
-
 def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
                     sp: bool = False, schedule: str = "1f1b", microbatches: int = 1, virtual: int = 1,
                     split: Optional[Sequence[int]] = None, check: bool = True,
@@ -200,7 +135,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
     captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
     step replays it, checked the same way (MoE layers and `cfg.clip` too;
-    with `memory` a replayed step reports what the step run eagerly reports: spmdsim.models.gpt.train._steady).
+    with `memory` a replayed step reports what the step run eagerly reports: spmdsim.models.gpt.step_looks._steady).
     `precision`: the policy (as spmdsim.models.gpt.train.train's: the stages compute under it, activations and their
     gradients cross stage boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them;
     the check's reference is the policy's, microbatch by microbatch). `save`, `save_every` and `resume`: checkpoints
@@ -430,452 +365,6 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     return run, results
 
 
-def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
-                 microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
-                 clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None,
-                 wire_dtype: Any = np.float64, found: Optional[dict] = None,
-                 reducer: Any = None) -> tuple[list, list, int]:
-    """One step of this stage's program: (its microbatches' scaled losses: DTensors, the router losses too;
-    the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
-    ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
-    gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
-    blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
-    on receipt). `described`: each message group's trace description (runtime.door.messages) by its place in
-    `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
-    `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
-    where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
-    found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`.
-    `reducer`: the ZeRO-1 or ZeRO-2 optimizer (spmdsim.nn.autograd.backward's `reduce_with`): ZeRO-1's takes each
-    microbatch's gradient of a parameter into its main gradient as soon as the walk has it; to ZeRO-2's each
-    chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
-    gradients whole."""
-    mesh, models = run.stage_mesh, run.models
-    inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
-    outputs: dict = {}  # (mb, chunk) -> the forward's output (activation, or the scaled loss), until backward
-    upstream: dict = {}  # (mb, chunk) -> the received gradient of chunk's output
-    sent_grads: dict = {}  # (mb, chunk) -> the gradient of chunk's input, until sent
-    losses, order, held, most = [], [], 0, 0
-    scale = 1.0 / microbatches
-    local_shape = act.local_shape(shape)
-    checked = wire.check_shape(shape)  # the received blocks' global shape, as DTensor checks it
-    wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
-    scatter = wire != act
-    if scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
-        rows_per = shape[0] // mesh.layout.axis_size(TENSOR)
-        mine = slice(mesh.coord(TENSOR) * rows_per, (mesh.coord(TENSOR) + 1) * rows_per)
-
-    def outgoing(block: np.ndarray) -> np.ndarray:  # a copy, if one, recorded while capturing
-        if block.dtype != wire_dtype:  # a bfloat16 activation's float32 gradient, rounded once
-            block = block.astype(wire_dtype)
-        return buffers.contiguous(block[mine] if scatter else block)
-
-    tag_micro = microbatches > 1
-    # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
-    kept = autograd_engine.kept_leaves(params)
-    # A kernel while this thread captures the step; else (a dry run, which captures none: its steps count bytes; an
-    # eager step) stamps plainly, no wrapper. The blocks sent: read as ``_local`` in an eager step (a capture's are
-    # its record's views; a dry run's repeated cells' outputs are stand-ins, `_Stand`, with `.local` alone).
-    uncaptured = not buffers.CAPTURE.on and not mesh.engine.dry
-    stamp = _stamp if mesh.engine.dry or uncaptured else kernel(_stamp)
-
-    blocks = _DryBlocks(wire_dtype) if mesh.engine.dry else None
-    repeat = _DryCells(local_shape, blocks) if blocks is not None else None
-    # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too; under
-    # ZeRO-2 so does its last (`last_backward`, below), which reduces the buckets as they fill.
-    first_backward: dict = {}
-    if repeat is not None:
-        for action in program:
-            if isinstance(action, Compute) and action.kind == "B":
-                first_backward.setdefault(action.chunk, action.microbatch)
-
-    def forward(mb: int, c: int) -> None:
-        nonlocal held, most
-        held += 1
-        if held > most:
-            most = held
-        if repeat is None or mb == last_backward.get(c) != first_backward.get(c):
-            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
-            # (its backward runs: it reduces the buckets as they fill, as the real run's does)
-            _forward(mb, c)
-        elif mb != first_backward.get(c) and repeat.again(("F", c)):
-            # a dry run's later microbatch: the first's figures
-            outputs[(mb, c)] = stand = repeat.output(("F", c))
-            stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
-        else:
-            with _first(repeat, ("F", c)):
-                _forward(mb, c)
-        if watch is not None:
-            watch.forward(c, outputs[(mb, c)])
-
-    def _forward(mb: int, c: int) -> None:
-        model, when = models[c], (mb if tag_micro else None)
-        h = model.embed(ids(0, mb), step, True, when) if c == 0 else inputs[(mb, c)]
-        h, router = model.chunk_blocks(h, step, True, when, scale)
-        if router is not None:
-            losses.append(router)  # (a scalar DTensor: what the step's loss adds for them)
-        if c == last:
-            h = model.head_loss(h, ids(1, mb)) * scale
-            losses.append(h)
-        outputs[(mb, c)] = h
-
-    def backward(mb: int, c: int) -> None:
-        nonlocal held
-        held -= 1
-        if watch is not None:
-            watch.backward(c)
-        out = outputs.pop((mb, c))
-        reducing = last_backward.get(c) == mb  # ZeRO-2's last microbatch of the chunk (else `last_backward` empty)
-        reduce_with = reducer if reducing or zero1 else None
-        if repeat is None or reducing and mb != first_backward.get(c):
-            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
-            # (the gradients it holds while it reduces: the earlier microbatches' whole and its own)
-            autograd_engine.backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
-        elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
-            upstream.pop((mb, c), None)
-            if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
-                raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
-            if c > 0:
-                sent_grads[(mb, c)] = blocks.zeros(wire_shape)
-            return
-        else:
-            with _first(repeat, ("B", c)):
-                autograd_engine.backward(out, gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params,
-                          reduce_with=reduce_with)
-        if c > 0:
-            grad = inputs.pop((mb, c)).grad
-            sent_grads[(mb, c)] = outgoing(grad._local if uncaptured else grad.local)
-
-    if described is None:
-        described = {}
-    known = found if found is not None else {}
-    steps = known.get("program")
-    if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
-        steps = known["program"] = (program, _compiled(program))
-    last_backward: dict = {}  # chunk -> the microbatch of its last backward (ZeRO-2's buckets reduced in it)
-    zero1 = reducer is not None and not reducer.shard_grads  # every backward hands ZeRO-1's its gradients
-    if reducer is not None and reducer.shard_grads:
-        for entry in steps[1]:
-            if entry[0] == 1:
-                last_backward[entry[2]] = entry[1]
-    # A received gradient takes the very layout object of the chunk's output (equal to `act`), which the output's
-    # node wants: the backward's tests then stop at `is`, as between the layers of one chunk (under `act`, an
-    # equal object of the model's own, it cost ~8 comparisons and moves a microbatch). Not in a dry run (its
-    # repeated cells' outputs are stand-ins). An activation received keeps `act`: the chunk's rules hand its
-    # gradient back in that object.
-    outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
-    trusted, plain = DTensor._trusted, np.ndarray
-    empty = buffers.empty if blocks is None else lambda shape, dtype: blocks.empty(shape)  # a receive's buffer
-    for entry in steps[1]:
-        kind = entry[0]
-        if kind < 2:  # a cell: 0 forward, 1 backward
-            stamp(clock)
-            if kind:
-                backward(entry[1], entry[2])
-            else:
-                forward(entry[1], entry[2])
-            stamp(clock)
-            order.append(entry[3])
-            continue
-        sends: list = []
-        for is_act, key, peer, tag in entry[2]:
-            sends.append((outgoing(outputs[key]._local if uncaptured else outputs[key].local) if is_act else
-                          sent_grads.pop(key), peer, tag))
-        gets = entry[3]
-        if gets:
-            n = len(gets)
-            bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
-            receives = list(zip(bufs, entry[4], entry[5]))
-        else:
-            bufs = receives = []
-        i = entry[1]
-        group = described.get(i)
-        if group is None:  # the first step's: counted from its buffers once
-            group = described[i] = door.messages(pp_comm, _PP, receives, sends)
-        door.point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", group)
-        for (is_act, key), buf in zip(gets, bufs):
-            # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
-            # which np.asarray makes a plain view, as DTensor's own check would): nothing to check.
-            if type(buf) is not plain:
-                buf = np.asarray(buf)
-            if is_act:
-                layout = act
-            elif outward is not None:
-                layout = _output_layout(outputs.get(key), act, outward)
-            else:
-                layout = act
-            if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
-                t = trusted(mesh, buf, wire, checked).redistribute(layout)
-            else:  # `wire` is `act`, `layout` an object equal to it
-                t = trusted(mesh, buf, layout, checked)
-            if is_act:
-                inputs[key] = t.requires_grad_()
-            else:
-                upstream[key] = t
-    if repeat is not None:
-        repeat.flush()
-    return losses, order, most
-
-
-def _compiled(program: Sequence) -> list:
-    """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
-    Compute), a message group as (2, its place in `program`, its sends in order as (an activation?, (microbatch,
-    chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags)."""
-    steps: list = []
-    for i, action in enumerate(program):
-        if isinstance(action, Compute):
-            steps.append((0 if action.kind == "F" else 1, action.microbatch, action.chunk, action))
-            continue
-        sends, gets, peers, tags = [], [], [], []
-        for op in (action.ops if isinstance(action, Post) else (action,)):
-            send, act = isinstance(op, Send), op.what == "act"
-            sender = op.chunk if send else op.chunk - 1 if act else op.chunk + 1
-            tag = _tag(op.what, sender)
-            if send:
-                sends.append((act, (op.microbatch, op.chunk), op.peer, tag))
-            else:
-                gets.append((act, (op.microbatch, op.chunk)))
-                peers.append(op.peer)
-                tags.append(tag)
-        steps.append((2, i, tuple(sends), tuple(gets), tuple(peers), tuple(tags)))
-    return steps
-
-
-def _output_layout(out: Any, act: Any, seen: dict) -> Any:
-    """The layout object of `out` (a chunk's output, whose gradient is being received) where it is equal to
-    `act` (the blocks' layout between chunks), else `act`: the gradient then reaches the output's node in the
-    very layout object it wants. Compared once per layout object (`seen`: id -> (the object, the answer))."""
-    layout = getattr(out, "_layout", None)  # (None: no such output, never in a checked schedule)
-    if layout is None or layout is act:
-        return act
-    hit = seen.get(id(layout))
-    if hit is None or hit[0] is not layout:
-        if len(seen) >= 64:
-            seen.clear()
-        hit = seen[id(layout)] = (layout, layout if layout == act else act)  # (held: its id is not reused)
-    return hit[1]
-
-
-class _Clock:
-    """perf_counter times, a start and an end per cell, in the order the cells ran."""
-
-    __slots__ = ("times",)
-
-    def __init__(self) -> None:
-        self.times: list = []
-
-
-def _stamp(clock: _Clock) -> None:
-    """Now, onto `clock` (a kernel while a step is captured: its replays stamp again)."""
-    clock.times.append(perf_counter())
-
-
-class _Most:
-    """What `train_pipelined(memory=True)` looks at on one rank in one step: the bytes each chunk's
-    forward keeps for its backward (its first microbatch's graph, spmdsim.nn.autograd.kept_bytes: every
-    microbatch of a chunk keeps blocks of the same shapes), summed over the microbatch-chunks held at
-    each moment; the moment the schedule held the most, and after the backward and the step."""
-
-    def __init__(self, optimizer: Any, params: list, sums: Any = None) -> None:
-        self.optimizer, self.params, self.grad_sums = optimizer, params, sums  # (ZeRO-0's GradBuffer, or None)
-        self.kept_of: dict = {}  # chunk -> {kind: bytes}
-        self.sum_of: dict = {}  # chunk -> its kept bytes in all
-        self.most = -1  # the most bytes kept at once so far
-        self.live: dict = {}  # chunk -> its microbatches live now (forward run, backward not yet)
-        self.total = 0  # the bytes they keep
-        self.moments: dict = {}  # as spmdsim.models.gpt.train._look records them
-        # `live` when the schedule last held more than ever, until that moment is looked at (`_flush`): a look
-        # reads the optimizer's and the gradients' bytes, which only a backward or the step changes, so a rise
-        # is looked at once, before the next of them (a 64-stage 1F1B's first stage rises 64 forwards in a row).
-        self.rise: Optional[dict] = None
-
-    def forward(self, chunk: int, out: Any) -> None:
-        """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
-        if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
-
-            values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
-                                                                                 masks=True)
-            self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
-            self.sum_of[chunk] = sum(self.kept_of[chunk].values())
-        elif holding() and not isinstance(out, _Stand):
-            # A later microbatch's blocks are the rank's too while it is live: marked as held (spmdsim.base.flops.hold)
-            # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
-            # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
-            # cell, counted the first's).
-
-            kept_bytes([out], exclude=self.params)
-        self.live[chunk] = self.live.get(chunk, 0) + 1
-        self.total += self.sum_of[chunk]
-        if self.total > self.most:
-            self.most = self.total
-            self.rise = dict(self.live)
-
-    def _flush(self) -> None:
-        """Look at the last rise (see `rise`), if not yet."""
-        if self.rise is None:
-            return
-        kinds: dict = {}
-        for c, times in self.rise.items():
-            if times:
-                for kind, n in self.kept_of[c].items():
-                    kinds[kind] = kinds.get(kind, 0) + n * times
-        self.rise = None
-        _look(self.moments, "the most activations held", self.optimizer, self.params, kinds, self.grad_sums)
-
-    def backward(self, chunk: int) -> None:
-        """A backward of `chunk` is about to run: one of its microbatches' kept bytes are no longer live."""
-        self._flush()
-        self.live[chunk] -= 1
-        self.total -= self.sum_of[chunk]
-
-    def walk(self, grads: dict) -> None:
-        """A backward's look at a stop of its walk: ZeRO-2's before it reduces a bucket, ZeRO-1's and ZeRO-0's as
-        gradients go into the buffer, ZeRO-0's before each bucket's Allreduce (spmdsim.models.gpt.train._look_walk)."""
-        _look_walk(self.moments, self.optimizer, self.params, grads, self.grad_sums)
-
-    def sums(self, blocks: list) -> None:
-        """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone, where the gradients are not all
-        in their buffer's views (spmdsim.models.gpt.train._look_blocks; the buffer held beside them)."""
-        _look_blocks(self.moments, self.params, blocks, self.grad_sums)
-
-    def look(self, moment: str, kept: Optional[dict] = None) -> None:
-        self._flush()
-        _look(self.moments, moment, self.optimizer, self.params, kept, self.grad_sums)
-
-    def report(self, step: int, replayed: bool = False) -> Any:
-        """The step's MemoryReport; `replayed`: a replay of the step these looks were made in (which runs none
-        of their Python): its bytes as any later step's (spmdsim.models.gpt.train._steady)."""
-        self._flush()
-        moments = _steady(self.moments) if replayed else self.moments
-        return _report(step, moments, buffers.owned_bytes(p.local for p in self.params))
-
-
-class _Stand:
-    """A dry run's repeated forward cell: the output's block (zeros) and, while it lives, the bytes the first
-    cell of its kind kept for its backward (counted on the run's Meter)."""
-
-    __slots__ = ("local", "input", "__weakref__")
-
-    def __init__(self, local: np.ndarray) -> None:
-        self.local, self.input = local, None
-
-
-class _DryCells:
-    """A dry run's cells after the first of each kind ((F or B, chunk)): every microbatch's cell of one kind
-    runs the same operators on blocks of the same shapes, so the first one runs (dry) and is measured (its
-    trace rows, the bytes it keeps, the bytes it holds at its peak, its matrix products) and the later ones
-    add those figures without running again: ranks that do the same work are computed once, and so are
-    microbatches."""
-
-    def __init__(self, local_shape: tuple, blocks: "_DryBlocks") -> None:
-        self.local_shape, self.blocks = local_shape, blocks
-        self.context = current()  # the rank's: its open traces and FLOP counters, its Meter
-        # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
-        # a spmdsim.base.flops.FlopCounter)
-        self.seen: dict = {}
-        self.repeats: dict = {}  # (kind, chunk) -> cells repeated, whose products `flush` adds at once
-
-    def flush(self) -> None:
-        """Add the repeated cells' matrix products to the FLOP counters open on this rank (spmdsim.base.flops.
-        counting): once per kind of cell, times its repeats, at the end of the step's program."""
-        for counter in current().flops:
-            for key, times in self.repeats.items():
-                counter.merge(self.seen[key][3], times)
-        self.repeats.clear()
-
-    def again(self, key: tuple) -> bool:
-        """True (and the first cell's rows, peak and products added) if a cell of this kind ran already."""
-        seen = self.seen.get(key)
-        if seen is None:
-            return False
-        rows, _, transient, _ = seen
-        context = self.context
-        for trace in context.traces:
-            trace.repeat(rows)
-        if context.flops:  # the FLOP counters open on this rank: added at `flush`
-            self.repeats[key] = self.repeats.get(key, 0) + 1
-        meter = context.meter
-        if meter.held + transient > meter.peak:
-            meter.peak = meter.held + transient
-        return True
-
-    def output(self, key: tuple) -> _Stand:
-        """The stand-in of a repeated forward's output, holding the first such forward's kept bytes while it
-        lives."""
-        out = _Stand(self.blocks.zeros(self.local_shape))
-        self.context.meter.count(out, self.seen[key][1])
-        return out
-
-
-class _DryBlocks:
-    """A dry run's blocks (of the wire's dtype) that nothing writes: the message buffers a stage receives into
-    (the dry engine leaves them as they are) and the stand-ins of repeated cells (only sent). Each is an array of
-    its own over one lazy mapping per size (spmdsim.base.buffers.lazy_zeros: zeros the kernel maps on read), so the
-    run's Meter counts each as the owner of its bytes, as it counts a mapping of its own, where a mapping a block cost
-    ~7 us to make and free (a 1F1B step of 64 stages x 512 microbatches makes ~130,000). `empty` is placed
-    as spmdsim.base.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
-    size lazy_zeros maps is theirs."""
-
-    __slots__ = ("_maps", "_empty", "_zeros", "dtype")
-
-    def __init__(self, dtype: Any = np.float64) -> None:
-        self.dtype = np.dtype(dtype)
-        self._maps: dict = {}  # bytes -> the mapping under that size's blocks, or None (numpy's own zeros)
-        self._empty: dict = {}  # shape -> the mapping `empty` places its blocks of that shape on, or None
-        self._zeros: dict = {}  # the same for `zeros`
-
-    def _map(self, nbytes: int) -> Any:
-        if nbytes not in self._maps:
-            raw = buffers.owner(buffers.lazy_zeros(nbytes, np.uint8))
-            self._maps[nbytes] = raw.base if buffers.is_lazy(raw) else None
-        return self._maps[nbytes]
-
-    def empty(self, shape: tuple) -> np.ndarray:
-        mapping = self._empty.get(shape, False)
-        if mapping is False:
-            nbytes = self.dtype.itemsize * math.prod(shape)
-            mapping = self._empty[shape] = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
-        if mapping is None:
-            return buffers.empty(shape, self.dtype)
-        return np.ndarray(shape, self.dtype, mapping, buffers.PAGE_OFFSET)
-
-    def zeros(self, shape: tuple) -> np.ndarray:
-        mapping = self._zeros.get(shape, False)
-        if mapping is False:
-            mapping = self._zeros[shape] = self._map(self.dtype.itemsize * math.prod(shape))
-        if mapping is None:
-            return buffers.lazy_zeros(shape, self.dtype)
-        return np.ndarray(shape, self.dtype, mapping)
-
-
-class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
-    """Measure the first cell of its kind in a dry run (see _DryCells); nothing otherwise."""
-
-    def __init__(self, repeat: Optional[_DryCells], key: tuple) -> None:
-        self.repeat, self.key = repeat, key
-
-    def __enter__(self) -> None:
-        if self.repeat is None:
-            return
-
-        context = current()
-        self.meter, self.trace = context.meter, context.traces[-1]
-        self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
-        self.meter.peak = self.meter.held  # the peak inside this cell, from here
-        self.counting = counting()  # the cell's matrix products, beside any counter open outside
-        self.products = self.counting.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.repeat is None:
-            return
-        self.counting.__exit__(*exc)
-        if exc[0] is not None:
-            return
-        meter = self.meter
-        self.repeat.seen[self.key] = (tuple(self.trace._rows[self.rows:]), meter.held - self.held,
-                                      meter.peak - self.held, self.products)
-        meter.peak = max(meter.peak, self.peak)
-
-
 def _on_mesh(run: PipelineRun, stats: list) -> tuple:
     """A stage's MoEStats with their ranks on the whole mesh (a stage's ranks follow its first: pp is the
     major axis)."""
@@ -896,34 +385,6 @@ def _largest(stats: tuple) -> tuple:
         most[s.layer] = s if seen is None else replace(seen, send_bytes=max(seen.send_bytes, s.send_bytes),
                                                        received_bytes=max(seen.received_bytes, s.received_bytes))
     return tuple(most.values())
-
-
-def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, described: dict) -> None:
-    """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group).
-    `described`: the exchange's trace description under "tied" after the first step (runtime.door.messages)."""
-    g = wte.grad
-    mine = buffers.contiguous(g.local)
-    theirs = buffers.empty(mine.shape, mine.dtype)
-    receives, sends = [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)]
-    known = described.get("tied")
-    if known is None:
-        known = described["tied"] = door.messages(pp_comm, _PP, receives, sends)
-    door.point_to_point(run.mesh, pp_comm, _PP, receives, sends, "embedding group", known)
-    if g._local is wte._ag.main:  # ZeRO-1's main gradient (spmdsim.nn.distrib_optim): the sum into it, in place
-        if not g.mesh.engine.dry:
-            _add_main(wte._ag.main, theirs)
-        return
-    total = mine if g.mesh.engine.dry else mine + theirs  # a dry run's zeros stay zeros, unread
-    wte._ag.grad = type(g)(g.mesh, total, g.layout, g.global_shape)
-
-
-def _add_main(main: np.ndarray, theirs: np.ndarray) -> None:
-    """``main += theirs`` (the ufunc and operands of ``mine + theirs``: the same bits), a kernel while capturing."""
-    (kernel(_added) if buffers.CAPTURE.on else _added)(main, theirs)
-
-
-def _added(main: np.ndarray, theirs: np.ndarray) -> None:
-    np.add(main, theirs, out=main)
 
 
 def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:

@@ -33,58 +33,54 @@ elements of the reference's gradients; `memory=True` measures each step's bytes
 Precision (docs/training.md, "Mixed precision (bf16)"): under `precision="fp32"` or
 "bf16-mixed" the reference step runs under the same policy (spmdsim.models.gpt.mixed) from the
 run's master copies; the loss and gradients are compared with it within the policy's
-tolerances (spmdsim.models.gpt.mixed.tolerances), and AdamW is checked on the run's own
+tolerances (spmdsim.models.gpt.tolerances.tolerances), and AdamW is checked on the run's own
 gradients and moments (gathered at the step's start), so its float32 update must agree
 to its own rounding whatever the gradients' bf16 flips.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ...nn.autograd.kept import kept_problem
-from ...base.buffers import owned_bytes, owner
+from ...base.buffers import owned_bytes
 from ...layouts.layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
-from ...base.precision import is_low, precision as get_precision, precision_problem
-from .mixed import tolerances as mixed_tolerances
-from .params import decays, is_expert, param_specs
-from .wholes import Regions, assemble, peaks, regions
-from ..axes import DATA, EXPERT, PIPELINE, TENSOR, model_layout, roles_of
+from ...base.precision import precision as get_precision, precision_problem
+from .tolerances import tolerances as mixed_tolerances
+from .params import decays, param_specs
+from .wholes import Regions, assemble, regions
+from ..axes import PIPELINE, model_layout, roles_of
 from . import checkpoint
-from ...base.sizes import format_size
 from ...errors import SpmdsimError
 from ...nn import ops
 from ...nn.autograd import kept_bytes
 from ...nn.autograd.engine import backward
 from ...nn.autograd.grad_buffer import GradBuffer
-from ...nn.optim import AdamW, DistributedAdamW, adamw_update, clip_grad_norm_
-from ...programs.memory import ENV_VAR
-from ...runtime import door
-from ...runtime.budget import agreed_budget
+from ...nn.optim import AdamW, DistributedAdamW, clip_grad_norm_
 from ...runtime.dtensor import DTensor
-from ...runtime.engines import engine_of, memory as stop
-from ...runtime.executor import gather, pending, resolve
+from ...runtime.executor import pending, resolve
 from ...runtime.mesh import Mesh
 from ...runtime.replay import Scalar, capture
 from ...runtime.shared_reference import shared_once
 from ...runtime import shared_rows
 from ...runtime.sim import dry_run_active, once
 from ...runtime.trace import collect_trace
-from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
 from .checkpoint import load, run_meta, save as save_checkpoint
 from .layouts import megatron_layouts
-from .memory import step_need
-from .mixed import architecture_problem, loss_and_grads as mixed_loss_and_grads
+from .mixed import architecture_problem
 from . import parallel
-from .reference import _masks, clip_grads, generate, loss_and_grads as reference_loss_and_grads
+from .reference import generate
+from .step_looks import _expert_bytes, _look, _look_blocks, _look_walk, _report, _restep, _steady, step_memory_problem
+from .step_check import _norm, _summed_grads, step_errors
+from .buckets import _zero_axes, anchored_start, anchored_updates, dp_bucket, zero_options
+from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _routes, _zero_moments
 
-__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "step_memory_problem", "TOLERANCE",
+__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE",
            "all_rows", "checkpoint_problem", "checkpoint_meta"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
@@ -105,104 +101,13 @@ class StepResult:
     memory: Optional[MemoryReport] = None
     dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.models.moe.stats.MoEStats of the step's forward
     experts: Any = None  # with MoE layers: this rank's spmdsim.models.moe.ledger.ExpertBytes of the step
-    # (loss, gradients, parameters): the policy's (spmdsim.models.gpt.mixed.tolerances); 1e-10 each at float64
+    # (loss, gradients, parameters): the policy's (spmdsim.models.gpt.tolerances.tolerances); 1e-10 each at float64
     tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
     norm: Optional[float] = None  # with cfg.clip: the gradients' joint norm before clipping (alike on every rank)
 
     @property
     def passed(self) -> bool:
         return all(e <= t for e, t in zip(self.errors, self.tolerances) if e == e)
-
-
-def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
-                grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph") -> tuple:
-    """The references of a step under a low-precision policy (spmdsim.models.gpt.mixed): (loss, gradients) of the
-    same policy from the run's parameters at the step's start (its master copies), and the updated master
-    copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
-    each name -> whole array; the moments zeros before the first step). `microbatches` > 1: gradient
-    accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
-    the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
-    model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed)."""
-    loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
-        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i),
-        _rows(routes, rows), kept))
-    if cfg.clip:
-        ref_grads = clip_grads(ref_grads, cfg.clip)[1]
-    state = policy.dtype("optimizer")
-    updated = {}
-    for spec in param_specs(cfg):
-        name = spec.name
-        p, m, v = (start[k][name].astype(state) for k in ("params", "m", "v"))
-        adamw_update(p, grads[name].astype(state), m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
-        updated[name] = p
-    return loss, ref_grads, updated
-
-
-def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
-                    step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
-    """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place.
-
-    `microbatches` > 1: the batch's rows in that many equal microbatches, each with its own dropout masks
-    (spmdsim.models.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
-    `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
-    """
-    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: reference_loss_and_grads(
-        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows)))
-    if cfg.clip:
-        grads = clip_grads(grads, cfg.clip)[1]
-    new_moments, updated = {"m": {}, "v": {}}, {}
-    for spec in param_specs(cfg):
-        name = spec.name
-        p, m, v = params[name].copy(), moments["m"][name].copy(), moments["v"][name].copy()
-        adamw_update(p, grads[name], m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
-        new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
-    return new_moments, loss, grads, updated
-
-
-def _rows(routes: Optional[dict], rows: slice) -> Optional[dict]:
-    """`routes` (MoE layer -> (B, T, k) experts) of the batch's `rows` (a microbatch's); None stays None."""
-    return None if routes is None else {name: chosen[rows] for name, chosen in routes.items()}
-
-
-def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
-    """MoE layer ("h1") -> every rank's tokens' experts of the step's forward, whole (B, T, k): one Allgather
-    of each layer's (its batch rows split as the tokens are, copies over tp); None without MoE
-    layers. The check's reference follows them where rounding alone can explain them (the ranks' and its own
-    router logits differ by a unit in the last place here and there: spmdsim.models.moe.routing.followed)."""
-    if cfg.moe is None or not model.moe_stats:
-        return None
-    mesh = model.mesh
-    batch = mesh.layout(model.batch, None, None)
-    routes = {}
-    for s in model.moe_stats:
-        k = s.chosen.shape[-1]
-        mine = DTensor(mesh, s.chosen, batch, (cfg.batch, cfg.seq, k))
-        routes[s.layer] = mine.redistribute(mesh.layout(None, None, None)).local
-    return routes
-
-
-def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[int]], tuple]) -> tuple:
-    """(loss, gradients) of a batch of `batch` rows in `microbatches` equal microbatches, `one(rows, micro)` each
-    (micro None: the whole batch at once), their losses and gradients averaged (in the gradients' own dtype):
-    gradient accumulation, as a pipeline makes it."""
-    if microbatches == 1:
-        return one(slice(None), None)
-    size = batch // microbatches
-    loss, grads = 0.0, {}
-    for i in range(microbatches):
-        part, g = one(slice(i * size, (i + 1) * size), i)
-        loss += part / microbatches
-        for name, value in g.items():
-            value = value / microbatches
-            grads[name] = value if i == 0 else grads[name] + value
-    return loss, grads
-
-
-def _zero_moments(cfg: GPTConfig) -> dict:
-    zeros = {s.name: np.zeros(s.shape) for s in param_specs(cfg)}
-    return {"m": zeros, "v": dict(zeros)}
 
 
 def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
@@ -275,106 +180,6 @@ def _optimizer_start(optimizer: Any, tensors: dict) -> list:
     return tables
 
 
-def _summed_grads(optimizer: Any, tensors: dict, zero: int) -> tuple[dict, dict]:
-    """(name -> this rank's block of the summed gradient the update read, name -> the master copy of each
-    bfloat16 parameter), of the parameters `tensors` names; ZeRO-1's slices gathered over dp (collective)."""
-    index = {id(p): i for i, p in enumerate(optimizer.params)}
-    if zero:
-        grads, masters = optimizer.gathered("grad"), optimizer.gathered("master")
-        return ({name: grads[index[id(t)]] for name, t in tensors.items()},
-                {name: masters[index[id(t)]] for name, t in tensors.items() if is_low(t.dtype)})
-    return ({name: t.grad.local for name, t in tensors.items()},
-            {name: optimizer.master[index[id(t)]] for name, t in tensors.items() if index[id(t)] in optimizer.master})
-
-
-def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
-                       cfg: GPTConfig, step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
-    """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
-    (spmdsim.models.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
-    (spmdsim.runtime.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
-    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
-                                                    routes)
-    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
-
-
-def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
-                   cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1,
-                   routes: Optional[dict] = None, kept: str = "graph") -> tuple:
-    """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
-    that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
-    (spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
-    start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
-    loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
-                                           microbatches, routes, kept=kept)
-    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
-
-
-def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0,
-           peak: Optional[float] = None) -> float:
-    """The largest difference of this rank's block from its region, relative to the tensor's largest entry
-    (`peak`, when known; or `floor`, when larger: a gradient that is zero but for rounding, like the key bias's,
-    has no scale)."""
-    if peak is None:
-        peak = float(np.max(np.abs(reference), initial=0.0))
-    scale = max(peak, floor) or 1.0
-    return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
-
-
-def _norm(zero: Any, norms: list) -> Optional[float]:
-    """The step's norm before clipping: the distributed optimizer's (`zero`), else the last of `norms` (None
-    when nothing was clipped; a replayed step's is the array clip_grad_norm_ returned while capturing, which
-    each replay rewrites)."""
-    if zero is not None:
-        return zero.last_norm
-    return float(norms[-1]) if norms else None
-
-
-def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1,
-                        microbatches: int = 1, recompute: str = "none", sp: bool = False, kept: str = "graph",
-                        zero: int = 0, precision: Any = "fp64") -> Optional[str]:
-    """Why one rank of this training step cannot fit the memory a rank may use, or None; collective (every rank
-    of `comm` alike: the same answer on each, before anything is allocated).
-
-    The need is spmdsim.models.gpt.memory.step_need's shape-only count (the model states, the activations kept for
-    backward and the attention's scores: a lower bound of the dry run's peak, so what is refused cannot fit). The limit is the room before the simulator's memory stop (and, under
-    mpiexec, the memory watch: spmdsim.runtime.engines.memory) fires: what this machine, or its cgroup, has left
-    (spmdsim.runtime.budget's agreed figure per rank) less the share of the memory the stop keeps free
-    (`LOW_FRACTION` of the total, at least `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and
-    SPMDSIM_MEMORY=off, a dry run (no block is written) or a machine that does not say skips the check."""
-    import os
-
-
-    budget = agreed_budget(comm)
-    if budget is None:
-        return None
-    limit, source = budget.bytes, budget.source
-    got = stop.readings() if not os.environ.get(ENV_VAR, "").strip() else None
-    if got is not None:  # the stop's reserve, shared by the ranks on this node
-        reserve = max(stop.LOW_FLOOR, int(stop.LOW_FRACTION * got[2]))
-        limit = max(0, limit - reserve // engine_of(comm).node_size(comm))
-        source += f", less {format_size(reserve)} kept free for the memory stop"
-        if comm.Get_size() > 1:  # nodes may differ: the least, on every rank alike
-            limit = door.all_reduce_object(comm, limit, "min")
-    need = step_need(cfg, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
-                     zero=zero, precision=precision)
-    if need.nbytes <= limit:
-        return None
-    if need.attention:
-        parts = (f"the attention's scores {format_size(need.attention)}, one layer's {format_size(need.block)}: "
-                 f"{need.words()}; other activations kept for backward {format_size(need.activations)}; "
-                 f"parameters {format_size(need.states)}")
-    elif need.moment == "at the step's end":
-        parts = f"parameters, gradients and optimizer states {format_size(need.states)}"
-    else:
-        parts = (f"activations kept for backward {format_size(need.activations)}; parameters "
-                 f"{format_size(need.states)}")
-    return (f"the GPT's training step needs at least {format_size(need.nbytes)} per rank {need.moment} at seq "
-            f"{cfg.seq:,} ({parts}) but a rank may use "
-            f"{format_size(limit)} ({source}); use a smaller seq or batch (--seq, --batch), more ranks, or a "
-            f"dry run (--dry-run, or `spmdsim estimate gpt`: the step's peak per rank); {ENV_VAR}=SIZE|off "
-            "changes the limit")
-
-
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
     """Why `cfg`'s training step (train's or spmdsim.models.gpt.pipeline's: a pipelined MoE step's router losses are
     read when the step ends, as its other losses are) cannot be replayed (spmdsim.runtime.replay), or None: none
@@ -403,7 +208,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     losses.
     `precision`: the precision policy (spmdsim.base.precision: "fp64", "fp32", "bf16-mixed"); the reference
     step then runs under it (spmdsim.models.gpt.mixed) and the check's tolerance is the policy's
-    (spmdsim.models.gpt.mixed.tolerances: the optimizer checked on the run's own gradients).
+    (spmdsim.models.gpt.tolerances.tolerances: the optimizer checked on the run's own gradients).
     `save`: a directory to write a checkpoint into (spmdsim.models.gpt.checkpoint: a file per rank and rank 0's
     metadata) after the last step, and with `save_every` N > 0 after every N-th step too. `resume`: a checkpoint
     directory to continue from: the steps from the one it reached to `steps` run (and are returned), as the run
@@ -613,259 +418,3 @@ def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every:
     return problem or (checkpoint.save_problem(save) if save is not None else None)
 
 
-def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
-    """The reference's moments at a resumed run's first step: the run's (`_run_start`'s rows), whole."""
-    _, m, v = assemble(where, start, 3)
-    return {"m": m, "v": v}
-
-
-#: The gradient buckets' size in elements of a rank's parameter shards, ZeRO-0's and ZeRO-2's alike: Megatron's
-#: default bucket_size, max(40M, 1M x the data-parallel size): at a large dp a ring's per-rank chunk of a bucket
-#: stays large enough for the bandwidth, not the latency, to set its time (megatron/core/distributed/
-#: distributed_data_parallel.py; its buckets count a process's parameter elements, its shards under tensor
-#: parallelism). `buckets(mesh)` gives it for a mesh.
-ZERO_BUCKET = 40_000_000
-ZERO_BUCKET_PER_DP = 1_000_000
-
-
-def buckets(mesh: Any) -> int:
-    """The gradient buckets' size in elements on `mesh` (ZERO_BUCKET, or ZERO_BUCKET_PER_DP a data-parallel rank:
-    the ranks over which the dense layers' gradients are summed, dp and, on an MoE mesh, ep, as Megatron's data-
-    parallel size counts them)."""
-    return max(ZERO_BUCKET, ZERO_BUCKET_PER_DP * mesh.layout.group_size(_zero_axes(mesh)))
-
-
-def dp_bucket(params: list, mesh: Any) -> int:
-    """ZeRO-0's gradient bucket in bytes (its GradBuffer's cap, which counts a rank's shards, as `reduce_grads`'):
-    `buckets(mesh)` elements at the widest parameter's bytes."""
-    return buckets(mesh) * _widest(params)
-
-
-def _widest(params: list) -> int:
-    """The bytes of an element of the widest of `params` (8 for none): a bucket's elements priced at them."""
-    return max((p.local.dtype.itemsize for p in params), default=8)
-
-
-def zero_options(zero: int, params: list, mesh: Any) -> dict:
-    """DistributedAdamW's options for ZeRO stage `zero` (1 or 2) over `params` on `mesh`: ZeRO-2 shards the
-    gradients, in buckets of at most `buckets(mesh)` elements (at the widest parameter's bytes; the buckets share
-    one flat buffer of the largest's bytes, so the buffer a rank holds beside its gradient slices stays this
-    size); ZeRO-1 keeps one bucket."""
-    if zero < 2:
-        return {}
-    return {"shard_grads": True, "bucket": buckets(mesh) * _widest(params)}
-
-
-def _zero_axes(mesh: Any) -> tuple:
-    """The axes ZeRO-1 shards over: the data-parallel ones, "dp" and, on an MoE mesh, "ep" (the dense layers'
-    tokens are split over both; the experts, split over ep, shard over dp alone: spmdsim.nn.distrib_optim)."""
-    return tuple(a for a in (DATA, EXPERT) if a in mesh.layout.alias_name)
-
-
-def anchored_start(optimizer: Any, tensors: dict) -> Any:
-    """Copies at the step's start of what the update reads, for `anchored_updates`: with AdamW, name -> (this
-    rank's block, its first and second moments (None before its first step), its steps so far, whether it
-    decays); with ZeRO-1 (spmdsim.nn.optim.DistributedAdamW), per bucket (this rank's master slice, its moments'
-    slices, the bucket's steps so far)."""
-    if hasattr(optimizer, "buckets"):  # ZeRO-1: each rank updates its slice of each bucket
-        return [(b.master.copy(), b.m.copy(), b.v.copy(), b.t) for b in optimizer.buckets]
-    index = {id(p): i for i, p in enumerate(optimizer.params)}
-    out = {}
-    for name, t in tensors.items():
-        i = index[id(t)]
-        steps, m, v = optimizer.state.get(i) or (0, None, None)
-        out[name] = (np.array(t.local, np.float64), None if m is None else np.array(m, np.float64),
-                     None if v is None else np.array(v, np.float64), steps, bool(optimizer.decays[i]))
-    return out
-
-
-def anchored_updates(start: Any, tensors: dict, cfg: GPTConfig, optimizer: Any) -> dict:
-    """name -> this rank's block after the reference's AdamW (spmdsim.nn.optim.adamw_update) on the run's own
-    start (`anchored_start`) and the gradient the run stepped with: the update checked on the run's very
-    inputs. A free-running update of the reference's own gradients turns a rounding the gradient check
-    accepts into AdamW's first-step sign flip (lr x g / (|g| + eps)) where a gradient has cancelled. With
-    ZeRO-1 each rank updates its own slice of each bucket from its summed gradient slice, and the slices are
-    gathered over dp (one Allgather a bucket, label "check": a collective) into the parameters' blocks, as the
-    optimizer's own Allgather gathers them."""
-    if hasattr(optimizer, "buckets"):
-        return _zero_anchored(start, tensors, cfg, optimizer)
-    out = {}
-    for name, (p, m, v, steps, decaying) in start.items():
-        p, g = p.copy(), np.asarray(tensors[name].grad.local, np.float64)
-        m = np.zeros_like(p) if m is None else m.copy()
-        v = np.zeros_like(p) if v is None else v.copy()
-        adamw_update(p, g, m, v, steps + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay if decaying else 0.0)
-        out[name] = p
-    return out
-
-
-def _zero_anchored(start: list, tensors: dict, cfg: GPTConfig, optimizer: Any) -> dict:
-    """`anchored_updates` under ZeRO-1: AdamW of each bucket's slice (decay on its decaying spans), gathered."""
-    names = list(tensors)
-    out = {}
-    for b, (master, m, v, steps) in zip(optimizer.buckets, start):
-        p, m, v = master.astype(np.float64), m.astype(np.float64), v.astype(np.float64)
-        for a, z in b.decayed:  # decoupled decay first, as AdamW's update makes it
-            p[a:z] *= 1 - cfg.lr * cfg.weight_decay
-        adamw_update(p, np.asarray(b.grad, np.float64), m, v, steps + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=0.0)
-        flat = gather(optimizer.mesh, p, b.axes, "check") if b.axes else p
-        for i, a, z in b.members:
-            out[names[i]] = flat[a:z].reshape(tensors[names[i]].local.shape)
-    return out
-
-
-def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
-                zero: Any = None, masters: Optional[dict] = None, top: Optional[dict] = None,
-                slices: Optional[dict] = None, anchored: Optional[dict] = None) -> np.ndarray:
-    """This rank's largest relative differences from the reference step (loss, gradients, updated
-    parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
-    `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
-    compared in the parameter's place. `top`: {"grads": ..., "updated": ...}, each name -> the reference's
-    largest magnitude (spmdsim.models.gpt.wholes.peaks; computed here when not given); `slices`: name -> this rank's
-    region (the tensor's own when not given). `anchored`: name -> this rank's block as the reference's AdamW
-    updates it from the run's own start and gradient (`anchored_updates`), compared in place of `updated`'s
-    region (the run's update of its own inputs, which no gradient's rounding can flip). The trainers take
-    the maximum over the mesh."""
-    masters = masters or {}
-    top = top or {"grads": peaks(grads), "updated": peaks(updated)}
-    slices = slices or {name: t.slices for name, t in tensors.items()}
-    whole = (slice(None),)
-    params = max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], slices[name],
-                        peak=top["updated"][name]) if anchored is None else
-                 _worst(np.asarray(t.local, np.float64), anchored[name], whole * t.local.ndim,
-                        peak=top["updated"][name])
-                 for name, t in tensors.items())
-    for name, master in masters.items():  # the parameter is its master copy rounded once, exactly
-        t = tensors[name]
-        params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),
-                                    (slice(None),) * master.ndim, top["updated"][name]))
-    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
-                     _grad_error(tensors, grads, zero, top["grads"], slices), params])
-
-
-def _grad_error(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = None,
-                slices: Optional[dict] = None) -> float:
-    """The largest difference of this rank's gradients from the reference's, relative to the model's largest
-    gradient entry (a gradient that is zero but for rounding, like the key bias's, has no scale of its own).
-    With ZeRO-1 (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice this rank
-    updated. `top` and `slices` as step_errors'."""
-    top = top or peaks(grads)
-    slices = slices or {name: t.slices for name, t in tensors.items()}
-    floor = max(top[name] for name in grads)
-    if zero is None:
-        return max(_worst(t.grad.local, grads[name], slices[name], floor, top[name]) for name, t in tensors.items())
-    names = list(tensors)
-    worst = 0.0
-    for i, a, z, values in zero.grad_slices():
-        reference = grads[names[i]]
-        mine = reference[slices[names[i]]].reshape(-1)[a:z]
-        scale = max(top[names[i]], floor) or 1.0
-        worst = max(worst, float(np.max(np.abs(values - mine), initial=0.0)) / scale)
-    return worst
-
-
-def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any, optimizer: Any,
-                  trace: Any) -> Any:
-    """Rank `rank`'s spmdsim.models.moe.ledger.ExpertBytes of the step just taken: `params` the parameters it holds
-    (name -> DTensor on `mesh`, a (dp, ep, tp) mesh), `stats` its MoEStats of one forward, `trace` the
-    step's trace. A pipeline stage counts the MoE layers it holds."""
-    experts = [t for name, t in params.items() if is_expert(name)]
-    layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i) and f"h{i}.moe.w1" in params]
-    rows = [e for e in trace.entries if e.label and any(e.label.startswith(f"{layer}{word}") for layer in layers
-                                                        for word in EXCHANGE_WORDS)]
-    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
-    return ExpertBytes(rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
-                       sum(t.local.nbytes for t in experts),
-                       optimizer.grads_of(experts) if hasattr(optimizer, "grads_of") else
-                       sum(t.grad.local.nbytes for t in experts if t.grad is not None),
-                       optimizer.states_of(experts), sum(s.send_bytes for s in stats),
-                       sum(s.received_bytes for s in stats), sum(e.bytes_sent for e in rows), len(rows),
-                       cfg.moe.dry_routing if dry_run_active() else "router")
-
-
-def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Optional[dict] = None,
-          sums: Any = None) -> None:
-    """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
-    and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks. `sums`:
-    ZeRO-0's GradBuffer, or None."""
-    held = optimizer.memory()
-    # The gradients: the leaves' blocks and the gradient buffer they accumulate in (ZeRO-1's, ZeRO-0's: their
-    # .grad views it from the first backward on; the buffer is held between steps too), each buffer once.
-    grads = owned_bytes([p.grad.local for p in params if p.grad is not None]
-                        + list(getattr(optimizer, "gradient_buffers", tuple)())
-                        + list(sums.gradient_buffers() if sums is not None else ()))
-    moments[moment] = (held, grads, owned_bytes(p.local for p in params) + grads
-                       + sum(held.values()) + sum((kept or {}).values()))
-    if kept is not None:
-        moments["kept"] = kept
-
-
-def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict, sums: Any = None) -> None:
-    """A backward's look at a stop of its walk (DistributedAdamW.watch: ZeRO-2's before it reduces a bucket,
-    ZeRO-1's as gradients go into its buffer; ZeRO-0's GradBuffer.watch, `sums`, the same and before each bucket's
-    sum; `grads`: the walk's gradients then): the most bytes of gradients held so far in the step's backwards,
-    under "walk" in `moments`: the parameters' gradients in the walk and in ``.grad``, the optimizer's summed
-    slices and the gradient buffers, each buffer once."""
-    found = [g for g in map(grads.get, [p._ag for p in params]) if g is not None]
-    held = owned_bytes([g.local for g in found] + [p.grad.local for p in params if p.grad is not None]
-                       + list(getattr(optimizer, "gradient_buffers", tuple)())
-                       + list(sums.gradient_buffers() if sums is not None else ()))
-    if held > moments.get("walk", 0):
-        moments["walk"] = held
-
-
-def _look_blocks(moments: dict, params: list, blocks: list, sums: Any) -> None:
-    """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone in a block of its own (`GradBuffer`'s
-    `watch_blocks`, where a gradient was not pending as guessed; `blocks`: every gradient block held then, the
-    bucket's flat among them; `sums`: that GradBuffer, whose blocks are held beside them), under "walk" as
-    `_look_walk`'s: those, the buffer's blocks and the ``.grad`` blocks, each block's own bytes, the views of one
-    buffer at most its bytes (an eager block may view a larger buffer where a captured step's traced block is its
-    own: the two report the same)."""
-    owners: dict = {}
-    for a in chain(blocks, sums.gradient_buffers(), (p.grad.local for p in params if p.grad is not None)):
-        whole = owner(a)
-        owners.setdefault(id(whole), (whole.nbytes, {}))[1][id(a)] = a.nbytes
-    held = sum(min(size, sum(views.values())) for size, views in owners.values())
-    if held > moments.get("walk", 0):
-        moments["walk"] = held
-
-
-def _steady(moments: dict) -> dict:
-    """A first step's `_look` moments as a later step's: the optimizer's bytes after that step (its states and
-    buffers, made in the first step) held at every moment, each total changed by as much. A replayed step's
-    report (the replay runs none of the step's Python): what the same step run eagerly reports."""
-    after = moments["after the step"][0]
-    out = {}
-    for moment, value in moments.items():
-        if moment in _NOT_MOMENTS:
-            out[moment] = value
-            continue
-        held, grads, total = value
-        out[moment] = (after, grads, total - sum(held.values()) + sum(after.values()))
-    return out
-
-
-def _report(step: int, moments: dict, params: int) -> MemoryReport:
-    """The step's MemoryReport from the moments `_look` recorded (the peak: the largest total of them)."""
-    held, grads, _ = moments["after the step"]
-    peak, moment = max((moments[m][2], m) for m in moments if m not in _NOT_MOMENTS)
-    kept = tuple(sorted(moments["kept"].items(), key=lambda kv: _KIND_ORDER.get(kv[0], len(_KIND_ORDER))))
-    most = max([moments[m][1] for m in moments if m not in _NOT_MOMENTS] + [moments.get("walk", 0)])
-    return MemoryReport(step, kept, params, grads, held["master copy"], held["optimizer states"], held["buffers"],
-                        peak, moment, most)
-
-
-#: What `_look` and `_look_walk` record beside the moments: the graph's kept bytes, the backward's most gradients.
-_NOT_MOMENTS = ("kept", "walk")
-
-
-def _restep(report: MemoryReport, step: int) -> MemoryReport:
-    from dataclasses import replace
-
-    return report if report.step == step else replace(report, step=step)
-
-
-_KIND_ORDER = {k: i for i, k in enumerate(("embedding", "block input", "layer norm", "attention", "attention core",
-                                           "mlp", "head"))}
