@@ -11,6 +11,7 @@ from ...base.flops import holding
 from .memory import MASKS
 from ...nn.autograd import kept_bytes
 from .step_looks import _look, _look_blocks, _look_walk, _report, _steady
+from ...base.flops import counting
 
 
 class _Most:
@@ -189,3 +190,32 @@ class _DryBlocks:
         if mapping is None:
             return buffers.lazy_zeros(shape, self.dtype)
         return np.ndarray(shape, self.dtype, mapping)
+
+
+class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
+    """Measure the first cell of its kind in a dry run (see _DryCells); nothing otherwise."""
+
+    def __init__(self, repeat: Optional[_DryCells], key: tuple) -> None:
+        self.repeat, self.key = repeat, key
+
+    def __enter__(self) -> None:
+        if self.repeat is None:
+            return
+
+        context = current()
+        self.meter, self.trace = context.meter, context.traces[-1]
+        self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
+        self.meter.peak = self.meter.held  # the peak inside this cell, from here
+        self.counting = counting()  # the cell's matrix products, beside any counter open outside
+        self.products = self.counting.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.repeat is None:
+            return
+        self.counting.__exit__(*exc)
+        if exc[0] is not None:
+            return
+        meter = self.meter
+        self.repeat.seen[self.key] = (tuple(self.trace._rows[self.rows:]), meter.held - self.held,
+                                      meter.peak - self.held, self.products)
+        meter.peak = max(meter.peak, self.peak)

@@ -8,10 +8,8 @@ from itertools import repeat as repeat_
 from time import perf_counter
 import numpy as np
 from ...base import buffers
-from ...base.context import current
 from ...errors import SpmdsimError
 from ..axes import PIPELINE, TENSOR
-from ...base.flops import counting
 from ...nn.autograd import engine as autograd_engine
 from ...programs.pipeline.schedule import Compute, Post, Send
 from ...programs.pipeline.timeline import timeline
@@ -20,7 +18,7 @@ from ...runtime.door import all_gather_object
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import kernel
 from ...runtime.trace_export import write_chrome_trace
-from .stage_memory import _DryBlocks, _DryCells, _Most, _Stand
+from .stage_memory import _DryBlocks, _DryCells, _Most, _Stand, _first
 
 __all__ = ["PipelineRun"]
 
@@ -103,171 +101,193 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     microbatch's gradient of a parameter into its main gradient as soon as the walk has it; to ZeRO-2's each
     chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
     gradients whole."""
-    mesh, models = run.stage_mesh, run.models
-    inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
-    outputs: dict = {}  # (mb, chunk) -> the forward's output (activation, or the scaled loss), until backward
-    upstream: dict = {}  # (mb, chunk) -> the received gradient of chunk's output
-    sent_grads: dict = {}  # (mb, chunk) -> the gradient of chunk's input, until sent
-    losses, order, held, most = [], [], 0, 0
-    scale = 1.0 / microbatches
-    local_shape = act.local_shape(shape)
-    checked = wire.check_shape(shape)  # the received blocks' global shape, as DTensor checks it
-    wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
-    scatter = wire != act
-    if scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
-        rows_per = shape[0] // mesh.layout.axis_size(TENSOR)
-        mine = slice(mesh.coord(TENSOR) * rows_per, (mesh.coord(TENSOR) + 1) * rows_per)
-
-    def outgoing(block: np.ndarray) -> np.ndarray:  # a copy, if one, recorded while capturing
-        if block.dtype != wire_dtype:  # a bfloat16 activation's float32 gradient, rounded once
-            block = block.astype(wire_dtype)
-        return buffers.contiguous(block[mine] if scatter else block)
-
-    tag_micro = microbatches > 1
-    # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
-    kept = autograd_engine.kept_leaves(params)
-    # A kernel while this thread captures the step; else (a dry run, which captures none: its steps count bytes; an
-    # eager step) stamps plainly, no wrapper. The blocks sent: read as ``_local`` in an eager step (a capture's are
-    # its record's views; a dry run's repeated cells' outputs are stand-ins, `_Stand`, with `.local` alone).
-    uncaptured = not buffers.CAPTURE.on and not mesh.engine.dry
-    stamp = _stamp if mesh.engine.dry or uncaptured else kernel(_stamp)
-
-    blocks = _DryBlocks(wire_dtype) if mesh.engine.dry else None
-    repeat = _DryCells(local_shape, blocks) if blocks is not None else None
-    # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too; under
-    # ZeRO-2 so does its last (`last_backward`, below), which reduces the buckets as they fill.
-    first_backward: dict = {}
-    if repeat is not None:
-        for action in program:
-            if isinstance(action, Compute) and action.kind == "B":
-                first_backward.setdefault(action.chunk, action.microbatch)
-
-    def forward(mb: int, c: int) -> None:
-        nonlocal held, most
-        held += 1
-        if held > most:
-            most = held
-        if repeat is None or mb == last_backward.get(c) != first_backward.get(c):
-            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
-            # (its backward runs: it reduces the buckets as they fill, as the real run's does)
-            _forward(mb, c)
-        elif mb != first_backward.get(c) and repeat.again(("F", c)):
-            # a dry run's later microbatch: the first's figures
-            outputs[(mb, c)] = stand = repeat.output(("F", c))
-            stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
-        else:
-            with _first(repeat, ("F", c)):
-                _forward(mb, c)
-        if watch is not None:
-            watch.forward(c, outputs[(mb, c)])
-
-    def _forward(mb: int, c: int) -> None:
-        model, when = models[c], (mb if tag_micro else None)
-        h = model.embed(ids(0, mb), step, True, when) if c == 0 else inputs[(mb, c)]
-        h, router = model.chunk_blocks(h, step, True, when, scale)
-        if router is not None:
-            losses.append(router)  # (a scalar DTensor: what the step's loss adds for them)
-        if c == last:
-            h = model.head_loss(h, ids(1, mb)) * scale
-            losses.append(h)
-        outputs[(mb, c)] = h
-
-    def backward(mb: int, c: int) -> None:
-        nonlocal held
-        held -= 1
-        if watch is not None:
-            watch.backward(c)
-        out = outputs.pop((mb, c))
-        reducing = last_backward.get(c) == mb  # ZeRO-2's last microbatch of the chunk (else `last_backward` empty)
-        reduce_with = reducer if reducing or zero1 else None
-        if repeat is None or reducing and mb != first_backward.get(c):
-            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
-            # (the gradients it holds while it reduces: the earlier microbatches' whole and its own)
-            autograd_engine.backward_kept(out, None if c == last else upstream.pop((mb, c)), kept, reduce_with)
-        elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
-            upstream.pop((mb, c), None)
-            if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
-                raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
-            if c > 0:
-                sent_grads[(mb, c)] = blocks.zeros(wire_shape)
-            return
-        else:
-            with _first(repeat, ("B", c)):
-                autograd_engine.backward(out, gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params,
-                          reduce_with=reduce_with)
-        if c > 0:
-            grad = inputs.pop((mb, c)).grad
-            sent_grads[(mb, c)] = outgoing(grad._local if uncaptured else grad.local)
-
     if described is None:
         described = {}
     known = found if found is not None else {}
     steps = known.get("program")
     if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
         steps = known["program"] = (program, _compiled(program))
-    last_backward: dict = {}  # chunk -> the microbatch of its last backward (ZeRO-2's buckets reduced in it)
-    zero1 = reducer is not None and not reducer.shard_grads  # every backward hands ZeRO-1's its gradients
-    if reducer is not None and reducer.shard_grads:
-        for entry in steps[1]:
-            if entry[0] == 1:
-                last_backward[entry[2]] = entry[1]
+    mesh = run.stage_mesh
+    # A kernel while this thread captures the step; else (a dry run, which captures none: its steps count bytes; an
+    # eager step) stamps plainly, no wrapper. The blocks sent: read as ``_local`` in an eager step (a capture's are
+    # its record's views; a dry run's repeated cells' outputs are stand-ins, `_Stand`, with `.local` alone).
+    uncaptured = not buffers.CAPTURE.on and not mesh.engine.dry
+    stamp = _stamp if mesh.engine.dry or uncaptured else kernel(_stamp)
+    cells = _Cells(run, ids, step, microbatches, last, shape, act, wire, params, watch, wire_dtype, reducer,
+                   uncaptured, program, steps[1])
     # A received gradient takes the very layout object of the chunk's output (equal to `act`), which the output's
     # node wants: the backward's tests then stop at `is`, as between the layers of one chunk (under `act`, an
     # equal object of the model's own, it cost ~8 comparisons and moves a microbatch). Not in a dry run (its
     # repeated cells' outputs are stand-ins). An activation received keeps `act`: the chunk's rules hand its
     # gradient back in that object.
+    blocks = cells.blocks
     outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
-    trusted, plain = DTensor._trusted, np.ndarray
     empty = buffers.empty if blocks is None else lambda shape, dtype: blocks.empty(shape)  # a receive's buffer
+    order = []
     for entry in steps[1]:
         kind = entry[0]
         if kind < 2:  # a cell: 0 forward, 1 backward
             stamp(clock)
             if kind:
-                backward(entry[1], entry[2])
+                cells.backward(entry[1], entry[2])
             else:
-                forward(entry[1], entry[2])
+                cells.forward(entry[1], entry[2])
             stamp(clock)
             order.append(entry[3])
             continue
-        sends: list = []
-        for is_act, key, peer, tag in entry[2]:
-            sends.append((outgoing(outputs[key]._local if uncaptured else outputs[key].local) if is_act else
-                          sent_grads.pop(key), peer, tag))
-        gets = entry[3]
-        if gets:
-            n = len(gets)
-            bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
-            receives = list(zip(bufs, entry[4], entry[5]))
+        _exchange(cells, entry, run.mesh, pp_comm, described, outward, empty, act, wire)
+    if cells.repeat is not None:
+        cells.repeat.flush()
+    return cells.losses, order, cells.most
+
+
+class _Cells:
+    """One step's cells of a stage (`_run_program`'s): each microbatch's forward and backward through a chunk,
+    what they keep between them, and the blocks they hand the messages (`_exchange`)."""
+
+    def __init__(self, run: PipelineRun, ids: Callable[[int, int], Any], step: Any, microbatches: int, last: int,
+                 shape: tuple, act: Any, wire: Any, params: list, watch: Optional["_Most"], wire_dtype: Any,
+                 reducer: Any, uncaptured: bool, program: Sequence, steps: tuple) -> None:
+        self.mesh = mesh = run.stage_mesh
+        self.models, self.ids, self.step, self.last, self.params, self.watch = run.models, ids, step, last, params, watch
+        self.wire_dtype, self.reducer, self.uncaptured = wire_dtype, reducer, uncaptured
+        self.inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
+        self.outputs: dict = {}  # (mb, chunk) -> the forward's output (activation, or the scaled loss), until backward
+        self.upstream: dict = {}  # (mb, chunk) -> the received gradient of chunk's output
+        self.sent_grads: dict = {}  # (mb, chunk) -> the gradient of chunk's input, until sent
+        self.losses: list = []
+        self.held = self.most = 0
+        self.scale = 1.0 / microbatches
+        local_shape = act.local_shape(shape)
+        self.checked = checked = wire.check_shape(shape)  # the received blocks' global shape, as DTensor checks it
+        self.wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
+        self.scatter = wire != act
+        if self.scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
+            rows_per = shape[0] // mesh.layout.axis_size(TENSOR)
+            self.mine = slice(mesh.coord(TENSOR) * rows_per, (mesh.coord(TENSOR) + 1) * rows_per)
+        self.tag_micro = microbatches > 1
+        # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
+        self.kept = autograd_engine.kept_leaves(params)
+        self.blocks = _DryBlocks(wire_dtype) if mesh.engine.dry else None
+        self.repeat = _DryCells(local_shape, self.blocks) if self.blocks is not None else None
+        # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too; under
+        # ZeRO-2 so does its last (`last_backward`, below), which reduces the buckets as they fill.
+        self.first_backward: dict = {}
+        if self.repeat is not None:
+            for action in program:
+                if isinstance(action, Compute) and action.kind == "B":
+                    self.first_backward.setdefault(action.chunk, action.microbatch)
+        self.last_backward: dict = {}  # chunk -> the microbatch of its last backward (ZeRO-2's buckets reduced in it)
+        self.zero1 = reducer is not None and not reducer.shard_grads  # every backward hands ZeRO-1's its gradients
+        if reducer is not None and reducer.shard_grads:
+            for entry in steps:
+                if entry[0] == 1:
+                    self.last_backward[entry[2]] = entry[1]
+
+    def outgoing(self, block: np.ndarray) -> np.ndarray:  # a copy, if one, recorded while capturing
+        if block.dtype != self.wire_dtype:  # a bfloat16 activation's float32 gradient, rounded once
+            block = block.astype(self.wire_dtype)
+        return buffers.contiguous(block[self.mine] if self.scatter else block)
+
+    def forward(self, mb: int, c: int) -> None:
+        self.held += 1
+        if self.held > self.most:
+            self.most = self.held
+        repeat, first_backward = self.repeat, self.first_backward
+        if repeat is None or mb == self.last_backward.get(c) != first_backward.get(c):
+            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
+            # (its backward runs: it reduces the buckets as they fill, as the real run's does)
+            self._forward(mb, c)
+        elif mb != first_backward.get(c) and repeat.again(("F", c)):
+            # a dry run's later microbatch: the first's figures
+            self.outputs[(mb, c)] = stand = repeat.output(("F", c))
+            stand.input = self.inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
         else:
-            bufs = receives = []
-        i = entry[1]
-        group = described.get(i)
-        if group is None:  # the first step's: counted from its buffers once
-            group = described[i] = door.messages(pp_comm, _PP, receives, sends)
-        door.point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", group)
-        for (is_act, key), buf in zip(gets, bufs):
-            # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
-            # which np.asarray makes a plain view, as DTensor's own check would): nothing to check.
-            if type(buf) is not plain:
-                buf = np.asarray(buf)
-            if is_act:
-                layout = act
-            elif outward is not None:
-                layout = _output_layout(outputs.get(key), act, outward)
-            else:
-                layout = act
-            if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
-                t = trusted(mesh, buf, wire, checked).redistribute(layout)
-            else:  # `wire` is `act`, `layout` an object equal to it
-                t = trusted(mesh, buf, layout, checked)
-            if is_act:
-                inputs[key] = t.requires_grad_()
-            else:
-                upstream[key] = t
-    if repeat is not None:
-        repeat.flush()
-    return losses, order, most
+            with _first(repeat, ("F", c)):
+                self._forward(mb, c)
+        if self.watch is not None:
+            self.watch.forward(c, self.outputs[(mb, c)])
+
+    def _forward(self, mb: int, c: int) -> None:
+        model, when, step, ids = self.models[c], (mb if self.tag_micro else None), self.step, self.ids
+        h = model.embed(ids(0, mb), step, True, when) if c == 0 else self.inputs[(mb, c)]
+        h, router = model.chunk_blocks(h, step, True, when, self.scale)
+        if router is not None:
+            self.losses.append(router)  # (a scalar DTensor: what the step's loss adds for them)
+        if c == self.last:
+            h = model.head_loss(h, ids(1, mb)) * self.scale
+            self.losses.append(h)
+        self.outputs[(mb, c)] = h
+
+    def backward(self, mb: int, c: int) -> None:
+        self.held -= 1
+        if self.watch is not None:
+            self.watch.backward(c)
+        repeat, upstream, last = self.repeat, self.upstream, self.last
+        out = self.outputs.pop((mb, c))
+        reducing = self.last_backward.get(c) == mb  # ZeRO-2's last microbatch of the chunk (else none)
+        reduce_with = self.reducer if reducing or self.zero1 else None
+        if repeat is None or reducing and mb != self.first_backward.get(c):
+            # a real run (every cell runs, none measured), or a dry run's ZeRO-2 last microbatch of the chunk
+            # (the gradients it holds while it reduces: the earlier microbatches' whole and its own)
+            autograd_engine.backward_kept(out, None if c == last else upstream.pop((mb, c)), self.kept, reduce_with)
+        elif isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
+            upstream.pop((mb, c), None)
+            if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
+                raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
+            if c > 0:
+                self.sent_grads[(mb, c)] = self.blocks.zeros(self.wire_shape)
+            return
+        else:
+            with _first(repeat, ("B", c)):
+                autograd_engine.backward(out, gradient=None if c == last else upstream.pop((mb, c)),
+                                         keep_pending=self.params, reduce_with=reduce_with)
+        if c > 0:
+            grad = self.inputs.pop((mb, c)).grad
+            self.sent_grads[(mb, c)] = self.outgoing(grad._local if self.uncaptured else grad.local)
+
+
+def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, described: dict, outward: Optional[dict],
+              empty: Callable, act: Any, wire: Any) -> None:
+    """One message group of the program (`_compiled`'s entry): the activations and gradients `cells` sends, and
+    what it receives, taken in as the next forward's inputs or backward's gradients."""
+    outputs, uncaptured, wire_shape, wire_dtype = cells.outputs, cells.uncaptured, cells.wire_shape, cells.wire_dtype
+    sends: list = []
+    for is_act, key, peer, tag in entry[2]:
+        sends.append((cells.outgoing(outputs[key]._local if uncaptured else outputs[key].local) if is_act else
+                      cells.sent_grads.pop(key), peer, tag))
+    gets = entry[3]
+    if gets:
+        n = len(gets)
+        bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
+        receives = list(zip(bufs, entry[4], entry[5]))
+    else:
+        bufs = receives = []
+    i = entry[1]
+    group = described.get(i)
+    if group is None:  # the first step's: counted from its buffers once
+        group = described[i] = door.messages(pp_comm, _PP, receives, sends)
+    door.point_to_point(mesh, pp_comm, _PP, receives, sends, "pipeline", group)
+    trusted, plain, stage_mesh, checked = DTensor._trusted, np.ndarray, cells.mesh, cells.checked
+    for (is_act, key), buf in zip(gets, bufs):
+        # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
+        # which np.asarray makes a plain view, as DTensor's own check would): nothing to check.
+        if type(buf) is not plain:
+            buf = np.asarray(buf)
+        if is_act:
+            layout = act
+        elif outward is not None:
+            layout = _output_layout(outputs.get(key), act, outward)
+        else:
+            layout = act
+        if cells.scatter:  # Megatron's gather: the stage's tp ranks put their rows together
+            t = trusted(stage_mesh, buf, wire, checked).redistribute(layout)
+        else:  # `wire` is `act`, `layout` an object equal to it
+            t = trusted(stage_mesh, buf, layout, checked)
+        if is_act:
+            cells.inputs[key] = t.requires_grad_()
+        else:
+            cells.upstream[key] = t
 
 
 def _compiled(program: Sequence) -> list:
@@ -321,35 +341,6 @@ class _Clock:
 def _stamp(clock: _Clock) -> None:
     """Now, onto `clock` (a kernel while a step is captured: its replays stamp again)."""
     clock.times.append(perf_counter())
-
-
-class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
-    """Measure the first cell of its kind in a dry run (see _DryCells); nothing otherwise."""
-
-    def __init__(self, repeat: Optional[_DryCells], key: tuple) -> None:
-        self.repeat, self.key = repeat, key
-
-    def __enter__(self) -> None:
-        if self.repeat is None:
-            return
-
-        context = current()
-        self.meter, self.trace = context.meter, context.traces[-1]
-        self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
-        self.meter.peak = self.meter.held  # the peak inside this cell, from here
-        self.counting = counting()  # the cell's matrix products, beside any counter open outside
-        self.products = self.counting.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.repeat is None:
-            return
-        self.counting.__exit__(*exc)
-        if exc[0] is not None:
-            return
-        meter = self.meter
-        self.repeat.seen[self.key] = (tuple(self.trace._rows[self.rows:]), meter.held - self.held,
-                                      meter.peak - self.held, self.products)
-        meter.peak = max(meter.peak, self.peak)
 
 
 def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, described: dict) -> None:

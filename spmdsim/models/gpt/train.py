@@ -45,27 +45,21 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...nn.autograd.kept import kept_problem
-from ...base.buffers import owned_bytes
 from ...layouts.layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
 from .tolerances import tolerances as mixed_tolerances
-from .params import decays, param_specs
+from .params import param_specs
 from .wholes import Regions, assemble, regions
 from ..axes import PIPELINE, model_layout, roles_of
 from . import checkpoint
 from ...errors import SpmdsimError
 from ...nn import ops
-from ...nn.autograd import kept_bytes
-from ...nn.autograd.engine import backward
-from ...nn.autograd.grad_buffer import GradBuffer
-from ...nn.optim import AdamW, DistributedAdamW, clip_grad_norm_
 from ...runtime.dtensor import DTensor
 from ...runtime.executor import pending, resolve
 from ...runtime.mesh import Mesh
-from ...runtime.replay import Scalar, capture
 from ...runtime.shared_reference import shared_once
 from ...runtime import shared_rows
 from ...runtime.sim import dry_run_active, once
@@ -75,10 +69,11 @@ from .layouts import megatron_layouts
 from .mixed import architecture_problem
 from . import parallel
 from .reference import generate
-from .step_looks import _expert_bytes, _look, _look_blocks, _look_walk, _report, _restep, _steady, step_memory_problem
+from .step_looks import _expert_bytes, _restep, step_memory_problem
 from .step_check import _norm, _summed_grads, step_errors
-from .buckets import _zero_axes, anchored_start, anchored_updates, dp_bucket, zero_options
+from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _routes, _zero_moments
+from .step_run import _StepRun, _optimizer
 
 __all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE",
            "all_rows", "checkpoint_problem", "checkpoint_meta"]
@@ -216,155 +211,128 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     collective, when it does not fit this run (`checkpoint.resume_problem`). With `check`, a resumed run's
     reference starts from the checkpoint's parameters and the run's moments (gathered).
     """
-    problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or text_problem(text_ids, cfg))
-    if problem:  # every rank alike, before any collective
-        raise SpmdsimError(problem)
-    policy = get_precision(precision)
-    moe = cfg.moe is not None or ep > 1
+    _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
+            recompute, zero, kept, ep, precision, save, save_every, resume)
     meta = None
     if save is not None or resume is not None or save_every:
-        world = (comm if mesh is None else mesh.comm).Get_size()
-        meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep)
-        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
-        if problem:  # every rank alike (each reads the same metadata file), before any collective
-            raise SpmdsimError(problem)
-    problem = step_memory_problem(cfg, comm if mesh is None else mesh.comm, dp, tp, ep=ep, recompute=recompute,
-                                  sp=sp, kept=kept, zero=zero, precision=precision)
-    if problem:  # every rank alike (a collective decided it), before any block is made
-        raise SpmdsimError(problem)
-    low = policy.activation != "float64"
-    if check and low and not dry_run_active():  # every rank alike, before any collective
-
-        problem = architecture_problem(cfg)
-        if problem:
-            raise SpmdsimError(problem)
+        meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
+                               precision=precision, zero=zero, ep=ep)
+    policy = get_precision(precision)
     if mesh is None:
-        shape, names = model_layout(tp, dp, ep if moe else None)
+        shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None)
         mesh = Mesh(Layout(shape, names), comm, roles=roles_of(names))
     model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
     specs = param_specs(cfg)
-    params = [model.params[s.name] for s in specs]
-    decaying = [model.params[s.name] for s in specs if decays(s)]
-    if zero:
-        optimizer = DistributedAdamW(params, mesh, _zero_axes(mesh), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
-                                     **zero_options(zero, params, mesh))
-    else:
-        optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                          decay=decaying)
-    check = check and not dry_run_active()  # a dry run has shapes, not values
+    tensors = {s.name: model.params[s.name] for s in specs}
+    optimizer = _optimizer(cfg, model, mesh, specs, zero)
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
-    moments: dict = {}  # with `memory`: the totals this step, by moment, and what the graph kept
-    norms: list = []  # with clip: each step's norm before clipping
-
-    def look(moment: str, kept: Optional[dict] = None) -> None:
-        if memory:
-            _look(moments, moment, optimizer, params, kept, sums)
-
-    if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its gradients,
-        # ZeRO-1's as each parameter's gradient goes into its main gradient
-        optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
-    # ZeRO-0's gradient buffer (Megatron DDP's): each bucket's gradients in one flat block the walk writes them
-    # into, summed there in place; its look in the backward at each stop of the walk and before each Allreduce
-    sums = None if zero else GradBuffer(params, dp_bucket(params, mesh))
-    if memory and not zero:
-        sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums)
-        sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks, sums)
-
-    def train_step(xd: Any, yd: Any, step: Any) -> Any:
-        optimizer.zero_grad()
-        loss = model.loss(xd, yd, step)
-        look("after the forward", kept_bytes([loss], exclude=params) if memory else None)
-        if zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket fills;
-            # ZeRO-1's in the step, each gradient put into its main gradient in the walk as soon as it is final
-            backward(loss, keep_pending=params, reduce_with=optimizer)
-        else:  # each gradient into its bucket's block as the walk gives it; each bucket one Allreduce after it
-            backward(loss, keep_pending=params, reduce_with=sums if sums.buckets else None)
-            sums.reduce()
-            if cfg.clip:  # the joint norm: one Allreduce of one number
-                norms.append(clip_grad_norm_(params, cfg.clip))
-        look("after the backward")
-        optimizer.step()
-        look("after the step")
-        return loss
-
-    first = 0
-    if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
-
-        first = load(resume, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
-    graph = None
-    reference_moments = None
-    if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
-        where = regions(model.params, mesh.size)
-        slices = {s.name: model.params[s.name].slices for s in specs}
-    if check and not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
-        reference_moments = shared_once(mesh, ("gpt-resumed", cfg, first), _resumed_moments,
-                                         where, where.used(_run_start(model, optimizer, specs)))
-    elif check and not low:
-        reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
+    run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory)
+    # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
+    first = 0 if resume is None else load(resume, mesh, tensors, optimizer)
+    checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
+        if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)
     ids_layout = mesh.layout(model.batch, None)
     results = []
-    report = None
     for step in range(first, steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
-        if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
-            start = where.used(_run_start(model, optimizer, specs)) if low else _params_rows(model, where)
-            # This rank's own start: AdamW's update is checked on the run's inputs (a low-precision policy
-            # checks it on gathered ones).
-            own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) if not low else None
+        if checker is not None:  # the step's start, every rank's blocks: the reference step starts from it, whole
+            checker.start()
         with collect_trace() as trace:
-            if not replay:
-                loss = train_step(xd, yd, step)
-            elif graph is None:  # the same step as eager, recorded
-                graph = capture(train_step, xd, yd, Scalar(step), state=params)
-                loss = graph.result
-            else:
-                loss = graph(xd, yd, step)
+            loss = run.step(xd, yd, step, replay)
         value = float(ops.resolved(loss).local)
-        if memory and moments:
-            report = _report(step, moments, owned_bytes(p.local for p in params))
-            if replay:  # a replayed step runs no Python to look: the captured step's moments, kept
-                captured = dict(moments)
-            moments.clear()
-        elif memory and replay and step:  # the captured step's looks as any later step's (`_steady`)
-            report = _report(step, _steady(captured), owned_bytes(p.local for p in params))
-        errors = (float("nan"),) * 3
-        if check:
-            tensors = {s.name: model.params[s.name] for s in specs}
-            routes = _routes(model, cfg)  # the ranks' experts, which the reference follows at near-ties
-            if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
-                # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
-                summed, masters = _summed_grads(optimizer, tensors, zero)
-                run_grads = where.used(_table(model, [summed], "check.grads"))
-                ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
-                                                            _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                            policy, 1, routes, kept)
-            else:
-                reference_moments, ref_loss, grads, updated, top = shared_once(
-                    mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, reference_moments, x,
-                    y, cfg, step, 1, routes)
-                masters = None
-            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
-                               slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer))
-            worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
-                            reduction="max", owned=True)
-            errors = tuple(float(e) for e in worst)
+        report = run.report(step, replay)
+        errors = (float("nan"),) * 3 if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()
         ledger = _expert_bytes(cfg, mesh.rank, mesh, model.params, model.moe_stats, optimizer, trace) \
             if cfg.moe is not None else None
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
-                            tolerances, _norm(optimizer if zero else None, norms))
+                            tolerances, _norm(optimizer if zero else None, run.norms))
         results.append(result)
         if on_step is not None:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            save_checkpoint(save, meta, step + 1, mesh, {s.name: model.params[s.name] for s in specs}, optimizer)
+            save_checkpoint(save, meta, step + 1, mesh, tensors, optimizer)
     return model, results
+
+
+def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,
+            layouts: Optional[dict], replay: bool, recompute: str, zero: int, kept: str, ep: int, precision: Any,
+            save: Optional[str], save_every: int, resume: Optional[str]) -> None:
+    """`train`'s refusals of what it was given, raised alike on every rank before any block is made."""
+    problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or text_problem(text_ids, cfg))
+    if problem:  # every rank alike, before any collective
+        raise SpmdsimError(problem)
+    if save is not None or resume is not None or save_every:
+        meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
+                               ep=ep)
+        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
+        if problem:  # every rank alike (each reads the same metadata file), before any collective
+            raise SpmdsimError(problem)
+    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero,
+                                  precision=precision)
+    if problem:  # every rank alike (a collective decided it), before any block is made
+        raise SpmdsimError(problem)
+    if check and get_precision(precision).activation != "float64" and not dry_run_active():
+        problem = architecture_problem(cfg)  # every rank alike, before any collective
+        if problem:
+            raise SpmdsimError(problem)
+
+
+class _Checker:
+    """`train`'s check of each step: the reference step from the step's start, every rank's blocks (`start`),
+    then each rank's largest differences from it, the worst over the mesh (`errors`)."""
+
+    def __init__(self, model: Any, optimizer: Any, specs: list, policy: Any, zero: int, kept: str,
+                 first: int) -> None:
+        self.model, self.optimizer, self.specs, self.policy, self.zero, self.kept = (model, optimizer, specs, policy,
+                                                                                     zero, kept)
+        self.low = low = policy.activation != "float64"
+        cfg, mesh = model.cfg, model.mesh
+        # where every rank's blocks lie, and this rank's, asked once (not per step)
+        self.where = regions(model.params, mesh.size)
+        self.slices = {s.name: model.params[s.name].slices for s in specs}
+        self.moments = None  # the reference's moments, whole
+        if not low and first:  # the run's at the checkpoint (collective)
+            self.moments = shared_once(mesh, ("gpt-resumed", cfg, first), _resumed_moments,
+                                       self.where, self.where.used(_run_start(model, optimizer, specs)))
+        elif not low:
+            self.moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
+
+    def start(self) -> None:
+        model, optimizer, specs = self.model, self.optimizer, self.specs
+        self.begun = self.where.used(_run_start(model, optimizer, specs)) if self.low else \
+            _params_rows(model, self.where)
+        # This rank's own start: AdamW's update is checked on the run's inputs (a low-precision policy
+        # checks it on gathered ones).
+        self.own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) if not self.low else None
+
+    def errors(self, value: float, x: np.ndarray, y: np.ndarray, step: int) -> tuple:
+        model, optimizer, zero, where, own = self.model, self.optimizer, self.zero, self.where, self.own
+        cfg, mesh, policy, start = model.cfg, model.mesh, self.policy, self.begun
+        tensors = {s.name: model.params[s.name] for s in self.specs}
+        routes = _routes(model, cfg)  # the ranks' experts, which the reference follows at near-ties
+        if self.low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
+            # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
+            summed, masters = _summed_grads(optimizer, tensors, zero)
+            run_grads = where.used(_table(model, [summed], "check.grads"))
+            ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
+                                                        _checked_mixed, where, start, run_grads, x, y, cfg, step,
+                                                        policy, 1, routes, self.kept)
+        else:
+            self.moments, ref_loss, grads, updated, top = shared_once(
+                mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, self.moments, x,
+                y, cfg, step, 1, routes)
+            masters = None
+        mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
+                           self.slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer))
+        worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
+                        reduction="max", owned=True)
+        return tuple(float(e) for e in worst)
 
 
 def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
