@@ -421,7 +421,7 @@ def test_a_pipelined_dry_runs_table_counts_what_the_real_steps_row_counts():
 def test_simulated_ranks_share_one_gathered_table_in_the_pipelined_check(monkeypatch):
     """The pipelined check's table of every rank's blocks is one array the 4 simulated ranks read (an Allgather
     gave each its own table of p rows, as train's did: tests/test_gpt_parallel.py), and the steps pass."""
-    from spmdsim.models.gpt import pipeline as module
+    from spmdsim.models.gpt import stage_check as module
 
     real, seen = module._tables, []
 

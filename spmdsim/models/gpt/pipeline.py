@@ -51,9 +51,9 @@ from .data import batch, text_problem
 from .memory import recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, all_rows
-from .wholes import Regions, assemble, stage_regions
-from ..axes import DATA, PIPELINE, TENSOR, model_layout, roles_of
+from .train import _checkpoint_problem, checkpoint_meta, replay_problem, StepResult
+from .wholes import assemble
+from ..axes import PIPELINE, TENSOR, model_layout, roles_of
 from . import parallel
 from ...base.precision import precision as get_precision, precision_problem
 from ...nn import ops
@@ -61,28 +61,26 @@ from ...nn.autograd.grad_buffer import GradBuffer
 from ...nn.distrib_optim import DistributedAdamW
 from ...nn.optim import AdamW, clip_grad_norm_
 from ...programs.pipeline.schedule import build, schedule_problem
-from ...runtime import debug
-from ...runtime.door import untraced
 from ...runtime.dtensor import DTensor
-from ...runtime.engines.wait import polite_wait
-from ...runtime.executor import pending, resolve
 from ...runtime.mesh import Mesh
 from ...runtime.replay import Scalar, capture
-from ...runtime.shared_reference import shared_once
-from ...runtime.sim import dry_run_active, once
+from ...runtime.sim import dry_run_active
 from ...runtime.sim.dry import differ
 from ...runtime.trace import collect_trace
 from .checkpoint import load, save as save_checkpoint
 from .layouts import mesh_problem
 from .mixed import architecture_problem
 from .tolerances import tolerances as mixed_tolerances
-from .train import _checkpoint_problem, _optimizer_start, checkpoint_meta, replay_problem
-from .stage_memory import _Most
-from .stage_program import PipelineRun, _Clock, _run_program, _tie_embedding
-from .step_check import _norm, _summed_grads, step_errors
-from .buckets import _zero_axes, anchored_start, anchored_updates, dp_bucket, zero_options
-from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
+from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
+from .step_check import _norm
+from .buckets import _zero_axes, dp_bucket, zero_options
 from .step_looks import _expert_bytes, step_memory_problem
+from .stage_check import _PipelineChecker, _stage_regions, _table
+from ...runtime import debug
+from ...runtime.door import untraced
+from ...runtime.engines.wait import polite_wait
+from .stage_memory import _Most
+from .stage_program import _largest, _on_mesh
 
 __all__ = ["train_pipelined", "pipeline_layout_problem"]
 
@@ -143,6 +141,58 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     schedule, microbatches, chunks and split too). Every refusal is raised alike on every rank before the first
     collective.
     """
+    meta = _refuse(cfg, comm, pp, dp, tp, steps, text_ids, sp, schedule, microbatches, virtual, split, check, layouts,
+                   recompute, zero, kept, ep, replay, precision, save, save_every, resume)
+    policy = get_precision(precision)
+    st = _Pipelined(cfg, comm, pp, dp, tp, sp, schedule, microbatches, virtual, split, layouts, recompute, zero, kept,
+                    ep, algorithms, policy, memory)
+    run, mesh, params, optimizer = st.run, st.run.mesh, st.params, st.optimizer
+    check = check and not dry_run_active()
+    first = 0
+    if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
+        first = load(resume, mesh, params, optimizer)
+    checker = _PipelineChecker(st, cfg, policy, zero, kept, microbatches, first) if check else None
+    replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
+    results: list = []
+    graph = None
+    for step in range(first, steps):
+        if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
+            x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
+        else:
+            x, y = batch(text_ids, cfg, step)
+        if checker is not None:
+            checker.start()
+        given = st.begin(x, y, replay, graph is None)
+        with collect_trace() as trace:
+            if not replay:
+                losses = st.step(step)
+            elif graph is None:  # the same step as eager, recorded
+                graph = capture(st.step, Scalar(step), *given, state=st.tensors)
+                losses = graph.result
+            else:
+                losses = graph(step, *given)
+            losses = [float(ops.resolved(loss).local) for loss in losses]
+        value, watch = st.finish(trace, losses), st.ran["watch"]
+        errors = (float("nan"),) * 3 if checker is None else checker.errors(value, x, y, step)
+        totals = trace.totals()
+        dispatch, ledger = st.experts(trace)
+        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
+                            watch.report(step, replay and step > 0) if watch is not None else None, dispatch, ledger,
+                            tolerances=mixed_tolerances(policy, cfg), norm=_norm(optimizer if zero else None, st.norms))
+        results.append(result)
+        if on_step is not None:
+            on_step(result)
+        if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
+            save_checkpoint(save, meta, step + 1, mesh, params, optimizer)
+    return run, results
+
+
+def _refuse(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool,
+            schedule: str, microbatches: int, virtual: int, split: Optional[Sequence[int]], check: bool,
+            layouts: Optional[dict], recompute: str, zero: int, kept: str, ep: int, replay: bool, precision: Any,
+            save: Optional[str], save_every: int, resume: Optional[str]) -> Optional[dict]:
+    """`train_pipelined`'s refusals, raised alike on every rank before the first collective; the checkpoints'
+    metadata (None without checkpoints)."""
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
@@ -163,116 +213,126 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                                   sp=sp, kept=kept, zero=zero, precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
-    policy = get_precision(precision)
-    low = policy.activation != "float64"
-    if check and low and not dry_run_active():  # every rank alike, before any collective
-
-        problem = architecture_problem(cfg)
+    if check and get_precision(precision).activation != "float64" and not dry_run_active():
+        problem = architecture_problem(cfg)  # every rank alike, before any collective
         if problem:
             raise SpmdsimError(problem)
-    plan = build(schedule, pp, microbatches, virtual)
-    chunks = pp * virtual
-    last = chunks - 1
-    parts = chunk_parts(cfg, chunks, split)
-    inner = model_layout(tp, dp, ep if moe else None)  # a stage's mesh
-    outer = model_layout(tp, dp, ep if moe else None, pp)
-    mesh = Mesh(Layout(*outer), comm, algorithms=algorithms, roles=roles_of(outer[1]))
-    differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
-    stage = mesh.coord(PIPELINE)
-    stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms, roles=roles_of(inner[1]))
-    pp_comm = mesh.group(PIPELINE) if pp > 1 else None
-    mine = [c for c in range(chunks) if c % pp == stage]
-    models = {c: parallel.GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept,
-                     precision=policy) for c in mine}
-    if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
-        models[chunks - 1].params["wte"] = models[0].params["wte"]
-    params: dict = {}
-    for spec in param_specs(cfg):
-        for c in mine:
-            if spec.name in models[c].params:
-                params.setdefault(spec.name, models[c].params[spec.name])
-    tensors = list(params.values())
-    decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
-    ends = (0 in models) != (last in models) and pp > 1 and cfg.tied  # this stage holds one copy of the tied table
-    # Clipping's joint norm: every stage's squares summed over pp, the tied table's counted on the first stage.
-    counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
-    if zero:  # each stage's states and master copy sharded over its dp ranks (and ep's: spmdsim.nn.distrib_optim)
-        optimizer = DistributedAdamW(tensors, stage_mesh, _zero_axes(stage_mesh), lr=cfg.lr, betas=cfg.betas,
-                                     eps=cfg.eps, weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
-                                     clip_across=(mesh, (PIPELINE,)), clip_counted=counted,
-                                     **zero_options(zero, tensors, stage_mesh))
-    else:
-        optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                          decay=decaying)
-    # ZeRO-0's gradient buffer (Megatron DDP's): every microbatch's gradients added into it as the walk gives
-    # them, each bucket summed there in place once a step
-    sums = None if zero else GradBuffer(tensors, dp_bucket(tensors, stage_mesh))
-    if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced in
-        # the step: the tied table's, which gets the other end's after the backward (`ends`), or one that two of
-        # this stage's chunks read (both ends on one stage)
-        optimizer.reduce_after([t for name, t in params.items() if name == "wte" and ends
-                                or sum(name in models[c].params for c in mine) > 1])
-    run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
-    check = check and not dry_run_active()
-    micro = cfg.batch // microbatches
-    shape = (cfg.seq, micro, cfg.d_model)
-    any_model = models[mine[0]]
-    act = any_model.act  # (T, B, D) between blocks
-    # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
-    # the receiving stage all-gathers over tp), else the block itself.
-    wire = stage_mesh.layout(TENSOR, any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
-    ids_layout = stage_mesh.layout(any_model.batch, None)
-    ids_shape = ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows of them:
-    ids_cut = ids_layout.slices(stage_mesh.rank, ids_shape)  # as DTensor.from_global cuts them
-    first = 0
-    if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
+    return meta
 
-        first = load(resume, mesh, params, optimizer)
-    if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
-        where = _stage_regions(run, cfg)
-        slices = {name: t.slices for name, t in params.items()}
-    moments = None
-    if check and not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
-        moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,
-                              where.used(_tables(run, cfg, where, _optimizer_start(optimizer, params), "check.start")))
-    elif check and not low:
-        moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
-    wire_dtype = np.dtype(policy.dtype("activation"))  # what crosses a stage boundary, both ways
-    replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
-    results: list = []
-    norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
-    clock = _Clock()  # each cell's start and end, stamped by a kernel: a replayed step stamps them again
-    ran: dict = {}  # what the step's Python found (order, held, watch): a replayed step's are the capture's
-    described: dict = {}  # each message group's trace description, worked out in the first step (_run_program)
-    found: dict = {}  # what `_run_program` found in the earlier steps (its program as tuples, layout objects)
 
-    def pipeline_step(when: Any, *given: Any) -> list:
+class _Pipelined:
+    """A stage's part of `train_pipelined`: its meshes, chunks' models, parameters and optimizer, and its step
+    (`step`: the program, the gradients' sums, the tied table, clipping, the update), which a replay captures."""
+
+    def __init__(self, cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, sp: bool, schedule: str,
+                 microbatches: int, virtual: int, split: Optional[Sequence[int]], layouts: Optional[dict],
+                 recompute: str, zero: int, kept: str, ep: int, algorithms: Optional[dict], policy: Any,
+                 memory: bool) -> None:
+        moe = cfg.moe is not None or ep != 1
+        plan = build(schedule, pp, microbatches, virtual)
+        chunks = pp * virtual
+        self.last = last = chunks - 1
+        parts = chunk_parts(cfg, chunks, split)
+        inner = model_layout(tp, dp, ep if moe else None)  # a stage's mesh
+        outer = model_layout(tp, dp, ep if moe else None, pp)
+        mesh = Mesh(Layout(*outer), comm, algorithms=algorithms, roles=roles_of(outer[1]))
+        differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
+        self.stage = stage = mesh.coord(PIPELINE)
+        self.stage_mesh = stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms,
+                                            roles=roles_of(inner[1]))
+        self.pp_comm = mesh.group(PIPELINE) if pp > 1 else None
+        self.mine = mine = [c for c in range(chunks) if c % pp == stage]
+        self.models = models = {c: parallel.GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c],
+                                                recompute=recompute, kept=kept, precision=policy) for c in mine}
+        if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
+            models[chunks - 1].params["wte"] = models[0].params["wte"]
+        self.params = params = {}
+        for spec in param_specs(cfg):
+            for c in mine:
+                if spec.name in models[c].params:
+                    params.setdefault(spec.name, models[c].params[spec.name])
+        self.tensors = list(params.values())
+        # this stage holds one copy of the tied table
+        self.ends = (0 in models) != (last in models) and pp > 1 and cfg.tied
+        self.cfg, self.pp, self.microbatches, self.zero, self.memory = cfg, pp, microbatches, zero, memory
+        self.optimizer, self.sums = self._optimizer(cfg, mesh, zero)
+        self.run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
+        self.micro = micro = cfg.batch // microbatches
+        self.shape = (cfg.seq, micro, cfg.d_model)
+        any_model = models[mine[0]]
+        self.act = act = any_model.act  # (T, B, D) between blocks
+        # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
+        # the receiving stage all-gathers over tp), else the block itself.
+        self.wire = stage_mesh.layout(TENSOR, any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 \
+            else act
+        self.ids_layout = stage_mesh.layout(any_model.batch, None)
+        self.ids_shape = self.ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows:
+        self.ids_cut = self.ids_layout.slices(stage_mesh.rank, self.ids_shape)  # as DTensor.from_global cuts them
+        self.wire_dtype = np.dtype(policy.dtype("activation"))  # what crosses a stage boundary, both ways
+        self.norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
+        self.clock = _Clock()  # each cell's start and end, stamped by a kernel: a replayed step stamps them again
+        self.ran: dict = {}  # what the step's Python found (order, held, watch): a replayed step's are the capture's
+        self.described: dict = {}  # each message group's trace description, worked out in the first step
+        self.found: dict = {}  # what `_run_program` found in the earlier steps (its program as tuples, layouts)
+        self.x = self.y = None  # the step's batch, cut into microbatches when not replaying
+
+    def _optimizer(self, cfg: GPTConfig, mesh: Any, zero: int) -> tuple:
+        """The stage's optimizer and, without ZeRO, its gradient buffer."""
+        params, tensors, stage_mesh, ends = self.params, self.tensors, self.stage_mesh, self.ends
+        decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
+        # Clipping's joint norm: every stage's squares summed over pp, the tied table's counted on the first stage.
+        self.counted = counted = [t for name, t in params.items()
+                                  if not (name == "wte" and ends and self.stage == self.pp - 1)]
+        if zero:  # each stage's states and master copy sharded over its dp ranks (and ep's: spmdsim.nn.distrib_optim)
+            optimizer = DistributedAdamW(tensors, stage_mesh, _zero_axes(stage_mesh), lr=cfg.lr, betas=cfg.betas,
+                                         eps=cfg.eps, weight_decay=cfg.weight_decay, decay=decaying,
+                                         clip_grad=cfg.clip, clip_across=(mesh, (PIPELINE,)), clip_counted=counted,
+                                         **zero_options(zero, tensors, stage_mesh))
+        else:
+            optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                              decay=decaying)
+        # ZeRO-0's gradient buffer (Megatron DDP's): every microbatch's gradients added into it as the walk gives
+        # them, each bucket summed there in place once a step
+        sums = None if zero else GradBuffer(tensors, dp_bucket(tensors, stage_mesh))
+        if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced
+            # in the step: the tied table's, which gets the other end's after the backward (`ends`), or one that
+            # two of this stage's chunks read (both ends on one stage)
+            optimizer.reduce_after([t for name, t in params.items() if name == "wte" and ends
+                                    or sum(name in self.models[c].params for c in self.mine) > 1])
+        return optimizer, sums
+
+    def step(self, when: Any, *given: Any) -> list:
         """One step: the stage's program, the gradients' sums, the tied table, clipping, the update; the
         microbatches' losses (DTensors, the router losses too). `given`: the microbatches' ids this stage
         reads (inputs, then targets) as DTensors, when replaying; else each is cut from the batch when used."""
+        optimizer, sums, tensors, run, microbatches = self.optimizer, self.sums, self.tensors, self.run, self.microbatches
+
         def ids(which: int, mb: int) -> Any:
             if given:
                 return given[mb if which == 0 else len(given) - microbatches + mb]
             # DTensor.from_global's block (an int64 batch's rows: nothing to check), without its checks
-            rows = (x, y)[which][mb * micro:(mb + 1) * micro]
-            return DTensor._trusted(stage_mesh, buffers.placed_copy(rows[ids_cut]), ids_layout, ids_shape)
+            rows = (self.x, self.y)[which][mb * self.micro:(mb + 1) * self.micro]
+            return DTensor._trusted(self.stage_mesh, buffers.placed_copy(rows[self.ids_cut]), self.ids_layout,
+                                    self.ids_shape)
 
         optimizer.zero_grad()
-        watch = ran["watch"] = _Most(optimizer, tensors, sums) if memory else None
-        if watch is not None and zero:  # a look in the backward (ZeRO-2: before each bucket's Reduce_scatter)
+        watch = self.ran["watch"] = _Most(optimizer, tensors, sums) if self.memory else None
+        if watch is not None and self.zero:  # a look in the backward (ZeRO-2: before each bucket's Reduce_scatter)
             optimizer.watch = watch.walk
         elif watch is not None:  # ZeRO-0: as the walk puts gradients into the buffer, and before each sum
             sums.watch, sums.watch_blocks = watch.walk, watch.sums
-        losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
-                                                         shape, act, wire, pp_comm, tensors, clock, watch,
-                                                         described, wire_dtype, found,
-                                                         optimizer if zero else sums if sums.buckets else None)
-        if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
+        losses, self.ran["order"], self.ran["held"] = _run_program(
+            run, run.schedule.programs[self.stage], ids, when, microbatches, self.last, self.shape, self.act,
+            self.wire, self.pp_comm, tensors, self.clock, watch, self.described, self.wire_dtype, self.found,
+            optimizer if self.zero else sums if sums.buckets else None)
+        if not self.zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             sums.reduce()  # dp (and sp's LayerNorm) sums: once per step, each bucket in place in its block
-        if ends:
-            _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm, described)
-        if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
-            norms.append(clip_grad_norm_(tensors, cfg.clip, across=(mesh, (PIPELINE,)), counted=counted))
+        if self.ends:
+            _tie_embedding(run, self.params["wte"], 0 if self.stage == self.pp - 1 else self.pp - 1, self.pp_comm,
+                           self.described)
+        if self.cfg.clip and not self.zero:  # the joint norm over every stage; the tied table counted once
+            self.norms.append(clip_grad_norm_(tensors, self.cfg.clip, across=(run.mesh, (PIPELINE,)),
+                                              counted=self.counted))
         if watch is not None:
             watch.look("after the backward")
         optimizer.step()
@@ -280,37 +340,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             watch.look("after the step")
         return losses
 
-    graph = None
-    for step in range(first, steps):
-        if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
-            x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
-        else:
-            x, y = batch(text_ids, cfg, step)
-        start = own = None
-        if check and low:  # the optimizer's view of the step's start: master copies and moments, every rank's
-            start = where.used(_tables(run, cfg, where, _optimizer_start(optimizer, params), "check.start"))
-        elif check:
-            start = where.used(_table(run, cfg, where))  # the step's start, every rank's
-            own = anchored_start(optimizer, params)  # this rank's start (train.py's)
-        for model in models.values():  # this step's dispatches, every microbatch's (a replay's kernels rewrite
-            if not replay or graph is None:  # the captured step's list)
-                model.moe_stats = []
-        given = ()
-        if replay:  # the capture's static inputs: every microbatch's ids this stage reads
-            given = tuple(DTensor.from_global(stage_mesh, data[mb * micro:(mb + 1) * micro], ids_layout)
-                          for data, reads in ((x, 0 in models), (y, last in models)) if reads
-                          for mb in range(microbatches))
-        clock.times.clear()
-        with collect_trace() as trace:
-            if not replay:
-                losses = pipeline_step(step)
-            elif graph is None:  # the same step as eager, recorded
-                graph = capture(pipeline_step, Scalar(step), *given, state=tensors)
-                losses = graph.result
-            else:
-                losses = graph(step, *given)
-            losses = [float(ops.resolved(loss).local) for loss in losses]
-        order, held, watch = ran["order"], ran["held"], ran["watch"]
+    def finish(self, trace: Any, losses: list) -> float:
+        """After a step: what it ran into the run (order, held, cells, trace); the step's loss on every rank."""
+        run, mesh, clock = self.run, self.run.mesh, self.clock
+        order, held = self.ran["order"], self.ran["held"]
         cells = [(str(c), clock.times[2 * i], clock.times[2 * i + 1]) for i, c in enumerate(order)]
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
         # (what SPMDSIM_CHECK and the watchdog's reports compare) agree again from here, hooks on or off.
@@ -324,67 +357,37 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         # dry run then counts what the real run's rows count (it counted this Allreduce, one call and 8 bytes
         # more than the row of the same rank).
         value = float(sum(losses))
-        if pp > 1:
+        if self.pp > 1:
             total = np.array([value])
             untraced(mesh.group(PIPELINE), "all_reduce", total, total, "sum", wait=polite_wait if mesh.polite else None)
             value = float(total[0])
-        errors = (float("nan"),) * 3
-        if check and low:  # as train.py's: the optimizer on the run's own gradients, the rest on the policy's
-            summed, masters = _summed_grads(optimizer, params, zero)
-            run_grads = where.used(_tables(run, cfg, where, [summed], "check.grads"))
-            ref_loss, grads, updated, top = shared_once(
-                mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
-                x, y, cfg, step, policy, microbatches, None, kept)
-            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
-                                slices)
-        elif check:
-            # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
-            moments, ref_loss, grads, updated, top = shared_once(
-                mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, moments, x,
-                y, cfg, step, microbatches)
-            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
-                                slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
-        if check:
-            worst = resolve(mesh, local, pending(mesh.layout, 1, (PIPELINE, DATA, TENSOR)), "check", reduction="max",
-                            owned=True)
-            errors = tuple(float(e) for e in worst)
-        totals = trace.totals()
-        dispatch, ledger = (), None
-        if cfg.moe is not None:
-            dispatch = _on_mesh(run, [s for c in mine for s in models[c].moe_stats])
-            ledger = _expert_bytes(cfg, mesh.rank, stage_mesh, params, _largest(dispatch), optimizer,
-                                   trace)
-        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            watch.report(step, replay and step > 0) if watch is not None else None, dispatch, ledger,
-                            tolerances=mixed_tolerances(policy, cfg), norm=_norm(optimizer if zero else None, norms))
-        results.append(result)
-        if on_step is not None:
-            on_step(result)
-        if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            save_checkpoint(save, meta, step + 1, mesh, params, optimizer)
-    return run, results
+        return value
 
+    def begin(self, x: np.ndarray, y: np.ndarray, replay: bool, first: bool) -> tuple:
+        """Before a step on the batch (x, y): the MoE layers' figures emptied (a replay's kernels rewrite the
+        captured step's list), the clock too; with `replay` the capture's static inputs, every microbatch's ids
+        this stage reads, as DTensors (else none: the step cuts each from the batch when used)."""
+        for model in self.models.values():
+            if not replay or first:
+                model.moe_stats = []
+        given = ()
+        if replay:
+            micro, models = self.micro, self.models
+            given = tuple(DTensor.from_global(self.stage_mesh, data[mb * micro:(mb + 1) * micro], self.ids_layout)
+                          for data, reads in ((x, 0 in models), (y, self.last in models)) if reads
+                          for mb in range(self.microbatches))
+        self.clock.times.clear()
+        self.x, self.y = x, y
+        return given
 
-def _on_mesh(run: PipelineRun, stats: list) -> tuple:
-    """A stage's MoEStats with their ranks on the whole mesh (a stage's ranks follow its first: pp is the
-    major axis)."""
-    from dataclasses import replace
-
-    first = run.stage * run.stage_mesh.size
-    return tuple(replace(s, rank=first + s.rank, group=tuple(first + r for r in s.group)) for s in stats)
-
-
-def _largest(stats: tuple) -> tuple:
-    """One MoEStats per MoE layer whose dispatch buffers are the largest any microbatch's forward made (the
-    ledger counts one forward's buffers; with a capacity every microbatch's are the same size)."""
-    from dataclasses import replace
-
-    most: dict = {}
-    for s in stats:
-        seen = most.get(s.layer)
-        most[s.layer] = s if seen is None else replace(seen, send_bytes=max(seen.send_bytes, s.send_bytes),
-                                                       received_bytes=max(seen.received_bytes, s.received_bytes))
-    return tuple(most.values())
+    def experts(self, trace: Any) -> tuple:
+        """After a step, with MoE layers: its dispatches, ranks on the whole mesh, and the experts' bytes (else
+        ((), None))."""
+        if self.cfg.moe is None:
+            return (), None
+        dispatch = _on_mesh(self.run, [s for c in self.mine for s in self.models[c].moe_stats])
+        return dispatch, _expert_bytes(self.cfg, self.run.mesh.rank, self.stage_mesh, self.params,
+                                       _largest(dispatch), self.optimizer, trace)
 
 
 def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
@@ -394,39 +397,3 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
     return assemble(where, where.used(_table(run, cfg)))[0]
 
 
-def _held(run: PipelineRun, cfg: GPTConfig) -> list:
-    """The names of the parameters each stage holds, in param_specs' order (every rank knows each stage's)."""
-    pp, parts = run.mesh.layout.device_matrix[0], run.parts
-    return [[s.name for s in param_specs(cfg)
-             if any(parts[c].holds(s.name, cfg.tied) for c in range(stage, len(parts), pp))]
-            for stage in range(pp)]
-
-
-def _stage_regions(run: PipelineRun, cfg: GPTConfig) -> Regions:
-    """Where each rank's blocks lie in `_table`'s rows (spmdsim.models.gpt.wholes.stage_regions): worked out once a run."""
-    layouts = next(iter(run.models.values())).layouts  # every parameter's, alike on every stage
-    return stage_regions(_held(run, cfg), layouts, {s.name: s.shape for s in param_specs(cfg)},
-                         run.stage_mesh.size)
-
-
-def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, label: str) -> np.ndarray:
-    """`_table` of several tables (name -> this rank's block, of the parameters its stage holds), table after
-    table in each row (spmdsim.models.gpt.wholes.assemble reads them so), from one Allgather over the whole mesh (on
-    simulated ranks one table they share: spmdsim.models.gpt.train.all_rows)."""
-
-    mesh = run.mesh
-    flat = np.zeros(where.width * len(tables))
-    for k, table in enumerate(tables):
-        at = k * where.width
-        for name in _held(run, cfg)[run.stage]:
-            block = np.asarray(table[name], np.float64).reshape(-1)
-            flat[at:at + block.size] = block
-            at += block.size
-    return all_rows(mesh, flat, label).reshape(mesh.size, -1)
-
-
-def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) -> np.ndarray:
-    """Every rank's blocks of the parameters its stage holds, a row per rank (float64, padded to the largest
-    stage's), from one Allgather over the whole mesh."""
-    return _tables(run, cfg, where or _stage_regions(run, cfg), [{name: t.local for name, t in run.params.items()}],
-                   "check.params")

@@ -369,3 +369,25 @@ def _add_main(main: np.ndarray, theirs: np.ndarray) -> None:
 
 def _added(main: np.ndarray, theirs: np.ndarray) -> None:
     np.add(main, theirs, out=main)
+
+
+def _on_mesh(run: PipelineRun, stats: list) -> tuple:
+    """A stage's MoEStats with their ranks on the whole mesh (a stage's ranks follow its first: pp is the
+    major axis)."""
+    from dataclasses import replace
+
+    first = run.stage * run.stage_mesh.size
+    return tuple(replace(s, rank=first + s.rank, group=tuple(first + r for r in s.group)) for s in stats)
+
+
+def _largest(stats: tuple) -> tuple:
+    """One MoEStats per MoE layer whose dispatch buffers are the largest any microbatch's forward made (the
+    ledger counts one forward's buffers; with a capacity every microbatch's are the same size)."""
+    from dataclasses import replace
+
+    most: dict = {}
+    for s in stats:
+        seen = most.get(s.layer)
+        most[s.layer] = s if seen is None else replace(seen, send_bytes=max(seen.send_bytes, s.send_bytes),
+                                                       received_bytes=max(seen.received_bytes, s.received_bytes))
+    return tuple(most.values())
