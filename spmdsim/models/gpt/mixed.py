@@ -288,7 +288,6 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
     a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r, r.fused)
     if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.models.moe.mixed), its router losses in the cache
-
         out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,

@@ -36,7 +36,6 @@ class _Most:
     def forward(self, chunk: int, out: Any) -> None:
         """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
-
             values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
                                                                                  masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
@@ -46,7 +45,6 @@ class _Most:
             # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
             # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
             # cell, counted the first's).
-
             kept_bytes([out], exclude=self.params)
         self.live[chunk] = self.live.get(chunk, 0) + 1
         self.total += self.sum_of[chunk]
