@@ -97,7 +97,7 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     """Why an MoE layer cannot run on `mesh` (one line, the same on every rank), or None."""
     names = tuple(mesh.layout.alias_name)
     if EXPERT not in names or TENSOR not in names:
-        return f"an MoE layer runs on a mesh with axes 'ep' and 'tp', got {names!r}"
+        return f"an MoE layer runs on a mesh with axes {EXPERT!r} and {TENSOR!r}, got {names!r}"
     ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
     if moe.experts % ep:
         return f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"
