@@ -30,7 +30,7 @@ from spmdsim import redistribute
 from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.runtime.sim import dry_run_active, once
 from spmdsim.references.tolerances import sum_rtol
-from spmdsim.models.nets.reference import megatron_block
+from spmdsim.models.nets.megatron_reference import megatron_block
 import numpy as np  # noqa: E402
 
 parser = OnceParser(description=__doc__.splitlines()[0])

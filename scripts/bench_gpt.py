@@ -333,8 +333,8 @@ def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
     """`rank`'s point-to-point groups of one 1F1B step, in the order spmdsim.models.gpt.pipeline posts them:
     (receives, sends), each a list of (bytes, peer, tag), from the schedule spmdsim runs
     (spmdsim.programs.pipeline.schedule.build; tags as spmdsim.models.gpt.pipeline tags them) and, on the first and the
-    last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.pipeline._tie_embedding)."""
-    from spmdsim.models.gpt.pipeline import _tag
+    last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.stage_program._tie_embedding)."""
+    from spmdsim.models.gpt.stage_program import _tag
     from spmdsim.programs.pipeline.schedule import Compute, Post, Send, build
 
     act = cfg.batch // microbatches * cfg.seq * cfg.d_model * 8  # a microbatch's activation, float64
@@ -372,7 +372,7 @@ def _message_replay(args, comm) -> dict:
     from _peer_mpi4py_step import _polite, _tight_timer_slack
     from spmdsim import Layout, Mesh, collect_trace
     from spmdsim.base import buffers
-    from spmdsim.models.gpt.pipeline import _PP
+    from spmdsim.models.gpt.stage_program import _PP
     from spmdsim.runtime.door import messages, point_to_point
     from spmdsim.runtime.replay import capture
 

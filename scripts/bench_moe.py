@@ -7,7 +7,7 @@ Each launch (``timeout -k 5 600 mpiexec -n 8``) makes a mesh of ep 8 (dp 1,
 tp 1), routes each rank's own tokens (--sequences of --tokens, router
 probabilities from a seeded softmax, top-2 over --experts) with
 spmdsim.models.moe.routing, and builds the MoE layer's exchange (the
-``_Exchange`` of spmdsim.models.moe.layer, as the layer builds it, the counts
+``_Exchange`` of spmdsim.models.moe.exchange, as the layer builds it, the counts
 exchanged once). Then, --rounds times, each of three ways moves the same send
 buffer to the experts' ranks and back:
 
@@ -133,7 +133,7 @@ def _worker(args) -> dict:
 
     from spmdsim import Layout, Mesh, collect_trace
     from spmdsim.models.moe import MoEConfig, dispatch_rows, route
-    from spmdsim.models.moe.layer import _Exchange
+    from spmdsim.models.moe.exchange import _Exchange
     from spmdsim.programs.plan.steps import moved_bytes
     from spmdsim.runtime.process import tune_mpi_process
 

@@ -61,7 +61,7 @@ TABLES = (
     ("spmdsim.models.moe.layer", "_LAYER_CHECKED", 256),
     ("spmdsim.models.moe.layer", "_EXPERTS_CHECKED", 256),
     ("spmdsim.models.moe.layer", "_COUNTS_LAYOUTS", 64),
-    ("spmdsim.models.moe.layer", "_TABLES", 64),
+    ("spmdsim.models.moe.slots", "_TABLES", 64),
     ("spmdsim.models.moe.losses", "_CALLS", 256),
     ("spmdsim.layouts.datagen", "_KEYS", 4096),
     ("spmdsim.layouts.datagen", "_PLANS", 4096),

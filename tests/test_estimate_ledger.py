@@ -120,7 +120,7 @@ def test_a_zero2_dry_run_measures_what_the_real_runs_backward_holds(monkeypatch)
     import numpy as np
 
     import spmdsim.tools.estimate.ledger as ledger_module
-    import spmdsim.models.gpt.train as trainer
+    import spmdsim.models.gpt.buckets as trainer
 
     monkeypatch.setattr(trainer, "ZERO_BUCKET", 2000)
     monkeypatch.setattr(trainer, "ZERO_BUCKET_PER_DP", 1)  # 2,000 elements at any dp
@@ -575,7 +575,7 @@ def _fresh(stage) -> dict:
 
 
 def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
-    """The MoE experts' products and kernels are recorded with their blocks (spmdsim.models.moe.layer._count_experts), as
+    """The MoE experts' products and kernels are recorded with their blocks (spmdsim.models.moe.dry._count_experts), as
     the other products are: the experts' weights (parameters), their gradients and the rows the layer keeps for its
     backward (xe, fc1's output, GELU's tanh and output) are the memory line's. One MoE layer of 4 experts on one
     rank (top-1, capacity 2 a sequence of 8, width 64, hidden 256): fc1's product reads the kept rows and W1 and

@@ -1,5 +1,5 @@
 """The GPT's training check updates on the run's own inputs: a gradient's rounding cannot fail it, a wrong
-update does (spmdsim.models.gpt.train.anchored_updates; docs/reference/operators.md).
+update does (spmdsim.models.gpt.buckets.anchored_updates; docs/reference/operators.md).
 
 AdamW's first step is lr x g / (|g| + eps): where a gradient has cancelled to near its rounding, a reference
 updating with its own gradients moves that parameter by up to 2 lr from the run's. Checked against AdamW

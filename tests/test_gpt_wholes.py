@@ -69,8 +69,8 @@ def test_peaks_are_the_largest_magnitudes():
 
 def _assemblies(monkeypatch, train) -> list:
     """Each rank's results of `train(cfg, comm, ids)` on 8 simulated ranks (2 steps) and how many times the
-    check assembled the reference's start (spmdsim.models.gpt.train.assemble)."""
-    from spmdsim.models.gpt import train as module
+    check assembled the reference's start (spmdsim.models.gpt.reference_step.assemble)."""
+    from spmdsim.models.gpt import reference_step as module
 
     calls = []
     real = module.assemble

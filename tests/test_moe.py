@@ -836,13 +836,13 @@ def test_megatrons_kept_set_with_moe_layers_passes_and_keeps_less(precision):
 
 
 def test_a_capacity_layers_plan_is_kept_per_signature_by_its_mesh_and_a_dropless_ones_is_made_each_call():
-    """spmdsim.models.moe.layer._plan: with a capacity, one _Plan (and its _Exchange, made once) per layer, tokens,
+    """spmdsim.models.moe.exchange._plan: with a capacity, one _Plan (and its _Exchange, made once) per layer, tokens,
     sequences and config on a mesh, freed when the mesh closes; dropless, a new one each call (its exchange
     follows the step's counts)."""
     import dataclasses
 
     from spmdsim import Layout, Mesh
-    from spmdsim.models.moe.layer import _plan
+    from spmdsim.models.moe.exchange import _plan
 
     def body():
         mesh = Mesh(Layout((1, 2, 1), ("dp", "ep", "tp")), spmdsim.world())

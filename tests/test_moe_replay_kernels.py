@@ -14,9 +14,11 @@ import pytest
 import spmdsim
 from spmdsim.nn import ops
 from spmdsim.models.moe import MoEConfig
-from spmdsim.models.moe import layer
+from spmdsim.models.moe import exchange as moe_exchange, experts as moe_experts, slots as moe_slots
+from spmdsim.models.moe import stats as moe_stats
 from spmdsim.models.moe.layer import moe_layer
 from spmdsim.models.moe.routing import Routing, dispatch_rows, gates_backward, route
+from spmdsim.runtime.collectives import KERNELS
 from spmdsim.runtime.dtensor import DTensor
 from spmdsim.runtime.replay import capture
 
@@ -42,8 +44,8 @@ def test_the_layers_routing_kernel_is_route_and_dispatch_rows(dtype, k, dropless
     probs = _probs(rng, T, bl, E, dtype)
     want = route(np.ascontiguousarray(probs.transpose(1, 0, 2)), k, C)
     rows, _, per_expert = dispatch_rows(want, dropless, ep)
-    tab = layer._tables(T, bl, E, k, C, ep)
-    got = layer._route(probs, tab, dropless)
+    tab = moe_slots._tables(T, bl, E, k, C, ep)
+    got = moe_slots._route(probs, tab, dropless)
     expected = (want.experts, want.gates, want.slots, want.counts, rows, per_expert,
                 want.counts.sum(axis=0).astype(np.float64))
     for a, b in zip(got, expected):
@@ -51,15 +53,15 @@ def test_the_layers_routing_kernel_is_route_and_dispatch_rows(dtype, k, dropless
     if factor < 1:
         assert np.count_nonzero(want.slots < 0)  # (the drops compared too)
     again = tuple(np.full_like(a, -7) for a in got)  # a replay's: written into the captured arrays
-    layer._route(probs, tab, dropless, out=again)
+    moe_slots._route(probs, tab, dropless, out=again)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(again, got))
 
     dgates = rng.standard_normal(want.gates.shape).astype(dtype)
     grad = gates_backward(probs.transpose(1, 0, 2), want, dgates).transpose(1, 0, 2)
-    mine = layer._probs_grad(probs, want.experts, want.gates, tab, dgates)
+    mine = moe_slots._probs_grad(probs, want.experts, want.gates, tab, dgates)
     assert mine.dtype == grad.dtype and mine.tobytes() == np.ascontiguousarray(grad).tobytes()
     into = np.full_like(mine, 3.0)
-    layer._probs_grad(probs, want.experts, want.gates, tab, dgates, out=into)
+    moe_slots._probs_grad(probs, want.experts, want.gates, tab, dgates, out=into)
     assert into.tobytes() == mine.tobytes()
 
 
@@ -73,15 +75,15 @@ def test_the_layers_stats_kernel_is_stats():
         for dropless in (False, True):
             moe = MoEConfig(experts=4, top_k=2, capacity_factor=0.5, dropless=dropless)
             T, bl, E, ep = 6, 2, 4, 2
-            plan = layer._plan(mesh, moe, T, bl, E // ep, "h1")
-            tab = layer._tables(T, bl, E, 2, plan.capacity, ep)
-            experts, gates, slots, counts, rows, per_expert, _ = layer._route(_probs(rng, T, bl, E, np.float64), tab,
+            plan = moe_exchange._plan(mesh, moe, T, bl, E // ep, "h1")
+            tab = moe_slots._tables(T, bl, E, 2, plan.capacity, ep)
+            experts, gates, slots, counts, rows, per_expert, _ = moe_slots._route(_probs(rng, T, bl, E, np.float64), tab,
                                                                               dropless)
-            got = layer.KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, "counts") if dropless else None
+            got = KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, "counts") if dropless else None
             put: list = [None]
-            layer._note(put.__setitem__, 0, layer._facts(plan, tab, 8 * 16), experts, slots, rows, per_expert, got)
+            moe_slots._note(put.__setitem__, 0, moe_slots._facts(plan, tab, 8 * 16), experts, slots, rows, per_expert, got)
             move = plan.exchange(per_expert, got)
-            want = layer._stats(mesh, "h1", Routing(experts, gates, slots, counts, plan.capacity), move,
+            want = moe_stats._stats(mesh, "h1", Routing(experts, gates, slots, counts, plan.capacity), move,
                                 rows[rows >= 0], 8 * 16)
             out.append((put[0] == want, put[0].chosen.tobytes() == want.chosen.tobytes(), want.dropped))
         mesh.close()
@@ -123,7 +125,7 @@ class _Mesh:
 
 def _dropless_exchange(ep, El, per_expert, got):
     moe = MoEConfig(experts=ep * El, top_k=1, dropless=True)
-    return layer._Exchange(_Mesh(ep), moe, 1, 1, El, np.asarray(per_expert, np.int64), "d", "c",
+    return moe_exchange._Exchange(_Mesh(ep), moe, 1, 1, El, np.asarray(per_expert, np.int64), "d", "c",
                            np.asarray(got, np.int64).reshape(-1))
 
 
@@ -173,8 +175,8 @@ def _layer_step(dropless):
     step(xd, [])  # an eager step first: the collectives' plans kept, as a training loop's
     held: list = []  # the captured step's list: each replay writes its figures there
     graph = capture(step, xd, held, state=params.values())
-    fc2 = layer.KERNELS.allreduce.__code__
-    kernels = {f.__code__ for f in (layer._run_experts, layer._experts_grad)}
+    fc2 = KERNELS.allreduce.__code__
+    kernels = {f.__code__ for f in (moe_experts._run_experts, moe_experts._experts_grad)}
     replays = []
     for x in xs[1:]:
         y, pairs = _frames(lambda: graph(DTensor.from_global(mesh, x, tokens), held))

@@ -267,7 +267,7 @@ def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monk
     """A dry run of pp 4: one rank per stage runs; later microbatches' cells repeat the first's measured
     rows, so the calls and bytes equal those of running every cell (the peak is the first cell's kept bytes
     times those in flight: see docs/howto/pipelines.md)."""
-    from spmdsim.models.gpt import pipeline
+    from spmdsim.models.gpt import stage_memory
 
     cfg = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=16, dropout=0.1)
 
@@ -280,7 +280,7 @@ def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monk
         return [(r.calls, r.bytes_sent, r.bytes_received, r.counts) for r in report.ranks]
 
     repeated = lines()
-    monkeypatch.setattr(pipeline._DryCells, "again", lambda self, key: False)  # every cell runs
+    monkeypatch.setattr(stage_memory._DryCells, "again", lambda self, key: False)  # every cell runs
     assert lines() == repeated
     stages = [repeated[4 * s] for s in range(4)]
     assert all(repeated[r] == stages[r // 4] for r in range(16))
@@ -421,7 +421,7 @@ def test_a_pipelined_dry_runs_table_counts_what_the_real_steps_row_counts():
 def test_simulated_ranks_share_one_gathered_table_in_the_pipelined_check(monkeypatch):
     """The pipelined check's table of every rank's blocks is one array the 4 simulated ranks read (an Allgather
     gave each its own table of p rows, as train's did: tests/test_gpt_parallel.py), and the steps pass."""
-    from spmdsim.models.gpt import pipeline as module
+    from spmdsim.models.gpt import stage_check as module
 
     real, seen = module._tables, []
 
@@ -502,7 +502,7 @@ def test_an_eager_pipelined_step_stamps_and_reads_its_sent_blocks_without_the_re
         def hook(frame, event, arg):
             if event == "call" and frame.f_code.co_name in ("recorded", "local_of", "_stamp"):
                 caller = frame.f_back.f_code
-                if caller.co_filename.endswith("pipeline.py") and caller.co_name in ("_run_program", "forward",
+                if caller.co_filename.endswith("stage_program.py") and caller.co_name in ("_run_program", "forward",
                                                                                      "backward"):
                     seen.append((frame.f_code.co_name, caller.co_name))
 

@@ -16,7 +16,7 @@ import pytest
 import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
-from spmdsim.models.gpt.mixed import longest_sum, tolerances
+from spmdsim.models.gpt.tolerances import longest_sum, tolerances
 from spmdsim.models.gpt.train import train
 from spmdsim.base.precision import PRESETS, precision, precision_problem
 
@@ -103,7 +103,7 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
     """The reference at float64 throughout (spmdsim.models.gpt.reference) in place of the policy's: the loss tells it
     apart (the gradients' tolerance, 2u per layer, does not: docs/howto/train.md gives the figures)."""
     from spmdsim.models.gpt import reference
-    from spmdsim.models.gpt import train as module
+    from spmdsim.models.gpt import reference_step as module
 
     real = module._mixed_step
 
@@ -250,7 +250,7 @@ def test_a_bf16_pipeline_sends_half_fp32s_bytes_and_its_dry_run_sends_the_same()
 def test_a_pipeline_reference_that_ignores_the_microbatches_is_caught(monkeypatch):
     """The reference drawing the whole batch's dropout masks at once (not each microbatch's): the loss check
     fails, so the reference the pipeline is checked against is the microbatched one."""
-    from spmdsim.models.gpt import train as module
+    from spmdsim.models.gpt import reference_step as module
 
     real = module._mixed_step
     monkeypatch.setattr(module, "_mixed_step", lambda *a, **kw: real(*a[:7], 1, **kw))

@@ -44,7 +44,7 @@ def test_a_long_command_runs_two_steps_and_passes(index):
 
 def test_the_tables_quote_the_tolerances_the_code_uses():
     from spmdsim.models.gpt import GPTConfig
-    from spmdsim.models.gpt.mixed import tolerances
+    from spmdsim.models.gpt.tolerances import tolerances
     from spmdsim.base.precision import precision
 
     text = (ROOT / DOC).read_text()

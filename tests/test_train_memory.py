@@ -142,7 +142,7 @@ def test_zero2_reduces_each_bucket_in_the_backward_as_it_fills(monkeypatch):
     what it held with one bucket (every gradient whole and the slices, as before this was done) and below
     ZeRO-1's whole gradients; the parameters are ZeRO-1's bit for bit after 2 steps, each rank's own
     Reduce_scatters in the walk's order."""
-    import spmdsim.models.gpt.train as trainer
+    import spmdsim.models.gpt.buckets as trainer
     from spmdsim.nn.distrib_optim import DistributedAdamW
 
     ready: list = []
@@ -175,7 +175,7 @@ def test_gradient_buckets_are_megatrons_default_size():
     MoE mesh the data-parallel size counts dp and ep (the dense layers' gradients are summed over both)."""
     from types import SimpleNamespace
 
-    from spmdsim.models.gpt.train import buckets
+    from spmdsim.models.gpt.buckets import buckets
 
     def on(shape, names):
         return buckets(SimpleNamespace(layout=Layout(shape, names)))
@@ -192,7 +192,7 @@ def test_zero0_holds_each_gradient_once_in_its_buffer_real_dry_and_pipelined(mon
     at the backward's most, the buffer alone, where a flat copy beside them took 2G, with one bucket (this small
     model) and with buckets of 2,000 elements alike; the dry run measures the same, the pipelined step too, the
     buckets are summed one Allreduce each, and the parameters are the one bucket's bit for bit."""
-    import spmdsim.models.gpt.train as trainer
+    import spmdsim.models.gpt.buckets as trainer
     from spmdsim.models.gpt.pipeline import train_pipelined
     from spmdsim.runtime.trace import collect_trace
 

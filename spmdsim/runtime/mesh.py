@@ -14,12 +14,18 @@ from ..base.context import current
 from .engines import engine_of, ways_out
 from .engines.wait import WAIT_MODES, resolve_wait_mode
 
-__all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
+__all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
 
 # Temporaries above this are allocated per call: glibc maps that size afresh
 # anyway (spmdsim.base.malloc), and keeping one would pin that much per mesh.
 SCRATCH_MAX_BYTES = 32 << 20
 SCRATCH_ROLES = ("send", "recv")
+
+#: The parts a mesh axis can play: the batch split (data), Megatron's tensor parallelism (tensor), the
+#: pipeline's stages (pipeline), an MoE layer's experts (expert), the sequence split of attention
+#: (context) and the parameters' shards (shard). Whoever makes a mesh names which axis plays which
+#: (``Mesh(layout, roles={"tensor": "tp"})``); code that runs on it asks ``mesh.axis("tensor")``.
+AXIS_ROLES = ("data", "tensor", "pipeline", "expert", "context", "shard")
 
 
 def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
@@ -37,12 +43,13 @@ class Mesh:
     (the same RuntimeMismatchError otherwise). Attributes: ``layout``, ``comm``,
     ``rank``, ``size``, ``coords`` (``coord("tp")``: one axis's), ``wait_mode`` ("busy" or "polite"; ``polite``),
     ``algorithms`` (``{"allreduce": "ring", ...}``: run step by step over
-    point-to-point messages, docs/explanation/algorithms.md; None: MPI's own collectives).
+    point-to-point messages, docs/explanation/algorithms.md; None: MPI's own collectives),
+    ``roles`` (role -> axis name, given as ``roles=``; ``axis(role)`` reads it: AXIS_ROLES).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
     def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
-                 algorithms: dict[str, str] | None = None) -> None:
+                 algorithms: dict[str, str] | None = None, roles: dict[str, str] | None = None) -> None:
         from ..programs.algorithms import check_choices
         from .engines import world
 
@@ -53,6 +60,8 @@ class Mesh:
 
             raise LayoutError(f"layout must be a spmdsim Layout (device matrix and axis names), got "
                               f"{describe(layout)}; e.g. Mesh(Layout((2, 4), ('dp', 'tp')))")
+        #: role -> the axis that plays it (AXIS_ROLES); empty where the mesh's maker named none.
+        self.roles = _checked_roles(roles, layout)
         if comm is None:
             comm = world()
         #: What this mesh runs on (spmdsim.runtime.engines): MPI, simulated ranks' threads, or a dry run.
@@ -87,7 +96,7 @@ class Mesh:
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
         # (collective, axes as spelled, shape, dtype, dims) -> what its first call over a group of this
         # mesh checked and worked out (spmdsim.runtime.collectives, door.repeat); freed with the groups. Also
-        # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.layer._plan).
+        # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.exchange._plan).
         self._plans: dict[tuple, tuple] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of
@@ -136,6 +145,12 @@ class Mesh:
         if axis not in names:
             raise LayoutError(f"axis {axis!r} is not one of the mesh's {tuple(names)!r}")
         return self.coords[names.index(axis)]
+
+    def axis(self, role: str) -> str | None:
+        """The name of the axis that plays `role` ("data", "tensor", ...: AXIS_ROLES), or None where none does."""
+        if role not in AXIS_ROLES:
+            raise LayoutError(f"axis role {role!r} is not one of {AXIS_ROLES!r}")
+        return self.roles.get(role)
 
     def group(self, axes: str | Iterable[str]) -> Any:
         """The sub-communicator over `axes` that holds this rank (mixed-radix order, first major)."""
@@ -186,6 +201,24 @@ class Mesh:
         # local in MPICH but collective in the standard, so only free on success.
         if exc[0] is None:
             self.close()
+
+
+def _checked_roles(roles: dict[str, str] | None, layout: Layout) -> dict[str, str]:
+    """`roles` as a fresh dict, each a known role (AXIS_ROLES) played by one distinct axis of `layout`."""
+    if roles is None:
+        return {}
+    if not isinstance(roles, dict):
+        raise LayoutError(f"roles must be a dict of role -> axis name, got {roles!r}; e.g. {{'tensor': 'tp'}}")
+    names = tuple(layout.alias_name)
+    for role, axis in roles.items():
+        if role not in AXIS_ROLES:
+            raise LayoutError(f"axis role {role!r} is not one of {AXIS_ROLES!r}")
+        if axis not in names:
+            raise LayoutError(f"the {role} axis {axis!r} is not one of the mesh's {names!r}")
+    twice = sorted({a for a in roles.values() if list(roles.values()).count(a) > 1})
+    if twice:
+        raise LayoutError(f"axis {twice[0]!r} plays more than one role in {roles!r}; give each axis one role")
+    return dict(roles)
 
 
 def _check_mpi_comm(comm: Any) -> None:

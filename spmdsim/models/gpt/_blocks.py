@@ -16,6 +16,7 @@ import numpy as np
 
 from ..moe.reference import moe_backward, moe_forward
 from .config import GPTConfig
+from .config import ROPE_BASE
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 _CAUSAL: dict[int, np.ndarray] = {}  # T -> (T, T) additive mask: 0 on and below the diagonal, -inf above
@@ -85,7 +86,6 @@ def rope_tables(seq: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     known = _ROPE.get(key)
     if known is not None:
         return known
-    from .config import ROPE_BASE
 
     half = head_dim // 2
     angle = np.arange(seq, dtype=np.float64)[:, None] * ROPE_BASE ** -(np.arange(half) / half)

@@ -34,6 +34,10 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
+from ..axes import PIPELINE
+from ...base.precision import bfloat16
+from ...runtime.door import all_gather_object, barrier
+from .config import GPTConfig
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta"]
 
@@ -123,8 +127,6 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
 def _config_defaults() -> dict:
     """GPTConfig's defaults as run_meta records them: what a checkpoint's config lacking a field (saved before the
     field was added, as Llama's options were) had, since each default is the model as it was before."""
-    from .config import GPTConfig
-
     return _plain(dataclasses.asdict(GPTConfig()))
 
 
@@ -168,7 +170,7 @@ def _pipeline_words(meta: dict) -> str:
     if pipeline is None:
         return "without a pipeline"
     mesh = meta.get("mesh")
-    pp = mesh.get("pp") if isinstance(mesh, dict) else None
+    pp = mesh.get(PIPELINE) if isinstance(mesh, dict) else None
     words = ([f"--pp {pp}"] if pp is not None else []) + [_pipeline_flag(k, pipeline.get(k))
                                                           for k in ("schedule", "microbatches")]
     if pipeline.get("virtual", 1) != 1:
@@ -206,8 +208,6 @@ def _decode(value: Any, arrays: Any) -> Any:
         if "array" in value:
             array = arrays[value["array"]]
             if value["dtype"] == "bfloat16":
-                from ...base.precision import bfloat16
-
                 return array.view(bfloat16())
             return array
         if "dict" in value:
@@ -234,8 +234,6 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's. Collective: every
     rank writes its own, then a barrier over `mesh`, so that the whole checkpoint is there when any rank goes
     on (a resume in the same program, by any rank, reads it all)."""
-    from ...runtime.door import barrier
-
     rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
@@ -268,8 +266,6 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
         for name in header["params"]:
             block = arrays[f"param.{name}"]
             if header["dtypes"][name] == "bfloat16":
-                from ...base.precision import bfloat16
-
                 block = block.view(bfloat16())
             blocks[name] = block
         state = _decode(header["optimizer"], arrays)
@@ -302,8 +298,6 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any) -> int:
     `optimizer`; returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
     is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
     `resume_problem` first (the metadata is read again here: it must still be readable)."""
-    from ...runtime.door import all_gather_object
-
     meta, problem = read_meta(directory)
     step = meta["step"] if meta else 0
     if not problem:

@@ -37,6 +37,10 @@ from ...errors import SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
+from ..axes import EXPERT, TENSOR
+from ...layouts.dialects.dtensor import placements_to_layout
+from ...layouts.dialects.partition_spec import partition_spec_to_layout
+from ...layouts.dialects.sbp import sbp_to_layout
 
 __all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "written"]
 
@@ -89,9 +93,9 @@ def _role(name: str, sp: bool) -> str:
 
 
 #: Each split role's tensor map: which mesh axis cuts which dim (the module's table; "whole" is all None).
-_MAPS = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
-         "expert b1": ("ep", "tp"), "expert w3": ("ep", None, "tp"), "expert b3": ("ep", "tp"),
-         "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
+_MAPS = {"rows": (TENSOR, None), "columns": (None, TENSOR), "vector": (TENSOR,), "expert w1": (EXPERT, None, TENSOR),
+         "expert b1": (EXPERT, TENSOR), "expert w3": (EXPERT, None, TENSOR), "expert b3": (EXPERT, TENSOR),
+         "expert w2": (EXPERT, TENSOR, None), "expert b2": (EXPERT, None)}
 
 
 def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
@@ -111,8 +115,8 @@ def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, Ten
 
 #: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
 DIALECTS = {
-    "mindspore": {"rows": ("tp", "None"), "columns": ("None", "tp"), "vector": ("tp",), "whole": ("None",)},
-    "jax": {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "whole": (None,)},
+    "mindspore": {"rows": (TENSOR, "None"), "columns": ("None", TENSOR), "vector": (TENSOR,), "whole": ("None",)},
+    "jax": {"rows": (TENSOR, None), "columns": (None, TENSOR), "vector": (TENSOR,), "whole": (None,)},
     "dtensor": {"rows": "R,S(0)", "columns": "R,S(1)", "vector": "R,S(0)", "whole": "R,R"},
     "oneflow": {"rows": "B,S(0)", "columns": "B,S(1)", "vector": "B,S(0)", "whole": "B,B"},
 }
@@ -143,10 +147,6 @@ def written(dialect: str, role: str, ndim: int, names: tuple) -> object:
 
 @functools.lru_cache(maxsize=16)  # every rank (and each dry-run representative) asks alike: ~1,500 layouts at 96 layers
 def _dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool) -> dict[str, TensorLayout]:
-    from ...layouts.dialects.dtensor import placements_to_layout
-    from ...layouts.dialects.partition_spec import partition_spec_to_layout
-    from ...layouts.dialects.sbp import sbp_to_layout
-
     shape, names = layout.device_matrix, tuple(layout.alias_name)
     out = {}
     for spec in param_specs(cfg):

@@ -8,13 +8,14 @@ buffers, and the largest total of the three moments it looked (after the forward
 step). `korthikanti_bytes` is the closed formula those measurements are compared with (Korthikanti et
 al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4 and table 2), at
 spmdsim's dtypes. `step_need` is the shape-only count of what a rank of a step holds at least, the check
-before a training run (spmdsim.models.gpt.train.step_memory_problem). Pure: no mpi4py; numpy only where
+before a training run (spmdsim.models.gpt.step_looks.step_memory_problem). Pure: no mpi4py; numpy only where
 `step_need` asks a precision its dtypes' widths.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
+from ...base.precision import precision as policy_of
 
 __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
@@ -184,8 +185,6 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     allocates and the pipeline's other microbatches in flight are left out, and a stage is counted with
     layers // pp layers: a lower bound of the dry run's peak (spmdsim.tools.estimate.ledger.stage_memory: `spmdsim
     estimate`), so a run refused by it cannot fit."""
-    from ...base.precision import precision as policy_of
-
     policy = policy_of(precision)
     width = policy.dtype("activation").itemsize
     mask = width if kept == "graph" else 1  # the graph keeps dropout's factors, Megatron a byte each
@@ -196,30 +195,8 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     block = elements * width
     layers = max(1, cfg.layers // max(1, pp))
     shared = tp if sp else 1  # what every tp rank holds whole without sp is split over tp with it
-    sbh = s * b * d
-    drop = 1 if cfg.dropout else 0
     flash = getattr(cfg, "attention", "unfused") == "flash"  # the core keeps no scores, holds a tile's at most
-    moe = cfg.moe
-    per_layer = []  # (weight elements, other activations kept, attention core kept) of each layer on the rank
-    for layer in range(cfg.layers):
-        # Q and the projection, K and V (kv_heads of them), the MLP's (or each local expert's) 2 (SwiGLU: 3)
-        # matrices
-        kvd = cfg.kv * cfg.head_dim
-        mats = cfg.mlp_matrices
-        if moe is not None and cfg.is_moe(layer):
-            weights = cfg.attention_weights + max(1, moe.experts // ep) * mats * d * cfg.expert_hidden
-            whole, masks, split = 3, drop, 4
-        else:
-            weights = cfg.attention_weights + mats * d * cfg.hidden
-            whole, masks, split = 4, 2 * drop, 2 * d + 2 * kvd + 2 * cfg.hidden  # split: per token, not per d
-        if recompute == "full":  # each layer keeps its input alone
-            other = sbh * width // shared
-        elif moe is not None and cfg.is_moe(layer):
-            other = sbh * (whole * width + masks * mask) // shared + sbh * split * width // tp
-        else:
-            other = sbh * (whole * width + masks * mask) // shared + s * b * split * width // tp
-        core = elements * (2 * width + mask if drop else width) if recompute == "none" and not flash else 0
-        per_layer.append((weights // tp, other, core))
+    per_layer = _per_layer(cfg, b, ep, tp, width, mask, shared, recompute, flash)
     if pp > 1:  # a stage's layers: as many as the fewest of each kind a layer holds
         least = tuple(min(x[i] for x in per_layer) for i in range(3))
         weights, other, core = (n * layers for n in least)
@@ -243,3 +220,35 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     if forward >= end:
         return StepNeed(forward, "in the forward", kept_then[1], kept_then[0], params, block, (b, h, s, s), width)
     return StepNeed(end, "at the step's end", 0, 0, end, block, (b, h, s, s), width)
+
+
+def _per_layer(cfg: Any, b: int, ep: int, tp: int, width: int, mask: int, shared: int, recompute: str,
+               flash: bool) -> list:
+    """(weight elements, other activations kept, attention core kept) of each layer on the rank (`step_need`'s):
+    `b` the microbatch's local sequences, `mask` a dropout mask's bytes per element, `shared` what divides the
+    activations held whole on every tp rank (tp with sp, else 1)."""
+    s, d, moe = cfg.seq, cfg.d_model, cfg.moe
+    elements = b * max(1, cfg.heads // tp) * s * s
+    sbh = s * b * d
+    drop = 1 if cfg.dropout else 0
+    per_layer = []
+    for layer in range(cfg.layers):
+        # Q and the projection, K and V (kv_heads of them), the MLP's (or each local expert's) 2 (SwiGLU: 3)
+        # matrices
+        kvd = cfg.kv * cfg.head_dim
+        mats = cfg.mlp_matrices
+        if moe is not None and cfg.is_moe(layer):
+            weights = cfg.attention_weights + max(1, moe.experts // ep) * mats * d * cfg.expert_hidden
+            whole, masks, split = 3, drop, 4
+        else:
+            weights = cfg.attention_weights + mats * d * cfg.hidden
+            whole, masks, split = 4, 2 * drop, 2 * d + 2 * kvd + 2 * cfg.hidden  # split: per token, not per d
+        if recompute == "full":  # each layer keeps its input alone
+            other = sbh * width // shared
+        elif moe is not None and cfg.is_moe(layer):
+            other = sbh * (whole * width + masks * mask) // shared + sbh * split * width // tp
+        else:
+            other = sbh * (whole * width + masks * mask) // shared + s * b * split * width // tp
+        core = elements * (2 * width + mask if drop else width) if recompute == "none" and not flash else 0
+        per_layer.append((weights // tp, other, core))
+    return per_layer

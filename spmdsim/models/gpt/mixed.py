@@ -27,23 +27,24 @@ A sharded run differs from this only in the order of its float32 sums before eac
 contraction split over ranks is summed from float32 partial products by its Allreduce or
 Reduce_scatter, a parameter's gradient from each rank's rows, the loss from each rank's tokens. Where
 two orders round a value to different neighbours (one bfloat16 ulp, 2**-7 of it), the difference
-carries on through the step; `tolerances` says how far the check lets it go.
+carries on through the step; spmdsim.models.gpt.tolerances says how far the check lets it go.
 Pure: numpy.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from ...references import activations
-from ...base.precision import Precision, product, rounded, unit_roundoff, wide
-from ...references.tolerances import sum_rtol
+from ...base.precision import Precision, product, rounded, wide
 from .config import GPTConfig
 from .params import padded_params, param_specs, unpadded_params
+from ..moe.mixed import moe_backward_mixed, moe_forward_mixed
+from ._blocks import rope_tables
 
-__all__ = ["loss_and_grads", "tolerances", "longest_sum", "architecture_problem"]
+__all__ = ["loss_and_grads", "architecture_problem"]
 
 _F32 = np.float32
 
@@ -69,47 +70,6 @@ def architecture_problem(cfg: GPTConfig) -> Optional[str]:
     return (f"a low-precision step is checked against spmdsim.models.gpt.mixed, which has the GPT's "
             f"{' and '.join(REFUSED.values())} only, not {', '.join(changed)}; check it at fp64, or run without "
             f"the check")
-
-
-def longest_sum(cfg: GPTConfig) -> int:
-    """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
-    gradient), the MLP's second product (its hidden width, an expert's too), the vocabulary (softmax), a row
-    (d_model)."""
-    return max(cfg.batch * cfg.seq, cfg.hidden, cfg.expert_hidden, cfg.vocab, cfg.d_model)
-
-
-def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
-    """(loss, gradients, updated parameters): the largest relative difference a checked step may show from
-    the reference under `policy` (spmdsim.models.gpt.train: the loss relative to itself, a gradient or parameter
-    relative to its tensor's largest entry). 1e-10 each at float64 (spmdsim.models.gpt.train.TOLERANCE).
-
-    Under a low-precision policy the run and the reference round the same values at the same points; they
-    differ only in the order of their float32 sums (a contraction split over ranks is summed by its
-    collective, a gradient from each rank's rows). Two orders of a K-term sum differ by at most
-    ``K eps32`` of the magnitudes that entered it (spmdsim.references.tolerances.sum_rtol); where the rounding to the
-    activations' dtype falls between the two, they round to neighbours one ulp apart (2u of the value;
-    u = 2**-8 for bfloat16), and that flip carries on through the rest of the step.
-
-    - updated parameters: AdamW in float32 on the run's own gradients and moments (the reference's
-      optimizer step takes them, not its own), so only its float32 operations round: ``sum_rtol(8,
-      float32)`` for the update's eight operations; a bfloat16 parameter must equal its master copy
-      rounded, exactly.
-    - loss: a value whose two float32 sums differ by d flips with probability at most d / ulp, by one ulp:
-      its expected change is d, what float32 would give. The loss (the mean of the tokens' losses, each
-      >= 0, so the magnitudes that entered are the loss itself) is allowed float32's bound for the step's
-      longest sum (`longest_sum`), ``K eps32``: an expected-value argument, not a worst case; the
-      measured margins are in docs/howto/bf16.md.
-    - gradients: one flip moves a value by 2u of it, at most 2u of its tensor's largest entry, and is
-      carried on by each later layer (layer norm renormalizes each row, the residual stream adds): 2u for
-      each of the L layers and the embedding and the head, ``2u (L + 2)`` of the tensor's largest entry
-      (at least the loss's K eps32). It bounds the flips of a correct run; it is about the size of the
-      difference a reference that rounds elsewhere shows, so the loss is what separates those.
-    """
-    if policy.activation == "float64":
-        return (1e-10,) * 3
-    eps32 = sum_rtol(longest_sum(cfg), np.float32)
-    u = unit_roundoff(policy.dtype("activation"))
-    return eps32, max(2 * u * (cfg.layers + 2), eps32), sum_rtol(8, np.float32)
 
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
@@ -260,8 +220,6 @@ def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.nd
     """Rotary embeddings' (cos, sin), each (T, 2, head_dim / 2) widened: spmdsim.models.gpt._blocks.rope_tables' float64
     values rounded once to the activations' dtype, as the ranks make their tables (GPT._rope); under Megatron's
     kept set rounded once to float32 (GPT._rotary: the fused kernel's float32 tables)."""
-    from ._blocks import rope_tables
-
     half = cfg.head_dim // 2
     if r.fused:
         return tuple(t.astype(_F32).reshape(T, 2, half) for t in rope_tables(T, cfg.head_dim))
@@ -330,8 +288,6 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
     a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r, r.fused)
     if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.models.moe.mixed), its router losses in the cache
-        from ..moe.mixed import moe_forward_mixed
-
         out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
@@ -359,8 +315,6 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     dh = r.grad(dh)
     dr = r.grad(r.undrop(dh, layer + ".resid2"))
     if "moe" in c:
-        from ..moe.mixed import moe_backward_mixed
-
         da2 = moe_backward_mixed(P, pre, dr, c["moe"], cfg.moe, r, grads)
     else:
         grads.total(pre + "mlp.b2", dr, P)

@@ -23,13 +23,16 @@ from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
 from .config import GPTConfig, said_as
+from ..axes import DATA, EXPERT, PIPELINE, TENSOR
+from ...errors import SpmdsimError
+from .params import param_specs
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
-SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
+SIZE_FLAGS = (PIPELINE, DATA, EXPERT, TENSOR, "microbatches", "virtual_stages")
 #: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
@@ -69,8 +72,6 @@ def checkpoint_arguments(parser: Any) -> None:
 def model_config(args: Any, **more: Any) -> GPTConfig:
     """The GPTConfig of `model_arguments`' parsed options (Llama's among them: a bad one refused in one line
     naming its flag, `architecture_problem`), with the example's own fields `more`."""
-    from ...errors import SpmdsimError
-
     # GPTConfig's refusals name the flags typed ("--d-model 30 must be divisible by --heads 4"), an example's own
     # fields (`more`) too where it has the flag (--clip), and a size left alone as the default ("the default
     # d_model 128 must be divisible by --heads 3")
@@ -88,8 +89,6 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
 def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
     """The check's lines after a run: its verdict over the steps' StepResults (spmdsim.models.gpt.train), then the
     largest difference against the tolerance (fp64), or per kind against the policy's (spmdsim.models.gpt.mixed)."""
-    from .params import param_specs
-
     failed = sum(not r.passed for r in results)
     out = [f"check: {counted(len(results), 'step')} vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
            f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}"]

@@ -31,6 +31,8 @@ from .config import GPTConfig, said_as
 from .data import batch, decode, encode, load_text
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
                      unpadded_params)
+from ...base.typed_numbers import typed
+from ...nn.optim import clip_coefficient
 
 __all__ = ["init_params", "logits", "loss_and_grads", "router_loss", "clip_grads", "AdamW", "Trainer", "train",
            "generate", "main"]
@@ -141,8 +143,6 @@ class AdamW:
 def clip_grads(grads: Params, max_norm: float) -> tuple[float, Params]:
     """(the gradients' joint 2-norm, the gradients scaled so it is at most `max_norm`), as PyTorch's
     clip_grad_norm_ (spmdsim.nn.optim.clip_coefficient); the given arrays are not changed."""
-    from ...nn.optim import clip_coefficient
-
     norm = math.sqrt(sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads.values()))
     coefficient = clip_coefficient(norm, max_norm)
     if coefficient == 1.0:
@@ -355,8 +355,6 @@ _SAID = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "seq"
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ...base.typed_numbers import typed
-
     try:
         with said_as(*said_fields(args, _SAID)):  # a size left alone said as the default
             cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,

@@ -4,7 +4,7 @@ The trainer (spmdsim.models.gpt.train) fills an `ExpertBytes` each step from wha
 rank holds and did: the expert parameters' blocks (every MoE layer's w1, b1,
 w2, b2 on this rank), their gradients, the optimizer's moments of them
 (spmdsim.nn.optim.AdamW.states_of), the dispatch's send and receive buffers
-(spmdsim.models.moe.layer.MoEStats) and the bytes the dispatches, combines and their
+(spmdsim.models.moe.stats.MoEStats) and the bytes the dispatches, combines and their
 backward sent (the step's trace rows labelled with the layers' names). In a
 dry run these are the dry engine's blocks and trace (docs/howto/experts-memory.md, "The
 dry run"), so the figures are the program's, for the routing the dry run

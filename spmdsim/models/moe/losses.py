@@ -71,20 +71,10 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
     if (seen is None or seen[0] is not P or seen[1] is not L or seen[2] is not f._layout or mesh.engine.dry
             or _flops._OPEN or type(aux_coeff) is not float or type(z_coeff) is not float
             or aux_coeff - aux_coeff != 0 or z_coeff - z_coeff != 0):  # (a number not finite: the chain's moves)
-        out = _chain(logits, probs, f, aux_coeff, z_coeff)
-        dtype = probs._local.dtype
-        if (seen is None and not mesh.engine.dry and dtype in _FLOATS and logits._local.dtype is dtype
-                and f._local.dtype is dtype and L.tensor_map == P.tensor_map and not P.partial and not L.partial
-                and not f._layout.partial):
-            if len(_CALLS) >= 256:  # a long run over many layouts: start over
-                _CALLS.clear()
-            _CALLS[key] = (P, L, f._layout, out._layout, with_partial(out._layout, ()))
-        return out
+        return _by_chain(logits, probs, f, aux_coeff, z_coeff, key if seen is None else None)
     _, _, _, layout, want = seen
-    if not CAPTURE.on:
-        p, lg, fb = probs._local, logits._local, f._local
-    else:  # a captured step's traced views (spmdsim.runtime.replay)
-        p, lg, fb = probs.local, logits.local, f.local
+    # a captured step's traced views (spmdsim.runtime.replay), else the blocks themselves
+    p, lg, fb = (probs._local, logits._local, f._local) if not CAPTURE.on else (probs.local, logits.local, f.local)
     T, B, E = probs._shape
     dtype = p.dtype
     count = T * B  # the entries each mean sums (the z-loss's: T B 1)
@@ -133,23 +123,31 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
         dm = dpm * fb
         dprobs = spread(dm[None, None] / count, p.shape)
         if counting:  # the chain's rules' counts (their `_count_grads` and reductions' sweeps), in their order
-            sweep("mul", [g, z, z_n], [z])
-            sweep("mul", [g, aux, a_n], [aux])
-            sweep("mean", (gz,), (sq,))
-            sweep("mul", [dsq, lse, lse], [lse, lse])
-            sweep("add", (d1, d2), (d1,))
-            sweep("log", [dlse, sums], [sums])
-            sweep("sum", (dsums,), (ex,))
-            sweep("exp", [dex, ex], [shifted])
-            sweep("mul", [ga, s, e_n], [s])
-            sweep("sum", (ds,), (pm,))
-            sweep("mul", [dpm, m, fb], [m])
-            sweep("mean", (dm,), (p,))
+            for kind, ins, outs in (("mul", [g, z, z_n], [z]), ("mul", [g, aux, a_n], [aux]), ("mean", (gz,), (sq,)),
+                                    ("mul", [dsq, lse, lse], [lse, lse]), ("add", (d1, d2), (d1,)),
+                                    ("log", [dlse, sums], [sums]), ("sum", (dsums,), (ex,)),
+                                    ("exp", [dex, ex], [shifted]), ("mul", [ga, s, e_n], [s]), ("sum", (ds,), (pm,)),
+                                    ("mul", [dpm, m, fb], [m]), ("mean", (dm,), (p,))):
+                sweep(kind, ins, outs)
         held = kept  # noqa: F841 (the closure holds them, as the chain's nodes did)
         pending = dy._layout.partial
         return grad_tensor(logits, dlogits, pending), grad_tensor(probs, dprobs, pending)
 
     return attach(out, f"moe router losses {name}", (logits, probs), backward, want, (L, P, layout))
+
+
+def _by_chain(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: float, key: Any) -> Any:
+    """`router_losses` by the general operators' chain (`_chain`); with `key` (a first call), the layouts it
+    worked out kept under it (`_CALLS`) where a later call can take the kernels' way."""
+    out = _chain(logits, probs, f, aux_coeff, z_coeff)
+    P, L, dtype = probs._layout, logits._layout, probs._local.dtype
+    if (key is not None and not probs._mesh.engine.dry and dtype in _FLOATS and logits._local.dtype is dtype
+            and f._local.dtype is dtype and L.tensor_map == P.tensor_map and not P.partial and not L.partial
+            and not f._layout.partial):
+        if len(_CALLS) >= 256:  # a long run over many layouts: start over
+            _CALLS.clear()
+        _CALLS[key] = (P, L, f._layout, out._layout, with_partial(out._layout, ()))
+    return out
 
 
 def _spread(d: np.ndarray, shape: tuple) -> np.ndarray:

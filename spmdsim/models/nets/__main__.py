@@ -14,6 +14,12 @@ import sys
 
 from . import NETWORKS
 from .seeds import needs_eight, oneflow_needs, paddle_needs
+from ...base.once_parser import OnceParser
+from ...errors import fold_message
+from ...runtime.engines import world
+from ...runtime.guard import run_guarded
+from ...runtime.sim.launch import run_on_ranks
+from .run import NetworkRunner
 
 __all__ = ["main"]
 
@@ -23,8 +29,6 @@ _NEEDS = {"net_mindspore_tutorial": needs_eight, "net_mindspore_layout": needs_e
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ...base.once_parser import OnceParser  # usage and errors printed by rank 0 only, not once per rank
-
     parser = OnceParser(prog="python -m spmdsim.models.nets", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"networks to run (default: all): {', '.join(NETWORKS)}")
@@ -37,23 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown network(s) {unknown!r}; expected some of {sorted(NETWORKS)!r}")
     if args.ranks is not None:
-        from ...runtime.sim.launch import run_on_ranks
-
         return run_on_ranks(args.ranks, lambda: _on_world(args))
     return _on_world(args)
 
 
 def _on_world(args: argparse.Namespace) -> int:
-    from ...runtime.guard import run_guarded
-    from ...runtime.engines import world
-
     comm = world()  # MPI's COMM_WORLD, or the simulated rank's
     return run_guarded(lambda: _run(args.names or list(NETWORKS), args, comm), comm)
 
 
 def _run(names: list[str], args: argparse.Namespace, comm: object) -> int:
-    from .run import NetworkRunner
-
     ok, ran = True, 0
     for name in names:
         reason = _NEEDS[name](comm.Get_size())
@@ -74,8 +71,6 @@ def _run(names: list[str], args: argparse.Namespace, comm: object) -> int:
             print(f"{text}\n{verdicts[-1]}\n{'PASS' if passed else 'FAIL'}\n")
     if not ran:  # an exit 0 here read as a pass: a script or a user checking the code saw nothing fail
         if comm.Get_rank() == 0:
-            from ...errors import fold_message
-
             size = comm.Get_size()
             print(fold_message(f"python -m spmdsim.models.nets: no network ran on {size} rank{'s' if size != 1 else ''} "
                                f"({len(names)} asked for, each skipped: its SKIP line says what it needs); "

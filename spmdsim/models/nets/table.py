@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .model import Hop, Network, short_layout
+from ...base.validate import counted
+from ...programs.viz.table import fold_table, nbytes, wrap_lines
 
 __all__ = ["HopRow", "row_of", "format_table", "collective_name"]
 
@@ -75,9 +77,6 @@ def format_table(net: Network, rows: Sequence[HopRow], world_size: int, width: i
 
     Long cells fold onto more lines to keep within `width` columns (None: one line per row).
     """
-    from ...base.validate import counted
-    from ...programs.viz.table import fold_table, nbytes, wrap_lines
-
     head = ("#", "step", "device matrix", "layout in -> out", "collectives", "sent/rank")
     body = []
     for row in rows:

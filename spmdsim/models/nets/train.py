@@ -25,6 +25,21 @@ import numpy as np
 from ...errors import OperatorError, fold_message
 from ...layouts.layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
+from ...base.context import current
+from ...base.threads import launcher_rank
+from ...base.typed_numbers import shown
+from ...errors import SpmdsimError
+from ...nn import ops, optim
+from ...nn.ops import cross_entropy, reshape
+from ...runtime import install_excepthook
+from ...runtime.dtensor import DTensor
+from ...runtime.executor import redistribute
+from ...runtime.mesh import Mesh
+from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_problem, run_on_ranks
+from ...runtime.trace import collect_trace
+from ..gpt.train import all_rows
+from ..gpt.wholes import regions
+from .model import short_layout
 
 __all__ = ["NetworkTrainer", "StepResult", "Anchor", "PHASES", "explain_backward", "world_size", "run_main",
            "refuse", "loss_trend"]
@@ -75,10 +90,6 @@ class NetworkTrainer:
 
     def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
                  momentum: float = 0.0, bucket: Any = False) -> None:
-        from ...nn import ops, optim  # noqa: F401 - ops gives DTensor its operators (requires_grad_, backward)
-        from ...runtime.dtensor import DTensor
-        from ...runtime.mesh import Mesh
-
         if net.stages[-1].out.ndim < 2:
             raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
         self.net, self.comm, self.bucket = net, comm, bucket
@@ -120,11 +131,6 @@ class NetworkTrainer:
         (`StepResult.anchor`): a collective after the optimizer, outside the phases' traces; none in a dry
         run, which checks no values (its calls and bytes are the phases', as a real run's report counts).
         """
-        from ...base.context import current
-        from ...nn.ops import cross_entropy, reshape
-        from ...runtime.dtensor import DTensor
-        from ...runtime.trace import collect_trace
-
         net = self.net
         start = self._start() if anchor and not current().dry_run else None
         self.optimizer.zero_grad()
@@ -166,9 +172,6 @@ class NetworkTrainer:
     def _anchor(self, start: dict) -> Anchor:
         """The step's `Anchor`: every rank's parameters at the step's start in one Allgather (label "check"; on
         simulated ranks one table they share: spmdsim.models.gpt.train.all_rows), this rank's `start` and gradients."""
-        from ..gpt.train import all_rows
-        from ..gpt.wholes import regions
-
         params = self.flat_params
         if self._where is None:  # where each rank's blocks lie: the same every step
             self._where = regions({i: p for i, p in enumerate(params)}, self.comm.Get_size())
@@ -183,10 +186,6 @@ class NetworkTrainer:
         return Anchor(where, where.used(rows), self._kinds, dict(start, grads=tuple(p.grad.local for p in params)))
 
     def _hop(self, hop: Hop, x: Any) -> Any:
-        from ...nn import ops
-        from ...runtime.dtensor import DTensor
-        from ...runtime.executor import redistribute
-
         if hop.is_redistribution:
             y = redistribute(x, hop.after, hop.plan)
             if y._ag is not None:  # name the node after the hop, for explanations
@@ -256,8 +255,6 @@ def explain_backward(explain: list) -> str:
 
 def _plan_text(hop: Hop) -> str:
     """The forward move of a redistribution hop: "Allreduce(k) [m,n] -> [s0,s1]"."""
-    from .model import short_layout
-
     ops = ", ".join(f"{s.op}({','.join(s.axes)})" for s in hop.plan.steps) or "no step"
     return f"{short_layout(hop.before)} -> {short_layout(hop.after)} by {ops}"
 
@@ -273,8 +270,6 @@ def refuse(text: str) -> NoReturn:
     Under mpiexec every rank refuses the same command line (before MPI starts); one says so, or the line is
     printed once per rank, the copies run together. Every rank still exits 2.
     """
-    from ...base.threads import launcher_rank
-
     if launcher_rank() == 0:
         print(fold_message(f"spmdsim: error: {text}"), file=sys.stderr)  # 100 columns, as the CLI's refusals
     sys.exit(2)
@@ -284,8 +279,6 @@ def _printing_problem(args: Any) -> Optional[str]:
     """Why an example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` (those it has and was given)
     cannot be, or None: checked before the first step, not when the last one prints or samples, nor by the
     optimizer, which names its argument ("lr -1.0") where the user typed a flag ("--lr -1")."""
-    from ...base.typed_numbers import shown
-
     every = getattr(args, "every", None)
     if every is not None and every < 1:
         return f"--every {every!r} must be at least 1 (print every N steps)"
@@ -304,8 +297,6 @@ def _printing_problem(args: Any) -> Optional[str]:
 def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
     if ranks is not None:
-        from ...runtime.sim.launch import ranks_problem
-
         problem = ranks_problem(ranks, dry_run)
         if problem:
             refuse(problem)
@@ -352,21 +343,16 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
         refuse(problem)
     dry_run = bool(getattr(args, "dry_run", False))
     if dry_run and ranks is None:
-        from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS
-
         refuse(DRY_RUN_NEEDS_RANKS)
     if ranks is not None:
         size = world_size(ranks, dry_run)  # refuses a count that cannot be
         problem = needs(size) if needs is not None else None
         if problem:
             refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")
-        from ...runtime.sim.launch import run_on_ranks
 
         return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
     from mpi4py import MPI
 
-    from ...errors import SpmdsimError
-    from ...runtime import install_excepthook
 
     install_excepthook(MPI.COMM_WORLD)
     problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None

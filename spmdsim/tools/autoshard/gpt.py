@@ -40,6 +40,7 @@ from ...models.gpt.params import constant, param_specs, seeded
 from ...layouts.layout import Layout
 from ...base.validate import counted
 from .graph import Constant, Graph, Hand, OpNode, ParamSpec, data_parallel
+from ...models.axes import DATA, TENSOR
 
 __all__ = ["gpt_graph", "gpt_params", "gpt_config", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
 
@@ -148,10 +149,10 @@ def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Op
     tp = MEGATRON_TP
     if devices % tp or mesh_problem(cfg, devices // tp, tp, sp):
         return None
-    L = Layout((devices // tp, tp), ("dp", "tp"))
+    L = Layout((devices // tp, tp), (DATA, TENSOR))
     weights = megatron_layouts(cfg, L, sp)
-    act, full = (L("dp", "tp", None) if sp else L("dp", None, None)), L("dp", None, None)
-    cols, head_split, scores = L("dp", None, "tp"), L("dp", None, "tp", None), L("dp", "tp", None, None)
+    act, full = (L(DATA, TENSOR, None) if sp else L(DATA, None, None)), L(DATA, None, None)
+    cols, head_split, scores = L(DATA, None, TENSOR), L(DATA, None, TENSOR, None), L(DATA, TENSOR, None, None)
     how = "Megatron, sequence parallel" if sp else "Megatron"
     out: list = [None]
     for node in graph.nodes[1:]:
@@ -159,7 +160,7 @@ def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Op
         leaf = name.split(".", 1)[-1]
         params = tuple(weights[p.name] for p in node.params)
         if kind == "embedding":
-            ins, res = (L("dp", None),), act
+            ins, res = (L(DATA, None),), act
         elif kind == "layernorm" or leaf in ("wpe", "proj_bias", "fc2_bias", "resid1", "resid2"):
             ins, res = (act,) * len(node.inputs), act
         elif leaf == "qkv_in":
@@ -181,8 +182,8 @@ def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Op
         elif leaf in ("proj", "fc2"):
             ins, res = (cols,), act
         elif name == "flatten":
-            ins, res = (cols,), L("dp", "tp")
+            ins, res = (cols,), L(DATA, TENSOR)
         else:  # the loss
-            ins, res = (L("dp", "tp"),), L()
+            ins, res = (L(DATA, TENSOR),), L()
         out.append(Hand(ins, params, res, how))
     return tuple(out)

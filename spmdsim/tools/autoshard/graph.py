@@ -25,6 +25,7 @@ from ...layouts.datagen import SeededTensor
 from ...errors import OperatorError
 from ...layouts.layout import Layout, TensorLayout
 from ...models.nets.seeds import weight
+from ...models.axes import DATA
 
 __all__ = ["KINDS", "Constant", "ParamSpec", "OpNode", "Hand", "Graph", "mlp_chain", "attention", "data_parallel"]
 
@@ -185,7 +186,7 @@ class Graph:
 def data_parallel(devices: int, shape: Sequence[int]) -> TensorLayout:
     """Dim 0 split over as many devices as divide it, the rest repeating (MindSpore's default)."""
     split = math.gcd(devices, shape[0])
-    return Layout((split, devices // split), ("dp", "rep"))("dp", *([None] * (len(shape) - 1)))
+    return Layout((split, devices // split), (DATA, "rep"))(DATA, *([None] * (len(shape) - 1)))
 
 
 def _input(shape: Sequence[int], dtype: str, devices: int, seed: int) -> OpNode:

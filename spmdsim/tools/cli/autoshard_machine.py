@@ -20,6 +20,7 @@ from ...errors import SpmdsimError
 from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED
 from ...base.sizes import format_size
 from ...base.validate import counted
+from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
 
 __all__ = ["run_machine"]
 
@@ -204,8 +205,8 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
     else:
         head.append("chosen: none fits the memory limit")
     out = list(head)
-    eph = f"{'ep':>4}" if moe else ""
-    out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{eph}{'mb':>5} "
+    eph = f"{EXPERT:>4}" if moe else ""
+    out.append(f"{'rank':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
                f"{'step ms':>13}{'peak MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]

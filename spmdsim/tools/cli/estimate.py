@@ -20,6 +20,7 @@ from ...base.sizes import format_size
 from ...base.validate import counted
 from ...programs.viz.table import wrap_lines
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
+from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 
@@ -53,7 +54,8 @@ def register(subparsers: Any) -> None:
             ("layers", 4, "transformer blocks"), ("hidden", 128, "the model width (d_model)"),
             ("heads", 4, "attention heads"), ("seq", 64, "sequence length"), ("vocab", 128, "vocabulary size"),
             ("micro-batch", 1, "sequences per microbatch"), ("global-batch", 8, "sequences per step"),
-            ("tp", 1, "tensor-parallel ranks"), ("pp", 1, "pipeline stages"), ("dp", 1, "data-parallel ranks"),
+            (TENSOR, 1, "tensor-parallel ranks"), (PIPELINE, 1, "pipeline stages"),
+            (DATA, 1, "data-parallel ranks"),
             ("virtual-stages", 1, "model chunks per stage (interleaved)")):
         add_noted(parser, f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
     from ...programs.pipeline.options import split_arguments
@@ -118,9 +120,9 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 
 #: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
 #: defaults): named here, so that an attribute argparse or main() adds (func, _usage_parser, ...) stays out.
-CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp",
-                 "dp", "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
-                 "ep", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
+CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
+                 PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
+                 EXPERT, "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
                  "first_stage_layers", "last_stage_layers", "stage_layers")
 
@@ -149,8 +151,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     for flag, default in MOE_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
-    for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp", "dp",
-                 "virtual_stages", "ep", "moe_every", "pad_vocab_to"):
+    for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR, PIPELINE, DATA,
+                 "virtual_stages", EXPERT, "moe_every", "pad_vocab_to"):
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
@@ -256,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
-            f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
+            f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {f'{DATA} x {EXPERT}' if cfg.moe else DATA} rank, "
             f"{schedule}",
             f"recompute {args.recompute}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; machine {machine.name}"]
     if args.tp > machine.gpus_per_node:  # said: each layer's tensor-parallel collectives cross the nodes
@@ -310,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
 OVERLAP = ("gradients",)
 
 #: --overlap's words and the transfer phase each adds to OVERLAP (spmdsim.tools.estimate.steptime.OVERLAP_UNDER).
-OVERLAP_WORDS = {"tp": "layers", "pp": "pipeline"}
+OVERLAP_WORDS = {TENSOR: "layers", PIPELINE: "pipeline"}
 
 
 def _overlap(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
@@ -322,7 +324,7 @@ def _overlap(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
         if word not in OVERLAP_WORDS:
             raise SpmdsimError(f"--overlap {given!r}: {word!r} is unknown; expected a comma-separated list of "
                                f"{', '.join(OVERLAP_WORDS)} (e.g. --overlap tp,pp)")
-    if "pp" in words and pp > 1 and schedule != "interleaved":
+    if PIPELINE in words and pp > 1 and schedule != "interleaved":
         raise SpmdsimError(f"--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the "
                            f"interleaved schedule only, not {schedule}; give --virtual-stages N > 1 or leave out pp")
     return OVERLAP + tuple(OVERLAP_WORDS[w] for w in OVERLAP_WORDS if w in words)

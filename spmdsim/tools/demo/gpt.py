@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from . import training as _training  # (imported first, so this row is listed after the others)
 from .registry import Context, Job, scenario
+from ...models.axes import DATA, TENSOR, roles_of
 
 __all__ = ["gpt_job", "gpt_needs"]
 
@@ -52,7 +53,7 @@ def gpt_job(ctx: Context) -> Job:
     from ...layouts.layout import Layout
     from ...runtime import Mesh
 
-    mesh = Mesh(Layout((dp, tp), ("dp", "tp")), ctx.comm)
+    mesh = Mesh(Layout((dp, tp), (DATA, TENSOR)), ctx.comm, roles=roles_of((DATA, TENSOR)))
 
     def forward() -> Any:
         model, _ = train(cfg, ctx.comm, dp, tp, 1, ids, sp=True, check=False, mesh=mesh)

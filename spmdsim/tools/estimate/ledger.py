@@ -28,6 +28,7 @@ from ...errors import SpmdsimError
 from ...models.gpt.memory import BLOCK_KINDS, MASKS
 from ...base.sizes import format_size
 from .records import Transfer
+from ...models.axes import DATA, EXPERT, PIPELINE
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
@@ -346,8 +347,8 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
                 raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
             n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
             rows = [(e.op, n, e.bytes_sent)]
-            summed = (e.label or "").startswith(GRADIENT_LABELS) and ("dp" in axes or "ep" in axes)
-            phase = "pipeline" if "pp" in axes else ("gradients" if summed else "layers")
+            summed = (e.label or "").startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes)
+            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "layers")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + times

@@ -40,6 +40,7 @@ from typing import Any, Optional
 
 from ...errors import SpmdsimError
 from ...base.sizes import UnmappableError
+from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
 
 __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
            "comm_bounds", "stage_elements", "model_states", "price", "search", "MAX_CONFIGS", "FIXABLE",
@@ -175,7 +176,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
 
 
 #: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each.
-FIXABLE = {"tp": "tp", "pp": "pp", "v": "virtual", "dp": "dp", "ep": "ep", "mb": "microbatches",
+FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, "mb": "microbatches",
            "recompute": "recompute", "zero": "zero", "sp": "sp"}
 
 

@@ -1,0 +1,132 @@
+"""The check's reference step of the GPT's trainers (spmdsim.models.gpt.train, .pipeline): the same step in one
+numpy process, at float64 or under the run's precision policy, microbatch by microbatch."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+import numpy as np
+from .config import GPTConfig
+from .params import decays, param_specs
+from .wholes import Regions, assemble, peaks
+from ...nn.optim import adamw_update
+from ...runtime.dtensor import DTensor
+from .mixed import loss_and_grads as mixed_loss_and_grads
+from .reference import _masks, clip_grads, loss_and_grads as reference_loss_and_grads
+
+
+def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
+                grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph") -> tuple:
+    """The references of a step under a low-precision policy (spmdsim.models.gpt.mixed): (loss, gradients) of the
+    same policy from the run's parameters at the step's start (its master copies), and the updated master
+    copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
+    each name -> whole array; the moments zeros before the first step). `microbatches` > 1: gradient
+    accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
+    the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
+    model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed)."""
+    loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
+        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i),
+        _rows(routes, rows), kept))
+    if cfg.clip:
+        ref_grads = clip_grads(ref_grads, cfg.clip)[1]
+    state = policy.dtype("optimizer")
+    updated = {}
+    for spec in param_specs(cfg):
+        name = spec.name
+        p, m, v = (start[k][name].astype(state) for k in ("params", "m", "v"))
+        adamw_update(p, grads[name].astype(state), m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
+        updated[name] = p
+    return loss, ref_grads, updated
+
+
+def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
+                    step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
+    """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place.
+
+    `microbatches` > 1: the batch's rows in that many equal microbatches, each with its own dropout masks
+    (spmdsim.models.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
+    `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
+    """
+    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: reference_loss_and_grads(
+        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows)))
+    if cfg.clip:
+        grads = clip_grads(grads, cfg.clip)[1]
+    new_moments, updated = {"m": {}, "v": {}}, {}
+    for spec in param_specs(cfg):
+        name = spec.name
+        p, m, v = params[name].copy(), moments["m"][name].copy(), moments["v"][name].copy()
+        adamw_update(p, grads[name], m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
+        new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
+    return new_moments, loss, grads, updated
+
+
+def _rows(routes: Optional[dict], rows: slice) -> Optional[dict]:
+    """`routes` (MoE layer -> (B, T, k) experts) of the batch's `rows` (a microbatch's); None stays None."""
+    return None if routes is None else {name: chosen[rows] for name, chosen in routes.items()}
+
+
+def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
+    """MoE layer ("h1") -> every rank's tokens' experts of the step's forward, whole (B, T, k): one Allgather
+    of each layer's (its batch rows split as the tokens are, copies over tp); None without MoE
+    layers. The check's reference follows them where rounding alone can explain them (the ranks' and its own
+    router logits differ by a unit in the last place here and there: spmdsim.models.moe.routing.followed)."""
+    if cfg.moe is None or not model.moe_stats:
+        return None
+    mesh = model.mesh
+    batch = mesh.layout(model.batch, None, None)
+    routes = {}
+    for s in model.moe_stats:
+        k = s.chosen.shape[-1]
+        mine = DTensor(mesh, s.chosen, batch, (cfg.batch, cfg.seq, k))
+        routes[s.layer] = mine.redistribute(mesh.layout(None, None, None)).local
+    return routes
+
+
+def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[int]], tuple]) -> tuple:
+    """(loss, gradients) of a batch of `batch` rows in `microbatches` equal microbatches, `one(rows, micro)` each
+    (micro None: the whole batch at once), their losses and gradients averaged (in the gradients' own dtype):
+    gradient accumulation, as a pipeline makes it."""
+    if microbatches == 1:
+        return one(slice(None), None)
+    size = batch // microbatches
+    loss, grads = 0.0, {}
+    for i in range(microbatches):
+        part, g = one(slice(i * size, (i + 1) * size), i)
+        loss += part / microbatches
+        for name, value in g.items():
+            value = value / microbatches
+            grads[name] = value if i == 0 else grads[name] + value
+    return loss, grads
+
+
+def _zero_moments(cfg: GPTConfig) -> dict:
+    zeros = {s.name: np.zeros(s.shape) for s in param_specs(cfg)}
+    return {"m": zeros, "v": dict(zeros)}
+
+
+def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
+                       cfg: GPTConfig, step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
+    """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
+    (spmdsim.models.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
+    (spmdsim.runtime.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
+    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
+                                                    routes)
+    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
+
+
+def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
+                   cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1,
+                   routes: Optional[dict] = None, kept: str = "graph") -> tuple:
+    """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
+    that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
+    (spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
+    start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
+    loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
+                                           microbatches, routes, kept=kept)
+    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
+
+
+def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
+    """The reference's moments at a resumed run's first step: the run's (`_run_start`'s rows), whole."""
+    _, m, v = assemble(where, start, 3)
+    return {"m": m, "v": v}

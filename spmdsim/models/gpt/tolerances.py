@@ -1,0 +1,49 @@
+"""What the training check allows under a precision policy (spmdsim.models.gpt.train, .pipeline): the loss's,
+the gradients' and the parameters' tolerances against the reference step, from the longest sum a step rounds."""
+from __future__ import annotations
+
+import numpy as np
+from ...base.precision import Precision, unit_roundoff
+from ...references.tolerances import sum_rtol
+from .config import GPTConfig
+
+
+def longest_sum(cfg: GPTConfig) -> int:
+    """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
+    gradient), the MLP's second product (its hidden width, an expert's too), the vocabulary (softmax), a row
+    (d_model)."""
+    return max(cfg.batch * cfg.seq, cfg.hidden, cfg.expert_hidden, cfg.vocab, cfg.d_model)
+
+
+def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
+    """(loss, gradients, updated parameters): the largest relative difference a checked step may show from
+    the reference under `policy` (spmdsim.models.gpt.train: the loss relative to itself, a gradient or parameter
+    relative to its tensor's largest entry). 1e-10 each at float64 (spmdsim.models.gpt.train.TOLERANCE).
+
+    Under a low-precision policy the run and the reference round the same values at the same points; they
+    differ only in the order of their float32 sums (a contraction split over ranks is summed by its
+    collective, a gradient from each rank's rows). Two orders of a K-term sum differ by at most
+    ``K eps32`` of the magnitudes that entered it (spmdsim.references.tolerances.sum_rtol); where the rounding to the
+    activations' dtype falls between the two, they round to neighbours one ulp apart (2u of the value;
+    u = 2**-8 for bfloat16), and that flip carries on through the rest of the step.
+
+    - updated parameters: AdamW in float32 on the run's own gradients and moments (the reference's
+      optimizer step takes them, not its own), so only its float32 operations round: ``sum_rtol(8,
+      float32)`` for the update's eight operations; a bfloat16 parameter must equal its master copy
+      rounded, exactly.
+    - loss: a value whose two float32 sums differ by d flips with probability at most d / ulp, by one ulp:
+      its expected change is d, what float32 would give. The loss (the mean of the tokens' losses, each
+      >= 0, so the magnitudes that entered are the loss itself) is allowed float32's bound for the step's
+      longest sum (`longest_sum`), ``K eps32``: an expected-value argument, not a worst case; the
+      measured margins are in docs/howto/train.md ("Mixed precision (bf16)").
+    - gradients: one flip moves a value by 2u of it, at most 2u of its tensor's largest entry, and is
+      carried on by each later layer (layer norm renormalizes each row, the residual stream adds): 2u for
+      each of the L layers and the embedding and the head, ``2u (L + 2)`` of the tensor's largest entry
+      (at least the loss's K eps32). It bounds the flips of a correct run; it is about the size of the
+      difference a reference that rounds elsewhere shows, so the loss is what separates those.
+    """
+    if policy.activation == "float64":
+        return (1e-10,) * 3
+    eps32 = sum_rtol(longest_sum(cfg), np.float32)
+    u = unit_roundoff(policy.dtype("activation"))
+    return eps32, max(2 * u * (cfg.layers + 2), eps32), sum_rtol(8, np.float32)
