@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from spmdsim.tools.cli.main import main as spmdsim_main
+from spmdsim.tools.cli.main import run_script
 
 _RING = '''import numpy as np
 def ring_allreduce(comm, x):
@@ -98,4 +99,4 @@ def main(argv: list | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))
