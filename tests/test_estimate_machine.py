@@ -13,7 +13,7 @@ import pytest
 from spmdsim.tools.cli import calibrate
 from spmdsim.tools.cli.main import build_parser
 from spmdsim.programs.cost import CostModel
-from spmdsim.programs.cost.model import ALGORITHMS as COST_ALGORITHMS
+from spmdsim.programs.cost.terms import ALGORITHMS as COST_ALGORITHMS
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate import machine as machine_mod
 from spmdsim.tools.estimate.machine import (Link, load_machine, machine_from_dict, machine_to_dict, machines,

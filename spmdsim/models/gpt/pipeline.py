@@ -458,7 +458,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
     gradients whole."""
     from ...nn.autograd.engine import backward as backward_, backward_kept, kept_leaves
-    from ...programs.pipeline.schedule import Compute
+    from ...programs.pipeline.records import Compute
     from ...runtime.dtensor import DTensor
     from ...runtime.door import messages, point_to_point
     from ...runtime.replay import kernel
@@ -634,7 +634,7 @@ def _compiled(program: Sequence) -> list:
     """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
     Compute), a message group as (2, its place in `program`, its sends in order as (an activation?, (microbatch,
     chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags)."""
-    from ...programs.pipeline.schedule import Compute, Post, Send
+    from ...programs.pipeline.records import Compute, Post, Send
 
     steps: list = []
     for i, action in enumerate(program):

@@ -16,7 +16,7 @@ import re
 from typing import Optional
 
 from ...errors import PipelineError
-from .schedule import MAX_PAIRS, Compute, Post, Recv, Schedule, Send, check_sizes
+from .records import MAX_PAIRS, Compute, Post, Recv, Schedule, Send, check_sizes
 
 __all__ = ["parse", "TOKENS", "MAX_TEXT"]
 

@@ -11,7 +11,8 @@ import os
 from typing import Any, Union
 
 from ..viz.table import WIDTH, wrap_lines
-from .schedule import SCHEDULES, Schedule
+from .records import Schedule
+from .schedule import SCHEDULES
 from .timeline import Timeline, bubble_formula, formula_text, in_flight, timeline
 
 __all__ = ["render", "plot", "summary"]

@@ -15,7 +15,8 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse
 from ...programs.pipeline.picture import plot, render
-from ...programs.pipeline.schedule import MAX_PAIRS, SCHEDULES, build
+from ...programs.pipeline.records import MAX_PAIRS
+from ...programs.pipeline.schedule import SCHEDULES, build
 from ...programs.viz.table import WIDTH, wrap_lines
 
 __all__ = ["register", "run", "MIN_WIDTH"]

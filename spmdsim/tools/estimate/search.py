@@ -145,7 +145,7 @@ def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
 def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch)."""
     from ...models.gpt.pipeline import pipeline_layout_problem
-    from ...programs.pipeline.schedule import MAX_PAIRS
+    from ...programs.pipeline.records import MAX_PAIRS
 
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):

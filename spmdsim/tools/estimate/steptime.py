@@ -42,7 +42,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ...programs.cost.model import OPS, CostModel
+from ...programs.cost.model import CostModel
+from ...programs.cost.terms import OPS
 from ...errors import SpmdsimError
 from .machine import Machine, normalize_dtype
 from .records import LEVELS, Transfer
