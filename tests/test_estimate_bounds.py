@@ -8,7 +8,9 @@ import pytest
 
 from spmdsim.tools.estimate.bounds import Cells
 from spmdsim.tools.estimate.machine import load_machine
-from spmdsim.tools.estimate.search import comm_bounds, configurations, lower_bounds, price, search, stage_elements
+from spmdsim.tools.estimate.closed_forms import comm_bounds, lower_bounds, stage_elements
+from spmdsim.tools.estimate.configs import configurations
+from spmdsim.tools.estimate.search import price, search
 from spmdsim.models.gpt import GPTConfig
 from spmdsim.programs.pipeline.records import Compute
 from spmdsim.programs.pipeline.schedule import build, in_flight_by_stage, most_in_flight

@@ -510,7 +510,7 @@ def test_the_peak_is_the_memory_and_the_softmax_backwards_three_score_blocks(pre
 
 
 def _gib(n: int) -> str:
-    from spmdsim.tools.cli.estimate import _gib as shown
+    from spmdsim.tools.cli.estimate_report import _gib as shown
 
     return shown(n)
 

@@ -32,10 +32,11 @@ SHOWN = 8
 
 def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
-    from ..estimate.search import parse_fixed, search, vocab_note
+    from ..estimate.configs import parse_fixed, vocab_note
+    from ..estimate.search import search
     from dataclasses import replace
 
-    from .autoshard import _gpt_config, _still_working, gpt_said, gpt_typed
+    from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
     from ...models.gpt.flags import architecture_fields, architecture_problem
 
     if args.network != "gpt":
@@ -57,7 +58,7 @@ def run_machine(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
-    cfg = _gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    cfg = gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
     heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
     problem = architecture_problem(args, cfg.heads, heads)
     if problem:
@@ -72,7 +73,7 @@ def run_machine(args: argparse.Namespace) -> int:
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
     start = time.perf_counter()
-    with _still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
+    with still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
@@ -106,7 +107,7 @@ def run_machine(args: argparse.Namespace) -> int:
 
 
 def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:
-    """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.tools.estimate.search.Config) of the GPT
+    """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.tools.estimate.configs.Config) of the GPT
     `cfg`, as the search priced it: its dry run, its memory and its step time are the search's."""
     from ...models.gpt.flags import architecture_flags
 
@@ -166,8 +167,8 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
 
 
 def _fixed_json(fixed: dict) -> dict:
-    """{--fix name: value} of the degrees held ({Config field: value}, spmdsim.tools.estimate.search.parse_fixed)."""
-    from ..estimate.search import FIXABLE
+    """{--fix name: value} of the degrees held ({Config field: value}, spmdsim.tools.estimate.configs.parse_fixed)."""
+    from ..estimate.configs import FIXABLE
 
     return {name: fixed[f] for name, f in FIXABLE.items() if f in fixed}
 

@@ -318,7 +318,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     from ...runtime.mpi_library import load_mpi
-    from .run import guarded
+    from .common import guarded
 
     comm = load_mpi(why="calibrate times an MPI library's collectives").COMM_WORLD
     if comm.Get_size() < 2:  # every process of the job alike, before any collective: main() says it once

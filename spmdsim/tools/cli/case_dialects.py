@@ -11,8 +11,9 @@ from typing import Mapping
 from ...errors import DialectError, SpmdsimError
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
-from .cases import (_SBP_KEYS, Case, _flag_text, _device_count_checked, _require, check_device_count, default_names,
-                    mesh_names, multi_axis_hint, parse_partition_spec, with_partial_axes, world_size_mismatch)
+from ...layouts.dialects._common import parse_partition_spec
+from .case_checks import (_SBP_KEYS, Case, _device_count_checked, _flag_text, _require, check_device_count,
+                          default_names, mesh_names, multi_axis_hint, with_partial_axes, world_size_mismatch)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks is not None:
         return _simulated(args)
     from ...runtime.mpi_library import load_mpi
-    from .run import guarded
+    from .common import guarded
 
     comm = load_mpi().COMM_WORLD
     return guarded(lambda: _execute(args, comm), comm, args)

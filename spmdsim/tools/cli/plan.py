@@ -22,8 +22,9 @@ from ...layouts.slicing import CUTS
 from ...programs.plan import plan_redistribution
 from ...programs.plan.summary import FOLD_RANKS
 from ...base.validate import counted
-from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, flag_ints, indivisible, parse_int_list,
-                    parse_name_list, parse_partition_spec, parse_tensor_map, with_partial_axes)
+from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
+from .case_checks import check_device_count, checked_axis_names, indivisible, parse_int_list, with_partial_axes
+from .cases import ONEFLOW_EVEN, flag_ints
 from ...runtime.engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -109,7 +110,7 @@ def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
     from ...runtime.debug import add_cli_arguments
 
-    from .run import add_trace_out
+    from .common import add_trace_out
 
     add_plan_arguments(parser)
     add_trace_out(parser)
@@ -341,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
     """With --ranks `ranks`: the command line's checks before the banner (_execute repeats them on every rank)."""
-    from .run import check_ranks, check_seed, check_trace_out, check_watchdog
+    from .common import check_ranks, check_seed, check_trace_out, check_watchdog
 
     check_watchdog(args)
     check_trace_out(args)
@@ -353,7 +354,7 @@ def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
     from ...runtime.engines import world
-    from .run import guarded
+    from .common import guarded
 
     comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
@@ -370,7 +371,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
     from ...programs.memory import redistribute_need, shard_multiples
     from ...runtime.budget import check_memory
-    from .run import check_seed, check_trace_out
+    from .common import check_seed, check_trace_out
 
     check_trace_out(args)
     check_seed(args)

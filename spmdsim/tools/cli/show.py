@@ -67,7 +67,7 @@ def _matmul(args: argparse.Namespace) -> int:
     """`show --matmul`: the three tensors of a MatMul strategy and its partial sums."""
     from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
     from ...programs.viz.matmul import matmul_ascii
-    from .cases import parse_int_list
+    from .case_checks import parse_int_list
 
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
         raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
