@@ -27,14 +27,17 @@ from ...errors import SpmdsimError
 from ...runtime.engines import engine_of
 from ...base.typed_numbers import flag_float, typed
 from .autoshard_common import gpt_config, still_working
+from ...models.gpt.flags import architecture_arguments, architecture_fields, architecture_flags
+from ..autoshard import METHODS, NAMES, OBJECTIVES, autoshard
+from ..autoshard.choose import _parse_fix
+from ..autoshard.cost import measure_flops_rate
+from ..autoshard.networks import gpt_network
+from .calibrate import parse_size
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    from ..autoshard import METHODS, NAMES, OBJECTIVES
-    from .calibrate import parse_size
-
     parser = subparsers.add_parser(
         "autoshard", help="choose every operator's strategy by least communication",
         description="Enumerate each operator's strategies, price them (own collectives + "
@@ -50,7 +53,6 @@ def register(subparsers: Any) -> None:
                              "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
                              "of it as Megatron pads to 128 x tp; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
-    from ...models.gpt.flags import architecture_arguments
 
     # Llama's architecture, with --machine (the search by dry runs of the model; the operators' graph is the GPT's)
     architecture_arguments(parser, width="d_model")
@@ -111,8 +113,6 @@ def _fixes(items: list[str]) -> dict[str, str]:
             raise SpmdsimError(f"--fix {item!r} must read OP=STRATEGY, e.g. 'MatMul1=((2,4),(4,1))'")
         name, text = name.strip(), text.strip()
         if name != "*":  # a malformed strategy is refused before any search or launch
-            from ..autoshard.choose import _parse_fix
-
             _parse_fix(name, text)
         if "".join(out.get(name, text).split()) != "".join(text.split()):  # held two ways: the last would win unsaid
             raise SpmdsimError(f"--fix {name}={out[name]} and --fix {name}={text} hold {name} two ways; give one")
@@ -126,14 +126,11 @@ def _network(args: argparse.Namespace, devices: int) -> tuple:
         return args.network, None
     if args.network not in ("gpt", "gpt_sp"):
         raise SpmdsimError(f"--gpt sizes the GPT; --network {args.network!r} is not 'gpt' or 'gpt_sp'")
-    from ..autoshard.networks import gpt_network
 
     return gpt_network(devices, gpt_config(args.gpt), sp=args.network == "gpt_sp")
 
 
 def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
-    from ..autoshard import autoshard
-
     if args.node_limit < 1:
         raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
     check_devices(devices)
@@ -164,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
-    from ...models.gpt.flags import architecture_fields, architecture_flags
 
     given = architecture_flags(_Fields(architecture_fields(args)))
     if given:  # the operators' graph (spmdsim.tools.autoshard.gpt) is the GPT's own architecture: never ignored
@@ -229,7 +225,6 @@ def _check_devices_match(args: argparse.Namespace, size: int) -> None:
 
 
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
-    from ..autoshard.cost import measure_flops_rate
     from ..autoshard.execute import run_choice
     from ..autoshard.report import format_checks, format_measured
     from ..autoshard.runnable import check_runnable, is_chain

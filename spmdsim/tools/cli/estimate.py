@@ -15,6 +15,10 @@ from typing import Any
 
 from ...errors import SpmdsimError
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
+from ...models.gpt.config import GPTConfig, said_as
+from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_problem
+from ...models.moe.config import MoEConfig
+from ..estimate.machine import machines
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS"]
 
@@ -26,8 +30,6 @@ def no_moe_block(layers: int) -> str:
 
 def _shipped() -> list:
     """The shipped machines' names (spmdsim.tools.estimate.machine.machines), for --machine's help."""
-    from ..estimate.machine import machines
-
     return list(machines())
 
 
@@ -57,8 +59,6 @@ def register(subparsers: Any) -> None:
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
     # Llama's architecture (spmdsim.models.gpt.GPTConfig's options; docs/estimate.md, "A Llama"): each default the GPT's,
     # the flags the examples take (spmdsim.models.gpt.options).
-    from ...models.gpt.flags import architecture_arguments
-
     architecture_arguments(parser, width="--hidden")
     parser.add_argument("--dropout", type=flag_float, default=0.1, metavar="P",
                         help="dropout probability of the embeddings, the attention and the residual branches "
@@ -129,10 +129,6 @@ ESTIMATE_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers":
 
 
 def _config(args: argparse.Namespace) -> tuple[Any, int]:
-    from ...models.gpt.config import GPTConfig, said_as
-    from ...models.moe.config import MoEConfig
-    from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_fields, architecture_problem
-
     if args.experts == 0:  # a dense GPT: an MoE option given is refused, not ignored
         given = [flag for flag in MOE_DEFAULTS if getattr(args, flag) is not None] + ["dropless"] * args.dropless
         if given:

@@ -18,6 +18,7 @@ from ...programs.pipeline.picture import plot, render
 from ...programs.pipeline.records import MAX_PAIRS
 from ...programs.pipeline.schedule import SCHEDULES, build
 from ...programs.viz.table import WIDTH, wrap_lines
+from ...programs.pipeline.options import schedule_choice
 
 __all__ = ["register", "run", "MIN_WIDTH"]
 
@@ -38,7 +39,6 @@ def register(subparsers: Any) -> None:
             f"paper's formula and the microbatches in flight per stage. File tokens: {TOKENS}."
         ),
     )
-    from ...programs.pipeline.options import schedule_choice
 
     parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default=None,
                         help="which schedule to build (default 1f1b; any case: 1F1B, GPipe; not with --file)")

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...runtime.sim.launch import ranks_argument
 from .common import add_common_arguments, add_trace_out, guarded, on_world
-from .plan import add_redistribute_arguments, check_redistribute, run_redistribute
+from .plan import add_redistribute_arguments
 
 __all__ = ["register", "run"]
 
@@ -96,12 +96,14 @@ def _add_redistribute(ops: Any) -> None:
                          description="Plan, execute and check a redistribution (see spmdsim plan).")
     add_redistribute_arguments(sub)
     ranks_argument(sub)
-    sub.set_defaults(op_func=run_redistribute)
+    sub.set_defaults(redistribute=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "op_func", None):
-        return on_world(args, lambda comm: int(args.op_func(args) or 0), lambda n: check_redistribute(args, n))
+    if getattr(args, "redistribute", False):
+        from .redistribute import check_redistribute, run_redistribute  # the runtime: loaded to run, not for --help
+
+        return on_world(args, lambda comm: int(run_redistribute(args) or 0), lambda n: check_redistribute(args, n))
     if not args.op:
         args._parser.print_help()
         return 2

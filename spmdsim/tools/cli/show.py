@@ -9,6 +9,8 @@ from ...errors import SpmdsimError
 from ...programs.viz.ascii import render_layout_ascii
 from ...programs.viz.model import layout_picture
 from .cases import add_case_arguments, case_from_args
+from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
+from .case_checks import parse_int_list
 
 __all__ = ["register", "run", "MIN_WIDTH"]
 
@@ -65,9 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _matmul(args: argparse.Namespace) -> int:
     """`show --matmul`: the three tensors of a MatMul strategy and its partial sums."""
-    from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
     from ...programs.viz.matmul import matmul_ascii
-    from .case_checks import parse_int_list
 
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
         raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
