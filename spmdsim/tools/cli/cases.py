@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Optional, TextIO
 
 from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
+from ...layouts.dialects.dtensor import check_uneven_shards
 from ...base.validate import loads_json
 from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
@@ -139,8 +140,6 @@ def _dialect_case(data: Mapping, form: str, shape: tuple, partial: tuple, cut: O
         chosen = cut or ("chunk" if uneven else "even")
         case = replace(case, tensor_layout=TensorLayout(tl.layout.with_cut(chosen), tl.tensor_map, tl.partial))
         if form == "dtensor" and uneven:
-            from ...layouts.dialects.dtensor import check_uneven_shards
-
             check_uneven_shards(case.tensor_layout, case.shape)
     return case
 

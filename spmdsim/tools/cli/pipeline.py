@@ -17,6 +17,7 @@ from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse
 from ...programs.pipeline.picture import plot, render
 from ...programs.pipeline.records import MAX_PAIRS
 from ...programs.pipeline.schedule import SCHEDULES, build
+from ...programs.viz.png import check_picture_path, require_matplotlib
 from ...programs.viz.table import WIDTH, wrap_lines
 from ...programs.pipeline.options import schedule_choice
 
@@ -106,8 +107,7 @@ def _read(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     stages, microbatches, virtual = _sizes(args)
     if args.png is not None:
-        from ...programs.viz.png import check_picture_path, require_matplotlib
-        from .paths import check_output_file
+        from .paths import check_output_file  # (tempfile: not loaded for --help)
 
         # Fail before printing anything: the text grid comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
