@@ -55,7 +55,7 @@ from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
 from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.tools.cli.run import check_trace_out
+from spmdsim.tools.cli.common import check_trace_out
 from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
 

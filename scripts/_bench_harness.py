@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from spmdsim.base import buffers
-from spmdsim.tools.cli.calibrate import Waiter
+from spmdsim.tools.cli.collective_timing import Waiter
 
 __all__ = ["Case", "Raw", "after_arrival_s", "peak_rss", "placed", "run_case", "size_text", "traced"]
 

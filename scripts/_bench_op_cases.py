@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from spmdsim import Layout, SeededTensor
-from spmdsim.tools.cli.calibrate import Waiter
+from spmdsim.tools.cli.collective_timing import Waiter
 
 from _bench_harness import Case, Raw, placed, traced
 

@@ -39,7 +39,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
-from spmdsim.tools.cli.calibrate import Waiter, parse_size  # noqa: E402
+from spmdsim.tools.cli.calibrate import parse_size  # noqa: E402
+from spmdsim.tools.cli.collective_timing import Waiter  # noqa: E402
 from spmdsim.programs.cost import CostModel, load_or_default, predict_plan  # noqa: E402
 from spmdsim.errors import RuntimeMismatchError, SpmdsimError  # noqa: E402
 from spmdsim.runtime.guard import run_guarded  # noqa: E402

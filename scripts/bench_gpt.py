@@ -335,7 +335,8 @@ def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
     (spmdsim.programs.pipeline.schedule.build; tags as spmdsim.models.gpt.pipeline tags them) and, on the first and the
     last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.stage_program._tie_embedding)."""
     from spmdsim.models.gpt.stage_program import _tag
-    from spmdsim.programs.pipeline.schedule import Compute, Post, Send, build
+    from spmdsim.programs.pipeline.records import Compute, Post, Send
+    from spmdsim.programs.pipeline.schedule import build
 
     act = cfg.batch // microbatches * cfg.seq * cfg.d_model * 8  # a microbatch's activation, float64
     groups = []

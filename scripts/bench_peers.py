@@ -331,7 +331,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(args: argparse.Namespace, torch: Any) -> int:
     from mpi4py import MPI
 
-    from spmdsim.tools.cli.calibrate import Waiter
+    from spmdsim.tools.cli.collective_timing import Waiter
 
     comm = MPI.COMM_WORLD
     cfg = QUICK if args.quick else FULL

@@ -41,7 +41,7 @@ TABLES = (
     ("spmdsim.nn.ops.norms", "_MASKS", 256),
     ("spmdsim.nn.ops.norms", "_GEOMETRY", 1024),
     ("spmdsim.programs.plan.volume", "_HELD", 16384),
-    ("spmdsim.programs.plan.planner", "_LAYOUTS", 65536),
+    ("spmdsim.programs.plan.candidates", "_LAYOUTS", 65536),
     ("spmdsim.programs.plan.planner", "_VALIDATED", 4096),  # (stops adding when full: a repeat then plans again)
     ("spmdsim.tools.autoshard.candidates", "_CACHE", 256),
     ("spmdsim.base.flops", "_SIZED", 4096),

@@ -99,11 +99,11 @@ def test_pictures_without_matplotlib_make_no_folder(tmp_path, monkeypatch):
 def test_picture_titles_count_one_rank(tmp_path, monkeypatch):
     # A schedule on one rank (the library builds it: nothing to send) was titled "ring-allreduce on 1 ranks".
     pytest.importorskip("matplotlib")
-    import spmdsim.programs.viz.png as png
+    import spmdsim.programs.algorithms.picture as picture
     from spmdsim.programs.algorithms.picture import render_rounds_png
 
     titles = []
-    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: titles.append(fig._suptitle.get_text()) or path)
+    monkeypatch.setattr(picture, "save_figure", lambda fig, path, dpi: titles.append(fig._suptitle.get_text()) or path)
     render_rounds_png(schedule("ring-allreduce", 1, 4, 4), tmp_path)
     assert titles and all(t.startswith("ring-allreduce on 1 rank") and "1 ranks" not in t for t in titles)
 

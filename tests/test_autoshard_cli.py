@@ -128,9 +128,10 @@ def test_a_slow_choice_says_it_is_still_working(capsys, monkeypatch):
     import time
 
     from spmdsim.tools.cli import autoshard as cli
+    from spmdsim.tools.cli import autoshard_common
 
     real = cli._choose
-    monkeypatch.setattr(cli, "PATIENCE_S", 0.02)
+    monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.02)
     monkeypatch.setattr(cli, "_choose", lambda *a: (time.sleep(0.1), real(*a))[1])
     assert main(TUTORIAL) == 0
     out, err = capsys.readouterr()

@@ -17,7 +17,7 @@ import types
 import pytest
 
 from spmdsim.tools.cli import calibrate, paths
-from spmdsim.tools.cli import run as run_cli
+from spmdsim.tools.cli import run_ops as run_cli
 from spmdsim.tools.cli.main import build_parser, main
 from spmdsim.errors import SpmdsimError
 from testkit import MPIEXEC, mpi_batch_streams, unfold
@@ -801,8 +801,8 @@ def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
 
 def test_autoshard_progress_counts_one_device():
     # "mlp on 1 devices" in the "still choosing" line
-    from spmdsim.tools.cli import autoshard as autoshard_cli
+    from spmdsim.tools.cli.autoshard_common import still_working
 
     args = _args(["autoshard", "--network", "mlp", "--devices", "1"])
-    assert autoshard_cli._still_working(args, 1).what == "mlp on 1 device"
-    assert autoshard_cli._still_working(args, 8).what == "mlp on 8 devices"
+    assert still_working(args, 1).what == "mlp on 1 device"
+    assert still_working(args, 8).what == "mlp on 8 devices"

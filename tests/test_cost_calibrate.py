@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from spmdsim.tools.cli import calibrate
+from spmdsim.tools.cli import calibrate, collective_timing
 from spmdsim.tools.cli.main import build_parser
 from spmdsim.errors import SpmdsimError
 
@@ -43,9 +43,9 @@ def test_too_few_measurements_for_the_fit_are_refused_before_timing():
 
 
 def test_real_bytes_rounds_to_whole_elements_per_rank():
-    assert calibrate._real_bytes(1 << 20, 8) == 1 << 20
-    assert calibrate._real_bytes(100, 8) == 4 * 24
-    assert calibrate._real_bytes(0, 4) == 16
+    assert collective_timing._real_bytes(1 << 20, 8) == 1 << 20
+    assert collective_timing._real_bytes(100, 8) == 4 * 24
+    assert collective_timing._real_bytes(0, 4) == 16
 
 
 def test_calibrate_is_registered_and_imports_no_mpi():

@@ -8,9 +8,12 @@ import pytest
 
 from spmdsim.tools.estimate.bounds import Cells
 from spmdsim.tools.estimate.machine import load_machine
-from spmdsim.tools.estimate.search import comm_bounds, configurations, lower_bounds, price, search, stage_elements
+from spmdsim.tools.estimate.closed_forms import comm_bounds, lower_bounds, stage_elements
+from spmdsim.tools.estimate.configs import configurations
+from spmdsim.tools.estimate.search import price, search
 from spmdsim.models.gpt import GPTConfig
-from spmdsim.programs.pipeline.schedule import Compute, build, in_flight_by_stage, most_in_flight
+from spmdsim.programs.pipeline.records import Compute
+from spmdsim.programs.pipeline.schedule import build, in_flight_by_stage, most_in_flight
 
 A100 = load_machine("a100-dgx")
 SMALL = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)

@@ -8,7 +8,7 @@ import pytest
 
 import spmdsim.tools.estimate
 from docs_commands import run_here
-from spmdsim.tools.cli.estimate import _gib  # the command's own rounding of a size
+from spmdsim.tools.cli.estimate_report import _gib  # the command's own rounding of a size
 from testkit import unfold
 
 MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab", "128",

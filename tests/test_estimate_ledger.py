@@ -16,7 +16,8 @@ import spmdsim
 from docs_commands import run_here
 from testkit import unfold
 from spmdsim.tools.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
-from spmdsim.base.flops import PHASES, counting
+from spmdsim.base.flop_counts import PHASES
+from spmdsim.base.flops import counting
 from spmdsim.models.gpt import GPTConfig
 from spmdsim.models.moe.config import MoEConfig
 from spmdsim.models.gpt.pipeline import train_pipelined
@@ -226,16 +227,15 @@ def test_an_equal_call_reads_the_ledger_of_the_dry_run_made_before(monkeypatch):
     """gpt_ledger keeps its ledgers by its arguments and SPMDSIM_MEMORY: an equal call runs nothing again and
     gives equal ledgers in a list of its own; another configuration or memory setting runs its own."""
     from spmdsim.tools.estimate import ledger
-    from spmdsim.runtime.sim import run
 
     runs = []
-    real = run.simulate
+    real = ledger.simulate  # spmdsim.runtime.sim.run's, as the ledger calls it
 
     def counted(*args, **kwargs):
         runs.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(run, "simulate", counted)
+    monkeypatch.setattr(ledger, "simulate", counted)
     monkeypatch.setattr(ledger, "_LEDGERS", {})
     small = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, vocab=32)
     first = gpt_ledger(small, 2, 1, 2, microbatches=2)
@@ -510,7 +510,7 @@ def test_the_peak_is_the_memory_and_the_softmax_backwards_three_score_blocks(pre
 
 
 def _gib(n: int) -> str:
-    from spmdsim.tools.cli.estimate import _gib as shown
+    from spmdsim.tools.cli.estimate_report import _gib as shown
 
     return shown(n)
 
@@ -543,7 +543,7 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
 
 def test_the_peak_adds_no_block_the_memory_line_holds():
     """The transient part of the peak counts only the blocks of a product or kernel that the memory line does
-    not hold already (spmdsim.base.flops.Fresh: the dry run tells them apart by identity). One layer of width 256 on
+    not hold already (spmdsim.base.flop_counts.Fresh: the dry run tells them apart by identity). One layer of width 256 on
     one rank, seq 8, no recomputation, Megatron's kept set: MLP fc1's forward product (8 x 256) @ (256 x 1024)
     reads x, which its backward keeps, and the weight W1, a parameter: only its result (8 x 1024, before the
     bias add) is the moment's own; its weight-gradient product x^T dA reads the kept x and writes W1's gradient,
@@ -552,7 +552,7 @@ def test_the_peak_adds_no_block_the_memory_line_holds():
     written is one block, not two, as it was counted), not fc1's product with its weight beside it (memory +
     (2,048 + 262,144 + 8,192) x 2 bytes, as the peak was counted)."""
     from spmdsim.tools.estimate.ledger import Transient, stage_memory
-    from spmdsim.base.flops import Gemm
+    from spmdsim.base.flop_counts import Gemm
 
     (stage,) = gpt_ledger(GPTConfig(layers=1, d_model=256, heads=4, seq=8, batch=1, vocab=128), 1, 1, 1,
                           kept="megatron")
@@ -586,7 +586,7 @@ def test_an_moe_layers_products_count_no_block_the_memory_line_holds():
     d w1 product only dh (not W1's gradient), d xe dh and its result (not W1); the largest moment is then GELU's
     backward (dacts in, dh out)."""
     from spmdsim.tools.estimate.ledger import Transient, stage_memory
-    from spmdsim.base.flops import Gemm
+    from spmdsim.base.flop_counts import Gemm
 
     cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=1, vocab=128,
                     moe=MoEConfig(experts=4, top_k=1, every=1))
@@ -611,7 +611,7 @@ def test_an_moe_layer_counts_the_same_blocks_in_a_real_step_as_in_its_dry_run(ep
     holds them."""
     import numpy as np
 
-    from spmdsim.base.flops import Gemm
+    from spmdsim.base.flop_counts import Gemm
 
     cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=batch, vocab=128,
                     moe=MoEConfig(experts=4, top_k=1, every=1))
@@ -643,7 +643,7 @@ def test_the_attention_cores_products_count_no_block_the_memory_line_holds(recom
     probabilities, made again, are its own: 256); the backward's dy v^T dy and the gradient, dq = ds k and
     dk = ds^T q the scores' gradient and theirs, dv = pd^T dy dy and dv, none of q, k, v (nor pd but under
     recomputation)."""
-    from spmdsim.base.flops import Gemm
+    from spmdsim.base.flop_counts import Gemm
 
     cfg = GPTConfig(layers=1, d_model=64, heads=4, seq=8, batch=1, vocab=128, dropout=0.1)
     (stage,) = gpt_ledger(cfg, 1, 1, 1, kept="megatron", recompute=recompute)

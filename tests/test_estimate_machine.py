@@ -13,11 +13,12 @@ import pytest
 from spmdsim.tools.cli import calibrate
 from spmdsim.tools.cli.main import build_parser
 from spmdsim.programs.cost import CostModel
-from spmdsim.programs.cost.model import ALGORITHMS as COST_ALGORITHMS
+from spmdsim.programs.cost.terms import ALGORITHMS as COST_ALGORITHMS
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate import machine as machine_mod
-from spmdsim.tools.estimate.machine import (Link, load_machine, machine_from_dict, machine_to_dict, machines,
-                                      normalize_dtype, save_machine)
+from spmdsim.tools.estimate import machine_records
+from spmdsim.tools.estimate.machine import load_machine, machine_from_dict, machine_to_dict, machines, save_machine
+from spmdsim.tools.estimate.machine_records import Link, normalize_dtype
 from testkit import MPIEXEC
 
 #: A calibrated machine's measured GEMM rates (FLOP/s).
@@ -42,7 +43,7 @@ def test_shipped_machines_load_with_their_datasheet_figures():
         assert any("datasheet" in s and "https://" in s for s in m.sources)
         assert any(s.startswith("assumption: link latencies") for s in m.sources)
         assert machine_from_dict(machine_to_dict(m)) == m
-    assert machine_mod.ALGORITHMS == COST_ALGORITHMS
+    assert machine_records.ALGORITHMS == COST_ALGORITHMS
 
 
 def test_lookup_by_dtype_and_level():

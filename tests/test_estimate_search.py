@@ -14,7 +14,9 @@ import spmdsim.tools.estimate
 from spmdsim.tools.cli.main import main
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate.machine import load_machine
-from spmdsim.tools.estimate.search import Config, configurations, lower_bounds, price, search
+from spmdsim.tools.estimate.closed_forms import lower_bounds
+from spmdsim.tools.estimate.configs import Config, configurations
+from spmdsim.tools.estimate.search import price, search
 from spmdsim.models.gpt import GPTConfig
 
 from testkit import unfold
@@ -272,7 +274,7 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
 
 
 def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
-    from spmdsim.tools.cli import autoshard as cli
+    from spmdsim.tools.cli import autoshard_common
 
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4,experts=4,top_k=1",
             "--devices", "4", "--machine", "a100-dgx", "--max-dry-runs", "4"]
@@ -281,7 +283,7 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
     assert "  ep   mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
-    monkeypatch.setattr(cli, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
+    monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
     assert main(argv + ["--moe-cells"]) == 0
     out, err = capsys.readouterr()
     cells = re.search(r"(\d+) small dry runs of layer cells", unfold(out))
@@ -315,7 +317,7 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
     dry run raised OverflowError): below it by the routers' and the head's products alone, which it leaves out
     (under `worst` routing the representative rank is the busiest: ranks x its count is more)."""
     from spmdsim.tools.estimate.ledger import gpt_ledger
-    from spmdsim.tools.estimate.search import flops_bound
+    from spmdsim.tools.estimate.closed_forms import flops_bound
 
     # (llama: a Mixtral-like MoE layer, grouped-query attention and SwiGLU experts: the bound counted 4 h^2 of
     # attention weights and two matrices an expert, more than such a layer multiplies: not a lower bound)
@@ -340,7 +342,7 @@ def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_
     most theirs (the buckets' latency and padding, the sequence-parallel replicas' larger groups, the
     embeddings left out)."""
     from spmdsim.tools.estimate.ledger import gpt_ledger, transfers_at
-    from spmdsim.tools.estimate.search import _moe_elements, comm_bounds
+    from spmdsim.tools.estimate.closed_forms import _moe_elements, comm_bounds
     from spmdsim.tools.estimate.steptime import level_model
 
     cfg = _moe_cfg()
@@ -476,7 +478,7 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
 def test_fixed_degrees_are_held_and_the_rest_searched():
     """search(..., fixed=...) searches only the configurations with those degrees, and chooses the fastest of
     them by their own dry runs (here tp 2 without recomputation; free, the search chooses tp 1)."""
-    from spmdsim.tools.estimate.search import fixed_configurations, parse_fixed
+    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
 
     fixed = parse_fixed(["tp=2", "recompute=none"])
     assert fixed == {"tp": 2, "recompute": "none"}

@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 
 from spmdsim.errors import SpmdsimError
-from spmdsim.tools.estimate.machine import GemmEfficiency, Link, load_machine
+from spmdsim.tools.estimate.machine import load_machine
+from spmdsim.tools.estimate.machine_records import GemmEfficiency, Link
 from spmdsim.tools.estimate.records import Transfer
 from spmdsim.tools.estimate.steptime import SCHEDULES, Pipeline, StepTime, level_model, step_time
 from spmdsim.programs.pipeline.schedule import SCHEDULES as PIPELINE_SCHEDULES
 
-# A stand-in for spmdsim.base.flops.Gemm (not on this branch): the same fields, flops = 2 batch m n k.
+# A stand-in for spmdsim.base.flop_counts.Gemm (not on this branch): the same fields, flops = 2 batch m n k.
 _Gemm = namedtuple("_Gemm", "batch m n k dtype phase flops")
 
 
@@ -162,7 +163,7 @@ def test_lines_fit_100_columns_and_name_every_part():
     (lambda: step_time(A100, [gemm(1, 2, 2, 2)], []), "gemms entry _Gemm(batch=1, m=2, n=2, k=2, dtype='bf16', "
                                                       "phase='forward', flops=16) must be a (gemm, count) pair"),
     (lambda: step_time(A100, [((1, 2), 1)], []), "gemm (1, 2) has no 'batch'; expected an object with batch, m, "
-                                                 "n, k, dtype, phase and flops (spmdsim.base.flops.Gemm)"),
+                                                 "n, k, dtype, phase and flops (spmdsim.base.flop_counts.Gemm)"),
     (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "rack", "layers")]),
      "transfer level 'rack' is unknown; expected one of ('node', 'cluster')"),
     (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "layers", -2)]),

@@ -27,7 +27,8 @@ from spmdsim.base import flops
 from spmdsim.nn import ops
 from spmdsim.base.context import current
 from spmdsim.errors import SpmdsimError
-from spmdsim.base.flops import PHASES, FlopCounter, Gemm, counting, gemm
+from spmdsim.base.flop_counts import PHASES, FlopCounter, Gemm
+from spmdsim.base.flops import counting, gemm
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.train import train
@@ -207,7 +208,8 @@ def test_sweep_counts_each_operators_operands_and_result_by_hand():
 
     import spmdsim
     from spmdsim.nn import ops
-    from spmdsim.base.flops import Kernel, counting
+    from spmdsim.base.flop_counts import Kernel
+    from spmdsim.base.flops import counting
 
     def body():
         mesh = spmdsim.Mesh(spmdsim.Layout((2,), ("tp",)), spmdsim.world())
@@ -239,7 +241,8 @@ def test_a_block_read_and_written_in_place_is_one_block_of_the_moment():
     in-place add (a += b: a read and written) holds a and b, 2 blocks, not 3; a held block stays out
     (spmdsim.base.flops.hold) even read and written; the traffic still counts a read and a written (bytes that move).
     A (shape, dtype) pair is a block of its own each time it is given (one pair stands for several blocks)."""
-    from spmdsim.base.flops import Fresh, Kernel, hold, sweep
+    from spmdsim.base.flop_counts import Fresh, Kernel
+    from spmdsim.base.flops import hold, sweep
 
     def body():
         a, b, w = np.zeros((4, 8)), np.zeros((4, 8)), np.zeros((8,))
@@ -264,7 +267,8 @@ def test_a_bfloat16_block_is_floating_not_a_mask():
     a `Fresh` record's floating ones, priced at the precision's activation width, not bytes of a mask or ids at
     their own width (its name does not start with "float": it was counted as 2 bytes of "other" an element)."""
     pytest.importorskip("ml_dtypes")
-    from spmdsim.base.flops import Fresh, sweep
+    from spmdsim.base.flop_counts import Fresh
+    from spmdsim.base.flops import sweep
     from spmdsim.base.precision import bfloat16
 
     def body():

@@ -126,11 +126,12 @@ def test_the_estimate_refuses_a_bad_split_in_one_line(argv, message):
 
 
 def test_the_bounds_and_the_price_of_a_configuration_with_a_split():
-    """spmdsim.tools.estimate.search.Config's split: its price is the dry run of that split, and the layer cells' bounds
+    """spmdsim.tools.estimate.configs.Config's split: its price is the dry run of that split, and the layer cells' bounds
     count each stage's layers as it cuts them, still below the price."""
     from spmdsim.tools.estimate.bounds import Cells
     from spmdsim.tools.estimate.machine import load_machine
-    from spmdsim.tools.estimate.search import Config, price
+    from spmdsim.tools.estimate.configs import Config
+    from spmdsim.tools.estimate.search import price
     from spmdsim.models.gpt import GPTConfig
 
     cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)

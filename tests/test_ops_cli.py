@@ -137,7 +137,7 @@ def _linear_args(*flags):
     (("--parallel", "row", "--front", "paddle"), False),         # a row output is whole already
 ])
 def test_run_linear_gathers_by_each_fronts_default(flags, gathered):
-    from spmdsim.tools.cli import run as run_cli
+    from spmdsim.tools.cli import run_ops as run_cli
 
     args = _linear_args(*flags)
     run_cli._check_flags(args)
@@ -153,7 +153,7 @@ def test_run_linear_gathers_by_each_fronts_default(flags, gathered):
     (("--parallel", "row", "--gather-out"), "--gather-out applies to --parallel column only"),
 ])
 def test_run_linear_refuses_contradictory_gather_flags(flags, message):
-    from spmdsim.tools.cli import run as run_cli
+    from spmdsim.tools.cli import run_ops as run_cli
 
     with pytest.raises(SpmdsimError) as info:
         run_cli._check_flags(_linear_args(*flags))

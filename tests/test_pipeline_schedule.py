@@ -410,10 +410,10 @@ def test_plot_draws_one_collection_per_stage_and_kind(monkeypatch):
     """A broken_barh call per cell made one collection per cell: 131,072 at the largest schedule `spmdsim
     pipeline --png` takes (64 x 256 x 4), over 10 minutes of matplotlib. Now two per stage, the same cells."""
     pytest.importorskip("matplotlib")
-    import spmdsim.programs.viz.png as png
+    import spmdsim.programs.pipeline.picture as picture
 
     drawn = []
-    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: drawn.append(fig.axes[0]) or str(path))
+    monkeypatch.setattr(picture, "save_figure", lambda fig, path, dpi: drawn.append(fig.axes[0]) or str(path))
     schedule = build("interleaved", 3, 6, 2)
     plot(schedule, "grid.png")  # (nothing written: save_figure replaced)
     bars = drawn[0].collections
@@ -436,10 +436,10 @@ def test_plot_keeps_its_title_legend_and_axis_label_inside_the_figure(monkeypatc
     """A one-stage schedule's figure was 2.7 inches wide: its title ("1f1b (1 stage, 1 microbatch); bu") and the
     time axis's label were cut off at the figure's edge, and the legend sat on the title."""
     pytest.importorskip("matplotlib")
-    import spmdsim.programs.viz.png as png
+    import spmdsim.programs.pipeline.picture as picture
 
     drawn = []
-    monkeypatch.setattr(png, "save_figure", lambda fig, path, dpi: drawn.append(fig) or str(path))
+    monkeypatch.setattr(picture, "save_figure", lambda fig, path, dpi: drawn.append(fig) or str(path))
     plot(schedule, "grid.png")  # (nothing written: save_figure replaced)
     fig = drawn[0]
     renderer = fig.canvas.get_renderer()

@@ -80,7 +80,7 @@ def test_each_message_group_is_counted_once_a_run_and_every_steps_rows_are_the_s
     """The pipeline works out each group's trace row (op, peers, bytes each way: runtime.door.messages) the
     first time it posts it and passes it to the door from then on: three steps count each group once, and
     the last step's rows are what the schedule says (its sends and receives, a wire block each)."""
-    from spmdsim.programs.pipeline.schedule import Post, Send
+    from spmdsim.programs.pipeline.records import Post, Send
     from spmdsim.runtime import door
 
     cfg, pp, m = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1), 4, 4

@@ -377,10 +377,10 @@ def test_explain_beside_a_dry_run_is_one_line_before_the_banner(op, monkeypatch,
     """A dry run prints its bytes table in place of the program's output, so `--explain` was built and thrown
     away: each rank's line lists every member of its group, O(ranks^2) text (317 s and 16.7 GB at 32,768 ranks
     for nothing shown). Refused in one line, exit 2, before the banner and before any rank's line is made."""
-    from spmdsim.tools.demo import registry
+    from spmdsim.tools.cli import run_ops
 
     made = []
-    monkeypatch.setattr(registry, "explain_lines", lambda job: made.append(job) or [])
+    monkeypatch.setattr(run_ops, "explain_lines", lambda job: made.append(job) or [])
     assert main(["run", *op, "--ranks", "64", "--dry-run", "--explain"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and made == []

@@ -42,7 +42,7 @@ class RankContext:
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use
         self.world_comm: Any = None  # its MPI.COMM_WORLD with mpi4py's methods (spmdsim.emulator), likewise
         self.flops: list = []  # spmdsim.base.flops' open counters, innermost last
-        # What the rank's products are part of (spmdsim.base.flops.PHASES): autograd's backward walk sets
+        # What the rank's products are part of (spmdsim.base.flop_counts.PHASES): autograd's backward walk sets
         # "backward", a recomputed forward inside it "recompute"
         self.phase = "forward"
         self.streams: Optional[dict] = None  # "stdout"/"stderr" -> the stream the rank set (emulator.rank_streams)

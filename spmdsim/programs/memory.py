@@ -24,6 +24,8 @@ import numpy as np
 
 from ..base.sizes import UnmappableError, format_size
 from ..errors import ResourceError, SpmdsimError
+from .infer import infer_matmul, matmul_shape
+from .plan import plan_redistribution
 
 __all__ = [
     "Need",
@@ -98,8 +100,6 @@ def matmul_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], dtyp
     result; the check then makes the reference block from the rank's rows of X
     and columns of W over the whole contraction dim, in float64 (reference.matmul).
     """
-    from .infer import infer_matmul, matmul_shape
-
     plan = infer_matmul(x_tl, w_tl, transpose_a=transpose_a, transpose_b=transpose_b, out=out_layout)
     y_shape = matmul_shape(tuple(x_shape), tuple(w_shape), transpose_a, transpose_b)
     item = np.dtype(dtype).itemsize
@@ -147,8 +147,6 @@ def matmul_job_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], 
 
     Validates the shapes and layouts first, raising what the job itself would.
     """
-    from .infer import infer_matmul
-
     x_shape, w_shape = x_tl.check_shape(x_shape), w_tl.check_shape(w_shape)
     plan = infer_matmul(x_tl, w_tl, transpose_a=transpose_a, transpose_b=transpose_b, out=out_layout)
     m, k = (x_shape[-1], x_shape[-2]) if transpose_a else (x_shape[-2], x_shape[-1])
@@ -168,8 +166,6 @@ def redistribute_need(source, target, shape: Sequence[int], dtype) -> Need:
     A step holds what it sends and what it receives beside the blocks (Allgather's
     output, an exchange's packed buffers).
     """
-    from .plan import plan_redistribution
-
     plan = plan_redistribution(source, target, tuple(shape), np.dtype(dtype).name)
     moved = max((sum(pair) for s in plan.steps for pair in zip(s.bytes_sent, s.bytes_received)), default=0)
     return Need(seeded_need(source, shape, dtype, "source shard").parts

@@ -22,6 +22,7 @@ import numpy as np
 from ..layouts.datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
 from ..base.precision import product_dtype
+from ..base.once import once
 
 __all__ = ["ACTIVATIONS", "Region", "RegionFn", "matmul", "linear", "embedding", "relu", "gelu", "gelu_tanh",
            "gelu_from_tanh", "activation", "add", "bias_add", "softmax", "transpose", "mlp", "check_ids",
@@ -182,8 +183,6 @@ def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
         if all(s == _WHOLE for s in region):
             # A whole tensor (an MLP's W1, a contraction's other operand): every simulated rank
             # asks for the same one, so it is generated once (read-only; a plain call under MPI).
-            from ..base.once import once
-
             return once(("reference: whole", src), src.full)
         return src.region(region)
     return np.asarray(src)[tuple(region)]
@@ -203,7 +202,6 @@ def _shared(what: tuple, region: Region, shape: tuple, compute: Callable[[], np.
         isinstance(r, slice) and r.indices(n) == (0, n, 1) for r, n in zip(region, shape))
     if not whole or not all(w is None or isinstance(w, (SeededTensor, str, bool)) for w in what):
         return compute()
-    from ..base.once import once
 
     return once(("reference: whole output", *what), compute)
 

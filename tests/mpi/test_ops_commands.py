@@ -69,7 +69,7 @@ def test_run_linear_embedding_mlp(capsys):
 
 
 def test_a_wrong_result_reports_fail_on_every_rank():
-    from spmdsim.tools.cli.run import report
+    from spmdsim.tools.cli.run_report import report
     from spmdsim.tools.demo.jobs import mlp_job
     from spmdsim.tools.demo.registry import rank_line, run_job
 

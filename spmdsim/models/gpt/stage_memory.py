@@ -113,7 +113,7 @@ class _DryCells:
         self.local_shape, self.blocks = local_shape, blocks
         self.context = current()  # the rank's: its open traces and FLOP counters, its Meter
         # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
-        # a spmdsim.base.flops.FlopCounter)
+        # a spmdsim.base.flop_counts.FlopCounter)
         self.seen: dict = {}
         self.repeats: dict = {}  # (kind, chunk) -> cells repeated, whose products `flush` adds at once
 

@@ -11,7 +11,7 @@ from ...base import buffers
 from ...errors import SpmdsimError
 from ..axes import PIPELINE, TENSOR
 from ...nn.autograd import engine as autograd_engine
-from ...programs.pipeline.schedule import Compute, Post, Send
+from ...programs.pipeline.records import Compute, Post, Send
 from ...programs.pipeline.timeline import timeline
 from ...runtime import door
 from ...runtime.door import all_gather_object

@@ -17,6 +17,7 @@ from ...base.validate import counted
 from .schedule import Schedule
 from .symbolic import leaves, states
 from .table import cell_text, describe_round
+from ..viz.png import new_figure, require_matplotlib, save_figure, shard_colour
 
 __all__ = ["render_rounds_png", "draw_round", "MAX_PICTURE_RANKS", "check_picture_ranks"]
 
@@ -78,8 +79,6 @@ def _colour(index: int, count: int) -> tuple:
     """Ten well-separated colours while they last (tab10), then the layout pictures' palette."""
     import matplotlib
 
-    from ..viz.png import shard_colour
-
     if count <= 10:
         return tuple(matplotlib.colormaps["tab10"](index))
     return tuple(shard_colour(index, count))
@@ -103,8 +102,6 @@ def render_rounds_png(schedule: Schedule, directory: Union[str, os.PathLike], dp
 
     Returns the paths written, the overview last.
     """
-    from ..viz.png import new_figure, require_matplotlib, save_figure
-
     check_picture_ranks(schedule.group_size)
     require_matplotlib()  # before the folder: a refusal leaves nothing behind
     directory = os.fspath(directory)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
 from ...errors import SpmdsimError
-from .model import ALGORITHMS, OPS, CostModel, Measurement, OpParams, _terms
+from .terms import ALGORITHMS, OPS, Measurement, OpParams, call_terms
+
+if TYPE_CHECKING:
+    from .model import CostModel
 
 __all__ = ["fit_model"]
 
@@ -58,14 +61,14 @@ def _fit_groups(model: CostModel, data: Sequence[Measurement], algorithm: str) -
             if len({m.bytes_per_rank for m in mine}) < 2:
                 continue
             own = OpParams(op, *_log_fit(mine, algorithm, use_gamma=False), group_size=g)
-            alone = CostModel(0.0, 0.0, 0.0, algorithm, (own,))
+            alone = type(model)(0.0, 0.0, 0.0, algorithm, (own,))
             if alone.log_error(mine) < model.log_error(mine):
                 overrides.append(own)
     return replace(model, per_op=tuple(overrides))
 
 
 def _rows(data: Sequence[Measurement], algorithm: str, use_gamma: bool) -> np.ndarray:
-    rows = np.array([_terms(m.op, algorithm, m.group_size, m.bytes_per_rank) for m in data])
+    rows = np.array([call_terms(m.op, algorithm, m.group_size, m.bytes_per_rank) for m in data])
     if not use_gamma:
         rows[:, 2] = 0.0
     return rows

@@ -26,122 +26,18 @@ exactly what one rank sends and receives. A group of one rank costs 0.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...errors import SpmdsimError
+from .fit import fit_model
+from .store import default_path, load_model, model_from_dict, model_to_dict, save_model
+from .terms import (ALGORITHMS, OPS, Measurement, OpParams, call_terms, check_bytes, check_group_size, check_params,
+                    normalize_op)
 
-__all__ = ["OPS", "ALGORITHMS", "CostModel", "Measurement", "OpParams", "DEFAULT_MODEL", "normalize_op"]
-
-OPS = ("allgather", "reduce_scatter", "allreduce", "alltoall", "alltoallv", "bcast")
-ALGORITHMS = ("ring", "tree")
-
-# Names other modules use for the same collective (planner steps, MPI names).
-_ALIASES = {"all_gather": "allgather", "reducescatter": "reduce_scatter", "reduce_scatter_block": "reduce_scatter",
-            "all_reduce": "allreduce", "all_to_all": "alltoall", "all_to_allv": "alltoallv", "exchange": "alltoallv",
-            "broadcast": "bcast"}
-
-
-def normalize_op(op: str) -> str:
-    """Canonical collective name (``"AllGather"`` -> ``"allgather"``, ``"exchange"`` -> ``"alltoallv"``)."""
-    if not isinstance(op, str):
-        raise SpmdsimError(f"collective name {op!r} must be a string; expected one of {OPS!r}")
-    key = op.strip().lower().replace("-", "_").replace(" ", "_")
-    key = _ALIASES.get(key, _ALIASES.get(key.replace("_", ""), key))
-    if key not in OPS:
-        raise SpmdsimError(f"unknown collective {op!r}; expected one of {OPS!r}")
-    return key
-
-
-def _terms(op: str, algorithm: str, g: int, n: float) -> tuple[float, float, float]:
-    """Coefficients (of alpha, beta, gamma) for one call; see the module table."""
-    if g <= 1 or n < 0:
-        return 0.0, 0.0, 0.0
-    lg = math.log2(g)
-    frac = (g - 1) / g * n
-    ring = algorithm == "ring"
-    if op == "allgather":
-        return ((g - 1) if ring else lg), frac, 0.0
-    if op == "reduce_scatter":
-        return ((g - 1) if ring else lg), frac, frac
-    if op == "allreduce":
-        return (2 * (g - 1), 2 * frac, frac) if ring else (lg, lg * n, lg * n)
-    if op == "alltoall":
-        return ((g - 1), frac, 0.0) if ring else (lg, lg * n / 2, 0.0)
-    if op == "alltoallv":
-        return (g - 1), frac, 0.0
-    if op == "bcast":
-        return (lg + g - 1, 2 * frac, 0.0) if ring else (lg, lg * n, 0.0)
-    raise SpmdsimError(f"unknown collective {op!r}; expected one of {OPS!r}")
-
-
-@dataclass(frozen=True)
-class OpParams:
-    """Override of (alpha, beta, gamma) for one collective, or one collective and group size.
-
-    Set by `CostModel.fit`; ``group_size=None`` applies to every group size
-    that has no override of its own.
-    """
-
-    op: str
-    alpha_s: float
-    beta_s_per_byte: float
-    gamma_s_per_byte: float = 0.0
-    group_size: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "op", normalize_op(self.op))
-        _check_params(alpha_s=self.alpha_s, beta_s_per_byte=self.beta_s_per_byte,
-                      gamma_s_per_byte=self.gamma_s_per_byte)
-        g = self.group_size
-        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 2):
-            raise SpmdsimError(f"override group size {g!r} must be None or an integer >= 2")
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.op, self.group_size or 0
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One timed call: collective, group size, per-rank buffer bytes ``n``, seconds."""
-
-    op: str
-    group_size: int
-    bytes_per_rank: int
-    seconds: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "op", normalize_op(self.op))
-        _check_group_size(self.group_size)
-        _check_bytes(self.bytes_per_rank, "measurement bytes")
-        if isinstance(self.seconds, bool) or not isinstance(self.seconds, numbers.Real) or not (
-                0 < self.seconds < math.inf):
-            raise SpmdsimError(f"measurement seconds {self.seconds!r} must be a finite number > 0")
-        object.__setattr__(self, "group_size", int(self.group_size))
-
-
-def _check_group_size(g: int) -> None:
-    # A NaN or infinite size raised ValueError/OverflowError from int(); a string compared unequal.
-    if isinstance(g, bool) or not isinstance(g, numbers.Real) or not math.isfinite(g) or int(g) != g or g < 1:
-        raise SpmdsimError(f"group size {g!r} must be a positive integer")
-
-
-def _check_bytes(value: Any, what: str) -> None:
-    """A byte count: a finite real number >= 0 (a NaN or infinite one priced NaN or inf seconds, a string or
-    None raised TypeError, True counted as 1 byte)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise SpmdsimError(f"{what} {value!r} must be a finite number >= 0")
-
-
-def _check_params(**params: float) -> None:
-    """Each named parameter (a rate or latency) must be a finite number >= 0."""
-    for name, value in params.items():
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise SpmdsimError(f"{name} {value!r} must be a finite number >= 0")
+__all__ = ["CostModel", "DEFAULT_MODEL", "load_or_default"]
 
 
 @dataclass(frozen=True)
@@ -168,7 +64,7 @@ class CostModel:
     copy_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_params(alpha_s=self.alpha_s, beta_s_per_byte=self.beta_s_per_byte,
+        check_params(alpha_s=self.alpha_s, beta_s_per_byte=self.beta_s_per_byte,
                       gamma_s_per_byte=self.gamma_s_per_byte, copy_s_per_byte=self.copy_s_per_byte)
         if self.algorithm not in ALGORITHMS:
             raise SpmdsimError(f"algorithm {self.algorithm!r} is unknown; expected one of {ALGORITHMS!r}")
@@ -200,15 +96,15 @@ class CostModel:
     def predict(self, op: str, group_size: int, bytes_per_rank: float) -> float:
         """Predicted seconds of one `op` over `group_size` ranks with per-rank buffer bytes."""
         op = normalize_op(op)
-        _check_group_size(group_size)
-        _check_bytes(bytes_per_rank, "bytes per rank")
-        a, b, c = _terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
+        check_group_size(group_size)
+        check_bytes(bytes_per_rank, "bytes per rank")
+        a, b, c = call_terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
         alpha, beta, gamma = self.params(op, int(group_size))
         return a * alpha + b * beta + c * gamma
 
     def predict_copy(self, bytes_copied: float) -> float:
         """Predicted seconds to pack or unpack `bytes_copied` bytes locally (a strided copy)."""
-        _check_bytes(bytes_copied, "bytes copied")
+        check_bytes(bytes_copied, "bytes copied")
         return bytes_copied * self.copy_s_per_byte
 
     # -- fitting (spmdsim.programs.cost.fit) ---------------------------------------------------
@@ -225,8 +121,6 @@ class CostModel:
                 (alpha and beta; one group size cannot tell beta from gamma).
             Every override is kept only where it fits its own points better.
         """
-        from .fit import fit_model
-
         return fit_model(cls, measurements, algorithm=algorithm, per_op=per_op,
                          per_group=per_group, source=source)
 
@@ -238,27 +132,19 @@ class CostModel:
 
     # -- persistence (spmdsim.programs.cost.store) ----------------------------------------------
     def to_dict(self) -> dict:
-        from .store import model_to_dict
-
         return model_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CostModel":
-        from .store import model_from_dict
-
         return model_from_dict(cls, data)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write the model as JSON (default `default_path()`); returns the path."""
-        from .store import save_model
-
         return save_model(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> "CostModel":
         """Read a saved model (default `default_path()`); raises if missing or malformed."""
-        from .store import load_model
-
         return load_model(cls, path)
 
     def __str__(self) -> str:
@@ -280,3 +166,11 @@ DEFAULT_MODEL = CostModel(
     alpha_s=200e-6, beta_s_per_byte=0.75e-9, gamma_s_per_byte=0.65e-9, source="default",
     copy_s_per_byte=1.0e-9,  # 1 GB/s: packing inside a collective step (spmdsim calibrate)
 )
+
+
+def load_or_default(path: str | os.PathLike | None = None) -> CostModel:
+    """The saved model if there is one, else DEFAULT_MODEL (a malformed file still raises)."""
+    source = Path(path) if path is not None else default_path()
+    if not source.exists():
+        return DEFAULT_MODEL
+    return CostModel.load(source)

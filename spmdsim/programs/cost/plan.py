@@ -15,6 +15,7 @@ import numpy as np
 from ...errors import SpmdsimError
 from ..plan.steps import KINDS
 from .model import DEFAULT_MODEL, CostModel, normalize_op
+from ..plan.volume import rank_boxes
 
 __all__ = ["predict_plan", "StepPrediction"]
 
@@ -117,7 +118,6 @@ def _exchange_copied(step: Any, plan: Any) -> int:
     transfers, shape = getattr(step, "transfers", None), getattr(plan, "shape", None)
     if not transfers or shape is None or not hasattr(step, "before"):
         return int(_as_max(sent) or 0)
-    from ..plan.volume import rank_boxes
 
     held = rank_boxes(step.before, tuple(shape))
     boxes: dict = {}

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ...errors import SpmdsimError
 from ...base.validate import loads_json
-from .model import DEFAULT_MODEL, CostModel, OpParams
+from .terms import OpParams
 
-__all__ = ["default_path", "load_or_default", "model_to_dict", "model_from_dict", "save_model", "load_model"]
+if TYPE_CHECKING:
+    from .model import CostModel
+
+__all__ = ["default_path", "model_to_dict", "model_from_dict", "save_model", "load_model"]
 
 _FORMAT_VERSION = 1
 
@@ -90,11 +93,3 @@ def default_path() -> Path:
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "spmdsim" / "cost.json"
-
-
-def load_or_default(path: str | os.PathLike | None = None) -> CostModel:
-    """The saved model if there is one, else DEFAULT_MODEL (a malformed file still raises)."""
-    source = Path(path) if path is not None else default_path()
-    if not source.exists():
-        return DEFAULT_MODEL
-    return CostModel.load(source)

@@ -12,8 +12,8 @@ from ...errors import PipelineError
 from .check import check
 from .parse import parse
 from .picture import plot, render
-from .schedule import (MAX_PAIRS, SCHEDULES, Compute, Post, Recv, Schedule, Send, build, gpipe, interleaved,
-                       one_f_one_b)
+from .records import MAX_PAIRS, Compute, Post, Recv, Schedule, Send
+from .schedule import SCHEDULES, build, gpipe, interleaved, one_f_one_b
 from .timeline import Timeline, bubble_formula, in_flight, timeline
 
 __all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "PipelineError", "SCHEDULES", "MAX_PAIRS",

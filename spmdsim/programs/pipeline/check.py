@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Union
 
 from ...errors import PipelineError
-from .schedule import Compute, Post, Recv, Schedule, Send
+from .records import Compute, Post, Recv, Schedule, Send
 
 __all__ = ["check", "message_ops"]
 

@@ -16,7 +16,8 @@ import re
 from typing import Optional
 
 from ...errors import PipelineError
-from .schedule import MAX_PAIRS, Compute, Post, Recv, Schedule, Send, check_sizes
+from .records import MAX_PAIRS, Compute, Post, Recv, Schedule, Send, check_sizes
+from .check import check
 
 __all__ = ["parse", "TOKENS", "MAX_TEXT"]
 
@@ -79,7 +80,6 @@ def parse(text: str, stages: int, microbatches: int, virtual: int = 1, name: str
         raise PipelineError(f"schedule {name!r} has no line for stage {missing[0]}; expected one "
                             f"'stage N: ...' line per stage 0..{stages - 1}")
     schedule = Schedule(name, stages, microbatches, virtual, programs)
-    from .check import check  # check.py and this module both read schedule.py; neither imports the other
 
     check(schedule)
     return schedule

@@ -11,8 +11,10 @@ import os
 from typing import Any, Union
 
 from ..viz.table import WIDTH, wrap_lines
-from .schedule import SCHEDULES, Schedule
+from .records import Schedule
+from .schedule import SCHEDULES
 from .timeline import Timeline, bubble_formula, formula_text, in_flight, timeline
+from ..viz.png import check_picture_path, new_figure, save_figure
 
 __all__ = ["render", "plot", "summary"]
 
@@ -110,8 +112,6 @@ def plot(what: Union[Schedule, Timeline], path: Union[str, os.PathLike], dpi: in
     Forwards and backwards in two colours, each cell labelled with its microbatch (and chunk),
     idle time left blank. Without matplotlib: one SpmdsimError line saying how to install it.
     """
-    from ..viz.png import check_picture_path, new_figure, save_figure
-
     check_picture_path(path)
     t = _timeline(what)
     colours = {"F": "#9ecae1", "B": "#fdae6b"}

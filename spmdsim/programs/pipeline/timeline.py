@@ -14,7 +14,8 @@ from functools import cached_property
 from typing import Optional, Sequence, Union
 
 from ...errors import PipelineError
-from .schedule import SCHEDULES, Compute, Schedule, check_sizes, unknown_schedule
+from .records import Compute, Schedule, check_sizes
+from .schedule import SCHEDULES, unknown_schedule
 
 __all__ = ["Timeline", "timeline", "bubble_formula", "formula_text", "in_flight"]
 

@@ -38,6 +38,7 @@ from typing import Optional
 from ...layouts.dialects.sbp import sbp_of_axis
 from ...layouts.layout import TensorLayout
 from ...base.precision import sent_itemsize
+from .uneven import sized_uneven
 
 __all__ = ["Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceScatter", "LocalZero", "Exchange",
            "Transfer", "KINDS", "moved_bytes", "placement", "step_label"]
@@ -93,8 +94,7 @@ class Step:
         """This step with every rank's byte figures for a global `shape` of `itemsize`-byte items (as they
         travel: `itemsize(dtype)`)."""
         if self.before.layout.cut != "even" and (self.before.uneven_dims(shape) or self.after.uneven_dims(shape)):
-            from .uneven import sized_uneven  # shards of unequal sizes: bytes rank by rank
-
+            # shards of unequal sizes: bytes rank by rank
             return sized_uneven(self, tuple(shape), itemsize)
         n = self.moved(self.group_size, math.prod(self.before.local_shape(shape)) * itemsize)
         per_rank = (n,) * self.before.layout.num_devices

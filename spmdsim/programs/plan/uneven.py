@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from ...errors import ShapeError
-from .steps import Allgather, Allreduce, Alltoall, LocalSlice, LocalZero, ReduceScatter, Step
 from .volume import Box, box_size, intersect, rank_boxes
+
+if TYPE_CHECKING:
+    from .steps import Step
 
 __all__ = ["is_uneven", "check_fits", "sized_uneven", "group_pieces"]
 
@@ -55,27 +58,27 @@ def _refuse(step: Step, shape: tuple, why: str) -> None:
 
 def check_fits(step: Step, shape: tuple) -> None:
     """Raise ShapeError unless `step` can run on the (uneven) shards of `shape`."""
-    if type(step) is Allreduce:
+    if step.op == "allreduce":
         return  # the members of a group hold the same box
     before, after = rank_boxes(step.before, shape), rank_boxes(step.after, shape)
-    if type(step) is LocalSlice:
+    if step.op == "local_slice":
         if not all(_within(a, b) for a, b in zip(after, before)):
             _refuse(step, shape, "a rank's new shard is not inside its old one")
         return
     groups = _groups(step.before.layout, tuple(a for a in step.axes if a in step.before.split_axes)
-                     if type(step) is LocalZero else step.axes)
+                     if step.op == "local_zero" else step.axes)
     for members in groups:
         for r in members:
-            if type(step) is LocalZero or type(step) is Allgather:
+            if step.op == "local_zero" or step.op == "allgather":
                 # The members' old pieces make up each member's new block.
                 if not all(_within(before[q], after[r]) for q in members) or \
                         sum(box_size(before[q]) for q in members) != box_size(after[r]):
                     _refuse(step, shape, "the group's shards do not make up the gathered block")
-            elif type(step) is ReduceScatter:
+            elif step.op == "reduce_scatter":
                 if not all(_within(after[q], before[r]) for q in members) or \
                         sum(box_size(after[q]) for q in members) != box_size(before[r]):
                     _refuse(step, shape, "the group's new shards do not cut up the summed block")
-            elif type(step) is Alltoall:
+            elif step.op == "alltoall":
                 i, j = step.concat_dim, step.split_dim
                 if not _tiles([after[q][j] for q in members], before[r][j]) or \
                         not _tiles([before[q][i] for q in members], after[r][i]):
@@ -92,15 +95,15 @@ def sized_uneven(step: Step, shape: tuple, itemsize: int) -> Step:
     sent, received = [], []
     for b, a in zip(before, after):
         nb, na = box_size(b), box_size(a)
-        if type(step) is Allgather:
+        if step.op == "allgather":
             s, r = (g - 1) * nb, na - nb  # own piece to the g-1 others; the others' pieces
-        elif type(step) is Alltoall:
+        elif step.op == "alltoall":
             common = intersect(a, b)
             kept = 0 if common is None else box_size(common)
             s, r = nb - kept, na - kept
-        elif type(step) is ReduceScatter:
+        elif step.op == "reduce_scatter":
             s, r = nb - na, (g - 1) * na  # its addends of the others' pieces; g-1 addends of its own
-        elif type(step) is Allreduce:  # in bytes, as the even formula and the trace take it (not elements)
+        elif step.op == "allreduce":  # in bytes, as the even formula and the trace take it (not elements)
             sent.append(step.moved(g, nb * itemsize))
             received.append(sent[-1])
             continue
@@ -123,11 +126,11 @@ def group_pieces(step: Step, shape: tuple, rank: int) -> tuple:
 
     def extent(box: Box, d: int) -> int:
         return box[d][1] - box[d][0]
-    if type(step) is Allgather:
+    if step.op == "allgather":
         return tuple(extent(before[q], step.tensor_dim) for q in members)
-    if type(step) is ReduceScatter:
+    if step.op == "reduce_scatter":
         return tuple(extent(after[q], step.tensor_dim) for q in members)
-    if type(step) is Alltoall:
+    if step.op == "alltoall":
         return (tuple(extent(after[q], step.split_dim) for q in members),
                 tuple(extent(before[q], step.concat_dim) for q in members))
     raise ShapeError(f"{step} has no pieces per member")

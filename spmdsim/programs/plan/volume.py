@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...layouts.layout import TensorLayout
 from ...layouts.slicing import all_bounds
-from .steps import Transfer
+if TYPE_CHECKING:
+    from .steps import Transfer
 
 __all__ = ["Box", "box_shape", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers",
            "exchange_received"]

@@ -17,6 +17,8 @@ import numpy as np
 
 from ...layouts.holdings import bounds_text
 from .model import compact_ranks, layout_picture
+from .ascii import tensor_lines
+from .png import draw_tensor_panel, new_figure, save_figure
 
 __all__ = ["matmul_sum_lines", "matmul_ascii", "render_matmul_png", "MAX_NUMBERS"]
 
@@ -77,8 +79,6 @@ def matmul_sum_lines(layouts: Any, mkn: Sequence[int]) -> list[str]:
 
 def matmul_ascii(layouts: Any, mkn: Sequence[int], width: int = 80) -> str:
     """x, w and out drawn one after another (ASCII), then the partial sums with numbers."""
-    from .ascii import tensor_lines
-
     m, k, n = mkn
     lines = [f"MatMul {layouts.strategy!r} on {layouts.layout}: x ({m}, {k}) @ w ({k}, {n})", ""]
     for name, tl, shape in (("x", layouts.x, (m, k)), ("w", layouts.w, (k, n)), ("out", layouts.out, (m, n))):
@@ -91,8 +91,6 @@ def matmul_ascii(layouts: Any, mkn: Sequence[int], width: int = 80) -> str:
 
 def render_matmul_png(layouts: Any, mkn: Sequence[int], path: Union[str, os.PathLike]) -> str:
     """x, w and out side by side at 1920x1080, the partial sums with numbers below them."""
-    from .png import draw_tensor_panel, new_figure, save_figure
-
     m, k, n = mkn
     fig = new_figure(19.2, 10.8)
     fig.suptitle(f"MatMul {layouts.strategy!r} on {layouts.layout}", fontsize=22, weight="bold",

@@ -15,7 +15,8 @@ from typing import Any, Sequence, Union
 
 from ..plan.steps import Allreduce, Exchange, ReduceScatter, Step
 from .model import compact_ranks
-from .why import step_groups
+from .why import step_groups, step_text, step_why
+from .png import new_figure, save_figure, shard_colour
 
 __all__ = ["Move", "step_moves", "render_moves_png", "render_byte_matrix_png"]
 
@@ -81,9 +82,6 @@ def render_moves_png(plan: Any, directory: Union[str, os.PathLike], *, name: str
     its source rank and labelled ``r1 -> r0,2,3``. Other tensors than 2-D and
     local steps get no picture. Returns the paths written (``moves_01.png``, ...).
     """
-    from .png import new_figure, save_figure, shard_colour
-    from .why import step_text, step_why
-
     paths = []
     if len(plan.shape) != 2:
         return paths
@@ -160,8 +158,6 @@ def _wrap(text: str, width: int) -> str:
 def render_byte_matrix_png(matrix: Sequence[Sequence[int]], path: Union[str, os.PathLike],
                            title: str) -> str:
     """A 1920x1080 heatmap of matrix[src][dst] bytes, each cell numbered when there is room."""
-    from .png import new_figure, save_figure
-
     n = len(matrix)
     fig = new_figure(19.2, 10.8)
     ax = fig.add_axes((0.12, 0.1, 0.62, 0.78))

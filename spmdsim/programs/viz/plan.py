@@ -13,6 +13,7 @@ from ...errors import SpmdsimError
 from ...base.validate import counted
 from .ascii import tensor_lines
 from .model import layout_picture
+from .png import draw_layout, new_figure, require_matplotlib, save_figure
 
 __all__ = ["render_plan_ascii", "render_plan_png", "format_bytes"]
 
@@ -72,8 +73,6 @@ def render_plan_png(
 
     Returns the paths written: ``step_00_source.png``, ``step_01_<op>.png``, ...
     """
-    from .png import draw_layout, new_figure, require_matplotlib, save_figure
-
     require_matplotlib()  # before the folder: a refusal leaves nothing behind
     directory = os.fspath(directory)
     try:

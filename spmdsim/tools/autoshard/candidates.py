@@ -20,7 +20,6 @@ the step records that finish it (`MatMulPlan.steps`, `EmbeddingPlan.steps`,
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -37,9 +36,10 @@ from ...programs.plan import Plan
 from ...programs.plan.steps import Step
 from ...programs.plan.volume import lower_bound
 from . import rules
+from .counts import fitting, slice_counts
 from .graph import ELEMENTWISE, OpNode
 
-__all__ = ["Candidate", "candidates", "make_candidate", "fitting", "most_devices"]
+__all__ = ["Candidate", "candidates", "make_candidate", "most_devices"]
 
 
 @dataclass(frozen=True)
@@ -192,31 +192,6 @@ def own_plan(step: Step, shape: tuple, dtype: str) -> Plan:
 
 
 # -- enumeration -------------------------------------------------------------------------
-def _counts(sizes: Sequence[int], devices: int, whole: Sequence[int] = ()) -> Iterator[tuple[int, ...]]:
-    """Every tuple of slice counts, one per size, each dividing its size, product dividing devices.
-
-    Dims listed in `whole` are never split.
-    """
-    options = []
-    for d, size in enumerate(sizes):
-        options.append([1] if d in whole else
-                       [c for c in range(1, devices + 1) if devices % c == 0 and size % c == 0])
-    for combo in itertools.product(*options):
-        if devices % math.prod(combo) == 0:
-            yield combo
-
-
-def fitting(sizes: Sequence[int], devices: int, whole: Sequence[int] = (),
-            full: bool = False, use: Optional[int] = None) -> list[tuple[int, ...]]:
-    """`_counts`; with `full`, only those using `use` devices (default: every device) when any does
-    (MindSpore's fully_use_devices)."""
-    combos = list(_counts(sizes, devices, whole))
-    target = devices if use is None else use
-    if full and any(math.prod(c) == target for c in combos):
-        combos = [c for c in combos if math.prod(c) == target]
-    return combos
-
-
 def candidates(node: OpNode, devices: int, in_dtypes: Sequence[str] = (),
                full: bool = False, use: Optional[int] = None) -> tuple[Candidate, ...]:
     """Every candidate of `node` on `devices` devices, in a fixed order (most devices first).
@@ -339,7 +314,7 @@ def _matmul_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
     m, k = x[-2], x[-1]
     n = w[-2] if tb else w[-1]
     batch = x[:-2]
-    for counts in _counts(batch + (m, k, n), devices):
+    for counts in slice_counts(batch + (m, k, n), devices):
         *bc, a, b, c = counts
         xs, ws = tuple(bc) + (a, b), (tuple(bc) if len(w) > 2 else ()) + ((c, b) if tb else (b, c))
         try:

@@ -173,26 +173,8 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     elif graph.is_tree():
         outcome = tree_search(table.node, table.edge, runners_up)
     else:
-        outcome = None
-        big = len(graph.nodes) > BRANCH_AND_BOUND_MAX_NODES
-        if big:
-            outcome = eliminate(table.node, table.edge, runners_up)
-        if outcome is None:
-            start = prop.choice
-            if hand_cands is not None:  # the better of propagation and the hand-written plan seeds it
-                mine = tuple(next(k for k, c in enumerate(options[i]) if c.same_layouts(hand_cands[i]))
-                             if any(c.same_layouts(hand_cands[i]) for c in options[i]) else 0
-                             for i in range(len(options)))
-                start = min((prop.choice, mine), key=table.total)
-            outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
-                                       time_limit_s)
-            # Stopped at its limit: elimination is exact, and quick when its tables are small (a large graph's
-            # was tried first, and found a table too large).
-            if not outcome.proven and not big:
-                exact = eliminate(table.node, table.edge, runners_up)
-                if exact is not None:
-                    outcome = replace(exact, method="variable elimination (branch and bound stopped)",
-                                      explored=outcome.explored)
+        outcome = _general_search(len(graph.nodes), table, options, prop, hand_cands, runners_up, node_limit,
+                                  time_limit_s)
     chosen = [options[i][c] for i, c in enumerate(outcome.choice)]
     whys = _whys(graph, options, outcome, fixed, obj)
     ops = _reports(graph, chosen, considered, ruled_out, obj, whys)
@@ -206,6 +188,34 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     back = replay(graph, chosen) if training else ()
     hand_back = replay(graph, hand_cands) if training and hand_cands is not None else None
     return Result(graph, devices, obj, outcome, ops, hand_ops, prop, prop_bytes, others, back, hand_back)
+
+
+def _general_search(nodes: int, table: Table, options: list, prop: Outcome, hand_cands: Optional[list],
+                    runners_up: int, node_limit: int, time_limit_s: Optional[float]) -> Outcome:
+    """The choice on a graph that is no tree: variable elimination on a large graph, else branch and bound
+    seeded by the better of propagation and the hand-written plan (elimination again if it stopped at its
+    limit)."""
+    outcome = None
+    big = nodes > BRANCH_AND_BOUND_MAX_NODES
+    if big:
+        outcome = eliminate(table.node, table.edge, runners_up)
+    if outcome is None:
+        start = prop.choice
+        if hand_cands is not None:  # the better of propagation and the hand-written plan seeds it
+            mine = tuple(next(k for k, c in enumerate(options[i]) if c.same_layouts(hand_cands[i]))
+                         if any(c.same_layouts(hand_cands[i]) for c in options[i]) else 0
+                         for i in range(len(options)))
+            start = min((prop.choice, mine), key=table.total)
+        outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
+                                   time_limit_s)
+        # Stopped at its limit: elimination is exact, and quick when its tables are small (a large graph's
+        # was tried first, and found a table too large).
+        if not outcome.proven and not big:
+            exact = eliminate(table.node, table.edge, runners_up)
+            if exact is not None:
+                outcome = replace(exact, method="variable elimination (branch and bound stopped)",
+                                  explored=outcome.explored)
+    return outcome
 
 
 def _hand(graph: Graph, hand, in_dtypes) -> Optional[list[Candidate]]:

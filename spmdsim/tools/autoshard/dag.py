@@ -41,6 +41,9 @@ from ...runtime.trace import collect_trace
 from .choose import Result
 from .graph import Constant
 from .runnable import DAG_KINDS, Measured, check_dag
+from ...models.gpt import reference
+from .evaluate import evaluate
+from .gpt import gpt_config
 
 __all__ = ["DagRunner", "DagReport", "Backward", "run_dag"]
 
@@ -252,9 +255,6 @@ class DagReport:
 
 def _reference_grads(graph: Any) -> tuple[Optional[dict], str]:
     """spmdsim.models.gpt.reference's gradients of the graph's weights, or (None, why not)."""
-    from ...models.gpt import reference
-    from .gpt import gpt_config
-
     last = graph.nodes[-1]
     if last.kind != "cross_entropy":
         return None, f"{graph.name} ends in {last.name} ({last.kind}), not a loss"
@@ -275,8 +275,6 @@ def run_dag(result: Result, comm: Any, repeats: int = 3, train: bool = False) ->
     `train`: then the last run's backward too, its gradients checked (GPT graphs only; the
     report says why not otherwise). Collective: every rank calls it with the same `result`.
     """
-    from .evaluate import evaluate
-
     # numpy first: evaluated while the ranks run, it would slow the last node's measured time.
     # Local work on the graph every rank shares: simulated ranks do it once, not once each.
     expected = once(("spmdsim autoshard: numpy values",), evaluate, result.graph)

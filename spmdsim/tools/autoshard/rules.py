@@ -36,6 +36,7 @@ from ...programs.infer.losses import infer_cross_entropy
 from ...programs.infer.norms import infer_norm
 from ...programs.infer.pointwise import broadcast_shape, infer_pointwise, operand_letters
 from ...layouts.layout import Layout, TensorLayout
+from .counts import fitting
 
 __all__ = ["KINDS", "infer", "layouts", "letters"]
 
@@ -125,8 +126,6 @@ def infer(node, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tu
 
 def _letter_counts(order: Sequence[str], sizes: dict, devices: int, whole: Sequence[str],
                    full: bool, use: Optional[int] = None) -> Iterator[dict]:
-    from .candidates import fitting
-
     fixed = [d for d, ch in enumerate(order) if ch in whole]
     for combo in fitting([sizes[ch] for ch in order], devices, fixed, full, use):
         yield dict(zip(order, combo))

@@ -21,22 +21,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-import threading
-from typing import Any, Optional
+from typing import Any
 
 from ...errors import SpmdsimError
 from ...runtime.engines import engine_of
-from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
+from .autoshard_common import gpt_config, still_working
+from ...models.gpt.flags import architecture_arguments, architecture_fields, architecture_flags
+from ..autoshard import METHODS, NAMES, OBJECTIVES, autoshard
+from ..autoshard.choose import _parse_fix
+from ..autoshard.cost import measure_flops_rate
+from ..autoshard.networks import gpt_network
+from .calibrate import parse_size
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: Any) -> None:
-    from ..autoshard import METHODS, NAMES, OBJECTIVES
-    from .calibrate import parse_size
-
     parser = subparsers.add_parser(
         "autoshard", help="choose every operator's strategy by least communication",
         description="Enumerate each operator's strategies, price them (own collectives + "
@@ -52,7 +53,6 @@ def register(subparsers: Any) -> None:
                              "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
                              "of it as Megatron pads to 128 x tp; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
-    from ...models.gpt.flags import architecture_arguments
 
     # Llama's architecture, with --machine (the search by dry runs of the model; the operators' graph is the GPT's)
     architecture_arguments(parser, width="d_model")
@@ -113,109 +113,11 @@ def _fixes(items: list[str]) -> dict[str, str]:
             raise SpmdsimError(f"--fix {item!r} must read OP=STRATEGY, e.g. 'MatMul1=((2,4),(4,1))'")
         name, text = name.strip(), text.strip()
         if name != "*":  # a malformed strategy is refused before any search or launch
-            from ..autoshard.choose import _parse_fix
-
             _parse_fix(name, text)
         if "".join(out.get(name, text).split()) != "".join(text.split()):  # held two ways: the last would win unsaid
             raise SpmdsimError(f"--fix {name}={out[name]} and --fix {name}={text} hold {name} two ways; give one")
         out[name] = text
     return out
-
-
-#: The GPTConfig fields --gpt sets.
-GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
-#: With --machine, the MoE layers' keys too (spmdsim.models.moe.MoEConfig: experts, top_k, every as moe_every), and the
-#: vocabulary's padding (the model's dry run masks the padded logits out of the loss, as Megatron does; the
-#: operators' graph has no such mask: there a vocabulary no tp divides is cut unevenly instead).
-MOE_KEYS = ("experts", "top_k", "moe_every")
-MACHINE_KEYS = MOE_KEYS + ("vocab_pad_to",)
-
-#: Most layers --gpt prices: the search grows faster than the layers (64 take about 11 s
-#: at 8 devices, 256 more than 30 s).
-MAX_GPT_LAYERS = 64
-
-#: Most elements of one GPT tensor (logits batch*seq*vocab, scores batch*heads*seq*seq,
-#: the MLP's batch*seq*4*d_model, the table vocab*d_model): 2**40, so byte counts stay exact integers.
-MAX_GPT_ELEMENTS = 2 ** 40
-
-
-def gpt_said(text: Optional[str]) -> Any:
-    """GPTConfig's refusals, within it, name the fields --gpt `text` typed ("--gpt d_model 100") and the
-    architecture's flags (--rope, --kv-heads, ...) as typed, the other sizes as defaults ("the default d_model 128
-    must be divisible by --gpt heads 3", not "--gpt d_model 128", a key the user never typed); spmdsim.models.gpt.config.
-    said_as. `text` already read by _gpt_config (None: no --gpt)."""
-    from ...models.gpt.config import said_as
-    from ...models.gpt.flags import ARCHITECTURE_SAID
-
-    typed = gpt_typed(text)
-    sizes = GPT_KEYS + ("vocab_pad_to",)
-    return said_as({**{key: f"--gpt {key}" for key in sizes if key in typed}, **ARCHITECTURE_SAID},
-                   defaults=[key for key in sizes if key not in typed])
-
-
-def gpt_typed(text: Optional[str]) -> set:
-    """The keys --gpt `text` gives (None: no --gpt, none)."""
-    return {item.partition("=")[0].strip() for item in text.split(",")} if text else set()
-
-
-def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
-    """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
-    a machine file) MACHINE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer, and
-    vocab_pad_to=N pads the vocabulary."""
-    from ...models.gpt.config import GPTConfig
-    from ...models.moe.config import MoEConfig
-    from .estimate import no_moe_block
-
-    keys = GPT_KEYS + (MACHINE_KEYS if moe else ())
-    fields: dict = {}
-    for item in text.split(",") if text else ():  # "": no --gpt (the search by a machine file), the defaults
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if sep and key in MOE_KEYS and not moe:
-            raise SpmdsimError(f"--gpt {key} sets MoE layers, which only the search by a machine file prices: "
-                               "add --machine (e.g. --machine a100-dgx)")
-        if sep and key == "vocab_pad_to" and not moe:
-            raise SpmdsimError("--gpt vocab_pad_to pads the vocabulary in the search by a machine file (add --machine, "
-                               "e.g. --machine a100-dgx); the operators' search cuts a vocabulary no tp divides "
-                               "unevenly instead")
-        if not sep or key not in keys:
-            raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
-                               "e.g. 'layers=2,d_model=64'")
-        try:
-            number = int(value)
-        except ValueError:
-            number = 0
-        if number < 1:  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
-            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
-        if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
-            raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
-        fields[key] = number
-    experts = {k: fields.pop(k) for k in MOE_KEYS if k in fields}
-    if experts and "experts" not in experts:
-        raise SpmdsimError(f"--gpt {', '.join(experts)} set MoE layers: give experts=N too")
-    if experts:
-        experts["every"] = experts.pop("moe_every", 2)
-        layers = fields.get("layers", GPTConfig.layers)
-        if experts["every"] > layers:
-            said = "--gpt layers" if "layers" in fields else "the default layers"  # not typed: not "--gpt"
-            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes {no_moe_block(layers)}; "
-                               f"expected at most {said} {layers}")
-        fields["moe"] = MoEConfig(**experts)
-    with gpt_said(text):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
-        config = GPTConfig(**fields)
-    if config.layers > max_layers:
-        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "
-                           "(the search's time grows faster than the layers)")
-    c = config
-    if not sizes:  # a dry run's blocks are never written: any size
-        return config
-    tensors = {"batch*seq*vocab": c.batch * c.seq * c.padded_vocab,
-               "batch*heads*seq*seq": c.batch * c.heads * c.seq ** 2,
-               "batch*seq*4*d_model": c.batch * c.seq * 4 * c.d_model, "vocab*d_model": c.padded_vocab * c.d_model}
-    name, elements = max(tensors.items(), key=lambda kv: kv[1])
-    if elements > MAX_GPT_ELEMENTS:
-        raise SpmdsimError(f"--gpt {text!r} makes a tensor of {name} = {elements:,} elements; "
-                           f"expected at most {MAX_GPT_ELEMENTS:,} (2**40)")
-    return config
 
 
 def _network(args: argparse.Namespace, devices: int) -> tuple:
@@ -224,14 +126,11 @@ def _network(args: argparse.Namespace, devices: int) -> tuple:
         return args.network, None
     if args.network not in ("gpt", "gpt_sp"):
         raise SpmdsimError(f"--gpt sizes the GPT; --network {args.network!r} is not 'gpt' or 'gpt_sp'")
-    from ..autoshard.networks import gpt_network
 
-    return gpt_network(devices, _gpt_config(args.gpt), sp=args.network == "gpt_sp")
+    return gpt_network(devices, gpt_config(args.gpt), sp=args.network == "gpt_sp")
 
 
 def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
-    from ..autoshard import autoshard
-
     if args.node_limit < 1:
         raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
     check_devices(devices)
@@ -262,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
-    from ...models.gpt.flags import architecture_fields, architecture_flags
 
     given = architecture_flags(_Fields(architecture_fields(args)))
     if given:  # the operators' graph (spmdsim.tools.autoshard.gpt) is the GPT's own architecture: never ignored
@@ -283,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_mpi(args)
     devices = 8 if args.devices is None else args.devices
     check_devices(devices)
-    with _still_working(args, devices):
+    with still_working(args, devices):
         result = _choose(args, devices, args.flops)
     print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
     return 0
@@ -307,38 +205,8 @@ def check_devices(devices: int) -> None:
                            "(as plan, explain and show)")
 
 
-#: Seconds before the first "still choosing" line on stderr, and between the next ones.
-PATIENCE_S = 15.0
-
-
-class _still_working:
-    """Say on stderr, every PATIENCE_S seconds, that the choice is still being priced (never silent for minutes).
-
-    The training objective plans each gradient move in full: the attention network at 64 devices
-    takes about 90 s, at 128 several minutes (docs/howto/autoshard.md).
-    """
-
-    def __init__(self, args: argparse.Namespace, devices: int) -> None:
-        self.what = f"{args.network} on {counted(devices, 'device')}" + (", training" if args.training else "")
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._say, daemon=True, name="autoshard progress")
-
-    def _say(self) -> None:
-        waited = 0.0
-        while not self.done.wait(PATIENCE_S):
-            waited += PATIENCE_S
-            print(f"spmdsim: still pricing {self.what} after {waited:.0f} s", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> None:
-        self.thread.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join()
-
-
 def _run_mpi(args: argparse.Namespace) -> int:
-    from .run import guarded, on_world
+    from .common import guarded, on_world
 
     if args.ranks is not None:  # --devices checked before the banner too: the only line when it differs
         return on_world(args, lambda comm: _run_choice(args, comm), lambda n: _check_devices_match(args, n))
@@ -357,7 +225,6 @@ def _check_devices_match(args: argparse.Namespace, size: int) -> None:
 
 
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
-    from ..autoshard.cost import measure_flops_rate
     from ..autoshard.execute import run_choice
     from ..autoshard.report import format_checks, format_measured
     from ..autoshard.runnable import check_runnable, is_chain

@@ -17,10 +17,15 @@ import time
 from typing import Any
 
 from ...errors import SpmdsimError
-from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED
+from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED, search
 from ...base.sizes import format_size
 from ...base.validate import counted
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
+from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
+from ...programs.viz.table import wrap_lines
+from ..estimate.configs import FIXABLE, parse_fixed, vocab_note
+from ..estimate.machine import load_machine
+from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
 
 __all__ = ["run_machine"]
 
@@ -32,12 +37,7 @@ SHOWN = 8
 
 
 def run_machine(args: argparse.Namespace) -> int:
-    from ..estimate.machine import load_machine
-    from ..estimate.search import parse_fixed, search, vocab_note
     from dataclasses import replace
-
-    from .autoshard import _gpt_config, _still_working, gpt_said, gpt_typed
-    from ...models.gpt.flags import architecture_fields, architecture_problem
 
     if args.network != "gpt":
         raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
@@ -58,7 +58,7 @@ def run_machine(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
-    cfg = _gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    cfg = gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
     heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
     problem = architecture_problem(args, cfg.heads, heads)
     if problem:
@@ -73,7 +73,7 @@ def run_machine(args: argparse.Namespace) -> int:
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
     start = time.perf_counter()
-    with _still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
+    with still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
@@ -107,10 +107,8 @@ def run_machine(args: argparse.Namespace) -> int:
 
 
 def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:
-    """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.tools.estimate.search.Config) of the GPT
+    """The `spmdsim estimate gpt` command line of configuration `x` (spmdsim.tools.estimate.configs.Config) of the GPT
     `cfg`, as the search priced it: its dry run, its memory and its step time are the search's."""
-    from ...models.gpt.flags import architecture_flags
-
     micro = cfg.batch // (x.dp * x.ep * x.microbatches)
     words = ["spmdsim estimate gpt", f"--layers {cfg.layers}", f"--hidden {cfg.d_model}", f"--heads {cfg.heads}",
              f"--seq {cfg.seq}", f"--vocab {cfg.vocab}"] + architecture_flags(cfg)
@@ -167,16 +165,12 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
 
 
 def _fixed_json(fixed: dict) -> dict:
-    """{--fix name: value} of the degrees held ({Config field: value}, spmdsim.tools.estimate.search.parse_fixed)."""
-    from ..estimate.search import FIXABLE
-
+    """{--fix name: value} of the degrees held ({Config field: value}, spmdsim.tools.estimate.configs.parse_fixed)."""
     return {name: fixed[f] for name, f in FIXABLE.items() if f in fixed}
 
 
 def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) -> list[str]:
     from collections import Counter
-
-    from ...models.gpt.flags import architecture_words
 
     moe = cfg.moe is not None
     experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
@@ -226,7 +220,6 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
         first = next((c for c in unpriced if c.verdict == verdict), None)
         if first is not None:
             out.append(_row("-", first, moe))
-    from ...programs.viz.table import wrap_lines
 
     return wrap_lines(out)
 

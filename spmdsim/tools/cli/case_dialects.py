@@ -11,16 +11,19 @@ from typing import Mapping
 from ...errors import DialectError, SpmdsimError
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
-from .cases import (_SBP_KEYS, Case, _flag_text, _device_count_checked, _require, check_device_count, default_names,
-                    mesh_names, multi_axis_hint, parse_partition_spec, with_partial_axes, world_size_mismatch)
+from ...layouts.dialects._common import parse_partition_spec
+from .case_checks import (_SBP_KEYS, Case, _device_count_checked, _flag_text, _require, check_device_count,
+                          default_names, mesh_names, multi_axis_hint, with_partial_axes, world_size_mismatch)
+from ...layouts.dialects.dtensor import placements_to_layout
+from ...layouts.dialects.partition_spec import partition_spec_to_layout
+from ...layouts.dialects.sbp import parse_sbp, sbp_to_layout
+from ...layouts.dialects.strategy import matmul_layouts, parse_strategy, strategy_to_layout
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
 
 def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """One tensor's MindSpore `.shard` strategy over `world_size` devices (default: the strategy's product)."""
-    from ...layouts.dialects.strategy import parse_strategy, strategy_to_layout
-
     value = data["strategy"]
     if isinstance(value, bool) or not isinstance(value, (str, list, tuple)):
         raise SpmdsimError(
@@ -55,8 +58,6 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
 def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: object,
                          shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """One tensor of ``MatMul().shard(strategy)``: x, w or the (pending) output, as MindSpore lays it out."""
-    from ...layouts.dialects.strategy import matmul_layouts
-
     if operand not in ("x", "w", "out"):
         raise SpmdsimError(f"operand {operand!r} must be 'x', 'w' or 'out'")
     xs, ws = parsed
@@ -76,8 +77,6 @@ def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: o
 
 def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """OneFlow nD SBP over a placement of devices."""
-    from ...layouts.dialects.sbp import parse_sbp, sbp_to_layout
-
     _require(data, _SBP_KEYS, "sbp")
     sbp = parse_sbp(data["sbp"])
     placement = _device_count_checked(data, "placement")
@@ -96,8 +95,6 @@ def _world_size(data: Mapping) -> int:
 
 def dtensor_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """PyTorch DTensor placements over a device mesh of `device_matrix` (dims named by `alias_name`)."""
-    from ...layouts.dialects.dtensor import placements_to_layout
-
     _require(data, ("placements", "device_matrix"), "PyTorch DTensor")
     mesh = _device_count_checked(data, "device_matrix")
     names = mesh_names(data, mesh) if "alias_name" in data else None
@@ -107,8 +104,6 @@ def dtensor_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]
 
 def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """A JAX PartitionSpec over a mesh of `device_matrix` sizes and `alias_name` axis names."""
-    from ...layouts.dialects.partition_spec import partition_spec_to_layout
-
     _require(data, ("partition_spec", "device_matrix"), "JAX PartitionSpec")
     mesh = _device_count_checked(data, "device_matrix")
     spec = data["partition_spec"]

@@ -16,8 +16,12 @@ import argparse
 import json
 from typing import Any
 
-from ...programs.algorithms import NAMES
+from ...programs.algorithms import NAMES, build, elements_for, parse_name
 from ...errors import SpmdsimError
+from ...base.threads import launcher_size
+from ...programs.algorithms.formulas import FORMULAS, busiest_bytes_sent, predict_seconds
+from ...runtime.debug import add_cli_arguments, configure_from_args
+from ...runtime.engines import world
 
 __all__ = ["register", "run", "report", "to_json", "MAX_SIZE"]
 
@@ -28,8 +32,6 @@ _BUILTIN = {"allreduce": "Allreduce", "allgather": "Allgather", "reduce_scatter"
 
 
 def register(subparsers: Any) -> None:
-    from ...runtime.debug import add_cli_arguments
-
     parser = subparsers.add_parser(
         "collective", help="run a collective algorithm round by round and check it against MPI's",
         description="Run one collective algorithm (ring, recursive doubling/halving, Rabenseifner, "
@@ -78,8 +80,6 @@ def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
     before any MPI (and with --ranks, before the banner: a bad --root was refused after it)."""
     import numpy as np
 
-    from ...programs.algorithms import elements_for, parse_name
-
     collective, algorithm = parse_name(args.name)
     size = parse_size(args.size)
     if args.repeat < 1:
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks is not None:
         return _simulated(args)
     from ...runtime.mpi_library import load_mpi
-    from .run import guarded
+    from .common import guarded
 
     comm = load_mpi().COMM_WORLD
     return guarded(lambda: _execute(args, comm), comm, args)
@@ -126,10 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _simulated(args: argparse.Namespace) -> int:
     """--ranks N: every rank a thread of this process (spmdsim.runtime.sim); the report says so first."""
-    from ...base.threads import launcher_size
-    from ...runtime.debug import configure_from_args
     from ...runtime.sim.launch import run_on_ranks
-    from ...runtime.engines import world
 
     if isinstance(args.ranks, bool) or not 2 <= args.ranks <= 1024:
         raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")
@@ -143,7 +140,6 @@ def _simulated(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace, comm: Any) -> int:
     import numpy as np
 
-    from ...programs.algorithms import build
     from ...runtime.algorithms import compare_with_mpi
 
     p = comm.Get_size()
@@ -164,7 +160,6 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
 def _predicted(schedule: Any) -> tuple[float | None, str]:
     """The cost model's seconds for the schedule's rounds and bytes, and where the model came from."""
-    from ...programs.algorithms.formulas import predict_seconds
     from ...programs.cost import DEFAULT_MODEL, load_or_default
 
     try:
@@ -193,7 +188,6 @@ def _cut_text(schedule: Any) -> str:
 
 def report(schedule: Any, result: dict, show: bool = False) -> str:
     """The text report: bytes against the formula, the check against MPI, times; with `show` the rounds."""
-    from ...programs.algorithms.formulas import FORMULAS, busiest_bytes_sent
     from ...programs.algorithms.table import format_rounds, format_states
     from ...programs.viz.table import wrap_lines
 
@@ -229,8 +223,6 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
 
 def to_json(schedule: Any, result: dict) -> dict:
     """The --json record: rounds with their transfers and times, bytes, the check and the times."""
-    from ...programs.algorithms.formulas import FORMULAS, busiest_bytes_sent
-
     n = schedule.input_count(schedule.root) * schedule.itemsize
     rounds = [{"round": i + 1, "phase": rnd.phase, "seconds_max": result["round_seconds"][i],
                "transfers": [{"src": t.src, "dst": t.dst, "slots": list(t.src_slots), "reduce": t.reduce,

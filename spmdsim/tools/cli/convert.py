@@ -18,10 +18,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ...errors import SpmdsimError
+from ...errors import DialectError, SpmdsimError
 from ...base.validate import counted
 from ...layouts.layout import TensorLayout, format_entry
 from .cases import ONEFLOW_EVEN, add_case_arguments, case_from_args
+from ...layouts.dialects import (format_partition_spec, format_placements, format_sbp, layout_to_partition_spec,
+                                 layout_to_sbp, partition_spec_to_layout, placements_to_layout, sbp_to_layout)
+from ...layouts.dialects.dtensor import placements_of
+from ...layouts.dialects.strategy import format_strategy, layout_to_strategy, strategy_to_layout
 
 __all__ = ["register", "run", "Form", "convert_layout", "DIALECTS"]
 
@@ -135,8 +139,6 @@ def _block(tl: TensorLayout, shape: tuple[int, ...], rank: int) -> str:
 
 
 def _strategy(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
-    from ...layouts.dialects.strategy import format_strategy, layout_to_strategy, strategy_to_layout
-
     counts = layout_to_strategy(tl)
     world = tl.layout.num_devices
     text = format_strategy((counts,))
@@ -159,8 +161,6 @@ def _strategy(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
 def _mesh_form(dialect: str, to: Callable, back: Callable, fmt: Callable, flag: str,
                tl: TensorLayout, shape: tuple[int, ...], mesh_flags: str) -> Form:
     """A dialect written over the same mesh axes: converted, then read back and compared."""
-    from ...errors import DialectError
-
     try:
         value = to(tl)
     except DialectError as exc:
@@ -194,10 +194,6 @@ def _paddle(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
 
 def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]:
     """The layout `tl` of a tensor of `shape` in every dialect (pure)."""
-    from ...layouts.dialects import (format_partition_spec, format_placements, format_sbp,
-                            layout_to_partition_spec, layout_to_sbp,
-                            partition_spec_to_layout, placements_to_layout, sbp_to_layout)
-
     m, ndim = tl.layout, len(shape)
     mesh = f"--device-matrix {_csv(m.device_matrix)} --alias {_csv(m.alias_name)}"
     placement = f"--placement {_csv(m.device_matrix)}"
@@ -207,7 +203,6 @@ def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]
     dtensor_cut = "chunk" if uneven else None
     # placements_of refuses what DTensor would cut otherwise than `tl` for this shape: another rule than
     # torch.chunk's, or a dim on several mesh dims cut piece by piece (the check line would be refused).
-    from ...layouts.dialects.dtensor import placements_of
     return (
         _layout(tl, shape),
         _strategy(tl, shape),

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from ...errors import SpmdsimError, fold_message
 from ...base.validate import counted
-from .run import add_common_arguments, add_trace_out, check_seed, check_trace_out, check_watchdog, guarded, on_world
+from .common import add_common_arguments, add_trace_out, check_seed, check_trace_out, check_watchdog, guarded, on_world
 
 __all__ = ["register", "run", "format_table", "coverage", "TOO_FEW_RAN"]
 

@@ -40,7 +40,7 @@ from typing import Sequence
 from ...base.malloc import glibc_env
 from ...base.threads import THREAD_VARS, thread_cap
 from ...errors import RuntimeMismatchError, SpmdsimError
-from ...runtime.debug import add_cli_arguments
+from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
 
@@ -183,8 +183,6 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise SpmdsimError(f"--timeout {typed(args.timeout)} must be a positive, finite number of seconds")
     if args.watchdog is not None:  # refused here, not in N ranks after the launch
-        from ...runtime.debug import watchdog_setting
-
         watchdog_setting(args.watchdog, "--watchdog")
     mpiexec = find_mpiexec(args.mpiexec)
     cmd = build_command(mpiexec, args.ranks, args.command)

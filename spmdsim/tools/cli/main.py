@@ -17,6 +17,7 @@ from ...base.output import output_error, quiet_stdout
 from ...base.threads import launcher_rank
 from ...errors import SpmdsimError, fold_message
 from .helptext import GROUPS, add_examples, command_list
+from ... import __version__
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser", "output_error"]
 
@@ -34,7 +35,6 @@ def build_parser(commands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentPars
         epilog="`spmdsim COMMAND --help` shows a command's flags, with an example first.",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the command list as command_list wrote it
     )
-    from ... import __version__
 
     parser.add_argument("--version", action="version", version=f"spmdsim {__version__}")
     # Listed by task in the description (command_list), not in argparse's one flat list.

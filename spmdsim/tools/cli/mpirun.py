@@ -6,13 +6,12 @@ simulated world (spmdsim.emulator.mpirun, docs/howto/mpi4py-lab.md).
 from __future__ import annotations
 
 import argparse
+from ...emulator.mpirun import add_arguments, run
 
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ...emulator.mpirun import add_arguments
-
     p = subparsers.add_parser(
         "mpirun",
         help="run an unmodified mpi4py program on N simulated ranks in this process",
@@ -23,6 +22,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...emulator.mpirun import run
-
     return run(args.ranks, args.command)

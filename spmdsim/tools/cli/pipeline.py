@@ -15,8 +15,11 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse
 from ...programs.pipeline.picture import plot, render
-from ...programs.pipeline.schedule import MAX_PAIRS, SCHEDULES, build
+from ...programs.pipeline.records import MAX_PAIRS
+from ...programs.pipeline.schedule import SCHEDULES, build
+from ...programs.viz.png import check_picture_path, require_matplotlib
 from ...programs.viz.table import WIDTH, wrap_lines
+from ...programs.pipeline.options import schedule_choice
 
 __all__ = ["register", "run", "MIN_WIDTH"]
 
@@ -37,7 +40,6 @@ def register(subparsers: Any) -> None:
             f"paper's formula and the microbatches in flight per stage. File tokens: {TOKENS}."
         ),
     )
-    from ...programs.pipeline.options import schedule_choice
 
     parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default=None,
                         help="which schedule to build (default 1f1b; any case: 1F1B, GPipe; not with --file)")
@@ -105,8 +107,7 @@ def _read(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     stages, microbatches, virtual = _sizes(args)
     if args.png is not None:
-        from ...programs.viz.png import check_picture_path, require_matplotlib
-        from .paths import check_output_file
+        from .paths import check_output_file  # (tempfile: not loaded for --help)
 
         # Fail before printing anything: the text grid comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")

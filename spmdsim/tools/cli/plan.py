@@ -22,9 +22,13 @@ from ...layouts.slicing import CUTS
 from ...programs.plan import plan_redistribution
 from ...programs.plan.summary import FOLD_RANKS
 from ...base.validate import counted
-from .cases import (ONEFLOW_EVEN, check_device_count, checked_axis_names, flag_ints, indivisible, parse_int_list,
-                    parse_name_list, parse_partition_spec, parse_tensor_map, with_partial_axes)
-from ...runtime.engines import engine_of
+from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
+from ...layouts.dialects.dtensor import check_uneven_shards, placements_to_layout
+from ...layouts.dialects.partition_spec import partition_spec_to_layout
+from ...layouts.dialects.sbp import sbp_to_layout
+from ...layouts.dialects.strategy import strategy_to_layout
+from .case_checks import check_device_count, checked_axis_names, indivisible, parse_int_list, with_partial_axes
+from .cases import ONEFLOW_EVEN, flag_ints
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
 __all__ = [
@@ -33,7 +37,6 @@ __all__ = [
     "add_plan_arguments",
     "add_redistribute_arguments",
     "layouts_from_args",
-    "run_redistribute",
     "MAX_PLAN_DEVICES",
 ]
 
@@ -109,7 +112,7 @@ def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
     from ...runtime.debug import add_cli_arguments
 
-    from .run import add_trace_out
+    from .common import add_trace_out
 
     add_plan_arguments(parser)
     add_trace_out(parser)
@@ -168,24 +171,16 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
                            "expected no --to-device-matrix or --to-alias with it")
     if strategy is not None:
-        from ...layouts.dialects.strategy import strategy_to_layout
-
         # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
         # target's are to_0, to_1, ... so the report tells the two meshes apart.
         tl = strategy_to_layout(strategy, world)
         if which == "to":
             tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
     elif spec is not None:
-        from ...layouts.dialects.partition_spec import partition_spec_to_layout
-
         tl = partition_spec_to_layout(parse_partition_spec(spec), mesh.device_matrix, ndim, mesh.alias_name)
     elif sbp is not None:
-        from ...layouts.dialects.sbp import sbp_to_layout
-
         tl = sbp_to_layout(sbp, mesh.device_matrix, ndim, mesh.alias_name)
     elif placements is not None:
-        from ...layouts.dialects.dtensor import placements_to_layout
-
         tl = placements_to_layout(placements, mesh.device_matrix, ndim, mesh.alias_name)
     else:
         tl = mesh(*parse_tensor_map(tmap))
@@ -247,8 +242,6 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     even_only = any(getattr(args, f"{which}_{form}") for which in sides for form in ("strategy", "sbp"))
     for which, tl in (("from", source), ("to", target)):
         if getattr(args, f"{which}_placements") and indivisible(tl, shape):
-            from ...layouts.dialects.dtensor import check_uneven_shards
-
             check_uneven_shards(tl, shape)  # where DTensor would cut piece by piece otherwise: one line
         try:
             tl.check_shape(shape)
@@ -338,77 +331,4 @@ def run(args: argparse.Namespace) -> int:
                       "--explain gives the traffic per group)")
     return 0
 
-
-def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
-    """With --ranks `ranks`: the command line's checks before the banner (_execute repeats them on every rank)."""
-    from .run import check_ranks, check_seed, check_trace_out, check_watchdog
-
-    check_watchdog(args)
-    check_trace_out(args)
-    check_seed(args)
-    source, _, _, _ = layouts_from_args(args)
-    check_ranks(source.layout, f"--device-matrix {args.device_matrix!r}", ranks)
-
-
-def run_redistribute(args: argparse.Namespace) -> int:
-    """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from ...runtime.engines import world
-    from .run import guarded
-
-    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
-    return guarded(lambda: _execute(args, comm), comm, args)
-
-
-def _execute(args: argparse.Namespace, comm: Any) -> int:
-    from time import perf_counter
-
-    from ...layouts.datagen import SeededTensor
-    from ...runtime.dtensor import DTensor
-    from ...runtime.executor import redistribute
-    from ...runtime.mesh import Mesh
-    from ...runtime.trace import collect_trace
-
-    from ...programs.memory import redistribute_need, shard_multiples
-    from ...runtime.budget import check_memory
-    from .run import check_seed, check_trace_out
-
-    check_trace_out(args)
-    check_seed(args)
-    source, target, shape, dtype = layouts_from_args(args)
-    plan = plan_redistribution(source, target, shape, dtype)
-    check_memory(comm, f"redistribute {source} -> {target}",
-                 lambda s: redistribute_need(source, target, s, dtype), shape,
-                 shard_multiples(source, target), "--shape")
-    mesh = Mesh(source.layout, comm)
-    seeded = SeededTensor(shape, dtype, seed=args.seed)
-    x = DTensor.from_seeded(mesh, source, seeded)
-    with collect_trace() as trace:
-        began = perf_counter()
-        y = redistribute(x, target, plan)
-        ended = perf_counter()
-    verdict = y.check(seeded, rtol=0.0, atol=0.0)
-    if args.trace_out:
-        from ...runtime.trace_export import write_chrome_trace
-
-        write_chrome_trace(comm, trace, args.trace_out, began, ended)
-    received = engine_of(comm).all_reduce_object(comm, sum(e.bytes_received for e in trace.entries), "max")
-    from ...runtime.ranked import gather_ranked
-
-    # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").
-    calls = gather_ranked(comm, [f"{(e.label or e.op).replace('redistribute', 'step', 1)}: sent "
-                                 f"{e.bytes_sent:,} B, received {e.bytes_received:,} B"
-                                 for e in trace.entries] or ["none"])
-    if comm.Get_rank() == 0:
-        if args.json:
-            record = plan_record(plan, args)
-            record.update(passed=bool(verdict.passed), max_abs_error=float(verdict.max_abs_error),
-                          measured_bytes_received_per_rank=int(received))
-            print(json.dumps(record))
-        else:
-            print(plan_text(plan, args))
-            print("collectives:")
-            print("\n".join("  " + line for line in calls))
-            print(f"measured bytes received per rank (max): {received:,} B")
-            print(f"{verdict}  {'PASS' if verdict.passed else 'FAIL'}")
-    return 0 if verdict.passed else 1
 

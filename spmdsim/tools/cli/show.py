@@ -8,7 +8,10 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...programs.viz.ascii import render_layout_ascii
 from ...programs.viz.model import layout_picture
+from ...programs.viz.png import check_picture_path, render_layout_png, require_matplotlib
 from .cases import add_case_arguments, case_from_args
+from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
+from .case_checks import parse_int_list
 
 __all__ = ["register", "run", "MIN_WIDTH"]
 
@@ -46,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return _matmul(args)
     case = case_from_args(args)
     if args.png is not None:
-        from ...programs.viz.png import check_picture_path, require_matplotlib
-        from .paths import check_output_file
+        from .paths import check_output_file  # (tempfile: not loaded for --help)
 
         # Fail before printing anything: the ASCII picture comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
@@ -56,8 +58,6 @@ def run(args: argparse.Namespace) -> int:
     picture = layout_picture(case.tensor_layout, case.shape, name)
     print(render_layout_ascii(picture, width=args.width), end="")
     if args.png is not None:
-        from ...programs.viz.png import render_layout_png
-
         path = render_layout_png(picture, args.png)
         print(f"wrote {path}")
     return 0
@@ -65,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _matmul(args: argparse.Namespace) -> int:
     """`show --matmul`: the three tensors of a MatMul strategy and its partial sums."""
-    from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
     from ...programs.viz.matmul import matmul_ascii
-    from .cases import parse_int_list
 
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
         raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
@@ -81,8 +79,7 @@ def _matmul(args: argparse.Namespace) -> int:
     for tl, shape in ((layouts.x, mkn[:2]), (layouts.w, mkn[1:]), (layouts.out, (mkn[0], mkn[2]))):
         tl.check_shape(shape)
     if args.png is not None:
-        from ...programs.viz.png import check_picture_path, require_matplotlib
-        from .paths import check_output_file
+        from .paths import check_output_file  # (tempfile: not loaded for --help)
 
         check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()

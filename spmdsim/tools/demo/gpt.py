@@ -13,6 +13,12 @@ from typing import Any, Optional
 from . import training as _training  # (imported first, so this row is listed after the others)
 from .registry import Context, Job, scenario
 from ...models.axes import DATA, TENSOR, roles_of
+from ...layouts.layout import Layout
+from ...models.gpt import GPTConfig, batch, encode, load_text
+from ...models.gpt.parallel import mesh_problem
+from ...models.gpt.reference import init_params, loss_and_grads
+from ...models.gpt.train import train
+from ...runtime import Mesh
 
 __all__ = ["gpt_job", "gpt_needs"]
 
@@ -20,8 +26,6 @@ del _training
 
 
 def _config() -> Any:
-    from ...models.gpt import GPTConfig
-
     return GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.1)
 
 
@@ -32,8 +36,6 @@ def _mesh_shape(world: int) -> tuple[int, int]:
 
 def gpt_needs(world_size: int) -> Optional[str]:
     """Reason to skip: the mesh the row would use cannot split the model."""
-    from ...models.gpt.parallel import mesh_problem
-
     dp, tp = _mesh_shape(world_size)
     problem = mesh_problem(_config(), dp, tp, True)
     return None if problem is None else f"dp {dp} x tp {tp}: {problem}"
@@ -41,17 +43,11 @@ def gpt_needs(world_size: int) -> Optional[str]:
 
 def gpt_job(ctx: Context) -> Job:
     """A Job running one training step; its output is the token embedding's gradient."""
-    from ...models.gpt import batch, encode, load_text
-    from ...models.gpt.reference import init_params, loss_and_grads
-    from ...models.gpt.train import train
-
     cfg = _config()
     dp, tp = _mesh_shape(ctx.world_size)
     ids = encode(load_text(20_000))
     x, y = batch(ids, cfg, 0)
     ref = loss_and_grads(init_params(cfg), x, y, cfg, 0)[1]["wte"]
-    from ...layouts.layout import Layout
-    from ...runtime import Mesh
 
     mesh = Mesh(Layout((dp, tp), (DATA, TENSOR)), ctx.comm, roles=roles_of((DATA, TENSOR)))
 

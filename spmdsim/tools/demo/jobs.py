@@ -19,6 +19,16 @@ from ...references.forward import embedding_region, linear_region, matmul_region
 from ...references.tolerances import contraction_atol
 from ...base.validate import counted
 from .registry import Job
+from ...layouts.dialects.paddle import split_layouts
+from ...nn.ops.embedding import ParallelEmbedding, VocabParallelEmbedding
+from ...nn.ops.linear import ColumnParallelLinear, RowParallelLinear
+from ...nn.ops.matmul import matmul, plan_matmul
+from ...nn.ops.mlp import ParallelMLP
+from ...nn.ops.paddle_split import split
+from ...programs.memory import matmul_job_need
+from ...runtime.budget import check_memory
+from ...runtime.dtensor import DTensor
+from ...runtime.mesh import Mesh
 
 __all__ = [
     "short", "contraction_atol", "mp_layout", "matmul_job", "strategy_matmul_job", "check_batch_dims", "linear_job",
@@ -35,14 +45,10 @@ def mp_layout(world_size: int) -> Layout:
 
 
 def _mesh(layout: Layout, comm: Any) -> Any:
-    from ...runtime.mesh import Mesh
-
     return Mesh(layout, comm)
 
 
 def _dtensor(mesh: Any, layout: TensorLayout, source: SeededTensor) -> Any:
-    from ...runtime.dtensor import DTensor
-
     return DTensor.from_seeded(mesh, layout, source)
 
 
@@ -58,10 +64,6 @@ def matmul_job(
 ) -> Job:
     """Y = op(X) @ op(W) for explicit layouts (X from `seed`, W from `seed + 1`); `shape_flag`: what a refusal for
     memory calls the shape it names (`spmdsim run matmul`'s flag; the demo's: "shape", it has no flag)."""
-    from ...programs.memory import matmul_job_need
-    from ...nn.ops.matmul import matmul, plan_matmul
-    from ...runtime.budget import check_memory
-
     mesh = _mesh(x_layout.layout, comm)
     # Before any shard exists: refused alike on every rank when the peak does not fit.
     check_memory(comm, op, *matmul_job_need(x_layout, w_layout, x_shape, w_shape, dtype, transpose_a,
@@ -147,10 +149,6 @@ def linear_job(
     Megatron's ColumnParallelLinear (``gather_output=False``). W uses seed + 1,
     b seed + 2.
     """
-    from ...layouts.dialects.paddle import split_layouts
-    from ...nn.ops.linear import ColumnParallelLinear, RowParallelLinear
-    from ...nn.ops.paddle_split import split
-
     if parallel not in ("column", "row"):
         raise OperatorError(f"parallel {parallel!r} must be 'column' or 'row'")
     if front not in FRONTS:
@@ -212,10 +210,6 @@ def embedding_job(
     front: str = "megatron", gather_out: bool = True,
 ) -> Job:
     """Embedding of ids (dims[:-2]) into a (V, D) = dims[-2:] table, vocab- or dim-parallel."""
-    from ...layouts.dialects.paddle import split_layouts
-    from ...nn.ops.embedding import ParallelEmbedding, VocabParallelEmbedding
-    from ...nn.ops.paddle_split import split
-
     if mode not in ("vocab", "dim"):
         raise OperatorError(f"embedding mode {mode!r} must be 'vocab' or 'dim'")
     if front not in FRONTS:
@@ -293,8 +287,6 @@ def mlp_job(
     activation: str = "gelu",
 ) -> Job:
     """ParallelMLP on X (M, H) with inner width F = dims (M, H, F): one Allreduce."""
-    from ...nn.ops.mlp import ParallelMLP
-
     mm, h, f = (int(d) for d in dims)
     layout = mp_layout(comm.Get_size())
     mesh = _mesh(layout, comm)

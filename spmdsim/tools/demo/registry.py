@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 from ...errors import SpmdsimError
 from ...layouts.holdings import block_text, rank_blocks
 from ...programs.plan.steps import Step
+from ...programs.viz.model import compact_ranks
 from ...references.forward import RegionFn
 
 __all__ = [
@@ -155,7 +156,7 @@ def run_job(job: Job, comm: Any) -> JobRun:
     """Run the forward pass under a trace, check it on every rank, reduce the trace, close the mesh."""
     from time import perf_counter
 
-    from ...runtime import collect_trace
+    from ...runtime import collect_trace  # (the runtime's trace: not loaded for --help)
 
     with collect_trace() as trace:
         began = perf_counter()
@@ -224,8 +225,6 @@ def group_text(ranks, braces: bool = True) -> str:
     if all(b - a == step for a, b in zip(ranks, ranks[1:])):
         body = f"{ranks[0]}-{ranks[-1]}" if step == 1 else f"{ranks[0]},{ranks[1]},...,{ranks[-1]}"
     else:
-        from ...programs.viz.model import compact_ranks
-
         parts = compact_ranks(ranks).split(",")
         body = ",".join(parts) if len(parts) <= 8 else ",".join(parts[:4] + ["...", parts[-1]])
     return left + body + right + f" ({n:,} ranks)"

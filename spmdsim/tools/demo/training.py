@@ -21,15 +21,14 @@ from . import networks as _networks  # (imported first, so the operator and netw
 from .jobs import short
 from ...references.tolerances import sum_rtol
 from .registry import Context, Job, scenario
+from ...models.nets.reference import ReferenceTrainer
+from ...models.nets.train import NetworkTrainer
 
 __all__ = ["training_job"]
 
 
 def training_job(net: Network, comm: Any) -> Job:
     """A Job running one training step; its output is the first weight's gradient."""
-    from ...models.nets.train import NetworkTrainer
-    from ...models.nets.reference import ReferenceTrainer
-
     trainer = NetworkTrainer(net, comm)
     x = net.source.full()
     classes = net.out_shape[-1]

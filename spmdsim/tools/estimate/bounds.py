@@ -38,6 +38,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import SpmdsimError
+from ...models.gpt.memory import MASKS
+from ...models.gpt.params import is_expert, param_specs
+from ...models.gpt.stages import chunk_parts
+from ...programs.pipeline.schedule import in_flight_by_stage
+from .closed_forms import model_states
+from .ledger import _RUN, PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, transfers_at
+from .steptime import Pipeline, step_time
 
 __all__ = ["LayerCell", "Cells"]
 
@@ -117,8 +124,6 @@ def kind_elements(cfg: Any, tp: int, ep: int) -> dict:
 def _kind_elements(cfg: Any, tp: int, ep: int) -> tuple:
     """(kind of layer, parameter elements a rank holds of one such layer) pairs: its tensors over tp, an MoE
     layer's experts over ep x tp (the first layer of each kind's; every layer of a kind has the same tensors)."""
-    from ...models.gpt.params import is_expert, param_specs
-
     first: dict = {}
     for i in range(cfg.layers):
         first.setdefault(layer_kind(cfg, i), i)
@@ -141,8 +146,6 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
     """Small dry runs of the step on pp 2 x dp 1 x ep x tp (two or three sizes of model, 1 or 2 microbatches of
     `micro` sequences a rank) and the rows of each kind of layer and of the ends they solve for (module
     docstring); every run's stages checked to be their ends plus their layers."""
-    from .ledger import gpt_ledger
-
     every = cfg.moe.every if cfg.moe is not None else 1
     mixed = every > 1  # dense and MoE layers
     sizes = (2 * every - 2, 2 * every, 2 * every + 2) if mixed else (2, 4)
@@ -238,8 +241,6 @@ class Cells:
     def stages(self, c: Any) -> list:
         """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}: its chunks
         balanced, or as `c.split` cuts them (layers per chunk, where a configuration has one)."""
-        from ...models.gpt.stages import chunk_parts
-
         split = getattr(c, "split", None)
         key = (c.pp, c.virtual, split)
         if key not in self._stages:
@@ -252,12 +253,10 @@ class Cells:
     def time_bound(self, c: Any, machine: Any, precision: str, sums: float = 0.0) -> float:
         """Seconds below the priced step time of configuration `c` (module docstring): the largest of its
         stages' layers (and the first and the last stage's ends), each priced by `step_time` as the ledger's
-        rows are; with `sums`, seconds the gradient sums take at least (spmdsim.tools.estimate.search.comm_bounds),
+        rows are; with `sums`, seconds the gradient sums take at least
+        (spmdsim.tools.estimate.closed_forms.comm_bounds),
         what of them exceeds those rows' products and element-wise kernels (the most the backward can hide
         them under)."""
-        from .ledger import gemms_at, kernel_bytes, transfers_at
-        from .steptime import Pipeline, step_time
-
         cell = self._of(c)
         m = c.microbatches
         steps = {k: tuple((x, n) for x, n in step if not (c.zero and x.phase == "optimizer"))
@@ -282,14 +281,9 @@ class Cells:
 
     def memory_bound(self, c: Any, precision: str) -> int:
         """Bytes below the priced peak memory of `c` (the largest stage's; module docstring): the most, over its
-        stages, of a stage's layers' model states (spmdsim.tools.estimate.search.model_states of the elements its
+        stages, of a stage's layers' model states (spmdsim.tools.estimate.closed_forms.model_states of the elements its
         layers hold) and its least chunk's kept bytes times the most microbatch-chunks the schedule holds on
         that stage at once (spmdsim.programs.pipeline.schedule.in_flight_by_stage)."""
-        from ...models.gpt.memory import MASKS
-        from ...programs.pipeline.schedule import in_flight_by_stage
-        from .ledger import PRECISIONS, _RUN
-        from .search import model_states
-
         w = PRECISIONS[precision]
         kept = {k: sum(n if what.endswith(MASKS) else n // _RUN * w.activations for what, n in rows)
                 for k, rows in self._of(c).kept}

@@ -19,16 +19,22 @@ run's measured MemoryReport.grads_peak, whose excess over them the peak adds (`b
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from typing import Any, Optional
 
 from ...errors import SpmdsimError
 from ...models.gpt.memory import BLOCK_KINDS, MASKS
 from ...base.sizes import format_size
 from .records import Transfer
-from ...models.axes import DATA, EXPERT, PIPELINE
+from ...base.context import current
+from ...base.flops import counting
+from ...emulator.comm import world
+from ...models.gpt.params import is_expert
+from ...models.gpt.pipeline import train_pipelined
+from ...programs.memory import ENV_VAR
+from ...runtime.sim.run import simulate
+from .steptime import step_time
+from .transfers import trace_transfers
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
@@ -78,7 +84,7 @@ class StageLedger:
     microbatch-chunks whose activations it held at once; kernels: (Kernel, count) of every other kernel
     it ran (spmdsim.base.flops.sweep: the element-wise and reduction operators, forward, backward and
     recomputed, and the optimizer's update), elements read and written; expert_params: elements of its
-    MoE layers' experts (their routers aside), of layer_params; fresh: spmdsim.base.flops.Fresh records, what each
+    MoE layers' experts (their routers aside), of layer_params; fresh: spmdsim.base.flop_counts.Fresh records, what each
     product and kernel over activations read and wrote beyond the blocks the rank holds anyway (parameters,
     their gradients, what the graph keeps for backward: `largest_transient`).
     """
@@ -199,7 +205,7 @@ class Transient:
 def largest_transient(stage: StageLedger, precision: str) -> Transient:
     """The largest set of blocks one kernel or product of `stage`'s forward, backward or recomputation reads and
     writes at once that the memory line does not hold already, from the dry run's records of each call's blocks
-    (StageLedger.fresh, spmdsim.base.flops.Fresh), priced at `precision`.
+    (StageLedger.fresh, spmdsim.base.flop_counts.Fresh), priced at `precision`.
 
     The memory line holds the parameters, their gradients and what the graph keeps for backward: a call's block
     that is one of those, by identity in the dry run (a product's weight, the weight's gradient a product writes,
@@ -298,64 +304,6 @@ def transfers_at(transfers: Any, precision: str) -> list:
     return out
 
 
-def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
-    """"node" when every member of `rank`'s group over `axes` of `mesh` shares its node, else "cluster"."""
-    layout = mesh.layout
-    mine = layout.coords(rank)
-    names = layout.alias_name
-    free = [i for i, a in enumerate(names) if a in axes]
-    node = rank // gpus_per_node
-    for values in itertools.product(*(range(layout.device_matrix[i]) for i in free)):
-        coords = list(mine)
-        for i, v in zip(free, values):
-            coords[i] = v
-        if layout.rank_of(tuple(coords)) // gpus_per_node != node:
-            return "cluster"
-    return "node"
-
-
-#: The trace labels of the sums of gradients (spmdsim.nn.autograd's buckets; ZeRO-1's and ZeRO-2's Reduce_scatter of
-#: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
-#: layers of an MoE GPT), a Transfer of phase "gradients". Every other collective a stage runs is its layers'
-#: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
-#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's.
-GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
-                   "zero-2 parameter bucket")
-
-
-def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Transfer, ...]:
-    """The trace's rows as Transfers (the cost model's n), equal rows merged into counts; each in its phase
-    (GRADIENT_LABELS)."""
-    from ...programs.plan.steps import KINDS
-
-    merged: dict = {}
-    levels: dict = {}  # axes -> level: one answer per group this rank is in
-    for e, times in trace.weighted():
-        if e.group_size <= 1:
-            continue
-        axes = tuple(e.axes)
-        level = levels.get(axes)
-        if level is None:
-            level = levels[axes] = _level(mesh, rank, axes, gpus_per_node)
-        if e.op in ("send", "recv", "sendrecv"):
-            rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
-            rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
-            phase = "pipeline"
-        else:
-            kind = KINDS.get("alltoall" if e.op == "alltoallv" else e.op)  # (an Alltoallv's buffer: an Alltoall's)
-            if kind is None:
-                raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
-            n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
-            rows = [(e.op, n, e.bytes_sent)]
-            summed = (e.label or "").startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes)
-            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "layers")
-        for op, n, sent in rows:
-            key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
-            merged[key] = merged.get(key, 0) + times
-    return tuple(Transfer(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
-                 in merged.items())
-
-
 #: The ledgers of the dry runs made in this process, by everything a dry run's figures depend on (the
 #: arguments and SPMDSIM_MEMORY): a search and its layer cells, or an estimate, that asks again for an
 #: equal configuration reads its ledger here instead of running the same program again. Oldest out first.
@@ -374,8 +322,6 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
     routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
     (`_LEDGERS`)."""
     import os
-
-    from ...programs.memory import ENV_VAR
 
     split = None if split is None else tuple(split)
     key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
@@ -400,13 +346,6 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
     """`gpt_ledger`'s dry run."""
     import numpy as np
 
-    from ...emulator.comm import world
-    from ...runtime.sim.run import simulate
-    from ...base.context import current
-    from ...base.flops import counting
-    from ...models.gpt.params import is_expert
-    from ...models.gpt.pipeline import train_pipelined
-
     if not (type(gpus_per_node) is int and gpus_per_node >= 1):
         raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
     ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % min(cfg.vocab, 128)  # token ids: a dry run reads shapes
@@ -422,7 +361,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         experts = sum(t.local.size for name, t in run.params.items() if is_expert(name))
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
-                          _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
+                          trace_transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
                           kernels=tuple(flops.kernels.items()), expert_params=experts, fresh=flops.fresh())
         run.close()
         return out
@@ -438,8 +377,6 @@ def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overla
     """Each stage's spmdsim.tools.estimate.steptime.StepTime from its ledger (`gpt_ledger`'s, in stage order) at
     `precision` on `pipeline` (a Pipeline, its stages those of `stages`), hiding `overlap`: what `spmdsim
     estimate` prints and spmdsim.tools.estimate.search prices."""
-    from .steptime import step_time
-
     return [step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
                       pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, precision), stage=k)
             for k, st in enumerate(stages)]

@@ -3,7 +3,7 @@
 Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
 
 - compute: each GEMM (any object with ``batch, m, n, k, dtype, phase`` and ``flops``, such as
-  spmdsim.base.flops.Gemm), ``count * flops / (peak_flops[dtype] * efficiency)`` seconds, the efficiency
+  spmdsim.base.flop_counts.Gemm), ``count * flops / (peak_flops[dtype] * efficiency)`` seconds, the efficiency
   of the machine's GEMM model (spmdsim.tools.estimate.machine);
 - memory-bound kernels (`traffic`: bytes per phase, spmdsim.base.flops.sweep's count priced at the
   training precision): the element-wise and reduction kernels of phases "forward", "backward" and
@@ -42,9 +42,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ...programs.cost.model import OPS, CostModel
+from ...programs.cost.model import CostModel
+from ...programs.cost.terms import OPS
 from ...errors import SpmdsimError
-from .machine import Machine, normalize_dtype
+from .machine_records import Machine, normalize_dtype
 from .records import LEVELS, Transfer
 
 __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
@@ -53,7 +54,7 @@ __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "
 #: Pipeline schedules (the names of spmdsim.programs.pipeline.SCHEDULES; a test keeps them equal).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
-#: What a GEMM was doing (spmdsim.base.flops.Gemm.phase) and what a transfer was doing (records.Transfer.phase).
+#: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Transfer.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
 TRANSFER_PHASES = ("layers", "gradients", "pipeline")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
@@ -164,7 +165,7 @@ def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
     for name in ("batch", "m", "n", "k", "dtype", "phase", "flops"):
         if not hasattr(gemm, name):
             raise SpmdsimError(f"gemm {gemm!r:.80} has no {name!r}; expected an object with batch, m, n, k, "
-                               "dtype, phase and flops (spmdsim.base.flops.Gemm)")
+                               "dtype, phase and flops (spmdsim.base.flop_counts.Gemm)")
     dims = (gemm.batch, gemm.m, gemm.n, gemm.k)
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
         raise SpmdsimError(f"gemm dimensions (batch, m, n, k) {dims!r} must be integers >= 0")

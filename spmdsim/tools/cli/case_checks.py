@@ -1,0 +1,288 @@
+"""A teaching case's record and the checks every form of it shares (spmdsim.tools.cli.cases reads the
+layout form, spmdsim.tools.cli.case_dialects the dialect forms): its keys, its device counts, its mesh axis
+names and the one-line refusals that name a bad key as the user gave it. Pure: never imports mpi4py.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ...base.validate import counted
+from ...layouts.dialects._common import parse_name_list, parse_tensor_map, split_top_level
+from ...errors import SpmdsimError
+from ...layouts.layout import TensorLayout, default_axis_names
+
+__all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
+           "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
+           "parse_int_list"]
+
+#: Most devices a layout may have here: the commands list or compare every rank,
+#: and a teaching tool that answers after minutes (or never) has failed.
+MAX_DEVICES = 65536
+
+_LAYOUT_KEYS = ("device_matrix", "alias_name", "tensor_map")
+_STRATEGY_KEYS = ("strategy", "world_size", "operand")
+_SBP_KEYS = ("sbp", "placement")
+# Free-text keys a teacher may put in a case file; ignored.
+_NOTE_KEYS = ("name", "comment", "description")
+_DTENSOR_KEYS = ("placements",)  # + device_matrix, optional alias_name (mesh dim names)
+_SPEC_KEYS = ("partition_spec",)  # + device_matrix, optional alias_name (mesh axis names)
+_KNOWN_KEYS = (_LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + _DTENSOR_KEYS + _SPEC_KEYS + ("shape", "partial", "cut")
+               + _NOTE_KEYS)
+# The keys that say which form a case is written in.
+_FORM_TRIGGERS = {"layout": _LAYOUT_KEYS, "strategy": ("strategy",), "sbp": _SBP_KEYS,
+                  "dtensor": _DTENSOR_KEYS, "partition_spec": _SPEC_KEYS}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A tensor layout, the global shape, and which dialect it was written in."""
+
+    tensor_layout: TensorLayout
+    shape: tuple[int, ...]
+    source: str = "layout"  # "layout", "strategy", "sbp", "dtensor" or "partition_spec"
+    strategy: Optional[tuple[int, ...]] = None
+    sbp: Optional[tuple[str, ...]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The case in Layout form (what every dialect converts to)."""
+        tl = self.tensor_layout
+        out: dict[str, Any] = {
+            "device_matrix": list(tl.layout.device_matrix),
+            "alias_name": list(tl.layout.alias_name),
+            "tensor_map": [_entry_json(axes) for axes in tl.tensor_map],
+            "shape": list(self.shape),
+        }
+        if tl.partial:
+            out["partial"] = list(tl.partial)
+        if tl.layout.cut != "even":
+            out["cut"] = tl.layout.cut
+        return out
+
+
+def _entry_json(axes: tuple[str, ...]) -> Any:
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else list(axes)
+
+
+def check_device_count(devices: int, what: str, limit: int = MAX_DEVICES) -> None:
+    """Raise SpmdsimError when `devices` (given by `what`) is above `limit`."""
+    if devices > limit:
+        raise SpmdsimError(
+            f"{what} has {devices:,} devices; expected at most {limit:,} "
+            "(every rank is listed or compared, which would take too long)"
+        )
+
+
+# -- JSON values ----------------------------------------------------------------
+def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ...]:
+    value = data[key]
+    if isinstance(value, str):
+        value = parse_int_list(value, f"case key {key!r}")
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value
+    ):
+        raise SpmdsimError(f"case key {key!r} must be a list of {what}, got {value!r}")
+    return tuple(value)
+
+
+def _device_count_checked(data: Mapping, key: str) -> tuple[int, ...]:
+    """The device matrix (or placement) under `key`: positive integers, at most MAX_DEVICES devices."""
+    matrix = _int_list(data, key, "positive integers", 1)
+    check_device_count(math.prod(matrix), _flag_text(key, matrix))
+    return matrix
+
+
+def _flag_text(key: str, value: Any) -> str:
+    """A case value in messages as the flag that gives it, with its key: ``--alias 'a' (case key 'alias_name')``
+    (a user of the flags never typed the key, a user of a case file never typed the flag)."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    return f"{_FLAG_OF.get(key, key)} {value!r} (case key {key!r})"
+
+
+def _axes_text(count: int) -> str:
+    return "1 axis" if count == 1 else f"{count} axes"
+
+
+def mesh_names(data: Mapping, matrix: Sequence[int]) -> tuple[str, ...]:
+    """The case's "alias_name" (``--alias``) for the mesh `matrix`: one distinct name per axis, each refused
+    naming the flag and the key (the Layout's own message names its fields, alias_name and device_matrix)."""
+    names = _name_list(data, "alias_name")
+    return checked_axis_names(names, _flag_text("alias_name", names), f"--device-matrix {','.join(map(str, matrix))!r}",
+                              len(matrix))
+
+
+def checked_axis_names(names: tuple[str, ...], given: str, mesh: str, axes: int) -> tuple[str, ...]:
+    """`names`, one distinct name per axis of a mesh of `axes` axes, or the one-line refusal naming what gave
+    them (`given`: "--alias 'a'") and the mesh (`mesh`: "--device-matrix '2,2'")."""
+    if len(names) != axes:
+        example = ",".join(default_axis_names(axes) if axes > 26 else "abcdefghijklmnopqrstuvwxyz"[:axes])
+        raise SpmdsimError(f"{given} gives {counted(len(names), 'name')} for the {_axes_text(axes)} of {mesh}; "
+                           f"expected one name per axis, such as {example}")
+    for name in names:
+        if not name or name in ("None", "none", "null"):
+            raise SpmdsimError(f"{given} names an axis {name!r}, which a tensor map reads as a dim not split; "
+                               "expected other names")
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated is not None:
+        raise SpmdsimError(f"{given} names axis {repeated!r} twice; expected one distinct name per axis of {mesh}")
+    return names
+
+
+def _name_list(data: Mapping, key: str) -> tuple[str, ...]:
+    value = data[key]
+    if isinstance(value, str):
+        value = parse_name_list(value, f"case key {key!r}")
+    if not isinstance(value, (list, tuple)) or any(not isinstance(v, str) for v in value):
+        raise SpmdsimError(f"case key {key!r} must be a list of axis names, got {value!r}")
+    return tuple(value)
+
+
+def _tensor_map(data: Mapping) -> tuple:
+    value = data["tensor_map"]
+    if isinstance(value, str):
+        return parse_tensor_map(value)
+    if not isinstance(value, (list, tuple)):
+        raise SpmdsimError(
+            f"case key 'tensor_map' must be a list of entries (axis name, null or list "
+            f"of axis names), got {value!r}"
+        )
+    for entry in value:
+        ok = entry is None or isinstance(entry, str) or (
+            isinstance(entry, (list, tuple)) and all(isinstance(a, str) for a in entry)
+        )
+        if not ok:
+            matrix, names = data.get("device_matrix"), data.get("alias_name")
+            if not (isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names)):
+                names = default_axis_names(len(matrix)) if isinstance(matrix, (list, tuple)) else ()
+            raise SpmdsimError(
+                f"case key 'tensor_map' entry {entry!r} must be an axis name, null or a "
+                f"list of axis names{integer_map_hint(value, names, json_form=True)}"
+            )
+    return tuple(tuple(e) if isinstance(e, list) else e for e in value)
+
+
+def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
+    """For a map of plain axis names too long for a 1-D tensor: how to write them as one entry.
+
+    "(b,a)" parses like a Python tuple, as two entries b and a; the user may
+    have meant one dim split over b then a. Returns "" when that reading does
+    not fit (the map is short enough, or holds None or a tuple).
+    """
+    names = []
+    for entry in entries:
+        if isinstance(entry, (tuple, list)) and len(entry) == 1:
+            entry = entry[0]
+        if not isinstance(entry, str) or entry in ("None", "none", "null"):
+            return ""
+        names.append(entry)
+    if ndim != 1 or len(names) <= 1:
+        return ""
+    flag = ",".join(names)
+    return (
+        f'; for one dim split over {" then ".join(names)}, write "(({flag}))" '
+        f"(JSON: {json.dumps([names])})"
+    )
+
+
+# The flag that gives each case key, for messages: a user of the flags never typed the key.
+_FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
+            "shape": "--shape", "placement": "--placement", "placements": "--placements",
+            "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy",
+            "world_size": "--world-size", "operand": "--operand", "partial": "--partial", "cut": "--cut"}
+
+
+def _axis_number(entry: Any) -> Optional[int]:
+    """`entry` as an axis number (1, -1, "1", "-1"), or None where it is none."""
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        return entry
+    if isinstance(entry, str) and entry.lstrip("-").isdigit() and entry.count("-") <= 1:
+        return int(entry)
+    return None
+
+
+def integer_map_hint(entries: Sequence[Any], names: Sequence[str], json_form: bool = False) -> str:
+    """For a tensor map holding axis numbers (MindSpore's integer tensor_map: axes counted from the right,
+    -1 for none), which spmdsim does not read: the hint (layout.py's words), with the map written by the
+    names of `names` (the mesh axes) where every entry is such a number for them."""
+    numbers = [_axis_number(e) for e in entries]
+    if not any(n is not None for n in numbers):
+        return ""
+    hint = " (an axis number? MindSpore's integer tensor_map is not read: write the axis's name"
+    if names and all(n is not None and -1 <= n < len(names) for n in numbers):
+        written = [None if n == -1 else names[len(names) - 1 - n] for n in numbers]
+        hint += (f"; this map by name is {json.dumps(written)}" if json_form else
+                 f"; this map by name is --tensor-map {','.join(str(w) for w in written)}")
+    return hint + ")"
+
+
+def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], form: str) -> tuple[str, ...]:
+    """The mesh axis names of a case without "alias_name": ``axis_0, axis_1, ...``, as everywhere
+    (docs/reference/dialects.md). A case that names other axes in its map (or `partial`) lacks its --alias."""
+    names = default_axis_names(count)
+    used = [a for e in entries for a in ((e,) if isinstance(e, str) else e if isinstance(e, (list, tuple)) else ())]
+    unknown = [a for a in [*used, *partial] if isinstance(a, str) and a not in names + ("None", "none", "null")]
+    if unknown:
+        hint = integer_map_hint(entries, names) if form == "layout" and _axis_number(unknown[0]) is not None else ""
+        raise SpmdsimError(f"--alias is missing (case key 'alias_name'), needed by the {form} form: axis "
+                           f"{unknown[0]!r} is none of the default names {', '.join(names)}{hint}")
+    return names
+
+
+def world_size_mismatch(world: Any, key: str, matrix: Sequence[int]) -> str:
+    """Why ``--world-size`` (case key "world_size") does not go with the mesh under `key`: the flags and keys."""
+    devices = math.prod(matrix)
+    return (f"{_flag_text('world_size', world)} does not match {_flag_text(key, matrix)}, which has "
+            f"{counted(devices, 'device')}; expected {devices} (or leave --world-size out)")
+
+
+def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
+    for key in keys:
+        if key not in data:
+            raise SpmdsimError(f"{_FLAG_OF.get(key, key)} is missing (case key {key!r}), "
+                               f"needed by the {form} form")
+
+
+def with_partial_axes(tl: TensorLayout, partial: Sequence[str], given: str,
+                      named: Callable[[str], str]) -> TensorLayout:
+    """`tl` with the `partial` axes added to those it holds pending already (an SBP's P, DTensor's Partial).
+
+    `given` names the dialect value `tl` was read from as the user wrote it (``--placements 'S(0),R'``) and
+    `named(axis)` the flag that gave an axis: an axis that cannot be pending is refused in those terms, not
+    in those of the tensor map the value became (``("axis_0", None)``), which the user never wrote.
+    """
+    if not partial:
+        return tl
+    names = tl.layout.alias_name
+    for axis in partial:
+        if axis not in names:
+            raise SpmdsimError(f"{named(axis)} is no mesh axis of {given}; expected one of {', '.join(names)}")
+        split = [d for d, axes in enumerate(tl.tensor_map) if axis in axes]
+        if split:
+            free = [a for a in names if a not in tl.split_axes]
+            way = (f"expected an axis the tensor is not split over: {', '.join(free)}" if free else
+                   "every mesh axis splits the tensor, none is left to hold pending sums")
+            raise SpmdsimError(f"{named(axis)}: {given} splits tensor dim {split[0]} over mesh axis {axis!r}, "
+                               f"which cannot also hold pending sums; {way}")
+    return tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
+
+
+def indivisible(tl: TensorLayout, shape: Sequence[int]) -> bool:
+    """Whether a dim of `shape` does not divide by its shard count under `tl` (a shape of tl's rank)."""
+    return len(shape) == tl.ndim and any(n % k for n, k in zip(shape, tl.shards_per_dim))
+
+
+def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
+    """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2); '' or '()' -> () (a scalar's shape)."""
+    try:
+        parts = split_top_level(text)
+        values = tuple(int(p) for p in parts if p)
+    except ValueError:
+        raise SpmdsimError(f"{key} {text!r} must be comma-separated integers such as 2,4") from None
+    if len(values) != len(parts) and parts != [""]:  # '4,,2': a size left out, not a shape of 2 dims
+        raise SpmdsimError(f"{key} {text!r} has an empty entry; expected comma-separated integers such as 2,4")
+    return values

@@ -1,0 +1,182 @@
+"""The parallel configurations of a GPT that `search` (spmdsim.tools.estimate.search) chooses among.
+
+Each configuration sets tensor parallel tp, pipeline stages pp and virtual stages v, data parallel dp,
+expert parallel ep (with MoE layers), microbatches, recomputation, ZeRO and sequence parallelism; the
+rules they obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`,
+`fixed_configurations` keeps the configurations that have those degrees.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ...errors import SpmdsimError
+from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
+from ...models.gpt.pipeline import pipeline_layout_problem
+from ...programs.pipeline.records import MAX_PAIRS
+
+__all__ = ["Config", "configurations", "vocab_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
+           "fixed_configurations"]
+
+#: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
+MAX_CONFIGS = 200_000
+
+RECOMPUTE = ("none", "selective", "full")
+#: The ZeRO stages searched (spmdsim.models.gpt.memory.ZERO): 1 and 2 only with more than one data-parallel rank.
+ZERO = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to train the GPT: the mesh, the schedule, recomputation, ZeRO and sequence parallelism."""
+
+    tp: int
+    pp: int
+    dp: int
+    sp: bool
+    microbatches: int
+    virtual: int
+    recompute: str
+    zero: int
+    ep: int = 1  # expert-parallel ranks of a stage (a GPT with MoE layers; the dense layers' batch: dp x ep)
+    # layers per chunk in pipeline order (spmdsim.models.gpt.stages.chunk_parts; `spmdsim estimate --stage-layers`); None,
+    # as the search makes every configuration: balanced
+    split: Optional[tuple] = None
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.virtual > 1 else "1f1b"
+
+    def short(self) -> str:
+        return (f"tp {self.tp}{' sp' if self.sp else ''}, pp {self.pp}" + (f" v {self.virtual}" if self.virtual > 1
+                else "") + f", dp {self.dp}" + (f", ep {self.ep}" if self.ep > 1 else "")
+                + f", {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
+
+
+def vocab_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
+    """A line naming the tensor-parallel sizes the vocabulary alone leaves out (each divides the devices and the
+    heads within a node, not the embedding's rows), with the padding that lets them in; "" when none is."""
+    lost = [tp for tp in _tensor_parallel(cfg, devices, gpus_per_node) if cfg.padded_vocab % tp]
+    if not lost:
+        return ""
+    pad = 128 * math.lcm(*lost)  # Megatron pads to a multiple of 128 x tp: one for every tp left out
+    return (f"tp {', '.join(map(str, lost))} left out: they do not divide vocab {cfg.vocab_words} (the embedding is "
+            f"split over tp); pad it, e.g. vocab_pad_to={pad} (Megatron pads to 128 x tp)")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
+    """The tp sizes that divide the devices and the heads within a node (the vocabulary aside); the key/value
+    heads and the MLP's hidden width too, where Llama's options (GPTConfig kv_heads, ffn) make them differ."""
+    return [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp and not cfg.kv % tp
+            and not cfg.hidden % tp]
+
+
+def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
+    """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch)."""
+    out: list[Config] = []
+    for tp in _tensor_parallel(cfg, devices, gpus_per_node):
+        if cfg.padded_vocab % tp:
+            continue
+        for pp, ep in itertools.product(_divisors(devices // tp), _eps(cfg, devices // tp)):
+            if (devices // tp) % (pp * ep):
+                continue
+            dp = devices // (tp * pp * ep)
+            data = dp * ep  # the dense layers' batch is split over dp x ep
+            if cfg.layers % pp or cfg.batch % data:
+                continue
+            virtuals = [1] + ([v for v in _divisors(cfg.layers // pp) if v > 1] if pp > 1 else [])
+            for m, v in itertools.product(_divisors(cfg.batch // data), virtuals):
+                if (v > 1 and m % pp) or pp * m * v > MAX_PAIRS:  # more pairs than a schedule runs
+                    continue
+                for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
+                    if (sp and (tp == 1 or cfg.seq % tp)) or (zero and data == 1):
+                        continue
+                    if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v, ep=ep) is not None:
+                        continue
+                    out.append(Config(tp, pp, dp, sp, m, v, recompute, zero, ep))
+                    if len(out) > MAX_CONFIGS:
+                        raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
+                                           "devices; expected fewer: a smaller global batch or fewer layers")
+    return out
+
+
+#: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each.
+FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, "mb": "microbatches",
+           "recompute": "recompute", "zero": "zero", "sp": "sp"}
+
+
+def parse_fixed(items: Any) -> dict[str, Any]:
+    """{Config field: value} of `--fix NAME=VALUE` items (NAME among FIXABLE), each checked; one line otherwise."""
+    names = ", ".join(FIXABLE)
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for item in items:
+        name, sep, text = str(item).partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name or not text:
+            raise SpmdsimError(f"--fix {item!r} must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of "
+                               f"{names})")
+        if name not in FIXABLE:
+            raise SpmdsimError(f"--fix {name}={text} holds an operator's strategy; with --machine --fix holds a "
+                               f"degree of the configuration, one of {names} (e.g. --fix tp=8)")
+        if name == "recompute":
+            if text not in RECOMPUTE:
+                raise SpmdsimError(f"--fix recompute={text} must be one of {', '.join(RECOMPUTE)}")
+            value: Any = text
+        elif name in ("zero", "sp"):
+            can = ("0", "1", "2") if name == "zero" else ("0", "1")  # ZERO; sp off or on
+            if text not in can:
+                raise SpmdsimError(f"--fix {name}={text} must be {', '.join(can[:-1])} or {can[-1]}")
+            value = bool(int(text)) if name == "sp" else int(text)
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                value = 0
+            if value < 1 or str(value) != text.lstrip("+"):
+                raise SpmdsimError(f"--fix {name}={text} must be an integer >= 1")
+        field_ = FIXABLE[name]
+        if field_ in out and out[field_] != value:
+            raise SpmdsimError(f"--fix {name}={given[field_]} and --fix {name}={text} hold {name} two ways; give one")
+        out[field_], given[field_] = value, text
+    return out
+
+
+def _shown(field_: str, value: Any) -> str:
+    """A fixed value as `--fix` spells it (sp 1, not True)."""
+    name = next(n for n, f in FIXABLE.items() if f == field_)
+    return f"{name}={int(value) if isinstance(value, bool) else value}"
+
+
+def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
+    """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed);
+    one line naming the first degree that leaves none and the values it can take (with the degrees before it)."""
+    done: list[str] = []
+    for field_, value in (fixed or {}).items():
+        if field_ not in FIXABLE.values():
+            raise SpmdsimError(f"fixed degree {field_!r} is unknown; expected one of {tuple(FIXABLE.values())!r}")
+        left = [c for c in configs if getattr(c, field_) == value]
+        if not left:
+            name = _shown(field_, value).split("=")[0]
+            can = sorted({getattr(c, field_) for c in configs},
+                         key=lambda v: RECOMPUTE.index(v) if isinstance(v, str) else int(v))
+            values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
+            beside = f" with --fix {', '.join(done)}" if done else ""
+            raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "
+                               f"devices{beside}; {name} can be {values}")
+        configs = left
+        done.append(_shown(field_, value))
+    return configs
+
+
+def _eps(cfg: Any, ranks: int) -> list[int]:
+    """The expert-parallel sizes to try: the divisors of `ranks` that divide the experts (1 without MoE)."""
+    if cfg.moe is None:
+        return [1]
+    return [e for e in _divisors(ranks) if cfg.moe.experts % e == 0]

@@ -1,0 +1,248 @@
+"""A machine's values (spmdsim.tools.estimate.machine reads and writes them as machine files): the GPU's
+peaks and memory, the links of each level, the GEMM efficiency model, each checked when it is made, with
+one-line refusals that name the key as a machine file spells it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from ...errors import SpmdsimError
+from .records import LEVELS
+
+__all__ = ["Machine", "Link", "GemmEfficiency", "Achieved", "DTYPES", "ALGORITHMS", "EFFICIENCY_MODELS",
+           "normalize_dtype"]
+
+
+#: Dtypes a machine file may give a peak for, and their bytes per element (the roofline's traffic).
+DTYPES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+
+
+#: Other spellings of the same dtypes (numpy's names and common short ones).
+_DTYPE_ALIASES = {"float64": "fp64", "double": "fp64", "f8": "fp64", "float32": "fp32", "float": "fp32",
+                  "single": "fp32", "f4": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                  "f2": "fp16"}
+
+
+#: Collective algorithms (the rows of spmdsim.programs.cost.model's table; kept equal to its ALGORITHMS by a test).
+ALGORITHMS = ("ring", "tree")
+
+
+#: GEMM efficiency models a file may name.
+EFFICIENCY_MODELS = ("roofline",)
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """The machine-file name of a dtype: ``"bfloat16"`` -> ``"bf16"``, ``np.float32`` -> ``"fp32"``."""
+    text = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    key = text.strip().lower()
+    return _DTYPE_ALIASES.get(key, key)
+
+
+def _fail(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
+    shown = "missing" if value is _MISSING else f"{value!r:.80}"
+    return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
+
+
+_MISSING = object()
+
+
+def _number(where: str, key: str, value: Any, expected: str, *, positive: bool = True) -> float:
+    """A finite number (> 0, or >= 0 where not `positive`), as float."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= 0 if positive else value < 0):
+        raise _fail(where, key, value, expected)
+    return float(value)
+
+
+def _integer(where: str, key: str, value: Any, expected: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(where, key, value, expected)
+    return value
+
+
+def _text(where: str, key: str, value: Any, expected: str = "a non-empty string") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, key, value, expected)
+    return value
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """The fraction of a datasheet rate a real kernel or collective reaches, and where that figure comes from."""
+
+    fraction: float
+    source: str
+
+    def __post_init__(self) -> None:
+        _check_achieved("Achieved", "", self.fraction, self.source)
+
+
+def _check_achieved(where: str, key: str, fraction: Any, source: Any) -> None:
+    ok = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+    if not ok or not 0 < fraction <= 1:
+        raise _fail(where, f"{key}fraction", fraction, "a number in (0, 1] (fraction achieved)")
+    _text(where, f"{key}source", source, "a citation string, or 'assumption: ...'")
+
+
+def _achieved(where: str, key: str, value: Any) -> Achieved:
+    """An `Achieved` from a file's ``{"fraction": f, "source": "..."}`` at `key`, checked."""
+    if not isinstance(value, Mapping):
+        raise _fail(where, key, value, "an object with 'fraction' and 'source'")
+    for name in value:
+        if name not in ("fraction", "source"):
+            raise _fail(where, f"{key}.{name}", value[name], "no such key; ('fraction', 'source')")
+    fraction, source = value.get("fraction", _MISSING), value.get("source", _MISSING)
+    _check_achieved(where, f"{key}.", fraction, source)
+    return Achieved(float(fraction), source)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level's link: bandwidth in bytes/s per GPU per direction, latency in seconds per message,
+    and the fraction of that bandwidth a collective achieves (`efficiency`, None: all of it)."""
+
+    bandwidth: float
+    latency: float
+    efficiency: Optional[Achieved] = None
+
+    def __post_init__(self) -> None:
+        _number("Link", "bandwidth", self.bandwidth, "a number > 0 (bytes/s per GPU per direction)")
+        _number("Link", "latency", self.latency, "a number >= 0 (seconds)", positive=False)
+        if self.efficiency is not None and not isinstance(self.efficiency, Achieved):
+            raise _fail("Link", "efficiency", self.efficiency, "an Achieved(fraction, source) or None")
+
+    @property
+    def achieved(self) -> float:
+        """The bandwidth a collective sees: bandwidth times the efficiency's fraction."""
+        return self.bandwidth * (1.0 if self.efficiency is None else self.efficiency.fraction)
+
+
+@dataclass(frozen=True)
+class GemmEfficiency:
+    """The roofline capped at `max_fraction` of peak (module docstring); `source` says where it comes from."""
+
+    max_fraction: float
+    source: str
+    model: str = "roofline"
+
+    def __post_init__(self) -> None:
+        _check_efficiency("GemmEfficiency", "", self.model, self.max_fraction, self.source)
+
+
+def _check_efficiency(where: str, prefix: str, model: Any, max_fraction: Any, source: Any) -> None:
+    if model not in EFFICIENCY_MODELS:
+        raise _fail(where, prefix + "model", model, f"one of {EFFICIENCY_MODELS!r}")
+    ok = isinstance(max_fraction, (int, float)) and not isinstance(max_fraction, bool)
+    if not ok or not 0 < max_fraction <= 1:
+        raise _fail(where, prefix + "max_fraction", max_fraction, "a number in (0, 1] (fraction of peak)")
+    _text(where, prefix + "source", source)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One GPU of a cluster and its links: the figures `spmdsim.tools.estimate.steptime` prices a step with.
+
+    Attributes:
+        name, description: what the machine is.
+        sources: where each figure comes from (title, URL, which figure), or "assumption: ...".
+        gpus_per_node: GPUs (ranks) sharing one node's fast links.
+        memory_bytes: memory of one GPU.
+        peak_flops: ((dtype, FLOP/s), ...): dense peak per dtype ("bf16", "fp16", "tf32", "fp32", "fp64").
+        hbm_bandwidth: memory bandwidth of one GPU, bytes/s.
+        gemm_efficiency: the achieved fraction of peak as a function of a GEMM's shape.
+        node, cluster: the `Link` of each level (records.LEVELS).
+        algorithm: "ring" or "tree": which formulas of spmdsim.programs.cost.model price a collective.
+        reduction_rate: bytes/s a GPU reduces in a reducing collective, or None (reduction free).
+        hbm_efficiency: the fraction of hbm_bandwidth a memory-bound kernel reaches, or None (all of it).
+    """
+
+    name: str
+    description: str
+    sources: tuple[str, ...]
+    gpus_per_node: int
+    memory_bytes: int
+    peak_flops: tuple[tuple[str, float], ...]
+    hbm_bandwidth: float
+    gemm_efficiency: GemmEfficiency
+    node: Link
+    cluster: Link
+    algorithm: str = "ring"
+    reduction_rate: float | None = field(default=None)
+    hbm_efficiency: Optional[Achieved] = None
+
+    def __post_init__(self) -> None:
+        where = f"machine {self.name!r}"
+        _text(where, "name", self.name)
+        object.__setattr__(self, "sources", tuple(self.sources))
+        object.__setattr__(self, "peak_flops", tuple((str(d), p) for d, p in dict(self.peak_flops).items()))
+        _check_fields(where, {"description": self.description, "sources": list(self.sources),
+                              "gpus_per_node": self.gpus_per_node, "memory_bytes": self.memory_bytes,
+                              "peak_flops": dict(self.peak_flops), "hbm_bandwidth": self.hbm_bandwidth,
+                              "algorithm": self.algorithm, "reduction_rate": self.reduction_rate})
+        for level in LEVELS:
+            if not isinstance(getattr(self, level), Link):
+                raise _fail(where, level, getattr(self, level), "a Link(bandwidth, latency)")
+        if not isinstance(self.gemm_efficiency, GemmEfficiency):
+            raise _fail(where, "gemm_efficiency", self.gemm_efficiency, "a GemmEfficiency")
+        if self.hbm_efficiency is not None and not isinstance(self.hbm_efficiency, Achieved):
+            raise _fail(where, "hbm_efficiency", self.hbm_efficiency, "an Achieved(fraction, source) or None")
+
+    @property
+    def hbm_achieved(self) -> float:
+        """Bytes/s a memory-bound kernel moves: hbm_bandwidth times hbm_efficiency's fraction."""
+        return self.hbm_bandwidth * (1.0 if self.hbm_efficiency is None else self.hbm_efficiency.fraction)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes this machine gives a peak for."""
+        return tuple(d for d, _ in self.peak_flops)
+
+    def peak(self, dtype: Any) -> float:
+        """Peak FLOP/s for `dtype` (any spelling `normalize_dtype` reads)."""
+        key = normalize_dtype(dtype)
+        for name, value in self.peak_flops:
+            if name == key:
+                return value
+        raise SpmdsimError(f"dtype {dtype!r} has no peak in machine {self.name!r}; "
+                           f"expected one of {self.dtypes!r}")
+
+    def link(self, level: str) -> Link:
+        """The `Link` of `level` ("node" or "cluster")."""
+        if level not in LEVELS:
+            raise SpmdsimError(f"level {level!r} is unknown; expected one of {LEVELS!r}")
+        return getattr(self, level)
+
+    def gemm_efficiency_of(self, dtype: Any, batch: int, m: int, n: int, k: int) -> float:
+        """Achieved fraction of `dtype`'s peak for a (batch of) m x k @ k x n product (module docstring)."""
+        peak = self.peak(dtype)
+        traffic = DTYPES[normalize_dtype(dtype)] * batch * (m * k + k * n + m * n)
+        flops = 2 * batch * m * n * k
+        if flops == 0:
+            return self.gemm_efficiency.max_fraction
+        return min(self.gemm_efficiency.max_fraction, flops / traffic * self.hbm_bandwidth / peak)
+
+
+def _check_fields(where: str, data: Mapping[str, Any]) -> None:
+    """The plain fields of a machine (not links, not the efficiency model), named as in the file."""
+    _text(where, "description", data["description"])
+    sources = data["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise _fail(where, "sources", sources, "a non-empty list of citation strings")
+    for i, text in enumerate(sources):
+        _text(where, f"sources[{i}]", text, "a citation string (title, URL, which figure)")
+    _integer(where, "gpus_per_node", data["gpus_per_node"], "an integer >= 1")
+    _integer(where, "memory_bytes", data["memory_bytes"], "an integer >= 1 (bytes per GPU)")
+    peaks = data["peak_flops"]
+    if not isinstance(peaks, Mapping) or not peaks:
+        raise _fail(where, "peak_flops", peaks, f"an object of FLOP/s per dtype, dtypes among {tuple(DTYPES)!r}")
+    for dtype, value in peaks.items():
+        if dtype not in DTYPES:
+            raise _fail(where, f"peak_flops.{dtype}", value, f"a dtype among {tuple(DTYPES)!r}")
+        _number(where, f"peak_flops.{dtype}", value, "a number > 0 (FLOP/s)")
+    _number(where, "hbm_bandwidth", data["hbm_bandwidth"], "a number > 0 (bytes/s)")
+    if data["algorithm"] not in ALGORITHMS:
+        raise _fail(where, "algorithm", data["algorithm"], f"one of {ALGORITHMS!r}")
+    if data["reduction_rate"] is not None:
+        _number(where, "reduction_rate", data["reduction_rate"], "a number > 0 (bytes/s reduced) or null")

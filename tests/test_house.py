@@ -1,0 +1,102 @@
+"""The house's rules, read from the source with `ast` (tests/importkit.py): floors, cycles, sizes.
+
+The package stands in floors, bottom to top (docs/explanation/architecture.md): base, layouts, references, programs,
+runtime, emulator, nn, models, tools. A module imports only modules of its own floor or the floors below,
+imports inside functions included (mpi4py counts as the runtime floor: nothing below the runtime loads it).
+Within the floors listed in CYCLE_FREE, no import cycle counting imports inside functions; within those in
+SIZED, no module over 400 lines and no function over 75 lines. The lists widen as each floor is brought to
+the rules.
+"""
+from __future__ import annotations
+
+import ast
+
+import importkit
+
+FLOORS = ("base", "layouts", "references", "programs", "runtime", "emulator", "nn", "models", "tools")
+
+#: Outside packages that belong to a floor: importing one is importing that floor.
+OUTSIDE = {"mpi4py": "runtime"}
+
+#: Floors held to the cycle rule below (the others are being brought to it).
+CYCLE_FREE = ("base", "layouts", "references", "programs", "tools")
+
+#: Floors held to the size rules below.
+SIZED = ("base", "references", "programs", "tools")
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 75
+
+
+def floor_of(module: str) -> int | None:
+    """The floor index of a spmdsim module or an outside package; None for the loose modules at the top
+    (spmdsim/__init__, __main__, errors, _lazy), which any floor may import, and other outside packages."""
+    if module in OUTSIDE:
+        return FLOORS.index(OUTSIDE[module])
+    parts = module.split(".")
+    if parts[0] == importkit.TOP and len(parts) > 1 and parts[1] in FLOORS:
+        return FLOORS.index(parts[1])
+    return None
+
+
+def in_floors(module: str, floors: tuple[str, ...]) -> bool:
+    return any(module == f"{importkit.TOP}.{f}" or module.startswith(f"{importkit.TOP}.{f}.") for f in floors)
+
+
+def test_no_module_imports_a_higher_floor():
+    found = []
+    for module, imports in sorted(importkit.scan().items()):
+        own = floor_of(module)
+        if own is None:
+            continue
+        for imp in imports:
+            target = floor_of(imp.target)
+            if target is not None and target > own:
+                where = "at import" if imp.at_import else "inside a function"
+                found.append(f"  {module}:{imp.line} ({FLOORS[own]}) imports {imp.target} ({FLOORS[target]}), "
+                             f"{where}: {imp.statement}")
+    assert not found, "imports of a higher floor:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_in_these_floors_counting_imports_inside_functions():
+    scanned = importkit.scan()
+    graph = {m: {i.target for i in imports if i.target in scanned} for m, imports in scanned.items()}
+    found = [members for members in importkit.cycles(graph) if any(in_floors(m, CYCLE_FREE) for m in members)]
+    assert not found, "import cycles (imports inside functions included):\n" + "\n".join(
+        f"  {', '.join(members)}" for members in found)
+
+
+def _sizes():
+    """(module, lines, [(function, lines)]) for every module of the SIZED floors."""
+    for module, path in sorted(importkit.module_paths().items()):
+        if not in_floors(module, SIZED):
+            continue
+        text = path.read_text()
+        functions = [(f"{node.name}:{node.lineno}", node.end_lineno - node.lineno + 1)
+                     for node in ast.walk(ast.parse(text, str(path)))
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        yield module, len(text.splitlines()), functions
+
+
+def test_modules_of_these_floors_read_in_one_sitting():
+    big = [f"  {module}: {lines} lines" for module, lines, _ in _sizes() if lines > MAX_MODULE_LINES]
+    assert not big, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(big)
+
+
+def test_functions_of_these_floors_are_short():
+    long = [f"  {module}.{name}: {lines} lines" for module, _, functions in _sizes()
+            for name, lines in functions if lines > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_rules_see_the_package():
+    """Spot checks, so an empty scan cannot pass the tests above."""
+    sizes = {module: (lines, functions) for module, lines, functions in _sizes()}
+    assert len(sizes) > 50
+    assert "spmdsim.tools.cli.main" in sizes and "spmdsim.errors" not in sizes
+    assert any(name.startswith("main:") for name, _ in sizes["spmdsim.tools.cli.main"][1])
+    assert floor_of("spmdsim.tools.cli.main") == FLOORS.index("tools")
+    assert floor_of("mpi4py") == FLOORS.index("runtime") > floor_of("spmdsim.programs.plan.planner")
+    assert floor_of("spmdsim.errors") is None and floor_of("numpy") is None
+    # An import inside a function is in the scan (the floors count it).
+    assert any(not i.at_import for imports in importkit.scan().values() for i in imports)
