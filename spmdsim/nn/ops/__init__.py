@@ -24,7 +24,9 @@ from .pointwise import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp,
                         minimum, mul, neg, not_equal, pow, remainder, round, rsqrt, sigmoid, sign, silu, sin, sqrt,
                         square, sub, tanh, where)
 from .reduce import argmax, argmin, max, mean, min, prod, sum, var
-from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
+from .methods import bind_dtensor as _bind_dtensor
+
+_bind_dtensor()  # the runtime's DTensor calls these operators: x + y, x @ w, x.sum(), np.exp(x), x.view(...)
 
 concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
 
