@@ -38,8 +38,8 @@ TABLES = (
     ("spmdsim.nn.ops.norms", "_WHOLE", 1024),
     ("spmdsim.nn.ops.norms", "_AFFINE_DTYPES", 256),
     ("spmdsim.nn.ops.norms", "_LAYER_NORMS", 1024),
-    ("spmdsim.nn.ops.norms", "_MASKS", 256),
-    ("spmdsim.nn.ops.norms", "_GEOMETRY", 1024),
+    ("spmdsim.nn.ops.masks", "_MASKS", 256),
+    ("spmdsim.nn.ops.masks", "_GEOMETRY", 1024),
     ("spmdsim.programs.plan.volume", "_HELD", 16384),
     ("spmdsim.programs.plan.planner", "_LAYOUTS", 65536),
     ("spmdsim.programs.plan.planner", "_VALIDATED", 4096),  # (stops adding when full: a repeat then plans again)

@@ -150,22 +150,22 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
                 sys.setprofile(None)
 
     _train_three_steps("graph", around)
-    rules = "autograd/rules/"
+    rules = "nn/autograd/rules/"
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
-           (rules + "einsum.py", "<listcomp>"), ("ops/pointwise.py", "<listcomp>"), ("ops/einsum.py", "<listcomp>"),
-           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_new_leaf_plan"),
+           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/einsum.py", "<listcomp>"),
+           ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/engine.py", "_new_leaf_plan"),
            (rules + "grads.py", "gradient_block"),  # (attention's transposed dq, dk, dv: copied by grad_tensor)
            ("runtime/replay.py", "recorded")]  # (kernels called through replay.kernels' namespaces: no wrapper)
     assert {key: calls[key] for key in cut if key in calls} == {}
     # Blocks read as ``x._local`` after this thread's capture test, not through DTensor.local's function: a few
     # reads off the hot operators' paths remain (a transpose, the loss's backward, the ids' check ...).
     assert calls.get(("runtime/replay.py", "local_of"), 0) <= 8, calls.get(("runtime/replay.py", "local_of"))
-    assert calls.get(("autograd/engine.py", "_leaf_plan")) == 1
+    assert calls.get(("nn/autograd/engine.py", "_leaf_plan")) == 1
     # every node: `attach`'s (`record` calls it; prepared calls and fused pieces too) and the moves' (built by
     # `_Recorded.moved` itself)
-    nodes = calls[("autograd/graph.py", "attach")] + calls.get(("autograd/graph.py", "moved"), 0)
-    prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
+    nodes = calls[("nn/autograd/graph.py", "attach")] + calls.get(("nn/autograd/graph.py", "moved"), 0)
+    prepared = calls.get(("nn/autograd/engine.py", "_prepared"), 0)
     assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)
 
 
@@ -203,10 +203,10 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     assert ("_move", "_walk") not in called and ("__eq__", "_gathered") not in called
     # two gradients of one tensor in one layout object (a residual stream's) summed by the walk itself
     assert ("add_grads", "_walk") not in called
-    assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "autograd/rules/fused.py"}
-    assert {k for k in [("datagen.py", "with_seed"), ("datagen.py", "at_least"), ("ops/norms.py", "kernel"),
-                        ("buffers.py", "_sized")] if k in callees} == set()
-    assert ("datagen.py", "uniform_at_least") in callees  # (the masks are drawn: the fast path is the one taken)
+    assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "nn/autograd/rules/fused.py"}
+    assert {k for k in [("layouts/datagen.py", "with_seed"), ("layouts/datagen.py", "at_least"), ("nn/ops/norms.py", "kernel"),
+                        ("nn/ops/normalize.py", "kernel"), ("base/buffers.py", "_sized")] if k in callees} == set()
+    assert ("layouts/datagen.py", "uniform_at_least") in callees  # (the masks are drawn: the fast path is the one taken)
     # A repeated Allgather or Reduce_scatter move runs its kept collective call from `redistribute` itself (no
     # runner's and no collective's frame), a move's node is built by `moved` itself, a gradient sum without
     # DTensor._trusted's frame, a buffer without current()'s, the fused rules' blocks without `_made`'s and
@@ -224,7 +224,7 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     assert {("empty", "redistribute"), ("_normalize", "normal_values"), ("any_open", "normal_values"),
             ("make_dtensor", "attention")} & called == set()
     assert ("kept_empty", "redistribute") in called
-    assert {n for f, n, cf, c in seen if cf == "autograd/rules/fused.py" and c == "__call__"} & {"_made", "is_low"} \
+    assert {n for f, n, cf, c in seen if cf == "nn/autograd/rules/fused.py" and c == "__call__"} & {"_made", "is_low"} \
         == set()
 
 
@@ -268,10 +268,10 @@ def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_prod
                 counting[0] = False
 
     _train_three_steps("graph", around)
-    moves = seen.get(("redistribute", "autograd/engine.py", "_walk"), 0)
+    moves = seen.get(("redistribute", "nn/autograd/engine.py", "_walk"), 0)
     assert moves > 0 and len(looked) == moves, (len(looked), moves)  # (a move's each; none for the others)
-    assert ("pair_plain", "autograd/rules/einsum.py", "__call__") not in seen
-    assert sum(v for (n, f, c), v in seen.items() if n == "plain" and f == "autograd/rules/einsum.py") > 0
+    assert ("pair_plain", "nn/autograd/rules/einsum.py", "__call__") not in seen
+    assert sum(v for (n, f, c), v in seen.items() if n == "plain" and f == "nn/autograd/rules/einsum.py") > 0
 
 
 def test_a_layouts_walk_mark_is_no_part_of_its_value():

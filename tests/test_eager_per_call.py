@@ -84,12 +84,12 @@ def test_a_repeated_steps_fused_and_rule_products_skip_the_recipes_test():
     callers = {(name, where, fn) for (name, where, fn) in calls}
     # The fused pieces' repeats: the recipe's `plain` function, kept in their call signature's entry
     for fn in ("einsum_bias", "reshape_einsum"):
-        assert ("plain", "ops/fused.py", fn) in callers, (fn, sorted(callers))
-        assert not {c for c in callers if c[1:] == ("ops/fused.py", fn) and c[0] != "plain"}, fn
+        assert ("plain", "nn/ops/fused.py", fn) in callers, (fn, sorted(callers))
+        assert not {c for c in callers if c[1:] == ("nn/ops/fused.py", fn) and c[0] != "plain"}, fn
     # The einsum rule's kept case: the recipe's `plain` function, kept with its dY layout's entry (under the even
     # cut), called without pair_plain's frame; and no general `_pair`
-    assert ("plain", "autograd/rules/einsum.py", "__call__") in callers, sorted(callers)
-    assert not {c for c in callers if c[1:] == ("autograd/rules/einsum.py", "__call__") and c[0] != "plain"}, \
+    assert ("plain", "nn/autograd/rules/einsum.py", "__call__") in callers, sorted(callers)
+    assert not {c for c in callers if c[1:] == ("nn/autograd/rules/einsum.py", "__call__") and c[0] != "plain"}, \
         sorted(callers)
     assert calls.get(("plain", "contraction.py", "pair_plain"), 0) == sum(
         v for (name, _, _), v in calls.items() if name == "pair_plain")

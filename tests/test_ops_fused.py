@@ -42,7 +42,7 @@ def _separate_reshape_einsum(x, shape, spec, w):
 
 
 def _separate_norm(x, w=None, b=None, centre=True):
-    from spmdsim.nn.ops.norms import _normalized
+    from spmdsim.nn.ops.normalize import _normalized
 
     y = _normalized(x, 2, 1e-5, centre, "layer_norm" if centre else "rms_norm")
     y = y if w is None else y * w

@@ -18,7 +18,8 @@ from .local import reshape, transpose
 from .losses import cross_entropy, mse_loss
 from .matmul import matmul
 from .mlp import ParallelMLP
-from .norms import causal_mask, dropout, layer_norm, log_softmax, masked_fill, resolved, rms_norm, softmax
+from .masks import causal_mask, dropout, masked_fill
+from .norms import layer_norm, log_softmax, resolved, rms_norm, softmax
 from .paddle_split import paddle_mesh, split
 from .pointwise import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
                         minimum, mul, neg, not_equal, pow, remainder, round, rsqrt, sigmoid, sign, silu, sin, sqrt,

@@ -63,7 +63,8 @@ from ._common import _PLAIN_DTYPES, dry_zeros, make_dtensor, moved, prepare, pre
 from ._common import signature
 from ._common import keep_mask
 from .local import reshape
-from .norms import _mask_geometry, dropout_args, normal_values
+from .masks import _mask_geometry, dropout, dropout_args
+from .normalize import normal_values
 
 __all__ = ["einsum_bias", "residual", "reshape_einsum", "norm_affine"]
 
@@ -513,8 +514,6 @@ def _dropped(x: Any, p: float, seed: Any, mask_dims: Any, kept: bool) -> tuple:
 
 def _residual_separate(h: Any, y: Any, bias: Any, p: float, seed: Any, mask_dims: Any) -> Any:
     """`residual` as its separate operators."""
-    from .norms import dropout
-
     if bias is not None:
         y = _pointwise("add", y, bias)
     if p:
@@ -629,7 +628,7 @@ _NORMS: dict = {}
 def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any = None, bias: Any = None) -> Any:
     """layer_norm's (`centre`) or rms_norm's normalization of x along its whole last dim `d`, times `weight`,
     plus `bias` (each None: none), in one node (`kept="graph"`): the normalization's node
-    (spmdsim.nn.ops.norms._normalized), ops.mul's and ops.add's values, kept blocks and counts (see the module
+    (spmdsim.nn.ops.normalize._normalized), ops.mul's and ops.add's values, kept blocks and counts (see the module
     docstring). x's layout is resolved (nothing pending), its rows whole on every rank (the caller's checks)."""
     out, y, kept = normal_values(x, d, eps, centre, op)
     if weight is None and bias is None:

@@ -55,7 +55,7 @@ from ...runtime.engines import matmul as _engine_matmul  # precision.product: bf
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor
-from .norms import dropout_keep
+from .masks import dropout_keep
 
 __all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary"]
 

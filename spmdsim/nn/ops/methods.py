@@ -24,7 +24,8 @@ from .einsum import einsum
 from .joins import broadcast_to, concatenate, getitem, narrow, stack
 from .local import reshape, transpose
 from .matmul import matmul
-from .norms import log_softmax, masked_fill, softmax
+from .masks import masked_fill
+from .norms import log_softmax, softmax
 from .elementwise import relu as _relu
 from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round, where
 from .reduce import arg_reduce, prod as _prod, reduce, var as _var
