@@ -31,7 +31,7 @@ more Allreduce over pp adds the other stages' squares.
 
 In a dry run (shapes only) the collectives run on the dry engine's zeros and nothing is computed; the
 states and master copy it would hold (3 slices per bucket) and the update's scratch (one group of
-spmdsim.nn.optim._GROUP_ELEMENTS at most) are counted on the run's Meter.
+spmdsim.nn.adamw_flat._GROUP_ELEMENTS at most) are counted on the run's Meter.
 
 Memory, as Megatron's distributed optimizer holds it (Megatron Core user guide, "Distributed Optimizer":
 6 + 12/d bytes a parameter with bf16 parameters and fp32 main gradients): the flat buffer of step 2 is the
@@ -75,9 +75,11 @@ from ..base.buffers import CAPTURE
 from ..base.context import current
 from ..errors import OperatorError
 from ..base.flops import sweep
-from .optim import (_AG, _GRAD, _GRAD_NAMES, _LAYOUT, _LOCAL, _NONES, _SHAPE, _adam_args, _capturing, _count_step,
-                    _decay_flags, _drain, _gather_elements, _is, _is_not, _kernel, _norm_of, _Optimizer, _picker,
-                    _run_update, _squares, _step_sizes, _summed_squares, clip_coefficient)
+from .adamw_flat import _decay_flags, _gather_elements, _picker, _step_sizes
+from .clip import _norm_of, _squares, _summed_squares, clip_coefficient
+from .optim_checks import _adam_args, _capturing
+from .optimizer import (_AG, _GRAD, _GRAD_NAMES, _LAYOUT, _LOCAL, _NONES, _SHAPE, _count_step, _drain, _is, _is_not,
+                        _kernel, _Optimizer, _run_update)
 from ..base.precision import is_low
 from ..base.validate import tolerance_arg
 
@@ -104,7 +106,7 @@ class _Bucket:
     master: Any = None
     m: Any = None
     v: Any = None
-    tmp: Any = None  # the update's scratch: one group's (spmdsim.nn.optim._GROUP_ELEMENTS) at most
+    tmp: Any = None  # the update's scratch: one group's (spmdsim.nn.adamw_flat._GROUP_ELEMENTS) at most
     dp: int = 1  # the group's size
     t: int = 0  # steps taken
     loaded: bool = False  # bfloat16 parameters: the master slice was taken from them at the first step
