@@ -154,14 +154,14 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
            (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/einsum.py", "<listcomp>"),
-           ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/engine.py", "_new_leaf_plan"),
+           ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/plans.py", "_new_leaf_plan"),
            (rules + "grads.py", "gradient_block"),  # (attention's transposed dq, dk, dv: copied by grad_tensor)
            ("runtime/replay.py", "recorded")]  # (kernels called through replay.kernels' namespaces: no wrapper)
     assert {key: calls[key] for key in cut if key in calls} == {}
     # Blocks read as ``x._local`` after this thread's capture test, not through DTensor.local's function: a few
     # reads off the hot operators' paths remain (a transpose, the loss's backward, the ids' check ...).
     assert calls.get(("runtime/replay.py", "local_of"), 0) <= 8, calls.get(("runtime/replay.py", "local_of"))
-    assert calls.get(("nn/autograd/engine.py", "_leaf_plan")) == 1
+    assert calls.get(("nn/autograd/plans.py", "_leaf_plan")) == 1
     # every node: `attach`'s (`record` calls it; prepared calls and fused pieces too) and the moves' (built by
     # `_Recorded.moved` itself)
     nodes = calls[("nn/autograd/graph.py", "attach")] + calls.get(("nn/autograd/graph.py", "moved"), 0)
@@ -229,10 +229,10 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
 
 
 def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_products_by_kept_functions(monkeypatch):
-    """Rank 0's third step: the walk looks up grad_layout's answer (engine._GRAD_BY_OBJECT) only for a gradient
+    """Rank 0's third step: the walk looks up grad_layout's answer (moves._GRAD_BY_OBJECT) only for a gradient
     that moves (one that stays as it is, a parameter's pending over dp, is known by its layout object's mark,
     TensorLayout._grad_of), and an einsum rule runs its products' kept functions (no `pair_plain` frame)."""
-    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd import moves
 
     looked: list = []
     moved: list = []
@@ -244,7 +244,7 @@ def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_prod
                 looked.append(key)
             return dict.get(self, key, default)
 
-    monkeypatch.setattr(engine, "_GRAD_BY_OBJECT", Counted())
+    monkeypatch.setattr(moves, "_GRAD_BY_OBJECT", Counted())
     seen: dict = {}
     ours = os.path.dirname(spmdsim.__file__) + os.sep
 
@@ -780,10 +780,10 @@ def _opcodes(f, *args):
 
 
 def test_the_walks_order_is_searched_without_python_per_node_or_per_depth():
-    """engine._topological (a pipeline stage searches a graph each microbatch) runs as many opcodes for a chain of
+    """checks._topological (a pipeline stage searches a graph each microbatch) runs as many opcodes for a chain of
     residual diamonds 40 deep as for one 2 deep: no Python per node, input or depth; and it finds each node once,
     latest recorded first, with leaves and None inputs left out."""
-    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd import checks
     from spmdsim.nn.autograd.graph import Leaf, Node
 
     class Slot:  # a tensor's graph slot, all the search reads
@@ -803,7 +803,7 @@ def test_the_walks_order_is_searched_without_python_per_node_or_per_depth():
     counts = []
     for depth in (2, 40):
         root, made = diamonds(depth)
-        ops, order = _opcodes(engine._topological, root)
+        ops, order = _opcodes(checks._topological, root)
         assert order == made[::-1]  # each once, latest first
         counts.append(ops)
     assert counts[0] == counts[1], counts

@@ -147,7 +147,7 @@ def _case(name, precision):
 
 
 def _count_nodes(t):
-    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.nn.autograd.checks import _topological
 
     return len(_topological(t._ag))
 
@@ -205,7 +205,7 @@ def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision, mo
 
 
 def test_a_graph_block_records_16_nodes():
-    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.nn.autograd.checks import _topological
     from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.models.gpt.parallel import GPT
 
@@ -266,7 +266,7 @@ def test_a_resolved_row_parallel_output_laid_out_as_the_activations_records_no_m
     # activations already (an equal layout object, not the same), as is the embedding's lookup: no redistribute
     # node. (The lookup's identity move once made stage 0's SPMDSIM_CHECK call count equal stage 1's by chance;
     # the stages agree on their counts before the clip's Allreduce over pp now: tests/test_check_across_stages.py)
-    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.nn.autograd.checks import _topological
     from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.models.gpt.parallel import GPT
     from spmdsim.layouts.layout import TensorLayout
