@@ -10,6 +10,9 @@ from .autograd.graph import Leaf
 from ..errors import OperatorError
 from .optim_checks import _capturing, _is_scalar, _what
 from .optimizer import _kernel
+from ..runtime import debug
+from ..runtime.executor import pending, resolve
+from ..base import buffers
 
 
 def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
@@ -24,9 +27,6 @@ def _summed_squares(squares: Any, mesh: Any, across: Any) -> Any:
     """`squares` (this rank's, a 1-element float64 array) summed over `mesh` (its axes of size above 1), the
     stage's total, then once more over `across` = (mesh, axes), the other stages' (collective over that mesh;
     nothing more when `across` is None or its axes are 1)."""
-    from ..runtime import debug
-    from ..runtime.executor import pending, resolve
-
     for stages, (on, over) in enumerate(((mesh, mesh.layout.alias_name), across or (None, ()))):
         over = tuple(a for a in over if on.layout.axis_size(a) > 1)
         if over:
@@ -132,8 +132,6 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
             mine.append(g.local)
     squares = _summed_squares(_kernel(_squares)(tuple(mine), bound), mesh, across)
     if captured:  # one kernel: the norm and the scaling each replay computes again (copies when not clipped)
-        from ..base import buffers
-
         outs = tuple(buffers.empty(g.local.shape, g.local.dtype) for _, g in grads)
         norm = buffers.empty((), np.float64)
         _kernel(_clip_into)(squares, bound, eps, tuple(g.local for _, g in grads), outs, norm)

@@ -13,6 +13,8 @@ import numpy as np
 from ..base.context import current
 from ..errors import OperatorError
 from .optim_checks import _SETTINGS, _capturing, _count
+from ..runtime.replay import ReplayError
+from ..base.validate import describe
 
 
 class _Checkpoints:
@@ -105,8 +107,6 @@ class _Checkpoints:
         """state_dict / load_state_dict: not inside a captured step (the replays would not run it), not in a
         dry run (no values)."""
         if _capturing():
-            from ..runtime.replay import ReplayError
-
             raise ReplayError(f"replay: {type(self).__name__}.{what}() called inside a captured step: a replay "
                               "does not run the step's Python; call it between the steps (each replay reads the "
                               "state loaded before it)")
@@ -176,8 +176,6 @@ class _Checkpoints:
 
 
 def _describe(value: Any) -> str:
-    from ..base.validate import describe
-
     return describe(value)
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections import deque
-from itertools import compress as _compress
-from itertools import repeat
+from itertools import compress as _compress, repeat
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -20,6 +19,7 @@ from ..errors import OperatorError
 from ..base.flops import any_open, sweep
 from .optim_checks import _SETTINGS, _capturing, _learning_rate, _what
 from .optim_state import _Checkpoints
+from ..runtime.replay import kernel, ReplayError
 
 
 #: Per-parameter reads and tests done by `map` (no Python per parameter: `_Optimizer._found_again`).
@@ -51,8 +51,6 @@ class _Optimizer(_Checkpoints):
         check = _SETTINGS.get(name)
         if check is not None:
             if name in self.__dict__ and _capturing():
-                from ..runtime.replay import ReplayError
-
                 raise ReplayError(f"replay: {type(self).__name__}.{name} set to {value!r} inside a captured step: "
                                   "a replay does not run the step's Python, so every replayed step would keep "
                                   "this value; set it between the steps (each update, replayed too, reads it)")
@@ -234,8 +232,6 @@ def _kernel(func: Callable) -> Callable:
     the arrays it is given now: `_run_update` (an update counts its own steps, Adam's bias correction, as each
     eager step does), `_count_step`, clipping's kernels, spmdsim.nn.distrib_optim's. Made on first use: importing
     the runtime here would make this pure module load it."""
-    from ..runtime.replay import kernel
-
     return kernel(func)
 
 

@@ -20,6 +20,9 @@ from ...runtime.engines import c_order
 from ...runtime.engines.base import DRY_VALUES_BYTES
 from ...base.flops import gemm
 from ..autograd.graph import with_partial
+from ...runtime.executor import redistribute
+from ...runtime.dtensor import DTensor
+from ...runtime.mesh import Mesh
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -168,7 +171,6 @@ def moved(xs: Any, prepared: Prepared) -> Any:
     with those that move redistributed (the executor imported only then: ~2 us a call)."""
     if prepared.stays:
         return xs
-    from ...runtime.executor import redistribute
 
     return tuple(x if kept else redistribute(x, target)
                  for x, target, kept in zip(xs, prepared.plan.targets, prepared.stay))
@@ -205,11 +207,8 @@ _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.t
 
 
 def _dtensor_class() -> Any:
-    """runtime.DTensor, imported on first use (importing the ops must not start MPI)."""
+    """runtime.DTensor, bound into `_DTENSOR` (and Mesh into `_MESH`) at the first operator's call."""
     global _DTENSOR, _MESH
-    from ...runtime.dtensor import DTensor
-    from ...runtime.mesh import Mesh
-
     _DTENSOR, _MESH = DTensor, Mesh
     return DTensor
 
@@ -437,8 +436,6 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
     Megatron's ``scatter_to_tensor_model_parallel_region`` / Paddle's ``_c_split``;
     the redistribution planner turns it into one local slice.
     """
-    from ...runtime.executor import redistribute
-
     layout = x.layout
     used = [a for a in axes if a in layout.split_axes or a in layout.partial]
     if used:
@@ -451,8 +448,6 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
 
 def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
     """This rank's shard of a SeededTensor as a DTensor (the global tensor is never built)."""
-    from ...runtime import DTensor
-
     return DTensor.from_seeded(mesh, layout, source)
 
 

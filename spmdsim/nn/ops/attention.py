@@ -45,6 +45,7 @@ from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from . import _common
 from ._common import _PLAIN_DTYPES, KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ...runtime.executor import redistribute
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -358,7 +359,6 @@ _SWAPPED: dict = {}
 def _moved(x: Any, target: Any) -> Any:
     if x._layout is target or x._layout == target:
         return x
-    from ...runtime.executor import redistribute
 
     return redistribute(x, target)
 

@@ -22,6 +22,8 @@ from ...programs.infer import infer_bias_add, infer_elementwise
 from ...runtime.engines import local as engine_local
 from ...base.precision import is_low
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float, shaped_as
+from .norms import resolved
+from .pointwise import pointwise
 
 __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
@@ -34,8 +36,6 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     fn = activations.forward(name)  # the shard in its own precision (spmdsim.references.activations)
     try:
         if x.layout.partial:
-            from .norms import resolved
-
             x = resolved(x)
         layout = infer_elementwise(x.layout, name)
     except AttributeError:
@@ -79,7 +79,6 @@ def gelu(x: Any, approximate: str = "tanh", kept: str = "graph") -> Any:
         return activation(x, "gelu", kept == "graph")
     if approximate != "none":
         raise OperatorError(f"gelu: approximate {approximate!r} must be 'tanh' or 'none' (as PyTorch's)")
-    from .pointwise import pointwise
 
     try:
         require_float("gelu", x.local)

@@ -56,12 +56,9 @@ from ...base.flops import any_open, sweep
 from ...programs.infer import infer_reshape
 from ...base.precision import is_low, rounded, wide
 from . import _common
-from .einsum import _PREPARED as _EINSUMS, einsum as _einsum
-from .einsum import first_call as _einsum_first_call
+from .einsum import _PREPARED as _EINSUMS, einsum as _einsum, first_call as _einsum_first_call
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
-from ._common import _PLAIN_DTYPES, dry_zeros, make_dtensor, moved, prepare, prepared_result
-from ._common import signature
-from ._common import keep_mask
+from ._common import _PLAIN_DTYPES, dry_zeros, keep_mask, make_dtensor, moved, prepare, prepared_result, signature
 from .local import reshape
 from .masks import _mask_geometry, dropout, dropout_args
 from .normalize import normal_values

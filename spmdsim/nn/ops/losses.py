@@ -34,6 +34,8 @@ from ...programs.infer.losses import infer_cross_entropy
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
 from ._common import dry_zeros, make_dtensor, operands_mesh, require_float
+from ...runtime import executor
+from .norms import resolved
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -65,7 +67,6 @@ _EXECUTOR: Any = None  # spmdsim.runtime.executor, bound on first use (an import
 
 def _executor() -> Any:
     global _EXECUTOR
-    from ...runtime import executor
 
     _EXECUTOR = executor
     return executor
@@ -178,8 +179,6 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
                                "float32" if is_low(logits._local.dtype) else logits._local.dtype.name, bool(smooth),
                                reduction)
     if resolve:
-        from .norms import resolved
-
         logits = resolved(logits)
     z, ids = (_widened(mesh, logits._local), labels._local) if not CAPTURE.on else \
         (_widened(mesh, logits.local), labels.local)  # (a captured step reads its record's views)

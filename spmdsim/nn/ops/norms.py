@@ -34,11 +34,10 @@ from ...base.flops import any_open, sweep
 from ...programs.infer.norms import infer_norm
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import as_int
-from . import local as _whole
-from . import pointwise as P
-from . import reduce as R
+from . import local as _whole, pointwise as P, reduce as R
 from .fused import norm_affine
 from ._common import make_dtensor, raise_if_not_dtensors, require_float, ufunc_dtype
+from ...runtime.executor import redistribute
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 _ndarray = np.ndarray
@@ -69,7 +68,6 @@ def resolved(x: Any) -> Any:
     """`x` with its pending sums added up (Allreduce; the same tensor when nothing is pending)."""
     if not x.layout.partial:
         return x
-    from ...runtime.executor import redistribute
 
     return redistribute(x, x.layout.with_partial(()))
 
@@ -270,7 +268,6 @@ def _replicated(t: Optional[Any]) -> Optional[Any]:
     target = t.mesh.layout(*([None] * t.layout.ndim))
     if t.layout == target:
         return t
-    from ...runtime.executor import redistribute
 
     return redistribute(t, target)
 

@@ -17,9 +17,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...references.activations import erf as _erf
-from ...references.activations import gelu_erf as _gelu_erf
-from ...references.activations import sigmoid as _sigmoid
+from ...references.activations import erf as _erf, gelu_erf as _gelu_erf, sigmoid as _sigmoid
 from ..autograd.graph import attach, record
 from ..autograd.kept import shell
 from ..autograd.rules.grads import NEED2, grad_tensor
@@ -34,6 +32,8 @@ from . import _common
 from ...base.buffers import CAPTURE
 from ._common import (BLOCK, DRY_ZEROS_BYTES, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare,
                       prepared_result, result_dtype, signature, ufunc_dtype)
+from ...runtime.executor import redistribute
+from ...runtime import door, replay
 
 __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
            "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
@@ -286,7 +286,6 @@ def _unscaled(op: str, args: tuple) -> tuple:
             return args
     except (TypeError, OverflowError):  # no number (refused below), or an int past a float's range
         return args
-    from ...runtime.executor import redistribute
 
     return tuple(redistribute(a, a.layout.with_partial(())) if getattr(a, "partial", None) else a for a in args)
 
@@ -453,7 +452,6 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
         if least < 0:
             raise _negative_exponents(what, block.dtype, least)
         return
-    from ...runtime import replay
 
     if CAPTURE.on and replay.capturing():  # the values a replay is given are not the capture's: checked again
         replay.kernel(_least_exponent)(mesh.comm, block, base._local.size, what)
@@ -464,8 +462,6 @@ def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
 def _least_exponent(comm: Any, block: np.ndarray, base_size: int, what: str) -> None:
     """`_negative_powers`' check of a DTensor's exponent `block` (this rank's, beside a base block of
     `base_size` entries): the least entry over `comm`'s ranks, a negative one refused on every rank alike."""
-    from ...runtime import door
-
     least = door.all_reduce_object(comm, int(block.min()) if block.size and base_size else 0, "min")
     if least < 0:
         raise _negative_exponents(what, block.dtype, least)
