@@ -22,7 +22,7 @@ TABLES = (
     ("spmdsim.nn.ops._common", "_DECIDED", 4096),
     ("spmdsim.nn.ops._common", "_UNIFORM", 1024),
     ("spmdsim.nn.ops.pointwise", "_PREPARED", 4096),  # (also ops.fused's _ADDS: the same dict)
-    ("spmdsim.nn.ops.pointwise", "_SCALARS", 256),
+    ("spmdsim.nn.ops.scalars", "_SCALARS", 256),
     ("spmdsim.nn.ops.einsum", "_PREPARED", 4096),
     ("spmdsim.nn.ops.attention", "_PREPARED", 1024),
     ("spmdsim.nn.ops.attention", "_SWAPPED", 1024),

@@ -153,7 +153,8 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     rules = "nn/autograd/rules/"
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
-           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/einsum.py", "<listcomp>"),
+           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/ufuncs.py", "<listcomp>"),
+           ("nn/ops/einsum.py", "<listcomp>"),
            ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/plans.py", "_new_leaf_plan"),
            (rules + "grads.py", "gradient_block"),  # (attention's transposed dq, dk, dv: copied by grad_tensor)
            ("runtime/replay.py", "recorded")]  # (kernels called through replay.kernels' namespaces: no wrapper)
@@ -415,7 +416,7 @@ def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
     and the value's own result; a number of another type prepares again (and is right)."""
     import numpy as np
 
-    from spmdsim.nn.ops import pointwise as P
+    from spmdsim.nn.ops import ufuncs as P
 
     rng = np.random.default_rng(7)
     ga = rng.standard_normal((4, 6))

@@ -399,7 +399,7 @@ class DTensor(_Spellings):
         return _OPERATORS.pointwise("invert", self)
 
     def __pow__(self, other: Any) -> "DTensor":
-        """numpy's ``x ** y`` (spmdsim.nn.ops.pointwise.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
+        """numpy's ``x ** y`` (spmdsim.nn.ops.ufuncs.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
         return _OPERATORS.power(self, other)
 
     def __rpow__(self, other: Any) -> "DTensor":

@@ -21,7 +21,7 @@ from .mlp import ParallelMLP
 from .masks import causal_mask, dropout, masked_fill
 from .norms import layer_norm, log_softmax, resolved, rms_norm, softmax
 from .paddle_split import paddle_mesh, split
-from .pointwise import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
+from .ufuncs import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
                         minimum, mul, neg, not_equal, pow, remainder, round, rsqrt, sigmoid, sign, silu, sin, sqrt,
                         square, sub, tanh, where)
 from .reduce import argmax, argmin, max, mean, min, prod, sum, var

@@ -1,6 +1,6 @@
 """Elementwise ops on DTensors: ReLU, GELU, scale, bias add. No communication; layout kept.
 
-Broadcasting arithmetic (add, mul, ...) is spmdsim.nn.ops.pointwise.
+Broadcasting arithmetic (add, mul, ...) is spmdsim.nn.ops.ufuncs.
 
 A pending sum (partial layout) is added up before an activation (ReLU(a) +
 ReLU(b) != ReLU(a + b)) and refused by bias_add, which would count the bias

@@ -22,7 +22,7 @@ from ...errors import OperatorError
 from ...base.flops import any_open, sweep
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import shape_arg
-from . import pointwise as P
+from . import ufuncs as P
 from ._common import KERNELS, dry_zeros, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg
 
 __all__ = ["causal_mask", "masked_fill", "dropout", "dropout_keep"]

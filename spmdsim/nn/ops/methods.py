@@ -27,7 +27,8 @@ from .matmul import matmul
 from .masks import masked_fill
 from .norms import log_softmax, softmax
 from .elementwise import relu as _relu
-from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round, where
+from .pointwise import pointwise
+from .ufuncs import clip as _clip, pow as _pow, power as _power, round as _round, where
 from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
 def _numpy_matmul(a: Any, b: Any) -> Any:

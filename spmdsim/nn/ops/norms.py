@@ -34,7 +34,7 @@ from ...base.flops import any_open, sweep
 from ...programs.infer.norms import infer_norm
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import as_int
-from . import local as _whole, pointwise as P, reduce as R
+from . import local as _whole, reduce as R, ufuncs as P
 from .fused import norm_affine
 from ._common import make_dtensor, raise_if_not_dtensors, require_float, ufunc_dtype
 from ...runtime.executor import redistribute

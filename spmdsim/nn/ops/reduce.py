@@ -26,7 +26,7 @@ from ._common import DRY_ZEROS_BYTES, make_dtensor, raise_if_not_dtensors
 from ...runtime.executor import execute, pending, redistribute, resolve
 from ...errors import OperatorError
 from ...base.validate import as_int
-from . import pointwise as P
+from . import ufuncs as P
 from .local import reshape
 
 __all__ = ["sum", "mean", "max", "min", "prod", "var", "argmax", "argmin", "reduce"]
