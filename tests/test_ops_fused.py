@@ -21,7 +21,7 @@ from spmdsim import DTensor, Layout, Mesh
 from spmdsim.nn import ops
 from spmdsim.nn.autograd import kept_as, kept_bytes
 from spmdsim.base.flops import counting
-from spmdsim.nn.ops import fused
+from spmdsim.nn.ops import fused, norm_affine, residual
 
 T, B, D, E, N = 4, 2, 6, 8, 2  # (T, B, D) activations, E = N heads of E / N
 
@@ -57,7 +57,7 @@ _NORMS = {"layer_norm": (True, True, True), "layer_norm_weight": (True, True, Fa
           "layer_norm_bias": (True, False, True), "rms_norm": (False, True, False), "layer_norm_of_a_leaf": (True, True, True)}
 
 
-# The general helpers of spmdsim.nn.ops.fused a piece's first call goes through; a repeat of its call signature (fp64,
+# The general helpers a fused piece's first call goes through; a repeat of its call signature (fp64,
 # fp32: no bfloat16 kernel) runs its kernels and builds its tensors and node itself, calling none of them
 _HELPERS = ("signature", "prepared_result", "make_dtensor", "_product", "_added", "_dropped", "_add_plan")
 _CALLED: dict = {}  # thread -> how many calls of _HELPERS it made
@@ -103,7 +103,7 @@ def _run_piece(name, use_fused, args):
         xin, w, b, centre = args
         return (_fused_norm if use_fused else _separate_norm)(xin, w, b, centre)
     h, y, b, p = args
-    f = fused.residual if use_fused else _separate_residual
+    f = residual.residual if use_fused else _separate_residual
     return f(h, y, b, p, seed=11 if p else None, mask_dims=(1, 0, 2))
 
 
@@ -153,7 +153,7 @@ def _count_nodes(t):
 
 
 def _counted_helpers(monkeypatch):
-    """Count each thread's calls of spmdsim.nn.ops.fused's general helpers (`_HELPERS`) in `_CALLED`."""
+    """Count each thread's calls of the fused pieces' general helpers (`_HELPERS`) in `_CALLED`."""
     def counted(f):
         def call(*args, **kwargs):
             me = threading.get_ident()
@@ -161,8 +161,10 @@ def _counted_helpers(monkeypatch):
             return f(*args, **kwargs)
         return call
 
-    for helper in _HELPERS:
-        monkeypatch.setattr(fused, helper, counted(getattr(fused, helper)))
+    for module in (fused, residual, norm_affine):  # each piece's module, where it reaches the helper
+        for helper in _HELPERS:
+            if hasattr(module, helper):
+                monkeypatch.setattr(module, helper, counted(getattr(module, helper)))
 
 
 def _both(name, precision):

@@ -35,6 +35,7 @@ from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ...nn.autograd.kept import KEPT, kept_problem
 from ...base.context import current
 from ...nn.ops import fused, megatron
+from ...nn.ops.residual import residual as fused_residual
 from .memory import RECOMPUTE, recompute_problem
 from ...base.precision import is_low, precision as get_precision, precision_problem
 from ...runtime.executor import redistribute
@@ -300,11 +301,11 @@ class GPT:
     def _residual(self, h: Any, y: Any, bias: Optional[str], site: str, step: Optional[int], train: bool,
                   micro: Optional[int]) -> Any:
         """h + dropout(y + the bias `bias` where the model has one), the dropout's at `site` (none in eval mode or
-        without cfg.dropout): the graph's add, dropout and add in one node (spmdsim.nn.ops.fused.residual), which
+        without cfg.dropout): the graph's add, dropout and add in one node (spmdsim.nn.ops.residual), which
         keeps what they kept."""
         p = self.cfg.dropout if train else 0.0
         b = None if bias is None else self.params.get(bias)
-        return fused.residual(h, y, b, p, self._seed(step, site, micro) if p else None, mask_dims=(1, 0, 2))
+        return fused_residual(h, y, b, p, self._seed(step, site, micro) if p else None, mask_dims=(1, 0, 2))
 
     def _biased(self, y: Any, name: str) -> Any:
         """y plus the bias `name` where the model has one (GPTConfig.bias)."""

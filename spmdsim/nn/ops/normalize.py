@@ -50,7 +50,7 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
 def normal_values(x: Any, d: int, eps: float, centre: bool, op: str) -> tuple:
     """`_normalized`'s forward without its node: (the normalized DTensor, its block, {"rstd": 1 / sqrt(var +
     eps)} kept for the rule where x takes a gradient: a dry run's zeros), its kernel counted
-    (spmdsim.nn.ops.fused.norm_affine records it with its weight and bias as one node)."""
+    (spmdsim.nn.ops.norm_affine records it with its weight and bias as one node)."""
     n = x._shape[d]
     kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
     if not CAPTURE.on and (local := x._local).dtype.kind != "V" and not _THREAD.context.engine.dry:

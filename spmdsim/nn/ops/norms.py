@@ -35,7 +35,7 @@ from ...programs.infer.norms import infer_norm
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import as_int
 from . import local as _whole, reduce as R, ufuncs as P
-from .fused import norm_affine
+from .norm_affine import norm_affine
 from ._common import make_dtensor, raise_if_not_dtensors, require_float, ufunc_dtype
 from ...runtime.executor import redistribute
 
@@ -164,7 +164,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
 
     `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
-    (spmdsim.nn.ops.fused.norm_affine) keeping what the normalization's, the weight's and the bias's nodes would
+    (spmdsim.nn.ops.norm_affine) keeping what the normalization's, the weight's and the bias's nodes would
     keep (x, its normalized values and 1 / sqrt(var + eps), the product and the sum); "megatron", one node keeping x and each row's mean and standard
     deviation (Apex's fused layer norm: 2 numbers a row), which makes the rest again in the backward.
     """
@@ -219,7 +219,7 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
     """layer_norm along a whole last dim as one node that keeps x and each row's mean and standard
     deviation (spmdsim.nn.autograd.rules.norms.record_layer_norm); the values are the composite's. bfloat16:
     the statistics float32 (Apex's), and the normalized values, times weight and plus bias each rounded
-    once, where the graph's (spmdsim.nn.ops.fused.norm_affine) rounds them (spmdsim.base.precision)."""
+    once, where the graph's (spmdsim.nn.ops.norm_affine) rounds them (spmdsim.base.precision)."""
     n = x.global_shape[d]
     w, b = _replicated(weight), _replicated(bias)
     low = is_low(x.dtype)
@@ -276,7 +276,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
     """x / sqrt(mean(x ** 2) + eps) * weight over the last dim.
 
     `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
-    (spmdsim.nn.ops.fused.norm_affine) keeping what the normalization's and the weight's nodes would keep (x, its
+    (spmdsim.nn.ops.norm_affine) keeping what the normalization's and the weight's nodes would keep (x, its
     normalized values and 1 / sqrt(mean(x ** 2) + eps), the product); "megatron", one node keeping x and each row's root (TransformerEngine's fused RMSNorm,
     whose forward saves its input and rsigma, one number a row), which makes the normalized values again in the
     backward.
