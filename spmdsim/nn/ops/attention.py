@@ -44,7 +44,8 @@ from ...programs.infer.attention import infer_attention
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from . import _common
-from ._common import _PLAIN_DTYPES, KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ._common import _PLAIN_DTYPES, KERNELS, make_dtensor, seed_arg
+from ._operands import raise_if_not_dtensors, require_float
 from ...runtime.executor import redistribute
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)

@@ -21,7 +21,8 @@ from ...base.flops import any_open, sweep
 from ...programs.infer import infer_bias_add, infer_elementwise
 from ...runtime.engines import local as engine_local
 from ...base.precision import is_low
-from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float, shaped_as
+from ._common import make_dtensor, shaped_as
+from ._operands import operands_mesh, raise_if_not_dtensors, require_float
 from .norms import resolved
 from .pointwise import pointwise
 

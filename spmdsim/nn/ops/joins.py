@@ -26,7 +26,8 @@ from ...programs.infer.reshape import infer_reshape
 from ...programs.plan.shift import Shift
 from ...base.validate import as_int, dtype_name
 from .local import reshape as _reshape
-from ._common import check_dtensor, describe, dry_zeros, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
+from ._common import describe, dry_zeros, make_dtensor
+from ._operands import check_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
 from ...runtime.exchange import shifted, shifted_many
 from ...runtime.executor import redistribute
 

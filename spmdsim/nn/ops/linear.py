@@ -29,10 +29,8 @@ from ...layouts.layout import TensorLayout
 from ...references.forward import RegionFn, Source, linear_region
 from ...runtime.executor import execute, redistribute
 from ...base.validate import int_arg
-from ._common import (
-    add_bias, default_axes, local_matmul, make_dtensor, no_bias_sum, operands_mesh, raise_if_not_dtensors,
-    refuse_bool_sum, result_dtype, scatter_local, seeded_dtensor,
-)
+from ._common import add_bias, default_axes, local_matmul, make_dtensor, no_bias_sum, scatter_local, seeded_dtensor
+from ._operands import operands_mesh, raise_if_not_dtensors, refuse_bool_sum, result_dtype
 from .elementwise import bias_add
 from .matmul import matmul
 

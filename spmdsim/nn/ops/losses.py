@@ -33,7 +33,8 @@ from ...base.flops import sweep
 from ...programs.infer.losses import infer_cross_entropy
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
-from ._common import dry_zeros, make_dtensor, operands_mesh, require_float
+from ._common import dry_zeros, make_dtensor
+from ._operands import operands_mesh, require_float
 from ...runtime import executor
 from .norms import resolved
 

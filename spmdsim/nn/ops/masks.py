@@ -23,7 +23,8 @@ from ...base.flops import any_open, sweep
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import shape_arg
 from . import ufuncs as P
-from ._common import KERNELS, dry_zeros, make_dtensor, raise_if_not_dtensors, shaped_as, require_float, seed_arg
+from ._common import KERNELS, dry_zeros, make_dtensor, shaped_as, seed_arg
+from ._operands import raise_if_not_dtensors, require_float
 
 __all__ = ["causal_mask", "masked_fill", "dropout", "dropout_keep"]
 

@@ -36,7 +36,8 @@ from ...base.precision import is_low, rounded, wide
 from ...base.validate import as_int
 from . import local as _whole, reduce as R, ufuncs as P
 from .norm_affine import norm_affine
-from ._common import make_dtensor, raise_if_not_dtensors, require_float, ufunc_dtype
+from ._common import make_dtensor
+from ._operands import raise_if_not_dtensors, require_float, ufunc_dtype
 from ...runtime.executor import redistribute
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)

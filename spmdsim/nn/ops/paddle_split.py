@@ -22,7 +22,8 @@ from ...layouts.datagen import SeededTensor
 # The pure part (layouts, parameters) lives in the dialect; importable from here as before.
 from ...layouts.dialects.paddle import MP_AXIS, ParamAttr, paddle_layout, paddle_param, split_layouts
 from ...errors import DialectError, OperatorError
-from ._common import check_dtensor, scatter_local, seeded_dtensor
+from ._common import scatter_local, seeded_dtensor
+from ._operands import check_dtensor
 from ...runtime.engines import engine_of, world
 from ...runtime import Mesh
 from .embedding import embedding

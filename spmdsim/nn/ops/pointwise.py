@@ -27,9 +27,8 @@ from ...programs.infer.pointwise import infer_pointwise
 from ...base.precision import rounded, wide
 from . import _common
 from ...base.buffers import CAPTURE
-from ._common import (
-    BLOCK, LOCAL, Prepared, describe, dry_zeros, moved, prepare, prepared_result, signature, ufunc_dtype,
-)
+from ._common import BLOCK, LOCAL, Prepared, describe, dry_zeros, moved, prepare, prepared_result, signature
+from ._operands import ufunc_dtype
 from ...runtime.executor import redistribute
 from .powers import _negative_powers
 from .scalars import _LOGICAL, _number, _promote, lift

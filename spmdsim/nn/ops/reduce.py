@@ -22,7 +22,8 @@ from ..autograd.rules.reduce import record_prod, record_reduce
 from ...programs.infer.pointwise import infer_reduce, reduce_dims
 from ...base.buffers import as_array, broadcast_zero, contiguous
 from ...base.flops import sweep
-from ._common import DRY_ZEROS_BYTES, make_dtensor, raise_if_not_dtensors
+from ._common import DRY_ZEROS_BYTES, make_dtensor
+from ._operands import raise_if_not_dtensors
 from ...runtime.executor import execute, pending, redistribute, resolve
 from ...errors import OperatorError
 from ...base.validate import as_int

@@ -9,7 +9,8 @@ import numpy as np
 
 from ...errors import OperatorError
 from ...base.precision import is_low
-from ._common import describe, make_dtensor, result_dtype, ufunc_dtype
+from ._common import describe, make_dtensor
+from ._operands import result_dtype, ufunc_dtype
 
 __all__ = ["lift"]
 
@@ -88,7 +89,7 @@ def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
 
 
 def _ufunc_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
-    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in (spmdsim.nn.ops._common.ufunc_dtype)."""
+    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in (spmdsim.nn.ops._operands.ufunc_dtype)."""
     return ufunc_dtype(a, b)
 
 

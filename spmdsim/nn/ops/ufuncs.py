@@ -14,7 +14,8 @@ from ..autograd.rules.grads import grad_tensor
 from ...errors import DTypeError, OperatorError
 from ...base.precision import is_low
 from ...base.validate import dtype_arg
-from ._common import describe, dry_zeros, make_dtensor, ufunc_dtype
+from ._common import describe, dry_zeros, make_dtensor
+from ._operands import ufunc_dtype
 from .pointwise import pointwise
 from .powers import _negative_power
 from .scalars import _beside_low, _number, _ufunc_dtype
