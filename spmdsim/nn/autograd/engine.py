@@ -23,13 +23,12 @@ from ...base import buffers
 from ...base.context import current
 from ...errors import OperatorError
 from ...base import flops as _flops
-from ...base.flops import hold
 from .graph import Leaf, Node, _Mode, _passed, used_axes, with_partial
 from .checks import _check_loss, _refuse_options, _refuse_stale, _SCALAR, _topological
 from .leaves import _described, _GLOBAL_SHAPE, _GRAD_NAME, _into_grads, _IS_LEAF, _resolve_leaves
 from . import moves as _moves
 from .moves import (
-    _collector, _F32, _move, _new_object, _of_parameters, _redistribute, _rounded_wide, _runtime,
+    _collector, _F32, _move, _new_object, _of_parameters, _redistribute, _rounded_wide, _runtime, _take,
     add_grads, grad_layout,
 )
 from .plans import _AG, _bucket_cap, _GRAD, _GRAD_PARTIAL, _LAYOUT, _leaf_plan, _ndarray, _NONE, _whole_grads
@@ -343,37 +342,6 @@ def reduce_grads(tensors: Any, bucket: Any = True, watch: Any = None) -> None:
 
 
 _set_attribute = object.__setattr__  # (a frozen TensorLayout's mark: `_walk`)
-
-
-def _take(grads: dict, owners: dict, inputs: tuple, outs: tuple) -> None:
-    """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
-    (summed with one already there), noting its tensor's layout in `owners` at its first. Under a counter that
-    records blocks (the estimate's dry run) each parameter's gradient block, as it comes, moved and summed, is
-    marked as one the rank holds (spmdsim.base.flops.hold: the memory line counts the gradients)."""
-    held = _flops._BLOCKS
-    for tensor, g in zip(inputs, outs):
-        if g is None or tensor is None:
-            continue
-        key = tensor._ag
-        if key is None:
-            continue
-        layout = tensor._layout
-        if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
-            target = grad_layout(layout, g._layout)
-            if g._layout is not target:
-                g = _move(g, target)
-        else:
-            target = layout
-        have = grads.get(key)
-        leaf = held and type(key) is Leaf
-        if leaf:
-            hold(g.local)
-        if have is None:
-            grads[key], owners[key] = g, layout
-        else:
-            grads[key] = add_grads(have, g, target)
-        if leaf:
-            hold(g.local, grads[key].local)
 
 
 def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...base import buffers
 from ...base import flops as _flops
-from ...base.flops import sweep
+from ...base.flops import hold, sweep
 from ...layouts.layout import TensorLayout
 from .graph import Leaf, with_partial
 
@@ -137,3 +137,34 @@ def _runtime() -> tuple:
 
     _RUNTIME = (DTensor, executor)
     return _RUNTIME
+
+
+def _take(grads: dict, owners: dict, inputs: tuple, outs: tuple) -> None:
+    """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
+    (summed with one already there), noting its tensor's layout in `owners` at its first. Under a counter that
+    records blocks (the estimate's dry run) each parameter's gradient block, as it comes, moved and summed, is
+    marked as one the rank holds (spmdsim.base.flops.hold: the memory line counts the gradients)."""
+    held = _flops._BLOCKS
+    for tensor, g in zip(inputs, outs):
+        if g is None or tensor is None:
+            continue
+        key = tensor._ag
+        if key is None:
+            continue
+        layout = tensor._layout
+        if g._layout is not layout or layout.partial:  # else (most gradients) grad_layout's answer is `layout`
+            target = grad_layout(layout, g._layout)
+            if g._layout is not target:
+                g = _move(g, target)
+        else:
+            target = layout
+        have = grads.get(key)
+        leaf = held and type(key) is Leaf
+        if leaf:
+            hold(g.local)
+        if have is None:
+            grads[key], owners[key] = g, layout
+        else:
+            grads[key] = add_grads(have, g, target)
+        if leaf:
+            hold(g.local, grads[key].local)
