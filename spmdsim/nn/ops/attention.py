@@ -246,20 +246,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
             batch_first: Any, recompute: Any, kept: Any, flash: Any = False, tile: Any = FLASH_TILE) -> _Decided:
     """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
-    problem = kept_problem(kept)
-    if problem:
-        raise OperatorError(f"attention: {problem}")
-    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
-                       ("flash", flash)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
-    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:
-        raise OperatorError(f"attention: tile {tile!r} must be an integer >= 1 (query rows a flash tile takes)")
-    if flash and recompute:
-        raise OperatorError("attention: flash=True keeps no scores already (q, k, v, the output and each row's "
-                            "log-sum-exp); recompute=True has nothing more to drop: pass one of them")
-    if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
+    _check_flags(causal, dropout, batch_first, recompute, kept, flash, tile)
     out = _Decided()
     out.drop = drop = float(dropout) if training else 0.0
     _seed_checked(drop, seed)
@@ -319,6 +306,25 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
                                                   slice(0, out.tk))) for i in range(0, rows, tile)) if flash else ()
     out.tile_rows = tuple((n, c) for n, c in ((tile, rows // tile), (rows % tile, 1)) if n and c) if flash else ()
     return out
+
+
+def _check_flags(causal: Any, dropout: Any, batch_first: Any, recompute: Any, kept: Any, flash: Any,
+                 tile: Any) -> None:
+    """`attention`'s refusals of its flags and numbers, each one clear line."""
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"attention: {problem}")
+    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
+                       ("flash", flash)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
+    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:
+        raise OperatorError(f"attention: tile {tile!r} must be an integer >= 1 (query rows a flash tile takes)")
+    if flash and recompute:
+        raise OperatorError("attention: flash=True keeps no scores already (q, k, v, the output and each row's "
+                            "log-sum-exp); recompute=True has nothing more to drop: pass one of them")
+    if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
 
 
 _PREPARED: dict = {}  # `_signature` -> `_Decided` (pure of the key; each entry holds the layouts its key names)
