@@ -292,7 +292,7 @@ def test_a_layouts_walk_mark_is_no_part_of_its_value():
 # The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code
 # calls them (not a moved operand's redistribution, which records its node).
 _WATCHED = {"_operands", "decided", "make_dtensor", "record"}
-_CALLERS = {"pointwise", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
+_CALLERS = {"pointwise", "_first_call", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
 
 
 def _watched_calls(f, watched=_WATCHED, callers=_CALLERS):

@@ -64,6 +64,34 @@ class _Norm:
 _NORMS: dict = {}
 
 
+def _first_norm(key: tuple, out: Any, y: np.ndarray, weight: Any, bias: Any, op: str) -> _Norm:
+    """The `_Norm` a call signature decides at its first call, kept in `_NORMS` under `key`."""
+    norm = _Norm(out, weight, bias, op)
+    norm.low = is_low(y.dtype)  # (y's dtype follows x's, in the key)
+    if len(_NORMS) >= 1024:  # a long run over many signatures: start over
+        _NORMS.clear()
+    _NORMS[key] = norm
+    return norm
+
+
+def _affine_added(mesh: Any, norm: _Norm, y: np.ndarray, out: Any, weight: Any, bias: Any, plain: bool) -> tuple:
+    """(the product, the sum) of `norm_affine` by `_added` (a captured step, a dry run, an unusual block)."""
+    scaled = z = out
+    if weight is not None:
+        scaled = z = _added(mesh, norm.mul, y if plain else out.local, weight._local if plain else weight.local,
+                            "mul", np.multiply)
+    if bias is not None:
+        z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
+    return scaled, z
+
+
+def _separate(out: Any, weight: Any, bias: Any) -> Any:
+    """The normalized values `out` times `weight` plus `bias` (each None: none) by the separate operators."""
+    if weight is not None:
+        out = _pointwise("mul", out, weight)
+    return out if bias is None else _pointwise("add", out, bias)
+
+
 def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any = None, bias: Any = None) -> Any:
     """layer_norm's (`centre`) or rms_norm's normalization of x along its whole last dim `d`, times `weight`,
     plus `bias` (each None: none), in one node (`kept="graph"`): the normalization's node
@@ -86,11 +114,7 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
     except (AttributeError, TypeError):  # what is no DTensor (the separate operators say so)
         norm = key = None
     if norm is None and key is not None:
-        norm = _Norm(out, weight, bias, op)
-        norm.low = is_low(y.dtype)  # (y's dtype follows x's, in the key)
-        if len(_NORMS) >= 1024:  # a long run over many signatures: start over
-            _NORMS.clear()
-        _NORMS[key] = norm
+        norm = _first_norm(key, out, y, weight, bias, op)
     xa = x._ag
     if xa is not None:  # the separate nodes where a bfloat16 x is a leaf (its node rounds nothing): `_rounds`
         record = norm is not None and norm.fused and (not norm.low or type(xa) is not Leaf)
@@ -103,9 +127,7 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
         # the separate nodes: where the chain moves or changes an operand, and the cases above
         if xa is not None:
             out = record_normalized(out, x, y, kept, d, centre, op)
-        if weight is not None:
-            out = _pointwise("mul", out, weight)
-        return out if bias is None else _pointwise("add", out, bias)
+        return _separate(out, weight, bias)
     mesh, plain = x._mesh, not CAPTURE.on
     z = scaled = out
     if plain and norm.plain and not mesh.engine.dry:  # _added's kernels and counts, their results built here
@@ -130,11 +152,7 @@ def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any =
             else:
                 z = prepared_result(mesh, block, add)
     else:
-        if weight is not None:
-            scaled = z = _added(mesh, norm.mul, y if plain else out.local, weight._local if plain else weight.local,
-                                "mul", np.multiply)
-        if bias is not None:
-            z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
+        scaled, z = _affine_added(mesh, norm, y, out, weight, bias, plain)
     if xa is None:
         return z
     norm_grads = _new(_NormalizedGrads)  # its __init__'s fields, without its frame

@@ -103,16 +103,10 @@ def pointwise(op: str, *args: Any) -> Any:
         except TypeError:  # a size that does not hash (the planner refuses it)
             key = prepared = None
     if prepared is None:
-        try:
-            mesh, xs = _operands(op, args)
-        except OverflowError:  # a Python int the tensors' dtype cannot hold
+        first = _first_call(op, args, key)
+        if first is None:  # a Python int the tensors' dtype cannot hold
             return _beyond(op, args)
-        except DTypeError as e:
-            raise _named(op, e) from None
-        try:
-            prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
-        except DTypeError as e:
-            raise _named(op, e) from None
+        mesh, xs, prepared = first
     elif key[1] is _MIXED:  # numbers of the types, beside DTensors of the layouts, of a call that passed _operands
         try:
             mesh, xs = _lifted(args, prepared)
@@ -159,6 +153,21 @@ def pointwise(op: str, *args: Any) -> Any:
             if x._ag is not None:
                 return record_pointwise(op, out, xs if type(xs) is tuple else tuple(xs), prepared)
     return out
+
+
+def _first_call(op: str, args: tuple, key: Any) -> Optional[tuple]:
+    """(mesh, operands, `_Prepared`) of a call signature's first call, its operands checked and lifted and its
+    plan kept under `key`; None where a Python int does not fit the tensors' dtype (`_beyond` says so)."""
+    try:
+        mesh, xs = _operands(op, args)
+    except OverflowError:
+        return None
+    except DTypeError as e:
+        raise _named(op, e) from None
+    try:
+        return mesh, xs, prepare(_PREPARED, partial(_Prepared, op), xs, key)
+    except DTypeError as e:
+        raise _named(op, e) from None
 
 
 def _named(op: str, error: DTypeError) -> DTypeError:
