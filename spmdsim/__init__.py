@@ -59,9 +59,9 @@ def __getattr__(name: str) -> Any:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         return found
     if where[0].startswith("spmdsim.runtime") and not where[0].startswith("spmdsim.runtime.sim"):
-        # A DTensor from the front door has its operators (x + y, x @ w, .backward()): spmdsim.nn.ops
-        # installs them in the runtime's DTensor when it loads (spmdsim/nn/ops/methods.py).
-        importlib.import_module("spmdsim.nn.ops")
+        # A DTensor from the front door has its operators (x + y, x @ w, .backward()): the runtime's
+        # DTensor calls them through a table spmdsim.nn.ops.methods.bind_dtensor fills.
+        importlib.import_module("spmdsim.nn.ops.methods").bind_dtensor()
     module = importlib.import_module(where[0])
     value = module if where[1] is None else getattr(module, where[1])
     globals()[name] = value

@@ -1,6 +1,6 @@
 """Gradients added into ``.grad`` over several backwards (``keep_pending``: a pipeline's microbatches, DDP's
 no_sync): the walk adds a gradient into the block of the leaf's ``.grad`` in place where nothing else can see
-that block (spmdsim.nn.autograd.engine's `_add_kept`, `_added_into`), else into a new one. Either way each ``.grad``
+that block (spmdsim.nn.autograd.leaves' `_added_into`), else into a new one. Either way each ``.grad``
 is the sum of its own gradients: a block two gradients share, a view of another gradient's block, or a ``.grad``
 a caller kept from an earlier backward is never written. Tiny tensors on 2 simulated ranks: well under a second.
 """
@@ -121,12 +121,12 @@ def test_a_grad_without_keep_pending_accumulates_over_backwards_in_buckets_and_a
 
 
 def test_the_engine_makes_a_bucket_s_tensors_with_every_slot_of_a_dtensor():
-    """A bucket's whole gradients are made slot by slot in C (engine._tensors, as DTensor._trusted makes one):
+    """A bucket's whole gradients are made slot by slot in C (plans._tensors, as DTensor._trusted makes one):
     a slot added to DTensor and not set there would be an AttributeError on its first read."""
-    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd import plans
     from spmdsim.runtime.dtensor import DTensor as Runtime
 
-    assert sorted(engine.TENSOR_SLOTS) == sorted(Runtime.__slots__)
+    assert sorted(plans.TENSOR_SLOTS) == sorted(Runtime.__slots__)
 
 
 def test_backward_kept_is_backward_with_keep_pending():

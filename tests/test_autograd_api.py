@@ -78,11 +78,11 @@ def test_training_loops_step_between_backwards_unrefused_and_exact(monkeypatch):
     (an evaluation without no_grad) leaves later backwards alone: their graphs were recorded after the step (a
     flag set then made every later backward on the thread look at every node for stale reads); each gradient
     and update against numpy."""
-    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd import checks
 
     looked = []
-    real = engine.stale_reads
-    monkeypatch.setattr(engine, "stale_reads", lambda order: looked.append(len(order)) or real(order))
+    real = checks.stale_reads
+    monkeypatch.setattr(checks, "stale_reads", lambda order: looked.append(len(order)) or real(order))
 
     def body():
         mesh, layout, x, w = _setup(4)

@@ -1,5 +1,6 @@
 """The eager step's hot path: no import statement (a relative import inside a function runs importlib's
-Python on every call), no redistribution compiled again after the first step (docs/explanation/performance.md, "Python overhead of the hot paths") and none of the per-operator helpers cut since ("Then the autograd
+Python on every call), no redistribution compiled again after the first step (docs/explanation/performance.md, "Then
+the import statements on the hot path") and none of the per-operator helpers cut since ("Then the autograd
 walk's and the operators' own frames")."""
 from __future__ import annotations
 
@@ -152,15 +153,16 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     rules = "nn/autograd/rules/"
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
-           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/einsum.py", "<listcomp>"),
-           ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/engine.py", "_new_leaf_plan"),
+           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/ufuncs.py", "<listcomp>"),
+           ("nn/ops/einsum.py", "<listcomp>"),
+           ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/plans.py", "_new_leaf_plan"),
            (rules + "grads.py", "gradient_block"),  # (attention's transposed dq, dk, dv: copied by grad_tensor)
            ("runtime/replay.py", "recorded")]  # (kernels called through replay.kernels' namespaces: no wrapper)
     assert {key: calls[key] for key in cut if key in calls} == {}
     # Blocks read as ``x._local`` after this thread's capture test, not through DTensor.local's function: a few
     # reads off the hot operators' paths remain (a transpose, the loss's backward, the ids' check ...).
     assert calls.get(("runtime/replay.py", "local_of"), 0) <= 8, calls.get(("runtime/replay.py", "local_of"))
-    assert calls.get(("nn/autograd/engine.py", "_leaf_plan")) == 1
+    assert calls.get(("nn/autograd/plans.py", "_leaf_plan")) == 1
     # every node: `attach`'s (`record` calls it; prepared calls and fused pieces too) and the moves' (built by
     # `_Recorded.moved` itself)
     nodes = calls[("nn/autograd/graph.py", "attach")] + calls.get(("nn/autograd/graph.py", "moved"), 0)
@@ -204,7 +206,7 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     assert ("add_grads", "_walk") not in called
     assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "nn/autograd/rules/fused.py"}
     assert {k for k in [("layouts/datagen.py", "with_seed"), ("layouts/datagen.py", "at_least"), ("nn/ops/norms.py", "kernel"),
-                        ("base/buffers.py", "_sized")] if k in callees} == set()
+                        ("nn/ops/normalize.py", "kernel"), ("base/buffers.py", "_sized")] if k in callees} == set()
     assert ("layouts/datagen.py", "uniform_at_least") in callees  # (the masks are drawn: the fast path is the one taken)
     # A repeated Allgather or Reduce_scatter move runs its kept collective call from `redistribute` itself (no
     # runner's and no collective's frame), a move's node is built by `moved` itself, a gradient sum without
@@ -228,10 +230,10 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
 
 
 def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_products_by_kept_functions(monkeypatch):
-    """Rank 0's third step: the walk looks up grad_layout's answer (engine._GRAD_BY_OBJECT) only for a gradient
+    """Rank 0's third step: the walk looks up grad_layout's answer (moves._GRAD_BY_OBJECT) only for a gradient
     that moves (one that stays as it is, a parameter's pending over dp, is known by its layout object's mark,
     TensorLayout._grad_of), and an einsum rule runs its products' kept functions (no `pair_plain` frame)."""
-    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd import moves
 
     looked: list = []
     moved: list = []
@@ -243,7 +245,7 @@ def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_prod
                 looked.append(key)
             return dict.get(self, key, default)
 
-    monkeypatch.setattr(engine, "_GRAD_BY_OBJECT", Counted())
+    monkeypatch.setattr(moves, "_GRAD_BY_OBJECT", Counted())
     seen: dict = {}
     ours = os.path.dirname(spmdsim.__file__) + os.sep
 
@@ -290,7 +292,7 @@ def test_a_layouts_walk_mark_is_no_part_of_its_value():
 # The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code
 # calls them (not a moved operand's redistribution, which records its node).
 _WATCHED = {"_operands", "decided", "make_dtensor", "record"}
-_CALLERS = {"pointwise", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
+_CALLERS = {"pointwise", "_first_call", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
 
 
 def _watched_calls(f, watched=_WATCHED, callers=_CALLERS):
@@ -414,7 +416,7 @@ def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
     and the value's own result; a number of another type prepares again (and is right)."""
     import numpy as np
 
-    from spmdsim.nn.ops import pointwise as P
+    from spmdsim.nn.ops import ufuncs as P
 
     rng = np.random.default_rng(7)
     ga = rng.standard_normal((4, 6))
@@ -779,10 +781,10 @@ def _opcodes(f, *args):
 
 
 def test_the_walks_order_is_searched_without_python_per_node_or_per_depth():
-    """engine._topological (a pipeline stage searches a graph each microbatch) runs as many opcodes for a chain of
+    """checks._topological (a pipeline stage searches a graph each microbatch) runs as many opcodes for a chain of
     residual diamonds 40 deep as for one 2 deep: no Python per node, input or depth; and it finds each node once,
     latest recorded first, with leaves and None inputs left out."""
-    from spmdsim.nn.autograd import engine
+    from spmdsim.nn.autograd import checks
     from spmdsim.nn.autograd.graph import Leaf, Node
 
     class Slot:  # a tensor's graph slot, all the search reads
@@ -802,7 +804,7 @@ def test_the_walks_order_is_searched_without_python_per_node_or_per_depth():
     counts = []
     for depth in (2, 40):
         root, made = diamonds(depth)
-        ops, order = _opcodes(engine._topological, root)
+        ops, order = _opcodes(checks._topological, root)
         assert order == made[::-1]  # each once, latest first
         counts.append(ops)
     assert counts[0] == counts[1], counts

@@ -131,7 +131,7 @@ def test_a_repeated_residual_draws_its_mask_and_gelus_node_reads_its_blocks_with
     dropped-out values' gradient stays a block); GELU's node is attached without `record`, and its backward
     reads the blocks without the `local` property; the values are the separate operators' (same bits)."""
     from spmdsim.nn import ops
-    from spmdsim.nn.ops.fused import residual
+    from spmdsim.nn.ops.residual import residual
 
     rng = np.random.default_rng(1)
     gh, gy, gb = rng.standard_normal((4, 2, 8)), rng.standard_normal((4, 2, 8)), rng.standard_normal(8)

@@ -47,8 +47,8 @@ def test_the_graph_sees_the_packages_imports():
     assert "spmdsim.tools.autoshard.dag" not in graph["spmdsim.tools.autoshard.report"]  # under TYPE_CHECKING
     assert "spmdsim.programs.algorithms.moving" in graph["spmdsim.programs.algorithms"]  # from . import moving, reducing
     # A function-level import is in the scan, not in the graph.
-    assert "spmdsim.runtime.executor" not in graph["spmdsim.nn.autograd.engine"]
-    assert any(i.target == "spmdsim.runtime.executor" and not i.at_import for i in scan()["spmdsim.nn.autograd.engine"])
+    assert "spmdsim.runtime.executor" not in graph["spmdsim.nn.autograd.moves"]
+    assert any(i.target == "spmdsim.runtime.executor" and not i.at_import for i in scan()["spmdsim.nn.autograd.moves"])
 
 
 def _package(root, files: dict[str, str]) -> None:

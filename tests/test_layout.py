@@ -245,7 +245,7 @@ def test_autograds_pending_layout_sums_back_to_each_tensors_own_object():
     """autograd's with_partial and grad_layout answer per layout object: two parameters of equal layouts
     (two objects) each get a pending layout that, summed, is their own layout object again (the
     optimizer's check of each gradient's layout then stops at `is`)."""
-    from spmdsim.nn.autograd.engine import grad_layout
+    from spmdsim.nn.autograd.moves import grad_layout
     from spmdsim.nn.autograd.graph import with_partial
 
     mesh = Layout((2, 4), ("dp", "mp"))

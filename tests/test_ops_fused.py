@@ -21,7 +21,7 @@ from spmdsim import DTensor, Layout, Mesh
 from spmdsim.nn import ops
 from spmdsim.nn.autograd import kept_as, kept_bytes
 from spmdsim.base.flops import counting
-from spmdsim.nn.ops import fused
+from spmdsim.nn.ops import fused, norm_affine, residual
 
 T, B, D, E, N = 4, 2, 6, 8, 2  # (T, B, D) activations, E = N heads of E / N
 
@@ -42,7 +42,7 @@ def _separate_reshape_einsum(x, shape, spec, w):
 
 
 def _separate_norm(x, w=None, b=None, centre=True):
-    from spmdsim.nn.ops.norms import _normalized
+    from spmdsim.nn.ops.normalize import _normalized
 
     y = _normalized(x, 2, 1e-5, centre, "layer_norm" if centre else "rms_norm")
     y = y if w is None else y * w
@@ -57,7 +57,7 @@ _NORMS = {"layer_norm": (True, True, True), "layer_norm_weight": (True, True, Fa
           "layer_norm_bias": (True, False, True), "rms_norm": (False, True, False), "layer_norm_of_a_leaf": (True, True, True)}
 
 
-# The general helpers of spmdsim.nn.ops.fused a piece's first call goes through; a repeat of its call signature (fp64,
+# The general helpers a fused piece's first call goes through; a repeat of its call signature (fp64,
 # fp32: no bfloat16 kernel) runs its kernels and builds its tensors and node itself, calling none of them
 _HELPERS = ("signature", "prepared_result", "make_dtensor", "_product", "_added", "_dropped", "_add_plan")
 _CALLED: dict = {}  # thread -> how many calls of _HELPERS it made
@@ -103,7 +103,7 @@ def _run_piece(name, use_fused, args):
         xin, w, b, centre = args
         return (_fused_norm if use_fused else _separate_norm)(xin, w, b, centre)
     h, y, b, p = args
-    f = fused.residual if use_fused else _separate_residual
+    f = residual.residual if use_fused else _separate_residual
     return f(h, y, b, p, seed=11 if p else None, mask_dims=(1, 0, 2))
 
 
@@ -147,13 +147,13 @@ def _case(name, precision):
 
 
 def _count_nodes(t):
-    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.nn.autograd.checks import _topological
 
     return len(_topological(t._ag))
 
 
 def _counted_helpers(monkeypatch):
-    """Count each thread's calls of spmdsim.nn.ops.fused's general helpers (`_HELPERS`) in `_CALLED`."""
+    """Count each thread's calls of the fused pieces' general helpers (`_HELPERS`) in `_CALLED`."""
     def counted(f):
         def call(*args, **kwargs):
             me = threading.get_ident()
@@ -161,8 +161,10 @@ def _counted_helpers(monkeypatch):
             return f(*args, **kwargs)
         return call
 
-    for helper in _HELPERS:
-        monkeypatch.setattr(fused, helper, counted(getattr(fused, helper)))
+    for module in (fused, residual, norm_affine):  # each piece's module, where it reaches the helper
+        for helper in _HELPERS:
+            if hasattr(module, helper):
+                monkeypatch.setattr(module, helper, counted(getattr(module, helper)))
 
 
 def _both(name, precision):
@@ -205,7 +207,7 @@ def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision, mo
 
 
 def test_a_graph_block_records_16_nodes():
-    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.nn.autograd.checks import _topological
     from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.models.gpt.parallel import GPT
 
@@ -266,7 +268,7 @@ def test_a_resolved_row_parallel_output_laid_out_as_the_activations_records_no_m
     # activations already (an equal layout object, not the same), as is the embedding's lookup: no redistribute
     # node. (The lookup's identity move once made stage 0's SPMDSIM_CHECK call count equal stage 1's by chance;
     # the stages agree on their counts before the clip's Allreduce over pp now: tests/test_check_across_stages.py)
-    from spmdsim.nn.autograd.engine import _topological
+    from spmdsim.nn.autograd.checks import _topological
     from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.models.gpt.parallel import GPT
     from spmdsim.layouts.layout import TensorLayout

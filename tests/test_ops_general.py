@@ -1165,7 +1165,7 @@ def test_a_bool_mask_index_is_refused_in_one_line_naming_where():
 
 
 def test_attention_takes_q_k_and_v_on_two_mesh_objects_of_one_layout():
-    """Every operator takes operands on two Mesh objects of one layout (ops._common.same_mesh); attention refused
+    """Every operator takes operands on two Mesh objects of one layout (ops._operands.same_mesh); attention refused
     them ("k is on another mesh than q"). Now its values and gradients are those on one Mesh object, and operands
     on meshes of different layouts are refused naming both."""
     from spmdsim import DTensor, Mesh

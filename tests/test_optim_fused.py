@@ -6,7 +6,7 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.nn import optim
+from spmdsim.nn import adamw_flat
 from spmdsim.nn.optim import AdamW, adamw_update
 
 SHAPES = [(8, 4), (4,), (4, 8), (8,)]
@@ -65,9 +65,9 @@ def _into_one_buffer(params: list) -> None:
 
 @pytest.mark.parametrize("group", [1 << 16, 13, 1])
 def test_flat_adamw_is_the_per_parameter_one_bit_for_bit(group, monkeypatch):
-    """Whatever the groups the flat update takes its parameters in (optim._GROUP_ELEMENTS; a rank's blocks
+    """Whatever the groups the flat update takes its parameters in (adamw_flat._GROUP_ELEMENTS; a rank's blocks
     have 8, 4, 16 and 4 elements: at 13 the first two go together, the third alone as larger than a group)."""
-    monkeypatch.setattr(optim, "_GROUP_ELEMENTS", group)
+    monkeypatch.setattr(adamw_flat, "_GROUP_ELEMENTS", group)
     for same, same_moments, fused, _ in spmdsim.simulate(4, lambda: _run({})):
         assert same and same_moments
         assert fused == [True] * 4
@@ -95,7 +95,7 @@ def test_gradients_lying_end_to_end_are_read_where_they_lie(group, monkeypatch):
     update lays its buffers out in that order and reads them in place, never gathering them into its own
     buffer (left zero); a step whose gradients lie apart gathers each group's into that buffer, which is
     one group's size at most; the values bit for bit the per-parameter formula's either way."""
-    monkeypatch.setattr(optim, "_GROUP_ELEMENTS", group)
+    monkeypatch.setattr(adamw_flat, "_GROUP_ELEMENTS", group)
     for same, same_moments, fused, gathered in spmdsim.simulate(4, lambda: _run({}, bucketed=(0, 1, 2, 3))):
         assert same and same_moments and fused == [True] * 4
         assert not gathered.any()

@@ -31,7 +31,7 @@ def test_a_gpt_dry_run_counts_adamws_states_and_allocates_none(monkeypatch):
     """The GPT's AdamW in a dry run: no moments or flat buffers made (nothing parameter-sized allocated while
     it steps), and the meter holds two flat buffers the size of this rank's parameters more (both moments)
     and the update's scratch and the buffer a group of gradients is gathered into (512 KiB each: one group of
-    optim._GROUP_ELEMENTS float64s; the scratch was the parameters' size, which Megatron's fused Adam never
+    adamw_flat._GROUP_ELEMENTS float64s; the scratch was the parameters' size, which Megatron's fused Adam never
     holds), which the report's peak includes."""
     cfg = GPTConfig(vocab=2048, layers=2, d_model=128, heads=4, seq=32, batch=8)
     dp, tp = 4, 2

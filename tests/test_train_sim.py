@@ -214,7 +214,7 @@ def test_a_backward_through_redistributions_leaves_no_cycle_holding_blocks():
         mesh = _mesh()
         mlp, x = _sequence_parallel_mlp(mesh)
         out = mlp(x)
-        from spmdsim.nn.autograd.engine import _topological
+        from spmdsim.nn.autograd.checks import _topological
 
         assert any(n.describe().startswith("redistribute ") for n in _topological(out._ag))  # moves recorded
         (out * out).sum().backward()

@@ -31,7 +31,7 @@ more Allreduce over pp adds the other stages' squares.
 
 In a dry run (shapes only) the collectives run on the dry engine's zeros and nothing is computed; the
 states and master copy it would hold (3 slices per bucket) and the update's scratch (one group of
-spmdsim.nn.optim._GROUP_ELEMENTS at most) are counted on the run's Meter.
+spmdsim.nn.adamw_flat._GROUP_ELEMENTS at most) are counted on the run's Meter.
 
 Memory, as Megatron's distributed optimizer holds it (Megatron Core user guide, "Distributed Optimizer":
 6 + 12/d bytes a parameter with bf16 parameters and fp32 main gradients): the flat buffer of step 2 is the
@@ -64,68 +64,31 @@ ZeRO-1's (the same buckets' elements, the same sums, the same update): the param
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
-from .autograd.graph import updated, with_partial
+from .autograd.graph import updated
 from ..base.buffers import CAPTURE
 from ..base.context import current
 from ..errors import OperatorError
 from ..base.flops import sweep
-from .optim import (_AG, _GRAD, _GRAD_NAMES, _LAYOUT, _LOCAL, _NONES, _SHAPE, _adam_args, _capturing, _count_step,
-                    _decay_flags, _drain, _gather_elements, _is, _is_not, _kernel, _norm_of, _Optimizer, _picker,
-                    _run_update, _squares, _step_sizes, _summed_squares, clip_coefficient)
-from ..base.precision import is_low
+from .adamw_flat import _decay_flags, _gather_elements, _step_sizes
+from .clip import _norm_of, _squares, _summed_squares, clip_coefficient
+from .optim_checks import _adam_args, _capturing
+from .optimizer import _AG, _GRAD_NAMES, _LOCAL, _NONES, _count_step, _drain, _kernel, _Optimizer, _run_update
 from ..base.validate import tolerance_arg
+from ..runtime.executor import gather
+from ..runtime.replay import ReplayError
+from ..runtime.collectives import allgather, reduce_scatter
+from .zero_buffers import _load_master, _LOCAL_VIEW, _pack, _round, _unpack, _ZeroBuffers
+from .zero_grads import _ZeroGrads
 
 __all__ = ["DistributedAdamW"]
 
 
-@dataclass
-class _Bucket:
-    """Parameters laid end to end in one flat buffer, and this rank's slice of it."""
-
-    dtype: np.dtype  # the parameters'
-    axes: tuple = ()  # the dp axes its members are replicated over: its slices' group (one of size above one)
-    wide: Any = None  # the gradients', master copy's and moments' (float32 for bfloat16 parameters)
-    params: Any = None  # bfloat16 parameters: `flat`'s first bytes as bfloat16, what they are gathered into
-    rounded: Any = None  # bfloat16 parameters: this rank's master slice rounded, what it sends
-    members: list = field(default_factory=list)  # (parameter index, start, stop) in the flat buffer
-    size: int = 0  # elements before padding
-    padded: int = 0  # a multiple of dp
-    start: int = 0  # this rank's slice [start, start + padded // dp)
-    decayed: tuple = ()  # (a, b) slice-relative spans of decaying parameters
-    flat: Any = None  # the gradient buffer: the gradients going out, the parameters coming back (ZeRO-2: the
-    # buckets' one shared buffer, a bucket at a time)
-    grad: Any = None  # this rank's slice of the summed gradients (the Reduce_scatter's result)
-    master: Any = None
-    m: Any = None
-    v: Any = None
-    tmp: Any = None  # the update's scratch: one group's (spmdsim.nn.optim._GROUP_ELEMENTS) at most
-    dp: int = 1  # the group's size
-    t: int = 0  # steps taken
-    loaded: bool = False  # bfloat16 parameters: the master slice was taken from them at the first step
-    # Made once with the buffers (`DistributedAdamW._prepare`), read at every step: the members' parameter
-    # indices and `pick` (a tuple of theirs from a column over every parameter), their slices of `flat`,
-    # their gradients' views of `flat` (ZeRO-1's ``.grad`` blocks), the views of the gathered buffer their
-    # blocks are copied from, and `parts`: (pick, slices of `master`, slices of a flattened block) of the
-    # members overlapping this rank's slice (None: none).
-    indices: tuple = ()
-    pick: Any = None
-    slices: tuple = ()
-    views: tuple = ()
-    sources: tuple = ()
-    parts: Any = None
-
-    @property
-    def shard(self) -> int:
-        return self.padded // self.dp
-
-
-class DistributedAdamW(_Optimizer):
+class DistributedAdamW(_ZeroBuffers, _ZeroGrads, _Optimizer):
     """AdamW (spmdsim.nn.optim.AdamW's update) with its states and master copy sharded over the `dp_axes` each
     parameter is replicated over (ZeRO-1; an MoE layer's experts over dp alone).
 
@@ -239,173 +202,11 @@ class DistributedAdamW(_Optimizer):
             if b.params is not None:  # bfloat16: the master slice is the state's once a step has been taken
                 b.loaded = b.t > 0
 
-    def _checked_axes(self, dp_axes: Any) -> tuple:
-        """The dp axes of size above one (a group of one shards nothing), or the error every rank raises."""
-        names = self.mesh.layout.alias_name
-        axes = (dp_axes,) if isinstance(dp_axes, str) else tuple(dp_axes)
-        if not axes or any(a not in names for a in axes) or len(set(axes)) != len(axes):
-            raise OperatorError(f"DistributedAdamW: dp_axes {dp_axes!r} must name distinct axes of the mesh "
-                                f"{tuple(names)!r}")
-        for i, p in enumerate(self.params):
-            if p.layout.layout != self.mesh.layout:
-                raise OperatorError(f"DistributedAdamW: parameter {i} is on {p.layout.layout}, not the mesh "
-                                    f"{self.mesh.layout}")
-        return tuple(a for a in axes if self.mesh.layout.axis_size(a) > 1)
-
-    def _buckets(self, cap: Optional[int]) -> list:
-        """The parameters in buckets: by dtype and the dp axes their states shard over, in parameter order, each
-        at most `cap` bytes (a larger parameter alone), padded to a multiple of its group's size; this rank's
-        slice and decaying spans in each."""
-        made: list = []
-        open_: dict = {}
-        layout = self.mesh.layout
-        for i, p in enumerate(self.params):
-            dtype, n, axes = p.local.dtype, p.local.size, self.axes[i]
-            key = (dtype.str, axes)
-            b = open_.get(key)
-            if b is None or (cap is not None and b.size and (b.size + n) * dtype.itemsize > cap):
-                b = open_[key] = _Bucket(dtype, axes, np.dtype(np.float32) if is_low(dtype) else dtype,
-                                         dp=layout.group_size(axes) if axes else 1)
-                made.append(b)
-            b.members.append((i, b.size, b.size + n))
-            b.size += n
-        for b in made:
-            b.padded = -(-b.size // b.dp) * b.dp
-            b.start = (layout.group_index(self.mesh.rank, b.axes) if b.axes else 0) * b.shard
-            lo, hi = b.start, b.start + b.shard
-            b.decayed = tuple((max(a, lo) - lo, min(z, hi) - lo) for i, a, z in b.members
-                              if self.decays[i] and max(a, lo) < min(z, hi))
-        return made
-
-    def _shared_buffer(self) -> Any:
-        """ZeRO-2's one flat buffer for every bucket, in turn: the largest bucket's bytes (zeros; a dry run's
-        take no pages)."""
-        nbytes = max((b.padded * b.wide.itemsize for b in self.buckets), default=0)
-        if self._dry:
-            from ..runtime.sim.dry import zeros
-
-            return zeros((nbytes,), np.uint8)
-        return np.zeros(nbytes, np.uint8)
-
-    def _allocate(self, b: _Bucket) -> None:
-        """The flat buffer and this rank's slice buffers; the master copy from the parameters as they are.
-        A dry run makes the two buffers its collectives need as zeros (no pages touched), and counts the
-        rest on its meter."""
-        low = b.wide != b.dtype
-        if self._dry:
-            from ..runtime.sim.dry import zeros
-
-            b.flat = zeros((b.padded,), b.wide) if self._shared is None else _narrow_view(self._shared, b.wide,
-                                                                                          b.padded)
-            b.grad = zeros((b.shard,), b.wide)
-            if low:
-                b.params, b.rounded = _narrow_view(b.flat, b.dtype, b.padded), zeros((b.shard,), b.dtype)
-            return
-        b.flat = np.zeros(b.padded, b.wide) if self._shared is None else _narrow_view(self._shared, b.wide, b.padded)
-        b.grad = np.zeros(b.shard, b.wide)
-        if low:  # gathered into the gradient buffer's bytes, as Megatron's grad buffer receives the params
-            b.params, b.rounded = _narrow_view(b.flat, b.dtype, b.padded), np.zeros(b.shard, b.dtype)
-        self._flatten_params(b)
-        b.master = (b.params if low else b.flat)[b.start:b.start + b.shard].astype(b.wide)
-        b.m, b.v = (np.zeros(b.shard, b.wide) for _ in range(2))
-        b.tmp = np.zeros(_gather_elements(b.shard), b.wide)
-
-    def _prepare(self, b: _Bucket) -> None:
-        """What a step reads of bucket `b` (its buffers made): the _Bucket fields after `loaded`."""
-        b.indices = tuple(i for i, _, _ in b.members)
-        b.pick = _picker(list(b.indices))
-        b.slices = tuple(slice(a, z) for _, a, z in b.members)
-        shapes = [self.params[i].local.shape for i in b.indices]
-        b.views = tuple(b.flat[a:z].reshape(shape) for (_, a, z), shape in zip(b.members, shapes))
-        if self._dry:
-            return
-        into = b.flat if b.params is None else b.params
-        b.sources = tuple(into[a:z].reshape(shape) for (_, a, z), shape in zip(b.members, shapes))
-        lo, hi = b.start, b.start + b.shard
-        overlap = [(i, slice(max(a, lo) - lo, min(z, hi) - lo), slice(max(a, lo) - a, min(z, hi) - a))
-                   for i, a, z in b.members if max(a, lo) < min(z, hi)]
-        if overlap:
-            b.parts = (_picker([i for i, _, _ in overlap]), tuple(d for _, d, _ in overlap),
-                       tuple(r for _, _, r in overlap))
-
-    def _claim(self, leaves: tuple) -> None:
-        """ZeRO-1: each parameter's gradient accumulates in its view of its bucket's gradient buffer (its leaf's
-        ``main``, Megatron's main_grad: spmdsim.nn.autograd.engine's `_into_main`), from the first backward of a step
-        on, so the step finds it packed already and the rank holds it once. ZeRO-2's buckets share one buffer,
-        a bucket at a time: its gradients stay blocks of their own until their bucket is reduced."""
-        if self._shared is None:
-            for b in self.buckets:
-                _drain(map(setattr, b.pick(leaves), _MAIN_NAMES, b.views))  # leaf.main = its view
-
-    def _flatten_params(self, b: _Bucket) -> None:
-        into = b.flat if b.params is None else b.params
-        for i, a, z in b.members:
-            into[a:z] = self.params[i].local.reshape(-1)
-
-    def memory(self) -> dict:
-        """This rank's bytes: "optimizer states" (the moments), "master copy", "buffers" (the summed gradients'
-        slices, the update's scratch, and a bfloat16 parameter's rounded slice). The buckets' flat buffers are
-        the gradients' (`gradient_buffers`), not counted here; under ZeRO-2 the summed slices are the gradients'
-        and the buckets' one shared flat buffer is counted here."""
-        slices = sum(b.shard * b.wide.itemsize for b in self.buckets)
-        scratch = sum(_gather_elements(b.shard) * b.wide.itemsize for b in self.buckets)
-        low = sum(b.shard * b.dtype.itemsize for b in self.buckets if b.params is not None)
-        if self._shared is not None:  # ZeRO-2: the summed slices are the gradients; the shared flat buffer
-            return {"optimizer states": 2 * slices, "master copy": slices,
-                    "buffers": self._shared.nbytes + scratch + low}
-        return {"optimizer states": 2 * slices, "master copy": slices, "buffers": slices + scratch + low}
-
-    def gradient_buffers(self) -> tuple:
-        """The buckets' flat buffers: the gradient buffer (Megatron's main_grad buffer) the step packs each
-        parameter's gradient into, its ``.grad`` then a view of it, until the parameters are gathered into
-        it (after a step every ``.grad`` is None). A memory report counts them as gradients. Under ZeRO-2 the
-        summed slices, the only gradients a rank keeps after the step."""
-        if self._shared is not None:
-            return tuple(b.grad for b in self.buckets)
-        return tuple(b.flat for b in self.buckets)
-
-    def states_of(self, params: Iterable[Any]) -> int:
-        """The bytes of this rank's slices of the moments of these parameters (of this optimizer's), a part of
-        `memory`'s "optimizer states" (an MoE layer's experts, spmdsim.models.moe.ledger), a dry run's alike."""
-        wanted = {id(p) for p in params}
-        total = 0
-        for b in self.buckets:
-            lo, hi = b.start, b.start + b.shard
-            total += sum(2 * max(0, min(z, hi) - max(a, lo)) * b.wide.itemsize for i, a, z in b.members
-                         if id(self.params[i]) in wanted)
-        return total
-
-    def grads_of(self, params: Iterable[Any]) -> int:
-        """The bytes of these parameters' gradients in the gradient buffers (their blocks' elements at the
-        gradients' width), whether or not a step has consumed them; under ZeRO-2 the parts of this rank's summed
-        slices; a dry run's alike."""
-        wanted = {id(p) for p in params}
-        if self._shared is not None:
-            return sum(max(0, min(z, b.start + b.shard) - max(a, b.start)) * b.wide.itemsize for b in self.buckets
-                       for i, a, z in b.members if id(self.params[i]) in wanted)
-        return sum((z - a) * b.wide.itemsize for b in self.buckets for i, a, z in b.members
-                   if id(self.params[i]) in wanted)
-
-    def grad_slices(self) -> list:
-        """(parameter index, start, stop, values): the summed gradient this rank updated at the last step,
-        elements [start, stop) of that parameter's flattened block (a real run's; empty before a step)."""
-        out = []
-        if self._dry or not self.steps:
-            return out
-        for b in self.buckets:
-            lo, hi = b.start, b.start + b.shard
-            for i, a, z in b.members:
-                if max(a, lo) < min(z, hi):
-                    out.append((i, max(a, lo) - a, min(z, hi) - a, b.grad[max(a, lo) - lo:min(z, hi) - lo]))
-        return out
-
     def gathered(self, kind: str, label: str = "check") -> list:
         """Each parameter's whole block of the master copy ("master"), a moment ("m", "v") or the summed gradient
         of the last step ("grad"), from the ranks' slices gathered over dp (one Allgather a bucket, `label`): a
         list in parameter order, each shaped as the parameter's block (collective; a real run's). A check reads
         them where AdamW's are read whole (spmdsim.models.gpt.train under a low-precision policy)."""
-        from ..runtime.executor import gather
-
         out: list = [None] * len(self.params)
         for b in self.buckets:
             part = getattr(b, kind)
@@ -420,8 +221,6 @@ class DistributedAdamW(_Optimizer):
         too: a kernel writes it), None before one; read after the step (inside a captured step it would
         be the capture's: refused)."""
         if _capturing():
-            from ..runtime.replay import ReplayError
-
             raise ReplayError("replay: DistributedAdamW.last_norm read inside a captured step: the replays "
                               "would keep the capture's value; read it after each step (each replay writes "
                               "its own)")
@@ -429,8 +228,6 @@ class DistributedAdamW(_Optimizer):
 
     def step(self) -> None:
         """Sum the gradients over dp onto this rank's slices, update them, gather the parameters (collective)."""
-        from ..runtime.collectives import allgather, reduce_scatter
-
         done = self._reduced
         in_backward = any(done)  # ZeRO-2: buckets reduced in the backward (`backward(reduce_with=self)`)
         self._reduced, self._final = [False] * len(self.buckets), set()  # the next step's
@@ -501,88 +298,6 @@ class DistributedAdamW(_Optimizer):
 
     # -- ZeRO-2 in the backward: each bucket reduced as soon as its members have their last gradients --
 
-    def reduce_after(self, params: Iterable[Any]) -> None:
-        """Leave the buckets of these parameters (of this optimizer's) to the step: their gradients change after
-        the backward (a pipeline's tied table, summed over its two end stages before the step)."""
-        ids = {id(p) for p in params}
-        self._after = {i for i, p in enumerate(self.params) if id(p) in ids}
-
-    def _walk_groups(self) -> list:
-        """(bucket index, its members' leaves whose last gradient no walk of this step has given yet) of each
-        bucket a backward with ``reduce_with=self`` may reduce (not yet reduced, none of `reduce_after`'s), in
-        bucket order (autograd.engine._walk_reducing)."""
-        if self._shared is None:  # ZeRO-1: each parameter alone, its gradient into its main gradient when final
-            return list(zip(range(len(self.params)), zip(map(_AG, self.params))))
-        final, after, params = self._final, self._after, self.params
-        return [(k, tuple(params[i]._ag for i in b.indices if i not in final)) for k, b in enumerate(self.buckets)
-                if not self._reduced[k] and not after.intersection(b.indices)]
-
-    def _reached(self, leaves: Any) -> None:
-        """The parameters of these leaves (a walk's with ``reduce_with=self``) have their step's last gradient
-        (ZeRO-2's; ZeRO-1's walks each give theirs)."""
-        if self._shared is None:
-            return
-        self._final.update(i for i, p in enumerate(self.params) if p._ag in leaves)
-
-    def _bucket_ready(self, k: int, grads: dict) -> None:
-        """Bucket `k`'s members have their last gradients of the step in ``.grad`` (a walk put them there): its
-        Reduce_scatter now, its members' blocks freed (`grads`: the walk's gradients then, for `watch`)."""
-        if self._shared is None:  # ZeRO-1: parameter `k`'s gradient is in its main gradient; reduced in the step
-            return
-        if self.watch is not None:
-            self.watch(grads)
-        self._reduce_bucket(self.buckets[k], tuple(map(_AG, self.params)))
-        self._reduced[k] = True
-
-    def _stopped(self, grads: dict) -> None:
-        """A walk with ``reduce_with=self`` stopped where parameters' gradients are final and put them into
-        ``.grad`` (`grads`: the walk's gradients then). ZeRO-1: the memory look (`watch`) here, each stop's
-        gradients in the gradient buffer (a parameter read twice, the tied table, gets the head's there at a stop
-        of its own, then the embedding's). A gradient a node makes counts as the
-        buffer's, as a framework accumulates it there as it is made (Megatron's gradient_accumulation_fusion;
-        spmdsim.tools.estimate.ledger.largest_transient counts it so, not as the moment's own). ZeRO-2's look is made
-        before each bucket's Reduce_scatter (`_bucket_ready`)."""
-        if self._shared is None and self.watch is not None:
-            self.watch(grads)
-
-    def _reduce_bucket(self, b: _Bucket, leaves: tuple) -> None:
-        """ZeRO-2's steps 1-3 for one bucket: its members' gradients checked and summed over their other axes
-        (`_bucket_grads`), packed into the shared flat buffer, their blocks freed (``.grad`` None), and the
-        buffer reduce-scattered into this rank's slice."""
-        from ..runtime.collectives import reduce_scatter
-
-        blocks = self._bucket_grads(b)
-        if not self._dry:
-            _kernel(_pack)(b.flat, blocks, b.slices)
-        del blocks
-        _drain(map(setattr, b.pick(leaves), _GRAD_NAMES, _NONES))  # leaf.grad = None
-        reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-2 gradient bucket", out=b.grad)
-
-    def _bucket_grads(self, b: _Bucket) -> list:
-        """Bucket `b`'s members' gradient blocks, in its order, each checked as `_grads_checked` checks it and
-        those pending over other axes than their dp ones summed over those first (one Allreduce per group of
-        axes, of this bucket's members: the values `_grads`' one Allreduce of every parameter's gives)."""
-        extra: dict = {}
-        out = []
-        for i in b.indices:
-            p = self.params[i]
-            g = p.grad
-            self._check_grad(i, p, g)
-            self._note_other_axes(extra, len(out), i, p, g)
-            out.append(g.local)
-        self._sum_other_axes(out, extra)
-        return out
-
-    def _into_buffer(self, b: _Bucket, leaves: tuple) -> None:
-        """Each member's ``.grad`` made a view of its place in `b`'s gradient buffer (packed there: the same
-        values, the same pending sum), so the block the backward made is freed: the buffer is the gradients'
-        memory, as Megatron's main_grad views its grad buffer. (The views made once, `b.views`; `map` makes
-        the DTensors, no Python per member.)"""
-        ours = b.pick(leaves)
-        gs = tuple(map(_GRAD, ours))
-        made = map(type(gs[0])._trusted, map(_MESH, gs), b.views, map(_LAYOUT, gs), map(_GLOBAL, gs))
-        _drain(map(setattr, ours, _GRAD_NAMES, made))
-
     def _update_slice(self, k: int, master: np.ndarray, grad: np.ndarray) -> None:
         """AdamW on bucket `k`'s slice, element by element as spmdsim.nn.optim.adamw_update (one kernel call
         when a step is captured: a replay counts its own steps)."""
@@ -597,96 +312,6 @@ class DistributedAdamW(_Optimizer):
             z = min(a + n, master.size)
             master[a:z] -= _step_sizes(grad[a:z], b.m[a:z], b.v[a:z], b.t, b.tmp[:z - a], lr=self.lr,
                                        betas=self.betas, eps=self.eps)
-
-    def _grads(self) -> list:
-        """Every parameter's gradient block summed over all but the dp axes (one Allreduce per other group of
-        axes), checked to be a pending sum over the dp axes it is replicated over; the refusals are alike on every
-        rank."""
-        again = self._grads_again()
-        if again is not None:
-            out, extra = again
-        else:
-            out, extra = self._grads_checked()
-        self._sum_other_axes(out, extra)
-        for members, layouts in extra.values():
-            for i, layout in zip(members, layouts):  # the leaf's gradient, now pending over its dp axes only
-                p = self.params[i]
-                p._ag.grad = type(p.grad)(p.mesh, out[i], layout, p.global_shape)
-        return out
-
-    def _grads_again(self) -> Any:
-        """`_grads_checked`'s answer without its Python per parameter, when every parameter's leaf, block and
-        layout are the very objects the last check saw and each gradient's layout the very object it checked
-        (its block of the shape it had); else None."""
-        seen = self._seen_grads
-        if seen is None or CAPTURE.on:  # (a captured step reads the blocks as recorded: `.local`)
-            return None
-        leaves, blocks, layouts, grad_layouts, shapes, extra = seen
-        params = self.params
-        if not (all(map(_is, map(_AG, params), leaves)) and all(map(_is, map(_LOCAL, params), blocks))
-                and all(map(_is, map(_LAYOUT, params), layouts))):
-            return None
-        held = list(map(_GRAD, leaves))
-        if not all(map(_is_not, held, _NONES)) or not all(map(_is, map(_LAYOUT, held), grad_layouts)) \
-                or list(map(_SHAPE, held)) != shapes:
-            return None
-        return list(map(_LOCAL, held)), extra
-
-    def _grads_checked(self) -> tuple:
-        """(each parameter's gradient block, {other axes: (members, their layouts once summed over those)}),
-        every gradient checked (the refusals); what was checked remembered for `_grads_again`."""
-        extra: dict = {}
-        for i, p in enumerate(self.params):
-            g = p.grad
-            self._check_grad(i, p, g)
-            self._note_other_axes(extra, i, i, p, g)
-        out = [p.grad.local for p in self.params]
-        params = self.params
-        self._seen_grads = None
-        if not CAPTURE.on:
-            held = tuple(map(_GRAD, map(_AG, params)))
-            self._seen_grads = (tuple(map(_AG, params)), tuple(map(_LOCAL, params)), tuple(map(_LAYOUT, params)),
-                                tuple(map(_LAYOUT, held)), list(map(_SHAPE, held)), extra)
-        return out, extra
-
-    def _note_other_axes(self, extra: dict, at: int, i: int, p: Any, g: Any) -> None:
-        """Note in `extra` ({other axes: (positions, layouts once summed over them)}) parameter `i`'s gradient `g`,
-        at position `at` of its list, if it is pending over axes other than its dp ones (`self.axes[i]`)."""
-        others = tuple(a for a in g.layout.partial if a not in self.axes[i])
-        if others:
-            members, layouts = extra.setdefault(others, ([], []))
-            members.append(at)
-            layouts.append(with_partial(p.layout, tuple(a for a in g.layout.partial if a in self.axes[i])))
-
-    def _sum_other_axes(self, out: list, extra: dict) -> None:
-        """The blocks of `out` that `extra` (`_note_other_axes`') names summed over those other axes, in place of
-        their entries: one Allreduce per group of axes, of their blocks laid end to end."""
-        from ..runtime.executor import pending, resolve
-
-        for axes, (members, _) in extra.items():
-            flat = np.concatenate([out[j].reshape(-1) for j in members]) if not self._dry else \
-                _dry_flat(sum(out[j].size for j in members), out[members[0]].dtype)
-            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
-                             + ",".join(axes), owned=True)
-            at = 0
-            for j in members:
-                n = out[j].size
-                out[j] = summed[at:at + n].reshape(out[j].shape)
-                at += n
-
-    def _check_grad(self, i: int, p: Any, g: Any) -> None:
-        """Refuse parameter `i`'s gradient `g` if it is missing, laid out unlike `p` or not pending over the dp
-        axes its states shard over (alike on every rank: layouts and shapes)."""
-        if g is None:
-            raise OperatorError(f"DistributedAdamW: parameter {i} has no gradient; every parameter of a "
-                                "bucket steps together")
-        if g.layout.tensor_map != p.layout.tensor_map or g.local.shape != p.local.shape:
-            raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
-        if not set(self.axes[i]) <= set(g.layout.partial):
-            raise OperatorError(f"DistributedAdamW: parameter {i}'s gradient ({g.layout}) is not pending over "
-                                f"{self.axes[i]!r}: run loss.backward(keep_pending=optimizer.params), so the "
-                                "optimizer sums it once over dp (a gradient already summed would be summed "
-                                "again)")
 
     def _counted_parts(self) -> tuple:
         """Views of the parts of this rank's summed slices whose squares it adds for clipping: each element
@@ -733,62 +358,8 @@ def _clip_slices(optimizer: DistributedAdamW, squares: np.ndarray) -> None:
 def _unclipped(optimizer: DistributedAdamW) -> None:
     """A step captured with clip_grad 0 takes no norm: one line if clip_grad is set before a replay."""
     if optimizer.clip_grad:
-        from ..runtime.replay import ReplayError
-
         raise ReplayError(f"replay: DistributedAdamW.clip_grad is {optimizer.clip_grad!r} now but was 0 when the "
                           "step was captured, so a replay takes no gradient norm; capture the step again after "
                           "setting clip_grad")
 
 
-def _dry_flat(n: int, dtype: Any) -> np.ndarray:
-    from ..runtime.sim.dry import zeros
-
-    return zeros((n,), dtype)
-
-
-def _narrow_view(flat: np.ndarray, dtype: Any, n: int) -> np.ndarray:
-    """The first `n` elements' bytes of `flat` (a wider dtype) as an array of `dtype`: a view, no memory."""
-    return flat.view(np.uint8)[:n * np.dtype(dtype).itemsize].view(dtype)
-
-
-_MESH, _GLOBAL, _LOCAL_VIEW = (operator.attrgetter(name) for name in ("_mesh", "_shape", "local"))
-_MAIN_NAMES = repeat("main")
-_FLAT = operator.methodcaller("reshape", -1)
-
-
-def _pack(flat: np.ndarray, grads: tuple, slices: tuple) -> None:
-    """The gradient blocks end to end into `flat` (``flat[a:z] = g.reshape(-1)`` each, made by `map`), its
-    padding zeroed."""
-    _drain(map(operator.setitem, repeat(flat), slices, map(_FLAT, grads)))
-    flat[slices[-1].stop:] = 0
-
-
-def _load_master(b: _Bucket, blocks: tuple) -> None:
-    """This rank's master slice of bucket `b` from the parameters' blocks where they overlap it.
-
-    AdamW updates the parameters themselves, so a parameter set between steps (weights loaded after the
-    optimizer was made, a value clamped or tied by hand) is what its next step starts from. The master slice
-    is this rank's copy of them, made when the optimizer was: without this, the next Allgather wrote the old
-    values back over any such change. Parameters of the master's own dtype are read at every step (a
-    parameter the last step gathered equals its slice bit for bit: nothing changes); bfloat16 ones at the
-    first step only, as AdamW makes its float32 master copy of them then (reading them again each step would
-    round the float32 master to bfloat16). One kernel: a replay reruns it, as the update it precedes."""
-    if b.params is not None:
-        if b.loaded:
-            return
-        b.loaded = True
-    if b.parts is not None:  # `blocks`: every parameter's; each member's overlap with the slice, by `map`
-        pick, into, taken = b.parts
-        _drain(map(operator.setitem, repeat(b.master), into, map(operator.getitem, map(_FLAT, pick(blocks)), taken)))
-
-
-def _round(master: np.ndarray, out: np.ndarray) -> None:
-    """The master slice rounded once to the parameters' dtype (bfloat16: round to nearest even, numpy's cast as
-    astype makes it), written into `out` without a temporary."""
-    np.copyto(out, master, casting="unsafe")
-
-
-def _unpack(blocks: tuple, sources: tuple) -> None:
-    """The gathered parameters into their blocks, in place: ``block[...] = source`` each (`sources`: their views
-    of the gathered buffer, `_Bucket.sources`), made by `map`."""
-    _drain(map(operator.setitem, blocks, repeat(Ellipsis), sources))

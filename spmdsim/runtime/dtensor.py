@@ -49,28 +49,67 @@ _new = object.__new__
 class _Operators:
     """What DTensor's operator methods call: the operators and autograd, which build DTensors.
 
-    The runtime sits below them and imports neither; `spmdsim.nn.ops` fills this table when it loads
-    (`spmdsim/nn/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
-    (``from spmdsim import DTensor``) loads spmdsim.nn.ops with it.
+    The runtime sits below them and imports neither; `spmdsim.nn.ops.methods.bind_dtensor` fills this
+    table, called by spmdsim.nn.ops when it loads and by the front door (``from spmdsim import DTensor``)
+    before it hands out a runtime name.
     """
     __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "set_grad", "backward", "getitem",
-                 "reshape", "transpose")
+                 "reshape", "transpose", "array_ufunc", "array_function", "array", "len", "abs", "pos", "round")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
         raise OperatorError(f"DTensor's operators and autograd come with spmdsim.nn.ops, which is not loaded: "
                             f"import spmdsim.nn.ops (or take DTensor from spmdsim) before using {name}")
 
 
+class _Spelled(dict):
+    """name -> the function behind DTensor's method (or property) of that name in `_SPELLINGS`."""
+
+    def __missing__(self, name: str) -> Any:
+        return getattr(_OPERATORS, name)  # the one line saying where the operators come from
+
+
 _OPERATORS = _Operators()
+_METHODS = _Spelled()
+
+#: PyTorch's and numpy's method spellings of spmdsim's operators (docs/tutorials/porting.md): ``x.view(...)``,
+#: ``x.softmax(-1)``, ``x.detach()``, ... DTensor's methods of these names call the function
+#: spmdsim.nn.ops.methods gives each; those of `_PROPERTIES` are properties (``x.T``, ``x.size``).
+_SPELLINGS = ("swapaxes", "permute", "t", "view", "numel", "dim", "unsqueeze", "squeeze", "flatten", "contiguous",
+              "detach", "split", "softmax", "log_softmax", "masked_fill", "exp", "log", "sqrt", "tanh", "abs",
+              "square", "sigmoid", "pow", "relu", "clamp", "clip", "matmul", "mm", "clone", "copy", "numpy",
+              "tolist", "round", "floor", "ceil", "sign", "norm", "expand", "any", "all", "var", "prod", "std",
+              "ravel")
+_PROPERTIES = ("T", "size")
 
 
-def install_operators(**functions: Callable[..., Any]) -> None:
-    """Fill the table DTensor's methods call (spmdsim.nn.ops does, when it loads)."""
+def install_operators(methods: dict[str, Any] | None = None, **functions: Callable[..., Any]) -> None:
+    """Fill the table DTensor's methods call, and the functions behind its spellings (`methods`)."""
     for name, function in functions.items():
         setattr(_OPERATORS, name, function)
+    if methods:
+        unknown = set(methods) - set(_SPELLINGS + _PROPERTIES)
+        if unknown:
+            raise OperatorError(f"DTensor has no method spelled {sorted(unknown)!r} (expected one of _SPELLINGS)")
+        _METHODS.update(methods)
 
 
-class DTensor:
+def _spelling(name: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _METHODS[name](self, *args, **kwargs)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"PyTorch's (or numpy's) ``x.{name}(...)``: spmdsim.nn.ops.methods gives what it does."
+    return method
+
+
+#: The base class that holds DTensor's spellings: methods that look up their function when called, so a
+#: DTensor finds them on its class whether or not spmdsim.nn.ops has loaded yet.
+_Spellings = type("_Spellings", (), {
+    "__slots__": (), "__module__": __name__,
+    **{name: _spelling(name) for name in _SPELLINGS},
+    **{name: property(lambda self, name=name: _METHODS[name](self)) for name in _PROPERTIES}})
+
+
+class DTensor(_Spellings):
     """``DTensor(mesh, local, layout, global_shape)``; treat it as an immutable value.
 
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
@@ -272,7 +311,7 @@ class DTensor:
 
         return resolve(self._mesh, local_of(self), self._layout, label)
 
-    # -- autograd and operators: spmdsim.nn.ops fills `_OPERATORS` when it loads ----------------
+    # -- autograd and operators: spmdsim.nn.ops.methods.bind_dtensor fills `_OPERATORS` ----------
     def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
         """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
         return _OPERATORS.requires_grad_(self, requires_grad)
@@ -360,7 +399,7 @@ class DTensor:
         return _OPERATORS.pointwise("invert", self)
 
     def __pow__(self, other: Any) -> "DTensor":
-        """numpy's ``x ** y`` (spmdsim.nn.ops.pointwise.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
+        """numpy's ``x ** y`` (spmdsim.nn.ops.ufuncs.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
         return _OPERATORS.power(self, other)
 
     def __rpow__(self, other: Any) -> "DTensor":
@@ -403,6 +442,28 @@ class DTensor:
 
     def __ge__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("ge", self, other)
+
+    # numpy's protocol and Python's, looked up on the class: np.exp(x), np.where(x > 0, x, 0), abs(x), len(x)
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        return _OPERATORS.array_ufunc(self, ufunc, method, *inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        return _OPERATORS.array_function(self, func, types, args, kwargs)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return _OPERATORS.array(self, dtype, copy)
+
+    def __len__(self) -> int:
+        return _OPERATORS.len(self)
+
+    def __abs__(self) -> "DTensor":
+        return _OPERATORS.abs(self)
+
+    def __pos__(self) -> "DTensor":
+        return _OPERATORS.pos(self)
+
+    def __round__(self, ndigits: Any = None) -> "DTensor":
+        return _OPERATORS.round(self, ndigits)
 
     def __getitem__(self, index: Any) -> "DTensor":
         """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.nn.ops.narrow` on each cut dim; a

@@ -12,6 +12,7 @@ from ...nn.autograd.graph import record, with_partial
 from .config import GPTConfig
 from ...base.context import current
 from ...nn.ops import fused, megatron
+from ...nn.ops.residual import residual as fused_residual
 from ...base.precision import is_low
 from ...runtime.executor import redistribute
 from ...runtime.replay import Scalar
@@ -170,11 +171,11 @@ class _Block:
     def _residual(self, h: Any, y: Any, bias: Optional[str], site: str, step: Optional[int], train: bool,
                   micro: Optional[int]) -> Any:
         """h + dropout(y + the bias `bias` where the model has one), the dropout's at `site` (none in eval mode or
-        without cfg.dropout): the graph's add, dropout and add in one node (spmdsim.nn.ops.fused.residual), which
+        without cfg.dropout): the graph's add, dropout and add in one node (spmdsim.nn.ops.residual), which
         keeps what they kept."""
         p = self.cfg.dropout if train else 0.0
         b = None if bias is None else self.params.get(bias)
-        return fused.residual(h, y, b, p, self._seed(step, site, micro) if p else None, mask_dims=(1, 0, 2))
+        return fused_residual(h, y, b, p, self._seed(step, site, micro) if p else None, mask_dims=(1, 0, 2))
 
     def _biased(self, y: Any, name: str) -> Any:
         """y plus the bias `name` where the model has one (GPTConfig.bias)."""

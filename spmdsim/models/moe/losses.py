@@ -79,7 +79,7 @@ def router_losses(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: fl
     dtype = p.dtype
     count = T * B  # the entries each mean sums (the z-loss's: T B 1)
     # The chain's forward kernels (spmdsim.nn.ops.reduce, spmdsim.nn.ops.pointwise), in its order; a 0-d result as the
-    # 0-d array its DTensor held; its Python numbers as the 0-d arrays `ops.pointwise.lift` made of them.
+    # 0-d array its DTensor held; its Python numbers as the 0-d arrays `ops.scalars.lift` made of them.
     m = np.asanyarray(_SUM(p, axis=(0, 1), keepdims=False)) / np.asarray(count, dtype)
     pm = m * fb
     s = np.asanyarray(_SUM(pm, axis=(0,), keepdims=False))

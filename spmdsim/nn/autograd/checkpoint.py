@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ...base.context import current
 from ...errors import OperatorError
 from .graph import Detached, Leaf, enable_grad, is_grad_enabled, kept_as, no_grad, record
+from .engine import gradients
 
 __all__ = ["checkpoint"]
 
@@ -42,8 +43,6 @@ def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input") 
     shape, layout = tuple(out.global_shape), out.layout
 
     def backward(dy: Any) -> tuple:
-        from .engine import gradients
-
         # The activations as new leaves on the same blocks (their gradients come back pending, as the
         # walk left them); the parameters as they are (their leaves are the outer graph's).
         again = tuple(a if t is None else _detached(t) for a, t in zip(inputs, tensors))

@@ -28,6 +28,9 @@ import numpy as np
 from ...base.buffers import CAPTURE, lazy_zeros, owner
 from .graph import with_partial
 from .rules.grads import GRADIENT_DTYPE
+from . import engine as _engine
+from .leaves import _copy_main, _main_kernel
+from .plans import _leaf_plan
 
 __all__ = ["GradBuffer"]
 
@@ -132,7 +135,7 @@ class GradBuffer:
 
     def reduce(self) -> None:
         """The gradients summed over the axes each is pending on (collective: every rank of a group calls it after
-        the same backwards), in the buckets `reduce_grads` cuts (its plan, `engine._leaf_plan`: the same calls,
+        the same backwards), in the buckets `reduce_grads` cuts (its plan, `plans._leaf_plan`: the same calls,
         labels and values), each ``.grad`` then its view, whole. A bucket whose gradients are a run of views of
         one block (every one, where the guessed axes were the gradients' own) is summed there in place; another
         (a gradient pending over other axes than its parameter is replicated on, as an MoE router's, whole over
@@ -141,7 +144,6 @@ class GradBuffer:
         gradients are let go)."""
         from ...runtime import executor
         from ...runtime.dtensor import DTensor
-        from .engine import _copy_main, _leaf_plan, _main_kernel, reduce_grads
 
         params = self.params
         grads = [p._ag.grad for p in params]
@@ -172,7 +174,7 @@ class GradBuffer:
                     params[i]._ag.grad = DTensor._trusted(mesh, self._view[i], with_partial(g._layout, ()), g._shape)
                 continue
             # in a block of their own (one call), then into the views
-            reduce_grads([params[i] for i in members], bucket=True, watch=self.watch_blocks)
+            _engine.reduce_grads([params[i] for i in members], bucket=True, watch=self.watch_blocks)
             for i in members:
                 leaf, view = params[i]._ag, self._view[i]
                 g = leaf.grad

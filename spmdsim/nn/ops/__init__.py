@@ -18,13 +18,16 @@ from .local import reshape, transpose
 from .losses import cross_entropy, mse_loss
 from .matmul import matmul
 from .mlp import ParallelMLP
-from .norms import causal_mask, dropout, layer_norm, log_softmax, masked_fill, resolved, rms_norm, softmax
+from .masks import causal_mask, dropout, masked_fill
+from .norms import layer_norm, log_softmax, resolved, rms_norm, softmax
 from .paddle_split import paddle_mesh, split
-from .pointwise import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
+from .ufuncs import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
                         minimum, mul, neg, not_equal, pow, remainder, round, rsqrt, sigmoid, sign, silu, sin, sqrt,
                         square, sub, tanh, where)
 from .reduce import argmax, argmin, max, mean, min, prod, sum, var
-from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
+from .methods import bind_dtensor as _bind_dtensor
+
+_bind_dtensor()  # the runtime's DTensor calls these operators: x + y, x @ w, x.sum(), np.exp(x), x.view(...)
 
 concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the MPI operators: operand checks, result tensors, local B -> S slicing."""
+"""Shared pieces of the MPI operators: result tensors, prepared calls, local B -> S slicing, seeded blocks."""
 from __future__ import annotations
 
 import math
@@ -10,9 +10,8 @@ import numpy as np
 from ...base import buffers
 from ...errors import DTypeError, OperatorError
 from ...layouts.layout import Layout, TensorLayout
-from ...base.precision import _PRODUCT_DTYPES, is_low, matmul, product_dtype, wide
+from ...base.precision import _PRODUCT_DTYPES, matmul, product_dtype, wide
 from ...layouts.datagen import SeededTensor, bind_keep, uniform_at_least
-from ...runtime import debug
 from ...runtime.replay import kernel, kernels
 from ...base.validate import as_int, describe, dtype_name
 from ...base.context import current as _context
@@ -20,6 +19,10 @@ from ...runtime.engines import c_order
 from ...runtime.engines.base import DRY_VALUES_BYTES
 from ...base.flops import gemm
 from ..autograd.graph import with_partial
+from ...runtime.executor import redistribute
+from ...runtime.dtensor import DTensor
+from ...runtime.mesh import Mesh
+from ._operands import _no_common, result_dtype
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -168,7 +171,6 @@ def moved(xs: Any, prepared: Prepared) -> Any:
     with those that move redistributed (the executor imported only then: ~2 us a call)."""
     if prepared.stays:
         return xs
-    from ...runtime.executor import redistribute
 
     return tuple(x if kept else redistribute(x, target)
                  for x, target, kept in zip(xs, prepared.plan.targets, prepared.stay))
@@ -205,11 +207,8 @@ _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.t
 
 
 def _dtensor_class() -> Any:
-    """runtime.DTensor, imported on first use (importing the ops must not start MPI)."""
+    """runtime.DTensor, bound into `_DTENSOR` (and Mesh into `_MESH`) at the first operator's call."""
     global _DTENSOR, _MESH
-    from ...runtime.dtensor import DTensor
-    from ...runtime.mesh import Mesh
-
     _DTENSOR, _MESH = DTensor, Mesh
     return DTensor
 
@@ -262,56 +261,6 @@ def dry_zeros(mesh: Any, shape: tuple, dtype: Any, fn: Any, *args: Any) -> Optio
     return mesh.engine.local(fn, buffers.broadcast_zero(shape, dtype), *args)
 
 
-_RESULT_DTYPES: dict = {}
-_UFUNC_DTYPES: dict = {}
-#: numpy's own loops in the order its ufuncs try them (bool, the ints, the floats, the complex numbers)
-_LOOPS = "?bBhHiIlLqQefdgFDG"
-
-
-def result_dtype(*dtypes: np.dtype) -> np.dtype:
-    """``np.result_type`` of these dtypes, cached: numpy's call costs ~10 us, more than most ops' own
-    arithmetic on a small shard, and a program asks for the same few pairs every step. Where numpy has no
-    common dtype (bfloat16 beside float16, int16 and wider ints: its DTypePromotionError; a join or np.where
-    of them) a DTypeError in one line, the same on every rank (the dtypes are every rank's)."""
-    try:
-        return _RESULT_DTYPES[dtypes]
-    except KeyError:
-        pass
-    try:
-        out = np.result_type(*dtypes)
-    except TypeError:  # DTypePromotionError
-        raise _no_common(dtypes, "its np.result_type refuses them: a join or np.where of them too") from None
-    out = _RESULT_DTYPES[dtypes] = out
-    return out
-
-
-def ufunc_dtype(*dtypes: np.dtype) -> np.dtype:
-    """The dtype numpy's binary ufuncs (np.add, np.power, np.maximum, np.less, ...) compute on blocks of these
-    dtypes in: `result_dtype`'s, or where numpy's promotion table has no entry (bfloat16 beside float16, int16
-    and wider ints) the first of numpy's own loops every dtype casts to safely, as a ufunc picks it (bfloat16
-    and float16, int16 or uint16: float32; int32, int64 or their unsigned: float64). Cached; a DTypeError in
-    one line where no loop takes them."""
-    try:
-        return _UFUNC_DTYPES[dtypes]
-    except KeyError:
-        pass
-    try:
-        out = np.result_type(*dtypes)
-    except TypeError:  # DTypePromotionError: numpy's ufunc looks for a loop instead
-        out = next((np.dtype(c) for c in _LOOPS if all(np.can_cast(d, c, "safe") for d in dtypes)), None)
-        if out is None:
-            raise _no_common(dtypes, "no loop of its ufuncs takes them") from None
-    out = _UFUNC_DTYPES[dtypes] = out
-    return out
-
-
-def _no_common(dtypes: tuple, why: str) -> Exception:
-    """The one-line DTypeError for dtypes numpy has no common dtype of."""
-    names = " and ".join(sorted({np.dtype(d).name for d in dtypes} - {"bool"}))  # (bool promotes with any)
-    return DTypeError(f"no common dtype of {names}: numpy has none ({why}); convert one first, e.g. "
-                      "x.astype('float32')")
-
-
 def add_bias(owned: np.ndarray, bias: np.ndarray, op: str = "linear") -> np.ndarray:
     """``owned + bias``, in place when the sum keeps `owned`'s shape and dtype.
 
@@ -340,83 +289,6 @@ def no_bias_sum(op: str, product: np.dtype, bias: np.dtype) -> DTypeError:
     return DTypeError(f"{op}: {_no_common((product, bias), why)}")
 
 
-def check_dtensor(value: Any, what: str) -> None:
-    """OperatorError unless `value` is a DTensor; `what` names it ("matmul: w")."""
-    if type(value) is _DTENSOR:
-        return
-    if not isinstance(value, _DTENSOR or _dtensor_class()):
-        raise OperatorError(f"{what} must be a DTensor, got {describe(value)}; build one with "
-                            "DTensor.from_local/from_seeded")
-
-
-def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> None:
-    """Raise the OperatorError for the first operand that is not a DTensor (None included).
-
-    Ops call it when reading their operands raised AttributeError, so a call
-    with DTensors pays nothing for the check:
-    ``except AttributeError: raise_if_not_dtensors("matmul", ("x", "w"), x, w); raise``.
-    """
-    for name, t in zip(names, operands):
-        try:
-            check_dtensor(t, f"{op}: {name}")
-        except OperatorError as error:
-            raise error from None
-
-
-def require_float(op: str, local: np.ndarray) -> None:
-    """Refuse a non-floating `local` for `op` (GELU, softmax) as PyTorch does, instead of truncating."""
-    if local.dtype.kind != "f" and not is_low(local.dtype):
-        raise OperatorError(f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
-                            "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
-
-
-def refuse_bool_sum(op: str, local: np.ndarray, why: str) -> None:
-    """OperatorError when an op's local result that ranks add up holds bools (MPI has no bool sum).
-
-    Called on the local product, before any collective: its dtype is the
-    same on every rank.
-    """
-    if local.dtype is _BOOL:
-        raise OperatorError(f"{op}: the operands have dtype 'bool', but {why}; use an integer, "
-                            "float or complex dtype")
-
-
-def same_mesh(*tensors: Any) -> Any:
-    """The mesh the tensors share; OperatorError when they live on different meshes."""
-    mesh = tensors[0].mesh
-    for t in tensors[1:]:
-        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-            raise OperatorError(f"operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
-    return mesh
-
-
-def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -> None:
-    """With SPMDSIM_CHECK, the named operands' global shapes, layouts and dtypes agree on every rank.
-
-    Free otherwise (one flag read). A None tensor (no bias) is skipped.
-    """
-    if debug.quiet():
-        return
-    debug.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
-                                          for name, t in zip(names, tensors) if t is not None))
-
-
-def operands_mesh(op: str, names: tuple[str, ...], *tensors: Any) -> Any:
-    """The mesh an operator's DTensor operands share, checked at the operator's entry.
-
-    A non-DTensor operand is named (looked for only when reading it failed, so DTensors pay nothing), operands
-    on two meshes are refused, and with SPMDSIM_CHECK they are compared across ranks (`verify_operands`).
-    Pass only the operands given (no None for an absent bias).
-    """
-    try:
-        mesh = same_mesh(*tensors)
-    except AttributeError:  # not DTensors: say which
-        raise_if_not_dtensors(op, names, *tensors)
-        raise
-    verify_operands(mesh, op, names, *tensors)
-    return mesh
-
-
 def default_axes(mesh: Any, axes: Optional[Iterable[str] | str]) -> tuple[str, ...]:
     """The tensor-parallel axes: `axes` as a tuple, or every mesh axis when None."""
     if not isinstance(getattr(mesh, "layout", None), Layout):
@@ -437,8 +309,6 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
     Megatron's ``scatter_to_tensor_model_parallel_region`` / Paddle's ``_c_split``;
     the redistribution planner turns it into one local slice.
     """
-    from ...runtime.executor import redistribute
-
     layout = x.layout
     used = [a for a in axes if a in layout.split_axes or a in layout.partial]
     if used:
@@ -451,8 +321,6 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
 
 def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
     """This rank's shard of a SeededTensor as a DTensor (the global tensor is never built)."""
-    from ...runtime import DTensor
-
     return DTensor.from_seeded(mesh, layout, source)
 
 

@@ -28,23 +28,23 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from ...base import buffers
-from ...base.buffers import CAPTURE, broadcast_zero
+from ...base.buffers import broadcast_zero
 from ..autograd.kept import kept_problem
-from ..autograd.rules.attention import (count_core, count_core_kernels, count_flash, grouped_product,
-                                        record_attention, record_flash)
+from ..autograd.rules.attention import count_core, count_core_kernels, grouped_product, record_attention
 from ...base.flops import any_open
 from ...runtime.engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ...errors import OperatorError
 from ...programs.infer.attention import infer_attention
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
-from . import _common
-from ._common import _PLAIN_DTYPES, KERNELS, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ._common import KERNELS, seed_arg
+from ._operands import raise_if_not_dtensors, require_float
+from ...runtime.executor import redistribute
+from .flash import _flash, _result
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -91,9 +91,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             _PREPARED[key] = decided
     elif seed is not None and type(seed) is not int or decided.drop and seed is None:
         _seed_checked(decided.drop, seed)  # raises (an int seed, or none without dropout, passes)
-    plan, first, heads, keys_t, back = decided.plan, decided.first, decided.heads, decided.keys_t, decided.back
-    scale, drop, dtype, low = decided.scale, decided.drop, decided.dtype, decided.low
-    probs_shape, region, groups = decided.probs_shape, decided.region, decided.groups
+    plan, heads, keys_t, back = decided.plan, decided.heads, decided.keys_t, decided.back
+    scale, drop, groups = decided.scale, decided.drop, decided.groups
     if not decided.stays:  # an operand in another layout than the plan's
         q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
     mesh = q._mesh
@@ -102,6 +101,42 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         padding = ~_moved(mask, plan.mask).local[:, None, None, :]
     if decided.flash:
         return _flash(q, k, v, decided, seed, padding, causal)
+
+    core, forward, saved = _kernels(decided, seed, padding, causal, recompute, kept)
+    like = broadcast_zero(decided.block, decided.out_dtype)  # the result's block (numpy's promotion: the kernel's)
+    out = _result(mesh, forward, like, q, k, v, decided)
+    probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
+    scores = (probs_local, decided.probs_dtype)
+    grads = not (q._ag is None and k._ag is None and v._ag is None)
+    if grads and mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
+        _dry_saved(saved, decided, kept)
+    if any_open():  # else nothing is counted: no blocks to gather
+        # its two products (spmdsim.base.flops) with the blocks the rule keeps and the result's
+        count_core(q.local, k.local, v.local, (heads, keys_t, back), saved, out.local)
+        count_core_kernels(scores, drop, kept, saved)  # and its element-wise kernels over the scores
+    if not grads:
+        return out
+    return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
+                            (scores, drop, kept), groups)
+
+
+class _Decided:
+    """What an attention call decides from its operands' layouts, global shapes and dtypes, this rank and its
+    flags (`_signature`): the plan, the operands' layouts for it, the block orders, scale and dropout rate,
+    this rank's slices of the probabilities and the result's layout, global and block shape. Kept per
+    signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
+
+    __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
+                 "probs_dtype", "out_dtype", "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores",
+                 "groups", "stays", "flash", "tiles", "tile_rows", "above")
+
+
+def _kernels(decided: _Decided, seed: Any, padding: Any, causal: bool, recompute: bool, kept: str) -> tuple:
+    """(core, forward, saved): the unfused core's kernels for one call (`forward` fills `saved` with what the
+    gradient rule keeps; `core`, the backward of `recompute`, computes the probabilities again)."""
+    heads, keys_t, back, groups = decided.heads, decided.keys_t, decided.back, decided.groups
+    scale, drop, dtype, low = decided.scale, decided.drop, decided.dtype, decided.low
+    probs_shape, region = decided.probs_shape, decided.region
 
     def masked() -> Optional[np.ndarray]:
         """What the scores lose: this rank's query rows (global indices) against every key above the
@@ -152,45 +187,22 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         if groups > 1:
             return grouped_product(pd, vb.transpose(heads), groups).transpose(back)
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
-
-    like = broadcast_zero(decided.block, decided.out_dtype)  # the result's block (numpy's promotion: the kernel's)
-    out = _result(mesh, forward, like, q, k, v, decided)
-    probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
-    scores = (probs_local, decided.probs_dtype)
-    grads = not (q._ag is None and k._ag is None and v._ag is None)
-    if grads and mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
-        block = broadcast_zero(probs_local, decided.probs_dtype)
-        p = _engine_local(np.copy, block, block)
-        saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
-        if kept == "megatron" and drop:
-            bits = broadcast_zero(block.shape, bool)
-            saved.update(keep=_engine_local(np.copy, bits, bits),
-                            scale=(np.float32 if low else dtype.type)(1.0 / (1.0 - drop)))
-        else:
-            factors = broadcast_zero(block.shape, np.float32 if low else dtype)  # the kernel's dtype
-            saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
-    if any_open():  # else nothing is counted: no blocks to gather
-        # its two products (spmdsim.base.flops) with the blocks the rule keeps and the result's
-        count_core(q.local, k.local, v.local, (heads, keys_t, back), saved, out.local)
-        count_core_kernels(scores, drop, kept, saved)  # and its element-wise kernels over the scores
-    if not grads:
-        return out
-    return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
-                            (scores, drop, kept), groups)
+    return core, forward, saved
 
 
-class _Decided:
-    """What an attention call decides from its operands' layouts, global shapes and dtypes, this rank and its
-    flags (`_signature`): the plan, the operands' layouts for it, the block orders, scale and dropout rate,
-    this rank's slices of the probabilities and the result's layout, global and block shape. Kept per
-    signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
-
-    __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
-                 "probs_dtype", "out_dtype", "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores",
-                 "groups", "stays", "flash", "tiles", "tile_rows", "above")
-
-
-_new = object.__new__
+def _dry_saved(saved: dict, decided: _Decided, kept: str) -> None:
+    """What the gradient rule keeps, sized, in a dry run: the dry engine's zeros, never touched."""
+    drop, dtype, low = decided.drop, decided.dtype, decided.low
+    block = broadcast_zero(decided.scores, decided.probs_dtype)
+    p = _engine_local(np.copy, block, block)
+    saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
+    if kept == "megatron" and drop:
+        bits = broadcast_zero(block.shape, bool)
+        saved.update(keep=_engine_local(np.copy, bits, bits),
+                     scale=(np.float32 if low else dtype.type)(1.0 / (1.0 - drop)))
+    else:
+        factors = broadcast_zero(block.shape, np.float32 if low else dtype)  # the kernel's dtype
+        saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
 
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
@@ -220,25 +232,6 @@ def _seed_checked(drop: float, seed: Any) -> None:
         seed_arg(seed, "attention")
 
 
-def _result(mesh: Any, forward: Callable, like: Any, q: Any, k: Any, v: Any, decided: Any) -> Any:
-    """The core's result: `forward` run on the three blocks by the engine (`like` the result's block, a dry run's
-    zeros), as a DTensor of the signature's layout and shape (the unfused core's and flash's alike)."""
-    blocks = (q._local, k._local, v._local) if not CAPTURE.on else (q.local, k.local, v.local)  # (captured: views)
-    block = _engine_local(forward, like, *blocks)
-    if type(block) is np.ndarray and block.shape == decided.block and block.dtype in _PLAIN_DTYPES \
-            and decided.out.layout is mesh.layout and _common._DTENSOR is not None and not CAPTURE.on \
-            and not mesh.engine.dry:
-        # make_dtensor's trusted case (the signature's layout and shape, this rank's block shape), the DTensor
-        # built here without its frame and its checks' lookup; a strided block copied to C order as its
-        # c_order copies it (no dry run's, no capture's here)
-        if not block.flags.c_contiguous:
-            block = block.copy()
-        out = _new(_common._DTENSOR)
-        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, decided.out, decided.shape, None
-        return out
-    return make_dtensor(mesh, block, decided.out, decided.shape)
-
-
 def _above(decided: Any) -> np.ndarray:
     """What a causal core's scores lose, this rank's query rows (global indices) against every key above the
     diagonal: made once per signature, by its first call that makes scores, not per call (read only: each call's
@@ -253,20 +246,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
             batch_first: Any, recompute: Any, kept: Any, flash: Any = False, tile: Any = FLASH_TILE) -> _Decided:
     """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
-    problem = kept_problem(kept)
-    if problem:
-        raise OperatorError(f"attention: {problem}")
-    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
-                       ("flash", flash)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
-    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:
-        raise OperatorError(f"attention: tile {tile!r} must be an integer >= 1 (query rows a flash tile takes)")
-    if flash and recompute:
-        raise OperatorError("attention: flash=True keeps no scores already (q, k, v, the output and each row's "
-                            "log-sum-exp); recompute=True has nothing more to drop: pass one of them")
-    if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
+    _check_flags(causal, dropout, batch_first, recompute, kept, flash, tile)
     out = _Decided()
     out.drop = drop = float(dropout) if training else 0.0
     _seed_checked(drop, seed)
@@ -328,6 +308,25 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     return out
 
 
+def _check_flags(causal: Any, dropout: Any, batch_first: Any, recompute: Any, kept: Any, flash: Any,
+                 tile: Any) -> None:
+    """`attention`'s refusals of its flags and numbers, each one clear line."""
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"attention: {problem}")
+    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
+                       ("flash", flash)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
+    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:
+        raise OperatorError(f"attention: tile {tile!r} must be an integer >= 1 (query rows a flash tile takes)")
+    if flash and recompute:
+        raise OperatorError("attention: flash=True keeps no scores already (q, k, v, the output and each row's "
+                            "log-sum-exp); recompute=True has nothing more to drop: pass one of them")
+    if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
+
+
 _PREPARED: dict = {}  # `_signature` -> `_Decided` (pure of the key; each entry holds the layouts its key names)
 
 
@@ -358,67 +357,5 @@ _SWAPPED: dict = {}
 def _moved(x: Any, target: Any) -> Any:
     if x._layout is target or x._layout == target:
         return x
-    from ...runtime.executor import redistribute
 
     return redistribute(x, target)
-
-
-def _flash(q: Any, k: Any, v: Any, decided: _Decided, seed: Any, padding: Any, causal: bool) -> Any:
-    """`attention(..., flash=True)`: FlashAttention-2's forward over `decided.tiles` (the module's docstring),
-    the node keeping q, k, v, the output and the rows' log-sum-exp (spmdsim.nn.autograd.rules.attention's
-    `record_flash`: its backward per tile)."""
-    heads, keys_t, back, groups = decided.heads, decided.keys_t, decided.back, decided.groups
-    scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
-    probs_shape, tiles = decided.probs_shape, decided.tiles
-    inner = np.dtype(np.float32) if low else dtype  # the scores', softmax's and log-sum-exp's dtype
-    factor = np.asarray(1.0 / (1.0 - drop), inner) if drop else None
-
-    def scores(qt: np.ndarray, kt: np.ndarray, start: int, stop: int) -> np.ndarray:
-        """The tile of local query rows [start, stop)'s scaled scores against every key, masked to -inf."""
-        s = grouped_product(qt, kt, groups) * scale
-        above = np.arange(tk)[None, :] > np.arange(t_.start + start, t_.start + stop)[:, None] if causal else None
-        if padding is not None:
-            above = padding if above is None else above | padding
-        return s if above is None else np.where(above, -np.inf, s)
-
-    def probs(p: np.ndarray, region: tuple) -> tuple:
-        """A tile's (p, dropped-out p, factors or None), rounded as the composite's (`attention`'s `masks`)."""
-        factors = np.multiply(KERNELS.keep_mask(probs_shape, seed, region, drop), factor) if drop else None
-        if low:
-            p = rounded(p, dtype)
-            return p, (p if factors is None else rounded(wide(p) * factors, dtype)), factors
-        return p, (p if factors is None else p * factors), factors
-
-    saved: dict = {}  # the output "o" (b, h, tq, e) and the rows' log-sum-exp "lse" (b, h, tq)
-
-    def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
-        qh, kt, vh = qb.transpose(heads), kb.transpose(keys_t), vb.transpose(heads)
-        # the output in the operands' order, written through its (b, h, t, e) view (as FlashAttention-2 writes
-        # O): the block the next product reads, a reshape of it a view, so one buffer is kept for both
-        result = buffers.empty(decided.block, dtype)
-        o = result.transpose(heads)
-        lse = buffers.empty(qh.shape[:3], inner)
-        for start, stop, region in tiles:
-            s = scores(qh[:, :, start:stop], kt, start, stop)
-            top = s.max(axis=-1, keepdims=True)
-            e = np.exp(s - top)
-            total = _SUM(e, axis=-1, keepdims=True)
-            lse[:, :, start:stop] = (top + np.log(total))[..., 0]
-            pd = probs(e / total, region)[1]
-            o[:, :, start:stop] = rounded(grouped_product(pd, vh, groups), dtype)
-        saved["o"], saved["lse"] = o, lse
-        return result
-
-    mesh = q._mesh
-    like = broadcast_zero(decided.block, dtype)  # the result's block
-    out = _result(mesh, forward, like, q, k, v, decided)
-    grads = not (q._ag is None and k._ag is None and v._ag is None)
-    if mesh.engine.dry:  # what the rule keeps, sized: the dry engine's zeros, never touched
-        lse_like = broadcast_zero(decided.scores[:3], inner)
-        saved.update(o=out.local.transpose(heads), lse=_engine_local(np.copy, lse_like, lse_like))
-    if any_open():  # its products and its one kernel a tile (spmdsim.base.flops)
-        count_flash(q.local, k.local, v.local, saved["o"], saved["lse"], (heads, keys_t, back), decided.tile_rows)
-    if not grads:
-        return out
-    return record_flash(out, q, k, v, decided.plan, saved, scores, probs, tiles, scale, (heads, keys_t, back),
-                        groups, decided.tile_rows)

@@ -27,7 +27,8 @@ from ...programs.infer.einsum import infer_einsum, parse_einsum
 from ...base.precision import rounded
 from . import _common
 from ...base.buffers import CAPTURE
-from ._common import BLOCK, LOCAL, Prepared, check_dtensor, dry_zeros, moved, prepare, prepared_result, signature
+from ._common import BLOCK, LOCAL, Prepared, dry_zeros, moved, prepare, prepared_result, signature
+from ._operands import check_dtensor
 
 __all__ = ["einsum"]
 

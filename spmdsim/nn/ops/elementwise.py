@@ -1,6 +1,6 @@
 """Elementwise ops on DTensors: ReLU, GELU, scale, bias add. No communication; layout kept.
 
-Broadcasting arithmetic (add, mul, ...) is spmdsim.nn.ops.pointwise.
+Broadcasting arithmetic (add, mul, ...) is spmdsim.nn.ops.ufuncs.
 
 A pending sum (partial layout) is added up before an activation (ReLU(a) +
 ReLU(b) != ReLU(a + b)) and refused by bias_add, which would count the bias
@@ -21,7 +21,10 @@ from ...base.flops import any_open, sweep
 from ...programs.infer import infer_bias_add, infer_elementwise
 from ...runtime.engines import local as engine_local
 from ...base.precision import is_low
-from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float, shaped_as
+from ._common import make_dtensor, shaped_as
+from ._operands import operands_mesh, raise_if_not_dtensors, require_float
+from .norms import resolved
+from .pointwise import pointwise
 
 __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
@@ -34,8 +37,6 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     fn = activations.forward(name)  # the shard in its own precision (spmdsim.references.activations)
     try:
         if x.layout.partial:
-            from .norms import resolved
-
             x = resolved(x)
         layout = infer_elementwise(x.layout, name)
     except AttributeError:
@@ -79,7 +80,6 @@ def gelu(x: Any, approximate: str = "tanh", kept: str = "graph") -> Any:
         return activation(x, "gelu", kept == "graph")
     if approximate != "none":
         raise OperatorError(f"gelu: approximate {approximate!r} must be 'tanh' or 'none' (as PyTorch's)")
-    from .pointwise import pointwise
 
     try:
         require_float("gelu", x.local)

@@ -29,7 +29,8 @@ from ...programs.infer import EmbeddingPlan, infer_embedding
 from ...references.forward import RegionFn, Source, check_ids, embedding_region
 from ...runtime.executor import execute
 from ...base.validate import int_arg
-from ._common import default_axes, dry_zeros, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor
+from ._common import default_axes, dry_zeros, make_dtensor, seeded_dtensor
+from ._operands import operands_mesh, raise_if_not_dtensors
 
 __all__ = ["embedding", "plan_embedding", "vocab_range", "pad_vocab_shard", "vocab_parallel_lookup",
            "VocabParallelEmbedding", "ParallelEmbedding"]

@@ -6,7 +6,8 @@ bookkeeping), whatever the size of its blocks; these chains are half of a block'
 what the chain computes, with the same numpy calls in the same order (the same bits, forward and backward, under
 every precision policy), keeps for backward every block the chain's nodes kept (spmdsim.nn.autograd.kept_bytes
 measures the same bytes, by the same kinds), and counts the same FLOPs and kernels (spmdsim.base.flops). Its rule
-(`spmdsim.nn.autograd.rules.fused`) runs the chain's rules in turn, without the walk between them:
+(`spmdsim.nn.autograd.rules.fused`) runs the chain's rules in turn, without the walk between them (``residual``
+and ``norm_affine`` are in spmdsim.nn.ops.residual and spmdsim.nn.ops.norm_affine, with this module's helpers):
 
 - ``einsum_bias(spec, x, w, bias=None, shape=None)``: ``ops.reshape(ops.einsum(spec, x, w) + bias, shape)``, the
   column-parallel products of Q, K, V and fc1 (no bias: the product alone; no shape: not reshaped). The node keeps
@@ -46,26 +47,19 @@ from ...base import flops as _flops
 from ..autograd.graph import Leaf, attach, used_axes, with_partial
 from ..autograd.rules.einsum import EinsumGrads, record_einsum
 from ..autograd.rules.grads import NEED2
-from ..autograd.rules.fused import EinsumBiasGrads, NormAffineGrads, ReshapeEinsumGrads, ResidualGrads, bias_sums
-from ..autograd.rules.norms import _NormalizedGrads, record_normalized
-from ...base.buffers import CAPTURE, broadcast_zero
+from ..autograd.rules.fused import EinsumBiasGrads, ReshapeEinsumGrads, bias_sums
+from ...base.buffers import CAPTURE
 from ...references.contraction import contract, pair_function
-from ...runtime.engines import local as _engine_local
-from ...errors import OperatorError
-from ...base.flops import any_open, sweep
+from ...base.flops import sweep
 from ...programs.infer import infer_reshape
 from ...base.precision import is_low, rounded, wide
 from . import _common
-from .einsum import _PREPARED as _EINSUMS, einsum as _einsum
-from .einsum import first_call as _einsum_first_call
+from .einsum import _PREPARED as _EINSUMS, einsum as _einsum, first_call as _einsum_first_call
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
-from ._common import _PLAIN_DTYPES, dry_zeros, make_dtensor, moved, prepare, prepared_result
-from ._common import signature
-from ._common import keep_mask
+from ._common import _PLAIN_DTYPES, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
 from .local import reshape
-from .norms import _mask_geometry, dropout_args, normal_values
 
-__all__ = ["einsum_bias", "residual", "reshape_einsum", "norm_affine"]
+__all__ = ["einsum_bias", "reshape_einsum"]
 
 # ops.einsum's and ops.pointwise's tables of prepared calls (_EINSUMS, _ADDS): a fused product and add share them.
 
@@ -329,199 +323,6 @@ def _separate(y: Any, xs: tuple, prepared: Any, bias: Any, shape: Any) -> Any:
     return y if shape is None else reshape(y, shape)
 
 
-def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
-             mask_dims: Optional[Sequence[int]] = None) -> Any:
-    """``h + ops.dropout(y + bias, p, seed=seed, mask_dims=mask_dims)`` in one node (`bias` None: no add; `p` 0: no
-    dropout; the dropout's arguments as ops.dropout's, whose node keeps its float factors): the separate operators'
-    values, kept blocks and counts (see the module docstring).
-
-    A repeated call signature (`_RESIDUAL_CALLS`: the operands' layout objects, shapes and dtypes, p, mask_dims,
-    the rank) whose chain fuses and is not bfloat16 runs its kernels and builds its tensors and node here, from
-    what its first call decided, without the general helpers; the rest take `_residual`."""
-    try:
-        key = id(h._layout), id(y._layout), h._shape, y._shape, h._local.dtype, y._local.dtype, type(p), p, \
-            mask_dims, y._mesh.rank
-        if bias is not None:
-            key += (id(bias._layout), bias._shape, bias._local.dtype)
-        call = _RESIDUAL_CALLS.get(key)
-    except (AttributeError, TypeError):  # no DTensor, mask_dims as a list: the general path
-        key = call = None
-    mesh = y._mesh if call is not None else None
-    if call is None or CAPTURE.on or mesh.engine.dry:
-        return _residual(h, y, bias, p, seed, mask_dims, key)
-    if p and type(seed) is not int:  # (p was checked by this signature's first call)
-        dropout_args(p, seed)
-    decided = call.residual
-    biased = y
-    if bias is not None:  # _added's kernel and count, its result built as prepared_result's
-        first = decided.first
-        a, b = y._local, bias._local
-        block = np.add(a, b)
-        if _flops._OPEN:
-            sweep("add", [a, b], (block,))
-        if type(block) is _ndarray and block.shape == first.block and block.flags.c_contiguous:
-            biased = _new(_common._DTENSOR)
-            biased._mesh, biased._local, biased._layout, biased._shape, biased._ag = \
-                mesh, block, first.out, first.shape, None
-        else:
-            biased = prepared_result(mesh, block, first)
-    # The dropped-out values' block (the node keeps it; no DTensor of it is read)
-    dropped, factors, scale = biased._local, None, None
-    if p:  # _dropped's kernel, mask and count
-        local = dropped
-        scale = np.asarray(1.0 / (1.0 - p), local.dtype)
-        order, mask_shape, mask_region, back = call.geometry
-        # (keep_mask's kernel itself: its replay wrapper's test answered, this thread does not capture)
-        factors = np.multiply(_keep(mask_shape, seed, mask_region, p), scale)
-        if order is not None:
-            factors = factors.transpose(back)
-        dropped = local * factors
-        if type(dropped) is not _ndarray or dropped.shape != local.shape or not dropped.flags.c_contiguous:
-            dropped = make_dtensor(mesh, dropped, biased._layout, biased._shape)._local  # (as make_dtensor makes it)
-        if _flops._OPEN:
-            sweep("dropout", (local,), (dropped, local))
-    last = decided.last
-    a, b = h._local, dropped
-    block = np.add(a, b)
-    if _flops._OPEN:
-        sweep("add", [a, b], (block,))
-    if type(block) is _ndarray and block.shape == last.block and block.flags.c_contiguous:
-        out = _new(_common._DTENSOR)
-        out._mesh, out._local, out._layout, out._shape, out._ag = mesh, block, last.out, last.shape, None
-    else:
-        out = prepared_result(mesh, block, last)
-    need = h._ag is not None, y._ag is not None, bias is not None and bias._ag is not None
-    if need == _NEED_NONE:
-        return out
-    grads = _new(ResidualGrads)  # its __init__'s fields, without its frame
-    grads.h, grads.y, grads.bias, grads.biased, grads.factors, grads.scale = h, y, bias, biased, factors, scale
-    grads.dropped, grads.out, grads.need, grads.sums = dropped, out, need, call.sums if need[2] else None
-    return attach(out, decided.name, (h, y, bias), grads, last.want, decided.reads)
-
-
-_NEED_NONE = (False, False, False)
-_keep = keep_mask.__wrapped__  # the mask's kernel, for a call that knows this thread does not capture
-# residual's call signature (the layout ids, shapes and dtypes of h and y; p's type and value; mask_dims; the rank;
-# the bias's layout id, shape and dtype) -> _Call
-_RESIDUAL_CALLS: dict = {}
-
-
-def _residual(h: Any, y: Any, bias: Any, p: Any, seed: Any, mask_dims: Any, call_key: Any) -> Any:
-    """`residual` through the general helpers (`call_key`: its call signature, kept in `_RESIDUAL_CALLS` where a
-    repeat can run directly; None: never)."""
-    if p:
-        dropout_args(p, seed)
-    elif bias is None:
-        return _pointwise("add", h, y)
-    first = _add_plan(y, bias) if bias is not None else None
-    try:
-        key = (id(first) if bias is not None else (id(y._layout), y._shape, y._local.dtype), id(h._layout), h._shape,
-               h._local.dtype, bool(p))
-        decided = _RESIDUALS.get(key)
-    except (AttributeError, TypeError):  # an operand that is no DTensor (the separate operators say which)
-        return _residual_separate(h, y, bias, p, seed, mask_dims)
-    if decided is None:
-        decided = _Residual(first, y, bias, h, p)
-        if len(_RESIDUALS) >= 4096:  # a long run over many signatures: start over
-            _RESIDUALS.clear()
-        _RESIDUALS[key] = decided
-    grads_y = y._ag is not None or bias is not None and bias._ag is not None
-    if not decided.fused or decided.low and (grads_y or h._ag is not None) and not _rounds(y):
-        return _residual_separate(h, y, bias, p, seed, mask_dims)
-    mesh, plain = y._mesh, not CAPTURE.on
-    biased = y
-    if bias is not None:
-        biased = _added(mesh, first, y._local if plain else y.local, bias._local if plain else bias.local)
-    dropped, factors, scale = biased, None, None
-    if p:
-        dropped, factors, scale = _dropped(biased, p, seed, mask_dims, grads_y)
-    last = decided.last
-    if last is None:  # the residual add's plan: its operands laid out alike, whole (checked), move nothing
-        last = _add_plan(h, dropped)
-        if not _in_place(last, h._layout):
-            raise OperatorError(f"residual: the add of h {h._layout} and the dropped-out y {dropped._layout} moves "
-                                "an operand")
-        decided.last = last
-    out = _added(mesh, last, h._local if plain else h.local, dropped._local if plain else dropped.local)
-    if decided.reads is None:
-        decided.reads = (first.reads if bias is not None else ()) + ((decided.inner,) * 2 if p else ()) + last.reads
-    if (call_key is not None and not decided.low and dropped._layout is decided.inner
-            and h._local.dtype in _PLAIN_DTYPES and dropped._local.dtype in _PLAIN_DTYPES
-            and out._local.dtype in _PLAIN_DTYPES and type(mesh) is _common._MESH):
-        call = _Call()
-        call.residual = decided
-        call.geometry = _mask_geometry(biased, mask_dims) if p else None
-        call.sums = None if bias is None else bias_sums(first, bias)
-        _remember(_RESIDUAL_CALLS, call_key, call)
-    if not grads_y and h._ag is None:
-        return out
-    sums = None if bias is None or bias._ag is None else bias_sums(first, bias)
-    return attach(out, decided.name, (h, y, bias),
-                  ResidualGrads(h, y, bias, biased, factors, scale, dropped, out, sums), last.want, decided.reads)
-
-
-class _Residual:
-    """What a `residual` call signature decides, once: whether its chain is fused (the bias add and the residual
-    add move no operand, nothing pending, a pending dY the residual add would pass the bias add passes too), the
-    biased y's layout, whether its blocks are bfloat16, the residual add's plan and the node's name and read
-    layouts (made on first use). Holds the layouts its key names by id."""
-
-    __slots__ = ("first", "h_layout", "y_layout", "fused", "inner", "low", "last", "reads", "name")
-
-    def __init__(self, first: Any, y: Any, bias: Any, h: Any, p: float) -> None:
-        self.first, self.h_layout, self.y_layout = first, h._layout, y._layout
-        self.inner = inner = first.out if bias is not None else y._layout  # the biased y's, the dropped-out values'
-        dtype = first.dtype if bias is not None else y._local.dtype
-        self.fused = not inner.partial and h._shape == y._shape and (h._layout is inner or h._layout == inner) \
-            and h._local.dtype == dtype and (bias is None or _in_place(first, y._layout)
-                                             and used_axes(first.reads) <= used_axes((inner,)))
-        self.low = is_low(dtype)
-        self.last = self.reads = None
-        self.name = ("bias + " if bias is not None else "") + ("dropout + " if p else "") + "residual add"
-
-
-# (id(the bias add's Prepared) or y's layout id, shape and dtype; id(h's layout), its shape and dtype; dropout?)
-# -> _Residual
-_RESIDUALS: dict = {}
-
-
-def _dropped(x: Any, p: float, seed: Any, mask_dims: Any, kept: bool) -> tuple:
-    """(ops.dropout(x, p, seed, mask_dims=mask_dims), the factors its node keeps, its scale) with kept "graph": its
-    kernel, mask and count, without its node (`kept`: whether x takes a gradient, so that the node would keep
-    the factors: a dry run makes them only then)."""
-    local = x.local
-    if local.dtype.kind != "f" and not is_low(local.dtype):
-        raise OperatorError(f"dropout of a DTensor of dtype {local.dtype.name!r}: dropout needs a floating dtype "
-                            "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
-    low = is_low(local.dtype)
-    scale = np.asarray(1.0 / (1.0 - p), np.float32 if low else local.dtype)
-    dry = dry_zeros(x._mesh, local.shape, local.dtype, np.multiply, local, scale)
-    if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
-        factors = _engine_local(np.copy, broadcast_zero(dry.shape, scale.dtype), dry) if kept else None
-        block = dry
-    else:
-        order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
-        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
-        if order is not None:
-            factors = factors.transpose(back)
-        block = rounded(wide(local) * factors, local.dtype) if low else local * factors
-    out = make_dtensor(x._mesh, block, x._layout, x._shape)
-    if any_open():  # the kept entries' factors drawn in the kernel and written beside the result
-        sweep("dropout", (local,), (out.local, local))
-    return out, factors, scale
-
-
-def _residual_separate(h: Any, y: Any, bias: Any, p: float, seed: Any, mask_dims: Any) -> Any:
-    """`residual` as its separate operators."""
-    from .norms import dropout
-
-    if bias is not None:
-        y = _pointwise("add", y, bias)
-    if p:
-        y = dropout(y, p, seed=seed, mask_dims=mask_dims)
-    return _pointwise("add", h, y)
-
-
 def reshape_einsum(x: Any, shape: Sequence[int], spec: str, w: Any) -> Any:
     """``ops.einsum(spec, ops.reshape(x, shape), w)`` in one node: the separate operators' values, kept blocks and
     counts (see the module docstring)."""
@@ -582,131 +383,3 @@ def _reshape_einsum(x: Any, shape: Any, spec: str, w: Any, key: Any) -> Any:
     return attach(y, name, (x, xs[1]), ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, reads)
 
 
-class _Norm:
-    """What a `norm_affine` call signature decides, once: the product's and the add's plans (ops.mul's of the
-    normalized values and the weight, ops.add's of that and the bias), what the weight's and the bias's gradients
-    sum over (the mul and add rules'), and the fused node's name, `want` and read layouts; `fused` False where the
-    chain moves an operand, holds a pending sum, changes the dtype or the shape, or reads a mesh axis that the
-    node its backward meets first does not (the separate operators run). Holds the layouts its key names by id
-    (its plans do)."""
-
-    __slots__ = ("mul", "add", "fused", "name", "want", "reads", "w_sums", "b_sums", "plain", "low")
-
-    def __init__(self, y: Any, weight: Any, bias: Any, op: str) -> None:
-        layout, dtype = y._layout, y._local.dtype
-        self.mul = self.add = self.w_sums = self.b_sums = None
-        self.fused, last, reads = not layout.partial, None, (layout, layout)  # the normalization's reads
-        name = op
-        if weight is not None and self.fused:
-            self.mul = last = _add_plan(y, weight, "mul")
-            self.fused = _in_place(last, layout) and last.dtype == dtype and tuple(last.shape) == tuple(y._shape)
-            if self.fused:
-                reads += last.reads
-                self.w_sums = bias_sums(last, weight)
-                name += " * weight"
-        if bias is not None and self.fused:
-            before = y if self.mul is None else make_dtensor(y._mesh, y._local, self.mul.out, y._shape)
-            self.add = last = _add_plan(before, bias)
-            self.fused = _in_place(last, layout) and last.dtype == dtype and tuple(last.shape) == tuple(y._shape)
-            if self.fused:
-                reads += last.reads
-                self.b_sums = bias_sums(last, bias)
-                name += " + bias"
-        # The backward meets the last node first: its `want` and reads decide what a pending dY does; every node of
-        # the chain reads no axis that one does not (what passes it passes them all, as through the chain).
-        self.fused = self.fused and last is not None and used_axes(reads) <= used_axes(last.reads)
-        self.name, self.reads = name, reads
-        self.want = None if last is None else last.want
-        # no bfloat16 kernel (norm_affine runs the plain ones itself)
-        self.plain = all(plan is None or plan.dtype_name != "bfloat16" for plan in (self.mul, self.add))
-        self.low = False  # whether the normalized values are bfloat16 (set by norm_affine)
-
-
-# (op, id(x's layout), x's shape and dtype, id(the weight's layout), its shape and dtype, the bias's) -> _Norm
-_NORMS: dict = {}
-
-
-def norm_affine(x: Any, d: int, eps: float, centre: bool, op: str, weight: Any = None, bias: Any = None) -> Any:
-    """layer_norm's (`centre`) or rms_norm's normalization of x along its whole last dim `d`, times `weight`,
-    plus `bias` (each None: none), in one node (`kept="graph"`): the normalization's node
-    (spmdsim.nn.ops.norms._normalized), ops.mul's and ops.add's values, kept blocks and counts (see the module
-    docstring). x's layout is resolved (nothing pending), its rows whole on every rank (the caller's checks)."""
-    out, y, kept = normal_values(x, d, eps, centre, op)
-    if weight is None and bias is None:
-        return out if x._ag is None else record_normalized(out, x, y, kept, d, centre, op)
-    try:  # (flat: one tuple built a call; a None weight or bias holds one place, a DTensor's three)
-        if weight is not None and bias is not None:
-            key = op, id(x._layout), x._shape, x._local.dtype, id(weight._layout), weight._shape, \
-                weight._local.dtype, id(bias._layout), bias._shape, bias._local.dtype
-        elif weight is not None:
-            key = op, id(x._layout), x._shape, x._local.dtype, id(weight._layout), weight._shape, \
-                weight._local.dtype, None
-        else:
-            key = op, id(x._layout), x._shape, x._local.dtype, None, id(bias._layout), bias._shape, \
-                bias._local.dtype
-        norm = _NORMS.get(key)
-    except (AttributeError, TypeError):  # what is no DTensor (the separate operators say so)
-        norm = key = None
-    if norm is None and key is not None:
-        norm = _Norm(out, weight, bias, op)
-        norm.low = is_low(y.dtype)  # (y's dtype follows x's, in the key)
-        if len(_NORMS) >= 1024:  # a long run over many signatures: start over
-            _NORMS.clear()
-        _NORMS[key] = norm
-    xa = x._ag
-    if xa is not None:  # the separate nodes where a bfloat16 x is a leaf (its node rounds nothing): `_rounds`
-        record = norm is not None and norm.fused and (not norm.low or type(xa) is not Leaf)
-    else:  # ... or where x takes no gradient but the weight or bias does (the product's node keeps no x)
-        record = False
-        if norm is None or not norm.fused or (weight is not None and weight._ag is not None
-                                              or bias is not None and bias._ag is not None):
-            norm = None
-    if xa is not None and not record or norm is None:
-        # the separate nodes: where the chain moves or changes an operand, and the cases above
-        if xa is not None:
-            out = record_normalized(out, x, y, kept, d, centre, op)
-        if weight is not None:
-            out = _pointwise("mul", out, weight)
-        return out if bias is None else _pointwise("add", out, bias)
-    mesh, plain = x._mesh, not CAPTURE.on
-    z = scaled = out
-    if plain and norm.plain and not mesh.engine.dry:  # _added's kernels and counts, their results built here
-        if weight is not None:
-            mul, b = norm.mul, weight._local
-            block = np.multiply(y, b)
-            if _flops._OPEN:
-                sweep("mul", [y, b], (block,))
-            if type(block) is _ndarray and block.shape == mul.block and block.flags.c_contiguous:
-                scaled = z = _new(_common._DTENSOR)
-                z._mesh, z._local, z._layout, z._shape, z._ag = mesh, block, mul.out, mul.shape, None
-            else:
-                scaled = z = prepared_result(mesh, block, mul)
-        if bias is not None:
-            add, a, b = norm.add, scaled._local, bias._local
-            block = np.add(a, b)
-            if _flops._OPEN:
-                sweep("add", [a, b], (block,))
-            if type(block) is _ndarray and block.shape == add.block and block.flags.c_contiguous:
-                z = _new(_common._DTENSOR)
-                z._mesh, z._local, z._layout, z._shape, z._ag = mesh, block, add.out, add.shape, None
-            else:
-                z = prepared_result(mesh, block, add)
-    else:
-        if weight is not None:
-            scaled = z = _added(mesh, norm.mul, y if plain else out.local, weight._local if plain else weight.local,
-                                "mul", np.multiply)
-        if bias is not None:
-            z = _added(mesh, norm.add, scaled._local if plain else scaled.local, bias._local if plain else bias.local)
-    if xa is None:
-        return z
-    norm_grads = _new(_NormalizedGrads)  # its __init__'s fields, without its frame
-    norm_grads.x, norm_grads.y, norm_grads.kept, norm_grads.d, norm_grads.centre, norm_grads.op, norm_grads.n = \
-        x, y, kept, d, centre, op, x._shape[d]
-    grads = _new(NormAffineGrads)  # its __init__'s fields, without its frame
-    grads.norm, grads.y, grads.weight, grads.scaled, grads.bias, grads.out = norm_grads, out, weight, scaled, bias, z
-    grads.w_sums, grads.b_sums = norm.w_sums, norm.b_sums
-    grads.need_w = weight is not None and weight._ag is not None
-    grads.need_b = bias is not None and bias._ag is not None
-    # the bias's gradient first, then the weight's, then x's: as the add's, the product's and the normalization's
-    # nodes gave them
-    return attach(z, norm.name, (bias, weight, x), grads, norm.want, norm.reads)

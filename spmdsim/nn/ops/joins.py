@@ -26,7 +26,10 @@ from ...programs.infer.reshape import infer_reshape
 from ...programs.plan.shift import Shift
 from ...base.validate import as_int, dtype_name
 from .local import reshape as _reshape
-from ._common import check_dtensor, describe, dry_zeros, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
+from ._common import describe, dry_zeros, make_dtensor
+from ._operands import check_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
+from ...runtime.exchange import shifted, shifted_many
+from ...runtime.executor import redistribute
 
 __all__ = ["narrow", "concatenate", "stack", "broadcast_to", "getitem"]
 
@@ -52,8 +55,6 @@ def narrow(x: Any, dim: int, start: int, length: int) -> Any:
 
 def _narrow_split(x: Any, layout: Any, d: int, s: int, shape: tuple) -> Any:
     """`narrow` of a split dim: its rows moved by `Shift` (its gradient: moved back, zeros elsewhere)."""
-    from ...runtime.exchange import shifted
-
     rows = f"[{s}:{s + shape[d]}]"
     move = Shift(x.layout, tuple(x.global_shape), layout, shape, d, s)
     out = make_dtensor(x.mesh, shifted(x.mesh, x.local, move, f"narrow dim {d} {rows}"), layout, shape)
@@ -104,8 +105,6 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
     plan = infer_concatenate(tuple(x.layout for x in xs), tuple(tuple(x.global_shape) for x in xs), dim,
                              dtype_name(dtype))
     if any(x.layout != t for x, t in zip(xs, plan.targets)):
-        from ...runtime.executor import redistribute
-
         xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
     if not plan.local:
         return _concatenate_split(mesh, xs, plan, dtype)
@@ -122,8 +121,6 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
 def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     """`concatenate` along a dim split somewhere: each operand's rows moved into the result's blocks by a
     `Shift`, all in one Alltoallv (its gradient: the result's rows moved back to each operand, one too)."""
-    from ...runtime.exchange import shifted_many
-
     d, shape = plan.dim, plan.shape
     local_shape = plan.out.local_shape(shape, mesh.rank)
     # Every row written below (a dry run's: the engine's zeros, written by no row: spmdsim.runtime.exchange)

@@ -27,12 +27,10 @@ from ...errors import DTypeError, OperatorError, ShapeError
 from ...programs.infer import LinearPlan, infer_linear, matmul_shape
 from ...layouts.layout import TensorLayout
 from ...references.forward import RegionFn, Source, linear_region
-from ...runtime.executor import execute
+from ...runtime.executor import execute, redistribute
 from ...base.validate import int_arg
-from ._common import (
-    add_bias, default_axes, local_matmul, make_dtensor, no_bias_sum, operands_mesh, raise_if_not_dtensors,
-    refuse_bool_sum, result_dtype, scatter_local, seeded_dtensor,
-)
+from ._common import add_bias, default_axes, local_matmul, make_dtensor, no_bias_sum, scatter_local, seeded_dtensor
+from ._operands import operands_mesh, raise_if_not_dtensors, refuse_bool_sum, result_dtype
 from .elementwise import bias_add
 from .matmul import matmul
 
@@ -245,8 +243,6 @@ def _sequence_split(layer: _ParallelLinear, x: Any, x_split: bool) -> TensorLayo
 
 def _gather_sequence(layer: _ParallelLinear, x: Any) -> Any:
     """Megatron's gather_from_sequence_parallel_region: Allgather x along dim 0 over the layer's axes."""
-    from ...runtime.executor import redistribute
-
     return redistribute(x, _sequence_split(layer, x, x_split=True))
 
 

@@ -20,7 +20,8 @@ from ...programs.infer import infer_reshape, infer_softmax, infer_transpose
 from ...runtime.engines import local as engine_local
 from ...base.flops import any_open, sweep
 from ...base.buffers import CAPTURE
-from ._common import _ints, make_dtensor, raise_if_not_dtensors, require_float
+from ._common import _ints, make_dtensor
+from ._operands import raise_if_not_dtensors, require_float
 
 __all__ = ["transpose", "reshape", "softmax"]
 

@@ -33,7 +33,10 @@ from ...base.flops import sweep
 from ...programs.infer.losses import infer_cross_entropy
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
-from ._common import dry_zeros, make_dtensor, operands_mesh, require_float
+from ._common import dry_zeros, make_dtensor
+from ._operands import operands_mesh, require_float
+from ...runtime import executor
+from .norms import resolved
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -65,7 +68,6 @@ _EXECUTOR: Any = None  # spmdsim.runtime.executor, bound on first use (an import
 
 def _executor() -> Any:
     global _EXECUTOR
-    from ...runtime import executor
 
     _EXECUTOR = executor
     return executor
@@ -140,6 +142,33 @@ def _widened(mesh: Any, block: np.ndarray) -> np.ndarray:
     return mesh.engine.local(wide, broadcast_zero(block.shape, np.float32), block)
 
 
+def _check_options(reduction: Any, ignore_index: Any, label_smoothing: Any) -> None:
+    """`cross_entropy`'s refusals of its keyword arguments, each one clear line."""
+    if reduction not in ("mean", "sum", "none"):
+        raise OperatorError(f"cross_entropy: reduction {reduction!r} must be 'mean', 'sum' or 'none'")
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
+        raise OperatorError(f"cross_entropy: ignore_index {ignore_index!r} must be an integer or None")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.integer, np.floating)) \
+            or not 0 <= label_smoothing <= 1:
+        raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
+
+
+def _shifted_exp(mesh: Any, z: np.ndarray, dry: Any, plan: Any) -> tuple:
+    """(each row's shift, the shifted exponentials) of this rank's logits block `z`, counted. Megatron (classes
+    split): a common shift per row, the maximum over the class axes; an uneven cut's empty block of classes
+    gives the maximum's identity, -inf. A dry run's (`dry`: its zeros) rows' maximum is zeros, not read off
+    its logits."""
+    most = (z.max(axis=1, initial=-np.inf) if z.size == 0 else z.max(axis=1)) if dry is None \
+        else np.zeros(z.shape[0], z.dtype)
+    shift = _run(mesh, most, plan.shift, "cross_entropy.max")
+    e = np.exp(z - shift[:, None]) if dry is None else dry
+    # the rows' maximum, the shifted exponentials, their row sums: three passes over the logits
+    sweep("max", (z,), (shift,))
+    sweep("cross_entropy", (z, shift), (e,))
+    sweep("sum", (e,), (shift,))
+    return shift, e
+
+
 def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Any:
     """-log softmax(logits)[label] per row, averaged over the global batch; vocab-parallel when classes are split.
@@ -159,13 +188,7 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     """
     mesh = operands_mesh("cross_entropy", ("logits", "labels"), logits, labels)
     _check_labels(logits, labels)
-    if reduction not in ("mean", "sum", "none"):
-        raise OperatorError(f"cross_entropy: reduction {reduction!r} must be 'mean', 'sum' or 'none'")
-    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
-        raise OperatorError(f"cross_entropy: ignore_index {ignore_index!r} must be an integer or None")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.integer, np.floating)) \
-            or not 0 <= label_smoothing <= 1:
-        raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
+    _check_options(reduction, ignore_index, label_smoothing)
     smooth = float(label_smoothing)
     # A pending sum (a row-parallel product's output) is added up first, as softmax and layer_norm do:
     # one Allreduce over its pending axes, its gradient passed back whole. The program is inferred on
@@ -178,8 +201,6 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
                                "float32" if is_low(logits._local.dtype) else logits._local.dtype.name, bool(smooth),
                                reduction)
     if resolve:
-        from .norms import resolved
-
         logits = resolved(logits)
     z, ids = (_widened(mesh, logits._local), labels._local) if not CAPTURE.on else \
         (_widened(mesh, logits.local), labels.local)  # (a captured step reads its record's views)
@@ -189,19 +210,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     ids = np.where(valid, np.clip(ids, 0, classes - 1), 0) - start
     owned = valid & (ids >= 0) & (ids < z.shape[1])
     rows = np.arange(z.shape[0])
-    # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0), and
-    # zeros for the rows' maximum (its logits are zeros: the maximum is not read off them).
+    # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0).
     dry = dry_zeros(mesh, z.shape, z.dtype, np.exp, z)
-    # Megatron (classes split): a common shift per row, then the row sums over the class axes.
-    # An uneven cut's empty block of classes gives the maximum's identity, -inf.
-    most = (z.max(axis=1, initial=-np.inf) if z.size == 0 else z.max(axis=1)) if dry is None \
-        else np.zeros(z.shape[0], z.dtype)
-    shift = _run(mesh, most, plan.shift, "cross_entropy.max")
-    e = np.exp(z - shift[:, None]) if dry is None else dry
-    # the rows' maximum, the shifted exponentials, their row sums: three passes over the logits
-    sweep("max", (z,), (shift,))
-    sweep("cross_entropy", (z, shift), (e,))
-    sweep("sum", (e,), (shift,))
+    shift, e = _shifted_exp(mesh, z, dry, plan)
     # An uneven cut may leave a rank no classes: then it owns no label. A dry run's large logits are zeros:
     # so is each row's pick (read off them, one page fault a row).
     picked = z[rows, np.where(owned, ids, 0)] if z.shape[1] and dry is None else np.zeros(z.shape[0], z.dtype)

@@ -17,7 +17,8 @@ from ...errors import OperatorError
 from ...programs.infer import MatMulPlan, infer_matmul, matmul_shape
 from ...layouts.layout import TensorLayout
 from ...runtime.executor import execute
-from ._common import local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum
+from ._common import local_matmul, make_dtensor
+from ._operands import operands_mesh, raise_if_not_dtensors, refuse_bool_sum
 
 __all__ = ["matmul", "plan_matmul"]
 

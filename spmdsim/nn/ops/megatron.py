@@ -48,14 +48,14 @@ from ...base.buffers import broadcast_zero
 from ...references.activations import sigmoid
 from ..autograd.rules.megatron import (record_bias_dropout_add, record_column, record_rotary, record_row,
                                        record_swiglu, rotate_halves)
-from ...runtime.engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
+from ...runtime.engines import local as _engine_local, matmul as _engine_matmul  # the kernel; the dry engine's zeros, not computed
 from ...errors import DTypeError, OperatorError
 from ...base.flops import sweep
-from ...runtime.engines import matmul as _engine_matmul  # precision.product: bfloat16 widened, a float32 product
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor
-from .norms import dropout_keep
+from .masks import dropout_keep
+from ...runtime.executor import redistribute
 
 __all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary"]
 
@@ -77,7 +77,6 @@ _REDISTRIBUTE: Any = None  # runtime.executor.redistribute, bound on first use (
 
 def _redistribute() -> Any:
     global _REDISTRIBUTE
-    from ...runtime.executor import redistribute
 
     _REDISTRIBUTE = redistribute
     return redistribute

@@ -1,11 +1,13 @@
-"""DTensor's operators and autograd methods, given to the class when spmdsim.nn.ops loads.
+"""DTensor's operators and autograd methods: the table `bind_dtensor` fills in the runtime.
 
-``x + y``, ``x @ w``, ``x.sum()``, ``x.requires_grad_()`` and ``loss.backward()``
-are methods of the runtime's DTensor that call what this module installs in
-`spmdsim.runtime.dtensor`'s table: the operators and autograd build DTensors,
-so the runtime, below them, imports neither (docs/explanation/architecture.md, "The layers").
-PyTorch's spellings of spmdsim's operators (``x.view(...)``, ``x.softmax(-1)``,
-``x.unsqueeze(0)``, ``x.detach()``, ...) are methods this module gives the class.
+``x + y``, ``x @ w``, ``x.sum()``, ``x.requires_grad_()``, ``loss.backward()`` and
+numpy's protocol (``np.exp(x)``, ``abs(x)``, ``len(x)``) are methods of the runtime's
+DTensor that call what `bind_dtensor` puts in `spmdsim.runtime.dtensor`'s table: the
+operators and autograd build DTensors, so the runtime, below them, imports neither
+(docs/explanation/architecture.md, "The layers"). PyTorch's spellings of spmdsim's operators
+(``x.view(...)``, ``x.softmax(-1)``, ``x.unsqueeze(0)``, ``x.detach()``, ...) are
+methods of its class that call the functions this table gives them. spmdsim.nn.ops calls
+`bind_dtensor` when it loads, the front door before it hands out a runtime name.
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import numpy as np
 from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_, set_grad
 from ...errors import OperatorError
-from ...runtime.dtensor import DTensor, install_operators
-from .joins import getitem, narrow
+from ...runtime.dtensor import DTensor, _reduce_args, install_operators
+from .einsum import einsum
+from .joins import broadcast_to, concatenate, getitem, narrow, stack
 from .local import reshape, transpose
 from .matmul import matmul
-from .norms import log_softmax, masked_fill, softmax
+from .masks import masked_fill
+from .norms import log_softmax, softmax
 from .elementwise import relu as _relu
-from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round
+from .pointwise import pointwise
+from .ufuncs import clip as _clip, pow as _pow, power as _power, round as _round, where
 from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
 def _numpy_matmul(a: Any, b: Any) -> Any:
@@ -31,14 +36,8 @@ def _numpy_matmul(a: Any, b: Any) -> Any:
     the product and dropped after (``v @ v``, ``x @ v``, ``v @ x``), by ops.einsum; else ops.matmul."""
     na, nb = len(getattr(a, "global_shape", "ab")), len(getattr(b, "global_shape", "ab"))
     if 1 in (na, nb) and 0 not in (na, nb):
-        from .einsum import einsum
-
         return einsum("i,i->" if na == nb == 1 else "j,...jk->...k" if na == 1 else "...ij,j->...i", a, b)
     return matmul(a, b)
-
-
-install_operators(pointwise=pointwise, power=_power, matmul=_numpy_matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
-                  set_grad=set_grad, backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
 
 
 def _dims(x: Any, dim: Any, extra: int = 0) -> int:
@@ -182,10 +181,6 @@ def _like(value: Any) -> Callable:
 
 def _numpy_functions() -> dict:
     """numpy's functions a DTensor answers (its __array_function__), by spmdsim's operators."""
-    from .einsum import einsum
-    from .joins import concatenate, stack
-    from .pointwise import where
-
     return {
         np.where: lambda c, x, y: where(c, x, y),
         np.concatenate: lambda xs, axis=0, **k: _kept(np.concatenate, k, out=None, dtype=None, casting="same_kind")
@@ -254,15 +249,11 @@ def _whole(what: str) -> Any:
 def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min: spmdsim.nn.ops.reduce takes them as uint8),
     with its and PyTorch's keywords."""
-    from ...runtime.dtensor import _reduce_args
-
     return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
 
 
 def _product(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """numpy's ``x.prod(axis=...)`` (`spmdsim.nn.ops.reduce.prod`), with its and PyTorch's keywords."""
-    from ...runtime.dtensor import _reduce_args
-
     return _prod(x, *_reduce_args("prod", dims, keepdims, aliases))
 
 
@@ -289,8 +280,6 @@ def _norm(x: Any, ord: Any = None, dims: Any = None, keepdims: bool = False) -> 
 
 def _expand(x: Any, *sizes: Any) -> Any:
     """PyTorch's ``x.expand(*sizes)`` (-1: the dim as it is): ops.broadcast_to."""
-    from .joins import broadcast_to
-
     sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
     lead = len(sizes) - len(x.global_shape)
     shape = tuple(x.global_shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(sizes))
@@ -343,14 +332,14 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
     return transpose(x, tuple(perm))
 
 
-#: numpy's protocol and spellings (np.exp(x), abs(x), len(x), x.T, x.swapaxes) and PyTorch's method spellings
-#: of spmdsim's operators (docs/tutorials/porting.md).
+#: PyTorch's method spellings of spmdsim's operators (docs/tutorials/porting.md), and numpy's (x.T, x.swapaxes):
+#: the functions behind DTensor's methods of these names (spmdsim.runtime.dtensor._SPELLINGS; T and size
+#: are properties there).
 _METHODS = {
-    "__array_ufunc__": _array_ufunc, "__array_function__": _array_function, "__array__": _array, "__len__": _len,
-    "__abs__": lambda x: pointwise("abs", x), "__pos__": lambda x: _positive(x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
+    "T": lambda x: transpose(x, None), "swapaxes": _swapaxes,
     "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
-    "size": property(_Size), "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
+    "size": _Size, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "flatten": _flatten, "contiguous": lambda x: x,
     "detach": _detach, "split": _split, "softmax": lambda x, dim=-1: softmax(x, dim),
     "log_softmax": lambda x, dim=-1: log_softmax(x, dim), "masked_fill": masked_fill,
@@ -364,7 +353,6 @@ _METHODS = {
     "mm": lambda x, other: matmul(x, other), "clone": _copy, "copy": _copy,
     "numpy": _whole("numpy"), "tolist": _whole("tolist"),
     "round": lambda x, decimals=0, out=None: _round(x, decimals) if out is None else _no_out("round"),
-    "__round__": lambda x, ndigits=None: _round(x, ndigits or 0),
     "floor": lambda x: pointwise("floor", x), "ceil": lambda x: pointwise("ceil", x),
     "sign": lambda x: pointwise("sign", x),
     "norm": lambda x, p="fro", dim=None, keepdim=False: _norm(x, None if p == "fro" else p, dim, keepdim),
@@ -377,5 +365,12 @@ _METHODS = {
     "prod": _product, "ravel": _ravel,
     "std": lambda x, axis=None, ddof=0, keepdims=False: pointwise("sqrt", _var(x, axis, keepdims, ddof)),
 }
-for _name, _method in _METHODS.items():
-    setattr(DTensor, _name, _method)
+
+
+def bind_dtensor() -> None:
+    """Fill the runtime's table that DTensor's operators, numpy protocol and spellings call (idempotent)."""
+    install_operators(
+        _METHODS, pointwise=pointwise, power=_power, matmul=_numpy_matmul, reduce=reduce, arg=arg_reduce,
+        requires_grad_=requires_grad_, set_grad=set_grad, backward=backward, getitem=getitem, reshape=reshape,
+        transpose=transpose, array_ufunc=_array_ufunc, array_function=_array_function, array=_array, len=_len,
+        abs=lambda x: pointwise("abs", x), pos=_positive, round=lambda x, ndigits=None: _round(x, ndigits or 0))

@@ -22,16 +22,18 @@ from ...layouts.datagen import SeededTensor
 # The pure part (layouts, parameters) lives in the dialect; importable from here as before.
 from ...layouts.dialects.paddle import MP_AXIS, ParamAttr, paddle_layout, paddle_param, split_layouts
 from ...errors import DialectError, OperatorError
-from ._common import check_dtensor, scatter_local, seeded_dtensor
+from ._common import scatter_local, seeded_dtensor
+from ._operands import check_dtensor
+from ...runtime.engines import engine_of, world
+from ...runtime import Mesh
+from .embedding import embedding
+from .linear import linear
 
 __all__ = ["split", "paddle_mesh", "paddle_layout", "paddle_param"]
 
 
 def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
     """A runtime Mesh over `comm` (default `spmdsim.world()`) with the layout of `paddle_layout`."""
-    from ...runtime.engines import engine_of, world
-    from ...runtime import Mesh
-
     comm = world() if comm is None else comm
     if not engine_of(comm).simulated:
         from mpi4py import MPI
@@ -55,9 +57,6 @@ def split(x: Any, size: Sequence[int], operation: str, axis: int = 0, num_partit
           gather_out: bool = True, weight_attr: ParamAttr = None, bias_attr: ParamAttr = None,
           name: Optional[str] = None) -> Any:
     """Paddle's distributed split on a DTensor `x` (ids for embedding); returns a DTensor."""
-    from .embedding import embedding
-    from .linear import linear
-
     check_dtensor(x, "split: x")
     if not isinstance(size, (list, tuple)):  # torch.split's (x, split_size, dim) habit
         raise DialectError(f"split: size {size!r} must be a list or tuple of two positive integers (the weight's "

@@ -11,34 +11,29 @@ replicated 0-d operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 from __future__ import annotations
 
 import math
-import numbers
 from functools import partial
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...references.activations import erf as _erf
-from ...references.activations import gelu_erf as _gelu_erf
-from ...references.activations import sigmoid as _sigmoid
-from ..autograd.graph import attach, record
-from ..autograd.kept import shell
-from ..autograd.rules.grads import NEED2, grad_tensor
+from ...references.activations import erf as _erf, gelu_erf as _gelu_erf, sigmoid as _sigmoid
+from ..autograd.graph import attach
+from ..autograd.rules.grads import NEED2
 from ..autograd.rules.pointwise import DERIVATIVES, LOUD, PointwiseGrads, quiet, record_pointwise
 from ...errors import DTypeError, OperatorError
 from ...base import flops as _flops
 from ...base.flops import sweep
 from ...programs.infer.pointwise import infer_pointwise
-from ...base.precision import is_low, rounded, wide
-from ...base.validate import dtype_arg
+from ...base.precision import rounded, wide
 from . import _common
 from ...base.buffers import CAPTURE
-from ._common import (BLOCK, DRY_ZEROS_BYTES, LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare,
-                      prepared_result, result_dtype, signature, ufunc_dtype)
+from ._common import BLOCK, LOCAL, Prepared, describe, dry_zeros, moved, prepare, prepared_result, signature
+from ._operands import ufunc_dtype
+from ...runtime.executor import redistribute
+from .powers import _negative_powers
+from .scalars import _LOGICAL, _number, _promote, lift
 
-__all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
-           "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
-           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
-           "pointwise", "astype", "power"]
+__all__ = ["pointwise"]
 
 
 # op -> its forward kernel (its derivative: spmdsim.nn.autograd.rules.pointwise.DERIVATIVES; none for comparisons).
@@ -57,103 +52,6 @@ _KERNELS: dict[str, Callable] = {
     "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
     "logical_not": np.logical_not, "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite,
 }
-
-
-def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
-    """A Python or numpy number as a replicated 0-d DTensor. A Python number takes `dtype` (numpy's weak
-    scalar rule); beside bool tensors alone (`dtype` None) its own kind, as numpy 2 promotes it (NEP 50): a
-    bool stays bool (``mask + True`` is a logical or), an int is int64, a float float64. A numpy scalar keeps
-    its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64). A 0-d numpy array is its
-    numpy scalar: numpy makes one of a scalar on the left of a comparison (``np.float64(0.5) < x`` reaches
-    DTensor.__array_ufunc__ as np.less(array(0.5), x)), and NEP 50 types the two alike.
-
-    Beside bfloat16 (ml_dtypes' dtype, of kind "V"), the dtype numpy's own call gives (`_beside_low`): a Python
-    float is float32 (``x * 1.5`` of bfloat16 x is float32, as numpy's; in ``where`` float64, as np.where's), an
-    int or bool bfloat16; in a logical and/or/xor a Python int is int64 beside any other dtype, as numpy's
-    logical ufuncs take it (its truth is what counts; past int64 numpy refuses it: `_beyond`); a numpy scalar
-    whose dtype numpy's promotion table lacks beside bfloat16 (float16,
-    int16 and wider ints) is converted, exactly, to the float numpy's ufuncs compute in (float32, float64)."""
-    if type(value) is np.ndarray and value.ndim == 0:
-        value = value[()]
-    if isinstance(value, np.generic):
-        kind = value.dtype.kind
-        if kind in "biuf" or (kind == "V" and is_low(value.dtype)):
-            if (kind == "V" or (dtype is not None and dtype.kind == "V")) and dtype is not None:
-                common = _ufunc_dtype(dtype, value.dtype)
-                if common != dtype and common != value.dtype:  # no entry in numpy's table: numpy's ufunc loop
-                    return make_dtensor(mesh, np.asarray(value, common), _scalar_layout(mesh.layout), ())
-            return make_dtensor(mesh, np.asarray(value), _scalar_layout(mesh.layout), ())
-        value = value.item()
-    if not isinstance(value, (numbers.Real, bool)):
-        raise OperatorError(f"{op}: operand {describe(value)} must be a DTensor or a real number; wrap an array "
-                            "with DTensor.from_global or from_local first")
-    if dtype is None:
-        target = np.dtype(bool if isinstance(value, bool) else np.int64 if isinstance(value, int) else np.float64)
-    elif dtype.kind == "V":
-        target = _beside_low(op, dtype, type(value) if type(value) in (bool, int, float) else float)
-    elif op in _LOGICAL and type(value) is int:  # numpy's logical ufuncs take it as int64 (past it: refused)
-        target = np.dtype(np.int64)
-    else:
-        target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
-    return make_dtensor(mesh, _number(value, target), _scalar_layout(mesh.layout), ())
-
-
-def _number(value: Any, dtype: np.dtype) -> np.ndarray:
-    """``np.asarray(value, dtype)``; OverflowError for a Python int that `dtype` cannot hold (ml_dtypes' bfloat16
-    raises TypeError "expected number, got int" for one past int64)."""
-    try:
-        return np.asarray(value, dtype)
-    except TypeError:
-        if type(value) is int:
-            raise OverflowError(f"{value} does not fit {dtype.name}") from None
-        raise
-
-
-_BESIDE_LOW: dict = {}  # (op, the tensors' dtype, a Python number's type) -> the dtype numpy converts it to
-
-
-def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
-    """The dtype a Python number of type `kind` takes beside a block of `dtype` (bfloat16, kind "V") in `op`, as
-    numpy's own call gives it on blocks of that dtype: np.where promotes by np.result_type (a float: float64),
-    np.clip has no bfloat16 loop (float32), the other ufuncs take an int or bool as bfloat16 and a float as
-    float32 (numpy's NEP 50 rule for a user dtype: the first of its loops both cast to safely)."""
-    key = op, dtype, kind
-    out = _BESIDE_LOW.get(key)
-    if out is None:
-        one = kind(1)
-        with np.errstate(all="ignore"):
-            if op == "where":
-                out = np.result_type(dtype, one)
-            elif op == "clip":
-                out = np.clip(np.zeros(1, dtype), one, one).dtype
-            else:
-                out = np.add(np.zeros(1, dtype), one).dtype
-        out = _BESIDE_LOW[key] = np.dtype(out)
-    return out
-
-
-def _ufunc_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
-    """The dtype numpy's ufuncs compute on dtypes `a` and `b` in (spmdsim.nn.ops._common.ufunc_dtype)."""
-    return ufunc_dtype(a, b)
-
-
-def _promote(op: str) -> Callable:
-    """`op`'s rule for its result dtype: np.where's is np.result_type's (`result_dtype`: bfloat16 beside int32
-    refused, as np.where refuses it), every other op's numpy's ufuncs' (`ufunc_dtype`: float64)."""
-    return result_dtype if op == "where" else ufunc_dtype
-
-
-_SCALARS: dict = {}  # device matrix -> the layout of a replicated 0-d value on it
-
-
-def _scalar_layout(layout: Any) -> Any:
-    """``layout()``, the replicated 0-d layout, one object per device matrix (not rebuilt per number)."""
-    out = _SCALARS.get(layout)
-    if out is None:
-        if len(_SCALARS) >= 256:
-            _SCALARS.clear()
-        out = _SCALARS[layout] = layout()
-    return out
 
 
 def _operands(op: str, args: tuple) -> tuple[Any, list]:
@@ -205,16 +103,10 @@ def pointwise(op: str, *args: Any) -> Any:
         except TypeError:  # a size that does not hash (the planner refuses it)
             key = prepared = None
     if prepared is None:
-        try:
-            mesh, xs = _operands(op, args)
-        except OverflowError:  # a Python int the tensors' dtype cannot hold
+        first = _first_call(op, args, key)
+        if first is None:  # a Python int the tensors' dtype cannot hold
             return _beyond(op, args)
-        except DTypeError as e:
-            raise _named(op, e) from None
-        try:
-            prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
-        except DTypeError as e:
-            raise _named(op, e) from None
+        mesh, xs, prepared = first
     elif key[1] is _MIXED:  # numbers of the types, beside DTensors of the layouts, of a call that passed _operands
         try:
             mesh, xs = _lifted(args, prepared)
@@ -263,6 +155,21 @@ def pointwise(op: str, *args: Any) -> Any:
     return out
 
 
+def _first_call(op: str, args: tuple, key: Any) -> Optional[tuple]:
+    """(mesh, operands, `_Prepared`) of a call signature's first call, its operands checked and lifted and its
+    plan kept under `key`; None where a Python int does not fit the tensors' dtype (`_beyond` says so)."""
+    try:
+        mesh, xs = _operands(op, args)
+    except OverflowError:
+        return None
+    except DTypeError as e:
+        raise _named(op, e) from None
+    try:
+        return mesh, xs, prepare(_PREPARED, partial(_Prepared, op), xs, key)
+    except DTypeError as e:
+        raise _named(op, e) from None
+
+
 def _named(op: str, error: DTypeError) -> DTypeError:
     """`error`, spmdsim.nn.ops._common's line for dtypes numpy has no common one of (np.where's, a ufunc's) with
     `op` named in front; any other DTypeError (naming its op already) as it is."""
@@ -286,7 +193,6 @@ def _unscaled(op: str, args: tuple) -> tuple:
             return args
     except (TypeError, OverflowError):  # no number (refused below), or an int past a float's range
         return args
-    from ...runtime.executor import redistribute
 
     return tuple(redistribute(a, a.layout.with_partial(())) if getattr(a, "partial", None) else a for a in args)
 
@@ -295,7 +201,6 @@ def _unscaled(op: str, args: tuple) -> tuple:
 #: the number, and those true where every entry lies above it.
 _SWAPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 _TRUE_BELOW, _TRUE_ABOVE = frozenset({"lt", "le", "ne"}), frozenset({"gt", "ge", "ne"})
-_LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
 
 
 def _beyond(op: str, args: tuple) -> Any:
@@ -430,80 +335,6 @@ def _lifted(args: tuple, prepared: _Prepared) -> tuple:
 _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.nn.ops._common.Prepared)
 
 
-def _negative_powers(mesh: Any, args: tuple, xs: Any) -> None:
-    """Refuse, on every rank alike, an integer power (numpy's integer loop: an integer or bool base, a signed
-    integer exponent) with a negative exponent where the result has entries, as numpy refuses it (its kernel's
-    ValueError, raised on the ranks holding such an entry alone, would leave the others going on into the next
-    collective). A number's exponent is every rank's: checked here. A DTensor's values differ between ranks:
-    each rank's least exponent among those its result block uses, the least of them agreed over the mesh (one
-    small Allreduce of control traffic, for this kind of call only; in a dry run, where one rank runs for all,
-    its own block's, a large one's zeros not looked at). While capturing (spmdsim.runtime.replay), that check is
-    recorded as a kernel: each replay checks the exponent it is given again, on every rank alike."""
-    base, exponent = xs
-    cls = _common._DTENSOR
-    block = exponent._local
-    if type(args[1]) is not cls:  # a number: every rank's
-        least = int(block.min()) if math.prod(base._shape) else 0
-        if least < 0:
-            raise _negative_power(base._local.dtype if type(args[0]) is cls else None, least, args[0])
-        return
-    what = f"a DTensor of {base._local.dtype.name}" if type(args[0]) is cls else describe(args[0])
-    if mesh.engine.dry:  # one rank runs for all: its own block, unless a large one (zeros, not looked at)
-        least = int(block.min()) if block.size and base._local.size and block.nbytes < DRY_ZEROS_BYTES else 0
-        if least < 0:
-            raise _negative_exponents(what, block.dtype, least)
-        return
-    from ...runtime import replay
-
-    if CAPTURE.on and replay.capturing():  # the values a replay is given are not the capture's: checked again
-        replay.kernel(_least_exponent)(mesh.comm, block, base._local.size, what)
-    else:
-        _least_exponent(mesh.comm, block, base._local.size, what)
-
-
-def _least_exponent(comm: Any, block: np.ndarray, base_size: int, what: str) -> None:
-    """`_negative_powers`' check of a DTensor's exponent `block` (this rank's, beside a base block of
-    `base_size` entries): the least entry over `comm`'s ranks, a negative one refused on every rank alike."""
-    from ...runtime import door
-
-    least = door.all_reduce_object(comm, int(block.min()) if block.size and base_size else 0, "min")
-    if least < 0:
-        raise _negative_exponents(what, block.dtype, least)
-
-
-def _negative_exponents(what: str, dtype: np.dtype, least: int) -> OperatorError:
-    """The refusal of `what` (a DTensor or a number, described) to the powers of a DTensor of integer `dtype`
-    whose least entry is `least`, the same on every rank."""
-    return OperatorError(f"pow: {what} to the powers of a DTensor of {dtype.name} whose entries include "
-                         f"{least}: numpy refuses integers to negative integer powers; convert first, e.g. "
-                         "exponent.astype('float64')")
-
-
-def _negative_power(dtype: Any, exponent: int, base: Any = None) -> OperatorError:
-    """The refusal of a DTensor of integer `dtype` (None: the number `base`) to the negative integer power
-    `exponent`, the same on every rank."""
-    what = f"a DTensor of {dtype.name}" if dtype is not None else describe(base)
-    return OperatorError(f"pow: {what} to the negative integer power {exponent}: numpy refuses integers to "
-                         f"negative integer powers; use a float exponent ({float(exponent)!r}) or convert x first, "
-                         "e.g. x.astype('float64')")
-
-
-def astype(x: Any, dtype: Any) -> Any:
-    """`x` with its blocks converted to `dtype` (a float rounded to nearest even), recorded for autograd.
-
-    The gradient goes back in x's own gradient dtype; the same layout, pending sums kept (a cast of a
-    pending sum to a narrower float rounds each addend: round after resolving it)."""
-    want = dtype_arg(dtype)
-    if x.local.dtype == want:
-        return x
-    dry = dry_zeros(x.mesh, x.local.shape, want, np.ndarray.astype, x.local, want)  # a dry run's: not converted
-    out = make_dtensor(x.mesh, x.local.astype(want) if dry is None else dry, x.layout, x.global_shape)
-    if x._ag is None:
-        return out
-    x = shell(x)  # the cast's backward reads no value of x: the node keeps its shell, not its block
-    return record(out, f"astype {want.name}", (x,), lambda dy: (grad_tensor(x, dy.local, dy.layout.partial),))
-
-
 def _dry_block(mesh: Any, forward: Callable, locals_: list, prepared: Optional[_Prepared] = None) -> Any:
     """A dry run's large result (spmdsim.nn.ops._common.dry_zeros): zeros of the real block's shape and dtype, not
     computed; None for a small one (computed). `prepared`: the call's, whose bfloat16 result the real kernel
@@ -518,268 +349,3 @@ def _dry_block(mesh: Any, forward: Callable, locals_: list, prepared: Optional[_
     return dry_zeros(mesh, shape, dtype, forward, *locals_)
 
 
-def add(a: Any, b: Any) -> Any:
-    """a + b with numpy broadcasting; a pending sum stays pending (the other operand joins on one replica)."""
-    return pointwise("add", a, b)
-
-
-def sub(a: Any, b: Any) -> Any:
-    """a - b with numpy broadcasting (pending sums as for add)."""
-    return pointwise("sub", a, b)
-
-
-def mul(a: Any, b: Any) -> Any:
-    """a * b with numpy broadcasting; one pending operand stays pending (two: the smaller is resolved)."""
-    return pointwise("mul", a, b)
-
-
-def div(a: Any, b: Any) -> Any:
-    """a / b with numpy broadcasting; a pending numerator stays pending, a pending denominator is resolved."""
-    return pointwise("div", a, b)
-
-
-def floor_divide(a: Any, b: Any) -> Any:
-    """a // b, numpy's floor division (``x // 2``), with broadcasting; pending sums are resolved first. Its
-    gradient is zero (the result is piecewise constant)."""
-    return pointwise("floordiv", a, b)
-
-
-def remainder(a: Any, b: Any) -> Any:
-    """a % b, numpy's remainder (the sign of b), with broadcasting; pending sums are resolved first. Gradients
-    as PyTorch's: dy for a, -dy * (a // b) for b."""
-    return pointwise("mod", a, b)
-
-
-def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
-    """x rounded to `decimals` places, halves to even, as numpy.round (x * 10**decimals rounded, then divided);
-    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first.
-
-    Negative `decimals` round to tens, hundreds, ... as numpy's (x / 10**-decimals rounded, then multiplied;
-    an integer's computed in float64 and converted back to its dtype); a bool's refused, as numpy refuses it."""
-    if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
-        raise OperatorError(f"round: decimals {decimals!r} must be an integer")
-    if decimals < 0:
-        dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
-        if dtype.kind == "b":
-            raise OperatorError(f"round of a bool DTensor to decimals {decimals}: numpy refuses it (its quotient "
-                                "is not a bool); convert first, e.g. x.astype('int64')")
-        scale = 10.0 ** -int(decimals) if decimals >= -308 else math.inf  # numpy's too: inf, then NaN
-        out = pointwise("mul", pointwise("round", pointwise("div", x, scale)), scale)
-        return astype(out, dtype) if dtype.kind in "iu" else out
-    if not decimals or getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind in "iu":
-        # Integers have no places to round (numpy gives them back as they are, their dtype kept): scaled by a
-        # float they would come back float64.
-        return pointwise("round", x)
-    scale = 10.0 ** int(decimals)
-    return pointwise("div", pointwise("round", pointwise("mul", x, scale)), scale)
-
-
-def floor(x: Any) -> Any:
-    """The largest integer not above x, elementwise (numpy.floor); its gradient is zero."""
-    return pointwise("floor", x)
-
-
-def ceil(x: Any) -> Any:
-    """The smallest integer not below x, elementwise (numpy.ceil); its gradient is zero."""
-    return pointwise("ceil", x)
-
-
-def sign(x: Any) -> Any:
-    """-1, 0 or 1 by x's sign, elementwise (numpy.sign); its gradient is zero."""
-    return pointwise("sign", x)
-
-
-def maximum(a: Any, b: Any) -> Any:
-    """Elementwise maximum (ties share the gradient equally, as PyTorch does); pending sums are resolved."""
-    return pointwise("maximum", a, b)
-
-
-def minimum(a: Any, b: Any) -> Any:
-    """Elementwise minimum (ties share the gradient); pending sums are resolved."""
-    return pointwise("minimum", a, b)
-
-
-def where(condition: Any, a: Any, b: Any) -> Any:
-    """a where `condition` (a bool DTensor) is true, else b, with broadcasting; the condition gets no gradient."""
-    if getattr(getattr(condition, "local", None), "dtype", None) != np.dtype(bool):
-        hint = "; a Python bool is not a mask: compare DTensors (a == b, a < b)" if type(condition) is bool else ""
-        raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}{hint}")
-    return pointwise("where", condition, a, b)
-
-
-def exp(x: Any) -> Any:
-    """e ** x (a pending sum is resolved first)."""
-    return pointwise("exp", x)
-
-
-def log(x: Any) -> Any:
-    """Natural logarithm (a pending sum is resolved first)."""
-    return pointwise("log", x)
-
-
-def sqrt(x: Any) -> Any:
-    """Square root (a pending sum is resolved first)."""
-    return pointwise("sqrt", x)
-
-
-def tanh(x: Any) -> Any:
-    """Hyperbolic tangent (a pending sum is resolved first)."""
-    return pointwise("tanh", x)
-
-
-def neg(x: Any) -> Any:
-    """-x (linear: a pending sum stays pending)."""
-    return pointwise("neg", x)
-
-
-def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
-    """|x| (a pending sum is resolved first)."""
-    return pointwise("abs", x)
-
-
-def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
-    """x ** exponent (a number or a DTensor; pending sums are resolved first).
-
-    numpy's np.power: an integer or bool x to a negative integer power is refused in one line on every rank where
-    the result has entries, as numpy refuses it (its ValueError came from the kernel, on the ranks that hold such
-    an entry alone; an empty x gives the empty result, as numpy's): a number
-    exponent here, a DTensor's (``2 ** x``, ``x ** y`` of integers) by its least entry, agreed over the mesh
-    (`_negative_powers`: one small Allreduce, for an integer power of signed integers only)."""
-    if exponent.__class__ is int or isinstance(exponent, np.integer):
-        kind = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind
-        if kind in "biu" and exponent < 0 and math.prod(x._shape):  # (an empty result has no entry to refuse)
-            raise _negative_power(x.local.dtype, int(exponent))
-    return pointwise("pow", x, exponent)
-
-
-def power(x: Any, exponent: Any) -> Any:
-    """``x ** exponent`` (DTensor's operator) as numpy's ndarray operator: `pow`, but a bool x to the Python int
-    2 is numpy's np.square of it (int8: ``mask ** 2``), where np.power(mask, 2) is int64."""
-    if exponent.__class__ is int and exponent == 2 and x.local.dtype.kind == "b":
-        return pointwise("square", x)
-    return pow(x, exponent)
-
-
-def sigmoid(x: Any) -> Any:
-    """1 / (1 + e^-x) (a pending sum is resolved first)."""
-    return pointwise("sigmoid", x)
-
-
-def silu(x: Any) -> Any:
-    """x * sigmoid(x), Swish (Llama's SwiGLU gate; a pending sum is resolved first)."""
-    return pointwise("silu", x)
-
-
-def sin(x: Any) -> Any:
-    """Sine (a pending sum is resolved first)."""
-    return pointwise("sin", x)
-
-
-def cos(x: Any) -> Any:
-    """Cosine (a pending sum is resolved first)."""
-    return pointwise("cos", x)
-
-
-def square(x: Any) -> Any:
-    """x * x (a pending sum is resolved first)."""
-    return pointwise("square", x)
-
-
-def rsqrt(x: Any) -> Any:
-    """1 / sqrt(x) (a pending sum is resolved first)."""
-    return pointwise("rsqrt", x)
-
-
-def erf(x: Any) -> Any:
-    """The error function, elementwise (the C library's, one element at a time: slower than numpy's
-    ufuncs); a pending sum is resolved first."""
-    return pointwise("erf", x)
-
-
-def clip(x: Any, low: Any = None, high: Any = None) -> Any:
-    """x limited to [low, high] (numbers or DTensors, with broadcasting; None: no bound), like numpy.clip.
-
-    The gradient reaches x where low <= x <= high (bounds included, as PyTorch's clamp), a bound where x
-    passes it; pending sums are resolved first.
-    """
-    if low is None and high is None:
-        raise OperatorError("clip: low None and high None: give at least one bound")
-    for name, bound in (("low", low), ("high", high)):
-        if bound is not None and not hasattr(bound, "_ag") and (
-                not (isinstance(bound, numbers.Real) or isinstance(bound, np.generic) and is_low(bound.dtype))
-                or isinstance(bound, bool) or bound != bound):
-            raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
-    dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
-    if dtype.kind in "iu":  # a Python int bound beyond x's dtype on the side where it clips nothing: numpy 2.4's
-        info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40); 2.0 refused); the other side refuses
-        low = int(info.min) if type(low) is int and low < info.min else low
-        high = int(info.max) if type(high) is int and high > info.max else high
-    if low is not None and high is not None and "V" in (dtype.kind, _kind(low), _kind(high)):
-        x = _clip_loop(x, dtype, low, high)
-    if (low is None or high is None) and dtype.kind == "V":
-        # bfloat16: numpy's clip by one bound is np.minimum / np.maximum, whose bfloat16 loop keeps bfloat16 beside
-        # a Python int (np.clip's own has none: float32). Both bounds as numpy scalars of the dtype np.minimum
-        # gives (`_ufunc_dtype`), the missing one infinite.
-        given = high if low is None else low
-        if hasattr(given, "_ag"):
-            edge = _ufunc_dtype(dtype, given.local.dtype)
-        else:
-            edge = (_ufunc_dtype(dtype, given.dtype) if isinstance(given, np.generic)
-                    else _beside_low("minimum", dtype, type(given)))
-            try:
-                given = _number(given, edge)[()]
-            except OverflowError:
-                raise DTypeError(f"clip: the Python int bound {given} is out of bounds for {edge.name}, the dtype it "
-                                 f"takes beside a DTensor of {dtype.name} (numpy refuses it too)") from None
-        low, high = ((np.asarray(-np.inf, edge)[()], given) if low is None
-                     else (given, np.asarray(np.inf, edge)[()]))
-    if low is None or high is None:
-        # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone):
-        # an integer's extremes, a bool's the ints 0 and 1 (-inf and inf would make it float64), a float's infs.
-        edges = ((np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "iu" else (0, 1) if dtype.kind == "b"
-                 else (-np.inf, np.inf))
-        low = edges[0] if low is None else low
-        high = edges[1] if high is None else high
-    return pointwise("clip", x, low, high)
-
-
-def _kind(bound: Any) -> str:
-    """The dtype kind of a clip bound that has a dtype (a DTensor's, a numpy scalar's), else ""."""
-    dtype = getattr(getattr(bound, "local", bound), "dtype", None)
-    return "" if dtype is None else dtype.kind
-
-
-def _clip_loop(x: Any, dtype: np.dtype, low: Any, high: Any) -> Any:
-    """`x` (of `dtype`) converted to the dtype numpy's np.clip computes in (exactly: a wider float) where that is
-    not the bounds' and x's common dtype: np.clip has no bfloat16 loop, so bfloat16 among x and DTensor or numpy
-    scalar bounds whose common dtype is bfloat16 computes in float32 (a Python number bound: `_beside_low`)."""
-    dtypes = [dtype] + [b.local.dtype if hasattr(b, "_ag") else b.dtype for b in (low, high)
-                        if hasattr(b, "_ag") or isinstance(b, np.generic)]
-    if len(dtypes) < 3:  # a Python number among the bounds: lifted to the dtype numpy's np.clip gives it
-        return x
-    common = ufunc_dtype(*dtypes)
-    if common.kind != "V":
-        return x
-    want = _CLIP_LOOPS.get(common)
-    if want is None:
-        with np.errstate(all="ignore"):
-            want = _CLIP_LOOPS[common] = np.clip(*(np.zeros(1, common),) * 3).dtype
-    return x if want == common else astype(x, want)
-
-
-_CLIP_LOOPS: dict = {}  # a low float dtype -> the dtype np.clip of three arrays of it computes in
-
-
-def equal(a: Any, b: Any) -> Any:
-    """a == b elementwise as a bool DTensor (no gradient); DTensor's ``==`` calls it, as PyTorch's and numpy's."""
-    return pointwise("eq", a, b)
-
-
-def not_equal(a: Any, b: Any) -> Any:
-    """a != b elementwise as a bool DTensor (no gradient)."""
-    return pointwise("ne", a, b)
-
-
-def compare(op: str, a: Any, b: Any) -> Any:
-    """a == b, a < b, a > b, a <= b or a >= b (op "eq", "lt", "gt", "le", "ge") as a bool DTensor (no gradient)."""
-    return pointwise(op, a, b)

@@ -22,7 +22,13 @@ from ..autograd.rules.reduce import record_prod, record_reduce
 from ...programs.infer.pointwise import infer_reduce, reduce_dims
 from ...base.buffers import as_array, broadcast_zero, contiguous
 from ...base.flops import sweep
-from ._common import DRY_ZEROS_BYTES, make_dtensor, raise_if_not_dtensors
+from ._common import DRY_ZEROS_BYTES, make_dtensor
+from ._operands import raise_if_not_dtensors
+from ...runtime.executor import execute, pending, redistribute, resolve
+from ...errors import OperatorError
+from ...base.validate import as_int
+from . import ufuncs as P
+from .local import reshape
 
 __all__ = ["sum", "mean", "max", "min", "prod", "var", "argmax", "argmin", "reduce"]
 
@@ -51,8 +57,6 @@ _KERNELS = {"sum": np.sum, "mean": np.sum, "max": _max, "min": _min, "prod": np.
 
 def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     """Reduce `x` by `kind` ("sum", "mean", "max", "min") over `dims` (None: all dims), like numpy."""
-    from ...runtime.executor import execute, redistribute
-
     layout = _checked(kind, x, keepdims)
     if kind in ("max", "min") and x.local.dtype.kind == "b":
         # A bool's max and min (numpy's any and all) travel as uint8 and come back bool: MPI reduces no bool by
@@ -99,8 +103,6 @@ def _checked(kind: str, x: Any, keepdims: Any) -> Any:
         raise_if_not_dtensors(kind, ("x",), x)
         raise
     if not isinstance(keepdims, bool):
-        from ...errors import OperatorError
-
         raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
     return layout
 
@@ -133,8 +135,6 @@ def prod(x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     gathered over the dim's axes (an Allgather of those alone, not of the rows) and multiplied on every rank;
     the result is replicated over those axes. Its gradient: dY times the product of the other entries (made
     without dividing, so a zero entry takes the product of the rest)."""
-    from ...runtime.executor import redistribute
-
     layout = _checked("prod", x, keepdims)
     axes = reduce_dims(dims, layout.ndim, "prod")
     if layout.partial:  # a product of a sum's addends is not the product of the sum
@@ -167,10 +167,6 @@ def var(x: Any, dims: Any = None, keepdims: bool = False, correction: int = 0) -
     """Variance over `dims` (numpy's ``var``; ``correction=1`` for PyTorch's default, Bessel's), built from
     mean and the elementwise rules: over a split dim the mean is a pending sum, resolved where a square
     needs a whole value, so no rank gathers a row."""
-    from ...errors import OperatorError
-    from ...base.validate import as_int
-    from . import pointwise as P
-
     try:
         layout = x.layout
     except AttributeError:
@@ -213,9 +209,6 @@ def _losing(kind: str, dtype: np.dtype) -> Any:
 
 def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     """`argmax` or `argmin` (`kind`) of x along `dim` (None: the flattened tensor); DTensor's methods call it."""
-    from ...errors import OperatorError
-    from ...runtime.executor import pending, redistribute, resolve
-
     layout = _checked(kind, x, keepdims)
     if x.local.dtype.kind == "b":  # numpy's: the first True (argmax) or False (argmin); MPI compares no bools
         x = x.astype(np.uint8)
@@ -274,7 +267,5 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
         index = np.expand_dims(index, dims[0])
     out = make_dtensor(x.mesh, index, plan.out, shape)
     if flat_keep:  # argmax(x, None, keepdims=True): shape (1, ..., 1)
-        from .local import reshape
-
         out = reshape(out, (1,) * layout.ndim)
     return out

@@ -110,6 +110,12 @@ class EinsumGrads:
                 else:
                     gb = gradient_block(b, g, b_layout)
             return ga, gb
+        return self._general(dy, seen)
+
+    def _general(self, dy: Any, seen: Any) -> tuple:
+        """`__call__`'s gradients by the general helpers (`contract`, `pair`, grad_tensor): a signature's first
+        call with dY's layout, more than two operands, a captured step; dY's layout's decisions then kept."""
+        prepared, layout = self.prepared, dy._layout
         xs, need = self.xs, self.need
         words, per = prepared.plan.spec.inputs, prepared.per
         grads = []
@@ -145,27 +151,34 @@ class EinsumGrads:
             else:
                 grads.append(gradient_block(x, g, known[k]))
         if known is None:  # every operand's gradient layout, as grad_tensor gives it (pure of the key)
-            partial = layout.partial
-            ways = prepared.ways
-            if len(ways) >= 64:  # many gradient layouts of one signature: start over
-                ways.clear()
-            known = tuple(gradient_layout(x._layout, partial, p[2], p[3]) for x, p in zip(xs, per))
-            paired = None  # two operands, both gradients `pair`'s: what each contracts, and its layout
-            if len(xs) == 2 and per[0][4] and per[1][4]:
-                paired = tuple(p[1] + (w, g) for p, w, g in zip(per, words, known))
-            # (and whether no operand is bfloat16: its dtype is the signature's)
-            wide = all(x._local.dtype.kind != "V" for x in xs)
-            # With both, under the even cut (every rank's blocks of these layouts shaped alike, so one entry
-            # serves the ranks' threads): each product's `pair_plain` function, kept with its gradient's layout.
-            fns = None
-            if paired is not None and wide and layout.layout.cut == "even" and all(
-                    x._layout.layout.cut == "even" for x in xs):
-                (a_dy, a_other, a_word, a_layout), (b_dy, b_other, b_word, b_layout) = paired
-                a, b = xs
-                fns = (pair_function(a_dy, d, a_other, b._local, a_word), a_layout,
-                       pair_function(b_dy, d, b_other, a._local, b_word), b_layout)
-            ways[id(layout)] = (layout, known, paired, wide, fns)
+            self._keep_ways(layout, d)
         return tuple(grads)
+
+    def _keep_ways(self, layout: Any, d: Any) -> None:
+        """Keep in `prepared.ways`, under dY's `layout`, every operand's gradient layout as grad_tensor gives it
+        (pure of the key) and, for two paired operands, what each contracts and its `pair_plain` function."""
+        xs, prepared = self.xs, self.prepared
+        words, per = prepared.plan.spec.inputs, prepared.per
+        partial = layout.partial
+        ways = prepared.ways
+        if len(ways) >= 64:  # many gradient layouts of one signature: start over
+            ways.clear()
+        known = tuple(gradient_layout(x._layout, partial, p[2], p[3]) for x, p in zip(xs, per))
+        paired = None  # two operands, both gradients `pair`'s: what each contracts, and its layout
+        if len(xs) == 2 and per[0][4] and per[1][4]:
+            paired = tuple(p[1] + (w, g) for p, w, g in zip(per, words, known))
+        # (and whether no operand is bfloat16: its dtype is the signature's)
+        wide = all(x._local.dtype.kind != "V" for x in xs)
+        # With both, under the even cut (every rank's blocks of these layouts shaped alike, so one entry
+        # serves the ranks' threads): each product's `pair_plain` function, kept with its gradient's layout.
+        fns = None
+        if paired is not None and wide and layout.layout.cut == "even" and all(
+                x._layout.layout.cut == "even" for x in xs):
+            (a_dy, a_other, a_word, a_layout), (b_dy, b_other, b_word, b_layout) = paired
+            a, b = xs
+            fns = (pair_function(a_dy, d, a_other, b._local, a_word), a_layout,
+                   pair_function(b_dy, d, b_other, a._local, b_word), b_layout)
+        ways[id(layout)] = (layout, known, paired, wide, fns)
 
 
 def static(plan: Any) -> tuple:

@@ -152,10 +152,10 @@ class EinsumBiasGrads:
 
 
 class ResidualGrads:
-    """`spmdsim.nn.ops.fused.residual`'s backward: the residual add's, the dropout's and the bias add's rules in turn.
+    """`spmdsim.nn.ops.residual`'s backward: the residual add's, the dropout's and the bias add's rules in turn.
     Keeps h, y, the biased y, the dropout's factors, the dropped-out values and the sum, as the three nodes kept
     them (`factors` None: no dropout, or a dry run's that kept none; `bias` None: no bias add; `dropped` the values'
-    DTensor, or its block where `spmdsim.nn.ops.fused.residual` built none: the rule reads neither)."""
+    DTensor, or its block where `spmdsim.nn.ops.residual` built none: the rule reads neither)."""
 
     __slots__ = ("h", "y", "bias", "biased", "factors", "scale", "dropped", "out", "need", "sums")
 
@@ -247,7 +247,7 @@ class ReshapeEinsumGrads:
 
 
 class NormAffineGrads:
-    """`spmdsim.nn.ops.fused.norm_affine`'s backward: the bias add's, the product's and the normalization's rules in
+    """`spmdsim.nn.ops.norm_affine`'s backward: the bias add's, the product's and the normalization's rules in
     turn. Keeps x, the normalized values and 1 / sqrt(var + eps) (the normalization's rule, `norm`), the weight,
     the product and the bias (the product's and the add's nodes kept their operands) and the sum (the add's node
     kept its output), as the nodes kept them (`weight` or `bias` None: none)."""

@@ -271,6 +271,14 @@ class PointwiseGrads:
                 else:
                     result.append(gradient_block(x, g, grad_layout))
             return tuple(result)
+        return self._first_ways(dy, fulls, key, dry)
+
+
+    def _first_ways(self, dy: Any, fulls: tuple, key: tuple, dry: bool) -> tuple:
+        """`__call__`'s gradients where this signature has not met dY's layout object and `need` (`key`): each
+        summed by the general helpers, and how (its dims and layout) kept in `prepared.ways`."""
+        xs, need, prepared, d = self.xs, self.need, self.prepared, dy._local if not CAPTURE.on else dy.local
+        plan, layout = prepared.plan, dy._layout
         result, ways = [], []
         partial, kept = layout.partial, plan.out.partial
         for x, g, n in zip(xs, fulls, need):

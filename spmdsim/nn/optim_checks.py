@@ -1,0 +1,95 @@
+"""The optimizers' argument checks (hyperparameters, step counts) and what they ask of a running capture."""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..errors import OperatorError
+from .autograd.graph import Leaf
+from ..base.validate import describe, tolerance_arg
+
+
+def _count(name: str, where: str, value: Any) -> int:
+    """A step count: an integer >= 0."""
+    if type(value) is bool or not isinstance(value, numbers.Integral) or value < 0:
+        raise OperatorError(f"{name}: {where} {value!r} must be an integer >= 0 (a step count)")
+    return int(value)
+
+
+def _capturing() -> bool:
+    """Whether this thread captures a step now (spmdsim.runtime.replay), outside a kernel; no import while
+    nothing captures."""
+    replay = sys.modules.get("spmdsim.runtime.replay")
+    return replay is not None and replay.capturing()
+
+
+def _is_scalar(value: Any) -> bool:
+    """Whether `value` is a spmdsim.runtime.replay.Scalar (none exists before that module is loaded)."""
+    replay = sys.modules.get("spmdsim.runtime.replay")
+    return replay is not None and isinstance(value, replay.Scalar)
+
+
+def _positive(value: Any, name: str) -> float:
+    """A finite number > 0 (eps), one message for every bad value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise OperatorError(f"{name} {value!r} must be a finite number > 0")
+    return float(value)
+
+
+def _learning_rate(value: Any, name: str) -> float:
+    """A finite number >= 0, as torch.optim allows (lr 0: a warm-up's first step, a frozen run)."""
+    return tolerance_arg(value, name, OperatorError)
+
+
+def _momentum(value: Any, name: str) -> float:
+    out = tolerance_arg(value, name, OperatorError)
+    if out >= 1:
+        raise OperatorError(f"{name} {value!r} must be in [0, 1)")
+    return out
+
+
+def _betas(value: Any, name: str) -> tuple:
+    return _adam_args(value, 1.0)[0]
+
+
+def _at_least_zero(value: Any, name: str) -> float:
+    return tolerance_arg(value, name, OperatorError)
+
+
+#: The optimizers' hyperparameters (attribute -> its check): set between steps, the next update reads them
+#: (a replayed one too); set inside a captured step, refused (`_Optimizer.__setattr__`).
+_SETTINGS: dict = {"lr": _learning_rate, "eps": _positive, "weight_decay": _at_least_zero, "clip_grad": _at_least_zero,
+                   "momentum": _momentum, "betas": _betas}
+
+
+def _adam_args(betas: Any, eps: Any) -> tuple[tuple[float, float], float]:
+    """Adam's and AdamW's (betas, eps), checked: a pair in [0, 1) and a positive number."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise OperatorError(f"betas {betas!r} must be a pair (beta1, beta2)")
+    pair = tuple(tolerance_arg(b, "beta", OperatorError) for b in betas)
+    if not all(b < 1 for b in pair):
+        raise OperatorError(f"betas {betas!r} must be in [0, 1)")
+    return pair, _positive(eps, "eps")  # type: ignore[return-value]
+
+
+def _into(live: Any, loaded: np.ndarray) -> np.ndarray:
+    """`loaded` (a checked copy) written into `live`, the array the next step reads (AdamW's flat buffers are
+    viewed per parameter; a captured step's kernels hold ZeRO-1's slices), when it is one alike; else `loaded`."""
+    if isinstance(live, np.ndarray) and live.shape == loaded.shape and live.dtype == loaded.dtype:
+        np.copyto(live, loaded)
+        return live
+    return loaded
+
+
+def _what(value: Any, leaf: bool = False) -> str:
+    """A parameter as every rank describes it alike (a DTensor's repr names this rank and its block); `leaf`:
+    `value` may be a leaf (said so), not only a tensor refused for not being one."""
+    if hasattr(value, "layout") and hasattr(value, "global_shape"):
+        kind = "a leaf" if leaf and isinstance(getattr(value, "_ag", None), Leaf) else \
+            "not a leaf: computed by an op" if value.requires_grad else "without requires_grad_()"
+        return f"a DTensor of global shape {tuple(value.global_shape)!r}, layout {value.layout}, {kind}"
+    return describe(value)
