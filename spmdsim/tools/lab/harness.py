@@ -14,7 +14,7 @@ import re
 import traceback
 from typing import Any, Iterator, Optional
 
-from ...runtime.mpi_library import load_mpi
+from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
 from ...errors import RuntimeMismatchError
 from ...runtime.sim.run import current_rank, simulate
@@ -168,7 +168,9 @@ def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: t
 def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:
     """What each simulated rank runs: the submission called on its world and its own arguments."""
     rank = current_rank()
-    return call_submission(exercise, code, path, load_mpi().COMM_WORLD, case["args"][rank], notes[rank])
+    # The emulator's world itself: `from mpi4py import MPI` gives the real module where this process
+    # imported it before (the package's attribute is read before sys.modules), a one-rank MPI world.
+    return call_submission(exercise, code, path, world(), case["args"][rank], notes[rank])
 
 
 def make_case(exercise: Exercise, seed: int, n: int) -> dict:
