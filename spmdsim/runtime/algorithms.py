@@ -321,14 +321,16 @@ def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root
     from .engines.wait import polite_wait
 
     wait = polite_wait if polite else None
+    engine = engine_of(comm)
     if collective == "bcast":
         out[...] = send
-        door.untraced(comm, "broadcast", out, root, wait=wait)
+        door.untraced(comm, engine.broadcast, out, root, wait=wait)
     elif collective in ("allreduce", "reduce_scatter"):
-        door.untraced(comm, "all_reduce" if collective == "allreduce" else "reduce_scatter", send, out, "sum",
-                      wait=wait)
+        door.untraced(comm, engine.all_reduce if collective == "allreduce" else engine.reduce_scatter, send, out,
+                      "sum", wait=wait)
     else:
-        door.untraced(comm, "all_gather" if collective == "allgather" else "all_to_all", send, out, wait=wait)
+        door.untraced(comm, engine.all_gather if collective == "allgather" else engine.all_to_all, send, out,
+                      wait=wait)
 
 
 def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
@@ -369,7 +371,7 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
         _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
         runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
     slowest = np.empty((repeat, 2 + len(schedule.rounds)))
-    door.untraced(comm, "all_reduce", np.array(runs, dtype=np.float64), slowest, "max")
+    door.untraced(comm, engine_of(comm).all_reduce, np.array(runs, dtype=np.float64), slowest, "max")
     summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
     diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
     same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))

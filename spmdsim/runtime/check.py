@@ -162,8 +162,9 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     if shared is not None:
         return shared.derived(_verdict, rtol, atol, scaled)
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
-    door.transfer(comm, "check", (), send, (), polite, "all_gather", send, table)
-    if engine_of(comm).dry:
+    engine = engine_of(comm)
+    door.transfer(comm, "check", (), send, (), polite, engine.all_gather, send, table)
+    if engine.dry:
         count = int(send[4]) * len(table) if elements is None else int(elements)
         return Verdict(passed=True, max_abs_error=0.0, max_rel_error=0.0, worst_rank=0, atol=float(atol),
                        rtol=float(rtol), nonfinite=0, elements=count, dry_run=True, scaled=scaled)

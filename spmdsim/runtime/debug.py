@@ -43,6 +43,7 @@ from ..base.context import PROCESS
 from ..base.context import current as _context
 from ..base.context import simulated as _simulated
 from . import _roster
+from .engines import engine_of
 from .engines import wait as waiting
 from .._lazy import numpy_on_first_use
 
@@ -262,7 +263,8 @@ def agree(comm: Any, axes: Sequence[str], polite: bool, always: bool = False) ->
     counter = np.array([context.seq], np.int64)
     from .door import untraced  # the door to the engine sits above this module
 
-    untraced(comm, "all_reduce", counter, counter, "max", wait=waiter("agree", axes, context.seq, polite, comm))
+    untraced(comm, engine_of(comm).all_reduce, counter, counter, "max",
+             wait=waiter("agree", axes, context.seq, polite, comm))
     context.seq = int(counter[0])
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -46,10 +46,9 @@ _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.base.buff
 _ndarray = np.ndarray
 
 
-def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, kind: str, args: tuple,
-          result: Any, x: Any, extra: tuple, nbytes: Any, copied: int = 0, t0: float | None = None,
-          then: Callable[[], Any] | None = None, counts: tuple | None = None, emulate: bool = True,
-          run: Any = None) -> Any:
+def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, run: Callable[..., None],
+          args: tuple, result: Any, x: Any, extra: tuple, nbytes: Any, copied: int = 0, t0: float | None = None,
+          then: Callable[[], Any] | None = None, counts: tuple | None = None, emulate: bool = True) -> Any:
     """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
 
     Plain (no debug hook on, no ``algorithms=``): the mesh's engine runs the
@@ -57,8 +56,10 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     algorithm, watchdog). Either way one trace row follows for the rank's open traces.
 
     Args:
-        kind, args: the engine's transfer ("all_reduce", ...) and its arguments after the
-            communicator and before the wait (``(send, recv, "sum")``).
+        run, args: the transfer, called ``run(comm, *args, wait)``: the mesh's engine's method
+            (``mesh.engine.all_reduce``, engines/base.py) or what stands for it (a prepared
+            collective's persistent request); its arguments after the communicator and before the
+            wait (``(send, recv, "sum")``).
         x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
             a dtype alone where shapes differ by rank) and the call's other arguments.
         nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or (sent, received).
@@ -67,8 +68,6 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         then: run after the transfer, inside the traced time (unpacking); its value is returned.
         counts: an Alltoallv's (send, receive) counts: compared with SPMDSIM_CHECK, peers for the trace.
         emulate: False keeps the engine's transfer on a mesh made with ``algorithms=`` (prepared collectives).
-        run: what performs the transfer in place of the engine's method, called alike
-            (``run(comm, *args, wait)``): a prepared collective's persistent request.
     """
     # The dtype first, on every engine alike: the thread and dry engines take what MPI refuses (a bool
     # "sum" was its inputs' OR, a str "sum" its input). One set lookup a call once the dtype was taken.
@@ -77,8 +76,6 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         _take(op, dtype)
     context = _context()  # the running rank's: its open traces and call counter
     traces = context.traces
-    if run is None:
-        run = getattr(mesh.engine, kind)
     if context.hooks.quiet and mesh.algorithms is None:
         if t0 is None and traces:
             t0 = perf_counter()
@@ -98,42 +95,55 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     return result
 
 
-def repeat(mesh: Mesh, plan: tuple, axes: Any, label: str | None, args: tuple, result: Any, x: Any) -> Any:
+class KeptCall(NamedTuple):
+    """A collective call `keep` holds for `repeat`: what `issue` was handed, and the result's shape."""
+
+    comm: Any  #: the group's communicator
+    group_size: int
+    out_shape: tuple  #: the result's shape (the caller makes its buffer)
+    op: str  #: the trace's name ("allgather", ...)
+    extra: tuple  #: the call's other arguments, as SPMDSIM_CHECK compares them
+    nbytes: Any  #: as `issue` takes it
+    run: Callable[..., None]  #: the mesh's engine's transfer (``mesh.engine.all_gather``)
+
+
+def repeat(mesh: Mesh, plan: KeptCall, axes: Any, label: str | None, args: tuple, result: Any, x: Any) -> Any:
     """`issue` of a collective whose every check passed at an earlier call with the same group, shape, dtype
     and dims (spmdsim.runtime.collectives keeps `plan`, what `keep` made of it, per mesh): with no debug hook
     on, no algorithm and no trace open, the engine's transfer alone; else `issue` with what the plan holds."""
     context = _THREAD.context  # current()'s, without its call
     if context.hooks.quiet and mesh.algorithms is None and not context.traces:
-        plan[7](plan[0], *args, polite_wait if mesh.polite else None)
+        plan.run(plan.comm, *args, polite_wait if mesh.polite else None)
         context.seq += 1
         return result
-    comm, g, _, op, kind, extra, nbytes, _ = plan
-    return issue(mesh, comm, g, op, axes, label, kind, args, result, x, extra, nbytes)
+    return issue(mesh, plan.comm, plan.group_size, plan.op, axes, label, plan.run, args, result, x, plan.extra,
+                 plan.nbytes)
 
 
 #: The most plans a mesh keeps (`keep`): a step's collectives repeat a few dozen signatures.
 _PLANS_MAX = 256
 
 
-def keep(mesh: Mesh, key: tuple, comm: Any, g: int, out_shape: tuple, op: str, kind: str, extra: tuple,
-         nbytes: Any) -> None:
+def keep(mesh: Mesh, key: tuple, comm: Any, g: int, out_shape: tuple, op: str, run: Callable[..., None],
+         extra: tuple, nbytes: Any) -> None:
     """Keep, for `repeat`, a collective call that just ran through `issue` without packing or unpacking:
-    its group, the result's shape, what `issue` was handed and the engine's transfer (`kind`: the mesh's
+    its group, the result's shape, what `issue` was handed and the engine's transfer (`run`: the mesh's
     engine's method), under `key` (the collective's name, `axes` as spelled, the array's shape and dtype
     and the call's dims). Held by `mesh`, freed when it closes."""
     plans = mesh._plans
     if len(plans) >= _PLANS_MAX:
         plans.clear()
-    plans[key] = (comm, g, out_shape, op, kind, extra, nbytes, getattr(mesh.engine, kind))
+    plans[key] = KeptCall(comm, g, out_shape, op, extra, nbytes, run)
 
 
-def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool, kind: str, *args: Any) -> None:
-    """Run one transfer outside a mesh (not traced) with the debug layers: `comm`'s engine's `kind`
-    ("all_gather") on `args`, numbered and compared with SPMDSIM_CHECK, its wait watched with
-    SPMDSIM_WATCHDOG. `array`: this rank's send buffer (what the check compares)."""
+def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool, run: Callable[..., None],
+             *args: Any) -> None:
+    """Run one transfer outside a mesh (not traced) with the debug layers: `run`, `comm`'s engine's method
+    (``engine_of(comm).all_gather``), on `args`, numbered and compared with SPMDSIM_CHECK, its wait watched
+    with SPMDSIM_WATCHDOG. `array`: this rank's send buffer (what the check compares)."""
     unrecorded(f"{op} on {axes!r}" if axes else op)  # DTensor.gather, DTensor.check: no kernel records them
     seq = debug.begin(comm, op, axes, array.dtype, array.shape, extra, polite)
-    getattr(engine_of(comm), kind)(comm, *args, debug.waiter(op, axes, seq, polite, comm))
+    run(comm, *args, debug.waiter(op, axes, seq, polite, comm))
 
 
 def exchange_table(comm: Any, mine: np.ndarray, table: np.ndarray, op: str, axes: Any, seq: int,
@@ -221,9 +231,10 @@ def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
     engine_of(comm).wait_all(requests, wait)
 
 
-def untraced(comm: Any, kind: str, *args: Any, wait: Any = None) -> None:
-    """`comm`'s engine's transfer `kind` ("all_reduce", ...) on `args`, bare: not numbered, checked or traced."""
-    getattr(engine_of(comm), kind)(comm, *args, wait)
+def untraced(comm: Any, run: Callable[..., None], *args: Any, wait: Any = None) -> None:
+    """`run`, `comm`'s engine's transfer (``engine_of(comm).all_reduce``), on `args`, bare: not numbered,
+    checked or traced."""
+    run(comm, *args, wait)
 
 
 def all_gather_object(comm: Any, obj: Any) -> list:

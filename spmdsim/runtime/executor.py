@@ -316,7 +316,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             # shape, dtype and dim): the collective's repeated call written out, without the runner's and the
             # collective's frames (runtime.collectives' allgather or reduce_scatter, its kept plan's branch).
             # Its buffer from kept_empty itself: buffers.empty's one test more is of a capture, ruled out here.
-            dst = _kept_empty(kept[2], local.dtype)
+            dst = _kept_empty(kept.out_shape, local.dtype)
             local = _repeat(step_mesh, kept, axes, label, (local, dst, "sum") if sums else (local, dst), dst, local)
         else:
             for run, step, step_mesh, label in program.steps:

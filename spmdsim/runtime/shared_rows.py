@@ -73,8 +73,8 @@ def gather_shared(comm: Any, row: np.ndarray, label: str, polite: bool, extra: A
     from . import door
 
     shared = _take(state.shared, (id(group), label), size, row.size)
-    door.transfer(comm, label, (), row, extra, polite, "gather_to", row, shared.rows if comm.Get_rank() == 0 else None,
-                  0)
+    door.transfer(comm, label, (), row, extra, polite, engine.gather_to, row,
+                  shared.rows if comm.Get_rank() == 0 else None, 0)
     return shared
 
 

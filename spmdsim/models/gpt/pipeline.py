@@ -396,7 +396,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         value = float(sum(losses))
         if pp > 1:
             total = np.array([value])
-            untraced(mesh.group("pp"), "all_reduce", total, total, "sum", wait=polite_wait if mesh.polite else None)
+            untraced(mesh.group("pp"), mesh.engine.all_reduce, total, total, "sum",
+                     wait=polite_wait if mesh.polite else None)
             value = float(total[0])
         errors = (float("nan"),) * 3
         if check and low:  # as train.py's: the optimizer on the run's own gradients, the rest on the policy's
