@@ -45,6 +45,7 @@ from ..base.context import simulated as _simulated
 from . import _roster
 from .engines import engine_of
 from .engines import wait as waiting
+from .guard import abort_job
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -261,10 +262,7 @@ def agree(comm: Any, axes: Sequence[str], polite: bool, always: bool = False) ->
     if context.hooks.quiet and not always or comm.Get_size() == 1:
         return
     counter = np.array([context.seq], np.int64)
-    from .door import untraced  # the door to the engine sits above this module
-
-    untraced(comm, engine_of(comm).all_reduce, counter, counter, "max",
-             wait=waiter("agree", axes, context.seq, polite, comm))
+    engine_of(comm).all_reduce(comm, counter, counter, "max", waiter("agree", axes, context.seq, polite, comm))
     context.seq = int(counter[0])
 
 
@@ -324,9 +322,8 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
                        None if shape is None else tuple(shape), tuple(extra), g).copy()
     mine[1] = seq
     table = np.empty((g, FINGERPRINT_FIELDS), np.int64)
-    from .door import all_gather_object, exchange_table  # the door to the engine sits above this module
-
-    exchange_table(comm, mine, table, op, axes, seq, polite)
+    engine = engine_of(comm)
+    engine.all_gather(comm, mine, table, waiter(op, axes, seq, polite, comm))
     if (table == mine).all():
         return
     rows = [tuple(r) for r in table.tolist()]
@@ -335,7 +332,7 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     bad = next(i for i, r in enumerate(rows) if r != expected)
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.
-    notes = all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
+    notes = engine.all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
     raise RuntimeMismatchError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
                                f"{notes[good][0]} calls {notes[good][1]}"
                                + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
@@ -363,9 +360,7 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     g = comm.Get_size()
     mine = np.concatenate([np.asarray(sends, np.int64), np.asarray(receives, np.int64)])
     table = np.empty((g, 2 * g), np.int64)
-    from .door import exchange_table
-
-    exchange_table(comm, mine, table, "alltoallv", (), seq, polite)
+    engine_of(comm).all_gather(comm, mine, table, waiter("alltoallv", (), seq, polite, comm))
     sent, expected = table[:, :g], table[:, g:]
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
@@ -446,7 +441,5 @@ def _abort(text: str) -> None:
     if _simulated() is not None:  # a simulated rank raises; simulate() ends the others
         raise RuntimeMismatchError(text)
     from mpi4py import MPI
-
-    from .guard import abort_job
 
     abort_job(MPI.COMM_WORLD, text + "\n")
