@@ -43,6 +43,7 @@ from ...base.context import current
 from ..engines import Engine
 from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
 from ...base.precision import _PRODUCT_DTYPES, product_dtype
+from .waiting import ranks_text
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
            "report", "differ", "note"]
@@ -500,8 +501,6 @@ class DryRunReport:
 
 def _ranks_cell(ranks: list[int]) -> str:
     """"ranks 0-6,8-44" within 21 columns, else how many ("1022 ranks"; --json lists them)."""
-    from .engine import ranks_text
-
     text = ranks_text(ranks)
     return text if len(text) <= 21 else f"{len(ranks)} ranks"
 

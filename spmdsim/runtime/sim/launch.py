@@ -24,6 +24,7 @@ from ...base import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
 from .thread_limits import ThreadLimitError
+from .waiting import ranks_text
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
@@ -133,7 +134,6 @@ def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
     if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
         return None
     from ...programs.memory import out_of_memory
-    from .engine import ranks_text
 
     texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
     for rank, kind, text in failures:
@@ -165,8 +165,6 @@ def _exit_code(fn: Callable[[], Any]) -> int:
 
 def _where(exc: BaseException) -> str:
     ranks = getattr(exc, "simulated_ranks", ())
-    from .engine import ranks_text
-
     return f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
 
 

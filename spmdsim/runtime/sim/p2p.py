@@ -31,7 +31,8 @@ from typing import Any, Optional
 
 from ...errors import ShapeError
 from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
-from .engine import Group, _Waiting
+from .groups import Group
+from .waiting import _Waiting
 from .request_sets import Polled
 from .requests import _SPMDSIM, Request, completed, fill_status, rank_name
 from ..._lazy import numpy_on_first_use

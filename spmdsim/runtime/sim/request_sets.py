@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ._buffers import mpi_module, special
-from .engine import AllOf, _Waiting
+from .groups import AllOf
+from .waiting import _Waiting
 
 __all__ = ["ManyRequests", "Polled", "fill_status"]
 

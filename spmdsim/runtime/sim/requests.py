@@ -14,7 +14,8 @@ import sys
 from typing import Any, Optional
 
 from ._buffers import mpi_module, special, wildcards
-from .engine import Group, _Waiting
+from .groups import Group
+from .waiting import _Waiting, ranks_text
 from .report import whereabouts
 from .request_sets import ManyRequests, Polled, _empty, fill_status
 from ..._lazy import numpy_on_first_use
@@ -143,8 +144,6 @@ class Request(ManyRequests):
         elif self.kind != "send":
             others = [m for i, m in enumerate(group.members) if i != self.me]
             if others and all(m in world.finished for m in others):
-                from .engine import ranks_text
-
                 more += f"; {ranks_text(others)} finished"
         if self.kind != "send":
             pending = [s for s in group.sends if s.peer == self.me]

@@ -13,7 +13,8 @@ from ...base.context import RankContext
 from ..engines import memory
 from ...errors import SpmdsimError
 from ...base.validate import as_int
-from .engine import Aborted, SimulationError, World, ranks_text
+from .engine import Aborted, SimulationError, World
+from .waiting import ranks_text
 from .thread_engine import THREADS, Member
 
 __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]

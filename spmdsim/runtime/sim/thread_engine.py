@@ -27,7 +27,8 @@ from ...errors import DTypeError, ShapeError
 from ._buffers import Reduction, c_int, copy_into, dtype_name, fold, integer, mpi_error, mpi_module, reduction, special
 from ..engines import DONE, Engine
 from ...base.validate import _NAMES  # dtype -> its name, filled by dtype_name: read first (no call once known)
-from .engine import Call, Group, SimulationError
+from ..engines.base import SimulationError
+from .groups import Call, Group
 from .p2p import post_recv, post_send
 from ..._lazy import numpy_on_first_use
 
