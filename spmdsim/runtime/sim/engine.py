@@ -127,7 +127,7 @@ class World(RankThreads):
         # the order posted (requests.noted; group and rank: a nonblocking collective's)
         self.posted: dict[int, tuple] = {}
         # (world rank, post number, text): the program's nonblocking sends whose buffer it wrote into before the
-        # send completed (spmdsim.runtime.sim.p2p.rewritten)
+        # send completed (spmdsim.runtime.sim.landing.rewritten)
         self.rewritten: list[tuple] = []
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.

@@ -73,7 +73,7 @@ class Results(list):
     never received, and receives never matched, when the ranks ended (spmdsim.runtime.sim.p2p.unreceived); and
     `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.runtime.sim.p2p.uncompleted);
     and `rewritten`: its nonblocking sends whose buffer it wrote into before the send completed
-    (spmdsim.runtime.sim.p2p.rewritten). Each lists by world rank, then in the order that rank posted them (the same
+    (spmdsim.runtime.sim.landing.rewritten). Each lists by world rank, then in the order that rank posted them (the same
     every run)."""
 
     unreceived: tuple = ()
