@@ -9,6 +9,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ...base import context as _local
+from ...base import threads as _threads
 from ...base.context import RankContext
 from ..engines import memory
 from ...errors import SpmdsimError
@@ -16,6 +17,10 @@ from ...base.validate import as_int
 from .engine import Aborted, SimulationError, World
 from .waiting import ranks_text
 from .thread_engine import THREADS, Member
+from .thread_limits import ThreadLimitError, start_failed, threads_problem
+from .p2p import rewrites, uncompleted, unreceived
+from ..debug import HOOKS, Hooks
+from ..engines.trace import Trace
 
 __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
@@ -60,8 +65,6 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         raise SimulationError("simulate() is already running (a simulated rank cannot start another simulation)")
     if dry_run:
         return _dry_run(size, fn, args, kwargs)
-    from .thread_limits import ThreadLimitError, threads_problem
-
     problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
     if problem is not None:
         raise ThreadLimitError(f"simulate: {problem}")
@@ -100,8 +103,6 @@ class DryRunResults(list):
 
 
 def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
-    from ..debug import HOOKS, Hooks
-
     engine = World(size)
     results: list = [None] * size
     exited: dict[int, SystemExit] = {}  # rank -> the SystemExit that ended it
@@ -137,14 +138,26 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
 
     threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True)
                for r in range(size)]
+    _run_threads(engine, threads, size)
+    _raise_failure(engine, size)
+    if exited:
+        raise _exit_of(exited, size)
+    done = Results(results)
+    done.unreceived = unreceived(engine)
+    done.uncompleted = uncompleted(engine)
+    done.rewritten = rewrites(engine)
+    return done
+
+
+def _run_threads(engine: World, threads: list, size: int) -> None:
+    """Start the ranks' `threads` and wait until they end, watching memory; Ctrl-C or a machine nearly out of
+    memory stops the ranks at their next wait and is raised here."""
     with _simulating(engine.slots):
         try:
             for started, t in enumerate(threads):
                 try:
                     t.start()
                 except RuntimeError as exc:  # "can't start new thread": a limit threads_problem could not see
-                    from .thread_limits import start_failed
-
                     raise start_failed(started, size, exc) from None
             looked = time.monotonic()
             for t in threads:
@@ -166,23 +179,11 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                 except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
                     break
             raise
-    _raise_failure(engine, size)
-    if exited:
-        raise _exit_of(exited, size)
-    from .p2p import rewrites, uncompleted, unreceived
-
-    done = Results(results)
-    done.unreceived = unreceived(engine)
-    done.uncompleted = uncompleted(engine)
-    done.rewritten = rewrites(engine)
-    return done
 
 
 def _may_watch(settings: Any) -> bool:
     """Whether the ranks, starting from `settings`, may have the watchdog on (World.watched): read from a copy,
     so that each rank still reads the environment itself; a bad value (True) is then every rank's error."""
-    from ..debug import Hooks
-
     try:
         return Hooks(settings).watchdog_seconds() is not None
     except SpmdsimError:
@@ -192,9 +193,7 @@ def _may_watch(settings: Any) -> bool:
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own (once per representative when
     the ranks differ: spmdsim.runtime.sim.dry.differ), each rank given its representative's result; the report."""
-    from ..engines.trace import Trace
-    from ..debug import HOOKS, Hooks
-    from .dry import DRY, DryComm, Meter, report
+    from .dry import DRY, DryComm, Meter, report  # (numpy: a simulation of programs without it does not load it)
 
     def one(rank: int, stands_for: Any) -> tuple:
         context = RankContext(rank, size, DryComm(size, rank), DRY, dry_run=True, hooks=Hooks(HOOKS))
@@ -331,8 +330,6 @@ class _simulating:
         self._slots = slots
 
     def __enter__(self) -> None:
-        from ...base import threads as _threads
-
         cls = _simulating
         with cls._lock:
             cls._count += 1
