@@ -16,12 +16,18 @@ import numpy as np
 from ..base import buffers
 from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
-from ..layouts.layout import Layout, TensorLayout
+from ..layouts.layout import TensorLayout
 from ..base.context import current as _context
 from ..base.validate import as_int, counted, dtype_arg, tolerance_arg
-from . import door
+from ..layouts.dialects.dtensor import placements_of
+from ..layouts.dialects.partition_spec import layout_to_partition_spec
+from . import debug, door
+from .budget import check_seeded
+from .executor import redistribute, resolve
 from .replay import local_of
 from .check import Verdict, agree, default_tolerances, local_stats
+from .dtensor_checks import _check_dtype, _check_placement, _not_a_tensor_layout, _shape_note
+from .dtensor_operators import DTensorOperators
 from .mesh import Mesh
 
 __all__ = ["DTensor"]
@@ -46,31 +52,7 @@ def _checked_shapes(layout: TensorLayout, rank: int, *global_shape: Any) -> tupl
 _new = object.__new__
 
 
-class _Operators:
-    """What DTensor's operator methods call: the operators and autograd, which build DTensors.
-
-    The runtime sits below them and imports neither; `spmdsim.nn.ops` fills this table when it loads
-    (`spmdsim/nn/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
-    (``from spmdsim import DTensor``) loads spmdsim.nn.ops with it.
-    """
-    __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "set_grad", "backward", "getitem",
-                 "reshape", "transpose")
-
-    def __getattr__(self, name: str) -> Any:  # a slot not filled yet
-        raise OperatorError(f"DTensor's operators and autograd come with spmdsim.nn.ops, which is not loaded: "
-                            f"import spmdsim.nn.ops (or take DTensor from spmdsim) before using {name}")
-
-
-_OPERATORS = _Operators()
-
-
-def install_operators(**functions: Callable[..., Any]) -> None:
-    """Fill the table DTensor's methods call (spmdsim.nn.ops does, when it loads)."""
-    for name, function in functions.items():
-        setattr(_OPERATORS, name, function)
-
-
-class DTensor:
+class DTensor(DTensorOperators):
     """``DTensor(mesh, local, layout, global_shape)``; treat it as an immutable value.
 
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
@@ -153,8 +135,6 @@ class DTensor:
             global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
                                                                                         layout.tensor_map))
             out = cls(mesh, local, layout, global_shape)
-            from . import debug
-
             if not debug.quiet():  # the guard: every rank's worked-out shape the same (one Allgather)
                 debug.verify_operands(mesh, "from_local", (("the global shape from its block", out._shape,
                                                             layout, local.dtype),))
@@ -169,8 +149,6 @@ class DTensor:
             raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
                              f"{_shape_note(seeded)}; use DTensor.from_global for an array")
         shape = layout.check_shape(seeded.shape)
-        from .budget import check_seeded
-
         check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
@@ -191,8 +169,6 @@ class DTensor:
                                                          and value != int(value)):
             raise DTypeError(f"fill value {value!r} must be a number that dtype {kind.name!r} holds")
         seeded = SeededTensor(tuple(shape), kind.name if kind.name in _SEEDABLE else "float64")
-        from .budget import check_seeded
-
         shape = layout.check_shape(seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
@@ -243,15 +219,11 @@ class DTensor:
         """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``); refused
         (DialectError) where DTensor would cut this tensor's shape otherwise (a size that does not divide under
         the balanced cut, which DTensor does not have: docs/semantics.md, "Uneven shards")."""
-        from ..layouts.dialects.dtensor import placements_of
-
         return placements_of(self._layout, self._shape)
 
     @property
     def partition_spec(self) -> tuple:
         """The layout as a JAX PartitionSpec tuple, one entry per dim (``("dp", None)``); none for a pending sum."""
-        from ..layouts.dialects.partition_spec import layout_to_partition_spec
-
         return layout_to_partition_spec(self._layout)
 
     def __repr__(self) -> str:
@@ -260,193 +232,13 @@ class DTensor:
 
     def redistribute(self, target: TensorLayout) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`)."""
-        from .executor import redistribute
-
         return redistribute(self, target)
 
     def resolved_local(self, label: str | None = None) -> np.ndarray:
         """This rank's shard with pending partial sums added up (the local array if none)."""
         if not self._layout.partial:
             return local_of(self)
-        from .executor import resolve
-
         return resolve(self._mesh, local_of(self), self._layout, label)
-
-    # -- autograd and operators: spmdsim.nn.ops fills `_OPERATORS` when it loads ----------------
-    def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
-        """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
-        return _OPERATORS.requires_grad_(self, requires_grad)
-
-    requires_grad = property(lambda self: self._ag is not None,
-                             lambda self, flag: _OPERATORS.requires_grad_(self, flag, "requires_grad = "),
-                             doc="whether gradients are recorded for it; ``x.requires_grad = True`` is "
-                                 "``x.requires_grad_()``")
-    grad = property(lambda self: getattr(self._ag, "grad", None), lambda self, value: _OPERATORS.set_grad(self, value),
-                    doc="the gradient, in this layout; ``p.grad = None`` forgets it (a DTensor of the "
-                        "parameter's global shape and layout sets it)")
-
-    def backward(self, gradient: "DTensor | None" = None, explain: list | None = None,
-                 bucket: bool | int = False, keep_pending: Any = (), *, retain_graph: Any = None,
-                 create_graph: Any = False) -> None:
-        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
-
-        `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
-        layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
-        a bucket's bytes. `keep_pending`: leaves whose gradients stay pending sums, accumulated, for
-        spmdsim.nn.autograd.reduce_grads (gradient accumulation). PyTorch's `retain_graph` and
-        `create_graph` are refused when true (the walk frees the graph; no gradient of a gradient).
-        """
-        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph)
-
-    # arithmetic (spmdsim.nn.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
-    # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the
-    # operators are given by spmdsim.nn.ops.methods.
-    def __add__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("add", self, other)
-
-    def __radd__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("add", other, self)
-
-    def __sub__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("sub", self, other)
-
-    def __rsub__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("sub", other, self)
-
-    def __mul__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("mul", self, other)
-
-    def __rmul__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("mul", other, self)
-
-    def __truediv__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("div", self, other)
-
-    def __rtruediv__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("div", other, self)
-
-    def __floordiv__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("floordiv", self, other)
-
-    def __rfloordiv__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("floordiv", other, self)
-
-    def __mod__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("mod", self, other)
-
-    def __rmod__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("mod", other, self)
-
-    # Bitwise (on bool DTensors: and, or, exclusive or, not; masks), as numpy's: no gradient.
-    def __and__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("and", self, other)
-
-    def __rand__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("and", other, self)
-
-    def __or__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("or", self, other)
-
-    def __ror__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("or", other, self)
-
-    def __xor__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("xor", self, other)
-
-    def __rxor__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("xor", other, self)
-
-    def __invert__(self) -> "DTensor":
-        return _OPERATORS.pointwise("invert", self)
-
-    def __pow__(self, other: Any) -> "DTensor":
-        """numpy's ``x ** y`` (spmdsim.nn.ops.pointwise.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
-        return _OPERATORS.power(self, other)
-
-    def __rpow__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("pow", other, self)
-
-    def __neg__(self) -> "DTensor":
-        return _OPERATORS.pointwise("neg", self)
-
-    def __matmul__(self, other: Any) -> "DTensor":
-        return _OPERATORS.matmul(self, other)
-
-    # Comparisons give bool DTensors (no gradient), e.g. a padding mask; == and != too, as PyTorch's and numpy's
-    # (`pred == labels`). Hashing stays by identity: a DTensor is still a dict key or a set member.
-    def __eq__(self, other: Any) -> "DTensor":  # type: ignore[override]
-        return _OPERATORS.pointwise("eq", self, other)
-
-    def __ne__(self, other: Any) -> "DTensor":  # type: ignore[override]
-        return _OPERATORS.pointwise("ne", self, other)
-
-    __hash__ = object.__hash__
-
-    def __bool__(self) -> bool:
-        """The truth of a one-element tensor (``if (x == y):``, a loop's test); ambiguous for more, as numpy's."""
-        if math.prod(self._shape) != 1:
-            raise OperatorError(f"the truth value of a DTensor of global shape {self._shape!r} is ambiguous; "
-                                "reduce it to one element first (ops.max, ops.min, ops.sum) or compare gather()")
-        if self._layout.partial:
-            raise OperatorError(f"the truth value of a pending sum over {self._layout.partial!r}: add it up first "
-                                "on every rank (a collective): ops.resolved(x)")
-        return bool(local_of(self).reshape(()))
-
-    def __lt__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("lt", self, other)
-
-    def __le__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("le", self, other)
-
-    def __gt__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("gt", self, other)
-
-    def __ge__(self, other: Any) -> "DTensor":
-        return _OPERATORS.pointwise("ge", self, other)
-
-    def __getitem__(self, index: Any) -> "DTensor":
-        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.nn.ops.narrow` on each cut dim; a
-        split one moves the rows each rank's new block lacks)."""
-        return _OPERATORS.getitem(self, index)
-
-    def reshape(self, *shape: Any) -> "DTensor":
-        """`spmdsim.nn.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
-        return _OPERATORS.reshape(self, shape[0] if len(shape) == 1 else shape)
-
-    def transpose(self, *perm: Any) -> "DTensor":
-        """`spmdsim.nn.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
-        reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`).
-
-        ``x.transpose(0, 1)`` of a 2-d tensor, which numpy keeps as it is and PyTorch swaps, is refused."""
-        if len(self._shape) == 2 and perm in ((0, 1), (-2, -1)):
-            raise OperatorError(f"x.transpose{perm!r} of a 2-d DTensor: numpy keeps it as it is, PyTorch swaps the "
-                                "two dims; write x.T (or x.swapaxes(0, 1), x.t()) to swap them, nothing to keep them")
-        return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
-
-    def sum(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.nn.ops.sum`: over a split dim, a pending sum. numpy's ``axis=`` and PyTorch's ``dim=``,
-        ``keepdim=`` are taken too (so ``np.sum(x, axis=1)`` works)."""
-        return _OPERATORS.reduce("sum", self, *_reduce_args("sum", dims, keepdims, aliases))
-
-    def mean(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.nn.ops.mean`: over a split dim, a pending sum (``axis=``, ``dim=``, ``keepdim=`` too)."""
-        return _OPERATORS.reduce("mean", self, *_reduce_args("mean", dims, keepdims, aliases))
-
-    def max(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.nn.ops.max`: over a split dim, one Allreduce(MAX) (``axis=``, ``dim=``, ``keepdim=`` too)."""
-        return _OPERATORS.reduce("max", self, *_reduce_args("max", dims, keepdims, aliases))
-
-    def min(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
-        """`spmdsim.nn.ops.min`: over a split dim, one Allreduce(MIN) (``axis=``, ``dim=``, ``keepdim=`` too)."""
-        return _OPERATORS.reduce("min", self, *_reduce_args("min", dims, keepdims, aliases))
-
-    def argmax(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.nn.ops.argmax`: int64 indices, the first on ties; over a split dim two Allreduces."""
-        return _OPERATORS.arg("argmax", self, dim, keepdims)
-
-    def argmin(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.nn.ops.argmin`: int64 indices, the first on ties; over a split dim two Allreduces."""
-        return _OPERATORS.arg("argmin", self, dim, keepdims)
 
     # -- whole-tensor views ------------------------------------------------------------
     def item(self) -> float | int | bool:
@@ -571,69 +363,10 @@ class DTensor:
                      elements=math.prod(self._shape) if dry else None)
 
 
-def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:
-    """Raise unless a shard of `dtype` can move (and, under a partial layout, be summed) by MPI."""
-    dtype_arg(dtype, "local shard dtype")  # names the dtype and what is supported
-    if dtype.kind == "b" and layout.partial:
-        raise DTypeError(f"a bool tensor cannot be a pending sum ({layout}); MPI has no sum of "
-                         "bools: use an integer dtype")
-
-
-def _check_placement(mesh: Any, layout: Any) -> None:
-    if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
-        return  # the usual case, in three identity tests
-    if not isinstance(mesh, Mesh):
-        from ..base.validate import describe  # an ndarray passed as the mesh was its whole repr, many lines
-
-        raise LayoutError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}; make one with "
-                          "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first")
-    if not isinstance(layout, TensorLayout):
-        raise LayoutError(_not_a_tensor_layout(layout))
-    if layout.layout != mesh.layout:
-        raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
-
-
-def _not_a_tensor_layout(layout: Any) -> str:
-    """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
-    PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
-    from ..base.validate import describe
-
-    if isinstance(layout, Layout):
-        how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "
-               f"layout({layout.alias_name[0]!r}, None)")
-    else:
-        how = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect "
-               "with spmdsim.layouts.dialects' placements_to_layout(placements, mesh, ndim) or "
-               "partition_spec_to_layout(spec, mesh, ndim)")
-    return f"layout must be a TensorLayout, got {describe(layout)}; {how}"
-
-
-def _shape_note(value: Any) -> str:
-    shape = getattr(value, "shape", None)
-    return "" if shape is None else f" of shape {tuple(shape)!r}"
-
-
 def _primary(mesh: Mesh, layout: TensorLayout) -> bool:
     """True on the first replica of this shard (over replicated and partial axes)."""
     axes = layout.replicated_axes + layout.partial
     return not axes or layout.layout.group_index(mesh.rank, axes) == 0
-
-
-def _reduce_args(op: str, dims: Any, keepdims: bool, aliases: dict) -> tuple[Any, bool]:
-    """(dims, keepdims) of a reduction method called with numpy's or PyTorch's keywords: ``axis=`` or
-    ``dim=`` for the dims, ``keepdim=`` for keepdims; numpy's ``dtype=None`` and ``out=None`` pass."""
-    for name in ("axis", "dim"):
-        if name in aliases:
-            if dims is not None:
-                raise OperatorError(f"{op}: dims given twice (dims {dims!r} and {name}={aliases[name]!r})")
-            dims = aliases.pop(name)
-    if "keepdim" in aliases:
-        keepdims = aliases.pop("keepdim")
-    taken = [f"{k}={v!r}" for k, v in aliases.items() if v is not None or k not in ("dtype", "out")]
-    if taken:
-        raise OperatorError(f"{op}: {', '.join(taken)} is not taken; a DTensor reduction takes dims (axis=, dim=) "
-                            "and keepdims (keepdim=)")
-    return dims, keepdims
 
 
 def _holds_value(mesh: Mesh, layout: TensorLayout) -> bool:

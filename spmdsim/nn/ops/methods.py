@@ -17,7 +17,8 @@ import numpy as np
 from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_, set_grad
 from ...errors import OperatorError
-from ...runtime.dtensor import DTensor, install_operators
+from ...runtime.dtensor import DTensor
+from ...runtime.dtensor_operators import install_operators
 from .joins import getitem, narrow
 from .local import reshape, transpose
 from .matmul import matmul
@@ -254,14 +255,14 @@ def _whole(what: str) -> Any:
 def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min: spmdsim.nn.ops.reduce takes them as uint8),
     with its and PyTorch's keywords."""
-    from ...runtime.dtensor import _reduce_args
+    from ...runtime.dtensor_operators import _reduce_args
 
     return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
 
 
 def _product(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """numpy's ``x.prod(axis=...)`` (`spmdsim.nn.ops.reduce.prod`), with its and PyTorch's keywords."""
-    from ...runtime.dtensor import _reduce_args
+    from ...runtime.dtensor_operators import _reduce_args
 
     return _prod(x, *_reduce_args("prod", dims, keepdims, aliases))
 
