@@ -33,35 +33,29 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections import Counter
-from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import RuntimeMismatchError, SpmdsimError
-from ..base.context import PROCESS
-from ..base.context import current as _context
-from ..base.context import simulated as _simulated
+from ..base.context import PROCESS, current as _context, simulated as _simulated
 from . import _roster
 from .engines import engine_of
 from .engines import wait as waiting
+from .fingerprints import FINGERPRINT_FIELDS, _cached_row, describe
 from .guard import abort_job
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Hooks", "HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
-           "agree", "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
-           "waiter", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
+           "agree", "verify", "verify_counts", "verify_operands", "wait", "begin",
+           "waiter", "CHECK_WATCHDOG_S", "add_cli_arguments",
            "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
 
-FINGERPRINT_FIELDS = 16
 #: The shortest watchdog: it reports a collective that never completes, and a healthy one on
 #: oversubscribed ranks (8 on 2 cores) can take a good part of a second; a shorter limit would
 #: abort correct programs naming a rank as missing that is only on its way.
 MIN_WATCHDOG_S = 1.0
-_MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
-_MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
 
 
 class Hooks:
@@ -264,45 +258,6 @@ def agree(comm: Any, axes: Sequence[str], polite: bool, always: bool = False) ->
     counter = np.array([context.seq], np.int64)
     engine_of(comm).all_reduce(comm, counter, counter, "max", waiter("agree", axes, context.seq, polite, comm))
     context.seq = int(counter[0])
-
-
-def _code(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def fingerprint(seq: int, op: str, axes: Sequence[str], dtype: Any,
-                shape: Optional[Sequence[int]], extra: Sequence[Any] = (),
-                group_size: int = 0) -> np.ndarray:
-    """The int64 row one rank contributes: what it is about to call, in fixed fields (`shape` None: left out)."""
-    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)  # magic, seq, op, axes, dtype, group size, extra, shape
-    row[:7] = (_MAGIC, seq, _code(op), _code(repr(tuple(axes))), _code(np.dtype(dtype).str), group_size,
-               _code(repr(tuple(extra))))
-    if shape is not None:
-        shape = tuple(int(s) for s in shape)
-        row[7] = len(shape)
-        head = shape[: _MAX_DIMS - 1]
-        row[8:8 + len(head)] = head
-        if len(shape) >= _MAX_DIMS:
-            row[8 + _MAX_DIMS - 1] = _code(repr(shape[_MAX_DIMS - 1:]))
-    return row
-
-
-@lru_cache(maxsize=1024)
-def _cached_row(op: str, axes: tuple, dtype: str, shape: Optional[tuple], extra: tuple,
-                g: int) -> np.ndarray:
-    # A program repeats few distinct calls: reuse their rows, only the sequence number changes.
-    return fingerprint(0, op, axes, dtype, shape, extra, g)
-
-
-def describe(seq: int, op: str, axes: Sequence[str], dtype: Any,
-             shape: Optional[Sequence[int]], extra: Sequence[Any] = ()) -> str:
-    """Human text of one call: ``allreduce on ('mp',) float32 (4, 8) (seq 12)``."""
-    text = f"{op} {_roster.on_axes(axes)} {np.dtype(dtype).name}"
-    if shape is not None:
-        text += f" {tuple(int(s) for s in shape)!r}"
-    if extra:
-        text += f" {tuple(extra)!r}"
-    return f"{text} (seq {seq})"
 
 
 def _world_rank() -> int:
