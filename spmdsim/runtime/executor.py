@@ -35,7 +35,12 @@ from ..programs.plan.steps import (
     Step,
     step_label,
 )
-from . import debug
+from . import debug, door
+# KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
+from .collectives import KERNELS, exchange
+from .exchange_spec import ExchangeSpec
+from .mesh import Mesh
+from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
 from ..base.precision import is_low
 from .compiled import _MOVES, _MOVES_MAX, PROGRAMS
@@ -50,20 +55,14 @@ _RUNNERS: dict[type, Runner] = {}
 
 
 def _bind() -> None:
-    """Bind the runners to the collectives (on first use: importing them loads mpi4py)."""
-    from . import collectives as C
-    from . import door
-
+    """Bind the runners to the collectives (on first use)."""
     global _repeat
     _repeat = door.repeat
-    KERNELS = C.KERNELS  # the collectives themselves where this thread does not capture (no wrapper's frame)
 
     def run_allreduce(step, mesh, local, shape, label, owned):
         in_place = owned and local.flags.c_contiguous and local.flags.writeable
         return KERNELS.allreduce(mesh, local, step.axes, label=label, out=local if in_place else None,
                                  op=step.reduction)
-
-    from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 
     # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts, or,
     # where the group's pieces do not nest (spmdsim.programs.plan.uneven), the planner's redistribution instead.
@@ -207,8 +206,6 @@ def _mesh_for(base: Any, layout: Layout) -> Any:
     key = ("mesh", layout)
     mesh = programs.get(key)
     if mesh is None:
-        from .mesh import Mesh
-
         mesh = programs[key] = Mesh(layout, base.comm, wait=base.wait_mode, algorithms=base.algorithms)
     return mesh
 
@@ -281,7 +278,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
 
 _new = object.__new__
 _ndarray = np.ndarray
-_repeat: Any = None  # spmdsim.runtime.door.repeat, bound by `_bind` (importing it loads the collectives)
+_repeat: Any = None  # spmdsim.runtime.door.repeat, bound by `_bind`
 
 
 _NOT_DIRECT = (None,) * 6
@@ -358,9 +355,6 @@ def _told(engine: Any, run: Runner) -> Runner:
 
 
 def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
-    from .collectives import exchange
-    from .exchange_spec import ExchangeSpec
-
     program = exchange_program(step, rank, shape)
     spec = ExchangeSpec.build(
         step.before.layout.num_devices, rank, step.before.local_shape(shape, rank), program.sends,

@@ -12,7 +12,7 @@ import pickle
 import sys
 from typing import Any, Optional
 
-from ._buffers import mpi_module, special, wildcards
+from ._buffers import mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting, ranks_text
 from .landing import EAGER_BYTES, _SPMDSIM, _world_rank, cancel, land, let_land, rank_name, rewritten
@@ -359,8 +359,6 @@ def _null_request(call: str) -> None:
     """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
     mpi = mpi_module()
     if mpi is not None:
-        from ._buffers import mpi_error
-
         raise mpi_error(mpi, mpi.ERR_REQUEST, f"{call}: the request is MPI.REQUEST_NULL")
 
 
