@@ -42,7 +42,7 @@ from collections import deque
 from typing import Any, Optional
 
 from ...base.context import current as _context
-from ...base.threads import cores_available
+from ...base import threads as _threads  # (cores_available read at each call: tests set it)
 from ..engines.base import SimulationError
 from ...errors import RuntimeMismatchError
 from .groups import AllOf, Call, Group, _lets_go  # noqa: F401 - AllOf, Call: spmdsim.emulator imports them from here
@@ -84,7 +84,7 @@ MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
 def run_slots(size: int) -> int:
     """How many of `size` simulated ranks may compute at once: the cores, at least 2, at most 32."""
-    return max(1, min(size, max(2, min(cores_available(), MAX_SLOTS))))
+    return max(1, min(size, max(2, min(_threads.cores_available(), MAX_SLOTS))))
 
 
 class DeadlockError(RuntimeMismatchError):
