@@ -144,3 +144,23 @@ def cancel(req: Request) -> None:
         queue = group.recvs if req.kind == "recv" else group.sends
         if not req.done and _remove(queue, req):
             req.done = req.cancelled = True
+
+
+def _land_held(req: Request) -> None:
+    """What `req` and its parts hold to land at completion lands (spmdsim.runtime.sim.landing.land): a
+    deferring receive's message, a nonblocking collective's result (a persistent one's, a copy's: their part's)."""
+    for part in (req, *req.parts):
+        if part.held is not None:
+            land(part)
+
+
+def _sent(req: Request, entry: Any) -> None:
+    """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in
+    World.posted: completed, not freed) one whose buffer changed since posted is noted (landing.rewritten)."""
+    for part in (req, *req.parts):
+        watch = part.watch
+        if watch is not None:
+            part.watch = None
+            if entry and not (watch[1].__class__ is np.ndarray and watch[1].nbytes == watch[0].nbytes
+                              and watch[0].tobytes() == watch[1].tobytes()):  # unchanged: a small one's bytes
+                rewritten(part, watch, *entry[1:4])

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ._buffers import mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting, ranks_text
-from .landing import EAGER_BYTES, _SPMDSIM, _world_rank, cancel, land, let_land, rank_name, rewritten
+from .landing import EAGER_BYTES, _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name
 from .report import whereabouts
 from .request_sets import ManyRequests, Polled, _empty, fill_status
 from ..._lazy import numpy_on_first_use
@@ -334,26 +334,6 @@ class Request(ManyRequests):
                 let_land(part)
             elif part is not self and part.held is not None:  # a nonblocking collective's request (a copy's,
                 part.free()  # a started persistent one's) freed with it: its result lands once every member posted
-
-def _land_held(req: Request) -> None:
-    """What `req` and its parts hold to land at completion lands (spmdsim.runtime.sim.landing.land): a
-    deferring receive's message, a nonblocking collective's result (a persistent one's, a copy's: their part's)."""
-    for part in (req, *req.parts):
-        if part.held is not None:
-            land(part)
-
-
-def _sent(req: Request, entry: Any) -> None:
-    """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in
-    World.posted: completed, not freed) one whose buffer changed since posted is noted (landing.rewritten)."""
-    for part in (req, *req.parts):
-        watch = part.watch
-        if watch is not None:
-            part.watch = None
-            if entry and not (watch[1].__class__ is np.ndarray and watch[1].nbytes == watch[0].nbytes
-                              and watch[0].tobytes() == watch[1].tobytes()):  # unchanged: a small one's bytes
-                rewritten(part, watch, *entry[1:4])
-
 
 def _null_request(call: str) -> None:
     """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
