@@ -83,7 +83,7 @@ class Results(list):
 
 
 class DryRunResults(list):
-    """The per-rank results of a dry run, with `report` (spmdsim.runtime.sim.dry.DryRunReport), made when first read
+    """The per-rank results of a dry run, with `report` (spmdsim.runtime.sim.dry_report.DryRunReport), made when first read
     (a caller that reads only the results, spmdsim.tools.estimate's ledger, does not sum every rank's trace)."""
 
     _report: Any = None
@@ -191,7 +191,10 @@ def _may_watch(settings: Any) -> bool:
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own (once per representative when
     the ranks differ: spmdsim.runtime.sim.dry.differ), each rank given its representative's result; the report."""
-    from .dry import DRY, DryComm, Meter, report  # (numpy: a simulation of programs without it does not load it)
+    # (numpy: a simulation of programs without it does not load it)
+    from .dry import DRY, DryComm
+    from .dry_meter import Meter
+    from .dry_report import report
 
     def one(rank: int, stands_for: Any) -> tuple:
         context = RankContext(rank, size, DryComm(size, rank), DRY, dry_run=True, hooks=Hooks(HOOKS))
