@@ -15,7 +15,8 @@ import itertools
 import time
 from typing import Any, Optional
 
-from .engines import engine_of
+from .engines import engine_of, world
+from .guard import world_channel
 
 SERVE_S = 0.1  # a waiting rank looks for questions this often, after waiting this long
 _QUERY_TAG = 0x7351
@@ -37,8 +38,6 @@ _GENERIC = (": a rank of its group is not in it: did one skip this collective (i
 
 def channel(comm: Any) -> Optional[tuple[Any, bool]]:
     """(side channel, whether it spans the world), or None when there is none."""
-    from .guard import world_channel
-
     side = world_channel()
     if side is not None:
         return side, True
@@ -51,8 +50,6 @@ def _send(side: Any, message: Any, dest: int, tag: int) -> None:
 
 
 def _me() -> int:
-    from .engines import world
-
     return world().Get_rank()
 
 
@@ -80,8 +77,6 @@ def survey(comm: Any, state: State, grace: float) -> Optional[dict[int, Optional
         return None
     side, spans_world = found
     try:
-        from .engines import world
-
         me = _me()
         if comm is None:
             names = list(range(world().Get_size()))

@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed
+from . import door
+from .engines import engine_of
+from .shared_rows import gather_shared
 from ..references.tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
 __all__ = ["Verdict", "default_tolerances", "local_stats", "agree"]
@@ -153,17 +156,14 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     the same at every rank count: passed (a program's raise_if_failed() lets its dry run go on), with
     ``dry_run=True``, no error, and `elements` (the global elements the check stands for; else this rank's
     record's, once per rank)."""
-    from . import door
-    from .engines import engine_of
-    from .shared_rows import gather_shared
-
     send = np.ascontiguousarray(stats, np.float64)
     shared = gather_shared(comm, send, "check", polite)
     if shared is not None:
         return shared.derived(_verdict, rtol, atol, scaled)
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
-    door.transfer(comm, "check", (), send, (), polite, "all_gather", send, table)
-    if engine_of(comm).dry:
+    engine = engine_of(comm)
+    door.transfer(comm, "check", (), send, (), polite, engine.all_gather, send, table)
+    if engine.dry:
         count = int(send[4]) * len(table) if elements is None else int(elements)
         return Verdict(passed=True, max_abs_error=0.0, max_rel_error=0.0, worst_rank=0, atol=float(atol),
                        rtol=float(rtol), nonfinite=0, elements=count, dry_run=True, scaled=scaled)

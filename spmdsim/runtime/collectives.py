@@ -27,7 +27,8 @@ from .engines.wait import polite_wait
 from ..base.precision import is_low
 from ..base.validate import as_int
 from ..programs.plan.steps import moved_bytes  # each step kind owns its byte formula
-from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order, issue, keep, repeat
+from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order
+from .door import _alone, issue, keep, repeat
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes
 
@@ -87,9 +88,9 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         except TypeError:  # axes as a list: worked out each time
             plan = key = None
         if plan is not None:
-            dst = _empty(plan[2], x.dtype) if out is None else out if (
-                type(out) is _ndarray and out.shape == plan[2] and out.dtype is x.dtype and out.flags.carray
-            ) else _result(out, plan[2], x.dtype, "allgather")
+            dst = _empty(plan.out_shape, x.dtype) if out is None else out if (
+                type(out) is _ndarray and out.shape == plan.out_shape and out.dtype is x.dtype and out.flags.carray
+            ) else _result(out, plan.out_shape, x.dtype, "allgather")
             return repeat(mesh, plan, axes, label, (x, dst), dst, x)
     comm, g, _ = mesh.group_info(axes)
     shape = x.shape
@@ -106,12 +107,12 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
             t0 = perf_counter()
             dst = None if out is None else _result(out, out_shape, x.dtype, "allgather")
             recv, unpack = _unpacker(mesh, dst, out_shape, shape, x.dtype, d, g)
-            return issue(mesh, comm, g, "allgather", axes, label, "all_gather",
+            return issue(mesh, comm, g, "allgather", axes, label, mesh.engine.all_gather,
                          (x, recv), None, x, (d,), x.nbytes, x.nbytes * g, t0, unpack)
     dst = _result(out, out_shape, x.dtype, "allgather")
-    result = issue(mesh, comm, g, "allgather", axes, label, "all_gather", (x, dst), dst, x, (d,), x.nbytes)
+    result = issue(mesh, comm, g, "allgather", axes, label, mesh.engine.all_gather, (x, dst), dst, x, (d,), x.nbytes)
     if key is not None:
-        keep(mesh, key, comm, g, out_shape, "allgather", "all_gather", (d,), x.nbytes)
+        keep(mesh, key, comm, g, out_shape, "allgather", mesh.engine.all_gather, (d,), x.nbytes)
     return result
 
 
@@ -126,9 +127,9 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         except TypeError:
             plan = key = None
         if plan is not None:
-            dst = _empty(plan[2], x.dtype) if out is None else out if (
-                type(out) is _ndarray and out.shape == plan[2] and out.dtype is x.dtype and out.flags.carray
-            ) else _result(out, plan[2], x.dtype, "alltoall")
+            dst = _empty(plan.out_shape, x.dtype) if out is None else out if (
+                type(out) is _ndarray and out.shape == plan.out_shape and out.dtype is x.dtype and out.flags.carray
+            ) else _result(out, plan.out_shape, x.dtype, "alltoall")
             return repeat(mesh, plan, axes, label, (x, dst), dst, x)
     comm, g, _ = mesh.group_info(axes)
     shape = x.shape
@@ -143,9 +144,10 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return _alone_into(mesh, out, x, "alltoall")
     if s == c == 0:  # blocks are contiguous 1/g of the buffer both ways
         dst = _result(out, shape, x.dtype, "alltoall")
-        result = issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (x, dst), dst, x, (s, c), x.nbytes)
+        result = issue(mesh, comm, g, "alltoall", axes, label, mesh.engine.all_to_all, (x, dst), dst, x, (s, c),
+                       x.nbytes)
         if key is not None:
-            keep(mesh, key, comm, g, shape, "alltoall", "all_to_all", (s, c), x.nbytes)
+            keep(mesh, key, comm, g, shape, "alltoall", mesh.engine.all_to_all, (s, c), x.nbytes)
         return result
     t0 = perf_counter()
     block_shape = shape[:s] + (shape[s] // g,) + shape[s + 1:]
@@ -154,14 +156,14 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     copied = 0 if send is x else x.nbytes
     if c == 0 or math.prod(block_shape[:c]) == 1:
         dst = _result(out, out_shape, x.dtype, "alltoall")
-        result = issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, dst),
+        result = issue(mesh, comm, g, "alltoall", axes, label, mesh.engine.all_to_all, (send, dst),
                        dst, x, (s, c), x.nbytes, copied, t0)
         if key is not None and send is x:  # nothing packed: the transfer alone
-            keep(mesh, key, comm, g, out_shape, "alltoall", "all_to_all", (s, c), x.nbytes)
+            keep(mesh, key, comm, g, out_shape, "alltoall", mesh.engine.all_to_all, (s, c), x.nbytes)
         return result
     dst = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
     recv, unpack = _unpacker(mesh, dst, out_shape, block_shape, x.dtype, c, g)
-    return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, recv),
+    return issue(mesh, comm, g, "alltoall", axes, label, mesh.engine.all_to_all, (send, recv),
                  None, x, (s, c), x.nbytes, copied + x.nbytes, t0, unpack)
 
 
@@ -192,9 +194,9 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         _alone("allreduce", axes, label, x.dtype)
         return x if out is x else _alone_into(mesh, out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
-    result = issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
+    result = issue(mesh, comm, g, "allreduce", axes, label, mesh.engine.all_reduce, (x, dst, op), dst, x, (), x.nbytes)
     if key is not None:
-        keep(mesh, key, comm, g, x.shape, "allreduce", "all_reduce", (), x.nbytes)
+        keep(mesh, key, comm, g, x.shape, "allreduce", mesh.engine.all_reduce, (), x.nbytes)
     return result
 
 
@@ -241,9 +243,9 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         except TypeError:
             plan = key = None
         if plan is not None:
-            dst = _empty(plan[2], x.dtype) if out is None else out if (
-                type(out) is _ndarray and out.shape == plan[2] and out.dtype is x.dtype and out.flags.carray
-            ) else _result(out, plan[2], x.dtype, "reduce_scatter")
+            dst = _empty(plan.out_shape, x.dtype) if out is None else out if (
+                type(out) is _ndarray and out.shape == plan.out_shape and out.dtype is x.dtype and out.flags.carray
+            ) else _result(out, plan.out_shape, x.dtype, "reduce_scatter")
             return repeat(mesh, plan, axes, label, (x, dst, "sum"), dst, x)
     shape = x.shape
     d = tensor_dim if type(tensor_dim) is int and 0 <= tensor_dim < len(shape) else _dim(
@@ -265,10 +267,10 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         copied = 0 if send is x else x.nbytes
         out_shape = shape[:d] + (shape[d] // g,) + shape[d + 1:]
     dst = _result(out, out_shape, x.dtype, "reduce_scatter")
-    result = issue(mesh, comm, g, "reduce_scatter", axes, label, "reduce_scatter", (send, dst, "sum"), dst, x,
-                   (d,), x.nbytes, copied, t0)
+    result = issue(mesh, comm, g, "reduce_scatter", axes, label, mesh.engine.reduce_scatter, (send, dst, "sum"),
+                   dst, x, (d,), x.nbytes, copied, t0)
     if key is not None and send is x:  # nothing packed: the transfer alone
-        keep(mesh, key, comm, g, out_shape, "reduce_scatter", "reduce_scatter", (d,), x.nbytes)
+        keep(mesh, key, comm, g, out_shape, "reduce_scatter", mesh.engine.reduce_scatter, (d,), x.nbytes)
     return result
 
 
@@ -288,7 +290,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     if not (type(buf) is _ndarray and (flags := buf.flags).c_contiguous and flags.writeable):
         buf = np.array(local, order="C")
     n = buf.nbytes
-    return issue(mesh, comm, g, "bcast", axes, label, "broadcast", (buf, root), buf, buf, (root,),
+    return issue(mesh, comm, g, "bcast", axes, label, mesh.engine.broadcast, (buf, root), buf, buf, (root,),
                  (n, 0) if me == root else (0, n))
 
 
@@ -328,7 +330,7 @@ def _bind(func: Any, args: tuple, kwargs: dict) -> Any:
         if plan is None or out.shape != x.shape:
             return None
         send = (x, out, dims)
-    elif plan is None or out.shape != plan[2]:
+    elif plan is None or out.shape != plan.out_shape:
         return None
     else:
         send = (x, out, "sum") if name == "reduce_scatter" else (x, out)
@@ -341,7 +343,7 @@ def _repeated(mesh: Mesh, key: tuple, send: tuple, func: Any, args: tuple, kwarg
         plan = mesh._plans.get(key)
         context = _THREAD.context
         if plan is not None and context.hooks.quiet and mesh.algorithms is None and not context.traces:
-            plan[7](plan[0], *send, polite_wait if mesh.polite else None)
+            plan.run(plan.comm, *send, polite_wait if mesh.polite else None)
             context.seq += 1
         else:
             func(*args, **kwargs)

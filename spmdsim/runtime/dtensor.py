@@ -551,9 +551,9 @@ class DTensor(_Spellings):
         stack = buffers.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
         comm, polite = mesh.comm, mesh.polite
         if root is None:
-            door.transfer(comm, "gather", (), local, (), polite, "all_gather", local, stack)
+            door.transfer(comm, "gather", (), local, (), polite, mesh.engine.all_gather, local, stack)
         else:
-            door.transfer(comm, "gather", (), local, (root,), polite, "gather_to", local, stack, root)
+            door.transfer(comm, "gather", (), local, (root,), polite, mesh.engine.gather_to, local, stack, root)
         if stack is None:
             return None
         out = np.empty(self._shape, local.dtype)

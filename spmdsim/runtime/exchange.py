@@ -21,7 +21,8 @@ from ..base import buffers
 from .engines.base import DRY_VALUES_BYTES
 from ..errors import DTypeError, RankError, ShapeError
 from ..base.validate import as_int
-from .door import _alone, _empty, _result, issue
+from .arguments import _empty, _result
+from .door import _alone, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 
@@ -99,7 +100,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         return views()
     comm = mesh.comm
     # Every block sent is packed into `send` (the trace's bytes_copied).
-    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, "all_to_allv",
+    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, mesh.engine.all_to_allv,
                  (send, scounts, sdispls, recv, rcounts, rdispls), None, dtype, (), (send.nbytes, recv.nbytes),
                  send.nbytes, t0, views, (scounts, rcounts))
 
@@ -131,7 +132,7 @@ def group_alltoallv(mesh: Mesh, local: Any, send_rows: Sequence[int], recv_rows:
         return recv
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
-    return issue(mesh, comm, g, "alltoallv", axes, label, "all_to_allv",
+    return issue(mesh, comm, g, "alltoallv", axes, label, mesh.engine.all_to_allv,
                  (x, scounts, sdispls, recv, rcounts, rdispls), recv, x.dtype, (), (x.nbytes, recv.nbytes), 0,
                  None, None, (tuple(scounts), tuple(rcounts)))
 
@@ -169,7 +170,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
         _alone("alltoallv", axes, label, dtype)
         return recv
     comm = mesh.comm
-    return issue(mesh, comm, size, "alltoallv", axes, label, "all_to_allv",
+    return issue(mesh, comm, size, "alltoallv", axes, label, mesh.engine.all_to_allv,
                  (send, spec.scounts, spec.sdispls, recv, spec.rcounts, spec.rdispls), recv, dtype, (),
                  (spec.send_total * dtype.itemsize, recv.nbytes), copied, t0, None, (spec.scounts, spec.rcounts))
 

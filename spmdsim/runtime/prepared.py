@@ -15,13 +15,15 @@ makes the blocking call instead, its checks already done.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from ..errors import ShapeError
 from ..programs.plan.steps import moved_bytes
 from .engines import DONE
-from .door import _alone, _contig, _dim, _divisible, _result, _take, issue, normalize_axes
+from .axes import normalize_axes
+from .arguments import _contig, _dim, _divisible, _result, _take
+from .door import _alone, issue
 from .mesh import Mesh
 from .replay import unrecorded
 
@@ -33,16 +35,16 @@ class Prepared:
     """One collective on fixed buffers; `run()` performs it and returns the result array."""
 
     __slots__ = ("mesh", "op", "axes", "group_size", "result", "label", "_send", "_extra",
-                 "_comm", "_request", "_kind", "_args", "_bytes", "_copy")
+                 "_comm", "_request", "_transfer", "_args", "_bytes", "_copy")
 
     def __init__(self, mesh: Mesh, op: str, axes: tuple[str, ...], comm: Any, group_size: int,
-                 send: np.ndarray, result: np.ndarray, extra: tuple, kind: str, persistent: bool,
-                 args: tuple, label: str | None) -> None:
+                 send: np.ndarray, result: np.ndarray, extra: tuple, transfer: Callable[..., None],
+                 persistent: bool, args: tuple, label: str | None) -> None:
         self.mesh, self.op, self.axes, self.label = mesh, op, axes, label
         self._comm, self.group_size = comm, group_size
         self._send, self.result, self._extra = send, result, extra
-        # The engine's transfer ("all_reduce", ...) and its arguments.
-        self._kind, self._args = kind, args
+        # The engine's transfer (``mesh.engine.all_reduce``, ...) and its arguments.
+        self._transfer, self._args = transfer, args
         moved = moved_bytes(op, group_size, send.nbytes)
         self._bytes = (moved, moved)
         # A group of one rank communicates nothing; the result is the input.
@@ -50,7 +52,7 @@ class Prepared:
         self._request = None
         _take(op, send.dtype)  # before MPI binds the buffers: the same error on every member
         if self.group_size > 1 and persistent:  # None where the engine has none (MPI older than 4.0)
-            self._request = mesh.engine.persistent(kind, comm, args)
+            self._request = mesh.engine.persistent(transfer, comm, args)
 
     def run(self) -> np.ndarray:
         """Perform the collective on the bound buffers (every member calls it alike)."""
@@ -62,9 +64,9 @@ class Prepared:
                 self.result[...] = self._send
             return self.result
         # The blocking transfer with its checks done once, or the persistent request.
-        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, self._kind, self._args,
-                     self.result, self._send, self._extra, self._bytes, emulate=False,
-                     run=self._blocking if self._request is None else self._start)
+        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label,
+                     self._blocking if self._request is None else self._start, self._args,
+                     self.result, self._send, self._extra, self._bytes, emulate=False)
 
     def _start(self, comm: Any, *args: Any) -> None:
         """Start the persistent request; `args[-1]`, the wait, completes it (None: its own Wait)."""
@@ -77,7 +79,7 @@ class Prepared:
     def _blocking(self, comm: Any, *args: Any) -> None:
         """The engine's blocking transfer (its nonblocking form runs a slower schedule in MPICH); a
         wait given (the watchdog's) sees a completed request."""
-        getattr(self.mesh.engine, self._kind)(comm, *args[:-1], None)
+        self._transfer(comm, *args[:-1], None)
         if args[-1] is not None:
             args[-1](DONE)
 
@@ -119,7 +121,7 @@ def prepare_allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], out: np
     x = _contig(local)
     in_place = out is x
     result = _result(out, x.shape, x.dtype, "allreduce")
-    return Prepared(mesh, "allreduce", axes, comm, g, x, result, (), "all_reduce", True,
+    return Prepared(mesh, "allreduce", axes, comm, g, x, result, (), mesh.engine.all_reduce, True,
                     (result if in_place else x, result, "sum"), label)
 
 
@@ -128,7 +130,7 @@ def prepare_allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_
     """Every member's `local` concatenated along `tensor_dim` in group order."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "allgather", divisible=False)
     result = _result(out, x.shape[:d] + (x.shape[d] * g,) + x.shape[d + 1:], x.dtype, "allgather")
-    return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,), "all_gather", True, (x, result), label)
+    return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,), mesh.engine.all_gather, True, (x, result), label)
 
 
 def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -139,7 +141,7 @@ def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], te
                      "reduce_scatter")
     # No persistent request: MPICH runs persistent (like nonblocking) Reduce_scatter_block with a slower
     # schedule than the blocking call (1.11x at 1 MiB, 8 ranks); the blocking call with checks done once wins.
-    return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), "reduce_scatter", False,
+    return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), mesh.engine.reduce_scatter, False,
                     (x, result, "sum"), label)
 
 
@@ -148,4 +150,4 @@ def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_d
     """Block j of `local` along `tensor_dim` to member j; received blocks joined along the same dim."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "alltoall", divisible=True)
     result = _result(out, x.shape, x.dtype, "alltoall")
-    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), "all_to_all", True, (x, result), label)
+    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), mesh.engine.all_to_all, True, (x, result), label)

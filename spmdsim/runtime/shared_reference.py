@@ -39,6 +39,8 @@ from ..references import backward as rg
 from ..base.once import once
 from ..errors import SpmdsimError
 from . import door
+from .engines import engine_of
+from .engines.wait import resolve_wait_mode
 
 __all__ = ["across_processes", "digest", "shared_numeric_grads", "shared_once", "shared_once_on"]
 
@@ -64,7 +66,7 @@ def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.n
     polite = mesh.polite
     mine = digest((h, batch, arrays))
     digests = np.empty((size, _DIGEST), np.uint8)
-    door.transfer(comm, "numeric_grads", (), mine, (), polite, "all_gather", mine, digests)
+    door.transfer(comm, "numeric_grads", (), mine, (), polite, engine_of(comm).all_gather, mine, digests)
     differ = [r for r in range(size) if not np.array_equal(digests[r], digests[0])]
     if differ:
         raise SpmdsimError(f"shared_numeric_grads: rank {differ[0]}'s arrays, h or batch differ from rank 0's; "
@@ -76,7 +78,7 @@ def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.n
     rank = mesh.rank
     send[:counts[rank]] = rg.numeric_grad_values(fn, arrays, parts[cuts[rank]:cuts[rank + 1]], h, batch)
     table = np.empty((size, len(send)), np.float64)
-    door.transfer(comm, "numeric_grads", (), send, (), polite, "all_gather", send, table)
+    door.transfer(comm, "numeric_grads", (), send, (), polite, engine_of(comm).all_gather, send, table)
     flat = np.concatenate([table[r, :counts[r]] for r in range(size)])
     return rg.split_flat(flat, shapes)
 
@@ -97,8 +99,6 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
 def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """`shared_once` over the ranks of a communicator that no mesh holds (a command's world), waiting as a mesh
     over it would (SPMDSIM_WAIT)."""
-    from .engines.wait import resolve_wait_mode
-
     if not across_processes(comm):
         return once(key, fn, *args)
     return _rank_0_for_all(comm, comm.Get_rank(), comm.Get_size(), resolve_wait_mode(None, comm) == "polite", fn,
@@ -108,8 +108,6 @@ def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> A
 def across_processes(comm: Any) -> bool:
     """Whether `comm`'s ranks are two or more MPI processes (where rank 0 computes for the others), not one
     rank or simulated ranks (where `once` shares the work)."""
-    from .engines import engine_of
-
     return comm.Get_size() > 1 and not engine_of(comm).simulated
 
 
@@ -117,7 +115,7 @@ def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[
     """`shared_once` under MPI: rank 0's ``fn(*args)`` for every rank whose `args` equal its own."""
     mine = digest(args)
     digests = np.empty((size, _DIGEST), np.uint8)
-    door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
+    door.transfer(comm, "once", (), mine, (), polite, engine_of(comm).all_gather, mine, digests)
     if not (digests == digests[0]).all():
         return fn(*args)  # the ranks ask different questions: each its own answer
     payload, buffers, result, failed = None, [], None, None
@@ -134,14 +132,14 @@ def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[
                 payload = None
     # How many out-of-band buffers (-1: no result to send), then the pickle's length and each buffer's.
     count = np.array([-1 if payload is None else len(buffers)], np.int64)
-    door.transfer(comm, "once", (), count, (), polite, "broadcast", count, 0)
+    door.transfer(comm, "once", (), count, (), polite, engine_of(comm).broadcast, count, 0)
     if count[0] < 0:  # rank 0's fn raised, or its result does not pickle
         if failed is not None:
             raise failed
         return result if rank == 0 else fn(*args)
     sizes = np.array([len(payload)] + [b.size for b in buffers] if rank == 0 else [0] * (1 + int(count[0])),
                      np.int64)
-    door.transfer(comm, "once", (), sizes, (), polite, "broadcast", sizes, 0)
+    door.transfer(comm, "once", (), sizes, (), polite, engine_of(comm).broadcast, sizes, 0)
     starts = np.concatenate([[0], np.cumsum((sizes[1:] + _ALIGN - 1) // _ALIGN * _ALIGN)])  # each array aligned
     data = np.empty(int(starts[-1]), np.uint8)
     if rank == 0:
@@ -151,7 +149,7 @@ def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[
         payload = np.empty(int(sizes[0]), np.uint8)
     for part in (payload, data):
         if part.size:
-            door.transfer(comm, "once", (), part, (), polite, "broadcast", part, 0)
+            door.transfer(comm, "once", (), part, (), polite, engine_of(comm).broadcast, part, 0)
     if rank == 0:
         return result
     return pickle.loads(payload, buffers=[data[start:start + n] for start, n in zip(starts, sizes[1:])])

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..base.precision import is_low
-from .door import _alone, _contig, _empty, issue
+from .arguments import _contig, _empty
+from .door import _alone, issue
 from .collectives import _narrowed, _wide32
 from .mesh import Mesh
 
@@ -63,9 +64,9 @@ def _transfer(mesh: Mesh, axes: Any, label: str | None, op: str, x: np.ndarray, 
     traced as `op` with this member's bytes `moved`; `then()` makes the result."""
     comm, g, me = mesh.group_info(axes)
     scounts, sdispls, rcounts, rdispls = counts
-    return issue(mesh, comm, g, op, axes, label, "all_to_allv", (send, scounts, sdispls, recv, rcounts, rdispls),
-                 None, x.dtype, extra, moved, 0 if send is x else x.nbytes, t0, then,
-                 _peers(scounts, rcounts, me), emulate=False)
+    return issue(mesh, comm, g, op, axes, label, mesh.engine.all_to_allv,
+                 (send, scounts, sdispls, recv, rcounts, rdispls), None, x.dtype, extra, moved,
+                 0 if send is x else x.nbytes, t0, then, _peers(scounts, rcounts, me), emulate=False)
 
 
 def _checked(x: np.ndarray, d: int, extent: int, op: str) -> None:

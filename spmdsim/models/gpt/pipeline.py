@@ -359,7 +359,8 @@ class _Pipelined:
         value = float(sum(losses))
         if self.pp > 1:
             total = np.array([value])
-            untraced(mesh.group(PIPELINE), "all_reduce", total, total, "sum", wait=polite_wait if mesh.polite else None)
+            untraced(mesh.group(PIPELINE), mesh.engine.all_reduce, total, total, "sum",
+                     wait=polite_wait if mesh.polite else None)
             value = float(total[0])
         return value
 

@@ -155,9 +155,10 @@ class Engine:
         """Post `bind`'s messages again (all at once); their requests, for `wait_all`."""
         raise NotImplementedError(f"{self.name} engine: start")
 
-    def persistent(self, kind: str, comm: Any, args: tuple) -> Any:
-        """A persistent request for the transfer `kind` on fixed buffers (``Start``, then a wait), or
-        None where the engine has none (the caller makes the blocking call each time)."""
+    def persistent(self, transfer: Callable[..., None], comm: Any, args: tuple) -> Any:
+        """A persistent request for `transfer` (this engine's method, ``self.all_reduce``) on fixed
+        buffers (``Start``, then a wait), or None where the engine has none (the caller makes the
+        blocking call each time)."""
         return None
 
     # -- objects (control traffic: verdicts, reports, settings) ------------------------------------

@@ -9,7 +9,7 @@ transfer needs one of its constants, not when spmdsim is imported.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ...base.context import PROCESS
 from .base import Engine, Wait
@@ -230,15 +230,15 @@ class MpiEngine(Engine):
             requests[0].Startall(requests)
         return requests
 
-    def persistent(self, kind: str, comm: Any, args: tuple) -> Any:
+    def persistent(self, transfer: Callable[..., None], comm: Any, args: tuple) -> Any:
         """MPI-4's persistent collectives (``Allreduce_init``, ...); None without them (MPI < 4.0)."""
         try:
-            if kind == "all_reduce":
+            if transfer == self.all_reduce:
                 send, recv, op = args
                 return comm.Allreduce_init(_in_place() if send is recv else send, recv, _op(op))
-            if kind == "all_gather":
+            if transfer == self.all_gather:
                 return comm.Allgather_init(*map(_w, args))
-            if kind == "all_to_all":
+            if transfer == self.all_to_all:
                 return comm.Alltoall_init(*map(_w, args))
         except NotImplementedError:
             return None
