@@ -929,3 +929,18 @@ def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
     assert missing(notes, ("Bcast|bcast", "Scatter|scatter")) == (
         "no rank called comm.Scatter or comm.scatter: the exercise asks for it")
     assert missing(notes, ("Send",)) is None
+
+
+def test_calls_are_seen_after_a_program_set_a_fatal_error_handler(tmp_path, capsys):
+    """A program that sets mpi4py's errors to "fatal" leaves the emulator's methods guarded for the process
+    (spmdsim.emulator.handles); a later check still sees the submission's calls through the guard."""
+    from spmdsim.tools.cli.main import main
+
+    program = tmp_path / "fatal.py"
+    program.write_text("import mpi4py\nmpi4py.rc.errors = 'fatal'\nfrom mpi4py import MPI\n"
+                       "print(MPI.COMM_WORLD.Get_errhandler() == MPI.ERRORS_ARE_FATAL)\n")
+    assert main(["mpirun", "-n", "2", "python", str(program)]) == 0
+    assert capsys.readouterr().out == "True\nTrue\n"
+    exercise = find_exercise(3)
+    result = run_case(exercise, exercise.path, 2, exercise.seeds[0])
+    assert result.passed, result

@@ -159,7 +159,7 @@ def _fatal(comm: Any, call: str, error: BaseException) -> BaseException:
     name = "MPI.ERRORS_ABORT" if comm._h.errhandler == getattr(mpi, "ERRORS_ABORT", None) else "MPI.ERRORS_ARE_FATAL"
     frame = outer = sys._getframe(1)
     while frame is not None:  # the program's call (Send), not the one it made inside (Isend)
-        if frame.f_code is _GUARD_CODE:
+        if frame.f_code is GUARD_CODE:
             call, outer = frame.f_locals["fn"].__name__, frame
         frame = frame.f_back
     line = _program_line(outer)
@@ -189,7 +189,8 @@ def _guarded(fn: Callable) -> Callable:
     return call
 
 
-_GUARD_CODE = _guarded(lambda self: None).__code__
+#: The code of every guarded method's wrapper (its frame stands between a program's call and the method).
+GUARD_CODE = _guarded(lambda self: None).__code__
 
 
 _GUARDABLE: list = []  # the communicator classes whose methods a fatal handler guards, once one is set

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Iterator, Optional
 
 from ...emulator import comm as _comm
+from ...emulator.handles import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing", "too_many"]
@@ -105,9 +106,11 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
     (mpi4py's own communicators are compiled code, which a profile hook does not see)."""
 
     def hook(frame: Any, event: str, arg: Any) -> None:
-        if event != "call":
+        if event != "call" or frame.f_code is GUARD_CODE:
             return
         back = frame.f_back
+        if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
+            back = back.f_back
         if back is None or back.f_code.co_filename != filename:
             return
         if not frame.f_code.co_filename.startswith(_EMULATOR):
