@@ -99,7 +99,7 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
     cases = [("raw mpi4py", raw, None), ("raw again (A/A)", raw, None)]
     cases += [(f"raw after {us} us of spin", _busy(us, raw), us) for us in spins]
     cases += [("spmdsim's body (door.issue)",
-               lambda: issue(mesh, sub, g, "alltoall", ("x",), None, "all_to_all", (full, out),
+               lambda: issue(mesh, sub, g, "alltoall", ("x",), None, mesh.engine.all_to_all, (full, out),
                              out, full, (0, 0), full.nbytes), None),
               ("collectives.alltoall", lambda: C.alltoall(mesh, full, ("x",), 0, 0, out=out), None)]
 

@@ -42,7 +42,6 @@ from . import _roster
 from .engines import engine_of
 from .engines import wait as waiting
 from .fingerprints import FINGERPRINT_FIELDS, _cached_row, describe
-from .guard import abort_job
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -396,5 +395,7 @@ def _abort(text: str) -> None:
     if _simulated() is not None:  # a simulated rank raises; simulate() ends the others
         raise RuntimeMismatchError(text)
     from mpi4py import MPI
+
+    from .guard import abort_job  # (the job's end: not loaded at spmdsim mpirun's start)
 
     abort_job(MPI.COMM_WORLD, text + "\n")
