@@ -175,7 +175,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _WORLD is None or _WORLD.size == 1 or not report.failed:
         return
-    from spmdsim.runtime.guard import end_job
+    from spmdsim.runtime.process import end_job
 
     # Written, forwarded by mpiexec, MPICH's /dev/shm segment unlinked, then MPI_Abort.
     end_job(_WORLD, f"\n[rank {_WORLD.rank}] {report.nodeid} failed ({report.when}); aborting the MPI job\n"

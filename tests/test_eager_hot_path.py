@@ -96,9 +96,9 @@ def test_a_step_after_the_first_compiles_no_redistribution(kept, monkeypatch):
     compiled: list = []
     compile_ = executor._compile
 
-    def counting(plan, mesh):
+    def counting(plan, mesh, cls):
         compiled.append(spmdsim.world().rank)
-        return compile_(plan, mesh)
+        return compile_(plan, mesh, cls)
 
     monkeypatch.setattr(executor, "_compile", counting)
     marks: list = []

@@ -18,11 +18,15 @@ FLOORS = ("base", "layouts", "references", "programs", "runtime", "emulator", "n
 #: Outside packages that belong to a floor: importing one is importing that floor.
 OUTSIDE = {"mpi4py": "runtime"}
 
-#: Floors held to the cycle rule below (the others are being brought to it).
-CYCLE_FREE = ("base", "layouts", "references", "programs", "tools")
+#: Floors held to the cycle rule below (the emulator is being brought to it).
+CYCLE_FREE = ("base", "layouts", "references", "programs", "runtime", "nn", "models", "tools")
 
-#: Floors held to the size rules below.
-SIZED = ("base", "references", "programs", "tools")
+#: Floors held to the module-size rule below (layouts, runtime and the emulator are being brought to it);
+#: every floor is held to the function-length rule.
+SIZED = ("base", "references", "programs", "nn", "models", "tools")
+
+#: The most modules over MAX_MODULE_LINES the whole package may hold while the last floors are split.
+MOST_LARGE_MODULES = 12
 
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 75
@@ -66,10 +70,10 @@ def test_no_import_cycle_in_these_floors_counting_imports_inside_functions():
         f"  {', '.join(members)}" for members in found)
 
 
-def _sizes():
-    """(module, lines, [(function, lines)]) for every module of the SIZED floors."""
+def _sizes(floors: tuple[str, ...] = SIZED):
+    """(module, lines, [(function, lines)]) for every module of `floors`."""
     for module, path in sorted(importkit.module_paths().items()):
-        if not in_floors(module, SIZED):
+        if not in_floors(module, floors):
             continue
         text = path.read_text()
         functions = [(f"{node.name}:{node.lineno}", node.end_lineno - node.lineno + 1)
@@ -83,10 +87,16 @@ def test_modules_of_these_floors_read_in_one_sitting():
     assert not big, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(big)
 
 
-def test_functions_of_these_floors_are_short():
-    long = [f"  {module}.{name}: {lines} lines" for module, _, functions in _sizes()
+def test_every_function_is_short():
+    long = [f"  {module}.{name}: {lines} lines" for module, _, functions in _sizes(FLOORS)
             for name, lines in functions if lines > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_few_modules_are_long_in_the_whole_package():
+    big = sorted((lines, module) for module, lines, _ in _sizes(FLOORS) if lines > MAX_MODULE_LINES)
+    assert len(big) <= MOST_LARGE_MODULES, f"{len(big)} modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(
+        f"  {module}: {lines} lines" for lines, module in big)
 
 
 def test_the_rules_see_the_package():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim.errors import SpmdsimError
-from spmdsim.runtime import _roster, debug
+from spmdsim.runtime import _roster, debug, fingerprints
 
 
 @pytest.fixture(autouse=True)
@@ -26,26 +26,26 @@ def test_importing_debug_does_not_import_mpi4py() -> None:
 def test_fingerprint_is_fixed_size_and_separates_every_field() -> None:
     base = dict(seq=3, op="allreduce", axes=("mp",), dtype="float32", shape=(4, 8),
                 extra=(), group_size=4)
-    row = debug.fingerprint(**base)
-    assert row.shape == (debug.FINGERPRINT_FIELDS,) and row.dtype == np.int64
-    assert np.array_equal(row, debug.fingerprint(**base))
+    row = fingerprints.fingerprint(**base)
+    assert row.shape == (fingerprints.FINGERPRINT_FIELDS,) and row.dtype == np.int64
+    assert np.array_equal(row, fingerprints.fingerprint(**base))
     for change in (dict(seq=4), dict(op="allgather"), dict(axes=("dp",)), dict(dtype="float64"),
                    dict(shape=(8, 4)), dict(shape=(4, 8, 1)), dict(extra=(1,)), dict(group_size=2)):
-        assert not np.array_equal(row, debug.fingerprint(**{**base, **change})), change
+        assert not np.array_equal(row, fingerprints.fingerprint(**{**base, **change})), change
 
 
 def test_fingerprint_of_many_dims_and_of_no_shape() -> None:
-    long = debug.fingerprint(1, "allgather", ("x",), "int64", tuple(range(1, 11)))
-    longer = debug.fingerprint(1, "allgather", ("x",), "int64", tuple(range(1, 10)) + (11,))
+    long = fingerprints.fingerprint(1, "allgather", ("x",), "int64", tuple(range(1, 11)))
+    longer = fingerprints.fingerprint(1, "allgather", ("x",), "int64", tuple(range(1, 10)) + (11,))
     assert not np.array_equal(long, longer)  # dims past the 7th are folded, not dropped
-    free = debug.fingerprint(1, "alltoallv", ("x",), "float32", None)
+    free = fingerprints.fingerprint(1, "alltoallv", ("x",), "float32", None)
     assert free[7] == -1
 
 
 def test_describe_names_the_call() -> None:
-    text = debug.describe(12, "allreduce", ("mp",), "float32", (4, 8))
+    text = fingerprints.describe(12, "allreduce", ("mp",), "float32", (4, 8))
     assert text == "allreduce on ('mp',) float32 (4, 8) (seq 12)"
-    assert debug.describe(2, "alltoall", ("a", "b"), "int64", (8,), (0, 0)).endswith("(0, 0) (seq 2)")
+    assert fingerprints.describe(2, "alltoall", ("a", "b"), "int64", (8,), (0, 0)).endswith("(0, 0) (seq 2)")
 
 
 def test_settings_come_from_the_environment(monkeypatch) -> None:
@@ -155,7 +155,7 @@ def test_watchdog_names_a_call_on_a_whole_communicator_in_words(monkeypatch) -> 
                               "complete within 0.05 s: "), seen
     assert _roster.explain(("check", (), 2), {0: ("check", (), 2), 1: ("gather", (), 1)}, True).startswith(
         ": rank 0 waits in it; rank 1 waits in gather on its whole communicator (seq 1)")
-    assert debug.describe(3, "allgather", (), "float64", (4,)) == \
+    assert fingerprints.describe(3, "allgather", (), "float64", (4,)) == \
         "allgather on its whole communicator float64 (4,) (seq 3)"
 
 

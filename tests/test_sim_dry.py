@@ -262,7 +262,7 @@ def test_the_megatron_block_dry_run_at_512_ranks_fits_in_1_5_gib():
 
 
 def test_a_rank_list_too_long_for_its_column_says_how_many():
-    from spmdsim.runtime.sim.dry import DryRunReport, RankBytes
+    from spmdsim.runtime.sim.dry_report import DryRunReport, RankBytes
 
     # Every third rank differs: the others' list ("ranks 0-1,3-4,6-7,...") cannot fit 21 columns.
     rows = tuple(RankBytes(r, 1, 8, 8, 100 if r % 3 == 2 else 50, (("allreduce", 1),)) for r in range(30))
@@ -275,7 +275,7 @@ def test_the_meter_counts_each_array_over_one_lazy_mapping_until_it_is_freed():
     Meter still counts each array as the owner of its bytes (a view as its array's) and lets each go when freed."""
     from spmdsim.base import buffers
     from spmdsim.models.gpt.stage_memory import _DryBlocks
-    from spmdsim.runtime.sim.dry import Meter
+    from spmdsim.runtime.sim.dry_meter import Meter
 
     meter, blocks = Meter(), _DryBlocks()
     a, b = blocks.empty((256, 1024)), blocks.zeros((256, 1024))  # 2 MiB each: one mapping of their own size

@@ -571,7 +571,7 @@ def test_a_buffer_reduction_that_raises_raises_on_every_rank(count):
     """The fold of an Allreduce raises on every member, fewer items than members or more: each rank
     folded its own share of the items, and a rank whose share was empty returned a buffer never written."""
     from spmdsim.runtime.sim._buffers import Reduction
-    from spmdsim.runtime.sim.thread_engine import all_reduce
+    from spmdsim.runtime.sim.bodies import all_reduce
 
     red = Reduction("user op", None, None, _RefusingOp())
 

@@ -456,16 +456,16 @@ def test_keep_pending_accumulates_microbatches_and_refuses_what_is_no_list_of_le
 def test_zero1_in_a_dry_run_counts_states_divided_by_dp(monkeypatch):
     """The meter is given, for DistributedAdamW, the moments, master copy and scratch of this rank's slices
     (4 x 1/dp of the parameters' bytes), where AdamW's dry step counts 4 x the parameters' bytes."""
-    from spmdsim.runtime.sim import dry
+    from spmdsim.runtime.sim.dry_meter import Meter
 
     counted: dict = {}
-    real = dry.Meter.count
+    real = Meter.count
 
     def count(meter, owner, nbytes):
         counted[type(owner).__name__] = nbytes
         real(meter, owner, nbytes)
 
-    monkeypatch.setattr(dry.Meter, "count", count)
+    monkeypatch.setattr(Meter, "count", count)
     params = {}
     for zero in (0, 1):
         params[zero] = spmdsim.simulate(8, lambda: sum(

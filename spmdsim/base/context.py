@@ -37,7 +37,7 @@ class RankContext:
         # simulated rank a copy of PROCESS's when simulate() starts; hot paths read `hooks.quiet`
         self.hooks = hooks
         self.dry_run = dry_run
-        self.meter: Any = None  # a dry run's byte meter (spmdsim.runtime.sim.dry.Meter)
+        self.meter: Any = None  # a dry run's byte meter (spmdsim.runtime.sim.dry_meter.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.base.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use
         self.world_comm: Any = None  # its MPI.COMM_WORLD with mpi4py's methods (spmdsim.emulator), likewise

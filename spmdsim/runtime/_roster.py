@@ -15,7 +15,7 @@ import itertools
 import time
 from typing import Any, Optional
 
-from .engines import engine_of
+from .engines import engine_of, world
 
 SERVE_S = 0.1  # a waiting rank looks for questions this often, after waiting this long
 _QUERY_TAG = 0x7351
@@ -37,9 +37,11 @@ _GENERIC = (": a rank of its group is not in it: did one skip this collective (i
 
 def channel(comm: Any) -> Optional[tuple[Any, bool]]:
     """(side channel, whether it spans the world), or None when there is none."""
-    from .guard import world_channel
+    # The guard, imported when a watchdog reports (not at `spmdsim mpirun`'s start), looked up there each
+    # time: a test replaces its world_channel.
+    from . import guard
 
-    side = world_channel()
+    side = guard.world_channel()
     if side is not None:
         return side, True
     return None if comm is None else (comm, False)
@@ -51,8 +53,6 @@ def _send(side: Any, message: Any, dest: int, tag: int) -> None:
 
 
 def _me() -> int:
-    from .engines import world
-
     return world().Get_rank()
 
 
@@ -80,8 +80,6 @@ def survey(comm: Any, state: State, grace: float) -> Optional[dict[int, Optional
         return None
     side, spans_world = found
     try:
-        from .engines import world
-
         me = _me()
         if comm is None:
             names = list(range(world().Get_size()))

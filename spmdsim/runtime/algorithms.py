@@ -6,8 +6,8 @@
     print(log.format())                                        # this rank's rounds, with times
 
 Works on any communicator of an engine (MPI's, or spmdsim's simulated
-ranks'): its messages go through spmdsim.runtime.door (the engine's
-``isend``/``irecv``); `compare_with_mpi` times the engine's own collective
+ranks'): its messages are the engine's (``post`` and ``wait_all``,
+spmdsim.runtime.engines.base); `compare_with_mpi` times the engine's own collective
 beside it. Each round posts every receive, then every send, then waits:
 no order of arrival can deadlock. A rank adds a received piece to its own
 as ``own + received`` (docs/explanation/algorithms.md gives each algorithm's summation order).
@@ -29,8 +29,9 @@ from ..programs.algorithms.table import format_rounds
 from ..errors import OperatorError, ShapeError
 from ..base.precision import is_low
 from ..base.validate import as_int
+from .arguments import _check_dtype
 from .engines import engine_of
-from . import door
+from .engines.wait import polite_wait, resolve_wait_mode
 
 __all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
            "alltoallv_pairwise", "compare_with_mpi"]
@@ -149,7 +150,7 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
         wait: completes one request (the mesh's polite wait); default Waitall / Wait.
         combine: the ufunc a reducing transfer applies (np.add; np.maximum for a max).
     """
-    me = comm.Get_rank()
+    me, engine = comm.Get_rank(), engine_of(comm)
     bounds = _bounds(schedule)
     total = bounds[-1]
     mine = schedule.output_slots[me]
@@ -175,9 +176,8 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
                 buf = np.empty(_size(bounds, t.dst_slots), work.dtype)
                 receives.append((buf, t.src, tag))
                 landed.append((t, buf))
-        requests = door.send_requests(comm, receives,
-                                      [(_gather(work, bounds, t.src_slots), t.dst, tag) for t in sends])
-        door.wait_requests(comm, requests, wait)
+        posted = [(_gather(work, bounds, t.src_slots), t.dst, tag) for t in sends]
+        engine.wait_all(engine.post(comm, receives, posted), wait)  # every receive posted, then every send
         for t, buf in landed:
             _scatter(work, bounds, t.dst_slots, buf, combine if t.reduce else None)
         seconds.append(perf_counter() - t0)
@@ -217,9 +217,9 @@ def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndar
     collective, algorithm = parse_name(name)
     x = np.ascontiguousarray(local)
     if not is_low(x.dtype):  # bfloat16 is summed here in numpy and moved as its 16-bit words
-        # What the mesh's collectives take (runtime.door): text summed into garbage with numpy's string
+        # What the mesh's collectives take (runtime.arguments): text summed into garbage with numpy's string
         # add, bool sums were ORs, a datetime or object array failed inside numpy or the engine.
-        door._check_dtype(collective, x.dtype)
+        _check_dtype(collective, x.dtype)
     p = comm.Get_size()
     _same_input(comm, name, collective, x, root)
     if collective in ("reduce_scatter", "alltoall") and x.size % p:
@@ -243,9 +243,10 @@ def _same_input(comm: Any, name: str, collective: str, x: np.ndarray, root: Any)
     than the root kept the rest uninitialised; one with fewer was truncated or deadlocked). The same
     error on every rank."""
     mine = (int(x.size), x.dtype.name)
-    if door.all_reduce_object(comm, mine, "min") == door.all_reduce_object(comm, mine, "max"):
+    engine = engine_of(comm)
+    if engine.all_reduce_object(comm, mine, "min") == engine.all_reduce_object(comm, mine, "max"):
         return
-    inputs = door.all_gather_object(comm, mine)
+    inputs = engine.all_gather_object(comm, mine)
     if collective == "bcast" and as_int(root) is not None and 0 <= as_int(root) < len(inputs):
         want, whose = inputs[as_int(root)], f"the root's (rank {root})"
     else:
@@ -268,9 +269,7 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
     (``Alltoallv(send, scounts, sdispls, recv, rcounts, rdispls)``) runs from this rank's own counts
     (`alltoallv_pairwise`).
     """
-    wait = None
-    if mesh.polite:
-        from .engines.wait import polite_wait as wait
+    wait = polite_wait if mesh.polite else None
     if op == "alltoallv":
         sent, received = alltoallv_pairwise(comm, send, recv, *extra, wait=wait)
         return f"{op}[{algorithm}]", sent, received
@@ -299,11 +298,12 @@ def alltoallv_pairwise(comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, 
     me, p = comm.Get_rank(), comm.Get_size()
     out, src = recv.reshape(-1), send.reshape(-1)
     out[rdispls[me]:rdispls[me] + rcounts[me]] = src[sdispls[me]:sdispls[me] + scounts[me]]
+    engine = engine_of(comm)
     for number, (dest, source) in enumerate(pairwise_peers(p, me)):
         tag = _TAG + number % _TAGS
         receives = [(out[rdispls[source]:rdispls[source] + rcounts[source]], source, tag)] if rcounts[source] else []
         sends = [(src[sdispls[dest]:sdispls[dest] + scounts[dest]], dest, tag)] if scounts[dest] else []
-        door.wait_requests(comm, door.send_requests(comm, receives, sends), wait)
+        engine.wait_all(engine.post(comm, receives, sends), wait)
     size = send.dtype.itemsize
     return (sum(scounts) - scounts[me]) * size, (sum(rcounts) - rcounts[me]) * size
 
@@ -318,19 +318,15 @@ def _combine(op: Any) -> Any:
 
 def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
     """The engine's own collective (MPI's, or the simulated ranks') on the same buffers."""
-    from .engines.wait import polite_wait
-
     wait = polite_wait if polite else None
     engine = engine_of(comm)
     if collective == "bcast":
         out[...] = send
-        door.untraced(comm, engine.broadcast, out, root, wait=wait)
+        engine.broadcast(comm, out, root, wait)
     elif collective in ("allreduce", "reduce_scatter"):
-        door.untraced(comm, engine.all_reduce if collective == "allreduce" else engine.reduce_scatter, send, out,
-                      "sum", wait=wait)
+        (engine.all_reduce if collective == "allreduce" else engine.reduce_scatter)(comm, send, out, "sum", wait)
     else:
-        door.untraced(comm, engine.all_gather if collective == "allgather" else engine.all_to_all, send, out,
-                      wait=wait)
+        (engine.all_gather if collective == "allgather" else engine.all_to_all)(comm, send, out, wait)
 
 
 def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
@@ -345,9 +341,8 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     runs of the slowest rank's seconds (``seconds_emulated``, ``seconds_mpi``,
     ``round_seconds`` per round) and the ``wait_mode`` used.
     """
-    from .engines.wait import polite_wait, resolve_wait_mode
-
-    simulated = engine_of(comm).simulated
+    engine = engine_of(comm)
+    simulated = engine.simulated
     dtype = np.dtype(dtype)
     me, p = comm.Get_rank(), schedule.group_size
     # Simulated ranks are threads of one process: nothing to be polite to.
@@ -364,21 +359,21 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     send = x if schedule.input_slots[me] else None
     runs = []
     for _ in range(repeat):
-        door.barrier(comm)
+        engine.barrier(comm, None)
         record = run_schedule(comm, schedule, send, ours, polite_wait if polite else None)
-        door.barrier(comm)
+        engine.barrier(comm, None)
         t0 = perf_counter()
         _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
         runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
     slowest = np.empty((repeat, 2 + len(schedule.rounds)))
-    door.untraced(comm, engine_of(comm).all_reduce, np.array(runs, dtype=np.float64), slowest, "max")
+    engine.all_reduce(comm, np.array(runs, dtype=np.float64), slowest, "max", None)
     summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
     diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
     same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))
     median = np.median(slowest, axis=0)
     return {
-        "matches_mpi": bool(door.all_reduce_object(comm, int(same), "min")),
-        "max_abs_difference": door.all_reduce_object(comm, diff, "max"),
+        "matches_mpi": bool(engine.all_reduce_object(comm, int(same), "min")),
+        "max_abs_difference": engine.all_reduce_object(comm, diff, "max"),
         "seconds_emulated": float(median[0]),
         "seconds_mpi": float(median[1]),
         "round_seconds": [float(s) for s in median[2:]],

@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed
+from . import door
+from .engines import engine_of
+from .shared_rows import gather_shared
 from ..references.tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
 __all__ = ["Verdict", "default_tolerances", "local_stats", "agree"]
@@ -153,10 +156,6 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     the same at every rank count: passed (a program's raise_if_failed() lets its dry run go on), with
     ``dry_run=True``, no error, and `elements` (the global elements the check stands for; else this rank's
     record's, once per rank)."""
-    from . import door
-    from .engines import engine_of
-    from .shared_rows import gather_shared
-
     send = np.ascontiguousarray(stats, np.float64)
     shared = gather_shared(comm, send, "check", polite)
     if shared is not None:

@@ -27,7 +27,8 @@ from .engines.wait import polite_wait
 from ..base.precision import is_low
 from ..base.validate import as_int
 from ..programs.plan.steps import moved_bytes  # each step kind owns its byte formula
-from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order, issue, keep, repeat
+from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order
+from .door import _alone, issue, keep, repeat
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes
 

@@ -33,34 +33,28 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections import Counter
-from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import RuntimeMismatchError, SpmdsimError
-from ..base.context import PROCESS
-from ..base.context import current as _context
-from ..base.context import simulated as _simulated
+from ..base.context import PROCESS, current as _context, simulated as _simulated
 from . import _roster
 from .engines import engine_of
 from .engines import wait as waiting
+from .fingerprints import FINGERPRINT_FIELDS, _cached_row, describe
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Hooks", "HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
-           "agree", "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
-           "waiter", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
+           "agree", "verify", "verify_counts", "verify_operands", "wait", "begin",
+           "waiter", "CHECK_WATCHDOG_S", "add_cli_arguments",
            "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
 
-FINGERPRINT_FIELDS = 16
 #: The shortest watchdog: it reports a collective that never completes, and a healthy one on
 #: oversubscribed ranks (8 on 2 cores) can take a good part of a second; a shorter limit would
 #: abort correct programs naming a rank as missing that is only on its way.
 MIN_WATCHDOG_S = 1.0
-_MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
-_MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
 
 
 class Hooks:
@@ -261,50 +255,8 @@ def agree(comm: Any, axes: Sequence[str], polite: bool, always: bool = False) ->
     if context.hooks.quiet and not always or comm.Get_size() == 1:
         return
     counter = np.array([context.seq], np.int64)
-    from .door import untraced  # the door to the engine sits above this module
-
-    untraced(comm, engine_of(comm).all_reduce, counter, counter, "max",
-             wait=waiter("agree", axes, context.seq, polite, comm))
+    engine_of(comm).all_reduce(comm, counter, counter, "max", waiter("agree", axes, context.seq, polite, comm))
     context.seq = int(counter[0])
-
-
-def _code(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def fingerprint(seq: int, op: str, axes: Sequence[str], dtype: Any,
-                shape: Optional[Sequence[int]], extra: Sequence[Any] = (),
-                group_size: int = 0) -> np.ndarray:
-    """The int64 row one rank contributes: what it is about to call, in fixed fields (`shape` None: left out)."""
-    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)  # magic, seq, op, axes, dtype, group size, extra, shape
-    row[:7] = (_MAGIC, seq, _code(op), _code(repr(tuple(axes))), _code(np.dtype(dtype).str), group_size,
-               _code(repr(tuple(extra))))
-    if shape is not None:
-        shape = tuple(int(s) for s in shape)
-        row[7] = len(shape)
-        head = shape[: _MAX_DIMS - 1]
-        row[8:8 + len(head)] = head
-        if len(shape) >= _MAX_DIMS:
-            row[8 + _MAX_DIMS - 1] = _code(repr(shape[_MAX_DIMS - 1:]))
-    return row
-
-
-@lru_cache(maxsize=1024)
-def _cached_row(op: str, axes: tuple, dtype: str, shape: Optional[tuple], extra: tuple,
-                g: int) -> np.ndarray:
-    # A program repeats few distinct calls: reuse their rows, only the sequence number changes.
-    return fingerprint(0, op, axes, dtype, shape, extra, g)
-
-
-def describe(seq: int, op: str, axes: Sequence[str], dtype: Any,
-             shape: Optional[Sequence[int]], extra: Sequence[Any] = ()) -> str:
-    """Human text of one call: ``allreduce on ('mp',) float32 (4, 8) (seq 12)``."""
-    text = f"{op} {_roster.on_axes(axes)} {np.dtype(dtype).name}"
-    if shape is not None:
-        text += f" {tuple(int(s) for s in shape)!r}"
-    if extra:
-        text += f" {tuple(extra)!r}"
-    return f"{text} (seq {seq})"
 
 
 def _world_rank() -> int:
@@ -324,9 +276,8 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
                        None if shape is None else tuple(shape), tuple(extra), g).copy()
     mine[1] = seq
     table = np.empty((g, FINGERPRINT_FIELDS), np.int64)
-    from .door import all_gather_object, exchange_table  # the door to the engine sits above this module
-
-    exchange_table(comm, mine, table, op, axes, seq, polite)
+    engine = engine_of(comm)
+    engine.all_gather(comm, mine, table, waiter(op, axes, seq, polite, comm))
     if (table == mine).all():
         return
     rows = [tuple(r) for r in table.tolist()]
@@ -335,7 +286,7 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     bad = next(i for i, r in enumerate(rows) if r != expected)
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.
-    notes = all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
+    notes = engine.all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
     raise RuntimeMismatchError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
                                f"{notes[good][0]} calls {notes[good][1]}"
                                + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
@@ -363,9 +314,7 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     g = comm.Get_size()
     mine = np.concatenate([np.asarray(sends, np.int64), np.asarray(receives, np.int64)])
     table = np.empty((g, 2 * g), np.int64)
-    from .door import exchange_table
-
-    exchange_table(comm, mine, table, "alltoallv", (), seq, polite)
+    engine_of(comm).all_gather(comm, mine, table, waiter("alltoallv", (), seq, polite, comm))
     sent, expected = table[:, :g], table[:, g:]
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
@@ -447,6 +396,6 @@ def _abort(text: str) -> None:
         raise RuntimeMismatchError(text)
     from mpi4py import MPI
 
-    from .guard import abort_job
+    from .guard import abort_job  # (the job's end: not loaded at spmdsim mpirun's start)
 
     abort_job(MPI.COMM_WORLD, text + "\n")

@@ -10,40 +10,37 @@ whose first call went through `issue` (what it worked out kept per mesh by
 with 8 ranks on 2 cores each rank runs its pre-MPI Python on cold caches, in
 turn, while the group waits. `transfer` runs a transfer outside a mesh (the
 divergence check's tables, DTensor's gather), with the debug layers but no
-trace; `untraced` runs one bare (an algorithm's timings against the engine's
-own collective); `send_requests`/`wait_requests` carry point-to-point messages
-(emulated algorithms); the ``*_object`` functions carry the runtime's control
-traffic (gathered report lines and traces, the agreed memory budget). No other
-module of the runtime hands an engine bytes; the guard and the watchdog's side
-channel use the engines' job methods (`dup`, `abort`, `post_object`, ...), and
-the front ends outside the runtime (CLI, autoshard, nets) call the engines'
-object methods themselves. Also here: the argument checks the callers share,
-which raise ShapeError or DTypeError before any transfer.
+trace; `untraced` runs one bare (a pipeline's loss over its stages); the
+``*_object`` functions carry the runtime's control
+traffic (gathered report lines and traces, the agreed memory budget). Besides
+the door, the layers around a transfer hand an engine their own traffic: the
+divergence check its fingerprint tables (runtime.debug) and an emulated
+algorithm its point-to-point messages (runtime.algorithms); the guard and the
+watchdog's side channel use the engines' job methods (`dup`, `abort`,
+`post_object`, ...), and the front ends outside the runtime (CLI, autoshard,
+nets) call the engines' object methods themselves. The argument checks the
+callers share live in runtime.arguments.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from time import perf_counter
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-import numpy as np
-
-from ..base import buffers
 from .engines import engine_of
 from .engines.wait import polite_wait
-from ..errors import DTypeError, ShapeError, SpmdsimError
-from ..base.precision import is_low
-from ..base.validate import SUPPORTED_DTYPES, counted
+from ..errors import SpmdsimError
 from . import debug
+from .arguments import _TAKEN, _ndarray, _take
 from . import layers
 from .layers import Collective
-from .mesh import Mesh, normalize_axes
+from .axes import normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
 from ..base.context import _THREAD, current as _context
 from .trace import fold_to, record, record_call, record_to
 
-_empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.base.buffers)
-_ndarray = np.ndarray
+if TYPE_CHECKING:
+    from .mesh import Mesh
+
 
 
 def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, run: Callable[..., None],
@@ -146,23 +143,9 @@ def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool
     run(comm, *args, debug.waiter(op, axes, seq, polite, comm))
 
 
-def exchange_table(comm: Any, mine: np.ndarray, table: np.ndarray, op: str, axes: Any, seq: int,
-                   polite: bool) -> None:
-    """The debug check's own Allgather of one row per member into `table` (runtime.debug), waited for as
-    call `seq` is: watched with SPMDSIM_WATCHDOG, else politely or by the engine's blocking call."""
-    engine_of(comm).all_gather(comm, mine, table, debug.waiter(op, axes, seq, polite, comm))
-
-
 def barrier(comm: Any, wait: Any = None) -> None:
     """Every member of `comm` has arrived (`wait`: how to wait, engines/base.py)."""
     engine_of(comm).barrier(comm, wait)
-
-
-def send_requests(comm: Any, receives: list, sends: list) -> list:
-    """Post point-to-point messages: `receives` as (buffer, source, tag), then `sends` as (buffer, dest,
-    tag); the requests, receives first (every receive posted before any send: no order of arrival
-    can deadlock)."""
-    return engine_of(comm).post(comm, receives, sends)
 
 
 def messages(comm: Any, axes: Any, receives: list, sends: list) -> tuple:
@@ -226,11 +209,6 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
                                                ended, peers)
 
 
-def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
-    """Complete `requests` of `send_requests` (each by `wait` when given, else all at once)."""
-    engine_of(comm).wait_all(requests, wait)
-
-
 def untraced(comm: Any, run: Callable[..., None], *args: Any, wait: Any = None) -> None:
     """`run`, `comm`'s engine's transfer (``engine_of(comm).all_reduce``), on `args`, bare: not numbered,
     checked or traced."""
@@ -258,103 +236,6 @@ def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:
         _take(op, dtype)
     _context().seq += 1
     record(op, normalize_axes(axes), 1, 0, 0, 0.0, label)
-
-
-def _contig(local: Any) -> np.ndarray:
-    # Copy only when MPI could not read the buffer as is.
-    if type(local) is _ndarray and local.flags.c_contiguous:
-        return local
-    return np.ascontiguousarray(local)
-
-
-def _dim(tensor_dim: int, ndim: int, what: str) -> int:
-    """`tensor_dim` as a dim of an array with `ndim` dims (negative counts from the end)."""
-    if type(tensor_dim) is int and 0 <= tensor_dim < ndim:
-        return tensor_dim
-    if isinstance(tensor_dim, bool) or not isinstance(tensor_dim, (int, np.integer)):
-        raise ShapeError(f"{what} {tensor_dim!r} must be an integer tensor dim (0 <= dim < {ndim})")
-    if not -ndim <= tensor_dim < ndim:
-        raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {counted(ndim, 'dim')}")
-    return int(tensor_dim) % ndim
-
-
-def _divisible(shape: tuple[int, ...], tensor_dim: int, g: int, op: str) -> None:
-    if shape[tensor_dim] % g:
-        raise ShapeError(
-            f"{op}: dim {tensor_dim} of local shape {shape!r} is not divisible by group size {g}"
-        )
-
-
-def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:
-    """A new result array, or the caller's `out` after checking it can take the result."""
-    if out is None:
-        return _empty(shape, dtype)
-    # `is`: numpy shares one dtype object per builtin type (an equal but distinct one is compared
-    # next); `carray`: C-contiguous, aligned and writeable, in one flag read.
-    if type(out) is _ndarray and out.shape == shape and out.dtype is dtype and out.flags.carray:
-        return out
-    if (type(out) is _ndarray and out.shape == shape and out.dtype == dtype
-            and out.flags.c_contiguous and out.flags.writeable):
-        return out
-    got = (getattr(out, "shape", None), getattr(getattr(out, "dtype", None), "name", None))
-    raise ShapeError(f"{op}: out {got!r} must be a writeable C-contiguous array of "
-                     f"{(shape, np.dtype(dtype).name)!r}")
-
-
-def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
-    _result(out, x.shape, x.dtype, op)[...] = x
-    return out
-
-
-# dtype kinds MPI moves (numbers, bool, and bytes/str as their bytes: spmdsim.runtime.engines.mpi) and the ones it can sum.
-_MOVABLE = "biufcSU"
-_SUMMABLE = "iufc"
-_ORDERED = "iuf"  # and the ones it can take the maximum or minimum of
-
-
-#: op -> the dtypes (as the callers pass them: an array's, or a dtype where shapes differ) `_check_dtype` let it
-#: take: `issue` and `_alone` check a dtype once per op, then look it up. The plain way used to check only after
-#: mpi4py refused its buffers, which the thread and dry engines never do.
-_TAKEN: defaultdict[str, set] = defaultdict(set)
-
-
-def _take(op: str, dtype: Any) -> None:
-    """`_check_dtype` of `dtype` (or what np.dtype makes of it) for `op`; once it passes, remembered in `_TAKEN`."""
-    _check_dtype(op, np.dtype(dtype))
-    _TAKEN[op].add(dtype)
-
-
-def _take_order(op: str, reduction: str, dtype: Any) -> None:
-    """`_check_dtype` of `dtype` for `op`'s `reduction` ("max" or "min"), remembered in `_TAKEN` as `_take`."""
-    taken = _TAKEN[f"{op} {reduction}"]
-    if dtype not in taken:
-        _check_dtype(op, np.dtype(dtype), reduction)
-        taken.add(dtype)
-
-
-def _check_dtype(op: str, dtype: np.dtype, reduction: str = "sum") -> None:
-    """Raise the DTypeError every member raises alike when MPI cannot move (or reduce by `reduction`: "sum",
-    "max" or "min") `dtype`, on every engine (the thread and dry engines would move it, and take numpy's
-    maximum of complex numbers). Callers on a collective's path go through `_take`'s cache."""
-    sums = op in ("allreduce", "reduce_scatter")
-    if sums and reduction != "sum":  # MPI's MAX and MIN take integers and real floats only
-        if dtype.kind in _ORDERED and dtype.isnative or is_low(dtype):  # bfloat16's: float32's
-            return
-    elif dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
-        return
-    if is_low(dtype) and not sums:  # moved as its 16-bit words (spmdsim.runtime.engines.mpi; the sums of
-        return  # bfloat16 are float32's, spmdsim.runtime.collectives)
-    if not dtype.isnative:
-        raise DTypeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "
-                         f"with .astype({dtype.newbyteorder('=').name!r}) first")
-    if sums and reduction != "sum" and dtype.kind in _MOVABLE:
-        raise DTypeError(f"{op}: cannot take the {reduction} of dtype {dtype.name!r}; expected an integer or "
-                         "real float dtype (bool, complex and text can be moved, not ordered)")
-    if sums and dtype.kind in _MOVABLE:
-        raise DTypeError(f"{op}: cannot sum dtype {dtype.name!r}; expected an integer, float or "
-                         "complex dtype (bool and text can be moved, not summed)")
-    raise DTypeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
-                     f"dtype: {SUPPORTED_DTYPES}" + ("" if sums else "; or text (numpy's S or U dtypes)"))
 
 
 # Point-to-point messages are one recorded call when a rank captures a step, as the collectives are

@@ -21,7 +21,8 @@ from ..base import buffers
 from .engines.base import DRY_VALUES_BYTES
 from ..errors import DTypeError, RankError, ShapeError
 from ..base.validate import as_int
-from .door import _alone, _empty, _result, issue
+from .arguments import _empty, _result
+from .door import _alone, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 

@@ -10,7 +10,6 @@ program first runs. Compiled redistributions live in `PROGRAMS`, per mesh.
 from __future__ import annotations
 
 import math
-import weakref
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -36,10 +35,18 @@ from ..programs.plan.steps import (
     Step,
     step_label,
 )
-from . import debug
+from . import debug, door
+# KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
+from .collectives import KERNELS, exchange
+from .exchange_spec import ExchangeSpec
+from .mesh import Mesh
+from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
+from .arguments import _take, _take_order
+from ..base.precision import is_low
+from .compiled import _MOVES, _MOVES_MAX, PROGRAMS
 from ..base.context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
 
-__all__ = ["execute", "resolve", "gather", "pending", "redistribute", "ProgramCache", "PROGRAMS"]
+__all__ = ["execute", "resolve", "gather", "pending", "redistribute"]
 
 # A runner: run(step, mesh, local, shape, label, owned) -> the new local block; `owned`: `local`
 # is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
@@ -48,20 +55,14 @@ _RUNNERS: dict[type, Runner] = {}
 
 
 def _bind() -> None:
-    """Bind the runners to the collectives (on first use: importing them loads mpi4py)."""
-    from . import collectives as C
-    from . import door
-
+    """Bind the runners to the collectives (on first use)."""
     global _repeat
     _repeat = door.repeat
-    KERNELS = C.KERNELS  # the collectives themselves where this thread does not capture (no wrapper's frame)
 
     def run_allreduce(step, mesh, local, shape, label, owned):
         in_place = owned and local.flags.c_contiguous and local.flags.writeable
         return KERNELS.allreduce(mesh, local, step.axes, label=label, out=local if in_place else None,
                                  op=step.reduction)
-
-    from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 
     # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts, or,
     # where the group's pieces do not nest (spmdsim.programs.plan.uneven), the planner's redistribution instead.
@@ -121,7 +122,7 @@ def _uneven_pieces(step: Step, shape: tuple, rank: int) -> Any:
 
 def _detour(plan: Plan, mesh: Any, local: Any, shape: tuple, label: Optional[str]) -> Any:
     """`plan`'s steps on this rank's block, each traced under the operator's `label`."""
-    for run, step, step_mesh, _ in _compile(plan, mesh).steps:
+    for run, step, step_mesh, _ in _compile(plan, mesh, None).steps:
         local = run(step, step_mesh, local, shape, label, False)
     return local
 
@@ -180,10 +181,6 @@ def resolve(mesh: Any, local: Any, layout: TensorLayout, label: Optional[str], r
 
 def _reducible(local: Any, reduction: str) -> None:
     """The DTypeError the Allreduce over a larger group raises for `local`'s dtype, on a group of one too."""
-    from .door import _take, _take_order
-
-    from ..base.precision import is_low
-
     dtype = getattr(local, "dtype", None)
     if dtype is not None and not is_low(dtype):  # bfloat16 is summed and ordered as float32
         _take("allreduce", dtype) if reduction == "sum" else _take_order("allreduce", reduction, dtype)
@@ -201,70 +198,6 @@ def gather(mesh: Any, local: Any, axes: tuple[str, ...], label: Optional[str]) -
     return execute(mesh, local, _gathering(TensorLayout(mesh.layout, (tuple(axes),))), (), label)
 
 
-class ProgramCache:
-    """Meshes of other layouts, per mesh, and the registry that drops a mesh's compiled redistributions
-    (`_MOVES`) with the mesh.
-
-    A repeated redistribution finds its program in one lookup, with no set-up before the MPI
-    calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
-    """
-
-
-    def __init__(self) -> None:
-        # id(mesh) -> (a weak reference to it, its table): one lookup by an int for every rank's mesh (the
-        # simulated ranks' threads share this cache, so a "last mesh" shortcut missed on every call and a
-        # WeakKeyDictionary made a weak reference per lookup). The entry goes with its mesh, and the
-        # mesh's redistributions in `_MOVES` with it.
-        self._by_id: dict[int, tuple[Any, dict]] = {}
-
-    def of(self, mesh: Any) -> dict:
-        """The programs of `mesh` (a new empty table the first time)."""
-        key = id(mesh)
-        seen = self._by_id.get(key)
-        if seen is not None and seen[0]() is mesh:
-            return seen[1]
-        table: dict = {}
-        by_id = self._by_id
-        forget_moves = _forget_moves  # (held: see _forget_moves)
-
-        def dropped(ref: Any) -> None:  # the mesh is gone: its entry too (unless a new mesh took its id)
-            entry = by_id.get(key)
-            if entry is not None and entry[0] is ref:
-                by_id.pop(key, None)
-            forget_moves(key)  # before a new mesh can take its id
-
-        by_id[key] = (weakref.ref(mesh, dropped), table)
-        return table
-
-    def forget(self, mesh: Any) -> None:
-        """Drop `mesh`'s programs (Mesh.close: its communicators are freed)."""
-        seen = self._by_id.get(id(mesh))
-        if seen is not None and seen[0]() is mesh:
-            self._by_id.pop(id(mesh), None)
-        _forget_moves(id(mesh))
-
-
-#: The process's compiled redistributions.
-PROGRAMS = ProgramCache()
-
-# Every mesh's compiled redistributions in one table, for one lookup a move: (id(mesh), id(source layout),
-# id(target layout), shape, dtype) -> (source, target, program, its node's name and read layouts (`move_name`),
-# then `_direct`'s six fields), one flat tuple that `redistribute` unpacks once. Keyed by ids (tuples of ints
-# hash and compare in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both
-# layouts, so their ids are never another object's while it lives, and a mesh's entries go when the mesh does
-# (ProgramCache: its weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
-_MOVES: dict = {}
-_MOVES_MAX = 4096
-
-
-def _forget_moves(mesh_id: int, moves: dict = _MOVES) -> None:
-    """Drop the compiled redistributions of the mesh whose id is `mesh_id` (`moves` bound here: a mesh that
-    goes at the interpreter's exit may find this module's globals cleared)."""
-    for key in list(moves):  # (a copy: the simulated ranks' threads add moves meanwhile)
-        if key[0] == mesh_id:
-            moves.pop(key, None)
-
-
 def _mesh_for(base: Any, layout: Layout) -> Any:
     """A mesh of `layout` over `base`'s communicator, kept so its groups are split once."""
     if layout == base.layout:
@@ -273,8 +206,6 @@ def _mesh_for(base: Any, layout: Layout) -> Any:
     key = ("mesh", layout)
     mesh = programs.get(key)
     if mesh is None:
-        from .mesh import Mesh
-
         mesh = programs[key] = Mesh(layout, base.comm, wait=base.wait_mode, algorithms=base.algorithms)
     return mesh
 
@@ -301,7 +232,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             if not isinstance(target, TensorLayout):
                 raise PlanError(f"target {target!r} must be a TensorLayout") from None
             plan = plan_redistribution(source, target, shape, local.dtype.name)
-            program = _compile(plan, mesh)
+            program = _compile(plan, mesh, type(dtensor))
             PROGRAMS.of(mesh)  # the mesh registered: its moves go with it
             if len(_MOVES) >= _MOVES_MAX:  # a long run over many layouts: start over
                 _MOVES.clear()
@@ -329,7 +260,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                 f"plan {plan.source} -> {plan.target} on shape {plan.shape!r} does not fit "
                 f"{source} -> {target} on shape {shape!r}"
             )
-        program = _compile(plan, mesh)
+        program = _compile(plan, mesh, type(dtensor))
         name = reads = None
         for run, step, step_mesh, label in program.steps:
             local = run(step, step_mesh, local, shape, label, False)
@@ -347,7 +278,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
 
 _new = object.__new__
 _ndarray = np.ndarray
-_repeat: Any = None  # spmdsim.runtime.door.repeat, bound by `_bind` (importing it loads the collectives)
+_repeat: Any = None  # spmdsim.runtime.door.repeat, bound by `_bind`
 
 
 _NOT_DIRECT = (None,) * 6
@@ -383,18 +314,11 @@ class _Compiled:
     steps: tuple[tuple[Runner, Step, Any, str], ...]
     target_mesh: Any
     local_shape: tuple[int, ...]  # this rank's target shard
-    cls: Any  # DTensor, bound here so a call imports nothing (its result built as DTensor._trusted builds one)
+    cls: Any  # the moved tensor's class (DTensor): its result built as DTensor._trusted builds one
 
 
-_DTENSOR: Any = None  # DTensor, bound on first use (an import statement runs importlib's Python)
-
-
-def _compile(plan: Plan, mesh: Any) -> _Compiled:
-    global _DTENSOR
-    if _DTENSOR is None:
-        from .dtensor import DTensor
-
-        _DTENSOR = DTensor
+def _compile(plan: Plan, mesh: Any, cls: Any) -> _Compiled:
+    """`plan` ready to run on `mesh`, its results of class `cls` (the moved tensor's: DTensor)."""
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
@@ -402,7 +326,7 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), _DTENSOR)
+    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), cls)
 
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
@@ -431,9 +355,6 @@ def _told(engine: Any, run: Runner) -> Runner:
 
 
 def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
-    from .collectives import exchange
-    from .exchange_spec import ExchangeSpec
-
     program = exchange_program(step, rank, shape)
     spec = ExchangeSpec.build(
         step.before.layout.num_devices, rank, step.before.local_shape(shape, rank), program.sends,

@@ -32,15 +32,12 @@ from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError, fold_message
 from ..base.context import simulated as _simulated
-from .engines import engine_of
-from .process import release_shared_segments
+from .engines import engine_of, world
+from .process import FORWARD_S, end_job, release_segments_once, release_shared_segments, tune_mpi_process
 
-__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
+__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
            "world_channel", "release_shared_segments"]
 
-#: Seconds a rank waits between writing its last words and MPI_Abort: abort at once and the job's
-#: whole stderr can be lost when it goes to a pipe (seen: an empty stderr and exit 1 in CI).
-FORWARD_S = 0.3
 #: Seconds ranks wait for each other to agree that all of them failed (tests lower it).
 GRACE_S = 3.0
 
@@ -58,15 +55,11 @@ def _private(comm: Any) -> Any:
     entry = _PRIVATE.get(id(comm))
     if entry is None or entry[0] is not comm:
         if not _PRIVATE:
-            from .process import tune_mpi_process
-
             tune_mpi_process()
         entry = _PRIVATE[id(comm)] = (comm, engine_of(comm).dup(comm))
         from mpi4py import MPI
 
         if comm is MPI.COMM_WORLD:
-            from .process import release_segments_once
-
             release_segments_once(entry[1])  # on the guard's duplicate: a barrier, then the unlink
         if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and not _WATCHING:
             _watch_ctrl_c(comm, engine_of(comm).dup(comm))  # every rank duplicates; the thread's start may differ
@@ -129,8 +122,6 @@ def world_channel() -> Any:
 def _world(comm: Any) -> Any:
     if comm is not None:
         return comm
-    from .engines import world
-
     return world()
 
 
@@ -204,17 +195,6 @@ def abort_job(comm: Any, text: str) -> NoReturn:
     if _simulated() is not None:  # a simulated rank raises; simulate() stops the others
         raise SpmdsimError(text.strip())
     end_job(comm, text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
-
-
-def end_job(comm: Any, text: str) -> NoReturn:
-    """Write `text` to stderr, give mpiexec time to forward it, unlink MPI's segment, MPI_Abort (exit 1)."""
-    sys.stdout.flush()
-    sys.stderr.write(text)
-    sys.stderr.flush()
-    time.sleep(FORWARD_S)
-    release_shared_segments()
-    engine_of(comm).abort(comm, 1)
-    os._exit(1)  # Abort does not return; this is only a safety net
 
 
 class _GuardExit(SystemExit):

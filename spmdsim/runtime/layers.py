@@ -26,7 +26,7 @@ import numpy as np
 
 from .engines.wait import polite_wait
 from . import debug
-from .mesh import normalize_axes
+from .axes import normalize_axes
 
 __all__ = ["Collective", "run"]
 

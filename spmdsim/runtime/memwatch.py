@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .engines import memory
 
@@ -41,16 +41,17 @@ def problem(rank: int, local_ranks: int) -> Optional[str]:
             "ranks or smaller shapes, or a dry run (--ranks N --dry-run: shapes only, each rank's bytes)")
 
 
-def start(local_ranks: int) -> bool:
-    """Start this process's watch (once); False when it already runs."""
+def start(local_ranks: int, end_job: Callable[[Any, str], Any]) -> bool:
+    """Start this process's watch (once), which ends the job by `end_job(world, text)`
+    (runtime.process's); False when it already runs."""
     if _STARTED:
         return False
     _STARTED.append(True)
-    threading.Thread(target=_watch, args=(local_ranks,), name="spmdsim memory watch", daemon=True).start()
+    threading.Thread(target=_watch, args=(local_ranks, end_job), name="spmdsim memory watch", daemon=True).start()
     return True
 
 
-def _watch(local_ranks: int) -> None:
+def _watch(local_ranks: int, end_job: Callable[[Any, str], Any]) -> None:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -61,6 +62,4 @@ def _watch(local_ranks: int) -> None:
             return
         why = problem(rank, local_ranks)
         if why is not None:
-            from .guard import end_job
-
             end_job(world, f"spmdsim: error: {why}\n")

@@ -13,6 +13,7 @@ from ..layouts.layout import Layout
 from ..base.context import current
 from .engines import engine_of, ways_out
 from .engines.wait import WAIT_MODES, resolve_wait_mode
+from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
 
@@ -187,8 +188,6 @@ class Mesh:
         self._groups.clear()
         self._spelled.clear()
         self._plans.clear()
-        from .executor import PROGRAMS  # its compiled redistributions use these groups
-
         PROGRAMS.forget(self)
         self._scratch.clear()
         self._scratch_views.clear()

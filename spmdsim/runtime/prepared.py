@@ -21,7 +21,9 @@ import numpy as np
 from ..errors import ShapeError
 from ..programs.plan.steps import moved_bytes
 from .engines import DONE
-from .door import _alone, _contig, _dim, _divisible, _result, _take, issue, normalize_axes
+from .axes import normalize_axes
+from .arguments import _contig, _dim, _divisible, _result, _take
+from .door import _alone, issue
 from .mesh import Mesh
 from .replay import unrecorded
 

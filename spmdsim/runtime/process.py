@@ -16,9 +16,21 @@ with SIGKILL leaves nothing in /dev/shm. A user's own ``*_NUM_THREADS`` or glibc
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import sys
+import time
+from typing import Any, NoReturn, Optional
 
-__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments"]
+from ..base.interrupts import keep_ctrl_c
+from ..base.malloc import keep_freed_buffers_under_launcher
+from ..base.threads import cap_blas_threads_under_launcher, launcher_local_ranks
+from .engines import engine_of
+from . import memwatch
+
+__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments", "end_job", "FORWARD_S"]
+
+#: Seconds a rank waits between writing its last words and MPI_Abort: abort at once and the job's
+#: whole stderr can be lost when it goes to a pipe (seen: an empty stderr and exit 1 in CI).
+FORWARD_S = 0.3
 
 _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, watch started)
 
@@ -30,8 +42,6 @@ def tune_mpi_process() -> Optional[tuple]:
 
     Call it from the main thread: mpi4py is imported here (MPI initialized) before the watch's thread asks it.
     """
-    from ..base.threads import launcher_local_ranks
-
     if _TUNED:
         return _TUNED[0]
     local = launcher_local_ranks()
@@ -39,13 +49,9 @@ def tune_mpi_process() -> Optional[tuple]:
         return None
     from mpi4py import MPI  # noqa: F401 - initialized on this thread, not on the watch's
 
-    from ..base.interrupts import keep_ctrl_c
-    from ..base.malloc import keep_freed_buffers_under_launcher
-    from ..base.threads import cap_blas_threads_under_launcher
-    from . import memwatch
-
     keep_ctrl_c()
-    _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(), memwatch.start(local)))
+    _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(),
+                   memwatch.start(local, end_job)))
     return _TUNED[0]
 
 
@@ -66,10 +72,19 @@ def release_segments_once(world: Any) -> None:
         return
     _UNLINKED.append(True)
     if world.Get_size() > 1:
-        from .door import barrier  # the door's imports are a third of `spmdsim mpirun`'s start: only here
-
-        barrier(world)
+        engine_of(world).barrier(world, None)  # a job call, as the guard's (no data: not through the door)
     release_shared_segments(prefixes=_MPICH_SEGMENT)
+
+
+def end_job(comm: Any, text: str) -> NoReturn:
+    """Write `text` to stderr, give mpiexec time to forward it, unlink MPI's segment, MPI_Abort (exit 1)."""
+    sys.stdout.flush()
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    time.sleep(FORWARD_S)
+    release_shared_segments()
+    engine_of(comm).abort(comm, 1)
+    os._exit(1)  # Abort does not return; this is only a safety net
 
 
 _SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, Open MPI's

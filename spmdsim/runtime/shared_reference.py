@@ -40,6 +40,7 @@ from ..base.once import once
 from ..errors import SpmdsimError
 from . import door
 from .engines import engine_of
+from .engines.wait import resolve_wait_mode
 
 __all__ = ["across_processes", "digest", "shared_numeric_grads", "shared_once", "shared_once_on"]
 
@@ -98,8 +99,6 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
 def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """`shared_once` over the ranks of a communicator that no mesh holds (a command's world), waiting as a mesh
     over it would (SPMDSIM_WAIT)."""
-    from .engines.wait import resolve_wait_mode
-
     if not across_processes(comm):
         return once(key, fn, *args)
     return _rank_0_for_all(comm, comm.Get_rank(), comm.Get_size(), resolve_wait_mode(None, comm) == "polite", fn,

@@ -27,7 +27,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..base.context import simulated
 from ..errors import ShapeError
+from . import door
+from .engines import engine_of
+from .executor import gather
 
 __all__ = ["Shared", "gather_shared", "all_rows"]
 
@@ -61,17 +65,12 @@ def gather_shared(comm: Any, row: np.ndarray, label: str, polite: bool, extra: A
     """Every member's `row` (float64, 1-d, alike in length) in one table the simulated members of `comm`
     share, by one Gather to member 0 (a collective, labelled `label`, `extra` in its fingerprint); None where
     none is shared (module doc): under MPI, in a dry run, on one member, off the thread engine."""
-    from ..base.context import simulated
-    from .engines import engine_of
-
     group = getattr(comm, "_group", None)  # the thread engine's group: what its members share
     engine = engine_of(comm)
     size = comm.Get_size()
     state = simulated()
     if size == 1 or not engine.simulated or engine.dry or group is None or state is None:
         return None
-    from . import door
-
     shared = _take(state.shared, (id(group), label), size, row.size)
     door.transfer(comm, label, (), row, extra, polite, engine.gather_to, row,
                   shared.rows if comm.Get_rank() == 0 else None, 0)
@@ -106,6 +105,4 @@ def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
     shared = gather_shared(mesh.comm, flat, label, mesh.polite, (0,))
     if shared is not None:
         return shared.rows
-    from .executor import gather
-
     return gather(mesh, flat, tuple(mesh.layout.alias_name), label)

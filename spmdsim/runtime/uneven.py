@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..base.precision import is_low
-from .door import _alone, _contig, _empty, issue
+from .arguments import _contig, _empty
+from .door import _alone, issue
 from .collectives import _narrowed, _wide32
 from .mesh import Mesh
 

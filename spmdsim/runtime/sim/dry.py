@@ -30,10 +30,6 @@ counted and complete at once; an mpi4py program's own point-to-point calls and
 """
 from __future__ import annotations
 
-import json
-import weakref
-from dataclasses import asdict, dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,78 +40,7 @@ from ..engines import Engine
 from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
 from ...base.precision import _PRODUCT_DTYPES, product_dtype
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
-           "report", "differ", "note"]
-
-
-class Meter:
-    """The bytes the dry run's rank holds now and at most, and the per-rank bytes of its exchanges."""
-
-    __slots__ = ("held", "peak", "_live", "_gone", "varied", "stands_for", "notes", "__weakref__")
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.peak = 0
-        # id(owner) -> (nbytes, a weak reference to the owner whose callback releases them when it is freed)
-        self._live: dict[int, tuple[int, Any]] = {}
-        self._gone = partial(_release, weakref.ref(self))  # the references' callback (a dead meter: nothing)
-        # (bytes sent per rank, bytes received per rank) of every exchange run, as the step records say
-        self.varied: list[tuple[Any, Any]] = []
-        # Set by `differ`: the representative rank of every rank (ranks whose work differs by a mesh axis)
-        self.stands_for: Any = None
-        self.notes: list[str] = []  # lines the program adds to the report (`note`)
-
-    def hold(self, *arrays: Any) -> None:
-        """Count these arrays' bytes as held until the memory they view is freed; update the peak."""
-        live = self._live
-        for a in arrays:
-            if type(a) is not np.ndarray or not a.nbytes:
-                continue
-            owner = a  # a view lives as long as the array it views (a reshape passed to MPI)
-            while type(owner.base) is np.ndarray:
-                owner = owner.base
-            key = id(owner)
-            if key not in live:
-                # A weak reference with a callback, not weakref.finalize: a pipeline's dry run holds ~130,000
-                # message buffers a step, and a finalizer costs 3x the reference (its registry, its atexit).
-                ref = _Held(owner, self._gone)
-                ref.key = key
-                live[key] = (a.nbytes, ref)
-                self.held += a.nbytes
-        if self.held > self.peak:
-            self.peak = self.held
-
-    def count(self, owner: Any, nbytes: int) -> None:
-        """Count `nbytes` as what `owner` holds (in place of what was counted for it before) until `owner`
-        is freed; update the peak. For memory a dry run keeps no array of: an optimizer's states
-        (spmdsim.nn.optim), worked out from the parameters' sizes."""
-        key = id(owner)
-        known = self._live.get(key)
-        if known is not None:
-            self.held -= known[0]
-            ref = known[1]
-        else:
-            ref = _Held(owner, self._gone)
-            ref.key = key
-        self._live[key] = (nbytes, ref)
-        self.held += nbytes
-        if self.held > self.peak:
-            self.peak = self.held
-
-
-class _Held(weakref.ref):
-    """A weak reference to what a Meter counts, knowing its `key` (the owner's id, which the callback pops),
-    set after it is made: weakref.ref's own constructor, ~0.3 us, where an __init__ of ours took ~0.9 us."""
-
-    __slots__ = ("key",)
-
-
-def _release(meter_ref: Any, held: _Held) -> None:
-    meter = meter_ref()
-    if meter is not None:
-        known = meter._live.pop(held.key, None)
-        if known is not None:
-            meter.held -= known[0]
+__all__ = ["DryComm", "DryEngine", "DRY", "zeros", "dry_run_active", "differ", "note"]
 
 
 def differ(mesh: Any, axes: tuple[str, ...]) -> None:
@@ -450,90 +375,3 @@ def _tiled(src: np.ndarray, dst: np.ndarray) -> None:
 
 def _first(src: np.ndarray, dst: np.ndarray) -> None:
     dst[...] = src[:dst.size]
-
-
-@dataclass(frozen=True)
-class RankBytes:
-    """One rank's line of a dry run: its collectives, bytes on the wire, peak bytes held."""
-
-    rank: int
-    calls: int
-    bytes_sent: int
-    bytes_received: int
-    peak_bytes_held: int
-    counts: tuple[tuple[str, int], ...] = ()
-
-    def key(self) -> tuple:
-        return (self.calls, self.bytes_sent, self.bytes_received, self.peak_bytes_held, self.counts)
-
-
-@dataclass(frozen=True)
-class DryRunReport:
-    """Every rank's line; `table()` folds runs of ranks with equal lines, `to_json()` lists them all;
-    `notes`: the lines the program added (`note`), below the table."""
-
-    ranks: tuple[RankBytes, ...]
-    notes: tuple[str, ...] = ()
-
-    def folded(self) -> list[tuple[list[int], RankBytes]]:
-        """(ranks, line) for each distinct line, ranks in order (equal lines anywhere fold together)."""
-        groups: dict[tuple, tuple[list[int], RankBytes]] = {}
-        for row in self.ranks:
-            groups.setdefault(row.key(), ([], row))[0].append(row.rank)
-        return list(groups.values())
-
-    def table(self) -> str:
-        """Equal ranks folded into one row; within 100 columns (a long list of collectives folds)."""
-        from ...programs.viz.table import fold_table
-
-        head = ("ranks", "calls", "sent B", "received B", "peak held B", "collectives")
-        rows = [(_ranks_cell(ranks), row.calls, f"{row.bytes_sent:,}", f"{row.bytes_received:,}",
-                 f"{row.peak_bytes_held:,}", ", ".join(f"{op} x{n}" for op, n in row.counts) or "none")
-                for ranks, row in self.folded()]
-        return "\n".join([f"dry run on {len(self.ranks)} simulated ranks (no data; bytes from the trace)"]
-                         + fold_table(head, rows, right=(1, 2, 3, 4), keep=(0, 1, 2, 3, 4)) + list(self.notes))
-
-    def to_json(self) -> str:
-        return json.dumps({"ranks": [asdict(r) for r in self.ranks], **({"notes": list(self.notes)}
-                                                                         if self.notes else {})})
-
-
-def _ranks_cell(ranks: list[int]) -> str:
-    """"ranks 0-6,8-44" within 21 columns, else how many ("1022 ranks"; --json lists them)."""
-    from .engine import ranks_text
-
-    text = ranks_text(ranks)
-    return text if len(text) <= 21 else f"{len(ranks)} ranks"
-
-
-def report(contexts: Any, size: int, stands_for: Any = None) -> DryRunReport:
-    """The report of a finished dry run: every rank's line from its representative's trace and meter.
-
-    `contexts`: representative rank -> its finished context (one, rank 0's, unless the program said its
-    ranks differ: `differ`); `stands_for`: each rank's representative (None: rank 0 for all). Exchanges
-    (the only steps whose bytes differ by rank within a representative's ranks) count each rank's own
-    bytes, as the step records give them.
-    """
-    if not isinstance(contexts, dict):
-        contexts = {contexts.rank: contexts}
-    lines: dict = {}
-    notes: list[str] = []
-    for rep, context in contexts.items():
-        notes += context.meter.notes
-        trace = context.traces[0]
-        totals = trace.totals()
-        counts = tuple(sorted(trace.counts().items()))
-        sent = np.full(size, totals["bytes_sent"], np.int64)
-        received = np.full(size, totals["bytes_received"], np.int64)
-        for by_rank_sent, by_rank_received in context.meter.varied:
-            by_rank_sent = np.asarray(by_rank_sent, np.int64)
-            by_rank_received = np.asarray(by_rank_received, np.int64)
-            sent += by_rank_sent - by_rank_sent[rep]
-            received += by_rank_received - by_rank_received[rep]
-        lines[rep] = (totals["calls"], sent, received, context.meter.peak, counts)
-    owner = np.zeros(size, np.int64) if stands_for is None else stands_for
-    rows = []
-    for r in range(size):
-        calls, sent, received, peak, counts = lines[int(owner[r])]
-        rows.append(RankBytes(r, calls, int(sent[r]), int(received[r]), peak, counts))
-    return DryRunReport(tuple(rows), tuple(notes))

@@ -26,8 +26,7 @@ failing rank's error.
 
 At most `World.slots` ranks compute at once (the cores, at least 2, at most
 32): a rank holds a run slot from its start, gives it to the next rank in
-line while it waits in a collective or sleeps (``time.sleep``: spmdsim.runtime.sim.rank_sleep)
-and takes one back before it goes on.
+line while it waits in a collective and takes one back before it goes on.
 The interpreter runs one thread's Python at a time anyway; the cap bounds how
 many ranks are inside numpy's BLAS together. OpenBLAS as numpy ships it keeps
 per-caller buffers for 64 threads and past about 128 concurrent callers
@@ -36,21 +35,24 @@ corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 from ...base.context import current as _context
+from ...base import threads as _threads  # (cores_available read at each call: tests set it)
 from ..engines.base import SimulationError
 from ...errors import RuntimeMismatchError
-from .rank_sleep import real_sleep
+from .groups import AllOf, Call, Group  # noqa: F401 - AllOf, Call: spmdsim.emulator imports them from here
 from .rank_threads import RankThreads, _held_lock, _Joined
-from .report import explain, program_lines, timed_out
+from .rank_sleep import real_sleep
+from .sleepers import Sleepers
+from .report import explain, timed_out
+from .waiting import _Waiting, ranks_text  # noqa: F401 - ranks_text: spmdsim.emulator imports it from here
 
-__all__ = ["World", "Group", "Call", "AllOf", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
+__all__ = ["World", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
 
 #: After a rank fails, how long the others may go on with collectives that can still complete (an error
 #: every rank raises is then reported as every rank's): the MPI guard's grace before it aborts the job,
@@ -84,9 +86,7 @@ MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
 def run_slots(size: int) -> int:
     """How many of `size` simulated ranks may compute at once: the cores, at least 2, at most 32."""
-    from ...base.threads import cores_available
-
-    return max(1, min(size, max(2, min(cores_available(), MAX_SLOTS))))
+    return max(1, min(size, max(2, min(_threads.cores_available(), MAX_SLOTS))))
 
 
 class DeadlockError(RuntimeMismatchError):
@@ -101,299 +101,7 @@ class Aborted(BaseException):
     """
 
 
-def ranks_text(ranks: Any) -> str:
-    """'rank 3' or 'ranks 0-2,5' (runs of three or more folded)."""
-    from ...programs.viz.model import compact_ranks
-
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
-
-
-class _Waiting:
-    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
-    request's own words, ``token._what()``, or the first three of a Waitany's tuple of requests, made only
-    for a report: a Recv waits once per message)."""
-
-    __slots__ = ("_op", "group", "seq", "token")
-
-    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
-        self._op, self.group, self.seq, self.token = op, group, seq, token
-
-    @property
-    def op(self) -> str:
-        if self._op is not None:
-            return self._op
-        token = self.token
-        if type(token) is tuple:
-            return " | ".join(p._what() for p in token[:3])
-        return token._what()
-
-    def key(self) -> tuple:
-        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
-
-    def text(self) -> str:
-        token = self.token
-        if self._op is None and token is not None:  # requests: each on its own communicator (a Waitall's or a
-            # Waitany's may be on several: the group the wait began with need not be the one of the request named)
-            shown = token[:3] if type(token) is tuple else (token,)
-            groups = {id(r.group) for r in shown}
-            if len(groups) == 1:
-                return f"{self.op}{_on(shown[0].group)}"
-            return " | ".join(f"{r._what()}{_on(r.group)}" for r in shown)
-        number = "" if self.seq is None else f" (call {self.seq})"
-        return f"{self.op}{_on(self.group)}{number}"
-
-
-def _on(group: Optional["Group"]) -> str:
-    return "" if group is None else f" on {group.label()}"
-
-
-class Call(_Waiting):
-    """One member's collective call: what it is (`signature`, compared across members) and its data; while
-    the member waits in it, what it waits in (a _Waiting of its group and call number, set on arrival)."""
-
-    __slots__ = ("signature", "data", "complete", "finish", "raised", "request")
-
-    def __init__(self, op: str, signature: tuple, data: Any = None,
-                 complete: Optional[Callable[[Any], None]] = None,
-                 finish: Optional[tuple] = None) -> None:
-        self._op, self.group, self.seq, self.token = op, None, None, None
-        self.signature = signature  # (op, dtype, count, root, ...): must be equal on every member
-        self.data = data
-        self.complete = complete  # run once, under the lock, by the last member to arrive
-        # Group.enter_all: this member's reads and writes, one function of the slot per phase
-        self.finish = finish
-        self.raised: Optional[BaseException] = None  # what this member's finish raised
-        self.request: Any = None  # a nonblocking collective's request (`Group.post`): its member does not wait here
-
-    def describe(self) -> str:
-        """'allreduce float64 x3 sum': the op, then what must match (counts marked with x)."""
-        parts = [self.op] + [f"x{p}" if isinstance(p, int) else str(p) for p in self.signature[1:]
-                             if p is not None]
-        return " ".join(parts)
-
-
-class _Slot:
-    """The rendezvous of one collective call number on one communicator."""
-
-    __slots__ = ("calls", "arrived", "left", "error", "shared", "signature")
-
-    def __init__(self, size: int, signature: tuple) -> None:
-        self.calls: list[Optional[Call]] = [None] * size
-        self.signature = signature  # the first arrival's: every member's must equal it
-        self.arrived = 0
-        self.left = 0
-        self.error: Optional[str] = None
-        self.shared: Any = None  # set by the calls' `complete` hook (a result every member reads)
-
-
-class Group:
-    """One communicator's members (world ranks, in group order), shared by its members' SimComms."""
-
-    def __init__(self, world: "World", members: tuple[int, ...], made: Optional[str] = None) -> None:
-        self.world = world
-        self.members = members
-        self.size = len(members)
-        self.made = made  # what a report calls it, where its members do not say ('a Dup of the world')
-        self.slots: dict[int, _Slot] = {}
-        self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.runtime.sim.p2p)
-        self.recvs: list[Any] = []  # receives posted and not yet matched
-        self.probes: list[Any] = []  # blocking probes waiting for a message to arrive
-        # partitioned requests made and not yet matched (spmdsim.emulator.partitioned): (sender, receiver, tag)
-        # -> those of that key, oldest first
-        self.partitioned: dict = {}
-        world.groups.add(self)
-
-    def label(self) -> str:
-        """What made it where that was said ('a Dup of the world': spmdsim.emulator's Dup), else 'the world' for
-        one of every rank in the world's order, else its ranks ('the group of ranks 0,2')."""
-        if self.made is not None:
-            return self.made
-        if self.members == tuple(range(self.world.size)):
-            return "the world"
-        return f"the group of {ranks_text(self.members)}"
-
-    def enter(self, me: int, seq: int, call: Call) -> _Slot:
-        """Deposit member `me`'s call number `seq`; return the rendezvous once every member is there.
-
-        Raises RuntimeMismatchError on every member when the calls differ.
-        """
-        world = self.world
-        with world.lock:
-            slot, last = self._arrive(me, seq, call)
-            if last:
-                world.release_members(self, me)
-        return slot
-
-    def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
-        """Deposit the call (world lock held); wait unless last. (slot, whether this member came last).
-
-        Raises RuntimeMismatchError on every member when the calls differ.
-        """
-        world = self.world
-        rank = self.members[me]
-        if world.deadlock is not None or world.failure is not None:
-            world.check(rank, self)
-        slot = self.slots.get(seq)
-        if slot is None:
-            slot = self.slots[seq] = _Slot(self.size, call.signature)
-        slot.calls[me] = call
-        slot.arrived += 1
-        if slot.error is None and call.signature != slot.signature:  # equal to every earlier arrival's, or not
-            slot.error = self._mismatch(slot, me, seq)
-        last = slot.error is None and slot.arrived == self.size
-        if slot.error is not None:
-            self._let_go(slot, me)
-            raise RuntimeMismatchError(slot.error)
-        if last:
-            del self.slots[seq]  # every member holds the slot now
-            if call.complete is not None:
-                call.complete(slot)
-        else:
-            call.group, call.seq = self, seq  # what it waits in, for a report: no object made per wait
-            world.wait(rank, call)
-            if slot.error is not None:
-                raise RuntimeMismatchError(slot.error)
-        return slot, last
-
-    def _let_go(self, slot: _Slot, me: int) -> None:
-        """Let the other members that arrived in `slot` go on (world lock held): those waiting in it, and the
-        requests of those that posted it (`post`: their completion raises the slot's error)."""
-        world = self.world
-        for i, other in enumerate(slot.calls):
-            if other is not None and i != me:
-                if other.request is None:
-                    world.release(self.members[i], None, self)
-                else:
-                    other.request.done = True
-                    world.release(self.members[i], other.request)
-
-    def post(self, me: int, seq: int, call: Call) -> _Slot:
-        """Deposit member `me`'s nonblocking collective call number `seq` without waiting (MPI: posting a
-        nonblocking collective does not block); once every member posted it, each member's request
-        (`call.request`) is done, and its completion runs that member's `finish` phases
-        (spmdsim.emulator.collectives). Raises RuntimeMismatchError when the calls differ (the members that
-        posted before raise it at completion)."""
-        world = self.world
-        with world.lock:
-            if world.deadlock is not None or world.failure is not None:
-                world.check(self.members[me], self)
-            slot = self.slots.get(seq)
-            if slot is None:
-                slot = self.slots[seq] = _Slot(self.size, call.signature)
-            slot.calls[me] = call
-            slot.arrived += 1
-            if slot.error is None and call.signature != slot.signature:
-                slot.error = self._mismatch(slot, me, seq)
-            if slot.error is not None:
-                self._let_go(slot, me)
-                raise RuntimeMismatchError(slot.error)
-            if slot.arrived == self.size:
-                del self.slots[seq]
-                call.request.done = True
-                self._let_go(slot, me)
-        return slot
-
-    def enter_all(self, me: int, seq: int, call: Call) -> _Slot:
-        """`enter`, then every member's `call.finish` phases run by the last member to arrive, in
-        phase then member order, before the members go on: no `leave` (nobody reads a buffer after
-        the members are released, so they may reuse them at once, as under MPI).
-
-        One wait per member instead of two: each wait is a hand-off between threads. A phase that
-        raises in a member's function is raised in that member, as if it had run there.
-        """
-        world = self.world
-        with world.lock:
-            slot, last = self._arrive(me, seq, call)
-        if last:
-            calls = slot.calls
-            for phase in range(len(call.finish)):
-                for other in calls:
-                    if other.raised is None:
-                        try:
-                            other.finish[phase](slot)
-                        except Exception as exc:  # noqa: BLE001 - raised in its member
-                            other.raised = exc
-            with world.lock:
-                if world.deadlock is not None or world.failure is not None:
-                    world.check(self.members[me], self)
-                for other in calls:
-                    # Nobody reads the buffers any more: drop them, and the phases that hold them, before a
-                    # member goes on, so that this thread holds none of its buffers once it is released (a
-                    # reference dropped here later would free its buffer in this thread while it runs).
-                    other.data = other.finish = None
-                world.release_members(self, me)
-        raised, call.raised = call.raised, None  # its traceback holds this member's buffers: its own only
-        if raised is not None:
-            raise raised
-        return slot
-
-    def leave(self, me: int, slot: _Slot) -> None:
-        """Wait until every member has finished reading the others' buffers for this call.
-
-        The caller drops its own references to the others' buffers first: once a member goes on, no
-        other thread may hold a view of its buffers (dropped there later, it would release the buffer's
-        export, or free it, while its owner runs: a bytearray that cannot be resized, a DLPack
-        producer's reference count that changes under it)."""
-        world = self.world
-        with world.lock:
-            world.check(self.members[me], self)
-            slot.left += 1
-            if slot.left == self.size:
-                world.release_members(self, me)
-            else:
-                world.wait(self.members[me], _Waiting(slot.calls[me].op, self, None))
-        # Nobody reads this member's buffers any more: drop them, so they are freed when the
-        # member drops them (a dry run's peak bytes held does not depend on the others' timing).
-        slot.calls[me].data = None
-
-    def _mismatch(self, slot: _Slot, me: int, seq: int) -> Optional[str]:
-        # Compared with one member that arrived before: every earlier arrival was compared
-        # the same way, so equal signatures on arrival mean equal on every member.
-        first = next((i for i, c in enumerate(slot.calls) if c is not None and i != me), None)
-        if first is None:
-            return None
-        mine, theirs = slot.calls[me], slot.calls[first]
-        if mine.signature == theirs.signature:
-            return None
-        (a, one), (b, other) = sorted([(self.members[me], mine), (self.members[first], theirs)],
-                                      key=lambda pair: pair[0])
-        return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
-                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}"
-                f"{program_lines(self.world, [a, b])}")
-
-
-class AllOf:
-    """Requests a rank waits for together (Waitall): `World.release` lets it go when the last is done, not at
-    each. Woken at each, the rank took the interpreter from its peer while that one still posted the rest
-    (a hand-over that waits up to Python's 5 ms switch interval): osu_bw's windows of 64 Irecvs spent
-    most of their time there. A report (why_stuck, kind, ...) sees the first request not done."""
-
-    __slots__ = ("requests", "_next")
-
-    def __init__(self, requests: tuple) -> None:
-        self.requests, self._next = requests, 0  # requests[:_next] are done
-
-    def all_done(self) -> bool:
-        requests, i = self.requests, self._next
-        while i < len(requests) and requests[i].done:
-            i += 1
-        self._next = i
-        return i == len(requests)
-
-    def __getattr__(self, name: str) -> Any:
-        requests = self.requests
-        return getattr(next((r for r in requests if not r.done), requests[-1]), name)
-
-
-def _lets_go(waited: Any, token: Any) -> bool:
-    """Whether the completion of `token` (a request) ends a wait for `waited`: that request, any of a tuple
-    (Waitany), or the last of an `AllOf` (Waitall)."""
-    return (waited is token or (type(waited) is tuple and any(t is token for t in waited))
-            or (type(waited) is AllOf and waited.all_done()))
-
-
-class World(RankThreads):
+class World(Sleepers, RankThreads):
     """The lock, the per-rank wakers and the live/waiting bookkeeping of one simulation (and of the
     threads its ranks start: spmdsim.runtime.sim.rank_threads)."""
 
@@ -420,7 +128,7 @@ class World(RankThreads):
         # the order posted (requests.noted; group and rank: a nonblocking collective's)
         self.posted: dict[int, tuple] = {}
         # (world rank, post number, text): the program's nonblocking sends whose buffer it wrote into before the
-        # send completed (spmdsim.runtime.sim.p2p.rewritten)
+        # send completed (spmdsim.runtime.sim.landing.rewritten)
         self.rewritten: list[tuple] = []
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
@@ -554,56 +262,6 @@ class World(RankThreads):
         found.update((self.rank_of(key), call) for key, (_, _, call) in self._polls.items() if self._lives(key))
         return found
 
-    def _take_slot(self, rank: int) -> None:
-        self._line_up(rank)
-        self._await_slot(rank)
-
-    def _line_up(self, rank: int) -> None:
-        """Grant `rank` a free run slot, or put it in line for one (`_give_slot` grants it later)."""
-        if self._free and not self._queue:
-            self._free -= 1
-            self._granted.add(rank)
-            self._wake(rank)  # for a rank released while it waits in `wait`
-        else:
-            self._queue.append(rank)
-
-    def _await_slot(self, rank: int) -> None:
-        """Block until `rank` holds its granted slot.
-
-        A failure elsewhere does not stop a rank in line: like an MPI rank, it runs on to its
-        next wait (a rank that raises what the others raised is reported with them).
-        """
-        while rank not in self._granted:
-            self._sleep(rank)
-        self._granted.discard(rank)
-        self._holding.add(rank)
-
-    @contextlib.contextmanager
-    def stepped_aside(self, rank: int) -> Iterator[None]:
-        """Within this block `rank`'s own thread computes nothing (it sleeps: spmdsim.runtime.sim.rank_sleep): the next
-        rank in line takes its run slot, and it takes one back, in line, as the block ends."""
-        with self.lock:
-            gave = rank in self._holding and self.threads.get(rank) == threading.get_ident()
-            if gave:
-                self._give_slot(rank)
-        try:
-            yield
-        finally:
-            if gave:
-                with self.lock:
-                    self._take_slot(rank)
-
-    def _give_slot(self, rank: int) -> None:
-        if rank not in self._holding:
-            return
-        self._holding.discard(rank)
-        if self._queue:
-            nxt = self._queue.popleft()
-            self._granted.add(nxt)
-            self._wake(nxt)
-        else:
-            self._free += 1
-
     # -- waiting (all with the lock held) --------------------------------------------------
 
     def check(self, rank: int, group: Optional[Group] = None) -> None:
@@ -678,87 +336,6 @@ class World(RankThreads):
             del waiting[key]
             self._fail(rank, exc)  # now, not where it is caught: a thread a rank started ends quietly
             raise exc
-
-    def release(self, rank: int, token: Any = None, group: Optional[Group] = None) -> None:
-        """Let `rank` go on if it waits (for `token`'s request, when given; else in `group`'s collective):
-        with a free run slot now, else in line for one, woken only when it gets one.
-
-        Waking every member of a collective at once to queue for the few run slots put 1,024 threads
-        through the lock twice per call (docs/reference/emulator.md, "Limits").
-        """
-        if self._extra:  # ranks run threads of their own: find the one that waits for this
-            self._release_matching(rank, token, group)
-            return
-        what = self.waiting.get(rank)
-        if what is not None and (token is None or what.token is token or _lets_go(what.token, token)):
-            del self.waiting[rank]
-            self.releases += 1
-            self._line_up(rank)
-
-    def release_members(self, group: Group, me: int) -> None:
-        """`release` every member of `group`'s collective but member `me` (the last to arrive)."""
-        members = group.members
-        if self._extra:
-            for i, rank in enumerate(members):
-                if i != me:
-                    self._release_matching(rank, None, group)
-            return
-        waiting = self.waiting
-        for i, rank in enumerate(members):
-            if i != me and waiting.pop(rank, None) is not None:
-                self.releases += 1
-                self._line_up(rank)
-
-    _lets_go = staticmethod(_lets_go)  # for RankThreads._release_matching
-
-    def _sleep(self, key: int) -> None:
-        """Block the calling thread (waiter `key`, world lock held) until `_wake(key)`; return with the lock held.
-
-        A plain lock per waiter, held until the waker releases it: a threading.Condition allocated a lock and
-        went through five Python calls per wait, and each arrival in a rendezvous waits once.
-        """
-        lock = self.lock
-        self._asleep.add(key)
-        lock.release()
-        try:
-            self._wakers[key].acquire()
-        except BaseException:  # interrupted (a signal in the main thread): leave the waker held, not asleep
-            lock.acquire()
-            if key in self._asleep:
-                self._asleep.discard(key)
-            else:  # woken meanwhile: take the wake back
-                self._wakers[key].acquire(False)
-            raise
-        lock.acquire()
-
-    def _nap(self, key: int, seconds: float) -> None:
-        """`_sleep` for at most `seconds` (the watchdog's wait): woken or not, return with the lock held and the
-        waker held again."""
-        lock = self.lock
-        self._asleep.add(key)
-        lock.release()
-        try:
-            woken = self._wakers[key].acquire(True, seconds)
-        except BaseException:
-            woken = False
-            raise
-        finally:
-            lock.acquire()
-            if not woken:
-                if key in self._asleep:
-                    self._asleep.discard(key)
-                else:  # woken after the timeout, before the lock: take the wake back
-                    self._wakers[key].acquire(False)
-
-    def _wake(self, key: int) -> None:
-        """Let waiter `key` return from `_sleep` (world lock held); nothing if it does not sleep."""
-        if key in self._asleep:
-            self._asleep.discard(key)
-            self._wakers[key].release()
-
-    def _wake_all(self) -> None:
-        for key in list(self._asleep):
-            self._wake(key)
 
     # -- the end of a rank -------------------------------------------------------------------
 

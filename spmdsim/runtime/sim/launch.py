@@ -18,12 +18,16 @@ import sys
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
+from ...base.interrupts import keep_ctrl_c
+from ...base.malloc import keep_freed_buffers_unless_set
 from ...base.output import quiet_stdout
+from ...base.threads import RANK_VARIABLES, launcher_rank, launcher_size
 from ...errors import SpmdsimError, fold_message
 from ...base import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
-from .thread_limits import ThreadLimitError
+from .thread_limits import ThreadLimitError, threads_problem  # a thread each: the stacks must fit
+from .waiting import ranks_text
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
@@ -47,8 +51,6 @@ def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
     if type(n) is int and 1 <= n <= most:
         if dry_run:
             return None
-        from .thread_limits import threads_problem  # a thread each: the stacks must fit (ulimit -v, -u)
-
         return threads_problem(n)
     more = f" (with --dry-run up to {MAX_DRY_RANKS})" if not dry_run and type(n) is int and n > most else ""
     return f"--ranks {n!r} must be a number of ranks from 1 to {most}{more}, e.g. --ranks 8"
@@ -62,8 +64,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     """
     from .run import simulate
 
-    from ...base.threads import launcher_rank, launcher_size
-
     problem = ranks_problem(n, dry_run)
     launched = launcher_size()
     if not problem and launched > 1:  # each MPI process would run all n ranks: n x launched, output repeated
@@ -75,8 +75,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
         return 2
 
-    from ...base.interrupts import keep_ctrl_c
-
     keep_ctrl_c()  # a Ctrl-C that lands in a weakref callback still stops the run (spmdsim.base.interrupts)
     # With --json, stdout is the JSON document alone: the banner goes to stderr.
     print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
@@ -86,8 +84,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
                 codes = simulate(n, _exit_code, fn, dry_run=True)
             print(codes.report.to_json() if as_json else codes.report.table())
             return 0
-        from ...base.malloc import keep_freed_buffers_unless_set
-
         keep_freed_buffers_unless_set()  # the program's process, as an MPI rank's (tune_mpi_process)
         codes = simulate(n, _exit_code, fn)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
@@ -133,7 +129,6 @@ def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
     if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
         return None
     from ...programs.memory import out_of_memory
-    from .engine import ranks_text
 
     texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
     for rank, kind, text in failures:
@@ -165,8 +160,6 @@ def _exit_code(fn: Callable[[], Any]) -> int:
 
 def _where(exc: BaseException) -> str:
     ranks = getattr(exc, "simulated_ranks", ())
-    from .engine import ranks_text
-
     return f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
 
 
@@ -202,15 +195,12 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
     n = _take_ranks(args, path)
     if n is None:
         if "--dry-run" in args:  # a dry run asked for and a real run given would be a silent surprise
-            from ...base.threads import launcher_rank
-
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
                 print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
             sys.exit(2)
         _guard_mpi_ranks()
         if ranks is not None and ranks > 1:
             from ..mpi_library import MPILibraryError, load_mpi
-            from ...base.threads import launcher_size
 
             try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
                 load_mpi()
@@ -231,8 +221,6 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
 def _guard_mpi_ranks() -> None:
     """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank."""
     import os
-
-    from ...base.threads import RANK_VARIABLES
 
     if not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
         return  # one plain process: Python's own traceback

@@ -20,6 +20,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .waiting import _Waiting
+
 __all__ = ["RankThreads"]
 
 
@@ -158,6 +160,4 @@ class RankThreads:
 
 
 def _waiting_for(joined: _Joined) -> Any:
-    from .engine import _Waiting
-
     return _Waiting(joined._what(), None, None, token=joined)

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Optional
 
 from ...errors import fold_message
+from .waiting import _Waiting, ranks_text
 
 __all__ = ["explain", "timed_out", "unfold", "program_lines", "whereabouts"]
 
@@ -31,8 +32,6 @@ def explain(world: Any, polling: Optional[tuple] = None,
     """Who waits in what, where in their program, and for each waited-on call where the others are
     (`polling`: (key, request, why: '' for "no rank left can complete it", call) of a rank, or a thread a rank
     started, that polls in vain), after `head`; `first`: the key whose call `head` names (described on its line)."""
-    from .engine import _Waiting, ranks_text
-
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
     if first is not None:
         by_call[world.waiting[first].key()] = (world.waiting[first], [])
@@ -117,8 +116,6 @@ def current_frames() -> dict:
 def program_lines(world: Any, ranks: list[int]) -> str:
     """'; at prog.py:12' (or per line: '; at prog.py:12 (ranks 0,1), prog.py:15 (rank 3)'): the line of
     the program (the innermost frame outside spmdsim) where each of `ranks` is now."""
-    from .engine import ranks_text
-
     frames = current_frames()
     lines: dict[str, list[int]] = {}
     for key in ranks:  # a rank, or the key of a thread a rank started
@@ -134,8 +131,6 @@ def program_lines(world: Any, ranks: list[int]) -> str:
 
 def _threads_text(world: Any, keys: list) -> str:
     """'rank 0 and a thread of rank 0' (a rank's own thread is the rank; the others are its threads)."""
-    from .engine import ranks_text
-
     own = [k for k in keys if k < world.size]
     started = sorted(world.rank_of(k) for k in keys if k >= world.size)
     parts = [ranks_text(own)] if own else []

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ._buffers import mpi_module, special
-from .engine import AllOf, _Waiting
+from ._buffers import mpi_error, mpi_module, special
+from .groups import AllOf
+from .waiting import _Waiting
 
 __all__ = ["ManyRequests", "Polled", "fill_status"]
 
@@ -298,8 +299,6 @@ def _pending(status: Any) -> None:
 def _in_status(call: str, failures: list) -> BaseException:
     """MPI.Exception MPI.ERR_IN_STATUS for `call`, naming the failed requests (index, error); a non-MPI error
     (an unpickling one) among them is raised as it is."""
-    from ._buffers import mpi_error
-
     mpi = mpi_module()
     first = failures[0][1]
     if mpi is None or not isinstance(first, mpi.Exception):

@@ -8,13 +8,14 @@ spmdsim.emulator.mpi4py_world) ``MPI.Request`` is this class, so
 """
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 from typing import Any, Optional
 
-from ._buffers import mpi_module, special, wildcards
-from .engine import Group, _Waiting
+from ._buffers import mpi_error, mpi_module, special, wildcards
+from .groups import Group
+from .waiting import _Waiting, ranks_text
+from .landing import EAGER_BYTES, _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name
 from .report import whereabouts
 from .request_sets import ManyRequests, Polled, _empty, fill_status
 from ..._lazy import numpy_on_first_use
@@ -23,7 +24,7 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name", "noted"]
 
-_SPMDSIM = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # spmdsim/
+
 
 
 
@@ -65,7 +66,7 @@ class Request(ManyRequests):
         self.held: Optional[np.ndarray] = None
         self.noted: Optional[dict] = None  # the world's requests of the program not yet completed (`noted`)
         # a program's nonblocking send: (what its buffer held when posted, the buffer), which its completion
-        # compares (spmdsim.runtime.sim.p2p.rewritten: MPI forbids writing the buffer until then)
+        # compares (spmdsim.runtime.sim.landing.rewritten: MPI forbids writing the buffer until then)
         self.watch: Optional[tuple] = None
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
@@ -143,8 +144,6 @@ class Request(ManyRequests):
         elif self.kind != "send":
             others = [m for i, m in enumerate(group.members) if i != self.me]
             if others and all(m in world.finished for m in others):
-                from .engine import ranks_text
-
                 more += f"; {ranks_text(others)} finished"
         if self.kind != "send":
             pending = [s for s in group.sends if s.peer == self.me]
@@ -154,8 +153,6 @@ class Request(ManyRequests):
             return more, hint
         peer_sends = peer_waits is not None and getattr(peer_waits.token, "kind", None) == "send"
         if peer_sends and self.payload is not None:
-            from .p2p import EAGER_BYTES
-
             if self.mode == "synchronous":
                 more += "; an Ssend"
                 hint = "an Ssend waits until its receive is posted: post the receive first on one side"
@@ -177,8 +174,6 @@ class Request(ManyRequests):
             if part.group is None or part.done:
                 continue
             if part.defer:  # waited for: its message lands as it arrives
-                from .p2p import let_land
-
                 let_land(part)
             world = part.group.world
             rank = part.group.members[part.me]
@@ -294,7 +289,7 @@ class Request(ManyRequests):
     def _completed(self, finished: bool = True) -> None:
         """The program completed (`finished`) or freed this request: no longer one it left pending (`noted`); a
         copy's (MPI.Request(req)) completion is its original's. A send completed whose buffer the program wrote
-        into since it posted it is noted for a warning (spmdsim.runtime.sim.p2p.rewritten; freed, it is not checked:
+        into since it posted it is noted for a warning (spmdsim.runtime.sim.landing.rewritten; freed, it is not checked:
         the program learns of the send's completion otherwise)."""
         for req in (self, self.origin):
             if req is not None and req.noted is not None:
@@ -317,8 +312,6 @@ class Request(ManyRequests):
 
     def Cancel(self) -> None:
         """Cancel a receive (or a send) that no message matched yet; MPI's error on a null request."""
-        from .p2p import cancel
-
         if self.null:
             _null_request("Cancel")
         cancel(self)
@@ -338,49 +331,14 @@ class Request(ManyRequests):
             self._completed(False)
         for part in (*self.parts, self):  # a freed receive still completes: its message lands when it arrives
             if part.defer:
-                from .p2p import let_land
-
                 let_land(part)
             elif part is not self and part.held is not None:  # a nonblocking collective's request (a copy's,
                 part.free()  # a started persistent one's) freed with it: its result lands once every member posted
-
-def _land_held(req: Request) -> None:
-    """What `req` and its parts hold to land at completion lands (spmdsim.runtime.sim.p2p.land): a deferring receive's
-    message, a nonblocking collective's result (a persistent one's, a copy's: their part's)."""
-    for part in (req, *req.parts):
-        if part.held is not None:
-            _p2p().land(part)
-
-
-def _sent(req: Request, entry: Any) -> None:
-    """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in
-    World.posted: completed, not freed) one whose buffer changed since posted is noted (p2p.rewritten)."""
-    for part in (req, *req.parts):
-        watch = part.watch
-        if watch is not None:
-            part.watch = None
-            if entry and not (watch[1].__class__ is np.ndarray and watch[1].nbytes == watch[0].nbytes
-                              and watch[0].tobytes() == watch[1].tobytes()):  # unchanged: a small one's bytes
-                _p2p().rewritten(part, watch, *entry[1:4])
-
-
-def _p2p() -> Any:
-    """spmdsim.runtime.sim.p2p (which imports this module: imported at the first use, then kept)."""
-    global _P2P
-    if _P2P is None:
-        from . import p2p as _P2P
-    return _P2P
-
-
-_P2P: Any = None
-
 
 def _null_request(call: str) -> None:
     """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
     mpi = mpi_module()
     if mpi is not None:
-        from ._buffers import mpi_error
-
         raise mpi_error(mpi, mpi.ERR_REQUEST, f"{call}: the request is MPI.REQUEST_NULL")
 
 
@@ -416,20 +374,6 @@ def noted(req: Request, call: str, group: Optional[Group] = None, me: int = 0) -
         frame = frame.f_back
     posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno, group, me)
     return req
-
-
-def rank_name(group: Group, me: int) -> str:
-    """'rank 3' on the world, else 'group rank 1 (world rank 3)' (a rank of `group`, as a report names it)."""
-    world = _world_rank(group, me)
-    return f"rank {me}" if world is None else f"group rank {me} (world rank {world})"
-
-
-def _world_rank(group: Optional[Group], me: int) -> Optional[int]:
-    """The world rank of `group`'s rank `me`; None on the world itself (its ranks are the world's), without a
-    group, or for a number that is no rank of it."""
-    if group is None or not 0 <= me < group.size or group.members == tuple(range(group.world.size)):
-        return None
-    return group.members[me]
 
 
 def completed(me: int = 0, kind: str = "done") -> Request:

@@ -2,8 +2,6 @@
 (or, as a dry run, once as rank 0 of `n` on the dry engine: spmdsim.runtime.sim.dry)."""
 from __future__ import annotations
 
-import contextlib
-import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -13,18 +11,24 @@ from ...base.context import RankContext
 from ..engines import memory
 from ...errors import SpmdsimError
 from ...base.validate import as_int
-from . import rank_sleep
-from .engine import Aborted, SimulationError, World, ranks_text
+from .engine import Aborted, SimulationError, World
+from .waiting import ranks_text
+from .simulating import _simulating
 from .thread_engine import THREADS, Member
+from .thread_limits import ThreadLimitError, start_failed, threads_problem
+from .p2p import rewrites, uncompleted, unreceived
+from ..debug import HOOKS, Hooks
+from ..engines.trace import Trace
 
 __all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
 #: The most ranks `simulate` runs (a dry run up to MAX_DRY_RANKS, 65536).
 #: One thread each. Each maps its stack (8 MiB under the usual ulimit -s) as address space, which no cap binds
-#: by default, and takes ~17 KB of memory idle (docs/reference/emulator.md, "Limits"); a cap that cannot hold the stacks
+#: by default, and takes ~17 KB of memory idle (docs/howto/simulate.md, "Limits"); a cap that cannot hold the stacks
 #: is refused before any thread starts (spmdsim.runtime.sim.thread_limits).
 MAX_RANKS = 4096
 MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for
+
 STOP_S = 1.0  # interrupted (Ctrl-C, SIGTERM): how long the ranks get, all together, to stop at their next wait
 
 
@@ -61,8 +65,6 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         raise SimulationError("simulate() is already running (a simulated rank cannot start another simulation)")
     if dry_run:
         return _dry_run(size, fn, args, kwargs)
-    from .thread_limits import ThreadLimitError, threads_problem
-
     problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
     if problem is not None:
         raise ThreadLimitError(f"simulate: {problem}")
@@ -74,7 +76,7 @@ class Results(list):
     never received, and receives never matched, when the ranks ended (spmdsim.runtime.sim.p2p.unreceived); and
     `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.runtime.sim.p2p.uncompleted);
     and `rewritten`: its nonblocking sends whose buffer it wrote into before the send completed
-    (spmdsim.runtime.sim.p2p.rewritten). Each lists by world rank, then in the order that rank posted them (the same
+    (spmdsim.runtime.sim.landing.rewritten). Each lists by world rank, then in the order that rank posted them (the same
     every run)."""
 
     unreceived: tuple = ()
@@ -83,7 +85,7 @@ class Results(list):
 
 
 class DryRunResults(list):
-    """The per-rank results of a dry run, with `report` (spmdsim.runtime.sim.dry.DryRunReport), made when first read
+    """The per-rank results of a dry run, with `report` (spmdsim.runtime.sim.dry_report.DryRunReport), made when first read
     (a caller that reads only the results, spmdsim.tools.estimate's ledger, does not sum every rank's trace)."""
 
     _report: Any = None
@@ -101,8 +103,6 @@ class DryRunResults(list):
 
 
 def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
-    from ..debug import HOOKS, Hooks
-
     engine = World(size)
     results: list = [None] * size
     exited: dict[int, SystemExit] = {}  # rank -> the SystemExit that ended it
@@ -138,14 +138,26 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
 
     threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True)
                for r in range(size)]
+    _run_threads(engine, threads, size)
+    _raise_failure(engine, size)
+    if exited:
+        raise _exit_of(exited, size)
+    done = Results(results)
+    done.unreceived = unreceived(engine)
+    done.uncompleted = uncompleted(engine)
+    done.rewritten = rewrites(engine)
+    return done
+
+
+def _run_threads(engine: World, threads: list, size: int) -> None:
+    """Start the ranks' `threads` and wait until they end, watching memory; Ctrl-C or a machine nearly out of
+    memory stops the ranks at their next wait and is raised here."""
     with _simulating(engine.slots):
         try:
             for started, t in enumerate(threads):
                 try:
                     t.start()
                 except RuntimeError as exc:  # "can't start new thread": a limit threads_problem could not see
-                    from .thread_limits import start_failed
-
                     raise start_failed(started, size, exc) from None
             looked = time.monotonic()
             for t in threads:
@@ -158,10 +170,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                             raise memory.MemoryLimitError(why)
         except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
-            # The ranks that reach a wait stop there; one computing may not reach its next wait soon (short of
-            # memory, before the machine runs out; on SIGTERM, before `timeout -k` kills the process): give them
-            # all STOP_S together (half a second short of memory), then leave (daemon threads). Each rank got a
-            # second of its own: 8 ranks in a loop held a terminated `spmdsim mpirun` 8 s.
+            # Short of memory, a rank inside numpy may not reach its next wait before the
+            # machine runs out: give them all half a second together, then leave (daemon threads).
             deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
             for t in threads:
                 try:
@@ -169,23 +179,11 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                 except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
                     break
             raise
-    _raise_failure(engine, size)
-    if exited:
-        raise _exit_of(exited, size)
-    from .p2p import rewrites, uncompleted, unreceived
-
-    done = Results(results)
-    done.unreceived = unreceived(engine)
-    done.uncompleted = uncompleted(engine)
-    done.rewritten = rewrites(engine)
-    return done
 
 
 def _may_watch(settings: Any) -> bool:
     """Whether the ranks, starting from `settings`, may have the watchdog on (World.watched): read from a copy,
     so that each rank still reads the environment itself; a bad value (True) is then every rank's error."""
-    from ..debug import Hooks
-
     try:
         return Hooks(settings).watchdog_seconds() is not None
     except SpmdsimError:
@@ -195,9 +193,10 @@ def _may_watch(settings: Any) -> bool:
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own (once per representative when
     the ranks differ: spmdsim.runtime.sim.dry.differ), each rank given its representative's result; the report."""
-    from ..engines.trace import Trace
-    from ..debug import HOOKS, Hooks
-    from .dry import DRY, DryComm, Meter, report
+    # (numpy: a simulation of programs without it does not load it)
+    from .dry import DRY, DryComm
+    from .dry_meter import Meter
+    from .dry_report import report
 
     def one(rank: int, stands_for: Any) -> tuple:
         context = RankContext(rank, size, DryComm(size, rank), DRY, dry_run=True, hooks=Hooks(HOOKS))
@@ -316,99 +315,6 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
     except (AttributeError, TypeError):  # an exception type with __slots__
         pass
-
-
-class _simulating:
-    """While any simulation runs: BLAS on one thread, whole lines on the streams, ``time.sleep`` that gives a
-    rank's run slot away while it sleeps (spmdsim.runtime.sim.rank_sleep) (and its ranks' arrays are never on huge
-    pages: spmdsim.base.buffers uses its pool only outside simulated ranks).
-
-    Counted, so that two simulations side by side share the switch and the last one to end
-    restores what was there.
-    """
-
-    _lock = threading.Lock()
-    _count = 0
-    _saved: Any = None
-
-    def __init__(self, slots: int) -> None:
-        self._slots = slots
-
-    def __enter__(self) -> None:
-        from ...base import threads as _threads
-
-        cls = _simulating
-        with cls._lock:
-            cls._count += 1
-            if cls._count > 1:
-                return
-            # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of
-            # the cores (a multithreaded OpenBLAS runs one caller's call at a time; the MindSpore
-            # tutorial network's training at 8 ranks on 2 cores took 1.2-1.4x as long with two).
-            # A thread count the user set is kept.
-            blas = contextlib.ExitStack()
-            if self._slots > 1 and not _threads.threads_set_by_user():
-                blas.enter_context(_threads.blas_threads(1))
-            cls._saved = (blas, sys.stdout, sys.stderr, time.sleep)
-            sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
-            time.sleep = rank_sleep.sleep  # a rank that sleeps lets another compute
-
-    def __exit__(self, *exc: object) -> None:
-        cls = _simulating
-        with cls._lock:
-            cls._count -= 1
-            if cls._count:
-                return
-            blas, out, err, sleep = cls._saved
-            cls._saved = None
-            time.sleep = sleep
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, _Lines):
-                    stream.flush_all()
-            sys.stdout, sys.stderr = out, err
-            blas.close()
-
-
-class _Lines:
-    """A stream that writes whole lines only, so that ranks printing at once do not mix their words; what
-    a rank writes after it set a stream of its own as `name` (``sys.stderr = io.StringIO()`` under
-    spmdsim.emulator's swap, spmdsim.emulator.rank_streams) goes there, as in its own process."""
-
-    def __init__(self, stream: Any, name: str = "") -> None:
-        self._stream = stream
-        self._name = name
-        self._lock = threading.Lock()
-        self._pending: dict[int, str] = {}  # thread id -> text after its last newline
-
-    def write(self, text: str) -> int:
-        state = _local.simulated()
-        if state is not None and state.streams:
-            own = state.streams.get(self._name)
-            if own is not None:
-                return own.write(text)
-        me = threading.get_ident()
-        with self._lock:
-            pending = self._pending.pop(me, "") + text
-            cut = pending.rfind("\n") + 1
-            if cut:
-                self._stream.write(pending[:cut])
-            if pending[cut:]:
-                self._pending[me] = pending[cut:]
-        return len(text)
-
-    def flush(self) -> None:
-        with self._lock:
-            self._stream.flush()
-
-    def flush_all(self) -> None:
-        with self._lock:
-            for text in self._pending.values():
-                self._stream.write(text)
-            self._pending.clear()
-            self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 def current_rank() -> Optional[int]:

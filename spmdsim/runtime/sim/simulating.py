@@ -1,0 +1,104 @@
+"""What the process does while any simulation runs (spmdsim.runtime.sim.run): BLAS on one thread, and
+whole lines on the standard streams, so that ranks printing at once do not mix their words."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from typing import Any
+
+from ...base import context as _local
+from ...base import threads as _threads
+from . import rank_sleep
+
+
+class _simulating:
+    """While any simulation runs: BLAS on one thread, whole lines on the streams, ``time.sleep`` that gives a
+    rank's run slot away while it sleeps (spmdsim.runtime.sim.rank_sleep) (and its ranks' arrays are
+    never on huge pages: spmdsim.base.buffers uses its pool only outside simulated ranks).
+
+    Counted, so that two simulations side by side share the switch and the last one to end
+    restores what was there.
+    """
+
+    _lock = threading.Lock()
+    _count = 0
+    _saved: Any = None
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+
+    def __enter__(self) -> None:
+        cls = _simulating
+        with cls._lock:
+            cls._count += 1
+            if cls._count > 1:
+                return
+            # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of
+            # the cores (a multithreaded OpenBLAS runs one caller's call at a time; the MindSpore
+            # tutorial network's training at 8 ranks on 2 cores took 1.2-1.4x as long with two).
+            # A thread count the user set is kept.
+            blas = contextlib.ExitStack()
+            if self._slots > 1 and not _threads.threads_set_by_user():
+                blas.enter_context(_threads.blas_threads(1))
+            cls._saved = (blas, sys.stdout, sys.stderr, time.sleep)
+            sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
+            time.sleep = rank_sleep.sleep  # a rank that sleeps lets another compute
+
+    def __exit__(self, *exc: object) -> None:
+        cls = _simulating
+        with cls._lock:
+            cls._count -= 1
+            if cls._count:
+                return
+            blas, out, err, sleep = cls._saved
+            cls._saved = None
+            time.sleep = sleep
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, _Lines):
+                    stream.flush_all()
+            sys.stdout, sys.stderr = out, err
+            blas.close()
+
+
+class _Lines:
+    """A stream that writes whole lines only, so that ranks printing at once do not mix their words; what
+    a rank writes after it set a stream of its own as `name` (``sys.stderr = io.StringIO()`` under
+    spmdsim.emulator's swap, spmdsim.emulator.rank_streams) goes there, as in its own process."""
+
+    def __init__(self, stream: Any, name: str = "") -> None:
+        self._stream = stream
+        self._name = name
+        self._lock = threading.Lock()
+        self._pending: dict[int, str] = {}  # thread id -> text after its last newline
+
+    def write(self, text: str) -> int:
+        state = _local.simulated()
+        if state is not None and state.streams:
+            own = state.streams.get(self._name)
+            if own is not None:
+                return own.write(text)
+        me = threading.get_ident()
+        with self._lock:
+            pending = self._pending.pop(me, "") + text
+            cut = pending.rfind("\n") + 1
+            if cut:
+                self._stream.write(pending[:cut])
+            if pending[cut:]:
+                self._pending[me] = pending[cut:]
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._stream.flush()
+
+    def flush_all(self) -> None:
+        with self._lock:
+            for text in self._pending.values():
+                self._stream.write(text)
+            self._pending.clear()
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
