@@ -1,4 +1,4 @@
-"""Tools: the command line, the demo, the estimate and autoshard.
+"""Tools: the command line, the demo, the estimate, autoshard and the lab grader.
 """
 from __future__ import annotations
 
