@@ -30,7 +30,8 @@ from ..programs.plan.steps import moved_bytes  # each step kind owns its byte fo
 from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order
 from .door import _alone, issue, keep, repeat
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
-from .mesh import Mesh, normalize_axes
+from .axes import normalize_axes
+from .mesh import Mesh
 
 __all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "exchange",
            "moved_bytes"]

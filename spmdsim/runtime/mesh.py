@@ -11,11 +11,12 @@ from ..base import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layouts.layout import Layout
 from ..base.context import current
+from .axes import normalize_axes
 from .engines import engine_of, ways_out
 from .engines.wait import WAIT_MODES, resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 
-__all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
+__all__ = ["Mesh", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
 
 # Temporaries above this are allocated per call: glibc maps that size afresh
 # anyway (spmdsim.base.malloc), and keeping one would pin that much per mesh.
@@ -27,11 +28,6 @@ SCRATCH_ROLES = ("send", "recv")
 #: (context) and the parameters' shards (shard). Whoever makes a mesh names which axis plays which
 #: (``Mesh(layout, roles={"tensor": "tp"})``); code that runs on it asks ``mesh.axis("tensor")``.
 AXIS_ROLES = ("data", "tensor", "pipeline", "expert", "context", "shard")
-
-
-def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
-    """Accept "mp" or ("dp", "mp") and return a tuple of axis names."""
-    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 _SHARED_LAYOUTS: dict = {}  # Layout -> the first equal Layout a simulated rank's mesh was made with
