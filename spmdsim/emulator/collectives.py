@@ -36,7 +36,8 @@ from ..runtime.sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_n
                             mpi_module, numpy_dtype, reduction)
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..runtime.sim.orders import allreduce_tree, reduce_tree
-from ..runtime.sim.thread_engine import _nothing, bad_root
+from ..runtime.sim.bodies import _nothing
+from ..runtime.sim.thread_engine import bad_root
 from ..runtime.sim.engine import _Waiting
 from ..runtime.sim.report import whereabouts
 from ..runtime.sim.requests import Request
@@ -195,7 +196,7 @@ def _kept(data: Any) -> Any:
 class CollectiveRequest(Request):
     """The request of a nonblocking collective (Iallreduce, Ibarrier, ..., a started Allreduce_init): posting
     deposits the member's call (engine.Group.post) and returns at once, as MPI's posting does; the request is
-    done once every member posted it, and its completion (Wait, a Test that returns true, ...: sim.p2p.land
+    done once every member posted it, and its completion (Wait, a Test that returns true, ...: sim.landing.land
     runs `held`) runs this member's phases of the collective (its reads of the others' data, its writes of its
     own receive buffer) and what its call does after them (a derived datatype's unpacking), in its own thread:
     the result lands then, in any buffer. The others read a copy of its data, taken when posted (`_kept`)."""
@@ -287,7 +288,7 @@ class _InCollective(_Waiting):
 
 
 def _land(req: Request) -> None:
-    from ..runtime.sim.p2p import land
+    from ..runtime.sim.landing import land
 
     land(req)
 

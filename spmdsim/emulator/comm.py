@@ -16,8 +16,9 @@ from typing import Any
 from ..base import context as _local
 from ..runtime.sim._buffers import mpi_error, mpi_module, special
 from .collectives import BufferCollectives, _kept, landed_freed, posting
-from ..runtime.sim.engine import Call, Group, SimulationError
-from ..runtime.sim import thread_engine as bodies
+from ..runtime.sim.engine import SimulationError
+from ..runtime.sim.groups import Call, Group
+from ..runtime.sim import bodies
 from ..runtime.sim.thread_engine import THREADS, Count, Member, _freed
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler

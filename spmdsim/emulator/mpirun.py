@@ -285,7 +285,7 @@ def _report(exc: BaseException, exits: dict) -> int:
 
     from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
     from ..errors import RuntimeMismatchError, SpmdsimError, fold_message
-    from ..runtime.sim.engine import ranks_text
+    from ..runtime.sim.waiting import ranks_text
     from ..runtime.sim.thread_limits import ThreadLimitError
 
     ranks = getattr(exc, "simulated_ranks", ())

@@ -11,7 +11,7 @@ import pickle
 from typing import Any, Optional
 
 from ..errors import ShapeError
-from ..runtime.sim import thread_engine as bodies
+from ..runtime.sim import bodies
 
 __all__ = ["ObjectCollectives"]
 

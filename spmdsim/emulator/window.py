@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 from ..runtime.sim._buffers import _unpack, array_of, fold, mpi_error, mpi_module, mpi_datatype, numpy_dtype, \
     reduction, special, typecode_datatype
-from ..runtime.sim.engine import _Waiting, ranks_text
+from ..runtime.sim.engine import _Waiting
+from ..runtime.sim.waiting import ranks_text
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler

@@ -45,12 +45,12 @@ from ...base.context import current as _context
 from ...base import threads as _threads  # (cores_available read at each call: tests set it)
 from ..engines.base import SimulationError
 from ...errors import RuntimeMismatchError
-from .groups import AllOf, Call, Group  # noqa: F401 - AllOf, Call: spmdsim.emulator imports them from here
+from .groups import Group
 from .rank_threads import RankThreads, _held_lock, _Joined
 from .rank_sleep import real_sleep
 from .sleepers import Sleepers
 from .report import explain, timed_out
-from .waiting import _Waiting, ranks_text  # noqa: F401 - ranks_text: spmdsim.emulator imports it from here
+from .waiting import _Waiting
 
 __all__ = ["World", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
 

@@ -35,7 +35,6 @@ from .groups import Group
 from .waiting import _Waiting
 from .request_sets import Polled
 from .landing import CHECK_BYTES, EAGER_BYTES, _land, _remove, _sample, rank_name
-from .landing import land  # noqa: F401 - spmdsim.emulator.collectives imports it from here
 from .requests import Request, completed, fill_status
 from ..._lazy import numpy_on_first_use
 

@@ -27,7 +27,6 @@ from ..engines import DONE, Engine
 from ..engines.base import SimulationError
 from .bodies import (all_gather, all_gather_object, all_reduce, all_reduce_object, all_to_all, all_to_allv, barrier,
                      broadcast, broadcast_object, checked_same, gather_object, gather_to, reduce_scatter, split)
-from .bodies import _nothing, dumps, op_of  # noqa: F401 - spmdsim.emulator reads them here (thread_engine's bodies)
 from .groups import Call, Group
 from .p2p import post_recv, post_send
 from ..._lazy import numpy_on_first_use
