@@ -19,6 +19,7 @@ from spmdsim.models.moe import stats as moe_stats
 from spmdsim.models.moe.layer import moe_layer
 from spmdsim.models.moe.routing import Routing, dispatch_rows, gates_backward, route
 from spmdsim.runtime.collectives import KERNELS
+from spmdsim.runtime import executor
 from spmdsim.runtime.dtensor import DTensor
 from spmdsim.runtime.replay import capture
 
@@ -175,7 +176,7 @@ def _layer_step(dropless):
     step(xd, [])  # an eager step first: the collectives' plans kept, as a training loop's
     held: list = []  # the captured step's list: each replay writes its figures there
     graph = capture(step, xd, held, state=params.values())
-    fc2 = KERNELS.allreduce.__code__
+    fc2 = executor.run_block.__code__  # (the executor's runner of the experts' sum, EXPERTS_SUM)
     kernels = {f.__code__ for f in (moe_experts._run_experts, moe_experts._experts_grad)}
     replays = []
     for x in xs[1:]:

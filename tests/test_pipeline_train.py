@@ -77,17 +77,17 @@ def test_a_stage_boundary_moves_the_sequence_tp_th_per_rank(sp, seq, scattered):
 
 
 def test_each_message_group_is_counted_once_a_run_and_every_steps_rows_are_the_schedules(monkeypatch):
-    """The pipeline works out each group's trace row (op, peers, bytes each way: runtime.door.messages) the
-    first time it posts it and passes it to the door from then on: three steps count each group once, and
-    the last step's rows are what the schedule says (its sends and receives, a wire block each)."""
+    """The pipeline makes each group's step record (a Messages: op, peers, bytes each way) the first time it
+    posts it and hands the executor that record from then on: three steps make each group's once, and the
+    last step's rows are what the schedule says (its sends and receives, a wire block each)."""
     from spmdsim.programs.pipeline.records import Post, Send
-    from spmdsim.runtime import door
+    from spmdsim.programs.plan.messages import Messages
 
     cfg, pp, m = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1), 4, 4
     counted: dict = {}
-    described = door.messages
-    monkeypatch.setattr(door, "messages", lambda comm, *a: counted.setdefault(
-        spmdsim.world().rank, []).append(1) or described(comm, *a))
+    made = Messages.of
+    monkeypatch.setattr(Messages, "of", classmethod(lambda cls, *a: counted.setdefault(
+        spmdsim.world().rank, []).append(1) or made(*a)))
 
     def main():
         run, results = train_pipelined(cfg, spmdsim.world(), pp, 1, 1, 3, IDS, microbatches=m)

@@ -246,12 +246,12 @@ def _signature(block: Any) -> Optional[tuple]:
     return None if shape is None else (shape, block.dtype)
 
 
-_KERNELS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
+_SWEEPS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
 
 
 def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str, times: int = 1) -> None:
     key = (op, kind, phase, tuple(map(_signature, reads)), tuple(map(_signature, writes)))
-    made = _KERNELS.get(key)
+    made = _SWEEPS.get(key)
     if made is None:
         per: dict = {}
         for signatures, slot in ((key[3], 0), (key[4], 1)):
@@ -259,9 +259,9 @@ def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: s
                 if sig is not None:
                     per.setdefault(np.dtype(sig[1]).name, [0, 0])[slot] += int(math.prod(sig[0]))
         made = tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w)
-        if len(_KERNELS) >= 4096:  # a long run over many shapes: start over
-            _KERNELS.clear()
-        _KERNELS[key] = made
+        if len(_SWEEPS) >= 4096:  # a long run over many shapes: start over
+            _SWEEPS.clear()
+        _SWEEPS[key] = made
     for counter in counters:
         kernels = counter.kernels
         for k in made:

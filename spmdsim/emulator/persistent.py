@@ -83,7 +83,7 @@ class Prequest(Request):
         return f"<simulated Prequest {state}>"
 
 
-def _point_to_point(call: str, mode: str) -> Callable:
+def _persistent_send(call: str, mode: str) -> Callable:
     """A persistent send (`call`'s, in send mode `mode`): its rank and tag checked when made, as MPICH's
     MPI_Send_init checks them (an invalid rank is MPI's error there, not at Start)."""
 
@@ -115,10 +115,10 @@ def _persistent(call: str) -> Callable:
 class PersistentCalls:
     """SimComm's ``..._init`` methods (a mixin over its nonblocking calls)."""
 
-    Send_init = _point_to_point("Isend", "standard")
-    Bsend_init = _point_to_point("Ibsend", "buffered")
-    Ssend_init = _point_to_point("Issend", "synchronous")
-    Rsend_init = _point_to_point("Irsend", "standard")
+    Send_init = _persistent_send("Isend", "standard")
+    Bsend_init = _persistent_send("Ibsend", "buffered")
+    Ssend_init = _persistent_send("Issend", "synchronous")
+    Rsend_init = _persistent_send("Irsend", "standard")
 
     def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         """A persistent receive; its source and tag are read and checked now, as mpi4py and MPICH do (None:

@@ -369,6 +369,6 @@ from .replay import kernels as _kernels  # noqa: E402
 
 allgather, alltoall, allreduce, reduce_scatter, bcast = (
     _kernel(f, bind=None if f is bcast else _bind) for f in (allgather, alltoall, allreduce, reduce_scatter, bcast))
-#: The four for hot paths (the executor's runners, an MoE layer's): ``KERNELS.allgather(...)`` is the collective
+#: The four for hot paths (the executor's runners): ``KERNELS.allgather(...)`` is the collective
 #: itself in a thread that does not capture, its recorded call in one that does (spmdsim.runtime.replay.kernels).
 KERNELS = _kernels(allgather, alltoall, allreduce, reduce_scatter)

@@ -38,6 +38,8 @@ from ..programs.plan.steps import (
 from . import debug, door
 # KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
 from .collectives import KERNELS, exchange
+from .exchange import group_alltoallv
+from ..programs.plan.messages import BlockAllreduce, BlockAlltoall, BlockAlltoallv, Messages
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
@@ -46,7 +48,7 @@ from ..base.precision import is_low
 from .compiled import _MOVES, _MOVES_MAX, PROGRAMS
 from ..base.context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
 
-__all__ = ["execute", "resolve", "gather", "pending", "redistribute"]
+__all__ = ["execute", "post", "run_block", "resolve", "gather", "pending", "redistribute"]
 
 # A runner: run(step, mesh, local, shape, label, owned) -> the new local block; `owned`: `local`
 # is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
@@ -150,6 +152,28 @@ def execute(mesh: Any, local: Any, steps: tuple[Step, ...], shape: tuple, label:
         local = run(step, mesh, local, shape, label, owned)
         owned = True  # a collective's result is a fresh array
     return local
+
+
+def post(mesh: Any, comm: Any, record: Messages, receives: list, sends: list, label: Optional[str]) -> None:
+    """Run the point-to-point `record` on `comm` (a group of `mesh` over `record.axes`): `receives` as
+    (buffer, source, tag), `sends` as (buffer, dest, tag), in the record's order, all waited for. A
+    checking rank (SPMDSIM_CHECK) refuses buffers the record does not describe (spmdsim.runtime.door)."""
+    door.point_to_point(mesh, comm, record.axes, receives, sends, label, record.described())
+
+
+def run_block(mesh: Any, record: Any, local: Any, label: Optional[str], out: Any = None) -> Any:
+    """Run the block collective `record` (spmdsim.programs.plan.messages) on this rank's plain block `local`
+    (into `out` where given: an Allreduce's in place when `out` is `local`)."""
+    kind = type(record)
+    if kind is BlockAlltoall:  # (`out` only where given: a captured call's result is its replay's `out`)
+        return KERNELS.alltoall(mesh, local, record.axes, 0, 0, label) if out is None else \
+            KERNELS.alltoall(mesh, local, record.axes, 0, 0, label, out)
+    if kind is BlockAllreduce:
+        return KERNELS.allreduce(mesh, local, record.axes, label) if out is None else \
+            KERNELS.allreduce(mesh, local, record.axes, label, out=out)
+    if kind is BlockAlltoallv:
+        return group_alltoallv(mesh, local, record.send_rows, record.recv_rows, record.axes, label)
+    raise PlanError(f"no runner for the record {record!r:.120}")
 
 
 @lru_cache(maxsize=256)

@@ -8,7 +8,7 @@ batch into m microbatches and runs the stage's program of the schedule
 (spmdsim.programs.pipeline: GPipe, 1F1B, interleaved 1F1B; built and checked before
 anything runs): a forward or backward of one microbatch through one chunk,
 and the activations and their gradients between stages as point-to-point
-messages over the pp group (spmdsim.runtime.door.point_to_point: each rank
+messages over the pp group (a Messages record the executor posts: each rank
 sends its own block to the rank of the same (dp, tp) place in the next stage,
 so with sequence parallelism a boundary moves s*b*h/tp per rank, as Megatron
 sends it; without it, where tp divides the sequence, each rank sends its
@@ -272,7 +272,7 @@ class _Pipelined:
         self.norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
         self.clock = _Clock()  # each cell's start and end, stamped by a kernel: a replayed step stamps them again
         self.ran: dict = {}  # what the step's Python found (order, held, watch): a replayed step's are the capture's
-        self.described: dict = {}  # each message group's trace description, worked out in the first step
+        self.groups: dict = {}  # each message group's step record (a Messages), made in the first step
         self.found: dict = {}  # what `_run_program` found in the earlier steps (its program as tuples, layouts)
         self.x = self.y = None  # the step's batch, cut into microbatches when not replaying
 
@@ -323,13 +323,13 @@ class _Pipelined:
             sums.watch, sums.watch_blocks = watch.walk, watch.sums
         losses, self.ran["order"], self.ran["held"] = _run_program(
             run, run.schedule.programs[self.stage], ids, when, microbatches, self.last, self.shape, self.act,
-            self.wire, self.pp_comm, tensors, self.clock, watch, self.described, self.wire_dtype, self.found,
+            self.wire, self.pp_comm, tensors, self.clock, watch, self.groups, self.wire_dtype, self.found,
             optimizer if self.zero else sums if sums.buckets else None)
         if not self.zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             sums.reduce()  # dp (and sp's LayerNorm) sums: once per step, each bucket in place in its block
         if self.ends:
             _tie_embedding(run, self.params["wte"], 0 if self.stage == self.pp - 1 else self.pp - 1, self.pp_comm,
-                           self.described)
+                           self.groups)
         if self.cfg.clip and not self.zero:  # the joint norm over every stage; the tied table counted once
             self.norms.append(clip_grad_norm_(tensors, self.cfg.clip, across=(run.mesh, (PIPELINE,)),
                                               counted=self.counted))

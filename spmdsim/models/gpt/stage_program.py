@@ -13,7 +13,8 @@ from ..axes import PIPELINE, TENSOR
 from ...nn.autograd import engine as autograd_engine
 from ...programs.pipeline.records import Compute, Post, Send
 from ...programs.pipeline.timeline import timeline
-from ...runtime import door
+from ...programs.plan.messages import Messages
+from ...runtime import executor
 from ...runtime.door import all_gather_object
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import kernel
@@ -72,7 +73,7 @@ class PipelineRun:
         self.mesh.close()
 
 
-_PP = (PIPELINE,)  # the messages' axes, normalized once (runtime.door.point_to_point takes a tuple as it is)
+_PP = (PIPELINE,)  # the messages' axes
 
 
 def _tag(what: str, chunk: int) -> int:
@@ -84,7 +85,7 @@ def _tag(what: str, chunk: int) -> int:
 
 def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
-                 clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None,
+                 clock: "_Clock", watch: Optional["_Most"] = None, groups: Optional[dict] = None,
                  wire_dtype: Any = np.float64, found: Optional[dict] = None,
                  reducer: Any = None) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses: DTensors, the router losses too;
@@ -92,17 +93,17 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
     gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
     blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
-    on receipt). `described`: each message group's trace description (runtime.door.messages) by its place in
-    `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
+    on receipt). `groups`: each message group's step record (a spmdsim.programs.plan.messages.Messages) by
+    its place in `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
-    found (the program as tuples, the chunks' output layout objects), kept from step to step as `described`.
+    found (the program as tuples, the chunks' output layout objects), kept from step to step as `groups`.
     `reducer`: the ZeRO-1 or ZeRO-2 optimizer (spmdsim.nn.autograd.backward's `reduce_with`): ZeRO-1's takes each
     microbatch's gradient of a parameter into its main gradient as soon as the walk has it; to ZeRO-2's each
     chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
     gradients whole."""
-    if described is None:
-        described = {}
+    if groups is None:
+        groups = {}
     known = found if found is not None else {}
     steps = known.get("program")
     if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
@@ -135,7 +136,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             stamp(clock)
             order.append(entry[3])
             continue
-        _exchange(cells, entry, run.mesh, pp_comm, described, outward, empty, act, wire)
+        _exchange(cells, entry, run.mesh, pp_comm, groups, outward, empty, act, wire)
     if cells.repeat is not None:
         cells.repeat.flush()
     return cells.losses, order, cells.most
@@ -247,7 +248,7 @@ class _Cells:
             self.sent_grads[(mb, c)] = self.outgoing(grad._local if self.uncaptured else grad.local)
 
 
-def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, described: dict, outward: Optional[dict],
+def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict, outward: Optional[dict],
               empty: Callable, act: Any, wire: Any) -> None:
     """One message group of the program (`_compiled`'s entry): the activations and gradients `cells` sends, and
     what it receives, taken in as the next forward's inputs or backward's gradients."""
@@ -264,10 +265,10 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, described: d
     else:
         bufs = receives = []
     i = entry[1]
-    group = described.get(i)
-    if group is None:  # the first step's: counted from its buffers once
-        group = described[i] = door.messages(pp_comm, _PP, receives, sends)
-    door.point_to_point(mesh, pp_comm, _PP, receives, sends, "pipeline", group)
+    group = groups.get(i)
+    if group is None:  # the first step's: its record made from its buffers once
+        group = groups[i] = Messages.of(_PP, pp_comm.Get_size(), receives, sends)
+    executor.post(mesh, pp_comm, group, receives, sends, "pipeline")
     trusted, plain, stage_mesh, checked = DTensor._trusted, np.ndarray, cells.mesh, cells.checked
     for (is_act, key), buf in zip(gets, bufs):
         # A block of wire_shape and wire_dtype, made above (a captured step's buffer is a replay.Traced, of
@@ -343,17 +344,17 @@ def _stamp(clock: _Clock) -> None:
     clock.times.append(perf_counter())
 
 
-def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, described: dict) -> None:
+def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, groups: dict) -> None:
     """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group).
-    `described`: the exchange's trace description under "tied" after the first step (runtime.door.messages)."""
+    `groups`: the exchange's step record under "tied" after the first step (a Messages)."""
     g = wte.grad
     mine = buffers.contiguous(g.local)
     theirs = buffers.empty(mine.shape, mine.dtype)
     receives, sends = [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)]
-    known = described.get("tied")
-    if known is None:
-        known = described["tied"] = door.messages(pp_comm, _PP, receives, sends)
-    door.point_to_point(run.mesh, pp_comm, _PP, receives, sends, "embedding group", known)
+    record = groups.get("tied")
+    if record is None:
+        record = groups["tied"] = Messages.of(_PP, pp_comm.Get_size(), receives, sends)
+    executor.post(run.mesh, pp_comm, record, receives, sends, "embedding group")
     if g._local is wte._ag.main:  # ZeRO-1's main gradient (spmdsim.nn.distrib_optim): the sum into it, in place
         if not g.mesh.engine.dry:
             _add_main(wte._ag.main, theirs)

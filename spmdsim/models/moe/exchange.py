@@ -8,11 +8,18 @@ from operator import setitem
 from typing import Any, Callable, Optional
 import numpy as np
 from ...base.buffers import contiguous, into
-from ...runtime.collectives import KERNELS
-from ...runtime.exchange import group_alltoallv
+from ...programs.plan.messages import BlockAllreduce, BlockAlltoall, BlockAlltoallv
+from ...runtime import executor
 from ...runtime.sim.dry import dry_run_active, zeros
 from .config import MoEConfig
 from ..axes import EXPERT, TENSOR
+
+
+#: The layer's exchanges as the step records the executor runs (spmdsim.programs.plan.messages): a capacity's
+#: slots both ways and the dropless counts (an Alltoall of equal blocks over ep), and the experts' fc2 output
+#: (and fc1's input gradient) summed over tp. A dropless step's tokens: its _Exchange's BlockAlltoallv.
+SLOTS = BlockAlltoall((EXPERT,))
+EXPERTS_SUM = BlockAllreduce((TENSOR,))
 
 
 @dataclass(eq=False)
@@ -148,8 +155,8 @@ class _Exchange:
             return
         # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts (`got`: done).
         if got is None:
-            got = KERNELS.alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), EXPERT, 0, 0,
-                           f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
+            got = executor.run_block(mesh, SLOTS, np.ascontiguousarray(per_expert, dtype=np.int64),
+                                     f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
             me = mesh.group_info(EXPERT)[2]
@@ -157,6 +164,8 @@ class _Exchange:
         self.send_rows = np.add.reduce(np.asarray(per_expert, np.int64).reshape(ep, El), 1).tolist()
         self.recv_rows = np.add.reduce(got, 1).tolist()
         self.arrived = sum(self.recv_rows)
+        self.tokens = BlockAlltoallv((EXPERT,), tuple(self.send_rows), tuple(self.recv_rows))
+        self.returned = self.tokens.conjugate()
         # Arrived rows are by source, then local expert; the experts want them by expert, then source: block
         # (s, e) of got[s, e] rows starts at `starts` in what arrived and at `at` in the experts' order.
         flat = got.reshape(-1)
@@ -174,11 +183,11 @@ class _Exchange:
         label = label or self.labels[0]
         D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
-            got = KERNELS.alltoall(self.mesh, send, EXPERT, 0, 0, label) if self.ep > 1 else send
+            got = executor.run_block(self.mesh, SLOTS, send, label) if self.ep > 1 else send
             return got if self.dry else self.by_expert(got, out)
         if self.ep == 1:  # a group of one: no exchange (no call), and rows by expert from one source are in order
             return into(out, send)
-        got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, EXPERT, label)
+        got = executor.run_block(self.mesh, self.tokens, send, label)
         if self.dry:
             return got
         return got[self.order] if out is None else np.take(got, self.order, axis=0, out=out)
@@ -214,12 +223,12 @@ class _Exchange:
             else:
                 blocks = self.by_source(rows)
             if self.ep > 1:
-                return KERNELS.alltoall(self.mesh, blocks, EXPERT, 0, 0, label, out)
+                return executor.run_block(self.mesh, SLOTS, blocks, label, out)
             return into(out, blocks)
         if self.ep == 1:  # a group of one: no exchange (no call); one source's rows by expert are in order already
             return into(out, rows)
         if self.dry:
-            return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, EXPERT, label)
+            return executor.run_block(self.mesh, self.returned, rows, label)
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
-        return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, EXPERT, label))
+        return into(out, executor.run_block(self.mesh, self.returned, by_source, label))

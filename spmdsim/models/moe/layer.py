@@ -78,7 +78,7 @@ from ...errors import SpmdsimError
 from ...layouts.layout import format_tensor_map
 from ...base.flops import any_open
 from ...base.precision import is_low
-from ...runtime.collectives import KERNELS
+from ...runtime import executor
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capturing, kernel, kernels
 from ...runtime.sim.dry import dry_run_active
@@ -86,7 +86,7 @@ from .config import MoEConfig
 from .losses import router_losses
 from ..axes import DATA, EXPERT, TENSOR
 from .dry import _count_experts, _dry_experts, _grad, _tensor
-from .exchange import _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
+from .exchange import EXPERTS_SUM, SLOTS, _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
 from .experts import _experts_grad, _experts_grad_mixed, _present, _run_experts, _run_experts_mixed
 from .slots import _combine_grad, _facts, _note, _pack, _probs_grad, _route, _tables, _unpack
 
@@ -219,7 +219,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     send = _K._pack(xb, rows, nrows, tab.tok)
     got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
     if moe.dropless:
-        got = KERNELS.alltoall(mesh, per_expert, EXPERT, 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
+        got = executor.run_block(mesh, SLOTS, per_expert, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, W2 = block(w1), block(w2)
@@ -293,7 +293,7 @@ def _experts_forward(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: O
         hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
     else:  # fc2's sum over tp a collective of its own (a replay binds it to its kept plan), then b2 added
         hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, None, W3, B3, summed=False)
-        KERNELS.allreduce(plan.mesh, ye, TENSOR, f"{name} experts fc2", out=ye)
+        executor.run_block(plan.mesh, EXPERTS_SUM, ye, f"{name} experts fc2", ye)
         if B2 is not None:
             y3 = ye.reshape(sizes[0], -1, sizes[1])
             y3 += B2[:, None]
@@ -309,7 +309,7 @@ def _dispatched(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Opti
     move = None if plan.moe.dropless else plan.exchange(per_expert, got)
     if move is None or move.ep == 1:
         return _K._dispatch(plan, send, per_expert, got, most, label)
-    return _K._by_expert(move, KERNELS.alltoall(plan.mesh, send, EXPERT, 0, 0, label or move.labels[0]))
+    return _K._by_expert(move, executor.run_block(plan.mesh, SLOTS, send, label or move.labels[0]))
 
 
 def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -319,7 +319,7 @@ def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Option
     move = None if plan.moe.dropless else plan.exchange(per_expert, got)
     if move is None or move.ep == 1:
         return _K._combine(plan, rows, per_expert, got, label)
-    return KERNELS.alltoall(plan.mesh, _K._by_source(move, rows), EXPERT, 0, 0, label or move.labels[1])
+    return executor.run_block(plan.mesh, SLOTS, _K._by_source(move, rows), label or move.labels[1])
 
 
 # One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.

@@ -342,8 +342,8 @@ def _keep(shape: tuple, seed: Any, region: tuple, p: float, out: np.ndarray | No
 #: between replays of a captured step, read from a spmdsim.runtime.replay.Scalar): a capture records the
 #: mask as one call, rerun by each replay into the captured mask (``out=``).
 keep_mask = kernel(_keep, bind=bind_keep)  # a replay draws the mask with what the capture's draw kept
-#: ``KERNELS.keep_mask(...)``: `keep_mask`'s function itself where this thread does not capture (no wrapper's frame).
-KERNELS = kernels(keep_mask=keep_mask)
+#: ``MASKS.keep_mask(...)``: `keep_mask`'s function itself where this thread does not capture (no wrapper's frame).
+MASKS = kernels(keep_mask=keep_mask)
 
 
 def seed_arg(seed: Any, op: str) -> None:

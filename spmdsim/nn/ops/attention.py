@@ -41,7 +41,7 @@ from ...errors import OperatorError
 from ...programs.infer.attention import infer_attention
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
-from ._common import KERNELS, seed_arg
+from ._common import MASKS, seed_arg
 from ._operands import raise_if_not_dtensors, require_float
 from ...runtime.executor import redistribute
 from .flash import _flash, _result
@@ -162,7 +162,7 @@ def _kernels(decided: _Decided, seed: Any, padding: Any, causal: bool, recompute
             s = np.where(above, -np.inf, s)
         e = np.exp(s - s.max(axis=-1, keepdims=True))
         p = e / _SUM(e, axis=-1, keepdims=True)
-        keep = KERNELS.keep_mask(probs_shape, seed, region, drop) if drop else None
+        keep = MASKS.keep_mask(probs_shape, seed, region, drop) if drop else None
         factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), np.float32 if low else dtype)) if drop else None
         if low:  # bfloat16: the scores and softmax in float32; p and its dropped-out values kept rounded
             p = rounded(p, dtype)

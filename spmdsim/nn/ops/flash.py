@@ -13,7 +13,7 @@ from ...base.flops import any_open
 from ...runtime.engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ...base.precision import rounded, wide
 from . import _common
-from ._common import _PLAIN_DTYPES, KERNELS, make_dtensor
+from ._common import _PLAIN_DTYPES, MASKS, make_dtensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 _new = object.__new__
@@ -58,7 +58,7 @@ def _flash(q: Any, k: Any, v: Any, decided: Any, seed: Any, padding: Any, causal
 
     def probs(p: np.ndarray, region: tuple) -> tuple:
         """A tile's (p, dropped-out p, factors or None), rounded as the composite's (`attention`'s `masks`)."""
-        factors = np.multiply(KERNELS.keep_mask(probs_shape, seed, region, drop), factor) if drop else None
+        factors = np.multiply(MASKS.keep_mask(probs_shape, seed, region, drop), factor) if drop else None
         if low:
             p = rounded(p, dtype)
             return p, (p if factors is None else rounded(wide(p) * factors, dtype)), factors

@@ -23,7 +23,7 @@ from ...base.flops import any_open, sweep
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import shape_arg
 from . import ufuncs as P
-from ._common import KERNELS, dry_zeros, make_dtensor, shaped_as, seed_arg
+from ._common import MASKS, dry_zeros, make_dtensor, shaped_as, seed_arg
 from ._operands import raise_if_not_dtensors, require_float
 
 __all__ = ["causal_mask", "masked_fill", "dropout", "dropout_keep"]
@@ -124,9 +124,9 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         like = broadcast_zero(dry.shape, scale.dtype)  # the factors' dtype (float32 at bfloat16)
         factors = None if x._ag is None else _engine_local(np.copy, like, dry)
     elif order is None:
-        factors = np.multiply(KERNELS.keep_mask(mask_shape, seed, mask_region, p), scale)
+        factors = np.multiply(MASKS.keep_mask(mask_shape, seed, mask_region, p), scale)
     else:
-        factors = np.multiply(KERNELS.keep_mask(mask_shape, seed, mask_region, p), scale).transpose(back)
+        factors = np.multiply(MASKS.keep_mask(mask_shape, seed, mask_region, p), scale).transpose(back)
     if dry is not None:
         block = dry
     else:
@@ -145,7 +145,7 @@ def dropout_keep(x: Any, p: float, seed: Any, mask_dims: Optional[Sequence[int]]
         like = broadcast_zero(x.local.shape, bool)
         return _engine_local(np.copy, like, like)
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
-    keep = KERNELS.keep_mask(mask_shape, seed, mask_region, p)
+    keep = MASKS.keep_mask(mask_shape, seed, mask_region, p)
     return keep if order is None else keep.transpose(back)
 
 
