@@ -10,7 +10,7 @@ import pytest
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate.machine import load_machine
 from spmdsim.tools.estimate.machine_records import GemmEfficiency, Link
-from spmdsim.tools.estimate.records import Transfer
+from spmdsim.tools.estimate.records import Calls
 from spmdsim.tools.estimate.steptime import SCHEDULES, Pipeline, StepTime, level_model, step_time
 from spmdsim.programs.pipeline.schedule import SCHEDULES as PIPELINE_SCHEDULES
 
@@ -33,7 +33,7 @@ A100 = replace(load_machine("a100-dgx"), node=Link(300e9, 2e-6), cluster=Link(25
 def test_achieved_fractions_and_memory_bound_kernels():
     shipped = load_machine("a100-dgx")
     n = 1 << 26
-    st = step_time(shipped, [], [Transfer("allreduce", 8, n, "node", "layers")],
+    st = step_time(shipped, [], [Calls("allreduce", 8, n, "node", "layers")],
                    traffic={"forward": 3 << 30, "backward": 5 << 30, "optimizer": 7 << 30})
     # the ring's bytes at the bus bandwidth NCCL achieves (0.775 of 300 GB/s), not the datasheet's
     assert close(st.comm_s, 2 * 7 * 2e-6 + 2 * 7 / 8 * n / (300e9 * 0.775))
@@ -46,7 +46,7 @@ def test_achieved_fractions_and_memory_bound_kernels():
     piped = step_time(shipped, [], [], pipeline=Pipeline(4, 2), traffic={"forward": 1 << 30, "optimizer": 1 << 30})
     assert close(piped.bubble_s, 3 * ((1 << 30) / hbm) / 2)
     # the backward's element-wise kernels hide gradient sums too
-    grads = Transfer("reduce_scatter", 64, 1 << 20, "cluster", "gradients")
+    grads = Calls("reduce_scatter", 64, 1 << 20, "cluster", "gradients")
     hidden = step_time(shipped, [], [grads], overlap=("gradients",), traffic={"backward": 1 << 40})
     assert close(hidden.hidden_s, hidden.comm_s)
 
@@ -66,11 +66,11 @@ def test_compute_is_flops_over_peak_times_efficiency():
 
 def test_communication_uses_the_cost_model_formulas_per_level():
     n = 1 << 26
-    transfers = [Transfer("allreduce", 8, n, "node", "layers", 2),
-                 Transfer("allgather", 4, n, "cluster", "layers"),
-                 Transfer("reduce_scatter", 16, n, "cluster", "gradients", 3),
-                 Transfer("send", 2, n, "cluster", "pipeline", 4), Transfer("recv", 2, n, "node", "pipeline"),
-                 Transfer("alltoall", 1, n, "node", "layers", 9)]  # a group of one costs nothing
+    transfers = [Calls("allreduce", 8, n, "node", "layers", 2),
+                 Calls("allgather", 4, n, "cluster", "layers"),
+                 Calls("reduce_scatter", 16, n, "cluster", "gradients", 3),
+                 Calls("send", 2, n, "cluster", "pipeline", 4), Calls("recv", 2, n, "node", "pipeline"),
+                 Calls("alltoall", 1, n, "node", "layers", 9)]  # a group of one costs nothing
     st = step_time(A100, [], transfers)
     a_node, b_node = 2e-6, 1 / 300e9
     a_cl, b_cl = 5e-6, 1 / 25e9
@@ -89,7 +89,7 @@ def test_communication_uses_the_cost_model_formulas_per_level():
 def test_a_reduction_rate_and_the_tree_algorithm_reach_the_formulas():
     m = replace(A100, reduction_rate=100e9, algorithm="tree")
     n = 1 << 20
-    st = step_time(m, [], [Transfer("allreduce", 8, n, "node", "layers")])
+    st = step_time(m, [], [Calls("allreduce", 8, n, "node", "layers")])
     # tree allreduce: log2(g) (alpha + n beta + n gamma)
     assert close(st.comm_s, 3 * (2e-6 + n / 300e9 + n / 100e9))
     model = level_model(m, "cluster")
@@ -104,7 +104,7 @@ def test_pipeline_bubble_is_p_minus_1_over_v_microbatch_times():
                              (Pipeline(4, 16, schedule="gpipe"), 3 * compute / 16),
                              (Pipeline(8, 32, 4, "interleaved"), 7 / 4 * compute / 32),
                              (Pipeline(1, 4), 0.0)]:
-        st = step_time(A100, [(g, 10)], [Transfer("send", 2, 1 << 20, "cluster", "pipeline", 8)],
+        st = step_time(A100, [(g, 10)], [Calls("send", 2, 1 << 20, "cluster", "pipeline", 8)],
                        pipeline=pipeline)
         assert close(st.bubble_s, bubble) if bubble else st.bubble_s == 0
         assert close(st.total_s, compute + st.comm_s + bubble)
@@ -115,9 +115,9 @@ def test_overlap_hides_named_phases_under_the_backward_compute():
     fwd, bwd, rec = gemm(1, 4096, 4096, 4096), gemm(1, 4096, 4096, 4096, phase="backward"), \
         gemm(1, 4096, 4096, 4096, phase="recompute")
     one = fwd.flops / (312e12 * 0.8)
-    grads = Transfer("reduce_scatter", 64, 1 << 30, "cluster", "gradients")
+    grads = Calls("reduce_scatter", 64, 1 << 30, "cluster", "gradients")
     grad_s = 63 * 5e-6 + 63 / 64 * (1 << 30) / 25e9
-    small = Transfer("allreduce", 8, 1 << 20, "node", "gradients")
+    small = Calls("allreduce", 8, 1 << 20, "node", "gradients")
     small_s = 14 * 2e-6 + 14 / 8 * (1 << 20) / 300e9
     pairs = [(fwd, 1), (bwd, 2), (rec, 1)]
     plain = step_time(A100, pairs, [grads])
@@ -133,8 +133,8 @@ def test_overlap_hides_named_phases_under_the_backward_compute():
 
 def test_lines_fit_100_columns_and_name_every_part():
     st = step_time(A100, [(gemm(1, 4096, 4096, 4096), 3), (gemm(1, 4096, 4096, 4096, phase="backward"), 6)],
-                   [Transfer("allreduce", 8, 1 << 28, "node", "layers", 4),
-                    Transfer("reduce_scatter", 64, 1 << 30, "cluster", "gradients")],
+                   [Calls("allreduce", 8, 1 << 28, "node", "layers", 4),
+                    Calls("reduce_scatter", 64, 1 << 30, "cluster", "gradients")],
                    pipeline=Pipeline(4, 8), overlap=("gradients",))
     lines = st.lines()
     assert all(len(line) <= 100 for line in lines)
@@ -164,18 +164,18 @@ def test_lines_fit_100_columns_and_name_every_part():
                                                       "phase='forward', flops=16) must be a (gemm, count) pair"),
     (lambda: step_time(A100, [((1, 2), 1)], []), "gemm (1, 2) has no 'batch'; expected an object with batch, m, "
                                                  "n, k, dtype, phase and flops (spmdsim.base.flop_counts.Gemm)"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "rack", "layers")]),
+    (lambda: step_time(A100, [], [Calls("allreduce", 8, 64, "rack", "layers")]),
      "transfer level 'rack' is unknown; expected one of ('node', 'cluster')"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "layers", -2)]),
+    (lambda: step_time(A100, [], [Calls("allreduce", 8, 64, "node", "layers", -2)]),
      "transfer count -2 must be an integer >= 0"),
-    (lambda: step_time(A100, [], [Transfer("scatter", 8, 64, "node", "layers")]),
+    (lambda: step_time(A100, [], [Calls("scatter", 8, 64, "node", "layers")]),
      "transfer kind 'scatter' is unknown; expected one of ('allgather', 'reduce_scatter', 'allreduce', "
      "'alltoall', 'alltoallv', 'bcast', 'send', 'recv')"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, -64, "node", "layers")]),
+    (lambda: step_time(A100, [], [Calls("allreduce", 8, -64, "node", "layers")]),
      "transfer nbytes -64 must be an integer >= 0"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 0, 64, "node", "layers")]),
+    (lambda: step_time(A100, [], [Calls("allreduce", 0, 64, "node", "layers")]),
      "transfer group 0 must be an integer >= 1 (ranks in the communicator)"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "idle")]),
+    (lambda: step_time(A100, [], [Calls("allreduce", 8, 64, "node", "idle")]),
      "transfer phase 'idle' is unknown; expected one of ('layers', 'gradients', 'pipeline')"),
     (lambda: step_time(A100, [], [], overlap=("recompute",)),
      "overlap phase 'recompute' is unknown; expected phases among ('layers', 'gradients', "
@@ -203,7 +203,7 @@ def test_every_bad_input_is_refused_in_one_line(call, line):
 
 def test_zero_sized_products_and_calls_cost_nothing():
     st = step_time(A100, [(gemm(1, 0, 4096, 4096), 5), (gemm(1, 64, 64, 64), 0)],
-                   [Transfer("allreduce", 8, 1 << 20, "node", "layers", 0)])
+                   [Calls("allreduce", 8, 1 << 20, "node", "layers", 0)])
     assert st.total_s == 0
 
 
@@ -219,11 +219,11 @@ def test_tp_and_pp_overlap_hide_at_most_the_compute_they_run_under():
     pairs = [(fwd, 1), (bwd, 2), (rec, 1)]
     traffic = {"forward": 1 << 30, "backward": 2 << 30}
     kernels_s = (3 << 30) / 2039e9
-    big = {"layers": Transfer("allreduce", 8, 1 << 34, "node", "layers"),
-           "gradients": Transfer("reduce_scatter", 64, 1 << 31, "cluster", "gradients"),
-           "pipeline": Transfer("send", 2, 1 << 31, "cluster", "pipeline", 2)}
-    small = {"layers": Transfer("allreduce", 8, 1 << 20, "node", "layers"),
-             "pipeline": Transfer("send", 2, 1 << 20, "cluster", "pipeline")}
+    big = {"layers": Calls("allreduce", 8, 1 << 34, "node", "layers"),
+           "gradients": Calls("reduce_scatter", 64, 1 << 31, "cluster", "gradients"),
+           "pipeline": Calls("send", 2, 1 << 31, "cluster", "pipeline", 2)}
+    small = {"layers": Calls("allreduce", 8, 1 << 20, "node", "layers"),
+             "pipeline": Calls("send", 2, 1 << 20, "cluster", "pipeline")}
 
     def comm(transfers):
         return dict(step_time(A100, pairs, transfers, traffic=traffic).comm_by_phase)
@@ -266,7 +266,7 @@ def test_gradient_sums_start_with_each_chunks_last_microbatch():
     of stage s after its last backward (s microbatch-backwards); one microbatch: the whole backward, as before."""
     bwd = gemm(1, 4096, 4096, 4096, phase="backward")
     one = bwd.flops / (312e12 * 0.8)  # one backward GEMM
-    sums = Transfer("allreduce", 8, 1 << 30, "cluster", "gradients")
+    sums = Calls("allreduce", 8, 1 << 30, "cluster", "gradients")
     sums_s = 2 * 5e-6 * 7 + 2 * 7 / 8 * (1 << 30) / 25e9  # ring allreduce on the datasheet's cluster link
     pairs = [(bwd, 16)]
     backward = 16 * one
@@ -287,7 +287,7 @@ def test_gradient_sums_start_with_each_chunks_last_microbatch():
     done = max(starts[0] + sums_s / 2, starts[1]) + sums_s / 2
     assert close(hidden(Pipeline(4, 8, 2, "interleaved")), sums_s - done)
     # sums shorter than one microbatch's backward: all hidden, at every stage
-    small = Transfer("allreduce", 8, 1 << 10, "cluster", "gradients")
+    small = Calls("allreduce", 8, 1 << 10, "cluster", "gradients")
     st = step_time(A100, pairs, [small], pipeline=Pipeline(4, 8), overlap="gradients")
     assert close(st.hidden_s, st.comm_s)
     with pytest.raises(SpmdsimError, match=r"^stage 4 must be an integer from 0 to 3 \(the pipeline's stages\)"):

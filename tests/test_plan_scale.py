@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from spmdsim.programs.transfer import Transfer
 from spmdsim import Layout
 from spmdsim.programs.plan import plan_redistribution
 from spmdsim.programs.plan.volume import box_size, exchange_transfers, intersect, rank_boxes
@@ -82,7 +83,7 @@ def _scanned_transfers(before, after, shape):
                 continue
             chosen = min((h for h in ranks if keys[h] == keys[dst]), key=lambda h: (load[h], (h - dst) % len(src)))
             load[chosen] += box_size(part)
-            out.append((chosen, dst, part))
+            out.append(Transfer(chosen, dst, part))
     return tuple(out)
 
 

@@ -164,22 +164,22 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
         t0 = perf_counter()
         tag = _TAG + number % _TAGS
         sends = [t for t in rnd.transfers if t.src == me]
-        reading = {s for t in sends for s in t.src_slots}
+        reading = {s for t in sends for s in t.piece}
         receives, landed = [], []
         for t in rnd.transfers:
             if t.dst != me:
                 continue
-            span = _span(bounds, t.dst_slots)
-            if not t.reduce and span is not None and not reading.intersection(t.dst_slots):
+            span = _span(bounds, t.landing)
+            if not t.reduce and span is not None and not reading.intersection(t.landing):
                 receives.append((work[span[0]:span[1]], t.src, tag))  # straight into place
             else:
-                buf = np.empty(_size(bounds, t.dst_slots), work.dtype)
+                buf = np.empty(_size(bounds, t.landing), work.dtype)
                 receives.append((buf, t.src, tag))
                 landed.append((t, buf))
-        posted = [(_gather(work, bounds, t.src_slots), t.dst, tag) for t in sends]
+        posted = [(_gather(work, bounds, t.piece), t.dst, tag) for t in sends]
         engine.wait_all(engine.post(comm, receives, posted), wait)  # every receive posted, then every send
         for t, buf in landed:
-            _scatter(work, bounds, t.dst_slots, buf, combine if t.reduce else None)
+            _scatter(work, bounds, t.landing, buf, combine if t.reduce else None)
         seconds.append(perf_counter() - t0)
     if not direct:
         out[...] = _gather(work, bounds, mine)

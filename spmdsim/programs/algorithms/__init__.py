@@ -18,7 +18,8 @@ from ...errors import ShapeError, SpmdsimError
 from ...base.validate import as_int, counted
 from . import moving, reducing
 from .formulas import FORMULAS, busiest_bytes_sent, model_bytes
-from .schedule import Round, Schedule, Transfer
+from .schedule import Round, Schedule
+from ..transfer import Transfer
 from .symbolic import check, sum_order
 
 __all__ = ["COLLECTIVES", "ALGORITHMS", "NAMES", "schedule", "build", "parse_name", "check_choices",

@@ -5,13 +5,15 @@ contributes; reduce_scatter and alltoall: all p blocks), ``p`` the group
 size, ``p2`` the largest power of two <= p and ``r = p - p2`` the ranks folded
 first. Each formula gives the bytes the busiest rank sends; it is exact when
 the buffer divides into the algorithm's pieces (tests check it against every
-schedule). `model_bytes` converts ``n`` into the cost model's message size.
+schedule). The ring's and pairwise's are the layout steps' own (spmdsim.programs.transfer.MOVED).
+`model_bytes` converts ``n`` into the cost model's message size.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from ..transfer import MOVED
 from .schedule import Schedule, fold_sizes
 
 __all__ = ["busiest_bytes_sent", "model_bytes", "FORMULAS", "MODEL_FORMULA", "cost_terms", "predict_seconds"]
@@ -37,22 +39,22 @@ def _bruck_alltoall(p: int, n: int) -> int:
 
 #: name -> (formula text, busiest rank's bytes sent as a function of (p, n)).
 FORMULAS = {
-    "ring-allreduce": ("2(p-1)/p n", lambda p, n: 2 * (p - 1) * n // p),
+    "ring-allreduce": ("2(p-1)/p n", MOVED["allreduce"]),
     "recursive-doubling-allreduce": ("ceil(log2 p) n", lambda p, n: _log2_ceil(p) * n),
     "rabenseifner-allreduce": ("2(p2-1)/p2 n (+ n when p > p2)",
                                lambda p, n: 2 * (fold_sizes(p)[0] - 1) * n // fold_sizes(p)[0]
                                + (n if fold_sizes(p)[1] else 0)),
-    "ring-allgather": ("(p-1) n", lambda p, n: (p - 1) * n),
+    "ring-allgather": ("(p-1) n", MOVED["allgather"]),
     "recursive-doubling-allgather": ("(p-1) n (folded: sum over k of (2^k+min(r,2^k)) n + (p-1) n)",
                                      _rd_allgather),
-    "bruck-allgather": ("(p-1) n", lambda p, n: (p - 1) * n),
-    "ring-reduce-scatter": ("(p-1)/p n", lambda p, n: (p - 1) * n // p),
+    "bruck-allgather": ("(p-1) n", MOVED["allgather"]),
+    "ring-reduce-scatter": ("(p-1)/p n", MOVED["reduce_scatter"]),
     "recursive-halving-reduce-scatter": ("(p-1)/p n (n when p > p2)",
                                          lambda p, n: n if fold_sizes(p)[1] else (p - 1) * n // p),
-    "pairwise-alltoall": ("(p-1)/p n", lambda p, n: (p - 1) * n // p),
+    "pairwise-alltoall": ("(p-1)/p n", MOVED["alltoall"]),
     "bruck-alltoall": ("log2(p) n/2 (else n/p per slot index with bit k set)", _bruck_alltoall),
     "binomial-bcast": ("ceil(log2 p) n", lambda p, n: _log2_ceil(p) * n),
-    "scatter-allgather-bcast": ("2(p-1)/p n", lambda p, n: 2 * (p - 1) * n // p),
+    "scatter-allgather-bcast": ("2(p-1)/p n", MOVED["allreduce"]),  # a scatter, then a ring allgather
 }
 
 

@@ -11,7 +11,8 @@ collectives do (spmdsim.programs.algorithms.reducing).
 from __future__ import annotations
 
 from .reducing import survivors
-from .schedule import Round, Schedule, Transfer, fold_sizes, split_counts
+from .schedule import Round, Schedule, fold_sizes, split_counts
+from ..transfer import Transfer
 
 __all__ = ["ring_allgather", "recursive_doubling_allgather", "bruck_allgather", "pairwise_alltoall",
            "pairwise_peers", "bruck_alltoall", "binomial_bcast", "scatter_allgather_bcast"]

@@ -60,7 +60,7 @@ def draw_round(ax: Any, schedule: Schedule, snapshot: list, index: int) -> None:
                     fontsize=size)
     if index:
         for t in schedule.rounds[index - 1].transfers:
-            for a, b in zip(t.src_slots, t.dst_slots):  # one arrow per slot moved
+            for a, b in zip(t.piece, t.landing):  # one arrow per slot moved
                 ax.add_patch(FancyArrowPatch((t.src + 0.5, slots - a - 0.5), (t.dst + 0.5, slots - b - 0.5),
                                              connectionstyle="arc3,rad=0.25", arrowstyle="-|>",
                                              mutation_scale=9, linewidth=1.1, alpha=0.75,

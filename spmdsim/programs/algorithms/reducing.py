@@ -9,7 +9,8 @@ algorithm; the odd ranks then send the result back (unfold).
 """
 from __future__ import annotations
 
-from .schedule import Round, Schedule, Transfer, fold_sizes, split_counts
+from .schedule import Round, Schedule, fold_sizes, split_counts
+from ..transfer import Transfer
 
 __all__ = ["ring_allreduce", "recursive_doubling_allreduce", "rabenseifner_allreduce",
            "ring_reduce_scatter", "recursive_halving_reduce_scatter", "survivor", "survivors"]

@@ -1,4 +1,5 @@
-"""The values every algorithm is written in: a Schedule of Rounds of Transfers between work slots.
+"""The values every algorithm is written in: a Schedule of Rounds of Transfers (spmdsim.programs.transfer)
+between work slots.
 
 Pure (no numpy, no mpi4py). Each rank of a group of ``p`` keeps one work
 buffer cut into slots (``slot_counts`` elements each, the same cut on every
@@ -13,23 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import SpmdsimError
+from ..transfer import Transfer
 
-__all__ = ["Transfer", "Round", "Schedule", "split_counts", "fold_sizes"]
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One message: `src`'s work slots `src_slots` go to `dst`'s `dst_slots` (added when `reduce`)."""
-
-    src: int
-    dst: int
-    src_slots: tuple[int, ...]
-    dst_slots: tuple[int, ...]
-    reduce: bool = False
-
-    def __post_init__(self) -> None:
-        if self.src == self.dst or len(self.src_slots) != len(self.dst_slots) or not self.src_slots:
-            raise SpmdsimError(f"transfer {self!r} must join two ranks and move as many slots as it fills")
+__all__ = ["Round", "Schedule", "split_counts", "fold_sizes"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +25,11 @@ class Round:
 
     phase: str
     transfers: tuple[Transfer, ...]
+
+    def __post_init__(self) -> None:
+        for t in self.transfers:
+            if t.src == t.dst or len(t.piece) != len(t.landing) or not t.piece:
+                raise SpmdsimError(f"transfer {t!r} must join two ranks and move as many slots as it fills")
 
 
 @dataclass(frozen=True)
@@ -91,14 +83,14 @@ class Schedule:
         for rnd in self.rounds:
             for t in rnd.transfers:
                 if t.reduce or not reduced_only:
-                    out[who(t)] += self.slot_bytes(t.src_slots)
+                    out[who(t)] += self.slot_bytes(t.piece)
         return tuple(out)
 
     def round_bytes(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(sent, received) per rank in round `index`."""
         sent, received = [0] * self.group_size, [0] * self.group_size
         for t in self.rounds[index].transfers:
-            n = self.slot_bytes(t.src_slots)
+            n = self.slot_bytes(t.piece)
             sent[t.src] += n
             received[t.dst] += n
         return tuple(sent), tuple(received)

@@ -48,7 +48,7 @@ def states(schedule: Schedule) -> list[list[list[Term]]]:
     for number, rnd in enumerate(schedule.rounds, 1):
         before = [list(w) for w in work]
         for t in rnd.transfers:
-            for a, b in zip(t.src_slots, t.dst_slots):
+            for a, b in zip(t.piece, t.landing):
                 sent = before[t.src][a]
                 if sent is None:
                     raise SpmdsimError(f"round {number}: rank {t.src} sends slot {a}, which holds nothing")

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..viz.model import compact_ranks
-from .schedule import Schedule, Transfer
+from .schedule import Schedule
+from ..transfer import Transfer
 from .symbolic import leaves, states
 
 __all__ = ["format_rounds", "format_states", "describe_round", "cell_text"]
@@ -28,17 +29,17 @@ def _slots_text(slots: Sequence[int]) -> str:
 
 def _slot_rule(group: list[Transfer], p: int, count: int) -> str:
     """The slots a group sends, as one phrase."""
-    first = group[0].src_slots
-    if all(t.src_slots == first for t in group):
+    first = group[0].piece
+    if all(t.piece == first for t in group):
         return "all slots" if len(first) == count and count > 1 else _slots_text(first)
-    if all(len(t.src_slots) == 1 for t in group):
-        shifts = {(t.src_slots[0] - t.src) % p for t in group}
+    if all(len(t.piece) == 1 for t in group):
+        shifts = {(t.piece[0] - t.src) % p for t in group}
         if len(shifts) == 1 and count == p:
             shift = shifts.pop()
             return "slot r" if shift == 0 else f"slot r{_offset(shift, p)}"
-        if all(t.src_slots[0] == t.dst for t in group):
+        if all(t.piece[0] == t.dst for t in group):
             return "the receiver's slot"
-    sizes = {len(t.src_slots) for t in group}
+    sizes = {len(t.piece) for t in group}
     if len(sizes) == 1:
         n = sizes.pop()
         return f"{n} slot{'s' if n > 1 else ''} each"
@@ -61,7 +62,7 @@ def describe_round(schedule: Schedule, index: int) -> list[tuple[str, int]]:
     p, count = schedule.group_size, len(schedule.slot_counts)
     by_size: dict[int, list[Transfer]] = {}
     for t in schedule.rounds[index].transfers:
-        by_size.setdefault(schedule.slot_bytes(t.src_slots), []).append(t)
+        by_size.setdefault(schedule.slot_bytes(t.piece), []).append(t)
     lines = []
     for nbytes, group in by_size.items():
         rule = _peer_rule(group, p) if len(group) > 1 else None
@@ -70,7 +71,7 @@ def describe_round(schedule: Schedule, index: int) -> list[tuple[str, int]]:
             lines.append((f"{rule} ({ranks}), {_slot_rule(group, p, count)}", nbytes))
             continue
         for t in group:
-            lines.append((f"{t.src}->{t.dst}, {_slots_text(t.src_slots)}", nbytes))
+            lines.append((f"{t.src}->{t.dst}, {_slots_text(t.piece)}", nbytes))
     return lines
 
 

@@ -121,7 +121,7 @@ def _exchange_copied(step: Any, plan: Any) -> int:
 
     held = rank_boxes(step.before, tuple(shape))
     boxes: dict = {}
-    for src, _, box in transfers:
+    for src, _, box, _, _ in transfers:
         boxes.setdefault(src, []).append(box)
     whole = {r for r, sends in boxes.items() if len(sends) == 1 and sends[0] == held[r]}
     return max((n for r, n in enumerate(sent) if r not in whole), default=0)

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from ...layouts.layout import TensorLayout
 from ..plan import plan_redistribution
 
-__all__ = ["Choice", "choose_splits", "moved_bytes", "moved_text"]
+__all__ = ["Choice", "choose_splits", "redistribution_bytes", "moved_text"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Choice:
         return ()
 
 
-def moved_bytes(source: TensorLayout, target: TensorLayout, shape: tuple[int, ...], dtype: str) -> int:
+def redistribution_bytes(source: TensorLayout, target: TensorLayout, shape: tuple[int, ...], dtype: str) -> int:
     """The most bytes a rank receives moving `source` to `target` (0 when they are equal)."""
     if source == target:
         return 0
@@ -115,7 +115,7 @@ def choose_splits(letters: Sequence[str], layouts: Sequence[TensorLayout], shape
         targets = tuple(TensorLayout(layouts[k].layout, tuple(taken.get(ch, ()) if ch in splittable[k] else ()
                                                               for ch in letters[k]), partials[k])
                         for k in range(n))
-        moved = tuple(moved_bytes(layouts[k], targets[k], shapes[k], dtype) for k in range(n))
+        moved = tuple(redistribution_bytes(layouts[k], targets[k], shapes[k], dtype) for k in range(n))
         seen[key] = (sum(moved) + (later(taken) if later else 0), lead, taken, targets, moved)
         if best is None or seen[key][:2] < best[:2]:
             best = seen[key]

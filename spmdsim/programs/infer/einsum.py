@@ -20,7 +20,7 @@ from typing import Sequence
 
 from ...errors import OperatorError, ShapeError
 from ...layouts.layout import TensorLayout, format_entry
-from .assign import Choice, choose_splits, moved_bytes
+from .assign import Choice, choose_splits, redistribution_bytes
 
 __all__ = ["EinsumSpec", "EinsumPlan", "parse_einsum", "infer_einsum"]
 
@@ -160,7 +160,7 @@ def infer_einsum(spec: str, layouts: tuple[TensorLayout, ...], shapes: tuple[tup
 
     def later(taken: dict) -> int:  # the Allreduce (or Reduce_scatter) the pending result will need
         local = product(taken)
-        return moved_bytes(local, local.with_partial(()), shape, dtype) if local.partial else 0
+        return redistribution_bytes(local, local.with_partial(()), shape, dtype) if local.partial else 0
 
     choice = choose_splits(parsed.inputs, layouts, shapes, dtype, partials, reserved, later=later)
     local = product(dict(choice.splits))

@@ -30,7 +30,7 @@ from ...errors import OperatorError, ShapeError
 from ...layouts.layout import TensorLayout, format_entry
 from ..plan.steps import Allreduce, Step
 from ...base.validate import as_int
-from .assign import Choice, choose_splits, moved_bytes
+from .assign import Choice, choose_splits, redistribution_bytes
 
 __all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LINEARITY", "broadcast_shape",
            "operand_letters"]
@@ -153,7 +153,7 @@ def infer_pointwise(op: str, layouts: tuple[TensorLayout, ...], shapes: tuple[tu
         out.check_shape(shape)
         # A sum kept pending is resolved later at the output's size: priced now, so that a small pending
         # operand (a mean) is resolved at its own size instead of making a large output pending.
-        cost = sum(choice.moved) + (moved_bytes(out, out.with_partial(()), shape, dtype) if reserved else 0)
+        cost = sum(choice.moved) + (redistribution_bytes(out, out.with_partial(()), shape, dtype) if reserved else 0)
         if best is None or cost < best[0]:
             best = (cost, choice, out)
     _, choice, out = best

@@ -30,7 +30,8 @@ from typing import Iterator
 import numpy as np
 
 from ...layouts.layout import TensorLayout
-from .steps import Exchange, Transfer
+from ..transfer import Transfer
+from .steps import Exchange
 
 __all__ = ["FOLD_CHOICES", "FoldedTransfers", "exchange_choices", "foldable", "folded_exchange"]
 
@@ -172,7 +173,7 @@ class FoldedTransfers:
                 continue  # the part it already holds is copied locally
             box = g.box_of(block)
             part = tuple((max(a, c), min(b, e)) for (a, b), (c, e) in zip(box, want))
-            found.append((int(g.first_holder[box_id]), (self._sender(box_id, dst), dst, part)))
+            found.append((int(g.first_holder[box_id]), Transfer(self._sender(box_id, dst), dst, part)))
         found.sort(key=lambda item: item[0])
         return [t for _, t in found]
 
@@ -194,7 +195,7 @@ class FoldedTransfers:
         out = []
         for q in sorted(dsts):
             mine = self.receives(q)
-            out.extend(t for t in mine if t[0] == src)
+            out.extend(t for t in mine if t.src == src)
         return out
 
     def __iter__(self) -> Iterator[Transfer]:

@@ -79,11 +79,11 @@ def exchange_program(step: Exchange, rank: int, shape: tuple) -> ExchangeProgram
     if hasattr(transfers, "sends"):  # a folded exchange works out this rank's boxes alone
         sends, receives = transfers.sends(rank), transfers.receives(rank)
     else:
-        sends = [t for t in transfers if t[0] == rank]
-        receives = [t for t in transfers if t[1] == rank]
+        sends = [t for t in transfers if t.src == rank]
+        receives = [t for t in transfers if t.dst == rank]
     return ExchangeProgram(
-        sends=tuple((dst, box_in(box, before), box_shape(box)) for _, dst, box in sends),
+        sends=tuple((dst, box_in(box, before), box_shape(box)) for _, dst, box, _, _ in sends),
         out_shape=box_shape(after),
         own=None if common is None else (box_in(common, after), box_in(common, before)),
-        places=tuple((src, box_in(box, after), box_shape(box)) for src, _, box in receives),
+        places=tuple((src, box_in(box, after), box_shape(box)) for src, _, box, _, _ in receives),
     )

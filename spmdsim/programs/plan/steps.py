@@ -38,13 +38,12 @@ from typing import Optional
 from ...layouts.dialects.sbp import sbp_of_axis
 from ...layouts.layout import TensorLayout
 from ...base.precision import sent_itemsize
+from ..transfer import MOVED, Transfer
 from .uneven import sized_uneven
 
 __all__ = ["Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceScatter", "LocalZero", "Exchange",
-           "Transfer", "KINDS", "moved_bytes", "placement", "step_label"]
+           "KINDS", "moved_bytes", "placement", "step_label"]
 
-#: One box of an Exchange: (source rank, destination rank, global [start, stop) per dim).
-Transfer = tuple[int, int, tuple[tuple[int, int], ...]]
 
 
 def placement(tl: TensorLayout, axis: str) -> str:
@@ -141,7 +140,7 @@ class Allgather(Step):
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:
         """Ring: each member passes on the g - 1 shards it lacks."""
-        return (group_size - 1) * local_nbytes
+        return MOVED["allgather"](group_size, local_nbytes)
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,7 @@ class Alltoall(Step):
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:
         """Every member keeps 1/g of its input and sends the rest."""
-        return (group_size - 1) * local_nbytes // group_size
+        return MOVED["alltoall"](group_size, local_nbytes)
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,7 @@ class Allreduce(Step):
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:
         """Ring: a reduce-scatter then an allgather of the 1/g parts."""
-        return 2 * (group_size - 1) * local_nbytes // group_size
+        return MOVED["allreduce"](group_size, local_nbytes)
 
     @staticmethod
     def buffer_bytes(group_size: int, moved: Fraction) -> Fraction:
@@ -194,7 +193,7 @@ class ReduceScatter(Step):
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:
         """Ring: g - 1 partial sums of 1/g of the input each."""
-        return (group_size - 1) * local_nbytes // group_size
+        return MOVED["reduce_scatter"](group_size, local_nbytes)
 
 
 @dataclass(frozen=True)
@@ -213,7 +212,8 @@ class LocalZero(Step):
 class Exchange(Step):
     """Any -> any: each rank receives exactly the boxes of its new block it lacks (Alltoallv).
 
-    `transfers` lists every box moved between two different ranks; the part of
+    `transfers` lists every box moved between two different ranks (spmdsim.programs.transfer: a Transfer's
+    `piece` is a box of the global tensor, [start, stop) per dim); the part of
     a rank's new block it already holds is copied locally. A folded exchange
     (spmdsim.programs.plan.folded, past thousands of devices) holds a `FoldedTransfers`
     there instead, which works out one rank's boxes when asked, and says
@@ -232,10 +232,10 @@ class Exchange(Step):
         """The bytes of the boxes each rank sends and receives (`transfers` are for `shape`)."""
         sent = [0] * self.before.layout.num_devices
         received = list(sent)
-        for src, dst, box in self.transfers:
-            n = math.prod(hi - lo for lo, hi in box) * itemsize
-            sent[src] += n
-            received[dst] += n
+        for t in self.transfers:
+            n = math.prod(hi - lo for lo, hi in t.piece) * itemsize
+            sent[t.src] += n
+            received[t.dst] += n
         return replace(self, bytes_sent=tuple(sent), bytes_received=tuple(received))
 
     def __str__(self) -> str:

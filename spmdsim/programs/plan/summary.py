@@ -33,7 +33,7 @@ def _destinations(step: Exchange) -> list[int]:
     if counts is not None:  # folded: from the block grid
         return counts[1].tolist()
     out = [0] * step.before.layout.num_devices
-    for src, _ in {(src, dst) for src, dst, _ in step.transfers}:
+    for src, _ in {(t.src, t.dst) for t in step.transfers}:
         out[src] += 1
     return out
 

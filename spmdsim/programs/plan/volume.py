@@ -9,14 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...layouts.layout import TensorLayout
 from ...layouts.slicing import all_bounds
-if TYPE_CHECKING:
-    from .steps import Transfer
+from ..transfer import Transfer
 
 __all__ = ["Box", "box_shape", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers",
            "exchange_received"]
@@ -235,7 +233,7 @@ def exchange_transfers(before: TensorLayout, after: TensorLayout, shape: tuple[i
                 if best is None or score < best:
                     chosen, best = h, score
             load[chosen] += size
-            out.append((chosen, dst, part))
+            out.append(Transfer(chosen, dst, part))
     return tuple(out)
 
 

@@ -41,7 +41,7 @@ def _cut(a: Box, b: Box) -> Box | None:
 def step_moves(step: Step, shape: Sequence[int]) -> tuple[Move, ...]:
     """Every box that reaches a rank from another in `step` (none for a local step)."""
     if isinstance(step, Exchange):
-        return tuple(Move(tuple(box), (src,), dst) for src, dst, box in step.transfers)
+        return tuple(Move(tuple(t.piece), (t.src,), t.dst) for t in step.transfers)
     if not any(step.bytes_received):
         return ()
     summed = isinstance(step, (Allreduce, ReduceScatter))

@@ -136,9 +136,9 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int, shape: Sequence[in
         if isinstance(step, Exchange):
             # Each rank's bytes sent, shared out over its boxes by their element counts.
             volume = [0] * num_ranks
-            for src, _, box in step.transfers:
+            for src, _, box, _, _ in step.transfers:
                 volume[src] += _volume(box)
-            for src, dst, box in step.transfers:
+            for src, dst, box, _, _ in step.transfers:
                 out[src][dst] += step.bytes_sent[src] * _volume(box) // volume[src]
             continue
         if shape is not None and not isinstance(step, Allreduce) and is_uneven(step, tuple(shape)):

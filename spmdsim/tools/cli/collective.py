@@ -225,8 +225,8 @@ def to_json(schedule: Any, result: dict) -> dict:
     """The --json record: rounds with their transfers and times, bytes, the check and the times."""
     n = schedule.input_count(schedule.root) * schedule.itemsize
     rounds = [{"round": i + 1, "phase": rnd.phase, "seconds_max": result["round_seconds"][i],
-               "transfers": [{"src": t.src, "dst": t.dst, "slots": list(t.src_slots), "reduce": t.reduce,
-                              "bytes": schedule.slot_bytes(t.src_slots)} for t in rnd.transfers]}
+               "transfers": [{"src": t.src, "dst": t.dst, "slots": list(t.piece), "reduce": t.reduce,
+                              "bytes": schedule.slot_bytes(t.piece)} for t in rnd.transfers]}
               for i, rnd in enumerate(schedule.rounds)]
     seconds, _ = _predicted(schedule)
     return {

@@ -6,7 +6,7 @@ measured figures) for one step and reads what that run did on each representativ
 (parameters, gradients, master copy, optimizer states, buffers, and what the graph kept for backward
 at the moment the schedule held the most microbatches: spmdsim.models.gpt.memory.MemoryReport), the matrix
 products it executed (spmdsim.base.flops) and every collective and message it took part in (its trace,
-as `records.Transfer` rows, each placed within a node or across nodes from the mesh).
+as `records.Calls` rows, each placed within a node or across nodes from the mesh).
 
 The program runs in float64. `PRECISIONS` prices the same elements at a training precision's widths
 (bf16 mixed precision: 2-byte parameters and activations, 4-byte main gradients, master copy and
@@ -25,7 +25,7 @@ from typing import Any, Optional
 from ...errors import SpmdsimError
 from ...models.gpt.memory import BLOCK_KINDS, MASKS
 from ...base.sizes import format_size
-from .records import Transfer
+from .records import Calls
 from ...base.context import current
 from ...base.flops import counting
 from ...emulator.comm import world
@@ -95,7 +95,7 @@ class StageLedger:
     layer_params: int
     params: int
     gemms: tuple
-    transfers: tuple[Transfer, ...]
+    transfers: tuple[Calls, ...]
     peak_held: int
     in_flight: int
     ranks: tuple = field(default=())
@@ -293,7 +293,7 @@ def gemms_at(gemms: Any, precision: str) -> list:
 
 
 def transfers_at(transfers: Any, precision: str) -> list:
-    """The Transfers with their bytes at `precision`'s widths: activations and their gradients (the layers'
+    """The Calls rows with their bytes at `precision`'s widths: activations and their gradients (the layers'
     collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
     buckets at the gradient width (Megatron sums bf16 training's gradients in fp32)."""
     w = PRECISIONS[precision]

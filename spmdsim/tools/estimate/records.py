@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LEVELS", "Transfer"]
+__all__ = ["LEVELS", "Calls"]
 
 #: Where a message travels: between ranks of one node (NVLink-class links) or across nodes (the network).
 LEVELS = ("node", "cluster")
 
 
 @dataclass(frozen=True)
-class Transfer:
-    """`count` calls of one collective (or point-to-point message) one rank takes part in.
+class Calls:
+    """`count` calls of one collective (or point-to-point message) one rank takes part in: a row of a step's
+    ledger. Its bytes are the trace's, whose rows the executor wrote from the step records' formulas
+    (spmdsim.programs.transfer.MOVED); one message itself is a spmdsim.programs.transfer.Transfer.
 
     kind: "allgather", "reduce_scatter", "allreduce", "alltoall", "alltoallv", "bcast" (the names of
         spmdsim.programs.cost.model.OPS) or "send" / "recv" (point-to-point);

@@ -9,7 +9,7 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   training precision): the element-wise and reduction kernels of phases "forward", "backward" and
   "recompute", and the optimizer's update (phase "optimizer"), each ``bytes / (hbm_bandwidth *
   hbm_efficiency)`` (the machine's achieved HBM rate);
-- communication: each records.Transfer, ``count`` times spmdsim.programs.cost.model's formula for its
+- communication: each records.Calls, ``count`` times spmdsim.programs.cost.model's formula for its
   collective with alpha = the latency and beta = 1 / (bandwidth * efficiency) of its level's link
   (the bus bandwidth a collective achieves), gamma = 1 / the machine's reduction rate (0 where it
   gives none); "send" and "recv" cost alpha + n beta;
@@ -24,7 +24,7 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   chunk's after another, under the backward left after it and the idle of stage `stage` after its last
   backward (`_sums_window`; without `pipeline`, the whole backward); "layers" (tensor and
   sequence parallelism's collectives, Megatron's --tp-comm-overlap) under the products of the passes
-  they run in (every GEMM phase: a Transfer does not say its pass); "pipeline" (the messages between
+  they run in (every GEMM phase: a Calls row does not say its pass); "pipeline" (the messages between
   stages, Megatron's overlap_p2p_comm) under the adjacent microbatches' compute (the GEMMs and
   element-wise kernels of every GEMM phase). Each phase hides at most its own communication and its
   window, and all of them together at most the compute and element-wise seconds (the links of the
@@ -46,7 +46,7 @@ from ...programs.cost.model import CostModel
 from ...programs.cost.terms import OPS
 from ...errors import SpmdsimError
 from .machine_records import Machine, normalize_dtype
-from .records import LEVELS, Transfer
+from .records import LEVELS, Calls
 
 __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
            "TRANSFER_PHASES", "TRAFFIC_PHASES", "OVERLAP_UNDER", "Utilization", "utilization", "assumptions"]
@@ -54,7 +54,7 @@ __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "
 #: Pipeline schedules (the names of spmdsim.programs.pipeline.SCHEDULES; a test keeps them equal).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
-#: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Transfer.phase).
+#: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Calls.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
 TRANSFER_PHASES = ("layers", "gradients", "pipeline")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
@@ -194,8 +194,8 @@ def level_model(machine: Machine, level: str) -> CostModel:
 
 def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
     """Seconds of one call of transfer `t`."""
-    if not isinstance(t, Transfer):
-        raise SpmdsimError(f"transfer {t!r:.80} is a {type(t).__name__}; expected spmdsim.tools.estimate.records.Transfer")
+    if not isinstance(t, Calls):
+        raise SpmdsimError(f"transfer {t!r:.80} is a {type(t).__name__}; expected spmdsim.tools.estimate.records.Calls")
     if t.kind not in OPS and t.kind not in _P2P:
         raise SpmdsimError(f"transfer kind {t.kind!r} is unknown; expected one of {OPS + _P2P!r}")
     if t.level not in LEVELS:
@@ -217,7 +217,7 @@ def link_seconds(model: CostModel, kind: str, group: int, nbytes: int) -> float:
     return model.predict(kind, group, nbytes)
 
 
-def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Transfer], *,
+def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Calls], *,
               pipeline: Pipeline | None = None, overlap: Iterable[str] = (),
               traffic: Any = None, stage: int = 0) -> StepTime:
     """Predicted seconds of one rank's training step (module docstring).
@@ -225,7 +225,7 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
     Args:
         machine: the `Machine` (spmdsim.tools.estimate.machine.load_machine).
         gemms: (gemm, count) pairs: one rank's products in one step.
-        transfers: records.Transfer values: one rank's calls in one step (each with its count).
+        transfers: records.Calls values: one rank's calls in one step (each with its count).
         pipeline: adds the bubble; None for no pipeline.
         overlap: transfer phases whose communication runs under compute (OVERLAP_UNDER; e.g.
             ("gradients",): the data-parallel gradient sums under the backward, as DDP and Megatron run them;

@@ -1,4 +1,4 @@
-"""A dry run's trace read as the step time's Transfers (spmdsim.tools.estimate.records): each collective's
+"""A dry run's trace read as the step time's Calls rows (spmdsim.tools.estimate.records): each collective's
 buffer as the cost model counts it, the link level of its group and the phase it belongs to.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...models.axes import DATA, EXPERT, PIPELINE
 from ...programs.plan.steps import KINDS
-from .records import Transfer
+from .records import Calls
 
 __all__ = ["GRADIENT_LABELS", "trace_transfers"]
 
@@ -33,15 +33,15 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 
 #: The trace labels of the sums of gradients (spmdsim.nn.autograd's buckets; ZeRO-1's and ZeRO-2's Reduce_scatter of
 #: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
-#: layers of an MoE GPT), a Transfer of phase "gradients". Every other collective a stage runs is its layers'
+#: layers of an MoE GPT), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
 #: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's.
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket")
 
 
-def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Transfer, ...]:
-    """The trace's rows as Transfers (the cost model's n), equal rows merged into counts; each in its phase
+def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
+    """The trace's rows as Calls rows (the cost model's n), equal rows merged into counts; each in its phase
     (GRADIENT_LABELS)."""
     merged: dict = {}
     levels: dict = {}  # axes -> level: one answer per group this rank is in
@@ -67,5 +67,5 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + times
-    return tuple(Transfer(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
+    return tuple(Calls(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
                  in merged.items())
