@@ -155,15 +155,13 @@ def execute(mesh: Any, local: Any, steps: tuple[Step, ...], shape: tuple, label:
 
 
 def post(mesh: Any, comm: Any, record: Messages, receives: list, sends: list, label: Optional[str]) -> None:
-    """Run the point-to-point `record` on `comm` (a group of `mesh` over `record.axes`): `receives` as
-    (buffer, source, tag), `sends` as (buffer, dest, tag), in the record's order, all waited for. A
-    checking rank (SPMDSIM_CHECK) refuses buffers the record does not describe (spmdsim.runtime.door)."""
+    """Run the point-to-point `record` on `comm` (a group of `mesh` over `record.axes`): `receives` as (buffer,
+    source, tag), `sends` as (buffer, dest, tag), all waited for; refused under SPMDSIM_CHECK unless as told."""
     door.point_to_point(mesh, comm, record.axes, receives, sends, label, record.described())
 
 
 def run_block(mesh: Any, record: Any, local: Any, label: Optional[str], out: Any = None) -> Any:
-    """Run the block collective `record` (spmdsim.programs.plan.messages) on this rank's plain block `local`
-    (into `out` where given: an Allreduce's in place when `out` is `local`)."""
+    """Run the block collective `record` on this rank's block `local` (into `out` where given: in place)."""
     kind = type(record)
     if kind is BlockAlltoall:  # (`out` only where given: a captured call's result is its replay's `out`)
         return KERNELS.alltoall(mesh, local, record.axes, 0, 0, label) if out is None else \
