@@ -15,7 +15,7 @@ __all__ = ["GROUPS", "EXAMPLES", "EXAMPLE_HEAD", "ExampleFormatter", "add_exampl
 #: The commands by what a user wants to do, in the order `spmdsim --help` lists them.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("learn how layouts, collectives and pipelines work",
-     ("slices", "explain", "show", "demo", "collective", "pipeline")),
+     ("slices", "explain", "show", "demo", "collective", "pipeline", "context")),
     ("run and check a sharded program", ("run", "launch")),
     ("plan moves between layouts", ("plan", "convert")),
     ("size a cluster", ("estimate", "autoshard", "calibrate")),
@@ -32,6 +32,7 @@ EXAMPLES: dict[str, str] = {
     "demo": "spmdsim demo --only matmul_2x4_4x1,mlp --ranks 8",
     "collective": "spmdsim collective ring-allreduce --ranks 4 --size 64K",
     "pipeline": "spmdsim pipeline --schedule 1f1b --stages 4 --microbatches 8",
+    "context": "spmdsim context --cp 4 --seq 4096 --heads 32 --kv-heads 8",
     "run": 'spmdsim run matmul --strategy "((2,1),(1,4))" --shape 256,128,192 --ranks 8',
     "run matmul": 'spmdsim run matmul --strategy "((2,4),(4,1))" --shape 64,32,48 --ranks 8 --explain',
     "run linear": "spmdsim run linear --parallel row --shape 64,200,72 --ranks 8",

@@ -132,7 +132,7 @@ def _mpirun_words(words: list) -> list:
 
 
 #: Commands that never use MPI: under a launcher rank 0 alone runs them (`main`); autoshard is one without --run.
-PURE_COMMANDS = frozenset({"slices", "explain", "show", "convert", "plan", "pipeline", "estimate"})
+PURE_COMMANDS = frozenset({"slices", "explain", "show", "convert", "plan", "pipeline", "context", "estimate"})
 
 
 def _pure(args: argparse.Namespace) -> bool:

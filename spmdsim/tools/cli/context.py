@@ -1,0 +1,70 @@
+"""`spmdsim context`: how a sequence splits over context-parallel ranks, ring attention's steps, each
+method's bytes.
+
+    spmdsim context --cp 4 --seq 4096
+    spmdsim context --cp 8 --seq 131072 --split naive --heads 32 --kv-heads 8 --head-dim 128
+
+Pure: the split and the ring's program are worked out, never run (docs/explanation/context-parallel.md).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ...errors import SpmdsimError
+from ...programs.context import SPLITS
+from ...programs.context.picture import render
+from ...programs.viz.table import WIDTH, wrap_lines
+
+__all__ = ["register", "run", "MAX_CP"]
+
+#: Most context-parallel ranks the grid draws (cp rows of cp steps).
+MAX_CP = 64
+_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "context",
+        help="show how context parallelism splits a sequence and what ring attention sends",
+        description=(
+            "Split a sequence over context-parallel ranks (balanced for causal masks as Megatron-LM "
+            "does: 2 x cp chunks, rank r holding chunks r and 2cp-1-r; or naive), print the ring "
+            "attention's steps (whose keys and values each rank attends with, and how much of the "
+            "block is work), the causal work per rank, and the bytes one rank sends per attention by "
+            "each method (ring, allgather, alltoall) for the given shape."),
+    )
+    parser.add_argument("--cp", type=int, required=True, metavar="N", help=f"context-parallel ranks (1 to {MAX_CP})")
+    parser.add_argument("--seq", type=int, required=True, metavar="T", help="tokens per sequence")
+    parser.add_argument("--split", choices=SPLITS, default="balanced", help="how the sequence is cut (default balanced)")
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per rank (default 1)")
+    parser.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
+    parser.add_argument("--dtype", choices=tuple(_ITEMSIZE), default="bf16", help="activations' dtype (default bf16)")
+    parser.add_argument("--width", type=int, default=WIDTH, help=f"terminal columns (default {WIDTH}, at least 40)")
+    parser.set_defaults(func=run)
+
+
+def _checked(args: argparse.Namespace) -> tuple[int, int]:
+    """(q_bytes, kv_bytes) of one rank's blocks, every value refused with its flag when out of range."""
+    if not 1 <= args.cp <= MAX_CP:
+        raise SpmdsimError(f"--cp {args.cp!r} is out of range; expected 1 to {MAX_CP} (the grid draws cp x cp cells)")
+    kv_heads = args.heads if args.kv_heads is None else args.kv_heads
+    for flag, value in (("--seq", args.seq), ("--batch", args.batch), ("--heads", args.heads),
+                        ("--kv-heads", kv_heads), ("--head-dim", args.head_dim)):
+        if value < 1:
+            raise SpmdsimError(f"{flag} {value!r} must be at least 1")
+    if args.heads % kv_heads:
+        raise SpmdsimError(f"--heads {args.heads} is not a multiple of --kv-heads {kv_heads}")
+    if args.width < 40:
+        raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least 40 columns")
+    rows = args.batch * (args.seq // args.cp) * args.head_dim * _ITEMSIZE[args.dtype]
+    return rows * args.heads, rows * kv_heads
+
+
+def run(args: argparse.Namespace) -> int:
+    q_bytes, kv_bytes = _checked(args)
+    lines = render(args.cp, args.seq, args.split == "balanced", kv_bytes, q_bytes, args.width)
+    print("\n".join(wrap_lines(lines, args.width)))
+    return 0
