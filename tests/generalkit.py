@@ -18,6 +18,7 @@ import numpy as np
 
 from spmdsim import Layout, SeededTensor
 from spmdsim.nn import ops
+from spmdsim.references import norms
 
 __all__ = ["Case", "run_case", "random_case", "CASES"]
 
@@ -42,9 +43,7 @@ def _np_softmax(x: np.ndarray, d: int) -> np.ndarray:
 
 
 def _np_layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + 1e-5) * w + b
+    return norms.layer_norm(x, w, b, 1e-5)[0]
 
 
 def _causal(shape: tuple[int, ...]) -> np.ndarray:
@@ -139,7 +138,7 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                     lambda a: np.log(_np_softmax(a, -1)), False),
     "layer_norm": (((4, 8), (8,), (8,)), lambda x, w, b: ops.layer_norm(x, w, b), _np_layer_norm, False),
     "rms_norm": (((4, 8), (8,)), lambda x, w: ops.rms_norm(x, w),
-                 lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w, False),
+                 lambda x, w: norms.rms_norm(x, w, 1e-6)[0], False),
     "masked_softmax": (((2, 8, 8),), lambda s: ops.softmax(ops.masked_fill(
         s, ops.causal_mask(s.mesh, s.global_shape), -np.inf), -1),
         lambda s: _np_softmax(np.where(_causal(s.shape), -np.inf, s), -1), False),

@@ -4,7 +4,7 @@ The same values and gradients bit for bit, the same bytes kept for backward (spm
 same FLOPs and kernels counted (spmdsim.base.flops), on a tensor-parallel case with a pending-free product, a broadcast
 bias and a transposed dropout mask, a layer norm and an RMSNorm with their weight and bias (the sequence-parallel
 layout: the weight's gradient pending), at fp64, fp32 and bfloat16 (the operands a node's outputs of their dtype, so
-every bfloat16 rounding is the chain's), each measured on a repeated call signature (which runs its kernels and
+every bfloat16 rounding is the chain's; the norms at fp64 and fp32 only: a bfloat16 norm rounds once), each measured on a repeated call signature (which runs its kernels and
 builds its tensors and node without the general helpers, but at bfloat16); a GPT block of kept "graph" records 16
 nodes where its separate operators recorded 31; and the GPT compares an activation's layout object with its whole
 layout once.
@@ -180,9 +180,11 @@ def _both(name, precision):
     return spmdsim.simulate(4, body)
 
 
-@pytest.mark.parametrize("precision", ["fp64", "fp32", "bf16"])
-@pytest.mark.parametrize("name", ["einsum_bias", "einsum_reshape", "reshape_einsum", "residual", "dropout_add",
-                                  "bias_add", *_NORMS])
+# (a bfloat16 norm is not its chain: it rounds once, as TransformerEngine's fused norms; tests/test_bf16_rounding.py)
+@pytest.mark.parametrize("name, precision", [
+    (name, precision) for name in ("einsum_bias", "einsum_reshape", "reshape_einsum", "residual", "dropout_add",
+                                   "bias_add", *_NORMS)
+    for precision in ("fp64", "fp32", "bf16") if not (precision == "bf16" and name in _NORMS)])
 @pytest.mark.usefixtures("empty_tables")  # (a table of fused calls filled by earlier tests could start over
 # between the first call and its repeat, which would then go through the helpers again: tests/bounded_tables.py)
 def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision, monkeypatch):
@@ -198,10 +200,7 @@ def test_a_fused_piece_is_its_separate_operators_bit_for_bit(name, precision, mo
             assert grads[k].dtype == f_grads[k].dtype and np.array_equal(grads[k], f_grads[k]), k
         assert kept == f_kept and kept.get("piece", 0) > 0
         assert kernels == f_kernels and products == f_products
-        if name == "layer_norm_of_a_leaf" and precision == "bf16":
-            assert f_nodes == nodes
-        else:
-            assert f_nodes < nodes  # one node where the chain made two or three
+        assert f_nodes < nodes  # one node where the chain made two or three
         if precision != "bf16":  # the repeated call: its kernels run, its tensors and node built without the helpers
             assert called == 0, name
 

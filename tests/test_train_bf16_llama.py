@@ -71,11 +71,11 @@ def test_a_reference_that_rounds_rmsnorm_elsewhere_is_caught(monkeypatch):
     from spmdsim.models.gpt import mixed
     from spmdsim.base.precision import wide
 
-    def rounded_root(P, pre, h, cfg, r, fused=False):
+    def rounded_root(P, pre, h, cfg, r):
         block = wide(h)
         root = wide(r(np.sqrt(np.sum(block * block, axis=-1, keepdims=True) * (1.0 / h.shape[-1]) + cfg.ln_eps)))
-        yn = r(block / root)
-        return r(wide(yn) * wide(P[pre + ".w"])), (yn, 1.0 / root, False)
+        yn = wide(r(block / root))
+        return r(yn * wide(P[pre + ".w"])), (yn, 1.0 / root)
 
     monkeypatch.setattr(mixed, "_ln", rounded_root)
     steps, shares = _checked(monkeypatch, norm="rms")
@@ -113,20 +113,18 @@ def test_a_bf16_step_of_grouped_query_attention_is_checked(monkeypatch, kept):
 
 
 @pytest.mark.parametrize("options, least", [(dict(mlp="swiglu"), 0.3), (dict(kv_heads=2), 0.1),
-                                            (dict(positions="rope"), 0.3), (dict(norm="rms"), 0.15)])
+                                            (dict(positions="rope"), 0.3)])
 def test_under_megatrons_kept_set_a_reference_that_rounds_as_the_graph_is_caught(monkeypatch, options, least):
     """kept "megatron": the ranks' SwiGLU is Megatron's fused bias_swiglu (silu(gate) * up in float32, rounded once;
     its backward's halves in float32), their grouped-query attention is in the core's products (a group's key and
     value gradients summed in float32, rounded once), their rotary embeddings TransformerEngine's fused kernel
-    (float32 tables, one rounding, the backward in float32), their RMSNorm TransformerEngine's fused RMSNorm (x / root
-    times the weight in float32, rounded once; the backward in float32), and spmdsim.models.gpt.mixed rounds so under that
-    kept set.
+    (float32 tables, one rounding, the backward in float32), and spmdsim.models.gpt.mixed rounds so under that
+    kept set (RMSNorm is TransformerEngine's fused RMSNorm under both kept sets at bfloat16).
     The reference rounding as the graph's nodes instead (SwiGLU: silu rounded, then the product, each factor's
     gradient rounded; grouped queries: each repeated head's gradient rounded before the group's sum; the rotation:
-    bfloat16 tables, each product and the sum rounded; RMSNorm: the normalized values rounded, then their product,
-    and the product's gradient) changes many gradient entries once rounded to bfloat16 (SwiGLU most of them;
-    grouped queries 18% measured, the key and value weights' most; the rotation 35-43%; RMSNorm 19%, 58%, 61% over
-    three steps), where the reference that follows the kept set changes 1-7%."""
+    bfloat16 tables, each product and the sum rounded) changes many gradient entries once rounded to bfloat16
+    (SwiGLU most of them; grouped queries 18% measured, the key and value weights' most; the rotation 35-43%),
+    where the reference that follows the kept set changes 1-7%."""
     from spmdsim.models.gpt import mixed
 
     real = mixed._Rounder.__init__
@@ -158,7 +156,7 @@ def test_a_reference_that_rounds_rotary_embeddings_elsewhere_is_caught(monkeypat
 
     monkeypatch.setattr(mixed, "_rope_tables", float32_tables)
     steps, shares = _checked(monkeypatch, positions="rope", kv_heads=2)
-    assert min(shares) >= 0.25, shares  # 32-36% measured; 1-7% for the reference that rounds where the ranks round
+    assert min(shares) >= 0.2, shares  # 25-30% measured; 1-7% for the reference that rounds where the ranks round
 
 
 @pytest.mark.parametrize("kept", ["graph", "megatron"])

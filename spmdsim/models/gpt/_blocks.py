@@ -1,6 +1,7 @@
-"""The reference GPT's pieces, forward and backward: layer norm, tanh-GELU, one pre-LN block.
+"""The reference GPT's pieces, forward and backward: the block's norm, tanh-GELU, one pre-LN block.
 
-Llama's options (spmdsim.models.gpt.GPTConfig) are pieces here too: RMSNorm (`rms_norm`), the SwiGLU MLP
+The norms themselves are spmdsim.references.norms'. Llama's options (spmdsim.models.gpt.GPTConfig) are pieces
+here too: RMSNorm (`norm`), the SwiGLU MLP
 (`silu`), rotary embeddings (`rope_tables`, `rope`) and grouped-query attention (each key/value head
 repeated for its heads / kv_heads query heads, its gradient the sum of theirs).
 
@@ -14,6 +15,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...references.norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
 from ..moe.reference import moe_backward, moe_forward
 from .config import GPTConfig
 from .config import ROPE_BASE
@@ -22,37 +24,6 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 _CAUSAL: dict[int, np.ndarray] = {}  # T -> (T, T) additive mask: 0 on and below the diagonal, -inf above
 
 Drop = Callable[[np.ndarray, str], np.ndarray]
-
-
-def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, tuple]:
-    """(x - mean) / sqrt(biased var + eps) * w + b over the last dim of x (N, D)."""
-    xc = x - x.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
-    xhat = xc * rstd
-    return xhat * w + b, (xhat, rstd, w)
-
-
-def layer_norm_backward(dy: np.ndarray, cache: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of x, w and b from dy (N, D)."""
-    xhat, rstd, w = cache
-    dxhat = dy * w
-    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, tuple]:
-    """x / sqrt(mean(x^2) + eps) * w over the last dim of x (N, D) (spmdsim.nn.ops.rms_norm's order)."""
-    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
-    xhat = x * rstd
-    return xhat * w, (xhat, rstd, w)
-
-
-def rms_norm_backward(dy: np.ndarray, cache: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Gradients of x and w from dy (N, D)."""
-    xhat, rstd, w = cache
-    dxhat = dy * w
-    return rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)), (dy * xhat).sum(axis=0)
 
 
 def norm(params: dict, name: str, x: np.ndarray, cfg: GPTConfig) -> tuple[np.ndarray, tuple]:

@@ -6,8 +6,9 @@ where they are pure (spmdsim.references.activations' GELU) and the same formulas
 
 - each operator of the distributed model reads its operands widened to float32 and rounds its
   result once to the activations' dtype: the embeddings' sum, each dropout (x times its float32
-  factor), each layer norm's (or RMSNorm's) normalized values (statistics in float32), its times-weight and
-  plus-bias, each product (a float32 BLAS product of the widened blocks) and its plus-bias, the
+  factor), each layer norm's (or RMSNorm's) output (TransformerEngine's fused norms: the statistics, the
+  normalized values, times weight and plus bias in float32), each product (a float32 BLAS product of the
+  widened blocks) and its plus-bias, the
   attention core's probabilities, their dropped-out values and its output, GELU (or SwiGLU's silu and
   its product), the rotary embeddings' two products and their sum (bfloat16 tables), the residual
   sums, the logits; cross-entropy in float32;
@@ -16,9 +17,7 @@ where they are pure (spmdsim.references.activations' GELU) and the same formulas
   backward's two halves in float32 (rounded where fc1's rule reads them); grouped-query attention in the
   core's products (no repeated key/value heads: a group's gradient summed in float32, rounded once);
   the rotary embeddings (TransformerEngine's fused RoPE) on float32 tables, x cos + rotate_half(x) sin in
-  float32, rounded once, their backward in float32; a block's RMSNorm (TransformerEngine's fused RMSNorm)
-  as x / root times the weight in float32, rounded once, its backward in float32 (the final norm, under the
-  head, is the graph's);
+  float32, rounded once, their backward in float32;
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -50,7 +49,7 @@ _F32 = np.float32
 
 
 #: Llama's options this reference computes (GPTConfig): the MLP's width, grouped-query attention, an untied head,
-#: no biases, RMSNorm (its mean square in float32, its normalized values rounded, as layer norm's), SwiGLU (silu
+#: no biases, RMSNorm (in float32, its output rounded once, as layer norm's), SwiGLU (silu
 #: in float32, rounded; times the second product, rounded), rotary embeddings (bfloat16 tables; each product and
 #: the sum rounded).
 CHECKED = ("ffn", "kv_heads", "tied", "bias", "norm", "mlp", "positions")
@@ -172,37 +171,32 @@ class _Rounder:
         return g if f is None else g * f
 
 
-def _ln(P: dict, pre: str, h: np.ndarray, cfg: GPTConfig, r: _Rounder, fused: bool = False) -> tuple:
-    """The block's norm (GPTConfig.norm) as the ranks' nodes (spmdsim.nn.ops.norms): normalized (float32
-    statistics: layer norm's mean and variance, RMSNorm's mean square, in the kernel's order), rounded; times
-    weight, rounded; plus bias (layer norm's), rounded. `fused` (a block's norm under Megatron's kept set):
-    RMSNorm as TransformerEngine's fused kernel (ops.rms_norm(..., kept="megatron")), the normalized values
-    left in float32 and their product with the weight rounded once (layer norm's fused node rounds as the
-    graph's)."""
+def _ln(P: dict, pre: str, h: np.ndarray, cfg: GPTConfig, r: _Rounder) -> tuple:
+    """The norm (GPTConfig.norm) as the ranks' fused node (spmdsim.nn.ops.norms, TransformerEngine's fused
+    LayerNorm and RMSNorm, in either kept set): the statistics (layer norm's mean and variance, RMSNorm's mean
+    square, in the kernel's order), the normalized values, times weight and plus bias (layer norm's) in float32,
+    the output rounded once."""
     n = h.shape[-1]
     inv = 1.0 / n
     block = wide(h)
     centre = pre + ".b" in P  # layer norm (RMSNorm has no bias: spmdsim.models.gpt.params)
     c = block - np.sum(block, axis=-1, keepdims=True) * inv if centre else block
     root = np.sqrt(np.sum(c * c, axis=-1, keepdims=True) * inv + cfg.ln_eps)
-    if fused and not centre:
-        yn = c / root
-        return r(yn * wide(P[pre + ".w"])), (yn, 1.0 / root, True)
-    yn = r(c / root)
-    yw = r(wide(yn) * wide(P[pre + ".w"]))
-    return (r(wide(yw) + wide(P[pre + ".b"])) if centre else yw), (yn, 1.0 / root, False)
+    yn = c / root
+    out = yn * wide(P[pre + ".w"])
+    return r(out + wide(P[pre + ".b"]) if centre else out), (yn, 1.0 / root)
 
 
 def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r: _Rounder) -> np.ndarray:
-    """The norm's input gradient (float32, not rounded: summed with the residual's first): the normalization's
-    rule (spmdsim.nn.autograd.rules.norms) on the times-weight's gradient rounded; RMSNorm's without mean(dY).
-    The fused RMSNorm (`_ln`'s `fused`): in float32 throughout, the times-weight's gradient not rounded."""
-    yn, rstd, fused = cache
+    """The norm's input gradient (float32, not rounded: summed with the residual's first), as the fused node's
+    rule (spmdsim.nn.autograd.rules.norms): the output's gradient rounded where the walk reads it, all else
+    float32 (the normalized values, dY w); RMSNorm's without mean(dY)."""
+    yn, rstd = cache
     da = r.grad(da)
     centre = pre + ".b" in P
     grads.total(pre + ".b", da, P)
     grads.total(pre + ".w", da * yn)
-    dy = da * wide(P[pre + ".w"]) if fused else r.grad(da * wide(P[pre + ".w"]))
+    dy = da * wide(P[pre + ".w"])
     inv = 1.0 / yn.shape[-1]
     g = dy - np.sum(dy * yn, axis=-1, keepdims=True) * inv * yn
     if centre:
@@ -266,7 +260,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
            follow: Optional[np.ndarray] = None) -> tuple:
     T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
     layer = pre[:-1]
-    a, ln1 = _ln(P, pre + "ln1", h, cfg, r, r.fused)
+    a, ln1 = _ln(P, pre + "ln1", h, cfg, r)
 
     def heads(w: str, n: int) -> np.ndarray:
         out = _linear(P, pre + "attn.w" + w, None if w == "k" else pre + "attn.b" + w, a, r)
@@ -286,7 +280,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     pd = p if f is None else r(wide(p) * f)
     o = r(product(pd, v)).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
-    a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r, r.fused)
+    a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r)
     if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.models.moe.mixed), its router losses in the cache
         out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))

@@ -164,6 +164,9 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
                kept: str = "graph") -> Any:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
 
+    bfloat16 x: computed in float32 and rounded once, as TransformerEngine's fused LayerNorm (docs/howto/bf16.md,
+    "Rounding points"), one node keeping x and each row's statistics whatever `kept` says.
+
     `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
     (spmdsim.nn.ops.norm_affine) keeping what the normalization's, the weight's and the bias's nodes would
     keep (x, its normalized values and 1 / sqrt(var + eps), the product and the sum); "megatron", one node keeping x and each row's mean and standard
@@ -196,18 +199,18 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
                 _LAYER_NORMS.clear()
             _LAYER_NORMS[key] = (layout, (d, eps, whole))
     if whole:
-        if kept == "megatron":
+        if kept == "megatron" or is_low(x._local.dtype):  # bfloat16: the fused kernel whatever `kept` says
             return _fused_layer_norm(x, d, eps, weight, bias)
         return norm_affine(x, d, eps, True, "layer_norm", weight, bias)
-    # bfloat16: the statistics and the normalized values in float32, those rounded once (the whole rows' kernel's)
-    dt, low = x.dtype, is_low(x.dtype)
+    # bfloat16: the statistics, the normalized values, times weight and plus bias in float32, rounded once
+    out, low = _affine_dtypes("layer_norm", x.dtype, weight, bias)[1], is_low(x.dtype)
     if low:
         x = P.astype(x, np.float32)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
-    y = P.div(centred, P.sqrt(P.add(var, eps)))
-    return _affine(P.astype(y, dt) if low else y, weight, bias)
+    y = _affine(P.div(centred, P.sqrt(P.add(var, eps))), weight, bias)
+    return P.astype(y, out) if low else y
 
 
 # (id(x's layout), x's global shape and dtype, eps's type and value, kept, the weight's and bias's global shapes)
@@ -218,9 +221,9 @@ _LAYER_NORMS: dict = {}
 
 def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: Optional[Any]) -> Any:
     """layer_norm along a whole last dim as one node that keeps x and each row's mean and standard
-    deviation (spmdsim.nn.autograd.rules.norms.record_layer_norm); the values are the composite's. bfloat16:
-    the statistics float32 (Apex's), and the normalized values, times weight and plus bias each rounded
-    once, where the graph's (spmdsim.nn.ops.norm_affine) rounds them (spmdsim.base.precision)."""
+    deviation (spmdsim.nn.autograd.rules.norms.record_layer_norm); the values are the composite's. bfloat16
+    (either kept set): as TransformerEngine's fused LayerNorm, the statistics, the normalized values, times
+    weight and plus bias in float32, the output rounded once (spmdsim.base.precision)."""
     n = x.global_shape[d]
     w, b = _replicated(weight), _replicated(bias)
     low = is_low(x.dtype)
@@ -228,25 +231,24 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
 
     def kernel(block: np.ndarray) -> np.ndarray:
         inv = 1.0 / n
-        dt, block = block.dtype, wide(block)
+        block = wide(block)
         stats["mean"] = mean = _SUM(block, axis=d, keepdims=True) * inv
         c = block - mean
         stats["root"] = root = np.sqrt(_SUM(c * c, axis=d, keepdims=True) * inv + eps)
         y = c / root
-        if low:  # each rounded once to what the graph's ops.mul and ops.add give (float32 beside float32)
-            y = rounded(y, dt)
+        if low:  # TransformerEngine's: in float32 throughout, rounded once (float32 beside a float32 weight)
             if w is not None:
-                y = rounded(wide(y) * wide(w.local), scaled)
+                y = y * wide(w.local)
             if b is not None:
-                y = rounded(wide(y) + wide(b.local), dtype)
-            return y
+                y = y + wide(b.local)
+            return rounded(y, dtype)
         if w is not None:
             y = y * w.local
         if b is not None:
             y = y + b.local
         return y
 
-    scaled, dtype = _affine_dtypes("layer_norm", x.dtype, w, b)
+    dtype = _affine_dtypes("layer_norm", x.dtype, w, b)[1]
     out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
                        x.layout, x.global_shape)
     stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
@@ -276,6 +278,9 @@ def _replicated(t: Optional[Any]) -> Optional[Any]:
 def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str = "graph") -> Any:
     """x / sqrt(mean(x ** 2) + eps) * weight over the last dim.
 
+    bfloat16 x: computed in float32 and rounded once, as TransformerEngine's fused RMSNorm, one node keeping x
+    and each row's root whatever `kept` says.
+
     `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
     (spmdsim.nn.ops.norm_affine) keeping what the normalization's and the weight's nodes would keep (x, its
     normalized values and 1 / sqrt(mean(x ** 2) + eps), the product); "megatron", one node keeping x and each row's root (TransformerEngine's fused RMSNorm,
@@ -290,23 +295,22 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
     _check_affine("rms_norm", x, d, weight)
     x = resolved(x)
     if _whole_rows("rms_norm", x):
-        if kept == "megatron":
+        if kept == "megatron" or is_low(x.dtype):  # bfloat16: the fused kernel whatever `kept` says
             return _fused_rms_norm(x, d, eps, weight)
         return norm_affine(x, d, eps, False, "rms_norm", weight, None)
-    dt, low = x.dtype, is_low(x.dtype)  # bfloat16: as layer_norm's
+    out, low = _affine_dtypes("rms_norm", x.dtype, weight, None)[1], is_low(x.dtype)  # bfloat16: as layer_norm's
     if low:
         x = P.astype(x, np.float32)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
-    y = P.div(x, P.sqrt(P.add(ms, eps)))
-    return _affine(P.astype(y, dt) if low else y, weight, None)
+    y = _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
+    return P.astype(y, out) if low else y
 
 
 def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
     """rms_norm along a whole last dim as one node that keeps x and each row's root sqrt(mean(x ** 2) + eps)
     (spmdsim.nn.autograd.rules.norms.record_rms_norm; TransformerEngine keeps its inverse, rsigma: the same
-    bytes); the values are the composite's. bfloat16: as the fused kernel, the root and x / root in float32,
-    times the widened weight in float32 and rounded once (the graph's norm rounds the normalized values,
-    then their product with the weight)."""
+    bytes); the values are the composite's. bfloat16 (either kept set): as the fused kernel, the root and
+    x / root in float32, times the widened weight in float32 and rounded once."""
     n = x.global_shape[d]
     w = _replicated(weight)
     low = is_low(x.dtype)

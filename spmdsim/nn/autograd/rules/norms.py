@@ -78,8 +78,8 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
     affine output: the backward makes y = (x - mean) / root again (the forward's values, bit for bit),
     then dW = sum(dY y), dB = sum(dY) (pending over the axes that split the rows) and
     dX = r (dY w - mean(dY w) - y mean(dY w y)) with r = 1 / root, as the graph's three rules do. bfloat16
-    x: the statistics float32, y rounded as the forward rounded it and dY w rounded where the graph's walk
-    rounds the normalized values' gradient, all else float32 (spmdsim.base.precision).
+    x: as TransformerEngine's fused LayerNorm's backward, in float32 throughout (y and dY w not rounded; dY
+    rounded where the graph's walk rounds it, a no-op where it did), dX float32.
     """
     n = x.global_shape[d]
     rows = axes_of(x.layout, x.layout.tensor_map[:d] + x.layout.tensor_map[d + 1:])
@@ -89,16 +89,13 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
 
     def grads(dy: np.ndarray) -> tuple:
         y = (wide(x.local) - stats["mean"]) / stats["root"]
-        if low is not None:  # the forward's rounded normalized values; dY and d y rounded as the graph's walk
-            y = wide(rounded(y, low))  # rounds them (dY here too, to the output's dtype: float32 beside a float32
-            dy = wide(rounded(dy, shown))  # weight; see `backward`; a no-op where the walk did)
+        if low is not None:  # dY rounded to the output's dtype (float32 beside a float32 weight), as the walk did
+            dy = wide(rounded(dy, shown))
         dw = _SUM(dy * y, axis=lead) if need[1] else None
         db = _SUM(dy, axis=lead) if need[2] else None
         if not need[0]:
             return None, dw, db
         dyy = dy if weight is None else dy * wide(weight.local)
-        if low is not None and weight is not None:
-            dyy = wide(rounded(dyy, low))
         inv = 1.0 / n
         g = dyy - _SUM(dyy * y, axis=d, keepdims=True) * inv * y
         g = g - _SUM(dyy, axis=d, keepdims=True) * inv
