@@ -2,9 +2,20 @@
 lines, an unproven choice, "1e+03 KiB"), each as the one-line answer or the bound it should be."""
 from __future__ import annotations
 
+import importlib.abc
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 from spmdsim.base.sizes import format_size
+from spmdsim.errors import SpmdsimError
+from spmdsim.runtime.debug import MAX_WATCHDOG_S, watchdog_setting
+from spmdsim.tools.cli.console import console
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 KIB, MIB = 1024, 1024 ** 2
 
@@ -16,3 +27,79 @@ def test_format_size_rounds_into_the_next_unit(n: int, shown: str) -> None:
     """1000-1023 KiB read "1e+03 KiB" (the 1T model's gradients in `spmdsim estimate`): never an exponent."""
     assert format_size(n) == shown
     assert "e+" not in format_size(n)
+
+
+def _spmdsim(*words: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m spmdsim WORDS` (with SPMDSIM_* settings of its own in `env`)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | (env or {})
+    return subprocess.run([sys.executable, "-m", "spmdsim", *words], env=full, text=True, timeout=60,
+                          stderr=subprocess.PIPE, **({"stdout": subprocess.PIPE} | kwargs))
+
+
+def _one_error(out: subprocess.CompletedProcess, rc: int, *words: str) -> None:
+    """The run ended with `rc` and one error (folded lines), holding `words`, without a traceback."""
+    assert out.returncode == rc, out.stderr
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if not line.startswith(("  ", "spmdsim: running"))]
+    assert len(errors) == 1 and "error" in errors[0], out.stderr
+    assert all(word in " ".join(out.stderr.split()) for word in words), out.stderr
+
+
+def test_watchdog_above_a_week_is_refused_naming_the_range() -> None:
+    with pytest.raises(SpmdsimError, match=r"'1e12' is above the watchdog's maximum of 604,800 s"):
+        watchdog_setting("1e12", "SPMDSIM_WATCHDOG")
+    assert watchdog_setting(str(MAX_WATCHDOG_S), "--watchdog") == MAX_WATCHDOG_S
+
+
+@pytest.mark.parametrize("flag, env", [(["--watchdog", "1000000000000"], {}), ([], {"SPMDSIM_WATCHDOG": "1e12"})])
+def test_huge_watchdog_is_one_line_not_an_overflow(flag: list, env: dict) -> None:
+    """An OverflowError traceback from the rank's timed wait (past threading.TIMEOUT_MAX) before."""
+    out = _spmdsim("demo", "--ranks", "2", "--only", "mlp", *flag, env=env)
+    _one_error(out, 2, "1e12" if env else "1000000000000", "from 1 to 604,800")
+
+
+@pytest.mark.parametrize("env, words", [({"SPMDSIM_CHECK": "junk"}, ("SPMDSIM_CHECK='junk'", "is not a switch")),
+                                        ({"SPMDSIM_WATCHDOG": "1e12"}, ("604,800",))])
+def test_mpirun_refuses_a_bad_debug_setting_in_one_line(tmp_path, env: dict, words: tuple) -> None:
+    """A 24-line traceback from every simulated rank before (`spmdsim demo` said it in one line)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("from mpi4py import MPI\nprint(MPI.COMM_WORLD.allreduce(1))\n")
+    out = _spmdsim("mpirun", "-n", "2", "python", str(prog), env=env)
+    _one_error(out, 2, "spmdsim mpirun: error:", *words)
+    assert out.stdout == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("json", [["--json"], []])
+def test_full_disk_under_json_is_one_line(json: list) -> None:
+    """--json prints its document in one write on a simulated rank: an OSError traceback of 43 lines before."""
+    with open("/dev/full", "w") as full:
+        out = _spmdsim("demo", "--ranks", "2", "--only", "matmul_2x1_1x4", *json, stdout=full)
+    _one_error(out, 1, "cannot write the output: No space left on device")
+
+
+class _InterruptingFinder(importlib.abc.MetaPathFinder):
+    """A Ctrl-C that lands while `name` is imported."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == self.name:
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_importing_is_one_line_and_130(monkeypatch, capsys) -> None:
+    """A Ctrl-C in the first second of `spmdsim demo --ranks 8` (importing) printed a 66-line traceback."""
+    monkeypatch.delitem(sys.modules, "spmdsim.tools.cli.main", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder("spmdsim.tools.cli.main"), *sys.meta_path])
+    assert console(["demo", "--ranks", "8"]) == 130
+    assert capsys.readouterr().err == "spmdsim: interrupted (Ctrl-C)\n"
+
+
+def test_console_script_and_module_enter_through_console() -> None:
+    """The console script and `python -m spmdsim` both call console() (setup.cfg's entry point)."""
+    setup = (ROOT / "setup.cfg").read_text()
+    assert "spmdsim = spmdsim.tools.cli.console:console" in setup
+    assert "console()" in (ROOT / "spmdsim" / "__main__.py").read_text()

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
-from ...base.output import quiet_stdout
+from ...base.output import is_output_failure, output_error, quiet_stdout
 from ...base.threads import RANK_VARIABLES, launcher_rank, launcher_size
 from ...errors import SpmdsimError, fold_message
 from ...base import context as _local
@@ -108,6 +108,10 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         print(fold_message(f"spmdsim: error on {_where(exc)}: {out_of_memory(exc)}"), file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
+        if is_output_failure(exc):  # a full disk under `> file` (--json prints in one write): as main says it
+            quiet_stdout()
+            print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
+            return 1
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{detail}",
               file=sys.stderr, end="")
