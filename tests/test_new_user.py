@@ -7,13 +7,19 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
+from testkit import unfold
 
 from spmdsim.base.sizes import format_size
+from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
+from spmdsim.programs.algorithms.formulas import round_count
 from spmdsim.errors import SpmdsimError
 from spmdsim.runtime.debug import MAX_WATCHDOG_S, watchdog_setting
 from spmdsim.tools.cli.console import console
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.estimate.configs import _divisors
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -103,3 +109,47 @@ def test_console_script_and_module_enter_through_console() -> None:
     setup = (ROOT / "setup.cfg").read_text()
     assert "spmdsim = spmdsim.tools.cli.console:console" in setup
     assert "console()" in (ROOT / "spmdsim" / "__main__.py").read_text()
+
+
+def _refused_at_once(capsys, argv: list[str], *words: str) -> None:
+    """main(argv) refuses in one line, exit 2, before any work (each ran for minutes without a word before)."""
+    start = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - start < 5
+    out, err = capsys.readouterr()
+    lines = unfold(err).splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith("spmdsim: error: "), (out, err)
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["estimate", "gpt", "--layers", "100000", "--hidden", "1000000", "--heads", "1000", "--seq", "1000000",
+      "--vocab", "1000000"], ("--layers 100,000 is too many; expected at most 1,024",)),
+    (["collective", "ring-allreduce", "--size", "1M", "--ranks", "1000"],
+     ("sends up to 5,994,000 messages (1,998 rounds of up to 1,000, 3 times (--repeat)); expected at most 500,000",)),
+    (["autoshard", "--network", "gpt", "--gpt", "layers=1000,d_model=100000", "--devices", "1000000000000",
+      "--machine", "a100-dgx"], ("--devices 1,000,000,000,000 is too many; expected at most 65,536",)),
+    (["autoshard", "--network", "gpt", "--gpt", "layers=2000", "--machine", "a100-dgx"],
+     ("--gpt layers 2,000 is too many; expected at most 1,024",)),
+])
+def test_unbounded_work_is_refused_with_its_bound(capsys, argv: list, words: tuple) -> None:
+    _refused_at_once(capsys, argv, *words)
+
+
+def test_divisors_of_a_huge_device_count_come_at_once() -> None:
+    """The search listed divisors by trial up to n: 10**12 devices ran for minutes in `_divisors` alone."""
+    start = time.perf_counter()
+    found = _divisors(10 ** 12)
+    assert time.perf_counter() - start < 2
+    assert len(found) == 169 and found[:4] == [1, 2, 4, 5] and found[-1] == 10 ** 12
+    assert all(_divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 300))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_count_is_the_schedules(name: str) -> None:
+    """The collective's bound counts rounds before building the schedule (which takes seconds at 1,000 ranks)."""
+    collective, algorithm = parse_name(name)
+    for p in (2, 3, 4, 5, 7, 8, 12, 16, 17, 31, 33):
+        schedule = build(collective, algorithm, p, elements_for(collective, p, 64 * p, 4), 4, 0)
+        assert round_count(name, p) == len(schedule.rounds), p
+        assert max(len(r.transfers) for r in schedule.rounds) <= p

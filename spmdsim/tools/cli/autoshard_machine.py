@@ -25,7 +25,9 @@ from ...models.gpt.flags import architecture_fields, architecture_flags, archite
 from ...programs.viz.table import wrap_lines
 from ..estimate.configs import FIXABLE, parse_fixed, vocab_note
 from ..estimate.machine import load_machine
+from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
+from .estimate import MAX_DRY_LAYERS
 
 __all__ = ["run_machine"]
 
@@ -58,7 +60,10 @@ def run_machine(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
-    cfg = gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    if devices > MAX_DRY_RANKS:  # each configuration's dry run runs them all (--devices 10**12: no end in sight)
+        raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_DRY_RANKS:,} (the ranks a "
+                           "dry run simulates)")
+    cfg = gpt_config(args.gpt, max_layers=MAX_DRY_LAYERS, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
     heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
     problem = architecture_problem(args, cfg.heads, heads)
     if problem:
