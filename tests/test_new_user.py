@@ -153,3 +153,11 @@ def test_round_count_is_the_schedules(name: str) -> None:
         schedule = build(collective, algorithm, p, elements_for(collective, p, 64 * p, 4), 4, 0)
         assert round_count(name, p) == len(schedule.rounds), p
         assert max(len(r.transfers) for r in schedule.rounds) <= p
+
+
+def test_a_dry_demo_that_skipped_everything_exits_3(capsys) -> None:
+    """`spmdsim demo --ranks 1024 --dry-run --only mlp` exited 0 with every scenario skipped (3 without --dry-run);
+    a dry demo whose scenarios ran still exits 0."""
+    assert main(["demo", "--ranks", "1024", "--dry-run", "--only", "mlp"]) == 3
+    assert "every scenario was skipped" in unfold(capsys.readouterr().err)
+    assert main(["demo", "--ranks", "4", "--dry-run", "--only", "mlp"]) == 0
