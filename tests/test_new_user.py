@@ -161,3 +161,21 @@ def test_a_dry_demo_that_skipped_everything_exits_3(capsys) -> None:
     assert main(["demo", "--ranks", "1024", "--dry-run", "--only", "mlp"]) == 3
     assert "every scenario was skipped" in unfold(capsys.readouterr().err)
     assert main(["demo", "--ranks", "4", "--dry-run", "--only", "mlp"]) == 0
+
+
+@pytest.mark.parametrize("extra, said", [([], "step 1: the loss is nan (not finite): training diverged"),
+                                         (["--pp", "2", "--layers", "2"], "step 1: the loss is nan"),
+                                         (["--precision", "bf16-mixed", "--layers", "1"],
+                                          "step 0: parameter 'wte' is not finite after the update (loss 4.82")])
+def test_a_diverged_training_stops_naming_the_step(extra: list, said: str) -> None:
+    """--lr 1e300 printed NaN losses, 16 lines of numpy warnings, then "check ... PASS"."""
+    args = ["--ranks", "8", "--lr", "1e300", "--steps", "3", "--layers", "1", "--d-model", "16", "--seq", "8",
+            "--sample", "0"]
+    if extra:
+        args = args[:6] + args[8:] + extra
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 2 and "Warning" not in out.stderr, out.stderr  # one folded error line
+    assert said in " ".join(out.stderr.split()) and "a lower learning rate than 1e+300" in " ".join(out.stderr.split())
+    assert "PASS" not in out.stdout and "nan" not in out.stdout
