@@ -179,3 +179,15 @@ def test_a_diverged_training_stops_naming_the_step(extra: list, said: str) -> No
     assert out.stderr.count("\n") == 2 and "Warning" not in out.stderr, out.stderr  # one folded error line
     assert said in " ".join(out.stderr.split()) and "a lower learning rate than 1e+300" in " ".join(out.stderr.split())
     assert "PASS" not in out.stdout and "nan" not in out.stdout
+
+
+@pytest.mark.parametrize("width", ["80", "100"])
+def test_show_keeps_a_long_name_within_the_width(capsys, width: str) -> None:
+    """A 5,000-character --name printed a 5,006-column title (and the heading over 63 lines)."""
+    assert main(["show", "--strategy", "((1,2),(2,1))", "--operand", "x", "--shape", "4,4", "--width", width,
+                 "--name", "n" * 5000]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= int(width)
+    assert lines[0].startswith("n" * (int(width) // 2 - 3) + "...: shape (4, 4)")
+    assert main(["show", "--strategy", "((1,2),(2,1))", "--operand", "x", "--shape", "4,4", "--name", "w1"]) == 0
+    assert capsys.readouterr().out.startswith("w1: shape (4, 4)")  # a short name as given
