@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.abc
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -191,3 +192,19 @@ def test_show_keeps_a_long_name_within_the_width(capsys, width: str) -> None:
     assert lines[0].startswith("n" * (int(width) // 2 - 3) + "...: shape (4, 4)")
     assert main(["show", "--strategy", "((1,2),(2,1))", "--operand", "x", "--shape", "4,4", "--name", "w1"]) == 0
     assert capsys.readouterr().out.startswith("w1: shape (4, 4)")  # a short name as given
+
+
+SMALL_GPT = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=256,batch=4", "--devices",
+             "2", "--machine", "a100-dgx"]
+
+
+@pytest.mark.parametrize("cap, unproven", [(["--max-dry-runs", "1"], True), ([], False)])
+def test_autoshard_says_when_its_choice_is_not_proven_best(capsys, cap: list, unproven: bool) -> None:
+    """Stopped by --max-dry-runs, it listed unpriced configurations bounded below its choice without a word; its
+    first column, a ranking, was headed "rank"."""
+    assert main(SMALL_GPT + cap) == 0
+    out = capsys.readouterr().out
+    said = unfold(out)
+    assert ("not proven best: 13 configuration(s) not priced have time bounds below its 0.037 ms" in said) == unproven
+    assert re.search(r"^# +tp +pp +v +dp +mb recompute", out, re.M) and not re.search(r"^rank +tp", out, re.M), out
+    assert max(map(len, out.splitlines())) <= 100

@@ -201,11 +201,12 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
         head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.peak / MIB:,.1f} MiB at its "
                     "peak")
         head.append(f"  ({r.chosen.memory / MIB:,.1f} MiB held, and for a moment one kernel's blocks)")
+        head += _unproven(r)
     else:
         head.append("chosen: none fits the memory limit")
     out = list(head)
     eph = f"{EXPERT:>4}" if moe else ""
-    out.append(f"{'rank':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{'mb':>5} "
+    out.append(f"{'#':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
                f"{'step ms':>13}{'peak MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
@@ -227,6 +228,17 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
             out.append(_row("-", first, moe))
 
     return wrap_lines(out)
+
+
+def _unproven(r: Any) -> list[str]:
+    """The line saying the choice is not proven best, when configurations the dry-run cap left unpriced have a
+    time bound below its time (the table listed them without a word); none otherwise."""
+    below = [c for c in r.candidates if c.verdict == "not priced" and c.bound_s < r.chosen.step_s]
+    if not below:
+        return []
+    least = min(c.bound_s for c in below)
+    return [f"not proven best: {len(below):,} configuration(s) not priced have time bounds below its "
+            f"{r.chosen.step_s * 1e3:,.3f} ms (the least {least * 1e3:,.3f} ms); raise --max-dry-runs to price them"]
 
 
 def _as_json(cfg: Any, r: Any, seconds: float) -> dict:
