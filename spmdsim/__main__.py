@@ -1,4 +1,4 @@
 """`python -m spmdsim` is the `spmdsim` console script."""
-from .tools.cli.main import main
+from .tools.cli.console import console
 
-raise SystemExit(main())
+raise SystemExit(console())

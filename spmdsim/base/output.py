@@ -1,7 +1,8 @@
 """What spmdsim does when its own output cannot be written: a module below the packages, as spmdsim.base.once_parser
 (which uses it) is.
 
-`output_error` is the one line for a failed write (a full disk under ``> file``, an I/O error); `quiet_stdout`
+`output_error` is the one line for a failed write (a full disk under ``> file``, an I/O error), which
+`note_output_failure` marks where a simulated rank's write failed; `quiet_stdout`
 points stdout at /dev/null after such a failure, or after the reader went away (``| head``), so that the
 interpreter's last flush does not fail again with a traceback.
 """
@@ -17,6 +18,18 @@ def output_error(exc: OSError) -> str:
     if exc.filename is not None:
         return f"cannot write {exc.filename!r}: {why}"
     return f"cannot write the output: {why}"
+
+
+def note_output_failure(exc: OSError) -> None:
+    """Note on `exc` that it failed a write to the standard streams (spmdsim.runtime.sim.simulating's line
+    buffers), so that a simulated rank's full disk under ``> file`` ends the run in one line
+    (spmdsim.runtime.sim.launch), where another OSError of a rank keeps its traceback."""
+    exc.spmdsim_output = True  # type: ignore[attr-defined]
+
+
+def is_output_failure(exc: BaseException) -> bool:
+    """Whether `exc` is an OSError that note_output_failure noted."""
+    return isinstance(exc, OSError) and getattr(exc, "spmdsim_output", False)
 
 
 def quiet_stdout() -> None:

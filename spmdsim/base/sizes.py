@@ -9,12 +9,16 @@ __all__ = ["UnmappableError", "format_size"]
 
 
 def format_size(n: int) -> str:
-    """1610612736 -> '1.5 GiB' (binary units, 3 significant digits; exact below 1 KiB)."""
+    """1610612736 -> '1.5 GiB' (binary units, 3 significant digits, never more than 999 of a unit
+    but the last; exact below 1 KiB)."""
     if n < 1024:
         return f"{n} B"
     units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
     power = min((n.bit_length() - 1) // 10, len(units))
-    return f"{n / 1024 ** power:.3g} {units[power - 1]}"
+    if float(f"{n / 1024 ** power:.3g}") >= 1000 and power < len(units):
+        power += 1  # 1000-1023 units would read "1e+03": say it in the next unit
+    value = n / 1024 ** power
+    return f"{value:.3g} {units[power - 1]}" if value < 1000 else f"{value:,.0f} {units[power - 1]}"
 
 
 class UnmappableError(ResourceError):

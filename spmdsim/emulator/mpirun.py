@@ -410,6 +410,29 @@ def _stopped(code: int) -> int:
     return code
 
 
+def _cannot_start() -> int:
+    """0 when the ranks can start, else the exit code, the reason printed in one line: no MPI library to take
+    mpi4py's constants from (1), or a bad SPMDSIM_CHECK or SPMDSIM_WATCHDOG (2: every rank would raise it, and
+    the run printed their traceback where `spmdsim demo` says it in one line)."""
+    from ..errors import SpmdsimError, fold_message
+    from ..runtime.debug import HOOKS, Hooks
+    from ..runtime.mpi_library import MPILibraryError, load_mpi
+
+    try:  # the ranks send nothing through the library, but their MPI module is mpi4py's, swapped
+        load_mpi(why="spmdsim mpirun's ranks take MPI's constants, datatypes and exceptions from it")
+    except MPILibraryError as exc:
+        print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
+        return 1
+    settings = Hooks(HOOKS)  # a copy: read here only to refuse a bad value, as each rank reads it again
+    try:
+        settings.check_enabled()
+        settings.watchdog_seconds()
+    except SpmdsimError as exc:
+        print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
     from .mpi4py_world import swapped
@@ -436,14 +459,9 @@ def run(n: int, command: Sequence[str]) -> int:
 
         print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
         return 1 if isinstance(exc, _NotRunnable) else 2
-    from ..runtime.mpi_library import MPILibraryError, load_mpi
-    from ..errors import fold_message
-
-    try:  # the ranks send nothing through the library, but their MPI module is mpi4py's, swapped
-        load_mpi(why="spmdsim mpirun's ranks take MPI's constants, datatypes and exceptions from it")
-    except MPILibraryError as exc:
-        print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
-        return 1
+    refused = _cannot_start()
+    if refused:
+        return refused
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
     # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.

@@ -49,12 +49,14 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 __all__ = ["Hooks", "HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "agree", "verify", "verify_counts", "verify_operands", "wait", "begin",
            "waiter", "CHECK_WATCHDOG_S", "add_cli_arguments",
-           "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
+           "configure_from_args", "MIN_WATCHDOG_S", "MAX_WATCHDOG_S", "watchdog_setting"]
 
 #: The shortest watchdog: it reports a collective that never completes, and a healthy one on
 #: oversubscribed ranks (8 on 2 cores) can take a good part of a second; a shorter limit would
 #: abort correct programs naming a rank as missing that is only on its way.
 MIN_WATCHDOG_S = 1.0
+#: The longest watchdog: a week (a wait past threading.TIMEOUT_MAX, ~292 years, overflows the platform's time_t).
+MAX_WATCHDOG_S = 7 * 24 * 3600.0
 
 
 class Hooks:
@@ -160,7 +162,8 @@ def _flag(name: str) -> bool:
 def watchdog_setting(value: Any, what: str) -> Optional[float]:
     """The watchdog's seconds from a setting named `what` (None, "", "0" and "off": no watchdog).
 
-    Raises SpmdsimError for anything else that is not a finite number of seconds >= MIN_WATCHDOG_S.
+    Raises SpmdsimError for anything else that is not a number of seconds from MIN_WATCHDOG_S to
+    MAX_WATCHDOG_S.
     """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
         return None
@@ -176,6 +179,9 @@ def watchdog_setting(value: Any, what: str) -> Optional[float]:
         raise SpmdsimError(f"{what} {value!r} is below the watchdog's minimum of {MIN_WATCHDOG_S:g} s (a healthy "
                            "collective on oversubscribed ranks can take most of a second); expected seconds "
                            f">= {MIN_WATCHDOG_S:g}, or 0 for off")
+    if seconds > MAX_WATCHDOG_S:
+        raise SpmdsimError(f"{what} {value!r} is above the watchdog's maximum of {MAX_WATCHDOG_S:,.0f} s (a week); "
+                           f"expected seconds from {MIN_WATCHDOG_S:g} to {MAX_WATCHDOG_S:,.0f}, or 0 for off")
     return seconds
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-
 import numpy as np
 
 from ...base import buffers
@@ -72,7 +71,7 @@ from .layouts import mesh_problem
 from .mixed import architecture_problem
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
-from .step_check import _norm
+from .step_check import QUIET, _norm, stop_if_diverged
 from .buckets import _zero_axes, dp_bucket, zero_options
 from .step_looks import _expert_bytes, step_memory_problem
 from .stage_check import _PipelineChecker, _stage_regions, _table
@@ -163,7 +162,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         if checker is not None:
             checker.start()
         given = st.begin(x, y, replay, graph is None)
-        with collect_trace() as trace:
+        with collect_trace() as trace, np.errstate(**QUIET):
             if not replay:
                 losses = st.step(step)
             elif graph is None:  # the same step as eager, recorded
@@ -173,6 +172,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 losses = graph(step, *given)
             losses = [float(ops.resolved(loss).local) for loss in losses]
         value, watch = st.finish(trace, losses), st.ran["watch"]
+        stop_if_diverged(step, value, params, cfg.lr)
         errors = (float("nan"),) * 3 if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()
         dispatch, ledger = st.experts(trace)

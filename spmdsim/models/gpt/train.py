@@ -70,7 +70,7 @@ from .mixed import architecture_problem
 from . import parallel
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
-from .step_check import _norm, _summed_grads, step_errors
+from .step_check import QUIET, _norm, _summed_grads, step_errors, stop_if_diverged
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _routes, _zero_moments
 from .step_run import _StepRun, _optimizer
@@ -239,9 +239,10 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         if checker is not None:  # the step's start, every rank's blocks: the reference step starts from it, whole
             checker.start()
-        with collect_trace() as trace:
+        with collect_trace() as trace, np.errstate(**QUIET):
             loss = run.step(xd, yd, step, replay)
         value = float(ops.resolved(loss).local)
+        stop_if_diverged(step, value, tensors, cfg.lr)
         report = run.report(step, replay)
         errors = (float("nan"),) * 3 if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()

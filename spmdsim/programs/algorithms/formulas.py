@@ -16,7 +16,8 @@ from typing import Any
 from ..transfer import MOVED
 from .schedule import Schedule, fold_sizes
 
-__all__ = ["busiest_bytes_sent", "model_bytes", "FORMULAS", "MODEL_FORMULA", "cost_terms", "predict_seconds"]
+__all__ = ["busiest_bytes_sent", "model_bytes", "FORMULAS", "MODEL_FORMULA", "cost_terms", "predict_seconds",
+           "round_count"]
 
 
 def _log2_ceil(p: int) -> int:
@@ -56,6 +57,29 @@ FORMULAS = {
     "binomial-bcast": ("ceil(log2 p) n", lambda p, n: _log2_ceil(p) * n),
     "scatter-allgather-bcast": ("2(p-1)/p n", MOVED["allreduce"]),  # a scatter, then a ring allgather
 }
+
+
+def _doubling(p: int) -> int:
+    # log2 p2 exchanges, and a round each way for the ranks folded first when p is no power of two
+    p2, r = fold_sizes(p)
+    return p2.bit_length() - 1 + (2 if r else 0)
+
+
+#: name -> its schedule's rounds on p >= 2 ranks (tests check each against the schedule built), known before the
+#: schedule is built: building a ring's on 1,000 ranks (2 million transfers) took seconds of its own.
+ROUNDS = {
+    "ring-allreduce": lambda p: 2 * (p - 1), "recursive-doubling-allreduce": _doubling,
+    "rabenseifner-allreduce": lambda p: 2 * _doubling(p) - (2 if fold_sizes(p)[1] else 0),
+    "ring-allgather": lambda p: p - 1, "recursive-doubling-allgather": _doubling, "bruck-allgather": _log2_ceil,
+    "ring-reduce-scatter": lambda p: p - 1, "recursive-halving-reduce-scatter": _doubling,
+    "pairwise-alltoall": lambda p: p - 1, "bruck-alltoall": _log2_ceil, "binomial-bcast": _log2_ceil,
+    "scatter-allgather-bcast": lambda p: _log2_ceil(p) + p - 1,
+}
+
+
+def round_count(name: str, p: int) -> int:
+    """The rounds of algorithm `name` on `p` ranks (each sends at most one message a round): ROUNDS."""
+    return ROUNDS[name](p) if p > 1 else 0
 
 
 def busiest_bytes_sent(name: str, p: int, n: int) -> int:

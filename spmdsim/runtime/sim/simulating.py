@@ -10,6 +10,7 @@ from typing import Any
 
 from ...base import context as _local
 from ...base import threads as _threads
+from ...base.output import note_output_failure
 from . import rank_sleep
 
 
@@ -83,22 +84,36 @@ class _Lines:
         with self._lock:
             pending = self._pending.pop(me, "") + text
             cut = pending.rfind("\n") + 1
-            if cut:
-                self._stream.write(pending[:cut])
             if pending[cut:]:
                 self._pending[me] = pending[cut:]
+            if cut:
+                self._write(pending[:cut])
         return len(text)
+
+    def _write(self, text: str) -> None:
+        try:
+            self._stream.write(text)
+        except OSError as exc:  # a full disk under `> file`: the run's error, not the rank's (one line)
+            note_output_failure(exc)
+            raise
 
     def flush(self) -> None:
         with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        try:
             self._stream.flush()
+        except OSError as exc:
+            note_output_failure(exc)
+            raise
 
     def flush_all(self) -> None:
         with self._lock:
             for text in self._pending.values():
-                self._stream.write(text)
+                self._write(text)
             self._pending.clear()
-            self._stream.flush()
+            self._flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

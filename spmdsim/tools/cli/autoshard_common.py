@@ -91,7 +91,7 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
     with gpt_said(text):  # its refusals name the keys typed: "--gpt d_model 100 must be divisible by ..."
         config = GPTConfig(**fields)
     if config.layers > max_layers:
-        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "
+        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers:,} "
                            "(the search's time grows faster than the layers)")
     c = config
     if not sizes:  # a dry run's blocks are never written: any size

@@ -25,7 +25,9 @@ from ...models.gpt.flags import architecture_fields, architecture_flags, archite
 from ...programs.viz.table import wrap_lines
 from ..estimate.configs import FIXABLE, parse_fixed, vocab_note
 from ..estimate.machine import load_machine
+from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
+from .estimate import MAX_DRY_LAYERS
 
 __all__ = ["run_machine"]
 
@@ -58,7 +60,10 @@ def run_machine(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
-    cfg = gpt_config(args.gpt, max_layers=1 << 20, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    if devices > MAX_DRY_RANKS:  # each configuration's dry run runs them all (--devices 10**12: no end in sight)
+        raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_DRY_RANKS:,} (the ranks a "
+                           "dry run simulates)")
+    cfg = gpt_config(args.gpt, max_layers=MAX_DRY_LAYERS, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
     heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
     problem = architecture_problem(args, cfg.heads, heads)
     if problem:
@@ -196,11 +201,12 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
         head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.peak / MIB:,.1f} MiB at its "
                     "peak")
         head.append(f"  ({r.chosen.memory / MIB:,.1f} MiB held, and for a moment one kernel's blocks)")
+        head += _unproven(r)
     else:
         head.append("chosen: none fits the memory limit")
     out = list(head)
     eph = f"{EXPERT:>4}" if moe else ""
-    out.append(f"{'rank':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{'mb':>5} "
+    out.append(f"{'#':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
                f"{'step ms':>13}{'peak MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
@@ -222,6 +228,17 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
             out.append(_row("-", first, moe))
 
     return wrap_lines(out)
+
+
+def _unproven(r: Any) -> list[str]:
+    """The line saying the choice is not proven best, when configurations the dry-run cap left unpriced have a
+    time bound below its time (the table listed them without a word); none otherwise."""
+    below = [c for c in r.candidates if c.verdict == "not priced" and c.bound_s < r.chosen.step_s]
+    if not below:
+        return []
+    least = min(c.bound_s for c in below)
+    return [f"not proven best: {len(below):,} configuration(s) not priced have time bounds below its "
+            f"{r.chosen.step_s * 1e3:,.3f} ms (the least {least * 1e3:,.3f} ms); raise --max-dry-runs to price them"]
 
 
 def _as_json(cfg: Any, r: Any, seconds: float) -> dict:

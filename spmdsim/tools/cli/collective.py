@@ -19,7 +19,7 @@ from typing import Any
 from ...programs.algorithms import NAMES, build, elements_for, parse_name
 from ...errors import SpmdsimError
 from ...base.threads import launcher_size
-from ...programs.algorithms.formulas import FORMULAS, busiest_bytes_sent, predict_seconds
+from ...programs.algorithms.formulas import FORMULAS, busiest_bytes_sent, predict_seconds, round_count
 from ...runtime.debug import add_cli_arguments, configure_from_args
 from ...runtime.engines import world
 
@@ -27,6 +27,9 @@ __all__ = ["register", "run", "report", "to_json", "MAX_SIZE"]
 
 #: Largest --size: each rank holds about four buffers of it (p of them for allgather).
 MAX_SIZE = 64 << 20
+#: The most messages (rounds x ranks x --repeat) a run on simulated ranks sends: about 50 us each on a loaded core
+#: (ring-allreduce of 4K on 400 ranks: 319,200 messages in 17 s), so under half a minute.
+MAX_SIMULATED_MESSAGES = 500_000
 _BUILTIN = {"allreduce": "Allreduce", "allgather": "Allgather", "reduce_scatter": "Reduce_scatter_block",
             "alltoall": "Alltoall", "bcast": "Bcast"}
 
@@ -132,9 +135,22 @@ def _simulated(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")
     if launcher_size() == 1:  # under mpiexec, run_on_ranks refuses --ranks itself first
         _check_args(args, args.ranks)  # before the banner and the threads: one error line, alone
+        _check_messages(args.name, args.ranks, args.repeat)
     configure_from_args(args)
     # The same launcher as every --ranks: its banner first (stderr with --json), errors by rank.
     return run_on_ranks(args.ranks, lambda: _execute(args, world()), as_json=args.json)
+
+
+def _check_messages(name: str, p: int, repeat: int) -> None:
+    """Refuse a run on `p` simulated ranks of more than MAX_SIMULATED_MESSAGES messages, before the schedule is
+    built: a ring's rounds grow with p, each of p messages (ring-allreduce on 1,000 ranks ran for minutes)."""
+    rounds = round_count(name, p)
+    messages = rounds * p * repeat
+    if messages > MAX_SIMULATED_MESSAGES:
+        runs = "once" if repeat == 1 else f"{repeat} times (--repeat)"
+        raise SpmdsimError(f"{name} on --ranks {p} sends up to {messages:,} messages ({rounds:,} rounds of up to {p:,}, "
+                           f"{runs}); expected at most {MAX_SIMULATED_MESSAGES:,} on simulated ranks (about "
+                           "50 us each on one core): fewer --ranks or --repeat, or MPI ranks (mpiexec -n N)")
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:

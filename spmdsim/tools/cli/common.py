@@ -29,11 +29,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
-             check: Callable[[int], None] | None = None) -> int:
+             check: Callable[[int], None] | None = None, dry_codes: tuple = ()) -> int:
     """`fn(comm)` on the MPI world, or with ``--ranks N`` on N simulated ranks in this process.
 
     `check(N)`: with --ranks, the arguments' own checks (raising SpmdsimError) before the banner, so that a bad
     value is the one line printed, as under mpiexec (where `fn` repeats them on every rank inside its guard).
+    `dry_codes`: the exit codes a dry run passes on (run_on_ranks), else 0.
     """
     n = getattr(args, "ranks", None)
     if n is None:
@@ -49,7 +50,8 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
         raise SpmdsimError(DRY_RUN_EXPLAINS_NOTHING)
     if check is not None and launcher_size() == 1:  # under mpiexec, run_on_ranks refuses --ranks itself first
         check(n)
-    return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False))
+    return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False),
+                        dry_codes=dry_codes)
 
 
 #: --explain beside --dry-run: a dry run prints its bytes table in place of the program's output, so the per-rank

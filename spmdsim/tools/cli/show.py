@@ -13,7 +13,7 @@ from .cases import add_case_arguments, case_from_args
 from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
 from .case_checks import parse_int_list
 
-__all__ = ["register", "run", "MIN_WIDTH"]
+__all__ = ["register", "run", "MIN_WIDTH", "short_name"]
 
 #: Narrowest --width: a grid cell with its rank label and border needs about this much.
 MIN_WIDTH = 20
@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
     add_case_arguments(parser)
     parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
     parser.add_argument("--name", default=None,
-                        help="the tensor's name in titles (default x, or the --operand)")
+                        help="the tensor's name in titles (default x, or the --operand; past half the --width, "
+                             "its head and ...)")
     parser.add_argument("--matmul", action="store_true",
                         help='with a MatMul --strategy such as "((1,2),(2,1))" and --shape M,K,N: draw '
                              "x, w and out side by side and each rank's partial sum with numbers")
@@ -54,13 +55,20 @@ def run(args: argparse.Namespace) -> int:
         # Fail before printing anything: the ASCII picture comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
-    name = args.name or getattr(args, "operand", None) or "x"
+    name = short_name(args.name or getattr(args, "operand", None) or "x", args.width)
     picture = layout_picture(case.tensor_layout, case.shape, name)
     print(render_layout_ascii(picture, width=args.width), end="")
     if args.png is not None:
         path = render_layout_png(picture, args.png)
         print(f"wrote {path}")
     return 0
+
+
+def short_name(name: str, width: int) -> str:
+    """`name` for the pictures' titles: past half the --width, its head and "..." (a 5,000-character --name
+    printed a 5,006-column title; the heading wrapped it over 63 lines)."""
+    most = max(8, width // 2)
+    return name if len(name) <= most else name[:most - 3] + "..."
 
 
 def _matmul(args: argparse.Namespace) -> int:

@@ -1,0 +1,210 @@
+"""Issue 103, items 1-7: what a new user met from outside (tracebacks, unbounded work, a PASS on NaN, long
+lines, an unproven choice, "1e+03 KiB"), each as the one-line answer or the bound it should be."""
+from __future__ import annotations
+
+import importlib.abc
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from testkit import unfold
+
+from spmdsim.base.sizes import format_size
+from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
+from spmdsim.programs.algorithms.formulas import round_count
+from spmdsim.errors import SpmdsimError
+from spmdsim.runtime.debug import MAX_WATCHDOG_S, watchdog_setting
+from spmdsim.tools.cli.console import console
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.estimate.configs import _divisors
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+KIB, MIB = 1024, 1024 ** 2
+
+
+@pytest.mark.parametrize("n, shown", [(1000 * KIB, "0.977 MiB"), (1023 * KIB, "0.999 MiB"), (MIB - 1, "1 MiB"),
+                                      (999 * KIB, "999 KiB"), (1536 * MIB, "1.5 GiB"),
+                                      (5000 * 1024 ** 8, "5,000 YiB")])
+def test_format_size_rounds_into_the_next_unit(n: int, shown: str) -> None:
+    """1000-1023 KiB read "1e+03 KiB" (the 1T model's gradients in `spmdsim estimate`): never an exponent."""
+    assert format_size(n) == shown
+    assert "e+" not in format_size(n)
+
+
+def _spmdsim(*words: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m spmdsim WORDS` (with SPMDSIM_* settings of its own in `env`)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | (env or {})
+    return subprocess.run([sys.executable, "-m", "spmdsim", *words], env=full, text=True, timeout=60,
+                          stderr=subprocess.PIPE, **({"stdout": subprocess.PIPE} | kwargs))
+
+
+def _one_error(out: subprocess.CompletedProcess, rc: int, *words: str) -> None:
+    """The run ended with `rc` and one error (folded lines), holding `words`, without a traceback."""
+    assert out.returncode == rc, out.stderr
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if not line.startswith(("  ", "spmdsim: running"))]
+    assert len(errors) == 1 and "error" in errors[0], out.stderr
+    assert all(word in " ".join(out.stderr.split()) for word in words), out.stderr
+
+
+def test_watchdog_above_a_week_is_refused_naming_the_range() -> None:
+    with pytest.raises(SpmdsimError, match=r"'1e12' is above the watchdog's maximum of 604,800 s"):
+        watchdog_setting("1e12", "SPMDSIM_WATCHDOG")
+    assert watchdog_setting(str(MAX_WATCHDOG_S), "--watchdog") == MAX_WATCHDOG_S
+
+
+@pytest.mark.parametrize("flag, env", [(["--watchdog", "1000000000000"], {}), ([], {"SPMDSIM_WATCHDOG": "1e12"})])
+def test_huge_watchdog_is_one_line_not_an_overflow(flag: list, env: dict) -> None:
+    """An OverflowError traceback from the rank's timed wait (past threading.TIMEOUT_MAX) before."""
+    out = _spmdsim("demo", "--ranks", "2", "--only", "mlp", *flag, env=env)
+    _one_error(out, 2, "1e12" if env else "1000000000000", "from 1 to 604,800")
+
+
+@pytest.mark.parametrize("env, words", [({"SPMDSIM_CHECK": "junk"}, ("SPMDSIM_CHECK='junk'", "is not a switch")),
+                                        ({"SPMDSIM_WATCHDOG": "1e12"}, ("604,800",))])
+def test_mpirun_refuses_a_bad_debug_setting_in_one_line(tmp_path, env: dict, words: tuple) -> None:
+    """A 24-line traceback from every simulated rank before (`spmdsim demo` said it in one line)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("from mpi4py import MPI\nprint(MPI.COMM_WORLD.allreduce(1))\n")
+    out = _spmdsim("mpirun", "-n", "2", "python", str(prog), env=env)
+    _one_error(out, 2, "spmdsim mpirun: error:", *words)
+    assert out.stdout == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("json", [["--json"], []])
+def test_full_disk_under_json_is_one_line(json: list) -> None:
+    """--json prints its document in one write on a simulated rank: an OSError traceback of 43 lines before."""
+    with open("/dev/full", "w") as full:
+        out = _spmdsim("demo", "--ranks", "2", "--only", "matmul_2x1_1x4", *json, stdout=full)
+    _one_error(out, 1, "cannot write the output: No space left on device")
+
+
+class _InterruptingFinder(importlib.abc.MetaPathFinder):
+    """A Ctrl-C that lands while `name` is imported."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == self.name:
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_importing_is_one_line_and_130(monkeypatch, capsys) -> None:
+    """A Ctrl-C in the first second of `spmdsim demo --ranks 8` (importing) printed a 66-line traceback."""
+    monkeypatch.delitem(sys.modules, "spmdsim.tools.cli.main", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder("spmdsim.tools.cli.main"), *sys.meta_path])
+    assert console(["demo", "--ranks", "8"]) == 130
+    assert capsys.readouterr().err == "spmdsim: interrupted (Ctrl-C)\n"
+
+
+def test_console_script_and_module_enter_through_console() -> None:
+    """The console script and `python -m spmdsim` both call console() (setup.cfg's entry point)."""
+    setup = (ROOT / "setup.cfg").read_text()
+    assert "spmdsim = spmdsim.tools.cli.console:console" in setup
+    assert "console()" in (ROOT / "spmdsim" / "__main__.py").read_text()
+
+
+def _refused_at_once(capsys, argv: list[str], *words: str) -> None:
+    """main(argv) refuses in one line, exit 2, before any work (each ran for minutes without a word before)."""
+    start = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - start < 5
+    out, err = capsys.readouterr()
+    lines = unfold(err).splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith("spmdsim: error: "), (out, err)
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["estimate", "gpt", "--layers", "100000", "--hidden", "1000000", "--heads", "1000", "--seq", "1000000",
+      "--vocab", "1000000"], ("--layers 100,000 is too many; expected at most 1,024",)),
+    (["collective", "ring-allreduce", "--size", "1M", "--ranks", "1000"],
+     ("sends up to 5,994,000 messages (1,998 rounds of up to 1,000, 3 times (--repeat)); expected at most 500,000",)),
+    (["autoshard", "--network", "gpt", "--gpt", "layers=1000,d_model=100000", "--devices", "1000000000000",
+      "--machine", "a100-dgx"], ("--devices 1,000,000,000,000 is too many; expected at most 65,536",)),
+    (["autoshard", "--network", "gpt", "--gpt", "layers=2000", "--machine", "a100-dgx"],
+     ("--gpt layers 2,000 is too many; expected at most 1,024",)),
+])
+def test_unbounded_work_is_refused_with_its_bound(capsys, argv: list, words: tuple) -> None:
+    _refused_at_once(capsys, argv, *words)
+
+
+def test_divisors_of_a_huge_device_count_come_at_once() -> None:
+    """The search listed divisors by trial up to n: 10**12 devices ran for minutes in `_divisors` alone."""
+    start = time.perf_counter()
+    found = _divisors(10 ** 12)
+    assert time.perf_counter() - start < 2
+    assert len(found) == 169 and found[:4] == [1, 2, 4, 5] and found[-1] == 10 ** 12
+    assert all(_divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 300))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_count_is_the_schedules(name: str) -> None:
+    """The collective's bound counts rounds before building the schedule (which takes seconds at 1,000 ranks)."""
+    collective, algorithm = parse_name(name)
+    for p in (2, 3, 4, 5, 7, 8, 12, 16, 17, 31, 33):
+        schedule = build(collective, algorithm, p, elements_for(collective, p, 64 * p, 4), 4, 0)
+        assert round_count(name, p) == len(schedule.rounds), p
+        assert max(len(r.transfers) for r in schedule.rounds) <= p
+
+
+def test_a_dry_demo_that_skipped_everything_exits_3(capsys) -> None:
+    """`spmdsim demo --ranks 1024 --dry-run --only mlp` exited 0 with every scenario skipped (3 without --dry-run);
+    a dry demo whose scenarios ran still exits 0."""
+    assert main(["demo", "--ranks", "1024", "--dry-run", "--only", "mlp"]) == 3
+    assert "every scenario was skipped" in unfold(capsys.readouterr().err)
+    assert main(["demo", "--ranks", "4", "--dry-run", "--only", "mlp"]) == 0
+
+
+@pytest.mark.parametrize("extra, said", [([], "step 1: the loss is nan (not finite): training diverged"),
+                                         (["--pp", "2", "--layers", "2"], "step 1: the loss is nan"),
+                                         (["--precision", "bf16-mixed", "--layers", "1"],
+                                          "step 0: parameter 'wte' is not finite after the update (loss 4.82")])
+def test_a_diverged_training_stops_naming_the_step(extra: list, said: str) -> None:
+    """--lr 1e300 printed NaN losses, 16 lines of numpy warnings, then "check ... PASS"."""
+    args = ["--ranks", "8", "--lr", "1e300", "--steps", "3", "--layers", "1", "--d-model", "16", "--seq", "8",
+            "--sample", "0"]
+    if extra:
+        args = args[:6] + args[8:] + extra
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 2 and "Warning" not in out.stderr, out.stderr  # one folded error line
+    assert said in " ".join(out.stderr.split()) and "a lower learning rate than 1e+300" in " ".join(out.stderr.split())
+    assert "PASS" not in out.stdout and "nan" not in out.stdout
+
+
+@pytest.mark.parametrize("width", ["80", "100"])
+def test_show_keeps_a_long_name_within_the_width(capsys, width: str) -> None:
+    """A 5,000-character --name printed a 5,006-column title (and the heading over 63 lines)."""
+    assert main(["show", "--strategy", "((1,2),(2,1))", "--operand", "x", "--shape", "4,4", "--width", width,
+                 "--name", "n" * 5000]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= int(width)
+    assert lines[0].startswith("n" * (int(width) // 2 - 3) + "...: shape (4, 4)")
+    assert main(["show", "--strategy", "((1,2),(2,1))", "--operand", "x", "--shape", "4,4", "--name", "w1"]) == 0
+    assert capsys.readouterr().out.startswith("w1: shape (4, 4)")  # a short name as given
+
+
+SMALL_GPT = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=256,batch=4", "--devices",
+             "2", "--machine", "a100-dgx"]
+
+
+@pytest.mark.parametrize("cap, unproven", [(["--max-dry-runs", "1"], True), ([], False)])
+def test_autoshard_says_when_its_choice_is_not_proven_best(capsys, cap: list, unproven: bool) -> None:
+    """Stopped by --max-dry-runs, it listed unpriced configurations bounded below its choice without a word; its
+    first column, a ranking, was headed "rank"."""
+    assert main(SMALL_GPT + cap) == 0
+    out = capsys.readouterr().out
+    said = unfold(out)
+    assert ("not proven best: 13 configuration(s) not priced have time bounds below its 0.037 ms" in said) == unproven
+    assert re.search(r"^# +tp +pp +v +dp +mb recompute", out, re.M) and not re.search(r"^rank +tp", out, re.M), out
+    assert max(map(len, out.splitlines())) <= 100
