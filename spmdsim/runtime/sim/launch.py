@@ -28,6 +28,10 @@ from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
 from .thread_limits import ThreadLimitError, threads_problem  # a thread each: the stacks must fit
 from .waiting import ranks_text
+from .run import MAX_DRY_RANKS, MAX_RANKS
+from .run import simulate
+from .run import exit_status
+from ..mpi_library import MPILibraryError, load_mpi
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
@@ -45,8 +49,6 @@ DRY_RUN_NEEDS_RANKS = "--dry-run needs --ranks N (a dry run simulates the ranks 
 
 def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
     """Why `n` cannot be a ``--ranks`` count (one line for "spmdsim: error: "), or None."""
-    from .run import MAX_DRY_RANKS, MAX_RANKS
-
     most = MAX_DRY_RANKS if dry_run else MAX_RANKS
     if type(n) is int and 1 <= n <= most:
         if dry_run:
@@ -62,8 +64,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     A dry run prints its report (a table, or JSON) instead of the program's output.
     A count that cannot be is refused in one line before anything else (exit 2).
     """
-    from .run import simulate
-
     problem = ranks_problem(n, dry_run)
     launched = launcher_size()
     if not problem and launched > 1:  # each MPI process would run all n ranks: n x launched, output repeated
@@ -153,8 +153,6 @@ def _exit_code(fn: Callable[[], Any]) -> int:
         code = exc.code
     if not (code is None or isinstance(code, int)):
         print(code, file=sys.stderr)
-    from .run import exit_status
-
     return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
 
 
@@ -200,8 +198,6 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
             sys.exit(2)
         _guard_mpi_ranks()
         if ranks is not None and ranks > 1:
-            from ..mpi_library import MPILibraryError, load_mpi
-
             try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
                 load_mpi()
             except MPILibraryError:
