@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
 from ...base.output import quiet_stdout
+from ...base.sizes import out_of_memory
 from ...base.threads import RANK_VARIABLES, launcher_rank, launcher_size
 from ...errors import SpmdsimError, fold_message
 from ...base import context as _local
@@ -28,9 +29,7 @@ from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
 from .thread_limits import ThreadLimitError, threads_problem  # a thread each: the stacks must fit
 from .waiting import ranks_text
-from .run import MAX_DRY_RANKS, MAX_RANKS
-from .run import simulate
-from .run import exit_status
+from .run import MAX_DRY_RANKS, MAX_RANKS, exit_status, simulate
 from ..mpi_library import MPILibraryError, load_mpi
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
@@ -103,8 +102,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         if isinstance(exc, SpmdsimError):
             print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
             return 1
-        from ...programs.memory import out_of_memory
-
         print(fold_message(f"spmdsim: error on {_where(exc)}: {out_of_memory(exc)}"), file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
@@ -128,8 +125,6 @@ def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
         failures = tuple((rank, type(exc), str(exc)) for rank in getattr(exc, "simulated_ranks", ()))
     if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
         return None
-    from ...programs.memory import out_of_memory
-
     texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
     for rank, kind, text in failures:
         if not issubclass(kind, SpmdsimError):  # a MemoryError: as the guard turns it into an SpmdsimError
