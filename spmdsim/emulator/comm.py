@@ -26,6 +26,9 @@ from .objects import ObjectCollectives
 from .p2p import PointToPoint
 from .partitioned import PartitionedCalls
 from .persistent import PersistentCalls
+from ..runtime.sim.requests import completed, noted
+from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
+from .unsupported import not_simulated
 
 __all__ = ["SimComm", "self_comm", "comm_null", "world", "world_of"]
 
@@ -259,8 +262,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     Dup_with_info = Dup
 
     def Idup(self, info: Any = None) -> tuple:
-        from ..runtime.sim.requests import completed, noted
-
         return self.Dup(info), noted(completed(), "Idup", self._group, self._me)  # a warning if never completed
 
     Idup_with_info = Idup
@@ -465,8 +466,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         pass  # buffered sends are delivered from their own copies
 
     def Iflush_buffer(self) -> Any:
-        from ..runtime.sim.requests import completed
-
         return completed()
 
 
@@ -505,8 +504,6 @@ def world() -> Any:
     a dry run's `DryComm`, else mpi4py's ``MPI.COMM_WORLD``."""
     state = _local.simulated()
     if state is None:
-        from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
-
         return load_mpi(SIMULATE_INSTEAD).COMM_WORLD
     if state.engine is not THREADS:  # a dry run's world
         return state.comm
@@ -531,6 +528,4 @@ def _predefined(kind: str, same: bool) -> SimComm:
 
 
 def _not_simulated(what: str) -> None:
-    from .unsupported import not_simulated
-
     raise not_simulated(what)

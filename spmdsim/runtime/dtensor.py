@@ -26,8 +26,7 @@ from .mesh import Mesh
 from .budget import check_seeded
 from ..layouts.dialects.dtensor import placements_of
 from ..layouts.dialects.partition_spec import layout_to_partition_spec
-from .executor import redistribute
-from .executor import resolve
+from .executor import redistribute, resolve
 
 __all__ = ["DTensor"]
 
