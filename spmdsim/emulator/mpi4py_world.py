@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from ..base import context as _local
 from ._nesting import Nesting
 from .real import real, real_module
-from .comm import SimComm, self_comm, world_of
+from .comm import SimCartComm, SimComm, SimDistGraphComm, SimGraphComm, SimTopoComm, self_comm, world_of
 from ..runtime.sim.requests import completed, Request, REQUEST_NULL
 from .unsupported import refusing
 from .persistent import Prequest
@@ -63,10 +63,8 @@ def _simulated(name: str, state: Any) -> Any:
     if name in ("Comm", "Intracomm"):
         return SimComm
     if name in ("Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm"):
-        from . import topology
-
-        return {"Topocomm": topology._Neighbourhood, "Cartcomm": topology.SimCartComm,
-                "Graphcomm": topology.SimGraphComm, "Distgraphcomm": topology.SimDistGraphComm}[name]
+        return {"Topocomm": SimTopoComm, "Cartcomm": SimCartComm, "Graphcomm": SimGraphComm,
+                "Distgraphcomm": SimDistGraphComm}[name]
     if name == "Request":
         return Request
     if name == "Win":

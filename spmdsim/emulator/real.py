@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["real", "real_module"]
+from ..runtime.sim._buffers import mpi_module
+
+__all__ = ["real", "real_module", "comm_null"]
 
 
 def real(name: str) -> Any:
@@ -18,3 +20,9 @@ def real_module() -> Any:
     from mpi4py import MPI
 
     return MPI
+
+
+def comm_null() -> Any:
+    """MPI.COMM_NULL (None when mpi4py is not loaded), what Split gives a rank of no color."""
+    mpi = mpi_module()
+    return None if mpi is None else mpi.COMM_NULL
