@@ -126,9 +126,9 @@ class _DoneAfter(_NeverDone):
 def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
     monkeypatch.setattr(debug, "_world_rank", lambda: 5)
     # No side channel, even when an earlier test in this process installed a guard.
-    from spmdsim.runtime import guard
+    from spmdsim.runtime import process
 
-    monkeypatch.setattr(guard, "world_channel", lambda: None)
+    monkeypatch.setattr(process, "world_channel", lambda: None)
     monkeypatch.setattr(debug, "MIN_WATCHDOG_S", 0.01)  # a short deadline keeps this test fast
     debug.configure(watchdog=0.05)
     seen = []
@@ -144,9 +144,9 @@ def test_watchdog_names_a_call_on_a_whole_communicator_in_words(monkeypatch) -> 
     """A call that names no mesh axes (DTensor.gather or check, on the mesh's communicator) was reported as
     "collective gather on () (seq 1)" under mpiexec, where the simulated ranks say "on the world"."""
     monkeypatch.setattr(debug, "_world_rank", lambda: 0)
-    from spmdsim.runtime import guard
+    from spmdsim.runtime import process
 
-    monkeypatch.setattr(guard, "world_channel", lambda: None)
+    monkeypatch.setattr(process, "world_channel", lambda: None)
     monkeypatch.setattr(debug, "MIN_WATCHDOG_S", 0.01)
     debug.configure(watchdog=0.05)
     seen = []

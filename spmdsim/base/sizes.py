@@ -1,11 +1,16 @@
-"""Sizes in words, and the one error a block too large to map raises; numpy's dtype only."""
+"""Sizes in words, the one error a block too large to map raises, and the one line for a MemoryError that
+the memory check did not prevent; numpy's dtype only."""
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Mapping, Optional
 
 from ..errors import ResourceError
 
-__all__ = ["UnmappableError", "format_size"]
+__all__ = ["UnmappableError", "format_size", "out_of_memory", "ENV_VAR"]
+
+#: What a rank may use (spmdsim.programs.memory reads it).
+ENV_VAR = "SPMDSIM_MEMORY"
 
 
 def format_size(n: int) -> str:
@@ -32,3 +37,14 @@ class UnmappableError(ResourceError):
         super().__init__(f"the dry run cannot map a block of shape {shape} {dtype} ({format_size(nbytes)}): more "
                          "than this machine's address space has left (a dry run's blocks cost no memory, but "
                          "still their addresses)")
+
+
+def out_of_memory(exc: MemoryError, env: Optional[Mapping[str, str]] = None) -> str:
+    """One line for a MemoryError the estimate did not prevent (numpy's own, with the check off or short)."""
+    env = os.environ if env is None else env
+    value = env.get(ENV_VAR, "").strip()
+    if value.lower() in ("off", "none"):
+        why = f"the memory check is off ({ENV_VAR}={value}): unset it to have such a run refused before it starts"
+    else:
+        why = f"{ENV_VAR} sets what a rank may use"
+    return f"out of memory: {exc}; {why}"

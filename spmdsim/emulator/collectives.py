@@ -40,7 +40,8 @@ from ..runtime.sim.bodies import _nothing
 from ..runtime.sim.thread_engine import bad_root
 from ..runtime.sim.engine import _Waiting
 from ..runtime.sim.report import whereabouts
-from ..runtime.sim.requests import Request
+from ..runtime.sim.requests import noted, rank_name, Request
+from ..runtime.sim.landing import land
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -154,8 +155,6 @@ def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
 def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
     """MPICH's error on a Bcast receiver whose count is not the root's: MPI_ERR_TRUNCATE where the root
     sends more (MPI.Exception "Message truncated"), MPI_ERR_OTHER where it sends fewer."""
-    from ..runtime.sim.requests import rank_name
-
     kind = dtype_name(data.dtype)
     detail = (f"Bcast: {rank_name(group, root)} (the root) broadcasts {sent.size} {kind} ({sent.nbytes} bytes) "
               f"but {rank_name(group, me)} " + ("receives into a buffer of" if sent.size > data.size else "expects")
@@ -288,8 +287,6 @@ class _InCollective(_Waiting):
 
 
 def _land(req: Request) -> None:
-    from ..runtime.sim.landing import land
-
     land(req)
 
 
@@ -621,8 +618,6 @@ class BufferCollectives:
         """The nonblocking form of `method` (Allreduce: Iallreduce): its checks now, its call deposited at its
         rendezvous without waiting (SimComm._enter_all), the rest at completion (CollectiveRequest), its request
         noted until the program completes it (a warning names one it never completes: requests.noted)."""
-        from ..runtime.sim.requests import noted
-
         name = method.__name__
         req = CollectiveRequest(self._group, self._me, f"I{name[:1].lower()}{name[1:]}")
         _POSTING.req = req

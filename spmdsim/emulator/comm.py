@@ -26,8 +26,15 @@ from .objects import ObjectCollectives
 from .p2p import PointToPoint
 from .partitioned import PartitionedCalls
 from .persistent import PersistentCalls
+from .real import comm_null
+from .topology import (CartCalls, DistGraphCalls, GraphCalls, Neighbourhood, cart_map, create_cart, create_dist_graph,
+                       create_dist_graph_adjacent, create_graph, graph_map)
+from ..runtime.sim.requests import completed, noted
+from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
+from .unsupported import not_simulated
 
-__all__ = ["SimComm", "self_comm", "comm_null", "world", "world_of"]
+__all__ = ["SimComm", "SimTopoComm", "SimCartComm", "SimGraphComm", "SimDistGraphComm", "self_comm", "comm_null", "world",
+           "world_of"]
 
 
 class _Handle:
@@ -259,8 +266,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     Dup_with_info = Dup
 
     def Idup(self, info: Any = None) -> tuple:
-        from ..runtime.sim.requests import completed, noted
-
         return self.Dup(info), noted(completed(), "Idup", self._group, self._me)  # a warning if never completed
 
     Idup_with_info = Idup
@@ -336,41 +341,30 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Create_cart(self, dims: Any, periods: Any = None, reorder: bool = False) -> Any:
         """A Cartesian grid of the first prod(dims) members (spmdsim.emulator.topology)."""
-        from .topology import create_cart
-
-        return create_cart(self, dims, periods, reorder)
+        return create_cart(self, SimCartComm, dims, periods, reorder)
 
     def Cart_map(self, dims: Any, periods: Any = None) -> int:
         """This rank's rank in the grid Create_cart(dims, periods) would make (MPI.UNDEFINED if none)."""
-        from .topology import cart_map
-
         return cart_map(self, dims, periods)
 
     def Create_graph(self, index: Any, edges: Any, reorder: bool = False) -> Any:
         """A general graph of the first len(index) members (spmdsim.emulator.topology)."""
-        from .topology import create_graph
-
-        return create_graph(self, index, edges, reorder)
+        return create_graph(self, SimGraphComm, index, edges, reorder)
 
     def Graph_map(self, index: Any, edges: Any) -> int:
         """This rank's rank in the graph Create_graph(index, edges) would make (MPI.UNDEFINED if none)."""
-        from .topology import graph_map
-
         return graph_map(self, index, edges)
 
     def Create_dist_graph_adjacent(self, sources: Any, destinations: Any, sourceweights: Any = None,
                                    destweights: Any = None, info: Any = None, reorder: bool = False) -> Any:
         """A distributed graph of every member's sources and destinations (spmdsim.emulator.topology)."""
-        from .topology import create_dist_graph_adjacent
-
-        return create_dist_graph_adjacent(self, sources, destinations, sourceweights, destweights, info, reorder)
+        return create_dist_graph_adjacent(self, SimDistGraphComm, sources, destinations, sourceweights, destweights,
+                                          info, reorder)
 
     def Create_dist_graph(self, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
                           info: Any = None, reorder: bool = False) -> Any:
         """A distributed graph of the edges every member gives (spmdsim.emulator.topology)."""
-        from .topology import create_dist_graph
-
-        return create_dist_graph(self, sources, degrees, destinations, weights, info, reorder)
+        return create_dist_graph(self, SimDistGraphComm, sources, degrees, destinations, weights, info, reorder)
 
     is_topo = False
 
@@ -465,8 +459,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         pass  # buffered sends are delivered from their own copies
 
     def Iflush_buffer(self) -> Any:
-        from ..runtime.sim.requests import completed
-
         return completed()
 
 
@@ -474,10 +466,28 @@ speak_mpi4py(SimComm, "Intracomm")
 end_on_fatal_errors(SimComm)
 
 
-def comm_null() -> Any:
-    """MPI.COMM_NULL (None when mpi4py is not loaded), what Split gives a rank of no color."""
-    mpi = mpi_module()
-    return None if mpi is None else mpi.COMM_NULL
+class SimTopoComm(Neighbourhood, SimComm):
+    """mpi4py's Topocomm for simulated ranks: a communicator with the neighbour collectives
+    (spmdsim.emulator.topology.Neighbourhood)."""
+
+
+class SimCartComm(CartCalls, SimTopoComm):
+    """mpi4py's Cartcomm for simulated ranks (spmdsim.emulator.topology.CartCalls)."""
+
+
+class SimGraphComm(GraphCalls, SimTopoComm):
+    """mpi4py's Graphcomm for simulated ranks (spmdsim.emulator.topology.GraphCalls)."""
+
+
+class SimDistGraphComm(DistGraphCalls, SimTopoComm):
+    """mpi4py's Distgraphcomm for simulated ranks (spmdsim.emulator.topology.DistGraphCalls)."""
+
+
+speak_mpi4py(SimTopoComm, "Topocomm")
+for _cls, _name in ((SimCartComm, "Cartcomm"), (SimGraphComm, "Graphcomm"), (SimDistGraphComm, "Distgraphcomm")):
+    speak_mpi4py(_cls, _name)
+    end_on_fatal_errors(_cls)
+del _cls, _name
 
 
 def _resolve(comm: Any) -> SimComm:
@@ -505,8 +515,6 @@ def world() -> Any:
     a dry run's `DryComm`, else mpi4py's ``MPI.COMM_WORLD``."""
     state = _local.simulated()
     if state is None:
-        from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
-
         return load_mpi(SIMULATE_INSTEAD).COMM_WORLD
     if state.engine is not THREADS:  # a dry run's world
         return state.comm
@@ -531,6 +539,4 @@ def _predefined(kind: str, same: bool) -> SimComm:
 
 
 def _not_simulated(what: str) -> None:
-    from .unsupported import not_simulated
-
     raise not_simulated(what)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 from ..errors import DTypeError, ShapeError
 from ..runtime.sim._buffers import Reduction, _unpack, array_of, in_place, int_array, mpi_module, wparts, wvector
 from .._lazy import numpy_on_first_use
+from .real import real
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -63,8 +64,6 @@ def _bytes(spec: Any, datatype: Any, writable: bool) -> np.ndarray:
 
 
 def _self() -> Any:
-    from .mpi4py_world import real
-
     return real("COMM_SELF")
 
 

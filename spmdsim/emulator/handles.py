@@ -32,6 +32,9 @@ from typing import Any, Callable, Optional
 
 from ..base import context as _local
 from ..runtime.sim._buffers import mpi_error, mpi_module
+from .real import real
+from ..runtime.sim.engine import SimulationError
+from ..runtime.sim.report import _program_line
 
 __all__ = ["CommHandles", "SimErrhandler", "end_on_fatal_errors", "initial_errhandler"]
 
@@ -53,8 +56,6 @@ def _mpi() -> Any:
 @functools.cache
 def _scratch() -> Any:
     """A private duplicate of this process's real COMM_SELF (made once, under _LOCK): `_new_reference`'s."""
-    from .mpi4py_world import real
-
     return real("COMM_SELF").Dup()
 
 
@@ -152,9 +153,6 @@ def initial_errhandler(parent: Any = None) -> Any:
 
 def _fatal(comm: Any, call: str, error: BaseException) -> BaseException:
     """The end of the job for MPI's `error` in `call` on `comm`, whose handler is fatal (as MPICH aborts)."""
-    from ..runtime.sim.engine import SimulationError
-    from ..runtime.sim.report import _program_line
-
     mpi = _mpi()
     name = "MPI.ERRORS_ABORT" if comm._h.errhandler == getattr(mpi, "ERRORS_ABORT", None) else "MPI.ERRORS_ARE_FATAL"
     frame = outer = sys._getframe(1)
@@ -304,8 +302,6 @@ class CommHandles:
         if isinstance(eh, SimErrhandler):
             eh.fn(self, errorcode)
         elif eh is not None and eh != mpi.ERRORS_RETURN:  # ERRORS_ARE_FATAL, ERRORS_ABORT: as MPI_Abort
-            from ..runtime.sim.engine import SimulationError
-
             error = SimulationError(f"simulated rank {self.world_rank}: {mpi.Get_error_string(errorcode)} "
                                     f"(error code {errorcode}) on {self._group.label()}, whose error handler is "
                                     f"fatal: every rank was stopped")
@@ -349,8 +345,6 @@ class CommHandles:
             return None  # would fork an mpiexec for it, and without one on PATH wait for it forever
         if keyval == mpi.APPNUM:
             return 0
-        from .mpi4py_world import real
-
         # The predefined attributes are the world's (Open MPI sets MPI.LASTUSEDCODE there alone; MPICH on both).
         found = real("COMM_WORLD").Get_attr(keyval)
         return real("COMM_SELF").Get_attr(keyval) if found is None else found

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..runtime.sim._buffers import mpi_error, mpi_module
+from ..runtime.sim._buffers import message, mpi_error, mpi_module
 from ..runtime.sim.p2p import receive_matched
 from ..runtime.sim.requests import Request, completed, noted
 from .group import speak_mpi4py
-from .p2p import ANY_SOURCE, ANY_TAG
+from .wildcards import ANY_SOURCE, ANY_TAG
+from .derived import may_be_derived, unpacking
+from .typemap import mapped
 
 __all__ = ["SimMessage", "MESSAGE_NULL", "MESSAGE_NO_PROC"]
 
@@ -86,10 +88,6 @@ class SimMessage:
         if self._send is _NO_PROC:  # any buffer, as mpi4py's
             self._take(call)
             return completed(kind="recv-null")
-        from ..runtime.sim._buffers import message
-        from .derived import may_be_derived, unpacking
-        from .typemap import mapped
-
         # the buffer first, as mpi4py reads it before MPI_Mrecv: one refused leaves the message to receive
         mapped(buf, "Recv buffer")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)

@@ -26,8 +26,21 @@ from typing import Any, Iterator
 
 from ..base import context as _local
 from ._nesting import Nesting
+from .real import real, real_module
+from .comm import SimCartComm, SimComm, SimDistGraphComm, SimGraphComm, SimTopoComm, self_comm, world_of
+from ..runtime.sim.requests import completed, Request, REQUEST_NULL
+from .unsupported import refusing
+from .persistent import Prequest
+from .group import SimGroup
+from . import message
+from ..runtime.sim._buffers import mpi_error
+from ..runtime.process import release_segments_once
+from ..runtime.sim import p2p
+from .pkl5 import swapped_pkl5
+from .rank_streams import streams_of_ranks
+from .rank_threads import threads_of_ranks
 
-__all__ = ["swapped", "real", "SWAPPED"]
+__all__ = ["swapped", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
 SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm",
@@ -42,16 +55,7 @@ _NESTING = Nesting()
 _OWN: list = []  # the module's own type, while swapped
 
 
-def real(name: str) -> Any:
-    """The mpi4py.MPI attribute `name` as mpi4py defines it (not swapped)."""
-    from mpi4py import MPI
-
-    return MPI.__dict__[name]
-
-
 def _simulated(name: str, state: Any) -> Any:
-    from .comm import SimComm, self_comm, world_of
-
     if name == "COMM_WORLD":
         return world_of(state)
     if name == "COMM_SELF":
@@ -59,37 +63,23 @@ def _simulated(name: str, state: Any) -> Any:
     if name in ("Comm", "Intracomm"):
         return SimComm
     if name in ("Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm"):
-        from . import topology
-
-        return {"Topocomm": topology._Neighbourhood, "Cartcomm": topology.SimCartComm,
-                "Graphcomm": topology.SimGraphComm, "Distgraphcomm": topology.SimDistGraphComm}[name]
+        return {"Topocomm": SimTopoComm, "Cartcomm": SimCartComm, "Graphcomm": SimGraphComm,
+                "Distgraphcomm": SimDistGraphComm}[name]
     if name == "Request":
-        from ..runtime.sim.requests import Request
-
         return Request
     if name == "Win":
-        from .window import SimWin
+        from .window import SimWin  # (numpy, at its import: a program that opens no window runs without it)
 
         return SimWin
     if name in ("File", "Session"):
-        from .unsupported import refusing
-
         return refusing(name)
     if name == "Prequest":
-        from .persistent import Prequest
-
         return Prequest
     if name == "Group":
-        from .group import SimGroup
-
         return SimGroup
     if name in ("Message", "MESSAGE_NULL", "MESSAGE_NO_PROC"):
-        from . import message
-
         return message.SimMessage if name == "Message" else getattr(message, name)
     if name == "REQUEST_NULL":
-        from ..runtime.sim.requests import REQUEST_NULL
-
         return REQUEST_NULL
     if name in _Lifetime.CALLS:
         return getattr(_lifetime(state), name)
@@ -98,8 +88,6 @@ def _simulated(name: str, state: Any) -> Any:
     if name == "Detach_buffer":
         return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
     if name == "Iflush_buffer":
-        from ..runtime.sim.requests import completed
-
         return completed
     return lambda *args, **kwargs: None  # Flush_buffer
 
@@ -122,8 +110,6 @@ class _Lifetime:
         self.state = 0 if getattr(getattr(mpi4py, "rc", None), "initialize", True) is False else 1
 
     def _error(self, text: str) -> BaseException:
-        from ..runtime.sim._buffers import mpi_error
-
         mpi = real_module()
         return mpi_error(mpi, mpi.ERR_OTHER, text)
 
@@ -159,12 +145,6 @@ def _lifetime(state: Any) -> _Lifetime:
         with _LOCK:
             found = _LIFETIMES.setdefault(state, _Lifetime())
     return found
-
-
-def real_module() -> Any:
-    from mpi4py import MPI
-
-    return MPI
 
 
 def _attach_buffer(buf: Any) -> None:
@@ -220,13 +200,6 @@ del _name
 def swapped() -> Iterator[None]:
     """Within this block, simulated ranks' threads see MPI.COMM_WORLD as their own (nests)."""
     from mpi4py import MPI
-
-    from ..runtime.process import release_segments_once
-    from ..runtime.sim import p2p
-
-    from .pkl5 import swapped_pkl5
-    from .rank_streams import streams_of_ranks
-    from .rank_threads import threads_of_ranks
 
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
         release_segments_once(real("COMM_WORLD"))  # so a SIGKILL leaves nothing in /dev/shm

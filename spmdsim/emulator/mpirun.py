@@ -35,6 +35,19 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
+from .rank_modules import own_main, own_modules, rank_builtins, rank_main
+from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, simulate
+from .rank_random import adopt, own_generators
+from ..base import context as _local
+from .rank_threads import _is_rank_thread
+from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
+from ..errors import fold_message, RuntimeMismatchError, SpmdsimError
+from ..runtime.sim.waiting import ranks_text
+from ..runtime.sim.thread_limits import ThreadLimitError
+from .mpi4py_world import swapped
+from ..runtime.mpi_library import MPILibraryError, load_mpi
+from ..base.output import quiet_stdout
+
 __all__ = ["main", "add_arguments", "run"]
 
 #: A Python interpreter's name as a command line gives it: python, python3, python3.12 (or a path to one).
@@ -140,8 +153,6 @@ def _mpi4py_run(words: list[str]) -> list[str]:
 def _program(kind: str, what: str) -> int:
     """Run the program on this simulated rank, as its own module __main__ (rank_modules.rank_main);
     return its exit code."""
-    from .rank_modules import rank_builtins, rank_main
-
     module = rank_main()
     scope = module.__dict__
     try:
@@ -187,9 +198,6 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
     (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
-    from ..runtime.sim.run import current_rank, exit_status, note_exit
-    from .rank_random import adopt
-
     adopt()  # a process of its own: its own random and numpy.random generators
     try:
         code = _program(kind, what)
@@ -218,9 +226,6 @@ def _os_exit_ends_the_rank() -> Iterator[None]:
     """While the ranks run, os._exit(code) in a simulated rank's own thread ends that rank with `code`, as it
     ends that MPI process, where it ended this process and every rank without a word; in any other thread
     (one a rank started too) it is Python's, and ends the process."""
-    from ..base import context as _local
-    from .rank_threads import _is_rank_thread
-
     real = os._exit
 
     def _exit(code: int) -> None:
@@ -246,13 +251,9 @@ class _StdinOfRankZero:
         self._stream = stream
 
     def _refuse(self) -> bool:
-        from ..runtime.sim.run import current_rank
-
         return current_rank() not in (0, None)
 
     def _eof(self) -> EOFError:
-        from ..runtime.sim.run import current_rank
-
         return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
                         f"forwards it): read it on rank 0 and send it on (comm.bcast)")
 
@@ -282,11 +283,6 @@ def _report(exc: BaseException, exits: dict) -> int:
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
     import traceback  # here: the start of every run (the common case, no error) does not load it
-
-    from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
-    from ..errors import RuntimeMismatchError, SpmdsimError, fold_message
-    from ..runtime.sim.waiting import ranks_text
-    from ..runtime.sim.thread_limits import ThreadLimitError
 
     ranks = getattr(exc, "simulated_ranks", ())
     where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
@@ -414,9 +410,7 @@ def _cannot_start() -> int:
     """0 when the ranks can start, else the exit code, the reason printed in one line: no MPI library to take
     mpi4py's constants from (1), or a bad SPMDSIM_CHECK or SPMDSIM_WATCHDOG (2: every rank would raise it, and
     the run printed their traceback where `spmdsim demo` says it in one line)."""
-    from ..errors import SpmdsimError, fold_message
-    from ..runtime.debug import HOOKS, Hooks
-    from ..runtime.mpi_library import MPILibraryError, load_mpi
+    from ..runtime.debug import HOOKS, Hooks  # (not loaded at start-up: a plain program's run needs none of it)
 
     try:  # the ranks send nothing through the library, but their MPI module is mpi4py's, swapped
         load_mpi(why="spmdsim mpirun's ranks take MPI's constants, datatypes and exceptions from it")
@@ -435,14 +429,7 @@ def _cannot_start() -> int:
 
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
-    from .mpi4py_world import swapped
-    from .rank_modules import own_main, own_modules
-    from .rank_random import own_generators
-    from ..runtime.sim.run import MAX_RANKS, simulate
-
     if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
-        from ..errors import fold_message
-
         late = next((a for a in command if a.split("=")[0] in ("-n", "-np", "--np")), None)
         print(fold_message("spmdsim mpirun: error: " + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
               "the program's own argument): spmdsim mpirun -n 4 python prog.py" if late else
@@ -455,8 +442,6 @@ def run(n: int, command: Sequence[str]) -> int:
     try:
         kind, what, argv = _target(command)
     except ValueError as exc:
-        from ..errors import fold_message
-
         print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
         return 1 if isinstance(exc, _NotRunnable) else 2
     refused = _cannot_start()
@@ -482,8 +467,6 @@ def run(n: int, command: Sequence[str]) -> int:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         return _stopped(143)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
-        from ..base.output import quiet_stdout
-
         quiet_stdout()
         return 141
     except KeyboardInterrupt:

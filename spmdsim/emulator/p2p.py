@@ -5,35 +5,15 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ..runtime.sim._buffers import c_int, no_buffer, special
+from ..runtime.sim._buffers import no_buffer, special
 from ..runtime.sim.p2p import post_recv, post_send, probe
 from ..runtime.sim.requests import Request, noted
 from .derived import may_be_derived, packed, unpacking
 from .typemap import mapped, message
+from .message import SimMessage
+from .wildcards import ANY_SOURCE, ANY_TAG, _any
 
-__all__ = ["ANY_SOURCE", "ANY_TAG", "PointToPoint"]
-
-
-class _Wildcard:
-    """The default of a receive's or probe's source or tag: MPI.ANY_SOURCE or MPI.ANY_TAG as this process's MPI
-    has them (read when the call is made), as mpi4py's defaults are; None there is mpi4py's TypeError."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"MPI.{self.name}"
-
-
-ANY_SOURCE, ANY_TAG = _Wildcard("ANY_SOURCE"), _Wildcard("ANY_TAG")
-
-
-def _any(value: Any, what: str) -> int:
-    """A receive's or probe's source or tag (`what`: its name in the error) as mpi4py takes it: a C int (`c_int`:
-    None is mpi4py's TypeError, "an integer is required"), the defaults the wildcards."""
-    if isinstance(value, _Wildcard):
-        return special(value.name)
-    return c_int(value, what)
+__all__ = ["PointToPoint"]
 
 
 def _no_buffer(call: str) -> TypeError:
@@ -166,8 +146,6 @@ class PointToPoint:
 
     def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
         """A matched probe: the message, taken for the returned MPI.Message to receive (SimMessage)."""
-        from .message import SimMessage
-
         return SimMessage._taken(probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"),
                                        status, True, take=True))
 
@@ -180,8 +158,6 @@ class PointToPoint:
 
     def _improbe(self, source: Any, tag: Any, status: Any, call: str) -> Any:
         """Improbe; `call` as _iprobe's (MPI.Message.Iprobe's too)."""
-        from .message import SimMessage
-
         found = probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False,
                       take=True, call=call)
         return None if found is None else SimMessage._taken(found)

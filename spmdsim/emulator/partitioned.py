@@ -27,7 +27,7 @@ from ..runtime.sim.p2p import _check_peer, _check_tag, _remove
 from .typemap import message
 from ..runtime.sim.request_sets import Polled
 from ..runtime.sim.requests import Request, noted, rank_name
-from .p2p import ANY_SOURCE, ANY_TAG, _any
+from .wildcards import ANY_SOURCE, ANY_TAG, _any
 from .persistent import Prequest
 from .._lazy import numpy_on_first_use
 

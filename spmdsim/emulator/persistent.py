@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..runtime.sim._buffers import c_int, mpi_error, mpi_module, special
 from ..runtime.sim.p2p import _check_peer, _check_tag
 from ..runtime.sim.requests import Request, noted
-from .p2p import ANY_SOURCE, ANY_TAG, _any
+from .wildcards import ANY_SOURCE, ANY_TAG, _any
 from .typemap import mapped
 
 __all__ = ["Prequest", "PersistentCalls"]

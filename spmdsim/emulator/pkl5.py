@@ -24,6 +24,8 @@ from typing import Any, Iterator
 
 from ..base import context as _local
 from ._nesting import Nesting
+from .comm import SimComm
+from ..runtime.sim.thread_engine import THREADS
 
 __all__ = ["swapped_pkl5"]
 
@@ -34,8 +36,6 @@ _CODE: list = []  # pkl5's compiled source
 
 
 def _comm_lock(comm: Any, key: Any = None) -> Any:
-    from .comm import SimComm
-
     if not isinstance(comm, SimComm):
         from mpi4py import MPI
 
@@ -49,8 +49,6 @@ def _comm_lock(comm: Any, key: Any = None) -> Any:
 
 def _commctx_intra(comm: Any) -> tuple:
     """(the communicator's private duplicate, a new tag): pkl5's collectives send on it with that tag."""
-    from .comm import SimComm
-
     if not isinstance(comm, SimComm):
         from mpi4py import MPI
 
@@ -79,8 +77,6 @@ def _rank_copy(state: Any) -> types.ModuleType:
 
 
 def _simulated_state() -> Any:
-    from ..runtime.sim.thread_engine import THREADS
-
     state = _local.simulated()
     return state if state is not None and state.engine is THREADS else None
 

@@ -25,6 +25,8 @@ import threading
 import types
 from typing import Any, Iterator, Optional
 
+from ..runtime.sim.run import current_rank
+
 __all__ = ["own_modules", "own_main", "rank_main", "rank_builtins"]
 
 
@@ -58,8 +60,6 @@ class _RankModule(types.ModuleType):
 
 def _copy(standin: _RankModule) -> types.ModuleType:
     """The calling rank's copy of `standin`'s module, made and run on first use."""
-    from ..runtime.sim.run import current_rank
-
     state = object.__getattribute__(standin, "__dict__")
     copies = state["__spmdsim_copies__"]
     rank = current_rank()
@@ -217,8 +217,6 @@ class _RankMain(types.ModuleType):
 
 
 def _main_of(standin: _RankMain) -> types.ModuleType:
-    from ..runtime.sim.run import current_rank
-
     state = object.__getattribute__(standin, "__dict__")
     return state["__spmdsim_mains__"].get(current_rank(), state["__spmdsim_process_main__"])
 
@@ -243,8 +241,6 @@ def own_main() -> Iterator[None]:
 def rank_main() -> types.ModuleType:
     """A new module named __main__ for the calling rank's program, what sys.modules['__main__'] gives that
     rank inside `own_main()` (its globals are the module's __dict__)."""
-    from ..runtime.sim.run import current_rank
-
     module = types.ModuleType("__main__")
     standin = sys.modules.get("__main__")
     if isinstance(standin, _RankMain):

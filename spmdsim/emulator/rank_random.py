@@ -25,6 +25,8 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
+from ..base import context
+
 __all__ = ["own_generators", "adopt"]
 
 # numpy.random's module functions that are not bound methods of its global RandomState.
@@ -68,8 +70,6 @@ def adopt() -> None:
     """The running simulated rank gets its own generators, made now (numpy's when it first draws) and seeded
     from the OS as a new process's are (a rank of `spmdsim mpirun`: it runs a program that expects a process
     of its own)."""
-    from ..base import context
-
     state = context.simulated()
     if state is not None:
         with _LOCK:
@@ -77,8 +77,6 @@ def adopt() -> None:
 
 
 def _mine(kind: int) -> Any:
-    from ..base import context
-
     state = context.simulated()
     pair = None if state is None else _OWN.get(state)
     if pair is None:

@@ -19,6 +19,9 @@ from typing import Any, Iterator, Optional
 
 from ..base import context as _local
 from ._nesting import Nesting
+from ..runtime.sim.thread_engine import THREADS
+from ..errors import RuntimeMismatchError
+from ..runtime.sim.engine import Aborted
 
 __all__ = ["threads_of_ranks"]
 
@@ -27,8 +30,6 @@ _REAL: dict = {}  # "init", "start", "join": threading.Thread's own, while swapp
 
 
 def _world_of(state: Any) -> Any:
-    from ..runtime.sim.thread_engine import THREADS
-
     if state is None or state.engine is not THREADS:  # no rank, or a dry run's
         return None
     return state.comm._group.world
@@ -57,9 +58,6 @@ def _start(thread: threading.Thread) -> None:
     run = thread.run
 
     def run_as_rank() -> None:
-        from ..errors import RuntimeMismatchError
-        from ..runtime.sim.engine import Aborted
-
         _local.enter(state)
         world.enter_thread(key)
         try:

@@ -29,17 +29,15 @@ from typing import Any, Optional, Sequence
 
 from ..runtime.sim._buffers import c_int, copy_into, dtype_name, int_array, mpi_error, mpi_module, special
 from .typemap import message, vector
-from .comm import SimComm, comm_null
+from .real import comm_null
 from .derived import wmessage
-from .group import speak_mpi4py
-from .handles import end_on_fatal_errors
 from .persistent import _persistent
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["SimCartComm", "SimGraphComm", "SimDistGraphComm", "create_cart", "create_graph",
-           "create_dist_graph", "create_dist_graph_adjacent", "graph_map"]
+__all__ = ["Neighbourhood", "CartCalls", "GraphCalls", "DistGraphCalls", "create_cart", "create_graph",
+           "create_dist_graph", "create_dist_graph_adjacent", "cart_map", "graph_map"]
 
 
 def _error(code: str, text: str) -> BaseException:
@@ -54,9 +52,9 @@ def _detailed(code: str, text: str) -> BaseException:
     return mpi_error(mpi, getattr(mpi, code), text) if mpi is not None else ValueError(text)
 
 
-def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[Any]] = None,
+def create_cart(comm: Any, cls: type, dims: Sequence[int], periods: Optional[Sequence[Any]] = None,
                 reorder: bool = False) -> Any:
-    """MPI_Cart_create: the first prod(dims) members form a grid; the others get MPI.COMM_NULL."""
+    """MPI_Cart_create: the first prod(dims) members form a grid (a `cls`); the others get MPI.COMM_NULL."""
     dims, periods = _grid(dims, periods)
     if any(d <= 0 for d in dims) or math.prod(dims) > comm.size:
         raise _error("ERR_ARG", f"Create_cart: dims {list(dims)!r} (periods {list(periods)!r}) do not fit "
@@ -65,7 +63,7 @@ def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[A
     sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_cart")
     if not inside:
         return comm_null()
-    return SimCartComm(sub, dims, periods)
+    return cls(sub, dims, periods)
 
 
 def _grid(dims: Sequence[int], periods: Any) -> tuple:
@@ -78,7 +76,7 @@ def _grid(dims: Sequence[int], periods: Any) -> tuple:
     return dims, tuple(int_array(periods, len(dims)))
 
 
-def cart_map(comm: SimComm, dims: Sequence[int], periods: Any = None) -> int:
+def cart_map(comm: Any, dims: Sequence[int], periods: Any = None) -> int:
     """MPI_Cart_map: this rank's place in the grid Create_cart would make (ranks keep their order), or
     MPI.UNDEFINED for a rank left out."""
     dims, _ = _grid(dims, periods)
@@ -87,18 +85,19 @@ def cart_map(comm: SimComm, dims: Sequence[int], periods: Any = None) -> int:
     return comm.rank if comm.rank < math.prod(dims) else special("UNDEFINED")
 
 
-class _Neighbourhood(SimComm):
-    """The neighbour collectives of a topology communicator (mpi4py's Topocomm): over `_inout()`, the
+class Neighbourhood:
+    """The neighbour collectives of a topology communicator (mpi4py's Topocomm, spmdsim.emulator.comm's
+    SimTopoComm: this mixin over SimComm): over `_inout()`, the
     sources this rank receives from and the destinations it sends to, in order (group ranks, or
     MPI.PROC_NULL), and `_sent_index`, which of a source's destination blocks is this rank's."""
 
     is_topo = True
 
-    def __new__(cls, comm: Any = None, *args: Any, **kwargs: Any) -> "SimComm":
+    def __new__(cls, comm: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``MPI.Topocomm(comm)``: a copy of the topology communicator `comm` of its own kind (a Cartcomm's
         copy knows its grid); a communicator without a topology is mpi4py's TypeError."""
-        if cls is _Neighbourhood and comm is not None:
-            _copyable(comm, _Neighbourhood, "a topology")
+        if cls.TOPOLOGY == "UNDEFINED" and comm is not None:  # MPI.Topocomm(comm), not a kind's own class
+            _copyable(comm, Neighbourhood, "a topology")
             return object.__new__(type(comm))
         return object.__new__(cls)
 
@@ -263,12 +262,13 @@ def _copyable(comm: Any, cls: type, what: str) -> None:
     another kind: "expecting a topology communicator" for one without a topology, else naming the kind."""
     if comm is None or isinstance(comm, cls):
         return
-    raise TypeError("expecting a topology communicator" if not isinstance(comm, _Neighbourhood) else
+    raise TypeError("expecting a topology communicator" if not isinstance(comm, Neighbourhood) else
                     f"expecting {what} communicator")
 
 
-class SimCartComm(_Neighbourhood):
-    """One simulated rank's view of a Cartesian communicator (mpi4py's Cartcomm).
+class CartCalls(Neighbourhood):
+    """One simulated rank's view of a Cartesian communicator (mpi4py's Cartcomm; spmdsim.emulator.comm's
+    SimCartComm: this mixin over SimTopoComm).
 
     ``MPI.Cartcomm(comm)`` (no dims): a copy of a Cartesian communicator, sharing its handle; another
     communicator is refused with mpi4py's TypeError."""
@@ -276,7 +276,7 @@ class SimCartComm(_Neighbourhood):
     def __init__(self, comm: Any = None, dims: Optional[Sequence[int]] = None,
                  periods: Sequence[bool] = ()) -> None:
         if dims is None:
-            _copyable(comm, SimCartComm, "a Cartesian")
+            _copyable(comm, CartCalls, "a Cartesian")
             dims, periods = (comm._dims, comm._periods) if comm is not None else ((), ())
         super().__init__(comm)
         self._dims, self._periods = tuple(dims), tuple(periods)
@@ -356,7 +356,7 @@ class SimCartComm(_Neighbourhood):
     def _sent_index(self, i: int, source: int, sources: list, theirs: list) -> int:
         return i ^ 1  # what the one back sent forward, and the other way round (the module docstring)
 
-    def Sub(self, remain_dims: Sequence[Any]) -> "SimCartComm":
+    def Sub(self, remain_dims: Sequence[Any]) -> Any:
         """The grids of the dimensions kept (members that differ only there), as MPI_Cart_sub."""
         keep = [bool(k) for k in int_array(remain_dims, len(self._dims))]
         here = self.Get_coords(self.rank)
@@ -365,8 +365,8 @@ class SimCartComm(_Neighbourhood):
             if not k:
                 color = color * d + c
         sub = self._split(color, self.rank, "Sub")
-        return SimCartComm(sub, [d for d, k in zip(self._dims, keep) if k],
-                           [p for p, k in zip(self._periods, keep) if k])
+        return type(self)(sub, [d for d, k in zip(self._dims, keep) if k],
+                          [p for p, k in zip(self._periods, keep) if k])
 
     def __repr__(self) -> str:
         return f"<simulated Cartcomm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
@@ -395,30 +395,31 @@ def _graph(index: Any, edges: Any, size: int, call: str) -> tuple[list, list]:
     return index, edges
 
 
-def create_graph(comm: SimComm, index: Any, edges: Any, reorder: bool = False) -> Any:
-    """MPI_Graph_create: the first len(index) members form the graph; the others get MPI.COMM_NULL."""
+def create_graph(comm: Any, cls: type, index: Any, edges: Any, reorder: bool = False) -> Any:
+    """MPI_Graph_create: the first len(index) members form the graph (a `cls`); the others get MPI.COMM_NULL."""
     index, edges = _graph(index, edges, comm.size, "Create_graph")
     inside = comm.rank < len(index)
     sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_graph")
     if not inside:
         return comm_null()
-    return SimGraphComm(sub, index, edges)
+    return cls(sub, index, edges)
 
 
-def graph_map(comm: SimComm, index: Any, edges: Any) -> int:
+def graph_map(comm: Any, index: Any, edges: Any) -> int:
     """MPI_Graph_map: this rank's rank in the graph Create_graph would make (ranks keep their order), or
     MPI.UNDEFINED for a rank left out."""
     index, _ = _graph(index, edges, comm.size, "Graph_map")
     return comm.rank if comm.rank < len(index) else special("UNDEFINED")
 
 
-class SimGraphComm(_Neighbourhood):
-    """One simulated rank's view of a general graph communicator (mpi4py's Graphcomm): node r's
+class GraphCalls(Neighbourhood):
+    """One simulated rank's view of a general graph communicator (mpi4py's Graphcomm; comm's SimGraphComm):
+    node r's
     neighbours are edges[index[r - 1]:index[r]] (index[-1] read as 0)."""
 
     def __init__(self, comm: Any = None, index: Optional[Sequence[int]] = None, edges: Sequence[int] = ()) -> None:
         if index is None:  # MPI.Graphcomm(comm): a copy of a graph communicator
-            _copyable(comm, SimGraphComm, "a general graph")
+            _copyable(comm, GraphCalls, "a general graph")
             index, edges = (comm._index, comm._edges) if comm is not None else ((), ())
         super().__init__(comm)
         self._index, self._edges = tuple(index), tuple(edges)
@@ -483,9 +484,9 @@ def _check_ranks(sources: list, destinations: list, size: int, call: str) -> Non
             raise _detailed("ERR_ARG", f"{call}: {what} rank {bad[0]!r} is outside a communicator of {size} ranks")
 
 
-def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, sourceweights: Any = None,
-                               destweights: Any = None, info: Any = None, reorder: bool = False) -> "SimDistGraphComm":
-    """MPI_Dist_graph_create_adjacent: every member, with the sources and destinations it gives."""
+def create_dist_graph_adjacent(comm: Any, cls: type, sources: Any, destinations: Any, sourceweights: Any = None,
+                               destweights: Any = None, info: Any = None, reorder: bool = False) -> Any:
+    """MPI_Dist_graph_create_adjacent: every member, with the sources and destinations it gives (a `cls`)."""
     sources = [] if sources is None else int_array(sources)
     sw = _weights(sourceweights, len(sources))
     destinations = [] if destinations is None else int_array(destinations)
@@ -493,11 +494,11 @@ def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, s
     _check_ranks(sources, destinations, comm.size, "Create_dist_graph_adjacent")
     weights = None if sw is None and dw is None else \
         (sw if sw is not None else [1] * len(sources), dw if dw is not None else [1] * len(destinations))
-    return SimDistGraphComm(comm._split(0, comm.rank, "Create_dist_graph_adjacent"), sources, destinations, weights)
+    return cls(comm._split(0, comm.rank, "Create_dist_graph_adjacent"), sources, destinations, weights)
 
 
-def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
-                      info: Any = None, reorder: bool = False) -> "SimDistGraphComm":
+def create_dist_graph(comm: Any, cls: type, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
+                      info: Any = None, reorder: bool = False) -> Any:
     """MPI_Dist_graph_create: each member gives some edges (source -> its `degrees` destinations); every
     member's sources and destinations are the edges that end and start there, ordered by the member that
     gave them, then as it gave them (one Allgather of the edges on the new communicator)."""
@@ -525,17 +526,18 @@ def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: A
                     out_weights.append(w)
                 at += 1
     weighted = any(ws is not None for _, _, _, ws in everyone)
-    return SimDistGraphComm(sub, ins, outs, (in_weights, out_weights) if weighted else None)
+    return cls(sub, ins, outs, (in_weights, out_weights) if weighted else None)
 
 
-class SimDistGraphComm(_Neighbourhood):
-    """One simulated rank's view of a distributed graph communicator (mpi4py's Distgraphcomm): the
+class DistGraphCalls(Neighbourhood):
+    """One simulated rank's view of a distributed graph communicator (mpi4py's Distgraphcomm; comm's
+    SimDistGraphComm): the
     sources it receives from and the destinations it sends to, with their weights if it has any."""
 
     def __init__(self, comm: Any = None, sources: Optional[Sequence[int]] = None, destinations: Sequence[int] = (),
                  weights: Optional[tuple] = None) -> None:
         if sources is None:  # MPI.Distgraphcomm(comm): a copy of a distributed graph communicator
-            _copyable(comm, SimDistGraphComm, "a distributed graph")
+            _copyable(comm, DistGraphCalls, "a distributed graph")
             sources, destinations, weights = (comm._sources, comm._destinations, comm._weights) \
                 if comm is not None else ((), (), None)
         super().__init__(comm)
@@ -559,9 +561,3 @@ class SimDistGraphComm(_Neighbourhood):
     def __repr__(self) -> str:
         return (f"<simulated Distgraphcomm rank {self.rank} of {self.size}, sources {list(self._sources)}, "
                 f"destinations {list(self._destinations)}>")
-
-
-speak_mpi4py(_Neighbourhood, "Topocomm")
-for _cls, _name in ((SimCartComm, "Cartcomm"), (SimGraphComm, "Graphcomm"), (SimDistGraphComm, "Distgraphcomm")):
-    speak_mpi4py(_cls, _name)
-    end_on_fatal_errors(_cls)

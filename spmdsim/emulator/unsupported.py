@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .handles import initial_errhandler
+
 __all__ = ["refusing", "not_simulated"]
 
 
@@ -57,8 +59,6 @@ def _session_init(cls: type, *args: Any, **kwargs: Any) -> Any:
 
     session = cls._real.Init(*args, **kwargs)
     if len(args) < 2 and "errhandler" not in kwargs:
-        from .handles import initial_errhandler
-
         handler = initial_errhandler()
         session.Set_errhandler(MPI.ERRORS_RETURN if handler is None else handler)
     return session

@@ -33,6 +33,11 @@ from .._lazy import numpy_on_first_use
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
 from .typemap import mapped
+from .comm import _resolve, self_comm
+from ..runtime.sim.requests import completed, noted, rank_name
+from ..runtime.sim.report import whereabouts
+from ..base.context import simulated
+from .derived import _self
 
 np = numpy_on_first_use(globals())
 
@@ -131,8 +136,6 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
 
     @classmethod
     def _make(cls, comm: Any, flavor: int, memory: Any, unit: Any, info: Any) -> "SimWin":
-        from .comm import _resolve
-
         comm = _resolve(comm)
         comm._live_handle()
         unit = int(unit)
@@ -435,8 +438,6 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         """The request of a request-based operation (`call`: Rput, ...), done when its call returned; noted until
         the program completes it, as a nonblocking collective's (a warning names one never completed, on the
         communicator the window was made on: spmdsim.runtime.sim.requests.noted)."""
-        from ..runtime.sim.requests import completed, noted
-
         return noted(completed(), call, self._shared.group, self._comm._me)
 
     def _operation(self, call: str, origin: Any, target_rank: Any, target: Any, readonly: bool,
@@ -740,8 +741,6 @@ class _WinPoll:
 
     def why_stuck(self, world: Any) -> tuple[str, str]:
         """Where the origins whose Complete a Win.Test waits for are (those that wait have their own clause)."""
-        from ..runtime.sim.report import whereabouts
-
         if self.missing is None:
             return "", ""
         ranks = [self.group.members[o] for o in self.missing]
@@ -754,8 +753,6 @@ class _WinPoll:
 
 def _names(group: Any, ranks: tuple) -> str:
     """'rank 1', 'ranks 1,2', or on a communicator other than the world 'group rank 0 (world rank 2)', ..."""
-    from ..runtime.sim.requests import rank_name
-
     if group.members == tuple(range(group.world.size)):
         return ranks_text(ranks)
     return ", ".join(rank_name(group, r) for r in ranks)
@@ -820,9 +817,6 @@ def _take_lock(shared: _Shared, rank: int, me: int, exclusive: bool) -> None:
 
 def _default_comm(comm: Any) -> Any:
     if comm is None:
-        from ..base.context import simulated
-        from .comm import self_comm
-
         return self_comm(simulated())
     return comm
 
@@ -991,8 +985,6 @@ def _positions(datatype: Any, count: int) -> tuple:
     if true_lb < 0 or extent <= 0:
         raise NotImplementedError("one-sided operations on a datatype with data before its buffer's start "
                                   "(a negative displacement or extent) are not simulated")
-    from .derived import _self
-
     comm = _self()
     # `count` of the type as one element spanning exactly those bytes: Pack reads a buffer in whole extents.
     whole = datatype.Create_contiguous(count)

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..base.sizes import UnmappableError, format_size
+from ..base.sizes import ENV_VAR, UnmappableError, format_size, out_of_memory
 from ..errors import ResourceError, SpmdsimError
 from .infer import infer_matmul, matmul_shape
 from .plan import plan_redistribution
@@ -46,7 +46,6 @@ __all__ = [
     "peak_rss",
 ]
 
-ENV_VAR = "SPMDSIM_MEMORY"
 #: The generator's pass (datagen._CHUNK_ELEMENTS elements): uint64 indices, hashes and values,
 #: three 8-byte arrays at most, beside one uint64 index per element of a row.
 _GENERATOR_PASS = 1 << 20
@@ -267,17 +266,6 @@ def budget_per_rank(ranks_on_node: int, env: Optional[Mapping[str, str]] = None,
     n = max(1, int(ranks_on_node))
     per = "" if n == 1 else f" over {n} ranks on this node"
     return Budget(available // n, f"{source} {format_size(available)}{per}")
-
-
-def out_of_memory(exc: MemoryError, env: Optional[Mapping[str, str]] = None) -> str:
-    """One line for a MemoryError the estimate did not prevent (numpy's own, with the check off or short)."""
-    env = os.environ if env is None else env
-    value = env.get(ENV_VAR, "").strip()
-    if value.lower() in ("off", "none"):
-        why = f"the memory check is off ({ENV_VAR}={value}): unset it to have such a run refused before it starts"
-    else:
-        why = f"{ENV_VAR} sets what a rank may use"
-    return f"out of memory: {exc}; {why}"
 
 
 def largest_fitting_shape(shape: Sequence[int], need_of: Callable[[tuple], int], limit: int,

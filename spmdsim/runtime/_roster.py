@@ -5,7 +5,7 @@ the world) where they are, with small point-to-point messages. Ranks answer
 between the watchdog's polls once a wait has lasted `SERVE_S`, so a call that
 completes sooner costs nothing more; a rank that is not waiting never answers.
 
-Side channel: the guard's private duplicate of COMM_WORLD (guard.world_channel),
+Side channel: the guard's private duplicate of COMM_WORLD (process.world_channel),
 else the collective's own communicator (point-to-point messages never match a
 collective). Nothing here blocks; errors (a peer gone) mean "no answer".
 """
@@ -15,7 +15,9 @@ import itertools
 import time
 from typing import Any, Optional
 
+from ..base.ranks import compact_ranks
 from .engines import engine_of, world
+from . import process
 
 SERVE_S = 0.1  # a waiting rank looks for questions this often, after waiting this long
 _QUERY_TAG = 0x7351
@@ -37,11 +39,7 @@ _GENERIC = (": a rank of its group is not in it: did one skip this collective (i
 
 def channel(comm: Any) -> Optional[tuple[Any, bool]]:
     """(side channel, whether it spans the world), or None when there is none."""
-    # The guard, imported when a watchdog reports (not at `spmdsim mpirun`'s start), looked up there each
-    # time: a test replaces its world_channel.
-    from . import guard
-
-    side = guard.world_channel()
+    side = process.world_channel()  # looked up there each time: a test replaces it
     if side is not None:
         return side, True
     return None if comm is None else (comm, False)
@@ -126,8 +124,6 @@ def drain(side: Any) -> None:
 
 def ranks_text(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0-2,4-7`` (sorted world ranks; two in a row fold too: ``0-1``)."""
-    from ..programs.viz.model import compact_ranks  # pure; loaded only when a watchdog reports
-
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks, run=2)
 
 

@@ -10,7 +10,7 @@ pair's counts; Mesh compares each request for a new axis group.
 Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``): every
 collective (and fingerprint exchange) is posted nonblocking and polled; past
 the deadline the rank asks its group where they are (runtime._roster), prints
-who waits where and who is missing, and aborts the job (guard.abort_job). A
+who waits where and who is missing, and aborts the job (process.abort_job). A
 simulated rank waits as without it (`waiter`): its simulation times each of its
 waits, mpi4py's calls included (spmdsim.runtime.sim.engine.World.wait), and raises.
 
@@ -42,6 +42,7 @@ from . import _roster
 from .engines import engine_of
 from .engines import wait as waiting
 from .fingerprints import FINGERPRINT_FIELDS, _cached_row, describe
+from .process import abort_job
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -401,7 +402,5 @@ def _abort(text: str) -> None:
     if _simulated() is not None:  # a simulated rank raises; simulate() ends the others
         raise RuntimeMismatchError(text)
     from mpi4py import MPI
-
-    from .guard import abort_job  # (the job's end: not loaded at spmdsim mpirun's start)
 
     abort_job(MPI.COMM_WORLD, text + "\n")

@@ -18,11 +18,15 @@ from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
 from ..base.context import current as _context
-from ..base.validate import as_int, counted, dtype_arg, tolerance_arg
-from . import door
+from ..base.validate import as_int, counted, describe, dtype_arg, tolerance_arg
+from . import debug, door
 from .replay import local_of
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
+from .budget import check_seeded
+from ..layouts.dialects.dtensor import placements_of
+from ..layouts.dialects.partition_spec import layout_to_partition_spec
+from .executor import redistribute, resolve
 
 __all__ = ["DTensor"]
 
@@ -192,8 +196,6 @@ class DTensor(_Spellings):
             global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
                                                                                         layout.tensor_map))
             out = cls(mesh, local, layout, global_shape)
-            from . import debug
-
             if not debug.quiet():  # the guard: every rank's worked-out shape the same (one Allgather)
                 debug.verify_operands(mesh, "from_local", (("the global shape from its block", out._shape,
                                                             layout, local.dtype),))
@@ -208,8 +210,6 @@ class DTensor(_Spellings):
             raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
                              f"{_shape_note(seeded)}; use DTensor.from_global for an array")
         shape = layout.check_shape(seeded.shape)
-        from .budget import check_seeded
-
         check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
@@ -230,8 +230,6 @@ class DTensor(_Spellings):
                                                          and value != int(value)):
             raise DTypeError(f"fill value {value!r} must be a number that dtype {kind.name!r} holds")
         seeded = SeededTensor(tuple(shape), kind.name if kind.name in _SEEDABLE else "float64")
-        from .budget import check_seeded
-
         shape = layout.check_shape(seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
@@ -282,15 +280,11 @@ class DTensor(_Spellings):
         """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``); refused
         (DialectError) where DTensor would cut this tensor's shape otherwise (a size that does not divide under
         the balanced cut, which DTensor does not have: docs/explanation/semantics.md, "Uneven shards")."""
-        from ..layouts.dialects.dtensor import placements_of
-
         return placements_of(self._layout, self._shape)
 
     @property
     def partition_spec(self) -> tuple:
         """The layout as a JAX PartitionSpec tuple, one entry per dim (``("dp", None)``); none for a pending sum."""
-        from ..layouts.dialects.partition_spec import layout_to_partition_spec
-
         return layout_to_partition_spec(self._layout)
 
     def __repr__(self) -> str:
@@ -299,16 +293,12 @@ class DTensor(_Spellings):
 
     def redistribute(self, target: TensorLayout) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`)."""
-        from .executor import redistribute
-
         return redistribute(self, target)
 
     def resolved_local(self, label: str | None = None) -> np.ndarray:
         """This rank's shard with pending partial sums added up (the local array if none)."""
         if not self._layout.partial:
             return local_of(self)
-        from .executor import resolve
-
         return resolve(self._mesh, local_of(self), self._layout, label)
 
     # -- autograd and operators: spmdsim.nn.ops.methods.bind_dtensor fills `_OPERATORS` ----------
@@ -644,8 +634,6 @@ def _check_placement(mesh: Any, layout: Any) -> None:
     if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
         return  # the usual case, in three identity tests
     if not isinstance(mesh, Mesh):
-        from ..base.validate import describe  # an ndarray passed as the mesh was its whole repr, many lines
-
         raise LayoutError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}; make one with "
                           "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first")
     if not isinstance(layout, TensorLayout):
@@ -657,8 +645,6 @@ def _check_placement(mesh: Any, layout: Any) -> None:
 def _not_a_tensor_layout(layout: Any) -> str:
     """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
     PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
-    from ..base.validate import describe
-
     if isinstance(layout, Layout):
         how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "
                f"layout({layout.alias_name[0]!r}, None)")

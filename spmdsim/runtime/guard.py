@@ -32,16 +32,16 @@ from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError, fold_message
 from ..base.context import simulated as _simulated
+from ..base.sizes import out_of_memory
 from .engines import engine_of, world
-from .process import FORWARD_S, end_job, release_segments_once, release_shared_segments, tune_mpi_process
+from .process import (_PRIVATE, FORWARD_S, abort_job, end_job, release_segments_once, release_shared_segments,
+                      tune_mpi_process)
 
-__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
-           "world_channel", "release_shared_segments"]
+__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "release_shared_segments"]
 
 #: Seconds ranks wait for each other to agree that all of them failed (tests lower it).
 GRACE_S = 3.0
 
-_PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
 _CTRL_C = threading.Event()  # set by the Ctrl-C watch when SIGINT reached this process
 _WATCHING: list = []  # the Ctrl-C watch's socket pair, once it runs
 
@@ -107,18 +107,6 @@ def _ctrl_c_watch(reader: socket.socket, comm: Any, signals: Any) -> None:
             _interrupted(comm, signals)
 
 
-def world_channel() -> Any:
-    """The private duplicate of COMM_WORLD if a guard set one up on this rank (every rank or none), else None.
-
-    The watchdog's side channel (runtime._roster): its messages match nothing in user code. Never imports mpi4py.
-    """
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None:
-        return None
-    entry = _PRIVATE.get(id(mpi.COMM_WORLD))
-    return entry[1] if entry is not None and entry[0] is mpi.COMM_WORLD else None
-
-
 def _world(comm: Any) -> Any:
     if comm is not None:
         return comm
@@ -149,8 +137,6 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
         _interrupted(comm, private)
     if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
         # Out of memory despite the estimate (spmdsim.programs.memory): one line, no traceback.
-        from ..programs.memory import out_of_memory
-
         exc = SpmdsimError(out_of_memory(exc))
     if isinstance(exc, SpmdsimError):
         if private is None:
@@ -188,13 +174,6 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
         engine_of(comm).abort(comm, 130)
         os._exit(130)  # Abort does not return; this is only a safety net
     abort_job(comm, f"spmdsim: rank {comm.Get_rank()} was interrupted (Ctrl-C) while other ranks go on\n")
-
-
-def abort_job(comm: Any, text: str) -> NoReturn:
-    """Write `text` (newline-terminated) to stderr, let mpiexec forward it, then Abort the job."""
-    if _simulated() is not None:  # a simulated rank raises; simulate() stops the others
-        raise SpmdsimError(text.strip())
-    end_job(comm, text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
 
 
 class _GuardExit(SystemExit):

@@ -27,6 +27,7 @@ import numpy as np
 from .engines.wait import polite_wait
 from . import debug
 from .axes import normalize_axes
+from .algorithms import emulate
 
 __all__ = ["Collective", "run"]
 
@@ -67,8 +68,6 @@ class Emulated:
         self.algorithm = algorithm
 
     def run(self, c: Collective) -> tuple[str, Any]:
-        from .algorithms import emulate
-
         name, sent, received = emulate(c.mesh, c.op, self.algorithm, c.comm, *c.args,
                                        label="axes " + ",".join(c.axes))
         return name, (sent, received)

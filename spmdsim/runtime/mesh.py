@@ -12,9 +12,12 @@ from ..errors import LayoutError, RuntimeMismatchError
 from ..layouts.layout import Layout
 from ..base.context import current
 from .axes import normalize_axes
-from .engines import engine_of, ways_out
+from .engines import engine_of, ways_out, world
 from .engines.wait import WAIT_MODES, resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
+from ..programs.algorithms import check_choices
+from ..base.validate import describe
+from . import debug, door
 
 __all__ = ["Mesh", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
 
@@ -47,14 +50,9 @@ class Mesh:
 
     def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
                  algorithms: dict[str, str] | None = None, roles: dict[str, str] | None = None) -> None:
-        from ..programs.algorithms import check_choices
-        from .engines import world
-
         # Checked first: the same error on every rank, before any collective.
         self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
-            from ..base.validate import describe
-
             raise LayoutError(f"layout must be a spmdsim Layout (device matrix and axis names), got "
                               f"{describe(layout)}; e.g. Mesh(Layout((2, 4), ('dp', 'tp')))")
         #: role -> the axis that plays it (AXIS_ROLES); empty where the mesh's maker named none.
@@ -258,8 +256,6 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     build, so the first to arrive took the cores the last ones still computed on (5.5 of 102 CPU-s of the GPT
     tests with Comm.Split, 8 ranks on 2 cores).
     """
-    from . import debug, door
-
     if mesh.size == 1:
         return
     number = len(mesh._groups) + 1

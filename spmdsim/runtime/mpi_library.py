@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from ..errors import SpmdsimError
+from ..errors import fold_message, SpmdsimError
 
 #: How to get an MPI library mpi4py can load.
 INSTALL_MPI = "the 'mpi' extra (pip install mpich), or use your system's MPI"
@@ -55,8 +55,6 @@ def _one_line_if_uncaught() -> None:
         if not isinstance(value, MPILibraryError):
             before(kind, value, tb)
             return
-        from ..errors import fold_message
-
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
         text = str(value)
         if prog.endswith(".py"):  # the way on, for this program: python attention.py --ranks N

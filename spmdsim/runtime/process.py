@@ -22,16 +22,20 @@ from typing import Any, NoReturn, Optional
 
 from ..base.interrupts import keep_ctrl_c
 from ..base.malloc import keep_freed_buffers_under_launcher
+from ..base.context import simulated as _simulated
 from ..base.threads import cap_blas_threads_under_launcher, launcher_local_ranks
+from ..errors import SpmdsimError
 from .engines import engine_of
 from . import memwatch
 
-__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments", "end_job", "FORWARD_S"]
+__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments", "end_job", "abort_job", "world_channel",
+           "FORWARD_S"]
 
 #: Seconds a rank waits between writing its last words and MPI_Abort: abort at once and the job's
 #: whole stderr can be lost when it goes to a pipe (seen: an empty stderr and exit 1 in CI).
 FORWARD_S = 0.3
 
+_PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, the guard's private duplicate: runtime.guard)
 _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, watch started)
 
 
@@ -112,3 +116,22 @@ def release_shared_segments(maps: str = "/proc/self/maps",
             except OSError:  # another rank unlinked it first
                 pass
     return done
+
+
+def abort_job(comm: Any, text: str) -> NoReturn:
+    """Write `text` (newline-terminated) to stderr, let mpiexec forward it, then Abort the job."""
+    if _simulated() is not None:  # a simulated rank raises; simulate() stops the others
+        raise SpmdsimError(text.strip())
+    end_job(comm, text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
+
+
+def world_channel() -> Any:
+    """The private duplicate of COMM_WORLD if a guard set one up on this rank (every rank or none), else None.
+
+    The watchdog's side channel (runtime._roster): its messages match nothing in user code. Never imports mpi4py.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return None
+    entry = _PRIVATE.get(id(mpi.COMM_WORLD))
+    return entry[1] if entry is not None and entry[0] is mpi.COMM_WORLD else None

@@ -10,6 +10,7 @@ import numpy as np
 from ...errors import DialectError, SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ...base.validate import as_int, counted  # as_int: shared with layouts, data and plans; re-exported for the dialects
+from ...base.deprecated import deprecated
 
 
 def positive_int(value: object, what: str) -> int:
@@ -145,8 +146,6 @@ def axis_names(
 def renamed_keyword(kwargs: dict, old: str, new: str, value: object, function: str) -> object:
     """`value`, or the deprecated keyword `old` from `kwargs` (with a DeprecationWarning)."""
     if old in kwargs:
-        from ...base.deprecated import deprecated
-
         deprecated(f"{function}({old}=...)", f"{function}({new}=...)", stacklevel=4)
         if value is not None:
             raise DialectError(f"{function} got both {old}= and {new}=; expected only {new}=")

@@ -15,6 +15,7 @@ from ..layout import Layout, TensorLayout
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ._common import as_int, as_items, mesh_of, parse_partition_spec, require_layout
+from ...base.deprecated import deprecated
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
 
@@ -86,8 +87,6 @@ def partition_spec_to_layout(
     DeprecationWarning.
     """
     if as_items(mesh_shape) and all(isinstance(n, str) for n in as_items(mesh_shape)):
-        from ...base.deprecated import deprecated
-
         deprecated("partition_spec_to_layout(spec, mesh_axis_names, mesh_shape, ndim)",
                    "partition_spec_to_layout(spec, mesh_shape, ndim, mesh_axis_names)")
         mesh_axis_names, mesh_shape, ndim = mesh_shape, ndim, mesh_axis_names

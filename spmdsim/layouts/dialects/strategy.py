@@ -20,6 +20,7 @@ from ..layout import Layout, TensorLayout
 from ...base.validate import counted
 from ._common import (as_flag, as_int, as_items, axis_names, mesh_of, positive_int, refuse_mesh_as_count,
                       require_layout)
+from ...base.deprecated import deprecated
 
 __all__ = [
     "REP_AXIS", "StrategyLike", "MatMulLayouts", "parse_strategy", "format_strategy",
@@ -177,8 +178,6 @@ def _on_mesh(counts: tuple[int, ...], mesh: Layout) -> TensorLayout:
 
 def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
     """Deprecated name of `strategy_to_layout` (goes in the next release)."""
-    from ...base.deprecated import deprecated
-
     deprecated("strategy_layout(strategy, world_size)", "strategy_to_layout(strategy, mesh_shape)")
     return strategy_to_layout(strategy, world_size)
 
@@ -289,7 +288,5 @@ def layout_to_strategy(tl: TensorLayout) -> tuple[int, ...]:
 
 def strategy_of(*layouts: TensorLayout) -> tuple[tuple[int, ...], ...]:
     """Deprecated: ``tuple(layout_to_strategy(tl) for tl in layouts)`` (goes in the next release)."""
-    from ...base.deprecated import deprecated
-
     deprecated("strategy_of(*layouts)", "tuple(layout_to_strategy(tl) for tl in layouts)")
     return tuple(layout_to_strategy(tl) for tl in layouts)

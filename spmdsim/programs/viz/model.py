@@ -19,6 +19,7 @@ from typing import Iterator, Optional, Sequence
 from ...layouts.explain import partial_text
 from ...layouts.layout import TensorLayout, format_entry
 from ...layouts.slicing import all_bounds
+from ...base.ranks import compact_ranks
 
 __all__ = ["Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture", "compact_ranks"]
 
@@ -95,22 +96,6 @@ class LayoutPicture:
     def title(self) -> str:
         entries = ", ".join(format_entry(e) for e in self.tensor_layout.tensor_map)
         return f"{self.name}: shape {self.shape!r}, tensor map ({entries})"
-
-
-def compact_ranks(ranks: Sequence[int], run: int = 3) -> str:
-    """0,1 / 0-3 / 0,2,4: runs of `run` or more consecutive ranks become a-b."""
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        if j - i + 1 >= run:
-            parts.append(f"{ranks[i]}-{ranks[j]}")
-        else:
-            parts.extend(str(r) for r in ranks[i : j + 1])
-        i = j + 1
-    return ",".join(parts)
 
 
 def _label(terms: tuple[tuple[int, ...], ...]) -> str:

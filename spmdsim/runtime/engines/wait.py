@@ -17,6 +17,7 @@ from typing import Any
 
 from ...base.threads import cores_available, launcher_local_ranks
 from ...errors import SpmdsimError
+from . import engine_of
 
 __all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "wait_until", "cores_available",
            "local_ranks"]
@@ -36,8 +37,6 @@ def local_ranks(comm: Any) -> int:
     from_launcher = launcher_local_ranks()
     if from_launcher is not None:
         return from_launcher
-    from . import engine_of
-
     return engine_of(comm).node_size(comm)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .waiting import ranks_text
+from ...programs.viz.table import fold_table
 
 __all__ = ["RankBytes", "DryRunReport", "report"]
 
@@ -45,8 +46,6 @@ class DryRunReport:
 
     def table(self) -> str:
         """Equal ranks folded into one row; within 100 columns (a long list of collectives folds)."""
-        from ...programs.viz.table import fold_table
-
         head = ("ranks", "calls", "sent B", "received B", "peak held B", "collectives")
         rows = [(_ranks_cell(ranks), row.calls, f"{row.bytes_sent:,}", f"{row.bytes_received:,}",
                  f"{row.peak_bytes_held:,}", ", ".join(f"{op} x{n}" for op, n in row.counts) or "none")

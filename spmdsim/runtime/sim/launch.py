@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
 from ...base.output import is_output_failure, output_error, quiet_stdout
+from ...base.sizes import out_of_memory
 from ...base.threads import RANK_VARIABLES, launcher_rank, launcher_size
 from ...errors import SpmdsimError, fold_message
 from ...base import context as _local
@@ -28,6 +29,8 @@ from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
 from .thread_limits import ThreadLimitError, threads_problem  # a thread each: the stacks must fit
 from .waiting import ranks_text
+from .run import MAX_DRY_RANKS, MAX_RANKS, exit_status, simulate
+from ..mpi_library import MPILibraryError, load_mpi
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
@@ -45,8 +48,6 @@ DRY_RUN_NEEDS_RANKS = "--dry-run needs --ranks N (a dry run simulates the ranks 
 
 def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
     """Why `n` cannot be a ``--ranks`` count (one line for "spmdsim: error: "), or None."""
-    from .run import MAX_DRY_RANKS, MAX_RANKS
-
     most = MAX_DRY_RANKS if dry_run else MAX_RANKS
     if type(n) is int and 1 <= n <= most:
         if dry_run:
@@ -64,8 +65,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     ranks' code is one of `dry_codes`, those that do not depend on values (the demo's 3: every scenario skipped).
     A count that cannot be is refused in one line before anything else (exit 2).
     """
-    from .run import simulate
-
     problem = ranks_problem(n, dry_run)
     launched = launcher_size()
     if not problem and launched > 1:  # each MPI process would run all n ranks: n x launched, output repeated
@@ -106,8 +105,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         if isinstance(exc, SpmdsimError):
             print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
             return 1
-        from ...programs.memory import out_of_memory
-
         print(fold_message(f"spmdsim: error on {_where(exc)}: {out_of_memory(exc)}"), file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
@@ -135,8 +132,6 @@ def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
         failures = tuple((rank, type(exc), str(exc)) for rank in getattr(exc, "simulated_ranks", ()))
     if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
         return None
-    from ...programs.memory import out_of_memory
-
     texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
     for rank, kind, text in failures:
         if not issubclass(kind, SpmdsimError):  # a MemoryError: as the guard turns it into an SpmdsimError
@@ -160,8 +155,6 @@ def _exit_code(fn: Callable[[], Any]) -> int:
         code = exc.code
     if not (code is None or isinstance(code, int)):
         print(code, file=sys.stderr)
-    from .run import exit_status
-
     return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
 
 
@@ -207,8 +200,6 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
             sys.exit(2)
         _guard_mpi_ranks()
         if ranks is not None and ranks > 1:
-            from ..mpi_library import MPILibraryError, load_mpi
-
             try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
                 load_mpi()
             except MPILibraryError:

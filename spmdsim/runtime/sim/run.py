@@ -193,14 +193,11 @@ def _may_watch(settings: Any) -> bool:
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own (once per representative when
     the ranks differ: spmdsim.runtime.sim.dry.differ), each rank given its representative's result; the report."""
-    # (numpy: a simulation of programs without it does not load it)
-    from .dry import DRY, DryComm
-    from .dry_meter import Meter
-    from .dry_report import report
+    from . import dry, dry_meter, dry_report  # (numpy: a simulation of programs without it does not load it)
 
     def one(rank: int, stands_for: Any) -> tuple:
-        context = RankContext(rank, size, DryComm(size, rank), DRY, dry_run=True, hooks=Hooks(HOOKS))
-        context.meter = Meter()
+        context = RankContext(rank, size, dry.DryComm(size, rank), dry.DRY, dry_run=True, hooks=Hooks(HOOKS))
+        context.meter = dry_meter.Meter()
         context.meter.stands_for = stands_for
         context.traces.append(Trace())  # every collective of the run, for the report
         outcome: list = []
@@ -241,7 +238,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
     # Each rank's result is its representative's (rank 0's for all when the ranks do not differ).
     results = DryRunResults([values[0]] * size if stands_for is None else
                             [values[r] for r in stands_for.tolist()])
-    results._make = lambda: report(contexts, size, stands_for)
+    results._make = lambda: dry_report.report(contexts, size, stands_for)
     return results
 
 

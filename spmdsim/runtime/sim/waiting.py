@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+from ...base.ranks import compact_ranks
+
 if TYPE_CHECKING:
     from .groups import Group
 
@@ -12,8 +14,6 @@ __all__ = ["ranks_text"]
 
 def ranks_text(ranks: Any) -> str:
     """'rank 3' or 'ranks 0-2,5' (runs of three or more folded)."""
-    from ...programs.viz.model import compact_ranks  # (loads numpy: a command's start does without it)
-
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
 

@@ -24,6 +24,7 @@ from .graph import Graph, Hand
 from .networks import build
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 from .volume import redistribution_bytes
+from .report import format_result, result_json
 
 __all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
            "TIME_OBJECTIVE_MAX_DEVICES"]
@@ -115,13 +116,9 @@ class Result:
         return sum(op.seconds for op in self.ops)
 
     def table(self) -> str:
-        from .report import format_result
-
         return format_result(self)
 
     def to_json(self) -> dict:
-        from .report import result_json
-
         return result_json(self)
 
 

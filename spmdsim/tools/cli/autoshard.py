@@ -33,6 +33,7 @@ from ..autoshard.choose import _parse_fix
 from ..autoshard.cost import measure_flops_rate
 from ..autoshard.networks import gpt_network
 from .calibrate import parse_size
+from .plan import MAX_PLAN_DEVICES
 
 __all__ = ["register", "run"]
 
@@ -196,8 +197,6 @@ class _Fields:
 
 def check_devices(devices: int) -> None:
     """One line unless 1 <= devices <= MAX_PLAN_DEVICES (plan's, explain's and show's limit)."""
-    from .plan import MAX_PLAN_DEVICES
-
     if devices < 1:
         raise SpmdsimError(f"--devices {devices!r} must be >= 1")
     if devices > MAX_PLAN_DEVICES:

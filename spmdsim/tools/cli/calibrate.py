@@ -25,6 +25,10 @@ from ..estimate.machine import save_machine
 from ..estimate.machine_records import GemmEfficiency, Link, Machine
 from ...programs.viz.table import wrap_lines
 from .collective_timing import Waiter, measure, measure_copy
+from .paths import check_output_file
+from .common import guarded
+from ..autoshard.cost import measure_flops_rate
+from ...runtime.engines.wait import local_ranks
 
 __all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwidth", "calibrated_machine"]
 
@@ -120,8 +124,6 @@ def _check_counts(args: argparse.Namespace) -> None:
 
 def _output_problem(args: argparse.Namespace) -> str | None:
     """Why --output or --measurements cannot be written (rank 0 writes them), or None."""
-    from .paths import check_output_file
-
     try:
         if args.measurements is not None:
             check_output_file(args.measurements, "--measurements")
@@ -163,8 +165,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     from ...runtime.mpi_library import load_mpi
-    from .common import guarded
-
     comm = load_mpi(why="calibrate times an MPI library's collectives").COMM_WORLD
     if comm.Get_size() < 2:  # every process of the job alike, before any collective: main() says it once
         problem = _output_problem(args)  # this process is rank 0, whose verdict on the paths counts: said first
@@ -295,9 +295,6 @@ def _measure_machine(comm: Any, model: CostModel, waiter: Waiter) -> Machine | N
     """Every rank measures its GEMM rate and copy bandwidth together; rank 0 gets the machine, others None."""
     import os
     import platform
-
-    from ..autoshard.cost import measure_flops_rate
-    from ...runtime.engines.wait import local_ranks
 
     ranks = local_ranks(comm)
     waiter.barrier(comm)

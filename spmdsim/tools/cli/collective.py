@@ -22,6 +22,14 @@ from ...base.threads import launcher_size
 from ...programs.algorithms.formulas import FORMULAS, busiest_bytes_sent, predict_seconds, round_count
 from ...runtime.debug import add_cli_arguments, configure_from_args
 from ...runtime.engines import world
+from .calibrate import byte_count
+from ...programs.viz.png import require_matplotlib
+from .paths import check_output_dir
+from ...programs.algorithms.picture import check_picture_ranks, render_rounds_png
+from .common import guarded
+from ...programs.cost import DEFAULT_MODEL, load_or_default
+from ...programs.algorithms.table import format_rounds, format_states
+from ...programs.viz.table import wrap_lines
 
 __all__ = ["register", "run", "report", "to_json", "MAX_SIZE"]
 
@@ -67,8 +75,6 @@ def register(subparsers: Any) -> None:
 
 def parse_size(text: str) -> int:
     """'64K' -> 65536 bytes; SpmdsimError naming the flag otherwise (a negative size and 0 alike: one range)."""
-    from .calibrate import byte_count
-
     try:
         size = byte_count(text)
     except argparse.ArgumentTypeError as exc:
@@ -96,16 +102,11 @@ def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
         raise SpmdsimError("--show prints the rounds as tables, which --json replaces (its record lists each "
                            "round's transfers): give one of them")
     if args.png is not None:
-        from ...programs.viz.png import require_matplotlib
-        from .paths import check_output_dir
-
         require_matplotlib()  # one line naming the extra when matplotlib is missing
         check_output_dir(args.png, "--png")
     if p < 2:
         raise SpmdsimError("spmdsim collective needs at least 2 ranks: mpiexec -n N, or --ranks N")
     if args.png is not None:
-        from ...programs.algorithms.picture import check_picture_ranks
-
         check_picture_ranks(p, f"--png {args.png!r}: the pictures")  # before the run, not hours into drawing
     try:
         count = elements_for(collective, p, size, np.dtype(args.dtype).itemsize)
@@ -121,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks is not None:
         return _simulated(args)
     from ...runtime.mpi_library import load_mpi
-    from .common import guarded
-
     comm = load_mpi().COMM_WORLD
     return guarded(lambda: _execute(args, comm), comm, args)
 
@@ -166,8 +165,6 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     if comm.Get_rank() == 0:
         print(json.dumps(to_json(schedule, result)) if args.json else report(schedule, result, args.show))
         if args.png:
-            from ...programs.algorithms.picture import render_rounds_png
-
             paths = render_rounds_png(schedule, args.png)
             if not args.json:
                 print(f"wrote {len(paths)} pictures to {args.png} (all rounds: {paths[-1]})")
@@ -176,8 +173,6 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
 def _predicted(schedule: Any) -> tuple[float | None, str]:
     """The cost model's seconds for the schedule's rounds and bytes, and where the model came from."""
-    from ...programs.cost import DEFAULT_MODEL, load_or_default
-
     try:
         model = load_or_default()
     except (SpmdsimError, OSError) as exc:
@@ -204,9 +199,6 @@ def _cut_text(schedule: Any) -> str:
 
 def report(schedule: Any, result: dict, show: bool = False) -> str:
     """The text report: bytes against the formula, the check against MPI, times; with `show` the rounds."""
-    from ...programs.algorithms.table import format_rounds, format_states
-    from ...programs.viz.table import wrap_lines
-
     p, me_bytes = schedule.group_size, schedule.input_count(schedule.root) * schedule.itemsize
     elements = me_bytes // schedule.itemsize
     sent = max(schedule.bytes_sent())

@@ -13,6 +13,7 @@ import numpy as np
 from ...base import buffers
 from ...programs.cost import Measurement, normalize_op
 from ...runtime.engines import engine_of
+from ...runtime.engines.wait import polite_wait, resolve_wait_mode
 
 __all__ = ["Waiter", "raw_collective", "time_interleaved", "measure", "measure_copy"]
 
@@ -21,8 +22,6 @@ class Waiter:
     """Completes requests as the runtime's wait mode does ("busy" blocks, "polite" sleeps)."""
 
     def __init__(self, comm: Any, mode: str | None = None) -> None:
-        from ...runtime.engines.wait import polite_wait, resolve_wait_mode
-
         self.mode = resolve_wait_mode(mode, comm)
         self._polite = polite_wait
 

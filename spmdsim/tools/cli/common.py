@@ -14,6 +14,7 @@ from ...layouts.layout import Layout
 from ...runtime.debug import add_cli_arguments, configure_from_args, watchdog_setting
 from ...runtime.engines import world
 from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_argument, ranks_problem, run_on_ranks
+from .paths import check_output_file
 
 __all__ = ["add_common_arguments", "on_world", "guarded", "add_trace_out", "check_trace_out", "check_watchdog",
            "check_seed", "check_ranks", "SEED_LIMIT", "DRY_RUN_EXPLAINS_NOTHING"]
@@ -71,8 +72,6 @@ def add_trace_out(parser: argparse.ArgumentParser) -> None:
 def check_trace_out(args: argparse.Namespace) -> None:
     """Refuse an unwritable --trace-out before any work (the same error on every rank)."""
     if getattr(args, "trace_out", None) is not None:
-        from .paths import check_output_file  # (tempfile: not loaded for --help)
-
         check_output_file(args.trace_out, "--trace-out")
 
 

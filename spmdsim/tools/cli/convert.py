@@ -26,6 +26,8 @@ from ...layouts.dialects import (format_partition_spec, format_placements, forma
                                  layout_to_sbp, partition_spec_to_layout, placements_to_layout, sbp_to_layout)
 from ...layouts.dialects.dtensor import placements_of
 from ...layouts.dialects.strategy import format_strategy, layout_to_strategy, strategy_to_layout
+from ...layouts.holdings import bounds_text
+from ...programs.viz.table import wrap_lines
 
 __all__ = ["register", "run", "Form", "convert_layout", "DIALECTS"]
 
@@ -133,8 +135,6 @@ def _same_blocks(a: TensorLayout, b: TensorLayout, shape: tuple[int, ...]) -> Op
 
 
 def _block(tl: TensorLayout, shape: tuple[int, ...], rank: int) -> str:
-    from ...layouts.holdings import bounds_text
-
     return bounds_text(tl.bounds(rank, shape))
 
 
@@ -232,8 +232,6 @@ def _command(command: str, lead: str, width: int = 100) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...programs.viz.table import wrap_lines
-
     case = case_from_args(args)
     forms = convert_layout(case.tensor_layout, case.shape)
     if args.json:

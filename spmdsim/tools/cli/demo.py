@@ -20,6 +20,8 @@ from typing import Any, Sequence
 from ...errors import SpmdsimError, fold_message
 from ...base.validate import counted
 from .common import add_common_arguments, add_trace_out, check_seed, check_trace_out, check_watchdog, guarded, on_world
+from ..demo.registry import Context, run_scenario, scenarios
+from ...programs.viz.table import fold_cell, fold_table, nbytes, WIDTH, wrap_lines
 
 __all__ = ["register", "run", "format_table", "coverage", "TOO_FEW_RAN"]
 
@@ -51,12 +53,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..demo.registry import scenarios
-
     chosen = scenarios()
     if args.list:  # --only narrows the list (an unknown name refused as when running), --json makes it JSON
-        from ...programs.viz.table import WIDTH, fold_cell
-
         listed = _only(chosen, args.only)
         if args.json:
             print(json.dumps([{"scenario": sc.name, "title": sc.title} for sc in listed], indent=1))
@@ -96,8 +94,6 @@ def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]
 
 
 def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
-    from ..demo.registry import Context, run_scenario
-
     check_trace_out(args)
     check_seed(args)
     ctx = Context(comm, args.dtype, args.seed)
@@ -142,7 +138,6 @@ def _run_traced(chosen: Sequence[Any], ctx: Any, path: str) -> list[Any]:
     """Run the scenarios under one trace and write it, each scenario a named span per rank."""
     from time import perf_counter
 
-    from ..demo.registry import run_scenario
     from ...runtime import collect_trace
     from ...runtime.trace_export import write_chrome_trace
 
@@ -164,8 +159,6 @@ def format_table(outcomes: Sequence[Any], world_size: int, dtype: str, wide: boo
     Fits 100 columns (long cells fold onto more lines, skip reasons go below the
     table); `wide` adds the layouts column and keeps every row on one line.
     """
-    from ...programs.viz.table import fold_table, nbytes, wrap_lines
-
     head = ("scenario", "op") + (("layouts",) if wide else ()) + (
         "collectives", "sent/rank", "max error", "result")
     rows, reasons = [], []

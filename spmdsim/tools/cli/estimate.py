@@ -21,6 +21,8 @@ from ...models.moe.config import MoEConfig
 from ..estimate.machine import machines
 
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
+from ...programs.pipeline.options import layer_split, schedule_choice, split_arguments
+
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS", "MAX_DRY_LAYERS"]
 
 #: Most layers a dry run of the GPT steps through (here and in autoshard's search by a machine file): each takes
@@ -58,8 +60,6 @@ def register(subparsers: Any) -> None:
             (DATA, 1, "data-parallel ranks"),
             ("virtual-stages", 1, "model chunks per stage (interleaved)")):
         add_noted(parser, f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
-    from ...programs.pipeline.options import split_arguments
-
     split_arguments(parser)  # --first-stage-layers, --last-stage-layers, --stage-layers (default: balanced)
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
@@ -71,8 +71,6 @@ def register(subparsers: Any) -> None:
                         help="dropout probability of the embeddings, the attention and the residual branches "
                              "(default 0.1, GPT-3's; 0: none, as Llama trains: no dropout kernels, masks or kept "
                              "outputs)")
-    from ...programs.pipeline.options import schedule_choice
-
     parser.add_argument("--schedule", type=schedule_choice, default=None, choices=("gpipe", "1f1b", "interleaved"),
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1; any case: "
                              "1F1B, GPipe)")
@@ -193,8 +191,6 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 def _split(args: argparse.Namespace) -> Any:
     """The layers per chunk that --first-stage-layers, --last-stage-layers or --stage-layers give (None: none
     given, balanced), or the one-line SpmdsimError naming the flag (spmdsim.programs.pipeline.options.layer_split)."""
-    from ...programs.pipeline.options import layer_split
-
     split, problem = layer_split(args, args.layers, args.pp, args.virtual_stages)
     if problem:
         raise SpmdsimError(problem)

@@ -20,6 +20,7 @@ from ...programs.pipeline.schedule import SCHEDULES, build
 from ...programs.viz.png import check_picture_path, require_matplotlib
 from ...programs.viz.table import WIDTH, wrap_lines
 from ...programs.pipeline.options import schedule_choice
+from .paths import check_output_file
 
 __all__ = ["register", "run", "MIN_WIDTH"]
 
@@ -107,8 +108,6 @@ def _read(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     stages, microbatches, virtual = _sizes(args)
     if args.png is not None:
-        from .paths import check_output_file  # (tempfile: not loaded for --help)
-
         # Fail before printing anything: the text grid comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()

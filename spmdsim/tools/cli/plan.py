@@ -30,6 +30,9 @@ from ...layouts.dialects.strategy import strategy_to_layout
 from .case_checks import check_device_count, checked_axis_names, indivisible, parse_int_list, with_partial_axes
 from .cases import ONEFLOW_EVEN, flag_ints
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
+from .paths import check_output_dir
+from ...programs.viz.png import require_matplotlib
+from ...programs.viz import render_plan_ascii, render_plan_png
 
 __all__ = [
     "register",
@@ -305,23 +308,15 @@ def _check_alias_used(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "png", None) is not None:
-        from .paths import check_output_dir
-
-        from ...programs.viz.png import require_matplotlib
-
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False) and not args.json:
-        from ...programs.viz import render_plan_ascii
-
         print()
         print(render_plan_ascii(plan), end="")
     if getattr(args, "png", None) is not None:
-        from ...programs.viz import render_plan_png
-
         paths = render_plan_png(plan, args.png)
         paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
         if not args.json:

@@ -16,6 +16,11 @@ from ...errors import SpmdsimError
 from ...programs.plan import Plan
 from ...programs.plan.steps import Allgather, Allreduce
 from ...programs.plan.summary import FOLD_RANKS, block_rule, plan_traffic
+from ...programs.cost import DEFAULT_MODEL, load_or_default, predict_plan
+from ...programs.viz.table import nbytes, WIDTH, wrap_lines
+from ...programs.viz.why import BOUND_WITH_SUMS, byte_matrix, explain_plan_lines, step_text, step_why
+from ...programs.viz.moves import render_byte_matrix_png, render_moves_png
+from ...layouts.holdings import block_text
 
 __all__ = ["dialect_of", "folded_explain_lines", "format_plan", "moves_and_bytes_png", "plan_record", "plan_text",
            "ratio_text"]
@@ -40,8 +45,6 @@ def _predicted(plan: Plan) -> tuple[list[float], str]:
 
     ([], why) when the estimate is unavailable.
     """
-    from ...programs.cost import DEFAULT_MODEL, load_or_default, predict_plan
-
     try:
         model = load_or_default()
     except (SpmdsimError, OSError) as exc:
@@ -68,9 +71,6 @@ def _duration(seconds: float) -> str:
 
 def format_plan(plan: Plan, dialect: str = "sbp") -> str:
     """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
-    from ...programs.viz.table import WIDTH, wrap_lines
-    from ...programs.viz.why import BOUND_WITH_SUMS, step_text
-
     where = str(plan.source.layout)
     if plan.target.layout != plan.source.layout:
         where += f" -> {plan.target.layout}"
@@ -130,9 +130,6 @@ def moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
     """
     if plan.num_ranks > FOLD_RANKS:
         return []
-    from ...programs.viz.moves import render_byte_matrix_png, render_moves_png
-    from ...programs.viz.why import byte_matrix
-
     paths = render_moves_png(plan, directory, dialect=dialect)
     if plan.steps:
         title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
@@ -150,8 +147,6 @@ def plan_record(plan: Plan, args: argparse.Namespace) -> dict:
         if plan.num_ranks > FOLD_RANKS:
             record["bytes_by_step"] = plan_traffic(plan)
             return record
-        from ...programs.viz.why import byte_matrix
-
         record["bytes_matrix"] = byte_matrix(plan.steps, plan.num_ranks, plan.shape, np.dtype(plan.dtype).itemsize)
     return record
 
@@ -161,9 +156,6 @@ def plan_text(plan: Plan, args: argparse.Namespace) -> str:
     dialect = dialect_of(args)
     if not args.explain:
         return format_plan(plan, dialect)
-    from ...programs.viz.table import wrap_lines
-    from ...programs.viz.why import explain_plan_lines
-
     lines = folded_explain_lines(plan, dialect) if plan.num_ranks > FOLD_RANKS else explain_plan_lines(plan, dialect)
     return "\n".join([format_plan(plan, dialect)] + wrap_lines(lines))
 
@@ -175,10 +167,6 @@ _SHOWN_RANKS = 4
 def folded_explain_lines(plan: Plan, dialect: str = "sbp") -> list[str]:
     """`--explain` past FOLD_RANKS ranks: each step's reason, a few ranks' blocks with the rule that
     gives every rank's, and each step's traffic per group (linear in the ranks, no dense matrix)."""
-    from ...layouts.holdings import block_text
-    from ...programs.viz.table import nbytes
-    from ...programs.viz.why import step_text, step_why
-
     n = plan.num_ranks
     lines = []
     for i, step in enumerate(plan.steps, 1):

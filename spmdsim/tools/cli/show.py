@@ -12,6 +12,8 @@ from ...programs.viz.png import check_picture_path, render_layout_png, require_m
 from .cases import add_case_arguments, case_from_args
 from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
 from .case_checks import parse_int_list
+from .paths import check_output_file
+from ...programs.viz.matmul import matmul_ascii, render_matmul_png
 
 __all__ = ["register", "run", "MIN_WIDTH", "short_name"]
 
@@ -50,8 +52,6 @@ def run(args: argparse.Namespace) -> int:
         return _matmul(args)
     case = case_from_args(args)
     if args.png is not None:
-        from .paths import check_output_file  # (tempfile: not loaded for --help)
-
         # Fail before printing anything: the ASCII picture comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
@@ -73,8 +73,6 @@ def short_name(name: str, width: int) -> str:
 
 def _matmul(args: argparse.Namespace) -> int:
     """`show --matmul`: the three tensors of a MatMul strategy and its partial sums."""
-    from ...programs.viz.matmul import matmul_ascii
-
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
         raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
                            + (f"got {args.strategy!r}" if args.strategy else "and none was given"))
@@ -87,13 +85,9 @@ def _matmul(args: argparse.Namespace) -> int:
     for tl, shape in ((layouts.x, mkn[:2]), (layouts.w, mkn[1:]), (layouts.out, (mkn[0], mkn[2]))):
         tl.check_shape(shape)
     if args.png is not None:
-        from .paths import check_output_file  # (tempfile: not loaded for --help)
-
         check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
     print(matmul_ascii(layouts, mkn, args.width), end="")
     if args.png is not None:
-        from ...programs.viz.matmul import render_matmul_png
-
         print(f"wrote {render_matmul_png(layouts, mkn, args.png)}")
     return 0
