@@ -47,6 +47,9 @@ from spmdsim.models.gpt.memory import recompute_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
 from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
+from spmdsim.models.gpt.context import Context, context_problem
+from spmdsim.models.axes import model_layout
+from spmdsim.programs.context import METHODS, SPLITS
 from spmdsim.base.precision import precision_problem
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
@@ -64,6 +67,13 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
+parser.add_argument("--cp", type=int, default=1,
+                    help="context-parallel ranks: each sequence split over them for the whole block (default 1)")
+parser.add_argument("--cp-method", choices=METHODS, default="ring",
+                    help="how attention meets the split sequence: ring (K/V passed round point-to-point), "
+                         "allgather (Llama 3's) or alltoall (DeepSpeed-Ulysses); default ring")
+parser.add_argument("--cp-split", choices=SPLITS, default="balanced",
+                    help="balanced (chunks r and 2cp-1-r, as Megatron-LM for causal masks) or naive; default balanced")
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
@@ -98,10 +108,13 @@ args = parser.parse_args()
 def split(world, cfg, layers=None):
     """(dp, tp) for this world, or the reason it cannot be (the sizes given are at least 1: sizes_problem);
     `layers`: the pipeline's layers per chunk (--first-stage-layers, --last-stage-layers, --stage-layers)."""
-    pp = args.pp
-    if world % pp:
-        return None, f"--pp {pp} must divide the world size {world}"
-    rest = world // pp
+    pp, cp = args.pp, args.cp
+    if cp < 1 or world % (pp * cp):
+        return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
+            f"--pp {pp} must divide the world size {world}"
+    if cp > 1 and pipelined(args):
+        return None, f"--cp {cp} with a pipeline is not supported yet; leave out --pp and --microbatches"
+    rest = world // (pp * cp)
     for name, given in (("dp", args.dp), ("tp", args.tp)):
         if given is not None and rest % given:
             where = f"the {rest} ranks of a stage (world size {world} / pp {pp})" if pp > 1 else \
@@ -109,15 +122,21 @@ def split(world, cfg, layers=None):
             return None, f"--{name} {given} must divide {where}"
     tp = args.tp if args.tp is not None else rest // args.dp if args.dp is not None else min(rest, 4)
     dp = args.dp if args.dp is not None else rest // tp
-    if pp * dp * tp != world:
-        what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
+    if pp * dp * cp * tp != world:
+        what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x cp {cp} x tp {tp}" if cp > 1 else \
+            f"dp {dp} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
         problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
         return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers,
                                                                                    schedule=args.schedule)
-    return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
+    return (dp, tp), mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context(args))
+
+
+def context(args):
+    """The context-parallel options (spmdsim.models.gpt.context.Context), or None without --cp."""
+    return Context(args.cp_method, args.cp_split) if args.cp > 1 else None
 
 
 def main(args):
@@ -151,7 +170,8 @@ def main(args):
     check_trace_out(args)
     dp, tp = shape
     pp = args.pp
-    layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
+    layouts = dialect_layouts(cfg, spmdsim.Layout(*model_layout(tp, dp, cp=args.cp if args.cp > 1 else None)),
+                              args.dialect, args.sp)
     checkpoints = args.save is not None or args.resume is not None or args.save_every
     if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
         shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
@@ -169,10 +189,14 @@ def main(args):
             print("architecture:" + architecture_words(cfg)[1:])
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
-        mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
+        mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 \
+            else f"dp {dp} x tp {tp}"
         print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
         if padding_line(cfg, tp):
             print(padding_line(cfg, tp))
+        if args.cp > 1:
+            print(f"context parallelism: each sequence split over {args.cp} ranks ({args.cp_split}), attention "
+                  f"by {args.cp_method}")
         if pipelined(args):
             v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
             m = microbatches(args)
@@ -221,7 +245,7 @@ def main(args):
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
                                memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
-                               save_every=args.save_every, resume=args.resume)
+                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context(args))
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")

@@ -37,7 +37,10 @@ from ...base.precision import precision as get_precision, precision_problem
 from ...runtime.executor import redistribute
 from .params import constant, seeded
 from .stages import Part, part_specs, whole
-from ..axes import DATA, EXPERT, TENSOR, axis_of, roles_of
+from ..axes import CONTEXT, DATA, EXPERT, TENSOR, axis_of, model_layout, roles_of
+from ...layouts.layout import Layout
+from ...runtime.mesh import Mesh
+from .context import Context, context_problem
 from ...nn.autograd import no_grad
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
@@ -46,7 +49,18 @@ from .data import encode
 from .reference import sampling
 from .parallel_block import _Block, _with_losses
 
-__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
+__all__ = ["GPT", "model_mesh", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
+
+#: The meshes the GPT runs on: dp and tp, with ep (MoE layers) and cp (context parallelism) between them.
+_MESHES = tuple((DATA,) + e + c + (TENSOR,) for e in ((), (EXPERT,)) for c in ((), (CONTEXT,)))
+
+
+def model_mesh(cfg: GPTConfig, comm: Any, dp: int, tp: int, ep: int = 1, cp: int = 1,
+               context: Optional[Context] = None) -> Any:
+    """The model's mesh over `comm`: (dp, [ep,] [cp,] tp), ep with MoE layers, cp where given or a context is."""
+    shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None,
+                                cp=cp if cp > 1 or context is not None else None)
+    return Mesh(Layout(shape, names), comm, roles=roles_of(names))
 
 
 def _zero_padded_rows(wte: Any, vocab: int) -> None:
@@ -88,7 +102,8 @@ class GPT(_Block):
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
-                 recompute: str = "none", kept: str = "graph", precision: Any = "fp64") -> None:
+                 recompute: str = "none", kept: str = "graph", precision: Any = "fp64",
+                 context: Optional[Context] = None) -> None:
         problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision)
         if problem:
             raise SpmdsimError(problem)
@@ -96,18 +111,22 @@ class GPT(_Block):
         param_dtype = None if policy.param == "float64" else policy.dtype("param")
 
         names = tuple(mesh.layout.alias_name)
-        if names not in ((DATA, TENSOR), (DATA, EXPERT, TENSOR)):
-            raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r} or {(DATA, EXPERT, TENSOR)!r}, "
-                               f"got {names!r}")
+        if names not in _MESHES:
+            raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r}, with {EXPERT!r} and {CONTEXT!r} "
+                               f"between them where used ({(DATA, EXPERT, CONTEXT, TENSOR)!r}), got {names!r}")
         if any(axis_of(mesh, role) != axis for role, axis in roles_of(names).items()):
             raise SpmdsimError(f"the GPT's mesh axes play the roles {roles_of(names)!r}, but the mesh was given "
                                f"the roles {mesh.roles!r}")
         dp, tp = mesh.layout.axis_size(DATA), mesh.layout.axis_size(TENSOR)
         ep = mesh.layout.axis_size(EXPERT) if EXPERT in names else 1
-        problem = mesh_problem(cfg, dp, tp, sp, ep)
+        cp = mesh.layout.axis_size(CONTEXT) if CONTEXT in names else 1
+        problem = mesh_problem(cfg, dp, tp, sp, ep) or context_problem(cfg, cp, tp, sp, context)
         if problem:
-            where = f"dp {dp} x ep {ep} x tp {tp}" if EXPERT in names else f"dp {dp} x tp {tp}"
+            where = " x ".join(f"{a} {mesh.layout.axis_size(a)}" for a in names)
             raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")
+        # the sequence's split over cp and how attention meets it (spmdsim.models.gpt.context); None without cp
+        self.context = (context or Context()) if CONTEXT in names else None
+        self.positions = self.context.positions(cp, cfg.seq) if self.context is not None else None
         self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
         # the attention core's options: flash attention keeps no scores, so selective recomputation of the
         # core has nothing to drop there (the same as "none")
@@ -132,10 +151,14 @@ class GPT(_Block):
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.models.moe.layer).
         self.batch = (DATA, EXPERT) if EXPERT in names else DATA
-        self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
+        seq = CONTEXT if CONTEXT in names else None  # the sequence's split over cp, for the whole block
+        self.full = L(seq, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
-        self.act = L(TENSOR, self.batch, None) if sp else self.full
+        self.act = L((CONTEXT, TENSOR) if seq else TENSOR, self.batch, None) if sp else self.full
+        self.ids = L(self.batch, seq)  # token ids (B, T)
         self._whole: dict = {}  # id(layout) -> (that layout, whether it equals `full`) (`_gathered`)
+        self._heads: dict = {}  # id(layout) -> (that layout, the all-to-all's heads layout) (`_heads_layout`)
+        self._pos_ids: Any = None  # the laid-out sequence's positions as a DTensor (`_position_ids`)
         self._acts: dict = {}  # layout objects found equal to `act` (resolved), by id (`_row_out`)
         self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.models.moe.layer)
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
@@ -156,8 +179,18 @@ class GPT(_Block):
             tok = self._as_act(ops.embedding(ids.T, p["wte"], reduce=False))
             if cfg.positions == "rope":  # positions turn q and k in each block instead
                 return self._dropout(tok, "emb", step, train, micro)
-            pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
+            if self.positions is None:
+                pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
+            else:  # the sequence laid out in another order (context parallelism): each index's position's row
+                pos = ops.embedding(self._position_ids(), p["wpe"])
             return self._dropout(tok + pos, "emb", step, train, micro)
+
+    def _position_ids(self) -> Any:
+        """The positions of the sequence as laid out, (T, 1) split over cp as the activations' T (`positions`)."""
+        if self._pos_ids is None:
+            ids = np.asarray(self.positions, np.int64).reshape(-1, 1)
+            self._pos_ids = DTensor.from_global(self.mesh, ids, self.mesh.layout(CONTEXT, None))
+        return self._pos_ids
 
     def blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None,
                scale: float = 1.0) -> Any:
@@ -230,6 +263,8 @@ class GPT(_Block):
         z = self.head(h)
         B, T, V = z.global_shape
         with kept_as("head"):
+            if self.context is not None:  # the sequence split over cp too: the rows (B, T) as they lie
+                return ops.cross_entropy(z, targets)
             return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
 
     def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:

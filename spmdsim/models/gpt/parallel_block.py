@@ -13,6 +13,7 @@ from .config import GPTConfig
 from ...base.context import current
 from ...nn.ops import fused, megatron
 from ...nn.ops.residual import residual as fused_residual
+from ...nn.ops.ring_attention import ring_attention
 from ...base.precision import is_low
 from ...runtime.executor import redistribute
 from ...runtime.replay import Scalar
@@ -20,6 +21,7 @@ from .params import dropout_seed
 from ...runtime.dtensor import DTensor
 from ..moe.layer import moe_layer
 from ._blocks import rope_tables
+from ..axes import CONTEXT, TENSOR
 
 
 def _with_losses(h: Any, losses: Any) -> Any:
@@ -150,8 +152,7 @@ class _Block:
         drop = cfg.dropout if train else 0.0
         seed = self._seed(step, n.attn, micro) if drop else None
         with n.core:
-            o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
-                              recompute=self._selective, flash=self._flash)
+            o = self._core(q, k, v, drop, seed)
         with n.attention:
             proj = self._row_out(fused.reshape_einsum(o, (T, B, cfg.d_model), "tbd,de->tbe", p[n.wo]))
             h = self._residual(h, proj, n.bo, n.resid1, step, train, micro)
@@ -167,6 +168,34 @@ class _Block:
                 m = ops.gelu(z)
             out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[n.w2]))
             return self._residual(h, out, n.b2, n.resid2, step, train, micro)
+
+    def _core(self, q: Any, k: Any, v: Any, drop: float, seed: Any, kept: str = "graph") -> Any:
+        """The causal attention core on sequence-first q, k, v; with a context axis by the model's method
+        (spmdsim.models.gpt.context): "allgather" as without one (the core's rule gathers K and V over cp),
+        "alltoall" on the heads split over tp and cp and whole sequences, "ring" by ring attention."""
+        context = self.context
+        if context is not None and context.method == "alltoall":
+            back = q._layout
+            heads = self._heads_layout(back)
+            o = ops.attention(redistribute(q, heads), redistribute(k, heads), redistribute(v, heads), causal=True,
+                              dropout=drop, seed=seed, batch_first=False, recompute=self._selective, kept=kept,
+                              flash=self._flash, positions=self.positions)
+            return redistribute(o, back)
+        if context is not None and context.method == "ring":
+            if k.global_shape[2] != q.global_shape[2]:  # grouped K/V heads (Megatron's kept set): repeated first
+                k, v = self._grouped(k), self._grouped(v)
+            return ring_attention(q, k, v, CONTEXT, balanced=context.balanced, dropout=drop, seed=seed)
+        return ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
+                             recompute=self._selective, kept=kept, flash=self._flash, positions=self.positions)
+
+    def _heads_layout(self, seq_split: Any) -> Any:
+        """(T, B, H, D) whole along T with the heads over tp and cp: the all-to-all's layout for operands laid
+        out `seq_split` (T over cp, the heads over tp)."""
+        found = self._heads.get(id(seq_split))
+        if found is None or found[0] is not seq_split:
+            heads = tuple(a for a in (TENSOR, CONTEXT) if a in self.mesh.layout.alias_name)
+            found = self._heads[id(seq_split)] = (seq_split, self.mesh.layout(None, self.batch, heads, None))
+        return found[1]
 
     def _residual(self, h: Any, y: Any, bias: Optional[str], site: str, step: Optional[int], train: bool,
                   micro: Optional[int]) -> Any:
@@ -209,8 +238,8 @@ class _Block:
         if tables is None:  # cos and sin (T, 1, 1, 2, Dh / 2); rotate_half's 2 x 2 turn of the halves
             half, dtype = cfg.head_dim // 2, self.precision.dtype("activation")
             whole = self.mesh.layout(None, None, None, None, None)
-            tables = tuple(DTensor.from_global(self.mesh, t.reshape(cfg.seq, 1, 1, 2, half).astype(dtype), whole)
-                           for t in rope_tables(cfg.seq, cfg.head_dim))
+            tables = tuple(DTensor.from_global(self.mesh, self._laid(t).reshape(cfg.seq, 1, 1, 2, half).astype(dtype),
+                                               whole) for t in rope_tables(cfg.seq, cfg.head_dim))
             turn = np.array([[0.0, 1.0], [-1.0, 0.0]], dtype)  # [x1, x2] -> [-x2, x1]
             tables += (DTensor.from_global(self.mesh, turn, self.mesh.layout(None, None)),)
             self._rope_tables = tables
@@ -222,6 +251,11 @@ class _Block:
         out = x * cos + ops.einsum("tbhkd,kj->tbhjd", x, turn) * sin
         return ops.reshape(out, (T, B, n, Dh))
 
+    def _laid(self, table: np.ndarray) -> np.ndarray:
+        """A table with a row per position (seq, ...) in the order the sequence is laid out (`positions`:
+        context parallelism's balanced split), itself where that is the positions' order."""
+        return table if self.positions is None else table[np.asarray(self.positions)]
+
     def _rotary(self, x: Any) -> Any:
         """`_rope`'s values under Megatron's kept set: its fused rotary (spmdsim.nn.ops.megatron.rotary), one node that
         keeps no block of x; its tables float32 beside bfloat16 activations (the fused kernel's), else theirs."""
@@ -232,8 +266,8 @@ class _Block:
         dtype = self.precision.dtype("activation")
         width = np.dtype(np.float32) if is_low(dtype) else dtype
         if tables is None or tables[0].dtype != width:
-            tables = self._rotary_tables = tuple(t.reshape(cfg.seq, 1, 1, 2, cfg.head_dim // 2).astype(width)
-                                                 for t in rope_tables(cfg.seq, cfg.head_dim))  # rounded once
+            tables = self._rotary_tables = tuple(self._laid(t).reshape(cfg.seq, 1, 1, 2, cfg.head_dim // 2)
+                                                 .astype(width) for t in rope_tables(cfg.seq, cfg.head_dim))
         return megatron.rotary(x, *tables)
 
     def _grouped(self, x: Any) -> Any:
@@ -282,8 +316,7 @@ class _Block:
             # grouped-query attention inside the core (as flash attention's): K and V at kv_heads, none repeated
             q, k = self._rotary(q), self._rotary(k)
         with kept_as("attention core"):
-            o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed("attn"), batch_first=False,
-                              recompute=self._selective, kept="megatron", flash=self._flash)
+            o = self._core(q, k, v, drop, seed("attn"), "megatron")
         with kept_as("attention"):
             y = megatron.row_parallel_linear(ops.reshape(o, (T, B, D)), p[pre + "attn.wo"], self.act)
             h = self._bias_dropout_add(y, pre + "attn.bo", h, drop, seed("resid1"), pre + "resid1", step, train,

@@ -23,16 +23,14 @@ import numpy as np
 
 from ...base.threads import blas_threads, loaded_blas_threads
 from ...errors import SpmdsimError
-from ...nn.optim import adamw_update
+from ...nn.optim import adamw_update, clip_coefficient
 from ...base.validate import as_int
 from . import _blocks as blk
-from ...base.typed_numbers import add_noted, flag_float, said_fields
+from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from .config import GPTConfig, said_as
 from .data import batch, decode, encode, load_text
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
                      unpadded_params)
-from ...base.typed_numbers import typed
-from ...nn.optim import clip_coefficient
 
 __all__ = ["init_params", "logits", "loss_and_grads", "router_loss", "clip_grads", "AdamW", "Trainer", "train",
            "generate", "main"]
@@ -64,7 +62,7 @@ def router_loss(cfg: GPTConfig, cache: dict) -> float:
 
 def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optional[int],
                    train: bool = True, micro: Optional[int] = None,
-                   routes: Optional[dict] = None) -> tuple[float, Params]:
+                   routes: Optional[dict] = None, laid: Optional[tuple] = None) -> tuple[float, Params]:
     """Mean cross-entropy of targets y given ids x (plus the MoE layers' router losses, weighted:
     `router_loss`), and its gradient for every parameter.
 
@@ -74,17 +72,19 @@ def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optiona
             spmdsim.models.gpt.params.dropout_seed); None: the step's whole batch.
         routes: MoE layer ("h1") -> the ranks' (B, T, k) experts of x's tokens, which the MoE layers
             follow where rounding alone can explain them (spmdsim.models.moe.routing.followed); None: their own.
+        laid: the order a context-parallel run laid its sequences out in (`_masks`); None: the positions'.
 
     With vocabulary padding (cfg.vocab_pad_to) `params` are the padded model's; the loss and gradients
     are the unpadded model's, wte's padded rows' gradients zero.
     """
     if cfg.unpadded() is not cfg:
-        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, train, micro, routes)
+        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, train, micro, routes,
+                                     laid)
         return loss, padded_params(grads, cfg)
     ids, targets = _ids(x, cfg, "x"), _ids(y, cfg, "y")
     if ids.shape != targets.shape:
         raise SpmdsimError(f"y of shape {targets.shape} must have the shape of x {ids.shape}")
-    out, cache = _forward(params, ids, cfg, step, train, micro=micro, routes=routes)
+    out, cache = _forward(params, ids, cfg, step, train, micro=micro, routes=routes, laid=laid)
     n = out.shape[0]
     rows, flat_y = np.arange(n), targets.reshape(-1)
     top = out.max(axis=1, keepdims=True)
@@ -265,8 +265,9 @@ def _check_params(params: Params, cfg: GPTConfig) -> None:
 
 
 def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int,
-           micro: Optional[int] = None) -> Optional[dict[str, np.ndarray]]:
-    """Each site's keep mask (1.0 kept, 0.0 dropped), or None where dropout is the identity."""
+           micro: Optional[int] = None, laid: Optional[tuple] = None) -> Optional[dict[str, np.ndarray]]:
+    """Each site's keep mask (1.0 kept, 0.0 dropped), or None where dropout is the identity. `laid`: a context-
+    parallel run's order of the sequence (it drew masks by index): position laid[i] reads what index i drew."""
     if not train or cfg.dropout == 0:
         return None
     if step is None:
@@ -274,17 +275,21 @@ def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int,
     masks = {}
     for site in dropout_sites(cfg):
         t = dropout_tensor(cfg, step, site, batch_size, micro)
-        masks[site] = t.at_least(tuple(slice(None) for _ in t.shape), cfg.dropout).astype(np.float64)
+        mask = t.at_least(tuple(slice(None) for _ in t.shape), cfg.dropout).astype(np.float64)
+        if laid is not None:  # (back: position -> the index it was laid at)
+            back = np.argsort(laid)
+            mask = mask[:, :, back][..., back] if site.endswith(".attn") else mask[:, back]
+        masks[site] = mask
     return masks
 
 
 def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int], train: bool,
              need_cache: bool = True, micro: Optional[int] = None,
-             routes: Optional[dict] = None) -> tuple[np.ndarray, dict]:
+             routes: Optional[dict] = None, laid: Optional[tuple] = None) -> tuple[np.ndarray, dict]:
     """Logits (B*T, V) of ids x (B, T) and what the backward needs."""
     _check_params(params, cfg)
     B, T = x.shape
-    keep = _masks(cfg, step, train, B, micro)
+    keep = _masks(cfg, step, train, B, micro, laid)
     q = 1.0 - cfg.dropout
     drop = (lambda a, site: a) if keep is None else (lambda a, site: a * keep[site].reshape(a.shape) / q)
     h = params["wte"][x] if cfg.positions == "rope" else params["wte"][x] + params["wpe"][None]

@@ -14,7 +14,8 @@ from .reference import _masks, clip_grads, loss_and_grads as reference_loss_and_
 
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
-                grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph") -> tuple:
+                grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph",
+                laid: Optional[tuple] = None) -> tuple:
     """The references of a step under a low-precision policy (spmdsim.models.gpt.mixed): (loss, gradients) of the
     same policy from the run's parameters at the step's start (its master copies), and the updated master
     copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
@@ -23,7 +24,7 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
     model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed)."""
     loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
-        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i),
+        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], i, laid),
         _rows(routes, rows), kept))
     if cfg.clip:
         ref_grads = clip_grads(ref_grads, cfg.clip)[1]
@@ -39,7 +40,8 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
-                    step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
+                    step: int, microbatches: int = 1, routes: Optional[dict] = None,
+                    laid: Optional[tuple] = None) -> tuple:
     """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place.
 
     `microbatches` > 1: the batch's rows in that many equal microbatches, each with its own dropout masks
@@ -47,7 +49,7 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
     `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
     """
     loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: reference_loss_and_grads(
-        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows)))
+        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows), laid=laid))
     if cfg.clip:
         grads = clip_grads(grads, cfg.clip)[1]
     new_moments, updated = {"m": {}, "v": {}}, {}
@@ -105,24 +107,25 @@ def _zero_moments(cfg: GPTConfig) -> dict:
 
 
 def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
-                       cfg: GPTConfig, step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
+                       cfg: GPTConfig, step: int, microbatches: int = 1, routes: Optional[dict] = None,
+                       laid: Optional[tuple] = None) -> tuple:
     """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
     (spmdsim.models.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
     (spmdsim.runtime.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
     moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
-                                                    routes)
+                                                    routes, laid)
     return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
 
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
                    cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1,
-                   routes: Optional[dict] = None, kept: str = "graph") -> tuple:
+                   routes: Optional[dict] = None, kept: str = "graph", laid: Optional[tuple] = None) -> tuple:
     """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
     that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
     (spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
-                                           microbatches, routes, kept=kept)
+                                           microbatches, routes, kept=kept, laid=laid)
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
 
 

@@ -68,6 +68,7 @@ from .checkpoint import load, run_meta, save as save_checkpoint
 from .layouts import megatron_layouts
 from .mixed import architecture_problem
 from . import parallel
+from .context import Context
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
 from .step_check import QUIET, _norm, _summed_grads, step_errors, stop_if_diverged
@@ -187,7 +188,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
           recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
           ep: int = 1, precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
-          resume: Optional[str] = None) -> tuple[Any, list]:
+          resume: Optional[str] = None, cp: int = 1, context: Optional[Context] = None) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step run).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -196,14 +197,14 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     the same way (with `cfg.clip` too: each replayed step clips by its own norm).
     `recompute`: "none", "selective" or "full" (spmdsim.models.gpt.parallel.GPT's). `zero`: 0 (AdamW), 1
     (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp) or 2 (the same with the
-    gradients sharded too: `zero_options`). `memory`: measure each step's
-    bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.models.gpt.parallel.GPT's: what the graph keeps
-    for backward). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp),
-    ("dp", "ep", "tp")), the batch split over dp x ep (spmdsim.models.moe.layer); the step's loss includes the router
-    losses.
+    gradients sharded too: `zero_options`). `memory`: measure each step's bytes into StepResult.memory. `kept`:
+    "graph" or "megatron" (GPT's: what the graph keeps for backward). `ep`: with MoE layers (cfg.moe), the
+    expert-parallel ranks: the mesh (dp, ep, tp), the batch split over dp x ep; the loss has the router losses.
     `precision`: the precision policy (spmdsim.base.precision: "fp64", "fp32", "bf16-mixed"); the reference
     step then runs under it (spmdsim.models.gpt.mixed) and the check's tolerance is the policy's
     (spmdsim.models.gpt.tolerances.tolerances: the optimizer checked on the run's own gradients).
+    `cp`: context-parallel ranks (the sequence split over "cp" for the whole block), attention by `context`
+    (spmdsim.models.gpt.context.Context; default the balanced ring): the mesh (dp, [ep,] cp, tp).
     `save`: a directory to write a checkpoint into (spmdsim.models.gpt.checkpoint: a file per rank and rank 0's
     metadata) after the last step, and with `save_every` N > 0 after every N-th step too. `resume`: a checkpoint
     directory to continue from: the steps from the one it reached to `steps` run (and are returned), as the run
@@ -219,9 +220,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                                precision=precision, zero=zero, ep=ep)
     policy = get_precision(precision)
     if mesh is None:
-        shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None)
-        mesh = Mesh(Layout(shape, names), comm, roles=roles_of(names))
-    model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
+        mesh = parallel.model_mesh(cfg, comm, dp, tp, ep, cp, context)
+    model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy,
+                         context=context)
     specs = param_specs(cfg)
     tensors = {s.name: model.params[s.name] for s in specs}
     optimizer = _optimizer(cfg, model, mesh, specs, zero)
@@ -232,11 +233,11 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
         if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)
-    ids_layout = mesh.layout(model.batch, None)
+    ids_layout, laid = model.ids, (slice(None), list(model.positions or ()) or slice(None))
     results = []
     for step in range(first, steps):
-        x, y = batch(text_ids, cfg, step)
-        xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
+        x, y = batch(text_ids, cfg, step)  # the sequences as the model lays them out (context parallelism's order)
+        xd, yd = DTensor.from_global(mesh, x[laid], ids_layout), DTensor.from_global(mesh, y[laid], ids_layout)
         if checker is not None:  # the step's start, every rank's blocks: the reference step starts from it, whole
             checker.start()
         with collect_trace() as trace, np.errstate(**QUIET):
@@ -317,17 +318,21 @@ class _Checker:
         cfg, mesh, policy, start = model.cfg, model.mesh, self.policy, self.begun
         tensors = {s.name: model.params[s.name] for s in self.specs}
         routes = _routes(model, cfg)  # the ranks' experts, which the reference follows at near-ties
+        laid = model.positions  # a context-parallel run's order of the sequence (its masks drawn in it), or None
+        if laid is not None and routes:  # the experts of the tokens at their positions
+            back = np.argsort(np.asarray(laid))
+            routes = {layer: chosen[:, back] for layer, chosen in routes.items()}
         if self.low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
             # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
             summed, masters = _summed_grads(optimizer, tensors, zero)
             run_grads = where.used(_table(model, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                         _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                        policy, 1, routes, self.kept)
+                                                        policy, 1, routes, self.kept, laid)
         else:
             self.moments, ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, self.moments, x,
-                y, cfg, step, 1, routes)
+                y, cfg, step, 1, routes, laid)
             masters = None
         mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
                            self.slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer))

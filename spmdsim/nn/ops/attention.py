@@ -57,7 +57,7 @@ FLASH_TILE = 128
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[float] = None,
               dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None,
               batch_first: bool = True, recompute: bool = False, kept: str = "graph", flash: bool = False,
-              tile: int = FLASH_TILE) -> Any:
+              tile: int = FLASH_TILE, positions: Optional[tuple] = None) -> Any:
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
@@ -79,12 +79,17 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     `flash`: FlashAttention-2's core (the module's docstring): in tiles of `tile` query rows, keeping q, k, v, the
     output and each row's log-sum-exp, no scores; the same values up to the products' rounding. `recompute`
     has nothing more to drop there and is refused with it; `kept` changes nothing (no mask is kept).
+    `positions`: with `causal`, the true position of each index of the sequence (a permutation of its
+    indices, one tuple for queries and keys alike): a key is masked where its position is after the query's,
+    for a sequence laid out in another order (context parallelism's balanced split,
+    spmdsim.programs.context.order). None: the index is the position.
     """
-    key = _signature(q, k, v, causal, scale, dropout, training, mask, batch_first, recompute, kept, flash, tile)
+    key = _signature(q, k, v, causal, scale, dropout, training, mask, batch_first, recompute, kept, flash, tile,
+                     positions)
     decided = _PREPARED.get(key) if key is not None else None
     if decided is None or k._mesh is not q._mesh or v._mesh is not q._mesh:
         decided = _decide(q, k, v, causal, scale, dropout, seed, training, mask, batch_first, recompute, kept, flash,
-                          tile)
+                          tile, positions)
         if key is not None:
             if len(_PREPARED) >= 1024:  # a long run over many shapes: start over
                 _PREPARED.clear()
@@ -128,7 +133,7 @@ class _Decided:
 
     __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
                  "probs_dtype", "out_dtype", "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores",
-                 "groups", "stays", "flash", "tiles", "tile_rows", "above")
+                 "groups", "stays", "flash", "tiles", "tile_rows", "above", "positions")
 
 
 def _kernels(decided: _Decided, seed: Any, padding: Any, causal: bool, recompute: bool, kept: str) -> tuple:
@@ -207,18 +212,19 @@ def _dry_saved(saved: dict, decided: _Decided, kept: str) -> None:
 
 def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
                batch_first: Any, recompute: Any, kept: Any, flash: Any = False,
-               tile: Any = FLASH_TILE) -> Optional[tuple]:
+               tile: Any = FLASH_TILE, positions: Any = None) -> Optional[tuple]:
     """A call's key in `_PREPARED`: q's, k's and v's layout objects' ids, global shapes and dtypes, q's rank and
     the flags; None for a call that takes the checks every time (a padding mask, flags or numbers not of the
     plain types, operands that are not DTensors)."""
     if (mask is not None or type(causal) is not bool or type(batch_first) is not bool or type(recompute) is not bool
             or type(training) is not bool or type(dropout) is not float or type(kept) is not str
-            or scale is not None and type(scale) is not float or type(flash) is not bool or type(tile) is not int):
+            or scale is not None and type(scale) is not float or type(flash) is not bool or type(tile) is not int
+            or positions is not None and type(positions) is not tuple):
         return None
     try:
         return (id(q._layout), id(k._layout), id(v._layout), q._shape, k._shape, v._shape, q._local.dtype,
                 k._local.dtype, v._local.dtype, q._mesh.rank, causal, batch_first, recompute, training, dropout,
-                scale, kept, flash, tile)
+                scale, kept, flash, tile, None if positions is None else id(positions))
     except AttributeError:  # not DTensors: `_decide` says which
         return None
 
@@ -236,14 +242,19 @@ def _above(decided: Any) -> np.ndarray:
     """What a causal core's scores lose, this rank's query rows (global indices) against every key above the
     diagonal: made once per signature, by its first call that makes scores, not per call (read only: each call's
     scores take it as it is; a dry run's core makes none, so a dry run never holds the (Tq, Tk) mask)."""
-    t_ = decided.t_
+    t_, where = decided.t_, decided.positions
+    if where is not None:  # the sequence laid out in another order: its true positions
+        above = where[None, :decided.tk] > where[t_][:, None]
+        above.flags.writeable = False
+        return above
     above = np.arange(decided.tk)[None, :] > np.arange(t_.start, t_.stop)[:, None]
     above.flags.writeable = False
     return above
 
 
 def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed: Any, training: Any, mask: Any,
-            batch_first: Any, recompute: Any, kept: Any, flash: Any = False, tile: Any = FLASH_TILE) -> _Decided:
+            batch_first: Any, recompute: Any, kept: Any, flash: Any = False, tile: Any = FLASH_TILE,
+            positions: Any = None) -> _Decided:
     """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
     _check_flags(causal, dropout, batch_first, recompute, kept, flash, tile)
@@ -277,7 +288,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     elif not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise OperatorError(f"attention: scale {scale!r} must be a finite number")
     out.scale = scale
-    out.layouts = (q.layout, k.layout, v.layout)  # held: their ids key `_PREPARED`
+    out.layouts = (q.layout, k.layout, v.layout, positions)  # held: their ids (and the positions') key `_PREPARED`
     out.q, out.kv = first(plan.q), first(plan.kv)
     out.stays = q.layout == out.q and k.layout == out.kv and v.layout == out.kv  # none moves (`_moved`)
     rank, shape = q.mesh.rank, tuple(q.global_shape)
@@ -299,6 +310,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     out.scores = (b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, out.tk)
     out.groups = h // first(tuple(k.global_shape))[2]  # query heads per key/value head (1 without grouping)
     out.flash = bool(flash)
+    out.positions = _positions(positions, causal, tuple(q.global_shape)[0 if not batch_first else 1], out.tk)
     # flash: this rank's query rows in tiles of `tile` rows, each (local start, stop, its region of the mask:
     # the same object each call, so the mask's draw reuses its plan); tile_rows: (rows, tiles of them)
     rows, tile = t_.stop - t_.start, int(tile)
@@ -306,6 +318,22 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
                                                   slice(0, out.tk))) for i in range(0, rows, tile)) if flash else ()
     out.tile_rows = tuple((n, c) for n, c in ((tile, rows // tile), (rows % tile, 1)) if n and c) if flash else ()
     return out
+
+
+def _positions(positions: Any, causal: Any, tq: int, tk: int) -> Optional[np.ndarray]:
+    """`positions` as an int array (read only), or None; refused in one line unless a permutation of the
+    sequence's indices given with `causal`, queries and keys of one length."""
+    if positions is None:
+        return None
+    where = np.asarray(positions)
+    if not causal or tq != tk or where.shape != (tq,) or where.dtype.kind not in "iu" or \
+            not np.array_equal(np.sort(where), np.arange(tq)):
+        raise OperatorError(f"attention: positions must be a permutation of the sequence's {tq} indices, given "
+                            f"with causal=True and as many keys as queries; got {len(where.reshape(-1))} positions, "
+                            f"causal={causal!r}, {tk} keys")
+    where = where.astype(np.int64)
+    where.flags.writeable = False
+    return where
 
 
 def _check_flags(causal: Any, dropout: Any, batch_first: Any, recompute: Any, kept: Any, flash: Any,

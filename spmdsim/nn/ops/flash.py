@@ -51,7 +51,13 @@ def _flash(q: Any, k: Any, v: Any, decided: Any, seed: Any, padding: Any, causal
     def scores(qt: np.ndarray, kt: np.ndarray, start: int, stop: int) -> np.ndarray:
         """The tile of local query rows [start, stop)'s scaled scores against every key, masked to -inf."""
         s = grouped_product(qt, kt, groups) * scale
-        above = np.arange(tk)[None, :] > np.arange(t_.start + start, t_.start + stop)[:, None] if causal else None
+        where = decided.positions
+        if not causal:
+            above = None
+        elif where is None:
+            above = np.arange(tk)[None, :] > np.arange(t_.start + start, t_.start + stop)[:, None]
+        else:  # the sequence laid out in another order: its true positions
+            above = where[None, :tk] > where[t_.start + start:t_.start + stop][:, None]
         if padding is not None:
             above = padding if above is None else above | padding
         return s if above is None else np.where(above, -np.inf, s)

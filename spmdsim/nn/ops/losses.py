@@ -96,18 +96,38 @@ def mse_loss(y: Any, target: Any) -> Any:
 
 def _check_labels(logits: Any, labels: Any) -> None:
     """Shapes, dtypes and layouts every rank shares: refused alike before any collective."""
-    if logits.layout.ndim != 2:
-        shape = tuple(logits.global_shape)
-        hint = (f"; flatten the rows first, as logits.view(-1, C) in PyTorch: ops.reshape(logits, (-1, {shape[-1]})) "
-                "and the labels to (-1,)" if len(shape) > 2 else "")
-        raise ShapeError(f"cross_entropy: logits must be 2-d (rows, classes), got shape {shape!r}{hint}")
+    if logits.layout.ndim < 2:
+        raise ShapeError(f"cross_entropy: logits must be (rows..., classes), got shape {tuple(logits.global_shape)!r}")
     require_float("cross_entropy", logits._local)  # (its dtype alone: the block's, captured or not)
     if labels.dtype.kind not in "iu":
         raise OperatorError(f"cross_entropy: labels must be integers (class indices), got dtype "
                             f"{labels.dtype.name!r}")
-    if tuple(labels.global_shape) != tuple(logits.global_shape[:1]):
+    if tuple(labels.global_shape) != tuple(logits.global_shape[:-1]):
         raise ShapeError(f"cross_entropy: labels of shape {tuple(labels.global_shape)!r} do not match "
-                         f"the logits' batch: expected {tuple(logits.global_shape[:1])!r}")
+                         f"the logits' rows: expected {tuple(logits.global_shape[:-1])!r}")
+    if logits.layout.ndim > 2 and labels.layout.tensor_map != logits.layout.tensor_map[:-1]:
+        raise OperatorError(f"cross_entropy: labels {labels.layout} must be split like the logits' rows "
+                            f"({logits.layout}): expected map {logits.layout.tensor_map[:-1]!r}")
+
+
+def _planned(logits: Any, labels: Any, resolve: bool, smooth: bool, reduction: str) -> tuple:
+    """(the (rows, classes) layout the loss plans on, its plan: spmdsim.programs.infer.losses')."""
+    layout = _rows(logits.layout.with_partial(()) if resolve else logits.layout)
+    rows = labels.layout if labels.layout.ndim == 1 else \
+        TensorLayout(labels.layout.layout, (layout.tensor_map[0],), labels.layout.partial)
+    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
+    return layout, infer_cross_entropy(layout, rows, (math.prod(labels.global_shape), logits.global_shape[-1]),
+                                       "float32" if is_low(logits._local.dtype) else logits._local.dtype.name,
+                                       smooth, reduction)
+
+
+def _rows(layout: TensorLayout) -> TensorLayout:
+    """The 2-d (rows, classes) layout a cross-entropy plans on for logits laid out `layout` (rows..., classes):
+    the rows' dims as one, split over all their axes (each rank's rows are its block's, flattened)."""
+    if layout.ndim == 2:
+        return layout
+    return TensorLayout(layout.layout, (tuple(a for m in layout.tensor_map[:-1] for a in m), layout.tensor_map[-1]),
+                        layout.partial)
 
 
 def _run(mesh: Any, values: np.ndarray, steps: tuple, label: str) -> np.ndarray:
@@ -194,17 +214,16 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     # one Allreduce over its pending axes, its gradient passed back whole. The program is inferred on
     # the layout it will have, before that Allreduce: labels laid out otherwise are refused first.
     resolve = bool(logits.layout.partial) and not labels.layout.partial
-    layout = logits.layout.with_partial(()) if resolve else logits.layout
-    batch, classes = logits.global_shape
-    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
-    plan = infer_cross_entropy(layout, labels.layout, (batch, classes),
-                               "float32" if is_low(logits._local.dtype) else logits._local.dtype.name, bool(smooth),
-                               reduction)
+    layout, plan = _planned(logits, labels, resolve, bool(smooth), reduction)
+    classes, rows_shape = logits.global_shape[-1], tuple(labels.global_shape)
+    batch = math.prod(rows_shape)
     if resolve:
         logits = resolved(logits)
     z, ids = (_widened(mesh, logits._local), labels._local) if not CAPTURE.on else \
         (_widened(mesh, logits.local), labels.local)  # (a captured step reads its record's views)
-    start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
+    if z.ndim > 2:  # (rows..., classes): this rank's rows flattened, as the plan's layout has them
+        z, ids = z.reshape(-1, z.shape[-1]), ids.reshape(-1)
+    start = layout.bounds(mesh.rank, (batch, classes))[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
     bad = int(np.count_nonzero(valid & ((ids < 0) | (ids >= classes))))
     ids = np.where(valid, np.clip(ids, 0, classes - 1), 0) - start
@@ -232,7 +251,8 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
                             + (f", or ignore_index {ignore_index}" if ignore_index is not None else ""))
     divisor = float(batch - ignored) if reduction == "mean" else 1.0
     if reduction == "none":
-        out = make_dtensor(mesh, terms.astype(z.dtype, copy=False), plan.out, (batch,))
+        out = make_dtensor(mesh, terms.astype(z.dtype, copy=False).reshape(labels.local.shape), labels.layout,
+                           rows_shape)
     else:
         with np.errstate(invalid="ignore", divide="ignore"):  # every row ignored: 0 / 0, NaN as PyTorch
             out = _scalar(mesh, summed / np.asarray(divisor, z.dtype), z.dtype)

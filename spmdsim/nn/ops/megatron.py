@@ -287,15 +287,18 @@ def _rotary_low(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def rotary(x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
-    """The rotary embeddings of x (T, B, heads, head_dim), whole on its sequence and head dims: x cos + [-x2, x1]
+    """The rotary embeddings of x (T, B, heads, head_dim), whole on its head dim: x cos + [-x2, x1]
     sin over the head dim's halves x1, x2 (rotate-half), `cos` and `sin` numpy tables (T, 1, 1, 2, head_dim / 2)
     of every position (float32 beside bfloat16 x, else x's dtype). One node that keeps no block of x."""
     T, d = x.global_shape[0], x.global_shape[-1]
-    if len(x.global_shape) != 4 or x.layout.tensor_map[0] != () or x.layout.tensor_map[-1] != () or x.layout.partial:
+    if len(x.global_shape) != 4 or x.layout.tensor_map[-1] != () or x.layout.partial:
         raise OperatorError(f"rotary: x {tuple(x.global_shape)} {x.layout} is not (T, B, heads, head_dim) whole on "
-                            "its sequence and head dims")
+                            "its head dim")
     if cos.shape != (T, 1, 1, 2, d // 2) or sin.shape != cos.shape:
         raise OperatorError(f"rotary: tables {cos.shape} and {sin.shape}; expected {(T, 1, 1, 2, d // 2)}")
+    if x.layout.tensor_map[0] != ():  # the sequence split (context parallelism): this rank's rows of the tables
+        rows = x.slices[0]
+        cos, sin = cos[rows], sin[rows]
     low = is_low(x.dtype)
     block = _engine_local(_rotary_low if low else _rotary, x.local, x.local, cos, sin)
     out = make_dtensor(x.mesh, block, x.layout, x.global_shape)

@@ -44,8 +44,9 @@ def record_cross_entropy(out: Any, logits: Any, labels: Any, *, e: np.ndarray, s
 
     def backward(dl: Any) -> tuple:
         sweep("cross_entropy", (e, sum_exp), (e,))  # softmax - the labels' one-hot, times the upstream
+        block = logits.local.shape  # (rows..., classes): the rows flattened in e, its gradient shaped back
         if dl.mesh.engine.dry:  # shapes only: the gradient block is zeros, not worked out
-            like = broadcast_zero(e.shape, e.dtype)
+            like = broadcast_zero(block, e.dtype)
             return grad_tensor(logits, dl.mesh.engine.local(np.divide, like), dl.layout.partial), None
         g = e / sum_exp[:, None]
         # Each row's label column (column 0, less 0, where another rank owns it): no array whose size depends
@@ -56,9 +57,10 @@ def record_cross_entropy(out: Any, logits: Any, labels: Any, *, e: np.ndarray, s
             g -= smooth / classes
         # "mean" of no counted row (every label ignored): the loss is NaN, 0 / 0, and the gradient 0, as
         # PyTorch's (its backward writes only the counted rows); no division by 0 then.
-        upstream = dl.local[:, None] if reduction == "none" else dl.local / divisor if divisor else dl.local
+        upstream = dl.local.reshape(-1)[:, None] if reduction == "none" else dl.local / divisor if divisor \
+            else dl.local
         g = g * upstream
         g[~valid] = 0.0  # after the upstream: an ignored row's gradient is 0 whatever the upstream (NaN too)
-        return grad_tensor(logits, g, dl.layout.partial), None
+        return grad_tensor(logits, g.reshape(block) if g.shape != block else g, dl.layout.partial), None
 
     return record(out, "cross_entropy", (logits, labels), backward, with_partial(out.layout, ()))

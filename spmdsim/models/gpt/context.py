@@ -1,0 +1,65 @@
+"""Context parallelism for the GPT: the sequence split over the "cp" axis for the whole block, and the way
+attention meets it (spmdsim.programs.context: the split, the ring's program, each method's bytes).
+
+Between blocks the activations (T, B, D) are split over cp on T (and over tp too with sequence parallelism,
+T over ("cp", "tp")); inside a block everything but attention works token by token. The attention core
+by `Context.method`:
+
+- "allgather": the core's own rule (spmdsim.programs.infer.attention: query rows may be split, keys and
+  values whole) gathers K and V over cp before the core, and its backward reduce-scatters their
+  gradients: Llama 3's method;
+- "alltoall": Q, K and V moved from the sequence split to a head split over ("tp", "cp") with whole
+  sequences, the core run there, its output moved back: DeepSpeed-Ulysses (heads and K/V heads must
+  divide by tp x cp);
+- "ring": ring attention (spmdsim.nn.ops.ring_attention), the blocks of K and V passed round the cp ring.
+
+`Context.split`: "balanced" (Megatron-LM's for causal masks: 2 cp chunks, rank r holding r and 2cp-1-r;
+the sequence laid out in `spmdsim.programs.context.order`, every position-dependent piece reading the
+true positions) or "naive" (contiguous chunks; shows the imbalance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ...programs.context import METHODS, SPLITS, check_heads, check_split, order
+from .config import GPTConfig
+
+__all__ = ["Context", "context_problem"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """How the GPT's attention meets a sequence split over cp: `method` ("ring", "allgather", "alltoall")
+    and `split` ("balanced", "naive")."""
+
+    method: str = "ring"
+    split: str = "balanced"
+
+    @property
+    def balanced(self) -> bool:
+        return self.split == "balanced"
+
+    def positions(self, cp: int, seq: int) -> Optional[tuple[int, ...]]:
+        """The true position of each index of the sequence as laid out (None where it is the index itself:
+        a naive split, or cp 1)."""
+        return order(cp, seq, True) if self.balanced and cp > 1 else None
+
+
+def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optional[Context]) -> Optional[str]:
+    """Why the model cannot split its sequence over cp (one line), or None."""
+    context = context or Context()
+    if context.method not in METHODS:
+        return f"context-parallel method {context.method!r} is not one of {', '.join(METHODS)}"
+    if context.split not in SPLITS:
+        return f"context-parallel split {context.split!r} is not one of {', '.join(SPLITS)}"
+    if cp == 1:
+        return None
+    try:
+        check_split(cp, cfg.seq, context.balanced)
+        check_heads(context.method, cp, cfg.heads, cfg.kv, tp)
+    except ValueError as exc:
+        return str(exc)
+    if sp and (cfg.seq // cp) % tp:
+        return f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (sp)"
+    return None

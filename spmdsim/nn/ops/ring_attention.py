@@ -1,0 +1,205 @@
+"""Ring attention: causal attention over a sequence split across the ranks of one mesh axis (context
+parallelism), the keys and values passed round the ring as point-to-point messages.
+
+``ring_attention(q, k, v, axis)`` takes sequence-first (T, B, H, D) DTensors whose T is split over `axis`
+alone (the batch and heads may be split over other axes), laid out by spmdsim.programs.context's split
+(`balanced`: rank r holds chunks r and 2cp-1-r of 2cp, in that order; else contiguous chunks). Each rank
+runs its ring program (spmdsim.programs.context.ring): at each step it attends with one rank's block of
+keys and values, only the chunk pairs a causal mask leaves work in, merging the partial results by the
+online softmax (a running maximum and sum per query row), while the messages of the step's `Pass` move
+the blocks on: a `Messages` step record the executor posts. The backward runs the ring again, the
+gradients of each block's keys and values one step behind, added up by each holder in turn and sent
+home at the end. The values are the composite's (scores, causal mask, softmax, dropout, times V) up
+to the order of the sums; the dropout mask is the one `ops.attention` draws over (B, H, Tq, Tk) at the
+same laid-out indices, so the three context-parallel methods give the same numbers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from ...errors import OperatorError
+from ...programs.context.ring import Attend, Pass, RingProgram, TAGS, ring_program
+from ...programs.context.split import chunks
+from ...programs.plan.messages import Messages
+from ...runtime import executor
+from ..autograd.graph import record
+from ..autograd.rules.grads import grad_tensor
+from ._common import MASKS, make_dtensor, seed_arg
+from ._operands import raise_if_not_dtensors, require_float
+
+__all__ = ["ring_attention"]
+
+
+def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, dropout: float = 0.0,
+                   seed: Any = None, scale: Optional[float] = None) -> Any:
+    """Causal attention of sequence-first q, k, v (T, B, H, D), T split over the mesh axis `axis`, by the ring
+    (the module's docstring); the result (T, B, H, D) laid out as q."""
+    raise_if_not_dtensors("ring_attention", ("q", "k", "v"), q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_float("ring_attention", t.local)
+        if t.layout != q.layout or tuple(t.global_shape) != tuple(q.global_shape):
+            raise OperatorError(f"ring_attention: {name} is {tuple(t.global_shape)} {t.layout}; expected q's "
+                                f"{tuple(q.global_shape)} {q.layout}")
+    tmap = q.layout.tensor_map
+    if len(tmap) != 4 or tmap[0] != (axis,) or tmap[3] != () or q.layout.partial:
+        raise OperatorError(f"ring_attention: q {q.layout} must be (T, B, H, D) with T split over {axis!r} alone, "
+                            "D whole, nothing pending")
+    if not 0 <= dropout < 1:
+        raise OperatorError(f"ring_attention: dropout {dropout!r} must be a number with 0 <= p < 1")
+    if dropout:
+        seed_arg(seed, "ring_attention")
+    mesh = q.mesh
+    comm, cp, me = mesh.group_info((axis,))
+    T = q.global_shape[0]
+    program = ring_program(me, cp, k.local.nbytes, (axis,), balanced)
+    parts = 2 if balanced and cp > 1 else 1
+    if (T // cp) % parts:
+        raise OperatorError(f"ring_attention: {T // cp} rows a rank do not cut into {parts} chunks")
+    ring = _Ring(mesh, comm, program, q, scale or 1.0 / math.sqrt(q.global_shape[3]), dropout, seed, balanced, axis)
+    out_block, lse = ring.forward(q.local, k.local, v.local)
+    out = make_dtensor(mesh, out_block, q.layout, q.global_shape)
+    if q._ag is None and k._ag is None and v._ag is None:
+        return out
+    saved = (q.local, k.local, v.local, out_block, lse)
+
+    def backward(dy: Any) -> tuple:
+        dq, dk, dv = ring.backward(dy.local, *saved)
+        pending = dy.layout.partial
+        return grad_tensor(q, dq, pending), grad_tensor(k, dk, pending), grad_tensor(v, dv, pending)
+
+    return record(out, "ring attention", (q, k, v), backward)
+
+
+class _Ring:
+    """One rank's ring attention: its program, the chunk geometry, and the forward and backward on blocks."""
+
+    def __init__(self, mesh: Any, comm: Any, program: RingProgram, q: Any, scale: float, drop: float, seed: Any,
+                 balanced: bool, axis: str) -> None:
+        self.mesh, self.comm, self.program, self.scale, self.drop, self.seed = mesh, comm, program, scale, drop, seed
+        self.axes = (axis,)
+        self.balanced, self.cp, self.me = balanced, program.cp, program.rank
+        T, B, H, _ = q.global_shape
+        b_, h_ = q.slices[1], q.slices[2]
+        self.rows = T // program.cp  # a rank's rows
+        self.size = self.rows // (2 if balanced and program.cp > 1 else 1)  # a chunk's
+        self.probs_shape, self.b_, self.h_ = (B, H, T, T), b_, h_
+        self.records: dict = {}  # a Pass's step -> its Messages, made from the first buffers posted
+
+    def _local(self, rank: int, chunk: int) -> slice:
+        """Rows of `chunk` (a global chunk number) in rank `rank`'s block."""
+        i = chunks(rank, self.cp, self.balanced).index(chunk)
+        return slice(i * self.size, (i + 1) * self.size)
+
+    def _pairs(self, a: Attend) -> list:
+        """(query rows, key rows, diagonal) of each chunk pair step `a` works on, in local rows."""
+        out = []
+        for qc in a.queries:
+            for kc in a.keys:
+                if kc <= qc:
+                    out.append((self._local(self.me, qc), self._local(a.source, kc), kc == qc))
+        return out
+
+    def _factors(self, a: Attend, qr: slice, kr: slice) -> Optional[np.ndarray]:
+        """The dropout's keep factors (b, h, rows, keys) of query rows `qr` against source rows `kr`: the mask
+        ops.attention draws over (B, H, Tq, Tk), at these laid-out indices."""
+        if not self.drop:
+            return None
+        q0, k0 = self.me * self.rows, a.source * self.rows
+        region = (self.b_, self.h_, slice(q0 + qr.start, q0 + qr.stop), slice(k0 + kr.start, k0 + kr.stop))
+        keep = MASKS.keep_mask(self.probs_shape, self.seed, region, self.drop)
+        return np.multiply(keep, 1.0 / (1.0 - self.drop))
+
+    def _scores(self, q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
+        """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, h, d)."""
+        s = np.matmul(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0)) * self.scale
+        if diagonal:  # a chunk against itself: the keys after each query masked
+            s[..., np.triu(np.ones(s.shape[-2:], bool), 1)] = -np.inf
+        return s
+
+    def _post(self, step: int, phase: str, sends: list, receives: list) -> None:
+        """The step's messages, (buffer, what) each way: to the next rank, from the previous one."""
+        nxt, prev = (self.me + 1) % self.cp, (self.me - 1) % self.cp
+        out = [(buf, nxt, TAGS[what]) for buf, what in sends]
+        into = [(buf, prev, TAGS[what]) for buf, what in receives]
+        key = (phase, step)
+        made = self.records.get(key)
+        if made is None:  # the step's record, made from its buffers once (the same sizes every call)
+            made = self.records[key] = Messages.of(self.axes, self.cp, into, out)
+        executor.post(self.mesh, self.comm, made, into, out, "ring attention")
+
+    def forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple:
+        """(the output block (rows, b, h, dv), each query row's log-sum-exp (b, h, rows))."""
+        rows, (b, h) = q.shape[0], q.shape[1:3]
+        most = np.full((b, h, rows), -np.inf)
+        total = np.zeros((b, h, rows))
+        acc = np.zeros((b, h, rows, v.shape[3]), np.result_type(q.dtype, v.dtype))
+        kc, vc, later = k, v, None
+        for action in self.program.forward:
+            if isinstance(action, Pass):
+                kn, vn = np.empty_like(kc), np.empty_like(vc)
+                self._post(action.step, "forward", [(kc, "k"), (vc, "v")], [(kn, "k"), (vn, "v")])
+                later = (kn, vn)
+                continue
+            for qr, kr, diagonal in self._pairs(action):
+                s = self._scores(q[qr], kc[kr], diagonal)
+                m = np.maximum(most[..., qr], s.max(axis=-1))
+                keep = np.exp(most[..., qr] - m)
+                p = np.exp(s - m[..., None])
+                total[..., qr] = total[..., qr] * keep + p.sum(axis=-1)
+                factors = self._factors(action, qr, kr)
+                pd = p if factors is None else p * factors
+                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + np.matmul(pd, vc[kr].transpose(1, 2, 0, 3))
+                most[..., qr] = m
+            if action.step < self.cp - 1:
+                kc, vc = later
+        out = (acc / total[..., None]).transpose(2, 0, 1, 3)
+        return np.ascontiguousarray(out, dtype=q.dtype), most + np.log(total)
+
+    def backward(self, dy: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                 lse: np.ndarray) -> tuple:
+        """(dq, dk, dv) blocks of this rank, each laid out as its input."""
+        dy_h = dy.transpose(1, 2, 0, 3)  # (b, h, rows, dv)
+        delta = np.sum(dy_h * out.transpose(1, 2, 0, 3), axis=-1)
+        dq = np.zeros(q.shape, np.result_type(q.dtype, dy.dtype))
+        kc, vc, later = k, v, None
+        # the sums of the block held at this step: its own block's at step 0; a later step's arrive from the
+        # previous rank, and after the last pass its own block's whole sums come home
+        dk, dv = np.zeros(k.shape, dq.dtype), np.zeros(v.shape, dq.dtype)
+        for action in self.program.backward:
+            if isinstance(action, Attend):
+                self._block_grads(action, q, kc, vc, dy_h, delta, lse, dq, dk, dv)
+                if action.step < self.cp - 1:
+                    kc, vc = later
+                continue
+            sends, receives = [], []
+            if action.step < self.cp - 1:
+                later = (np.empty_like(kc), np.empty_like(vc))
+                sends += [(kc, "k"), (vc, "v")]
+                receives += [(later[0], "k"), (later[1], "v")]
+            if action.step >= 1:
+                arriving = (np.empty(k.shape, dq.dtype), np.empty(v.shape, dq.dtype))
+                sends += [(dk, "dk"), (dv, "dv")]
+                receives += [(arriving[0], "dk"), (arriving[1], "dv")]
+            self._post(action.step, "backward", sends, receives)
+            if action.step >= 1:
+                dk, dv = arriving
+        return dq, dk.astype(k.dtype, copy=False), dv.astype(v.dtype, copy=False)
+
+    def _block_grads(self, a: Attend, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, dy_h: np.ndarray,
+                     delta: np.ndarray, lse: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
+        """Step `a`'s part of dq, and of the held block's dk and dv (added in place)."""
+        for qr, kr, diagonal in self._pairs(a):
+            s = self._scores(q[qr], kc[kr], diagonal)
+            p = np.exp(s - lse[..., qr, None])
+            factors = self._factors(a, qr, kr)
+            pd = p if factors is None else p * factors
+            dv[kr] += np.matmul(pd.transpose(0, 1, 3, 2), dy_h[..., qr, :]).transpose(2, 0, 1, 3)
+            dp = np.matmul(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0))
+            if factors is not None:
+                dp = dp * factors
+            ds = p * (dp - delta[..., qr, None]) * self.scale
+            dq[qr] += np.matmul(ds, kc[kr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
+            dk[kr] += np.matmul(ds.transpose(0, 1, 3, 2), q[qr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
