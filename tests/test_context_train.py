@@ -1,0 +1,83 @@
+"""Context parallelism in training (spmdsim.models.gpt.context): each method and split checked against one
+numpy process every step, the Llama options, the bytes each method's attention moves counted from the trace
+against its formula (spmdsim.programs.context.methods), and the refusals."""
+from __future__ import annotations
+
+import pytest
+
+import spmdsim
+from spmdsim.errors import SpmdsimError
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.context import Context
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.programs.context import METHODS, traffic
+
+TEXT = encode(load_text(20_000))
+SMALL = dict(layers=2, d_model=32, heads=4, seq=16, batch=4, dropout=0.1)
+
+
+def _run(cfg, dp, cp, tp, sp, context, steps=2):
+    def main():
+        _, results = train(cfg, spmdsim.world(), dp, tp, steps, TEXT, sp=sp, cp=cp, context=context)
+        return results, None
+    return spmdsim.simulate(dp * cp * tp, main)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("split", ["balanced", "naive"])
+def test_each_method_and_split_trains_as_one_numpy_process(method, split):
+    out = _run(GPTConfig(**SMALL), 2, 2, 2, True, Context(method, split))
+    for results, _ in out:
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+    assert len({tuple(r.loss for r in results) for results, _ in out}) == 1
+
+
+@pytest.mark.parametrize("method", ["ring", "allgather"])
+def test_llama_options_train_over_four_context_ranks(method):
+    cfg = GPTConfig(**SMALL, positions="rope", norm="rms", mlp="swiglu", kv_heads=2)
+    for results, _ in _run(cfg, 1, 4, 2, False, Context(method)):
+        assert all(r.passed for r in results), [r.errors for r in results]
+
+
+def _attention_bytes(method, cp):
+    """(bytes one rank's step sent in attention's traffic over cp, one K block's bytes), dp 1 and tp 1."""
+    cfg = GPTConfig(**{**SMALL, "dropout": 0.0})
+
+    def main():
+        from spmdsim.runtime.trace import collect_trace
+
+        model, _ = train(cfg, spmdsim.world(), 1, 1, 1, TEXT, cp=cp, context=Context(method), check=False)
+        with collect_trace() as trace:
+            model.loss(*_batch(model, cfg), 1).backward()
+        ops = {"ring": ("send", "recv", "sendrecv"), "allgather": ("allgather", "reduce_scatter"),
+               "alltoall": ("alltoall",)}[method]
+        return sum(e.bytes_sent for e in trace.entries if e.op in ops and tuple(e.axes) == ("cp",))
+
+    return spmdsim.simulate(cp, main), cfg.batch * (cfg.seq // cp) * cfg.d_model * 8
+
+
+def _batch(model, cfg):
+    from spmdsim.models.gpt.data import batch
+    from spmdsim.runtime.dtensor import DTensor
+
+    x, y = batch(TEXT, cfg, 0)
+    laid = (slice(None), list(model.positions or ()) or slice(None))
+    return (DTensor.from_global(model.mesh, x[laid], model.ids), DTensor.from_global(model.mesh, y[laid], model.ids))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("cp", [2, 4])
+def test_each_methods_bytes_per_rank_are_its_formula(method, cp):
+    """Counted from the trace of one forward and backward: ring, 2(cp-1) K/V blocks forward and 2(cp-1) + 2cp
+    backward; all-gather, the Allgathers of K and V and the Reduce_scatters of their gradients; all-to-all,
+    Q, K, V and the output each way (heads = K/V heads here: q_bytes = kv_bytes)."""
+    sent, kv = _attention_bytes(method, cp)
+    forward, backward = traffic(method, cp, kv, kv)
+    assert set(sent) == {SMALL["layers"] * (forward + backward)}, (sent, forward, backward)
+
+
+def test_a_context_split_the_model_cannot_take_is_one_line():
+    with pytest.raises(SpmdsimError, match="splits heads over tp x cp = 8: 4 heads do not divide"):
+        _run(GPTConfig(**SMALL), 1, 4, 2, False, Context("alltoall"))
+    with pytest.raises(SpmdsimError, match="sequence length 16 does not divide into 2 x cp = 6 chunks"):
+        _run(GPTConfig(**SMALL), 1, 3, 1, False, Context("ring"))
