@@ -42,7 +42,8 @@ from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.models.gpt import decode, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
-from spmdsim.models.gpt.pipeline import pipeline_layout_problem, train_pipelined
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.gpt.memory import recompute_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
@@ -112,8 +113,6 @@ def split(world, cfg, layers=None):
     if cp < 1 or world % (pp * cp):
         return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
             f"--pp {pp} must divide the world size {world}"
-    if cp > 1 and pipelined(args):
-        return None, f"--cp {cp} with a pipeline is not supported yet; leave out --pp and --microbatches"
     rest = world // (pp * cp)
     for name, given in (("dp", args.dp), ("tp", args.tp)):
         if given is not None and rest % given:
@@ -130,7 +129,8 @@ def split(world, cfg, layers=None):
         m, v = microbatches(args), virtual_stages(args)
         problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
         return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers,
-                                                                                   schedule=args.schedule)
+                                                            schedule=args.schedule) \
+            or context_problem(cfg, cp, tp, args.sp, context(args))
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context(args))
 
 
@@ -189,8 +189,8 @@ def main(args):
             print("architecture:" + architecture_words(cfg)[1:])
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
-        mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 \
-            else f"dp {dp} x tp {tp}"
+        mesh = f"pp {pp} x " if pp > 1 else ""
+        mesh += f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 else f"dp {dp} x tp {tp}"
         print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
         if padding_line(cfg, tp):
             print(padding_line(cfg, tp))
@@ -240,7 +240,7 @@ def main(args):
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
                                          zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
                                          precision=args.precision, save=args.save, save_every=args.save_every,
-                                         resume=args.resume)
+                                         resume=args.resume, cp=args.cp, context=context(args))
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,

@@ -37,7 +37,8 @@ from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
 from spmdsim.models.gpt.memory import zero_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
-from spmdsim.models.gpt.pipeline import pipeline_layout_problem, train_pipelined
+from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
 from spmdsim.models.moe import MoEConfig
 from spmdsim.models.moe.routing import ROUTINGS

@@ -81,3 +81,21 @@ def test_a_context_split_the_model_cannot_take_is_one_line():
         _run(GPTConfig(**SMALL), 1, 4, 2, False, Context("alltoall"))
     with pytest.raises(SpmdsimError, match="sequence length 16 does not divide into 2 x cp = 6 chunks"):
         _run(GPTConfig(**SMALL), 1, 3, 1, False, Context("ring"))
+
+
+@pytest.mark.parametrize("method, schedule, sp", [("ring", "1f1b", False), ("allgather", "interleaved", True),
+                                                  ("alltoall", "gpipe", True)])
+def test_context_parallelism_composes_with_a_pipeline(method, schedule, sp):
+    from spmdsim.models.gpt.pipeline import train_pipelined
+
+    cfg = GPTConfig(**{**SMALL, "layers": 4, "batch": 8})
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, 2, 2, TEXT, sp=sp, schedule=schedule,
+                                       microbatches=4, virtual=2 if schedule == "interleaved" else 1, cp=2,
+                                       context=Context(method))
+        run.close()
+        return results
+
+    for results in spmdsim.simulate(8, main):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]

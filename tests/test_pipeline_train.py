@@ -217,7 +217,7 @@ def test_refusals_are_one_line_on_every_rank(kwargs, message):
 def test_the_layout_problem_names_what_the_schedule_cannot_take(schedule, m, v, message):
     """pipeline_layout_problem(..., schedule=) says what build would refuse (a trainer asks it before printing
     anything); without a schedule it asks nothing of one (spmdsim estimate's search names none)."""
-    from spmdsim.models.gpt.pipeline import pipeline_layout_problem
+    from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 
     cfg = GPTConfig(layers=24, d_model=32, heads=2, seq=16, batch=8)
     assert pipeline_layout_problem(cfg, 4, 1, 1, False, m, v, schedule=schedule) == message

@@ -42,24 +42,21 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ...base import buffers
-from ...nn.autograd.kept import kept_problem
-from ...errors import SpmdsimError
 from ...layouts.layout import Layout
 from .config import GPTConfig
-from .data import batch, text_problem
-from .memory import recompute_problem, zero_problem
+from .data import batch
 from .params import decays, param_specs
-from .stages import chunk_parts, pipeline_problem
-from .train import _checkpoint_problem, checkpoint_meta, replay_problem, StepResult
+from .stages import chunk_parts
+from .train import StepResult
 from .wholes import assemble
 from ..axes import PIPELINE, TENSOR, model_layout, roles_of
 from . import parallel
-from ...base.precision import precision as get_precision, precision_problem
+from ...base.precision import precision as get_precision
 from ...nn import ops
 from ...nn.autograd.grad_buffer import GradBuffer
 from ...nn.distrib_optim import DistributedAdamW
 from ...nn.optim import AdamW, clip_grad_norm_
-from ...programs.pipeline.schedule import build, schedule_problem
+from ...programs.pipeline.schedule import build
 from ...runtime.dtensor import DTensor
 from ...runtime.mesh import Mesh
 from ...runtime.replay import Scalar, capture
@@ -67,47 +64,21 @@ from ...runtime.sim import dry_run_active
 from ...runtime.sim.dry import differ
 from ...runtime.trace import collect_trace
 from .checkpoint import load, save as save_checkpoint
-from .layouts import mesh_problem
-from .mixed import architecture_problem
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
 from .step_check import QUIET, _norm, stop_if_diverged
 from .buckets import _zero_axes, dp_bucket, zero_options
-from .step_looks import _expert_bytes, step_memory_problem
+from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
+from .pipeline_problems import refuse_pipelined
+from .context import Context
 from ...runtime import debug
 from ...runtime.door import untraced
 from ...runtime.engines.wait import polite_wait
 from .stage_memory import _Most
 from .stage_program import _largest, _on_mesh
 
-__all__ = ["train_pipelined", "pipeline_layout_problem"]
-
-
-def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
-                            virtual: int = 1, split: Optional[Sequence[int]] = None, ep: int = 1,
-                            schedule: Optional[str] = None) -> Optional[str]:
-    """Why the GPT cannot train on pp x dp x tp (pp x dp x ep x tp with MoE layers) with `microbatches`
-    (one line, alike on every rank), or None. With `schedule` (its name) also why that schedule cannot take
-    these sizes (spmdsim.programs.pipeline.schedule.schedule_problem: one chunk per stage but under "interleaved",
-    whose microbatches a multiple of pp), so that a trainer refuses them before its first line of output."""
-    for name, value in ((PIPELINE, pp), ("microbatches", microbatches), ("virtual stages", virtual)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            return f"{name} {value!r} must be an integer >= 1"
-    if virtual > 1 and pp < 2:  # Megatron's interleaving also needs a pipeline: chunk k goes to stage k mod pp
-        return (f"virtual stages {virtual} interleave the layers over the pipeline's stages (chunk k on stage k mod "
-                f"pp): they need pp 2 or more, got pp {pp}")
-    problem = schedule_problem(schedule, pp, microbatches, virtual) if schedule is not None else None
-    if problem:
-        return problem
-    if cfg.batch % microbatches:
-        return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
-    micro = cfg.batch // microbatches
-    problem = mesh_problem(cfg, dp, tp, sp, ep)
-    if problem is None and micro % (dp * ep):
-        batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
-        problem = f"a microbatch of {micro} samples is not divisible by {batch}"
-    return problem or pipeline_problem(cfg, pp * virtual, split)
+__all__ = ["train_pipelined"]
 
 
 def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
@@ -118,7 +89,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     memory: bool = False, kept: str = "graph", ep: int = 1,
                     algorithms: Optional[dict] = None, replay: bool = False,
                     precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
-                    resume: Optional[str] = None) -> tuple[PipelineRun, list]:
+                    resume: Optional[str] = None, cp: int = 1,
+                    context: Optional[Context] = None) -> tuple[PipelineRun, list]:
     """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step run).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
@@ -131,20 +103,19 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     spmdsim.models.gpt.train.train's, over the step's microbatches, ranks numbered on the whole mesh).
     `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
     captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
-    step replays it, checked the same way (MoE layers and `cfg.clip` too;
-    with `memory` a replayed step reports what the step run eagerly reports: spmdsim.models.gpt.step_looks._steady).
-    `precision`: the policy (as spmdsim.models.gpt.train.train's: the stages compute under it, activations and their
-    gradients cross stage boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them;
-    the check's reference is the policy's, microbatch by microbatch). `save`, `save_every` and `resume`: checkpoints
-    as spmdsim.models.gpt.train.train's (each rank's file holds its stage's blocks; the metadata records the pipeline's
-    schedule, microbatches, chunks and split too). Every refusal is raised alike on every rank before the first
-    collective.
+    step replays it, checked the same way (MoE layers and `cfg.clip` too; with `memory` a replayed step reports
+    what the step run eagerly reports). `cp`, `context`: context parallelism in each stage, as train.train's.
+    `precision`: the policy (as train.train's; activations and their gradients cross stage boundaries in its
+    activation dtype, as Megatron sends them). `save`, `save_every` and `resume`: checkpoints as train.train's
+    (the metadata records the pipeline's shape too). Every refusal is raised alike on every rank before the
+    first collective.
     """
-    meta = _refuse(cfg, comm, pp, dp, tp, steps, text_ids, sp, schedule, microbatches, virtual, split, check, layouts,
-                   recompute, zero, kept, ep, replay, precision, save, save_every, resume)
+    contexts = (cp, context)
+    meta = refuse_pipelined(cfg, comm, pp, dp, tp, steps, text_ids, sp, schedule, microbatches, virtual, split, check,
+                            layouts, recompute, zero, kept, ep, replay, precision, save, save_every, resume, contexts)
     policy = get_precision(precision)
     st = _Pipelined(cfg, comm, pp, dp, tp, sp, schedule, microbatches, virtual, split, layouts, recompute, zero, kept,
-                    ep, algorithms, policy, memory)
+                    ep, algorithms, policy, memory, contexts)
     run, mesh, params, optimizer = st.run, st.run.mesh, st.params, st.optimizer
     check = check and not dry_run_active()
     first = 0
@@ -187,39 +158,6 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     return run, results
 
 
-def _refuse(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool,
-            schedule: str, microbatches: int, virtual: int, split: Optional[Sequence[int]], check: bool,
-            layouts: Optional[dict], recompute: str, zero: int, kept: str, ep: int, replay: bool, precision: Any,
-            save: Optional[str], save_every: int, resume: Optional[str]) -> Optional[dict]:
-    """`train_pipelined`'s refusals, raised alike on every rank before the first collective; the checkpoints'
-    metadata (None without checkpoints)."""
-    moe = cfg.moe is not None or ep != 1
-    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
-               or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or text_problem(text_ids, cfg))
-    if problem:
-        where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
-        raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
-    meta = None
-    if save is not None or resume is not None or save_every:
-        shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
-        meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
-                               ep=ep, pipeline=shape)
-        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
-        if problem:  # every rank alike (each reads the same metadata file), before any collective
-            raise SpmdsimError(problem)
-    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
-                                  sp=sp, kept=kept, zero=zero, precision=precision)
-    if problem:  # every rank alike (a collective decided it), before any block is made
-        raise SpmdsimError(problem)
-    if check and get_precision(precision).activation != "float64" and not dry_run_active():
-        problem = architecture_problem(cfg)  # every rank alike, before any collective
-        if problem:
-            raise SpmdsimError(problem)
-    return meta
-
-
 class _Pipelined:
     """A stage's part of `train_pipelined`: its meshes, chunks' models, parameters and optimizer, and its step
     (`step`: the program, the gradients' sums, the tied table, clipping, the update), which a replay captures."""
@@ -227,14 +165,16 @@ class _Pipelined:
     def __init__(self, cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, sp: bool, schedule: str,
                  microbatches: int, virtual: int, split: Optional[Sequence[int]], layouts: Optional[dict],
                  recompute: str, zero: int, kept: str, ep: int, algorithms: Optional[dict], policy: Any,
-                 memory: bool) -> None:
+                 memory: bool, contexts: tuple = (1, None)) -> None:
         moe = cfg.moe is not None or ep != 1
+        cp, context = contexts
+        cp_axis = cp if cp > 1 or context is not None else None
         plan = build(schedule, pp, microbatches, virtual)
         chunks = pp * virtual
         self.last = last = chunks - 1
         parts = chunk_parts(cfg, chunks, split)
-        inner = model_layout(tp, dp, ep if moe else None)  # a stage's mesh
-        outer = model_layout(tp, dp, ep if moe else None, pp)
+        inner = model_layout(tp, dp, ep if moe else None, cp=cp_axis)  # a stage's mesh
+        outer = model_layout(tp, dp, ep if moe else None, pp, cp=cp_axis)
         mesh = Mesh(Layout(*outer), comm, algorithms=algorithms, roles=roles_of(outer[1]))
         differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
         self.stage = stage = mesh.coord(PIPELINE)
@@ -243,7 +183,8 @@ class _Pipelined:
         self.pp_comm = mesh.group(PIPELINE) if pp > 1 else None
         self.mine = mine = [c for c in range(chunks) if c % pp == stage]
         self.models = models = {c: parallel.GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c],
-                                                recompute=recompute, kept=kept, precision=policy) for c in mine}
+                                                recompute=recompute, kept=kept, precision=policy,
+                                                context=context) for c in mine}
         if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
             models[chunks - 1].params["wte"] = models[0].params["wte"]
         self.params = params = {}
@@ -264,8 +205,10 @@ class _Pipelined:
         # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
         # the receiving stage all-gathers over tp), else the block itself.
         self.wire = stage_mesh.layout(TENSOR, any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 \
+            and cp_axis is None \
             else act
-        self.ids_layout = stage_mesh.layout(any_model.batch, None)
+        self.ids_layout = any_model.ids  # (B, T): the batch over dp, the sequence over cp
+        self.laid = (slice(None), list(any_model.positions or ()) or slice(None))  # the sequences' order
         self.ids_shape = self.ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows:
         self.ids_cut = self.ids_layout.slices(stage_mesh.rank, self.ids_shape)  # as DTensor.from_global cuts them
         self.wire_dtype = np.dtype(policy.dtype("activation"))  # what crosses a stage boundary, both ways
@@ -367,7 +310,9 @@ class _Pipelined:
     def begin(self, x: np.ndarray, y: np.ndarray, replay: bool, first: bool) -> tuple:
         """Before a step on the batch (x, y): the MoE layers' figures emptied (a replay's kernels rewrite the
         captured step's list), the clock too; with `replay` the capture's static inputs, every microbatch's ids
-        this stage reads, as DTensors (else none: the step cuts each from the batch when used)."""
+        this stage reads, as DTensors (else none: the step cuts each from the batch when used); the sequences laid
+        out in the stages' order (context parallelism's)."""
+        x, y = x[self.laid], y[self.laid]
         for model in self.models.values():
             if not replay or first:
                 model.moe_stats = []

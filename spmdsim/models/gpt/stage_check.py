@@ -8,7 +8,6 @@ from .config import GPTConfig
 from .params import param_specs
 from .train import all_rows
 from .wholes import Regions, stage_regions
-from ..axes import DATA, PIPELINE, TENSOR
 from ...runtime.executor import pending, resolve
 from ...runtime.shared_reference import shared_once
 from ...runtime.sim import once
@@ -71,6 +70,8 @@ class _PipelineChecker:
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = where = _stage_regions(run, cfg)
         self.slices = {name: t.slices for name, t in params.items()}
+        # a context-parallel run's order of the sequence (the reference reads its dropout masks in it), or None
+        self.laid = next(iter(st.models.values())).positions
         self.moments = None
         if not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
             self.moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,
@@ -98,16 +99,16 @@ class _PipelineChecker:
             run_grads = where.used(_tables(st.run, cfg, where, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
-                x, y, cfg, step, policy, microbatches, None, self.kept)
+                x, y, cfg, step, policy, microbatches, None, self.kept, self.laid)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
                                 self.slices)
         else:
             # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
             self.moments, ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, self.moments,
-                x, y, cfg, step, microbatches)
+                x, y, cfg, step, microbatches, None, self.laid)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
                                 self.slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
-        worst = resolve(mesh, local, pending(mesh.layout, 1, (PIPELINE, DATA, TENSOR)), "check", reduction="max",
+        worst = resolve(mesh, local, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check", reduction="max",
                         owned=True)
         return tuple(float(e) for e in worst)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ...errors import SpmdsimError
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
-from ...models.gpt.pipeline import pipeline_layout_problem
+from ...models.gpt.pipeline_problems import pipeline_layout_problem
 from ...programs.pipeline.records import MAX_PAIRS
 
 __all__ = ["Config", "configurations", "vocab_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",

@@ -1,0 +1,89 @@
+"""Why a pipelined GPT cannot train as asked: the sizes' refusals (`pipeline_layout_problem`) and
+`train_pipelined`'s (`refuse_pipelined`), each one line, alike on every rank, before any collective."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ...base.precision import precision as get_precision, precision_problem
+from ...errors import SpmdsimError
+from ...nn.autograd.kept import kept_problem
+from ...programs.pipeline.schedule import schedule_problem
+from ...runtime.sim import dry_run_active
+from ..axes import PIPELINE
+from .config import GPTConfig
+from .context import Context, context_problem
+from .data import text_problem
+from .layouts import mesh_problem
+from .memory import recompute_problem, zero_problem
+from .mixed import architecture_problem
+from .stages import pipeline_problem
+from .step_looks import step_memory_problem
+from .train import _RING_REPLAY as RING_REPLAY, _checkpoint_problem, checkpoint_meta, replay_problem
+
+__all__ = ["pipeline_layout_problem", "refuse_pipelined"]
+
+
+def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
+                            virtual: int = 1, split: Optional[Sequence[int]] = None, ep: int = 1,
+                            schedule: Optional[str] = None) -> Optional[str]:
+    """Why the GPT cannot train on pp x dp x tp (pp x dp x ep x tp with MoE layers) with `microbatches`
+    (one line, alike on every rank), or None. With `schedule` (its name) also why that schedule cannot take
+    these sizes (spmdsim.programs.pipeline.schedule.schedule_problem: one chunk per stage but under "interleaved",
+    whose microbatches a multiple of pp), so that a trainer refuses them before its first line of output."""
+    for name, value in ((PIPELINE, pp), ("microbatches", microbatches), ("virtual stages", virtual)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            return f"{name} {value!r} must be an integer >= 1"
+    if virtual > 1 and pp < 2:  # Megatron's interleaving also needs a pipeline: chunk k goes to stage k mod pp
+        return (f"virtual stages {virtual} interleave the layers over the pipeline's stages (chunk k on stage k mod "
+                f"pp): they need pp 2 or more, got pp {pp}")
+    problem = schedule_problem(schedule, pp, microbatches, virtual) if schedule is not None else None
+    if problem:
+        return problem
+    if cfg.batch % microbatches:
+        return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
+    micro = cfg.batch // microbatches
+    problem = mesh_problem(cfg, dp, tp, sp, ep)
+    if problem is None and micro % (dp * ep):
+        batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
+        problem = f"a microbatch of {micro} samples is not divisible by {batch}"
+    return problem or pipeline_problem(cfg, pp * virtual, split)
+
+
+def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool,
+            schedule: str, microbatches: int, virtual: int, split: Optional[Sequence[int]], check: bool,
+            layouts: Optional[dict], recompute: str, zero: int, kept: str, ep: int, replay: bool, precision: Any,
+            save: Optional[str], save_every: int, resume: Optional[str], contexts: tuple = (1, None)) -> Optional[dict]:
+    """`train_pipelined`'s refusals, raised alike on every rank before the first collective; the checkpoints'
+    metadata (None without checkpoints). `contexts`: (cp, its Context or None)."""
+    moe = cfg.moe is not None or ep != 1
+    cp, context = contexts
+    ring = replay and cp > 1 and (context or Context()).method == "ring"
+    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
+               or context_problem(cfg, cp, tp, sp, context) or (RING_REPLAY if ring else None)
+               or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or text_problem(text_ids, cfg))
+    if problem:
+        where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
+        raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
+    meta = None
+    if save is not None or resume is not None or save_every:
+        shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
+        meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
+                               ep=ep, pipeline=shape)
+        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
+        if problem:  # every rank alike (each reads the same metadata file), before any collective
+            raise SpmdsimError(problem)
+    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
+                                  sp=sp, kept=kept, zero=zero, precision=precision)
+    if problem:  # every rank alike (a collective decided it), before any block is made
+        raise SpmdsimError(problem)
+    if check and get_precision(precision).activation != "float64" and not dry_run_active():
+        problem = architecture_problem(cfg)  # every rank alike, before any collective
+        if problem:
+            raise SpmdsimError(problem)
+    return meta
+
+
