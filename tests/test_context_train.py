@@ -99,3 +99,29 @@ def test_context_parallelism_composes_with_a_pipeline(method, schedule, sp):
 
     for results in spmdsim.simulate(8, main):
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+
+
+def _estimate(*flags):
+    import json
+
+    from docs_commands import run_here
+
+    code, out, err = run_here("main", ["estimate", "gpt", "--layers", "4", "--hidden", "1024", "--heads", "16",
+                                       "--seq", "4096", "--tp", "2", "--dp", "1", "--global-batch", "4",
+                                       "--dropout", "0", "--kept", "megatron", "--attention", "flash", "--json",
+                                       *flags])
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_estimate_splits_activations_over_cp_and_prices_the_rings_messages():
+    """The dry run behind `spmdsim estimate gpt --cp N`: each rank keeps about 1/cp of the activations, the ring's
+    messages are sent within the node (one K and one V block a step), and they are a "context" phase the step
+    time hides under the products."""
+    kept = {cp: _estimate("--cp", str(cp))["stages"][0]["bytes"]["activations"] for cp in (1, 2, 4)}
+    assert 0.45 < kept[2] / kept[1] < 0.55 and 0.45 < kept[4] / kept[2] < 0.55, kept
+    ring = _estimate("--cp", "2")
+    assert ring["stages"][0]["sent"].get("send node", 0) > 0
+    assert any("ring attention's messages under the products" in line for line in ring["assumptions"])
+    gathered = _estimate("--cp", "2", "--cp-method", "allgather")["stages"][0]["sent"]
+    assert gathered.get("allgather node", 0) > 0 and "send node" not in gathered

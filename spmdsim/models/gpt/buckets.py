@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 import numpy as np
 from .config import GPTConfig
-from ..axes import DATA, EXPERT
+from ..axes import CONTEXT, DATA, EXPERT
 from ...nn.optim import adamw_update
 from ...runtime.executor import gather
 
@@ -51,8 +51,10 @@ def zero_options(zero: int, params: list, mesh: Any) -> dict:
 
 def _zero_axes(mesh: Any) -> tuple:
     """The axes ZeRO-1 shards over: the data-parallel ones, "dp" and, on an MoE mesh, "ep" (the dense layers'
-    tokens are split over both; the experts, split over ep, shard over dp alone: spmdsim.nn.distrib_optim)."""
-    return tuple(a for a in (DATA, EXPERT) if a in mesh.layout.alias_name)
+    tokens are split over both; the experts, split over ep, shard over dp alone: spmdsim.nn.distrib_optim), and
+    "cp" (each rank saw part of every sequence: its gradients are summed there too, and Megatron-LM's
+    distributed optimizer shards over its data-parallel group with context parallelism's)."""
+    return tuple(a for a in (DATA, EXPERT, CONTEXT) if a in mesh.layout.alias_name)
 
 
 def anchored_start(optimizer: Any, tensors: dict) -> Any:

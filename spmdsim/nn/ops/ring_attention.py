@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ...base.buffers import lazy_zeros
+from ...base.flops import any_open, gemm
 from ...errors import OperatorError
 from ...programs.context.ring import Attend, Pass, RingProgram, TAGS, ring_program
 from ...programs.context.split import chunks
@@ -87,6 +89,7 @@ class _Ring:
         self.size = self.rows // (2 if balanced and program.cp > 1 else 1)  # a chunk's
         self.probs_shape, self.b_, self.h_ = (B, H, T, T), b_, h_
         self.records: dict = {}  # a Pass's step -> its Messages, made from the first buffers posted
+        self.dry = mesh.engine.dry  # shapes only: the messages are posted, the products counted, none computed
 
     def _local(self, rank: int, chunk: int) -> slice:
         """Rows of `chunk` (a global chunk number) in rank `rank`'s block."""
@@ -111,6 +114,21 @@ class _Ring:
         region = (self.b_, self.h_, slice(q0 + qr.start, q0 + qr.stop), slice(k0 + kr.start, k0 + kr.stop))
         keep = MASKS.keep_mask(self.probs_shape, self.seed, region, self.drop)
         return np.multiply(keep, 1.0 / (1.0 - self.drop))
+
+    def _count(self, q: np.ndarray, qr: slice, kr: slice, dv: int, products: int) -> None:
+        """Count (spmdsim.base.flops) a chunk pair's products: the forward's 2 or the backward's 5."""
+        if not any_open():
+            return
+        _, b, h, d = q.shape
+        rows, keys = qr.stop - qr.start, kr.stop - kr.start
+        scores = ((b, h, rows, d), (b, h, d, keys))
+        if products == 2:  # the forward: q k^T, then p v
+            shapes = [scores, ((b, h, rows, keys), (b, h, keys, dv))]
+        else:  # the backward: q k^T again, dV = p^T dO, dP = dO v^T, dQ = dS k, dK = dS^T q
+            shapes = [scores, ((b, h, keys, rows), (b, h, rows, dv)), ((b, h, rows, dv), (b, h, dv, keys)),
+                      ((b, h, rows, keys), (b, h, keys, d)), ((b, h, keys, rows), (b, h, rows, d))]
+        for a_shape, b_shape in shapes:
+            gemm(a_shape, b_shape, q.dtype)
 
     def _scores(self, q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
         """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, h, d)."""
@@ -144,6 +162,9 @@ class _Ring:
                 later = (kn, vn)
                 continue
             for qr, kr, diagonal in self._pairs(action):
+                self._count(q, qr, kr, v.shape[3], 2)  # the scores and the weighted values
+                if self.dry:
+                    continue
                 s = self._scores(q[qr], kc[kr], diagonal)
                 m = np.maximum(most[..., qr], s.max(axis=-1))
                 keep = np.exp(most[..., qr] - m)
@@ -155,6 +176,8 @@ class _Ring:
                 most[..., qr] = m
             if action.step < self.cp - 1:
                 kc, vc = later
+        if self.dry:
+            return lazy_zeros(q.shape[:3] + v.shape[3:], q.dtype), lazy_zeros((b, h, rows), np.float64)
         out = (acc / total[..., None]).transpose(2, 0, 1, 3)
         return np.ascontiguousarray(out, dtype=q.dtype), most + np.log(total)
 
@@ -192,6 +215,9 @@ class _Ring:
                      delta: np.ndarray, lse: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
         """Step `a`'s part of dq, and of the held block's dk and dv (added in place)."""
         for qr, kr, diagonal in self._pairs(a):
+            self._count(q, qr, kr, dy_h.shape[3], 5)  # the scores again, dV, dP, dQ and dK
+            if self.dry:
+                continue
             s = self._scores(q[qr], kc[kr], diagonal)
             p = np.exp(s - lse[..., qr, None])
             factors = self._factors(a, qr, kr)

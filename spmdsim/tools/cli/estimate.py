@@ -75,6 +75,11 @@ def register(subparsers: Any) -> None:
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1; any case: "
                              "1F1B, GPipe)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
+    parser.add_argument("--cp", type=int, default=1, metavar="N",
+                        help="context-parallel ranks: each sequence split over them (default 1)")
+    parser.add_argument("--cp-method", choices=("ring", "allgather", "alltoall"), default="ring",
+                        help="how attention meets the split sequence (default ring: its messages run under the "
+                             "products; docs/howto/context-parallel.md)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
                         help="activation recomputation (default none)")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2),
@@ -120,7 +125,7 @@ CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
                  EXPERT, "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
-                 "first_stage_layers", "last_stage_layers", "stage_layers")
+                 "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,7 +149,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         if getattr(args, flag) is None:
             setattr(args, flag, default)
     for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR, PIPELINE, DATA,
-                 "virtual_stages", EXPERT, "moe_every", "pad_vocab_to"):
+                 "virtual_stages", EXPERT, "moe_every", "pad_vocab_to", "cp"):
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
@@ -204,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     overlap = _overlap(args.overlap, args.pp, schedule)
+    if args.cp > 1 and args.cp_method == "ring":  # each block's transfer posted before the block's compute
+        overlap += ("context",)
     return report(args, config_record(args), cfg, microbatches, split, schedule, overlap)
 
 

@@ -37,7 +37,8 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
                             schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
-                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split)
+                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split,
+                            cp=args.cp, cp_method=args.cp_method)
     except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
@@ -53,7 +54,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     fullest = max(range(len(stages)), key=lambda s: memories[s].peak)
     shown = sorted({0, len(stages) // 2, len(stages) - 1, slowest, fullest})
     rows = [(stages[s], memories[s], times[s]) for s in shown]
-    ranks = args.pp * args.dp * args.ep * args.tp
+    ranks = args.pp * args.dp * args.ep * args.cp * args.tp
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
     assumed = assumptions(machine, overlap=overlap)
     if args.json:
@@ -83,9 +84,9 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
                 stages: list, seconds: float, worst: bool) -> list[str]:
     """The lines above the stages' table: the model, the mesh, the schedule, the machine, the split, the
     experts, the parameters and FLOPs, and the dry run."""
-    ranks = args.pp * args.dp * args.ep * args.tp
-    mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
-        f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
+    ranks = args.pp * args.dp * args.ep * args.cp * args.tp
+    mesh = f"pp {args.pp} x dp {args.dp}" + (f" x ep {args.ep}" if cfg.moe else "") + \
+        (f" x cp {args.cp} ({args.cp_method})" if args.cp > 1 else "") + f" x tp {args.tp}"
     head = [f"GPT {counted(args.layers, 'layer')}, hidden {args.hidden}, {counted(args.heads, 'head')}, seq {args.seq}, "
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}; "
             f"global batch {args.global_batch}",

@@ -31,6 +31,7 @@ from ...base.flops import counting
 from ...emulator.comm import world
 from ...models.gpt.params import is_expert
 from ...models.gpt.pipeline import train_pipelined
+from ...models.gpt.context import Context
 from ...programs.memory import ENV_VAR
 from ...runtime.sim.run import simulate
 from .steptime import step_time
@@ -314,26 +315,27 @@ _KEEP = 256
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
                kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
-               split: Optional[tuple] = None) -> list[StageLedger]:
+               split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring") -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
     (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step),
     its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
-    routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
+    routes by cfg.moe.dry_routing); `cp` context-parallel ranks a stage, attention by `cp_method`
+    (spmdsim.models.gpt.context). An equal call made before in this process gives that run's ledgers
     (`_LEDGERS`)."""
     import os
 
     split = None if split is None else tuple(split)
     key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
-           os.environ.get(ENV_VAR, ""), split)
+           os.environ.get(ENV_VAR, ""), split, cp, cp_method)
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
         return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node, ep, split)
+                           gpus_per_node, ep, split, (cp, cp_method))
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node, ep, split))
+                                  gpus_per_node, ep, split, (cp, cp_method)))
         while len(_LEDGERS) >= _KEEP:
             del _LEDGERS[next(iter(_LEDGERS))]
         _LEDGERS[key] = known
@@ -342,8 +344,9 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
                 recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1,
-                split: Optional[tuple] = None) -> list[StageLedger]:
-    """`gpt_ledger`'s dry run."""
+                split: Optional[tuple] = None, contexts: tuple = (1, "ring")) -> list[StageLedger]:
+    """`gpt_ledger`'s dry run; `contexts`: (cp, its method)."""
+    cp, method = contexts
     import numpy as np
 
     if not (type(gpus_per_node) is int and gpus_per_node >= 1):
@@ -354,7 +357,8 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         with counting(blocks=True) as flops:
             run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
-                                         zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split)
+                                         zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
+                                         cp=cp, context=Context(method) if cp > 1 else None)
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())
@@ -366,7 +370,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         run.close()
         return out
 
-    results = simulate(pp * dp * ep * tp, body, dry_run=True)
+    results = simulate(pp * dp * ep * cp * tp, body, dry_run=True)
     stages: dict = {}
     for r, ledger in enumerate(results):
         stages.setdefault(ledger.stage, (ledger, []))[1].append(r)

@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from ...errors import SpmdsimError
-from ...models.axes import DATA, EXPERT, PIPELINE
+from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE
 from ...programs.plan.steps import KINDS
 from .records import Calls
 
@@ -35,7 +35,8 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 #: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
 #: layers of an MoE GPT), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
-#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's.
+#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's, and
+#: context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls) "context".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket")
 
@@ -55,7 +56,7 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
         if e.op in ("send", "recv", "sendrecv"):
             rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
-            phase = "pipeline"
+            phase = "context" if CONTEXT in axes else "pipeline"
         else:
             kind = KINDS.get("alltoall" if e.op == "alltoallv" else e.op)  # (an Alltoallv's buffer: an Alltoall's)
             if kind is None:
@@ -63,7 +64,8 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
             rows = [(e.op, n, e.bytes_sent)]
             summed = (e.label or "").startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes)
-            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "layers")
+            phase = "pipeline" if PIPELINE in axes else "context" if CONTEXT in axes and not summed \
+                else ("gradients" if summed else "layers")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + times
