@@ -125,3 +125,16 @@ def test_the_estimate_splits_activations_over_cp_and_prices_the_rings_messages()
     assert any("ring attention's messages under the products" in line for line in ring["assumptions"])
     gathered = _estimate("--cp", "2", "--cp-method", "allgather")["stages"][0]["sent"]
     assert gathered.get("allgather node", 0) > 0 and "send node" not in gathered
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_replayed_context_parallel_step_is_checked_as_the_eager_one(method):
+    """Step 0 captured, the later steps replayed (spmdsim.runtime.replay): ring attention's blocks and messages
+    too, each replay drawing its own step's dropout masks."""
+    def main():
+        _, results = train(GPTConfig(**SMALL), spmdsim.world(), 2, 2, 3, TEXT, sp=True, cp=2, context=Context(method),
+                           replay=True)
+        return results
+
+    for results in spmdsim.simulate(8, main):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]

@@ -13,14 +13,14 @@ from ...programs.pipeline.schedule import schedule_problem
 from ...runtime.sim import dry_run_active
 from ..axes import PIPELINE
 from .config import GPTConfig
-from .context import Context, context_problem
+from .context import context_problem
 from .data import text_problem
 from .layouts import mesh_problem
 from .memory import recompute_problem, zero_problem
 from .mixed import architecture_problem
 from .stages import pipeline_problem
 from .step_looks import step_memory_problem
-from .train import _RING_REPLAY as RING_REPLAY, _checkpoint_problem, checkpoint_meta, replay_problem
+from .train import _checkpoint_problem, checkpoint_meta, replay_problem
 
 __all__ = ["pipeline_layout_problem", "refuse_pipelined"]
 
@@ -59,9 +59,8 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
     metadata (None without checkpoints). `contexts`: (cp, its Context or None)."""
     moe = cfg.moe is not None or ep != 1
     cp, context = contexts
-    ring = replay and cp > 1 and (context or Context()).method == "ring"
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
-               or context_problem(cfg, cp, tp, sp, context) or (RING_REPLAY if ring else None)
+               or context_problem(cfg, cp, tp, sp, context)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))

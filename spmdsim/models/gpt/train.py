@@ -211,9 +211,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     collective, when it does not fit this run (`checkpoint.resume_problem`). With `check`, a resumed run's
     reference starts from the checkpoint's parameters and the run's moments (gathered).
     """
-    _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts,
-            replay and (cp > 1 and (context or Context()).method == "ring" or "replay"), recompute, zero, kept, ep,
-            precision, save, save_every, resume)
+    _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
+            recompute, zero, kept, ep, precision, save, save_every, resume)
     meta = None
     if save is not None or resume is not None or save_every:
         meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
@@ -260,17 +259,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     return model, results
 
 
-_RING_REPLAY = ("--replay captures a step's kernels, and ring attention's blocks are not kernels yet: use "
-                "--cp-method allgather or alltoall with --replay")
-
-
 def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,
             layouts: Optional[dict], replay: bool, recompute: str, zero: int, kept: str, ep: int, precision: Any,
             save: Optional[str], save_every: int, resume: Optional[str]) -> None:
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made."""
-    ring = replay is True  # (`train` passes True for a replay of ring attention, "replay" for another)
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (_RING_REPLAY if ring else replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)

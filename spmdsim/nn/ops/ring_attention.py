@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ...base import buffers
 from ...base.buffers import lazy_zeros
 from ...base.flops import any_open, gemm
 from ...errors import OperatorError
@@ -151,13 +152,14 @@ class _Ring:
     def forward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple:
         """(the output block (rows, b, h, dv), each query row's log-sum-exp (b, h, rows))."""
         rows, (b, h) = q.shape[0], q.shape[1:3]
-        most = np.full((b, h, rows), -np.inf)
-        total = np.zeros((b, h, rows))
-        acc = np.zeros((b, h, rows, v.shape[3]), np.result_type(q.dtype, v.dtype))
+        # (memory from spmdsim.base.buffers: a captured step's, which each replay fills again)
+        most = buffers.full((b, h, rows), -np.inf)
+        total = buffers.zeros((b, h, rows))
+        acc = buffers.zeros((b, h, rows, v.shape[3]), np.result_type(q.dtype, v.dtype))
         kc, vc, later = k, v, None
         for action in self.program.forward:
             if isinstance(action, Pass):
-                kn, vn = np.empty_like(kc), np.empty_like(vc)
+                kn, vn = buffers.empty(kc.shape, kc.dtype), buffers.empty(vc.shape, vc.dtype)
                 self._post(action.step, "forward", [(kc, "k"), (vc, "v")], [(kn, "k"), (vn, "v")])
                 later = (kn, vn)
                 continue
@@ -178,19 +180,20 @@ class _Ring:
                 kc, vc = later
         if self.dry:
             return lazy_zeros(q.shape[:3] + v.shape[3:], q.dtype), lazy_zeros((b, h, rows), np.float64)
-        out = (acc / total[..., None]).transpose(2, 0, 1, 3)
-        return np.ascontiguousarray(out, dtype=q.dtype), most + np.log(total)
+        out = buffers.empty(q.shape[:3] + v.shape[3:], q.dtype)  # (rows, b, h, dv), written each replay
+        np.divide(acc, total[..., None], out=out.transpose(1, 2, 0, 3))
+        return out, most + np.log(total)
 
     def backward(self, dy: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                  lse: np.ndarray) -> tuple:
         """(dq, dk, dv) blocks of this rank, each laid out as its input."""
         dy_h = dy.transpose(1, 2, 0, 3)  # (b, h, rows, dv)
         delta = np.sum(dy_h * out.transpose(1, 2, 0, 3), axis=-1)
-        dq = np.zeros(q.shape, np.result_type(q.dtype, dy.dtype))
+        dq = buffers.zeros(q.shape, np.result_type(q.dtype, dy.dtype))
         kc, vc, later = k, v, None
         # the sums of the block held at this step: its own block's at step 0; a later step's arrive from the
         # previous rank, and after the last pass its own block's whole sums come home
-        dk, dv = np.zeros(k.shape, dq.dtype), np.zeros(v.shape, dq.dtype)
+        dk, dv = buffers.zeros(k.shape, dq.dtype), buffers.zeros(v.shape, dq.dtype)
         for action in self.program.backward:
             if isinstance(action, Attend):
                 self._block_grads(action, q, kc, vc, dy_h, delta, lse, dq, dk, dv)
@@ -199,11 +202,11 @@ class _Ring:
                 continue
             sends, receives = [], []
             if action.step < self.cp - 1:
-                later = (np.empty_like(kc), np.empty_like(vc))
+                later = (buffers.empty(kc.shape, kc.dtype), buffers.empty(vc.shape, vc.dtype))
                 sends += [(kc, "k"), (vc, "v")]
                 receives += [(later[0], "k"), (later[1], "v")]
             if action.step >= 1:
-                arriving = (np.empty(k.shape, dq.dtype), np.empty(v.shape, dq.dtype))
+                arriving = (buffers.empty(k.shape, dq.dtype), buffers.empty(v.shape, dq.dtype))
                 sends += [(dk, "dk"), (dv, "dv")]
                 receives += [(arriving[0], "dk"), (arriving[1], "dv")]
             self._post(action.step, "backward", sends, receives)
