@@ -436,8 +436,7 @@ def test_cross_entropy_options_refused_in_one_line():
         return said
 
     assert spmdsim.simulate(4, body)[0] == [
-        "cross_entropy: logits must be 2-d (rows, classes), got shape (2, 4, 4); flatten the rows first, as "
-        "logits.view(-1, C) in PyTorch: ops.reshape(logits, (-1, 4)) and the labels to (-1,)",
+        "cross_entropy: labels of shape (8,) do not match the logits' rows: expected (2, 4)",
         "cross_entropy: reduction 'avg' must be 'mean', 'sum' or 'none'",
         "cross_entropy: ignore_index 1.5 must be an integer or None",
         "cross_entropy: 1 label outside [0, 4): labels are class indices, from 0 to the number of classes - 1, "

@@ -107,8 +107,9 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
 
     real = module._mixed_step
 
-    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None, kept="graph"):
-        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes, kept)
+    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None, kept="graph",
+                          laid=None):
+        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes, kept, laid)
         loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
         return loss, grads64, updated
 
