@@ -202,9 +202,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     Its collectives are the program of spmdsim.programs.infer.losses (`infer_cross_entropy`).
 
     Args:
-        logits: float DTensor (batch, classes), any split of either dim; a pending sum is added up
+        logits: float DTensor (rows..., classes), any split of any dim; a pending sum is added up
             first (one Allreduce, as softmax does).
-        labels: integer DTensor (batch,), split like the logits' batch dim.
+        labels: integer DTensor (rows...), split like the logits' rows.
     """
     mesh = operands_mesh("cross_entropy", ("logits", "labels"), logits, labels)
     _check_labels(logits, labels)
