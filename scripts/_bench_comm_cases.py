@@ -206,7 +206,7 @@ def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: t
     size = comm.Get_size()
     scount, rcount = [0] * size, [0] * size
     sends, recvs = [], []
-    for src, dst, box in step.transfers:
+    for src, dst, box, _, _ in step.transfers:
         n = int(np.prod([b - a for a, b in box]))
         if src == rank:
             sends.append((dst, box_in(box, before), n))
