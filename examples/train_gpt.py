@@ -43,7 +43,7 @@ from spmdsim.models.gpt import decode, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import pipeline_layout_problem, train_pipelined
-from spmdsim.models.gpt.memory import recompute_problem, zero_problem
+from spmdsim.models.gpt.memory import fsdp_problem, recompute_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
 from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
@@ -81,9 +81,12 @@ parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
                     help="activation recomputation: the attention core (selective) or each block (full)")
-parser.add_argument("--zero", default="0", metavar="{0,1,2}",
+parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded over dp; 2: ZeRO-2, the gradients "
-                         "too (docs/howto/train.md)")
+                         "too (docs/howto/train.md); 3: ZeRO-3, the parameters too (FSDP, docs/howto/fsdp.md)")
+parser.add_argument("--reshard-after-forward", default="true", metavar="{true,false}",
+                    help="with --zero 3: free each layer's gathered parameters after its forward and gather them "
+                         "again for its backward (true, FSDP's default), or keep them until the backward (false)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
@@ -135,7 +138,11 @@ def main(args):
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
+    problem = problem or recompute_problem(args.recompute) or zero_problem(zero, args.pp) or kept_problem(args.kept)
+    if not problem and args.reshard_after_forward not in ("true", "false"):
+        problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
+    if not problem and zero == 3:
+        problem = fsdp_problem(cfg, replay=args.replay, save=args.save, resume=args.resume)
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
@@ -183,7 +190,9 @@ def main(args):
         if args.recompute != "none" or zero or args.kept != "graph":
             print(f"memory: recompute {args.recompute}"
                   + ({1: "; ZeRO-1 (states and master copy sharded over dp)",
-                      2: "; ZeRO-2 (states, master copy and gradients sharded over dp)"}.get(zero, ""))
+                      2: "; ZeRO-2 (states, master copy and gradients sharded over dp)",
+                      3: "; ZeRO-3 (parameters, gradients and states sharded over dp; resharded after forward: "
+                         f"{args.reshard_after_forward})"}.get(zero, ""))
                   + ("; Megatron's kept set" if args.kept == "megatron" else ""))
         if args.precision != "fp64":
             from spmdsim.base.precision import precision
@@ -221,7 +230,8 @@ def main(args):
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
                                memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
-                               save_every=args.save_every, resume=args.resume)
+                               save_every=args.save_every, resume=args.resume,
+                               reshard_after_forward=args.reshard_after_forward == "true")
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
 RECOMPUTE = ("none", "selective", "full")
 #: ZeRO stages: 0 (every rank holds the whole optimizer), 1 (states and master copy sharded over dp), 2 (the
-#: gradients too: each rank keeps its slice of the summed gradients).
-ZERO = (0, 1, 2)
+#: gradients too: each rank keeps its slice of the summed gradients), 3 (the parameters too: fully sharded data
+#: parallelism, spmdsim.nn.fsdp).
+ZERO = (0, 1, 2, 3)
 #: The suffix of a kind of kept bytes that are boolean masks ("mlp masks"): a byte each at any precision.
 MASKS = " masks"
 #: The kinds of kept bytes that belong to the blocks (the rest: the embedding, the head).
@@ -38,12 +39,27 @@ def recompute_problem(value: Any) -> Optional[str]:
     return f"recompute {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
 
 
-def zero_problem(value: Any) -> Optional[str]:
-    """Why `value` is not a ZeRO stage spmdsim runs, or None."""
+def zero_problem(value: Any, pp: int = 1) -> Optional[str]:
+    """Why `value` is not a ZeRO stage spmdsim runs (over a pipeline of `pp` stages), or None."""
+    if type(value) is int and value == 3 and pp > 1:
+        return fsdp_problem(None, pp=pp)
     if type(value) is int and value in ZERO:
         return None
-    return (f"zero {value!r} is not 0, 1 or 2 (ZeRO-1: optimizer states and master copy sharded over dp; ZeRO-2: "
-            "gradients too)")
+    return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
+            "ZeRO-2: gradients too; ZeRO-3: parameters too)")
+
+
+def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,
+                 pp: int = 1) -> Optional[str]:
+    """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line."""
+    refusals = [(pp > 1, f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline "
+                         "yet; use --zero 1 or 2 with --pp"),
+                (cfg is not None and cfg.moe is not None or ep > 1, "--zero 3 with MoE layers: fully sharded data parallelism does not "
+                                                "shard experts yet; use --zero 1 or 2"),
+                (replay, "--zero 3 with --replay: a fully sharded step is not replayed yet; leave out --replay"),
+                (save is not None or resume is not None, "--zero 3 with --save or --resume: checkpoints of sharded "
+                                                         "parameters are not written yet")]
+    return next((text for bad, text in refusals if bad), None)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from .params import constant, seeded
 from .stages import Part, part_specs, whole
 from ..axes import DATA, EXPERT, TENSOR, axis_of, roles_of
 from ...nn.autograd import no_grad
+from ...nn.fsdp import fully_shard
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
@@ -84,11 +85,15 @@ class GPT(_Block):
         precision: the run's precision policy (spmdsim.base.precision: "fp64", "fp32", "bf16-mixed"): the
             parameters are made in its parameter dtype and the activations are its activation dtype
             (a row-parallel product's float32 pending sum is rounded to it once summed).
+        fsdp: fully sharded data parallelism (ZeRO-3; spmdsim.nn.fsdp): None, off; True or False, on, with
+            or without resharding after forward. `params` are then the shards over the data axis (the
+            optimizer's), each layer a unit gathered for its forward and backward, the embedding, final norm
+            and head the root unit, gathered once a forward; the forward reads the gathered ones (`use`).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
-                 recompute: str = "none", kept: str = "graph", precision: Any = "fp64") -> None:
+                 recompute: str = "none", kept: str = "graph", precision: Any = "fp64", fsdp: Any = None) -> None:
         problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision)
         if problem:
             raise SpmdsimError(problem)
@@ -128,6 +133,10 @@ class GPT(_Block):
                     _zero_padded_rows(t, cfg.vocab)
             # The policy's parameter dtype: the float64 values rounded once (the reference's start, too).
             self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
+        # The tensors the forward reads: the parameters, or under FSDP the gathered ones of the units running.
+        self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, reshard_after_forward=fsdp)
+        self.params = self.params if self.fsdp is None else self.fsdp.params
+        self.use: dict = self.params if self.fsdp is None else {}
         L = mesh.layout
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.models.moe.layer).
@@ -148,7 +157,7 @@ class GPT(_Block):
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
-        p, cfg = self.params, self.cfg
+        p, cfg = self.use, self.cfg
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence), on tp 1 laid out as the activations already (no move node);
         # each position's embedding added to every sample's row.
@@ -165,7 +174,9 @@ class GPT(_Block):
         recomputation each block is one `checkpoint`, which keeps only its input, and `scale` what its MoE
         layers' router losses are scaled by (a pipeline microbatch's 1/m: chunk_blocks)."""
         for layer in range(self.part.first, self.part.stop):
-            if self.recompute == "full":
+            if self.fsdp is not None:
+                h = self._fsdp_layer(h, layer, step, train, micro, scale)
+            elif self.recompute == "full":
                 pre = f"h{layer}."
                 mine = [t for name, t in self.params.items() if name.startswith(pre)]
                 h = checkpoint(partial(self._recomputed, layer, step, train, micro, scale), h, *mine)
@@ -197,10 +208,60 @@ class GPT(_Block):
         router losses' of the forward that made the region (the backward recomputes it after chunk_blocks)."""
         return self._block(h, layer, step, train, micro, scale)
 
+    def _unit(self, layer: Optional[int]) -> list:
+        """The names of layer `layer`'s parameters (an FSDP unit), or with None the root's (the rest)."""
+        pre = f"h{layer}."
+        if layer is not None:
+            return [name for name in self.params if name.startswith(pre)]
+        return [name for name in self.params if not (name[0] == "h" and name[1:2].isdigit())]
+
+    def _root(self) -> None:
+        """Under FSDP, the root unit gathered for this forward (kept to the end of its backward)."""
+        if self.fsdp is not None:
+            self.use = self.fsdp.gather(self._unit(None))
+
+    def _fsdp_layer(self, h: Any, layer: int, step: Any, train: bool, micro: Any, scale: float) -> Any:
+        """Layer `layer` as an FSDP unit (spmdsim.nn.fsdp.FullyShard.unit). Under full recomputation with
+        resharding its parameters are gathered inside the recomputed region (in its forward, freed after it,
+        and in its recomputation); without resharding once, outside it, and kept as its inputs."""
+        fs, names = self.fsdp, self._unit(layer)
+        if self.recompute != "full":
+            return fs.unit(names, self._unit_block, h, layer, step, train, micro, scale)
+        if fs.reshard_after_forward:
+            run = partial(self._recomputed_unit, names, layer, step, train, micro, scale)
+            return checkpoint(run, h, *(fs.params[n] for n in names))
+        return fs.unit(names, self._checkpointed_unit, h, layer, step, train, micro, scale, reshard=False)
+
+    def _unit_block(self, h: Any, gathered: dict, layer: int, step: Any, train: bool, micro: Any,
+                    scale: float) -> Any:
+        """`_block` reading the unit's gathered parameters."""
+        self.use.update(gathered)
+        try:
+            return self._block(h, layer, step, train, micro, scale)
+        finally:
+            for name in gathered:
+                self.use.pop(name, None)
+
+    def _recomputed_unit(self, names: list, layer: int, step: Any, train: bool, micro: Any, scale: float, h: Any,
+                         *shards: Any) -> Any:
+        """A recomputed region that gathers its own parameters (`shards`: their leaves, the region's inputs)."""
+        return self.fsdp.unit(names, self._unit_block, h, layer, step, train, micro, scale, reshard=False)
+
+    def _checkpointed_unit(self, h: Any, gathered: dict, layer: int, step: Any, train: bool, micro: Any,
+                           scale: float) -> Any:
+        """The block as a recomputed region whose inputs are the unit's gathered parameters."""
+        names = list(gathered)
+        run = partial(self._recomputed_gathered, names, layer, step, train, micro, scale)
+        return checkpoint(run, h, *(gathered[n] for n in names))
+
+    def _recomputed_gathered(self, names: list, layer: int, step: Any, train: bool, micro: Any, scale: float,
+                             h: Any, *params: Any) -> Any:
+        return self._unit_block(h, dict(zip(names, params)), layer, step, train, micro, scale)
+
     def head(self, h: Any, last: bool = False) -> Any:
         """Logits (B, T, V) split over the vocabulary on tp from the last block's activations;
         `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
-        p, cfg = self.params, self.cfg
+        p, cfg = self.use, self.cfg
         if last:
             h = h[-1:]
         with kept_as("head"):
@@ -236,6 +297,7 @@ class GPT(_Block):
         """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out (self.batch, None);
         `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
         self._router_losses, self.moe_stats = [], []
+        self._root()
         return self.head(self.blocks(self.embed(ids, step, train), step, train), last)
 
     def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True,
@@ -243,6 +305,7 @@ class GPT(_Block):
         """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered), plus the
         MoE layers' router losses, weighted (spmdsim.models.gpt.reference.router_loss)."""
         self._router_losses, self.moe_stats = [], []
+        self._root()
         loss = self.head_loss(self.blocks(self.embed(ids, step, train, micro), step, train, micro), targets)
         for extra in self._router_losses:
             loss = loss + ops.resolved(extra)

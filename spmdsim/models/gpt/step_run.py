@@ -31,7 +31,7 @@ class _StepRun:
     with `memory` the bytes it looked at (`report`)."""
 
     def __init__(self, cfg: Any, model: Any, optimizer: Any, params: list, mesh: Any, zero: int,
-                 memory: bool) -> None:
+                 memory: bool, fsdp: bool = False) -> None:
         self.cfg, self.model, self.optimizer, self.params, self.zero, self.memory = (cfg, model, optimizer, params,
                                                                                    zero, memory)
         self.moments: dict = {}  # with `memory`: the totals this step, by moment, and what the graph kept
@@ -45,8 +45,10 @@ class _StepRun:
             optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
         # ZeRO-0's gradient buffer (Megatron DDP's): each bucket's gradients in one flat block the walk writes them
         # into, summed there in place; its look in the backward at each stop of the walk and before each Allreduce
-        self.sums = sums = None if zero else GradBuffer(params, dp_bucket(params, mesh))
-        if memory and not zero:
+        # (FSDP's gradients arrive reduce-scattered onto the shards: no buffer, nothing left pending)
+        self.fsdp = fsdp
+        self.sums = sums = None if zero or fsdp else GradBuffer(params, dp_bucket(params, mesh))
+        if memory and sums is not None:
             sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums)
             sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks, sums)
 
@@ -62,6 +64,10 @@ class _StepRun:
         if self.zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket
             # fills; ZeRO-1's in the step, each gradient put into its main gradient in the walk once it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
+        elif self.fsdp:  # each gradient reduce-scattered by its gather's conjugate in the walk
+            backward(loss)
+            if self.cfg.clip:
+                self.norms.append(clip_grad_norm_(params, self.cfg.clip))
         else:  # each gradient into its bucket's block as the walk gives it; each bucket one Allreduce after it
             backward(loss, keep_pending=params, reduce_with=sums if sums.buckets else None)
             sums.reduce()

@@ -48,7 +48,7 @@ from ...nn.autograd.kept import kept_problem
 from ...layouts.layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
-from .memory import MemoryReport, recompute_problem, zero_problem
+from .memory import MemoryReport, fsdp_problem, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
 from .tolerances import tolerances as mixed_tolerances
 from .params import param_specs
@@ -187,7 +187,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
           recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
           ep: int = 1, precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
-          resume: Optional[str] = None) -> tuple[Any, list]:
+          resume: Optional[str] = None, reshard_after_forward: bool = True) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step run).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -195,8 +195,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
     the same way (with `cfg.clip` too: each replayed step clips by its own norm).
     `recompute`: "none", "selective" or "full" (spmdsim.models.gpt.parallel.GPT's). `zero`: 0 (AdamW), 1
-    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp) or 2 (the same with the
-    gradients sharded too: `zero_options`). `memory`: measure each step's
+    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp), 2 (the same with the gradients
+    sharded too: `zero_options`) or 3 (FSDP: the parameters too, spmdsim.nn.fsdp; `reshard_after_forward` its). `memory`: measure each step's
     bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.models.gpt.parallel.GPT's: what the graph keeps
     for backward). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp),
     ("dp", "ep", "tp")), the batch split over dp x ep (spmdsim.models.moe.layer); the step's loss includes the router
@@ -213,7 +213,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
             recompute, zero, kept, ep, precision, save, save_every, resume)
-    meta = None
+    # ZeRO-3: the model's parameters are the shards, AdamW steps them as it steps any parameter
+    fsdp, zero, meta = (bool(reshard_after_forward), 0, None) if zero == 3 else (None, zero, None)
     if save is not None or resume is not None or save_every:
         meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
                                precision=precision, zero=zero, ep=ep)
@@ -221,12 +222,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if mesh is None:
         shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None)
         mesh = Mesh(Layout(shape, names), comm, roles=roles_of(names))
-    model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
+    model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy, fsdp=fsdp)
     specs = param_specs(cfg)
     tensors = {s.name: model.params[s.name] for s in specs}
     optimizer = _optimizer(cfg, model, mesh, specs, zero)
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
-    run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory)
+    run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory, fsdp is not None)
     # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
     first = 0 if resume is None else load(resume, mesh, tensors, optimizer)
     checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
@@ -263,6 +264,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
             save: Optional[str], save_every: int, resume: Optional[str]) -> None:
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
+               or (fsdp_problem(cfg, ep, replay, save, resume) if zero == 3 else None)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
@@ -273,7 +275,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
         problem = _checkpoint_problem(meta, steps, save, save_every, resume)
         if problem:  # every rank alike (each reads the same metadata file), before any collective
             raise SpmdsimError(problem)
-    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero,
+    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
                                   precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)

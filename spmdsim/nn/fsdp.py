@@ -1,0 +1,167 @@
+"""Fully sharded data parallelism (ZeRO-3; PyTorch FSDP2's ``fully_shard``) over spmdsim's DTensor.
+
+Each parameter becomes a leaf whose layout splits its dim 0 over the mesh's data axis as well (FSDP2's
+``Shard(0)``; after the axes that already split dim 0, so that gathering over the data axis gives back the
+parameter's own layout): a rank holds 1/dp of it, and the optimizer steps those shards. A unit (a layer, or
+the model's root: the embedding and the head) is gathered just before its forward reads it, by one
+redistribution per parameter (`spmdsim.runtime.executor.redistribute`: an Allgather step record the executor
+runs), whose backward is autograd's conjugate of that move: the gradient, a pending sum over the data axis,
+is reduce-scattered onto the shard (a Reduce_scatter step record). No gradient of the whole parameter outlives
+its unit's backward.
+
+With ``reshard_after_forward`` (FSDP2's default) a unit's gathered blocks are freed when its forward ends and
+gathered again when its backward starts: an identity node on the unit's output whose backward runs the
+gathers again (no graph recorded) and puts the blocks back into the very tensors the unit's nodes hold, before
+any of them runs. Without it they stay until the unit's backward is done. Either way an identity node on the
+unit's input frees them once every node of the unit has run its backward (FSDP2's post-backward reshard).
+A unit whose forward runs under ``no_grad`` (evaluation, or a recomputed region's first forward) frees its
+blocks as soon as the forward ends. The root's parameters are gathered once and kept to the end of the
+backward, as FSDP2 keeps its root's.
+
+    >>> # shards = fully_shard(model_params, mesh)            # name -> DTensor
+    >>> # with shards.unit(names) as used: y = f(x, used)      # see `FullyShard.unit`
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+from ..errors import SpmdsimError
+from ..layouts.layout import TensorLayout
+from ..runtime.dtensor import DTensor
+from ..runtime.executor import redistribute
+from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
+from .autograd.kept import nothing, shell
+
+__all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_problem", "GATHERED"]
+
+#: The kind of kept bytes (spmdsim.nn.autograd.kept_bytes) of a unit's gathered parameters held for its backward.
+GATHERED = "gathered parameters"
+
+
+def sharded_layout(layout: TensorLayout, axis: str) -> TensorLayout:
+    """`layout` with dim 0 split over `axis` too, after the axes that already split it (the minor one): the
+    shard FSDP keeps. Pure."""
+    entries = tuple(layout.tensor_map)
+    return TensorLayout(layout.layout, (entries[0] + (axis,),) + entries[1:], layout.partial)
+
+
+def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: str) -> Optional[str]:
+    """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis`, or None: one line,
+    alike on every rank (pure: no collective)."""
+    if not shape:
+        return f"parameter {name!r} is a scalar; fully sharded data parallelism splits dim 0 of each parameter"
+    if layout.partial:
+        return f"parameter {name!r} is a pending sum over {layout.partial!r}; expected a resolved parameter"
+    if any(axis in entry for entry in layout.tensor_map):
+        return f"parameter {name!r} is already split over the data axis {axis!r} ({layout}); expected a layout " \
+               "replicated over it"
+    shards = 1
+    for a in layout.tensor_map[0] + (axis,):
+        shards *= layout.layout.axis_size(a)
+    if shape[0] % shards:
+        return (f"parameter {name!r} dim 0 of size {shape[0]} is not divisible by {shards} shards (axes "
+                f"{layout.tensor_map[0] + (axis,)!r}); fully sharded data parallelism splits dim 0 evenly")
+    return None
+
+
+class FullyShard:
+    """A model's parameters sharded over the data axis (`params`: name -> leaf DTensor, 1/dp each), their
+    whole layouts (`layouts`) and the units that gather them (`unit`, `gather`). Made by `fully_shard`."""
+
+    def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str) -> None:
+        self.mesh, self.reshard_after_forward, self.axis = mesh, bool(reshard_after_forward), axis
+        self.layouts = {name: t.layout for name, t in params.items()}
+        self.params: dict = {}
+        for name, t in params.items():
+            target = sharded_layout(t.layout, axis)
+            with no_grad():  # B -> S(0) over the data axis: a local slice, no communication
+                block = redistribute(t, target).local.copy()  # its own buffer: the whole block can go
+            leaf = DTensor.from_local(mesh, block, target, t.global_shape)
+            self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
+
+    def gather(self, names: Iterable[str]) -> dict:
+        """name -> the parameter whole again on the data axis (its own layout): one Allgather each, recorded
+        (its backward reduce-scatters the gradient onto the shard) where gradients are recorded."""
+        return {name: redistribute(self.params[name], self.layouts[name]) for name in names}
+
+    def unit(self, names: Iterable[str], fn: Callable[..., Any], x: Any, *args: Any,
+             reshard: Optional[bool] = None) -> Any:
+        """``fn(x', gathered, *args)``: one unit's forward, its parameters `names` gathered first (`gather`)
+        and `x'` an identity of the activation `x` whose backward frees them again once the unit's backward
+        is done; with ``reshard_after_forward`` freed when `fn` returns and gathered again before the
+        unit's backward (an identity on the output, see the module docstring). `fn` returns one DTensor.
+        `reshard`: this unit's choice in place of ``reshard_after_forward`` (False in a recomputed region,
+        whose backward follows its forward at once)."""
+        names = list(names)
+        reshard = self.reshard_after_forward if reshard is None else reshard
+        gathered = self.gather(names)
+        recording = is_grad_enabled() and x._ag is not None
+        if recording:
+            x = _identity(x, "fsdp.post_backward", lambda: _free(gathered))
+        out = fn(x, gathered, *args)
+        if not recording:
+            _free(gathered)
+            return out
+        if reshard:
+            _free(gathered)
+            out = _identity(out, "fsdp.pre_backward", lambda: self._regather(names, gathered))
+        return out
+
+    def _regather(self, names: list, gathered: dict) -> None:
+        """The unit's gathers again, no graph recorded, their blocks put into the tensors its nodes hold."""
+        with no_grad():
+            again = self.gather(names)
+        for name in names:
+            gathered[name]._local = again[name]._local
+
+
+def _free(gathered: dict) -> None:
+    """Each gathered tensor's block dropped (a broadcast zero that holds no memory: `nothing`)."""
+    for t in gathered.values():
+        t._local = nothing(t._local.dtype, t._local.shape)
+
+
+def _identity(x: Any, name: str, then: Callable[[], None]) -> Any:
+    """`x` on the same block, one node whose backward calls `then` and passes the gradient on. The node keeps
+    no block of `x` (its `shell`); what `then` reaches (the unit's gathered parameters) it keeps as `GATHERED`."""
+    out = DTensor._trusted(x.mesh, x.local, x.layout, tuple(x.global_shape))
+
+    def backward(dy: Any) -> tuple:
+        then()
+        return (dy,)
+
+    with kept_as(GATHERED):
+        return record(out, name, (shell(x),), backward, reads=(x, out))
+
+
+def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
+                axis: Optional[str] = None) -> FullyShard:
+    """Shard `params` over the data-parallel axis of `mesh` (PyTorch FSDP2's ``fully_shard``).
+
+    Args:
+        params: name -> DTensor (a model's parameters, in the layouts its forward reads them in), or an
+            object with such a ``params`` dict (spmdsim.models.gpt.parallel.GPT).
+        mesh: the mesh they live on; its axis of the "data" role (``mesh.axis("data")``) shards them.
+        reshard_after_forward: free each unit's gathered parameters after its forward and gather them
+            again for its backward (FSDP2's default), or keep them until its backward.
+        axis: the axis to shard over, where the mesh names no data role.
+
+    Returns a `FullyShard`: ``.params`` the sharded leaves (the optimizer's), ``.unit(...)`` a unit's forward.
+    Every rank raises the same one-line error, before any collective, for a parameter it cannot shard.
+    """
+    if hasattr(params, "params") and isinstance(params.params, dict):
+        params = params.params
+    if not isinstance(params, dict):
+        raise SpmdsimError(f"fully_shard: params must be a dict name -> DTensor or a model with .params, got "
+                           f"{type(params).__name__}")
+    axis = axis if axis is not None else mesh.axis("data")
+    if axis is None or axis not in mesh.layout.alias_name:
+        raise SpmdsimError(f"fully_shard: the mesh {mesh.layout.alias_name!r} names no data axis "
+                           f"(roles {mesh.roles!r}); give the mesh a data role or axis=")
+    if type(reshard_after_forward) is not bool:
+        raise SpmdsimError(f"fully_shard: reshard_after_forward {reshard_after_forward!r} must be True or False")
+    for name, t in params.items():
+        problem = shard_problem(name, t.layout, tuple(t.global_shape), axis)
+        if problem:
+            raise SpmdsimError(f"fully_shard: {problem}")
+    return FullyShard(params, mesh, reshard_after_forward, axis)

@@ -1,0 +1,142 @@
+"""Fully sharded data parallelism (ZeRO-3, spmdsim.nn.fsdp) on simulated ranks: the GPT trained with its
+parameters sharded over dp, checked against one numpy process each step; the bytes of each layer's gathers
+and reduce-scatters read from the trace against FSDP's formula; what the graph keeps of the gathered
+parameters with and without resharding after forward; the refusals."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.errors import SpmdsimError
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.memory import fsdp_problem, zero_problem
+from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.nn.fsdp import GATHERED, fully_shard, sharded_layout
+from spmdsim.runtime.trace import collect_trace
+
+CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.1)
+TEXT = encode(load_text(20_000))
+
+
+@pytest.mark.parametrize("dp, tp, sp, reshard, recompute", [
+    (4, 1, False, True, "none"), (2, 2, False, False, "none"), (2, 2, True, True, "full"),
+    (2, 2, True, False, "full"), (2, 2, False, True, "selective")])
+def test_zero3_steps_match_one_numpy_process(dp, tp, sp, reshard, recompute):
+    steps = spmdsim.simulate(dp * tp, lambda: train(CFG, spmdsim.world(), dp, tp, 2, TEXT, sp=sp, zero=3,
+                                                    recompute=recompute, reshard_after_forward=reshard)[1])[0]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+
+
+def test_zero3_gives_zero0s_parameters_with_a_dpth_of_each():
+    """Two steps under ZeRO-3 and ZeRO-0: every rank's shard is the rows of its ZeRO-0 block it holds."""
+    def body(zero):
+        model, _ = train(CFG, spmdsim.world(), 2, 2, 2, TEXT, zero=zero, check=False)
+        return {n: (p.local.copy(), p.slices) for n, p in model.params.items()}
+
+    dense, sharded = (spmdsim.simulate(4, body, zero) for zero in (0, 3))
+    for rank in range(4):
+        for name, (block, where) in sharded[rank].items():
+            whole, own = dense[rank][name]
+            rows = slice(where[0].start - own[0].start, where[0].stop - own[0].start)
+            assert block.shape[0] * 2 == whole.shape[0]
+            np.testing.assert_allclose(block, whole[rows], rtol=1e-12, atol=1e-15)
+
+
+def _block_bytes(layout, shape, rank, itemsize=8) -> int:
+    return int(np.prod([stop - start for start, stop in layout.bounds(rank, shape)])) * itemsize
+
+
+def _traced_step(dp: int, tp: int, reshard: bool, sp: bool = False) -> list:
+    def body():
+        comm = spmdsim.world()
+        with collect_trace() as trace:
+            model, _ = train(CFG, comm, dp, tp, 1, TEXT, sp=sp, zero=3, check=False,
+                             reshard_after_forward=reshard)
+        units = [model._unit(None)] + [model._unit(layer) for layer in range(CFG.layers)]
+        sizes = {n: (model.fsdp.layouts[n], tuple(p.global_shape)) for n, p in model.params.items()}
+        return trace.entries, units, sizes, comm.Get_rank()
+
+    return spmdsim.simulate(dp * tp, body)
+
+
+@pytest.mark.parametrize("dp, tp, sp, reshard", [(4, 1, False, True), (4, 1, False, False), (2, 2, True, True),
+                                                 (2, 2, False, False)])
+def test_each_layers_gathers_and_reduce_scatters_move_fsdps_bytes(dp, tp, sp, reshard):
+    """Each rank receives (n-1)/n of each layer's parameters (its tensor-parallel block of them) in each gather:
+    twice a step with resharding after forward (forward, then again for the backward), once without; the root
+    (embedding, final norm, head) once. Each rank sends (n-1)/n of its gradient blocks in the reduce-scatters.
+    Every gather in the order the units run, every reduce-scatter by its size, on the data axis."""
+    for entries, units, sizes, rank in _traced_step(dp, tp, reshard, sp):
+        need = {n: _block_bytes(layout, shape, rank) * (dp - 1) // dp for n, (layout, shape) in sizes.items()}
+        root, layers = units[0], units[1:]
+        order = root + [n for unit in layers for n in unit]
+        if reshard:
+            order += [n for unit in reversed(layers) for n in unit]
+        gathers = [e for e in entries if e.op == "allgather" and e.axes == ("dp",)]
+        assert [e.bytes_received for e in gathers] == [need[n] for n in order]
+        scatters = [e for e in entries if e.op == "reduce_scatter" and e.axes == ("dp",)]
+        assert sorted(e.bytes_sent for e in scatters) == sorted(need.values())
+        # per layer: (n-1)/n of its parameters' bytes, times the gathers a step
+        per_layer = [sum(need[n] for n in unit) for unit in layers]
+        got = sum(e.bytes_received for e in gathers)
+        assert got == sum(need[n] for n in root) + (2 if reshard else 1) * sum(per_layer)
+        assert sum(e.bytes_sent for e in scatters) == sum(need.values())
+
+
+def test_the_graph_keeps_the_gathered_layers_only_without_resharding():
+    """After the forward: no gathered layer kept with resharding; every layer's gathered blocks without."""
+    def body(reshard):
+        model, results = train(CFG, spmdsim.world(), 2, 2, 1, TEXT, zero=3, check=False, memory=True,
+                               reshard_after_forward=reshard)
+        rank = spmdsim.world().Get_rank()
+        layers = [n for layer in range(CFG.layers) for n in model._unit(layer)]
+        whole = sum(_block_bytes(model.fsdp.layouts[n], tuple(model.params[n].global_shape), rank) for n in layers)
+        return dict(results[0].memory.kept).get(GATHERED, 0), whole
+
+    for reshard in (True, False):
+        for kept, whole in spmdsim.simulate(4, body, reshard):
+            assert kept == (0 if reshard else whole) and whole > 0
+
+
+def test_sharded_layout_splits_dim_0_after_its_axes():
+    mesh = Layout((2, 2), ("dp", "tp"))
+    assert sharded_layout(mesh("tp", None), "dp") == mesh(("tp", "dp"), None)
+    assert sharded_layout(mesh(None, "tp"), "dp") == mesh("dp", "tp")
+
+
+def test_fully_shard_refuses_in_one_line():
+    def body():
+        mesh = spmdsim.Mesh(Layout((2,), ("dp",)), roles={"data": "dp"})
+        odd = spmdsim.DTensor.from_global(mesh, np.ones((3, 4)), mesh.layout(None, None))
+        with pytest.raises(SpmdsimError, match=r"parameter 'w' dim 0 of size 3 is not divisible by 2 shards"):
+            fully_shard({"w": odd}, mesh)
+        with pytest.raises(SpmdsimError, match=r"reshard_after_forward 'yes' must be True or False"):
+            fully_shard({"w": odd}, mesh, reshard_after_forward="yes")
+        plain = spmdsim.Mesh(Layout((2,), ("x",)))
+        with pytest.raises(SpmdsimError, match=r"names no data axis"):
+            fully_shard({"w": spmdsim.DTensor.from_global(plain, np.ones((4,)), plain.layout(None))}, plain)
+        return True
+
+    assert all(spmdsim.simulate(2, body))
+
+
+def test_what_zero3_does_not_run_with_yet_is_refused_in_one_line():
+    assert zero_problem(3) is None and zero_problem(3, pp=2).startswith("--zero 3 with --pp 2")
+    assert fsdp_problem(CFG, replay=True).startswith("--zero 3 with --replay")
+    assert "not 0, 1, 2 or 3" in zero_problem(4)
+    with pytest.raises(SpmdsimError, match="--zero 3 with --replay"):
+        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3, replay=True))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pp", "2", "--zero", "3"], "--zero 3 with --pp 2: fully sharded data parallelism does not run over a "
+                                   "pipeline yet; use --zero 1 or 2 with --pp"),
+    (["--zero", "3", "--reshard-after-forward", "maybe"], "--reshard-after-forward 'maybe' must be true or false")])
+def test_train_gpt_refuses_what_zero3_does_not_compose_with_in_one_line(flags, message):
+    from testkit import run_train_gpt, unfold
+
+    out = run_train_gpt(["--ranks", "2", "--tp", "1", "--steps", "1"] + flags)
+    assert out.returncode == 2 and " step" not in out.stdout, out.stdout
+    assert unfold(out.stderr).strip().splitlines()[-1] == f"spmdsim: error: {message}"
