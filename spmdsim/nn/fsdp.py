@@ -71,6 +71,9 @@ class FullyShard:
     def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str) -> None:
         self.mesh, self.reshard_after_forward, self.axis = mesh, bool(reshard_after_forward), axis
         self.layouts = {name: t.layout for name, t in params.items()}
+        # bytes of gathered blocks held now, and the most held at once since `start` (the memory report's)
+        self.held = self.most = 0
+        self._live: dict = {}  # id -> a gathered tensor whose block is held (not released)
         self.params: dict = {}
         for name, t in params.items():
             target = sharded_layout(t.layout, axis)
@@ -82,7 +85,30 @@ class FullyShard:
     def gather(self, names: Iterable[str]) -> dict:
         """name -> the parameter whole again on the data axis (its own layout): one Allgather each, recorded
         (its backward reduce-scatters the gradient onto the shard) where gradients are recorded."""
-        return {name: redistribute(self.params[name], self.layouts[name]) for name in names}
+        out = {name: redistribute(self.params[name], self.layouts[name]) for name in names}
+        self._held(out.values())
+        return out
+
+    def _held(self, tensors: Iterable[Any]) -> None:
+        for t in tensors:
+            self._live[id(t)] = t
+            self._count(t.local.nbytes)
+
+    def _count(self, nbytes: int) -> None:
+        self.held += nbytes
+        self.most = max(self.most, self.held)
+
+    def start(self) -> None:
+        """Count the most gathered bytes held at once from now on (a step's forward starts)."""
+        self.most = self.held
+
+    def release(self, gathered: dict) -> None:
+        """Free `gathered`'s blocks (a dict `gather` gave) that are still held: a unit after its use, the root
+        when the next forward gathers it again."""
+        for t in gathered.values():
+            if self._live.pop(id(t), None) is not None:
+                self._count(-t._local.nbytes)
+                t._local = nothing(t._local.dtype, t._local.shape)
 
     def unit(self, names: Iterable[str], fn: Callable[..., Any], x: Any, *args: Any,
              reshard: Optional[bool] = None) -> Any:
@@ -97,28 +123,23 @@ class FullyShard:
         gathered = self.gather(names)
         recording = is_grad_enabled() and x._ag is not None
         if recording:
-            x = _identity(x, "fsdp.post_backward", lambda: _free(gathered))
+            x = _identity(x, "fsdp.post_backward", lambda: self.release(gathered))
         out = fn(x, gathered, *args)
         if not recording:
-            _free(gathered)
+            self.release(gathered)
             return out
         if reshard:
-            _free(gathered)
+            self.release(gathered)
             out = _identity(out, "fsdp.pre_backward", lambda: self._regather(names, gathered))
         return out
 
     def _regather(self, names: list, gathered: dict) -> None:
         """The unit's gathers again, no graph recorded, their blocks put into the tensors its nodes hold."""
         with no_grad():
-            again = self.gather(names)
+            again = {name: redistribute(self.params[name], self.layouts[name]) for name in names}
         for name in names:
             gathered[name]._local = again[name]._local
-
-
-def _free(gathered: dict) -> None:
-    """Each gathered tensor's block dropped (a broadcast zero that holds no memory: `nothing`)."""
-    for t in gathered.values():
-        t._local = nothing(t._local.dtype, t._local.shape)
+        self._held(gathered.values())
 
 
 def _identity(x: Any, name: str, then: Callable[[], None]) -> Any:

@@ -91,6 +91,8 @@ class MemoryReport:
     peak: int
     moment: str
     grads_peak: int = 0
+    gathered: int = 0  # ZeRO-3: the most bytes of parameters gathered whole on dp held at once (spmdsim.nn.fsdp)
+    gathered_kept: int = 0  # ZeRO-3: those held at the forward's end, which `kept` counts (the graph holds them)
 
     @property
     def kept_total(self) -> int:
@@ -114,6 +116,9 @@ class MemoryReport:
         out.append(f"  parameters {self.params:,}, gradients {self.grads:,}, master copy {self.master:,}")
         out.append(f"  optimizer states {self.states:,}, buffers {self.buffers:,}")
         out.append(f"  peak {self.peak:,} {self.moment}; gradients at most {self.grads_peak:,}")
+        if self.gathered:
+            out.append(f"  gathered parameters at most {self.gathered:,}, {self.gathered_kept:,} of them kept "
+                       "for backward")
         return out
 
 

@@ -216,8 +216,11 @@ class GPT(_Block):
         return [name for name in self.params if not (name[0] == "h" and name[1:2].isdigit())]
 
     def _root(self) -> None:
-        """Under FSDP, the root unit gathered for this forward (kept to the end of its backward)."""
+        """Under FSDP, the root unit gathered for this forward (kept to the end of its backward; the last
+        forward's freed first, its backward done) and the most gathered bytes counted from here."""
         if self.fsdp is not None:
+            self.fsdp.release(self.use)
+            self.fsdp.start()
             self.use = self.fsdp.gather(self._unit(None))
 
     def _fsdp_layer(self, h: Any, layer: int, step: Any, train: bool, micro: Any, scale: float) -> Any:

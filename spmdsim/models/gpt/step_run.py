@@ -2,6 +2,7 @@
 gradient buffer, the memory looks it takes and the step the trainer's loop runs, captures or replays."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from ...base.buffers import owned_bytes
@@ -60,6 +61,8 @@ class _StepRun:
         optimizer, params, sums = self.optimizer, self.params, self.sums
         optimizer.zero_grad()
         loss = self.model.loss(xd, yd, step)
+        if self.fsdp:  # the gathered blocks the graph holds for backward (the root's; without resharding, all)
+            self.gathered_kept = self.model.fsdp.held
         self.look("after the forward", kept_bytes([loss], exclude=params) if self.memory else None)
         if self.zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket
             # fills; ZeRO-1's in the step, each gradient put into its main gradient in the walk once it is final
@@ -92,6 +95,9 @@ class _StepRun:
         nothing); else None."""
         if self.memory and self.moments:
             self.last_report = _report(step, self.moments, owned_bytes(p.local for p in self.params))
+            if self.fsdp:  # the most gathered bytes held at once in the step (spmdsim.nn.fsdp.FullyShard)
+                self.last_report = replace(self.last_report, gathered=self.model.fsdp.most,
+                                           gathered_kept=self.gathered_kept)
             if replay:  # a replayed step runs no Python to look: the captured step's moments, kept
                 self.captured = dict(self.moments)
             self.moments.clear()

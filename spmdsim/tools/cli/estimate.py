@@ -74,9 +74,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
                         help="activation recomputation (default none)")
-    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2),
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="1: the distributed optimizer (ZeRO-1: states sharded over dp); 2: the gradients too "
-                             "(ZeRO-2; default 0)")
+                             "(ZeRO-2); 3: the parameters too (ZeRO-3, FSDP: each layer gathered for its forward and "
+                             "again for its backward; one stage, one microbatch a step); default 0")
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
                         help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
                              "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "

@@ -31,6 +31,7 @@ from ...base.flops import counting
 from ...emulator.comm import world
 from ...models.gpt.params import is_expert
 from ...models.gpt.pipeline import train_pipelined
+from ...models.gpt.sharded_run import train_sharded
 from ...programs.memory import ENV_VAR
 from ...runtime.sim.run import simulate
 from .steptime import step_time
@@ -125,7 +126,7 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     w = PRECISIONS[precision]
     m = stage.memory
     params = m.params // _RUN
-    master = m.master // _RUN if zero else (params if w.mixed else 0)
+    master = m.master // _RUN if zero in (1, 2) else (params if w.mixed else 0)  # ZeRO-3's: its shards' copy
     masks = sum(n for kind, n in m.kept if kind.endswith(MASKS))  # bools: a byte each at any precision
     values = m.kept_total - masks
     return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
@@ -260,6 +261,7 @@ class StageMemory:
     held: dict
     transient: Transient
     backward: int = 0
+    gathered: int = 0  # ZeRO-3: the most bytes of gathered parameters held beyond those the memory line holds
 
     @property
     def memory(self) -> int:
@@ -270,13 +272,16 @@ class StageMemory:
     def peak(self) -> int:
         """The memory line, the gradients held beyond it (measured) and, for a moment, the largest kernel's or
         product's blocks beside them."""
-        return self.memory + self.backward + self.transient.nbytes
+        return self.memory + self.backward + self.gathered + self.transient.nbytes
 
 
 def stage_memory(stage: StageLedger, precision: str, zero: int) -> StageMemory:
-    """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory)."""
+    """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory); ZeRO-3's
+    gathered parameters beyond the graph's (a unit's, gathered for its forward or backward) in the peak."""
+    m = stage.memory
+    beyond = max(0, m.gathered - m.gathered_kept) // _RUN * PRECISIONS[precision].params
     return StageMemory(priced(stage, precision, zero), largest_transient(stage, precision),
-                       backward_gradients(stage, precision, zero))
+                       backward_gradients(stage, precision, zero), beyond)
 
 
 def peak_bytes(memories: Any) -> int:
@@ -316,7 +321,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
                kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
                split: Optional[tuple] = None) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
-    (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step),
+    (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step;
+    ZeRO-3's spmdsim.models.gpt.sharded_run.train_sharded, one stage),
     its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
@@ -352,7 +358,8 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
 
     def body() -> StageLedger:
         with counting(blocks=True) as flops:
-            run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
+            trainer = train_sharded if zero == 3 else train_pipelined  # ZeRO-3: one stage, fully sharded
+            run, steps = trainer(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split)
         rank = world().Get_rank()

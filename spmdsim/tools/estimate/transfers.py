@@ -35,7 +35,8 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 #: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
 #: layers of an MoE GPT), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
-#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's.
+#: and combine, the router's statistics, the loss's mean; ZeRO-3's gathers of each layer's parameters), a message
+#: between stages the pipeline's. ZeRO-3's Reduce_scatter of a layer's gradients (a redistribution's) is a sum.
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket")
 
@@ -62,7 +63,10 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
                 raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
             n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
             rows = [(e.op, n, e.bytes_sent)]
-            summed = (e.label or "").startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes)
+            label = e.label or ""
+            # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
+            summed = (label.startswith(GRADIENT_LABELS) or e.op == "reduce_scatter" and label.startswith(
+                "redistribute")) and (DATA in axes or EXPERT in axes)
             phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "layers")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
