@@ -191,8 +191,10 @@ def main(args):
             print(f"memory: recompute {args.recompute}"
                   + ({1: "; ZeRO-1 (states and master copy sharded over dp)",
                       2: "; ZeRO-2 (states, master copy and gradients sharded over dp)",
-                      3: "; ZeRO-3 (parameters, gradients and states sharded over dp; resharded after forward: "
-                         f"{args.reshard_after_forward})"}.get(zero, ""))
+                      3: "; ZeRO-3 (all sharded over dp; " + ("each layer gathered again for its backward)"
+                                                                 if args.reshard_after_forward == "true" else
+                                                                 "each layer kept gathered until its backward)")
+                      }.get(zero, ""))
                   + ("; Megatron's kept set" if args.kept == "megatron" else ""))
         if args.precision != "fp64":
             from spmdsim.base.precision import precision

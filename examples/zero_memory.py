@@ -38,8 +38,8 @@ for zero in (0, 1, 2, 3):
     held["peak"] = mem.peak
     columns[zero] = held
 
-print(f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}; "
-      f"dp {args.dp} x tp {args.tp}, {args.micro_batch} sequence(s) a rank; {args.precision}")
+print(f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}")
+print(f"dp {args.dp} x tp {args.tp}, {args.micro_batch} sequence(s) a rank, priced at {args.precision}")
 unit, scale = ("GB (1e9 bytes)", 1e9) if columns[0]["peak"] >= 1e9 else ("MB (1e6 bytes)", 1e6)
 print(f"one rank's {unit:<15} {'ZeRO-0':>9} {'ZeRO-1':>9} {'ZeRO-2':>9} {'ZeRO-3':>9}")
 for row in ROWS:

@@ -39,15 +39,17 @@ GATHERED = "gathered parameters"
 
 
 def sharded_layout(layout: TensorLayout, axis: str) -> TensorLayout:
-    """`layout` with dim 0 split over `axis` too, after the axes that already split it (the minor one): the
-    shard FSDP keeps. Pure."""
+    """`layout` with dim 0 split over `axis` too, after the axes that already split it (the minor one).
+
+    The shard FSDP keeps; gathering it over `axis` gives `layout` back. Pure."""
     entries = tuple(layout.tensor_map)
     return TensorLayout(layout.layout, (entries[0] + (axis,),) + entries[1:], layout.partial)
 
 
 def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: str) -> Optional[str]:
-    """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis`, or None: one line,
-    alike on every rank (pure: no collective)."""
+    """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis`, or None.
+
+    One line, alike on every rank (pure: no collective)."""
     if not shape:
         return f"parameter {name!r} is a scalar; fully sharded data parallelism splits dim 0 of each parameter"
     if layout.partial:
@@ -65,8 +67,11 @@ def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: str) -> O
 
 
 class FullyShard:
-    """A model's parameters sharded over the data axis (`params`: name -> leaf DTensor, 1/dp each), their
-    whole layouts (`layouts`) and the units that gather them (`unit`, `gather`). Made by `fully_shard`."""
+    """A model's parameters sharded over the data axis, made by `fully_shard`.
+
+    `params`: name -> leaf DTensor, 1/dp each (the optimizer's); `layouts`: name -> the layout the forward
+    reads it in; `unit` and `gather` gather them; `held` and `most`: the gathered bytes held now and the most
+    held at once since `start`."""
 
     def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str) -> None:
         self.mesh, self.reshard_after_forward, self.axis = mesh, bool(reshard_after_forward), axis
@@ -121,8 +126,8 @@ class FullyShard:
         names = list(names)
         reshard = self.reshard_after_forward if reshard is None else reshard
         gathered = self.gather(names)
-        recording = is_grad_enabled() and x._ag is not None
-        if recording:
+        recording = is_grad_enabled() and (x._ag is not None or any(t._ag is not None for t in gathered.values()))
+        if recording and x._ag is not None:  # (an input without a graph, the data: freed when the graph goes)
             x = _identity(x, "fsdp.post_backward", lambda: self.release(gathered))
         out = fn(x, gathered, *args)
         if not recording:
