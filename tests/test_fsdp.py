@@ -124,10 +124,20 @@ def test_fully_shard_refuses_in_one_line():
 
 def test_what_zero3_does_not_run_with_yet_is_refused_in_one_line():
     assert zero_problem(3) is None and zero_problem(3, pp=2).startswith("--zero 3 with --pp 2")
-    assert fsdp_problem(CFG, replay=True).startswith("--zero 3 with --replay")
+    assert fsdp_problem(CFG, save="here").startswith("--zero 3 with --save or --resume")
     assert "not 0, 1, 2 or 3" in zero_problem(4)
-    with pytest.raises(SpmdsimError, match="--zero 3 with --replay"):
-        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3, replay=True))
+    with pytest.raises(SpmdsimError, match="--zero 3 with --save or --resume"):
+        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3, save="here"))
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_a_replayed_zero3_step_matches_one_numpy_process(reshard):
+    """Step 0 captured, the later ones replayed (spmdsim.runtime.replay): the gathers, the gathers again for the
+    backward and the Reduce_scatters are kernels of the captured step; every replayed step is checked."""
+    steps = spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 3, TEXT, zero=3, replay=True,
+                                              reshard_after_forward=reshard)[1])[0]
+    assert len(steps) == 3 and all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+    assert len({(r.calls, r.bytes_sent) for r in steps}) == 1
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -51,12 +51,12 @@ def zero_problem(value: Any, pp: int = 1) -> Optional[str]:
 
 def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,
                  pp: int = 1) -> Optional[str]:
-    """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line."""
+    """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line.
+    (`replay`: a fully sharded step replays, its gathers and Reduce_scatters kernels of the captured step.)"""
     refusals = [(pp > 1, f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline "
                          "yet; use --zero 1 or 2 with --pp"),
                 (cfg is not None and cfg.moe is not None or ep > 1, "--zero 3 with MoE layers: fully sharded data parallelism does not "
                                                 "shard experts yet; use --zero 1 or 2"),
-                (replay, "--zero 3 with --replay: a fully sharded step is not replayed yet; leave out --replay"),
                 (save is not None or resume is not None, "--zero 3 with --save or --resume: checkpoints of sharded "
                                                          "parameters are not written yet")]
     return next((text for bad, text in refusals if bad), None)
