@@ -43,7 +43,8 @@ from spmdsim.models.gpt import decode, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import pipeline_layout_problem, train_pipelined
-from spmdsim.models.gpt.memory import fsdp_problem, recompute_problem, zero_problem
+from spmdsim.models.axes import model_layout, roles_of
+from spmdsim.models.gpt.memory import fsdp_problem, recompute_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
 from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
@@ -87,6 +88,9 @@ parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
 parser.add_argument("--reshard-after-forward", default="true", metavar="{true,false}",
                     help="with --zero 3: free each layer's gathered parameters after its forward and gather them "
                          "again for its backward (true, FSDP's default), or keep them until the backward (false)")
+parser.add_argument("--shard-group", type=int, default=None, metavar="N",
+                    help="with --zero 3: hybrid sharding (HSDP), each parameter sharded over groups of N of the dp "
+                         "ranks and replicated across the dp / N groups (default: sharded over all dp ranks)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
@@ -143,6 +147,8 @@ def main(args):
         problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
     if not problem and zero == 3:
         problem = fsdp_problem(cfg, replay=args.replay, save=args.save, resume=args.resume)
+    if not problem and args.shard_group is not None:
+        problem = shard_group_problem(args.shard_group, zero, shape[0])
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
@@ -178,6 +184,9 @@ def main(args):
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
         mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
         print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+        if args.shard_group is not None and args.shard_group < dp:
+            print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks, replicated "
+                  f"over {dp // args.shard_group}")
         if padding_line(cfg, tp):
             print(padding_line(cfg, tp))
         if pipelined(args):
@@ -229,7 +238,12 @@ def main(args):
                                          precision=args.precision, save=args.save, save_every=args.save_every,
                                          resume=args.resume)
     else:
-        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
+        mesh = None
+        if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
+            shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
+            mesh = spmdsim.Mesh(spmdsim.Layout(shape, names), comm, roles=roles_of(names))
+            layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
+        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report, mesh=mesh,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
                                memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
                                save_every=args.save_every, resume=args.resume,

@@ -238,3 +238,34 @@ def test_fully_shard_trains_a_users_mlp_as_the_unsharded_one(reshard):
         for name, (block, where) in sharded[rank].items():
             whole = dense[rank][name][0]
             np.testing.assert_allclose(block, whole[where[0]], rtol=1e-12, atol=1e-14)
+
+
+def _hsdp_mesh(dp: int, fs: int, tp: int):
+    from spmdsim.models.axes import model_layout, roles_of
+
+    shape, names = model_layout(tp, dp, fs=fs)
+    return spmdsim.Mesh(Layout(shape, names), spmdsim.world(), roles=roles_of(names))
+
+
+@pytest.mark.parametrize("reshard, sp", [(True, False), (False, True)])
+def test_hybrid_sharding_on_a_2_by_2_data_parallel_mesh_matches_one_numpy_process(reshard, sp):
+    """HSDP: (dp 2, fs 2, tp 2); each parameter sharded over fs, replicated over dp, the batch over both. Each
+    layer's gathers and Reduce_scatters run over fs only, each shard's gradient then summed over dp."""
+    def body():
+        with collect_trace() as trace:
+            _, steps = train(CFG, spmdsim.world(), 4, 2, 2, TEXT, sp=sp, zero=3, mesh=_hsdp_mesh(2, 2, 2),
+                             reshard_after_forward=reshard)
+        return steps, {(e.op, e.axes) for e in trace.entries if "dp" in e.axes or "fs" in e.axes}
+
+    steps, kinds = spmdsim.simulate(8, body)[0]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+    assert {("allgather", ("fs",)), ("reduce_scatter", ("fs",)), ("allreduce", ("dp",))} <= kinds
+    assert not {k for k in kinds if k[0] in ("allgather", "reduce_scatter") and "dp" in k[1]}
+
+
+def test_a_shard_group_is_refused_in_one_line_unless_it_divides_dp_under_zero3():
+    from spmdsim.models.gpt.memory import shard_group_problem
+
+    assert shard_group_problem(4, 3, 8) is None
+    assert shard_group_problem(3, 3, 8) == "--shard-group 3 must be a positive divisor of the dp ranks (8)"
+    assert shard_group_problem(2, 1, 8) == "--shard-group 2 shards parameters: give --zero 3 with it"

@@ -2,7 +2,8 @@
 
 The GPT (spmdsim.models.gpt), its MoE layers (spmdsim.models.moe), the estimate and autoshard name
 their mesh axes from `ROLES` and nowhere else: the batch over "dp", Megatron's tensor parallelism over
-"tp", the pipeline's stages over "pp", the experts over "ep". A role is one of
+"tp", the pipeline's stages over "pp", the experts over "ep"; with hybrid sharding (HSDP) the parameters
+over "fs", the batch over ("dp", "fs"). A role is one of
 spmdsim.runtime.mesh.AXIS_ROLES; a mesh the models make is given these roles (`roles_of`), and code
 running on a mesh asks it (``mesh.axis("tensor")``) or this table for the axis of a role.
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["ROLES", "DATA", "TENSOR", "PIPELINE", "EXPERT", "roles_of", "axis_of", "model_layout"]
+__all__ = ["ROLES", "DATA", "TENSOR", "PIPELINE", "EXPERT", "SHARD", "roles_of", "axis_of", "model_layout"]
 
 #: role (spmdsim.runtime.mesh.AXIS_ROLES) -> the name of the models' axis that plays it.
-ROLES = {"data": "dp", "tensor": "tp", "pipeline": "pp", "expert": "ep"}
+ROLES = {"data": "dp", "tensor": "tp", "pipeline": "pp", "expert": "ep", "shard": "fs"}
 #: The axes by role, for code that names one.
 DATA, TENSOR, PIPELINE, EXPERT = ROLES["data"], ROLES["tensor"], ROLES["pipeline"], ROLES["expert"]
+#: HSDP's shard group (spmdsim.nn.fsdp): the parameters split over it, replicated over DATA's groups.
+SHARD = ROLES["shard"]
 
 
 def roles_of(names: Iterable[str]) -> dict[str, str]:
@@ -38,8 +41,9 @@ def axis_of(mesh: Any, role: str) -> str | None:
     return name if name in mesh.layout.alias_name else None
 
 
-def model_layout(tp: int, dp: int, ep: int | None = None, pp: int | None = None) -> tuple[tuple, tuple]:
-    """The GPT's mesh as (device matrix, axis names): (pp,) dp, (ep,) tp, pp and ep where given."""
-    sizes = ((PIPELINE, pp), (DATA, dp), (EXPERT, ep), (TENSOR, tp))
+def model_layout(tp: int, dp: int, ep: int | None = None, pp: int | None = None,
+                 fs: int | None = None) -> tuple[tuple, tuple]:
+    """The GPT's mesh as (device matrix, axis names): (pp,) dp, (fs,) (ep,) tp, pp, fs and ep where given."""
+    sizes = ((PIPELINE, pp), (DATA, dp), (SHARD, fs), (EXPERT, ep), (TENSOR, tp))
     kept = [(name, size) for name, size in sizes if size is not None]
     return tuple(size for _, size in kept), tuple(name for name, _ in kept)

@@ -167,7 +167,8 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
     Args:
         params: name -> DTensor (a model's parameters, in the layouts its forward reads them in), or an
             object with such a ``params`` dict (spmdsim.models.gpt.parallel.GPT).
-        mesh: the mesh they live on; its axis of the "data" role (``mesh.axis("data")``) shards them.
+        mesh: the mesh they live on; its axis of the "shard" role shards them, replicated over the data axis
+            (HSDP, FSDP2's 2-D mesh), or where it has none its axis of the "data" role (``mesh.axis("data")``).
         reshard_after_forward: free each unit's gathered parameters after its forward and gather them
             again for its backward (FSDP2's default), or keep them until its backward.
         axis: the axis to shard over, where the mesh names no data role.
@@ -180,7 +181,7 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
     if not isinstance(params, dict):
         raise SpmdsimError(f"fully_shard: params must be a dict name -> DTensor or a model with .params, got "
                            f"{type(params).__name__}")
-    axis = axis if axis is not None else mesh.axis("data")
+    axis = axis if axis is not None else (mesh.axis("shard") or mesh.axis("data"))
     if axis is None or axis not in mesh.layout.alias_name:
         raise SpmdsimError(f"fully_shard: the mesh {mesh.layout.alias_name!r} names no data axis "
                            f"(roles {mesh.roles!r}); give the mesh a data role or axis=")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "shard_group_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
@@ -47,6 +47,16 @@ def zero_problem(value: Any, pp: int = 1) -> Optional[str]:
         return None
     return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
             "ZeRO-2: gradients too; ZeRO-3: parameters too)")
+
+
+def shard_group_problem(value: Any, zero: Any, dp: int) -> Optional[str]:
+    """Why `value` is not a shard group (HSDP: the dp ranks each parameter is sharded over) of a run with ZeRO
+    stage `zero` on `dp` data-parallel ranks, or None: one line."""
+    if zero != 3:
+        return f"--shard-group {value} shards parameters: give --zero 3 with it"
+    if type(value) is not int or value < 1 or dp % value:
+        return f"--shard-group {value!r} must be a positive divisor of the dp ranks ({dp})"
+    return None
 
 
 def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,

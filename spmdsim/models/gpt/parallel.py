@@ -37,7 +37,7 @@ from ...base.precision import precision as get_precision, precision_problem
 from ...runtime.executor import redistribute
 from .params import constant, seeded
 from .stages import Part, part_specs, whole
-from ..axes import DATA, EXPERT, TENSOR, axis_of, roles_of
+from ..axes import DATA, EXPERT, SHARD, TENSOR, axis_of, roles_of
 from ...nn.autograd import no_grad
 from ...nn.fsdp import fully_shard
 from ...runtime.dtensor import DTensor
@@ -64,7 +64,8 @@ class GPT(_Block):
     Args:
         cfg: the model (spmdsim.models.gpt.GPTConfig).
         mesh: a spmdsim Mesh whose layout has axes ("dp", "tp"), or ("dp", "ep", "tp") with MoE layers
-            (cfg.moe; spmdsim.models.moe.layer: the batch split over ("dp", "ep"), the experts over "ep").
+            (cfg.moe; spmdsim.models.moe.layer: the batch split over ("dp", "ep"), the experts over "ep"), or
+            with `fsdp` ("dp", "fs", "tp") (HSDP: the parameters sharded over "fs", the batch over both).
         sp: sequence parallelism.
         layouts: parameter name -> TensorLayout, overriding `megatron_layouts` (any dialect's layout,
             converted to a TensorLayout: spmdsim.layouts.dialects).
@@ -101,13 +102,15 @@ class GPT(_Block):
         param_dtype = None if policy.param == "float64" else policy.dtype("param")
 
         names = tuple(mesh.layout.alias_name)
-        if names not in ((DATA, TENSOR), (DATA, EXPERT, TENSOR)):
-            raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r} or {(DATA, EXPERT, TENSOR)!r}, "
-                               f"got {names!r}")
+        if names not in ((DATA, TENSOR), (DATA, EXPERT, TENSOR)) and not (names == (DATA, SHARD, TENSOR) and fsdp
+                                                                           is not None):
+            raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r} or {(DATA, EXPERT, TENSOR)!r} "
+                               f"(or, fully sharded, {(DATA, SHARD, TENSOR)!r}), got {names!r}")
         if any(axis_of(mesh, role) != axis for role, axis in roles_of(names).items()):
             raise SpmdsimError(f"the GPT's mesh axes play the roles {roles_of(names)!r}, but the mesh was given "
                                f"the roles {mesh.roles!r}")
         dp, tp = mesh.layout.axis_size(DATA), mesh.layout.axis_size(TENSOR)
+        dp *= mesh.layout.axis_size(SHARD) if SHARD in names else 1  # HSDP: the batch over (dp, fs)
         ep = mesh.layout.axis_size(EXPERT) if EXPERT in names else 1
         problem = mesh_problem(cfg, dp, tp, sp, ep)
         if problem:
@@ -140,7 +143,7 @@ class GPT(_Block):
         L = mesh.layout
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.models.moe.layer).
-        self.batch = (DATA, EXPERT) if EXPERT in names else DATA
+        self.batch = (DATA, EXPERT) if EXPERT in names else (DATA, SHARD) if SHARD in names else DATA
         self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
         self.act = L(TENSOR, self.batch, None) if sp else self.full
@@ -333,7 +336,7 @@ class GPT(_Block):
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         cfg, mesh = self.cfg, self.mesh
-        dp = mesh.layout.axis_size(DATA) * (mesh.layout.axis_size(EXPERT) if EXPERT in mesh.layout.alias_name else 1)
+        dp = mesh.layout.group_size((self.batch,) if isinstance(self.batch, str) else self.batch)  # a window each
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0
