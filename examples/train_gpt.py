@@ -88,6 +88,9 @@ parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
 parser.add_argument("--reshard-after-forward", default="true", metavar="{true,false}",
                     help="with --zero 3: free each layer's gathered parameters after its forward and gather them "
                          "again for its backward (true, FSDP's default), or keep them until the backward (false)")
+parser.add_argument("--prefetch", action="store_true",
+                    help="with --zero 3: gather the next layer's parameters before each layer's forward, and the "
+                         "previous layer's before each layer's backward (FSDP's prefetch)")
 parser.add_argument("--shard-group", type=int, default=None, metavar="N",
                     help="with --zero 3: hybrid sharding (HSDP), each parameter sharded over groups of N of the dp "
                          "ranks and replicated across the dp / N groups (default: sharded over all dp ranks)")
@@ -147,6 +150,8 @@ def main(args):
         problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
     if not problem and zero == 3:
         problem = fsdp_problem(cfg, replay=args.replay, save=args.save, resume=args.resume)
+    if not problem and args.prefetch and zero != 3:
+        problem = "--prefetch gathers parameters ahead: give --zero 3 with it"
     if not problem and args.shard_group is not None:
         problem = shard_group_problem(args.shard_group, zero, shape[0])
     problem = problem or precision_problem(args.precision)
@@ -247,7 +252,7 @@ def main(args):
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
                                memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
                                save_every=args.save_every, resume=args.resume,
-                               reshard_after_forward=args.reshard_after_forward == "true")
+                               reshard_after_forward=args.reshard_after_forward == "true", prefetch=args.prefetch)
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")

@@ -269,3 +269,26 @@ def test_a_shard_group_is_refused_in_one_line_unless_it_divides_dp_under_zero3()
     assert shard_group_problem(4, 3, 8) is None
     assert shard_group_problem(3, 3, 8) == "--shard-group 3 must be a positive divisor of the dp ranks (8)"
     assert shard_group_problem(2, 1, 8) == "--shard-group 2 shards parameters: give --zero 3 with it"
+
+
+def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():
+    """With prefetch the next layer's gathers run before each layer's forward (the previous layer's before each
+    layer's backward): the same collectives and bytes, the same values, and two layers' gathered parameters held
+    at once beside the root's, the real run's and the dry run's ledger's alike."""
+    from spmdsim.models.gpt.sharded_run import train_sharded
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    def body(prefetch):
+        run, steps = train_sharded(CFG, spmdsim.world(), 1, 2, 2, 2, TEXT, memory=True, prefetch=prefetch)
+        run.close()
+        return steps
+
+    plain, ahead = (spmdsim.simulate(4, body, p) for p in (False, True))
+    for a, b in zip(plain, ahead):
+        assert all(r.passed for r in a + b)
+        assert [(r.calls, r.bytes_sent, r.loss) for r in a] == [(r.calls, r.bytes_sent, r.loss) for r in b]
+        root = a[-1].memory.gathered_kept
+        one = a[-1].memory.gathered - root
+        assert b[-1].memory.gathered == root + 2 * one and one > 0
+    (stage,) = gpt_ledger(CFG, 1, 2, 2, zero=3, prefetch=True)
+    assert stage.memory.gathered == ahead[0][-1].memory.gathered

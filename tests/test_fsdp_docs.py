@@ -22,12 +22,13 @@ def _shown() -> list:
 
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
-    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] + [False] * 3 + [True] + [False] * 2
+    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] + [False] * 3 + [True] * 2 + \
+        [False] * 3
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[10:])  # a subcommand's name in prose
+    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[11:])  # a subcommand's name in prose
 
 
-@pytest.mark.parametrize("index", [0, 5, 9])
+@pytest.mark.parametrize("index", [0, 5, 9, 10])
 def test_a_quoted_command_prints_what_the_page_quotes(index):
     assert_prints_quote(_shown()[index])
 
@@ -59,3 +60,19 @@ def test_keeping_the_gathered_layers_holds_what_the_page_says():
     assert "gathered parameters at most 3,315,712, 3,315,712 of them kept for backward" in done.stdout
     text = " ".join((ROOT / DOC).read_text().split())
     assert "without it 3,315,712, all of them kept for backward" in text
+
+
+def test_the_prefetch_figures_are_the_estimates():
+    """The page's 0.38 and 0.75 GiB: the estimate's gathered layers beside the memory line, without and with
+    --prefetch, for the 7.5B model."""
+    from docs_commands import run_here
+
+    argv = ["estimate", "gpt", "--layers", "36", "--hidden", "4096", "--heads", "32", "--seq", "1024", "--vocab",
+            "51200", "--micro-batch", "1", "--global-batch", "64", "--dp", "64", "--precision", "fp16-mixed",
+            "--zero", "3"]
+    for extra, gib in (([], "0.38"), (["--prefetch"], "0.75")):
+        code, out, err = run_here("main", argv + extra)
+        assert code == 0, err
+        assert f"{gib} GiB of the layers' gathered parameters" in " ".join(out.split())
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert "0.75 GiB of gathered layers instead of 0.38 GiB for the 7.5B model" in text

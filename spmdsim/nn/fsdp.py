@@ -73,8 +73,13 @@ class FullyShard:
     reads it in; `unit` and `gather` gather them; `held` and `most`: the gathered bytes held now and the most
     held at once since `start`."""
 
-    def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str) -> None:
+    def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str,
+                 prefetch: bool = False) -> None:
         self.mesh, self.reshard_after_forward, self.axis = mesh, bool(reshard_after_forward), axis
+        self.prefetch = bool(prefetch)
+        # prefetched: the next unit's gathered tensors (forward), the previous unit's blocks (backward), by names
+        self._ahead: dict = {}
+        self._behind: dict = {}
         self.layouts = {name: t.layout for name, t in params.items()}
         # bytes of gathered blocks held now, and the most held at once since `start` (the memory report's)
         self.held = self.most = 0
@@ -116,16 +121,21 @@ class FullyShard:
                 t._local = nothing(t._local.dtype, t._local.shape)
 
     def unit(self, names: Iterable[str], fn: Callable[..., Any], x: Any, *args: Any,
-             reshard: Optional[bool] = None) -> Any:
+             reshard: Optional[bool] = None, after: Optional[list] = None, before: Optional[list] = None) -> Any:
         """``fn(x', gathered, *args)``: one unit's forward, its parameters `names` gathered first (`gather`)
         and `x'` an identity of the activation `x` whose backward frees them again once the unit's backward
         is done; with ``reshard_after_forward`` freed when `fn` returns and gathered again before the
         unit's backward (an identity on the output, see the module docstring). `fn` returns one DTensor.
         `reshard`: this unit's choice in place of ``reshard_after_forward`` (False in a recomputed region,
-        whose backward follows its forward at once)."""
+        whose backward follows its forward at once). With ``prefetch``, `after` (the next unit's names) are
+        gathered before `fn` runs, and `before` (the previous unit's) before this unit's backward runs
+        (FSDP's forward and backward prefetch: two units' gathered parameters held at once)."""
         names = list(names)
         reshard = self.reshard_after_forward if reshard is None else reshard
-        gathered = self.gather(names)
+        gathered = self._ahead.pop(tuple(names), None) or self.gather(names)
+        if self.prefetch and after:
+            self._ahead[tuple(after)] = self.gather(after)
+        before = before if self.prefetch else None
         recording = is_grad_enabled() and (x._ag is not None or any(t._ag is not None for t in gathered.values()))
         if recording and x._ag is not None:  # (an input without a graph, the data: freed when the graph goes)
             x = _identity(x, "fsdp.post_backward", lambda: self.release(gathered))
@@ -135,16 +145,26 @@ class FullyShard:
             return out
         if reshard:
             self.release(gathered)
-            out = _identity(out, "fsdp.pre_backward", lambda: self._regather(names, gathered))
+            out = _identity(out, "fsdp.pre_backward", lambda: self._regather(names, gathered, before))
         return out
 
-    def _regather(self, names: list, gathered: dict) -> None:
-        """The unit's gathers again, no graph recorded, their blocks put into the tensors its nodes hold."""
-        with no_grad():
-            again = {name: redistribute(self.params[name], self.layouts[name]) for name in names}
+    def _regather(self, names: list, gathered: dict, before: Optional[list] = None) -> None:
+        """The unit's gathers again (or their blocks prefetched), no graph recorded, put into the tensors its
+        nodes hold; with `before`, the previous unit's gathered ahead of its backward."""
+        again = self._behind.pop(tuple(names), None) or self._fetch(names)
         for name in names:
-            gathered[name]._local = again[name]._local
-        self._held(gathered.values())
+            t = gathered[name]
+            t._local = again[name]
+            self._live[id(t)] = t
+        if before:
+            self._behind[tuple(before)] = self._fetch(before)
+
+    def _fetch(self, names: list) -> dict:
+        """name -> the block of the parameter gathered (no graph recorded), counted as held."""
+        with no_grad():
+            blocks = {name: redistribute(self.params[name], self.layouts[name]).local for name in names}
+        self._count(sum(b.nbytes for b in blocks.values()))
+        return blocks
 
 
 def _identity(x: Any, name: str, then: Callable[[], None]) -> Any:
@@ -161,7 +181,7 @@ def _identity(x: Any, name: str, then: Callable[[], None]) -> Any:
 
 
 def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
-                axis: Optional[str] = None) -> FullyShard:
+                axis: Optional[str] = None, prefetch: bool = False) -> FullyShard:
     """Shard `params` over the data-parallel axis of `mesh` (PyTorch FSDP2's ``fully_shard``).
 
     Args:
@@ -172,6 +192,8 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
         reshard_after_forward: free each unit's gathered parameters after its forward and gather them
             again for its backward (FSDP2's default), or keep them until its backward.
         axis: the axis to shard over, where the mesh names no data role.
+        prefetch: gather the next unit's parameters before a unit's forward runs, and the previous unit's
+            before a unit's backward runs (FSDP's forward and backward prefetch; `FullyShard.unit`).
 
     Returns a `FullyShard`: ``.params`` the sharded leaves (the optimizer's), ``.unit(...)`` a unit's forward.
     Every rank raises the same one-line error, before any collective, for a parameter it cannot shard.
@@ -185,10 +207,11 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
     if axis is None or axis not in mesh.layout.alias_name:
         raise SpmdsimError(f"fully_shard: the mesh {mesh.layout.alias_name!r} names no data axis "
                            f"(roles {mesh.roles!r}); give the mesh a data role or axis=")
-    if type(reshard_after_forward) is not bool:
-        raise SpmdsimError(f"fully_shard: reshard_after_forward {reshard_after_forward!r} must be True or False")
+    for flag, value in (("reshard_after_forward", reshard_after_forward), ("prefetch", prefetch)):
+        if type(value) is not bool:
+            raise SpmdsimError(f"fully_shard: {flag} {value!r} must be True or False")
     for name, t in params.items():
         problem = shard_problem(name, t.layout, tuple(t.global_shape), axis)
         if problem:
             raise SpmdsimError(f"fully_shard: {problem}")
-    return FullyShard(params, mesh, reshard_after_forward, axis)
+    return FullyShard(params, mesh, reshard_after_forward, axis, prefetch)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "shard_group_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "shard_group_problem",
+           "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
@@ -59,14 +60,27 @@ def shard_group_problem(value: Any, zero: Any, dp: int) -> Optional[str]:
     return None
 
 
+def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -> Optional[str]:
+    """Why a fully sharded step cannot run as these pipeline arguments ask, or None: one line."""
+    if pp > 1 or virtual > 1:
+        return f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline yet"
+    if microbatches > 1:
+        return (f"--zero 3 with {microbatches} microbatches a step: a fully sharded step runs one; give "
+                "--global-batch = --micro-batch x --dp")
+    if ep > 1:
+        return "--zero 3 with --ep: fully sharded data parallelism does not shard experts yet"
+    return None
+
+
 def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,
                  pp: int = 1) -> Optional[str]:
     """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line.
     (`replay`: a fully sharded step replays, its gathers and Reduce_scatters kernels of the captured step.)"""
     refusals = [(pp > 1, f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline "
                          "yet; use --zero 1 or 2 with --pp"),
-                (cfg is not None and cfg.moe is not None or ep > 1, "--zero 3 with MoE layers: fully sharded data parallelism does not "
-                                                "shard experts yet; use --zero 1 or 2"),
+                (cfg is not None and cfg.moe is not None or ep > 1,
+                 "--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet; use --zero 1 "
+                 "or 2"),
                 (save is not None or resume is not None, "--zero 3 with --save or --resume: checkpoints of sharded "
                                                          "parameters are not written yet")]
     return next((text for bad, text in refusals if bad), None)

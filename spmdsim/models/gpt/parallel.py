@@ -87,9 +87,10 @@ class GPT(_Block):
             parameters are made in its parameter dtype and the activations are its activation dtype
             (a row-parallel product's float32 pending sum is rounded to it once summed).
         fsdp: fully sharded data parallelism (ZeRO-3; spmdsim.nn.fsdp): None, off; True or False, on, with
-            or without resharding after forward. `params` are then the shards over the data axis (the
-            optimizer's), each layer a unit gathered for its forward and backward, the embedding, final norm
-            and head the root unit, gathered once a forward; the forward reads the gathered ones (`use`).
+            or without resharding after forward; or a dict of fully_shard's options (prefetch too). `params`
+            are then the shards over the data axis (the optimizer's), each layer a unit gathered for its
+            forward and backward, the embedding, final norm and head the root unit, gathered once a
+            forward; the forward reads the gathered ones (`use`).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
@@ -137,7 +138,8 @@ class GPT(_Block):
             # The policy's parameter dtype: the float64 values rounded once (the reference's start, too).
             self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
         # The tensors the forward reads: the parameters, or under FSDP the gathered ones of the units running.
-        self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, reshard_after_forward=fsdp)
+        options = {"reshard_after_forward": fsdp} if isinstance(fsdp, bool) else fsdp  # fully_shard's
+        self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, **options)
         self.params = self.params if self.fsdp is None else self.fsdp.params
         self.use: dict = self.params if self.fsdp is None else {}
         L = mesh.layout
@@ -231,8 +233,10 @@ class GPT(_Block):
         resharding its parameters are gathered inside the recomputed region (in its forward, freed after it,
         and in its recomputation); without resharding once, outside it, and kept as its inputs."""
         fs, names = self.fsdp, self._unit(layer)
-        if self.recompute != "full":
-            return fs.unit(names, self._unit_block, h, layer, step, train, micro, scale)
+        if self.recompute != "full":  # (prefetching, the next layer's names and the previous one's)
+            after = self._unit(layer + 1) if layer + 1 < self.part.stop else None
+            before = self._unit(layer - 1) if layer > self.part.first else None
+            return fs.unit(names, self._unit_block, h, layer, step, train, micro, scale, after=after, before=before)
         if fs.reshard_after_forward:
             run = partial(self._recomputed_unit, names, layer, step, train, micro, scale)
             return checkpoint(run, h, *(fs.params[n] for n in names))

@@ -11,9 +11,10 @@ import numpy as np
 
 from ...errors import SpmdsimError
 from ...runtime.trace import collect_trace
+from .memory import sharded_problem
 from .train import train
 
-__all__ = ["ShardedRun", "train_sharded", "sharded_problem"]
+__all__ = ["ShardedRun", "train_sharded"]
 
 
 @dataclass
@@ -30,23 +31,11 @@ class ShardedRun:
         self.mesh.close()
 
 
-def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -> Optional[str]:
-    """Why a fully sharded step cannot run as these pipeline arguments ask, or None: one line."""
-    if pp > 1 or virtual > 1:
-        return f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline yet"
-    if microbatches > 1:
-        return (f"--zero 3 with {microbatches} microbatches a step: a fully sharded step runs one; give "
-                "--global-batch = --micro-batch x --dp")
-    if ep > 1:
-        return "--zero 3 with --ep: fully sharded data parallelism does not shard experts yet"
-    return None
-
-
 def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray, *,
                   sp: bool = False, schedule: str = "1f1b", microbatches: int = 1, virtual: int = 1,
                   recompute: str = "none", zero: int = 3, kept: str = "graph", memory: bool = False,
                   check: bool = True, ep: int = 1, split: Any = None,
-                  reshard_after_forward: bool = True) -> tuple[ShardedRun, list]:
+                  reshard_after_forward: bool = True, prefetch: bool = False) -> tuple[ShardedRun, list]:
     """`train(..., zero=3)` on a (dp, tp) mesh over `comm`, its steps traced: (the runner, one StepResult a step).
     `schedule` and `split` have nothing to choose on one stage; the other pipeline arguments are refused where
     they ask for more than one stage, microbatch or expert rank (`sharded_problem`)."""
@@ -55,5 +44,6 @@ def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, te
         raise SpmdsimError(problem)
     with collect_trace() as trace:
         model, results = train(cfg, comm, dp, tp, steps, text_ids, sp=sp, check=check, recompute=recompute,
-                               zero=zero, memory=memory, kept=kept, reshard_after_forward=reshard_after_forward)
+                               zero=zero, memory=memory, kept=kept, reshard_after_forward=reshard_after_forward,
+                               prefetch=prefetch)
     return ShardedRun(model.params, trace, model.mesh), results

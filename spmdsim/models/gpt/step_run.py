@@ -95,12 +95,14 @@ class _StepRun:
         nothing); else None."""
         if self.memory and self.moments:
             self.last_report = _report(step, self.moments, owned_bytes(p.local for p in self.params))
-            if self.fsdp:  # the most gathered bytes held at once in the step (spmdsim.nn.fsdp.FullyShard)
-                self.last_report = replace(self.last_report, gathered=self.model.fsdp.most,
-                                           gathered_kept=self.gathered_kept)
+            if self.fsdp:  # the most gathered bytes held at once in the step (spmdsim.nn.fsdp.FullyShard); a
+                # replayed step's are its captured step's
+                self.gathered = {"gathered": self.model.fsdp.most, "gathered_kept": self.gathered_kept}
+                self.last_report = replace(self.last_report, **self.gathered)
             if replay:  # a replayed step runs no Python to look: the captured step's moments, kept
                 self.captured = dict(self.moments)
             self.moments.clear()
         elif self.memory and replay and step:  # the captured step's looks as any later step's (`_steady`)
-            self.last_report = _report(step, _steady(self.captured), owned_bytes(p.local for p in self.params))
+            self.last_report = replace(_report(step, _steady(self.captured), owned_bytes(p.local for p in self.params)),
+                                       **(self.gathered if self.fsdp else {}))
         return self.last_report

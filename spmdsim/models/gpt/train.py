@@ -187,7 +187,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
           recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
           ep: int = 1, precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
-          resume: Optional[str] = None, reshard_after_forward: bool = True) -> tuple[Any, list]:
+          resume: Optional[str] = None, reshard_after_forward: bool = True, prefetch: bool = False) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step run).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -196,11 +196,11 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     the same way (with `cfg.clip` too: each replayed step clips by its own norm).
     `recompute`: "none", "selective" or "full" (spmdsim.models.gpt.parallel.GPT's). `zero`: 0 (AdamW), 1
     (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp), 2 (the same with the gradients
-    sharded too: `zero_options`) or 3 (FSDP: the parameters too, spmdsim.nn.fsdp; `reshard_after_forward` its). `memory`: measure each step's
-    bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.models.gpt.parallel.GPT's: what the graph keeps
-    for backward). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp),
-    ("dp", "ep", "tp")), the batch split over dp x ep (spmdsim.models.moe.layer); the step's loss includes the router
-    losses.
+    sharded too: `zero_options`) or 3 (FSDP: the parameters too, spmdsim.nn.fsdp; `reshard_after_forward`,
+    `prefetch`: its). `memory`: measure each step's bytes into StepResult.memory. `kept`: "graph" or
+    "megatron" (spmdsim.models.gpt.parallel.GPT's: what the graph keeps for backward). `ep`: with MoE layers
+    (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp), ("dp", "ep", "tp")), the batch split
+    over dp x ep (spmdsim.models.moe.layer); the step's loss includes the router losses.
     `precision`: the precision policy (spmdsim.base.precision: "fp64", "fp32", "bf16-mixed"); the reference
     step then runs under it (spmdsim.models.gpt.mixed) and the check's tolerance is the policy's
     (spmdsim.models.gpt.tolerances.tolerances: the optimizer checked on the run's own gradients).
@@ -214,7 +214,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
             recompute, zero, kept, ep, precision, save, save_every, resume)
     # ZeRO-3: the model's parameters are the shards, AdamW steps them as it steps any parameter
-    fsdp, zero, meta = (bool(reshard_after_forward), 0, None) if zero == 3 else (None, zero, None)
+    (fsdp, zero), meta = _fsdp_options(zero, reshard_after_forward, prefetch), None
     if save is not None or resume is not None or save_every:
         meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
                                precision=precision, zero=zero, ep=ep)
@@ -257,6 +257,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
             save_checkpoint(save, meta, step + 1, mesh, tensors, optimizer)
     return model, results
+
+
+def _fsdp_options(zero: int, reshard_after_forward: Any, prefetch: Any) -> tuple[Optional[dict], int]:
+    """(fully_shard's options for the model, the optimizer's ZeRO stage): ZeRO-3's, AdamW on the shards."""
+    if zero != 3:
+        return None, zero
+    return {"reshard_after_forward": bool(reshard_after_forward), "prefetch": bool(prefetch)}, 0
 
 
 def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,

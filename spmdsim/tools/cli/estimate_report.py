@@ -37,7 +37,8 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
                             schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
-                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split)
+                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split,
+                            prefetch=args.prefetch)
     except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
@@ -246,7 +247,7 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
         w = PRECISIONS[precision].params
         out.append(f"    gathered parameters at most {_gib(st.memory.gathered // _RUN * w)} at once, "
                    f"{_gib(st.memory.gathered_kept // _RUN * w)} of them kept for backward (in the activations)")
-        beside += f", {_gib(mem.gathered)} of a unit's gathered parameters" if mem.gathered else ""
+        beside += f", {_gib(mem.gathered)} of the layers' gathered parameters" if mem.gathered else ""
     out.append(f"  peak (transient included) {_gib(mem.peak)}: the memory above{beside} and, "
                f"for a moment, the blocks of {transient.what}: {_gib(transient.nbytes)}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))

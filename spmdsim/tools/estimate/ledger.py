@@ -319,10 +319,10 @@ _KEEP = 256
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
                kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
-               split: Optional[tuple] = None) -> list[StageLedger]:
+               split: Optional[tuple] = None, prefetch: bool = False) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
     (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step;
-    ZeRO-3's spmdsim.models.gpt.sharded_run.train_sharded, one stage),
+    ZeRO-3's spmdsim.models.gpt.sharded_run.train_sharded, one stage, with `prefetch` FSDP's),
     its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
@@ -331,15 +331,15 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
     split = None if split is None else tuple(split)
     key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
-           os.environ.get(ENV_VAR, ""), split)
+           os.environ.get(ENV_VAR, ""), split, prefetch)
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
         return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node, ep, split)
+                           gpus_per_node, ep, split, prefetch)
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node, ep, split))
+                                  gpus_per_node, ep, split, prefetch))
         while len(_LEDGERS) >= _KEEP:
             del _LEDGERS[next(iter(_LEDGERS))]
         _LEDGERS[key] = known
@@ -348,7 +348,7 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
                 recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1,
-                split: Optional[tuple] = None) -> list[StageLedger]:
+                split: Optional[tuple] = None, prefetch: bool = False) -> list[StageLedger]:
     """`gpt_ledger`'s dry run."""
     import numpy as np
 
@@ -361,7 +361,8 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
             trainer = train_sharded if zero == 3 else train_pipelined  # ZeRO-3: one stage, fully sharded
             run, steps = trainer(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
-                                         zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split)
+                                         zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
+                                         **({"prefetch": prefetch} if zero == 3 else {}))
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())
