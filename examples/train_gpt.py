@@ -154,6 +154,8 @@ def main(args):
         problem = "--prefetch gathers parameters ahead: give --zero 3 with it"
     if not problem and args.shard_group is not None:
         problem = shard_group_problem(args.shard_group, zero, shape[0])
+    if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
+        problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"

@@ -124,10 +124,27 @@ def test_fully_shard_refuses_in_one_line():
 
 def test_what_zero3_does_not_run_with_yet_is_refused_in_one_line():
     assert zero_problem(3) is None and zero_problem(3, pp=2).startswith("--zero 3 with --pp 2")
-    assert fsdp_problem(CFG, save="here").startswith("--zero 3 with --save or --resume")
+    assert fsdp_problem(CFG, ep=2).startswith("--zero 3 with MoE layers")
     assert "not 0, 1, 2 or 3" in zero_problem(4)
-    with pytest.raises(SpmdsimError, match="--zero 3 with --save or --resume"):
-        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3, save="here"))
+
+
+def test_a_stopped_zero3_run_resumes_bit_for_bit(tmp_path):
+    """Saved after 2 steps and resumed to 4: the same losses and shards as the run that never stopped; a run
+    that is not fully sharded refuses the checkpoint in one line (its layouts are the shards')."""
+    where = str(tmp_path / "ckpt")
+
+    def body(steps, **kw):
+        model, results = train(CFG, spmdsim.world(), 2, 2, steps, TEXT, zero=3, **kw)
+        return [r.loss for r in results], {n: p.local.copy() for n, p in model.params.items()}
+
+    whole = spmdsim.simulate(4, body, 4)
+    spmdsim.simulate(4, body, 2, save=where)
+    resumed = spmdsim.simulate(4, body, 4, resume=where)
+    for (losses, blocks), (tail, again) in zip(whole, resumed):
+        assert tail == losses[2:]
+        assert all(np.array_equal(blocks[n], again[n]) for n in blocks)
+    with pytest.raises(SpmdsimError, match=r"the checkpoint's layouts has wte"):
+        spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 4, TEXT, resume=where))
 
 
 @pytest.mark.parametrize("reshard", [True, False])

@@ -75,14 +75,13 @@ def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -
 def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,
                  pp: int = 1) -> Optional[str]:
     """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line.
-    (`replay`: a fully sharded step replays, its gathers and Reduce_scatters kernels of the captured step.)"""
+    (`replay`, `save`, `resume`: none; a fully sharded step replays, its gathers and Reduce_scatters kernels of the
+    captured step, and a fully sharded run checkpoints its shards.)"""
     refusals = [(pp > 1, f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline "
                          "yet; use --zero 1 or 2 with --pp"),
                 (cfg is not None and cfg.moe is not None or ep > 1,
                  "--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet; use --zero 1 "
-                 "or 2"),
-                (save is not None or resume is not None, "--zero 3 with --save or --resume: checkpoints of sharded "
-                                                         "parameters are not written yet")]
+                 "or 2")]
     return next((text for bad, text in refusals if bad), None)
 
 

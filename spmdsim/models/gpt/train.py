@@ -53,7 +53,8 @@ from ...base.precision import precision as get_precision, precision_problem
 from .tolerances import tolerances as mixed_tolerances
 from .params import param_specs
 from .wholes import Regions, assemble, regions
-from ..axes import PIPELINE, model_layout, roles_of
+from ..axes import DATA, PIPELINE, model_layout, roles_of
+from ...nn.fsdp import sharded_layout
 from . import checkpoint
 from ...errors import SpmdsimError
 from ...nn import ops
@@ -213,11 +214,11 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
             recompute, zero, kept, ep, precision, save, save_every, resume)
-    # ZeRO-3: the model's parameters are the shards, AdamW steps them as it steps any parameter
-    (fsdp, zero), meta = _fsdp_options(zero, reshard_after_forward, prefetch), None
+    meta = None
     if save is not None or resume is not None or save_every:
         meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
                                precision=precision, zero=zero, ep=ep)
+    fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
     policy = get_precision(precision)
     if mesh is None:
         shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None)
@@ -372,13 +373,15 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     inner = model_layout(tp, dp, ep if moe else None)
     chosen = megatron_layouts(cfg, Layout(*inner), sp)
     chosen.update(layouts or {})
+    if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
+        chosen = {name: sharded_layout(layout, DATA) for name, layout in chosen.items()}
     mesh_layout = Layout(*inner)
     if pipeline is not None:
         pipeline = dict(pipeline)
         mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE)))
         pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
-                    "DistributedAdamW" if zero else "AdamW")
+                    "DistributedAdamW" if zero in (1, 2) else "AdamW")
     meta["pipeline"] = pipeline
     return meta
 
