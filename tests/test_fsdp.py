@@ -309,3 +309,24 @@ def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():
         assert b[-1].memory.gathered == root + 2 * one and one > 0
     (stage,) = gpt_ledger(CFG, 1, 2, 2, zero=3, prefetch=True)
     assert stage.memory.gathered == ahead[0][-1].memory.gathered
+
+
+def test_the_estimate_prices_zero3s_gathers_and_hides_them_only_when_prefetched():
+    """`spmdsim estimate --zero 3`: the gathers are phase "parameters" on their links, the Reduce_scatters
+    "gradients" (hidden under the backward); with --prefetch the gathers hide under the layers' compute, at most
+    it, and what exceeds it stays exposed."""
+    import json
+    from docs_commands import run_here
+
+    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128",
+            "--global-batch", "4", "--dp", "4", "--zero", "3", "--json"]
+    runs = {}
+    for extra in ([], ["--prefetch"]):
+        code, out, err = run_here("main", argv + extra)
+        assert code == 0, err
+        runs[bool(extra)] = json.loads(out)
+    for run in runs.values():
+        assert {"allgather node", "reduce_scatter node"} <= set(run["stages"][0]["sent"])
+    assert runs[True]["step_time_s"] < runs[False]["step_time_s"]
+    assert "ZeRO-3's prefetched gathers under the layers' compute" in runs[True]["assumptions"][0]
+    assert "prefetched" not in runs[False]["assumptions"][0]

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     _fsdp(args)
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
-    overlap = _overlap(args.overlap, args.pp, schedule)
+    overlap = _overlap(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())
     return report(args, config_record(args), cfg, microbatches, split, schedule, overlap)
 
 

@@ -300,11 +300,12 @@ def gemms_at(gemms: Any, precision: str) -> list:
 def transfers_at(transfers: Any, precision: str) -> list:
     """The Calls rows with their bytes at `precision`'s widths: activations and their gradients (the layers'
     collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
-    buckets at the gradient width (Megatron sums bf16 training's gradients in fp32)."""
+    buckets at the gradient width (Megatron sums bf16 training's gradients in fp32), ZeRO-3's gathers at the
+    parameters'."""
     w = PRECISIONS[precision]
     out = []
     for t in transfers:
-        width = w.grads if t.phase == "gradients" else w.activations
+        width = w.grads if t.phase == "gradients" else w.params if t.phase == "parameters" else w.activations
         out.append(replace(t, nbytes=t.nbytes * width // _RUN, sent=t.sent * width // _RUN))
     return out
 

@@ -26,7 +26,8 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   sequence parallelism's collectives, Megatron's --tp-comm-overlap) under the products of the passes
   they run in (every GEMM phase: a Calls row does not say its pass); "pipeline" (the messages between
   stages, Megatron's overlap_p2p_comm) under the adjacent microbatches' compute (the GEMMs and
-  element-wise kernels of every GEMM phase). Each phase hides at most its own communication and its
+  element-wise kernels of every GEMM phase); "parameters" (ZeRO-3's gathers of the layers' parameters,
+  prefetched: spmdsim.nn.fsdp) under every pass's compute. Each phase hides at most its own communication and its
   window, and all of them together at most the compute and element-wise seconds (the links of the
   three run beside the compute, not beside each other). Default: none.
 
@@ -56,7 +57,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 #: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Calls.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
-TRANSFER_PHASES = ("layers", "gradients", "pipeline")
+TRANSFER_PHASES = ("layers", "gradients", "pipeline", "parameters")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
 _P2P = ("send", "recv")
@@ -65,7 +66,8 @@ _P2P = ("send", "recv")
 #: (GEMM phases of the products, whether the element-wise kernels of those phases count too).
 OVERLAP_UNDER = {"gradients": (("backward", "recompute"), True),
                  "layers": (GEMM_PHASES, False),
-                 "pipeline": (GEMM_PHASES, True)}
+                 "pipeline": (GEMM_PHASES, True),
+                 "parameters": (GEMM_PHASES, True)}  # ZeRO-3's gathers, prefetched under the layers' compute
 
 
 @dataclass(frozen=True)
@@ -383,7 +385,8 @@ def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) ->
     with the collectives' formulas."""
     names = {"gradients": ("dp gradient sums", "under the backward"),
              "layers": ("the layers' tp collectives", "under their GEMMs"),
-             "pipeline": ("pipeline messages", "under the microbatches' compute")}
+             "pipeline": ("pipeline messages", "under the microbatches' compute"),
+             "parameters": ("ZeRO-3's prefetched gathers", "under the layers' compute")}
     overlap = {overlap} if isinstance(overlap, str) else set(overlap)
     hidden = [names[p] for p in OVERLAP_UNDER if p in overlap]
     overlapped = ", ".join(f"{what}{' hidden' if not i else ''} {where}" for i, (what, where) in enumerate(hidden)) \

@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from ...errors import SpmdsimError
-from ...models.axes import DATA, EXPERT, PIPELINE
+from ...models.axes import DATA, EXPERT, PIPELINE, SHARD
 from ...programs.plan.steps import KINDS
 from .records import Calls
 
@@ -35,8 +35,8 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 #: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
 #: layers of an MoE GPT), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
-#: and combine, the router's statistics, the loss's mean; ZeRO-3's gathers of each layer's parameters), a message
-#: between stages the pipeline's. ZeRO-3's Reduce_scatter of a layer's gradients (a redistribution's) is a sum.
+#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's. ZeRO-3's
+#: Reduce_scatter of a layer's gradients (a redistribution's) is a sum; its gathers are phase "parameters".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket")
 
@@ -66,8 +66,10 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             label = e.label or ""
             # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
             summed = (label.startswith(GRADIENT_LABELS) or e.op == "reduce_scatter" and label.startswith(
-                "redistribute")) and (DATA in axes or EXPERT in axes)
-            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "layers")
+                "redistribute")) and (DATA in axes or EXPERT in axes or SHARD in axes)
+            gathered = e.op == "allgather" and label.startswith("redistribute") and (DATA in axes or SHARD in axes)
+            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
+                                                         else "layers")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + times
