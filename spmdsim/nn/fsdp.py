@@ -18,8 +18,13 @@ A unit whose forward runs under ``no_grad`` (evaluation, or a recomputed region'
 blocks as soon as the forward ends. The root's parameters are gathered once and kept to the end of the
 backward, as FSDP2 keeps its root's.
 
-    >>> # shards = fully_shard(model_params, mesh)            # name -> DTensor
-    >>> # with shards.unit(names) as used: y = f(x, used)      # see `FullyShard.unit`
+With ``prefetch`` the next unit's gathers run before a unit's forward and the previous unit's before its
+backward (two units gathered at once). On a mesh with a "shard" role beside the "data" one the parameters are
+sharded over the shard axis and replicated over the data axis (HSDP): the Reduce_scatter runs within a
+shard group and the shards' gradients are summed across the groups at the leaves.
+
+    >>> # fs = fully_shard(params, mesh)                       # params: name -> DTensor
+    >>> # y = fs.unit(["w1"], lambda h, used: h @ used["w1"], x)  # one unit's forward; fs.params to the optimizer
 """
 from __future__ import annotations
 
@@ -88,7 +93,9 @@ class FullyShard:
         for name, t in params.items():
             target = sharded_layout(t.layout, axis)
             with no_grad():  # B -> S(0) over the data axis: a local slice, no communication
-                block = redistribute(t, target).local.copy()  # its own buffer: the whole block can go
+                moved = redistribute(t, target).local
+            # its own buffer, so that the whole block can go (a dry run's: the engine's zeros, never touched)
+            block = mesh.engine.blank(moved.shape, moved.dtype) if mesh.engine.dry else moved.copy()
             leaf = DTensor.from_local(mesh, block, target, t.global_shape)
             self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
 
