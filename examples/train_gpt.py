@@ -152,6 +152,10 @@ def main(args):
         problem = fsdp_problem(cfg, replay=args.replay, save=args.save, resume=args.resume)
     if not problem and args.prefetch and zero != 3:
         problem = "--prefetch gathers parameters ahead: give --zero 3 with it"
+    pipe = [flag for flag, given in (("--prefetch", args.prefetch), ("--shard-group", args.shard_group is not None),
+                                     ("--reshard-after-forward false", args.reshard_after_forward == "false")) if given]
+    if not problem and pipe and pipelined(args):  # a pipeline's chunks reshard after forward, over all of dp
+        problem = f"{pipe[0]} with a pipeline: its chunks are fully sharded over dp and resharded after forward"
     if not problem and args.shard_group is not None:
         problem = shard_group_problem(args.shard_group, zero, shape[0])
     if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):

@@ -22,13 +22,13 @@ def _shown() -> list:
 
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
-    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] + [False] * 3 + [True] * 2 + \
+    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 3 + [True] * 2 + \
         [False] * 3
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[11:])  # a subcommand's name in prose
+    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[12:])  # a subcommand's name in prose
 
 
-@pytest.mark.parametrize("index", [0, 5, 9, 10])
+@pytest.mark.parametrize("index", [0, 5, 6, 10, 11])
 def test_a_quoted_command_prints_what_the_page_quotes(index):
     assert_prints_quote(_shown()[index])
 
@@ -44,18 +44,18 @@ def test_the_table_of_bytes_is_what_the_commands_send():
     rows = {m.group(1): (int(m.group(2)), int(m.group(3).replace(",", "")))
             for m in re.finditer(r"^\| `([^`]+)`[^|]*\| +(\d+) \| +([\d,]+) \|$", text, re.M)}
     shown = _shown()
-    for flags, index in (("--zero 3 --reshard-after-forward false", 7), ("--zero 3", 6)):
+    for flags, index in (("--zero 3 --reshard-after-forward false", 8), ("--zero 3", 7)):
         done = run_quoted(shown[index].command)
         assert done.returncode == 0, done.stderr
         calls, sent = re.search(r"^ +0 +[\d.]+ +(\d+) +([\d,]+)", done.stdout, re.M).groups()
         assert rows[flags] == (int(calls), int(sent.replace(",", "")))
-    zero = run_quoted(shown[6].command.replace("--zero 3", "--zero 0"))
+    zero = run_quoted(shown[7].command.replace("--zero 3", "--zero 0"))
     calls, sent = re.search(r"^ +0 +[\d.]+ +(\d+) +([\d,]+)", zero.stdout, re.M).groups()
     assert rows["--zero 0"] == (int(calls), int(sent.replace(",", "")))
 
 
 def test_keeping_the_gathered_layers_holds_what_the_page_says():
-    done = run_quoted(_shown()[8].command)
+    done = run_quoted(_shown()[9].command)
     assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
     assert "gathered parameters at most 3,315,712, 3,315,712 of them kept for backward" in done.stdout
     text = " ".join((ROOT / DOC).read_text().split())

@@ -99,11 +99,13 @@ class FullyShard:
             leaf = DTensor.from_local(mesh, block, target, t.global_shape)
             self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
 
-    def gather(self, names: Iterable[str]) -> dict:
+    def gather(self, names: Iterable[str], held: bool = True) -> dict:
         """name -> the parameter whole again on the data axis (its own layout): one Allgather each, recorded
-        (its backward reduce-scatters the gradient onto the shard) where gradients are recorded."""
+        (its backward reduce-scatters the gradient onto the shard) where gradients are recorded. `held` False:
+        not counted nor kept for `release` (the blocks go with the graph that holds them)."""
         out = {name: redistribute(self.params[name], self.layouts[name]) for name in names}
-        self._held(out.values())
+        if held:
+            self._held(out.values())
         return out
 
     def _held(self, tensors: Iterable[Any]) -> None:

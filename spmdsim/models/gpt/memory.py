@@ -42,8 +42,6 @@ def recompute_problem(value: Any) -> Optional[str]:
 
 def zero_problem(value: Any, pp: int = 1) -> Optional[str]:
     """Why `value` is not a ZeRO stage spmdsim runs (over a pipeline of `pp` stages), or None."""
-    if type(value) is int and value == 3 and pp > 1:
-        return fsdp_problem(None, pp=pp)
     if type(value) is int and value in ZERO:
         return None
     return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
@@ -77,9 +75,7 @@ def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, 
     """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line.
     (`replay`, `save`, `resume`: none; a fully sharded step replays, its gathers and Reduce_scatters kernels of the
     captured step, and a fully sharded run checkpoints its shards.)"""
-    refusals = [(pp > 1, f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline "
-                         "yet; use --zero 1 or 2 with --pp"),
-                (cfg is not None and cfg.moe is not None or ep > 1,
+    refusals = [(cfg is not None and cfg.moe is not None or ep > 1,
                  "--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet; use --zero 1 "
                  "or 2")]
     return next((text for bad, text in refusals if bad), None)

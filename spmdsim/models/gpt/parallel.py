@@ -39,7 +39,7 @@ from .params import constant, seeded
 from .stages import Part, part_specs, whole
 from ..axes import DATA, EXPERT, SHARD, TENSOR, axis_of, roles_of
 from ...nn.autograd import no_grad
-from ...nn.fsdp import fully_shard
+from ...nn.fsdp import fully_shard, sharded_layout
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
@@ -140,8 +140,11 @@ class GPT(_Block):
         # The tensors the forward reads: the parameters, or under FSDP the gathered ones of the units running.
         options = {"reshard_after_forward": fsdp} if isinstance(fsdp, bool) else fsdp  # fully_shard's
         self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, **options)
-        self.params = self.params if self.fsdp is None else self.fsdp.params
+        if self.fsdp is not None:  # the parameters are the shards; `layouts` theirs (every part's, as Megatron's)
+            self.params, axis = self.fsdp.params, self.fsdp.axis
+            self.layouts = {name: sharded_layout(layout, axis) for name, layout in self.layouts.items()}
         self.use: dict = self.params if self.fsdp is None else {}
+        self._root_step: Any = None  # under FSDP, the step whose forward gathered the root (`_root`)
         L = mesh.layout
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.models.moe.layer).
@@ -162,6 +165,7 @@ class GPT(_Block):
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
+        self._root(step, micro, again=False)
         p, cfg = self.use, self.cfg
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence), on tp 1 laid out as the activations already (no move node);
@@ -197,6 +201,7 @@ class GPT(_Block):
         The output's values are `blocks`'; the backward from its gradient reaches the routers through the
         losses too, as the unpipelined `loss` adds them (spmdsim.models.gpt.pipeline)."""
         self._router_losses = []
+        self._root(step, micro, again=False)  # (a pipeline's last chunk: its head's)
         h = self.blocks(h, step, train, micro, scale)
         losses, self._router_losses = self._router_losses, []
         if not losses:
@@ -220,13 +225,17 @@ class GPT(_Block):
             return [name for name in self.params if name.startswith(pre)]
         return [name for name in self.params if not (name[0] == "h" and name[1:2].isdigit())]
 
-    def _root(self) -> None:
+    def _root(self, step: Any = None, micro: Any = None, again: bool = True) -> None:
         """Under FSDP, the root unit gathered for this forward (kept to the end of its backward; the last
-        forward's freed first, its backward done) and the most gathered bytes counted from here."""
-        if self.fsdp is not None:
-            self.fsdp.release(self.use)
-            self.fsdp.start()
-            self.use = self.fsdp.gather(self._unit(None))
+        forward's freed first, its backward done) and the most gathered bytes counted from here. `again`
+        False: only where this step's microbatch `micro` has not gathered it yet. A pipeline's microbatch
+        (`micro` not None) gathers its own, which its graph holds until its backward (several are in flight)."""
+        if self.fsdp is not None and (again or self._root_step != (step, micro)):
+            if micro is None:
+                self.fsdp.release(self.use)
+                self.fsdp.start()
+            self.use = self.fsdp.gather(self._unit(None), held=micro is None)
+            self._root_step = (step, micro)
 
     def _fsdp_layer(self, h: Any, layer: int, step: Any, train: bool, micro: Any, scale: float) -> Any:
         """Layer `layer` as an FSDP unit (spmdsim.nn.fsdp.FullyShard.unit). Under full recomputation with
@@ -307,7 +316,7 @@ class GPT(_Block):
         """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out (self.batch, None);
         `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
         self._router_losses, self.moe_stats = [], []
-        self._root()
+        self._root(step)
         return self.head(self.blocks(self.embed(ids, step, train), step, train), last)
 
     def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True,
@@ -315,7 +324,7 @@ class GPT(_Block):
         """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered), plus the
         MoE layers' router losses, weighted (spmdsim.models.gpt.reference.router_loss)."""
         self._router_losses, self.moe_stats = [], []
-        self._root()
+        self._root(step)
         loss = self.head_loss(self.blocks(self.embed(ids, step, train, micro), step, train, micro), targets)
         for extra in self._router_losses:
             loss = loss + ops.resolved(extra)
