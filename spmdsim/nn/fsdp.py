@@ -75,7 +75,7 @@ class FullyShard:
     """A model's parameters sharded over the data axis, made by `fully_shard`.
 
     `params`: name -> leaf DTensor, 1/dp each (the optimizer's); `layouts`: name -> the layout the forward
-    reads it in; `unit` and `gather` gather them; `held` and `most`: the gathered bytes held now and the most
+    reads it in; `unit` and `unshard` gather them; `held` and `most`: the gathered bytes held now and the most
     held at once since `start`."""
 
     def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str,
@@ -99,7 +99,7 @@ class FullyShard:
             leaf = DTensor.from_local(mesh, block, target, t.global_shape)
             self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
 
-    def gather(self, names: Iterable[str], held: bool = True) -> dict:
+    def unshard(self, names: Iterable[str], held: bool = True) -> dict:
         """name -> the parameter whole again on the data axis (its own layout): one Allgather each, recorded
         (its backward reduce-scatters the gradient onto the shard) where gradients are recorded. `held` False:
         not counted nor kept for `release` (the blocks go with the graph that holds them)."""
@@ -122,7 +122,7 @@ class FullyShard:
         self.most = self.held
 
     def release(self, gathered: dict) -> None:
-        """Free `gathered`'s blocks (a dict `gather` gave) that are still held: a unit after its use, the root
+        """Free `gathered`'s blocks (a dict `unshard` gave) that are still held: a unit after its use, the root
         when the next forward gathers it again."""
         for t in gathered.values():
             if self._live.pop(id(t), None) is not None:
@@ -131,7 +131,7 @@ class FullyShard:
 
     def unit(self, names: Iterable[str], fn: Callable[..., Any], x: Any, *args: Any,
              reshard: Optional[bool] = None, after: Optional[list] = None, before: Optional[list] = None) -> Any:
-        """``fn(x', gathered, *args)``: one unit's forward, its parameters `names` gathered first (`gather`)
+        """``fn(x', gathered, *args)``: one unit's forward, its parameters `names` gathered first (`unshard`)
         and `x'` an identity of the activation `x` whose backward frees them again once the unit's backward
         is done; with ``reshard_after_forward`` freed when `fn` returns and gathered again before the
         unit's backward (an identity on the output, see the module docstring). `fn` returns one DTensor.
@@ -141,9 +141,9 @@ class FullyShard:
         (FSDP's forward and backward prefetch: two units' gathered parameters held at once)."""
         names = list(names)
         reshard = self.reshard_after_forward if reshard is None else reshard
-        gathered = self._ahead.pop(tuple(names), None) or self.gather(names)
+        gathered = self._ahead.pop(tuple(names), None) or self.unshard(names)
         if self.prefetch and after:
-            self._ahead[tuple(after)] = self.gather(after)
+            self._ahead[tuple(after)] = self.unshard(after)
         before = before if self.prefetch else None
         recording = is_grad_enabled() and (x._ag is not None or any(t._ag is not None for t in gathered.values()))
         if recording and x._ag is not None:  # (an input without a graph, the data: freed when the graph goes)

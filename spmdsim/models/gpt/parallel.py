@@ -234,7 +234,7 @@ class GPT(_Block):
             if micro is None:
                 self.fsdp.release(self.use)
                 self.fsdp.start()
-            self.use = self.fsdp.gather(self._unit(None), held=micro is None)
+            self.use = self.fsdp.unshard(self._unit(None), held=micro is None)
             self._root_step = (step, micro)
 
     def _fsdp_layer(self, h: Any, layer: int, step: Any, train: bool, micro: Any, scale: float) -> Any:
