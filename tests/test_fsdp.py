@@ -351,3 +351,36 @@ def test_zero3_over_a_pipeline_matches_one_numpy_process(schedule, virtual, sp):
     steps, kinds = spmdsim.simulate(8, body)[0]
     assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
     assert {("allgather", ("dp",)), ("reduce_scatter", ("dp",))} <= kinds
+
+
+def test_a_pipelines_zero3_ledger_is_what_its_real_run_sends_and_keeps():
+    """The estimate's dry run of ZeRO-3 over a pipeline (pp 2 x dp 2 x tp 2, sp, 2 microbatches: the pipeline's
+    trainer) sends, by kind, what a real run of the step sends on every rank, and keeps what it keeps."""
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, vocab=128, dropout=0.1)
+    ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % 128
+
+    def body():
+        run, steps = train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 1, ids, sp=True, microbatches=2, zero=3,
+                                     memory=True, check=False)
+        sent: dict = {}
+        for e in run.trace.entries:
+            if e.group_size > 1:
+                key = "send" if e.op in ("sendrecv", "recv", "send") else e.op
+                sent[key] = sent.get(key, 0) + e.bytes_sent
+        out = (run.stage, steps[-1].memory, sent)
+        run.close()
+        return out
+
+    ledger = gpt_ledger(cfg, 2, 2, 2, sp=True, microbatches=2, zero=3)
+    for stage, memory, sent in spmdsim.simulate(8, body):
+        mine = ledger[stage]
+        ours: dict = {}
+        for (kind, _), n in mine.sent().items():
+            ours[kind] = ours.get(kind, 0) + n
+        assert {k: v for k, v in ours.items() if v} == {k: v for k, v in sent.items() if v}
+        assert sent["allgather"] > 0 and sent["reduce_scatter"] > 0
+        assert (memory.kept, memory.states, memory.master) == (mine.memory.kept, mine.memory.states,
+                                                                mine.memory.master)

@@ -40,10 +40,11 @@ def recompute_problem(value: Any) -> Optional[str]:
     return f"recompute {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
 
 
-def zero_problem(value: Any, pp: int = 1) -> Optional[str]:
-    """Why `value` is not a ZeRO stage spmdsim runs (over a pipeline of `pp` stages), or None."""
+def zero_problem(value: Any, pp: int = 1, cfg: Any = None, ep: int = 1) -> Optional[str]:
+    """Why `value` is not a ZeRO stage spmdsim runs (over a pipeline of `pp` stages; ZeRO-3 of `cfg` with `ep`
+    expert-parallel ranks: `fsdp_problem`), or None."""
     if type(value) is int and value in ZERO:
-        return None
+        return fsdp_problem(cfg, ep) if value == 3 else None
     return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
             "ZeRO-2: gradients too; ZeRO-3: parameters too)")
 

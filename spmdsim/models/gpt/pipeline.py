@@ -193,7 +193,7 @@ def _refuse(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, te
     metadata (None without checkpoints)."""
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
-               or recompute_problem(recompute) or zero_problem(zero, pp) or kept_problem(kept)
+               or recompute_problem(recompute) or zero_problem(zero, pp, cfg, ep) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
     if problem:

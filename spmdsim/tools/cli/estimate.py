@@ -78,10 +78,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="1: the distributed optimizer (ZeRO-1: states sharded over dp); 2: the gradients too "
                              "(ZeRO-2); 3: the parameters too (ZeRO-3, FSDP: each layer gathered for its forward "
-                             "and again for its backward; one stage, one microbatch a step); default 0")
+                             "and again for its backward); default 0")
     parser.add_argument("--prefetch", action="store_true",
-                        help="with --zero 3: each layer's parameters gathered before the layer ahead of it runs "
-                             "(FSDP's prefetch: two layers' gathered at once)")
+                        help="with --zero 3 on one stage, one microbatch a step: each layer's parameters gathered "
+                             "before the layer ahead of it runs (FSDP's prefetch: two layers' gathered at once)")
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
                         help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
                              "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
@@ -189,14 +189,16 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def _fsdp(args: argparse.Namespace) -> None:
-    """--zero 3's refusals: --prefetch without it; a pipeline, several microbatches or experts with it."""
+    """--zero 3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
+    spmdsim.models.gpt.pipeline's trainer, which does not prefetch); experts with it."""
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
-    if args.zero == 3:
-        problem = sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep), args.ep,
-                                  args.virtual_stages)
-        if problem:
-            raise SpmdsimError(problem)
+    if args.zero == 3 and args.experts:
+        raise SpmdsimError("--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet")
+    if args.prefetch and sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep),
+                                         args.ep, args.virtual_stages):
+        raise SpmdsimError(f"--prefetch with --pp {args.pp} or several microbatches a step: a pipeline's chunks do "
+                           "not prefetch; leave out --prefetch")
 
 
 def _split(args: argparse.Namespace) -> Any:

@@ -323,7 +323,7 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
                split: Optional[tuple] = None, prefetch: bool = False) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
     (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step;
-    ZeRO-3's spmdsim.models.gpt.sharded_run.train_sharded, one stage, with `prefetch` FSDP's),
+    ZeRO-3 on one stage and one microbatch: spmdsim.models.gpt.sharded_run.train_sharded, with `prefetch` FSDP's),
     its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
@@ -359,11 +359,11 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
 
     def body() -> StageLedger:
         with counting(blocks=True) as flops:
-            trainer = train_sharded if zero == 3 else train_pipelined  # ZeRO-3: one stage, fully sharded
+            trainer = train_sharded if zero == 3 and pp == microbatches == virtual == 1 else train_pipelined
             run, steps = trainer(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
-                                         **({"prefetch": prefetch} if zero == 3 else {}))
+                                         **({"prefetch": prefetch} if trainer is train_sharded else {}))
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())
