@@ -44,10 +44,12 @@ from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
-from spmdsim.models.gpt.memory import recompute_problem, zero_problem
+from spmdsim.models.axes import roles_of
+from spmdsim.models.gpt.memory import fsdp_problem, recompute_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
-from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
+from spmdsim.models.gpt.checkpoint import checkpoint_problem
+from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.context import Context, context_problem
 from spmdsim.models.axes import model_layout
 from spmdsim.programs.context import METHODS, SPLITS
@@ -92,9 +94,18 @@ parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
                     help="activation recomputation: the attention core (selective) or each block (full)")
-parser.add_argument("--zero", default="0", metavar="{0,1,2}",
+parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded over dp; 2: ZeRO-2, the gradients "
-                         "too (docs/howto/train.md)")
+                         "too (docs/howto/train.md); 3: ZeRO-3, the parameters too (FSDP, docs/howto/fsdp.md)")
+parser.add_argument("--reshard-after-forward", default="true", metavar="{true,false}",
+                    help="with --zero 3: free each layer's gathered parameters after its forward and gather them "
+                         "again for its backward (true, FSDP's default), or keep them until the backward (false)")
+parser.add_argument("--prefetch", action="store_true",
+                    help="with --zero 3: gather the next layer's parameters before each layer's forward, and the "
+                         "previous layer's before each layer's backward (FSDP's prefetch)")
+parser.add_argument("--shard-group", type=int, default=None, metavar="N",
+                    help="with --zero 3: hybrid sharding (HSDP), each parameter sharded over groups of N of the dp "
+                         "ranks and replicated across the dp / N groups (default: sharded over all dp ranks)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
@@ -154,7 +165,21 @@ def main(args):
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
+    problem = problem or recompute_problem(args.recompute) or zero_problem(zero, args.pp) or kept_problem(args.kept)
+    if not problem and args.reshard_after_forward not in ("true", "false"):
+        problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
+    if not problem and zero == 3:
+        problem = fsdp_problem(cfg, replay=args.replay, save=args.save, resume=args.resume)
+    if not problem and args.prefetch and zero != 3:
+        problem = "--prefetch gathers parameters ahead: give --zero 3 with it"
+    pipe = [flag for flag, given in (("--prefetch", args.prefetch), ("--shard-group", args.shard_group is not None),
+                                     ("--reshard-after-forward false", args.reshard_after_forward == "false")) if given]
+    if not problem and pipe and pipelined(args):  # a pipeline's chunks reshard after forward, over all of dp
+        problem = f"{pipe[0]} with a pipeline: its chunks are fully sharded over dp and resharded after forward"
+    if not problem and args.shard_group is not None:
+        problem = shard_group_problem(args.shard_group, zero, shape[0])
+    if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
+        problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
@@ -192,6 +217,9 @@ def main(args):
         mesh = f"pp {pp} x " if pp > 1 else ""
         mesh += f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 else f"dp {dp} x tp {tp}"
         print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+        if args.shard_group is not None and args.shard_group < dp:
+            print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks, replicated "
+                  f"over {dp // args.shard_group}")
         if padding_line(cfg, tp):
             print(padding_line(cfg, tp))
         if args.cp > 1:
@@ -207,7 +235,11 @@ def main(args):
         if args.recompute != "none" or zero or args.kept != "graph":
             print(f"memory: recompute {args.recompute}"
                   + ({1: "; ZeRO-1 (states and master copy sharded over dp)",
-                      2: "; ZeRO-2 (states, master copy and gradients sharded over dp)"}.get(zero, ""))
+                      2: "; ZeRO-2 (states, master copy and gradients sharded over dp)",
+                      3: "; ZeRO-3 (all sharded over dp; " + ("each layer gathered again for its backward)"
+                                                                 if args.reshard_after_forward == "true" else
+                                                                 "each layer kept gathered until its backward)")
+                      }.get(zero, ""))
                   + ("; Megatron's kept set" if args.kept == "megatron" else ""))
         if args.precision != "fp64":
             from spmdsim.base.precision import precision
@@ -242,10 +274,16 @@ def main(args):
                                          precision=args.precision, save=args.save, save_every=args.save_every,
                                          resume=args.resume, cp=args.cp, context=context(args))
     else:
-        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
+        mesh = None
+        if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
+            shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
+            mesh = spmdsim.Mesh(spmdsim.Layout(shape, names), comm, roles=roles_of(names))
+            layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
+        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report, mesh=mesh,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
                                memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
-                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context(args))
+                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context(args),
+                               reshard_after_forward=args.reshard_after_forward == "true", prefetch=args.prefetch)
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")

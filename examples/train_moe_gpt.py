@@ -35,11 +35,12 @@ from spmdsim.base.precision import precision, precision_problem
 from spmdsim.models.gpt import encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
-from spmdsim.models.gpt.memory import zero_problem
+from spmdsim.models.gpt.memory import fsdp_problem, zero_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
-from spmdsim.models.gpt.train import checkpoint_problem, replay_problem, train
+from spmdsim.models.gpt.checkpoint import checkpoint_problem
+from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.moe import MoEConfig
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
@@ -191,8 +192,9 @@ def main(args):
     problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(ids, cfg)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
-    if zero_problem(zero):  # (as train refuses it, but before the header is printed)
-        raise spmdsim.SpmdsimError(zero_problem(zero))
+    problem = zero_problem(zero) or (fsdp_problem(cfg) if zero == 3 else None)
+    if problem:  # (as train refuses it, but before the header is printed)
+        raise spmdsim.SpmdsimError(problem)
     dp, ep, tp = shape
     layouts = None
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)

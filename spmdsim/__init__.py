@@ -36,6 +36,7 @@ _LAZY = {
     "script": ("spmdsim.runtime.sim", "script"),
     "ops": ("spmdsim.nn.ops", None),
     "optim": ("spmdsim.nn.optim", None),
+    "fully_shard": ("spmdsim.nn.fsdp", "fully_shard"),
     "dialects": ("spmdsim.layouts.dialects", None),
     "reference": ("spmdsim.references.forward", None),
     "autoshard": ("spmdsim.tools.autoshard", None),  # also callable: spmdsim.tools.autoshard(...)

@@ -530,7 +530,7 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
     assert config == {"command": "estimate", "network": "gpt", "layers": 1, "hidden": 16, "heads": 2, "seq": 8,
                       "vocab": 16, "micro_batch": 1, "global_batch": 2, "tp": 1, "pp": 1, "dp": 1,
                       "virtual_stages": 1, "pad_vocab_to": 32, "schedule": None, "sp": False, "recompute": "none",
-                      "zero": 0, "kept": "graph", "experts": 0, "ep": 1, "top_k": 2, "moe_every": 2,
+                      "zero": 0, "prefetch": False, "kept": "graph", "experts": 0, "ep": 1, "top_k": 2, "moe_every": 2,
                       "capacity_factor": 1.0, "dropless": False, "routing": "balanced", "precision": "bf16-mixed",
                       "machine": "a100-dgx", "ffn": None, "kv_heads": None, "norm": "layer", "mlp": "gelu",
                       "untied": False, "rope": False, "no_bias": False, "dropout": 0.1,

@@ -48,8 +48,8 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
     # the default: the gradient sums alone hidden, under the backward, as before (figures and words)
     assert plain["config"]["overlap"] is None and on["config"]["overlap"] == "tp,pp"
     assert [s["step_time_s"] for s in plain["stages"]] == [t.total_s for t in before]
-    assert all(dict(t.hidden_by_phase) == {"layers": 0.0, "gradients": t.hidden_s, "pipeline": 0.0, "context": 0.0}
-               for t in before)
+    assert all(dict(t.hidden_by_phase) == {"layers": 0.0, "gradients": t.hidden_s, "pipeline": 0.0, "context": 0.0,
+                                                "parameters": 0.0} for t in before)
     assert plain["assumptions"][0] == "assumes: dp gradient sums hidden under the backward; GEMMs at most 0.8 of " \
                                       "peak (roofline);"
     # on: the step time the ledger's stages make with the three phases hidden, each bounded by its compute

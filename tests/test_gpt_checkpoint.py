@@ -18,7 +18,8 @@ from docs_commands import Quote, assert_prints_quote, run_example, run_quoted, s
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.checkpoint import META, read_meta, rank_file
-from spmdsim.models.gpt.train import checkpoint_problem, train
+from spmdsim.models.gpt.checkpoint import checkpoint_problem
+from spmdsim.models.gpt.train import train
 from testkit import unfold
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
@@ -248,7 +249,7 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
                      "--microbatches 2, this run without a pipeline (resume with the settings it was saved with)")
     if schedule == "1f1b" and not options:  # and the other way: a checkpoint of train's, resumed in a pipeline
         from spmdsim.models.gpt import checkpoint
-        from spmdsim.models.gpt.train import checkpoint_meta
+        from spmdsim.models.gpt.checkpoint import checkpoint_meta
 
         (tmp_path / "plain").mkdir()
         (tmp_path / "plain" / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
@@ -284,7 +285,7 @@ def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
     # "the checkpoint's pipeline has split [1, 3], this run's none": none is the default split, balanced; both
     # said as typed (--stage-layers)
     from spmdsim.models.gpt import checkpoint
-    from spmdsim.models.gpt.train import checkpoint_meta
+    from spmdsim.models.gpt.checkpoint import checkpoint_meta
 
     cfg = dataclasses.replace(SMALL, layers=4)
     pipeline = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": [1, 3]}

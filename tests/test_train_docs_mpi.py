@@ -13,7 +13,8 @@ import pytest
 from docs_commands import mpi_long, quotes, run_long_together
 from testkit import MPIEXEC
 
-DOCS = ("docs/howto/memory.md", "docs/howto/bf16.md", "docs/howto/train-gpt.md", "docs/howto/replay.md")
+DOCS = ("docs/howto/memory.md", "docs/howto/bf16.md", "docs/howto/train-gpt.md", "docs/howto/replay.md",
+        "docs/howto/fsdp.md")
 
 
 def _commands() -> list:
@@ -23,7 +24,8 @@ def _commands() -> list:
 def test_the_pages_show_the_commands_this_file_runs():
     shown = _commands()
     assert [(q.doc, q.mpi[0]) for q in shown] == [("docs/howto/memory.md", 8), ("docs/howto/bf16.md", 8)] + \
-        [("docs/howto/train-gpt.md", 8)] * 2 + [("docs/howto/replay.md", 8), ("docs/howto/replay.md", 4)]
+        [("docs/howto/train-gpt.md", 8)] * 2 + [("docs/howto/replay.md", 8), ("docs/howto/replay.md", 4)] + \
+        [("docs/howto/fsdp.md", 8)]
     assert sum("--precision bf16-mixed" in q.command for q in shown) == 1
     assert sum("--vocab 50257" in q.command for q in shown) == 2
     assert sum("--replay" in q.command for q in shown) == 2

@@ -508,8 +508,8 @@ def test_clipping_with_zero1_clips_the_joint_norm_of_the_slices():
 def test_bad_choices_are_refused_in_one_line_before_any_collective():
     with pytest.raises(SpmdsimError, match=r"^recompute 'foo' is not one of 'none', 'selective', 'full'"):
         spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, recompute="foo"))
-    with pytest.raises(SpmdsimError, match=r"^zero 3 is not 0, 1 or 2 \(ZeRO-1: "):
-        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=3))
+    with pytest.raises(SpmdsimError, match=r"^zero 4 is not 0, 1, 2 or 3 \(ZeRO-1: "):
+        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=4))
     from spmdsim.models.gpt.parallel import GPT
     from spmdsim.runtime.mesh import Mesh
 
@@ -608,8 +608,8 @@ def test_train_gpt_with_both_features_passes_and_prints_its_memory():
 
 @pytest.mark.parametrize("flag, value, message", [
     ("--recompute", "foo", "recompute 'foo' is not one of 'none', 'selective', 'full'"),
-    ("--zero", "3", "zero 3 is not 0, 1 or 2 (ZeRO-1: optimizer states and master copy sharded over dp; ZeRO-2: "
-                    "gradients too)")])
+    ("--zero", "4", "zero 4 is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
+                    "ZeRO-2: gradients too; ZeRO-3: parameters too)")])
 def test_train_gpt_refuses_a_bad_choice_in_one_line(flag, value, message):
     from testkit import unfold
 

@@ -2,7 +2,8 @@
 
 The GPT (spmdsim.models.gpt), its MoE layers (spmdsim.models.moe), the estimate and autoshard name
 their mesh axes from `ROLES` and nowhere else: the batch over "dp", Megatron's tensor parallelism over
-"tp", the pipeline's stages over "pp", the experts over "ep", the sequence over "cp" (context parallelism). A role is one of
+"tp", the pipeline's stages over "pp", the experts over "ep", the sequence over "cp" (context parallelism);
+with hybrid sharding (HSDP) the parameters over "fs", the batch over ("dp", "fs"). A role is one of
 spmdsim.runtime.mesh.AXIS_ROLES; a mesh the models make is given these roles (`roles_of`), and code
 running on a mesh asks it (``mesh.axis("tensor")``) or this table for the axis of a role.
 
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["ROLES", "DATA", "TENSOR", "PIPELINE", "EXPERT", "CONTEXT", "roles_of", "axis_of", "model_layout"]
+__all__ = ["ROLES", "DATA", "TENSOR", "PIPELINE", "EXPERT", "CONTEXT", "SHARD", "roles_of", "axis_of",
+           "model_layout"]
 
 #: role (spmdsim.runtime.mesh.AXIS_ROLES) -> the name of the models' axis that plays it.
-ROLES = {"data": "dp", "tensor": "tp", "pipeline": "pp", "expert": "ep", "context": "cp"}
+ROLES = {"data": "dp", "tensor": "tp", "pipeline": "pp", "expert": "ep", "context": "cp", "shard": "fs"}
 #: The axes by role, for code that names one.
 DATA, TENSOR, PIPELINE, EXPERT = ROLES["data"], ROLES["tensor"], ROLES["pipeline"], ROLES["expert"]
 CONTEXT = ROLES["context"]
+#: HSDP's shard group (spmdsim.nn.fsdp): the parameters split over it, replicated over DATA's groups.
+SHARD = ROLES["shard"]
 
 
 def roles_of(names: Iterable[str]) -> dict[str, str]:
@@ -40,9 +44,9 @@ def axis_of(mesh: Any, role: str) -> str | None:
 
 
 def model_layout(tp: int, dp: int, ep: int | None = None, pp: int | None = None,
-                 cp: int | None = None) -> tuple[tuple, tuple]:
-    """The GPT's mesh as (device matrix, axis names): (pp,) dp, (ep,) (cp,) tp, pp, ep and cp where given (cp
-    next to tp, as Megatron-LM orders its groups: a context group's ranks share a node before dp's)."""
-    sizes = ((PIPELINE, pp), (DATA, dp), (EXPERT, ep), (CONTEXT, cp), (TENSOR, tp))
+                 cp: int | None = None, fs: int | None = None) -> tuple[tuple, tuple]:
+    """The GPT's mesh as (device matrix, axis names): (pp,) dp, (fs,) (ep,) (cp,) tp, pp, fs, ep and cp where
+    given (cp next to tp, as Megatron-LM orders its groups: a context group's ranks share a node before dp's)."""
+    sizes = ((PIPELINE, pp), (DATA, dp), (SHARD, fs), (EXPERT, ep), (CONTEXT, cp), (TENSOR, tp))
     kept = [(name, size) for name, size in sizes if size is not None]
     return tuple(size for _, size in kept), tuple(name for name, _ in kept)

@@ -38,8 +38,15 @@ from ..axes import PIPELINE
 from ...base.precision import bfloat16
 from ...runtime.door import all_gather_object, barrier
 from .config import GPTConfig
+from ...base.precision import precision as get_precision
+from ...layouts.layout import Layout
+from ...nn.fsdp import sharded_layout
+from ...runtime.sim import dry_run_active
+from ..axes import DATA, model_layout
+from .layouts import megatron_layouts
 
-__all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta"]
+__all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
+           "checkpoint_problem", "checkpoint_meta"]
 
 #: The metadata file rank 0 writes.
 META = "checkpoint.json"
@@ -308,3 +315,58 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any) -> int:
     if first:
         raise SpmdsimError(first)
     return step
+
+
+def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
+                       layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
+                       save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None,
+                       pipeline: Optional[dict] = None) -> Optional[str]:
+    """Why `train`'s checkpoint settings (`save`, `save_every`, `resume`) cannot be for a run of these arguments
+    (`train`'s; with `pipeline`, spmdsim.models.gpt.pipeline.train_pipelined's: {"pp", "schedule", "microbatches",
+    "virtual", "split"}) on `world` ranks, or None; alike on every rank and no collective (every rank reads the
+    same metadata file): a dry run (no values to save), `save_every` not an integer >= 0 or without `save`, an
+    unwritable `save` directory, a `resume` checkpoint that does not fit (spmdsim.models.gpt.checkpoint.resume_problem:
+    missing, another config, mesh, world size, layout, precision, optimizer or pipeline, at or past `steps`).
+    The trainers refuse the same; a program asks first to refuse before it prints anything."""
+    if save is None and resume is None and not save_every:
+        return None
+    meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep,
+                           pipeline=pipeline)
+    return _checkpoint_problem(meta, steps, save, save_every, resume)
+
+
+def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = False,
+                    layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
+                    pipeline: Optional[dict] = None) -> dict:
+    """spmdsim.models.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
+    `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
+    `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
+    moe = cfg.moe is not None or ep > 1
+    inner = model_layout(tp, dp, ep if moe else None)
+    chosen = megatron_layouts(cfg, Layout(*inner), sp)
+    chosen.update(layouts or {})
+    if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
+        chosen = {name: sharded_layout(layout, DATA) for name, layout in chosen.items()}
+    mesh_layout = Layout(*inner)
+    if pipeline is not None:
+        pipeline = dict(pipeline)
+        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE)))
+        pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
+    meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
+                    "DistributedAdamW" if zero in (1, 2) else "AdamW")
+    meta["pipeline"] = pipeline
+    return meta
+
+
+def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every: Any,
+                        resume: Optional[str]) -> Optional[str]:
+    if dry_run_active():
+        return "--save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or resume"
+    if type(save_every) is not int or save_every < 0:
+        return f"--save-every {save_every!r} must be an integer >= 0 (0: save after the last step only)"
+    if save_every and save is None:
+        return f"--save-every {save_every} saves into the directory --save names; give --save DIR with it"
+    problem = resume_problem(resume, meta, steps) if resume is not None else None
+    return problem or (save_problem(save) if save is not None else None)
+
+

@@ -20,12 +20,16 @@ true positions) or "naive" (contiguous chunks; shows the imbalance).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 from ...programs.context import METHODS, SPLITS, check_heads, check_split, order
+from ...runtime.dtensor import DTensor
+from ..axes import CONTEXT
 from .config import GPTConfig
 
-__all__ = ["Context", "context_problem"]
+__all__ = ["Context", "context_problem", "position_ids"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,9 @@ def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optiona
     if sp and (cfg.seq // cp) % tp:
         return f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (sp)"
     return None
+
+
+def position_ids(mesh: Any, positions: tuple) -> Any:
+    """The positions of a sequence as laid out, a DTensor (T, 1) split over cp as the activations' T."""
+    ids = np.asarray(positions, np.int64).reshape(-1, 1)
+    return DTensor.from_global(mesh, ids, mesh.layout(CONTEXT, None))

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "shard_group_problem",
+           "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
 RECOMPUTE = ("none", "selective", "full")
 #: ZeRO stages: 0 (every rank holds the whole optimizer), 1 (states and master copy sharded over dp), 2 (the
-#: gradients too: each rank keeps its slice of the summed gradients).
-ZERO = (0, 1, 2)
+#: gradients too: each rank keeps its slice of the summed gradients), 3 (the parameters too: fully sharded data
+#: parallelism, spmdsim.nn.fsdp).
+ZERO = (0, 1, 2, 3)
 #: The suffix of a kind of kept bytes that are boolean masks ("mlp masks"): a byte each at any precision.
 MASKS = " masks"
 #: The kinds of kept bytes that belong to the blocks (the rest: the embedding, the head).
@@ -38,12 +40,46 @@ def recompute_problem(value: Any) -> Optional[str]:
     return f"recompute {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
 
 
-def zero_problem(value: Any) -> Optional[str]:
-    """Why `value` is not a ZeRO stage spmdsim runs, or None."""
+def zero_problem(value: Any, pp: int = 1, cfg: Any = None, ep: int = 1) -> Optional[str]:
+    """Why `value` is not a ZeRO stage spmdsim runs (over a pipeline of `pp` stages; ZeRO-3 of `cfg` with `ep`
+    expert-parallel ranks: `fsdp_problem`), or None."""
     if type(value) is int and value in ZERO:
-        return None
-    return (f"zero {value!r} is not 0, 1 or 2 (ZeRO-1: optimizer states and master copy sharded over dp; ZeRO-2: "
-            "gradients too)")
+        return fsdp_problem(cfg, ep) if value == 3 else None
+    return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
+            "ZeRO-2: gradients too; ZeRO-3: parameters too)")
+
+
+def shard_group_problem(value: Any, zero: Any, dp: int) -> Optional[str]:
+    """Why `value` is not a shard group (HSDP: the dp ranks each parameter is sharded over) of a run with ZeRO
+    stage `zero` on `dp` data-parallel ranks, or None: one line."""
+    if zero != 3:
+        return f"--shard-group {value} shards parameters: give --zero 3 with it"
+    if type(value) is not int or value < 1 or dp % value:
+        return f"--shard-group {value!r} must be a positive divisor of the dp ranks ({dp})"
+    return None
+
+
+def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -> Optional[str]:
+    """Why a fully sharded step cannot run as these pipeline arguments ask, or None: one line."""
+    if pp > 1 or virtual > 1:
+        return f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline yet"
+    if microbatches > 1:
+        return (f"--zero 3 with {microbatches} microbatches a step: a fully sharded step runs one; give "
+                "--global-batch = --micro-batch x --dp")
+    if ep > 1:
+        return "--zero 3 with --ep: fully sharded data parallelism does not shard experts yet"
+    return None
+
+
+def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,
+                 pp: int = 1) -> Optional[str]:
+    """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line.
+    (`replay`, `save`, `resume`: none; a fully sharded step replays, its gathers and Reduce_scatters kernels of the
+    captured step, and a fully sharded run checkpoints its shards.)"""
+    refusals = [(cfg is not None and cfg.moe is not None or ep > 1,
+                 "--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet; use --zero 1 "
+                 "or 2")]
+    return next((text for bad, text in refusals if bad), None)
 
 
 @dataclass(frozen=True)
@@ -75,6 +111,8 @@ class MemoryReport:
     peak: int
     moment: str
     grads_peak: int = 0
+    gathered: int = 0  # ZeRO-3: the most bytes of parameters gathered whole on dp held at once (spmdsim.nn.fsdp)
+    gathered_kept: int = 0  # ZeRO-3: those held at the forward's end, which `kept` counts (the graph holds them)
 
     @property
     def kept_total(self) -> int:
@@ -98,6 +136,9 @@ class MemoryReport:
         out.append(f"  parameters {self.params:,}, gradients {self.grads:,}, master copy {self.master:,}")
         out.append(f"  optimizer states {self.states:,}, buffers {self.buffers:,}")
         out.append(f"  peak {self.peak:,} {self.moment}; gradients at most {self.grads_peak:,}")
+        if self.gathered:
+            out.append(f"  gathered parameters at most {self.gathered:,}, {self.gathered_kept:,} of them kept "
+                       "for backward")
         return out
 
 

@@ -37,11 +37,11 @@ from ...base.precision import precision as get_precision, precision_problem
 from ...runtime.executor import redistribute
 from .params import constant, seeded
 from .stages import Part, part_specs, whole
-from ..axes import CONTEXT, DATA, EXPERT, TENSOR, axis_of, model_layout, roles_of
-from ...layouts.layout import Layout
-from ...runtime.mesh import Mesh
-from .context import Context, context_problem
+from ..axes import CONTEXT, DATA, EXPERT, SHARD, TENSOR
+from .context import Context, position_ids
+from .mesh import mesh_checked
 from ...nn.autograd import no_grad
+from ...nn.fsdp import fully_shard, sharded_layout
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
@@ -49,19 +49,7 @@ from .data import encode
 from .reference import sampling
 from .parallel_block import _Block, _with_losses
 
-__all__ = ["GPT", "model_mesh", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
-
-#: The meshes the GPT runs on: dp and tp, with ep (MoE layers) and cp (context parallelism) between them.
-_MESHES = tuple((DATA,) + e + c + (TENSOR,) for e in ((), (EXPERT,)) for c in ((), (CONTEXT,)))
-
-
-def model_mesh(cfg: GPTConfig, comm: Any, dp: int, tp: int, ep: int = 1, cp: int = 1,
-               context: Optional[Context] = None) -> Any:
-    """The model's mesh over `comm`: (dp, [ep,] [cp,] tp), ep with MoE layers, cp where given or a context is."""
-    shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None,
-                                cp=cp if cp > 1 or context is not None else None)
-    return Mesh(Layout(shape, names), comm, roles=roles_of(names))
-
+__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
 def _zero_padded_rows(wte: Any, vocab: int) -> None:
     """Zero, in place, the rows of this rank's block of the token embedding `wte` at or past `vocab`: the
@@ -77,7 +65,8 @@ class GPT(_Block):
     Args:
         cfg: the model (spmdsim.models.gpt.GPTConfig).
         mesh: a spmdsim Mesh whose layout has axes ("dp", "tp"), or ("dp", "ep", "tp") with MoE layers
-            (cfg.moe; spmdsim.models.moe.layer: the batch split over ("dp", "ep"), the experts over "ep").
+            (cfg.moe; spmdsim.models.moe.layer: the batch split over ("dp", "ep"), the experts over "ep"), or
+            with `fsdp` ("dp", "fs", "tp") (HSDP: the parameters sharded over "fs", the batch over both).
         sp: sequence parallelism.
         layouts: parameter name -> TensorLayout, overriding `megatron_layouts` (any dialect's layout,
             converted to a TensorLayout: spmdsim.layouts.dialects).
@@ -98,12 +87,17 @@ class GPT(_Block):
         precision: the run's precision policy (spmdsim.base.precision: "fp64", "fp32", "bf16-mixed"): the
             parameters are made in its parameter dtype and the activations are its activation dtype
             (a row-parallel product's float32 pending sum is rounded to it once summed).
+        fsdp: fully sharded data parallelism (ZeRO-3; spmdsim.nn.fsdp): None, off; True or False, on, with
+            or without resharding after forward; or a dict of fully_shard's options (prefetch too). `params`
+            are then the shards over the data axis (the optimizer's), each layer a unit gathered for its
+            forward and backward, the embedding, final norm and head the root unit, gathered once a
+            forward; the forward reads the gathered ones (`use`).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
                  recompute: str = "none", kept: str = "graph", precision: Any = "fp64",
-                 context: Optional[Context] = None) -> None:
+                 context: Optional[Context] = None, fsdp: Any = None) -> None:
         problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision)
         if problem:
             raise SpmdsimError(problem)
@@ -111,19 +105,7 @@ class GPT(_Block):
         param_dtype = None if policy.param == "float64" else policy.dtype("param")
 
         names = tuple(mesh.layout.alias_name)
-        if names not in _MESHES:
-            raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r}, with {EXPERT!r} and {CONTEXT!r} "
-                               f"between them where used ({(DATA, EXPERT, CONTEXT, TENSOR)!r}), got {names!r}")
-        if any(axis_of(mesh, role) != axis for role, axis in roles_of(names).items()):
-            raise SpmdsimError(f"the GPT's mesh axes play the roles {roles_of(names)!r}, but the mesh was given "
-                               f"the roles {mesh.roles!r}")
-        dp, tp = mesh.layout.axis_size(DATA), mesh.layout.axis_size(TENSOR)
-        ep = mesh.layout.axis_size(EXPERT) if EXPERT in names else 1
-        cp = mesh.layout.axis_size(CONTEXT) if CONTEXT in names else 1
-        problem = mesh_problem(cfg, dp, tp, sp, ep) or context_problem(cfg, cp, tp, sp, context)
-        if problem:
-            where = " x ".join(f"{a} {mesh.layout.axis_size(a)}" for a in names)
-            raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")
+        cp = mesh_checked(cfg, mesh, sp, context, fsdp)
         # the sequence's split over cp and how attention meets it (spmdsim.models.gpt.context); None without cp
         self.context = (context or Context()) if CONTEXT in names else None
         self.positions = self.context.positions(cp, cfg.seq) if self.context is not None else None
@@ -147,10 +129,18 @@ class GPT(_Block):
                     _zero_padded_rows(t, cfg.vocab)
             # The policy's parameter dtype: the float64 values rounded once (the reference's start, too).
             self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
+        # The tensors the forward reads: the parameters, or under FSDP the gathered ones of the units running.
+        options = {"reshard_after_forward": fsdp} if isinstance(fsdp, bool) else fsdp  # fully_shard's
+        self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, **options)
+        if self.fsdp is not None:  # the parameters are the shards; `layouts` theirs (every part's, as Megatron's)
+            self.params, axis = self.fsdp.params, self.fsdp.axis
+            self.layouts = {name: sharded_layout(layout, axis) for name, layout in self.layouts.items()}
+        self.use: dict = self.params if self.fsdp is None else {}
+        self._root_step: Any = None  # under FSDP, the step whose forward gathered the root (`_root`)
         L = mesh.layout
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.models.moe.layer).
-        self.batch = (DATA, EXPERT) if EXPERT in names else DATA
+        self.batch = (DATA, EXPERT) if EXPERT in names else (DATA, SHARD) if SHARD in names else DATA
         seq = CONTEXT if CONTEXT in names else None  # the sequence's split over cp, for the whole block
         self.full = L(seq, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
@@ -171,7 +161,8 @@ class GPT(_Block):
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
-        p, cfg = self.params, self.cfg
+        self._root(step, micro, again=False)
+        p, cfg = self.use, self.cfg
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence), on tp 1 laid out as the activations already (no move node);
         # each position's embedding added to every sample's row.
@@ -182,15 +173,10 @@ class GPT(_Block):
             if self.positions is None:
                 pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
             else:  # the sequence laid out in another order (context parallelism): each index's position's row
-                pos = ops.embedding(self._position_ids(), p["wpe"])
+                if self._pos_ids is None:  # (T, 1), split over cp as the activations' T
+                    self._pos_ids = position_ids(self.mesh, self.positions)
+                pos = ops.embedding(self._pos_ids, p["wpe"])
             return self._dropout(tok + pos, "emb", step, train, micro)
-
-    def _position_ids(self) -> Any:
-        """The positions of the sequence as laid out, (T, 1) split over cp as the activations' T (`positions`)."""
-        if self._pos_ids is None:
-            ids = np.asarray(self.positions, np.int64).reshape(-1, 1)
-            self._pos_ids = DTensor.from_global(self.mesh, ids, self.mesh.layout(CONTEXT, None))
-        return self._pos_ids
 
     def blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None,
                scale: float = 1.0) -> Any:
@@ -198,7 +184,9 @@ class GPT(_Block):
         recomputation each block is one `checkpoint`, which keeps only its input, and `scale` what its MoE
         layers' router losses are scaled by (a pipeline microbatch's 1/m: chunk_blocks)."""
         for layer in range(self.part.first, self.part.stop):
-            if self.recompute == "full":
+            if self.fsdp is not None:
+                h = self._fsdp_layer(h, layer, step, train, micro, scale)
+            elif self.recompute == "full":
                 pre = f"h{layer}."
                 mine = [t for name, t in self.params.items() if name.startswith(pre)]
                 h = checkpoint(partial(self._recomputed, layer, step, train, micro, scale), h, *mine)
@@ -214,6 +202,7 @@ class GPT(_Block):
         The output's values are `blocks`'; the backward from its gradient reaches the routers through the
         losses too, as the unpipelined `loss` adds them (spmdsim.models.gpt.pipeline)."""
         self._router_losses = []
+        self._root(step, micro, again=False)  # (a pipeline's last chunk: its head's)
         h = self.blocks(h, step, train, micro, scale)
         losses, self._router_losses = self._router_losses, []
         if not losses:
@@ -230,10 +219,69 @@ class GPT(_Block):
         router losses' of the forward that made the region (the backward recomputes it after chunk_blocks)."""
         return self._block(h, layer, step, train, micro, scale)
 
+    def _unit(self, layer: Optional[int]) -> list:
+        """The names of layer `layer`'s parameters (an FSDP unit), or with None the root's (the rest)."""
+        pre = f"h{layer}."
+        if layer is not None:
+            return [name for name in self.params if name.startswith(pre)]
+        return [name for name in self.params if not (name[0] == "h" and name[1:2].isdigit())]
+
+    def _root(self, step: Any = None, micro: Any = None, again: bool = True) -> None:
+        """Under FSDP, the root unit gathered for this forward (kept to the end of its backward; the last
+        forward's freed first, its backward done) and the most gathered bytes counted from here. `again`
+        False: only where this step's microbatch `micro` has not gathered it yet. A pipeline's microbatch
+        (`micro` not None) gathers its own, which its graph holds until its backward (several are in flight)."""
+        if self.fsdp is not None and (again or self._root_step != (step, micro)):
+            if micro is None:
+                self.fsdp.release(self.use)
+                self.fsdp.start()
+            self.use = self.fsdp.unshard(self._unit(None), held=micro is None)
+            self._root_step = (step, micro)
+
+    def _fsdp_layer(self, h: Any, layer: int, step: Any, train: bool, micro: Any, scale: float) -> Any:
+        """Layer `layer` as an FSDP unit (spmdsim.nn.fsdp.FullyShard.unit). Under full recomputation with
+        resharding its parameters are gathered inside the recomputed region (in its forward, freed after it,
+        and in its recomputation); without resharding once, outside it, and kept as its inputs."""
+        fs, names = self.fsdp, self._unit(layer)
+        if self.recompute != "full":  # (prefetching, the next layer's names and the previous one's)
+            after = self._unit(layer + 1) if layer + 1 < self.part.stop else None
+            before = self._unit(layer - 1) if layer > self.part.first else None
+            return fs.unit(names, self._unit_block, h, layer, step, train, micro, scale, after=after, before=before)
+        if fs.reshard_after_forward:
+            run = partial(self._recomputed_unit, names, layer, step, train, micro, scale)
+            return checkpoint(run, h, *(fs.params[n] for n in names))
+        return fs.unit(names, self._checkpointed_unit, h, layer, step, train, micro, scale, reshard=False)
+
+    def _unit_block(self, h: Any, gathered: dict, layer: int, step: Any, train: bool, micro: Any,
+                    scale: float) -> Any:
+        """`_block` reading the unit's gathered parameters."""
+        self.use.update(gathered)
+        try:
+            return self._block(h, layer, step, train, micro, scale)
+        finally:
+            for name in gathered:
+                self.use.pop(name, None)
+
+    def _recomputed_unit(self, names: list, layer: int, step: Any, train: bool, micro: Any, scale: float, h: Any,
+                         *shards: Any) -> Any:
+        """A recomputed region that gathers its own parameters (`shards`: their leaves, the region's inputs)."""
+        return self.fsdp.unit(names, self._unit_block, h, layer, step, train, micro, scale, reshard=False)
+
+    def _checkpointed_unit(self, h: Any, gathered: dict, layer: int, step: Any, train: bool, micro: Any,
+                           scale: float) -> Any:
+        """The block as a recomputed region whose inputs are the unit's gathered parameters."""
+        names = list(gathered)
+        run = partial(self._recomputed_gathered, names, layer, step, train, micro, scale)
+        return checkpoint(run, h, *(gathered[n] for n in names))
+
+    def _recomputed_gathered(self, names: list, layer: int, step: Any, train: bool, micro: Any, scale: float,
+                             h: Any, *params: Any) -> Any:
+        return self._unit_block(h, dict(zip(names, params)), layer, step, train, micro, scale)
+
     def head(self, h: Any, last: bool = False) -> Any:
         """Logits (B, T, V) split over the vocabulary on tp from the last block's activations;
         `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
-        p, cfg = self.params, self.cfg
+        p, cfg = self.use, self.cfg
         if last:
             h = h[-1:]
         with kept_as("head"):
@@ -271,6 +319,7 @@ class GPT(_Block):
         """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out (self.batch, None);
         `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
         self._router_losses, self.moe_stats = [], []
+        self._root(step)
         return self.head(self.blocks(self.embed(ids, step, train), step, train), last)
 
     def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True,
@@ -278,6 +327,7 @@ class GPT(_Block):
         """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered), plus the
         MoE layers' router losses, weighted (spmdsim.models.gpt.reference.router_loss)."""
         self._router_losses, self.moe_stats = [], []
+        self._root(step)
         loss = self.head_loss(self.blocks(self.embed(ids, step, train, micro), step, train, micro), targets)
         for extra in self._router_losses:
             loss = loss + ops.resolved(extra)
@@ -302,7 +352,7 @@ class GPT(_Block):
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         cfg, mesh = self.cfg, self.mesh
-        dp = mesh.layout.axis_size(DATA) * (mesh.layout.axis_size(EXPERT) if EXPERT in mesh.layout.alias_name else 1)
+        dp = mesh.layout.group_size((self.batch,) if isinstance(self.batch, str) else self.batch)  # a window each
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0

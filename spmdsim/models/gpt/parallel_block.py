@@ -131,7 +131,7 @@ class _Block:
         # Each part's nodes are tagged with what they keep for backward (spmdsim.nn.autograd.kept_bytes).
         if self.kept == "megatron":
             return self._megatron_block(h, layer, step, train, micro, scale)
-        p, cfg = self.params, self.cfg
+        p, cfg = self.use, self.cfg
         n = self._layers.get(layer)
         if n is None:
             n = self._layers[layer] = _Layer(cfg, layer)
@@ -203,12 +203,12 @@ class _Block:
         without cfg.dropout): the graph's add, dropout and add in one node (spmdsim.nn.ops.residual), which
         keeps what they kept."""
         p = self.cfg.dropout if train else 0.0
-        b = None if bias is None else self.params.get(bias)
+        b = None if bias is None else self.use.get(bias)
         return fused_residual(h, y, b, p, self._seed(step, site, micro) if p else None, mask_dims=(1, 0, 2))
 
     def _biased(self, y: Any, name: str) -> Any:
         """y plus the bias `name` where the model has one (GPTConfig.bias)."""
-        b = self.params.get(name)
+        b = self.use.get(name)
         return y if b is None else y + b
 
     def _norm(self, h: Any, name: str, kept: str = "graph") -> Any:
@@ -218,7 +218,7 @@ class _Block:
 
     def _normed(self, h: Any, w: str, b: str, kept: str = "graph") -> Any:
         """`_norm` of the norm whose parameters are named `w` and `b` (RMSNorm has no `b`)."""
-        p, cfg = self.params, self.cfg
+        p, cfg = self.use, self.cfg
         if cfg.norm == "rms":
             if kept == "megatron":
                 return ops.rms_norm(h, p[w], cfg.ln_eps, kept="megatron")
@@ -293,7 +293,7 @@ class _Block:
         layer norms' inputs (and 2 numbers a row), the QKV and fc1 inputs (a sequence shard with sp),
         Q, K and V (one buffer), the attention core's probabilities, dropped-out probabilities and
         boolean mask, the projection's, GELU's and fc2's inputs, and two boolean dropout masks."""
-        p, cfg = self.params, self.cfg
+        p, cfg = self.use, self.cfg
         pre = f"h{layer}."
         T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
         drop = cfg.dropout if train else 0.0
@@ -344,7 +344,7 @@ class _Block:
         """h + dropout(y + bias): Megatron's fused node, which keeps the boolean mask alone, with or without the
         bias (GPTConfig.bias False: Megatron's bias_dropout_add with bias None; a sum of the graph's would keep
         the dropped-out y and the sum, which an add's backward never reads)."""
-        return megatron.bias_dropout_add(y, self.params.get(bias), h, drop, seed, mask_dims=(1, 0, 2))
+        return megatron.bias_dropout_add(y, self.use.get(bias), h, drop, seed, mask_dims=(1, 0, 2))
 
     def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
                  scale: float) -> Any:
@@ -361,7 +361,7 @@ class _Block:
         pre = f"h{layer}."
         again = current().phase == "recompute"
         with kept_as("mlp"):
-            out, losses = moe_layer(m, self.params, pre, self.cfg.moe,
+            out, losses = moe_layer(m, self.use, pre, self.cfg.moe,
                                                        None if again else self.moe_stats)
             if not again:
                 self._router_losses.append(losses)

@@ -30,10 +30,9 @@ microbatch, scaled by 1/m as the loss is, and attached to its chunk's output
 the stage that holds the layer differentiates them in that microbatch's
 backward; the step's loss adds every stage's.
 
-Checked every step as the unpipelined training is (spmdsim.models.gpt.train): the
-same step in one numpy process, microbatch by microbatch (each microbatch
-draws its own dropout masks, spmdsim.models.gpt.params.dropout_seed), from every
-stage's parameters at the start of the step, compared on every rank.
+Checked every step as the unpipelined training is (spmdsim.models.gpt.train): the same step in one numpy process,
+microbatch by microbatch (each microbatch draws its own dropout masks, spmdsim.models.gpt.params.dropout_seed), from
+every stage's parameters at the start of the step, compared on every rank.
 """
 from __future__ import annotations
 
@@ -95,8 +94,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
     chunks per stage); `split`: layers per chunk (default balanced). `recompute` and `zero` as
-    spmdsim.models.gpt.train.train's, on each stage (ZeRO-1: each stage's optimizer sharded over its dp ranks);
-    `memory`: each step's bytes on this rank into StepResult.memory, kept-for-backward bytes at the
+    train.train's, on each stage (ZeRO-1: each stage's optimizer sharded over its dp ranks; ZeRO-3 each chunk's
+    parameters, resharded after forward); `memory`: each step's bytes on this rank into StepResult.memory, kept-for-backward bytes at the
     moment the schedule held the most (spmdsim.models.gpt.memory.MemoryReport); `kept`: "graph" or "megatron"
     (spmdsim.models.gpt.parallel.GPT's). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks of each stage:
     the mesh is (pp, dp, ep, tp) (see the module docstring; StepResult.dispatch and .experts as
@@ -116,7 +115,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     policy = get_precision(precision)
     st = _Pipelined(cfg, comm, pp, dp, tp, sp, schedule, microbatches, virtual, split, layouts, recompute, zero, kept,
                     ep, algorithms, policy, memory, contexts)
-    run, mesh, params, optimizer = st.run, st.run.mesh, st.params, st.optimizer
+    run, mesh, params, optimizer, zero = st.run, st.run.mesh, st.params, st.optimizer, st.zero  # (ZeRO-3's: 0)
     check = check and not dry_run_active()
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
@@ -184,7 +183,7 @@ class _Pipelined:
         self.mine = mine = [c for c in range(chunks) if c % pp == stage]
         self.models = models = {c: parallel.GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c],
                                                 recompute=recompute, kept=kept, precision=policy,
-                                                context=context) for c in mine}
+                                                context=context, fsdp=True if zero == 3 else None) for c in mine}
         if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
             models[chunks - 1].params["wte"] = models[0].params["wte"]
         self.params = params = {}
@@ -195,8 +194,9 @@ class _Pipelined:
         self.tensors = list(params.values())
         # this stage holds one copy of the tied table
         self.ends = (0 in models) != (last in models) and pp > 1 and cfg.tied
-        self.cfg, self.pp, self.microbatches, self.zero, self.memory = cfg, pp, microbatches, zero, memory
-        self.optimizer, self.sums = self._optimizer(cfg, mesh, zero)
+        self.cfg, self.pp, self.microbatches, self.zero, self.memory, self.fsdp = cfg, pp, microbatches, zero % 3, \
+            memory, zero == 3  # ZeRO-3: each chunk's GPT fully sharded (spmdsim.nn.fsdp), AdamW on its shards
+        self.optimizer, self.sums = self._optimizer(cfg, mesh, self.zero)
         self.run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
         self.micro = micro = cfg.batch // microbatches
         self.shape = (cfg.seq, micro, cfg.d_model)
@@ -236,7 +236,7 @@ class _Pipelined:
                               decay=decaying)
         # ZeRO-0's gradient buffer (Megatron DDP's): every microbatch's gradients added into it as the walk gives
         # them, each bucket summed there in place once a step
-        sums = None if zero else GradBuffer(tensors, dp_bucket(tensors, stage_mesh))
+        sums = None if zero or self.fsdp else GradBuffer(tensors, dp_bucket(tensors, stage_mesh))
         if zero == 2:  # the buckets of a parameter whose gradient changes after a chunk's last backward, reduced
             # in the step: the tied table's, which gets the other end's after the backward (`ends`), or one that
             # two of this stage's chunks read (both ends on one stage)
@@ -262,13 +262,13 @@ class _Pipelined:
         watch = self.ran["watch"] = _Most(optimizer, tensors, sums) if self.memory else None
         if watch is not None and self.zero:  # a look in the backward (ZeRO-2: before each bucket's Reduce_scatter)
             optimizer.watch = watch.walk
-        elif watch is not None:  # ZeRO-0: as the walk puts gradients into the buffer, and before each sum
+        elif watch is not None and sums is not None:  # ZeRO-0: as the walk fills the buffer, and before each sum
             sums.watch, sums.watch_blocks = watch.walk, watch.sums
         losses, self.ran["order"], self.ran["held"] = _run_program(
             run, run.schedule.programs[self.stage], ids, when, microbatches, self.last, self.shape, self.act,
-            self.wire, self.pp_comm, tensors, self.clock, watch, self.groups, self.wire_dtype, self.found,
-            optimizer if self.zero else sums if sums.buckets else None)
-        if not self.zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
+            self.wire, self.pp_comm, [] if self.fsdp else tensors, self.clock, watch, self.groups, self.wire_dtype,
+            self.found, optimizer if self.zero else sums if sums is not None and sums.buckets else None)
+        if sums is not None:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter; ZeRO-3's, in the walk
             sums.reduce()  # dp (and sp's LayerNorm) sums: once per step, each bucket in place in its block
         if self.ends:
             _tie_embedding(run, self.params["wte"], 0 if self.stage == self.pp - 1 else self.pp - 1, self.pp_comm,

@@ -2,6 +2,7 @@
 gradient buffer, the memory looks it takes and the step the trainer's loop runs, captures or replays."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from ...base.buffers import owned_bytes
@@ -31,7 +32,7 @@ class _StepRun:
     with `memory` the bytes it looked at (`report`)."""
 
     def __init__(self, cfg: Any, model: Any, optimizer: Any, params: list, mesh: Any, zero: int,
-                 memory: bool) -> None:
+                 memory: bool, fsdp: bool = False) -> None:
         self.cfg, self.model, self.optimizer, self.params, self.zero, self.memory = (cfg, model, optimizer, params,
                                                                                    zero, memory)
         self.moments: dict = {}  # with `memory`: the totals this step, by moment, and what the graph kept
@@ -45,8 +46,10 @@ class _StepRun:
             optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
         # ZeRO-0's gradient buffer (Megatron DDP's): each bucket's gradients in one flat block the walk writes them
         # into, summed there in place; its look in the backward at each stop of the walk and before each Allreduce
-        self.sums = sums = None if zero else GradBuffer(params, dp_bucket(params, mesh))
-        if memory and not zero:
+        # (FSDP's gradients arrive reduce-scattered onto the shards: no buffer, nothing left pending)
+        self.fsdp = fsdp
+        self.sums = sums = None if zero or fsdp else GradBuffer(params, dp_bucket(params, mesh))
+        if memory and sums is not None:
             sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums)
             sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks, sums)
 
@@ -58,10 +61,16 @@ class _StepRun:
         optimizer, params, sums = self.optimizer, self.params, self.sums
         optimizer.zero_grad()
         loss = self.model.loss(xd, yd, step)
+        if self.fsdp:  # the gathered blocks the graph holds for backward (the root's; without resharding, all)
+            self.gathered_kept = self.model.fsdp.held
         self.look("after the forward", kept_bytes([loss], exclude=params) if self.memory else None)
         if self.zero:  # the dp sums left to the optimizer's Reduce_scatter: ZeRO-2's in the walk as each bucket
             # fills; ZeRO-1's in the step, each gradient put into its main gradient in the walk once it is final
             backward(loss, keep_pending=params, reduce_with=optimizer)
+        elif self.fsdp:  # each gradient reduce-scattered by its gather's conjugate in the walk
+            backward(loss)
+            if self.cfg.clip:
+                self.norms.append(clip_grad_norm_(params, self.cfg.clip))
         else:  # each gradient into its bucket's block as the walk gives it; each bucket one Allreduce after it
             backward(loss, keep_pending=params, reduce_with=sums if sums.buckets else None)
             sums.reduce()
@@ -86,9 +95,14 @@ class _StepRun:
         nothing); else None."""
         if self.memory and self.moments:
             self.last_report = _report(step, self.moments, owned_bytes(p.local for p in self.params))
+            if self.fsdp:  # the most gathered bytes held at once in the step (spmdsim.nn.fsdp.FullyShard); a
+                # replayed step's are its captured step's
+                self.gathered = {"gathered": self.model.fsdp.most, "gathered_kept": self.gathered_kept}
+                self.last_report = replace(self.last_report, **self.gathered)
             if replay:  # a replayed step runs no Python to look: the captured step's moments, kept
                 self.captured = dict(self.moments)
             self.moments.clear()
         elif self.memory and replay and step:  # the captured step's looks as any later step's (`_steady`)
-            self.last_report = _report(step, _steady(self.captured), owned_bytes(p.local for p in self.params))
+            self.last_report = replace(_report(step, _steady(self.captured), owned_bytes(p.local for p in self.params)),
+                                       **(self.gathered if self.fsdp else {}))
         return self.last_report

@@ -45,29 +45,25 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...nn.autograd.kept import kept_problem
-from ...layouts.layout import Layout
 from .config import GPTConfig
 from .data import batch, text_problem
-from .memory import MemoryReport, recompute_problem, zero_problem
+from .memory import MemoryReport, fsdp_problem, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
 from .tolerances import tolerances as mixed_tolerances
 from .params import param_specs
 from .wholes import Regions, assemble, regions
-from ..axes import PIPELINE, model_layout, roles_of
-from . import checkpoint
 from ...errors import SpmdsimError
 from ...nn import ops
 from ...runtime.dtensor import DTensor
 from ...runtime.executor import pending, resolve
-from ...runtime.mesh import Mesh
 from ...runtime.shared_reference import shared_once
 from ...runtime import shared_rows
 from ...runtime.sim import dry_run_active, once
 from ...runtime.trace import collect_trace
-from .checkpoint import load, run_meta, save as save_checkpoint
-from .layouts import megatron_layouts
+from .checkpoint import _checkpoint_problem, checkpoint_meta, checkpoint_problem, load, save as save_checkpoint
 from .mixed import architecture_problem
 from . import parallel
+from .mesh import model_mesh
 from .context import Context
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
@@ -188,28 +184,28 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
           recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
           ep: int = 1, precision: Any = "fp64", save: Optional[str] = None, save_every: int = 0,
-          resume: Optional[str] = None, cp: int = 1, context: Optional[Context] = None) -> tuple[Any, list]:
+          resume: Optional[str] = None, cp: int = 1, context: Optional[Context] = None,
+          reshard_after_forward: bool = True, prefetch: bool = False) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step run).
 
-    Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
-    instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
-    `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
-    the same way (with `cfg.clip` too: each replayed step clips by its own norm).
+    Collective: every rank calls it alike. `mesh`: a Mesh (dp, tp) to use instead of making one over `comm`.
+    `layouts`: parameter name -> TensorLayout (default Megatron's).
+    `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked alike.
     `recompute`: "none", "selective" or "full" (spmdsim.models.gpt.parallel.GPT's). `zero`: 0 (AdamW), 1
-    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp) or 2 (the same with the
-    gradients sharded too: `zero_options`). `memory`: measure each step's bytes into StepResult.memory. `kept`:
-    "graph" or "megatron" (GPT's: what the graph keeps for backward). `ep`: with MoE layers (cfg.moe), the
+    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp), 2 (the same with the gradients
+    sharded too: `zero_options`) or 3 (FSDP: the parameters too, spmdsim.nn.fsdp; `reshard_after_forward`,
+    `prefetch`: its). `memory`: measure each step's bytes into StepResult.memory. `kept`: "graph" or
+    "megatron" (GPT's: what the graph keeps for backward). `ep`: with MoE layers (cfg.moe), the
     expert-parallel ranks: the mesh (dp, ep, tp), the batch split over dp x ep; the loss has the router losses.
-    `precision`: the precision policy (spmdsim.base.precision: "fp64", "fp32", "bf16-mixed"); the reference
-    step then runs under it (spmdsim.models.gpt.mixed) and the check's tolerance is the policy's
-    (spmdsim.models.gpt.tolerances.tolerances: the optimizer checked on the run's own gradients).
+    `precision`: the precision policy ("fp64", "fp32", "bf16-mixed"); the reference step runs under it
+    (spmdsim.models.gpt.mixed), the check's tolerance is the policy's (the optimizer on the run's gradients).
     `cp`: context-parallel ranks, attention by `context` (models.gpt.context; default the balanced ring).
     `save`: a directory to write a checkpoint into (spmdsim.models.gpt.checkpoint: a file per rank and rank 0's
     metadata) after the last step, and with `save_every` N > 0 after every N-th step too. `resume`: a checkpoint
     directory to continue from: the steps from the one it reached to `steps` run (and are returned), as the run
-    that never stopped runs them, bit for bit; it is refused in one line, alike on every rank and before any
-    collective, when it does not fit this run (`checkpoint.resume_problem`). With `check`, a resumed run's
-    reference starts from the checkpoint's parameters and the run's moments (gathered).
+    that never stopped runs them, bit for bit; refused in one line, alike on every rank and before any
+    collective, when it does not fit this run. With `check`, a resumed run's reference starts from the
+    checkpoint's parameters and the run's moments (gathered).
     """
     _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
             recompute, zero, kept, ep, precision, save, save_every, resume)
@@ -217,16 +213,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     if save is not None or resume is not None or save_every:
         meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
                                precision=precision, zero=zero, ep=ep)
+    fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
     policy = get_precision(precision)
     if mesh is None:
-        mesh = parallel.model_mesh(cfg, comm, dp, tp, ep, cp, context)
+        mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context)
     model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy,
-                         context=context)
+                         context=context, fsdp=fsdp)
     specs = param_specs(cfg)
     tensors = {s.name: model.params[s.name] for s in specs}
     optimizer = _optimizer(cfg, model, mesh, specs, zero)
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
-    run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory)
+    run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory, fsdp is not None)
     # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
     first = 0 if resume is None else load(resume, mesh, tensors, optimizer)
     checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
@@ -259,11 +256,19 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     return model, results
 
 
+def _fsdp_options(zero: int, reshard_after_forward: Any, prefetch: Any) -> tuple[Optional[dict], int]:
+    """(fully_shard's options for the model, the optimizer's ZeRO stage): ZeRO-3's, AdamW on the shards."""
+    if zero != 3:
+        return None, zero
+    return {"reshard_after_forward": bool(reshard_after_forward), "prefetch": bool(prefetch)}, 0
+
+
 def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,
             layouts: Optional[dict], replay: bool, recompute: str, zero: int, kept: str, ep: int, precision: Any,
             save: Optional[str], save_every: int, resume: Optional[str]) -> None:
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
+               or (fsdp_problem(cfg, ep, replay, save, resume) if zero == 3 else None)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
@@ -274,7 +279,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
         problem = _checkpoint_problem(meta, steps, save, save_every, resume)
         if problem:  # every rank alike (each reads the same metadata file), before any collective
             raise SpmdsimError(problem)
-    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero,
+    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
                                   precision=precision)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
@@ -338,56 +343,3 @@ class _Checker:
         worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                         reduction="max", owned=True)
         return tuple(float(e) for e in worst)
-
-
-def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
-                       layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
-                       save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None,
-                       pipeline: Optional[dict] = None) -> Optional[str]:
-    """Why `train`'s checkpoint settings (`save`, `save_every`, `resume`) cannot be for a run of these arguments
-    (`train`'s; with `pipeline`, spmdsim.models.gpt.pipeline.train_pipelined's: {"pp", "schedule", "microbatches",
-    "virtual", "split"}) on `world` ranks, or None; alike on every rank and no collective (every rank reads the
-    same metadata file): a dry run (no values to save), `save_every` not an integer >= 0 or without `save`, an
-    unwritable `save` directory, a `resume` checkpoint that does not fit (spmdsim.models.gpt.checkpoint.resume_problem:
-    missing, another config, mesh, world size, layout, precision, optimizer or pipeline, at or past `steps`).
-    The trainers refuse the same; a program asks first to refuse before it prints anything."""
-    if save is None and resume is None and not save_every:
-        return None
-    meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep,
-                           pipeline=pipeline)
-    return _checkpoint_problem(meta, steps, save, save_every, resume)
-
-
-def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = False,
-                    layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
-                    pipeline: Optional[dict] = None) -> dict:
-    """spmdsim.models.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
-    `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
-    `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
-    moe = cfg.moe is not None or ep > 1
-    inner = model_layout(tp, dp, ep if moe else None)
-    chosen = megatron_layouts(cfg, Layout(*inner), sp)
-    chosen.update(layouts or {})
-    mesh_layout = Layout(*inner)
-    if pipeline is not None:
-        pipeline = dict(pipeline)
-        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE)))
-        pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
-    meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
-                    "DistributedAdamW" if zero else "AdamW")
-    meta["pipeline"] = pipeline
-    return meta
-
-
-def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every: Any,
-                        resume: Optional[str]) -> Optional[str]:
-    if dry_run_active():
-        return "--save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or resume"
-    if type(save_every) is not int or save_every < 0:
-        return f"--save-every {save_every!r} must be an integer >= 0 (0: save after the last step only)"
-    if save_every and save is None:
-        return f"--save-every {save_every} saves into the directory --save names; give --save DIR with it"
-    problem = checkpoint.resume_problem(resume, meta, steps) if resume is not None else None
-    return problem or (checkpoint.save_problem(save) if save is not None else None)
-
-

@@ -16,6 +16,7 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
+from ...models.gpt.memory import sharded_problem
 from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_problem
 from ...models.moe.config import MoEConfig
 from ..estimate.machine import machines
@@ -82,9 +83,13 @@ def register(subparsers: Any) -> None:
                              "products; docs/howto/context-parallel.md)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
                         help="activation recomputation (default none)")
-    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2),
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="1: the distributed optimizer (ZeRO-1: states sharded over dp); 2: the gradients too "
-                             "(ZeRO-2; default 0)")
+                             "(ZeRO-2); 3: the parameters too (ZeRO-3, FSDP: each layer gathered for its forward "
+                             "and again for its backward); default 0")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="with --zero 3 on one stage, one microbatch a step: each layer's parameters gathered "
+                             "before the layer ahead of it runs (FSDP's prefetch: two layers' gathered at once)")
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
                         help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
                              "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
@@ -122,7 +127,8 @@ MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "
 #: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
 #: defaults): named here, so that an attribute argparse or main() adds (func, _usage_parser, ...) stays out.
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
-                 PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero", "kept", "experts",
+                 PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
+                 "prefetch", "kept", "experts",
                  EXPERT, "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
                  "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method")
@@ -193,6 +199,19 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     return cfg, args.global_batch // per_step
 
 
+def _fsdp(args: argparse.Namespace) -> None:
+    """--zero 3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
+    spmdsim.models.gpt.pipeline's trainer, which does not prefetch); experts with it."""
+    if args.prefetch and args.zero != 3:
+        raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
+    if args.zero == 3 and args.experts:
+        raise SpmdsimError("--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet")
+    if args.prefetch and sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep),
+                                         args.ep, args.virtual_stages):
+        raise SpmdsimError(f"--prefetch with --pp {args.pp} or several microbatches a step: a pipeline's chunks do "
+                           "not prefetch; leave out --prefetch")
+
+
 def _split(args: argparse.Namespace) -> Any:
     """The layers per chunk that --first-stage-layers, --last-stage-layers or --stage-layers give (None: none
     given, balanced), or the one-line SpmdsimError naming the flag (spmdsim.programs.pipeline.options.layer_split)."""
@@ -206,9 +225,10 @@ def run(args: argparse.Namespace) -> int:
     from .estimate_report import report  # the dry run and the machine model: loaded to estimate, not for --help
 
     cfg, microbatches = _config(args)
+    _fsdp(args)
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
-    overlap = _overlap(args.overlap, args.pp, schedule)
+    overlap = _overlap(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())
     if args.cp > 1 and args.cp_method == "ring":  # each block's transfer posted before the block's compute
         overlap += ("context",)
     return report(args, config_record(args), cfg, microbatches, split, schedule, overlap)

@@ -18,7 +18,7 @@ from ...models.gpt.params import param_specs
 from ...models.gpt.stages import chunk_parts
 from ...programs.pipeline.options import split_words
 from ...programs.viz.table import wrap_lines
-from ..estimate.ledger import (PRECISIONS, gpt_ledger, kernel_bytes, layers_activations, peak_bytes, stage_memory,
+from ..estimate.ledger import (_RUN, PRECISIONS, gpt_ledger, kernel_bytes, layers_activations, peak_bytes, stage_memory,
                                stage_times, unmappable)
 from ..estimate.machine import load_machine
 from ..estimate.steptime import Pipeline, assumptions, utilization
@@ -38,7 +38,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
                             schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
                             kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split,
-                            cp=args.cp, cp_method=args.cp_method)
+                            cp=args.cp, cp_method=args.cp_method, prefetch=args.prefetch)
     except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
@@ -233,7 +233,7 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
     out.append(f"  memory {_gib(mem.memory)}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
     states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
     line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"
-    if not zero:  # every element is updated on this rank: the layers' share is theirs exactly
+    if zero in (0, 3):  # every element is updated on this rank: the layers' share is theirs exactly
         layers = states * st.layer_params // st.params
         line += f", of which the transformer layers' {_gib(layers)} ({layers / 1e9:,.2f} GB)"
     out.append(line)
@@ -243,6 +243,11 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
                + (f", of which the experts' {st.expert_params:,}" if st.expert_params else ""))
     beside = f", {_gib(mem.backward)} more gradients in the backward (measured, beside those above)" \
         if mem.backward else ""
+    if st.memory.gathered:  # ZeRO-3 (spmdsim.nn.fsdp): gathered parameters, those the graph keeps are above
+        w = PRECISIONS[precision].params
+        out.append(f"    gathered parameters at most {_gib(st.memory.gathered // _RUN * w)} at once, "
+                   f"{_gib(st.memory.gathered_kept // _RUN * w)} of them kept for backward (in the activations)")
+        beside += f", {_gib(mem.gathered)} of the layers' gathered parameters" if mem.gathered else ""
     out.append(f"  peak (transient included) {_gib(mem.peak)}: the memory above{beside} and, "
                f"for a moment, the blocks of {transient.what}: {_gib(transient.nbytes)}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))

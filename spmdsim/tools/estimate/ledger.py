@@ -32,6 +32,7 @@ from ...emulator.comm import world
 from ...models.gpt.params import is_expert
 from ...models.gpt.pipeline import train_pipelined
 from ...models.gpt.context import Context
+from ...models.gpt.sharded_run import train_sharded
 from ...programs.memory import ENV_VAR
 from ...runtime.sim.run import simulate
 from .steptime import step_time
@@ -126,7 +127,7 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     w = PRECISIONS[precision]
     m = stage.memory
     params = m.params // _RUN
-    master = m.master // _RUN if zero else (params if w.mixed else 0)
+    master = m.master // _RUN if zero in (1, 2) else (params if w.mixed else 0)  # ZeRO-3's: its shards' copy
     masks = sum(n for kind, n in m.kept if kind.endswith(MASKS))  # bools: a byte each at any precision
     values = m.kept_total - masks
     return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
@@ -261,6 +262,7 @@ class StageMemory:
     held: dict
     transient: Transient
     backward: int = 0
+    gathered: int = 0  # ZeRO-3: the most bytes of gathered parameters held beyond those the memory line holds
 
     @property
     def memory(self) -> int:
@@ -271,13 +273,16 @@ class StageMemory:
     def peak(self) -> int:
         """The memory line, the gradients held beyond it (measured) and, for a moment, the largest kernel's or
         product's blocks beside them."""
-        return self.memory + self.backward + self.transient.nbytes
+        return self.memory + self.backward + self.gathered + self.transient.nbytes
 
 
 def stage_memory(stage: StageLedger, precision: str, zero: int) -> StageMemory:
-    """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory)."""
+    """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory); ZeRO-3's
+    gathered parameters beyond the graph's (a unit's, gathered for its forward or backward) in the peak."""
+    m = stage.memory
+    beyond = max(0, m.gathered - m.gathered_kept) // _RUN * PRECISIONS[precision].params
     return StageMemory(priced(stage, precision, zero), largest_transient(stage, precision),
-                       backward_gradients(stage, precision, zero))
+                       backward_gradients(stage, precision, zero), beyond)
 
 
 def peak_bytes(memories: Any) -> int:
@@ -296,11 +301,12 @@ def gemms_at(gemms: Any, precision: str) -> list:
 def transfers_at(transfers: Any, precision: str) -> list:
     """The Calls rows with their bytes at `precision`'s widths: activations and their gradients (the layers'
     collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
-    buckets at the gradient width (Megatron sums bf16 training's gradients in fp32)."""
+    buckets at the gradient width (Megatron sums bf16 training's gradients in fp32), ZeRO-3's gathers at the
+    parameters'."""
     w = PRECISIONS[precision]
     out = []
     for t in transfers:
-        width = w.grads if t.phase == "gradients" else w.activations
+        width = w.grads if t.phase == "gradients" else w.params if t.phase == "parameters" else w.activations
         out.append(replace(t, nbytes=t.nbytes * width // _RUN, sent=t.sent * width // _RUN))
     return out
 
@@ -315,9 +321,11 @@ _KEEP = 256
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
                kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
-               split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring") -> list[StageLedger]:
+               split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring",
+               prefetch: bool = False) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
-    (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step),
+    (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step;
+    ZeRO-3 on one stage and one microbatch: spmdsim.models.gpt.sharded_run.train_sharded, with `prefetch` FSDP's),
     its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing); `cp` context-parallel ranks a stage, attention by `cp_method`
@@ -327,15 +335,15 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
     split = None if split is None else tuple(split)
     key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
-           os.environ.get(ENV_VAR, ""), split, cp, cp_method)
+           os.environ.get(ENV_VAR, ""), split, cp, cp_method, prefetch)
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
         return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node, ep, split, (cp, cp_method))
+                           gpus_per_node, ep, split, (cp, cp_method), prefetch)
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node, ep, split, (cp, cp_method)))
+                                  gpus_per_node, ep, split, (cp, cp_method), prefetch))
         while len(_LEDGERS) >= _KEEP:
             del _LEDGERS[next(iter(_LEDGERS))]
         _LEDGERS[key] = known
@@ -344,7 +352,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
                 recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1,
-                split: Optional[tuple] = None, contexts: tuple = (1, "ring")) -> list[StageLedger]:
+                split: Optional[tuple] = None, contexts: tuple = (1, "ring"),
+                prefetch: bool = False) -> list[StageLedger]:
     """`gpt_ledger`'s dry run; `contexts`: (cp, its method)."""
     cp, method = contexts
     import numpy as np
@@ -355,10 +364,13 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
 
     def body() -> StageLedger:
         with counting(blocks=True) as flops:
-            run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
+            trainer = train_sharded if zero == 3 and pp == microbatches == virtual == 1 and cp == 1 else \
+                train_pipelined
+            run, steps = trainer(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
-                                         cp=cp, context=Context(method) if cp > 1 else None)
+                                         **({"prefetch": prefetch} if trainer is train_sharded else
+                                            {"cp": cp, "context": Context(method) if cp > 1 else None}))
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())

@@ -27,9 +27,9 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   they run in (every GEMM phase: a Calls row does not say its pass); "pipeline" (the messages between
   stages, Megatron's overlap_p2p_comm) under the adjacent microbatches' compute (the GEMMs and
   element-wise kernels of every GEMM phase); "context" (ring attention's messages, each block's transfer
-  posted before the block's compute) under the products. Each phase hides at most its own communication and its
-  window, and all of them together at most the compute and element-wise seconds (the links of the
-  three run beside the compute, not beside each other). Default: none.
+  posted before the block's compute) under the products; "parameters" (ZeRO-3's gathers of the layers'
+  parameters, prefetched: spmdsim.nn.fsdp) under every pass's compute. Each phase hides at most its own
+  communication and its window, all of them together at most the compute and element-wise seconds. Default: none.
 
     total = compute + element-wise + optimizer + communication - hidden + bubble
 
@@ -57,7 +57,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 #: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Calls.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
-TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context")
+TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context", "parameters")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
 _P2P = ("send", "recv")
@@ -67,7 +67,8 @@ _P2P = ("send", "recv")
 OVERLAP_UNDER = {"gradients": (("backward", "recompute"), True),
                  "layers": (GEMM_PHASES, False),
                  "pipeline": (GEMM_PHASES, True),
-                 "context": (GEMM_PHASES, False)}
+                 "context": (GEMM_PHASES, False),
+                 "parameters": (GEMM_PHASES, True)}  # ZeRO-3's gathers, prefetched under the layers' compute
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,8 @@ def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) ->
     names = {"gradients": ("dp gradient sums", "under the backward"),
              "layers": ("the layers' tp collectives", "under their GEMMs"),
              "pipeline": ("pipeline messages", "under the microbatches' compute"),
-             "context": ("ring attention's messages", "under the products")}
+             "context": ("ring attention's messages", "under the products"),
+             "parameters": ("ZeRO-3's prefetched gathers", "under the layers' compute")}
     overlap = {overlap} if isinstance(overlap, str) else set(overlap)
     hidden = [names[p] for p in OVERLAP_UNDER if p in overlap]
     overlapped = ", ".join(f"{what}{' hidden' if not i else ''} {where}" for i, (what, where) in enumerate(hidden)) \

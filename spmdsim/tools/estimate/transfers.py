@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from ...errors import SpmdsimError
-from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE
+from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, SHARD
 from ...programs.plan.steps import KINDS
 from .records import Calls
 
@@ -37,6 +37,8 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
 #: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's, and
 #: context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls) "context".
+#: ZeRO-3's Reduce_scatter of a layer's gradients (a redistribution's) is a sum; its gathers are phase
+#: "parameters".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket")
 
@@ -63,9 +65,13 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
                 raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
             n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
             rows = [(e.op, n, e.bytes_sent)]
-            summed = (e.label or "").startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes)
-            phase = "pipeline" if PIPELINE in axes else "context" if CONTEXT in axes and not summed \
-                else ("gradients" if summed else "layers")
+            label = e.label or ""
+            # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
+            summed = (label.startswith(GRADIENT_LABELS) or e.op == "reduce_scatter" and label.startswith(
+                "redistribute")) and (DATA in axes or EXPERT in axes or SHARD in axes)
+            gathered = e.op == "allgather" and label.startswith("redistribute") and (DATA in axes or SHARD in axes)
+            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
+                                                         else "context" if CONTEXT in axes else "layers")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + times

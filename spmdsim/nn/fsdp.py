@@ -1,0 +1,226 @@
+"""Fully sharded data parallelism (ZeRO-3; PyTorch FSDP2's ``fully_shard``) over spmdsim's DTensor.
+
+Each parameter becomes a leaf whose layout splits its dim 0 over the mesh's data axis as well (FSDP2's
+``Shard(0)``; after the axes that already split dim 0, so that gathering over the data axis gives back the
+parameter's own layout): a rank holds 1/dp of it, and the optimizer steps those shards. A unit (a layer, or
+the model's root: the embedding and the head) is gathered just before its forward reads it, by one
+redistribution per parameter (`spmdsim.runtime.executor.redistribute`: an Allgather step record the executor
+runs), whose backward is autograd's conjugate of that move: the gradient, a pending sum over the data axis,
+is reduce-scattered onto the shard (a Reduce_scatter step record). No gradient of the whole parameter outlives
+its unit's backward.
+
+With ``reshard_after_forward`` (FSDP2's default) a unit's gathered blocks are freed when its forward ends and
+gathered again when its backward starts: an identity node on the unit's output whose backward runs the
+gathers again (no graph recorded) and puts the blocks back into the very tensors the unit's nodes hold, before
+any of them runs. Without it they stay until the unit's backward is done. Either way an identity node on the
+unit's input frees them once every node of the unit has run its backward (FSDP2's post-backward reshard).
+A unit whose forward runs under ``no_grad`` (evaluation, or a recomputed region's first forward) frees its
+blocks as soon as the forward ends. The root's parameters are gathered once and kept to the end of the
+backward, as FSDP2 keeps its root's.
+
+With ``prefetch`` the next unit's gathers run before a unit's forward and the previous unit's before its
+backward (two units gathered at once). On a mesh with a "shard" role beside the "data" one the parameters are
+sharded over the shard axis and replicated over the data axis (HSDP): the Reduce_scatter runs within a
+shard group and the shards' gradients are summed across the groups at the leaves.
+
+    >>> # fs = fully_shard(params, mesh)                       # params: name -> DTensor
+    >>> # y = fs.unit(["w1"], lambda h, used: h @ used["w1"], x)  # one unit's forward; fs.params to the optimizer
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+from ..errors import SpmdsimError
+from ..layouts.layout import TensorLayout
+from ..runtime.dtensor import DTensor
+from ..runtime.executor import redistribute
+from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
+from .autograd.kept import nothing, shell
+
+__all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_problem", "GATHERED"]
+
+#: The kind of kept bytes (spmdsim.nn.autograd.kept_bytes) of a unit's gathered parameters held for its backward.
+GATHERED = "gathered parameters"
+
+
+def sharded_layout(layout: TensorLayout, axis: str) -> TensorLayout:
+    """`layout` with dim 0 split over `axis` too, after the axes that already split it (the minor one).
+
+    The shard FSDP keeps; gathering it over `axis` gives `layout` back. Pure."""
+    entries = tuple(layout.tensor_map)
+    return TensorLayout(layout.layout, (entries[0] + (axis,),) + entries[1:], layout.partial)
+
+
+def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: str) -> Optional[str]:
+    """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis`, or None.
+
+    One line, alike on every rank (pure: no collective)."""
+    if not shape:
+        return f"parameter {name!r} is a scalar; fully sharded data parallelism splits dim 0 of each parameter"
+    if layout.partial:
+        return f"parameter {name!r} is a pending sum over {layout.partial!r}; expected a resolved parameter"
+    if any(axis in entry for entry in layout.tensor_map):
+        return f"parameter {name!r} is already split over the data axis {axis!r} ({layout}); expected a layout " \
+               "replicated over it"
+    shards = 1
+    for a in layout.tensor_map[0] + (axis,):
+        shards *= layout.layout.axis_size(a)
+    if shape[0] % shards:
+        return (f"parameter {name!r} dim 0 of size {shape[0]} is not divisible by {shards} shards (axes "
+                f"{layout.tensor_map[0] + (axis,)!r}); fully sharded data parallelism splits dim 0 evenly")
+    return None
+
+
+class FullyShard:
+    """A model's parameters sharded over the data axis, made by `fully_shard`.
+
+    `params`: name -> leaf DTensor, 1/dp each (the optimizer's); `layouts`: name -> the layout the forward
+    reads it in; `unit` and `unshard` gather them; `held` and `most`: the gathered bytes held now and the most
+    held at once since `start`."""
+
+    def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str,
+                 prefetch: bool = False) -> None:
+        self.mesh, self.reshard_after_forward, self.axis = mesh, bool(reshard_after_forward), axis
+        self.prefetch = bool(prefetch)
+        # prefetched: the next unit's gathered tensors (forward), the previous unit's blocks (backward), by names
+        self._ahead: dict = {}
+        self._behind: dict = {}
+        self.layouts = {name: t.layout for name, t in params.items()}
+        # bytes of gathered blocks held now, and the most held at once since `start` (the memory report's)
+        self.held = self.most = 0
+        self._live: dict = {}  # id -> a gathered tensor whose block is held (not released)
+        self.params: dict = {}
+        for name, t in params.items():
+            target = sharded_layout(t.layout, axis)
+            with no_grad():  # B -> S(0) over the data axis: a local slice, no communication
+                moved = redistribute(t, target).local
+            # its own buffer, so that the whole block can go (a dry run's: the engine's zeros, never touched)
+            block = mesh.engine.blank(moved.shape, moved.dtype) if mesh.engine.dry else moved.copy()
+            leaf = DTensor.from_local(mesh, block, target, t.global_shape)
+            self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
+
+    def unshard(self, names: Iterable[str], held: bool = True) -> dict:
+        """name -> the parameter whole again on the data axis (its own layout): one Allgather each, recorded
+        (its backward reduce-scatters the gradient onto the shard) where gradients are recorded. `held` False:
+        not counted nor kept for `release` (the blocks go with the graph that holds them)."""
+        out = {name: redistribute(self.params[name], self.layouts[name]) for name in names}
+        if held:
+            self._held(out.values())
+        return out
+
+    def _held(self, tensors: Iterable[Any]) -> None:
+        for t in tensors:
+            self._live[id(t)] = t
+            self._count(t.local.nbytes)
+
+    def _count(self, nbytes: int) -> None:
+        self.held += nbytes
+        self.most = max(self.most, self.held)
+
+    def start(self) -> None:
+        """Count the most gathered bytes held at once from now on (a step's forward starts)."""
+        self.most = self.held
+
+    def release(self, gathered: dict) -> None:
+        """Free `gathered`'s blocks (a dict `unshard` gave) that are still held: a unit after its use, the root
+        when the next forward gathers it again."""
+        for t in gathered.values():
+            if self._live.pop(id(t), None) is not None:
+                self._count(-t._local.nbytes)
+                t._local = nothing(t._local.dtype, t._local.shape)
+
+    def unit(self, names: Iterable[str], fn: Callable[..., Any], x: Any, *args: Any,
+             reshard: Optional[bool] = None, after: Optional[list] = None, before: Optional[list] = None) -> Any:
+        """``fn(x', gathered, *args)``: one unit's forward, its parameters `names` gathered first (`unshard`)
+        and `x'` an identity of the activation `x` whose backward frees them again once the unit's backward
+        is done; with ``reshard_after_forward`` freed when `fn` returns and gathered again before the
+        unit's backward (an identity on the output, see the module docstring). `fn` returns one DTensor.
+        `reshard`: this unit's choice in place of ``reshard_after_forward`` (False in a recomputed region,
+        whose backward follows its forward at once). With ``prefetch``, `after` (the next unit's names) are
+        gathered before `fn` runs, and `before` (the previous unit's) before this unit's backward runs
+        (FSDP's forward and backward prefetch: two units' gathered parameters held at once)."""
+        names = list(names)
+        reshard = self.reshard_after_forward if reshard is None else reshard
+        gathered = self._ahead.pop(tuple(names), None) or self.unshard(names)
+        if self.prefetch and after:
+            self._ahead[tuple(after)] = self.unshard(after)
+        before = before if self.prefetch else None
+        recording = is_grad_enabled() and (x._ag is not None or any(t._ag is not None for t in gathered.values()))
+        if recording and x._ag is not None:  # (an input without a graph, the data: freed when the graph goes)
+            x = _identity(x, "fsdp.post_backward", lambda: self.release(gathered))
+        out = fn(x, gathered, *args)
+        if not recording:
+            self.release(gathered)
+            return out
+        if reshard:
+            self.release(gathered)
+            out = _identity(out, "fsdp.pre_backward", lambda: self._regather(names, gathered, before))
+        return out
+
+    def _regather(self, names: list, gathered: dict, before: Optional[list] = None) -> None:
+        """The unit's gathers again (or their blocks prefetched), no graph recorded, put into the tensors its
+        nodes hold; with `before`, the previous unit's gathered ahead of its backward."""
+        again = self._behind.pop(tuple(names), None) or self._fetch(names)
+        for name in names:
+            t = gathered[name]
+            t._local = again[name]
+            self._live[id(t)] = t
+        if before:
+            self._behind[tuple(before)] = self._fetch(before)
+
+    def _fetch(self, names: list) -> dict:
+        """name -> the block of the parameter gathered (no graph recorded), counted as held."""
+        with no_grad():
+            blocks = {name: redistribute(self.params[name], self.layouts[name]).local for name in names}
+        self._count(sum(b.nbytes for b in blocks.values()))
+        return blocks
+
+
+def _identity(x: Any, name: str, then: Callable[[], None]) -> Any:
+    """`x` on the same block, one node whose backward calls `then` and passes the gradient on. The node keeps
+    no block of `x` (its `shell`); what `then` reaches (the unit's gathered parameters) it keeps as `GATHERED`."""
+    out = DTensor._trusted(x.mesh, x.local, x.layout, tuple(x.global_shape))
+
+    def backward(dy: Any) -> tuple:
+        then()
+        return (dy,)
+
+    with kept_as(GATHERED):
+        return record(out, name, (shell(x),), backward, reads=(x, out))
+
+
+def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
+                axis: Optional[str] = None, prefetch: bool = False) -> FullyShard:
+    """Shard `params` over the data-parallel axis of `mesh` (PyTorch FSDP2's ``fully_shard``).
+
+    Args:
+        params: name -> DTensor (a model's parameters, in the layouts its forward reads them in), or an
+            object with such a ``params`` dict (spmdsim.models.gpt.parallel.GPT).
+        mesh: the mesh they live on; its axis of the "shard" role shards them, replicated over the data axis
+            (HSDP, FSDP2's 2-D mesh), or where it has none its axis of the "data" role (``mesh.axis("data")``).
+        reshard_after_forward: free each unit's gathered parameters after its forward and gather them
+            again for its backward (FSDP2's default), or keep them until its backward.
+        axis: the axis to shard over, where the mesh names no data role.
+        prefetch: gather the next unit's parameters before a unit's forward runs, and the previous unit's
+            before a unit's backward runs (FSDP's forward and backward prefetch; `FullyShard.unit`).
+
+    Returns a `FullyShard`: ``.params`` the sharded leaves (the optimizer's), ``.unit(...)`` a unit's forward.
+    Every rank raises the same one-line error, before any collective, for a parameter it cannot shard.
+    """
+    if hasattr(params, "params") and isinstance(params.params, dict):
+        params = params.params
+    if not isinstance(params, dict):
+        raise SpmdsimError(f"fully_shard: params must be a dict name -> DTensor or a model with .params, got "
+                           f"{type(params).__name__}")
+    axis = axis if axis is not None else (mesh.axis("shard") or mesh.axis("data"))
+    if axis is None or axis not in mesh.layout.alias_name:
+        raise SpmdsimError(f"fully_shard: the mesh {mesh.layout.alias_name!r} names no data axis "
+                           f"(roles {mesh.roles!r}); give the mesh a data role or axis=")
+    for flag, value in (("reshard_after_forward", reshard_after_forward), ("prefetch", prefetch)):
+        if type(value) is not bool:
+            raise SpmdsimError(f"fully_shard: {flag} {value!r} must be True or False")
+    for name, t in params.items():
+        problem = shard_problem(name, t.layout, tuple(t.global_shape), axis)
+        if problem:
+            raise SpmdsimError(f"fully_shard: {problem}")
+    return FullyShard(params, mesh, reshard_after_forward, axis, prefetch)

@@ -1,0 +1,82 @@
+"""Every command docs/howto/fsdp.md shows runs, and prints what the page quotes or says.
+
+A command quoted with its output (``$ ...``) runs as shown and its output must match (docs_commands.mismatch).
+A command marked ``# long`` runs with ``--steps 2 --sample 0`` in place of its step count and must PASS; the
+MPI one runs so in tests/test_train_docs_mpi.py (mpi_long). The table of bytes and the memory figures the
+prose gives are the commands' own.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from docs_commands import ROOT, assert_prints_quote, mpi_long, quotes, run_long, run_quoted
+
+DOC = "docs/howto/fsdp.md"
+
+
+def _shown() -> list:
+    return quotes(DOC)
+
+
+def test_the_page_shows_the_commands_this_test_runs():
+    shown = _shown()
+    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 3 + [True] * 2 + \
+        [False] * 3
+    assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
+    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[12:])  # a subcommand's name in prose
+
+
+@pytest.mark.parametrize("index", [0, 5, 6, 10, 11])
+def test_a_quoted_command_prints_what_the_page_quotes(index):
+    assert_prints_quote(_shown()[index])
+
+
+@pytest.mark.parametrize("index", [2, 3, 4])
+def test_a_long_command_runs_two_steps_and_passes(index):
+    done = run_long(_shown()[index])
+    assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout
+
+
+def test_the_table_of_bytes_is_what_the_commands_send():
+    text = (ROOT / DOC).read_text()
+    rows = {m.group(1): (int(m.group(2)), int(m.group(3).replace(",", "")))
+            for m in re.finditer(r"^\| `([^`]+)`[^|]*\| +(\d+) \| +([\d,]+) \|$", text, re.M)}
+    shown = _shown()
+    for flags, index in (("--zero 3 --reshard-after-forward false", 8), ("--zero 3", 7)):
+        done = run_quoted(shown[index].command)
+        assert done.returncode == 0, done.stderr
+        calls, sent = re.search(r"^ +0 +[\d.]+ +(\d+) +([\d,]+)", done.stdout, re.M).groups()
+        assert rows[flags] == (int(calls), int(sent.replace(",", "")))
+    zero = run_quoted(shown[7].command.replace("--zero 3", "--zero 0"))
+    calls, sent = re.search(r"^ +0 +[\d.]+ +(\d+) +([\d,]+)", zero.stdout, re.M).groups()
+    assert rows["--zero 0"] == (int(calls), int(sent.replace(",", "")))
+
+
+def test_keeping_the_gathered_layers_holds_what_the_page_says():
+    done = run_quoted(_shown()[9].command)
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
+    assert "gathered parameters at most 3,315,712, 3,315,712 of them kept for backward" in done.stdout
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert "without it 3,315,712, all of them kept for backward" in text
+
+
+def test_the_prefetch_figures_are_the_estimates():
+    """The page's 0.38 and 0.75 GiB: the estimate's gathered layers beside the memory line, without and with
+    --prefetch, for the 7.5B model."""
+    from docs_commands import run_here
+
+    argv = ["estimate", "gpt", "--layers", "36", "--hidden", "4096", "--heads", "32", "--seq", "1024", "--vocab",
+            "51200", "--micro-batch", "1", "--global-batch", "64", "--dp", "64", "--precision", "fp16-mixed",
+            "--zero", "3"]
+    for extra, gib in (([], "0.38"), (["--prefetch"], "0.75")):
+        code, out, err = run_here("main", argv + extra)
+        assert code == 0, err
+        assert f"{gib} GiB of the layers' gathered parameters" in " ".join(out.split())
+    # the step time: the gathers' phase, and with --prefetch the part the compute hides
+    assert re.search(r"^ +parameters phase +1,548\.\d+ ", out, re.M)
+    assert re.search(r"^ +parameters phase +-79\.9\d+ ", out, re.M)
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert "0.75 GiB of gathered layers instead of 0.38 GiB for the 7.5B model" in text
+    assert "the gathers take 1,548 ms a step" in text and "prefetching hides 80 ms of them" in text
