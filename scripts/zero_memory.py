@@ -5,7 +5,7 @@ ledger `spmdsim estimate` prints: shapes only, one rank's bytes from the blocks 
 at --precision's widths: the model states (parameters, gradients, master copy, optimizer states), the
 activations kept for backward, the gathered parameters ZeRO-3 holds beyond them at its peak, and the peak.
 
-Run: python examples/zero_memory.py --layers 36 --hidden 4096 --heads 32 --seq 1024 --vocab 51200 --dp 64
+Run: python scripts/zero_memory.py --layers 36 --hidden 4096 --heads 32 --seq 1024 --vocab 51200 --dp 64
 """
 import argparse
 import sys
