@@ -42,7 +42,7 @@ def ran() -> dict:
     return done
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_an_mpi_command_runs_two_steps_on_every_rank_and_passes(index, ran):
     quote = _commands()[index]
     codes, out = ran[quote]
