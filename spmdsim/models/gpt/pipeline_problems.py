@@ -6,22 +6,18 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ...base.precision import precision as get_precision, precision_problem
+from ...base.precision import precision_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
 from ...programs.pipeline.schedule import schedule_problem
-from ...runtime.sim import dry_run_active
 from ..axes import PIPELINE
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
 from .layouts import mesh_problem
 from .memory import recompute_problem, zero_problem
-from .mixed import architecture_problem
 from .stages import pipeline_problem
-from .step_looks import step_memory_problem
-from .checkpoint import _checkpoint_problem, checkpoint_meta
-from .train import replay_problem
+from .train import refuse_run, replay_problem
 
 __all__ = ["pipeline_layout_problem", "refuse_pipelined"]
 
@@ -52,10 +48,11 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     return problem or pipeline_problem(cfg, pp * virtual, split)
 
 
-def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool,
-            schedule: str, microbatches: int, virtual: int, split: Optional[Sequence[int]], check: bool,
-            layouts: Optional[dict], recompute: str, zero: int, kept: str, ep: int, replay: bool, precision: Any,
-            save: Optional[str], save_every: int, resume: Optional[str], contexts: tuple = (1, None)) -> Optional[dict]:
+def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
+                     sp: bool, schedule: str, microbatches: int, virtual: int, split: Optional[Sequence[int]],
+                     check: bool, layouts: Optional[dict], recompute: str, zero: int, kept: str, ep: int, replay: bool,
+                     precision: Any, save: Optional[str], save_every: int, resume: Optional[str],
+                     contexts: tuple = (1, None)) -> Optional[dict]:
     """`train_pipelined`'s refusals, raised alike on every rank before the first collective; the checkpoints'
     metadata (None without checkpoints). `contexts`: (cp, its Context or None)."""
     moe = cfg.moe is not None or ep != 1
@@ -68,22 +65,10 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
-    meta = None
-    if save is not None or resume is not None or save_every:
-        shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
-        meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
-                               ep=ep, pipeline=shape)
-        problem = _checkpoint_problem(meta, steps, save, save_every, resume)
-        if problem:  # every rank alike (each reads the same metadata file), before any collective
-            raise SpmdsimError(problem)
-    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute,
-                                  sp=sp, kept=kept, zero=zero, precision=precision)
-    if problem:  # every rank alike (a collective decided it), before any block is made
-        raise SpmdsimError(problem)
-    if check and get_precision(precision).activation != "float64" and not dry_run_active():
-        problem = architecture_problem(cfg)  # every rank alike, before any collective
-        if problem:
-            raise SpmdsimError(problem)
-    return meta
+    shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
+    return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
+                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, pipeline=shape),
+                      dict(dp=dp, tp=tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
+                           zero=zero, precision=precision))
 
 

@@ -207,12 +207,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     collective, when it does not fit this run. With `check`, a resumed run's reference starts from the
     checkpoint's parameters and the run's moments (gathered).
     """
-    _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
-            recompute, zero, kept, ep, precision, save, save_every, resume)
-    meta = None
-    if save is not None or resume is not None or save_every:
-        meta = checkpoint_meta(cfg, (comm if mesh is None else mesh.comm).Get_size(), dp, tp, sp=sp, layouts=layouts,
-                               precision=precision, zero=zero, ep=ep)
+    meta = _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
+                   recompute, zero, kept, ep, precision, save, save_every, resume)
     fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
     policy = get_precision(precision)
     if mesh is None:
@@ -265,28 +261,42 @@ def _fsdp_options(zero: int, reshard_after_forward: Any, prefetch: Any) -> tuple
 
 def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,
             layouts: Optional[dict], replay: bool, recompute: str, zero: int, kept: str, ep: int, precision: Any,
-            save: Optional[str], save_every: int, resume: Optional[str]) -> None:
-    """`train`'s refusals of what it was given, raised alike on every rank before any block is made."""
+            save: Optional[str], save_every: int, resume: Optional[str]) -> Optional[dict]:
+    """`train`'s refusals of what it was given, raised alike on every rank before any block is made; the
+    checkpoints' metadata (None without checkpoints)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (fsdp_problem(cfg, ep, replay, save, resume) if zero == 3 else None)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
+    return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
+                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep),
+                      dict(dp=dp, tp=tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
+                           precision=precision))
+
+
+def refuse_run(cfg: GPTConfig, comm: Any, check: bool, precision: Any, saving: tuple, meta_args: dict,
+               memory_args: dict) -> Optional[dict]:
+    """The refusals `train` and train_pipelined share once their arguments passed, each one line alike on every
+    rank before any block is made: the checkpoints (`saving`: steps, save, save_every, resume; `meta_args`:
+    checkpoint_meta's), the step's memory (`memory_args`: step_memory_problem's, a collective) and, checked under
+    a low-precision policy, the architecture its reference writes. The checkpoints' metadata, or None."""
+    steps, save, save_every, resume = saving
+    meta = None
     if save is not None or resume is not None or save_every:
-        meta = checkpoint_meta(cfg, comm.Get_size(), dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero,
-                               ep=ep)
+        meta = checkpoint_meta(cfg, comm.Get_size(), **meta_args)
         problem = _checkpoint_problem(meta, steps, save, save_every, resume)
         if problem:  # every rank alike (each reads the same metadata file), before any collective
             raise SpmdsimError(problem)
-    problem = step_memory_problem(cfg, comm, dp, tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
-                                  precision=precision)
+    problem = step_memory_problem(cfg, comm, **memory_args)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
     if check and get_precision(precision).activation != "float64" and not dry_run_active():
         problem = architecture_problem(cfg)  # every rank alike, before any collective
         if problem:
             raise SpmdsimError(problem)
+    return meta
 
 
 class _Checker:
