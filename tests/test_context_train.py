@@ -61,8 +61,8 @@ def _batch(model, cfg):
     from spmdsim.runtime.dtensor import DTensor
 
     x, y = batch(TEXT, cfg, 0)
-    laid = (slice(None), list(model.positions or ()) or slice(None))
-    return (DTensor.from_global(model.mesh, x[laid], model.ids), DTensor.from_global(model.mesh, y[laid], model.ids))
+    return (DTensor.from_global(model.mesh, x[model.laid], model.ids),
+            DTensor.from_global(model.mesh, y[model.laid], model.ids))
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -109,6 +109,8 @@ class GPT(_Block):
         # the sequence's split over cp and how attention meets it (spmdsim.models.gpt.context); None without cp
         self.context = (context or Context()) if CONTEXT in names else None
         self.positions = self.context.positions(cp, cfg.seq) if self.context is not None else None
+        # a batch's ids (B, T) as the model lays them out: ``x[model.laid]`` (x itself where positions are None)
+        self.laid = (slice(None), list(self.positions) if self.positions is not None else slice(None))
         self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
         # the attention core's options: flash attention keeps no scores, so selective recomputation of the
         # core has nothing to drop there (the same as "none")

@@ -208,7 +208,7 @@ class _Pipelined:
             and cp_axis is None \
             else act
         self.ids_layout = any_model.ids  # (B, T): the batch over dp, the sequence over cp
-        self.laid = (slice(None), list(any_model.positions or ()) or slice(None))  # the sequences' order
+        self.laid = any_model.laid  # the sequences' order
         self.ids_shape = self.ids_layout.check_shape((micro, cfg.seq))  # a microbatch's ids, this rank's rows:
         self.ids_cut = self.ids_layout.slices(stage_mesh.rank, self.ids_shape)  # as DTensor.from_global cuts them
         self.wire_dtype = np.dtype(policy.dtype("activation"))  # what crosses a stage boundary, both ways

@@ -225,7 +225,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
         if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)
-    ids_layout, laid = model.ids, (slice(None), list(model.positions or ()) or slice(None))
+    ids_layout, laid = model.ids, model.laid
     results = []
     for step in range(first, steps):
         x, y = batch(text_ids, cfg, step)  # the sequences as the model lays them out (context parallelism's order)
