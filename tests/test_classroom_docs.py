@@ -27,6 +27,8 @@ _ELSEWHERE = (
      "this suite runs those test files itself"),
     (re.compile(r"^python examples/train_moe_gpt\.py --ranks 8 --pp .* --replay "),
      "tests/test_moe.py: its output, and each stage's program run at step 0 alone"),
+    (re.compile(r"^python scripts/estimate_tables\.py$"),
+     "tests/test_estimate_tables.py: its fast rows against the quoted table (all 18 take a minute)"),
     (re.compile(r"^python examples/train_gpt\.py --ranks 8 .* --replay$"),
      "tests/test_gpt_parallel.py: its check's PASS, its widths, its rows against the steps run one by one"),
 )

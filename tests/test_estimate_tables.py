@@ -1,0 +1,52 @@
+"""scripts/estimate_tables.py: its rows carry the papers' settings, and the table the docs quote is what it prints."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import estimate_tables as tables  # noqa: E402
+
+
+def _quoted() -> dict:
+    """{row name: (predicted, published)} of the table docs/explanation/estimate-published.md quotes."""
+    text = (ROOT / "docs/explanation/estimate-published.md").read_text()
+    block = text.split("$ python scripts/estimate_tables.py\n", 1)[1].split("```", 1)[0]
+    rows = re.findall(r"^(\S+(?: \S+)?) +([0-9.]+) +([0-9.]+) +[+-][0-9.]+%$", block, re.M)
+    return {name: (float(pred), float(pub)) for name, pred, pub in rows}
+
+
+def test_every_row_of_both_tables_is_quoted_with_its_published_figure():
+    quoted = _quoted()
+    rows = tables.NARAYANAN + tables.KORTHIKANTI
+    assert sorted(quoted) == sorted(r.name for r in rows)
+    assert all(quoted[r.name][1] == r.published for r in rows)
+
+
+def test_the_rows_follow_the_papers_grids():
+    # Table 1's GPUs are tp x pp x dp with a whole number of microbatches a dp rank; the virtual stages are
+    # run_table_1.sh's layers per virtual stage (5, 5, 3, 1 for 76B to 530B).
+    for row in tables.NARAYANAN + tables.KORTHIKANTI:
+        dp = row.gpus // (row.tp * row.pp)
+        assert dp * row.tp * row.pp == row.gpus and row.batch % (dp * row.micro) == 0, row
+        assert row.layers % (row.pp * row.virtual) == 0, row
+    per_virtual = {r.name: r.layers // (r.pp * r.virtual) for r in tables.NARAYANAN if r.virtual > 1}
+    assert per_virtual == {"76.1B": 5, "145.6B": 5, "310.1B": 3, "529.6B": 1}
+    assert all("--sp" not in r.flags for r in tables.NARAYANAN)  # the paper predates sequence parallelism
+
+
+def test_eq3_is_the_papers_count_at_1t():
+    (row,) = [r for r in tables.NARAYANAN if r.name == "1008.0B"]
+    # docs/explanation/estimate-published.md: 5.1391e19 FLOPs a step, eq. 3 and the dry run alike
+    assert tables.eq3_flops(row) == pytest.approx(5.1391e19, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["22B full", "22B sp+sel"])
+def test_the_quoted_rows_are_what_the_estimate_predicts(name):
+    (row,) = [r for r in tables.KORTHIKANTI if r.name == name]
+    assert round(tables.predicted_step(row, "a100-dgx"), 2) == _quoted()[name][0]
