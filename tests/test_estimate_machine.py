@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from dataclasses import replace
 
 from spmdsim.tools.cli import calibrate
 from spmdsim.tools.cli.main import build_parser
@@ -66,7 +67,8 @@ def test_lookup_by_dtype_and_level():
 
 
 def test_gemm_efficiency_is_the_capped_roofline():
-    m = load_machine("a100-dgx")
+    shipped = load_machine("a100-dgx")
+    m = replace(shipped, gemm_efficiency=replace(shipped.gemm_efficiency, waves=None))
     # Large: capped at max_fraction.
     assert m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192) == 0.8
     # A matrix-vector product: 2*m*n*k FLOPs over 2*(m*k + k*n + m*n) bytes, times bandwidth / peak.
@@ -75,6 +77,28 @@ def test_gemm_efficiency_is_the_capped_roofline():
                         rel_tol=1e-12)
     # The batch reads its operands once per product: the same intensity.
     assert m.gemm_efficiency_of("bf16", 7, 1, 4096, 4096) == m.gemm_efficiency_of("bf16", 1, 1, 4096, 4096)
+
+
+def test_the_waves_take_what_a_partial_last_wave_and_tiles_past_the_edge_leave_idle():
+    m = load_machine("a100-dgx")
+    waves = m.gemm_efficiency.waves
+    assert (waves.sms, waves.tile) == (108, (256, 128)) and "108 SMs" in waves.source
+    assert load_machine("h100-dgx").gemm_efficiency.waves.sms == 132
+    # 8192 x 8192 in 256 x 128 tiles: 32 x 64 = 2,048 tiles, 19 waves of 108 (2,052 slots): 2,048 / 2,052 of the cap.
+    assert math.isclose(m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192), 0.8 * 2048 / 2052, rel_tol=1e-12)
+    # 108 whole tiles fill one wave exactly.
+    assert waves.fraction(1, 256 * 12, 128 * 9) == 1.0
+    # One row past the tiles: 2 x 54 tiles, one wave, the second row of tiles computing 1 row of its 256.
+    assert math.isclose(waves.fraction(1, 257, 128 * 54), 257 / 512, rel_tol=1e-12)
+    # A batch's tiles share the waves: 4 heads of 2048 x 2048 (512 tiles) in 5 waves (540 slots).
+    assert math.isclose(waves.fraction(4, 2048, 2048), 512 / 540, rel_tol=1e-12)
+    # A head dimension of 96 fills 96 of a tile's 128 columns: 16 x 2048 rows, 128 tiles in 2 waves.
+    assert math.isclose(waves.fraction(16, 2048, 96), 16 * 2048 * 96 / (216 * 256 * 128), rel_tol=1e-12)
+    data = machine_to_dict(m)
+    assert data["gemm_efficiency"]["waves"]["tile"] == [256, 128] and machine_from_dict(data) == m
+    bad = dict(data, gemm_efficiency=dict(data["gemm_efficiency"], waves={"sms": 0, "tile": [256, 128], "source": "x"}))
+    with pytest.raises(SpmdsimError, match=r"key 'gemm_efficiency\.waves\.sms' is 0; expected an integer >= 1"):
+        machine_from_dict(bad)
 
 
 def _a100() -> dict:

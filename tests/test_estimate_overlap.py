@@ -60,11 +60,12 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
         assert comm["layers"] > 0 and comm["pipeline"] > 0 and hidden["layers"] > 0
         assert hidden["gradients"] == was.hidden_s  # hidden first, under the backward, as without --overlap
         assert hidden["layers"] <= min(comm["layers"], t.compute_s) and hidden["pipeline"] <= comm["pipeline"]
-        # a toy's communication is more than its compute: hidden up to the compute and the kernels, no more, and
-        # the step is its communication (never shorter than that, nor than its compute)
-        assert t.comm_s > t.compute_s + t.memory_s
-        assert math.isclose(t.hidden_s, t.compute_s + t.memory_s, rel_tol=1e-12)
-        assert math.isclose(t.total_s, t.comm_s + t.optimizer_s + t.bubble_s, rel_tol=1e-12)
+        # hidden up to the compute and the kernels, no more: the step is never shorter than its communication,
+        # nor than its compute
+        assert t.hidden_s <= t.compute_s + t.memory_s * (1 + 1e-12)
+        assert math.isclose(t.total_s, t.compute_s + t.memory_s + t.optimizer_s + t.comm_s - t.hidden_s
+                            + t.bubble_s, rel_tol=1e-12)
+        assert t.total_s >= max(t.comm_s, t.compute_s) + t.optimizer_s
     assert on["assumptions"][0] == "assumes: dp gradient sums hidden under the backward, the layers' tp " \
                                    "collectives under their GEMMs, pipeline messages under the microbatches' " \
                                    "compute; GEMMs at most 0.8 of peak (roofline);"
@@ -81,7 +82,7 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
 
 @pytest.mark.parametrize("argv, line", [
     (MODEL + ["--overlap", "tp,dp"], "--overlap 'tp,dp': 'dp' is unknown; expected a comma-separated list of tp, pp "
-                             "(e.g. --overlap tp,pp)"),
+                             "(e.g. --overlap tp,pp), or none"),
     (MODEL[:-3] + ["--sp", "--overlap", "pp"],
      "--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the interleaved schedule "
      "only, not 1f1b; give --virtual-stages N > 1 or leave out pp"),

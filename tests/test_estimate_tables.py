@@ -38,6 +38,9 @@ def test_the_rows_follow_the_papers_grids():
     per_virtual = {r.name: r.layers // (r.pp * r.virtual) for r in tables.NARAYANAN if r.virtual > 1}
     assert per_virtual == {"76.1B": 5, "145.6B": 5, "310.1B": 3, "529.6B": 1}
     assert all("--sp" not in r.flags for r in tables.NARAYANAN)  # the paper predates sequence parallelism
+    # run_table_1.sh: DDP=torch (sums under the backward) to 18B, DDP=local (after it) from 39B
+    assert [r.local_ddp for r in tables.NARAYANAN] == [False] * 4 + [True] * 6
+    assert "--overlap none" in " ".join(tables.command(tables.NARAYANAN[4], "a100-dgx"))
 
 
 def test_eq3_is_the_papers_count_at_1t():

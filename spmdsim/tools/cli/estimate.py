@@ -110,11 +110,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--machine", default="a100-dgx",
                         help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
                              "path (spmdsim calibrate --machine-out)")
-    parser.add_argument("--overlap", metavar="tp,pp",
-                        help="also hide, as NeMo's recipes run them: tp, the layers' tensor-parallel collectives "
-                             "under their GEMMs (Megatron's --tp-comm-overlap); pp, the pipeline's messages under "
-                             "the microbatches' compute (overlap_p2p_comm; interleaved schedule only); each at most "
-                             "that compute's time. Default: only the dp gradient sums, under the backward")
+    parser.add_argument("--overlap", metavar="tp,pp", help=_OVERLAP_HELP)
     parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
     parser.set_defaults(func=run)
 
@@ -234,23 +230,33 @@ def run(args: argparse.Namespace) -> int:
     return report(args, config_record(args), cfg, microbatches, split, schedule, overlap)
 
 
+_OVERLAP_HELP = ("also hide, as NeMo's recipes run them: tp, the layers' tensor-parallel collectives under their "
+                 "GEMMs (Megatron's --tp-comm-overlap); pp, the pipeline's messages under the microbatches' compute "
+                 "(overlap_p2p_comm; interleaved schedule only); each at most that compute's time; none, nothing "
+                 "hidden, the dp gradient sums after the backward (Megatron's local DDP). Default: only the dp "
+                 "gradient sums, under the backward")
+
 #: The transfer phases the step time lets the backward hide (spmdsim.tools.estimate.steptime's overlap): the
 #: data-parallel gradient sums, as DDP's and Megatron's buckets run under the backward.
 OVERLAP = ("gradients",)
 
 #: --overlap's words and the transfer phase each adds to OVERLAP (spmdsim.tools.estimate.steptime.OVERLAP_UNDER).
 OVERLAP_WORDS = {TENSOR: "layers", PIPELINE: "pipeline"}
+#: --overlap's word for hiding nothing, the gradient sums included (Megatron's local DDP sums after the backward).
+NONE = "none"
 
 
 def _overlap(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
     """The transfer phases the step time hides: OVERLAP and those --overlap names ("tp,pp"; None: none)."""
     if given is None:
         return OVERLAP
+    if given.strip() == NONE:
+        return ()
     words = [w.strip() for w in given.split(",")]
     for word in words:
         if word not in OVERLAP_WORDS:
             raise SpmdsimError(f"--overlap {given!r}: {word!r} is unknown; expected a comma-separated list of "
-                               f"{', '.join(OVERLAP_WORDS)} (e.g. --overlap tp,pp)")
+                               f"{', '.join(OVERLAP_WORDS)} (e.g. --overlap tp,pp), or none")
     if PIPELINE in words and pp > 1 and schedule != "interleaved":
         raise SpmdsimError(f"--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the "
                            f"interleaved schedule only, not {schedule}; give --virtual-stages N > 1 or leave out pp")

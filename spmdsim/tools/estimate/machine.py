@@ -16,7 +16,9 @@ Guide" capped at a fraction of peak: a product of ``flops`` FLOPs that reads and
 
 of the dtype's peak, so it takes ``max(flops / (max_fraction * peak), nbytes / hbm_bandwidth)``
 seconds: large products run at ``max_fraction`` of peak, products with a small dimension are
-bound by memory bandwidth.
+bound by memory bandwidth. An optional ``"waves": {"sms": N, "tile": [rows, cols], "source": ...}``
+multiplies ``max_fraction`` by the share of its waves' tile slots a product's output fills
+(`machine_records.Waves`: the guide's tile and wave quantization).
 
 Two optional achieved fractions, each an object ``{"fraction": f, "source": "..."}``:
 ``hbm_efficiency`` (the share of ``hbm_bandwidth`` a memory-bound kernel reaches: the element-wise
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import SpmdsimError
-from .machine_records import (_MISSING, ALGORITHMS, Achieved, GemmEfficiency, Link, Machine, _achieved,
+from .machine_records import (_MISSING, ALGORITHMS, Achieved, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .records import LEVELS
 
@@ -69,9 +71,10 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
         if key not in eff:
             raise _fail(where, f"gemm_efficiency.{key}", _MISSING, "present (see docs/howto/add-machine-file.md)")
     for key in eff:
-        if key not in ("model", "max_fraction", "source"):
-            raise _fail(where, f"gemm_efficiency.{key}", eff[key], "no such key; ('model', 'max_fraction', 'source')")
+        if key not in _GEMM_KEYS:
+            raise _fail(where, f"gemm_efficiency.{key}", eff[key], f"no such key; {_GEMM_KEYS!r}")
     _check_efficiency(where, "gemm_efficiency.", eff["model"], eff["max_fraction"], eff["source"])
+    waves = None if eff.get("waves") is None else _waves(where, eff["waves"])
     links = data["links"]
     if not isinstance(links, Mapping):
         raise _fail(where, "links", links, _WHAT["links"])
@@ -100,10 +103,29 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                    gpus_per_node=data["gpus_per_node"], memory_bytes=data["memory_bytes"],
                    peak_flops=tuple((d, float(v)) for d, v in data["peak_flops"].items()),
                    hbm_bandwidth=float(data["hbm_bandwidth"]),
-                   gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"]),
+                   gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"], waves),
                    node=made["node"], cluster=made["cluster"], algorithm=data["algorithm"],
                    reduction_rate=None if rate is None else float(rate),
                    hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm))
+
+
+#: The keys of a machine file's gemm_efficiency ("waves" optional).
+_GEMM_KEYS = ("model", "max_fraction", "source", "waves")
+
+
+def _waves(where: str, data: Any) -> Waves:
+    """gemm_efficiency.waves: {"sms": N, "tile": [rows, cols], "source": "..."}."""
+    what = "an object with 'sms', 'tile' and 'source'"
+    if not isinstance(data, Mapping) or set(data) != {"sms", "tile", "source"}:
+        raise _fail(where, "gemm_efficiency.waves", data, what)
+    sms, tile = data["sms"], data["tile"]
+    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
+        raise _fail(where, "gemm_efficiency.waves.sms", sms, "an integer >= 1 (the GPU's streaming multiprocessors)")
+    if not (isinstance(tile, list) and len(tile) == 2 and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in tile)):
+        raise _fail(where, "gemm_efficiency.waves.tile", tile, "a list of two integers >= 1 (rows, columns)")
+    _text(where, "gemm_efficiency.waves.source", data["source"])
+    return Waves(sms, (tile[0], tile[1]), data["source"])
 
 
 _WHAT = {
@@ -127,6 +149,9 @@ def machine_to_dict(machine: Machine) -> dict:
                                "source": machine.gemm_efficiency.source},
            "links": {level: _link_dict(machine.link(level)) for level in LEVELS},
            "algorithm": machine.algorithm}
+    waves = machine.gemm_efficiency.waves
+    if waves is not None:
+        out["gemm_efficiency"]["waves"] = {"sms": waves.sms, "tile": list(waves.tile), "source": waves.source}
     if machine.hbm_efficiency is not None:
         out["hbm_efficiency"] = _achieved_dict(machine.hbm_efficiency)
     if machine.reduction_rate is not None:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 from ...errors import SpmdsimError
 from .records import LEVELS
 
-__all__ = ["Machine", "Link", "GemmEfficiency", "Achieved", "DTYPES", "ALGORITHMS", "EFFICIENCY_MODELS",
+__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "DTYPES", "ALGORITHMS", "EFFICIENCY_MODELS",
            "normalize_dtype"]
 
 
@@ -120,15 +120,47 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Waves:
+    """The GPU's SMs and the output tile a GEMM kernel gives each, as NVIDIA's "Matrix Multiplication
+    Background User's Guide" describes them: a tile sticking out of the output computes its whole size
+    (tile quantization) and the tiles run in waves of `sms`, one a SM, a partial last wave leaving SMs
+    idle (wave quantization). A product of fewer rows or columns than a tile is priced as a whole tile,
+    where cuBLAS would choose a smaller tile or a GEMV kernel: the estimate prices training's products."""
+
+    sms: int
+    tile: tuple[int, int]
+    source: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
+            raise _fail("Waves", "sms", self.sms, "an integer >= 1 (the GPU's streaming multiprocessors)")
+        tile = self.tile
+        if not (isinstance(tile, tuple) and len(tile) == 2 and all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in tile)):
+            raise _fail("Waves", "tile", tile, "two integers >= 1 (the output tile's rows and columns)")
+        _text("Waves", "source", self.source)
+
+    def fraction(self, batch: int, m: int, n: int) -> float:
+        """The share of the waves' tile slots a (batch of) m x n output fills: 1 when it fills them all."""
+        rows, cols = self.tile
+        tiles = batch * -(-m // rows) * -(-n // cols)
+        return batch * m * n / (-(-tiles // self.sms) * self.sms * rows * cols)
+
+
+@dataclass(frozen=True)
 class GemmEfficiency:
-    """The roofline capped at `max_fraction` of peak (module docstring); `source` says where it comes from."""
+    """The roofline capped at `max_fraction` of peak, times the waves' fraction where `waves` is given
+    (module docstring); `source` says where it comes from."""
 
     max_fraction: float
     source: str
     model: str = "roofline"
+    waves: Optional[Waves] = None
 
     def __post_init__(self) -> None:
         _check_efficiency("GemmEfficiency", "", self.model, self.max_fraction, self.source)
+        if self.waves is not None and not isinstance(self.waves, Waves):
+            raise _fail("GemmEfficiency", "waves", self.waves, "a Waves(sms, tile, source) or None")
 
 
 def _check_efficiency(where: str, prefix: str, model: Any, max_fraction: Any, source: Any) -> None:
@@ -221,7 +253,9 @@ class Machine:
         flops = 2 * batch * m * n * k
         if flops == 0:
             return self.gemm_efficiency.max_fraction
-        return min(self.gemm_efficiency.max_fraction, flops / traffic * self.hbm_bandwidth / peak)
+        waves = self.gemm_efficiency.waves
+        cap = self.gemm_efficiency.max_fraction * (1.0 if waves is None else waves.fraction(batch, m, n))
+        return min(cap, flops / traffic * self.hbm_bandwidth / peak)
 
 
 def _check_fields(where: str, data: Mapping[str, Any]) -> None:
