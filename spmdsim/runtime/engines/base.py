@@ -115,6 +115,14 @@ class Engine:
                     rcounts: Any, rdispls: Any, wait: Wait) -> None:
         raise NotImplementedError(f"{self.name} engine: all_to_allv")
 
+    def direct(self, transfer: Callable[..., None], comm: Any, wait: Wait, dtype: Any) -> Callable[..., None]:
+        """`transfer` (this engine's ``all_gather``, ``all_to_all``, ``all_reduce`` or ``reduce_scatter``) on
+        `comm`, waited with `wait`, as a function of the rest of its arguments (``(send, recv)``, or ``(send,
+        recv, op)`` for the sums) on buffers of `dtype`: what a kept collective's repeats call
+        (spmdsim.runtime.door.keep). An engine may hand back fewer frames than the method's; this one, the
+        method itself."""
+        return lambda *args: transfer(comm, *args, wait)
+
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
         raise NotImplementedError(f"{self.name} engine: broadcast")
 
