@@ -36,6 +36,7 @@ around these methods there (spmdsim.runtime.layers).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 from ...errors import SpmdsimError
@@ -131,8 +132,8 @@ class Engine:
         `comm`, waited with `wait`, as a function of the rest of its arguments (``(send, recv)``, or ``(send,
         recv, op)`` for the sums) on buffers of `dtype`: what a kept collective's repeats call
         (spmdsim.runtime.door.keep). An engine may hand back fewer frames than the method's; this one, the
-        method itself."""
-        return lambda *args: transfer(comm, *args, wait)
+        method itself with `comm` and `wait` bound (a partial: no frame of its own)."""
+        return partial(transfer, comm, wait=wait)
 
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
         raise NotImplementedError(f"{self.name} engine: broadcast")
