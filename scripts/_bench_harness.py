@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from time import perf_counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -16,12 +17,13 @@ __all__ = ["Case", "Raw", "after_arrival_s", "peak_rss", "placed", "run_case", "
 
 @dataclass
 class Case:
-    """One benchmark: three callables doing the same work. spmdsim/raw return comm seconds."""
+    """One benchmark: three callables doing the same work. spmdsim/raw return (comm seconds, the collectives'
+    (start, end) spans, when the work was called, when it returned): `traced` and `Raw.timed` make them."""
 
     name: str
     bytes_per_rank: int
-    spmdsim: Callable[[], Optional[float]]
-    raw: Callable[[], Optional[float]]
+    spmdsim: Callable[[], Optional[tuple]]
+    raw: Callable[[], Optional[tuple]]
     numpy: Optional[Callable[[], Any]] = None
     extra: dict = field(default_factory=dict)
 
@@ -30,7 +32,8 @@ from spmdsim.programs.memory import peak_rss  # noqa: E402  (re-exported for the
 
 
 def traced(fn: Callable[[], Any], sink: list) -> Callable[[], tuple]:
-    """Run fn; return (seconds in collectives, their spans), keep the first call's entries.
+    """Run fn; return (seconds in collectives, their spans, when fn was called, when it returned), keep the
+    first call's entries.
 
     run_case keeps one trace open around the whole case, so no collector is
     opened per call: opening one right before the collective would time the
@@ -38,13 +41,15 @@ def traced(fn: Callable[[], Any], sink: list) -> Callable[[], tuple]:
     """
     from spmdsim.runtime.trace import open_traces
 
-    def call() -> float:
+    def call() -> tuple:
         tr = open_traces()[-1]
         start = len(tr)
+        t0 = perf_counter()
         fn()
+        t1 = perf_counter()
         if not sink:
             sink.extend(tr.entries[start:])
-        return tr.seconds(start), tr.spans(start)
+        return tr.seconds(start), tr.spans(start), t0, t1
 
     return call
 
@@ -73,14 +78,17 @@ class Raw:
     def timed(self, fn: Callable[[], Any]) -> Callable[[], tuple]:
         def call() -> tuple:
             self.comm_s, self.spans = 0.0, []
+            t0 = perf_counter()
             fn()
-            return self.comm_s, self.spans
+            return self.comm_s, self.spans, t0, perf_counter()
         return call
 
 
 def _run_reps(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int, names: list,
-              total: np.ndarray, comm_t: np.ndarray, spans: list) -> None:
-    """The interleaved repeats of run_case: fills total[contender, repeat], comm_t and spans."""
+              total: np.ndarray, comm_t: np.ndarray, spans: list, edges: np.ndarray) -> None:
+    """The interleaved repeats of run_case: fills total[contender, repeat], comm_t, spans and edges[contender,
+    repeat] (this rank's seconds from the work's call to its first collective's start, and from its last
+    collective's end to the work's return, the harness's own bookkeeping outside both)."""
     rank = comm.Get_rank()
     for rep in range(-warmup, repeats):
         # spmdsim and raw swap places every repeat; numpy (rank 0 alone) comes last, so
@@ -102,7 +110,9 @@ def _run_reps(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int, 
             if rep >= 0:
                 total[i, rep] = elapsed
                 if inner is not None:
-                    comm_t[i, rep], spans[i][rep] = inner
+                    comm_t[i, rep], spans[i][rep], called, returned = inner
+                    if spans[i][rep]:
+                        edges[i, rep] = spans[i][rep][0][0] - called, returned - spans[i][rep][-1][1]
 
 
 def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -> dict:
@@ -114,8 +124,9 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
     from spmdsim import collect_trace
 
     spans: list = [[[] for _ in range(repeats)] for _ in range(2)]
+    edges = np.full((2, repeats, 2), np.nan)
     with collect_trace():  # read by traced(); raw and numpy record nothing
-        _run_reps(comm, waiter, case, warmup, repeats, names, total, comm_t, spans)
+        _run_reps(comm, waiter, case, warmup, repeats, names, total, comm_t, spans, edges)
     from mpi4py import MPI
 
     both = np.concatenate([total, comm_t])
@@ -135,8 +146,16 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
         "raw_comm_s": med[4],
         "comm_ratio_vs_raw": med[3] / med[4] if med[4] > 0 else None,
     }
+    every = np.empty((comm.Get_size(),) + edges.shape)
+    comm.Allgather(edges, every)
     for who, contender in ((0, "spmdsim"), (1, "raw")):
         rec[f"{contender}_comm_after_arrival_s"] = after_arrival_s(comm, spans[who])
+        # The per-call split: each rank's Python before its first collective and after its last, the median
+        # over ranks and repeats (the transfer between is `comm`); None where a contender ran no collective.
+        for end, part in ((0, "before"), (1, "after")):
+            values = every[:, who, :, end]
+            values = values[~np.isnan(values)]
+            rec[f"{contender}_{part}_s"] = float(np.median(values)) if values.size else None
     rec.update(case.extra)
     return rec
 

@@ -91,6 +91,24 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def split_table(records: list[dict]) -> str:
+    """Where each call's time goes, spmdsim beside raw mpi4py: each rank's Python from the call to its first
+    collective (`before`) and from its last collective to the return (`after`), medians over ranks and
+    repeats, and the time in collectives between (`comm`, the slowest rank's): a regression shows where it
+    is. Python before the call delays the whole group at several ranks to a core; Python after it, the rank."""
+    us = lambda v: "-" if v is None else f"{v * 1e6:.1f}"  # noqa: E731
+    head = f"{'case':<44}{'before':>9}{'raw':>9}{'comm':>10}{'raw':>10}{'after':>9}{'raw':>9}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(f"{r['name'][:43]:<44}{us(r.get('spmdsim_before_s')):>9}{us(r.get('raw_before_s')):>9}"
+                     f"{us(r['spmdsim_comm_s']):>10}{us(r['raw_comm_s']):>10}"
+                     f"{us(r.get('spmdsim_after_s')):>9}{us(r.get('raw_after_s')):>9}")
+    lines.append("per-call split in us, spmdsim then raw mpi4py: before = Python from the call to its first "
+                 "collective, after = from its last collective to the return (median over ranks and repeats); "
+                 "comm = time in collectives (median of the slowest rank)")
+    return "\n".join(lines)
+
+
 def suite_cases(suite: str, comm: Any, waiter: Waiter, cfg: dict, args: argparse.Namespace) -> list[Case]:
     """The cases of one timed suite, built now (buffers, meshes, seeded tensors)."""
     if suite == "collectives":
@@ -246,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
     timed = [r for r in records if r.get("suite") != "overhead"]
     if rank == 0 and timed:
         print(table(timed))
+        print(split_table(timed))
         if args.aa:
             print("A/A control: the spmdsim columns are a second copy of the raw code")
         print(f"interpreter baseline peak RSS {baseline / 2**20:.0f} MiB (max over ranks, at start)")

@@ -64,7 +64,7 @@ def _layer_step(dropless, counted=None):
         graph = capture(step, xd, state=params.values())
     counts = (eager_count.counts, eager_count.kernels) == (captured_count.counts, captured_count.kernels) \
         if counted else None
-    exchanges = {collectives.alltoall.__wrapped__.__code__, door.repeat.__code__, getattr(group_alltoallv, "__wrapped__", group_alltoallv).__code__}
+    exchanges = {getattr(collectives.alltoall, "__wrapped__", collectives.alltoall).__code__, door.repeat.__code__, getattr(group_alltoallv, "__wrapped__", group_alltoallv).__code__}
     replays = []
     for x in xs[1:]:
         y, frames = _entered(lambda: graph(DTensor.from_global(mesh, x, tokens)))

@@ -100,7 +100,7 @@ def _collectives_step():
     x[...] = values(0)
     collectives.allreduce(mesh, x, "x")  # the plans kept before the capture, as an eager step before it
     graph = capture(step, x)
-    checks = {f.__wrapped__.__code__ for f in (collectives.allreduce, collectives.allgather,
+    checks = {getattr(f, "__wrapped__", f).__code__ for f in (collectives.allreduce, collectives.allgather,
                                                 collectives.reduce_scatter)} | {door.repeat.__code__}
     results = []
     for k in (1, 2):

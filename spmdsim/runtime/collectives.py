@@ -23,12 +23,12 @@ import numpy as np
 from ..errors import OperatorError, RankError
 from ..base.buffers import broadcast_zero
 from ..base.context import _THREAD
-from .engines.wait import polite_wait
 from ..base.precision import is_low
 from ..base.validate import as_int
 from ..programs.plan.steps import moved_bytes  # each step kind owns its byte formula
 from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order
 from .door import _alone, issue, keep, repeat
+from .replay import CAPTURES, capturing
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .axes import normalize_axes
 from .mesh import Mesh
@@ -81,6 +81,8 @@ def _unpacker(mesh: Mesh, out: np.ndarray | None, shape: tuple, block_shape: tup
 def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
               label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Concatenate every member's `local` along `tensor_dim`, in group order (into `out` if given)."""
+    if CAPTURES[0] and capturing():  # one recorded call (`_RECORDED`, at the end)
+        return _RECORDED["allgather"](mesh, local, axes, tensor_dim, label=label, out=out)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
     key = None
     if type(tensor_dim) is int:  # a call this mesh made before with this group, shape, dtype and dim: its plan
@@ -120,6 +122,8 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
 def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, concat_dim: int,
              label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Split `local` along split_dim into g blocks, send block j to member j, concat along concat_dim."""
+    if CAPTURES[0] and capturing():  # one recorded call (`_RECORDED`, at the end)
+        return _RECORDED["alltoall"](mesh, local, axes, split_dim, concat_dim, label=label, out=out)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
     key = None
     if type(split_dim) is int and type(concat_dim) is int:  # as allgather's plan
@@ -175,6 +179,8 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     ``out=local`` reduces in place (MPI.IN_PLACE), sparing the page faults of a fresh result.
     A maximum is exact in any order (vocab-parallel cross-entropy's shift per row, as in Megatron).
     """
+    if CAPTURES[0] and capturing():  # one recorded call (`_RECORDED`, at the end)
+        return _RECORDED["allreduce"](mesh, local, axes, label=label, out=out, op=op)
     if op not in _REDUCTIONS:
         _reduction(op)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
@@ -236,6 +242,8 @@ def _reduction(op: Any) -> None:
 def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
                    label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Sum over the group, keeping this member's block (group order) along `tensor_dim`."""
+    if CAPTURES[0] and capturing():  # one recorded call (`_RECORDED`, at the end)
+        return _RECORDED["reduce_scatter"](mesh, local, axes, tensor_dim, label=label, out=out)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
     key = None
     if type(tensor_dim) is int:  # as allgather's plan
@@ -281,6 +289,8 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
 
     Non-root members pass an array of the same shape and dtype (not contiguous and writeable: a copy is filled).
     """
+    if CAPTURES[0] and capturing():  # one recorded call (`_RECORDED`, at the end)
+        return _RECORDED["bcast"](mesh, local, axes, root, label=label)
     comm, g, me = mesh.group_info(axes)
     if type(root) is not int or not 0 <= root < g:
         root = _group_root(root, g, axes)
@@ -344,7 +354,7 @@ def _repeated(mesh: Mesh, key: tuple, send: tuple, func: Any, args: tuple, kwarg
         plan = mesh._plans.get(key)
         context = _THREAD.context
         if plan is not None and context.hooks.quiet and mesh.algorithms is None and not context.traces:
-            plan.run(plan.comm, *send, polite_wait if mesh.polite else None)
+            plan.direct(*send)
             context.seq += 1
         else:
             func(*args, **kwargs)
@@ -363,12 +373,14 @@ _KEPT = {
 
 # Each collective is one recorded call when a rank captures a step (spmdsim.runtime.replay): a replay
 # meets the other ranks again, with none of the packing checks' Python recorded apart, and a call its
-# mesh kept a plan of repeats it (_bind).
+# mesh kept a plan of repeats it (_bind). Each function asks `capturing()` itself and calls its recorded
+# form only then: a rank that does not capture calls the function alone, without the kernel's wrapper
+# (a frame and its arguments packed again, a few microseconds on cold caches before the MPI call).
 from .replay import kernel as _kernel  # noqa: E402
 from .replay import kernels as _kernels  # noqa: E402
 
-allgather, alltoall, allreduce, reduce_scatter, bcast = (
-    _kernel(f, bind=None if f is bcast else _bind) for f in (allgather, alltoall, allreduce, reduce_scatter, bcast))
+_RECORDED = {f.__name__: _kernel(f, bind=None if f is bcast else _bind)
+             for f in (allgather, alltoall, allreduce, reduce_scatter, bcast)}
 #: The four for hot paths (the executor's runners): ``KERNELS.allgather(...)`` is the collective
 #: itself in a thread that does not capture, its recorded call in one that does (spmdsim.runtime.replay.kernels).
-KERNELS = _kernels(allgather, alltoall, allreduce, reduce_scatter)
+KERNELS = _kernels(*(_RECORDED[name] for name in ("allgather", "alltoall", "allreduce", "reduce_scatter")))

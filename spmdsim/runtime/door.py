@@ -102,16 +102,27 @@ class KeptCall(NamedTuple):
     extra: tuple  #: the call's other arguments, as SPMDSIM_CHECK compares them
     nbytes: Any  #: as `issue` takes it
     run: Callable[..., None]  #: the mesh's engine's transfer (``mesh.engine.all_gather``)
+    #: `run` on `comm` with the mesh's wait, as a function of the buffers (and op) alone (Engine.direct)
+    direct: Callable[..., None]
 
 
 def repeat(mesh: Mesh, plan: KeptCall, axes: Any, label: str | None, args: tuple, result: Any, x: Any) -> Any:
     """`issue` of a collective whose every check passed at an earlier call with the same group, shape, dtype
     and dims (spmdsim.runtime.collectives keeps `plan`, what `keep` made of it, per mesh): with no debug hook
-    on, no algorithm and no trace open, the engine's transfer alone; else `issue` with what the plan holds."""
+    on and no algorithm, the engine's transfer alone (`plan.direct`) and, where a trace is open, its row;
+    else `issue` with what the plan holds."""
     context = _THREAD.context  # current()'s, without its call
-    if context.hooks.quiet and mesh.algorithms is None and not context.traces:
-        plan.run(plan.comm, *args, polite_wait if mesh.polite else None)
+    if context.hooks.quiet and mesh.algorithms is None:
+        traces = context.traces
+        if not traces:
+            plan.direct(*args)
+            context.seq += 1
+            return result
+        t0 = perf_counter()
+        plan.direct(*args)
         context.seq += 1
+        now = perf_counter()
+        record_call(traces, plan.op, axes, plan.group_size, plan.nbytes, now - t0, label, 0, now, None)
         return result
     return issue(mesh, plan.comm, plan.group_size, plan.op, axes, label, plan.run, args, result, x, plan.extra,
                  plan.nbytes)
@@ -126,11 +137,13 @@ def keep(mesh: Mesh, key: tuple, comm: Any, g: int, out_shape: tuple, op: str, r
     """Keep, for `repeat`, a collective call that just ran through `issue` without packing or unpacking:
     its group, the result's shape, what `issue` was handed and the engine's transfer (`run`: the mesh's
     engine's method), under `key` (the collective's name, `axes` as spelled, the array's shape and dtype
-    and the call's dims). Held by `mesh`, freed when it closes."""
+    and the call's dims; the dtype, `key[3]`, tells the engine what `direct` may leave out). Held by `mesh`,
+    freed when it closes."""
     plans = mesh._plans
     if len(plans) >= _PLANS_MAX:
         plans.clear()
-    plans[key] = KeptCall(comm, g, out_shape, op, extra, nbytes, run)
+    plans[key] = KeptCall(comm, g, out_shape, op, extra, nbytes, run,
+                          mesh.engine.direct(run, comm, polite_wait if mesh.polite else None, key[3]))
 
 
 def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool, run: Callable[..., None],

@@ -175,6 +175,36 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
                  (spec.send_total * dtype.itemsize, recv.nbytes), copied, t0, None, (spec.scounts, spec.rcounts))
 
 
+def exchange_boxes(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, program: Any, label: str | None = None,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """`exchange` and its unpacking on an engine whose ranks share memory (Engine.moves_boxes): this rank's new
+    block (`out`, else made here) with each box of `program` (`spec`'s spmdsim.programs.plan.kernels.
+    ExchangeProgram) copied once, from the sender's view of its block into its place, and the overlap
+    this rank keeps copied from `local`; no send or receive buffer. Traced as `exchange`'s Alltoallv."""
+    size = mesh.size
+    if spec.size != size or spec.rank != mesh.rank:
+        raise ShapeError(f"exchange spec for rank {spec.rank} of {spec.size} used on rank {mesh.rank} of {size}")
+    if type(local) is not np.ndarray or local.shape != spec.local_shape:
+        raise ShapeError(f"exchange: local block {getattr(local, 'shape', local)!r} is not an array of "
+                         f"shape {spec.local_shape!r}")
+    dtype = local.dtype
+    out = buffers.empty(program.out_shape, dtype) if out is None else _result(out, program.out_shape, dtype,
+                                                                               "exchange")
+    t0 = perf_counter()
+    own = program.own
+    if own is not None:
+        out[own[0]] = local[own[1]]
+    if size == 1:
+        _alone("alltoallv", mesh.layout.alias_name, label, dtype)
+        return out
+    sends = {dst: local[index] for dst, index, _ in program.sends}
+    receives = {src: out[index] for src, index, _ in program.places}
+    return issue(mesh, mesh.comm, size, "alltoallv", mesh.layout.alias_name, label, mesh.engine.all_to_all_boxes,
+                 (sends, receives, dtype), out, dtype, (),
+                 (spec.send_total * dtype.itemsize, spec.recv_total * dtype.itemsize),
+                 0 if own is None else out[own[0]].nbytes, t0, None, (spec.scounts, spec.rcounts))
+
+
 def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
             out: np.ndarray | None = None) -> np.ndarray:
     """This rank's block of `shift`'s result (a spmdsim.programs.plan.shift.Shift of `local`'s tensor): the rows it
@@ -248,7 +278,7 @@ def shifted_many(mesh: Mesh, moves: Sequence[tuple[np.ndarray, Any, np.ndarray]]
 # One recorded call each when a rank captures a step (spmdsim.runtime.replay).
 from .replay import kernel as _kernel  # noqa: E402
 
-alltoallv, exchange = _kernel(alltoallv), _kernel(exchange)
+alltoallv, exchange, exchange_boxes = _kernel(alltoallv), _kernel(exchange), _kernel(exchange_boxes)
 
 
 class _ShiftBytes:

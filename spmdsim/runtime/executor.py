@@ -24,21 +24,12 @@ from ..base.buffers import empty as _new_block  # placed for MPI's copies (spmds
 from ..base.buffers import kept_empty as _kept_empty
 from ..programs.plan.kernels import exchange_program, local_slice, local_zero
 from ..programs.plan.uneven import check_fits, group_pieces, is_uneven
-from ..programs.plan.steps import (
-    Allgather,
-    Allreduce,
-    Alltoall,
-    Exchange,
-    LocalSlice,
-    LocalZero,
-    ReduceScatter,
-    Step,
-    step_label,
-)
+from ..programs.plan.steps import (Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter,
+                                   Step, step_label)
 from . import debug, door
 # KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
 from .collectives import KERNELS, exchange
-from .exchange import group_alltoallv
+from .exchange import exchange_boxes, group_alltoallv
 from ..programs.plan.messages import BlockAllreduce, BlockAlltoall, BlockAlltoallv, Messages
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
@@ -102,9 +93,8 @@ def _bind() -> None:
 def _pieces(step: Step, shape: tuple, mesh: Any, local: Any) -> Any:
     """How `step` runs where its shards may differ in size: () when they do not; the extents of the
     group's pieces (for the collective with counts); or, when the pieces do not nest, the plan of the
-    same move (an operator's step; a redistribution's plan has only steps that fit).
-
-    A dry run (one rank runs for all) is told each rank's bytes, which differ here."""
+    same move (an operator's step; a redistribution's plan has only steps that fit). A dry run (one rank
+    runs for all) is told each rank's bytes, which differ here."""
     how = _uneven_pieces(step, shape, mesh.rank)
     if type(how) is tuple and how and mesh.engine.dry:
         mesh.engine.ran(step.sized(shape, step.itemsize(local.dtype)))  # a bfloat16 sum's: float32's
@@ -358,7 +348,7 @@ def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
         return _kept_runner(exchange_program(step, rank, shape))
     if mesh.engine.dry:  # one rank runs for all: the step record says what each rank moves
         return _told(mesh.engine, _exchange_runner_of(step, rank, shape))
-    return _exchange_runner_of(step, rank, shape)
+    return _exchange_runner_of(step, rank, shape, mesh.engine.moves_boxes and mesh.algorithms is None)
 
 
 def _kept_runner(program: Any) -> Runner:
@@ -376,7 +366,8 @@ def _told(engine: Any, run: Runner) -> Runner:
     return told
 
 
-def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
+def _exchange_runner_of(step: Exchange, rank: int, shape: tuple, boxes: bool = False) -> Runner:
+    """`step`'s runner on `rank`: by `exchange_boxes` where `boxes` (ranks that share memory), else packed."""
     program = exchange_program(step, rank, shape)
     spec = ExchangeSpec.build(
         step.before.layout.num_devices, rank, step.before.local_shape(shape, rank), program.sends,
@@ -390,6 +381,8 @@ def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
              and program.places[0][2] == out_shape and math.prod(out_shape) == total)
 
     def run(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
+        if boxes:  # ranks that share memory: each box copied once, from its view into its place
+            return exchange_boxes(mesh, local, spec, program, label)
         if whole:
             out = _new_block(out_shape, local.dtype)
             exchange(mesh, local, spec, label=label, out=out.reshape(-1))

@@ -65,6 +65,15 @@ def test_bench_quick_collectives_json(shared_dir):
         for who in ("spmdsim", "raw"):
             after = r[f"{who}_comm_after_arrival_s"]
             assert after is not None and 0 <= after <= r[f"{who}_comm_s"] + 1e-6
+            # The per-call split: Python before the first collective and after the last, each a rank's own
+            # part of the call (the spans lie inside the call), shorter than the whole call's slowest rank's.
+            for part in ("before", "after"):
+                seconds = r[f"{who}_{part}_s"]
+                assert seconds is not None and 0 <= seconds < r[f"{who}_s"], (r["name"], who, part, seconds)
+    if comm.rank == 0:
+        split = bench.split_table(records).splitlines()
+        assert split[0].split() == ["case", "before", "raw", "comm", "raw", "after", "raw"]
+        assert [line[:44].rstrip() for line in split[2:2 + len(records)]] == names
 
 
 def test_bench_aa_control_times_a_second_raw_copy(shared_dir):

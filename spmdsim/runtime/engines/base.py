@@ -11,6 +11,7 @@ place in it) and how each kind of transfer runs on such a group:
 | ``reduce_scatter(comm, send, recv, op, wait)`` | block j (1/g of `send`) summed over the members, to member j |
 | ``all_to_all(comm, send, recv, wait)`` | block j of `send` to member j, received side by side |
 | ``all_to_allv(comm, send, scounts, sdispls, recv, rcounts, rdispls, wait)`` | the same with counts and offsets per peer |
+| ``all_to_all_boxes(comm, sends, receives, dtype, wait)`` | per peer a view of the block (any strides), copied once into the peer's view of its new block (where ``moves_boxes``: ranks that share memory) |
 | ``broadcast(comm, buf, root, wait)`` | the root's `buf` into every member's |
 | ``gather_to(comm, send, recv, root, wait)`` | every member's `send` side by side into the root's `recv` |
 | ``barrier(comm, wait)`` | nothing: every member has arrived |
@@ -35,6 +36,7 @@ around these methods there (spmdsim.runtime.layers).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 from ...errors import SpmdsimError
@@ -114,6 +116,24 @@ class Engine:
     def all_to_allv(self, comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray,
                     rcounts: Any, rdispls: Any, wait: Wait) -> None:
         raise NotImplementedError(f"{self.name} engine: all_to_allv")
+
+    #: Whether `all_to_all_boxes` runs here: ranks that share memory copy a piece from its view straight into
+    #: its place (the thread engine); an engine of contiguous buffers (MPI) packs them around `all_to_allv`.
+    moves_boxes = False
+
+    def all_to_all_boxes(self, comm: Any, sends: dict, receives: dict, dtype: Any, wait: Wait) -> None:
+        """Each member's ``sends[j]`` (a view of its block, of any strides) copied once into member j's
+        ``receives[i]`` (a view of j's new block, of the same shape), `i` the sender's group rank; views of
+        `dtype` (only where `moves_boxes`)."""
+        raise NotImplementedError(f"{self.name} engine: all_to_all_boxes")
+
+    def direct(self, transfer: Callable[..., None], comm: Any, wait: Wait, dtype: Any) -> Callable[..., None]:
+        """`transfer` (this engine's ``all_gather``, ``all_to_all``, ``all_reduce`` or ``reduce_scatter``) on
+        `comm`, waited with `wait`, as a function of the rest of its arguments (``(send, recv)``, or ``(send,
+        recv, op)`` for the sums) on buffers of `dtype`: what a kept collective's repeats call
+        (spmdsim.runtime.door.keep). An engine may hand back fewer frames than the method's; this one, the
+        method itself with `comm` and `wait` bound (a partial: no frame of its own)."""
+        return partial(transfer, comm, wait=wait)
 
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
         raise NotImplementedError(f"{self.name} engine: broadcast")

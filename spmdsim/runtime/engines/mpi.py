@@ -169,6 +169,39 @@ class MpiEngine(Engine):
         else:
             wait(comm.Ialltoallv(_v(send, scounts, sdispls), _v(recv, rcounts, rdispls)))
 
+    def direct(self, transfer: Callable[..., None], comm: Any, wait: Wait, dtype: Any) -> Callable[..., None]:
+        """The communicator's own method where that can stand for `transfer` (a numeric `dtype`, which
+        `_w` leaves as it is): with a busy wait, mpi4py's blocking call itself (no Python frame of ours
+        between a kept collective's checks and MPI); with a polite one, one frame around the nonblocking call.
+        With 4 ranks to a core each runs this on cold caches in turn while its group waits: a frame
+        left out is a few microseconds of each rank's, paid by the group (docs/explanation/performance.md)."""
+        if getattr(dtype, "kind", "V") in _SPECIAL:
+            return super().direct(transfer, comm, wait, dtype)
+        gathers = transfer == self.all_gather
+        if gathers or transfer == self.all_to_all:
+            if wait is None:
+                return comm.Allgather if gathers else comm.Alltoall
+            post = comm.Iallgather if gathers else comm.Ialltoall
+
+            def moved(send: Any, recv: Any) -> None:
+                wait(post(send, recv))
+            return moved
+        reduce_scatter = transfer == self.reduce_scatter
+        if reduce_scatter or transfer == self.all_reduce:
+            call = comm.Reduce_scatter_block if reduce_scatter else comm.Allreduce
+            post = comm.Ireduce_scatter_block if reduce_scatter else comm.Iallreduce
+            _op("sum")  # MPI's operations looked up once: `_OPS` holds all three after
+            in_place, ops = _in_place(), _OPS
+
+            def summed(send: Any, recv: Any, op: str) -> None:
+                source = in_place if send is recv and not reduce_scatter else send
+                if wait is None:
+                    call(source, recv, ops[op])
+                else:
+                    wait(post(source, recv, ops[op]))
+            return summed
+        return super().direct(transfer, comm, wait, dtype)
+
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
         if wait is None:
             comm.Bcast(_w(buf), root)

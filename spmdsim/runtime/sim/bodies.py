@@ -132,6 +132,24 @@ def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.
     m._enter_all("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls), (gather_mine,))
 
 
+def all_to_all_boxes(m: Member, sends: dict, receives: dict, dtype: Any) -> None:
+    """Member j's ``sends[_me]`` (a view of its block) into this member's ``receives[j]`` (a view of its new
+    block), each piece copied once, by the last member to arrive (Group.enter_all: the senders' blocks are
+    read before any member goes on)."""
+    me = m._me
+
+    def gather_mine(slot: Any) -> None:  # writes only this member's new block, which no member reads
+        for j, place in receives.items():
+            piece = slot.calls[j].data.get(me)
+            if piece is None or piece.shape != place.shape:
+                raise ShapeError(f"exchange: rank {m._group.members[j]} sends rank {m.world_rank} "
+                                 f"{'nothing' if piece is None else f'a box of shape {piece.shape}'}; "
+                                 f"expected a box of shape {place.shape}")
+            place[...] = piece
+
+    m._enter_all("alltoallv", ("alltoallv boxes", _NAMES.get(dtype) or dtype_name(dtype)), sends, (gather_mine,))
+
+
 def broadcast(m: Member, data: np.ndarray, root: int,
               mismatch: Optional[Callable[[Any, int, int, np.ndarray, np.ndarray], BaseException]] = None) -> None:
     """Every member's `data` (flat) = the root's. A receiver whose count is not the root's raises

@@ -25,8 +25,8 @@ from ...errors import ShapeError
 from ._buffers import c_int, mpi_error, mpi_module, reduction, special
 from ..engines import DONE, Engine
 from ..engines.base import SimulationError
-from .bodies import (all_gather, all_gather_object, all_reduce, all_reduce_object, all_to_all, all_to_allv, barrier,
-                     broadcast, broadcast_object, checked_same, gather_object, gather_to, reduce_scatter, split)
+from .bodies import (all_gather, all_gather_object, all_reduce, all_reduce_object, all_to_all, all_to_all_boxes,
+                     all_to_allv, barrier, broadcast, broadcast_object, checked_same, gather_object, gather_to, reduce_scatter, split)
 from .groups import Call, Group
 from .p2p import post_recv, post_send
 from ..._lazy import numpy_on_first_use
@@ -100,6 +100,13 @@ class ThreadEngine(Engine):
     def all_to_allv(self, comm: Any, send: Any, scounts: Any, sdispls: Any, recv: Any, rcounts: Any,
                     rdispls: Any, wait: Any) -> None:
         all_to_allv(comm, send.reshape(-1), scounts, sdispls, recv.reshape(-1), rcounts, rdispls)
+        if wait is not None:
+            wait(DONE)
+
+    moves_boxes = True
+
+    def all_to_all_boxes(self, comm: Any, sends: dict, receives: dict, dtype: Any, wait: Any) -> None:
+        all_to_all_boxes(comm, sends, receives, dtype)
         if wait is not None:
             wait(DONE)
 
