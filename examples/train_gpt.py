@@ -10,7 +10,9 @@ and with --sp sequence parallelism. Every operator is one of spmdsim's general r
 Each step's loss, every gradient and every updated parameter is compared with the same
 model trained in one numpy process (spmdsim.models.gpt.reference); the largest relative
 difference must stay within 1e-10. With --precision bf16-mixed the model computes in bfloat16
-with float32 master weights, and the reference runs under the same policy (docs/howto/bf16.md). Llama's architecture is options of the same model, flags spelled as `spmdsim
+with float32 master weights, and the reference runs under the same policy (docs/howto/bf16.md); with
+--precision fp8 the linear layers' products are FP8 as TransformerEngine's (e4m3 forward, e5m2 backward,
+per-tensor delayed scaling; fp8-current: current scaling). Llama's architecture is options of the same model, flags spelled as `spmdsim
 estimate` spells them: --ffn N, --kv-heads N, --norm rms, --mlp swiglu, --untied, --rope, --no-bias
 (docs/howto/train-gpt.md, "Llama's options"), each checked as the GPT is.
 
@@ -107,9 +109,11 @@ parser.add_argument("--shard-group", type=int, default=None, metavar="N",
                     help="with --zero 3: hybrid sharding (HSDP), each parameter sharded over groups of N of the dp "
                          "ranks and replicated across the dp / N groups (default: sharded over all dp ranks)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
-parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
+parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed,fp8,fp8-current}",
                     help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
-                         "checked against one numpy process under the same policy (docs/howto/train.md)")
+                         "fp8 also the linear layers' products in FP8 (TransformerEngine's delayed scaling; "
+                         "fp8-current: current scaling), checked against one numpy process under the same "
+                         "policy (docs/howto/bf16.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/howto/train.md)")
 checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.models.gpt.checkpoint)

@@ -7,6 +7,10 @@ A policy names the dtype of each kind of array (docs/howto/bf16.md):
 | ``fp64`` (default) | float64 | float64 | none | float64 | float64 |
 | ``fp32`` | float32 | float32 | none | float32 | float32 |
 | ``bf16-mixed`` | bfloat16 | float32 | float32 | float32 | bfloat16 |
+| ``fp8``, ``fp8-current`` | bfloat16 | float32 | float32 | float32 | bfloat16 |
+
+``fp8`` and ``fp8-current`` are bf16-mixed with the products of the linear layers (QKV, the attention's output
+projection, fc1, fc2) in FP8 as TransformerEngine computes them (spmdsim.base.fp8).
 
 ``bf16-mixed`` is Megatron-LM's bf16 recipe: the parameters the forward and backward read are
 bfloat16, the optimizer keeps a float32 master copy and float32 Adam states, and each parameter's
@@ -41,8 +45,7 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 __all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "sent_itemsize",
            "rounded", "product", "product_dtype", "unit_roundoff", "NEEDS_ML_DTYPES"]
 
-#: What asking for bfloat16 without ml_dtypes says (one line).
-NEEDS_ML_DTYPES = "needs ml_dtypes: pip install -e '.[bf16]'"
+from .fp8 import CURRENT, DELAYED, NEEDS_ML_DTYPES, Recipe, fp8_dtype
 
 _BF16: list = []  # [np.dtype(ml_dtypes.bfloat16)] once loaded
 
@@ -162,7 +165,8 @@ def unit_roundoff(dtype: Any) -> float:
 class Precision:
     """The dtypes of a run's arrays, by kind; ``precision("bf16-mixed")`` gives a preset.
 
-    `master`: the optimizer's copy of the parameters it updates (None: it updates them in place).
+    `master`: the optimizer's copy of the parameters it updates (None: it updates them in place). `fp8`: the
+    FP8 recipe of the linear layers' products (spmdsim.base.fp8), None: they multiply the activations' dtype.
     """
 
     name: str
@@ -171,6 +175,7 @@ class Precision:
     master: Optional[str]
     optimizer: str
     activation: str
+    fp8: Optional[Recipe] = None
 
     def dtype(self, kind: str) -> np.dtype:
         """The numpy dtype of `kind` ("param", "grad", "master", "optimizer", "activation")."""
@@ -186,11 +191,14 @@ class Precision:
         return self.name
 
 
-#: The policies by name: `fp64` (the default), `fp32`, `bf16-mixed` (docs/howto/bf16.md).
+#: The policies by name: `fp64` (the default), `fp32`, `bf16-mixed`, and bf16-mixed with the linear layers'
+#: products in FP8 under delayed (`fp8`) or current (`fp8-current`) scaling (docs/howto/bf16.md).
 PRESETS = {
     "fp64": Precision("fp64", "float64", "float64", None, "float64", "float64"),
     "fp32": Precision("fp32", "float32", "float32", None, "float32", "float32"),
     "bf16-mixed": Precision("bf16-mixed", "bfloat16", "float32", "float32", "float32", "bfloat16"),
+    "fp8": Precision("fp8", "bfloat16", "float32", "float32", "float32", "bfloat16", DELAYED),
+    "fp8-current": Precision("fp8-current", "bfloat16", "float32", "float32", "float32", "bfloat16", CURRENT),
 }
 
 
@@ -203,6 +211,8 @@ def precision_problem(name: Any) -> Optional[str]:
     if PRESETS[name].low:
         try:
             bfloat16()
+            if PRESETS[name].fp8 is not None:
+                fp8_dtype("e4m3")
         except SpmdsimError:
             return f"precision {name!r} {NEEDS_ML_DTYPES}"
     return None

@@ -42,6 +42,7 @@ from .config import GPTConfig
 from .params import padded_params, param_specs, unpadded_params
 from ..moe.mixed import moe_backward_mixed, moe_forward_mixed
 from ._blocks import rope_tables
+from .mixed_fp8 import Linears, biased
 
 __all__ = ["loss_and_grads", "architecture_problem"]
 
@@ -73,20 +74,21 @@ def architecture_problem(cfg: GPTConfig) -> Optional[str]:
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
                    policy: Precision, masks: Optional[dict], routes: Optional[dict] = None,
-                   kept: str = "graph") -> tuple[float, dict]:
+                   kept: str = "graph", fp8: Optional[dict] = None) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.models.gpt.reference's
     keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
     model's from the padded model's `params`, wte's padded rows' gradients zero (spmdsim.models.gpt.reference's).
     `routes`: MoE layer ("h1") -> the ranks' (B, T, k) experts, followed at near-ties (spmdsim.models.moe.routing).
-    `kept`: the ranks' kept set (spmdsim.models.gpt.parallel.GPT's), "megatron" rounding where its fused kernels round."""
+    `kept`: the ranks' kept set (spmdsim.models.gpt.parallel.GPT's), "megatron" rounding where its fused kernels round.
+    `fp8`: under an FP8 policy, the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8.Linears)."""
     if cfg.unpadded() is not cfg:
         loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks,
-                                     routes, kept)
+                                     routes, kept, fp8)
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
-    r = _Rounder(act, cfg, masks, kept)
+    r = _Rounder(act, cfg, masks, kept, Linears(policy.fp8, fp8))
     B, T = x.shape
     D = cfg.d_model
     # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
@@ -145,8 +147,9 @@ class _Grads(dict):
 class _Rounder:
     """Rounding to the activations' dtype, the dropout masks as the ranks' float32 factors."""
 
-    def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict], kept: str = "graph") -> None:
-        self.act, self.masks = act, masks
+    def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict], kept: str = "graph",
+                 lin: Optional[Linears] = None) -> None:
+        self.act, self.masks, self.lin = act, masks, lin or Linears()
         self.fused = kept == "megatron"  # Megatron's fused kernels' rounding points (spmdsim.nn.ops.megatron)
         self.scale = np.asarray(1.0 / (1.0 - cfg.dropout), _F32)
 
@@ -204,10 +207,11 @@ def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r
     return g * rstd
 
 
-def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder) -> np.ndarray:
-    """a @ P[name], rounded, plus the bias `bias` where the model has one (GPTConfig.bias), rounded."""
-    out = r(product(a, P[name]))
-    return out if bias is None or bias not in P else r(wide(out) + wide(P[bias]))
+def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder, site: Optional[str] = None) -> np.ndarray:
+    """a @ P[name], rounded, plus the bias `bias` where the model has one (GPTConfig.bias), rounded (FP8: rounded
+    once; `site` names the input's scale: spmdsim.models.gpt.mixed_fp8)."""
+    fused = r.lin.recipe is not None and site is not None  # FP8's column layers: the bias in the GEMM's epilogue
+    return biased(r.lin.forward(P, name, a, site), P.get(bias) if bias else None, r.act, fused)
 
 
 def _rope_tables(cfg: GPTConfig, T: int, r: _Rounder) -> tuple[np.ndarray, np.ndarray]:
@@ -263,7 +267,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     a, ln1 = _ln(P, pre + "ln1", h, cfg, r)
 
     def heads(w: str, n: int) -> np.ndarray:
-        out = _linear(P, pre + "attn.w" + w, None if w == "k" else pre + "attn.b" + w, a, r)
+        out = _linear(P, pre + "attn.w" + w, None if w == "k" else pre + "attn.b" + w, a, r, pre + "attn")
         return out.reshape(B, T, n, Dh).transpose(0, 2, 1, 3)
 
     q, k, v = heads("q", H), heads("k", KV), heads("v", KV)
@@ -286,10 +290,10 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
                     "ln2": ln2, "moe": moe, "B": B, "rope": rope}
-    zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r)
+    zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r, pre + "mlp")
     gate = {}
     if cfg.mlp == "swiglu":  # silu(z) (its float32 kernel, rounded) times the second product (rounded), rounded
-        u = _linear(P, pre + "mlp.w3", pre + "mlp.b3", a2, r)
+        u = _linear(P, pre + "mlp.w3", pre + "mlp.b3", a2, r, pre + "mlp")
         (m, s), t = _swiglu(zpre, u, r), None
         gate = {"s": s, "u": u}
     else:
@@ -312,8 +316,7 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         da2 = moe_backward_mixed(P, pre, dr, c["moe"], cfg.moe, r, grads)
     else:
         grads.total(pre + "mlp.b2", dr, P)
-        grads.dot(pre + "mlp.w2", c["m"], dr)
-        dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
+        dm = r.grad(r.lin.back(grads, P, pre + "mlp.w2", c["m"], dr))
         if "s" in c:
             if r.fused:  # Megatron's swiglu_back: both halves in float32 from z and u, rounded once
                 du = r.grad(dm * c["s"])
@@ -323,19 +326,16 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
                 ds = r.grad(dm * wide(c["u"]))
                 dz = r.grad(ds * activations.silu_slope(wide(c["z"])))
             grads.total(pre + "mlp.b3", du, P)
-            grads.dot(pre + "mlp.w3", c["a2"], du)
         else:
             dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
         grads.total(pre + "mlp.b1", dz, P)
-        grads.dot(pre + "mlp.w1", c["a2"], dz)
-        da2 = product(dz, P[pre + "mlp.w1"].T)
+        da2 = r.lin.back(grads, P, pre + "mlp.w1", c["a2"], dz)
         if "s" in c:  # a2's gradient summed over its two products (float32)
-            da2 = da2 + product(du, P[pre + "mlp.w3"].T)
+            da2 = da2 + r.lin.back(grads, P, pre + "mlp.w3", c["a2"], du)
     dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", da2, c["ln2"], grads, r))
     dr = r.grad(r.undrop(dh1, layer + ".resid1"))
     grads.total(pre + "attn.bo", dr, P)
-    grads.dot(pre + "attn.wo", c["o"], dr)
-    do = r.grad(product(dr, P[pre + "attn.wo"].T)).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+    do = r.grad(r.lin.back(grads, P, pre + "attn.wo", c["o"], dr)).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
     dpd = product(do, c["v"].transpose(0, 1, 3, 2))
     dv = product(c["pd"].transpose(0, 1, 3, 2), do)
     dp = dpd if c["f"] is None else dpd * c["f"]
@@ -354,10 +354,9 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
         if w != "v" and c["rope"] is not None:  # the turn's gradient, rounded where the product's output is reshaped
             d = r.grad(_rope_backward(d, c["rope"], r))
         d = d.transpose(0, 2, 1, 3).reshape(B * T, n * Dh)
-        grads.dot(pre + "attn.w" + w, c["a"], d)
+        part = r.lin.back(grads, P, pre + "attn.w" + w, c["a"], d)
         if w != "k":
             grads.total(pre + "attn.b" + w, d, P)
-        part = product(d, P[pre + "attn.w" + w].T)
         da = part if da is None else da + part
     return dh1 + _ln_backward(P, pre + "ln1", da, c["ln1"], grads, r)
 

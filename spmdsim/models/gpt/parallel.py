@@ -34,6 +34,7 @@ from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ...nn.autograd.kept import KEPT, kept_problem
 from .memory import RECOMPUTE, recompute_problem
 from ...base.precision import precision as get_precision, precision_problem
+from ...base.fp8 import Scales
 from ...runtime.executor import redistribute
 from .params import constant, seeded
 from .stages import Part, part_specs, whole
@@ -102,6 +103,7 @@ class GPT(_Block):
         if problem:
             raise SpmdsimError(problem)
         self.precision = policy = get_precision(precision)
+        self.fp8 = None if policy.fp8 is None else Scales(policy.fp8)  # FP8 scales (spmdsim.models.gpt.fp8_block)
         param_dtype = None if policy.param == "float64" else policy.dtype("param")
 
         names = tuple(mesh.layout.alias_name)

@@ -21,6 +21,7 @@ from .params import dropout_seed
 from ...runtime.dtensor import DTensor
 from ..moe.layer import moe_layer
 from ._blocks import rope_tables
+from .fp8_block import fp8_block
 from ..axes import CONTEXT, TENSOR
 
 
@@ -135,6 +136,8 @@ class _Block:
         n = self._layers.get(layer)
         if n is None:
             n = self._layers[layer] = _Layer(cfg, layer)
+        if self.fp8 is not None:  # the linear layers' products in FP8 (spmdsim.models.gpt.fp8_block)
+            return fp8_block(self, h, n, step, train, micro, scale)
         T, B = h.global_shape[:2]
         with n.norm:
             a = self._gathered(self._normed(h, n.ln1w, n.ln1b))

@@ -6,7 +6,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ...base.precision import precision_problem
+from ...base.precision import precision as get_precision, precision_problem
+from .fp8_block import fp8_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
 from ...programs.pipeline.schedule import schedule_problem
@@ -61,6 +62,7 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                or context_problem(cfg, cp, tp, sp, context)
                or recompute_problem(recompute) or zero_problem(zero, pp, cfg, ep) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or (fp8_problem(kept, replay, pp) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"

@@ -12,6 +12,7 @@ from ...nn.autograd.grad_buffer import GradBuffer
 from ...nn.optim import AdamW, DistributedAdamW, clip_grad_norm_
 from ...runtime.replay import Scalar, capture
 from .buckets import _zero_axes, dp_bucket, zero_options
+from .fp8_block import settle
 from .params import decays
 from .step_looks import _look, _look_blocks, _look_walk, _report, _steady
 
@@ -76,6 +77,7 @@ class _StepRun:
             sums.reduce()
             if self.cfg.clip:  # the joint norm: one Allreduce of one number
                 self.norms.append(clip_grad_norm_(params, self.cfg.clip))
+        settle(self.model)  # FP8's amaxes agreed, its scales made for the next step (nothing without FP8)
         self.look("after the backward")
         optimizer.step()
         self.look("after the step")

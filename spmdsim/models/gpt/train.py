@@ -50,6 +50,7 @@ from .data import batch, text_problem
 from .memory import MemoryReport, fsdp_problem, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
 from .tolerances import tolerances as mixed_tolerances
+from .fp8_block import fp8_problem
 from .params import param_specs
 from .wholes import Regions, assemble, regions
 from ...errors import SpmdsimError
@@ -267,6 +268,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (fsdp_problem(cfg, ep, replay, save, resume) if zero == 3 else None)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or (fp8_problem(kept, replay) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
@@ -326,6 +328,7 @@ class _Checker:
         # This rank's own start: AdamW's update is checked on the run's inputs (a low-precision policy
         # checks it on gathered ones).
         self.own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) if not self.low else None
+        self.scales = None if model.fp8 is None else model.fp8.snapshot()  # FP8: the scales the step casts with
 
     def errors(self, value: float, x: np.ndarray, y: np.ndarray, step: int) -> tuple:
         model, optimizer, zero, where, own = self.model, self.optimizer, self.zero, self.where, self.own
@@ -342,7 +345,7 @@ class _Checker:
             run_grads = where.used(_table(model, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                         _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                        policy, 1, routes, self.kept, laid)
+                                                        policy, 1, routes, self.kept, laid, self.scales)
         else:
             self.moments, ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, self.moments, x,

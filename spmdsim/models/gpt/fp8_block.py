@@ -1,0 +1,94 @@
+"""The GPT's block under an FP8 policy (spmdsim.base.precision "fp8", "fp8-current"): the graph's block
+(spmdsim.models.gpt.parallel_block) with its four linear layers' products in FP8 (spmdsim.nn.ops.fp8_linear): Q, K
+and V (one cast of their input, gathered along the sequence in e4m3 with sequence parallelism), the attention's
+output projection, fc1 (with SwiGLU fc1 and its second weight) and fc2. The attention core, the embedding and
+the head compute in bfloat16 as under bf16-mixed (TransformerEngine's Linear and LayerNormLinear are the
+layers that take FP8 inputs). After each step the casts' amaxes are agreed over the mesh (`settle`)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ...nn import ops
+from ...nn.autograd import kept_as
+from ...nn.ops.fp8_linear import fp8_column, fp8_row
+from ...nn.ops.megatron import _row_product_layout
+from ...runtime.executor import pending, resolve
+
+__all__ = ["fp8_block", "settle", "fp8_problem"]
+
+
+def fp8_problem(kept: str, replay: bool = False, pp: int = 1) -> Optional[str]:
+    """Why an FP8 run of these options cannot be made (one line), or None."""
+    if kept != "graph":
+        return f"precision fp8 keeps the graph's set (its products keep their FP8 copies): not kept {kept!r}"
+    if replay:
+        return "precision fp8 updates its scales after each step in Python: run it without --replay"
+    if pp > 1:
+        return f"precision fp8 runs without a pipeline (pp 1), not pp {pp}"
+    return None
+
+
+def _columns(model: Any, a: Any, pairs: list, site: str, names: list) -> Any:
+    return fp8_column(a, pairs, model.full, model.fp8, site, names)
+
+
+def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micro: Optional[int],
+              scale: float = 1.0) -> Any:
+    """`_block` (the graph's) of the layer whose names and sizes are `n` (parallel_block._Layer), its linear
+    layers' products in FP8."""
+    p, cfg, pre = model.use, model.cfg, n.attn[:-len("attn")]
+    T, B = h.global_shape[:2]
+    with n.norm:
+        a = model._normed(h, n.ln1w, n.ln1b)
+    with n.attention:
+        if n.kv == cfg.heads:
+            qkv = _columns(model, a, [(p[n.wq], p.get(n.bq)), (p[n.wk], None), (p[n.wv], p.get(n.bv))],
+                           n.attn, [n.wq, n.wk, n.wv])
+            qkv = ops.reshape(qkv, (3, T, B, cfg.heads, n.head_dim))
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        else:  # grouped-query attention: Q, and K and V of fewer heads (one cast of x each)
+            q = ops.reshape(_columns(model, a, [(p[n.wq], p.get(n.bq))], n.attn, [n.wq]),
+                            (T, B, cfg.heads, n.head_dim))
+            kv = ops.reshape(_columns(model, a, [(p[n.wk], None), (p[n.wv], p.get(n.bv))], n.attn, [n.wk, n.wv]),
+                             (2, T, B, n.kv, n.head_dim))
+            k, v = kv[0], kv[1]
+        if n.rope:
+            q, k = model._rope(q), model._rope(k)
+        if n.grouped:
+            k, v = model._grouped(k), model._grouped(v)
+    drop = cfg.dropout if train else 0.0
+    seed = model._seed(step, n.attn, micro) if drop else None
+    with n.core:
+        o = model._core(q, k, v, drop, seed)
+    with n.attention:
+        o = ops.reshape(o, (T, B, cfg.d_model))
+        proj = fp8_row(o, p[n.wo], model.act, model.fp8, n.wo, _row_product_layout(o._layout))
+        h = model._residual(h, proj, n.bo, n.resid1, step, train, micro)
+    with n.norm:
+        m = model._normed(h, n.ln2w, n.ln2b)
+    if n.moe:  # the MoE layer's experts multiply in bfloat16
+        return model._moe_mlp(h, model._gathered(m), int(pre[1:-1]), step, train, micro, scale)
+    with n.mlp:
+        if n.swiglu:  # silu(m w1 + b1) * (m w3 + b3): one cast of m for both
+            z = _columns(model, m, [(p[n.w1], p.get(n.b1)), (p[n.w3], p.get(n.b3))], pre + "mlp", [n.w1, n.w3])
+            act = ops.silu(z[0]) * z[1]
+        else:
+            act = ops.gelu(_columns(model, m, [(p[n.w1], p.get(n.b1))], pre + "mlp", [n.w1]))
+        out = fp8_row(act, p[n.w2], model.act, model.fp8, n.w2, _row_product_layout(act._layout))
+        return model._residual(h, out, n.b2, n.resid2, step, train, micro)
+
+
+def settle(model: Any) -> None:
+    """The step's end under delayed scaling: this rank's amaxes of the step's casts agreed by one Allreduce(MAX)
+    over the mesh, the scales made from the histories (spmdsim.base.fp8.Scales.settle). Nothing without FP8."""
+    scales = model.fp8
+    if scales is None or scales.recipe.scaling != "delayed" or not scales.keys:
+        return
+    mesh = model.mesh
+    axes = tuple(a for a in mesh.layout.alias_name if mesh.layout.axis_size(a) > 1)
+    seen = np.array(scales.seen, np.float32)
+    agreed = resolve(mesh, seen, pending(mesh.layout, 1, axes), "fp8 amax", reduction="max", owned=True) \
+        if axes else seen
+    scales.settle(np.asarray(agreed, np.float32))

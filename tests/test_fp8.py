@@ -1,0 +1,120 @@
+"""FP8 training as TransformerEngine does it (spmdsim.base.fp8, spmdsim.nn.ops.fp8_linear, precision "fp8"):
+the casts' formats and scales, the GPT's steps checked against one numpy process under the same policy, a
+wrong scale caught by that check, and the bytes the FP8 copies take."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.base import fp8
+from spmdsim.base.precision import precision, precision_problem
+from spmdsim.errors import SpmdsimError
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.train import train
+from spmdsim.nn.autograd import kept_bytes
+from spmdsim.nn.autograd.engine import backward
+from spmdsim.nn.ops import fp8_linear
+from spmdsim.nn import ops
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.1)
+TEXT = encode(load_text(20_000))
+
+
+def test_the_forward_casts_to_e4m3_and_the_backward_to_e5m2():
+    """e4m3: 3 significand bits (1.0625 -> 1, 1.1875 -> 1.25), saturated at 448 (ml_dtypes' own cast gives NaN
+    there); e5m2: 2 bits, saturated at 57344; the scale multiplies first."""
+    e4m3 = fp8.quantize(np.array([1.0625, 1.1875, 500.0, -1e6], np.float32), 1.0, fp8.FORWARD)
+    assert e4m3.dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+    assert e4m3.astype(np.float32).tolist() == [1.0, 1.25, 448.0, -448.0]
+    e5m2 = fp8.quantize(np.array([1.125, 1.375, 1e6], np.float32), 1.0, fp8.BACKWARD)
+    assert e5m2.dtype == np.dtype(ml_dtypes.float8_e5m2)
+    assert e5m2.astype(np.float32).tolist() == [1.0, 1.5, 57344.0]
+    assert fp8.quantize(np.array([3.0], np.float32), 0.5, fp8.FORWARD).astype(np.float32).tolist() == [1.5]
+
+
+def test_delayed_scaling_starts_at_one_and_follows_the_history_maximum():
+    """DelayedScaling(margin=0, amax_compute_algo="max"): scale 1 before any amax; then 448 / (the largest amax of
+    the history window); an amax of 0 keeps the scale; the window forgets after `history` steps."""
+    s = fp8.Scales(fp8.Recipe("delayed", history=2))
+    assert s.scale("w", "e4m3") == 1.0 and s.scale("dy", "e5m2") == 1.0
+    s.observe("w", "e4m3", 4.0)
+    s.observe("dy", "e5m2", 0.0)
+    s.settle(np.array(s.seen))
+    assert s.scale("w", "e4m3") == np.float32(112.0) and s.scale("dy", "e5m2") == 1.0
+    s.settle(np.array([2.0, 8.0], np.float32))  # the window (2 steps) still holds 4
+    assert s.scale("w", "e4m3") == np.float32(112.0) and s.scale("dy", "e5m2") == np.float32(7168.0)
+    s.settle(np.array([1.0, 8.0], np.float32))  # 4 left the window: max(2, 1)
+    assert s.scale("w", "e4m3") == np.float32(224.0)
+
+
+def _column(sp: bool):
+    """Per rank of dp 1 x tp 2: (kept bytes of one fp8_column node, the bytes of its e4m3 pieces, the formats of
+    the keys the forward and backward cast)."""
+
+    def body():
+        mesh = spmdsim.Mesh(Layout((2,), ("tp",)), spmdsim.world())
+        rng = np.random.default_rng(0)
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        x = spmdsim.DTensor.from_global(mesh, rng.standard_normal((8, 2, 16)).astype(bf16),
+                                        mesh.layout("tp" if sp else None, None, None)).requires_grad_()
+        w = spmdsim.DTensor.from_global(mesh, rng.standard_normal((16, 6)).astype(bf16),
+                                        mesh.layout(None, "tp")).requires_grad_()
+        scales = fp8.Scales(fp8.DELAYED)
+        y = fp8_linear.fp8_column(x, [(w, None)], mesh.layout(None, None, None), scales, "l", ["l.w"])
+        kept = sum(kept_bytes([y], exclude=[w]).values())
+        backward(ops.sum(y * y))
+        return kept, x.local.size + w.local.size, {k: f for k, (_, f) in scales.keys.items()}
+
+    return spmdsim.simulate(2, body)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_a_column_product_keeps_its_e4m3_copies_a_byte_an_element(sp):
+    for kept, elements, formats in _column(sp):
+        assert kept == elements  # x's piece (a sequence shard with sp) and the weight's, 1 byte each
+        assert formats == {"l:x": "e4m3", "l.w:w": "e4m3", "l.w:dy": "e5m2"}
+
+
+def _steps(policy: str, steps: int = 3, **options) -> list:
+    results = spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, steps, TEXT, sp=True, precision=policy,
+                                                **options)[1])
+    assert all(r == results[0] for r in results)
+    return results[0]
+
+
+@pytest.mark.parametrize("policy", ["fp8", "fp8-current"])
+def test_fp8_training_matches_one_numpy_process_under_the_same_policy(policy):
+    """Each step within the policy's tolerances, the update exact; the losses are not bf16-mixed's (the products
+    really are FP8's)."""
+    steps = _steps(policy)
+    for r in steps:
+        assert r.passed and r.errors[2] == 0.0, r
+        assert all(e <= t for e, t in zip(r.errors, r.tolerances)), r
+    assert [r.loss for r in steps] != [r.loss for r in _steps("bf16-mixed")]
+
+
+def test_a_wrong_scale_is_caught(monkeypatch):
+    """The weights' products multiplied back by an inverse scale one e4m3 step off (2**-3) in the run alone: the
+    loss leaves the reference's beyond its tolerance."""
+    real = fp8_linear._inverse
+    monkeypatch.setattr(fp8_linear, "_inverse", lambda *s: np.float32(real(*s) * np.float32(1.125)))
+    steps = _steps("fp8", steps=2)
+    assert any(r.errors[0] > r.tolerances[0] for r in steps) and not all(r.passed for r in steps), steps
+
+
+def test_fp8_without_ml_dtypes_is_one_line(monkeypatch):
+    assert precision("fp8").fp8 == fp8.DELAYED and precision("fp8-current").fp8 == fp8.CURRENT
+    monkeypatch.setattr(fp8, "_DTYPES", {})
+    monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)
+    from spmdsim.base import precision as module
+    monkeypatch.setattr(module, "_BF16", [])
+    assert precision_problem("fp8") == "precision 'fp8' needs ml_dtypes: pip install -e '.[bf16]'"
+
+
+def test_fp8_refuses_what_it_does_not_run():
+    with pytest.raises(SpmdsimError, match="precision fp8 updates its scales after each step"):
+        spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, precision="fp8", replay=True))
