@@ -45,3 +45,26 @@ def test_zero3_under_bf16_mixed_gathers_bfloat16_and_reduce_scatters_float32():
     for n in elements:
         assert gathers[n * 2 * (dp - 1) // dp] >= 2 * steps * elements.count(n)
         assert scatters[n * 4 * (dp - 1) // dp] >= steps * elements.count(n)
+
+
+def test_the_position_tables_gradient_is_reduce_scattered_in_float32_as_zero0s():
+    """wpe's view (reshaped for the add) read the gathered table, not a leaf, and so rounded its gradient to
+    bfloat16 as an activation's, after an Allreduce of the whole float32 table over dp: 2 (n-1)/n of its
+    bytes, and a rounding the unsharded run does not make. A parameter moved is a parameter: the gradient
+    stays float32 and pending, and the gather's conjugate reduce-scatters it, (n-1)/n of its bytes; the steps
+    are the unsharded run's, bit for bit."""
+    dp = 8
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=8, dropout=0.0)
+
+    def body(zero):
+        with collect_trace() as trace:
+            _, results = train(cfg, spmdsim.world(), dp, 1, 2, encode(load_text()), zero=zero, precision="bf16-mixed")
+        return trace.entries, [r.loss for r in results], [r.errors for r in results]
+
+    (entries, losses, errors), (_, losses0, errors0) = (spmdsim.simulate(dp, body, zero)[0] for zero in (3, 0))
+    assert losses == losses0 and errors == errors0  # the same rounding as the unsharded run's
+    wpe = cfg.seq * cfg.d_model * 4  # float32 bytes of the table's gradient
+    sums = [e for e in entries if e.axes == ("dp",) and e.op == "allreduce" and e.label != "cross_entropy"]
+    assert [e for e in sums if e.label != "check"] == []  # no parameter's gradient all-reduced over dp
+    scatters = collections.Counter(e.bytes_sent for e in entries if e.op == "reduce_scatter")
+    assert scatters[wpe * (dp - 1) // dp] == 2  # one a step
