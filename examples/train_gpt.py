@@ -47,7 +47,7 @@ from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.axes import roles_of
-from spmdsim.models.gpt.memory import fsdp_problem, recompute_problem, shard_group_problem, zero_problem
+from spmdsim.models.gpt.memory import recompute_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
                                  padding_line, sizes_problem)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
@@ -169,11 +169,9 @@ def main(args):
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    problem = problem or recompute_problem(args.recompute) or zero_problem(zero, args.pp) or kept_problem(args.kept)
+    problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
     if not problem and args.reshard_after_forward not in ("true", "false"):
         problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
-    if not problem and zero == 3:
-        problem = fsdp_problem(cfg, replay=args.replay, save=args.save, resume=args.resume)
     if not problem and args.prefetch and zero != 3:
         problem = "--prefetch gathers parameters ahead: give --zero 3 with it"
     pipe = [flag for flag, given in (("--prefetch", args.prefetch), ("--shard-group", args.shard_group is not None),

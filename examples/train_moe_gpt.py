@@ -35,7 +35,7 @@ from spmdsim.base.precision import precision, precision_problem
 from spmdsim.models.gpt import encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
-from spmdsim.models.gpt.memory import fsdp_problem, zero_problem
+from spmdsim.models.gpt.memory import zero_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
@@ -87,9 +87,10 @@ parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default=None,
                     help="write Megatron's parameter layouts in this dialect (read back by spmdsim.layouts.dialects: the same "
                          "layouts; default: spmdsim's own)")
-parser.add_argument("--zero", default="0", metavar="{0,1,2}",
+parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
-                         "experts' over dp (docs/howto/experts.md); 2: ZeRO-2, the gradients too")
+                         "experts' over dp (docs/howto/experts.md); 2: ZeRO-2, the gradients too; 3: ZeRO-3, the "
+                         "parameters too, gathered for each layer (docs/howto/fsdp.md)")
 parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
                     help="the precision policy (docs/howto/train.md): bf16-mixed computes in bfloat16, the router in "
                          "float32 (docs/howto/experts.md)")
@@ -192,7 +193,7 @@ def main(args):
     problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(ids, cfg)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
-    problem = zero_problem(zero) or (fsdp_problem(cfg) if zero == 3 else None)
+    problem = zero_problem(zero)
     if problem:  # (as train refuses it, but before the header is printed)
         raise spmdsim.SpmdsimError(problem)
     dp, ep, tp = shape

@@ -6,6 +6,8 @@ the same step in one process (numpy float64) from the run's parameters at the st
 start, within 1e-12 of the magnitudes that entered each element. Paddle's network runs
 where 960 and 240 divide by the rank count, OneFlow's on an even count (a 2 x n placement);
 a network that cannot run is skipped, saying why, and a rank count where none can is refused.
+With --zero 3 every parameter is fully sharded over the axis that splits the batch (ZeRO-3, FSDP):
+gathered before its stage, freed after it, its gradient reduce-scattered onto the shard SGD steps.
 
 Run: timeout -k 5 300 mpiexec -n 4 python examples/train_seed_networks.py [--steps 10]
   or python examples/train_seed_networks.py --ranks 4   (4 simulated ranks in one process)
@@ -17,8 +19,9 @@ from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by ran
 from spmdsim.base.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.models.nets import seeds
-from spmdsim.models.nets.train import PHASES, NetworkTrainer, loss_trend, run_main
+from spmdsim.models.nets.train import PHASES, NetworkTrainer, loss_trend, refuse, run_main
 from spmdsim.models.nets.reference import ReferenceTrainer
+from spmdsim.models.nets.sharded import zero_problem
 import numpy as np  # noqa: E402
 
 NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_needs,
@@ -30,16 +33,22 @@ parser.add_argument("--lr", type=flag_float, default=0.1)
 parser.add_argument("--net", choices=tuple(NETWORKS), nargs="+", default=list(NETWORKS))
 parser.add_argument("--bucket", action="store_true",
                     help="sum the replicas' gradients pending over the same axes in one Allreduce")
+parser.add_argument("--zero", type=int, choices=(0, 3), default=0,
+                    help="3: every parameter fully sharded over the axis that splits the batch (ZeRO-3, FSDP)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
+if args.bucket and args.zero == 3:
+    refuse("--bucket sums whole gradients in one Allreduce; with --zero 3 each gradient is reduce-scattered onto "
+           "its shard: give one of them")
 
 
 def why_skipped(size):
     """{reason: the networks asked for that cannot run on `size` ranks for it}, in the order asked."""
     skipped = {}
     for name in dict.fromkeys(args.net):
-        if NETWORKS[name](size):
-            skipped.setdefault(NETWORKS[name](size), []).append(name)
+        why = NETWORKS[name](size) or (zero_problem(getattr(seeds, name)(size)) if args.zero == 3 else None)
+        if why:
+            skipped.setdefault(why, []).append(name)
     return skipped
 
 
@@ -55,7 +64,7 @@ def train(name, comm):
     x = net.source.full()
     rows = int(np.prod(net.out_shape[:-1]))
     labels = np.random.default_rng(1).integers(0, net.out_shape[-1], rows)
-    trainer = NetworkTrainer(net, comm, lr=args.lr, bucket=args.bucket)
+    trainer = NetworkTrainer(net, comm, lr=args.lr, bucket=args.bucket, zero=args.zero)
     reference = ReferenceTrainer(net, lr=args.lr)
     failed, losses = 0, []
     for step in range(args.steps):
@@ -76,11 +85,13 @@ def train(name, comm):
 def main(args):
     """One rank's run (MPI or simulated); returns the exit code every rank agrees on."""
     comm = spmdsim.world()
-    ran = [train(name, comm) for name in dict.fromkeys(args.net) if not NETWORKS[name](comm.size)]
-    for why, names in why_skipped(comm.size).items():
+    skipped = why_skipped(comm.size)
+    ran = [train(name, comm) for name in dict.fromkeys(args.net) if not any(name in n for n in skipped.values())]
+    for why, names in skipped.items():
         if comm.rank == 0:
             print(f"skipped: {', '.join(names)} ({why})")
     return 0 if ran and all(ran) else 1
 
 
-sys.exit(run_main(main, args, args.ranks, needs=none_runs))  # simulated ranks with --ranks, else MPI
+FITS = "--ranks 4 or mpiexec -n 4" if args.zero == 3 else "--ranks 8 or mpiexec -n 8"  # where some network runs
+sys.exit(run_main(main, args, args.ranks, needs=none_runs, fits=FITS))  # simulated ranks with --ranks, else MPI

@@ -790,6 +790,8 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true",
                     help=f"time the MoE GPT's step (dp {MOE_MESH[0]} x ep {MOE_MESH[1]} x tp {MOE_MESH[2]}), eager and "
                     "replayed, against the same step by hand on mpi4py")
+    ap.add_argument("--fsdp", action="store_true", help="time the fully sharded step (ZeRO-3, dp 8), eager and "
+                    "replayed, against the same step by hand on mpi4py (scripts/_bench_gpt_fsdp.py)")
     ap.add_argument("--simulated", action="store_true",
                     help="with --pipeline or --moe: also the replayed step and the peer on simulated ranks (threads)")
     ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pipereplay",
@@ -818,6 +820,10 @@ def main() -> int:
     if args.worker:
         _worker(args)
         return 0
+    if args.fsdp:
+        from _bench_gpt_fsdp import fsdp_case
+
+        return fsdp_case(args)
     if args.pipeline:
         return _pipeline(args)
     if args.moe:

@@ -82,7 +82,9 @@ def arrivals(spans: Any) -> tuple[float, float]:
 def _check(cfg: Any, world: Any, model: Replica, losses: list) -> dict:
     """Rank 0: the check steps' losses against spmdsim.models.gpt.reference's, and the last step's gradients and the
     parameters after it (the largest difference relative to the tensor's largest entry, over all ranks)."""
-    mine = (model.where, {n: model.g[n].copy() for n in model.g}, {n: model.p[n].copy() for n in model.p})
+    held = getattr(model, "held", None)  # the FSDP peer keeps shards: its (gradients, parameters)
+    grads, values = held() if held else (model.g, model.p)
+    mine = (model.where, {n: grads[n].copy() for n in grads}, {n: values[n].copy() for n in values})
     everyone = world.gather(mine, root=0)
     if world.rank != 0:
         return {}

@@ -18,6 +18,12 @@ A unit whose forward runs under ``no_grad`` (evaluation, or a recomputed region'
 blocks as soon as the forward ends. The root's parameters are gathered once and kept to the end of the
 backward, as FSDP2 keeps its root's.
 
+On a mesh with an "expert" role beside the "data" one (expert parallelism) each parameter is sharded over the
+data-parallel axes it is replicated over: a dense one over (data, expert), all the ranks that hold a copy of
+it, an expert's (split over the expert axis) over the data axis alone, the ranks that hold the same experts
+(Megatron-Core's and DeepSpeed's expert-data-parallel group); its gradient, a pending sum over those axes, is
+reduce-scattered over them.
+
 With ``prefetch`` the next unit's gathers run before a unit's forward and the previous unit's before its
 backward (two units gathered at once). On a mesh with a "shard" role beside the "data" one the parameters are
 sharded over the shard axis and replicated over the data axis (HSDP): the Reduce_scatter runs within a
@@ -37,37 +43,58 @@ from ..runtime.executor import redistribute
 from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
 from .autograd.kept import nothing, shell
 
-__all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_problem", "GATHERED"]
+__all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_axes", "shard_group", "shard_problem", "GATHERED"]
 
 #: The kind of kept bytes (spmdsim.nn.autograd.kept_bytes) of a unit's gathered parameters held for its backward.
 GATHERED = "gathered parameters"
 
 
-def sharded_layout(layout: TensorLayout, axis: str) -> TensorLayout:
-    """`layout` with dim 0 split over `axis` too, after the axes that already split it (the minor one).
+def sharded_layout(layout: TensorLayout, axis: Any) -> TensorLayout:
+    """`layout` with dim 0 split over `axis` (a name, or a tuple of them) too, after the axes that already split
+    it (the minor ones).
 
     The shard FSDP keeps; gathering it over `axis` gives `layout` back. Pure."""
     entries = tuple(layout.tensor_map)
-    return TensorLayout(layout.layout, (entries[0] + (axis,),) + entries[1:], layout.partial)
+    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+    return TensorLayout(layout.layout, (entries[0] + axes,) + entries[1:], layout.partial)
 
 
-def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: str) -> Optional[str]:
-    """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis`, or None.
+def shard_group(mesh_layout: Any, roles: dict) -> tuple:
+    """The axes fully_shard shards over on a mesh of `roles` (role -> axis): its "shard" axis (HSDP), else its
+    "data" axis and, where it has one, its "expert" axis (each parameter over those it is replicated over:
+    `shard_axes`); () where it has neither. Pure."""
+    if roles.get("shard"):
+        return (roles["shard"],)
+    return tuple(roles[r] for r in ("data", "expert") if roles.get(r) in mesh_layout.alias_name)
+
+
+def shard_axes(layout: TensorLayout, group: tuple) -> tuple:
+    """The axes of `group` a parameter of `layout` is sharded over: those it is replicated over (an expert's,
+    split over the expert axis, over the data axis alone; a dense one over all of them). Pure."""
+    used = {a for entry in layout.tensor_map for a in entry}
+    return tuple(a for a in group if a not in used)
+
+
+def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: Any) -> Optional[str]:
+    """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis` (a name, or the
+    group of axes `shard_axes` picks from), or None.
 
     One line, alike on every rank (pure: no collective)."""
     if not shape:
         return f"parameter {name!r} is a scalar; fully sharded data parallelism splits dim 0 of each parameter"
     if layout.partial:
         return f"parameter {name!r} is a pending sum over {layout.partial!r}; expected a resolved parameter"
-    if any(axis in entry for entry in layout.tensor_map):
-        return f"parameter {name!r} is already split over the data axis {axis!r} ({layout}); expected a layout " \
-               "replicated over it"
+    group = (axis,) if isinstance(axis, str) else tuple(axis)
+    axes = shard_axes(layout, group)
+    if not axes:
+        what = f"the data axis {group[0]!r}" if len(group) == 1 else f"every data-parallel axis {group!r}"
+        return f"parameter {name!r} is already split over {what} ({layout}); expected a layout replicated over it"
     shards = 1
-    for a in layout.tensor_map[0] + (axis,):
+    for a in layout.tensor_map[0] + axes:
         shards *= layout.layout.axis_size(a)
     if shape[0] % shards:
         return (f"parameter {name!r} dim 0 of size {shape[0]} is not divisible by {shards} shards (axes "
-                f"{layout.tensor_map[0] + (axis,)!r}); fully sharded data parallelism splits dim 0 evenly")
+                f"{layout.tensor_map[0] + axes!r}); fully sharded data parallelism splits dim 0 evenly")
     return None
 
 
@@ -75,23 +102,26 @@ class FullyShard:
     """A model's parameters sharded over the data axis, made by `fully_shard`.
 
     `params`: name -> leaf DTensor, 1/dp each (the optimizer's); `layouts`: name -> the layout the forward
-    reads it in; `unit` and `unshard` gather them; `held` and `most`: the gathered bytes held now and the most
-    held at once since `start`."""
+    reads it in; `axes`: name -> the axes it is sharded over (`shard_axes` of `group`); `unit` and `unshard`
+    gather them; `held` and `most`: the gathered bytes held now and the most held at once since `start`."""
 
-    def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, axis: str,
+    def __init__(self, params: dict, mesh: Any, reshard_after_forward: bool, group: Any,
                  prefetch: bool = False) -> None:
-        self.mesh, self.reshard_after_forward, self.axis = mesh, bool(reshard_after_forward), axis
+        group = (group,) if isinstance(group, str) else tuple(group)
+        self.mesh, self.reshard_after_forward, self.group = mesh, bool(reshard_after_forward), group
+        self.axis = group[0]  # the data axis (HSDP: the shard axis)
         self.prefetch = bool(prefetch)
         # prefetched: the next unit's gathered tensors (forward), the previous unit's blocks (backward), by names
         self._ahead: dict = {}
         self._behind: dict = {}
         self.layouts = {name: t.layout for name, t in params.items()}
+        self.axes = {name: shard_axes(t.layout, group) for name, t in params.items()}
         # bytes of gathered blocks held now, and the most held at once since `start` (the memory report's)
         self.held = self.most = 0
         self._live: dict = {}  # id -> a gathered tensor whose block is held (not released)
         self.params: dict = {}
         for name, t in params.items():
-            target = sharded_layout(t.layout, axis)
+            target = sharded_layout(t.layout, self.axes[name])
             with no_grad():  # B -> S(0) over the data axis: a local slice, no communication
                 moved = redistribute(t, target).local
             # its own buffer, so that the whole block can go (a dry run's: the engine's zeros, never touched)
@@ -197,10 +227,13 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
         params: name -> DTensor (a model's parameters, in the layouts its forward reads them in), or an
             object with such a ``params`` dict (spmdsim.models.gpt.parallel.GPT).
         mesh: the mesh they live on; its axis of the "shard" role shards them, replicated over the data axis
-            (HSDP, FSDP2's 2-D mesh), or where it has none its axis of the "data" role (``mesh.axis("data")``).
+            (HSDP, FSDP2's 2-D mesh), or where it has none its axis of the "data" role (``mesh.axis("data")``)
+            and, with expert parallelism, its "expert" axis: each parameter over those it is replicated over
+            (`shard_axes`: experts over the data axis, dense parameters over both).
         reshard_after_forward: free each unit's gathered parameters after its forward and gather them
             again for its backward (FSDP2's default), or keep them until its backward.
-        axis: the axis to shard over, where the mesh names no data role.
+        axis: the axis to shard over (or a tuple of them, each parameter over those it is replicated over),
+            where the mesh names no data role.
         prefetch: gather the next unit's parameters before a unit's forward runs, and the previous unit's
             before a unit's backward runs (FSDP's forward and backward prefetch; `FullyShard.unit`).
 
@@ -212,15 +245,15 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
     if not isinstance(params, dict):
         raise SpmdsimError(f"fully_shard: params must be a dict name -> DTensor or a model with .params, got "
                            f"{type(params).__name__}")
-    axis = axis if axis is not None else (mesh.axis("shard") or mesh.axis("data"))
-    if axis is None or axis not in mesh.layout.alias_name:
+    group = shard_group(mesh.layout, mesh.roles) if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+    if not group or any(a not in mesh.layout.alias_name for a in group):
         raise SpmdsimError(f"fully_shard: the mesh {mesh.layout.alias_name!r} names no data axis "
                            f"(roles {mesh.roles!r}); give the mesh a data role or axis=")
     for flag, value in (("reshard_after_forward", reshard_after_forward), ("prefetch", prefetch)):
         if type(value) is not bool:
             raise SpmdsimError(f"fully_shard: {flag} {value!r} must be True or False")
     for name, t in params.items():
-        problem = shard_problem(name, t.layout, tuple(t.global_shape), axis)
+        problem = shard_problem(name, t.layout, tuple(t.global_shape), group)
         if problem:
             raise SpmdsimError(f"fully_shard: {problem}")
-    return FullyShard(params, mesh, reshard_after_forward, axis, prefetch)
+    return FullyShard(params, mesh, reshard_after_forward, group, prefetch)

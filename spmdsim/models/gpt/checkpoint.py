@@ -40,9 +40,9 @@ from ...runtime.door import all_gather_object, barrier
 from .config import GPTConfig
 from ...base.precision import precision as get_precision
 from ...layouts.layout import Layout
-from ...nn.fsdp import sharded_layout
+from ...nn.fsdp import shard_axes, sharded_layout
 from ...runtime.sim import dry_run_active
-from ..axes import DATA, model_layout
+from ..axes import DATA, EXPERT, model_layout
 from .layouts import megatron_layouts
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
@@ -346,7 +346,8 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     chosen = megatron_layouts(cfg, Layout(*inner), sp)
     chosen.update(layouts or {})
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
-        chosen = {name: sharded_layout(layout, DATA) for name, layout in chosen.items()}
+        group = (DATA, EXPERT) if moe else (DATA,)  # (experts over dp, the dense parameters over dp x ep)
+        chosen = {name: sharded_layout(layout, shard_axes(layout, group)) for name, layout in chosen.items()}
     mesh_layout = Layout(*inner)
     if pipeline is not None:
         pipeline = dict(pipeline)

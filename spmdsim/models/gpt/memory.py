@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "fsdp_problem", "shard_group_problem",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "shard_group_problem",
            "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
@@ -40,11 +40,11 @@ def recompute_problem(value: Any) -> Optional[str]:
     return f"recompute {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
 
 
-def zero_problem(value: Any, pp: int = 1, cfg: Any = None, ep: int = 1) -> Optional[str]:
-    """Why `value` is not a ZeRO stage spmdsim runs (over a pipeline of `pp` stages; ZeRO-3 of `cfg` with `ep`
-    expert-parallel ranks: `fsdp_problem`), or None."""
+def zero_problem(value: Any) -> Optional[str]:
+    """Why `value` is not a ZeRO stage spmdsim runs, or None (each composes with a pipeline, and ZeRO-3 with
+    experts: spmdsim.nn.fsdp shards them over the ranks that hold the same experts)."""
     if type(value) is int and value in ZERO:
-        return fsdp_problem(cfg, ep) if value == 3 else None
+        return None
     return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
             "ZeRO-2: gradients too; ZeRO-3: parameters too)")
 
@@ -67,19 +67,9 @@ def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -
         return (f"--zero 3 with {microbatches} microbatches a step: a fully sharded step runs one; give "
                 "--global-batch = --micro-batch x --dp")
     if ep > 1:
-        return "--zero 3 with --ep: fully sharded data parallelism does not shard experts yet"
+        return ("--zero 3 with --ep: the estimate's fully sharded step runs without experts; "
+                "examples/train_moe_gpt.py --zero 3 --dry-run prints their bytes")
     return None
-
-
-def fsdp_problem(cfg: Any, ep: int = 1, replay: bool = False, save: Any = None, resume: Any = None,
-                 pp: int = 1) -> Optional[str]:
-    """Why ZeRO-3 (fully sharded data parallelism) does not run with these options yet, or None: one line.
-    (`replay`, `save`, `resume`: none; a fully sharded step replays, its gathers and Reduce_scatters kernels of the
-    captured step, and a fully sharded run checkpoints its shards.)"""
-    refusals = [(cfg is not None and cfg.moe is not None or ep > 1,
-                 "--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet; use --zero 1 "
-                 "or 2")]
-    return next((text for bad, text in refusals if bad), None)
 
 
 @dataclass(frozen=True)

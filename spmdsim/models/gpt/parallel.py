@@ -38,11 +38,11 @@ from ...base.fp8 import Scales
 from ...runtime.executor import redistribute
 from .params import constant, seeded
 from .stages import Part, part_specs, whole
-from ..axes import CONTEXT, DATA, EXPERT, SHARD, TENSOR
+from ..axes import CONTEXT, DATA, EXPERT, SHARD, TENSOR, axis_of
 from .context import Context, position_ids
 from .mesh import mesh_checked
 from ...nn.autograd import no_grad
-from ...nn.fsdp import fully_shard, sharded_layout
+from ...nn.fsdp import fully_shard, shard_axes, shard_group, sharded_layout
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
@@ -135,10 +135,13 @@ class GPT(_Block):
             self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
         # The tensors the forward reads: the parameters, or under FSDP the gathered ones of the units running.
         options = {"reshard_after_forward": fsdp} if isinstance(fsdp, bool) else fsdp  # fully_shard's
-        self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, **options)
+        # sharded over fs (HSDP), else dp and ep: each parameter over those it is replicated over (experts over dp)
+        group = shard_group(mesh.layout, {r: axis_of(mesh, r) for r in ("shard", "data", "expert")})
+        self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, axis=group, **options)
         if self.fsdp is not None:  # the parameters are the shards; `layouts` theirs (every part's, as Megatron's)
-            self.params, axis = self.fsdp.params, self.fsdp.axis
-            self.layouts = {name: sharded_layout(layout, axis) for name, layout in self.layouts.items()}
+            self.params, group = self.fsdp.params, self.fsdp.group  # (with experts: each over the axes it is on)
+            self.layouts = {name: sharded_layout(layout, shard_axes(layout, group))
+                            for name, layout in self.layouts.items()}
         self.use: dict = self.params if self.fsdp is None else {}
         self._root_step: Any = None  # under FSDP, the step whose forward gathered the root (`_root`)
         L = mesh.layout

@@ -60,7 +60,7 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
     cp, context = contexts
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
                or context_problem(cfg, cp, tp, sp, context)
-               or recompute_problem(recompute) or zero_problem(zero, pp, cfg, ep) or kept_problem(kept)
+               or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or (fp8_problem(kept, replay, pp) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))

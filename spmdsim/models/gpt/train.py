@@ -47,7 +47,7 @@ import numpy as np
 from ...nn.autograd.kept import kept_problem
 from .config import GPTConfig
 from .data import batch, text_problem
-from .memory import MemoryReport, fsdp_problem, recompute_problem, zero_problem
+from .memory import MemoryReport, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
 from .tolerances import tolerances as mixed_tolerances
 from .fp8_block import fp8_problem
@@ -266,7 +266,6 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made; the
     checkpoints' metadata (None without checkpoints)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (fsdp_problem(cfg, ep, replay, save, resume) if zero == 3 else None)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or (fp8_problem(kept, replay) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))

@@ -62,7 +62,9 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
     if all(t._ag is None for t in tensors):
         return out, counts
 
-    # what the real step's backward holds (its closure's arrays, spmdsim.nn.autograd.kept_bytes), of their sizes
+    # what the real step's backward holds (its closure's arrays, spmdsim.nn.autograd.kept_bytes), of their sizes:
+    # not the weights' blocks, which it reads when it runs
+    w1_shape = W1.shape
     kept = (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert, xe, hs, ts, acts, back,
             us, zeros(per_expert.shape, np.int64) if moe.dropless and ep > 1 else None)  # (dropless: the counts got)
 
@@ -75,10 +77,11 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
         dx = zeros(x.local.shape, np.float32 if mixed else act)
         grads = tuple(zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype) for w in weights)
         if any_open():  # counted with the blocks the rank holds: the weights, their gradients, the kept blocks
-            _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed, backward=True, names=names,
+            now = dict(zip(names, (w.local for w in weights)))  # read now (ZeRO-3: gathered again), not kept
+            _count_experts(move, x.local.shape, nrows, w1_shape, act, mixed, backward=True, names=names,
                            blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
-                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=local["w2"],
-                                       w3=local.get("w3")))
+                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=now["w1"], w2=now["w2"],
+                                       w3=now.get("w3")))
         over_tp = (TENSOR,) if tp > 1 and not mixed else ()
         over_dp = (DATA,) if DATA in mesh.layout.alias_name and mesh.layout.axis_size(DATA) > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))

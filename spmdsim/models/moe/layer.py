@@ -222,9 +222,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         got = executor.run_block(mesh, SLOTS, per_expert, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
-    W1, W2 = block(w1), block(w2)
-    B1, B2 = None if b1 is None else block(b1), None if b2 is None else block(b2)
-    W3, B3 = (None, None) if w3 is None else (block(w3), None if b3 is None else block(b3))
+    W1, B1, W2, B2, W3, B3 = (None if w is None else block(w) for w in (w1, b1, w2, b2, w3, b3))
     mixed = xb.dtype != np.float64  # under a precision policy (spmdsim.base.precision): its rounding points
     backward_of = _K._experts_grad_mixed if mixed else _K._experts_grad
     hs, ts, acts, ye, us = _experts_forward(plan, xe, per_expert, got, (W1, B1, W2, B2, W3, B3), mixed, tp,
@@ -252,16 +250,18 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dgates, dback = _K._combine_grad(dy._local if not CAPTURE.on else dy.local, back, rows, gates, tab.tok)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
         dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
-        *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2, W3, us, B1 is not None,
-                                  B2 is not None, B3 is not None)
+        # the weights read now, not held from the forward: ZeRO-3 freed them after it and gathered them again
+        ws = [None if w is None else block(w) for w in (w1, w2, w3)]
+        *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, *ws, us, b1 is not None,
+                                  b2 is not None, b3 is not None)
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _K._unpack(dsend, rows, None, tab.tok)
         dprobs = _K._probs_grad(probs._local if not CAPTURE.on else probs.local, experts, gates, tab, dgates)
         if any_open():
-            _count_experts(plan.made(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
+            _count_experts(plan.made(per_expert, got), x.local.shape, nrows, ws[0].shape, x.local.dtype, mixed,
                            backward=True, names=names,
                            blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
-                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=W1, w2=W2, w3=W3))
+                                       dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=ws[0], w2=ws[1], w3=ws[2]))
         return (_grad(x, dx, over_tp), _grad(probs, dprobs, ())) + tuple(map(_grad, weights, grads, repeat(over_dp)))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))

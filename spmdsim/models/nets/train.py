@@ -40,6 +40,7 @@ from ...runtime.trace import collect_trace
 from ..gpt.train import all_rows
 from ..gpt.wholes import regions
 from .model import short_layout
+from .sharded import shard_stages, zero_problem
 
 __all__ = ["NetworkTrainer", "StepResult", "Anchor", "PHASES", "explain_backward", "world_size", "run_main",
            "refuse", "loss_trend"]
@@ -80,18 +81,25 @@ class StepResult:
 
 
 class NetworkTrainer:
-    """``NetworkTrainer(net, comm, optimizer="sgd", lr=1e-2, momentum=0.0, bucket=False)``: shards, meshes, optimizer.
+    """``NetworkTrainer(net, comm, optimizer="sgd", lr=1e-2, momentum=0.0, bucket=False, zero=0)``: shards,
+    meshes, optimizer.
 
     Call `step(x, labels)` with the global batch (every rank passes the same
     arrays; each cuts its own shard), `check(step, reference_step)` to compare,
     and `close()` at the end. `bucket`: the backward sums the replicas'
-    gradients of parameters pending over the same axes in one Allreduce.
+    gradients of parameters pending over the same axes in one Allreduce. `zero` 3: every parameter fully
+    sharded over the network's data axis, each stage gathered for its use (spmdsim.models.nets.sharded).
     """
 
     def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
-                 momentum: float = 0.0, bucket: Any = False) -> None:
+                 momentum: float = 0.0, bucket: Any = False, zero: int = 0) -> None:
         if net.stages[-1].out.ndim < 2:
             raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
+        problem = f"zero {zero!r} must be 0 or 3 (fully sharded)" if zero not in (0, 3) or type(zero) is not int \
+            else zero_problem(net) if zero == 3 else None
+        if problem or (zero == 3 and bucket):
+            raise SpmdsimError(problem or "bucket sums whole gradients in one Allreduce; with zero 3 each gradient "
+                               "is reduce-scattered onto its shard: give one of them")
         self.net, self.comm, self.bucket = net, comm, bucket
         self.hops = schedule(net)
         self._meshes: dict[Layout, Any] = {}
@@ -100,6 +108,9 @@ class NetworkTrainer:
         for stage in net.stages:
             self.params.append(tuple(DTensor.from_seeded(self.mesh(p.layout.layout), p.layout, p.source)
                                      .requires_grad_() for p in stage.params))
+        self.units: list = [None] * len(net.stages)  # per stage its FullyShard under zero 3
+        if zero == 3:
+            self.params, self.units = shard_stages(net, self.params, self.mesh)
         flat = [p for ps in self.params for p in ps]
         # What of the optimizer's state an `Anchor` carries: SGD's momentum buffers, Adam's two moments.
         self._kinds = ("m", "v") if optimizer == "adam" else ("buffer",) if momentum else ()
@@ -192,7 +203,14 @@ class NetworkTrainer:
                 y._ag.name = f"{hop.label} ({_plan_text(hop)})"
             return y
         stage = self.net.stages[hop.stage]
-        params = self.params[hop.stage]
+        unit = self.units[hop.stage]
+        if unit is not None:  # its parameters gathered for the operator, freed after it (ZeRO-3)
+            names = [p.name for p in stage.params]
+            return unit.unit(names, lambda h, used: self._operator(stage, h, tuple(used[n] for n in names)), x)
+        return self._operator(stage, x, self.params[hop.stage])
+
+    def _operator(self, stage: Any, x: Any, params: tuple) -> Any:
+        """`stage`'s operator on `x` with its parameters `params` (whole on the data axis)."""
         if stage.kind == "flatten":  # only the batch dim is split: a local reshape (x needs no grad)
             local = x.local.reshape(x.local.shape[:self.net.batch_dims] + (-1,))
             return DTensor(self.mesh(stage.out.layout), local, stage.out, stage.out_shape)
@@ -320,7 +338,7 @@ def loss_trend(losses: Any) -> tuple[str, bool]:
 
 
 def run_main(main: Any, args: Any, ranks: Optional[int],
-             needs: Optional[Callable[[int], Optional[str]]] = None) -> int:
+             needs: Optional[Callable[[int], Optional[str]]] = None, fits: str = "--ranks 8 or mpiexec -n 8") -> int:
     """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
     First, on inputs every rank shares: ``--steps`` at least 1 (and, where the example has them, ``--every``
@@ -328,7 +346,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     typed), a valid ``--ranks``,
     ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
     the report of each rank's bytes instead of the output; docs/howto/simulate.md),
-    and ``needs(world size)`` (why the network cannot run at that size, or None),
+    and ``needs(world size)`` (why the network cannot run at that size, or None; the line ends "use `fits`"),
     each refused in one line with exit 2. Simulated ranks go through the same
     launcher as every example's ``--ranks N`` (spmdsim.runtime.sim.launch: the
     one-process banner first, errors named by rank, the largest rank's exit
@@ -348,7 +366,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
         size = world_size(ranks, dry_run)  # refuses a count that cannot be
         problem = needs(size) if needs is not None else None
         if problem:
-            refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")
+            refuse(f"{problem}: use {fits}")
 
         return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
     from mpi4py import MPI
@@ -357,6 +375,6 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     install_excepthook(MPI.COMM_WORLD)
     problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None
     if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
-        raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
+        raise SpmdsimError(f"{problem}: use {fits}")
     return main(args)
 

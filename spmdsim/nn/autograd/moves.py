@@ -11,7 +11,7 @@ from ...base import buffers
 from ...base import flops as _flops
 from ...base.flops import hold, sweep
 from ...layouts.layout import TensorLayout
-from .graph import Leaf, with_partial
+from .graph import Leaf, Node, _passed, with_partial
 
 __all__ = ["grad_layout", "add_grads"]
 
@@ -28,10 +28,20 @@ def _rounded_wide(block: np.ndarray, low: np.dtype) -> np.ndarray:
 
 
 def _of_parameters(inputs: tuple) -> bool:
-    """Whether every input that takes a gradient is a leaf (a parameter): the node is a parameter's view. An
-    activation a recomputed region reads as a leaf (graph.Detached) is none: its readers round as any."""
+    """Whether every input that takes a gradient is a parameter: a leaf, or a leaf moved (a redistribution's
+    node, whose backward passes the gradient on: ZeRO-3's gathered parameter, spmdsim.nn.fsdp): the node is a
+    parameter's view, and its gradient, a parameter's, stays float32 and keeps its pending sums for the move's
+    Reduce_scatter. An activation a recomputed region reads as a leaf (graph.Detached) is none: its readers
+    round as any."""
     found = [t._ag for t in inputs if t is not None and getattr(t, "_ag", None) is not None]
-    return bool(found) and all(type(a) is Leaf for a in found)
+    return bool(found) and all(map(_a_parameter, found))
+
+
+def _a_parameter(a: Any) -> bool:
+    """Whether the graph's record `a` is a parameter (Leaf) or a parameter moved (`_of_parameters`)."""
+    while type(a) is Node and a.backward is _passed and a.inputs and a.inputs[0] is not None:
+        a = a.inputs[0]._ag
+    return type(a) is Leaf
 
 
 def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:

@@ -201,7 +201,8 @@ def _fsdp(args: argparse.Namespace) -> None:
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
     if args.zero == 3 and args.experts:
-        raise SpmdsimError("--zero 3 with MoE layers: fully sharded data parallelism does not shard experts yet")
+        raise SpmdsimError("--zero 3 with MoE layers: the estimate does not price fully sharded experts yet; "
+                           "examples/train_moe_gpt.py --zero 3 --dry-run prints their bytes")
     if args.prefetch and sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep),
                                          args.ep, args.virtual_stages):
         raise SpmdsimError(f"--prefetch with --pp {args.pp} or several microbatches a step: a pipeline's chunks do "
