@@ -82,7 +82,7 @@ def test_pruning_keeps_the_true_best(exhaustive, cells, share):
 
 def test_the_search_at_3072_devices_prices_few():
     """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/howto/estimate.md runs the same search
-    from the command line): 558 configurations (ZeRO 0 to 3, cp beside tp within a node); model states rule out
+    from the command line): 558 configurations (ZeRO 0 to 2, cp beside tp within a node); model states rule out
     most under 8.5 GiB, the
     bounds most of the rest, and the choice is the fastest that fits of the eight priced: selective
     recomputation under ZeRO-1, its peak its memory line and, for a moment, the attention softmax's backward (3
@@ -95,7 +95,8 @@ def test_the_search_at_3072_devices_prices_few():
     cfg = GPTConfig(layers=16, d_model=25600, heads=160, seq=2048, vocab=51200, batch=48)
     limit = 17 << 29  # 8.5 GiB
     r = search(cfg, 3072, A100, limit, max_dry_runs=1000)
-    assert len(r.candidates) == 558 and {c.config.zero for c in r.candidates} == {0, 1, 2, 3}
+    # (no ZeRO-3: the vocabulary's 51,200 rows do not divide over tp 8 x dp 24 and more, as FSDP splits them)
+    assert len(r.candidates) == 558 and {c.config.zero for c in r.candidates} == {0, 1, 2}
     x = r.chosen.config
     assert (x.tp, x.sp, x.pp, x.virtual, x.dp, x.microbatches, x.recompute, x.zero) == \
         (8, True, 16, 1, 24, 2, "selective", 1)
