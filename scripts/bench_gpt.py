@@ -6,6 +6,7 @@
     python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
     python scripts/bench_gpt.py --pipeline --replay --simulated   # also on 4 simulated ranks
     python scripts/bench_gpt.py --moe --simulated        # the MoE step, eager and replayed, and by hand
+    python scripts/bench_gpt.py --context                # ring attention's messages (cp 4) against raw mpi4py
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -792,6 +793,8 @@ def main() -> int:
                     "replayed, against the same step by hand on mpi4py")
     ap.add_argument("--fsdp", action="store_true", help="time the fully sharded step (ZeRO-3, dp 8), eager and "
                     "replayed, against the same step by hand on mpi4py (scripts/_bench_gpt_fsdp.py)")
+    ap.add_argument("--context", action="store_true",
+                    help="time ring attention's messages (cp 4) against raw mpi4py (scripts/_bench_gpt_context.py)")
     ap.add_argument("--simulated", action="store_true",
                     help="with --pipeline or --moe: also the replayed step and the peer on simulated ranks (threads)")
     ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pipereplay",
@@ -817,6 +820,9 @@ def main() -> int:
         problem = pipeline_args_problem(args.layers, PP, args.microbatches)
         if problem:
             ap.error(problem)
+    if args.context:  # its own module: the case, its workers and its rows
+        from _bench_gpt_context import context_case
+        return context_case(args)
     if args.worker:
         _worker(args)
         return 0

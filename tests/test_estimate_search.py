@@ -26,16 +26,16 @@ A100 = load_machine("a100-dgx")
 
 
 def test_the_configurations_are_every_valid_mesh_schedule_and_memory_choice():
-    configs = configurations(CFG, 2, 8)
+    configs = configurations(CFG, 2, 8, cp=1)  # (cp's: tests/test_estimate_search_context.py)
     # tp 2 x pp 1 x dp 1, tp 1 x pp 2, tp 1 x pp 1 x dp 2; ZeRO only with dp > 1, sp only with tp > 1
     assert {(c.tp, c.pp, c.dp) for c in configs} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
     assert all(c.dp > 1 or c.zero == 0 for c in configs) and all(c.tp > 1 or not c.sp for c in configs)
     # pp 2 with 2 layers: v 1 only (a virtual stage needs a layer); microbatches divide batch / dp
     assert {c.microbatches for c in configs if c.dp == 2} == {1, 2}
     assert {c.microbatches for c in configs if c.dp == 1} == {1, 2, 4}
-    assert {c.zero for c in configs if c.dp == 2} == {0, 1, 2}
-    # tp 2: sp or not x m 1, 2, 4 x 3 recomputations; pp 2: m x 3; dp 2: m 1, 2 x ZeRO 0, 1, 2 x 3
-    assert len(configs) == len(set(configs)) == 2 * 3 * 3 + 3 * 3 + 2 * 3 * 3
+    assert {c.zero for c in configs if c.dp == 2} == {0, 1, 2, 3}
+    # tp 2: sp or not x m 1, 2, 4 x 3 recomputations; pp 2: m x 3; dp 2: m 1, 2 x ZeRO 0, 1, 2, 3 x 3
+    assert len(configs) == len(set(configs)) == 2 * 3 * 3 + 3 * 3 + 2 * 4 * 3
     assert all(c.virtual == 1 for c in configs)
 
 
@@ -281,7 +281,7 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
-    assert "  ep   mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
+    assert "  ep  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
     monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
     assert main(argv + ["--moe-cells"]) == 0
@@ -385,8 +385,9 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
     out = capsys.readouterr().out
     assert out.startswith("GPT 2 layers, hidden 64, 4 heads, seq 64, vocab 50257 (padded to 50,688), global batch 8")
     assert "left out" not in out
-    # where the vocabulary rules out every configuration (tp 1 needs pp 4 of 2 layers), the refusal names the padding
-    bare = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=256,batch=1,vocab=1001",
+    # where the vocabulary rules out every configuration (tp 1 needs pp 4 of 2 layers, or cp 4: 250 tokens do not
+    # split into 8 chunks), the refusal names the padding
+    bare = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=250,batch=1,vocab=1001",
             "--devices", "4", "--machine", "a100-dgx"]
     assert main(bare) == 2
     assert unfold(capsys.readouterr().err).rstrip("\n") == (
@@ -513,7 +514,8 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["fixed"] == {"zero": 2}
     assert {c["config"]["zero"] for c in data["candidates"]} == {2}
-    assert {c["config"]["dp"] for c in data["candidates"]} == {2}
+    # over the data-parallel ranks or the context-parallel ones (each rank saw part of every sequence)
+    assert {(c["config"]["dp"], c["config"]["cp"]) for c in data["candidates"]} == {(2, 1), (1, 2)}
     assert data["chosen"]["config"]["zero"] == 2 and " --zero 2 " in data["estimate_command"]
     estimate = _run_estimate(data["estimate_command"])
     assert estimate["config"]["zero"] == 2
@@ -524,13 +526,14 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
 
 @pytest.mark.parametrize("fix, message", [
     (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
-                       "the configuration, one of tp, pp, v, dp, ep, mb, recompute, zero, sp (e.g. --fix tp=8)"),
-    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, mb, "
-             "recompute, zero, sp)"),
+                       "the configuration, one of tp, pp, v, dp, ep, cp, cp-method, mb, recompute, zero, sp (e.g. "
+                       "--fix tp=8)"),
+    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, cp, "
+             "cp-method, mb, recompute, zero, sp)"),
     (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
     (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
     (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
-    (["zero=3"], "--fix zero=3 must be 0, 1 or 2"),
+    (["zero=4"], "--fix zero=4 must be 0, 1, 2 or 3"),
     (["sp=2"], "--fix sp=2 must be 0 or 1"),
     (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
     (["v=0"], "--fix v=0 must be an integer >= 1"),

@@ -203,6 +203,7 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
         context = current()
         self.meter, self.trace = context.meter, context.traces[-1]
         self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
+        self.folded = len(self.trace._folded)  # the rows folded into earlier ones (a ring's messages) from here
         self.meter.peak = self.meter.held  # the peak inside this cell, from here
         self.counting = counting()  # the cell's matrix products, beside any counter open outside
         self.products = self.counting.__enter__()
@@ -214,6 +215,8 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
         if exc[0] is not None:
             return
         meter = self.meter
-        self.repeat.seen[self.key] = (tuple(self.trace._rows[self.rows:]), meter.held - self.held,
+        # the cell's rows: those it appended, and those it folded into an equal earlier row (its messages)
+        rows = tuple(self.trace._rows[self.rows:]) + tuple(r for f in self.trace._folded[self.folded:] for r in f)
+        self.repeat.seen[self.key] = (rows, meter.held - self.held,
                                       meter.peak - self.held, self.products)
         meter.peak = max(meter.peak, self.peak)

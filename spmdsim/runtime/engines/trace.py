@@ -55,6 +55,9 @@ class Trace:
         # Rows a dry run repeats without running them again (`repeat`): id(rows) -> [rows, times, entries].
         self._repeated: dict[int, list] = {}
         self._folds: dict[tuple, tuple] = {}  # `fold`: a row less its times -> (the first such row,)
+        # The rows each `fold` counted once more, in order: a dry run's measured cell (spmdsim.models.gpt.stage_memory)
+        # repeats these with its own rows (a ring's messages inside a cell fold into its first one)
+        self._folded: list[tuple] = []
 
     @property
     def _entries(self) -> list[TraceEntry]:
@@ -81,6 +84,7 @@ class Trace:
             self._folds[key] = (row,)
             self._rows.append(row)
         else:
+            self._folded.append(rows)
             self.repeat(rows)
 
     def weighted(self) -> list[tuple[TraceEntry, int]]:

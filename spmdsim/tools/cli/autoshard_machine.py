@@ -6,7 +6,8 @@
 Every configuration is priced by its own dry run's ledger (spmdsim.tools.estimate.search); the table shows
 the chosen one, the runners-up and why each lost, each by its peak (transient blocks included, as
 `spmdsim estimate`'s verdict: what the memory limit bounds) (docs/howto/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
-dp, ep, mb, recompute, zero, sp) holds a degree and searches the rest.
+dp, ep, cp, cp-method, mb, recompute, zero, sp) holds a degree and searches the rest; the table's cp column
+names each one's method by a letter (r ring, g allgather, a alltoall).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ...errors import SpmdsimError
 from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED, search
 from ...base.sizes import format_size
 from ...base.validate import counted
-from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
+from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
 from ..estimate.configs import FIXABLE, parse_fixed, vocab_note
@@ -36,6 +37,9 @@ MIB = 1024 ** 2
 
 #: Runners-up the table shows (the JSON has every candidate).
 SHOWN = 8
+
+#: The table's letter after cp for its method: ring, all-gather, all-to-all (`--json`: cp_method).
+CP_SHORT = {"ring": "r", "allgather": "g", "alltoall": "a"}
 
 
 def run_machine(args: argparse.Namespace) -> int:
@@ -132,7 +136,8 @@ def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) 
     words += [f"--pp {x.pp}"] + ([f"--virtual-stages {x.virtual}"] if x.virtual > 1 else [])
     if getattr(x, "split", None) is not None:  # layers per chunk (the search's own are balanced: None)
         words.append("--stage-layers " + ",".join(map(str, x.split)))
-    words += [f"--dp {x.dp}", f"--recompute {x.recompute}", f"--zero {x.zero}", f"--kept {kept}",
+    words += [f"--dp {x.dp}"] + ([f"--cp {x.cp}", f"--cp-method {x.cp_method}"] if x.cp > 1 else [])
+    words += [f"--recompute {x.recompute}", f"--zero {x.zero}", f"--kept {kept}",
               f"--precision {precision}", f"--machine {shlex.quote(machine)}"]
     return " ".join(words)
 
@@ -165,7 +170,8 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
     # the peak (a bound of the memory held is one of the peak too)
     memory = f"{c.peak / MIB:,.1f}" if c.peak is not None else f">{c.bound_bytes / MIB:,.1f}"
     ep = f"{x.ep:>4}" if moe else ""
-    return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{x.microbatches:>5} "
+    cp = f"{x.cp:>4}{CP_SHORT[x.cp_method] if x.cp > 1 else ' ':<2}"
+    return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{cp}{x.microbatches:>5} "
             f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
 
 
@@ -206,7 +212,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
         head.append("chosen: none fits the memory limit")
     out = list(head)
     eph = f"{EXPERT:>4}" if moe else ""
-    out.append(f"{'#':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{'mb':>5} "
+    out.append(f"{'#':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{CONTEXT:>4}{'':2}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
                f"{'step ms':>13}{'peak MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]

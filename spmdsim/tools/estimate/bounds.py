@@ -2,8 +2,8 @@
 
 The search (spmdsim.tools.estimate.search) prices a configuration by the dry run of its whole training step. A
 transformer layer does the same work wherever it sits: under every configuration with the same tensor
-parallelism tp, sequence parallelism, micro-batch size b, recomputation, kept set and (with MoE layers)
-expert parallelism ep, each layer of a kind ("dense"; "moe", an MoE layer's block) runs the same operators
+parallelism tp, sequence parallelism, micro-batch size b, recomputation, kept set, context parallelism cp
+and its method, and (with MoE layers) expert parallelism ep, each layer of a kind ("dense"; "moe", an MoE layer's block) runs the same operators
 on blocks of the same shapes for each microbatch. `LayerCell` is each kind's share of a dry run, taken from
 small dry runs of the real step (pp 2, dp 1, ep, micro-batch b, 1 or 2 microbatches; 2 and 4 layers, or
 with an MoE layer every M-th block 2M - 2, 2M and 2M + 2, each size's first stage holding one layer more
@@ -18,7 +18,9 @@ differ only in pp, v, dp, microbatches or ZeRO share them.
 Chunk k of a configuration's pp * v chunks lives on stage k mod pp (its layers balanced, or as the
 configuration's split cuts them), so each stage's layers of each kind are counted exactly, and its ledger holds at least their rows for each of its m microbatches: `step_time` of
 those rows alone (with the pipeline's bubble on their compute; the first and the last stage with their
-ends; without the data-parallel sums, the pipeline's messages and, under ZeRO-1 or ZeRO-2, the optimizer's update) is
+ends; with context parallelism's attention traffic over cp, the ring's hidden under the products as the
+priced step hides it; without the data-parallel sums, the pipeline's messages, ZeRO-3's gathers and,
+under ZeRO, the optimizer's update) is
 a lower bound of the stage's priced time, because every part of `step_time`'s total only grows as rows are
 added (the overlap hides at most the communication it is given). With ep > 1 a cell keeps, of the transfers
 over a group of ep ranks, the experts' exchanges alone: the sums over the batch's axes (the routers'
@@ -142,10 +144,12 @@ def _signed(a: dict, b: dict) -> dict:
 
 
 def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gpus_per_node: int,
-          ep: int = 1) -> LayerCell:
+          ep: int = 1, context: tuple = (1, "ring")) -> LayerCell:
     """Small dry runs of the step on pp 2 x dp 1 x ep x tp (two or three sizes of model, 1 or 2 microbatches of
     `micro` sequences a rank) and the rows of each kind of layer and of the ends they solve for (module
-    docstring); every run's stages checked to be their ends plus their layers."""
+    docstring); every run's stages checked to be their ends plus their layers. `context`: (cp, its method),
+    each run's sequence split over cp as the configuration's."""
+    cp, method = context
     every = cfg.moe.every if cfg.moe is not None else 1
     mixed = every > 1  # dense and MoE layers
     sizes = (2 * every - 2, 2 * every, 2 * every + 2) if mixed else (2, 4)
@@ -154,7 +158,8 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
         small = replace(cfg, layers=layers)
         for m in (1, 2):
             stages = gpt_ledger(replace(small, batch=micro * m * ep), 2, 1, tp, sp=sp, microbatches=m,
-                                recompute=recompute, kept=kept, gpus_per_node=gpus_per_node, ep=ep)
+                                recompute=recompute, kept=kept, gpus_per_node=gpus_per_node, ep=ep, cp=cp,
+                                cp_method=method)
             for st in stages:  # the dense batch is split over dp x ep
                 rows[layers, m, st.stage] = _rows(st)
                 kept_by[layers, m, st.stage] = dict(st.memory.kept)
@@ -211,7 +216,7 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
 
 class Cells:
     """The layer cells of one model, made on first use and kept (keyed on tp, sp, a rank's micro-batch,
-    recompute and ep).
+    recompute, ep, and cp with its method).
 
     `dry_runs`: the small dry runs made so far (`runs_a_cell` a cell).
     """
@@ -227,16 +232,18 @@ class Cells:
         """Small dry runs a cell makes: four, six with dense and MoE layers (three sizes of model)."""
         return 6 if self.cfg.moe is not None and self.cfg.moe.every > 1 else 4
 
-    def cell(self, tp: int, sp: bool, micro: int, recompute: str, ep: int = 1) -> LayerCell:
-        key = (tp, sp, micro, recompute, ep)
+    def cell(self, tp: int, sp: bool, micro: int, recompute: str, ep: int = 1,
+             context: tuple = (1, "ring")) -> LayerCell:
+        key = (tp, sp, micro, recompute, ep, context)
         if key not in self.cells:
             self.dry_runs += self.runs_a_cell
-            self.cells[key] = _cell(self.cfg, tp, sp, micro, recompute, self.kept, self.gpus_per_node, ep)
+            self.cells[key] = _cell(self.cfg, tp, sp, micro, recompute, self.kept, self.gpus_per_node, ep, context)
         return self.cells[key]
 
     def _of(self, c: Any) -> LayerCell:
         """The cell of configuration `c` (a rank's micro-batch: the batch over dp x ep x microbatches)."""
-        return self.cell(c.tp, c.sp, self.cfg.batch // (c.dp * c.ep * c.microbatches), c.recompute, c.ep)
+        return self.cell(c.tp, c.sp, self.cfg.batch // (c.dp * c.ep * c.microbatches), c.recompute, c.ep,
+                         (c.cp, c.cp_method))
 
     def stages(self, c: Any) -> list:
         """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}: its chunks
@@ -259,6 +266,7 @@ class Cells:
         them under)."""
         cell = self._of(c)
         m = c.microbatches
+        ring = ("context",) if c.cp > 1 and c.cp_method == "ring" else ()  # as the priced step hides them
         steps = {k: tuple((x, n) for x, n in step if not (c.zero and x.phase == "optimizer"))
                  for k, step in cell.step}
         pipeline = Pipeline(c.pp, m, c.virtual, c.schedule) if c.pp > 1 else None
@@ -273,9 +281,9 @@ class Cells:
             if c.pp > 1:  # a pipeline's ends (pp 1: its one stage's are left out)
                 parts += [(end, m) for end, at in zip(cell.ends, (0, c.pp - 1)) if at == stage]
             gemms, kernels, transfers = _total(tuple(parts))
-            transfers = [replace(t, count=n) for t, n in transfers if t.phase == "layers"]
+            transfers = [replace(t, count=n) for t, n in transfers if _kept_transfer(t)]
             st = step_time(machine, gemms_at(gemms, precision), transfers_at(transfers, precision),
-                           pipeline=pipeline, traffic=kernel_bytes(kernels, precision))
+                           pipeline=pipeline, traffic=kernel_bytes(kernels, precision), overlap=ring)
             best = max(best, st.total_s + max(0.0, sums - (st.compute_s + st.memory_s)))
         return best
 
@@ -295,6 +303,13 @@ class Cells:
             least = min(sum(n * kept[k] for k, n in chunk.items()) for chunk in chunks)
             best = max(best, states + held[stage] * least)
         return best
+
+
+def _kept_transfer(t: Any) -> bool:
+    """Whether the time bound keeps a cell's transfer `t`: the layers' collectives, and context parallelism's
+    attention traffic over cp (the ring's messages, the gathers, the all-to-alls: over cp in a cell and in a
+    configuration alike; not the loss's mean, over cp in a cell and over dp x cp in a configuration)."""
+    return t.phase == "layers" or t.phase == "context" and t.kind != "allreduce"
 
 
 def _total(parts: tuple) -> tuple:

@@ -56,7 +56,8 @@ def bounds_and_sums(cfg: Any, c: Config, machine: Any, precision: str, devices: 
     w = PRECISIONS[precision]
     dense, experts = stage_elements(cfg, c, layer_elements)
     states = model_states(c, precision, dense + experts)
-    per_rank = flops_bound(cfg) / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
+    peak = machine.peak(w.compute) * machine.gemm_efficiency.max_fraction
+    per_rank = flops_bound(cfg, causal=c.cp > 1) / devices / peak
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
     # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums
     # (no more than those sums, nor than the compute) + the bubble: at least the exchanges + the larger of the
@@ -70,11 +71,15 @@ def model_states(c: Config, precision: str, elements: int) -> int:
     elements it holds: parameters and gradients, and the master copy and Adam's moments (over dp x ep under
     ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'; under
     ZeRO-2 the gradients too are that slice alone, at the gradients' width, and the buckets' shared flat buffer,
-    at most one bucket, is left out), at the precision's widths: a bound of the memory line, so of the peak too
+    at most one bucket, is left out; ZeRO-1 and ZeRO-2 shard over dp x ep x cp, each rank having summed the
+    gradients of part of every sequence; under ZeRO-3 every one of them is its slice over dp, the gathered
+    layers left out), at the precision's widths: a bound of the memory line, so of the peak too
     (which adds the gradients the step measurably holds beyond the line's: ZeRO-2's beyond the slices)."""
     w = PRECISIONS[precision]
+    if c.zero == 3:  # FSDP (spmdsim.nn.fsdp): parameters, gradients, master copy and moments in slices over dp
+        return elements * (w.params + w.grads + (w.master if w.mixed else 0) + 2 * w.states) // c.dp
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states + (w.grads if c.zero == 2 else 0)
-    shards = c.dp * c.ep  # ZeRO shards the dense layers' states over dp x ep (the experts' over dp: more)
+    shards = c.dp * c.ep * c.cp  # ZeRO shards the dense layers' states over dp x ep x cp
     whole = w.params + (w.grads if c.zero != 2 else 0)
     states = elements * whole + elements * sharded // (shards if c.zero else 1)
     if c.zero == 1:  # ZeRO-1's buffer (spmdsim.nn.distrib_optim): the Reduce_scatter's slice of the summed gradients
@@ -101,10 +106,12 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     Alltoalls over ep a layer and microbatch, of the whole send buffer, k s c / E slots per expert and
     sequence, at the activation width; the mean of the stages' MoE layers; dropless none counted: their bytes
     follow the routing), each attention's tensor-parallel collectives, two messages of each microbatch
-    between stages (its activations forward, their gradient backward). The gradient sums, at the gradient
-    width, of the `dense` parameter elements over dp x ep and the `experts`' over dp (an Allreduce each;
-    ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather), in one call each (buckets only add latency). Each on the link
-    of its group (`levels`)."""
+    between stages (its activations forward, their gradient backward), each on a rank's part of the
+    sequence with cp (context parallelism's own messages left out: the ring's run under the products);
+    under ZeRO-3 each layer's parameters gathered over dp once. The gradient sums, at the gradient
+    width, of the `dense` parameter elements over dp x ep x cp and the `experts`' over dp (an Allreduce each;
+    ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather; ZeRO-3 a Reduce_scatter over dp), in one call each
+    (buckets only add latency). Each on the link of its group (`levels`)."""
     w, m, gpn = PRECISIONS[precision], cfg.moe, machine.gpus_per_node
     models = {level: level_model(machine, level) for level in LEVELS}
 
@@ -127,8 +134,9 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
         exchanges = 4 * c.microbatches * layers * cheapest(c.tp, "alltoall", c.ep, buffer)
     # Each block's attention over tp, forward and backward (its MLP's, dense or MoE, left out): with sequence
     # parallelism an Allgather of its input and a Reduce_scatter of its output, and their conjugates; without,
-    # an Allreduce of its output and one of its input's gradient; on the microbatch's activations whole.
-    activations = sequences * cfg.seq * cfg.d_model * w.activations
+    # an Allreduce of its output and one of its input's gradient; on the microbatch's activations whole (of a
+    # rank's part of each sequence with cp: context parallelism's own messages left out).
+    activations = sequences * cfg.seq // c.cp * cfg.d_model * w.activations
     if c.tp > 1:
         ops = ("allgather", "reduce_scatter") if c.sp else ("allreduce",)
         exchanges += 2 * c.microbatches * cfg.layers / c.pp * sum(cheapest(1, op, c.tp, activations)
@@ -138,10 +146,13 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     # stage sends the activations and receives their gradients, the last receives and sends; the ledger
     # prices a receive as a send).
     if c.pp > 1:
-        stage = c.tp * c.ep * c.dp  # ranks apart from the next stage's
+        stage = c.tp * c.cp * c.ep * c.dp  # ranks apart from the next stage's
         exchanges += 2 * c.microbatches * cheapest(stage, "send", 2, activations // (c.tp if c.sp else 1))
+    if c.zero == 3:  # FSDP: each layer gathered over dp for its forward at least (unhidden: no prefetch)
+        exchanges += cheapest(c.tp * c.cp, "allgather", c.dp, dense * w.params)
+        return exchanges, cheapest(c.tp * c.cp, "reduce_scatter", c.dp, dense * w.grads)
     sums = 0.0
-    for stride, group, elements in ((c.tp, c.dp * c.ep, dense), (c.tp * c.ep, c.dp, experts)):
+    for stride, group, elements in ((c.tp, c.dp * c.ep * c.cp, dense), (c.tp * c.cp * c.ep, c.dp, experts)):
         if group > 1 and elements:
             n = elements * w.grads
             sums += (cheapest(stride, "reduce_scatter", group, n) + cheapest(stride, "allgather", group, n)
@@ -149,23 +160,26 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     return exchanges, sums
 
 
-def flops_bound(cfg: Any) -> float:
+def flops_bound(cfg: Any, causal: bool = False) -> float:
     """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
     configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer (with Llama's options, its own
     weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's
     (24 B s h^2 + 12 B s^2 h by default; with grouped-query attention its own weights') and its experts' two
     (SwiGLU three) products, forward and backward, 12 (18) x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
     min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
-    assignments), the routers' products left out."""
+    assignments), the routers' products left out. `causal`: the attention's scores and context counted on
+    the causal half of the square alone, s (s + 1) / 2 (query, key) pairs a sequence, the least a method
+    that skips the masked blocks computes (context parallelism's ring; 12 B s^2 h becomes 6 B s (s + 1) h)."""
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
     moe_layers = sum(cfg.is_moe(i) for i in range(layers))
     # Llama's options (GPTConfig): Q and the projection h^2 each, K and V h x kv_heads x head_dim, the MLP's 2 (SwiGLU
     # 3) matrices h x ffn; 2 FLOPs a multiply-add, 3 passes (forward and backward's two): 72 B s h^2 by default.
     attention, matrices = cfg.attention_weights, cfg.mlp_matrices
-    flops = (layers - moe_layers) * (6 * b * s * (attention + matrices * h * cfg.hidden) + 12 * b * s * s * h)
+    core = 6 * b * s * (s + 1) * h if causal else 12 * b * s * s * h  # the scores' and the context's products
+    flops = (layers - moe_layers) * (6 * b * s * (attention + matrices * h * cfg.hidden) + core)
     if moe_layers:
         m = cfg.moe
         rows = b * s * (m.top_k if m.dropless else min(m.top_k * m.capacity_factor, m.experts))
-        flops += moe_layers * (6 * b * s * attention + 12 * b * s * s * h
+        flops += moe_layers * (6 * b * s * attention + core
                                + 6 * matrices * rows * h * cfg.expert_hidden)
     return flops

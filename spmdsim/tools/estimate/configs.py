@@ -1,20 +1,27 @@
 """The parallel configurations of a GPT that `search` (spmdsim.tools.estimate.search) chooses among.
 
-Each configuration sets tensor parallel tp, pipeline stages pp and virtual stages v, data parallel dp,
-expert parallel ep (with MoE layers), microbatches, recomputation, ZeRO and sequence parallelism; the
-rules they obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`,
+Each configuration sets tensor parallel tp, context parallel cp and its method (a dense GPT), pipeline
+stages pp and virtual stages v, data parallel dp, expert parallel ep (with MoE layers), microbatches,
+recomputation, ZeRO (0 to 3) and sequence parallelism; the rules they obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`,
 `fixed_configurations` keeps the configurations that have those degrees.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ...errors import SpmdsimError
-from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
+from ...layouts.layout import Layout
+from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR, model_layout
+from ...models.gpt.context import Context, context_problem
+from ...models.gpt.layouts import megatron_layouts
+from ...models.gpt.params import param_specs
 from ...models.gpt.pipeline_problems import pipeline_layout_problem
+from ...nn.fsdp import shard_problem
+from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
 __all__ = ["Config", "configurations", "vocab_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
@@ -24,13 +31,16 @@ __all__ = ["Config", "configurations", "vocab_note", "MAX_CONFIGS", "RECOMPUTE",
 MAX_CONFIGS = 200_000
 
 RECOMPUTE = ("none", "selective", "full")
-#: The ZeRO stages searched (spmdsim.models.gpt.memory.ZERO): 1 and 2 only with more than one data-parallel rank.
-ZERO = (0, 1, 2)
+#: The ZeRO stages searched (spmdsim.models.gpt.memory.ZERO): 1 and 2 only with more than one rank to shard over
+#: (dp x ep x cp), 3 (the parameters sharded too, over dp: spmdsim.nn.fsdp) only with dp > 1 and no MoE layers.
+ZERO = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
 class Config:
-    """One way to train the GPT: the mesh, the schedule, recomputation, ZeRO and sequence parallelism."""
+    """One way to train the GPT: the mesh, the schedule, recomputation, ZeRO and sequence parallelism; `cp`
+    context-parallel ranks, each sequence split over them for the whole block, attention by `cp_method`
+    (spmdsim.models.gpt.context: "ring", "allgather" or "alltoall"; the balanced causal split)."""
 
     tp: int
     pp: int
@@ -44,6 +54,8 @@ class Config:
     # layers per chunk in pipeline order (spmdsim.models.gpt.stages.chunk_parts; `spmdsim estimate --stage-layers`); None,
     # as the search makes every configuration: balanced
     split: Optional[tuple] = None
+    cp: int = 1
+    cp_method: str = "ring"
 
     @property
     def schedule(self) -> str:
@@ -52,6 +64,7 @@ class Config:
     def short(self) -> str:
         return (f"tp {self.tp}{' sp' if self.sp else ''}, pp {self.pp}" + (f" v {self.virtual}" if self.virtual > 1
                 else "") + f", dp {self.dp}" + (f", ep {self.ep}" if self.ep > 1 else "")
+                + (f", cp {self.cp} {self.cp_method}" if self.cp > 1 else "")
                 + f", {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
 
 
@@ -79,38 +92,81 @@ def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
             and not cfg.hidden % tp]
 
 
-def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
-    """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch)."""
+def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None) -> list[Config]:
+    """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
+    those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
             continue
-        for pp, ep in itertools.product(_divisors(devices // tp), _eps(cfg, devices // tp)):
-            if (devices // tp) % (pp * ep):
-                continue
-            dp = devices // (tp * pp * ep)
-            data = dp * ep  # the dense layers' batch is split over dp x ep
-            if cfg.layers % pp or cfg.batch % data:
-                continue
-            virtuals = [1] + ([v for v in _divisors(cfg.layers // pp) if v > 1] if pp > 1 else [])
-            for m, v in itertools.product(_divisors(cfg.batch // data), virtuals):
-                if (v > 1 and m % pp) or pp * m * v > MAX_PAIRS:  # more pairs than a schedule runs
+        contexts = _contexts(cfg, devices // tp, tp, devices if cp else gpus_per_node)
+        for size, method in (c for c in contexts if cp is None or c[0] == cp):
+            ranks = devices // (tp * size)
+            for pp, ep in itertools.product(_divisors(ranks), _eps(cfg, ranks)):
+                if ranks % (pp * ep):
                     continue
-                for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
-                    if (sp and (tp == 1 or cfg.seq % tp)) or (zero and data == 1):
-                        continue
-                    if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v, ep=ep) is not None:
-                        continue
-                    out.append(Config(tp, pp, dp, sp, m, v, recompute, zero, ep))
-                    if len(out) > MAX_CONFIGS:
-                        raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
-                                           "devices; expected fewer: a smaller global batch or fewer layers")
+                dp = ranks // (pp * ep)
+                data = dp * ep  # the dense layers' batch is split over dp x ep
+                if cfg.layers % pp or cfg.batch % data:
+                    continue
+                out += _scheduled(cfg, Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size, cp_method=method))
+                if len(out) > MAX_CONFIGS:
+                    raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
+                                       "devices; expected fewer: a smaller global batch or fewer layers")
+    return out
+
+
+def _scheduled(cfg: Any, mesh: Config) -> list[Config]:
+    """The configurations on `mesh`'s degrees (tp, cp and its method, pp, dp, ep): every microbatch count,
+    virtual stages, sequence parallelism, recomputation and ZeRO stage that runs there."""
+    tp, pp, dp, ep, cp = mesh.tp, mesh.pp, mesh.dp, mesh.ep, mesh.cp
+    data = dp * ep
+    out = []
+    virtuals = [1] + ([v for v in _divisors(cfg.layers // pp) if v > 1] if pp > 1 else [])
+    for m, v in itertools.product(_divisors(cfg.batch // data), virtuals):
+        if (v > 1 and m % pp) or pp * m * v > MAX_PAIRS:  # more pairs than a schedule runs
+            continue
+        for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
+            if (sp and (tp == 1 or cfg.seq % tp)) or (zero in (1, 2) and data * cp == 1):
+                continue
+            if zero == 3 and (dp == 1 or cfg.moe is not None or _unshardable(cfg, tp, dp, sp)):
+                continue  # FSDP shards each parameter's dim 0 over dp, evenly; it does not shard experts
+            if sp and cp > 1 and context_problem(cfg, cp, tp, sp, Context(mesh.cp_method)) is not None:
+                continue
+            if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v, ep=ep) is not None:
+                continue
+            out.append(replace(mesh, sp=sp, microbatches=m, virtual=v, recompute=recompute, zero=zero))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _unshardable(cfg: Any, tp: int, dp: int, sp: bool) -> bool:
+    """Whether fully sharded data parallelism cannot split some parameter of `cfg`'s dim 0 over dp evenly, as
+    the GPT lays it out over dp x tp (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp)."""
+    layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp)), sp)
+    return any(shard_problem(s.name, layouts[s.name], s.shape, DATA) for s in param_specs(cfg))
+
+
+def _contexts(cfg: Any, ranks: int, tp: int, within: int) -> list[tuple[int, str]]:
+    """(cp, method) pairs to try on `ranks` ranks beside tp: cp 1, and every divisor of `ranks` up to tp x cp =
+    `within` (a node: the ring's messages, the gathers and the all-to-alls on its links) the sequence splits
+    over (the balanced causal split: seq a multiple of 2 cp) with each method its heads take (the all-to-all's
+    divide by tp x cp); none with MoE layers (their dispatch does not take a split sequence)."""
+    out = [(1, "ring")]
+    if cfg.moe is not None:
+        return out
+    for cp in _divisors(ranks)[1:]:
+        if tp * cp > within:
+            break
+        out += [(cp, m) for m in METHODS if context_problem(cfg, cp, tp, False, Context(m)) is None]
     return out
 
 
 #: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each.
-FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, "mb": "microbatches",
-           "recompute": "recompute", "zero": "zero", "sp": "sp"}
+FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, CONTEXT: "cp",
+           "cp-method": "cp_method", "mb": "microbatches", "recompute": "recompute", "zero": "zero", "sp": "sp"}
+#: The words `--fix` takes for the degrees that are not integers >= 1.
+WORDS = {"recompute": RECOMPUTE, "cp-method": METHODS}
 
 
 def parse_fixed(items: Any) -> dict[str, Any]:
@@ -127,12 +183,12 @@ def parse_fixed(items: Any) -> dict[str, Any]:
         if name not in FIXABLE:
             raise SpmdsimError(f"--fix {name}={text} holds an operator's strategy; with --machine --fix holds a "
                                f"degree of the configuration, one of {names} (e.g. --fix tp=8)")
-        if name == "recompute":
-            if text not in RECOMPUTE:
-                raise SpmdsimError(f"--fix recompute={text} must be one of {', '.join(RECOMPUTE)}")
+        if name in WORDS:
+            if text not in WORDS[name]:
+                raise SpmdsimError(f"--fix {name}={text} must be one of {', '.join(WORDS[name])}")
             value: Any = text
         elif name in ("zero", "sp"):
-            can = ("0", "1", "2") if name == "zero" else ("0", "1")  # ZERO; sp off or on
+            can = tuple(map(str, ZERO)) if name == "zero" else ("0", "1")  # sp off or on
             if text not in can:
                 raise SpmdsimError(f"--fix {name}={text} must be {', '.join(can[:-1])} or {can[-1]}")
             value = bool(int(text)) if name == "sp" else int(text)
@@ -166,8 +222,9 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
         left = [c for c in configs if getattr(c, field_) == value]
         if not left:
             name = _shown(field_, value).split("=")[0]
+            words = RECOMPUTE + METHODS
             can = sorted({getattr(c, field_) for c in configs},
-                         key=lambda v: RECOMPUTE.index(v) if isinstance(v, str) else int(v))
+                         key=lambda v: words.index(v) if isinstance(v, str) else int(v))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""
             raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "

@@ -5,9 +5,15 @@ on `devices` ranks: tensor parallel tp (dividing the heads and the vocabulary, w
 pipeline stages pp and virtual stages v (pp * v dividing the layers), data parallel dp = devices /
 (tp * pp) (dividing the global batch), microbatches m (a microbatch of batch / m samples divisible
 by dp; m divisible by pp for the interleaved schedule), recomputation none / selective / full, ZeRO
-0 / 1 / 2 (1 and 2 only with dp > 1) and sequence parallelism (with tp > 1). With MoE layers (cfg.moe) also the
-expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp * ep), the dense
-layers' batch split over dp x ep). Each is priced by the ledger of
+0 / 1 / 2 (1 and 2 only with more than one rank to shard over, dp x ep x cp) / 3 (fully sharded data
+parallelism: the parameters too, over dp; only with dp > 1 and no MoE layers) and sequence parallelism (with
+tp > 1). A dense GPT also the context-parallel ranks cp (each sequence split over them for the whole block,
+the balanced causal split: seq a multiple of 2 cp; tp x cp within a node, on its links, unless `fixed`
+holds cp; dp = devices / (tp * cp * pp)), with each method of
+attention over the split (ring, allgather, alltoall: the all-to-all's heads divide by tp x cp), priced
+with the ring's messages hidden under its products as `spmdsim estimate` prices them. With MoE layers
+(cfg.moe) also the expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp *
+ep), the dense layers' batch split over dp x ep). Each is priced by the ledger of
 its own dry run (spmdsim.tools.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
 with ZeRO-2's gradients its backward holds beyond the slices and the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
 bounds it by the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes; and its predicted step time on the
@@ -17,10 +23,11 @@ Lower bounds only prune, never choose (branch and bound; a bound of the memory a
 peak too): closed forms first (the model states of a
 rank's transformer layers, with ZeRO-1's summed gradient slice or ZeRO-2's gradient slices, over the memory limit
 drops a configuration; the
-program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
-machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
-spmdsim.tools.estimate.bounds (a dense and an MoE layer's rows from four or six small dry runs, shared by every
-configuration with the same tp, sp, micro-batch, recomputation and ep; with MoE layers only with
+program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h) (with cp > 1 the attention core's on
+the causal half alone), spread over the devices at the machine's capped peak, with the pipeline's bubble,
+orders the rest), then the layer cells of spmdsim.tools.estimate.bounds (a dense and an MoE layer's rows from
+four or six small dry runs, shared by every configuration with the same tp, cp and its method, sp,
+micro-batch, recomputation and ep; with MoE layers only with
 `moe_cells`: each stage's layers' model states and the kept bytes of the microbatch-chunks the schedule
 holds on it at once over the limit drops it; `step_time` of each stage's layers and ends bounds its time).
 The
@@ -38,13 +45,15 @@ from typing import Any, Optional
 
 from ...base.sizes import UnmappableError
 from ...errors import SpmdsimError
+from ...programs.context import METHODS
 from .bounds import Cells
 from .closed_forms import bounds_and_sums, dense_layer_elements
 from .configs import RECOMPUTE, Config, configurations, fixed_configurations, vocab_note
 from .ledger import PRECISIONS, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
 from .steptime import Pipeline
 
-__all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED"]
+__all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED",
+           "overlap"]
 
 
 @dataclass(frozen=True)
@@ -94,11 +103,18 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     `spmdsim estimate` prints them."""
     stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
                         virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
-                        gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split)
+                        gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split, cp=c.cp,
+                        cp_method=c.cp_method)
     pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule)
-    seconds = max(t.total_s for t in stage_times(stages, machine, precision, pipeline, ("gradients",)))
+    seconds = max(t.total_s for t in stage_times(stages, machine, precision, pipeline, overlap(c)))
     memories = [stage_memory(st, precision, c.zero) for st in stages]
     return seconds, max(m.memory for m in memories), peak_bytes(memories)
+
+
+def overlap(c: Config) -> tuple[str, ...]:
+    """The transfer phases `c`'s step time hides, as `spmdsim estimate` hides them: the data-parallel gradient
+    sums under the backward, and with the ring method ring attention's messages under its products."""
+    return ("gradients",) + (("context",) if c.cp > 1 and c.cp_method == "ring" else ())
 
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
@@ -146,7 +162,10 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any) -
     gradient sums within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
-    every = configurations(cfg, devices, machine.gpus_per_node)
+    # (--fix cp=N: that cp alone, across nodes too)
+    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"))
+    if fixed and not every:  # every cp the search takes, for the line that names them
+        every = configurations(cfg, devices, machine.gpus_per_node)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
@@ -262,6 +281,8 @@ def _equal_time(seconds: float) -> float:
 
 
 def _order(c: Candidate) -> tuple:
-    """A fixed order among equals: fewer pipeline stages, less tensor parallelism, no recomputation first."""
+    """A fixed order among equals: fewer pipeline stages, less tensor then context parallelism, the ring first, no
+    recomputation first."""
     x = c.config
-    return (x.pp, x.tp, x.virtual, RECOMPUTE.index(x.recompute), x.zero, x.sp, x.microbatches, x.ep)
+    return (x.pp, x.tp, x.cp, METHODS.index(x.cp_method), x.virtual, RECOMPUTE.index(x.recompute), x.zero, x.sp,
+            x.microbatches, x.ep)

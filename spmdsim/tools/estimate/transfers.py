@@ -33,7 +33,7 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 
 #: The trace labels of the sums of gradients (spmdsim.nn.autograd's buckets; ZeRO-1's and ZeRO-2's Reduce_scatter of
 #: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
-#: layers of an MoE GPT), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
+#: layers of an MoE GPT, or cp: each rank saw part of every sequence), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
 #: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's, and
 #: context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls) "context".
@@ -67,8 +67,11 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             rows = [(e.op, n, e.bytes_sent)]
             label = e.label or ""
             # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
-            summed = (label.startswith(GRADIENT_LABELS) or e.op == "reduce_scatter" and label.startswith(
-                "redistribute")) and (DATA in axes or EXPERT in axes or SHARD in axes)
+            # (a gradient bucket over cp alone, dp 1: each rank saw part of every sequence, its sums are the
+            # gradients' too, not context parallelism's messages)
+            summed = (label.startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes or CONTEXT in axes)
+                      or e.op == "reduce_scatter" and label.startswith("redistribute")
+                      and (DATA in axes or EXPERT in axes or SHARD in axes))
             gathered = e.op == "allgather" and label.startswith("redistribute") and (DATA in axes or SHARD in axes)
             phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
                                                          else "context" if CONTEXT in axes else "layers")
