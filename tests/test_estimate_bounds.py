@@ -70,7 +70,8 @@ def test_pruning_keeps_the_true_best(exhaustive, cells, share):
     limit = peaks[int(share * (len(peaks) - 1))]
     fits = {c: s for c, (s, _, peak) in exhaustive.items() if peak <= limit}
     fastest = min(fits.values())
-    r = search(SMALL, 16, A100, limit, max_dry_runs=1000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells)
+    r = search(SMALL, 16, A100, limit, max_dry_runs=1000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells,
+               fixed={"cp": 1})
     assert r.chosen.step_s == fastest and fits[r.chosen.config] == fastest
     assert r.dry_runs < len(exhaustive)  # the bounds pruned some
     priced = [c for c in r.candidates if c.step_s is not None]

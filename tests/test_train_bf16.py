@@ -34,11 +34,11 @@ def _steps(ranks: int, dp: int, tp: int, sp: bool, steps: int = 3, policy: str =
 
 
 def test_policies_and_refusals_are_one_line():
-    assert list(PRESETS) == ["fp64", "fp32", "bf16-mixed"]
+    assert list(PRESETS) == ["fp64", "fp32", "bf16-mixed", "fp8", "fp8-current"]
     mixed = precision("bf16-mixed")
     assert (mixed.param, mixed.grad, mixed.master, mixed.optimizer, mixed.activation) == (
         "bfloat16", "float32", "float32", "float32", "bfloat16")
-    assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed"
+    assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed, fp8, fp8-current"
     for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "kept": "fused"},
                                                                      "kept 'fused' is not one of")):
         with pytest.raises(SpmdsimError, match=message) as caught:  # before any collective: on every rank alike
@@ -108,8 +108,8 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
     real = module._mixed_step
 
     def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None, kept="graph",
-                          laid=None):
-        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes, kept, laid)
+                          laid=None, fp8=None):
+        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes, kept, laid, fp8)
         loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
         return loss, grads64, updated
 

@@ -18,7 +18,21 @@ DOC = "docs/howto/bf16.md"
 
 
 def _section() -> list:
-    return quotes(DOC)
+    """The bf16 part's commands (the page up to its "## FP8" section)."""
+    return [q for q in quotes(DOC) if q.line < _fp8_line()]
+
+
+def _fp8_line() -> int:
+    text = (ROOT / DOC).read_text()
+    return text.count("\n", 0, text.index("\n## FP8\n")) + 2
+
+
+def test_the_fp8_section_shows_one_long_command_and_it_passes():
+    """Its 100-step run, with --steps 2 --sample 0: FP8 training checked against one process under its policy."""
+    (quote,) = [q for q in quotes(DOC) if q.line > _fp8_line()]
+    assert "--precision fp8 " in quote.command and quote.command.rstrip().endswith("# long")
+    done = run_long(quote)
+    assert "check: 2 steps vs one numpy process" in done.stdout and ": PASS" in done.stdout, done.stdout[-2000:]
 
 
 def test_the_section_shows_the_commands_this_test_runs():

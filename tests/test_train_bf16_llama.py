@@ -129,8 +129,8 @@ def test_under_megatrons_kept_set_a_reference_that_rounds_as_the_graph_is_caught
 
     real = mixed._Rounder.__init__
 
-    def as_the_graph(self, act, cfg, masks, kept="graph"):
-        real(self, act, cfg, masks, "graph")
+    def as_the_graph(self, act, cfg, masks, kept="graph", *rest):
+        real(self, act, cfg, masks, "graph", *rest)
 
     monkeypatch.setattr(mixed._Rounder, "__init__", as_the_graph)
     steps, shares = _checked(monkeypatch, "megatron", **options)
