@@ -157,7 +157,7 @@ def test_prices_follow_the_precision_and_the_machine_levels():
     assert sum(t.sent * t.count for t in transfers_at(stage.transfers, "bf16-mixed")) * 4 == \
         sum(t.sent * t.count for t in stage.transfers if t.phase != "gradients") + \
         2 * sum(t.sent * t.count for t in stage.transfers if t.phase == "gradients")
-    assert set(PRECISIONS) == {"fp64", "bf16-mixed", "fp16-mixed"}
+    assert set(PRECISIONS) == {"fp64", "bf16-mixed", "fp16-mixed", "fp8"}
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:

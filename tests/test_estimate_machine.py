@@ -34,7 +34,7 @@ def test_shipped_machines_load_with_their_datasheet_figures():
     assert dict(a100.peak_flops) == {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12,
                                      "fp64": 19.5e12}
     assert dict(h100.peak_flops) == {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12,
-                                     "fp64": 67e12}
+                                     "fp64": 67e12, "fp8": 1979e12}  # the datasheet's 3,958 with sparsity, halved
     assert (a100.hbm_bandwidth, h100.hbm_bandwidth) == (2039e9, 3.35e12)
     assert (a100.node.bandwidth, a100.cluster.bandwidth) == (300e9, 25e9)
     assert (h100.node.bandwidth, h100.cluster.bandwidth) == (450e9, 50e9)
@@ -50,6 +50,7 @@ def test_shipped_machines_load_with_their_datasheet_figures():
 def test_lookup_by_dtype_and_level():
     m = load_machine("h100-dgx")
     assert m.peak("bfloat16") == m.peak("bf16") == 989e12
+    assert m.peak("float8_e4m3fn") == m.peak("float8_e5m2") == m.peak("fp8") == 1979e12  # numpy's (ml_dtypes') names
     assert normalize_dtype("float32") == "fp32" and normalize_dtype("BF16") == "bf16"
     assert (m.link("cluster").bandwidth, m.link("cluster").latency) == (50e9, 5e-6)
     # the achieved fractions, each with its cited source: NCCL's bus bandwidth, a measured HBM rate
@@ -60,7 +61,7 @@ def test_lookup_by_dtype_and_level():
     assert "nccl-tests/issues/175" in a100.node.efficiency.source and "232.54 GB/s" in a100.node.efficiency.source
     assert Link(1.0, 0.0).achieved == 1.0  # no efficiency: all of it
     with pytest.raises(SpmdsimError, match=r"^dtype 'int8' has no peak in machine 'h100-dgx'; expected one of "
-                                           r"\('bf16', 'fp16', 'tf32', 'fp32', 'fp64'\)$"):
+                                           r"\('bf16', 'fp16', 'tf32', 'fp32', 'fp64', 'fp8'\)$"):
         m.peak("int8")
     with pytest.raises(SpmdsimError, match=r"^level 'rack' is unknown; expected one of \('node', 'cluster'\)$"):
         m.link("rack")
@@ -133,7 +134,7 @@ _F = "machine file 'x.json': "
     ("memory_bytes", True, "key 'memory_bytes' is True; expected an integer >= 1 (bytes per GPU)"),
     ("sources", [], "key 'sources' is []; expected a non-empty list of citation strings"),
     ("peak_flops.int8", 1e16, "key 'peak_flops.int8' is 1e+16; expected a dtype among "
-                              "('fp64', 'fp32', 'tf32', 'bf16', 'fp16')"),
+                              "('fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8')"),
     ("peak_flops.bf16", 0, "key 'peak_flops.bf16' is 0; expected a number > 0 (FLOP/s)"),
     ("links.node.bandwidth", -300e9, "key 'links.node.bandwidth' is -300000000000.0; expected a number > 0 "
                                      "(bytes/s per GPU per direction)"),

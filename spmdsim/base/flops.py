@@ -91,7 +91,8 @@ def _sized(shape: tuple, dtype: Any) -> tuple:
     out = _SIZED.get(key)
     if out is None:
         dtype = np.dtype(dtype)
-        out = (int(math.prod(shape)), dtype.name.startswith(_FLOATING), dtype.itemsize)
+        out = (int(math.prod(shape)), dtype.name.startswith(_FLOATING) and not dtype.name.startswith(_OWN),
+               dtype.itemsize)
         if len(_SIZED) >= 4096:  # a long run over many shapes: start over
             _SIZED.clear()
         _SIZED[key] = out
@@ -101,6 +102,8 @@ def _sized(shape: tuple, dtype: Any) -> tuple:
 # numpy's names of the dtypes priced at a precision's activation width (ml_dtypes' "bfloat16" among them: a
 # bfloat16 block is an activation, not a mask or ids at their own width)
 _FLOATING = ("float", "complex", "bfloat")
+# ... but FP8's (ml_dtypes' "float8_e4m3fn", "float8_e5m2"): a byte each at any precision, as a mask's
+_OWN = "float8"
 
 
 def _ref(a: Any) -> Any:

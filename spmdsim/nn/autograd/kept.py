@@ -10,7 +10,9 @@ forward (the block's input to the layer norm that reads it first, not to the res
 it). These are the bytes a real run holds for its backward, not an estimate: a dry run's blocks
 have their real sizes (their pages are never touched), so the figures hold there too.
 `masks=True` tells the 1-byte boolean dropout masks apart from the values (a ledger prices values at
-the training precision's width and masks at one byte).
+the training precision's width and masks at one byte). The FP8 blocks a linear layer keeps (its e4m3 copies of
+its input and weight, spmdsim.nn.ops.fp8_linear) are counted under their node's kind with the suffix `FP8`
+("mlp fp8"): a byte each at any precision.
 
 `KEPT` names what a model's rules keep: "graph", every node keeps its inputs' blocks and what its
 rule saved; "megatron", each rule keeps only what its backward reads, as Megatron-LM's fused layers
@@ -27,10 +29,12 @@ from ...base import buffers
 from ...base.flops import hold, holding
 from .graph import Node
 
-__all__ = ["kept_bytes", "UNTAGGED", "KEPT", "kept_problem", "shell", "nothing"]
+__all__ = ["kept_bytes", "UNTAGGED", "FP8", "KEPT", "kept_problem", "shell", "nothing"]
 
 #: The kind of the bytes kept by nodes recorded outside any `kept_as`.
 UNTAGGED = "other"
+#: The suffix of the kind of kept FP8 blocks (float8_e4m3fn, float8_e5m2): "attention fp8".
+FP8 = " fp8"
 #: What the rules keep for backward (see the module docstring).
 KEPT = ("graph", "megatron")
 
@@ -84,7 +88,8 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
         for array in _arrays(node):
             owner = buffers.owner(array)
             if id(owner) not in skip:
-                where[id(owner)] = (kind, owner.nbytes, owner.dtype == np.bool_, owner)
+                tagged = kind + FP8 if owner.dtype.name.startswith("float8") else kind
+                where[id(owner)] = (tagged, owner.nbytes, owner.dtype == np.bool_, owner)
     if holding():
         hold(*(t.local for t in exclude), *(w[3] for w in where.values()))
     values: dict[str, int] = {}

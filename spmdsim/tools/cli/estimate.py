@@ -105,8 +105,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--routing", choices=("balanced", "worst"),
                         help="how the dry run routes (it has no router values): balanced (default), or worst (every "
                              "token to experts 0..k-1)")
-    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"),
-                        help="the widths the ledger prices each tensor at (default bf16-mixed)")
+    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed", "fp8"),
+                        help="the widths the ledger prices each tensor at (default bf16-mixed); fp8: bf16-mixed with "
+                             "TransformerEngine's FP8 linear layers, their products at the machine's fp8 peak")
     parser.add_argument("--machine", default="a100-dgx",
                         help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
                              "path (spmdsim calibrate --machine-out)")

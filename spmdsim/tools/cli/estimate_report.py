@@ -11,6 +11,7 @@ from math import prod
 from typing import Any
 
 from ...base.sizes import UnmappableError, format_size
+from ...errors import SpmdsimError
 from ...base.validate import counted
 from ...models.axes import DATA, EXPERT
 from ...models.gpt.flags import architecture_words
@@ -21,6 +22,7 @@ from ...programs.viz.table import wrap_lines
 from ..estimate.ledger import (_RUN, PRECISIONS, gpt_ledger, kernel_bytes, layers_activations, peak_bytes, stage_memory,
                                stage_times, unmappable)
 from ..estimate.machine import load_machine
+from ...nn.autograd.kept import FP8
 from ..estimate.steptime import Pipeline, assumptions, utilization
 
 __all__ = ["report"]
@@ -33,12 +35,15 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     """`spmdsim estimate gpt`'s dry run of `cfg` on the machine, printed (or one JSON record, its configuration
     `record`); exit code 0."""
     machine = load_machine(args.machine)
+    fp8 = PRECISIONS[args.precision].fp8
+    if fp8:
+        _fp8_refusals(args, machine)
     start = time.perf_counter()
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
                             schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
                             kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split,
-                            cp=args.cp, cp_method=args.cp_method, prefetch=args.prefetch)
+                            cp=args.cp, cp_method=args.cp_method, prefetch=args.prefetch, fp8=fp8)
     except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
@@ -78,6 +83,18 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     if hint:
         print("\n".join(wrap_lines([hint])))
     return 0
+
+
+def _fp8_refusals(args: argparse.Namespace, machine: Any) -> None:
+    """`--precision fp8`'s refusals before the dry run, each one line: a machine without an fp8 peak, and sequence
+    parallelism's e4m3 gathers, whose bytes the trace does not tell from the activations' (the program's own
+    refusals, a pipeline and Megatron's kept set, come from its dry run)."""
+    if "fp8" not in machine.dtypes:
+        raise SpmdsimError(f"--precision fp8: machine {machine.name!r} has no fp8 peak (peak_flops gives "
+                           f"{', '.join(machine.dtypes)}); give a machine whose file has one, such as h100-dgx")
+    if args.sp and args.tp > 1:
+        raise SpmdsimError("--precision fp8 with --sp: the estimate does not price sequence parallelism's e4m3 "
+                           "gathers yet; leave out --sp")
 
 
 def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: Any, schedule: str, machine: Any,
@@ -146,7 +163,8 @@ def _utilization_lines(use: Any, precision: str, worst: bool) -> list[str]:
     out = [f"MFU {use.mfu:.1%}: {use.tflops_per_gpu:,.1f} TFLOP/s per GPU of the {PRECISIONS[precision].compute} "
            f"peak {use.peak / 1e12:,.4g}, from {use.model_flops:.4e} model FLOPs a step"]
     what = "the dry run's forward and backward products, all ranks" + (
-        ", each as busy as rank 0: at most" if worst else "")
+        ", each as busy as rank 0: at most" if worst else "") + (
+        ", the FP8 ones against the bf16 peak too, as NVIDIA reports MFU" if PRECISIONS[precision].fp8 else "")
     if use.hardware_flops > use.model_flops:
         out += [f"  ({what})", f"HFU {use.hfu:.1%}: {use.hardware_tflops_per_gpu:,.1f} TFLOP/s per GPU with the "
                                f"{use.hardware_flops - use.model_flops:.4e} FLOPs recomputed"]
@@ -241,6 +259,10 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
                f"{_gib(layers_activations(st, precision))}; {st.in_flight} microbatch-chunk(s) in flight at "
                f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}"
                + (f", of which the experts' {st.expert_params:,}" if st.expert_params else ""))
+    if PRECISIONS[precision].fp8:  # the program's FP8 blocks (spmdsim.nn.autograd.kept_bytes' kinds " fp8")
+        copies = sum(n for kind, n in st.memory.kept if kind.endswith(FP8))
+        out.append(f"    of the activations, the linear layers' e4m3 copies of their inputs and weights "
+                   f"{_gib(copies)}; fp8 scales: {st.scales:,} B of scales and amax histories")
     beside = f", {_gib(mem.backward)} more gradients in the backward (measured, beside those above)" \
         if mem.backward else ""
     if st.memory.gathered:  # ZeRO-3 (spmdsim.nn.fsdp): gathered parameters, those the graph keeps are above

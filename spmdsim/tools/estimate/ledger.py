@@ -6,16 +6,13 @@ measured figures) for one step and reads what that run did on each representativ
 (parameters, gradients, master copy, optimizer states, buffers, and what the graph kept for backward
 at the moment the schedule held the most microbatches: spmdsim.models.gpt.memory.MemoryReport), the matrix
 products it executed (spmdsim.base.flops) and every collective and message it took part in (its trace,
-as `records.Calls` rows, each placed within a node or across nodes from the mesh).
+as `records.Calls` rows, each placed within a node or across nodes from the mesh). With `fp8` the run's
+linear layers multiply FP8 copies as TransformerEngine's do (spmdsim.models.gpt.fp8_block, on float64
+elements): their products are recorded in their FP8 dtypes, the copies the graph keeps and the scales the run
+holds are the program's.
 
-The program runs in float64. `PRECISIONS` prices the same elements at a training precision's widths
-(bf16 mixed precision: 2-byte parameters and activations, 4-byte main gradients, master copy and
-Adam moments, as Megatron keeps them); a mixed precision keeps a master copy of every element a rank
-updates, which a float64 run has no need for: `priced` names it. The gradients `priced` names are those the
-rank keeps after the step (ZeRO-0's and ZeRO-1's whole, in ZeRO-1's gradient buffer; ZeRO-2's the rank's slices,
-the model states the ZeRO paper compares); at every ZeRO level the most gradients the rank holds at once is the
-run's measured MemoryReport.grads_peak, whose excess over them the peak adds (`backward_gradients`,
-`StageMemory`): one rule, what the program holds.
+The program runs in float64; spmdsim.tools.estimate.held prices what it holds at a training precision's widths
+(its names are this module's too), `gemms_at`, `transfers_at` and `kernel_bytes` what it computes and moves.
 """
 from __future__ import annotations
 
@@ -23,11 +20,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ...errors import SpmdsimError
-from ...models.gpt.memory import BLOCK_KINDS, MASKS
-from ...base.sizes import format_size
 from .records import Calls
 from ...base.context import current
 from ...base.flops import counting
+from ...base.fp8 import DELAYED
+from ...base.precision import Precision
 from ...emulator.comm import world
 from ...models.gpt.params import is_expert
 from ...models.gpt.pipeline import train_pipelined
@@ -35,44 +32,18 @@ from ...models.gpt.context import Context
 from ...models.gpt.sharded_run import train_sharded
 from ...programs.memory import ENV_VAR
 from ...runtime.sim.run import simulate
+from .held import (_RUN, PRECISIONS, ROLES, StageMemory, Transient, Widths, backward_gradients, largest_transient,
+                   layers_activations, least_bytes, own_width, peak_bytes, priced, stage_memory, unmappable)
 from .steptime import step_time
 from .transfers import trace_transfers
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
-           "StageMemory", "stage_memory", "peak_bytes", "backward_gradients", "stage_times"]
+           "StageMemory", "stage_memory", "peak_bytes", "backward_gradients", "stage_times", "own_width", "FP8_RUN"]
 
-#: What a rank holds, by role, in the order the ledger prints them.
-ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
-
-
-@dataclass(frozen=True)
-class Widths:
-    """Bytes per element of each role under one precision (`mixed`: a master copy of every updated element)."""
-
-    name: str
-    params: int
-    grads: int
-    master: int
-    states: int
-    buffers: int
-    activations: int
-    mixed: bool
-    compute: str
-    about: str
-
-
-PRECISIONS = {
-    "fp64": Widths("fp64", 8, 8, 8, 8, 8, 8, False, "fp64", "as the program runs: every value float64"),
-    "bf16-mixed": Widths("bf16-mixed", 2, 4, 4, 4, 4, 2, True, "bf16",
-                         "Megatron's bf16: bf16 parameters and activations; fp32 main gradients, master copy "
-                         "and Adam moments"),
-    "fp16-mixed": Widths("fp16-mixed", 2, 2, 4, 4, 2, 2, True, "fp16",
-                         "ZeRO's fp16 mixed precision: fp16 parameters, gradients and activations; fp32 "
-                         "master copy, momentum and variance"),
-}
-
-_RUN = 8  # the program's bytes per element (float64)
+#: The dry run's policy under "fp8": TransformerEngine's recipe (delayed scaling) on float64 elements, which the
+#: ledger prices at the precision's widths; the FP8 copies are e4m3 and e5m2, a byte each, as in any run.
+FP8_RUN = Precision("fp8", "float64", "float64", None, "float64", "float64", DELAYED)
 
 
 @dataclass(frozen=True)
@@ -88,7 +59,8 @@ class StageLedger:
     recomputed, and the optimizer's update), elements read and written; expert_params: elements of its
     MoE layers' experts (their routers aside), of layer_params; fresh: spmdsim.base.flop_counts.Fresh records, what each
     product and kernel over activations read and wrote beyond the blocks the rank holds anyway (parameters,
-    their gradients, what the graph keeps for backward: `largest_transient`).
+    their gradients, what the graph keeps for backward: `largest_transient`); scales: bytes of the FP8 scales,
+    amax histories and the step's amaxes its chunks hold (spmdsim.base.fp8.Scales.nbytes; 0 without FP8).
     """
 
     stage: int
@@ -104,6 +76,7 @@ class StageLedger:
     kernels: tuple = field(default=())
     expert_params: int = 0
     fresh: tuple = field(default=())
+    scales: int = 0
 
     def flops(self, phase: Optional[str] = None) -> int:
         return sum(g.flops * n for g, n in self.gemms if phase is None or g.phase == phase)
@@ -120,58 +93,11 @@ class StageLedger:
         return out
 
 
-def priced(stage: StageLedger, precision: str, zero: int) -> dict:
-    """{role: bytes} of one rank of `stage` under `precision` (PRECISIONS), from its elements in the run: what it
-    holds after the step (ZeRO-2's gradients its slices; `backward_gradients` what its step holds beyond them)
-    and the activations at the moment the schedule held the most."""
-    w = PRECISIONS[precision]
-    m = stage.memory
-    params = m.params // _RUN
-    master = m.master // _RUN if zero in (1, 2) else (params if w.mixed else 0)  # ZeRO-3's: its shards' copy
-    masks = sum(n for kind, n in m.kept if kind.endswith(MASKS))  # bools: a byte each at any precision
-    values = m.kept_total - masks
-    return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
-            "master copy": master * w.master, "optimizer states": m.states // _RUN * w.states,
-            "buffers": m.buffers // _RUN * w.buffers, "activations": values // _RUN * w.activations + masks}
-
-
-def least_bytes(exc: Any, precision: str) -> int:
-    """The bytes one rank holds at least at `precision` for the block its dry run could not map
-    (spmdsim.base.sizes.UnmappableError): its elements at the precision's narrowest width (its own, if narrower)."""
-    w = PRECISIONS[precision]
-    narrowest = min(w.params, w.grads, w.master, w.states, w.buffers, w.activations)
-    return exc.nbytes // exc.dtype.itemsize * min(narrowest, exc.dtype.itemsize)
-
-
-def unmappable(exc: Any, precision: str, limit: int, where: str) -> SpmdsimError:
-    """The one-line error of a configuration whose dry run could not map a block (spmdsim.base.sizes.UnmappableError):
-    when that block alone, at `precision`, is more than `limit` bytes (`where`: whose memory), the configuration
-    does not fit, and the line says so; else `exc` as it is (this machine's limit, not the modelled rank's)."""
-    least = least_bytes(exc, precision)
-    if least <= limit:
-        return exc
-    return SpmdsimError(f"{exc}; one rank of this configuration holds it, if only for a moment: at least "
-                        f"{format_size(least)} at {precision}, more than {where}: it does not fit")
-
-
-def layers_activations(stage: StageLedger, precision: str) -> int:
-    """The bytes the transformer blocks keep for backward (spmdsim.models.gpt.memory.BLOCK_KINDS and their
-    masks; not the embedding's nor the head's) on one rank of `stage`, priced at `precision`."""
-    w = PRECISIONS[precision]
-    out = 0
-    for kind, n in stage.memory.kept:
-        if kind.endswith(MASKS) and kind[:-len(MASKS)] in BLOCK_KINDS:
-            out += n
-        elif kind in BLOCK_KINDS:
-            out += n // _RUN * w.activations
-    return out
-
-
 def kernel_bytes(kernels: Any, precision: str) -> dict:
     """{phase: bytes} the (Kernel, count) pairs read and write at `precision`'s widths.
 
-    The operators' floating values ("activations") at the activation width; their masks, ids and other
-    non-floating elements at their own width (a boolean mask a byte). The optimizer's roles at theirs:
+    The operators' floating values ("activations") at the activation width; their masks, ids, FP8 copies and
+    other non-floating elements at their own width (a boolean mask, an e4m3 element a byte). The optimizer's roles at theirs:
     gradients, moments ("states") and ZeRO-1's master slices at the precision's widths. A mixed
     precision updates a master copy, not the parameters: an updated parameter element (kind "params",
     the program updating its own float64 parameters) is read and written at the master copy's width,
@@ -184,7 +110,8 @@ def kernel_bytes(kernels: Any, precision: str) -> dict:
     out: dict = {}
     for k, n in kernels:
         if k.kind == "activations":
-            each = w.activations if k.dtype.startswith(("float", "complex")) else k.nbytes // (k.read + k.written)
+            floating = k.dtype.startswith(("float", "complex")) and not k.dtype.startswith("float8")
+            each = w.activations if floating else k.nbytes // (k.read + k.written)
             nbytes = (k.read + k.written) * each
         else:
             nbytes = (k.read + k.written) * width[k.kind]
@@ -194,108 +121,11 @@ def kernel_bytes(kernels: Any, precision: str) -> dict:
     return out
 
 
-@dataclass(frozen=True)
-class Transient:
-    """The most bytes one kernel or matrix product of a stage's step reads and writes at once beyond what the rank
-    holds anyway, at a precision's widths (`largest_transient`): blocks live together for a moment, beside the
-    memory line. `what` names it: the operator and phase (a Kernel's), or the product's shape (a Gemm's)."""
-
-    nbytes: int
-    what: str
-
-
-def largest_transient(stage: StageLedger, precision: str) -> Transient:
-    """The largest set of blocks one kernel or product of `stage`'s forward, backward or recomputation reads and
-    writes at once that the memory line does not hold already, from the dry run's records of each call's blocks
-    (StageLedger.fresh, spmdsim.base.flop_counts.Fresh), priced at `precision`.
-
-    The memory line holds the parameters, their gradients and what the graph keeps for backward: a call's block
-    that is one of those, by identity in the dry run (a product's weight, the weight's gradient a product writes,
-    a kept input), is counted there and not again here (spmdsim.base.flops.hold marks them: the parameters and the
-    kept blocks where the trainer measures what the forward keeps, spmdsim.nn.autograd.kept_bytes; a parameter's
-    gradients in the backward's walk, as a framework accumulates them into the main gradient the memory line
-    holds). The rest are the moment's own: a product's result no graph keeps, a gradient of an activation,
-    the attention core's scores and their gradients (blocks of their shapes to its products and kernels, held
-    by nothing; its q, k, v and the probabilities it keeps are recorded as those blocks, as an MoE layer's
-    experts' weights, their gradients and its kept rows are, spmdsim.models.moe.layer). Floating blocks at the
-    activation width, masks and ids at their own width. The optimizer's kernels run after the activations are
-    freed: not counted. Temporaries a kernel makes beyond its operands and results (a softmax's sums), and
-    blocks of two calls alive at once, are not counted either."""
-    w = PRECISIONS[precision]
-    best = Transient(0, "nothing")
-    for f in stage.fresh:
-        nbytes = f.floating * w.activations + f.other
-        if nbytes > best.nbytes:
-            if isinstance(f.what, str):
-                what = f"{f.what} ({f.phase})"
-            else:
-                g = f.what
-                lead = f"{g.batch:,} x " if g.batch != 1 else ""
-                what = f"the product {lead}({g.m:,} x {g.k:,}) @ ({g.k:,} x {g.n:,}) ({g.phase})"
-            best = Transient(nbytes, what)
-    return best
-
-
-def backward_gradients(stage: StageLedger, precision: str, zero: int) -> int:
-    """The gradient bytes one rank of `stage` holds at once in its step beyond `priced`'s "gradients", at
-    `precision`: the dry run's measured most (spmdsim.models.gpt.memory.MemoryReport.grads_peak) less the gradients kept
-    after the step, at every ZeRO level (`zero` changes nothing: one rule, what the program holds). Under ZeRO-2,
-    whose gradients after the step are the rank's 1/dp slices: the buckets not yet reduced, the gradients final
-    only at the walk's end, the token embedding's, and with several microbatches the earlier ones' gradients
-    whole. Under ZeRO-1, whose gradients accumulate in the gradient buffer (each parameter's view of it, Megatron's
-    main_grad; a parameter read twice, the tied table, gets each reader's there as the walk gives it), a node's
-    gradients given at once beyond the buffer's; under ZeRO-0, whose gradients accumulate in its gradient buffer
-    alike (spmdsim.nn.autograd.grad_buffer), the same, and in a first step whose gradients are pending over other
-    axes than the buffer guessed, a copy of such a bucket as it is summed."""
-    m = stage.memory
-    return max(0, m.grads_peak - m.grads) // _RUN * PRECISIONS[precision].grads
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    """One rank of a stage at a precision (`stage_memory`): what it holds, by role (`held`, `priced`'s: the
-    memory line), the gradients its step holds beyond the memory line's (`backward`, `backward_gradients`': the
-    measured most less those) and the largest set of blocks one kernel or product reads and writes at once beside it
-    (`transient`, `largest_transient`'s). `peak`, their sum, is what decides whether the rank fits a GPU:
-    `spmdsim estimate`'s verdict and the search by a machine file's memory limit (spmdsim.tools.estimate.search)."""
-
-    held: dict
-    transient: Transient
-    backward: int = 0
-    gathered: int = 0  # ZeRO-3: the most bytes of gathered parameters held beyond those the memory line holds
-
-    @property
-    def memory(self) -> int:
-        """The memory line: the bytes the rank holds."""
-        return sum(self.held.values())
-
-    @property
-    def peak(self) -> int:
-        """The memory line, the gradients held beyond it (measured) and, for a moment, the largest kernel's or
-        product's blocks beside them."""
-        return self.memory + self.backward + self.gathered + self.transient.nbytes
-
-
-def stage_memory(stage: StageLedger, precision: str, zero: int) -> StageMemory:
-    """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory); ZeRO-3's
-    gathered parameters beyond the graph's (a unit's, gathered for its forward or backward) in the peak."""
-    m = stage.memory
-    beyond = max(0, m.gathered - m.gathered_kept) // _RUN * PRECISIONS[precision].params
-    return StageMemory(priced(stage, precision, zero), largest_transient(stage, precision),
-                       backward_gradients(stage, precision, zero), beyond)
-
-
-def peak_bytes(memories: Any) -> int:
-    """The most bytes one rank of any stage needs at its peak (`memories`: StageMemory by stage): it fits a GPU,
-    by `spmdsim estimate`'s verdict, when this is at most the GPU's memory; the search's memory limit is
-    compared with the same figure."""
-    return max(m.peak for m in memories)
-
-
 def gemms_at(gemms: Any, precision: str) -> list:
-    """The (Gemm, count) pairs with each product in `precision`'s compute dtype (bf16 under bf16-mixed)."""
+    """The (Gemm, count) pairs with each product in `precision`'s compute dtype (bf16 under bf16-mixed), an FP8
+    product (e4m3 or e5m2 operands, spmdsim.nn.ops.fp8_linear) in "fp8"."""
     dtype = PRECISIONS[precision].compute
-    return [(replace(g, dtype=dtype), n) for g, n in gemms]
+    return [(replace(g, dtype="fp8" if g.dtype.startswith("float8") else dtype), n) for g, n in gemms]
 
 
 def transfers_at(transfers: Any, precision: str) -> list:
@@ -322,28 +152,32 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
                kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
                split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring",
-               prefetch: bool = False) -> list[StageLedger]:
+               prefetch: bool = False, fp8: bool = False) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
     (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step;
     ZeRO-3 on one stage and one microbatch: spmdsim.models.gpt.sharded_run.train_sharded, with `prefetch` FSDP's),
     its layers cut into chunks by `split` (layers per chunk in pipeline order; None: balanced);
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing); `cp` context-parallel ranks a stage, attention by `cp_method`
-    (spmdsim.models.gpt.context). An equal call made before in this process gives that run's ledgers
-    (`_LEDGERS`)."""
+    (spmdsim.models.gpt.context); `fp8`: the linear layers' products in FP8 (`FP8_RUN`). An equal call made
+    before in this process gives that run's ledgers (`_LEDGERS`)."""
     import os
+
+    if fp8 and zero == 3:
+        raise SpmdsimError("precision fp8 with ZeRO-3: the fully sharded step runs without FP8 linear layers; "
+                           "give --zero 0, 1 or 2")
 
     split = None if split is None else tuple(split)
     key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
-           os.environ.get(ENV_VAR, ""), split, cp, cp_method, prefetch)
+           os.environ.get(ENV_VAR, ""), split, cp, cp_method, prefetch, fp8)
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
         return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node, ep, split, (cp, cp_method), prefetch)
+                           gpus_per_node, ep, split, (cp, cp_method), prefetch, fp8)
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node, ep, split, (cp, cp_method), prefetch))
+                                  gpus_per_node, ep, split, (cp, cp_method), prefetch, fp8))
         while len(_LEDGERS) >= _KEEP:
             del _LEDGERS[next(iter(_LEDGERS))]
         _LEDGERS[key] = known
@@ -353,7 +187,7 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
                 recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1,
                 split: Optional[tuple] = None, contexts: tuple = (1, "ring"),
-                prefetch: bool = False) -> list[StageLedger]:
+                prefetch: bool = False, fp8: bool = False) -> list[StageLedger]:
     """`gpt_ledger`'s dry run; `contexts`: (cp, its method)."""
     cp, method = contexts
     import numpy as np
@@ -370,7 +204,8 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
                                          **({"prefetch": prefetch} if trainer is train_sharded else
-                                            {"cp": cp, "context": Context(method) if cp > 1 else None}))
+                                            {"cp": cp, "context": Context(method) if cp > 1 else None,
+                                             "precision": FP8_RUN if fp8 else "fp64"}))
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())
@@ -378,7 +213,9 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
                           trace_transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
-                          kernels=tuple(flops.kernels.items()), expert_params=experts, fresh=flops.fresh())
+                          kernels=tuple(flops.kernels.items()), expert_params=experts, fresh=flops.fresh(),
+                          scales=sum(m.fp8.nbytes() for m in getattr(run, "models", {}).values()
+                                     if m.fp8 is not None))
         run.close()
         return out
 

@@ -10,7 +10,8 @@ value and what was expected.
 
 The GEMM efficiency model is the roofline of NVIDIA's "Matrix Multiplication Background User's
 Guide" capped at a fraction of peak: a product of ``flops`` FLOPs that reads and writes
-``nbytes = itemsize * batch * (m*k + k*n + m*n)`` bytes of memory achieves
+``nbytes = itemsize * batch * (m*k + k*n + m*n)`` bytes of memory (an "fp8" product: its operands a byte an
+element, its bfloat16 result two, machine_records.RESULT_BYTES) achieves
 
     efficiency = min(max_fraction, (flops / nbytes) * hbm_bandwidth / peak_flops[dtype])
 

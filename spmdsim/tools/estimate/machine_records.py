@@ -11,18 +11,23 @@ from typing import Any, Mapping, Optional
 from ...errors import SpmdsimError
 from .records import LEVELS
 
-__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "DTYPES", "ALGORITHMS", "EFFICIENCY_MODELS",
-           "normalize_dtype"]
+__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "DTYPES", "RESULT_BYTES", "ALGORITHMS",
+           "EFFICIENCY_MODELS", "normalize_dtype"]
 
 
-#: Dtypes a machine file may give a peak for, and their bytes per element (the roofline's traffic).
-DTYPES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+#: Dtypes a machine file may give a peak for, and their bytes per element (the roofline's traffic): "fp8" the
+#: products of e4m3 and e5m2 operands (spmdsim.base.fp8), a byte an element.
+DTYPES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+#: The bytes per element of a product's result where they are not its operands': an FP8 product writes bfloat16
+#: (TransformerEngine's output; the weight gradient accumulated into the fp32 main gradient is that kernel's own).
+RESULT_BYTES = {"fp8": 2}
 
 
 #: Other spellings of the same dtypes (numpy's names and common short ones).
 _DTYPE_ALIASES = {"float64": "fp64", "double": "fp64", "f8": "fp64", "float32": "fp32", "float": "fp32",
                   "single": "fp32", "f4": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                  "f2": "fp16"}
+                  "f2": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
 
 
 #: Collective algorithms (the rows of spmdsim.programs.cost.model's table; kept equal to its ALGORITHMS by a test).
@@ -181,7 +186,7 @@ class Machine:
         sources: where each figure comes from (title, URL, which figure), or "assumption: ...".
         gpus_per_node: GPUs (ranks) sharing one node's fast links.
         memory_bytes: memory of one GPU.
-        peak_flops: ((dtype, FLOP/s), ...): dense peak per dtype ("bf16", "fp16", "tf32", "fp32", "fp64").
+        peak_flops: ((dtype, FLOP/s), ...): dense peak per dtype ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8").
         hbm_bandwidth: memory bandwidth of one GPU, bytes/s.
         gemm_efficiency: the achieved fraction of peak as a function of a GEMM's shape.
         node, cluster: the `Link` of each level (records.LEVELS).
@@ -249,7 +254,8 @@ class Machine:
     def gemm_efficiency_of(self, dtype: Any, batch: int, m: int, n: int, k: int) -> float:
         """Achieved fraction of `dtype`'s peak for a (batch of) m x k @ k x n product (module docstring)."""
         peak = self.peak(dtype)
-        traffic = DTYPES[normalize_dtype(dtype)] * batch * (m * k + k * n + m * n)
+        key = normalize_dtype(dtype)
+        traffic = batch * (DTYPES[key] * (m * k + k * n) + RESULT_BYTES.get(key, DTYPES[key]) * m * n)
         flops = 2 * batch * m * n * k
         if flops == 0:
             return self.gemm_efficiency.max_fraction

@@ -1,0 +1,104 @@
+"""`spmdsim estimate --precision fp8`: the linear layers' FP8 products at the machine's fp8 peak with 1-byte operands,
+the FP8 copies and scales the dry run's program holds, the refusal of a machine without an fp8 peak, and the
+published FP8 row of docs/explanation/estimate-published.md."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from docs_commands import ROOT, quotes, run_here
+from spmdsim.base.flop_counts import Gemm
+from spmdsim.models.gpt import GPTConfig
+from spmdsim.tools.estimate.ledger import gemms_at, gpt_ledger, priced
+from spmdsim.tools.estimate.machine import load_machine
+from spmdsim.tools.estimate.machine_records import GemmEfficiency
+from spmdsim.tools.estimate.steptime import step_time
+
+pytest.importorskip("ml_dtypes")
+
+H100 = load_machine("h100-dgx")
+
+
+def _seconds(gemm: Gemm, machine=H100) -> float:
+    return step_time(machine, [(gemm, 1)], []).compute_s
+
+
+def test_an_fp8_product_runs_at_the_fp8_peak_and_reads_a_byte_an_operand_element():
+    big = Gemm(1, 8448, 8192, 8192, "float8_e4m3fn", "forward")  # 33 x 64 tiles of 256 x 128: 16 full waves
+    waves = H100.gemm_efficiency.waves.fraction(1, big.m, big.n)
+    assert waves == 1.0
+    assert _seconds(big) == pytest.approx(big.flops / (1979e12 * 0.8), rel=1e-12)
+    assert _seconds(Gemm(1, 8448, 8192, 8192, "bf16", "forward")) == pytest.approx(big.flops / (989e12 * 0.8),
+                                                                                   rel=1e-12)
+    # a product of 16 rows is bound by its traffic (on the roofline alone, without the waves' share, which
+    # bounds it more): e4m3 (or e5m2) operands a byte, the bf16 result two
+    roofline = replace(H100, gemm_efficiency=GemmEfficiency(0.8, "the roofline alone"))
+    thin = Gemm(1, 16, 8192, 8192, "float8_e5m2", "backward")
+    assert _seconds(thin, roofline) == pytest.approx((16 * 8192 + 8192 * 8192 + 2 * 16 * 8192) / 3.35e12,
+                                                     rel=1e-12)
+    assert _seconds(Gemm(1, 16, 8192, 8192, "bf16", "backward"), roofline) == pytest.approx(
+        2 * (16 * 8192 + 8192 * 8192 + 16 * 8192) / 3.35e12, rel=1e-12)
+
+
+def test_a_machine_without_an_fp8_peak_is_refused_in_one_line():
+    code, out, err = run_here("main", ["estimate", "gpt", "--precision", "fp8", "--machine", "a100-dgx"])
+    assert code == 2 and out == ""
+    assert " ".join(err.split()) == ("spmdsim: error: --precision fp8: machine 'a100-dgx' has no fp8 peak (peak_flops "
+                                     "gives bf16, fp16, tf32, fp32, fp64); give a machine whose file has one, such "
+                                     "as h100-dgx")
+    for given, said in ((["--tp", "2", "--sp"], "--precision fp8 with --sp: the estimate does not price sequence "
+                                                "parallelism's e4m3 gathers yet; leave out --sp"),
+                        (["--zero", "3", "--dp", "8", "--global-batch", "8"],
+                         "precision fp8 with ZeRO-3: the fully sharded step runs without FP8 linear layers")):
+        code, out, err = run_here("main", ["estimate", "gpt", "--precision", "fp8", "--machine", "h100-dgx", *given])
+        assert code == 2 and said in " ".join(err.split()), err
+
+
+CFG = GPTConfig(layers=3, d_model=32, heads=4, seq=16, batch=4, vocab=128, dropout=0.0)
+
+
+def test_the_ledger_prices_the_fp8_blocks_and_products_the_dry_run_made():
+    (st,) = gpt_ledger(CFG, 1, 2, 1, fp8=True)
+    T, B, D, F, L = CFG.seq, CFG.batch // 2, CFG.d_model, 4 * CFG.d_model, CFG.layers
+    # e4m3 copies each linear layer keeps for backward (its input and weights), a byte each: QKV's input and
+    # three weights, the projection's, fc1's, fc2's (its input F wide)
+    copies = L * (T * B * D + 3 * D * D + T * B * D + D * D + T * B * D + D * F + T * B * F + F * D)
+    assert sum(n for kind, n in st.memory.kept if kind.endswith(" fp8")) == copies
+    # every cast's scale, 1,024-step amax history and amax (float32): 16 tensors a layer (x, w and dy of each
+    # weight, QKV's and fc1's input cast once)
+    assert st.scales == L * 16 * (1 + 1024 + 1) * 4
+    held = priced(st, "fp8", 0)
+    assert held["fp8 scales"] == st.scales and "fp8 scales" not in priced(st, "bf16-mixed", 0)
+    masks = sum(n for kind, n in st.memory.kept if kind.endswith(" masks"))  # (the loss's, a byte each)
+    values = st.memory.kept_total - copies - masks  # float64 in the run, bf16 at fp8's widths
+    assert held["activations"] == values // 8 * 2 + copies + masks
+    # the linear layers' products (forward, dgrad, wgrad) in fp8; the rest (attention core, head) in bf16
+    dtypes = {}
+    for g, n in gemms_at(st.gemms, "fp8"):
+        dtypes[g.dtype] = dtypes.get(g.dtype, 0) + g.flops * n
+    assert dtypes["fp8"] == 3 * 2 * T * B * (3 * D * D + D * D + 2 * D * F) * L
+    assert dtypes["fp8"] + dtypes["bf16"] == st.flops()
+    (plain,) = gpt_ledger(CFG, 1, 2, 1)
+    assert st.flops() == plain.flops()
+
+
+def _row() -> list:
+    text = (ROOT / "docs/explanation/estimate-published.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| Llama 2 7B in FP8")]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_the_published_fp8_row_is_the_command_quoted_under_it():
+    cells = _row()
+    predicted, published, ratio = cells[2], cells[3], cells[4]
+    step, rate = re.fullmatch(r"([\d.]+) s \(([\d.]+)\)", predicted).groups()
+    assert published == "3.870 s (780)" and f"{128 * 4096 / (16934 * 8):.3f}" == "3.870"  # 16,934 tokens/s a GPU
+    assert ratio == f"{float(step) / 3.870:.2f}"
+    (quote,) = [q for q in quotes("docs/explanation/estimate-published.md") if "--precision fp8" in q.command]
+    shown = "\n".join(quote.output)
+    assert f"predicted step time: {step} s" in shown and f"{rate} TFLOP/s per GPU" in shown
+    code, out, err = run_here("main", quote.command.split()[1:])
+    assert code == 0, err
+    assert f"predicted step time: {step} s " in out and f"MFU 49.5%: {rate} TFLOP/s per GPU of the bf16 peak" in out
