@@ -92,14 +92,21 @@ def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
             and not cfg.hidden % tp]
 
 
-def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None) -> list[Config]:
+#: The attention method a search prices context parallelism with unless `--fix cp-method=M` names another: the
+#: ring, Megatron-LM's and PyTorch's default (each method's layer cells are dry runs of their own).
+SEARCHED_METHODS = ("ring",)
+
+
+def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None,
+                   methods: tuple = METHODS) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
-    those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`)."""
+    those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`); `methods`: the
+    context-parallel attention methods tried (SEARCHED_METHODS in a search)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
             continue
-        contexts = _contexts(cfg, devices // tp, tp, devices if cp else gpus_per_node)
+        contexts = _contexts(cfg, devices // tp, tp, devices if cp else gpus_per_node, methods)
         for size, method in (c for c in contexts if cp is None or c[0] == cp):
             ranks = devices // (tp * size)
             for pp, ep in itertools.product(_divisors(ranks), _eps(cfg, ranks)):
@@ -147,7 +154,7 @@ def _unshardable(cfg: Any, tp: int, dp: int, sp: bool) -> bool:
     return any(shard_problem(s.name, layouts[s.name], s.shape, DATA) for s in param_specs(cfg))
 
 
-def _contexts(cfg: Any, ranks: int, tp: int, within: int) -> list[tuple[int, str]]:
+def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHODS) -> list[tuple[int, str]]:
     """(cp, method) pairs to try on `ranks` ranks beside tp: cp 1, and every divisor of `ranks` up to tp x cp =
     `within` (a node: the ring's messages, the gathers and the all-to-alls on its links) the sequence splits
     over (the balanced causal split: seq a multiple of 2 cp) with each method its heads take (the all-to-all's
@@ -158,7 +165,7 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int) -> list[tuple[int, str
     for cp in _divisors(ranks)[1:]:
         if tp * cp > within:
             break
-        out += [(cp, m) for m in METHODS if context_problem(cfg, cp, tp, False, Context(m)) is None]
+        out += [(cp, m) for m in methods if context_problem(cfg, cp, tp, False, Context(m)) is None]
     return out
 
 

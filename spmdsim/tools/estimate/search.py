@@ -48,7 +48,7 @@ from ...errors import SpmdsimError
 from ...programs.context import METHODS
 from .bounds import Cells
 from .closed_forms import bounds_and_sums, dense_layer_elements
-from .configs import RECOMPUTE, Config, configurations, fixed_configurations, vocab_note
+from .configs import RECOMPUTE, SEARCHED_METHODS, Config, configurations, fixed_configurations, vocab_note
 from .ledger import PRECISIONS, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
 from .steptime import Pipeline
 
@@ -166,9 +166,11 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any) -
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
     # (--fix cp=N: that cp alone, across nodes too)
-    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"))
+    method = (fixed or {}).get("cp_method")
+    methods = SEARCHED_METHODS if method is None else (method,)
+    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"), methods)
     if fixed and not every:  # every cp the search takes, for the line that names them
-        every = configurations(cfg, devices, machine.gpus_per_node)
+        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
