@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 import math
 import os
 import subprocess
@@ -280,3 +282,21 @@ def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
 
     assert main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab",
                  "128", "--global-batch", "4", "--machine", str(out)]) == 0
+
+
+@pytest.mark.parametrize("name", ["a100-dgx", "h100-dgx"])
+def test_every_constant_of_a_shipped_machine_carries_its_source(name):
+    """Each figure a shipped machine file gives is named in its `sources` (a citation, or "assumption: ..."), and
+    each achieved fraction and the GEMM model carry a source of their own: no constant without one."""
+    import spmdsim.tools.estimate as estimate_pkg
+
+    data = json.loads((Path(estimate_pkg.__file__).parent / "machines" / f"{name}.json").read_text())
+    cited = " ".join(data["sources"])
+    named = ["gpus_per_node", "memory_bytes", "hbm_bandwidth", "gemm_efficiency.max_fraction"]
+    named += [f"links.{level}.{key}" for level in ("node", "cluster") for key in ("bandwidth", "latency")]
+    assert [key for key in named if key not in cited] == []
+    peaks = re.search(r"peak_flops([^;]*)", cited)
+    assert peaks and [d for d in data["peak_flops"] if d not in cited] == []
+    own = [data["gemm_efficiency"], data["gemm_efficiency"]["waves"], data["hbm_efficiency"],
+           data["links"]["node"]["efficiency"], data["links"]["cluster"]["efficiency"]]
+    assert all(isinstance(o.get("source"), str) and "http" in o["source"] for o in own)
