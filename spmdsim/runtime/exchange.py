@@ -137,6 +137,17 @@ def group_alltoallv(mesh: Mesh, local: Any, send_rows: Sequence[int], recv_rows:
                  None, None, (tuple(scounts), tuple(rcounts)))
 
 
+def _checked_spec(mesh: Mesh, local: Any, spec: ExchangeSpec) -> int:
+    """The mesh's size, once `spec` is this rank's and `local` an array of its shape (ShapeError otherwise)."""
+    size = mesh.size
+    if spec.size != size or spec.rank != mesh.rank:
+        raise ShapeError(f"exchange spec for rank {spec.rank} of {spec.size} used on rank {mesh.rank} of {size}")
+    if type(local) is not np.ndarray or local.shape != spec.local_shape:
+        raise ShapeError(f"exchange: local block {getattr(local, 'shape', local)!r} is not an array of "
+                         f"shape {spec.local_shape!r}")
+    return size
+
+
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None,
              out: np.ndarray | None = None) -> np.ndarray:
     """Alltoallv over the whole mesh by a prebuilt `spec`: its boxes of `local` go out, one flat buffer comes back.
@@ -147,12 +158,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
     slot in ``spec.recv_slots``. A block that goes whole to one peer is sent
     from `local` itself, with no packing copy. `out`: the receive buffer to fill.
     """
-    size = mesh.size
-    if spec.size != size or spec.rank != mesh.rank:
-        raise ShapeError(f"exchange spec for rank {spec.rank} of {spec.size} used on rank {mesh.rank} of {size}")
-    if type(local) is not np.ndarray or local.shape != spec.local_shape:
-        raise ShapeError(f"exchange: local block {getattr(local, 'shape', local)!r} is not an array of "
-                         f"shape {spec.local_shape!r}")
+    size = _checked_spec(mesh, local, spec)
     dtype = local.dtype
     axes = mesh.layout.alias_name
     t0 = perf_counter()
@@ -181,12 +187,7 @@ def exchange_boxes(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, program: A
     block (`out`, else made here) with each box of `program` (`spec`'s spmdsim.programs.plan.kernels.
     ExchangeProgram) copied once, from the sender's view of its block into its place, and the overlap
     this rank keeps copied from `local`; no send or receive buffer. Traced as `exchange`'s Alltoallv."""
-    size = mesh.size
-    if spec.size != size or spec.rank != mesh.rank:
-        raise ShapeError(f"exchange spec for rank {spec.rank} of {spec.size} used on rank {mesh.rank} of {size}")
-    if type(local) is not np.ndarray or local.shape != spec.local_shape:
-        raise ShapeError(f"exchange: local block {getattr(local, 'shape', local)!r} is not an array of "
-                         f"shape {spec.local_shape!r}")
+    size = _checked_spec(mesh, local, spec)
     dtype = local.dtype
     out = buffers.empty(program.out_shape, dtype) if out is None else _result(out, program.out_shape, dtype,
                                                                                "exchange")
