@@ -40,6 +40,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+for _folder in (HERE.parent, HERE.parents[1]):  # bench_gpt beside this file, spmdsim above it: from anywhere
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+import bench_gpt as bench  # noqa: E402
 CP = 4  # context-parallel ranks, one MPI rank each
 ROUNDS = 30
 WAYS = ("raw", "door", "raw2", "replayed", "rawbound")
@@ -185,19 +190,14 @@ def _command(args, worker: str = "ring", check: int = 0) -> tuple[list, dict]:
     from spmdsim.base.malloc import glibc_env
 
     env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1])))
-    cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", str(CP), sys.executable, str(HERE),
+    cmd = ["timeout", "-k", "5", "900", bench._mpiexec() or "mpiexec", "-n", str(CP), sys.executable, str(HERE),
            "--layers", str(args.layers), "--d-model", str(args.d_model), "--seq", str(args.seq), "--worker", worker]
     return cmd, env
 
 
 def _result(worker: str, code: int, out: str, err: str) -> dict | None:
-    """The result a launch printed (its `RESULT {json}` line), else None and one line saying so."""
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"bench_gpt --context: the {worker} worker failed (exit {code}): "
-          f"{(err.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
-    return None
+    """bench_gpt's parse of a launch's RESULT line (tests/testkit.bench_launches reads it here too)."""
+    return bench._result(worker, code, out, err, " --context")
 
 
 def _launch(args) -> dict | None:
@@ -206,18 +206,10 @@ def _launch(args) -> dict | None:
     return _result("ring", done.returncode, done.stdout, done.stderr)
 
 
-def _mpiexec() -> str:
-    """The venv's mpiexec (the pip `mpich` wheel), else the one on PATH, else ""."""
-    import shutil
-
-    beside = str(Path(sys.executable).parent / "mpiexec")
-    return beside if os.access(beside, os.X_OK) else (shutil.which("mpiexec") or "")
-
-
 def context_case(args) -> int:
     """--context: the launches, then their rows; 1 when a launch failed or the step's rows are not the
     planned groups."""
-    if not _mpiexec():
+    if not bench._mpiexec():
         print(f"bench_gpt --context: no mpiexec beside python or on PATH (pip install mpich); the context case runs "
               f"on {CP} MPI ranks", file=sys.stderr)
         return 1
@@ -235,14 +227,7 @@ def context_case(args) -> int:
     n = len(runs)
     print(f"the ring's messages of a step (forward and backward, every layer), no compute, {first['rounds']} rounds "
           f"a launch,\n{first['wait']} wait; median of {n} launch{'es' if n > 1 else ''} (spread):")
-    print(f"{'  raw mpi4py Irecv/Isend, the same wait':40} {_median(runs, 'raw'):8.5f}")
-    for way, label, versus in (("raw2", "  raw again (A/A control)", "the first"),
-                               ("door", "  spmdsim runtime.door.point_to_point", "raw"),
-                               ("replayed", "  spmdsim, the door's calls replayed", "raw"),
-                               ("rawbound", "  raw mpi4py Send_init/Recv_init", "raw")):
-        ratios = [r[way + "_ratio"] for r in runs]
-        print(f"{label:40} {_median(runs, way):8.5f}  {statistics.median(ratios):5.2f}x {versus} "
-              f"({min(ratios):.2f}-{max(ratios):.2f})")
+    bench.message_rows(runs, ("raw2", "door", "replayed", "rawbound"))
     same = all(r["same"] for r in runs)
     verdict = "equal" if same else "DIFFERENT"
     print(f"ring groups a step, all ranks: spmdsim's step {first['step_groups']}, planned {first['groups']} "
@@ -252,10 +237,6 @@ def context_case(args) -> int:
     if not same:
         print("bench_gpt --context: the step's ring rows are not the planned groups", file=sys.stderr)
     return 0 if same else 1
-
-
-def _median(rows: list, key: str) -> float:
-    return statistics.median(r[key] for r in rows)
 
 
 def main() -> int:
@@ -277,7 +258,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))  # _peer_mpi4py_step beside this file
     from spmdsim.tools.cli.main import run_script
 
     sys.exit(run_script(main))

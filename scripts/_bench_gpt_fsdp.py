@@ -125,7 +125,8 @@ def _command(args, worker: str, check: int = 0) -> tuple[list, dict]:
 
 
 def _result(worker: str, code: int, out: str, err: str) -> dict | None:
-    return bench._result(worker, code, out, err)
+    """bench_gpt's parse of a launch's RESULT line (tests/testkit.bench_launches reads it here too)."""
+    return bench._result(worker, code, out, err, " --fsdp")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -175,18 +176,7 @@ def _report(args, rows: dict, start: str) -> int:
     print(f"collectives a step, each rank: spmdsim {ours['calls']} ({kinds['allgather']} Allgather, "
           f"{kinds['reduce_scatter']} Reduce_scatter; replayed {rows['fsdpreplay'][0]['calls']}), by hand "
           f"{theirs['calls']} ({'equal' if same_calls else 'DIFFERENT'})")
-    diff = max(abs(theirs["losses"][0] - r["loss0"]) for r in (ours, rows["fsdpreplay"][0]))
-    print(f"step 0 loss: spmdsim {ours['loss0']:.12f} (eager and replayed), by hand {theirs['losses'][0]:.12f}, "
-          f"|diff| {diff:.1e}")
-    print(f"step 0 loss: one numpy process {theirs['reference'][0]:.12f} (the same masks)")
-    print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e}, shards within "
-          f"{theirs['param_error']:.1e} of the one process's")
-    print(f"load average at the end {bench._load()}")
-    if not same_calls:
-        print("bench_gpt --fsdp: the collectives a step differ", file=sys.stderr)
-    if diff > 1e-10:
-        print(f"bench_gpt --fsdp: step 0's losses differ by {diff:.1e}", file=sys.stderr)
-    return 0 if same_calls and diff <= 1e-10 else 1
+    return bench.agreement("--fsdp", ours, rows["fsdpreplay"][0], theirs, same_calls, "shards")
 
 
 def main() -> int:

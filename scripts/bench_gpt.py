@@ -542,12 +542,13 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
     return _result(worker, done.returncode, done.stdout, done.stderr)
 
 
-def _result(worker: str, code: int, out: str, err: str) -> dict | None:
-    """The result a launch of `worker` printed (its `RESULT {json}` line), else None and one line saying so."""
+def _result(worker: str, code: int, out: str, err: str, case: str = "") -> dict | None:
+    """The result a launch of `worker` printed (its `RESULT {json}` line), else None and one line saying so
+    (`case`: the case's flag, " --context", in that line)."""
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    print(f"bench_gpt: the {worker} worker failed (exit {code}): "
+    print(f"bench_gpt{case}: the {worker} worker failed (exit {code}): "
           f"{(err.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
 
@@ -640,17 +641,24 @@ def _moe(args) -> int:
     same_calls = all(r["calls"] == theirs["calls"] for w in rows for r in rows[w])
     print(f"collectives a step, each rank: spmdsim {ours['calls']} (replayed {rows['moereplay'][0]['calls']}), "
           f"by hand {theirs['calls']} ({'equal' if same_calls else 'DIFFERENT'})")
-    diff = max(abs(theirs["losses"][0] - r["loss0"]) for r in (ours, rows["moereplay"][0]))
+    return agreement("--moe", ours, rows["moereplay"][0], theirs, same_calls, "parameters")
+
+
+def agreement(case: str, ours: dict, replayed: dict, theirs: dict, same_calls: bool, held: str) -> int:
+    """The lines that say a case's spmdsim step (eager `ours`, `replayed`) and its peer by hand (`theirs`) agree:
+    step 0's losses beside one numpy process's, the peer's `held` (its parameters or shards) after step 0;
+    0, or 1 and a line saying what differs (the calls a step: `same_calls`; the losses: over 1e-10)."""
+    diff = max(abs(theirs["losses"][0] - r["loss0"]) for r in (ours, replayed))
     print(f"step 0 loss: spmdsim {ours['loss0']:.12f} (eager and replayed), by hand {theirs['losses'][0]:.12f}, "
           f"|diff| {diff:.1e}")
     print(f"step 0 loss: one numpy process {theirs['reference'][0]:.12f} (the same masks)")
-    print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e}, parameters within "
+    print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e}, {held} within "
           f"{theirs['param_error']:.1e} of the one process's")
     print(f"load average at the end {_load()}")
     if not same_calls:
-        print("bench_gpt --moe: the collectives a step differ", file=sys.stderr)
+        print(f"bench_gpt {case}: the collectives a step differ", file=sys.stderr)
     if diff > 1e-10:
-        print(f"bench_gpt --moe: step 0's losses differ by {diff:.1e}", file=sys.stderr)
+        print(f"bench_gpt {case}: step 0's losses differ by {diff:.1e}", file=sys.stderr)
     return 0 if same_calls and diff <= 1e-10 else 1
 
 
@@ -660,6 +668,25 @@ def _mpiexec() -> str:
 
     beside = str(Path(sys.executable).parent / "mpiexec")
     return beside if os.access(beside, os.X_OK) else (shutil.which("mpiexec") or "")
+
+
+#: The messages-only rows (message_rows): each way's label and what its ratio is against.
+MESSAGE_WAYS = {"raw2": ("  raw again (A/A control)", "the first"),
+                "door": ("  spmdsim runtime.door.point_to_point", "raw"),
+                "waitall": ("  raw mpi4py, Request.Waitall", "raw"),
+                "replayed": ("  spmdsim, the door's calls replayed", "raw"),
+                "rawbound": ("  raw mpi4py Send_init/Recv_init", "raw")}
+
+
+def message_rows(replays: list, ways: tuple) -> None:
+    """The messages-only table: raw mpi4py's seconds, then each of `ways` (MESSAGE_WAYS), its seconds and its
+    median ratio (spread) over the launches' `replays`."""
+    print(f"{'  raw mpi4py Irecv/Isend, the same wait':40} {_median(replays, 'raw'):8.5f}")
+    for way in ways:
+        label, versus = MESSAGE_WAYS[way]
+        ratios = [r[way + "_ratio"] for r in replays]
+        print(f"{label:40} {_median(replays, way):8.5f}  {statistics.median(ratios):5.2f}x {versus} "
+              f"({_spread(ratios)})")
 
 
 def _spread(values: list) -> str:
@@ -729,15 +756,7 @@ def _pipeline(args) -> int:
     first = replays[0]
     print(f"messages only: a step's groups replayed, no compute, {first['rounds']} rounds a launch, "
           f"{first['wait']} wait:")
-    print(f"{'  raw mpi4py Irecv/Isend, the same wait':40} {_median(replays, 'raw'):8.5f}")
-    for way, label, versus in (("raw2", "  raw again (A/A control)", "the first"),
-                               ("door", "  spmdsim runtime.door.point_to_point", "raw"),
-                               ("waitall", "  raw mpi4py, Request.Waitall", "raw"),
-                               ("replayed", "  spmdsim, the door's calls replayed", "raw"),
-                               ("rawbound", "  raw mpi4py Send_init/Recv_init", "raw")):
-        ratios = [r[way + "_ratio"] for r in replays]
-        print(f"{label:40} {_median(replays, way):8.5f}  {statistics.median(ratios):5.2f}x {versus} "
-              f"({_spread(ratios)})")
+    message_rows(replays, ("raw2", "door", "waitall", "replayed", "rawbound"))
     ours, theirs = rows["pipe"][0], rows["phand"][0]
     same_bytes = ours["p2p_bytes_steps"] == theirs["p2p_bytes_steps"] and \
         all(r["bytes"] == r["planned_bytes"] == ours["p2p_bytes"] for r in replays)

@@ -83,11 +83,11 @@ def test_the_ring_groups_pair_up_and_follow_the_program(case):
 
 
 def test_without_mpiexec_or_with_a_sequence_the_split_cannot_take_it_is_one_line(case, capsys, monkeypatch):
-    monkeypatch.setattr(case, "_mpiexec", lambda: "")
+    monkeypatch.setattr(case.bench, "_mpiexec", lambda: "")
     assert case.context_case(_args()) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bench_gpt --context: no mpiexec beside python or on PATH")
-    monkeypatch.setattr(case, "_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(case.bench, "_mpiexec", lambda: "mpiexec")
     assert case.context_case(_args(seq=20)) == 1
     assert capsys.readouterr().err == ("bench_gpt --context: --seq 20 must be a multiple of 8 (the balanced causal "
                                        "split over cp 4)\n")
@@ -100,7 +100,7 @@ _RUN = {"raw": 0.01, "door": 0.011, "raw2": 0.01, "replayed": 0.0102, "rawbound"
 
 @pytest.mark.parametrize("same, code", [(True, 0), (False, 1)])
 def test_the_ratios_are_printed_and_rows_that_differ_exit_1(case, monkeypatch, capsys, same, code):
-    monkeypatch.setattr(case, "_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(case.bench, "_mpiexec", lambda: "mpiexec")
     monkeypatch.setattr(case, "_launch", lambda args: dict(_RUN, same=same))
     assert case.context_case(_args()) == code
     out = capsys.readouterr()
