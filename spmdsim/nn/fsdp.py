@@ -9,9 +9,11 @@ gathers (spmdsim.nn.fsdp_flat): its shards packed into one buffer and gathered b
 backward waits for the unit's gradients, each a pending sum over the data axis, packs them and sums them onto
 the shards by one Reduce_scatter (a `BlockReduceScatter`, the gather's conjugate). One gather and one
 reduce-scatter per unit (per group of its parameters sharded over the same axes, of one dtype: two in an
-expert layer), so a step of bench_gpt's GPT makes 8 of each where a call per parameter made 124 and 64::
+expert layer). A step of the 4-layer GPT on dp 8 makes 9 gathers (the root's once, each layer's twice) and 5
+Reduce_scatters where a call per parameter made 124 and 64; its `collectives` column counts them with the
+loss's Allreduce::
 
-    python examples/train_gpt.py --ranks 4 --dp 4 --tp 1 --zero 3 --steps 1 --trace | grep -c "fsdp all-gather"
+    python examples/train_gpt.py --ranks 8 --dp 8 --zero 3 --steps 1 --sample 0 --no-check   # 15 collectives
 
 The gathered buffer and the blocks copied out of it coexist for that moment: `held` and `most` count both. No
 gradient of the whole parameter outlives its unit's backward.
