@@ -5,10 +5,11 @@
 
 The GPT of bench_gpt's sizes on 8 MPI ranks, dp 8 (tp 1), every parameter
 sharded over dp (spmdsim.nn.fsdp.fully_shard, as examples/train_gpt.py --zero 3
-shards it; resharded after forward, FSDP's default): per layer one Allgather per
-parameter before its forward and again before its backward, one Reduce_scatter
-per gradient after it, the root's (embedding, final LayerNorm, tied head)
-gathered once a step; AdamW on the shards. Each round launches the hand-written
+shards it; resharded after forward, FSDP's default): per layer one Allgather of
+its packed shards before its forward and again before its backward, one
+Reduce_scatter of its packed gradients after it (spmdsim.nn.fsdp_flat, FSDP2's
+flat collectives), the root's (embedding, final LayerNorm, tied head) gathered
+once a step; AdamW on the shards. Each round launches the hand-written
 peer (scripts/peer_mpi4py_fsdp.py: the same calls on raw mpi4py buffers, polite
 wait), spmdsim's step replayed (step 0 captured with spmdsim.runtime.replay,
 the timed steps replaying it), spmdsim's step eager, and the peer again (the
@@ -78,7 +79,7 @@ def fsdp_steps(args, comm, replay: bool) -> dict:
     def train_step(xd, yd, step):
         opt.zero_grad()
         loss = model.loss(xd, yd, step)
-        backward(loss)  # each gradient reduce-scattered onto its shard by its gather's conjugate
+        backward(loss)  # each unit's gradients reduce-scattered onto its shards by its gather's conjugate
         opt.step()
         return loss
 

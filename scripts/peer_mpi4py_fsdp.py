@@ -10,17 +10,19 @@ of dim 0, in flat buffers (parameters, gradients, AdamW's moments). The units
 are spmdsim.models.gpt.parallel.GPT's: each layer, and the root (the embedding,
 the final LayerNorm, the tied head). Per step:
 
-- the root's parameters gathered once (one ``Allgather`` per parameter, the
-  shard into the parameter's whole buffer) and kept to the end of the backward;
-- per layer, before its forward: its parameters gathered, one ``Allgather``
-  each; again before its backward (resharded after forward, FSDP's default);
-  after its backward each gradient reduce-scattered onto the shard (one
-  ``Reduce_scatter_block`` each); the root's gradients at the end;
+- the root's parameters gathered once (their shards packed into one buffer,
+  one ``Allgather``, each parameter's rows copied out of the gathered packs
+  into its whole buffer) and kept to the end of the backward;
+- per layer, before its forward: its parameters gathered so, one ``Allgather``;
+  again before its backward (resharded after forward, FSDP's default); after
+  its backward its gradients packed rank-major and reduce-scattered onto the
+  shards (one ``Reduce_scatter_block``); the root's gradients at the end;
 - the loss summed over dp (one ``Allreduce``); AdamW on the shards.
 
-That is spmdsim's collective sequence call for call (one call per parameter, as
-spmdsim redistributes each parameter; spmdsim makes no call on a group of one
-rank, so neither does this). The gathered parameters live in one buffer the
+That is spmdsim's collective sequence call for call (one gather and one
+reduce-scatter per unit, as spmdsim.nn.fsdp_flat makes them, PyTorch FSDP2's
+flat collectives; spmdsim makes no call on a group of one rank, so neither
+does this). The gathered parameters live in one buffer the
 step overwrites (a hand-written program's choice: memory is not what the bench
 times). Checking, timing and the ``RESULT {json}`` line are
 scripts/peer_mpi4py_gpt.py's (its `run`); the check compares the shards.
@@ -82,6 +84,7 @@ class FsdpReplica(Replica):
             pre = name.split(".", 1)[0] + "." if name[0] == "h" and name[1:2].isdigit() else None
             units.setdefault(pre, []).append(name)
         self.units = units
+        self.flats: dict = {}  # a unit's names -> its flat buffers (`_flat`)
         shards = {n: self.block(self.where, n, v) for n, v in params.items()}
         order = sorted(shards, key=lambda n: shards[n].ndim < 2)  # the 2-d weights first: they decay
         sizes = [shards[n].size for n in order]
@@ -115,15 +118,39 @@ class FsdpReplica(Replica):
         """(gradients, parameters) as this rank keeps them, name -> its shard (peer_mpi4py_gpt's check reads)."""
         return self.sg, self.sp
 
+    def _flat(self, names: list) -> tuple:
+        """The unit's buffers, made at its first gather: (offsets, this rank's pack of shards, the gathered packs
+        (dp of them, rank-major), the packed gradients (rank-major), their summed shards)."""
+        key = tuple(names)
+        made = self.flats.get(key)
+        if made is None:
+            at, offsets = 0, []
+            for name in names:
+                offsets.append((name, at, at + self.sp[name].size))
+                at += self.sp[name].size
+            made = self.flats[key] = (offsets, np.empty(at), np.empty((self.dp_size, at)),
+                                      np.empty((self.dp_size, at)), np.empty(at))
+        return made
+
     def _gather(self, names: list) -> None:
+        """The unit gathered as spmdsim gathers it: its shards packed, one Allgather, each parameter copied out."""
         c = self.comms.inner
-        for name in names:
-            c._call(c.dp, "Allgather", self.sp[name], self.p[name])
+        offsets, pack, got, _, _ = self._flat(names)
+        for name, a, z in offsets:
+            pack[a:z] = self.sp[name].reshape(-1)
+        c._call(c.dp, "Allgather", pack, got)
+        for name, a, z in offsets:
+            self.p[name].reshape((self.dp_size, z - a))[...] = got[:, a:z]
 
     def _scatter(self, names: list) -> None:
+        """The unit's gradients packed rank-major, one Reduce_scatter_block, each shard copied out."""
         c = self.comms.inner
-        for name in reversed(names):
-            c._call(c.dp, "Reduce_scatter_block", self.g[name], self.sg[name])
+        offsets, _, _, packed, summed = self._flat(names)
+        for name, a, z in offsets:
+            packed[:, a:z] = self.g[name].reshape((self.dp_size, z - a))
+        c._call(c.dp, "Reduce_scatter_block", packed, summed)
+        for name, a, z in offsets:
+            self.sg[name].reshape(-1)[...] = summed[a:z]
 
     def _block(self, pre: str, h: np.ndarray, drop: Any) -> tuple:
         self._gather(self.units[pre])

@@ -66,11 +66,11 @@ def test_one_launch_prints_every_row_and_the_ratio_and_agrees_on_the_values(case
     assert collectives.split("  ")[2].strip() == "its collectives"
     assert collectives.split("x by hand")[0].split()[-1] == f"{mine:.2f}", (collectives, ratio)
     assert ratio.endswith(("within 1.05x", "OVER 1.05x")) and ", A/A control " in ratio, ratio
-    # per step at 2 layers: the root's 4 gathers, each layer's 15 twice; 15 a layer and the root's 4
-    # reduce-scattered; the loss's one Allreduce
+    # per step at 2 layers, one flat call per unit (spmdsim.nn.fsdp_flat): the root's gather, each layer's twice;
+    # each layer's and the root's Reduce_scatter; the loss's one Allreduce
     [calls] = [line for line in lines if line.startswith("collectives a step, each rank: ")]
-    assert calls == ("collectives a step, each rank: spmdsim 99 (64 Allgather, 34 Reduce_scatter; replayed 99), "
-                     "by hand 99 (equal)")
+    assert calls == ("collectives a step, each rank: spmdsim 9 (5 Allgather, 3 Reduce_scatter; replayed 9), "
+                     "by hand 9 (equal)")
     [loss] = [line for line in lines if line.startswith("step 0 loss: spmdsim ")]
     assert _value(loss, "|diff| ") <= 1e-10, loss
     [one] = [line for line in lines if line.startswith("step 0 loss: one numpy process ")]

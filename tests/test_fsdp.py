@@ -64,24 +64,23 @@ def _traced_step(dp: int, tp: int, reshard: bool, sp: bool = False) -> list:
 @pytest.mark.parametrize("dp, tp, sp, reshard", [(4, 1, False, True), (4, 1, False, False), (2, 2, True, True),
                                                  (2, 2, False, False)])
 def test_each_layers_gathers_and_reduce_scatters_move_fsdps_bytes(dp, tp, sp, reshard):
-    """Each rank receives (n-1)/n of each layer's parameters (its tensor-parallel block of them) in each gather:
-    twice a step with resharding after forward (forward, then again for the backward), once without; the root
-    (embedding, final norm, head) once. Each rank sends (n-1)/n of its gradient blocks in the reduce-scatters.
-    Every gather in the order the units run, every reduce-scatter by its size, on the data axis."""
+    """Each unit (the root: embedding, final norm, head; each layer) is gathered by one Allgather and its gradients
+    reduce-scattered by one Reduce_scatter (spmdsim.nn.fsdp_flat): each rank receives (n-1)/n of the unit's
+    parameters (its tensor-parallel block of them) in each gather, twice a step for a layer with resharding after
+    forward (forward, then again for the backward), once without, the root once; and sends (n-1)/n of the unit's
+    gradient blocks in its Reduce_scatter. Every gather in the order the units run, on the data axis."""
     for entries, units, sizes, rank in _traced_step(dp, tp, reshard, sp):
         need = {n: _block_bytes(layout, shape, rank) * (dp - 1) // dp for n, (layout, shape) in sizes.items()}
-        root, layers = units[0], units[1:]
-        order = root + [n for unit in layers for n in unit]
-        if reshard:
-            order += [n for unit in reversed(layers) for n in unit]
+        per_unit = [sum(need[n] for n in unit) for unit in units]
+        root, layers = per_unit[0], per_unit[1:]
+        order = [root] + layers + (layers[::-1] if reshard else [])
         gathers = [e for e in entries if e.op == "allgather" and e.axes == ("dp",)]
-        assert [e.bytes_received for e in gathers] == [need[n] for n in order]
+        assert [e.bytes_received for e in gathers] == order
         scatters = [e for e in entries if e.op == "reduce_scatter" and e.axes == ("dp",)]
-        assert sorted(e.bytes_sent for e in scatters) == sorted(need.values())
+        assert sorted(e.bytes_sent for e in scatters) == sorted(per_unit)
+        assert all(e.label.startswith(("fsdp all-gather", "fsdp reduce-scatter")) for e in gathers + scatters)
         # per layer: (n-1)/n of its parameters' bytes, times the gathers a step
-        per_layer = [sum(need[n] for n in unit) for unit in layers]
-        got = sum(e.bytes_received for e in gathers)
-        assert got == sum(need[n] for n in root) + (2 if reshard else 1) * sum(per_layer)
+        assert sum(e.bytes_received for e in gathers) == root + (2 if reshard else 1) * sum(layers)
         assert sum(e.bytes_sent for e in scatters) == sum(need.values())
 
 
@@ -290,24 +289,29 @@ def test_a_shard_group_is_refused_in_one_line_unless_it_divides_dp_under_zero3()
 def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():
     """With prefetch the next layer's gathers run before each layer's forward (the previous layer's before each
     layer's backward): the same collectives and bytes, the same values, and two layers' gathered parameters held
-    at once beside the root's, the real run's and the dry run's ledger's alike."""
+    at once beside the root's, the real run's and the dry run's ledger's alike. A unit's gather holds its gathered
+    buffer beside the blocks copied out of it (spmdsim.nn.fsdp_flat): a layer's bytes more at that moment, so the
+    most held is the root, one layer and its buffer without prefetch, and with it the root, two layers and one
+    buffer."""
     from spmdsim.models.gpt.sharded_run import train_sharded
     from spmdsim.tools.estimate.ledger import gpt_ledger
 
     def body(prefetch):
         run, steps = train_sharded(CFG, spmdsim.world(), 1, 2, 2, 2, TEXT, memory=True, prefetch=prefetch)
+        layer = 2 * sum(p.local.nbytes for n, p in run.params.items() if n.startswith("h0."))  # gathered over dp 2
         run.close()
-        return steps
+        return steps, layer
 
     plain, ahead = (spmdsim.simulate(4, body, p) for p in (False, True))
-    for a, b in zip(plain, ahead):
+    for (a, layer), (b, _) in zip(plain, ahead):
         assert all(r.passed for r in a + b)
         assert [(r.calls, r.bytes_sent, r.loss) for r in a] == [(r.calls, r.bytes_sent, r.loss) for r in b]
         root = a[-1].memory.gathered_kept
-        one = a[-1].memory.gathered - root
-        assert b[-1].memory.gathered == root + 2 * one and one > 0
+        assert root > 0 and layer > root
+        assert a[-1].memory.gathered == root + 2 * layer
+        assert b[-1].memory.gathered == root + 3 * layer
     (stage,) = gpt_ledger(CFG, 1, 2, 2, zero=3, prefetch=True)
-    assert stage.memory.gathered == ahead[0][-1].memory.gathered
+    assert stage.memory.gathered == ahead[0][0][-1].memory.gathered
 
 
 def test_the_estimate_prices_zero3s_gathers_and_hides_them_only_when_prefetched():

@@ -1,8 +1,8 @@
 """ZeRO-3 composed with expert parallelism (spmdsim.nn.fsdp on the MoE GPT's (dp, ep, tp) mesh): the experts'
 parameters sharded over dp, the ranks that hold the same experts (the expert-data-parallel group), the dense
 ones over dp x ep, as Megatron-Core and DeepSpeed shard them. Every step checked against one numpy process;
-each layer's gathers and Reduce_scatters read from the trace, on their own axes, against each parameter's
-bytes; the MoE layer's backward holds no gathered expert between its forward and its backward."""
+each layer's gathers and Reduce_scatters (one per group of its parameters on the same axes) read from the trace,
+on their own axes, against its parameters' bytes; the MoE layer's backward holds no gathered expert between its forward and its backward."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,12 +43,21 @@ def test_zero3_with_experts_shards_them_over_dp_and_the_dense_layers_over_dp_x_e
             assert int(np.prod(held)) * 8 * shards[n] == _block_bytes(layout, shape, rank), n
         need = {n: _block_bytes(layout, shape, rank) * (shards[n] - 1) // shards[n]
                 for n, (layout, shape, _, _) in sizes.items()}
-        root, layers = units[0], units[1:]
-        order = root + [n for unit in layers for n in unit] + [n for unit in reversed(layers) for n in unit]
+        # each unit's parameters in groups by their axes (in the order of each group's first parameter): one
+        # Allgather and one Reduce_scatter a group (spmdsim.nn.fsdp_flat)
+        groups = []
+        for unit in units:
+            by_axes: dict = {}
+            for n in unit:
+                by_axes[sizes[n][2]] = by_axes.get(sizes[n][2], 0) + need[n]
+            groups.append(list(by_axes.items()))
+        root, layers = groups[0], groups[1:]
+        order = root + [g for unit in layers for g in unit] + [g for unit in reversed(layers) for g in unit]
         gathers = [e for e in entries if e.op == "allgather" and e.axes in (("dp",), ("dp", "ep"))]
-        assert [(e.axes, e.bytes_received) for e in gathers] == [(sizes[n][2], need[n]) for n in order]
+        assert [(e.axes, e.bytes_received) for e in gathers] == order
+        assert len(groups[2]) == 2  # the MoE layer: its experts over dp, its dense parameters over dp x ep
         scatters = [e for e in entries if e.op == "reduce_scatter"]
-        assert sorted((e.axes, e.bytes_sent) for e in scatters) == sorted((sizes[n][2], need[n]) for n in sizes)
+        assert sorted((e.axes, e.bytes_sent) for e in scatters) == sorted(g for unit in groups for g in unit)
         moe_layer = [n for n in units[2] if n in experts]  # h1's experts: (dp-1)/dp of their blocks, each way
         assert sum(need[n] for n in moe_layer) == sum(
             e.bytes_sent for e in scatters if e.axes == ("dp",))

@@ -13,7 +13,8 @@ import spmdsim
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.moe import MoEConfig
-from spmdsim.programs.plan.messages import BlockAllreduce, BlockAlltoall, BlockAlltoallv, Messages
+from spmdsim.programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAlltoall, BlockAlltoallv,
+                                           BlockReduceScatter, Messages)
 from spmdsim.programs.plan.steps import KINDS
 from spmdsim.runtime import door, executor
 
@@ -66,6 +67,11 @@ def test_a_block_collectives_bytes_are_its_layout_steps(g, n):
     assert [v.moved(g, sum(rows) * 8, m) for m in range(g)] == [(sum(rows) - r) * 8 for r in rows]
     assert v.conjugate() == BlockAlltoallv(("ep",), rows[::-1], rows)
     assert BlockAlltoall(("ep",)).conjugate() == BlockAlltoall(("ep",)) and BlockAllreduce(("tp",)).conjugate() is None
+    # a fully sharded unit's gather (n: a member's pack) and its gradients' sum (n: the whole packed buffer)
+    assert BlockAllgather(("dp",)).moved(g, n) == KINDS["allgather"].moved(g, n) == (g - 1) * n
+    assert BlockReduceScatter(("dp",)).moved(g, g * n) == KINDS["reduce_scatter"].moved(g, g * n) == (g - 1) * n
+    assert BlockAllgather(("dp",)).conjugate() == BlockReduceScatter(("dp",))
+    assert BlockReduceScatter(("dp", "ep")).conjugate() == BlockAllgather(("dp", "ep"))
 
 
 _MOE_LABELS = ("dispatch", "combine", "experts fc")

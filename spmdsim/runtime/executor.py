@@ -30,7 +30,8 @@ from . import debug, door
 # KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
 from .collectives import KERNELS, exchange
 from .exchange import exchange_boxes, group_alltoallv
-from ..programs.plan.messages import BlockAllreduce, BlockAlltoall, BlockAlltoallv, Messages
+from ..programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAlltoall, BlockAlltoallv, BlockReduceScatter,
+                                      Messages)
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
@@ -161,6 +162,9 @@ def run_block(mesh: Any, record: Any, local: Any, label: Optional[str], out: Any
             KERNELS.allreduce(mesh, local, record.axes, label, out=out)
     if kind is BlockAlltoallv:
         return group_alltoallv(mesh, local, record.send_rows, record.recv_rows, record.axes, label)
+    if kind is BlockAllgather or kind is BlockReduceScatter:  # (a fully sharded unit's packs: 1-d blocks)
+        run = KERNELS.allgather if kind is BlockAllgather else KERNELS.reduce_scatter
+        return run(mesh, local, record.axes, 0, label) if out is None else run(mesh, local, record.axes, 0, label, out)
     raise PlanError(f"no runner for the record {record!r:.120}")
 
 

@@ -4,8 +4,9 @@ The data axis is the one mesh axis that splits the network input's batch (OneFlo
 of its input's S(0)); each parameter, replicated over it, is a pending sum there in the backward. Under
 ``NetworkTrainer(..., zero=3)`` each stage with parameters is one unit (spmdsim.nn.fsdp.FullyShard.unit):
 its parameters are held 1/n on each of the axis's n ranks (dim 0 split over it as well), gathered just
-before the stage's operator reads them (an Allgather each), freed when its forward ends, gathered again
-for its backward, and their gradients reduce-scattered onto the shards, which the optimizer steps.
+before the stage's operator reads them (one Allgather of them all), freed when its forward ends, gathered again
+for its backward, and their gradients reduce-scattered onto the shards (one Reduce_scatter), which the optimizer
+steps.
 `zero_problem` says, in one line alike on every rank, why a network cannot be sharded so (no axis splits
 its batch, a parameter on another device matrix, a dim 0 that does not divide). Pure: no collective.
 """

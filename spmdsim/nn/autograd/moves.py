@@ -13,7 +13,12 @@ from ...base.flops import hold, sweep
 from ...layouts.layout import TensorLayout
 from .graph import Leaf, Node, _passed, with_partial
 
-__all__ = ["grad_layout", "add_grads"]
+__all__ = ["grad_layout", "add_grads", "PARAMETER_VIEWS"]
+
+#: The names of the nodes that hand a parameter on as it is, whose backward is not a move's: a fully sharded
+#: unit's gather of its leaves (its output a token) and each parameter gathered from it (spmdsim.nn.fsdp_flat).
+#: A node that reads one reads a parameter (`_a_parameter`).
+PARAMETER_VIEWS = frozenset(("fsdp gather", "fsdp gathered"))
 
 
 _new_object = object.__new__
@@ -38,8 +43,9 @@ def _of_parameters(inputs: tuple) -> bool:
 
 
 def _a_parameter(a: Any) -> bool:
-    """Whether the graph's record `a` is a parameter (Leaf) or a parameter moved (`_of_parameters`)."""
-    while type(a) is Node and a.backward is _passed and a.inputs and a.inputs[0] is not None:
+    """Whether the graph's record `a` is a parameter (Leaf), a parameter moved or gathered (`_of_parameters`)."""
+    while type(a) is Node and (a.backward is _passed or a.name in PARAMETER_VIEWS) and a.inputs \
+            and a.inputs[0] is not None:
         a = a.inputs[0]._ag
     return type(a) is Leaf
 

@@ -2,7 +2,9 @@
 
 A pipeline's activations and gradients between stages and the tied table's exchange are `Messages`; an
 expert layer's exchanges are `BlockAlltoall` (the capacity's slots, the dropless counts), `BlockAlltoallv`
-(the dropless tokens) and `BlockAllreduce` (the experts' sum over the tensor axis). Like the layout steps
+(the dropless tokens) and `BlockAllreduce` (the experts' sum over the tensor axis); a fully sharded unit's
+parameters are gathered by one `BlockAllgather` and its gradients summed onto the shards by one
+`BlockReduceScatter` (spmdsim.nn.fsdp_flat). Like the layout steps
 (spmdsim.programs.plan.steps) they are small frozen values made without communication, each knowing its
 bytes per rank from the same formulas (`KINDS`) and its conjugate, the step the backward runs; the
 executor (spmdsim.runtime.executor) runs them on an engine, traced, checked and replayed there.
@@ -14,6 +16,9 @@ Messages            each send to its peer, each receive      sends and receives 
 BlockAlltoall       block j of dim 0 to member j            itself
 BlockAlltoallv      send_rows[j] rows to member j           the counts swapped
 BlockAllreduce      the sum of every member's block         none (identity)
+BlockAllgather      every member's 1-d block, joined        BlockReduceScatter
+BlockReduceScatter  part j of the members' summed block     BlockAllgather
+                    to member j
 ==================  ======================================  ==========================
 """
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Optional, Sequence
 
 from .steps import KINDS
 
-__all__ = ["Message", "Messages", "BlockAlltoall", "BlockAlltoallv", "BlockAllreduce"]
+__all__ = ["Message", "Messages", "BlockAlltoall", "BlockAlltoallv", "BlockAllreduce", "BlockAllgather",
+           "BlockReduceScatter"]
 
 #: One message as a rank posts it: (the peer's rank in the group, the tag, its bytes).
 Message = tuple[int, int, int]
@@ -137,3 +143,27 @@ class BlockAlltoallv(_Block):
         """The rows go back where they came from."""
         return BlockAlltoallv(self.axes, self.recv_rows, self.send_rows)
 
+
+
+@dataclass(frozen=True)
+class BlockAllgather(_Block):
+    """Every member's 1-d block joined in group order, on every member (a fully sharded unit's packed shards:
+    spmdsim.nn.fsdp_flat). `local_nbytes`: the block a member contributes."""
+
+    op = "allgather"
+
+    def conjugate(self) -> "BlockReduceScatter":
+        """A gather's backward sums the gradients of the joined block and hands each member its part."""
+        return BlockReduceScatter(self.axes)
+
+
+@dataclass(frozen=True)
+class BlockReduceScatter(_Block):
+    """The sum of every member's 1-d block, cut into g equal parts, part j on member j (a fully sharded unit's
+    packed gradients, laid out member-major: spmdsim.nn.fsdp_flat). `local_nbytes`: the whole block."""
+
+    op = "reduce_scatter"
+
+    def conjugate(self) -> BlockAllgather:
+        """The backward of a sum cut into parts joins the parts' gradients again."""
+        return BlockAllgather(self.axes)

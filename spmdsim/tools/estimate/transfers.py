@@ -9,6 +9,7 @@ from typing import Any
 
 from ...errors import SpmdsimError
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, SHARD
+from ...nn.fsdp_flat import GATHER_LABEL, REDUCE_LABEL
 from ...programs.plan.steps import KINDS
 from .records import Calls
 
@@ -37,8 +38,8 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
 #: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's, and
 #: context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls) "context".
-#: ZeRO-3's Reduce_scatter of a layer's gradients (a redistribution's) is a sum; its gathers are phase
-#: "parameters".
+#: ZeRO-3's Reduce_scatter of a unit's gradients (spmdsim.nn.fsdp_flat's REDUCE_LABEL) is a sum; its gathers
+#: (GATHER_LABEL) are phase "parameters".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket")
 
@@ -70,9 +71,10 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             # (a gradient bucket over cp alone, dp 1: each rank saw part of every sequence, its sums are the
             # gradients' too, not context parallelism's messages)
             summed = (label.startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes or CONTEXT in axes)
-                      or e.op == "reduce_scatter" and label.startswith("redistribute")
+                      or e.op == "reduce_scatter" and label.startswith(("redistribute", REDUCE_LABEL))
                       and (DATA in axes or EXPERT in axes or SHARD in axes))
-            gathered = e.op == "allgather" and label.startswith("redistribute") and (DATA in axes or SHARD in axes)
+            gathered = e.op == "allgather" and label.startswith(("redistribute", GATHER_LABEL)) and (
+                DATA in axes or SHARD in axes)
             phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
                                                          else "context" if CONTEXT in axes else "layers")
         for op, n, sent in rows:
