@@ -535,7 +535,8 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
                       "machine": "a100-dgx", "ffn": None, "kv_heads": None, "norm": "layer", "mlp": "gelu",
                       "untied": False, "rope": False, "no_bias": False, "dropout": 0.1,
                       "overlap": None, "attention": "unfused", "first_stage_layers": None,
-                      "last_stage_layers": None, "stage_layers": None, "cp": 1, "cp_method": "ring"}
+                      "last_stage_layers": None, "stage_layers": None, "cp": 1, "cp_method": "ring",
+                      "gradient_accumulation_fusion": False}
     # every option of the command is a field (a new one must be named in CONFIG_FIELDS), --json aside
     dests = {a.dest for a in build_parser(("estimate",))._subparsers._group_actions[0].choices["estimate"]._actions}
     assert dests - {"help", "json"} == set(estimate.CONFIG_FIELDS)

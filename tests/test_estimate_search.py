@@ -71,7 +71,8 @@ def _estimate(x: Config, machine: str = "a100-dgx") -> dict:
     argv = ["estimate", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "64", "--vocab", "128",
             "--global-batch", "4", "--micro-batch", str(4 // (x.dp * x.microbatches)), "--tp", str(x.tp),
             "--pp", str(x.pp), "--dp", str(x.dp), "--recompute", x.recompute, "--zero", str(x.zero),
-            "--kept", "megatron", "--machine", machine, "--json"] + (["--sp"] if x.sp else [])
+            "--kept", "megatron", "--machine", machine, "--json"] + (["--sp"] if x.sp else []) + \
+        (["--cp", str(x.cp), "--cp-method", x.cp_method] if x.cp > 1 else [])
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
     return json.loads(out.getvalue())

@@ -11,10 +11,15 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "Fresh", "FlopCounter"]
+__all__ = ["PHASES", "KERNELS", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "Fresh", "FlopCounter"]
 
 
 PHASES = ("forward", "backward", "recompute")
+
+
+#: The fused kernels a product may run inside (Gemm.kernel): "" none (a GEMM of its own), "attention" a
+#: flash/fused attention kernel (spmdsim.nn.ops.flash, spmdsim.nn.ops.ring_attention).
+KERNELS = ("", "attention")
 
 
 #: What a kernel may be doing: a product's phases, and the optimizer's update.
@@ -28,7 +33,10 @@ KINDS = ("activations", "params", "grads", "master", "states")
 
 @dataclass(frozen=True)
 class Gemm:
-    """One matrix product's shape: (a batch of) (m x k) @ (k x n), its dtype and phase."""
+    """One matrix product's shape: (a batch of) (m x k) @ (k x n), its dtype and phase; `kernel` names the fused
+    kernel it runs inside ("attention": a flash/fused attention kernel, whose score tiles stay on chip; "" a
+    GEMM of its own) and `share` the part of its FLOPs that kernel executes (0.5 for a causal core, whose
+    kernel skips the tiles above the diagonal: FlashAttention's count); its FLOPs are the whole product's."""
 
     batch: int
     m: int
@@ -36,6 +44,8 @@ class Gemm:
     k: int
     dtype: str
     phase: str
+    kernel: str = ""
+    share: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("batch", "m", "n", "k"):
@@ -44,6 +54,10 @@ class Gemm:
                 raise SpmdsimError(f"Gemm {name} {value!r} must be an integer >= 0")
         if self.phase not in PHASES:
             raise SpmdsimError(f"Gemm phase {self.phase!r} must be one of {PHASES!r}")
+        if self.kernel not in KERNELS:
+            raise SpmdsimError(f"Gemm kernel {self.kernel!r} must be one of {KERNELS!r}")
+        if type(self.share) not in (int, float) or not 0 < self.share <= 1:
+            raise SpmdsimError(f"Gemm share {self.share!r} must be a number in (0, 1]")
 
     @property
     def flops(self) -> int:
@@ -52,7 +66,8 @@ class Gemm:
 
     def __str__(self) -> str:
         lead = f"{self.batch} x " if self.batch != 1 else ""
-        return f"{lead}({self.m}x{self.k})@({self.k}x{self.n}) {self.dtype} {self.phase}"
+        fused = f" in {self.kernel}" + (f" ({self.share:g} executed)" if self.share != 1 else "") if self.kernel else ""
+        return f"{lead}({self.m}x{self.k})@({self.k}x{self.n}) {self.dtype} {self.phase}{fused}"
 
 
 @dataclass(frozen=True)

@@ -179,18 +179,20 @@ def hold(*arrays: Any) -> None:
             counter.held[id(ref)] = ref
 
 
-def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = None) -> None:
+def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = None, kernel: str = "",
+         share: float = 1.0) -> None:
     """Count one ``np.matmul(a, b)`` of operands shaped `a_shape` and `b_shape` (batch dims broadcast,
     a 1-d operand a row or column as np.matmul takes it; a stack of rows times one matrix is one GEMM
     of all the rows) in every counter open on this rank. `blocks`: the arrays (a, b, result), for the
     counters that record blocks (each may be a (shape, dtype) pair, a block held by nothing, or a (shape,
     dtype, array) triple, as `sweep` takes them); without them the product's are three blocks of its shapes,
-    held by nothing."""
+    held by nothing. `kernel`, `share`: the fused kernel the product runs in and the part of it executed
+    (spmdsim.base.flop_counts.Gemm)."""
     if not _OPEN:
         return
     context = current()
     if context.flops:
-        g = _count(context.flops, a_shape, b_shape, dtype, context.phase)
+        g = _count(context.flops, a_shape, b_shape, dtype, context.phase, kernel, share)
         if _BLOCKS:
             if blocks is None:
                 blocks = (((g.batch * g.m * g.k,), dtype), ((g.batch * g.k * g.n,), dtype),
@@ -201,8 +203,9 @@ def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = N
 _GEMMS: dict = {}  # (a_shape, b_shape, dtype, phase) -> its Gemm: a step runs the same few products
 
 
-def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: str) -> Gemm:
-    key = (tuple(a_shape), tuple(b_shape), dtype, phase)
+def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: str, kernel: str = "",
+           share: float = 1.0) -> Gemm:
+    key = (tuple(a_shape), tuple(b_shape), dtype, phase, kernel, share)
     g = _GEMMS.get(key)
     if g is None:
         a, b = key[0], key[1]
@@ -213,7 +216,7 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
         batch = math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
         if len(b) <= 2 and len(a) > 2:  # (..., m, k) @ (k, n) is one GEMM of all the rows, as BLAS runs it
             m, batch = m * batch, 1
-        g = Gemm(int(batch), int(m), int(n), int(k), np.dtype(dtype).name, phase)
+        g = Gemm(int(batch), int(m), int(n), int(k), np.dtype(dtype).name, phase, kernel, share)
         if len(_GEMMS) >= 4096:  # a long run over many shapes: start over
             _GEMMS.clear()
         _GEMMS[key] = g

@@ -98,8 +98,9 @@ def _flash(q: Any, k: Any, v: Any, decided: Any, seed: Any, padding: Any, causal
         lse_like = broadcast_zero(decided.scores[:3], inner)
         saved.update(o=out.local.transpose(heads), lse=_engine_local(np.copy, lse_like, lse_like))
     if any_open():  # its products and its one kernel a tile (spmdsim.base.flops)
-        count_flash(q.local, k.local, v.local, saved["o"], saved["lse"], (heads, keys_t, back), decided.tile_rows)
+        count_flash(q.local, k.local, v.local, saved["o"], saved["lse"], (heads, keys_t, back), decided.tile_rows,
+                    causal)
     if not grads:
         return out
     return record_flash(out, q, k, v, decided.plan, saved, scores, probs, tiles, scale, (heads, keys_t, back),
-                        groups, decided.tile_rows)
+                        groups, decided.tile_rows, causal)

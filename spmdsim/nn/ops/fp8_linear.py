@@ -37,7 +37,11 @@ from ..autograd.kept import shell
 from ..autograd.rules.grads import axes_of, grad_tensor
 from ._common import make_dtensor
 
-__all__ = ["fp8_column", "fp8_row", "cast"]
+__all__ = ["fp8_column", "fp8_row", "cast", "WEIGHT_CAST"]
+
+#: The kernel name (spmdsim.base.flops.sweep) of a weight's cast to e4m3: the program casts each microbatch's,
+#: TransformerEngine once a step (spmdsim.tools.estimate.ledger prices it so).
+WEIGHT_CAST = "fp8_weight_cast"
 
 
 def _inverse(*scales: Any) -> np.float32:
@@ -61,7 +65,7 @@ def cast(t: Any, block: np.ndarray, scales: Any, key: str, fmt: str) -> tuple:
         scale = scales.scale(key, fmt)
     scales.observe(key, fmt, mine)
     q = _local(quantize, broadcast_zero(block.shape, fp8_dtype(fmt)), block, scale, fmt)
-    sweep("fp8_cast", (block,), (q,))
+    sweep(WEIGHT_CAST if key.endswith(":w") else "fp8_cast", (block,), (q,))
     return q, scale
 
 
@@ -149,6 +153,8 @@ def _record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, kx: tuple
             grads.append(grad_tensor(b, db, passed, rows) if db is not None else None)
             if need_x:
                 part = _product(qd, np.swapaxes(qw, -1, -2), _inverse(sd, sw))
+                if dx is not None:  # the products' sum, a kernel of its own (as the unfused rule counts it)
+                    sweep("add", (dx, part), (part,))
                 dx = part if dx is None else _local(np.add, part, dx, part)
         gx = None
         if need_x:

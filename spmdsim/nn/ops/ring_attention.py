@@ -116,8 +116,9 @@ class _Ring:
         keep = MASKS.keep_mask(self.probs_shape, self.seed, region, self.drop)
         return np.multiply(keep, 1.0 / (1.0 - self.drop))
 
-    def _count(self, q: np.ndarray, qr: slice, kr: slice, dv: int, products: int) -> None:
-        """Count (spmdsim.base.flops) a chunk pair's products: the forward's 2 or the backward's 5."""
+    def _count(self, q: np.ndarray, qr: slice, kr: slice, dv: int, products: int, diagonal: bool) -> None:
+        """Count (spmdsim.base.flops) a chunk pair's products: the forward's 2 or the backward's 5, each a product
+        of a fused attention kernel (its scores on chip), half of it executed on the `diagonal` (causal) pair."""
         if not any_open():
             return
         _, b, h, d = q.shape
@@ -129,7 +130,7 @@ class _Ring:
             shapes = [scores, ((b, h, keys, rows), (b, h, rows, dv)), ((b, h, rows, dv), (b, h, dv, keys)),
                       ((b, h, rows, keys), (b, h, keys, d)), ((b, h, keys, rows), (b, h, rows, d))]
         for a_shape, b_shape in shapes:
-            gemm(a_shape, b_shape, q.dtype)
+            gemm(a_shape, b_shape, q.dtype, None, "attention", 0.5 if diagonal else 1.0)
 
     def _scores(self, q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
         """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, h, d)."""
@@ -164,7 +165,7 @@ class _Ring:
                 later = (kn, vn)
                 continue
             for qr, kr, diagonal in self._pairs(action):
-                self._count(q, qr, kr, v.shape[3], 2)  # the scores and the weighted values
+                self._count(q, qr, kr, v.shape[3], 2, diagonal)  # the scores and the weighted values
                 if self.dry:
                     continue
                 s = self._scores(q[qr], kc[kr], diagonal)
@@ -218,7 +219,7 @@ class _Ring:
                      delta: np.ndarray, lse: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
         """Step `a`'s part of dq, and of the held block's dk and dv (added in place)."""
         for qr, kr, diagonal in self._pairs(a):
-            self._count(q, qr, kr, dy_h.shape[3], 5)  # the scores again, dV, dP, dQ and dK
+            self._count(q, qr, kr, dy_h.shape[3], 5, diagonal)  # the scores again, dV, dP, dQ and dK
             if self.dry:
                 continue
             s = self._scores(q[qr], kc[kr], diagonal)

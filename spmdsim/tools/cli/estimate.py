@@ -112,6 +112,7 @@ def register(subparsers: Any) -> None:
                         help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
                              "path (spmdsim calibrate --machine-out)")
     parser.add_argument("--overlap", metavar="tp,pp", help=_OVERLAP_HELP)
+    parser.add_argument("--gradient-accumulation-fusion", action="store_true", help=_FUSION_HELP)
     parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
     parser.set_defaults(func=run)
 
@@ -121,6 +122,12 @@ def register(subparsers: Any) -> None:
 MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "balanced"}
 
 
+_FUSION_HELP = ("price the weight gradients as Megatron's --gradient-accumulation-fusion (its default; NeMo's "
+                "gradient_accumulation_fusion) runs them: each microbatch's added into the fp32 main gradient by "
+                "the weight-gradient GEMM, no kernel of its own (default: the program's, an add kernel a "
+                "microbatch)")
+
+
 #: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
 #: defaults): named here, so that an attribute argparse or main() adds (func, _usage_parser, ...) stays out.
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
@@ -128,7 +135,8 @@ CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_
                  "prefetch", "kept", "experts",
                  EXPERT, "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
-                 "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method")
+                 "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method",
+                 "gradient_accumulation_fusion")
 
 
 def config_record(args: argparse.Namespace) -> dict[str, Any]:

@@ -49,7 +49,8 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule)
-    times = stage_times(stages, machine, args.precision, pipeline, overlap)
+    fused = getattr(args, "gradient_accumulation_fusion", False)
+    times = stage_times(stages, machine, args.precision, pipeline, overlap, fused)
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
     # (its peak: the same figure the search by a machine file compares with its memory limit)
     memories = [stage_memory(st, args.precision, args.zero) for st in stages]
@@ -73,7 +74,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     for st, mem, timing in rows:
         print()
         print("\n".join(_stage_lines(st, mem, timing, args.zero, args.precision, worst=worst,
-                                     holds=holds.get(st.stage))))
+                                     holds=holds.get(st.stage), fused=fused)))
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
@@ -146,7 +147,8 @@ def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches:
             "fits": peak_bytes(memories) <= machine.memory_bytes,
             "step_time_s": max(t.total_s for t in times),
             "utilization": use.as_json(), "assumptions": assumed,
-            "stages": [_as_json(st, mem, timing, args.precision) for st, mem, timing in rows]}
+            "stages": [_as_json(st, mem, timing, args.precision, getattr(args, "gradient_accumulation_fusion", False))
+                       for st, mem, timing in rows]}
 
 
 def _utilization(stages: list, step_s: float, gpus: int, machine: Any, precision: str) -> Any:
@@ -236,7 +238,7 @@ def _holds(cfg: Any, pp: int, virtual: int, split: Any) -> dict:
 
 
 def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, worst: bool = False,
-                 holds: Any = None) -> list[str]:
+                 holds: Any = None, fused: bool = False) -> list[str]:
     bytes_, transient = mem.held, mem.transient
     lo, hi = st.ranks[0], st.ranks[-1]
     if worst:  # every rank runs rank 0's routing (spmdsim.models.moe.routing.planned): rank 0 is the busiest
@@ -274,7 +276,7 @@ def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, wors
                f"for a moment, the blocks of {transient.what}: {_gib(transient.nbytes)}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
                + f"; total {st.flops() / 1e12:,.3f}")
-    traffic = kernel_bytes(st.kernels, precision)
+    traffic = kernel_bytes(st.kernels, precision, fused)
     out.append("  element-wise and optimizer kernels read and write: " + ", ".join(
         f"{p} {_gib(traffic.get(p, 0))}" for p in ("forward", "backward", "recompute", "optimizer")))
     sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(st.sent(precision).items())
@@ -296,12 +298,12 @@ def _alone(args: argparse.Namespace) -> str:
     return " (a data-parallel group of one: nothing sharded)" if args.zero and args.dp * args.ep == 1 else ""
 
 
-def _as_json(st: Any, mem: Any, timing: Any, precision: str) -> dict:
+def _as_json(st: Any, mem: Any, timing: Any, precision: str, fused: bool = False) -> dict:
     return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": mem.held,
             "program_bytes": asdict(st.memory), "flops": {p: st.flops(p) for p in ("forward", "backward",
                                                                                        "recompute")},
             "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent(precision).items()}, "in_flight": st.in_flight,
-            "kernel_bytes": kernel_bytes(st.kernels, precision),
+            "kernel_bytes": kernel_bytes(st.kernels, precision, fused),
             "peak_held": st.peak_held, "step_time_s": timing.total_s,
             "transient": {"bytes": mem.transient.nbytes, "what": mem.transient.what},
             "backward_gradient_bytes": mem.backward, "peak_bytes": mem.peak,

@@ -30,6 +30,7 @@ from ...models.gpt.params import is_expert
 from ...models.gpt.pipeline import train_pipelined
 from ...models.gpt.context import Context
 from ...models.gpt.sharded_run import train_sharded
+from ...nn.ops.fp8_linear import WEIGHT_CAST
 from ...programs.memory import ENV_VAR
 from ...runtime.sim.run import simulate
 from .held import (_RUN, PRECISIONS, ROLES, StageMemory, Transient, Widths, backward_gradients, largest_transient,
@@ -93,8 +94,11 @@ class StageLedger:
         return out
 
 
-def kernel_bytes(kernels: Any, precision: str) -> dict:
-    """{phase: bytes} the (Kernel, count) pairs read and write at `precision`'s widths.
+def kernel_bytes(kernels: Any, precision: str, fused_accumulation: bool = False) -> dict:
+    """{phase: bytes} the (Kernel, count) pairs read and write at `precision`'s widths; with `fused_accumulation`
+    (Megatron's --gradient-accumulation-fusion, its default, NeMo's gradient_accumulation_fusion) not the
+    parameters' gradients added into their main gradients (kernels "add" of kind "grads"): the weight-gradient
+    GEMM accumulates into the fp32 main gradient in its epilogue, under its products.
 
     The operators' floating values ("activations") at the activation width; their masks, ids, FP8 copies and
     other non-floating elements at their own width (a boolean mask, an e4m3 element a byte). The optimizer's roles at theirs:
@@ -109,6 +113,8 @@ def kernel_bytes(kernels: Any, precision: str) -> dict:
              "params": w.master if w.mixed else w.params}
     out: dict = {}
     for k, n in kernels:
+        if fused_accumulation and k.op == "add" and k.kind == "grads":
+            continue
         if k.kind == "activations":
             floating = k.dtype.startswith(("float", "complex")) and not k.dtype.startswith("float8")
             each = w.activations if floating else k.nbytes // (k.read + k.written)
@@ -213,7 +219,8 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
                           trace_transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
-                          kernels=tuple(flops.kernels.items()), expert_params=experts, fresh=flops.fresh(),
+                          kernels=_casts_once(flops.kernels.items(), microbatches), expert_params=experts,
+                          fresh=flops.fresh(),
                           scales=sum(m.fp8.nbytes() for m in getattr(run, "models", {}).values()
                                      if m.fp8 is not None))
         run.close()
@@ -226,10 +233,20 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
     return [replace(ledger, ranks=tuple(ranks)) for _, (ledger, ranks) in sorted(stages.items())]
 
 
-def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overlap: Any) -> list:
+def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overlap: Any,
+                fused_accumulation: bool = False) -> list:
     """Each stage's spmdsim.tools.estimate.steptime.StepTime from its ledger (`gpt_ledger`'s, in stage order) at
-    `precision` on `pipeline` (a Pipeline, its stages those of `stages`), hiding `overlap`: what `spmdsim
+    `precision` on `pipeline` (a Pipeline, its stages those of `stages`), hiding `overlap`, the gradients'
+    accumulation fused into the weight-gradient GEMMs where `fused_accumulation` (`kernel_bytes`): what `spmdsim
     estimate` prints and spmdsim.tools.estimate.search prices."""
     return [step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
-                      pipeline=pipeline, overlap=overlap, traffic=kernel_bytes(st.kernels, precision), stage=k)
+                      pipeline=pipeline, overlap=overlap, stage=k,
+                      traffic=kernel_bytes(st.kernels, precision, fused_accumulation))
             for k, st in enumerate(stages)]
+
+
+def _casts_once(kernels: Any, microbatches: int) -> tuple:
+    """The (Kernel, count) pairs with each weight's cast to e4m3 (spmdsim.nn.ops.fp8_linear.WEIGHT_CAST) counted
+    once a step, where the program casts it each microbatch: TransformerEngine's Linear keeps a weight's FP8 copy
+    from the step's first microbatch (Megatron and NeMo pass it ``is_first_microbatch``)."""
+    return tuple((k, n // microbatches if k.op == WEIGHT_CAST else n) for k, n in kernels)

@@ -25,6 +25,12 @@ Two optional achieved fractions, each an object ``{"fraction": f, "source": "...
 ``hbm_efficiency`` (the share of ``hbm_bandwidth`` a memory-bound kernel reaches: the element-wise
 kernels and the optimizer's update are priced at ``hbm_bandwidth * fraction``) and a link's
 ``efficiency`` (its bus bandwidth as a collective achieves it: ``bandwidth * fraction``). Absent: 1.
+
+An optional ``"attention_efficiency": {"forward": f, "backward": f, "source": "..."}``: the fraction of
+peak a fused (flash) attention kernel reaches on the FLOPs it executes (a causal core's half), as the
+kernel's published benchmarks measure it; the products the program runs inside that kernel
+(spmdsim.nn.ops.flash, spmdsim.nn.ops.ring_attention) are priced at it, their score tiles never HBM
+traffic. Absent: those products priced by the GEMM model like any other.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import SpmdsimError
-from .machine_records import (_MISSING, ALGORITHMS, Achieved, GemmEfficiency, Link, Machine, Waves, _achieved,
+from .machine_records import (_MISSING, ALGORITHMS, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .records import LEVELS
 
@@ -46,8 +52,9 @@ FORMAT = "spmdsim machine 1"
 
 _SHIPPED = Path(__file__).resolve().parent / "machines"
 _KEYS = ("format", "name", "description", "sources", "gpus_per_node", "memory_bytes", "peak_flops",
-         "hbm_bandwidth", "hbm_efficiency", "gemm_efficiency", "links", "algorithm", "reduction_rate")
-_OPTIONAL = ("reduction_rate", "hbm_efficiency")
+         "hbm_bandwidth", "hbm_efficiency", "gemm_efficiency", "attention_efficiency", "links", "algorithm",
+         "reduction_rate")
+_OPTIONAL = ("reduction_rate", "hbm_efficiency", "attention_efficiency")
 
 
 def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
@@ -100,6 +107,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                            None if efficiency is None else _achieved(where, f"links.{level}.efficiency", efficiency))
     rate = data.get("reduction_rate")
     hbm = data.get("hbm_efficiency")
+    attention = data.get("attention_efficiency")
     return Machine(name=data["name"], description=data["description"], sources=tuple(data["sources"]),
                    gpus_per_node=data["gpus_per_node"], memory_bytes=data["memory_bytes"],
                    peak_flops=tuple((d, float(v)) for d, v in data["peak_flops"].items()),
@@ -107,7 +115,8 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                    gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"], waves),
                    node=made["node"], cluster=made["cluster"], algorithm=data["algorithm"],
                    reduction_rate=None if rate is None else float(rate),
-                   hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm))
+                   hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm),
+                   attention_efficiency=None if attention is None else _attention(where, attention))
 
 
 #: The keys of a machine file's gemm_efficiency ("waves" optional).
@@ -127,6 +136,18 @@ def _waves(where: str, data: Any) -> Waves:
         raise _fail(where, "gemm_efficiency.waves.tile", tile, "a list of two integers >= 1 (rows, columns)")
     _text(where, "gemm_efficiency.waves.source", data["source"])
     return Waves(sms, (tile[0], tile[1]), data["source"])
+
+
+def _attention(where: str, data: Any) -> AttentionEfficiency:
+    """attention_efficiency: {"forward": f, "backward": f, "source": "..."}."""
+    if not isinstance(data, Mapping) or set(data) != {"forward", "backward", "source"}:
+        raise _fail(where, "attention_efficiency", data, "an object with 'forward', 'backward' and 'source'")
+    for key in ("forward", "backward"):
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise _fail(where, f"attention_efficiency.{key}", value, "a number in (0, 1] (fraction of peak)")
+    _text(where, "attention_efficiency.source", data["source"])
+    return AttentionEfficiency(float(data["forward"]), float(data["backward"]), data["source"])
 
 
 _WHAT = {
@@ -155,6 +176,9 @@ def machine_to_dict(machine: Machine) -> dict:
         out["gemm_efficiency"]["waves"] = {"sms": waves.sms, "tile": list(waves.tile), "source": waves.source}
     if machine.hbm_efficiency is not None:
         out["hbm_efficiency"] = _achieved_dict(machine.hbm_efficiency)
+    if machine.attention_efficiency is not None:
+        a = machine.attention_efficiency
+        out["attention_efficiency"] = {"forward": a.forward, "backward": a.backward, "source": a.source}
     if machine.reduction_rate is not None:
         out["reduction_rate"] = machine.reduction_rate
     return out

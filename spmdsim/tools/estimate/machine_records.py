@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 from ...errors import SpmdsimError
 from .records import LEVELS
 
-__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "DTYPES", "RESULT_BYTES", "ALGORITHMS",
+__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "AttentionEfficiency", "DTYPES", "RESULT_BYTES", "ALGORITHMS",
            "EFFICIENCY_MODELS", "normalize_dtype"]
 
 
@@ -168,6 +168,28 @@ class GemmEfficiency:
             raise _fail("GemmEfficiency", "waves", self.waves, "a Waves(sms, tile, source) or None")
 
 
+@dataclass(frozen=True)
+class AttentionEfficiency:
+    """The fraction of a dtype's peak a fused (flash) attention kernel achieves on the FLOPs it executes, its
+    forward and its backward (the scores made again, dP, dV, dQ, dK), as the kernel's published benchmarks
+    count them (a causal core's half); `source` says where each figure comes from."""
+
+    forward: float
+    backward: float
+    source: str
+
+    def __post_init__(self) -> None:
+        for key in ("forward", "backward"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise _fail("AttentionEfficiency", key, value, "a number in (0, 1] (fraction of peak)")
+        _text("AttentionEfficiency", "source", self.source)
+
+    def of(self, phase: str) -> float:
+        """The fraction for a product of `phase` ("forward"; "backward" and "recompute" run in the backward)."""
+        return self.forward if phase == "forward" else self.backward
+
+
 def _check_efficiency(where: str, prefix: str, model: Any, max_fraction: Any, source: Any) -> None:
     if model not in EFFICIENCY_MODELS:
         raise _fail(where, prefix + "model", model, f"one of {EFFICIENCY_MODELS!r}")
@@ -193,6 +215,8 @@ class Machine:
         algorithm: "ring" or "tree": which formulas of spmdsim.programs.cost.model price a collective.
         reduction_rate: bytes/s a GPU reduces in a reducing collective, or None (reduction free).
         hbm_efficiency: the fraction of hbm_bandwidth a memory-bound kernel reaches, or None (all of it).
+        attention_efficiency: the fraction of peak a fused attention kernel reaches (`AttentionEfficiency`), or
+            None (its products priced by the GEMM model, its score tiles counted as a product's traffic).
     """
 
     name: str
@@ -208,6 +232,7 @@ class Machine:
     algorithm: str = "ring"
     reduction_rate: float | None = field(default=None)
     hbm_efficiency: Optional[Achieved] = None
+    attention_efficiency: Optional[AttentionEfficiency] = None
 
     def __post_init__(self) -> None:
         where = f"machine {self.name!r}"
@@ -225,6 +250,9 @@ class Machine:
             raise _fail(where, "gemm_efficiency", self.gemm_efficiency, "a GemmEfficiency")
         if self.hbm_efficiency is not None and not isinstance(self.hbm_efficiency, Achieved):
             raise _fail(where, "hbm_efficiency", self.hbm_efficiency, "an Achieved(fraction, source) or None")
+        if self.attention_efficiency is not None and not isinstance(self.attention_efficiency, AttentionEfficiency):
+            raise _fail(where, "attention_efficiency", self.attention_efficiency,
+                        "an AttentionEfficiency(forward, backward, source) or None")
 
     @property
     def hbm_achieved(self) -> float:
@@ -250,6 +278,16 @@ class Machine:
         if level not in LEVELS:
             raise SpmdsimError(f"level {level!r} is unknown; expected one of {LEVELS!r}")
         return getattr(self, level)
+
+    def product_seconds(self, gemm: Any) -> float:
+        """Seconds of one call of `gemm` (batch, m, n, k, dtype, phase, flops; `kernel` and `share` where it runs
+        inside a fused kernel, spmdsim.base.flop_counts.Gemm): a fused attention kernel's product, where the
+        machine gives `attention_efficiency`, ``share * flops / (peak * fraction of its phase)``; any other
+        ``flops / (peak * gemm_efficiency_of(...))``."""
+        peak = self.peak(gemm.dtype)
+        if getattr(gemm, "kernel", "") == "attention" and self.attention_efficiency is not None:
+            return getattr(gemm, "share", 1.0) * gemm.flops / (peak * self.attention_efficiency.of(gemm.phase))
+        return gemm.flops / (peak * self.gemm_efficiency_of(gemm.dtype, gemm.batch, gemm.m, gemm.n, gemm.k))
 
     def gemm_efficiency_of(self, dtype: Any, batch: int, m: int, n: int, k: int) -> float:
         """Achieved fraction of `dtype`'s peak for a (batch of) m x k @ k x n product (module docstring)."""

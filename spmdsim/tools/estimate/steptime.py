@@ -4,7 +4,7 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
 
 - compute: each GEMM (any object with ``batch, m, n, k, dtype, phase`` and ``flops``, such as
   spmdsim.base.flop_counts.Gemm), ``count * flops / (peak_flops[dtype] * efficiency)`` seconds, the efficiency
-  of the machine's GEMM model (spmdsim.tools.estimate.machine);
+  of the machine's GEMM model, or a fused attention kernel's (Machine.product_seconds);
 - memory-bound kernels (`traffic`: bytes per phase, spmdsim.base.flops.sweep's count priced at the
   training precision): the element-wise and reduction kernels of phases "forward", "backward" and
   "recompute", and the optimizer's update (phase "optimizer"), each ``bytes / (hbm_bandwidth *
@@ -182,8 +182,7 @@ def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
                            f"expected one of {machine.dtypes!r}")
     if flops == 0:
         return gemm.phase, 0.0
-    efficiency = machine.gemm_efficiency_of(gemm.dtype, *dims)
-    return gemm.phase, flops / (machine.peak(gemm.dtype) * efficiency)
+    return gemm.phase, machine.product_seconds(gemm)
 
 
 def level_model(machine: Machine, level: str) -> CostModel:

@@ -218,39 +218,39 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
 
 
 def count_flash(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray, order: tuple,
-                tile_rows: tuple) -> None:
+                tile_rows: tuple, causal: bool = False) -> None:
     """Count (spmdsim.base.flops) flash attention's forward on these blocks (q, k, v in the operands' order, `o` the
     output (b, h, tq, e) and `lse` (b, h, tq), which the rule keeps), whether or not its kernel runs: the scores
-    q k^T and the weighted values p @ v, each counted as one product of the whole rows (the FLOPs of its tiles;
-    the roofline of the products a fused kernel runs without writing the scores anywhere), whose blocks are a
-    tile's: its q rows, k, a block of the tile's scores held by nothing (the moment's transient block), v and
-    its output rows; and one kernel a tile of `tile_rows` ((rows, tiles of them), ...) reading the tile's q rows,
-    k and v, writing its output rows and log-sum-exp (the softmax and dropout run on the tile inside it:
-    FlashAttention-2's traffic, no score written)."""
+    q k^T and the weighted values p @ v, each counted as one product of the whole rows (the FLOPs of its tiles),
+    a product of the fused attention kernel (``kernel="attention"``: its score tiles stay on chip; with `causal`
+    half of it executed, the tiles above the diagonal skipped), whose blocks are a tile's: its q rows, k, a
+    block of the tile's scores held by nothing (the moment's transient block), v and its output rows; and the
+    kernel's memory traffic once: q, k and v read, the output and the rows' log-sum-exp written (the softmax and
+    dropout run on the tiles inside it, no score written; a query tile's k and v come through the L2 cache, as
+    the kernel's measured rate has them)."""
     heads, keys_t, _ = order
     qs, ks, vs = _seen(q.shape, heads), _seen(k.shape, keys_t), _seen(v.shape, heads)
     dtype = q.dtype
     scores = qs[:-1] + ks[-1:]
-    first = True
-    for rows, times in tile_rows:
-        lead = qs[:2] + (rows,)
-        qt, st = (lead + qs[3:], dtype, q), (lead + ks[-1:], dtype)
-        ot, lt = (lead + vs[-1:], o.dtype, o), (lead, lse.dtype, lse)
-        if first:  # the largest tile's blocks
-            gemm(*_grouped_shapes(qs, ks), dtype, (qt, k, st))
-            gemm(*_grouped_shapes(scores, vs), dtype, (st, v, ot))
-            first = False
-        sweep("flash attention", (qt, k, v), (ot, lt), times=times)
+    share = 0.5 if causal else 1.0
+    rows = tile_rows[0][0] if tile_rows else qs[2]
+    lead = qs[:2] + (rows,)
+    qt, st = (lead + qs[3:], dtype, q), (lead + ks[-1:], dtype)
+    ot = (lead + vs[-1:], o.dtype, o)
+    gemm(*_grouped_shapes(qs, ks), dtype, (qt, k, st), "attention", share)  # the largest tile's blocks
+    gemm(*_grouped_shapes(scores, vs), dtype, (st, v, ot), "attention", share)
+    sweep("flash attention", (q, k, v), (o, lse))
 
 
 def _count_flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray, order: tuple, kept: dict,
-                          tile_rows: tuple, grads: tuple) -> None:
+                          tile_rows: tuple, grads: tuple, causal: bool = False) -> None:
     """Count flash attention's backward as `count_flash` its forward, the gradients `grads` (dq, dk, dv, in the
-    operands' order) whole: D = rowsum(dO * O) (one kernel), then the scores again (phase "recompute": the
-    hardware's FLOPs, not the model's), dP = dO v^T, dV = Pd^T dO, dQ = dS k and dK = dS^T q, each one product
-    of the whole rows whose blocks are the largest tile's: its scores, probabilities and their gradients blocks
-    of the tile's shape held by nothing, beside the three gradients (the moment's transient blocks); and one
-    kernel a tile reading the tile's q, dO, lse and D rows, k, v, dK and dV, writing its dQ rows, dK and dV."""
+    operands' order) whole: D = rowsum(dO * O) (one kernel), then the fused kernel's products: the scores again
+    (phase "recompute": the hardware's FLOPs, not the model's), dP = dO v^T, dV = Pd^T dO, dQ = dS k and
+    dK = dS^T q, each one product of the whole rows whose blocks are the largest tile's: its scores,
+    probabilities and their gradients blocks of the tile's shape held by nothing, beside the three gradients (the
+    moment's transient blocks); and the kernel's traffic once: q, dO, the log-sum-exp, D, k and v read, dQ, dK
+    and dV written."""
     heads, keys_t, _ = order
     qs, ks, kh, vt = _seen(q.shape, heads), _seen(k.shape, keys_t), _seen(k.shape, heads), _seen(v.shape, keys_t)
     dyh = _seen(dy.shape, heads)
@@ -260,38 +260,35 @@ def _count_flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.nd
     kv = vt[1]
     big = (lse.shape, lse.dtype)  # D, a row's
     sweep("flash attention backward", (o, dy), (big,))
-    first = True
-    for rows, times in tile_rows:
-        lead = qs[:2] + (rows,)
-        qt, st, dyt = (lead + qs[3:], dtype, q), (lead + ks[-1:], dtype), (lead + dyh[3:], dy.dtype, dy)
-        if first:  # the largest tile's blocks
-            context = current()
-            was, context.phase = context.phase, "recompute"
-            try:
-                gemm(*_grouped_shapes(qs, ks), dtype, (qt, k, st))
-            finally:
-                context.phase = was
-            p, dp, ds = st, (st[0], dtype), (st[0], dtype)  # blocks of their own each
-            gemm(*_grouped_shapes(dyh, vt), dtype, (dyt, v, dp, p))  # dP = dO v^T
-            gemm(*_summed_shapes(scores, dyh, kv), dtype, (p, dyt, dv, dq, dk))  # dV = Pd^T dO
-            gemm(*_grouped_shapes(scores, kh), dtype, (ds, k, dq, p, dp, dk, dv))  # dQ = dS k
-            gemm(*_summed_shapes(scores, qs, kv), dtype, (ds, qt, dk, dq, dv))  # dK = dS^T q
-            first = False
-        # the gradients at the products' dtype (float32 under bfloat16: a dry run's are copies of q, k and v)
-        wide_ = np.float32 if is_low(dtype) else dtype
-        dkw, dvw = (dk.shape, wide_, dk), (dv.shape, wide_, dv)
-        sweep("flash attention backward", (qt, dyt, (lead, lse.dtype, lse), (lead, big[1]), k, v, dkw, dvw),
-              ((lead + qs[3:], wide_, dq), dkw, dvw), times=times)
+    share, rows = (0.5 if causal else 1.0), (tile_rows[0][0] if tile_rows else qs[2])
+    lead = qs[:2] + (rows,)
+    qt, st, dyt = (lead + qs[3:], dtype, q), (lead + ks[-1:], dtype), (lead + dyh[3:], dy.dtype, dy)
+    context = current()
+    was, context.phase = context.phase, "recompute"
+    try:
+        gemm(*_grouped_shapes(qs, ks), dtype, (qt, k, st), "attention", share)
+    finally:
+        context.phase = was
+    p, dp, ds = st, (st[0], dtype), (st[0], dtype)  # blocks of their own each
+    gemm(*_grouped_shapes(dyh, vt), dtype, (dyt, v, dp, p), "attention", share)  # dP = dO v^T
+    gemm(*_summed_shapes(scores, dyh, kv), dtype, (p, dyt, dv, dq, dk), "attention", share)  # dV = Pd^T dO
+    gemm(*_grouped_shapes(scores, kh), dtype, (ds, k, dq, p, dp, dk, dv), "attention", share)  # dQ = dS k
+    gemm(*_summed_shapes(scores, qs, kv), dtype, (ds, qt, dk, dq, dv), "attention", share)  # dK = dS^T q
+    # the gradients at the products' dtype (float32 under bfloat16: a dry run's are copies of q, k and v)
+    wide_ = np.float32 if is_low(dtype) else dtype
+    sweep("flash attention backward", (q, dy, lse, big, k, v),
+          ((dq.shape, wide_, dq), (dk.shape, wide_, dk), (dv.shape, wide_, dv)))
 
 
 def record_flash(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, scores: Callable, probs: Callable,
-                 tiles: tuple, scale: float, order: tuple, groups: int, tile_rows: tuple) -> Any:
+                 tiles: tuple, scale: float, order: tuple, groups: int, tile_rows: tuple, causal: bool = False) -> Any:
     """Flash attention's node (spmdsim.nn.ops.attention, ``flash=True``), its operands in the plan's layouts.
 
     `kept`: the output "o" (b, h, tq, e) and the rows' log-sum-exp "lse" (b, h, tq); `scores(q tile, k^T, start,
     stop)` a tile's scaled, masked scores, `probs(p, region)` a tile's (p, dropped-out p, factors or None) with
     the mask drawn at `region`; `tiles`: (local start, stop, region) of each tile of query rows; `tile_rows` as
-    `count_flash`'s; the rest as `record_attention`'s.
+    `count_flash`'s; `causal` whether the core is causal (its counted products half executed); the rest as
+    `record_attention`'s.
     """
     heads, keys_t, back = order
 
@@ -324,7 +321,8 @@ def record_flash(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, scores
         else:
             dq, dk, dv = grads(dy.local)
         if any_open():
-            _count_flash_backward(q.local, k.local, v.local, dy.local, order, kept, tile_rows, (dq, dk, dv))
+            _count_flash_backward(q.local, k.local, v.local, dy.local, order, kept, tile_rows, (dq, dk, dv),
+                                  causal)
         pending = dy.layout.partial
         return (grad_tensor(q, dq, pending) if q._ag is not None else None,
                 grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
