@@ -205,6 +205,10 @@ def test_autoshard_says_when_its_choice_is_not_proven_best(capsys, cap: list, un
     assert main(SMALL_GPT + cap) == 0
     out = capsys.readouterr().out
     said = unfold(out)
-    assert ("not proven best: 13 configuration(s) not priced have time bounds below its 0.346 ms" in said) == unproven
+    claim = re.search(r"not proven best: (\d+) configuration\(s\) not priced have time bounds below its ([\d.]+) ms "
+                      r"\(the least ([\d.]+) ms\)", said)
+    assert (claim is not None) == unproven
+    if claim:  # some configurations left unpriced, each bounded below the chosen one's time
+        assert int(claim[1]) >= 1 and float(claim[3]) < float(claim[2])
     assert re.search(r"^# +tp +pp +v +dp +cp +mb recompute", out, re.M) and not re.search(r"^rank +tp", out, re.M), out
     assert max(map(len, out.splitlines())) <= 100
