@@ -331,8 +331,16 @@ def main(args):
                              args.sample, args.temperature)  # one rank draws for all
         if rank0:
             print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained stages):")
-            for line in decode(np.concatenate([encode(b"def "), sample])).splitlines():
-                print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
+            show_sample(b"def ", sample)
+    elif args.sample and not dry_run_active() and args.cp > 1:
+        # A window of one new token does not split over the context-parallel ranks: one numpy process draws
+        # from the trained parameters, made whole on every rank.
+        from spmdsim.models.gpt.train import reference_sample
+
+        sample = reference_sample(model, cfg, b"def ", args.sample, args.temperature)
+        if rank0:
+            print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained parameters):")
+            show_sample(b"def ", sample)
     elif args.sample and not dry_run_active():
         prompt = b"def "
         sample = model.generate(prompt, args.sample, args.temperature)
@@ -348,10 +356,15 @@ def main(args):
             failed += not agree
         if rank0:
             print(f"sample (temperature {args.temperature}{same}):")
-            for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
-                print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
+            show_sample(prompt, sample)
     model.close() if pipelined(args) else model.mesh.close()
     return 0 if not failed and falling else 1
 
+
+
+def show_sample(prompt: bytes, sample: np.ndarray) -> None:
+    """Print `prompt` and the characters drawn after it, each line cut into lines of at most 100 columns."""
+    for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
+        print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
 
 sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -138,3 +138,16 @@ def test_a_replayed_context_parallel_step_is_checked_as_the_eager_one(method):
 
     for results in spmdsim.simulate(8, main):
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+
+
+def test_the_training_example_with_cp_ends_with_a_sample_drawn_from_the_trained_parameters():
+    """`--cp 2` trained, checked PASS, then raised drawing the sample (a window of one new token does not split
+    over cp) and exited 2; the sample is drawn by one numpy process from the trained parameters."""
+    from docs_commands import run_here
+
+    code, out, err = run_here("examples/train_gpt.py", ["--ranks", "4", "--dp", "1", "--cp", "2", "--tp", "2",
+                                                        "--steps", "1", "--sample", "12", "--layers", "1"])
+    assert code == 0, err
+    assert "check: 1 step vs one numpy process" in out and ": PASS" in out, out
+    drawn = out.split("sample (temperature 0.8, drawn in one numpy process from the trained parameters):\n", 1)
+    assert len(drawn) == 2 and drawn[1].startswith("def ") and len(drawn[1].rstrip("\n")) >= 4 + 1, out
