@@ -287,21 +287,21 @@ def test_hybrid_sharding_on_a_2_by_2_data_parallel_mesh_matches_one_numpy_proces
     assert not [label for op, axes, label in calls if label.startswith("gradient bucket")]  # no leaf's own sum
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_hybrid_shardings_dry_run_holds_the_real_runs_memory_and_a_replay_the_same_calls(sp):
+@pytest.mark.parametrize("sp, precision", [(False, "fp64"), (True, "bf16-mixed")])
+def test_hybrid_shardings_dry_run_holds_the_real_runs_memory_and_a_replay_the_same_calls(sp, precision):
     """HSDP on (dp 2, fs 2, tp 2): the dry run of a step (shapes only) holds, rank by rank, what the real run
-    measured, each unit's Reduce_scatter result summed over dp in place; a replayed step (spmdsim.runtime.replay)
-    makes the captured step's calls and still matches one numpy process."""
+    measured, each unit's Reduce_scatter result (float32 under bf16-mixed) summed over dp in place; a replayed
+    step (spmdsim.runtime.replay) makes the captured step's calls and still matches one numpy process."""
     def body(replay):
         _, steps = train(CFG, spmdsim.world(), 4, 2, 1 + 2 * replay, TEXT, sp=sp, zero=3, mesh=_hsdp_mesh(2, 2, 2),
-                         memory=not replay, check=replay, replay=replay)
+                         memory=not replay, check=replay, replay=replay, precision=precision)
         return steps
 
     fields = ("kept", "grads", "master", "states", "buffers", "gathered", "grads_peak", "peak", "params")
     for real, dry in zip(spmdsim.simulate(8, body, False), spmdsim.simulate(8, body, False, dry_run=True)):
         assert [getattr(real[-1].memory, f) for f in fields] == [getattr(dry[-1].memory, f) for f in fields]
     replayed = spmdsim.simulate(8, body, True)[0]
-    assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
+    assert all(r.passed for r in replayed), replayed  # (each step's check, at its precision's tolerances)
     assert len({(r.calls, r.bytes_sent) for r in replayed}) == 1
 
 
