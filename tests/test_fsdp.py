@@ -14,6 +14,7 @@ from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.memory import zero_problem
 from spmdsim.models.gpt.train import TOLERANCE, train
 from spmdsim.nn.fsdp import GATHERED, fully_shard, sharded_layout
+from spmdsim.nn.fsdp_flat import REDUCE_LABEL, SUM_LABEL
 from spmdsim.runtime.trace import collect_trace
 
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.1)
@@ -265,17 +266,43 @@ def _hsdp_mesh(dp: int, fs: int, tp: int):
 @pytest.mark.parametrize("reshard, sp", [(True, False), (False, True)])
 def test_hybrid_sharding_on_a_2_by_2_data_parallel_mesh_matches_one_numpy_process(reshard, sp):
     """HSDP: (dp 2, fs 2, tp 2); each parameter sharded over fs, replicated over dp, the batch over both. Each
-    layer's gathers and Reduce_scatters run over fs only, each shard's gradient then summed over dp."""
+    layer's gathers and Reduce_scatters run over fs only; each unit's Reduce_scatter result is then summed over dp
+    by one Allreduce (FSDP2's foreach_reduce), so no parameter's gradient is summed over dp on its own."""
     def body():
         with collect_trace() as trace:
             _, steps = train(CFG, spmdsim.world(), 4, 2, 2, TEXT, sp=sp, zero=3, mesh=_hsdp_mesh(2, 2, 2),
                              reshard_after_forward=reshard)
-        return steps, {(e.op, e.axes) for e in trace.entries if "dp" in e.axes or "fs" in e.axes}
+        return steps, [(e.op, e.axes, e.label) for e in trace.entries if "dp" in e.axes or "fs" in e.axes]
 
-    steps, kinds = spmdsim.simulate(8, body)[0]
+    steps, calls = spmdsim.simulate(8, body)[0]
     assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+    kinds = {(op, axes) for op, axes, _ in calls}
     assert {("allgather", ("fs",)), ("reduce_scatter", ("fs",)), ("allreduce", ("dp",))} <= kinds
     assert not {k for k in kinds if k[0] in ("allgather", "reduce_scatter") and "dp" in k[1]}
+    scatters = [label for op, _, label in calls if op == "reduce_scatter"]
+    sums = [label.replace(SUM_LABEL, REDUCE_LABEL) for op, axes, label in calls if op == "allreduce"
+            and label.startswith(SUM_LABEL)]
+    assert sums == scatters and len(sums) == 2 * (CFG.layers + 1), calls  # a unit's one sum, each of 2 steps
+    assert all(axes == ("dp",) for op, axes, label in calls if label.startswith(SUM_LABEL))
+    assert not [label for op, axes, label in calls if label.startswith("gradient bucket")]  # no leaf's own sum
+
+
+@pytest.mark.parametrize("sp, precision", [(False, "fp64"), (True, "bf16-mixed")])
+def test_hybrid_shardings_dry_run_holds_the_real_runs_memory_and_a_replay_the_same_calls(sp, precision):
+    """HSDP on (dp 2, fs 2, tp 2): the dry run of a step (shapes only) holds, rank by rank, what the real run
+    measured, each unit's Reduce_scatter result (float32 under bf16-mixed) summed over dp in place; a replayed
+    step (spmdsim.runtime.replay) makes the captured step's calls and still matches one numpy process."""
+    def body(replay):
+        _, steps = train(CFG, spmdsim.world(), 4, 2, 1 + 2 * replay, TEXT, sp=sp, zero=3, mesh=_hsdp_mesh(2, 2, 2),
+                         memory=not replay, check=replay, replay=replay, precision=precision)
+        return steps
+
+    fields = ("kept", "grads", "master", "states", "buffers", "gathered", "grads_peak", "peak", "params")
+    for real, dry in zip(spmdsim.simulate(8, body, False), spmdsim.simulate(8, body, False, dry_run=True)):
+        assert [getattr(real[-1].memory, f) for f in fields] == [getattr(dry[-1].memory, f) for f in fields]
+    replayed = spmdsim.simulate(8, body, True)[0]
+    assert all(r.passed for r in replayed), replayed  # (each step's check, at its precision's tolerances)
+    assert len({(r.calls, r.bytes_sent) for r in replayed}) == 1
 
 
 def test_a_shard_group_is_refused_in_one_line_unless_it_divides_dp_under_zero3():

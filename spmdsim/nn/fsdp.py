@@ -36,7 +36,8 @@ reduce-scattered over them.
 With ``prefetch`` the next unit's gathers run before a unit's forward and the previous unit's before its
 backward (two units gathered at once). On a mesh with a "shard" role beside the "data" one the parameters are
 sharded over the shard axis and replicated over the data axis (HSDP): the Reduce_scatter runs within a
-shard group and the shards' gradients are summed across the groups at the leaves.
+shard group and its result, the unit's shard gradients end to end, is summed across the groups by one Allreduce
+over the data axis.
 
     >>> # fs = fully_shard(params, mesh)                       # params: name -> DTensor
     >>> # y = fs.unit(["w1"], lambda h, used: h @ used["w1"], x)  # one unit's forward; fs.params to the optimizer

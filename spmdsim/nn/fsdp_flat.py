@@ -12,9 +12,12 @@ many bytes; spmdsim.nn.fsdp counts them); a group of one parameter is its gather
 
 Its backward waits for every member's gradient, packs them member-major (member i's rows of each gradient
 end to end, then member i + 1's: the layout the gather made, read backwards) into one float32 (the gradients')
-buffer and runs one `BlockReduceScatter`, the gather's conjugate; each parameter's gradient shard is a view of
-the result, or, where it is pending over axes its leaf is replicated on (HSDP's data axis, sequence
-parallelism's tensor axis), a block of its own copied out of it, which the leaf's sum then sums in place.
+buffer and runs one `BlockReduceScatter`, the gather's conjugate. Where every member's gradient is still pending
+over axes its leaf is replicated on (HSDP's data axis: the sum across the shard groups), one `BlockAllreduce` of
+the whole result over those axes sums them in place (FSDP2's ``foreach_reduce``: reduce_scatter, then all_reduce
+of its flat output over the replicate group). Each parameter's gradient shard is then a view of the result, or,
+where it is pending over more axes still (sequence parallelism's tensor axis, for a parameter replicated there),
+a block of its own copied out of it, which the leaf's sum then sums in place.
 
 In the recorded graph a group is a node whose inputs are the members' leaves and whose output is a token
 (no block), and each gathered parameter a node reading that token: its backward stashes the parameter's
@@ -31,17 +34,20 @@ import numpy as np
 from ..base import buffers
 from ..base.precision import is_low
 from ..layouts.layout import TensorLayout
-from ..programs.plan.messages import BlockAllgather, BlockReduceScatter
+from ..programs.plan.messages import BlockAllgather, BlockAllreduce, BlockReduceScatter
 from ..runtime.dtensor import DTensor
 from ..runtime.executor import pending, redistribute, run_block
 from .autograd.graph import attach, is_grad_enabled, with_partial
 from .autograd.kept import nothing
 
-__all__ = ["FlatGroup", "Member", "flat_groups", "gather_blocks", "gathered", "GATHER_LABEL", "REDUCE_LABEL"]
+__all__ = ["FlatGroup", "Member", "flat_groups", "gather_blocks", "gathered", "GATHER_LABEL", "REDUCE_LABEL",
+           "SUM_LABEL"]
 
-#: The start of the trace label of a unit's Allgather and of its Reduce_scatter (the estimate's phases read them).
+#: The start of the trace label of a unit's Allgather, of its Reduce_scatter and of the Allreduce that sums the
+#: Reduce_scatter's result across the shard groups (HSDP; the estimate's phases read them).
 GATHER_LABEL = "fsdp all-gather"
 REDUCE_LABEL = "fsdp reduce-scatter"
+SUM_LABEL = "fsdp all-reduce"
 
 _F32 = np.dtype(np.float32)
 _TOKEN_SHAPE = (1,)
@@ -78,7 +84,7 @@ class FlatGroup:
     total: int
     gather: BlockAllgather
     reduce: BlockReduceScatter
-    labels: tuple  # (the Allgather's trace label, the Reduce_scatter's)
+    labels: tuple  # (the Allgather's trace label, the Reduce_scatter's, the Allreduce's across the groups)
 
 
 def flat_groups(fs: Any, names: list) -> tuple:
@@ -104,8 +110,8 @@ def flat_groups(fs: Any, names: list) -> tuple:
             placed.append(Member(name, at, at + n, shard, block, layout, leaf.layout, tuple(leaf.global_shape), axes))
             at += n
         unit = _unit_name(members)
-        labels = (f"{GATHER_LABEL} {unit} ({len(members)} parameters)",
-                  f"{REDUCE_LABEL} {unit} ({len(members)} parameters)")
+        labels = tuple(f"{kind} {unit} ({len(members)} parameters)"
+                       for kind in (GATHER_LABEL, REDUCE_LABEL, SUM_LABEL))
         wide = _F32 if is_low(dtype) else np.dtype(dtype)
         groups.append(FlatGroup(moving, g, dtype, wide, tuple(placed), at, BlockAllgather(moving),
                                 BlockReduceScatter(moving), labels))
@@ -195,7 +201,8 @@ class _UnitGrads:
 
 def reduce_grads(mesh: Any, group: FlatGroup, wanted: list, grads: list) -> list:
     """The shard gradients of the members `wanted` (their indices) of `group` from the gradients `grads` of
-    their gathered blocks (None: none came; zeros in the pack, no gradient out): one Reduce_scatter."""
+    their gathered blocks (None: none came; zeros in the pack, no gradient out): one Reduce_scatter, and one
+    Allreduce of its result over the pending axes every member keeps (`_across`; HSDP's data axis)."""
     total, g = group.total, group.size
     send = buffers.empty((g * total,), group.wide)
     rows = send.reshape(g, total)
@@ -219,12 +226,17 @@ def reduce_grads(mesh: Any, group: FlatGroup, wanted: list, grads: list) -> list
             np.copyto(view.reshape((g,) + m.shard_shape), local.reshape((g,) + m.shard_shape))
     out = run_block(mesh, group.reduce, send, group.labels[1])
     del send, rows
+    common = _across(kept)
+    moving = tuple(a for a in common if mesh.layout.axis_size(a) > 1)
+    if moving:  # summed across the shard groups: one Allreduce of the whole result, in place (FSDP2's foreach_reduce)
+        out = run_block(mesh, BlockAllreduce(moving), out, group.labels[2], out=out)
     result = []
     for j, extra in zip(wanted, kept):
         m = group.members[j]
         if extra is None:
             result.append(None)
             continue
+        extra = tuple(a for a in extra if a not in common)
         block = out[m.start:m.stop].reshape(m.shard_shape)
         if extra:  # summed again at its leaf (spmdsim.nn.autograd's `_summed_alone`): a block of its own, summed in
             # place there as a dry run's is, not a view that keeps the whole result alive beside its sum
@@ -234,6 +246,15 @@ def reduce_grads(mesh: Any, group: FlatGroup, wanted: list, grads: list) -> list
             block = own
         result.append(DTensor._trusted(mesh, block, with_partial(m.sharded, extra), m.shape))
     return result
+
+
+def _across(kept: list) -> tuple:
+    """The pending axes every member that has a gradient keeps after the Reduce_scatter (HSDP's data axis; in
+    their order), summed for all of them at once; () where one keeps none (the group's own axes alone)."""
+    have = [extra for extra in kept if extra is not None]
+    if not have:
+        return ()
+    return tuple(a for a in have[0] if all(a in extra for extra in have[1:]))
 
 
 def _pending_on(dy: Any, m: Member) -> tuple[Any, tuple]:

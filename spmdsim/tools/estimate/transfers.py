@@ -9,7 +9,7 @@ from typing import Any
 
 from ...errors import SpmdsimError
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, SHARD
-from ...nn.fsdp_flat import GATHER_LABEL, REDUCE_LABEL
+from ...nn.fsdp_flat import GATHER_LABEL, REDUCE_LABEL, SUM_LABEL
 from ...programs.plan.steps import KINDS
 from .records import Calls
 
@@ -38,10 +38,10 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
 #: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
 #: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's, and
 #: context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls) "context".
-#: ZeRO-3's Reduce_scatter of a unit's gradients (spmdsim.nn.fsdp_flat's REDUCE_LABEL) is a sum; its gathers
-#: (GATHER_LABEL) are phase "parameters".
+#: ZeRO-3's Reduce_scatter of a unit's gradients (spmdsim.nn.fsdp_flat's REDUCE_LABEL) is a sum, and so is HSDP's
+#: Allreduce of its result across the shard groups (SUM_LABEL); its gathers (GATHER_LABEL) are phase "parameters".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
-                   "zero-2 parameter bucket")
+                   "zero-2 parameter bucket", SUM_LABEL)
 
 
 def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
