@@ -148,7 +148,7 @@ def test_the_docs_comparisons_with_the_papers_are_the_quoted_outputs():
                               "--tp 8 --sp --recompute selective --kept megatron")
     (mfu, _), (hfu, _) = selective["MFU"], selective["HFU"]
     assert f"MFU, HFU | {mfu}, {hfu} | 41.5%, 43.7% | Korthikanti et al. 2022, Table 5 |" in text
-    assert f"at its 1.067 s, are {mfu} and {hfu} (the command above)" in prose
+    assert f"the estimate's are {mfu} and {hfu} at its 1.067 s (the command above)" in prose
     full = _quoted(text, "--hidden 6144 --heads 64 --seq 2048 --vocab 51200 --micro-batch 4 --global-batch 4 --tp 8 "
                          "--recompute full --kept megatron")
     assert f"the estimate's is {full['MFU'][0]} (1.417 s), HFU {full['HFU'][0]} with the forward run again" in prose
