@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -106,9 +107,18 @@ def launch(argv: list[str], limit: float = 30.0, ranks: int = RANKS,
     full_env.update(env or {})
     cmd = ["timeout", "-k", "2", str(int(limit)), _MPIEXEC, "-n", str(ranks), sys.executable, *argv]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=full_env)
-    return proc.returncode, proc.stdout, time.perf_counter() - start
+    # In a session of its own, ended whole afterwards: a `timeout` killed from outside (the OOM killer on a
+    # loaded machine) leaves mpiexec running, and its ranks waiting for a peer, past the test.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the whole job ended: the usual case
+            pass
+    return proc.returncode, out, time.perf_counter() - start
 
 
 # Runs the cases of argv[1] (a JSON list of [name, spec]) one after the other on every rank.
