@@ -92,3 +92,18 @@ def test_zero3_with_experts_over_a_pipeline_matches_one_numpy_process():
     for results, kinds in spmdsim.simulate(8, body):
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
         assert {("reduce_scatter", ("dp",)), ("reduce_scatter", ("dp", "ep"))} <= kinds
+
+
+def test_the_estimates_dry_run_holds_the_runs_sharded_states_and_gathered_layers():
+    """`spmdsim estimate --zero 3 --experts N --ep E` dry-runs the fully sharded step with experts: its
+    parameters, gradients, optimizer states, buffers and gathered parameters are what the real run holds on
+    each rank (the kept activations may differ: the dry run routes balanced)."""
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    [stage] = gpt_ledger(CFG, 1, DP, TP, zero=3, ep=EP)
+    real = spmdsim.simulate(8, lambda: train(CFG, spmdsim.world(), DP, TP, 1, TEXT, zero=3, ep=EP, check=False,
+                                             memory=True)[1][0].memory)
+    fields = ("params", "grads", "states", "buffers", "gathered", "gathered_kept", "grads_peak")
+    for report in real:
+        assert all(getattr(report, f) == getattr(stage.memory, f) for f in fields), (report, stage.memory)
+    assert stage.memory.gathered > 0 and stage.expert_params > 0

@@ -45,5 +45,5 @@ def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, te
     with collect_trace() as trace:
         model, results = train(cfg, comm, dp, tp, steps, text_ids, sp=sp, check=check, recompute=recompute,
                                zero=zero, memory=memory, kept=kept, reshard_after_forward=reshard_after_forward,
-                               prefetch=prefetch)
+                               prefetch=prefetch, ep=ep)
     return ShardedRun(model.params, trace, model.mesh), results

@@ -206,12 +206,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 def _fsdp(args: argparse.Namespace) -> None:
     """--zero 3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
-    spmdsim.models.gpt.pipeline's trainer, which does not prefetch); experts with it."""
+    spmdsim.models.gpt.pipeline's trainer, which does not prefetch)."""
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
-    if args.zero == 3 and args.experts:
-        raise SpmdsimError("--zero 3 with MoE layers: the estimate does not price fully sharded experts yet; "
-                           "examples/train_moe_gpt.py --zero 3 --dry-run prints their bytes")
     if args.prefetch and sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep),
                                          args.ep, args.virtual_stages):
         raise SpmdsimError(f"--prefetch with --pp {args.pp} or several microbatches a step: a pipeline's chunks do "
