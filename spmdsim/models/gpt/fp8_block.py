@@ -54,14 +54,7 @@ def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micr
             kv = ops.reshape(_columns(model, a, [(p[n.wk], None), (p[n.wv], p.get(n.bv))], n.attn, [n.wk, n.wv]),
                              (2, T, B, n.kv, n.head_dim))
             k, v = kv[0], kv[1]
-        if n.rope:
-            q, k = model._rope(q), model._rope(k)
-        if n.grouped:
-            k, v = model._grouped(k), model._grouped(v)
-    drop = cfg.dropout if train else 0.0
-    seed = model._seed(step, n.attn, micro) if drop else None
-    with n.core:
-        o = model._core(q, k, v, drop, seed)
+    o = model._attend(n, q, k, v, step, train, micro)
     with n.attention:
         o = ops.reshape(o, (T, B, cfg.d_model))
         proj = fp8_row(o, p[n.wo], model.act, model.fp8, n.wo, _row_product_layout(o._layout))

@@ -146,16 +146,7 @@ class _Block:
             q = fused.einsum_bias("tbd,de->tbe", a, p[n.wq], p.get(n.bq), (T, B, cfg.heads, n.head_dim))
             k = fused.einsum_bias("tbd,de->tbe", a, p[n.wk], None, (T, B, n.kv, n.head_dim))
             v = fused.einsum_bias("tbd,de->tbe", a, p[n.wv], p.get(n.bv), (T, B, n.kv, n.head_dim))
-            if n.rope:
-                q, k = self._rope(q), self._rope(k)
-            if n.grouped:
-                k, v = self._grouped(k), self._grouped(v)
-        # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
-        # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.nn.ops.attention).
-        drop = cfg.dropout if train else 0.0
-        seed = self._seed(step, n.attn, micro) if drop else None
-        with n.core:
-            o = self._core(q, k, v, drop, seed)
+        o = self._attend(n, q, k, v, step, train, micro)
         with n.attention:
             proj = self._row_out(fused.reshape_einsum(o, (T, B, cfg.d_model), "tbd,de->tbe", p[n.wo]))
             h = self._residual(h, proj, n.bo, n.resid1, step, train, micro)
@@ -171,6 +162,22 @@ class _Block:
                 m = ops.gelu(z)
             out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[n.w2]))
             return self._residual(h, out, n.b2, n.resid2, step, train, micro)
+
+    def _attend(self, n: Any, q: Any, k: Any, v: Any, step: Optional[int], train: bool,
+                micro: Optional[int]) -> Any:
+        """Block `n`'s attention output from its heads q, k, v (T, B, heads, head_dim): RoPE and the grouped
+        K and V widened (tagged attention), then softmax(q k^T / sqrt(head_dim), causal), dropped out, times v:
+        one operator and node (tagged core; its values are those of einsum, masked_fill, softmax, dropout and
+        einsum: spmdsim.nn.ops.attention)."""
+        with n.attention:
+            if n.rope:
+                q, k = self._rope(q), self._rope(k)
+            if n.grouped:
+                k, v = self._grouped(k), self._grouped(v)
+        drop = self.cfg.dropout if train else 0.0
+        seed = self._seed(step, n.attn, micro) if drop else None
+        with n.core:
+            return self._core(q, k, v, drop, seed)
 
     def _core(self, q: Any, k: Any, v: Any, drop: float, seed: Any, kept: str = "graph") -> Any:
         """The causal attention core on sequence-first q, k, v; with a context axis by the model's method

@@ -34,6 +34,7 @@ from ...runtime.engines import local as _local
 from ...runtime.executor import pending, redistribute, resolve
 from ..autograd.graph import record, with_partial
 from ..autograd.kept import shell
+from ..autograd.rules.megatron import add_part
 from ..autograd.rules.grads import axes_of, grad_tensor
 from ._common import make_dtensor
 
@@ -151,11 +152,8 @@ def _record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, kx: tuple
                             np.zeros(d.shape[-1:], np.float32))
                 sweep("bias_grad", (d,), (db,))
             grads.append(grad_tensor(b, db, passed, rows) if db is not None else None)
-            if need_x:
-                part = _product(qd, np.swapaxes(qw, -1, -2), _inverse(sd, sw))
-                if dx is not None:  # the products' sum, a kernel of its own (as the unfused rule counts it)
-                    sweep("add", (dx, part), (part,))
-                dx = part if dx is None else _local(np.add, part, dx, part)
+            if need_x:  # the products' sum, counted as the bf16 rule counts it
+                dx = add_part(dx, _product(qd, np.swapaxes(qw, -1, -2), _inverse(sd, sw)))
         gx = None
         if need_x:
             like = type(xs)._trusted(xs.mesh, broadcast_zero(QX.shape, xs.dtype), full, xs.global_shape)

@@ -38,7 +38,7 @@ from ..kept import nothing, shell
 from .grads import axes_of, grad_tensor
 
 __all__ = ["record_column", "record_row", "record_bias_dropout_add", "record_swiglu", "record_rotary",
-           "rotate_halves"]
+           "rotate_halves", "add_part"]
 
 
 def _lead(ndim: int) -> tuple:
@@ -88,10 +88,7 @@ def record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, gather: Ca
                 sweep("bias_grad", (d,), (db,))
             grads.append(grad_tensor(b, db, passed, rows) if need_b else None)
             if need_x:
-                part = _product(d, np.swapaxes(w.local, -1, -2))
-                if dx is not None:
-                    sweep("add", (dx, part), (part,))
-                dx = part if dx is None else _local(np.add, part, dx, part)
+                dx = add_part(dx, _product(d, np.swapaxes(w.local, -1, -2)))
         gx = None
         if need_x:
             like = type(x)._trusted(x.mesh, nothing(x.dtype, X.shape), full, x.global_shape)
@@ -100,6 +97,15 @@ def record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, gather: Ca
 
     inputs = (x,) + tuple(t for pair in pairs for t in pair)
     return record(out, "column_parallel_linear", inputs, backward, with_partial(out.layout, ()))
+
+
+def add_part(dx: Optional[np.ndarray], part: np.ndarray) -> np.ndarray:
+    """The input's gradient so far, `dx` (None: none yet), plus one weight's `part` of it, summed into `part`'s
+    block: the sum a kernel of its own (a fused column's products add their parts one by one)."""
+    if dx is None:
+        return part
+    sweep("add", (dx, part), (part,))
+    return _local(np.add, part, dx, part)
 
 
 def record_row(out: Any, x: Any, w: Any, local: TensorLayout, gather: Callable) -> Any:
