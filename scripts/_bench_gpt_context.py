@@ -98,65 +98,32 @@ def _step_rows(args, comm) -> list:
 def _timed(args, comm) -> dict:
     """The worker: one real step's rows checked against `ring_groups`, then the ways of the module docstring
     timed on those groups; rank 0's result (every figure the slowest rank's or summed over the ranks)."""
-    import numpy as np
     from mpi4py import MPI
 
-    from _peer_mpi4py_step import _polite, _tight_timer_slack
+    from _peer_mpi4py_step import _tight_timer_slack
     from spmdsim import Layout, Mesh, collect_trace
-    from spmdsim.base import buffers
     from spmdsim.models.axes import CONTEXT
-    from spmdsim.runtime.door import messages, point_to_point
     from spmdsim.runtime.replay import capture
 
     plan = ring_groups(context_config(args), comm.size, comm.rank)
     stepped = _step_rows(args, comm)
     clock, axes = time.perf_counter, (CONTEXT,)
     mesh = Mesh(Layout((comm.size,), axes), comm)
-    group, polite = mesh.group(CONTEXT), mesh.polite
-    if polite:
+    if mesh.polite:
         _tight_timer_slack()
-    groups = [([(buffers.empty(n // 8, np.float64), peer, tag) for n, peer, tag in receives],
-               [(np.full(n // 8, 1.0), peer, tag) for n, peer, tag in sends]) for receives, sends in plan]
-    described = [messages(group, axes, receives, sends) for receives, sends in groups]
-    bound = [[group.Recv_init(buf, peer, tag) for buf, peer, tag in receives]
-             + [group.Send_init(buf, peer, tag) for buf, peer, tag in sends] for receives, sends in groups]
-
-    def door() -> float:
-        spent = 0.0
-        for (receives, sends), known in zip(groups, described):
-            t0 = clock()
-            point_to_point(mesh, group, axes, receives, sends, _LABEL, known)  # as the executor posts the ring's
-            spent += clock() - t0
-        return spent
-
-    def step() -> None:
-        for (receives, sends), known in zip(groups, described):
-            point_to_point(mesh, group, axes, receives, sends, _LABEL, known)
+    msgs = bench.MessageGroups(mesh, mesh.group(CONTEXT), axes, plan, _LABEL, clock)  # as the executor posts it
+    raw = msgs.raw
 
     def replayed() -> float:
         t0 = clock()
         graph()
         return clock() - t0
 
-    def raw(persistent: bool = False) -> float:
-        spent = 0.0
-        for i, (receives, sends) in enumerate(groups):
-            t0 = clock()
-            if persistent:
-                requests = bound[i]
-                MPI.Prequest.Startall(requests)
-            else:
-                requests = [group.Irecv(buf, peer, tag) for buf, peer, tag in receives]
-                requests += [group.Isend(buf, peer, tag) for buf, peer, tag in sends]
-            for request in requests:
-                _polite(request) if polite else request.Wait()
-            spent += clock() - t0
-        return spent
-
-    ways = {"raw": raw, "door": door, "raw2": raw, "replayed": replayed, "rawbound": lambda: raw(True)}
+    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "replayed": replayed,
+            "rawbound": lambda: raw(persistent=True)}
     times: dict = {way: [] for way in WAYS}
     with collect_trace() as trace:
-        graph = capture(step)  # posts the step's groups once, as the door binds them (untimed)
+        graph = capture(msgs.step)  # posts the step's groups once, as the door binds them (untimed)
         mark = len(trace.entries)
         for r in range(-1, ROUNDS):  # round -1: each way once, untimed
             for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:
@@ -169,9 +136,7 @@ def _timed(args, comm) -> dict:
                     times[way + "_rows"] = rows
                 mark = len(trace.entries)
     del graph  # its bound requests freed before the communicator
-    for requests in bound:
-        for request in requests:
-            request.Free()
+    msgs.free()
     mesh.close()
     planned = _rows(plan)
     out = {way: statistics.median(times[way]) for way in WAYS}
@@ -181,7 +146,7 @@ def _timed(args, comm) -> dict:
     out.update(step_groups=comm.allreduce(len(stepped)), step_bytes=comm.allreduce(sum(s for _, s, _ in stepped)),
                groups=comm.allreduce(len(planned)), bytes=comm.allreduce(sum(s for _, s, _ in planned)),
                messages=comm.allreduce(sum(len(s) for _, s in plan)), same=comm.allreduce(int(not same)) == 0,
-               wait="polite" if polite else "busy", rounds=ROUNDS)
+               wait="polite" if msgs.polite else "busy", rounds=ROUNDS)
     return out
 
 

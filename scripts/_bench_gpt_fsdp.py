@@ -61,28 +61,12 @@ def fsdp_steps(args, comm, replay: bool) -> dict:
     from spmdsim import DTensor, collect_trace
     from spmdsim.models.gpt import batch, encode, load_text
     from spmdsim.models.gpt.mesh import model_mesh
-    from spmdsim.models.gpt.parallel import GPT
-    from spmdsim.models.gpt.params import decays, param_specs
     from spmdsim.nn import ops
-    from spmdsim.nn.autograd.engine import backward
-    from spmdsim.nn.optim import AdamW
     from spmdsim.runtime.replay import Scalar, capture
 
     cfg, ids = bench._config(args), encode(load_text())
     mesh = model_mesh(cfg, comm, DP, 1)
-    model = GPT(cfg, mesh, fsdp=True)  # resharded after forward, no prefetch: fully_shard's defaults
-    specs = param_specs(cfg)
-    params = [model.params[s.name] for s in specs]
-    opt = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                decay=[model.params[s.name] for s in specs if decays(s)])
-
-    def train_step(xd, yd, step):
-        opt.zero_grad()
-        loss = model.loss(xd, yd, step)
-        backward(loss)  # each unit's gradients reduce-scattered onto its shards by its gather's conjugate
-        opt.step()
-        return loss
-
+    model, params, train_step = bench.gpt_step(cfg, mesh, fsdp=True)  # resharded after forward, no prefetch
     figures: dict = {key: [] for key in ("step", "collectives", "waited", "arrived", "cpu")}
     graph = None
     for step in range(args.steps + 1):

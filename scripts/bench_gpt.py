@@ -196,15 +196,16 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def gpt_step(cfg, mesh, kept: str = "graph") -> tuple:
+def gpt_step(cfg, mesh, kept: str = "graph", fsdp: bool = False) -> tuple:
     """(the GPT of `cfg` on `mesh`, sequence parallel where tp > 1, keeping `kept`'s set for backward; its
     parameters in order; its training step ``train_step(xd, yd, step) -> loss``: forward, backward with
-    buckets, AdamW) as every bench here times it."""
+    buckets, AdamW) as every bench here times it. `fsdp`: its parameters fully sharded over dp (fully_shard's
+    defaults), each unit's gradients reduce-scattered onto its shards by its gather's conjugate, no buckets."""
     from spmdsim.models.gpt.parallel import GPT
     from spmdsim.models.gpt.params import decays, param_specs
     from spmdsim.nn.optim import AdamW
 
-    model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1, kept=kept)
+    model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1, kept=kept, fsdp=fsdp)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     opt = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
@@ -213,7 +214,7 @@ def gpt_step(cfg, mesh, kept: str = "graph") -> tuple:
     def train_step(xd, yd, step):
         opt.zero_grad()
         loss = model.loss(xd, yd, step)
-        loss.backward(bucket=True)
+        loss.backward(bucket=not fsdp)
         opt.step()
         return loss
 
@@ -368,74 +369,31 @@ def _message_replay(args, comm) -> dict:
     train_pipelined(replay=True) captures step 0: the door binds each group, a replay starts it again) and
     replayed ("replayed", timed whole: its calls and the replay's Python between them), and raw mpi4py's
     Recv_init/Send_init, each group started by Prequest.Startall and completed by the same wait ("rawbound")."""
-    import numpy as np
     from mpi4py import MPI
 
-    from _peer_mpi4py_step import _polite, _tight_timer_slack
+    from _peer_mpi4py_step import _tight_timer_slack
     from spmdsim import Layout, Mesh, collect_trace
-    from spmdsim.base import buffers
     from spmdsim.models.gpt.stage_program import _PP
-    from spmdsim.runtime.door import messages, point_to_point
     from spmdsim.runtime.replay import capture
 
     cfg, clock = _config(args), time.perf_counter
     mesh = Mesh(Layout((comm.size,), ("pp",)), comm)
-    pp = mesh.group("pp")
-    polite = mesh.polite
-    if polite:
+    if mesh.polite:
         _tight_timer_slack()
-    plan = message_groups(cfg, comm.size, args.microbatches, comm.rank)
-    groups = [([(buffers.empty(n // 8, np.float64), peer, tag) for n, peer, tag in receives],
-               [(np.full(n // 8, 1.0), peer, tag) for n, peer, tag in sends]) for receives, sends in plan]
-
-    described = [messages(pp, _PP, receives, sends) for receives, sends in groups]  # the pipeline's, once a run
-
-    def door() -> float:
-        spent = 0.0
-        for (receives, sends), known in zip(groups, described):
-            t0 = clock()
-            point_to_point(mesh, pp, _PP, receives, sends, "pipeline", known)  # as the pipeline calls it
-            spent += clock() - t0
-        return spent
-
-    def step() -> None:
-        for (receives, sends), known in zip(groups, described):
-            point_to_point(mesh, pp, _PP, receives, sends, "pipeline", known)
+    msgs = MessageGroups(mesh, mesh.group("pp"), _PP, message_groups(cfg, comm.size, args.microbatches, comm.rank),
+                         "pipeline", clock)  # the pipeline's, as it calls the door
+    groups, raw = msgs.groups, msgs.raw
 
     def replayed() -> float:
         t0 = clock()
         graph()
         return clock() - t0
 
-    bound = [[pp.Recv_init(buf, peer, tag) for buf, peer, tag in receives]
-             + [pp.Send_init(buf, peer, tag) for buf, peer, tag in sends] for receives, sends in groups]
-
-    def raw(waitall: bool = False, persistent: bool = False) -> float:
-        spent = 0.0
-        for i, (receives, sends) in enumerate(groups):
-            t0 = clock()
-            if persistent:
-                requests = bound[i]
-                MPI.Prequest.Startall(requests)
-            else:
-                requests = [pp.Irecv(buf, peer, tag) for buf, peer, tag in receives]
-                requests += [pp.Isend(buf, peer, tag) for buf, peer, tag in sends]
-            if waitall:
-                MPI.Request.Waitall(requests)
-            elif polite:
-                for request in requests:
-                    _polite(request)
-            else:
-                for request in requests:
-                    request.Wait()
-            spent += clock() - t0
-        return spent
-
-    ways = {"raw": raw, "door": door, "raw2": raw, "waitall": lambda: raw(True), "replayed": replayed,
+    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "waitall": lambda: raw(True), "replayed": replayed,
             "rawbound": lambda: raw(persistent=True)}
     times: dict = {way: [] for way in REPLAYS}
     with collect_trace() as trace:
-        graph = capture(step)  # posts the step's groups once, as the door binds them (untimed)
+        graph = capture(msgs.step)  # posts the step's groups once, as the door binds them (untimed)
         mark = captured = len(trace.entries)
         for r in range(-1, ROUNDS):  # round -1: each way once, untimed
             for way in REPLAYS[r % len(REPLAYS):] + REPLAYS[:r % len(REPLAYS)]:
@@ -449,9 +407,7 @@ def _message_replay(args, comm) -> dict:
                     replay_rows = [e for e in trace.entries[mark:] if e.op in P2P]
                 mark = len(trace.entries)
     del graph  # its bound requests freed before the communicators
-    for requests in bound:
-        for request in requests:
-            request.Free()
+    msgs.free()
     mesh.close()
     out = {way: statistics.median(times[way]) for way in REPLAYS}
     for way in REPLAYS[1:]:
@@ -462,8 +418,78 @@ def _message_replay(args, comm) -> dict:
                replay_rows_same=comm.allreduce(int(not same)) == 0,
                planned_groups=comm.allreduce(len(groups)), messages=comm.allreduce(sum(len(s) for _, s in groups)),
                planned_bytes=comm.allreduce(sum(b.nbytes for _, sends in groups for b, _, _ in sends)),
-               wait="polite" if polite else "busy", rounds=ROUNDS)
+               wait="polite" if msgs.polite else "busy", rounds=ROUNDS)
     return out
+
+
+class MessageGroups:
+    """A step's message groups on `group`, the axes `axes` of `mesh`: each (receives, sends) of (buffer, peer, tag),
+    made from `plan`'s (bytes, peer, tag), timed by `clock` through spmdsim's door as `label` (`door`; `step`
+    posts them untimed, for a caller to capture) and on raw mpi4py (`raw`), on the same buffers. `free`: the
+    raw way's bound requests freed."""
+
+    def __init__(self, mesh, group, axes: tuple, plan: list, label: str, clock) -> None:
+        import numpy as np
+
+        from spmdsim.base import buffers
+        from spmdsim.runtime.door import messages
+
+        self.mesh, self.group, self.axes, self.label, self.clock = mesh, group, axes, label, clock
+        self.polite = mesh.polite
+        self.groups = [([(buffers.empty(n // 8, np.float64), peer, tag) for n, peer, tag in receives],
+                        [(np.full(n // 8, 1.0), peer, tag) for n, peer, tag in sends]) for receives, sends in plan]
+        self.described = [messages(group, axes, receives, sends) for receives, sends in self.groups]
+        self.bound = [[group.Recv_init(buf, peer, tag) for buf, peer, tag in receives]
+                      + [group.Send_init(buf, peer, tag) for buf, peer, tag in sends]
+                      for receives, sends in self.groups]
+
+    def door(self) -> float:
+        """Seconds the groups take through spmdsim's door (each group's span summed)."""
+        from spmdsim.runtime.door import point_to_point
+
+        spent, clock = 0.0, self.clock
+        for (receives, sends), known in zip(self.groups, self.described):
+            t0 = clock()
+            point_to_point(self.mesh, self.group, self.axes, receives, sends, self.label, known)
+            spent += clock() - t0
+        return spent
+
+    def step(self) -> None:
+        """The groups through spmdsim's door, untimed."""
+        from spmdsim.runtime.door import point_to_point
+
+        for (receives, sends), known in zip(self.groups, self.described):
+            point_to_point(self.mesh, self.group, self.axes, receives, sends, self.label, known)
+
+    def raw(self, waitall: bool = False, persistent: bool = False) -> float:
+        """Seconds the groups take on raw mpi4py: each group's requests posted (`persistent`: its bound ones
+        started by Prequest.Startall), then waited as spmdsim waits (the peer's polite Test() polling on a polite
+        mesh, else Wait) or by Request.Waitall (`waitall`)."""
+        from mpi4py import MPI
+
+        from _peer_mpi4py_step import _polite
+
+        spent, clock, group = 0.0, self.clock, self.group
+        for i, (receives, sends) in enumerate(self.groups):
+            t0 = clock()
+            if persistent:
+                requests = self.bound[i]
+                MPI.Prequest.Startall(requests)
+            else:
+                requests = [group.Irecv(buf, peer, tag) for buf, peer, tag in receives]
+                requests += [group.Isend(buf, peer, tag) for buf, peer, tag in sends]
+            if waitall:
+                MPI.Request.Waitall(requests)
+            else:
+                for request in requests:
+                    _polite(request) if self.polite else request.Wait()
+            spent += clock() - t0
+        return spent
+
+    def free(self) -> None:
+        for requests in self.bound:
+            for request in requests:
+                request.Free()
 
 
 def _max():
