@@ -196,11 +196,12 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def gpt_step(cfg, mesh, kept: str = "graph", fsdp: bool = False) -> tuple:
+def gpt_step(cfg, mesh, kept: str = "graph", fsdp=None) -> tuple:
     """(the GPT of `cfg` on `mesh`, sequence parallel where tp > 1, keeping `kept`'s set for backward; its
     parameters in order; its training step ``train_step(xd, yd, step) -> loss``: forward, backward with
-    buckets, AdamW) as every bench here times it. `fsdp`: its parameters fully sharded over dp (fully_shard's
-    defaults), each unit's gradients reduce-scattered onto its shards by its gather's conjugate, no buckets."""
+    buckets, AdamW) as every bench here times it. `fsdp`: GPT's (None: off; True: its parameters fully sharded
+    over dp, resharded after forward), each unit's gradients then reduce-scattered by its gather's conjugate,
+    no buckets."""
     from spmdsim.models.gpt.parallel import GPT
     from spmdsim.models.gpt.params import decays, param_specs
     from spmdsim.nn.optim import AdamW
@@ -214,7 +215,7 @@ def gpt_step(cfg, mesh, kept: str = "graph", fsdp: bool = False) -> tuple:
     def train_step(xd, yd, step):
         opt.zero_grad()
         loss = model.loss(xd, yd, step)
-        loss.backward(bucket=not fsdp)
+        loss.backward(bucket=fsdp is None)
         opt.step()
         return loss
 
