@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_model_arguments", "refuse_small"]
+__all__ = ["add_model_arguments", "add_run_arguments", "refuse_small"]
 
 #: The counts and the least each may be.
 _LEAST = (("steps", 1), ("check", 0), ("layers", 1), ("d_model", 1), ("seq", 1), ("dp", 1), ("tp", 1))
@@ -19,6 +19,13 @@ def add_model_arguments(ap: argparse.ArgumentParser, check: int, check_help: str
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--tp", type=int, default=4)
+
+
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """--wait (busy, polite or auto) and --dropout: how a peer of blocking collectives waits, its dropout."""
+    ap.add_argument("--wait", choices=("busy", "polite", "auto"), default="auto",
+                    help="blocking MPI calls, or nonblocking ones polled politely (auto: as spmdsim decides)")
+    ap.add_argument("--dropout", type=float, default=0.1)
 
 
 def refuse_small(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard"]
+__all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard", "flat_state"]
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 # spmdsim.runtime.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
@@ -208,14 +208,7 @@ class Replica:
         sizes = [shards[n].size for n in order]
         self.n_dp = sum(s for n, s in zip(order, sizes) if self.summed_over_dp(n))
         self.n_decay = sum(s for n, s in zip(order, sizes) if shards[n].ndim >= 2)
-        self.theta, self.grad = np.empty(sum(sizes)), np.empty(sum(sizes))
-        self.m, self.v = np.zeros(sum(sizes)), np.zeros(sum(sizes))
-        self.p, self.g, at = {}, {}, 0
-        for name, size in zip(order, sizes):
-            self.p[name] = self.theta[at:at + size].reshape(shards[name].shape)
-            self.g[name] = self.grad[at:at + size].reshape(shards[name].shape)
-            self.p[name][...] = shards[name]
-            at += size
+        self.theta, self.grad, self.m, self.v, self.p, self.g = flat_state(shards, order)
         T = self.T
         self.causal = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, 0.0)
         self.steps = 0
@@ -383,6 +376,22 @@ class Replica:
     def _adamw(self) -> None:
         self.steps += 1
         adamw_flat(self.cfg, self.steps, self.theta, self.grad, self.m, self.v, self.n_decay)
+
+
+def flat_state(blocks: dict, order: list) -> tuple:
+    """AdamW's flat state over `blocks` (name -> this rank's block) laid end to end in `order`: (theta, grad, m, v,
+    params, grads), theta a copy of the blocks, grad, m and v zeros, params and grads name -> views of theta and
+    grad in each block's shape."""
+    total = sum(blocks[n].size for n in order)
+    theta, grad, m, v = np.empty(total), np.zeros(total), np.zeros(total), np.zeros(total)
+    params, grads, at = {}, {}, 0
+    for name in order:
+        size, shape = blocks[name].size, blocks[name].shape
+        params[name] = theta[at:at + size].reshape(shape)
+        grads[name] = grad[at:at + size].reshape(shape)
+        params[name][...] = blocks[name]
+        at += size
+    return theta, grad, m, v, params, grads
 
 
 def adamw_flat(cfg: Any, t: int, theta: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,

@@ -41,8 +41,8 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
-from _peer_mpi4py_step import Replica, _layer_norm, _layer_norm_back, adamw_flat  # noqa: E402
+from _gpt_peer_args import add_model_arguments, add_run_arguments, refuse_small  # noqa: E402
+from _peer_mpi4py_step import Replica, _layer_norm, _layer_norm_back, adamw_flat, flat_state  # noqa: E402
 from peer_mpi4py_gpt import print_result, run, stopped  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
@@ -89,14 +89,7 @@ class FsdpReplica(Replica):
         order = sorted(shards, key=lambda n: shards[n].ndim < 2)  # the 2-d weights first: they decay
         sizes = [shards[n].size for n in order]
         self.n_decay = sum(s for n, s in zip(order, sizes) if shards[n].ndim >= 2)
-        self.theta, self.grad = np.empty(sum(sizes)), np.empty(sum(sizes))  # the shards, flat: AdamW's
-        self.m, self.v = np.zeros(sum(sizes)), np.zeros(sum(sizes))
-        self.sp, self.sg, at = {}, {}, 0
-        for name, size in zip(order, sizes):
-            self.sp[name] = self.theta[at:at + size].reshape(shards[name].shape)
-            self.sg[name] = self.grad[at:at + size].reshape(shards[name].shape)
-            self.sp[name][...] = shards[name]
-            at += size
+        self.theta, self.grad, self.m, self.v, self.sp, self.sg = flat_state(shards, order)  # the shards: AdamW's
 
     @property
     def where(self) -> tuple:
@@ -215,9 +208,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(ap, 1, "first steps run with spmdsim's dropout masks, checked against the reference")
     ap.set_defaults(dp=8, tp=1)
-    ap.add_argument("--wait", choices=("busy", "polite", "auto"), default="auto",
-                    help="blocking MPI calls, or nonblocking ones polled politely (auto: as spmdsim decides)")
-    ap.add_argument("--dropout", type=float, default=0.1)
+    add_run_arguments(ap)
     args = ap.parse_args(argv)
     refuse_small(ap, args)
     from mpi4py import MPI

@@ -38,7 +38,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
+from _gpt_peer_args import add_model_arguments, add_run_arguments, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
@@ -172,9 +172,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Parse, check the mesh (one line when it cannot run), then run; rank 0 prints the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(ap, 1, "first steps run with spmdsim's dropout masks, checked against the reference")
-    ap.add_argument("--wait", choices=("busy", "polite", "auto"), default="auto",
-                    help="blocking MPI calls, or nonblocking ones polled politely (auto: as spmdsim decides)")
-    ap.add_argument("--dropout", type=float, default=0.1)
+    add_run_arguments(ap)
     args = ap.parse_args(argv)
     refuse_small(ap, args)
     from mpi4py import MPI

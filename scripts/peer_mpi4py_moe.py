@@ -247,7 +247,7 @@ def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse, check the mesh (one line when it cannot run), then run; rank 0 prints the figures."""
-    from _gpt_peer_args import add_model_arguments, refuse_small
+    from _gpt_peer_args import add_model_arguments, add_run_arguments, refuse_small
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(ap, 1, "first steps run with spmdsim's dropout masks, checked against the reference")
@@ -255,9 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ep", type=int, default=2, help="expert-parallel ranks (the mesh is dp x ep x tp)")
     ap.add_argument("--experts", type=int, default=4)
     ap.add_argument("--capacity-factor", type=float, default=1.0)
-    ap.add_argument("--wait", choices=("busy", "polite", "auto"), default="auto",
-                    help="blocking MPI calls, or nonblocking ones polled politely (auto: as spmdsim decides)")
-    ap.add_argument("--dropout", type=float, default=0.1)
+    add_run_arguments(ap)
     args = ap.parse_args(argv)
     refuse_small(ap, args)
     if args.ep < 1:

@@ -51,7 +51,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _peer_mpi4py_step import _polite, _tight_timer_slack, adamw_flat  # noqa: E402
+from _peer_mpi4py_step import _polite, _tight_timer_slack, adamw_flat, flat_state  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["Stage", "layer_counts", "pipeline_args_problem", "main"]
@@ -89,14 +89,7 @@ class Stage:
         order = sorted(held, key=lambda n: params[n].ndim < 2)  # the decaying 2-d weights first
         sizes = [params[n].size for n in order]
         self.n_decay = sum(sz for n, sz in zip(order, sizes) if params[n].ndim >= 2)
-        self.theta, self.grad = np.empty(sum(sizes)), np.zeros(sum(sizes))
-        self.mom, self.vel = np.zeros(sum(sizes)), np.zeros(sum(sizes))
-        self.p, self.g, at = {}, {}, 0
-        for name, size in zip(order, sizes):
-            self.p[name] = self.theta[at:at + size].reshape(params[name].shape)
-            self.g[name] = self.grad[at:at + size].reshape(params[name].shape)
-            self.p[name][...] = params[name]
-            at += size
+        self.theta, self.grad, self.mom, self.vel, self.p, self.g = flat_state(params, order)
         self.micro = cfg.batch // microbatches
         self.rows = self.micro * cfg.seq  # an activation's rows: (sample, position)
         self.steps, self.sent_bytes, self.waited = 0, 0, 0.0
