@@ -151,3 +151,17 @@ def test_the_training_example_with_cp_ends_with_a_sample_drawn_from_the_trained_
     assert "check: 1 step vs one numpy process" in out and ": PASS" in out, out
     drawn = out.split("sample (temperature 0.8, drawn in one numpy process from the trained parameters):\n", 1)
     assert len(drawn) == 2 and drawn[1].startswith("def ") and len(drawn[1].rstrip("\n")) >= 4 + 1, out
+
+
+def test_generate_on_a_context_parallel_model_is_one_line():
+    """GPT.generate with cp raised numpy's shard error from deep in the forward; it names what to call instead."""
+    from spmdsim.models.gpt.train import train as train_gpt
+
+    def body():
+        model, _ = train_gpt(GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=2), spmdsim.world(), 1, 1, 1,
+                             encode(load_text(2_000)), check=False, cp=2, context=Context())
+        with pytest.raises(SpmdsimError, match="^generate: a window of one new token does not split over the "
+                                               "context-parallel ranks; .*reference_sample$"):
+            model.generate(b"def ", 4)
+
+    spmdsim.simulate(2, body)

@@ -358,6 +358,10 @@ class GPT(_Block):
 
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
+        if self.context is not None:  # (the mesh's: alike on every rank)
+            raise SpmdsimError("generate: a window of one new token does not split over the context-parallel "
+                               "ranks; draw from the parameters in one process: "
+                               "spmdsim.models.gpt.train.reference_sample")
         cfg, mesh = self.cfg, self.mesh
         dp = mesh.layout.group_size((self.batch,) if isinstance(self.batch, str) else self.batch)  # a window each
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
