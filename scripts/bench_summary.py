@@ -12,8 +12,9 @@ A/A control: the same statistic for two copies of the raw code.
     for i in 1 2 3; do timeout -k 5 900 mpiexec -n 8 python scripts/bench.py --aa --json aa$i.json; done
     python scripts/bench_summary.py b*.json --aa aa*.json
 
-Targets (issue 6), over cases moving at least --min-bytes per rank:
-comm  <= 1.1x raw mpi4py (time inside collectives); model: the cost model's
+Targets, over cases moving at least --min-bytes per rank:
+comm  <= 1.05x raw mpi4py (time inside collectives), or no more than the A/A control's largest
+ratio for that case where --aa runs are given (the machine's own noise); model: the cost model's
 prediction within 2x of the raw comm time, or of its time after the last rank
 arrived (`rawarr`, no wait for late ranks).
 """
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import byte_size  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
-COMM_TARGET = 1.1
+COMM_TARGET = 1.05
 MODEL_FACTOR = 2.0
 _EXPECTED = "expected bench.py's JSON list"
 _REQUIRED = ("name", "bytes_per_rank", "spmdsim_comm_s", "raw_comm_s")
@@ -138,7 +139,7 @@ def check_counted(rows: list[dict], runs: list[list[dict]], min_bytes: int, what
     """End the run with one line when no case of `runs` reaches --min-bytes.
 
     Every case below it is left out, so runs of `bench.py --quick` (16 KiB a rank) summarized at the default
-    1 MiB printed an empty table and "comm <= 1.1x raw: 0 of 0" with exit 0, as if nothing had been measured.
+    1 MiB printed an empty table and a count of "0 of 0" with exit 0, as if nothing had been measured.
     """
     if rows:
         return
@@ -155,9 +156,17 @@ def within(ratio: Optional[float], factor: float) -> bool:
     return ratio is not None and 1.0 / factor <= ratio <= factor
 
 
-def targets(rows: list[dict]) -> dict:
+def comm_bound(name: str, aa: dict) -> float:
+    """The comm ratio case `name` must not exceed: COMM_TARGET, or the A/A control's largest ratio over
+    its launches where that is larger (two copies of the same raw code differed by that much)."""
+    spread = (aa.get(name) or {}).get("comm_range")
+    return max(COMM_TARGET, spread[1]) if spread else COMM_TARGET
+
+
+def targets(rows: list[dict], aa_rows: Optional[list[dict]] = None) -> dict:
     """Counts of cases meeting each target, and the names of those that miss."""
-    comm_miss = [r["name"] for r in rows if r["comm"] is None or r["comm"] > COMM_TARGET]
+    aa = {r["name"]: r for r in aa_rows or []}
+    comm_miss = [r["name"] for r in rows if r["comm"] is None or r["comm"] > comm_bound(r["name"], aa)]
     model_miss = [r["name"] for r in rows if not within(r["model"], MODEL_FACTOR)]
     model_arr_miss = [r["name"] for r in rows if not within(r["model"], MODEL_FACTOR)
                       and not within(r["model_arrival"], MODEL_FACTOR)]
@@ -211,12 +220,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         aa_runs = load(args.aa)
         aa_rows = summarize(aa_runs, args.min_bytes)
         check_counted(aa_rows, aa_runs, args.min_bytes, "--aa runs")
-    result = targets(rows)
+    result = targets(rows, aa_rows)
     if args.json:
         print(json.dumps({"rows": rows, "aa_rows": aa_rows, "targets": result}, indent=1))
         return 0
     print(table(rows, aa_rows))
-    print(f"\ncomm <= {COMM_TARGET}x raw: {result['comm_met']} of {result['cases']}"
+    bound = f"{COMM_TARGET}x raw" + (" or the A/A's largest" if aa_rows is not None else "")
+    print(f"\ncomm <= {bound}: {result['comm_met']} of {result['cases']}"
           + (f" (misses: {', '.join(result['comm_miss'])})" if result["comm_miss"] else ""))
     print(f"model within {MODEL_FACTOR:g}x of raw comm: {result['model_met']} of {result['cases']}; "
           f"of raw comm or its after-arrival time: {result['model_or_arrival_met']} of {result['cases']}"

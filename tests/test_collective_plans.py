@@ -42,6 +42,9 @@ def _body():
         np.testing.assert_array_equal(out, np.concatenate([np.split(mine(j), 2, 0)[tp.index(r)] for j in tp], 0))
         inplace = x.copy()
         assert C.allreduce(mesh, inplace, "dp", out=inplace) is inplace
+        sent = x.copy()  # received in place: member 1's block on both
+        assert C.bcast(mesh, sent, "tp", 1) is sent
+        np.testing.assert_array_equal(sent, mine(tp[1]))
         np.testing.assert_array_equal(inplace, sum(mine(j) for j in dp))
         with collect_trace() as trace:  # a trace open: its rows as a first call's
             C.allgather(mesh, x, "tp", 0, label="again")
@@ -62,7 +65,7 @@ def _body():
 
 def test_a_repeated_collective_gets_what_its_first_call_got():
     for kept, (rows1, seq1, rows2, seq2) in spmdsim.simulate(4, _body):
-        assert kept == 8  # every call above but the allgather along dim 1 (unpacked: worked out each time)
+        assert kept == 9  # every call above but the allgather along dim 1 (unpacked: worked out each time)
         assert rows1 == rows2 == [("allgather", ("tp",), 2, 48, 48, "again", 0, 0),  # as main's first calls
                                   ("reduce_scatter", ("tp",), 2, 24, 24, None, 0, 0)]
-        assert seq2 - seq1 == 11  # each call numbered as a first one is
+        assert seq2 - seq1 == 12  # each call numbered as a first one is

@@ -291,6 +291,14 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     """
     if CAPTURES[0] and capturing():  # one recorded call (`_RECORDED`, at the end)
         return _RECORDED["bcast"](mesh, local, axes, root, label=label)
+    key = None
+    if type(local) is _ndarray and (flags := local.flags).c_contiguous and flags.writeable:
+        try:  # as allgather's plan: received in place, so `local` is the buffer
+            plan = mesh._plans.get(key := ("bcast", axes, local.shape, local.dtype, root))
+        except TypeError:
+            plan = key = None
+        if plan is not None:
+            return repeat(mesh, plan, axes, label, (local, root), local, local)
     comm, g, me = mesh.group_info(axes)
     if type(root) is not int or not 0 <= root < g:
         root = _group_root(root, g, axes)
@@ -301,8 +309,11 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     if not (type(buf) is _ndarray and (flags := buf.flags).c_contiguous and flags.writeable):
         buf = np.array(local, order="C")
     n = buf.nbytes
-    return issue(mesh, comm, g, "bcast", axes, label, mesh.engine.broadcast, (buf, root), buf, buf, (root,),
-                 (n, 0) if me == root else (0, n))
+    moved = (n, 0) if me == root else (0, n)
+    result = issue(mesh, comm, g, "bcast", axes, label, mesh.engine.broadcast, (buf, root), buf, buf, (root,), moved)
+    if key is not None and buf is local:
+        keep(mesh, key, comm, g, buf.shape, "bcast", mesh.engine.broadcast, (root,), moved)
+    return result
 
 
 def _group_root(root: Any, g: int, axes: Any) -> int:

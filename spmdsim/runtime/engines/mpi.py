@@ -200,6 +200,14 @@ class MpiEngine(Engine):
                 else:
                     wait(post(source, recv, ops[op]))
             return summed
+        if transfer == self.broadcast:
+            if wait is None:
+                return comm.Bcast
+            post_cast = comm.Ibcast
+
+            def cast(buf: Any, root: int) -> None:
+                wait(post_cast(buf, root))
+            return cast
         return super().direct(transfer, comm, wait, dtype)
 
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
