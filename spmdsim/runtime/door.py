@@ -35,7 +35,7 @@ from . import layers
 from .layers import Collective
 from .axes import normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
-from ..base.context import _THREAD, current as _context
+from ..base.context import current as _context
 from .trace import fold_to, record, record_call, record_to
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     dtype = x.dtype if type(x) is _ndarray else x
     if dtype not in _TAKEN[op]:
         _take(op, dtype)
-    context = _context()  # the running rank's: its open traces and call counter
+    context = mesh.context  # the running rank's (the mesh's maker's): its open traces and call counter
     traces = context.traces
     if context.hooks.quiet and mesh.algorithms is None:
         if t0 is None and traces:
@@ -111,7 +111,7 @@ def repeat(mesh: Mesh, plan: KeptCall, axes: Any, label: str | None, args: tuple
     and dims (spmdsim.runtime.collectives keeps `plan`, what `keep` made of it, per mesh): with no debug hook
     on and no algorithm, the engine's transfer alone (`plan.direct`) and, where a trace is open, its row;
     else `issue` with what the plan holds."""
-    context = _THREAD.context  # current()'s, without its call
+    context = mesh.context  # the rank's that made the mesh and calls it (no thread-local lookup)
     if context.hooks.quiet and mesh.algorithms is None:
         traces = context.traces
         if not traces:
