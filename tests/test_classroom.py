@@ -193,6 +193,12 @@ def test_png_without_matplotlib_fails_first_with_the_install_line(capsys, monkey
 def test_small_frictions(capsys):
     assert main(["show", "--device-matrix", "2,4", "--tensor-map", "mp,None", "--shape", "8,6"]) == 2
     assert "--alias is missing (case key 'alias_name'), needed by the layout form" in capsys.readouterr().err
+    assert main(["show", "--shape", "8,6"]) == 2  # a shape and no layout: said in flags, not in a JSON case's keys
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: the flags give no layout: expected --device-matrix, --alias and --tensor-map (e.g. "
+        "--device-matrix 2,4 --alias dp,mp --tensor-map mp,None), --strategy (+ --world-size), --sbp + "
+        "--placement, --placements + --device-matrix (PyTorch DTensor) or --partition-spec + --device-matrix "
+        "(JAX)\n")
     assert main(["show", "--device-matrix", "1", "--alias", "x", "--tensor-map", "x", "--shape", "4"]) == 0
     out = capsys.readouterr().out
     assert "on Layout(x=1), 1 rank\n" in out and "#k" not in out

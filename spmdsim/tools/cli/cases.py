@@ -204,6 +204,12 @@ def flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     return values
 
 
+_NO_LAYOUT_FLAGS = ("the flags give no layout: expected --device-matrix, --alias and --tensor-map "
+                     "(e.g. --device-matrix 2,4 --alias dp,mp --tensor-map mp,None), --strategy (+ --world-size), "
+                     "--sbp + --placement, --placements + --device-matrix (PyTorch DTensor) or "
+                     "--partition-spec + --device-matrix (JAX)")
+
+
 def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> Case:
     """Build the case from a JSON file/stdin and the flags (flags win)."""
     flags: dict[str, Any] = {}
@@ -235,6 +241,8 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
         flags["partition_spec"] = args.partition_spec
     if getattr(args, "cut", None) is not None:
         flags["cut"] = args.cut
+    if args.case is None and flags and not any(k in flags for keys in _FORM_TRIGGERS.values() for k in keys):
+        raise SpmdsimError(_NO_LAYOUT_FLAGS)  # flags alone, none of a layout's: said in flags, not JSON keys
     data: dict[str, Any] = {}
     if args.case is not None or not flags:
         data = _read_case_source(args.case, stdin)
