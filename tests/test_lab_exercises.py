@@ -191,6 +191,22 @@ WRONG = [
                 cur = buf
             return total
         """),
+    # Every rank sends before it receives: a deadlock once the chunks pass the 8 KiB eager limit (the second
+    # case's chunks do at every rank count: 8 ranks, 1,040 float64 each).
+    (5, 8, 1, "deadlock", ["deadlock at 8 ranks", "rank 0 waits in send to group rank 1", "8320 bytes",
+                           "line 8", "post the receive first"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            chunks = [c.copy() for c in np.array_split(x, n)]
+            for s in range(n - 1):
+                for sent, got in (((r - s) % n, (r - s - 1) % n),):
+                    buf = np.empty_like(chunks[got])
+                    comm.Send(chunks[sent], dest=(r + 1) % n)
+                    comm.Recv(buf, source=(r - 1) % n)
+                    chunks[got] += buf
+            return np.concatenate(chunks)
+        """),
     (5, 4, 0, "bytes", ["rank 0 sent 384 B at 4 ranks (N=16); the algorithm needs 192 B"], """
         import numpy as np
         def ring_allreduce(comm, x):

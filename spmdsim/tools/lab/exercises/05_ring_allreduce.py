@@ -26,7 +26,9 @@ SEEDS = (0, 1)
 
 def case(seed, n):
     rng = np.random.default_rng(seed)
-    size = (16, 1120)[seed % 2]  # divisible by 1, 2, 4, 8 but not 3; the second over MPICH's 8 KiB eager limit: a Send waits for its Recv
+    # divisible by 1, 2, 4, 8 but not 3; the second cuts into chunks over MPICH's 8 KiB eager limit at every
+    # rank count (8,320 float64 over 8 ranks: 1,040 each, 8,320 B), where a Send waits for its Recv
+    size = (16, 8320)[seed % 2]
     xs = [rng.standard_normal(size) for _ in range(n)]
     total = np.sum(xs, axis=0)
     return {"args": [(x,) for x in xs], "expected": [total] * n, "label": f"N={size}"}
