@@ -97,8 +97,9 @@ def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tupl
     """Count one layer's expert kernels on this rank in spmdsim.base.flops's open counters, as `_run_experts` (or,
     `backward`, `_combine_grad` and `_experts_grad`) run them: with a capacity one product a weight batched
     over the local experts, dropless one 2-d product per expert and weight, on the rows each expert got; the
-    bias adds, GELU (SwiGLU's gate) and its backward, the biases' sums, and the packing of the send buffer
-    and the tokens' sum of their rows. A real step and a dry run count the same (the dry run routes by rule).
+    bias adds, GELU (SwiGLU's gate) and its backward, the biases' sums, the packing of the send buffer, the
+    combine's unpermutation and, in the backward, their conjugates (`_permute` ... `_permute_backward`). A
+    real step and a dry run count the same (the dry run routes by rule).
     `names`: the experts' weights (`_present`): a bias not there is neither added nor summed, and "w3" makes
     them SwiGLU experts (fc3's product beside fc1's, the gate in place of GELU, and their backward).
 
@@ -123,10 +124,7 @@ def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tupl
         return pair if a is None else pair + (a,)
 
     tokens, rows = (x_shape, act), ((nrows, D), act)
-    if not backward:
-        sweep("moe pack", (b("x", tokens),), (rows,))
-    else:
-        sweep("moe combine backward", (b("dy", tokens), b("back", rows)), (rows,))
+    (_unpermute_backward if backward else _permute)(b, tokens, rows)
     for lead, n in groups:
         xs, hs, ys = (lead + (n, D), act), (lead + (n, H), act), (lead + (n, D), act)
         w1, w2, w3 = b("w1", (lead + (D, H), act)), b("w2", (lead + (H, D), act)), b("w3", (lead + (D, H), act))
@@ -162,10 +160,39 @@ def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tupl
             gemm(hs[0], lead + (H, D), dtype, (hs, w1, xs))  # d xe
             if swiglu:
                 gemm(hs[0], lead + (H, D), dtype, (hs, w3, xs))  # d xe's fc3 part, added
-    if not backward:
-        sweep("moe unpack", (b("back", rows),), (b("out", tokens),))
-    else:
-        sweep("moe unpack", (rows,), (b("dx", tokens),))
+    (_permute_backward if backward else _unpermute)(b, tokens, rows)
+
+
+# The tokens' permutations as Megatron-Core's unfused ones run them (megatron/core/transformer/moe/moe_utils.py at
+# core_v0.9.0, the alltoall dispatcher's: `permute`, a gather (`moe_gather`); `unpermute`, a scatter-add into a
+# zeroed buffer (`moe_scatter`), the product by the gates, the sum of each token's rows; and their autograd
+# backward), each kernel on `tokens` (the layer's (T, bl, D) pair) and `rows` (the send buffer's (rows, D)), a
+# name's block by `b` (`_count_experts`).
+
+def _permute(b: Any, tokens: tuple, rows: tuple) -> None:
+    sweep("moe pack", (b("x", tokens),), (rows,))
+
+
+def _unpermute(b: Any, tokens: tuple, rows: tuple) -> None:
+    sweep("moe unpermute zero", (), (rows,))
+    sweep("moe unpermute", (b("back", rows), rows), (rows,))
+    sweep("moe unpermute gates", (rows,), (rows,))
+    sweep("moe unpack", (rows,), (b("out", tokens),))
+
+
+def _unpermute_backward(b: Any, tokens: tuple, rows: tuple) -> None:
+    """d rows = dy x gates; d gates = the sum over D of dy x the rows (one a row); the scatter's backward, a
+    gather."""
+    sweep("moe combine backward", (b("dy", tokens),), (rows,))
+    sweep("moe gates backward", (b("dy", tokens), b("back", rows)), (rows,))
+    sweep("sum", (rows,), ((rows[0][:1], rows[1]),))
+    sweep("moe unpermute backward", (rows,), (rows,))
+
+
+def _permute_backward(b: Any, tokens: tuple, rows: tuple) -> None:
+    """The gather's backward: a zeroed (T, bl, D) the rows' gradients are scatter-added into."""
+    sweep("moe permute backward", (), (b("dx", tokens),))
+    sweep("moe unpack", (rows, b("dx", tokens)), (b("dx", tokens),))
 
 
 def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:
