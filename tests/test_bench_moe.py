@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
-from testkit import MPIEXEC
+from spmdsim.models.moe import MoEConfig, dispatch_rows, route
+from testkit import MPIEXEC, load_script
 
 _BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench_moe.py"
 _RATIO = r"\s+(\d+\.\d{3})x raw \((\d+\.\d\d)-(\d+\.\d\d)\)$"
@@ -37,10 +40,15 @@ def test_one_tiny_launch_prints_its_ratios_and_agrees_with_raw_mpi4py():
     assert re.match(r"load average at the start \d+\.\d\d \d+\.\d\d \d+\.\d\d ", lines[1]), lines[1]
     assert re.match(r"load average at the end \d+\.\d\d \d+\.\d\d \d+\.\d\d$", lines[-1]), lines[-1]
     # dropless: every rank sends its 16 tokens x 2 choices of 4 float64 and gets them back (the trace counts
-    # an Alltoallv's whole send buffer); with a capacity of ceil(2 x 8 x 1.25 / 8) = 3 slots, every rank
-    # sends its (2, 8, 3, 4) slots, 7/8 of them leaving it, each way
+    # what leaves the rank: all but the rows its routing gives its own expert); with a capacity of
+    # ceil(2 x 8 x 1.25 / 8) = 3 slots, every rank sends its (2, 8, 3, 4) slots, 7/8 of them leaving it, each way
     send = {"dropless": 8 * sequences * tokens * 2 * d * 8, "capacity": 8 * sequences * 8 * 3 * d * 8}
-    traced = {"dropless": 2 * send["dropless"], "capacity": 2 * send["capacity"] * 7 // 8}
+    bench = load_script(_BENCH, "spmdsim_bench_moe")
+    args = SimpleNamespace(seed=0, sequences=sequences, tokens=tokens, experts=8)
+    capacity = MoEConfig(experts=8, top_k=2, dropless=True).capacity(tokens)  # as the bench routes
+    own = sum(int(dispatch_rows(route(bench._probs(args, r), 2, capacity), True, 8)[2][r]) for r in range(8))
+    assert 0 < own < 8 * sequences * tokens * 2  # some rows stay home, not all
+    traced = {"dropless": 2 * (send["dropless"] - own * d * 8), "capacity": 2 * send["capacity"] * 7 // 8}
     for mode, kind in (("dropless", "Alltoallv"), ("capacity", "Alltoall")):
         at = lines.index(next(line for line in lines if line.startswith(f"{mode} ({kind}): ")))
         assert lines[at].endswith(f"send buffers {send[mode]:,} B all ranks"), lines[at]

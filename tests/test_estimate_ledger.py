@@ -321,8 +321,10 @@ def test_a_dropless_ledger_prices_its_alltoallv_and_follows_the_routing():
 
     balanced, worst = sent("balanced"), sent("worst")
     assert set(balanced) == set(worst) == {"alltoall", "alltoallv"}  # the counts, then the rows
-    # rank 0 holds expert 0, every token's first choice under `worst`: its combine sends all 4 members' back
-    assert worst["alltoallv"] == 1.5 * balanced["alltoallv"] and worst["alltoall"] == balanced["alltoall"]
+    # Balanced, a rank sends 3/4 of its rows (the rest go to its own expert, copied within the rank). Under
+    # `worst` rank 0 holds expert 0, every token's first choice (top-2): it dispatches its second choices alone
+    # (1/2 of its rows) and its combine sends the other 3 members' first choices back (3/2): 4/3 of balanced's.
+    assert 3 * worst["alltoallv"] == 4 * balanced["alltoallv"] and worst["alltoall"] == balanced["alltoall"]
 
 
 def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():

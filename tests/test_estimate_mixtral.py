@@ -53,7 +53,8 @@ def test_the_rows_model_flops_are_megatrons_count_and_the_routers_product():
 
 def test_the_tokens_all_to_all_stays_on_nvlink_and_each_gradient_is_summed_over_its_own_group():
     """Each stage's ranks send the tokens' all-to-all on node links only: 4 Alltoallv (dispatch and combine,
-    forward and backward) a MoE layer a microbatch, each the rank's k s tokens of h bf16 values; and its
+    forward and backward) a MoE layer a microbatch, each the rank's k s tokens of h bf16 values but the 1/ep it
+    routes to its own experts; and its
     ZeRO-1 reduce-scatter sends (g - 1)/g of each fp32 gradient buffer, g = dp x ep = 16 for the attention's,
     the embedding's and the head's, g = dp = 2 for the experts' (Megatron's expert data-parallel group)."""
     d = _row()
@@ -61,7 +62,8 @@ def test_the_tokens_all_to_all_stays_on_nvlink_and_each_gradient_is_summed_over_
     for stage in d["stages"]:
         sent = stage["sent"]
         assert "alltoallv cluster" not in sent
-        assert sent["alltoallv node"] == 4 * layers_a_stage * d["microbatches"] * TOP_K * SEQ * HIDDEN * 2
+        # (routed balanced: 1/ep of a rank's rows go to its own experts, copied within the rank)
+        assert sent["alltoallv node"] == 4 * layers_a_stage * d["microbatches"] * TOP_K * SEQ * HIDDEN * 2 * (EP - 1) // EP
         experts, dense = stage["expert_params"], stage["params"] - stage["expert_params"]
         assert experts == layers_a_stage * EXPERTS // EP * 3 * HIDDEN * FFN
         assert sent["reduce_scatter cluster"] == 4 * dense * (DP * EP - 1) // (DP * EP) + 4 * experts * (DP - 1) // DP

@@ -112,9 +112,10 @@ def group_alltoallv(mesh: Mesh, local: Any, send_rows: Sequence[int], recv_rows:
     `send_rows[j]` consecutive rows go to member j (members in group order), `recv_rows[j]` rows come from
     member j; returns them (sum(recv_rows), ...), sources in group order. The counts must agree across the
     group (member i's send_rows[j] is member j's recv_rows[i]): the caller exchanged them first, as a
-    dropless MoE layer's Alltoall of counts does (spmdsim.models.moe.layer). A member's rows to itself travel too.
+    dropless MoE layer's Alltoall of counts does (spmdsim.models.moe.layer). A member's rows to itself are copied
+    by MPI within the rank: the trace counts the bytes sent to and received from the others.
     """
-    comm, g, _ = mesh.group_info(axes)
+    comm, g, me = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else np.ascontiguousarray(local)
     if x.ndim < 1 or len(send_rows) != g or len(recv_rows) != g:
         raise ShapeError(f"group_alltoallv: {len(send_rows)} send and {len(recv_rows)} receive counts for a "
@@ -132,9 +133,10 @@ def group_alltoallv(mesh: Mesh, local: Any, send_rows: Sequence[int], recv_rows:
         return recv
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
+    own = x.itemsize * scounts[me]  # (as many rows come from itself as go to it)
     return issue(mesh, comm, g, "alltoallv", axes, label, mesh.engine.all_to_allv,
-                 (x, scounts, sdispls, recv, rcounts, rdispls), recv, x.dtype, (), (x.nbytes, recv.nbytes), 0,
-                 None, None, (tuple(scounts), tuple(rcounts)))
+                 (x, scounts, sdispls, recv, rcounts, rdispls), recv, x.dtype, (), (x.nbytes - own, recv.nbytes - own),
+                 0, None, None, (tuple(scounts), tuple(rcounts)))
 
 
 def _checked_spec(mesh: Mesh, local: Any, spec: ExchangeSpec) -> int:
