@@ -29,8 +29,9 @@ def test_an_fp8_product_runs_at_the_fp8_peak_and_reads_a_byte_an_operand_element
     big = Gemm(1, 8448, 8192, 8192, "float8_e4m3fn", "forward")  # 33 x 64 tiles of 256 x 128: 16 full waves
     waves = H100.gemm_efficiency.waves.fraction(1, big.m, big.n)
     assert waves == 1.0
-    assert _seconds(big) == pytest.approx(big.flops / (1979e12 * 0.8), rel=1e-12)
-    assert _seconds(Gemm(1, 8448, 8192, 8192, "bf16", "forward")) == pytest.approx(big.flops / (989e12 * 0.8),
+    # each at its own cap: FP8 matmuls sustained at 1288.7 of 1979 TFLOP/s, bf16 ones at 708.5 of 989
+    assert _seconds(big) == pytest.approx(big.flops / (1979e12 * 0.651), rel=1e-12)
+    assert _seconds(Gemm(1, 8448, 8192, 8192, "bf16", "forward")) == pytest.approx(big.flops / (989e12 * 0.716),
                                                                                    rel=1e-12)
     # a product of 16 rows is bound by its traffic (on the roofline alone, without the waves' share, which
     # bounds it more): e4m3 (or e5m2) operands a byte, the bf16 result two
@@ -101,4 +102,4 @@ def test_the_published_fp8_row_is_the_command_quoted_under_it():
     assert f"predicted step time: {step} s" in shown and f"{rate} TFLOP/s per GPU" in shown
     code, out, err = run_here("main", quote.command.split()[1:])
     assert code == 0, err
-    assert f"predicted step time: {step} s " in out and f"MFU 89.9%: {rate} TFLOP/s per GPU of the bf16 peak" in out
+    assert f"predicted step time: {step} s " in out and f"MFU 80.6%: {rate} TFLOP/s per GPU of the bf16 peak" in out

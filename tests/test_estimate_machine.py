@@ -42,7 +42,8 @@ def test_shipped_machines_load_with_their_datasheet_figures():
     assert (h100.node.bandwidth, h100.cluster.bandwidth) == (450e9, 50e9)
     for m in (a100, h100):
         assert m.algorithm == "ring" and m.reduction_rate is None
-        assert m.gemm_efficiency.model == "roofline" and m.gemm_efficiency.max_fraction == 0.8
+        assert m.gemm_efficiency.model == "roofline"
+        assert not any(s.startswith("assumption: gemm") for s in m.sources)
         assert any("datasheet" in s and "https://" in s for s in m.sources)
         assert any(s.startswith("assumption: link latencies") for s in m.sources)
         assert machine_from_dict(machine_to_dict(m)) == m
@@ -69,11 +70,39 @@ def test_lookup_by_dtype_and_level():
         m.link("rack")
 
 
+def test_the_shipped_gemm_caps_are_their_sources_figures():
+    a100, h100 = load_machine("a100-dgx").gemm_efficiency, load_machine("h100-dgx").gemm_efficiency
+    # A100: the fastest BF16 matmul found, 271.2 TFLOPS, at the 1305 MHz it sustains of its 1410 MHz boost.
+    assert math.isclose(a100.max_fraction, 271.2 * 1305 / 1410 / 312, abs_tol=5e-5) and a100.dtypes == ()
+    assert "271.2 TFLOPS" in a100.source and "1305 MHz" in a100.source and "1410 MHz" in a100.source
+    # H100 (an H200's sustained figures, the same compute): BF16 708.5 of 989, FP8 1288.7 of 1979.
+    assert math.isclose(h100.max_fraction, 708.5 / 989, abs_tol=5e-4) and "708.5 TFLOPS" in h100.source
+    (dtype, fp8), = h100.dtypes
+    assert dtype == "fp8" and math.isclose(fp8.fraction, 1288.7 / 1979, abs_tol=5e-4)
+    assert "1288.7 TFLOPS" in fp8.source
+    assert h100.cap("float8_e4m3fn") == fp8.fraction and h100.cap("bfloat16") == h100.cap("tf32") == 0.716
+
+
+def test_a_dtype_of_its_own_is_capped_at_its_own_fraction():
+    h100 = load_machine("h100-dgx")
+    m = replace(h100, gemm_efficiency=replace(h100.gemm_efficiency, waves=None))
+    assert m.gemm_efficiency_of("fp8", 1, 8192, 8192, 8192) == 0.651
+    assert m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192) == 0.716
+    data = machine_to_dict(h100)
+    assert data["gemm_efficiency"]["dtypes"]["fp8"]["fraction"] == 0.651 and machine_from_dict(data) == h100
+    assert "dtypes" not in machine_to_dict(load_machine("a100-dgx"))["gemm_efficiency"]
+    with pytest.raises(SpmdsimError, match=r"^GemmEfficiency: key 'dtypes\.int4' is .*; expected a dtype among "):
+        machine_records.GemmEfficiency(0.8, "x", dtypes=(("int4", machine_records.Achieved(0.5, "y")),))
+    with pytest.raises(SpmdsimError, match=r"^GemmEfficiency: key 'dtypes\.fp8' is 0\.5; expected an "
+                                           r"Achieved\(fraction, source\)$"):
+        machine_records.GemmEfficiency(0.8, "x", dtypes=(("fp8", 0.5),))
+
+
 def test_gemm_efficiency_is_the_capped_roofline():
     shipped = load_machine("a100-dgx")
     m = replace(shipped, gemm_efficiency=replace(shipped.gemm_efficiency, waves=None))
     # Large: capped at max_fraction.
-    assert m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192) == 0.8
+    assert m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192) == 0.8045
     # A matrix-vector product: 2*m*n*k FLOPs over 2*(m*k + k*n + m*n) bytes, times bandwidth / peak.
     flops, traffic = 2 * 1 * 4096 * 4096, 2 * (4096 + 4096 * 4096 + 4096)
     assert math.isclose(m.gemm_efficiency_of("bf16", 1, 1, 4096, 4096), flops / traffic * 2039e9 / 312e12,
@@ -88,7 +117,7 @@ def test_the_waves_take_what_a_partial_last_wave_and_tiles_past_the_edge_leave_i
     assert (waves.sms, waves.tile) == (108, (256, 128)) and "108 SMs" in waves.source
     assert load_machine("h100-dgx").gemm_efficiency.waves.sms == 132
     # 8192 x 8192 in 256 x 128 tiles: 32 x 64 = 2,048 tiles, 19 waves of 108 (2,052 slots): 2,048 / 2,052 of the cap.
-    assert math.isclose(m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192), 0.8 * 2048 / 2052, rel_tol=1e-12)
+    assert math.isclose(m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192), 0.8045 * 2048 / 2052, rel_tol=1e-12)
     # 108 whole tiles fill one wave exactly.
     assert waves.fraction(1, 256 * 12, 128 * 9) == 1.0
     # One row past the tiles: 2 x 54 tiles, one wave, the second row of tiles computing 1 row of its 256.
@@ -161,6 +190,17 @@ _F = "machine file 'x.json': "
     ("gemm_efficiency.model", "tiles", "key 'gemm_efficiency.model' is 'tiles'; expected one of ('roofline',)"),
     ("gemm_efficiency.source", _DELETE, "key 'gemm_efficiency.source' is missing; expected present "
                                         "(see docs/howto/add-machine-file.md)"),
+    ("gemm_efficiency.dtypes", [0.7], "key 'gemm_efficiency.dtypes' is [0.7]; expected an object of "
+                                      "{'fraction', 'source'} per dtype"),
+    ("gemm_efficiency.dtypes", {"int8": {"fraction": 0.7, "source": "x"}},
+     "key 'gemm_efficiency.dtypes.int8' is {'fraction': 0.7, 'source': 'x'}; expected a dtype among "
+     "('fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8')"),
+    ("gemm_efficiency.dtypes", {"bf16": 0.7}, "key 'gemm_efficiency.dtypes.bf16' is 0.7; expected an object "
+                                              "with 'fraction' and 'source'"),
+    ("gemm_efficiency.dtypes", {"bf16": {"fraction": 0, "source": "x"}},
+     "key 'gemm_efficiency.dtypes.bf16.fraction' is 0; expected a number in (0, 1] (fraction achieved)"),
+    ("gemm_efficiency.dtypes", {"bf16": {"fraction": 0.7}},
+     "key 'gemm_efficiency.dtypes.bf16.source' is missing; expected a citation string, or 'assumption: ...'"),
 ])
 def test_every_bad_value_is_one_line_naming_file_key_value_and_expectation(key, value, line):
     with pytest.raises(SpmdsimError) as info:

@@ -56,7 +56,7 @@ def bounds_and_sums(cfg: Any, c: Config, machine: Any, precision: str, devices: 
     w = PRECISIONS[precision]
     dense, experts = stage_elements(cfg, c, layer_elements)
     states = model_states(c, precision, dense + experts)
-    peak = machine.peak(w.compute) * machine.gemm_efficiency.max_fraction
+    peak = machine.peak(w.compute) * machine.gemm_efficiency.cap(w.compute)
     per_rank = flops_bound(cfg, causal=c.cp > 1) / devices / peak
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
     # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import SpmdsimError
-from .machine_records import (_MISSING, ALGORITHMS, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
+from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .records import LEVELS
 
@@ -83,6 +83,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
             raise _fail(where, f"gemm_efficiency.{key}", eff[key], f"no such key; {_GEMM_KEYS!r}")
     _check_efficiency(where, "gemm_efficiency.", eff["model"], eff["max_fraction"], eff["source"])
     waves = None if eff.get("waves") is None else _waves(where, eff["waves"])
+    dtypes = _gemm_dtypes(where, eff.get("dtypes", {}))
     links = data["links"]
     if not isinstance(links, Mapping):
         raise _fail(where, "links", links, _WHAT["links"])
@@ -112,15 +113,26 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                    gpus_per_node=data["gpus_per_node"], memory_bytes=data["memory_bytes"],
                    peak_flops=tuple((d, float(v)) for d, v in data["peak_flops"].items()),
                    hbm_bandwidth=float(data["hbm_bandwidth"]),
-                   gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"], waves),
+                   gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"], waves,
+                                                  dtypes),
                    node=made["node"], cluster=made["cluster"], algorithm=data["algorithm"],
                    reduction_rate=None if rate is None else float(rate),
                    hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm),
                    attention_efficiency=None if attention is None else _attention(where, attention))
 
 
-#: The keys of a machine file's gemm_efficiency ("waves" optional).
-_GEMM_KEYS = ("model", "max_fraction", "source", "waves")
+#: The keys of a machine file's gemm_efficiency ("waves" and "dtypes" optional).
+_GEMM_KEYS = ("model", "max_fraction", "source", "waves", "dtypes")
+
+
+def _gemm_dtypes(where: str, data: Any) -> tuple:
+    """gemm_efficiency.dtypes: {"fp8": {"fraction": f, "source": "..."}, ...}, each dtype's own cap."""
+    if not isinstance(data, Mapping):
+        raise _fail(where, "gemm_efficiency.dtypes", data, "an object of {'fraction', 'source'} per dtype")
+    for dtype, value in data.items():
+        if dtype not in DTYPES:
+            raise _fail(where, f"gemm_efficiency.dtypes.{dtype}", value, f"a dtype among {tuple(DTYPES)!r}")
+    return tuple((dtype, _achieved(where, f"gemm_efficiency.dtypes.{dtype}", value)) for dtype, value in data.items())
 
 
 def _waves(where: str, data: Any) -> Waves:
@@ -171,6 +183,8 @@ def machine_to_dict(machine: Machine) -> dict:
                                "source": machine.gemm_efficiency.source},
            "links": {level: _link_dict(machine.link(level)) for level in LEVELS},
            "algorithm": machine.algorithm}
+    if machine.gemm_efficiency.dtypes:
+        out["gemm_efficiency"]["dtypes"] = {d: _achieved_dict(a) for d, a in machine.gemm_efficiency.dtypes}
     waves = machine.gemm_efficiency.waves
     if waves is not None:
         out["gemm_efficiency"]["waves"] = {"sms": waves.sms, "tile": list(waves.tile), "source": waves.source}

@@ -155,17 +155,35 @@ class Waves:
 @dataclass(frozen=True)
 class GemmEfficiency:
     """The roofline capped at `max_fraction` of peak, times the waves' fraction where `waves` is given
-    (module docstring); `source` says where it comes from."""
+    (module docstring); `source` says where it comes from. `dtypes`: ((dtype, Achieved), ...), the cap of
+    the dtypes measured apart (an FP8 product's achieved share of the fp8 peak is not bf16's); every other
+    dtype is capped at `max_fraction`."""
 
     max_fraction: float
     source: str
     model: str = "roofline"
     waves: Optional[Waves] = None
+    dtypes: tuple[tuple[str, Achieved], ...] = ()
 
     def __post_init__(self) -> None:
         _check_efficiency("GemmEfficiency", "", self.model, self.max_fraction, self.source)
         if self.waves is not None and not isinstance(self.waves, Waves):
             raise _fail("GemmEfficiency", "waves", self.waves, "a Waves(sms, tile, source) or None")
+        object.__setattr__(self, "dtypes", tuple(dict(self.dtypes).items()))
+        for dtype, achieved in self.dtypes:
+            if dtype not in DTYPES:
+                raise _fail("GemmEfficiency", f"dtypes.{dtype}", achieved, f"a dtype among {tuple(DTYPES)!r}")
+            if not isinstance(achieved, Achieved):
+                raise _fail("GemmEfficiency", f"dtypes.{dtype}", achieved, "an Achieved(fraction, source)")
+
+    def cap(self, dtype: Any) -> float:
+        """The largest fraction of `dtype`'s peak a product reaches: its own entry in `dtypes`, else
+        `max_fraction`."""
+        key = normalize_dtype(dtype)
+        for name, achieved in self.dtypes:
+            if name == key:
+                return achieved.fraction
+        return self.max_fraction
 
 
 @dataclass(frozen=True)
@@ -296,9 +314,9 @@ class Machine:
         traffic = batch * (DTYPES[key] * (m * k + k * n) + RESULT_BYTES.get(key, DTYPES[key]) * m * n)
         flops = 2 * batch * m * n * k
         if flops == 0:
-            return self.gemm_efficiency.max_fraction
+            return self.gemm_efficiency.cap(key)
         waves = self.gemm_efficiency.waves
-        cap = self.gemm_efficiency.max_fraction * (1.0 if waves is None else waves.fraction(batch, m, n))
+        cap = self.gemm_efficiency.cap(key) * (1.0 if waves is None else waves.fraction(batch, m, n))
         return min(cap, flops / traffic * self.hbm_bandwidth / peak)
 
 

@@ -392,8 +392,8 @@ def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) ->
     hidden = [names[p] for p in OVERLAP_UNDER if p in overlap]
     overlapped = ", ".join(f"{what}{' hidden' if not i else ''} {where}" for i, (what, where) in enumerate(hidden)) \
         if hidden else "no communication hidden"
-    return [f"assumes: {overlapped}; GEMMs at most {machine.gemm_efficiency.max_fraction:g} of peak "
-            f"({machine.gemm_efficiency.model});",
+    eff, caps = machine.gemm_efficiency, "".join(f", {d} {a.fraction:g}" for d, a in machine.gemm_efficiency.dtypes)
+    return [f"assumes: {overlapped}; GEMMs at most {eff.max_fraction:g} of peak{caps} ({eff.model});",
             f"  other kernels at {_fraction(machine.hbm_efficiency)} of HBM bandwidth; {machine.algorithm} "
             f"collectives at {_fraction(machine.node.efficiency)} (node), {_fraction(machine.cluster.efficiency)} "
             "(cluster) of links"]
