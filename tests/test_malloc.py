@@ -45,6 +45,7 @@ def test_only_under_a_launcher_and_not_against_the_users_choice(calls, monkeypat
 def test_launch_sets_glibcs_variables_unless_the_user_did():
     env = _malloc.glibc_env({"PATH": "/bin"})
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20) and env["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
+    assert env["MALLOC_TOP_PAD_"] == str(64 << 20)
     assert _malloc.glibc_env({"GLIBC_TUNABLES": "x"}) == {"GLIBC_TUNABLES": "x"}
 
 
@@ -73,6 +74,49 @@ def test_a_rank_reuses_a_freed_16_mib_buffer_without_page_faults():
     # 16 MiB is 4096 pages; a reused block faults (almost) none of them.
     assert under_launcher < 200 < opted_out, (under_launcher, opted_out)
 
+
+# A simulated rank is a thread: its blocks come from a glibc arena of its own, which grows in heaps of
+# 64 MiB. A step holding 160 MiB (40 blocks of 4 MiB) spans several; print the page faults of its second
+# round in that thread.
+ARENA = """
+import ctypes, resource, sys, threading, numpy as np
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
+from spmdsim.base import malloc as _malloc
+print(_malloc.keep_freed_buffers() if sys.argv[1] == "pad" else bool(
+    _malloc._mallopt()(-3, _malloc.MMAP_THRESHOLD) and _malloc._mallopt()(-1, _malloc.TRIM_THRESHOLD)))
+seen = []
+def rank():
+    def step():
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        blocks = [np.empty(1 << 19) for _ in range(40)]
+        for block in blocks:
+            block.fill(1)
+        del blocks
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    step()
+    seen.append(step())
+thread = threading.Thread(target=rank)
+thread.start()
+thread.join()
+print(seen[0])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(__import__("resource"), "RUSAGE_THREAD"),
+                    reason="glibc mallopt, per-thread page faults")
+def test_a_simulated_ranks_arena_keeps_its_freed_heaps():
+    """With the thresholds alone glibc unmaps a thread arena's heap once its last block is freed, and the next
+    step faults it in again (40 blocks of 4 MiB: ~10,000 faults of 40,960 pages); the top pad keeps it."""
+    env = {k: v for k, v in os.environ.items() if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
+    faults = {}
+    for how in ("pad", "thresholds"):
+        out = subprocess.run([sys.executable, "-c", ARENA, how], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        applied, faults[how] = out.stdout.split()
+        if applied != "True":
+            pytest.skip("the C library has no mallopt")
+    assert int(faults["pad"]) < 200 < 4096 < int(faults["thresholds"]), faults
 
 
 def test_a_ranks_run_keeps_freed_buffers_as_an_mpi_rank_does_unless_the_user_chose(calls, monkeypatch):

@@ -7,7 +7,12 @@ a 16 MiB Allreduce (docs/explanation/performance.md, "Heap reuse for result buff
 
 Under an MPI launcher, glibc serves allocations up to 32 MiB (its largest
 mmap threshold) from the heap and keeps up to 64 MiB of freed heap top, so a
-rank holds at most 64 MiB beyond its live arrays. `spmdsim launch` sets glibc's
+rank holds at most 64 MiB beyond its live arrays. The same 64 MiB is glibc's top
+pad: a thread's arena (a simulated rank's) grows in heaps of 64 MiB, and without
+the pad glibc unmaps a heap as soon as its last block is freed, so a rank whose
+step holds more than one heap mapped and faulted in a fresh 64 MiB every step
+(14,466 page faults and ~32 ms of system time a step for bench_gpt.py's GPT on 1
+simulated rank; none with the pad). `spmdsim launch` sets glibc's
 variables for its ranks (`glibc_env`); a rank of a plain ``mpiexec`` calls
 mallopt when spmdsim's guard is first set up on it (`keep_freed_buffers_under_launcher`,
 from runtime.process). A ``--ranks N`` run of spmdsim's programs (the CLI, the
@@ -28,10 +33,12 @@ from .threads import launcher_local_ranks
 
 MMAP_THRESHOLD = 32 << 20  # glibc refuses more than half its 64 MiB heap size
 TRIM_THRESHOLD = 64 << 20
-GLIBC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+TOP_PAD = 64 << 20  # a thread arena's freed heap stays while its blocks fit in this much
+GLIBC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
 
 # mallopt parameter numbers from glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 
 
@@ -50,11 +57,12 @@ def _mallopt() -> Any:
 
 
 def keep_freed_buffers() -> bool:
-    """Set the two thresholds in this process; False where mallopt is missing or refuses."""
+    """Set the two thresholds and the top pad in this process; False where mallopt is missing or refuses."""
     mallopt = _mallopt()
     if mallopt is None:
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                and mallopt(_M_TOP_PAD, TOP_PAD))
 
 
 def keep_freed_buffers_unless_set() -> bool:
@@ -71,8 +79,8 @@ def keep_freed_buffers_under_launcher() -> bool:
 
 
 def glibc_env(env: dict) -> dict:
-    """`env` with glibc's variables for the two thresholds, unless it sets any of GLIBC_VARS."""
+    """`env` with glibc's variables for the two thresholds and the top pad, unless it sets any of GLIBC_VARS."""
     if any(var in env for var in GLIBC_VARS):
         return env
     return {**env, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-            "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+            "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD), "MALLOC_TOP_PAD_": str(TOP_PAD)}

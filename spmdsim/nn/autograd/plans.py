@@ -207,12 +207,12 @@ def _whole_grads(plan: _LeafPlan, leaves: list, gs: list, watch: Any = None, in_
             bucket = plan.buckets[b]
 
             def release(bucket: _BucketPlan = bucket) -> None:
-                for i in bucket.positions:
-                    gs[i] = None
-                    if in_grad:
+                # each list's entries let go by a map in C (a bucket holds tens of leaves)
+                list(map(gs.__setitem__, bucket.positions, _NONE))
+                if in_grad:
+                    for i in bucket.positions:
                         leaves[i].grad = None
-                for slot in bucket.slots:
-                    out[slot] = None
+                list(map(out.__setitem__, bucket.slots, _NONE))
 
             list(map(out.__setitem__, bucket.slots, _bucket_sum(bucket, leaves, gs, None, None, release, watch, out)))
     return out

@@ -9,8 +9,8 @@ child it sets, unless already set:
 * ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` to
   cores // N (at least 1): BLAS thread pools of 8 oversubscribed ranks made a
   measured job 20x slower (docs/explanation/oversubscription.md);
-* ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (unless any glibc
-  malloc variable is set): freed result buffers stay in the heap (spmdsim.base.malloc);
+* ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``/``MALLOC_TOP_PAD_`` (unless any
+  glibc malloc variable is set): freed result buffers stay in the heap (spmdsim.base.malloc);
 * ``SPMDSIM_EXPECT_WORLD=N``, so a Mesh fails loudly under a foreign mpiexec.
 
 A job killed from outside (a rank's SIGKILL, the timeout) leaves its MPI
