@@ -50,6 +50,8 @@ _INLINE = re.compile(r"`(spmdsim [^`]+)`")
 _MPI = re.compile(r"^timeout -k 5 (\d+) mpiexec -n (\d+) (.*)$")
 _FLOAT = re.compile(r"(?:\\-)?\d\\.\d+e[+\\-]+\d+")  # escaped, as _pattern sees a line
 _MS = re.compile(r"\d+\\.\d+\\ ms")
+#: Lines whose "ms" figures are predictions (autoshard's choice), not a measured time: matched exactly.
+_PREDICTED = ("chosen: ", "not proven best: ")
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,8 @@ def _pattern(line: str) -> tuple[re.Pattern, tuple[float, ...]]:
         return "([-0-9.e+]+)"
 
     escaped = _ERROR.sub(error, _WORST.sub(r"worst\\ rank\\ \\d+", re.escape(line)))
+    if line.startswith(_PREDICTED):  # a predicted step time: the program's, quoted exactly
+        return re.compile(escaped + r"\Z"), tuple(errors)
     return re.compile(_MS.sub(r"[-0-9.]+\\ ms", escaped) + r"\Z"), tuple(errors)
 
 

@@ -168,6 +168,17 @@ def test_quoted_output_matching():
     assert mismatch(("t 2.268 ms",), "t 0.5 ms") is None
 
 
+def test_a_predicted_step_time_is_quoted_exactly_and_a_measured_one_loosely():
+    """A measured time in ms (a search's own, a benchmark's) differs between runs and matches any value; autoshard's
+    choice and its bound are predictions of the program, the same on every run: a stale one fails."""
+    from docs_commands import mismatch
+
+    assert mismatch(("a step took 1.5 ms",), "a step took 9.2 ms\n") is None
+    chosen = "chosen: tp 1, pp 1, dp 2, 1 mb, none, ZeRO 1: {} ms, 43.1 MiB at its peak"
+    assert mismatch((chosen.format("0.537"),), chosen.format("0.537") + "\n") is None
+    assert mismatch((chosen.format("0.095"),), chosen.format("0.537") + "\n") is not None
+
+
 def test_a_quoted_error_must_be_near_the_measured_one():
     """A measured error matches its quote within a factor of 100 (the BLAS build's and CPU's rounding); two
     at rounding level (at most 1e-12) match whatever their ratio; a quote further off is stale and fails."""
