@@ -158,6 +158,27 @@ def _entries(blocks: Any) -> tuple:
     return tuple(out)
 
 
+def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
+    """`_entries` of a kernel's blocks, each block's (elements, floating, itemsize) given (`_sweep`'s, None for a
+    block skipped): the sizes come with the kernel's signature, so only the arrays' identities are looked up."""
+    out = []
+    seen: set = set()
+    for block, size in zip(blocks, sized):
+        if size is None:
+            continue
+        if type(block) is tuple:
+            a = block[2] if len(block) > 2 else None
+            if a is None:
+                out.append((None,) + size)
+                continue
+        else:
+            a = block
+        if id(a) not in seen:
+            seen.add(id(a))
+            out.append((_ref(a),) + size)
+    return tuple(out)
+
+
 def holding() -> bool:
     """Whether a counter that records blocks is open now anywhere in this process (else `hold` marks nothing,
     and a caller may skip gathering what it would pass it)."""
@@ -238,9 +259,15 @@ def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Op
     context = current()
     if context.flops:
         phase = phase or context.phase
-        _sweep(context.flops, op, reads, writes, kind, phase, times)
+        reads, writes = tuple(reads), tuple(writes)
+        sized = _sweep(context.flops, op, reads, writes, kind, phase, times)
         if _BLOCKS and kind == "activations" and phase != "optimizer":
-            _record(context.flops, op, phase, tuple(reads) + tuple(writes))
+            entries = None
+            for counter in context.flops:
+                if counter.calls is not None:
+                    if entries is None:
+                        entries = _entries_sized(reads + writes, sized)
+                    counter.calls.append((op, phase, entries))
 
 
 def _signature(block: Any) -> Optional[tuple]:
@@ -252,10 +279,14 @@ def _signature(block: Any) -> Optional[tuple]:
     return None if shape is None else (shape, block.dtype)
 
 
-_SWEEPS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
+# (op, kind, phase, read signatures, written signatures) -> (its Kernels, each block's `_sized` or None): the
+# block sizes are a function of the signatures, so a call of a known signature sizes no block again
+_SWEEPS: dict = {}
 
 
-def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str, times: int = 1) -> None:
+def _sweep(counters: list, op: str, reads: tuple, writes: tuple, kind: str, phase: str, times: int = 1) -> tuple:
+    """Count the kernels in `counters`; return each of the call's blocks' (elements, floating, itemsize), None
+    where it has no signature (`_entries_sized`)."""
     key = (op, kind, phase, tuple(map(_signature, reads)), tuple(map(_signature, writes)))
     made = _SWEEPS.get(key)
     if made is None:
@@ -264,11 +295,14 @@ def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: s
             for sig in signatures:
                 if sig is not None:
                     per.setdefault(np.dtype(sig[1]).name, [0, 0])[slot] += int(math.prod(sig[0]))
-        made = tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w)
+        made = (tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w),
+                tuple(None if sig is None else _sized(sig[0], sig[1]) for sig in key[3] + key[4]))
         if len(_SWEEPS) >= 4096:  # a long run over many shapes: start over
             _SWEEPS.clear()
         _SWEEPS[key] = made
+    kernels_made = made[0]
     for counter in counters:
         kernels = counter.kernels
-        for k in made:
+        for k in kernels_made:
             kernels[k] = kernels.get(k, 0) + times
+    return made[1]

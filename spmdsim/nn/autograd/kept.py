@@ -88,8 +88,8 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
         for array in _arrays(node):
             owner = buffers.owner(array)
             if id(owner) not in skip:
-                tagged = kind + FP8 if owner.dtype.name.startswith("float8") else kind
-                where[id(owner)] = (tagged, owner.nbytes, owner.dtype == np.bool_, owner)
+                fp8, is_mask = _flags(owner.dtype)
+                where[id(owner)] = (kind + FP8 if fp8 else kind, owner.nbytes, is_mask, owner)
     if holding():
         hold(*(t.local for t in exclude), *(w[3] for w in where.values()))
     values: dict[str, int] = {}
@@ -98,6 +98,16 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
         into = bools if masks and is_mask else values
         into[kind] = into.get(kind, 0) + nbytes
     return (values, bools) if masks else values
+
+
+_FLAGS: dict = {}  # dtype -> (an FP8 dtype, a bool mask's): numpy's dtype.name is a Python property, ~1 us a call
+
+
+def _flags(dtype: np.dtype) -> tuple:
+    flags = _FLAGS.get(dtype)
+    if flags is None:
+        flags = _FLAGS[dtype] = (dtype.name.startswith("float8"), dtype == np.bool_)
+    return flags
 
 
 def _forward_order(roots: list) -> list:
@@ -133,7 +143,12 @@ def _arrays(node: Node) -> list:
         if x is None or id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, np.ndarray):
+        kind = type(x)
+        if kind is tuple or kind is list:  # (the commonest; exactly these types: none is one of the others)
+            todo.extend(x)
+        elif kind in _ATOMS:  # none of the others: nothing kept
+            continue
+        elif isinstance(x, np.ndarray):
             found.append(x)
         elif hasattr(x, "_ag") and hasattr(x, "layout") and hasattr(x, "local"):  # a DTensor: its block
             todo.append(x.local)
@@ -146,6 +161,10 @@ def _arrays(node: Node) -> list:
         elif callable(x) and not isinstance(x, type) and hasattr(type(x), "__slots__"):  # a rule's object
             todo.extend(getattr(x, name, None) for name in type(x).__slots__)
     return found
+
+
+#: Types whose values are no array, tensor, container or callable: `_arrays` passes them at once.
+_ATOMS = frozenset((int, float, bool, str, bytes, complex, slice))
 
 
 def _filled(cell: Any) -> bool:
