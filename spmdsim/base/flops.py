@@ -110,11 +110,19 @@ def _ref(a: Any) -> Any:
     """A weak reference to the array whose memory `a` views (spmdsim.base.buffers.owner): the block's identity; None
     for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.base.buffers.broadcast_zero,
     shared by every call of that shape: no block of its own)."""
-    base = getattr(a, "base", None)
-    while isinstance(base, np.ndarray):
-        a, base = base, base.base
-    if getattr(a, "ndim", 0) == 0:
-        return None
+    nd = np.ndarray
+    if type(a) is nd:  # (most blocks: the same steps without getattr's defaults)
+        base = a.base
+        while isinstance(base, nd):
+            a, base = base, base.base
+        if a.ndim == 0:
+            return None
+    else:
+        base = getattr(a, "base", None)
+        while isinstance(base, nd):
+            a, base = base, base.base
+        if getattr(a, "ndim", 0) == 0:
+            return None
     try:
         return weakref.ref(a)
     except TypeError:
@@ -287,7 +295,9 @@ _SWEEPS: dict = {}
 def _sweep(counters: list, op: str, reads: tuple, writes: tuple, kind: str, phase: str, times: int = 1) -> tuple:
     """Count the kernels in `counters`; return each of the call's blocks' (elements, floating, itemsize), None
     where it has no signature (`_entries_sized`)."""
-    key = (op, kind, phase, tuple(map(_signature, reads)), tuple(map(_signature, writes)))
+    nd = np.ndarray  # an array's signature built in place (most blocks are arrays), any other's by _signature
+    key = (op, kind, phase, tuple([(b.shape, b.dtype) if type(b) is nd else _signature(b) for b in reads]),
+           tuple([(b.shape, b.dtype) if type(b) is nd else _signature(b) for b in writes]))
     made = _SWEEPS.get(key)
     if made is None:
         per: dict = {}
