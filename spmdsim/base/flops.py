@@ -200,6 +200,8 @@ def hold(*arrays: Any) -> None:
     if not _BLOCKS:
         return
     counters = [c for c in current().flops if c.held is not None]
+    if not counters:  # (another rank's counter records blocks, none of this rank's does)
+        return
     for a in arrays:
         ref = None if a is None else _ref(a)
         if ref is None:
