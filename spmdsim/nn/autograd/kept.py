@@ -21,6 +21,7 @@ no block). Pure Python and numpy: importing it starts no MPI.
 """
 from __future__ import annotations
 
+from types import FunctionType
 from typing import Any, Iterable, Optional
 
 import numpy as np
@@ -138,33 +139,46 @@ def _arrays(node: Node) -> list:
     found: list = []
     seen: set = set()
     todo: list = list(node.inputs) + [node.backward]
+    pop, push, extend, see = todo.pop, todo.append, todo.extend, seen.add
     while todo:
-        x = todo.pop()
-        if x is None or id(x) in seen:
+        x = pop()
+        if x is None:
             continue
-        seen.add(id(x))
+        i = id(x)
+        if i in seen:
+            continue
+        see(i)
+        # The commonest types first, by exact type (a plain array, tuple, list, scalar or function is none of
+        # the other kinds below), then the general tests in their order.
         kind = type(x)
-        if kind is tuple or kind is list:  # (the commonest; exactly these types: none is one of the others)
-            todo.extend(x)
-        elif kind in _ATOMS:  # none of the others: nothing kept
+        if kind is _NDARRAY:
+            found.append(x)
+        elif kind is tuple or kind is list:
+            extend(x)
+        elif kind in _ATOMS:  # nothing kept
             continue
+        elif kind is _FUNCTION:  # a closure: what its cells hold
+            if x.__closure__:
+                extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
         elif isinstance(x, np.ndarray):
             found.append(x)
-        elif hasattr(x, "_ag") and hasattr(x, "layout") and hasattr(x, "local"):  # a DTensor: its block
-            todo.append(x.local)
+        elif hasattr(x, "_ag") and hasattr(x, "layout") and (local := getattr(x, "local", _NO)) is not _NO:
+            push(local)  # a DTensor: its block (read once: the property is Python)
         elif isinstance(x, dict):
-            todo.extend(x.values())
+            extend(x.values())
         elif isinstance(x, (tuple, list)):
-            todo.extend(x)
+            extend(x)
         elif callable(x) and getattr(x, "__closure__", None):
-            todo.extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
+            extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
         elif callable(x) and not isinstance(x, type) and hasattr(type(x), "__slots__"):  # a rule's object
-            todo.extend(getattr(x, name, None) for name in type(x).__slots__)
+            extend(getattr(x, name, None) for name in type(x).__slots__)
     return found
 
 
 #: Types whose values are no array, tensor, container or callable: `_arrays` passes them at once.
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, slice))
+_NDARRAY, _FUNCTION = np.ndarray, FunctionType
+_NO = object()  # getattr's default: no such attribute
 
 
 def _filled(cell: Any) -> bool:
