@@ -166,9 +166,13 @@ def lazy_zeros(shape: Any, dtype: Any, at_least: int = LAZY_BYTES) -> np.ndarray
     beyond what this machine's address space has left raises spmdsim.base.sizes.UnmappableError naming it (one
     line: the modelled rank's need, not this machine's).
     """
-    dtype = np.dtype(dtype)
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    nbytes = math.prod(dims) * dtype.itemsize
+    try:  # a shape and builtin dtype asked before (a dry run asks for the same few, ~100,000 times): its sizes
+        sized = _SIZED.get((shape, dtype))
+    except TypeError:  # a shape given as a list
+        sized = None
+    dims, dtype, nbytes = sized or _sized(shape, dtype)
+    if nbytes < 0:  # Python objects: their pointers' bytes
+        nbytes = math.prod(dims) * dtype.itemsize
     if at_least <= nbytes <= sys.maxsize:  # (more than sys.maxsize bytes: no address space holds them)
         try:
             return np.frombuffer(_Lazy(-1, nbytes, **_PRIVATE), dtype).reshape(dims)

@@ -3,7 +3,7 @@ each other kernel's elements as a `Kernel`, the `Fresh` blocks of each call, and
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from ..errors import SpmdsimError
@@ -58,6 +58,17 @@ class Gemm:
             raise SpmdsimError(f"Gemm kernel {self.kernel!r} must be one of {KERNELS!r}")
         if type(self.share) not in (int, float) or not 0 < self.share <= 1:
             raise SpmdsimError(f"Gemm share {self.share!r} must be a number in (0, 1]")
+        # The fields' hash, worked out once (as Kernel's): a counter adds each product a program runs by it.
+        object.__setattr__(self, "_hash", hash(_fields(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> dict:
+        return _unhashed(self)
+
+    def __setstate__(self, state: dict) -> None:
+        _rehashed(self, state)
 
     @property
     def flops(self) -> int:
@@ -96,16 +107,37 @@ class Kernel:
             raise SpmdsimError(f"Kernel kind {self.kind!r} must be one of {KINDS!r}")
         # The fields' hash, worked out once: a counter adds each kernel a program runs by it (a dry run's
         # step counts ~10,000), where the dataclass's hash built the tuple of fields on every call.
-        object.__setattr__(self, "_hash", hash((self.op, self.phase, self.kind, self.dtype, self.read,
-                                                self.written)))
+        object.__setattr__(self, "_hash", hash(_fields(self)))
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __getstate__(self) -> dict:
+        return _unhashed(self)
+
+    def __setstate__(self, state: dict) -> None:
+        _rehashed(self, state)
 
     @property
     def nbytes(self) -> int:
         """Bytes read and written, at the elements' own width."""
         return (self.read + self.written) * np.dtype(self.dtype).itemsize
+
+
+def _fields(record: Any) -> tuple:
+    """A Gemm's or Kernel's fields in order: what its hash hashes (and its equality compares)."""
+    return tuple(getattr(record, f.name) for f in fields(record))
+
+
+def _unhashed(record: Any) -> dict:
+    """A Gemm's or Kernel's pickled state: its fields, not its kept hash (a str's hash differs between processes)."""
+    return {k: v for k, v in record.__dict__.items() if k != "_hash"}
+
+
+def _rehashed(record: Any, state: dict) -> None:
+    """Unpickle a Gemm or Kernel: its fields, its hash worked out again in this process."""
+    record.__dict__.update(state)
+    object.__setattr__(record, "_hash", hash(_fields(record)))
 
 
 @dataclass(frozen=True)
@@ -140,7 +172,7 @@ class FlopCounter:
         if self.calls is None:
             return None
         held = self.held
-        out: dict = {}
+        out: dict = {}  # (what, phase, floating, other) -> None: a Fresh's fields, each record made once
         for what, phase, entries in self.calls:
             floating = other = 0
             for ref, n, is_float, itemsize in entries:
@@ -150,8 +182,8 @@ class FlopCounter:
                     floating += n
                 else:
                     other += n * itemsize
-            out[Fresh(what, phase, floating, other)] = None
-        return tuple(out)
+            out[(what, phase, floating, other)] = None
+        return tuple(Fresh(*key) for key in out)
 
     def add(self, gemm: Gemm, times: int = 1) -> None:
         """Count `gemm` executed `times` more times."""

@@ -110,11 +110,19 @@ def _ref(a: Any) -> Any:
     """A weak reference to the array whose memory `a` views (spmdsim.base.buffers.owner): the block's identity; None
     for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.base.buffers.broadcast_zero,
     shared by every call of that shape: no block of its own)."""
-    base = getattr(a, "base", None)
-    while isinstance(base, np.ndarray):
-        a, base = base, base.base
-    if getattr(a, "ndim", 0) == 0:
-        return None
+    nd = np.ndarray
+    if type(a) is nd:  # (most blocks: the same steps without getattr's defaults)
+        base = a.base
+        while isinstance(base, nd):
+            a, base = base, base.base
+        if a.ndim == 0:
+            return None
+    else:
+        base = getattr(a, "base", None)
+        while isinstance(base, nd):
+            a, base = base, base.base
+        if getattr(a, "ndim", 0) == 0:
+            return None
     try:
         return weakref.ref(a)
     except TypeError:
@@ -158,6 +166,27 @@ def _entries(blocks: Any) -> tuple:
     return tuple(out)
 
 
+def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
+    """`_entries` of a kernel's blocks, each block's (elements, floating, itemsize) given (`_sweep`'s, None for a
+    block skipped): the sizes come with the kernel's signature, so only the arrays' identities are looked up."""
+    out = []
+    seen: set = set()
+    for block, size in zip(blocks, sized):
+        if size is None:
+            continue
+        if type(block) is tuple:
+            a = block[2] if len(block) > 2 else None
+            if a is None:
+                out.append((None,) + size)
+                continue
+        else:
+            a = block
+        if id(a) not in seen:
+            seen.add(id(a))
+            out.append((_ref(a),) + size)
+    return tuple(out)
+
+
 def holding() -> bool:
     """Whether a counter that records blocks is open now anywhere in this process (else `hold` marks nothing,
     and a caller may skip gathering what it would pass it)."""
@@ -171,6 +200,8 @@ def hold(*arrays: Any) -> None:
     if not _BLOCKS:
         return
     counters = [c for c in current().flops if c.held is not None]
+    if not counters:  # (another rank's counter records blocks, none of this rank's does)
+        return
     for a in arrays:
         ref = None if a is None else _ref(a)
         if ref is None:
@@ -238,9 +269,15 @@ def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Op
     context = current()
     if context.flops:
         phase = phase or context.phase
-        _sweep(context.flops, op, reads, writes, kind, phase, times)
+        reads, writes = tuple(reads), tuple(writes)
+        sized = _sweep(context.flops, op, reads, writes, kind, phase, times)
         if _BLOCKS and kind == "activations" and phase != "optimizer":
-            _record(context.flops, op, phase, tuple(reads) + tuple(writes))
+            entries = None
+            for counter in context.flops:
+                if counter.calls is not None:
+                    if entries is None:
+                        entries = _entries_sized(reads + writes, sized)
+                    counter.calls.append((op, phase, entries))
 
 
 def _signature(block: Any) -> Optional[tuple]:
@@ -252,11 +289,17 @@ def _signature(block: Any) -> Optional[tuple]:
     return None if shape is None else (shape, block.dtype)
 
 
-_SWEEPS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
+# (op, kind, phase, read signatures, written signatures) -> (its Kernels, each block's `_sized` or None): the
+# block sizes are a function of the signatures, so a call of a known signature sizes no block again
+_SWEEPS: dict = {}
 
 
-def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str, times: int = 1) -> None:
-    key = (op, kind, phase, tuple(map(_signature, reads)), tuple(map(_signature, writes)))
+def _sweep(counters: list, op: str, reads: tuple, writes: tuple, kind: str, phase: str, times: int = 1) -> tuple:
+    """Count the kernels in `counters`; return each of the call's blocks' (elements, floating, itemsize), None
+    where it has no signature (`_entries_sized`)."""
+    nd = np.ndarray  # an array's signature built in place (most blocks are arrays), any other's by _signature
+    key = (op, kind, phase, tuple([(b.shape, b.dtype) if type(b) is nd else _signature(b) for b in reads]),
+           tuple([(b.shape, b.dtype) if type(b) is nd else _signature(b) for b in writes]))
     made = _SWEEPS.get(key)
     if made is None:
         per: dict = {}
@@ -264,11 +307,14 @@ def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: s
             for sig in signatures:
                 if sig is not None:
                     per.setdefault(np.dtype(sig[1]).name, [0, 0])[slot] += int(math.prod(sig[0]))
-        made = tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w)
+        made = (tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w),
+                tuple(None if sig is None else _sized(sig[0], sig[1]) for sig in key[3] + key[4]))
         if len(_SWEEPS) >= 4096:  # a long run over many shapes: start over
             _SWEEPS.clear()
         _SWEEPS[key] = made
+    kernels_made = made[0]
     for counter in counters:
         kernels = counter.kernels
-        for k in made:
+        for k in kernels_made:
             kernels[k] = kernels.get(k, 0) + times
+    return made[1]

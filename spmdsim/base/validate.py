@@ -105,7 +105,7 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
         out = np.dtype(dtype)
     except (TypeError, ValueError):
         raise error(f"{what} {dtype!r} is not a numpy dtype; expected one of {SUPPORTED_DTYPES}") from None
-    if out.name == "bfloat16":  # ml_dtypes' (kind 'V'): moved as 16-bit words, summed widened to float32
+    if dtype_name(out) == "bfloat16":  # ml_dtypes' (kind 'V'): moved as 16-bit words, summed widened to float32
         return out
     if out.kind not in _KINDS or not out.isnative:
         if out.kind in _KINDS:

@@ -18,7 +18,7 @@ from ..base import buffers
 from ..base.context import current as _context
 from ..base.context import _THREAD  # the running thread's context (current()'s read, without its call)
 from ..errors import ShapeError, SpmdsimError
-from ..base.validate import as_int, counted, shape_arg
+from ..base.validate import as_int, counted, dtype_name, shape_arg
 
 __all__ = ["SeededTensor", "FLOAT_DTYPES", "INT_DTYPES"]
 
@@ -140,7 +140,7 @@ class SeededTensor:
 
     def __post_init__(self) -> None:
         shape = shape_arg(self.shape)
-        dtype = np.dtype(self.dtype).name if _known_dtype(self.dtype) else self.dtype
+        dtype = dtype_name(np.dtype(self.dtype)) if _known_dtype(self.dtype) else self.dtype
         if dtype not in FLOAT_DTYPES + INT_DTYPES:
             raise SpmdsimError(
                 f"dtype {self.dtype!r} is not supported; expected one of {FLOAT_DTYPES + INT_DTYPES!r}"

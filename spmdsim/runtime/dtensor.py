@@ -18,7 +18,7 @@ from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
 from ..base.context import current as _context
-from ..base.validate import as_int, counted, describe, dtype_arg, tolerance_arg
+from ..base.validate import as_int, counted, describe, dtype_arg, dtype_name, tolerance_arg
 from . import debug, door
 from .replay import local_of
 from .check import Verdict, agree, default_tolerances, local_stats
@@ -228,8 +228,8 @@ class DTensor(_Spellings):
             value = value.item()
         if not isinstance(value, (int, float, bool)) or (kind.kind in "iub" and isinstance(value, float)
                                                          and value != int(value)):
-            raise DTypeError(f"fill value {value!r} must be a number that dtype {kind.name!r} holds")
-        seeded = SeededTensor(tuple(shape), kind.name if kind.name in _SEEDABLE else "float64")
+            raise DTypeError(f"fill value {value!r} must be a number that dtype {dtype_name(kind)!r} holds")
+        seeded = SeededTensor(tuple(shape), dtype_name(kind) if dtype_name(kind) in _SEEDABLE else "float64")
         shape = layout.check_shape(seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)

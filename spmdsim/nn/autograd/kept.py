@@ -21,6 +21,7 @@ no block). Pure Python and numpy: importing it starts no MPI.
 """
 from __future__ import annotations
 
+from types import FunctionType
 from typing import Any, Iterable, Optional
 
 import numpy as np
@@ -88,8 +89,8 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
         for array in _arrays(node):
             owner = buffers.owner(array)
             if id(owner) not in skip:
-                tagged = kind + FP8 if owner.dtype.name.startswith("float8") else kind
-                where[id(owner)] = (tagged, owner.nbytes, owner.dtype == np.bool_, owner)
+                fp8, is_mask = _flags(owner.dtype)
+                where[id(owner)] = (kind + FP8 if fp8 else kind, owner.nbytes, is_mask, owner)
     if holding():
         hold(*(t.local for t in exclude), *(w[3] for w in where.values()))
     values: dict[str, int] = {}
@@ -98,6 +99,16 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
         into = bools if masks and is_mask else values
         into[kind] = into.get(kind, 0) + nbytes
     return (values, bools) if masks else values
+
+
+_FLAGS: dict = {}  # dtype -> (an FP8 dtype, a bool mask's): numpy's dtype.name is a Python property, ~1 us a call
+
+
+def _flags(dtype: np.dtype) -> tuple:
+    flags = _FLAGS.get(dtype)
+    if flags is None:
+        flags = _FLAGS[dtype] = (dtype.name.startswith("float8"), dtype == np.bool_)
+    return flags
 
 
 def _forward_order(roots: list) -> list:
@@ -128,24 +139,46 @@ def _arrays(node: Node) -> list:
     found: list = []
     seen: set = set()
     todo: list = list(node.inputs) + [node.backward]
+    pop, push, extend, see = todo.pop, todo.append, todo.extend, seen.add
     while todo:
-        x = todo.pop()
-        if x is None or id(x) in seen:
+        x = pop()
+        if x is None:
             continue
-        seen.add(id(x))
-        if isinstance(x, np.ndarray):
+        i = id(x)
+        if i in seen:
+            continue
+        see(i)
+        # The commonest types first, by exact type (a plain array, tuple, list, scalar or function is none of
+        # the other kinds below), then the general tests in their order.
+        kind = type(x)
+        if kind is _NDARRAY:
             found.append(x)
-        elif hasattr(x, "_ag") and hasattr(x, "layout") and hasattr(x, "local"):  # a DTensor: its block
-            todo.append(x.local)
+        elif kind is tuple or kind is list:
+            extend(x)
+        elif kind in _ATOMS:  # nothing kept
+            continue
+        elif kind is _FUNCTION:  # a closure: what its cells hold
+            if x.__closure__:
+                extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
+        elif isinstance(x, np.ndarray):
+            found.append(x)
+        elif hasattr(x, "_ag") and hasattr(x, "layout") and (local := getattr(x, "local", _NO)) is not _NO:
+            push(local)  # a DTensor: its block (read once: the property is Python)
         elif isinstance(x, dict):
-            todo.extend(x.values())
+            extend(x.values())
         elif isinstance(x, (tuple, list)):
-            todo.extend(x)
+            extend(x)
         elif callable(x) and getattr(x, "__closure__", None):
-            todo.extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
+            extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
         elif callable(x) and not isinstance(x, type) and hasattr(type(x), "__slots__"):  # a rule's object
-            todo.extend(getattr(x, name, None) for name in type(x).__slots__)
+            extend(getattr(x, name, None) for name in type(x).__slots__)
     return found
+
+
+#: Types whose values are no array, tensor, container or callable: `_arrays` passes them at once.
+_ATOMS = frozenset((int, float, bool, str, bytes, complex, slice))
+_NDARRAY, _FUNCTION = np.ndarray, FunctionType
+_NO = object()  # getattr's default: no such attribute
 
 
 def _filled(cell: Any) -> bool:
