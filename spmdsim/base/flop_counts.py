@@ -31,8 +31,29 @@ KERNEL_PHASES = PHASES + ("optimizer",)
 KINDS = ("activations", "params", "grads", "master", "states")
 
 
+class _HashedOnce:
+    """A frozen record whose fields' hash is worked out once (`_keep_hash`, from its __post_init__): a counter
+    adds each product or kernel a program runs by it (a dry run's step counts ~10,000), where a dataclass's
+    hash builds the tuple of fields on every call. Pickled without it (a str's hash differs between
+    processes) and worked out again on load. A dataclass writes its own __hash__ unless its body names one:
+    each subclass's body says ``__hash__ = _HashedOnce.__hash__``."""
+
+    def _keep_hash(self) -> None:
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._keep_hash()
+
+
 @dataclass(frozen=True)
-class Gemm:
+class Gemm(_HashedOnce):
     """One matrix product's shape: (a batch of) (m x k) @ (k x n), its dtype and phase; `kernel` names the fused
     kernel it runs inside ("attention": a flash/fused attention kernel, whose score tiles stay on chip; "" a
     GEMM of its own) and `share` the part of its FLOPs that kernel executes (0.5 for a causal core, whose
@@ -58,17 +79,9 @@ class Gemm:
             raise SpmdsimError(f"Gemm kernel {self.kernel!r} must be one of {KERNELS!r}")
         if type(self.share) not in (int, float) or not 0 < self.share <= 1:
             raise SpmdsimError(f"Gemm share {self.share!r} must be a number in (0, 1]")
-        # The fields' hash, worked out once (as Kernel's): a counter adds each product a program runs by it.
-        object.__setattr__(self, "_hash", hash(_fields(self)))
+        self._keep_hash()
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __getstate__(self) -> dict:
-        return _unhashed(self)
-
-    def __setstate__(self, state: dict) -> None:
-        _rehashed(self, state)
+    __hash__ = _HashedOnce.__hash__
 
     @property
     def flops(self) -> int:
@@ -82,7 +95,7 @@ class Gemm:
 
 
 @dataclass(frozen=True)
-class Kernel:
+class Kernel(_HashedOnce):
     """One non-product kernel's memory traffic in one dtype: elements read and written.
 
     op: the operator ("layer_norm", "add", "softmax", "adamw", ...); phase: one of KERNEL_PHASES;
@@ -105,39 +118,14 @@ class Kernel:
             raise SpmdsimError(f"Kernel phase {self.phase!r} must be one of {KERNEL_PHASES!r}")
         if self.kind not in KINDS:
             raise SpmdsimError(f"Kernel kind {self.kind!r} must be one of {KINDS!r}")
-        # The fields' hash, worked out once: a counter adds each kernel a program runs by it (a dry run's
-        # step counts ~10,000), where the dataclass's hash built the tuple of fields on every call.
-        object.__setattr__(self, "_hash", hash(_fields(self)))
+        self._keep_hash()
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __getstate__(self) -> dict:
-        return _unhashed(self)
-
-    def __setstate__(self, state: dict) -> None:
-        _rehashed(self, state)
+    __hash__ = _HashedOnce.__hash__
 
     @property
     def nbytes(self) -> int:
         """Bytes read and written, at the elements' own width."""
         return (self.read + self.written) * np.dtype(self.dtype).itemsize
-
-
-def _fields(record: Any) -> tuple:
-    """A Gemm's or Kernel's fields in order: what its hash hashes (and its equality compares)."""
-    return tuple(getattr(record, f.name) for f in fields(record))
-
-
-def _unhashed(record: Any) -> dict:
-    """A Gemm's or Kernel's pickled state: its fields, not its kept hash (a str's hash differs between processes)."""
-    return {k: v for k, v in record.__dict__.items() if k != "_hash"}
-
-
-def _rehashed(record: Any, state: dict) -> None:
-    """Unpickle a Gemm or Kernel: its fields, its hash worked out again in this process."""
-    record.__dict__.update(state)
-    object.__setattr__(record, "_hash", hash(_fields(record)))
 
 
 @dataclass(frozen=True)

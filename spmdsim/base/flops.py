@@ -111,31 +111,25 @@ def _ref(a: Any) -> Any:
     for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.base.buffers.broadcast_zero,
     shared by every call of that shape: no block of its own)."""
     nd = np.ndarray
-    if type(a) is nd:  # (most blocks: the same steps without getattr's defaults)
-        base = a.base
-        while isinstance(base, nd):
-            a, base = base, base.base
-        if a.ndim == 0:
-            return None
-    else:
-        base = getattr(a, "base", None)
-        while isinstance(base, nd):
-            a, base = base, base.base
-        if getattr(a, "ndim", 0) == 0:
-            return None
+    base = a.base if type(a) is nd else getattr(a, "base", None)  # (most blocks are arrays: no getattr default)
+    while isinstance(base, nd):
+        a, base = base, base.base
+    if (a.ndim if type(a) is nd else getattr(a, "ndim", 0)) == 0:
+        return None
     try:
         return weakref.ref(a)
     except TypeError:
         return None
 
 
-def _record(counters: list, what: Any, phase: str, blocks: Any) -> None:
-    """Add one call's blocks to the counters that record them."""
+def _record(counters: list, what: Any, phase: str, blocks: Any, sized: Optional[tuple] = None) -> None:
+    """Add one call's blocks to the counters that record them; `sized`: each block's (elements, floating,
+    itemsize) where the caller has them (`_sweep`'s), else worked out here."""
     entries = None
     for counter in counters:
         if counter.calls is not None:
             if entries is None:
-                entries = _entries(blocks)
+                entries = _entries(blocks) if sized is None else _entries_sized(blocks, sized)
             counter.calls.append((what, phase, entries))
 
 
@@ -146,29 +140,13 @@ def _entries(blocks: Any) -> tuple:
     block, read and written: one block alive, not two), the arrays met kept by id (the call holds them all: a dry
     run's step records ~50,000 calls); a (shape, dtype) pair is a block of its own each time it is given (one
     pair may stand for several blocks of its shape)."""
-    out = []
-    seen: set = set()
-    for block in blocks:
-        if block is None:
-            continue
-        if type(block) is tuple:
-            a = block[2] if len(block) > 2 else None
-            if a is None:
-                out.append((None,) + _sized(tuple(block[0]), block[1]))
-            elif id(a) not in seen:
-                seen.add(id(a))
-                out.append((_ref(a),) + _sized(tuple(block[0]), block[1]))
-        elif id(block) not in seen:
-            seen.add(id(block))
-            shape = getattr(block, "shape", None)
-            if shape is not None:
-                out.append((_ref(block),) + _sized(shape, block.dtype))
-    return tuple(out)
+    blocks = tuple(blocks)
+    return _entries_sized(blocks, tuple(None if (sig := _signature(b)) is None else _sized(*sig) for b in blocks))
 
 
 def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
-    """`_entries` of a kernel's blocks, each block's (elements, floating, itemsize) given (`_sweep`'s, None for a
-    block skipped): the sizes come with the kernel's signature, so only the arrays' identities are looked up."""
+    """`_entries` of `blocks`, each block's (elements, floating, itemsize) given (None: a block skipped): a kernel's
+    come with its signature (`_sweep`), so only the arrays' identities are looked up."""
     out = []
     seen: set = set()
     for block, size in zip(blocks, sized):
@@ -272,12 +250,7 @@ def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Op
         reads, writes = tuple(reads), tuple(writes)
         sized = _sweep(context.flops, op, reads, writes, kind, phase, times)
         if _BLOCKS and kind == "activations" and phase != "optimizer":
-            entries = None
-            for counter in context.flops:
-                if counter.calls is not None:
-                    if entries is None:
-                        entries = _entries_sized(reads + writes, sized)
-                    counter.calls.append((op, phase, entries))
+            _record(context.flops, op, phase, reads + writes, sized)
 
 
 def _signature(block: Any) -> Optional[tuple]:

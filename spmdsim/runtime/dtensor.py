@@ -224,12 +224,13 @@ class DTensor(_Spellings):
         ``torch.distributed.tensor.full``); a pending sum holds it on the first member, zeros on the others."""
         _check_placement(mesh, layout)
         kind = dtype_arg(dtype)
+        name = dtype_name(kind)
         if isinstance(value, np.generic):
             value = value.item()
         if not isinstance(value, (int, float, bool)) or (kind.kind in "iub" and isinstance(value, float)
                                                          and value != int(value)):
-            raise DTypeError(f"fill value {value!r} must be a number that dtype {dtype_name(kind)!r} holds")
-        seeded = SeededTensor(tuple(shape), dtype_name(kind) if dtype_name(kind) in _SEEDABLE else "float64")
+            raise DTypeError(f"fill value {value!r} must be a number that dtype {name!r} holds")
+        seeded = SeededTensor(tuple(shape), name if name in _SEEDABLE else "float64")
         shape = layout.check_shape(seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
