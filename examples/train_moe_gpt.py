@@ -276,8 +276,9 @@ def main(args):
         if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
             parts[1:2] = [f"attention tp {tp} x dp {dp * ep};",
                           f"experts etp 1 x ep {ep * tp} x edp {dp}, {moe.experts // (ep * tp)} per rank, each tp "
-                          f"rank routing its own {cfg.batch // (dp * ep * tp)} of the {cfg.batch // (dp * ep)} "
-                          "sequences" + (alg and ";")]
+                          "rank routing its own " + (f"{cfg.seq // tp} of each sequence's {cfg.seq} tokens"
+                                                     if moe.dropless else f"{cfg.batch // (dp * ep * tp)} of the "
+                                                     f"{cfg.batch // (dp * ep)} sequences") + (alg and ";")]
         lines = [parts[0]]
         for part in filter(None, parts[1:]):  # within 100 columns
             if len(lines[-1]) + 1 + len(part) <= 100:

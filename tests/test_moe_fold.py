@@ -45,12 +45,14 @@ def test_the_experts_weights_are_split_by_expert_over_ep_and_tp_each_whole():
     assert unfolded["h1.moe.w1"] == L("ep", None, "tp")
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 2, 2), (2, 1, 2), (1, 1, 2), (1, 1, 4)])
-@pytest.mark.parametrize("dropless", [False, True])
+@pytest.mark.parametrize("mesh_shape, dropless", [((1, 2, 2), False), ((2, 1, 2), False), ((1, 1, 2), False),
+                                                   ((1, 1, 4), False), ((1, 2, 2), True), ((2, 1, 2), True),
+                                                   ((1, 1, 2), True)])
 def test_the_folded_layer_and_its_gradients_match_the_reference(mesh_shape, dropless):
-    """Each tp rank routes its own share of the batch to experts spread over ep x tp ranks: the output, the
-    losses and every gradient as one numpy process's; the tokens' moves are an Allgather over tp (the output,
-    and in the backward the tokens' gradient) and no Allreduce over tp of the experts' fc2 output."""
+    """Each tp rank routes its own share of the batch (dropless: of each sequence's tokens) to experts spread
+    over ep x tp ranks: the output, the losses and every gradient as one numpy process's; the tokens' moves are
+    an Allgather over tp (the output, and in the backward the tokens' gradient) and no Allreduce over tp of the
+    experts' fc2 output."""
     from test_moe import _close, _on_ranks, _reference
 
     moe = MoEConfig(experts=4, top_k=2, capacity_factor=0.75, dropless=dropless, aux_loss_coeff=0.5,

@@ -49,7 +49,8 @@ __all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "w
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
     """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None. With the experts'
     etp 1 beside tp > 1 (MoEConfig.etp, spmdsim.models.moe.fold) the experts are split over ep x tp ranks and
-    each tp rank routes its own share of the batch, split over dp x ep x tp."""
+    each tp rank routes its own share of the batch, split over dp x ep x tp (dropless: of each sequence's
+    tokens)."""
     moe = cfg.moe
     if ep > 1 and moe is None:
         return f"ep {ep} splits experts, and this model has none (give it MoE layers or ep 1)"
@@ -65,9 +66,13 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Opt
         if problem:
             return problem
     batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
-    if folded:
+    by_batch = folded and not moe.dropless  # (dropless, each tp rank routes its share of each sequence's tokens)
+    if by_batch:
         batch = f"edp {dp} x ep {ep * tp} = {dp * ep * tp} (etp 1: each tp rank routes its own share)"
-    checks = [(cfg.batch % (dp * ep * (tp if folded else 1)), f"batch {cfg.batch} is not divisible by {batch}"),
+    checks = [(cfg.batch % (dp * ep * (tp if by_batch else 1)), f"batch {cfg.batch} is not divisible by {batch}"),
+              (folded and moe.dropless and cfg.seq % tp,
+               f"seq {cfg.seq} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the "
+               "tokens)"),
               (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
               (cfg.kv % tp, f"kv_heads {cfg.kv} is not divisible by tp {tp} (key/value heads are split over tp, "
                             "Megatron's num_query_groups % tp == 0)"),

@@ -77,9 +77,9 @@ def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
     if cfg.moe is None or not model.moe_stats:
         return None
     mesh = model.mesh
-    fold = fold_of(mesh.layout, cfg.moe.etp)  # folded (etp 1): each tp rank routed its own share of the rows
-    batch = mesh.layout(tuple(a for a in mesh.layout.alias_name if a in fold.batch_axes) if fold.folded else
-                        model.batch, None, None)
+    fold = fold_of(mesh.layout, cfg.moe.etp)  # folded (etp 1): each tp rank routed its own share of the tokens
+    T, rows, _ = fold.token_map(tuple(mesh.layout.alias_name), cfg.moe.dropless)
+    batch = mesh.layout(rows if fold.folded else model.batch, T, None)
     routes = {}
     for s in model.moe_stats:
         k = s.chosen.shape[-1]

@@ -13,9 +13,11 @@ every layer but the experts splits the batch over ("dp", "ep") and Megatron's te
 - etp = 1 with tp > 1: attention's tp ranks folded into the experts' expert-parallel group: the experts split
   over ("ep", "tp") (ep = the mesh's ep x tp ranks, "ep" major), each whole on its rank, the same experts on
   each "dp" rank (edp = the mesh's dp). The tokens, whole on tp in the other layers, are each tp rank's share
-  of its batch rows in the MoE layer: a local slice before routing (no bytes), and the layer's output is
-  gathered over tp after the combine (one Allgather; its backward the slice again). Megatron's dispatcher
-  meets its tokens split over tp already (sequence parallelism) and all-to-alls over the same ep group.
+  in the MoE layer (`Fold.token_map`): of the batch's sequences with a capacity (a sequence routed whole, as
+  its capacity counts), of each sequence's tokens dropless; a local slice before routing (no bytes), and the
+  layer's output is gathered over tp after the combine (one Allgather; its backward the slice again, or a
+  Reduce_scatter of a gradient pending over tp). Megatron's dispatcher meets its tokens split over tp already
+  (sequence parallelism) and all-to-alls over the same ep group.
 
 Other sizes (1 < etp < tp, or etp > tp) need a mesh axis the GPT's mesh does not have: refused in one line
 (`fold_problem`).
@@ -48,8 +50,15 @@ class Fold(NamedTuple):
 
     @property
     def batch_axes(self) -> tuple:
-        """The axes an MoE layer's tokens split their batch over inside it: every mesh axis but the experts' tp."""
+        """The axes an MoE layer's tokens are split over inside it: every mesh axis but the experts' tp."""
         return tuple(a for a in (DATA, EXPERT, TENSOR) if a not in self.etp_axes)
+
+    def token_map(self, names: tuple, dropless: bool) -> tuple:
+        """The experts' tokens' (T, B, D) tensor map on a mesh of axes `names`: the batch over the mesh's axes but
+        the experts' tp; folded, tp's share is the batch's with a capacity (each sequence routed whole, as its
+        capacity counts it), the sequence's dropless (each token alone: Megatron's sequence-parallel split)."""
+        batch = tuple(a for a in names if a in self.batch_axes and not (dropless and self.folded and a == TENSOR))
+        return (TENSOR if dropless and self.folded else None, batch, None)
 
 
 def fold_problem(tp: int, etp: int, ep: Optional[int] = None) -> Optional[str]:

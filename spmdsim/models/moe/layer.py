@@ -110,13 +110,16 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
         return f"the experts' hidden width {hidden} is not divisible by {'tp' if not fold.folded else 'etp'} {fold.etp}"
     if len(x_shape) != 3:
         return f"the MoE layer's input of shape {x_shape!r} must be (tokens, batch, features)"
-    if fold.folded and x_shape[1] % (fold.ep * fold.edp):
+    tp = mesh.layout.axis_size(TENSOR)
+    if fold.folded and moe.dropless and x_shape[0] % tp:
+        return f"seq {x_shape[0]} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the tokens)"
+    if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * fold.edp):
         return (f"batch {x_shape[1]} is not divisible by edp {fold.edp} x ep {fold.ep} = {fold.ep * fold.edp} (etp 1: "
                 "each tp rank routes its own share of the batch)")
     return None
 
 
-def input_problem(x: Any, etp: int = 0) -> Optional[str]:
+def input_problem(x: Any, etp: int = 0, dropless: bool = False) -> Optional[str]:
     """Why the MoE layer cannot take `x` as laid out (one line, the same on every rank), or None.
 
     The layer counts on each rank holding whole sequences of its own: it routes a rank's local block
@@ -126,16 +129,19 @@ def input_problem(x: Any, etp: int = 0) -> Optional[str]:
     pieces of it as sequences, features split break the products, pending sums route unsummed tokens: each
     a wrong answer without an error, so each is refused. Axes of size 1 split nothing and are ignored.
     `etp`: the experts' (MoEConfig.etp); folded (etp 1 beside tp > 1) the experts' own tokens, inside the layer,
-    are split over every axis (spmdsim.models.moe.fold).
+    are split over every axis (spmdsim.models.moe.fold.Fold.token_map: tp's over the sequence when `dropless`,
+    where no capacity counts a sequence's tokens).
     """
     L = x.layout
     fold = fold_of(L.layout, etp)
     big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
-    want = big(a for a in L.layout.alias_name if a not in fold.etp_axes)
+    want_T, want_batch, _ = fold.token_map(tuple(L.layout.alias_name), dropless)
+    want_T, want = big(() if want_T is None else (want_T,)), big(want_batch)
     T, batch, D = L.tensor_map
-    if big(T) or big(D) or big(batch) != want or L.addend_axes:
-        expected = format_tensor_map(((), tuple(a for a in L.layout.alias_name if a in want), ()))
-        which = "every mesh axis (etp 1: the experts' tokens)" if fold.folded else "the mesh's axes other than tp"
+    if big(T) != want_T or big(D) or big(batch) != want or L.addend_axes:
+        expected = format_tensor_map(((TENSOR,) if want_T else (), tuple(a for a in L.layout.alias_name if a in want),
+                                      ()))
+        which = "the mesh's axes (etp 1: the experts' tokens)" if fold.folded else "the mesh's axes other than tp"
         return (f"the MoE layer's input (tokens, batch, features) is laid out {L}; expected its batch split over "
                 f"{which} and nothing else split or pending: {expected}")
     return None
@@ -163,7 +169,7 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     fold = fold_of(layout.layout, moe.etp)
     whole = x
     if fold.folded:  # each tp rank its share of the batch (a local slice; its backward an Allgather over tp)
-        x = redistribute(x, _expert_layout(layout.layout, fold))
+        x = redistribute(x, _expert_layout(layout.layout, fold, moe.dropless))
     router = params[pre + "moe.router"]
     if is_low(x._local.dtype):  # the router in float32 (Megatron's --moe-router-dtype fp32): a bfloat16 softmax
         x32, router = ops.astype(x, np.float32), ops.astype(router, np.float32)  # would tie most top-k choices
@@ -201,20 +207,20 @@ def _counts_layout(mesh: Any, fold: Any) -> Any:
     return layout
 
 
-def _expert_layout(mesh: Any, fold: Any) -> Any:
-    """The folded experts' tokens (T, B, D) on device matrix `mesh`: the batch split over `fold`'s batch axes
-    (every axis), one object per device matrix (a redistribution's plan found by it)."""
-    seen = _EXPERT_LAYOUTS.get(id(mesh))
+def _expert_layout(mesh: Any, fold: Any, dropless: bool) -> Any:
+    """The folded experts' tokens (T, B, D) on device matrix `mesh` (`fold.token_map`: tp's share of the batch,
+    or dropless of the sequence), one object per device matrix and mode (a redistribution's plan found by it)."""
+    seen = _EXPERT_LAYOUTS.get((id(mesh), dropless))
     if seen is not None and seen[0] is mesh:
         return seen[1]
     if len(_EXPERT_LAYOUTS) >= 64:
         _EXPERT_LAYOUTS.clear()
-    layout = mesh(None, tuple(a for a in mesh.alias_name if a in fold.batch_axes), None)
-    _EXPERT_LAYOUTS[id(mesh)] = (mesh, layout)  # (held)
+    layout = mesh(*fold.token_map(tuple(mesh.alias_name), dropless))
+    _EXPERT_LAYOUTS[(id(mesh), dropless)] = (mesh, layout)  # (held)
     return layout
 
 
-_EXPERT_LAYOUTS: dict = {}  # id(device matrix) -> (it, `_expert_layout`'s answer)
+_EXPERT_LAYOUTS: dict = {}  # (id(device matrix), dropless) -> (it, `_expert_layout`'s answer)
 _COUNTS_LAYOUTS: dict = {}  # (id(device matrix), fold) -> (it, `_counts_layout`'s answer)
 #: (id(tokens' layout), their global shape, experts, the experts' hidden width, etp) -> that layout, for the
 #: layers that passed `moe_problem` and `input_problem` (pure of the key).
@@ -230,7 +236,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     before dropping): route, dispatch, run the experts, combine; one node in the graph. `x` as `moe_layer`
     takes it (`input_problem`), `probs` (T, B, E) laid out alike. `w3` (and `b3`): SwiGLU experts' second
     column-parallel weight, laid out as w1; a bias None is not added (a model without biases)."""
-    _check_experts_inputs(x, probs, moe.etp)
+    _check_experts_inputs(x, probs, moe.etp, moe.dropless)
     mesh, fold = x.mesh, fold_of(x.mesh.layout, moe.etp)
     block = _BLOCK if not CAPTURE.on else _LOCAL  # the blocks themselves (a captured step: its record's views)
     xb = block(x)
@@ -301,12 +307,12 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     return out, load
 
 
-def _check_experts_inputs(x: Any, probs: Any, etp: int) -> None:
+def _check_experts_inputs(x: Any, probs: Any, etp: int, dropless: bool) -> None:
     """`moe_experts`' refusal of tokens or router probabilities it cannot take, checked once per pair of layouts
     and etp."""
-    seen = _EXPERTS_CHECKED.get((id(x._layout), id(probs._layout), etp))
+    seen = _EXPERTS_CHECKED.get((id(x._layout), id(probs._layout), etp, dropless))
     if seen is None or seen[0] is not x._layout or seen[1] is not probs._layout:
-        problem = input_problem(x, etp) or (None if probs.layout.tensor_map == x.layout.tensor_map and
+        problem = input_problem(x, etp, dropless) or (None if probs.layout.tensor_map == x.layout.tensor_map and
                                        not probs.layout.addend_axes else
                                        f"the router's probabilities are laid out {probs.layout}; expected the "
                                        f"tokens' layout {x.layout}")
@@ -314,7 +320,7 @@ def _check_experts_inputs(x: Any, probs: Any, etp: int) -> None:
             raise SpmdsimError(problem)
         if len(_EXPERTS_CHECKED) >= 256:
             _EXPERTS_CHECKED.clear()
-        _EXPERTS_CHECKED[(id(x._layout), id(probs._layout), etp)] = (x._layout, probs._layout)  # (held)
+        _EXPERTS_CHECKED[(id(x._layout), id(probs._layout), etp, dropless)] = (x._layout, probs._layout)  # (held)
 
 
 def _experts_forward(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
