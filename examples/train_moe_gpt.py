@@ -14,6 +14,10 @@ within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
+With --etp 1 the experts have a tensor-parallel size of their own (Megatron-Core's parallel folding,
+docs/howto/experts.md, "Experts with their own tp"): whole experts over --ep ranks that fold in attention's
+tp ranks, each tp rank routing its own share of the tokens; --dp is then the experts' data-parallel size.
+
 With --pp the blocks are cut into pipeline stages (docs/howto/pipelines.md; --microbatches, --schedule,
 --virtual-stages as examples/train_gpt.py has them): each stage is a dp x ep x tp mesh whose MoE layers
 exchange tokens over its own ep groups and add their router losses, each microbatch's scaled by 1/m.
@@ -22,6 +26,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
   or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
+  or folded: python examples/train_moe_gpt.py --ranks 8 --ep 8 --tp 2 --etp 1
   or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
@@ -275,10 +280,11 @@ def main(args):
                  alg[2:]]
         if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
             parts[1:2] = [f"attention tp {tp} x dp {dp * ep};",
-                          f"experts etp 1 x ep {ep * tp} x edp {dp}, {moe.experts // (ep * tp)} per rank, each tp "
-                          "rank routing its own " + (f"{cfg.seq // tp} of each sequence's {cfg.seq} tokens"
-                                                     if moe.dropless else f"{cfg.batch // (dp * ep * tp)} of the "
-                                                     f"{cfg.batch // (dp * ep)} sequences") + (alg and ";")]
+                          f"experts etp 1 x ep {ep * tp} x edp {dp}, {moe.experts // (ep * tp)} per rank;",
+                          "each tp rank routes its own " + (f"{cfg.seq // tp} of each sequence's {cfg.seq} tokens"
+                                                            if moe.dropless else f"{cfg.batch // (dp * ep * tp)} of "
+                                                            f"its group's {cfg.batch // (dp * ep)} sequences")
+                          + (alg and ";")]
         lines = [parts[0]]
         for part in filter(None, parts[1:]):  # within 100 columns
             if len(lines[-1]) + 1 + len(part) <= 100:

@@ -10,7 +10,7 @@ import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.layouts.layout import Layout
 from spmdsim.models.gpt import GPTConfig, encode, load_text
-from spmdsim.models.gpt.layouts import megatron_layouts, mesh_problem
+from spmdsim.models.gpt.layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem, written
 from spmdsim.models.gpt.train import TOLERANCE, train
 from spmdsim.models.moe import MoEConfig
 from spmdsim.models.moe.fold import fold_of, fold_problem, mesh_ep
@@ -43,6 +43,9 @@ def test_the_experts_weights_are_split_by_expert_over_ep_and_tp_each_whole():
     assert layouts["h0.mlp.w1"] == L(None, "tp") and layouts["h1.moe.router"] == L(None, None)
     unfolded = megatron_layouts(GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=8, moe=MoEConfig(experts=8)), L)
     assert unfolded["h1.moe.w1"] == L("ep", None, "tp")
+    for dialect in DIALECTS:  # each dialect writes the folded plan and reads back the same layouts
+        assert dialect_layouts(cfg, L, dialect) == layouts, dialect
+    assert written("dtensor", "expert w1", 3, ("dp", "ep", "tp"), True) == "R,S(0),S(0)"
 
 
 @pytest.mark.parametrize("mesh_shape, dropless", [((1, 2, 2), False), ((2, 1, 2), False), ((1, 1, 2), False),
@@ -159,3 +162,26 @@ def test_a_folded_mesh_the_model_does_not_fit_is_refused_in_one_line():
     assert fold_problem(4, 2) is not None and fold_problem(4, 4) is None and fold_problem(2, 1, 3) is not None
     with pytest.raises(SpmdsimError, match="MoEConfig etp -1 must be an integer >= 0"):
         MoEConfig(etp=-1)
+
+
+def test_folded_dropless_experts_take_sequence_parallel_tokens_as_they_are():
+    """With sp the tokens reach the MoE layer split over tp on the sequence: folded dropless experts route them
+    so (no Allgather before, none after, as Megatron's dispatcher meets them); with a capacity, or unfolded, the
+    layer takes them whole on tp. The GPT's steps with sp pass their check either way."""
+    from spmdsim.models.moe.tokens import takes
+    from spmdsim.runtime.dtensor import DTensor
+
+    mesh_layout = Layout((1, 2, 2), ("dp", "ep", "tp"))
+
+    def answers():
+        mesh = spmdsim.Mesh(mesh_layout, spmdsim.world())
+        sp = DTensor.from_global(mesh, np.zeros((8, 4, 16)), mesh.layout("tp", "ep", None))
+        whole = DTensor.from_global(mesh, np.zeros((8, 4, 16)), mesh.layout(None, "ep", None))
+        moe = MoEConfig(experts=8, dropless=True, etp=1)
+        return (takes(sp, moe), takes(whole, moe), takes(sp, MoEConfig(experts=8, etp=1)),
+                takes(sp, MoEConfig(experts=8, dropless=True)))
+
+    assert set(spmdsim.simulate(4, answers)) == {(True, False, False, False)}
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=8, top_k=2, dropless=True, etp=1))
+    results = spmdsim.simulate(8, lambda: train(cfg, spmdsim.world(), 1, 4, 2, TEXT, sp=True, ep=2)[1])
+    assert all(r.passed and max(r.errors) <= TOLERANCE for steps in results for r in steps)

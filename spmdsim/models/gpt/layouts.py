@@ -19,7 +19,9 @@ layout by its role in Megatron's tensor parallelism (docs/reference/operators.md
 | moe.b2 (E, D)            | ("ep", None)    | experts over ep                                       |
 
 The MoE rows (spmdsim.models.moe, docs/howto/experts.md) need an "ep" axis: the layout
-``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers.
+``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers. With the experts' etp 1
+(MoEConfig.etp, Megatron-Core's parallel folding: spmdsim.models.moe.fold) each expert's weights are whole,
+the experts split over ("ep", "tp"): moe.w1 (("ep", "tp"), None, None), moe.b1 (("ep", "tp"), None), ...
 
 The model on DTensors (`spmdsim.models.gpt.parallel.GPT`) runs with these layouts, and
 `spmdsim autoshard --network gpt` takes them as the hand-written ones

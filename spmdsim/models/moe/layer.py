@@ -18,6 +18,11 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 - combine: the dispatch's reverse exchange, then each token adds its experts'
   outputs times the gates.
 
+With the experts' own tp 1 (MoEConfig.etp, Megatron-Core's parallel folding: spmdsim.models.moe.fold) the
+experts are split over ("ep", "tp") and whole: each tp rank takes its share of the tokens (a local slice; with
+sequence parallelism, dropless, they come so), the exchanges run over the ep x tp ranks, no Allreduce sums
+fc2's product, and the output is gathered over tp again.
+
 At ep 1 nothing is exchanged and no collective is called (not even on a group
 of one rank): the dispatch and combine are the rows' local reordering alone.
 
@@ -75,7 +80,6 @@ from ...nn import ops
 from ...base.buffers import CAPTURE
 from ...nn.autograd.graph import record, with_partial
 from ...errors import SpmdsimError
-from ...layouts.layout import format_tensor_map
 from ...base.flops import any_open
 from ...base.precision import is_low
 from ...runtime import executor
@@ -85,6 +89,7 @@ from ...runtime.replay import capturing, kernel, kernels
 from ...runtime.sim.dry import dry_run_active
 from .config import MoEConfig
 from .fold import fold_of, fold_problem
+from .tokens import _expert_layout, input_problem, takes
 from .losses import router_losses
 from ..axes import EXPERT, TENSOR
 from .dry import _count_experts, _dry_experts, _grad, _tensor
@@ -92,7 +97,7 @@ from .exchange import _Plan, _bind_reorder, _by_expert, _by_source, _combine, _d
 from .experts import _experts_grad, _experts_grad_mixed, _present, _run_experts, _run_experts_mixed
 from .slots import _combine_grad, _facts, _note, _pack, _probs_grad, _route, _tables, _unpack
 
-__all__ = ["moe_layer", "moe_experts", "moe_problem", "input_problem"]
+__all__ = ["moe_layer", "moe_experts", "moe_problem", "input_problem", "takes"]
 
 
 def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
@@ -119,34 +124,6 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     return None
 
 
-def input_problem(x: Any, etp: int = 0, dropless: bool = False) -> Optional[str]:
-    """Why the MoE layer cannot take `x` as laid out (one line, the same on every rank), or None.
-
-    The layer counts on each rank holding whole sequences of its own: it routes a rank's local block
-    sequence by sequence (the capacity is per sequence), sums the load-balancing loss's counts over the
-    mesh's axes other than tp, and sends every feature of a token to its experts. A batch copied over one
-    of those axes counts its tokens twice (the aux loss doubled), a sequence split over tp routes and caps
-    pieces of it as sequences, features split break the products, pending sums route unsummed tokens: each
-    a wrong answer without an error, so each is refused. Axes of size 1 split nothing and are ignored.
-    `etp`: the experts' (MoEConfig.etp); folded (etp 1 beside tp > 1) the experts' own tokens, inside the layer,
-    are split over every axis (spmdsim.models.moe.fold.Fold.token_map: tp's over the sequence when `dropless`,
-    where no capacity counts a sequence's tokens).
-    """
-    L = x.layout
-    fold = fold_of(L.layout, etp)
-    big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
-    want_T, want_batch, _ = fold.token_map(tuple(L.layout.alias_name), dropless)
-    want_T, want = big(() if want_T is None else (want_T,)), big(want_batch)
-    T, batch, D = L.tensor_map
-    if big(T) != want_T or big(D) or big(batch) != want or L.addend_axes:
-        expected = format_tensor_map(((TENSOR,) if want_T else (), tuple(a for a in L.layout.alias_name if a in want),
-                                      ()))
-        which = "the mesh's axes (etp 1: the experts' tokens)" if fold.folded else "the mesh's axes other than tp"
-        return (f"the MoE layer's input (tokens, batch, features) is laid out {L}; expected its batch split over "
-                f"{which} and nothing else split or pending: {expected}")
-    return None
-
-
 def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[list] = None) -> tuple[Any, Any]:
     """(output (T, B, D) in x's layout, the weighted router losses: a scalar) of the MoE layer `pre` ("h1.").
 
@@ -160,7 +137,8 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     layout, hidden = x._layout, w1._shape[2]
     seen = _LAYER_CHECKED.get((id(layout), x._shape, moe.experts, hidden, moe.etp))
     if seen is None or seen is not layout:  # (checked once per layout object, shape, experts and width)
-        problem = moe_problem(mesh, moe, tuple(x.global_shape), hidden) or input_problem(x)
+        problem = moe_problem(mesh, moe, tuple(x.global_shape), hidden) or (None if takes(x, moe) else
+                                                                            input_problem(x))
         if problem:
             raise SpmdsimError(problem)
         if len(_LAYER_CHECKED) >= 256:
@@ -168,8 +146,9 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
         _LAYER_CHECKED[(id(layout), x._shape, moe.experts, hidden, moe.etp)] = layout  # (held: its id is not reused)
     fold = fold_of(layout.layout, moe.etp)
     whole = x
-    if fold.folded:  # each tp rank its share of the batch (a local slice; its backward an Allgather over tp)
-        x = redistribute(x, _expert_layout(layout.layout, fold, moe.dropless))
+    if fold.folded:  # each tp rank its share of the tokens (a local slice; its backward an Allgather over tp)
+        target = _expert_layout(layout.layout, fold, moe.dropless)
+        x = x if layout is target or layout == target else redistribute(x, target)
     router = params[pre + "moe.router"]
     if is_low(x._local.dtype):  # the router in float32 (Megatron's --moe-router-dtype fp32): a bfloat16 softmax
         x32, router = ops.astype(x, np.float32), ops.astype(router, np.float32)  # would tie most top-k choices
@@ -186,7 +165,7 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     # mean over tokens of logsumexp(logits)^2: one node (spmdsim.models.moe.losses).
     f = DTensor._trusted(mesh, (counts / (moe.top_k * T * B)).astype(probs._local.dtype, copy=False),
                          _counts_layout(mesh.layout, fold), (E,))
-    if fold.folded:  # the output gathered over tp: whole there, as the other layers hold their tokens
+    if fold.folded and x is not whole:  # the output gathered over tp: whole there, as the layer was given its tokens
         out = redistribute(out, whole._layout)
     return out, router_losses(logits, probs, ops.resolved(f), moe.aux_loss_coeff, moe.z_loss_coeff, pre.rstrip("."))
 
@@ -207,20 +186,6 @@ def _counts_layout(mesh: Any, fold: Any) -> Any:
     return layout
 
 
-def _expert_layout(mesh: Any, fold: Any, dropless: bool) -> Any:
-    """The folded experts' tokens (T, B, D) on device matrix `mesh` (`fold.token_map`: tp's share of the batch,
-    or dropless of the sequence), one object per device matrix and mode (a redistribution's plan found by it)."""
-    seen = _EXPERT_LAYOUTS.get((id(mesh), dropless))
-    if seen is not None and seen[0] is mesh:
-        return seen[1]
-    if len(_EXPERT_LAYOUTS) >= 64:
-        _EXPERT_LAYOUTS.clear()
-    layout = mesh(*fold.token_map(tuple(mesh.alias_name), dropless))
-    _EXPERT_LAYOUTS[(id(mesh), dropless)] = (mesh, layout)  # (held)
-    return layout
-
-
-_EXPERT_LAYOUTS: dict = {}  # (id(device matrix), dropless) -> (it, `_expert_layout`'s answer)
 _COUNTS_LAYOUTS: dict = {}  # (id(device matrix), fold) -> (it, `_counts_layout`'s answer)
 #: (id(tokens' layout), their global shape, experts, the experts' hidden width, etp) -> that layout, for the
 #: layers that passed `moe_problem` and `input_problem` (pure of the key).
