@@ -7,10 +7,12 @@ import pytest
 pytestmark = pytest.mark.mpi(min_size=4)
 
 
-@pytest.mark.parametrize("dropless, replay", [(False, False), (True, False), (False, True)])
-def test_folded_moe_gpt_steps_match_one_numpy_process(dropless, replay):
+@pytest.mark.parametrize("dropless, replay, sp", [(False, False, False), (True, False, False), (False, True, False),
+                                                  (True, False, True)])
+def test_folded_moe_gpt_steps_match_one_numpy_process(dropless, replay, sp):
     """tp 2 in attention, the experts whole (etp 1) over ep = comm.size / dp ranks: each tp rank routes its own
-    share of the batch; a replayed run's steps equal the eager ones bit for bit."""
+    share of the batch (dropless: of each sequence's tokens, with sp as sequence parallelism leaves them); a
+    replayed run's steps equal the eager ones bit for bit."""
     from mpi4py import MPI
 
     from spmdsim.models.gpt import GPTConfig, encode, load_text
@@ -23,7 +25,7 @@ def test_folded_moe_gpt_steps_match_one_numpy_process(dropless, replay):
     moe = MoEConfig(experts=8, top_k=2, capacity_factor=1.0, dropless=dropless, etp=1)
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=comm.size, dropout=0.1, moe=moe)
     text = encode(load_text(20_000))
-    runs = [train(cfg, comm, dp, tp, 2, text, ep=ep, replay=r) for r in ((False, True) if replay else (False,))]
+    runs = [train(cfg, comm, dp, tp, 2, text, ep=ep, replay=r, sp=sp) for r in ((False, True) if replay else (False,))]
     for model, results in runs:
         assert [r.step for r in results] == [0, 1]
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
