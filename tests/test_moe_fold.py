@@ -185,3 +185,46 @@ def test_folded_dropless_experts_take_sequence_parallel_tokens_as_they_are():
     cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=8, top_k=2, dropless=True, etp=1))
     results = spmdsim.simulate(8, lambda: train(cfg, spmdsim.world(), 1, 4, 2, TEXT, sp=True, ep=2)[1])
     assert all(r.passed and max(r.errors) <= TOLERANCE for steps in results for r in steps)
+
+
+@pytest.mark.parametrize("dropless, schedule, m, v", [(False, "1f1b", 2, 1), (True, "interleaved", 2, 2)])
+def test_folded_pipelined_moe_steps_match_one_numpy_process(dropless, schedule, m, v):
+    """pp 2 x (dp 1 x ep 2 x tp 2): each stage folds its tp into its experts' ep (4 ranks), the experts' Alltoalls
+    over the stage's own ("ep", "tp") group; every step as one numpy process's."""
+    from spmdsim.models.gpt.pipeline import train_pipelined
+
+    cfg = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=8 if not dropless else 4, dropout=0.1,
+                    moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless, etp=1))
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), 2, 1, 2, 2, TEXT, ep=2, schedule=schedule,
+                                       microbatches=m, virtual=v)
+        run.close()
+        return results
+
+    out = spmdsim.simulate(8, main)
+    for rank, results in enumerate(out):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), (rank, [r.errors for r in results])
+        for s in results[0].dispatch:  # the stage's 4 ranks, attention's tp among them
+            assert s.group == tuple(range(rank // 4 * 4, rank // 4 * 4 + 4))
+    assert len({tuple(r.loss for r in results) for results in out}) == 1
+
+
+def test_a_folded_microbatch_the_tp_ranks_cannot_share_is_refused_before_any_collective():
+    """With a capacity each tp rank routes whole sequences of its own: a microbatch of 2 samples over edp 1 x ep
+    4 was refused by the layer, inside the pipeline's first forward; now by the trainer, on every rank alike."""
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
+
+    cfg = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=4, dropout=0.1,
+                    moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, etp=1))
+    said = "a microbatch of 2 samples is not divisible by edp 1 x ep 4 = 4 (etp 1: each tp rank routes its own share)"
+    assert pipeline_layout_problem(cfg, 2, 1, 2, False, 2, ep=2) == said
+
+    def main():
+        try:
+            train_pipelined(cfg, spmdsim.world(), 2, 1, 2, 1, TEXT, ep=2, microbatches=2)
+        except SpmdsimError as e:
+            return str(e)
+
+    assert set(spmdsim.simulate(8, main)) == {f"the GPT cannot train on pp 2 x dp 1 x ep 2 x tp 2: {said}"}
