@@ -14,6 +14,10 @@ within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
+With --etp 1 the experts have a tensor-parallel size of their own (Megatron-Core's parallel folding,
+docs/howto/experts.md, "Experts with their own tp"): whole experts over --ep ranks that fold in attention's
+tp ranks, each tp rank routing its own share of the tokens; --dp is then the experts' data-parallel size.
+
 With --pp the blocks are cut into pipeline stages (docs/howto/pipelines.md; --microbatches, --schedule,
 --virtual-stages as examples/train_gpt.py has them): each stage is a dp x ep x tp mesh whose MoE layers
 exchange tokens over its own ep groups and add their router losses, each microbatch's scaled by 1/m.
@@ -22,6 +26,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
   or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
+  or folded: python examples/train_moe_gpt.py --ranks 8 --ep 8 --tp 2 --etp 1
   or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
@@ -42,6 +47,7 @@ from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.moe import MoEConfig
+from spmdsim.models.moe.fold import fold_problem
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
@@ -62,6 +68,10 @@ parser.add_argument("--ep", type=int, default=None, help="expert-parallel ranks 
 parser.add_argument("--dp", type=int, default=None,
                     help="expert-data-parallel ranks: replicas of each expert (default: world / (ep x tp))")
 parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, inside the experts too")
+parser.add_argument("--etp", type=int, default=None,
+                    help="the experts' tensor-parallel ranks (Megatron's --expert-tensor-parallel-size): tp (the "
+                         "default) or 1, attention's tp ranks folded into the experts' ep (Megatron-Core's parallel "
+                         "folding; --ep then counts them: ep x dp = world / pp)")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--experts", type=int, default=8)
@@ -122,6 +132,8 @@ def split(world):
         return None, f"--tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
             f"--tp {tp} must divide the world size {world}"
     rest = world // pp // tp
+    if folded(args):  # the experts' groups: ep x dp = the stage's ranks; the mesh's "ep" axis ep / tp of them
+        rest *= tp
     for name, given in (("ep", args.ep), ("dp", args.dp)):
         if given is not None and rest % given:
             by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("tp", tp)) if n > 1)
@@ -129,10 +141,20 @@ def split(world):
             return None, f"--{name} {given} must divide {where}"
     ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
     dp = args.dp if args.dp is not None else rest // ep
-    if pp * dp * ep * tp != world:
-        what = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if pp > 1 else f"dp {dp} x ep {ep} x tp {tp}"
-        return None, f"{what} must multiply to the world size {world} (set --ep and --dp)"
+    etp = 1 if folded(args) else tp
+    if pp * dp * ep * etp != world:
+        what = f"pp {pp} x dp {dp} x ep {ep} x {'e' if etp != tp else ''}tp {etp}"
+        return None, f"{what if pp > 1 else what[what.index('dp'):]} must multiply to the world size {world} (set --ep " \
+                     "and --dp)"
+    if folded(args):
+        problem = fold_problem(tp, 1, ep)
+        return (None, f"--etp 1: {problem}") if problem else ((dp, ep // tp, tp), None)
     return (dp, ep, tp), None
+
+
+def folded(args):
+    """Whether the experts fold attention's tp into their ep (--etp 1 beside --tp above 1)."""
+    return args.etp == 1 and args.tp > 1
 
 
 def moe_problem(args):
@@ -145,6 +167,10 @@ def moe_problem(args):
         return f"--top-k {args.top_k} must be 1 or 2 (experts per token)"
     if args.top_k > args.experts:
         return f"--top-k {args.top_k} must not exceed --experts {args.experts}"
+    if args.etp is not None and args.etp < 1:
+        return f"--etp {args.etp} must be at least 1"
+    if args.etp is not None and fold_problem(args.tp, args.etp):
+        return f"--etp {args.etp} with --tp {args.tp}: {fold_problem(args.tp, args.etp)}"
     if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
         return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
     for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
@@ -173,7 +199,7 @@ def main(args):
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
-                    dry_routing=args.routing or "balanced")
+                    dry_routing=args.routing or "balanced", etp=1 if folded(args) else 0)
     cfg = model_config(args, moe=moe)
     layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
     if problem:  # every rank alike, before any collective
@@ -225,7 +251,7 @@ def main(args):
         print(f"experts: {moe.describe()}")
         if args.dialect:
             def said(role: str, ndim: int) -> str:
-                return str(written(args.dialect, role, ndim, ("dp", "ep", "tp")))
+                return str(written(args.dialect, role, ndim, ("dp", "ep", "tp"), folded(args)))
             print(f"layouts in {args.dialect}: experts' w1 {said('expert w1', 3)}, w2 {said('expert w2', 3)};\n"
                   f"  column-parallel {said('columns', 2)}, row-parallel {said('rows', 2)}")
         if args.precision != "fp64":
@@ -252,6 +278,13 @@ def main(args):
                  f"{' with sequence parallelism' if args.sp else ''}:",
                  f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
                  alg[2:]]
+        if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
+            parts[1:2] = [f"attention tp {tp} x dp {dp * ep};",
+                          f"experts etp 1 x ep {ep * tp} x edp {dp}, {moe.experts // (ep * tp)} per rank;",
+                          "each tp rank routes its own " + (f"{cfg.seq // tp} of each sequence's {cfg.seq} tokens"
+                                                            if moe.dropless else f"{cfg.batch // (dp * ep * tp)} of "
+                                                            f"its group's {cfg.batch // (dp * ep)} sequences")
+                          + (alg and ";")]
         lines = [parts[0]]
         for part in filter(None, parts[1:]):  # within 100 columns
             if len(lines[-1]) + 1 + len(part) <= 100:
@@ -285,7 +318,7 @@ def main(args):
 
             everyone = gather_object(comm, r.dispatch)  # collective: every rank reports alike
             if rank0:
-                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, tp)))
+                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, 1 if folded(args) else tp)))
 
     if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,

@@ -440,6 +440,8 @@ def moe_layer_on_ranks(moe, mesh_shape: tuple, p: dict, x, g, batch: int, algori
     T = rows // batch
     maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
             "b2": ("ep", None), "w3": ("ep", None, "tp"), "b3": ("ep", "tp")}  # (w3, b3: SwiGLU experts')
+    if moe.etp == 1 and mesh_shape[2] > 1:  # folded (spmdsim.models.moe.fold): experts over ("ep", "tp"), each whole
+        maps = {n: tuple(("ep", "tp") if e == "ep" else None if e == "tp" else e for e in m) for n, m in maps.items()}
 
     def run():
         mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(), algorithms=algorithms)

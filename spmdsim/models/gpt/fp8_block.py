@@ -15,6 +15,7 @@ from ...nn.autograd import kept_as
 from ...nn.ops.fp8_linear import fp8_column, fp8_row
 from ...nn.ops.megatron import _row_product_layout
 from ...runtime.executor import pending, resolve
+from ..moe.tokens import takes
 
 __all__ = ["fp8_block", "settle", "fp8_problem"]
 
@@ -62,7 +63,8 @@ def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micr
     with n.norm:
         m = model._normed(h, n.ln2w, n.ln2b)
     if n.moe:  # the MoE layer's experts multiply in bfloat16
-        return model._moe_mlp(h, model._gathered(m), int(pre[1:-1]), step, train, micro, scale)
+        m = m if takes(m, model.cfg.moe) else model._gathered(m)  # (folded dropless experts take sp's tokens)
+        return model._moe_mlp(h, m, int(pre[1:-1]), step, train, micro, scale)
     with n.mlp:
         if n.swiglu:  # silu(m w1 + b1) * (m w3 + b3): one cast of m for both
             z = _columns(model, m, [(p[n.w1], p.get(n.b1)), (p[n.w3], p.get(n.b3))], pre + "mlp", [n.w1, n.w3])

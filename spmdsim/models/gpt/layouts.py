@@ -19,7 +19,9 @@ layout by its role in Megatron's tensor parallelism (docs/reference/operators.md
 | moe.b2 (E, D)            | ("ep", None)    | experts over ep                                       |
 
 The MoE rows (spmdsim.models.moe, docs/howto/experts.md) need an "ep" axis: the layout
-``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers.
+``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers. With the experts' etp 1
+(MoEConfig.etp, Megatron-Core's parallel folding: spmdsim.models.moe.fold) each expert's weights are whole,
+the experts split over ("ep", "tp"): moe.w1 (("ep", "tp"), None, None), moe.b1 (("ep", "tp"), None), ...
 
 The model on DTensors (`spmdsim.models.gpt.parallel.GPT`) runs with these layouts, and
 `spmdsim autoshard --network gpt` takes them as the hand-written ones
@@ -38,6 +40,7 @@ from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
 from ..axes import EXPERT, TENSOR
+from ..moe.fold import fold_of, fold_problem
 from ...layouts.dialects.dtensor import placements_to_layout
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
@@ -46,19 +49,32 @@ __all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "w
 
 
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
-    """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None."""
+    """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None. With the experts'
+    etp 1 beside tp > 1 (MoEConfig.etp, spmdsim.models.moe.fold) the experts are split over ep x tp ranks and
+    each tp rank routes its own share of the batch, split over dp x ep x tp (dropless: of each sequence's
+    tokens)."""
     moe = cfg.moe
     if ep > 1 and moe is None:
         return f"ep {ep} splits experts, and this model has none (give it MoE layers or ep 1)"
+    folded = moe is not None and moe.etp == 1 and tp > 1
     if moe is not None:
-        hidden = cfg.expert_hidden
-        checks = [(moe.experts % ep, f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"),
-                  (hidden % tp, f"the experts' hidden width {hidden} is not divisible by tp {tp}")]
+        hidden, eps = cfg.expert_hidden, ep * tp if folded else ep
+        etp = 1 if folded else tp
+        checks = [(fold_problem(tp, moe.etp), fold_problem(tp, moe.etp)),
+                  (moe.experts % eps, f"experts {moe.experts} are not divisible by ep {eps} (experts are split "
+                                      "over ep)"),
+                  (hidden % etp, f"the experts' hidden width {hidden} is not divisible by tp {tp}")]
         problem = next((text for bad, text in checks if bad), None)
         if problem:
             return problem
     batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
-    checks = [(cfg.batch % (dp * ep), f"batch {cfg.batch} is not divisible by {batch}"),
+    by_batch = folded and not moe.dropless  # (dropless, each tp rank routes its share of each sequence's tokens)
+    if by_batch:
+        batch = f"edp {dp} x ep {ep * tp} = {dp * ep * tp} (etp 1: each tp rank routes its own share)"
+    checks = [(cfg.batch % (dp * ep * (tp if by_batch else 1)), f"batch {cfg.batch} is not divisible by {batch}"),
+              (folded and moe.dropless and cfg.seq % tp,
+               f"seq {cfg.seq} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the "
+               "tokens)"),
               (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
               (cfg.kv % tp, f"kv_heads {cfg.kv} is not divisible by tp {tp} (key/value heads are split over tp, "
                             "Megatron's num_query_groups % tp == 0)"),
@@ -103,13 +119,29 @@ def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[s
     return dict(_megatron_layouts(cfg, layout, bool(sp)))
 
 
+def _entries(role: str, ndim: int, folded: bool) -> tuple:
+    """A parameter's tensor map by its `role` (`_MAPS`); `folded` (the experts' etp 1 beside tp > 1,
+    spmdsim.models.moe.fold): an expert's weights split over ("ep", "tp") by expert, each whole."""
+    entries = _MAPS.get(role, (None,) * ndim)
+    if folded and role.startswith("expert "):
+        return tuple((EXPERT, TENSOR) if e == EXPERT else None for e in entries)
+    return entries
+
+
+def _folded(cfg: GPTConfig, layout: Layout) -> bool:
+    """Whether `cfg`'s experts fold attention's tp into their ep on device matrix `layout`."""
+    return cfg.moe is not None and EXPERT in layout.alias_name and TENSOR in layout.alias_name and \
+        fold_of(layout, cfg.moe.etp).folded
+
+
 @functools.lru_cache(maxsize=16)  # each stage of a pipeline (and each dry-run representative) asks alike
 def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, TensorLayout]:
     names = set(layout.alias_name)
+    folded = _folded(cfg, layout)
     out = {}
     for s in param_specs(cfg):
-        entries = _MAPS.get(_role(s.name, sp), (None,) * len(s.shape))
-        out[s.name] = layout(*(e if e is None or e in names else None for e in entries))
+        entries = _entries(_role(s.name, sp), len(s.shape), folded)
+        out[s.name] = layout(*(e if e is None or isinstance(e, tuple) or e in names else None for e in entries))
     return out
 
 
@@ -130,28 +162,30 @@ def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = Fal
     return dict(_dialect_layouts(cfg, layout, dialect, bool(sp)))
 
 
-def written(dialect: str, role: str, ndim: int, names: tuple) -> object:
+def written(dialect: str, role: str, ndim: int, names: tuple, folded: bool = False) -> object:
     """How `dialect` writes a parameter of `role` (`_role`: "rows", "columns", "vector", "whole", "expert w1"
     ...) with `ndim` dims on a mesh of axes `names`: MindSpore's tensor_map of axis names ("None" where whole),
     a JAX PartitionSpec's entries, DTensor's placements ("S(dim)" or "R" per mesh axis) or OneFlow's nd SBP
     ("S(dim)" or "B"). On ("dp", "tp") these are `DIALECTS`' texts; an MoE mesh ("dp", "ep", "tp") adds the
-    experts' roles and an axis to DTensor's and OneFlow's."""
-    entries = _MAPS.get(role, (None,) * ndim)
+    experts' roles and an axis to DTensor's and OneFlow's; `folded` (etp 1) their experts over ("ep", "tp")."""
+    entries = _entries(role, ndim, folded)
     if dialect == "mindspore":
         return tuple("None" if e is None else e for e in entries)
     if dialect == "jax":
         return tuple(entries)
     whole = "R" if dialect == "dtensor" else "B"
-    return ",".join(f"S({entries.index(a)})" if a in entries else whole for a in names)
+    dims = {a: d for d, e in enumerate(entries) for a in ((e,) if isinstance(e, str) else e or ())}
+    return ",".join(f"S({dims[a]})" if a in dims else whole for a in names)
 
 
 @functools.lru_cache(maxsize=16)  # every rank (and each dry-run representative) asks alike: ~1,500 layouts at 96 layers
 def _dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool) -> dict[str, TensorLayout]:
     shape, names = layout.device_matrix, tuple(layout.alias_name)
+    folded = _folded(cfg, layout)
     out = {}
     for spec in param_specs(cfg):
         ndim = len(spec.shape)
-        text = written(dialect, _role(spec.name, sp), ndim, names)
+        text = written(dialect, _role(spec.name, sp), ndim, names, folded)
         if dialect == "mindspore":  # Layout(device_matrix, alias_name)(tensor_map)
             out[spec.name] = layout(*text)
         elif dialect == "jax":

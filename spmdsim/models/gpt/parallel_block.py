@@ -20,6 +20,7 @@ from ...runtime.replay import Scalar
 from .params import dropout_seed
 from ...runtime.dtensor import DTensor
 from ..moe.layer import moe_layer
+from ..moe.tokens import takes
 from ._blocks import rope_tables
 from .fp8_block import fp8_block
 from ..axes import CONTEXT, TENSOR
@@ -151,7 +152,8 @@ class _Block:
             proj = self._row_out(fused.reshape_einsum(o, (T, B, cfg.d_model), "tbd,de->tbe", p[n.wo]))
             h = self._residual(h, proj, n.bo, n.resid1, step, train, micro)
         with n.norm:
-            m = self._gathered(self._normed(h, n.ln2w, n.ln2b))
+            m = self._normed(h, n.ln2w, n.ln2b)
+            m = m if n.moe and takes(m, cfg.moe) else self._gathered(m)  # (folded dropless experts take sp's)
         if n.moe:
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with n.mlp:
@@ -333,8 +335,8 @@ class _Block:
                                        micro)
         with kept_as("layer norm"):
             m = self._norm(h, pre + "ln2", kept="megatron")
-            if cfg.is_moe(layer):  # the MoE layer reads the tokens whole on tp (gathered with sp), as the graph's
-                m = self._gathered(m)
+            if cfg.is_moe(layer) and not takes(m, cfg.moe):  # the MoE layer reads the tokens whole on tp (gathered
+                m = self._gathered(m)  # with sp), as the graph's; folded dropless experts take sp's as they are
         if cfg.is_moe(layer):
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):

@@ -43,8 +43,12 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
         return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
     micro = cfg.batch // microbatches
     problem = mesh_problem(cfg, dp, tp, sp, ep)
-    if problem is None and micro % (dp * ep):
+    m = cfg.moe  # folded experts with a capacity (spmdsim.models.moe.fold): each tp rank routes its share of the rows
+    by_tp = tp if m is not None and m.etp == 1 and tp > 1 and not m.dropless else 1
+    if problem is None and micro % (dp * ep * by_tp):
         batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
+        if by_tp > 1:
+            batch = f"edp {dp} x ep {ep * tp} = {dp * ep * tp} (etp 1: each tp rank routes its own share)"
         problem = f"a microbatch of {micro} samples is not divisible by {batch}"
     return problem or pipeline_problem(cfg, pp * virtual, split)
 

@@ -11,6 +11,7 @@ from ...nn.optim import adamw_update
 from ...runtime.dtensor import DTensor
 from .mixed import loss_and_grads as mixed_loss_and_grads
 from .reference import _masks, clip_grads, loss_and_grads as reference_loss_and_grads
+from ..moe.fold import fold_of
 
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
@@ -76,7 +77,9 @@ def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
     if cfg.moe is None or not model.moe_stats:
         return None
     mesh = model.mesh
-    batch = mesh.layout(model.batch, None, None)
+    fold = fold_of(mesh.layout, cfg.moe.etp)  # folded (etp 1): each tp rank routed its own share of the tokens
+    T, rows, _ = fold.token_map(tuple(mesh.layout.alias_name), cfg.moe.dropless)
+    batch = mesh.layout(rows if fold.folded else model.batch, T, None)
     routes = {}
     for s in model.moe_stats:
         k = s.chosen.shape[-1]

@@ -8,7 +8,7 @@ from ...base.buffers import owned_bytes, owner
 from .config import GPTConfig
 from .memory import MemoryReport
 from .params import is_expert
-from ..axes import EXPERT, TENSOR
+from ..moe.fold import fold_of
 from ...base.sizes import format_size
 from ...programs.memory import ENV_VAR
 from ...runtime import door
@@ -74,7 +74,8 @@ def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any
     layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i) and f"h{i}.moe.w1" in params]
     rows = [e for e in trace.entries if e.label and any(e.label.startswith(f"{layer}{word}") for layer in layers
                                                         for word in EXCHANGE_WORDS)]
-    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
+    fold = fold_of(mesh.layout, cfg.moe.etp)
+    ep, tp = fold.ep, fold.etp
     return ExpertBytes(rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
                        sum(t.local.nbytes for t in experts),
                        optimizer.grads_of(experts) if hasattr(optimizer, "grads_of") else

@@ -42,6 +42,8 @@ class MoEConfig:
         z_loss_coeff: weight of the router z-loss, the mean of logsumexp(logits)^2.
         dry_routing: how a dry run routes, having no probabilities (spmdsim.models.moe.routing.planned):
             "balanced" or "worst" (every token to experts 0 .. k-1); real runs route by the router.
+        etp: the experts' tensor-parallel size (Megatron's --expert-tensor-parallel-size): 0, the mesh's tp;
+            1 folds attention's tp ranks into the experts' expert-parallel group (spmdsim.models.moe.fold).
     """
 
     experts: int = 8
@@ -53,9 +55,10 @@ class MoEConfig:
     aux_loss_coeff: float = AUX_LOSS_COEFF
     z_loss_coeff: float = Z_LOSS_COEFF
     dry_routing: str = "balanced"
+    etp: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("experts", 1), ("every", 1), ("hidden", 0)):
+        for name, low in (("experts", 1), ("every", 1), ("hidden", 0), ("etp", 0)):
             value = getattr(self, name)
             n = as_int(value)
             if n is None or n < low:

@@ -12,7 +12,7 @@ from ...runtime.dtensor import DTensor
 from ...runtime.sim.dry import zeros
 from .config import MoEConfig
 from .routing import dispatch_rows, planned
-from ..axes import DATA, EXPERT, TENSOR
+from .fold import fold_of
 from .exchange import _Exchange
 from .stats import _stats
 
@@ -24,7 +24,8 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
     `weights`: the experts' DTensors, named by `names` (`_present`)."""
     mesh = x.mesh
     T, bl, D = x.local.shape
-    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
+    fold = fold_of(mesh.layout, moe.etp)
+    ep, tp = fold.ep, fold.etp
     routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing, probs.local.dtype)
     rows, nrows, per_expert = dispatch_rows(routing, moe.dropless, ep)
     move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
@@ -47,7 +48,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
     us = zeros((xe.shape[0], H), act) if swiglu else None
     fc2 = zeros(xe.shape, np.float32 if mixed else act)
     if tp > 1:
-        allreduce(mesh, fc2, TENSOR, f"{name} experts fc2", out=fc2)
+        allreduce(mesh, fc2, fold.etp_axes, f"{name} experts fc2", out=fc2)
     ye = zeros(xe.shape, act) if mixed else fc2
     back = move.combine(ye)
     out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
@@ -72,7 +73,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
         held = kept  # noqa: F841 (the closure holds them until the backward runs, as the real one does)
         dye = move.dispatch(zeros((nrows, D), act), f"{name} combine backward")
         if mixed and tp > 1:  # d xe summed over tp before its way back (`_experts_grad_mixed`)
-            allreduce(mesh, zeros(dye.shape, np.float32), TENSOR, f"{name} experts fc1 backward")
+            allreduce(mesh, zeros(dye.shape, np.float32), fold.etp_axes, f"{name} experts fc1 backward")
         move.combine(zeros(dye.shape, dye.dtype), f"{name} dispatch backward")
         dx = zeros(x.local.shape, np.float32 if mixed else act)
         grads = tuple(zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype) for w in weights)
@@ -82,8 +83,8 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, names: tuple, moe: MoEConfi
                            blocks=dict(zip(("g" + n for n in names), grads), dy=dy.local, back=back, dye=dye,
                                        dx=dx, xe=xe, hs=hs, ts=ts, acts=acts, us=us, w1=now["w1"], w2=now["w2"],
                                        w3=now.get("w3")))
-        over_tp = (TENSOR,) if tp > 1 and not mixed else ()
-        over_dp = (DATA,) if DATA in mesh.layout.alias_name and mesh.layout.axis_size(DATA) > 1 else ()
+        over_tp = fold.etp_axes if tp > 1 and not mixed else ()
+        over_dp = fold.edp_axes if fold.edp > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))
                 + tuple(_grad(w, g, over_dp) for w, g in zip(weights, grads)))
 

@@ -12,6 +12,7 @@ from ...programs.plan.messages import BlockAllreduce, BlockAlltoall, BlockAlltoa
 from ...runtime import executor
 from ...runtime.sim.dry import dry_run_active, zeros
 from .config import MoEConfig
+from .fold import Fold, fold_of
 from ..axes import EXPERT, TENSOR
 
 
@@ -20,6 +21,19 @@ from ..axes import EXPERT, TENSOR
 #: (and fc1's input gradient) summed over tp. A dropless step's tokens: its _Exchange's BlockAlltoallv.
 SLOTS = BlockAlltoall((EXPERT,))
 EXPERTS_SUM = BlockAllreduce((TENSOR,))
+
+
+def records(fold: Fold) -> tuple:
+    """(the slots' and counts' Alltoall, the experts' fc2 Allreduce) over `fold`'s ep and etp axes
+    (spmdsim.models.moe.fold): `SLOTS` and `EXPERTS_SUM` unfolded; one pair a fold."""
+    seen = _RECORDS.get(fold)
+    if seen is None:
+        seen = _RECORDS[fold] = ((SLOTS, EXPERTS_SUM) if fold.ep_axes == (EXPERT,) and fold.etp_axes == (TENSOR,)
+                                 else (BlockAlltoall(fold.ep_axes), BlockAllreduce(fold.etp_axes or (TENSOR,))))
+    return seen
+
+
+_RECORDS: dict = {}  # Fold -> `records`' pair (a handful: one a mesh shape and etp)
 
 
 @dataclass(eq=False)
@@ -38,11 +52,18 @@ class _Plan:
     last: Optional[tuple] = field(default=None, repr=False)
     #: its layer's _Facts for MoEStats (`_facts`), made on first use
     facts: Optional[Any] = field(default=None, repr=False)
-    #: the mesh's tp (w2's rows split over it: fc2's output summed there)
+    #: the experts' axes on the mesh (spmdsim.models.moe.fold), from the config's etp
+    fold: Fold = field(init=False, repr=False)
+    #: the experts' tp, etp (w2's rows split over it: fc2's output summed there)
     tp: int = field(init=False, repr=False)
+    #: the fold's step records (`records`): the slots' Alltoall over ep, fc2's Allreduce over etp
+    slots: Any = field(init=False, repr=False)
+    sums: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.tp = self.mesh.layout.axis_size(TENSOR)
+        self.fold = fold_of(self.mesh.layout, self.moe.etp)
+        self.tp = self.fold.etp
+        self.slots, self.sums = records(self.fold)
 
     def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
         last = self.last
@@ -144,7 +165,9 @@ class _Exchange:
         self.mesh, self.dropless, self.C, self.bl, self.El = mesh, moe.dropless, capacity, bl, El
         self.labels = (dispatch_label, combine_label)
         self.dry = dry_run_active()  # zeros: no rows to put in order
-        ep = mesh.layout.axis_size(EXPERT)
+        self.fold = fold = fold_of(mesh.layout, moe.etp)
+        self.slots = records(fold)[0]
+        ep = fold.ep
         self.ep = ep
         if not self.dropless:
             n = ep * bl * capacity
@@ -155,16 +178,16 @@ class _Exchange:
             return
         # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts (`got`: done).
         if got is None:
-            got = executor.run_block(mesh, SLOTS, np.ascontiguousarray(per_expert, dtype=np.int64),
+            got = executor.run_block(mesh, self.slots, np.ascontiguousarray(per_expert, dtype=np.int64),
                                      f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
-            me = mesh.group_info(EXPERT)[2]
+            me = mesh.group_info(fold.ep_axes)[2]
             got = np.tile(np.asarray(per_expert[me * El:(me + 1) * El], np.int64), (ep, 1))
         self.send_rows = np.add.reduce(np.asarray(per_expert, np.int64).reshape(ep, El), 1).tolist()
         self.recv_rows = np.add.reduce(got, 1).tolist()
         self.arrived = sum(self.recv_rows)
-        self.tokens = BlockAlltoallv((EXPERT,), tuple(self.send_rows), tuple(self.recv_rows))
+        self.tokens = BlockAlltoallv(fold.ep_axes, tuple(self.send_rows), tuple(self.recv_rows))
         self.returned = self.tokens.conjugate()
         # Arrived rows are by source, then local expert; the experts want them by expert, then source: block
         # (s, e) of got[s, e] rows starts at `starts` in what arrived and at `at` in the experts' order.
@@ -183,7 +206,7 @@ class _Exchange:
         label = label or self.labels[0]
         D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
-            got = executor.run_block(self.mesh, SLOTS, send, label) if self.ep > 1 else send
+            got = executor.run_block(self.mesh, self.slots, send, label) if self.ep > 1 else send
             return got if self.dry else self.by_expert(got, out)
         if self.ep == 1:  # a group of one: no exchange (no call), and rows by expert from one source are in order
             return into(out, send)
@@ -223,7 +246,7 @@ class _Exchange:
             else:
                 blocks = self.by_source(rows)
             if self.ep > 1:
-                return executor.run_block(self.mesh, SLOTS, blocks, label, out)
+                return executor.run_block(self.mesh, self.slots, blocks, label, out)
             return into(out, blocks)
         if self.ep == 1:  # a group of one: no exchange (no call); one source's rows by expert are in order already
             return into(out, rows)

@@ -8,8 +8,7 @@ from ...references import forward as reference, backward as reference_grad
 from ...references.activations import gelu_backward, gelu_from_tanh, gelu_tanh, sigmoid, silu_slope
 from ...base.precision import is_low, product, rounded, wide
 from ...runtime import executor
-from ..axes import TENSOR
-from .exchange import EXPERTS_SUM, _Plan
+from .exchange import _Plan
 
 
 def _present(b1: Any, b2: Any, w3: Any, b3: Any) -> tuple:
@@ -102,7 +101,7 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
             ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.tp > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
-        executor.run_block(plan.mesh, EXPERTS_SUM, used, f"{plan.name} experts fc2", used)
+        executor.run_block(plan.mesh, plan.sums, used, f"{plan.name} experts fc2", used)
     if B2 is not None:
         if not move.dropless:
             y3 = ye.reshape(El, -1, D)
@@ -257,10 +256,10 @@ def _run_experts_mixed(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got:
     hs, ts, acts, ye = out[:4]
     us = out[4] if swiglu else None
     summed = None
-    if plan.mesh.layout.axis_size(TENSOR) > 1:
+    if plan.tp > 1:
         def summed(p: np.ndarray) -> None:
             used = p.reshape(-1, D)[:move.arrived]
-            executor.run_block(plan.mesh, EXPERTS_SUM, used, f"{plan.name} experts fc2", used)
+            executor.run_block(plan.mesh, plan.sums, used, f"{plan.name} experts fc2", used)
     if not move.dropless:
         _linear_mixed(_batched(xe, El), W1, B1, act, _batched(hs, El))
         if swiglu:
@@ -342,8 +341,8 @@ def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndar
         for e, (lo, hi) in enumerate(move.ranges):
             dx[lo:hi] = backward(xe[lo:hi], hs[lo:hi], ts[lo:hi], acts[lo:hi], None if us is None else us[lo:hi],
                                  dye[lo:hi], e, 0)
-    if plan.mesh.layout.axis_size(TENSOR) > 1:  # each tp rank's hidden columns' share, summed
+    if plan.tp > 1:  # each tp rank's hidden columns' share, summed
         used = dx[:move.arrived]
-        executor.run_block(plan.mesh, EXPERTS_SUM, used, f"{plan.name} experts fc1 backward", used)
+        executor.run_block(plan.mesh, plan.sums, used, f"{plan.name} experts fc1 backward", used)
     dxe[...] = rounded(dx, act)
     return out

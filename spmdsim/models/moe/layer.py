@@ -18,6 +18,11 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 - combine: the dispatch's reverse exchange, then each token adds its experts'
   outputs times the gates.
 
+With the experts' own tp 1 (MoEConfig.etp, Megatron-Core's parallel folding: spmdsim.models.moe.fold) the
+experts are split over ("ep", "tp") and whole: each tp rank takes its share of the tokens (a local slice; with
+sequence parallelism, dropless, they come so), the exchanges run over the ep x tp ranks, no Allreduce sums
+fc2's product, and the output is gathered over tp again.
+
 At ep 1 nothing is exchanged and no collective is called (not even on a group
 of one rank): the dispatch and combine are the rows' local reordering alone.
 
@@ -75,22 +80,24 @@ from ...nn import ops
 from ...base.buffers import CAPTURE
 from ...nn.autograd.graph import record, with_partial
 from ...errors import SpmdsimError
-from ...layouts.layout import format_tensor_map
 from ...base.flops import any_open
 from ...base.precision import is_low
 from ...runtime import executor
 from ...runtime.dtensor import DTensor
+from ...runtime.executor import redistribute
 from ...runtime.replay import capturing, kernel, kernels
 from ...runtime.sim.dry import dry_run_active
 from .config import MoEConfig
+from .fold import fold_of, fold_problem
+from .tokens import _expert_layout, input_problem, takes
 from .losses import router_losses
-from ..axes import DATA, EXPERT, TENSOR
+from ..axes import EXPERT, TENSOR
 from .dry import _count_experts, _dry_experts, _grad, _tensor
-from .exchange import EXPERTS_SUM, SLOTS, _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
+from .exchange import _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
 from .experts import _experts_grad, _experts_grad_mixed, _present, _run_experts, _run_experts_mixed
 from .slots import _combine_grad, _facts, _note, _pack, _probs_grad, _route, _tables, _unpack
 
-__all__ = ["moe_layer", "moe_experts", "moe_problem", "input_problem"]
+__all__ = ["moe_layer", "moe_experts", "moe_problem", "input_problem", "takes"]
 
 
 def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
@@ -98,34 +105,22 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     names = tuple(mesh.layout.alias_name)
     if EXPERT not in names or TENSOR not in names:
         return f"an MoE layer runs on a mesh with axes {EXPERT!r} and {TENSOR!r}, got {names!r}"
-    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
-    if moe.experts % ep:
-        return f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"
-    if hidden % tp:
-        return f"the experts' hidden width {hidden} is not divisible by tp {tp}"
+    problem = fold_problem(mesh.layout.axis_size(TENSOR), moe.etp)
+    if problem:
+        return problem
+    fold = fold_of(mesh.layout, moe.etp)
+    if moe.experts % fold.ep:
+        return f"experts {moe.experts} are not divisible by ep {fold.ep} (experts are split over ep)"
+    if hidden % fold.etp:
+        return f"the experts' hidden width {hidden} is not divisible by {'tp' if not fold.folded else 'etp'} {fold.etp}"
     if len(x_shape) != 3:
         return f"the MoE layer's input of shape {x_shape!r} must be (tokens, batch, features)"
-    return None
-
-
-def input_problem(x: Any) -> Optional[str]:
-    """Why the MoE layer cannot take `x` as laid out (one line, the same on every rank), or None.
-
-    The layer counts on each rank holding whole sequences of its own: it routes a rank's local block
-    sequence by sequence (the capacity is per sequence), sums the load-balancing loss's counts over the
-    mesh's axes other than tp, and sends every feature of a token to its experts. A batch copied over one
-    of those axes counts its tokens twice (the aux loss doubled), a sequence split over tp routes and caps
-    pieces of it as sequences, features split break the products, pending sums route unsummed tokens: each
-    a wrong answer without an error, so each is refused. Axes of size 1 split nothing and are ignored.
-    """
-    L = x.layout
-    big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
-    want = big(a for a in L.layout.alias_name if a != TENSOR)
-    T, batch, D = L.tensor_map
-    if big(T) or big(D) or big(batch) != want or L.addend_axes:
-        expected = format_tensor_map(((), tuple(a for a in L.layout.alias_name if a in want), ()))
-        return (f"the MoE layer's input (tokens, batch, features) is laid out {L}; expected its batch split over "
-                f"the mesh's axes other than tp and nothing else split or pending: {expected}")
+    tp = mesh.layout.axis_size(TENSOR)
+    if fold.folded and moe.dropless and x_shape[0] % tp:
+        return f"seq {x_shape[0]} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the tokens)"
+    if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * fold.edp):
+        return (f"batch {x_shape[1]} is not divisible by edp {fold.edp} x ep {fold.ep} = {fold.ep * fold.edp} (etp 1: "
+                "each tp rank routes its own share of the batch)")
     return None
 
 
@@ -140,14 +135,20 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     mesh = x.mesh
     w1 = params[pre + "moe.w1"]
     layout, hidden = x._layout, w1._shape[2]
-    seen = _LAYER_CHECKED.get((id(layout), x._shape, moe.experts, hidden))
+    seen = _LAYER_CHECKED.get((id(layout), x._shape, moe.experts, hidden, moe.etp))
     if seen is None or seen is not layout:  # (checked once per layout object, shape, experts and width)
-        problem = moe_problem(mesh, moe, tuple(x.global_shape), hidden) or input_problem(x)
+        problem = moe_problem(mesh, moe, tuple(x.global_shape), hidden) or (None if takes(x, moe) else
+                                                                            input_problem(x))
         if problem:
             raise SpmdsimError(problem)
         if len(_LAYER_CHECKED) >= 256:
             _LAYER_CHECKED.clear()
-        _LAYER_CHECKED[(id(layout), x._shape, moe.experts, hidden)] = layout  # (held: its id is not reused)
+        _LAYER_CHECKED[(id(layout), x._shape, moe.experts, hidden, moe.etp)] = layout  # (held: its id is not reused)
+    fold = fold_of(layout.layout, moe.etp)
+    whole = x
+    if fold.folded:  # each tp rank its share of the tokens (a local slice; its backward an Allgather over tp)
+        target = _expert_layout(layout.layout, fold, moe.dropless)
+        x = x if layout is target or layout == target else redistribute(x, target)
     router = params[pre + "moe.router"]
     if is_low(x._local.dtype):  # the router in float32 (Megatron's --moe-router-dtype fp32): a bfloat16 softmax
         x32, router = ops.astype(x, np.float32), ops.astype(router, np.float32)  # would tie most top-k choices
@@ -163,27 +164,30 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability; the z-loss, the
     # mean over tokens of logsumexp(logits)^2: one node (spmdsim.models.moe.losses).
     f = DTensor._trusted(mesh, (counts / (moe.top_k * T * B)).astype(probs._local.dtype, copy=False),
-                         _counts_layout(mesh.layout), (E,))
+                         _counts_layout(mesh.layout, fold), (E,))
+    if fold.folded and x is not whole:  # the output gathered over tp: whole there, as the layer was given its tokens
+        out = redistribute(out, whole._layout)
     return out, router_losses(logits, probs, ops.resolved(f), moe.aux_loss_coeff, moe.z_loss_coeff, pre.rstrip("."))
 
 
-def _counts_layout(mesh: Any) -> Any:
+def _counts_layout(mesh: Any, fold: Any) -> Any:
     """The layout of a layer's (E,) assignment shares on device matrix `mesh`: whole, pending over the batch's
-    axes (those other than tp, of size above one); one object per device matrix, so that their Allreduce's
-    plan is found by it (spmdsim.runtime.executor.redistribute) rather than made again each call."""
-    seen = _COUNTS_LAYOUTS.get(id(mesh))
+    axes (`fold`'s, spmdsim.models.moe.fold: those other than the experts' tp, of size above one); one object per
+    device matrix and fold, so that their Allreduce's plan is found by it (spmdsim.runtime.executor.redistribute)
+    rather than made again each call."""
+    seen = _COUNTS_LAYOUTS.get((id(mesh), fold))
     if seen is not None and seen[0] is mesh:
         return seen[1]
-    batch = tuple(a for a in mesh.alias_name if a != TENSOR and mesh.axis_size(a) > 1)
+    batch = tuple(a for a in mesh.alias_name if a in fold.batch_axes and mesh.axis_size(a) > 1)
     if len(_COUNTS_LAYOUTS) >= 64:
         _COUNTS_LAYOUTS.clear()
     layout = mesh(None).with_partial(batch)
-    _COUNTS_LAYOUTS[id(mesh)] = (mesh, layout)  # (held: its id is not reused while the entry lives)
+    _COUNTS_LAYOUTS[(id(mesh), fold)] = (mesh, layout)  # (held: its id is not reused while the entry lives)
     return layout
 
 
-_COUNTS_LAYOUTS: dict = {}  # id(device matrix) -> (it, `_counts_layout`'s answer)
-#: (id(tokens' layout), their global shape, experts, the experts' hidden width) -> that layout, for the
+_COUNTS_LAYOUTS: dict = {}  # (id(device matrix), fold) -> (it, `_counts_layout`'s answer)
+#: (id(tokens' layout), their global shape, experts, the experts' hidden width, etp) -> that layout, for the
 #: layers that passed `moe_problem` and `input_problem` (pure of the key).
 _LAYER_CHECKED: dict = {}
 #: (id(tokens' layout), id(probabilities' layout)) -> (those two layouts), for the pairs that passed
@@ -197,12 +201,12 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     before dropping): route, dispatch, run the experts, combine; one node in the graph. `x` as `moe_layer`
     takes it (`input_problem`), `probs` (T, B, E) laid out alike. `w3` (and `b3`): SwiGLU experts' second
     column-parallel weight, laid out as w1; a bias None is not added (a model without biases)."""
-    _check_experts_inputs(x, probs)
-    mesh = x.mesh
+    _check_experts_inputs(x, probs, moe.etp, moe.dropless)
+    mesh, fold = x.mesh, fold_of(x.mesh.layout, moe.etp)
     block = _BLOCK if not CAPTURE.on else _LOCAL  # the blocks themselves (a captured step: its record's views)
     xb = block(x)
     (T, bl, D), E, k = xb.shape, moe.experts, moe.top_k
-    ep, tp = mesh.layout.axis_size(EXPERT), mesh.layout.axis_size(TENSOR)
+    ep, tp = fold.ep, fold.etp
     El = E // ep
     names = _present(b1, b2, w3, b3)
     weights = tuple(filter(_NOT_NONE, (w1, b1, w2, b2, w3, b3)))  # in `names`' order
@@ -219,7 +223,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     send = _K._pack(xb, rows, nrows, tab.tok)
     got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
     if moe.dropless:
-        got = executor.run_block(mesh, SLOTS, per_expert, f"{name} dispatch counts") if ep > 1 else per_expert
+        got = executor.run_block(mesh, plan.slots, per_expert, f"{name} dispatch counts") if ep > 1 else per_expert
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, B1, W2, B2, W3, B3 = (None if w is None else block(w) for w in (w1, b1, w2, b2, w3, b3))
@@ -240,8 +244,8 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     tensors = (x, probs) + weights
     if not any(map(_AG, tensors)):  # (a node or leaf is true)
         return out, load
-    over_tp = (TENSOR,) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
-    over_dp = (DATA,) if DATA in mesh.layout.alias_name and mesh.layout.axis_size(DATA) > 1 else ()
+    over_tp = fold.etp_axes if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
+    over_dp = fold.edp_axes if fold.edp > 1 else ()
 
     def backward(dy: Any) -> tuple:
         # (the closure holds the routing's slots and counts, as before, though no kernel here reads them: the
@@ -268,11 +272,12 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     return out, load
 
 
-def _check_experts_inputs(x: Any, probs: Any) -> None:
-    """`moe_experts`' refusal of tokens or router probabilities it cannot take, checked once per pair of layouts."""
-    seen = _EXPERTS_CHECKED.get((id(x._layout), id(probs._layout)))
+def _check_experts_inputs(x: Any, probs: Any, etp: int, dropless: bool) -> None:
+    """`moe_experts`' refusal of tokens or router probabilities it cannot take, checked once per pair of layouts
+    and etp."""
+    seen = _EXPERTS_CHECKED.get((id(x._layout), id(probs._layout), etp, dropless))
     if seen is None or seen[0] is not x._layout or seen[1] is not probs._layout:
-        problem = input_problem(x) or (None if probs.layout.tensor_map == x.layout.tensor_map and
+        problem = input_problem(x, etp, dropless) or (None if probs.layout.tensor_map == x.layout.tensor_map and
                                        not probs.layout.addend_axes else
                                        f"the router's probabilities are laid out {probs.layout}; expected the "
                                        f"tokens' layout {x.layout}")
@@ -280,7 +285,7 @@ def _check_experts_inputs(x: Any, probs: Any) -> None:
             raise SpmdsimError(problem)
         if len(_EXPERTS_CHECKED) >= 256:
             _EXPERTS_CHECKED.clear()
-        _EXPERTS_CHECKED[(id(x._layout), id(probs._layout))] = (x._layout, probs._layout)  # (held)
+        _EXPERTS_CHECKED[(id(x._layout), id(probs._layout), etp, dropless)] = (x._layout, probs._layout)  # (held)
 
 
 def _experts_forward(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -293,7 +298,7 @@ def _experts_forward(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: O
         hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, B2, W3, B3)
     else:  # fc2's sum over tp a collective of its own (a replay binds it to its kept plan), then b2 added
         hs, ts, acts, ye, *more = forward(plan, xe, per_expert, got, W1, B1, W2, None, W3, B3, summed=False)
-        executor.run_block(plan.mesh, EXPERTS_SUM, ye, f"{name} experts fc2", ye)
+        executor.run_block(plan.mesh, plan.sums, ye, f"{name} experts fc2", ye)
         if B2 is not None:
             y3 = ye.reshape(sizes[0], -1, sizes[1])
             y3 += B2[:, None]
@@ -309,7 +314,7 @@ def _dispatched(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Opti
     move = None if plan.moe.dropless else plan.exchange(per_expert, got)
     if move is None or move.ep == 1:
         return _K._dispatch(plan, send, per_expert, got, most, label)
-    return _K._by_expert(move, executor.run_block(plan.mesh, SLOTS, send, label or move.labels[0]))
+    return _K._by_expert(move, executor.run_block(plan.mesh, plan.slots, send, label or move.labels[0]))
 
 
 def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
@@ -319,7 +324,7 @@ def _combined(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Option
     move = None if plan.moe.dropless else plan.exchange(per_expert, got)
     if move is None or move.ep == 1:
         return _K._combine(plan, rows, per_expert, got, label)
-    return executor.run_block(plan.mesh, SLOTS, _K._by_source(move, rows), label or move.labels[1])
+    return executor.run_block(plan.mesh, plan.slots, _K._by_source(move, rows), label or move.labels[1])
 
 
 # One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.

@@ -42,8 +42,8 @@ def byte_matrix(stats: Sequence[Sequence[Any]], layer: str, size: int) -> list[l
 
 def dispatch_lines(stats: Sequence[Sequence[Any]], layer: str, size: int, tp: int, width: int = WIDTH) -> list[str]:
     """The dispatch of `layer` as text within `width` columns: the token matrix, bytes sent, tokens per expert
-    and dropped. `tp`: the mesh's tp size (its ranks route the same tokens: each expert's load is counted on
-    the tp rank 0 of each group, the last mesh axis)."""
+    and dropped. `tp`: the experts' tp size, the mesh's or (folded, spmdsim.models.moe.fold) 1 (its ranks route
+    the same tokens: each expert's load is counted on the tp rank 0 of each group, the last mesh axis)."""
     mine = _of(stats, layer)
     if not mine:
         return [f"{layer}: no dispatch recorded"]
@@ -52,7 +52,8 @@ def dispatch_lines(stats: Sequence[Sequence[Any]], layer: str, size: int, tp: in
     load = [sum(s.per_expert[e] for s in first) for e in range(experts)]
     dropped, assignments = sum(s.dropped for s in first), sum(s.assignments for s in first)
     sent = sum(map(sum, byte_matrix(stats, layer, size)))
-    lines = [f"{layer} dispatch: token rows rank -> rank (each tp rank sends its own copy)"]
+    copies = " (each tp rank sends its own copy)" if tp > 1 else " (each rank its own tokens)"
+    lines = [f"{layer} dispatch: token rows rank -> rank{copies}"]
     lines += ["  " + line for line in format_byte_matrix(token_matrix(stats, layer, size), width - 2,
                                                           lambda n: f"{n:,}")]
     lines.append(f"  bytes sent by the dispatch, all ranks: {nbytes(sent)} (the combine sends them back)")

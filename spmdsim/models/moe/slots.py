@@ -6,7 +6,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 from ...base.buffers import into
 from ...base.precision import rounded, wide
-from ..axes import EXPERT
 from .exchange import _Plan
 from .stats import _STATS_FIELDS, MoEStats, _new
 
@@ -200,9 +199,9 @@ class _Facts:
     __slots__ = ("name", "rank", "group", "row", "E", "ep", "El", "share", "dropless", "sent", "send_bytes",
                  "received_bytes")
 
-    def __init__(self, mesh: Any, name: str, tab: _Tables, row: int, dropless: bool) -> None:
+    def __init__(self, mesh: Any, name: str, tab: _Tables, row: int, dropless: bool, ep_axes: tuple) -> None:
         self.name, self.rank, self.row, self.dropless = name, mesh.rank, row, dropless
-        self.group = tuple(int(r) for r in mesh.group_ranks(EXPERT))
+        self.group = tuple(int(r) for r in mesh.group_ranks(ep_axes))
         self.E, self.ep = tab.E, tab.ep
         self.El = tab.E // tab.ep
         self.share = tab.bl * self.El * tab.C  # with a capacity: each destination's slots
@@ -215,7 +214,7 @@ def _facts(plan: "_Plan", tab: _Tables, row: int) -> _Facts:
     """`plan`'s _Facts for rows of `row` bytes, made once a plan (a capacity's plan lives as its mesh's)."""
     facts = plan.facts
     if facts is None or facts.row != row:
-        facts = plan.facts = _Facts(plan.mesh, plan.name, tab, row, plan.moe.dropless)
+        facts = plan.facts = _Facts(plan.mesh, plan.name, tab, row, plan.moe.dropless, plan.fold.ep_axes)
     return facts
 
 

@@ -5,7 +5,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 import numpy as np
 from ...runtime.sim.dry import dry_run_active
-from ..axes import EXPERT
 from .exchange import _Exchange
 
 
@@ -47,7 +46,7 @@ _STATS_FIELDS = tuple(f.name for f in fields(MoEStats))  # (in MoEStats' order: 
 
 def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, row: int) -> MoEStats:
     """`row`: the bytes of one token row (d_model values of the activations' dtype)."""
-    group = mesh.group_ranks(EXPERT)
+    group = mesh.group_ranks(move.fold.ep_axes)
     ep = move.ep
     # A kept assignment's row lies in its destination's share of the send buffer.
     if move.dropless:

@@ -19,6 +19,7 @@ from ...models.gpt.config import GPTConfig, said_as
 from ...models.gpt.memory import sharded_problem
 from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_problem
 from ...models.moe.config import MoEConfig
+from ...models.moe.fold import fold_problem, mesh_ep
 from ..estimate.machine import machines
 
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
@@ -94,17 +95,7 @@ def register(subparsers: Any) -> None:
                         help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
                              "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
                              "megatron and prints its choice as an estimate command)")
-    parser.add_argument("--experts", type=int, default=0, metavar="N",
-                        help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/howto/experts.md)")
-    parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
-    parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
-    parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
-    parser.add_argument("--capacity-factor", type=flag_float, metavar="F",
-                        help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq (default 1)")
-    parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
-    parser.add_argument("--routing", choices=("balanced", "worst"),
-                        help="how the dry run routes (it has no router values): balanced (default), or worst (every "
-                             "token to experts 0..k-1)")
+    _moe_arguments(parser)  # --experts, --ep, --etp, --top-k, --moe-every, --capacity-factor, ...
     parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed", "fp8"),
                         help="the widths the ledger prices each tensor at (default bf16-mixed); fp8: bf16-mixed with "
                              "TransformerEngine's FP8 linear layers, their products at the machine's fp8 peak")
@@ -115,6 +106,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--gradient-accumulation-fusion", action="store_true", help=_FUSION_HELP)
     parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
     parser.set_defaults(func=run)
+
+
+def _moe_arguments(parser: Any) -> None:
+    """The MoE layers' flags (docs/howto/experts.md)."""
+    parser.add_argument("--experts", type=int, default=0, metavar="N",
+                        help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/howto/experts.md)")
+    parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
+    parser.add_argument("--etp", type=int, metavar="N",
+                        help="the experts' tensor-parallel ranks (Megatron's --expert-tensor-parallel-size): --tp "
+                             "(default) or 1, attention's tp ranks folded into the experts' ep (Megatron-Core's "
+                             "parallel folding: --ep counts them, --dp the ranks holding the same experts)")
+    parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
+    parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
+    parser.add_argument("--capacity-factor", type=flag_float, metavar="F",
+                        help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq (default 1)")
+    parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
+    parser.add_argument("--routing", choices=("balanced", "worst"),
+                        help="how the dry run routes (it has no router values): balanced (default), or worst (every "
+                             "token to experts 0..k-1)")
 
 
 #: The MoE layers' options and their defaults, set in `_config`: None from the parser says the user gave none,
@@ -133,7 +143,7 @@ _FUSION_HELP = ("price the weight gradients as Megatron's --gradient-accumulatio
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
                  "prefetch", "kept", "experts",
-                 EXPERT, "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
+                 EXPERT, "etp", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
                  "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method",
                  "gradient_accumulation_fusion")
@@ -182,13 +192,17 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         raise SpmdsimError(f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)")
     if not args.experts and args.ep > 1:
         raise SpmdsimError(f"--ep {args.ep} splits experts: give --experts N (a multiple of {args.ep})")
+    _etp_problems(args)
     if args.experts and args.experts % args.ep:
         raise SpmdsimError(f"--experts {args.experts} must be a multiple of --ep {args.ep} (each ep rank holds "
                            "the same number of experts)")
-    per_step = args.micro_batch * args.dp * args.ep  # the dense layers' batch is split over dp x ep
+    ep = mesh_ep(args.ep, args.tp, args.etp or 0)  # folded (--etp 1): the mesh's ep axis, ep / tp
+    per_step = args.micro_batch * args.dp * ep  # the dense layers' batch is split over dp x ep
     if args.global_batch % per_step:
-        what = "--micro-batch x --dp x --ep" if args.ep > 1 else "--micro-batch x --dp"
-        sizes = f"{args.micro_batch} x {args.dp} x {args.ep}" if args.ep > 1 else f"{args.micro_batch} x {args.dp}"
+        what = "--micro-batch x --dp x --ep" if ep > 1 else "--micro-batch x --dp"
+        what += " / --tp" if ep != args.ep else ""
+        sizes = f"{args.micro_batch} x {args.dp} x {args.ep}" if ep > 1 else f"{args.micro_batch} x {args.dp}"
+        sizes += f" / {args.tp}" if ep != args.ep else ""
         raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
     if args.experts and args.moe_every > args.layers:
         raise SpmdsimError(f"--moe-every {args.moe_every} makes {no_moe_block(args.layers)} "
@@ -196,12 +210,41 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                            f"--layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
-                    dry_routing=args.routing) if args.experts else None
+                    dry_routing=args.routing, etp=1 if ep != args.ep else 0) if args.experts else None
     with said_as(said, defaults):
         cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
                         batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
                         **architecture_fields(args))
     return cfg, args.global_batch // per_step
+
+
+def _etp_problems(args: argparse.Namespace) -> None:
+    """--etp's refusals, each one line before the dry run: without experts, below 1, a size other than tp or 1
+    (spmdsim.models.moe.fold), an ep folded that tp does not divide, a microbatch (dropless: a sequence) tp's
+    ranks cannot share."""
+    if args.etp is None:
+        return
+    if args.etp < 1:
+        raise SpmdsimError(f"--etp {args.etp} must be >= 1")
+    if not args.experts:
+        raise SpmdsimError(f"--etp {args.etp} sets the MoE layers: give --experts N")
+    problem = fold_problem(args.tp, args.etp, args.ep)
+    if problem:
+        raise SpmdsimError(f"--etp {args.etp}: {problem}")
+    if args.etp == 1 < args.tp and args.dropless and args.seq % args.tp:
+        raise SpmdsimError(f"--etp 1 with --tp {args.tp} and --dropless: each tp rank routes its own share of a "
+                           f"sequence's tokens; --seq {args.seq} must be a multiple of --tp {args.tp}")
+    if args.etp == 1 < args.tp and not args.dropless and args.micro_batch % args.tp:
+        raise SpmdsimError(f"--etp 1 with --tp {args.tp}: each tp rank routes its own share of a microbatch's "
+                           f"sequences (with a capacity, whole sequences; --dropless splits them); --micro-batch "
+                           f"{args.micro_batch} must be a multiple of --tp {args.tp}")
+
+
+def _fold(args: argparse.Namespace) -> None:
+    """With --etp 1 beside --tp above 1: args.ep becomes the mesh's ep axis (ep / tp ranks; attention's tp makes
+    up the rest), args.expert_ep keeps the experts' ep; otherwise args.expert_ep is args.ep."""
+    args.expert_ep = args.ep
+    args.ep = mesh_ep(args.ep, args.tp, args.etp or 0)
 
 
 def _fsdp(args: argparse.Namespace) -> None:
@@ -228,13 +271,15 @@ def run(args: argparse.Namespace) -> int:
     from .estimate_report import report  # the dry run and the machine model: loaded to estimate, not for --help
 
     cfg, microbatches = _config(args)
+    record = config_record(args)  # as given: --ep the experts'
+    _fold(args)
     _fsdp(args)
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     overlap = _overlap(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())
     if args.cp > 1 and args.cp_method == "ring":  # each block's transfer posted before the block's compute
         overlap += ("context",)
-    return report(args, config_record(args), cfg, microbatches, split, schedule, overlap)
+    return report(args, record, cfg, microbatches, split, schedule, overlap)
 
 
 _OVERLAP_HELP = ("also hide, as NeMo's recipes run them: tp, the layers' tensor-parallel collectives under their "

@@ -1,0 +1,83 @@
+"""`spmdsim estimate gpt --etp 1`: the folded experts (spmdsim.models.moe.fold) priced by the dry run of their
+step: whole experts over ep x tp ranks, each tp rank's share of the tokens dispatched, no Allreduce of an
+expert's product, the output gathered over tp; and the flags' refusals (docs/howto/estimate.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from docs_commands import run_here
+
+MODEL = ("--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128", "--experts", "8",
+         "--global-batch", "8", "--machine", "h100-dgx")
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    code, out, err = run_here("main", ["estimate", "gpt", *argv])
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def _stage(*argv: str) -> dict:
+    done = _cli(*MODEL, "--tp", "2", *argv, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["stages"][0]
+
+
+def test_folding_on_the_same_ranks_halves_each_ranks_dispatch_and_drops_the_experts_allreduce():
+    """8 ranks, tp 2: experts split over ep 4, each over tp 2 (etp = tp), against ep 8 whole experts (etp 1).
+    The experts' elements a rank holds are the same (one expert's columns either way, the biases aside); each
+    rank dispatches its own half of its tp group's sequences, so the Alltoalls carry half the bytes; the output
+    is gathered over tp (forward) and its gradient reduce-scattered there (backward), and no collective sums
+    an expert's product over tp."""
+    same = _stage("--ep", "4", "--micro-batch", "2")
+    folded = _stage("--ep", "8", "--etp", "1", "--micro-batch", "2")
+    assert folded["ranks"] == same["ranks"] == [0, 7]  # (the first rank and the last of the stage)
+    D, F = 64, 256
+    assert same["expert_params"] == 2 * (D * F // 2 + F // 2 + F // 2 * D + D)  # 2 experts a rank, columns split
+    assert folded["expert_params"] == 1 * (D * F + F + F * D + D)  # 1 expert a rank, whole
+    # each rank's send buffer: the same slots of half the sequences, 7 of its 8 blocks leaving (against 3 of 4)
+    assert folded["sent"]["alltoall node"] * 3 * 2 * 8 == same["sent"]["alltoall node"] * 4 * 7
+    assert "allgather node" in folded["sent"] and "allgather node" not in same["sent"]
+    assert folded["sent"]["allreduce node"] < same["sent"]["allreduce node"]  # no sum of fc2's product over tp
+    # the routers' products on each rank's own tokens, not on its tp group's (the experts' the same)
+    assert folded["flops"]["forward"] < same["flops"]["forward"]
+
+
+def test_the_report_names_the_experts_groups():
+    done = _cli(*MODEL, "--tp", "2", "--ep", "8", "--etp", "1", "--micro-batch", "2")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stderr
+    assert "mesh pp 1 x dp 1 x ep 4 x tp 2 (8 ranks)" in text
+    assert "1 per ep rank (etp 1 x ep 8 x edp 1: attention's tp folded into ep)" in text
+
+
+def test_dropless_folding_splits_the_sequence_so_a_microbatch_of_one_runs():
+    """Dropless, each tp rank routes its share of every sequence's tokens (as Megatron's sequence-parallel
+    tokens reach its dispatcher): --micro-batch 1 runs; with a capacity it is refused in one line."""
+    stage = _stage("--ep", "8", "--etp", "1", "--micro-batch", "1", "--dropless", "--routing", "balanced")
+    assert stage["sent"]["alltoallv node"] > 0
+    done = _cli(*MODEL, "--tp", "2", "--ep", "8", "--etp", "1", "--micro-batch", "1")
+    said = " ".join(done.stderr.split())  # (wrapped at 100 columns)
+    assert done.returncode == 2 and said.endswith("--micro-batch 1 must be a multiple of --tp 2"), done.stderr
+    assert said.startswith("spmdsim: error: --etp 1 with --tp 2: each tp rank routes its own share of a microbatch's "
+                           "sequences (with a capacity, whole sequences; --dropless splits them)")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--tp", "2", "--ep", "4", "--etp", "0"), "--etp 0 must be >= 1"),
+    (("--tp", "4", "--ep", "2", "--etp", "2"), "--etp 2: etp 2 with tp 4: the experts' tensor-parallel size must be "
+                                               "tp (4) or 1"),
+    (("--tp", "2", "--ep", "3", "--etp", "1"), "--etp 1: etp 1 folds attention's tp 2 ranks into the experts' "
+                                                    "ep: ep 3 must be a multiple of tp 2"),
+])
+def test_bad_foldings_are_refused_in_one_line(argv, message):
+    done = _cli(*MODEL, *argv)
+    assert done.returncode == 2 and message in " ".join(done.stderr.split()), done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.startswith("spmdsim: error:")
+
+
+def test_etp_without_experts_is_refused():
+    done = _cli("--layers", "2", "--tp", "2", "--etp", "1")
+    assert done.returncode == 2 and "--etp 1 sets the MoE layers: give --experts N" in done.stderr
