@@ -123,5 +123,7 @@ def test_a_table_needs_model_shape_and_model_shape_needs_a_table():
     assert str(info.value).endswith("expected no such key with model 'roofline' (model 'shape' reads it)")
     with pytest.raises(SpmdsimError, match=r"^GemmEfficiency: key 'batched' is None; expected a BatchedShapes"):
         GemmEfficiency(0.8, "x", model="shape")
+    with pytest.raises(SpmdsimError, match=r"^GemmEfficiency: key 'batched\.dtypes' is 'int4'; expected dtypes among "):
+        GemmEfficiency(0.8, "x", model="shape", batched=BatchedShapes(("int4",), ((64, 0.2),), ((64, 0.2),), "y"))
     with pytest.raises(SpmdsimError, match=r"^BatchedShapes: key 'source' is ''; expected a citation string"):
         BatchedShapes(("fp16",), ((64, 0.2),), ((64, 0.2),), "")

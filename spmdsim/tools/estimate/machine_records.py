@@ -176,6 +176,9 @@ class GemmEfficiency:
         if (self.model == "shape") != isinstance(self.batched, BatchedShapes):
             raise _fail("GemmEfficiency", "batched", self.batched, "a BatchedShapes(dtypes, contraction, output, "
                         "source) with model 'shape', None with model 'roofline'")
+        for dtype in self.batched.dtypes if self.batched is not None else ():
+            if dtype not in DTYPES:
+                raise _fail("GemmEfficiency", "batched.dtypes", dtype, f"dtypes among {tuple(DTYPES)!r}")
         object.__setattr__(self, "dtypes", tuple(dict(self.dtypes).items()))
         for dtype, achieved in self.dtypes:
             if dtype not in DTYPES:
