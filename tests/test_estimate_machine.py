@@ -42,7 +42,7 @@ def test_shipped_machines_load_with_their_datasheet_figures():
     assert (h100.node.bandwidth, h100.cluster.bandwidth) == (450e9, 50e9)
     for m in (a100, h100):
         assert m.algorithm == "ring" and m.reduction_rate is None
-        assert m.gemm_efficiency.model == "roofline"
+        assert m.gemm_efficiency.model == ("shape" if m is a100 else "roofline")
         assert not any(s.startswith("assumption: gemm") for s in m.sources)
         assert any("datasheet" in s and "https://" in s for s in m.sources)
         assert any(s.startswith("assumption: link latencies") for s in m.sources)
@@ -187,7 +187,7 @@ _F = "machine file 'x.json': "
     ("reduction_rate", 0, "key 'reduction_rate' is 0; expected a number > 0 (bytes/s reduced) or null"),
     ("gemm_efficiency.max_fraction", 1.5, "key 'gemm_efficiency.max_fraction' is 1.5; expected a number in "
                                           "(0, 1] (fraction of peak)"),
-    ("gemm_efficiency.model", "tiles", "key 'gemm_efficiency.model' is 'tiles'; expected one of ('roofline',)"),
+    ("gemm_efficiency.model", "tiles", "key 'gemm_efficiency.model' is 'tiles'; expected one of ('roofline', 'shape')"),
     ("gemm_efficiency.source", _DELETE, "key 'gemm_efficiency.source' is missing; expected present "
                                         "(see docs/howto/add-machine-file.md)"),
     ("gemm_efficiency.dtypes", [0.7], "key 'gemm_efficiency.dtypes' is [0.7]; expected an object of "
@@ -339,4 +339,5 @@ def test_every_constant_of_a_shipped_machine_carries_its_source(name):
     assert peaks and [d for d in data["peak_flops"] if d not in cited] == []
     own = [data["gemm_efficiency"], data["gemm_efficiency"]["waves"], data["hbm_efficiency"],
            data["links"]["node"]["efficiency"], data["links"]["cluster"]["efficiency"]]
+    own += [data["gemm_efficiency"]["batched"]] if "batched" in data["gemm_efficiency"] else []
     assert all(isinstance(o.get("source"), str) and "http" in o["source"] for o in own)

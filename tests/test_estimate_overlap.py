@@ -51,7 +51,7 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
     assert all(dict(t.hidden_by_phase) == {"layers": 0.0, "gradients": t.hidden_s, "pipeline": 0.0, "context": 0.0,
                                                 "parameters": 0.0} for t in before)
     assert plain["assumptions"][0] == "assumes: dp gradient sums hidden under the backward; GEMMs at most 0.8045 " \
-                                      "of peak (roofline);"
+                                      "of peak (shape);"
     # on: the step time the ledger's stages make with the three phases hidden, each bounded by its compute
     assert [s["step_time_s"] for s in on["stages"]] == [t.total_s for t in after]
     assert on["step_time_s"] < plain["step_time_s"]
@@ -68,10 +68,10 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
         assert t.total_s >= max(t.comm_s, t.compute_s) + t.optimizer_s
     assert on["assumptions"][0] == "assumes: dp gradient sums hidden under the backward, the layers' tp " \
                                    "collectives under their GEMMs, pipeline messages under the microbatches' " \
-                                   "compute; GEMMs at most 0.8045 of peak (roofline);"
+                                   "compute; GEMMs at most 0.8045 of peak (shape);"
     text = _run("--overlap", "tp,pp")
     assert "assumes: dp gradient sums hidden under the backward, the layers' tp collectives under their GEMMs,\n" \
-           "  pipeline messages under the microbatches' compute; GEMMs at most 0.8045 of peak (roofline);\n" in text
+           "  pipeline messages under the microbatches' compute; GEMMs at most 0.8045 of peak (shape);\n" in text
     default = _run()
     assert "hidden by overlap" in default and default.count("    layers phase") == 2  # one row a stage (2)
     assert text.count("    layers phase") == 4  # and one under "hidden by overlap"

@@ -27,10 +27,11 @@ def close(a, b):
 
 
 # The datasheet machine (links and HBM at their full rates): the formulas below read its figures.
-# Without the waves (tests/test_estimate_machine.py checks them): the GEMMs at the capped roofline alone.
+# Without the waves and the batched table (tests/test_estimate_machine.py, test_estimate_gemm_shapes.py check
+# them): the GEMMs at the capped roofline alone.
 _SHIPPED = load_machine("a100-dgx")
 A100 = replace(_SHIPPED, node=Link(300e9, 2e-6), cluster=Link(25e9, 5e-6), hbm_efficiency=None,
-               gemm_efficiency=replace(_SHIPPED.gemm_efficiency, waves=None))
+               gemm_efficiency=replace(_SHIPPED.gemm_efficiency, waves=None, model="roofline", batched=None))
 #: The a100-dgx's GEMM cap: 271.2 TFLOP/s measured, at the 1305 of 1410 MHz the A100 sustains (its file's source).
 CAP = 0.8045
 

@@ -80,10 +80,10 @@ def test_the_assumptions_are_the_machine_files(tmp_path):
     given (a link without one at 1), and the prediction and the MFU change with them."""
     out, data = _estimate("--layers", "2")
     assert data["assumptions"] == ["assumes: dp gradient sums hidden under the backward; GEMMs at most 0.8045 of peak "
-                                   "(roofline);",
+                                   "(shape);",
                                    "  other kernels at 0.88 of HBM bandwidth; ring collectives at 0.775 (node), 0.96 "
                                    "(cluster) of links"]
-    assert ("\nassumes: dp gradient sums hidden under the backward; GEMMs at most 0.8045 of peak (roofline);\n"
+    assert ("\nassumes: dp gradient sums hidden under the backward; GEMMs at most 0.8045 of peak (shape);\n"
             "  other kernels at 0.88 of HBM bandwidth; ring collectives at 0.775 (node), 0.96 (cluster) of links\n"
             in out)  # two lines, as printed
     raw = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
@@ -95,7 +95,7 @@ def test_the_assumptions_are_the_machine_files(tmp_path):
     path.write_text(json.dumps(raw | {"name": "slow"}))
     slow_out, slow = _estimate("--layers", "2", "--machine", str(path))
     assert slow["assumptions"] == ["assumes: dp gradient sums hidden under the backward; GEMMs at most 0.6 of peak "
-                                   "(roofline);",
+                                   "(shape);",
                                    "  other kernels at 0.5 of HBM bandwidth; ring collectives at 0.7 (node), 1 "
                                    "(cluster) of links"]
     assert "\n".join(slow["assumptions"]) in slow_out
@@ -148,10 +148,10 @@ def test_the_docs_comparisons_with_the_papers_are_the_quoted_outputs():
                               "--tp 8 --sp --recompute selective --kept megatron")
     (mfu, _), (hfu, _) = selective["MFU"], selective["HFU"]
     assert f"MFU, HFU | {mfu}, {hfu} | 41.5%, 43.7% | Korthikanti et al. 2022, Table 5 |" in text
-    assert f"the estimate's are {mfu} and {hfu} at its 1.063 s (the command above)" in prose
+    assert f"the estimate's are {mfu} and {hfu} at its 1.094 s (the command above)" in prose
     full = _quoted(text, "--hidden 6144 --heads 64 --seq 2048 --vocab 51200 --micro-batch 4 --global-batch 4 --tp 8 "
                          "--recompute full --kept megatron")
-    assert f"the estimate's is {full['MFU'][0]} (1.412 s), HFU {full['HFU'][0]} with the forward run again" in prose
+    assert f"Full recomputation: MFU {full['MFU'][0]} (1.446 s), HFU {full['HFU'][0]}." in prose
     big = _quoted(text, "--pp 64 --dp 6")
     (mfu, model), (hfu, hardware) = big["MFU"], big["HFU"]
     assert f"(HFU) | {hardware} ({hfu}) | 163 (52%) | Narayanan et al. 2021, Table 1 |" in text

@@ -19,7 +19,10 @@ of the dtype's peak, so it takes ``max(flops / (max_fraction * peak), nbytes / h
 seconds: large products run at ``max_fraction`` of peak, products with a small dimension are
 bound by memory bandwidth. An optional ``"waves": {"sms": N, "tile": [rows, cols], "source": ...}``
 multiplies ``max_fraction`` by the share of its waves' tile slots a product's output fills
-(`machine_records.Waves`: the guide's tile and wave quantization).
+(`machine_records.Waves`: the guide's tile and wave quantization). Model ``"shape"`` is the same and also
+caps a batched product (the attention core's scores and context) at what products of its smallest dimension
+were measured to achieve: ``"batched": {"dtypes": [...], "contraction": [[dim, fraction], ...], "output":
+[[dim, fraction], ...], "source": ...}``, interpolated (spmdsim.tools.estimate.gemm_shapes).
 
 Two optional achieved fractions, each an object ``{"fraction": f, "source": "..."}``:
 ``hbm_efficiency`` (the share of ``hbm_bandwidth`` a memory-bound kernel reaches: the element-wise
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import SpmdsimError
+from .gemm_shapes import batched_from_dict, batched_to_dict
 from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .records import LEVELS
@@ -84,6 +88,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
     _check_efficiency(where, "gemm_efficiency.", eff["model"], eff["max_fraction"], eff["source"])
     waves = None if eff.get("waves") is None else _waves(where, eff["waves"])
     dtypes = _gemm_dtypes(where, eff.get("dtypes", {}))
+    batched = _batched(where, eff)
     links = data["links"]
     if not isinstance(links, Mapping):
         raise _fail(where, "links", links, _WHAT["links"])
@@ -114,15 +119,29 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                    peak_flops=tuple((d, float(v)) for d, v in data["peak_flops"].items()),
                    hbm_bandwidth=float(data["hbm_bandwidth"]),
                    gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"], waves,
-                                                  dtypes),
+                                                  dtypes, batched),
                    node=made["node"], cluster=made["cluster"], algorithm=data["algorithm"],
                    reduction_rate=None if rate is None else float(rate),
                    hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm),
                    attention_efficiency=None if attention is None else _attention(where, attention))
 
 
-#: The keys of a machine file's gemm_efficiency ("waves" and "dtypes" optional).
-_GEMM_KEYS = ("model", "max_fraction", "source", "waves", "dtypes")
+#: The keys of a machine file's gemm_efficiency ("waves" and "dtypes" optional, "batched" with model "shape").
+_GEMM_KEYS = ("model", "max_fraction", "source", "waves", "dtypes", "batched")
+
+
+def _batched(where: str, eff: Mapping) -> Any:
+    """gemm_efficiency.batched: the measured table model "shape" reads (spmdsim.tools.estimate.gemm_shapes), which
+    model "roofline" has none of."""
+    if eff["model"] == "shape":
+        if "batched" not in eff:
+            raise _fail(where, "gemm_efficiency.batched", _MISSING, "present with model 'shape' (its measured table, "
+                        "docs/howto/add-machine-file.md)")
+        return batched_from_dict(where, eff["batched"], tuple(DTYPES))
+    if "batched" in eff:
+        raise _fail(where, "gemm_efficiency.batched", eff["batched"], "no such key with model 'roofline' (model "
+                    "'shape' reads it)")
+    return None
 
 
 def _gemm_dtypes(where: str, data: Any) -> tuple:
@@ -185,6 +204,8 @@ def machine_to_dict(machine: Machine) -> dict:
            "algorithm": machine.algorithm}
     if machine.gemm_efficiency.dtypes:
         out["gemm_efficiency"]["dtypes"] = {d: _achieved_dict(a) for d, a in machine.gemm_efficiency.dtypes}
+    if machine.gemm_efficiency.batched is not None:
+        out["gemm_efficiency"]["batched"] = batched_to_dict(machine.gemm_efficiency.batched)
     waves = machine.gemm_efficiency.waves
     if waves is not None:
         out["gemm_efficiency"]["waves"] = {"sms": waves.sms, "tile": list(waves.tile), "source": waves.source}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ...errors import SpmdsimError
+from .gemm_shapes import BatchedShapes
 from .records import LEVELS
 
 __all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "AttentionEfficiency", "DTYPES", "RESULT_BYTES", "ALGORITHMS",
@@ -34,8 +35,9 @@ _DTYPE_ALIASES = {"float64": "fp64", "double": "fp64", "f8": "fp64", "float32": 
 ALGORITHMS = ("ring", "tree")
 
 
-#: GEMM efficiency models a file may name.
-EFFICIENCY_MODELS = ("roofline",)
+#: GEMM efficiency models a file may name: "roofline" (capped, with the optional waves) and "shape" (the same,
+#: and batched products capped by their measured table, spmdsim.tools.estimate.gemm_shapes).
+EFFICIENCY_MODELS = ("roofline", "shape")
 
 
 def normalize_dtype(dtype: Any) -> str:
@@ -157,18 +159,26 @@ class GemmEfficiency:
     """The roofline capped at `max_fraction` of peak, times the waves' fraction where `waves` is given
     (module docstring); `source` says where it comes from. `dtypes`: ((dtype, Achieved), ...), the cap of
     the dtypes measured apart (an FP8 product's achieved share of the fp8 peak is not bf16's); every other
-    dtype is capped at `max_fraction`."""
+    dtype is capped at `max_fraction`. Model "shape" also caps a batched product at what its `batched` table
+    says products of its smallest dimension achieve (spmdsim.tools.estimate.gemm_shapes)."""
 
     max_fraction: float
     source: str
     model: str = "roofline"
     waves: Optional[Waves] = None
     dtypes: tuple[tuple[str, Achieved], ...] = ()
+    batched: Optional[BatchedShapes] = None
 
     def __post_init__(self) -> None:
         _check_efficiency("GemmEfficiency", "", self.model, self.max_fraction, self.source)
         if self.waves is not None and not isinstance(self.waves, Waves):
             raise _fail("GemmEfficiency", "waves", self.waves, "a Waves(sms, tile, source) or None")
+        if (self.model == "shape") != isinstance(self.batched, BatchedShapes):
+            raise _fail("GemmEfficiency", "batched", self.batched, "a BatchedShapes(dtypes, contraction, output, "
+                        "source) with model 'shape', None with model 'roofline'")
+        for dtype in self.batched.dtypes if self.batched is not None else ():
+            if dtype not in DTYPES:
+                raise _fail("GemmEfficiency", "batched.dtypes", dtype, f"dtypes among {tuple(DTYPES)!r}")
         object.__setattr__(self, "dtypes", tuple(dict(self.dtypes).items()))
         for dtype, achieved in self.dtypes:
             if dtype not in DTYPES:
@@ -317,6 +327,10 @@ class Machine:
             return self.gemm_efficiency.cap(key)
         waves = self.gemm_efficiency.waves
         cap = self.gemm_efficiency.cap(key) * (1.0 if waves is None else waves.fraction(batch, m, n))
+        table = self.gemm_efficiency.batched
+        measured = None if table is None else table.fraction(key, batch, m, n, k)
+        if measured is not None:
+            cap = min(cap, measured)
         return min(cap, flops / traffic * self.hbm_bandwidth / peak)
 
 

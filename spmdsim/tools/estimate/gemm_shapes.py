@@ -1,0 +1,132 @@
+"""What batched products of a given shape achieve: a machine file's measured table (gemm_efficiency "batched").
+
+Pure (standard library only). A batched product (batch > 1: the attention core's scores, QKᵀ, and context,
+PV, with their gradients) whose smallest dimension is small runs far below the cap a large GEMM reaches: its
+tiles' main loop is short (the scores' contraction, the head dimension) or its output is thin (the context's
+columns, the head dimension), and the roofline does not see either. A machine file may give what such
+products were measured to achieve, as a fraction of the dtype's peak, by the smallest dimension:
+
+    "batched": {"dtypes": ["fp16", "bf16"],
+                "contraction": [[64, 0.189], [128, 0.337], ...],
+                "output": [[64, 0.256], [128, 0.442], ...],
+                "source": "..."}
+
+"contraction" prices a product whose contraction k is its smallest dimension (the scores' shape),
+"output" one whose smallest dimension is a row or column count of its result (the context's). The fraction
+at a dimension between two points is interpolated linearly, below the first point it is the first's and
+above the last the last's (the measured curve flat there). It caps the product's efficiency beside the
+roofline and the waves (spmdsim.tools.estimate.machine_records.Machine.gemm_efficiency_of); products of
+other dtypes and unbatched ones (a linear layer's, one GEMM of all its rows) are not priced by it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ...errors import SpmdsimError
+
+__all__ = ["BatchedShapes", "batched_from_dict", "batched_to_dict", "KEYS"]
+
+#: The keys of gemm_efficiency.batched.
+KEYS = ("dtypes", "contraction", "output", "source")
+
+_POINTS = "a list of [dimension, fraction] pairs, dimensions integers >= 1 rising, fractions in (0, 1]"
+
+
+def _refuse(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
+    shown = "missing" if value is _MISSING else f"{value!r:.80}"
+    return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
+
+
+_MISSING = object()
+
+
+def _points(where: str, key: str, value: Any) -> tuple[tuple[int, float], ...]:
+    """A table row: [[dimension, fraction], ...], dimensions rising, each fraction of peak in (0, 1]."""
+    ok = isinstance(value, (list, tuple)) and len(value) >= 1
+    rows = []
+    for pair in value if ok else ():
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            ok = False
+            break
+        dim, fraction = pair
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1 or (rows and dim <= rows[-1][0]):
+            ok = False
+            break
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            ok = False
+            break
+        rows.append((dim, float(fraction)))
+    if not ok:
+        raise _refuse(where, key, value, _POINTS)
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class BatchedShapes:
+    """The fraction of peak batched products reach by their smallest dimension (module docstring): `dtypes`
+    the dtypes it was measured in, `contraction` and `output` ((dimension, fraction), ...) rising, `source`
+    where each figure comes from."""
+
+    dtypes: tuple[str, ...]
+    contraction: tuple[tuple[int, float], ...]
+    output: tuple[tuple[int, float], ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        where = "BatchedShapes"
+        object.__setattr__(self, "dtypes", tuple(self.dtypes))
+        for key in ("contraction", "output"):
+            object.__setattr__(self, key, _points(where, key, getattr(self, key)))
+        if not self.dtypes or not all(isinstance(d, str) and d for d in self.dtypes):
+            raise _refuse(where, "dtypes", self.dtypes, "a non-empty list of dtype names")
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise _refuse(where, "source", self.source, "a citation string (title, URL, which figure)")
+
+    def fraction(self, dtype: str, batch: int, m: int, n: int, k: int) -> float | None:
+        """The measured fraction of peak for a batch of m x k @ k x n products in `dtype` (a machine-file dtype
+        name), or None where the table does not price it (one product, or another dtype)."""
+        if batch <= 1 or dtype not in self.dtypes:
+            return None
+        smallest = min(m, n, k)
+        return interpolate(self.contraction if k == smallest else self.output, smallest)
+
+
+def interpolate(points: Sequence[tuple[int, float]], dim: int) -> float:
+    """The fraction at `dim` on the rising points, linear between two, the end's value beyond either end."""
+    if dim <= points[0][0]:
+        return points[0][1]
+    for (d0, f0), (d1, f1) in zip(points, points[1:]):
+        if dim <= d1:
+            return f0 + (f1 - f0) * (dim - d0) / (d1 - d0)
+    return points[-1][1]
+
+
+def batched_from_dict(where: str, data: Any, dtypes: Sequence[str]) -> BatchedShapes:
+    """gemm_efficiency.batched of a machine file, checked: one line naming the key on bad input; `dtypes` the
+    dtypes a machine file may name."""
+    prefix = "gemm_efficiency.batched"
+    if not isinstance(data, Mapping):
+        raise _refuse(where, prefix, data, f"an object with {KEYS!r}")
+    for key in data:
+        if key not in KEYS:
+            raise _refuse(where, f"{prefix}.{key}", data[key], f"no such key; {KEYS!r}")
+    for key in KEYS:
+        if key not in data:
+            raise _refuse(where, f"{prefix}.{key}", _MISSING,
+                          "a citation string (title, URL, which figure)" if key == "source" else "present")
+    names = data["dtypes"]
+    if not isinstance(names, list) or not names or any(d not in dtypes for d in names):
+        raise _refuse(where, f"{prefix}.dtypes", names, f"a non-empty list of dtypes among {tuple(dtypes)!r}")
+    rows = {key: _points(where, f"{prefix}.{key}", data[key]) for key in ("contraction", "output")}
+    source = data["source"]
+    if not isinstance(source, str) or not source.strip():
+        raise _refuse(where, f"{prefix}.source", source, "a citation string (title, URL, which figure)")
+    return BatchedShapes(tuple(names), rows["contraction"], rows["output"], source)
+
+
+def batched_to_dict(table: BatchedShapes) -> dict:
+    """The JSON object `batched_from_dict` reads back equal."""
+    return {"dtypes": list(table.dtypes), "contraction": [list(p) for p in table.contraction],
+            "output": [list(p) for p in table.output], "source": table.source}
+
