@@ -3,18 +3,16 @@ of their smallest dimension were measured to achieve, as the a100-dgx file gives
 one line."""
 from __future__ import annotations
 
-import copy
-import json
 import math
 from dataclasses import replace
 
 import pytest
 
 from spmdsim.errors import SpmdsimError
-from spmdsim.tools.estimate import machine as machine_mod
 from spmdsim.tools.estimate.gemm_shapes import BatchedShapes, interpolate
 from spmdsim.tools.estimate.machine import load_machine, machine_from_dict, machine_to_dict
 from spmdsim.tools.estimate.machine_records import GemmEfficiency
+from test_estimate_machine import _DELETE, _a100, _edit  # the shipped A100 file, edited one key at a time
 
 #: Anthony et al. 2024, Fig. 7 (A100), read off the plot: TFLOP/s by head dimension, (a) the scores, (b) the context.
 SCORES = {32: 40, 64: 59, 96: 92, 128: 105, 160: 104, 192: 136, 256: 151, 384: 190, 512: 202, 1024: 215}
@@ -67,26 +65,6 @@ def test_the_table_round_trips_and_a_roofline_file_still_loads():
     old = _edit(_a100(), "gemm_efficiency.model", "roofline")
     del old["gemm_efficiency"]["batched"]
     assert machine_from_dict(old).gemm_efficiency.batched is None
-
-
-def _a100() -> dict:
-    return json.loads((machine_mod._SHIPPED / "a100-dgx.json").read_text())
-
-
-_DELETE = object()
-
-
-def _edit(data: dict, dotted: str, value) -> dict:
-    data = copy.deepcopy(data)
-    *path, last = dotted.split(".")
-    node = data
-    for key in path:
-        node = node[key]
-    if value is _DELETE:
-        del node[last]
-    else:
-        node[last] = value
-    return data
 
 
 _B = "gemm_efficiency.batched"
