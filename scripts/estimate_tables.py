@@ -19,14 +19,21 @@ then the mean |error| of each table.
 
     python scripts/estimate_tables.py
     python scripts/estimate_tables.py --table korthikanti --machine path/to/machine.json
+    python scripts/estimate_tables.py --table korthikanti --calculon path/to/calculon
+
+`--calculon DIR` adds Calculon's error beside each Table 5 row: the end-to-end table its own
+`calculon llm-validation` prints from a checkout of https://github.com/calculon-ai/calculon (which
+needs pandas), its "Delta" (published - predicted) / published turned to predicted / published - 1.
+Calculon validates Table 5 only.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from spmdsim.tools.cli.main import run_script
 
@@ -79,6 +86,11 @@ KORTHIKANTI = (
 
 SEQ, VOCAB = 2048, 50257
 
+#: Calculon's names of Table 5's models and modes (its validation/seqsel/tab5 files), as rows here.
+CALCULON_ROWS = {("megatron-22B", 0): "22B full", ("megatron-22B", 1): "22B sp+sel", ("gpt3-175B", 0): "175B full",
+                 ("gpt3-175B", 1): "175B sp+sel", ("turing-530B", 0): "530B full", ("turing-530B", 1): "530B sp+sel",
+                 ("megatron-1T", 0): "1T full", ("megatron-1T", 1): "1T sp+sel"}
+
 
 def command(row: Row, machine: str) -> list:
     """The `spmdsim estimate` command of `row`."""
@@ -108,20 +120,53 @@ def predicted_step(row: Row, machine: str) -> float:
     return json.loads(out.stdout)["step_time_s"]
 
 
-def _table(title: str, rows: tuple, machine: str, tflops: bool, verbose: bool) -> float:
+def calculon_errors(checkout: str) -> dict:
+    """{row name: Calculon's error} from `calculon llm-validation` run in `checkout` (its end-to-end table:
+    model, |, published, predicted, Delta, GiB, then the same for the second mode)."""
+    script = os.path.join(checkout, "bin", "calculon")
+    if not os.path.isfile(script):
+        raise SystemExit(f"--calculon {checkout!r}: no bin/calculon there; expected a checkout of "
+                         "https://github.com/calculon-ai/calculon")
+    env = dict(os.environ, PYTHONPATH=checkout)
+    out = subprocess.run([sys.executable, script, "llm-validation", "-b", checkout], capture_output=True,
+                         text=True, timeout=600, env=env, cwd=checkout)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        raise SystemExit(f"--calculon {checkout!r}: calculon llm-validation failed: {last}")
+    lines = out.stdout.split("End-to-end", 1)[-1].splitlines()
+    errors = {}
+    for line in lines:
+        cells = line.split(",")
+        for mode in (0, 1):
+            name = CALCULON_ROWS.get((cells[0], mode))
+            if name is not None and len(cells) > 5 + 5 * mode:
+                errors[name] = -float(cells[4 + 5 * mode].rstrip("%")) / 100
+    if len(errors) != len(CALCULON_ROWS):
+        raise SystemExit(f"--calculon {checkout!r}: found {len(errors)} of Table 5's 8 rows in its output")
+    return errors
+
+
+def _table(title: str, rows: tuple, machine: str, tflops: bool, verbose: bool,
+           peer: Optional[dict] = None) -> float:
     unit = "TFLOP/s per GPU" if tflops else "s a step"
     print(f"{title} ({unit})")
-    print(f"{'row':<14}{'predicted':>12}{'published':>12}{'error':>9}")
+    print(f"{'row':<14}{'predicted':>12}{'published':>12}{'error':>9}" + (f"{'Calculon':>10}" if peer else ""))
     errors = []
     for row in rows:
         step = predicted_step(row, machine)
         value = eq3_flops(row) / (row.gpus * step) / 1e12 if tflops else step
         errors.append(value / row.published - 1)
-        print(f"{row.name:<14}{value:>12.2f}{row.published:>12.2f}{errors[-1]:>+9.1%}", flush=True)
+        theirs = f"{peer[row.name]:>+10.1%}" if peer else ""
+        print(f"{row.name:<14}{value:>12.2f}{row.published:>12.2f}{errors[-1]:>+9.1%}{theirs}", flush=True)
         if verbose:
             print("  " + " ".join(command(row, machine)))
     mean = sum(abs(e) for e in errors) / len(errors)
-    print(f"mean |error| {mean:.1%}, worst {max(errors, key=abs):+.1%}\n")
+    print(f"mean |error| {mean:.1%}, worst {max(errors, key=abs):+.1%}")
+    if peer:
+        theirs = [peer[row.name] for row in rows]
+        print(f"Calculon: mean |error| {sum(abs(e) for e in theirs) / len(theirs):.1%}, "
+              f"worst {max(theirs, key=abs):+.1%}")
+    print()
     return mean
 
 
@@ -130,11 +175,13 @@ def main() -> int:
     ap.add_argument("--table", choices=("all", "narayanan", "korthikanti"), default="all")
     ap.add_argument("--machine", default="a100-dgx", help="a shipped machine or a machine file (default a100-dgx)")
     ap.add_argument("--commands", action="store_true", help="print each row's estimate command")
+    ap.add_argument("--calculon", metavar="DIR", help="a Calculon checkout: its error beside Table 5's rows")
     args = ap.parse_args()
+    peer = calculon_errors(args.calculon) if args.calculon and args.table != "narayanan" else None
     if args.table in ("all", "narayanan"):
         _table("Narayanan et al. 2021, Table 1", NARAYANAN, args.machine, True, args.commands)
     if args.table in ("all", "korthikanti"):
-        _table("Korthikanti et al. 2022, Table 5", KORTHIKANTI, args.machine, False, args.commands)
+        _table("Korthikanti et al. 2022, Table 5", KORTHIKANTI, args.machine, False, args.commands, peer)
     return 0
 
 

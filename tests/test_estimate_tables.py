@@ -62,3 +62,40 @@ def test_the_quoted_tables_are_within_the_bounds_the_docs_claim():
     for rows, worst, mean in ((tables.NARAYANAN, 0.10, 0.06), (tables.KORTHIKANTI, 0.08, 0.049)):
         errors = [quoted[r.name][0] / quoted[r.name][1] - 1 for r in rows]
         assert max(abs(e) for e in errors) < worst and sum(abs(e) for e in errors) / len(errors) <= mean
+
+
+#: The end of `calculon llm-validation`'s output as it prints it (its end-to-end table), cut to what is parsed.
+_CALCULON_OUT = """Model,|,Profile,Calc,Delta,GiB,|,Profile,Calc,Delta,GiB,
+megatron-22B,|,1.42,1.40,1.72%,48.15,|,1.1,1.14,-3.33%,52.08,
+gpt3-175B,|,18.13,18.03,0.56%,48.10,|,13.75,13.64,0.81%,54.07,
+turing-530B,|,49.05,49.89,-1.72%,42.27,|,37.83,34.47,8.87%,53.54,
+megatron-1T,|,94.42,90.08,4.60%,46.27,|,71.49,66.04,7.62%,59.15,
+Ave,,3.65%
+"""
+
+
+def _fake_calculon(tmp_path: Path, body: str) -> str:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "calculon").write_text(body)
+    return str(tmp_path)
+
+
+def test_calculons_errors_are_read_off_its_validation_and_signed_as_ours(tmp_path):
+    # Calculon's Delta is (published - predicted) / published: a prediction above the published time is negative
+    # there, positive here (predicted / published - 1).
+    checkout = _fake_calculon(tmp_path, f"print('Activations,|,none\\nEnd-to-end,|,full,,,,|,seqsel,,,,')\n"
+                                        f"print({_CALCULON_OUT!r})\n")
+    errors = tables.calculon_errors(checkout)
+    assert errors["22B full"] == pytest.approx(-0.0172) and errors["530B full"] == pytest.approx(0.0172)
+    assert errors["530B sp+sel"] == pytest.approx(-0.0887) and len(errors) == 8
+
+
+@pytest.mark.parametrize("body, line", [
+    ("import sys; sys.exit('ModuleNotFoundError: pandas')", "calculon llm-validation failed: ModuleNotFoundError"),
+    ("print('End-to-end')", "found 0 of Table 5's 8 rows"),
+])
+def test_a_calculon_that_does_not_run_says_so_in_one_line(tmp_path, body, line):
+    with pytest.raises(SystemExit, match=line):
+        tables.calculon_errors(_fake_calculon(tmp_path, body))
+    with pytest.raises(SystemExit, match="no bin/calculon there"):
+        tables.calculon_errors(str(tmp_path / "missing"))
