@@ -64,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "-np", "--np", dest="ranks", type=int, metavar="N",
                         help="number of simulated ranks (before the program: what follows it is its own)")
     parser.add_argument("--eager-limit", type=int, metavar="BYTES",
-                        help="a standard Send of fewer bytes is buffered, a larger one waits for its receive "
-                             "(default 8192, as MPICH's); 0: none is, and a program that relies on MPI buffering "
-                             "its Sends (unsafe) deadlocks")
+                        help="standard Sends under BYTES are buffered, the others wait for their receive "
+                             "(default 8192, as MPICH's); 0: none is, so a program relying on MPI buffering its "
+                             "Sends (unsafe) deadlocks")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="accepted as Open MPI's mpirun takes it: simulated ranks share this process's cores "
                              "anyway")
