@@ -43,7 +43,7 @@ def rewritten(send: Request, watch: tuple, call: str, file: Optional[str], line:
     Request.watch), note it in the world's `rewritten` (a warning when the ranks end). MPI: "the sender should
     not modify any part of the send buffer after a nonblocking send operation is called, until the send
     completes"; what the receiver gets is then undefined (here, as under MPICH on one node: a message under
-    EAGER_BYTES as it was when sent, a larger one as it was when its receive took it)."""
+    the world's eager limit as it was when sent, a larger one as it was when its receive took it)."""
     then, now = watch
     if callable(now):  # a derived datatype's: packed again
         same = np.array_equal(then, now())
