@@ -9,6 +9,7 @@ from spmdsim.tools.lab import load_exercises
 from spmdsim.tools.lab.calls import Notes, missing, violation
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
+from spmdsim.runtime.sim.landing import EAGER_BYTES
 
 EXERCISES = load_exercises()
 
@@ -27,6 +28,30 @@ def test_every_reference_solution_passes_every_case_at_every_rank_count_it_allow
             if exercise.optimal_bytes is not None:
                 assert result.sent <= result.optimum
 
+
+UNSAFE_HALO = """
+    import numpy as np
+    from mpi4py import MPI
+    def halo_exchange(comm, block):
+        cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[True, True])
+        h, w = block.shape
+        out = np.zeros((h + 2, w + 2))
+        out[1:-1, 1:-1] = block
+        above, below = cart.Shift(0, 1)
+        left, right = cart.Shift(1, 1)
+        cart.Send(block[-1].copy(), dest=below)
+        cart.Recv(out[0, 1:-1], source=above)
+        cart.Send(block[0].copy(), dest=above)
+        cart.Recv(out[-1, 1:-1], source=below)
+        col = np.empty(h)
+        cart.Send(block[:, -1].copy(), dest=right)
+        cart.Recv(col, source=left)
+        out[1:-1, 0] = col
+        cart.Send(block[:, 0].copy(), dest=left)
+        cart.Recv(col, source=right)
+        out[1:-1, -1] = col
+        return out
+    """
 
 # (exercise, ranks, seed, status, words of the message, the wrong solution)
 WRONG = [
@@ -191,8 +216,8 @@ WRONG = [
                 cur = buf
             return total
         """),
-    # Every rank sends before it receives: a deadlock once the chunks pass the 8 KiB eager limit (the second
-    # case's chunks do at every rank count: 8 ranks, 1,040 float64 each).
+    # Every rank sends before it receives: a deadlock at any size, as the grader buffers no standard Send (MPICH
+    # buffers up to 8 KiB: the second case's chunks are past that at every rank count, 8 ranks, 1,040 float64 each).
     (5, 8, 1, "deadlock", ["deadlock at 8 ranks", "rank 0 waits in send to group rank 1", "8320 bytes",
                            "line 8", "post the receive first"], """
         import numpy as np
@@ -353,6 +378,10 @@ WRONG = [
             out[1:-1, -1] = col
             return out
         """),
+    # Every rank Sends before it Recvs: rows of 32 bytes, which MPICH buffers, so it passes there (UNSAFE_HALO below);
+    # the grader buffers no standard Send, as MPI allows, and it deadlocks.
+    (7, 8, 0, "deadlock", ["deadlock at 8 ranks", "rank 0 waits in send to group rank 2", "a message of 32 bytes",
+                           "line 10", "relies on MPI buffering its standard Sends", "unsafe", "Sendrecv"], UNSAFE_HALO),
     (7, 2, 0, "forbidden", ["line 3: comm.allgather is not allowed", "exchange the edges"], """
         import numpy as np
         def halo_exchange(comm, block):
@@ -385,7 +414,8 @@ WRONG = [
         def row_parallel_linear(comm, x, w):
             return np.concatenate(comm.allgather(x @ w), axis=1)
         """),
-    (9, 4, 0, "error", ["ranks 2, 3 raised MPI.Exception at line 7", "dest rank 4 is outside the communicator"], """
+    # Rank 3 raises first; rank 2's Send to it waits then (the grader buffers no Send), as past MPI's eager limit.
+    (9, 4, 0, "error", ["rank 3 raised MPI.Exception at line 7", "dest rank 4 is outside the communicator"], """
         import numpy as np
         def recursive_doubling_allreduce(comm, x):
             rank, n = comm.Get_rank(), comm.Get_size()
@@ -874,6 +904,16 @@ def test_a_typical_wrong_solution_gets_its_own_message(tmp_path, number, ranks, 
     for word in words:
         assert word in text, text
     assert "\n" not in result.reason and len(result.reason) < 240  # one line: a CSV cell
+
+
+def test_a_halo_exchange_relying_on_buffered_sends_passes_only_where_mpi_buffers_them(tmp_path):
+    """UNSAFE_HALO gives the right halos under MPICH's 8 KiB eager limit; the grader's limit 0 fails it."""
+    path = tmp_path / "unsafe.py"
+    path.write_text(textwrap.dedent(UNSAFE_HALO).lstrip())
+    exercise = find_exercise(7)
+    assert run_case(exercise, str(path), 4, 1, eager_limit=EAGER_BYTES).passed
+    result = run_case(exercise, str(path), 4, 1)
+    assert result.status == "deadlock" and "MPI buffering its standard Sends" in result.detail, result
 
 
 def test_every_exercise_has_at_least_three_wrong_solutions_with_their_messages():

@@ -194,6 +194,33 @@ def test_sends_that_need_buffering_are_a_deadlock():
         simulate(2, body)
 
 
+def test_eager_limit_sets_which_sends_are_buffered_and_0_buffers_none():
+    """A standard Send under the world's eager limit completes at once; with limit 0 none does (MPI's test of a
+    safe program), and 64-byte head-to-head Sends deadlock with the advice to stop relying on buffering."""
+    def body():
+        comm = world()
+        got = np.zeros(8)
+        comm.Send(np.full(8, float(comm.rank)), dest=1 - comm.rank)
+        comm.Recv(got, source=1 - comm.rank)
+        return got[0]
+
+    assert simulate(2, body) == [1.0, 0.0]
+    assert simulate(2, body, eager_limit=65) == [1.0, 0.0]
+    with pytest.raises(DeadlockError) as info:
+        simulate(2, body, eager_limit=64)
+    assert "a standard Send of 64 bytes or more waits for its receive" in unfold(str(info.value))
+    with pytest.raises(DeadlockError) as info:
+        simulate(2, body, eager_limit=0)
+    text = unfold(str(info.value))
+    assert "rank 0 waits in it; a message of 64 bytes" in text
+    assert "the program relies on MPI buffering its standard Sends, which the MPI standard calls unsafe" in text
+    assert text.endswith("post the receive first on one side, or use Sendrecv or Isend/Irecv")
+    for bad in (-1, "8", True, 1.5):
+        with pytest.raises(spmdsim.SpmdsimError, match=r"^simulate: eager_limit .* must be a number of bytes, 0 or "
+                                                       r"more$"):
+            simulate(2, body, eager_limit=bad)
+
+
 def test_skipped_collective_names_who_waits_and_who_finished():
     def body():
         comm = world()

@@ -263,6 +263,28 @@ def test_small_head_to_head_sends_and_ssend_cycles(capsys):
     assert err.endswith(" | an Ssend waits until its receive is posted: post the receive first on one side\n")
 
 
+def test_eager_limit_0_buffers_no_standard_send_so_small_head_to_head_sends_deadlock(capsys):
+    # MPI's test of a safe program: with no standard Send buffered, the 100-value head-to-head Sends that pass
+    # above (MPICH buffers them) deadlock, and the report says the program relies on that buffering.
+    code = main(["mpirun", "-n", "4", "--eager-limit", "0", "python", str(LAB / "headtohead.py"), "100"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert unfold(err) == DEADLOCK + (
+        "send to group rank 1 (tag 5) on the world: rank 0 waits in it; a message of 800 bytes; at headtohead.py:13 | "
+        "send to group rank 0 (tag 5) on the world: rank 1 waits in it; a message of 800 bytes; at headtohead.py:13 | "
+        "barrier on the world (call 1): ranks 2,3 wait in it; rank 0 is elsewhere, in send to group rank 1 (tag 5) on "
+        "the world; rank 1 is elsewhere, in send to group rank 0 (tag 5) on the world; at headtohead.py:16 | "
+        "no standard Send is buffered here (eager limit 0): the program relies on MPI buffering its standard Sends, "
+        "which the MPI standard calls unsafe (it deadlocks once the messages outgrow MPI's buffer, or under another "
+        "MPI): post the receive first on one side, or use Sendrecv or Isend/Irecv\n")
+    # A limit of 801 bytes buffers the 800-byte Sends again; a negative one is refused in one line.
+    code = main(["mpirun", "-n", "2", "--eager-limit", "801", "python", str(LAB / "headtohead.py"), "100"])
+    assert (code, capsys.readouterr().err) == (0, "")
+    code = main(["mpirun", "-n", "2", "--eager-limit", "-1", "python", str(LAB / "headtohead.py")])
+    assert (code, capsys.readouterr().err) == (
+        2, "spmdsim mpirun: error: --eager-limit -1 must be a number of bytes, 0 or more\n")
+
+
 def test_collectives_that_differ_name_both_lines(capsys):
     # MPICH lets the root's bcast pass unmatched here and prints results (the program is wrong all the same).
     code, out, err = _mpirun(capsys, str(LAB / "bcast_on_root_only.py"))

@@ -60,9 +60,13 @@ _PYTHON_FLAGS = ("-u", "-B")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # -n is required, but checked by `run`, which can say where it went: after the program it is the program's
-    parser.usage = "%(prog)s [-h] -n N [--oversubscribe] ..."
+    parser.usage = "%(prog)s [-h] -n N [--eager-limit BYTES] [--oversubscribe] ..."
     parser.add_argument("-n", "-np", "--np", dest="ranks", type=int, metavar="N",
                         help="number of simulated ranks (before the program: what follows it is its own)")
+    parser.add_argument("--eager-limit", type=int, metavar="BYTES",
+                        help="standard Sends under BYTES are buffered, the others wait for their receive "
+                             "(default 8192, as MPICH's); 0: none is, so a program relying on MPI buffering its "
+                             "Sends (unsafe) deadlocks")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="accepted as Open MPI's mpirun takes it: simulated ranks share this process's cores "
                              "anyway")
@@ -427,8 +431,9 @@ def _cannot_start() -> int:
     return 0
 
 
-def run(n: int, command: Sequence[str]) -> int:
-    """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
+def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> int:
+    """Run `command` (see _target) on `n` simulated ranks, standard Sends of `eager_limit` bytes or more waiting
+    for their receive (None: simulate's default, 8 KiB); return the exit code."""
     if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
         late = next((a for a in command if a.split("=")[0] in ("-n", "-np", "--np")), None)
         print(fold_message("spmdsim mpirun: error: " + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
@@ -438,6 +443,10 @@ def run(n: int, command: Sequence[str]) -> int:
         return 2
     if type(n) is not int or not 1 <= n <= MAX_RANKS:
         print(f"spmdsim mpirun: error: -n {n!r} must be a number of ranks from 1 to {MAX_RANKS}", file=sys.stderr)
+        return 2
+    if eager_limit is not None and eager_limit < 0:
+        print(f"spmdsim mpirun: error: --eager-limit {eager_limit} must be a number of bytes, 0 or more",
+              file=sys.stderr)
         return 2
     try:
         kind, what, argv = _target(command)
@@ -462,7 +471,7 @@ def run(n: int, command: Sequence[str]) -> int:
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
                 own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
-            codes = simulate(n, _rank, kind, what, exits)
+            codes = simulate(n, _rank, kind, what, exits, eager_limit=eager_limit)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         return _stopped(143)
@@ -495,7 +504,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(argv) > 2 and argv[0] in ("-n", "-np", "--np") and argv[2] == "-m":
         argv.insert(2, "python")  # argparse takes a leading -m for an option of its own
     args = parser.parse_args(argv)
-    return run(args.ranks, args.command)
+    return run(args.ranks, args.command, args.eager_limit)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from ...base import threads as _threads  # (cores_available read at each call: t
 from ..engines.base import SimulationError
 from ...errors import RuntimeMismatchError
 from .groups import Group
+from .landing import EAGER_BYTES
 from .rank_threads import RankThreads, _held_lock, _Joined
 from .rank_sleep import real_sleep
 from .sleepers import Sleepers
@@ -105,8 +106,11 @@ class World(Sleepers, RankThreads):
     """The lock, the per-rank wakers and the live/waiting bookkeeping of one simulation (and of the
     threads its ranks start: spmdsim.runtime.sim.rank_threads)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, eager_limit: int = EAGER_BYTES) -> None:
         self.size = size
+        # A standard Send of fewer bytes is copied and completes at once (spmdsim.runtime.sim.p2p.post_send);
+        # a larger one waits for its receive. 0: every one waits, as MPI lets a safe program's (never buffered)
+        self.eager_limit = eager_limit
         self.lock = threading.Lock()
         # key -> a plain lock, held while that waiter has not been woken: `_wake` releases it, `_sleep` blocks on it
         self._wakers = {rank: _held_lock() for rank in range(size)}

@@ -14,9 +14,10 @@ if TYPE_CHECKING:
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["EAGER_BYTES", "rank_name", "land", "let_land", "cancel", "rewritten"]
+__all__ = ["EAGER_BYTES", "sends_wait", "rank_name", "land", "let_land", "cancel", "rewritten"]
 
-#: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
+#: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB), unless a run
+#: sets its world's own limit (World.eager_limit: ``spmdsim mpirun --eager-limit 0``, the lab's grader).
 EAGER_BYTES = 8 << 10
 
 _SPMDSIM = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # spmdsim/
@@ -42,7 +43,7 @@ def rewritten(send: Request, watch: tuple, call: str, file: Optional[str], line:
     Request.watch), note it in the world's `rewritten` (a warning when the ranks end). MPI: "the sender should
     not modify any part of the send buffer after a nonblocking send operation is called, until the send
     completes"; what the receiver gets is then undefined (here, as under MPICH on one node: a message under
-    EAGER_BYTES as it was when sent, a larger one as it was when its receive took it)."""
+    the world's eager limit as it was when sent, a larger one as it was when its receive took it)."""
     then, now = watch
     if callable(now):  # a derived datatype's: packed again
         same = np.array_equal(then, now())
@@ -69,6 +70,16 @@ def rewritten(send: Request, watch: tuple, call: str, file: Optional[str], line:
         f"{send.tag}){where}{at} before the send completed ({done}): MPI forbids changing a send buffer until "
         f"then; the receiver may get the old contents, the new or a mix")))
 
+
+def sends_wait(limit: int) -> str:
+    """The deadlock report's advice where ranks wait in standard Sends to each other, under eager limit `limit`."""
+    fix = "post the receive first on one side, or use Sendrecv or Isend/Irecv"
+    if limit <= 0:
+        return (f"no standard Send is buffered here (eager limit 0): the program relies on MPI buffering its "
+                f"standard Sends, which the MPI standard calls unsafe (it deadlocks once the messages outgrow "
+                f"MPI's buffer, or under another MPI): {fix}")
+    size = f"{limit // 1024} KiB" if limit % 1024 == 0 else f"{limit} bytes"
+    return f"a standard Send of {size} or more waits for its receive, as MPICH's does past its eager limit: {fix}"
 
 
 def rank_name(group: Group, me: int) -> str:

@@ -5,11 +5,14 @@ its source and tag, and a receive with the oldest pending send that fits, so
 messages between two ranks never overtake each other (MPI's rule). A message
 is bytes: an object send carries its pickle, and a buffer receive of it gets
 those bytes (a ``recv()`` of a buffer send unpickles the buffer's bytes), as
-under MPI. A standard send smaller than EAGER_BYTES is copied and completes
-at once if no receive is posted (MPICH's eager protocol on one node: a ring
-of small Send then Recv works); a larger one, and every Ssend, completes
-only when its receive matches it, so both ranks sending large messages first
-is a deadlock, as under MPICH. Bsend always buffers.
+under MPI. A standard send smaller than the world's eager limit (World.eager_limit,
+EAGER_BYTES unless the run set another) is copied and completes at once if no
+receive is posted (MPICH's eager protocol on one node: a ring of small Send then
+Recv works); a larger one, and every Ssend, completes only when its receive
+matches it, so both ranks sending large messages first is a deadlock, as under
+MPICH. With the limit 0 every standard send waits for its receive: a program
+that relies on MPI buffering it (unsafe, by the MPI standard) deadlocks at any
+message size. Bsend always buffers.
 
 A program's nonblocking receive into a buffer (``Irecv``, ``irecv(buf)``,
 ``Message.Irecv``, a started ``Recv_init``, ``Isendrecv``) defers: its message lands in the
@@ -34,7 +37,7 @@ from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, w
 from .groups import Group
 from .waiting import _Waiting
 from .request_sets import Polled
-from .landing import CHECK_BYTES, EAGER_BYTES, _land, _remove, _sample, rank_name
+from .landing import CHECK_BYTES, _land, _remove, _sample, rank_name
 from .requests import Request, completed, fill_status
 from ..._lazy import numpy_on_first_use
 
@@ -118,7 +121,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
                 del recvs[i]
                 break
         else:
-            if mode == "buffered" or (mode == "standard" and payload.nbytes < EAGER_BYTES):
+            if mode == "buffered" or (mode == "standard" and payload.nbytes < world.eager_limit):
                 copy = send.payload = payload.copy()  # the sender may reuse its buffer now
                 send.done = True
             group.sends.append(send)

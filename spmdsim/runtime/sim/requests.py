@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ._buffers import mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting, ranks_text
-from .landing import EAGER_BYTES, _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name
+from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name, sends_wait
 from .report import whereabouts
 from .request_sets import ManyRequests, Polled, _empty, fill_status
 from ..._lazy import numpy_on_first_use
@@ -156,11 +156,9 @@ class Request(ManyRequests):
             if self.mode == "synchronous":
                 more += "; an Ssend"
                 hint = "an Ssend waits until its receive is posted: post the receive first on one side"
-            elif self.payload.nbytes >= EAGER_BYTES:
+            elif self.mode == "standard" and self.payload.nbytes >= world.eager_limit:
                 more += f"; a message of {self.payload.nbytes} bytes"
-                hint = (f"a standard Send of {EAGER_BYTES // 1024} KiB or more waits for its receive, as MPICH's "
-                        f"does past its eager limit: post the receive first on one side, or use Sendrecv or "
-                        f"Isend/Irecv")
+                hint = sends_wait(world.eager_limit)
         return more, hint
 
     # -- completion ---------------------------------------------------------------------------

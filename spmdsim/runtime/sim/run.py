@@ -17,6 +17,7 @@ from .simulating import _simulating
 from .thread_engine import THREADS, Member
 from .thread_limits import ThreadLimitError, start_failed, threads_problem
 from .p2p import rewrites, uncompleted, unreceived
+from .landing import EAGER_BYTES
 from ..debug import HOOKS, Hooks
 from ..engines.trace import Trace
 
@@ -32,7 +33,8 @@ MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the p
 STOP_S = 1.0  # interrupted (Ctrl-C, SIGTERM): how long the ranks get, all together, to stop at their next wait
 
 
-def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, **kwargs: Any) -> list:
+def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, eager_limit: Optional[int] = None,
+             **kwargs: Any) -> list:
     """Run ``fn(*args, **kwargs)`` on `n` simulated ranks in this process; return their results in rank order.
 
     Inside `fn`, ``spmdsim.world()`` is the rank's communicator and ``Mesh(layout)``
@@ -53,6 +55,10 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     With ``dry_run=True`` (up to MAX_DRY_RANKS) one rank runs for all with shapes but no
     data (spmdsim.runtime.sim.dry): the list holds its result `n` times and has a ``report`` of
     each rank's bytes sent, received and held.
+
+    `eager_limit`: a standard Send of fewer bytes is buffered and completes at once, a larger one waits for its
+    receive (default EAGER_BYTES, MPICH's 8 KiB); 0 buffers none, so that a program relying on MPI buffering its
+    standard Sends (unsafe, by the MPI standard) deadlocks at any message size. A dry run moves no messages.
     """
     size = as_int(n)
     most = MAX_DRY_RANKS if dry_run else MAX_RANKS
@@ -61,6 +67,9 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
                            + (f" (a dry run goes to {MAX_DRY_RANKS})" if not dry_run and size else ""))
     if not callable(fn):
         raise SpmdsimError(f"simulate: {fn!r} is not callable")
+    limit = EAGER_BYTES if eager_limit is None else as_int(eager_limit)
+    if limit is None or limit < 0:
+        raise SpmdsimError(f"simulate: eager_limit {eager_limit!r} must be a number of bytes, 0 or more")
     if _local.simulated() is not None:
         raise SimulationError("simulate() is already running (a simulated rank cannot start another simulation)")
     if dry_run:
@@ -68,7 +77,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
     if problem is not None:
         raise ThreadLimitError(f"simulate: {problem}")
-    return _run(size, fn, args, kwargs)
+    return _run(size, fn, args, kwargs, limit)
 
 
 class Results(list):
@@ -102,8 +111,8 @@ class DryRunResults(list):
         self._report, self._make = value, None
 
 
-def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
-    engine = World(size)
+def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_limit: int) -> list:
+    engine = World(size, eager_limit)
     results: list = [None] * size
     exited: dict[int, SystemExit] = {}  # rank -> the SystemExit that ended it
     shared: dict = {}

@@ -22,4 +22,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run(args.ranks, args.command)
+    return run(args.ranks, args.command, args.eager_limit)

@@ -22,10 +22,15 @@ from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
 
-__all__ = ["CaseResult", "run_case", "judge", "make_case", "compile_submission", "describe_failure",
+__all__ = ["CaseResult", "EAGER_LIMIT", "run_case", "judge", "make_case", "compile_submission", "describe_failure",
            "call_submission", "PASS"]
 
 PASS = "pass"
+
+#: The grader's eager limit (spmdsim.runtime.sim.run.simulate): no standard Send is buffered, each waits for its
+#: receive, so that a submission relying on MPI buffering its Sends (unsafe, by the MPI standard: a ring of Send
+#: then Recv) deadlocks at every message size, not only past MPICH's 8 KiB.
+EAGER_LIMIT = 0
 
 #: A call of the emulator's deadlock report: "recv from group rank 1 (any tag) on the world: rank 0 waits in it;
 #: rank 1 finished; at prog.py:9", said here "rank 0 waits in recv from ... (rank 1 finished) at line 9".
@@ -184,8 +189,9 @@ def make_case(exercise: Exercise, seed: int, n: int) -> dict:
     return case
 
 
-def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
-    """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it."""
+def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int = EAGER_LIMIT) -> CaseResult:
+    """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it; a
+    standard Send of `eager_limit` bytes or more waits for its receive."""
     path = os.path.abspath(path)
     case = make_case(exercise, seed, n)
     label = str(case.get("label", f"seed {seed}"))
@@ -197,7 +203,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int) -> CaseResult:
     failure, results = None, None
     try:
         with swapped(), _os_exit_raises():
-            results = simulate(n, _per_rank, exercise, code, path, case, notes)
+            results = simulate(n, _per_rank, exercise, code, path, case, notes, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
         failure = describe_failure(exc, path, n)
     except KeyboardInterrupt as exc:  # raised by a rank's code (a real Ctrl-C, in no rank, stops the check)

@@ -27,7 +27,8 @@ SEEDS = (0, 1)
 def case(seed, n):
     rng = np.random.default_rng(seed)
     # divisible by 1, 2, 4, 8 but not 3; the second cuts into chunks over MPICH's 8 KiB eager limit at every
-    # rank count (8,320 float64 over 8 ranks: 1,040 each, 8,320 B), where a Send waits for its Recv
+    # rank count (8,320 float64 over 8 ranks: 1,040 each, 8,320 B), where a Send waits for its Recv under
+    # `check --mpiexec` too (on simulated ranks the grader buffers no standard Send at any size)
     size = (16, 8320)[seed % 2]
     xs = [rng.standard_normal(size) for _ in range(n)]
     total = np.sum(xs, axis=0)
