@@ -81,9 +81,10 @@ def test_pruning_keeps_the_true_best(exhaustive, cells, share):
     assert all(c.verdict != "not priced" for c in r.candidates)
 
 
-def test_the_search_at_3072_devices_prices_few():
-    """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/howto/estimate.md runs the same search
-    from the command line): 234 configurations (ZeRO 0 to 2, a ring's cp beside tp within a node); model states rule out
+def test_the_search_at_3072_devices_prices_few(monkeypatch):
+    """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers), searched by the command
+    docs/howto/choose-configuration.md quotes, which prints what the page shows (tests/test_classroom_docs.py leaves
+    it to this test: one search of 6-7 CPU-s, not two): 234 configurations (ZeRO 0 to 2, a ring's cp beside tp within a node); model states rule out
     most under 8.5 GiB, the
     bounds most of the rest, and the choice is the fastest that fits of the eight priced: selective
     recomputation under ZeRO-1, its peak its memory line and, for a moment, the attention softmax's backward (3
@@ -92,9 +93,21 @@ def test_the_search_at_3072_devices_prices_few():
     rank's 1/24 slices) is within the limit but whose peak is not: with 2 microbatches its backward holds the
     first one's gradients whole beside the slices while it reduces the buckets (MemoryReport.grads_peak). Every
     priced configuration's bounds lie below its price, ZeRO-2's too."""
+    from docs_commands import in_process, mismatch, run_here, shown
+    from spmdsim.tools.cli import autoshard_machine
+
     cfg = GPTConfig(layers=16, d_model=25600, heads=160, seq=2048, vocab=51200, batch=48)
     limit = 17 << 29  # 8.5 GiB
-    r = search(cfg, 3072, A100, limit, max_dry_runs=1000)
+    (quote,) = [q for q in shown("docs/howto/choose-configuration.md")
+                if q.command.startswith("spmdsim autoshard ") and "--devices 3072 --memory-limit 8.5G" in q.command]
+    searched = []
+    monkeypatch.setattr(autoshard_machine, "search", lambda *a, **k: searched.append((a, k, search(*a, **k)))
+                        or searched[-1][2])
+    code, out, err = run_here(*in_process(quote.command))
+    assert code == 0 and mismatch(quote.output, out) is None, (mismatch(quote.output, out), out, err)
+    assert max(len(line) for line in out.splitlines()) <= 100
+    ((args, kwargs, r),) = searched
+    assert args == (cfg, 3072, A100, limit) and kwargs["max_dry_runs"] == 24  # the command's default cap
     # (no ZeRO-3: the vocabulary's 51,200 rows do not divide over tp 8 x dp 24 and more, as FSDP splits them)
     assert len(r.candidates) == 234 and {c.config.zero for c in r.candidates} == {0, 1, 2}
     x = r.chosen.config

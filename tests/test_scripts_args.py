@@ -442,13 +442,14 @@ def test_calls_gpt_counts_both_steps_calls():
 
 def test_bench_eager_prints_each_configurations_ratio():
     """scripts/bench_eager.py (docs/explanation/performance.md quotes it, also under `taskset -c 0`: one core, which its child
-    keeps): one short run of the two modes in one process, one with each mode in its own (`--apart`), and one of
-    Megatron's fused blocks (`--kept megatron`), on one core where taskset is here."""
+    keeps): one short run of the two modes in one process, and one with each mode in its own (`--apart`) timing
+    Megatron's fused blocks (`--kept megatron`, which the launches it makes are given: a launch is ~1.5 CPU-s, so
+    the two options share one run), on one core where taskset is here."""
     one_core = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     tiny = ["--d-model", "16", "--rounds", "2", "--layers", "1", "--seq", "16"]
     for extra, where in ((["--ranks", "1"], ""),
-                         (["--ranks", "2", "--apart", "2"], ", each mode in its own process (2 launches each)"),
-                         (["--ranks", "2", "--kept", "megatron"], "")):
+                         (["--ranks", "2", "--apart", "2", "--kept", "megatron"],
+                          ", each mode in its own process (2 launches each)")):
         done = subprocess.run(["timeout", "-k", "5", "120", *one_core, sys.executable,
                                str(_SCRIPTS / "bench_eager.py"), *extra, *tiny],
                               capture_output=True, text=True, timeout=150)
