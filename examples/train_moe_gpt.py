@@ -170,7 +170,7 @@ def moe_problem(args):
     if args.etp is not None and args.etp < 1:
         return f"--etp {args.etp} must be at least 1"
     if args.etp is not None and fold_problem(args.tp, args.etp):
-        return f"--etp {args.etp} with --tp {args.tp}: {fold_problem(args.tp, args.etp)}"
+        return f"--etp {args.etp}: {fold_problem(args.tp, args.etp)}"
     if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
         return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
     for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):

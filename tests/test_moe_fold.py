@@ -137,7 +137,7 @@ def test_folded_moe_gpt_steps_match_one_numpy_process(dp, ep, tp, dropless, zero
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tp", "4", "--etp", "2", "--ep", "2"], "--etp 2 with --tp 4: etp 2 with tp 4: the experts' tensor-parallel "
+    (["--tp", "4", "--etp", "2", "--ep", "2"], "--etp 2: etp 2 with tp 4: the experts' tensor-parallel "
                                                "size must be tp (4) or 1"),
     (["--tp", "4", "--etp", "1", "--ep", "2"], "--etp 1: etp 1 folds attention's tp 4 ranks into the experts' ep: ep 2 "
                                                "must be a multiple of tp 4"),
