@@ -251,7 +251,7 @@ def test_packing_with_a_simulated_communicator_is_refused_with_what_runs_instead
     """MPI's Datatype.Pack_size/Pack/Unpack take a real communicator (mpi4py's C code checks its type): mpirun ends
     with mpi4py's TypeError and one folded hint naming the calls that take none, and those run on simulated ranks
     (the bytes external32 defines: big-endian int32)."""
-    from spmdsim.emulator.mpirun import REAL_COMM_HINT
+    from spmdsim.emulator.mpirun_report import REAL_COMM_HINT
     from spmdsim.errors import fold_message
 
     packing = tmp_path / "packing.py"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import pickle
 import re
 import runpy
 import signal
@@ -40,13 +39,12 @@ from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, s
 from .rank_random import adopt, own_generators
 from ..base import context as _local
 from .rank_threads import _is_rank_thread
-from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
-from ..errors import fold_message, RuntimeMismatchError, SpmdsimError
-from ..runtime.sim.waiting import ranks_text
-from ..runtime.sim.thread_limits import ThreadLimitError
+from ..errors import fold_message, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.output import quiet_stdout
+from .mpirun_report import _NotRunnable, _report
+from .rank_streams import StdinOfRankZero
 
 __all__ = ["main", "add_arguments", "run"]
 
@@ -72,11 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "anyway")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="[python [-u]] script.py ARGS... or [python] -m module ARGS...")
-
-
-class _NotRunnable(ValueError):
-    """A program Python itself refuses once it has started (`python -m no_such_mod`, a folder without
-    __main__.py): one line in Python's words, and Python's exit status, 1 (not the launcher's 2)."""
 
 
 def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
@@ -244,133 +237,6 @@ def _os_exit_ends_the_rank() -> Iterator[None]:
         os._exit = real
 
 
-class _StdinOfRankZero:
-    """sys.stdin while the ranks run: rank 0's, as mpiexec forwards stdin to rank 0 only. Another
-    rank that reads it gets EOFError saying so (MPICH leaves it waiting forever; Open MPI gives
-    it end of file); threads that are no rank read it as usual."""
-
-    _READS = ("read", "readline", "readlines", "buffer", "fileno", "__next__")
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def _refuse(self) -> bool:
-        return current_rank() not in (0, None)
-
-    def _eof(self) -> EOFError:
-        return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
-                        f"forwards it): read it on rank 0 and send it on (comm.bcast)")
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._READS and self._refuse():
-            if name == "fileno":  # input() then reads through readline, which says why
-                import io
-
-                raise io.UnsupportedOperation("stdin goes to rank 0 only")
-            raise self._eof()
-        return getattr(self._stream, name)
-
-    def __iter__(self) -> Any:
-        if self._refuse():
-            raise self._eof()
-        return iter(self._stream)
-
-
-def _report(exc: BaseException, exits: dict) -> int:
-    """Print how the simulated ranks ended (as mpiexec reports a failed job); return the exit code.
-
-    A deadlock or mismatched collectives (where MPI hangs): one line naming the ranks, calls and
-    program lines, exit 1 or the largest code a rank exited with. MPI_Abort: one line, its code.
-    Any other exception: the failing rank's traceback from the program down, exit 1; where it is
-    MPI's error (MPI.Exception), an object receive's (UnpicklingError), spmdsim's, or a wrong argument
-    the emulator refused (TypeError, ValueError raised in spmdsim.runtime.sim: a str to Send), without the
-    emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
-    """
-    import traceback  # here: the start of every run (the common case, no error) does not load it
-
-    ranks = getattr(exc, "simulated_ranks", ())
-    where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
-    if isinstance(exc, _NotRunnable):  # python -m no_such_mod: Python's one line, its exit status
-        print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
-        return 1
-    if isinstance(exc, RuntimeMismatchError):  # a deadlock, or collectives that differ
-        print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
-        return max([1, *exits.values()])
-    code = getattr(exc, "abort_code", None)
-    if code is not None:  # comm.Abort(code): MPI ends the job with that code
-        print(fold_message(f"spmdsim mpirun: {exc}"), file=sys.stderr)
-        return int(code)
-    if isinstance(exc, ThreadLimitError):  # the ranks' threads do not fit the process's limits: one line
-        text = str(exc).removeprefix("simulate: ").replace(", or a dry run (one thread)", "")
-        text = text.replace("fewer ranks", "fewer ranks (-n)", 1)  # (mpirun has no dry run)
-        print(fold_message(f"spmdsim mpirun: error: {text}"), file=sys.stderr)
-        return 1
-    if isinstance(exc, MemoryLimitError):  # the guard stopped every rank: one line, a hint mpirun can take
-        text, tail = str(exc), "run fewer ranks or smaller shapes" + DRY_RUN_HINT
-        if text.endswith(tail):
-            text = text[: -len(tail)] + "run fewer ranks (-n) or a smaller problem (mpirun has no dry run)"
-        print(f"spmdsim mpirun: error: {text}", file=sys.stderr)
-        return 1
-    mpi = sys.modules.get("mpi4py.MPI")
-    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
-                                                                        and isinstance(exc, mpi.Exception))
-    ours = ours or (isinstance(exc, (TypeError, ValueError, OverflowError)) and _raised_by_emulator(exc))
-    ours = ours or getattr(exc, "spmdsim_ends_run", False)  # a call not simulated: refused where the program made it
-    name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
-    lines = traceback.TracebackException.from_exception(exc)
-    lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
-    detail = "".join(lines.format())
-    as_mpi4py = getattr(type(exc), "mpi4py_name", None)
-    if as_mpi4py:  # a buffer mpi4py refuses: its class's name (BufferError), in the traceback's last line too
-        shown = f"\n{type(exc).__module__}.{type(exc).__qualname__}: "
-        cut = detail.rfind(shown)
-        if cut >= 0:
-            detail = f"{detail[:cut]}\n{as_mpi4py}: {detail[cut + len(shown):]}"
-        name = as_mpi4py
-    print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
-    if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
-        print(fold_message(REAL_COMM_HINT), file=sys.stderr)
-    return 1
-
-
-#: How mpi4py's C code refuses a simulated communicator where it takes a real one only (its own type check).
-REAL_COMM_ONLY = "Argument 'comm' has incorrect type (expected mpi4py.MPI.Comm, got "
-#: What mpirun adds to that refusal: the calls are those of this process's MPI datatype library (a simulated
-#: rank's MPI.INT is MPI's own), whose three packing calls that name a communicator are the usual cause.
-REAL_COMM_HINT = ("spmdsim mpirun: this mpi4py call takes a real MPI communicator, and a simulated rank's are "
-                  "spmdsim's: MPI's own Datatype.Pack, Unpack and Pack_size are such calls; "
-                  "Pack_external('external32', ...), Unpack_external and Pack_external_size take no communicator "
-                  "and run on simulated ranks (or run the program under mpiexec)")
-
-
-def _raised_by_emulator(exc: BaseException) -> bool:
-    """Whether `exc` was raised in the emulator's code or the thread engine's under it (its innermost frame,
-    in spmdsim.emulator or spmdsim.runtime.sim), called from the program."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    here = os.path.dirname(os.path.abspath(__file__))
-    ours = (here + os.sep, os.path.join(os.path.dirname(here), "runtime", "sim") + os.sep)
-    return bool(frames) and frames[-1].filename.startswith(ours)
-
-
-def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
-    """The frames of `exc`'s traceback from the program's first on (the launcher's are dropped);
-    with `trim_emulator`, also without spmdsim's frames below the program's last."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    mine = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
-    if not mine:  # the program never ran: its own SyntaxError (its file, line and caret) as Python prints it
-        return [] if isinstance(exc, SyntaxError) else list(frames)
-    kept = frames[mine[0]:mine[-1] + 1] if trim_emulator else frames[mine[0]:]
-    # An import of the program's own module runs it through importlib and the rank's loader (rank_modules):
-    # as Python leaves importlib's frames out of an import's traceback, both are left out
-    loader = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_modules.py")
-    return [f for f in kept if not f.filename.startswith("<frozen importlib") and f.filename != loader]
-
-
 class _Terminated(BaseException):
     """SIGTERM (what `timeout` sends) while the simulated ranks run."""
 
@@ -464,7 +330,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     rc = mpi4py.rc
     saved_rc = dict(vars(rc))
     sys.argv[:] = argv
-    sys.stdin = _StdinOfRankZero(saved_stdin)
+    sys.stdin = StdinOfRankZero(saved_stdin)
     sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
                     os.path.abspath(what) if kind == "main" else "" if kind == "code" else os.getcwd())
     exits: dict = {}

@@ -11,14 +11,16 @@ the rank's context, `RankContext.streams`). Every other thread sees ``sys`` as i
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 import types
 from typing import Any, Iterator
 
 from ..base import context as _local
 from ._nesting import Nesting
+from ..runtime.sim.run import current_rank
 
-__all__ = ["streams_of_ranks"]
+__all__ = ["streams_of_ranks", "StdinOfRankZero"]
 
 _NESTING = Nesting()
 _OWN: list = []  # sys's own type, while swapped
@@ -67,3 +69,33 @@ def streams_of_ranks() -> Iterator[None]:
 
     with _NESTING(install, restore):
         yield
+
+
+class StdinOfRankZero:
+    """sys.stdin while the ranks of `spmdsim mpirun` run: rank 0's, as mpiexec forwards stdin to rank 0 only. Another
+    rank that reads it gets EOFError saying so (MPICH leaves it waiting forever; Open MPI gives
+    it end of file); threads that are no rank read it as usual."""
+
+    _READS = ("read", "readline", "readlines", "buffer", "fileno", "__next__")
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _refuse(self) -> bool:
+        return current_rank() not in (0, None)
+
+    def _eof(self) -> EOFError:
+        return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
+                        f"forwards it): read it on rank 0 and send it on (comm.bcast)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READS and self._refuse():
+            if name == "fileno":  # input() then reads through readline, which says why
+                raise io.UnsupportedOperation("stdin goes to rank 0 only")
+            raise self._eof()
+        return getattr(self._stream, name)
+
+    def __iter__(self) -> Any:
+        if self._refuse():
+            raise self._eof()
+        return iter(self._stream)
