@@ -7,7 +7,8 @@
     spmdsim mpirun -n 8 python my_mpi4py_program.py   # an unmodified program, mpi4py swapped
 
 `SimComm` (comm.py, with its buffer collectives, object collectives and
-point-to-point methods in collectives.py, objects.py, p2p.py; groups,
+point-to-point methods in collectives.py (their checks in collective_checks.py,
+their nonblocking forms in nonblocking.py), objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
 group.py, topology.py, message.py, handles.py; windows for one-sided
 communication in window.py) reads mpi4py's buffer

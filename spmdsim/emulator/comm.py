@@ -15,7 +15,8 @@ from typing import Any
 
 from ..base import context as _local
 from ..runtime.sim._buffers import mpi_error, mpi_module, special
-from .collectives import BufferCollectives, _kept, landed_freed, posting
+from .collectives import BufferCollectives
+from .nonblocking import _kept, landed_freed, posting
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.groups import Call, Group
 from ..runtime.sim import bodies
