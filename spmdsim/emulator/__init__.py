@@ -6,7 +6,8 @@
 
     spmdsim mpirun -n 8 python my_mpi4py_program.py   # an unmodified program, mpi4py swapped
 
-`SimComm` (comm.py, with its buffer collectives, object collectives and
+`SimComm` (comm.py, its handle and identity queries in comm_identity.py,
+its end and the calls not simulated in comm_lifetime.py, with its buffer collectives, object collectives and
 point-to-point methods in collectives.py (their checks in collective_checks.py,
 their nonblocking forms in nonblocking.py), objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
