@@ -11,7 +11,8 @@ its end and the calls not simulated in comm_lifetime.py, with its buffer collect
 point-to-point methods in collectives.py (their checks in collective_checks.py,
 their nonblocking forms in nonblocking.py), objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
-group.py, topology.py, message.py, handles.py; windows for one-sided
+group.py, topology.py (graphs in graphs.py, their neighbour collectives in
+neighbours.py), message.py, handles.py; windows for one-sided
 communication in window.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
 the thread engine's primitives (spmdsim.runtime.sim.thread_engine's one body per

@@ -7,7 +7,8 @@ the identity queries; its end and the calls not simulated in spmdsim.emulator.co
 collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
 point-to-point calls in spmdsim.runtime.sim.p2p, persistent requests in spmdsim.emulator.persistent, partitioned
 ones in spmdsim.emulator.partitioned, Cartesian
-grids, graphs and distributed graphs in spmdsim.emulator.topology; windows (one-sided communication) over
+grids in spmdsim.emulator.topology, graphs and distributed graphs in spmdsim.emulator.graphs, their neighbour
+collectives in spmdsim.emulator.neighbours; windows (one-sided communication) over
 a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/howto/simulate.md).
 """
 from __future__ import annotations
@@ -24,15 +25,17 @@ from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.groups import Call, Group
 from ..runtime.sim import bodies
 from ..runtime.sim.thread_engine import THREADS, Member, _freed
+from .graphs import (DistGraphCalls, GraphCalls, create_dist_graph, create_dist_graph_adjacent, create_graph,
+                     graph_map)
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
+from .neighbours import Neighbourhood
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 from .partitioned import PartitionedCalls
 from .persistent import PersistentCalls
 from .real import comm_null
-from .topology import (CartCalls, DistGraphCalls, GraphCalls, Neighbourhood, cart_map, create_cart, create_dist_graph,
-                       create_dist_graph_adjacent, create_graph, graph_map)
+from .topology import CartCalls, cart_map, create_cart
 from ..runtime.sim.requests import completed, noted
 from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
 
@@ -270,7 +273,7 @@ class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollective
         return cart_map(self, dims, periods)
 
     def Create_graph(self, index: Any, edges: Any, reorder: bool = False) -> Any:
-        """A general graph of the first len(index) members (spmdsim.emulator.topology)."""
+        """A general graph of the first len(index) members (spmdsim.emulator.graphs)."""
         return create_graph(self, SimGraphComm, index, edges, reorder)
 
     def Graph_map(self, index: Any, edges: Any) -> int:
@@ -279,13 +282,13 @@ class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollective
 
     def Create_dist_graph_adjacent(self, sources: Any, destinations: Any, sourceweights: Any = None,
                                    destweights: Any = None, info: Any = None, reorder: bool = False) -> Any:
-        """A distributed graph of every member's sources and destinations (spmdsim.emulator.topology)."""
+        """A distributed graph of every member's sources and destinations (spmdsim.emulator.graphs)."""
         return create_dist_graph_adjacent(self, SimDistGraphComm, sources, destinations, sourceweights, destweights,
                                           info, reorder)
 
     def Create_dist_graph(self, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
                           info: Any = None, reorder: bool = False) -> Any:
-        """A distributed graph of the edges every member gives (spmdsim.emulator.topology)."""
+        """A distributed graph of the edges every member gives (spmdsim.emulator.graphs)."""
         return create_dist_graph(self, SimDistGraphComm, sources, degrees, destinations, weights, info, reorder)
 
     is_topo = False
@@ -310,7 +313,7 @@ end_on_fatal_errors(SimComm)
 
 class SimTopoComm(Neighbourhood, SimComm):
     """mpi4py's Topocomm for simulated ranks: a communicator with the neighbour collectives
-    (spmdsim.emulator.topology.Neighbourhood)."""
+    (spmdsim.emulator.neighbours.Neighbourhood)."""
 
 
 class SimCartComm(CartCalls, SimTopoComm):
@@ -318,11 +321,11 @@ class SimCartComm(CartCalls, SimTopoComm):
 
 
 class SimGraphComm(GraphCalls, SimTopoComm):
-    """mpi4py's Graphcomm for simulated ranks (spmdsim.emulator.topology.GraphCalls)."""
+    """mpi4py's Graphcomm for simulated ranks (spmdsim.emulator.graphs.GraphCalls)."""
 
 
 class SimDistGraphComm(DistGraphCalls, SimTopoComm):
-    """mpi4py's Distgraphcomm for simulated ranks (spmdsim.emulator.topology.DistGraphCalls)."""
+    """mpi4py's Distgraphcomm for simulated ranks (spmdsim.emulator.graphs.DistGraphCalls)."""
 
 
 speak_mpi4py(SimTopoComm, "Topocomm")
