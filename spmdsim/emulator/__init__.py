@@ -6,10 +6,13 @@
 
     spmdsim mpirun -n 8 python my_mpi4py_program.py   # an unmodified program, mpi4py swapped
 
-`SimComm` (comm.py, with its buffer collectives, object collectives and
-point-to-point methods in collectives.py, objects.py, p2p.py; groups,
+`SimComm` (comm.py, its handle and identity queries in comm_identity.py,
+its end and the calls not simulated in comm_lifetime.py, with its buffer collectives, object collectives and
+point-to-point methods in collectives.py (their checks in collective_checks.py,
+their nonblocking forms in nonblocking.py), objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
-group.py, topology.py, message.py, handles.py; windows for one-sided
+group.py, topology.py (graphs in graphs.py, their neighbour collectives in
+neighbours.py), message.py, handles.py; windows for one-sided
 communication in window.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
 the thread engine's primitives (spmdsim.runtime.sim.thread_engine's one body per

@@ -9,289 +9,34 @@ Gather and Scatter a count is per peer. Reductions add in a fixed order (member
 0 + member 1 + ..., or MPICH's association), so every rank gets the same bytes on every run.
 Reduce and Allreduce of floating-point values associate as MPICH 5 does
 (spmdsim.runtime.sim.orders), so a program prints MPICH's digits.
-Nonblocking forms (Iallreduce, Ibarrier, ..., a started Allreduce_init) return at
-once, as MPI's posting must: the member's checks run and its call is deposited
-with a copy of its data (engine.Group.post, `_kept`), without waiting for the
-others. Its request is done once every member has posted the collective (in the
-same order on every member, as MPI requires), and its completion (Wait, Waitall,
-a Test that returns true, ..., or Free once done) runs the member's own phases,
-reading the others' copies and writing its own receive buffer, and what the call
-does after them (a derived datatype's unpacking), as MPICH's progress completes
-it (CollectiveRequest): a program reading the buffer before then sees what was
-there before, as on MPI, where it is undefined until completion. A Wait for a
-collective some member never posts is a deadlock that names the call
-(Ibarrier on the world, call 1).
+Nonblocking forms (Iallreduce, Ibarrier, ...) are in spmdsim.emulator.nonblocking.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import threading
-
-from ..errors import RuntimeMismatchError, ShapeError
+from ..errors import ShapeError
 from ..runtime.sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
+from .collective_checks import _aliased, _bcast_count, _blocks_fit, _matching, _predefined_op_types
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..runtime.sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, mpi_error,
-                            mpi_module, numpy_dtype, reduction)
+from ..runtime.sim._buffers import copy_into, dtype_name, fold, in_place, reduction
+from .nonblocking import _SUM, NonblockingCollectives
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..runtime.sim.orders import allreduce_tree, reduce_tree
 from ..runtime.sim.bodies import _nothing
 from ..runtime.sim.thread_engine import bad_root
-from ..runtime.sim.engine import _Waiting
-from ..runtime.sim.report import whereabouts
-from ..runtime.sim.requests import noted, rank_name, Request
-from ..runtime.sim.landing import land
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["BufferCollectives", "bad_root"]
 
-_SUM = "sum"
-
 
 _same = bodies.checked_same
 
 
-def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
-    """MPI.ERR_OP, as MPICH raises it, where a predefined op (MPI.SUM, ..., MPI.REPLACE) meets a derived datatype
-    (a contiguous one too) in a reduction: MPI defines those ops on predefined datatypes; a user-defined op
-    (MPI.Op.Create) takes derived ones."""
-    if red.name == "user op":
-        return
-    allowed = _OP_KINDS.get(red.name)
-    if allowed is not None:
-        _op_on_elements(call, red, allowed, specs)
-    for spec in specs:
-        if not may_be_derived(spec):  # a buffer, or one ending in a predefined datatype (most calls)
-            continue
-        try:
-            datatype = _unpack(spec)[3]
-        except ValueError:  # a malformed spec: refused where the others are
-            continue
-        mpi = mpi_module()
-        if mpi is not None and isinstance(datatype, mpi.Datatype) and datatype != mpi.DATATYPE_NULL \
-                and not datatype.is_predefined:
-            combiner = datatype.decode()[1].lower()
-            raise mpi_error(mpi, mpi.ERR_OP, f"{call}: MPI.{red.name.upper()} is not defined on a derived datatype "
-                                             f"(a {combiner} type): MPI's predefined operations take predefined "
-                                             f"datatypes, as MPICH checks; reduce the data as its element type, or "
-                                             f"with a user-defined MPI.Op.Create")
-
-
-#: The element kinds (numpy's) each predefined op is defined on, as the MPI standard lists them and MPICH checks:
-#: sums and products of integers, floats and complex numbers; max and min of integers and floats; logical ops of
-#: integers and booleans (C_BOOL); bitwise ops of integers.
-_OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": "iub", "lor": "iub", "lxor": "iub",
-             "band": "iu", "bor": "iu", "bxor": "iu"}
-_KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer"}
-
-
-def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
-    """MPI.ERR_OP, as MPICH raises it ("Invalid MPI_Op"), where a predefined op meets elements the standard does
-    not define it on: MPI.MAX of complex numbers, MPI.SUM of booleans, MPI.BAND of floats (numpy's answer here
-    was a value, or a TypeError). The elements are a plain array's, or a predefined datatype's."""
-    for spec in specs:
-        if in_place(spec):
-            continue
-        if type(spec) is np.ndarray:
-            kind = spec.dtype.kind
-        elif type(spec) in (list, tuple) and spec and getattr(spec[-1], "is_predefined", False) is True:
-            try:
-                kind = numpy_dtype(spec[-1]).kind
-            except (ShapeError, KeyError, TypeError):  # MPI.BYTE and the like: refused or taken where they are
-                continue
-        else:
-            continue
-        if kind in allowed or kind not in _KIND_NAMES:
-            return
-        mpi = mpi_module()
-        if mpi is None:
-            return
-        raise mpi_error(mpi, mpi.ERR_OP, f"{call}: MPI.{red.name.upper()} is not defined on {_KIND_NAMES[kind]} "
-                                         "data: MPI defines it on "
-                                         f"{' and '.join(sorted({_KIND_NAMES[k] for k in allowed}))} data, as "
-                                         "MPICH checks (Invalid MPI_Op)")
-
-
-def _aliased(call: str, sent: np.ndarray, into: np.ndarray, where: str = "the receive buffer",
-             instead: str = "the send buffer") -> None:
-    """MPI.Exception with MPI.ERR_BUFFER, as MPICH raises it ("Invalid buffer pointer ... Buffers must not be
-    aliased"), where the data a rank sends (`sent`) and the memory its message is received into (`into`: the
-    receive buffer, or the rank's own block of it in a gather, the root's block of the send buffer in a scatter)
-    overlap. MPICH compares their addresses, and of buffers that overlap from another address aborts on some
-    (Allreduce, Scan: an assertion; "memcpy argument memory ranges overlap") and runs others (Alltoall: an answer
-    that changes from run to run; Exscan, Reduce_scatter(_block): as if the data sent were copied first): the MPI
-    standard forbids them all (an OUT argument may not be aliased with another), and here each rank's data is
-    read while others write, so every overlap is refused, the message saying so. Empty messages pass, as MPICH's
-    (count 0). The one check of every collective MPICH checks: Sendrecv, Alltoallv(w) and the neighbour
-    collectives take aliased buffers."""
-    if sent.size and into.size and np.may_share_memory(sent, into):  # flat, one block each: the bounds are exact
-        if sent.__array_interface__["data"][0] == into.__array_interface__["data"][0]:  # what MPICH refuses
-            how = "share memory (the MPI standard forbids it)"
-        else:
-            how = ("overlap (the MPI standard forbids it; MPICH refuses only buffers that start at one address, "
-                   "and runs this overlap with its copying order's answer, or aborts)")
-        detail = f"{call}: buffers must not be aliased: the data sent and {where} {how}; pass MPI.IN_PLACE as {instead}"
-        mpi = mpi_module()
-        raise BufferSpecError(detail) if mpi is None else mpi_error(mpi, mpi.ERR_BUFFER, detail)
-
-
-def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
-    """The send data of a reduction whose receive buffer is `dst` (n items), checked (thread_engine.matching)
-    and not aliased with it."""
-    src, ns, _ = message(sendbuf, f"{op} sendbuf")
-    src = bodies.matching(op, src if src.size == ns else src[:ns], dst if dst.size == n else dst[:n])
-    _aliased(op, src, dst[:n])
-    return src
-
-
-def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
-    if sent.nbytes != recv.nbytes:
-        raise ShapeError(f"{op}: a block of {sent.size} x {sent.dtype.name} is sent where "
-                         f"{recv.size} x {recv.dtype.name} are received")
-
-
-def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
-    """MPICH's error on a Bcast receiver whose count is not the root's: MPI_ERR_TRUNCATE where the root
-    sends more (MPI.Exception "Message truncated"), MPI_ERR_OTHER where it sends fewer."""
-    kind = dtype_name(data.dtype)
-    detail = (f"Bcast: {rank_name(group, root)} (the root) broadcasts {sent.size} {kind} ({sent.nbytes} bytes) "
-              f"but {rank_name(group, me)} " + ("receives into a buffer of" if sent.size > data.size else "expects")
-              + f" {data.size} ({data.nbytes} bytes)")
-    mpi = mpi_module()
-    if mpi is None:
-        return ShapeError(detail)
-    return mpi_error(mpi, mpi.ERR_TRUNCATE if sent.size > data.size else mpi.ERR_OTHER, detail)
-
-
-#: The nonblocking collective request the calling thread posts now (`BufferCollectives._posted`), if any: its
-#: method's rendezvous deposits the call without waiting, and what the method does after it waits for completion.
-_POSTING = threading.local()
-#: Held while a member of a nonblocking collective runs its phases (one at a time: they share the slot).
-_PHASES = threading.Lock()
-
-
-def posting() -> Any:
-    """The request of the nonblocking collective the calling thread is posting now and has not deposited yet
-    (SimComm._enter_all), else None."""
-    req = getattr(_POSTING, "req", None)
-    return req if req is not None and req.deposited is None else None
-
-
-def _kept(data: Any) -> Any:
-    """A copy of a member's posted data (its arrays; lists and tuples of them): what the other members read, each
-    as it completes (this one may have completed and written its buffers again by then). Read when posted, as
-    MPI may (the program must not write a buffer of a pending collective), and so no other thread ever touches
-    this member's buffers, nor holds a view of them (a DLPack producer's reference count, a bytearray's export,
-    stay this rank's own)."""
-    if isinstance(data, np.ndarray):
-        return data.copy()
-    if type(data) in (tuple, list):
-        return type(data)(_kept(d) for d in data)
-    return data
-
-
-class CollectiveRequest(Request):
-    """The request of a nonblocking collective (Iallreduce, Ibarrier, ..., a started Allreduce_init): posting
-    deposits the member's call (engine.Group.post) and returns at once, as MPI's posting does; the request is
-    done once every member posted it, and its completion (Wait, a Test that returns true, ...: sim.landing.land
-    runs `held`) runs this member's phases of the collective (its reads of the others' data, its writes of its
-    own receive buffer) and what its call does after them (a derived datatype's unpacking), in its own thread:
-    the result lands then, in any buffer. The others read a copy of its data, taken when posted (`_kept`)."""
-
-    __slots__ = ("slot", "deposited", "after", "number", "writes")
-
-    def __init__(self, group: Any, me: int, kind: str) -> None:
-        super().__init__(group, me, kind)
-        self.slot: Any = None  # the rendezvous, once deposited
-        self.deposited: Any = None  # this member's call in it (engine.Call; not `call`, which names a poll)
-        self.after: list = []  # what the method does after its rendezvous, run at completion
-        self.number = 0  # its call number on its communicator (a report names it)
-        self.writes = False  # whether its completion writes into a buffer of the program (a warning says so)
-        self.held = self._complete
-
-    def _block(self) -> None:
-        """Wait (as this rank) until every member posted the collective; the members waiting for one
-        collective are one clause of a deadlock report (`_InCollective`)."""
-        if self.done:
-            return
-        group = self.group
-        world, rank = group.world, group.members[self.me]
-        with world.lock:
-            world.check(rank)
-            if not self.done:
-                world.wait(rank, _InCollective(self))
-
-    def _complete(self) -> None:
-        slot, call, after = self.slot, self.deposited, self.after
-        self.slot, self.after = None, []
-        if slot is None:
-            return
-        phases, call.finish = call.finish or (), None  # they hold this rank's buffers: dropped in its thread
-        if slot.error is not None:
-            raise RuntimeMismatchError(slot.error)
-        with _PHASES:
-            for phase in phases:
-                phase(slot)
-        for step in after:
-            step()
-
-    def free(self) -> None:
-        """MPI forbids freeing a collective's request; MPICH lets the operation go on: a request done already
-        completes now, one not done yet when the last member posts the collective (`landed_freed`)."""
-        world = self.group.world
-        with world.lock:  # against the last member's post (`landed_freed`): one of the two lands it
-            done, self.null = self.done, True
-        super().free()
-        if done:
-            _land(self)
-
-    def why_stuck(self, world: Any) -> tuple[str, str]:
-        """Where the members that have not posted the collective are (world lock held)."""
-        slot = self.slot
-        if slot is None or self.done:
-            return "", ""
-        missing = [m for i, m in enumerate(self.group.members) if slot.calls[i] is None]
-        more = "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
-        return more + (f"; and {len(missing) - 8} more" if len(missing) > 8 else ""), ""
-
-    def never_completes(self, world: Any) -> bool:
-        """Whether a member that has not posted the collective finished (world lock held)."""
-        slot = self.slot
-        return (slot is not None and not self.done
-                and any(slot.calls[i] is None and m in world.finished for i, m in enumerate(self.group.members)))
-
-
-def landed_freed(slot: Any) -> None:
-    """Every member posted the collective of `slot` (the last member to post calls this): the requests the
-    program freed before then complete now, in this thread, as MPICH's progress completes them."""
-    if slot.error is None:
-        for call in slot.calls:
-            req = call.request
-            if req.null and req.held is not None:
-                _land(req)
-
-
-class _InCollective(_Waiting):
-    """A Wait for a nonblocking collective's request, for a report: 'Ibarrier on the world (call 2)', one key
-    for every member waiting for it (released as a wait for the request: World.release)."""
-
-    __slots__ = ()
-
-    def __init__(self, req: CollectiveRequest) -> None:
-        super().__init__(req.kind, req.group, req.number, token=req)
-
-    def key(self) -> tuple:
-        return (self._op, id(self.group), self.seq, "posted")
-
-
-def _land(req: Request) -> None:
-    land(req)
-
-
-class BufferCollectives:
-    """Buffer collectives on `self._group` (a mixin of SimComm)."""
+class BufferCollectives(NonblockingCollectives):
+    """Buffer collectives on `self._group` (a mixin of SimComm; their nonblocking forms: NonblockingCollectives)."""
 
     def _via_bytes(self, run: Callable, sendbuf: Any, recvbuf: Any, v: bool, send_blocks: bool = False,
                    counts: Any = None) -> None:
@@ -611,82 +356,3 @@ class BufferCollectives:
         bodies.broadcast(self, data[:n], root, _bcast_count)
         if unpack is not None:
             self._then(unpack, n * data.itemsize)
-
-    # -- nonblocking: posted without waiting, run at completion (see the module docstring) -------
-
-    def _posted(self, method: Callable, *args: Any) -> Any:
-        """The nonblocking form of `method` (Allreduce: Iallreduce): its checks now, its call deposited at its
-        rendezvous without waiting (SimComm._enter_all), the rest at completion (CollectiveRequest), its request
-        noted until the program completes it (a warning names one it never completes: requests.noted)."""
-        name = method.__name__
-        req = CollectiveRequest(self._group, self._me, f"I{name[:1].lower()}{name[1:]}")
-        _POSTING.req = req
-        try:
-            method(*args)
-        finally:
-            _POSTING.req = None
-        if req.deposited is None:  # no rendezvous: nothing to wait for
-            req.done = True
-        else:
-            req.writes = bool(req.after) or any(phase is not _nothing for phase in req.deposited.finish)
-        return noted(req, req.kind, self._group, self._me)
-
-    def _then(self, step: Callable, *args: Any) -> None:
-        """What a collective does after its rendezvous (a derived datatype's unpacking): now, or, for a
-        nonblocking one being posted, at its completion."""
-        req = getattr(_POSTING, "req", None)
-        if req is None or req.deposited is None:  # (before the rendezvous: a collective the post makes first)
-            step(*args)
-        else:
-            req.after.append(lambda: step(*args))
-
-    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Alltoallw, sendbuf, recvbuf)
-
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
-        return self._posted(self.Allreduce, sendbuf, recvbuf, op)
-
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> Any:
-        return self._posted(self.Reduce, sendbuf, recvbuf, op, root)
-
-    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
-        return self._posted(self.Scan, sendbuf, recvbuf, op)
-
-    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
-        return self._posted(self.Exscan, sendbuf, recvbuf, op)
-
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
-        return self._posted(self.Reduce_scatter_block, sendbuf, recvbuf, op)
-
-    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> Any:
-        return self._posted(self.Reduce_scatter, sendbuf, recvbuf, recvcounts, op)
-
-    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Allgather, sendbuf, recvbuf)
-
-    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Allgatherv, sendbuf, recvbuf)
-
-    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
-        return self._posted(self.Gather, sendbuf, recvbuf, root)
-
-    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
-        return self._posted(self.Gatherv, sendbuf, recvbuf, root)
-
-    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
-        return self._posted(self.Scatter, sendbuf, recvbuf, root)
-
-    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
-        return self._posted(self.Scatterv, sendbuf, recvbuf, root)
-
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Alltoall, sendbuf, recvbuf)
-
-    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Alltoallv, sendbuf, recvbuf)
-
-    def Ibcast(self, buf: Any, root: int = 0) -> Any:
-        return self._posted(self.Bcast, buf, root)
-
-    def Ibarrier(self) -> Any:
-        return self._posted(self.Barrier)

@@ -2,11 +2,13 @@
 
 Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
-counter, name, freed state), as mpi4py's copies share one MPI handle. The
+counter, name, freed state), as mpi4py's copies share one MPI handle (spmdsim.emulator.comm_identity, with
+the identity queries; its end and the calls not simulated in spmdsim.emulator.comm_lifetime). The
 collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
 point-to-point calls in spmdsim.runtime.sim.p2p, persistent requests in spmdsim.emulator.persistent, partitioned
 ones in spmdsim.emulator.partitioned, Cartesian
-grids, graphs and distributed graphs in spmdsim.emulator.topology; windows (one-sided communication) over
+grids in spmdsim.emulator.topology, graphs and distributed graphs in spmdsim.emulator.graphs, their neighbour
+collectives in spmdsim.emulator.neighbours; windows (one-sided communication) over
 a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/howto/simulate.md).
 """
 from __future__ import annotations
@@ -15,54 +17,34 @@ from typing import Any
 
 from ..base import context as _local
 from ..runtime.sim._buffers import mpi_error, mpi_module, special
-from .collectives import BufferCollectives, _kept, landed_freed, posting
+from .collectives import BufferCollectives
+from .comm_identity import CommIdentity, _Handle
+from .comm_lifetime import CommLifetime
+from .nonblocking import _kept, landed_freed, posting
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.groups import Call, Group
 from ..runtime.sim import bodies
-from ..runtime.sim.thread_engine import THREADS, Count, Member, _freed
+from ..runtime.sim.thread_engine import THREADS, Member, _freed
+from .graphs import (DistGraphCalls, GraphCalls, create_dist_graph, create_dist_graph_adjacent, create_graph,
+                     graph_map)
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
+from .neighbours import Neighbourhood
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 from .partitioned import PartitionedCalls
 from .persistent import PersistentCalls
 from .real import comm_null
-from .topology import (CartCalls, DistGraphCalls, GraphCalls, Neighbourhood, cart_map, create_cart, create_dist_graph,
-                       create_dist_graph_adjacent, create_graph, graph_map)
+from .topology import CartCalls, cart_map, create_cart
 from ..runtime.sim.requests import completed, noted
 from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
-from .unsupported import not_simulated
 
 __all__ = ["SimComm", "SimTopoComm", "SimCartComm", "SimGraphComm", "SimDistGraphComm", "self_comm", "comm_null", "world",
            "world_of"]
 
 
-class _Handle:
-    """What copies of one communicator share: the thread engine's call counter (`count`, shared with
-    the runtime's view of the same communicator), name, info, state."""
-
-    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined", "errhandler", "attrs",
-                 "private")
-
-    # The rendezvous number and the freed flag are the shared counter's.
-    seq = property(lambda h: h.count.seq, lambda h, v: setattr(h.count, "seq", v))
-    freed = property(lambda h: h.count.freed, lambda h, v: setattr(h.count, "freed", v))
-
-    def __init__(self, name: str = "", count: Any = None) -> None:
-        self.count = Count() if count is None else count
-        self.name = name
-        self.info: Any = None
-        self.buffer: Any = None
-        self.creates: dict = {}  # (members, tag) -> Create_group calls made
-        self.group: Any = None  # the handle of its group: Get_group gives the same one each time, as MPICH
-        self.predefined = False  # MPI.COMM_WORLD's and MPI.COMM_SELF's: never freed
-        self.errhandler: Any = None  # None: MPI.ERRORS_RETURN (spmdsim.emulator.handles)
-        self.attrs: dict = {}  # keyval -> value (Set_attr)
-        self.private: dict = {}  # mpi4py's hidden per-communicator state (spmdsim.emulator.pkl5)
-
-
-class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles, PersistentCalls,
-              PartitionedCalls):
+class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles,
+              PersistentCalls, PartitionedCalls):
     """One simulated rank's view of one communicator (made by spmdsim.simulate, Split, Dup, Create).
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
@@ -122,63 +104,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         if req.done:  # posted last: requests freed meanwhile complete now
             landed_freed(slot)
         return slot
-
-    # -- identity -------------------------------------------------------------------------
-
-    def Get_rank(self) -> int:
-        return self._me
-
-    def Get_size(self) -> int:
-        return self._group.size
-
-    rank = property(Get_rank)
-    size = property(Get_size)
-
-    @property
-    def world_rank(self) -> int:
-        """This rank's number in the simulated world."""
-        return self._group.members[self._me]
-
-    def Is_inter(self) -> bool:
-        return False
-
-    def Is_intra(self) -> bool:
-        return True
-
-    #: MPI.<TOPOLOGY> of this kind of communicator, and the attributes that hold its topology: a Dup copies
-    #: them, and ``MPI.Comm.Get_topology(cart)`` reads them, as mpi4py's base classes query the handle.
-    TOPOLOGY, TOPOLOGY_STATE = "UNDEFINED", ()
-
-    def Get_topology(self) -> int:
-        return special(self.TOPOLOGY)
-
-    topology = property(Get_topology)
-    is_inter = property(Is_inter)
-    is_intra = property(Is_intra)
-
-    def Get_name(self) -> str:
-        return "MPI_COMM_NULL" if self._h is None else self._h.name
-
-    def Set_name(self, name: str) -> None:
-        self._h.name = str(name)
-
-    name = property(Get_name, Set_name)
-
-    def Get_info(self) -> Any:
-        return self._h.info.Dup() if self._h.info is not None else mpi_module().Info.Create()
-
-    def Set_info(self, info: Any) -> None:
-        self._h.info = info.Dup() if info is not None and info != mpi_module().INFO_NULL else None
-
-    info = property(Get_info, Set_info)
-
-    def Get_group(self) -> SimGroup:
-        h = self._h
-        if h.group is None:
-            h.group = object()
-        return SimGroup(self._group.members, self.world_rank, h.group)
-
-    group = property(Get_group)
 
     def __bool__(self) -> bool:  # a copy of a communicator freed through another handle stays true, as MPICH's
         return self._h is not None
@@ -348,7 +273,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         return cart_map(self, dims, periods)
 
     def Create_graph(self, index: Any, edges: Any, reorder: bool = False) -> Any:
-        """A general graph of the first len(index) members (spmdsim.emulator.topology)."""
+        """A general graph of the first len(index) members (spmdsim.emulator.graphs)."""
         return create_graph(self, SimGraphComm, index, edges, reorder)
 
     def Graph_map(self, index: Any, edges: Any) -> int:
@@ -357,29 +282,16 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     def Create_dist_graph_adjacent(self, sources: Any, destinations: Any, sourceweights: Any = None,
                                    destweights: Any = None, info: Any = None, reorder: bool = False) -> Any:
-        """A distributed graph of every member's sources and destinations (spmdsim.emulator.topology)."""
+        """A distributed graph of every member's sources and destinations (spmdsim.emulator.graphs)."""
         return create_dist_graph_adjacent(self, SimDistGraphComm, sources, destinations, sourceweights, destweights,
                                           info, reorder)
 
     def Create_dist_graph(self, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
                           info: Any = None, reorder: bool = False) -> Any:
-        """A distributed graph of the edges every member gives (spmdsim.emulator.topology)."""
+        """A distributed graph of the edges every member gives (spmdsim.emulator.graphs)."""
         return create_dist_graph(self, SimDistGraphComm, sources, degrees, destinations, weights, info, reorder)
 
     is_topo = False
-
-    def toint(self) -> int:
-        """-1: a simulated communicator has no MPI handle (mpi4py's answer where there is none)."""
-        return -1
-
-    py2f = toint
-
-    @classmethod
-    def fromint(cls, handle: int) -> Any:
-        """No MPI handle to find one by (`toint` is -1): refused in one line, as the calls below are."""
-        _not_simulated("a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)")
-
-    f2py = fromhandle = fromint
 
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
@@ -394,73 +306,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
             return special("SIMILAR")
         return special("UNEQUAL")
 
-    @classmethod
-    def Get_parent(cls) -> Any:
-        mpi = mpi_module()
-        return mpi.Intercomm() if mpi is not None else None
-
-    # Intercommunicators and dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
-    # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
-    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("intercommunicators (Intracomm.Create_intercomm)")
-
-    def Spawn(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("dynamic processes (Intracomm.Spawn)")
-
-    def Spawn_multiple(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("dynamic processes (Intracomm.Spawn_multiple)")
-
-    def Accept(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("client-server connections (Intracomm.Accept)")
-
-    def Connect(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("client-server connections (Intracomm.Connect)")
-
-    def Free(self) -> None:
-        """Free the communicator (this handle then equals MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
-        are permanent, and a null communicator is none: MPI.Exception (MPI.ERR_COMM), as MPICH raises (the
-        permanent ones stay usable)."""
-        h = self._h
-        if h is None or h.predefined:
-            text = "the communicator is MPI.COMM_NULL" if h is None else f"cannot free permanent communicator {h.name}"
-            mpi = mpi_module()
-            raise mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
-        if h.attrs:
-            self._delete_attrs()
-        h.freed = True
-        self._h = None  # this handle is MPI.COMM_NULL now; a copy (MPI.Comm(c)) keeps the freed one
-
-    def free(self) -> None:
-        """Free the communicator if it is not null or predefined (mpi4py's free: nothing on MPI.COMM_WORLD and
-        MPI.COMM_SELF themselves; a copy of one, ``MPI.Comm(MPI.COMM_WORLD)``, becomes MPI.COMM_NULL)."""
-        h = self._h
-        if h is not None and h.predefined:
-            state = _local.simulated()
-            if state is None or self is not state.world_comm and self is not state.self_comm:
-                self._h = None
-        elif h is not None and not h.freed:
-            self.Free()
-
-    def Abort(self, errorcode: int = 0) -> None:
-        """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
-        error = SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode}) on "
-                                f"{self._group.label()}: every rank was stopped")
-        error.abort_code = int(errorcode)
-        raise error
-
-    def Attach_buffer(self, buf: Any) -> None:
-        self._h.buffer = buf
-
-    def Detach_buffer(self) -> Any:
-        buf, self._h.buffer = self._h.buffer, None
-        return buf
-
-    def Flush_buffer(self) -> None:
-        pass  # buffered sends are delivered from their own copies
-
-    def Iflush_buffer(self) -> Any:
-        return completed()
-
 
 speak_mpi4py(SimComm, "Intracomm")
 end_on_fatal_errors(SimComm)
@@ -468,7 +313,7 @@ end_on_fatal_errors(SimComm)
 
 class SimTopoComm(Neighbourhood, SimComm):
     """mpi4py's Topocomm for simulated ranks: a communicator with the neighbour collectives
-    (spmdsim.emulator.topology.Neighbourhood)."""
+    (spmdsim.emulator.neighbours.Neighbourhood)."""
 
 
 class SimCartComm(CartCalls, SimTopoComm):
@@ -476,11 +321,11 @@ class SimCartComm(CartCalls, SimTopoComm):
 
 
 class SimGraphComm(GraphCalls, SimTopoComm):
-    """mpi4py's Graphcomm for simulated ranks (spmdsim.emulator.topology.GraphCalls)."""
+    """mpi4py's Graphcomm for simulated ranks (spmdsim.emulator.graphs.GraphCalls)."""
 
 
 class SimDistGraphComm(DistGraphCalls, SimTopoComm):
-    """mpi4py's Distgraphcomm for simulated ranks (spmdsim.emulator.topology.DistGraphCalls)."""
+    """mpi4py's Distgraphcomm for simulated ranks (spmdsim.emulator.graphs.DistGraphCalls)."""
 
 
 speak_mpi4py(SimTopoComm, "Topocomm")
@@ -536,7 +381,3 @@ def _predefined(kind: str, same: bool) -> SimComm:
     state = _local.simulated()
     canonical = world_of(state) if kind == "world" else self_comm(state)
     return canonical if same else SimComm(canonical)
-
-
-def _not_simulated(what: str) -> None:
-    raise not_simulated(what)

@@ -11,7 +11,7 @@ message's blocks packed side by side where they are sent, unpacked where receive
 addresses: `wblocks`); with MPI.IN_PLACE, a rank's own blocks are packed from its receive buffer first. The
 reductions take a derived datatype with a user-defined op (MPI.Op.Create: `laid_out`, the data travelling
 packed and the user's function called on it laid out as the type lays it, as MPICH calls it); a predefined op
-on a derived datatype raises MPI.ERR_OP, as MPICH does (spmdsim.emulator.collectives).
+on a derived datatype raises MPI.ERR_OP, as MPICH does (spmdsim.emulator.collective_checks).
 """
 from __future__ import annotations
 

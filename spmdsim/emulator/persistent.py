@@ -7,7 +7,7 @@ call of the same name, with the arguments given at ``..._init``: the buffer's co
 sent, as MPI's); Wait, Test and the class methods (``MPI.Prequest.Waitall``) complete it, and it is
 inactive again. ``Free`` makes it null. A collective's persistent form starts its nonblocking form:
 ``Start`` returns at once, and the completion, once every member started it, runs the rank's part and
-lands its result, as the emulator's nonblocking collectives do (spmdsim.emulator.collectives).
+lands its result, as the emulator's nonblocking collectives do (spmdsim.emulator.nonblocking).
 """
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ class Group:
         """Deposit member `me`'s nonblocking collective call number `seq` without waiting (MPI: posting a
         nonblocking collective does not block); once every member posted it, each member's request
         (`call.request`) is done, and its completion runs that member's `finish` phases
-        (spmdsim.emulator.collectives). Raises RuntimeMismatchError when the calls differ (the members that
+        (spmdsim.emulator.nonblocking). Raises RuntimeMismatchError when the calls differ (the members that
         posted before raise it at completion)."""
         world = self.world
         with world.lock:

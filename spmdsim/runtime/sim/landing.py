@@ -116,7 +116,7 @@ def _land(recv: Request, payload: Any) -> None:
 def land(recv: Request) -> None:
     """The message a deferring receive holds lands in its buffer: its completion (Wait, a Test that returns
     true, Get_status that does, ...), in its owner's thread. A nonblocking collective's request holds what writes
-    what completes it (a function: spmdsim.emulator.collectives.CollectiveRequest)."""
+    what completes it (a function: spmdsim.emulator.nonblocking.CollectiveRequest)."""
     held, recv.held = recv.held, None
     if callable(held):
         held()

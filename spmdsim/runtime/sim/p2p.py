@@ -284,7 +284,7 @@ def uncompleted(world: Any) -> tuple[str, ...]:
         article = "an" if call[:1] in "AEIOUaeiou" or call.startswith(("Rput", "Rget", "Racc", "Rsend")) else "a"
         if part is None:  # a collective
             what = f"{article} {call} of {rank_name(group, me)}{where}{at}"
-            lost = ": its result never reached its receive buffer" if any(  # `writes`: emulator.collectives'
+            lost = ": its result never reached its receive buffer" if any(  # `writes`: emulator.nonblocking's
                 p.held is not None and getattr(p, "writes", True) for p in (req, *req.parts)) else ""
         else:
             peer = "any rank" if part.peer == special("ANY_SOURCE") else rank_name(group, part.peer)

@@ -61,7 +61,7 @@ class Request(ManyRequests):
         # a program's nonblocking receive into a buffer: the message lands there only when the request completes
         # (Wait, a Test that says done, ...), as a rendezvous receive may, so that a program reading the buffer
         # before that sees what was there before; `held`: its bytes, arrived and waiting to land (`land`); a
-        # nonblocking collective's: what writes its result into the receive buffer (spmdsim.emulator.collectives)
+        # nonblocking collective's: what writes its result into the receive buffer (spmdsim.emulator.nonblocking)
         self.defer = False
         self.held: Optional[np.ndarray] = None
         self.noted: Optional[dict] = None  # the world's requests of the program not yet completed (`noted`)
@@ -377,7 +377,7 @@ def noted(req: Request, call: str, group: Optional[Group] = None, me: int = 0) -
 def completed(me: int = 0, kind: str = "done") -> Request:
     """An active request of no communicator whose operation is already complete: a send or receive with
     MPI.PROC_NULL, an Idup, an Iflush_buffer, a window's request (a nonblocking collective's is
-    spmdsim.emulator.collectives.CollectiveRequest, done once every member posted it)."""
+    spmdsim.emulator.nonblocking.CollectiveRequest, done once every member posted it)."""
     req = Request(None, me, kind)
     req.null = False
     return req

@@ -1,0 +1,105 @@
+"""A simulated communicator's end (Free, free, Abort), its attached buffer, and the calls not simulated.
+
+`CommLifetime` is SimComm's mixin of them: MPI handles (toint is -1; fromint
+refused), intercommunicators and dynamic processes refused in one line
+(docs/reference/emulator.md, "Limits").
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import context as _local
+from ..runtime.sim._buffers import mpi_error, mpi_module
+from ..runtime.sim.engine import SimulationError
+from ..runtime.sim.requests import completed
+from .unsupported import not_simulated
+
+__all__ = ["CommLifetime"]
+
+
+class CommLifetime:
+    """A communicator's handles, its end and its buffer, and the calls refused (a mixin of SimComm)."""
+
+    def toint(self) -> int:
+        """-1: a simulated communicator has no MPI handle (mpi4py's answer where there is none)."""
+        return -1
+
+    py2f = toint
+
+    @classmethod
+    def fromint(cls, handle: int) -> Any:
+        """No MPI handle to find one by (`toint` is -1): refused in one line, as the calls below are."""
+        _not_simulated("a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)")
+
+    f2py = fromhandle = fromint
+
+    @classmethod
+    def Get_parent(cls) -> Any:
+        mpi = mpi_module()
+        return mpi.Intercomm() if mpi is not None else None
+
+    # Intercommunicators and dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
+    # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
+    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("intercommunicators (Intracomm.Create_intercomm)")
+
+    def Spawn(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("dynamic processes (Intracomm.Spawn)")
+
+    def Spawn_multiple(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("dynamic processes (Intracomm.Spawn_multiple)")
+
+    def Accept(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("client-server connections (Intracomm.Accept)")
+
+    def Connect(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("client-server connections (Intracomm.Connect)")
+
+    def Free(self) -> None:
+        """Free the communicator (this handle then equals MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
+        are permanent, and a null communicator is none: MPI.Exception (MPI.ERR_COMM), as MPICH raises (the
+        permanent ones stay usable)."""
+        h = self._h
+        if h is None or h.predefined:
+            text = "the communicator is MPI.COMM_NULL" if h is None else f"cannot free permanent communicator {h.name}"
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
+        if h.attrs:
+            self._delete_attrs()
+        h.freed = True
+        self._h = None  # this handle is MPI.COMM_NULL now; a copy (MPI.Comm(c)) keeps the freed one
+
+    def free(self) -> None:
+        """Free the communicator if it is not null or predefined (mpi4py's free: nothing on MPI.COMM_WORLD and
+        MPI.COMM_SELF themselves; a copy of one, ``MPI.Comm(MPI.COMM_WORLD)``, becomes MPI.COMM_NULL)."""
+        h = self._h
+        if h is not None and h.predefined:
+            state = _local.simulated()
+            if state is None or self is not state.world_comm and self is not state.self_comm:
+                self._h = None
+        elif h is not None and not h.freed:
+            self.Free()
+
+    def Abort(self, errorcode: int = 0) -> None:
+        """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
+        error = SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode}) on "
+                                f"{self._group.label()}: every rank was stopped")
+        error.abort_code = int(errorcode)
+        raise error
+
+    def Attach_buffer(self, buf: Any) -> None:
+        self._h.buffer = buf
+
+    def Detach_buffer(self) -> Any:
+        buf, self._h.buffer = self._h.buffer, None
+        return buf
+
+    def Flush_buffer(self) -> None:
+        pass  # buffered sends are delivered from their own copies
+
+    def Iflush_buffer(self) -> Any:
+        return completed()
+
+
+def _not_simulated(what: str) -> None:
+    raise not_simulated(what)
