@@ -21,7 +21,8 @@ import numpy as np
 
 from .holdings import bounds_text
 from .slicing import shard_sizes
-from .layout import TensorLayout, format_entry, format_tensor_map
+from .layout import TensorLayout
+from .notation import format_entry, format_tensor_map
 from ..base.validate import counted
 
 __all__ = ["RankRow", "Explanation", "explain", "format_explanation", "explanation_to_dict", "partial_text"]

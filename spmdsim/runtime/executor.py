@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import PlanError, ShapeError
-from ..layouts.layout import Layout, TensorLayout, move_name
+from ..layouts.layout import Layout, TensorLayout
+from ..layouts.notation import move_name
 from ..programs.plan import Plan, plan_redistribution
 from ..base.buffers import CAPTURE as _CAPTURE
 from ..base.buffers import empty as _new_block  # placed for MPI's copies (spmdsim.base.buffers)

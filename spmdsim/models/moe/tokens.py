@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ...layouts.layout import format_tensor_map
+from ...layouts.notation import format_tensor_map
 from ..axes import TENSOR
 from .config import MoEConfig
 from .fold import fold_of

@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from ...errors import OperatorError
 from ...base.precision import is_low
-from ...layouts.layout import TensorLayout, move_name
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import move_name
 
 __all__ = ["Leaf", "Node", "record", "attach", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
            "with_partial", "kept_as", "enable_grad", "updated", "stale_reads"]

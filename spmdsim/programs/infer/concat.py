@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...errors import OperatorError, ShapeError
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from ...base.validate import as_int
 from .assign import Choice, choose_splits
 

@@ -19,7 +19,8 @@ from functools import lru_cache
 from typing import Sequence
 
 from ...errors import OperatorError, ShapeError
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from .assign import Choice, choose_splits, redistribution_bytes
 
 __all__ = ["EinsumSpec", "EinsumPlan", "parse_einsum", "infer_einsum"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ...errors import OperatorError
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from ..plan.steps import Allgather, Allreduce, ReduceScatter, Step
 from ...base.validate import as_int, counted
 

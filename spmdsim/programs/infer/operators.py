@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 from ...errors import OperatorError, ShapeError
 from ...base.validate import as_int, counted
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from .reshape import infer_reshape
 from ..plan.steps import Allreduce, Step
 from .finish import fmt as _fmt

@@ -27,7 +27,8 @@ from functools import lru_cache
 from typing import Optional, Sequence
 
 from ...errors import OperatorError, ShapeError
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from ..plan.steps import Allreduce, Step
 from ...base.validate import as_int
 from .assign import Choice, choose_splits, redistribution_bytes

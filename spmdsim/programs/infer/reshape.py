@@ -17,7 +17,8 @@ import math
 from typing import Sequence
 
 from ...errors import OperatorError
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from ...base.validate import as_int, shape_arg
 
 __all__ = ["reshape_shape", "infer_reshape"]

@@ -17,7 +17,8 @@ from itertools import product
 from typing import Iterator, Optional, Sequence
 
 from ...layouts.explain import partial_text
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from ...layouts.slicing import all_bounds
 from ...base.ranks import compact_ranks
 

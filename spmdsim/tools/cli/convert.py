@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 
 from ...errors import DialectError, SpmdsimError
 from ...base.validate import counted
-from ...layouts.layout import TensorLayout, format_entry
+from ...layouts.layout import TensorLayout
+from ...layouts.notation import format_entry
 from .cases import ONEFLOW_EVEN, add_case_arguments, case_from_args
 from ...layouts.dialects import (format_partition_spec, format_placements, format_sbp, layout_to_partition_spec,
                                  layout_to_sbp, partition_spec_to_layout, placements_to_layout, sbp_to_layout)

@@ -11,7 +11,8 @@ from typing import Any, Optional, Sequence
 from ...layouts.datagen import SeededTensor
 from ...layouts.dialects.strategy import format_strategy, matmul_layouts
 from ...errors import OperatorError
-from ...layouts.layout import Layout, TensorLayout, format_entry
+from ...layouts.layout import Layout, TensorLayout
+from ...layouts.notation import format_entry
 from ...programs.infer import LinearPlan, infer_embedding, infer_linear, out_layout_from_strategy
 from ...models.nets.model import short_layout as short  # compact layout text for tables: [mp,(sp,dp)]
 from ...programs.plan.steps import Step

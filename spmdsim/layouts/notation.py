@@ -1,0 +1,69 @@
+"""How layouts are written: a tensor-map entry read from the forms users write, and the short printed
+forms of entries, tensor maps and moves.
+
+A tensor-map entry is an alias, None/"None" or a tuple of aliases (spmdsim.layouts.layout.TensorLayout
+reads its tensor map with `normalize_entry`). Pure Python; never imports mpi4py.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable, Sequence, Union
+
+from ..errors import LayoutError
+from ..base.validate import as_int
+
+__all__ = ["MapEntry", "normalize_entry", "format_entry", "format_tensor_map", "move_name"]
+
+#: One tensor-map entry as a user writes it: alias, None/"None", or tuple of aliases.
+MapEntry = Union[str, None, Sequence[str]]
+
+
+def _is_none(entry: object) -> bool:
+    return entry is None or entry == "None"
+
+
+def normalize_entry(entry: MapEntry) -> tuple[str, ...]:
+    """Turn one user tensor-map entry into a tuple of axis names (() = not split)."""
+    if _is_none(entry):
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    if isinstance(entry, (tuple, list)):
+        names = tuple(entry)
+        for name in names:
+            if not isinstance(name, str) or name == "None":
+                number = " (an axis number, MindSpore's integer tensor_map: write the axis's name)" \
+                    if as_int(name) is not None else ""
+                raise LayoutError(f"tensor map tuple {entry!r} must hold axis names only, got {name!r}{number}")
+        # A one-element tuple is the same as the bare alias; () stays 'not split'.
+        return names
+    if as_int(entry) is not None:  # MindSpore's tensor_map numbers the device matrix's axes from the right
+        raise LayoutError(f"tensor map entry {entry!r} is an axis number (MindSpore's integer tensor_map, counted "
+                          "from the right, -1 for none), which spmdsim does not read; expected an axis name, "
+                          "None/'None' or a tuple of axis names: write the name of the axis it numbers")
+    raise LayoutError(f"tensor map entry {entry!r} must be an axis name, None/'None' or a tuple of axis names")
+
+
+def format_entry(axes: tuple[str, ...]) -> str:
+    """Short form of one entry: None, "mp" or ("sp", "dp")."""
+    if not axes:
+        return "None"
+    if len(axes) == 1:
+        return f'"{axes[0]}"'
+    return "(" + ", ".join(f'"{a}"' for a in axes) + ")"
+
+
+def format_tensor_map(entries: tuple) -> str:
+    """Short form of a tensor map: ("mp", ("sp", "dp")), or ("x",) for one dim."""
+    # One entry keeps Python's tuple comma: ("x") would read as a string.
+    return "(" + ", ".join(format_entry(e) for e in entries) + ("," if len(entries) == 1 else "") + ")"
+
+
+def move_name(source: Any, target: Any) -> Callable[[], str]:
+    """A redistribution's node's name in autograd's graph: a function making its text (`Node.describe`), of the
+    two layouts alone (here, below the runtime and autograd: the executor keeps one per move it has planned)."""
+    return partial(_move_name, source, target)
+
+
+def _move_name(source: Any, target: Any) -> str:
+    return f"redistribute {source} -> {target}"
