@@ -211,7 +211,7 @@ LIGHT_MODULES = {
     # datatypes when a program passes them.
     "spmdsim.runtime.sim": "its names start simulations",
     "spmdsim.runtime.sim.run": "runs a program on simulated ranks",
-    "spmdsim.emulator.comm": "reads mpi4py's datatypes when a program passes them (sim._buffers)",
+    "spmdsim.emulator.comm": "reads mpi4py's datatypes when a program passes them (sim._datatypes)",
     "spmdsim.runtime.sim.dry": "runs a program on one rank for all",
     "spmdsim.runtime.sim.launch": "launches scripts on simulated ranks under the runtime's excepthook",
 }

@@ -137,7 +137,7 @@ def test_split_groups_and_dup():
         r = comm.rank
         rows = comm.Split(r // 4, -r)  # key reversed: rank 3 first in its row
         cols = comm.Split(r % 4, r)
-        none = comm.Split(0 if r == 0 else spmdsim.runtime.sim._buffers.special("UNDEFINED"), 0)
+        none = comm.Split(0 if r == 0 else spmdsim.runtime.sim._mpi.special("UNDEFINED"), 0)
         dup = rows.Dup()
         return (rows.rank, rows.size, rows.allgather(r), cols.allgather(r), dup.allreduce(r),
                 none.Get_size() if isinstance(none, SimComm) else "null")
@@ -573,17 +573,17 @@ def test_a_half_imported_mpi4py_is_not_read_for_its_constants(monkeypatch):
     import types
     from importlib.machinery import ModuleSpec
 
-    from spmdsim.runtime.sim import _buffers
+    from spmdsim.runtime.sim import _mpi
 
     half = types.ModuleType("mpi4py.MPI")
     half.__spec__ = ModuleSpec("mpi4py.MPI", None)
     half.__spec__._initializing = True
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", half)
-    assert _buffers.mpi_module() is None
-    assert _buffers.in_place(object()) is False and _buffers.special("ANY_SOURCE") == _buffers._DEFAULTS["ANY_SOURCE"]
+    assert _mpi.mpi_module() is None
+    assert _mpi.in_place(object()) is False and _mpi.special("ANY_SOURCE") == _mpi._DEFAULTS["ANY_SOURCE"]
     half.__spec__._initializing = False
     half.IN_PLACE = marker = object()
-    assert _buffers.mpi_module() is half and _buffers.in_place(marker)
+    assert _mpi.mpi_module() is half and _mpi.in_place(marker)
 
 
 class _RefusingOp:
@@ -597,7 +597,7 @@ class _RefusingOp:
 def test_a_buffer_reduction_that_raises_raises_on_every_rank(count):
     """The fold of an Allreduce raises on every member, fewer items than members or more: each rank
     folded its own share of the items, and a rank whose share was empty returned a buffer never written."""
-    from spmdsim.runtime.sim._buffers import Reduction
+    from spmdsim.runtime.sim._reductions import Reduction
     from spmdsim.runtime.sim.bodies import all_reduce
 
     red = Reduction("user op", None, None, _RefusingOp())

@@ -221,7 +221,8 @@ def test_an_empty_cuda_array_interface_at_address_0_is_an_empty_buffer():
     """An empty array.array's address is 0, and so is the __cuda_array_interface__ made of it (mpi4py's
     FakeGPUArrayBasic): numpy before 2.3 takes no interface without memory, so array_of makes the empty array
     itself (read-only as the interface says); an address 0 with entries is refused in one line."""
-    from spmdsim.runtime.sim._buffers import BufferSpecError, array_of
+    from spmdsim.runtime.sim._datatypes import array_of
+    from spmdsim.runtime.sim._mpi import BufferSpecError
 
     class Cai:
         def __init__(self, shape, address, readonly):

@@ -183,7 +183,7 @@ def test_an_error_class_this_mpi_lacks_is_err_arg():
 
     from mpi4py import MPI
 
-    from spmdsim.runtime.sim._buffers import mpi_error
+    from spmdsim.runtime.sim._mpi import mpi_error
 
     like_open_mpi = SimpleNamespace(**{name: getattr(MPI, name) for name in
                                        ("Exception", "ERR_ARG", "ERR_OTHER", "ERR_UNKNOWN", "ERR_LASTCODE")},

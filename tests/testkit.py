@@ -41,7 +41,7 @@ MPICH = MPIEXEC if mpich_version() is not None else ""
 def mpi_says(name: str) -> str:
     """The text this process's MPI gives error class `name` ("ERR_TAG": MPICH's "Invalid tag", Open MPI's
     "MPI_ERR_TAG: invalid tag"), with which the emulator's MPI.Exception starts (it is MPI's own class, its
-    detail after); a class the MPI lacks reads as its ERR_ARG (spmdsim.runtime.sim._buffers.mpi_error)."""
+    detail after); a class the MPI lacks reads as its ERR_ARG (spmdsim.runtime.sim._mpi.mpi_error)."""
     from mpi4py import MPI
 
     code = getattr(MPI, name)

@@ -13,8 +13,10 @@ from ..errors import ShapeError
 from ..runtime.sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import may_be_derived
-from ..runtime.sim._buffers import (BufferSpecError, _unpack, dtype_name, in_place, mpi_error, mpi_module,
-                                    numpy_dtype)
+from ..base.validate import dtype_name
+from ..runtime.sim._buffers import _unpack
+from ..runtime.sim._datatypes import numpy_dtype
+from ..runtime.sim._mpi import BufferSpecError, in_place, mpi_error, mpi_module
 from .typemap import message  # the shared reader, refusing what mpi4py cannot map first
 from ..runtime.sim.requests import rank_name
 

@@ -20,7 +20,10 @@ from ..runtime.sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .collective_checks import _aliased, _bcast_count, _blocks_fit, _matching, _predefined_op_types
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..runtime.sim._buffers import copy_into, dtype_name, fold, in_place, reduction
+from ..base.validate import dtype_name
+from ..runtime.sim._datatypes import copy_into
+from ..runtime.sim._mpi import in_place
+from ..runtime.sim._reductions import fold, reduction
 from .nonblocking import _SUM, NonblockingCollectives
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..runtime.sim.orders import allreduce_tree, reduce_tree

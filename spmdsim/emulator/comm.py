@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import context as _local
-from ..runtime.sim._buffers import mpi_error, mpi_module, special
+from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from .collectives import BufferCollectives
 from .comm_identity import CommIdentity, _Handle
 from .comm_lifetime import CommLifetime

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sim._buffers import mpi_module, special
+from ..runtime.sim._mpi import mpi_module, special
 from ..runtime.sim.thread_engine import Count
 from .group import SimGroup
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import context as _local
-from ..runtime.sim._buffers import mpi_error, mpi_module
+from ..runtime.sim._mpi import mpi_error, mpi_module
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.requests import completed
 from .unsupported import not_simulated

@@ -20,7 +20,10 @@ from itertools import accumulate
 from typing import Any, Callable, Optional
 
 from ..errors import DTypeError, ShapeError
-from ..runtime.sim._buffers import Reduction, _unpack, array_of, in_place, int_array, mpi_module, wparts, wvector
+from ..runtime.sim._buffers import _unpack, int_array, wparts, wvector
+from ..runtime.sim._datatypes import array_of
+from ..runtime.sim._mpi import in_place, mpi_module
+from ..runtime.sim._reductions import Reduction
 from .._lazy import numpy_on_first_use
 from .real import real
 
@@ -164,7 +167,7 @@ class _LaidOut:
     def __init__(self, op: Any, datatype: Any) -> None:
         self.op, self.datatype = op, datatype
 
-    def Reduce_local(self, inbuf: list, inoutbuf: list) -> None:  # noqa: N802 - MPI.Op's name (sim._buffers.fold)
+    def Reduce_local(self, inbuf: list, inoutbuf: list) -> None:  # noqa: N802 - MPI.Op's name (sim._reductions.fold)
         """inoutbuf = inbuf op inoutbuf, each ``[packed bytes, MPI.BYTE]``."""
         datatype = self.datatype
         count = inoutbuf[0].size // datatype.size if datatype.size else 0

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..runtime.sim._buffers import int_array, mpi_module, special
+from ..runtime.sim._buffers import int_array
+from ..runtime.sim._mpi import mpi_module, special
 from .neighbours import Neighbourhood, _copyable, _detailed, _error
 from .real import comm_null
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..runtime.sim._buffers import c_int, int_array, mpi_error, mpi_module, special
+from ..runtime.sim._buffers import int_array
+from ..runtime.sim._mpi import c_int, mpi_error, mpi_module, special
 
 __all__ = ["SimGroup", "speak_mpi4py"]
 

@@ -31,7 +31,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from ..base import context as _local
-from ..runtime.sim._buffers import mpi_error, mpi_module
+from ..runtime.sim._mpi import mpi_error, mpi_module
 from .real import real
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.report import _program_line

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..runtime.sim._buffers import message, mpi_error, mpi_module
+from ..runtime.sim._buffers import message
+from ..runtime.sim._mpi import mpi_error, mpi_module
 from ..runtime.sim.p2p import receive_matched
 from ..runtime.sim.requests import Request, completed, noted
 from .group import speak_mpi4py

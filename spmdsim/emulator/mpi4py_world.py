@@ -33,7 +33,7 @@ from .unsupported import refusing
 from .persistent import Prequest
 from .group import SimGroup
 from . import message
-from ..runtime.sim._buffers import mpi_error
+from ..runtime.sim._mpi import mpi_error
 from ..runtime.process import release_segments_once
 from ..runtime.sim import p2p
 from .pkl5 import swapped_pkl5

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sim._buffers import copy_into, dtype_name, mpi_error, mpi_module, special
+from ..base.validate import dtype_name
+from ..runtime.sim._datatypes import copy_into
+from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from .typemap import message, vector
 from .derived import wmessage
 from .persistent import _persistent

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ..runtime.sim._buffers import no_buffer, special
+from ..runtime.sim._buffers import no_buffer
+from ..runtime.sim._mpi import special
 from ..runtime.sim.p2p import post_recv, post_send, probe
 from ..runtime.sim.requests import Request, noted
 from .derived import may_be_derived, packed, unpacking

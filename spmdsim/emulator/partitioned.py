@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..runtime.sim._buffers import mpi_error, mpi_module, special
+from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from ..runtime.sim.engine import Group
 from ..runtime.sim.p2p import _check_peer, _check_tag, _remove
 from .typemap import message

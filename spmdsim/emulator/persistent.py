@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from ..runtime.sim._buffers import c_int, mpi_error, mpi_module, special
+from ..runtime.sim._mpi import c_int, mpi_error, mpi_module, special
 from ..runtime.sim.p2p import _check_peer, _check_tag
 from ..runtime.sim.requests import Request, noted
 from .wildcards import ANY_SOURCE, ANY_TAG, _any

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sim._buffers import mpi_module
+from ..runtime.sim._mpi import mpi_module
 
 __all__ = ["real", "real_module", "comm_null"]
 

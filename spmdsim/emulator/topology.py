@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ..runtime.sim._buffers import c_int, int_array, special
+from ..runtime.sim._buffers import int_array
+from ..runtime.sim._mpi import c_int, special
 from .neighbours import Neighbourhood, _copyable, _error
 from .real import comm_null
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.sim import _buffers
-from ..runtime.sim._buffers import BufferSpecError, DatatypeMapError, _is_datatype, _numpy_type, mpi_module
+from ..runtime.sim._datatypes import _is_datatype
+from ..runtime.sim._mpi import BufferSpecError, DatatypeMapError, _numpy_type, mpi_module
 
 __all__ = ["mapped", "message", "vector"]
 
 #: numpy kinds every dtype of which has a format in mpi4py's table (bool, integers, floats, complex numbers;
-#: objects are refused by the shared reader: spmdsim.runtime.sim._buffers.check_dtype).
+#: objects are refused by the shared reader: spmdsim.runtime.sim._datatypes.check_dtype).
 _MAPPED_KINDS = frozenset("biufcO")
 
 #: mpi4py's typecodes of numpy's text dtypes when mpi4py is not loaded (one character: MPI.CHAR, MPI.WCHAR).

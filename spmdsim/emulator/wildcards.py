@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sim._buffers import c_int, special
+from ..runtime.sim._mpi import c_int, special
 
 __all__ = ["ANY_SOURCE", "ANY_TAG"]
 

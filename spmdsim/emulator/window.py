@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sim._buffers import mpi_error, mpi_module, special
+from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler

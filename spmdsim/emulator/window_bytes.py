@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.sim._buffers import _unpack, array_of, fold, mpi_error, mpi_datatype, numpy_dtype, reduction, \
-    typecode_datatype
+from ..runtime.sim._buffers import _unpack
+from ..runtime.sim._datatypes import array_of, mpi_datatype, numpy_dtype, typecode_datatype
+from ..runtime.sim._mpi import mpi_error
+from ..runtime.sim._reductions import fold, reduction
 from .._lazy import numpy_on_first_use
 from .typemap import mapped
 from .derived import _self

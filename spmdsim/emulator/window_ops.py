@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..runtime.sim._buffers import mpi_error, special
+from ..runtime.sim._mpi import mpi_error, special
 from ..runtime.sim.requests import completed, noted
 from .._lazy import numpy_on_first_use
 from .window_bytes import _NO_OP, _Side, _attached, _combined, _one_element, _op, _positions, _same_bytes, _span, \

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..runtime.sim._buffers import mpi_error, special
+from ..runtime.sim._mpi import mpi_error, special
 from ..runtime.sim.engine import _Waiting
 from ..runtime.sim.waiting import ranks_text
 from .group import _sim as _sim_group

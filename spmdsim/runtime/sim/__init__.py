@@ -19,7 +19,7 @@ _WHERE = {name: module for module, names in {
     "spmdsim.base.once": ("once",),
     "dry": ("dry_run_active",),
     "p2p": ("Request",),
-    "_buffers": ("IN_PLACE", "BufferSpecError", "DatatypeMapError"),
+    "_mpi": ("IN_PLACE", "BufferSpecError", "DatatypeMapError"),
     "engine": ("DeadlockError", "SimulationError"),
     "spmdsim.runtime.engines.memory": ("MemoryLimitError",),
 }.items() for name in names}

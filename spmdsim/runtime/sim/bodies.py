@@ -9,7 +9,10 @@ import pickle
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ...errors import DTypeError, ShapeError
-from ._buffers import Reduction, copy_into, dtype_name, fold, mpi_module, reduction
+from ...base.validate import dtype_name
+from ._datatypes import copy_into
+from ._mpi import mpi_module
+from ._reductions import Reduction, fold, reduction
 from ...base.validate import _NAMES  # dtype -> its name, filled by dtype_name: read first (no call once known)
 from ..engines.base import SimulationError
 from .groups import Group

@@ -12,7 +12,7 @@ at 256 KiB (tests/test_sim_mpi4py_orders.py compares with ``mpiexec``):
 * ``Allreduce``: recursive doubling, the ranks past the largest power of two
   first folded into their even neighbours: (0+1)+2 at 3 ranks, ((0+1)+2)+(3+4) at 5.
 
-Each is a tree of nested pairs of member indices (`fold` in spmdsim.runtime.sim._buffers
+Each is a tree of nested pairs of member indices (`fold` in spmdsim.runtime.sim._reductions
 evaluates it); the emulator's Reduce and Allreduce pass them (spmdsim's own meshes
 keep adding in member order).
 """

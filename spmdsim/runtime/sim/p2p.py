@@ -33,7 +33,8 @@ import pickle
 from typing import Any, Optional
 
 from ...errors import ShapeError
-from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
+from ._buffers import message
+from ._mpi import c_int, integer, mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting
 from .request_sets import Polled

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ._buffers import mpi_error, mpi_module, special
+from ._mpi import mpi_error, mpi_module, special
 from .groups import AllOf
 from .waiting import _Waiting
 

@@ -12,7 +12,7 @@ import pickle
 import sys
 from typing import Any, Optional
 
-from ._buffers import mpi_error, mpi_module, special, wildcards
+from ._mpi import mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting, ranks_text
 from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name, sends_wait

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ShapeError
-from ._buffers import c_int, mpi_error, mpi_module, reduction, special
+from ._mpi import c_int, mpi_error, mpi_module, special
+from ._reductions import reduction
 from ..engines import DONE, Engine
 from ..engines.base import SimulationError
 from .bodies import (all_gather, all_gather_object, all_reduce, all_reduce_object, all_to_all, all_to_all_boxes,
