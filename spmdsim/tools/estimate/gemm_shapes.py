@@ -23,22 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ...errors import SpmdsimError
+from .file_keys import _MISSING, _fail, _text
 
 __all__ = ["BatchedShapes", "batched_from_dict", "batched_to_dict", "KEYS"]
 
 #: The keys of gemm_efficiency.batched.
 KEYS = ("dtypes", "contraction", "output", "source")
 
+_CITATION = "a citation string (title, URL, which figure)"
 _POINTS = "a list of [dimension, fraction] pairs, dimensions integers >= 1 rising, fractions in (0, 1]"
-
-
-def _refuse(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
-    shown = "missing" if value is _MISSING else f"{value!r:.80}"
-    return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
-
-
-_MISSING = object()
 
 
 def _points(where: str, key: str, value: Any) -> tuple[tuple[int, float], ...]:
@@ -58,7 +51,7 @@ def _points(where: str, key: str, value: Any) -> tuple[tuple[int, float], ...]:
             break
         rows.append((dim, float(fraction)))
     if not ok:
-        raise _refuse(where, key, value, _POINTS)
+        raise _fail(where, key, value, _POINTS)
     return tuple(rows)
 
 
@@ -79,9 +72,8 @@ class BatchedShapes:
         for key in ("contraction", "output"):
             object.__setattr__(self, key, _points(where, key, getattr(self, key)))
         if not self.dtypes or not all(isinstance(d, str) and d for d in self.dtypes):
-            raise _refuse(where, "dtypes", self.dtypes, "a non-empty list of dtype names")
-        if not isinstance(self.source, str) or not self.source.strip():
-            raise _refuse(where, "source", self.source, "a citation string (title, URL, which figure)")
+            raise _fail(where, "dtypes", self.dtypes, "a non-empty list of dtype names")
+        _text(where, "source", self.source, _CITATION)
 
     def fraction(self, dtype: str, batch: int, m: int, n: int, k: int) -> float | None:
         """The measured fraction of peak for a batch of m x k @ k x n products in `dtype` (a machine-file dtype
@@ -107,21 +99,19 @@ def batched_from_dict(where: str, data: Any, dtypes: Sequence[str]) -> BatchedSh
     dtypes a machine file may name."""
     prefix = "gemm_efficiency.batched"
     if not isinstance(data, Mapping):
-        raise _refuse(where, prefix, data, f"an object with {KEYS!r}")
+        raise _fail(where, prefix, data, f"an object with {KEYS!r}")
     for key in data:
         if key not in KEYS:
-            raise _refuse(where, f"{prefix}.{key}", data[key], f"no such key; {KEYS!r}")
+            raise _fail(where, f"{prefix}.{key}", data[key], f"no such key; {KEYS!r}")
     for key in KEYS:
         if key not in data:
-            raise _refuse(where, f"{prefix}.{key}", _MISSING,
-                          "a citation string (title, URL, which figure)" if key == "source" else "present")
+            raise _fail(where, f"{prefix}.{key}", _MISSING,
+                          _CITATION if key == "source" else "present")
     names = data["dtypes"]
     if not isinstance(names, list) or not names or any(d not in dtypes for d in names):
-        raise _refuse(where, f"{prefix}.dtypes", names, f"a non-empty list of dtypes among {tuple(dtypes)!r}")
+        raise _fail(where, f"{prefix}.dtypes", names, f"a non-empty list of dtypes among {tuple(dtypes)!r}")
     rows = {key: _points(where, f"{prefix}.{key}", data[key]) for key in ("contraction", "output")}
-    source = data["source"]
-    if not isinstance(source, str) or not source.strip():
-        raise _refuse(where, f"{prefix}.source", source, "a citation string (title, URL, which figure)")
+    source = _text(where, f"{prefix}.source", data["source"], _CITATION)
     return BatchedShapes(tuple(names), rows["contraction"], rows["output"], source)
 
 

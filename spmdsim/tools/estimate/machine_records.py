@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ...errors import SpmdsimError
+from .file_keys import _MISSING, _fail, _text
 from .gemm_shapes import BatchedShapes
 from .records import LEVELS
 
@@ -47,14 +48,6 @@ def normalize_dtype(dtype: Any) -> str:
     return _DTYPE_ALIASES.get(key, key)
 
 
-def _fail(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
-    shown = "missing" if value is _MISSING else f"{value!r:.80}"
-    return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
-
-
-_MISSING = object()
-
-
 def _number(where: str, key: str, value: Any, expected: str, *, positive: bool = True) -> float:
     """A finite number (> 0, or >= 0 where not `positive`), as float."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -68,11 +61,6 @@ def _integer(where: str, key: str, value: Any, expected: str) -> int:
         raise _fail(where, key, value, expected)
     return value
 
-
-def _text(where: str, key: str, value: Any, expected: str = "a non-empty string") -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(where, key, value, expected)
-    return value
 
 
 @dataclass(frozen=True)

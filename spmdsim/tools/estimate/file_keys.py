@@ -1,0 +1,26 @@
+"""How a machine file's bad keys are refused (pure): one line naming the key, its value and what was expected.
+
+Shared by the machine file's records (spmdsim.tools.estimate.machine_records, spmdsim.tools.estimate.machine)
+and its table of batched products (spmdsim.tools.estimate.gemm_shapes).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import SpmdsimError
+
+__all__: list = []  # helpers of the estimate's machine-file modules
+
+#: A key the file leaves out, as `_fail` shows it ("is missing").
+_MISSING = object()
+
+
+def _fail(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
+    shown = "missing" if value is _MISSING else f"{value!r:.80}"
+    return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
+
+
+def _text(where: str, key: str, value: Any, expected: str = "a non-empty string") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, key, value, expected)
+    return value
