@@ -45,7 +45,15 @@ from ...layouts.dialects.dtensor import placements_to_layout
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
 
-__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "written"]
+__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "batch_split", "mesh_problem", "written"]
+
+
+def batch_split(dp: int, ep: int, by_tp: int = 1) -> str:
+    """What a batch is split over, as a refusal names it: dp (x ep); `by_tp` > 1, folded experts with a capacity
+    (spmdsim.models.moe.fold), whose tp ranks each route their own share of the batch as well."""
+    if by_tp > 1:
+        return f"edp {dp} x ep {ep * by_tp} = {dp * ep * by_tp} (etp 1: each tp rank routes its own share)"
+    return f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
 
 
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
@@ -67,10 +75,8 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Opt
         problem = next((text for bad, text in checks if bad), None)
         if problem:
             return problem
-    batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
     by_batch = folded and not moe.dropless  # (dropless, each tp rank routes its share of each sequence's tokens)
-    if by_batch:
-        batch = f"edp {dp} x ep {ep * tp} = {dp * ep * tp} (etp 1: each tp rank routes its own share)"
+    batch = batch_split(dp, ep, tp if by_batch else 1)
     checks = [(cfg.batch % (dp * ep * (tp if by_batch else 1)), f"batch {cfg.batch} is not divisible by {batch}"),
               (folded and moe.dropless and cfg.seq % tp,
                f"seq {cfg.seq} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the "

@@ -15,7 +15,7 @@ from ..axes import PIPELINE
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
-from .layouts import mesh_problem
+from .layouts import batch_split, mesh_problem
 from .memory import recompute_problem, zero_problem
 from .stages import pipeline_problem
 from .train import refuse_run, replay_problem
@@ -46,10 +46,7 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     m = cfg.moe  # folded experts with a capacity (spmdsim.models.moe.fold): each tp rank routes its share of the rows
     by_tp = tp if m is not None and m.etp == 1 and tp > 1 and not m.dropless else 1
     if problem is None and micro % (dp * ep * by_tp):
-        batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
-        if by_tp > 1:
-            batch = f"edp {dp} x ep {ep * tp} = {dp * ep * tp} (etp 1: each tp rank routes its own share)"
-        problem = f"a microbatch of {micro} samples is not divisible by {batch}"
+        problem = f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp)}"
     return problem or pipeline_problem(cfg, pp * virtual, split)
 
 
