@@ -2,7 +2,7 @@
 
 ``x + y``, ``x @ w``, ``x.sum()``, ``x.requires_grad_()``, ``loss.backward()`` and
 numpy's protocol (``np.exp(x)``, ``abs(x)``, ``len(x)``) are methods of the runtime's
-DTensor that call what `bind_dtensor` puts in `spmdsim.runtime.dtensor`'s table: the
+DTensor that call what `bind_dtensor` puts in `spmdsim.runtime.dtensor_methods`' table: the
 operators and autograd build DTensors, so the runtime, below them, imports neither
 (docs/explanation/architecture.md, "The layers"). PyTorch's spellings of spmdsim's operators
 (``x.view(...)``, ``x.softmax(-1)``, ``x.unsqueeze(0)``, ``x.detach()``, ...) are
@@ -19,7 +19,8 @@ import numpy as np
 from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_, set_grad
 from ...errors import OperatorError
-from ...runtime.dtensor import DTensor, _reduce_args, install_operators
+from ...runtime.dtensor import DTensor
+from ...runtime.dtensor_methods import _reduce_args, install_operators
 from .einsum import einsum
 from .joins import broadcast_to, concatenate, getitem, narrow, stack
 from .local import reshape, transpose
@@ -333,7 +334,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
 
 
 #: PyTorch's method spellings of spmdsim's operators (docs/tutorials/porting.md), and numpy's (x.T, x.swapaxes):
-#: the functions behind DTensor's methods of these names (spmdsim.runtime.dtensor._SPELLINGS; T and size
+#: the functions behind DTensor's methods of these names (spmdsim.runtime.dtensor_methods._SPELLINGS; T and size
 #: are properties there).
 _METHODS = {
     "T": lambda x: transpose(x, None), "swapaxes": _swapaxes,

@@ -1,0 +1,159 @@
+"""DTensor's constructors (`from_local`, `from_seeded`, `full`, `zeros`, `ones`, `from_global`) and the
+placement checks they share with DTensor itself; DTensor (spmdsim.runtime.dtensor) takes them from
+`_Constructors`, a base class of its own.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..base import buffers
+from ..layouts.datagen import SeededTensor
+from ..errors import DTypeError, LayoutError, ShapeError
+from ..layouts.layout import Layout, TensorLayout
+from ..base.validate import counted, describe, dtype_arg, dtype_name
+from . import debug
+from .mesh import Mesh
+from .budget import check_seeded
+
+if TYPE_CHECKING:
+    from .dtensor import DTensor
+
+_SEEDABLE = ("float32", "float64", "int32", "int64")  # SeededTensor's dtypes (full's size checks borrow it)
+
+
+class _Constructors:
+    """DTensor's class methods that make one: each rank makes only its own block."""
+
+    __slots__ = ()
+
+    # -- constructors ------------------------------------------------------------
+    @classmethod
+    def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int] | None = None,
+                   dtype: Any = None) -> "DTensor":
+        """Wrap an existing shard; its shape (and `dtype` when given) must match.
+
+        `global_shape` None: each dim's block times the number of its shards (even shards, as PyTorch's
+        ``DTensor.from_local`` assumes without ``shape=``). Each rank works it out from its own block, so
+        blocks of different sizes give the ranks different global shapes and wrong results: pass
+        `global_shape`, or run with SPMDSIM_CHECK=1, whose guard compares the shapes across the mesh here.
+        """
+        local = np.asarray(local)
+        if dtype is not None:
+            dtype = dtype_arg(dtype)
+            if local.dtype != dtype:
+                raise DTypeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
+        if global_shape is None:
+            if not isinstance(layout, TensorLayout):
+                raise LayoutError(_not_a_tensor_layout(layout))
+            if local.ndim != layout.ndim:
+                raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
+                                 f"layout {layout} maps {layout.ndim}")
+            if layout.layout.cut != "even" and layout.split_axes:
+                # Shards may differ by rank: a size worked out from this rank's alone would differ too.
+                raise ShapeError(f"from_local on a layout cut {layout.layout.cut!r} needs global_shape= "
+                                 "(its shards may differ in size between ranks)")
+            global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
+                                                                                        layout.tensor_map))
+            out = cls(mesh, local, layout, global_shape)
+            if not debug.quiet():  # the guard: every rank's worked-out shape the same (one Allgather)
+                debug.verify_operands(mesh, "from_local", (("the global shape from its block", out._shape,
+                                                            layout, local.dtype),))
+            return out
+        return cls(mesh, local, layout, global_shape)
+
+    @classmethod
+    def from_seeded(cls, mesh: Mesh, layout: TensorLayout, seeded: SeededTensor) -> "DTensor":
+        """Build only this rank's shard of a seeded global tensor."""
+        _check_placement(mesh, layout)
+        if not isinstance(seeded, SeededTensor):
+            raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
+                             f"{_shape_note(seeded)}; use DTensor.from_global for an array")
+        shape = layout.check_shape(seeded.shape)
+        check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
+        if _holds_value(mesh, layout):
+            local = seeded.region(layout.slices(mesh.rank, shape))
+        else:
+            local = buffers.zeros(layout.local_shape(shape, mesh.rank), seeded.dtype)
+        return cls(mesh, local, layout, shape)
+
+    @classmethod
+    def full(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], value: Any,
+             dtype: Any = "float64") -> "DTensor":
+        """A tensor of `shape` filled with `value`, each rank making only its block (PyTorch's
+        ``torch.distributed.tensor.full``); a pending sum holds it on the first member, zeros on the others."""
+        _check_placement(mesh, layout)
+        kind = dtype_arg(dtype)
+        name = dtype_name(kind)
+        if isinstance(value, np.generic):
+            value = value.item()
+        if not isinstance(value, (int, float, bool)) or (kind.kind in "iub" and isinstance(value, float)
+                                                         and value != int(value)):
+            raise DTypeError(f"fill value {value!r} must be a number that dtype {name!r} holds")
+        seeded = SeededTensor(tuple(shape), name if name in _SEEDABLE else "float64")
+        shape = layout.check_shape(seeded.shape)
+        check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
+        local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
+        if value and _holds_value(mesh, layout):
+            local[...] = value
+        return cls(mesh, local, layout, shape)
+
+    @classmethod
+    def zeros(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> "DTensor":
+        """Zeros of `shape`, each rank making only its block (PyTorch's ``torch.distributed.tensor.zeros``)."""
+        return cls.full(mesh, layout, shape, 0, dtype)
+
+    @classmethod
+    def ones(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> "DTensor":
+        """Ones of `shape`, each rank making only its block (PyTorch's ``torch.distributed.tensor.ones``)."""
+        return cls.full(mesh, layout, shape, 1, dtype)
+
+    @classmethod
+    def from_global(cls, mesh: Mesh, array: Any, layout: TensorLayout) -> "DTensor":
+        """Cut this rank's shard out of a global array every rank has (small demos)."""
+        _check_placement(mesh, layout)
+        array = np.asarray(array)
+        dtype_arg(array.dtype, "array dtype")
+        shape = layout.check_shape(array.shape)
+        if _holds_value(mesh, layout):
+            local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
+        else:
+            local = buffers.zeros(layout.local_shape(shape, mesh.rank), array.dtype)
+        return cls(mesh, local, layout, shape)
+
+
+def _check_placement(mesh: Any, layout: Any) -> None:
+    if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
+        return  # the usual case, in three identity tests
+    if not isinstance(mesh, Mesh):
+        raise LayoutError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}; make one with "
+                          "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first")
+    if not isinstance(layout, TensorLayout):
+        raise LayoutError(_not_a_tensor_layout(layout))
+    if layout.layout != mesh.layout:
+        raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
+
+
+def _not_a_tensor_layout(layout: Any) -> str:
+    """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
+    PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
+    if isinstance(layout, Layout):
+        how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "
+               f"layout({layout.alias_name[0]!r}, None)")
+    else:
+        how = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect "
+               "with spmdsim.layouts.dialects' placements_to_layout(placements, mesh, ndim) or "
+               "partition_spec_to_layout(spec, mesh, ndim)")
+    return f"layout must be a TensorLayout, got {describe(layout)}; {how}"
+
+
+def _shape_note(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return "" if shape is None else f" of shape {tuple(shape)!r}"
+
+
+
+def _holds_value(mesh: Mesh, layout: TensorLayout) -> bool:
+    """True unless this rank is a non-zero member over the partial axes (those hold zeros)."""
+    return not layout.partial or layout.layout.group_index(mesh.rank, layout.partial) == 0
