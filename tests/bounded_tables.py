@@ -66,8 +66,8 @@ TABLES = (
     ("spmdsim.models.moe.tokens", "_TAKEN", 64),
     ("spmdsim.models.moe.tokens", "_EXPERT_LAYOUTS", 64),
     ("spmdsim.models.moe.losses", "_CALLS", 256),
-    ("spmdsim.layouts.datagen", "_KEYS", 4096),
-    ("spmdsim.layouts.datagen", "_PLANS", 4096),
+    ("spmdsim.layouts.counters", "_KEYS", 4096),
+    ("spmdsim.layouts.counters", "_PLANS", 4096),
     ("spmdsim.references.contraction", "_RUNS", 4096),
     ("spmdsim.references.contraction", "_PLAIN", 4096),  # (starts over with _RUNS)
     ("spmdsim.references.contraction", "_PRESENT", 4096),
@@ -87,7 +87,7 @@ def empty() -> None:
     cleaned when a mesh closes). What they held is only ever decided again: no result changes."""
     for _module, _name, _limit, table in tables():
         table.clear()
-    datagen = importlib.import_module("spmdsim.layouts.datagen")  # its regions' tables start over by their bytes
-    datagen._INNERS.clear()
-    datagen._BASES.clear()
-    datagen._INNER_BYTES[0] = 0
+    counters = importlib.import_module("spmdsim.layouts.counters")  # its regions' tables start over by their bytes
+    counters._INNERS.clear()
+    counters._BASES.clear()
+    counters._INNER_BYTES[0] = 0

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import importkit
+import spmdsim.layouts.counters as counters
 import spmdsim.layouts.datagen as datagen
 from spmdsim import Layout, SeededTensor, SpmdsimError
 
@@ -69,18 +70,18 @@ def test_a_mask_drawn_again_with_new_seeds_is_the_region_compared():
     (seed-independent) ones and its seed's key on Python integers: the same bits as the floats'."""
     shape, region = (6, 5, 9), (slice(2, 5), slice(1, 4), slice(None))
     for seed in (0, 1, 7, 2**40 + 3, 2**63 - 1):
-        key = datagen._mix(np.array([seed], dtype=np.uint64) + datagen._GOLDEN)[0]
-        assert datagen._key(seed) == key
+        key = counters._mix(np.array([seed], dtype=np.uint64) + counters._GOLDEN)[0]
+        assert counters._key(seed) == key
         t = SeededTensor(shape, "float64", seed=seed, low=0.0, high=1.0)
         for _ in range(2):  # the first draw keeps the block's counters, the second uses them
             np.testing.assert_array_equal(t.at_least(region, 0.3), t.region(region) >= 0.3)
-    assert (shape, ((2, 5), (1, 4), (0, 9))) in datagen._BASES
+    assert (shape, ((2, 5), (1, 4), (0, 9))) in counters._BASES
 
 
-@pytest.mark.usefixtures("empty_tables")  # (datagen._PLANS starts over when full, or when its regions' tables
+@pytest.mark.usefixtures("empty_tables")  # (counters._PLANS starts over when full, or when its regions' tables
 # reach their bytes: filled by earlier tests, it could start over between a draw and the look at what it kept)
 def test_a_mask_kept_per_region_object_serves_only_that_mask():
-    """What `at_least` keeps per region object (datagen._PLANS: bounds, block shape, threshold's edge, kept
+    """What `at_least` keeps per region object (counters._PLANS: bounds, block shape, threshold's edge, kept
     counters) serves a draw of the same shape, range and threshold alone: another seed, threshold, shape,
     dtype or range, a dry run, or a region that can change, is worked out as the floats compared say."""
     import spmdsim
@@ -88,7 +89,7 @@ def test_a_mask_kept_per_region_object_serves_only_that_mask():
     region = (slice(1, 3), slice(0, 4))
     t = SeededTensor((4, 4), "float64", seed=5, low=0.0, high=1.0)
     first = t.at_least(region, 0.3)
-    assert datagen._PLANS[id(region)][0] is region  # kept: the next draws at `region` start from it
+    assert counters._PLANS[id(region)][0] is region  # kept: the next draws at `region` start from it
     for other, p in [(t, 0.3), (t.with_seed(6), 0.3), (t, 0.7), (t.with_seed(9), 0.0),
                      (SeededTensor((4, 6), "float64", seed=5, low=0.0, high=1.0), 0.3),
                      (SeededTensor((4, 4), "float32", seed=5, low=0.0, high=1.0), 0.3),
@@ -96,7 +97,7 @@ def test_a_mask_kept_per_region_object_serves_only_that_mask():
                      (SeededTensor((4, 4), "float64", seed=5, low=0.0, high=2.0), 0.3),
                      (SeededTensor((4, 4), "float64", seed=5, low=0.5, high=1.0), 0.3), (t, 0.3)]:
         np.testing.assert_array_equal(t.at_least(region, 0.3), first)  # kept for (4, 4) and 0.3 again
-        assert datagen._PLANS[id(region)][1:3] == ((4, 4), 0.3)
+        assert counters._PLANS[id(region)][1:3] == ((4, 4), 0.3)
         expected = other.region(region) >= p
         np.testing.assert_array_equal(other.at_least(region, p), expected, err_msg=f"{other!r} at {p}")
         out = np.empty((2, 4), dtype=bool)
@@ -108,7 +109,7 @@ def test_a_mask_kept_per_region_object_serves_only_that_mask():
     np.testing.assert_array_equal(t.at_least(changing, 0.3), first)
     changing[0][1] = 4
     np.testing.assert_array_equal(t.at_least(changing, 0.3), t.region(changing) >= 0.3)
-    assert id(changing) not in datagen._PLANS
+    assert id(changing) not in counters._PLANS
     dry = spmdsim.simulate(1, lambda: (t.at_least(region, 0.3), t.region(region) >= 0.3), dry_run=True)[0]
     np.testing.assert_array_equal(dry[0], dry[1])  # a dry run's stand-in values, not the kept mask
     assert not np.array_equal(dry[0], first)

@@ -124,7 +124,8 @@ def _imports(path: pathlib.Path) -> set[str]:
     return {n for n in found if n.startswith("spmdsim")}
 
 
-@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/nn/ops", "spmdsim/nn/autograd", "spmdsim/layouts/datagen.py"])
+@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/nn/ops", "spmdsim/nn/autograd", "spmdsim/layouts/datagen.py",
+                                   "spmdsim/layouts/counters.py"])
 def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_on(where):
     """They ask the mesh's engine or the running rank's context, never the simulator's internals."""
     files = [ROOT / where] if where.endswith(".py") else sorted((ROOT / where).glob("*.py"))
