@@ -1,4 +1,4 @@
-"""SPMDSIM_CHECK across a pipeline's stages (spmdsim.runtime.debug.agree).
+"""SPMDSIM_CHECK across a pipeline's stages (spmdsim.runtime.debug_calls.agree).
 
 The divergence guard compares a call number that counts every collective a rank issued: it must agree among
 ranks that run one program, not among a pipeline's stages, which make their own numbers of collectives on their
@@ -18,7 +18,7 @@ from spmdsim.errors import RuntimeMismatchError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.nn.optim import clip_grad_norm_
-from spmdsim.runtime import debug
+from spmdsim.runtime import debug, debug_calls
 from spmdsim.runtime.collectives import allreduce
 
 
@@ -82,7 +82,7 @@ def test_a_rank_that_skips_a_call_inside_its_stage_is_still_named():
 
 def test_the_stages_counters_agree_with_the_watchdog_alone_and_nothing_runs_with_neither_hook():
     """The watchdog's report groups the ranks waiting in one call by its number, so the stages' counters agree
-    with the watchdog on and the check off too (debug.agree did nothing then); with neither hook on, no
+    with the watchdog on and the check off too (debug_calls.agree did nothing then); with neither hook on, no
     collective runs, unless `always` (a pipelined step's end, which evens them every step as its own inline
     Allreduce did)."""
     from spmdsim.base.context import current
@@ -91,7 +91,7 @@ def test_the_stages_counters_agree_with_the_watchdog_alone_and_nothing_runs_with
         if watchdog:
             debug.configure(watchdog=60)
         current().seq = 3 * spmdsim.world().rank  # the stages' own counts
-        debug.agree(spmdsim.world(), ("pp",), False, always)
+        debug_calls.agree(spmdsim.world(), ("pp",), False, always)
         return current().seq
 
     assert spmdsim.simulate(2, main, True, False) == [3, 3]

@@ -1,4 +1,4 @@
-"""Pure tests of spmdsim.runtime.debug: fingerprints, descriptions, settings (no MPI)."""
+"""Pure tests of spmdsim.runtime.debug and debug_calls: fingerprints, descriptions, settings (no MPI)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim.errors import SpmdsimError
-from spmdsim.runtime import _roster, debug, fingerprints
+from spmdsim.runtime import _roster, debug, debug_calls, fingerprints
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +19,7 @@ def _fresh_settings():
 
 
 def test_importing_debug_does_not_import_mpi4py() -> None:
-    code = "import sys, spmdsim.runtime.debug; assert 'mpi4py' not in sys.modules"
+    code = "import sys, spmdsim.runtime.debug, spmdsim.runtime.debug_calls; assert 'mpi4py' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -124,7 +124,7 @@ class _DoneAfter(_NeverDone):
 
 
 def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
-    monkeypatch.setattr(debug, "_world_rank", lambda: 5)
+    monkeypatch.setattr(debug_calls, "_world_rank", lambda: 5)
     # No side channel, even when an earlier test in this process installed a guard.
     from spmdsim.runtime import process
 
@@ -132,7 +132,7 @@ def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
     monkeypatch.setattr(debug, "MIN_WATCHDOG_S", 0.01)  # a short deadline keeps this test fast
     debug.configure(watchdog=0.05)
     seen = []
-    debug.wait(_NeverDone(), "allreduce", ("mp",), 12, polite=True, on_timeout=seen.append)
+    debug_calls.wait(_NeverDone(), "allreduce", ("mp",), 12, polite=True, on_timeout=seen.append)
     # No side channel here (no guard, no communicator): the two usual causes instead of names.
     assert seen == ["[rank 5] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete "
                     "within 0.05 s: a rank of its group is not in it: did one skip this collective "
@@ -143,14 +143,14 @@ def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
 def test_watchdog_names_a_call_on_a_whole_communicator_in_words(monkeypatch) -> None:
     """A call that names no mesh axes (DTensor.gather or check, on the mesh's communicator) was reported as
     "collective gather on () (seq 1)" under mpiexec, where the simulated ranks say "on the world"."""
-    monkeypatch.setattr(debug, "_world_rank", lambda: 0)
+    monkeypatch.setattr(debug_calls, "_world_rank", lambda: 0)
     from spmdsim.runtime import process
 
     monkeypatch.setattr(process, "world_channel", lambda: None)
     monkeypatch.setattr(debug, "MIN_WATCHDOG_S", 0.01)
     debug.configure(watchdog=0.05)
     seen = []
-    debug.wait(_NeverDone(), "gather", (), 1, polite=True, on_timeout=seen.append)
+    debug_calls.wait(_NeverDone(), "gather", (), 1, polite=True, on_timeout=seen.append)
     assert seen[0].startswith("[rank 0] spmdsim: collective gather on its whole communicator (seq 1) did not "
                               "complete within 0.05 s: "), seen
     assert _roster.explain(("check", (), 2), {0: ("check", (), 2), 1: ("gather", (), 1)}, True).startswith(
@@ -211,8 +211,8 @@ def test_watchdog_says_check_and_gather_are_collective() -> None:
 def test_wait_completes_before_the_deadline(polite, watchdog) -> None:
     debug.configure(watchdog=watchdog)
     request = _DoneAfter(50)
-    debug.wait(request, "allgather", ("x",), 1, polite=polite,
-               on_timeout=lambda text: pytest.fail(text))
+    debug_calls.wait(request, "allgather", ("x",), 1, polite=polite,
+                     on_timeout=lambda text: pytest.fail(text))
     assert request.polls == 50
 
 

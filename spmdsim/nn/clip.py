@@ -10,7 +10,7 @@ from .autograd.graph import Leaf
 from ..errors import OperatorError
 from .optim_checks import _capturing, _is_scalar, _what
 from .optimizer import _kernel
-from ..runtime import debug
+from ..runtime import debug_calls
 from ..runtime.executor import pending, resolve
 from ..base import buffers
 
@@ -31,7 +31,7 @@ def _summed_squares(squares: Any, mesh: Any, across: Any) -> Any:
         over = tuple(a for a in over if on.layout.axis_size(a) > 1)
         if over:
             if stages:  # they made their own numbers of collectives: SPMDSIM_CHECK's call counters agree first
-                _kernel(debug.agree)(on.group(over), over, on.polite)  # (a kernel: each replay agrees too)
+                _kernel(debug_calls.agree)(on.group(over), over, on.polite)  # (a kernel: each replay agrees too)
             squares = resolve(on, squares, pending(on.layout, 1, over), "clip_grad_norm", owned=True)
     return squares
 
@@ -92,7 +92,7 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
     once more over those axes of that mesh (the whole (pp, dp, tp) mesh and ("pp",)), and `counted`
     names the parameters whose squares this rank adds (default all; a tied table both end stages
     hold counts on one of them). Every parameter's gradient is scaled. With SPMDSIM_CHECK the stages, which
-    made their own numbers of collectives, agree on their call counters first (spmdsim.runtime.debug.agree).
+    made their own numbers of collectives, agree on their call counters first (spmdsim.runtime.debug_calls.agree).
 
     In a captured step (spmdsim.runtime.replay) the squares, the norm and the scaling are kernels, so each
     replayed step clips by its own norm, the values the step run eagerly gives; the gradients are always

@@ -1,4 +1,4 @@
-"""Who is where when the watchdog fires: the side channel behind its message (runtime.debug).
+"""Who is where when the watchdog fires: the side channel behind its message (runtime.debug_calls).
 
 Past its deadline a rank asks the other ranks of the collective's group (else
 the world) where they are, with small point-to-point messages. Ranks answer

@@ -142,7 +142,7 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
           scaled: bool = False, elements: Any = None) -> Verdict:
-    """Share every rank's record ("check" to runtime.debug) and build the same Verdict.
+    """Share every rank's record ("check" to runtime.debug_calls) and build the same Verdict.
 
     Under MPI one Allgather: each rank reads its own table of every rank's record. Simulated ranks share one
     table (spmdsim.runtime.shared_rows: one Gather to rank 0, numbered and fingerprinted as the Allgather

@@ -14,7 +14,7 @@ trace; `untraced` runs one bare (a pipeline's loss over its stages); the
 ``*_object`` functions carry the runtime's control
 traffic (gathered report lines and traces, the agreed memory budget). Besides
 the door, the layers around a transfer hand an engine their own traffic: the
-divergence check its fingerprint tables (runtime.debug) and an emulated
+divergence check its fingerprint tables (runtime.debug_calls) and an emulated
 algorithm its point-to-point messages (runtime.algorithms); the guard and the
 watchdog's side channel use the engines' job methods (`dup`, `abort`,
 `post_object`, ...), and the front ends outside the runtime (CLI, autoshard,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from .engines import engine_of
 from .engines.wait import polite_wait
 from ..errors import SpmdsimError
-from . import debug
+from . import debug_calls
 from .arguments import _TAKEN, _ndarray, _take
 from . import layers
 from .layers import Collective
@@ -152,8 +152,8 @@ def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool
     (``engine_of(comm).all_gather``), on `args`, numbered and compared with SPMDSIM_CHECK, its wait watched
     with SPMDSIM_WATCHDOG. `array`: this rank's send buffer (what the check compares)."""
     unrecorded(f"{op} on {axes!r}" if axes else op)  # DTensor.gather, DTensor.check: no kernel records them
-    seq = debug.begin(comm, op, axes, array.dtype, array.shape, extra, polite)
-    run(comm, *args, debug.waiter(op, axes, seq, polite, comm))
+    seq = debug_calls.begin(comm, op, axes, array.dtype, array.shape, extra, polite)
+    run(comm, *args, debug_calls.waiter(op, axes, seq, polite, comm))
 
 
 def barrier(comm: Any, wait: Any = None) -> None:
@@ -203,13 +203,13 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     requests = engine.post(comm, receives, sends) if bound is None else engine.start(bound)
     context = mesh.context  # this rank's: its traces and hooks
     traces = context.traces
-    if context.hooks.quiet:  # no check, no watchdog: debug.waiter's answer without its call
+    if context.hooks.quiet:  # no check, no watchdog: debug_calls.waiter's answer without its call
         if known is None and traces:
             known = messages(comm, axes, receives, sends)  # while the messages fly
         engine.wait_all(requests, polite_wait if mesh.polite else None)
     else:
         counted = messages(comm, axes, receives, sends)
-        engine.wait_all(requests, debug.waiter(counted[0], counted[1], context.seq, mesh.polite, comm))
+        engine.wait_all(requests, debug_calls.waiter(counted[0], counted[1], context.seq, mesh.polite, comm))
         if known is not None and known != counted:
             raise SpmdsimError(f"point_to_point: known {known!r} does not describe the messages posted; "
                                f"expected {counted!r}")

@@ -13,7 +13,7 @@ from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
 from ..base.validate import counted, describe, dtype_arg, dtype_name
-from . import debug
+from . import debug, debug_calls
 from .mesh import Mesh
 from .budget import check_seeded
 
@@ -58,8 +58,8 @@ class _Constructors:
                                                                                         layout.tensor_map))
             out = cls(mesh, local, layout, global_shape)
             if not debug.quiet():  # the guard: every rank's worked-out shape the same (one Allgather)
-                debug.verify_operands(mesh, "from_local", (("the global shape from its block", out._shape,
-                                                            layout, local.dtype),))
+                debug_calls.verify_operands(mesh, "from_local", (("the global shape from its block", out._shape,
+                                                                  layout, local.dtype),))
             return out
         return cls(mesh, local, layout, global_shape)
 

@@ -27,7 +27,7 @@ from ..programs.plan.kernels import exchange_program, local_slice, local_zero
 from ..programs.plan.uneven import check_fits, group_pieces, is_uneven
 from ..programs.plan.steps import (Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter,
                                    Step, step_label)
-from . import debug, door
+from . import debug_calls, door
 # KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
 from .collectives import KERNELS, exchange
 from .exchange import exchange_boxes, group_alltoallv
@@ -240,8 +240,8 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                         "with DTensor.from_local/from_seeded") from None
     if not _THREAD.context.hooks.quiet:  # debug.quiet() without its two calls. SPMDSIM_CHECK: the same move on
         # every rank
-        debug.verify_operands(mesh, "redistribute", (("x", shape, source, local.dtype),
-                                                     ("target", shape, target, local.dtype)))
+        debug_calls.verify_operands(mesh, "redistribute", (("x", shape, source, local.dtype),
+                                                           ("target", shape, target, local.dtype)))
     if plan is None:
         try:  # a step moves the same layout objects every time: by their ids (`_MOVES`)
             entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype]

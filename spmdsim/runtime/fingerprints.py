@@ -1,4 +1,4 @@
-"""The divergence check's fingerprints (spmdsim.runtime.debug, ``SPMDSIM_CHECK=1``): the int64 row each
+"""The divergence check's fingerprints (spmdsim.runtime.debug_calls, ``SPMDSIM_CHECK=1``): the int64 row each
 rank contributes for a call it is about to make (`fingerprint`), and the words a report gives it
 (`describe`)."""
 from __future__ import annotations

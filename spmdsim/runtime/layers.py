@@ -4,14 +4,14 @@ A collective on a mesh with no debug hook on and no ``algorithms=`` is the
 engine's transfer alone (from runtime.door.issue), then one trace row. Otherwise `run` passes it through these layers, outermost first:
 
 - `Checked`: with SPMDSIM_CHECK, the call's fingerprint (and an Alltoallv's
-  counts) compared over the group before anything moves (`debug.begin`; the
+  counts) compared over the group before anything moves (`debug_calls.begin`; the
   dtype every member can move, and sum, runtime.door.issue checked before any
   layer, on every engine); numbers the call;
 - `Emulated` (a mesh made with ``algorithms=`` naming this collective): the
   algorithm's schedule of point-to-point messages in place of MPI's call
   (runtime/algorithms.py); its trace name says which, e.g. "allreduce[ring]";
 - `Watched` (SPMDSIM_WATCHDOG): the engine's transfer with the watchdog's wait,
-  so a rank left waiting reports who is missing and ends the job (`debug.wait`);
+  so a rank left waiting reports who is missing and ends the job (`debug_calls.wait`);
 - else the engine's transfer with the mesh's wait (busy or polite).
 
 Each layer has ``run(call) -> (trace name, bytes or None)``; None keeps the
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .engines.wait import polite_wait
-from . import debug
+from . import debug, debug_calls
 from .axes import normalize_axes
 from .algorithms import emulate
 
@@ -57,7 +57,7 @@ class Watched:
     """SPMDSIM_WATCHDOG: the transfer's wait watched (a rank left waiting reports and ends the job)."""
 
     def run(self, c: Collective) -> tuple[str, Any]:
-        c.run(c.comm, *c.args, debug.waiter(c.op, c.axes, c.seq, c.mesh.polite, c.comm))
+        c.run(c.comm, *c.args, debug_calls.waiter(c.op, c.axes, c.seq, c.mesh.polite, c.comm))
         return c.op, None
 
 
@@ -82,8 +82,8 @@ class Checked:
     def run(self, c: Collective) -> tuple[str, Any]:
         array = type(c.x) is np.ndarray
         dtype = c.x.dtype if array else np.dtype(c.x)  # checked by runtime.door.issue, before any layer
-        c.seq = debug.begin(c.comm, c.op, c.axes, dtype, c.x.shape if array else None, c.extra, c.mesh.polite,
-                            c.counts)
+        c.seq = debug_calls.begin(c.comm, c.op, c.axes, dtype, c.x.shape if array else None, c.extra, c.mesh.polite,
+                                  c.counts)
         c.began = perf_counter()
         return self.inner.run(c)
 

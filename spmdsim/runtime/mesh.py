@@ -17,7 +17,7 @@ from .engines.wait import WAIT_MODES, resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 from ..programs.algorithms import check_choices
 from ..base.validate import describe
-from . import debug, door
+from . import debug, debug_calls, door
 
 __all__ = ["Mesh", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
 
@@ -261,6 +261,6 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     number = len(mesh._groups) + 1
     polite = mesh.polite
     if debug.check_enabled():
-        debug.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
+        debug_calls.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
     elif polite or debug.watchdog_seconds() is not None:
-        door.barrier(mesh.comm, debug.waiter("split", axes, number, polite, mesh.comm))
+        door.barrier(mesh.comm, debug_calls.waiter("split", axes, number, polite, mesh.comm))

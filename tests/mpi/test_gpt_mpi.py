@@ -101,7 +101,7 @@ def test_replayed_pipeline_steps_equal_the_steps_run_one_by_one(schedule, v):
 @pytest.mark.parametrize("wait", ["polite", "busy"])
 def test_pipeline_stages_agree_on_their_call_counters_after_each_step(wait, monkeypatch):
     """The stages of a pipeline make different numbers of collectives; after each step every rank's call
-    counter (what SPMDSIM_CHECK compares) is the largest: by debug.agree's int64 Allreduce, on a polite mesh
+    counter (what SPMDSIM_CHECK compares) is the largest: by debug_calls.agree's int64 Allreduce, on a polite mesh
     waited politely (no object allreduce, which spins in MPICH while the last stage computes; a busy mesh's
     agreement was one)."""
     from mpi4py import MPI

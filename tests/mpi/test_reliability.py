@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spmdsim.errors import RuntimeMismatchError
-from spmdsim.runtime import _roster, debug
+from spmdsim.runtime import _roster, debug, debug_calls
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -32,7 +32,7 @@ def comm():
 
 def test_identical_calls_pass_the_fingerprint_check(comm) -> None:
     for seq in range(1, 4):
-        debug.verify(comm, "allreduce", ("mp",), np.float32, (4, 8), (), seq, polite=True)
+        debug_calls.verify(comm, "allreduce", ("mp",), np.float32, (4, 8), (), seq, polite=True)
 
 
 @pytest.mark.parametrize("what", ["shape", "op", "seq", "dtype"])
@@ -44,7 +44,7 @@ def test_one_differing_rank_is_named_on_every_rank(comm, what: str) -> None:
         call.update({"shape": dict(shape=(4, 9)), "op": dict(op="allgather", extra=(0,)),
                      "seq": dict(seq=8), "dtype": dict(dtype=np.float64)}[what])
     with pytest.raises(RuntimeMismatchError) as info:
-        debug.verify(comm, polite=False, **call)
+        debug_calls.verify(comm, polite=False, **call)
     text = str(info.value)
     # With two ranks it is a tie: the lower rank's call is taken as intended.
     assert text.startswith(f"collectives diverge: rank {last} calls "), text
@@ -76,7 +76,7 @@ def test_watchdog_names_the_collective_and_the_rank_that_is_missing(comm) -> Non
             # answer), however long that takes on a loaded machine (a fixed sleep of 2 s raced it).
             _after_the_others_reported(comm, reported)
         request = comm.Ibarrier()
-        debug.wait(request, "barrier", ("x",), 3, polite=True, on_timeout=seen.append, comm=comm)
+        debug_calls.wait(request, "barrier", ("x",), 3, polite=True, on_timeout=seen.append, comm=comm)
         if comm.rank != 0:
             _after_the_others_reported(comm, reported)
         request.Wait()
@@ -108,7 +108,7 @@ def test_watchdog_names_where_a_rank_waits_instead(comm) -> None:
             first, then, call = other.Ibarrier(), comm.Ibarrier, ("allgather", ("y",), 4, other)
         else:
             first, then, call = comm.Ibarrier(), other.Ibarrier, ("barrier", ("x",), 3, comm)
-        debug.wait(first, *call[:3], polite=True, on_timeout=seen.append, comm=call[3])
+        debug_calls.wait(first, *call[:3], polite=True, on_timeout=seen.append, comm=call[3])
         second = then()
         first.Wait()
         second.Wait()
@@ -185,11 +185,11 @@ def test_alltoallv_counts_that_disagree_are_named_on_every_rank(comm) -> None:
     sends = np.full(g, 3, np.int64)
     receives = np.full(g, 3, np.int64)
     sends[comm.rank] = receives[comm.rank] = 0
-    debug.verify_counts(comm, sends, receives, 1, polite=True)  # consistent: passes
+    debug_calls.verify_counts(comm, sends, receives, 1, polite=True)  # consistent: passes
     if comm.rank == g - 1:
         receives[0] = 4
     with pytest.raises(RuntimeMismatchError) as info:
-        debug.verify_counts(comm, sends, receives, 2, polite=True)
+        debug_calls.verify_counts(comm, sends, receives, 2, polite=True)
     assert str(info.value) == (f"alltoallv counts disagree (seq 2): rank 0 sends 3 elements to "
                                f"rank {g - 1}, which expects 4")
 

@@ -71,7 +71,7 @@ from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
 from .pipeline_problems import refuse_pipelined
 from .context import Context
-from ...runtime import debug
+from ...runtime import debug_calls
 from ...runtime.door import untraced
 from ...runtime.engines.wait import polite_wait
 from .stage_memory import _Most
@@ -290,7 +290,7 @@ class _Pipelined:
         cells = [(str(c), clock.times[2 * i], clock.times[2 * i + 1]) for i, c in enumerate(order)]
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
         # (what SPMDSIM_CHECK and the watchdog's reports compare) agree again from here, hooks on or off.
-        debug.agree(mesh.comm, mesh.layout.alias_name, mesh.polite, always=True)
+        debug_calls.agree(mesh.comm, mesh.layout.alias_name, mesh.polite, always=True)
         run.orders.append(order)
         run.in_flight.append(held)
         run.cells, run.trace = cells, trace

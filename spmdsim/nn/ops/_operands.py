@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import DTypeError, OperatorError
 from ...base.precision import is_low
-from ...runtime import debug
+from ...runtime import debug, debug_calls
 from ...base.validate import describe
 from ...runtime.dtensor import DTensor
 
@@ -119,8 +119,8 @@ def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -
     """
     if debug.quiet():
         return
-    debug.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
-                                          for name, t in zip(names, tensors) if t is not None))
+    debug_calls.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
+                                                for name, t in zip(names, tensors) if t is not None))
 
 
 def operands_mesh(op: str, names: tuple[str, ...], *tensors: Any) -> Any:

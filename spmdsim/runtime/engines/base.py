@@ -22,7 +22,7 @@ place in it) and how each kind of transfer runs on such a group:
 
 `wait` says how the caller waits: None for the blocking call; else a function
 that completes a posted request (the polite wait, engines/wait.py, or the
-watchdog's, runtime/debug.py): the engine posts the nonblocking form and hands
+watchdog's, runtime/debug_calls.py): the engine posts the nonblocking form and hands
 its request over. Buffers are C-contiguous numpy arrays; counts and
 displacements are in items. `op` is "sum", "max" or "min".
 

@@ -43,7 +43,7 @@ class ThreadEngine(Engine):
 
     Transfers complete when made (every member meets in the rendezvous): a `wait` given is handed a
     completed request. Simulated ranks wait busily, and the watchdog times the rendezvous itself
-    (spmdsim.runtime.sim.engine.World.wait; debug.waiter gives no wait of its own on a simulated rank).
+    (spmdsim.runtime.sim.engine.World.wait; debug_calls.waiter gives no wait of its own on a simulated rank).
     """
 
     name = "threads"
