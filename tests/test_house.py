@@ -5,8 +5,7 @@ runtime, emulator, nn, models, tools. A module imports only modules of its own f
 imports inside functions included (mpi4py counts as the runtime floor: nothing below the runtime loads it).
 Nowhere an import cycle, imports inside functions counted; at most MOST_INNER_IMPORTS imports of the package's
 own modules inside functions (kept for the CLI's and `spmdsim mpirun`'s start and optional dependencies).
-Within the floors listed in SIZED, no module over 400 lines and no function over 75 lines. The list widens as
-each floor is brought to the rules.
+In every floor, no module over 400 lines and no function over 75 lines.
 """
 from __future__ import annotations
 
@@ -24,13 +23,6 @@ OUTSIDE = {"mpi4py": "runtime"}
 #: load only their own modules; `spmdsim mpirun` and the simulator start without numpy, the planner or the
 #: guard) or for the backward walk of spmdsim.nn.autograd, which its deciding modules do not load.
 MOST_INNER_IMPORTS = 60
-
-#: Floors held to the module-size rule below (layouts, runtime and the emulator are being brought to it);
-#: every floor is held to the function-length rule.
-SIZED = ("base", "references", "programs", "nn", "models", "tools")
-
-#: The most modules over MAX_MODULE_LINES the whole package may hold while the last floors are split.
-MOST_LARGE_MODULES = 12
 
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 75
@@ -94,7 +86,7 @@ def test_few_imports_of_the_package_are_inside_functions():
             for module, statements in found.items()))
 
 
-def _sizes(floors: tuple[str, ...] = SIZED):
+def _sizes(floors: tuple[str, ...] = FLOORS):
     """(module, lines, [(function, lines)]) for every module of `floors`."""
     for module, path in sorted(importkit.module_paths().items()):
         if not in_floors(module, floors):
@@ -106,21 +98,15 @@ def _sizes(floors: tuple[str, ...] = SIZED):
         yield module, len(text.splitlines()), functions
 
 
-def test_modules_of_these_floors_read_in_one_sitting():
+def test_every_module_reads_in_one_sitting():
     big = [f"  {module}: {lines} lines" for module, lines, _ in _sizes() if lines > MAX_MODULE_LINES]
     assert not big, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(big)
 
 
 def test_every_function_is_short():
-    long = [f"  {module}.{name}: {lines} lines" for module, _, functions in _sizes(FLOORS)
+    long = [f"  {module}.{name}: {lines} lines" for module, _, functions in _sizes()
             for name, lines in functions if lines > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
-
-
-def test_few_modules_are_long_in_the_whole_package():
-    big = sorted((lines, module) for module, lines, _ in _sizes(FLOORS) if lines > MAX_MODULE_LINES)
-    assert len(big) <= MOST_LARGE_MODULES, f"{len(big)} modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(
-        f"  {module}: {lines} lines" for lines, module in big)
 
 
 def test_the_rules_see_the_package():
