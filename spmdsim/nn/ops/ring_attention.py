@@ -189,7 +189,8 @@ class _Ring:
                  lse: np.ndarray) -> tuple:
         """(dq, dk, dv) blocks of this rank, each laid out as its input."""
         dy_h = dy.transpose(1, 2, 0, 3)  # (b, h, rows, dv)
-        delta = np.sum(dy_h * out.transpose(1, 2, 0, 3), axis=-1)
+        # each query row's sum of dy x out, which the block gradients read (a dry run computes none of them)
+        delta = None if self.dry else np.sum(dy_h * out.transpose(1, 2, 0, 3), axis=-1)
         dq = buffers.zeros(q.shape, np.result_type(q.dtype, dy.dtype))
         kc, vc, later = k, v, None
         # the sums of the block held at this step: its own block's at step 0; a later step's arrive from the
