@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Optional
 import numpy as np
+from ...base import buffers
 from ...nn import ops
 from ...nn.autograd import kept_as
 from ...nn.autograd.graph import record, with_partial
@@ -248,10 +249,9 @@ class _Block:
 
         tables = self._rope_tables
         if tables is None:  # cos and sin (T, 1, 1, 2, Dh / 2); rotate_half's 2 x 2 turn of the halves
-            half, dtype = cfg.head_dim // 2, self.precision.dtype("activation")
+            dtype = self.precision.dtype("activation")
             whole = self.mesh.layout(None, None, None, None, None)
-            tables = tuple(DTensor.from_global(self.mesh, self._laid(t).reshape(cfg.seq, 1, 1, 2, half).astype(dtype),
-                                               whole) for t in rope_tables(cfg.seq, cfg.head_dim))
+            tables = tuple(DTensor.from_global(self.mesh, t, whole) for t in self._rope_values(dtype))
             turn = np.array([[0.0, 1.0], [-1.0, 0.0]], dtype)  # [x1, x2] -> [-x2, x1]
             tables += (DTensor.from_global(self.mesh, turn, self.mesh.layout(None, None)),)
             self._rope_tables = tables
@@ -262,6 +262,16 @@ class _Block:
         x = ops.reshape(x, (T, B, n, 2, Dh // 2))
         out = x * cos + ops.einsum("tbhkd,kj->tbhjd", x, turn) * sin
         return ops.reshape(out, (T, B, n, Dh))
+
+    def _rope_values(self, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The rotary tables (cos, sin) as (seq, 1, 1, 2, head_dim / 2) blocks of `dtype`, rows in the sequence's
+        order (`_laid`). A dry run's are zeros that cost no memory (spmdsim.base.buffers.lazy_zeros): it reads no
+        value, and at a sequence of 131,072 computing the tables took 0.7 s a pipeline stage."""
+        cfg = self.cfg
+        shape = (cfg.seq, 1, 1, 2, cfg.head_dim // 2)
+        if self.mesh.engine.dry:
+            return buffers.lazy_zeros(shape, dtype), buffers.lazy_zeros(shape, dtype)  # two blocks, as a run's
+        return tuple(self._laid(t).reshape(shape).astype(dtype) for t in rope_tables(cfg.seq, cfg.head_dim))
 
     def _laid(self, table: np.ndarray) -> np.ndarray:
         """A table with a row per position (seq, ...) in the order the sequence is laid out (`positions`:
@@ -278,8 +288,7 @@ class _Block:
         dtype = self.precision.dtype("activation")
         width = np.dtype(np.float32) if is_low(dtype) else dtype
         if tables is None or tables[0].dtype != width:
-            tables = self._rotary_tables = tuple(self._laid(t).reshape(cfg.seq, 1, 1, 2, cfg.head_dim // 2)
-                                                 .astype(width) for t in rope_tables(cfg.seq, cfg.head_dim))
+            tables = self._rotary_tables = self._rope_values(width)
         return megatron.rotary(x, *tables)
 
     def _grouped(self, x: Any) -> Any:
