@@ -35,7 +35,7 @@ def _collect_garbage_less_often() -> None:
 def _keep_freed_heap() -> None:
     """The pure tests' process keeps its freed heap as a program's ``--ranks N`` run does
     (spmdsim.base.malloc): the simulated ranks these tests run in process otherwise fault every large block
-    they free in again (a fifth of the pure tests' CPU was system time)."""
+    they free in again (system time was about a sixth of the pure tests' CPU)."""
     from spmdsim.base.malloc import keep_freed_buffers_unless_set
 
     keep_freed_buffers_unless_set()

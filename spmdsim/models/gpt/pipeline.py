@@ -312,7 +312,7 @@ class _Pipelined:
         captured step's list), the clock too; with `replay` the capture's static inputs, every microbatch's ids
         this stage reads, as DTensors (else none: the step cuts each from the batch when used); the sequences laid
         out in the stages' order (context parallelism's)."""
-        if not self.stage_mesh.engine.dry:  # (a dry run reads no id: the batch's order is its own)
+        if not self.stage_mesh.engine.dry:  # (a dry run's ids are lazy zeros: in any order the same)
             x, y = x[self.laid], y[self.laid]
         for model in self.models.values():
             if not replay or first:
