@@ -234,3 +234,31 @@ def test_autoshard_says_when_its_choice_is_not_proven_best(capsys, cap: list, un
         assert int(claim[1]) >= 1 and float(claim[3]) < float(claim[2])
     assert re.search(r"^# +tp +pp +v +dp +cp +mb recompute", out, re.M) and not re.search(r"^rank +tp", out, re.M), out
     assert max(map(len, out.splitlines())) <= 100
+
+
+def _plain_python(folder: pathlib.Path, *argv: str) -> subprocess.CompletedProcess:
+    """`python argv...` in `folder` as one plain process: no launcher's rank variables."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+    return subprocess.run([sys.executable, *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_readme_program_run_plainly_says_how_to_get_its_ranks_in_one_line(tmp_path) -> None:
+    """`python my_matmul.py` (no --ranks, no mpiexec), the README's program run the obvious way, printed a
+    7-line traceback ending in RuntimeMismatchError; under --ranks 4 the same error was already one line."""
+    readme = (ROOT / "README.md").read_text()
+    at = readme.index("Save this as `my_matmul.py`")
+    (tmp_path / "my_matmul.py").write_text(re.search(r"^```python\n(.*?)^```", readme[at:], re.S | re.M).group(1))
+    done = _plain_python(tmp_path, "my_matmul.py")
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert unfold(done.stderr).splitlines() == [
+        "spmdsim: error: device matrix (2, 4) needs 8 ranks but the communicator has 1 (one process: launch 8 "
+        "ranks with `mpiexec -n 8 ...`, or simulate them in this process with `--ranks 8` / "
+        "spmdsim.simulate(8, main))"]
+
+
+def test_a_plain_process_keeps_the_traceback_of_an_error_not_spmdsims(tmp_path) -> None:
+    """Only spmdsim's own errors (bad input) become one line: a bug in the program keeps Python's traceback."""
+    (tmp_path / "bug.py").write_text("import spmdsim\nspmdsim.script(__file__)\n{}['missing']\n")
+    done = _plain_python(tmp_path, "bug.py")
+    assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "KeyError: 'missing'"

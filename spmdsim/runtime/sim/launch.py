@@ -217,16 +217,36 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
 
 
 def _guard_mpi_ranks() -> None:
-    """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank."""
+    """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank;
+    in one plain process an uncaught SpmdsimError does too (`_one_line_hook`), other errors keep their traceback."""
     import os
 
     if not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
-        return  # one plain process: Python's own traceback
+        if not getattr(sys.excepthook, "spmdsim_one_line", False):
+            sys.excepthook = _one_line_hook(sys.excepthook)
+        return
     try:
         from ..guard import install_excepthook
         install_excepthook()
     except ImportError:  # no mpi4py: nothing to end but this process
         pass
+
+
+def _one_line_hook(previous: Callable) -> Callable:
+    """An excepthook for one plain process: an SpmdsimError (bad input, the wrong rank count: the README's
+    `python my_matmul.py` without --ranks) ends it as under --ranks or mpiexec, one line and exit 2; anything
+    else goes to `previous` (Python's traceback)."""
+
+    def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if not isinstance(exc, SpmdsimError):
+            previous(exc_type, exc, tb)
+            return
+        sys.stdout.flush()
+        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    hook.spmdsim_one_line = True  # type: ignore[attr-defined]
+    return hook
 
 
 def _take_ranks(args: list, path: str) -> Optional[int]:
