@@ -262,3 +262,19 @@ def test_a_plain_process_keeps_the_traceback_of_an_error_not_spmdsims(tmp_path) 
     done = _plain_python(tmp_path, "bug.py")
     assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr
     assert done.stderr.splitlines()[-1] == "KeyError: 'missing'"
+
+
+def test_an_error_on_one_simulated_rank_shows_the_programs_frames_only(tmp_path) -> None:
+    """An error of the program's own on one of --ranks 4 printed 20 lines of spmdsim's frames (run_on_ranks,
+    simulate, the rank's thread, runpy) before the program's 2; under mpiexec the traceback starts at the script."""
+    (tmp_path / "one_rank.py").write_text("import spmdsim\nspmdsim.script(__file__)\n\n\ndef main():\n"
+                                          "    if spmdsim.world().rank == 3:\n        raise ValueError('unhappy')\n\n\n"
+                                          "main()\n")
+    done = _plain_python(tmp_path, "one_rank.py", "--ranks", "4")
+    assert done.returncode == 1 and done.stdout.startswith("spmdsim: running on 4 simulated ranks"), done.stdout
+    said = [line for line in done.stderr.splitlines() if not re.fullmatch(r"\s*[~^]+\s*", line)]  # carets
+    assert said == [
+        "spmdsim: error on simulated rank 3: ValueError: unhappy", "Traceback (most recent call last):",
+        f'  File "{tmp_path / "one_rank.py"}", line 10, in <module>', "    main()",
+        f'  File "{tmp_path / "one_rank.py"}", line 7, in main', "    raise ValueError('unhappy')",
+        "ValueError: unhappy", "raised on simulated rank 3 of 4"]
