@@ -278,3 +278,17 @@ def test_an_error_on_one_simulated_rank_shows_the_programs_frames_only(tmp_path)
         f'  File "{tmp_path / "one_rank.py"}", line 10, in <module>', "    main()",
         f'  File "{tmp_path / "one_rank.py"}", line 7, in main', "    raise ValueError('unhappy')",
         "ValueError: unhappy", "raised on simulated rank 3 of 4"]
+
+
+def test_ranks_given_to_a_program_that_never_reads_them_says_what_reads_them(tmp_path) -> None:
+    """A program without spmdsim.script(__file__) run with --ranks 8 was told to "simulate them in this process
+    with `--ranks 8`": the flag it had just given. It is told what reads --ranks instead."""
+    (tmp_path / "no_script.py").write_text("from spmdsim import Layout, Mesh\nMesh(Layout((2, 4), ('dp', 'mp')))\n")
+    for argv, said in ((["--ranks", "8"], "(one process: --ranks is read by spmdsim.script(__file__), which this "
+                                          "program does not call before its work; call it first under `if __name__ "
+                                          '== "__main__":`, or launch 8 ranks with `mpiexec -n 8 ...`)'),
+                       ([], "(one process: launch 8 ranks with `mpiexec -n 8 ...`, or simulate them in this process "
+                            "with `--ranks 8` / spmdsim.simulate(8, main))")):
+        done = _plain_python(tmp_path, "no_script.py", *argv)
+        assert done.returncode == 1 and done.stderr.splitlines()[-1].endswith(
+            f"device matrix (2, 4) needs 8 ranks but the communicator has 1 {said}"), done.stderr
