@@ -6,6 +6,7 @@ import importlib.abc
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -292,3 +293,21 @@ def test_ranks_given_to_a_program_that_never_reads_them_says_what_reads_them(tmp
         done = _plain_python(tmp_path, "no_script.py", *argv)
         assert done.returncode == 1 and done.stderr.splitlines()[-1].endswith(
             f"device matrix (2, 4) needs 8 ranks but the communicator has 1 {said}"), done.stderr
+
+
+def test_ctrl_c_of_one_plain_process_is_its_one_line_and_130(tmp_path) -> None:
+    """Ctrl-C of `python examples/train_gpt.py` (one process, no mpiexec) printed spmdsim's line and then MPICH's
+    "Abort(130) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 130) - process 0"."""
+    pytest.importorskip("mpi4py")
+    (tmp_path / "wait.py").write_text("import time\nfrom spmdsim import install_excepthook\ninstall_excepthook()\n"
+                                      "print('ready', flush=True)\ntime.sleep(60)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+    proc = subprocess.Popen([sys.executable, "wait.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "spmdsim: interrupted (Ctrl-C): every rank stopped\n")
