@@ -14,10 +14,12 @@ import time
 import pytest
 from testkit import unfold
 
+from spmdsim import Layout, Mesh, print_ranked, simulate
 from spmdsim.base.sizes import format_size
 from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
 from spmdsim.programs.algorithms.formulas import round_count
 from spmdsim.errors import SpmdsimError
+from spmdsim.runtime import rank_ordered
 from spmdsim.runtime.debug import MAX_WATCHDOG_S, watchdog_setting
 from spmdsim.tools.cli.console import console
 from spmdsim.tools.cli.main import main
@@ -311,3 +313,18 @@ def test_ctrl_c_of_one_plain_process_is_its_one_line_and_130(tmp_path) -> None:
     finally:
         proc.kill()
     assert (proc.returncode, out, err) == (130, "", "spmdsim: interrupted (Ctrl-C): every rank stopped\n")
+
+
+def test_print_ranked_takes_the_mesh_for_its_communicator(capsys) -> None:
+    """`print_ranked(mesh, ...)` (the mesh a program holds, not `mesh.comm`) was an AttributeError traceback:
+    'Mesh' object has no attribute 'gather'. A Mesh stands for its communicator, in rank_ordered too."""
+    def main() -> None:
+        mesh = Mesh(Layout((2, 2), ("dp", "mp")))
+        print_ranked(mesh, "same", f"rank {mesh.rank}" if mesh.rank == 3 else "alike")
+        with rank_ordered(mesh) as out:
+            out.print("holds", mesh.rank % 2)
+
+    simulate(4, main)
+    assert capsys.readouterr().out.splitlines() == [
+        "ranks 0-2:", "  same", "  alike", "rank 3:", "  same", "  rank 3",
+        "ranks 0,2: holds 0", "ranks 1,3: holds 1"]
