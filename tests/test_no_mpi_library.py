@@ -11,6 +11,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 NO_LIBMPI = textwrap.dedent("""\
     import sys
@@ -104,3 +107,19 @@ def test_a_script_run_without_ranks_ends_with_one_line(tmp_path):
         """, tmp_path)
     assert run.returncode == 1 and run.stdout == "MPILibraryError\n"
     assert run.stderr.startswith("Traceback (most recent call last):\n") and run.stderr.endswith("ValueError: other\n")
+
+
+def test_a_training_example_run_without_ranks_ends_with_one_line(tmp_path):
+    # `python examples/train_gpt.py` (run_main, the training examples') imported mpi4py.MPI itself: a 30-line
+    # traceback through mpi4py's loader on a laptop without MPI; now the same one line as a script's.
+    run = _run(f"""
+        import runpy
+        sys.argv = ["train_gpt.py", "--steps", "2"]
+        sys.path.insert(0, {str(ROOT / "examples")!r})
+        runpy.run_path({str(ROOT / "examples" / "train_gpt.py")!r}, run_name="__main__")
+        """, tmp_path)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.replace("\n  ", " ") == (
+        "train_gpt.py: error: mpi4py's MPI module does not load here (RuntimeError: cannot load MPI library): "
+        "add --ranks N to run on simulated ranks, which need no MPI library, or install the 'mpi' extra "
+        "(pip install mpich), or use your system's MPI\n")
