@@ -328,3 +328,17 @@ def test_print_ranked_takes_the_mesh_for_its_communicator(capsys) -> None:
     assert capsys.readouterr().out.splitlines() == [
         "ranks 0-2:", "  same", "  alike", "rank 3:", "  same", "  rank 3",
         "ranks 0,2: holds 0", "ranks 1,3: holds 1"]
+
+
+def test_the_mpi4py_lab_page_opens_with_the_command_and_the_report_it_quotes() -> None:
+    """docs/howto/mpi4py-lab.md opened on a 50-line paragraph before its first command; its lead now shows the
+    command and the deadlock report, and the report it quotes is what the command prints."""
+    page = (ROOT / "docs" / "howto" / "mpi4py-lab.md").read_text()
+    lead = page[:page.index("In detail, ")]
+    assert "spmdsim mpirun -n 4 python tests/data/lab/missing_send.py" in lead
+    flat = lambda text: re.sub(r"\s+", " ", text)  # noqa: E731 - the page's lines and the report's folds alike
+    quoted = re.findall(r"`([^`]+)`", flat(lead[lead.index("The second ends, exit 1, with"):]))
+    done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python",
+                           "tests/data/lab/missing_send.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    said = flat(done.stderr)
+    assert done.returncode == 1 and len(quoted) == 2 and all(q in said for q in quoted), (quoted, said)
