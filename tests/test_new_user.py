@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from testkit import unfold
 
-from spmdsim import Layout, Mesh, print_ranked, simulate
+from spmdsim import DTensor, Layout, Mesh, print_ranked, simulate
 from spmdsim.base.sizes import format_size
 from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
 from spmdsim.programs.algorithms.formulas import round_count
@@ -342,3 +343,22 @@ def test_the_mpi4py_lab_page_opens_with_the_command_and_the_report_it_quotes() -
                            "tests/data/lab/missing_send.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     said = flat(done.stderr)
     assert done.returncode == 1 and len(quoted) == 2 and all(q in said for q in quoted), (quoted, said)
+
+
+@pytest.mark.parametrize("reference, shown", [("y", "str 'y'"), (None, "None"), ([1.0, 2.0], "list [1.0, 2.0]"),
+                                               (3.0, "float 3.0")])
+def test_a_check_against_what_is_no_whole_tensor_is_refused_in_one_line(reference, shown) -> None:
+    """`x.check("y")`, `x.check(None)`, a short list: a verdict 'check FAILED ... max abs err inf, max rel err
+    inf ... shard shape differs from the reference region', where an ndarray of the wrong shape was refused
+    naming its shape. Now refused alike before the check's collective; a nested list of the shape passes."""
+    def main(ref):
+        mesh = Mesh(Layout((2,), ("mp",)))
+        x = DTensor.from_global(mesh, np.arange(4.0).reshape(2, 2), mesh.layout("mp", None))
+        return bool(x.check(ref))
+
+    assert simulate(2, main, [[0.0, 1.0], [2.0, 3.0]]) == [True, True]
+    with pytest.raises(SpmdsimError) as info:
+        simulate(2, main, reference)
+    assert str(info.value) == (f"check: reference {shown} does not match the tensor's global shape (2, 2); expected "
+                               "the whole global tensor (a SeededTensor or an ndarray of that shape), or a function "
+                               "of the region's slices")
