@@ -6,17 +6,21 @@ import importlib.abc
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from testkit import unfold
 
+from spmdsim import DTensor, Layout, Mesh, print_ranked, simulate
 from spmdsim.base.sizes import format_size
 from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
 from spmdsim.programs.algorithms.formulas import round_count
 from spmdsim.errors import SpmdsimError
+from spmdsim.runtime import rank_ordered
 from spmdsim.runtime.debug import MAX_WATCHDOG_S, watchdog_setting
 from spmdsim.tools.cli.console import console
 from spmdsim.tools.cli.main import main
@@ -234,3 +238,127 @@ def test_autoshard_says_when_its_choice_is_not_proven_best(capsys, cap: list, un
         assert int(claim[1]) >= 1 and float(claim[3]) < float(claim[2])
     assert re.search(r"^# +tp +pp +v +dp +cp +mb recompute", out, re.M) and not re.search(r"^rank +tp", out, re.M), out
     assert max(map(len, out.splitlines())) <= 100
+
+
+def _plain_python(folder: pathlib.Path, *argv: str) -> subprocess.CompletedProcess:
+    """`python argv...` in `folder` as one plain process: no launcher's rank variables."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+    return subprocess.run([sys.executable, *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_readme_program_run_plainly_says_how_to_get_its_ranks_in_one_line(tmp_path) -> None:
+    """`python my_matmul.py` (no --ranks, no mpiexec), the README's program run the obvious way, printed a
+    7-line traceback ending in RuntimeMismatchError; under --ranks 4 the same error was already one line."""
+    readme = (ROOT / "README.md").read_text()
+    at = readme.index("Save this as `my_matmul.py`")
+    (tmp_path / "my_matmul.py").write_text(re.search(r"^```python\n(.*?)^```", readme[at:], re.S | re.M).group(1))
+    done = _plain_python(tmp_path, "my_matmul.py")
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert unfold(done.stderr).splitlines() == [
+        "spmdsim: error: device matrix (2, 4) needs 8 ranks but the communicator has 1 (one process: launch 8 "
+        "ranks with `mpiexec -n 8 ...`, or simulate them in this process with `--ranks 8` / "
+        "spmdsim.simulate(8, main))"]
+
+
+def test_a_plain_process_keeps_the_traceback_of_an_error_not_spmdsims(tmp_path) -> None:
+    """Only spmdsim's own errors (bad input) become one line: a bug in the program keeps Python's traceback."""
+    (tmp_path / "bug.py").write_text("import spmdsim\nspmdsim.script(__file__)\n{}['missing']\n")
+    done = _plain_python(tmp_path, "bug.py")
+    assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "KeyError: 'missing'"
+
+
+def test_an_error_on_one_simulated_rank_shows_the_programs_frames_only(tmp_path) -> None:
+    """An error of the program's own on one of --ranks 4 printed 20 lines of spmdsim's frames (run_on_ranks,
+    simulate, the rank's thread, runpy) before the program's 2; under mpiexec the traceback starts at the script."""
+    (tmp_path / "one_rank.py").write_text("import spmdsim\nspmdsim.script(__file__)\n\n\ndef main():\n"
+                                          "    if spmdsim.world().rank == 3:\n        raise ValueError('unhappy')\n\n\n"
+                                          "main()\n")
+    done = _plain_python(tmp_path, "one_rank.py", "--ranks", "4")
+    assert done.returncode == 1 and done.stdout.startswith("spmdsim: running on 4 simulated ranks"), done.stdout
+    said = [line for line in done.stderr.splitlines() if not re.fullmatch(r"\s*[~^]+\s*", line)]  # carets
+    assert said == [
+        "spmdsim: error on simulated rank 3: ValueError: unhappy", "Traceback (most recent call last):",
+        f'  File "{tmp_path / "one_rank.py"}", line 10, in <module>', "    main()",
+        f'  File "{tmp_path / "one_rank.py"}", line 7, in main', "    raise ValueError('unhappy')",
+        "ValueError: unhappy", "raised on simulated rank 3 of 4"]
+
+
+def test_ranks_given_to_a_program_that_never_reads_them_says_what_reads_them(tmp_path) -> None:
+    """A program without spmdsim.script(__file__) run with --ranks 8 was told to "simulate them in this process
+    with `--ranks 8`": the flag it had just given. It is told what reads --ranks instead."""
+    (tmp_path / "no_script.py").write_text("from spmdsim import Layout, Mesh\nMesh(Layout((2, 4), ('dp', 'mp')))\n")
+    for argv, said in ((["--ranks", "8"], "(one process: --ranks is read by spmdsim.script(__file__), which this "
+                                          "program does not call before its work; call it first under `if __name__ "
+                                          '== "__main__":`, or launch 8 ranks with `mpiexec -n 8 ...`)'),
+                       ([], "(one process: launch 8 ranks with `mpiexec -n 8 ...`, or simulate them in this process "
+                            "with `--ranks 8` / spmdsim.simulate(8, main))")):
+        done = _plain_python(tmp_path, "no_script.py", *argv)
+        assert done.returncode == 1 and done.stderr.splitlines()[-1].endswith(
+            f"device matrix (2, 4) needs 8 ranks but the communicator has 1 {said}"), done.stderr
+
+
+def test_ctrl_c_of_one_plain_process_is_its_one_line_and_130(tmp_path) -> None:
+    """Ctrl-C of `python examples/train_gpt.py` (one process, no mpiexec) printed spmdsim's line and then MPICH's
+    "Abort(130) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 130) - process 0"."""
+    pytest.importorskip("mpi4py")
+    (tmp_path / "wait.py").write_text("import time\nfrom spmdsim import install_excepthook\ninstall_excepthook()\n"
+                                      "print('ready', flush=True)\ntime.sleep(60)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+    proc = subprocess.Popen([sys.executable, "wait.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "spmdsim: interrupted (Ctrl-C): every rank stopped\n")
+
+
+def test_print_ranked_takes_the_mesh_for_its_communicator(capsys) -> None:
+    """`print_ranked(mesh, ...)` (the mesh a program holds, not `mesh.comm`) was an AttributeError traceback:
+    'Mesh' object has no attribute 'gather'. A Mesh stands for its communicator, in rank_ordered too."""
+    def main() -> None:
+        mesh = Mesh(Layout((2, 2), ("dp", "mp")))
+        print_ranked(mesh, "same", f"rank {mesh.rank}" if mesh.rank == 3 else "alike")
+        with rank_ordered(mesh) as out:
+            out.print("holds", mesh.rank % 2)
+
+    simulate(4, main)
+    assert capsys.readouterr().out.splitlines() == [
+        "ranks 0-2:", "  same", "  alike", "rank 3:", "  same", "  rank 3",
+        "ranks 0,2: holds 0", "ranks 1,3: holds 1"]
+
+
+def test_the_mpi4py_lab_page_opens_with_the_command_and_the_report_it_quotes() -> None:
+    """docs/howto/mpi4py-lab.md opened on a 50-line paragraph before its first command; its lead now shows the
+    command and the deadlock report, and the report it quotes is what the command prints."""
+    page = (ROOT / "docs" / "howto" / "mpi4py-lab.md").read_text()
+    lead = page[:page.index("In detail, ")]
+    assert "spmdsim mpirun -n 4 python tests/data/lab/missing_send.py" in lead
+    flat = lambda text: re.sub(r"\s+", " ", text)  # noqa: E731 - the page's lines and the report's folds alike
+    quoted = re.findall(r"`([^`]+)`", flat(lead[lead.index("The second ends, exit 1, with"):]))
+    done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python",
+                           "tests/data/lab/missing_send.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    said = flat(done.stderr)
+    assert done.returncode == 1 and len(quoted) == 2 and all(q in said for q in quoted), (quoted, said)
+
+
+@pytest.mark.parametrize("reference, shown", [("y", "str 'y'"), (None, "None"), ([1.0, 2.0], "list [1.0, 2.0]"),
+                                               (3.0, "float 3.0")])
+def test_a_check_against_what_is_no_whole_tensor_is_refused_in_one_line(reference, shown) -> None:
+    """`x.check("y")`, `x.check(None)`, a short list: a verdict 'check FAILED ... max abs err inf, max rel err
+    inf ... shard shape differs from the reference region', where an ndarray of the wrong shape was refused
+    naming its shape. Now refused alike before the check's collective; a nested list of the shape passes."""
+    def main(ref):
+        mesh = Mesh(Layout((2,), ("mp",)))
+        x = DTensor.from_global(mesh, np.arange(4.0).reshape(2, 2), mesh.layout("mp", None))
+        return bool(x.check(ref))
+
+    assert simulate(2, main, [[0.0, 1.0], [2.0, 3.0]]) == [True, True]
+    with pytest.raises(SpmdsimError) as info:
+        simulate(2, main, reference)
+    assert str(info.value) == (f"check: reference {shown} does not match the tensor's global shape (2, 2); expected "
+                               "the whole global tensor (a SeededTensor or an ndarray of that shape), or a function "
+                               "of the region's slices")

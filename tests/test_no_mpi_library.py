@@ -11,6 +11,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 NO_LIBMPI = textwrap.dedent("""\
     import sys
@@ -104,3 +107,37 @@ def test_a_script_run_without_ranks_ends_with_one_line(tmp_path):
         """, tmp_path)
     assert run.returncode == 1 and run.stdout == "MPILibraryError\n"
     assert run.stderr.startswith("Traceback (most recent call last):\n") and run.stderr.endswith("ValueError: other\n")
+
+
+def test_a_training_example_run_without_ranks_ends_with_one_line(tmp_path):
+    # `python examples/train_gpt.py` (run_main, the training examples') imported mpi4py.MPI itself: a 30-line
+    # traceback through mpi4py's loader on a laptop without MPI; now the same one line as a script's.
+    run = _run(f"""
+        import runpy
+        sys.argv = ["train_gpt.py", "--steps", "2"]
+        sys.path.insert(0, {str(ROOT / "examples")!r})
+        runpy.run_path({str(ROOT / "examples" / "train_gpt.py")!r}, run_name="__main__")
+        """, tmp_path)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.replace("\n  ", " ") == (
+        "train_gpt.py: error: mpi4py's MPI module does not load here (RuntimeError: cannot load MPI library): "
+        "add --ranks N to run on simulated ranks, which need no MPI library, or install the 'mpi' extra "
+        "(pip install mpich), or use your system's MPI\n")
+
+
+def test_the_lab_grader_says_in_one_line_that_it_needs_an_mpi_library(tmp_path):
+    # Every case of every submission, right ones too, was "FAIL a rank raised RuntimeError: cannot load MPI
+    # library": a check that failed a right answer, a grade book of zeros. Now refused before any case runs.
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "ping_pong.py").write_text("def ping_pong(comm, x):\n    return None\n")
+    for argv in (["check", "1", "subs/ping_pong.py"], ["grade", "1", "subs", "--csv", "book.csv"]):
+        run = _run(f"""
+            from spmdsim.tools.cli.main import main
+            sys.exit(main(["lab", *{argv!r}]))
+            """, tmp_path)
+        assert (run.returncode, run.stdout) == (2, ""), run.stdout + run.stderr
+        assert run.stderr.replace("\n  ", " ") == (
+            "spmdsim: error: mpi4py's MPI module does not load here (RuntimeError: cannot load MPI library): "
+            "spmdsim lab's ranks take MPI's constants, datatypes and exceptions from it; install the 'mpi' extra "
+            "(pip install mpich), or use your system's MPI\n")
+    assert not (tmp_path / "book.csv").exists()

@@ -98,9 +98,15 @@ def test_trace_entries_keep_copied_bytes_and_build_once():
     assert tr.entries[1].started_at == start and 0 < end <= time.perf_counter()
 
 
-def test_launch_command_env_and_family(monkeypatch):
+def test_launch_command_env_and_family(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    # A script that is not there: refused once, not by Python once per rank ("can't open file ...").
+    with pytest.raises(SpmdsimError, match=r"launch: script 'prog.py' does not exist \(in "):
+        launch.build_command("/venv/bin/mpiexec", 8, ["--", "python", "prog.py"])
+    (tmp_path / "prog.py").write_text("print(1)\n")
     cmd = launch.build_command("/venv/bin/mpiexec", 8, ["--", "python", "prog.py"])
     assert cmd == ["/venv/bin/mpiexec", "-n", "8", sys.executable, "prog.py"]
+    assert launch.build_command("mpiexec", 2, ["python", "-c", "print(1)"])[3:] == [sys.executable, "-c", "print(1)"]
     with pytest.raises(SpmdsimError, match="needs a command"):
         launch.build_command("mpiexec", 2, ["--"])
     # A typo in the program: refused once, not by mpiexec once per rank ("execvp error on file ...").

@@ -18,7 +18,7 @@ from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, OperatorError, RankError, ShapeError
 from ..layouts.layout import TensorLayout
 from ..base.context import current as _context
-from ..base.validate import as_int, dtype_arg, tolerance_arg
+from ..base.validate import as_int, describe, dtype_arg, tolerance_arg
 from . import door
 from .replay import local_of
 from .check import Verdict, agree, default_tolerances, local_stats
@@ -220,12 +220,7 @@ class DTensor(_Constructors, _Methods):
         # tolerance fails even exact values ("FAILED ... max abs err 0").
         rtol = None if rtol is None else tolerance_arg(rtol, "rtol")
         atol = None if atol is None else tolerance_arg(atol, "atol")
-        if isinstance(reference, (SeededTensor, np.ndarray)) and tuple(reference.shape) != self._shape:
-            # A whole-tensor reference every rank passes alike: refused before any collective.
-            raise ShapeError(
-                f"check: reference of shape {tuple(reference.shape)!r} does not match the tensor's "
-                f"global shape {self._shape!r}; expected the whole global tensor (a SeededTensor or "
-                "an ndarray of that shape), or a function of the region's slices")
+        _check_whole_reference(reference, self._shape)
         if scale is not None and not callable(scale) and np.shape(scale) != self._shape:
             raise ShapeError(f"check: scale of shape {np.shape(scale)!r} does not match the tensor's "
                              f"global shape {self._shape!r}")
@@ -267,6 +262,26 @@ class DTensor(_Constructors, _Methods):
         # global element counted once (the dry communicator's table holds rank 0's record for every rank).
         return agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite, scaled=scale is not None,
                      elements=math.prod(self._shape) if dry else None)
+
+
+def _check_whole_reference(reference: Any, shape: tuple) -> None:
+    """Refuse, before any collective, a whole-tensor reference (every rank passes the same) whose shape is not
+    `shape`: an array of another shape, or what is no array of it at all (`x.check("y")`, `x.check(None)` were
+    a verdict 'FAILED ... max abs err inf ... shard shape differs'). A function of the region passes."""
+    if isinstance(reference, (SeededTensor, np.ndarray)):
+        given, what = tuple(reference.shape), f"reference of shape {tuple(reference.shape)!r}"
+    elif callable(reference):
+        return
+    else:
+        try:  # a nested list or a number of the tensor's shape passes, as np.asarray reads it
+            given = np.shape(reference)
+        except ValueError:  # a ragged list
+            given = None
+        what = f"reference {describe(reference)}"
+    if given != shape:
+        raise ShapeError(f"check: {what} does not match the tensor's global shape {shape!r}; expected the whole "
+                         "global tensor (a SeededTensor or an ndarray of that shape), or a function of the "
+                         "region's slices")
 
 
 def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Callable, NoReturn
 from ..errors import SpmdsimError, fold_message
 from ..base.context import simulated as _simulated
 from ..base.sizes import out_of_memory
+from ..base.threads import RANK_VARIABLES
 from .engines import engine_of, world
 from .process import (_PRIVATE, FORWARD_S, abort_job, end_job, release_segments_once, release_shared_segments,
                       tune_mpi_process)
@@ -170,6 +171,10 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
         # and an Abort on every rank prints a line each). The others wait to be ended.
         _all_failed(private, GRACE_S)
         release_shared_segments()
+        if comm.Get_size() == 1 and not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
+            # One plain process (no launcher): nothing half done with anyone, nobody to end; MPI_Abort
+            # would only add MPICH's "Abort(130) on node 0 ..." line to the one above.
+            _finalize_and_exit(130)
         time.sleep(FORWARD_S if comm.Get_rank() == 0 else GRACE_S)
         engine_of(comm).abort(comm, 130)
         os._exit(130)  # Abort does not return; this is only a safety net

@@ -11,7 +11,7 @@ them rank by rank; ranks that printed the same lines share one entry:
         out.print("rank", comm.rank, "holds", x.local.shape)
 
 No mpi4py import: any object with ``gather``, ``Get_rank``/``rank`` works
-(mpi4py's communicators and the simulated ranks' alike). Every rank of the
+(mpi4py's communicators and the simulated ranks' alike), and a Mesh stands for its ``comm``. Every rank of the
 communicator must call it, as any collective.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import IO, Any, Sequence
 from ..programs.viz.model import compact_ranks
 from ..programs.viz.table import WIDTH, nbytes, wrap_lines
 from . import door
+from .mesh import Mesh
 
 __all__ = ["print_ranked", "gather_ranked", "fold_ranked", "rank_ordered", "trace_lines"]
 
@@ -72,7 +73,11 @@ def _rank(comm: Any) -> int:
 
 def gather_ranked(comm: Any, lines: Sequence[Any], root: int = 0, fold: bool = True,
                   width: int | None = WIDTH) -> list[str] | None:
-    """Gather every rank's `lines` to `root`: the folded lines there (wrapped to `width`), else None."""
+    """Gather every rank's `lines` to `root`: the folded lines there (wrapped to `width`), else None.
+
+    `comm`: a communicator, or a Mesh (its ``comm``: ``print_ranked(mesh, ...)`` was an AttributeError)."""
+    if isinstance(comm, Mesh):
+        comm = comm.comm
     per_rank = door.gather_object(comm, [str(line) for line in lines], root)
     if _rank(comm) != root:
         return None

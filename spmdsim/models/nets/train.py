@@ -35,6 +35,7 @@ from ...runtime import install_excepthook
 from ...runtime.dtensor import DTensor
 from ...runtime.executor import redistribute
 from ...runtime.mesh import Mesh
+from ...runtime.mpi_library import load_mpi
 from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_problem, run_on_ranks
 from ...runtime.trace import collect_trace
 from ..gpt.train import all_rows
@@ -319,9 +320,7 @@ def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
         if problem:
             refuse(problem)
         return ranks
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_size()
+    return load_mpi().COMM_WORLD.Get_size()  # no MPI library: one line naming --ranks N, not a traceback
 
 
 def loss_trend(losses: Any) -> tuple[str, bool]:
@@ -369,8 +368,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
             refuse(f"{problem}: use {fits}")
 
         return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
-    from mpi4py import MPI
-
+    MPI = load_mpi()  # no MPI library: one line naming --ranks N, not a 30-line traceback
 
     install_excepthook(MPI.COMM_WORLD)
     problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None

@@ -20,6 +20,7 @@ trace, the step kinds' byte formulas; never the runtime or spmdsim.runtime.sim.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from ..._lazy import modules_by_name
@@ -36,6 +37,10 @@ __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of",
 def ways_out(n: int, size: int = 1, simulated: bool = False) -> str:
     """What a run of `size` ranks (default one process) that needs `n` says after its error: the launcher, or
     --ranks; the way it ran first (`simulated`: simulated ranks, --ranks; else MPI's, mpiexec)."""
+    if size == 1 and not simulated and _ranks_given():  # `python prog.py --ranks 8` with no script(__file__)
+        return (f" (one process: --ranks is read by spmdsim.script(__file__), which this program does not call "
+                f"before its work; call it first under `if __name__ == \"__main__\":`, or launch {n} ranks with "
+                f"`mpiexec -n {n} ...`)")
     if size == 1:
         return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
                 f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
@@ -44,6 +49,12 @@ def ways_out(n: int, size: int = 1, simulated: bool = False) -> str:
                 f"`mpiexec -n {n} ...`)")
     return (f" (launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in one process with `--ranks {n}` / "
             f"spmdsim.simulate({n}, main))")
+
+
+def _ranks_given() -> bool:
+    """Whether this process's command line names --ranks (as spmdsim.script reads it: a prefix from --ra)."""
+    flags = (arg.partition("=")[0] for arg in sys.argv[1:])
+    return any(len(flag) >= len("--ra") and "--ranks".startswith(flag) for flag in flags)
 
 
 def engine_of(comm: Any) -> Engine:

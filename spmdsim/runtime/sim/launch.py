@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import runpy
 import sys
 import traceback
@@ -112,8 +113,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             quiet_stdout()
             print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
             return 1
-        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{detail}",
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{_traceback(exc)}",
               file=sys.stderr, end="")
         return 1
     return max(codes)
@@ -156,6 +156,21 @@ def _exit_code(fn: Callable[[], Any]) -> int:
     if not (code is None or isinstance(code, int)):
         print(code, file=sys.stderr)
     return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
+
+
+#: Where the frames of the simulation itself lie: a traceback starts after them, at the program's first.
+_SIMULATION_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen runpy>")
+
+
+def _traceback(exc: BaseException) -> str:
+    """`exc`'s traceback from the program's first frame on: the simulation's (run_on_ranks, simulate, the
+    rank's thread, runpy) left out, as a traceback under mpiexec starts at the script; all of it when every
+    frame is the simulation's."""
+    lines = traceback.TracebackException.from_exception(exc)
+    frames = list(lines.stack)
+    first = next((i for i, f in enumerate(frames) if not f.filename.startswith(_SIMULATION_FRAMES)), 0)
+    lines.stack = traceback.StackSummary.from_list(frames[first:])
+    return "".join(lines.format())
 
 
 def _where(exc: BaseException) -> str:
@@ -217,16 +232,34 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
 
 
 def _guard_mpi_ranks() -> None:
-    """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank."""
-    import os
-
+    """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank;
+    in one plain process an uncaught SpmdsimError does too (`_one_line_hook`), other errors keep their traceback."""
     if not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
-        return  # one plain process: Python's own traceback
+        if not getattr(sys.excepthook, "spmdsim_one_line", False):
+            sys.excepthook = _one_line_hook(sys.excepthook)
+        return
     try:
         from ..guard import install_excepthook
         install_excepthook()
     except ImportError:  # no mpi4py: nothing to end but this process
         pass
+
+
+def _one_line_hook(previous: Callable) -> Callable:
+    """An excepthook for one plain process: an SpmdsimError (bad input, the wrong rank count: the README's
+    `python my_matmul.py` without --ranks) ends it as under --ranks or mpiexec, one line and exit 2; anything
+    else goes to `previous` (Python's traceback)."""
+
+    def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if not isinstance(exc, SpmdsimError):
+            previous(exc_type, exc, tb)
+            return
+        sys.stdout.flush()
+        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    hook.spmdsim_one_line = True  # type: ignore[attr-defined]
+    return hook
 
 
 def _take_ranks(args: list, path: str) -> Optional[int]:

@@ -164,6 +164,10 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
         raise SpmdsimError("launch needs a command after '--', e.g. spmdsim launch -n 8 -- python prog.py")
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
+        script = command[1] if len(command) > 1 else "-"
+        if not script.startswith("-") and not os.path.exists(script):  # else Python says so once per rank
+            raise SpmdsimError(f"launch: script {script!r} does not exist (in {os.getcwd()}); "
+                               "expected e.g. spmdsim launch -n 8 -- python prog.py")
     elif shutil.which(command[0]) is None:  # else mpiexec prints its own failure once per rank
         where = "file" if os.sep in command[0] else "program on PATH"
         raise SpmdsimError(f"launch: command {command[0]!r} is not an executable {where}; "

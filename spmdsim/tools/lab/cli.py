@@ -116,6 +116,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.mpiexec:
         verdict = check_mpiexec(exercise, args.file, ranks, limits["time_limit"])
     else:
+        _mpi_module_loads()
         verdict = check(exercise, args.file, ranks, **limits)
     print("\n".join(verdict_lines(exercise, verdict)))
     return 0 if verdict_word(verdict) == "PASS" else 1
@@ -137,6 +138,7 @@ def _grade(args: argparse.Namespace) -> int:
     if not files:
         raise LabError(f"submission folder {args.dir!r} holds no .py file")
     limits = _limits(args)
+    _mpi_module_loads()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         verdicts = list(pool.map(lambda path: check(exercise, path, **limits), files))
     with open(args.csv, "w", newline="") as f:
@@ -152,3 +154,12 @@ def _grade(args: argparse.Namespace) -> int:
     passed = sum(csv_row(v)[1] == "PASS" for v in verdicts)
     print(f"{passed} of {len(verdicts)} submissions pass; grade book: {args.csv}", file=sys.stderr)
     return 0
+
+
+def _mpi_module_loads() -> None:
+    """Refuse in one line (exit 2) where mpi4py's MPI module does not load: the simulated ranks take MPI's
+    constants and datatypes from it, and every case of every submission, right ones too, failed with
+    'a rank raised RuntimeError: cannot load MPI library' (a grade book of zeros)."""
+    from ...runtime.mpi_library import load_mpi  # (CLI start-up: loaded when a check runs)
+
+    load_mpi(why="spmdsim lab's ranks take MPI's constants, datatypes and exceptions from it")
