@@ -271,15 +271,20 @@ class Cells:
                  for k, step in cell.step}
         pipeline = Pipeline(c.pp, m, c.virtual, c.schedule) if c.pp > 1 else None
         best = 0.0
+        priced: set = set()  # stages alike (their layers' kinds in order, which ends they hold) price alike
         for stage, chunks in enumerate(self.stages(c)):
             counts: dict = {}
             for chunk in chunks:
                 for k, n in chunk.items():
                     counts[k] = counts.get(k, 0) + n
+            ends = tuple(at == stage for at in (0, c.pp - 1)) if c.pp > 1 else ()  # pp 1: its one stage's left out
+            alike = (tuple(counts.items()), ends)
+            if alike in priced:
+                continue
+            priced.add(alike)
             parts = [(cell.of(k), m * n) for k, n in counts.items()] + \
                 [(((), steps[k], ()), n) for k, n in counts.items()]
-            if c.pp > 1:  # a pipeline's ends (pp 1: its one stage's are left out)
-                parts += [(end, m) for end, at in zip(cell.ends, (0, c.pp - 1)) if at == stage]
+            parts += [(end, m) for end, held in zip(cell.ends, ends) if held]  # a pipeline's ends
             gemms, kernels, transfers = _total(tuple(parts))
             transfers = [replace(t, count=n) for t, n in transfers if _kept_transfer(t)]
             st = step_time(machine, gemms_at(gemms, precision), transfers_at(transfers, precision),
