@@ -102,7 +102,7 @@ def test_seed_shard_equals_layout_with_dims_in_order():
 def test_seed_shard_strategy_does_not_fit_layout_example_shape():
     # docs/explanation/semantics.md's Layout example tensor (1, 2, 1, 2, 2) cannot take strategy (2, 1, 2, 2, 1):
     # dim 0 of size 1 does not split in 2.
-    with pytest.raises(ShapeError, match="tensor dim 0 of size 1"):
+    with pytest.raises(ShapeError, match=r"tensor \(1, 2, 1, 2, 2\): dim 0 of size 1 "):
         strategy_to_layout((2, 1, 2, 2, 1), 8).slices(0, (1, 2, 1, 2, 2))
 
 

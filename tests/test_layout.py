@@ -167,7 +167,7 @@ def test_layout_errors_name_the_value(build, fragment):
 
 def test_shape_errors():
     tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
-    with pytest.raises(ShapeError, match=r"tensor dim 1 of size 10 is not divisible by 4 shards \(axes \('sp', 'dp'\)\)"):
+    with pytest.raises(ShapeError, match=r"tensor \(4, 10\): dim 1 of size 10 is not divisible by 4 shards over \('sp', 'dp'\)"):
         tl.check_shape((4, 10))
     with pytest.raises(ShapeError, match=r"has 2 entries but shape \(4, 8, 2\) has 3 dims"):
         tl.check_shape((4, 8, 2))

@@ -29,12 +29,12 @@ def test_slices_show_the_pieces_of_each_rule(capsys):
 
 def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
     for args, message in [
-        (ROWS, "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('mp',)); name a rule "
+        (ROWS, "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('mp',); name a rule "
                "with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
         (["--strategy", "((4,1),)", "--shape", "10,3"],
-         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))"),
+         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',)"),
         (["--sbp", "S(0)", "--placement", "4", "--shape", "10,3"],
-         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',)); spmdsim reads "
+         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); spmdsim reads "
          "OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide by its BalancedSplitter, "
          "the first pieces one longer: on a 1-D placement, a layout's cut 'balanced'): write it in the layout "
          "form (--device-matrix, --alias, --tensor-map) with --cut balanced"),
@@ -42,7 +42,7 @@ def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
          "spmdsim: error: cut 'chunk' cannot go with the strategy form: MindSpore cuts every dim evenly; use the "
          "layout, placements or partition_spec form for an uneven cut"),
         (["--partition-spec", "('x', None)", "--device-matrix", "4", "--alias", "x", "--shape", "10,3"],
-         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('x',)); JAX requires "
+         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('x',); JAX requires "
          "divisible dims: name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
     ]:
         assert main(["slices", *args]) == 2
@@ -123,14 +123,14 @@ def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
     even = ["plan", "--device-matrix", "4", "--from", "axis_0,None", "--to", "None,axis_0", "--shape", "10,4"]
     assert main(even) == 2
     assert " ".join(capsys.readouterr().err.split()) == (
-        "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',)); --cut chunk or "
+        "spmdsim: error: tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); --cut chunk or "
         "balanced cuts it unevenly (--to-cut for the target alone)")
     assert main(even + ["--cut", "chunk"]) == 0
     capsys.readouterr()
     assert main(["plan", "--device-matrix", "4", "--from-strategy", "((4,1),)", "--to", "None,axis_0",
                  "--shape", "10,4"]) == 2
     assert " ".join(capsys.readouterr().err.split()) == (
-        "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))")
+        "spmdsim: error: tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',)")
 
 
 def test_plan_explain_past_64_ranks_names_the_unequal_blocks(capsys):
@@ -243,8 +243,8 @@ def test_convert_gives_placements_for_a_nested_chunk_cut(capsys):
     (["--partition-spec", "('dp', None)", "--shape", "8", "--cut", "balanced"],
      "partition spec ('dp', None) has 2 entries but the tensor has 1 dim"),
     # where a rule would cut it, the hint stays
-    (["--tensor-map", "dp,None", "--shape", "7,8"], "tensor dim 0 of size 7 is not divisible by 2 shards (axes "
-     "('dp',)); name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
+    (["--tensor-map", "dp,None", "--shape", "7,8"], "tensor (7, 8): dim 0 of size 7 is not divisible by 2 shards over "
+     "('dp',); name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
 ])
 def test_a_count_of_dims_gets_no_cut_hint(capsys, args, message):
     """A map and a shape of different dim counts were told to name a cut rule (even with --cut given),

@@ -153,9 +153,9 @@ def test_divisibility_error_can_name_the_tensor():
             "ColumnParallelLinear weight W (96, 100): dim 1 of size 100 is not divisible by 8 shards "
             "over ('mp',)")):
         tl.check_shape((96, 100), "ColumnParallelLinear weight W")
-    # Without a name the message stays the documented one.
+    # Without a name it is "tensor", its shape beside it (which of a program's tensors does not divide).
     with pytest.raises(ShapeError, match=re.escape(
-            "tensor dim 1 of size 100 is not divisible by 8 shards (axes ('mp',))")):
+            "tensor (96, 100): dim 1 of size 100 is not divisible by 8 shards over ('mp',)")):
         tl.check_shape((96, 100))
 
 

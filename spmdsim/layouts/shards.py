@@ -23,7 +23,8 @@ class TensorShards:
     def check_shape(self, shape: Sequence[int], what: str | None = None) -> tuple[int, ...]:
         """Validate a global shape against this layout and return it as a tuple of ints.
 
-        `what` names the tensor in a divisibility error ("ColumnParallelLinear weight W").
+        `what` names the tensor in a divisibility error ("ColumnParallelLinear weight W"; else "tensor", its
+        shape beside it: which of a program's tensors does not divide).
         """
         if type(shape) is tuple and self._known(("checked", shape)) is not None:  # passed before: ~4 us a call
             return shape
@@ -34,7 +35,7 @@ class TensorShards:
         cut = self.layout.cut
         for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
             check_cut(cut, size, self.layout.group_size(axes), tensor_dim, axes,
-                      None if what is None else (what, shape))
+                      ("tensor" if what is None else what, shape))
         return self._keep(("checked", shape), shape)
 
     def local_shape(self, shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
