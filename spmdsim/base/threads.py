@@ -28,6 +28,11 @@ RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 
 
+def launched() -> bool:
+    """Whether an MPI launcher started this process (it set a rank variable); else one plain process."""
+    return any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES)
+
+
 def launcher_rank() -> int:
     """This process's rank as the MPI launcher set it in the environment (0 when not launched)."""
     for name in RANK_VARIABLES:

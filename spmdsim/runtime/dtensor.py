@@ -266,8 +266,8 @@ class DTensor(_Constructors, _Methods):
 
 def _check_whole_reference(reference: Any, shape: tuple) -> None:
     """Refuse, before any collective, a whole-tensor reference (every rank passes the same) whose shape is not
-    `shape`: an array of another shape, or what is no array of it at all (`x.check("y")`, `x.check(None)` were
-    a verdict 'FAILED ... max abs err inf ... shard shape differs'). A function of the region passes."""
+    `shape`: an array of another shape, or what is no array of it at all (`x.check("y")`, `x.check(None)` would
+    otherwise give a verdict 'FAILED ... max abs err inf ... shard shape differs'). A function of the region passes."""
     if isinstance(reference, (SeededTensor, np.ndarray)):
         given, what = tuple(reference.shape), f"reference of shape {tuple(reference.shape)!r}"
     elif callable(reference):

@@ -33,7 +33,7 @@ from typing import Any, Callable, NoReturn
 from ..errors import SpmdsimError, fold_message
 from ..base.context import simulated as _simulated
 from ..base.sizes import out_of_memory
-from ..base.threads import RANK_VARIABLES
+from ..base.threads import launched
 from .engines import engine_of, world
 from .process import (_PRIVATE, FORWARD_S, abort_job, end_job, release_segments_once, release_shared_segments,
                       tune_mpi_process)
@@ -171,7 +171,7 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
         # and an Abort on every rank prints a line each). The others wait to be ended.
         _all_failed(private, GRACE_S)
         release_shared_segments()
-        if comm.Get_size() == 1 and not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
+        if comm.Get_size() == 1 and not launched():
             # One plain process (no launcher): nothing half done with anyone, nobody to end; MPI_Abort
             # would only add MPICH's "Abort(130) on node 0 ..." line to the one above.
             _finalize_and_exit(130)

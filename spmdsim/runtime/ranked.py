@@ -75,7 +75,7 @@ def gather_ranked(comm: Any, lines: Sequence[Any], root: int = 0, fold: bool = T
                   width: int | None = WIDTH) -> list[str] | None:
     """Gather every rank's `lines` to `root`: the folded lines there (wrapped to `width`), else None.
 
-    `comm`: a communicator, or a Mesh (its ``comm``: ``print_ranked(mesh, ...)`` was an AttributeError)."""
+    `comm`: a communicator, or a Mesh (its ``comm``: ``print_ranked(mesh, ...)`` works as with ``mesh.comm``)."""
     if isinstance(comm, Mesh):
         comm = comm.comm
     per_rank = door.gather_object(comm, [str(line) for line in lines], root)

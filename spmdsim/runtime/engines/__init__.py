@@ -29,6 +29,7 @@ from .mpi import MPI, MpiEngine
 from ...base.context import PROCESS, RankContext, current, enter, leave, simulated
 from ...base.context import _THREAD  # the running thread's context (current()'s read, without its call)
 from ...base.once import once
+from ...base.ranks import is_ranks_flag
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
            "enter", "leave", "local", "c_order", "matmul", "once", "world", "ways_out"]
@@ -52,9 +53,8 @@ def ways_out(n: int, size: int = 1, simulated: bool = False) -> str:
 
 
 def _ranks_given() -> bool:
-    """Whether this process's command line names --ranks (as spmdsim.script reads it: a prefix from --ra)."""
-    flags = (arg.partition("=")[0] for arg in sys.argv[1:])
-    return any(len(flag) >= len("--ra") and "--ranks".startswith(flag) for flag in flags)
+    """Whether this process's command line names --ranks (as spmdsim.script reads it)."""
+    return any(map(is_ranks_flag, sys.argv[1:]))
 
 
 def engine_of(comm: Any) -> Engine:

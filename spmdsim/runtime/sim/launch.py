@@ -22,8 +22,9 @@ from typing import Any, Callable, Optional, Sequence
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
 from ...base.output import is_output_failure, output_error, quiet_stdout
+from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
-from ...base.threads import RANK_VARIABLES, launcher_rank, launcher_size
+from ...base.threads import launched, launcher_rank, launcher_size
 from ...errors import SpmdsimError, fold_message
 from ...base import context as _local
 from ..engines import ways_out
@@ -234,7 +235,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
 def _guard_mpi_ranks() -> None:
     """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank;
     in one plain process an uncaught SpmdsimError does too (`_one_line_hook`), other errors keep their traceback."""
-    if not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
+    if not launched():
         if not getattr(sys.excepthook, "spmdsim_one_line", False):
             sys.excepthook = _one_line_hook(sys.excepthook)
         return
@@ -264,9 +265,7 @@ def _one_line_hook(previous: Callable) -> Callable:
 
 def _take_ranks(args: list, path: str) -> Optional[int]:
     for i, arg in enumerate(args):
-        # A prefix of --ranks counts, as argparse reads the CLI's: `--rank 8` must not run one process silently.
-        flag = arg.partition("=")[0]
-        if len(flag) >= len("--ra") and "--ranks".startswith(flag):
+        if is_ranks_flag(arg):  # a prefix counts, as argparse reads the CLI's
             value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             del args[i:i + (1 if "=" in arg else 2)]
             try:  # read as argparse's type=int reads the training examples' --ranks: -1 is -1, not '-1'
