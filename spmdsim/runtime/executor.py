@@ -303,7 +303,7 @@ _NOT_DIRECT = (None,) * 6
 
 def _direct(program: "_Compiled", block_shape: tuple, dtype: Any) -> tuple:
     """What `redistribute` needs to run `program`'s one collective itself once its mesh keeps that call (an
-    Allgather or a Reduce_scatter of an even cut, a plain dtype, outside a dry run: the runner's test then calls
+    Allgather or a Reduce_scatter of an even cut, a plain dtype: the runner's test then calls
     the collective, whose kept plan's branch `redistribute` writes out): (the collective's key in the mesh's
     kept plans, as runtime.collectives spells it, the step's mesh, axes and label, whether it sums, this rank's
     block shape); six Nones for any other program."""
@@ -317,8 +317,7 @@ def _direct(program: "_Compiled", block_shape: tuple, dtype: Any) -> tuple:
         name = "reduce_scatter"
     else:
         return _NOT_DIRECT
-    if step.before.layout.cut != "even" or type(step.tensor_dim) is not int or step_mesh.engine.dry \
-            or run is not _RUNNERS.get(kind):
+    if step.before.layout.cut != "even" or type(step.tensor_dim) is not int or run is not _RUNNERS.get(kind):
         return _NOT_DIRECT
     return ((name, step.axes, block_shape, dtype, step.tensor_dim), step_mesh, step.axes, label, kind is ReduceScatter,
             block_shape)

@@ -93,8 +93,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
     gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
     blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
-    on receipt). `groups`: each message group's step record (a spmdsim.programs.plan.messages.Messages) by
-    its place in `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
+    on receipt). `groups`: each message group's step record (a spmdsim.programs.plan.messages.Messages) by what
+    it posts (peers, tags, bytes), kept from step to step (a group's sizes and peers are the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
     found (the program as tuples, the chunks' output layout objects), kept from step to step as `groups`.
@@ -264,10 +264,11 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
         receives = list(zip(bufs, entry[4], entry[5]))
     else:
         bufs = receives = []
-    i = entry[1]
-    group = groups.get(i)
-    if group is None:  # the first step's: its record made from its buffers once
-        group = groups[i] = Messages.of(_PP, pp_comm.Get_size(), receives, sends)
+    # Its record by what it posts: the groups of one kind between the same stages (every microbatch's) share it.
+    known = (entry[6], bufs[0].nbytes if bufs else 0, *[buf.nbytes for buf, _, _ in sends])
+    group = groups.get(known)
+    if group is None:  # made from the buffers once a run
+        group = groups[known] = Messages.of(_PP, pp_comm.Get_size(), receives, sends)
     executor.post(mesh, pp_comm, group, receives, sends, "pipeline")
     trusted, plain, stage_mesh, checked = DTensor._trusted, np.ndarray, cells.mesh, cells.checked
     for (is_act, key), buf in zip(gets, bufs):
@@ -294,7 +295,8 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
 def _compiled(program: Sequence) -> list:
     """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
     Compute), a message group as (2, its place in `program`, its sends in order as (an activation?, (microbatch,
-    chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags)."""
+    chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags,
+    and what it posts: ((peer, tag) of each send, the receives' peers, their tags))."""
     steps: list = []
     for i, action in enumerate(program):
         if isinstance(action, Compute):
@@ -311,7 +313,8 @@ def _compiled(program: Sequence) -> list:
                 gets.append((act, (op.microbatch, op.chunk)))
                 peers.append(op.peer)
                 tags.append(tag)
-        steps.append((2, i, tuple(sends), tuple(gets), tuple(peers), tuple(tags)))
+        posted = (tuple((peer, tag) for _, _, peer, tag in sends), tuple(peers), tuple(tags))
+        steps.append((2, i, tuple(sends), tuple(gets), tuple(peers), tuple(tags), posted))
     return steps
 
 
