@@ -287,13 +287,12 @@ class _Pipelined:
         """After a step: what it ran into the run (order, held, cells, trace); the step's loss on every rank."""
         run, mesh, clock = self.run, self.run.mesh, self.clock
         order, held = self.ran["order"], self.ran["held"]
-        cells = [(str(c), clock.times[2 * i], clock.times[2 * i + 1]) for i, c in enumerate(order)]
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
         # (what SPMDSIM_CHECK and the watchdog's reports compare) agree again from here, hooks on or off.
         debug_calls.agree(mesh.comm, mesh.layout.alias_name, mesh.polite, always=True)
         run.orders.append(order)
         run.in_flight.append(held)
-        run.cells, run.trace = cells, trace
+        run.ran, run.trace = (order, tuple(clock.times)), trace  # (the clock is emptied before the next step)
         # The loss: the last stage's sum of its microbatches' scaled losses and every stage's router losses
         # (each microbatch's, scaled alike), to every rank, for the check and the printed row: not the step's
         # (Megatron's stages keep theirs), so untraced, as the check's own traffic is not the step's either. A

@@ -35,7 +35,8 @@ class PipelineRun:
             (pp, dp, ep, tp) and (dp, ep, tp)).
         orders: per step, the Compute records this rank ran, in order (what a timeline is made from).
         in_flight: per step, the most microbatch-chunks whose activations this rank held at once.
-        cells: the last step's cells as trace spans: (name, start, end) in perf_counter seconds.
+        cells: the last step's cells as trace spans: (name, start, end) in perf_counter seconds (made when asked
+            from ``ran``: the last step's Compute records in the order run and each one's start and end).
         trace: the last step's trace (spmdsim.runtime.trace: collectives and messages).
     """
 
@@ -48,8 +49,13 @@ class PipelineRun:
     params: dict
     orders: list
     in_flight: list
-    cells: list = field(default_factory=list)
+    ran: tuple = ((), ())
     trace: Any = None
+
+    @property
+    def cells(self) -> list:
+        order, times = self.ran
+        return [(str(c), times[2 * i], times[2 * i + 1]) for i, c in enumerate(order)]
 
     def timeline(self, step: int = -1) -> Any:
         """The unit-cost timeline (spmdsim.programs.pipeline.timeline) of what every stage ran at `step`: each
@@ -257,13 +263,9 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
     for is_act, key, peer, tag in entry[2]:
         sends.append((cells.outgoing(outputs[key]._local if uncaptured else outputs[key].local) if is_act else
                       cells.sent_grads.pop(key), peer, tag))
-    gets = entry[3]
-    if gets:
-        n = len(gets)
-        bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
-        receives = list(zip(bufs, entry[4], entry[5]))
-    else:
-        bufs = receives = []
+    gets, n = entry[3], len(entry[3])
+    bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
+    receives = list(zip(bufs, entry[4], entry[5]))
     # Its record by what it posts: the groups of one kind between the same stages (every microbatch's) share it.
     known = (entry[6], bufs[0].nbytes if bufs else 0, *[buf.nbytes for buf, _, _ in sends])
     group = groups.get(known)
@@ -302,19 +304,20 @@ def _compiled(program: Sequence) -> list:
         if isinstance(action, Compute):
             steps.append((0 if action.kind == "F" else 1, action.microbatch, action.chunk, action))
             continue
-        sends, gets, peers, tags = [], [], [], []
+        sends, gets, peers, tags, posts = [], [], [], [], []
         for op in (action.ops if isinstance(action, Post) else (action,)):
             send, act = isinstance(op, Send), op.what == "act"
             sender = op.chunk if send else op.chunk - 1 if act else op.chunk + 1
             tag = _tag(op.what, sender)
             if send:
                 sends.append((act, (op.microbatch, op.chunk), op.peer, tag))
+                posts.append((op.peer, tag))
             else:
                 gets.append((act, (op.microbatch, op.chunk)))
                 peers.append(op.peer)
                 tags.append(tag)
-        posted = (tuple((peer, tag) for _, _, peer, tag in sends), tuple(peers), tuple(tags))
-        steps.append((2, i, tuple(sends), tuple(gets), tuple(peers), tuple(tags), posted))
+        peers, tags = tuple(peers), tuple(tags)
+        steps.append((2, i, tuple(sends), tuple(gets), peers, tags, (tuple(posts), peers, tags)))
     return steps
 
 

@@ -49,6 +49,7 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
     (GRADIENT_LABELS)."""
     merged: dict = {}
     levels: dict = {}  # axes -> level: one answer per group this rank is in
+    sizes: dict = {}  # (op, group size, bytes sent) -> the cost model's n: one answer per kind of row
     for e, times in trace.weighted():
         if e.group_size <= 1:
             continue
@@ -61,10 +62,9 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
             phase = "context" if CONTEXT in axes else "pipeline"
         else:
-            kind = KINDS.get("alltoall" if e.op == "alltoallv" else e.op)  # (an Alltoallv's buffer: an Alltoall's)
-            if kind is None:
-                raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
-            n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
+            n = sizes.get((e.op, e.group_size, e.bytes_sent))
+            if n is None:
+                n = sizes[e.op, e.group_size, e.bytes_sent] = _buffer_bytes(e.op, e.group_size, e.bytes_sent)
             rows = [(e.op, n, e.bytes_sent)]
             label = e.label or ""
             # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
@@ -82,3 +82,11 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             merged[key] = merged.get(key, 0) + times
     return tuple(Calls(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
                  in merged.items())
+
+
+def _buffer_bytes(op: str, group_size: int, sent: int) -> int:
+    """The cost model's n of a collective `op` on a group of `group_size` that sent `sent` bytes a rank."""
+    kind = KINDS.get("alltoall" if op == "alltoallv" else op)  # (an Alltoallv's buffer: an Alltoall's)
+    if kind is None:
+        raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {op!r}")
+    return int(kind.buffer_bytes(group_size, Fraction(sent)))
