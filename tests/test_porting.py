@@ -716,3 +716,53 @@ def test_int_of_a_scalar_dtensor_is_numpys():
     assert got[0] == got[1] == [int(g.sum()), int(g.max()), float(g.min()),
                                 "item() needs a 0-d DTensor (a scalar such as a loss), got global shape (2, 3)",
                                 "item(): the scalar is a pending sum over ('x',)"]
+
+
+def test_another_frameworks_tensor_attribute_names_spmdsims_in_one_line(tmp_path):
+    """``x.full_tensor()``, ``x.to_local()``, ``x.sharding``, ``x.sbp``, ... (a program ported as written): an
+    AttributeError (``hasattr`` stays False) that is one line naming spmdsim's, whose first name exists; a
+    program that calls one ends in that line; any other missing name is Python's own AttributeError."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, OperatorError
+    from spmdsim.runtime.dtensor_methods import _FOREIGN
+
+    def body():
+        mesh = Mesh(Layout((2,), ("dp",)))
+        x = DTensor.from_global(mesh, np.arange(8.0).reshape(4, 2), mesh.layout("dp", None))
+        said = {}
+        for spelled in _FOREIGN:
+            name = spelled.rstrip("()")
+            try:
+                getattr(x, name)
+            except OperatorError as e:
+                said[spelled] = (isinstance(e, AttributeError), hasattr(x, name), str(e))
+        try:
+            x.no_such_name
+        except AttributeError as e:
+            said["other"] = (type(e) is AttributeError, str(e))
+        named = {s: said[s][2].split("spmdsim's is ")[1].split(",")[0].split(" ")[0].split("(")[0] for s in _FOREIGN}
+        ours = {spelled: eval(name, {"x": x, "spmdsim": spmdsim}) for spelled, name in named.items()}  # they exist
+        return said, ours["full_tensor()"](), ours["to_local()"]
+
+    said, whole, block = spmdsim.simulate(2, body)[1]
+    assert set(said) == set(_FOREIGN) | {"other"}
+    assert said["other"] == (True, "'DTensor' object has no attribute 'no_such_name'")
+    for spelled, (is_attribute_error, has, text) in ((s, said[s]) for s in _FOREIGN):
+        assert is_attribute_error and not has and "\n" not in text and text.endswith("(docs/tutorials/porting.md)")
+        assert text.startswith(f"x.{spelled} is {_FOREIGN[spelled][0]}; spmdsim's is ")
+    assert said["full_tensor()"][2] == ("x.full_tensor() is PyTorch DTensor's; spmdsim's is x.gather(), the whole "
+                                        "tensor on every rank, a collective every rank calls "
+                                        "(docs/tutorials/porting.md)")
+    assert np.array_equal(whole, np.arange(8.0).reshape(4, 2)) and np.array_equal(block, whole[2:])
+    program = tmp_path / "ported.py"
+    program.write_text("import numpy as np\nimport spmdsim\nfrom spmdsim import DTensor, Layout, Mesh\n"
+                       "spmdsim.script(__file__)\nmesh = Mesh(Layout((2,), ('dp',)))\n"
+                       "x = DTensor.from_global(mesh, np.ones((4, 2)), mesh.layout('dp', None))\n"
+                       "print(x.to_local().shape)\n")
+    done = _run(str(program), "--ranks", "2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert unfold(done.stderr).splitlines() == [
+        "spmdsim: error: x.to_local() is PyTorch DTensor's and OneFlow's; spmdsim's is x.local, this rank's block, a numpy array "
+        "(docs/tutorials/porting.md)"], done.stderr

@@ -81,10 +81,41 @@ _Spellings = type("_Spellings", (), {
 
 
 
+#: Other frameworks' names for what a DTensor has (docs/tutorials/porting.md): name -> (whose, spmdsim's). A
+#: program ported as it was written meets them first; `_Methods.__getattr__` names spmdsim's in one line.
+_FOREIGN = {
+    "to_local()": ("PyTorch DTensor's and OneFlow's", "x.local, this rank's block, a numpy array"),
+    "full_tensor()": ("PyTorch DTensor's", "x.gather(), the whole tensor on every rank, a collective every rank "
+                                           "calls"),
+    "device_mesh": ("PyTorch DTensor's", "x.mesh, whose device matrix is x.mesh.layout"),
+    "addressable_shards": ("JAX's", "x.local, this rank's block, and x.slices, where it lies in the tensor"),
+    "addressable_data()": ("JAX's", "x.local, this rank's block"),
+    "sharding": ("JAX's", "x.layout, as a PartitionSpec x.partition_spec"),
+    "sbp": ("OneFlow's", "x.layout, as SBP spmdsim.dialects.layout_to_sbp(x.layout)"),
+    "placement": ("OneFlow's", "x.mesh"),
+    "to_global()": ("OneFlow's", "x.redistribute(layout), or DTensor.from_local(mesh, block, layout) from a block"),
+    "process_mesh": ("Paddle's", "x.mesh"),
+    "_local_value()": ("Paddle's", "x.local, this rank's block"),
+    "dist_attr": ("Paddle's", "x.layout"),
+}
+_FOREIGN_BY_NAME = {spelled.rstrip("()"): (spelled, *said) for spelled, said in _FOREIGN.items()}
+
+
+class _ForeignName(OperatorError, AttributeError):
+    """Another framework's attribute asked of a DTensor: an AttributeError (``hasattr`` is False) saying spmdsim's."""
+
+
 class _Methods(_Spellings):
     """DTensor's operator methods (``x + y``, ``x @ w``, ``x.sum()``, ``backward``, ...): each calls `_OPERATORS`."""
 
     __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:  # (only for a name the class and the instance lack)
+        known = _FOREIGN_BY_NAME.get(name)
+        if known is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        spelled, whose, ours = known
+        raise _ForeignName(f"x.{spelled} is {whose}; spmdsim's is {ours} (docs/tutorials/porting.md)")
 
     # -- autograd and operators: spmdsim.nn.ops.methods.bind_dtensor fills `_OPERATORS` ----------
     def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
