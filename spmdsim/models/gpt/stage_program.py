@@ -2,7 +2,7 @@
 activations and gradients between stages as point-to-point messages, and the tied table's exchange."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from itertools import repeat as repeat_
 from time import perf_counter
