@@ -83,6 +83,23 @@ def test_a_context_split_the_model_cannot_take_is_one_line():
         _run(GPTConfig(**SMALL), 1, 3, 1, False, Context("ring"))
 
 
+def test_context_parallelism_with_experts_is_refused_in_one_line_naming_both(capsys):
+    """`spmdsim estimate gpt --experts 4 --cp 2` ended inside the first MoE layer, on the layout its tokens came in
+    (`the MoE layer's input ... is laid out ("cp", ("dp", "ep"), None)`): refused before the dry run, by the flags."""
+    from spmdsim.tools.cli.main import main
+    from testkit import unfold
+
+    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "128",
+            "--global-batch", "4", "--experts", "4", "--cp", "2", "--dropless"]
+    assert main(argv) == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: the GPT cannot train on pp 1 x dp 1 x ep 1 x cp 2 x tp 1: cp 2 with MoE layers: the experts' "
+        "dispatch takes each rank's whole sequences, and a sequence split over cp is not modelled there; cp 1 with "
+        "experts\n")
+    assert main(argv[:-5] + ["--cp", "2"]) == 0  # the dense GPT's split
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("method, schedule, sp", [("ring", "1f1b", False), ("allgather", "interleaved", True),
                                                   ("alltoall", "gpipe", True)])
 def test_context_parallelism_composes_with_a_pipeline(method, schedule, sp):

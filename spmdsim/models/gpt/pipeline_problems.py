@@ -66,7 +66,8 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                or (fp8_problem(kept, replay, pp) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:
-        where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
+        where = " x ".join(f"{a} {n}" for a, n, shown in (("pp", pp, True), ("dp", dp, True), ("ep", ep, moe),
+                                                           ("cp", cp, cp > 1), ("tp", tp, True)) if shown)
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
     shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
     return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
