@@ -252,16 +252,20 @@ def _moe_cfg(**moe):
 @pytest.mark.parametrize("moe, node", [({}, 8), ({"capacity_factor": 0.5}, 8),
                                        ({"dropless": True, "dry_routing": "worst"}, 8), ({}, 2)])
 def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe, node):
-    """On 4 devices every (tp, pp, dp, ep) of a 2-layer MoE GPT (ep dividing its 4 experts) is priced by its own
-    dry run: each closed-form bound lies below its price (the experts' products bounded by k s c rows a
-    sequence, c the capacity factor; the communication on each group's link, nodes of 8 GPUs or of 2, where
-    groups cross them), and the search chooses the fastest."""
+    """On 4 devices every (tp, pp, dp, ep, etp) of a 2-layer MoE GPT (ep dividing its 4 experts; with tp 2 the
+    experts split over it or folded into their ep, etp 1) is priced by its own dry run: each closed-form bound
+    lies below its price (the experts' products bounded by k s c rows a sequence, c the capacity factor; the
+    communication on each group's link, nodes of 8 GPUs or of 2, where groups cross them), and the search
+    chooses the fastest."""
     import dataclasses
 
     cfg = _moe_cfg(**moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
     configs = configurations(cfg, 4, node)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
+    # folded: tp 2 with the experts' ep 2 (mesh ep 1) or 4 (mesh ep 2), never beside tp 1
+    assert {(c.tp, c.experts_ep) for c in configs if c.etp == 1} == {(2, 2), (2, 4)}
+    assert all(c.dp * c.experts_ep * c.experts_tp * c.pp == 4 for c in configs)
     assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2}
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
