@@ -286,7 +286,7 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
-    assert "  ep  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
+    assert "  ep etp  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
     monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
     # the cells on 2 devices: 198 small dry runs, 3 CPU-s (on 4: 270, 10 CPU-s)
@@ -464,14 +464,20 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
     assert estimate["config"]["kept"] == "megatron" and estimate["fits"] is True
     assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
     assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
-    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary
+    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary; the experts folded
+    # (etp 1: the command's --ep the experts' 4, the mesh's ep 2 x tp 2), with a capacity and dropless
     dense = GPTConfig(layers=4, d_model=32, heads=2, seq=64, batch=4, vocab=117, vocab_pad_to=8, dropout=0.1)
     moe = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
                     moe=MoEConfig(experts=4, top_k=1, capacity_factor=0.5))
+    dropless = replace(moe, moe=MoEConfig(experts=4, top_k=2, dropless=True))
     for cfg, x in ((dense, Config(2, 2, 1, True, 2, 2, "selective", 0)),
-                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2))):
+                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2)),
+                   (moe, Config(2, 1, 1, True, 1, 1, "none", 1, ep=2, etp=1)),
+                   (dropless, Config(2, 1, 1, False, 4, 1, "none", 0, ep=1, etp=1))):
         seconds, _, peak = price(cfg, x, A100, "bf16-mixed", "megatron")
-        estimate = _run_estimate(estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron"))
+        command = estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron")
+        assert (f" --ep {x.experts_ep} --etp 1 " in command) == (x.etp == 1)
+        estimate = _run_estimate(command)
         assert estimate["step_time_s"] == pytest.approx(seconds, rel=1e-12)
         assert max(s["peak_bytes"] for s in estimate["stages"]) == peak
 
@@ -491,6 +497,32 @@ def test_fixed_degrees_are_held_and_the_rest_searched():
     r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False, fixed=fixed)
     assert {c.config for c in r.candidates} == set(held)
     assert r.chosen.config == min(times, key=times.get) and r.chosen.step_s == times[r.chosen.config]
+
+
+def test_fix_holds_the_experts_ep_and_tp():
+    """With MoE layers `--fix ep=N` holds the experts' ep (folded, the mesh's ep x tp: `spmdsim estimate --ep`),
+    `--fix etp=1` the experts whole (tp 1, or tp 2 folded into their ep), `--fix etp=tp` the experts split over
+    attention's tp (tp 1 among them); a fold no configuration has is one line naming the values left."""
+    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
+
+    cfg = _moe_cfg()
+    configs = configurations(cfg, 4, 8)
+    assert parse_fixed(["etp=1", "ep=4"]) == {"etp": 1, "ep": 4} and parse_fixed(["etp=tp"]) == {"etp": "tp"}
+    whole = fixed_configurations(configs, {"etp": 1}, 4)
+    assert {(c.tp, c.etp) for c in whole} == {(1, 0), (2, 1)} and all(c.experts_tp == 1 for c in whole)
+    split = fixed_configurations(configs, {"etp": "tp"}, 4)
+    assert {(c.tp, c.etp) for c in split} == {(1, 0), (2, 0)}  # (heads 2: no tp 4)
+    assert set(whole) | set(split) == set(configs) and set(whole) & set(split) == {c for c in configs if c.tp == 1}
+    four = fixed_configurations(configs, {"ep": 4}, 4)
+    assert {(c.tp, c.ep, c.etp) for c in four} == {(1, 4, 0), (2, 2, 1)}
+    with pytest.raises(SpmdsimError) as e:
+        fixed_configurations(configs, {"tp": 2, "etp": 1, "ep": 1}, 4)
+    assert str(e.value) == ("--fix ep=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, etp=1; ep can "
+                            "be 2, 4")
+    with pytest.raises(SpmdsimError) as e:
+        fixed_configurations(configs, {"tp": 2, "ep": 1, "etp": 1}, 4)
+    assert str(e.value) == ("--fix etp=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, ep=1; etp "
+                            "can be tp")
 
 
 def test_the_command_takes_fix_with_machine(capsys):
@@ -528,10 +560,10 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
 
 @pytest.mark.parametrize("fix, message", [
     (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
-                       "the configuration, one of tp, pp, v, dp, ep, cp, cp-method, mb, recompute, zero, sp (e.g. "
-                       "--fix tp=8)"),
-    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, cp, "
-             "cp-method, mb, recompute, zero, sp)"),
+                       "the configuration, one of tp, pp, v, dp, ep, etp, cp, cp-method, mb, recompute, zero, sp "
+                       "(e.g. --fix tp=8)"),
+    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, etp, "
+             "cp, cp-method, mb, recompute, zero, sp)"),
     (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
     (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
     (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
@@ -540,6 +572,9 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
     (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
     (["v=0"], "--fix v=0 must be an integer >= 1"),
     (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
+    (["etp=2"], "--fix etp=2 must be 1 (the experts whole: tp 1, or attention's tp folded into their ep) or tp (the "
+                "experts split over attention's tp)"),
+    (["etp=1"], "--fix etp=1 holds the experts' tp, and this GPT has none: give it MoE layers (--gpt ...,experts=N)"),
 ])
 def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",

@@ -194,8 +194,9 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHO
     return out
 
 
-#: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each.
-FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, CONTEXT: "cp",
+#: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each; ep and etp
+#: are the experts' (`Config.experts_ep`; etp 1, their tp 1: tp 1 or folded, or the word tp, split over tp).
+FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, "etp": "etp", CONTEXT: "cp",
            "cp-method": "cp_method", "mb": "microbatches", "recompute": "recompute", "zero": "zero", "sp": "sp"}
 #: The words `--fix` takes for the degrees that are not integers >= 1.
 WORDS = {"recompute": RECOMPUTE, "cp-method": METHODS}
@@ -219,6 +220,11 @@ def parse_fixed(items: Any) -> dict[str, Any]:
             if text not in WORDS[name]:
                 raise SpmdsimError(f"--fix {name}={text} must be one of {', '.join(WORDS[name])}")
             value: Any = text
+        elif name == "etp":
+            if text not in ("1", TENSOR):
+                raise SpmdsimError(f"--fix etp={text} must be 1 (the experts whole: tp 1, or attention's tp folded into "
+                                   "their ep) or tp (the experts split over attention's tp)")
+            value = 1 if text == "1" else TENSOR
         elif name in ("zero", "sp"):
             can = tuple(map(str, ZERO)) if name == "zero" else ("0", "1")  # sp off or on
             if text not in can:
@@ -244,18 +250,29 @@ def _shown(field_: str, value: Any) -> str:
     return f"{name}={int(value) if isinstance(value, bool) else value}"
 
 
+def _holds(c: Config, field_: str, value: Any) -> bool:
+    """Whether `c` has degree `field_` (a FIXABLE value) at `value`: ep the experts' ep; etp 1 the experts whole
+    (tp 1, or folded), etp "tp" the experts split over attention's tp (tp 1 too)."""
+    if field_ == "etp":
+        return c.experts_tp == 1 if value == 1 else c.etp == 0
+    return (c.experts_ep if field_ == EXPERT else getattr(c, field_)) == value
+
+
 def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
-    """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed);
-    one line naming the first degree that leaves none and the values it can take (with the degrees before it)."""
+    """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed;
+    `_holds`); one line naming the first degree that leaves none and the values it can take (with the degrees
+    before it)."""
     done: list[str] = []
     for field_, value in (fixed or {}).items():
         if field_ not in FIXABLE.values():
             raise SpmdsimError(f"fixed degree {field_!r} is unknown; expected one of {tuple(FIXABLE.values())!r}")
-        left = [c for c in configs if getattr(c, field_) == value]
+        left = [c for c in configs if _holds(c, field_, value)]
         if not left:
             name = _shown(field_, value).split("=")[0]
-            words = RECOMPUTE + METHODS
-            can = sorted({getattr(c, field_) for c in configs},
+            words = RECOMPUTE + METHODS + (TENSOR,)
+            values = (1, TENSOR) if field_ == "etp" else {c.experts_ep if field_ == EXPERT else getattr(c, field_)
+                                                            for c in configs}
+            can = sorted((v for v in values if any(_holds(c, field_, v) for c in configs)),
                          key=lambda v: words.index(v) if isinstance(v, str) else int(v))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""

@@ -168,6 +168,9 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any) -
     gradient sums within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
+    if cfg.moe is None and "etp" in (fixed or {}):
+        raise SpmdsimError(f"--fix etp={fixed['etp']} holds the experts' tp, and this GPT has none: give it MoE layers "
+                           "(--gpt ...,experts=N)")
     # (--fix cp=N: that cp alone, across nodes too)
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
