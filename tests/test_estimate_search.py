@@ -582,3 +582,37 @@ def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert unfold(err).rstrip("\n") == "spmdsim: error: " + message
+
+
+# ---- the experts' own tp: folded where it is faster ----
+
+FOLD_ARGV = ["autoshard", "--network", "gpt", "--gpt",
+             "layers=2,d_model=1024,heads=8,seq=1024,vocab=32000,batch=16,experts=16,top_k=2,moe_every=1",
+             "--mlp", "swiglu", "--devices", "16", "--machine", "h100-dgx", "--fix", "tp=8", "--fix", "sp=1",
+             "--fix", "pp=1", "--fix", "mb=1", "--fix", "recompute=none", "--fix", "zero=1", "--json"]
+
+
+def test_folding_wins_beside_tp_8_and_fix_etp_tp_forbids_it(capsys):
+    """16 H100s with attention's tp held at 8 (docs/howto/choose-configuration.md): of the four configurations
+    left, the experts folded into ep 16 (one whole expert a rank; each rank dispatching its own eighth of the
+    tokens, no sum of an expert's product over tp) are the fastest, and the command the search prints says
+    --ep 16 --etp 1 and prices alike; `--fix etp=tp` leaves the experts split over tp and chooses a slower
+    one, at the price the first search gave it."""
+    assert main(FOLD_ARGV) == 0
+    data = json.loads(capsys.readouterr().out)
+    configs = [Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in c["config"].items()})
+               for c in data["candidates"]]
+    assert {(c.dp, c.ep, c.etp) for c in configs} == {(2, 1, 0), (1, 2, 0), (2, 1, 1), (1, 2, 1)}
+    chosen = Config(**data["chosen"]["config"])
+    assert (chosen.dp, chosen.experts_ep, chosen.experts_tp) == (1, 16, 1)
+    assert " --ep 16 --etp 1 " in data["estimate_command"]
+    estimate = _run_estimate(data["estimate_command"])
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
+    assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
+    times = {c: x["step_s"] for c, x in zip(configs, data["candidates"])}
+    assert main(FOLD_ARGV + ["--fix", "etp=tp"]) == 0
+    split = json.loads(capsys.readouterr().out)
+    held = Config(**split["chosen"]["config"])
+    assert held.etp == 0 and split["fixed"]["etp"] == "tp"
+    assert split["chosen"]["step_s"] == times[held] > data["chosen"]["step_s"]
+    assert held == min((c for c in configs if c.etp == 0), key=times.get)
