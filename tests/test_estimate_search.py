@@ -289,7 +289,7 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert "  ep etp  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
     monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
-    # the cells on 2 devices: 198 small dry runs, 3 CPU-s (on 4: 270, 10 CPU-s)
+    # the cells on 2 devices: 270 small dry runs (198 without the folded experts'), a third more time
     assert main(argv[:6] + ["2"] + argv[7:] + ["--moe-cells"]) == 0
     out, err = capsys.readouterr()
     cells = re.search(r"(\d+) small dry runs of layer cells", unfold(out))
@@ -343,18 +343,22 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
 def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_its_exchanges(zero):
     """comm_bounds against the transfers of the configuration's own dry run, priced as the step time prices
     them. ep 4 alone: the layers' bound is the exchanges' time exactly (with a capacity every Alltoall moves the
-    whole send buffer). tp 2 x ep 2 with sp: above the exchanges (the attention's Allgathers and
-    Reduce_scatters) and at most the layers' transfers (the MLPs' left out). The gradient sums' bound is at
+    whole send buffer). tp 2 x ep 2 with sp, and tp 2 folded into the experts' ep 4 (each rank's half of the
+    sequences over 4 ranks): above the exchanges (the attention's collectives) and at most the layers'
+    transfers (the MLPs' and the folded layer's gathers left out). The gradient sums' bound is at
     most theirs (the buckets' latency and padding, the sequence-parallel replicas' larger groups, the
     embeddings left out)."""
     from spmdsim.tools.estimate.ledger import gpt_ledger, transfers_at
     from spmdsim.tools.estimate.closed_forms import _moe_elements, comm_bounds
     from spmdsim.tools.estimate.steptime import level_model
 
+    from spmdsim.tools.estimate.configs import model_of
+
     cfg = _moe_cfg()
-    for c in (Config(1, 1, 1, False, 1, 1, "none", zero, 4), Config(2, 1, 1, True, 2, 1, "none", zero, 2)):
-        (stage,) = gpt_ledger(cfg, 1, 1, c.tp, sp=c.sp, microbatches=c.microbatches, zero=zero, kept="megatron",
-                              ep=c.ep)
+    for c in (Config(1, 1, 1, False, 1, 1, "none", zero, 4), Config(2, 1, 1, True, 2, 1, "none", zero, 2),
+              Config(2, 1, 1, False, 1, 1, "none", zero, 2, etp=1)):  # (folded: the experts' ep 4)
+        (stage,) = gpt_ledger(model_of(cfg, c.etp), 1, 1, c.tp, sp=c.sp, microbatches=c.microbatches, zero=zero,
+                              kept="megatron", ep=c.ep)
 
         def seconds(phases, kinds=None):
             return sum(level_model(A100, t.level).predict(t.kind, t.group, t.nbytes) * t.count
