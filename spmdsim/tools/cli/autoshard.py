@@ -101,7 +101,7 @@ def register(subparsers: Any) -> None:
                         help="--machine: at most N configurations priced by a dry run (default 24)")
     parser.add_argument("--moe-cells", action="store_true", default=None,
                         help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
-                             "small dry runs each, one per tp, sp, micro-batch, recomputation and ep: slower, "
+                             "small dry runs each, one per tp, sp, micro-batch, recomputation, ep and etp: slower, "
                              "prunes more and prices better configurations; docs/howto/choose-configuration.md)")
     parser.set_defaults(func=run, dry_run=False)
 
