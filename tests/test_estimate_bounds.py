@@ -138,8 +138,8 @@ def _moe(layers: int, **moe) -> GPTConfig:
 @pytest.mark.parametrize("layers, moe, node", [
     (4, {"capacity_factor": 0.5}, 8), (6, {"every": 3, "top_k": 1, "dropless": True, "dry_routing": "worst"}, 1)])
 def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_best(layers, moe, node):
-    """Every configuration of a small MoE GPT on 2 devices (ep 1 and 2, interleaved chunks of one layer, nodes of
-    8, 2 or 1 GPUs) priced by its own dry run: the cells' time and memory bounds lie below it, they are
+    """Every configuration of a small MoE GPT on 2 devices (ep 1 and 2, the experts split over tp 2 or folded
+    into their ep, interleaved chunks of one layer, nodes of 8, 2 or 1 GPUs) priced by its own dry run: the cells' time and memory bounds lie below it, they are
     tighter than the closed forms on most, and the search bounded by them (`moe_cells`) chooses the fastest."""
     import dataclasses
     cfg = _moe(layers, **moe)
@@ -164,6 +164,8 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     assert sum(g > 1.1 for g in gain) >= len(gain) * (0.5 if node > 1 else 0.25)
     assert all(kept)  # each stage's kept bytes added to its model states
     assert {c.ep for c in exhaustive} == {1, 2}
+    # folded: tp 2 into the experts' ep, where a node holds tp 2
+    assert {(c.tp, c.experts_ep) for c in exhaustive if c.etp == 1} == ({(2, 2)} if node > 1 else set())
     assert any(c.virtual * c.pp == layers for c in exhaustive)  # chunks of one layer: dense or MoE alone
     assert cells.dry_runs == 6 * len(cells.cells)  # three sizes of model, 1 and 2 microbatches
     fastest = min(seconds for seconds, *_ in exhaustive.values())

@@ -252,16 +252,20 @@ def _moe_cfg(**moe):
 @pytest.mark.parametrize("moe, node", [({}, 8), ({"capacity_factor": 0.5}, 8),
                                        ({"dropless": True, "dry_routing": "worst"}, 8), ({}, 2)])
 def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe, node):
-    """On 4 devices every (tp, pp, dp, ep) of a 2-layer MoE GPT (ep dividing its 4 experts) is priced by its own
-    dry run: each closed-form bound lies below its price (the experts' products bounded by k s c rows a
-    sequence, c the capacity factor; the communication on each group's link, nodes of 8 GPUs or of 2, where
-    groups cross them), and the search chooses the fastest."""
+    """On 4 devices every (tp, pp, dp, ep, etp) of a 2-layer MoE GPT (ep dividing its 4 experts; with tp 2 the
+    experts split over it or folded into their ep, etp 1) is priced by its own dry run: each closed-form bound
+    lies below its price (the experts' products bounded by k s c rows a sequence, c the capacity factor; the
+    communication on each group's link, nodes of 8 GPUs or of 2, where groups cross them), and the search
+    chooses the fastest."""
     import dataclasses
 
     cfg = _moe_cfg(**moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
     configs = configurations(cfg, 4, node)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
+    # folded: tp 2 with the experts' ep 2 (mesh ep 1) or 4 (mesh ep 2), never beside tp 1
+    assert {(c.tp, c.experts_ep) for c in configs if c.etp == 1} == {(2, 2), (2, 4)}
+    assert all(c.dp * c.experts_ep * c.experts_tp * c.pp == 4 for c in configs)
     assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2}
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
@@ -282,10 +286,10 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
-    assert "  ep  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
+    assert "  ep etp  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
     monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
-    # the cells on 2 devices: 198 small dry runs, 3 CPU-s (on 4: 270, 10 CPU-s)
+    # the cells on 2 devices: 270 small dry runs (198 without the folded experts'), a third more time
     assert main(argv[:6] + ["2"] + argv[7:] + ["--moe-cells"]) == 0
     out, err = capsys.readouterr()
     cells = re.search(r"(\d+) small dry runs of layer cells", unfold(out))
@@ -339,18 +343,22 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
 def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_its_exchanges(zero):
     """comm_bounds against the transfers of the configuration's own dry run, priced as the step time prices
     them. ep 4 alone: the layers' bound is the exchanges' time exactly (with a capacity every Alltoall moves the
-    whole send buffer). tp 2 x ep 2 with sp: above the exchanges (the attention's Allgathers and
-    Reduce_scatters) and at most the layers' transfers (the MLPs' left out). The gradient sums' bound is at
+    whole send buffer). tp 2 x ep 2 with sp, and tp 2 folded into the experts' ep 4 (each rank's half of the
+    sequences over 4 ranks): above the exchanges (the attention's collectives) and at most the layers'
+    transfers (the MLPs' and the folded layer's gathers left out). The gradient sums' bound is at
     most theirs (the buckets' latency and padding, the sequence-parallel replicas' larger groups, the
     embeddings left out)."""
     from spmdsim.tools.estimate.ledger import gpt_ledger, transfers_at
     from spmdsim.tools.estimate.closed_forms import _moe_elements, comm_bounds
     from spmdsim.tools.estimate.steptime import level_model
 
+    from spmdsim.tools.estimate.configs import model_of
+
     cfg = _moe_cfg()
-    for c in (Config(1, 1, 1, False, 1, 1, "none", zero, 4), Config(2, 1, 1, True, 2, 1, "none", zero, 2)):
-        (stage,) = gpt_ledger(cfg, 1, 1, c.tp, sp=c.sp, microbatches=c.microbatches, zero=zero, kept="megatron",
-                              ep=c.ep)
+    for c in (Config(1, 1, 1, False, 1, 1, "none", zero, 4), Config(2, 1, 1, True, 2, 1, "none", zero, 2),
+              Config(2, 1, 1, False, 1, 1, "none", zero, 2, etp=1)):  # (folded: the experts' ep 4)
+        (stage,) = gpt_ledger(model_of(cfg, c.etp), 1, 1, c.tp, sp=c.sp, microbatches=c.microbatches, zero=zero,
+                              kept="megatron", ep=c.ep)
 
         def seconds(phases, kinds=None):
             return sum(level_model(A100, t.level).predict(t.kind, t.group, t.nbytes) * t.count
@@ -460,14 +468,20 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
     assert estimate["config"]["kept"] == "megatron" and estimate["fits"] is True
     assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
     assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
-    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary
+    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary; the experts folded
+    # (etp 1: the command's --ep the experts' 4, the mesh's ep 2 x tp 2), with a capacity and dropless
     dense = GPTConfig(layers=4, d_model=32, heads=2, seq=64, batch=4, vocab=117, vocab_pad_to=8, dropout=0.1)
     moe = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
                     moe=MoEConfig(experts=4, top_k=1, capacity_factor=0.5))
+    dropless = replace(moe, moe=MoEConfig(experts=4, top_k=2, dropless=True))
     for cfg, x in ((dense, Config(2, 2, 1, True, 2, 2, "selective", 0)),
-                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2))):
+                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2)),
+                   (moe, Config(2, 1, 1, True, 1, 1, "none", 1, ep=2, etp=1)),
+                   (dropless, Config(2, 1, 1, False, 4, 1, "none", 0, ep=1, etp=1))):
         seconds, _, peak = price(cfg, x, A100, "bf16-mixed", "megatron")
-        estimate = _run_estimate(estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron"))
+        command = estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron")
+        assert (f" --ep {x.experts_ep} --etp 1 " in command) == (x.etp == 1)
+        estimate = _run_estimate(command)
         assert estimate["step_time_s"] == pytest.approx(seconds, rel=1e-12)
         assert max(s["peak_bytes"] for s in estimate["stages"]) == peak
 
@@ -487,6 +501,32 @@ def test_fixed_degrees_are_held_and_the_rest_searched():
     r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False, fixed=fixed)
     assert {c.config for c in r.candidates} == set(held)
     assert r.chosen.config == min(times, key=times.get) and r.chosen.step_s == times[r.chosen.config]
+
+
+def test_fix_holds_the_experts_ep_and_tp():
+    """With MoE layers `--fix ep=N` holds the experts' ep (folded, the mesh's ep x tp: `spmdsim estimate --ep`),
+    `--fix etp=1` the experts whole (tp 1, or tp 2 folded into their ep), `--fix etp=tp` the experts split over
+    attention's tp (tp 1 among them); a fold no configuration has is one line naming the values left."""
+    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
+
+    cfg = _moe_cfg()
+    configs = configurations(cfg, 4, 8)
+    assert parse_fixed(["etp=1", "ep=4"]) == {"etp": 1, "ep": 4} and parse_fixed(["etp=tp"]) == {"etp": "tp"}
+    whole = fixed_configurations(configs, {"etp": 1}, 4)
+    assert {(c.tp, c.etp) for c in whole} == {(1, 0), (2, 1)} and all(c.experts_tp == 1 for c in whole)
+    split = fixed_configurations(configs, {"etp": "tp"}, 4)
+    assert {(c.tp, c.etp) for c in split} == {(1, 0), (2, 0)}  # (heads 2: no tp 4)
+    assert set(whole) | set(split) == set(configs) and set(whole) & set(split) == {c for c in configs if c.tp == 1}
+    four = fixed_configurations(configs, {"ep": 4}, 4)
+    assert {(c.tp, c.ep, c.etp) for c in four} == {(1, 4, 0), (2, 2, 1)}
+    with pytest.raises(SpmdsimError) as e:
+        fixed_configurations(configs, {"tp": 2, "etp": 1, "ep": 1}, 4)
+    assert str(e.value) == ("--fix ep=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, etp=1; ep can "
+                            "be 2, 4")
+    with pytest.raises(SpmdsimError) as e:
+        fixed_configurations(configs, {"tp": 2, "ep": 1, "etp": 1}, 4)
+    assert str(e.value) == ("--fix etp=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, ep=1; etp "
+                            "can be tp")
 
 
 def test_the_command_takes_fix_with_machine(capsys):
@@ -524,10 +564,10 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
 
 @pytest.mark.parametrize("fix, message", [
     (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
-                       "the configuration, one of tp, pp, v, dp, ep, cp, cp-method, mb, recompute, zero, sp (e.g. "
-                       "--fix tp=8)"),
-    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, cp, "
-             "cp-method, mb, recompute, zero, sp)"),
+                       "the configuration, one of tp, pp, v, dp, ep, etp, cp, cp-method, mb, recompute, zero, sp "
+                       "(e.g. --fix tp=8)"),
+    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, etp, "
+             "cp, cp-method, mb, recompute, zero, sp)"),
     (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
     (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
     (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
@@ -536,6 +576,9 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
     (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
     (["v=0"], "--fix v=0 must be an integer >= 1"),
     (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
+    (["etp=2"], "--fix etp=2 must be 1 (the experts whole: tp 1, or attention's tp folded into their ep) or tp (the "
+                "experts split over attention's tp)"),
+    (["etp=1"], "--fix etp=1 holds the experts' tp, and this GPT has none: give it MoE layers (--gpt ...,experts=N)"),
 ])
 def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
@@ -543,3 +586,37 @@ def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert unfold(err).rstrip("\n") == "spmdsim: error: " + message
+
+
+# ---- the experts' own tp: folded where it is faster ----
+
+FOLD_ARGV = ["autoshard", "--network", "gpt", "--gpt",
+             "layers=2,d_model=1024,heads=8,seq=1024,vocab=32000,batch=16,experts=16,top_k=2,moe_every=1",
+             "--mlp", "swiglu", "--devices", "16", "--machine", "h100-dgx", "--fix", "tp=8", "--fix", "sp=1",
+             "--fix", "pp=1", "--fix", "mb=1", "--fix", "recompute=none", "--fix", "zero=1", "--json"]
+
+
+def test_folding_wins_beside_tp_8_and_fix_etp_tp_forbids_it(capsys):
+    """16 H100s with attention's tp held at 8 (docs/howto/choose-configuration.md): of the four configurations
+    left, the experts folded into ep 16 (one whole expert a rank; each rank dispatching its own eighth of the
+    tokens, no sum of an expert's product over tp) are the fastest, and the command the search prints says
+    --ep 16 --etp 1 and prices alike; `--fix etp=tp` leaves the experts split over tp and chooses a slower
+    one, at the price the first search gave it."""
+    assert main(FOLD_ARGV) == 0
+    data = json.loads(capsys.readouterr().out)
+    configs = [Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in c["config"].items()})
+               for c in data["candidates"]]
+    assert {(c.dp, c.ep, c.etp) for c in configs} == {(2, 1, 0), (1, 2, 0), (2, 1, 1), (1, 2, 1)}
+    chosen = Config(**data["chosen"]["config"])
+    assert (chosen.dp, chosen.experts_ep, chosen.experts_tp) == (1, 16, 1)
+    assert " --ep 16 --etp 1 " in data["estimate_command"]
+    estimate = _run_estimate(data["estimate_command"])
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
+    assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
+    times = {c: x["step_s"] for c, x in zip(configs, data["candidates"])}
+    assert main(FOLD_ARGV + ["--fix", "etp=tp"]) == 0
+    split = json.loads(capsys.readouterr().out)
+    held = Config(**split["chosen"]["config"])
+    assert held.etp == 0 and split["fixed"]["etp"] == "tp"
+    assert split["chosen"]["step_s"] == times[held] > data["chosen"]["step_s"]
+    assert held == min((c for c in configs if c.etp == 0), key=times.get)

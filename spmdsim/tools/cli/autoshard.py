@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
                              '"MatMul2=((1,8),(8,1)) out ((8,1),)" or "MatMul1=hand" (repeatable); '
                              '"*=hand": every operator not named holds its hand-written strategy; with '
                              '--machine, DEGREE=VALUE holds a degree of the configuration and searches the rest '
-                             '(tp, pp, v, dp, ep, mb, recompute, zero, sp; e.g. tp=8)')
+                             '(tp, pp, v, dp, ep, etp, cp, cp-method, mb, recompute, zero, sp; e.g. tp=8)')
     parser.add_argument("--memory-limit", type=parse_size, metavar="BYTES",
                         help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
     parser.add_argument("--objective", choices=OBJECTIVES,
@@ -101,7 +101,7 @@ def register(subparsers: Any) -> None:
                         help="--machine: at most N configurations priced by a dry run (default 24)")
     parser.add_argument("--moe-cells", action="store_true", default=None,
                         help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
-                             "small dry runs each, one per tp, sp, micro-batch, recomputation and ep: slower, "
+                             "small dry runs each, one per tp, sp, micro-batch, recomputation, ep and etp: slower, "
                              "prunes more and prices better configurations; docs/howto/choose-configuration.md)")
     parser.set_defaults(func=run, dry_run=False)
 

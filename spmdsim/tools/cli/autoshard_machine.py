@@ -6,8 +6,10 @@
 Every configuration is priced by its own dry run's ledger (spmdsim.tools.estimate.search); the table shows
 the chosen one, the runners-up and why each lost, each by its peak (transient blocks included, as
 `spmdsim estimate`'s verdict: what the memory limit bounds) (docs/howto/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
-dp, ep, cp, cp-method, mb, recompute, zero, sp) holds a degree and searches the rest; the table's cp column
-names each one's method by a letter (r ring, g allgather, a alltoall).
+dp, ep, etp, cp, cp-method, mb, recompute, zero, sp) holds a degree and searches the rest; the table's cp column
+names each one's method by a letter (r ring, g allgather, a alltoall). With MoE layers its ep and etp columns are
+the experts' (as `spmdsim estimate --ep/--etp` take them): etp 1 beside tp above 1 is Megatron-Core's parallel
+folding, attention's tp ranks in the experts' ep (ep x etp x dp x pp = the devices).
 """
 from __future__ import annotations
 
@@ -125,7 +127,9 @@ def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) 
         words.append(f"--pad-vocab-to {cfg.vocab_pad_to}")
     if cfg.moe is not None:
         m = cfg.moe
-        words += [f"--experts {m.experts}", f"--top-k {m.top_k}", f"--moe-every {m.every}", f"--ep {x.ep}"]
+        # --ep the experts' (folded, the mesh's ep x tp: --etp 1)
+        words += [f"--experts {m.experts}", f"--top-k {m.top_k}", f"--moe-every {m.every}", f"--ep {x.experts_ep}"]
+        words += ["--etp 1"] if x.etp == 1 else []
         if m.dropless:
             words.append("--dropless")
         elif m.capacity_factor != 1.0:
@@ -169,7 +173,7 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
     step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
     # the peak (a bound of the memory held is one of the peak too)
     memory = f"{c.peak / MIB:,.1f}" if c.peak is not None else f">{c.bound_bytes / MIB:,.1f}"
-    ep = f"{x.ep:>4}" if moe else ""
+    ep = f"{x.experts_ep:>4}{x.experts_tp:>4}" if moe else ""  # the experts' ep and tp (folded: tp's ranks in ep)
     cp = f"{x.cp:>4}{CP_SHORT[x.cp_method] if x.cp > 1 else ' ':<2}"
     return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{cp}{x.microbatches:>5} "
             f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
@@ -211,7 +215,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
     else:
         head.append("chosen: none fits the memory limit")
     out = list(head)
-    eph = f"{EXPERT:>4}" if moe else ""
+    eph = f"{EXPERT:>4}{'etp':>4}" if moe else ""
     out.append(f"{'#':<5}{TENSOR:>3}{'':3}{PIPELINE:>4}{'v':>3}{DATA:>5}{eph}{CONTEXT:>4}{'':2}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
                f"{'step ms':>13}{'peak MiB':>14}  why not chosen")

@@ -3,7 +3,8 @@
 The search (spmdsim.tools.estimate.search) prices a configuration by the dry run of its whole training step. A
 transformer layer does the same work wherever it sits: under every configuration with the same tensor
 parallelism tp, sequence parallelism, micro-batch size b, recomputation, kept set, context parallelism cp
-and its method, and (with MoE layers) expert parallelism ep, each layer of a kind ("dense"; "moe", an MoE layer's block) runs the same operators
+and its method, and (with MoE layers) expert parallelism ep and the experts' own tp (attention's, or folded into
+their ep: spmdsim.models.moe.fold), each layer of a kind ("dense"; "moe", an MoE layer's block) runs the same operators
 on blocks of the same shapes for each microbatch. `LayerCell` is each kind's share of a dry run, taken from
 small dry runs of the real step (pp 2, dp 1, ep, micro-batch b, 1 or 2 microbatches; 2 and 4 layers, or
 with an MoE layer every M-th block 2M - 2, 2M and 2M + 2, each size's first stage holding one layer more
@@ -25,7 +26,7 @@ a lower bound of the stage's priced time, because every part of `step_time`'s to
 added (the overlap hides at most the communication it is given). With ep > 1 a cell keeps, of the transfers
 over a group of ep ranks, the experts' exchanges alone: the sums over the batch's axes (the routers'
 load-balancing counts, the loss's mean) run over ep in the cell and over dp x ep in a configuration, whose
-price a link model need not order by group size. The memory bound is, at its largest over the stages, a
+price a link model need not order by group size (folded, the same of ep x tp: the routers' sums run over it). The memory bound is, at its largest over the stages, a
 stage's layers' model states (their parameter elements at the precision's bytes) plus the bytes its
 smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that stage at once
 (spmdsim.programs.pipeline.schedule.in_flight_by_stage): a bound of the stage's memory line, so of its peak too, which
@@ -45,6 +46,7 @@ from ...models.gpt.params import is_expert, param_specs
 from ...models.gpt.stages import chunk_parts
 from ...programs.pipeline.schedule import in_flight_by_stage
 from .closed_forms import model_states
+from .configs import model_of
 from .ledger import _RUN, PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, transfers_at
 from .steptime import Pipeline, step_time
 
@@ -95,12 +97,13 @@ def _less(a: tuple, b: tuple) -> tuple:
     return tuple(_minus(x, y) for x, y in zip(a, b))
 
 
-def _exchange(t: Any, ep: int) -> bool:
-    """Whether a cell keeps transfer `t` of a run with `ep` expert-parallel ranks and dp 1: not over a group of
-    ep unless it is the experts' exchange (over ep in any configuration); what runs over the batch's axes
-    (the routers' load-balancing sums, the loss's mean) is over ep here and over dp x ep in a configuration,
-    whose price a link model need not order by group size."""
-    return t.group != ep or t.kind in ("alltoall", "alltoallv")
+def _exchange(t: Any, groups: tuple) -> bool:
+    """Whether a cell keeps transfer `t` of a run with dp 1 whose batch's axes make `groups` (ep; folded, ep and
+    ep x tp): not over one of them unless it is the experts' exchange (over the experts' ep in any
+    configuration); what runs over the batch's axes (the routers' load-balancing sums, the loss's mean) is over
+    those groups here and over dp times them in a configuration, whose price a link model need not order by
+    group size."""
+    return t.group not in groups or t.kind in ("alltoall", "alltoallv")
 
 
 def layer_kind(cfg: Any, layer: int) -> str:
@@ -144,12 +147,14 @@ def _signed(a: dict, b: dict) -> dict:
 
 
 def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gpus_per_node: int,
-          ep: int = 1, context: tuple = (1, "ring")) -> LayerCell:
+          ep: int = 1, context: tuple = (1, "ring"), etp: int = 0) -> LayerCell:
     """Small dry runs of the step on pp 2 x dp 1 x ep x tp (two or three sizes of model, 1 or 2 microbatches of
     `micro` sequences a rank) and the rows of each kind of layer and of the ends they solve for (module
     docstring); every run's stages checked to be their ends plus their layers. `context`: (cp, its method),
-    each run's sequence split over cp as the configuration's."""
+    each run's sequence split over cp as the configuration's; `etp`: the experts' (1: folded, `model_of`)."""
     cp, method = context
+    cfg = model_of(cfg, etp)
+    folded = etp == 1 and tp > 1 and cfg.moe is not None
     every = cfg.moe.every if cfg.moe is not None else 1
     mixed = every > 1  # dense and MoE layers
     sizes = (2 * every - 2, 2 * every, 2 * every + 2) if mixed else (2, 4)
@@ -200,10 +205,11 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
         one = {k: (tuple({t: n for t, n in d.items() if t not in bad} for d, bad in zip(per, odd)), step, held)
                for k, (per, step, held) in one.items()}
         ends = tuple(tuple({t: n for t, n in d.items() if t not in bad} for d, bad in zip(end, odd)) for end in ends)
-    if ep > 1:  # a group of ep: the experts' exchanges kept, the batch's sums left out (module docstring)
-        one = {k: ((per[0], per[1], {t: n for t, n in per[2].items() if _exchange(t, ep)}), step, held)
+    groups = tuple(g for g in (ep, ep * tp if folded else 1) if g > 1)  # the batch's axes but dp (folded: and tp)
+    if groups:  # the experts' exchanges kept, the batch's sums left out (module docstring)
+        one = {k: ((per[0], per[1], {t: n for t, n in per[2].items() if _exchange(t, groups)}), step, held)
                for k, (per, step, held) in one.items()}
-        ends = tuple(end[:2] + ({t: n for t, n in end[2].items() if _exchange(t, ep)},) for end in ends)
+        ends = tuple(end[:2] + ({t: n for t, n in end[2].items() if _exchange(t, groups)},) for end in ends)
 
     def items(d: dict) -> tuple:
         return tuple(d.items())
@@ -216,7 +222,7 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
 
 class Cells:
     """The layer cells of one model, made on first use and kept (keyed on tp, sp, a rank's micro-batch,
-    recompute, ep, and cp with its method).
+    recompute, ep, cp with its method, and the experts' etp).
 
     `dry_runs`: the small dry runs made so far (`runs_a_cell` a cell).
     """
@@ -233,17 +239,18 @@ class Cells:
         return 6 if self.cfg.moe is not None and self.cfg.moe.every > 1 else 4
 
     def cell(self, tp: int, sp: bool, micro: int, recompute: str, ep: int = 1,
-             context: tuple = (1, "ring")) -> LayerCell:
-        key = (tp, sp, micro, recompute, ep, context)
+             context: tuple = (1, "ring"), etp: int = 0) -> LayerCell:
+        key = (tp, sp, micro, recompute, ep, context, etp)
         if key not in self.cells:
             self.dry_runs += self.runs_a_cell
-            self.cells[key] = _cell(self.cfg, tp, sp, micro, recompute, self.kept, self.gpus_per_node, ep, context)
+            self.cells[key] = _cell(self.cfg, tp, sp, micro, recompute, self.kept, self.gpus_per_node, ep, context,
+                                    etp)
         return self.cells[key]
 
     def _of(self, c: Any) -> LayerCell:
         """The cell of configuration `c` (a rank's micro-batch: the batch over dp x ep x microbatches)."""
         return self.cell(c.tp, c.sp, self.cfg.batch // (c.dp * c.ep * c.microbatches), c.recompute, c.ep,
-                         (c.cp, c.cp_method))
+                         (c.cp, c.cp_method), getattr(c, "etp", 0))
 
     def stages(self, c: Any) -> list:
         """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}: its chunks

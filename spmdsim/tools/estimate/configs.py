@@ -1,9 +1,11 @@
 """The parallel configurations of a GPT that `search` (spmdsim.tools.estimate.search) chooses among.
 
 Each configuration sets tensor parallel tp, context parallel cp and its method (a dense GPT), pipeline
-stages pp and virtual stages v, data parallel dp, expert parallel ep (with MoE layers), microbatches,
-recomputation, ZeRO (0 to 3) and sequence parallelism; the rules they obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`,
-`fixed_configurations` keeps the configurations that have those degrees.
+stages pp and virtual stages v, data parallel dp, expert parallel ep and the experts' own tp (with MoE layers:
+split over attention's tp, or with tp above 1 folded into their ep, Megatron-Core's parallel folding,
+spmdsim.models.moe.fold), microbatches, recomputation, ZeRO (0 to 3) and sequence parallelism; the rules they
+obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`, `fixed_configurations` keeps the
+configurations that have those degrees.
 """
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from ...models.gpt.context import Context, context_problem
 from ...models.gpt.layouts import megatron_layouts
 from ...models.gpt.params import param_specs
 from ...models.gpt.pipeline_problems import pipeline_layout_problem
+from ...models.moe.fold import fold_problem
 from ...nn.fsdp import shard_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
 __all__ = ["Config", "configurations", "vocab_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
-           "fixed_configurations"]
+           "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -40,7 +43,13 @@ ZERO = (0, 1, 2, 3)
 class Config:
     """One way to train the GPT: the mesh, the schedule, recomputation, ZeRO and sequence parallelism; `cp`
     context-parallel ranks, each sequence split over them for the whole block, attention by `cp_method`
-    (spmdsim.models.gpt.context: "ring", "allgather" or "alltoall"; the balanced causal split)."""
+    (spmdsim.models.gpt.context: "ring", "allgather" or "alltoall"; the balanced causal split).
+
+    With MoE layers `ep` is the size of the mesh's "ep" axis (pp x dp x ep x cp x tp = the devices, as the ledger
+    takes it) and `etp` the experts' own tp (MoEConfig.etp): 0, split over attention's tp as attention is; 1
+    (tp above 1 only), whole, attention's tp ranks folded into their expert-parallel group
+    (spmdsim.models.moe.fold): the experts' ep is then ep x tp (`experts_ep`, what `spmdsim estimate --ep`
+    and the search's table count) and their tp 1 (`experts_tp`)."""
 
     tp: int
     pp: int
@@ -56,6 +65,17 @@ class Config:
     split: Optional[tuple] = None
     cp: int = 1
     cp_method: str = "ring"
+    etp: int = 0  # the experts' tp: 0, attention's tp; 1 (tp > 1, MoE layers), folded into their ep
+
+    @property
+    def experts_ep(self) -> int:
+        """The experts' expert-parallel size: the mesh's ep, folded (etp 1) ep x tp (`spmdsim estimate --ep`)."""
+        return self.ep * self.tp if self.etp == 1 else self.ep
+
+    @property
+    def experts_tp(self) -> int:
+        """The experts' tensor-parallel size: attention's tp, or 1 folded."""
+        return 1 if self.etp == 1 else self.tp
 
     @property
     def schedule(self) -> str:
@@ -63,7 +83,8 @@ class Config:
 
     def short(self) -> str:
         return (f"tp {self.tp}{' sp' if self.sp else ''}, pp {self.pp}" + (f" v {self.virtual}" if self.virtual > 1
-                else "") + f", dp {self.dp}" + (f", ep {self.ep}" if self.ep > 1 else "")
+                else "") + f", dp {self.dp}"
+                + (f", ep {self.experts_ep}" if self.experts_ep > 1 else "") + (", etp 1" if self.etp == 1 else "")
                 + (f", cp {self.cp} {self.cp_method}" if self.cp > 1 else "")
                 + f", {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
 
@@ -116,7 +137,9 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
-                out += _scheduled(cfg, Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size, cp_method=method))
+                for etp in _etps(cfg, tp, ep):
+                    out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,
+                                                                 cp_method=method, etp=etp))
                 if len(out) > MAX_CONFIGS:
                     raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
                                        "devices; expected fewer: a smaller global batch or fewer layers")
@@ -124,8 +147,10 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
 
 
 def _scheduled(cfg: Any, mesh: Config) -> list[Config]:
-    """The configurations on `mesh`'s degrees (tp, cp and its method, pp, dp, ep): every microbatch count,
-    virtual stages, sequence parallelism, recomputation and ZeRO stage that runs there."""
+    """The configurations on `mesh`'s degrees (tp, cp and its method, pp, dp, ep, etp; `cfg` with the experts'
+    etp, `model_of`): every microbatch count, virtual stages, sequence parallelism, recomputation and ZeRO stage
+    that runs there (folded with a capacity, a microbatch tp's ranks share; dropless, a sequence:
+    spmdsim.models.gpt.layouts.mesh_problem)."""
     tp, pp, dp, ep, cp = mesh.tp, mesh.pp, mesh.dp, mesh.ep, mesh.cp
     data = dp * ep
     out = []
@@ -169,8 +194,9 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHO
     return out
 
 
-#: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each.
-FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, CONTEXT: "cp",
+#: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each; ep and etp
+#: are the experts' (`Config.experts_ep`; etp 1, their tp 1: tp 1 or folded, or the word tp, split over tp).
+FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, "etp": "etp", CONTEXT: "cp",
            "cp-method": "cp_method", "mb": "microbatches", "recompute": "recompute", "zero": "zero", "sp": "sp"}
 #: The words `--fix` takes for the degrees that are not integers >= 1.
 WORDS = {"recompute": RECOMPUTE, "cp-method": METHODS}
@@ -194,6 +220,11 @@ def parse_fixed(items: Any) -> dict[str, Any]:
             if text not in WORDS[name]:
                 raise SpmdsimError(f"--fix {name}={text} must be one of {', '.join(WORDS[name])}")
             value: Any = text
+        elif name == "etp":
+            if text not in ("1", TENSOR):
+                raise SpmdsimError(f"--fix etp={text} must be 1 (the experts whole: tp 1, or attention's tp folded into "
+                                   "their ep) or tp (the experts split over attention's tp)")
+            value = 1 if text == "1" else TENSOR
         elif name in ("zero", "sp"):
             can = tuple(map(str, ZERO)) if name == "zero" else ("0", "1")  # sp off or on
             if text not in can:
@@ -219,18 +250,29 @@ def _shown(field_: str, value: Any) -> str:
     return f"{name}={int(value) if isinstance(value, bool) else value}"
 
 
+def _holds(c: Config, field_: str, value: Any) -> bool:
+    """Whether `c` has degree `field_` (a FIXABLE value) at `value`: ep the experts' ep; etp 1 the experts whole
+    (tp 1, or folded), etp "tp" the experts split over attention's tp (tp 1 too)."""
+    if field_ == "etp":
+        return c.experts_tp == 1 if value == 1 else c.etp == 0
+    return (c.experts_ep if field_ == EXPERT else getattr(c, field_)) == value
+
+
 def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
-    """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed);
-    one line naming the first degree that leaves none and the values it can take (with the degrees before it)."""
+    """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed;
+    `_holds`); one line naming the first degree that leaves none and the values it can take (with the degrees
+    before it)."""
     done: list[str] = []
     for field_, value in (fixed or {}).items():
         if field_ not in FIXABLE.values():
             raise SpmdsimError(f"fixed degree {field_!r} is unknown; expected one of {tuple(FIXABLE.values())!r}")
-        left = [c for c in configs if getattr(c, field_) == value]
+        left = [c for c in configs if _holds(c, field_, value)]
         if not left:
             name = _shown(field_, value).split("=")[0]
-            words = RECOMPUTE + METHODS
-            can = sorted({getattr(c, field_) for c in configs},
+            words = RECOMPUTE + METHODS + (TENSOR,)
+            values = (1, TENSOR) if field_ == "etp" else {c.experts_ep if field_ == EXPERT else getattr(c, field_)
+                                                            for c in configs}
+            can = sorted((v for v in values if any(_holds(c, field_, v) for c in configs)),
                          key=lambda v: words.index(v) if isinstance(v, str) else int(v))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""
@@ -239,6 +281,23 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
         configs = left
         done.append(_shown(field_, value))
     return configs
+
+
+def _etps(cfg: Any, tp: int, ep: int) -> tuple[int, ...]:
+    """The experts' tp to try on a mesh of `tp` x `ep`: 0 (attention's), and with MoE layers and tp above 1 also
+    1 (folded: spmdsim.models.moe.fold) where the experts' ep x tp divides the experts."""
+    if cfg.moe is None or tp == 1 or cfg.moe.experts % (ep * tp) or fold_problem(tp, 1, ep * tp):
+        return (0,)
+    return (0, 1)
+
+
+@functools.lru_cache(maxsize=64)
+def model_of(cfg: Any, etp: int) -> Any:
+    """`cfg` with its MoE layers' experts at `etp` (MoEConfig.etp; the Config's): what the configuration's dry
+    run trains. A search tries each etp whatever `cfg.moe.etp` says; a dense `cfg` is itself."""
+    if cfg.moe is None or cfg.moe.etp == etp:
+        return cfg
+    return replace(cfg, moe=replace(cfg.moe, etp=etp))
 
 
 def _eps(cfg: Any, ranks: int) -> list[int]:

@@ -13,7 +13,9 @@ holds cp; dp = devices / (tp * cp * pp)), with each method of
 attention over the split (ring, allgather, alltoall: the all-to-all's heads divide by tp x cp), priced
 with the ring's messages hidden under its products as `spmdsim estimate` prices them. With MoE layers
 (cfg.moe) also the expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp *
-ep), the dense layers' batch split over dp x ep). Each is priced by the ledger of
+ep), the dense layers' batch split over dp x ep), and with tp > 1 the experts' own tp: attention's, or 1, attention's
+tp ranks folded into the experts' ep (Megatron-Core's parallel folding, spmdsim.models.moe.fold: the experts' ep
+is ep x tp, dividing the experts; with a capacity a microbatch tp's ranks share, dropless a sequence). Each is priced by the ledger of
 its own dry run (spmdsim.tools.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
 with ZeRO-2's gradients its backward holds beyond the slices and the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
 bounds it by the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes; and its predicted step time on the
@@ -48,7 +50,8 @@ from ...errors import SpmdsimError
 from ...programs.context import METHODS
 from .bounds import Cells
 from .closed_forms import bounds_and_sums, dense_layer_elements
-from .configs import RECOMPUTE, SEARCHED_METHODS, Config, configurations, fixed_configurations, vocab_note
+from .configs import (RECOMPUTE, SEARCHED_METHODS, Config, configurations, fixed_configurations, model_of,
+                      vocab_note)
 from .ledger import PRECISIONS, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
 from .steptime import Pipeline
 
@@ -100,8 +103,8 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     """(predicted step seconds, bytes held, peak bytes) of `c` from its dry run: the slowest stage's time, the
     largest stage's memory and the largest stage's peak (transient blocks included: what `spmdsim estimate`'s
     fit verdict compares with the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes) at `precision`, as
-    `spmdsim estimate` prints them."""
-    stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
+    `spmdsim estimate` prints them (the experts at `c`'s etp: on the mesh's ep, folded or not)."""
+    stages = gpt_ledger(model_of(cfg, c.etp), c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
                         virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
                         gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split, cp=c.cp,
                         cp_method=c.cp_method)
@@ -165,6 +168,9 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any) -
     gradient sums within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
+    if cfg.moe is None and "etp" in (fixed or {}):
+        raise SpmdsimError(f"--fix etp={fixed['etp']} holds the experts' tp, and this GPT has none: give it MoE layers "
+                           "(--gpt ...,experts=N)")
     # (--fix cp=N: that cp alone, across nodes too)
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
@@ -290,4 +296,4 @@ def _order(c: Candidate) -> tuple:
     recomputation first."""
     x = c.config
     return (x.pp, x.tp, x.cp, METHODS.index(x.cp_method), x.virtual, RECOMPUTE.index(x.recompute), x.zero, x.sp,
-            x.microbatches, x.ep)
+            x.microbatches, x.ep, x.etp)
