@@ -240,9 +240,12 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     # (the lab's exercises are students' mpi4py programs, their reference solutions run by the emulator)
     strays = sorted(f for f in files if f != "spmdsim/runtime/engines/mpi.py"
                     and not f.startswith(("spmdsim/emulator/", "spmdsim/tools/lab/exercises/")))
-    assert strays == ["spmdsim/nn/ops/methods.py", "spmdsim/tools/cli/helptext.py"], strays
+    assert strays == ["spmdsim/nn/ops/methods.py", "spmdsim/runtime/dtensor_methods.py",
+                      "spmdsim/tools/cli/helptext.py"], strays
     prose = [line for line in lines if line.startswith("spmdsim/nn/ops/methods.py")]
     assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]
+    prose = [line for line in lines if line.startswith("spmdsim/runtime/dtensor_methods.py")]  # full_tensor()'s line
+    assert len(prose) == 1 and '"full_tensor()": ("PyTorch DTensor\'s", "x.gather(), the whole tensor' in prose[0]
     example = [line for line in lines if line.startswith("spmdsim/tools/cli/helptext.py")]  # mpirun's --help
     assert len(example) == 1 and '"mpirun": \'spmdsim mpirun -n 4 -c "from mpi4py import MPI;' in example[0]
     shown = (ROOT / "docs" / "explanation" / "architecture.md").read_text()
