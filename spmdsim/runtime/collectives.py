@@ -28,13 +28,13 @@ from ..base.validate import as_int
 from ..programs.plan.steps import moved_bytes  # each step kind owns its byte formula
 from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order
 from .door import _alone, issue, keep, repeat
+from .engines.base import DRY_VALUES_BYTES
 from .replay import CAPTURES, capturing
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .axes import normalize_axes
 from .mesh import Mesh
 
-__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "exchange",
-           "moved_bytes"]
+__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "exchange", "moved_bytes"]
 
 _REDUCTIONS = ("sum", "max", "min")
 _ndarray = np.ndarray
@@ -43,8 +43,7 @@ _np_empty = np.empty  # results numpy fills (unpacking), not MPI
 
 def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
     """View x as (outer, g, rest) so that block j along tensor_dim is [:, j]."""
-    outer = math.prod(x.shape[:tensor_dim])
-    # `rest` spelled out: numpy cannot infer a -1 size from a zero-size array.
+    outer = math.prod(x.shape[:tensor_dim])  # (`rest` spelled out: no -1 size from a zero-size array)
     return x.reshape(outer, g, math.prod(x.shape[tensor_dim:]) // g)
 
 
@@ -106,6 +105,10 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         out_shape = (shape[0] * g,) + shape[1:]
     else:
         out_shape = shape[:d] + (shape[d] * g,) + shape[d + 1:]
+        if math.prod(shape[:d]) != 1 and mesh.engine.dry and x.nbytes * g > DRY_VALUES_BYTES:
+            dst = _result(out, out_shape, x.dtype, "allgather")  # a dry run's zeros in any order: no copy, same row
+            return issue(mesh, comm, g, "allgather", axes, label, mesh.engine.all_gather, (x, dst), dst, x, (d,),
+                         x.nbytes, x.nbytes * g)
         if math.prod(shape[:d]) != 1:  # received side by side, then one copy along tensor_dim
             t0 = perf_counter()
             dst = None if out is None else _result(out, out_shape, x.dtype, "allgather")
