@@ -102,7 +102,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--moe-cells", action="store_true", default=None,
                         help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
                              "small dry runs each, one per tp, sp, micro-batch, recomputation, ep and etp: slower, "
-                             "prunes more and prices better configurations; docs/howto/choose-configuration.md)")
+                             "prunes more, prices better configurations and tries the experts folded into ep, etp 1; "
+                             "docs/howto/choose-configuration.md)")
     parser.set_defaults(func=run, dry_run=False)
 
 

@@ -119,10 +119,11 @@ SEARCHED_METHODS = ("ring",)
 
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None,
-                   methods: tuple = METHODS) -> list[Config]:
+                   methods: tuple = METHODS, folded: bool = True) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
     those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`); `methods`: the
-    context-parallel attention methods tried (SEARCHED_METHODS in a search)."""
+    context-parallel attention methods tried (SEARCHED_METHODS in a search); `folded`: with the experts folded
+    into their ep too (etp 1), beside split over tp."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
@@ -137,7 +138,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
-                for etp in _etps(cfg, tp, ep):
+                for etp in _etps(cfg, tp, ep) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,
                                                                  cp_method=method, etp=etp))
                 if len(out) > MAX_CONFIGS:

@@ -132,9 +132,14 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
     1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/howto/estimate.md).
     `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
+    The experts folded into their ep (etp 1) are searched where the layer cells bound them, or with `fixed` etp 1:
+    by the closed forms alone their bounds are the least (half the tokens a rank in each Alltoall) and take the
+    dry runs from the configurations split over tp (DeepSpeed-MoE's 1.3B+MoE-128 on 128 A100s: 328.9 ms chosen
+    among them where the split experts give 300.4 ms; docs/howto/choose-configuration.md).
     """
     _check_search(precision, max_dry_runs, memory_limit)
-    bounded, sums = _bounded(cfg, devices, machine, precision, fixed)
+    folded = cfg.moe is None or moe_cells or isinstance(cells, Cells) or (fixed or {}).get("etp") == 1
+    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded)
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
@@ -163,9 +168,9 @@ def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
         raise SpmdsimError(f"memory limit {memory_limit!r} must be a number of bytes >= 1")
 
 
-def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any) -> tuple[list, dict]:
-    """Every configuration `search` considers under its closed-form bounds, and the seconds of each one's
-    gradient sums within them (the layer cells' bound adds them)."""
+def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool) -> tuple[list, dict]:
+    """Every configuration `search` considers under its closed-form bounds (`folded`: the experts folded too), and
+    the seconds of each one's gradient sums within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
     if cfg.moe is None and "etp" in (fixed or {}):
@@ -174,9 +179,9 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any) -
     # (--fix cp=N: that cp alone, across nodes too)
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
-    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"), methods)
+    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"), methods, folded)
     if fixed and not every:  # every cp the search takes, for the line that names them
-        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods)
+        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
