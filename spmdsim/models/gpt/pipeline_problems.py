@@ -11,7 +11,7 @@ from .fp8_block import fp8_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
 from ...programs.pipeline.schedule import schedule_problem
-from ..axes import PIPELINE
+from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
@@ -66,8 +66,8 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                or (fp8_problem(kept, replay, pp) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:
-        where = " x ".join(f"{a} {n}" for a, n, shown in (("pp", pp, True), ("dp", dp, True), ("ep", ep, moe),
-                                                           ("cp", cp, cp > 1), ("tp", tp, True)) if shown)
+        where = " x ".join(f"{a} {n}" for a, n, shown in ((PIPELINE, pp, True), (DATA, dp, True), (EXPERT, ep, moe),
+                                                           (CONTEXT, cp, cp > 1), (TENSOR, tp, True)) if shown)
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
     shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
     return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
