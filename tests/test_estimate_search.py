@@ -623,7 +623,13 @@ def test_folding_wins_beside_tp_8_and_fix_etp_tp_forbids_it(capsys):
     assert held == min((c for c in configs if c.etp == 0 and times[c] is not None), key=times.get)
     # By the closed forms alone (no --moe-cells) the experts stay split over tp unless --fix etp=1 asks for them
     # folded: there the folded bounds are the least and would take the dry runs (search's docstring).
-    for extra, etps in (([], {0}), (["--fix", "etp=1"], {1})):
+    # (the output says so where a configuration could fold them; not where --fix etp holds them either way)
+    said = "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
+    for extra, etps in (([], {0}), (["--fix", "etp=1"], {1}), (["--fix", "etp=tp"], {0})):
         assert main(FOLD_ARGV[:-1] + extra) == 0
         quick = json.loads(capsys.readouterr().out)
         assert {c["config"]["etp"] for c in quick["candidates"]} == etps
+        assert quick.get("note") == (said if not extra else None)
+        assert main([a for a in FOLD_ARGV[:-1] if a != "--json"] + extra) == 0
+        assert (said in capsys.readouterr().out.splitlines()) == (not extra)
+    assert data.get("note") is None  # (with --moe-cells they are searched)

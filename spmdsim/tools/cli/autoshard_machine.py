@@ -26,7 +26,7 @@ from ...base.validate import counted
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
-from ..estimate.configs import FIXABLE, parse_fixed, vocab_note
+from ..estimate.configs import FIXABLE, fold_note, parse_fixed, vocab_note
 from ..estimate.machine import load_machine
 from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
@@ -88,7 +88,8 @@ def run_machine(args: argparse.Namespace) -> int:
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
-    note = vocab_note(cfg, devices, machine.gpus_per_node)
+    note = "; ".join(filter(None, (vocab_note(cfg, devices, machine.gpus_per_node), "" if "etp" in fixed else
+                                   fold_note(cfg, [c.config for c in result.candidates]))))
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
     # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak
     command = None if result.chosen is None else estimate_command(cfg, result.chosen.config, args.machine,

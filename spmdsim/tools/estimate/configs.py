@@ -27,7 +27,7 @@ from ...nn.fsdp import shard_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
-__all__ = ["Config", "configurations", "vocab_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
+__all__ = ["Config", "configurations", "vocab_note", "fold_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
            "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
@@ -98,6 +98,14 @@ def vocab_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
     pad = 128 * math.lcm(*lost)  # Megatron pads to a multiple of 128 x tp: one for every tp left out
     return (f"tp {', '.join(map(str, lost))} left out: they do not divide vocab {cfg.vocab_words} (the embedding is "
             f"split over tp); pad it, e.g. vocab_pad_to={pad} (Megatron pads to 128 x tp)")
+
+
+def fold_note(cfg: Any, configs: Any) -> str:
+    """A line saying the experts folded into ep were left out of a search of `configs` (Configs, none folded) where
+    one of them could fold them (spmdsim.tools.estimate.search: the closed forms alone do not search them); ""."""
+    if cfg.moe is None or any(c.etp == 1 for c in configs) or not any(_etps(cfg, c.tp, c.ep) != (0,) for c in configs):
+        return ""
+    return "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
 
 
 def _divisors(n: int) -> list[int]:
