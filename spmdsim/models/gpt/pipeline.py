@@ -292,7 +292,7 @@ class _Pipelined:
         debug_calls.agree(mesh.comm, mesh.layout.alias_name, mesh.polite, always=True)
         run.orders.append(order)
         run.in_flight.append(held)
-        run.ran, run.trace = (order, tuple(clock.times)), trace  # (the clock is emptied before the next step)
+        run.times, run.trace = tuple(clock.times), trace  # (the clock is emptied before the next step)
         # The loss: the last stage's sum of its microbatches' scaled losses and every stage's router losses
         # (each microbatch's, scaled alike), to every rank, for the check and the printed row: not the step's
         # (Megatron's stages keep theirs), so untraced, as the check's own traffic is not the step's either. A

@@ -36,7 +36,7 @@ class PipelineRun:
         orders: per step, the Compute records this rank ran, in order (what a timeline is made from).
         in_flight: per step, the most microbatch-chunks whose activations this rank held at once.
         cells: the last step's cells as trace spans: (name, start, end) in perf_counter seconds (made when asked
-            from ``ran``: the last step's Compute records in the order run and each one's start and end).
+            from its order, ``orders[-1]``, and ``times``: each cell's start and end, in that order).
         trace: the last step's trace (spmdsim.runtime.trace: collectives and messages).
     """
 
@@ -49,13 +49,13 @@ class PipelineRun:
     params: dict
     orders: list
     in_flight: list
-    ran: tuple = ((), ())
+    times: tuple = ()
     trace: Any = None
 
     @property
     def cells(self) -> list:
-        order, times = self.ran
-        return [(str(c), times[2 * i], times[2 * i + 1]) for i, c in enumerate(order)]
+        times = self.times
+        return [(str(c), times[2 * i], times[2 * i + 1]) for i, c in enumerate(self.orders[-1] if self.orders else ())]
 
     def timeline(self, step: int = -1) -> Any:
         """The unit-cost timeline (spmdsim.programs.pipeline.timeline) of what every stage ran at `step`: each
@@ -100,7 +100,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
     blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
     on receipt). `groups`: each message group's step record (a spmdsim.programs.plan.messages.Messages) by what
-    it posts (peers, tags, bytes), kept from step to step (a group's sizes and peers are the same every step), filled here.
+    it posts (peers, tags, bytes), kept from step to step (its sizes and peers the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
     found (the program as tuples, the chunks' output layout objects), kept from step to step as `groups`.
