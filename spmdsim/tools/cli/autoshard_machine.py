@@ -88,7 +88,7 @@ def run_machine(args: argparse.Namespace) -> int:
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
-    note = "; ".join(filter(None, (vocab_note(cfg, devices, machine.gpus_per_node), "" if "etp" in fixed else
+    note = "; ".join(filter(None, (vocab_note(cfg, devices, machine.gpus_per_node), "" if result.folded else
                                    fold_note(cfg, [c.config for c in result.candidates]))))
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
     # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak

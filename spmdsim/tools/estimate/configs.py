@@ -101,9 +101,10 @@ def vocab_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
 
 
 def fold_note(cfg: Any, configs: Any) -> str:
-    """A line saying the experts folded into ep were left out of a search of `configs` (Configs, none folded) where
-    one of them could fold them (spmdsim.tools.estimate.search: the closed forms alone do not search them); ""."""
-    if cfg.moe is None or any(c.etp == 1 for c in configs) or not any(_etps(cfg, c.tp, c.ep) != (0,) for c in configs):
+    """A line saying the experts folded into ep were left out of a search of `configs` (SearchResult.folded False)
+    where one of them could fold them (spmdsim.tools.estimate.search: the closed forms alone do not search them);
+    "" where none could."""
+    if cfg.moe is None or not any(_etps(cfg, c.tp, c.ep) != (0,) for c in configs):
         return ""
     return "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
 

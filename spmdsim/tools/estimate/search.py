@@ -85,7 +85,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What `search` found: the candidates, priced first (by time), then the others; the chosen or None."""
+    """What `search` found: the candidates, priced first (by time), then the others; the chosen or None;
+    `folded`: whether the experts folded into ep were searched (or `fixed` held the experts' tp either way)."""
 
     devices: int
     machine: str
@@ -97,6 +98,7 @@ class SearchResult:
     stopped: str
     chosen: Optional[Candidate] = field(default=None)
     cell_runs: int = 0
+    folded: bool = True
 
 
 def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int, int]:
@@ -132,13 +134,13 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
     1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/howto/estimate.md).
     `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
-    The experts folded into their ep (etp 1) are searched where the layer cells bound them, or with `fixed` etp 1:
+    The experts folded into their ep (etp 1) are searched where the layer cells bound them or `fixed` holds etp:
     by the closed forms alone their bounds are the least (half the tokens a rank in each Alltoall) and take the
     dry runs from the configurations split over tp (DeepSpeed-MoE's 1.3B+MoE-128 on 128 A100s: 328.9 ms chosen
     among them where the split experts give 300.4 ms; docs/howto/choose-configuration.md).
     """
     _check_search(precision, max_dry_runs, memory_limit)
-    folded = cfg.moe is None or moe_cells or isinstance(cells, Cells) or (fixed or {}).get("etp") == 1
+    folded = cfg.moe is None or moe_cells or isinstance(cells, Cells) or "etp" in (fixed or {})
     bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded)
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
@@ -152,7 +154,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     bound = _Bound(cfg, machine, precision, kept, memory_limit, price if pricer is None else pricer, tight, sums)
     best, runs, priced = _branch_and_bound(bound, heap, out, max_dry_runs)
     return _result(SearchResult(devices, machine.name, memory_limit, precision, kept, (), runs, "", None,
-                                tight.dry_runs - made if tight is not None else 0), heap, best, priced, out, max_dry_runs)
+                                tight.dry_runs - made if tight is not None else 0, folded), heap, best, priced, out,
+                   max_dry_runs)
 
 
 def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
