@@ -260,12 +260,17 @@ def _shown(field_: str, value: Any) -> str:
     return f"{name}={int(value) if isinstance(value, bool) else value}"
 
 
+def _degree(c: Config, field_: str) -> Any:
+    """`c`'s degree `field_` (a FIXABLE value other than etp) as --fix names it: ep the experts' ep."""
+    return c.experts_ep if field_ == EXPERT else getattr(c, field_)
+
+
 def _holds(c: Config, field_: str, value: Any) -> bool:
-    """Whether `c` has degree `field_` (a FIXABLE value) at `value`: ep the experts' ep; etp 1 the experts whole
-    (tp 1, or folded), etp "tp" the experts split over attention's tp (tp 1 too)."""
+    """Whether `c` has degree `field_` (a FIXABLE value) at `value` (`_degree`); etp 1 the experts whole (tp 1, or
+    folded), etp "tp" the experts split over attention's tp (tp 1 too)."""
     if field_ == "etp":
         return c.experts_tp == 1 if value == 1 else c.etp == 0
-    return (c.experts_ep if field_ == EXPERT else getattr(c, field_)) == value
+    return _degree(c, field_) == value
 
 
 def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
@@ -280,8 +285,7 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
         if not left:
             name = _shown(field_, value).split("=")[0]
             words = RECOMPUTE + METHODS + (TENSOR,)
-            values = (1, TENSOR) if field_ == "etp" else {c.experts_ep if field_ == EXPERT else getattr(c, field_)
-                                                            for c in configs}
+            values = (1, TENSOR) if field_ == "etp" else {_degree(c, field_) for c in configs}
             can = sorted((v for v in values if any(_holds(c, field_, v) for c in configs)),
                          key=lambda v: words.index(v) if isinstance(v, str) else int(v))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
