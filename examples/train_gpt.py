@@ -48,13 +48,12 @@ from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.axes import roles_of
 from spmdsim.models.gpt.memory import recompute_problem, shard_group_problem, zero_problem
-from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
-                                 padding_line, sizes_problem)
+from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
+                                        context_line, context_of, model_arguments, model_config, padding_line, sizes_problem)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import replay_problem, train
-from spmdsim.models.gpt.context import Context, context_problem
+from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
-from spmdsim.programs.context import METHODS, SPLITS
 from spmdsim.base.precision import precision_problem
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
@@ -72,13 +71,7 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
-parser.add_argument("--cp", type=int, default=1,
-                    help="context-parallel ranks: each sequence split over them for the whole block (default 1)")
-parser.add_argument("--cp-method", choices=METHODS, default="ring",
-                    help="how attention meets the split sequence: ring (K/V passed round point-to-point), "
-                         "allgather (Llama 3's) or alltoall (DeepSpeed-Ulysses); default ring")
-parser.add_argument("--cp-split", choices=SPLITS, default="balanced",
-                    help="balanced (chunks r and 2cp-1-r, as Megatron-LM for causal masks) or naive; default balanced")
+context_arguments(parser)  # --cp, --cp-method, --cp-split (spmdsim.models.gpt.context)
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
@@ -145,13 +138,8 @@ def split(world, cfg, layers=None):
         problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
         return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers,
                                                             schedule=args.schedule) \
-            or context_problem(cfg, cp, tp, args.sp, context(args))
-    return (dp, tp), mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context(args))
-
-
-def context(args):
-    """The context-parallel options (spmdsim.models.gpt.context.Context), or None without --cp."""
-    return Context(args.cp_method, args.cp_split) if args.cp > 1 else None
+            or context_problem(cfg, cp, tp, args.sp, context_of(args))
+    return (dp, tp), mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context_of(args))
 
 
 def main(args):
@@ -224,9 +212,8 @@ def main(args):
                   f"over {dp // args.shard_group}")
         if padding_line(cfg, tp):
             print(padding_line(cfg, tp))
-        if args.cp > 1:
-            print(f"context parallelism: each sequence split over {args.cp} ranks ({args.cp_split}), attention "
-                  f"by {args.cp_method}")
+        if context_line(args):
+            print(context_line(args))
         if pipelined(args):
             v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
             m = microbatches(args)
@@ -274,7 +261,7 @@ def main(args):
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
                                          zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
                                          precision=args.precision, save=args.save, save_every=args.save_every,
-                                         resume=args.resume, cp=args.cp, context=context(args))
+                                         resume=args.resume, cp=args.cp, context=context_of(args))
     else:
         mesh = None
         if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
@@ -284,7 +271,7 @@ def main(args):
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report, mesh=mesh,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
                                memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
-                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context(args),
+                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context_of(args),
                                reshard_after_forward=args.reshard_after_forward == "true", prefetch=args.prefetch)
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "

@@ -27,6 +27,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
   or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
   or folded: python examples/train_moe_gpt.py --ranks 8 --ep 8 --tp 2 --etp 1
+  or over cp, dropless: python examples/train_moe_gpt.py --ranks 8 --ep 2 --cp 2 --tp 2 --dropless
   or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
@@ -46,13 +47,15 @@ from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import replay_problem, train
+from spmdsim.models.gpt.context import context_problem
+from spmdsim.models.axes import model_layout
 from spmdsim.models.moe import MoEConfig
 from spmdsim.models.moe.fold import fold_problem
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
-from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, model_arguments, model_config,
-                                 padding_line, sizes_problem)
+from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
+                                        context_line, context_of, model_arguments, model_config, padding_line, sizes_problem)
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.sim import dry_run_active
@@ -73,6 +76,7 @@ parser.add_argument("--etp", type=int, default=None,
                          "default) or 1, attention's tp ranks folded into the experts' ep (Megatron-Core's parallel "
                          "folding; --ep then counts them: ep x dp = world / pp)")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
+context_arguments(parser)  # --cp, --cp-method, --cp-split: each sequence split over cp (dropless experts)
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
@@ -124,32 +128,38 @@ args = parser.parse_args()
 
 def split(world):
     """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be (the sizes
-    given are at least 1: sizes_problem)."""
-    pp, tp = args.pp, args.tp
-    if world % pp:
-        return None, f"--pp {pp} must divide the world size {world}"
-    if (world // pp) % tp:
-        return None, f"--tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
+    given are at least 1: sizes_problem); --cp's ranks beside them."""
+    pp, tp, cp = args.pp, args.tp, args.cp
+    if world % (pp * cp):
+        return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
+            f"--pp {pp} must divide the world size {world}"
+    if (world // (pp * cp)) % tp:
+        return None, f"--tp {tp} must divide the {world // (pp * cp)} ranks of a stage" if pp * cp > 1 else \
             f"--tp {tp} must divide the world size {world}"
-    rest = world // pp // tp
+    rest = world // (pp * cp) // tp
     if folded(args):  # the experts' groups: ep x dp = the stage's ranks; the mesh's "ep" axis ep / tp of them
         rest *= tp
     for name, given in (("ep", args.ep), ("dp", args.dp)):
         if given is not None and rest % given:
-            by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("tp", tp)) if n > 1)
+            by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp), ("tp", tp)) if n > 1)
             where = f"the {rest} ranks of world size {world} / {by}" if by else f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
     dp = args.dp if args.dp is not None else rest // ep
     etp = 1 if folded(args) else tp
-    if pp * dp * ep * etp != world:
-        what = f"pp {pp} x dp {dp} x ep {ep} x {'e' if etp != tp else ''}tp {etp}"
+    if pp * dp * ep * cp * etp != world:
+        what = f"pp {pp} x dp {dp} x ep {ep} x {f'cp {cp} x ' if cp > 1 else ''}{'e' if etp != tp else ''}tp {etp}"
         return None, f"{what if pp > 1 else what[what.index('dp'):]} must multiply to the world size {world} (set --ep " \
                      "and --dp)"
     if folded(args):
         problem = fold_problem(tp, 1, ep)
         return (None, f"--etp 1: {problem}") if problem else ((dp, ep // tp, tp), None)
     return (dp, ep, tp), None
+
+
+def stage_mesh(dp, ep, tp):
+    """A stage's mesh, (device matrix, axis names): (dp, ep, tp), with --cp's axis before tp."""
+    return model_layout(tp, dp, ep=ep, cp=args.cp if args.cp > 1 else None)
 
 
 def folded(args):
@@ -213,6 +223,8 @@ def main(args):
             schedule=args.schedule)
     elif not problem:
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
+    if not problem:
+        problem = context_problem(cfg, args.cp, shape[2], args.sp, context_of(args))
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
@@ -225,7 +237,7 @@ def main(args):
     dp, ep, tp = shape
     layouts = None
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)
-        layouts = dialect_layouts(cfg, spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), args.dialect, args.sp)
+        layouts = dialect_layouts(cfg, spmdsim.Layout(*stage_mesh(dp, ep, tp)), args.dialect, args.sp)
     checkpoints = args.save is not None or args.resume is not None or args.save_every
     if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
         shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
@@ -238,8 +250,7 @@ def main(args):
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
     if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.programs.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
-    mesh = None if piped else spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
-                                           algorithms=algorithms)
+    mesh = None if piped else spmdsim.Mesh(spmdsim.Layout(*stage_mesh(dp, ep, tp)), comm, algorithms=algorithms)
     rank0 = comm.rank == 0
     check = not args.no_check
     moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
@@ -274,7 +285,8 @@ def main(args):
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
         both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
         alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
-        parts = [f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x tp {tp}"
+        parts = [f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x {f'cp {args.cp} x ' if args.cp > 1 else ''}"
+                 f"tp {tp}"
                  f"{' with sequence parallelism' if args.sp else ''}:",
                  f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
                  alg[2:]]
@@ -294,6 +306,8 @@ def main(args):
         print("\n".join(lines))
         if padding_line(cfg, tp):
             print(padding_line(cfg, tp))
+        if context_line(args):
+            print(context_line(args))
         if piped:
             m, v = microbatches(args), virtual_stages(args)
             chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
@@ -328,12 +342,14 @@ def main(args):
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
                                          layouts=layouts, replay=args.replay, save=args.save,
-                                         save_every=args.save_every, resume=args.resume)
+                                         save_every=args.save_every, resume=args.resume, cp=args.cp,
+                                         context=context_of(args))
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
                                replay=args.replay, zero=zero, precision=args.precision, kept=args.kept,
-                               layouts=layouts, save=args.save, save_every=args.save_every, resume=args.resume)
+                               layouts=layouts, save=args.save, save_every=args.save_every, resume=args.resume,
+                               cp=args.cp, context=context_of(args))
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")

@@ -83,20 +83,42 @@ def test_a_context_split_the_model_cannot_take_is_one_line():
         _run(GPTConfig(**SMALL), 1, 3, 1, False, Context("ring"))
 
 
-def test_context_parallelism_with_experts_is_refused_in_one_line_naming_both(capsys):
-    """`spmdsim estimate gpt --experts 4 --cp 2` ended inside the first MoE layer, on the layout its tokens came in
-    (`the MoE layer's input ... is laid out ("cp", ("dp", "ep"), None)`): refused before the dry run, by the flags."""
+@pytest.mark.parametrize("ep, tp, etp, sp, method, replay", [(2, 1, 0, False, "ring", False),
+                                                                (1, 2, 1, True, "alltoall", True)])
+def test_dropless_experts_train_over_context_ranks_as_one_numpy_process(ep, tp, etp, sp, method, replay):
+    """Each rank routes its own share of every sequence (its cp chunks; folded with sp, tp's share of them too):
+    the router's counts and the loss's means summed over cp as over the batch's axes, the experts' gradients over
+    dp x cp (their edp), checked every step against one numpy process (which a count or gradient not summed over
+    cp fails by 1e-3 and more)."""
+    from spmdsim.models.moe import MoEConfig
+
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, every=2, dropless=True, etp=etp))
+
+    def main():
+        _, results = train(cfg, spmdsim.world(), 1, tp, 2, TEXT, sp=sp, cp=2, context=Context(method), ep=ep,
+                           replay=replay)
+        return results
+
+    out = spmdsim.simulate(ep * 2 * tp, main)
+    for results in out:
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+    assert len({tuple(r.loss for r in results) for results in out}) == 1
+
+
+def test_context_parallelism_with_experts_of_a_capacity_is_refused_in_one_line(capsys):
+    """A capacity counts a whole sequence's tokens: `spmdsim estimate gpt --experts 4 --cp 2` without --dropless is
+    refused before the dry run, by the flags; dropless, it runs."""
     from spmdsim.tools.cli.main import main
     from testkit import unfold
 
     argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "128",
-            "--global-batch", "4", "--experts", "4", "--cp", "2", "--dropless"]
+            "--global-batch", "4", "--experts", "4", "--cp", "2"]
     assert main(argv) == 2
     assert unfold(capsys.readouterr().err) == (
-        "spmdsim: error: the GPT cannot train on pp 1 x dp 1 x ep 1 x cp 2 x tp 1: cp 2 with MoE layers: the experts' "
-        "dispatch takes each rank's whole sequences, and a sequence split over cp is not modelled there; cp 1 with "
-        "experts\n")
-    assert main(argv[:-5] + ["--cp", "2"]) == 0  # the dense GPT's split
+        "spmdsim: error: the GPT cannot train on pp 1 x dp 1 x ep 1 x cp 2 x tp 1: cp 2 with MoE layers of a "
+        "capacity: a capacity counts a whole sequence's tokens, and cp splits each sequence; dropless experts "
+        "(--dropless) take any share of the tokens\n")
+    assert main(argv + ["--dropless"]) == 0
     capsys.readouterr()
 
 
@@ -142,6 +164,38 @@ def test_the_estimate_splits_activations_over_cp_and_prices_the_rings_messages()
     assert any("ring attention's messages under the products" in line for line in ring["assumptions"])
     gathered = _estimate("--cp", "2", "--cp-method", "allgather")["stages"][0]["sent"]
     assert gathered.get("allgather node", 0) > 0 and "send node" not in gathered
+
+
+def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be_in_one_line():
+    """examples/train_moe_gpt.py --cp: the mesh line names cp and the context line follows; two checked steps
+    PASS; a capacity beside --cp, and --cp sizes the world does not take, end in one line (exit 2)."""
+    from test_moe import _example
+    from testkit import unfold
+
+    base = ["--ranks", "8", "--steps", "2", "--layers", "2", "--d-model", "32", "--seq", "16"]
+    out = _example(base + ["--ep", "2", "--cp", "2", "--tp", "2", "--dropless"])
+    assert out.returncode == 0, out.stderr
+    assert "mesh dp 1 x ep 2 x cp 2 x tp 2: experts 4 per ep rank" in out.stdout, out.stdout
+    assert "context parallelism: each sequence split over 2 ranks (balanced), attention by ring" in out.stdout
+    assert "check: 2 steps vs one numpy process (loss, 35 gradients and parameters each): PASS" in out.stdout, \
+        out.stdout
+    for flags, message in ((["--ep", "2", "--cp", "2", "--tp", "2"], "cp 2 with MoE layers of a capacity: a "
+                            "capacity counts a whole sequence's tokens"),
+                           (["--cp", "3", "--dropless"], "--pp 1 x --cp 3 must divide the world size 8"),
+                           (["--cp", "0"], "--cp 0 must be at least 1")):
+        out = _example(base + flags)
+        assert out.returncode == 2 and message in unfold(out.stderr), (flags, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
+def test_the_estimate_of_dropless_experts_over_cp_sends_each_rank_its_share_of_the_tokens():
+    """`spmdsim estimate gpt --experts 4 --ep 2 --dropless --cp 2`: each rank keeps about half the activations and
+    sends half the tokens' rows by Alltoallv (its own cp chunk of every sequence), beside the ring's messages."""
+    moe = ("--experts", "4", "--ep", "2", "--dropless")
+    whole, split = (_estimate(*moe, "--cp", str(cp))["stages"][0] for cp in (1, 2))
+    assert 0.45 < split["bytes"]["activations"] / whole["bytes"]["activations"] < 0.55
+    assert split["sent"]["alltoallv node"] * 2 == whole["sent"]["alltoallv node"] > 0
+    assert split["sent"]["send node"] > 0 and "send node" not in whole["sent"]
 
 
 @pytest.mark.parametrize("method", METHODS)

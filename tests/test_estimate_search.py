@@ -15,7 +15,7 @@ from spmdsim.tools.cli.main import main
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate.machine import load_machine
 from spmdsim.tools.estimate.closed_forms import lower_bounds
-from spmdsim.tools.estimate.configs import Config, configurations
+from spmdsim.tools.estimate.configs import SEARCHED_METHODS, Config, configurations
 from spmdsim.tools.estimate.search import price, search
 from spmdsim.models.gpt import GPTConfig
 
@@ -253,7 +253,8 @@ def _moe_cfg(**moe):
                                        ({"dropless": True, "dry_routing": "worst"}, 8), ({}, 2)])
 def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe, node):
     """On 4 devices every (tp, pp, dp, ep, etp) of a 2-layer MoE GPT (ep dividing its 4 experts; with tp 2 the
-    experts split over it or folded into their ep, etp 1) is priced by its own dry run: each closed-form bound
+    experts split over it or folded into their ep, etp 1; dropless, cp 2 and 4 too) is priced by its own dry run:
+    each closed-form bound
     lies below its price (the experts' products bounded by k s c rows a sequence, c the capacity factor; the
     communication on each group's link, nodes of 8 GPUs or of 2, where groups cross them), and the search
     chooses the fastest."""
@@ -261,20 +262,23 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
 
     cfg = _moe_cfg(**moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
-    configs = configurations(cfg, 4, node)
-    assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
+    configs = configurations(cfg, 4, node, methods=SEARCHED_METHODS)  # (cp's other methods: the ring's bounds)
+    assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.cp * c.tp * c.pp == 4 for c in configs)
     # folded: tp 2 with the experts' ep 2 (mesh ep 1) or 4 (mesh ep 2), never beside tp 1
     assert {(c.tp, c.experts_ep) for c in configs if c.etp == 1} == {(2, 2), (2, 4)}
-    assert all(c.dp * c.experts_ep * c.experts_tp * c.pp == 4 for c in configs)
-    assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2}
+    assert all(c.dp * c.experts_ep * c.experts_tp * c.cp * c.pp == 4 for c in configs)
+    # the sequence split over cp beside dropless experts alone (a capacity counts a whole sequence's tokens)
+    assert {c.cp for c in configs} == ({1, 2, 4} if moe.get("dropless") else {1})
+    assert all(c.zero == 0 or c.dp * c.ep * c.cp > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2}
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
         bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
         assert bound_s <= seconds and bound_bytes <= nbytes, (c, bound_s, seconds, bound_bytes, nbytes)
-    r = search(cfg, 4, machine, 1 << 40, max_dry_runs=10_000)
+    r = search(cfg, 4, machine, 1 << 40, max_dry_runs=10_000, pricer=lambda cfg, c, *rest: prices[c])  # (priced above)
     priced = [c for c in r.candidates if c.step_s is not None]
     assert len(priced) == r.dry_runs and r.chosen is priced[0]
-    assert r.chosen.step_s == min(seconds for seconds, *_ in prices.values())
+    # the fastest, or one of its ties: dp 2 and cp 2 can price a unit in the last place apart (sums in another order)
+    assert r.chosen.step_s == pytest.approx(min(seconds for seconds, *_ in prices.values()), rel=1e-12, abs=0)
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
 
 
@@ -312,6 +316,38 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,experts=4", "--devices", "4"]) == 2
     assert "--gpt experts sets MoE layers, which only the search by a machine file prices: add --machine" in \
         unfold(capsys.readouterr().err)
+
+
+
+def test_the_command_searches_cp_beside_dropless_experts_and_prints_the_estimate_that_prices_it(capsys):
+    """`--gpt ...,dropless=1`: the experts drop no token and take a sequence split over cp; `--fix cp=2` chooses
+    such a configuration, printed as the `spmdsim estimate` command that prices it alike (time and peak). With a
+    capacity, `--fix cp=2` is one line; dropless is 0 or 1."""
+    from docs_commands import run_here
+
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,batch=4,experts=4,dropless=1",
+            "--devices", "4", "--machine", "a100-dgx", "--fix", "cp=2", "--max-dry-runs", "4"]
+    assert main(argv) == 0
+    out = unfold(capsys.readouterr().out)
+    assert "; 4 dropless experts, top-2, in 1 of every 2 blocks (the dry runs route balanced)" in out
+    chosen = re.search(r"chosen: (.*): ([\d.]+) ms, ([\d.]+) MiB at its peak", out)
+    assert chosen and "cp 2 ring" in chosen.group(1), out
+    command = [w for w in out.split("(`spmdsim estimate`, the same step time and peak):", 1)[1].split() if w != "\\"]
+    command = command[:command.index("a100-dgx") + 1]
+    assert command[:3] == ["spmdsim", "estimate", "gpt"] and "--dropless" in command and "--cp" in command
+    code, estimate, err = run_here("main", command[1:])
+    assert code == 0, err
+    assert f"predicted step time: {chosen.group(2)} ms" in estimate
+    peak = re.search(r"\(the most, stage \d+: ([\d.]+) MiB\)", estimate)
+    assert peak and f"{float(peak.group(1)):.1f}" == chosen.group(3), estimate
+    argv[4] = argv[4].replace(",dropless=1", "")
+    assert main(argv) == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: --fix cp=2 with MoE layers of a capacity: a capacity counts a whole sequence's tokens, and "
+        "cp splits each sequence; dropless experts (--gpt ...,dropless=1) take cp\n")
+    argv[4] += ",dropless=2"
+    assert main(argv) == 2
+    assert "--gpt dropless '2' must be 0 or 1 (1: the experts drop no token)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("moe, llama", [({}, {}), ({"capacity_factor": 0.5}, {}),

@@ -59,9 +59,9 @@ def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optiona
         return f"context-parallel split {context.split!r} is not one of {', '.join(SPLITS)}"
     if cp == 1:
         return None
-    if cfg.moe is not None:  # (before the layer's own check of its tokens' layout, which names layouts, not flags)
-        return (f"cp {cp} with MoE layers: the experts' dispatch takes each rank's whole sequences, and a sequence "
-                "split over cp is not modelled there; cp 1 with experts")
+    if cfg.moe is not None and not cfg.moe.dropless:  # (before the layer's own check of its tokens' layout)
+        return (f"cp {cp} with MoE layers of a capacity: a capacity counts a whole sequence's tokens, and cp splits "
+                "each sequence; dropless experts (--dropless) take any share of the tokens")
     try:
         check_split(cp, cfg.seq, context.balanced)
         check_heads(context.method, cp, cfg.heads, cfg.kv, tp)

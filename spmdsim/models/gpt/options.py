@@ -7,7 +7,9 @@ they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``pa
 says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
 precision)`` the check's verdict and its largest differences against the precision's tolerances;
 ``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
-``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint).
+``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
+``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
+Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it.
 
 ``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/howto/train-gpt.md, "Llama's options"):
 ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
@@ -23,16 +25,19 @@ from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
 from .config import GPTConfig, said_as
-from ..axes import DATA, EXPERT, PIPELINE, TENSOR
+from .context import Context
+from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
+from ...programs.context import METHODS, SPLITS
 from ...errors import SpmdsimError
 from .params import param_specs
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
+           "context_arguments", "context_of", "context_line",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
-SIZE_FLAGS = (PIPELINE, DATA, EXPERT, TENSOR, "microbatches", "virtual_stages")
+SIZE_FLAGS = (PIPELINE, DATA, EXPERT, CONTEXT, TENSOR, "microbatches", "virtual_stages")
 #: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
@@ -67,6 +72,31 @@ def checkpoint_arguments(parser: Any) -> None:
                         help="with --save: a checkpoint after every N-th step too (each replaces the last)")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="continue from the checkpoint in DIR to --steps, as the run that never stopped")
+
+
+def context_arguments(parser: Any) -> None:
+    """Add context parallelism's options (spmdsim.models.gpt.train's `cp` and `context`) to a parser."""
+    parser.add_argument("--cp", type=int, default=1,
+                        help="context-parallel ranks: each sequence split over them for the whole block (default 1)")
+    parser.add_argument("--cp-method", choices=METHODS, default="ring",
+                        help="how attention meets the split sequence: ring (K/V passed round point-to-point), "
+                             "allgather (Llama 3's) or alltoall (DeepSpeed-Ulysses); default ring")
+    parser.add_argument("--cp-split", choices=SPLITS, default="balanced",
+                        help="balanced (chunks r and 2cp-1-r, as Megatron-LM for causal masks) or naive; default "
+                             "balanced")
+
+
+def context_of(args: Any) -> Optional[Context]:
+    """The context-parallel options `context_arguments` read (a Context), or None without --cp above 1."""
+    return Context(args.cp_method, args.cp_split) if args.cp > 1 else None
+
+
+def context_line(args: Any) -> Optional[str]:
+    """The header's line on context parallelism (`context_arguments`' options), or None without --cp above 1."""
+    if args.cp == 1:
+        return None
+    return (f"context parallelism: each sequence split over {args.cp} ranks ({args.cp_split}), attention by "
+            f"{args.cp_method}")
 
 
 def model_config(args: Any, **more: Any) -> GPTConfig:
@@ -114,7 +144,7 @@ def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:
 
 
 def sizes_problem(args: Any) -> Optional[str]:
-    """Why a size the command line gave (``--pp``, ``--dp``, ``--ep``, ``--tp``, ``--microbatches``,
+    """Why a size the command line gave (``--pp``, ``--dp``, ``--ep``, ``--cp``, ``--tp``, ``--microbatches``,
     ``--virtual-stages``: those `args` has) cannot be, or None: each given must be at least 1. Checked before
     any is derived from another, so a message names the value the user typed; None (not given) is the default,
     and 0 is refused rather than read as "not given"."""

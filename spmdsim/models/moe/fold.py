@@ -20,7 +20,9 @@ every layer but the experts splits the batch over ("dp", "ep") and Megatron's te
   (sequence parallelism) and all-to-alls over the same ep group.
 
 Other sizes (1 < etp < tp, or etp > tp) need a mesh axis the GPT's mesh does not have: refused in one line
-(`fold_problem`).
+(`fold_problem`). With context parallelism (a "cp" axis beside dropless experts: spmdsim.models.gpt.context)
+each sequence is split over cp in the MoE layer as in the others: cp's ranks route their own chunks' tokens
+and hold the same experts (edp = the mesh's dp x cp, as Megatron-Core's folding puts cp in the experts' groups).
 
     >>> from spmdsim.layouts.layout import Layout
     >>> fold_of(Layout((2, 2, 2), ("dp", "ep", "tp")), 1)
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from ..axes import DATA, EXPERT, TENSOR
+from ..axes import CONTEXT, DATA, EXPERT, TENSOR
 
 __all__ = ["Fold", "fold_of", "fold_problem", "mesh_ep"]
 
@@ -50,15 +52,18 @@ class Fold(NamedTuple):
 
     @property
     def batch_axes(self) -> tuple:
-        """The axes an MoE layer's tokens are split over inside it: every mesh axis but the experts' tp."""
-        return tuple(a for a in (DATA, EXPERT, TENSOR) if a not in self.etp_axes)
+        """The axes an MoE layer's tokens are split over inside it: every mesh axis but the experts' tp (cp's
+        over the sequence, the others' over the batch or, folded dropless, tp's over the sequence too)."""
+        return tuple(a for a in (DATA, EXPERT, CONTEXT, TENSOR) if a not in self.etp_axes)
 
     def token_map(self, names: tuple, dropless: bool) -> tuple:
         """The experts' tokens' (T, B, D) tensor map on a mesh of axes `names`: the batch over the mesh's axes but
-        the experts' tp; folded, tp's share is the batch's with a capacity (each sequence routed whole, as its
-        capacity counts it), the sequence's dropless (each token alone: Megatron's sequence-parallel split)."""
-        batch = tuple(a for a in names if a in self.batch_axes and not (dropless and self.folded and a == TENSOR))
-        return (TENSOR if dropless and self.folded else None, batch, None)
+        cp and the experts' tp; folded, tp's share is the batch's with a capacity (each sequence routed whole, as
+        its capacity counts it), the sequence's dropless (each token alone: Megatron's sequence-parallel split).
+        With context parallelism the sequence over cp (dropless only: `context_problem`), before tp's."""
+        seq = tuple(a for a in (CONTEXT, TENSOR) if a in names and (a == CONTEXT or dropless and self.folded))
+        batch = tuple(a for a in names if a in self.batch_axes and a not in seq)
+        return (seq[0] if len(seq) == 1 else seq or None, batch, None)
 
 
 def fold_problem(tp: int, etp: int, ep: Optional[int] = None) -> Optional[str]:
@@ -89,13 +94,15 @@ def fold_of(layout: Any, etp: int) -> Fold:
     if seen is not None and seen[0] is layout:
         return seen[1]
     names = tuple(layout.alias_name)
-    size = {a: (layout.axis_size(a) if a in names else 1) for a in (DATA, EXPERT, TENSOR)}
+    size = {a: (layout.axis_size(a) if a in names else 1) for a in (DATA, EXPERT, CONTEXT, TENSOR)}
     tp = size[TENSOR]
     here = lambda *axes: tuple(a for a in axes if a in names)  # noqa: E731
     if etp == 1 and tp > 1:
-        fold = Fold(here(EXPERT, TENSOR), (), here(DATA), size[EXPERT] * tp, 1, size[DATA], True)
+        fold = Fold(here(EXPERT, TENSOR), (), here(DATA, CONTEXT), size[EXPERT] * tp, 1, size[DATA] * size[CONTEXT],
+                    True)
     else:
-        fold = Fold(here(EXPERT), here(TENSOR), here(DATA), size[EXPERT], tp, size[DATA], False)
+        fold = Fold(here(EXPERT), here(TENSOR), here(DATA, CONTEXT), size[EXPERT], tp, size[DATA] * size[CONTEXT],
+                    False)
     if len(_FOLDS) >= 64:
         _FOLDS.clear()
     _FOLDS[key] = (layout, fold)  # (held: its id is not reused while the entry lives)

@@ -1,7 +1,8 @@
 """An MoE layer on DTensors: router, dispatch by Alltoall(v) over ``ep``, experts, combine (runtime).
 
 Mesh ``(dp, ep, tp)``: the tokens (T, B, D) are split over ("dp", "ep") on the
-batch and whole on tp, as the GPT's other layers hold them; expert e lives on
+batch and whole on tp, as the GPT's other layers hold them (dropless, with a
+"cp" axis, over cp on T too: spmdsim.models.moe.fold); expert e lives on
 the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 (w2) over tp, the same on every dp rank. Each rank routes its own tokens
 (spmdsim.models.moe.routing), packs them into a send buffer, and:

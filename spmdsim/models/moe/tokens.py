@@ -33,11 +33,12 @@ def input_problem(x: Any, etp: int = 0, dropless: bool = False) -> Optional[str]
     fold = fold_of(L.layout, etp)
     big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
     want_T, want_batch, _ = fold.token_map(tuple(L.layout.alias_name), dropless)
-    want_T, want = big(() if want_T is None else (want_T,)), big(want_batch)
+    seq = () if want_T is None else want_T if isinstance(want_T, tuple) else (want_T,)
+    want_T, want = big(seq), big(want_batch)
     T, batch, D = L.tensor_map
     if big(T) != want_T or big(D) or big(batch) != want or L.addend_axes:
-        expected = format_tensor_map(((TENSOR,) if want_T else (), tuple(a for a in L.layout.alias_name if a in want),
-                                      ()))
+        expected = format_tensor_map((tuple(a for a in seq if a in want_T),
+                                      tuple(a for a in L.layout.alias_name if a in want), ()))
         which = "the mesh's axes (etp 1: the experts' tokens)" if fold.folded else "the mesh's axes other than tp"
         return (f"the MoE layer's input (tokens, batch, features) is laid out {L}; expected its batch split over "
                 f"{which} and nothing else split or pending: {expected}")

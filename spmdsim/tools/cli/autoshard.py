@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--gpt", metavar="KEY=VALUE,...",
                         help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
                              "(keys vocab, d_model, heads, layers, seq, batch; with --machine also experts, "
-                             "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
+                             "top_k, moe_every, dropless (0 or 1) for MoE layers and vocab_pad_to, the vocabulary "
+                             "padded to a multiple "
                              "of it as Megatron pads to 128 x tp; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
 

@@ -19,10 +19,11 @@ __all__ = ["gpt_config", "gpt_said", "gpt_typed", "still_working", "PATIENCE_S",
 
 #: The GPTConfig fields --gpt sets.
 GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
-#: With --machine, the MoE layers' keys too (spmdsim.models.moe.MoEConfig: experts, top_k, every as moe_every), and the
+#: With --machine, the MoE layers' keys too (spmdsim.models.moe.MoEConfig: experts, top_k, every as moe_every, dropless
+#: 0 or 1: with 1 the experts drop no token, the dry runs routing them balanced), and the
 #: vocabulary's padding (the model's dry run masks the padded logits out of the loss, as Megatron does; the
 #: operators' graph has no such mask: there a vocabulary no tp divides is cut unevenly instead).
-MOE_KEYS = ("experts", "top_k", "moe_every")
+MOE_KEYS = ("experts", "top_k", "moe_every", "dropless")
 MACHINE_KEYS = MOE_KEYS + ("vocab_pad_to",)
 
 #: Most layers --gpt prices: the search grows faster than the layers (64 take about 11 s
@@ -68,11 +69,13 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
         if not sep or key not in keys:
             raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
                                "e.g. 'layers=2,d_model=64'")
+        if key == "dropless" and value not in ("0", "1"):
+            raise SpmdsimError(f"--gpt dropless {value!r} must be 0 or 1 (1: the experts drop no token)")
         try:
             number = int(value)
         except ValueError:
             number = 0
-        if number < 1:  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
+        if number < 1 and key != "dropless":  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
         if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
             raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
@@ -82,6 +85,7 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
         raise SpmdsimError(f"--gpt {', '.join(experts)} set MoE layers: give experts=N too")
     if experts:
         experts["every"] = experts.pop("moe_every", 2)
+        experts["dropless"] = bool(experts.get("dropless", 0))
         layers = fields.get("layers", GPTConfig.layers)
         if experts["every"] > layers:
             said = "--gpt layers" if "layers" in fields else "the default layers"  # not typed: not "--gpt"

@@ -189,8 +189,8 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
     from collections import Counter
 
     moe = cfg.moe is not None
-    experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
-               f"route {cfg.moe.dry_routing})") if moe else ""
+    experts = (f"; {cfg.moe.experts} {'dropless ' if cfg.moe.dropless else ''}experts, top-{cfg.moe.top_k}, in 1 of "
+               f"every {cfg.moe.every} blocks (the dry runs route {cfg.moe.dry_routing})") if moe else ""
     head = [f"GPT {counted(cfg.layers, 'layer')}, hidden {cfg.d_model}, {counted(cfg.heads, 'head')}, seq {cfg.seq}, "
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}, "
             f"global batch {cfg.batch}{experts}",

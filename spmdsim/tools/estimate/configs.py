@@ -193,10 +193,8 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHO
     """(cp, method) pairs to try on `ranks` ranks beside tp: cp 1, and every divisor of `ranks` up to tp x cp =
     `within` (a node: the ring's messages, the gathers and the all-to-alls on its links) the sequence splits
     over (the balanced causal split: seq a multiple of 2 cp) with each method its heads take (the all-to-all's
-    divide by tp x cp); none with MoE layers (their dispatch does not take a split sequence)."""
+    divide by tp x cp); with MoE layers, dropless ones alone (a capacity counts a whole sequence's tokens)."""
     out = [(1, "ring")]
-    if cfg.moe is not None:
-        return out
     for cp in _divisors(ranks)[1:]:
         if tp * cp > within:
             break
