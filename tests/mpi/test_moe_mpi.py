@@ -30,6 +30,28 @@ def test_moe_gpt_steps_match_one_numpy_process(dropless):
     model.mesh.close()
 
 
+@pytest.mark.parametrize("etp, sp", [(0, False), (1, True)])
+def test_dropless_experts_over_context_ranks_match_one_numpy_process(etp, sp):
+    """Each sequence split over cp 2 beside ep 2 and tp (the experts split over tp, or folded into their ep with
+    sp): each rank routes its own chunk's tokens over the ep sub-communicator; the counts and the experts'
+    gradients summed over cp too."""
+    from mpi4py import MPI
+
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.context import Context
+    from spmdsim.models.gpt.train import TOLERANCE, train
+    from spmdsim.models.moe import MoEConfig
+
+    comm = MPI.COMM_WORLD
+    tp = comm.size // 4 if comm.size % 4 == 0 else 1
+    moe = MoEConfig(experts=4, top_k=2, dropless=True, etp=etp)
+    cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=16, batch=4, dropout=0.1, moe=moe)
+    model, results = train(cfg, comm, 1, tp, 2, encode(load_text(20_000)), ep=2, cp=2, context=Context(), sp=sp)
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
+    assert comm.allgather(results[-1].loss) == [results[-1].loss] * comm.size
+    model.mesh.close()
+
+
 @pytest.mark.parametrize("dropless", [False, True])
 def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit(dropless):
     """Step 0 captured, steps 1-2 replayed over MPI (the Alltoalls of the capacity's slots, or the counts'
