@@ -8,7 +8,7 @@ import pytest
 import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
-from spmdsim.models.gpt.context import Context
+from spmdsim.models.gpt.context import Context, context_problem
 from spmdsim.models.gpt.train import TOLERANCE, train
 from spmdsim.programs.context import METHODS, traffic
 
@@ -172,8 +172,8 @@ def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be
     from test_moe import _example
     from testkit import unfold
 
-    base = ["--ranks", "8", "--steps", "2", "--layers", "2", "--d-model", "32", "--seq", "16"]
-    out = _example(base + ["--ep", "2", "--cp", "2", "--tp", "2", "--dropless"])
+    base = ["--ranks", "8", "--steps", "2", "--layers", "2", "--d-model", "32"]
+    out = _example(base + ["--seq", "16", "--ep", "2", "--cp", "2", "--tp", "2", "--dropless"])
     assert out.returncode == 0, out.stderr
     assert "mesh dp 1 x ep 2 x cp 2 x tp 2: experts 4 per ep rank" in out.stdout, out.stdout
     assert "context parallelism: each sequence split over 2 ranks (balanced), attention by ring" in out.stdout
@@ -182,10 +182,27 @@ def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be
     for flags, message in ((["--ep", "2", "--cp", "2", "--tp", "2"], "cp 2 with MoE layers of a capacity: a "
                             "capacity counts a whole sequence's tokens"),
                            (["--cp", "3", "--dropless"], "--pp 1 x --cp 3 must divide the world size 8"),
+                           (["--cp", "2", "--tp", "4", "--etp", "1", "--ep", "4", "--dropless", "--seq", "12"],
+                            "seq 12 split over cp 2 leaves 6 tokens, not divisible by tp 4 (etp 1, dropless: each "
+                            "tp rank routes its share of its cp chunk's tokens)"),
                            (["--cp", "0"], "--cp 0 must be at least 1")):
         out = _example(base + flags)
         assert out.returncode == 2 and message in unfold(out.stderr), (flags, out.stderr)
         assert "Traceback" not in out.stderr
+
+
+def test_the_search_leaves_out_folded_experts_whose_cp_chunk_tp_does_not_divide():
+    """Folded dropless experts route tp's share of each rank's cp chunk: seq 12 over cp 2 leaves 6 tokens, which
+    tp 4 does not divide (cp 2 with tp 2, and cp 2 with tp 4 split over tp, stay)."""
+    from dataclasses import replace as replaced
+
+    from spmdsim.models.moe import MoEConfig
+    from spmdsim.tools.estimate.configs import configurations
+
+    cfg = GPTConfig(**{**SMALL, "seq": 12, "batch": 8}, moe=MoEConfig(experts=8, top_k=2, dropless=True))
+    found = {(c.cp, c.tp, c.etp) for c in configurations(cfg, 8, 8) if c.cp > 1}
+    assert (2, 2, 1) in found and (2, 4, 0) in found and (2, 4, 1) not in found
+    assert context_problem(replaced(cfg, moe=replaced(cfg.moe, etp=1)), 2, 4, False, Context()) is not None
 
 
 def test_the_estimate_of_dropless_experts_over_cp_sends_each_rank_its_share_of_the_tokens():

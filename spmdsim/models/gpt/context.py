@@ -69,6 +69,9 @@ def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optiona
         return str(exc)
     if sp and (cfg.seq // cp) % tp:
         return f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (sp)"
+    if cfg.moe is not None and cfg.moe.etp == 1 and tp > 1 and (cfg.seq // cp) % tp:
+        return (f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (etp 1, "
+                "dropless: each tp rank routes its share of its cp chunk's tokens)")
     return None
 
 

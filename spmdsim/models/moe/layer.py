@@ -92,7 +92,7 @@ from .config import MoEConfig
 from .fold import fold_of, fold_problem
 from .tokens import _expert_layout, input_problem, takes
 from .losses import router_losses
-from ..axes import EXPERT, TENSOR
+from ..axes import CONTEXT, EXPERT, TENSOR
 from .dry import _count_experts, _dry_experts, _grad, _tensor
 from .exchange import _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
 from .experts import _experts_grad, _experts_grad_mixed, _present, _run_experts, _run_experts_mixed
@@ -117,8 +117,10 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     if len(x_shape) != 3:
         return f"the MoE layer's input of shape {x_shape!r} must be (tokens, batch, features)"
     tp = mesh.layout.axis_size(TENSOR)
-    if fold.folded and moe.dropless and x_shape[0] % tp:
-        return f"seq {x_shape[0]} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the tokens)"
+    cp = mesh.layout.axis_size(CONTEXT) if CONTEXT in names else 1
+    if fold.folded and moe.dropless and x_shape[0] % (tp * cp):
+        by = f"cp {cp} x tp {tp} = {cp * tp}" if cp > 1 else f"tp {tp}"
+        return f"seq {x_shape[0]} is not divisible by {by} (etp 1, dropless: each tp rank routes its share of the tokens)"
     if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * fold.edp):
         return (f"batch {x_shape[1]} is not divisible by edp {fold.edp} x ep {fold.ep} = {fold.ep * fold.edp} (etp 1: "
                 "each tp rank routes its own share of the batch)")

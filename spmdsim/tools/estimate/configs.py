@@ -173,8 +173,9 @@ def _scheduled(cfg: Any, mesh: Config) -> list[Config]:
                 continue
             if zero == 3 and (dp == 1 or cfg.moe is not None or _unshardable(cfg, tp, dp, sp)):
                 continue  # FSDP shards each parameter's dim 0 over dp, evenly; it does not shard experts
-            if sp and cp > 1 and context_problem(cfg, cp, tp, sp, Context(mesh.cp_method)) is not None:
-                continue
+            if (sp or cfg.moe is not None) and cp > 1 and \
+                    context_problem(cfg, cp, tp, sp, Context(mesh.cp_method)) is not None:
+                continue  # (sp's and the folded experts' share of a cp chunk: tp must divide it)
             if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v, ep=ep) is not None:
                 continue
             out.append(replace(mesh, sp=sp, microbatches=m, virtual=v, recompute=recompute, zero=zero))
