@@ -49,7 +49,8 @@ from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
 from spmdsim.models.axes import roles_of
 from spmdsim.models.gpt.memory import recompute_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
-                                        context_line, context_of, model_arguments, model_config, padding_line, sizes_problem)
+                                        context_line, context_of, model_arguments, model_config, padding_line,
+                                        sizes_problem)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.context import context_problem

@@ -55,7 +55,8 @@ from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
-                                        context_line, context_of, model_arguments, model_config, padding_line, sizes_problem)
+                                        context_line, context_of, model_arguments, model_config, padding_line,
+                                        sizes_problem)
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.sim import dry_run_active

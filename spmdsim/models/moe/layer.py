@@ -120,7 +120,8 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     cp = mesh.layout.axis_size(CONTEXT) if CONTEXT in names else 1
     if fold.folded and moe.dropless and x_shape[0] % (tp * cp):
         by = f"cp {cp} x tp {tp} = {cp * tp}" if cp > 1 else f"tp {tp}"
-        return f"seq {x_shape[0]} is not divisible by {by} (etp 1, dropless: each tp rank routes its share of the tokens)"
+        return (f"seq {x_shape[0]} is not divisible by {by} (etp 1, dropless: each tp rank routes its share of the "
+                "tokens)")
     if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * fold.edp):
         return (f"batch {x_shape[1]} is not divisible by edp {fold.edp} x ep {fold.ep} = {fold.ep * fold.edp} (etp 1: "
                 "each tp rank routes its own share of the batch)")

@@ -75,7 +75,7 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
             number = int(value)
         except ValueError:
             number = 0
-        if number < 1 and key != "dropless":  # layers=-1 was "GPTConfig layers -1 must be ...", a name the user did not type
+        if number < 1 and key != "dropless":  # layers=-1 was "GPTConfig layers -1 must be ...", not the key typed
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
         if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
             raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")

@@ -180,8 +180,9 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
         raise SpmdsimError(f"--fix etp={fixed['etp']} holds the experts' tp, and this GPT has none: give it MoE layers "
                            "(--gpt ...,experts=N)")
     if cfg.moe is not None and not cfg.moe.dropless and (fixed or {}).get("cp", 1) > 1:
-        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: a capacity counts a whole sequence's "
-                           "tokens, and cp splits each sequence; dropless experts (--gpt ...,dropless=1) take cp")
+        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: a capacity counts a whole "
+                           "sequence's tokens, and cp splits each sequence; dropless experts (--gpt ...,dropless=1) "
+                           "take cp")
     # (--fix cp=N: that cp alone, across nodes too)
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
