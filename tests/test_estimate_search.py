@@ -262,14 +262,16 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
 
     cfg = _moe_cfg(**moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
-    configs = configurations(cfg, 4, node, methods=SEARCHED_METHODS)  # (cp's other methods: the ring's bounds)
+    # (cp's other methods: the ring's bounds; ZeRO-3, which the search tries where nothing else fits, bounded too)
+    configs = configurations(cfg, 4, node, methods=SEARCHED_METHODS, sharded=True)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.cp * c.tp * c.pp == 4 for c in configs)
     # folded: tp 2 with the experts' ep 2 (mesh ep 1) or 4 (mesh ep 2), never beside tp 1
     assert {(c.tp, c.experts_ep) for c in configs if c.etp == 1} == {(2, 2), (2, 4)}
     assert all(c.dp * c.experts_ep * c.experts_tp * c.cp * c.pp == 4 for c in configs)
     # the sequence split over cp beside dropless experts alone (a capacity counts a whole sequence's tokens)
     assert {c.cp for c in configs} == ({1, 2, 4} if moe.get("dropless") else {1})
-    assert all(c.zero == 0 or c.dp * c.ep * c.cp > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2}
+    assert all(c.zero == 0 or c.dp * c.ep * c.cp > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2, 3}
+    assert all(c.dp * c.ep > 1 for c in configs if c.zero == 3)  # FSDP over dp x ep, the experts' over dp
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
         bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
@@ -278,7 +280,8 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
     priced = [c for c in r.candidates if c.step_s is not None]
     assert len(priced) == r.dry_runs and r.chosen is priced[0]
     # the fastest, or one of its ties: dp 2 and cp 2 can price a unit in the last place apart (sums in another order)
-    assert r.chosen.step_s == pytest.approx(min(seconds for seconds, *_ in prices.values()), rel=1e-12, abs=0)
+    fastest = min(seconds for c, (seconds, *_) in prices.items() if c.zero < 3)  # (everything fits: no ZeRO-3)
+    assert r.chosen.step_s == pytest.approx(fastest, rel=1e-12, abs=0)
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
 
 
@@ -317,6 +320,35 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert "--gpt experts sets MoE layers, which only the search by a machine file prices: add --machine" in \
         unfold(capsys.readouterr().err)
 
+
+
+def test_an_moe_gpt_that_fits_only_fully_sharded_is_searched_again_with_zero_3(capsys):
+    """A wide one-head MoE GPT on 4 devices under 80 MiB: no configuration of ZeRO 0 to 2 fits (the least peak
+    85.8 MiB, tp 1: one head), so the search runs again with ZeRO-3 (the experts sharded over dp, the rest over dp
+    x ep) and says so; it chooses ep 4 at 69.9 MiB, and the estimate it prints gives the same time and peak.
+    `--fix zero=3` searches them at once, without the line; ZeRO-3's bounds: the MoE tests above."""
+    from docs_commands import run_here
+
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=512,heads=1,seq=16,vocab=128,batch=4,experts=4,"
+            "top_k=1", "--devices", "4", "--machine", "a100-dgx", "--memory-limit", "80M"]
+    assert main(argv) == 0
+    out = unfold(capsys.readouterr().out)
+    assert "searched again with ZeRO-3 (the experts sharded over dp, the rest over dp x ep): none of ZeRO 0 to 2 " \
+        "priced fits" in out
+    assert "chosen: tp 1, pp 1, dp 1, ep 4, 1 mb, none, ZeRO 3: 0.844 ms, 69.9 MiB at its peak" in out, out
+    command = [w for w in out.split("(`spmdsim estimate`, the same step time and peak):", 1)[1].split() if w != "\\"]
+    code, estimate, err = run_here("main", command[1:command.index("a100-dgx") + 1] + ["--json"])
+    assert code == 0, err
+    stage = json.loads(estimate)["stages"][0]
+    assert f"{stage['step_time_s'] * 1e3:.3f}" == "0.844" and f"{stage['peak_bytes'] / 2 ** 20:.1f}" == "69.9"
+    assert main(argv + ["--fix", "zero=3"]) == 0
+    out = unfold(capsys.readouterr().out)
+    assert "searched again" not in out and "ZeRO 3: 0.844 ms, 69.9 MiB at its peak" in out
+    assert main(argv[:-1] + ["60M"]) == 2  # none of those priced, even fully sharded
+    printed = capsys.readouterr()
+    assert "searched again with ZeRO-3" in unfold(printed.out)
+    assert unfold(printed.err).startswith("spmdsim: error: none of the 24 configurations priced fits --memory-limit "
+                                          "60 MiB;")
 
 
 def test_the_command_searches_cp_beside_dropless_experts_and_prints_the_estimate_that_prices_it(capsys):

@@ -27,6 +27,10 @@ from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
 from ..estimate.configs import FIXABLE, fold_note, parse_fixed, vocab_note
+
+#: The line a search of an MoE GPT adds where it searched ZeRO-3 too (spmdsim.tools.estimate.search.search).
+SHARDED_NOTE = ("searched again with ZeRO-3 (the experts sharded over dp, the rest over dp x ep): none of ZeRO 0 "
+                "to 2 priced fits")
 from ..estimate.machine import load_machine
 from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
@@ -89,7 +93,8 @@ def run_machine(args: argparse.Namespace) -> int:
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
     note = "; ".join(filter(None, (vocab_note(cfg, devices, machine.gpus_per_node), "" if result.folded else
-                                   fold_note(cfg, [c.config for c in result.candidates]))))
+                                   fold_note(cfg, [c.config for c in result.candidates]),
+                                   SHARDED_NOTE if result.sharded else "")))
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
     # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak
     command = None if result.chosen is None else estimate_command(cfg, result.chosen.config, args.machine,

@@ -72,12 +72,13 @@ def model_states(c: Config, precision: str, elements: int) -> int:
     ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'; under
     ZeRO-2 the gradients too are that slice alone, at the gradients' width, and the buckets' shared flat buffer,
     at most one bucket, is left out; ZeRO-1 and ZeRO-2 shard over dp x ep x cp, each rank having summed the
-    gradients of part of every sequence; under ZeRO-3 every one of them is its slice over dp, the gathered
-    layers left out), at the precision's widths: a bound of the memory line, so of the peak too
+    gradients of part of every sequence; under ZeRO-3 every one of them is its slice over dp x ep, the gathered
+    layers left out: the experts' are over dp alone, so theirs is at least that), at the precision's widths: a
+    bound of the memory line, so of the peak too
     (which adds the gradients the step measurably holds beyond the line's: ZeRO-2's beyond the slices)."""
     w = PRECISIONS[precision]
-    if c.zero == 3:  # FSDP (spmdsim.nn.fsdp): parameters, gradients, master copy and moments in slices over dp
-        return elements * (w.params + w.grads + (w.master if w.mixed else 0) + 2 * w.states) // c.dp
+    if c.zero == 3:  # FSDP (spmdsim.nn.fsdp): parameters, gradients, master copy and moments in slices over dp x ep
+        return elements * (w.params + w.grads + (w.master if w.mixed else 0) + 2 * w.states) // (c.dp * c.ep)
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states + (w.grads if c.zero == 2 else 0)
     shards = c.dp * c.ep * c.cp  # ZeRO shards the dense layers' states over dp x ep x cp
     whole = w.params + (w.grads if c.zero != 2 else 0)

@@ -128,11 +128,12 @@ SEARCHED_METHODS = ("ring",)
 
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None,
-                   methods: tuple = METHODS, folded: bool = True) -> list[Config]:
+                   methods: tuple = METHODS, folded: bool = True, sharded: bool = False) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
     those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`); `methods`: the
     context-parallel attention methods tried (SEARCHED_METHODS in a search); `folded`: with the experts folded
-    into their ep too (etp 1), beside split over tp."""
+    into their ep too (etp 1), beside split over tp; `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts
+    sharded over dp, the rest over dp x ep; a dense GPT's ZeRO-3 always)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
@@ -149,14 +150,14 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                     continue
                 for etp in _etps(cfg, tp, ep) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,
-                                                                 cp_method=method, etp=etp))
+                                                                 cp_method=method, etp=etp), sharded)
                 if len(out) > MAX_CONFIGS:
                     raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
                                        "devices; expected fewer: a smaller global batch or fewer layers")
     return out
 
 
-def _scheduled(cfg: Any, mesh: Config) -> list[Config]:
+def _scheduled(cfg: Any, mesh: Config, sharded: bool = False) -> list[Config]:
     """The configurations on `mesh`'s degrees (tp, cp and its method, pp, dp, ep, etp; `cfg` with the experts'
     etp, `model_of`): every microbatch count, virtual stages, sequence parallelism, recomputation and ZeRO stage
     that runs there (folded with a capacity, a microbatch tp's ranks share; dropless, a sequence:
@@ -171,8 +172,8 @@ def _scheduled(cfg: Any, mesh: Config) -> list[Config]:
         for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
             if (sp and (tp == 1 or cfg.seq % tp)) or (zero in (1, 2) and data * cp == 1):
                 continue
-            if zero == 3 and (dp == 1 or cfg.moe is not None or _unshardable(cfg, tp, dp, sp)):
-                continue  # FSDP shards each parameter's dim 0 over dp, evenly; it does not shard experts
+            if zero == 3 and (cfg.moe is not None and not sharded or data == 1 or _unshardable(cfg, tp, dp, sp, ep)):
+                continue  # FSDP shards each parameter's dim 0 evenly over dp x ep (the experts' over dp)
             if (sp or cfg.moe is not None) and cp > 1 and \
                     context_problem(cfg, cp, tp, sp, Context(mesh.cp_method)) is not None:
                 continue  # (sp's and the folded experts' share of a cp chunk: tp must divide it)
@@ -183,11 +184,14 @@ def _scheduled(cfg: Any, mesh: Config) -> list[Config]:
 
 
 @functools.lru_cache(maxsize=256)
-def _unshardable(cfg: Any, tp: int, dp: int, sp: bool) -> bool:
-    """Whether fully sharded data parallelism cannot split some parameter of `cfg`'s dim 0 over dp evenly, as
-    the GPT lays it out over dp x tp (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp)."""
-    layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp)), sp)
-    return any(shard_problem(s.name, layouts[s.name], s.shape, DATA) for s in param_specs(cfg))
+def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> bool:
+    """Whether fully sharded data parallelism cannot split some parameter of `cfg`'s dim 0 evenly, as the GPT lays
+    it out over dp x tp (with MoE layers dp x ep x tp) and shards each parameter over the axes among dp and ep it is
+    whole on (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp x ep, the experts' over dp)."""
+    moe = cfg.moe is not None
+    layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp, ep=ep if moe else None)), sp)
+    group = (DATA, EXPERT) if moe else DATA
+    return any(shard_problem(s.name, layouts[s.name], s.shape, group) for s in param_specs(cfg))
 
 
 def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHODS) -> list[tuple[int, str]]:

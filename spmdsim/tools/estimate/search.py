@@ -86,7 +86,8 @@ class Candidate:
 @dataclass(frozen=True)
 class SearchResult:
     """What `search` found: the candidates, priced first (by time), then the others; the chosen or None;
-    `folded`: whether the experts folded into ep were searched (or `fixed` held the experts' tp either way)."""
+    `folded`: whether the experts folded into ep were searched (or `fixed` held the experts' tp either way);
+    `sharded`: with MoE layers, whether ZeRO-3 was searched because no configuration of ZeRO 0 to 2 fit."""
 
     devices: int
     machine: str
@@ -99,6 +100,7 @@ class SearchResult:
     chosen: Optional[Candidate] = field(default=None)
     cell_runs: int = 0
     folded: bool = True
+    sharded: bool = False
 
 
 def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int, int]:
@@ -137,11 +139,26 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     The experts folded into their ep (etp 1) are searched where the layer cells bound them or `fixed` holds etp:
     by the closed forms alone their bounds are the least (half the tokens a rank in each Alltoall) and take the
     dry runs from the configurations split over tp (DeepSpeed-MoE's 1.3B+MoE-128 on 128 A100s: 328.9 ms chosen
-    among them where the split experts give 300.4 ms; docs/howto/choose-configuration.md).
+    among them where the split experts give 300.4 ms; docs/howto/choose-configuration.md). With MoE layers,
+    ZeRO-3 (the experts sharded over dp, the rest over dp x ep) is searched where `fixed` holds zero 3, or
+    again, with the rest, where none of ZeRO 0 to 2 priced fits: by the closed forms alone its bounds are
+    its ZeRO-1 twin's and take dry runs from the others (the 16-device example of choose-configuration.md: 43.8
+    ms chosen where 42.4 ms is without them).
     """
     _check_search(precision, max_dry_runs, memory_limit)
+    zero = (fixed or {}).get("zero")
+    args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed)
+    result = _searched(*args, sharded=cfg.moe is None or zero == 3)
+    if result.chosen is None and cfg.moe is not None and zero is None:
+        result = replace(_searched(*args, sharded=True), sharded=True)
+    return result
+
+
+def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision: str, kept: str,
+              max_dry_runs: int, pricer: Any, cells: Any, moe_cells: bool, fixed: Any, sharded: bool) -> SearchResult:
+    """`search`'s branch and bound over the configurations (with MoE layers their ZeRO-3 ones where `sharded`)."""
     folded = cfg.moe is None or moe_cells or isinstance(cells, Cells) or "etp" in (fixed or {})
-    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded)
+    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded, sharded)
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
@@ -171,7 +188,8 @@ def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
         raise SpmdsimError(f"memory limit {memory_limit!r} must be a number of bytes >= 1")
 
 
-def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool) -> tuple[list, dict]:
+def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool,
+             sharded: bool = True) -> tuple[list, dict]:
     """Every configuration `search` considers under its closed-form bounds (`folded`: the experts folded too), and
     the seconds of each one's gradient sums within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
@@ -186,9 +204,10 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     # (--fix cp=N: that cp alone, across nodes too)
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
-    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"), methods, folded)
+    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"), methods, folded, sharded)
     if fixed and not every:  # every cp the search takes, for the line that names them
-        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded)
+        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded,
+                               sharded=sharded)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
