@@ -168,13 +168,21 @@ def test_the_estimate_splits_activations_over_cp_and_prices_the_rings_messages()
 
 def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be_in_one_line():
     """examples/train_moe_gpt.py --cp: the mesh line names cp and the context line follows; two checked steps
-    PASS; a capacity beside --cp, and --cp sizes the world does not take, end in one line (exit 2)."""
+    PASS, as docs/howto/context-parallel.md ("With experts") quotes the command (its lines matched here); a
+    capacity beside --cp, and --cp sizes the world does not take, end in one line (exit 2)."""
+    import shlex
+
+    from docs_commands import mismatch, quotes
     from test_moe import _example
     from testkit import unfold
 
     base = ["--ranks", "8", "--steps", "2", "--layers", "2", "--d-model", "32"]
-    out = _example(base + ["--seq", "16", "--ep", "2", "--cp", "2", "--tp", "2", "--dropless"])
-    assert out.returncode == 0, out.stderr
+    argv = ["--ranks", "8", "--ep", "2", "--cp", "2", "--tp", "2", "--dropless", "--steps", "2", "--layers", "2",
+            "--d-model", "32", "--seq", "16"]
+    (quote,) = [q for q in quotes("docs/howto/context-parallel.md") if "train_moe_gpt.py" in q.command]
+    assert shlex.split(quote.command) == ["python", "examples/train_moe_gpt.py", *argv]
+    out = _example(argv)
+    assert out.returncode == 0 and mismatch(quote.output, out.stdout) is None, (out.stderr, out.stdout)
     assert "mesh dp 1 x ep 2 x cp 2 x tp 2: experts 4 per ep rank" in out.stdout, out.stdout
     assert "context parallelism: each sequence split over 2 ranks (balanced), attention by ring" in out.stdout
     assert "check: 2 steps vs one numpy process (loss, 35 gradients and parameters each): PASS" in out.stdout, \
