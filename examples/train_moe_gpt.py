@@ -27,7 +27,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
   or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
   or folded: python examples/train_moe_gpt.py --ranks 8 --ep 8 --tp 2 --etp 1
-  or over cp, dropless: python examples/train_moe_gpt.py --ranks 8 --ep 2 --cp 2 --tp 2 --dropless
+  or each sequence over cp: python examples/train_moe_gpt.py --ranks 8 --ep 2 --cp 2 --tp 2 --dropless
   or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
@@ -77,7 +77,7 @@ parser.add_argument("--etp", type=int, default=None,
                          "default) or 1, attention's tp ranks folded into the experts' ep (Megatron-Core's parallel "
                          "folding; --ep then counts them: ep x dp = world / pp)")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
-context_arguments(parser)  # --cp, --cp-method, --cp-split: each sequence split over cp (dropless experts)
+context_arguments(parser)  # --cp, --cp-method, --cp-split: each sequence split over cp, in the experts too
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")

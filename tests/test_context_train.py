@@ -83,16 +83,20 @@ def test_a_context_split_the_model_cannot_take_is_one_line():
         _run(GPTConfig(**SMALL), 1, 3, 1, False, Context("ring"))
 
 
-@pytest.mark.parametrize("ep, tp, etp, sp, method, replay", [(2, 1, 0, False, "ring", False),
-                                                                (1, 2, 1, True, "alltoall", True)])
-def test_dropless_experts_train_over_context_ranks_as_one_numpy_process(ep, tp, etp, sp, method, replay):
-    """Each rank routes its own share of every sequence (its cp chunks; folded with sp, tp's share of them too):
-    the router's counts and the loss's means summed over cp as over the batch's axes, the experts' gradients over
-    dp x cp (their edp), checked every step against one numpy process (which a count or gradient not summed over
-    cp fails by 1e-3 and more)."""
+@pytest.mark.parametrize("ep, tp, etp, sp, method, replay, capacity", [(2, 1, 0, False, "ring", False, 0.0),
+                                                                          (1, 2, 1, True, "alltoall", True, 0.0),
+                                                                          (2, 1, 0, False, "ring", True, 0.5),
+                                                                          (1, 2, 1, False, "allgather", False, 0.5)])
+def test_experts_train_over_context_ranks_as_one_numpy_process(ep, tp, etp, sp, method, replay, capacity):
+    """Each rank routes its own share of every sequence (its cp chunks; folded with sp and dropless, tp's share of
+    them too): the router's counts and the loss's means summed over cp as over the batch's axes, the experts'
+    gradients over dp x cp (their edp), checked every step against one numpy process (which a count or gradient
+    not summed over cp fails by 1e-3 and more). With a capacity (0.5: tokens dropped) each chunk has its own, and
+    the reference routes each sequence's chunks apart in the ranks' order (spmdsim.models.gpt.context.Laid)."""
     from spmdsim.models.moe import MoEConfig
 
-    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, every=2, dropless=True, etp=etp))
+    moe = dict(dropless=True) if not capacity else dict(capacity_factor=capacity)
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, every=2, etp=etp, **moe))
 
     def main():
         _, results = train(cfg, spmdsim.world(), 1, tp, 2, TEXT, sp=sp, cp=2, context=Context(method), ep=ep,
@@ -103,23 +107,8 @@ def test_dropless_experts_train_over_context_ranks_as_one_numpy_process(ep, tp, 
     for results in out:
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
     assert len({tuple(r.loss for r in results) for results in out}) == 1
-
-
-def test_context_parallelism_with_experts_of_a_capacity_is_refused_in_one_line(capsys):
-    """A capacity counts a whole sequence's tokens: `spmdsim estimate gpt --experts 4 --cp 2` without --dropless is
-    refused before the dry run, by the flags; dropless, it runs."""
-    from spmdsim.tools.cli.main import main
-    from testkit import unfold
-
-    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "128",
-            "--global-batch", "4", "--experts", "4", "--cp", "2"]
-    assert main(argv) == 2
-    assert unfold(capsys.readouterr().err) == (
-        "spmdsim: error: the GPT cannot train on pp 1 x dp 1 x ep 1 x cp 2 x tp 1: cp 2 with MoE layers of a "
-        "capacity: a capacity counts a whole sequence's tokens, and cp splits each sequence; dropless experts "
-        "(--dropless) take any share of the tokens\n")
-    assert main(argv + ["--dropless"]) == 0
-    capsys.readouterr()
+    if capacity:  # tokens dropped at each chunk's capacity, ceil(2 x 8 x 0.5 / 4) = 2 slots an expert
+        assert sum(s.dropped for results in out for r in results for s in r.dispatch) > 0
 
 
 @pytest.mark.parametrize("method, schedule, sp", [("ring", "1f1b", False), ("allgather", "interleaved", True),
@@ -187,9 +176,7 @@ def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be
     assert "context parallelism: each sequence split over 2 ranks (balanced), attention by ring" in out.stdout
     assert "check: 2 steps vs one numpy process (loss, 35 gradients and parameters each): PASS" in out.stdout, \
         out.stdout
-    for flags, message in ((["--ep", "2", "--cp", "2", "--tp", "2"], "cp 2 with MoE layers of a capacity: a "
-                            "capacity counts a whole sequence's tokens"),
-                           (["--cp", "3", "--dropless"], "--pp 1 x --cp 3 must divide the world size 8"),
+    for flags, message in ((["--cp", "3", "--dropless"], "--pp 1 x --cp 3 must divide the world size 8"),
                            (["--cp", "2", "--tp", "4", "--etp", "1", "--ep", "4", "--dropless", "--seq", "12"],
                             "seq 12 split over cp 2 leaves 6 tokens, not divisible by tp 4 (etp 1, dropless: each "
                             "tp rank routes its share of its cp chunk's tokens)"),
@@ -213,7 +200,7 @@ def test_the_search_leaves_out_folded_experts_whose_cp_chunk_tp_does_not_divide(
     assert context_problem(replaced(cfg, moe=replaced(cfg.moe, etp=1)), 2, 4, False, Context()) is not None
 
 
-def test_the_estimate_of_dropless_experts_over_cp_sends_each_rank_its_share_of_the_tokens():
+def test_the_estimate_of_experts_over_cp_sends_each_rank_its_share_of_the_tokens():
     """`spmdsim estimate gpt --experts 4 --ep 2 --dropless --cp 2`: each rank keeps about half the activations and
     sends half the tokens' rows by Alltoallv (its own cp chunk of every sequence), beside the ring's messages."""
     moe = ("--experts", "4", "--ep", "2", "--dropless")
@@ -221,6 +208,9 @@ def test_the_estimate_of_dropless_experts_over_cp_sends_each_rank_its_share_of_t
     assert 0.45 < split["bytes"]["activations"] / whole["bytes"]["activations"] < 0.55
     assert split["sent"]["alltoallv node"] * 2 == whole["sent"]["alltoallv node"] > 0
     assert split["sent"]["send node"] > 0 and "send node" not in whole["sent"]
+    # with a capacity each chunk has its own, ceil(2 x 4,096 / 2 / 4) slots an expert: half a sequence's
+    whole, split = (_estimate(*moe[:-1], "--cp", str(cp))["stages"][0] for cp in (1, 2))
+    assert split["sent"]["alltoall node"] * 2 == whole["sent"]["alltoall node"] > 0
 
 
 @pytest.mark.parametrize("method", METHODS)

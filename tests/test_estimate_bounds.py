@@ -145,7 +145,7 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     cfg = _moe(layers, **moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
     cells = Cells(cfg, "megatron", node)
-    configs = configurations(cfg, 2, node, sharded=True)  # ZeRO-3 too: the search's where nothing else fits
+    configs = configurations(cfg, 2, node, 1, sharded=True)  # ZeRO-3 too: the search's where nothing else fits
     exhaustive = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     gain, kept, twins = [], [], {}
     for c, (seconds, nbytes, _) in exhaustive.items():
@@ -171,6 +171,26 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     assert cells.dry_runs == 6 * len(cells.cells)  # three sizes of model, 1 and 2 microbatches
     fastest = min(seconds for c, (seconds, *_) in exhaustive.items() if c.zero < 3)  # (all fit: no ZeRO-3 searched)
     r = search(cfg, 2, machine, 1 << 40, max_dry_runs=10_000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells,
-               moe_cells=True)
+               moe_cells=True, fixed={"cp": 1})  # (cp: the test below)
     assert r.chosen.step_s == fastest and r.dry_runs < len(exhaustive)
     assert all(c.bound_s >= fastest for c in r.candidates if c.verdict.endswith("bound above the best"))
+
+
+def test_an_moe_gpts_cells_lie_below_the_price_of_each_configuration_over_cp():
+    """Each rank routes its chunks of the sequences: every configuration of cp 2 of a small dropless MoE GPT on 2
+    devices of a node (the ring) is priced by its own dry run, and its cells' time and memory bounds and the closed
+    forms lie below it (the search tries cp beside dropless experts, with the cells or --fix cp)."""
+    import dataclasses
+
+    cfg = _moe(4, dropless=True, dry_routing="worst")
+    machine = dataclasses.replace(A100, gpus_per_node=2)
+    cells = Cells(cfg, "megatron", 2)
+    configs = configurations(cfg, 2, 2, 2, methods=("ring",), sharded=True)
+    assert configs and {c.cp for c in configs} == {2}
+    for c in configs:
+        seconds, nbytes, _ = price(cfg, c, machine, "bf16-mixed", "megatron")
+        flop_s, states = lower_bounds(cfg, c, machine, "bf16-mixed", 2)
+        sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1]
+        assert flop_s <= seconds and states <= nbytes, c
+        assert cells.time_bound(c, machine, "bf16-mixed", sums) <= seconds * (1 + 1e-12), c
+        assert cells.memory_bound(c, "bf16-mixed") <= nbytes, c

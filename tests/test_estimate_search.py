@@ -262,25 +262,29 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
 
     cfg = _moe_cfg(**moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
-    # (cp's other methods: the ring's bounds; ZeRO-3, which the search tries where nothing else fits, bounded too)
-    configs = configurations(cfg, 4, node, methods=SEARCHED_METHODS, sharded=True)
+    # (cp's other methods: the ring's bounds; ZeRO-3, which the search tries where nothing else fits, bounded too;
+    # cp beside the capacity 0.5 and dropless cases, cp 1 held in the others: each cp configuration a dry run)
+    cp = None if moe.get("dropless") else 1
+    configs = configurations(cfg, 4, node, cp, methods=SEARCHED_METHODS, sharded=True)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.cp * c.tp * c.pp == 4 for c in configs)
     # folded: tp 2 with the experts' ep 2 (mesh ep 1) or 4 (mesh ep 2), never beside tp 1
     assert {(c.tp, c.experts_ep) for c in configs if c.etp == 1} == {(2, 2), (2, 4)}
     assert all(c.dp * c.experts_ep * c.experts_tp * c.cp * c.pp == 4 for c in configs)
-    # the sequence split over cp beside dropless experts alone (a capacity counts a whole sequence's tokens)
-    assert {c.cp for c in configs} == ({1, 2, 4} if moe.get("dropless") else {1})
+    # the sequence split over cp too (each rank routing its chunks; with a capacity, each chunk its own)
+    assert {c.cp for c in configs} == ({1, 2, 4} if cp is None else {1})
     assert all(c.zero == 0 or c.dp * c.ep * c.cp > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2, 3}
     assert all(c.dp * c.ep > 1 for c in configs if c.zero == 3)  # FSDP over dp x ep, the experts' over dp
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
         bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
         assert bound_s <= seconds and bound_bytes <= nbytes, (c, bound_s, seconds, bound_bytes, nbytes)
-    r = search(cfg, 4, machine, 1 << 40, max_dry_runs=10_000, pricer=lambda cfg, c, *rest: prices[c])  # (priced above)
+    r = search(cfg, 4, machine, 1 << 40, max_dry_runs=10_000, pricer=lambda cfg, c, *rest: prices[c],  # (priced above)
+               fixed=None if cp is None else {"cp": 1})
     priced = [c for c in r.candidates if c.step_s is not None]
     assert len(priced) == r.dry_runs and r.chosen is priced[0]
     # the fastest, or one of its ties: dp 2 and cp 2 can price a unit in the last place apart (sums in another order)
-    fastest = min(seconds for c, (seconds, *_) in prices.items() if c.zero < 3)  # (everything fits: no ZeRO-3)
+    # (everything fits: no ZeRO-3; beside the experts cp is searched with the layer cells or --fix cp)
+    fastest = min(seconds for c, (seconds, *_) in prices.items() if c.zero < 3 and c.cp == 1)
     assert r.chosen.step_s == pytest.approx(fastest, rel=1e-12, abs=0)
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
 
@@ -351,10 +355,10 @@ def test_an_moe_gpt_that_fits_only_fully_sharded_is_searched_again_with_zero_3(c
                                           "60 MiB;")
 
 
-def test_the_command_searches_cp_beside_dropless_experts_and_prints_the_estimate_that_prices_it(capsys):
-    """`--gpt ...,dropless=1`: the experts drop no token and take a sequence split over cp; `--fix cp=2` chooses
-    such a configuration, printed as the `spmdsim estimate` command that prices it alike (time and peak). With a
-    capacity, `--fix cp=2` is one line; dropless is 0 or 1."""
+def test_the_command_searches_cp_beside_experts_and_prints_the_estimate_that_prices_it(capsys):
+    """`--gpt ...,dropless=1`: the experts drop no token; `--fix cp=2` chooses a configuration with each sequence
+    split over cp, printed as the `spmdsim estimate` command that prices it alike (time and peak); with a capacity
+    it is one line (the search does not price cp there yet); dropless is 0 or 1."""
     from docs_commands import run_here
 
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,batch=4,experts=4,dropless=1",
@@ -375,8 +379,8 @@ def test_the_command_searches_cp_beside_dropless_experts_and_prints_the_estimate
     argv[4] = argv[4].replace(",dropless=1", "")
     assert main(argv) == 2
     assert unfold(capsys.readouterr().err) == (
-        "spmdsim: error: --fix cp=2 with MoE layers of a capacity: a capacity counts a whole sequence's tokens, and "
-        "cp splits each sequence; dropless experts (--gpt ...,dropless=1) take cp\n")
+        "spmdsim: error: --fix cp=2 with MoE layers of a capacity: the search does not price cp beside them yet "
+        "(`spmdsim estimate gpt --cp` does); dropless experts (--gpt ...,dropless=1) take it\n")
     argv[4] += ",dropless=2"
     assert main(argv) == 2
     assert "--gpt dropless '2' must be 0 or 1 (1: the experts drop no token)" in capsys.readouterr().err

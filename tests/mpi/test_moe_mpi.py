@@ -30,11 +30,11 @@ def test_moe_gpt_steps_match_one_numpy_process(dropless):
     model.mesh.close()
 
 
-@pytest.mark.parametrize("etp, sp", [(0, False), (1, True)])
-def test_dropless_experts_over_context_ranks_match_one_numpy_process(etp, sp):
+@pytest.mark.parametrize("etp, sp, dropless", [(0, False, True), (1, True, True), (0, False, False)])
+def test_experts_over_context_ranks_match_one_numpy_process(etp, sp, dropless):
     """Each sequence split over cp 2 beside ep 2 and tp (the experts split over tp, or folded into their ep with
-    sp): each rank routes its own chunk's tokens over the ep sub-communicator; the counts and the experts'
-    gradients summed over cp too."""
+    sp): each rank routes its own chunk's tokens over the ep sub-communicator (with a capacity, each chunk its
+    own); the counts and the experts' gradients summed over cp too."""
     from mpi4py import MPI
 
     from spmdsim.models.gpt import GPTConfig, encode, load_text
@@ -44,7 +44,7 @@ def test_dropless_experts_over_context_ranks_match_one_numpy_process(etp, sp):
 
     comm = MPI.COMM_WORLD
     tp = comm.size // 4 if comm.size % 4 == 0 else 1
-    moe = MoEConfig(experts=4, top_k=2, dropless=True, etp=etp)
+    moe = MoEConfig(experts=4, top_k=2, dropless=dropless, capacity_factor=0.5, etp=etp)
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=16, batch=4, dropout=0.1, moe=moe)
     model, results = train(cfg, comm, 1, tp, 2, encode(load_text(20_000)), ep=2, cp=2, context=Context(), sp=sp)
     assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results

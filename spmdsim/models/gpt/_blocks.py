@@ -141,10 +141,11 @@ def _causal(T: int) -> np.ndarray:
     return _CAUSAL[T]
 
 
-def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
-                  drop: Drop, follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict[str, Any]]:
+def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, drop: Drop,
+                  follow: Optional[np.ndarray] = None, laid: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
     """One pre-LN block on h (B*T, D): causal attention, then the GELU MLP (or the MoE layer, spmdsim.models.moe),
-    each with a residual. `follow`: the ranks' (B, T, k) experts of an MoE layer, followed at near-ties."""
+    each with a residual. `follow`: the ranks' (B, T, k) experts of an MoE layer, followed at near-ties; `laid`:
+    a context-parallel run's order (spmdsim.models.gpt.context.Laid: its groups, the chunks experts route apart)."""
     T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
     layer = pre[:-1]
     a, ln1 = norm(params, pre + "ln1", h, cfg)
@@ -174,7 +175,7 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
     cache = {"a": a, "ln1": ln1, "q": qh, "k": kh, "v": vh, "probs": probs, "pd": pd, "o": o, "a2": a2, "ln2": ln2,
              "B": B}
     if cfg.is_moe(int(layer[1:])):
-        out, cache["moe"] = moe_forward(params, pre, a2, B, cfg.moe, follow)
+        out, cache["moe"] = moe_forward(params, pre, a2, B, cfg.moe, follow, getattr(laid, "groups", None))
         return h + drop(out, layer + ".resid2"), cache
     z = _biased(a2 @ params[pre + "mlp.w1"], params, pre + "mlp.b1")
     if cfg.mlp == "swiglu":  # silu(a2 w1 + b1) * (a2 w3 + b3)

@@ -29,7 +29,7 @@ from ...runtime.dtensor import DTensor
 from ..axes import CONTEXT
 from .config import GPTConfig
 
-__all__ = ["Context", "context_problem", "position_ids"]
+__all__ = ["Context", "Laid", "checked_order", "context_problem", "position_ids"]
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,6 @@ def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optiona
         return f"context-parallel split {context.split!r} is not one of {', '.join(SPLITS)}"
     if cp == 1:
         return None
-    if cfg.moe is not None and not cfg.moe.dropless:  # (before the layer's own check of its tokens' layout)
-        return (f"cp {cp} with MoE layers of a capacity: a capacity counts a whole sequence's tokens, and cp splits "
-                "each sequence; dropless experts (--dropless) take any share of the tokens")
     try:
         check_split(cp, cfg.seq, context.balanced)
         check_heads(context.method, cp, cfg.heads, cfg.kv, tp)
@@ -69,7 +66,7 @@ def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optiona
         return str(exc)
     if sp and (cfg.seq // cp) % tp:
         return f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (sp)"
-    if cfg.moe is not None and cfg.moe.etp == 1 and tp > 1 and (cfg.seq // cp) % tp:
+    if cfg.moe is not None and cfg.moe.dropless and cfg.moe.etp == 1 and tp > 1 and (cfg.seq // cp) % tp:
         return (f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (etp 1, "
                 "dropless: each tp rank routes its share of its cp chunk's tokens)")
     return None
@@ -79,3 +76,22 @@ def position_ids(mesh: Any, positions: tuple) -> Any:
     """The positions of a sequence as laid out, a DTensor (T, 1) split over cp as the activations' T."""
     ids = np.asarray(positions, np.int64).reshape(-1, 1)
     return DTensor.from_global(mesh, ids, mesh.layout(CONTEXT, None))
+
+
+class Laid(tuple):
+    """A sequence's positions as the context-parallel ranks hold it (index i holds position ``self[i]``), with
+    `groups`: (those positions, cp), the chunks that experts of a capacity route apart, rank by rank, each with
+    its own capacity (spmdsim.models.moe.reference.moe_forward)."""
+
+    groups: Optional[tuple] = None
+
+
+def checked_order(cfg: GPTConfig, positions: Optional[tuple], cp: int) -> Optional[tuple]:
+    """The order the check's reference reads a run's sequence in: `positions` (the model's; None: each index its
+    own position), or with MoE layers of a capacity over cp > 1 a `Laid` of them whose groups are the ranks'
+    chunks (the ranks route each chunk of a sequence apart, with a capacity of its own tokens)."""
+    if cp == 1 or cfg.moe is None or cfg.moe.dropless:
+        return positions
+    laid = Laid(range(cfg.seq) if positions is None else positions)
+    laid.groups = (tuple(laid), cp)
+    return laid

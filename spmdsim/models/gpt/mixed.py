@@ -32,7 +32,7 @@ Pure: numpy.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -74,17 +74,18 @@ def architecture_problem(cfg: GPTConfig) -> Optional[str]:
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
                    policy: Precision, masks: Optional[dict], routes: Optional[dict] = None,
-                   kept: str = "graph", fp8: Optional[dict] = None) -> tuple[float, dict]:
+                   kept: str = "graph", fp8: Optional[dict] = None, laid: Any = None) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.models.gpt.reference's
     keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
     model's from the padded model's `params`, wte's padded rows' gradients zero (spmdsim.models.gpt.reference's).
     `routes`: MoE layer ("h1") -> the ranks' (B, T, k) experts, followed at near-ties (spmdsim.models.moe.routing).
     `kept`: the ranks' kept set (spmdsim.models.gpt.parallel.GPT's), "megatron" rounding where its fused kernels round.
-    `fp8`: under an FP8 policy, the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8.Linears)."""
+    `fp8`: under an FP8 policy, the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8.Linears).
+    `laid`: a context-parallel run's order (spmdsim.models.gpt.context.Laid: the chunks its experts route apart)."""
     if cfg.unpadded() is not cfg:
         loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks,
-                                     routes, kept, fp8)
+                                     routes, kept, fp8, laid)
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
@@ -97,7 +98,7 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     h = r.drop(h, "emb").reshape(B * T, D)
     caches = []
     for layer in range(cfg.layers):
-        h, c = _block(P, f"h{layer}.", h, B, cfg, r, (routes or {}).get(f"h{layer}"))
+        h, c = _block(P, f"h{layer}.", h, B, cfg, r, (routes or {}).get(f"h{layer}"), getattr(laid, "groups", None))
         caches.append(c)
     hf, lnf = _ln(P, "lnf", h, cfg, r)
     head = "wte" if cfg.tied else "head.w"  # an untied head: its own (padded_vocab, D) weight
@@ -261,7 +262,7 @@ def _swiglu(z: np.ndarray, u: np.ndarray, r: _Rounder) -> tuple[np.ndarray, np.n
 
 
 def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder,
-           follow: Optional[np.ndarray] = None) -> tuple:
+           follow: Optional[np.ndarray] = None, groups: Optional[tuple] = None) -> tuple:
     T, H, Dh, KV = h.shape[0] // B, cfg.heads, cfg.head_dim, cfg.kv
     layer = pre[:-1]
     a, ln1 = _ln(P, pre + "ln1", h, cfg, r)
@@ -286,7 +287,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
     a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r)
     if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.models.moe.mixed), its router losses in the cache
-        out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
+        out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow, groups)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
                     "ln2": ln2, "moe": moe, "B": B, "rope": rope}

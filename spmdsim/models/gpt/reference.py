@@ -296,7 +296,7 @@ def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int],
     h = drop(h, "emb").reshape(B * T, cfg.d_model)
     blocks = []
     for layer in range(cfg.layers):
-        h, block = blk.block_forward(params, f"h{layer}.", h, B, cfg, drop, (routes or {}).get(f"h{layer}"))
+        h, block = blk.block_forward(params, f"h{layer}.", h, B, cfg, drop, (routes or {}).get(f"h{layer}"), laid)
         blocks.append(block if need_cache else None)
     hf, lnf = blk.norm(params, "lnf", h, cfg)
     out = hf @ params["wte" if cfg.tied else "head.w"].T

@@ -27,7 +27,7 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     `fp8`: under an FP8 policy the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8)."""
     loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
         start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], i, laid),
-        _rows(routes, rows), kept, fp8))
+        _rows(routes, rows), kept, fp8, laid))
     if cfg.clip:
         ref_grads = clip_grads(ref_grads, cfg.clip)[1]
     state = policy.dtype("optimizer")

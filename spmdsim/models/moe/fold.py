@@ -20,9 +20,10 @@ every layer but the experts splits the batch over ("dp", "ep") and Megatron's te
   (sequence parallelism) and all-to-alls over the same ep group.
 
 Other sizes (1 < etp < tp, or etp > tp) need a mesh axis the GPT's mesh does not have: refused in one line
-(`fold_problem`). With context parallelism (a "cp" axis beside dropless experts: spmdsim.models.gpt.context)
-each sequence is split over cp in the MoE layer as in the others: cp's ranks route their own chunks' tokens
-and hold the same experts (edp = the mesh's dp x cp, as Megatron-Core's folding puts cp in the experts' groups).
+(`fold_problem`). With context parallelism (a "cp" axis: spmdsim.models.gpt.context) each sequence is split
+over cp in the MoE layer as in the others: cp's ranks route their own chunks' tokens (with a capacity, each
+chunk its own) and hold the same experts (edp = the mesh's dp x cp, as Megatron-Core's folding puts cp in the
+experts' groups).
 
     >>> from spmdsim.layouts.layout import Layout
     >>> fold_of(Layout((2, 2, 2), ("dp", "ep", "tp")), 1)
@@ -60,7 +61,7 @@ class Fold(NamedTuple):
         """The experts' tokens' (T, B, D) tensor map on a mesh of axes `names`: the batch over the mesh's axes but
         cp and the experts' tp; folded, tp's share is the batch's with a capacity (each sequence routed whole, as
         its capacity counts it), the sequence's dropless (each token alone: Megatron's sequence-parallel split).
-        With context parallelism the sequence over cp (dropless only: `context_problem`), before tp's."""
+        With context parallelism the sequence over cp, before tp's."""
         seq = tuple(a for a in (CONTEXT, TENSOR) if a in names and (a == CONTEXT or dropless and self.folded))
         batch = tuple(a for a in names if a in self.batch_axes and a not in seq)
         return (seq[0] if len(seq) == 1 else seq or None, batch, None)

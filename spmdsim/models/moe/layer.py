@@ -1,8 +1,8 @@
 """An MoE layer on DTensors: router, dispatch by Alltoall(v) over ``ep``, experts, combine (runtime).
 
 Mesh ``(dp, ep, tp)``: the tokens (T, B, D) are split over ("dp", "ep") on the
-batch and whole on tp, as the GPT's other layers hold them (dropless, with a
-"cp" axis, over cp on T too: spmdsim.models.moe.fold); expert e lives on
+batch and whole on tp, as the GPT's other layers hold them (with a "cp" axis,
+over cp on T too: spmdsim.models.moe.fold); expert e lives on
 the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 (w2) over tp, the same on every dp rank. Each rank routes its own tokens
 (spmdsim.models.moe.routing), packs them into a send buffer, and:
@@ -122,9 +122,10 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
         by = f"cp {cp} x tp {tp} = {cp * tp}" if cp > 1 else f"tp {tp}"
         return (f"seq {x_shape[0]} is not divisible by {by} (etp 1, dropless: each tp rank routes its share of the "
                 "tokens)")
-    if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * fold.edp):
-        return (f"batch {x_shape[1]} is not divisible by edp {fold.edp} x ep {fold.ep} = {fold.ep * fold.edp} (etp 1: "
-                "each tp rank routes its own share of the batch)")
+    dp = fold.edp // cp  # (the experts' edp holds cp's ranks, which split the sequence, not the batch)
+    if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * dp):
+        return (f"batch {x_shape[1]} is not divisible by edp {dp} x ep {fold.ep} = {fold.ep * dp} (etp 1: each tp "
+                "rank routes its own share of the batch)")
     return None
 
 

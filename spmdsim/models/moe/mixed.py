@@ -36,7 +36,7 @@ from ...references import activations
 from ...base.precision import product, wide
 from ...references.forward import softmax
 from .config import MoEConfig
-from .reference import chosen
+from .reference import chosen, route_rows, unrouted
 from .routing import gates_backward, route
 
 __all__ = ["moe_forward_mixed", "moe_backward_mixed"]
@@ -59,10 +59,18 @@ def _bias(P: dict, name: str, e: int) -> Optional[np.ndarray]:
 
 
 def moe_forward_mixed(P: dict, pre: str, x: np.ndarray, B: int, moe: MoEConfig, r: Any,
-                      follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict]:
+                      follow: Optional[np.ndarray] = None, groups: Optional[tuple] = None) -> tuple[np.ndarray, dict]:
     """The layer's output (N, D), in the activations' dtype, for tokens x (N, D) in B sequences (batch-first
     rows), and what the backward needs, its "losses" the weighted router losses (float32). `follow`: the
-    ranks' (B, T, k) experts, taken where rounding alone can explain them (spmdsim.models.moe.routing.followed)."""
+    ranks' (B, T, k) experts, taken where rounding alone can explain them (spmdsim.models.moe.routing.followed);
+    `groups`: each sequence routed as chunks apart (spmdsim.models.moe.reference.moe_forward's)."""
+    if groups is not None:
+        T, g = x.shape[0] // B, groups[1]
+        rows = route_rows(B, T, groups)
+        mine = None if follow is None else follow[:, list(groups[0])].reshape(B * g, T // g, -1)
+        out, cache = moe_forward_mixed(P, pre, x[rows], B * g, moe, r, mine)
+        cache["rows"] = rows
+        return unrouted(out, rows), cache
     N, D = x.shape
     T, E = N // B, moe.experts
     x32, router = _f32(x), _f32(P[pre + "moe.router"])
@@ -105,6 +113,9 @@ def moe_backward_mixed(P: dict, pre: str, dout: np.ndarray, c: dict, moe: MoECon
     """The input's gradient (N, D), float32 and not rounded (summed with the layer norm's other consumers
     first), from the output's `dout` (float32, rounded to the activations' dtype: the engine's rounding);
     the router losses' gradients (weighted) join the router's; parameter gradients (float32) into `grads`."""
+    rows = c.get("rows")
+    if rows is not None:  # routed in chunks (`moe_forward_mixed`'s groups): its rows' order and back
+        return unrouted(moe_backward_mixed(P, pre, dout[rows], {**c, "rows": None}, moe, r, grads), rows)
     probs, routing, B = c["probs"], c["routing"], c["B"]
     N, D = c["x"].shape
     E, T = moe.experts, N // B

@@ -23,7 +23,7 @@ from ...references.activations import gelu, gelu_backward, sigmoid
 from .config import MoEConfig
 from .routing import followed, gates_backward, ranked, route, tie_margin
 
-__all__ = ["moe_forward", "moe_backward", "router_losses", "chosen"]
+__all__ = ["moe_forward", "moe_backward", "router_losses", "chosen", "route_rows", "unrouted"]
 
 Params = dict
 
@@ -54,11 +54,32 @@ def _logsumexp(z: np.ndarray) -> np.ndarray:
     return top + np.log(np.exp(z - top[:, None]).sum(axis=-1))
 
 
+def route_rows(B: int, T: int, groups: tuple) -> np.ndarray:
+    """The rows (batch-first, b T + t) in the order ranks route them where each sequence's `groups` = (its
+    positions in the ranks' order, g) are g chunks of T / g tokens routed apart (context parallelism)."""
+    return (np.arange(B)[:, None] * T + np.asarray(groups[0])[None]).ravel()
+
+
+def unrouted(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`a`, rows in `route_rows`' order, back in the rows' own order."""
+    out = np.empty_like(a)
+    out[rows] = a
+    return out
+
+
 def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig,
-                follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict]:
+                follow: Optional[np.ndarray] = None, groups: Optional[tuple] = None) -> tuple[np.ndarray, dict]:
     """The layer's output (N, D) for tokens x (N, D) in B sequences, and what the backward needs
     (its "aux" and "z": the two router losses, not yet weighted). `follow`: the ranks' (B, T, k) experts,
-    taken where rounding alone can explain them (spmdsim.models.moe.routing.followed)."""
+    taken where rounding alone can explain them (spmdsim.models.moe.routing.followed). `groups`: each sequence
+    routed as chunks apart, each with its own capacity (`route_rows`; spmdsim.models.gpt.context.Laid)."""
+    if groups is not None:
+        T, g = x.shape[0] // B, groups[1]
+        rows = route_rows(B, T, groups)
+        mine = None if follow is None else follow[:, list(groups[0])].reshape(B * g, T // g, -1)
+        out, cache = moe_forward(params, pre, x[rows], B * g, moe, mine)
+        cache["rows"] = rows
+        return unrouted(out, rows), cache
     N, D = x.shape
     T, E = N // B, moe.experts
     logits = x @ params[pre + "moe.router"]
@@ -99,6 +120,9 @@ def moe_backward(params: Params, pre: str, dout: np.ndarray, c: dict[str, Any], 
                  grads: Params) -> np.ndarray:
     """The input's gradient (N, D) from the output's (N, D), the router losses' weights included (their
     gradients join the router's); parameter gradients into `grads`."""
+    rows = c.get("rows")
+    if rows is not None:  # routed in chunks (`moe_forward`'s groups): its rows' order and back
+        return unrouted(moe_backward(params, pre, dout[rows], {**c, "rows": None}, moe, grads), rows)
     x, probs, routing, B = c["x"], c["probs"], c["routing"], c["B"]
     N, D = x.shape
     E, T = moe.experts, N // B

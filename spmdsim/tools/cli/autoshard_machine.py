@@ -26,7 +26,7 @@ from ...base.validate import counted
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
-from ..estimate.configs import FIXABLE, fold_note, parse_fixed, vocab_note
+from ..estimate.configs import FIXABLE, context_note, fold_note, parse_fixed, vocab_note
 
 #: The line a search of an MoE GPT adds where it searched ZeRO-3 too (spmdsim.tools.estimate.search.search).
 SHARDED_NOTE = ("searched again with ZeRO-3 (the experts sharded over dp, the rest over dp x ep): none of ZeRO 0 "
@@ -94,6 +94,7 @@ def run_machine(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     note = "; ".join(filter(None, (vocab_note(cfg, devices, machine.gpus_per_node), "" if result.folded else
                                    fold_note(cfg, [c.config for c in result.candidates]),
+                                   "" if result.contexts else context_note(cfg, devices, machine.gpus_per_node),
                                    SHARDED_NOTE if result.sharded else "")))
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
     # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak

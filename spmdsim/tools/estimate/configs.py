@@ -27,7 +27,7 @@ from ...nn.fsdp import shard_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
-__all__ = ["Config", "configurations", "vocab_note", "fold_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
+__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
            "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
@@ -107,6 +107,15 @@ def fold_note(cfg: Any, configs: Any) -> str:
     if cfg.moe is None or not any(_etps(cfg, c.tp, c.ep) != (0,) for c in configs):
         return ""
     return "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
+
+
+def context_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
+    """A line saying context parallelism was left out of a search beside MoE layers (SearchResult.contexts False)
+    where the model could split its sequences over cp (spmdsim.tools.estimate.search); "" where it could not."""
+    if cfg.moe is None or not any(len(_contexts(cfg, devices // tp, tp, gpus_per_node)) > 1
+                                  for tp in _tensor_parallel(cfg, devices, gpus_per_node)):
+        return ""
+    return "context parallelism beside the experts not searched: --moe-cells or --fix cp=N adds it"
 
 
 def _divisors(n: int) -> list[int]:
@@ -198,8 +207,11 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHO
     """(cp, method) pairs to try on `ranks` ranks beside tp: cp 1, and every divisor of `ranks` up to tp x cp =
     `within` (a node: the ring's messages, the gathers and the all-to-alls on its links) the sequence splits
     over (the balanced causal split: seq a multiple of 2 cp) with each method its heads take (the all-to-all's
-    divide by tp x cp); with MoE layers, dropless ones alone (a capacity counts a whole sequence's tokens)."""
+    divide by tp x cp); with MoE layers, beside dropless ones alone (experts of a capacity over cp: trained and
+    priced by `spmdsim estimate`, not yet searched)."""
     out = [(1, "ring")]
+    if cfg.moe is not None and not cfg.moe.dropless:
+        return out
     for cp in _divisors(ranks)[1:]:
         if tp * cp > within:
             break

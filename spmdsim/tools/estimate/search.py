@@ -87,7 +87,8 @@ class Candidate:
 class SearchResult:
     """What `search` found: the candidates, priced first (by time), then the others; the chosen or None;
     `folded`: whether the experts folded into ep were searched (or `fixed` held the experts' tp either way);
-    `sharded`: with MoE layers, whether ZeRO-3 was searched because no configuration of ZeRO 0 to 2 fit."""
+    `sharded`: with MoE layers, whether ZeRO-3 was searched because no configuration of ZeRO 0 to 2 fit;
+    `contexts`: whether context parallelism was searched (with MoE layers: with the layer cells, or `fixed` cp)."""
 
     devices: int
     machine: str
@@ -101,6 +102,7 @@ class SearchResult:
     cell_runs: int = 0
     folded: bool = True
     sharded: bool = False
+    contexts: bool = True
 
 
 def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int, int]:
@@ -143,7 +145,9 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     ZeRO-3 (the experts sharded over dp, the rest over dp x ep) is searched where `fixed` holds zero 3, or
     again, with the rest, where none of ZeRO 0 to 2 priced fits: by the closed forms alone its bounds are
     its ZeRO-1 twin's and take dry runs from the others (the 16-device example of choose-configuration.md: 43.8
-    ms chosen where 42.4 ms is without them).
+    ms chosen where 42.4 ms is without them). Context parallelism beside MoE layers alike: searched with the layer
+    cells or where `fixed` holds cp (by the closed forms alone, on that example, a cp 8 configuration at 140.9 ms
+    was chosen).
     """
     _check_search(precision, max_dry_runs, memory_limit)
     zero = (fixed or {}).get("zero")
@@ -158,7 +162,12 @@ def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision
               max_dry_runs: int, pricer: Any, cells: Any, moe_cells: bool, fixed: Any, sharded: bool) -> SearchResult:
     """`search`'s branch and bound over the configurations (with MoE layers their ZeRO-3 ones where `sharded`)."""
     folded = cfg.moe is None or moe_cells or isinstance(cells, Cells) or "etp" in (fixed or {})
-    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded, sharded)
+    contexts = cfg.moe is None or moe_cells or isinstance(cells, Cells) or "cp" in (fixed or {})
+    if cfg.moe is not None and not cfg.moe.dropless and (fixed or {}).get("cp", 1) > 1:
+        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: the search does not price cp beside "
+                           "them yet (`spmdsim estimate gpt --cp` does); dropless experts (--gpt ...,dropless=1) take "
+                           "it")
+    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded, sharded, contexts)
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
@@ -171,8 +180,8 @@ def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision
     bound = _Bound(cfg, machine, precision, kept, memory_limit, price if pricer is None else pricer, tight, sums)
     best, runs, priced = _branch_and_bound(bound, heap, out, max_dry_runs)
     return _result(SearchResult(devices, machine.name, memory_limit, precision, kept, (), runs, "", None,
-                                tight.dry_runs - made if tight is not None else 0, folded), heap, best, priced, out,
-                   max_dry_runs)
+                                tight.dry_runs - made if tight is not None else 0, folded, contexts=contexts), heap,
+                   best, priced, out, max_dry_runs)
 
 
 def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
@@ -189,7 +198,7 @@ def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
 
 
 def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool,
-             sharded: bool = True) -> tuple[list, dict]:
+             sharded: bool = True, contexts: bool = True) -> tuple[list, dict]:
     """Every configuration `search` considers under its closed-form bounds (`folded`: the experts folded too), and
     the seconds of each one's gradient sums within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
@@ -197,14 +206,11 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     if cfg.moe is None and "etp" in (fixed or {}):
         raise SpmdsimError(f"--fix etp={fixed['etp']} holds the experts' tp, and this GPT has none: give it MoE layers "
                            "(--gpt ...,experts=N)")
-    if cfg.moe is not None and not cfg.moe.dropless and (fixed or {}).get("cp", 1) > 1:
-        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: a capacity counts a whole "
-                           "sequence's tokens, and cp splits each sequence; dropless experts (--gpt ...,dropless=1) "
-                           "take cp")
     # (--fix cp=N: that cp alone, across nodes too)
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
-    every = configurations(cfg, devices, machine.gpus_per_node, (fixed or {}).get("cp"), methods, folded, sharded)
+    cp = (fixed or {}).get("cp") if contexts else 1
+    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded)
     if fixed and not every:  # every cp the search takes, for the line that names them
         every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded,
                                sharded=sharded)
