@@ -79,19 +79,26 @@ def position_ids(mesh: Any, positions: tuple) -> Any:
 
 
 class Laid(tuple):
-    """A sequence's positions as the context-parallel ranks hold it (index i holds position ``self[i]``), with
-    `groups`: (those positions, cp), the chunks that experts of a capacity route apart, rank by rank, each with
-    its own capacity (spmdsim.models.moe.reference.moe_forward)."""
+    """A sequence's positions as the context-parallel ranks hold it (index i holds position ``self[i]``) and `cp`:
+    its `groups` are the cp chunks that experts of a capacity route apart, rank by rank, each with its own capacity
+    (spmdsim.models.moe.reference.moe_forward)."""
 
-    groups: Optional[tuple] = None
+    cp: int = 1
+
+    @property
+    def groups(self) -> tuple:
+        """(the positions in the ranks' order, how many chunks a sequence makes)."""
+        return self, self.cp
 
 
-def checked_order(cfg: GPTConfig, positions: Optional[tuple], cp: int) -> Optional[tuple]:
-    """The order the check's reference reads a run's sequence in: `positions` (the model's; None: each index its
-    own position), or with MoE layers of a capacity over cp > 1 a `Laid` of them whose groups are the ranks'
-    chunks (the ranks route each chunk of a sequence apart, with a capacity of its own tokens)."""
+def checked_order(model: Any) -> Optional[tuple]:
+    """The order the check's reference reads `model`'s sequences in (a GPT of spmdsim.models.gpt.parallel): its
+    positions (None: each index its own position), or with MoE layers of a capacity over cp > 1 a `Laid` of them
+    (the ranks route each chunk of a sequence apart, with a capacity of its own tokens)."""
+    cfg, positions = model.cfg, model.positions
+    cp = model.mesh.layout.axis_size(CONTEXT) if model.context is not None else 1
     if cp == 1 or cfg.moe is None or cfg.moe.dropless:
         return positions
     laid = Laid(range(cfg.seq) if positions is None else positions)
-    laid.groups = (tuple(laid), cp)
+    laid.cp = cp
     return laid

@@ -17,7 +17,6 @@ from .step_check import _summed_grads, step_errors
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
 from .context import checked_order
-from ..axes import CONTEXT
 
 
 def _held(run: PipelineRun, cfg: GPTConfig) -> list:
@@ -73,8 +72,7 @@ class _PipelineChecker:
         self.where = where = _stage_regions(run, cfg)
         self.slices = {name: t.slices for name, t in params.items()}
         # a context-parallel run's order of the sequence (the reference reads its dropout masks in it), or None
-        model = next(iter(st.models.values()))
-        self.laid = checked_order(cfg, model.positions, mesh.layout.axis_size(CONTEXT) if model.context else 1)
+        self.laid = checked_order(next(iter(st.models.values())))
         self.moments = None
         if not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
             self.moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,

@@ -260,14 +260,14 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
     what it receives, taken in as the next forward's inputs or backward's gradients."""
     outputs, uncaptured, wire_shape, wire_dtype = cells.outputs, cells.uncaptured, cells.wire_shape, cells.wire_dtype
     sends: list = []
-    for is_act, key, peer, tag in entry[2]:
+    for is_act, key, peer, tag in entry[1]:
         sends.append((cells.outgoing(outputs[key]._local if uncaptured else outputs[key].local) if is_act else
                       cells.sent_grads.pop(key), peer, tag))
-    gets, n = entry[3], len(entry[3])
+    gets, n = entry[2], len(entry[2])
     bufs = list(map(empty, repeat_(wire_shape, n), repeat_(wire_dtype, n)))
-    receives = list(zip(bufs, entry[4], entry[5]))
+    receives = list(zip(bufs, entry[3], entry[4]))
     # Its record by what it posts: the groups of one kind between the same stages (every microbatch's) share it.
-    known = (entry[6], bufs[0].nbytes if bufs else 0, *[buf.nbytes for buf, _, _ in sends])
+    known = (entry[5], bufs[0].nbytes if bufs else 0, *[buf.nbytes for buf, _, _ in sends])
     group = groups.get(known)
     if group is None:  # made from the buffers once a run
         group = groups[known] = Messages.of(_PP, pp_comm.Get_size(), receives, sends)
@@ -296,11 +296,11 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
 
 def _compiled(program: Sequence) -> list:
     """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
-    Compute), a message group as (2, its place in `program`, its sends in order as (an activation?, (microbatch,
-    chunk), peer, tag), its receives in order as (an activation?, (microbatch, chunk)), their peers, their tags,
-    and what it posts: ((peer, tag) of each send, the receives' peers, their tags))."""
+    Compute), a message group as (2, its sends in order as (an activation?, (microbatch, chunk), peer, tag), its
+    receives in order as (an activation?, (microbatch, chunk)), their peers, their tags, and what it posts:
+    ((peer, tag) of each send, the receives' peers, their tags))."""
     steps: list = []
-    for i, action in enumerate(program):
+    for action in program:
         if isinstance(action, Compute):
             steps.append((0 if action.kind == "F" else 1, action.microbatch, action.chunk, action))
             continue
@@ -317,7 +317,7 @@ def _compiled(program: Sequence) -> list:
                 peers.append(op.peer)
                 tags.append(tag)
         peers, tags = tuple(peers), tuple(tags)
-        steps.append((2, i, tuple(sends), tuple(gets), peers, tags, (tuple(posts), peers, tags)))
+        steps.append((2, tuple(sends), tuple(gets), peers, tags, (tuple(posts), peers, tags)))
     return steps
 
 

@@ -66,7 +66,6 @@ from .mixed import architecture_problem
 from . import parallel
 from .mesh import model_mesh
 from .context import Context, checked_order
-from ..axes import CONTEXT
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
 from .step_check import QUIET, _norm, _summed_grads, step_errors, stop_if_diverged
@@ -337,7 +336,7 @@ class _Checker:
         routes = _routes(model, cfg)  # the ranks' experts, which the reference follows at near-ties
         # a context-parallel run's order of the sequence (its masks drawn in it; with experts of a capacity its
         # chunks, routed apart), or None
-        laid = checked_order(cfg, model.positions, mesh.layout.axis_size(CONTEXT) if model.context else 1)
+        laid = checked_order(model)
         if laid is not None and routes:  # the experts of the tokens at their positions
             back = np.argsort(np.asarray(laid))
             routes = {layer: chosen[:, back] for layer, chosen in routes.items()}

@@ -36,7 +36,7 @@ from ...references import activations
 from ...base.precision import product, wide
 from ...references.forward import softmax
 from .config import MoEConfig
-from .reference import chosen, route_rows, unrouted
+from .reference import chosen, in_groups, unrouted
 from .routing import gates_backward, route
 
 __all__ = ["moe_forward_mixed", "moe_backward_mixed"]
@@ -65,10 +65,8 @@ def moe_forward_mixed(P: dict, pre: str, x: np.ndarray, B: int, moe: MoEConfig, 
     ranks' (B, T, k) experts, taken where rounding alone can explain them (spmdsim.models.moe.routing.followed);
     `groups`: each sequence routed as chunks apart (spmdsim.models.moe.reference.moe_forward's)."""
     if groups is not None:
-        T, g = x.shape[0] // B, groups[1]
-        rows = route_rows(B, T, groups)
-        mine = None if follow is None else follow[:, list(groups[0])].reshape(B * g, T // g, -1)
-        out, cache = moe_forward_mixed(P, pre, x[rows], B * g, moe, r, mine)
+        rows, xg, Bg, mine = in_groups(x, B, follow, groups)
+        out, cache = moe_forward_mixed(P, pre, xg, Bg, moe, r, mine)
         cache["rows"] = rows
         return unrouted(out, rows), cache
     N, D = x.shape

@@ -23,7 +23,7 @@ from ...references.activations import gelu, gelu_backward, sigmoid
 from .config import MoEConfig
 from .routing import followed, gates_backward, ranked, route, tie_margin
 
-__all__ = ["moe_forward", "moe_backward", "router_losses", "chosen", "route_rows", "unrouted"]
+__all__ = ["moe_forward", "moe_backward", "router_losses", "chosen", "in_groups", "unrouted"]
 
 Params = dict
 
@@ -54,14 +54,18 @@ def _logsumexp(z: np.ndarray) -> np.ndarray:
     return top + np.log(np.exp(z - top[:, None]).sum(axis=-1))
 
 
-def route_rows(B: int, T: int, groups: tuple) -> np.ndarray:
-    """The rows (batch-first, b T + t) in the order ranks route them where each sequence's `groups` = (its
-    positions in the ranks' order, g) are g chunks of T / g tokens routed apart (context parallelism)."""
-    return (np.arange(B)[:, None] * T + np.asarray(groups[0])[None]).ravel()
+def in_groups(x: np.ndarray, B: int, follow: Optional[np.ndarray], groups: tuple) -> tuple:
+    """(rows, x's rows in that order, B x g sequences, `follow` in that order or None): the rows (batch-first,
+    b T + t) in the order ranks route them where each sequence's `groups` = (its positions in the ranks' order, g)
+    are g chunks of T / g tokens routed apart (context parallelism), each chunk a sequence of its own."""
+    order, g = groups
+    T = x.shape[0] // B
+    rows = (np.arange(B)[:, None] * T + np.asarray(order)[None]).ravel()
+    return rows, x[rows], B * g, None if follow is None else follow[:, list(order)].reshape(B * g, T // g, -1)
 
 
 def unrouted(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """`a`, rows in `route_rows`' order, back in the rows' own order."""
+    """`a`, rows in `in_groups`' order, back in the rows' own order."""
     out = np.empty_like(a)
     out[rows] = a
     return out
@@ -72,12 +76,10 @@ def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig,
     """The layer's output (N, D) for tokens x (N, D) in B sequences, and what the backward needs
     (its "aux" and "z": the two router losses, not yet weighted). `follow`: the ranks' (B, T, k) experts,
     taken where rounding alone can explain them (spmdsim.models.moe.routing.followed). `groups`: each sequence
-    routed as chunks apart, each with its own capacity (`route_rows`; spmdsim.models.gpt.context.Laid)."""
+    routed as chunks apart, each with its own capacity (`in_groups`; spmdsim.models.gpt.context.Laid)."""
     if groups is not None:
-        T, g = x.shape[0] // B, groups[1]
-        rows = route_rows(B, T, groups)
-        mine = None if follow is None else follow[:, list(groups[0])].reshape(B * g, T // g, -1)
-        out, cache = moe_forward(params, pre, x[rows], B * g, moe, mine)
+        rows, xg, Bg, mine = in_groups(x, B, follow, groups)
+        out, cache = moe_forward(params, pre, xg, Bg, moe, mine)
         cache["rows"] = rows
         return unrouted(out, rows), cache
     N, D = x.shape

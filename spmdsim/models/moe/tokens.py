@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ...layouts.notation import format_tensor_map
-from ..axes import TENSOR
+from ...layouts.notation import format_tensor_map, normalize_entry
 from .config import MoEConfig
 from .fold import fold_of
 
@@ -33,7 +32,7 @@ def input_problem(x: Any, etp: int = 0, dropless: bool = False) -> Optional[str]
     fold = fold_of(L.layout, etp)
     big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
     want_T, want_batch, _ = fold.token_map(tuple(L.layout.alias_name), dropless)
-    seq = () if want_T is None else want_T if isinstance(want_T, tuple) else (want_T,)
+    seq = normalize_entry(want_T)
     want_T, want = big(seq), big(want_batch)
     T, batch, D = L.tensor_map
     if big(T) != want_T or big(D) or big(batch) != want or L.addend_axes:

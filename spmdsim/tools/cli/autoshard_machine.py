@@ -27,14 +27,14 @@ from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
 from ..estimate.configs import FIXABLE, context_note, fold_note, parse_fixed, vocab_note
-
-#: The line a search of an MoE GPT adds where it searched ZeRO-3 too (spmdsim.tools.estimate.search.search).
-SHARDED_NOTE = ("searched again with ZeRO-3 (the experts sharded over dp, the rest over dp x ep): none of ZeRO 0 "
-                "to 2 priced fits")
 from ..estimate.machine import load_machine
 from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
 from .estimate import MAX_DRY_LAYERS
+
+#: The line a search of an MoE GPT adds where it searched ZeRO-3 too (spmdsim.tools.estimate.search.search).
+SHARDED_NOTE = ("searched again with ZeRO-3 (the experts sharded over dp, the rest over dp x ep): none of ZeRO 0 "
+                "to 2 priced fits")
 
 __all__ = ["run_machine"]
 

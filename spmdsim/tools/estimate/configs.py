@@ -27,8 +27,8 @@ from ...nn.fsdp import shard_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
-__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed",
-           "fixed_configurations", "model_of"]
+__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO",
+           "FIXABLE", "parse_fixed", "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000

@@ -150,6 +150,10 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     was chosen).
     """
     _check_search(precision, max_dry_runs, memory_limit)
+    if cfg.moe is not None and not cfg.moe.dropless and (fixed or {}).get("cp", 1) > 1:
+        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: the search does not price cp beside "
+                           "them yet (`spmdsim estimate gpt --cp` does); dropless experts (--gpt ...,dropless=1) take "
+                           "it")
     zero = (fixed or {}).get("zero")
     args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed)
     result = _searched(*args, sharded=cfg.moe is None or zero == 3)
@@ -161,12 +165,10 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
 def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision: str, kept: str,
               max_dry_runs: int, pricer: Any, cells: Any, moe_cells: bool, fixed: Any, sharded: bool) -> SearchResult:
     """`search`'s branch and bound over the configurations (with MoE layers their ZeRO-3 ones where `sharded`)."""
-    folded = cfg.moe is None or moe_cells or isinstance(cells, Cells) or "etp" in (fixed or {})
-    contexts = cfg.moe is None or moe_cells or isinstance(cells, Cells) or "cp" in (fixed or {})
-    if cfg.moe is not None and not cfg.moe.dropless and (fixed or {}).get("cp", 1) > 1:
-        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: the search does not price cp beside "
-                           "them yet (`spmdsim estimate gpt --cp` does); dropless experts (--gpt ...,dropless=1) take "
-                           "it")
+    # With MoE layers the folded experts and cp are searched where the layer cells bound them or `fixed` holds them
+    bound_by_cells = cfg.moe is None or moe_cells or isinstance(cells, Cells)
+    folded = bound_by_cells or "etp" in (fixed or {})
+    contexts = bound_by_cells or "cp" in (fixed or {})
     bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded, sharded, contexts)
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
