@@ -21,7 +21,7 @@ EXPECTED = {
     "demo": "2 passed, 0 failed",
     "collective": "bytes sent by the busiest rank: 98,304 B; textbook 98,304 B (equal)",
     "pipeline": "bubble 24/88 = 3/11 = 27.3% idle",
-    "context": "ring           12,582,912 B      29,360,128 B",
+    "context": "ring           12,582,912 B      46,137,344 B",
     "run": "max abs error",
     "run matmul": "allreduce over ('k',) (group of 4): sent 9,216 B",
     "run linear": "allreduce over ('mp',) (group of 8): sent 32,256 B",

@@ -39,21 +39,23 @@ def test_llama_options_train_over_four_context_ranks(method):
         assert all(r.passed for r in results), [r.errors for r in results]
 
 
-def _attention_bytes(method, cp):
+def _attention_bytes(method, cp, precision="fp64"):
     """(bytes one rank's step sent in attention's traffic over cp, one K block's bytes), dp 1 and tp 1."""
     cfg = GPTConfig(**{**SMALL, "dropout": 0.0})
 
     def main():
         from spmdsim.runtime.trace import collect_trace
 
-        model, _ = train(cfg, spmdsim.world(), 1, 1, 1, TEXT, cp=cp, context=Context(method), check=False)
+        model, _ = train(cfg, spmdsim.world(), 1, 1, 1, TEXT, cp=cp, context=Context(method), check=False,
+                         precision=precision)
         with collect_trace() as trace:
             model.loss(*_batch(model, cfg), 1).backward()
         ops = {"ring": ("send", "recv", "sendrecv"), "allgather": ("allgather", "reduce_scatter"),
                "alltoall": ("alltoall",)}[method]
         return sum(e.bytes_sent for e in trace.entries if e.op in ops and tuple(e.axes) == ("cp",))
 
-    return spmdsim.simulate(cp, main), cfg.batch * (cfg.seq // cp) * cfg.d_model * 8
+    itemsize = 8 if precision == "fp64" else 2
+    return spmdsim.simulate(cp, main), cfg.batch * (cfg.seq // cp) * cfg.d_model * itemsize
 
 
 def _batch(model, cfg):
@@ -74,6 +76,30 @@ def test_each_methods_bytes_per_rank_are_its_formula(method, cp):
     sent, kv = _attention_bytes(method, cp)
     forward, backward = traffic(method, cp, kv, kv)
     assert set(sent) == {SMALL["layers"] * (forward + backward)}, (sent, forward, backward)
+
+
+@pytest.mark.parametrize("method", ["ring", "allgather"])
+def test_under_bf16_the_gradients_of_keys_and_values_travel_as_float32_sums(method):
+    """Under bf16-mixed a K or V block is 2 bytes an element and the sums of their gradients 4 (the ring's dK and
+    dV round the ring in float32; a Reduce_scatter adds float32): `traffic`'s grad_bytes."""
+    sent, kv = _attention_bytes(method, 2, "bf16-mixed")
+    forward, backward = traffic(method, 2, kv, kv, 2 * kv)
+    assert set(sent) == {SMALL["layers"] * (forward + backward)}, (sent, forward, backward)
+
+
+@pytest.mark.parametrize("cp, tp", [(2, 1), (2, 2)])
+def test_a_bf16_ring_is_checked_at_its_own_rounding_points(cp, tp):
+    """The ring under bf16-mixed merges its blocks in float32 and rounds its output once, and the reference rounds
+    there too (spmdsim.models.gpt.mixed, `ring`): every step within float32's sum-order differences (1.3e-7
+    measured). A ring that merged in bfloat16, checked against the core's rounding points, failed 4 of these 8
+    steps (loss up to 7e-5 apart, the tolerance 1.5e-5)."""
+    def main():
+        _, results = train(GPTConfig(**SMALL), spmdsim.world(), 1, tp, 8, TEXT, cp=cp, context=Context("ring"),
+                           precision="bf16-mixed")
+        return results
+
+    for results in spmdsim.simulate(cp * tp, main):
+        assert all(r.passed for r in results), [r.errors for r in results]
 
 
 def test_a_context_split_the_model_cannot_take_is_one_line():

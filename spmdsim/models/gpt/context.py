@@ -29,7 +29,7 @@ from ...runtime.dtensor import DTensor
 from ..axes import CONTEXT
 from .config import GPTConfig
 
-__all__ = ["Context", "Laid", "checked_order", "context_problem", "position_ids"]
+__all__ = ["Context", "Laid", "checked_order", "context_problem", "position_ids", "ring_core"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,13 @@ class Laid(tuple):
     def groups(self) -> tuple:
         """(the positions in the ranks' order, how many chunks a sequence makes)."""
         return self, self.cp
+
+
+def ring_core(model: Any) -> bool:
+    """Whether `model`'s attention core is ring attention (a sequence split over cp > 1 by the ring), whose
+    rounding points the check's low-precision reference follows (spmdsim.models.gpt.mixed)."""
+    context = model.context
+    return context is not None and context.method == "ring" and model.mesh.layout.axis_size(CONTEXT) > 1
 
 
 def checked_order(model: Any) -> Optional[tuple]:

@@ -18,6 +18,9 @@ where they are pure (spmdsim.references.activations' GELU) and the same formulas
   core's products (no repeated key/value heads: a group's gradient summed in float32, rounded once);
   the rotary embeddings (TransformerEngine's fused RoPE) on float32 tables, x cos + rotate_half(x) sin in
   float32, rounded once, their backward in float32;
+- with ring attention over cp (``ring``, spmdsim.nn.ops.ring_attention) the core as the ring computes it:
+  the probabilities and their dropped-out values in float32, never rounded, the output rounded once, and
+  in the backward each row's sum of dO x O from the rounded output (flash attention's);
 - in the backward, each activation's gradient is summed in float32 over its consumers and rounded
   once to the activations' dtype before its own rule runs, which computes in float32; a
   parameter's gradient stays float32 (Megatron's main_grad).
@@ -74,7 +77,8 @@ def architecture_problem(cfg: GPTConfig) -> Optional[str]:
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
                    policy: Precision, masks: Optional[dict], routes: Optional[dict] = None,
-                   kept: str = "graph", fp8: Optional[dict] = None, laid: Any = None) -> tuple[float, dict]:
+                   kept: str = "graph", fp8: Optional[dict] = None, laid: Any = None,
+                   ring: bool = False) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.models.gpt.reference's
     keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
@@ -82,14 +86,16 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     `routes`: MoE layer ("h1") -> the ranks' (B, T, k) experts, followed at near-ties (spmdsim.models.moe.routing).
     `kept`: the ranks' kept set (spmdsim.models.gpt.parallel.GPT's), "megatron" rounding where its fused kernels round.
     `fp8`: under an FP8 policy, the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8.Linears).
-    `laid`: a context-parallel run's order (spmdsim.models.gpt.context.Laid: the chunks its experts route apart)."""
+    `laid`: a context-parallel run's order (spmdsim.models.gpt.context.Laid: the chunks its experts route apart).
+    `ring`: the run's attention core is ring attention (spmdsim.nn.ops.ring_attention: its probabilities in
+    float32, never rounded; each row's dO x O summed from the rounded output, as flash attention's backward)."""
     if cfg.unpadded() is not cfg:
         loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks,
-                                     routes, kept, fp8, laid)
+                                     routes, kept, fp8, laid, ring)
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
-    r = _Rounder(act, cfg, masks, kept, Linears(policy.fp8, fp8))
+    r = _Rounder(act, cfg, masks, kept, Linears(policy.fp8, fp8), ring)
     B, T = x.shape
     D = cfg.d_model
     # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
@@ -149,9 +155,10 @@ class _Rounder:
     """Rounding to the activations' dtype, the dropout masks as the ranks' float32 factors."""
 
     def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict], kept: str = "graph",
-                 lin: Optional[Linears] = None) -> None:
+                 lin: Optional[Linears] = None, ring: bool = False) -> None:
         self.act, self.masks, self.lin = act, masks, lin or Linears()
         self.fused = kept == "megatron"  # Megatron's fused kernels' rounding points (spmdsim.nn.ops.megatron)
+        self.ring = ring  # ring attention's rounding points (spmdsim.nn.ops.ring_attention)
         self.scale = np.asarray(1.0 / (1.0 - cfg.dropout), _F32)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
@@ -280,9 +287,13 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     s = product(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(Dh))
     s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)
     e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-    p = r(e / np.sum(e, axis=-1, keepdims=True))
+    p = e / np.sum(e, axis=-1, keepdims=True)
     f = r.factors(layer + ".attn", p.shape)
-    pd = p if f is None else r(wide(p) * f)
+    if r.ring:  # the ring's probabilities and their dropped-out values: float32, never rounded
+        pd = p if f is None else p * f
+    else:  # the core's: each rounded
+        p = r(p)
+        pd = p if f is None else r(wide(p) * f)
     o = r(product(pd, v)).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
     a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r)
@@ -341,7 +352,11 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     dv = product(c["pd"].transpose(0, 1, 3, 2), do)
     dp = dpd if c["f"] is None else dpd * c["f"]
     p = wide(c["p"])
-    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * (1.0 / math.sqrt(Dh))
+    if r.ring:  # each row's sum of dO x O, O the core's rounded output (flash attention's backward)
+        delta = np.sum(do * wide(c["o"]).reshape(B, T, H, Dh).transpose(0, 2, 1, 3), axis=-1, keepdims=True)
+    else:
+        delta = np.sum(dp * p, axis=-1, keepdims=True)
+    ds = p * (dp - delta) * (1.0 / math.sqrt(Dh))
     dq, dk = product(ds, c["k"]), product(ds.transpose(0, 1, 3, 2), c["q"])
     da = None
     for w, d, n in (("q", dq, H), ("k", dk, KV), ("v", dv, KV)):

@@ -16,7 +16,7 @@ from ..moe.fold import fold_of
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
                 grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph",
-                laid: Optional[tuple] = None, fp8: Optional[dict] = None) -> tuple:
+                laid: Optional[tuple] = None, fp8: Optional[dict] = None, ring: bool = False) -> tuple:
     """The references of a step under a low-precision policy (spmdsim.models.gpt.mixed): (loss, gradients) of the
     same policy from the run's parameters at the step's start (its master copies), and the updated master
     copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
@@ -24,10 +24,11 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
     the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
     model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed).
-    `fp8`: under an FP8 policy the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8)."""
+    `fp8`: under an FP8 policy the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8). `ring`: the
+    run's attention core is ring attention (its rounding points: spmdsim.models.gpt.mixed.loss_and_grads)."""
     loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
         start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], i, laid),
-        _rows(routes, rows), kept, fp8, laid))
+        _rows(routes, rows), kept, fp8, laid, ring))
     if cfg.clip:
         ref_grads = clip_grads(ref_grads, cfg.clip)[1]
     state = policy.dtype("optimizer")
@@ -124,13 +125,13 @@ def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.n
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
                    cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1,
                    routes: Optional[dict] = None, kept: str = "graph", laid: Optional[tuple] = None,
-                   fp8: Optional[dict] = None) -> tuple:
+                   fp8: Optional[dict] = None, ring: bool = False) -> tuple:
     """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
     that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
     (spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
-                                           microbatches, routes, kept=kept, laid=laid, fp8=fp8)
+                                           microbatches, routes, kept=kept, laid=laid, fp8=fp8, ring=ring)
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
 
 

@@ -16,7 +16,7 @@ from .stage_program import PipelineRun
 from .step_check import _summed_grads, step_errors
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
-from .context import checked_order
+from .context import checked_order, ring_core
 
 
 def _held(run: PipelineRun, cfg: GPTConfig) -> list:
@@ -72,7 +72,8 @@ class _PipelineChecker:
         self.where = where = _stage_regions(run, cfg)
         self.slices = {name: t.slices for name, t in params.items()}
         # a context-parallel run's order of the sequence (the reference reads its dropout masks in it), or None
-        self.laid = checked_order(next(iter(st.models.values())))
+        model = next(iter(st.models.values()))
+        self.laid, self.ring = checked_order(model), ring_core(model)
         self.moments = None
         if not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
             self.moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,
@@ -100,7 +101,7 @@ class _PipelineChecker:
             run_grads = where.used(_tables(st.run, cfg, where, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
-                x, y, cfg, step, policy, microbatches, None, self.kept, self.laid)
+                x, y, cfg, step, policy, microbatches, None, self.kept, self.laid, None, self.ring)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
                                 self.slices)
         else:

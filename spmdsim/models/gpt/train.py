@@ -65,7 +65,7 @@ from .checkpoint import _checkpoint_problem, checkpoint_meta, checkpoint_problem
 from .mixed import architecture_problem
 from . import parallel
 from .mesh import model_mesh
-from .context import Context, checked_order
+from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
 from .step_check import QUIET, _norm, _summed_grads, step_errors, stop_if_diverged
@@ -346,7 +346,8 @@ class _Checker:
             run_grads = where.used(_table(model, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                         _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                        policy, 1, routes, self.kept, laid, self.scales)
+                                                        policy, 1, routes, self.kept, laid, self.scales,
+                                                        ring_core(model))
         else:
             self.moments, ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, self.moments, x,

@@ -12,6 +12,14 @@ gradients of each block's keys and values one step behind, added up by each hold
 home at the end. The values are the composite's (scores, causal mask, softmax, dropout, times V) up
 to the order of the sums; the dropout mask is the one `ops.attention` draws over (B, H, Tq, Tk) at the
 same laid-out indices, so the three context-parallel methods give the same numbers.
+
+Under bfloat16 the ring computes as ring flash attention's kernels do (zhuzilin's ring-flash-attention:
+the running output in float32, rounded once): the products widened to float32 (spmdsim.base.precision), the
+scores, the running maximum, sum and output in float32, the probabilities never rounded, the output
+rounded once; in the backward each row's sum of dO x O (the rounded output) as FlashAttention's, and dQ,
+dK and dV summed in float32 round the ring (the gradient blocks travel as float32, as a bfloat16 sum does
+in a collective, and as ring-flash-attention passes them) and rounded once at the end. The check's
+reference follows these rounding points (spmdsim.models.gpt.mixed, `ring`).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import numpy as np
 from ...base import buffers
 from ...base.buffers import lazy_zeros
 from ...base.flops import any_open, gemm
+from ...base.precision import is_low, product, wide
 from ...errors import OperatorError
 from ...programs.context.ring import Attend, Pass, RingProgram, TAGS, ring_program
 from ...programs.context.split import chunks
@@ -91,6 +100,8 @@ class _Ring:
         self.probs_shape, self.b_, self.h_ = (B, H, T, T), b_, h_
         self.records: dict = {}  # a Pass's step -> its Messages, made from the first buffers posted
         self.dry = mesh.engine.dry  # shapes only: the messages are posted, the products counted, none computed
+        # what the kernel computes and sums in: float32 for bfloat16 blocks (the module's docstring)
+        self.inner = np.dtype(np.float32) if is_low(q.dtype) else np.result_type(q.dtype, np.float32)
 
     def _local(self, rank: int, chunk: int) -> slice:
         """Rows of `chunk` (a global chunk number) in rank `rank`'s block."""
@@ -114,7 +125,7 @@ class _Ring:
         q0, k0 = self.me * self.rows, a.source * self.rows
         region = (self.b_, self.h_, slice(q0 + qr.start, q0 + qr.stop), slice(k0 + kr.start, k0 + kr.stop))
         keep = MASKS.keep_mask(self.probs_shape, self.seed, region, self.drop)
-        return np.multiply(keep, 1.0 / (1.0 - self.drop))
+        return np.multiply(keep, np.asarray(1.0 / (1.0 - self.drop), self.inner))
 
     def _count(self, q: np.ndarray, qr: slice, kr: slice, dv: int, products: int, diagonal: bool) -> None:
         """Count (spmdsim.base.flops) a chunk pair's products: the forward's 2 or the backward's 5, each a product
@@ -134,7 +145,7 @@ class _Ring:
 
     def _scores(self, q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
         """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, h, d)."""
-        s = np.matmul(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0)) * self.scale
+        s = product(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0)) * self.scale
         if diagonal:  # a chunk against itself: the keys after each query masked
             s[..., np.triu(np.ones(s.shape[-2:], bool), 1)] = -np.inf
         return s
@@ -154,9 +165,10 @@ class _Ring:
         """(the output block (rows, b, h, dv), each query row's log-sum-exp (b, h, rows))."""
         rows, (b, h) = q.shape[0], q.shape[1:3]
         # (memory from spmdsim.base.buffers: a captured step's, which each replay fills again)
-        most = buffers.full((b, h, rows), -np.inf)
-        total = buffers.zeros((b, h, rows))
-        acc = buffers.zeros((b, h, rows, v.shape[3]), np.result_type(q.dtype, v.dtype))
+        inner = self.inner
+        most = buffers.full((b, h, rows), -np.inf, inner)
+        total = buffers.zeros((b, h, rows), inner)
+        acc = buffers.zeros((b, h, rows, v.shape[3]), inner)
         kc, vc, later = k, v, None
         for action in self.program.forward:
             if isinstance(action, Pass):
@@ -175,14 +187,14 @@ class _Ring:
                 total[..., qr] = total[..., qr] * keep + p.sum(axis=-1)
                 factors = self._factors(action, qr, kr)
                 pd = p if factors is None else p * factors
-                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + np.matmul(pd, vc[kr].transpose(1, 2, 0, 3))
+                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + product(pd, vc[kr].transpose(1, 2, 0, 3))
                 most[..., qr] = m
             if action.step < self.cp - 1:
                 kc, vc = later
         if self.dry:
-            return lazy_zeros(q.shape[:3] + v.shape[3:], q.dtype), lazy_zeros((b, h, rows), np.float64)
+            return lazy_zeros(q.shape[:3] + v.shape[3:], q.dtype), lazy_zeros((b, h, rows), inner)
         out = buffers.empty(q.shape[:3] + v.shape[3:], q.dtype)  # (rows, b, h, dv), written each replay
-        np.divide(acc, total[..., None], out=out.transpose(1, 2, 0, 3))
+        out.transpose(1, 2, 0, 3)[...] = acc / total[..., None]  # rounded once
         return out, most + np.log(total)
 
     def backward(self, dy: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
@@ -190,11 +202,11 @@ class _Ring:
         """(dq, dk, dv) blocks of this rank, each laid out as its input."""
         dy_h = dy.transpose(1, 2, 0, 3)  # (b, h, rows, dv)
         # each query row's sum of dy x out, which the block gradients read (a dry run computes none of them)
-        delta = None if self.dry else np.sum(dy_h * out.transpose(1, 2, 0, 3), axis=-1)
-        dq = buffers.zeros(q.shape, np.result_type(q.dtype, dy.dtype))
+        delta = None if self.dry else np.sum(wide(dy_h) * wide(out.transpose(1, 2, 0, 3)), axis=-1)
+        dq = buffers.zeros(q.shape, np.result_type(self.inner, dy.dtype))  # summed in float32 under bfloat16
         kc, vc, later = k, v, None
-        # the sums of the block held at this step: its own block's at step 0; a later step's arrive from the
-        # previous rank, and after the last pass its own block's whole sums come home
+        # the sums of the block held at this step (float32 under bfloat16): its own block's at step 0; a later
+        # step's arrive from the previous rank, and after the last pass its own block's whole sums come home
         dk, dv = buffers.zeros(k.shape, dq.dtype), buffers.zeros(v.shape, dq.dtype)
         for action in self.program.backward:
             if isinstance(action, Attend):
@@ -207,14 +219,14 @@ class _Ring:
                 later = (buffers.empty(kc.shape, kc.dtype), buffers.empty(vc.shape, vc.dtype))
                 sends += [(kc, "k"), (vc, "v")]
                 receives += [(later[0], "k"), (later[1], "v")]
-            if action.step >= 1:
+            if action.step >= 1:  # the sums travel as summed (float32 under bfloat16)
                 arriving = (buffers.empty(k.shape, dq.dtype), buffers.empty(v.shape, dq.dtype))
                 sends += [(dk, "dk"), (dv, "dv")]
                 receives += [(arriving[0], "dk"), (arriving[1], "dv")]
             self._post(action.step, "backward", sends, receives)
             if action.step >= 1:
                 dk, dv = arriving
-        return dq, dk.astype(k.dtype, copy=False), dv.astype(v.dtype, copy=False)
+        return dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False), dv.astype(v.dtype, copy=False)
 
     def _block_grads(self, a: Attend, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, dy_h: np.ndarray,
                      delta: np.ndarray, lse: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
@@ -227,10 +239,10 @@ class _Ring:
             p = np.exp(s - lse[..., qr, None])
             factors = self._factors(a, qr, kr)
             pd = p if factors is None else p * factors
-            dv[kr] += np.matmul(pd.transpose(0, 1, 3, 2), dy_h[..., qr, :]).transpose(2, 0, 1, 3)
-            dp = np.matmul(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0))
+            dv[kr] += product(pd.transpose(0, 1, 3, 2), dy_h[..., qr, :]).transpose(2, 0, 1, 3)
+            dp = product(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0))
             if factors is not None:
                 dp = dp * factors
             ds = p * (dp - delta[..., qr, None]) * self.scale
-            dq[qr] += np.matmul(ds, kc[kr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
-            dk[kr] += np.matmul(ds.transpose(0, 1, 3, 2), q[qr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
+            dq[qr] += product(ds, kc[kr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
+            dk[kr] += product(ds.transpose(0, 1, 3, 2), q[qr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)

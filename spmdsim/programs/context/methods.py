@@ -7,18 +7,21 @@ values gathered whole before attention (Llama 3's method), their gradients reduc
 attention on whole sequences of cp times fewer heads, the output exchanged back; heads must divide.
 
 Bytes per rank for one attention, forward and backward, with `q_bytes` this rank's query (and output)
-block and `kv_bytes` its key (and value) block, each on the sequence split (MOVED: the collectives'
-bandwidth-optimal counts, spmdsim.programs.transfer):
+block, `kv_bytes` its key (and value) block and `g` a K or V block's gradients as summed (`grad_bytes`:
+float32's under bfloat16, spmdsim.base.precision.sent_itemsize), each on the sequence split (MOVED: the
+collectives' bandwidth-optimal counts, spmdsim.programs.transfer):
 
 ==========  ===================================  ===================================
 method      forward                              backward
 ==========  ===================================  ===================================
-ring        2 (cp-1) kv                          2 (cp-1) kv + 2 cp kv
-allgather   2 Allgather(kv) = 2 (cp-1) kv        2 Reduce_scatter(cp kv) = 2 (cp-1) kv
+ring        2 (cp-1) kv                          2 (cp-1) kv + 2 cp g
+allgather   2 Allgather(kv) = 2 (cp-1) kv        2 Reduce_scatter(cp g) = 2 (cp-1) g
 alltoall    Alltoall of q, k, v, out             the same four, conjugate
 ==========  ===================================  ===================================
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from ...errors import ShapeError
 from ..transfer import MOVED
@@ -41,17 +44,19 @@ def check_heads(method: str, cp: int, heads: int, kv_heads: int, tp: int = 1) ->
                                  f"do not divide; expected a multiple of {tp * cp} (or --cp-method ring)")
 
 
-def traffic(method: str, cp: int, q_bytes: int, kv_bytes: int) -> tuple[int, int]:
-    """(forward, backward) bytes one rank sends for one attention by `method` among `cp` ranks."""
+def traffic(method: str, cp: int, q_bytes: int, kv_bytes: int, grad_bytes: Optional[int] = None) -> tuple[int, int]:
+    """(forward, backward) bytes one rank sends for one attention by `method` among `cp` ranks (`grad_bytes`: a
+    K or V block's gradients as summed, default `kv_bytes`)."""
+    grad = kv_bytes if grad_bytes is None else grad_bytes
     if method not in METHODS:
         raise ShapeError(f"context-parallel method {method!r} is not one of {', '.join(METHODS)}")
     if cp == 1:
         return 0, 0
     if method == "ring":
-        program = ring_program(0, cp, kv_bytes, ("context",))
+        program = ring_program(0, cp, kv_bytes, ("context",), grad_bytes=grad)
         return program.bytes_sent("forward"), program.bytes_sent("backward")
     if method == "allgather":
         gathered = 2 * MOVED["allgather"](cp, kv_bytes)
-        return gathered, 2 * MOVED["reduce_scatter"](cp, cp * kv_bytes)
+        return gathered, 2 * MOVED["reduce_scatter"](cp, cp * grad)
     moved = 2 * MOVED["alltoall"](cp, q_bytes) + 2 * MOVED["alltoall"](cp, kv_bytes)
     return moved, moved

@@ -50,9 +50,10 @@ def _grid(cp: int, balanced: bool, width: int) -> list[str]:
 
 
 def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes: int = 0,
-           width: int = WIDTH) -> list[str]:
+           width: int = WIDTH, grad_bytes: int = 0) -> list[str]:
     """The split, the ring's steps and each method's bytes for a context group of `cp` ranks over sequences
-    of `seq` tokens (`kv_bytes`, `q_bytes`: one rank's K or V block and its Q block, for the byte lines)."""
+    of `seq` tokens (`kv_bytes`, `q_bytes`: one rank's K or V block and its Q block, for the byte lines;
+    `grad_bytes`: a K or V block's gradients as summed, default `kv_bytes`)."""
     check_split(cp, seq, balanced)
     parts = 2 * cp if balanced and cp > 1 else cp
     how = "balanced causal split" if balanced else "naive split"
@@ -68,6 +69,6 @@ def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes:
     if kv_bytes:
         lines.append("bytes one rank sends per attention (forward, backward):")
         for method in METHODS:
-            forward, backward = traffic(method, cp, q_bytes or kv_bytes, kv_bytes)
+            forward, backward = traffic(method, cp, q_bytes or kv_bytes, kv_bytes, grad_bytes or kv_bytes)
             lines.append(f"  {method:<10} {nbytes(forward):>16}  {nbytes(backward):>16}")
     return lines

@@ -14,14 +14,15 @@ naively, a later rank's block is masked whole (no work) and the last rank does c
 
 The backward runs the ring again: each block's keys and values travel as in the forward, and the
 gradients of a block's keys and values (dK, dV) follow one step behind, each holder adding its part;
-after the last step the sums go home. Per rank and step, one block each of K and V is `block_bytes`:
+after the last step the sums go home. Per rank and step, one block each of K and V is `block_bytes`, one of
+their gradients `grad_bytes` (float32's under bfloat16: the sums travel as float32, as a collective's do):
 
 ==========  ==============================  ==========================
 pass        sends per rank                  receives per rank
 ==========  ==============================  ==========================
 forward     2 (cp - 1) blocks (K, V)        the same
 backward    2 (cp - 1) blocks (K, V)        the same
-            + 2 cp blocks (dK, dV)          + 2 cp blocks (dK, dV)
+            + 2 cp gradient blocks          + 2 cp gradient blocks
 ==========  ==============================  ==========================
 """
 from __future__ import annotations
@@ -106,32 +107,35 @@ def _attend(step: int, rank: int, cp: int, balanced: bool) -> Attend:
     return Attend(step, source, mine[1:], theirs)  # only my second chunk follows theirs
 
 
-def _messages(axes: tuple, cp: int, rank: int, sent: tuple, got: tuple, block_bytes: int) -> Messages:
+def _messages(axes: tuple, cp: int, rank: int, sent: tuple, got: tuple, sizes: dict) -> Messages:
     nxt, prev = (rank + 1) % cp, (rank - 1) % cp
-    return Messages(axes, cp, tuple((nxt, TAGS[t], block_bytes) for t in sent),
-                    tuple((prev, TAGS[t], block_bytes) for t in got))
+    return Messages(axes, cp, tuple((nxt, TAGS[t], sizes[t]) for t in sent),
+                    tuple((prev, TAGS[t], sizes[t]) for t in got))
 
 
 def ring_program(rank: int, cp: int, block_bytes: int, axes: tuple[str, ...], balanced: bool = True,
-                 seq: Optional[int] = None) -> RingProgram:
+                 seq: Optional[int] = None, grad_bytes: Optional[int] = None) -> RingProgram:
     """Rank `rank`'s ring program among `cp` ranks over the mesh axes `axes`, each K or V block of
-    `block_bytes` bytes (checked against `seq` when given: it must divide into the split's chunks)."""
+    `block_bytes` bytes and each of their gradients' `grad_bytes` (default `block_bytes`) (checked against `seq`
+    when given: it must divide into the split's chunks)."""
     if seq is not None:
         check_split(cp, seq, balanced)
     else:
         check_split(cp, 2 * cp, balanced)
     kv = ("k", "v")
+    grad = block_bytes if grad_bytes is None else grad_bytes
+    sizes = {"k": block_bytes, "v": block_bytes, "dk": grad, "dv": grad}
     forward: list = []
     for s in range(cp):
         if s < cp - 1:
-            forward.append(Pass(s, _messages(axes, cp, rank, kv, kv, block_bytes)))
+            forward.append(Pass(s, _messages(axes, cp, rank, kv, kv, sizes)))
         forward.append(_attend(s, rank, cp, balanced))
     backward: list = []
     grads = ("dk", "dv") if cp > 1 else ()  # (a group of one keeps its own)
     for s in range(cp + 1):
         both = (kv if s < cp - 1 else ()) + (grads if s >= 1 else ())
         if both:  # the same tensors each way: what goes to r + 1 comes from r - 1
-            backward.append(Pass(s, _messages(axes, cp, rank, both, both, block_bytes)))
+            backward.append(Pass(s, _messages(axes, cp, rank, both, both, sizes)))
         if s < cp:
             backward.append(_attend(s, rank, cp, balanced))
     return RingProgram(rank, cp, balanced, tuple(forward), tuple(backward))

@@ -21,6 +21,8 @@ __all__ = ["register", "run", "MAX_CP"]
 #: Most context-parallel ranks the grid draws (cp rows of cp steps).
 MAX_CP = 64
 _ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
+#: A gradient's bytes an element as summed and sent: float32 below it (spmdsim.base.precision.sent_itemsize).
+_SUMMED = {name: max(size, 4) for name, size in _ITEMSIZE.items()}
 
 
 def register(subparsers: Any) -> None:
@@ -46,8 +48,9 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _checked(args: argparse.Namespace) -> tuple[int, int]:
-    """(q_bytes, kv_bytes) of one rank's blocks, every value refused with its flag when out of range."""
+def _checked(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(q_bytes, kv_bytes, grad_bytes) of one rank's blocks (grad_bytes: a K or V block's gradients as summed),
+    every value refused with its flag when out of range."""
     if not 1 <= args.cp <= MAX_CP:
         raise SpmdsimError(f"--cp {args.cp!r} is out of range; expected 1 to {MAX_CP} (the grid draws cp x cp cells)")
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
@@ -59,12 +62,13 @@ def _checked(args: argparse.Namespace) -> tuple[int, int]:
         raise SpmdsimError(f"--heads {args.heads} is not a multiple of --kv-heads {kv_heads}")
     if args.width < 40:
         raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least 40 columns")
-    rows = args.batch * (args.seq // args.cp) * args.head_dim * _ITEMSIZE[args.dtype]
-    return rows * args.heads, rows * kv_heads
+    elements = args.batch * (args.seq // args.cp) * args.head_dim
+    rows = elements * _ITEMSIZE[args.dtype]
+    return rows * args.heads, rows * kv_heads, elements * _SUMMED[args.dtype] * kv_heads
 
 
 def run(args: argparse.Namespace) -> int:
-    q_bytes, kv_bytes = _checked(args)
-    lines = render(args.cp, args.seq, args.split == "balanced", kv_bytes, q_bytes, args.width)
+    q_bytes, kv_bytes, grad_bytes = _checked(args)
+    lines = render(args.cp, args.seq, args.split == "balanced", kv_bytes, q_bytes, args.width, grad_bytes)
     print("\n".join(wrap_lines(lines, args.width)))
     return 0
