@@ -176,13 +176,15 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     assert all(c.bound_s >= fastest for c in r.candidates if c.verdict.endswith("bound above the best"))
 
 
-def test_an_moe_gpts_cells_lie_below_the_price_of_each_configuration_over_cp():
-    """Each rank routes its chunks of the sequences: every configuration of cp 2 of a small dropless MoE GPT on 2
-    devices of a node (the ring) is priced by its own dry run, and its cells' time and memory bounds and the closed
-    forms lie below it (the search tries cp beside dropless experts, with the cells or --fix cp)."""
+@pytest.mark.parametrize("moe", [{"dropless": True, "dry_routing": "worst"}, {"capacity_factor": 0.5}])
+def test_an_moe_gpts_cells_lie_below_the_price_of_each_configuration_over_cp(moe):
+    """Each rank routes its chunks of the sequences (with a capacity, each chunk its own): every configuration of
+    cp 2 of a small MoE GPT on 2 devices of a node (the ring) is priced by its own dry run, and its cells' time and
+    memory bounds and the closed forms lie below it (the search tries cp beside experts, with the cells or --fix
+    cp)."""
     import dataclasses
 
-    cfg = _moe(4, dropless=True, dry_routing="worst")
+    cfg = _moe(4, **moe)
     machine = dataclasses.replace(A100, gpus_per_node=2)
     cells = Cells(cfg, "megatron", 2)
     configs = configurations(cfg, 2, 2, 2, methods=("ring",), sharded=True)

@@ -263,8 +263,9 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
     cfg = _moe_cfg(**moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)
     # (cp's other methods: the ring's bounds; ZeRO-3, which the search tries where nothing else fits, bounded too;
-    # cp beside the capacity 0.5 and dropless cases, cp 1 held in the others: each cp configuration a dry run)
-    cp = None if moe.get("dropless") else 1
+    # cp beside the capacity 0.5 and dropless cases (each chunk its own capacity), cp 1 held in the others: each cp
+    # configuration a dry run)
+    cp = None if moe.get("dropless") or moe.get("capacity_factor") else 1
     configs = configurations(cfg, 4, node, cp, methods=SEARCHED_METHODS, sharded=True)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.cp * c.tp * c.pp == 4 for c in configs)
     # folded: tp 2 with the experts' ep 2 (mesh ep 1) or 4 (mesh ep 2), never beside tp 1
@@ -355,33 +356,31 @@ def test_an_moe_gpt_that_fits_only_fully_sharded_is_searched_again_with_zero_3(c
                                           "60 MiB;")
 
 
-def test_the_command_searches_cp_beside_experts_and_prints_the_estimate_that_prices_it(capsys):
-    """`--gpt ...,dropless=1`: the experts drop no token; `--fix cp=2` chooses a configuration with each sequence
-    split over cp, printed as the `spmdsim estimate` command that prices it alike (time and peak); with a capacity
-    it is one line (the search does not price cp there yet); dropless is 0 or 1."""
+@pytest.mark.parametrize("dropless", [1, 0])
+def test_the_command_searches_cp_beside_experts_and_prints_the_estimate_that_prices_it(capsys, dropless):
+    """`--gpt ...,dropless=1`: the experts drop no token (0: a capacity, each cp chunk its own); `--fix cp=2`
+    chooses a configuration with each sequence split over cp, printed as the `spmdsim estimate` command that
+    prices it alike (time and peak); dropless is 0 or 1."""
     from docs_commands import run_here
 
-    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,batch=4,experts=4,dropless=1",
-            "--devices", "4", "--machine", "a100-dgx", "--fix", "cp=2", "--max-dry-runs", "4"]
+    argv = ["autoshard", "--network", "gpt", "--gpt", f"layers=2,d_model=64,heads=4,seq=64,batch=4,experts=4,"
+            f"dropless={dropless}", "--devices", "4", "--machine", "a100-dgx", "--fix", "cp=2", "--fix", "ep=2",
+            "--max-dry-runs", "4"]
     assert main(argv) == 0
     out = unfold(capsys.readouterr().out)
-    assert "; 4 dropless experts, top-2, in 1 of every 2 blocks (the dry runs route balanced)" in out
+    assert f"; 4 {'dropless ' if dropless else ''}experts, top-2" in out, out
     chosen = re.search(r"chosen: (.*): ([\d.]+) ms, ([\d.]+) MiB at its peak", out)
-    assert chosen and "cp 2 ring" in chosen.group(1), out
+    assert chosen and "ep 2, cp 2 ring" in chosen.group(1), out
     command = [w for w in out.split("(`spmdsim estimate`, the same step time and peak):", 1)[1].split() if w != "\\"]
     command = command[:command.index("a100-dgx") + 1]
-    assert command[:3] == ["spmdsim", "estimate", "gpt"] and "--dropless" in command and "--cp" in command
+    assert command[:3] == ["spmdsim", "estimate", "gpt"] and ("--dropless" in command) == bool(dropless)
+    assert "--cp" in command
     code, estimate, err = run_here("main", command[1:])
     assert code == 0, err
     assert f"predicted step time: {chosen.group(2)} ms" in estimate
     peak = re.search(r"\(the most, stage \d+: ([\d.]+) MiB\)", estimate)
     assert peak and f"{float(peak.group(1)):.1f}" == chosen.group(3), estimate
-    argv[4] = argv[4].replace(",dropless=1", "")
-    assert main(argv) == 2
-    assert unfold(capsys.readouterr().err) == (
-        "spmdsim: error: --fix cp=2 with MoE layers of a capacity: the search does not price cp beside them yet "
-        "(`spmdsim estimate gpt --cp` does); dropless experts (--gpt ...,dropless=1) take it\n")
-    argv[4] += ",dropless=2"
+    argv[4] = argv[4].replace(f",dropless={dropless}", ",dropless=2")
     assert main(argv) == 2
     assert "--gpt dropless '2' must be 0 or 1 (1: the experts drop no token)" in capsys.readouterr().err
 

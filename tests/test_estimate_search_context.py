@@ -49,11 +49,12 @@ def test_cp_its_methods_and_zero_3_are_enumerated_where_they_run():
     wide = configurations(replace(cfg, heads=4, seq=12), 8, 8)
     assert {c.cp for c in wide} == {1, 2} and any(c.sp and c.tp == 4 and c.cp == 1 for c in wide)
     assert any(c.tp == 4 and c.cp == 2 for c in wide) and not any(c.sp and c.tp == 4 and c.cp == 2 for c in wide)
-    # no cp with MoE layers (their dispatch does not take a split sequence), nor ZeRO-3 (FSDP shards no experts)
+    # cp beside MoE layers of a capacity too (each rank routes its chunks, each with its own capacity); ZeRO-3 beside
+    # them only where the search asks (`sharded`: where nothing else fits)
     from spmdsim.models.moe.config import MoEConfig
 
     moe = configurations(replace(cfg, moe=MoEConfig(experts=2, top_k=1)), 2, 8)
-    assert {c.cp for c in moe} == {1} and {c.zero for c in moe} == {0, 1, 2}
+    assert {c.cp for c in moe} == {1, 2} and {c.zero for c in moe} == {0, 1, 2}
 
 
 def test_a_sequence_that_fits_only_split_chooses_cp():

@@ -48,6 +48,16 @@ SHOWN = 8
 CP_SHORT = {"ring": "r", "allgather": "g", "alltoall": "a"}
 
 
+def _notes(cfg: Any, result: Any, devices: int, gpus_per_node: int) -> str:
+    """The search's notes, one line joined by "; ": the vocabulary's padding, the folded experts, context
+    parallelism and ZeRO-3 beside the experts, each where the search left it out (or ran again with it)."""
+    searched = [c.config for c in result.candidates]
+    return "; ".join(filter(None, (vocab_note(cfg, devices, gpus_per_node),
+                                   "" if result.folded else fold_note(cfg, searched),
+                                   "" if result.contexts else context_note(cfg, searched, devices, gpus_per_node),
+                                   SHARDED_NOTE if result.sharded else "")))
+
+
 def run_machine(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -92,10 +102,7 @@ def run_machine(args: argparse.Namespace) -> int:
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
     seconds = time.perf_counter() - start
-    note = "; ".join(filter(None, (vocab_note(cfg, devices, machine.gpus_per_node), "" if result.folded else
-                                   fold_note(cfg, [c.config for c in result.candidates]),
-                                   "" if result.contexts else context_note(cfg, devices, machine.gpus_per_node),
-                                   SHARDED_NOTE if result.sharded else "")))
+    note = _notes(cfg, result, devices, machine.gpus_per_node)
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
     # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak
     command = None if result.chosen is None else estimate_command(cfg, result.chosen.config, args.machine,

@@ -105,7 +105,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     link model of each transfer (spmdsim.tools.estimate.steptime): the layers' and the pipeline's, and the gradient
     sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4
     Alltoalls over the experts' ep a layer and microbatch, of the whole send buffer, k s c / E slots per expert
-    and sequence, at the activation width, folded of a tp rank's share of the sequences; the mean of the stages' MoE layers; dropless none counted: their bytes
+    and sequence (with cp of each rank's chunk of it, s / cp), at the activation width, folded of a tp rank's share of the sequences; the mean of the stages' MoE layers; dropless none counted: their bytes
     follow the routing), each attention's tensor-parallel collectives, two messages of each microbatch
     between stages (its activations forward, their gradient backward), each on a rank's part of the
     sequence with cp (context parallelism's own messages left out: the ring's run under the products);
@@ -132,7 +132,8 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     if m is not None and c.experts_ep > 1 and not m.dropless:
         # folded (etp 1): each tp rank dispatches its 1/tp of the sequences over ep x tp ranks, tp fastest
         routed, stride = (sequences // c.tp, 1) if c.etp == 1 else (sequences, c.tp)
-        buffer = routed * m.experts * m.capacity(cfg.seq) * cfg.d_model * w.activations
+        # (with cp each rank routes its chunk of a sequence, with the chunk's own capacity)
+        buffer = routed * m.experts * m.capacity(cfg.seq // c.cp) * cfg.d_model * w.activations
         layers = sum(cfg.is_moe(i) for i in range(cfg.layers)) / c.pp
         exchanges = 4 * c.microbatches * layers * cheapest(stride, "alltoall", c.experts_ep, buffer)
     # Each block's attention over tp, forward and backward (its MLP's, dense or MoE, left out): with sequence

@@ -109,11 +109,12 @@ def fold_note(cfg: Any, configs: Any) -> str:
     return "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
 
 
-def context_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
-    """A line saying context parallelism was left out of a search beside MoE layers (SearchResult.contexts False)
-    where the model could split its sequences over cp (spmdsim.tools.estimate.search); "" where it could not."""
+def context_note(cfg: Any, configs: Any, devices: int, gpus_per_node: int) -> str:
+    """A line saying context parallelism was left out of a search of `configs` beside MoE layers
+    (SearchResult.contexts False) where the model could split its sequences over cp beside one of their tp sizes
+    (spmdsim.tools.estimate.search); "" where it could not."""
     if cfg.moe is None or not any(len(_contexts(cfg, devices // tp, tp, gpus_per_node)) > 1
-                                  for tp in _tensor_parallel(cfg, devices, gpus_per_node)):
+                                  for tp in {c.tp for c in configs}):
         return ""
     return "context parallelism beside the experts not searched: --moe-cells or --fix cp=N adds it"
 
@@ -207,11 +208,8 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHO
     """(cp, method) pairs to try on `ranks` ranks beside tp: cp 1, and every divisor of `ranks` up to tp x cp =
     `within` (a node: the ring's messages, the gathers and the all-to-alls on its links) the sequence splits
     over (the balanced causal split: seq a multiple of 2 cp) with each method its heads take (the all-to-all's
-    divide by tp x cp); with MoE layers, beside dropless ones alone (experts of a capacity over cp: trained and
-    priced by `spmdsim estimate`, not yet searched)."""
+    divide by tp x cp); with MoE layers each rank routes its chunks (with a capacity, each chunk its own)."""
     out = [(1, "ring")]
-    if cfg.moe is not None and not cfg.moe.dropless:
-        return out
     for cp in _divisors(ranks)[1:]:
         if tp * cp > within:
             break

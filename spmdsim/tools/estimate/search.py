@@ -150,10 +150,6 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     was chosen).
     """
     _check_search(precision, max_dry_runs, memory_limit)
-    if cfg.moe is not None and not cfg.moe.dropless and (fixed or {}).get("cp", 1) > 1:
-        raise SpmdsimError(f"--fix cp={fixed['cp']} with MoE layers of a capacity: the search does not price cp beside "
-                           "them yet (`spmdsim estimate gpt --cp` does); dropless experts (--gpt ...,dropless=1) take "
-                           "it")
     zero = (fixed or {}).get("zero")
     args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed)
     result = _searched(*args, sharded=cfg.moe is None or zero == 3)
