@@ -87,15 +87,17 @@ def test_under_bf16_the_gradients_of_keys_and_values_travel_as_float32_sums(meth
     assert set(sent) == {SMALL["layers"] * (forward + backward)}, (sent, forward, backward)
 
 
-@pytest.mark.parametrize("cp, tp", [(2, 1), (2, 2)])
-def test_a_bf16_ring_is_checked_at_its_own_rounding_points(cp, tp):
+@pytest.mark.parametrize("cp, tp, replay", [(2, 1, False), (2, 2, False), (2, 1, True)])
+def test_a_bf16_ring_is_checked_at_its_own_rounding_points(cp, tp, replay):
     """The ring under bf16-mixed merges its blocks in float32 and rounds its output once, and the reference rounds
     there too (spmdsim.models.gpt.mixed, `ring`): every step within float32's sum-order differences (1.3e-7
     measured). A ring that merged in bfloat16, checked against the core's rounding points, failed 4 of these 8
-    steps (loss up to 7e-5 apart, the tolerance 1.5e-5)."""
+    steps (loss up to 7e-5 apart, the tolerance 1.5e-5). Replayed, its gradients of K and V (rounded to bfloat16,
+    widened to the gradients' float32 by the autograd) are each replay's own: the widening is recorded (a replay
+    read the capture's values, 0.1 apart, before)."""
     def main():
         _, results = train(GPTConfig(**SMALL), spmdsim.world(), 1, tp, 8, TEXT, cp=cp, context=Context("ring"),
-                           precision="bf16-mixed")
+                           precision="bf16-mixed", replay=replay)
         return results
 
     for results in spmdsim.simulate(cp * tp, main):

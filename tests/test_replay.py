@@ -96,6 +96,31 @@ def test_general_operators_replay_bit_for_bit(optimizer_kind):
             assert a.tobytes() == b.tobytes()
 
 
+def test_a_conversion_of_a_block_is_replayed_with_the_new_values():
+    """DTensor.astype and a gradient a rule returns in another dtype than the gradient's (a bfloat16 block of a
+    bfloat16 tensor, whose gradient is float32) convert through the block's own astype, which a capture records:
+    ``np.ndarray.astype(block, ...)`` was not recorded, and a replay read the capture's values."""
+    from spmdsim.base.precision import bfloat16
+    from spmdsim.nn.autograd.rules.grads import gradient_block
+
+    def main():
+        mesh = Mesh(Layout((2,), ("a",)))
+        L = mesh.layout("a", None)
+
+        def f(x):
+            wide = x.astype("float32")
+            grad = gradient_block(x, x.local * np.asarray(3, x.local.dtype), x.layout)  # float32 from bfloat16
+            return wide.local * 2, grad.local
+
+        x = DTensor.from_global(mesh, np.ones((4, 2), bfloat16()), L)
+        graph = capture(f, x)
+        new = DTensor.from_global(mesh, np.full((4, 2), 5, bfloat16()), L)
+        wide, grad = graph(new)
+        return wide.dtype.name, float(wide[0, 0]), grad.dtype.name, float(grad[0, 0])
+
+    assert spmdsim.simulate(2, main) == [("float32", 10.0, "float32", 15.0)] * 2
+
+
 def test_plain_arrays_are_static_inputs():
     def f(a, b):
         c = np.exp(a) * 2 + b.sum(axis=0)

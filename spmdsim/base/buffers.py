@@ -58,7 +58,7 @@ CAPTURE = _Capture()
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
            "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "LAZY_BYTES",
-           "fresh", "as_array",
+           "fresh", "as_array", "converted",
            "contiguous", "stacked", "into", "broadcast_zero"]
 
 PAGE = mmap.PAGESIZE
@@ -260,6 +260,12 @@ def as_array(x: Any, dtype: Any = None) -> np.ndarray:
     `dtype` is its ``astype`` (recorded while capturing)."""
     x = np.asanyarray(x)
     return x if dtype is None or x.dtype == dtype else x.astype(dtype)
+
+
+def converted(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """``a.astype(dtype)``, a new array, called as `a`'s method: a captured step's traced block records it
+    (``np.ndarray.astype(a, dtype)`` would not, and a replay would read the capture's values)."""
+    return a.astype(dtype)
 
 
 def contiguous(x: Any) -> np.ndarray:

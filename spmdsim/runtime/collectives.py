@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 from ..errors import OperatorError, RankError
-from ..base.buffers import broadcast_zero
+from ..base.buffers import broadcast_zero, converted
 from ..base.context import _THREAD
 from ..base.precision import is_low
 from ..base.validate import as_int
@@ -222,7 +222,7 @@ def _alone_into(mesh: Mesh, out: np.ndarray | None, x: np.ndarray, op: str) -> n
 
 def _wide32(mesh: Mesh, x: np.ndarray) -> np.ndarray:
     """A bfloat16 block as float32, for a sum, converted by the engine (a dry run's: zeros, no page written)."""
-    return mesh.engine.local(np.ndarray.astype, broadcast_zero(x.shape, _F32), x, _F32)
+    return mesh.engine.local(converted, broadcast_zero(x.shape, _F32), x, _F32)
 
 
 def _narrowed(mesh: Mesh, total: np.ndarray, dtype: np.dtype, out: np.ndarray | None, op: str) -> np.ndarray:
@@ -230,7 +230,7 @@ def _narrowed(mesh: Mesh, total: np.ndarray, dtype: np.dtype, out: np.ndarray | 
     run's `out` holds its zeros already: nothing written)."""
     if out is not None and mesh.engine.dry:
         return out
-    narrowed = mesh.engine.local(np.ndarray.astype, broadcast_zero(total.shape, dtype), total, dtype)
+    narrowed = mesh.engine.local(converted, broadcast_zero(total.shape, dtype), total, dtype)
     return narrowed if out is None else _copy_into(out, narrowed, op)
 
 

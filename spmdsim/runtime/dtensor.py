@@ -101,7 +101,7 @@ class DTensor(_Constructors, _Methods):
                 f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
                 "resolve the sum first (redistribute to a layout without partial axes)")
         local = local_of(self)  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
-        block = self._mesh.engine.local(np.ndarray.astype, buffers.broadcast_zero(local.shape, want), local, want)
+        block = self._mesh.engine.local(buffers.converted, buffers.broadcast_zero(local.shape, want), local, want)
         return DTensor(self._mesh, block, self._layout, self._shape)
 
     # -- views (read-only; attrgetter: C, the operators and autograd read them often) --

@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from ....layouts.layout import TensorLayout
-from ....base.buffers import broadcast_zero
+from ....base.buffers import broadcast_zero, converted
 from ....runtime.engines import c_order
 from ....base.precision import is_low
 from ..graph import with_partial
@@ -99,7 +99,7 @@ def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     if type(local) is not _ndarray:  # a block already (most gradients): no call
         local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     if local.dtype != want:  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
-        local = like.mesh.engine.local(np.ndarray.astype, broadcast_zero(local.shape, want), local, want)
+        local = like.mesh.engine.local(converted, broadcast_zero(local.shape, want), local, want)
     if not local.flags.c_contiguous:  # collectives read C order (a dry run's large block: the engine's zeros)
         local = c_order(local)
     if local.shape == block.shape:  # `like`'s block shape under the same tensor map: checked
