@@ -121,6 +121,26 @@ def test_a_conversion_of_a_block_is_replayed_with_the_new_values():
     assert spmdsim.simulate(2, main) == [("float32", 10.0, "float32", 15.0)] * 2
 
 
+def test_no_module_calls_a_recorded_ndarray_method_unbound():
+    """``np.ndarray.astype(block, ...)`` (or .copy, .reshape, ...) calls ndarray's own method on a traced block,
+    which a capture does not see: the package calls the block's (`spmdsim.base.buffers.converted`)."""
+    import ast
+    from pathlib import Path
+
+    from spmdsim.runtime.traced import Traced
+
+    recorded = {name for name in vars(Traced) if not name.startswith("_") and hasattr(np.ndarray, name)}
+    assert {"astype", "copy", "reshape"} <= recorded
+    found = []
+    for path in sorted((Path(spmdsim.__file__).parent).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in recorded and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "ndarray" and isinstance(node.value.value, ast.Name) \
+                    and node.value.value.id == "np":
+                found.append(f"{path.name}:{node.lineno}: np.ndarray.{node.attr}")
+    assert not found, found
+
+
 def test_plain_arrays_are_static_inputs():
     def f(a, b):
         c = np.exp(a) * 2 + b.sum(axis=0)

@@ -11,6 +11,7 @@ import numpy as np
 from ..autograd.graph import record
 from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
+from ...base.buffers import converted
 from ...errors import DTypeError, OperatorError
 from ...base.precision import is_low
 from ...base.validate import dtype_arg
@@ -33,7 +34,7 @@ def astype(x: Any, dtype: Any) -> Any:
     want = dtype_arg(dtype)
     if x.local.dtype == want:
         return x
-    dry = dry_zeros(x.mesh, x.local.shape, want, np.ndarray.astype, x.local, want)  # a dry run's: not converted
+    dry = dry_zeros(x.mesh, x.local.shape, want, converted, x.local, want)  # a dry run's: not converted
     out = make_dtensor(x.mesh, x.local.astype(want) if dry is None else dry, x.layout, x.global_shape)
     if x._ag is None:
         return out
