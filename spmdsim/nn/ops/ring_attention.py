@@ -194,7 +194,7 @@ class _Ring:
         if self.dry:
             return lazy_zeros(q.shape[:3] + v.shape[3:], q.dtype), lazy_zeros((b, h, rows), inner)
         out = buffers.empty(q.shape[:3] + v.shape[3:], q.dtype)  # (rows, b, h, dv), written each replay
-        out.transpose(1, 2, 0, 3)[...] = acc / total[..., None]  # rounded once
+        np.divide(acc, total[..., None], out=out.transpose(1, 2, 0, 3))  # (rounded once into a bfloat16 block)
         return out, most + np.log(total)
 
     def backward(self, dy: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
