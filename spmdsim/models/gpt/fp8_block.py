@@ -20,14 +20,12 @@ from ..moe.tokens import takes
 __all__ = ["fp8_block", "settle", "fp8_problem"]
 
 
-def fp8_problem(kept: str, replay: bool = False, pp: int = 1) -> Optional[str]:
+def fp8_problem(kept: str, replay: bool = False) -> Optional[str]:
     """Why an FP8 run of these options cannot be made (one line), or None."""
     if kept != "graph":
         return f"precision fp8 keeps the graph's set (its products keep their FP8 copies): not kept {kept!r}"
     if replay:
         return "precision fp8 updates its scales after each step in Python: run it without --replay"
-    if pp > 1:
-        return f"precision fp8 runs without a pipeline (pp 1), not pp {pp}"
     return None
 
 

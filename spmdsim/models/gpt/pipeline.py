@@ -63,6 +63,7 @@ from ...runtime.sim import dry_run_active
 from ...runtime.sim.dry import differ
 from ...runtime.trace import collect_trace
 from .checkpoint import load, save as save_checkpoint
+from .fp8_block import settle
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
 from .step_check import QUIET, _norm, stop_if_diverged
@@ -276,6 +277,8 @@ class _Pipelined:
         if self.cfg.clip and not self.zero:  # the joint norm over every stage; the tied table counted once
             self.norms.append(clip_grad_norm_(tensors, self.cfg.clip, across=(run.mesh, (PIPELINE,)),
                                               counted=self.counted))
+        for c in self.mine:  # FP8's amaxes of every microbatch agreed over the stage, each chunk's scales made
+            settle(self.models[c])
         if watch is not None:
             watch.look("after the backward")
         optimizer.step()

@@ -63,7 +63,7 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                or context_problem(cfg, cp, tp, sp, context)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or (fp8_problem(kept, replay, pp) if get_precision(precision).fp8 is not None else None)
+               or (fp8_problem(kept, replay) if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:
         where = " x ".join(f"{a} {n}" for a, n, shown in ((PIPELINE, pp, True), (DATA, dp, True), (EXPERT, ep, moe),

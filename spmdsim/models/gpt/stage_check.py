@@ -17,6 +17,7 @@ from .step_check import _summed_grads, step_errors
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
 from .context import checked_order, ring_core
+from ...runtime.door import all_gather_object
 
 
 def _held(run: PipelineRun, cfg: GPTConfig) -> list:
@@ -57,6 +58,21 @@ def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) ->
                    "check.params")
 
 
+def _scales(run: PipelineRun) -> Optional[dict]:
+    """Under FP8 every stage's scales of this step (key -> scale: each chunk's GPT's `Scales.snapshot`), on every
+    rank (one gather of objects over the whole mesh, the check's own traffic); None without FP8."""
+    models = [m for m in run.models.values() if m.fp8 is not None]
+    if not models:
+        return None
+    mine: dict = {}
+    for model in models:
+        mine.update(model.fp8.snapshot())
+    every: dict = {}
+    for theirs in all_gather_object(run.mesh.comm, mine)[::run.stage_mesh.size]:  # (a stage's ranks agree)
+        every.update(theirs)
+    return dict(sorted(every.items()))
+
+
 class _PipelineChecker:
     """`train_pipelined`'s check of each step (`st`: its stage, spmdsim.models.gpt.pipeline._Pipelined): the
     reference step from every stage's parameters at the step's start (`start`), then each rank's largest
@@ -85,6 +101,7 @@ class _PipelineChecker:
     def start(self) -> None:
         st, cfg, where = self.st, self.cfg, self.where
         self.own = None
+        self.scales = _scales(st.run)  # FP8: the scales every stage's casts use this step, all of them
         if self.low:  # the optimizer's view of the step's start: master copies and moments, every rank's
             self.begun = where.used(_tables(st.run, cfg, where, _optimizer_start(st.optimizer, st.params),
                                             "check.start"))
@@ -101,7 +118,7 @@ class _PipelineChecker:
             run_grads = where.used(_tables(st.run, cfg, where, [summed], "check.grads"))
             ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
-                x, y, cfg, step, policy, microbatches, None, self.kept, self.laid, None, self.ring)
+                x, y, cfg, step, policy, microbatches, None, self.kept, self.laid, self.scales, self.ring)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
                                 self.slices)
         else:
