@@ -55,9 +55,10 @@ def _same_files(one, two, ranks):
     {"zero": 1, "precision": "bf16-mixed", "cfg": dataclasses.replace(SMALL, clip=0.5)},
     {"sp": True, "replay": True},
     {"zero": 2, "sp": True, "replay": True},
+    {"sp": True, "precision": "fp8"},  # FP8's scales and amax histories saved and resumed too
 ])
 def test_a_resumed_run_steps_as_the_run_that_never_stopped(tmp_path, options):
-    if options.get("precision") == "bf16-mixed":
+    if options.get("precision") in ("bf16-mixed", "fp8"):
         pytest.importorskip("ml_dtypes")
     whole = _run(4, save=str(tmp_path / "whole"), **options)
     _run(2, save=str(tmp_path / "half"), **options)
@@ -216,9 +217,12 @@ def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True}),
-                                               ("1f1b", {"zero": 2, "replay": True})])
+                                               ("1f1b", {"zero": 2, "replay": True}), ("1f1b", {"precision": "fp8"})])
 def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, schedule, options):
     from spmdsim.models.gpt.pipeline import train_pipelined
+
+    if options.get("precision") == "fp8":  # each stage's scales and histories saved and resumed
+        pytest.importorskip("ml_dtypes")
 
     cfg = dataclasses.replace(SMALL, layers=2)
 
@@ -240,7 +244,9 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     # another pipeline's checkpoint: one line, before any collective
     pipeline = {"pp": 2, "schedule": schedule, "microbatches": 4, "virtual": 1, "split": None}
     zero = options.get("zero", 0)
-    assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero) == (
+    precision = options.get("precision", "fp64")
+    assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero,
+                              precision=precision) == (
         f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has --microbatches 2, this run's --microbatches 4 "
         "(resume with the settings it was saved with)")
     # one side without a pipeline: both said as typed (was "the checkpoint's mesh has pp 2, this run's none")

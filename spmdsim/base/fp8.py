@@ -154,6 +154,22 @@ class Scales:
         """key -> the scale this step's casts use (what the check's reference step casts with)."""
         return {key: np.float32(self.scales[row]) for key, (row, _) in self.keys.items()}
 
+    def state(self) -> tuple[list, np.ndarray, np.ndarray]:
+        """(each key and its format in row order, the scales, the histories): what a checkpoint saves (`load`)."""
+        keys = sorted(self.keys.items(), key=lambda item: item[1][0])
+        return [[key, fmt] for key, (_, fmt) in keys], self.scales.copy(), self.history.copy()
+
+    def load(self, keys: list, scales: np.ndarray, history: np.ndarray) -> None:
+        """Resume from a `state`: the same keys, scales and histories, no amax seen yet; ValueError if the arrays do
+        not fit this recipe and the keys."""
+        n = len(keys)
+        if scales.shape != (n,) or history.shape != (n, self.recipe.history):
+            raise ValueError(f"{n} FP8 keys with scales {scales.shape} and histories {history.shape}; expected "
+                             f"({n},) and ({n}, {self.recipe.history})")
+        self.keys = {str(key): (row, str(fmt)) for row, (key, fmt) in enumerate(keys)}
+        self.scales, self.history = scales.astype(np.float32), history.astype(np.float32)
+        self.seen = np.zeros(n, np.float32)
+
     def nbytes(self) -> int:
         """The bytes the scales, the histories and the step's amaxes take."""
         return int(self.scales.nbytes + self.history.nbytes + self.seen.nbytes)

@@ -3,7 +3,8 @@
 
 A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its
 optimizer's `state_dict()` (spmdsim.nn.optim: this rank's moments, ZeRO-1's slices, a bfloat16 parameter's float32
-master; a pipeline stage's rank, its stage's) and the step reached; and ``checkpoint.json``, written by rank 0,
+master; a pipeline stage's rank, its stage's), under FP8 its scales and amax histories (each chunk's on a pipeline
+stage) and the step reached; and ``checkpoint.json``, written by rank 0,
 which records what a resume must match: the model's config (GPTConfig, its MoE config too), the world size and
 the mesh (pp, dp, ep, tp, sequence parallelism), every parameter's layout, the precision policy and the
 optimizer, the pipeline (schedule, microbatches, chunks, split; None without), and the step reached. Each file
@@ -236,15 +237,19 @@ def _write_aside(path: str, write: Any) -> None:
         raise SpmdsimError(f"checkpoint: cannot write {path}: {_reason(e)}") from None
 
 
-def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimizer: Any) -> None:
+def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimizer: Any, scales: tuple = ()) -> None:
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
-    metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's. Collective: every
-    rank writes its own, then a barrier over `mesh`, so that the whole checkpoint is there when any rank goes
-    on (a resume in the same program, by any rank, reads it all)."""
+    metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's, `scales` its FP8
+    scales (spmdsim.base.fp8.Scales: a model's, or each chunk's of a pipeline stage). Collective: every rank writes
+    its own, then a barrier over `mesh`, so that the whole checkpoint is there when any rank goes on (a resume in
+    the same program, by any rank, reads it all)."""
     rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
-              "optimizer": _encode(optimizer.state_dict(), arrays)}
+              "optimizer": _encode(optimizer.state_dict(), arrays), "fp8": []}
+    for i, one in enumerate(scales):  # each one's keys in the header, its scales and histories as arrays
+        keys, arrays[f"fp8.{i}.scales"], arrays[f"fp8.{i}.history"] = one.state()
+        header["fp8"].append(keys)
     for name, t in params.items():
         block = np.asarray(t.local)
         arrays[f"param.{name}"] = block.view(np.uint16) if block.dtype.name == "bfloat16" else block
@@ -258,8 +263,9 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         barrier(mesh.comm)
 
 
-def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any) -> Optional[str]:
-    """Load this rank's file into `params` and `optimizer`; None, or why not (nothing then trusted)."""
+def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any,
+              scales: tuple = ()) -> Optional[str]:
+    """Load this rank's file into `params`, `optimizer` and `scales`; None, or why not (nothing then trusted)."""
     path = rank_file(directory, rank)
     if not os.path.exists(path):
         return f"rank {rank}'s file {path} is missing"
@@ -291,24 +297,28 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
         if blocks[name].shape != t.local.shape or blocks[name].dtype != t.local.dtype:
             return (f"rank {rank}'s file {path}: parameter {name} is {blocks[name].dtype} of shape "
                     f"{blocks[name].shape}, this rank's block {t.local.dtype} of shape {t.local.shape}")
+    if len(header.get("fp8", ())) != len(scales):
+        return f"rank {rank}'s file {path} holds {len(header.get('fp8', ()))} FP8 scale tables, this run {len(scales)}"
     try:
         optimizer.load_state_dict(state)
-    except SpmdsimError as e:
-        return f"rank {rank}'s file {path}: {e}"
+        for i, one in enumerate(scales):
+            one.load(header["fp8"][i], arrays[f"fp8.{i}.scales"], arrays[f"fp8.{i}.history"])
+    except (SpmdsimError, ValueError, KeyError) as e:
+        return f"rank {rank}'s file {path}: {_reason(e)}"
     for name, t in params.items():
         t.local[...] = blocks[name]
     return None
 
 
-def load(directory: str, mesh: Any, params: dict, optimizer: Any) -> int:
-    """Every rank loads its own file of the checkpoint in `directory` into `params` (name -> DTensor) and
-    `optimizer`; returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
+def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple = ()) -> int:
+    """Every rank loads its own file of the checkpoint in `directory` into `params` (name -> DTensor), `optimizer`
+    and `scales` (`save`'s); returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
     is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
     `resume_problem` first (the metadata is read again here: it must still be readable)."""
     meta, problem = read_meta(directory)
     step = meta["step"] if meta else 0
     if not problem:
-        problem = _read_own(directory, step, mesh.rank, mesh.size, params, optimizer)
+        problem = _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
     first = next((p for p in problems if p), None)

@@ -222,7 +222,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory, fsdp is not None)
     # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
-    first = 0 if resume is None else load(resume, mesh, tensors, optimizer)
+    scales = () if model.fp8 is None else (model.fp8,)  # FP8's scales and histories: saved and resumed too
+    first = 0 if resume is None else load(resume, mesh, tensors, optimizer, scales)
     checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
         if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)
@@ -249,7 +250,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if on_step is not None:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            save_checkpoint(save, meta, step + 1, mesh, tensors, optimizer)
+            save_checkpoint(save, meta, step + 1, mesh, tensors, optimizer, scales)
     return model, results
 
 
