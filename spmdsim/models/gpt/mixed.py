@@ -78,7 +78,7 @@ def architecture_problem(cfg: GPTConfig) -> Optional[str]:
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
                    policy: Precision, masks: Optional[dict], routes: Optional[dict] = None,
                    kept: str = "graph", fp8: Optional[dict] = None, laid: Any = None,
-                   ring: bool = False) -> tuple[float, dict]:
+                   ring: bool = False, seed: float = 1.0) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.models.gpt.reference's
     keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
@@ -88,14 +88,17 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     `fp8`: under an FP8 policy, the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8.Linears).
     `laid`: a context-parallel run's order (spmdsim.models.gpt.context.Laid: the chunks its experts route apart).
     `ring`: the run's attention core is ring attention (spmdsim.nn.ops.ring_attention: its probabilities in
-    float32, never rounded; each row's dO x O summed from the rounded output, as flash attention's backward)."""
+    float32, never rounded; each row's dO x O summed from the rounded output, as flash attention's backward).
+    `seed`: the loss's gradient, as the run scales it before its backward (a pipeline's microbatch: 1 / microbatches;
+    the gradients returned are the scaled loss's: under FP8 the casts of the backward see the scaled values)."""
     if cfg.unpadded() is not cfg:
         loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks,
-                                     routes, kept, fp8, laid, ring)
+                                     routes, kept, fp8, laid, ring, seed)
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
     r = _Rounder(act, cfg, masks, kept, Linears(policy.fp8, fp8), ring)
+    r.seed = seed
     B, T = x.shape
     D = cfg.d_model
     # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
@@ -122,7 +125,7 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
             loss = loss + c["moe"]["losses"]
     g = e / e.sum(axis=1)[:, None]
     g[rows, ids] -= 1.0
-    dz = r.grad(g * (np.ones((), _F32) / float(n)))
+    dz = r.grad(g * (np.asarray(seed, _F32) / float(n)))  # the upstream the ranks' rule divides by the tokens
     grads = _Grads()
     grads.dot(head, dz, hf)
     if not cfg.tied:  # the embedding's gradient from its lookups alone

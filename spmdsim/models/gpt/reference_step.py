@@ -26,9 +26,11 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed).
     `fp8`: under an FP8 policy the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8). `ring`: the
     run's attention core is ring attention (its rounding points: spmdsim.models.gpt.mixed.loss_and_grads)."""
+    # each microbatch's gradients of its loss scaled by 1 / microbatches before the backward, as the pipeline's
+    # ranks scale it (FP8's casts see the scaled values), summed (`scaled`)
     loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
         start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], i, laid),
-        _rows(routes, rows), kept, fp8, laid, ring))
+        _rows(routes, rows), kept, fp8, laid, ring, 1.0 / microbatches), scaled=True)
     if cfg.clip:
         ref_grads = clip_grads(ref_grads, cfg.clip)[1]
     state = policy.dtype("optimizer")
@@ -89,10 +91,12 @@ def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
     return routes
 
 
-def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[int]], tuple]) -> tuple:
+def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[int]], tuple],
+                  scaled: bool = False) -> tuple:
     """(loss, gradients) of a batch of `batch` rows in `microbatches` equal microbatches, `one(rows, micro)` each
     (micro None: the whole batch at once), their losses and gradients averaged (in the gradients' own dtype):
-    gradient accumulation, as a pipeline makes it."""
+    gradient accumulation, as a pipeline makes it. `scaled`: `one`'s gradients are of its loss scaled by
+    1 / microbatches already, and are summed."""
     if microbatches == 1:
         return one(slice(None), None)
     size = batch // microbatches
@@ -101,7 +105,7 @@ def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[
         part, g = one(slice(i * size, (i + 1) * size), i)
         loss += part / microbatches
         for name, value in g.items():
-            value = value / microbatches
+            value = value if scaled else value / microbatches
             grads[name] = value if i == 0 else grads[name] + value
     return loss, grads
 
