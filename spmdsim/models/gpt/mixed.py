@@ -97,8 +97,7 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
-    r = _Rounder(act, cfg, masks, kept, Linears(policy.fp8, fp8), ring)
-    r.seed = seed
+    r = _Rounder(act, cfg, masks, kept, Linears(policy.fp8, fp8), ring, seed)
     B, T = x.shape
     D = cfg.d_model
     # The token's embedding (rows of a bfloat16 table: the ranks' vocab-parallel sum of one row and zeros is exact),
@@ -125,7 +124,7 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
             loss = loss + c["moe"]["losses"]
     g = e / e.sum(axis=1)[:, None]
     g[rows, ids] -= 1.0
-    dz = r.grad(g * (np.asarray(seed, _F32) / float(n)))  # the upstream the ranks' rule divides by the tokens
+    dz = r.grad(g * (np.asarray(r.seed) / float(n)))  # the upstream the ranks' rule divides by the tokens
     grads = _Grads()
     grads.dot(head, dz, hf)
     if not cfg.tied:  # the embedding's gradient from its lookups alone
@@ -158,10 +157,11 @@ class _Rounder:
     """Rounding to the activations' dtype, the dropout masks as the ranks' float32 factors."""
 
     def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict], kept: str = "graph",
-                 lin: Optional[Linears] = None, ring: bool = False) -> None:
+                 lin: Optional[Linears] = None, ring: bool = False, seed: float = 1.0) -> None:
         self.act, self.masks, self.lin = act, masks, lin or Linears()
         self.fused = kept == "megatron"  # Megatron's fused kernels' rounding points (spmdsim.nn.ops.megatron)
         self.ring = ring  # ring attention's rounding points (spmdsim.nn.ops.ring_attention)
+        self.seed = _F32(seed)  # the loss's gradient (a pipeline's microbatch: 1 / microbatches)
         self.scale = np.asarray(1.0 / (1.0 - cfg.dropout), _F32)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
