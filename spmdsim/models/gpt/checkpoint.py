@@ -297,8 +297,9 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
         if blocks[name].shape != t.local.shape or blocks[name].dtype != t.local.dtype:
             return (f"rank {rank}'s file {path}: parameter {name} is {blocks[name].dtype} of shape "
                     f"{blocks[name].shape}, this rank's block {t.local.dtype} of shape {t.local.shape}")
-    if len(header.get("fp8", ())) != len(scales):
-        return f"rank {rank}'s file {path} holds {len(header.get('fp8', ()))} FP8 scale tables, this run {len(scales)}"
+    tables = len(header.get("fp8", ()))
+    if tables != len(scales):
+        return f"rank {rank}'s file {path} holds {tables} FP8 scale tables, this run {len(scales)}"
     try:
         optimizer.load_state_dict(state)
         for i, one in enumerate(scales):

@@ -146,9 +146,10 @@ def moe_backward_mixed(P: dict, pre: str, dout: np.ndarray, c: dict, moe: MoECon
     for n in names:
         grads[pre + "moe." + n] = parts[n]
     dprobs = gates_backward(probs.reshape(B, T, E), routing, dgates).reshape(N, E)
-    seed = r.seed  # the loss's gradient (a pipeline's microbatch: 1 / microbatches), the router losses' too
-    dprobs += _F32(moe.aux_loss_coeff * E) * c["f"] / _F32(N) * seed  # d(E sum_e f_e mean(p_e)) / dp
+    # the router losses' gradients, seeded as the loss's (r.seed: a pipeline's microbatch, 1 / microbatches)
+    dprobs += _F32(moe.aux_loss_coeff * E) * c["f"] / _F32(N) * r.seed  # d(E sum_e f_e mean(p_e)) / dp
     dlogits = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
-    dlogits += (_F32(moe.z_loss_coeff * 2.0) / _F32(N)) * c["lse"][:, None] * probs * seed  # d mean(lse^2) / dlogit
+    # d mean(lse^2) / dlogits
+    dlogits += (_F32(moe.z_loss_coeff * 2.0) / _F32(N)) * c["lse"][:, None] * probs * r.seed
     grads[pre + "moe.router"] = product(c["x32"].T, dlogits)
     return dx + product(dlogits, c["router"].T)

@@ -69,6 +69,6 @@ def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes:
     if kv_bytes:
         lines.append("bytes one rank sends per attention (forward, backward):")
         for method in METHODS:
-            forward, backward = traffic(method, cp, q_bytes or kv_bytes, kv_bytes, grad_bytes or kv_bytes)
+            forward, backward = traffic(method, cp, q_bytes or kv_bytes, kv_bytes, grad_bytes or None)
             lines.append(f"  {method:<10} {nbytes(forward):>16}  {nbytes(backward):>16}")
     return lines
