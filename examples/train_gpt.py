@@ -53,6 +53,7 @@ from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpo
                                         sizes_problem)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import replay_problem, train
+from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
 from spmdsim.base.precision import precision_problem
@@ -278,7 +279,7 @@ def main(args):
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")
     trend, falling = loss_trend([r.loss for r in results])
-    failed = sum(not r.passed for r in results)
+    failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
     if check and rank0:
         print("\n".join(check_lines(results, cfg, args.precision)))
     if rank0:

@@ -12,7 +12,10 @@ from spmdsim.base import fp8
 from spmdsim.base.precision import precision, precision_problem
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
-from spmdsim.models.gpt.train import train
+from spmdsim.models.gpt.train import StepResult, train
+from spmdsim.models.gpt.step_check import flip_ratio
+from spmdsim.models.gpt.tolerances import failed_steps
+from spmdsim.models.gpt.options import check_lines
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt import stage_check
 from spmdsim.nn.autograd import kept_bytes
@@ -96,7 +99,9 @@ def test_fp8_training_matches_one_numpy_process_under_the_same_policy(policy):
     for r in steps:
         assert r.passed and r.errors[2] == 0.0, r
         assert all(e <= t for e, t in zip(r.errors, r.tolerances)), r
-    assert [r.loss for r in steps] != [r.loss for r in _steps("bf16-mixed")]
+        assert 0.0 < r.flip < 1.0, r  # (the gradients' flip ratio: FP8's alone)
+    mixed = _steps("bf16-mixed")
+    assert [r.loss for r in steps] != [r.loss for r in mixed] and all(r.flip is None for r in mixed)
 
 
 def test_a_wrong_scale_is_caught(monkeypatch):
@@ -106,6 +111,27 @@ def test_a_wrong_scale_is_caught(monkeypatch):
     monkeypatch.setattr(fp8_linear, "_inverse", lambda *s: np.float32(real(*s) * np.float32(1.125)))
     steps = _steps("fp8", steps=2)
     assert any(r.errors[0] > r.tolerances[0] for r in steps) and not all(r.passed for r in steps), steps
+
+
+def _result(step: int, grads: float, flip, loss: float = 0.0) -> StepResult:
+    return StepResult(step, 1.0, (loss, grads, 0.0), 0, 0, tolerances=(1e-4, 4.7e-2, 1e-6), flip=flip)
+
+
+def test_the_verdict_passes_one_fp8_flip_in_a_hundred_steps():
+    """A step past the gradients' tolerance, each element within one e5m2 step more (flip ratio <= 1), passes
+    as a flip when at most one step in FLIP_STEPS is one; a second such step in 100 fails both; a step past the
+    flip's allowance, or past the loss's tolerance, or without FP8 (flip None) always fails."""
+    calm = [_result(i, 1e-3, 0.05) for i in range(99)]
+    assert failed_steps(calm + [_result(99, 7.5e-2, 0.6)]) == (0, 1)
+    assert check_lines(calm + [_result(99, 7.5e-2, 0.6)], CFG, "fp8")[0].endswith(
+        'PASS (1 step over the gradients\' tolerance by an FP8 flip, within one e5m2 step of each value: '
+        'docs/explanation/tolerances.md, "FP8")')
+    assert failed_steps(calm[:98] + [_result(98, 7.5e-2, 0.6), _result(99, 6e-2, 0.5)]) == (2, 0)
+    assert failed_steps(calm + [_result(99, 7.5e-2, 1.2)]) == (1, 0)
+    assert failed_steps(calm + [_result(99, 7.5e-2, 0.6, loss=1.0)]) == (1, 0)
+    assert failed_steps(calm + [_result(99, 7.5e-2, None)]) == (1, 0)
+    assert failed_steps(calm[:7] + [_result(7, 7.5e-2, 0.6)]) == (1, 0)  # 8 steps: none may flip
+    assert flip_ratio([(np.array([0.3]), np.array([1.0]), 2.0)], 0.05) == pytest.approx(0.3 / (0.1 + 0.25))
 
 
 def _pipelined(policy: str, steps: int, **options) -> list:

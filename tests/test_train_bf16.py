@@ -369,12 +369,12 @@ def _differing_share(monkeypatch, cfg, **kw) -> list:
     act, shares, compare = bfloat16(), [], T.step_errors
 
     def spy(value, ref_loss, grads, updated, tensors, zero=None, masters=None, top=None, slices=None,
-            anchored=None):
+            anchored=None, flip=None):
         regions = slices or {n: t.slices for n, t in tensors.items()}
         pairs = [(np.asarray(t.grad.local, np.float32).astype(act), np.asarray(grads[n][regions[n]], np.float32)
                   .astype(act)) for n, t in tensors.items()]
         shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
-        return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored)
+        return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored, flip)
 
     monkeypatch.setattr(T, "step_errors", spy)
     spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, 2, TEXT, sp=True, precision="bf16-mixed", **kw))

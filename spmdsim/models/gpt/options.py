@@ -30,6 +30,7 @@ from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...programs.context import METHODS, SPLITS
 from ...errors import SpmdsimError
 from .params import param_specs
+from .tolerances import failed_steps
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
            "context_arguments", "context_of", "context_line",
@@ -119,9 +120,13 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
 def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
     """The check's lines after a run: its verdict over the steps' StepResults (spmdsim.models.gpt.train), then the
     largest difference against the tolerance (fp64), or per kind against the policy's (spmdsim.models.gpt.mixed)."""
-    failed = sum(not r.passed for r in results)
+    failed, flipped = failed_steps(results)
+    verdict = f"FAILED at {failed} steps" if failed else "PASS"
+    if flipped and not failed:
+        verdict += (f" ({counted(flipped, 'step')} over the gradients' tolerance by an FP8 flip, within one e5m2 "
+                    'step of each value: docs/explanation/tolerances.md, "FP8")')
     out = [f"check: {counted(len(results), 'step')} vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
-           f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}"]
+           f"parameters each): {verdict}"]
     if precision == "fp64":
         worst = max(max(r.errors) for r in results)
         return out + [f"largest difference {worst:.1e} of the tensor's largest entry (tolerance "

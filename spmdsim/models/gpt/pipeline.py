@@ -144,12 +144,11 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             losses = [float(ops.resolved(loss).local) for loss in losses]
         value, watch = st.finish(trace, losses), st.ran["watch"]
         stop_if_diverged(step, value, params, cfg.lr)
-        errors = (float("nan"),) * 3 if checker is None else checker.errors(value, x, y, step)
-        totals = trace.totals()
-        dispatch, ledger = st.experts(trace)
-        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
+        *errors, flip = (float("nan"),) * 3 + (None,) if checker is None else checker.errors(value, x, y, step)
+        totals, (dispatch, ledger) = trace.totals(), st.experts(trace)
+        result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
                             watch.report(step, replay and step > 0) if watch is not None else None, dispatch, ledger,
-                            tolerances=mixed_tolerances(policy, cfg), norm=_norm(optimizer if zero else None, st.norms))
+                            mixed_tolerances(policy, cfg), _norm(optimizer if zero else None, st.norms), flip)
         results.append(result)
         if on_step is not None:
             on_step(result)

@@ -13,7 +13,8 @@ from ...runtime.shared_reference import shared_once
 from ...runtime.sim import once
 from .train import _optimizer_start
 from .stage_program import PipelineRun
-from .step_check import _summed_grads, step_errors
+from .step_check import _summed_grads, resolved_errors, step_errors
+from .tolerances import tolerances
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
 from .context import checked_order, ring_core
@@ -83,6 +84,7 @@ class _PipelineChecker:
         self.st, self.cfg, self.policy, self.zero, self.kept, self.microbatches = st, cfg, policy, zero, kept, \
             microbatches
         self.low = low = policy.activation != "float64"
+        self.flip = tolerances(policy, cfg)[1] if policy.fp8 is not None else None  # FP8's flips (step_check)
         run, optimizer, params, mesh = st.run, st.optimizer, st.params, st.run.mesh
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = where = _stage_regions(run, cfg)
@@ -120,7 +122,7 @@ class _PipelineChecker:
                 mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
                 x, y, cfg, step, policy, microbatches, None, self.kept, self.laid, self.scales, self.ring)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
-                                self.slices)
+                                self.slices, flip=self.flip)
         else:
             # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
             self.moments, ref_loss, grads, updated, top = shared_once(
@@ -130,4 +132,4 @@ class _PipelineChecker:
                                 self.slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
         worst = resolve(mesh, local, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check", reduction="max",
                         owned=True)
-        return tuple(float(e) for e in worst)
+        return resolved_errors(worst)

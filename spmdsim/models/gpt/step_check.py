@@ -3,11 +3,12 @@ differences from the reference step, and the gradient norm the run clipped by.""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 import numpy as np
 from ...base.precision import is_low
 from ...errors import SpmdsimError
 from ...runtime.sim import dry_run_active
+from .tolerances import FP8_FLIP
 from .wholes import peaks
 
 
@@ -45,16 +46,18 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
 
 def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
                 zero: Any = None, masters: Optional[dict] = None, top: Optional[dict] = None,
-                slices: Optional[dict] = None, anchored: Optional[dict] = None) -> np.ndarray:
+                slices: Optional[dict] = None, anchored: Optional[dict] = None,
+                flip: Optional[float] = None) -> np.ndarray:
     """This rank's largest relative differences from the reference step (loss, gradients, updated
-    parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
-    `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
-    compared in the parameter's place. `top`: {"grads": ..., "updated": ...}, each name -> the reference's
-    largest magnitude (spmdsim.models.gpt.wholes.peaks; computed here when not given); `slices`: name -> this rank's
-    region (the tensor's own when not given). `anchored`: name -> this rank's block as the reference's AdamW
-    updates it from the run's own start and gradient (`anchored_updates`), compared in place of `updated`'s
-    region (the run's update of its own inputs, which no gradient's rounding can flip). The trainers take
-    the maximum over the mesh."""
+    parameters, and under FP8 the gradients' `flip_ratio`) over `tensors` (parameter name -> DTensor, in the
+    optimizer's order); `zero` as `_grad_blocks`'; `masters`: name -> this rank's master copy (float32, of a
+    bfloat16 parameter), compared in the parameter's place. `top`: {"grads": ..., "updated": ...}, each name
+    -> the reference's largest magnitude (spmdsim.models.gpt.wholes.peaks; computed here when not given);
+    `slices`: name -> this rank's region (the tensor's own when not given). `anchored`: name -> this rank's
+    block as the reference's AdamW updates it from the run's own start and gradient (`anchored_updates`),
+    compared in place of `updated`'s region (the run's update of its own inputs, which no gradient's rounding
+    can flip). `flip`: under FP8 the gradients' tolerance (the fourth entry NaN without it). The trainers
+    take the maximum over the mesh."""
     masters = masters or {}
     top = top or {"grads": peaks(grads), "updated": peaks(updated)}
     slices = slices or {name: t.slices for name, t in tensors.items()}
@@ -68,29 +71,54 @@ def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tenso
         t = tensors[name]
         params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),
                                     (slice(None),) * master.ndim, top["updated"][name]))
-    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
-                     _grad_error(tensors, grads, zero, top["grads"], slices), params])
+    blocks = list(_grad_blocks(tensors, grads, zero, top["grads"], slices))
+    grad = max((float(np.max(d, initial=0.0)) / scale for d, _, scale in blocks), default=0.0)
+    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), grad, params,
+                     float("nan") if flip is None else flip_ratio(blocks, flip)])
 
 
-def _grad_error(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = None,
-                slices: Optional[dict] = None) -> float:
-    """The largest difference of this rank's gradients from the reference's, relative to the model's largest
-    gradient entry (a gradient that is zero but for rounding, like the key bias's, has no scale of its own).
-    With ZeRO-1 (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice this rank
-    updated. `top` and `slices` as step_errors'."""
+def resolved_errors(worst: Any) -> tuple:
+    """step_errors' four entries, the worst over the mesh, as the trainers keep them: three floats and the
+    flip ratio, None without FP8 (a NaN is not equal to itself, and every rank's StepResult must be)."""
+    loss, grad, params, flip = (float(e) for e in worst)
+    return loss, grad, params, None if flip != flip else flip
+
+
+def flip_ratio(blocks: list, tolerance: float) -> float:
+    """The gradients' largest difference relative to what one FP8 flip allows each element: the gradients'
+    `tolerance` of its tensor's scale plus one e5m2 step of its reference value (FP8_FLIP; <= 1: within).
+
+    A cast of a gradient to e5m2 that falls the other way in the run and the reference (their bfloat16 inputs
+    a flip apart) moves that value by one e5m2 step, up to 2^-2 of it; where the flipped value dominates a
+    sum downstream (the embeddings' rows of a sequence's first positions, where one token's gradient is
+    most of the row) the sum moves by up to 2^-2 of itself: more than the tolerance's expected-value
+    argument allows (docs/explanation/tolerances.md, "FP8")."""
+    worst = 0.0
+    for d, reference, scale in blocks:
+        allowed = tolerance * scale + FP8_FLIP * np.abs(reference)
+        worst = max(worst, float(np.max(d / allowed, initial=0.0)))
+    return worst
+
+
+def _grad_blocks(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = None,
+                 slices: Optional[dict] = None) -> Iterator[tuple]:
+    """(|difference|, the reference's values, scale) of each of this rank's gradient blocks from the
+    reference's, the scale its tensor's largest entry (or the model's largest gradient entry, when larger: a
+    gradient that is zero but for rounding, like the key bias's, has no scale of its own). With ZeRO-1
+    (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice this rank updated. `top`
+    and `slices` as step_errors'."""
     top = top or peaks(grads)
     slices = slices or {name: t.slices for name, t in tensors.items()}
     floor = max(top[name] for name in grads)
     if zero is None:
-        return max(_worst(t.grad.local, grads[name], slices[name], floor, top[name]) for name, t in tensors.items())
+        for name, t in tensors.items():
+            reference = grads[name][slices[name]]
+            yield np.abs(t.grad.local - reference), reference, max(top[name], floor) or 1.0
+        return
     names = list(tensors)
-    worst = 0.0
     for i, a, z, values in zero.grad_slices():
-        reference = grads[names[i]]
-        mine = reference[slices[names[i]]].reshape(-1)[a:z]
-        scale = max(top[names[i]], floor) or 1.0
-        worst = max(worst, float(np.max(np.abs(values - mine), initial=0.0)) / scale)
-    return worst
+        mine = grads[names[i]][slices[names[i]]].reshape(-1)[a:z]
+        yield np.abs(values - mine), mine, max(top[names[i]], floor) or 1.0
 
 
 #: The floating-point warnings a training step keeps to itself: an overflow turns into a non-finite loss or

@@ -68,7 +68,7 @@ from .mesh import model_mesh
 from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
-from .step_check import QUIET, _norm, _summed_grads, step_errors, stop_if_diverged
+from .step_check import QUIET, _norm, _summed_grads, resolved_errors, step_errors, stop_if_diverged
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _routes, _zero_moments
 from .step_run import _StepRun, _optimizer
@@ -97,10 +97,20 @@ class StepResult:
     # (loss, gradients, parameters): the policy's (spmdsim.models.gpt.tolerances.tolerances); 1e-10 each at float64
     tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
     norm: Optional[float] = None  # with cfg.clip: the gradients' joint norm before clipping (alike on every rank)
+    # under FP8: the gradients' largest difference relative to their tolerance plus one e5m2 step of each
+    # element (spmdsim.models.gpt.step_check.flip_ratio: <= 1 within); None otherwise
+    flip: Optional[float] = None
 
     @property
     def passed(self) -> bool:
         return all(e <= t for e, t in zip(self.errors, self.tolerances) if e == e)
+
+    @property
+    def flipped(self) -> bool:
+        """Under FP8, not passed by its gradients alone, each within one e5m2 step of its value more: an FP8
+        flip that dominates a sum (the run's verdict allows a few: spmdsim.models.gpt.tolerances.failed_steps)."""
+        loss, _, params = (e <= t or e != e for e, t in zip(self.errors, self.tolerances))
+        return not self.passed and loss and params and self.flip is not None and self.flip <= 1.0
 
 
 def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
@@ -239,13 +249,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         value = float(ops.resolved(loss).local)
         stop_if_diverged(step, value, tensors, cfg.lr)
         report = run.report(step, replay)
-        errors = (float("nan"),) * 3 if checker is None else checker.errors(value, x, y, step)
+        errors = (float("nan"),) * 3 + (None,) if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()
         ledger = _expert_bytes(cfg, mesh.rank, mesh, model.params, model.moe_stats, optimizer, trace) \
             if cfg.moe is not None else None
-        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
+        result = StepResult(step, value, errors[:3], totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
-                            tolerances, _norm(optimizer if zero else None, run.norms))
+                            tolerances, _norm(optimizer if zero else None, run.norms), errors[3])
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -311,6 +321,7 @@ class _Checker:
                                                                                      zero, kept)
         self.low = low = policy.activation != "float64"
         cfg, mesh = model.cfg, model.mesh
+        self.flip = mixed_tolerances(policy, cfg)[1] if policy.fp8 is not None else None  # FP8's flips
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = regions(model.params, mesh.size)
         self.slices = {s.name: model.params[s.name].slices for s in specs}
@@ -355,7 +366,8 @@ class _Checker:
                 y, cfg, step, 1, routes, laid)
             masters = None
         mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
-                           self.slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer))
+                           self.slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer),
+                           self.flip)
         worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                         reduction="max", owned=True)
-        return tuple(float(e) for e in worst)
+        return resolved_errors(worst)
