@@ -71,14 +71,15 @@ def train(name, comm):
         result = trainer.step(x, labels, anchor=True)
         failed += sum(not v for v in trainer.check(result, reference.step(x, labels, anchor=result.anchor), 1e-12))
         losses.append(result.value)
-    counts = {phase: trace.counts() for phase, trace in result.traces.items()}
+    counts = {phase: (trace.counts(), trace.totals()["bytes_sent"]) for phase, trace in result.traces.items()}
     trainer.close()
     trend, trend_ok = loss_trend(losses)
     if comm.rank == 0:
         print(f"{net.title}, {comm.size} rank{'s' * (comm.size > 1)}")
         print(f"  {trend}; every step vs one process: {'PASS' if not failed else f'FAILED ({failed})'}")
         for phase in PHASES:
-            print(f"  {phase} collectives per step: {counts[phase]}")
+            calls, sent = counts[phase]
+            print(f"  {phase} collectives per step: {calls}" + (f", {sent:,} B sent by rank 0" if calls else ""))
     return not failed and trend_ok
 
 

@@ -99,6 +99,32 @@ def _caught(steps: list, kind: int) -> bool:
     return any(r.errors[kind] > r.tolerances[kind] for r in steps) and not all(r.passed for r in steps)
 
 
+def test_a_small_gradient_zeroed_passes_under_bf16_and_fails_at_fp64(monkeypatch):
+    """What the low-precision check gives up (docs/explanation/tolerances.md, "Low precision"): one layer's
+    query-weight gradient zeroed before every update is measured against the model's largest gradient entry,
+    which it is under 1e-3 of, and passes under bf16-mixed; at fp64 it fails every step."""
+    import spmdsim.models.gpt.train as T
+    from spmdsim.nn import optimizer
+
+    real_step, real_init = optimizer._Optimizer.step, T._Checker.__init__
+
+    def zeroing_step(self):
+        target = getattr(self, "zeroed", None)
+        if target is not None:
+            target.grad.local[...] = 0
+        return real_step(self)
+
+    def marking_init(self, model, opt, *rest, **kw):
+        opt.zeroed = model.params["h1.attn.wq"]
+        return real_init(self, model, opt, *rest, **kw)
+
+    monkeypatch.setattr(optimizer._Optimizer, "step", zeroing_step)
+    monkeypatch.setattr(T._Checker, "__init__", marking_init)
+    low = _steps(4, 2, 2, True)
+    assert all(r.passed and r.errors[1] < 1e-3 for r in low), low
+    assert not any(r.passed for r in _steps(4, 2, 2, True, policy="fp64"))
+
+
 def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
     """The reference at float64 throughout (spmdsim.models.gpt.reference) in place of the policy's: the loss tells it
     apart (the gradients' tolerance, 2u per layer, does not: docs/howto/train.md gives the figures)."""

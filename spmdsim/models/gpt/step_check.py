@@ -24,14 +24,12 @@ def _summed_grads(optimizer: Any, tensors: dict, zero: int) -> tuple[dict, dict]
             {name: optimizer.master[index[id(t)]] for name, t in tensors.items() if index[id(t)] in optimizer.master})
 
 
-def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0,
-           peak: Optional[float] = None) -> float:
+def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, peak: Optional[float] = None) -> float:
     """The largest difference of this rank's block from its region, relative to the tensor's largest entry
-    (`peak`, when known; or `floor`, when larger: a gradient that is zero but for rounding, like the key bias's,
-    has no scale)."""
+    (`peak`, when known; 1 when it is 0)."""
     if peak is None:
         peak = float(np.max(np.abs(reference), initial=0.0))
-    scale = max(peak, floor) or 1.0
+    scale = peak or 1.0
     return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
 
 
@@ -103,10 +101,15 @@ def flip_ratio(blocks: list, tolerance: float) -> float:
 def _grad_blocks(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = None,
                  slices: Optional[dict] = None) -> Iterator[tuple]:
     """(|difference|, the reference's values, scale) of each of this rank's gradient blocks from the
-    reference's, the scale its tensor's largest entry (or the model's largest gradient entry, when larger: a
-    gradient that is zero but for rounding, like the key bias's, has no scale of its own). With ZeRO-1
-    (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice this rank updated. `top`
-    and `slices` as step_errors'."""
+    reference's, the scale the larger of its tensor's largest entry and the model's largest gradient entry.
+
+    Not the tensor's own alone: under bf16 a gradient whose sums cancel (the queries' and keys' weights,
+    through softmax's backward) differs from its reference by up to 10% of its own largest entry in a
+    correct run (a flip is 2u of the terms, not of what they sum to), so a gradient much smaller than the
+    model's largest is checked loosely there; at fp64 every gradient's difference is within 1e-10 of the
+    model's largest entry (docs/explanation/tolerances.md, "Low precision"). With ZeRO-1 (`zero`, the
+    DistributedAdamW over `tensors`' values): the summed gradient slice this rank updated. `top` and
+    `slices` as step_errors'."""
     top = top or peaks(grads)
     slices = slices or {name: t.slices for name, t in tensors.items()}
     floor = max(top[name] for name in grads)

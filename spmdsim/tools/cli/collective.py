@@ -214,9 +214,9 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
              f"  formula: {FORMULAS[schedule.name][0]} (n: bytes from each rank)"]
     verdict = "matches" if result["matches_mpi"] else "DIFFERS FROM"
     summed = schedule.collective in ("allreduce", "reduce_scatter")  # "rounded": a float sum, within its rounding
-    lines.append(f"result: {verdict} {library} {builtin} (max abs difference {result['max_abs_difference']:.3g}"
-                 + (")" if not summed else ": sums in another order)" if result.get("rounded", True) else
-                    ": integer sums, exact in any order)"))
+    why = ("" if not summed else ": integer sums, exact in any order" if not result.get("rounded", True) else
+           ": sums in another order" if result["max_abs_difference"] else "")  # (a difference of 0 needs none)
+    lines.append(f"result: {verdict} {library} {builtin} (max abs difference {result['max_abs_difference']:.3g}{why})")
     seconds, origin = _predicted(schedule)
     model = f", cost model {seconds * 1e3:.3f} ms" if seconds is not None else ""
     lines.append(f"time (slowest rank, median, {result['wait_mode']} wait): emulated "
