@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from spmdsim.tools.cli.main import main
+from spmdsim.tools.cli.common import ONE_PROCESS
 from testkit import EXAMPLE_ARGS, unfold
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
@@ -234,6 +235,14 @@ def test_one_process_names_both_ways_out(capsys):
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8"]) == 2
     err = capsys.readouterr().err
     assert "mpiexec -n 8 ..." in err and "--ranks 8" in err
+
+
+def test_a_pass_on_one_process_says_nothing_was_split(capsys):
+    """`spmdsim run mlp` as one plain process passes on one rank, where nothing is split or sent: after the
+    PASS it says so on stderr, with both ways to more ranks (a new user took the PASS for the lesson)."""
+    assert main(["run", "mlp", "--shape", "96,96,480"]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("PASS") and err == ONE_PROCESS + "\n"
 
 
 def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):

@@ -5,6 +5,7 @@ the whole job when some ranks fail.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, Callable
 
 from ...base.threads import launcher_size
@@ -43,7 +44,11 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
             raise SpmdsimError(DRY_RUN_NEEDS_RANKS)
         from ...runtime.mpi_library import load_mpi
 
-        return fn(load_mpi().COMM_WORLD)
+        comm = load_mpi().COMM_WORLD
+        code = fn(comm)
+        if comm.Get_size() == 1 and code == 0:  # a PASS with nothing split: said after it, on stderr
+            print(ONE_PROCESS, file=sys.stderr, flush=True)
+        return code
     problem = ranks_problem(n, bool(getattr(args, "dry_run", False)))
     if problem:
         raise SpmdsimError(problem)
@@ -54,6 +59,9 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
     return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False),
                         dry_codes=dry_codes)
 
+
+#: A command run as one plain process: every check passes on one rank, where nothing is split or sent.
+ONE_PROCESS = "spmdsim: that ran on 1 rank: nothing was split or sent; add --ranks 8 or use mpiexec -n 8"
 
 #: --explain beside --dry-run: a dry run prints its bytes table in place of the program's output, so the per-rank
 #: explanation was built and thrown away, each rank's line naming every member of its group: O(ranks^2) text,
