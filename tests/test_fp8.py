@@ -119,8 +119,9 @@ def _result(step: int, grads: float, flip, loss: float = 0.0) -> StepResult:
 
 def test_the_verdict_passes_one_fp8_flip_in_a_hundred_steps():
     """A step past the gradients' tolerance, each element within one e5m2 step more (flip ratio <= 1), passes
-    as a flip when at most one step in FLIP_STEPS is one; a second such step in 100 fails both; a step past the
-    flip's allowance, or past the loss's tolerance, or without FP8 (flip None) always fails."""
+    as a flip when at most one step in FLIP_STEPS (one in a shorter run of 2 or more) is one; a second such
+    step in 100 fails both; a step past the flip's allowance, or past the loss's tolerance, or without FP8
+    (flip None) always fails."""
     calm = [_result(i, 1e-3, 0.05) for i in range(99)]
     assert failed_steps(calm + [_result(99, 7.5e-2, 0.6)]) == (0, 1)
     assert check_lines(calm + [_result(99, 7.5e-2, 0.6)], CFG, "fp8")[0].endswith(
@@ -130,7 +131,9 @@ def test_the_verdict_passes_one_fp8_flip_in_a_hundred_steps():
     assert failed_steps(calm + [_result(99, 7.5e-2, 1.2)]) == (1, 0)
     assert failed_steps(calm + [_result(99, 7.5e-2, 0.6, loss=1.0)]) == (1, 0)
     assert failed_steps(calm + [_result(99, 7.5e-2, None)]) == (1, 0)
-    assert failed_steps(calm[:7] + [_result(7, 7.5e-2, 0.6)]) == (1, 0)  # 8 steps: none may flip
+    assert failed_steps(calm[:7] + [_result(7, 7.5e-2, 0.6)]) == (0, 1)  # a short run: one may flip,
+    assert failed_steps(calm[:6] + [_result(6, 7.5e-2, 0.6), _result(7, 6e-2, 0.5)]) == (2, 0)  # not two
+    assert failed_steps([_result(0, 7.5e-2, 0.6)]) == (1, 0)  # nor the one step of a run of one
     assert flip_ratio([(np.array([0.3]), np.array([1.0]), 2.0)], 0.05) == pytest.approx(0.3 / (0.1 + 0.25))
 
 
