@@ -124,9 +124,10 @@ def test_the_verdict_passes_one_fp8_flip_in_a_hundred_steps():
     (flip None) always fails."""
     calm = [_result(i, 1e-3, 0.05) for i in range(99)]
     assert failed_steps(calm + [_result(99, 7.5e-2, 0.6)]) == (0, 1)
-    assert check_lines(calm + [_result(99, 7.5e-2, 0.6)], CFG, "fp8")[0].endswith(
-        'PASS (1 step over the gradients\' tolerance by an FP8 flip, within one e5m2 step of each value: '
-        'docs/explanation/tolerances.md, "FP8")')
+    lines = check_lines(calm + [_result(99, 7.5e-2, 0.6)], CFG, "fp8")
+    assert lines[0].endswith("each): PASS") and lines[1:3] == [
+        "  1 step passed as an FP8 flip: over the gradients' tolerance, each value within one",
+        '  e5m2 step more (docs/explanation/tolerances.md, "FP8")'], lines
     assert failed_steps(calm[:98] + [_result(98, 7.5e-2, 0.6), _result(99, 6e-2, 0.5)]) == (2, 0)
     assert failed_steps(calm + [_result(99, 7.5e-2, 1.2)]) == (1, 0)
     assert failed_steps(calm + [_result(99, 7.5e-2, 0.6, loss=1.0)]) == (1, 0)
