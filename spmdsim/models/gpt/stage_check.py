@@ -14,7 +14,7 @@ from ...runtime.sim import once
 from .train import _optimizer_start
 from .stage_program import PipelineRun
 from .step_check import _summed_grads, resolved_errors, step_errors
-from .tolerances import tolerances
+from .tolerances import flip_tolerance
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
 from .context import checked_order, ring_core
@@ -84,7 +84,7 @@ class _PipelineChecker:
         self.st, self.cfg, self.policy, self.zero, self.kept, self.microbatches = st, cfg, policy, zero, kept, \
             microbatches
         self.low = low = policy.activation != "float64"
-        self.flip = tolerances(policy, cfg)[1] if policy.fp8 is not None else None  # FP8's flips (step_check)
+        self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
         run, optimizer, params, mesh = st.run, st.optimizer, st.params, st.run.mesh
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = where = _stage_regions(run, cfg)

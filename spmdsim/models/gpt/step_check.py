@@ -24,12 +24,13 @@ def _summed_grads(optimizer: Any, tensors: dict, zero: int) -> tuple[dict, dict]
             {name: optimizer.master[index[id(t)]] for name, t in tensors.items() if index[id(t)] in optimizer.master})
 
 
-def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, peak: Optional[float] = None) -> float:
+def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0,
+           peak: Optional[float] = None) -> float:
     """The largest difference of this rank's block from its region, relative to the tensor's largest entry
-    (`peak`, when known; 1 when it is 0)."""
+    (`peak`, when known), or `floor` when larger."""
     if peak is None:
         peak = float(np.max(np.abs(reference), initial=0.0))
-    scale = peak or 1.0
+    scale = max(peak, floor) or 1.0
     return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
 
 

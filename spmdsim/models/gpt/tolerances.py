@@ -2,6 +2,8 @@
 the gradients' and the parameters' tolerances against the reference step, from the longest sum a step rounds."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from ...base.precision import Precision, unit_roundoff
 from ...references.tolerances import sum_rtol
@@ -53,6 +55,12 @@ def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
     eps32 = sum_rtol(longest_sum(cfg), np.float32)
     u = unit_roundoff(policy.dtype("activation"))
     return eps32, max(2 * u * (cfg.layers + 2), eps32), sum_rtol(8, np.float32)
+
+
+def flip_tolerance(policy: Precision, cfg: GPTConfig) -> Optional[float]:
+    """Under an FP8 policy the gradients' tolerance, which the check's flip ratio adds one e5m2 step to
+    (spmdsim.models.gpt.step_check.flip_ratio); None without FP8 (no flip is measured)."""
+    return tolerances(policy, cfg)[1] if policy.fp8 is not None else None
 
 
 def failed_steps(results: list) -> tuple[int, int]:

@@ -49,7 +49,7 @@ from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
-from .tolerances import tolerances as mixed_tolerances
+from .tolerances import flip_tolerance, tolerances as mixed_tolerances
 from .fp8_block import fp8_problem
 from .params import param_specs
 from .wholes import Regions, assemble, regions
@@ -249,13 +249,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         value = float(ops.resolved(loss).local)
         stop_if_diverged(step, value, tensors, cfg.lr)
         report = run.report(step, replay)
-        errors = (float("nan"),) * 3 + (None,) if checker is None else checker.errors(value, x, y, step)
+        *errors, flip = (float("nan"),) * 3 + (None,) if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()
         ledger = _expert_bytes(cfg, mesh.rank, mesh, model.params, model.moe_stats, optimizer, trace) \
             if cfg.moe is not None else None
-        result = StepResult(step, value, errors[:3], totals["calls"], totals["bytes_sent"],
+        result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
-                            tolerances, _norm(optimizer if zero else None, run.norms), errors[3])
+                            tolerances, _norm(optimizer if zero else None, run.norms), flip)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -321,7 +321,7 @@ class _Checker:
                                                                                      zero, kept)
         self.low = low = policy.activation != "float64"
         cfg, mesh = model.cfg, model.mesh
-        self.flip = mixed_tolerances(policy, cfg)[1] if policy.fp8 is not None else None  # FP8's flips
+        self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = regions(model.params, mesh.size)
         self.slices = {s.name: model.params[s.name].slices for s in specs}
