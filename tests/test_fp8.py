@@ -3,6 +3,7 @@ the casts' formats and scales, the GPT's steps checked against one numpy process
 wrong scale caught by that check, and the bytes the FP8 copies take."""
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -135,7 +136,9 @@ def test_the_verdict_passes_one_fp8_flip_in_a_hundred_steps():
     assert failed_steps(calm[:7] + [_result(7, 7.5e-2, 0.6)]) == (0, 1)  # a short run: one may flip,
     assert failed_steps(calm[:6] + [_result(6, 7.5e-2, 0.6), _result(7, 6e-2, 0.5)]) == (2, 0)  # not two
     assert failed_steps([_result(0, 7.5e-2, 0.6)]) == (1, 0)  # nor the one step of a run of one
-    assert flip_ratio([(np.array([0.3]), np.array([1.0]), 2.0)], 0.05) == pytest.approx(0.3 / (0.1 + 0.25))
+    beyond = dataclasses.replace(_result(99, 7.5e-2, 0.6), rounding=1.5)  # past its own rounding: no flip
+    assert not beyond.flipped and failed_steps(calm + [beyond]) == (1, 0)
+    assert flip_ratio([(np.array([0.3]), np.array([1.0]), 2.0, "w")], 0.05) == pytest.approx(0.3 / (0.1 + 0.25))
 
 
 def _pipelined(policy: str, steps: int, **options) -> list:

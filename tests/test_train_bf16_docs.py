@@ -54,6 +54,7 @@ def test_a_long_command_runs_two_steps_and_passes(index):
     done = run_long(quote)
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout
     assert "tolerances under bf16-mixed: loss 6.1e-05, gradients 4.7e-02, parameters 9.5e-07" in done.stdout
+    assert "of what its own rounding allows (at most 1)" in done.stdout
 
 
 def test_the_tables_quote_the_tolerances_the_code_uses():

@@ -31,13 +31,13 @@ def _checked(monkeypatch, kept: str = "graph", steps: int = 2, **options) -> tup
     act, shares, compare = bfloat16(), [], T.step_errors
 
     def spy(value, ref_loss, grads, updated, tensors, zero=None, masters=None, top=None, slices=None,
-            anchored=None, flip=None):
+            anchored=None, flip=None, rounding=None):
         if spmdsim.world().Get_rank() == 0:
             regions = slices or {n: t.slices for n, t in tensors.items()}
             pairs = [(np.asarray(t.grad.local, np.float32).astype(act),
                       np.asarray(grads[n][regions[n]], np.float32).astype(act)) for n, t in tensors.items()]
             shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
-        return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored, flip)
+        return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored, flip, rounding)
 
     monkeypatch.setattr(T, "step_errors", spy)
     cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2, **options)

@@ -131,10 +131,14 @@ def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
         return out + [f"largest difference {worst:.1e} of the tensor's largest entry (tolerance "
                       f"{results[0].tolerances[0]:.0e})"]
     kinds = ("loss", "gradients", "parameters")
-    return out + ["largest differences: " + ", ".join(f"{what} {max(r.errors[i] for r in results):.1e}"
-                                                      for i, what in enumerate(kinds)),
-                  f"tolerances under {precision}: " + ", ".join(f"{what} {results[0].tolerances[i]:.1e}"
-                                                                for i, what in enumerate(kinds))]
+    out += ["largest differences: " + ", ".join(f"{what} {max(r.errors[i] for r in results):.1e}"
+                                                for i, what in enumerate(kinds)),
+            f"tolerances under {precision}: " + ", ".join(f"{what} {results[0].tolerances[i]:.1e}"
+                                                          for i, what in enumerate(kinds))]
+    rounding = [r.rounding for r in results if r.rounding is not None]
+    if rounding:  # spmdsim.models.gpt.step_check.rounding_ratio
+        out.append(f"each gradient within {max(rounding):.2f} of what its own rounding allows (at most 1)")
+    return out
 
 
 def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:

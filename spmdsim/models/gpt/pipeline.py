@@ -66,7 +66,7 @@ from .checkpoint import load, save as save_checkpoint
 from .fp8_block import settle
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
-from .step_check import QUIET, _norm, stop_if_diverged
+from .step_check import QUIET, UNCHECKED, _norm, stop_if_diverged
 from .buckets import _zero_axes, dp_bucket, zero_options
 from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
@@ -144,11 +144,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             losses = [float(ops.resolved(loss).local) for loss in losses]
         value, watch = st.finish(trace, losses), st.ran["watch"]
         stop_if_diverged(step, value, params, cfg.lr)
-        *errors, flip = (float("nan"),) * 3 + (None,) if checker is None else checker.errors(value, x, y, step)
+        *errors, flip, rounding = UNCHECKED if checker is None else checker.errors(value, x, y, step)
         totals, (dispatch, ledger) = trace.totals(), st.experts(trace)
         result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
                             watch.report(step, replay and step > 0) if watch is not None else None, dispatch, ledger,
-                            mixed_tolerances(policy, cfg), _norm(optimizer if zero else None, st.norms), flip)
+                            mixed_tolerances(policy, cfg), _norm(optimizer if zero else None, st.norms), flip,
+                            rounding)
         results.append(result)
         if on_step is not None:
             on_step(result)

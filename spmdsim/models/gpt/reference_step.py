@@ -10,6 +10,10 @@ from .wholes import Regions, assemble, peaks
 from ...nn.optim import adamw_update
 from ...runtime.dtensor import DTensor
 from .mixed import loss_and_grads as mixed_loss_and_grads
+from ...base.precision import precision
+
+#: The policy one precision wider than bfloat16's and FP8's (`_wider_grads`).
+_FP32 = precision("fp32")
 from .reference import _masks, clip_grads, loss_and_grads as reference_loss_and_grads
 from ..moe.fold import fold_of
 
@@ -136,7 +140,32 @@ def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.n
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
                                            microbatches, routes, kept=kept, laid=laid, fp8=fp8, ring=ring)
-    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
+    wider = _wider_grads(start_wholes["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid, ring)
+    rounding = {name: float(np.max(np.abs(g - wider[name]), initial=0.0)) for name, g in ref_grads.items()}
+    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated), "rounding": rounding}
+
+
+def _wider_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
+                 microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph",
+                 laid: Optional[tuple] = None, ring: bool = False) -> dict:
+    """The gradients of `_mixed_step`'s reference one precision wider, from the same parameters as the policy
+    holds them (rounded to its parameter dtype), masks and routes: under bfloat16 and FP8 the same step under
+    the fp32 policy (the same rounding points, each at float32), under fp32 the float64 reference. How far the
+    policy's reference lies from them is what its own rounding does to each gradient (the check's rounding
+    ratio: spmdsim.models.gpt.step_check.rounding_ratio)."""
+    float64 = policy.activation == "float32" and policy.fp8 is None
+    params = {name: np.asarray(value).astype(policy.dtype("param")).astype(np.float64)
+              for name, value in params.items()}
+
+    def one(rows: slice, i: Optional[int]) -> tuple:
+        mine = _rows(routes, rows)
+        if float64:
+            return reference_loss_and_grads(params, x[rows], y[rows], cfg, step, micro=i, routes=mine, laid=laid)
+        masks = _masks(cfg, step, True, x[rows].shape[0], i, laid)
+        return mixed_loss_and_grads(params, x[rows], y[rows], cfg, step, _FP32, masks, mine, kept, None, laid, ring,
+                                    1.0 / microbatches)
+    grads = _microbatched(x.shape[0], microbatches, one, scaled=not float64)[1]
+    return clip_grads(grads, cfg.clip)[1] if cfg.clip else grads
 
 
 def _resumed_moments(where: Regions, start: np.ndarray) -> dict:

@@ -14,7 +14,7 @@ from ...runtime.sim import once
 from .train import _optimizer_start
 from .stage_program import PipelineRun
 from .step_check import _summed_grads, resolved_errors, step_errors
-from .tolerances import flip_tolerance
+from .tolerances import flip_tolerance, rounding_tolerance
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
 from .context import checked_order, ring_core
@@ -85,6 +85,7 @@ class _PipelineChecker:
             microbatches
         self.low = low = policy.activation != "float64"
         self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
+        self.rounding = rounding_tolerance(policy, cfg)  # each gradient's own (step_check.rounding_ratio)
         run, optimizer, params, mesh = st.run, st.optimizer, st.params, st.run.mesh
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = where = _stage_regions(run, cfg)
@@ -122,7 +123,7 @@ class _PipelineChecker:
                 mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
                 x, y, cfg, step, policy, microbatches, None, self.kept, self.laid, self.scales, self.ring)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
-                                self.slices, flip=self.flip)
+                                self.slices, flip=self.flip, rounding=self.rounding)
         else:
             # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
             self.moments, ref_loss, grads, updated, top = shared_once(

@@ -8,7 +8,7 @@ import numpy as np
 from ...base.precision import is_low
 from ...errors import SpmdsimError
 from ...runtime.sim import dry_run_active
-from .tolerances import FP8_FLIP
+from .tolerances import FP8_FLIP, ROUNDING
 from .wholes import peaks
 
 
@@ -46,17 +46,19 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
 def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
                 zero: Any = None, masters: Optional[dict] = None, top: Optional[dict] = None,
                 slices: Optional[dict] = None, anchored: Optional[dict] = None,
-                flip: Optional[float] = None) -> np.ndarray:
+                flip: Optional[float] = None, rounding: Optional[float] = None) -> np.ndarray:
     """This rank's largest relative differences from the reference step (loss, gradients, updated
-    parameters, and under FP8 the gradients' `flip_ratio`) over `tensors` (parameter name -> DTensor, in the
-    optimizer's order); `zero` as `_grad_blocks`'; `masters`: name -> this rank's master copy (float32, of a
-    bfloat16 parameter), compared in the parameter's place. `top`: {"grads": ..., "updated": ...}, each name
+    parameters, under FP8 the gradients' `flip_ratio`, under a low-precision policy their `rounding_ratio`)
+    over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as `_grad_blocks`';
+    `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter), compared in the
+    parameter's place. `top`: {"grads": ..., "updated": ...}, each name
     -> the reference's largest magnitude (spmdsim.models.gpt.wholes.peaks; computed here when not given);
     `slices`: name -> this rank's region (the tensor's own when not given). `anchored`: name -> this rank's
     block as the reference's AdamW updates it from the run's own start and gradient (`anchored_updates`),
     compared in place of `updated`'s region (the run's update of its own inputs, which no gradient's rounding
-    can flip). `flip`: under FP8 the gradients' tolerance (the fourth entry NaN without it). The trainers
-    take the maximum over the mesh."""
+    can flip). `flip`: under FP8 the gradients' tolerance (the fourth entry NaN without it); `rounding`: under a
+    low-precision policy the same (the fifth entry NaN without it; `top` then has "rounding"). The trainers take
+    the maximum over the mesh."""
     masters = masters or {}
     top = top or {"grads": peaks(grads), "updated": peaks(updated)}
     slices = slices or {name: t.slices for name, t in tensors.items()}
@@ -71,16 +73,42 @@ def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tenso
         params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),
                                     (slice(None),) * master.ndim, top["updated"][name]))
     blocks = list(_grad_blocks(tensors, grads, zero, top["grads"], slices))
-    grad = max((float(np.max(d, initial=0.0)) / scale for d, _, scale in blocks), default=0.0)
+    grad = max((float(np.max(d, initial=0.0)) / scale for d, _, scale, _ in blocks), default=0.0)
     return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), grad, params,
-                     float("nan") if flip is None else flip_ratio(blocks, flip)])
+                     float("nan") if flip is None else flip_ratio(blocks, flip),
+                     float("nan") if rounding is None else rounding_ratio(blocks, top, rounding)])
+
+
+#: resolved_errors' entries of a step not checked (a dry run, or the check turned off).
+UNCHECKED = (float("nan"),) * 3 + (None, None)
 
 
 def resolved_errors(worst: Any) -> tuple:
-    """step_errors' four entries, the worst over the mesh, as the trainers keep them: three floats and the
-    flip ratio, None without FP8 (a NaN is not equal to itself, and every rank's StepResult must be)."""
-    loss, grad, params, flip = (float(e) for e in worst)
-    return loss, grad, params, None if flip != flip else flip
+    """step_errors' five entries, the worst over the mesh, as the trainers keep them: three floats, the flip
+    ratio (None without FP8) and the rounding ratio (None at float64): a NaN is not equal to itself, and every
+    rank's StepResult must be."""
+    loss, grad, params, flip, rounding = (float(e) for e in worst)
+    return loss, grad, params, None if flip != flip else flip, None if rounding != rounding else rounding
+
+
+def rounding_ratio(blocks: list, top: dict, tolerance: float) -> float:
+    """The gradients' largest difference relative to what their own rounding allows each (<= 1: within):
+    ROUNDING times the distance of the tensor's reference gradient from the same step one precision wider
+    (`top["rounding"]`, spmdsim.models.gpt.reference_step._wider_grads), or the gradients' `tolerance` of the
+    tensor's own largest entry when larger.
+
+    The gradients' tolerance is of the larger of the tensor's largest entry and the model's largest
+    gradient (`_grad_blocks`), which a wrong gradient much smaller than the model's largest passes. Here
+    each is measured against its own: where its sums cancel (the queries' and keys' weights, through
+    softmax's backward) the reference's own rounding moves it far more than 2u of its largest entry, and
+    the run, rounding the same values in another order, moves as far; where nothing cancels both are small
+    (docs/explanation/tolerances.md, "Low precision")."""
+    worst = 0.0
+    for d, _, _, name in blocks:
+        allowed = max(ROUNDING * top["rounding"][name], tolerance * top["grads"][name])
+        largest = float(np.max(d, initial=0.0))
+        worst = max(worst, largest / allowed if allowed else (0.0 if largest == 0.0 else float("inf")))
+    return worst
 
 
 def flip_ratio(blocks: list, tolerance: float) -> float:
@@ -93,7 +121,7 @@ def flip_ratio(blocks: list, tolerance: float) -> float:
     most of the row) the sum moves by up to 2^-2 of itself: more than the tolerance's expected-value
     argument allows (docs/explanation/tolerances.md, "FP8")."""
     worst = 0.0
-    for d, reference, scale in blocks:
+    for d, reference, scale, _ in blocks:
         allowed = tolerance * scale + FP8_FLIP * np.abs(reference)
         worst = max(worst, float(np.max(d / allowed, initial=0.0)))
     return worst
@@ -101,28 +129,29 @@ def flip_ratio(blocks: list, tolerance: float) -> float:
 
 def _grad_blocks(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = None,
                  slices: Optional[dict] = None) -> Iterator[tuple]:
-    """(|difference|, the reference's values, scale) of each of this rank's gradient blocks from the
-    reference's, the scale the larger of its tensor's largest entry and the model's largest gradient entry.
+    """(|difference|, the reference's values, scale, the parameter's name) of each of this rank's gradient
+    blocks from the reference's, the scale the larger of its tensor's largest entry and the model's largest
+    gradient entry.
 
     Not the tensor's own alone: under bf16 a gradient whose sums cancel (the queries' and keys' weights,
     through softmax's backward) differs from its reference by up to 10% of its own largest entry in a
     correct run (a flip is 2u of the terms, not of what they sum to), so a gradient much smaller than the
-    model's largest is checked loosely there; at fp64 every gradient's difference is within 1e-10 of the
-    model's largest entry (docs/explanation/tolerances.md, "Low precision"). With ZeRO-1 (`zero`, the
-    DistributedAdamW over `tensors`' values): the summed gradient slice this rank updated. `top` and
-    `slices` as step_errors'."""
+    model's largest is checked loosely here (and closely by `rounding_ratio`); at fp64 every gradient's
+    difference is within 1e-10 of the model's largest entry (docs/explanation/tolerances.md, "Low
+    precision"). With ZeRO-1 (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice
+    this rank updated. `top` and `slices` as step_errors'."""
     top = top or peaks(grads)
     slices = slices or {name: t.slices for name, t in tensors.items()}
     floor = max(top[name] for name in grads)
     if zero is None:
         for name, t in tensors.items():
             reference = grads[name][slices[name]]
-            yield np.abs(t.grad.local - reference), reference, max(top[name], floor) or 1.0
+            yield np.abs(t.grad.local - reference), reference, max(top[name], floor) or 1.0, name
         return
     names = list(tensors)
     for i, a, z, values in zero.grad_slices():
         mine = grads[names[i]][slices[names[i]]].reshape(-1)[a:z]
-        yield np.abs(values - mine), mine, max(top[names[i]], floor) or 1.0
+        yield np.abs(values - mine), mine, max(top[names[i]], floor) or 1.0, names[i]
 
 
 #: The floating-point warnings a training step keeps to itself: an overflow turns into a non-finite loss or

@@ -14,6 +14,9 @@ from .config import GPTConfig
 FP8_FLIP = 2.0 ** -2
 #: The steps in which a correct FP8 run may show a flip beyond the gradients' tolerance: one in this many.
 FLIP_STEPS = 100
+#: How far a low-precision run's gradient may be from the reference's, in units of the reference's own
+#: distance from the same step one precision wider (spmdsim.models.gpt.step_check.rounding_ratio).
+ROUNDING = 4.0
 
 
 def longest_sum(cfg: GPTConfig) -> int:
@@ -61,6 +64,12 @@ def flip_tolerance(policy: Precision, cfg: GPTConfig) -> Optional[float]:
     """Under an FP8 policy the gradients' tolerance, which the check's flip ratio adds one e5m2 step to
     (spmdsim.models.gpt.step_check.flip_ratio); None without FP8 (no flip is measured)."""
     return tolerances(policy, cfg)[1] if policy.fp8 is not None else None
+
+
+def rounding_tolerance(policy: Precision, cfg: GPTConfig) -> Optional[float]:
+    """Under a low-precision policy the gradients' tolerance, which the check's rounding ratio also allows of
+    each gradient's own largest entry (spmdsim.models.gpt.step_check.rounding_ratio); None at float64."""
+    return None if policy.activation == "float64" else tolerances(policy, cfg)[1]
 
 
 def failed_steps(results: list) -> tuple[int, int]:

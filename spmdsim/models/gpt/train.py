@@ -49,7 +49,7 @@ from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
-from .tolerances import flip_tolerance, tolerances as mixed_tolerances
+from .tolerances import flip_tolerance, rounding_tolerance, tolerances as mixed_tolerances
 from .fp8_block import fp8_problem
 from .params import param_specs
 from .wholes import Regions, assemble, regions
@@ -68,7 +68,7 @@ from .mesh import model_mesh
 from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
-from .step_check import QUIET, _norm, _summed_grads, resolved_errors, step_errors, stop_if_diverged
+from .step_check import QUIET, UNCHECKED, _norm, _summed_grads, resolved_errors, step_errors, stop_if_diverged
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _routes, _zero_moments
 from .step_run import _StepRun, _optimizer
@@ -100,17 +100,25 @@ class StepResult:
     # under FP8: the gradients' largest difference relative to their tolerance plus one e5m2 step of each
     # element (spmdsim.models.gpt.step_check.flip_ratio: <= 1 within); None otherwise
     flip: Optional[float] = None
+    # under a low-precision policy: each gradient's largest difference relative to what its own rounding allows
+    # (spmdsim.models.gpt.step_check.rounding_ratio: <= 1 within); None at float64
+    rounding: Optional[float] = None
 
     @property
     def passed(self) -> bool:
-        return all(e <= t for e, t in zip(self.errors, self.tolerances) if e == e)
+        return all(e <= t for e, t in zip(self.errors, self.tolerances) if e == e) and self.rounded
+
+    @property
+    def rounded(self) -> bool:
+        """Each gradient within what its own rounding allows (always at float64, where none is measured)."""
+        return self.rounding is None or self.rounding <= 1.0
 
     @property
     def flipped(self) -> bool:
         """Under FP8, not passed by its gradients alone, each within one e5m2 step of its value more: an FP8
         flip that dominates a sum (the run's verdict allows a few: spmdsim.models.gpt.tolerances.failed_steps)."""
         loss, _, params = (e <= t or e != e for e, t in zip(self.errors, self.tolerances))
-        return not self.passed and loss and params and self.flip is not None and self.flip <= 1.0
+        return not self.passed and loss and params and self.rounded and self.flip is not None and self.flip <= 1.0
 
 
 def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
@@ -249,13 +257,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         value = float(ops.resolved(loss).local)
         stop_if_diverged(step, value, tensors, cfg.lr)
         report = run.report(step, replay)
-        *errors, flip = (float("nan"),) * 3 + (None,) if checker is None else checker.errors(value, x, y, step)
+        *errors, flip, rounding = UNCHECKED if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()
         ledger = _expert_bytes(cfg, mesh.rank, mesh, model.params, model.moe_stats, optimizer, trace) \
             if cfg.moe is not None else None
         result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
-                            tolerances, _norm(optimizer if zero else None, run.norms), flip)
+                            tolerances, _norm(optimizer if zero else None, run.norms), flip, rounding)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -322,6 +330,7 @@ class _Checker:
         self.low = low = policy.activation != "float64"
         cfg, mesh = model.cfg, model.mesh
         self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
+        self.rounding = rounding_tolerance(policy, cfg)  # each gradient's own (step_check.rounding_ratio)
         # where every rank's blocks lie, and this rank's, asked once (not per step)
         self.where = regions(model.params, mesh.size)
         self.slices = {s.name: model.params[s.name].slices for s in specs}
@@ -367,7 +376,7 @@ class _Checker:
             masters = None
         mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
                            self.slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer),
-                           self.flip)
+                           self.flip, self.rounding)
         worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                         reduction="max", owned=True)
         return resolved_errors(worst)
