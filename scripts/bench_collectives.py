@@ -294,8 +294,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time spmdsim's prepared (persistent) collectives instead of the per-call ones")
     p.add_argument("--aa", action="store_true",
                    help="A/A control: time raw mpi4py against itself (ratios show the harness noise)")
-    p.add_argument("--launches", type=int_at_least(0), default=0,
-                   help="run the launch test this many times")
+    p.add_argument("--launches", type=int_at_least(1), default=0,
+                   help="run the launch test this many times (without it: the overhead table)")
     p.add_argument("-n", "--ranks", type=_even_ranks, default=None,
                    help="ranks for the launch test (even; default 8)")
     p.add_argument("--iterations", type=int_at_least(1), default=None,

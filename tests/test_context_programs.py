@@ -87,3 +87,15 @@ def test_the_command_draws_the_ring_within_100_columns_and_refuses_in_one_line()
     assert "(1.00x)" in out.stdout and "the naive split's: 80,200 to 1,840,200 (22.95x)" in out.stdout
     bad = _context("--cp", "3", "--seq", "100")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) <= 2 and "Traceback" not in bad.stderr
+
+
+def test_the_command_says_the_all_to_all_cannot_split_heads_cp_does_not_divide():
+    """6 heads over cp 4 (or 2 K/V heads over 4): no all-to-all byte counts, a line saying why, as a run
+    refuses it (check_heads); heads cp divides keep their counts."""
+    for heads, kv, why in (("6", "6", "6 heads"), ("32", "2", "2 K/V heads")):
+        out = _context("--cp", "4", "--seq", "4096", "--heads", heads, "--kv-heads", kv)
+        assert out.returncode == 0, out.stderr
+        assert f"  alltoall   cannot run: {why} do not divide over cp 4 (it splits the heads)" in out.stdout
+        assert "  ring  " in out.stdout and "  allgather  " in out.stdout
+    fine = _context("--cp", "4", "--seq", "4096", "--heads", "32", "--kv-heads", "8").stdout
+    assert "  alltoall       " in fine and "cannot run" not in fine

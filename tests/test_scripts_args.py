@@ -128,7 +128,7 @@ BAD = [  # (script, argv, text the error line must contain)
     ("bench_collectives", ["--sizes", "0"], "size '0'"),
     ("bench_collectives", ["--sizes", "4096", "-4"], "size '-4'"),
     ("bench_collectives", ["--repeats", "0"], "got '0'"),
-    ("bench_collectives", ["--launches", "-1"], "--launches: expected a whole number >= 0, got '-1'"),
+    ("bench_collectives", ["--launches", "0", "-n", "8"], "--launches: expected a whole number >= 1, got '0'"),
     ("bench_collectives", ["--iterations", "0"], "--iterations: expected a whole number >= 1, got '0'"),
     ("bench_collectives", ["--iterations", "-1"], "got '-1'"),
     ("bench_collectives", ["-n", "3"], "expected an even rank count >= 2, got '3'"),

@@ -381,3 +381,24 @@ def test_the_demo_training_row_checks_each_gradient_element_within_its_terms_rou
     for verdicts, old_cried_wolf in spmdsim.simulate(4, body):
         assert verdicts == [True, True, False]
         assert old_cried_wolf  # 0.9 of the bound is beyond what the row allowed before
+
+
+def test_a_bfloat16_shard_is_checked_at_bfloat16s_tolerance():
+    """A shard of ml_dtypes' bfloat16 (numpy kind "V", which no float test sees) against a float64 reference:
+    five unit roundoffs (rtol 2^-8 x 5, atol a tenth), so the cast alone passes and a 5% error fails; it was
+    checked at exact integers' (0, 0) and a correct cast failed."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from spmdsim.references.tolerances import default_tolerances
+
+    assert default_tolerances(ml_dtypes.bfloat16) == (5 * 2.0 ** -8, 5 * 2.0 ** -8 / 10)
+    assert default_tolerances(np.float64, ml_dtypes.bfloat16) == default_tolerances("bfloat16")
+    assert default_tolerances(ml_dtypes.float8_e5m2)[0] == 5 * 2.0 ** -3  # kind "f" in numpy: by its name
+
+    def run():
+        mesh = spmdsim.Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        ref = np.random.default_rng(0).standard_normal((4, 6))
+        cast, off = (spmdsim.DTensor.from_global(mesh, (ref * k).astype(ml_dtypes.bfloat16), mesh.layout("dp", None))
+                     for k in (1.0, 1.05))
+        return cast.check(ref).passed, off.check(ref).passed
+
+    assert spmdsim.simulate(2, run) == [(True, False)] * 2

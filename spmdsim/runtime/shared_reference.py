@@ -50,7 +50,7 @@ _ALIGN = 64  # bytes: where each array received by shared_once starts in its buf
 
 def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
                          batch: int = 0) -> list[np.ndarray]:
-    """``reference_grad.numeric_grads(fn, *arrays, h=h, batch=batch)``, each rank of `mesh` computing 1/p of it.
+    """``spmdsim.references.backward.numeric_grads(fn, *arrays, h=h, batch=batch)``, 1/p of it on each rank.
 
     A collective: every rank of `mesh` calls it with the same `fn`, `arrays`, `h` and `batch` (the same
     error on every rank when the arrays, `h` or `batch` differ). Returns the float64 gradients, the same

@@ -50,10 +50,11 @@ def _grid(cp: int, balanced: bool, width: int) -> list[str]:
 
 
 def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes: int = 0,
-           width: int = WIDTH, grad_bytes: int = 0) -> list[str]:
+           width: int = WIDTH, grad_bytes: int = 0, heads: tuple = ()) -> list[str]:
     """The split, the ring's steps and each method's bytes for a context group of `cp` ranks over sequences
     of `seq` tokens (`kv_bytes`, `q_bytes`: one rank's K or V block and its Q block, for the byte lines;
-    `grad_bytes`: a K or V block's gradients as summed, default `kv_bytes`)."""
+    `grad_bytes`: a K or V block's gradients as summed, default `kv_bytes`; `heads`: (heads, K/V heads) of
+    one rank, whose all-to-all line says why it cannot run where cp does not divide them)."""
     check_split(cp, seq, balanced)
     parts = 2 * cp if balanced and cp > 1 else cp
     how = "balanced causal split" if balanced else "naive split"
@@ -69,6 +70,21 @@ def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes:
     if kv_bytes:
         lines.append("bytes one rank sends per attention (forward, backward):")
         for method in METHODS:
+            split = _unsplit(method, cp, heads)
+            if split:
+                lines.append(f"  {method:<10} cannot run: {split}")
+                continue
             forward, backward = traffic(method, cp, q_bytes or kv_bytes, kv_bytes, grad_bytes or None)
             lines.append(f"  {method:<10} {nbytes(forward):>16}  {nbytes(backward):>16}")
     return lines
+
+
+def _unsplit(method: str, cp: int, heads: tuple) -> str:
+    """Why `method` cannot split `heads` ((heads, K/V heads) of one rank) over `cp` ranks ("" when it can, or
+    when no heads are given): the all-to-all gives each rank whole sequences of cp times fewer heads."""
+    if method != "alltoall" or not heads:
+        return ""
+    for what, n in zip(("heads", "K/V heads"), heads):
+        if n % cp:
+            return f"{n} {what} do not divide over cp {cp} (it splits the heads)"
+    return ""

@@ -69,6 +69,7 @@ def _checked(args: argparse.Namespace) -> tuple[int, int, int]:
 
 def run(args: argparse.Namespace) -> int:
     q_bytes, kv_bytes, grad_bytes = _checked(args)
-    lines = render(args.cp, args.seq, args.split == "balanced", kv_bytes, q_bytes, args.width, grad_bytes)
+    heads = (args.heads, args.heads if args.kv_heads is None else args.kv_heads)
+    lines = render(args.cp, args.seq, args.split == "balanced", kv_bytes, q_bytes, args.width, grad_bytes, heads)
     print("\n".join(wrap_lines(lines, args.width)))
     return 0
