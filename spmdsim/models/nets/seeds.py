@@ -110,7 +110,7 @@ def _mindspore(name: str, title: str, world_size: int, dtype: str, seed: int, no
 
 def mindspore_tutorial(world_size: int = 8, dtype: str = "float32", seed: int = 0,
                        no_strategy: str = "data_parallel") -> Network:
-    """Seed 003's operator-parallel sample network on 32 images of 28*28."""
+    """MindSpore's operator-parallel tutorial network on 32 images of 28*28."""
     _require(needs_eight, world_size)
     m1 = matmul_layouts(((2, 4), (4, 1)), world_size)
     m2 = matmul_layouts(((1, 8), (8, 1)), world_size)
@@ -121,7 +121,7 @@ def mindspore_tutorial(world_size: int = 8, dtype: str = "float32", seed: int = 
 
 def mindspore_layout(world_size: int = 8, dtype: str = "float32", seed: int = 0,
                      no_strategy: str = "data_parallel") -> Network:
-    """Seed 003's advanced variant: matmul1 and matmul2 sharded with Layout tuples."""
+    """MindSpore's advanced variant: matmul1 and matmul2 sharded with Layout tuples."""
     _require(needs_eight, world_size)
     layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
     layout2 = Layout((8,), ("tp",))
@@ -136,7 +136,7 @@ def mindspore_layout(world_size: int = 8, dtype: str = "float32", seed: int = 0,
 
 
 def paddle_tp(world_size: int, dtype: str = "float32", seed: int = 0) -> Network:
-    """Seed 004's pattern over every rank: vocab-parallel Embedding -> column -> row Linear.
+    """Paddle's tensor-parallel pattern over every rank: vocab-parallel Embedding -> column -> row Linear.
 
     The column layer keeps its output split (gather_out=False), which is exactly
     the input split the row layer needs: only the embedding's and the row
@@ -161,7 +161,7 @@ def paddle_tp(world_size: int, dtype: str = "float32", seed: int = 0) -> Network
 
 def oneflow_2d_sbp(world_size: int, dtype: str = "float32", seed: int = 0,
                    weight_sbp: str = "B,B") -> Network:
-    """Seed 002's sample model on a 2 x n placement (the seed's is [[0, 1], [2, 3]], n = 2).
+    """OneFlow's 2D SBP sample model on a 2 x n placement (the sample's is [[0, 1], [2, 3]], n = 2).
 
     ``model.to_global(placement, sbp=(B, B))`` broadcasts every weight and bias;
     ``x.to_global(placement, sbp=(B, S(0)))`` makes each rank's (1, 2, 8) block

@@ -35,8 +35,8 @@ def register(subparsers: Any) -> None:
     add_case_arguments(parser)
     parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
     parser.add_argument("--name", default=None,
-                        help="the tensor's name in titles (default x, or the --operand; past half the --width, "
-                             "its head and ...)")
+                        help="the tensor's name in titles (default x, or the --operand's name); a name longer "
+                             "than half the --width is cut to its start and ...")
     parser.add_argument("--matmul", action="store_true",
                         help='with a MatMul --strategy such as "((1,2),(2,1))" and --shape M,K,N: draw '
                              "x, w and out side by side and each rank's partial sum with numbers")
