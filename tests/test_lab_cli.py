@@ -49,7 +49,7 @@ EXPECTED = {
                             "expected [2, 4], got [3, 6]"),
     "hanging.py": ("FAIL", 0, "ran past the time limit of 2 s at 1 rank (seed 0): an endless loop"),
     "crashing.py": ("FAIL", 0, "rank 0 raised IndexError at line 2: index 7 is out of bounds"),
-    "hungry.py": ("FAIL", 0, "rank 0 ran out of memory at line 3 (limit 128 MiB)"),
+    "hungry.py": ("FAIL", 0, "rank 0 ran out of memory at line 3 (limit 256 MiB)"),
     "exiting.py": ("FAIL", 0, "rank 0 called sys.exit(3) at line 3: return the result instead of exiting"),
     "os_exiting.py": ("FAIL", 0, "rank 0 called os._exit(4) at line 3"),
     "typo.py": ("FAIL", 0, "syntax error at line 1"),
@@ -97,7 +97,7 @@ def test_grade_gives_each_submission_of_a_mixed_folder_its_row(tiny, tmp_path, c
         (folder / name).write_text(source)
     book = tmp_path / "grades.csv"
     assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny, "--time-limit", "2",
-                 "--memory-mb", "128"]) == 0
+                 "--memory-mb", "256"]) == 0
     rows = list(csv.DictReader(book.open()))
     assert sorted(row["file"] for row in rows) == sorted(SUBMISSIONS)
     for row in rows:
@@ -159,3 +159,58 @@ def test_check_under_mpiexec_passes_one_rank_and_names_the_deadlock_at_two(tmp_p
     assert "   1 rank : pass (2 cases)" in out
     assert "2 ranks: FAIL ran past the time limit of 5 s at 2 ranks under mpiexec: a deadlock" in out
     assert "FAIL: passes at 1 rank; fails at 2 ranks (2 of 4 cases" in out
+
+
+#: Submissions a teacher's folder holds besides programs: file -> (its bytes, the words of its reason).
+ODD = {
+    "empty.py": (b"", "empty.py is empty"),
+    "binary.py": (b"\x00\x01PK\x03", "binary.py is not a Python source file (it holds null bytes)"),
+    "asks.py": (b"def double(comm, x):\n    return input()\n", "rank 0 read standard input at line 2, which a "
+                "check does not give: take the function's arguments instead"),
+    "close.py": (b"def double(comm, x):\n    return 2 * x * (1 + 1e-7)\n",
+                 "expected [2, 4], got [2, 4] (they differ past the digits shown: by up to 4e-07"),
+}
+
+
+def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fail(tiny, tmp_path, capsys):
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    for name, (data, _) in ODD.items():
+        (folder / name).write_bytes(data)
+    (folder / "._right.py").write_bytes(b"\x00\x05\x16\x07")  # a zip's macOS companion file: hidden
+    (folder / "notes.txt").write_text("not code")
+    book = tmp_path / "grades.csv"
+    assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
+    err = capsys.readouterr().err
+    assert "not graded (not a .py file, or hidden): ._right.py, notes.txt" in err
+    assert "grading 4 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
+    assert err.count(" of 4: ") == 4 and "0 of 4 submissions pass (" in err
+    for row in csv.DictReader(book.open()):
+        assert ODD[row["file"]][1] in row["reason"], row
+
+
+def test_a_limit_the_grader_cannot_run_with_is_refused_before_any_submission(tiny, tmp_path, capsys):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "right.py").write_text(SUBMISSIONS["right.py"])
+    for extra, words in ((["--time-limit", "inf"], "--time-limit inf must be a number of seconds above 0"),
+                         (["--time-limit", "1e300"], "and at most 86,400"),
+                         (["--memory-mb", "143"], "--memory-mb 143 is too little for 2 ranks: expected at least 160"),
+                         (["--csv", str(tmp_path / "nowhere" / "g.csv")], "cannot be written")):
+        argv = ["lab", "grade", "1", str(tmp_path / "s"), "--exercises", tiny]
+        book = [] if extra[0] == "--csv" else ["--csv", str(tmp_path / "g.csv")]
+        assert main(argv + book + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert words in " ".join(err.split()) and "grading" not in err, err
+    assert main(["lab", "check", "1", str(tmp_path / "s" / "right.py"), "--exercises", tiny, "--mpiexec",
+                 "--memory-mb", "512"]) == 2
+    assert "--memory-mb limits simulated ranks only" in capsys.readouterr().err
+
+
+def test_check_shows_what_a_submission_printed(tiny, tmp_path, capsys):
+    path = tmp_path / "chatty.py"
+    path.write_text("def double(comm, x):\n    print('rank', comm.Get_rank(), 'has', x[0])\n    return 2 * x\n")
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-4] == "its ranks printed 45 B over the cases run; the first lines:"
+    assert out[-3:] == ["  | rank 0 has 0.0", "  | rank 0 has 0.0", "  | rank 1 has 1.0"] or \
+        sorted(out[-3:]) == ["  | rank 0 has 0.0", "  | rank 0 has 0.0", "  | rank 1 has 1.0"], out

@@ -91,11 +91,25 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _limits(args: argparse.Namespace) -> dict:
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise LabError(f"--time-limit {args.time_limit!r} must be a positive number of seconds")
-    if args.memory_mb is not None and args.memory_mb < 64:
-        raise LabError(f"--memory-mb {args.memory_mb!r} must be at least 64")
+#: The longest --time-limit taken: a day (the child's CPU limit is a whole number of seconds).
+MOST_SECONDS = 86_400
+
+
+def memory_floor(ranks: int) -> int:
+    """The least --memory-mb a check at `ranks` simulated ranks runs with: the check's own ranks map part of
+    it (at 8 ranks 128 MiB failed every case with a ThreadLimitError, 160 passed); 128 + 16 per rank."""
+    return 128 + 16 * ranks
+
+
+def _limits(args: argparse.Namespace, ranks: int) -> dict:
+    """The time and memory limits given, each refused in one line where the grader cannot run with it (it
+    would fail every submission alike): `ranks`, the most the check runs on."""
+    if args.time_limit is not None and not 0 < args.time_limit <= MOST_SECONDS:
+        raise LabError(f"--time-limit {args.time_limit!r} must be a number of seconds above 0 and at most "
+                       f"{MOST_SECONDS:,}")
+    if args.memory_mb is not None and args.memory_mb < memory_floor(ranks):
+        raise LabError(f"--memory-mb {args.memory_mb!r} is too little for {ranks} ranks: expected at least "
+                       f"{memory_floor(ranks)} (the check's own ranks take part of it)")
     return {"time_limit": args.time_limit, "memory_mb": args.memory_mb}
 
 
@@ -112,7 +126,10 @@ def _check(args: argparse.Namespace) -> int:
     if bad:
         raise LabError(f"--ranks {bad[0]!r}: exercise {exercise.number} runs on "
                        f"{', '.join(map(str, exercise.ranks))} ranks")
-    limits = _limits(args)
+    limits = _limits(args, max(ranks))
+    if args.mpiexec and args.memory_mb is not None:
+        raise LabError("--memory-mb limits simulated ranks only; under --mpiexec no memory limit is set "
+                       "(leave it out, or check without --mpiexec)")
     if args.mpiexec:
         verdict = check_mpiexec(exercise, args.file, ranks, limits["time_limit"])
     else:
@@ -125,22 +142,29 @@ def _check(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     import concurrent.futures  # (a thread pool and the CSV writer: `spmdsim --help` loads neither)
     import csv
+    import time
 
     from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
     from .sandbox import check
 
     exercise = find_exercise(args.number, args.exercises)
-    if not os.path.isdir(args.dir):
-        raise LabError(f"submission folder {args.dir!r} does not exist")
     if args.jobs < 1:
         raise LabError(f"--jobs {args.jobs!r} must be at least 1")
-    files = sorted(os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".py"))
-    if not files:
-        raise LabError(f"submission folder {args.dir!r} holds no .py file")
-    limits = _limits(args)
+    files = _submissions(args.dir)
+    _writable(args.csv)
+    limits = _limits(args, max(exercise.ranks))
     _mpi_module_loads()
+    limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
+    print(f"grading {len(files)} submissions of exercise {exercise.number}, {args.jobs} at a time, each stopped "
+          f"{limit:g} s after its first case starts", file=sys.stderr)
+    began, done = time.monotonic(), {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        verdicts = list(pool.map(lambda path: check(exercise, path, **limits), files))
+        pending = {pool.submit(check, exercise, path, **limits): path for path in files}
+        for future in concurrent.futures.as_completed(pending):
+            verdict = done[pending[future]] = future.result()
+            row = csv_row(verdict)
+            print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
+    verdicts = [done[path] for path in files]
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
@@ -152,8 +176,36 @@ def _grade(args: argparse.Namespace) -> int:
         line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     passed = sum(csv_row(v)[1] == "PASS" for v in verdicts)
-    print(f"{passed} of {len(verdicts)} submissions pass; grade book: {args.csv}", file=sys.stderr)
+    print(f"{passed} of {len(verdicts)} submissions pass ({time.monotonic() - began:.0f} s); grade book: "
+          f"{args.csv}", file=sys.stderr)
     return 0
+
+
+def _submissions(folder: str) -> list:
+    """The submissions of `folder` (its .py files, sorted; hidden ones, such as the ._name.py files a zip
+    made on macOS carries, left out), each file it leaves out named on stderr; refused in one line when
+    there is none."""
+    if not os.path.isdir(folder):
+        raise LabError(f"submission folder {folder!r} does not exist")
+    names = sorted(os.listdir(folder))
+    files = [os.path.join(folder, f) for f in names if f.endswith(".py") and not f.startswith(".")]
+    skipped = [f for f in names if not (f.endswith(".py") and not f.startswith("."))]
+    if skipped:
+        shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
+        print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)
+    if not files:
+        raise LabError(f"submission folder {folder!r} holds no .py file")
+    return files
+
+
+def _writable(path: str) -> None:
+    """Refuse, before any submission runs, a grade book that cannot be written."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise LabError(f"--csv {path!r} is a folder; expected a file to write the grade book to")
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK) or \
+            os.path.exists(path) and not os.access(path, os.W_OK):
+        raise LabError(f"--csv {path!r} cannot be written (its folder does not exist or is not writable)")
 
 
 def _mpi_module_loads() -> None:

@@ -67,8 +67,19 @@ def _array_difference(got: np.ndarray, want: np.ndarray, rtol: float, atol: floa
     cut = first[:-1] + (slice(first[-1], stop),)
     where = _slice(first, stop)
     count = int(bad.sum())
-    return (f"result{where} differs ({count} of {bad.size} values wrong): expected {show(want[cut])}, "
-            f"got {show(got[cut])}")
+    expected, shown = show(want[cut]), show(got[cut])
+    return (f"result{where} differs ({count} of {bad.size} values wrong): expected {expected}, got {shown}"
+            + (_unseen(got, want, bad, rtol, atol) if expected == shown else ""))
+
+
+def _unseen(got: np.ndarray, want: np.ndarray, bad: np.ndarray, rtol: float, atol: float) -> str:
+    """What the shown digits hide where they agree: the largest difference of a wrong value against what
+    was allowed there, and the dtype returned where it is not the expected one."""
+    diff = np.abs(got[bad].astype(np.float64) - want[bad].astype(np.float64))
+    worst = int(np.argmax(diff))
+    allowed = atol + rtol * abs(float(want[bad][worst]))
+    dtype = f"; returned dtype {got.dtype}, expected {want.dtype}" if got.dtype != want.dtype else ""
+    return f" (they differ past the digits shown: by up to {diff[worst]:.3g}, {allowed:.3g} allowed{dtype})"
 
 
 def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:

@@ -9,6 +9,7 @@ import builtins
 import contextlib
 import copy
 import dataclasses
+import errno
 import os
 import re
 import traceback
@@ -107,12 +108,22 @@ def _ranks(n: int) -> str:
     return f"{n} rank{'s' if n != 1 else ''}"
 
 
+#: The most bytes a submission may write to its files and its output together (spmdsim.tools.lab.child's limit).
+FILE_BYTES = 64 << 20
+
+
 def compile_submission(path: str) -> Any:
+    """The submission's code; LabError naming it where it cannot be read, is empty or is not Python text."""
+    name = os.path.basename(path)
     try:
         with open(path, "rb") as f:
             source = f.read()
     except OSError as exc:
-        raise LabError(f"submission {path!r} cannot be read: {exc.strerror or exc}") from None
+        raise LabError(f"{name} cannot be read: {exc.strerror or exc}") from None
+    if not source.strip():
+        raise LabError(f"{name} is empty")
+    if b"\0" in source:
+        raise LabError(f"{name} is not a Python source file (it holds null bytes)")
     return compile(source, os.path.abspath(path), "exec")
 
 
@@ -147,6 +158,12 @@ def describe_failure(exc: BaseException, path: str, n: int) -> tuple:
         return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
     if isinstance(exc, MemoryError):
         return "memory", f"{who} ran out of memory{at}", ""
+    if isinstance(exc, EOFError):
+        return "error", f"{who} read standard input{at}, which a check does not give: take the function's " \
+                        "arguments instead", ""
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return "error", f"{who} wrote past the {FILE_BYTES >> 20} MiB a submission may write{at} (its " \
+                        "printed output and files together): print less", ""
     if isinstance(exc, SyntaxError) and line:
         return "error", f"syntax error at line {line}: {exc.msg}", ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -198,7 +215,10 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
     try:
         code = compile_submission(path)
     except SyntaxError as exc:
-        return CaseResult(n, seed, label, status="error", reason=f"syntax error at line {exc.lineno}: {exc.msg}")
+        where = f" at line {exc.lineno}" if exc.lineno else ""
+        return CaseResult(n, seed, label, status="error", reason=f"syntax error{where}: {exc.msg}")
+    except LabError as exc:  # unreadable, empty, not text: the submission's verdict, not the grader's stop
+        return CaseResult(n, seed, label, status="error", reason=str(exc))
     notes = [Notes() for _ in range(n)]
     failure, results = None, None
     try:

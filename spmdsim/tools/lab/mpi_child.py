@@ -20,7 +20,7 @@ from typing import Sequence
 from ...runtime.mpi_library import load_mpi
 from ...runtime.engines import engine_of
 from .calls import Notes
-from .exercise import find_exercise
+from .exercise import LabError, find_exercise
 from .harness import PASS, call_submission, compile_submission, describe_failure, judge, make_case
 
 __all__ = ["main", "cases_on"]
@@ -37,10 +37,12 @@ def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
     path = os.path.abspath(path)
     try:
         code = compile_submission(path)
-    except SyntaxError as exc:
+    except (SyntaxError, LabError) as exc:  # (every rank alike: each reads the same file)
+        where = f" at line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        reason = f"syntax error{where}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
         if rank == 0:
             _write(out, {"event": "done", "ranks": n, "seed": exercise.seeds[0], "label": "", "status": "error",
-                         "reason": f"syntax error at line {exc.lineno}: {exc.msg}"})
+                         "reason": reason})
         return False
     for seed in exercise.seeds:
         case = make_case(exercise, seed, n)

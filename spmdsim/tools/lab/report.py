@@ -77,7 +77,17 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
     word = verdict_word(verdict)
     lines.append(f"{word}: {_summary(verdict)} ({verdict.passed} of {verdict.cases} cases, "
                  f"{verdict.seconds:.1f} s)")
+    lines += _output(verdict)
     return [fold_message(line) for line in "\n".join(lines).split("\n")]
+
+
+def _output(verdict: Verdict) -> list:
+    """What the submission's ranks printed, all cases together: its size and first lines (none: nothing)."""
+    if not verdict.printed:
+        return []
+    shown = [line if len(line) <= 92 else line[:89] + "..." for line in verdict.output.splitlines()]
+    return [f"its ranks printed {verdict.printed:,} B over the cases run; the first lines:"] + \
+        [f"  | {line}" for line in shown]
 
 
 def _detail(result: CaseResult) -> list:
@@ -93,6 +103,8 @@ def csv_row(verdict: Verdict) -> tuple:
     """One grade-book row: file, verdict, passed cases, cases, the first failure's one-line reason, seconds."""
     failure = verdict.failure
     reason = "" if failure is None else failure.reason.replace("\n", " ")
+    if failure is not None and failure.status == "wrong" and failure.detail:  # the exercise's explanation
+        reason += ": " + " ".join(failure.detail.split())
     if verdict.status == "not-implemented":
         reason = "not yet implemented"
     return (os.path.basename(verdict.file), verdict_word(verdict), verdict.passed, verdict.cases, reason,

@@ -27,6 +27,10 @@ __all__ = ["Verdict", "check", "check_mpiexec"]
 STARTUP_SECONDS = 60.0
 #: Seconds between two looks at the child.
 _POLL = 0.02
+#: Printed bytes past which a timeout is said to be the printing's.
+LOUD = 1 << 20
+#: The lines of a submission's printed output a verdict keeps.
+OUTPUT_LINES = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,8 @@ class Verdict:
     results: tuple
     ended: Optional[CaseResult] = None
     seconds: float = 0.0
+    printed: int = 0  # the bytes its ranks printed, all cases together
+    output: str = ""  # its first lines of them (OUTPUT_LINES)
 
     @property
     def all_results(self) -> tuple:
@@ -75,11 +81,16 @@ def _events(path: str) -> list:
     return events
 
 
-def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str) -> CaseResult:
-    """The result of the case the child was running when it was killed or died (`running`: its start event)."""
+def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str,
+           printed: int = 0) -> CaseResult:
+    """The result of the case the child was running when it was killed or died (`running`: its start event;
+    `printed`: the bytes the submission printed, which a time limit may have run out on)."""
     n, seed = running.get("ranks", 0), running.get("seed", 0)
     where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
-    if timed_out:
+    if timed_out and printed >= LOUD:
+        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where} while printing "
+                                     f"{printed / 1e6:.1f} MB: print less (each line takes tens of us here)")
+    elif timed_out:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: an endless loop, or a rank "
                                      "waiting for a message no rank sends")
     elif code in (-signal.SIGXCPU, -signal.SIGKILL):
@@ -133,31 +144,40 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
     folder = os.path.dirname(os.path.abspath(exercise.path))
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="spmdsim-lab-") as tmp:
-        out, err = os.path.join(tmp, "cases.jsonl"), os.path.join(tmp, "stderr")
+        out, err, said = (os.path.join(tmp, name) for name in ("cases.jsonl", "stderr", "stdout"))
         command = [sys.executable, "-m", "spmdsim.tools.lab.child", folder, str(exercise.number),
                    os.path.abspath(path), out, "--ranks", *map(str, ranks), "--memory-mb", str(memory),
                    "--cpu-seconds", str(limit)]
         # one BLAS thread and two malloc arenas: the ranks' threads must not reserve the memory limit away
         env = dict(os.environ, MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        with open(err, "wb") as errors:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+        with open(err, "wb") as errors, open(said, "wb") as printing:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=printing, stderr=errors,
                                     cwd=tmp, env=env, start_new_session=True)
             timed_out = _wait(proc, out, limit)
             _kill(proc)  # what the submission started and left running (a `sleep 100` it spawned) ends too
         events = _events(out)
         with open(err, errors="replace") as f:
             stderr = f.read()[-4000:]
+        printed, output = _printed(said)
     results = tuple(CaseResult(**{k: v for k, v in e.items() if k != "event"}) for e in events
                     if e["event"] == "done")
     starts = [e for e in events if e["event"] == "start"]
     running = starts[-1] if len(starts) > len(results) else {}
     ended = None
     if timed_out or proc.returncode or running or (not results and not timed_out):
-        ended = _ended(proc.returncode, limit, memory, running, timed_out, stderr)
+        ended = _ended(proc.returncode, limit, memory, running, timed_out, stderr, printed)
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
-                   seconds=time.monotonic() - began)
+                   seconds=time.monotonic() - began, printed=printed, output=output)
+
+
+def _printed(path: str) -> tuple:
+    """(bytes, the first OUTPUT_LINES lines) of what the submission printed, read from `path`."""
+    size = os.path.getsize(path)
+    with open(path, errors="replace") as f:
+        head = [f.readline() for _ in range(OUTPUT_LINES)]
+    return size, "".join(head)
 
 
 def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> list:
