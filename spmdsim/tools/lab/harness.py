@@ -264,6 +264,11 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
         return CaseResult(**result, status="forbidden", reason=extra + (f": {exercise.hint}" if exercise.hint else ""),
                           sent=sent)
     optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes and rules else None
+    if optimum and not sent:  # right values that no message carried: the ranks' threads shared memory
+        return CaseResult(**result, status="bytes", sent=0, optimum=optimum,
+                          reason=f"no rank sent a byte at {_ranks(n)} ({label}), yet the algorithm needs "
+                                 f"{optimum:,} B from its busiest rank: the values went through memory the "
+                                 "simulated ranks share (threads of one process), which MPI ranks do not")
     if optimum is not None and sent > optimum:
         busiest = max(range(n), key=lambda r: notes[r].sent)
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
