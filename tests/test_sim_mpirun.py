@@ -411,3 +411,28 @@ def test_ranks_missing_or_after_the_program_is_one_line(argv, said, capsys):
     assert main(["mpirun", *argv]) == 2
     out = capsys.readouterr()
     assert out.out == "" and unfold(out.err) == f"spmdsim mpirun: error: {said}\n"
+
+
+def test_ranks_failing_otherwise_are_named_and_a_chdir_moves_no_later_ranks_script(tmp_path, capsys, monkeypatch):
+    """The lowest failing rank's traceback, then a line for each rank that failed otherwise (rank 2's
+    ValueError came first and was not said); a script given relative to a folder rank 0 left by os.chdir still
+    starts on the later ranks (each opened it as it started: FileNotFoundError from spmdsim's frames)."""
+    prog = tmp_path / "two.py"
+    prog.write_text("import time\nfrom mpi4py import MPI\nrank = MPI.COMM_WORLD.Get_rank()\n"
+                    "if rank == 1:\n    time.sleep(0.2)\n    {}['b']\nif rank == 2:\n    int('x')\n"
+                    "MPI.COMM_WORLD.Barrier()\n")
+    assert main(["mpirun", "-n", "4", "python", str(prog)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("spmdsim mpirun: error on simulated rank 1: KeyError: 'b'\n")
+    assert err.endswith("spmdsim mpirun: also failed: rank 2: ValueError: invalid literal for int() with base 10: "
+                        "'x'\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "moves.py").write_text("import os\nfrom mpi4py import MPI\n"
+                                                "if MPI.COMM_WORLD.Get_rank() == 0:\n    os.chdir(os.sep)\n"
+                                                "print(os.path.basename(__file__))\n")
+    monkeypatch.chdir(tmp_path / "sub")
+    try:
+        assert main(["mpirun", "-n", "4", "python", "moves.py"]) == 0
+    finally:
+        os.chdir(tmp_path)
+    assert capsys.readouterr().out.splitlines() == ["moves.py"] * 4

@@ -322,6 +322,8 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     refused = _cannot_start()
     if refused:
         return refused
+    if kind in ("path", "main"):  # once, here: a rank's os.chdir before a later rank starts moved a relative one
+        what = os.path.abspath(what)
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
     # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.

@@ -76,7 +76,25 @@ def _report(exc: BaseException, exits: dict) -> int:
     print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
     if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
         print(fold_message(REAL_COMM_HINT), file=sys.stderr)
+    for line in _others(exc):
+        print(fold_message(line), file=sys.stderr)
     return 1
+
+
+def _others(exc: BaseException) -> list:
+    """A line for each rank that failed otherwise than the one reported (mpiexec prints every rank's
+    traceback; only the lowest failing rank's is shown here, whatever rank failed first)."""
+    failures = getattr(exc, "simulated_failures", ())
+    shown = (type(exc), str(exc))
+    other = [(r, kind, text) for r, kind, text in failures if (kind, text) != shown]
+    mpi = sys.modules.get("mpi4py.MPI")
+    named = {kind: "MPI.Exception" if mpi is not None and issubclass(kind, mpi.Exception) else kind.__name__
+             for _, kind, _ in other}
+    lines = [f"spmdsim mpirun: also failed: rank {r}: {named[kind]}: {text.splitlines()[0] if text else ''}"
+             for r, kind, text in other[:4]]
+    if len(other) > 4:
+        lines.append(f"spmdsim mpirun: and {len(other) - 4} more ranks failed otherwise")
+    return lines
 
 
 #: How mpi4py's C code refuses a simulated communicator where it takes a real one only (its own type check).
