@@ -436,3 +436,17 @@ def test_ranks_failing_otherwise_are_named_and_a_chdir_moves_no_later_ranks_scri
     finally:
         os.chdir(tmp_path)
     assert capsys.readouterr().out.splitlines() == ["moves.py"] * 4
+
+
+def test_a_datatype_not_committed_is_refused_at_the_programs_line(tmp_path, capsys):
+    """MPI refuses a message of a derived datatype never committed (MPI.ERR_TYPE); the report named the
+    packing call MPI_Pack_size_c on MPI_COMM_SELF, which the program never made, and showed spmdsim's frames."""
+    prog = tmp_path / "nocommit.py"
+    prog.write_text("import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                    "t = MPI.DOUBLE.Create_vector(2, 1, 2)\n"
+                    "if comm.rank == 0:\n    comm.Send([np.arange(4.0), 1, t], dest=1)\n"
+                    "else:\n    comm.Recv([np.zeros(4), 1, t], source=0)\n")
+    assert main(["mpirun", "-n", "2", "python", str(prog)]) == 1
+    err = capsys.readouterr().err
+    assert "the message's datatype has not been committed: call its .Commit()" in err
+    assert "Pack_size" not in err and "spmdsim/emulator" not in err, err

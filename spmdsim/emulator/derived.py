@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from ..errors import DTypeError, ShapeError
 from ..runtime.sim._buffers import _unpack, int_array, wparts, wvector
 from ..runtime.sim._datatypes import array_of
-from ..runtime.sim._mpi import in_place, mpi_module
+from ..runtime.sim._mpi import in_place, mpi_error, mpi_module
 from ..runtime.sim._reductions import Reduction
 from .._lazy import numpy_on_first_use
 from .real import real
@@ -70,6 +70,19 @@ def _self() -> Any:
     return real("COMM_SELF")
 
 
+def _pack_size(datatype: Any, count: int, comm: Any) -> int:
+    """`datatype`'s packed bytes for `count` items; a datatype not committed refused as MPI refuses it
+    (MPI.ERR_TYPE), in the program's words, not as the error stack of the packing call it never made."""
+    mpi = mpi_module()
+    try:
+        return datatype.Pack_size(count, comm)
+    except mpi.Exception as exc:
+        if exc.Get_error_class() != mpi.ERR_TYPE:
+            raise
+    raise mpi_error(mpi, mpi.ERR_TYPE, "the message's datatype has not been committed: call its .Commit() "
+                                       "before a message uses it (t = MPI.DOUBLE.Create_vector(...).Commit())")
+
+
 def packed(spec: Any) -> Any:
     """`spec`, or for a message of a derived datatype its packed bytes as ``[bytes, MPI.BYTE]``."""
     datatype = _derived(spec)
@@ -77,7 +90,7 @@ def packed(spec: Any) -> Any:
         return spec
     comm = _self()
     values = _bytes(spec, datatype, writable=False)
-    out = np.empty(datatype.Pack_size(values.size // datatype.extent, comm), np.uint8)
+    out = np.empty(_pack_size(datatype, values.size // datatype.extent, comm), np.uint8)
     end = datatype.Pack(values, out, 0, comm)
     return [out[:end], mpi_module().BYTE]
 
@@ -91,7 +104,7 @@ def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
     comm = _self()
     values = _bytes(spec, datatype, writable=True)
     whole = values.size // datatype.extent
-    space = np.empty(datatype.Pack_size(whole, comm), np.uint8)
+    space = np.empty(_pack_size(datatype, whole, comm), np.uint8)
 
     def unpack(nbytes: int) -> None:
         size, extent = datatype.size, datatype.extent
