@@ -450,3 +450,15 @@ def test_a_datatype_not_committed_is_refused_at_the_programs_line(tmp_path, caps
     err = capsys.readouterr().err
     assert "the message's datatype has not been committed: call its .Commit()" in err
     assert "Pack_size" not in err and "spmdsim/emulator" not in err, err
+
+
+def test_maxloc_of_plain_doubles_is_refused_at_the_programs_line(tmp_path, capsys):
+    """MPI.MAXLOC takes (value, index) pairs; on plain doubles MPI raises MPI.ERR_OP. The report showed the
+    thread engine's eight frames and MPI_Reduce_local_c on a datatype the program never made."""
+    prog = tmp_path / "maxloc.py"
+    prog.write_text("import numpy as np\nfrom mpi4py import MPI\n"
+                    "MPI.COMM_WORLD.Allreduce(np.ones(2), np.empty(2), op=MPI.MAXLOC)\n")
+    assert main(["mpirun", "-n", "2", "python", str(prog)]) == 1
+    err = capsys.readouterr().err
+    assert "MPI.MAXLOC is not defined on floating data: MPI defines it on (value, index) pair" in err
+    assert "Reduce_local" not in err and "spmdsim/runtime" not in err, err

@@ -53,8 +53,9 @@ def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
 #: sums and products of integers, floats and complex numbers; max and min of integers and floats; logical ops of
 #: integers and booleans (C_BOOL); bitwise ops of integers.
 _OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": "iub", "lor": "iub", "lxor": "iub",
-             "band": "iu", "bor": "iu", "bxor": "iu"}
-_KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer"}
+             "band": "iu", "bor": "iu", "bxor": "iu", "maxloc": "V", "minloc": "V"}
+_KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer",
+               "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
 
 
 def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
@@ -73,7 +74,7 @@ def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
                 continue
         else:
             continue
-        if kind in allowed or kind not in _KIND_NAMES:
+        if kind in allowed or kind not in _KIND_NAMES or kind == "V":
             return
         mpi = mpi_module()
         if mpi is None:
