@@ -462,3 +462,18 @@ def test_maxloc_of_plain_doubles_is_refused_at_the_programs_line(tmp_path, capsy
     err = capsys.readouterr().err
     assert "MPI.MAXLOC is not defined on floating data: MPI defines it on (value, index) pair" in err
     assert "Reduce_local" not in err and "spmdsim/runtime" not in err, err
+
+
+def test_a_rank_that_failed_before_ctrl_c_is_still_named(tmp_path):
+    """Rank 0 raises while the others compute outside MPI (its report would come when they next call it):
+    Ctrl-C then said only that the ranks were stopped, and the error was lost."""
+    prog = tmp_path / "busy.py"
+    prog.write_text("import time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                    "    raise RuntimeError('bad config on rank 0')\nt0 = time.time()\n"
+                    "while time.time() - t0 < 60:\n    pass\n")
+    run = subprocess.run(["timeout", "-s", "INT", "-k", "10", "4", sys.executable, "-m", "spmdsim", "mpirun", "-n",
+                          "3", "python", str(prog)], capture_output=True, text=True, timeout=60)
+    assert run.returncode in (124, 130), run
+    assert run.stderr.splitlines()[-2:] == [
+        "spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped",
+        "spmdsim mpirun: rank 0 had failed at busy.py:4: RuntimeError: bad config on rank 0"], run.stderr

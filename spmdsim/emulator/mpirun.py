@@ -43,7 +43,7 @@ from ..errors import fold_message, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.output import quiet_stdout
-from .mpirun_report import _NotRunnable, _report
+from .mpirun_report import _NotRunnable, _report, failed_before
 from .rank_streams import StdinOfRankZero
 
 __all__ = ["main", "add_arguments", "run"]
@@ -191,7 +191,7 @@ def _program(kind: str, what: str) -> int:
     return 0
 
 
-def _rank(kind: str, what: str, exits: dict) -> int:
+def _rank(kind: str, what: str, exits: dict, failures: list) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
     (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
@@ -200,6 +200,9 @@ def _rank(kind: str, what: str, exits: dict) -> int:
         code = _program(kind, what)
     except _OsExit as exc:  # os._exit(code): the rank ends at once (no finally of its own runs further up)
         code, call = exc.code, "os._exit"
+    except Exception as exc:  # noted for a Ctrl-C or SIGTERM that stops the others before the run reports it
+        failures.append((current_rank(), exc))
+        raise
     else:
         call = "sys.exit"
     if code:
@@ -336,18 +339,21 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
                     os.path.abspath(what) if kind == "main" else "" if kind == "code" else os.getcwd())
     exits: dict = {}
+    failures: list = []  # (rank, exception) as each rank's program raised it (`_rank`)
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
                 own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
-            codes = simulate(n, _rank, kind, what, exits, eager_limit=eager_limit)
+            codes = simulate(n, _rank, kind, what, exits, failures, eager_limit=eager_limit)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
+        failed_before(failures)
         return _stopped(143)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         quiet_stdout()
         return 141
     except KeyboardInterrupt:
         print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
+        failed_before(failures)
         return _stopped(130)
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
         return _report(exc, exits)

@@ -133,3 +133,20 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
     # as Python leaves importlib's frames out of an import's traceback, both are left out
     loader = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_modules.py")
     return [f for f in kept if not f.filename.startswith("<frozen importlib") and f.filename != loader]
+
+
+def failed_before(failures: list) -> None:
+    """A line for each rank whose program had raised when a signal stopped the run (the others, computing
+    outside MPI, had not met the failure yet: its report, made when they do, never came), with its line."""
+    import traceback  # (a failed run's report only)
+
+    for rank, exc in sorted(failures, key=lambda pair: pair[0])[:8]:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE)]
+        at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+        text = str(exc).splitlines()[0] if str(exc).strip() else ""
+        print(fold_message(f"spmdsim mpirun: rank {rank} had failed{at}: {type(exc).__name__}"
+                           + (f": {text}" if text else "")), file=sys.stderr)
+
+
+#: spmdsim's own folder: its frames are left out of where a rank failed.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
