@@ -214,3 +214,14 @@ def test_check_shows_what_a_submission_printed(tiny, tmp_path, capsys):
     assert out[-4] == "its ranks printed 45 B over the cases run; the first lines:"
     assert out[-3:] == ["  | rank 0 has 0.0", "  | rank 0 has 0.0", "  | rank 1 has 1.0"] or \
         sorted(out[-3:]) == ["  | rank 0 has 0.0", "  | rank 0 has 0.0", "  | rank 1 has 1.0"], out
+
+
+def test_a_thread_left_running_is_named_not_called_an_endless_loop(tiny, tmp_path, capsys):
+    """Every rank returned the right value, but a thread one started sleeps on, and a rank ends with its threads:
+    the time limit said 'an endless loop, or a rank waiting for a message no rank sends'."""
+    path = tmp_path / "threaded.py"
+    path.write_text("import threading, time\ndef double(comm, x):\n"
+                    "    threading.Thread(target=time.sleep, args=(600,)).start()\n    return 2 * x\n")
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "2"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every rank returned its result, but a thread a rank started still runs" in out, out

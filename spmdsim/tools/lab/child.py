@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 from typing import Sequence
 
@@ -64,12 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     args = parser.parse_args(argv)
     exercise = find_exercise(args.number, args.folder)
+    lock = threading.Lock()  # (the ranks' threads each write their line)
     with open(args.out, "a", buffering=1) as out:
         set_limits(args.memory_mb, args.cpu_seconds, max(args.ranks))
         for n in args.ranks:
             for seed in exercise.seeds:
                 out.write(json.dumps({"event": "start", "ranks": n, "seed": seed, "time": time.time()}) + "\n")
-                result = run_case(exercise, args.file, n, seed)
+
+                def returned(rank: int, n: int = n, seed: int = seed) -> None:  # a rank's function returned
+                    with lock:
+                        out.write(json.dumps({"event": "returned", "ranks": n, "seed": seed, "rank": rank}) + "\n")
+                result = run_case(exercise, args.file, n, seed, returned=returned)
                 if result.status == "memory":
                     result = dataclasses.replace(result, reason=f"{result.reason} (limit {args.memory_mb} MiB)")
                 out.write(json.dumps({"event": "done", **dataclasses.asdict(result)}) + "\n")

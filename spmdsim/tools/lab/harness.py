@@ -13,7 +13,7 @@ import errno
 import os
 import re
 import traceback
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
@@ -187,12 +187,17 @@ def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: t
         raise _Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
 
 
-def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list) -> Any:
-    """What each simulated rank runs: the submission called on its world and its own arguments."""
+def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list,
+              returned: Optional[Callable[[int], None]] = None) -> Any:
+    """What each simulated rank runs: the submission called on its world and its own arguments; `returned`
+    told the rank once its function returned (the rank itself ends when the threads it started end)."""
     rank = current_rank()
     # The emulator's world itself: `from mpi4py import MPI` gives the real module where this process
     # imported it before (the package's attribute is read before sys.modules), a one-rank MPI world.
-    return call_submission(exercise, code, path, world(), case["args"][rank], notes[rank])
+    value = call_submission(exercise, code, path, world(), case["args"][rank], notes[rank])
+    if returned is not None:
+        returned(rank)
+    return value
 
 
 def make_case(exercise: Exercise, seed: int, n: int) -> dict:
@@ -206,9 +211,10 @@ def make_case(exercise: Exercise, seed: int, n: int) -> dict:
     return case
 
 
-def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int = EAGER_LIMIT) -> CaseResult:
+def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int = EAGER_LIMIT,
+             returned: Optional[Callable[[int], None]] = None) -> CaseResult:
     """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it; a
-    standard Send of `eager_limit` bytes or more waits for its receive."""
+    standard Send of `eager_limit` bytes or more waits for its receive. `returned(rank)`: as `_per_rank`'s."""
     path = os.path.abspath(path)
     case = make_case(exercise, seed, n)
     label = str(case.get("label", f"seed {seed}"))
@@ -223,7 +229,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
     failure, results = None, None
     try:
         with swapped(), _os_exit_raises():
-            results = simulate(n, _per_rank, exercise, code, path, case, notes, eager_limit=eager_limit)
+            results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
         failure = describe_failure(exc, path, n)
     except KeyboardInterrupt as exc:  # raised by a rank's code (a real Ctrl-C, in no rank, stops the check)
