@@ -477,3 +477,18 @@ def test_a_rank_that_failed_before_ctrl_c_is_still_named(tmp_path):
     assert run.stderr.splitlines()[-2:] == [
         "spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped",
         "spmdsim mpirun: rank 0 had failed at busy.py:4: RuntimeError: bad config on rank 0"], run.stderr
+
+
+def test_a_failure_the_other_ranks_have_not_met_is_said_within_seconds(tmp_path):
+    """Rank 0 raises while the others compute outside MPI for 6 s: its failure is said after
+    FailureNotice.SOON (2 s), before their next MPI call ends the run and the report follows."""
+    prog = tmp_path / "busy.py"
+    prog.write_text("import time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                    "    raise RuntimeError('bad config on rank 0')\nt0 = time.time()\n"
+                    "while time.time() - t0 < 6:\n    pass\nMPI.COMM_WORLD.Barrier()\n")
+    run = subprocess.run(["timeout", "-k", "10", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python",
+                          str(prog)], capture_output=True, text=True, timeout=90)
+    assert run.returncode == 1, run
+    assert unfold(run.stderr).startswith("spmdsim mpirun: rank 0 failed at busy.py:4: RuntimeError: bad config on "
+                                         "rank 0; the other ranks stop at their next MPI call\nspmdsim mpirun: error "
+                                         "on simulated rank 0: RuntimeError: bad config on rank 0\n"), run.stderr

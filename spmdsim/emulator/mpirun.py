@@ -43,7 +43,7 @@ from ..errors import fold_message, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.output import quiet_stdout
-from .mpirun_report import _NotRunnable, _report, failed_before
+from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before
 from .rank_streams import StdinOfRankZero
 
 __all__ = ["main", "add_arguments", "run"]
@@ -191,7 +191,7 @@ def _program(kind: str, what: str) -> int:
     return 0
 
 
-def _rank(kind: str, what: str, exits: dict, failures: list) -> int:
+def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNotice) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
     (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
@@ -202,6 +202,8 @@ def _rank(kind: str, what: str, exits: dict, failures: list) -> int:
         code, call = exc.code, "os._exit"
     except Exception as exc:  # noted for a Ctrl-C or SIGTERM that stops the others before the run reports it
         failures.append((current_rank(), exc))
+        if not isinstance(exc, SpmdsimError) and getattr(exc, "abort_code", None) is None:  # the program's own
+            notice.failed()  # (a deadlock's, a mismatch's or an Abort's report comes at once anyway)
         raise
     else:
         call = "sys.exit"
@@ -340,10 +342,11 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
                     os.path.abspath(what) if kind == "main" else "" if kind == "code" else os.getcwd())
     exits: dict = {}
     failures: list = []  # (rank, exception) as each rank's program raised it (`_rank`)
+    notice = FailureNotice(failures)
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
                 own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
-            codes = simulate(n, _rank, kind, what, exits, failures, eager_limit=eager_limit)
+            codes = simulate(n, _rank, kind, what, exits, failures, notice, eager_limit=eager_limit)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         failed_before(failures)
@@ -358,6 +361,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
         return _report(exc, exits)
     finally:
+        notice.close()
         sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
         vars(rc).clear()
         vars(rc).update(saved_rc)

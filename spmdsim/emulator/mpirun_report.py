@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 
 from ..errors import fold_message, RuntimeMismatchError, SpmdsimError
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
@@ -138,15 +139,53 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
 def failed_before(failures: list) -> None:
     """A line for each rank whose program had raised when a signal stopped the run (the others, computing
     outside MPI, had not met the failure yet: its report, made when they do, never came), with its line."""
+    for rank, exc in sorted(failures, key=lambda pair: pair[0])[:8]:
+        text = _first_line(exc)
+        print(fold_message(f"spmdsim mpirun: rank {rank} had failed{_where(exc)}: {type(exc).__name__}"
+                           + (f": {text}" if text else "")), file=sys.stderr)
+
+
+def _where(exc: BaseException) -> str:
+    """" at prog.py:4": the program's innermost line in `exc`'s traceback (spmdsim's frames left out)."""
     import traceback  # (a failed run's report only)
 
-    for rank, exc in sorted(failures, key=lambda pair: pair[0])[:8]:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE)]
-        at = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-        text = str(exc).splitlines()[0] if str(exc).strip() else ""
-        print(fold_message(f"spmdsim mpirun: rank {rank} had failed{at}: {type(exc).__name__}"
-                           + (f": {text}" if text else "")), file=sys.stderr)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE)]
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc).strip() else ""
 
 
 #: spmdsim's own folder: its frames are left out of where a rank failed.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class FailureNotice:
+    """Says a rank's failure at once when the run does not end soon after it (`SOON` seconds): the other ranks
+    stop at their next MPI call, and one computing outside MPI for minutes kept the failure unsaid all that
+    while (mpiexec prints the failing process's traceback as it fails). A run that ends within SOON says
+    nothing more than its report."""
+
+    SOON = 2.0
+
+    def __init__(self, failures: list) -> None:
+        self.failures, self.timer, self.lock = failures, None, threading.Lock()
+
+    def failed(self) -> None:
+        """A rank's program raised (its exception is in `failures`): time the notice, once."""
+        with self.lock:
+            if self.timer is None:
+                self.timer = threading.Timer(self.SOON, self._say)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def _say(self) -> None:
+        rank, exc = self.failures[0]
+        print(fold_message(f"spmdsim mpirun: rank {rank} failed{_where(exc)}: {type(exc).__name__}: "
+                           f"{_first_line(exc)}; the other ranks stop at their next MPI call"), file=sys.__stderr__)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
