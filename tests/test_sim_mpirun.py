@@ -492,3 +492,18 @@ def test_a_failure_the_other_ranks_have_not_met_is_said_within_seconds(tmp_path)
     assert unfold(run.stderr).startswith("spmdsim mpirun: rank 0 failed at busy.py:4: RuntimeError: bad config on "
                                          "rank 0; the other ranks stop at their next MPI call\nspmdsim mpirun: error "
                                          "on simulated rank 0: RuntimeError: bad config on rank 0\n"), run.stderr
+
+
+def test_a_package_run_with_m_from_the_working_folder_is_each_ranks_own(tmp_path, capsys, monkeypatch):
+    """`python -m mypkg.main` with mypkg in the working folder: each MPI process imports mypkg.util itself; the
+    ranks shared one copy (every rank printed util.rank 1 and results [1, 0, 2, 3])."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "util.py").write_text("from mpi4py import MPI\nrank = MPI.COMM_WORLD.Get_rank()\n"
+                                                "results = []\n")
+    (tmp_path / "mypkg" / "main.py").write_text("from mpi4py import MPI\nfrom mypkg import util\n"
+                                                "util.results.append(MPI.COMM_WORLD.Get_rank())\n"
+                                                "MPI.COMM_WORLD.Barrier()\nprint(util.rank, util.results)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["mpirun", "-n", "4", "python", "-m", "mypkg.main"]) == 0
+    assert sorted(capsys.readouterr().out.splitlines()) == [f"{r} [{r}]" for r in range(4)]

@@ -344,7 +344,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     failures: list = []  # (rank, exception) as each rank's program raised it (`_rank`)
     notice = FailureNotice(failures)
     try:
-        with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
+        with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd()), \
                 own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
             codes = simulate(n, _rank, kind, what, exits, failures, notice, eager_limit=eager_limit)
     except _Terminated:

@@ -129,6 +129,20 @@ class _Finder:
         again); the other ranks' copies run at their own imports (`rank_builtins`)."""
         _copy(module)
 
+    def _real(self, fullname: str) -> Any:
+        standin = self.find_spec(fullname)
+        if standin is None:
+            raise ImportError(f"no module named {fullname!r} under {self._root}", name=fullname)
+        return standin.loader_state
+
+    def get_code(self, fullname: str) -> Any:
+        """The module's code, as runpy asks a loader for it (``spmdsim mpirun ... -m pkg.main``: the module
+        runs as the rank's __main__, and the package it imports is each rank's own)."""
+        return self._real(fullname).loader.get_code(fullname)
+
+    def is_package(self, fullname: str) -> bool:
+        return self._real(fullname).submodule_search_locations is not None
+
 
 @functools.cache
 def rank_builtins() -> dict:
@@ -184,7 +198,7 @@ def _find(fullname: str, path: Any) -> Optional[Any]:
 @contextlib.contextmanager
 def own_modules(root: str, active: bool = True) -> Iterator[None]:
     """Within this block, the modules under `root` imported from now on are each rank's own (see above);
-    without `active`, nothing changes (``spmdsim mpirun ... -m module`` runs its package as it is)."""
+    without `active`, nothing changes."""
     if not active:
         yield
         return
