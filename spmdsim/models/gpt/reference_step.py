@@ -11,11 +11,11 @@ from ...nn.optim import adamw_update
 from ...runtime.dtensor import DTensor
 from .mixed import loss_and_grads as mixed_loss_and_grads
 from ...base.precision import precision
+from .reference import _masks, clip_grads, loss_and_grads as reference_loss_and_grads
+from ..moe.fold import fold_of
 
 #: The policy one precision wider than bfloat16's and FP8's (`_wider_grads`).
 _FP32 = precision("fp32")
-from .reference import _masks, clip_grads, loss_and_grads as reference_loss_and_grads
-from ..moe.fold import fold_of
 
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
@@ -30,13 +30,8 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed).
     `fp8`: under an FP8 policy the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8). `ring`: the
     run's attention core is ring attention (its rounding points: spmdsim.models.gpt.mixed.loss_and_grads)."""
-    # each microbatch's gradients of its loss scaled by 1 / microbatches before the backward, as the pipeline's
-    # ranks scale it (FP8's casts see the scaled values), summed (`scaled`)
-    loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
-        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], i, laid),
-        _rows(routes, rows), kept, fp8, laid, ring, 1.0 / microbatches), scaled=True)
-    if cfg.clip:
-        ref_grads = clip_grads(ref_grads, cfg.clip)[1]
+    loss, ref_grads = _policy_grads(start["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid, fp8,
+                                    ring)
     state = policy.dtype("optimizer")
     updated = {}
     for spec in param_specs(cfg):
@@ -57,10 +52,7 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
     (spmdsim.models.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
     `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
     """
-    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: reference_loss_and_grads(
-        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows), laid=laid))
-    if cfg.clip:
-        grads = clip_grads(grads, cfg.clip)[1]
+    loss, grads = _float64_grads(params, x, y, cfg, step, microbatches, routes, laid)
     new_moments, updated = {"m": {}, "v": {}}, {}
     for spec in param_specs(cfg):
         name = spec.name
@@ -69,6 +61,27 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
                      weight_decay=cfg.weight_decay if decays(spec) else 0.0)
         new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
     return new_moments, loss, grads, updated
+
+
+def _policy_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
+                  microbatches: int, routes: Optional[dict], kept: str, laid: Optional[tuple], fp8: Optional[dict],
+                  ring: bool) -> tuple:
+    """(loss, gradients, clipped as the run clips them) of a step under `policy` (spmdsim.models.gpt.mixed), its
+    arguments as `_mixed_step`'s: each microbatch's gradients of its loss scaled by 1 / microbatches before the
+    backward, as the pipeline's ranks scale it (FP8's casts see the scaled values), summed (`scaled`)."""
+    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: mixed_loss_and_grads(
+        params, x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], i, laid),
+        _rows(routes, rows), kept, fp8, laid, ring, 1.0 / microbatches), scaled=True)
+    return loss, clip_grads(grads, cfg.clip)[1] if cfg.clip else grads
+
+
+def _float64_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, microbatches: int,
+                   routes: Optional[dict], laid: Optional[tuple]) -> tuple:
+    """(loss, gradients, clipped as the run clips them) of the float64 reference step
+    (spmdsim.models.gpt.reference), its arguments as `_reference_step`'s; microbatches averaged."""
+    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: reference_loss_and_grads(
+        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows), laid=laid))
+    return loss, clip_grads(grads, cfg.clip)[1] if cfg.clip else grads
 
 
 def _rows(routes: Optional[dict], rows: slice) -> Optional[dict]:
@@ -153,19 +166,11 @@ def _wider_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, ste
     the fp32 policy (the same rounding points, each at float32), under fp32 the float64 reference. How far the
     policy's reference lies from them is what its own rounding does to each gradient (the check's rounding
     ratio: spmdsim.models.gpt.step_check.rounding_ratio)."""
-    float64 = policy.activation == "float32" and policy.fp8 is None
     params = {name: np.asarray(value).astype(policy.dtype("param")).astype(np.float64)
               for name, value in params.items()}
-
-    def one(rows: slice, i: Optional[int]) -> tuple:
-        mine = _rows(routes, rows)
-        if float64:
-            return reference_loss_and_grads(params, x[rows], y[rows], cfg, step, micro=i, routes=mine, laid=laid)
-        masks = _masks(cfg, step, True, x[rows].shape[0], i, laid)
-        return mixed_loss_and_grads(params, x[rows], y[rows], cfg, step, _FP32, masks, mine, kept, None, laid, ring,
-                                    1.0 / microbatches)
-    grads = _microbatched(x.shape[0], microbatches, one, scaled=not float64)[1]
-    return clip_grads(grads, cfg.clip)[1] if cfg.clip else grads
+    if policy.activation == "float32" and policy.fp8 is None:
+        return _float64_grads(params, x, y, cfg, step, microbatches, routes, laid)[1]
+    return _policy_grads(params, x, y, cfg, step, _FP32, microbatches, routes, kept, laid, None, ring)[1]
 
 
 def _resumed_moments(where: Regions, start: np.ndarray) -> dict:
