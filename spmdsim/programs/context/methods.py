@@ -27,7 +27,7 @@ from ...errors import ShapeError
 from ..transfer import MOVED
 from .ring import ring_program
 
-__all__ = ["METHODS", "traffic", "check_heads"]
+__all__ = ["METHODS", "traffic", "check_heads", "undivided_heads"]
 
 METHODS = ("ring", "allgather", "alltoall")
 
@@ -37,11 +37,21 @@ def check_heads(method: str, cp: int, heads: int, kv_heads: int, tp: int = 1) ->
     heads) of each tensor-parallel rank over cp."""
     if method not in METHODS:
         raise ShapeError(f"context-parallel method {method!r} is not one of {', '.join(METHODS)}")
+    undivided = undivided_heads(method, cp, heads, kv_heads, tp)
+    if undivided:
+        what, n = undivided
+        raise ShapeError(f"the all-to-all method splits {what} over tp x cp = {tp * cp}: {n} {what} "
+                         f"do not divide; expected a multiple of {tp * cp} (or --cp-method ring)")
+
+
+def undivided_heads(method: str, cp: int, heads: int, kv_heads: int, tp: int = 1) -> Optional[tuple]:
+    """("heads" or "K/V heads", their count) of the first that `method` cannot split over tp x cp (the
+    all-to-all gives each rank whole sequences of tp x cp times fewer heads), or None."""
     if method == "alltoall":
         for what, n in (("heads", heads), ("K/V heads", kv_heads)):
             if n % (tp * cp):
-                raise ShapeError(f"the all-to-all method splits {what} over tp x cp = {tp * cp}: {n} {what} "
-                                 f"do not divide; expected a multiple of {tp * cp} (or --cp-method ring)")
+                return what, n
+    return None
 
 
 def traffic(method: str, cp: int, q_bytes: int, kv_bytes: int, grad_bytes: Optional[int] = None) -> tuple[int, int]:

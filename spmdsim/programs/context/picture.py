@@ -9,7 +9,7 @@ split's earlier rank), ``-`` (a naive split's later rank: masked whole, skipped)
 from __future__ import annotations
 
 from ..viz.table import WIDTH, nbytes
-from .methods import METHODS, traffic
+from .methods import METHODS, traffic, undivided_heads
 from .ring import Attend, ring_program
 from .split import causal_pairs, check_split, chunks
 
@@ -80,11 +80,10 @@ def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes:
 
 
 def _unsplit(method: str, cp: int, heads: tuple) -> str:
-    """Why `method` cannot split `heads` ((heads, K/V heads) of one rank) over `cp` ranks ("" when it can, or
-    when no heads are given): the all-to-all gives each rank whole sequences of cp times fewer heads."""
-    if method != "alltoall" or not heads:
+    """Why `method` cannot split `heads` ((heads, K/V heads) of one rank) over `cp` ranks
+    (methods.undivided_heads; "" when it can, or when no heads are given)."""
+    undivided = undivided_heads(method, cp, *heads) if heads else None
+    if undivided is None:
         return ""
-    for what, n in zip(("heads", "K/V heads"), heads):
-        if n % cp:
-            return f"{n} {what} do not divide over cp {cp} (it splits the heads)"
-    return ""
+    what, n = undivided
+    return f"{n} {what} do not divide over cp {cp} (it splits the heads)"
