@@ -54,8 +54,9 @@ def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
 #: integers and booleans (C_BOOL); bitwise ops of integers.
 _OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": "iub", "lor": "iub", "lxor": "iub",
              "band": "iu", "bor": "iu", "bxor": "iu", "maxloc": "V", "minloc": "V"}
-_KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer",
-               "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
+_KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer"}
+#: What an op is defined on, by element kind: those above, and MAXLOC's and MINLOC's pairs (numpy's "V").
+_TAKES = {**_KIND_NAMES, "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
 
 
 def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
@@ -74,14 +75,14 @@ def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
                 continue
         else:
             continue
-        if kind in allowed or kind not in _KIND_NAMES or kind == "V":
+        if kind in allowed or kind not in _KIND_NAMES:
             return
         mpi = mpi_module()
         if mpi is None:
             return
         raise mpi_error(mpi, mpi.ERR_OP, f"{call}: MPI.{red.name.upper()} is not defined on {_KIND_NAMES[kind]} "
                                          "data: MPI defines it on "
-                                         f"{' and '.join(sorted({_KIND_NAMES[k] for k in allowed}))} data, as "
+                                         f"{' and '.join(sorted({_TAKES[k] for k in allowed}))} data, as "
                                          "MPICH checks (Invalid MPI_Op)")
 
 
