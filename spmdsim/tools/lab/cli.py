@@ -157,26 +157,23 @@ def _grade(args: argparse.Namespace) -> int:
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {len(files)} submissions of exercise {exercise.number}, {args.jobs} at a time, each stopped "
           f"{limit:g} s after its first case starts", file=sys.stderr)
-    began, done = time.monotonic(), {}
+    began, done = time.monotonic(), {}  # path -> its grade-book row
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         pending = {pool.submit(check, exercise, path, **limits): path for path in files}
         for future in concurrent.futures.as_completed(pending):
-            verdict = done[pending[future]] = future.result()
-            row = csv_row(verdict)
+            row = done[pending[future]] = csv_row(future.result())
             print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
-    verdicts = [done[path] for path in files]
+    rows = [done[path] for path in files]
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
-        for verdict in verdicts:
-            writer.writerow(csv_row(verdict))
-    width = max(len(os.path.basename(v.file)) for v in verdicts)
-    for verdict in verdicts:
-        row = csv_row(verdict)
+        writer.writerows(rows)
+    width = max(len(row[0]) for row in rows)
+    for row in rows:
         line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
-    passed = sum(csv_row(v)[1] == "PASS" for v in verdicts)
-    print(f"{passed} of {len(verdicts)} submissions pass ({time.monotonic() - began:.0f} s); grade book: "
+    passed = sum(row[1] == "PASS" for row in rows)
+    print(f"{passed} of {len(rows)} submissions pass ({time.monotonic() - began:.0f} s); grade book: "
           f"{args.csv}", file=sys.stderr)
     return 0
 
