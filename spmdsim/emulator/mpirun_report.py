@@ -63,7 +63,7 @@ def _report(exc: BaseException, exits: dict) -> int:
                                                                         and isinstance(exc, mpi.Exception))
     ours = ours or (isinstance(exc, (TypeError, ValueError, OverflowError)) and _raised_by_emulator(exc))
     ours = ours or getattr(exc, "spmdsim_ends_run", False)  # a call not simulated: refused where the program made it
-    name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
+    name = _class_name(type(exc))
     lines = traceback.TracebackException.from_exception(exc)
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
     detail = "".join(lines.format())
@@ -82,16 +82,20 @@ def _report(exc: BaseException, exits: dict) -> int:
     return 1
 
 
+def _class_name(kind: type) -> str:
+    """A failed rank's exception class as a program names it: MPI.Exception for MPI's errors (mpi4py's
+    class, whatever its module), else the class's own name."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return "MPI.Exception" if mpi is not None and issubclass(kind, mpi.Exception) else kind.__name__
+
+
 def _others(exc: BaseException) -> list:
     """A line for each rank that failed otherwise than the one reported (mpiexec prints every rank's
     traceback; only the lowest failing rank's is shown here, whatever rank failed first)."""
     failures = getattr(exc, "simulated_failures", ())
     shown = (type(exc), str(exc))
     other = [(r, kind, text) for r, kind, text in failures if (kind, text) != shown]
-    mpi = sys.modules.get("mpi4py.MPI")
-    named = {kind: "MPI.Exception" if mpi is not None and issubclass(kind, mpi.Exception) else kind.__name__
-             for _, kind, _ in other}
-    lines = [f"spmdsim mpirun: also failed: rank {r}: {named[kind]}: {text.splitlines()[0] if text else ''}"
+    lines = [f"spmdsim mpirun: also failed: rank {r}: {_class_name(kind)}: {text.splitlines()[0] if text else ''}"
              for r, kind, text in other[:4]]
     if len(other) > 4:
         lines.append(f"spmdsim mpirun: and {len(other) - 4} more ranks failed otherwise")
@@ -141,7 +145,7 @@ def failed_before(failures: list) -> None:
     outside MPI, had not met the failure yet: its report, made when they do, never came), with its line."""
     for rank, exc in sorted(failures, key=lambda pair: pair[0])[:8]:
         text = _first_line(exc)
-        print(fold_message(f"spmdsim mpirun: rank {rank} had failed{_where(exc)}: {type(exc).__name__}"
+        print(fold_message(f"spmdsim mpirun: rank {rank} had failed{_where(exc)}: {_class_name(type(exc))}"
                            + (f": {text}" if text else "")), file=sys.stderr)
 
 
@@ -182,7 +186,7 @@ class FailureNotice:
 
     def _say(self) -> None:
         rank, exc = self.failures[0]
-        print(fold_message(f"spmdsim mpirun: rank {rank} failed{_where(exc)}: {type(exc).__name__}: "
+        print(fold_message(f"spmdsim mpirun: rank {rank} failed{_where(exc)}: {_class_name(type(exc))}: "
                            f"{_first_line(exc)}; the other ranks stop at their next MPI call"), file=sys.__stderr__)
 
     def close(self) -> None:
