@@ -165,6 +165,8 @@ def test_check_under_mpiexec_passes_one_rank_and_names_the_deadlock_at_two(tmp_p
 ODD = {
     "empty.py": (b"", "empty.py is empty"),
     "binary.py": (b"\x00\x01PK\x03", "binary.py is not a Python source file (it holds null bytes)"),
+    "latin1.py": (b"def double(comm, x):\n    return 2 * x  # le double, \xe9crit en latin-1\n",
+                  "latin1.py is not UTF-8 text (byte 0xe9 at line 2) and Python refuses to run it"),
     "asks.py": (b"def double(comm, x):\n    return input()\n", "rank 0 read standard input at line 2, which a "
                 "check does not give: take the function's arguments instead"),
     "close.py": (b"def double(comm, x):\n    return 2 * x * (1 + 1e-7)\n",
@@ -183,8 +185,8 @@ def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fa
     assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
     err = capsys.readouterr().err
     assert "not graded (not a .py file, or hidden): ._right.py, notes.txt" in err
-    assert "grading 4 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
-    assert err.count(" of 4: ") == 4 and "0 of 4 submissions pass (" in err
+    assert "grading 5 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
+    assert err.count(" of 5: ") == 5 and "0 of 5 submissions pass (" in err
     for row in csv.DictReader(book.open()):
         assert ODD[row["file"]][1] in row["reason"], row
 

@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import os
 import re
+import tokenize
 import traceback
 from typing import Any, Callable, Iterator, Optional
 
@@ -124,7 +125,27 @@ def compile_submission(path: str) -> Any:
         raise LabError(f"{name} is empty")
     if b"\0" in source:
         raise LabError(f"{name} is not a Python source file (it holds null bytes)")
-    return compile(source, os.path.abspath(path), "exec")
+    return compile(_text(name, source), os.path.abspath(path), "exec")
+
+
+def _text(name: str, source: bytes) -> str:
+    """`source` decoded as Python reads a file (PEP 263: UTF-8 unless its first lines declare another coding);
+    LabError where Python would refuse it. (compile() of the bytes passes a non-UTF-8 byte in a comment, which
+    ``python file.py`` refuses.)"""
+    lines = iter(source.splitlines(keepends=True))
+    try:
+        coding, _ = tokenize.detect_encoding(lambda: next(lines, b""))
+    except SyntaxError as exc:  # a coding Python does not know, a BOM beside another, or non-UTF-8 first lines
+        if "invalid or missing" not in str(exc):
+            raise LabError(f"{name}: {exc} (on its first two lines), which Python refuses") from None
+        coding = "utf-8"
+    try:
+        return source.decode(coding)
+    except UnicodeDecodeError as exc:
+        line = source[:exc.start].count(b"\n") + 1
+        raise LabError(f"{name} is not {exc.encoding.upper()} text (byte {source[exc.start]:#04x} at line {line}) "
+                       "and Python refuses to run it: save it as UTF-8, or declare its coding on its first line "
+                       "(# -*- coding: latin-1 -*-)") from None
 
 
 def _line(exc: BaseException, path: str) -> Optional[int]:
