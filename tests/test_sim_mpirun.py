@@ -307,6 +307,39 @@ def test_errors_of_the_program_and_its_modules_read_as_pythons(tmp_path, capsys)
         assert "importlib" not in err and "rank_modules" not in err
 
 
+def test_a_programs_excepthook_runs_on_the_rank_that_raised_and_its_encoding_is_read_as_pythons(tmp_path, capsys):
+    """A program's sys.excepthook is called on the failing rank with the exception and its traceback from the
+    program's frame on, in place of the traceback (python calls it in each failing process under mpiexec);
+    a hook that raises gets python's two reports; the hook ends with the run. A script python would refuse
+    for its bytes (a Latin-1 comment and no coding line: compile() of the bytes takes it) is refused in
+    python's words before any rank starts."""
+    hook = ("import sys\nfrom mpi4py import MPI\n"
+            "def hook(kind, exc, tb):\n"
+            "    {}print(f'rank {{MPI.COMM_WORLD.rank}}: {{kind.__name__}}: {{exc}} at line {{tb.tb_lineno}}')\n"
+            "sys.excepthook = hook\nif MPI.COMM_WORLD.rank == 1:\n    raise ValueError('boom')\n"
+            "MPI.COMM_WORLD.Barrier()\n")
+    (tmp_path / "hooked.py").write_text(hook.format(""))
+    before = sys.excepthook
+    assert main(["mpirun", "-n", "2", str(tmp_path / "hooked.py")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "rank 1: ValueError: boom at line 7\n" and sys.excepthook is before
+    assert err == "spmdsim mpirun: error on simulated rank 1: ValueError: boom\n"
+    (tmp_path / "hooked.py").write_text(hook.format("1 / 0; "))
+    assert main(["mpirun", "-n", "2", str(tmp_path / "hooked.py")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error in sys.excepthook:\nTraceback (most recent call last):\n"
+                          f'  File "{tmp_path / "hooked.py"}", line 4, in hook\n'), err
+    assert "ZeroDivisionError: division by zero\n\nOriginal exception was:\nTraceback" in err
+    assert err.endswith("ValueError: boom\nspmdsim mpirun: error on simulated rank 1: ValueError: boom\n")
+    (tmp_path / "latin1.py").write_bytes(b"from mpi4py import MPI\n# caf\xe9\nprint(MPI.COMM_WORLD.rank)\n")
+    assert main(["mpirun", "-n", "2", str(tmp_path / "latin1.py")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and unfold(err) == (
+        "spmdsim mpirun: error: Non-UTF-8 code starting with '\\xe9' in file "
+        f"{tmp_path / 'latin1.py'} on line 2, but no encoding declared; see https://peps.python.org/pep-0263/ for "
+        "details\n")
+
+
 def test_the_ranks_share_the_process_pid_environment_and_folder(tmp_path, capsys):
     """What docs/howto/simulate.md says the simulated ranks share, unlike MPI processes: one PID, one os.environ (each
     rank sets XR to its rank, then all read the last setter's value), one working folder."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import runpy
 import signal
 import sys
@@ -43,17 +42,11 @@ from ..errors import fold_message, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.output import quiet_stdout
-from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before
+from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, program_hook
+from .mpirun_target import _main_spec, _target
 from .rank_streams import StdinOfRankZero
 
 __all__ = ["main", "add_arguments", "run"]
-
-#: A Python interpreter's name as a command line gives it: python, python3, python3.12 (or a path to one).
-_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
-#: Python's options that change nothing a simulated rank runs: -u (unbuffered output, which `mpiexec -n 4 python
-#: -u` users give for prompt output: a rank's print reaches the output at once here anyway, rank_streams) and -B
-#: (no bytecode written).
-_PYTHON_FLAGS = ("-u", "-B")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,81 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "anyway")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="[python [-u]] script.py ARGS... or [python] -m module ARGS...")
-
-
-def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
-    """('path' | 'main' | 'module' | 'code', what, argv) of a command line; raises ValueError for one it
-    cannot run. 'main': a folder or zip file, whose __main__ module runs (`_main_spec`), as python runs it.
-
-    ``python -m mpi4py script.py`` (mpi4py's runner, which aborts the job when a rank
-    raises) runs the script itself: the simulated ranks stop on an error anyway.
-    """
-    words = list(command)
-    if words[:1] == ["--"]:  # `spmdsim mpirun -n 4 -- python ...`, as `spmdsim launch` takes its command
-        words = words[1:]
-    if words and (_PYTHON.fullmatch(os.path.basename(words[0])) or words[0] == sys.executable):
-        words = words[1:]
-        while words and words[0] in _PYTHON_FLAGS:
-            words = words[1:]
-    if words[:2] in (["-m", "mpi4py"], ["-m", "mpi4py.run"]):
-        words = _mpi4py_run(words[2:])
-    if not words:
-        raise ValueError("no program given: expected `[python] script.py ARGS...` or `[python] -m module`")
-    if words[0] in ("-m", "-c"):
-        if len(words) < 2:
-            raise ValueError(f"{words[0]} needs a {'module name' if words[0] == '-m' else 'program'}")
-        if words[0] == "-c":  # python -c CMD ARGS: sys.argv is ['-c', ARGS...]
-            return "code", words[1], ["-c", *words[2:]]
-        return "module", words[1], [words[1], *words[2:]]
-    if words[0].startswith("-"):
-        raise ValueError(f"python option {words[0]!r} is not supported (the simulated ranks run in this interpreter, "
-                         f"as it was started; {' and '.join(_PYTHON_FLAGS)} are taken); give a script, -m module or "
-                         "-c program")
-    if os.path.isdir(words[0]) or (os.path.isfile(words[0]) and _main_spec(words[0], must=False) is not None):
-        _main_spec(words[0])  # refused here, once, where it has none
-        return "main", words[0], words
-    if not os.path.isfile(words[0]):
-        raise ValueError(f"script {words[0]!r} does not exist")
-    return "path", words[0], words
-
-
-def _main_spec(path: str, must: bool = True) -> Any:
-    """The spec of the __main__ module of folder or zip file `path` (what ``python path`` runs, through the
-    importer sys.path[0] gets: a FileFinder or a zipimporter). None for a plain file (not a zip); where a folder
-    or zip has no __main__, without `must` None, else _NotRunnable in Python's words."""
-    import zipimport  # frozen in the interpreter: no file read to load it
-
-    path = os.path.abspath(path)
-    if os.path.isdir(path):
-        from importlib.machinery import FileFinder, SOURCE_SUFFIXES, SourceFileLoader
-
-        importer: Any = FileFinder(path, (SourceFileLoader, SOURCE_SUFFIXES))
-    else:
-        try:
-            importer = zipimport.zipimporter(path)
-        except zipimport.ZipImportError:
-            return None
-    spec = importer.find_spec("__main__")
-    if spec is None and must:
-        raise _NotRunnable(f"can't find '__main__' module in {path!r}")
-    return spec
-
-
-def _mpi4py_run(words: list[str]) -> list[str]:
-    """The command `python -m mpi4py [-rc ...] ...` runs, without mpi4py's options: its -rc
-    settings configure MPI's initialization, which simulated ranks do not do."""
-    while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
-        if words[0] in ("-rc", "--rc") and len(words) > 1:
-            words = words[2:]
-        elif words[0].startswith("--rc="):
-            words = words[1:]
-        elif words[0] == "-":
-            raise ValueError("python -m mpi4py - (the program from stdin) is not supported: "
-                             "every simulated rank would read it; give a script")
-        else:
-            raise ValueError(f"mpi4py option {words[0]!r} is not supported under spmdsim mpirun; "
-                             f"give a script, -m module or -c program")
-    return words
 
 
 def _program(kind: str, what: str) -> int:
@@ -204,6 +122,7 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
         failures.append((current_rank(), exc))
         if not isinstance(exc, SpmdsimError) and getattr(exc, "abort_code", None) is None:  # the program's own
             notice.failed()  # (a deadlock's, a mismatch's or an Abort's report comes at once anyway)
+            program_hook(exc)
         raise
     else:
         call = "sys.exit"
@@ -329,7 +248,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
         return refused
     if kind in ("path", "main"):  # once, here: a rank's os.chdir before a later rank starts moved a relative one
         what = os.path.abspath(what)
-    saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
+    saved_argv, saved_path, saved_stdin, saved_hook = sys.argv[:], sys.path[:], sys.stdin, sys.excepthook
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
     # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.
     import mpi4py
@@ -362,7 +281,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
         return _report(exc, exits)
     finally:
         notice.close()
-        sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
+        sys.argv[:], sys.path[:], sys.stdin, sys.excepthook = saved_argv, saved_path, saved_stdin, saved_hook
         vars(rc).clear()
         vars(rc).update(saved_rc)
     # MPI leaves unreceived messages undefined (MPICH drops a small one without a word), and requires every

@@ -14,7 +14,7 @@ from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
 
-__all__ = ["REAL_COMM_ONLY", "REAL_COMM_HINT"]
+__all__ = ["REAL_COMM_ONLY", "REAL_COMM_HINT", "program_hook"]
 
 
 class _NotRunnable(ValueError):
@@ -74,12 +74,37 @@ def _report(exc: BaseException, exits: dict) -> int:
         if cut >= 0:
             detail = f"{detail[:cut]}\n{as_mpi4py}: {detail[cut + len(shown):]}"
         name = as_mpi4py
-    print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
+    shown = "" if getattr(exc, "spmdsim_hooked", False) else detail  # (the program's sys.excepthook showed it)
+    print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{shown}", file=sys.stderr, end="")
     if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
         print(fold_message(REAL_COMM_HINT), file=sys.stderr)
     for line in _others(exc):
         print(fold_message(line), file=sys.stderr)
     return 1
+
+
+def program_hook(exc: BaseException) -> None:
+    """On the rank whose program raised `exc`: call the sys.excepthook the program set, as python calls it with
+    an uncaught exception (under mpiexec in the failing rank's process), its traceback from the program's first
+    frame; where the hook itself raises, python's two reports. The run's report then leaves the traceback out."""
+    if sys.excepthook is sys.__excepthook__:
+        return
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
+    try:
+        sys.excepthook(type(exc), exc, tb or exc.__traceback__)
+    except Exception as failed:  # noqa: BLE001 - as python reports a failing hook (its frames from the hook's)
+        print("Error in sys.excepthook:", file=sys.stderr)
+        traceback.print_exception(type(failed), failed, failed.__traceback__.tb_next, chain=False)
+        print("\nOriginal exception was:", file=sys.stderr)
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    try:
+        exc.spmdsim_hooked = True  # type: ignore[attr-defined]
+    except AttributeError:  # (a class without a __dict__: its traceback is shown again)
+        pass
 
 
 def _class_name(kind: type) -> str:
