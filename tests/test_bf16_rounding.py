@@ -156,13 +156,13 @@ def test_a_reference_that_rounds_the_norm_three_times_is_told_apart(monkeypatch)
     """The check's reference with the norms rounding their normalized values, times weight and plus bias each
     (the points before this policy): many gradient entries differ once rounded to bfloat16 (the ranks round
     once), where the reference that rounds where the ranks round changes a few hundredths."""
-    import spmdsim.models.gpt.train as T
+    import spmdsim.models.gpt.checker as C
     from spmdsim.models.gpt import mixed
 
     shares = []
 
     def checked(cfg):
-        act, compare = spmdsim.base.precision.bfloat16(), T.step_errors
+        act, compare = spmdsim.base.precision.bfloat16(), C.step_errors
         del shares[:]
 
         def spy(value, ref_loss, grads, updated, tensors, *rest):
@@ -172,7 +172,7 @@ def test_a_reference_that_rounds_the_norm_three_times_is_told_apart(monkeypatch)
                 shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
             return compare(value, ref_loss, grads, updated, tensors, *rest)
 
-        monkeypatch.setattr(T, "step_errors", spy)
+        monkeypatch.setattr(C, "step_errors", spy)
         text = encode(load_text(20_000))
         spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, 2, text, sp=True, precision="bf16-mixed"))
         return list(shares)

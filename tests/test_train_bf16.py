@@ -396,10 +396,10 @@ def test_a_bf16_step_passes_under_the_divergence_guard():
 def _differing_share(monkeypatch, cfg, **kw) -> list:
     """Each step's share of all gradient entries (this rank's blocks, every parameter) that differ from the
     check's reference once both are rounded to bfloat16: read where the check compares them (step_errors)."""
-    import spmdsim.models.gpt.train as T
+    import spmdsim.models.gpt.checker as C
     from spmdsim.base.precision import bfloat16
 
-    act, shares, compare = bfloat16(), [], T.step_errors
+    act, shares, compare = bfloat16(), [], C.step_errors
 
     def spy(value, ref_loss, grads, updated, tensors, zero=None, masters=None, top=None, slices=None,
             anchored=None, flip=None, rounding=None):
@@ -409,7 +409,7 @@ def _differing_share(monkeypatch, cfg, **kw) -> list:
         shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
         return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored, flip, rounding)
 
-    monkeypatch.setattr(T, "step_errors", spy)
+    monkeypatch.setattr(C, "step_errors", spy)
     spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, 2, TEXT, sp=True, precision="bf16-mixed", **kw))
     return shares
 

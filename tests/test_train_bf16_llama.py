@@ -25,10 +25,10 @@ TEXT = encode(load_text(20_000))
 def _checked(monkeypatch, kept: str = "graph", steps: int = 2, **options) -> tuple[list, list]:
     """(each step's StepResult, each step's share of the gradient entries that differ from the check's reference
     once both are rounded to bfloat16: rank 0's blocks, every parameter) of a bf16-mixed run on dp 2 x tp 2, sp."""
-    import spmdsim.models.gpt.train as T
+    import spmdsim.models.gpt.checker as C
     from spmdsim.base.precision import bfloat16
 
-    act, shares, compare = bfloat16(), [], T.step_errors
+    act, shares, compare = bfloat16(), [], C.step_errors
 
     def spy(value, ref_loss, grads, updated, tensors, zero=None, masters=None, top=None, slices=None,
             anchored=None, flip=None, rounding=None):
@@ -39,7 +39,7 @@ def _checked(monkeypatch, kept: str = "graph", steps: int = 2, **options) -> tup
             shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
         return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored, flip, rounding)
 
-    monkeypatch.setattr(T, "step_errors", spy)
+    monkeypatch.setattr(C, "step_errors", spy)
     cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2, **options)
     results = spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, steps, TEXT, sp=True,
                                                 precision="bf16-mixed", kept=kept)[1])

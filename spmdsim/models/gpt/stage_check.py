@@ -8,15 +8,8 @@ from .config import GPTConfig
 from .params import param_specs
 from .train import all_rows
 from .wholes import Regions, stage_regions
-from ...runtime.executor import pending, resolve
-from ...runtime.shared_reference import shared_once
-from ...runtime.sim import once
-from .train import _optimizer_start
+from .checker import StepChecker
 from .stage_program import PipelineRun
-from .step_check import _summed_grads, resolved_errors, step_errors
-from .tolerances import flip_tolerance, rounding_tolerance
-from .buckets import anchored_start, anchored_updates
-from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
 from .context import checked_order, ring_core
 from ...runtime.door import all_gather_object
 
@@ -74,63 +67,26 @@ def _scales(run: PipelineRun) -> Optional[dict]:
     return dict(sorted(every.items()))
 
 
-class _PipelineChecker:
-    """`train_pipelined`'s check of each step (`st`: its stage, spmdsim.models.gpt.pipeline._Pipelined): the
-    reference step from every stage's parameters at the step's start (`start`), then each rank's largest
-    differences from it, the worst over the whole mesh (`errors`)."""
+class _PipelineChecker(StepChecker):
+    """`train_pipelined`'s check of each step (`st`: its stage, spmdsim.models.gpt.pipeline._Pipelined;
+    spmdsim.models.gpt.checker): the parameters its stage holds, every stage's blocks in one table from one
+    Allgather over the whole mesh (`_tables`), every stage's FP8 scales."""
 
     def __init__(self, st: Any, cfg: GPTConfig, policy: Any, zero: int, kept: str, microbatches: int,
                  first: int) -> None:
-        self.st, self.cfg, self.policy, self.zero, self.kept, self.microbatches = st, cfg, policy, zero, kept, \
-            microbatches
-        self.low = low = policy.activation != "float64"
-        self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
-        self.rounding = rounding_tolerance(policy, cfg)  # each gradient's own (step_check.rounding_ratio)
-        run, optimizer, params, mesh = st.run, st.optimizer, st.params, st.run.mesh
-        # where every rank's blocks lie, and this rank's, asked once (not per step)
-        self.where = where = _stage_regions(run, cfg)
-        self.slices = {name: t.slices for name, t in params.items()}
-        # a context-parallel run's order of the sequence (the reference reads its dropout masks in it), or None
+        self.st = st
         model = next(iter(st.models.values()))
-        self.laid, self.ring = checked_order(model), ring_core(model)
-        self.moments = None
-        if not low and first:  # the reference's moments: the run's at the checkpoint, whole (collective)
-            self.moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,
-                                       where.used(_tables(run, cfg, where, _optimizer_start(optimizer, params),
-                                                          "check.start")))
-        elif not low:
-            self.moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
+        # where every rank's blocks lie, and this rank's, asked once (not per step); a context-parallel run's
+        # order of the sequence (the reference reads its dropout masks in it), or None
+        super().__init__(cfg, st.run.mesh, st.optimizer, policy, zero, kept, microbatches, first,
+                         _stage_regions(st.run, cfg), {name: t.slices for name, t in st.params.items()},
+                         checked_order(model), ring_core(model))
 
-    def start(self) -> None:
-        st, cfg, where = self.st, self.cfg, self.where
-        self.own = None
-        self.scales = _scales(st.run)  # FP8: the scales every stage's casts use this step, all of them
-        if self.low:  # the optimizer's view of the step's start: master copies and moments, every rank's
-            self.begun = where.used(_tables(st.run, cfg, where, _optimizer_start(st.optimizer, st.params),
-                                            "check.start"))
-        else:
-            self.begun = where.used(_table(st.run, cfg, where))  # the step's start, every rank's
-            self.own = anchored_start(st.optimizer, st.params)  # this rank's start (train.py's)
+    def tensors(self) -> dict:
+        return self.st.params
 
-    def errors(self, value: float, x: np.ndarray, y: np.ndarray, step: int) -> tuple:
-        st, cfg, where, zero, policy, microbatches = self.st, self.cfg, self.where, self.zero, self.policy, \
-            self.microbatches
-        optimizer, params, mesh, start, own = st.optimizer, st.params, st.run.mesh, self.begun, self.own
-        if self.low:  # as train.py's: the optimizer on the run's own gradients, the rest on the policy's
-            summed, masters = _summed_grads(optimizer, params, zero)
-            run_grads = where.used(_tables(st.run, cfg, where, [summed], "check.grads"))
-            ref_loss, grads, updated, top = shared_once(
-                mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
-                x, y, cfg, step, policy, microbatches, None, self.kept, self.laid, self.scales, self.ring)
-            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
-                                self.slices, flip=self.flip, rounding=self.rounding)
-        else:
-            # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
-            self.moments, ref_loss, grads, updated, top = shared_once(
-                mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, self.moments,
-                x, y, cfg, step, microbatches, None, self.laid)
-            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
-                                self.slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
-        worst = resolve(mesh, local, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check", reduction="max",
-                        owned=True)
-        return resolved_errors(worst)
+    def rows(self, tables: list, label: str) -> np.ndarray:
+        return _tables(self.st.run, self.cfg, self.where, tables, label)
+
+    def scales(self) -> Optional[dict]:
+        return _scales(self.st.run)

@@ -49,17 +49,16 @@ from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ...base.precision import precision as get_precision, precision_problem
-from .tolerances import flip_tolerance, rounding_tolerance, tolerances as mixed_tolerances
+from .tolerances import tolerances as mixed_tolerances
 from .fp8_block import fp8_problem
 from .params import param_specs
 from .wholes import Regions, assemble, regions
 from ...errors import SpmdsimError
 from ...nn import ops
 from ...runtime.dtensor import DTensor
-from ...runtime.executor import pending, resolve
 from ...runtime.shared_reference import shared_once
 from ...runtime import shared_rows
-from ...runtime.sim import dry_run_active, once
+from ...runtime.sim import dry_run_active
 from ...runtime.trace import collect_trace
 from .checkpoint import _checkpoint_problem, checkpoint_meta, checkpoint_problem, load, save as save_checkpoint
 from .mixed import architecture_problem
@@ -68,10 +67,10 @@ from .mesh import model_mesh
 from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
-from .step_check import QUIET, UNCHECKED, _norm, _summed_grads, resolved_errors, step_errors, stop_if_diverged
-from .buckets import anchored_start, anchored_updates
-from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _routes, _zero_moments
+from .step_check import QUIET, UNCHECKED, _norm, stop_if_diverged
+from .reference_step import _routes
 from .step_run import _StepRun, _optimizer
+from .checker import StepChecker
 
 __all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE",
            "all_rows", "checkpoint_problem", "checkpoint_meta"]
@@ -162,33 +161,6 @@ def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
     """Every rank's `flat`, a row per rank, on every rank of `mesh`: spmdsim.runtime.shared_rows.all_rows (its
     home, the runtime's checks share it)."""
     return shared_rows.all_rows(mesh, flat, label)
-
-
-def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
-    """The optimizer's view of the step's start, every rank's blocks on every rank (`_table`'s):
-    "params" (each parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW
-    moments, zeros before its first step), table after table."""
-    return _table(model, _optimizer_start(optimizer, {s.name: model.params[s.name] for s in specs}), "check.start")
-
-
-def _optimizer_start(optimizer: Any, tensors: dict) -> list:
-    """[master copies (a parameter's values where it keeps none), first moments, second moments (zeros before
-    the first step)]: each name -> this rank's block, of the parameters `tensors` names. ZeRO-1's slices are
-    gathered over dp (spmdsim.nn.distrib_optim.DistributedAdamW.gathered: collective)."""
-    index = {id(p): i for i, p in enumerate(optimizer.params)}
-    tables: list = [{}, {}, {}]
-    if hasattr(optimizer, "buckets"):
-        wholes = [optimizer.gathered(kind) for kind in ("master", "m", "v")]
-        for name, t in tensors.items():
-            for table, whole in zip(tables, wholes):
-                table[name] = whole[index[id(t)]]
-        return tables
-    for name, t in tensors.items():
-        i = index[id(t)]
-        tables[0][name] = optimizer.master.get(i, t.local)
-        _, m, v = optimizer.state.get(i) or (0, np.zeros(t.local.shape), np.zeros(t.local.shape))
-        tables[1][name], tables[2][name] = m, v
-    return tables
 
 
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
@@ -319,64 +291,33 @@ def refuse_run(cfg: GPTConfig, comm: Any, check: bool, precision: Any, saving: t
     return meta
 
 
-class _Checker:
-    """`train`'s check of each step: the reference step from the step's start, every rank's blocks (`start`),
-    then each rank's largest differences from it, the worst over the mesh (`errors`)."""
+class _Checker(StepChecker):
+    """`train`'s check of each step (spmdsim.models.gpt.checker): its model's parameters, every rank's blocks of
+    them from one Allgather (`_table`), the experts the ranks chose."""
 
     def __init__(self, model: Any, optimizer: Any, specs: list, policy: Any, zero: int, kept: str,
                  first: int) -> None:
-        self.model, self.optimizer, self.specs, self.policy, self.zero, self.kept = (model, optimizer, specs, policy,
-                                                                                     zero, kept)
-        self.low = low = policy.activation != "float64"
-        cfg, mesh = model.cfg, model.mesh
-        self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
-        self.rounding = rounding_tolerance(policy, cfg)  # each gradient's own (step_check.rounding_ratio)
+        self.model, self.specs = model, specs
         # where every rank's blocks lie, and this rank's, asked once (not per step)
-        self.where = regions(model.params, mesh.size)
-        self.slices = {s.name: model.params[s.name].slices for s in specs}
-        self.moments = None  # the reference's moments, whole
-        if not low and first:  # the run's at the checkpoint (collective)
-            self.moments = shared_once(mesh, ("gpt-resumed", cfg, first), _resumed_moments,
-                                       self.where, self.where.used(_run_start(model, optimizer, specs)))
-        elif not low:
-            self.moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg)
-
-    def start(self) -> None:
-        model, optimizer, specs = self.model, self.optimizer, self.specs
-        self.begun = self.where.used(_run_start(model, optimizer, specs)) if self.low else \
-            _params_rows(model, self.where)
-        # This rank's own start: AdamW's update is checked on the run's inputs (a low-precision policy
-        # checks it on gathered ones).
-        self.own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) if not self.low else None
-        self.scales = None if model.fp8 is None else model.fp8.snapshot()  # FP8: the scales the step casts with
-
-    def errors(self, value: float, x: np.ndarray, y: np.ndarray, step: int) -> tuple:
-        model, optimizer, zero, where, own = self.model, self.optimizer, self.zero, self.where, self.own
-        cfg, mesh, policy, start = model.cfg, model.mesh, self.policy, self.begun
-        tensors = {s.name: model.params[s.name] for s in self.specs}
-        routes = _routes(model, cfg)  # the ranks' experts, which the reference follows at near-ties
+        where = regions(model.params, model.mesh.size)
+        slices = {s.name: model.params[s.name].slices for s in specs}
         # a context-parallel run's order of the sequence (its masks drawn in it; with experts of a capacity its
         # chunks, routed apart), or None
-        laid = checked_order(model)
-        if laid is not None and routes:  # the experts of the tokens at their positions
-            back = np.argsort(np.asarray(laid))
+        super().__init__(model.cfg, model.mesh, optimizer, policy, zero, kept, 1, first, where, slices,
+                         checked_order(model), ring_core(model))
+
+    def tensors(self) -> dict:
+        return {s.name: self.model.params[s.name] for s in self.specs}
+
+    def rows(self, tables: list, label: str) -> np.ndarray:
+        return _table(self.model, tables, label)
+
+    def scales(self) -> Optional[dict]:
+        return None if self.model.fp8 is None else self.model.fp8.snapshot()
+
+    def routes(self) -> Optional[dict]:
+        routes = _routes(self.model, self.cfg)  # the ranks' experts, which the reference follows at near-ties
+        if self.laid is not None and routes:  # the experts of the tokens at their positions
+            back = np.argsort(np.asarray(self.laid))
             routes = {layer: chosen[:, back] for layer, chosen in routes.items()}
-        if self.low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
-            # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
-            summed, masters = _summed_grads(optimizer, tensors, zero)
-            run_grads = where.used(_table(model, [summed], "check.grads"))
-            ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
-                                                        _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                        policy, 1, routes, self.kept, laid, self.scales,
-                                                        ring_core(model))
-        else:
-            self.moments, ref_loss, grads, updated, top = shared_once(
-                mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, self.moments, x,
-                y, cfg, step, 1, routes, laid)
-            masters = None
-        mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
-                           self.slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer),
-                           self.flip, self.rounding)
-        worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
-                        reduction="max", owned=True)
-        return resolved_errors(worst)
+        return routes
