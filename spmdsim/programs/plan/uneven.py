@@ -10,23 +10,23 @@ planner then skips that candidate; the exchange, which moves any box to any
 rank, always fits). Bytes per rank follow the variable-count collectives
 (Allgatherv, Reduce_scatter with counts, Alltoallv) and equal the even
 formulas of spmdsim.programs.plan.steps when the pieces are equal.
+
+A `step` here is one of spmdsim.programs.plan.steps (which calls `sized_uneven` and so sits above this module):
+read for its ``op``, ``before``/``after`` layouts, ``axes``, ``group_size``, ``moved`` and the dims it cuts.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ...errors import ShapeError
 from .volume import Box, box_size, intersect, rank_boxes
 
-if TYPE_CHECKING:
-    from .steps import Step
-
 __all__ = ["is_uneven", "check_fits", "sized_uneven", "group_pieces"]
 
 
-def is_uneven(step: Step, shape: tuple) -> bool:
+def is_uneven(step: Any, shape: tuple) -> bool:
     """Whether `step`'s shards differ in size between ranks for a tensor of `shape`."""
     return bool(step.before.uneven_dims(shape) or step.after.uneven_dims(shape))
 
@@ -52,11 +52,11 @@ def _groups(layout, axes: tuple) -> tuple:
     return layout.axis_groups(axes)
 
 
-def _refuse(step: Step, shape: tuple, why: str) -> None:
+def _refuse(step: Any, shape: tuple, why: str) -> None:
     raise ShapeError(f"{step} cannot move shards of shape {shape!r} cut {step.before.layout.cut!r}: {why}")
 
 
-def check_fits(step: Step, shape: tuple) -> None:
+def check_fits(step: Any, shape: tuple) -> None:
     """Raise ShapeError unless `step` can run on the (uneven) shards of `shape`."""
     if step.op == "allreduce":
         return  # the members of a group hold the same box
@@ -87,7 +87,7 @@ def check_fits(step: Step, shape: tuple) -> None:
                 _refuse(step, shape, "no uneven form of this step")
 
 
-def sized_uneven(step: Step, shape: tuple, itemsize: int) -> Step:
+def sized_uneven(step: Any, shape: tuple, itemsize: int) -> Any:
     """`step` with every rank's bytes for the uneven shards of `shape` (after `check_fits`)."""
     check_fits(step, shape)
     before, after = rank_boxes(step.before, shape), rank_boxes(step.after, shape)
@@ -114,7 +114,7 @@ def sized_uneven(step: Step, shape: tuple, itemsize: int) -> Step:
     return replace(step, bytes_sent=tuple(sent), bytes_received=tuple(received))
 
 
-def group_pieces(step: Step, shape: tuple, rank: int) -> tuple:
+def group_pieces(step: Any, shape: tuple, rank: int) -> tuple:
     """What `rank` runs `step` with on uneven shards: per member of its group (group order), the
     extent of that member's piece along the dim the step cuts or joins.
 
