@@ -3,7 +3,7 @@ Lock_all/Unlock_all, Flush and Sync, each wait going through the simulation's en
 polls a window reports when nothing can end its loop."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ..runtime.sim._mpi import mpi_error, special
 from ..runtime.sim.engine import _Waiting
@@ -12,9 +12,6 @@ from .group import _sim as _sim_group
 from ..runtime.sim.requests import rank_name
 from ..runtime.sim.report import whereabouts
 from .window_state import _Shared, _may_lock, _mpi, _release_all, _take_lock
-
-if TYPE_CHECKING:
-    from .window import SimWin
 
 
 class WindowSynchronization:
@@ -264,7 +261,7 @@ class _WinPoll:
     __slots__ = ("group", "me", "call", "missing", "definite")
     kind = "window"
 
-    def __init__(self, win: SimWin, call: str, missing: Optional[tuple] = None) -> None:
+    def __init__(self, win: WindowSynchronization, call: str, missing: Optional[tuple] = None) -> None:
         self.group, self.me, self.call = win._comm._group, win._comm._me, call
         self.missing, self.definite = missing, missing is not None
 
