@@ -7,28 +7,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeVar
 
 import numpy as np
 
 from ...errors import SpmdsimError
 from .terms import ALGORITHMS, OPS, Measurement, OpParams, call_terms
 
-if TYPE_CHECKING:
-    from .model import CostModel
+#: The model class `CostModel.fit` passes in (spmdsim.programs.cost.model, which calls this module).
+_Model = TypeVar("_Model")
 
 __all__ = ["fit_model"]
 
 
-def fit_model(cls: type[CostModel], measurements: Iterable[Measurement | Sequence[Any]], *,
+def fit_model(cls: type[_Model], measurements: Iterable[Measurement | Sequence[Any]], *,
               algorithm: str | None = None, per_op: bool = True, per_group: bool = True,
-              source: str = "fit") -> CostModel:
+              source: str = "fit") -> _Model:
     """`CostModel.fit` (see there): the best of the ring and tree fits, with overrides."""
     data = tuple(m if isinstance(m, Measurement) else Measurement(*m) for m in measurements)
     if len(data) < 2:
         raise SpmdsimError(f"fit needs at least 2 measurements, got {len(data)}")
     choices = ALGORITHMS if algorithm is None else (algorithm,)
-    best: tuple[float, CostModel] | None = None
+    best: tuple[float, _Model] | None = None
     for algo in choices:
         if algo not in ALGORITHMS:
             raise SpmdsimError(f"algorithm {algo!r} is unknown; expected one of {ALGORITHMS!r}")
@@ -52,7 +52,7 @@ def fit_model(cls: type[CostModel], measurements: Iterable[Measurement | Sequenc
     return best[1]
 
 
-def _fit_groups(model: CostModel, data: Sequence[Measurement], algorithm: str) -> CostModel:
+def _fit_groups(model: _Model, data: Sequence[Measurement], algorithm: str) -> _Model:
     """Add an (alpha, beta) override per (collective, group size) where it fits better."""
     overrides = list(model.per_op)
     for op in OPS:

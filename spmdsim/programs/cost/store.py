@@ -7,21 +7,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from ...errors import SpmdsimError
 from ...base.validate import loads_json
 from .terms import OpParams
 
-if TYPE_CHECKING:
-    from .model import CostModel
+#: The model class `CostModel.from_dict` and `CostModel.load` pass in (spmdsim.programs.cost.model, which calls
+#: this module); the functions that take a model read its fields and `to_dict`.
+_Model = TypeVar("_Model")
 
 __all__ = ["default_path", "model_to_dict", "model_from_dict", "save_model", "load_model"]
 
 _FORMAT_VERSION = 1
 
 
-def model_to_dict(model: CostModel) -> dict:
+def model_to_dict(model: Any) -> dict:
     """`CostModel.to_dict`: the JSON-ready form, tagged with the format version."""
     return {
         "version": _FORMAT_VERSION,
@@ -37,7 +38,7 @@ def model_to_dict(model: CostModel) -> dict:
     }
 
 
-def model_from_dict(cls: type[CostModel], data: Mapping[str, Any]) -> CostModel:
+def model_from_dict(cls: type[_Model], data: Mapping[str, Any]) -> _Model:
     """`CostModel.from_dict`: a `cls` from `model_to_dict` output (or an early file's)."""
     if not isinstance(data, Mapping) or data.get("version") != _FORMAT_VERSION:
         if not isinstance(data, Mapping):
@@ -60,7 +61,7 @@ def model_from_dict(cls: type[CostModel], data: Mapping[str, Any]) -> CostModel:
         raise SpmdsimError(f"cost model data is malformed: {exc}") from None
 
 
-def save_model(model: CostModel, path: str | os.PathLike | None = None) -> Path:
+def save_model(model: Any, path: str | os.PathLike | None = None) -> Path:
     """`CostModel.save`: write `model` as JSON (default `default_path()`); returns the path."""
     target = Path(path) if path is not None else default_path()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,7 @@ def save_model(model: CostModel, path: str | os.PathLike | None = None) -> Path:
     return target
 
 
-def load_model(cls: type[CostModel], path: str | os.PathLike | None = None) -> CostModel:
+def load_model(cls: type[_Model], path: str | os.PathLike | None = None) -> _Model:
     """`CostModel.load`: read a saved model (default `default_path()`); raises if missing or malformed."""
     source = Path(path) if path is not None else default_path()
     try:
