@@ -17,7 +17,7 @@ from .engines.wait import WAIT_MODES, resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 from ..programs.algorithms import check_choices
 from ..base.validate import describe
-from . import debug, debug_calls, door
+from . import debug, debug_calls
 
 __all__ = ["Mesh", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
 
@@ -263,4 +263,5 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     if debug.check_enabled():
         debug_calls.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
     elif polite or debug.watchdog_seconds() is not None:
-        door.barrier(mesh.comm, debug_calls.waiter("split", axes, number, polite, mesh.comm))
+        # a job call, as process.py's (no data: not through the door, which sits above the mesh)
+        engine_of(mesh.comm).barrier(mesh.comm, debug_calls.waiter("split", axes, number, polite, mesh.comm))
