@@ -4,7 +4,7 @@ placement checks they share with DTensor itself; DTensor (spmdsim.runtime.dtenso
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 import numpy as np
 
@@ -17,8 +17,9 @@ from . import debug, debug_calls
 from .mesh import Mesh
 from .budget import check_seeded
 
-if TYPE_CHECKING:
-    from .dtensor import DTensor
+#: The class a constructor is called on, which it makes one of (spmdsim.runtime.dtensor.DTensor, which takes these
+#: constructors from this module).
+_T = TypeVar("_T", bound="_Constructors")
 
 _SEEDABLE = ("float32", "float64", "int32", "int64")  # SeededTensor's dtypes (full's size checks borrow it)
 
@@ -30,8 +31,8 @@ class _Constructors:
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int] | None = None,
-                   dtype: Any = None) -> "DTensor":
+    def from_local(cls: type[_T], mesh: Mesh, local: Any, layout: TensorLayout,
+                   global_shape: Sequence[int] | None = None, dtype: Any = None) -> _T:
         """Wrap an existing shard; its shape (and `dtype` when given) must match.
 
         `global_shape` None: each dim's block times the number of its shards (even shards, as PyTorch's
@@ -64,7 +65,7 @@ class _Constructors:
         return cls(mesh, local, layout, global_shape)
 
     @classmethod
-    def from_seeded(cls, mesh: Mesh, layout: TensorLayout, seeded: SeededTensor) -> "DTensor":
+    def from_seeded(cls: type[_T], mesh: Mesh, layout: TensorLayout, seeded: SeededTensor) -> _T:
         """Build only this rank's shard of a seeded global tensor."""
         _check_placement(mesh, layout)
         if not isinstance(seeded, SeededTensor):
@@ -79,8 +80,8 @@ class _Constructors:
         return cls(mesh, local, layout, shape)
 
     @classmethod
-    def full(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], value: Any,
-             dtype: Any = "float64") -> "DTensor":
+    def full(cls: type[_T], mesh: Mesh, layout: TensorLayout, shape: Sequence[int], value: Any,
+             dtype: Any = "float64") -> _T:
         """A tensor of `shape` filled with `value`, each rank making only its block (PyTorch's
         ``torch.distributed.tensor.full``); a pending sum holds it on the first member, zeros on the others."""
         _check_placement(mesh, layout)
@@ -100,17 +101,17 @@ class _Constructors:
         return cls(mesh, local, layout, shape)
 
     @classmethod
-    def zeros(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> "DTensor":
+    def zeros(cls: type[_T], mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> _T:
         """Zeros of `shape`, each rank making only its block (PyTorch's ``torch.distributed.tensor.zeros``)."""
         return cls.full(mesh, layout, shape, 0, dtype)
 
     @classmethod
-    def ones(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> "DTensor":
+    def ones(cls: type[_T], mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> _T:
         """Ones of `shape`, each rank making only its block (PyTorch's ``torch.distributed.tensor.ones``)."""
         return cls.full(mesh, layout, shape, 1, dtype)
 
     @classmethod
-    def from_global(cls, mesh: Mesh, array: Any, layout: TensorLayout) -> "DTensor":
+    def from_global(cls: type[_T], mesh: Mesh, array: Any, layout: TensorLayout) -> _T:
         """Cut this rank's shard out of a global array every rank has (small demos)."""
         _check_placement(mesh, layout)
         array = np.asarray(array)

@@ -8,13 +8,14 @@ here calls the function the table `_OPERATORS` holds for it, and PyTorch's and n
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ..errors import OperatorError
 from .replay import local_of
 
-if TYPE_CHECKING:
-    from .dtensor import DTensor
+#: The tensor a method is called on, whose kind the operators give back (spmdsim.runtime.dtensor.DTensor, which
+#: takes these methods from this module).
+_T = TypeVar("_T", bound="_Methods")
 
 
 class _Operators:
@@ -118,7 +119,7 @@ class _Methods(_Spellings):
         raise _ForeignName(f"x.{spelled} is {whose}; spmdsim's is {ours} (docs/tutorials/porting.md)")
 
     # -- autograd and operators: spmdsim.nn.ops.methods.bind_dtensor fills `_OPERATORS` ----------
-    def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
+    def requires_grad_(self: _T, requires_grad: bool = True) -> _T:
         """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
         return _OPERATORS.requires_grad_(self, requires_grad)
 
@@ -130,7 +131,7 @@ class _Methods(_Spellings):
                     doc="the gradient, in this layout; ``p.grad = None`` forgets it (a DTensor of the "
                         "parameter's global shape and layout sets it)")
 
-    def backward(self, gradient: "DTensor | None" = None, explain: list | None = None,
+    def backward(self: _T, gradient: _T | None = None, explain: list | None = None,
                  bucket: bool | int = False, keep_pending: Any = (), *, retain_graph: Any = None,
                  create_graph: Any = False) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
@@ -146,83 +147,83 @@ class _Methods(_Spellings):
     # arithmetic (spmdsim.nn.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
     # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the
     # operators are given by spmdsim.nn.ops.methods.
-    def __add__(self, other: Any) -> "DTensor":
+    def __add__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("add", self, other)
 
-    def __radd__(self, other: Any) -> "DTensor":
+    def __radd__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("add", other, self)
 
-    def __sub__(self, other: Any) -> "DTensor":
+    def __sub__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("sub", self, other)
 
-    def __rsub__(self, other: Any) -> "DTensor":
+    def __rsub__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("sub", other, self)
 
-    def __mul__(self, other: Any) -> "DTensor":
+    def __mul__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("mul", self, other)
 
-    def __rmul__(self, other: Any) -> "DTensor":
+    def __rmul__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("mul", other, self)
 
-    def __truediv__(self, other: Any) -> "DTensor":
+    def __truediv__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("div", self, other)
 
-    def __rtruediv__(self, other: Any) -> "DTensor":
+    def __rtruediv__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("div", other, self)
 
-    def __floordiv__(self, other: Any) -> "DTensor":
+    def __floordiv__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("floordiv", self, other)
 
-    def __rfloordiv__(self, other: Any) -> "DTensor":
+    def __rfloordiv__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("floordiv", other, self)
 
-    def __mod__(self, other: Any) -> "DTensor":
+    def __mod__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("mod", self, other)
 
-    def __rmod__(self, other: Any) -> "DTensor":
+    def __rmod__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("mod", other, self)
 
     # Bitwise (on bool DTensors: and, or, exclusive or, not; masks), as numpy's: no gradient.
-    def __and__(self, other: Any) -> "DTensor":
+    def __and__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("and", self, other)
 
-    def __rand__(self, other: Any) -> "DTensor":
+    def __rand__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("and", other, self)
 
-    def __or__(self, other: Any) -> "DTensor":
+    def __or__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("or", self, other)
 
-    def __ror__(self, other: Any) -> "DTensor":
+    def __ror__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("or", other, self)
 
-    def __xor__(self, other: Any) -> "DTensor":
+    def __xor__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("xor", self, other)
 
-    def __rxor__(self, other: Any) -> "DTensor":
+    def __rxor__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("xor", other, self)
 
-    def __invert__(self) -> "DTensor":
+    def __invert__(self: _T) -> _T:
         return _OPERATORS.pointwise("invert", self)
 
-    def __pow__(self, other: Any) -> "DTensor":
+    def __pow__(self: _T, other: Any) -> _T:
         """numpy's ``x ** y`` (spmdsim.nn.ops.ufuncs.power: ``mask ** 2`` is numpy's int8, as np.square's)."""
         return _OPERATORS.power(self, other)
 
-    def __rpow__(self, other: Any) -> "DTensor":
+    def __rpow__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("pow", other, self)
 
-    def __neg__(self) -> "DTensor":
+    def __neg__(self: _T) -> _T:
         return _OPERATORS.pointwise("neg", self)
 
-    def __matmul__(self, other: Any) -> "DTensor":
+    def __matmul__(self: _T, other: Any) -> _T:
         return _OPERATORS.matmul(self, other)
 
     # Comparisons give bool DTensors (no gradient), e.g. a padding mask; == and != too, as PyTorch's and numpy's
     # (`pred == labels`). Hashing stays by identity: a DTensor is still a dict key or a set member.
-    def __eq__(self, other: Any) -> "DTensor":  # type: ignore[override]
+    def __eq__(self: _T, other: Any) -> _T:  # type: ignore[override]
         return _OPERATORS.pointwise("eq", self, other)
 
-    def __ne__(self, other: Any) -> "DTensor":  # type: ignore[override]
+    def __ne__(self: _T, other: Any) -> _T:  # type: ignore[override]
         return _OPERATORS.pointwise("ne", self, other)
 
     __hash__ = object.__hash__
@@ -237,16 +238,16 @@ class _Methods(_Spellings):
                                 "on every rank (a collective): ops.resolved(x)")
         return bool(local_of(self).reshape(()))
 
-    def __lt__(self, other: Any) -> "DTensor":
+    def __lt__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("lt", self, other)
 
-    def __le__(self, other: Any) -> "DTensor":
+    def __le__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("le", self, other)
 
-    def __gt__(self, other: Any) -> "DTensor":
+    def __gt__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("gt", self, other)
 
-    def __ge__(self, other: Any) -> "DTensor":
+    def __ge__(self: _T, other: Any) -> _T:
         return _OPERATORS.pointwise("ge", self, other)
 
     # numpy's protocol and Python's, looked up on the class: np.exp(x), np.where(x > 0, x, 0), abs(x), len(x)
@@ -262,25 +263,25 @@ class _Methods(_Spellings):
     def __len__(self) -> int:
         return _OPERATORS.len(self)
 
-    def __abs__(self) -> "DTensor":
+    def __abs__(self: _T) -> _T:
         return _OPERATORS.abs(self)
 
-    def __pos__(self) -> "DTensor":
+    def __pos__(self: _T) -> _T:
         return _OPERATORS.pos(self)
 
-    def __round__(self, ndigits: Any = None) -> "DTensor":
+    def __round__(self: _T, ndigits: Any = None) -> _T:
         return _OPERATORS.round(self, ndigits)
 
-    def __getitem__(self, index: Any) -> "DTensor":
+    def __getitem__(self: _T, index: Any) -> _T:
         """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.nn.ops.narrow` on each cut dim; a
         split one moves the rows each rank's new block lacks)."""
         return _OPERATORS.getitem(self, index)
 
-    def reshape(self, *shape: Any) -> "DTensor":
+    def reshape(self: _T, *shape: Any) -> _T:
         """`spmdsim.nn.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
         return _OPERATORS.reshape(self, shape[0] if len(shape) == 1 else shape)
 
-    def transpose(self, *perm: Any) -> "DTensor":
+    def transpose(self: _T, *perm: Any) -> _T:
         """`spmdsim.nn.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
         reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`).
 
@@ -290,28 +291,28 @@ class _Methods(_Spellings):
                                 "two dims; write x.T (or x.swapaxes(0, 1), x.t()) to swap them, nothing to keep them")
         return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
 
-    def sum(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+    def sum(self: _T, dims: Any = None, keepdims: bool = False, **aliases: Any) -> _T:
         """`spmdsim.nn.ops.sum`: over a split dim, a pending sum. numpy's ``axis=`` and PyTorch's ``dim=``,
         ``keepdim=`` are taken too (so ``np.sum(x, axis=1)`` works)."""
         return _OPERATORS.reduce("sum", self, *_reduce_args("sum", dims, keepdims, aliases))
 
-    def mean(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+    def mean(self: _T, dims: Any = None, keepdims: bool = False, **aliases: Any) -> _T:
         """`spmdsim.nn.ops.mean`: over a split dim, a pending sum (``axis=``, ``dim=``, ``keepdim=`` too)."""
         return _OPERATORS.reduce("mean", self, *_reduce_args("mean", dims, keepdims, aliases))
 
-    def max(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+    def max(self: _T, dims: Any = None, keepdims: bool = False, **aliases: Any) -> _T:
         """`spmdsim.nn.ops.max`: over a split dim, one Allreduce(MAX) (``axis=``, ``dim=``, ``keepdim=`` too)."""
         return _OPERATORS.reduce("max", self, *_reduce_args("max", dims, keepdims, aliases))
 
-    def min(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+    def min(self: _T, dims: Any = None, keepdims: bool = False, **aliases: Any) -> _T:
         """`spmdsim.nn.ops.min`: over a split dim, one Allreduce(MIN) (``axis=``, ``dim=``, ``keepdim=`` too)."""
         return _OPERATORS.reduce("min", self, *_reduce_args("min", dims, keepdims, aliases))
 
-    def argmax(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
+    def argmax(self: _T, dim: Any = None, keepdims: bool = False) -> _T:
         """`spmdsim.nn.ops.argmax`: int64 indices, the first on ties; over a split dim two Allreduces."""
         return _OPERATORS.arg("argmax", self, dim, keepdims)
 
-    def argmin(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
+    def argmin(self: _T, dim: Any = None, keepdims: bool = False) -> _T:
         """`spmdsim.nn.ops.argmin`: int64 indices, the first on ties; over a split dim two Allreduces."""
         return _OPERATORS.arg("argmin", self, dim, keepdims)
 
