@@ -40,11 +40,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-for _folder in (HERE.parent, HERE.parents[1]):  # bench_gpt beside this file, spmdsim above it: from anywhere
+for _folder in (HERE.parent, HERE.parents[1]):  # bench_gpt's parts beside this file, spmdsim above it
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-import bench_gpt as bench  # noqa: E402
+import _bench_gpt_shared as bench  # noqa: E402
 CP = 4  # context-parallel ranks, one MPI rank each
 ROUNDS = 30
 WAYS = ("raw", "door", "raw2", "replayed", "rawbound")

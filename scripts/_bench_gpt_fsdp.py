@@ -37,11 +37,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-for _folder in (HERE.parent, HERE.parents[1]):  # bench_gpt beside this file, spmdsim above it: from anywhere
+for _folder in (HERE.parent, HERE.parents[1]):  # bench_gpt's parts beside this file, spmdsim above it
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-import bench_gpt as bench  # noqa: E402
+import _bench_gpt_shared as bench  # noqa: E402
 from spmdsim.base.malloc import glibc_env  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 

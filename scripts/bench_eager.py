@@ -61,7 +61,7 @@ def _child(args: argparse.Namespace) -> dict:
     from spmdsim import DTensor, Layout, Mesh
     from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
     from spmdsim.runtime.replay import Scalar, capture
-    from bench_gpt import gpt_step  # the step bench_gpt.py times, built alike
+    from _bench_gpt_shared import gpt_step  # the step bench_gpt.py times, built alike
 
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
     ids = encode(load_text())
