@@ -18,11 +18,12 @@ import types
 
 from ..._lazy import modules_by_name
 from .candidates import Candidate, make_candidate
-from .choose import METHODS, OpReport, Result, autoshard
+from .choose import METHODS, autoshard
 from .cost import OBJECTIVES, Objective, Table
 from .gpt import gpt_graph, megatron
 from .graph import Graph, OpNode, ParamSpec, attention, mlp_chain
 from .networks import NAMES, build, gpt_network
+from .report import OpReport, Result
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 from .volume import redistribution_bytes
 

@@ -9,24 +9,23 @@ Pure (never imports mpi4py).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, Optional, Sequence, Union
 
 from ...programs.cost import CostModel, load_or_default
 from ...layouts.dialects.strategy import parse_strategy
 from ...errors import OperatorError, SpmdsimError
-from ...programs.plan import Plan
 from ...base.validate import int_arg
-from .backward import BackwardOp, replay
+from .backward import replay
 from .candidates import Candidate, candidates, make_candidate, most_devices
 from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds
 from .graph import Graph, Hand
 from .networks import build
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 from .volume import redistribution_bytes
-from .report import format_result, result_json
+from .report import OpReport, Result
 
-__all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
+__all__ = ["autoshard", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
            "TIME_OBJECTIVE_MAX_DEVICES"]
 
 #: How `autoshard` chooses: "search" (tree DP, else branch and bound) or "propagate" (sharding propagation).
@@ -42,84 +41,6 @@ BRANCH_AND_BOUND_MAX_NODES = 16
 #: Above this many devices the chosen hops are priced from the blocks alone
 #: (exact bytes) and not planned step by step (the planner takes ~0.5 s a hop at 4,096).
 PLANNED_HOPS_MAX_DEVICES = 512
-
-
-@dataclass(frozen=True)
-class OpReport:
-    """One operator of a choice: its candidate and what it costs.
-
-    Attributes:
-        considered: candidates enumerated; ruled_out: of those, over the memory limit.
-        in_bytes: bytes the busiest rank receives redistributing its inputs.
-        own_bytes: bytes the busiest rank receives in its own collectives.
-        hops: the planner's plans of those redistributions (empty when not planned).
-        comm_seconds, compute_seconds: modelled.
-        why: the reason for the choice.
-    """
-
-    name: str
-    kind: str
-    considered: int
-    ruled_out: int
-    candidate: Candidate
-    in_bytes: int
-    own_bytes: int
-    hops: tuple[Plan, ...]
-    comm_seconds: float
-    compute_seconds: float
-    why: str = ""
-
-    @property
-    def bytes_per_rank(self) -> int:
-        return self.in_bytes + self.own_bytes
-
-    @property
-    def seconds(self) -> float:
-        return self.comm_seconds + self.compute_seconds
-
-
-@dataclass(frozen=True)
-class Result:
-    """What `autoshard` chose, why, and how it compares with the hand-written strategies."""
-
-    graph: Graph
-    devices: int
-    objective: Objective
-    outcome: Outcome
-    ops: tuple[OpReport, ...]
-    hand_ops: Optional[tuple[OpReport, ...]]
-    propagation: Outcome
-    propagation_bytes: int
-    runners_up: tuple[tuple[int, float, tuple[str, ...]], ...]
-    backward: tuple[BackwardOp, ...] = ()
-    hand_backward: Optional[tuple[BackwardOp, ...]] = None
-
-    @property
-    def backward_bytes_per_rank(self) -> int:
-        """Bytes per rank of a training step's backward (`backward.replay`; 0 without --training)."""
-        return sum(op.bytes_per_rank for op in self.backward)
-
-    @property
-    def hand_written_backward_bytes_per_rank(self) -> Optional[int]:
-        return None if self.hand_backward is None else sum(op.bytes_per_rank for op in self.hand_backward)
-
-    @property
-    def total_bytes_per_rank(self) -> int:
-        return sum(op.bytes_per_rank for op in self.ops)
-
-    @property
-    def hand_written_total_bytes_per_rank(self) -> Optional[int]:
-        return None if self.hand_ops is None else sum(op.bytes_per_rank for op in self.hand_ops)
-
-    @property
-    def total_seconds(self) -> float:
-        return sum(op.seconds for op in self.ops)
-
-    def table(self) -> str:
-        return format_result(self)
-
-    def to_json(self) -> dict:
-        return result_json(self)
 
 
 def autoshard(network: Union[str, Graph], devices: int = 8, *,

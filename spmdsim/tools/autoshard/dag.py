@@ -38,14 +38,14 @@ from ...runtime.dtensor import DTensor
 from ...runtime.executor import redistribute
 from ...runtime.mesh import Mesh
 from ...runtime.trace import collect_trace
-from .choose import Result
 from .graph import Constant
-from .runnable import DAG_KINDS, Measured, check_dag
+from .report import Backward, DagReport, Measured, Result
+from .runnable import DAG_KINDS, check_dag
 from ...models.gpt import reference
 from .evaluate import evaluate
 from .gpt import gpt_config
 
-__all__ = ["DagRunner", "DagReport", "Backward", "run_dag"]
+__all__ = ["DagRunner", "run_dag"]
 
 
 @dataclass(frozen=True)
@@ -222,35 +222,6 @@ class DagRunner:
         """Free the meshes' sub-communicators (collective: all ranks call it)."""
         for mesh in self._meshes.values():
             mesh.close()
-
-
-@dataclass(frozen=True)
-class Backward:
-    """The backward of `run_dag(train=True)`: the busiest rank's bytes and seconds, each weight's verdict."""
-
-    bytes_received: int
-    seconds: float
-    verdicts: dict
-
-
-@dataclass(frozen=True)
-class DagReport:
-    """What `run_dag` found: per node the busiest rank's figures, the verdicts, the loss if any.
-
-    `backward`: the backward's figures and gradients' verdicts (None when not run);
-    `no_backward`: why a training run ran forward only ("" otherwise).
-    """
-
-    measured: tuple
-    verdicts: dict
-    loss: Optional[tuple[float, float]]  # (ranks', numpy's)
-    backward: Optional[Backward] = None
-    no_backward: str = ""
-
-    @property
-    def passed(self) -> bool:
-        grads = () if self.backward is None else self.backward.verdicts.values()
-        return all(self.verdicts.values()) and all(grads)
 
 
 def _reference_grads(graph: Any) -> tuple[Optional[dict], str]:

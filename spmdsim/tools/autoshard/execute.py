@@ -17,9 +17,9 @@ from ...models.nets.model import Network
 from ...models.nets.run import NetworkRunner
 from ...nn.ops import embedding, matmul
 from ...runtime.dtensor import DTensor
-from .choose import Result
+from .report import Measured, Result
 from .dag import run_dag
-from .runnable import Measured, is_chain, to_network
+from .runnable import is_chain, to_network
 
 __all__ = ["run_choice"]
 

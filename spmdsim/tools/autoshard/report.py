@@ -1,19 +1,144 @@
-"""The text table and the JSON object of an autoshard `Result`, and what a run of it measured (pure)."""
+"""What autoshard found and what a run of it measured: the records (`Result` and its `OpReport` rows, `Measured`,
+`DagReport`), and their text table and JSON object (pure).
+
+The search (spmdsim.tools.autoshard.choose) makes a `Result`; the runners (`execute`, `dag`) make the `Measured`
+rows and the `DagReport` they print beside it; `runnable` reads a `Result` to say what can run.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 from ...base.validate import counted
+from ...programs.plan import Plan
+from .backward import BackwardOp
+from .candidates import Candidate
+from .cost import Objective
+from .graph import Graph
+from .search import Outcome
 
-if TYPE_CHECKING:
-    from .choose import Result
-    from .dag import DagReport
-    from .runnable import Measured
-
-__all__ = ["format_result", "result_json", "format_measured", "format_checks", "WIDTH"]
+__all__ = ["Result", "OpReport", "Measured", "DagReport", "Backward", "format_result", "result_json",
+           "format_measured", "format_checks", "WIDTH"]
 
 #: Columns the default output fits in.
 WIDTH = 100
+
+
+@dataclass(frozen=True)
+class OpReport:
+    """One operator of a choice: its candidate and what it costs.
+
+    Attributes:
+        considered: candidates enumerated; ruled_out: of those, over the memory limit.
+        in_bytes: bytes the busiest rank receives redistributing its inputs.
+        own_bytes: bytes the busiest rank receives in its own collectives.
+        hops: the planner's plans of those redistributions (empty when not planned).
+        comm_seconds, compute_seconds: modelled.
+        why: the reason for the choice.
+    """
+
+    name: str
+    kind: str
+    considered: int
+    ruled_out: int
+    candidate: Candidate
+    in_bytes: int
+    own_bytes: int
+    hops: tuple[Plan, ...]
+    comm_seconds: float
+    compute_seconds: float
+    why: str = ""
+
+    @property
+    def bytes_per_rank(self) -> int:
+        return self.in_bytes + self.own_bytes
+
+    @property
+    def seconds(self) -> float:
+        return self.comm_seconds + self.compute_seconds
+
+
+@dataclass(frozen=True)
+class Result:
+    """What `autoshard` chose, why, and how it compares with the hand-written strategies."""
+
+    graph: Graph
+    devices: int
+    objective: Objective
+    outcome: Outcome
+    ops: tuple[OpReport, ...]
+    hand_ops: Optional[tuple[OpReport, ...]]
+    propagation: Outcome
+    propagation_bytes: int
+    runners_up: tuple[tuple[int, float, tuple[str, ...]], ...]
+    backward: tuple[BackwardOp, ...] = ()
+    hand_backward: Optional[tuple[BackwardOp, ...]] = None
+
+    @property
+    def backward_bytes_per_rank(self) -> int:
+        """Bytes per rank of a training step's backward (`backward.replay`; 0 without --training)."""
+        return sum(op.bytes_per_rank for op in self.backward)
+
+    @property
+    def hand_written_backward_bytes_per_rank(self) -> Optional[int]:
+        return None if self.hand_backward is None else sum(op.bytes_per_rank for op in self.hand_backward)
+
+    @property
+    def total_bytes_per_rank(self) -> int:
+        return sum(op.bytes_per_rank for op in self.ops)
+
+    @property
+    def hand_written_total_bytes_per_rank(self) -> Optional[int]:
+        return None if self.hand_ops is None else sum(op.bytes_per_rank for op in self.hand_ops)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(op.seconds for op in self.ops)
+
+    def table(self) -> str:
+        return format_result(self)
+
+    def to_json(self) -> dict:
+        return result_json(self)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One operator (with the redistribution into it): measured on the busiest rank, median of runs."""
+
+    name: str
+    bytes_received: int
+    comm_seconds: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Backward:
+    """The backward of `run_dag(train=True)`: the busiest rank's bytes and seconds, each weight's verdict."""
+
+    bytes_received: int
+    seconds: float
+    verdicts: dict
+
+
+@dataclass(frozen=True)
+class DagReport:
+    """What `run_dag` found: per node the busiest rank's figures, the verdicts, the loss if any.
+
+    `backward`: the backward's figures and gradients' verdicts (None when not run);
+    `no_backward`: why a training run ran forward only ("" otherwise).
+    """
+
+    measured: tuple
+    verdicts: dict
+    loss: Optional[tuple[float, float]]  # (ranks', numpy's)
+    backward: Optional[Backward] = None
+    no_backward: str = ""
+
+    @property
+    def passed(self) -> bool:
+        grads = () if self.backward is None else self.backward.verdicts.values()
+        return all(self.verdicts.values()) and all(grads)
 
 
 def _b(n: int) -> str:
@@ -24,7 +149,7 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 3)] + "..."
 
 
-def format_result(result: "Result") -> str:
+def format_result(result: Result) -> str:
     """Per operator: candidates, choice, bytes in and own, why; then the totals."""
     g, out = result.graph, result.outcome
     proof = "proven optimal" if out.proven else f"best found, not proven ({out.explored:,} nodes)"
@@ -63,7 +188,7 @@ def saving_text(theirs: int, ours: int) -> str:
     return f"costs {_b(-diff)} B more" + (f" ({100 * -diff / theirs:.1f}% more)" if theirs else "")
 
 
-def _totals(result: "Result") -> list[str]:
+def _totals(result: Result) -> list[str]:
     total, hand = result.total_bytes_per_rank, result.hand_written_total_bytes_per_rank
     line = f"total {_b(total)} B/rank" + (" forward" if result.backward else "")
     lines = []
@@ -94,7 +219,7 @@ def _totals(result: "Result") -> list[str]:
     return lines
 
 
-def result_json(result: "Result") -> dict:
+def result_json(result: Result) -> dict:
     """The `spmdsim autoshard --json` object."""
     def ops(reports) -> list:
         return [{
@@ -144,7 +269,7 @@ def result_json(result: "Result") -> dict:
     }
 
 
-def format_measured(result: "Result", measured: Sequence["Measured"]) -> str:
+def format_measured(result: Result, measured: Sequence[Measured]) -> str:
     """Predicted vs measured per operator: bytes, communication time, total time."""
     head = ("op", "pred B/rank", "meas B/rank", "pred comm ms", "meas comm ms", "meas/pred",
             "pred ms", "meas ms")
@@ -160,7 +285,7 @@ def format_measured(result: "Result", measured: Sequence["Measured"]) -> str:
     return "\n".join(lines)
 
 
-def format_checks(result: "Result", report: "DagReport") -> str:
+def format_checks(result: Result, report: DagReport) -> str:
     """The DAG runner's verdicts: bytes that differ from the prediction, the first failed value, the loss."""
     lines = []
     for op, m in zip(result.ops[1:], report.measured[1:]):

@@ -5,33 +5,28 @@ A chain of the network runner's operators (`RUNNABLE`) runs through
 other graph node by node (`DAG_KINDS`). `check_runnable` says, the same on
 every rank and before any collective, what cannot run. The runners themselves
 are `execute.run_choice` and `dag.run_dag`; what they measured is a `Measured`
-row per operator (`report.format_measured` prints them beside the prediction).
+row per operator (spmdsim.tools.autoshard.report, whose `format_measured` prints them beside the prediction).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...layouts.datagen import SeededTensor
 from ...errors import SpmdsimError
 from ...models.nets.model import Network, Param, Stage
+from .report import Result
 
-if TYPE_CHECKING:  # the search's result; choose.py reaches the GPT's model through autoshard.gpt
-    from .choose import Result
-
-__all__ = ["RUNNABLE", "DAG_KINDS", "is_chain", "check_runnable", "check_dag", "to_network", "Measured"]
+__all__ = ["RUNNABLE", "DAG_KINDS", "is_chain", "check_runnable", "check_dag", "to_network"]
 
 #: Node kinds the network runner executes (a chain of them runs as a `Network`).
 RUNNABLE = ("input", "flatten", "matmul", "linear", "relu", "gelu", "embedding")
 
 
-def is_chain(result: "Result") -> bool:
+def is_chain(result: Result) -> bool:
     """Whether the choice runs through the network runner (a chain of `RUNNABLE` kinds)."""
     graph = result.graph
     return graph.is_chain() and all(n.kind in RUNNABLE for n in graph.nodes)
 
 
-def check_runnable(result: "Result") -> None:
+def check_runnable(result: Result) -> None:
     """Raise SpmdsimError (one line, the same on every rank) when the choice cannot run."""
     if is_chain(result):
         to_network(result)
@@ -39,7 +34,7 @@ def check_runnable(result: "Result") -> None:
         check_dag(result)
 
 
-def to_network(result: "Result") -> Network:
+def to_network(result: Result) -> Network:
     """The chosen strategies as a `Network` (a chain of stages) for `spmdsim.models.nets.NetworkRunner`."""
     graph = result.graph
     if not graph.is_chain():
@@ -69,7 +64,7 @@ DAG_KINDS = ("input", "flatten", "matmul", "linear", "bmm", "relu", "gelu", "sof
              "einsum", "pointwise", "layernorm", "reshape", "cross_entropy")
 
 
-def check_dag(result: "Result") -> None:
+def check_dag(result: Result) -> None:
     """Raise SpmdsimError (one line) when some node cannot run; pure, the same on every rank."""
     graph = result.graph
     odd = [f"{n.name} ({n.kind})" for n in graph.nodes if n.kind not in DAG_KINDS]
@@ -81,12 +76,3 @@ def check_dag(result: "Result") -> None:
         if node.kind == "pointwise" and len(node.inputs) + len(node.params) == 1 and node.constant is None:
             raise SpmdsimError(f"--run: {node.name} (pointwise {node.spec!r} of one operand) has no constant")
 
-
-@dataclass(frozen=True)
-class Measured:
-    """One operator (with the redistribution into it): measured on the busiest rank, median of runs."""
-
-    name: str
-    bytes_received: int
-    comm_seconds: float
-    seconds: float
