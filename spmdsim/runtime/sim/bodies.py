@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import pickle
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from ...errors import DTypeError, ShapeError
 from ...base.validate import dtype_name
@@ -18,9 +18,6 @@ from ..engines.base import SimulationError
 from .groups import Group
 from ..._lazy import numpy_on_first_use
 
-if TYPE_CHECKING:
-    from .thread_engine import Member
-
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast", "gather_to",
@@ -30,9 +27,25 @@ __all__ = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_a
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
+class MemberLike(Protocol):
+    """What a body uses of the calling rank's communicator: its group, its place in it and the group's
+    rendezvous (spmdsim.runtime.sim.thread_engine.Member, whose engine calls these bodies, and the emulator's
+    SimComm, a Member)."""
+
+    _group: Group
+    _me: int
+
+    @property
+    def world_rank(self) -> int: ...
+
+    def _enter(self, op: str, signature: tuple, data: Any = None, complete: Any = None) -> Any: ...
+
+    def _enter_all(self, op: str, signature: tuple, data: Any, finish: tuple, complete: Any = None) -> Any: ...
+
+
 # -- buffers -------------------------------------------------------------------------------------
 
-def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None,
+def all_reduce(m: MemberLike, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None,
                tree: Any = None) -> None:
     """dst = red over the members of `src` (flat, n items each; `src` may be `dst`: in place), in member order
     or, with `tree`, in that association (spmdsim.runtime.sim.orders)."""
@@ -61,7 +74,7 @@ def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, data
     m._enter_all("allreduce", signature, src, (fold_all, write))
 
 
-def reduce_scatter(m: Member, src: np.ndarray, dst: np.ndarray, b: int, red: Reduction,
+def reduce_scatter(m: MemberLike, src: np.ndarray, dst: np.ndarray, b: int, red: Reduction,
                    datatype: Any = None) -> None:
     """dst[:b] = red over the members of block `_me` (b items) of `src` (flat, g blocks; may be `dst`)."""
     me = m._me
@@ -79,7 +92,7 @@ def reduce_scatter(m: Member, src: np.ndarray, dst: np.ndarray, b: int, red: Red
     m._enter_all("reduce_scatter", signature, src, (fold_mine, write))
 
 
-def all_gather(m: Member, src: np.ndarray, dst: np.ndarray, n: int, inplace: bool = False) -> None:
+def all_gather(m: MemberLike, src: np.ndarray, dst: np.ndarray, n: int, inplace: bool = False) -> None:
     """Block j (n items) of `dst` = member j's `src`, in group order (`inplace`: `src` is this member's
     block of `dst` already)."""
     g, me = m._group.size, m._me
@@ -96,7 +109,7 @@ def all_gather(m: Member, src: np.ndarray, dst: np.ndarray, n: int, inplace: boo
     m._enter_all("allgather", signature, src, (gather_mine,))
 
 
-def all_to_all(m: Member, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> None:
+def all_to_all(m: MemberLike, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> None:
     """Block j of `dst` (n items) = block `_me` (b items) of member j's `src`."""
     g, me = m._group.size, m._me
 
@@ -112,7 +125,7 @@ def all_to_all(m: Member, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> N
                  (gather_mine,))
 
 
-def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.ndarray, rcounts: Any,
+def all_to_allv(m: MemberLike, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.ndarray, rcounts: Any,
                 rdispls: Any, what: str = "Alltoallv", unit: str = "items") -> None:
     """What member j sends this one (its `scounts[_me]` items from `sdispls[_me]`) lands at `rdispls[j]`.
     `what`, `unit`: the call and what its counts count, as a mismatch names them (Alltoallw: bytes)."""
@@ -135,7 +148,7 @@ def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.
     m._enter_all("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls), (gather_mine,))
 
 
-def all_to_all_boxes(m: Member, sends: dict, receives: dict, dtype: Any) -> None:
+def all_to_all_boxes(m: MemberLike, sends: dict, receives: dict, dtype: Any) -> None:
     """Member j's ``sends[_me]`` (a view of its block) into this member's ``receives[j]`` (a view of its new
     block), each piece copied once, by the last member to arrive (Group.enter_all: the senders' blocks are
     read before any member goes on)."""
@@ -153,7 +166,7 @@ def all_to_all_boxes(m: Member, sends: dict, receives: dict, dtype: Any) -> None
     m._enter_all("alltoallv", ("alltoallv boxes", _NAMES.get(dtype) or dtype_name(dtype)), sends, (gather_mine,))
 
 
-def broadcast(m: Member, data: np.ndarray, root: int,
+def broadcast(m: MemberLike, data: np.ndarray, root: int,
               mismatch: Optional[Callable[[Any, int, int, np.ndarray, np.ndarray], BaseException]] = None) -> None:
     """Every member's `data` (flat) = the root's. A receiver whose count is not the root's raises
     `mismatch(group, root, me, sent, data)` (the root's call completes, as under MPI)."""
@@ -180,7 +193,7 @@ def _bcast_count(group: Group, root: int, me: int, sent: np.ndarray, data: np.nd
                       f"expects {data.size}")
 
 
-def gather_to(m: Member, src: Optional[np.ndarray], root: int, dst: Optional[np.ndarray], counts: Any = None,
+def gather_to(m: MemberLike, src: Optional[np.ndarray], root: int, dst: Optional[np.ndarray], counts: Any = None,
               displs: Any = None, call: str = "Gather") -> None:
     """Member j's `src` into the root's `dst` at `displs[j]` (`counts[j]` items; default: blocks of equal
     size, side by side). `src` None: the root's block is in place already."""
@@ -203,11 +216,11 @@ def gather_to(m: Member, src: Optional[np.ndarray], root: int, dst: Optional[np.
     m._enter_all(op, (op, f"root {root}"), src, (gather_all if me == root else _nothing,))
 
 
-def barrier(m: Member) -> None:
+def barrier(m: MemberLike) -> None:
     m._enter("barrier", ("barrier",))
 
 
-def split(m: Member, color: int, key: int, undefined: int, op: str = "split") -> Optional[Group]:
+def split(m: MemberLike, color: int, key: int, undefined: int, op: str = "split") -> Optional[Group]:
     """The group of the members of `m`'s with this `color`, ordered by (key, rank in `m`): (group, this
     member's index in it), or None for the color `undefined` (collective). `op`: the call's name in a
     report (the signature members compare stays "split")."""
@@ -270,12 +283,12 @@ def _shared_fold(fn: Any) -> Any:
     return complete
 
 
-def all_gather_object(m: Member, obj: Any) -> list:
+def all_gather_object(m: MemberLike, obj: Any) -> list:
     slot = m._enter("allgather(obj)", ("allgather(obj)",), dumps(obj))
     return [pickle.loads(c.data) for c in slot.calls]
 
 
-def all_reduce_object(m: Member, obj: Any, op: Any) -> Any:
+def all_reduce_object(m: MemberLike, obj: Any, op: Any) -> Any:
     name, fn = op_of(op)
     # Reduced once, by the last member to arrive: each member then unpickles its own copy,
     # so p ranks cost O(p), not p reductions of p objects.
@@ -286,12 +299,12 @@ def all_reduce_object(m: Member, obj: Any, op: Any) -> Any:
     return pickle.loads(value)
 
 
-def broadcast_object(m: Member, obj: Any, root: int) -> Any:
+def broadcast_object(m: MemberLike, obj: Any, root: int) -> Any:
     mine = dumps(obj) if m._me == root else None
     slot = m._enter("bcast(obj)", ("bcast(obj)", f"root {root}"), mine)
     return pickle.loads(slot.calls[root].data)
 
 
-def gather_object(m: Member, obj: Any, root: int) -> Optional[list]:
+def gather_object(m: MemberLike, obj: Any, root: int) -> Optional[list]:
     slot = m._enter("gather(obj)", ("gather(obj)", f"root {root}"), dumps(obj))
     return [pickle.loads(c.data) for c in slot.calls] if m._me == root else None
