@@ -1,16 +1,13 @@
 """A simulated communicator's members and the rendezvous of their collective calls (`Group`, `Call`),
 and the requests a rank waits for together (`AllOf`); the world they run in is
-spmdsim.runtime.sim.engine's."""
+spmdsim.runtime.sim.engine's World, which builds on this module (a Group keeps the one it is given)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from ...errors import RuntimeMismatchError
 from .report import program_lines
 from .waiting import _Waiting, ranks_text
-
-if TYPE_CHECKING:
-    from .engine import World
 
 __all__ = ["Call", "Group", "AllOf"]
 
@@ -57,7 +54,7 @@ class _Slot:
 class Group:
     """One communicator's members (world ranks, in group order), shared by its members' SimComms."""
 
-    def __init__(self, world: "World", members: tuple[int, ...], made: Optional[str] = None) -> None:
+    def __init__(self, world: Any, members: tuple[int, ...], made: Optional[str] = None) -> None:
         self.world = world
         self.members = members
         self.size = len(members)

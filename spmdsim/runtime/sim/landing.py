@@ -1,16 +1,14 @@
 """How a simulated message lands in its receive (`land`, `let_land`: now, or at its completion) and what a
 completed send's buffer tells (`rewritten`); how a report names a rank of a group (`rank_name`). Shared by
-the requests (spmdsim.runtime.sim.requests) and the messages that make them (spmdsim.runtime.sim.p2p)."""
+the requests (spmdsim.runtime.sim.requests) and the messages that make them (spmdsim.runtime.sim.p2p), which
+sit above it: a `send`, `recv` or `req` here is one of their Requests, a `group` a communicator's Group
+(spmdsim.runtime.sim.groups)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ..._lazy import numpy_on_first_use
-
-if TYPE_CHECKING:
-    from .groups import Group
-    from .requests import Request
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -37,7 +35,7 @@ def _sample(view: Any) -> Any:
     return np.concatenate((view[:EDGE], view[EDGE:n - EDGE:max(1, (n - 2 * EDGE) // SAMPLES)], view[n - EDGE:]))
 
 
-def rewritten(send: Request, watch: tuple, call: str, file: Optional[str], line: Optional[int]) -> None:
+def rewritten(send: Any, watch: tuple, call: str, file: Optional[str], line: Optional[int]) -> None:
     """The program completed `send`, which its nonblocking `call` at `file`:`line` posted (Wait, a Test that
     returned true, ...): if the buffer's bytes differ from those it held when posted (`watch`, which was
     Request.watch), note it in the world's `rewritten` (a warning when the ranks end). MPI: "the sender should
@@ -82,13 +80,13 @@ def sends_wait(limit: int) -> str:
     return f"a standard Send of {size} or more waits for its receive, as MPICH's does past its eager limit: {fix}"
 
 
-def rank_name(group: Group, me: int) -> str:
+def rank_name(group: Any, me: int) -> str:
     """'rank 3' on the world, else 'group rank 1 (world rank 3)' (a rank of `group`, as a report names it)."""
     world = _world_rank(group, me)
     return f"rank {me}" if world is None else f"group rank {me} (world rank {world})"
 
 
-def _world_rank(group: Optional[Group], me: int) -> Optional[int]:
+def _world_rank(group: Any, me: int) -> Optional[int]:
     """The world rank of `group`'s rank `me`; None on the world itself (its ranks are the world's), without a
     group, or for a number that is no rank of it."""
     if group is None or not 0 <= me < group.size or group.members == tuple(range(group.world.size)):
@@ -96,7 +94,7 @@ def _world_rank(group: Optional[Group], me: int) -> Optional[int]:
     return group.members[me]
 
 
-def _land(recv: Request, payload: Any) -> None:
+def _land(recv: Any, payload: Any) -> None:
     """Write the received bytes (`recv.nbytes` of `payload`) into the receive's buffer: a buffer receive's, or
     the program's buffer given to irecv; a derived datatype's spread where they go."""
     n = recv.nbytes
@@ -113,7 +111,7 @@ def _land(recv: Request, payload: Any) -> None:
             recv.error = recv.error or exc
 
 
-def land(recv: Request) -> None:
+def land(recv: Any) -> None:
     """The message a deferring receive holds lands in its buffer: its completion (Wait, a Test that returns
     true, Get_status that does, ...), in its owner's thread. A nonblocking collective's request holds what writes
     what completes it (a function: spmdsim.emulator.nonblocking.CollectiveRequest)."""
@@ -124,7 +122,7 @@ def land(recv: Request) -> None:
         _land(recv, held)
 
 
-def let_land(recv: Request) -> None:
+def let_land(recv: Any) -> None:
     """`recv` stops deferring (its owner waits for it, or freed it): a message that arrives lands at once, and
     one held lands now."""
     group = recv.group
@@ -137,7 +135,7 @@ def let_land(recv: Request) -> None:
         _land(recv, held)
 
 
-def _remove(queue: list, req: Request) -> bool:
+def _remove(queue: list, req: Any) -> bool:
     """Take `req` itself out of `queue` (not an equal one: every null request equals every other)."""
     for i, other in enumerate(queue):
         if other is req:
@@ -146,7 +144,7 @@ def _remove(queue: list, req: Request) -> bool:
     return False
 
 
-def cancel(req: Request) -> None:
+def cancel(req: Any) -> None:
     """Cancel `req` if no message matched it yet (MPI_Cancel): it completes as cancelled."""
     group = req.group
     if group is None or req.done:
@@ -157,7 +155,7 @@ def cancel(req: Request) -> None:
             req.done = req.cancelled = True
 
 
-def _land_held(req: Request) -> None:
+def _land_held(req: Any) -> None:
     """What `req` and its parts hold to land at completion lands (spmdsim.runtime.sim.landing.land): a
     deferring receive's message, a nonblocking collective's result (a persistent one's, a copy's: their part's)."""
     for part in (req, *req.parts):
@@ -165,7 +163,7 @@ def _land_held(req: Request) -> None:
             land(part)
 
 
-def _sent(req: Request, entry: Any) -> None:
+def _sent(req: Any, entry: Any) -> None:
     """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in
     World.posted: completed, not freed) one whose buffer changed since posted is noted (landing.rewritten)."""
     for part in (req, *req.parts):

@@ -1,13 +1,11 @@
 """What a simulated rank waits in, as a report names it (spmdsim.runtime.sim.report, the engine's
-deadlock and timeout messages)."""
+deadlock and timeout messages). A `group` here is a communicator's (spmdsim.runtime.sim.groups.Group, which
+builds on this module), or None: it is asked only for its ``label()``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ...base.ranks import compact_ranks
-
-if TYPE_CHECKING:
-    from .groups import Group
 
 __all__ = ["ranks_text"]
 
@@ -25,7 +23,7 @@ class _Waiting:
 
     __slots__ = ("_op", "group", "seq", "token")
 
-    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+    def __init__(self, op: Optional[str], group: Any, seq: Optional[int], token: Any = None) -> None:
         self._op, self.group, self.seq, self.token = op, group, seq, token
 
     @property
@@ -53,5 +51,5 @@ class _Waiting:
         return f"{self.op}{_on(self.group)}{number}"
 
 
-def _on(group: Optional["Group"]) -> str:
+def _on(group: Any) -> str:
     return "" if group is None else f" on {group.label()}"
