@@ -111,13 +111,14 @@ def _parsed(root: pathlib.Path, top: str) -> dict[str, ast.Module]:
     return {name: ast.parse(path.read_text(), str(path)) for name, path in module_paths(root, top).items()}
 
 
-def scan(root: pathlib.Path = ROOT, top: str = TOP) -> dict[str, tuple[Import, ...]]:
-    """module -> its imports of the package's modules and of outside packages (by top-level name)."""
-    return _scan(root, top)
+def scan(root: pathlib.Path = ROOT, top: str = TOP, type_checking: bool = False) -> dict[str, tuple[Import, ...]]:
+    """module -> its imports of the package's modules and of outside packages (by top-level name); with
+    `type_checking`, those under ``if TYPE_CHECKING:`` too (counted as made at import)."""
+    return _scan(root, top, type_checking)
 
 
 @lru_cache(maxsize=None)
-def _scan(root: pathlib.Path, top: str) -> dict[str, tuple[Import, ...]]:
+def _scan(root: pathlib.Path, top: str, type_checking: bool = False) -> dict[str, tuple[Import, ...]]:
     paths = module_paths(root, top)
     trees = _parsed(root, top)
     lazy = {name: _lazy_table(trees[name], name, top) for name in paths if is_package(name, paths)}
@@ -144,7 +145,7 @@ def _scan(root: pathlib.Path, top: str) -> dict[str, tuple[Import, ...]]:
                 if prefix.split(".")[0] != top or prefix not in above:
                     add(prefix, node, at_import)
 
-        for node, at_import in _statements(tree):
+        for node, at_import in _statements(tree, type_checking):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     add_module(alias.name, node, at_import)

@@ -66,6 +66,16 @@ def test_no_import_cycle_counting_imports_inside_functions():
         f"  {' -> '.join(importkit.one_cycle(graph, members))}" for members in found)
 
 
+def test_no_import_cycle_counting_type_checking_imports():
+    """Nor through the imports only a type checker reads (``if TYPE_CHECKING:``): each is a dependency all the
+    same, and two modules that name each other's classes are one module in two files."""
+    scanned = importkit.scan(type_checking=True)
+    graph = {m: {i.target for i in imports if i.target in scanned} for m, imports in scanned.items()}
+    found = importkit.cycles(graph)
+    assert not found, "import cycles (imports under TYPE_CHECKING included):\n" + "\n".join(
+        f"  {' -> '.join(importkit.one_cycle(graph, members))}" for members in found)
+
+
 def _inner_imports() -> dict[str, list[str]]:
     """module -> its import statements inside functions that load a module of the package ("line: statement")."""
     found: dict[str, list[str]] = {}
