@@ -307,7 +307,8 @@ def test_errors_of_the_program_and_its_modules_read_as_pythons(tmp_path, capsys)
         assert "importlib" not in err and "rank_modules" not in err
 
 
-def test_a_programs_excepthook_runs_on_the_rank_that_raised_and_its_encoding_is_read_as_pythons(tmp_path, capsys):
+def test_a_programs_excepthook_runs_on_the_rank_that_raised_and_its_encoding_is_read_as_pythons(tmp_path, capsys,
+                                                                                                monkeypatch):
     """A program's sys.excepthook is called on the failing rank with the exception and its traceback from the
     program's frame on, in place of the traceback (python calls it in each failing process under mpiexec);
     a hook that raises gets python's two reports; the hook ends with the run. A script python would refuse
@@ -331,6 +332,12 @@ def test_a_programs_excepthook_runs_on_the_rank_that_raised_and_its_encoding_is_
                           f'  File "{tmp_path / "hooked.py"}", line 4, in hook\n'), err
     assert "ZeroDivisionError: division by zero\n\nOriginal exception was:\nTraceback" in err
     assert err.endswith("ValueError: boom\nspmdsim mpirun: error on simulated rank 1: ValueError: boom\n")
+    # a hook set before the run (spmdsim's guard installs one) is not the program's: the traceback as always
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: print("the launcher's hook"))
+    (tmp_path / "plain.py").write_text("from mpi4py import MPI\nraise ValueError('plain')\n")
+    assert main(["mpirun", "-n", "2", str(tmp_path / "plain.py")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" in err and err.endswith("ValueError: plain\nraised on every simulated rank\n"), err
     (tmp_path / "latin1.py").write_bytes(b"from mpi4py import MPI\n# caf\xe9\nprint(MPI.COMM_WORLD.rank)\n")
     assert main(["mpirun", "-n", "2", str(tmp_path / "latin1.py")]) == 1
     out, err = capsys.readouterr()

@@ -122,7 +122,7 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
         failures.append((current_rank(), exc))
         if not isinstance(exc, SpmdsimError) and getattr(exc, "abort_code", None) is None:  # the program's own
             notice.failed()  # (a deadlock's, a mismatch's or an Abort's report comes at once anyway)
-            program_hook(exc)
+            program_hook(exc, notice.hook)
         raise
     else:
         call = "sys.exit"

@@ -83,11 +83,12 @@ def _report(exc: BaseException, exits: dict) -> int:
     return 1
 
 
-def program_hook(exc: BaseException) -> None:
-    """On the rank whose program raised `exc`: call the sys.excepthook the program set, as python calls it with
-    an uncaught exception (under mpiexec in the failing rank's process), its traceback from the program's first
-    frame; where the hook itself raises, python's two reports. The run's report then leaves the traceback out."""
-    if sys.excepthook is sys.__excepthook__:
+def program_hook(exc: BaseException, before: object) -> None:
+    """On the rank whose program raised `exc`: call the sys.excepthook the program set (one other than `before`,
+    the hook when the run started), as python calls it with an uncaught exception (under mpiexec in the failing
+    rank's process), its traceback from the program's first frame; where the hook itself raises, python's two
+    reports. The run's report then leaves the traceback out."""
+    if sys.excepthook is before:
         return
     import traceback
 
@@ -200,6 +201,7 @@ class FailureNotice:
 
     def __init__(self, failures: list) -> None:
         self.failures, self.timer, self.lock = failures, None, threading.Lock()
+        self.hook = sys.excepthook  # the run's start's: a hook other than it is the program's (`program_hook`)
 
     def failed(self) -> None:
         """A rank's program raised (its exception is in `failures`): time the notice, once."""
