@@ -166,6 +166,9 @@ def test_spmdsim_mpirun_takes_the_module_and_code_forms_its_help_offers(tmp_path
     assert sorted(capsys.readouterr().out.splitlines()) == ["module rank 0", "module rank 1"]
     assert main(["mpirun", "--np", "2", "--oversubscribe", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"]) == 0
     assert capsys.readouterr().out.splitlines() == ["2", "2"]
+    for limit in (["--eager-limit", "0"], ["--eager-limit=0"]):  # the README's flag before -c: its code, too
+        assert main(["mpirun", "-n", "2", *limit, "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"]) == 0
+        assert capsys.readouterr().out.splitlines() == ["2", "2"]
     assert main(["mpirun", "-m", "hello_mod", "-n", "2"]) == 2  # -n after the program: its own, said so
     assert "-n N goes before the program" in unfold(capsys.readouterr().err)
 

@@ -116,13 +116,15 @@ def _output_failed(exc: OSError) -> int:
 
 def _mpirun_words(words: list) -> list:
     """`spmdsim mpirun -n 2 -m module ARGS` (or `-c CODE`), as `--help` offers it: a `--` put before the
-    program's `-m`/`-c`, which argparse took for mpirun's own unknown flags ("unrecognized arguments: -m")."""
+    program's `-m`/`-c`, which argparse took for mpirun's own unknown flags ("unrecognized arguments: -m"),
+    after any of mpirun's own flags (-n, --eager-limit, --oversubscribe)."""
     at = 1
     while at < len(words):
         word = words[at]
-        if word in ("-n", "-np", "--np"):
+        if word in ("-n", "-np", "--np", "--eager-limit"):
             at += 2
-        elif word == "--oversubscribe" or word.startswith(("-n", "--np=")) and word not in ("-m", "-c"):
+        elif word == "--oversubscribe" or word.startswith(("-n", "--np=", "--eager-limit=")) \
+                and word not in ("-m", "-c"):
             at += 1
         else:
             break
