@@ -30,7 +30,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
   or each sequence over cp: python examples/train_moe_gpt.py --ranks 8 --ep 2 --cp 2 --tp 2 --dropless
   or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
-         --dropless --routing worst
+         --layers 4 --d-model 1024 --heads 16 --seq 1024 --batch 128 --dropless --routing worst
 """
 import math
 import sys

@@ -1,0 +1,46 @@
+"""The commands the examples' docstrings give run as written: here their dry runs, which take a second or two.
+
+A command cut short in a docstring (train_moe_gpt.py's 1,024-rank dry run without its --batch) stopped with
+"batch 8 is not divisible by dp 2 x ep 64" where its docs page ran."""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def docstring_commands(path: pathlib.Path) -> list[str]:
+    """The `python examples/...` commands of `path`'s docstring, a line ending in a backslash joined with the next,
+    each from its `python` on."""
+    doc = path.read_text().split('"""')[1]  # as written: a backslash at a line's end is still there
+    joined = re.sub(r"\s*\\\n\s*", " ", doc)
+    commands = []
+    for line in joined.splitlines():
+        at = line.find("python examples/")
+        if at >= 0:
+            commands.append(" ".join(line[at:].split("  ")[0].split()))  # up to a comment's wide gap
+    return commands
+
+
+DRY_RUNS = [(path.stem, command) for path in EXAMPLES for command in docstring_commands(path) if "--dry-run" in command]
+
+
+def test_the_docstrings_give_dry_runs():
+    assert {stem for stem, _ in DRY_RUNS} >= {"train_gpt", "train_moe_gpt"}
+
+
+@pytest.mark.parametrize("stem, command", DRY_RUNS, ids=[stem for stem, _ in DRY_RUNS])
+def test_a_docstrings_dry_run_runs_as_written(stem, command):
+    words = shlex.split(command)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, *words[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, (command, done.stderr[-2000:])
+    assert "dry run on" in done.stdout, done.stdout[-2000:]
