@@ -69,7 +69,7 @@ from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
 
 parser = OnceParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=200)
+parser.add_argument("--steps", type=int, default=200, metavar="N", help="training steps (default 200)")
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")

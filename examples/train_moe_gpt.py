@@ -68,7 +68,7 @@ from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
 
 parser = OnceParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=50)
+parser.add_argument("--steps", type=int, default=50, metavar="N", help="training steps (default 50)")
 parser.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: world / (dp x tp))")
 parser.add_argument("--dp", type=int, default=None,
                     help="expert-data-parallel ranks: replicas of each expert (default: world / (ep x tp))")
@@ -80,7 +80,7 @@ parser.add_argument("--etp", type=int, default=None,
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
 context_arguments(parser)  # --cp, --cp-method, --cp-split: each sequence split over cp, in the experts too
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
-parser.add_argument("--experts", type=int, default=8)
+parser.add_argument("--experts", type=int, default=8, metavar="N", help="experts in each MoE layer (default 8)")
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
 parser.add_argument("--capacity-factor", type=flag_float, default=1.25,
@@ -107,11 +107,14 @@ parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
                          "experts' over dp (docs/howto/experts.md); 2: ZeRO-2, the gradients too; 3: ZeRO-3, the "
                          "parameters too, gathered for each layer (docs/howto/fsdp.md)")
-parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
+parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed,fp8,fp8-current}",
                     help="the precision policy (docs/howto/train.md): bf16-mixed computes in bfloat16, the router in "
-                         "float32 (docs/howto/experts.md)")
-parser.add_argument("--aux-loss-coeff", type=flag_float, default=MoEConfig.aux_loss_coeff)
-parser.add_argument("--z-loss-coeff", type=flag_float, default=MoEConfig.z_loss_coeff)
+                         "float32 (docs/howto/experts.md); fp8 and fp8-current also the dense layers' linear "
+                         "products in FP8, the experts' in bfloat16 (docs/howto/bf16.md)")
+parser.add_argument("--aux-loss-coeff", type=flag_float, default=MoEConfig.aux_loss_coeff, metavar="C",
+                    help=f"weight of the Switch load-balancing loss (default {MoEConfig.aux_loss_coeff:g})")
+parser.add_argument("--z-loss-coeff", type=flag_float, default=MoEConfig.z_loss_coeff, metavar="C",
+                    help=f"weight of the router z-loss (default {MoEConfig.z_loss_coeff:g})")
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
                     help="run the Alltoalls as this emulated algorithm (docs/explanation/algorithms.md); pairwise runs the "
                          "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")

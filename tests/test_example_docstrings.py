@@ -1,7 +1,9 @@
-"""The commands the examples' docstrings give run as written: here their dry runs, which take a second or two.
+"""The examples say what they run: the commands their docstrings give run as written (here their dry runs, which
+take a second or two), and every flag of the training examples' --help says what it sets.
 
 A command cut short in a docstring (train_moe_gpt.py's 1,024-rank dry run without its --batch) stopped with
-"batch 8 is not divisible by dp 2 x ep 64" where its docs page ran."""
+"batch 8 is not divisible by dp 2 x ep 64" where its docs page ran; --steps, --layers, --d-model, --heads,
+--seq, --batch and others were listed bare, their defaults nowhere but the source."""
 from __future__ import annotations
 
 import os
@@ -44,3 +46,26 @@ def test_a_docstrings_dry_run_runs_as_written(stem, command):
     done = subprocess.run([sys.executable, *words[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, (command, done.stderr[-2000:])
     assert "dry run on" in done.stdout, done.stdout[-2000:]
+
+
+def _bare_flags(help_text: str) -> list[str]:
+    """The options of an argparse --help with no words of their own."""
+    lines = help_text.split("options:\n", 1)[1].splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        if not line.startswith("  -"):
+            continue
+        words = line.strip().split("  ", 1)  # the invocation, then its help after a gap
+        below = lines[i + 1] if i + 1 < len(lines) else ""
+        if len(words) == 1 and not (below.startswith(" " * 8) and not below.strip().startswith("-")):
+            bare.append(words[0])
+    return bare
+
+
+@pytest.mark.parametrize("name", ["train_gpt", "train_moe_gpt"])
+def test_every_flag_of_a_training_example_has_its_help(name):
+    done = subprocess.run([sys.executable, f"examples/{name}.py", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, COLUMNS="100"))
+    assert done.returncode == 0, done.stderr
+    assert _bare_flags(done.stdout) == []
+    assert "--steps N             training steps (default " in done.stdout

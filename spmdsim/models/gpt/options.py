@@ -53,14 +53,18 @@ def model_arguments(parser: Any) -> None:
     add_noted(parser, "--pad-vocab-to", type=int, default=1, metavar="N",
               help="pad the vocabulary to a multiple of N, the padded logits masked out of the loss (Megatron pads "
                    "to 128 x tp; default 1: no padding)")
-    add_noted(parser, "--layers", type=int, default=4)
-    add_noted(parser, "--d-model", type=int, default=128)
-    add_noted(parser, "--heads", type=int, default=4)
-    add_noted(parser, "--seq", type=int, default=64)
-    add_noted(parser, "--batch", type=int, default=8)
-    add_noted(parser, "--dropout", type=flag_float, default=0.1)  # refused as typed: "--lr -1", not "-1.0"
-    add_noted(parser, "--lr", type=flag_float, default=3e-3)
-    add_noted(parser, "--seed", type=int, default=0)
+    add_noted(parser, "--layers", type=int, default=4, metavar="N", help="transformer blocks (default 4)")
+    add_noted(parser, "--d-model", type=int, default=128, metavar="N", help="the hidden width (default 128)")
+    add_noted(parser, "--heads", type=int, default=4, metavar="N",
+              help="attention heads, split over tp (default 4)")
+    add_noted(parser, "--seq", type=int, default=64, metavar="N", help="tokens per sequence (default 64)")
+    add_noted(parser, "--batch", type=int, default=8, metavar="N",
+              help="sequences per step, all ranks together (default 8)")
+    add_noted(parser, "--dropout", type=flag_float, default=0.1, metavar="P",  # refused as typed: "--lr -1"
+              help="dropout probability, in [0, 1) (default 0.1)")
+    add_noted(parser, "--lr", type=flag_float, default=3e-3, help="AdamW's learning rate (default 0.003)")
+    add_noted(parser, "--seed", type=int, default=0,
+              help="seed of the initial parameters, the batches and the dropout masks (default 0)")
     architecture_arguments(parser)
 
 
