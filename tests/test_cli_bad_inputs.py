@@ -336,6 +336,9 @@ def test_estimate_says_a_size_left_at_its_default_is_the_default(capsys, argv, l
     (["--clip", "-1"], "--clip -1 must be a finite number >= 0 (0: no clipping)"),
     (["--lr", "-1"], "--lr -1 must be a finite number >= 0"),  # was "-1.0", a value never typed
     (["--lr", "1e400"], "--lr 1e400 (read as inf) must be a finite number >= 0"),
+    # 100,000 layers were built on every rank for minutes before the step's memory refused them
+    (["--layers", "100000"], "--layers 100,000 is too many; expected at most 1,024 (every layer's parameters are "
+                             "made on each rank)"),
     # a size the user left alone is said as the default, not as a flag typed ("--d-model 128 must be ...")
     (["--heads", "3"], "the default d_model 128 must be divisible by --heads 3 (each head takes d_model / --heads "
                        "features)"),

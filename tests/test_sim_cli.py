@@ -107,6 +107,27 @@ def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeyp
         assert exc.value.code == 2 and capsys.readouterr().err == err  # every rank exits 2; one says why
 
 
+@pytest.mark.parametrize("given, line", [
+    (dict(steps=10 ** 11, dry_run=True), "--steps 100,000,000,000 with --dry-run is too many; expected at most 1,000 "
+                                         "(a dry run prints nothing until its last step; --steps 1 gives one step's "
+                                         "bytes)"),
+    (dict(steps=1, sample=10 ** 8), "--sample 100,000,000 must be an integer from 0 to 2,000 (characters to "
+                                    "generate, each a forward pass of the model; 0: none)"),
+    (dict(steps=1, sample=-1), "--sample -1 must be an integer from 0 to 2,000 (characters to generate, each a "
+                               "forward pass of the model; 0: none)"),
+])
+def test_an_examples_unbounded_work_is_refused_before_it_starts(capsys, given, line):
+    # `train_gpt.py --ranks 4 --dry-run --steps 100000000000` ran without a word until a timeout (a dry run reports
+    # after its last step), and `--sample 100000000` drew characters for hours after the training's last line.
+    import argparse
+
+    from spmdsim.models.nets.train import run_main
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(lambda args: pytest.fail("ran"), argparse.Namespace(**given), 4)
+    assert exc.value.code == 2 and unfold(capsys.readouterr().err) == f"spmdsim: error: {line}\n"
+
+
 @pytest.mark.parametrize("exits, code", [("sys.exit(-1)", 255), ("raise SystemExit(-3)", 253),
                                          ("sys.exit(300)", 44), ("sys.exit('bye')", 1)])
 def test_a_scripts_exit_code_on_simulated_ranks_is_its_status_as_mpiexec_reports_it(exits, code):

@@ -39,6 +39,9 @@ __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "si
 
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
 SIZE_FLAGS = (PIPELINE, DATA, EXPERT, CONTEXT, TENSOR, "microbatches", "virtual_stages")
+#: The most --layers an example builds (as `spmdsim estimate`'s dry run): each layer's parameters are made on every
+#: rank before the step's memory is weighed, so 100,000 layers ran for minutes before their refusal.
+MAX_LAYERS = 1024
 #: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
@@ -115,6 +118,9 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
     problem = architecture_problem(args, said=said.get("heads", "the default heads"))
     if problem:  # pure: every rank alike, before any collective
         raise SpmdsimError(problem)
+    if isinstance(args.layers, int) and args.layers > MAX_LAYERS:
+        raise SpmdsimError(f"--layers {args.layers:,} is too many; expected at most {MAX_LAYERS:,} (every layer's "
+                           "parameters are made on each rank)")
     with said_as(said, defaults):
         return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                          batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,

@@ -48,6 +48,10 @@ __all__ = ["NetworkTrainer", "StepResult", "Anchor", "PHASES", "explain_backward
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
+#: The most characters an example's ``--sample`` draws (each one a forward pass, with nothing printed until the last).
+MAX_SAMPLE = 2_000
+#: The most steps of a dry run (``--dry-run``), whose report comes after its last step and nothing before it.
+MAX_DRY_STEPS = 1_000
 
 
 @dataclass(frozen=True)
@@ -302,8 +306,9 @@ def _printing_problem(args: Any) -> Optional[str]:
     if every is not None and every < 1:
         return f"--every {every!r} must be at least 1 (print every N steps)"
     sample = getattr(args, "sample", None)
-    if sample is not None and sample < 0:
-        return f"--sample {sample!r} must be an integer >= 0 (characters to generate; 0: none)"
+    if sample is not None and not 0 <= sample <= MAX_SAMPLE:
+        return (f"--sample {sample:,} must be an integer from 0 to {MAX_SAMPLE:,} (characters to generate, each "
+                "a forward pass of the model; 0: none)")
     temperature = getattr(args, "temperature", None)
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
         return f"--temperature {shown(temperature)} must be a finite number >= 0 (0: greedy)"
@@ -361,6 +366,9 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     dry_run = bool(getattr(args, "dry_run", False))
     if dry_run and ranks is None:
         refuse(DRY_RUN_NEEDS_RANKS)
+    if dry_run and steps > MAX_DRY_STEPS:  # its report comes at the end: a million steps would be silent for hours
+        refuse(f"--steps {steps:,} with --dry-run is too many; expected at most {MAX_DRY_STEPS:,} (a dry run prints "
+               "nothing until its last step; --steps 1 gives one step's bytes)")
     if ranks is not None:
         size = world_size(ranks, dry_run)  # refuses a count that cannot be
         problem = needs(size) if needs is not None else None
