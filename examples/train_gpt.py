@@ -58,6 +58,7 @@ from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
 from spmdsim.base.precision import precision_problem
 from spmdsim.models.nets.train import loss_trend, run_main
+from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.sim import dry_run_active
@@ -278,7 +279,7 @@ def main(args):
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")
-    trend, falling = loss_trend([r.loss for r in results])
+    trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
     if check and rank0:
         print("\n".join(check_lines(results, cfg, args.precision)))

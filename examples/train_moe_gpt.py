@@ -55,6 +55,7 @@ from spmdsim.models.moe.fold import fold_problem
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
+from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, padding_line,
                                         sizes_problem)
@@ -358,7 +359,7 @@ def main(args):
     if rank0 and args.save is not None:
         print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
               "checkpoint.json)")
-    trend, falling = loss_trend([r.loss for r in results])
+    trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
     if check and rank0:
         print("\n".join(check_lines(results, cfg, args.precision)))

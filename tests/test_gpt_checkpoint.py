@@ -70,6 +70,9 @@ def test_a_resumed_run_steps_as_the_run_that_never_stopped(tmp_path, options):
         assert all(_same(w_params[k], r_params[k]) for k in w_params)
     _same_files(tmp_path / "whole", tmp_path / "resumed", 4)  # the optimizer's state too
     assert read_meta(str(tmp_path / "resumed"))[0]["step"] == 4
+    # the training's first loss, step 0's, carried from checkpoint to checkpoint: a resumed run's trend starts there
+    assert [read_meta(str(tmp_path / name))[0]["first loss"] for name in ("whole", "half", "resumed")] == \
+        [whole[0][0][0].loss] * 3
 
 
 def test_save_every_writes_after_every_nth_step_and_the_last(tmp_path):
@@ -204,6 +207,21 @@ def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
         return [line for line in text.splitlines() if re.match(r" {4}[345] ", line)]
 
     assert len(steps(done.stdout)) == 3 and steps(done.stdout) == steps(whole.stdout)
+    # the verdict on the loss too: the resumed run's trend starts at step 0's loss, the checkpoint's, as the whole
+    # run's does (its own first step, 3, was judged: the docstring's --steps 5, then 10, exited 1, "NOT falling")
+    trend = re.compile(r"loss first ([0-9.]+)\b.*last ([0-9.]+) \(falling\)")
+    first, last = (trend.search(run.stdout).groups() for run in (whole, done))
+    assert done.returncode == 0 and first == last
+    assert "loss first " + first[0] + " (step 0, before the checkpoint)" in done.stdout
+
+
+def test_a_resumed_runs_trend_is_judged_from_the_trainings_first_loss():
+    from spmdsim.models.nets.train import loss_trend
+
+    assert loss_trend([3.12, 3.15]) == ("loss first 3.1200000, last 3.1500000 (NOT falling)", False)
+    assert loss_trend([3.12, 3.15], first=4.7) == (
+        "loss first 4.7000000 (step 0, before the checkpoint), last 3.1500000 (falling)", True)
+    assert loss_trend([4.8], first=4.7)[1] is False  # one resumed step is judged too: it has a first loss
 
 
 def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
@@ -239,6 +257,7 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     resumed = run(3, resume=str(tmp_path / "half"), save=str(tmp_path / "resumed"))
     assert [w[1:] for w in whole] == resumed
     _same_files(tmp_path / "whole", tmp_path / "resumed", 4)
+    assert read_meta(str(tmp_path / "resumed"))[0]["first loss"] == whole[0][0][1]  # step 0's, as train's
     assert read_meta(str(tmp_path / "whole"))[0]["pipeline"] == {"schedule": schedule, "microbatches": 2,
                                                                  "virtual": 1, "split": None}
     # another pipeline's checkpoint: one line, before any collective

@@ -7,7 +7,8 @@ master; a pipeline stage's rank, its stage's), under FP8 its scales and amax his
 stage) and the step reached; and ``checkpoint.json``, written by rank 0,
 which records what a resume must match: the model's config (GPTConfig, its MoE config too), the world size and
 the mesh (pp, dp, ep, tp, sequence parallelism), every parameter's layout, the precision policy and the
-optimizer, the pipeline (schedule, microbatches, chunks, split; None without), and the step reached. Each file
+optimizer, the pipeline (schedule, microbatches, chunks, split; None without), the step reached and the
+training's first loss (step 0's: a resumed run judges its loss's trend from it, `first_loss`). Each file
 is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is there when a
 trainer returns). The files hold arrays and text only (numpy's .npz read with
 ``allow_pickle=False``; the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
@@ -47,7 +48,7 @@ from ..axes import DATA, EXPERT, model_layout
 from .layouts import megatron_layouts
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
-           "checkpoint_problem", "checkpoint_meta"]
+           "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss"]
 
 #: The metadata file rank 0 writes.
 META = "checkpoint.json"
@@ -96,6 +97,18 @@ def read_meta(directory: str) -> tuple[Optional[dict], Optional[str]]:
     if type(step) is not int or step < 1:
         return None, f"--resume {directory}: {META} step {step!r} must be an integer >= 1"
     return meta, None
+
+
+def first_loss(resume: Optional[str]) -> Optional[float]:
+    """The first loss of the training a run resumes from `resume` (its step 0's, which that checkpoint records),
+    or None: no --resume, or a checkpoint saved before it recorded one."""
+    return None if resume is None else ((read_meta(resume)[0] or {}).get("first loss"))
+
+
+def with_first_loss(meta: dict, resume: Optional[str], results: list) -> dict:
+    """`meta` for `save` with the training's first loss: the resumed checkpoint's, else this run's first step's
+    (`results`: its StepResults)."""
+    return {**meta, "first loss": first_loss(resume) if resume is not None else results[0].loss}
 
 
 def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:

@@ -62,7 +62,7 @@ from ...runtime.replay import Scalar, capture
 from ...runtime.sim import dry_run_active
 from ...runtime.sim.dry import differ
 from ...runtime.trace import collect_trace
-from .checkpoint import load, save as save_checkpoint
+from .checkpoint import load, save as save_checkpoint, with_first_loss
 from .fp8_block import settle
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
@@ -154,7 +154,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         if on_step is not None:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            save_checkpoint(save, meta, step + 1, mesh, params, optimizer, st.scales)
+            save_checkpoint(save, with_first_loss(meta, resume, results), step + 1, mesh, params, optimizer, st.scales)
     return run, results
 
 

@@ -60,7 +60,8 @@ from ...runtime.shared_reference import shared_once
 from ...runtime import shared_rows
 from ...runtime.sim import dry_run_active
 from ...runtime.trace import collect_trace
-from .checkpoint import _checkpoint_problem, checkpoint_meta, checkpoint_problem, load, save as save_checkpoint
+from .checkpoint import (_checkpoint_problem, checkpoint_meta, checkpoint_problem, load, save as save_checkpoint,
+                         with_first_loss)
 from .mixed import architecture_problem
 from . import parallel
 from .mesh import model_mesh
@@ -240,7 +241,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if on_step is not None:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
-            save_checkpoint(save, meta, step + 1, mesh, tensors, optimizer, scales)
+            save_checkpoint(save, with_first_loss(meta, resume, results), step + 1, mesh, tensors, optimizer, scales)
     return model, results
 
 

@@ -328,12 +328,17 @@ def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     return load_mpi().COMM_WORLD.Get_size()  # no MPI library: one line naming --ranks N, not a traceback
 
 
-def loss_trend(losses: Any) -> tuple[str, bool]:
+def loss_trend(losses: Any, first: Optional[float] = None) -> tuple[str, bool]:
     """("loss first a, last b (falling)", whether the trend passes) for a training's losses.
 
     One step has no trend: its loss alone, and a pass (a user asking for one
-    step to see its collectives is not told the training failed).
+    step to see its collectives is not told the training failed). `first`: a resumed run's training's first
+    loss (its checkpoint's), which the trend starts from, as the trend of the run that never stopped does.
     """
+    if first is not None:
+        falling = losses[-1] < first
+        return (f"loss first {first:.7f} (step 0, before the checkpoint), last {losses[-1]:.7f} "
+                f"({'falling' if falling else 'NOT falling'})"), falling
     if len(losses) < 2:
         return f"loss {losses[0]:.7f} (1 step: no trend to judge)", True
     falling = losses[-1] < losses[0]
