@@ -196,6 +196,8 @@ def test_a_limit_the_grader_cannot_run_with_is_refused_before_any_submission(tin
     (tmp_path / "s" / "right.py").write_text(SUBMISSIONS["right.py"])
     for extra, words in ((["--time-limit", "inf"], "--time-limit inf must be a number of seconds above 0"),
                          (["--time-limit", "1e300"], "and at most 86,400"),
+                         (["--time-limit", "0"], "--time-limit 0 must be"),  # as typed: it said "0.0"
+                         (["--time-limit", "1e400"], "--time-limit 1e400 (read as inf) must be"),
                          (["--memory-mb", "143"], "--memory-mb 143 is too little for 2 ranks: expected at least 160"),
                          (["--csv", str(tmp_path / "nowhere" / "g.csv")], "cannot be written")):
         argv = ["lab", "grade", "1", str(tmp_path / "s"), "--exercises", tiny]

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
 from .exercise import EXERCISES, LabError, find_exercise, load_exercises
 
 __all__ = ["register"]
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_check.add_argument("file", metavar="FILE", help="the submission: a .py file defining the exercise's function")
     p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")
     for sub in (p_check, p_grade):
-        sub.add_argument("--time-limit", type=float, metavar="S", help="seconds of wall time per submission "
+        sub.add_argument("--time-limit", type=flag_float, metavar="S", help="seconds of wall time per submission "
                          "(default: the exercise's)")
         sub.add_argument("--memory-mb", type=int, metavar="M", help="MiB of memory per submission "
                          "(default: the exercise's)")
@@ -105,7 +106,7 @@ def _limits(args: argparse.Namespace, ranks: int) -> dict:
     """The time and memory limits given, each refused in one line where the grader cannot run with it (it
     would fail every submission alike): `ranks`, the most the check runs on."""
     if args.time_limit is not None and not 0 < args.time_limit <= MOST_SECONDS:
-        raise LabError(f"--time-limit {args.time_limit!r} must be a number of seconds above 0 and at most "
+        raise LabError(f"--time-limit {shown(args.time_limit)} must be a number of seconds above 0 and at most "
                        f"{MOST_SECONDS:,}")
     if args.memory_mb is not None and args.memory_mb < memory_floor(ranks):
         raise LabError(f"--memory-mb {args.memory_mb!r} is too little for {ranks} ranks: expected at least "
