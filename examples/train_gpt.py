@@ -56,7 +56,7 @@ from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
-from spmdsim.base.precision import precision_problem
+from spmdsim.models.gpt.fp8_block import policy_problem
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
@@ -173,7 +173,7 @@ def main(args):
         problem = shard_group_problem(args.shard_group, zero, shape[0])
     if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
         problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
-    problem = problem or precision_problem(args.precision)
+    problem = problem or policy_problem(args.precision, args.kept, args.replay)  # FP8's options too, before the header
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing

@@ -37,7 +37,8 @@ import sys
 
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
-from spmdsim.base.precision import precision, precision_problem
+from spmdsim.base.precision import precision
+from spmdsim.models.gpt.fp8_block import policy_problem
 from spmdsim.models.gpt import encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
@@ -234,7 +235,8 @@ def main(args):
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
-    problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(ids, cfg)
+    problem = problem or kept_problem(args.kept) or policy_problem(args.precision, args.kept, args.replay) \
+        or text_problem(ids, cfg)  # FP8's options too: refused before the header, not by the trainer
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = zero_problem(zero)

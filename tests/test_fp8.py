@@ -187,3 +187,26 @@ def test_fp8_without_ml_dtypes_is_one_line(monkeypatch):
 def test_fp8_refuses_what_it_does_not_run():
     with pytest.raises(SpmdsimError, match="precision fp8 updates its scales after each step"):
         spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, precision="fp8", replay=True))
+
+
+@pytest.mark.parametrize("example", ["examples/train_gpt.py", "examples/train_moe_gpt.py"])
+@pytest.mark.parametrize("options, kept, replay, said", [
+    (("--replay",), "graph", True,
+     "precision fp8 updates its scales after each step in Python: run it without --replay"),
+    (("--kept", "megatron"), "megatron", False,
+     "precision fp8 keeps the graph's set (its products keep their FP8 copies): not kept 'megatron'"),
+])
+def test_the_examples_refuse_fp8s_options_before_their_header(example, options, kept, replay, said):
+    """`--replay --precision fp8` printed the run's header (the model, the mesh, the step table's head) before the
+    trainer refused it; the examples' other options are refused before any line of the run."""
+    from docs_commands import run_example
+    from testkit import unfold
+    from spmdsim.models.gpt.fp8_block import policy_problem
+
+    assert policy_problem("fp8", kept, replay) == said
+    assert policy_problem("bf16-mixed", "megatron", True) is None and policy_problem("bf16", "graph") is not None
+    done = run_example(example, "--ranks", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
+                       "--batch", "4", "--precision", "fp8", *options)
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == ["spmdsim: running on 2 simulated ranks in one process (--ranks 2), no mpiexec"]
+    assert unfold(done.stderr).strip().endswith(said)

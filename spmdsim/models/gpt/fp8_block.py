@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ...base.precision import precision as get_precision, precision_problem
 from ...nn import ops
 from ...nn.autograd import kept_as
 from ...nn.ops.fp8_linear import fp8_column, fp8_row
@@ -17,7 +18,7 @@ from ...nn.ops.megatron import _row_product_layout
 from ...runtime.executor import pending, resolve
 from ..moe.tokens import takes
 
-__all__ = ["fp8_block", "settle", "fp8_problem"]
+__all__ = ["fp8_block", "settle", "fp8_problem", "policy_problem"]
 
 
 def fp8_problem(kept: str, replay: bool = False) -> Optional[str]:
@@ -27,6 +28,16 @@ def fp8_problem(kept: str, replay: bool = False) -> Optional[str]:
     if replay:
         return "precision fp8 updates its scales after each step in Python: run it without --replay"
     return None
+
+
+def policy_problem(name: str, kept: str, replay: bool = False) -> Optional[str]:
+    """Why the precision policy `name` cannot run with `kept` and `replay` (one line), or None: a name that is no
+    policy (spmdsim.base.precision), or an FP8 policy's options (`fp8_problem`). Pure: the examples call it before
+    they print a line, as their other options' refusals."""
+    problem = precision_problem(name)
+    if problem or get_precision(name).fp8 is None:
+        return problem
+    return fp8_problem(kept, replay)
 
 
 def _columns(model: Any, a: Any, pairs: list, site: str, names: list) -> Any:
