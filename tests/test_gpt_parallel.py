@@ -219,7 +219,8 @@ def test_train_gpt_replays_clipped_steps():
     (["examples/train_gpt.py", "--every", "-1"], "--every -1 must be at least 1 (print every N steps)"),
     (["examples/train_moe_gpt.py", "--every", "0"], "--every 0 must be at least 1 (print every N steps)"),
     (["examples/train_gpt.py", "--sample", "-5"],
-     "--sample -5 must be an integer >= 0 (characters to generate; 0: none)"),
+     "--sample -5 must be an integer from 0 to 2,000 (characters to generate, each a forward pass of the model; 0: "
+     "none)"),
     (["examples/train_gpt.py", "--temperature", "nan"], "--temperature nan must be a finite number >= 0 (0: greedy)"),
     (["examples/train_gpt.py", "--temperature", "-1"], "--temperature -1 must be a finite number >= 0 (0: greedy)"),
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
