@@ -138,6 +138,49 @@ def test_the_command_prints_the_choice_and_the_runners_up(capsys):
                      rf"  \({data['chosen']['memory'] / 2 ** 20:,.1f} MiB held, and for a moment", out)
 
 
+def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(capsys):
+    """The search ends with the chosen configuration as a `spmdsim estimate` command, every option spelled
+    out: --kept megatron (the search's default, not the estimate's) and the micro-batch size among them, so
+    that the estimate prints the step time and the peak the search chose by (before, a user who typed the
+    chosen configuration into `spmdsim estimate` got spmdsim's own kept set and was told it did not fit)."""
+    from spmdsim.tools.cli.autoshard_machine import estimate_command
+    from spmdsim.models.moe.config import MoEConfig
+
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
+            "--devices", "2", "--machine", "a100-dgx", "--memory-limit", "1G", "--max-dry-runs", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    head = "the chosen one, stage by stage (`spmdsim estimate`, the same step time and peak):\n"
+    assert head in out
+    command = out.split(head)[1].replace("\\\n", " ")
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert " ".join(data["estimate_command"].split()) == " ".join(command.split())
+    estimate = _run_estimate(command)
+    assert estimate["config"]["kept"] == "megatron" and estimate["fits"] is True
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
+    assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
+    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary; the experts folded
+    # (etp 1: the command's --ep the experts' 4, the mesh's ep 2 x tp 2), with a capacity and dropless
+    dense = GPTConfig(layers=4, d_model=32, heads=2, seq=64, batch=4, vocab=117, vocab_pad_to=8, dropout=0.1)
+    moe = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
+                    moe=MoEConfig(experts=4, top_k=1, capacity_factor=0.5))
+    dropless = replace(moe, moe=MoEConfig(experts=4, top_k=2, dropless=True))
+    for cfg, x in ((dense, Config(2, 2, 1, True, 2, 2, "selective", 0)),
+                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2)),
+                   (moe, Config(2, 1, 1, True, 1, 1, "none", 1, ep=2, etp=1)),
+                   (dropless, Config(2, 1, 1, False, 4, 1, "none", 0, ep=1, etp=1))):
+        seconds, _, peak = price(cfg, x, A100, "bf16-mixed", "megatron")
+        command = estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron")
+        assert (f" --ep {x.experts_ep} --etp 1 " in command) == (x.etp == 1)
+        estimate = _run_estimate(command)
+        assert estimate["step_time_s"] == pytest.approx(seconds, rel=1e-12)
+        assert max(s["peak_bytes"] for s in estimate["stages"]) == peak
+
+
+# ---- --fix with --machine: some degrees held, the rest searched ----
+
 def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     """With no --memory-limit the limit is the machine's memory a GPU: the refusal named '--memory-limit 1 KiB',
     an option the user never gave (here a machine file of 1 KiB a GPU)."""
@@ -249,8 +292,10 @@ def _moe_cfg(**moe):
                      moe=MoEConfig(experts=4, top_k=2, **moe))
 
 
-@pytest.mark.parametrize("moe, node", [({}, 8), ({"capacity_factor": 0.5}, 8),
-                                       ({"dropless": True, "dry_routing": "worst"}, 8), ({}, 2)])
+# ({}, 2) right after ({}, 8): the same dry runs on nodes of 2 (spmdsim.tools.estimate.ledger keeps them, the
+# transfers placed on each node size), not run again after the others' ~1,000 have pushed them out
+@pytest.mark.parametrize("moe, node", [({}, 8), ({}, 2), ({"capacity_factor": 0.5}, 8),
+                                       ({"dropless": True, "dry_routing": "worst"}, 8)])
 def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe, node):
     """On 4 devices every (tp, pp, dp, ep, etp) of a 2-layer MoE GPT (ep dividing its 4 experts; with tp 2 the
     experts split over it or folded into their ep, etp 1; dropless, cp 2 and 4 too) is priced by its own dry run:
@@ -516,49 +561,6 @@ def _run_estimate(command: str) -> dict:
         assert main(words[1:] + ["--json"]) == 0
     return json.loads(out.getvalue())
 
-
-def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(capsys):
-    """The search ends with the chosen configuration as a `spmdsim estimate` command, every option spelled
-    out: --kept megatron (the search's default, not the estimate's) and the micro-batch size among them, so
-    that the estimate prints the step time and the peak the search chose by (before, a user who typed the
-    chosen configuration into `spmdsim estimate` got spmdsim's own kept set and was told it did not fit)."""
-    from spmdsim.tools.cli.autoshard_machine import estimate_command
-    from spmdsim.models.moe.config import MoEConfig
-
-    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
-            "--devices", "2", "--machine", "a100-dgx", "--memory-limit", "1G", "--max-dry-runs", "4"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert all(len(line) <= 100 for line in out.splitlines())
-    head = "the chosen one, stage by stage (`spmdsim estimate`, the same step time and peak):\n"
-    assert head in out
-    command = out.split(head)[1].replace("\\\n", " ")
-    assert main(argv + ["--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert " ".join(data["estimate_command"].split()) == " ".join(command.split())
-    estimate = _run_estimate(command)
-    assert estimate["config"]["kept"] == "megatron" and estimate["fits"] is True
-    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
-    assert max(s["peak_bytes"] for s in estimate["stages"]) == data["chosen"]["peak"]
-    # the options a choice can need: sp, virtual stages, experts over ep, a padded vocabulary; the experts folded
-    # (etp 1: the command's --ep the experts' 4, the mesh's ep 2 x tp 2), with a capacity and dropless
-    dense = GPTConfig(layers=4, d_model=32, heads=2, seq=64, batch=4, vocab=117, vocab_pad_to=8, dropout=0.1)
-    moe = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
-                    moe=MoEConfig(experts=4, top_k=1, capacity_factor=0.5))
-    dropless = replace(moe, moe=MoEConfig(experts=4, top_k=2, dropless=True))
-    for cfg, x in ((dense, Config(2, 2, 1, True, 2, 2, "selective", 0)),
-                   (moe, Config(1, 1, 1, False, 2, 1, "none", 1, ep=2)),
-                   (moe, Config(2, 1, 1, True, 1, 1, "none", 1, ep=2, etp=1)),
-                   (dropless, Config(2, 1, 1, False, 4, 1, "none", 0, ep=1, etp=1))):
-        seconds, _, peak = price(cfg, x, A100, "bf16-mixed", "megatron")
-        command = estimate_command(cfg, x, "a100-dgx", "bf16-mixed", "megatron")
-        assert (f" --ep {x.experts_ep} --etp 1 " in command) == (x.etp == 1)
-        estimate = _run_estimate(command)
-        assert estimate["step_time_s"] == pytest.approx(seconds, rel=1e-12)
-        assert max(s["peak_bytes"] for s in estimate["stages"]) == peak
-
-
-# ---- --fix with --machine: some degrees held, the rest searched ----
 
 def test_fixed_degrees_are_held_and_the_rest_searched():
     """search(..., fixed=...) searches only the configurations with those degrees, and chooses the fastest of

@@ -36,7 +36,7 @@ from ...runtime.sim.run import simulate
 from .held import (_RUN, PRECISIONS, ROLES, StageMemory, Transient, Widths, backward_gradients, largest_transient,
                    layers_activations, least_bytes, own_width, peak_bytes, priced, stage_memory, unmappable)
 from .steptime import step_time
-from .transfers import trace_transfers
+from .transfers import placed, trace_calls
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
@@ -148,10 +148,12 @@ def transfers_at(transfers: Any, precision: str) -> list:
 
 
 #: The ledgers of the dry runs made in this process, by everything a dry run's figures depend on (the
-#: arguments and SPMDSIM_MEMORY): a search and its layer cells, or an estimate, that asks again for an
-#: equal configuration reads its ledger here instead of running the same program again. Oldest out first.
+#: arguments and SPMDSIM_MEMORY; not the node size, which only places each transfer within a node or across
+#: nodes: transfers.placed), each stage's with its transfers unplaced: a search and its layer cells, or an
+#: estimate, that asks again for an equal configuration, on nodes of any size, reads its ledger here instead of
+#: running the same program again. Oldest out first.
 _LEDGERS: dict = {}
-_KEEP = 256
+_KEEP = 512  # (a small MoE GPT on 4 devices has 258 configurations: tests/test_estimate_search.py prices them all)
 
 
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
@@ -173,36 +175,36 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
         raise SpmdsimError("precision fp8 with ZeRO-3: the fully sharded step runs without FP8 linear layers; "
                            "give --zero 0, 1 or 2")
 
+    if not (type(gpus_per_node) is int and gpus_per_node >= 1):
+        raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
     split = None if split is None else tuple(split)
-    key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
+    key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, ep,
            os.environ.get(ENV_VAR, ""), split, cp, cp_method, prefetch, fp8)
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
-        return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node, ep, split, (cp, cp_method), prefetch, fp8)
+        known = key = None
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node, ep, split, (cp, cp_method), prefetch, fp8))
-        while len(_LEDGERS) >= _KEEP:
-            del _LEDGERS[next(iter(_LEDGERS))]
-        _LEDGERS[key] = known
-    return list(known)
+                                  ep, split, (cp, cp_method), prefetch, fp8))
+        if key is not None:
+            while len(_LEDGERS) >= _KEEP:
+                del _LEDGERS[next(iter(_LEDGERS))]
+            _LEDGERS[key] = known
+    return [replace(ledger, transfers=placed(*unplaced, ledger.rank, gpus_per_node)) for ledger, unplaced in known]
 
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
-                recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1,
-                split: Optional[tuple] = None, contexts: tuple = (1, "ring"),
-                prefetch: bool = False, fp8: bool = False) -> list[StageLedger]:
-    """`gpt_ledger`'s dry run; `contexts`: (cp, its method)."""
+                recompute: str, zero: int, kept: str, ep: int = 1, split: Optional[tuple] = None,
+                contexts: tuple = (1, "ring"), prefetch: bool = False, fp8: bool = False) -> list[tuple]:
+    """`gpt_ledger`'s dry run: (StageLedger without its transfers, its transfers unplaced:
+    spmdsim.tools.estimate.transfers.trace_calls) of each stage; `contexts`: (cp, its method)."""
     cp, method = contexts
     import numpy as np
 
-    if not (type(gpus_per_node) is int and gpus_per_node >= 1):
-        raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
     ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % min(cfg.vocab, 128)  # token ids: a dry run reads shapes
 
-    def body() -> StageLedger:
+    def body() -> tuple:
         with counting(blocks=True) as flops:
             trainer = train_sharded if zero == 3 and pp == microbatches == virtual == 1 and cp == 1 else \
                 train_pipelined
@@ -218,19 +220,20 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         experts = sum(t.local.size for name, t in run.params.items() if is_expert(name))
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
-                          trace_transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
+                          (), meter.peak, run.in_flight[-1],
                           kernels=_casts_once(flops.kernels.items(), microbatches), expert_params=experts,
                           fresh=flops.fresh(),
                           scales=sum(m.fp8.nbytes() for m in getattr(run, "models", {}).values()
                                      if m.fp8 is not None))
+        unplaced = trace_calls(run.trace, run.mesh, rank)
         run.close()
-        return out
+        return out, unplaced
 
     results = simulate(pp * dp * ep * cp * tp, body, dry_run=True)
     stages: dict = {}
-    for r, ledger in enumerate(results):
-        stages.setdefault(ledger.stage, (ledger, []))[1].append(r)
-    return [replace(ledger, ranks=tuple(ranks)) for _, (ledger, ranks) in sorted(stages.items())]
+    for r, (ledger, unplaced) in enumerate(results):
+        stages.setdefault(ledger.stage, (ledger, unplaced, []))[2].append(r)
+    return [(replace(ledger, ranks=tuple(ranks)), unplaced) for _, (ledger, unplaced, ranks) in sorted(stages.items())]
 
 
 def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overlap: Any,

@@ -13,23 +13,22 @@ from ...nn.fsdp_flat import GATHER_LABEL, REDUCE_LABEL, SUM_LABEL
 from ...programs.plan.steps import KINDS
 from .records import Calls
 
-__all__ = ["GRADIENT_LABELS", "trace_transfers"]
+__all__ = ["GRADIENT_LABELS", "placed", "trace_calls", "trace_transfers"]
 
 
-def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
-    """"node" when every member of `rank`'s group over `axes` of `mesh` shares its node, else "cluster"."""
+def _members(mesh: Any, rank: int, axes: tuple) -> tuple:
+    """The ranks of `rank`'s group over `axes` of `mesh`."""
     layout = mesh.layout
     mine = layout.coords(rank)
     names = layout.alias_name
     free = [i for i, a in enumerate(names) if a in axes]
-    node = rank // gpus_per_node
+    members = []
     for values in itertools.product(*(range(layout.device_matrix[i]) for i in free)):
         coords = list(mine)
         for i, v in zip(free, values):
             coords[i] = v
-        if layout.rank_of(tuple(coords)) // gpus_per_node != node:
-            return "cluster"
-    return "node"
+        members.append(layout.rank_of(tuple(coords)))
+    return tuple(members)
 
 
 #: The trace labels of the sums of gradients (spmdsim.nn.autograd's buckets; ZeRO-1's and ZeRO-2's Reduce_scatter of
@@ -46,17 +45,25 @@ GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 paramete
 
 def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
     """The trace's rows as Calls rows (the cost model's n), equal rows merged into counts; each in its phase
-    (GRADIENT_LABELS)."""
+    (GRADIENT_LABELS) and at its group's level on nodes of `gpus_per_node`: `placed(trace_calls(...))`."""
+    return placed(*trace_calls(trace, mesh, rank), rank, gpus_per_node)
+
+
+def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
+    """`trace_transfers`' rows before they are placed on nodes, and the groups they ran on: ((kind, group, nbytes,
+    axes, phase, count, sent), ...) and {axes: the ranks of `rank`'s group over them} (a message's: the axes it
+    crosses). A dry run's rows do not depend on the machine's node size, which `placed` applies: a search or an
+    estimate that asks for the same run on nodes of another size places them again
+    (spmdsim.tools.estimate.ledger.gpt_ledger)."""
     merged: dict = {}
-    levels: dict = {}  # axes -> level: one answer per group this rank is in
+    groups: dict = {}  # axes -> this rank's group over them
     sizes: dict = {}  # (op, group size, bytes sent) -> the cost model's n: one answer per kind of row
     for e, times in trace.weighted():
         if e.group_size <= 1:
             continue
         axes = tuple(e.axes)
-        level = levels.get(axes)
-        if level is None:
-            level = levels[axes] = _level(mesh, rank, axes, gpus_per_node)
+        if axes not in groups:
+            groups[axes] = _members(mesh, rank, axes)
         if e.op in ("send", "recv", "sendrecv"):
             rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
@@ -66,20 +73,40 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
             if n is None:
                 n = sizes[e.op, e.group_size, e.bytes_sent] = _buffer_bytes(e.op, e.group_size, e.bytes_sent)
             rows = [(e.op, n, e.bytes_sent)]
-            label = e.label or ""
-            # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
-            # (a gradient bucket over cp alone, dp 1: each rank saw part of every sequence, its sums are the
-            # gradients' too, not context parallelism's messages)
-            summed = (label.startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes or CONTEXT in axes)
-                      or e.op == "reduce_scatter" and label.startswith(("redistribute", REDUCE_LABEL))
-                      and (DATA in axes or EXPERT in axes or SHARD in axes))
-            gathered = e.op == "allgather" and label.startswith(("redistribute", GATHER_LABEL)) and (
-                DATA in axes or SHARD in axes)
-            phase = "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
-                                                         else "context" if CONTEXT in axes else "layers")
+            phase = _phase(e.op, e.label or "", axes)
         for op, n, sent in rows:
-            key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
+            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent)
             merged[key] = merged.get(key, 0) + times
+    return tuple((op, g, n, axes, phase, count, sent) for (op, g, n, axes, phase, sent), count
+                 in merged.items()), groups
+
+
+def _phase(op: str, label: str, axes: tuple) -> str:
+    """The phase of a collective `op` (not a message) labelled `label` over `axes` (GRADIENT_LABELS)."""
+    # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
+    # (a gradient bucket over cp alone, dp 1: each rank saw part of every sequence, its sums are the
+    # gradients' too, not context parallelism's messages)
+    summed = (label.startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes or CONTEXT in axes)
+              or op == "reduce_scatter" and label.startswith(("redistribute", REDUCE_LABEL))
+              and (DATA in axes or EXPERT in axes or SHARD in axes))
+    gathered = op == "allgather" and label.startswith(("redistribute", GATHER_LABEL)) and (
+        DATA in axes or SHARD in axes)
+    return "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
+                                                else "context" if CONTEXT in axes else "layers")
+
+
+def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
+    """`trace_calls`' rows and groups of `rank` as Calls rows on nodes of `gpus_per_node`: "node" where every member
+    of the row's group shares `rank`'s node, else "cluster"; rows then equal merged into counts (in the trace's
+    order)."""
+    node = rank // gpus_per_node
+    levels = {axes: "node" if all(m // gpus_per_node == node for m in members) else "cluster"
+              for axes, members in groups.items()}
+    merged: dict = {}
+    for op, g, n, axes, phase, count, sent in calls:
+        level = levels[axes]
+        key = (op, g, n, level, phase, sent)
+        merged[key] = merged.get(key, 0) + count
     return tuple(Calls(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
                  in merged.items())
 
