@@ -69,6 +69,39 @@ def test_a_thread_that_cannot_start_ends_the_run_in_one_line(monkeypatch, capsys
         simulate(8, lambda: None)
 
 
+class _Signal(BaseException):
+    """What a signal handler raises (mpirun's SIGTERM is such a BaseException)."""
+
+
+def test_a_signal_inside_a_threads_start_is_the_signal_not_a_thread_limit(monkeypatch):
+    """SIGTERM's exception raised while start() waits on its lock left the lock half released, and start() raised
+    RuntimeError("release unlocked lock") with the signal's exception as its context: the run said "only 0 of
+    the 4 simulated ranks' threads could start" where mpirun's own SIGTERM line was due (seen once in the suite).
+    The signal's exception is raised; a RuntimeError of start() that is neither is raised as it is."""
+    start = threading.Thread.start
+
+    def interrupted(self):
+        if self.name == "spmdsim rank 1":
+            try:
+                raise _Signal()
+            except _Signal:
+                raise RuntimeError("release unlocked lock")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(_Signal):
+        simulate(4, lambda: None)
+
+    def broken(self):
+        if self.name == "spmdsim rank 1":
+            raise RuntimeError("thread already started")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", broken)
+    with pytest.raises(RuntimeError, match="^thread already started$"):
+        simulate(4, lambda: None)
+
+
 def test_simulate_refuses_a_count_over_the_cgroups_pids_before_any_thread_starts(monkeypatch):
     """The library's simulate() refuses as the CLI does, before the first rank's thread: here a cgroup that may
     start 100 more tasks (pids.max), asked for 128 ranks."""

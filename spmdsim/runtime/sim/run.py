@@ -166,8 +166,15 @@ def _run_threads(engine: World, threads: list, size: int) -> None:
             for started, t in enumerate(threads):
                 try:
                     t.start()
-                except RuntimeError as exc:  # "can't start new thread": a limit threads_problem could not see
-                    raise start_failed(started, size, exc) from None
+                except RuntimeError as exc:
+                    signalled = exc.__context__
+                    if signalled is not None and not isinstance(signalled, Exception):
+                        # a signal's exception (Ctrl-C, mpirun's SIGTERM) raised inside start() left its lock
+                        # half released ("release unlocked lock"): the signal is what happened
+                        raise signalled from None
+                    if "can't start" not in str(exc):
+                        raise
+                    raise start_failed(started, size, exc) from None  # a limit threads_problem could not see
             looked = time.monotonic()
             for t in threads:
                 while t.is_alive() and not engine.given_up():  # and every POLL_S: is memory nearly out?
