@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tokenize
 from typing import Any, Sequence
 
+from ..base.source import SourceDecodeError, decode_source
 from .mpirun_report import _NotRunnable
 
 __all__ = ["_target", "_main_spec"]
@@ -107,18 +107,13 @@ def _check_decodes(path: str) -> None:
             source = f.read()
     except OSError:
         return  # (opening it again on the ranks says why, as python would)
-    lines = iter(source.splitlines(keepends=True))
     try:
-        coding = tokenize.detect_encoding(lambda: next(lines, b""))[0]
-    except SyntaxError as exc:
-        if "invalid or missing" not in str(exc):
-            raise _NotRunnable(f"{exc} in file {os.path.abspath(path)}") from None
-        coding = "utf-8"
-    try:
-        source.decode(coding)
-    except UnicodeDecodeError as exc:
-        line, byte = source[:exc.start].count(b"\n") + 1, f"'\\x{source[exc.start]:02x}'"
-        where = f"in file {os.path.abspath(path)} on line {line}"
+        decode_source(source)
+    except SourceDecodeError as exc:
+        where = f"in file {os.path.abspath(path)}"
+        if exc.declaration:
+            raise _NotRunnable(f"{exc.declaration} {where}") from None
+        byte, where = f"'\\x{exc.byte:02x}'", f"{where} on line {exc.line}"
         raise _NotRunnable(f"Non-UTF-8 code starting with {byte} {where}, but no encoding declared; see "
-                           "https://peps.python.org/pep-0263/ for details" if coding == "utf-8" else
-                           f"'{coding}' codec can't decode byte {byte} {where}") from None
+                           "https://peps.python.org/pep-0263/ for details" if exc.coding == "utf-8" else
+                           f"'{exc.coding}' codec can't decode byte {byte} {where}") from None

@@ -12,10 +12,10 @@ import dataclasses
 import errno
 import os
 import re
-import tokenize
 import traceback
 from typing import Any, Callable, Iterator, Optional
 
+from ...base.source import SourceDecodeError, decode_source
 from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
 from ...errors import RuntimeMismatchError
@@ -129,21 +129,14 @@ def compile_submission(path: str) -> Any:
 
 
 def _text(name: str, source: bytes) -> str:
-    """`source` decoded as Python reads a file (PEP 263: UTF-8 unless its first lines declare another coding);
-    LabError where Python would refuse it. (compile() of the bytes passes a non-UTF-8 byte in a comment, which
-    ``python file.py`` refuses.)"""
-    lines = iter(source.splitlines(keepends=True))
+    """`source` decoded as ``python file.py`` reads it (spmdsim.base.source); LabError where python would refuse
+    it."""
     try:
-        coding, _ = tokenize.detect_encoding(lambda: next(lines, b""))
-    except SyntaxError as exc:  # a coding Python does not know, a BOM beside another, or non-UTF-8 first lines
-        if "invalid or missing" not in str(exc):
-            raise LabError(f"{name}: {exc} (on its first two lines), which Python refuses") from None
-        coding = "utf-8"
-    try:
-        return source.decode(coding)
-    except UnicodeDecodeError as exc:
-        line = source[:exc.start].count(b"\n") + 1
-        raise LabError(f"{name} is not {exc.encoding.upper()} text (byte {source[exc.start]:#04x} at line {line}) "
+        return decode_source(source)
+    except SourceDecodeError as exc:
+        if exc.declaration:
+            raise LabError(f"{name}: {exc.declaration} (on its first two lines), which Python refuses") from None
+        raise LabError(f"{name} is not {exc.codec.upper()} text (byte {exc.byte:#04x} at line {exc.line}) "
                        "and Python refuses to run it: save it as UTF-8, or declare its coding on its first line "
                        "(# -*- coding: latin-1 -*-)") from None
 
