@@ -318,7 +318,11 @@ def test_command_line_prints_losses_and_a_sample_in_100_columns(capsys):
                                           "--heads features)"),
     # refused after 200 steps of training, as "temperature -1.0" and "n -1"
     (["--temperature", "-1"], "--temperature -1 must be a finite number >= 0 (0: greedy)"),
-    (["--sample", "-1"], "--sample -1 must be an integer >= 0 (characters to generate)"),
+    (["--sample", "-1"], "--sample -1 must be an integer from 0 to 2,000 (characters to generate, each a "
+                         "forward pass of the model; 0: none)"),
+    # drawn after the training, a character a forward pass, for hours with nothing printed
+    (["--sample", "100000000"], "--sample 100,000,000 must be an integer from 0 to 2,000 (characters to "
+                                "generate, each a forward pass of the model; 0: none)"),
 ])
 def test_command_line_refuses_its_flags_as_typed_before_training(capsys, argv, message):
     assert ref.main(argv) == 2

@@ -22,7 +22,20 @@ from ...errors import SpmdsimError
 from ...base.validate import as_int
 from .config import GPTConfig
 
-__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "batch", "text_problem"]
+__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "batch", "text_problem",
+           "MAX_SAMPLE", "sample_problem"]
+
+#: The most characters a ``--sample`` flag draws (each one a forward pass, with nothing printed until the last).
+MAX_SAMPLE = 2_000
+
+
+def sample_problem(sample: Optional[int]) -> Optional[str]:
+    """Why a ``--sample`` flag's value cannot be drawn (one line, naming the flag), or None (None: not given)."""
+    if sample is not None and not 0 <= sample <= MAX_SAMPLE:
+        return (f"--sample {sample:,} must be an integer from 0 to {MAX_SAMPLE:,} (characters to generate, each "
+                "a forward pass of the model; 0: none)")
+    return None
+
 
 #: The standard library files read, in this order (missing ones are skipped).
 MODULES = tuple(sorted(("bisect.py", "colorsys.py", "copy.py", "difflib.py", "fnmatch.py", "fractions.py",

@@ -28,7 +28,7 @@ from ...base.validate import as_int
 from . import _blocks as blk
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from .config import GPTConfig, said_as
-from .data import batch, decode, encode, load_text
+from .data import batch, decode, encode, load_text, sample_problem
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
                      unpadded_params)
 
@@ -341,7 +341,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--clip", type=flag_float, default=GPTConfig.clip, help="clip the gradients' joint norm to this "
                     "(0: no clipping)")
     ap.add_argument("--prompt", default="def ", help="text the sample starts from")
-    ap.add_argument("--sample", type=int, default=300, help="characters to generate")
+    ap.add_argument("--sample", type=int, default=300, help="characters to generate (at most 2,000)")
     ap.add_argument("--temperature", type=flag_float, default=0.0, help="0: greedy")
     ap.add_argument("--threads", type=int, default=None, help="BLAS threads (default: numpy's own)")
     args = ap.parse_args(argv)
@@ -367,8 +367,8 @@ def _main(args: argparse.Namespace) -> int:
         if args.every < 1:
             raise SpmdsimError(f"--every {args.every!r} must be an integer >= 1")
         # the sample's flags before the training, not after it (generate's own refusal names its arguments)
-        if args.sample < 0:
-            raise SpmdsimError(f"--sample {args.sample!r} must be an integer >= 0 (characters to generate)")
+        if sample_problem(args.sample):
+            raise SpmdsimError(sample_problem(args.sample))
         if not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise SpmdsimError(f"--temperature {typed(args.temperature)} must be a finite number >= 0 (0: greedy)")
         text = load_text()

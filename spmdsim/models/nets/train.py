@@ -38,6 +38,7 @@ from ...runtime.mesh import Mesh
 from ...runtime.mpi_library import load_mpi
 from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_problem, run_on_ranks
 from ...runtime.trace import collect_trace
+from ..gpt.data import sample_problem
 from ..gpt.train import all_rows
 from ..gpt.wholes import regions
 from .model import short_layout
@@ -48,8 +49,6 @@ __all__ = ["NetworkTrainer", "StepResult", "Anchor", "PHASES", "explain_backward
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
-#: The most characters an example's ``--sample`` draws (each one a forward pass, with nothing printed until the last).
-MAX_SAMPLE = 2_000
 #: The most steps of a dry run (``--dry-run``), whose report comes after its last step and nothing before it.
 MAX_DRY_STEPS = 1_000
 
@@ -305,10 +304,9 @@ def _printing_problem(args: Any) -> Optional[str]:
     every = getattr(args, "every", None)
     if every is not None and every < 1:
         return f"--every {every!r} must be at least 1 (print every N steps)"
-    sample = getattr(args, "sample", None)
-    if sample is not None and not 0 <= sample <= MAX_SAMPLE:
-        return (f"--sample {sample:,} must be an integer from 0 to {MAX_SAMPLE:,} (characters to generate, each "
-                "a forward pass of the model; 0: none)")
+    problem = sample_problem(getattr(args, "sample", None))
+    if problem:
+        return problem
     temperature = getattr(args, "temperature", None)
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
         return f"--temperature {shown(temperature)} must be a finite number >= 0 (0: greedy)"
