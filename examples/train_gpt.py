@@ -160,7 +160,8 @@ def main(args):
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
+    problem = problem or recompute_problem(args.recompute, "--recompute") or zero_problem(zero, "--zero") \
+        or kept_problem(args.kept, "--kept")
     if not problem and args.reshard_after_forward not in ("true", "false"):
         problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
     if not problem and args.prefetch and zero != 3:

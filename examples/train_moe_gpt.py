@@ -235,11 +235,11 @@ def main(args):
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
-    problem = problem or kept_problem(args.kept) or policy_problem(args.precision, args.kept, args.replay) \
+    problem = problem or kept_problem(args.kept, "--kept") or policy_problem(args.precision, args.kept, args.replay) \
         or text_problem(ids, cfg)  # FP8's options too: refused before the header, not by the trainer
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
-    problem = zero_problem(zero)
+    problem = zero_problem(zero, "--zero")
     if problem:  # (as train refuses it, but before the header is printed)
         raise spmdsim.SpmdsimError(problem)
     dp, ep, tp = shape

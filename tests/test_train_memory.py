@@ -607,8 +607,12 @@ def test_train_gpt_with_both_features_passes_and_prints_its_memory():
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--recompute", "foo", "recompute 'foo' is not one of 'none', 'selective', 'full'"),
-    ("--zero", "4", "zero 4 is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
+    # the flag typed, not the field it sets ("zero 4")
+    ("--recompute", "foo", "--recompute 'foo' is not one of 'none', 'selective', 'full'"),
+    ("--kept", "fused", "--kept 'fused' is not one of 'graph', 'megatron'"),
+    ("--zero", "one", "--zero 'one' is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over "
+                      "dp; ZeRO-2: gradients too; ZeRO-3: parameters too)"),
+    ("--zero", "4", "--zero 4 is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
                     "ZeRO-2: gradients too; ZeRO-3: parameters too)")])
 def test_train_gpt_refuses_a_bad_choice_in_one_line(flag, value, message):
     from testkit import unfold

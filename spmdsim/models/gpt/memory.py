@@ -33,19 +33,20 @@ MASKS = " masks"
 BLOCK_KINDS = ("layer norm", "attention", "attention core", "mlp", "block input")
 
 
-def recompute_problem(value: Any) -> Optional[str]:
-    """Why `value` is not a recompute choice, or None."""
+def recompute_problem(value: Any, said: str = "recompute") -> Optional[str]:
+    """Why `value` is not a recompute choice, or None; `said`: how the refusal names it (a flag: "--recompute")."""
     if isinstance(value, str) and value in RECOMPUTE:
         return None
-    return f"recompute {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
+    return f"{said} {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
 
 
-def zero_problem(value: Any) -> Optional[str]:
+def zero_problem(value: Any, said: str = "zero") -> Optional[str]:
     """Why `value` is not a ZeRO stage spmdsim runs, or None (each composes with a pipeline, and ZeRO-3 with
-    experts: spmdsim.nn.fsdp shards them over the ranks that hold the same experts)."""
+    experts: spmdsim.nn.fsdp shards them over the ranks that hold the same experts); `said`: how the refusal
+    names it (a flag: "--zero")."""
     if type(value) is int and value in ZERO:
         return None
-    return (f"zero {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
+    return (f"{said} {value!r} is not 0, 1, 2 or 3 (ZeRO-1: optimizer states and master copy sharded over dp; "
             "ZeRO-2: gradients too; ZeRO-3: parameters too)")
 
 

@@ -40,11 +40,11 @@ FP8 = " fp8"
 KEPT = ("graph", "megatron")
 
 
-def kept_problem(value: Any) -> Optional[str]:
-    """Why `value` is not one of `KEPT`, or None."""
+def kept_problem(value: Any, said: str = "kept") -> Optional[str]:
+    """Why `value` is not one of `KEPT`, or None; `said`: how the refusal names it (a flag: "--kept")."""
     if isinstance(value, str) and value in KEPT:
         return None
-    return f"kept {value!r} is not one of {', '.join(map(repr, KEPT))}"
+    return f"{said} {value!r} is not one of {', '.join(map(repr, KEPT))}"
 
 
 _NOTHING: dict = {}  # dtype -> one 0-d zero: every shell's block is a broadcast view of it, never counted
