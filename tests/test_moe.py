@@ -263,7 +263,7 @@ def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
     assert out.returncode == 2 and "MoE GPT" not in out.stdout and " step" not in out.stdout, out.stdout
     from testkit import unfold
 
-    assert unfold(out.stderr).strip().splitlines()[-1].startswith("spmdsim: error: zero 4 is not 0, 1, 2 or 3"), \
+    assert unfold(out.stderr).strip().splitlines()[-1].startswith("spmdsim: error: --zero 4 is not 0, 1, 2 or 3"), \
         out.stderr
 
 
