@@ -366,7 +366,7 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
     `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
     moe = cfg.moe is not None or ep > 1
-    inner = model_layout(tp, dp, ep if moe else None)
+    inner = model_layout(tp, dp, ep if moe else None, etp=cfg.expert_tp)
     chosen = megatron_layouts(cfg, Layout(*inner), sp)
     chosen.update(layouts or {})
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
@@ -375,7 +375,8 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     mesh_layout = Layout(*inner)
     if pipeline is not None:
         pipeline = dict(pipeline)
-        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE)))
+        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE),
+                                           etp=cfg.expert_tp))
         pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
                     "DistributedAdamW" if zero in (1, 2) else "AdamW")

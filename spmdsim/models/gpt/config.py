@@ -204,6 +204,12 @@ class GPTConfig:
         return (self.moe.hidden if self.moe is not None else 0) or self.hidden
 
     @property
+    def expert_tp(self) -> int:
+        """The MoE layers' experts' own tp, MoEConfig.etp (0: attention's tp; 0 without MoE layers): between 1
+        and tp it splits the mesh's tp in two axes (spmdsim.models.axes.model_layout)."""
+        return self.moe.etp if self.moe is not None else 0
+
+    @property
     def kv(self) -> int:
         """The attention's key/value heads: kv_heads, or heads (multi-head attention)."""
         return self.heads if self.kv_heads is None else self.kv_heads

@@ -28,6 +28,7 @@ from ...programs.context import METHODS, SPLITS, check_heads, check_split, order
 from ...runtime.dtensor import DTensor
 from ..axes import CONTEXT
 from .config import GPTConfig
+from .layouts import folded_by
 
 __all__ = ["Context", "Laid", "checked_order", "context_problem", "position_ids", "ring_core"]
 
@@ -66,9 +67,10 @@ def context_problem(cfg: GPTConfig, cp: int, tp: int, sp: bool, context: Optiona
         return str(exc)
     if sp and (cfg.seq // cp) % tp:
         return f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (sp)"
-    if cfg.moe is not None and cfg.moe.dropless and cfg.moe.etp == 1 and tp > 1 and (cfg.seq // cp) % tp:
-        return (f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {tp} (etp 1, "
-                "dropless: each tp rank routes its share of its cp chunk's tokens)")
+    by = folded_by(cfg, tp)  # the tp ranks outside the experts' own tp, each routing its share (dropless)
+    if cfg.moe is not None and cfg.moe.dropless and by > 1 and (cfg.seq // cp) % by:
+        return (f"seq {cfg.seq} split over cp {cp} leaves {cfg.seq // cp} tokens, not divisible by tp {by} (etp "
+                f"{tp // by}, dropless: each tp rank routes its share of its cp chunk's tokens)")
     return None
 
 

@@ -39,48 +39,58 @@ from ...errors import SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
-from ..axes import EXPERT, TENSOR
+from ..axes import EXPERT, EXPERT_TENSOR, TENSOR, tensor_entry
 from ..moe.fold import fold_of, fold_problem
 from ...layouts.dialects.dtensor import placements_to_layout
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
 
-__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "batch_split", "mesh_problem", "written"]
+__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "batch_split", "folded_by", "mesh_problem", "written"]
 
 
-def batch_split(dp: int, ep: int, by_tp: int = 1) -> str:
+def batch_split(dp: int, ep: int, by_tp: int = 1, etp: int = 1) -> str:
     """What a batch is split over, as a refusal names it: dp (x ep); `by_tp` > 1, folded experts with a capacity
-    (spmdsim.models.moe.fold), whose tp ranks each route their own share of the batch as well."""
+    (spmdsim.models.moe.fold, their own tp `etp`), whose tp ranks outside etp each route their own share of the
+    batch as well."""
     if by_tp > 1:
-        return f"edp {dp} x ep {ep * by_tp} = {dp * ep * by_tp} (etp 1: each tp rank routes its own share)"
+        return f"edp {dp} x ep {ep * by_tp} = {dp * ep * by_tp} (etp {etp}: each tp rank routes its own share)"
     return f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
 
 
+def folded_by(cfg: GPTConfig, tp: int) -> int:
+    """How many of attention's `tp` ranks `cfg`'s experts fold into their ep (spmdsim.models.moe.fold): tp / etp
+    where their etp is below tp, else 1."""
+    etp = cfg.moe.etp if cfg.moe is not None else 0
+    return tp // etp if 0 < etp < tp and tp % etp == 0 else 1
+
+
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
-    """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None. With the experts'
-    etp 1 beside tp > 1 (MoEConfig.etp, spmdsim.models.moe.fold) the experts are split over ep x tp ranks and
-    each tp rank routes its own share of the batch, split over dp x ep x tp (dropless: of each sequence's
-    tokens)."""
+    """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None. `tp`: attention's
+    (over "tp" and "etp" where split); `ep`: the mesh's "ep". With the experts' etp below tp (MoEConfig.etp,
+    spmdsim.models.moe.fold) the experts are split over ep x tp / etp ranks and each of the tp / etp ranks routes
+    its own share of the batch, split over dp x ep x tp / etp (dropless: of each sequence's tokens)."""
     moe = cfg.moe
     if ep > 1 and moe is None:
         return f"ep {ep} splits experts, and this model has none (give it MoE layers or ep 1)"
-    folded = moe is not None and moe.etp == 1 and tp > 1
+    by = folded_by(cfg, tp)
+    folded = by > 1
+    etp = tp // by
     if moe is not None:
-        hidden, eps = cfg.expert_hidden, ep * tp if folded else ep
-        etp = 1 if folded else tp
+        hidden, eps = cfg.expert_hidden, ep * by
         checks = [(fold_problem(tp, moe.etp), fold_problem(tp, moe.etp)),
                   (moe.experts % eps, f"experts {moe.experts} are not divisible by ep {eps} (experts are split "
                                       "over ep)"),
-                  (hidden % etp, f"the experts' hidden width {hidden} is not divisible by tp {tp}")]
+                  (hidden % etp, f"the experts' hidden width {hidden} is not divisible by "
+                                 f"{'e' if folded else ''}tp {etp}")]
         problem = next((text for bad, text in checks if bad), None)
         if problem:
             return problem
-    by_batch = folded and not moe.dropless  # (dropless, each tp rank routes its share of each sequence's tokens)
-    batch = batch_split(dp, ep, tp if by_batch else 1)
-    checks = [(cfg.batch % (dp * ep * (tp if by_batch else 1)), f"batch {cfg.batch} is not divisible by {batch}"),
-              (folded and moe.dropless and cfg.seq % tp,
-               f"seq {cfg.seq} is not divisible by tp {tp} (etp 1, dropless: each tp rank routes its share of the "
-               "tokens)"),
+    by_batch = by if folded and not moe.dropless else 1  # (dropless, each rank routes its share of the tokens)
+    batch = batch_split(dp, ep, by_batch, etp)
+    checks = [(cfg.batch % (dp * ep * by_batch), f"batch {cfg.batch} is not divisible by {batch}"),
+              (folded and moe.dropless and cfg.seq % by,
+               f"seq {cfg.seq} is not divisible by tp {by} (etp {etp}, dropless: each tp rank routes its share of "
+               "the tokens)"),
               (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
               (cfg.kv % tp, f"kv_heads {cfg.kv} is not divisible by tp {tp} (key/value heads are split over tp, "
                             "Megatron's num_query_groups % tp == 0)"),
@@ -125,13 +135,17 @@ def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[s
     return dict(_megatron_layouts(cfg, layout, bool(sp)))
 
 
-def _entries(role: str, ndim: int, folded: bool) -> tuple:
-    """A parameter's tensor map by its `role` (`_MAPS`); `folded` (the experts' etp 1 beside tp > 1,
-    spmdsim.models.moe.fold): an expert's weights split over ("ep", "tp") by expert, each whole."""
+def _entries(role: str, ndim: int, names: tuple, folded: bool) -> tuple:
+    """A parameter's tensor map by its `role` (`_MAPS`) on a mesh of axis names `names`: tp's entries over
+    attention's tp (spmdsim.models.axes.tensor_entry: "tp", or ("tp", "etp") where the experts have a tp of their
+    own); `folded` (the experts' etp below tp, spmdsim.models.moe.fold): an expert's weights split over "ep" and
+    the tp outside "etp" by expert, their columns over "etp" (whole without it)."""
     entries = _MAPS.get(role, (None,) * ndim)
-    if folded and role.startswith("expert "):
-        return tuple((EXPERT, TENSOR) if e == EXPERT else None for e in entries)
-    return entries
+    tensor = tensor_entry(names) or None
+    if not folded or not role.startswith("expert "):
+        return tuple(tensor if e == TENSOR else e for e in entries)
+    inner = EXPERT_TENSOR if EXPERT_TENSOR in names else None
+    return tuple((EXPERT, TENSOR) if e == EXPERT else inner if e == TENSOR else e for e in entries)
 
 
 def _folded(cfg: GPTConfig, layout: Layout) -> bool:
@@ -146,7 +160,7 @@ def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, Ten
     folded = _folded(cfg, layout)
     out = {}
     for s in param_specs(cfg):
-        entries = _entries(_role(s.name, sp), len(s.shape), folded)
+        entries = _entries(_role(s.name, sp), len(s.shape), tuple(layout.alias_name), folded)
         out[s.name] = layout(*(e if e is None or isinstance(e, tuple) or e in names else None for e in entries))
     return out
 
@@ -174,7 +188,7 @@ def written(dialect: str, role: str, ndim: int, names: tuple, folded: bool = Fal
     a JAX PartitionSpec's entries, DTensor's placements ("S(dim)" or "R" per mesh axis) or OneFlow's nd SBP
     ("S(dim)" or "B"). On ("dp", "tp") these are `DIALECTS`' texts; an MoE mesh ("dp", "ep", "tp") adds the
     experts' roles and an axis to DTensor's and OneFlow's; `folded` (etp 1) their experts over ("ep", "tp")."""
-    entries = _entries(role, ndim, folded)
+    entries = _entries(role, ndim, tuple(names), folded)
     if dialect == "mindspore":
         return tuple("None" if e is None else e for e in entries)
     if dialect == "jax":

@@ -38,7 +38,7 @@ from ...base.fp8 import Scales
 from ...runtime.executor import redistribute
 from .params import constant, seeded
 from .stages import Part, part_specs, whole
-from ..axes import CONTEXT, DATA, EXPERT, SHARD, TENSOR, axis_of
+from ..axes import CONTEXT, DATA, EXPERT, SHARD, axis_of, tensor_axes, tensor_entry
 from .context import Context, position_ids
 from .mesh import mesh_checked
 from ...nn.autograd import no_grad
@@ -151,7 +151,8 @@ class GPT(_Block):
         seq = CONTEXT if CONTEXT in names else None  # the sequence's split over cp, for the whole block
         self.full = L(seq, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         # (T, B, D) between blocks; without sp the same object as `full` (`_gathered` then stops at `is`)
-        self.act = L((CONTEXT, TENSOR) if seq else TENSOR, self.batch, None) if sp else self.full
+        tensor = tensor_axes(names)  # attention's tp: ("tp",), or ("tp", "etp") (the experts' own tp)
+        self.act = L(((CONTEXT,) + tensor if seq else tensor_entry(names)), self.batch, None) if sp else self.full
         self.ids = L(self.batch, seq)  # token ids (B, T)
         self._whole: dict = {}  # id(layout) -> (that layout, whether it equals `full`) (`_gathered`)
         self._heads: dict = {}  # id(layout) -> (that layout, the all-to-all's heads layout) (`_heads_layout`)

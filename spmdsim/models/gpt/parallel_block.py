@@ -24,7 +24,7 @@ from ..moe.layer import moe_layer
 from ..moe.tokens import takes
 from ._blocks import rope_tables
 from .fp8_block import fp8_block
-from ..axes import CONTEXT, TENSOR
+from ..axes import CONTEXT, tensor_axes
 
 
 def _with_losses(h: Any, losses: Any) -> Any:
@@ -206,7 +206,8 @@ class _Block:
         out `seq_split` (T over cp, the heads over tp)."""
         found = self._heads.get(id(seq_split))
         if found is None or found[0] is not seq_split:
-            heads = tuple(a for a in (TENSOR, CONTEXT) if a in self.mesh.layout.alias_name)
+            names = self.mesh.layout.alias_name
+            heads = tensor_axes(names) + ((CONTEXT,) if CONTEXT in names else ())
             found = self._heads[id(seq_split)] = (seq_split, self.mesh.layout(None, self.batch, heads, None))
         return found[1]
 

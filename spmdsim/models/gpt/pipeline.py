@@ -48,7 +48,7 @@ from .params import decays, param_specs
 from .stages import chunk_parts
 from .train import StepResult
 from .wholes import assemble
-from ..axes import PIPELINE, TENSOR, model_layout, roles_of
+from ..axes import PIPELINE, model_layout, roles_of, tensor_entry
 from . import parallel
 from ...base.precision import precision as get_precision
 from ...nn import ops
@@ -173,8 +173,8 @@ class _Pipelined:
         chunks = pp * virtual
         self.last = last = chunks - 1
         parts = chunk_parts(cfg, chunks, split)
-        inner = model_layout(tp, dp, ep if moe else None, cp=cp_axis)  # a stage's mesh
-        outer = model_layout(tp, dp, ep if moe else None, pp, cp=cp_axis)
+        inner = model_layout(tp, dp, ep if moe else None, cp=cp_axis, etp=cfg.expert_tp)  # a stage's mesh
+        outer = model_layout(tp, dp, ep if moe else None, pp, cp=cp_axis, etp=cfg.expert_tp)
         mesh = Mesh(Layout(*outer), comm, algorithms=algorithms, roles=roles_of(outer[1]))
         differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
         self.stage = stage = mesh.coord(PIPELINE)
@@ -207,7 +207,7 @@ class _Pipelined:
         self.act = act = any_model.act  # (T, B, D) between blocks
         # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
         # the receiving stage all-gathers over tp), else the block itself.
-        self.wire = stage_mesh.layout(TENSOR, any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 \
+        self.wire = stage_mesh.layout(tensor_entry(inner[1]), any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 \
             and cp_axis is None \
             else act
         self.ids_layout = any_model.ids  # (B, T): the batch over dp, the sequence over cp

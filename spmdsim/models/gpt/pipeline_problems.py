@@ -15,7 +15,7 @@ from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
-from .layouts import batch_split, mesh_problem
+from .layouts import batch_split, folded_by, mesh_problem
 from .memory import recompute_problem, zero_problem
 from .stages import pipeline_problem
 from .train import refuse_run, replay_problem
@@ -43,10 +43,10 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
         return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
     micro = cfg.batch // microbatches
     problem = mesh_problem(cfg, dp, tp, sp, ep)
-    m = cfg.moe  # folded experts with a capacity (spmdsim.models.moe.fold): each tp rank routes its share of the rows
-    by_tp = tp if m is not None and m.etp == 1 and tp > 1 and not m.dropless else 1
+    # folded experts with a capacity (spmdsim.models.moe.fold): each tp rank outside etp routes its share of the rows
+    by_tp = folded_by(cfg, tp) if cfg.moe is not None and not cfg.moe.dropless else 1
     if problem is None and micro % (dp * ep * by_tp):
-        problem = f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp)}"
+        problem = f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp, tp // by_tp)}"
     return problem or pipeline_problem(cfg, pp * virtual, split)
 
 

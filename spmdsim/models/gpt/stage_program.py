@@ -9,7 +9,7 @@ from time import perf_counter
 import numpy as np
 from ...base import buffers
 from ...errors import SpmdsimError
-from ..axes import PIPELINE, TENSOR
+from ..axes import PIPELINE, tensor_coord, tensor_size
 from ...nn.autograd import engine as autograd_engine
 from ...programs.pipeline.records import Compute, Post, Send
 from ...programs.pipeline.timeline import timeline
@@ -170,8 +170,8 @@ class _Cells:
         self.wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
         self.scatter = wire != act
         if self.scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
-            rows_per = shape[0] // mesh.layout.axis_size(TENSOR)
-            self.mine = slice(mesh.coord(TENSOR) * rows_per, (mesh.coord(TENSOR) + 1) * rows_per)
+            rows_per = shape[0] // tensor_size(mesh.layout)
+            self.mine = slice(tensor_coord(mesh) * rows_per, (tensor_coord(mesh) + 1) * rows_per)
         self.tag_micro = microbatches > 1
         # The parameters every microbatch's backward keeps pending (`backward(keep_pending=params)`), checked once.
         self.kept = autograd_engine.kept_leaves(params)

@@ -89,10 +89,10 @@ from ...runtime.executor import redistribute
 from ...runtime.replay import capturing, kernel, kernels
 from ...runtime.sim.dry import dry_run_active
 from .config import MoEConfig
-from .fold import fold_of, fold_problem
+from .fold import fold_of, fold_problem, split_problem
 from .tokens import _expert_layout, input_problem, takes
 from .losses import router_losses
-from ..axes import CONTEXT, EXPERT, TENSOR
+from ..axes import CONTEXT, EXPERT, TENSOR, tensor_size
 from .dry import _count_experts, _dry_experts, _grad, _tensor
 from .exchange import _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
 from .experts import _experts_grad, _experts_grad_mixed, _present, _run_experts, _run_experts_mixed
@@ -103,29 +103,31 @@ __all__ = ["moe_layer", "moe_experts", "moe_problem", "input_problem", "takes"]
 
 def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
     """Why an MoE layer cannot run on `mesh` (one line, the same on every rank), or None."""
-    names = tuple(mesh.layout.alias_name)
+    names, L = tuple(mesh.layout.alias_name), mesh.layout
     if EXPERT not in names or TENSOR not in names:
         return f"an MoE layer runs on a mesh with axes {EXPERT!r} and {TENSOR!r}, got {names!r}"
-    problem = fold_problem(mesh.layout.axis_size(TENSOR), moe.etp)
+    problem = fold_problem(tensor_size(L), moe.etp) or split_problem(names, {a: L.axis_size(a) for a in names},
+                                                                      moe.etp)
     if problem:
         return problem
-    fold = fold_of(mesh.layout, moe.etp)
+    fold = fold_of(L, moe.etp)
     if moe.experts % fold.ep:
         return f"experts {moe.experts} are not divisible by ep {fold.ep} (experts are split over ep)"
     if hidden % fold.etp:
         return f"the experts' hidden width {hidden} is not divisible by {TENSOR if not fold.folded else 'etp'} {fold.etp}"
     if len(x_shape) != 3:
         return f"the MoE layer's input of shape {x_shape!r} must be (tokens, batch, features)"
-    tp = mesh.layout.axis_size(TENSOR)
-    cp = mesh.layout.axis_size(CONTEXT) if CONTEXT in names else 1
+    tp = L.axis_size(TENSOR)  # folded: the part of attention's tp whose ranks each route their own tokens
+    cp = L.axis_size(CONTEXT) if CONTEXT in names else 1
+    etp = f"etp {fold.etp}" if fold.folded else ""
     if fold.folded and moe.dropless and x_shape[0] % (tp * cp):
         by = f"cp {cp} x tp {tp} = {cp * tp}" if cp > 1 else f"tp {tp}"
-        return (f"seq {x_shape[0]} is not divisible by {by} (etp 1, dropless: each tp rank routes its share of the "
-                "tokens)")
+        return (f"seq {x_shape[0]} is not divisible by {by} ({etp}, dropless: each {TENSOR} rank routes its share "
+                "of the tokens)")
     dp = fold.edp // cp  # (the experts' edp holds cp's ranks, which split the sequence, not the batch)
     if fold.folded and not moe.dropless and x_shape[1] % (fold.ep * dp):
-        return (f"batch {x_shape[1]} is not divisible by edp {dp} x ep {fold.ep} = {fold.ep * dp} (etp 1: each tp "
-                "rank routes its own share of the batch)")
+        return (f"batch {x_shape[1]} is not divisible by edp {dp} x ep {fold.ep} = {fold.ep * dp} ({etp}: each "
+                f"{TENSOR} rank routes its own share of the batch)")
     return None
 
 

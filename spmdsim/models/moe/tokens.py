@@ -24,8 +24,8 @@ def input_problem(x: Any, etp: int = 0, dropless: bool = False) -> Optional[str]
     of those axes counts its tokens twice (the aux loss doubled), a sequence split over tp routes and caps
     pieces of it as sequences, features split break the products, pending sums route unsummed tokens: each
     a wrong answer without an error, so each is refused. Axes of size 1 split nothing and are ignored.
-    `etp`: the experts' (MoEConfig.etp); folded (etp 1 beside tp > 1) the experts' own tokens, inside the layer,
-    are split over every axis (spmdsim.models.moe.fold.Fold.token_map: tp's over the sequence when `dropless`,
+    `etp`: the experts' (MoEConfig.etp); folded (etp below tp) the experts' own tokens, inside the layer,
+    are split over every axis but "etp" (spmdsim.models.moe.fold.Fold.token_map: tp's over the sequence when `dropless`,
     where no capacity counts a sequence's tokens).
     """
     L = x.layout
@@ -38,7 +38,9 @@ def input_problem(x: Any, etp: int = 0, dropless: bool = False) -> Optional[str]
     if big(T) != want_T or big(D) or big(batch) != want or L.addend_axes:
         expected = format_tensor_map((tuple(a for a in seq if a in want_T),
                                       tuple(a for a in L.layout.alias_name if a in want), ()))
-        which = "the mesh's axes (etp 1: the experts' tokens)" if fold.folded else "the mesh's axes other than tp"
+        which = ("the mesh's axes other than tp" if not fold.folded else "the mesh's axes (etp 1: the experts' tokens)"
+                 if not fold.etp_axes else f"the mesh's axes other than {fold.etp_axes[0]} (etp {fold.etp}: the "
+                 "experts' tokens)")
         return (f"the MoE layer's input (tokens, batch, features) is laid out {L}; expected its batch split over "
                 f"{which} and nothing else split or pending: {expected}")
     return None

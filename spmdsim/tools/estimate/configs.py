@@ -199,7 +199,7 @@ def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> bool:
     it out over dp x tp (with MoE layers dp x ep x tp) and shards each parameter over the axes among dp and ep it is
     whole on (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp x ep, the experts' over dp)."""
     moe = cfg.moe is not None
-    layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp, ep=ep if moe else None)), sp)
+    layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp, ep=ep if moe else None, etp=cfg.expert_tp)), sp)
     group = (DATA, EXPERT) if moe else DATA
     return any(shard_problem(s.name, layouts[s.name], s.shape, group) for s in param_specs(cfg))
 
