@@ -14,9 +14,11 @@ within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
-With --etp 1 the experts have a tensor-parallel size of their own (Megatron-Core's parallel folding,
-docs/howto/experts.md, "Experts with their own tp"): whole experts over --ep ranks that fold in attention's
-tp ranks, each tp rank routing its own share of the tokens; --dp is then the experts' data-parallel size.
+With --etp below --tp the experts have a tensor-parallel size of their own (Megatron-Core's parallel folding,
+docs/howto/experts.md, "Experts with their own tp"): --etp 1, whole experts over --ep ranks that fold in
+attention's tp ranks, each tp rank routing its own share of the tokens; --etp N dividing --tp, each expert split
+over N ranks and the other tp / N folded into --ep (the mesh's tp is then two axes, ("tp", "etp")); --dp is
+then the experts' data-parallel size.
 
 With --pp the blocks are cut into pipeline stages (docs/howto/pipelines.md; --microbatches, --schedule,
 --virtual-stages as examples/train_gpt.py has them): each stage is a dp x ep x tp mesh whose MoE layers
@@ -27,6 +29,7 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
   or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
   or folded: python examples/train_moe_gpt.py --ranks 8 --ep 8 --tp 2 --etp 1
+  or partly folded: python examples/train_moe_gpt.py --ranks 8 --ep 4 --tp 4 --etp 2
   or each sequence over cp: python examples/train_moe_gpt.py --ranks 8 --ep 2 --cp 2 --tp 2 --dropless
   or, 64 experts on 1,024 ranks, shapes only (docs/howto/experts-memory.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
@@ -77,8 +80,8 @@ parser.add_argument("--dp", type=int, default=None,
 parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, inside the experts too")
 parser.add_argument("--etp", type=int, default=None,
                     help="the experts' tensor-parallel ranks (Megatron's --expert-tensor-parallel-size): tp (the "
-                         "default) or 1, attention's tp ranks folded into the experts' ep (Megatron-Core's parallel "
-                         "folding; --ep then counts them: ep x dp = world / pp)")
+                         "default) or a divisor of tp, the rest of attention's tp ranks folded into the experts' ep "
+                         "(Megatron-Core's parallel folding; --ep then counts them: etp x ep x dp = world / pp)")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
 context_arguments(parser)  # --cp, --cp-method, --cp-split: each sequence split over cp, in the experts too
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
@@ -144,8 +147,8 @@ def split(world):
         return None, f"--tp {tp} must divide the {world // (pp * cp)} ranks of a stage" if pp * cp > 1 else \
             f"--tp {tp} must divide the world size {world}"
     rest = world // (pp * cp) // tp
-    if folded(args):  # the experts' groups: ep x dp = the stage's ranks; the mesh's "ep" axis ep / tp of them
-        rest *= tp
+    by = tp // args.etp if folded(args) else 1  # the tp ranks each folded experts' group takes into its ep
+    rest *= by  # the experts' groups: etp x ep x dp = the stage's ranks; the mesh's "ep" axis ep / by of them
     for name, given in (("ep", args.ep), ("dp", args.dp)):
         if given is not None and rest % given:
             by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp), ("tp", tp)) if n > 1)
@@ -153,25 +156,26 @@ def split(world):
             return None, f"--{name} {given} must divide {where}"
     ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
     dp = args.dp if args.dp is not None else rest // ep
-    etp = 1 if folded(args) else tp
+    etp = args.etp if folded(args) else tp
     if pp * dp * ep * cp * etp != world:
         what = f"pp {pp} x dp {dp} x ep {ep} x {f'cp {cp} x ' if cp > 1 else ''}{'e' if etp != tp else ''}tp {etp}"
         return None, f"{what if pp > 1 else what[what.index('dp'):]} must multiply to the world size {world} (set --ep " \
                      "and --dp)"
     if folded(args):
-        problem = fold_problem(tp, 1, ep)
-        return (None, f"--etp 1: {problem}") if problem else ((dp, ep // tp, tp), None)
+        problem = fold_problem(tp, args.etp, ep)
+        return (None, f"--etp {args.etp}: {problem}") if problem else ((dp, ep // by, tp), None)
     return (dp, ep, tp), None
 
 
 def stage_mesh(dp, ep, tp):
-    """A stage's mesh, (device matrix, axis names): (dp, ep, tp), with --cp's axis before tp."""
-    return model_layout(tp, dp, ep=ep, cp=args.cp if args.cp > 1 else None)
+    """A stage's mesh, (device matrix, axis names): (dp, ep, tp), with --cp's axis before tp; tp as the two axes
+    ("tp", "etp") with --etp between 1 and --tp."""
+    return model_layout(tp, dp, ep=ep, cp=args.cp if args.cp > 1 else None, etp=args.etp if folded(args) else 0)
 
 
 def folded(args):
-    """Whether the experts fold attention's tp into their ep (--etp 1 beside --tp above 1)."""
-    return args.etp == 1 and args.tp > 1
+    """Whether the experts fold attention's tp into their ep (--etp below --tp, dividing it: moe_problem)."""
+    return args.etp is not None and 0 < args.etp < args.tp and args.tp % args.etp == 0
 
 
 def moe_problem(args):
@@ -216,7 +220,7 @@ def main(args):
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
-                    dry_routing=args.routing or "balanced", etp=1 if folded(args) else 0)
+                    dry_routing=args.routing or "balanced", etp=args.etp if folded(args) else 0)
     cfg = model_config(args, moe=moe)
     layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
     if problem:  # every rank alike, before any collective
@@ -270,7 +274,7 @@ def main(args):
         print(f"experts: {moe.describe()}")
         if args.dialect:
             def said(role: str, ndim: int) -> str:
-                return str(written(args.dialect, role, ndim, ("dp", "ep", "tp"), folded(args)))
+                return str(written(args.dialect, role, ndim, stage_mesh(dp, ep, tp)[1], folded(args)))
             print(f"layouts in {args.dialect}: experts' w1 {said('expert w1', 3)}, w2 {said('expert w2', 3)};\n"
                   f"  column-parallel {said('columns', 2)}, row-parallel {said('rows', 2)}")
         if args.precision != "fp64":
@@ -299,11 +303,13 @@ def main(args):
                  f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
                  alg[2:]]
         if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
+            etp, by = args.etp, tp // args.etp  # (by: the tp ranks folded into each experts' group's ep)
+            who = "each tp rank" if etp == 1 else f"each of tp's {by} parts (its etp {etp} ranks alike)"
             parts[1:2] = [f"attention tp {tp} x dp {dp * ep};",
-                          f"experts etp 1 x ep {ep * tp} x edp {dp}, {moe.experts // (ep * tp)} per rank;",
-                          "each tp rank routes its own " + (f"{cfg.seq // tp} of each sequence's {cfg.seq} tokens"
-                                                            if moe.dropless else f"{cfg.batch // (dp * ep * tp)} of "
-                                                            f"its group's {cfg.batch // (dp * ep)} sequences")
+                          f"experts etp {etp} x ep {ep * by} x edp {dp}, {moe.experts // (ep * by)} per rank;",
+                          f"{who} routes its own " + (f"{cfg.seq // by} of each sequence's {cfg.seq} tokens"
+                                                      if moe.dropless else f"{cfg.batch // (dp * ep * by)} of "
+                                                      f"its group's {cfg.batch // (dp * ep)} sequences")
                           + (alg and ";")]
         lines = [parts[0]]
         for part in filter(None, parts[1:]):  # within 100 columns
@@ -340,7 +346,7 @@ def main(args):
 
             everyone = gather_object(comm, r.dispatch)  # collective: every rank reports alike
             if rank0:
-                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, 1 if folded(args) else tp)))
+                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, args.etp if folded(args) else tp)))
 
     if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,

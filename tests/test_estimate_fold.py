@@ -67,8 +67,10 @@ def test_dropless_folding_splits_the_sequence_so_a_microbatch_of_one_runs():
 
 @pytest.mark.parametrize("argv, message", [
     (("--tp", "2", "--ep", "4", "--etp", "0"), "--etp 0 must be >= 1"),
-    (("--tp", "4", "--ep", "2", "--etp", "2"), "--etp 2: etp 2 with tp 4: the experts' tensor-parallel size must be "
-                                               "tp (4) or 1"),
+    (("--tp", "4", "--ep", "2", "--etp", "3"), "--etp 3: etp 3 with tp 4: the experts' tensor-parallel size must "
+                                               "divide tp (4)"),
+    (("--tp", "4", "--ep", "3", "--etp", "2"), "--etp 2: etp 2 folds attention's tp 4 ranks into the experts' ep: "
+                                               "ep 3 must be a multiple of tp / etp = 2"),
     (("--tp", "2", "--ep", "3", "--etp", "1"), "--etp 1: etp 1 folds attention's tp 2 ranks into the experts' "
                                                     "ep: ep 3 must be a multiple of tp 2"),
 ])

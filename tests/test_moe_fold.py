@@ -137,8 +137,8 @@ def test_folded_moe_gpt_steps_match_one_numpy_process(dp, ep, tp, dropless, zero
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tp", "4", "--etp", "2", "--ep", "2"], "--etp 2: etp 2 with tp 4: the experts' tensor-parallel "
-                                               "size must be tp (4) or 1"),
+    (["--tp", "4", "--etp", "3", "--ep", "2"], "--etp 3: etp 3 with tp 4: the experts' tensor-parallel "
+                                               "size must divide tp (4)"),
     (["--tp", "4", "--etp", "1", "--ep", "2"], "--etp 1: etp 1 folds attention's tp 4 ranks into the experts' ep: ep 2 "
                                                "must be a multiple of tp 4"),
     (["--tp", "2", "--etp", "0"], "--etp 0 must be at least 1"),
@@ -159,7 +159,7 @@ def test_a_folded_mesh_the_model_does_not_fit_is_refused_in_one_line():
                                                  "rank routes its own share)")
     assert mesh_problem(GPTConfig(**SMALL, moe=MoEConfig(experts=6, etp=1)), 1, 2, False, 2) == \
         "experts 6 are not divisible by ep 4 (experts are split over ep)"
-    assert fold_problem(4, 2) is not None and fold_problem(4, 4) is None and fold_problem(2, 1, 3) is not None
+    assert fold_problem(4, 3) is not None and fold_problem(4, 4) is None and fold_problem(2, 1, 3) is not None
     with pytest.raises(SpmdsimError, match="MoEConfig etp -1 must be an integer >= 0"):
         MoEConfig(etp=-1)
 

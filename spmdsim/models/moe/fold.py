@@ -85,8 +85,8 @@ def fold_problem(tp: int, etp: int, ep: Optional[int] = None) -> Optional[str]:
                 "ranks split into the experts' etp and a part folded into their ep (Megatron-Core's parallel "
                 "folding)")
     if ep is not None and ep % (tp // etp):
-        return (f"etp {etp} folds attention's tp {tp} ranks into the experts' ep by {tp // etp}: ep {ep} must be "
-                f"a multiple of tp / etp = {tp // etp}")
+        return (f"etp {etp} folds attention's tp {tp} ranks into the experts' ep: ep {ep} must be a multiple of "
+                + (f"tp {tp}" if etp == 1 else f"tp / etp = {tp // etp}"))
     return None
 
 

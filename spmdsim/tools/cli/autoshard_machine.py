@@ -141,9 +141,9 @@ def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) 
         words.append(f"--pad-vocab-to {cfg.vocab_pad_to}")
     if cfg.moe is not None:
         m = cfg.moe
-        # --ep the experts' (folded, the mesh's ep x tp: --etp 1)
+        # --ep the experts' (folded, the mesh's ep x tp / etp: --etp below --tp)
         words += [f"--experts {m.experts}", f"--top-k {m.top_k}", f"--moe-every {m.every}", f"--ep {x.experts_ep}"]
-        words += ["--etp 1"] if x.etp == 1 else []
+        words += [f"--etp {x.etp}"] if x.etp else []
         if m.dropless:
             words.append("--dropless")
         elif m.capacity_factor != 1.0:

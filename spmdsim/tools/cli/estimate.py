@@ -115,8 +115,9 @@ def _moe_arguments(parser: Any) -> None:
     parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
     parser.add_argument("--etp", type=int, metavar="N",
                         help="the experts' tensor-parallel ranks (Megatron's --expert-tensor-parallel-size): --tp "
-                             "(default) or 1, attention's tp ranks folded into the experts' ep (Megatron-Core's "
-                             "parallel folding: --ep counts them, --dp the ranks holding the same experts)")
+                             "(default) or a divisor of it, the rest of attention's tp ranks folded into the "
+                             "experts' ep (Megatron-Core's parallel folding: --ep counts them, --dp the ranks "
+                             "holding the same experts)")
     parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
     parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
     parser.add_argument("--capacity-factor", type=flag_float, metavar="F",
@@ -196,13 +197,13 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     if args.experts and args.experts % args.ep:
         raise SpmdsimError(f"--experts {args.experts} must be a multiple of --ep {args.ep} (each ep rank holds "
                            "the same number of experts)")
-    ep = mesh_ep(args.ep, args.tp, args.etp or 0)  # folded (--etp 1): the mesh's ep axis, ep / tp
+    ep = mesh_ep(args.ep, args.tp, args.etp or 0)  # folded (--etp below --tp): the mesh's ep axis, ep / (tp / etp)
     per_step = args.micro_batch * args.dp * ep  # the dense layers' batch is split over dp x ep
     if args.global_batch % per_step:
         what = "--micro-batch x --dp x --ep" if ep > 1 else "--micro-batch x --dp"
-        what += " / --tp" if ep != args.ep else ""
+        what += (" / --tp" if args.etp == 1 else " / (--tp / --etp)") if ep != args.ep else ""
         sizes = f"{args.micro_batch} x {args.dp} x {args.ep}" if ep > 1 else f"{args.micro_batch} x {args.dp}"
-        sizes += f" / {args.tp}" if ep != args.ep else ""
+        sizes += f" / {args.ep // ep}" if ep != args.ep else ""
         raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
     if args.experts and args.moe_every > args.layers:
         raise SpmdsimError(f"--moe-every {args.moe_every} makes {no_moe_block(args.layers)} "
@@ -210,7 +211,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                            f"--layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
-                    dry_routing=args.routing, etp=1 if ep != args.ep else 0) if args.experts else None
+                    dry_routing=args.routing, etp=args.etp if ep != args.ep else 0) if args.experts else None
     with said_as(said, defaults):
         cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
                         batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
@@ -219,9 +220,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def _etp_problems(args: argparse.Namespace) -> None:
-    """--etp's refusals, each one line before the dry run: without experts, below 1, a size other than tp or 1
-    (spmdsim.models.moe.fold), an ep folded that tp does not divide, a microbatch (dropless: a sequence) tp's
-    ranks cannot share."""
+    """--etp's refusals, each one line before the dry run: without experts, below 1, a size that does not divide
+    tp (spmdsim.models.moe.fold), an ep folded that tp / etp does not divide, a microbatch (dropless: a sequence)
+    the tp / etp ranks folded cannot share."""
     if args.etp is None:
         return
     if args.etp < 1:
@@ -231,18 +232,20 @@ def _etp_problems(args: argparse.Namespace) -> None:
     problem = fold_problem(args.tp, args.etp, args.ep)
     if problem:
         raise SpmdsimError(f"--etp {args.etp}: {problem}")
-    if args.etp == 1 < args.tp and args.dropless and args.seq % args.tp:
-        raise SpmdsimError(f"--etp 1 with --tp {args.tp} and --dropless: each tp rank routes its own share of a "
-                           f"sequence's tokens; --seq {args.seq} must be a multiple of --tp {args.tp}")
-    if args.etp == 1 < args.tp and not args.dropless and args.micro_batch % args.tp:
-        raise SpmdsimError(f"--etp 1 with --tp {args.tp}: each tp rank routes its own share of a microbatch's "
-                           f"sequences (with a capacity, whole sequences; --dropless splits them); --micro-batch "
-                           f"{args.micro_batch} must be a multiple of --tp {args.tp}")
+    by = args.tp // args.etp  # the tp ranks folded into the experts' ep, each routing its own share
+    tp = "--tp" if args.etp == 1 else "--tp / --etp"
+    if by > 1 and args.dropless and args.seq % by:
+        raise SpmdsimError(f"--etp {args.etp} with --tp {args.tp} and --dropless: each tp rank routes its own share "
+                           f"of a sequence's tokens; --seq {args.seq} must be a multiple of {tp} {by}")
+    if by > 1 and not args.dropless and args.micro_batch % by:
+        raise SpmdsimError(f"--etp {args.etp} with --tp {args.tp}: each tp rank routes its own share of a "
+                           f"microbatch's sequences (with a capacity, whole sequences; --dropless splits them); "
+                           f"--micro-batch {args.micro_batch} must be a multiple of {tp} {by}")
 
 
 def _fold(args: argparse.Namespace) -> None:
-    """With --etp 1 beside --tp above 1: args.ep becomes the mesh's ep axis (ep / tp ranks; attention's tp makes
-    up the rest), args.expert_ep keeps the experts' ep; otherwise args.expert_ep is args.ep."""
+    """With --etp below --tp: args.ep becomes the mesh's ep axis (ep / (tp / etp) ranks; attention's tp ranks
+    outside etp make up the rest), args.expert_ep keeps the experts' ep; otherwise args.expert_ep is args.ep."""
     args.expert_ep = args.ep
     args.ep = mesh_ep(args.ep, args.tp, args.etp or 0)
 

@@ -126,8 +126,8 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
         m = cfg.moe
         moe_layers = sum(cfg.is_moe(i) for i in range(cfg.layers))
         capacity = "dropless" if m.dropless else f"capacity factor {m.capacity_factor:g}"
-        eps = getattr(args, "expert_ep", args.ep)  # folded (--etp 1): the experts' ep, args.ep x tp
-        folded = f" (etp 1 x ep {eps} x edp {args.dp}: attention's tp folded into ep)" if eps != args.ep else ""
+        eps = getattr(args, "expert_ep", args.ep)  # folded (--etp below --tp): the experts' ep, args.ep x tp / etp
+        folded = f" (etp {m.etp} x ep {eps} x edp {args.dp}: attention's tp folded into ep)" if eps != args.ep else ""
         head.append(f"experts: {counted(moe_layers, 'MoE layer')} of {m.experts} experts, top-{m.top_k}, {capacity}; "
                     f"{m.experts // eps} per ep rank{folded}; the dry run routes {m.dry_routing}")
     elements = sum(prod(spec.shape) for spec in param_specs(cfg))

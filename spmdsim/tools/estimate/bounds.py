@@ -151,10 +151,10 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
     """Small dry runs of the step on pp 2 x dp 1 x ep x tp (two or three sizes of model, 1 or 2 microbatches of
     `micro` sequences a rank) and the rows of each kind of layer and of the ends they solve for (module
     docstring); every run's stages checked to be their ends plus their layers. `context`: (cp, its method),
-    each run's sequence split over cp as the configuration's; `etp`: the experts' (1: folded, `model_of`)."""
+    each run's sequence split over cp as the configuration's; `etp`: the experts' (below tp: folded, `model_of`)."""
     cp, method = context
     cfg = model_of(cfg, etp)
-    folded = etp == 1 and tp > 1 and cfg.moe is not None
+    by = tp // etp if 0 < etp < tp and cfg.moe is not None else 1  # folded: the tp ranks in the experts' ep
     every = cfg.moe.every if cfg.moe is not None else 1
     mixed = every > 1  # dense and MoE layers
     sizes = (2 * every - 2, 2 * every, 2 * every + 2) if mixed else (2, 4)
@@ -205,7 +205,8 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
         one = {k: (tuple({t: n for t, n in d.items() if t not in bad} for d, bad in zip(per, odd)), step, held)
                for k, (per, step, held) in one.items()}
         ends = tuple(tuple({t: n for t, n in d.items() if t not in bad} for d, bad in zip(end, odd)) for end in ends)
-    groups = tuple(g for g in (ep, ep * tp if folded else 1) if g > 1)  # the batch's axes but dp (folded: and tp)
+    # the batch's axes but dp (folded: and tp's part in the experts' ep)
+    groups = tuple(g for g in (ep, ep * by if by > 1 else 1) if g > 1)
     if groups:  # the experts' exchanges kept, the batch's sums left out (module docstring)
         one = {k: ((per[0], per[1], {t: n for t, n in per[2].items() if _exchange(t, groups)}), step, held)
                for k, (per, step, held) in one.items()}

@@ -130,8 +130,9 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     sequences = cfg.batch // (c.dp * c.ep * c.microbatches)  # a rank's share of one microbatch
     exchanges = 0.0
     if m is not None and c.experts_ep > 1 and not m.dropless:
-        # folded (etp 1): each tp rank dispatches its 1/tp of the sequences over ep x tp ranks, tp fastest
-        routed, stride = (sequences // c.tp, 1) if c.etp == 1 else (sequences, c.tp)
+        # folded (etp below tp): each of tp's tp / etp parts dispatches its share of the sequences over the
+        # experts' ep ranks, etp apart (etp fastest); unfolded, all of them over ep, tp apart
+        routed, stride = (sequences // (c.tp // c.etp), c.etp) if c.etp else (sequences, c.tp)
         # (with cp each rank routes its chunk of a sequence, with the chunk's own capacity)
         buffer = routed * m.experts * m.capacity(cfg.seq // c.cp) * cfg.d_model * w.activations
         layers = sum(cfg.is_moe(i) for i in range(cfg.layers)) / c.pp

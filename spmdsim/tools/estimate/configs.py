@@ -46,10 +46,10 @@ class Config:
     (spmdsim.models.gpt.context: "ring", "allgather" or "alltoall"; the balanced causal split).
 
     With MoE layers `ep` is the size of the mesh's "ep" axis (pp x dp x ep x cp x tp = the devices, as the ledger
-    takes it) and `etp` the experts' own tp (MoEConfig.etp): 0, split over attention's tp as attention is; 1
-    (tp above 1 only), whole, attention's tp ranks folded into their expert-parallel group
-    (spmdsim.models.moe.fold): the experts' ep is then ep x tp (`experts_ep`, what `spmdsim estimate --ep`
-    and the search's table count) and their tp 1 (`experts_tp`)."""
+    takes it) and `etp` the experts' own tp (MoEConfig.etp): 0, split over attention's tp as attention is; a
+    divisor of tp below it (tp above 1 only; 1, whole experts), attention's other tp ranks folded into their
+    expert-parallel group (spmdsim.models.moe.fold): the experts' ep is then ep x tp / etp (`experts_ep`, what
+    `spmdsim estimate --ep` and the search's table count) and their tp etp (`experts_tp`)."""
 
     tp: int
     pp: int
@@ -65,17 +65,18 @@ class Config:
     split: Optional[tuple] = None
     cp: int = 1
     cp_method: str = "ring"
-    etp: int = 0  # the experts' tp: 0, attention's tp; 1 (tp > 1, MoE layers), folded into their ep
+    etp: int = 0  # the experts' tp: 0, attention's tp; below tp (MoE layers), the rest of tp folded into their ep
 
     @property
     def experts_ep(self) -> int:
-        """The experts' expert-parallel size: the mesh's ep, folded (etp 1) ep x tp (`spmdsim estimate --ep`)."""
-        return self.ep * self.tp if self.etp == 1 else self.ep
+        """The experts' expert-parallel size: the mesh's ep, folded (etp below tp) ep x tp / etp (`spmdsim
+        estimate --ep`)."""
+        return self.ep * (self.tp // self.etp) if self.etp else self.ep
 
     @property
     def experts_tp(self) -> int:
-        """The experts' tensor-parallel size: attention's tp, or 1 folded."""
-        return 1 if self.etp == 1 else self.tp
+        """The experts' tensor-parallel size: attention's tp, or folded their etp."""
+        return self.etp or self.tp
 
     @property
     def schedule(self) -> str:
@@ -84,7 +85,7 @@ class Config:
     def short(self) -> str:
         return (f"tp {self.tp}{' sp' if self.sp else ''}, pp {self.pp}" + (f" v {self.virtual}" if self.virtual > 1
                 else "") + f", dp {self.dp}"
-                + (f", ep {self.experts_ep}" if self.experts_ep > 1 else "") + (", etp 1" if self.etp == 1 else "")
+                + (f", ep {self.experts_ep}" if self.experts_ep > 1 else "") + (f", etp {self.etp}" if self.etp else "")
                 + (f", cp {self.cp} {self.cp_method}" if self.cp > 1 else "")
                 + f", {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
 
