@@ -1,6 +1,7 @@
 """`spmdsim estimate gpt --etp 1`: the folded experts (spmdsim.models.moe.fold) priced by the dry run of their
 step: whole experts over ep x tp ranks, each tp rank's share of the tokens dispatched, no Allreduce of an
-expert's product, the output gathered over tp; and the flags' refusals (docs/howto/estimate.md)."""
+expert's product, the output gathered over tp; `--etp 2` beside `--tp 4` alike with each expert over 2 ranks;
+and the flags' refusals (docs/howto/estimate.md)."""
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, code, out, err)
 
 
-def _stage(*argv: str) -> dict:
-    done = _cli(*MODEL, "--tp", "2", *argv, "--json")
+def _stage(*argv: str, tp: str = "2") -> dict:
+    done = _cli(*MODEL, "--tp", tp, *argv, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["stages"][0]
 
@@ -43,6 +44,26 @@ def test_folding_on_the_same_ranks_halves_each_ranks_dispatch_and_drops_the_expe
     assert folded["sent"]["allreduce node"] < same["sent"]["allreduce node"]  # no sum of fc2's product over tp
     # the routers' products on each rank's own tokens, not on its tp group's (the experts' the same)
     assert folded["flops"]["forward"] < same["flops"]["forward"]
+
+
+def test_etp_2_beside_tp_4_splits_each_expert_over_2_ranks_and_folds_the_other_2_into_ep():
+    """8 ranks, tp 4: experts over ep 2, each over tp 4 (etp = tp), against etp 2 x ep 4 (the mesh's tp as
+    ("tp" 2, "etp" 2)): 2 experts a rank, half of each one's columns; each "tp" rank dispatches half its group's
+    sequences over 4 ranks (3 of 4 blocks leaving, against 1 of 2 of all of them: 3/4 of the bytes), gathers the
+    output over "tp" and sums fc2's product over etp's 2 ranks alone."""
+    same = _stage("--ep", "2", "--micro-batch", "2", tp="4")
+    half = _stage("--ep", "4", "--etp", "2", "--micro-batch", "2", tp="4")
+    assert half["ranks"] == same["ranks"] == [0, 7]
+    D, F = 64, 256
+    assert same["expert_params"] == 4 * (D * F // 4 + F // 4 + F // 4 * D + D)
+    assert half["expert_params"] == 2 * (D * F // 2 + F // 2 + F // 2 * D + D)
+    assert half["sent"]["alltoall node"] * 4 == same["sent"]["alltoall node"] * 3
+    assert half["sent"]["allgather node"] > 0 and "allgather node" not in same["sent"]
+    assert half["sent"]["allreduce node"] < same["sent"]["allreduce node"]
+    done = _cli(*MODEL, "--tp", "4", "--ep", "4", "--etp", "2", "--micro-batch", "2")
+    text = " ".join(done.stdout.split())
+    assert "mesh pp 1 x dp 1 x ep 2 x tp 4 (8 ranks)" in text
+    assert "2 per ep rank (etp 2 x ep 4 x edp 1: attention's tp folded into ep)" in text
 
 
 def test_the_report_names_the_experts_groups():
@@ -71,6 +92,9 @@ def test_dropless_folding_splits_the_sequence_so_a_microbatch_of_one_runs():
                                                "divide tp (4)"),
     (("--tp", "4", "--ep", "3", "--etp", "2"), "--etp 2: etp 2 folds attention's tp 4 ranks into the experts' ep: "
                                                "ep 3 must be a multiple of tp / etp = 2"),
+    (("--tp", "4", "--ep", "4", "--etp", "2", "--micro-batch", "1"),
+     "--etp 2 with --tp 4: each tp rank routes its own share of a microbatch's sequences (with a capacity, whole "
+     "sequences; --dropless splits them); --micro-batch 1 must be a multiple of --tp / --etp 2"),
     (("--tp", "2", "--ep", "3", "--etp", "1"), "--etp 1: etp 1 folds attention's tp 2 ranks into the experts' "
                                                     "ep: ep 3 must be a multiple of tp 2"),
 ])

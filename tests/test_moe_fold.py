@@ -73,7 +73,8 @@ def test_the_folded_layer_and_its_gradients_match_the_reference(mesh_shape, drop
 
 
 def _trace_rows(moe, mesh_shape):
-    """Rank 0's trace rows (op, label, group size) of the folded layer's forward and backward."""
+    """Rank 0's trace rows (op, label, group size, bytes sent) of the folded layer's forward and backward on a
+    (dp, ep, tp) mesh, or with four sizes a (dp, ep, tp, etp) one (the experts' columns over "etp")."""
     from test_moe import _params
     from spmdsim.nn import ops
     from spmdsim.models.moe.layer import moe_layer
@@ -82,11 +83,12 @@ def _trace_rows(moe, mesh_shape):
     from test_moe import B, D, T
 
     p, x, _ = _params(moe)
-    maps = {"router": (None, None), "w1": (("ep", "tp"), None, None), "b1": (("ep", "tp"), None),
-            "w2": (("ep", "tp"), None, None), "b2": (("ep", "tp"), None)}
+    inner = "etp" if len(mesh_shape) == 4 else None
+    maps = {"router": (None, None), "w1": (("ep", "tp"), None, inner), "b1": (("ep", "tp"), inner),
+            "w2": (("ep", "tp"), inner, None), "b2": (("ep", "tp"), None)}
 
     def run():
-        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world())
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp", "etp")[:len(mesh_shape)]), spmdsim.world())
         L = mesh.layout
         params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
         xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), L(None, ("dp", "ep"), None))

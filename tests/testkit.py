@@ -424,9 +424,10 @@ def bench_launches(bench, args, workers: list, tmp: str | os.PathLike, here: tup
 
 
 def moe_layer_on_ranks(moe, mesh_shape: tuple, p: dict, x, g, batch: int, algorithms=None) -> list:
-    """Each simulated rank of a (dp, ep, tp) mesh: (output, loss value, every parameter's gradient, d x, its
-    MoEStats, the trace's op names) of one MoE layer "h1." (spmdsim.models.moe.layer) on parameters `p` (whole arrays,
-    laid out as spmdsim.models.gpt.layouts lays them), tokens `x` (batch * seq, d_model) batch-first, for the loss
+    """Each simulated rank of a (dp, ep, tp) mesh, or a (dp, ep, tp, etp) one (four sizes: tp split for the experts'
+    own tp, spmdsim.models.moe.fold): (output, loss value, every parameter's gradient, d x, its MoEStats, the
+    trace's op names) of one MoE layer "h1." (spmdsim.models.moe.layer) on parameters `p` (whole arrays, laid out
+    as spmdsim.models.gpt.layouts lays them), tokens `x` (batch * seq, d_model) batch-first, for the loss
     sum(y * g) + the router losses; the output and d x batch-first rows again, the gradients whole."""
     import numpy as np
 
@@ -440,11 +441,13 @@ def moe_layer_on_ranks(moe, mesh_shape: tuple, p: dict, x, g, batch: int, algori
     T = rows // batch
     maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
             "b2": ("ep", None), "w3": ("ep", None, "tp"), "b3": ("ep", "tp")}  # (w3, b3: SwiGLU experts')
-    if moe.etp == 1 and mesh_shape[2] > 1:  # folded (spmdsim.models.moe.fold): experts over ("ep", "tp"), each whole
-        maps = {n: tuple(("ep", "tp") if e == "ep" else None if e == "tp" else e for e in m) for n, m in maps.items()}
+    names = ("dp", "ep", "tp", "etp")[:len(mesh_shape)]
+    inner = "etp" if len(mesh_shape) == 4 else None  # the experts' own tp where tp is split for it
+    if moe.etp == 1 and mesh_shape[2] > 1 or inner:  # folded (spmdsim.models.moe.fold): experts over ("ep", "tp")
+        maps = {n: tuple(("ep", "tp") if e == "ep" else inner if e == "tp" else e for e in m) for n, m in maps.items()}
 
     def run():
-        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(), algorithms=algorithms)
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, names), spmdsim.world(), algorithms=algorithms)
         L = mesh.layout
         params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
         seq_first = L(None, ("dp", "ep"), None)
