@@ -14,11 +14,11 @@ within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
-With --etp below --tp the experts have a tensor-parallel size of their own (Megatron-Core's parallel folding,
-docs/howto/experts.md, "Experts with their own tp"): --etp 1, whole experts over --ep ranks that fold in
-attention's tp ranks, each tp rank routing its own share of the tokens; --etp N dividing --tp, each expert split
-over N ranks and the other tp / N folded into --ep (the mesh's tp is then two axes, ("tp", "etp")); --dp is
-then the experts' data-parallel size.
+With --etp below --tp the experts have a tensor-parallel size of their own (Megatron-Core's parallel
+folding, docs/howto/experts-folding.md): --etp 1, whole experts over --ep ranks that fold in attention's tp
+ranks, each tp rank routing its own share of the tokens; --etp N dividing --tp, each expert split over N ranks
+and the other tp / N folded into --ep (the mesh's tp is then two axes, ("tp", "etp")); --dp is then the
+experts' data-parallel size.
 
 With --pp the blocks are cut into pipeline stages (docs/howto/pipelines.md; --microbatches, --schedule,
 --virtual-stages as examples/train_gpt.py has them): each stage is a dp x ep x tp mesh whose MoE layers
@@ -297,8 +297,9 @@ def main(args):
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
         both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
         alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
+        split_tp = f" (tp {tp // args.etp} x etp {args.etp})" if folded(args) and args.etp > 1 else ""
         parts = [f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x {f'cp {args.cp} x ' if args.cp > 1 else ''}"
-                 f"tp {tp}"
+                 f"tp {tp}{split_tp}"
                  f"{' with sequence parallelism' if args.sp else ''}:",
                  f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
                  alg[2:]]
@@ -346,7 +347,9 @@ def main(args):
 
             everyone = gather_object(comm, r.dispatch)  # collective: every rank reports alike
             if rank0:
-                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, args.etp if folded(args) else tp)))
+                etp = args.etp if folded(args) else tp  # the experts' tp: the last mesh axis ("etp" where split)
+                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, etp,
+                                                tp_axis=stage_mesh(dp, ep, tp)[1][-1])))
 
     if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,

@@ -26,6 +26,7 @@ DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorial
         "docs/explanation/architecture.md", "docs/howto/pipelines.md", "docs/howto/estimate.md",
         "docs/explanation/estimate-published.md",
         "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
+        "docs/howto/experts-folding.md",
         "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/explanation/algorithms.md",
         "docs/howto/simulate.md")
 #: The pages whose `timeout -k 5 N mpiexec -n N spmdsim ...` commands tests/mpi/test_classroom_docs.py runs.

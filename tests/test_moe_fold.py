@@ -1,6 +1,7 @@
 """Megatron-Core's parallel folding (spmdsim.models.moe.fold): experts with their own tensor-parallel size, etp 1
 beside attention's tp, their ep over ep x tp ranks; the layer and the GPT's steps against one numpy process, the
-token moves in the trace, the experts' gradient and optimizer groups, and the refusals (docs/howto/experts.md)."""
+token moves in the trace, the experts' gradient and optimizer groups, and the refusals
+(docs/howto/experts-folding.md)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,7 @@
 """Megatron-Core's parallel folding with the experts' own tp between 1 and tp (spmdsim.models.moe.fold): attention's
 tp as the two mesh axes ("tp", "etp"), the experts split over ("ep", "tp") and each over "etp"; the groups, the
 layouts, the layer and the GPT's steps against one numpy process, the trace's collectives and the refusals
-(docs/howto/experts.md, "Experts with their own tp")."""
+(docs/howto/experts-folding.md)."""
 from __future__ import annotations
 
 import pytest

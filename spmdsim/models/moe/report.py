@@ -40,10 +40,12 @@ def byte_matrix(stats: Sequence[Sequence[Any]], layer: str, size: int) -> list[l
     return out
 
 
-def dispatch_lines(stats: Sequence[Sequence[Any]], layer: str, size: int, tp: int, width: int = WIDTH) -> list[str]:
+def dispatch_lines(stats: Sequence[Sequence[Any]], layer: str, size: int, tp: int, width: int = WIDTH,
+                   tp_axis: str = "tp") -> list[str]:
     """The dispatch of `layer` as text within `width` columns: the token matrix, bytes sent, tokens per expert
-    and dropped. `tp`: the experts' tp size, the mesh's or (folded, spmdsim.models.moe.fold) 1 (its ranks route
-    the same tokens: each expert's load is counted on the tp rank 0 of each group, the last mesh axis)."""
+    and dropped. `tp`: the experts' tp size, the mesh's or (folded, spmdsim.models.moe.fold) their etp (its ranks
+    route the same tokens: each expert's load is counted on the tp rank 0 of each group, the last mesh axis,
+    `tp_axis`)."""
     mine = _of(stats, layer)
     if not mine:
         return [f"{layer}: no dispatch recorded"]
@@ -52,7 +54,7 @@ def dispatch_lines(stats: Sequence[Sequence[Any]], layer: str, size: int, tp: in
     load = [sum(s.per_expert[e] for s in first) for e in range(experts)]
     dropped, assignments = sum(s.dropped for s in first), sum(s.assignments for s in first)
     sent = sum(map(sum, byte_matrix(stats, layer, size)))
-    copies = " (each tp rank sends its own copy)" if tp > 1 else " (each rank its own tokens)"
+    copies = f" (each {tp_axis} rank sends its own copy)" if tp > 1 else " (each rank its own tokens)"
     lines = [f"{layer} dispatch: token rows rank -> rank{copies}"]
     lines += ["  " + line for line in format_byte_matrix(token_matrix(stats, layer, size), width - 2,
                                                           lambda n: f"{n:,}")]
