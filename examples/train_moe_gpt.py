@@ -178,6 +178,17 @@ def folded(args):
     return args.etp is not None and 0 < args.etp < args.tp and args.tp % args.etp == 0
 
 
+def folded_words(cfg, dp, ep, tp):
+    """The header's words on folded experts (--etp below --tp): attention's groups, the experts', who routes what."""
+    moe, etp, by = cfg.moe, args.etp, tp // args.etp  # (by: the tp ranks folded into each experts' group's ep)
+    who = "each tp rank" if etp == 1 else f"each of tp's {by} parts (its etp {etp} ranks alike)"
+    routed = (f"{cfg.seq // by} of each sequence's {cfg.seq} tokens" if moe.dropless else
+              f"{cfg.batch // (dp * ep * by)} of its group's {cfg.batch // (dp * ep)} sequences")
+    return [f"attention tp {tp} x dp {dp * ep};",
+            f"experts etp {etp} x ep {ep * by} x edp {dp}, {moe.experts // (ep * by)} per rank;",
+            f"{who} routes its own {routed}"]
+
+
 def moe_problem(args):
     """Why the MoE flags cannot be, naming the flag typed (MoEConfig's own refusals name its fields: "MoEConfig
     top_k 3 ..."), or None; pure: every rank alike, before any collective."""
@@ -304,14 +315,8 @@ def main(args):
                  f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
                  alg[2:]]
         if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
-            etp, by = args.etp, tp // args.etp  # (by: the tp ranks folded into each experts' group's ep)
-            who = "each tp rank" if etp == 1 else f"each of tp's {by} parts (its etp {etp} ranks alike)"
-            parts[1:2] = [f"attention tp {tp} x dp {dp * ep};",
-                          f"experts etp {etp} x ep {ep * by} x edp {dp}, {moe.experts // (ep * by)} per rank;",
-                          f"{who} routes its own " + (f"{cfg.seq // by} of each sequence's {cfg.seq} tokens"
-                                                      if moe.dropless else f"{cfg.batch // (dp * ep * by)} of "
-                                                      f"its group's {cfg.batch // (dp * ep)} sequences")
-                          + (alg and ";")]
+            words = folded_words(cfg, dp, ep, tp)
+            parts[1:2] = words[:-1] + [words[-1] + (alg and ";")]
         lines = [parts[0]]
         for part in filter(None, parts[1:]):  # within 100 columns
             if len(lines[-1]) + 1 + len(part) <= 100:

@@ -132,8 +132,8 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
                 if here.get(k) != there.get(k):
                     return (f"--resume {directory}: the checkpoint's pipeline has {_pipeline_flag(k, there.get(k))}, "
                             f"this run's {_pipeline_flag(k, here.get(k))} (resume with the settings it was saved with)")
-        if isinstance(here, dict) and isinstance(there, dict):
-            for k in list(here) + [k for k in there if k not in here]:
+        if isinstance(here, dict) and isinstance(there, dict):  # a key one side lacks first (the mesh's "etp")
+            for k in sorted(list(here) + [k for k in there if k not in here], key=lambda k: k in here and k in there):
                 if here.get(k) != there.get(k):
                     return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k))}, "
                             f"this run's {_shown(here.get(k))} (resume with the settings it was saved with)")
