@@ -21,7 +21,10 @@ layout by its role in Megatron's tensor parallelism (docs/reference/operators.md
 The MoE rows (spmdsim.models.moe, docs/howto/experts.md) need an "ep" axis: the layout
 ``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers. With the experts' etp 1
 (MoEConfig.etp, Megatron-Core's parallel folding: spmdsim.models.moe.fold) each expert's weights are whole,
-the experts split over ("ep", "tp"): moe.w1 (("ep", "tp"), None, None), moe.b1 (("ep", "tp"), None), ...
+the experts split over ("ep", "tp"): moe.w1 (("ep", "tp"), None, None), moe.b1 (("ep", "tp"), None), ... With
+an etp between 1 and tp the mesh's tp is two axes ("tp", "etp") (spmdsim.models.axes.model_layout): the tables'
+"tp" entries are ("tp", "etp") (attention over both, "tp" major) and the experts' columns split over "etp":
+moe.w1 (("ep", "tp"), None, "etp"), moe.w2 (("ep", "tp"), "etp", None).
 
 The model on DTensors (`spmdsim.models.gpt.parallel.GPT`) runs with these layouts, and
 `spmdsim autoshard --network gpt` takes them as the hand-written ones
@@ -187,7 +190,8 @@ def written(dialect: str, role: str, ndim: int, names: tuple, folded: bool = Fal
     ...) with `ndim` dims on a mesh of axes `names`: MindSpore's tensor_map of axis names ("None" where whole),
     a JAX PartitionSpec's entries, DTensor's placements ("S(dim)" or "R" per mesh axis) or OneFlow's nd SBP
     ("S(dim)" or "B"). On ("dp", "tp") these are `DIALECTS`' texts; an MoE mesh ("dp", "ep", "tp") adds the
-    experts' roles and an axis to DTensor's and OneFlow's; `folded` (etp 1) their experts over ("ep", "tp")."""
+    experts' roles and an axis to DTensor's and OneFlow's; `folded` (etp below tp) their experts over ("ep", "tp"),
+    their columns over "etp" where `names` has it."""
     entries = _entries(role, ndim, tuple(names), folded)
     if dialect == "mindspore":
         return tuple("None" if e is None else e for e in entries)

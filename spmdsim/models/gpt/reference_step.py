@@ -97,7 +97,7 @@ def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
     if cfg.moe is None or not model.moe_stats:
         return None
     mesh = model.mesh
-    fold = fold_of(mesh.layout, cfg.moe.etp)  # folded (etp 1): each tp rank routed its own share of the tokens
+    fold = fold_of(mesh.layout, cfg.moe.etp)  # folded (etp below tp): each tp rank routed its own share of tokens
     T, rows, _ = fold.token_map(tuple(mesh.layout.alias_name), cfg.moe.dropless)
     batch = mesh.layout(rows if fold.folded else model.batch, T, None)
     routes = {}

@@ -1,7 +1,7 @@
 """Mixture of experts: a router, experts split over an ``ep`` mesh axis, tokens moved by Alltoall(v).
 
 ``MoEConfig`` (config) on a ``GPTConfig(moe=...)``; which mesh axes the experts use,
-Megatron-Core's parallel folding with ``etp=1`` (fold); the routing stated once for
+Megatron-Core's parallel folding with ``etp`` below tp (fold); the routing stated once for
 ranks and reference (routing); the layer in one numpy process (reference);
 on DTensors (``spmdsim.models.moe.layer``, loaded on first use: it runs collectives);
 the pictures of who sent how many tokens where (report). docs/howto/experts.md.

@@ -22,7 +22,8 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 With the experts' own tp 1 (MoEConfig.etp, Megatron-Core's parallel folding: spmdsim.models.moe.fold) the
 experts are split over ("ep", "tp") and whole: each tp rank takes its share of the tokens (a local slice; with
 sequence parallelism, dropless, they come so), the exchanges run over the ep x tp ranks, no Allreduce sums
-fc2's product, and the output is gathered over tp again.
+fc2's product, and the output is gathered over tp again. With an etp between 1 and tp the mesh's tp is the
+axes ("tp", "etp"): the same over "tp", each expert column- then row-parallel over "etp" as above over tp.
 
 At ep 1 nothing is exchanged and no collective is called (not even on a group
 of one rank): the dispatch and combine are the rows' local reordering alone.
