@@ -5,6 +5,7 @@ and the flags' refusals (docs/howto/estimate.md)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -107,3 +108,20 @@ def test_bad_foldings_are_refused_in_one_line(argv, message):
 def test_etp_without_experts_is_refused():
     done = _cli("--layers", "2", "--tp", "2", "--etp", "1")
     assert done.returncode == 2 and "--etp 1 sets the MoE layers: give --experts N" in done.stderr
+
+
+def test_the_search_holds_an_experts_tp_between_1_and_tp_with_fix():
+    """`--fix etp=2` beside `--fix tp=4` searches the experts at etp 2 alone (the other half of tp folded into
+    their ep): the table's etp column and the chosen command's --etp 2; an etp that no tp left divides is one
+    line naming the experts' tps there are."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=8,experts=8",
+            "--devices", "8", "--machine", "h100-dgx", "--fix", "tp=4", "--max-dry-runs", "4"]
+    code, out, err = run_here("main", argv + ["--fix", "etp=2"])
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if re.match(r"\d+ +4(\+sp)? +\d+ +\d+ +\d+ +\d+ +\d+ ", line)]
+    assert len(rows) == 4 and all(row[6] == "2" for row in rows), out  # the 4 priced: tp 4, etp 2
+    text = " ".join(out.split())
+    assert ", etp 2, " in text.split("chosen: ")[1].split(":")[0] and "--etp 2" in text
+    code, out, err = run_here("main", argv + ["--fix", "etp=3"])
+    assert code == 2 and " ".join(err.split()).endswith("--fix etp=3 leaves no configuration of the GPT on 8 devices "
+                                                        "with --fix tp=4; etp can be 1, tp")

@@ -139,12 +139,14 @@ SEARCHED_METHODS = ("ring",)
 
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None,
-                   methods: tuple = METHODS, folded: bool = True, sharded: bool = False) -> list[Config]:
+                   methods: tuple = METHODS, folded: bool = True, sharded: bool = False,
+                   etps: tuple = ()) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
     those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`); `methods`: the
     context-parallel attention methods tried (SEARCHED_METHODS in a search); `folded`: with the experts folded
-    into their ep too (etp 1), beside split over tp; `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts
-    sharded over dp, the rest over dp x ep; a dense GPT's ZeRO-3 always)."""
+    into their ep too (etp 1), beside split over tp, and at each experts' tp of `etps` (`--fix etp=N`) that
+    divides a tp above it; `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts sharded over dp, the rest
+    over dp x ep; a dense GPT's ZeRO-3 always)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
@@ -159,7 +161,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
-                for etp in _etps(cfg, tp, ep) if folded else (0,):
+                for etp in _etps(cfg, tp, ep, etps) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,
                                                                  cp_method=method, etp=etp), sharded)
                 if len(out) > MAX_CONFIGS:
@@ -219,7 +221,8 @@ def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHO
 
 
 #: The degrees `--fix NAME=VALUE` holds (the names of the search's table) and the Config field of each; ep and etp
-#: are the experts' (`Config.experts_ep`; etp 1, their tp 1: tp 1 or folded, or the word tp, split over tp).
+#: are the experts' (`Config.experts_ep`; etp N, their tp N: 1, tp 1 or folded whole, or the word tp, split over
+#: attention's tp).
 FIXABLE = {TENSOR: TENSOR, PIPELINE: PIPELINE, "v": "virtual", DATA: DATA, EXPERT: EXPERT, "etp": "etp", CONTEXT: "cp",
            "cp-method": "cp_method", "mb": "microbatches", "recompute": "recompute", "zero": "zero", "sp": "sp"}
 #: The words `--fix` takes for the degrees that are not integers >= 1.
@@ -245,10 +248,11 @@ def parse_fixed(items: Any) -> dict[str, Any]:
                 raise SpmdsimError(f"--fix {name}={text} must be one of {', '.join(WORDS[name])}")
             value: Any = text
         elif name == "etp":
-            if text not in ("1", TENSOR):
-                raise SpmdsimError(f"--fix etp={text} must be 1 (the experts whole: tp 1, or attention's tp folded into "
-                                   "their ep) or tp (the experts split over attention's tp)")
-            value = 1 if text == "1" else TENSOR
+            if text != TENSOR and not (text.isdigit() and int(text) >= 1):
+                raise SpmdsimError(f"--fix etp={text} must be an integer >= 1 (the experts' tp: 1, whole; below tp, "
+                                   "the rest of attention's tp folded into their ep) or tp (the experts split over "
+                                   "attention's tp)")
+            value = TENSOR if text == TENSOR else int(text)
         elif name in ("zero", "sp"):
             can = tuple(map(str, ZERO)) if name == "zero" else ("0", "1")  # sp off or on
             if text not in can:
@@ -280,10 +284,10 @@ def _degree(c: Config, field_: str) -> Any:
 
 
 def _holds(c: Config, field_: str, value: Any) -> bool:
-    """Whether `c` has degree `field_` (a FIXABLE value) at `value` (`_degree`); etp 1 the experts whole (tp 1, or
-    folded), etp "tp" the experts split over attention's tp (tp 1 too)."""
+    """Whether `c` has degree `field_` (a FIXABLE value) at `value` (`_degree`); etp N the experts' tp N (1: whole,
+    tp 1 or folded), etp "tp" the experts split over attention's tp (tp 1 too)."""
     if field_ == "etp":
-        return c.experts_tp == 1 if value == 1 else c.etp == 0
+        return c.etp == 0 if value == TENSOR else c.experts_tp == value
     return _degree(c, field_) == value
 
 
@@ -299,9 +303,10 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
         if not left:
             name = _shown(field_, value).split("=")[0]
             words = RECOMPUTE + METHODS + (TENSOR,)
-            values = (1, TENSOR) if field_ == "etp" else {_degree(c, field_) for c in configs}
+            values = {1, TENSOR} | {c.etp for c in configs if c.etp} if field_ == "etp" else \
+                {_degree(c, field_) for c in configs}  # (etp: an unfolded one's tp is "tp")
             can = sorted((v for v in values if any(_holds(c, field_, v) for c in configs)),
-                         key=lambda v: words.index(v) if isinstance(v, str) else int(v))
+                         key=lambda v: (isinstance(v, str), words.index(v) if isinstance(v, str) else int(v)))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""
             raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "
@@ -311,12 +316,14 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
     return configs
 
 
-def _etps(cfg: Any, tp: int, ep: int) -> tuple[int, ...]:
+def _etps(cfg: Any, tp: int, ep: int, etps: tuple = ()) -> tuple[int, ...]:
     """The experts' tp to try on a mesh of `tp` x `ep`: 0 (attention's), and with MoE layers and tp above 1 also
-    1 (folded: spmdsim.models.moe.fold) where the experts' ep x tp divides the experts."""
-    if cfg.moe is None or tp == 1 or cfg.moe.experts % (ep * tp) or fold_problem(tp, 1, ep * tp):
+    1 (folded: spmdsim.models.moe.fold) and each of `etps` below tp that divides it, where the experts' ep (ep x
+    tp / etp) divides the experts."""
+    if cfg.moe is None or tp == 1:
         return (0,)
-    return (0, 1)
+    return (0,) + tuple(e for e in dict.fromkeys((1,) + tuple(etps)) if e < tp and not fold_problem(tp, e)
+                        and cfg.moe.experts % (ep * tp // e) == 0)
 
 
 @functools.lru_cache(maxsize=64)

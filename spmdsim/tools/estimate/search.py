@@ -208,10 +208,12 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     method = (fixed or {}).get("cp_method")
     methods = SEARCHED_METHODS if method is None else (method,)
     cp = (fixed or {}).get("cp") if contexts else 1
-    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded)
+    etp = (fixed or {}).get("etp")
+    etps = (etp,) if isinstance(etp, int) and etp > 1 else ()  # an experts' tp between 1 and tp: --fix etp=N
+    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded, etps)
     if fixed and not every:  # every cp the search takes, for the line that names them
         every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded,
-                               sharded=sharded)
+                               sharded=sharded, etps=etps)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
