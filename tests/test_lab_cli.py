@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import csv
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 
@@ -229,3 +233,25 @@ def test_a_thread_left_running_is_named_not_called_an_endless_loop(tiny, tmp_pat
     assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "2"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "every rank returned its result, but a thread a rank started still runs" in out, out
+
+
+def test_ctrl_c_stops_a_grade_at_once_and_says_what_it_did_not_write(tiny, tmp_path):
+    """Ctrl-C reaches only the grader's main thread: the checks running, and every check queued, ran on to their
+    time limits (a folder of endless loops: a minute) before the grade stopped, and then wrote nothing."""
+    folder = tmp_path / "loops"
+    folder.mkdir()
+    for k in range(4):
+        (folder / f"loop{k}.py").write_text(SUBMISSIONS["hanging.py"])
+    proc = subprocess.Popen([sys.executable, "-m", "spmdsim", "lab", "grade", "1", str(folder), "--csv", "g.csv",
+                             "--exercises", tiny, "--time-limit", "15"], stderr=subprocess.PIPE, text=True)
+    try:
+        while "grading 4 submissions" not in proc.stderr.readline():
+            pass
+        time.sleep(2)  # both checks' children run their endless loops
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=50)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and time.monotonic() - began < 10, err
+    assert "stopped after 0 of 4 submissions: g.csv not written" in err and not (tmp_path / "g.csv").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
 from .exercise import EXERCISES, LabError, find_exercise, load_exercises
@@ -158,12 +159,19 @@ def _grade(args: argparse.Namespace) -> int:
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {len(files)} submissions of exercise {exercise.number}, {args.jobs} at a time, each stopped "
           f"{limit:g} s after its first case starts", file=sys.stderr)
-    began, done = time.monotonic(), {}  # path -> its grade-book row
+    began, done, stop = time.monotonic(), {}, threading.Event()  # done: path -> its grade-book row
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        pending = {pool.submit(check, exercise, path, **limits): path for path in files}
-        for future in concurrent.futures.as_completed(pending):
-            row = done[pending[future]] = csv_row(future.result())
-            print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
+        pending = {pool.submit(check, exercise, path, **limits, stop=stop): path for path in files}
+        try:
+            for future in concurrent.futures.as_completed(pending):
+                row = done[pending[future]] = csv_row(future.result())
+                print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
+        except KeyboardInterrupt:  # the checks running kill their submissions; the others never start
+            stop.set()
+            pool.shutdown(cancel_futures=True)
+            print(f"stopped after {len(done)} of {len(files)} submissions: {args.csv} not written",
+                  file=sys.stderr)
+            raise
     rows = [done[path] for path in files]
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)

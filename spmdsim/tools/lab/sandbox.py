@@ -15,13 +15,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional, Sequence
 
 from .exercise import Exercise
 from .harness import PASS, CaseResult
 
-__all__ = ["Verdict", "check", "check_mpiexec"]
+__all__ = ["Verdict", "Stopped", "check", "check_mpiexec"]
 
 #: Seconds the child may take to load its modules before its first case starts.
 STARTUP_SECONDS = 60.0
@@ -112,9 +113,14 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
     return CaseResult(ranks=n, seed=seed, label=f"seed {seed}", status=status, reason=reason)
 
 
-def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
+class Stopped(Exception):
+    """The grade was stopped (Ctrl-C) while this check ran: its child was killed, it has no verdict."""
+
+
+def _wait(proc: subprocess.Popen, out: str, limit: float, stop: Optional[threading.Event] = None) -> bool:
     """Wait for the child; kill its process group once `limit` seconds have passed since its first case
-    started (or STARTUP_SECONDS before that). Returns whether it was killed."""
+    started (or STARTUP_SECONDS before that). Returns whether it was killed; raises Stopped, the child
+    killed, once `stop` is set (a grade's Ctrl-C, which reaches only the grader's main thread)."""
     spawned, started = time.monotonic(), None
     try:
         while proc.poll() is None:
@@ -124,6 +130,8 @@ def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
             if time.monotonic() > deadline:
                 _kill(proc)
                 return True
+            if stop is not None and stop.is_set():
+                raise Stopped()  # (the except below kills the child)
             time.sleep(_POLL)
     except BaseException:  # Ctrl-C: the child, in a session of its own, would outlive the grader
         _kill(proc)
@@ -141,8 +149,9 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None,
-          memory_mb: Optional[int] = None) -> Verdict:
-    """Run the submission at `path` on each rank count in a limited child process; return its verdict."""
+          memory_mb: Optional[int] = None, stop: Optional[threading.Event] = None) -> Verdict:
+    """Run the submission at `path` on each rank count in a limited child process; return its verdict (raise
+    Stopped, its child killed, once `stop` is set)."""
     ranks = tuple(ranks) or exercise.ranks
     limit = exercise.time_limit if time_limit is None else time_limit
     memory = exercise.memory_mb if memory_mb is None else memory_mb
@@ -158,7 +167,7 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
         with open(err, "wb") as errors, open(said, "wb") as printing:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=printing, stderr=errors,
                                     cwd=tmp, env=env, start_new_session=True)
-            timed_out = _wait(proc, out, limit)
+            timed_out = _wait(proc, out, limit, stop)
             _kill(proc)  # what the submission started and left running (a `sleep 100` it spawned) ends too
         events = _events(out)
         with open(err, errors="replace") as f:
