@@ -255,3 +255,15 @@ def test_ctrl_c_stops_a_grade_at_once_and_says_what_it_did_not_write(tiny, tmp_p
         proc.kill()
     assert proc.returncode == 130 and time.monotonic() - began < 10, err
     assert "stopped after 0 of 4 submissions: g.csv not written" in err and not (tmp_path / "g.csv").exists()
+
+
+def test_a_right_but_slow_submission_is_called_slow_not_an_endless_loop(tiny, tmp_path, capsys):
+    """The time limit is for the whole check: a submission whose cases each take 2.5 s ran out of it in its second
+    case and was told 'an endless loop, or a rank waiting for a message no rank sends'."""
+    path = tmp_path / "slow.py"
+    path.write_text("import time\ndef double(comm, x):\n    time.sleep(2.5)\n    return 2 * x\n")
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "4"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 rank : pass (1 case)" in out and "2 ranks: FAIL ran past the time limit of 4 s at 2 ranks (seed 0), " \
+        "a limit for all cases together: the 1 case before it took 2." in out, out
+    assert "s of it: too slow, or an endless loop in this case" in out and "no rank sends" not in out, out
