@@ -1012,3 +1012,30 @@ def test_calls_are_seen_after_a_program_set_a_fatal_error_handler(tmp_path, caps
     exercise = find_exercise(3)
     result = run_case(exercise, exercise.path, 2, exercise.seeds[0])
     assert result.passed, result
+
+
+def test_a_result_cast_to_float32_at_one_rank_is_not_called_the_input_unchanged(tmp_path):
+    """At one rank the sum is the rank's own x: a sum cast to float32 was explained as 'it is this rank's own
+    input, unchanged: no data from the other ranks reached it', though only its dtype was wrong."""
+    path = tmp_path / "single.py"
+    path.write_text(textwrap.dedent(RECURSIVE_DOUBLING_F32).lstrip())
+    exercise = find_exercise(9)
+    alone, pair = run_case(exercise, str(path), 1, 0), run_case(exercise, str(path), 2, 0)
+    assert alone.status == "wrong" and "returned dtype float32, expected float64" in alone.reason, alone
+    assert "own input" not in alone.detail, alone
+    assert pair.status == "wrong" and "own input" not in pair.detail, pair
+
+
+RECURSIVE_DOUBLING_F32 = """
+import numpy as np
+def recursive_doubling_allreduce(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    total = x.astype(np.float32)
+    mask = 1
+    while mask < n:
+        other = np.empty_like(total)
+        comm.Sendrecv(total, dest=rank ^ mask, recvbuf=other, source=rank ^ mask)
+        total += other
+        mask <<= 1
+    return total
+"""
