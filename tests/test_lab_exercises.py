@@ -1039,3 +1039,13 @@ def recursive_doubling_allreduce(comm, x):
         mask <<= 1
     return total
 """
+
+
+def test_an_exception_on_base_exception_is_the_ranks_error_not_the_checks_end(tmp_path):
+    """A class of the student's own on BaseException ended the check's process: 'the process ended at 1 rank
+    (seed 0) with exit code 1', with no word of the exception or its line."""
+    path = tmp_path / "boom.py"
+    path.write_text("class Boom(BaseException):\n    pass\n\ndef ring_pass(comm, x):\n"
+                    "    if comm.Get_rank() == 1:\n        raise Boom('stop here')\n    return x\n")
+    result = run_case(find_exercise(2), str(path), 2, 0)
+    assert (result.status, result.reason) == ("error", "rank 1 raised Boom at line 6: stop here"), result

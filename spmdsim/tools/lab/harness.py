@@ -246,8 +246,8 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
             results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
         failure = describe_failure(exc, path, n)
-    except KeyboardInterrupt as exc:  # raised by a rank's code (a real Ctrl-C, in no rank, stops the check)
-        if not getattr(exc, "simulated_ranks", None):
+    except BaseException as exc:  # a rank's KeyboardInterrupt, or a class of its own on BaseException: its
+        if not getattr(exc, "simulated_ranks", None):  # verdict (a real Ctrl-C, in no rank, stops the check)
             raise
         failure = describe_failure(exc, path, n)
     return judge(exercise, case, seed, n, results, notes, failure)
