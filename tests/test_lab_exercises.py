@@ -1049,3 +1049,15 @@ def test_an_exception_on_base_exception_is_the_ranks_error_not_the_checks_end(tm
                     "    if comm.Get_rank() == 1:\n        raise Boom('stop here')\n    return x\n")
     result = run_case(find_exercise(2), str(path), 2, 0)
     assert (result.status, result.reason) == ("error", "rank 1 raised Boom at line 6: stop here"), result
+
+
+def test_a_result_of_integers_where_floats_are_expected_names_its_dtype(tmp_path):
+    """A sum cast to int64 said 'expected [0.1257, -0.1321], got [0, 0]' and no more: the dtype that truncated
+    it was named only where the values shown agreed."""
+    path = tmp_path / "ints.py"
+    path.write_text("import numpy as np\ndef sum_my_block(comm, partial):\n    n = comm.Get_size()\n"
+                    "    out = np.empty(len(partial) // n, dtype=np.int64)\n"
+                    "    comm.Reduce_scatter_block(partial.astype(np.int64), out)\n    return out\n")
+    result = run_case(find_exercise(18), str(path), 1, 0)
+    assert result.status == "wrong" and result.reason.endswith(
+        "expected [0.1257, -0.1321], got [0, 0] (returned dtype int64, expected float64)"), result

@@ -68,8 +68,9 @@ def _array_difference(got: np.ndarray, want: np.ndarray, rtol: float, atol: floa
     where = _slice(first, stop)
     count = int(bad.sum())
     expected, shown = show(want[cut]), show(got[cut])
+    kind = f" (returned dtype {got.dtype}, expected {want.dtype})" if got.dtype.kind != want.dtype.kind else ""
     return (f"result{where} differs ({count} of {bad.size} values wrong): expected {expected}, got {shown}"
-            + (_unseen(got, want, bad, rtol, atol) if expected == shown else ""))
+            + (_unseen(got, want, bad, rtol, atol) if expected == shown else kind))
 
 
 def _unseen(got: np.ndarray, want: np.ndarray, bad: np.ndarray, rtol: float, atol: float) -> str:
