@@ -733,6 +733,11 @@ WRONG = [
             comm.Allreduce(bucket, total)
             return [total[:g.size].reshape(g.shape) for g in grads]
         """),
+    (19, 2, 0, "wrong", ["rank 0 returned a list of 8 outputs, expected 4",
+                         "comm.allreduce of a Python list adds the ranks' lists, and + joins lists end to end"], """
+        def bucketed_allreduce(comm, grads):
+            return comm.allreduce(grads)
+        """),
     (20, 2, 1, "wrong", ["rank 0 result[", "a loss is inf or nan: subtract each row's maximum"], """
         import numpy as np
         from mpi4py import MPI

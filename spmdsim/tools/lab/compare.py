@@ -114,8 +114,10 @@ def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
 
 def _outputs_difference(got: Any, want: tuple, rtol: float, atol: float) -> Optional[str]:
     """How a function's several outputs (a tuple with arrays: (dx, dw)) differ: the first output that does."""
-    if not isinstance(got, (list, tuple)) or len(got) != len(want):
+    if not isinstance(got, (list, tuple)):
         return f"returned {_kind(got)}, expected a tuple of {len(want)} outputs"
+    if len(got) != len(want):
+        return f"returned {_kind(got)} of {len(got)} outputs, expected {len(want)}"
     for index, (mine, theirs) in enumerate(zip(got, want)):
         text = _difference(mine, theirs, rtol, atol)
         if text is not None:

@@ -27,6 +27,14 @@ def case(seed, n):
     return {"args": [(g,) for g in grads], "expected": [tuple(sums)] * n, "label": f"{len(shapes)} gradients"}
 
 
+def explain(case, n, rank, got):
+    want = case["expected"][rank]
+    if n > 1 and isinstance(got, (list, tuple)) and len(got) == n * len(want):
+        return ("comm.allreduce of a Python list adds the ranks' lists, and + joins lists end to end: "
+                "sum one NumPy array, the bucket, instead")
+    return None
+
+
 def bucketed_allreduce(comm, grads):
     bucket = np.concatenate([g.ravel() for g in grads])
     total = np.empty_like(bucket)
