@@ -285,6 +285,17 @@ WRONG = [
             comm.Allgather(block, out)
             return out
         """),
+    (6, 2, 0, "wrong", ["rank 0 returned a list of 2 items (shape (2, 3) as one array), expected an array "
+                        "of shape (6,)"], """
+        def ring_allgather(comm, block):
+            n, r = comm.Get_size(), comm.Get_rank()
+            blocks = [None] * n
+            blocks[r] = block
+            for s in range(n - 1):
+                block = comm.sendrecv(block, dest=(r + 1) % n, source=(r - 1) % n)
+                blocks[(r - s - 1) % n] = block
+            return blocks
+        """),
     (6, 3, 0, "wrong", ["rank 0 result[0:6] differs (9 of 9 values wrong)"], """
         import numpy as np
         def ring_allgather(comm, block):

@@ -96,6 +96,9 @@ def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
             return f"returned {_kind(got)}, expected {_kind(want)}"
         if got_array.dtype == object:
             return f"returned {_kind(got)}, expected {_kind(want)}"
+        if isinstance(got, (list, tuple)) and got_array.shape != want.shape:  # arrays not joined into one
+            return (f"returned {_kind(got)} of {len(got)} items (shape {got_array.shape} as one array), "
+                    f"expected {_kind(want)}")
         return _array_difference(got_array, want, rtol, atol)
     if isinstance(want, (int, float, np.number)):
         if isinstance(got, np.ndarray) and got.size == 1:
