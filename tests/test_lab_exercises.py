@@ -570,6 +570,18 @@ WRONG = [
                 order += [("F", warm + i), ("B", i)]
             return order + [("B", i) for i in range(max(0, m - warm), m)]
         """),
+    (13, 1, 0, "wrong", ["rank 0 item 1 is ('F', 1), expected ('B', 0)", "one forward too many before the "
+                         "first backward (stage 0's warm-up is min(p - r - 1, m)), or every forward"], """
+        def one_f_one_b(comm, m):
+            p, r = comm.Get_size(), comm.Get_rank()
+            warm = min(p - r, m)
+            out = [("F", i) for i in range(warm)]
+            f, b = warm, 0
+            while f < m:
+                out += [("F", f), ("B", b)]
+                f, b = f + 1, b + 1
+            return out + [("B", i) for i in range(b, m)]
+        """),
     (13, 3, 1, "wrong", ["rank 0 item 3 is ('F', 3), expected ('B', 0)", "one forward too many"], """
         def one_f_one_b(comm, m):
             p, r = comm.Get_size(), comm.Get_rank()

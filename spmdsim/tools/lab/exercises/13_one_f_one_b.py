@@ -45,9 +45,13 @@ def explain(case, n, rank, got):
     def leading(order):
         return next((k for k, (kind, _) in enumerate(order) if kind != "F"), len(order))
 
-    if leading(passes) == m > leading(want):
+    gpipe, one_more = leading(passes) == m > leading(want), leading(passes) == leading(want) + 1
+    if gpipe and one_more:  # m forwards, one more than the warm-up's: either mistake makes this schedule
+        return (f"one forward too many before the first backward (stage {rank}'s warm-up is min(p - r - 1, m)), "
+                "or every forward before every backward, GPipe's order: here the two look the same")
+    if gpipe:
         return "every forward, then every backward, is GPipe's order: 1F1B starts backwards after the warm-up"
-    if leading(passes) == leading(want) + 1:
+    if one_more:
         return f"one forward too many before the first backward: stage {rank}'s warm-up is min(p - r - 1, m)"
     return None
 
