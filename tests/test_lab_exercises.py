@@ -285,6 +285,13 @@ WRONG = [
             comm.Allgather(block, out)
             return out
         """),
+    (6, 3, 0, "error", ["every rank raised NotImplementedError at line 4: only powers of two"], """
+        def ring_allgather(comm, block):
+            n, r = comm.Get_size(), comm.Get_rank()
+            if n & (n - 1):
+                raise NotImplementedError("only powers of two")
+            return block
+        """),
     (6, 2, 0, "wrong", ["rank 0 returned a list of 2 items (shape (2, 3) as one array), expected an array "
                         "of shape (6,)"], """
         def ring_allgather(comm, block):

@@ -149,14 +149,16 @@ def _line(exc: BaseException, path: str) -> Optional[int]:
     return lines[-1] if lines else None
 
 
-def describe_failure(exc: BaseException, path: str, n: int) -> tuple:
-    """(status, reason, detail) of a run that ended with `exc`."""
+def describe_failure(exc: BaseException, path: str, n: int, function: str = "") -> tuple:
+    """(status, reason, detail) of a run that ended with `exc`; a NotImplementedError is the starter's (not yet
+    implemented) where it says nothing or the name of the exercise's `function`, as the starter's does, and
+    the submission's own error where it says something else ("only powers of two")."""
     ranks = getattr(exc, "simulated_ranks", ()) or ()
     who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
         f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
     line = _line(exc, path)
     at = f" at line {line}" if line else ""
-    if isinstance(exc, NotImplementedError):
+    if isinstance(exc, NotImplementedError) and str(exc) in ("", function):
         return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
     if isinstance(exc, _Missing):
         return "error", str(exc), ""
@@ -245,11 +247,11 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
         with swapped(), _os_exit_raises():
             results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
-        failure = describe_failure(exc, path, n)
+        failure = describe_failure(exc, path, n, exercise.function)
     except BaseException as exc:  # a rank's KeyboardInterrupt, or a class of its own on BaseException: its
         if not getattr(exc, "simulated_ranks", None):  # verdict (a real Ctrl-C, in no rank, stops the check)
             raise
-        failure = describe_failure(exc, path, n)
+        failure = describe_failure(exc, path, n, exercise.function)
     return judge(exercise, case, seed, n, results, notes, failure)
 
 
