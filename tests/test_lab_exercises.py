@@ -53,6 +53,31 @@ UNSAFE_HALO = """
         return out
     """
 
+#: A halo exchange on a grid that does not wrap around: its edge ranks' halos stay 0.
+NONPERIODIC_HALO = """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[False, False])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            left, right = cart.Shift(1, 1)
+            row, col = np.zeros(w), np.zeros(h)
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
+            out[0, 1:-1] = row
+            row = np.zeros(w)
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
+            out[-1, 1:-1] = row
+            cart.Sendrecv(block[:, -1].copy(), dest=right, recvbuf=col, source=left)
+            out[1:-1, 0] = col
+            col = np.zeros(h)
+            cart.Sendrecv(block[:, 0].copy(), dest=left, recvbuf=col, source=right)
+            out[1:-1, -1] = col
+            return out
+        """
+
 # (exercise, ranks, seed, status, words of the message, the wrong solution)
 WRONG = [
     (1, 2, 0, "deadlock", ["deadlock at 2 ranks", "rank 0 waits in recv", "rank 1 waits in recv", "line 6"], """
@@ -373,29 +398,10 @@ WRONG = [
             out[-1, 1:-1] = row
             return out
         """),
-    (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs (7 of 30 values wrong)", "got [0, 0, 0, 0]", "wrap around"], """
-        import numpy as np
-        from mpi4py import MPI
-        def halo_exchange(comm, block):
-            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[False, False])
-            h, w = block.shape
-            out = np.zeros((h + 2, w + 2))
-            out[1:-1, 1:-1] = block
-            above, below = cart.Shift(0, 1)
-            left, right = cart.Shift(1, 1)
-            row, col = np.zeros(w), np.zeros(h)
-            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=row, source=above)
-            out[0, 1:-1] = row
-            row = np.zeros(w)
-            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=row, source=below)
-            out[-1, 1:-1] = row
-            cart.Sendrecv(block[:, -1].copy(), dest=right, recvbuf=col, source=left)
-            out[1:-1, 0] = col
-            col = np.zeros(h)
-            cart.Sendrecv(block[:, 0].copy(), dest=left, recvbuf=col, source=right)
-            out[1:-1, -1] = col
-            return out
-        """),
+    (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs (7 of 30 values wrong)", "got [0, 0, 0, 0]", "wrap around"],
+     NONPERIODIC_HALO),
+    (7, 1, 0, "wrong", ["rank 0 result[0, 1:5] differs (14 of 30 values wrong)", "the whole halo is still 0",
+                        "periods=[True, True]: on a 1-wide side a rank is its own neighbour"], NONPERIODIC_HALO),
     # Every rank Sends before it Recvs: rows of 32 bytes, which MPICH buffers, so it passes there (UNSAFE_HALO below);
     # the grader buffers no standard Send, as MPI allows, and it deadlocks.
     (7, 8, 0, "deadlock", ["deadlock at 8 ranks", "rank 0 waits in send to group rank 2", "a message of 32 bytes",
