@@ -120,6 +120,28 @@ WRONG = [
             x0 = comm.bcast(x, root=0)
             return {0: x0 + 1, 1: x0}.get(comm.Get_rank())
         """),
+    (2, 2, 0, "wrong", ["rank 1 result[0:4] differs", "rank 0 wrote into the buffer of its Isend to rank 1 (tag 0) "
+                        "at line 5 before the send completed (Wait at line 8): MPI forbids"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            out = np.empty_like(x)
+            req = comm.Isend(x, dest=(r + 1) % n)
+            x += 100.0
+            comm.Recv(out, source=(r - 1) % n)
+            req.Wait()
+            return out
+        """),
+    (2, 2, 0, "wrong", ["rank 0 result[0:4] differs", "an Irecv of rank 0 from rank 1 (tag any) at line 5 was never "
+                        "completed (no Wait or Test: the message it matched never reached its buffer)"], """
+        import numpy as np
+        def ring_pass(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            out = np.zeros_like(x)
+            comm.Irecv(out, source=(r - 1) % n)
+            comm.Isend(x, dest=(r + 1) % n).Wait()
+            return out
+        """),
     (2, 3, 0, "wrong", ["rank 0 result[0:4] differs", "rank 1's x", "the ring turns the wrong way"], """
         import numpy as np
         def ring_pass(comm, x):

@@ -52,8 +52,22 @@ def _deadlock_text(report: str, path: str) -> str:
             others = [part for part in parts if not part.startswith("at ")]
             line = (f"{indent}{who} {verb} in {what}" + (f" ({'; '.join(others)})" if others else "")
                     + (f" {at[-1]}" if at else ""))
-        lines.append(re.sub(rf"(?<![\w/]){re.escape(os.path.basename(path))}:(\d+)", r"line \1", line))
+        lines.append(_at_line(line, path))
     return "\n".join(lines)
+
+
+def _at_line(text: str, path: str) -> str:
+    """`text` with each place in the submission, "prog.py:9", said as "line 9"."""
+    return re.sub(rf"(?<![\w/]){re.escape(os.path.basename(path))}:(\d+)", r"line \1", text)
+
+
+def _misuses(result: "CaseResult", results: Any, path: str) -> "CaseResult":
+    """A wrong result's feedback with what the ranks did that MPI forbids and that leaves values undefined, as
+    the simulation noted it (spmdsim.runtime.sim.run.simulate): the first send buffer written before its send
+    completed, the first request never completed (an Irecv whose message never reached its buffer)."""
+    notes = [_at_line(lines[0], path) for lines in (getattr(results, "rewritten", ()),
+                                                   getattr(results, "uncompleted", ())) if lines]
+    return dataclasses.replace(result, detail="\n".join([result.detail, *notes]).strip()) if notes else result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +266,8 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
         if not getattr(exc, "simulated_ranks", None):  # verdict (a real Ctrl-C, in no rank, stops the check)
             raise
         failure = describe_failure(exc, path, n, exercise.function)
-    return judge(exercise, case, seed, n, results, notes, failure)
+    result = judge(exercise, case, seed, n, results, notes, failure)
+    return _misuses(result, results, path) if result.status == "wrong" else result
 
 
 def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[list], notes: list,
