@@ -1124,3 +1124,28 @@ def test_a_result_of_integers_where_floats_are_expected_names_its_dtype(tmp_path
     result = run_case(find_exercise(18), str(path), 1, 0)
     assert result.status == "wrong" and result.reason.endswith(
         "expected [0.1257, -0.1321], got [0, 0] (returned dtype int64, expected float64)"), result
+
+
+#: A submission that runs the exercise's own reference and returns its result cast to float32: right to 7 digits.
+FLOAT32_OF_REFERENCE = """
+import importlib.util
+import numpy as np
+spec = importlib.util.spec_from_file_location("reference", {path!r})
+reference = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reference)
+def {function}(comm, *args):
+    got = getattr(reference, {function!r})(comm, *args)
+    return float(np.float32(got)) if isinstance(got, float) else None if got is None else got.astype(np.float32)
+"""
+
+
+@pytest.mark.parametrize("number", [3, 8, 10, 18, 22])
+def test_a_result_cast_to_float32_at_one_rank_gets_no_guess_that_fits_only_more_ranks(tmp_path, number):
+    """At one rank a rank's partial product, own block or whole sequence is the answer: a result right but for
+    float32 was told 'it is this rank's partial product x @ w: sum the partial products over the ranks', 'it is
+    the whole sequence: return only this rank's rows', ..., which only more ranks can make true."""
+    exercise = find_exercise(number)
+    path = tmp_path / "f32.py"
+    path.write_text(FLOAT32_OF_REFERENCE.format(path=exercise.path, function=exercise.function))
+    result = run_case(exercise, str(path), 1, 0)
+    assert result.status == "wrong" and result.detail == "", result
