@@ -1149,3 +1149,17 @@ def test_a_result_cast_to_float32_at_one_rank_gets_no_guess_that_fits_only_more_
     path.write_text(FLOAT32_OF_REFERENCE.format(path=exercise.path, function=exercise.function))
     result = run_case(exercise, str(path), 1, 0)
     assert result.status == "wrong" and result.detail == "", result
+
+
+def test_a_module_beside_the_submission_is_named_as_outside_the_one_file(tmp_path):
+    """`python sub.py` finds helpers.py beside it; a check (as a grade, one file a student) does not, and said only
+    'No module named ...', as for a module that exists nowhere."""
+    (tmp_path / "helpers.py").write_text("def right(comm):\n    return (comm.Get_rank() + 1) % comm.Get_size()\n")
+    (tmp_path / "sub.py").write_text("from helpers import right\ndef ring_pass(comm, x):\n    return x\n")
+    (tmp_path / "lone.py").write_text("import helpers_nowhere\ndef ring_pass(comm, x):\n    return x\n")
+    exercise = find_exercise(2)
+    beside = run_case(exercise, str(tmp_path / "sub.py"), 1, 0)
+    nowhere = run_case(exercise, str(tmp_path / "lone.py"), 1, 0)
+    assert beside.reason == ("rank 0 raised ModuleNotFoundError at line 1: no module named 'helpers': a submission is "
+                             "one file, and helpers.py beside it is not on the path: put what it uses into sub.py")
+    assert nowhere.reason == "rank 0 raised ModuleNotFoundError at line 1: No module named 'helpers_nowhere'"

@@ -163,6 +163,14 @@ def _line(exc: BaseException, path: str) -> Optional[int]:
     return lines[-1] if lines else None
 
 
+def _beside(path: str, module: str) -> str:
+    """The file or folder beside the submission at `path` that holds `module` ("helpers.py"), or ""."""
+    top = module.split(".")[0]
+    where = os.path.join(os.path.dirname(path), top)
+    return "" if not top else f"{top}.py" if os.path.isfile(where + ".py") else f"{top}/" if os.path.isdir(where) \
+        else ""
+
+
 def describe_failure(exc: BaseException, path: str, n: int, function: str = "") -> tuple:
     """(status, reason, detail) of a run that ended with `exc`; a NotImplementedError is the starter's (not yet
     implemented) where it says nothing or the name of the exercise's `function`, as the starter's does, and
@@ -196,6 +204,11 @@ def describe_failure(exc: BaseException, path: str, n: int, function: str = "") 
                         "printed output and files together): print less", ""
     if isinstance(exc, SyntaxError) and line:
         return "error", f"syntax error at line {line}: {exc.msg}", ""
+    beside = _beside(path, exc.name or "") if isinstance(exc, ModuleNotFoundError) else ""
+    if beside:  # `python prog.py` finds it there; a check, as a grade, takes the one file
+        return "error", f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
+                        f"one file, and {beside} beside it is not on the path: put what it uses into " \
+                        f"{os.path.basename(path)}", ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
     return "error", f"{who} raised {name}{at}" + (f": {message}" if message else ""), ""
