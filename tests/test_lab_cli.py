@@ -267,3 +267,14 @@ def test_a_right_but_slow_submission_is_called_slow_not_an_endless_loop(tiny, tm
     assert "1 rank : pass (1 case)" in out and "2 ranks: FAIL ran past the time limit of 4 s at 2 ranks (seed 0), " \
         "a limit for all cases together: the 1 case before it took 2." in out, out
     assert "s of it: too slow, or an endless loop in this case" in out and "no rank sends" not in out, out
+
+
+def test_a_folder_of_student_folders_is_refused_saying_they_are_not_searched(tiny, tmp_path, capsys):
+    """A learning platform's download, one folder per student, was refused as 'holds no .py file' alone."""
+    for student in ("alice", "bob"):
+        (tmp_path / "lms" / student).mkdir(parents=True)
+        (tmp_path / "lms" / student / "double.py").write_text(SUBMISSIONS["right.py"])
+    assert main(["lab", "grade", "1", str(tmp_path / "lms"), "--csv", "g.csv", "--exercises", tiny]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"submission folder '{tmp_path / 'lms'}' holds no .py file (its 2 folders are not searched: grade takes " \
+        "one .py file per student, side by side in DIR)" in err, err

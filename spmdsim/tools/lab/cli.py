@@ -200,7 +200,10 @@ def _submissions(folder: str) -> list:
         shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
         print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)
     if not files:
-        raise LabError(f"submission folder {folder!r} holds no .py file")
+        inner = sum(os.path.isdir(os.path.join(folder, f)) for f in names)
+        raise LabError(f"submission folder {folder!r} holds no .py file" + (
+            f" (its {inner} folder{'s are' if inner != 1 else ' is'} not searched: grade takes one .py file per "
+            "student, side by side in DIR)" if inner else ""))
     return files
 
 
