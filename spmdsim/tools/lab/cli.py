@@ -152,9 +152,9 @@ def _grade(args: argparse.Namespace) -> int:
     exercise = find_exercise(args.number, args.exercises)
     if args.jobs < 1:
         raise LabError(f"--jobs {args.jobs!r} must be at least 1")
-    files = _submissions(args.dir)
     _writable(args.csv)
     limits = _limits(args, max(exercise.ranks))
+    files = _submissions(args.dir)  # (names what it leaves out: once the grade's options are known good)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {len(files)} submissions of exercise {exercise.number}, {args.jobs} at a time, each stopped "
