@@ -130,6 +130,7 @@ def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
     (["lab", "grade", "1", "no_such_dir", "--csv", "out.csv"], "submission folder 'no_such_dir' does not exist"),
     (["lab", "list", "--exercises", "no_such_dir"], "exercise folder 'no_such_dir' does not exist"),
     (["lab", "check", "9", __file__, "--ranks", "3"], "--ranks 3: exercise 9 runs on 1, 2, 4, 8 ranks"),
+    (["lab", "start", "1", __file__], f"{__file__!r} is a file; expected a folder to write the"),
 ])
 def test_bad_input_is_one_line_naming_the_value(argv, message, capsys):
     assert main(argv) == 2

@@ -75,6 +75,9 @@ def _list(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     exercise = find_exercise(args.number, args.exercises)
+    if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        raise LabError(f"{args.dir!r} is a file; expected a folder to write the exercise into "
+                       f"(spmdsim lab start {exercise.number} DIR)")
     os.makedirs(args.dir, exist_ok=True)
     code = os.path.join(args.dir, f"{exercise.name}.py")
     text = os.path.join(args.dir, f"{exercise.name}.md")
