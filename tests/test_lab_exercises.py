@@ -171,6 +171,14 @@ WRONG = [
         def ring_pass(comm, x):
             return x
         """),
+    (3, 2, 0, "wrong", ["rank 0 returned None, expected a float: return the result", "rank 1 returned it, where None "
+                        "was expected: the result belongs on rank 0 (the root)"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            rank, n = comm.Get_rank(), comm.Get_size()
+            t = (np.arange(rank, intervals, n) + 0.5) / intervals
+            return comm.reduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals), root=n - 1)
+        """),
     (3, 4, 0, "wrong", ["rank 0 returned 0.786", "rank 0's own partial sum"], """
         import numpy as np
         def pi_reduce(comm, intervals):

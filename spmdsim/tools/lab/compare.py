@@ -165,6 +165,19 @@ def _why(got: Any, want: Any, args: tuple, n: int) -> Optional[str]:
     return None
 
 
+def _elsewhere(results: Sequence[Any], expected: Sequence[Any], rank: int, rtol: float, atol: float
+               ) -> Optional[str]:
+    """Where `rank` returned nothing, the rank that should return nothing and returned `rank`'s result instead
+    (a root given wrong), said; else None."""
+    if results[rank] is not None or expected[rank] is None:
+        return None
+    for other, (got, want) in enumerate(zip(results, expected)):
+        if other != rank and want is None and got is not None and \
+                _difference(got, expected[rank], rtol, atol) is None:
+            return f"rank {other} returned it, where None was expected: the result belongs on rank {rank} (the root)"
+    return None
+
+
 def _guess(function: Any, *args: Any) -> Optional[str]:
     """`function(*args)`, a sentence that guesses at the mistake, or None where it cannot tell (or fails: an
     instructor's `explain` on a result of a shape it did not expect must not end the check)."""
@@ -183,6 +196,6 @@ def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequ
         if text is None:
             continue
         why = _guess(explain, case, n, rank, got) if explain is not None else None
-        why = why or _guess(_why, got, want, args[rank], n)
+        why = why or _guess(_why, got, want, args[rank], n) or _elsewhere(results, expected, rank, rtol, atol)
         return f"rank {rank} {text}" + (f"\n  {why}" if why else "")
     return None
