@@ -280,3 +280,13 @@ def test_a_folder_of_student_folders_is_refused_saying_they_are_not_searched(tin
     err = " ".join(capsys.readouterr().err.split())
     assert f"submission folder '{tmp_path / 'lms'}' holds no .py file (its 2 folders are not searched: grade takes " \
         "one .py file per student, side by side in DIR)" in err, err
+
+
+def test_a_rank_count_given_twice_is_checked_once(tiny, tmp_path, capsys):
+    """`--ranks 2 2` ran the cases at 2 ranks twice and printed '2 ranks: pass (2 cases)' twice, '2 of 2 cases'."""
+    path = tmp_path / "right.py"
+    path.write_text(SUBMISSIONS["right.py"])
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--ranks", "2", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "   2 ranks: pass (1 case)" and len(out) == 3, out
+    assert out[2].startswith("PASS: passes at 2 ranks (1 of 1 cases"), out

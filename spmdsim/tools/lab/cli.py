@@ -126,7 +126,7 @@ def _check(args: argparse.Namespace) -> int:
     exercise = find_exercise(args.number, args.exercises)
     if not os.path.isfile(args.file):
         raise LabError(f"submission {args.file!r} is not a file")
-    ranks = tuple(args.ranks or exercise.ranks)
+    ranks = tuple(dict.fromkeys(args.ranks or exercise.ranks))  # each once: `--ranks 2 2` checks 2 ranks
     bad = [n for n in ranks if n not in exercise.ranks]
     if bad:
         raise LabError(f"--ranks {bad[0]!r}: exercise {exercise.number} runs on "
