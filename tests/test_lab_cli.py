@@ -290,3 +290,17 @@ def test_a_rank_count_given_twice_is_checked_once(tiny, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "   2 ranks: pass (1 case)" and len(out) == 3, out
     assert out[2].startswith("PASS: passes at 2 ranks (1 of 1 cases"), out
+
+
+def test_a_large_right_submission_is_compiled_once_a_check_not_once_a_case(tmp_path, capsys):
+    """A right submission holding a 3 MB table was compiled again for each case, 0.7 s each: its ten cases ran out
+    of the time limit and it failed, 'too slow', for the grader's own work."""
+    folder = tmp_path / "course"
+    folder.mkdir()
+    (folder / "01_double.py").write_text(TINY.replace("SEEDS = (0,)", "SEEDS = tuple(range(10))")
+                                         .replace("RANKS = (1, 2)", "RANKS = (1,)"))
+    path = tmp_path / "big.py"
+    path.write_text("TABLE = [\n" + "".join(f"    {i}.0,\n" for i in range(200_000)) + "]\n" + SUBMISSIONS["right.py"])
+    assert main(["lab", "check", "1", str(path), "--exercises", str(folder), "--time-limit", "5"]) == 0, \
+        capsys.readouterr().out
+    assert "PASS: passes at 1 rank (10 of 10 cases" in capsys.readouterr().out

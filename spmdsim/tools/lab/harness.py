@@ -10,6 +10,8 @@ import contextlib
 import copy
 import dataclasses
 import errno
+import functools
+import hashlib
 import os
 import re
 import traceback
@@ -142,6 +144,25 @@ def compile_submission(path: str) -> Any:
     return compile(_text(name, source), os.path.abspath(path), "exec")
 
 
+@functools.lru_cache(maxsize=4)
+def _compiled_as(path: str, digest: str) -> Any:
+    """compile_submission(path) for the file whose bytes have the SHA-256 `digest`: compiled once for all the
+    cases of a check, not once a case (a 4 MB file took a second each, and ran a right check out of its time
+    limit)."""
+    return compile_submission(path)
+
+
+def _compiled(path: str) -> Any:
+    """The submission's code, compiled once while its bytes stay the same; LabError or SyntaxError as
+    compile_submission raises them."""
+    try:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return compile_submission(path)  # (it says why the file cannot be read)
+    return _compiled_as(path, digest)
+
+
 def _text(name: str, source: bytes) -> str:
     """`source` decoded as ``python file.py`` reads it (spmdsim.base.source); LabError where python would refuse
     it."""
@@ -262,7 +283,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
     case = make_case(exercise, seed, n)
     label = str(case.get("label", f"seed {seed}"))
     try:
-        code = compile_submission(path)
+        code = _compiled(path)
     except SyntaxError as exc:
         where = f" at line {exc.lineno}" if exc.lineno else ""
         return CaseResult(n, seed, label, status="error", reason=f"syntax error{where}: {exc.msg}")
