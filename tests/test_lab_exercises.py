@@ -1171,3 +1171,25 @@ def test_a_module_beside_the_submission_is_named_as_outside_the_one_file(tmp_pat
     assert beside.reason == ("rank 0 raised ModuleNotFoundError at line 1: no module named 'helpers': a submission is "
                              "one file, and helpers.py beside it is not on the path: put what it uses into sub.py")
     assert nowhere.reason == "rank 0 raised ModuleNotFoundError at line 1: No module named 'helpers_nowhere'"
+
+
+def test_a_rank_that_closes_its_stdout_closes_its_own_alone(tmp_path):
+    """sys.stdout.close() on a simulated rank closed the check's own output, shared by every rank: each case, right
+    ones too, then failed with 'a rank raised ValueError: I/O operation on closed file.' and the check stopped."""
+    path = tmp_path / "quiet.py"
+    path.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        def ring_pass(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            out = np.empty_like(x)
+            comm.Sendrecv(x, dest=(r + 1) % n, recvbuf=out, source=(r - 1) % n)
+            sys.stdout.close()
+            if r == 1:
+                print('after close')
+            return out
+        """).lstrip())
+    exercise = find_exercise(2)
+    assert run_case(exercise, str(path), 1, 0).passed and run_case(exercise, str(path), 1, 1).passed
+    late = run_case(exercise, str(path), 2, 0)
+    assert (late.status, late.reason) == ("error", "rank 1 raised ValueError at line 9: I/O operation on closed file")

@@ -3,6 +3,7 @@ whole lines on the standard streams, so that ranks printing at once do not mix t
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 import threading
 import time
@@ -114,6 +115,18 @@ class _Lines:
                 self._write(text)
             self._pending.clear()
             self._flush()
+
+    def close(self) -> None:
+        """On a simulated rank, close the rank's own stream: its later writes raise ValueError, as its own
+        process's closed stdout would, and the process's stays open for the other ranks (it closed the
+        process's: every rank's prints, and the run's, failed); elsewhere, close the stream."""
+        state = _local.simulated()
+        if state is None:
+            self._stream.close()
+            return
+        closed = io.StringIO()
+        closed.close()
+        state.streams = {**(state.streams or {}), self._name: closed}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
