@@ -120,6 +120,17 @@ WRONG = [
             x0 = comm.bcast(x, root=0)
             return {0: x0 + 1, 1: x0}.get(comm.Get_rank())
         """),
+    (2, 2, 0, "error", ["every rank raised AttributeError at line 2: 'numpy.ndarray' object has no attribute "
+                        "'Get_size': the check calls ring_pass(comm, x), the communicator first"], """
+        def ring_pass(x, comm):
+            n, r = comm.Get_size(), comm.Get_rank()
+            return comm.sendrecv(x, dest=(r + 1) % n, source=(r - 1) % n)
+        """),
+    (2, 1, 0, "error", ["rank 0 raised TypeError: ring_pass() missing 1 required positional argument: 'n': the "
+                        "check calls ring_pass(comm, x)"], """
+        def ring_pass(comm, x, n):
+            return x
+        """),
     (2, 2, 0, "wrong", ["rank 1 result[0:4] differs", "rank 0 wrote into the buffer of its Isend to rank 1 (tag 0) "
                         "at line 5 before the send completed (Wait at line 8): MPI forbids"], """
         import numpy as np

@@ -22,7 +22,7 @@ from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
 from ...errors import RuntimeMismatchError
 from ...runtime.sim.run import current_rank, simulate
-from .calls import Notes, missing, too_many, violation, watching
+from .calls import COLLECTIVES, POINT_TO_POINT, Notes, missing, too_many, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
 
@@ -192,10 +192,30 @@ def _beside(path: str, module: str) -> str:
         else ""
 
 
-def describe_failure(exc: BaseException, path: str, n: int, function: str = "") -> tuple:
-    """(status, reason, detail) of a run that ended with `exc`; a NotImplementedError is the starter's (not yet
-    implemented) where it says nothing or the name of the exercise's `function`, as the starter's does, and
-    the submission's own error where it says something else ("only powers of two")."""
+#: What a communicator has that an argument in its place (an array) has not: `x.Get_size()` on the wrong argument.
+_COMM_ATTRIBUTES = COLLECTIVES | POINT_TO_POINT | {"Get_size", "Get_rank", "size", "rank", "Create_cart", "Split"}
+
+
+def _call_hint(exc: BaseException, line: Optional[int], signature: str) -> str:
+    """How the check calls the function, where `exc` says the submission takes its arguments otherwise: a
+    TypeError of the call itself (no line of the submission), or a communicator's method asked of another
+    argument (`def f(x, comm)`); else ""."""
+    if not signature:
+        return ""
+    if isinstance(exc, TypeError) and line is None:
+        return f": the check calls {signature}"
+    if isinstance(exc, AttributeError) and getattr(exc, "name", None) in _COMM_ATTRIBUTES and \
+            not hasattr(getattr(exc, "obj", None), "Get_rank"):
+        return f": the check calls {signature}, the communicator first"
+    return ""
+
+
+def describe_failure(exc: BaseException, path: str, n: int, signature: str = "") -> tuple:
+    """(status, reason, detail) of a run that ended with `exc`, with the exercise's `signature`
+    ("ring_pass(comm, x)"); a NotImplementedError is the starter's (not yet implemented) where it says
+    nothing or the function's name, as the starter's does, and the submission's own error where it says
+    something else ("only powers of two")."""
+    function = signature.partition("(")[0]
     ranks = getattr(exc, "simulated_ranks", ()) or ()
     who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
         f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
@@ -232,7 +252,8 @@ def describe_failure(exc: BaseException, path: str, n: int, function: str = "") 
                         f"{os.path.basename(path)}", ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
-    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else ""), ""
+    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
+        _call_hint(exc, line, signature), ""
 
 
 def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: tuple, notes: Notes) -> Any:
@@ -295,11 +316,11 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
         with swapped(), _os_exit_raises():
             results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
-        failure = describe_failure(exc, path, n, exercise.function)
+        failure = describe_failure(exc, path, n, exercise.signature)
     except BaseException as exc:  # a rank's KeyboardInterrupt, or a class of its own on BaseException: its
         if not getattr(exc, "simulated_ranks", None):  # verdict (a real Ctrl-C, in no rank, stops the check)
             raise
-        failure = describe_failure(exc, path, n, exercise.function)
+        failure = describe_failure(exc, path, n, exercise.signature)
     result = judge(exercise, case, seed, n, results, notes, failure)
     return _misuses(result, results, path) if result.status == "wrong" else result
 

@@ -53,7 +53,7 @@ def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
             value = call_submission(exercise, code, path, comm, case["args"][rank], notes)
         except Exception as exc:  # noqa: BLE001 - the submission's failure: said, then the job ends
             exc.simulated_ranks = (rank,)  # (describe_failure names the rank that failed)
-            failure = describe_failure(exc, path, n, exercise.function)
+            failure = describe_failure(exc, path, n, exercise.signature)
             result = judge(exercise, case, seed, n, None, [notes], failure, rules=False)
             _write(out, {"event": "done", **dataclasses.asdict(result)})
             comm.Abort(1)
