@@ -120,6 +120,14 @@ WRONG = [
             x0 = comm.bcast(x, root=0)
             return {0: x0 + 1, 1: x0}.get(comm.Get_rank())
         """),
+    (2, 2, 0, "error", ["submission.py defines no function 'ring_pass' (it defines Ring, ringpass): "
+                        "def ring_pass(comm, x)"], """
+        import numpy as np
+        class Ring:
+            pass
+        def ringpass(comm, x):
+            return x
+        """),
     (2, 2, 0, "error", ["every rank raised AttributeError at line 2: 'numpy.ndarray' object has no attribute "
                         "'Get_size': the check calls ring_pass(comm, x), the communicator first"], """
         def ring_pass(x, comm):

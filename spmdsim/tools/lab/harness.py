@@ -264,7 +264,10 @@ def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: t
         exec(code, scope)
         function = scope.get(exercise.function)
         if not callable(function):
-            raise _Missing(f"{os.path.basename(path)} defines no function {exercise.function!r}: "
+            own = [name for name, value in scope.items() if getattr(value, "__module__", "") == "submission"
+                   and callable(value) and not name.startswith("_")]
+            defines = f" (it defines {', '.join(own[:4])})" if own else ""
+            raise _Missing(f"{os.path.basename(path)} defines no function {exercise.function!r}{defines}: "
                            f"def {exercise.signature}")
         with watching(path, notes):
             return function(comm, *copy.deepcopy(tuple(args)))
