@@ -269,6 +269,15 @@ WRONG = [
             comm.Gather(np.empty(0), None if rank else np.empty(0), root=0)
             return A @ x if rank == 0 else None
         """),
+    (5, 2, 0, "forbidden", ["line 4: comm.Allreduce_init is not allowed in this exercise"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            total = np.empty_like(x)
+            request = comm.Allreduce_init(x, total)
+            request.Start()
+            request.Wait()
+            return total
+        """),
     (5, 4, 0, "forbidden", ["line 5: comm.Allreduce is not allowed", "implement it with Send/Recv"], """
         import numpy as np
         from mpi4py import MPI
@@ -1065,12 +1074,25 @@ def ring_pass(comm, x):
     request.Wait()
     return got
 """,
+    "persistent": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    requests = [comm.Recv_init(got, source=(rank - 1) % n), comm.Send_init(x, dest=(rank + 1) % n)]
+    MPI.Prequest.Startall(requests)
+    MPI.Request.Waitall(requests)
+    return got
+""",
 }
 
 
 @pytest.mark.parametrize("form", sorted(RING_PASS_FORMS))
 def test_a_send_counts_its_data_in_every_mpi4py_form(tmp_path, form):
-    """An array sent by the lowercase (pickled) call or a buffer spec counts its data, as Sendrecv's."""
+    """An array sent by the lowercase (pickled) call, a buffer spec or a persistent request counts its data, as
+    Sendrecv's (a persistent send's Start counted nothing: 'no rank sent a byte ... the values went through
+    memory the simulated ranks share')."""
     path = tmp_path / "ring.py"
     path.write_text(RING_PASS_FORMS[form].lstrip())
     for seed in (0, 1):
@@ -1087,6 +1109,9 @@ def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
     assert missing(notes, ("Bcast|bcast", "Scatter|scatter")) == (
         "no rank called comm.Scatter or comm.scatter: the exercise asks for it")
     assert missing(notes, ("Send",)) is None
+    persistent = [Notes(calls=[("Allreduce_init", 4), ("Start", 5)])]  # a rule on a call holds for its _init
+    assert violation(persistent, ("Allreduce",), None) == "line 4: comm.Allreduce_init is not allowed in this exercise"
+    assert missing(persistent, ("Allreduce|allreduce",)) is None
 
 
 def test_calls_are_seen_after_a_program_set_a_fatal_error_handler(tmp_path, capsys):

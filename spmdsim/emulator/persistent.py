@@ -97,9 +97,8 @@ def _persistent_send(call: str, mode: str) -> Callable:
             mapped(buf, f"{name} buffer")  # read when made, as mpi4py reads it
         return Prequest(lambda: self._isend(buf, dest, tag, mode, True), name)
 
-    init.__name__ = init.__qualname__ = name
     init.__doc__ = f"A persistent request whose Start calls {call} with these arguments (checked now)."
-    return init
+    return _named(init, name)
 
 
 def _persistent(call: str) -> Callable:
@@ -107,8 +106,15 @@ def _persistent(call: str) -> Callable:
         start = getattr(self, call)
         return Prequest(lambda: start(*args, **kwargs), f"{call[1:2].upper()}{call[2:]}_init")
 
-    init.__name__ = init.__qualname__ = f"{call[1:]}_init"
     init.__doc__ = f"A persistent request whose Start calls {call} with these arguments."
+    return _named(init, f"{call[1].upper()}{call[2:]}_init")  # Iallreduce: Allreduce_init
+
+
+def _named(init: Callable, name: str) -> Callable:
+    """`init` named `name` to the end of its code object too, as a method defined under that name is: what
+    watches the calls a program makes (spmdsim.tools.lab.calls) reads the name from the frame."""
+    init.__name__ = init.__qualname__ = name
+    init.__code__ = init.__code__.replace(co_name=name)
     return init
 
 

@@ -19,7 +19,7 @@ from ...emulator import comm as _comm
 from ...emulator.handles import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "watching", "violation", "missing", "too_many"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "base_call", "watching", "violation", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -46,13 +46,25 @@ POINT_TO_POINT = frozenset(set(_SEND_BUFFER) | set(_SEND_OBJECT) | {
 _EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (_comm, _p2p))
 
 
+#: The persistent sends: each Start of one sends what its nonblocking form (Send_init: Isend) sends.
+_PERSISTENT_SENDS = ("Send_init", "Bsend_init", "Ssend_init", "Rsend_init")
+
+
 @dataclasses.dataclass
 class Notes:
     """One rank's calls from the submission: (name, line) in order, and the bytes its sends carried to other
-    ranks (a send to itself or to MPI.PROC_NULL moves nothing)."""
+    ranks (a send to itself or to MPI.PROC_NULL moves nothing); `persistent`: id -> (request, the bytes each
+    Start of it sends), for the persistent sends it made."""
 
     calls: list = dataclasses.field(default_factory=list)
     sent: int = 0
+    persistent: dict = dataclasses.field(default_factory=dict)
+
+
+def base_call(name: str) -> str:
+    """The call a persistent request's maker stands for (Allreduce_init: Allreduce, Send_init: Send), so that a
+    rule on a call holds for its persistent form too; any other name as it is."""
+    return name[:-len("_init")] if name.endswith("_init") else name
 
 
 def _buffer_bytes(spec: Any) -> int:
@@ -106,7 +118,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
     (mpi4py's own communicators are compiled code, which a profile hook does not see)."""
 
     def hook(frame: Any, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_code is GUARD_CODE:
+        if event not in ("call", "return") or frame.f_code is GUARD_CODE:
             return
         back = frame.f_back
         if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
@@ -116,9 +128,17 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         if not frame.f_code.co_filename.startswith(_EMULATOR):
             return
         name = frame.f_code.co_name
+        if event == "return":  # a persistent send made: what each Start of it will send
+            if name in _PERSISTENT_SENDS and arg is not None:
+                notes.persistent[id(arg)] = (arg, _sent("Send", frame))
+            return
         notes.calls.append((name, back.f_lineno))
         if name in _SEND_BUFFER or name in _SEND_OBJECT:
             notes.sent += _sent(name, frame)
+        elif name in ("Start", "Startall"):
+            local = frame.f_locals
+            started = [local.get("self")] if name == "Start" else list(local.get("requests") or ())
+            notes.sent += sum(notes.persistent.get(id(request), (None, 0))[1] for request in started)
 
     before = sys.getprofile()
     sys.setprofile(hook)
@@ -133,9 +153,10 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
     forbidden call, or a communication call (collective or point-to-point) outside `allowed`."""
     for note in notes:
         for name, line in note.calls:
-            if name in forbidden:
+            call = base_call(name)
+            if name in forbidden or call in forbidden:
                 return f"line {line}: comm.{name} is not allowed in this exercise"
-            if allowed is not None and name not in allowed and (name in COLLECTIVES or name in POINT_TO_POINT):
+            if allowed is not None and call not in allowed and (call in COLLECTIVES or call in POINT_TO_POINT):
                 return (f"line {line}: comm.{name} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
     return None
@@ -143,7 +164,7 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
 
 def missing(notes: list, required: tuple) -> Optional[str]:
     """The first of the `required` calls (each "A|B": any of them) that no rank made, said, or None."""
-    made = {name for note in notes for name, _ in note.calls}
+    made = {base_call(name) for note in notes for name, _ in note.calls}
     for need in required:
         options = need.split("|")
         if not made.intersection(options):
@@ -157,9 +178,9 @@ def too_many(notes: list, most: dict) -> Optional[str]:
     for rank, note in enumerate(notes):
         for need, limit in most.items():
             options = need.split("|")
-            lines = [line for name, line in note.calls if name in options]
+            lines = [line for name, line in note.calls if base_call(name) in options]
             if len(lines) > limit:
-                name = next(name for name, _ in note.calls if name in options)
+                name = next(name for name, _ in note.calls if base_call(name) in options)
                 return (f"rank {rank} called comm.{name} {len(lines)} times, again at line {lines[limit]}; the "
                         f"exercise allows {limit}")
     return None
