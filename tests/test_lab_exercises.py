@@ -1203,6 +1203,16 @@ def test_a_result_cast_to_float32_at_one_rank_gets_no_guess_that_fits_only_more_
     assert result.status == "wrong" and result.detail == "", result
 
 
+def test_a_result_cast_to_float32_is_not_called_a_partial_sum_where_the_partial_is_the_answer(tmp_path):
+    """At 2 ranks relu zeroes rank 1's part of rank 0's rows in exercise 22's first case: rank 0's partial rows are
+    the answer, and its float32 result was told 'it is this rank's partial rows: ... must be summed'."""
+    exercise = find_exercise(22)
+    path = tmp_path / "f32.py"
+    path.write_text(FLOAT32_OF_REFERENCE.format(path=exercise.path, function=exercise.function))
+    result = run_case(exercise, str(path), 2, 0)
+    assert result.status == "wrong" and "returned dtype float32" in result.reason and result.detail == "", result
+
+
 def test_a_module_beside_the_submission_is_named_as_outside_the_one_file(tmp_path):
     """`python sub.py` finds helpers.py beside it; a check (as a grade, one file a student) does not, and said only
     'No module named ...', as for a module that exists nowhere."""
