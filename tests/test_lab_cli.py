@@ -304,3 +304,11 @@ def test_a_large_right_submission_is_compiled_once_a_check_not_once_a_case(tmp_p
     assert main(["lab", "check", "1", str(path), "--exercises", str(folder), "--time-limit", "5"]) == 0, \
         capsys.readouterr().out
     assert "PASS: passes at 1 rank (10 of 10 cases" in capsys.readouterr().out
+
+
+def test_a_submission_reads_its_own_command_line_not_the_checks(tiny, tmp_path, capsys):
+    """`N = int(sys.argv[1]) if len(sys.argv) > 1 else 4` read the check's own arguments (its exercise folder) and
+    failed: "invalid literal for int() with base 10: '/.../course'"."""
+    path = tmp_path / "args.py"
+    path.write_text("import sys\nN = int(sys.argv[1]) if len(sys.argv) > 1 else 4\n" + SUBMISSIONS["right.py"])
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny]) == 0, capsys.readouterr().out

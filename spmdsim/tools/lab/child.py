@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     args = parser.parse_args(argv)
     exercise = find_exercise(args.number, args.folder)
+    sys.argv[:] = [args.file]  # the submission's, as `python FILE` sets it: not this process's arguments
     lock = threading.Lock()  # (the ranks' threads each write their line)
     with open(args.out, "a", buffering=1) as out:
         set_limits(args.memory_mb, args.cpu_seconds, max(args.ranks))

@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(name)
     args = parser.parse_args(argv)
     exercise = find_exercise(args.number, args.folder)
+    sys.argv[:] = [args.file]  # the submission's, as `python FILE` sets it: not this process's arguments
     cases_on(load_mpi().COMM_WORLD, exercise, args.file, args.out)
     return 0
 
