@@ -103,6 +103,18 @@ WRONG = [
                 comm.Send(got, dest=0)
                 return got
         """),
+    (1, 2, 0, "wrong", ["rank 1 result[0:5] differs", "it is the array plus 1, what rank 1 sends back"], """
+        def ping_pong(comm, x):
+            if comm.Get_rank() == 0:
+                comm.Send(x, dest=1)
+                comm.Recv(x, source=1)
+                return x
+            if comm.Get_rank() == 1:
+                comm.Recv(x, source=0)
+                x += 1
+                comm.Send(x, dest=0)
+                return x
+        """),
     (1, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 2 waits in recv", "(rank 0 finished) at line 8"], """
         import numpy as np
         def ping_pong(comm, x):
