@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import subprocess
 import sys
@@ -312,3 +313,19 @@ def test_a_submission_reads_its_own_command_line_not_the_checks(tiny, tmp_path, 
     path = tmp_path / "args.py"
     path.write_text("import sys\nN = int(sys.argv[1]) if len(sys.argv) > 1 else 4\n" + SUBMISSIONS["right.py"])
     assert main(["lab", "check", "1", str(path), "--exercises", tiny]) == 0, capsys.readouterr().out
+
+
+def test_more_jobs_than_cores_is_noted_before_the_grade(tiny, tmp_path, capsys, monkeypatch):
+    """Each check's limit is wall time: --jobs above the cores makes checks share a core, and a right submission
+    could run out of its time for the load alone, with no word why."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+    for k in range(3):
+        (folder / f"right{k}.py").write_text(SUBMISSIONS["right.py"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # a one-core machine, wherever the test runs
+    assert main(["lab", "grade", "1", str(folder), "--csv", "g.csv", "--exercises", tiny, "--jobs", "2"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: --jobs 2 on 1 core: the checks share them, and a right but busy submission may run out of its " \
+        "10 s (--jobs 1 or fewer, or a longer --time-limit)" in err, err
+    assert main(["lab", "grade", "1", str(folder), "--csv", "g.csv", "--exercises", tiny, "--jobs", "1"]) == 0
+    assert "note: --jobs" not in capsys.readouterr().err

@@ -162,6 +162,11 @@ def _grade(args: argparse.Namespace) -> int:
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {len(files)} submissions of exercise {exercise.number}, {args.jobs} at a time, each stopped "
           f"{limit:g} s after its first case starts", file=sys.stderr)
+    cores = os.cpu_count() or 1
+    if min(args.jobs, len(files)) > cores:  # the limit is wall time: checks sharing a core each get less
+        print(f"note: --jobs {args.jobs} on {cores} core{'s' if cores != 1 else ''}: the checks share them, and a right but busy "
+              f"submission may run out of its {limit:g} s (--jobs {cores} or fewer, or a longer --time-limit)",
+              file=sys.stderr)
     began, done, stop = time.monotonic(), {}, threading.Event()  # done: path -> its grade-book row
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         pending = {pool.submit(check, exercise, path, **limits, stop=stop): path for path in files}
