@@ -14,6 +14,7 @@ import sys
 import threading
 
 from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
+from ..cli.paths import check_output_file
 from .exercise import EXERCISES, LabError, find_exercise, load_exercises
 
 __all__ = ["register"]
@@ -181,14 +182,14 @@ def _grade(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             raise
     rows = [done[path] for path in files]
+    width = max(len(row[0]) for row in rows)
+    for row in rows:  # (first: were the grade book to fail now, the grades are said)
+        line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
+        print(line if len(line) <= 100 else line[:97] + "...")
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
         writer.writerows(rows)
-    width = max(len(row[0]) for row in rows)
-    for row in rows:
-        line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
-        print(line if len(line) <= 100 else line[:97] + "...")
     passed = sum(row[1] == "PASS" for row in rows)
     print(f"{passed} of {len(rows)} submissions pass ({time.monotonic() - began:.0f} s); grade book: "
           f"{args.csv}", file=sys.stderr)
@@ -216,13 +217,11 @@ def _submissions(folder: str) -> list:
 
 
 def _writable(path: str) -> None:
-    """Refuse, before any submission runs, a grade book that cannot be written."""
-    parent = os.path.dirname(os.path.abspath(path))
+    """Refuse, before any submission runs, a grade book that cannot be written (spmdsim.tools.cli.paths: a file
+    tried in its folder, as os.access says yes to root and to /proc)."""
     if os.path.isdir(path):
         raise LabError(f"--csv {path!r} is a folder; expected a file to write the grade book to")
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK) or \
-            os.path.exists(path) and not os.access(path, os.W_OK):
-        raise LabError(f"--csv {path!r} cannot be written (its folder does not exist or is not writable)")
+    check_output_file(path, "--csv")
 
 
 def _mpi_module_loads() -> None:
