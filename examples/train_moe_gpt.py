@@ -149,14 +149,15 @@ def split(world):
     rest = world // (pp * cp) // tp
     by = tp // args.etp if folded(args) else 1  # the tp ranks each folded experts' group takes into its ep
     rest *= by  # the experts' groups: etp x ep x dp = the stage's ranks; the mesh's "ep" axis ep / by of them
+    etp = args.etp if folded(args) else tp
     for name, given in (("ep", args.ep), ("dp", args.dp)):
-        if given is not None and rest % given:
-            by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp), ("tp", tp)) if n > 1)
-            where = f"the {rest} ranks of world size {world} / {by}" if by else f"the world size {world}"
+        if given is not None and rest % given:  # (folded: the stage's ranks over the experts' tp, not attention's)
+            over = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp), ("etp" if etp != tp else "tp", etp))
+                              if n > 1)
+            where = f"the {rest} ranks of world size {world} / {over}" if over else f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
     dp = args.dp if args.dp is not None else rest // ep
-    etp = args.etp if folded(args) else tp
     if pp * dp * ep * cp * etp != world:
         what = f"pp {pp} x dp {dp} x ep {ep} x {f'cp {cp} x ' if cp > 1 else ''}{'e' if etp != tp else ''}tp {etp}"
         return None, f"{what if pp > 1 else what[what.index('dp'):]} must multiply to the world size {world} (set --ep " \
