@@ -201,12 +201,6 @@ def test_a_mesh_whose_tp_is_one_axis_is_refused_for_etp_2_before_any_collective(
                                                "divide tp (4)"),
     (["--tp", "4", "--etp", "2", "--ep", "1"], "--etp 2: etp 2 folds attention's tp 4 ranks into the experts' ep: "
                                                "ep 1 must be a multiple of tp / etp = 2"),
-    # the experts' groups take the stage's ranks over their own tp, and the line's division says so (it said
-    # "the 2 ranks of world size 8 / pp 2 x tp 4", which is 1)
-    (["--tp", "4", "--etp", "2", "--ep", "4", "--pp", "2"], "--ep 4 must divide the 2 ranks of world size 8 / pp 2 "
-                                                            "x etp 2"),
-    (["--tp", "2", "--etp", "1", "--ep", "8", "--pp", "2"], "--ep 8 must divide the 4 ranks of world size 8 / pp 2"),
-    (["--tp", "2", "--ep", "3", "--pp", "2"], "--ep 3 must divide the 2 ranks of world size 8 / pp 2 x tp 2"),
 ])
 def test_the_examples_bad_foldings_are_refused_in_one_line(flags, message):
     from test_moe import _example
@@ -215,3 +209,19 @@ def test_the_examples_bad_foldings_are_refused_in_one_line(flags, message):
     out = _example(["--ranks", "8", "--steps", "1"] + flags)
     assert out.returncode == 2 and message in unfold(out.stderr).strip().splitlines()[-1], out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("flags, division", [
+    (["--tp", "4", "--etp", "2", "--ep", "4", "--pp", "2"], "--ep 4 must divide the 2 ranks of world size 8 / pp 2 x "
+                                                            "etp 2"),
+    (["--tp", "2", "--etp", "1", "--ep", "8", "--pp", "2"], "--ep 8 must divide the 4 ranks of world size 8 / pp 2"),
+    (["--tp", "2", "--ep", "3", "--pp", "2"], "--ep 3 must divide the 2 ranks of world size 8 / pp 2 x tp 2"),
+])
+def test_an_ep_the_stage_cannot_take_says_a_division_that_holds(flags, division):
+    """The experts' groups take a stage's ranks over their own tp (etp), not attention's: the line said "the 2 ranks
+    of world size 8 / pp 2 x tp 4" (which is 1) for --etp 2 --tp 4, "/ pp 2 x tp 2" for --etp 1."""
+    from test_moe import _example
+    from testkit import unfold
+
+    out = _example(["--ranks", "8", "--steps", "1"] + flags)
+    assert out.returncode == 2 and unfold(out.stderr).strip().splitlines()[-1].endswith(division), out.stderr
