@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ...base.validate import counted
+from ..axes import TENSOR
 from ...programs.viz.table import WIDTH, nbytes
 from ...programs.viz.why import format_byte_matrix
 
@@ -41,7 +42,7 @@ def byte_matrix(stats: Sequence[Sequence[Any]], layer: str, size: int) -> list[l
 
 
 def dispatch_lines(stats: Sequence[Sequence[Any]], layer: str, size: int, tp: int, width: int = WIDTH,
-                   tp_axis: str = "tp") -> list[str]:
+                   tp_axis: str = TENSOR) -> list[str]:
     """The dispatch of `layer` as text within `width` columns: the token matrix, bytes sent, tokens per expert
     and dropped. `tp`: the experts' tp size, the mesh's or (folded, spmdsim.models.moe.fold) their etp (its ranks
     route the same tokens: each expert's load is counted on the tp rank 0 of each group, the last mesh axis,
