@@ -1001,6 +1001,20 @@ WRONG = [
         def ring_pass(comm, x):
             raise KeyboardInterrupt
         """),
+    # every rank accumulates its x into every rank's window: n - 1 arrays from each, not 2 (n - 1) / n of one
+    (5, 4, 0, "bytes", ["rank 0 sent 384 B at 4 ranks (N=16); the algorithm needs 192 B"], """
+        import numpy as np
+        from mpi4py import MPI
+        def ring_allreduce(comm, x):
+            total = np.zeros_like(x)
+            win = MPI.Win.Create(total, comm=comm)
+            win.Fence()
+            for r in range(comm.Get_size()):
+                win.Accumulate(x, r, op=MPI.SUM)
+            win.Fence()
+            win.Free()
+            return total
+        """),
     # the ranks' values passed through memory the threads share, no message sent: right values, no MPI
     (5, 4, 0, "bytes", ["no rank sent a byte at 4 ranks", "memory the simulated ranks share"], """
         import sys, time
@@ -1097,14 +1111,40 @@ def ring_pass(comm, x):
     MPI.Request.Waitall(requests)
     return got
 """,
+    "put_fence": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    win = MPI.Win.Create(got, comm=comm)
+    win.Fence()
+    win.Put(x, (rank + 1) % n)
+    win.Fence()
+    win.Free()
+    return got
+""",
+    "get_lock": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    win = MPI.Win.Create(x, comm=comm)
+    win.Lock((rank - 1) % n, MPI.LOCK_SHARED)
+    win.Rget(got, (rank - 1) % n).Wait()
+    win.Unlock((rank - 1) % n)
+    win.Free()
+    return got
+""",
 }
 
 
 @pytest.mark.parametrize("form", sorted(RING_PASS_FORMS))
 def test_a_send_counts_its_data_in_every_mpi4py_form(tmp_path, form):
-    """An array sent by the lowercase (pickled) call, a buffer spec or a persistent request counts its data, as
-    Sendrecv's (a persistent send's Start counted nothing: 'no rank sent a byte ... the values went through
-    memory the simulated ranks share')."""
+    """An array sent by the lowercase (pickled) call, a buffer spec, a persistent request or a window's Put or
+    Get counts its data, as Sendrecv's (a persistent send's Start, a Put, counted nothing: 'no rank sent a
+    byte ... the values went through memory the simulated ranks share')."""
     path = tmp_path / "ring.py"
     path.write_text(RING_PASS_FORMS[form].lstrip())
     for seed in (0, 1):

@@ -1,4 +1,4 @@
-"""Which MPI calls a submission makes, at which line, and the bytes its sends carry.
+"""Which MPI calls a submission makes, at which line, and the bytes its sends and one-sided operations carry.
 
 A profile hook on each simulated rank's thread (`watching`) notes every call from the submission's
 own file into the emulator (spmdsim.emulator, spmdsim.runtime.sim): a call on any communicator, whether the
@@ -41,6 +41,13 @@ POINT_TO_POINT = frozenset(set(_SEND_BUFFER) | set(_SEND_OBJECT) | {
     "Recv", "Irecv", "recv", "irecv", "Probe", "Iprobe", "probe", "iprobe", "Mprobe", "Improbe", "mprobe",
     "improbe"})
 
+#: A window's one-sided operations (spmdsim.emulator.window_ops), each with the arguments whose buffers it moves
+#: between the caller and the target rank: what a Put writes, what a Get reads, both for Get_accumulate.
+_ONE_SIDED = {"Put": ("origin",), "Rput": ("origin",), "Get": ("origin",), "Rget": ("origin",),
+              "Accumulate": ("origin",), "Raccumulate": ("origin",), "Get_accumulate": ("origin", "result"),
+              "Rget_accumulate": ("origin", "result"), "Fetch_and_op": ("origin", "result"),
+              "Compare_and_swap": ("origin", "result")}
+
 #: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
 #: under it), found from the modules themselves wherever the package puts them.
 _EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (_comm, _p2p))
@@ -52,9 +59,9 @@ _PERSISTENT_SENDS = ("Send_init", "Bsend_init", "Ssend_init", "Rsend_init")
 
 @dataclasses.dataclass
 class Notes:
-    """One rank's calls from the submission: (name, line) in order, and the bytes its sends carried to other
-    ranks (a send to itself or to MPI.PROC_NULL moves nothing); `persistent`: id -> (request, the bytes each
-    Start of it sends), for the persistent sends it made."""
+    """One rank's calls from the submission: (name, line) in order, and the bytes its sends and one-sided
+    operations carried to other ranks (a send to itself or to MPI.PROC_NULL moves nothing); `persistent`:
+    id -> (request, the bytes each Start of it sends), for the persistent sends it made."""
 
     calls: list = dataclasses.field(default_factory=list)
     sent: int = 0
@@ -112,6 +119,21 @@ def _sent(name: str, frame: Any) -> int:
     return _object_bytes(local.get(_SEND_OBJECT[name]))
 
 
+def _one_sided(name: str, frame: Any) -> int:
+    """The bytes a one-sided operation (the callee's `frame`) moves between its caller and another rank of the
+    window, counted as the caller's whether it writes them (Put) or reads them (Get)."""
+    local = frame.f_locals
+    target = local.get("target_rank")
+    if not isinstance(target, int) or target < 0:
+        return 0
+    try:
+        if target == local["self"].Get_group().Get_rank():
+            return 0
+    except Exception:  # noqa: BLE001 - a freed window: the call itself says so
+        return 0
+    return sum(_buffer_bytes(local.get(argument)) for argument in _ONE_SIDED[name])
+
+
 @contextlib.contextmanager
 def watching(filename: str, notes: Notes) -> Iterator[Notes]:
     """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`
@@ -135,6 +157,8 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         notes.calls.append((name, back.f_lineno))
         if name in _SEND_BUFFER or name in _SEND_OBJECT:
             notes.sent += _sent(name, frame)
+        elif name in _ONE_SIDED:
+            notes.sent += _one_sided(name, frame)
         elif name in ("Start", "Startall"):
             local = frame.f_locals
             started = [local.get("self")] if name == "Start" else list(local.get("requests") or ())
