@@ -1001,6 +1001,16 @@ WRONG = [
         def ring_pass(comm, x):
             raise KeyboardInterrupt
         """),
+    # the lowercase allreduce applies MPI.MAX to whole arrays, as mpi4py does: numpy's ambiguous truth value
+    (20, 2, 0, "error", ["every rank raised ValueError at line 4: The truth value of an array is ambiguous: "
+                         "comm.allreduce applies MPI.MAX to whole arrays",
+                         "element by element with comm.Allreduce(x, out, op=MPI.MAX)"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            top = comm.allreduce(logits.max(axis=1), op=MPI.MAX)
+            return top
+        """),
     # every rank accumulates its x into every rank's window: n - 1 arrays from each, not 2 (n - 1) / n of one
     (5, 4, 0, "bytes", ["rank 0 sent 384 B at 4 ranks (N=16); the algorithm needs 192 B"], """
         import numpy as np

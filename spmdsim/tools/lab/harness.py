@@ -9,25 +9,22 @@ import builtins
 import contextlib
 import copy
 import dataclasses
-import errno
 import functools
 import hashlib
 import os
-import re
-import traceback
 from typing import Any, Callable, Iterator, Optional
 
 from ...base.source import SourceDecodeError, decode_source
 from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
-from ...errors import RuntimeMismatchError
 from ...runtime.sim.run import current_rank, simulate
-from .calls import COLLECTIVES, POINT_TO_POINT, Notes, missing, too_many, violation, watching
+from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
+from .failure import FILE_BYTES, Exited, MissingFunction, at_line, describe_failure, ranks_text
 
-__all__ = ["CaseResult", "EAGER_LIMIT", "run_case", "judge", "make_case", "compile_submission", "describe_failure",
-           "call_submission", "PASS"]
+__all__ = ["CaseResult", "EAGER_LIMIT", "FILE_BYTES", "run_case", "judge", "make_case", "compile_submission",
+           "describe_failure", "call_submission", "PASS"]
 
 PASS = "pass"
 
@@ -36,38 +33,12 @@ PASS = "pass"
 #: then Recv) deadlocks at every message size, not only past MPICH's 8 KiB.
 EAGER_LIMIT = 0
 
-#: A call of the emulator's deadlock report: "recv from group rank 1 (any tag) on the world: rank 0 waits in it;
-#: rank 1 finished; at prog.py:9", said here "rank 0 waits in recv from ... (rank 1 finished) at line 9".
-_WAITS = re.compile(r"(\s*)(.+?): ((?:rank|ranks) .+?) (waits?) in it((?:; .*)?)")
-
-
-def _deadlock_text(report: str, path: str) -> str:
-    """The emulator's deadlock report (spmdsim.runtime.sim.report), each waiting call said from the rank's side, its
-    program line as the submission's line number."""
-    lines = []
-    for line in report.replace("\n    ", " ").split("\n"):  # its folded calls, one a line again
-        match = _WAITS.fullmatch(line)
-        if match:
-            indent, what, who, verb, tail = match.groups()
-            parts = [part for part in tail.split("; ") if part]
-            at = [part for part in parts if part.startswith("at ")]
-            others = [part for part in parts if not part.startswith("at ")]
-            line = (f"{indent}{who} {verb} in {what}" + (f" ({'; '.join(others)})" if others else "")
-                    + (f" {at[-1]}" if at else ""))
-        lines.append(_at_line(line, path))
-    return "\n".join(lines)
-
-
-def _at_line(text: str, path: str) -> str:
-    """`text` with each place in the submission, "prog.py:9", said as "line 9"."""
-    return re.sub(rf"(?<![\w/]){re.escape(os.path.basename(path))}:(\d+)", r"line \1", text)
-
 
 def _misuses(result: "CaseResult", results: Any, path: str) -> "CaseResult":
     """A wrong result's feedback with what the ranks did that MPI forbids and that leaves values undefined, as
     the simulation noted it (spmdsim.runtime.sim.run.simulate): the first send buffer written before its send
     completed, the first request never completed (an Irecv whose message never reached its buffer)."""
-    notes = [_at_line(lines[0], path) for lines in (getattr(results, "rewritten", ()),
+    notes = [at_line(lines[0], path) for lines in (getattr(results, "rewritten", ()),
                                                    getattr(results, "uncompleted", ())) if lines]
     return dataclasses.replace(result, detail="\n".join([result.detail, *notes]).strip()) if notes else result
 
@@ -91,42 +62,21 @@ class CaseResult:
         return self.status == PASS
 
 
-class _Exited(Exception):
-    """A rank called sys.exit or os._exit: it ends the run, not the grader."""
-
-    def __init__(self, call: str, code: Any) -> None:
-        super().__init__(f"{call}({code!r})")
-        self.call = call
-        self.code = code
-
-
-class _Missing(Exception):
-    """The submission defines no function of the exercise's name."""
-
-
 @contextlib.contextmanager
 def _os_exit_raises() -> Iterator[None]:
-    """While the ranks run, os._exit on a simulated rank raises _Exited there; elsewhere it is Python's."""
+    """While the ranks run, os._exit on a simulated rank raises Exited there; elsewhere it is Python's."""
     real = os._exit
 
     def _exit(code: int) -> None:
         if current_rank() is None:
             real(code)
-        raise _Exited("os._exit", code)
+        raise Exited("os._exit", code)
 
     os._exit = _exit
     try:
         yield
     finally:
         os._exit = real
-
-
-def _ranks(n: int) -> str:
-    return f"{n} rank{'s' if n != 1 else ''}"
-
-
-#: The most bytes a submission may write to its files and its output together (spmdsim.tools.lab.child's limit).
-FILE_BYTES = 64 << 20
 
 
 def compile_submission(path: str) -> Any:
@@ -176,89 +126,9 @@ def _text(name: str, source: bytes) -> str:
                        "(# -*- coding: latin-1 -*-)") from None
 
 
-def _line(exc: BaseException, path: str) -> Optional[int]:
-    """The submission's line where `exc` was raised (its innermost frame in the file)."""
-    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-    if isinstance(exc, SyntaxError) and exc.filename == path:
-        return exc.lineno
-    return lines[-1] if lines else None
-
-
-def _beside(path: str, module: str) -> str:
-    """The file or folder beside the submission at `path` that holds `module` ("helpers.py"), or ""."""
-    top = module.split(".")[0]
-    where = os.path.join(os.path.dirname(path), top)
-    return "" if not top else f"{top}.py" if os.path.isfile(where + ".py") else f"{top}/" if os.path.isdir(where) \
-        else ""
-
-
-#: What a communicator has that an argument in its place (an array) has not: `x.Get_size()` on the wrong argument.
-_COMM_ATTRIBUTES = COLLECTIVES | POINT_TO_POINT | {"Get_size", "Get_rank", "size", "rank", "Create_cart", "Split"}
-
-
-def _call_hint(exc: BaseException, line: Optional[int], signature: str) -> str:
-    """How the check calls the function, where `exc` says the submission takes its arguments otherwise: a
-    TypeError of the call itself (no line of the submission), or a communicator's method asked of another
-    argument (`def f(x, comm)`); else ""."""
-    if not signature:
-        return ""
-    if isinstance(exc, TypeError) and line is None:
-        return f": the check calls {signature}"
-    if isinstance(exc, AttributeError) and getattr(exc, "name", None) in _COMM_ATTRIBUTES and \
-            not hasattr(getattr(exc, "obj", None), "Get_rank"):
-        return f": the check calls {signature}, the communicator first"
-    return ""
-
-
-def describe_failure(exc: BaseException, path: str, n: int, signature: str = "") -> tuple:
-    """(status, reason, detail) of a run that ended with `exc`, with the exercise's `signature`
-    ("ring_pass(comm, x)"); a NotImplementedError is the starter's (not yet implemented) where it says
-    nothing or the function's name, as the starter's does, and the submission's own error where it says
-    something else ("only powers of two")."""
-    function = signature.partition("(")[0]
-    ranks = getattr(exc, "simulated_ranks", ()) or ()
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
-        f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
-    line = _line(exc, path)
-    at = f" at line {line}" if line else ""
-    if isinstance(exc, NotImplementedError) and str(exc) in ("", function):
-        return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
-    if isinstance(exc, _Missing):
-        return "error", str(exc), ""
-    if isinstance(exc, RuntimeMismatchError):
-        text = _deadlock_text(str(exc), path)
-        head, _, rest = text.partition("\n")
-        first = rest.strip().splitlines()[0] if rest.strip() else ""
-        status = "deadlock" if "deadlock" in head else "mismatch"
-        return status, f"{status} at {_ranks(n)}: {first or head}", text
-    if getattr(exc, "abort_code", None) is not None:  # comm.Abort(code): MPI ends the job
-        return "exit", f"{who} called comm.Abort({exc.abort_code}){at}: return the result instead", ""
-    if isinstance(exc, _Exited):
-        return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
-    if isinstance(exc, MemoryError):
-        return "memory", f"{who} ran out of memory{at}", ""
-    if isinstance(exc, EOFError):
-        return "error", f"{who} read standard input{at}, which a check does not give: take the function's " \
-                        "arguments instead", ""
-    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-        return "error", f"{who} wrote past the {FILE_BYTES >> 20} MiB a submission may write{at} (its " \
-                        "printed output and files together): print less", ""
-    if isinstance(exc, SyntaxError) and line:
-        return "error", f"syntax error at line {line}: {exc.msg}", ""
-    beside = _beside(path, exc.name or "") if isinstance(exc, ModuleNotFoundError) else ""
-    if beside:  # `python prog.py` finds it there; a check, as a grade, takes the one file
-        return "error", f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
-                        f"one file, and {beside} beside it is not on the path: put what it uses into " \
-                        f"{os.path.basename(path)}", ""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
-    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
-        _call_hint(exc, line, signature), ""
-
-
 def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: tuple, notes: Notes) -> Any:
     """Load the submission's `code` as a module of this rank's own, and call its function on `comm` and a
-    copy of `args`, its MPI calls noted in `notes`; sys.exit in it raises _Exited."""
+    copy of `args`, its MPI calls noted in `notes`; sys.exit in it raises Exited."""
     scope = {"__name__": "submission", "__file__": path, "__builtins__": builtins}
     try:
         exec(code, scope)
@@ -267,12 +137,12 @@ def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: t
             own = [name for name, value in scope.items() if getattr(value, "__module__", "") == "submission"
                    and callable(value) and not name.startswith("_")]
             defines = f" (it defines {', '.join(own[:4])})" if own else ""
-            raise _Missing(f"{os.path.basename(path)} defines no function {exercise.function!r}{defines}: "
+            raise MissingFunction(f"{os.path.basename(path)} defines no function {exercise.function!r}{defines}: "
                            f"def {exercise.signature}")
         with watching(path, notes):
             return function(comm, *copy.deepcopy(tuple(args)))
     except SystemExit as exc:
-        raise _Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
+        raise Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
 
 
 def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list,
@@ -349,7 +219,7 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
                              exercise.explain, case)
     if wrong:
         reason, _, detail = wrong.partition("\n")
-        return CaseResult(**result, status="wrong", reason=f"wrong at {_ranks(n)} ({label}): {reason}",
+        return CaseResult(**result, status="wrong", reason=f"wrong at {ranks_text(n)} ({label}): {reason}",
                           detail=detail.strip(), sent=sent)
     unmade = missing(notes, exercise.required) if rules else None
     if unmade:
@@ -361,12 +231,12 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes and rules else None
     if optimum and not sent:  # right values that no message carried: the ranks' threads shared memory
         return CaseResult(**result, status="bytes", sent=0, optimum=optimum,
-                          reason=f"no rank sent a byte at {_ranks(n)} ({label}), yet the algorithm needs "
+                          reason=f"no rank sent a byte at {ranks_text(n)} ({label}), yet the algorithm needs "
                                  f"{optimum:,} B from its busiest rank: the values went through memory the "
                                  "simulated ranks share (threads of one process), which MPI ranks do not")
     if optimum is not None and sent > optimum:
         busiest = max(range(n), key=lambda r: notes[r].sent)
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
-                          reason=f"rank {busiest} sent {sent:,} B at {_ranks(n)} ({label}); the algorithm needs "
+                          reason=f"rank {busiest} sent {sent:,} B at {ranks_text(n)} ({label}); the algorithm needs "
                                  f"{optimum:,} B from its busiest rank")
     return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)

@@ -1,0 +1,176 @@
+"""What a failed run of a submission says: the exception that ended its ranks, or the emulator's deadlock
+report, as one line of reason (a CSV cell) and the lines of feedback under it (spmdsim.tools.lab.harness)."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import traceback
+from typing import Any, Optional
+
+from ...errors import RuntimeMismatchError
+from ...runtime.sim.bodies import op_of
+from .calls import COLLECTIVES, POINT_TO_POINT
+
+__all__ = ["Exited", "MissingFunction", "FILE_BYTES", "at_line", "ranks_text", "describe_failure"]
+
+#: A call of the emulator's deadlock report: "recv from group rank 1 (any tag) on the world: rank 0 waits in it;
+#: rank 1 finished; at prog.py:9", said here "rank 0 waits in recv from ... (rank 1 finished) at line 9".
+_WAITS = re.compile(r"(\s*)(.+?): ((?:rank|ranks) .+?) (waits?) in it((?:; .*)?)")
+
+
+def _deadlock_text(report: str, path: str) -> str:
+    """The emulator's deadlock report (spmdsim.runtime.sim.report), each waiting call said from the rank's side, its
+    program line as the submission's line number."""
+    lines = []
+    for line in report.replace("\n    ", " ").split("\n"):  # its folded calls, one a line again
+        match = _WAITS.fullmatch(line)
+        if match:
+            indent, what, who, verb, tail = match.groups()
+            parts = [part for part in tail.split("; ") if part]
+            at = [part for part in parts if part.startswith("at ")]
+            others = [part for part in parts if not part.startswith("at ")]
+            line = (f"{indent}{who} {verb} in {what}" + (f" ({'; '.join(others)})" if others else "")
+                    + (f" {at[-1]}" if at else ""))
+        lines.append(at_line(line, path))
+    return "\n".join(lines)
+
+
+def at_line(text: str, path: str) -> str:
+    """`text` with each place in the submission, "prog.py:9", said as "line 9"."""
+    return re.sub(rf"(?<![\w/]){re.escape(os.path.basename(path))}:(\d+)", r"line \1", text)
+
+
+class Exited(Exception):
+    """A rank called sys.exit or os._exit: it ends the run, not the grader."""
+
+    def __init__(self, call: str, code: Any) -> None:
+        super().__init__(f"{call}({code!r})")
+        self.call = call
+        self.code = code
+
+
+class MissingFunction(Exception):
+    """The submission defines no function of the exercise's name."""
+
+
+def ranks_text(n: int) -> str:
+    return f"{n} rank{'s' if n != 1 else ''}"
+
+
+#: The most bytes a submission may write to its files and its output together (spmdsim.tools.lab.child's limit).
+FILE_BYTES = 64 << 20
+
+
+def _line(exc: BaseException, path: str) -> Optional[int]:
+    """The submission's line where `exc` was raised (its innermost frame in the file)."""
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    if isinstance(exc, SyntaxError) and exc.filename == path:
+        return exc.lineno
+    return lines[-1] if lines else None
+
+
+def _beside(path: str, module: str) -> str:
+    """The file or folder beside the submission at `path` that holds `module` ("helpers.py"), or ""."""
+    top = module.split(".")[0]
+    where = os.path.join(os.path.dirname(path), top)
+    return "" if not top else f"{top}.py" if os.path.isfile(where + ".py") else f"{top}/" if os.path.isdir(where) \
+        else ""
+
+
+#: What a communicator has that an argument in its place (an array) has not: `x.Get_size()` on the wrong argument.
+_COMM_ATTRIBUTES = COLLECTIVES | POINT_TO_POINT | {"Get_size", "Get_rank", "size", "rank", "Create_cart", "Split"}
+
+
+def _call_hint(exc: BaseException, line: Optional[int], signature: str) -> str:
+    """How the check calls the function, where `exc` says the submission takes its arguments otherwise: a
+    TypeError of the call itself (no line of the submission), or a communicator's method asked of another
+    argument (`def f(x, comm)`); else ""."""
+    if not signature:
+        return ""
+    if isinstance(exc, TypeError) and line is None:
+        return f": the check calls {signature}"
+    if isinstance(exc, AttributeError) and getattr(exc, "name", None) in _COMM_ATTRIBUTES and \
+            not hasattr(getattr(exc, "obj", None), "Get_rank"):
+        return f": the check calls {signature}, the communicator first"
+    return ""
+
+
+#: The object reductions (comm.allreduce, ...) and their buffer forms, which apply an op element by element.
+_OBJECT_REDUCTIONS = {"allreduce": "Allreduce(x, out", "reduce": "Reduce(x, out", "scan": "Scan(x, out",
+                      "exscan": "Exscan(x, out"}
+
+#: The ops that mpi4py applies to two Python objects by asking their truth (`y if y > x else x`, `x and y`).
+_TRUTH_OPS = ("max", "min", "land", "lor", "lxor")
+
+
+def _object_op_hint(exc: BaseException, path: str) -> str:
+    """Where an object reduction of the submission's (comm.allreduce(x, op=MPI.MAX)) raised numpy's ambiguous
+    truth value, as mpi4py's does on arrays: that the op took whole arrays, and the buffer form that takes
+    each element; else ""."""
+    if not isinstance(exc, ValueError) or "truth value of an array" not in str(exc):
+        return ""
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    mine = [i for i, frame in enumerate(frames) if frame.f_code.co_filename == path]
+    if not mine or mine[-1] + 1 >= len(frames):
+        return ""
+    called = frames[mine[-1] + 1]
+    call = called.f_code.co_name
+    if call not in _OBJECT_REDUCTIONS or "op" not in called.f_locals:
+        return ""
+    try:
+        name = op_of(called.f_locals["op"])[0]
+    except Exception:  # noqa: BLE001 - an op the call itself refused
+        return ""
+    if name not in _TRUTH_OPS:
+        return ""
+    op = f"MPI.{name.upper()}"
+    return (f"The truth value of an array is ambiguous: comm.{call} applies {op} to whole arrays (as mpi4py "
+            f"does, as Python objects): apply it element by element with comm.{_OBJECT_REDUCTIONS[call]}, "
+            f"op={op})")
+
+
+def describe_failure(exc: BaseException, path: str, n: int, signature: str = "") -> tuple:
+    """(status, reason, detail) of a run that ended with `exc`, with the exercise's `signature`
+    ("ring_pass(comm, x)"); a NotImplementedError is the starter's (not yet implemented) where it says
+    nothing or the function's name, as the starter's does, and the submission's own error where it says
+    something else ("only powers of two")."""
+    function = signature.partition("(")[0]
+    ranks = getattr(exc, "simulated_ranks", ()) or ()
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
+        f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
+    line = _line(exc, path)
+    at = f" at line {line}" if line else ""
+    if isinstance(exc, NotImplementedError) and str(exc) in ("", function):
+        return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
+    if isinstance(exc, MissingFunction):
+        return "error", str(exc), ""
+    if isinstance(exc, RuntimeMismatchError):
+        text = _deadlock_text(str(exc), path)
+        head, _, rest = text.partition("\n")
+        first = rest.strip().splitlines()[0] if rest.strip() else ""
+        status = "deadlock" if "deadlock" in head else "mismatch"
+        return status, f"{status} at {ranks_text(n)}: {first or head}", text
+    if getattr(exc, "abort_code", None) is not None:  # comm.Abort(code): MPI ends the job
+        return "exit", f"{who} called comm.Abort({exc.abort_code}){at}: return the result instead", ""
+    if isinstance(exc, Exited):
+        return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
+    if isinstance(exc, MemoryError):
+        return "memory", f"{who} ran out of memory{at}", ""
+    if isinstance(exc, EOFError):
+        return "error", f"{who} read standard input{at}, which a check does not give: take the function's " \
+                        "arguments instead", ""
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return "error", f"{who} wrote past the {FILE_BYTES >> 20} MiB a submission may write{at} (its " \
+                        "printed output and files together): print less", ""
+    if isinstance(exc, SyntaxError) and line:
+        return "error", f"syntax error at line {line}: {exc.msg}", ""
+    beside = _beside(path, exc.name or "") if isinstance(exc, ModuleNotFoundError) else ""
+    if beside:  # `python prog.py` finds it there; a check, as a grade, takes the one file
+        return "error", f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
+                        f"one file, and {beside} beside it is not on the path: put what it uses into " \
+                        f"{os.path.basename(path)}", ""
+    message = _object_op_hint(exc, path) or (str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+    name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
+    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
+        _call_hint(exc, line, signature), ""
