@@ -1309,3 +1309,27 @@ def test_a_rank_that_closes_its_stdout_closes_its_own_alone(tmp_path):
     assert run_case(exercise, str(path), 1, 0).passed and run_case(exercise, str(path), 1, 1).passed
     late = run_case(exercise, str(path), 2, 0)
     assert (late.status, late.reason) == ("error", "rank 1 raised ValueError at line 9: I/O operation on closed file")
+
+
+SEEDED_TAG = """
+import random
+import numpy as np
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    random.seed(42)  # every rank alike, as MPI processes: they draw the same tag
+    comm.Sendrecv(np.empty(0), dest=(rank + 1) % n, recvbuf=np.empty(0), source=(rank - 1) % n)
+    tag = random.randint(0, 999)
+    got = np.empty_like(x)
+    comm.Sendrecv(x, dest=(rank + 1) % n, sendtag=tag, recvbuf=got, source=(rank - 1) % n, recvtag=tag)
+    return got
+"""
+
+
+def test_each_rank_seeds_and_draws_from_its_own_random_generator(tmp_path):
+    """random.seed(42) on every rank gives each the same draws, as it does MPI processes (the ranks' threads drew
+    one after another from one generator: tags 114 and 654, a deadlock)."""
+    path = tmp_path / "seeded.py"
+    path.write_text(SEEDED_TAG.lstrip())
+    for ranks in (2, 3):
+        result = run_case(find_exercise(2), str(path), ranks, 0)
+        assert result.passed, result

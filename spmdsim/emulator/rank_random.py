@@ -6,12 +6,12 @@ and draw from one generator in turn (a Monte Carlo lab's counts came out
 different from MPI's, and from run to run). While `own_generators()` is
 active, the module-level functions (``random.random``, ``random.seed``,
 ``np.random.seed``, ``np.random.rand``, ...) act on the calling rank's own
-generator (a rank of `spmdsim mpirun`, which `adopt`s them when it starts),
-seeded from the OS as a new process's is; every other thread (no rank, or a
-rank of a plain `spmdsim.simulate` beside it) uses the modules' own. This is
-the one place spmdsim swaps numpy's or random's functions, and only for
-`spmdsim mpirun` (users' unmodified mpi4py programs): spmdsim's own runs
-touch neither (tests/test_sim_state.py). Explicit generators
+generator (a rank of `spmdsim mpirun` or of a `spmdsim lab` check, which
+`adopt`s them when it starts), seeded from the OS as a new process's is; every
+other thread (no rank, or a rank of a plain `spmdsim.simulate` beside it) uses
+the modules' own. This is the one place spmdsim swaps numpy's or random's
+functions, and only for `spmdsim mpirun` and `spmdsim lab` (users' unmodified
+mpi4py code): spmdsim's own runs touch neither (tests/test_sim_state.py). Explicit generators
 (``random.Random(seed)``, ``np.random.default_rng(seed)``) are the program's own anyway.
 """
 from __future__ import annotations

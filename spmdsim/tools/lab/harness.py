@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 from ...base.source import SourceDecodeError, decode_source
 from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
+from ...emulator.rank_random import adopt, own_generators
 from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
@@ -150,6 +151,7 @@ def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list,
     """What each simulated rank runs: the submission called on its world and its own arguments; `returned`
     told the rank once its function returned (the rank itself ends when the threads it started end)."""
     rank = current_rank()
+    adopt()  # its own random and numpy.random generators, as an MPI process has: random.seed(0) seeds its own
     # The emulator's world itself: `from mpi4py import MPI` gives the real module where this process
     # imported it before (the package's attribute is read before sys.modules), a one-rank MPI world.
     value = call_submission(exercise, code, path, world(), case["args"][rank], notes[rank])
@@ -186,7 +188,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
     notes = [Notes() for _ in range(n)]
     failure, results = None, None
     try:
-        with swapped(), _os_exit_raises():
+        with swapped(), _os_exit_raises(), own_generators():
             results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
         failure = describe_failure(exc, path, n, exercise.signature)
