@@ -77,6 +77,7 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
     word = verdict_word(verdict)
     lines.append(f"{word}: {_summary(verdict)} ({verdict.passed} of {verdict.cases} cases, "
                  f"{verdict.seconds:.1f} s)")
+    lines += verdict.notes
     lines += _output(verdict)
     return [fold_message(line) for line in "\n".join(lines).split("\n")]
 
@@ -100,12 +101,15 @@ def _detail(result: CaseResult) -> list:
 
 
 def csv_row(verdict: Verdict) -> tuple:
-    """One grade-book row: file, verdict, passed cases, cases, the first failure's one-line reason, seconds."""
+    """One grade-book row: file, verdict, passed cases, cases, the first failure's one-line reason (then the
+    source's notes), seconds."""
     failure = verdict.failure
     reason = "" if failure is None else failure.reason.replace("\n", " ")
     if failure is not None and failure.status == "wrong" and failure.detail:  # the exercise's explanation
         reason += ": " + " ".join(failure.detail.split())
     if verdict.status == "not-implemented":
         reason = "not yet implemented"
+    elif verdict.notes:  # (advice beside the reason: the verdict is the cases')
+        reason = "; ".join(([reason] if reason else []) + list(verdict.notes))
     return (os.path.basename(verdict.file), verdict_word(verdict), verdict.passed, verdict.cases, reason,
             f"{verdict.seconds:.2f}")

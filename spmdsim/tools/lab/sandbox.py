@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 from .exercise import Exercise
 from .harness import PASS, CaseResult
+from .source_notes import source_notes
 
 __all__ = ["Verdict", "Stopped", "check", "check_mpiexec"]
 
@@ -47,6 +48,7 @@ class Verdict:
     seconds: float = 0.0
     printed: int = 0  # the bytes its ranks printed, all cases together
     output: str = ""  # its first lines of them (OUTPUT_LINES)
+    notes: tuple = ()  # what its source says may change its grade from run to run (spmdsim.tools.lab.source_notes)
 
     @property
     def all_results(self) -> tuple:
@@ -191,7 +193,7 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
-                   seconds=time.monotonic() - began, printed=printed, output=output)
+                   seconds=time.monotonic() - began, printed=printed, output=output, notes=source_notes(path))
 
 
 def _printed(path: str) -> tuple:
@@ -245,4 +247,4 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
             if any(r.status == "not-implemented" for r in found):
                 break
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
-                   seconds=time.monotonic() - began)
+                   seconds=time.monotonic() - began, notes=source_notes(path))

@@ -1,0 +1,129 @@
+"""Notes on a submission's source, read once per check without running it: what may change its grade.
+
+A check runs each case once, so a submission whose result depends on an unseeded random draw or on
+the time of day can pass a case in one check and fail it in the next, its grade with it. Running
+every case twice would double a check's time and still miss most flips; the source says it at once.
+The notes are advice beside the verdict, never part of it: a right submission keeps its PASS.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from ...base.source import SourceDecodeError, decode_source
+
+__all__ = ["source_notes"]
+
+#: The most bytes of a submission read for its notes (a larger file gets none).
+MOST_BYTES = 1 << 20
+
+#: The calls that make a generator of their own, not draws from a module's global one.
+_GENERATORS = {"random.Random", "numpy.random.default_rng", "numpy.random.RandomState"}
+#: Module functions that neither draw nor make a generator (numpy.random's bit generators and their kin).
+_NOT_DRAWS = {"random.seed", "random.getstate", "random.setstate", "numpy.random.seed",
+              "numpy.random.get_state", "numpy.random.set_state", "numpy.random.Generator",
+              "numpy.random.SeedSequence", "numpy.random.BitGenerator", "numpy.random.PCG64",
+              "numpy.random.PCG64DXSM", "numpy.random.MT19937", "numpy.random.Philox", "numpy.random.SFC64"}
+#: The clocks whose reading, in a condition, makes a branch that the time of day decides.
+_CLOCKS = {"time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
+           "time.monotonic_ns", "time.process_time", "time.thread_time", "datetime.datetime.now",
+           "datetime.datetime.utcnow", "datetime.datetime.today"}
+
+
+def _imports(tree: ast.AST) -> dict:
+    """Each name the file imports -> the dotted name it stands for (`np` -> numpy, `randint` -> random.randint)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = alias.name
+                else:
+                    top = alias.name.partition(".")[0]
+                    names[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _dotted(node: ast.AST, names: dict) -> str:
+    """The dotted name an expression stands for (`np.random.rand` -> numpy.random.rand), or ""."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in names:
+        return ""
+    return ".".join([names[node.id], *reversed(parts)])
+
+
+def _seeded(tree: ast.AST, names: dict) -> set:
+    """The modules whose global generator the file seeds with a value (random.seed(0), np.random.seed(1))."""
+    seeded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (node.args or node.keywords):
+            name = _dotted(node.func, names)
+            if name in ("random.seed", "numpy.random.seed"):
+                seeded.add(name.rpartition(".")[0])
+    return seeded
+
+
+def _unseeded_draw(tree: ast.AST, names: dict) -> Optional[tuple]:
+    """(line, call) of the file's first draw from a generator no seed fixes: a module's global one never
+    seeded with a value, or a generator made without a seed (np.random.default_rng()); None if none."""
+    seeded = _seeded(tree, names)
+    draws = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _dotted(node.func, names)
+        module = name.rpartition(".")[0]
+        if name in _GENERATORS:
+            if not node.args and not any(k.arg in ("seed", "x") for k in node.keywords):
+                draws.append((node.lineno, f"{name}()"))
+        elif module in ("random", "numpy.random") and name not in _NOT_DRAWS and module not in seeded:
+            draws.append((node.lineno, name))
+    return min(draws) if draws else None
+
+
+def _clock_branch(tree: ast.AST, names: dict) -> Optional[tuple]:
+    """(line, clock) of the file's first condition (if, while, a conditional expression) that reads a clock."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            for inner in ast.walk(node.test):
+                if isinstance(inner, ast.Call) and _dotted(inner.func, names) in _CLOCKS:
+                    found.append((inner.lineno, _dotted(inner.func, names)))
+    return min(found) if found else None
+
+
+def _tree(path: str) -> Optional[ast.AST]:
+    """The submission's syntax tree, or None where it cannot be read or parsed (its check says why)."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read(MOST_BYTES + 1)
+        if len(source) > MOST_BYTES:
+            return None
+        return ast.parse(decode_source(source))
+    except (OSError, SyntaxError, ValueError, SourceDecodeError, RecursionError, MemoryError):
+        return None
+
+
+def source_notes(path: str) -> tuple:
+    """The notes on the submission at `path`, one line each: an unseeded random draw, a branch on a clock."""
+    tree = _tree(path)
+    if tree is None:
+        return ()
+    names = _imports(tree)
+    notes = []
+    draw = _unseeded_draw(tree, names)
+    if draw:
+        notes.append(f"note: line {draw[0]} draws from {draw[1]}, which no seed fixes: its result, and so its "
+                     f"grade, may change from run to run; draw from a generator of a fixed seed "
+                     f"(np.random.default_rng(0), random.Random(0)), or not at random")
+    clock = _clock_branch(tree, names)
+    if clock:
+        notes.append(f"note: line {clock[0]} branches on {clock[1]}(): what the submission does depends on how "
+                     f"fast it runs, and its grade may change from run to run")
+    return tuple(notes)
