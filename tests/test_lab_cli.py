@@ -187,10 +187,11 @@ def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fa
         (folder / name).write_bytes(data)
     (folder / "._right.py").write_bytes(b"\x00\x05\x16\x07")  # a zip's macOS companion file: hidden
     (folder / "notes.txt").write_text("not code")
+    (folder / "old.py").mkdir()  # a folder named like a submission: listed, not a FAIL row "Is a directory"
     book = tmp_path / "grades.csv"
     assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
     err = capsys.readouterr().err
-    assert "not graded (not a .py file, or hidden): ._right.py, notes.txt" in err
+    assert "not graded (not a .py file, or hidden): ._right.py, notes.txt, old.py/" in err
     assert "grading 5 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
     assert err.count(" of 5: ") == 5 and "0 of 5 submissions pass (" in err
     for row in csv.DictReader(book.open()):

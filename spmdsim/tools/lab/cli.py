@@ -198,13 +198,15 @@ def _grade(args: argparse.Namespace) -> int:
 
 def _submissions(folder: str) -> list:
     """The submissions of `folder` (its .py files, sorted; hidden ones, such as the ._name.py files a zip
-    made on macOS carries, left out), each file it leaves out named on stderr; refused in one line when
-    there is none."""
+    made on macOS carries, and folders left out), each entry it leaves out named on stderr (a folder with
+    its "/"); refused in one line when there is none."""
     if not os.path.isdir(folder):
         raise LabError(f"submission folder {folder!r} does not exist")
     names = sorted(os.listdir(folder))
-    files = [os.path.join(folder, f) for f in names if f.endswith(".py") and not f.startswith(".")]
-    skipped = [f for f in names if not (f.endswith(".py") and not f.startswith("."))]
+    graded = [f for f in names if f.endswith(".py") and not f.startswith(".")
+              and os.path.isfile(os.path.join(folder, f))]  # (a folder named x.py is no submission)
+    files = [os.path.join(folder, f) for f in graded]
+    skipped = [f + "/" if os.path.isdir(os.path.join(folder, f)) else f for f in names if f not in graded]
     if skipped:
         shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
         print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)
