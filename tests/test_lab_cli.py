@@ -132,11 +132,22 @@ def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
     (["lab", "list", "--exercises", "no_such_dir"], "exercise folder 'no_such_dir' does not exist"),
     (["lab", "check", "9", __file__, "--ranks", "3"], "--ranks 3: exercise 9 runs on 1, 2, 4, 8 ranks"),
     (["lab", "start", "1", __file__], f"{__file__!r} is a file; expected a folder to write the"),
+    (["lab", "start", "5", "/proc/spmdsim-lab"], "cannot make the folder '/proc/spmdsim-lab': No such file"),
 ])
 def test_bad_input_is_one_line_naming_the_value(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_a_start_the_system_refuses_is_one_line_and_leaves_no_half(tmp_path, capsys):
+    """A starter the folder refuses (a link left where it goes) is named, and the statement already written is
+    removed: a second start, once the folder is fixed, is not refused for a file that exists."""
+    (tmp_path / "ping_pong.py").symlink_to(tmp_path / "gone" / "ping_pong.py")
+    assert main(["lab", "start", "1", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"cannot write '{tmp_path / 'ping_pong.py'}': File exists; expected a folder you can write" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["ping_pong.py"]  # the link alone: no ping_pong.md
 
 
 def test_an_exercise_file_without_its_fields_is_named(tmp_path, capsys):

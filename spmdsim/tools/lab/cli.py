@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
@@ -79,22 +80,38 @@ def _start(args: argparse.Namespace) -> int:
     if os.path.exists(args.dir) and not os.path.isdir(args.dir):
         raise LabError(f"{args.dir!r} is a file; expected a folder to write the exercise into "
                        f"(spmdsim lab start {exercise.number} DIR)")
-    os.makedirs(args.dir, exist_ok=True)
     code = os.path.join(args.dir, f"{exercise.name}.py")
     text = os.path.join(args.dir, f"{exercise.name}.md")
     for path in (code, text):
         if os.path.exists(path):
             raise LabError(f"{path!r} exists: not overwritten (remove it, or give another folder: "
                            f"spmdsim lab start {exercise.number} DIR)")
-    with open(text, "w") as f:
-        f.write(f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n"
-                f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
-                f"{', '.join(map(str, exercise.ranks))} ranks.\n")
-    with open(code, "w") as f:
-        f.write(exercise.starter())
+    statement = (f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n"
+                 f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
+                 f"{', '.join(map(str, exercise.ranks))} ranks.\n")
+    _write_start(exercise.number, args.dir, ((text, statement), (code, exercise.starter())))
     print(f"wrote {text} (the statement) and {code} (the function to write)")
     print(f"check it with: spmdsim lab check {exercise.number} {code}")
     return 0
+
+
+def _write_start(number: int, folder: str, files: tuple) -> None:
+    """Make `folder` (and its parents) and write each (path, text) of `files` into it; where the system
+    refuses, remove what was written and raise LabError naming the path and why."""
+    written = []
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for path, content in files:
+            with open(path, "x") as f:
+                written.append(path)
+                f.write(content)
+    except OSError as exc:
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        what = f"write {exc.filename!r}" if exc.filename in dict(files) else f"make the folder {folder!r}"
+        raise LabError(f"cannot {what}: {exc.strerror or exc}; expected a folder you can write "
+                       f"(spmdsim lab start {number} DIR)") from None
 
 
 #: The longest --time-limit taken: a day (the child's CPU limit is a whole number of seconds).
