@@ -58,9 +58,35 @@ def test_the_source_notes_an_unseeded_draw_and_a_branch_on_a_clock(tmp_path, sou
         assert note.startswith(start), note
 
 
+WORLD = "note: line {line} uses MPI.COMM_WORLD, not the communicator double() is given ({comm}): the check gives it"
+
+#: source -> the line of its COMM_WORLD note and the communicator's name, or None: no note
+WORLDS = [
+    ("from mpi4py import MPI\ndef double(comm, x):\n    return 2 * x * MPI.COMM_WORLD.Get_size() ** 0\n", (3, "comm")),
+    ("from mpi4py import MPI\nworld = MPI.COMM_WORLD\ndef double(c, x):\n    return 2 * x\n", (2, "c")),
+    ("from mpi4py.MPI import COMM_WORLD as W\ndef double(comm, x):\n    W.Barrier()\n    return 2 * x\n",
+     (3, "comm")),
+    # the file's own test run, which a check never runs: no note
+    ("from mpi4py import MPI\ndef double(comm, x):\n    return 2 * x\nif __name__ == '__main__':\n"
+     "    print(double(MPI.COMM_WORLD, 1))\n", None),
+]
+
+
+@pytest.mark.parametrize("source, expected", WORLDS, ids=[str(i) for i in range(len(WORLDS))])
+def test_the_source_notes_mpi_comm_world_in_place_of_the_communicator_given(tmp_path, source, expected):
+    path = tmp_path / "sub.py"
+    path.write_text(source)
+    got = source_notes(str(path), "double")
+    if expected is None:
+        assert got == ()
+    else:
+        assert len(got) == 1 and got[0].startswith(WORLD.format(line=expected[0], comm=expected[1])), got
+        assert got[0].endswith(f"would get the world's ranks; use {expected[1]}"), got
+
+
 @pytest.mark.parametrize("exercise", load_exercises(), ids=lambda e: str(e.number))
 def test_no_exercises_own_solution_gets_a_note(exercise):
-    assert source_notes(exercise.path) == ()
+    assert source_notes(exercise.path, exercise.function) == ()
 
 
 def test_a_note_is_said_beside_the_verdict_in_a_check_and_a_grade_book(tmp_path, capsys, monkeypatch):

@@ -193,7 +193,8 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
-                   seconds=time.monotonic() - began, printed=printed, output=output, notes=source_notes(path))
+                   seconds=time.monotonic() - began, printed=printed, output=output,
+                   notes=source_notes(path, exercise.function))
 
 
 def _printed(path: str) -> tuple:
@@ -247,4 +248,4 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
             if any(r.status == "not-implemented" for r in found):
                 break
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
-                   seconds=time.monotonic() - began, notes=source_notes(path))
+                   seconds=time.monotonic() - began, notes=source_notes(path, exercise.function))

@@ -1,9 +1,12 @@
-"""Notes on a submission's source, read once per check without running it: what may change its grade.
+"""Notes on a submission's source, read once per check without running it: what may change its grade, and
+what passes here only because of how the check calls it.
 
 A check runs each case once, so a submission whose result depends on an unseeded random draw or on
 the time of day can pass a case in one check and fail it in the next, its grade with it. Running
 every case twice would double a check's time and still miss most flips; the source says it at once.
-The notes are advice beside the verdict, never part of it: a right submission keeps its PASS.
+A submission that uses MPI.COMM_WORLD where its function is given a communicator is right on the
+world a check gives it, and wrong on any other. The notes are advice beside the verdict, never part
+of it: a right submission keeps its PASS.
 """
 from __future__ import annotations
 
@@ -98,6 +101,36 @@ def _clock_branch(tree: ast.AST, names: dict) -> Optional[tuple]:
     return min(found) if found else None
 
 
+def _is_main_guard(node: ast.AST) -> bool:
+    """Whether `node` is ``if __name__ == "__main__":``, code a check never runs."""
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__" \
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+
+
+def _world_use(tree: ast.AST, names: dict) -> Optional[int]:
+    """The first line that names MPI.COMM_WORLD, outside ``if __name__ == "__main__":``; None if none."""
+    lines, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if _is_main_guard(node):
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Attribute, ast.Name)) and _dotted(node, names) == "mpi4py.MPI.COMM_WORLD":
+            lines.append(node.lineno)
+        todo.extend(ast.iter_child_nodes(node))
+    return min(lines) if lines else None
+
+
+def _parameter(tree: ast.AST, function: str) -> str:
+    """The name of the first parameter of the file's `function` (the communicator), "comm" if none."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            params = node.args.posonlyargs + node.args.args
+            return params[0].arg if params else "comm"
+    return "comm"
+
+
 def _tree(path: str) -> Optional[ast.AST]:
     """The submission's syntax tree, or None where it cannot be read or parsed (its check says why)."""
     try:
@@ -110,8 +143,9 @@ def _tree(path: str) -> Optional[ast.AST]:
         return None
 
 
-def source_notes(path: str) -> tuple:
-    """The notes on the submission at `path`, one line each: an unseeded random draw, a branch on a clock."""
+def source_notes(path: str, function: str = "") -> tuple:
+    """The notes on the submission at `path`, one line each: an unseeded random draw, a branch on a clock,
+    MPI.COMM_WORLD where the exercise's `function` is given its communicator."""
     tree = _tree(path)
     if tree is None:
         return ()
@@ -126,4 +160,10 @@ def source_notes(path: str) -> tuple:
     if clock:
         notes.append(f"note: line {clock[0]} branches on {clock[1]}(): what the submission does depends on how "
                      f"fast it runs, and its grade may change from run to run")
+    world = _world_use(tree, names)
+    if world and function:
+        comm = _parameter(tree, function)
+        notes.append(f"note: line {world} uses MPI.COMM_WORLD, not the communicator {function}() is given "
+                     f"({comm}): the check gives it the world, so the two are one here, but a caller that "
+                     f"gives it another (a part of comm.Split) would get the world's ranks; use {comm}")
     return tuple(notes)
