@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from spmdsim.tools.lab import load_exercises
-from spmdsim.tools.lab.calls import Notes, missing, violation
+from spmdsim.tools.lab.calls import ONE_SIDED, Notes, missing, violation
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
 from spmdsim.runtime.sim.landing import EAGER_BYTES
@@ -1174,6 +1174,15 @@ def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
     persistent = [Notes(calls=[("Allreduce_init", 4), ("Start", 5)])]  # a rule on a call holds for its _init
     assert violation(persistent, ("Allreduce",), None) == "line 4: comm.Allreduce_init is not allowed in this exercise"
     assert missing(persistent, ("Allreduce|allreduce",)) is None
+
+
+def test_a_windows_operation_is_a_communication_call_the_rules_name_as_the_windows():
+    """A Put passed an exercise that allows only Sendrecv; a forbidden one was said as comm.Put."""
+    notes = [Notes(calls=[("Fence", 7), ("Put", 8), ("Fence", 9)])]
+    assert violation(notes, (), ("Sendrecv",)) == (
+        "line 8: win.Put is not one of the calls this exercise allows (Sendrecv)")
+    assert violation(notes, tuple(ONE_SIDED), None) == "line 8: win.Put is not allowed in this exercise"
+    assert violation(notes, (), ("Sendrecv", "Put")) is None
 
 
 def test_calls_are_seen_after_a_program_set_a_fatal_error_handler(tmp_path, capsys):

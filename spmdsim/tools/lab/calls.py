@@ -19,7 +19,7 @@ from ...emulator import comm as _comm
 from ...emulator.handles import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Notes", "base_call", "watching", "violation", "missing", "too_many"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "watching", "violation", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -47,6 +47,8 @@ _ONE_SIDED = {"Put": ("origin",), "Rput": ("origin",), "Get": ("origin",), "Rget
               "Accumulate": ("origin",), "Raccumulate": ("origin",), "Get_accumulate": ("origin", "result"),
               "Rget_accumulate": ("origin", "result"), "Fetch_and_op": ("origin", "result"),
               "Compare_and_swap": ("origin", "result")}
+#: Every one-sided operation of a window (MPI.Win), a communication call as a send is.
+ONE_SIDED = frozenset(_ONE_SIDED)
 
 #: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
 #: under it), found from the modules themselves wherever the package puts them.
@@ -174,14 +176,16 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
 
 def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Optional[str]:
     """The first call in `notes` (one Notes per rank) that the rules forbid, with its line, or None: a
-    forbidden call, or a communication call (collective or point-to-point) outside `allowed`."""
+    forbidden call, or a communication call (collective, point-to-point or one-sided) outside `allowed`."""
     for note in notes:
         for name, line in note.calls:
             call = base_call(name)
+            said = f"win.{name}" if name in ONE_SIDED else f"comm.{name}"
             if name in forbidden or call in forbidden:
-                return f"line {line}: comm.{name} is not allowed in this exercise"
-            if allowed is not None and call not in allowed and (call in COLLECTIVES or call in POINT_TO_POINT):
-                return (f"line {line}: comm.{name} is not one of the calls this exercise allows "
+                return f"line {line}: {said} is not allowed in this exercise"
+            if allowed is not None and call not in allowed and (call in COLLECTIVES or call in POINT_TO_POINT
+                                                                or call in ONE_SIDED):
+                return (f"line {line}: {said} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
     return None
 
