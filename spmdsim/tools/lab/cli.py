@@ -178,8 +178,8 @@ def _grade(args: argparse.Namespace) -> int:
     files = _submissions(args.dir)  # (names what it leaves out: once the grade's options are known good)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
-    print(f"grading {len(files)} submissions of exercise {exercise.number}, {args.jobs} at a time, each stopped "
-          f"{limit:g} s after its first case starts", file=sys.stderr)
+    print(f"grading {len(files)} submission{'s' if len(files) != 1 else ''} of exercise {exercise.number}, "
+          f"{args.jobs} at a time, each stopped {limit:g} s after its first case starts", file=sys.stderr)
     cores = os.cpu_count() or 1
     if min(args.jobs, len(files)) > cores:  # the limit is wall time: checks sharing a core each get less
         print(f"note: --jobs {args.jobs} on {cores} core{'s' if cores != 1 else ''}: the checks share them, and a right but busy "
