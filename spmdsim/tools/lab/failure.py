@@ -105,9 +105,9 @@ _TRUTH_OPS = ("max", "min", "land", "lor", "lxor")
 
 
 def _object_op_hint(exc: BaseException, path: str) -> str:
-    """Where an object reduction of the submission's (comm.allreduce(x, op=MPI.MAX)) raised numpy's ambiguous
-    truth value, as mpi4py's does on arrays: that the op took whole arrays, and the buffer form that takes
-    each element; else ""."""
+    """Where an object reduction of the submission's (comm.allreduce of an array with op=MPI.MAX) raised
+    numpy's ambiguous truth value, as mpi4py's does on arrays: that the op took whole arrays, and the buffer
+    form that takes each element; else ""."""
     if not isinstance(exc, ValueError) or "truth value of an array" not in str(exc):
         return ""
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
