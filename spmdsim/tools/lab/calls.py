@@ -19,7 +19,8 @@ from ...emulator import comm as _comm
 from ...emulator.handles import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "watching", "violation", "missing", "too_many"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "watching", "violation", "missing",
+           "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",

@@ -182,8 +182,9 @@ def _grade(args: argparse.Namespace) -> int:
           f"{args.jobs} at a time, each stopped {limit:g} s after its first case starts", file=sys.stderr)
     cores = os.cpu_count() or 1
     if min(args.jobs, len(files)) > cores:  # the limit is wall time: checks sharing a core each get less
-        print(f"note: --jobs {args.jobs} on {cores} core{'s' if cores != 1 else ''}: the checks share them, and a right but busy "
-              f"submission may run out of its {limit:g} s (--jobs {cores} or fewer, or a longer --time-limit)",
+        print(f"note: --jobs {args.jobs} on {cores} core{'s' if cores != 1 else ''}: the checks share them, and a "
+              f"right but busy submission may run out of its {limit:g} s (--jobs {cores} or fewer, or a longer "
+              "--time-limit)",
               file=sys.stderr)
     began, done, stop = time.monotonic(), {}, threading.Event()  # done: path -> its grade-book row
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
