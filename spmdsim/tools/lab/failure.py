@@ -112,12 +112,13 @@ def _object_op_hint(exc: BaseException, path: str) -> str:
         return ""
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     mine = [i for i, frame in enumerate(frames) if frame.f_code.co_filename == path]
-    if not mine or mine[-1] + 1 >= len(frames):
+    # the emulator's reduction the submission called: the next frame, or one past the emulator's wrappers (a
+    # communicator's checked `call`, which a run that loaded mpi4py's own module leaves in between)
+    called = next((frame for frame in frames[mine[-1] + 1:mine[-1] + 4] if mine
+                   and frame.f_code.co_name in _OBJECT_REDUCTIONS and "op" in frame.f_locals), None)
+    if called is None:
         return ""
-    called = frames[mine[-1] + 1]
     call = called.f_code.co_name
-    if call not in _OBJECT_REDUCTIONS or "op" not in called.f_locals:
-        return ""
     try:
         name = op_of(called.f_locals["op"])[0]
     except Exception:  # noqa: BLE001 - an op the call itself refused
