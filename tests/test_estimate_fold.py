@@ -11,6 +11,9 @@ import subprocess
 import pytest
 
 from docs_commands import run_here
+from spmdsim.tools.cli.autoshard_common import gpt_config
+from spmdsim.tools.cli.autoshard_machine import estimate_command
+from spmdsim.tools.estimate.configs import Config
 
 MODEL = ("--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128", "--experts", "8",
          "--global-batch", "8", "--machine", "h100-dgx")
@@ -122,6 +125,51 @@ def test_the_search_holds_an_experts_tp_between_1_and_tp_with_fix():
     assert len(rows) == 4 and all(row[6] == "2" for row in rows), out  # the 4 priced: tp 4, etp 2
     text = " ".join(out.split())
     assert ", etp 2, " in text.split("chosen: ")[1].split(":")[0] and "--etp 2" in text
+    # as the search found it before --moe-cells searched every etp between 1 and tp: 90 configurations, 4 priced
+    assert "90 configurations in " in text and ("chosen: tp 4, pp 2, dp 1, ep 2, etp 2, 1 mb, none, ZeRO 0: 0.236 "
+                                                "ms, 3.5 MiB at its peak") in text
     code, out, err = run_here("main", argv + ["--fix", "etp=3"])
     assert code == 2 and " ".join(err.split()).endswith("--fix etp=3 leaves no configuration of the GPT on 8 devices "
                                                         "with --fix tp=4; etp can be 1, tp")
+
+
+GPT = "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=8,experts=8"
+CELLS = ["autoshard", "--network", "gpt", "--gpt", GPT, "--devices", "8", "--machine", "h100-dgx", "--fix", "tp=4",
+         "--fix", "pp=1", "--fix", "mb=1", "--fix", "recompute=none", "--fix", "zero=1", "--fix", "sp=1"]
+
+
+def _search(*argv: str) -> dict:
+    code, out, err = run_here("main", CELLS + list(argv) + ["--json"])
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_moe_cells_search_the_experts_tp_between_1_and_tp_priced_as_the_estimate_prices_it():
+    """`--moe-cells` beside tp 4 tries the experts at etp 2 too (the other half of tp folded into their ep: the
+    experts' ep 2 or 4, the mesh's 1 or 2), with etp 4 (split over tp) and etp 1 (whole): 9 configurations,
+    each priced by its dry run, one cell a mesh; each etp 2 one at the step time and peak of `spmdsim estimate
+    --tp 4 --ep N --etp 2`. `--fix etp=2` searches those 3 alone, at the same prices, choosing as it did before
+    (cp 2 ring at 0.270 ms, 18 small dry runs of cells). Without --moe-cells the note names both foldings."""
+    data = _search("--moe-cells")
+    found = {Config(**c["config"]): c for c in data["candidates"]}
+    assert {(c.experts_ep, c.experts_tp, c.dp, c.cp) for c in found} == {
+        (1, 4, 1, 2), (1, 4, 2, 1), (2, 4, 1, 1), (4, 1, 1, 2), (4, 1, 2, 1), (8, 1, 1, 1),
+        (2, 2, 1, 2), (2, 2, 2, 1), (4, 2, 1, 1)}
+    assert data["dry_runs"] == 9 and data["cell_runs"] == 9 * 6 and data.get("note") is None
+    cfg = gpt_config(GPT, sizes=False, moe=True)
+    halves = [c for c in found if c.etp == 2]
+    for c in halves:
+        command = estimate_command(cfg, c, "h100-dgx", "bf16-mixed", "megatron")
+        assert f" --ep {c.experts_ep} --etp 2 " in command and " --tp 4 " in command
+        code, out, err = run_here("main", command.split()[1:] + ["--json"])
+        assert code == 0, err
+        estimate = json.loads(out)
+        assert estimate["step_time_s"] == pytest.approx(found[c]["step_s"], rel=1e-12)
+        assert max(s["peak_bytes"] for s in estimate["stages"]) == found[c]["peak"]
+    held = _search("--moe-cells", "--fix", "etp=2")
+    assert {Config(**c["config"]): c["step_s"] for c in held["candidates"]} == {c: found[c]["step_s"] for c in halves}
+    chosen = Config(**held["chosen"]["config"])
+    assert (chosen.experts_ep, chosen.dp, chosen.cp, round(held["chosen"]["step_s"] * 1e3, 3)) == (2, 1, 2, 0.270)
+    assert held["cell_runs"] == 18 and " --ep 2 --etp 2 " in held["estimate_command"]
+    assert _search()["note"].startswith("not searched: the experts folded into ep, whole or in part (etp 1, 2); "
+                                        "--moe-cells or --fix etp=N adds them")

@@ -8,8 +8,8 @@ the chosen one, the runners-up and why each lost, each by its peak (transient bl
 `spmdsim estimate`'s verdict: what the memory limit bounds) (docs/howto/estimate.md). `--fix NAME=VALUE` (tp, pp, v,
 dp, ep, etp, cp, cp-method, mb, recompute, zero, sp) holds a degree and searches the rest; the table's cp column
 names each one's method by a letter (r ring, g allgather, a alltoall). With MoE layers its ep and etp columns are
-the experts' (as `spmdsim estimate --ep/--etp` take them): etp 1 beside tp above 1 is Megatron-Core's parallel
-folding, attention's tp ranks in the experts' ep (ep x etp x dp x pp = the devices).
+the experts' (as `spmdsim estimate --ep/--etp` take them): an etp below tp is Megatron-Core's parallel folding,
+tp / etp of attention's tp ranks in the experts' ep (ep x etp x dp x pp = the devices).
 """
 from __future__ import annotations
 
@@ -270,6 +270,7 @@ def _as_json(cfg: Any, r: Any, seconds: float) -> dict:
 
     return {"model": {k: getattr(cfg, k) for k in ("layers", "d_model", "heads", "seq", "vocab", "batch")},
             "devices": r.devices, "machine": r.machine, "memory_limit": r.memory_limit, "precision": r.precision,
-            "kept": r.kept, "dry_runs": r.dry_runs, "seconds": seconds, "stopped": r.stopped,
+            "kept": r.kept, "dry_runs": r.dry_runs, "cell_runs": r.cell_runs, "seconds": seconds,
+            "stopped": r.stopped,
             "chosen": None if r.chosen is None else asdict(r.chosen),
             "candidates": [asdict(c) for c in r.candidates]}

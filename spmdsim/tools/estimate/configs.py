@@ -2,10 +2,10 @@
 
 Each configuration sets tensor parallel tp, context parallel cp and its method (a dense GPT), pipeline
 stages pp and virtual stages v, data parallel dp, expert parallel ep and the experts' own tp (with MoE layers:
-split over attention's tp, or with tp above 1 folded into their ep, Megatron-Core's parallel folding,
-spmdsim.models.moe.fold), microbatches, recomputation, ZeRO (0 to 3) and sequence parallelism; the rules they
-obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`, `fixed_configurations` keeps the
-configurations that have those degrees.
+split over attention's tp, or with tp above 1 folded into their ep whole or over a divisor of tp,
+Megatron-Core's parallel folding, spmdsim.models.moe.fold), microbatches, recomputation, ZeRO (0 to 3) and
+sequence parallelism; the rules they obey: the search module's docstring. `parse_fixed` reads `--fix tp=8 ...`,
+`fixed_configurations` keeps the configurations that have those degrees.
 """
 from __future__ import annotations
 
@@ -102,12 +102,18 @@ def vocab_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
 
 
 def fold_note(cfg: Any, configs: Any) -> str:
-    """A line saying the experts folded into ep were left out of a search of `configs` (SearchResult.folded False)
-    where one of them could fold them (spmdsim.tools.estimate.search: the closed forms alone do not search them);
-    "" where none could."""
-    if cfg.moe is None or not any(_etps(cfg, c.tp, c.ep) != (0,) for c in configs):
+    """A line saying the experts folded into ep were left out of a search of `configs` (SearchResult.folded False),
+    whole (etp 1) or in part (an etp between 1 and tp), naming each etp one of them could take
+    (spmdsim.tools.estimate.search: the closed forms alone do not search them); "" where none could."""
+    if cfg.moe is None:
         return ""
-    return "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
+    etps = sorted({e for c in configs for e in _etps(cfg, c.tp, c.ep, between=True)} - {0})
+    if etps == [1]:
+        return "not searched: the experts folded into ep (etp 1); --moe-cells or --fix etp=1 adds them"
+    if not etps:
+        return ""
+    return (f"not searched: the experts folded into ep, whole or in part (etp {', '.join(map(str, etps))}); "
+            "--moe-cells or --fix etp=N adds them")
 
 
 def context_note(cfg: Any, configs: Any, devices: int, gpus_per_node: int) -> str:
@@ -140,12 +146,13 @@ SEARCHED_METHODS = ("ring",)
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None,
                    methods: tuple = METHODS, folded: bool = True, sharded: bool = False,
-                   etps: tuple = ()) -> list[Config]:
+                   etps: tuple = (), between: bool = False) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
     those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`); `methods`: the
     context-parallel attention methods tried (SEARCHED_METHODS in a search); `folded`: with the experts folded
     into their ep too (etp 1), beside split over tp, and at each experts' tp of `etps` (`--fix etp=N`) that
-    divides a tp above it; `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts sharded over dp, the rest
+    divides a tp above it; `between`: at every experts' tp that divides tp between 1 and tp too (the layer
+    cells' search, `--moe-cells`); `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts sharded over dp, the rest
     over dp x ep; a dense GPT's ZeRO-3 always)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
@@ -161,7 +168,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
-                for etp in _etps(cfg, tp, ep, etps) if folded else (0,):
+                for etp in _etps(cfg, tp, ep, etps, between) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,
                                                                  cp_method=method, etp=etp), sharded)
                 if len(out) > MAX_CONFIGS:
@@ -316,13 +323,14 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
     return configs
 
 
-def _etps(cfg: Any, tp: int, ep: int, etps: tuple = ()) -> tuple[int, ...]:
+def _etps(cfg: Any, tp: int, ep: int, etps: tuple = (), between: bool = False) -> tuple[int, ...]:
     """The experts' tp to try on a mesh of `tp` x `ep`: 0 (attention's), and with MoE layers and tp above 1 also
-    1 (folded: spmdsim.models.moe.fold) and each of `etps` below tp that divides it, where the experts' ep (ep x
-    tp / etp) divides the experts."""
+    1 (folded: spmdsim.models.moe.fold) and each of `etps` below tp that divides it (`between`: every divisor of
+    tp between 1 and tp), where the experts' ep (ep x tp / etp) divides the experts."""
     if cfg.moe is None or tp == 1:
         return (0,)
-    return (0,) + tuple(e for e in dict.fromkeys((1,) + tuple(etps)) if e < tp and not fold_problem(tp, e)
+    tried = (1,) + tuple(etps) + (tuple(_divisors(tp)[1:-1]) if between else ())
+    return (0,) + tuple(e for e in sorted(set(tried)) if e < tp and not fold_problem(tp, e)
                         and cfg.moe.experts % (ep * tp // e) == 0)
 
 

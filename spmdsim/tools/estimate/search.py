@@ -13,9 +13,10 @@ holds cp; dp = devices / (tp * cp * pp)), with each method of
 attention over the split (ring, allgather, alltoall: the all-to-all's heads divide by tp x cp), priced
 with the ring's messages hidden under its products as `spmdsim estimate` prices them. With MoE layers
 (cfg.moe) also the expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp *
-ep), the dense layers' batch split over dp x ep), and with tp > 1 the experts' own tp: attention's, or 1, attention's
-tp ranks folded into the experts' ep (Megatron-Core's parallel folding, spmdsim.models.moe.fold: the experts' ep
-is ep x tp, dividing the experts; with a capacity a microbatch tp's ranks share, dropless a sequence). Each is priced by the ledger of
+ep), the dense layers' batch split over dp x ep), and with tp > 1 the experts' own tp etp: attention's, or 1 or
+any divisor of tp between 1 and tp, the other tp / etp of attention's ranks folded into the experts' ep
+(Megatron-Core's parallel folding, spmdsim.models.moe.fold: the experts' ep is ep x tp / etp, dividing the experts;
+with a capacity a microbatch the tp / etp ranks share, dropless a sequence). Each is priced by the ledger of
 its own dry run (spmdsim.tools.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
 with ZeRO-2's gradients its backward holds beyond the slices and the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
 bounds it by the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes; and its predicted step time on the
@@ -86,7 +87,8 @@ class Candidate:
 @dataclass(frozen=True)
 class SearchResult:
     """What `search` found: the candidates, priced first (by time), then the others; the chosen or None;
-    `folded`: whether the experts folded into ep were searched (or `fixed` held the experts' tp either way);
+    `folded`: whether the experts folded into ep were searched, whole and over each etp between 1 and tp (or
+    `fixed` held the experts' tp either way);
     `sharded`: with MoE layers, whether ZeRO-3 was searched because no configuration of ZeRO 0 to 2 fit;
     `contexts`: whether context parallelism was searched (with MoE layers: with the layer cells, or `fixed` cp)."""
 
@@ -138,7 +140,9 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
     1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/howto/estimate.md).
     `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
-    The experts folded into their ep (etp 1) are searched where the layer cells bound them or `fixed` holds etp:
+    The experts folded into their ep (etp 1, and with the layer cells every etp dividing tp between 1 and tp,
+    each bounded by its own cells: a cell per mesh and etp, made when one of its configurations reaches the top
+    of the heap) are searched where the layer cells bound them or `fixed` holds etp (that etp alone):
     by the closed forms alone their bounds are the least (half the tokens a rank in each Alltoall) and take the
     dry runs from the configurations split over tp (DeepSpeed-MoE's 1.3B+MoE-128 on 128 A100s: 328.9 ms chosen
     among them where the split experts give 300.4 ms; docs/howto/choose-configuration.md). With MoE layers,
@@ -165,7 +169,7 @@ def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision
     bound_by_cells = cfg.moe is None or moe_cells or isinstance(cells, Cells)
     folded = bound_by_cells or "etp" in (fixed or {})
     contexts = bound_by_cells or "cp" in (fixed or {})
-    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded, sharded, contexts)
+    bounded, sums = _bounded(cfg, devices, machine, precision, fixed, folded, sharded, contexts, bound_by_cells)
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
@@ -196,9 +200,10 @@ def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
 
 
 def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool,
-             sharded: bool = True, contexts: bool = True) -> tuple[list, dict]:
-    """Every configuration `search` considers under its closed-form bounds (`folded`: the experts folded too), and
-    the seconds of each one's gradient sums within them (the layer cells' bound adds them)."""
+             sharded: bool = True, contexts: bool = True, between: bool = False) -> tuple[list, dict]:
+    """Every configuration `search` considers under its closed-form bounds (`folded`: the experts folded too;
+    `between`: at every experts' tp between 1 and tp too), and the seconds of each one's gradient sums within
+    them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
     if cfg.moe is None and "etp" in (fixed or {}):
@@ -210,10 +215,10 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     cp = (fixed or {}).get("cp") if contexts else 1
     etp = (fixed or {}).get("etp")
     etps = (etp,) if isinstance(etp, int) and etp > 1 else ()  # an experts' tp between 1 and tp: --fix etp=N
-    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded, etps)
+    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded, etps, between)
     if fixed and not every:  # every cp the search takes, for the line that names them
         every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded,
-                               sharded=sharded, etps=etps)
+                               sharded=sharded, etps=etps, between=between)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
