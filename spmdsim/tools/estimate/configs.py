@@ -152,8 +152,8 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
     context-parallel attention methods tried (SEARCHED_METHODS in a search); `folded`: with the experts folded
     into their ep too (etp 1), beside split over tp, and at each experts' tp of `etps` (`--fix etp=N`) that
     divides a tp above it; `between`: at every experts' tp that divides tp between 1 and tp too (the layer
-    cells' search, `--moe-cells`); `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts sharded over dp, the rest
-    over dp x ep; a dense GPT's ZeRO-3 always)."""
+    cells' search, `--moe-cells`); `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts sharded over dp,
+    the rest over dp x ep; a dense GPT's ZeRO-3 always)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
