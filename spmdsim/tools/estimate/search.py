@@ -137,8 +137,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     (tests);
     `cells`: bound by the layer cells too (spmdsim.tools.estimate.bounds), not by the closed forms alone; a
     `Cells` of the same model and kept set to reuse its cells (tests). With MoE layers the layer cells bound
-    the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
-    1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/howto/estimate.md).
+    the search only with `moe_cells` (six small dry runs a cell, one for every ep and etp too: on DeepSpeed-MoE's
+    1.3B+MoE-128 over 128 devices 5,436 small dry runs; docs/howto/choose-configuration.md).
     `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
     The experts folded into their ep (etp 1, and with the layer cells every etp dividing tp between 1 and tp,
     each bounded by its own cells: a cell per mesh and etp, made when one of its configurations reaches the top
