@@ -55,7 +55,7 @@ from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
 from spmdsim.models.moe import MoEConfig
-from spmdsim.models.moe.fold import fold_problem
+from spmdsim.models.moe.fold import fold_problem, folded_tp
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
@@ -147,7 +147,7 @@ def split(world):
         return None, f"--tp {tp} must divide the {world // (pp * cp)} ranks of a stage" if pp * cp > 1 else \
             f"--tp {tp} must divide the world size {world}"
     rest = world // (pp * cp) // tp
-    by = tp // args.etp if folded(args) else 1  # the tp ranks each folded experts' group takes into its ep
+    by = folded_tp(tp, args.etp or 0)  # the tp ranks each folded experts' group takes into its ep
     rest *= by  # the experts' groups: etp x ep x dp = the stage's ranks; the mesh's "ep" axis ep / by of them
     etp = args.etp if folded(args) else tp
     for name, given in (("ep", args.ep), ("dp", args.dp)):
@@ -176,7 +176,7 @@ def stage_mesh(dp, ep, tp):
 
 def folded(args):
     """Whether the experts fold attention's tp into their ep (--etp below --tp, dividing it: moe_problem)."""
-    return args.etp is not None and 0 < args.etp < args.tp and args.tp % args.etp == 0
+    return folded_tp(args.tp, args.etp or 0) > 1
 
 
 def folded_words(cfg, dp, ep, tp):

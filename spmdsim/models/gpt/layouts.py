@@ -43,7 +43,7 @@ from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
 from ..axes import EXPERT, EXPERT_TENSOR, TENSOR, tensor_entry
-from ..moe.fold import fold_of, fold_problem
+from ..moe.fold import fold_of, fold_problem, folded_tp
 from ...layouts.dialects.dtensor import placements_to_layout
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
@@ -63,8 +63,7 @@ def batch_split(dp: int, ep: int, by_tp: int = 1, etp: int = 1) -> str:
 def folded_by(cfg: GPTConfig, tp: int) -> int:
     """How many of attention's `tp` ranks `cfg`'s experts fold into their ep (spmdsim.models.moe.fold): tp / etp
     where their etp is below tp, else 1."""
-    etp = cfg.moe.etp if cfg.moe is not None else 0
-    return tp // etp if 0 < etp < tp and tp % etp == 0 else 1
+    return folded_tp(tp, cfg.expert_tp)
 
 
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:

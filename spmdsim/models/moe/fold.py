@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, Optional
 
 from ..axes import CONTEXT, DATA, EXPERT, EXPERT_TENSOR, TENSOR, tensor_axes
 
-__all__ = ["Fold", "fold_of", "fold_problem", "mesh_ep", "split_problem"]
+__all__ = ["Fold", "fold_of", "fold_problem", "folded_tp", "mesh_ep", "split_problem"]
 
 
 class Fold(NamedTuple):
@@ -102,6 +102,12 @@ def split_problem(names: tuple, sizes: dict, etp: int) -> Optional[str]:
                f"one mesh axis {TENSOR!r}")
             + f" (spmdsim.models.axes.model_layout); got the axes {names!r} of sizes "
             f"{tuple(sizes[a] for a in names)!r}")
+
+
+def folded_tp(tp: int, etp: int) -> int:
+    """How many of attention's `tp` ranks the experts of tp `etp` (0: tp) fold into their ep: tp / etp where etp
+    is below tp and divides it, else 1 (not folded)."""
+    return tp // etp if 0 < etp < tp and tp % etp == 0 else 1
 
 
 def mesh_ep(ep: int, tp: int, etp: int) -> int:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import SpmdsimError
+from ...models.gpt.layouts import folded_by
 from ...models.gpt.memory import MASKS
 from ...models.gpt.params import is_expert, param_specs
 from ...models.gpt.stages import chunk_parts
@@ -154,7 +155,7 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
     each run's sequence split over cp as the configuration's; `etp`: the experts' (below tp: folded, `model_of`)."""
     cp, method = context
     cfg = model_of(cfg, etp)
-    by = tp // etp if 0 < etp < tp and cfg.moe is not None else 1  # folded: the tp ranks in the experts' ep
+    by = folded_by(cfg, tp)  # folded: the tp ranks in the experts' ep
     every = cfg.moe.every if cfg.moe is not None else 1
     mixed = every > 1  # dense and MoE layers
     sizes = (2 * every - 2, 2 * every, 2 * every + 2) if mixed else (2, 4)
