@@ -15,6 +15,7 @@ import sys
 import threading
 
 from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
+from ...base.validate import counted
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, LabError, find_exercise, load_exercises
 
@@ -178,11 +179,11 @@ def _grade(args: argparse.Namespace) -> int:
     files = _submissions(args.dir)  # (names what it leaves out: once the grade's options are known good)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
-    print(f"grading {len(files)} submission{'s' if len(files) != 1 else ''} of exercise {exercise.number}, "
+    print(f"grading {counted(len(files), 'submission')} of exercise {exercise.number}, "
           f"{args.jobs} at a time, each stopped {limit:g} s after its first case starts", file=sys.stderr)
     cores = os.cpu_count() or 1
     if min(args.jobs, len(files)) > cores:  # the limit is wall time: checks sharing a core each get less
-        print(f"note: --jobs {args.jobs} on {cores} core{'s' if cores != 1 else ''}: the checks share them, and a "
+        print(f"note: --jobs {args.jobs} on {counted(cores, 'core')}: the checks share them, and a "
               f"right but busy submission may run out of its {limit:g} s (--jobs {cores} or fewer, or a longer "
               "--time-limit)",
               file=sys.stderr)

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
+from ...base.validate import counted
 from .exercise import Exercise
 from .harness import PASS, CaseResult
 from .source_notes import source_notes
@@ -98,7 +99,7 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
                                      "threads): join the threads you start")
     elif timed_out and cases and seconds >= limit / 2:  # a slow solution, its cases right so far
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}, a limit for all cases "
-                                     f"together: the {cases} case{'s' if cases != 1 else ''} before it took "
+                                     f"together: the {counted(cases, 'case')} before it took "
                                      f"{seconds:.1f} s of it: too slow, or an endless loop in this case")
     elif timed_out and printed >= LOUD:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where} while printing "
