@@ -115,7 +115,8 @@ WRONG = [
                 comm.Send(x, dest=0)
                 return x
         """),
-    (1, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 2 waits in recv", "(rank 0 finished) at line 8"], """
+    (1, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 2 waits in recv",
+                           "(rank 0 finished; no rank sends to rank 2) at line 8"], """
         import numpy as np
         def ping_pong(comm, x):
             if comm.Get_rank() == 0:

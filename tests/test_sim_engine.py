@@ -11,7 +11,9 @@ import spmdsim
 from spmdsim.errors import RuntimeMismatchError, ShapeError
 from spmdsim.runtime.sim import DeadlockError, IN_PLACE, Request, SimComm, simulate, world
 from spmdsim.runtime.sim.orders import allreduce_tree
+from spmdsim.runtime.sim.landing import sends_wait
 from spmdsim.runtime.sim.report import unfold
+from spmdsim.runtime.sim.unmatched import MISMATCH
 
 SIZES = (1, 2, 3, 4, 8)
 
@@ -219,6 +221,92 @@ def test_eager_limit_sets_which_sends_are_buffered_and_0_buffers_none():
         with pytest.raises(spmdsim.SpmdsimError, match=r"^simulate: eager_limit .* must be a number of bytes, 0 or "
                                                        r"more$"):
             simulate(2, body, eager_limit=bad)
+
+
+def _tag_mismatch():
+    comm = world()
+    if comm.rank == 0:
+        comm.Send(np.zeros(4), dest=1, tag=1)
+    else:
+        comm.Recv(np.zeros(4), source=0, tag=2)
+
+
+def _source_mismatch():
+    comm = world()
+    if comm.rank == 0:
+        comm.Send(np.zeros(4), dest=1)
+    elif comm.rank == 1:
+        comm.Recv(np.zeros(4), source=2)
+
+
+def _communicator_mismatch():
+    comm = world()
+    dup = comm.Dup()
+    if comm.rank == 0:
+        dup.Send(np.zeros(4), dest=1)
+    else:
+        comm.Recv(np.zeros(4), source=0)
+
+
+def _both_receive_first():
+    comm = world()
+    comm.Recv(np.zeros(4), source=1 - comm.rank)
+    comm.Send(np.zeros(4), dest=1 - comm.rank)
+
+
+def _never_sent():
+    if world().rank == 1:
+        world().Recv(np.zeros(4), source=0)
+
+
+def _sendrecv_tags():
+    comm = world()
+    comm.Sendrecv(np.zeros(4), dest=1 - comm.rank, sendtag=1, recvbuf=np.zeros(4), source=1 - comm.rank, recvtag=2)
+
+
+def _sends_first():
+    comm = world()
+    comm.Send(np.zeros(4), dest=1 - comm.rank)
+    comm.Recv(np.zeros(4), source=1 - comm.rank)
+
+
+MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: no mismatch hint, but the buffering one)
+    (_tag_mismatch, 2, None, "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0 finished; rank "
+                             "0's send to rank 1 has tag 1, not 2: no message matches; at "),
+    (_tag_mismatch, 2, 0, "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0's send to rank 1 "
+                          "has tag 1, not 2: no message matches; at "),
+    (_source_mismatch, 3, None, "recv from group rank 2 (any tag) on the world: rank 1 waits in it; rank 2 finished; the "
+                                "message pending for rank 1 is from rank 0 (tag 0), not from rank 2: no message "
+                                "matches; at "),
+    (_communicator_mismatch, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 "
+                                      "finished; rank 0's send to rank 1 (tag 0) is on a Dup of the world, not the "
+                                      "world: no message matches; at "),
+    (_sendrecv_tags, 2, 0, "send to group rank 1 (tag 1) on the world: rank 0 waits in it; rank 1's receive from rank "
+                           "0 has tag 2, not 1: no message matches; at "),
+    (_both_receive_first, 2, None, "recv from group rank 1 (any tag) on the world: rank 0 waits in it; no rank sends to "
+                                   "rank 0; at "),
+    (_never_sent, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 finished; no rank "
+                           "sends to rank 1; at "),
+    (_sends_first, 2, 0, "send to group rank 1 (tag 0) on the world: rank 0 waits in it; a message of 32 bytes; at "),
+]
+
+
+@pytest.mark.parametrize("body, ranks, limit, said", MISMATCHES,
+                         ids=[f"{m[0].__name__[1:]}-{'mpich' if m[2] is None else 'unbuffered'}" for m in MISMATCHES])
+def test_a_deadlock_of_messages_that_do_not_match_names_what_differs(body, ranks, limit, said):
+    """A receive that waits names the sends pending for its rank and what differs from what it takes (tag, source,
+    communicator), or that no rank sends to it, and the report advises checking them, not MPI buffering (which
+    helps none of them); Sends that wait for receives posted later keep the buffering advice."""
+    with pytest.raises(DeadlockError) as info:
+        simulate(ranks, body, **({} if limit is None else {"eager_limit": limit}))
+    text = unfold(str(info.value))
+    assert said in text, text
+    if "no message matches" in said:
+        assert text.endswith(" | " + MISMATCH) and "buffering" not in text, text
+    elif "a message of" in said:  # the genuine case: today's advice, and no mismatch
+        assert text.endswith(" | " + sends_wait(0)) and "no message matches" not in text, text
+    else:
+        assert " | a " not in text and "no message matches" not in text, text
 
 
 def test_skipped_collective_names_who_waits_and_who_finished():

@@ -4,7 +4,8 @@ Read with the world lock held, once, when a World finds that no rank can go on
 (spmdsim.runtime.sim.engine). A rank's program line is the innermost frame of its
 thread outside spmdsim (``prog.py:13``), read from the waiting threads' frames;
 a point-to-point request adds what it knows (Request.why_stuck: the peer that
-finished, messages a receive does not take, sends that wait for each other).
+finished, the messages that do not match a receive and why, or that no rank sends to it,
+sends that wait for each other), and its advice once, after the calls.
 """
 from __future__ import annotations
 
@@ -40,14 +41,16 @@ def explain(world: Any, polling: Optional[tuple] = None,
     clauses, hints, rest = [], [], []
     if polling is not None:
         key, token, why, call = polling
-        more, _ = token.why_stuck(world)
+        more, hint = token.why_stuck(world)
+        hints += [hint] if hint else []
         why = why or "and no rank left can complete it"
         clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: {_threads_text(world, [key])} polls "
                        f"it ({call}), {why}{more}{program_lines(world, [key])}")
         if why == "while every other live rank waits or polls in vain":  # every poller, each on its own line
             for other, request, how in world.idle_polls():
                 if other != key:
-                    more, _ = request.why_stuck(world)
+                    more, hint = request.why_stuck(world)
+                    hints += [hint] if hint and hint not in hints else []
                     clauses.append(f"{_Waiting(request._what(), request.group, None).text()}: "
                                    f"{_threads_text(world, [other])} polls it ({how}) in vain{more}"
                                    f"{program_lines(world, [other])}")

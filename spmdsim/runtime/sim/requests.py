@@ -17,6 +17,7 @@ from .groups import Group
 from .waiting import _Waiting, ranks_text
 from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name, sends_wait
 from .report import whereabouts
+from .unmatched import recv_unmatched, send_unmatched
 from .request_sets import ManyRequests, Polled, _empty, fill_status
 from ..._lazy import numpy_on_first_use
 
@@ -127,7 +128,8 @@ class Request(ManyRequests):
     def why_stuck(self, world: Any) -> tuple[str, str]:
         """For a deadlock report (world lock held): what more to say of this waiting request, and a
         hint for the whole report ('' for none). Names the peer when it waits in nothing (finished,
-        exited), the messages a waiting receive does not take, and sends waiting for each other."""
+        exited), the messages that do not match a waiting receive or send (spmdsim.runtime.sim.unmatched), and
+        sends waiting for each other (which MPI's buffering would let complete)."""
         shown = self._shown()
         if shown is not self:
             return shown.why_stuck(world)
@@ -145,12 +147,12 @@ class Request(ManyRequests):
             others = [m for i, m in enumerate(group.members) if i != self.me]
             if others and all(m in world.finished for m in others):
                 more += f"; {ranks_text(others)} finished"
-        if self.kind != "send":
-            pending = [s for s in group.sends if s.peer == self.me]
-            for s in pending[:3]:
-                more += f"; {rank_name(group, self.me)} has an unreceived message from {rank_name(group, s.me)} " \
-                        f"(tag {s.tag})"
-            return more, hint
+        if self.kind != "send":  # the messages pending for it (it takes none of them), or that none is
+            said, hint = recv_unmatched(world, self)
+            return more + said, hint
+        said, hint = send_unmatched(world, self)  # its destination waits in a receive that does not take it
+        if said:
+            return more + said, hint
         peer_sends = peer_waits is not None and getattr(peer_waits.token, "kind", None) == "send"
         if peer_sends and self.payload is not None:
             if self.mode == "synchronous":
