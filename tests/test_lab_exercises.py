@@ -10,6 +10,7 @@ from spmdsim.tools.lab.calls import ONE_SIDED, Notes, missing, violation
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
 from spmdsim.runtime.sim.landing import EAGER_BYTES
+from spmdsim.runtime.sim.unmatched import MISMATCH
 
 EXERCISES = load_exercises()
 
@@ -1062,6 +1063,66 @@ def test_a_halo_exchange_relying_on_buffered_sends_passes_only_where_mpi_buffers
     assert run_case(exercise, str(path), 4, 1, eager_limit=EAGER_BYTES).passed
     result = run_case(exercise, str(path), 4, 1)
     assert result.status == "deadlock" and "MPI buffering its standard Sends" in result.detail, result
+
+
+#: A ring pass whose calls (from line 5) are the case's.
+RING_PASS = ("import numpy as np\ndef ring_pass(comm, x):\n    n, r = comm.Get_size(), comm.Get_rank()\n"
+             "    out = np.empty_like(x)\n{}\n    return out\n")
+# (what the ring pass does wrong, its calls, ranks, what the one-line reason says; None: the buffering advice)
+UNMATCHED = [
+    ("tags differ", """
+        if r % 2 == 0:
+            comm.Send(x, dest=(r + 1) % n, tag=1)
+            comm.Recv(out, source=(r - 1) % n, tag=2)
+        else:
+            comm.Recv(out, source=(r - 1) % n, tag=2)
+            comm.Send(x, dest=(r + 1) % n, tag=1)""", 2,
+     "deadlock at 2 ranks: rank 1 waits in recv from group rank 0 (tag 2) on the world (rank 0's send to rank 1 has "
+     "tag 1, not 2: no message matches) at line 9"),
+    ("sources differ", """
+        if r % 2 == 0:
+            comm.Send(x, dest=(r + 1) % n)
+            comm.Recv(out, source=(r - 1) % n)
+        else:
+            comm.Recv(out, source=(r + 1) % n)
+            comm.Send(x, dest=(r + 1) % n)""", 4,
+     "deadlock at 4 ranks: rank 1 waits in recv from group rank 2 (any tag) on the world (the message pending for "
+     "rank 1 is from rank 0 (tag 0), not from rank 2: no message matches) at line 9"),
+    ("Sendrecv tags differ", """
+        comm.Sendrecv(x, dest=(r + 1) % n, sendtag=1, recvbuf=out, source=(r - 1) % n, recvtag=2)""", 2,
+     "deadlock at 2 ranks: rank 0 waits in send to group rank 1 (tag 1) on the world (rank 1's receive from rank 0 "
+     "has tag 2, not 1: no message matches) at line 5"),
+    ("every rank receives first", """
+        comm.Recv(out, source=(r - 1) % n)
+        comm.Send(x, dest=(r + 1) % n)""", 2,
+     "deadlock at 2 ranks: rank 0 waits in recv from group rank 1 (any tag) on the world (no rank sends to rank 0) "
+     "at line 5"),
+    ("every rank sends first", """
+        comm.Send(x, dest=(r + 1) % n)
+        comm.Recv(out, source=(r - 1) % n)""", 2, None),
+]
+
+
+@pytest.mark.parametrize("what, calls, ranks, reason", UNMATCHED, ids=[u[0] for u in UNMATCHED])
+def test_a_deadlock_of_messages_that_do_not_match_is_said_so_not_blamed_on_buffering(tmp_path, what, calls, ranks,
+                                                                                      reason):
+    """The grader buffers no Send, and its feedback told a submission whose tags or sources differ (a Sendrecv
+    among them) to stop relying on MPI buffering and use Sendrecv. Its reason is now the line of the call whose
+    messages do not match, and the advice is to check them; Sends that wait for receives posted later keep the
+    buffering advice."""
+    path = tmp_path / "ring_pass.py"
+    path.write_text(RING_PASS.format(textwrap.indent(textwrap.dedent(calls).strip("\n"), " " * 4)))
+    result = run_case(find_exercise(2), str(path), ranks, 0)
+    text = f"{result.reason}\n{result.detail}"
+    assert result.status == "deadlock", text
+    if reason is None:
+        assert "relies on MPI buffering its standard Sends" in text and "no message matches" not in text, text
+        return
+    assert result.reason == reason, text
+    if "no message matches" in reason:
+        assert MISMATCH in result.detail and "buffering" not in text, text
+    else:
+        assert MISMATCH not in result.detail and "buffering" not in text, text
 
 
 def test_every_exercise_has_at_least_three_wrong_solutions_with_their_messages():

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ...errors import RuntimeMismatchError
 from ...runtime.sim.bodies import op_of
+from ...runtime.sim.unmatched import NO_MATCH
 from .calls import COLLECTIVES, POINT_TO_POINT
 
 __all__ = ["Exited", "MissingFunction", "FILE_BYTES", "at_line", "ranks_text", "describe_failure"]
@@ -149,7 +150,9 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
     if isinstance(exc, RuntimeMismatchError):
         text = _deadlock_text(str(exc), path)
         head, _, rest = text.partition("\n")
-        first = rest.strip().splitlines()[0] if rest.strip() else ""
+        calls = [call.strip() for call in rest.strip().splitlines()]
+        # the first call whose messages do not match (its tags, sources: the mistake), else the first
+        first = next((call for call in calls if NO_MATCH in call), calls[0] if calls else "")
         status = "deadlock" if "deadlock" in head else "mismatch"
         return status, f"{status} at {ranks_text(n)}: {first or head}", text
     if getattr(exc, "abort_code", None) is not None:  # comm.Abort(code): MPI ends the job
