@@ -117,7 +117,7 @@ WRONG = [
                 return x
         """),
     (1, 3, 0, "deadlock", ["deadlock at 3 ranks", "rank 2 waits in recv",
-                           "(rank 0 finished; no rank sends to rank 2) at line 8"], """
+                           "(rank 0 finished; no rank has sent to rank 2) at line 8"], """
         import numpy as np
         def ping_pong(comm, x):
             if comm.Get_rank() == 0:
@@ -1095,7 +1095,7 @@ UNMATCHED = [
     ("every rank receives first", """
         comm.Recv(out, source=(r - 1) % n)
         comm.Send(x, dest=(r + 1) % n)""", 2,
-     "deadlock at 2 ranks: rank 0 waits in recv from group rank 1 (any tag) on the world (no rank sends to rank 0) "
+     "deadlock at 2 ranks: rank 0 waits in recv from group rank 1 (any tag) on the world (no rank has sent to rank 0) "
      "at line 5"),
     ("every rank sends first", """
         comm.Send(x, dest=(r + 1) % n)

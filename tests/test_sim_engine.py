@@ -283,7 +283,7 @@ MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: n
                                       "world: no message matches; at "),
     (_sendrecv_tags, 2, 0, "send to group rank 1 (tag 1) on the world: rank 0 waits in it; rank 1's receive from rank "
                            "0 has tag 2, not 1: no message matches; at "),
-    (_both_receive_first, 2, None, "recv from group rank 1 (any tag) on the world: rank 0 waits in it; no rank sends to "
+    (_both_receive_first, 2, None, "recv from group rank 1 (any tag) on the world: rank 0 waits in it; no rank has sent to "
                                    "rank 0; at "),
     (_never_sent, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 finished; no rank "
                            "sends to rank 1; at "),
@@ -295,7 +295,7 @@ MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: n
                          ids=[f"{m[0].__name__[1:]}-{'mpich' if m[2] is None else 'unbuffered'}" for m in MISMATCHES])
 def test_a_deadlock_of_messages_that_do_not_match_names_what_differs(body, ranks, limit, said):
     """A receive that waits names the sends pending for its rank and what differs from what it takes (tag, source,
-    communicator), or that no rank sends to it, and the report advises checking them, not MPI buffering (which
+    communicator), or that no rank has sent to it, and the report advises checking them, not MPI buffering (which
     helps none of them); Sends that wait for receives posted later keep the buffering advice."""
     with pytest.raises(DeadlockError) as info:
         simulate(ranks, body, **({} if limit is None else {"eager_limit": limit}))

@@ -140,10 +140,10 @@ WRONG = [
      "a standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: post the "
      "receive first on one side, or use Sendrecv or Isend/Irecv"),
     ("missing_send.py", [], 1, DEADLOCK +
-     "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1 finished; no rank sends to rank 0; at "
+     "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1 finished; no rank has sent to rank 0; at "
      "missing_send.py:6"),
     ("one_recv_too_many.py", [], 1, DEADLOCK +
-     "recv from any rank (any tag) on the world: rank 0 waits in it; ranks 1-3 finished; no rank sends to rank 0; at "
+     "recv from any rank (any tag) on the world: rank 0 waits in it; ranks 1-3 finished; no rank has sent to rank 0; at "
      "one_recv_too_many.py:6"),
     ("wrong_tag.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1's send to rank 0 has tag 4, not 3: no "
@@ -165,19 +165,19 @@ WRONG = [
     ("test_loop_two.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other live rank waits; no "
      "rank sends to rank 0; at test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
-     "rank 0 polls (Test) in vain; no rank sends to rank 1; at test_loop_two.py:11"),
+     "rank 0 polls (Test) in vain; no rank has sent to rank 1; at test_loop_two.py:11"),
     ("iprobe_loop_blocked.py", [], 1, DEADLOCK +
      "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other live rank waits; no "
      "rank sends to rank 0; at iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
-     "in it; rank 0 polls (Iprobe) in vain; no rank sends to rank 1; at iprobe_loop_blocked.py:9"),
+     "in it; rank 0 polls (Iprobe) in vain; no rank has sent to rank 1; at iprobe_loop_blocked.py:9"),
     ("testany_loop_blocked.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other live rank waits; no "
      "rank sends to rank 0; at testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
-     "in it; rank 0 polls (Testany) in vain; no rank sends to rank 1; at testany_loop_blocked.py:12"),
+     "in it; rank 0 polls (Testany) in vain; no rank has sent to rank 1; at testany_loop_blocked.py:12"),
     ("win_test_loop.py", [], 1, DEADLOCK +
      "a window's exposure epoch (the Complete of rank 1) on the world: rank 0 polls it (Win.Test), while every other "
      "live rank waits; at win_test_loop.py:12 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
-     "rank 0 polls (Win.Test) in vain; no rank sends to rank 1; at win_test_loop.py:15"),
+     "rank 0 polls (Win.Test) in vain; no rank has sent to rank 1; at win_test_loop.py:15"),
     ("win_test_loop.py", ["finished"], 1, DEADLOCK +
      "a window's exposure epoch (the Complete of rank 1) on the world: rank 0 polls it (Win.Test), and no rank left "
      "can complete it; rank 1 finished; at win_test_loop.py:12"),
@@ -190,7 +190,7 @@ WRONG = [
      "a window's memory on the world: rank 0 polls it (Win.Unlock), while every other live rank waits or polls in "
      "vain; at win_poll_loop.py:20 | " + " | ".join(
          f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Win.Unlock) in vain; "
-         f"no rank sends to rank {r}; at win_poll_loop.py:22" for r in (1, 2, 3))),
+         f"no rank has sent to rank {r}; at win_poll_loop.py:22" for r in (1, 2, 3))),
     ("tag_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: an integer is required: send "
                              "tag is 'x'"),
     ("tag_negative.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TAG}: receive tag "
@@ -230,8 +230,8 @@ def test_a_report_of_a_poll_in_vain_names_the_call_polled(call, line, capsys, mo
     kind = "probe" if "probe" in call.lower() else "recv"
     assert (code, unfold(err)) == (1, DEADLOCK + (
         f"{kind} from group rank 1 (tag 9) on the world: rank 0 polls it ({call}), while every other live rank waits; "
-        f"no rank sends to rank 0; at poll_loop_blocked.py:{line} | recv from group rank 0 (tag 5) on the world: "
-        f"rank 1 waits in it; rank 0 polls ({call}) in vain; no rank sends to rank 1; at poll_loop_blocked.py:19\n"))
+        f"no rank has sent to rank 0; at poll_loop_blocked.py:{line} | recv from group rank 0 (tag 5) on the world: "
+        f"rank 1 waits in it; rank 0 polls ({call}) in vain; no rank has sent to rank 1; at poll_loop_blocked.py:19\n"))
 
 
 @pytest.mark.parametrize("name, args, code, first", WRONG, ids=[" ".join([w[0], *w[1]]) for w in WRONG])
@@ -313,10 +313,10 @@ UNMATCHED = [
          f"send to group rank {1 - r} (tag 1) on the world: rank {r} waits in it; rank {1 - r}'s receive from rank "
          f"{r} has tag 2, not 1: no message matches; at <string>:5 | " for r in (0, 1)) + MISMATCH),
     ("nobody sends", "comm.Recv(a, source=1 - comm.rank)\ncomm.Send(a, dest=1 - comm.rank)\n", 2, [], " | ".join(
-        f"recv from group rank {1 - r} (any tag) on the world: rank {r} waits in it; no rank sends to rank {r}; at "
+        f"recv from group rank {1 - r} (any tag) on the world: rank {r} waits in it; no rank has sent to rank {r}; at "
         "<string>:5" for r in (0, 1))),
     ("never sent", "if comm.rank == 1:\n    comm.Recv(a, source=0, tag=3)\n", 2, [], "recv from group rank 0 (tag 3) "
-     "on the world: rank 1 waits in it; rank 0 finished; no rank sends to rank 1; at <string>:6"),
+     "on the world: rank 1 waits in it; rank 0 finished; no rank has sent to rank 1; at <string>:6"),
     ("buffering", "comm.Send(a, dest=1 - comm.rank)\ncomm.Recv(a, source=1 - comm.rank)\n", 2, ["--eager-limit", "0"],
      "".join(f"send to group rank {1 - r} (tag 0) on the world: rank {r} waits in it; a message of 32 bytes; at "
              "<string>:5 | " for r in (0, 1)) + sends_wait(0)),
@@ -328,7 +328,7 @@ UNMATCHED = [
 def test_a_deadlock_of_messages_that_do_not_match_says_what_differs(what, lines, n, options, said, capsys):
     # The report advised "post the receive first on one side, or use Sendrecv or Isend/Irecv" to a Sendrecv whose
     # tags differ, and said "rank 1 has an unreceived message from rank 0 (tag 1)" of a Recv of tag 2: each waiting
-    # rank's line now says what differs (tag, source, communicator) or that no rank sends to it, and the advice is
+    # rank's line now says what differs (tag, source, communicator) or that no rank has sent to it, and the advice is
     # to check those; only Sends that wait for receives posted later keep the advice on MPI's buffering.
     code = main(["mpirun", "-n", str(n), *options, "python", "-c", _P2P + lines])
     out, err = capsys.readouterr()
@@ -477,7 +477,7 @@ def test_a_report_names_a_peer_by_its_rank_in_the_communicator_and_in_the_world(
                                            "if comm.rank == 3:\n    sub.Recv(np.empty(1), source=0, tag=7)")
     assert code == 1 and unfold(err) == (
         DEADLOCK + "recv from group rank 0 (world rank 2; tag 7) on the group of ranks 2,3: rank 3 waits in it; rank 2 "
-                   "finished; no rank sends to group rank 1 (world rank 3); at <string>:6\n")
+                   "finished; no rank has sent to group rank 1 (world rank 3); at <string>:6\n")
     code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "sub = comm.Create_group(comm.group.Incl([3, 1])) if comm.rank in (1, 3) "
                                            "else None\nif comm.rank == 3:\n"
@@ -498,14 +498,14 @@ def test_a_poll_of_a_persistent_request_is_the_polling_ranks(capsys, monkeypatch
                                            "elif comm.rank == 2:\n    comm.Recv(np.empty(1), 0, 1)")
     assert code == 1 and unfold(err) == (
         DEADLOCK + "recv from group rank 2 (tag 1) on the world: rank 3 polls it (Test), while every other live rank "
-                   "waits; no rank sends to rank 3; at <string>:7 | recv from group rank 0 (tag 1) on the world: "
-                   "rank 2 waits in it; rank 0 finished; no rank sends to rank 2; at <string>:10\n")
+                   "waits; no rank has sent to rank 3; at <string>:7 | recv from group rank 0 (tag 1) on the world: "
+                   "rank 2 waits in it; rank 0 finished; no rank has sent to rank 2; at <string>:10\n")
     code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "if comm.rank == 1:\n    r = MPI.Request(comm.Irecv(np.empty(1), 3, 1))\n"
                                            "    while not r.Test():\n        pass")
     assert code == 1 and unfold(err) == (
         DEADLOCK + "recv from group rank 3 (tag 1) on the world: rank 1 polls it (Test), and no rank left can "
-                   "complete it; rank 3 finished; no rank sends to rank 1; at <string>:6\n")
+                   "complete it; rank 3 finished; no rank has sent to rank 1; at <string>:6\n")
 
 
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys, monkeypatch):
@@ -514,7 +514,7 @@ def test_an_iprobe_loop_for_a_finished_rank_ends(capsys, monkeypatch):
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
     assert code == 1 and unfold(err) == (
         DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
-                   "and no rank left can complete it; rank 3 finished; no rank sends to rank 0; at <string>:4\n")
+                   "and no rank left can complete it; rank 3 finished; no rank has sent to rank 0; at <string>:4\n")
 
 
 def test_a_polling_loop_naps_while_it_waits(capsys, monkeypatch):
@@ -848,7 +848,7 @@ def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
     clauses = unfold(err)[len(DEADLOCK):].rstrip("\n").split(" | ")
     assert len(clauses) == 4, err
     assert re.fullmatch(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it \(Test\), while every "
-                        r"other live rank waits or polls in vain; rank \1 polls \(Test\) in vain; no rank sends to "
+                        r"other live rank waits or polls in vain; rank \1 polls \(Test\) in vain; no rank has sent to "
                         r"rank \2; at test_loop_all.py:(9|10)", clauses[0]), clauses[0]
     ranks = set()
     for clause in clauses:

@@ -4,7 +4,7 @@ Read with the world lock held, once, when a World finds that no rank can go on
 (spmdsim.runtime.sim.engine). A rank's program line is the innermost frame of its
 thread outside spmdsim (``prog.py:13``), read from the waiting threads' frames;
 a point-to-point request adds what it knows (Request.why_stuck: the peer that
-finished, the messages that do not match a receive and why, or that no rank sends to it,
+finished, the messages that do not match a receive and why, or that no rank has sent to it,
 sends that wait for each other), and its advice once, after the calls.
 """
 from __future__ import annotations

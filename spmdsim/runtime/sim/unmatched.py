@@ -5,7 +5,7 @@ A receive that waits does not take any message pending for its rank: were one of
 communicator pending, the two would have matched as the later was posted (spmdsim.runtime.sim.p2p). So each
 pending send to the rank is a mismatch, said with what differs: 'rank 0's send to rank 1 has tag 1, not 2',
 'the message pending for rank 1 is from rank 0 (tag 0), not from rank 2', 'rank 0's send to rank 1 (tag 0) is
-on a Dup of the world, not the world'; with none, 'no rank sends to rank 1'. A send that waits is said so when
+on a Dup of the world, not the world'; with none, 'no rank has sent to rank 1'. A send that waits is said so when
 its destination waits in a receive that does not take it (a Sendrecv's, whose send part a report names): no
 amount of MPI buffering helps those, unlike Sends that wait for receives their ranks post later
 (spmdsim.runtime.sim.landing.sends_wait). A `send` or `recv` here is one of the requests' Requests, a `group`
@@ -60,7 +60,7 @@ def _elsewhere(send: Any, group: Any) -> str:
 def recv_unmatched(world: Any, recv: Any) -> tuple[str, str]:
     """What a report adds to waiting receive (or probe) `recv`, and its advice ('' for none): the messages
     pending for its rank, which it does not take (its communicator's, then those of other communicators to
-    the same world rank, in the order sent), or that no rank sends to it."""
+    the same world rank, in the order sent), or that no rank has sent to it."""
     group, me = recv.group, recv.me
     found = [_pending(s, recv) for s in group.sends if s.peer == me]
     rank = group.members[me]
@@ -68,7 +68,7 @@ def recv_unmatched(world: Any, recv: Any) -> tuple[str, str]:
               for s in other.sends if other.members[s.peer] == rank]
     found += [_elsewhere(s, group) for s in sorted(others, key=lambda s: s.seq or 0)]
     if not found:
-        return f"; no rank sends to {rank_name(group, me)}", ""
+        return f"; no rank has sent to {rank_name(group, me)}", ""
     return _said(found), MISMATCH
 
 
