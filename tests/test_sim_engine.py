@@ -286,7 +286,7 @@ MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: n
     (_both_receive_first, 2, None, "recv from group rank 1 (any tag) on the world: rank 0 waits in it; no rank has sent to "
                                    "rank 0; at "),
     (_never_sent, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 finished; no rank "
-                           "sends to rank 1; at "),
+                           "has sent to rank 1; at "),
     (_sends_first, 2, 0, "send to group rank 1 (tag 0) on the world: rank 0 waits in it; a message of 32 bytes; at "),
 ]
 

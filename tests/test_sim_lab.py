@@ -159,20 +159,20 @@ WRONG = [
      "rank 1 finished; rank 1's send to rank 0 has tag 8, not 9: no message matches; at test_loop.py:9 | " + MISMATCH),
     ("test_loop_blocked.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other live rank waits; no "
-     "rank sends to rank 0; at test_loop_blocked.py:9 | " + " | ".join(
+     "rank has sent to rank 0; at test_loop_blocked.py:9 | " + " | ".join(
          f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Test) in vain; no rank "
-         f"sends to rank {r}; at test_loop_blocked.py:12" for r in (1, 2, 3))),
+         f"has sent to rank {r}; at test_loop_blocked.py:12" for r in (1, 2, 3))),
     ("test_loop_two.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other live rank waits; no "
-     "rank sends to rank 0; at test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
+     "rank has sent to rank 0; at test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
      "rank 0 polls (Test) in vain; no rank has sent to rank 1; at test_loop_two.py:11"),
     ("iprobe_loop_blocked.py", [], 1, DEADLOCK +
      "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other live rank waits; no "
-     "rank sends to rank 0; at iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
+     "rank has sent to rank 0; at iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
      "in it; rank 0 polls (Iprobe) in vain; no rank has sent to rank 1; at iprobe_loop_blocked.py:9"),
     ("testany_loop_blocked.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other live rank waits; no "
-     "rank sends to rank 0; at testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
+     "rank has sent to rank 0; at testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
      "in it; rank 0 polls (Testany) in vain; no rank has sent to rank 1; at testany_loop_blocked.py:12"),
     ("win_test_loop.py", [], 1, DEADLOCK +
      "a window's exposure epoch (the Complete of rank 1) on the world: rank 0 polls it (Win.Test), while every other "
@@ -185,7 +185,7 @@ WRONG = [
      "a window's memory on the world: rank 0 polls it (Win.Sync), while every other live rank waits or polls in "
      "vain; at win_poll_loop.py:15 | " + " | ".join(
          f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Win.Sync) in vain; no "
-         f"rank sends to rank {r}; at win_poll_loop.py:22" for r in (1, 2, 3))),
+         f"rank has sent to rank {r}; at win_poll_loop.py:22" for r in (1, 2, 3))),
     ("win_poll_loop.py", ["Get"], 1, DEADLOCK +
      "a window's memory on the world: rank 0 polls it (Win.Unlock), while every other live rank waits or polls in "
      "vain; at win_poll_loop.py:20 | " + " | ".join(
