@@ -50,7 +50,7 @@ from spmdsim.models.axes import roles_of
 from spmdsim.models.gpt.memory import recompute_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, padding_line,
-                                        sizes_problem)
+                                        saved_line, sizes_problem, step_header, step_row)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
@@ -250,13 +250,11 @@ def main(args):
         print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
     check = not args.no_check and not dry_run_active()
     if rank0:
-        print(" step    loss  collectives  bytes sent" +
-              ("  difference from one numpy process: loss grads params" if check else ""))
+        print(step_header(check))
 
     def report(r):
         if rank0 and (r.step % args.every == 0 or r.step == args.steps - 1):
-            diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
-            print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
+            print(step_row(r, check))
 
     if pipelined(args):
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
@@ -278,8 +276,7 @@ def main(args):
                                save_every=args.save_every, resume=args.resume, cp=args.cp, context=context_of(args),
                                reshard_after_forward=args.reshard_after_forward == "true", prefetch=args.prefetch)
     if rank0 and args.save is not None:
-        print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
-              "checkpoint.json)")
+        print(saved_line(args, comm.size))
     trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
     if check and rank0:

@@ -62,7 +62,7 @@ from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, padding_line,
-                                        sizes_problem)
+                                        saved_line, sizes_problem, step_header, step_row)
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.sim import dry_run_active
@@ -340,14 +340,12 @@ def main(args):
             from spmdsim.models.gpt.checkpoint import read_meta
 
             print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
-        print(" step    loss  collectives  bytes sent" +
-              ("  difference from one numpy process: loss grads params" if check else ""))
+        print(step_header(check))
 
     def report(r):
         shown = r.step % args.every == 0 or r.step == args.steps - 1
         if rank0 and shown:
-            diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
-            print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
+            print(step_row(r, check))
         if args.dispatch and shown and moe_layers:
             from spmdsim.runtime.door import gather_object
 
@@ -374,8 +372,7 @@ def main(args):
                                layouts=layouts, save=args.save, save_every=args.save_every, resume=args.resume,
                                cp=args.cp, context=context_of(args))
     if rank0 and args.save is not None:
-        print(f"checkpoint of step {args.steps} written to {args.save} ({counted(comm.size, 'file')} and "
-              "checkpoint.json)")
+        print(saved_line(args, comm.size))
     trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
     if check and rank0:

@@ -9,7 +9,9 @@ precision)`` the check's verdict and its largest differences against the precisi
 ``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
 ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
-Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it.
+Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
+``step_header(check)`` and ``step_row(result, check)`` are the table of the steps a run reports, ``saved_line(args,
+ranks)`` the line on the checkpoint ``--save`` wrote.
 
 ``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/howto/train-gpt.md, "Llama's options"):
 ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
@@ -33,7 +35,7 @@ from .params import param_specs
 from .tolerances import failed_steps
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
-           "context_arguments", "context_of", "context_line",
+           "context_arguments", "context_of", "context_line", "step_header", "step_row", "saved_line",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
@@ -105,6 +107,25 @@ def context_line(args: Any) -> Optional[str]:
         return None
     return (f"context parallelism: each sequence split over {args.cp} ranks ({args.cp_split}), attention by "
             f"{args.cp_method}")
+
+
+def step_header(check: bool) -> str:
+    """The header of the steps' table (`step_row`'s columns), the differences from one numpy process with `check`."""
+    return " step    loss  collectives  bytes sent" + (
+        "  difference from one numpy process: loss grads params" if check else "")
+
+
+def step_row(result: Any, check: bool) -> str:
+    """One step's row under `step_header`: a StepResult's (spmdsim.models.gpt.train) loss, collectives and bytes
+    sent, with `check` its largest differences from one numpy process."""
+    diffs = "".join(f"  {e:.1e}" for e in result.errors) if check else ""
+    return f"{result.step:5d}  {result.loss:6.4f}  {result.calls:11d}  {result.bytes_sent:10,}           {diffs}"
+
+
+def saved_line(args: Any, ranks: int) -> str:
+    """The line on the checkpoint `checkpoint_arguments`' --save wrote after the last step, a file per rank."""
+    return (f"checkpoint of step {args.steps} written to {args.save} ({counted(ranks, 'file')} and "
+            "checkpoint.json)")
 
 
 def model_config(args: Any, **more: Any) -> GPTConfig:
