@@ -36,31 +36,34 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
          --d-model 1024 --heads 16 --seq 1024 --batch 2048
 """
 import sys
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
-from spmdsim.models.gpt import decode, encode, load_text
+from spmdsim.base.precision import precision
+from spmdsim.models.gpt import GPTConfig, decode, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
-from spmdsim.models.gpt.pipeline import train_pipelined
+from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
-from spmdsim.models.axes import roles_of
 from spmdsim.models.gpt.memory import recompute_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, padding_line,
                                         saved_line, sizes_problem, step_header, step_row)
-from spmdsim.models.gpt.checkpoint import checkpoint_problem
-from spmdsim.models.gpt.train import replay_problem, train
+from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
+from spmdsim.models.gpt.reference import generate
+from spmdsim.models.gpt.train import reference_sample, replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.gpt.context import context_problem
-from spmdsim.models.axes import model_layout
+from spmdsim.models.axes import model_layout, roles_of
 from spmdsim.models.gpt.fp8_block import policy_problem
 from spmdsim.models.nets.train import loss_trend, run_main
-from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
+from spmdsim.programs.pipeline.timeline import bubble_formula
+from spmdsim.runtime.shared_reference import shared_once
 from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
 from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
@@ -145,9 +148,36 @@ def split(world, cfg, layers=None):
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context_of(args))
 
 
+class Run(NamedTuple):
+    """What a checked command line runs: the model, its mesh and layers, ZeRO's stage, the text, the check."""
+    comm: Any  # MPI.COMM_WORLD under mpiexec, this thread's rank under --ranks
+    cfg: GPTConfig
+    dp: int
+    tp: int
+    layers: Optional[tuple]  # the pipeline's layers per chunk; None: balanced
+    zero: int
+    text: str
+    ids: np.ndarray  # the text's token ids
+    layouts: dict  # each parameter's layout: Megatron's, written in --dialect and read back
+    check: bool  # each step compared with one numpy process
+
+
 def main(args):
-    comm = spmdsim.world()
-    # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
+    """One rank's run (MPI or simulated): check, train, report; the exit code every rank agrees on."""
+    run = checked_run(args, spmdsim.world())
+    if run.comm.rank == 0:
+        print_header(args, run)
+    model, results = train_steps(args, run)
+    ok = report_results(args, run, results)
+    if pipelined(args) and not dry_run_active():
+        report_schedule(args, run, model)
+    ok = draw_sample(args, run, model) and ok
+    model.close() if pipelined(args) else model.mesh.close()
+    return 0 if ok else 1
+
+
+def checked_run(args, comm):
+    """The Run the command line asks for, or its refusal in one line (exit 2) on every rank alike."""
     problem = sizes_problem(args)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
@@ -158,8 +188,34 @@ def main(args):
     shape, problem = split(comm.size, cfg, layers)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
-    problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
+    problem = options_problem(args, cfg, zero, shape[0])
+    text = load_text()
+    ids = encode(text)
+    problem = problem or text_problem(ids, cfg)
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(problem)
+    # An unwritable trace file is refused now, not after the whole run (every rank alike, as `spmdsim run`'s).
+    check_trace_out(args)
+    dp, tp = shape
+    layouts = dialect_layouts(cfg, spmdsim.Layout(*model_layout(tp, dp, cp=args.cp if args.cp > 1 else None)),
+                              args.dialect, args.sp)
+    if args.save is not None or args.resume is not None or args.save_every:
+        # Each rank reads the same metadata file: alike on every rank, before any collective.
+        pipeline = {"pp": args.pp, "schedule": args.schedule, "microbatches": microbatches(args),
+                    "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
+        problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
+                                     precision=args.precision, zero=zero, save=args.save,
+                                     save_every=args.save_every, resume=args.resume, pipeline=pipeline)
+        if problem:
+            raise spmdsim.SpmdsimError(problem)
+    check = not args.no_check and not dry_run_active()
+    return Run(comm, cfg, dp, tp, layers, zero, text, ids, layouts, check)
+
+
+def options_problem(args, cfg, zero, dp):
+    """Why the replay, memory, sharding, precision and trace options cannot run together, or None (pure)."""
+    problem = replay_problem(cfg) if args.replay else None
     problem = problem or recompute_problem(args.recompute, "--recompute") or zero_problem(zero, "--zero") \
         or kept_problem(args.kept, "--kept")
     if not problem and args.reshard_after_forward not in ("true", "false"):
@@ -171,7 +227,7 @@ def main(args):
     if not problem and pipe and pipelined(args):  # a pipeline's chunks reshard after forward, over all of dp
         problem = f"{pipe[0]} with a pipeline: its chunks are fully sharded over dp and resharded after forward"
     if not problem and args.shard_group is not None:
-        problem = shard_group_problem(args.shard_group, zero, shape[0])
+        problem = shard_group_problem(args.shard_group, zero, dp)
     if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
         problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
     problem = problem or policy_problem(args.precision, args.kept, args.replay)  # FP8's options too, before the header
@@ -180,106 +236,95 @@ def main(args):
     if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing
         problem = ("--trace-out writes the last step's cells as they ran and took time; a dry run computes "
                    "nothing to time: leave out --trace-out or --dry-run")
-    text = load_text()
-    ids = encode(text)
-    problem = problem or text_problem(ids, cfg)
-    if problem:  # every rank alike, before any collective
-        raise spmdsim.SpmdsimError(problem)
-    # An unwritable trace file is refused now, not after the whole run (every rank alike, as `spmdsim run`'s).
-    check_trace_out(args)
-    dp, tp = shape
-    pp = args.pp
-    layouts = dialect_layouts(cfg, spmdsim.Layout(*model_layout(tp, dp, cp=args.cp if args.cp > 1 else None)),
-                              args.dialect, args.sp)
-    checkpoints = args.save is not None or args.resume is not None or args.save_every
-    if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
-        shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
-                 "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
-        problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
-                                     precision=args.precision, zero=zero, save=args.save,
-                                     save_every=args.save_every, resume=args.resume, pipeline=shape)
-    if problem:
-        raise spmdsim.SpmdsimError(problem)
-    rank0 = comm.rank == 0
-    if rank0:
-        print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
-              f"batch {cfg.batch}, dropout {cfg.dropout}")
-        if architecture_words(cfg):  # Llama's options, those that differ from the GPT's
-            print("architecture:" + architecture_words(cfg)[1:])
-        print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
-        clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
-        mesh = f"pp {pp} x " if pp > 1 else ""
-        mesh += f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 else f"dp {dp} x tp {tp}"
-        print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
-        if args.shard_group is not None and args.shard_group < dp:
-            print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks, replicated "
-                  f"over {dp // args.shard_group}")
-        if padding_line(cfg, tp):
-            print(padding_line(cfg, tp))
-        if context_line(args):
-            print(context_line(args))
-        if pipelined(args):
-            v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
-            m = microbatches(args)
-            print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}"
-                  f"{v}; gradients accumulated, reduced once per step")
-            if layers is not None:
-                print(f"layers per {'chunk' if virtual_stages(args) > 1 else 'stage'}: {split_words(layers)}")
-        if args.recompute != "none" or zero or args.kept != "graph":
-            print(f"memory: recompute {args.recompute}"
-                  + ({1: "; ZeRO-1 (states and master copy sharded over dp)",
-                      2: "; ZeRO-2 (states, master copy and gradients sharded over dp)",
-                      3: "; ZeRO-3 (all sharded over dp; " + ("each layer gathered again for its backward)"
-                                                                 if args.reshard_after_forward == "true" else
-                                                                 "each layer kept gathered until its backward)")
-                      }.get(zero, ""))
-                  + ("; Megatron's kept set" if args.kept == "megatron" else ""))
-        if args.precision != "fp64":
-            from spmdsim.base.precision import precision
+    return problem
 
-            policy = precision(args.precision)
-            print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
-                  f"gradients {policy.grad},\n  master copy {policy.master or 'none'}, optimizer states "
-                  f"{policy.optimizer}")
-    if rank0:
-        words = DIALECTS[args.dialect]
-        print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
-    if rank0 and args.resume is not None:
-        from spmdsim.models.gpt.checkpoint import read_meta
 
+def print_header(args, run):
+    """Print (rank 0) the model, the text, the mesh and what runs on it, then the steps' table header."""
+    cfg, dp, tp = run.cfg, run.dp, run.tp
+    print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
+          f"batch {cfg.batch}, dropout {cfg.dropout}")
+    if architecture_words(cfg):  # Llama's options, those that differ from the GPT's
+        print("architecture:" + architecture_words(cfg)[1:])
+    print(f"text: {len(run.text):,} characters of Python's standard library sources (character level)")
+    clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
+    mesh = f"pp {args.pp} x " if args.pp > 1 else ""
+    mesh += f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 else f"dp {dp} x tp {tp}"
+    print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+    if args.shard_group is not None and args.shard_group < dp:
+        print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks, replicated "
+              f"over {dp // args.shard_group}")
+    if padding_line(cfg, tp):
+        print(padding_line(cfg, tp))
+    if context_line(args):
+        print(context_line(args))
+    if pipelined(args):
+        v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
+        m = microbatches(args)
+        print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}"
+              f"{v}; gradients accumulated, reduced once per step")
+        if run.layers is not None:
+            print(f"layers per {'chunk' if virtual_stages(args) > 1 else 'stage'}: {split_words(run.layers)}")
+    if args.recompute != "none" or run.zero or args.kept != "graph":
+        print(memory_line(args, run.zero))
+    if args.precision != "fp64":
+        policy = precision(args.precision)
+        print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
+              f"gradients {policy.grad},\n  master copy {policy.master or 'none'}, optimizer states "
+              f"{policy.optimizer}")
+    words = DIALECTS[args.dialect]
+    print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
+    if args.resume is not None:
         print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
-    check = not args.no_check and not dry_run_active()
-    if rank0:
-        print(step_header(check))
+    print(step_header(run.check))
+
+
+def memory_line(args, zero):
+    """The header's line on memory: the recomputation, ZeRO's stage and the kept set."""
+    gathered = ("each layer gathered again for its backward" if args.reshard_after_forward == "true" else
+                "each layer kept gathered until its backward")
+    stage = {1: "; ZeRO-1 (states and master copy sharded over dp)",
+             2: "; ZeRO-2 (states, master copy and gradients sharded over dp)",
+             3: f"; ZeRO-3 (all sharded over dp; {gathered})"}.get(zero, "")
+    return f"memory: recompute {args.recompute}{stage}" + ("; Megatron's kept set" if args.kept == "megatron" else "")
+
+
+def train_steps(args, run):
+    """Train --steps steps over the pipeline or the mesh, rank 0 printing every --every-th step's row."""
+    cfg, comm, dp, tp = run.cfg, run.comm, run.dp, run.tp
 
     def report(r):
-        if rank0 and (r.step % args.every == 0 or r.step == args.steps - 1):
-            print(step_row(r, check))
+        if comm.rank == 0 and (r.step % args.every == 0 or r.step == args.steps - 1):
+            print(step_row(r, run.check))
 
     if pipelined(args):
-        model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
-                                         schedule=args.schedule, microbatches=microbatches(args),
-                                         virtual=virtual_stages(args), split=layers,
-                                         check=check, on_step=report, layouts=layouts, recompute=args.recompute,
-                                         zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
-                                         precision=args.precision, save=args.save, save_every=args.save_every,
-                                         resume=args.resume, cp=args.cp, context=context_of(args))
-    else:
-        mesh = None
-        if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
-            shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
-            mesh = spmdsim.Mesh(spmdsim.Layout(shape, names), comm, roles=roles_of(names))
-            layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
-        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report, mesh=mesh,
-                               layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
-                               memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
-                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context_of(args),
-                               reshard_after_forward=args.reshard_after_forward == "true", prefetch=args.prefetch)
+        return train_pipelined(cfg, comm, args.pp, dp, tp, args.steps, run.ids, sp=args.sp,
+                               schedule=args.schedule, microbatches=microbatches(args),
+                               virtual=virtual_stages(args), split=run.layers,
+                               check=run.check, on_step=report, layouts=run.layouts, recompute=args.recompute,
+                               zero=run.zero, memory=args.memory, kept=args.kept, replay=args.replay,
+                               precision=args.precision, save=args.save, save_every=args.save_every,
+                               resume=args.resume, cp=args.cp, context=context_of(args))
+    mesh, layouts = None, run.layouts
+    if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
+        shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
+        mesh = spmdsim.Mesh(spmdsim.Layout(shape, names), comm, roles=roles_of(names))
+        layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
+    return train(cfg, comm, dp, tp, args.steps, run.ids, sp=args.sp, check=run.check, on_step=report, mesh=mesh,
+                 layouts=layouts, replay=args.replay, recompute=args.recompute, zero=run.zero,
+                 memory=args.memory, kept=args.kept, precision=args.precision, save=args.save,
+                 save_every=args.save_every, resume=args.resume, cp=args.cp, context=context_of(args),
+                 reshard_after_forward=args.reshard_after_forward == "true", prefetch=args.prefetch)
+
+
+def report_results(args, run, results):
+    """Print (rank 0) the check, the loss's trend, the clipping and --memory; whether all passed and the loss fell."""
+    rank0, cfg = run.comm.rank == 0, run.cfg
     if rank0 and args.save is not None:
-        print(saved_line(args, comm.size))
+        print(saved_line(args, run.comm.size))
     trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
-    if check and rank0:
+    if run.check and rank0:
         print("\n".join(check_lines(results, cfg, args.precision)))
     if rank0:
         print(trend)
@@ -295,64 +340,59 @@ def main(args):
                  *results[-1].memory.lines())
         else:
             print("\n".join(results[-1].memory.lines()))
-    if pipelined(args) and not dry_run_active():
-        # The last step's executed cells on a unit-cost timeline: the bubble, compared with its formula.
-        from spmdsim.programs.pipeline.timeline import bubble_formula
+    return not failed and falling
 
-        line, held = model.timeline(), model.held()
-        formula = bubble_formula(args.schedule, pp, microbatches(args), virtual_stages(args))
-        if rank0:
-            print(f"executed schedule (last step, unit cost per cell): bubble {float(line.bubble):.3f}, "
-                  f"formula {float(formula):.3f}")
-            print(f"most microbatch-chunks whose activations a stage held at once: {', '.join(map(str, held))}")
-        if args.trace_out:
-            model.write_trace(args.trace_out)
-            if rank0:
-                print(f"trace of the last step written to {args.trace_out} (open it in https://ui.perfetto.dev)")
-    if args.sample and not dry_run_active() and pipelined(args):
-        # The pipeline's parameters whole on every rank; one numpy process draws from them.
-        from spmdsim.models.gpt.pipeline import gathered_stages
-        from spmdsim.models.gpt.reference import generate
-        from spmdsim.runtime.shared_reference import shared_once
 
-        sample = shared_once(model.mesh, ("gpt-sample", cfg), generate, gathered_stages(model, cfg), cfg, b"def ",
-                             args.sample, args.temperature)  # one rank draws for all
-        if rank0:
-            print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained stages):")
-            show_sample(b"def ", sample)
-    elif args.sample and not dry_run_active() and args.cp > 1:
-        # A window of one new token does not split over the context-parallel ranks: one numpy process draws
-        # from the trained parameters, made whole on every rank.
-        from spmdsim.models.gpt.train import reference_sample
+def report_schedule(args, run, model):
+    """Print the pipeline's last step on a unit-cost timeline, its bubble beside the formula's; --trace-out's trace."""
+    line, held = model.timeline(), model.held()
+    formula = bubble_formula(args.schedule, args.pp, microbatches(args), virtual_stages(args))
+    if run.comm.rank == 0:
+        print(f"executed schedule (last step, unit cost per cell): bubble {float(line.bubble):.3f}, "
+              f"formula {float(formula):.3f}")
+        print(f"most microbatch-chunks whose activations a stage held at once: {', '.join(map(str, held))}")
+    if args.trace_out:
+        model.write_trace(args.trace_out)
+        if run.comm.rank == 0:
+            print(f"trace of the last step written to {args.trace_out} (open it in https://ui.perfetto.dev)")
 
-        sample = reference_sample(model, cfg, b"def ", args.sample, args.temperature)
-        if rank0:
-            print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained parameters):")
-            show_sample(b"def ", sample)
-    elif args.sample and not dry_run_active():
-        prompt = b"def "
-        sample = model.generate(prompt, args.sample, args.temperature)
-        same = ""
-        if check and args.precision != "fp64":  # the reference draws at float64: not the same computation
-            same = f", {args.precision}, not compared"
-        elif check:  # the single-process model with these parameters draws the same characters
-            from spmdsim.models.gpt.train import reference_sample
 
-            ids = reference_sample(model, cfg, prompt, args.sample, args.temperature)  # one rank draws for all
-            agree = bool((ids == sample).all())
-            same = ", as one numpy process" if agree else ", NOT as one numpy process"
-            failed += not agree
+def draw_sample(args, run, model):
+    """Print --sample characters drawn after "def "; False where they differ from one numpy process's draw."""
+    if not args.sample or dry_run_active():
+        return True
+    cfg, rank0, prompt = run.cfg, run.comm.rank == 0, b"def "
+    if pipelined(args) or args.cp > 1:
+        # One numpy process draws from the trained parameters, made whole on every rank: the pipeline's stages, or
+        # the context-parallel ranks' (a window of one new token does not split over them).
+        if pipelined(args):
+            sample = shared_once(model.mesh, ("gpt-sample", cfg), generate, gathered_stages(model, cfg), cfg, prompt,
+                                 args.sample, args.temperature)  # one rank draws for all
+        else:
+            sample = reference_sample(model, cfg, prompt, args.sample, args.temperature)
         if rank0:
-            print(f"sample (temperature {args.temperature}{same}):")
+            print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained "
+                  f"{'stages' if pipelined(args) else 'parameters'}):")
             show_sample(prompt, sample)
-    model.close() if pipelined(args) else model.mesh.close()
-    return 0 if not failed and falling else 1
-
+        return True
+    sample = model.generate(prompt, args.sample, args.temperature)
+    same, agree = "", True
+    if run.check and args.precision != "fp64":  # the reference draws at float64: not the same computation
+        same = f", {args.precision}, not compared"
+    elif run.check:  # the single-process model with these parameters draws the same characters
+        ids = reference_sample(model, cfg, prompt, args.sample, args.temperature)  # one rank draws for all
+        agree = bool((ids == sample).all())
+        same = ", as one numpy process" if agree else ", NOT as one numpy process"
+    if rank0:
+        print(f"sample (temperature {args.temperature}{same}):")
+        show_sample(prompt, sample)
+    return agree
 
 
 def show_sample(prompt: bytes, sample: np.ndarray) -> None:
     """Print `prompt` and the characters drawn after it, each line cut into lines of at most 100 columns."""
     for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
         print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
+
 
 sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
