@@ -35,7 +35,6 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --layers 4 --d-model 1024 --heads 16 --seq 1024 --batch 128 --dropless --routing worst
 """
-import math
 import sys
 
 import spmdsim
@@ -55,19 +54,19 @@ from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
 from spmdsim.models.moe import MoEConfig
-from spmdsim.models.moe.fold import fold_problem, folded_tp
+from spmdsim.models.moe.fold import fold_problem, fold_words, folded_tp
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
-                                        context_line, context_of, model_arguments, model_config, padding_line,
-                                        saved_line, sizes_problem, step_header, step_row)
+                                        context_line, context_of, model_arguments, model_config, moe_problem,
+                                        padding_line, saved_line, sizes_problem, step_header, step_row)
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
-from spmdsim.base.typed_numbers import flag_float, typed  # a refusal names the value as typed ("-1", not "-1.0")
+from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("-1", not "-1.0")
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
@@ -179,39 +178,6 @@ def folded(args):
     return folded_tp(args.tp, args.etp or 0) > 1
 
 
-def folded_words(cfg, dp, ep, tp):
-    """The header's words on folded experts (--etp below --tp): attention's groups, the experts', who routes what."""
-    moe, etp, by = cfg.moe, args.etp, tp // args.etp  # (by: the tp ranks folded into each experts' group's ep)
-    who = "each tp rank" if etp == 1 else f"each of tp's {by} parts (its etp {etp} ranks alike)"
-    routed = (f"{cfg.seq // by} of each sequence's {cfg.seq} tokens" if moe.dropless else
-              f"{cfg.batch // (dp * ep * by)} of its group's {cfg.batch // (dp * ep)} sequences")
-    return [f"attention tp {tp} x dp {dp * ep};",
-            f"experts etp {etp} x ep {ep * by} x edp {dp}, {moe.experts // (ep * by)} per rank;",
-            f"{who} routes its own {routed}"]
-
-
-def moe_problem(args):
-    """Why the MoE flags cannot be, naming the flag typed (MoEConfig's own refusals name its fields: "MoEConfig
-    top_k 3 ..."), or None; pure: every rank alike, before any collective."""
-    if args.experts < 1 or args.moe_every < 1:
-        flag, value = ("--experts", args.experts) if args.experts < 1 else ("--moe-every", args.moe_every)
-        return f"{flag} {value} must be at least 1"
-    if args.top_k not in (1, 2):
-        return f"--top-k {args.top_k} must be 1 or 2 (experts per token)"
-    if args.top_k > args.experts:
-        return f"--top-k {args.top_k} must not exceed --experts {args.experts}"
-    if args.etp is not None and args.etp < 1:
-        return f"--etp {args.etp} must be at least 1"
-    if args.etp is not None and fold_problem(args.tp, args.etp):
-        return f"--etp {args.etp}: {fold_problem(args.tp, args.etp)}"
-    if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
-        return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
-    for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
-        if not (math.isfinite(value) and value >= 0):
-            return f"{flag} {typed(value)} must be a finite number >= 0"
-    return None
-
-
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, before any collective: one line, exit 2.
@@ -293,20 +259,7 @@ def main(args):
             policy = precision(args.precision)
             print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
                   f"gradients {policy.grad};\n  the router in float32")
-        if moe.dropless:
-            print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
-        elif moe.capacity(cfg.seq) == cfg.seq:
-            # A slot per token is room for all of a sequence's assignments to an expert (a token's k choices are
-            # k different experts), whether the factor reached E / k or the ceiling reached T below it
-            # (3.99 with 8 experts, top-2, seq 16; any factor at seq 1): none can be dropped, so none is said to.
-            ceiling = f"ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts}) = {cfg.seq}"
-            why = (f"factor {moe.capacity_factor:g} >= {moe.experts} / {moe.top_k}"
-                   if moe.top_k * moe.capacity_factor >= moe.experts else ceiling)
-            print(f"capacity: {counted(cfg.seq, 'slot')} per expert per sequence, one per token ({why}): "
-                  "none dropped")
-        else:
-            print(f"capacity: {counted(moe.capacity(cfg.seq), 'slot')} per expert per sequence "
-                  f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
+        print(moe.describe_capacity(cfg.seq))
         both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
         alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
         split_tp = f" (tp {tp // args.etp} x etp {args.etp})" if folded(args) and args.etp > 1 else ""
@@ -316,7 +269,7 @@ def main(args):
                  f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
                  alg[2:]]
         if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
-            words = folded_words(cfg, dp, ep, tp)
+            words = fold_words(cfg, dp, ep, tp)
             parts[1:2] = words[:-1] + [words[-1] + (alg and ";")]
         lines = [parts[0]]
         for part in filter(None, parts[1:]):  # within 100 columns

@@ -6,7 +6,8 @@ argparse only).
 they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
 says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
 precision)`` the check's verdict and its largest differences against the precision's tolerances;
-``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be;
+``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be, ``moe_problem(args)`` why
+the experts' flags (examples/train_moe_gpt.py's) cannot be;
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
 ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
 Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
@@ -20,9 +21,10 @@ names this module gives too); `model_config` refuses a bad one in one line namin
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
-from ...base.typed_numbers import add_noted, flag_float, said_fields
+from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
@@ -33,8 +35,9 @@ from ...programs.context import METHODS, SPLITS
 from ...errors import SpmdsimError
 from .params import param_specs
 from .tolerances import failed_steps
+from ..moe.fold import fold_problem
 
-__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "checkpoint_arguments",
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem", "checkpoint_arguments",
            "context_arguments", "context_of", "context_line", "step_header", "step_row", "saved_line",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
@@ -191,4 +194,27 @@ def sizes_problem(args: Any) -> Optional[str]:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} {value!r} must be at least 1"
+    return None
+
+
+def moe_problem(args: Any) -> Optional[str]:
+    """Why the experts' flags (``--experts``, ``--top-k``, ``--moe-every``, ``--etp``, ``--capacity-factor``,
+    ``--aux-loss-coeff``, ``--z-loss-coeff``: those of examples/train_moe_gpt.py) cannot be, naming the flag typed (MoEConfig's own refusals name its fields: "MoEConfig
+    top_k 3 ..."), or None; pure: every rank alike, before any collective."""
+    if args.experts < 1 or args.moe_every < 1:
+        flag, value = ("--experts", args.experts) if args.experts < 1 else ("--moe-every", args.moe_every)
+        return f"{flag} {value} must be at least 1"
+    if args.top_k not in (1, 2):
+        return f"--top-k {args.top_k} must be 1 or 2 (experts per token)"
+    if args.top_k > args.experts:
+        return f"--top-k {args.top_k} must not exceed --experts {args.experts}"
+    if args.etp is not None and args.etp < 1:
+        return f"--etp {args.etp} must be at least 1"
+    if args.etp is not None and fold_problem(args.tp, args.etp):
+        return f"--etp {args.etp}: {fold_problem(args.tp, args.etp)}"
+    if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
+        return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
+    for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
+        if not (math.isfinite(value) and value >= 0):
+            return f"{flag} {typed(value)} must be a finite number >= 0"
     return None

@@ -15,7 +15,7 @@ import numbers
 from dataclasses import dataclass
 
 from ...errors import SpmdsimError
-from ...base.validate import as_int
+from ...base.validate import as_int, counted
 from .routing import ROUTINGS
 
 __all__ = ["MoEConfig", "AUX_LOSS_COEFF", "Z_LOSS_COEFF"]
@@ -107,6 +107,21 @@ class MoEConfig:
         """One short line: experts, k, the router losses' weights."""
         return (f"{self.experts} per MoE layer, top-{self.top_k}; router losses: aux {self.aux_loss_coeff:g}, "
                 f"z {self.z_loss_coeff:g}")
+
+    def describe_capacity(self, seq: int) -> str:
+        """One line on an expert's slots per sequence of `seq` tokens: dropless, none dropped, or how many."""
+        if self.dropless:
+            return "dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts"
+        formula = f"ceil({self.top_k} x {seq} x {self.capacity_factor:g} / {self.experts})"
+        if self.capacity(seq) == seq:
+            # A slot per token is room for all of a sequence's assignments to an expert (a token's k choices are
+            # k different experts), whether the factor reached E / k or the ceiling reached T below it
+            # (3.99 with 8 experts, top-2, seq 16; any factor at seq 1): none can be dropped, so none is said to.
+            why = (f"factor {self.capacity_factor:g} >= {self.experts} / {self.top_k}"
+                   if self.top_k * self.capacity_factor >= self.experts else f"{formula} = {seq}")
+            return f"capacity: {counted(seq, 'slot')} per expert per sequence, one per token ({why}): none dropped"
+        return (f"capacity: {counted(self.capacity(seq), 'slot')} per expert per sequence ({formula}), the rest "
+                "dropped")
 
 
 def _real(value: object) -> bool:

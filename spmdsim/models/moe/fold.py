@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, Optional
 
 from ..axes import CONTEXT, DATA, EXPERT, EXPERT_TENSOR, TENSOR, tensor_axes
 
-__all__ = ["Fold", "fold_of", "fold_problem", "folded_tp", "mesh_ep", "split_problem"]
+__all__ = ["Fold", "fold_of", "fold_problem", "folded_tp", "fold_words", "mesh_ep", "split_problem"]
 
 
 class Fold(NamedTuple):
@@ -108,6 +108,19 @@ def folded_tp(tp: int, etp: int) -> int:
     """How many of attention's `tp` ranks the experts of tp `etp` (0: tp) fold into their ep: tp / etp where etp
     is below tp and divides it, else 1 (not folded)."""
     return tp // etp if 0 < etp < tp and tp % etp == 0 else 1
+
+
+def fold_words(cfg: Any, dp: int, ep: int, tp: int) -> list[str]:
+    """A header's words on folded experts (a GPTConfig `cfg` whose experts' etp is below tp, on the mesh's `dp`,
+    `ep` and attention's `tp`): attention's groups, the experts', who routes what (examples/train_moe_gpt.py)."""
+    moe = cfg.moe
+    etp, by = moe.etp, tp // moe.etp  # (by: the tp ranks folded into each experts' group's ep)
+    who = "each tp rank" if etp == 1 else f"each of tp's {by} parts (its etp {etp} ranks alike)"
+    routed = (f"{cfg.seq // by} of each sequence's {cfg.seq} tokens" if moe.dropless else
+              f"{cfg.batch // (dp * ep * by)} of its group's {cfg.batch // (dp * ep)} sequences")
+    return [f"attention tp {tp} x dp {dp * ep};",
+            f"experts etp {etp} x ep {ep * by} x edp {dp}, {moe.experts // (ep * by)} per rank;",
+            f"{who} routes its own {routed}"]
 
 
 def mesh_ep(ep: int, tp: int, etp: int) -> int:
