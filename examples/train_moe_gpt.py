@@ -36,19 +36,20 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
          --layers 4 --d-model 1024 --heads 16 --seq 1024 --batch 128 --dropless --routing worst
 """
 import sys
+from typing import Any, NamedTuple, Optional
 
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt.fp8_block import policy_problem
-from spmdsim.models.gpt import encode, load_text
+from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
 from spmdsim.models.gpt.memory import zero_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
-from spmdsim.models.gpt.checkpoint import checkpoint_problem
+from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
 from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.gpt.context import context_problem
@@ -58,12 +59,12 @@ from spmdsim.models.moe.fold import fold_problem, fold_words, folded_tp
 from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
-from spmdsim.models.gpt.checkpoint import first_loss
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, moe_problem,
                                         padding_line, saved_line, sizes_problem, step_header, step_row)
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
+from spmdsim.runtime.door import gather_object
 from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
 from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("-1", not "-1.0")
@@ -178,9 +179,36 @@ def folded(args):
     return folded_tp(args.tp, args.etp or 0) > 1
 
 
+class Run(NamedTuple):
+    """What a checked command line runs: the model, a stage's (dp, ep, tp) mesh and layers, ZeRO's stage, the tokens."""
+    comm: Any  # MPI.COMM_WORLD under mpiexec, this thread's rank under --ranks
+    cfg: GPTConfig  # its MoEConfig: cfg.moe
+    dp: int
+    ep: int
+    tp: int
+    layers: Optional[tuple]  # the pipeline's layers per chunk; None: balanced
+    zero: int
+    ids: Any  # the text's token ids
+    layouts: Optional[dict]  # Megatron's, written in --dialect and read back; None: spmdsim's own
+    algorithms: Optional[dict]  # the Alltoalls' emulated algorithms (--algorithm)
+    mesh: Any  # the (dp, ep, tp) mesh; None with a pipeline (each stage makes its own)
+    check: bool  # each step compared with one numpy process
+    moe_layers: list  # the blocks whose MLP is an MoE layer ("h1", "h3", ...)
+
+
 def main(args):
-    comm = spmdsim.world()
-    # Refused on every rank alike, before any collective: one line, exit 2.
+    """One rank's run (MPI or simulated): check, train, report; the exit code every rank agrees on."""
+    run = checked_run(args, spmdsim.world())
+    if run.comm.rank == 0:
+        print_header(args, run)
+    model, results = train_steps(args, run)
+    ok = report_results(args, run, results)
+    model.close() if pipelined(args) else model.mesh.close()
+    return 0 if ok else 1
+
+
+def checked_config(args):
+    """The MoE GPT's GPTConfig, or the refusal of its flags in one line (exit 2) on every rank alike."""
     if args.routing and not dry_run_active():
         raise spmdsim.SpmdsimError(f"--routing {args.routing} sets a dry run's routing (--ranks N --dry-run); "
                                    "a run with values routes by its router")
@@ -199,21 +227,18 @@ def main(args):
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
                     dry_routing=args.routing or "balanced", etp=args.etp if folded(args) else 0)
-    cfg = model_config(args, moe=moe)
+    return model_config(args, moe=moe)
+
+
+def checked_run(args, comm):
+    """The Run the command line asks for, or its refusal in one line (exit 2) on every rank alike."""
+    cfg = checked_config(args)
     layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     shape, problem = split(comm.size)
-    piped, pp = pipelined(args), args.pp
-    if not problem and piped:
-        problem = default_microbatches_problem(args, cfg.batch) or pipeline_layout_problem(
-            cfg, pp, shape[0], shape[2], args.sp, microbatches(args), virtual_stages(args), layers, ep=shape[1],
-            schedule=args.schedule)
-    elif not problem:
-        problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
-    if not problem:
-        problem = context_problem(cfg, args.cp, shape[2], args.sp, context_of(args))
+    problem = problem or stage_problem(args, cfg, layers, *shape)
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
@@ -228,116 +253,138 @@ def main(args):
     layouts = None
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)
         layouts = dialect_layouts(cfg, spmdsim.Layout(*stage_mesh(dp, ep, tp)), args.dialect, args.sp)
-    checkpoints = args.save is not None or args.resume is not None or args.save_every
-    if checkpoints:  # each rank reads the same metadata file: alike on every rank, before any collective
-        shape = {"pp": pp, "schedule": args.schedule, "microbatches": microbatches(args),
-                 "virtual": virtual_stages(args), "split": layers} if piped else None
+    if args.save is not None or args.resume is not None or args.save_every:
+        # Each rank reads the same metadata file: alike on every rank, before any collective.
+        pipeline = {"pp": args.pp, "schedule": args.schedule, "microbatches": microbatches(args),
+                    "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
         problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, ep=ep, save=args.save,
-                                     save_every=args.save_every, resume=args.resume, pipeline=shape)
-    if problem:
-        raise spmdsim.SpmdsimError(problem)
+                                     save_every=args.save_every, resume=args.resume, pipeline=pipeline)
+        if problem:
+            raise spmdsim.SpmdsimError(problem)
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
     if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.programs.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
-    mesh = None if piped else spmdsim.Mesh(spmdsim.Layout(*stage_mesh(dp, ep, tp)), comm, algorithms=algorithms)
-    rank0 = comm.rank == 0
-    check = not args.no_check
+    mesh = None if pipelined(args) else spmdsim.Mesh(spmdsim.Layout(*stage_mesh(dp, ep, tp)), comm,
+                                                     algorithms=algorithms)
     moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
-    if rank0:
-        print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(moe_layers) or 'none'} MoE), d_model "
-              f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
-        if architecture_words(cfg):  # Llama's options, those that differ from the GPT's
-            print("architecture:" + architecture_words(cfg)[1:])
-        print(f"experts: {moe.describe()}")
-        if args.dialect:
-            def said(role: str, ndim: int) -> str:
-                return str(written(args.dialect, role, ndim, stage_mesh(dp, ep, tp)[1], folded(args)))
-            print(f"layouts in {args.dialect}: experts' w1 {said('expert w1', 3)}, w2 {said('expert w2', 3)};\n"
-                  f"  column-parallel {said('columns', 2)}, row-parallel {said('rows', 2)}")
-        if args.precision != "fp64":
-            policy = precision(args.precision)
-            print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
-                  f"gradients {policy.grad};\n  the router in float32")
-        print(moe.describe_capacity(cfg.seq))
-        both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
-        alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
-        split_tp = f" (tp {tp // args.etp} x etp {args.etp})" if folded(args) and args.etp > 1 else ""
-        parts = [f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x {f'cp {args.cp} x ' if args.cp > 1 else ''}"
-                 f"tp {tp}{split_tp}"
-                 f"{' with sequence parallelism' if args.sp else ''}:",
-                 f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
-                 alg[2:]]
-        if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
-            words = fold_words(cfg, dp, ep, tp)
-            parts[1:2] = words[:-1] + [words[-1] + (alg and ";")]
-        lines = [parts[0]]
-        for part in filter(None, parts[1:]):  # within 100 columns
-            if len(lines[-1]) + 1 + len(part) <= 100:
-                lines[-1] += " " + part
-            else:
-                lines.append("  " + part)
-        print("\n".join(lines))
-        if padding_line(cfg, tp):
-            print(padding_line(cfg, tp))
-        if context_line(args):
-            print(context_line(args))
-        if piped:
-            m, v = microbatches(args), virtual_stages(args)
-            chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
-            print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
-            if layers is not None:
-                print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(layers)}")
-            print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
-        if args.resume is not None:
-            from spmdsim.models.gpt.checkpoint import read_meta
+    return Run(comm, cfg, dp, ep, tp, layers, zero, ids, layouts, algorithms, mesh, not args.no_check, moe_layers)
 
-            print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
-        print(step_header(check))
+
+def stage_problem(args, cfg, layers, dp, ep, tp):
+    """Why the model cannot split over a stage's (dp, ep, tp) mesh, its pipeline or --cp, or None (pure)."""
+    if pipelined(args):
+        problem = default_microbatches_problem(args, cfg.batch) or pipeline_layout_problem(
+            cfg, args.pp, dp, tp, args.sp, microbatches(args), virtual_stages(args), layers, ep=ep,
+            schedule=args.schedule)
+    else:
+        problem = mesh_problem(cfg, dp, tp, args.sp, ep)
+    return problem or context_problem(cfg, args.cp, tp, args.sp, context_of(args))
+
+
+def print_header(args, run):
+    """Print (rank 0) the model, its experts and their capacity, the mesh and what runs on it, the table header."""
+    cfg, moe = run.cfg, run.cfg.moe
+    print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(run.moe_layers) or 'none'} MoE), d_model "
+          f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
+    if architecture_words(cfg):  # Llama's options, those that differ from the GPT's
+        print("architecture:" + architecture_words(cfg)[1:])
+    print(f"experts: {moe.describe()}")
+    if args.dialect:
+        def said(role: str, ndim: int) -> str:
+            return str(written(args.dialect, role, ndim, stage_mesh(run.dp, run.ep, run.tp)[1], folded(args)))
+        print(f"layouts in {args.dialect}: experts' w1 {said('expert w1', 3)}, w2 {said('expert w2', 3)};\n"
+              f"  column-parallel {said('columns', 2)}, row-parallel {said('rows', 2)}")
+    if args.precision != "fp64":
+        policy = precision(args.precision)
+        print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
+              f"gradients {policy.grad};\n  the router in float32")
+    print(moe.describe_capacity(cfg.seq))
+    print(mesh_lines(args, run))
+    if padding_line(cfg, run.tp):
+        print(padding_line(cfg, run.tp))
+    if context_line(args):
+        print(context_line(args))
+    if pipelined(args):
+        m, v = microbatches(args), virtual_stages(args)
+        chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
+        print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
+        if run.layers is not None:
+            print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(run.layers)}")
+        print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
+    if args.resume is not None:
+        print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
+    print(step_header(run.check))
+
+
+def mesh_lines(args, run):
+    """The header's words on the mesh, the experts per rank and the Alltoalls' algorithm, within 100 columns."""
+    dp, ep, tp = run.dp, run.ep, run.tp
+    both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
+    alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
+    split_tp = f" (tp {tp // args.etp} x etp {args.etp})" if folded(args) and args.etp > 1 else ""
+    parts = [f"mesh {f'pp {args.pp} x ' if pipelined(args) else ''}dp {dp} x ep {ep} x "
+             f"{f'cp {args.cp} x ' if args.cp > 1 else ''}tp {tp}{split_tp}"
+             f"{' with sequence parallelism' if args.sp else ''}:",
+             f"experts {run.cfg.moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
+             alg[2:]]
+    if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks
+        words = fold_words(run.cfg, dp, ep, tp)
+        parts[1:2] = words[:-1] + [words[-1] + (alg and ";")]
+    lines = [parts[0]]
+    for part in filter(None, parts[1:]):  # within 100 columns
+        if len(lines[-1]) + 1 + len(part) <= 100:
+            lines[-1] += " " + part
+        else:
+            lines.append("  " + part)
+    return "\n".join(lines)
+
+
+def train_steps(args, run):
+    """Train --steps steps, rank 0 printing every --every-th step's row (and with --dispatch the first MoE layer's)."""
+    cfg, comm, dp, ep, tp = run.cfg, run.comm, run.dp, run.ep, run.tp
 
     def report(r):
         shown = r.step % args.every == 0 or r.step == args.steps - 1
-        if rank0 and shown:
-            print(step_row(r, check))
-        if args.dispatch and shown and moe_layers:
-            from spmdsim.runtime.door import gather_object
-
+        if comm.rank == 0 and shown:
+            print(step_row(r, run.check))
+        if args.dispatch and shown and run.moe_layers:
             everyone = gather_object(comm, r.dispatch)  # collective: every rank reports alike
-            if rank0:
+            if comm.rank == 0:
                 etp = args.etp if folded(args) else tp  # the experts' tp: the last mesh axis ("etp" where split)
-                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, etp,
+                print("\n".join(dispatch_lines(everyone, run.moe_layers[0], comm.size, etp,
                                                 tp_axis=stage_mesh(dp, ep, tp)[1][-1])))
 
-    if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
-        model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
-                                         schedule=args.schedule, microbatches=microbatches(args),
-                                         virtual=virtual_stages(args), split=layers, check=check,
-                                         on_step=report,
-                                         recompute=args.recompute, memory=args.memory, ep=ep,
-                                         algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
-                                         layouts=layouts, replay=args.replay, save=args.save,
-                                         save_every=args.save_every, resume=args.resume, cp=args.cp,
-                                         context=context_of(args))
-    else:
-        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
-                               on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
-                               replay=args.replay, zero=zero, precision=args.precision, kept=args.kept,
-                               layouts=layouts, save=args.save, save_every=args.save_every, resume=args.resume,
-                               cp=args.cp, context=context_of(args))
+    if pipelined(args):  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
+        return train_pipelined(cfg, comm, args.pp, dp, tp, args.steps, run.ids, sp=args.sp,
+                               schedule=args.schedule, microbatches=microbatches(args),
+                               virtual=virtual_stages(args), split=run.layers, check=run.check, on_step=report,
+                               recompute=args.recompute, memory=args.memory, ep=ep,
+                               algorithms=run.algorithms, zero=run.zero, precision=args.precision, kept=args.kept,
+                               layouts=run.layouts, replay=args.replay, save=args.save,
+                               save_every=args.save_every, resume=args.resume, cp=args.cp, context=context_of(args))
+    return train(cfg, comm, dp, tp, args.steps, run.ids, sp=args.sp, check=run.check,
+                 on_step=report, mesh=run.mesh, ep=ep, recompute=args.recompute, memory=args.memory,
+                 replay=args.replay, zero=run.zero, precision=args.precision, kept=args.kept,
+                 layouts=run.layouts, save=args.save, save_every=args.save_every, resume=args.resume,
+                 cp=args.cp, context=context_of(args))
+
+
+def report_results(args, run, results):
+    """Print (rank 0) the check, the loss's trend and the experts' memory; whether all passed and the loss fell."""
+    rank0 = run.comm.rank == 0
     if rank0 and args.save is not None:
-        print(saved_line(args, comm.size))
+        print(saved_line(args, run.comm.size))
     trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
-    if check and rank0:
-        print("\n".join(check_lines(results, cfg, args.precision)))
+    if run.check and rank0:
+        print("\n".join(check_lines(results, run.cfg, args.precision)))
     if rank0:
         print(trend)
     mine = results[-1].experts if results else None
-    if piped and not dry_run_active() and args.memory:  # the first rank of each stage holding MoE layers
-        from spmdsim.runtime.door import gather_object
-
-        everyone = gather_object(comm, mine) or []
-        mine = [e for e in everyone if e and e.layers and e.rank % (dp * ep * tp) == 0]
+    if pipelined(args) and not dry_run_active() and args.memory:  # the first rank of each stage holding MoE layers
+        everyone = gather_object(run.comm, mine) or []
+        mine = [e for e in everyone if e and e.layers and e.rank % (run.dp * run.ep * run.tp) == 0]
     else:  # a dry run: each stage's representative adds its own
         mine = [mine] if mine and mine.layers else []
     ledger = [line for e in mine for line in e.lines()]
@@ -345,8 +392,7 @@ def main(args):
         note(*ledger)  # below the dry run's report: its own output is not shown
     elif args.memory and rank0:
         print("\n".join(results[-1].memory.lines() + ledger))
-    model.close() if piped else model.mesh.close()
-    return 0 if not failed and falling else 1
+    return not failed and falling
 
 
 sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
