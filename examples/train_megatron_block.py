@@ -41,65 +41,82 @@ ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
 
+class MegatronBlock:
+    """The block on a 1-D "tp" mesh of all the ranks (its widths grow with them), and the tokens it learns."""
+
+    def __init__(self, comm):
+        """Build the mesh, the layers (seeded: alike on every rank) and the tokens with their next-token labels."""
+        p = comm.size
+        seq, d_model, heads, width, ffn, vocab = 2 * p, 8, p, 4, 4 * p, 4 * p
+        self.seq, self.d_model, self.heads, self.width, self.ffn, self.vocab = seq, d_model, heads, width, ffn, vocab
+        self.mesh = mesh = Mesh(Layout((p,), ("tp",)), comm)
+        self.emb = VocabParallelEmbedding(mesh, vocab, d_model, axes="tp", dtype="float64", seed=1)
+        self.wq, self.wk, self.wv = (ColumnParallelLinear(mesh, d_model, heads * width, bias=False, axes="tp",
+                                                          dtype="float64", seed=s) for s in (2, 4, 6))
+        self.wo = RowParallelLinear(mesh, heads * width, d_model, bias=False, input_is_parallel=True,
+                                    sequence_parallel=True, axes="tp", dtype="float64", seed=8)
+        self.mlp = ParallelMLP(mesh, d_model, ffn, sequence_parallel=True, axes="tp", dtype="float64", seed=10)
+        self.head = ColumnParallelLinear(mesh, d_model, vocab, bias=False, sequence_parallel=True, axes="tp",
+                                         dtype="float64", seed=14)
+        fc1, fc2 = self.mlp.linear_fc1, self.mlp.linear_fc2
+        self.params = {"table": self.emb.weight, "Wq": self.wq.weight, "Wk": self.wk.weight, "Wv": self.wv.weight,
+                       "Wo": self.wo.weight, "W1": fc1.weight, "b1": fc1.bias, "W2": fc2.weight, "b2": fc2.bias,
+                       "Wh": self.head.weight}
+        self.tokens_g = SeededTensor((seq,), "int64", 20, low=0, high=vocab).full()
+        self.labels_g = np.roll(self.tokens_g, -1)  # next-token targets
+        self.tokens = DTensor.from_global(mesh, self.tokens_g, mesh.layout(None))
+        self.labels = DTensor.from_global(mesh, self.labels_g, mesh.layout(None))
+
+    def per_head(self, t):
+        """(seq, heads*width) split on columns -> (heads, seq, width) split on heads: no communication."""
+        return transpose(reshape(t, (self.seq, self.heads, self.width)), (1, 0, 2))
+
+    def loss(self):
+        """The forward pass: the tokens' cross-entropy, the sequence split over tp between the layers."""
+        L, seq, heads, width = self.mesh.layout, self.seq, self.heads, self.width
+        x = redistribute(self.emb(self.tokens), L("tp", None))  # scatter to the sequence-parallel region
+        h = redistribute(x, L(None, None))  # Allgather the sequence (its backward: Reduce_scatter)
+        q, k, v = (self.per_head(layer(h)) for layer in (self.wq, self.wk, self.wv))
+        ctx = matmul(softmax(scale(matmul(q, k, transpose_b=True), width ** -0.5)), v)
+        x1 = add(x, self.wo(reshape(transpose(ctx, (1, 0, 2)), (seq, heads * width))))  # Reduce_scatter
+        x2 = add(x1, self.mlp(x1))
+        return cross_entropy(self.head(x2), self.labels)  # logits split over the vocabulary
+
+
 def main(args):
     """One rank's training (MPI or simulated); returns the exit code every rank agrees on."""
     comm = spmdsim.world()  # MPI.COMM_WORLD under mpiexec, this thread's rank under --ranks
-    p = comm.size
-    seq, d_model, heads, width, ffn, vocab = 2 * p, 8, p, 4, 4 * p, 4 * p
-    mesh = Mesh(Layout((p,), ("tp",)), comm)
-    L = mesh.layout
-
-    emb = VocabParallelEmbedding(mesh, vocab, d_model, axes="tp", dtype="float64", seed=1)
-    wq, wk, wv = (ColumnParallelLinear(mesh, d_model, heads * width, bias=False, axes="tp", dtype="float64",
-                                       seed=s) for s in (2, 4, 6))
-    wo = RowParallelLinear(mesh, heads * width, d_model, bias=False, input_is_parallel=True,
-                           sequence_parallel=True, axes="tp", dtype="float64", seed=8)
-    mlp = ParallelMLP(mesh, d_model, ffn, sequence_parallel=True, axes="tp", dtype="float64", seed=10)
-    head = ColumnParallelLinear(mesh, d_model, vocab, bias=False, sequence_parallel=True, axes="tp",
-                                dtype="float64", seed=14)
-    params = {"table": emb.weight, "Wq": wq.weight, "Wk": wk.weight, "Wv": wv.weight, "Wo": wo.weight,
-              "W1": mlp.linear_fc1.weight, "b1": mlp.linear_fc1.bias, "W2": mlp.linear_fc2.weight,
-              "b2": mlp.linear_fc2.bias, "Wh": head.weight}
-    tokens_g = SeededTensor((seq,), "int64", 20, low=0, high=vocab).full()
-    labels_g = np.roll(tokens_g, -1)  # next-token targets
-    tokens = DTensor.from_global(mesh, tokens_g, L(None))
-    labels = DTensor.from_global(mesh, labels_g, L(None))
+    block = MegatronBlock(comm)
+    losses, calls, checked, failed, worst = train_steps(args, block)
+    trend, trend_ok = loss_trend(losses)
+    if comm.rank == 0:
+        report(args, trend, calls, checked, failed, worst)
+    block.mesh.close()
+    return 0 if not failed and trend_ok else 1
 
 
-    def per_head(t):
-        """(seq, heads*width) split on columns -> (heads, seq, width) split on heads: no communication."""
-        return transpose(reshape(t, (seq, heads, width)), (1, 0, 2))
-
-
-    def block_loss():
-        x = redistribute(emb(tokens), L("tp", None))  # scatter to the sequence-parallel region
-        h = redistribute(x, L(None, None))  # Allgather the sequence (its backward: Reduce_scatter)
-        q, k, v = (per_head(layer(h)) for layer in (wq, wk, wv))
-        ctx = matmul(softmax(scale(matmul(q, k, transpose_b=True), width ** -0.5)), v)
-        x1 = add(x, wo(reshape(transpose(ctx, (1, 0, 2)), (seq, heads * width))))  # Reduce_scatter
-        x2 = add(x1, mlp(x1))
-        return cross_entropy(head(x2), labels)  # logits split over the vocabulary
-
-
+def train_steps(args, block):
+    """SGD for --steps steps, each checked; the losses, the calls per phase, tensors checked, failed, worst."""
+    p, rank0 = block.mesh.comm.size, block.mesh.comm.rank == 0
     # A dry run (--dry-run) has shapes, not values: nothing to check, so no reference to hold.
     checking = not dry_run_active()
     # The widths grow with the ranks and the logits with them: a fixed step diverges at 128 ranks.
     lr = args.lr if args.lr is not None else 0.05 * min(1.0, 64 / p)
     # The loss and the gradients within 2 k eps (two computations, each summing in its own order; k the
     # longest sum, 4p) x the magnitudes that entered each element (docs/explanation/tolerances.md, "Tolerances").
-    rtol = 2 * sum_rtol(max(seq, d_model, heads * width, ffn, vocab), "float64")
+    rtol = 2 * sum_rtol(max(block.seq, block.d_model, block.heads * block.width, block.ffn, block.vocab), "float64")
     # Anchored: the reference starts each step from the run's parameters (small: whole), those the step before
     # checked, so each check holds one step's rounding (a free-running reference's differences compound with
     # the steps), and whatever moved the run's parameters after that check shows in the next step's loss.
-    start = {name: t.gather() for name, t in params.items()} if checking else {}
-    optimizer = SGD(list(params.values()), lr=lr)
+    start = {name: t.gather() for name, t in block.params.items()} if checking else {}
+    optimizer = SGD(list(block.params.values()), lr=lr)
     losses, failed, worst, verdicts = [], 0, 0.0, []
     calls = {phase: [0, 0] for phase in PHASES}
     for step in range(args.steps):
         optimizer.zero_grad()
         traces = {}
         with collect_trace() as traces["forward"]:
-            loss = block_loss()
+            loss = block.loss()
         with collect_trace() as traces["backward"]:
             loss.backward()
         with collect_trace() as traces["optimizer"]:
@@ -108,48 +125,56 @@ def main(args):
             raise SpmdsimError(f"the loss diverged at step {step} ({float(loss.local)}): "
                                f"lower --lr (now {lr})")
         if checking:
-            x_ref = start["table"][tokens_g]
-            # Simulated ranks (--ranks) run the reference once between them (spmdsim.runtime.sim.once).
-            ref_loss, grads, loss_scale, scales = once(("megatron_block", step), megatron_block,
-                                                       {k: v for k, v in start.items() if k != "table"}, x_ref,
-                                                       labels_g, heads, True)
-            grads["table"] = rg.embedding_grad(tokens_g, vocab, grads["x"])
-            scales["table"] = rg.embedding_grad(tokens_g, vocab, scales["x"])
-            # The loss and each gradient x the magnitudes that entered them (the step on absolute values: not
-            # |loss| or max|grad|, which fall far below their terms as the block learns); each updated
-            # parameter the run's own update, start - lr x the run's gradient: a few eps of its terms.
-            verdicts = [loss.check(np.asarray(ref_loss), rtol=rtol, atol=0.0, scale=np.asarray(loss_scale))]
-            sizes = [loss_scale]  # each tensor's largest entry (its magnitudes'), for the summary line
-            for name, t in params.items():
-                scale_g = float(np.abs(grads[name]).max())
-                verdicts.append(t.grad.check(grads[name], rtol=rtol, atol=0.0, scale=scales[name]))
-                run_grad = t.grad.gather()
-                terms = np.abs(start[name]) + lr * np.abs(run_grad)
-                verdicts.append(t.check(start[name] - lr * run_grad, rtol=4 * np.finfo(np.float64).eps, atol=0.0,
-                                        scale=terms))
-                sizes += [scale_g, float(terms.max())]
+            verdicts, sizes = check_step(block, step, loss, start, lr, rtol)
             failed += sum(not v for v in verdicts)
             worst = max([worst] + [v.max_abs_error / max(size, 1e-300) for v, size in zip(verdicts, sizes)])
-            start = {name: t.gather() for name, t in params.items()}  # the next step's start: the run's
+            start = {name: t.gather() for name, t in block.params.items()}  # the next step's start: the run's
         losses.append(float(loss.local))
         for phase, trace in traces.items():
             calls[phase][0] += trace.totals()["calls"]
             calls[phase][1] += trace.totals()["bytes_sent"]
-        if comm.rank == 0 and step % 5 == 0:
+        if rank0 and step % 5 == 0:
             print(f"step {step}: loss {losses[-1]:.7f}")
-        if step == 0 and comm.rank == 0:
+        if step == 0 and rank0:
             for phase in PHASES:
                 print(f"step 0 {phase} collectives: {traces[phase].counts()}")
-    trend, trend_ok = loss_trend(losses)
-    if comm.rank == 0:
-        print(trend)
-        print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
-                                                 for phase, c in calls.items()))
-        print(f"check: {len(verdicts) * args.steps} tensors over {counted(args.steps, 'step')} vs one process: "
-              f"{'PASS' if not failed else f'FAILED ({failed})'}")
-        print(f"largest difference {worst:.2e} of the tensor's largest entry")
-    mesh.close()
-    return 0 if not failed and trend_ok else 1
+    return losses, calls, len(verdicts), failed, worst
+
+
+def check_step(block, step, loss, start, lr, rtol):
+    """The step's verdicts against the block in one process from the step's `start`, and each tensor's size."""
+    tokens_g, vocab = block.tokens_g, block.vocab
+    x_ref = start["table"][tokens_g]
+    # Simulated ranks (--ranks) run the reference once between them (spmdsim.runtime.sim.once).
+    ref_loss, grads, loss_scale, scales = once(("megatron_block", step), megatron_block,
+                                               {k: v for k, v in start.items() if k != "table"}, x_ref,
+                                               block.labels_g, block.heads, True)
+    grads["table"] = rg.embedding_grad(tokens_g, vocab, grads["x"])
+    scales["table"] = rg.embedding_grad(tokens_g, vocab, scales["x"])
+    # The loss and each gradient x the magnitudes that entered them (the step on absolute values: not
+    # |loss| or max|grad|, which fall far below their terms as the block learns); each updated
+    # parameter the run's own update, start - lr x the run's gradient: a few eps of its terms.
+    verdicts = [loss.check(np.asarray(ref_loss), rtol=rtol, atol=0.0, scale=np.asarray(loss_scale))]
+    sizes = [loss_scale]  # each tensor's largest entry (its magnitudes'), for the summary line
+    for name, t in block.params.items():
+        scale_g = float(np.abs(grads[name]).max())
+        verdicts.append(t.grad.check(grads[name], rtol=rtol, atol=0.0, scale=scales[name]))
+        run_grad = t.grad.gather()
+        terms = np.abs(start[name]) + lr * np.abs(run_grad)
+        verdicts.append(t.check(start[name] - lr * run_grad, rtol=4 * np.finfo(np.float64).eps, atol=0.0,
+                                scale=terms))
+        sizes += [scale_g, float(terms.max())]
+    return verdicts, sizes
+
+
+def report(args, trend, calls, checked, failed, worst):
+    """Print (rank 0) the loss's trend, the collectives per step and the check's verdict."""
+    print(trend)
+    print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
+                                             for phase, c in calls.items()))
+    print(f"check: {checked * args.steps} tensors over {counted(args.steps, 'step')} vs one process: "
+          f"{'PASS' if not failed else f'FAILED ({failed})'}")
+    print(f"largest difference {worst:.2e} of the tensor's largest entry")
 
 
 sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
