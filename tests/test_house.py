@@ -5,7 +5,8 @@ runtime, emulator, nn, models, tools. A module imports only modules of its own f
 imports inside functions included (mpi4py counts as the runtime floor: nothing below the runtime loads it).
 Nowhere an import cycle, imports inside functions counted; at most MOST_INNER_IMPORTS imports of the package's
 own modules inside functions (kept for the CLI's and `spmdsim mpirun`'s start and optional dependencies).
-In every floor, no module over 400 lines and no function over 75 lines.
+In every floor, no module over 400 lines and no function over 75 lines; the examples users read to learn the
+package (examples/*.py) alike.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ MOST_INNER_IMPORTS = 60
 
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 75
+
+#: The examples (examples/*.py): read by users learning the package, held to its modules' sizes.
+EXAMPLES = importkit.ROOT / "examples"
 
 
 def floor_of(module: str) -> int | None:
@@ -96,16 +100,20 @@ def test_few_imports_of_the_package_are_inside_functions():
             for module, statements in found.items()))
 
 
+def _measure(path) -> tuple[int, list[tuple[str, int]]]:
+    """(lines, [("function:line", lines)]) of the Python file at `path`."""
+    text = path.read_text()
+    functions = [(f"{node.name}:{node.lineno}", node.end_lineno - node.lineno + 1)
+                 for node in ast.walk(ast.parse(text, str(path)))
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return len(text.splitlines()), functions
+
+
 def _sizes(floors: tuple[str, ...] = FLOORS):
     """(module, lines, [(function, lines)]) for every module of `floors`."""
     for module, path in sorted(importkit.module_paths().items()):
-        if not in_floors(module, floors):
-            continue
-        text = path.read_text()
-        functions = [(f"{node.name}:{node.lineno}", node.end_lineno - node.lineno + 1)
-                     for node in ast.walk(ast.parse(text, str(path)))
-                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        yield module, len(text.splitlines()), functions
+        if in_floors(module, floors):
+            yield (module, *_measure(path))
 
 
 def test_every_module_reads_in_one_sitting():
@@ -119,6 +127,30 @@ def test_every_function_is_short():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
+def oversized_examples(folder=EXAMPLES) -> list[str]:
+    """One line per example of `folder` (its *.py) over MAX_MODULE_LINES lines, and per function of one over
+    MAX_FUNCTION_LINES."""
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        lines, functions = _measure(path)
+        if lines > MAX_MODULE_LINES:
+            found.append(f"  examples/{path.name}: {lines} lines (at most {MAX_MODULE_LINES})")
+        for label, n in functions:
+            if n > MAX_FUNCTION_LINES:
+                name, line = label.split(":")
+                found.append(f"  examples/{path.name}: {name}() at line {line} is {n} lines (at most "
+                             f"{MAX_FUNCTION_LINES})")
+    return found
+
+
+def test_every_example_reads_in_one_sitting():
+    """The examples are read by users learning the package: the same sizes as its modules (a long main() split
+    into named steps, each with its docstring)."""
+    found = oversized_examples()
+    assert not found, ("examples over the house's sizes (split a long function into named steps; move code "
+                       "shared by examples into the package module they share):\n" + "\n".join(found))
+
+
 def test_the_rules_see_the_package():
     """Spot checks, so an empty scan cannot pass the tests above."""
     sizes = {module: (lines, functions) for module, lines, functions in _sizes()}
@@ -130,5 +162,9 @@ def test_the_rules_see_the_package():
     assert floor_of("spmdsim.errors") is None and floor_of("numpy") is None
     # An import inside a function is in the scan (the floors count it), and in the count of inner imports.
     assert any(not i.at_import for imports in importkit.scan().values() for i in imports)
+    # The examples' rule reads them all: the training examples and their main() among them.
+    examples = {path.name: _measure(path) for path in EXAMPLES.glob("*.py")}
+    assert len(examples) > 20 and {"train_gpt.py", "train_moe_gpt.py", "train_megatron_block.py"} <= set(examples)
+    assert any(name.startswith("main:") for name, _ in examples["train_gpt.py"][1])
     assert any(s.endswith("from .window import SimWin  # (numpy, at its import: a program that opens no window runs "
                           "without it)") for s in _inner_imports()["spmdsim.emulator.mpi4py_world"])
