@@ -37,8 +37,9 @@ from .params import param_specs
 from .tolerances import failed_steps
 from ..moe.fold import fold_problem
 
-__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem", "checkpoint_arguments",
-           "context_arguments", "context_of", "context_line", "step_header", "step_row", "saved_line",
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem",
+           "checkpoint_arguments", "context_arguments", "context_of", "context_line", "step_header", "step_row",
+           "saved_line",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
@@ -199,8 +200,9 @@ def sizes_problem(args: Any) -> Optional[str]:
 
 def moe_problem(args: Any) -> Optional[str]:
     """Why the experts' flags (``--experts``, ``--top-k``, ``--moe-every``, ``--etp``, ``--capacity-factor``,
-    ``--aux-loss-coeff``, ``--z-loss-coeff``: those of examples/train_moe_gpt.py) cannot be, naming the flag typed (MoEConfig's own refusals name its fields: "MoEConfig
-    top_k 3 ..."), or None; pure: every rank alike, before any collective."""
+    ``--aux-loss-coeff``, ``--z-loss-coeff``: those of examples/train_moe_gpt.py) cannot be, naming the flag as
+    typed (MoEConfig's own refusals name its fields: "MoEConfig top_k 3 ..."), or None; pure: every rank alike,
+    before any collective."""
     if args.experts < 1 or args.moe_every < 1:
         flag, value = ("--experts", args.experts) if args.experts < 1 else ("--moe-every", args.moe_every)
         return f"{flag} {value} must be at least 1"
