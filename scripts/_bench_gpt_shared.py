@@ -1,9 +1,11 @@
-"""What scripts/bench_gpt.py and its cases (scripts/_bench_gpt_context.py, scripts/_bench_gpt_fsdp.py) share.
+"""What scripts/bench_gpt.py and its cases (scripts/_bench_gpt_pipeline.py, _bench_gpt_moe.py,
+_bench_gpt_context.py, _bench_gpt_fsdp.py) share.
 
-The GPT they time (`_config`, `gpt_step`), the waits in a step's collectives (`_arrivals`), a step's message
-groups timed both ways (`MessageGroups`), a launch's RESULT line (`_result`) and mpiexec (`_mpiexec`), and the
-rows of their tables (`agreement`, `message_rows`, `_mpi_rows`, `_line`, `_ratio`, `_median`). The cases import
-this module, not bench_gpt.py, which dispatches to them.
+The GPT they time (`_config`, `gpt_step`) and its steps timed (`reference_step`, `gpt_steps`), the waits in a
+step's collectives (`_arrivals`), a step's message groups timed both ways (`MessageGroups`), a launch's
+RESULT line (`_result`) and mpiexec (`_mpiexec`), and the rows of their tables (`agreement`, `message_rows`,
+`_mpi_rows`, `_line`, `_ratio`, `_median`). The cases import this module, not bench_gpt.py, which dispatches
+to them.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 def _config(args):
@@ -43,6 +46,73 @@ def gpt_step(cfg, mesh, kept: str = "graph", fsdp=None) -> tuple:
         return loss
 
     return model, params, train_step
+
+
+def reference_step(args) -> dict:
+    """The one numpy process's step (spmdsim.models.gpt.reference, one BLAS thread): its median seconds."""
+    from spmdsim.base.threads import blas_threads
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.reference import Trainer
+
+    cfg = _config(args)
+    times = []
+    with blas_threads(1):
+        trainer = Trainer(cfg, encode(load_text()))
+        for step in range(args.steps + 1):
+            t0 = time.perf_counter()
+            trainer.step()
+            times.append(time.perf_counter() - t0)
+    return {"step": statistics.median(times[1:])}
+
+
+def gpt_steps(args, comm, mpi: bool, cfg, mesh: tuple, replay: bool = False) -> dict:
+    """Time the distributed steps of the GPT of `cfg` on this rank's comm, on a mesh of `mesh` (its shape and
+    axis names); with `mpi` (a process per rank), also their collectives after arrival and the CPU time of
+    all ranks. `replay`: the warm-up step is captured (spmdsim.runtime.replay) and each timed step replays it."""
+    from spmdsim import Layout
+    from spmdsim.models.gpt import batch, encode, load_text
+    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim.nn import ops
+    from spmdsim.runtime.replay import Scalar, capture
+
+    ids = encode(load_text())
+    walls, inside, waited, arrived, cpus = [], [], [], [], []
+
+    mesh = Mesh(Layout(*mesh), comm)
+    model, params, train_step = gpt_step(cfg, mesh)
+    graph = None
+    for step in range(args.steps + 1):
+        x, y = batch(ids, cfg, step)
+        xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
+        comm.Barrier()
+        # A rank's CPU: its process's on MPI ranks (spmdsim's own threads, if any, included), its thread's
+        # on simulated ranks (threads of one process), as the hand-written peer measures its ranks'.
+        clock = time.process_time if mpi else time.thread_time
+        t0, c0 = time.perf_counter(), clock()
+        with collect_trace() as trace:
+            if not replay:
+                loss = train_step(xd, yd, step)
+            elif graph is None:
+                loss = graph = capture(train_step, xd, yd, Scalar(step), state=params)
+            else:
+                loss = graph(xd, yd, step)
+        wall, cpu = time.perf_counter() - t0, clock() - c0
+        if step == 0:  # spmdsim's dropout masks: the peer's checked step 0 draws the same
+            loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
+        spent = sum(e.seconds for e in trace.entries)
+        if mpi:
+            before, after = _arrivals(mesh, trace.entries)
+            waited.append(comm.allreduce(before, op=_max()))
+            arrived.append(comm.allreduce(after, op=_max()))
+        cpus.append(comm.allreduce(cpu))
+        walls.append(comm.allreduce(wall, op=_max()))
+        inside.append(comm.allreduce(spent, op=_max()))
+    mesh.close()
+    out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:]),
+           "cpu": statistics.median(cpus[1:]), "loss0": loss0, "calls": len(trace.entries)}
+    if mpi:
+        out["waited"], out["arrived"] = statistics.median(waited[1:]), statistics.median(arrived[1:])
+    return out
 
 
 def _arrivals(mesh, entries) -> tuple[float, float]:

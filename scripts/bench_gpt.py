@@ -85,361 +85,84 @@ allocates its results afresh (an eager step, the peers') gives its freed heap
 top back to the OS and faults it in again the next step (docs/explanation/performance.md),
 so every row runs on the same heap.
 
-``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,
-dp 1, 1F1B, --microbatches, default 8): spmdsim.models.gpt.pipeline's
-train_pipelined (the activations and their gradients between stages as
-point-to-point messages) beside the same schedule written by hand on mpi4py
-(scripts/peer_mpi4py_pipeline.py: Irecv/Isend of numpy buffers between
-neighbouring stages, each stage's layers in numpy), launched before spmdsim and
-again after it (the A/A control). Each launch runs step 0 (spmdsim's dropout
-masks in both; the peer's loss is printed beside spmdsim's step 0 and the one
-process's) and times steps 1..--steps from a barrier to the next (the slowest
-rank); a row is the median over launches of each launch's median step, the
-ratios the median over launches of each launch's ratio, beside their spread.
-Point-to-point time a step: the span spmdsim's trace row of each
-point-to-point call covers (runtime.door.point_to_point: from before its first
-post to after its last wait), summed over the step's calls, the slowest rank;
-the peer times the same span of each of its message groups. It includes the
-wait for the neighbouring stage's compute, so it follows the stages' cells.
-Messages only: one more launch per round replays each rank's message groups of
-one step (message_groups: sizes, peers, tags and order from the schedule
-spmdsim runs, and the tied table's exchange) with no compute between, on the
-same buffers and communicator, ROUNDS times, each round through spmdsim's door
-and by raw mpi4py Irecv/Isend (completed by the same wait as spmdsim's, twice:
-the second is the A/A control, and by Request.Waitall), then with the messages
-bound to their buffers once: the step's door calls captured and replayed
-(spmdsim.runtime.replay: the door binds each group at the capture, a replay
-starts it with one Startall) and raw mpi4py's Recv_init/Send_init, in an order
-that turns each round; each launch's ratio is the median of the rounds' ratios,
-a row the median over launches. The point-to-point bytes, groups and messages
-of a step (all ranks) are printed for spmdsim, the peer and the replay (whose
-captured calls must write the door's rows); the script exits 1 when they differ
-or the losses do not agree. The CPU time of a step is each rank's from the
-step's barrier to the step's end (not the next barrier's spin), summed over the
-4 ranks, on both sides. ``--replay``: spmdsim is launched twice a round, eager
-and then with its pipelined step 0 captured and the timed steps replaying it
-(train_pipelined(replay=True)); each launch of either is compared with the
-same round's peer, and the eager launch with the replayed one (eager /
-replayed: the same engine, ranks and cores). ``--simulated`` (with
---pipeline) adds, each round, the peer unmodified on 4 simulated ranks
-(``spmdsim mpirun -n 4``: threads of one process, blocking calls), spmdsim's
-replayed step on 4 simulated ranks (spmdsim.simulate) and the peer there again
-(the A/A control): the step times of the same engine on the same threads.
-
-``--moe`` times the MoE GPT's step instead (the same sizes, every second
-block's MLP 4 experts behind a top-2 router, capacity factor 1) on 8 MPI ranks,
-dp 2 x ep 2 x tp 2, sequence parallel: each round the hand-written peer
-(scripts/peer_mpi4py_moe.py: the dense peer's step with its MoE layers on
-mpi4py, Alltoall over ep, the same collectives a step as spmdsim's; polite
-wait), spmdsim's step replayed (step 0 captured, the timed steps replaying it),
-spmdsim's step eager, and the peer again (the A/A control), with the step, its
-collectives, the waits for later members in them, their time after the last
-member arrived and the 8 ranks' CPU, as the dense rows. ``--simulated`` adds
-each round the peer on 8 simulated ranks (``spmdsim mpirun -n 8``, blocking
-calls), spmdsim's replayed step on 8 simulated ranks and the peer there again. Step 0 runs with spmdsim's dropout
-masks on both sides: the peer's loss is printed beside spmdsim's (eager and
-replayed) and the one process's, and the script exits 1 when the losses or
-the collectives a step differ.
+``--pipeline``, ``--moe``, ``--fsdp`` and ``--context`` time other steps instead, each described in its
+own module beside this file: scripts/_bench_gpt_pipeline.py, _bench_gpt_moe.py, _bench_gpt_fsdp.py and
+_bench_gpt_context.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-MESH = (2, 4)
-PP = 4  # --pipeline's stages, one MPI rank each
-MOE_MESH = (2, 2, 2)  # --moe's (dp, ep, tp) on 8 MPI ranks
-MOE_EXPERTS = 4  # --moe: experts per MoE layer (every second block), top-2, capacity factor 1
-P2P = ("send", "recv", "sendrecv")  # the trace's point-to-point rows (spmdsim.runtime.door.point_to_point)
+MESH = ((2, 4), ("dp", "tp"))  # the dense step's mesh: its shape and axes
 
-sys.path.insert(0, str(HERE.parent))  # the peer and the shared parts beside this file, also when imported by path
+sys.path.insert(0, str(HERE.parent))  # the peer and the cases beside this file, also when imported by path
 from peer_dtensor_gpt import missing  # noqa: E402
-from _bench_gpt_shared import (FIGURES, MessageGroups, _arrivals, _config, _line, _load, _max, _median,  # noqa: E402
-                               _mpi_rows, _mpiexec, _ratio, _result, agreement, gpt_step, message_rows)
+from _bench_gpt_shared import (FIGURES, _config, _line, _load, _mpi_rows, _mpiexec, _ratio, _result,  # noqa: E402
+                               gpt_steps, reference_step)
+from _bench_gpt_moe import MOE, MOE_MESH, moe_case, moe_command, moe_config  # noqa: E402
+from _bench_gpt_pipeline import PIPE, PP, SIMULATED, message_replay, pipeline_case, pipeline_steps  # noqa: E402
 
 from spmdsim.base.malloc import glibc_env  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 
-def _moe_config(args):
-    """--moe's model: the dense one's sizes, every second block's MLP MOE_EXPERTS experts (the peer's too)."""
-    from peer_mpi4py_moe import moe_config
-
-    return moe_config(argparse.Namespace(layers=args.layers, d_model=args.d_model, seq=args.seq, dropout=0.1,
-                                         experts=MOE_EXPERTS, capacity_factor=1.0))
-
-
-def _reference(args) -> dict:
-    from spmdsim.base.threads import blas_threads
-    from spmdsim.models.gpt import encode, load_text
-    from spmdsim.models.gpt.reference import Trainer
-
-    cfg = _config(args)
-    times = []
-    with blas_threads(1):
-        trainer = Trainer(cfg, encode(load_text()))
-        for step in range(args.steps + 1):
-            t0 = time.perf_counter()
-            trainer.step()
-            times.append(time.perf_counter() - t0)
-    return {"step": statistics.median(times[1:])}
-
-
-def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe: bool = False) -> dict:
-    """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
-    after arrival and the CPU time of all ranks. `replay`: the warm-up step is captured
-    (spmdsim.runtime.replay) and each timed step replays it. `moe`: the MoE GPT (_moe_config) on MOE_MESH."""
-    from spmdsim import Layout
-    from spmdsim.models.gpt import batch, encode, load_text
-    from spmdsim import DTensor, Mesh, collect_trace
-    from spmdsim.nn import ops
-    from spmdsim.runtime.replay import Scalar, capture
-
-    cfg, ids = (_moe_config(args) if moe else _config(args)), encode(load_text())
-    walls, inside, waited, arrived, cpus = [], [], [], [], []
-
-    mesh = Mesh(Layout(MOE_MESH, ("dp", "ep", "tp")), comm) if moe else Mesh(Layout(shape, ("dp", "tp")), comm)
-    model, params, train_step = gpt_step(cfg, mesh)
-    graph = None
-    for step in range(args.steps + 1):
-        x, y = batch(ids, cfg, step)
-        xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
-        comm.Barrier()
-        # A rank's CPU: its process's on MPI ranks (spmdsim's own threads, if any, included), its thread's
-        # on simulated ranks (threads of one process), as the hand-written peer measures its ranks'.
-        clock = time.process_time if mpi else time.thread_time
-        t0, c0 = time.perf_counter(), clock()
-        with collect_trace() as trace:
-            if not replay:
-                loss = train_step(xd, yd, step)
-            elif graph is None:
-                loss = graph = capture(train_step, xd, yd, Scalar(step), state=params)
-            else:
-                loss = graph(xd, yd, step)
-        wall, cpu = time.perf_counter() - t0, clock() - c0
-        if step == 0:  # spmdsim's dropout masks: the peer's checked step 0 draws the same
-            loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
-        spent = sum(e.seconds for e in trace.entries)
-        if mpi:
-            before, after = _arrivals(mesh, trace.entries)
-            waited.append(comm.allreduce(before, op=_max()))
-            arrived.append(comm.allreduce(after, op=_max()))
-        cpus.append(comm.allreduce(cpu))
-        walls.append(comm.allreduce(wall, op=_max()))
-        inside.append(comm.allreduce(spent, op=_max()))
-    mesh.close()
-    out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:]),
-           "cpu": statistics.median(cpus[1:]), "loss0": loss0, "calls": len(trace.entries)}
-    if mpi:
-        out["waited"], out["arrived"] = statistics.median(waited[1:]), statistics.median(arrived[1:])
-    return out
-
-
-def _pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -> dict:
-    """spmdsim's pipelined training (pp = the world, 1F1B) on `comm`: step 0 (the warm-up, its loss kept) and
-    steps 1..steps, each timed from a barrier to the barrier after it (the slowest rank), its CPU time from
-    that barrier to the end of the step (before the next barrier, whose MPICH wait spins), summed over the
-    ranks, as the peer measures its own; the point-to-point bytes and message seconds of each step from its
-    trace rows (spmdsim.runtime.door.point_to_point). `replay`: step 0 captured, the later steps replayed.
-    `clock`: a rank's CPU clock (a simulated rank's is its thread's)."""
-    from spmdsim import collect_trace
-    from spmdsim.models.gpt import encode, load_text
-    from spmdsim.models.gpt.pipeline import train_pipelined
-
-    stamps, marks, clocks, ends = [], [], [], []
-    with collect_trace() as trace:
-        def on_step(result) -> None:
-            ends.append(clock())
-            comm.Barrier()
-            stamps.append(time.perf_counter())
-            clocks.append(clock())
-            marks.append(len(trace))
-
-        comm.Barrier()
-        stamps.append(time.perf_counter())
-        clocks.append(clock())
-        marks.append(0)
-        _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
-                                     schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step,
-                                     replay=replay)
-    entries = trace.entries
-    walls, sent, waited, groups, cpus = [], [], [], [], []
-    for k in range(2, len(stamps)):  # stamps[1] ends the warm-up step 0
-        mine = [e for e in entries[marks[k - 1]:marks[k]] if e.op in P2P]
-        walls.append(comm.allreduce(stamps[k] - stamps[k - 1], op=_max()))
-        cpus.append(comm.allreduce(ends[k - 1] - clocks[k - 1]))
-        sent.append(comm.allreduce(sum(e.bytes_sent for e in mine)))
-        waited.append(comm.allreduce(sum(e.seconds for e in mine), op=_max()))
-        groups.append(comm.allreduce(len(mine)))
-    return {"step": statistics.median(walls), "messages": statistics.median(waited), "cpu": statistics.median(cpus),
-            "p2p_bytes": sent[-1], "p2p_bytes_steps": sent, "p2p_groups": groups[-1], "loss0": results[0].loss}
-
-
-#: --pipeline's messages-only pair: rounds a launch (after one untimed round of each way) and its ways, each
-#: round running every way once, in an order that turns by one each round.
-ROUNDS = 30
-REPLAYS = ("raw", "door", "raw2", "waitall", "replayed", "rawbound")
-
-
-def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
-    """`rank`'s point-to-point groups of one 1F1B step, in the order spmdsim.models.gpt.pipeline posts them:
-    (receives, sends), each a list of (bytes, peer, tag), from the schedule spmdsim runs
-    (spmdsim.programs.pipeline.schedule.build; tags as spmdsim.models.gpt.pipeline tags them) and, on the first and the
-    last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.stage_program._tie_embedding)."""
-    from spmdsim.models.gpt.stage_program import _tag
-    from spmdsim.programs.pipeline.records import Compute, Post, Send
-    from spmdsim.programs.pipeline.schedule import build
-
-    act = cfg.batch // microbatches * cfg.seq * cfg.d_model * 8  # a microbatch's activation, float64
-    groups = []
-    for action in build("1f1b", pp, microbatches).programs[rank]:
-        if isinstance(action, Compute):
-            continue
-        receives, sends = [], []
-        for op in action.ops if isinstance(action, Post) else (action,):
-            if isinstance(op, Send):
-                sends.append((act, op.peer, _tag(op.what, op.chunk)))
-            else:
-                receives.append((act, op.peer, _tag(op.what, op.chunk - 1 if op.what == "act" else op.chunk + 1)))
-        groups.append((receives, sends))
-    if pp > 1 and rank in (0, pp - 1):
-        table = (cfg.vocab * cfg.d_model * 8, pp - 1 - rank, 1 << 14)  # _tie_embedding's tag
-        groups.append(([table], [table]))
-    return groups
-
-
-def _message_replay(args, comm) -> dict:
-    """--pipeline's messages only: this rank's groups of one step (message_groups) on the same buffers, no
-    compute between, through spmdsim's door (runtime.door.point_to_point on the pipeline mesh's pp group,
-    a trace open as train_pipelined keeps one) and by raw mpi4py on the same communicator: Irecv/Isend
-    completed by spmdsim's wait ("raw", and "raw2", its A/A control: the peer's polite Test() polling on
-    a polite mesh, else Wait) and by Request.Waitall ("waitall"). A way's time in a round: the sum of its
-    groups' spans (from before the first post to after the last wait), the slowest rank. Two more ways post
-    the messages bound to their buffers once: the step's door calls captured (spmdsim.runtime.replay, as
-    train_pipelined(replay=True) captures step 0: the door binds each group, a replay starts it again) and
-    replayed ("replayed", timed whole: its calls and the replay's Python between them), and raw mpi4py's
-    Recv_init/Send_init, each group started by Prequest.Startall and completed by the same wait ("rawbound")."""
-    from mpi4py import MPI
-
-    from _peer_mpi4py_step import _tight_timer_slack
-    from spmdsim import Layout, Mesh, collect_trace
-    from spmdsim.models.gpt.stage_program import _PP
-    from spmdsim.runtime.replay import capture
-
-    cfg, clock = _config(args), time.perf_counter
-    mesh = Mesh(Layout((comm.size,), ("pp",)), comm)
-    if mesh.polite:
-        _tight_timer_slack()
-    msgs = MessageGroups(mesh, mesh.group("pp"), _PP, message_groups(cfg, comm.size, args.microbatches, comm.rank),
-                         "pipeline", clock)  # the pipeline's, as it calls the door
-    groups, raw = msgs.groups, msgs.raw
-
-    def replayed() -> float:
-        t0 = clock()
-        graph()
-        return clock() - t0
-
-    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "waitall": lambda: raw(True), "replayed": replayed,
-            "rawbound": lambda: raw(persistent=True)}
-    times: dict = {way: [] for way in REPLAYS}
-    with collect_trace() as trace:
-        graph = capture(msgs.step)  # posts the step's groups once, as the door binds them (untimed)
-        mark = captured = len(trace.entries)
-        for r in range(-1, ROUNDS):  # round -1: each way once, untimed
-            for way in REPLAYS[r % len(REPLAYS):] + REPLAYS[:r % len(REPLAYS)]:
-                comm.Barrier()
-                spent = comm.allreduce(ways[way](), op=MPI.MAX)
-                if r >= 0:
-                    times[way].append(spent)
-                if r == -1 and way == "door":
-                    rows = [e for e in trace.entries[mark:] if e.op in P2P]
-                if r == -1 and way == "replayed":
-                    replay_rows = [e for e in trace.entries[mark:] if e.op in P2P]
-                mark = len(trace.entries)
-    del graph  # its bound requests freed before the communicators
-    msgs.free()
-    mesh.close()
-    out = {way: statistics.median(times[way]) for way in REPLAYS}
-    for way in REPLAYS[1:]:
-        out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
-    same = [(e.op, e.bytes_sent, e.bytes_received) for e in replay_rows] == [(e.op, e.bytes_sent, e.bytes_received)
-                                                                             for e in rows] and captured == len(rows)
-    out.update(groups=comm.allreduce(len(rows)), bytes=comm.allreduce(sum(e.bytes_sent for e in rows)),
-               replay_rows_same=comm.allreduce(int(not same)) == 0,
-               planned_groups=comm.allreduce(len(groups)), messages=comm.allreduce(sum(len(s) for _, s in groups)),
-               planned_bytes=comm.allreduce(sum(b.nbytes for _, sends in groups for b, _, _ in sends)),
-               wait="polite" if msgs.polite else "busy", rounds=ROUNDS)
-    return out
-
-
 def _worker(args) -> None:
-    if args.worker == "ref":
-        result = _reference(args)
-    elif args.worker in ("sim", "simreplay"):
-        import spmdsim
-
-        replay = args.worker == "simreplay"
-        result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False, replay=replay))[0]
-    elif args.worker == "one":
-        import spmdsim
-        from spmdsim.base.threads import blas_threads
-
-        # One BLAS thread, as the one-process row: simulate() caps BLAS from 2 ranks only, and a
-        # multithreaded OpenBLAS on a loaded machine took 15 ms for a (128, 32) @ (32, 128) product
-        # with a transposed operand (20 us on one thread).
-        with blas_threads(1):
-            result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
-    elif args.worker == "msim":  # --moe --simulated: the replayed MoE step on 8 simulated ranks
-        import spmdsim
-
-        result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False, replay=True, moe=True))[0]
-    elif args.worker == "psim":  # --pipeline --simulated: the replayed step on PP simulated ranks
-        import spmdsim
-
-        result = spmdsim.simulate(PP, lambda: _pipeline_steps(args, spmdsim.world(), True, time.thread_time))[0]
-    elif args.worker in ("pipe", "pipereplay", "pmsg"):
-        from mpi4py import MPI
-
-        from spmdsim.runtime.process import tune_mpi_process
-
-        tune_mpi_process()
-        if args.worker == "pmsg":
-            result = _message_replay(args, MPI.COMM_WORLD)
-        else:
-            result = _pipeline_steps(args, MPI.COMM_WORLD, replay=args.worker == "pipereplay")
-        if MPI.COMM_WORLD.rank != 0:
-            return
+    """A launch's own work (`--worker`): its figures as one RESULT line, printed by rank 0."""
+    if args.worker in ("ref", "sim", "simreplay", "one", "msim", "psim"):
+        result = _simulated(args)
     else:
         from mpi4py import MPI
 
         from spmdsim.runtime.process import tune_mpi_process
 
         tune_mpi_process()  # as the guard does for spmdsim's commands: BLAS threads, heap, memory watch
-        result = _steps(args, MPI.COMM_WORLD, True, replay=args.worker in ("mpireplay", "moereplay"),
-                        moe=args.worker in ("moe", "moereplay"))
-        if MPI.COMM_WORLD.rank != 0:
+        comm, worker = MPI.COMM_WORLD, args.worker
+        if worker == "pmsg":
+            result = message_replay(args, comm)
+        elif worker in ("pipe", "pipereplay"):
+            result = pipeline_steps(args, comm, replay=worker == "pipereplay")
+        elif worker in ("moe", "moereplay"):
+            result = gpt_steps(args, comm, True, moe_config(args), (MOE_MESH, ("dp", "ep", "tp")),
+                               replay=worker == "moereplay")
+        else:
+            result = gpt_steps(args, comm, True, _config(args), MESH, replay=worker == "mpireplay")
+        if comm.rank != 0:
             return
     print("RESULT " + json.dumps(result))
 
 
+def _simulated(args) -> dict:
+    """The one process's step, or the step on simulated ranks (threads of this process): `args.worker`'s."""
+    import spmdsim
+    from spmdsim.base.threads import blas_threads
+
+    worker, on = args.worker, lambda n, body: spmdsim.simulate(n, lambda: body(spmdsim.world()))[0]
+    if worker == "ref":
+        return reference_step(args)
+    if worker in ("sim", "simreplay"):
+        return on(8, lambda comm: gpt_steps(args, comm, False, _config(args), MESH, replay=worker == "simreplay"))
+    if worker == "one":
+        # One BLAS thread, as the one-process row: simulate() caps BLAS from 2 ranks only, and a
+        # multithreaded OpenBLAS on a loaded machine took 15 ms for a (128, 32) @ (32, 128) product
+        # with a transposed operand (20 us on one thread).
+        with blas_threads(1):
+            return on(1, lambda comm: gpt_steps(args, comm, False, _config(args), ((1, 1), ("dp", "tp"))))
+    if worker == "msim":  # --moe --simulated: the replayed MoE step on 8 simulated ranks
+        return on(8, lambda comm: gpt_steps(args, comm, False, moe_config(args), (MOE_MESH, ("dp", "ep", "tp")),
+                                            replay=True))
+    # --pipeline --simulated: the replayed step on PP simulated ranks
+    return on(PP, lambda comm: pipeline_steps(args, comm, True, time.thread_time))
+
+
 #: The hand-written peer's launches: worker -> its wait ("hand2" is "hand" again, the A/A control).
 HAND = {"hand": "polite", "hand2": "polite", "busy": "busy"}
-#: --pipeline's launches, in their order: the peer, spmdsim (eager; with --replay then replayed), the peer again
-#: (A/A); with --simulated the peer on simulated ranks, spmdsim replayed on them, the peer again (A/A); the
-#: messages-only pair.
-PIPE = ("phand", "pipe", "pipereplay", "phand2", "psimhand", "psim", "psimhand2", "pmsg")
-SIMULATED = ("psimhand", "psim", "psimhand2")
-#: --moe's launches, in their order: the peer, spmdsim replayed, then eager, the peer again (A/A); with --simulated
-#: the peer on 8 simulated ranks, spmdsim replayed on them, the peer there again (A/A).
-MOE = ("mhand", "moereplay", "moe", "mhand2", "msimhand", "msim", "msimhand2")
-MOE_SIMULATED = ("msimhand", "msim", "msimhand2")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -482,153 +205,18 @@ def _command(args, worker: str, check: int = 0) -> tuple[list, dict]:
     if worker in ("mpi", "mpireplay", "dtensor") + PIPE and worker not in SIMULATED or worker in HAND:
         cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
     if worker in MOE:
-        cmd = _moe_command(worker, common, check)
+        cmd = moe_command(worker, common, check, _mpiexec)
     return cmd, env
 
 
-def _moe_command(worker: str, common: list, check: int) -> list:
-    """--moe's launch of `worker`: spmdsim's MoE step (eager or replayed) on 8 MPI ranks, or replayed on 8
-    simulated ones; the hand-written peer on 8 MPI ranks (polite wait) or on 8 simulated ones (blocking)."""
-    stop = ["timeout", "-k", "5", "900"]
-    if worker in ("moe", "moereplay", "msim"):
-        cmd = [sys.executable, str(HERE)] + common + ["--moe"]
-        return stop + cmd if worker == "msim" else stop + [_mpiexec() or "mpiexec", "-n", "8"] + cmd
-    dp, ep, tp = MOE_MESH
-    cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_moe.py")] + common[:-2] + [
-        "--dp", str(dp), "--ep", str(ep), "--tp", str(tp), "--experts", str(MOE_EXPERTS), "--check", str(check)]
-    if worker in MOE_SIMULATED:
-        return stop + [sys.executable, "-m", "spmdsim", "mpirun", "-n", "8"] + cmd + ["--wait", "busy"]
-    return stop + [_mpiexec() or "mpiexec", "-n", "8"] + cmd + ["--wait", "polite"]
-
-
 def _moe(args) -> int:
-    """--moe: spmdsim's MoE step, eager and replayed, beside the hand-written one, launch by launch; 1 if their
-    collectives a step or step 0's losses differ."""
-    if not _mpiexec():
-        print("bench_gpt --moe: no mpiexec beside python or on PATH (pip install mpich); the MoE case runs on 8 MPI "
-              "ranks", file=sys.stderr)
-        return 1
-    start = _load()
-    rows: dict = {worker: [] for worker in MOE if args.simulated or worker not in MOE_SIMULATED}
-    for launch in range(args.launches):
-        for worker in rows:
-            rows[worker].append(_launch(args, worker, check=int(launch == 0 and worker == "mhand")))
-    if not all(all(r) for r in rows.values()):
-        return 1
-    cfg, n = _moe_config(args), args.launches
-    dp, ep, tp = MOE_MESH
-    print(f"MoE GPT {args.layers} layers ({sum(map(cfg.is_moe, range(cfg.layers)))} MoE), d_model {args.d_model}, "
-          f"seq {args.seq}, batch 8; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, capacity factor "
-          f"{cfg.moe.capacity_factor:g}")
-    print(f"mesh dp {dp} x ep {ep} x tp {tp} (sequence parallel); {len(os.sched_getaffinity(0))} cores")
-    print(f"load average at the start {start} (1, 5, 15 min); {n} launch{'es' if n > 1 else ''} of each run, "
-          f"interleaved")
-    print(f"{'run':44} {'s/step':>8}  ratio: median of the launches' (min-max)")
-    _mpi_rows(rows, "mhand", "mhand2", "moereplay", "moe")
-    if args.simulated:
-        print("8 simulated ranks (threads of one process; the peer under spmdsim mpirun, blocking calls):")
-        for worker, title, base, versus in (("msimhand", "  numpy + mpi4py by hand", None, ""),
-                                            ("msimhand2", "  the same again (A/A control)", "msimhand", "by hand"),
-                                            ("msim", "  spmdsim, replayed", "msimhand", "by hand")):
-            against = rows[base] if base else None
-            print(_line(title, rows[worker], "step", against, versus))
-            print(_line("    CPU time of its 8 ranks", rows[worker], "cpu", against, versus))
-    ours, theirs = rows["moe"][0], rows["mhand"][0]
-    same_calls = all(r["calls"] == theirs["calls"] for w in rows for r in rows[w])
-    print(f"collectives a step, each rank: spmdsim {ours['calls']} (replayed {rows['moereplay'][0]['calls']}), "
-          f"by hand {theirs['calls']} ({'equal' if same_calls else 'DIFFERENT'})")
-    return agreement("--moe", ours, rows["moereplay"][0], theirs, same_calls, "parameters")
+    """--moe (scripts/_bench_gpt_moe.py), its launches by this file's `_launch`."""
+    return moe_case(args, _launch, _mpiexec)
 
 
 def _pipeline(args) -> int:
-    """--pipeline: spmdsim's pipelined step and the hand-written one, launch by launch; 1 if their bytes or
-    losses differ."""
-    if not _mpiexec():
-        print("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich); the pipeline case "
-              "runs on 4 MPI ranks", file=sys.stderr)
-        return 1
-    print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; load average "
-          f"{os.getloadavg()[0]:.1f}")
-    print(f"pipeline pp {PP} x dp 1 x tp 1 on {PP} MPI ranks, 1F1B, {args.microbatches} microbatches")
-    if args.replay:
-        print("spmdsim eager, then again with step 0 captured (spmdsim.runtime.replay), the timed steps replayed")
-    # The peer's A/A pair brackets spmdsim's launches, so a drift of the machine's load shows in the pair.
-    rows: dict = {worker: [] for worker in PIPE
-                  if (args.replay or worker != "pipereplay") and (args.simulated or worker not in SIMULATED)}
-    for _ in range(args.launches):
-        for worker in rows:
-            rows[worker].append(_launch(args, worker))
-    if not all(all(r) for r in rows.values()):
-        return 1
-    n = args.launches
-    print(f"{'run':40} {'s/step':>8}  ratio (median of {n} launch{'es' if n > 1 else ''}, spread)")
-    print(f"{'numpy + mpi4py by hand, 1F1B':40} {_median(rows['phand'], 'step'):8.3f}")
-    print(f"{'the same again (A/A control)':40} {_median(rows['phand2'], 'step'):8.3f}  "
-          f"{_ratio(rows['phand2'], rows['phand'], 'step', 'the first')}")
-    print(f"{'spmdsim train_pipelined, 1F1B':40} {_median(rows['pipe'], 'step'):8.3f}  "
-          f"{_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
-    if args.replay:
-        print(f"{'spmdsim train_pipelined, 1F1B, replayed':40} {_median(rows['pipereplay'], 'step'):8.3f}  "
-              f"{_ratio(rows['pipereplay'], rows['phand'], 'step', 'by hand')}")
-        print(f"{'  eager / replayed, the same rounds':40} {'':8}  "
-              f"{_ratio(rows['pipe'], rows['pipereplay'], 'step', 'replayed')}")
-    print(f"CPU time a step, the {PP} ranks' summed (each from the step's barrier to its end):")
-    print(f"{'  numpy + mpi4py by hand':40} {_median(rows['phand'], 'cpu'):8.3f}")
-    print(f"{'  the same again (A/A control)':40} {_median(rows['phand2'], 'cpu'):8.3f}  "
-          f"{_ratio(rows['phand2'], rows['phand'], 'cpu', 'the first')}")
-    print(f"{'  spmdsim eager':40} {_median(rows['pipe'], 'cpu'):8.3f}  "
-          f"{_ratio(rows['pipe'], rows['phand'], 'cpu', 'by hand')}")
-    if args.replay:
-        print(f"{'  spmdsim replayed':40} {_median(rows['pipereplay'], 'cpu'):8.3f}  "
-              f"{_ratio(rows['pipereplay'], rows['phand'], 'cpu', 'by hand')}")
-        print(f"{'  eager / replayed, CPU':40} {'':8}  "
-              f"{_ratio(rows['pipe'], rows['pipereplay'], 'cpu', 'replayed')}")
-    if args.simulated:
-        print(f"{PP} simulated ranks (threads of one process; the peer under spmdsim mpirun, blocking calls):")
-        print(f"{'  by hand on simulated ranks':40} {_median(rows['psimhand'], 'step'):8.3f}")
-        print(f"{'  by hand on them again (A/A control)':40} {_median(rows['psimhand2'], 'step'):8.3f}  "
-              f"{_ratio(rows['psimhand2'], rows['psimhand'], 'step', 'the first')}")
-        print(f"{'  spmdsim replayed on simulated ranks':40} {_median(rows['psim'], 'step'):8.3f}  "
-              f"{_ratio(rows['psim'], rows['psimhand'], 'step', 'by hand')}")
-    print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
-    print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
-    print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
-          f"{_ratio(rows['phand2'], rows['phand'], 'messages', 'the first')}")
-    print(f"{'  spmdsim (its send/recv trace rows)':40} {_median(rows['pipe'], 'messages'):8.3f}  "
-          f"{_ratio(rows['pipe'], rows['phand'], 'messages', 'by hand')}")
-    if args.replay:
-        print(f"{'  spmdsim replayed (the same rows)':40} {_median(rows['pipereplay'], 'messages'):8.3f}  "
-              f"{_ratio(rows['pipereplay'], rows['phand'], 'messages', 'by hand')}")
-    replays = rows["pmsg"]
-    first = replays[0]
-    print(f"messages only: a step's groups replayed, no compute, {first['rounds']} rounds a launch, "
-          f"{first['wait']} wait:")
-    message_rows(replays, ("raw2", "door", "waitall", "replayed", "rawbound"))
-    ours, theirs = rows["pipe"][0], rows["phand"][0]
-    same_bytes = ours["p2p_bytes_steps"] == theirs["p2p_bytes_steps"] and \
-        all(r["bytes"] == r["planned_bytes"] == ours["p2p_bytes"] for r in replays)
-    same_groups = ours["p2p_groups"] == theirs["p2p_groups"] and \
-        all(r["groups"] == r["planned_groups"] == ours["p2p_groups"] for r in replays)
-    same_messages = all(r["messages"] == theirs["p2p_messages"] for r in replays)
-    same_groups = same_groups and all(r["replay_rows_same"] for r in replays)
-    print(f"point-to-point groups a step, all ranks: spmdsim {ours['p2p_groups']}, by hand {theirs['p2p_groups']}, "
-          f"replayed {first['groups']} ({'equal' if same_groups else 'DIFFERENT'})")
-    print(f"point-to-point messages a step, all ranks: by hand {theirs['p2p_messages']}, replayed "
-          f"{first['messages']} ({'equal' if same_messages else 'DIFFERENT'})")
-    print(f"point-to-point bytes a step, all ranks: spmdsim {ours['p2p_bytes']}, by hand {theirs['p2p_bytes']}, "
-          f"replayed {first['bytes']} ({'equal' if same_bytes else 'DIFFERENT'})")
-    diff = max(abs(theirs["loss0"] - r["loss0"]) for r in rows["pipe"][:1] + rows.get("pipereplay", [])[:1])
-    print(f"step 0 loss: spmdsim {ours['loss0']:.12f}, by hand {theirs['loss0']:.12f}, |diff| {diff:.1e}")
-    print(f"step 0 loss: one numpy process {theirs['reference0']:.12f} (the same masks)")
-    print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e} of the one process's")
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
-    if not same_bytes:
-        print("bench_gpt --pipeline: the point-to-point bytes differ", file=sys.stderr)
-    if not (same_groups and same_messages):
-        print("bench_gpt --pipeline: the point-to-point groups or messages differ", file=sys.stderr)
-    if diff > 1e-10:
-        print(f"bench_gpt --pipeline: step 0's losses differ by {diff:.1e}", file=sys.stderr)
-    return 0 if same_bytes and same_groups and same_messages and diff <= 1e-10 else 1
+    """--pipeline (scripts/_bench_gpt_pipeline.py), its launches by this file's `_launch`."""
+    return pipeline_case(args, _launch, _mpiexec)
 
 
 def main() -> int:

@@ -167,10 +167,11 @@ def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, 
 
 
 def test_message_groups_follow_the_schedule(bench):
+    from _bench_gpt_pipeline import message_groups  # the case's module beside bench_gpt.py (on the path)
     from spmdsim.models.gpt import GPTConfig
 
     cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8)
-    plans = [bench.message_groups(cfg, 4, 8, rank) for rank in range(4)]
+    plans = [message_groups(cfg, 4, 8, rank) for rank in range(4)]
     assert [len(plan) for plan in plans] == [12, 21, 19, 10]
     act, table = 16 * 32 * 8, 128 * 32 * 8
     assert plans[0][0] == ([], [(act, 1, 0)])  # F0's activation to stage 1, tagged by chunk 0
