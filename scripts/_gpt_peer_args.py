@@ -3,8 +3,9 @@ the mesh, the timed and checked steps, each count checked in one line."""
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
-__all__ = ["add_model_arguments", "add_run_arguments", "refuse_small"]
+__all__ = ["add_model_arguments", "add_run_arguments", "refuse_small", "mesh_problem"]
 
 #: The counts and the least each may be.
 _LEAST = (("steps", 1), ("check", 0), ("layers", 1), ("d_model", 1), ("seq", 1), ("dp", 1), ("tp", 1))
@@ -33,3 +34,21 @@ def refuse_small(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name, low in _LEAST:
         if getattr(args, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
+
+
+def mesh_problem(args: argparse.Namespace, size: int, dropout: Optional[float] = None) -> Optional[str]:
+    """Why the run cannot start on `size` ranks (one line), or None: --dp x --tp must be the ranks mpiexec
+    started, and the GPT of the arguments' sizes (`dropout`: None for GPTConfig's) must split over that mesh
+    with sequence parallelism (spmdsim.models.gpt.layouts.mesh_problem)."""
+    from spmdsim.errors import SpmdsimError
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.models.gpt.layouts import mesh_problem as split_problem
+
+    if args.dp * args.tp != size:
+        return f"--dp {args.dp} x --tp {args.tp} is {args.dp * args.tp} ranks; mpiexec started {size}"
+    given = {} if dropout is None else {"dropout": dropout}
+    try:
+        cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, **given)
+    except SpmdsimError as e:
+        return str(e)
+    return split_problem(cfg, args.dp, args.tp, sp=True)

@@ -42,7 +42,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-__all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard", "flat_state"]
+from _peer_adamw import adamw_flat, flat_state
+
+__all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard"]
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 # spmdsim.runtime.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
@@ -234,7 +236,7 @@ class Replica:
     def step(self, x: np.ndarray, y: np.ndarray, drop: Dropout) -> float:
         """One training step on this replica's ids x, y (B/dp, T); the loss of the whole batch."""
         c, p, g, cfg = self.comms, self.p, self.g, self.cfg
-        B, T, D, Tl, Vl = self.B, self.T, self.D, self.Tl, self.Vl
+        B, D, Tl, Vl = self.B, self.D, self.Tl, self.Vl
         act = (Tl, B, D)
         ids = x.T.reshape(-1) - self.t * Vl  # rows (position, sample); this rank's vocabulary rows from 0
         other = (ids < 0) | (ids >= Vl)
@@ -376,33 +378,3 @@ class Replica:
     def _adamw(self) -> None:
         self.steps += 1
         adamw_flat(self.cfg, self.steps, self.theta, self.grad, self.m, self.v, self.n_decay)
-
-
-def flat_state(blocks: dict, order: list) -> tuple:
-    """AdamW's flat state over `blocks` (name -> this rank's block) laid end to end in `order`: (theta, grad, m, v,
-    params, grads), theta a copy of the blocks, grad, m and v zeros, params and grads name -> views of theta and
-    grad in each block's shape."""
-    total = sum(blocks[n].size for n in order)
-    theta, grad, m, v = np.empty(total), np.zeros(total), np.zeros(total), np.zeros(total)
-    params, grads, at = {}, {}, 0
-    for name in order:
-        size, shape = blocks[name].size, blocks[name].shape
-        params[name] = theta[at:at + size].reshape(shape)
-        grads[name] = grad[at:at + size].reshape(shape)
-        params[name][...] = blocks[name]
-        at += size
-    return theta, grad, m, v, params, grads
-
-
-def adamw_flat(cfg: Any, t: int, theta: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
-               n_decay: int) -> None:
-    """Step `t` of AdamW in place over flat buffers (the formulas of spmdsim.nn.optim.adamw_update), weight
-    decay on the first `n_decay` entries (the 2-d weights); both hand-written peers call it."""
-    (b1, b2), lr = cfg.betas, cfg.lr
-    decaying = theta[:n_decay]
-    decaying -= lr * cfg.weight_decay * decaying
-    m *= b1
-    m += (1 - b1) * grad
-    v *= b2
-    v += (1 - b2) * grad * grad
-    theta -= lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + cfg.eps)

@@ -3,23 +3,19 @@
     timeout -k 5 600 mpiexec -n 8 python scripts/peer_dtensor_gpt.py           # dp 2 x tp 4
     timeout -k 5 600 mpiexec -n 8 python scripts/peer_dtensor_gpt.py --steps 5 --check 3
 
-The same model as spmdsim.models.gpt (token + position embeddings, pre-LN blocks with
-causal multi-head attention without a key bias, tanh-GELU MLP, residuals, final
-LayerNorm, head tied to the token embedding, mean cross-entropy, AdamW decaying
-the 2-d weights), started from spmdsim.models.gpt's own initial parameters. The plan
-is Megatron's as PyTorch writes it, on the "tp" dim of a (dp, tp) DeviceMesh:
-vocab-parallel embedding (RowwiseParallel, output on the sequence), q/k/v and
-w1 ColwiseParallel, wo and w2 RowwiseParallel reduce-scattered onto the
-sequence, LayerNorms SequenceParallel, the tied head ColwiseParallel with
-loss_parallel's cross-entropy. The LayerNorms' gradients (Partial over tp) are
-summed in one Allreduce, and all gradients averaged over "dp" in one more (what
-Megatron and DDP do, one bucket each).
+The same model as spmdsim.models.gpt (token + position embeddings, pre-LN blocks with causal multi-head
+attention without a key bias, tanh-GELU MLP, residuals, final LayerNorm, head tied to the token embedding, mean
+cross-entropy, AdamW decaying the 2-d weights), started from spmdsim.models.gpt's own initial parameters. The
+plan is Megatron's as PyTorch writes it, on the "tp" dim of a (dp, tp) DeviceMesh: vocab-parallel embedding
+(RowwiseParallel, output on the sequence), q/k/v and w1 ColwiseParallel, wo and w2 RowwiseParallel
+reduce-scattered onto the sequence, LayerNorms SequenceParallel, the tied head ColwiseParallel with
+loss_parallel's cross-entropy. The LayerNorms' gradients (Partial over tp) are summed in one Allreduce, and all
+gradients averaged over "dp" in one more (what Megatron and DDP do, one bucket each).
 
-First --check steps run with spmdsim's dropout masks (spmdsim.models.gpt.params), and
-rank 0 compares their losses with spmdsim.models.gpt.reference's; the timed steps
-(one warm-up, then --steps) use torch's own dropout, as a PyTorch user would.
-Rank 0 prints the figures and a ``RESULT {json}`` line (scripts/bench_gpt.py
-reads it). Without torch: one line, exit 0.
+First --check steps run with spmdsim's dropout masks (spmdsim.models.gpt.params), and rank 0 compares their
+losses with spmdsim.models.gpt.reference's; the timed steps (one warm-up, then --steps) use torch's own dropout,
+as a PyTorch user would. Rank 0 prints the figures and a ``RESULT {json}`` line (scripts/bench_gpt.py reads it).
+Without torch: one line, exit 0.
 """
 from __future__ import annotations
 
@@ -39,7 +35,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the shared arguments beside th
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
+from _gpt_peer_args import add_model_arguments, mesh_problem, refuse_small  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["MISSING", "missing", "build", "parallelize", "reference_drop", "native_drop", "step",
@@ -377,7 +373,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     refuse_small(ap, args)
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-    problem = _mesh_problem(args, size)  # before any rank starts gloo: every rank stops alike
+    problem = mesh_problem(args, size)  # before any rank starts gloo: every rank stops alike
     if problem:
         if launcher_rank() == 0:
             print(f"peer_dtensor_gpt: {problem}", file=sys.stderr)
@@ -398,20 +394,6 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"torch's dropout)")
         print("RESULT " + json.dumps(result))
     return 0
-
-
-def _mesh_problem(args: argparse.Namespace, size: int) -> Optional[str]:
-    """Why the run cannot start on `size` ranks (one line), or None."""
-    from spmdsim.models.gpt import GPTConfig
-    from spmdsim.models.gpt.parallel import mesh_problem
-
-    if args.dp * args.tp != size:
-        return f"--dp {args.dp} x --tp {args.tp} is {args.dp * args.tp} ranks; mpiexec started {size}"
-    try:
-        cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8)
-    except Exception as e:  # SpmdsimError: one line naming the value
-        return str(e)
-    return mesh_problem(cfg, args.dp, args.tp, sp=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _gpt_peer_args import add_model_arguments, add_run_arguments, refuse_small  # noqa: E402
-from _peer_mpi4py_step import Replica, _layer_norm, _layer_norm_back, adamw_flat, flat_state  # noqa: E402
+from _peer_adamw import adamw_flat, flat_state  # noqa: E402
+from _peer_mpi4py_step import Replica, _layer_norm, _layer_norm_back  # noqa: E402
 from peer_mpi4py_gpt import print_result, run, stopped  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 

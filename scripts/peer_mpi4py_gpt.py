@@ -38,7 +38,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _gpt_peer_args import add_model_arguments, add_run_arguments, refuse_small  # noqa: E402
+from _gpt_peer_args import add_model_arguments, add_run_arguments, mesh_problem, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
@@ -152,22 +152,6 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, 
     return dict(result, **medians, calls=len(comms.spans), last_loss=loss, wait="polite" if polite else "busy")
 
 
-def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
-    """Why the run cannot start on `size` ranks (one line), or None."""
-    from spmdsim.errors import SpmdsimError
-    from spmdsim.models.gpt import GPTConfig
-    from spmdsim.models.gpt.layouts import mesh_problem
-
-    if args.dp * args.tp != size:
-        return f"--dp {args.dp} x --tp {args.tp} is {args.dp * args.tp} ranks; mpiexec started {size}"
-    try:
-        cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8,
-                        dropout=args.dropout)
-    except SpmdsimError as e:
-        return str(e)
-    return mesh_problem(cfg, args.dp, args.tp, sp=True)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse, check the mesh (one line when it cannot run), then run; rank 0 prints the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -181,7 +165,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spmdsim.runtime.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
-    if stopped(world, "peer_mpi4py_gpt", _problem(args, world.size)):
+    if stopped(world, "peer_mpi4py_gpt", mesh_problem(args, world.size, args.dropout)):
         return 2
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=args.dropout)
     polite = resolve_wait_mode(args.wait, world) == "polite"

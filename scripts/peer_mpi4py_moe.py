@@ -44,7 +44,8 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _peer_mpi4py_step import Replica, _gelu, _gelu_back, _layer_norm, _layer_norm_back, adamw_flat, shard  # noqa
+from _peer_adamw import adamw_flat  # noqa: E402
+from _peer_mpi4py_step import Replica, _gelu, _gelu_back, _layer_norm, _layer_norm_back, shard  # noqa
 from peer_mpi4py_gpt import print_result, run, stopped  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
@@ -119,8 +120,6 @@ class MoEReplica(Replica):
     def _mlp(self, pre: str, h: np.ndarray, drop: Any) -> tuple:
         if not self.cfg.is_moe(int(pre[1:-1])):
             return super()._mlp(pre, h, drop)
-        from mpi4py import MPI
-
         from spmdsim.models.moe.routing import dispatch_rows, route
 
         c, p, cfg, moe = self.comms, self.p, self.cfg, self.moe

@@ -3,36 +3,27 @@
     OMP_NUM_THREADS=1 timeout -k 5 600 mpiexec -n 4 python scripts/peer_mpi4py_pipeline.py   # pp 4, 8 microbatches
     OMP_NUM_THREADS=1 timeout -k 5 600 mpiexec -n 4 python scripts/peer_mpi4py_pipeline.py --steps 5 --wait busy
 
-The work of ``train_pipelined(cfg, comm, pp, 1, 1, ..., schedule="1f1b")``
-(spmdsim.models.gpt.pipeline, tp 1 and dp 1), with no spmdsim in the step: rank s is
-stage s and holds its layers (balanced, the first stages one more where they do
-not divide), stage 0 also the embedding, the last stage the final LayerNorm and
-the tied head with its own copy of wte. A step splits the batch into
---microbatches and runs Megatron's non-interleaved 1F1B: pp - s - 1 warm-up
-forwards, then one forward and one backward in turn, then the remaining
-backwards; the activations (rows x d_model, float64) go to the next stage and
-their gradients back, each boundary's messages posted together (receives first,
-then sends, ``Irecv``/``Isend``) and waited for, as Megatron's
-send_forward_recv_backward and spmdsim's executor post them. Each stage's math
-is spmdsim.models.gpt._blocks' numpy (the one-process reference's blocks); the loss of
-each microbatch is scaled by 1/m and the gradients summed over the microbatches
-in flat buffers. After the flush the first and last stage add their wte
-gradients by one exchange (Megatron's embedding group), every stage runs AdamW
-(torch's semantics, decaying the 2-d weights) over its flat buffers, and the
-last stage's loss goes to every rank (one ``Allreduce``), as spmdsim's step
-ends.
+The work of ``train_pipelined(cfg, comm, pp, 1, 1, ..., schedule="1f1b")`` (spmdsim.models.gpt.pipeline, tp 1 and dp
+1), with no spmdsim in the step: rank s is stage s and holds its layers (balanced, the first stages one more where
+they do not divide), stage 0 also the embedding, the last stage the final LayerNorm and the tied head with its own
+copy of wte. A step splits the batch into --microbatches and runs Megatron's non-interleaved 1F1B: pp - s - 1
+warm-up forwards, then one forward and one backward in turn, then the remaining backwards; the activations (rows x
+d_model, float64) go to the next stage and their gradients back, each boundary's messages posted together (receives
+first, then sends, ``Irecv``/``Isend``) and waited for, as Megatron's send_forward_recv_backward and spmdsim's
+executor post them. Each stage's math is spmdsim.models.gpt._blocks' numpy (the one-process reference's blocks); the
+loss of each microbatch is scaled by 1/m and the gradients summed over the microbatches in flat buffers. After the
+flush the first and last stage add their wte gradients by one exchange (Megatron's embedding group), every stage
+runs AdamW (torch's semantics, decaying the 2-d weights) over its flat buffers, and the last stage's loss goes to
+every rank (one ``Allreduce``), as spmdsim's step ends.
 
-Step 0 uses spmdsim's dropout masks (spmdsim.models.gpt.params, microbatch by
-microbatch) and is checked: rank 0 prints its loss beside the one-process
-reference's and how far its gradients are from the reference's. It is also the
-warm-up; the timed steps 1..--steps draw masks from numpy's generator, seeded by
-(seed, step, stage, microbatch), at the same rate. A step is timed from a
-barrier to the barrier after it (the slowest rank), its CPU time from that
-barrier to the end of the step (before the next barrier), summed over the
-ranks; the point-to-point bytes are the send buffers' bytes summed over the ranks. Waiting: ``busy`` makes
-blocking waits, ``polite`` polls each request's Test() as spmdsim.runtime.engines.wait
-does, ``auto`` (the default) decides as spmdsim does. Rank 0 prints the figures
-and a ``RESULT {json}`` line (scripts/bench_gpt.py reads it).
+Step 0 uses spmdsim's dropout masks (spmdsim.models.gpt.params, microbatch by microbatch) and is checked: rank 0
+prints its loss beside the one-process reference's and how far its gradients are from the reference's. It is also
+the warm-up; the timed steps 1..--steps draw masks from numpy's generator, seeded by (seed, step, stage,
+microbatch), at the same rate. A step is timed from a barrier to the barrier after it (the slowest rank), its CPU
+time from that barrier to the end of the step (before the next barrier), summed over the ranks; the point-to-point
+bytes are the send buffers' bytes summed over the ranks. Waiting: ``busy`` makes blocking waits, ``polite`` polls
+each request's Test() as spmdsim.runtime.engines.wait does, ``auto`` (the default) decides as spmdsim does. Rank 0
+prints the figures and a ``RESULT {json}`` line (scripts/bench_gpt.py reads it).
 """
 from __future__ import annotations
 
@@ -51,7 +42,8 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _peer_mpi4py_step import _polite, _tight_timer_slack, adamw_flat, flat_state  # noqa: E402
+from _peer_adamw import adamw_flat, flat_state  # noqa: E402
+from _peer_mpi4py_step import _polite, _tight_timer_slack  # noqa: E402
 from spmdsim.tools.cli.main import run_script  # noqa: E402
 
 __all__ = ["Stage", "layer_counts", "pipeline_args_problem", "main"]
