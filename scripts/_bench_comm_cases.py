@@ -115,8 +115,6 @@ def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarr
     the MPI call and unpacking for the collectives; the exchange's packing and
     Alltoallv. Returns a function from this rank's source block to its target block.
     """
-    from mpi4py import MPI
-
     from spmdsim.programs.plan.kernels import box_in, local_slice, local_zero
     from spmdsim.programs.plan.volume import intersect, rank_boxes
 
@@ -140,54 +138,63 @@ def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarr
         key = (step.before.layout, step.axes)
         if key not in subs:
             subs[key] = comm.Split(*step.before.layout.split_color_key(rank, step.axes))
-        sub = subs[key]
-        g = sub.Get_size()
-        out = placed(out_shape)
-        if op == "allgather":
-            d = step.tensor_dim
-            outer = int(np.prod(in_shape[:d]))
-            recv = out if outer == 1 else placed((g,) + in_shape)
-
-            def run(x, sub=sub, out=out, recv=recv, outer=outer, g=g, d=d):
-                raw.w.call(sub.Allgather, sub.Iallgather, x, recv)
-                if recv is not out:  # blocks side by side -> along tensor dim d
-                    out.reshape(outer, g, -1)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
-                return out
-        elif op == "alltoall":
-            s_, c = step.split_dim, step.concat_dim
-            s_outer = int(np.prod(in_shape[:s_]))
-            block = in_shape[:s_] + (in_shape[s_] // g,) + in_shape[s_ + 1:]
-            c_outer = int(np.prod(block[:c]))
-            recv = out if c_outer == 1 else placed((g,) + block)
-
-            def run(x, sub=sub, out=out, recv=recv, s_outer=s_outer, c_outer=c_outer, g=g):
-                send = x if s_outer == 1 else np.ascontiguousarray(
-                    x.reshape(s_outer, g, -1).swapaxes(0, 1))
-                raw.w.call(sub.Alltoall, sub.Ialltoall, send, recv)
-                if recv is not out:
-                    out.reshape(c_outer, g, -1)[...] = recv.reshape(g, c_outer, -1).swapaxes(0, 1)
-                return out
-        elif op == "allreduce":
-            def run(x, sub=sub, out=out):
-                raw.w.call(sub.Allreduce, sub.Iallreduce, x, out, MPI.SUM)
-                return out
-        elif op == "reduce_scatter":
-            d = step.tensor_dim
-            outer = int(np.prod(in_shape[:d]))
-
-            def run(x, sub=sub, out=out, outer=outer, g=g):
-                send = x if outer == 1 else np.ascontiguousarray(x.reshape(outer, g, -1).swapaxes(0, 1))
-                raw.w.call(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, send, out, MPI.SUM)
-                return out
-        else:
-            raise SystemExit(f"bench: no raw version of plan step {op!r}")
-        steps.append(_timed_span(raw, run))
+        steps.append(_timed_span(raw, _raw_collective(step, subs[key], in_shape, out_shape, raw)))
 
     def run_all(x: np.ndarray) -> np.ndarray:
         for fn in steps:
             x = fn(x)
         return x
     return run_all
+
+
+def _raw_collective(step: Any, sub: Any, in_shape: tuple, out_shape: tuple,
+                    raw: Raw) -> Callable[[np.ndarray], np.ndarray]:
+    """One collective step of a plan by hand on `sub` (its group's communicator): the MPI call on this rank's
+    block of `in_shape`, packed before and unpacked after where the tensor dim is not the leading one."""
+    from mpi4py import MPI
+
+    op = step.op
+    g = sub.Get_size()
+    out = placed(out_shape)
+    if op == "allgather":
+        d = step.tensor_dim
+        outer = int(np.prod(in_shape[:d]))
+        recv = out if outer == 1 else placed((g,) + in_shape)
+
+        def run(x, sub=sub, out=out, recv=recv, outer=outer, g=g, d=d):
+            raw.w.call(sub.Allgather, sub.Iallgather, x, recv)
+            if recv is not out:  # blocks side by side -> along tensor dim d
+                out.reshape(outer, g, -1)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
+            return out
+    elif op == "alltoall":
+        s_, c = step.split_dim, step.concat_dim
+        s_outer = int(np.prod(in_shape[:s_]))
+        block = in_shape[:s_] + (in_shape[s_] // g,) + in_shape[s_ + 1:]
+        c_outer = int(np.prod(block[:c]))
+        recv = out if c_outer == 1 else placed((g,) + block)
+
+        def run(x, sub=sub, out=out, recv=recv, s_outer=s_outer, c_outer=c_outer, g=g):
+            send = x if s_outer == 1 else np.ascontiguousarray(
+                x.reshape(s_outer, g, -1).swapaxes(0, 1))
+            raw.w.call(sub.Alltoall, sub.Ialltoall, send, recv)
+            if recv is not out:
+                out.reshape(c_outer, g, -1)[...] = recv.reshape(g, c_outer, -1).swapaxes(0, 1)
+            return out
+    elif op == "allreduce":
+        def run(x, sub=sub, out=out):
+            raw.w.call(sub.Allreduce, sub.Iallreduce, x, out, MPI.SUM)
+            return out
+    elif op == "reduce_scatter":
+        d = step.tensor_dim
+        outer = int(np.prod(in_shape[:d]))
+
+        def run(x, sub=sub, out=out, outer=outer, g=g):
+            send = x if outer == 1 else np.ascontiguousarray(x.reshape(outer, g, -1).swapaxes(0, 1))
+            raw.w.call(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, send, out, MPI.SUM)
+            return out
+    else:
+        raise SystemExit(f"bench: no raw version of plan step {op!r}")
+    return run
 
 
 def _timed_span(raw: Raw, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:

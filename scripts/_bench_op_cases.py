@@ -16,56 +16,80 @@ __all__ = ["op_cases"]
 
 
 # -- operators ------------------------------------------------------------------------------
-def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
-    from mpi4py import MPI
-    from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
-                             VocabParallelEmbedding, matmul)
-    from spmdsim.references import activations
-    from spmdsim.references.forward import gelu
-    from spmdsim import DTensor, Mesh
+class _Cases:
+    """What every operator case needs: the rank's communicator and 1-d mesh over "x", the raw side's wait, and
+    `add`, which checks a case's raw result against spmdsim's once (also a warm-up) and keeps the case."""
 
-    world, rank = comm.Get_size(), comm.Get_rank()
-    layout = Layout((world,), ("x",))
-    mesh = Mesh(layout, comm, wait=wait)
-    SUM = MPI.SUM
-    root = rank == 0
-    cases = []
+    def __init__(self, comm: Any, waiter: Waiter, wait: str) -> None:
+        from spmdsim import Mesh
 
-    def add(name: str, nbytes: int, fn_s, fn_r, raw: Raw, fn_n) -> None:
+        self.comm, self.waiter, self.rank = comm, waiter, comm.Get_rank()
+        self.world, self.root = comm.Get_size(), self.rank == 0
+        self.layout = Layout((self.world,), ("x",))
+        self.mesh = Mesh(self.layout, comm, wait=wait)
+        self.cases: list[Case] = []
+
+    def add(self, name: str, nbytes: int, fn_s, fn_r, raw: Raw, fn_n) -> None:
         # The raw code must compute what spmdsim computes: compare once (also a warm-up).
         got, want = fn_r(), fn_s().local
         if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
-            raise SystemExit(f"bench: raw version of {name!r} differs from spmdsim on rank {rank}")
+            raise SystemExit(f"bench: raw version of {name!r} differs from spmdsim on rank {self.rank}")
         entries: list = []
-        cases.append(Case(name, nbytes, traced(fn_s, entries), raw.timed(fn_r), fn_n,
-                          {"_trace": entries}))
+        self.cases.append(Case(name, nbytes, traced(fn_s, entries), raw.timed(fn_r), fn_n, {"_trace": entries}))
 
-    # MatMul: X (m, m) split on K (columns), W (m, m) split on K (rows): Allreduce of (m, m).
-    m = sz["matmul"]
+
+def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
+    """The operator cases on `comm` (sizes `sz`): MatMul, column and row Linear, the MLP, the embedding, a step."""
+    c = _Cases(comm, waiter, wait)
+    _matmul(c, sz["matmul"])
+    b, d_in, d_out = sz["batch"], sz["hidden"], sz["ffn"]
+    xsrc = SeededTensor((b, d_in), seed=3)
+    _linears(c, xsrc, d_out)
+    _mlp(c, xsrc, d_out)
+    _embedding(c, sz["vocab"], sz["emb_dim"], sz["tokens"])
+    _training_step(comm, c.mesh, waiter, xsrc, d_in, d_out, c.add)
+    return c.cases
+
+
+def _matmul(c: _Cases, m: int) -> None:
+    """MatMul: X (m, m) split on K (columns), W (m, m) split on K (rows): Allreduce of (m, m)."""
+    from mpi4py import MPI
+
+    from spmdsim import DTensor
+    from spmdsim.nn.ops import matmul
+
+    comm, layout = c.comm, c.layout
     xs, ws = SeededTensor((m, m), seed=1), SeededTensor((m, m), seed=2)
-    X = DTensor.from_seeded(mesh, layout(None, "x"), xs)
-    W = DTensor.from_seeded(mesh, layout("x", None), ws)
-    raw = Raw(waiter)
+    X = DTensor.from_seeded(c.mesh, layout(None, "x"), xs)
+    W = DTensor.from_seeded(c.mesh, layout("x", None), ws)
+    raw = Raw(c.waiter)
     part, out = placed((m, m)), placed((m, m))
-    xf, wf = (xs.full(), ws.full()) if root else (None, None)
+    xf, wf = (xs.full(), ws.full()) if c.root else (None, None)
 
     def raw_matmul(xl=X.local, wl=W.local, raw=raw):
         np.matmul(xl, wl, out=part)
-        raw(comm.Allreduce, comm.Iallreduce, part, out, SUM)
+        raw(comm.Allreduce, comm.Iallreduce, part, out, MPI.SUM)
         return out
-    add(f"matmul {m}x{m} K-split", part.nbytes, lambda: matmul(X, W), raw_matmul, raw,
-        lambda xf=xf, wf=wf: xf @ wf)
+    c.add(f"matmul {m}x{m} K-split", part.nbytes, lambda: matmul(X, W), raw_matmul, raw,
+          lambda xf=xf, wf=wf: xf @ wf)
 
-    # Column-parallel Linear in -> out, batch b; gathered output (Allgather on columns).
-    b, d_in, d_out = sz["batch"], sz["hidden"], sz["ffn"]
-    xsrc = SeededTensor((b, d_in), seed=3)
-    xin = DTensor.from_seeded(mesh, layout(None, None), xsrc)
-    xin_f = xsrc.full()
+
+def _linears(c: _Cases, xsrc: Any, d_out: int) -> None:
+    """Column-parallel Linear in -> out, batch b, its output split and gathered (Allgather on columns); then
+    row-parallel Linear out -> in, input already split on its last dim: Allreduce of (b, in)."""
+    from mpi4py import MPI
+
+    from spmdsim import DTensor
+    from spmdsim.nn.ops import ColumnParallelLinear, RowParallelLinear
+
+    comm, layout, world = c.comm, c.layout, c.world
+    (b, d_in), xin_f = xsrc.shape, xsrc.full()
+    xin = DTensor.from_seeded(c.mesh, layout(None, None), xsrc)
     for gather in (False, True):
-        col = ColumnParallelLinear(mesh, d_in, d_out, gather_output=gather, seed=10)
+        col = ColumnParallelLinear(c.mesh, d_in, d_out, gather_output=gather, seed=10)
         wl, bl = col.weight.local, col.bias.local
-        wf, bf = (col.weight_source.full(), col.bias_source.full()) if root else (None, None)
-        raw = Raw(waiter)
+        wf, bf = (col.weight_source.full(), col.bias_source.full()) if c.root else (None, None)
+        raw = Raw(c.waiter)
         blocks = placed((world, b, d_out // world))
         y = placed((b, wl.shape[1]))
 
@@ -80,68 +104,80 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
                 return full
             return y
         tag = "gather" if gather else "split"
-        add(f"column_linear {d_in}->{d_out} b{b} {tag}", b * d_out * 4 if gather else 0,
-            lambda col=col: col(xin), raw_col, raw, lambda wf=wf, bf=bf: xin_f @ wf + bf)
-
-    # Row-parallel Linear out -> in, input already split on its last dim: Allreduce of (b, in).
-    row = RowParallelLinear(mesh, d_out, d_in, input_is_parallel=True, seed=20)
+        c.add(f"column_linear {d_in}->{d_out} b{b} {tag}", b * d_out * 4 if gather else 0,
+              lambda col=col: col(xin), raw_col, raw, lambda wf=wf, bf=bf: xin_f @ wf + bf)
+    row = RowParallelLinear(c.mesh, d_out, d_in, input_is_parallel=True, seed=20)
     hsrc = SeededTensor((b, d_out), seed=4)
-    h = DTensor.from_seeded(mesh, layout(None, "x"), hsrc)
-    hf = hsrc.full() if root else None
-    rwf, rbf = (row.weight_source.full(), row.bias_source.full()) if root else (None, None)
-    raw = Raw(waiter)
+    h = DTensor.from_seeded(c.mesh, layout(None, "x"), hsrc)
+    hf = hsrc.full() if c.root else None
+    rwf, rbf = (row.weight_source.full(), row.bias_source.full()) if c.root else (None, None)
+    raw = Raw(c.waiter)
     rpart, rout = placed((b, d_in)), placed((b, d_in))
 
     def raw_row(wl=row.weight.local, bl=row.bias.local, raw=raw):
         np.matmul(h.local, wl, out=rpart)
-        raw(comm.Allreduce, comm.Iallreduce, rpart, rout, SUM)
+        raw(comm.Allreduce, comm.Iallreduce, rpart, rout, MPI.SUM)
         np.add(rout, bl, out=rout)
         return rout
-    add(f"row_linear {d_out}->{d_in} b{b}", rpart.nbytes, lambda: row(h), raw_row, raw,
-        lambda: hf @ rwf + rbf)
+    c.add(f"row_linear {d_out}->{d_in} b{b}", rpart.nbytes, lambda: row(h), raw_row, raw,
+          lambda: hf @ rwf + rbf)
 
-    # Fused MLP: column (no gather) -> gelu -> row, one Allreduce.
-    mlp = ParallelMLP(mesh, d_in, d_out, seed=30)
+
+def _mlp(c: _Cases, xsrc: Any, d_out: int) -> None:
+    """Fused MLP: column (no gather) -> gelu -> row, one Allreduce."""
+    from mpi4py import MPI
+
+    from spmdsim import DTensor
+    from spmdsim.nn.ops import ParallelMLP
+    from spmdsim.references import activations
+    from spmdsim.references.forward import gelu
+
+    comm, (b, d_in), xin_f = c.comm, xsrc.shape, xsrc.full()
+    xin = DTensor.from_seeded(c.mesh, c.layout(None, None), xsrc)
+    mlp = ParallelMLP(c.mesh, d_in, d_out, seed=30)
     f1, f2 = mlp.linear_fc1, mlp.linear_fc2
     full_w = ([s.full() for s in (f1.weight_source, f1.bias_source, f2.weight_source,
-                                  f2.bias_source)] if root else None)
-    raw = Raw(waiter)
+                                  f2.bias_source)] if c.root else None)
+    raw = Raw(c.waiter)
     mpart, mout = placed((b, d_in)), placed((b, d_in))
 
     def raw_mlp(raw=raw):
         hid = activations.gelu(xin.local @ f1.weight.local + f1.bias.local)  # spmdsim's local kernel
         np.matmul(hid, f2.weight.local, out=mpart)
-        raw(comm.Allreduce, comm.Iallreduce, mpart, mout, SUM)
+        raw(comm.Allreduce, comm.Iallreduce, mpart, mout, MPI.SUM)
         np.add(mout, f2.bias.local, out=mout)
         return mout
 
     def numpy_mlp():
         w1, b1, w2, b2 = full_w
         return gelu(xin_f @ w1 + b1) @ w2 + b2
-    add(f"mlp {d_in}->{d_out}->{d_in} b{b}", mpart.nbytes, lambda: mlp(xin), raw_mlp, raw,
-        numpy_mlp)
+    c.add(f"mlp {d_in}->{d_out}->{d_in} b{b}", mpart.nbytes, lambda: mlp(xin), raw_mlp, raw, numpy_mlp)
 
-    # Vocab-parallel Embedding (N, M): masked local lookup, Allreduce of (tokens, M).
-    vocab, dim, tokens = sz["vocab"], sz["emb_dim"], sz["tokens"]
-    emb = VocabParallelEmbedding(mesh, vocab, dim, seed=40)
+
+def _embedding(c: _Cases, vocab: int, dim: int, tokens: int) -> None:
+    """Vocab-parallel Embedding (N, M): masked local lookup, Allreduce of (tokens, M)."""
+    from mpi4py import MPI
+
+    from spmdsim import DTensor
+    from spmdsim.nn.ops import VocabParallelEmbedding
+
+    comm = c.comm
+    emb = VocabParallelEmbedding(c.mesh, vocab, dim, seed=40)
     idsrc = SeededTensor((tokens,), "int64", seed=5, low=0, high=vocab)
-    ids = DTensor.from_seeded(mesh, layout(None), idsrc)
-    table_f = emb.weight_source.full() if root else None
+    ids = DTensor.from_seeded(c.mesh, c.layout(None), idsrc)
+    table_f = emb.weight_source.full() if c.root else None
     ids_f = idsrc.full()
-    raw = Raw(waiter)
+    raw = Raw(c.waiter)
     eout, looked = placed((tokens, dim)), placed((tokens, dim))
     padded, start, stop = emb.padded_weight, emb.vocab_start_index, emb.vocab_end_index
 
     def raw_emb(raw=raw):
         owned = (ids.local >= start) & (ids.local < stop)
-        np.take(padded, np.where(owned, ids.local - start, stop - start), axis=0, out=looked,
-                mode="clip")
-        raw(comm.Allreduce, comm.Iallreduce, looked, eout, SUM)
+        np.take(padded, np.where(owned, ids.local - start, stop - start), axis=0, out=looked, mode="clip")
+        raw(comm.Allreduce, comm.Iallreduce, looked, eout, MPI.SUM)
         return eout
-    add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,
-        lambda: table_f[ids_f])
-    _training_step(comm, mesh, waiter, xsrc, d_in, d_out, add)
-    return cases
+    c.add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,
+          lambda: table_f[ids_f])
 
 
 def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d_out: int, add) -> None:

@@ -27,6 +27,31 @@ def _per_call(fn: Callable[[], Any], loops: int, rounds: int = 5) -> float:
     return best
 
 
+class _Pieces:
+    """What the hot paths run on: a 1-d mesh over "x" of every rank, tiny messages, a cached plan and a K-split
+    MatMul's operands, and the raw side's wait."""
+
+    def __init__(self, comm: Any, wait: str) -> None:
+        from spmdsim import DTensor, Mesh
+        from spmdsim.programs.plan import plan_redistribution
+
+        self.comm, self.world = comm, comm.Get_size()
+        world = self.world
+        self.layout = layout = Layout((world,), ("x",))
+        self.mesh = Mesh(layout, comm, wait=wait)
+        self.sub, self.g, _ = self.mesh.group_info(("x",))
+        self.tiny = np.ones(world, np.float32)
+        self.out = np.empty_like(self.tiny)
+        self.src, self.dst = layout("x", None), layout(None, None)
+        self.x = DTensor.from_seeded(self.mesh, self.src, SeededTensor((world, 4), seed=1))
+        self.plan = plan_redistribution(self.src, self.dst, (world, 4), "float32")
+        self.gathered = np.empty((world, 4), np.float32)
+        self.X = DTensor.from_seeded(self.mesh, layout(None, "x"), SeededTensor((4, world), seed=2))
+        self.W = DTensor.from_seeded(self.mesh, layout("x", None), SeededTensor((world, 4), seed=3))
+        self.part, self.res = np.empty((4, 4), np.float32), np.empty((4, 4), np.float32)
+        self.waiter = Waiter(comm, wait)
+
+
 def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[dict]:
     """Per-call cost of spmdsim's hot paths on tiny messages, against the raw call.
 
@@ -34,116 +59,117 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
     the tiny collectives run `loops` times in a row on all ranks (slowest rank).
     Run with few ranks (2) so that MPI latency, not scheduling, is the floor.
     """
-    from mpi4py import MPI
-    from spmdsim.nn.ops import matmul
+    p = _Pieces(comm, wait)
+    records = []
+    for name, fn, raw in _local(p):
+        t_s = _per_call(fn, loops)
+        t_r = _per_call(raw, loops) if raw else None
+        records.append(_overhead_rec(comm, name, t_s, t_r, local=True))
+    for name, fn, raw in _collective(p):
+        times = []
+        for f in (fn, raw):
+            for _ in range(20):
+                f()
+            p.waiter.barrier(comm)
+            times.append(_per_call(f, loops))
+        records.append(_overhead_rec(comm, name, *times))
+    _loop(p, loops, profile and comm.Get_rank() == 0)
+    return records
+
+
+def _local(p: _Pieces) -> list:
+    """(name, spmdsim piece, the raw equivalent or None) of the pieces that do not communicate."""
+    from spmdsim import DTensor, collect_trace
+    from spmdsim.nn.ops._common import make_dtensor
+    from spmdsim.nn.ops.matmul import plan_matmul
     from spmdsim.programs.plan import plan_redistribution
-    from spmdsim.runtime.executor import redistribute
-    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim.programs.plan import planner as _planner
+    from spmdsim.programs.plan.steps import step_label
     from spmdsim.runtime import collectives as C
     from spmdsim.runtime.trace import record
 
-    world = comm.Get_size()
-    layout = Layout((world,), ("x",))
-    mesh = Mesh(layout, comm, wait=wait)
-    sub, g, _ = mesh.group_info(("x",))
-    tiny = np.ones(world, np.float32)
-    out = np.empty_like(tiny)
-    src, dst = layout("x", None), layout(None, None)
-    x = DTensor.from_seeded(mesh, src, SeededTensor((world, 4), seed=1))
-    plan = plan_redistribution(src, dst, (world, 4), "float32")
-    gathered = np.empty((world, 4), np.float32)
-    X = DTensor.from_seeded(mesh, layout(None, "x"), SeededTensor((4, world), seed=2))
-    W = DTensor.from_seeded(mesh, layout("x", None), SeededTensor((world, 4), seed=3))
-    part, res = np.empty((4, 4), np.float32), np.empty((4, 4), np.float32)
-    SUM = MPI.SUM
-    waiter = Waiter(comm, wait)
-    w = waiter.call
+    mesh, src, dst, world, g = p.mesh, p.src, p.dst, p.world, p.g
 
-    local = [  # (name, spmdsim piece, the raw equivalent or None)
+    def record_in_trace():
+        with collect_trace():
+            record("allreduce", ("x",), g, 4, 4, 0.0, None)
+
+    def lazy_import():
+        from spmdsim.runtime import DTensor as _  # noqa: F401  (as ops do on every call)
+    step = p.plan.steps[0]
+    keep = SeededTensor((8, 64, 128), "float64", seed=7, low=0.0, high=1.0)  # a GPT residual's mask
+    rows = (slice(0, 4), slice(16, 32), slice(0, 128))  # one rank's block of it (dp 2 x tp 4, sequence split)
+    return [
         ("mesh.group_info (sub-communicator lookup)", lambda: mesh.group_info(("x",)), None),
         ("mesh.group_info('x') (str axes)", lambda: mesh.group_info("x"), None),
         ("plan_redistribution (cached plan lookup)",
          lambda: plan_redistribution(src, dst, (world, 4), "float32"), None),
         ("TensorLayout hash (cache key)", lambda: hash(src), None),
-        ("DTensor(...) construction + validation",
-         lambda: DTensor(mesh, x.local, src, (world, 4)), None),
+        ("DTensor(...) construction + validation", lambda: DTensor(mesh, p.x.local, src, (world, 4)), None),
         ("_contig + np.empty_like (buffer prep)",
-         lambda: np.empty_like(C._contig(tiny)), lambda: np.empty_like(tiny)),
-        ("trace.record, no trace open",
-         lambda: record("allreduce", ("x",), g, 4, 4, 0.0, None), None),
-    ]
-
-    def record_in_trace():
-        with collect_trace():
-            record("allreduce", ("x",), g, 4, 4, 0.0, None)
-    local.append(("collect_trace() + record", record_in_trace, None))
-
-    def lazy_import():
-        from spmdsim.runtime import DTensor as _  # noqa: F401  (as ops do on every call)
-    from spmdsim.nn.ops._common import make_dtensor
-    from spmdsim.nn.ops.matmul import plan_matmul
-    from spmdsim.programs.plan import planner as _planner
-    from spmdsim.programs.plan.steps import step_label
-    step = plan.steps[0]
-    keep = SeededTensor((8, 64, 128), "float64", seed=7, low=0.0, high=1.0)  # a GPT residual's mask
-    rows = (slice(0, 4), slice(16, 32), slice(0, 128))  # one rank's block of it (dp 2 x tp 4, sequence split)
-    local += [
+         lambda: np.empty_like(C._contig(p.tiny)), lambda: np.empty_like(p.tiny)),
+        ("trace.record, no trace open", lambda: record("allreduce", ("x",), g, 4, 4, 0.0, None), None),
+        ("collect_trace() + record", record_in_trace, None),
         ("dropout keep mask, a (4, 16, 128) block", lambda: keep.at_least(rows, 0.1),
          lambda: np.random.default_rng(7).random((4, 16, 128)) >= 0.1),
         ("function-level 'from ..runtime import DTensor'", lazy_import, None),
-        ("plan_matmul (cached on layouts and shapes)", lambda: plan_matmul(X, W), None),
-        ("make_dtensor (result wrapping)", lambda: make_dtensor(mesh, part, dst, (4, 4)), None),
+        ("plan_matmul (cached on layouts and shapes)", lambda: plan_matmul(p.X, p.W), None),
+        ("make_dtensor (result wrapping)", lambda: make_dtensor(mesh, p.part, dst, (4, 4)), None),
         ("step_label (trace label string)", lambda: step_label(step, 1), None),
-        ("  of which: planner._plan lru_cache hit",
-         lambda: _planner._plan(src, dst, (world, 4), "float32"), None),
+        ("  of which: planner._plan lru_cache hit", lambda: _planner._plan(src, dst, (world, 4), "float32"), None),
         ("  of which: TensorLayout.check_shape", lambda: src.check_shape((world, 4)), None),
         ("  of which: TensorLayout.local_shape", lambda: src.local_shape((world, 4)), None),
         ("  of which: np.dtype('float32').name", lambda: np.dtype("float32").name, None),
     ]
 
-    def raw_matmul():
-        np.matmul(X.local, W.local, out=part)
-        w(sub.Allreduce, sub.Iallreduce, part, res, SUM)
 
-    collective = [
+def _collective(p: _Pieces) -> list:
+    """(name, spmdsim call, the raw call) of the tiny collectives."""
+    from mpi4py import MPI
+    from spmdsim.nn.ops import matmul
+    from spmdsim.runtime import collectives as C
+    from spmdsim.runtime.executor import redistribute
+
+    mesh, sub, w, SUM, tiny, x = p.mesh, p.sub, p.waiter.call, MPI.SUM, p.tiny, p.x
+
+    def raw_matmul():
+        np.matmul(p.X.local, p.W.local, out=p.part)
+        w(sub.Allreduce, sub.Iallreduce, p.part, p.res, SUM)
+
+    return [
         ("allreduce 4 floats", lambda: C.allreduce(mesh, tiny, ("x",)),
-         lambda: w(sub.Allreduce, sub.Iallreduce, tiny, out, SUM)),
+         lambda: w(sub.Allreduce, sub.Iallreduce, tiny, p.out, SUM)),
         ("allgather 1 float", lambda: C.allgather(mesh, tiny[:1], ("x",), 0),
-         lambda: w(sub.Allgather, sub.Iallgather, tiny[:1], out)),
-        ("redistribute S(0)->B (plan cached)", lambda: redistribute(x, dst),
-         lambda: w(sub.Allgather, sub.Iallgather, x.local, gathered)),
-        ("redistribute with a given plan", lambda: redistribute(x, dst, plan),
-         lambda: w(sub.Allgather, sub.Iallgather, x.local, gathered)),
-        ("matmul 4x4 K-split", lambda: matmul(X, W), raw_matmul),
+         lambda: w(sub.Allgather, sub.Iallgather, tiny[:1], p.out)),
+        ("redistribute S(0)->B (plan cached)", lambda: redistribute(x, p.dst),
+         lambda: w(sub.Allgather, sub.Iallgather, x.local, p.gathered)),
+        ("redistribute with a given plan", lambda: redistribute(x, p.dst, p.plan),
+         lambda: w(sub.Allgather, sub.Iallgather, x.local, p.gathered)),
+        ("matmul 4x4 K-split", lambda: matmul(p.X, p.W), raw_matmul),
     ]
-    records = []
-    for name, fn, raw in local:
-        t_s = _per_call(fn, loops)
-        t_r = _per_call(raw, loops) if raw else None
-        records.append(_overhead_rec(comm, name, t_s, t_r, local=True))
-    for name, fn, raw in collective:
-        times = []
-        for f in (fn, raw):
-            for _ in range(20):
-                f()
-            waiter.barrier(comm)
-            times.append(_per_call(f, loops))
-        records.append(_overhead_rec(comm, name, *times))
-    if profile and comm.Get_rank() == 0:
+
+
+def _loop(p: _Pieces, loops: int, profile: bool) -> None:
+    """`loops` rounds of redistribute + matmul + allreduce on every rank; with `profile` (rank 0's), under
+    cProfile, its table printed."""
+    from spmdsim.nn.ops import matmul
+    from spmdsim.runtime import collectives as C
+    from spmdsim.runtime.executor import redistribute
+
+    if profile:
         import cProfile
         import pstats
 
         prof = cProfile.Profile()
         prof.enable()
     for _ in range(loops):
-        redistribute(x, dst)
-        matmul(X, W)
-        C.allreduce(mesh, tiny, ("x",))
-    if profile and comm.Get_rank() == 0:
+        redistribute(p.x, p.dst)
+        matmul(p.X, p.W)
+        C.allreduce(p.mesh, p.tiny, ("x",))
+    if profile:
         prof.disable()
         print(f"cProfile of {loops} x (redistribute + matmul + allreduce), rank 0:")
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
-    return records
 
 
 def _overhead_rec(comm: Any, name: str, t_s: float, t_r: Optional[float],

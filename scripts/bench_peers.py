@@ -119,42 +119,20 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     import torch.nn as nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor as TDT
-    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 
     from spmdsim import Layout, SeededTensor
     from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                              VocabParallelEmbedding, matmul)
-    from spmdsim.runtime.executor import redistribute
     from spmdsim import DTensor, Mesh
 
     world, rank = comm.Get_size(), comm.Get_rank()
     layout = Layout((world,), ("x",))
     mesh = Mesh(layout, comm)
     tmesh = init_device_mesh("cpu", (world,))
-    out = []
-
-    # Redistributions of a (rows, cols) float32 tensor.
-    shape = cfg["shape"]
-    src = SeededTensor(shape, seed=7)
-    moves = [
-        ("S(0)->B", layout("x", None), [Shard(0)], layout(None, None), [Replicate()]),
-        ("S(0)->S(1)", layout("x", None), [Shard(0)], layout(None, "x"), [Shard(1)]),
-        ("P->B", layout(None, None, partial=("x",)), [Partial()], layout(None, None),
-         [Replicate()]),
-        ("P->S(0)", layout(None, None, partial=("x",)), [Partial()], layout("x", None),
-         [Shard(0)]),
-    ]
-    for name, s_l, s_p, d_l, d_p in moves:
-        if s_l.partial:
-            x = DTensor(mesh, src.region(s_l.slices(rank, shape)), s_l, shape)
-        else:
-            x = DTensor.from_seeded(mesh, s_l, src)
-        tx = TDT.from_local(torch.from_numpy(x.local.copy()), tmesh, s_p, run_check=False,
-                            shape=torch.Size(shape), stride=(shape[1], 1))
-        out.append((f"redist {name} {shape}", lambda x=x, d=d_l: redistribute(x, d),
-                    lambda tx=tx, d=d_p: tx.redistribute(tmesh, d).to_local()))
+    out = _move_cases(mesh, layout, rank, tmesh, torch, cfg["shape"])
 
     # MatMul (m, m) with K split on both operands: partial sum, then Allreduce.
     m = cfg["matmul"]
@@ -196,6 +174,38 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     out.append((f"vocab_embedding {vocab}x{dim} t{tokens}", lambda: emb(ids),
                 lambda: temb(t_ids)))
     return [(name, fn_s, _synced(fn_t)) for name, fn_s, fn_t in out]
+
+
+def _move_cases(mesh: Any, layout: Any, rank: int, tmesh: Any, torch: Any,
+                shape: tuple) -> list[tuple[str, Callable, Callable]]:
+    """(name, spmdsim call, DTensor call) of the redistributions of a `shape` float32 tensor on `mesh` (of
+    `layout`, this rank `rank`) and on torch's `tmesh`."""
+    from torch.distributed.tensor import DTensor as TDT
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from spmdsim import DTensor, SeededTensor
+    from spmdsim.runtime.executor import redistribute
+
+    out = []
+    src = SeededTensor(shape, seed=7)
+    moves = [
+        ("S(0)->B", layout("x", None), [Shard(0)], layout(None, None), [Replicate()]),
+        ("S(0)->S(1)", layout("x", None), [Shard(0)], layout(None, "x"), [Shard(1)]),
+        ("P->B", layout(None, None, partial=("x",)), [Partial()], layout(None, None),
+         [Replicate()]),
+        ("P->S(0)", layout(None, None, partial=("x",)), [Partial()], layout("x", None),
+         [Shard(0)]),
+    ]
+    for name, s_l, s_p, d_l, d_p in moves:
+        if s_l.partial:
+            x = DTensor(mesh, src.region(s_l.slices(rank, shape)), s_l, shape)
+        else:
+            x = DTensor.from_seeded(mesh, s_l, src)
+        tx = TDT.from_local(torch.from_numpy(x.local.copy()), tmesh, s_p, run_check=False,
+                            shape=torch.Size(shape), stride=(shape[1], 1))
+        out.append((f"redist {name} {shape}", lambda x=x, d=d_l: redistribute(x, d),
+                    lambda tx=tx, d=d_p: tx.redistribute(tmesh, d).to_local()))
+    return out
 
 
 def _peak_rss_mib(comm: Any) -> tuple[float, float]:

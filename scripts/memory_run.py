@@ -68,32 +68,38 @@ def main(argv: list[str] | None = None) -> int:
     return run_guarded(lambda: run(args))
 
 
-def run(args: argparse.Namespace) -> int:
-    from mpi4py import MPI
-
-    from spmdsim import Layout, SeededTensor
+def _refuse(args: argparse.Namespace, world: int) -> None:
+    """Refuse, on every rank alike before any collective, a shard larger than the machine (in floats: --scale
+    1e300 must not overflow) and sizes that leave no row or column per rank once cut to multiples of the rank
+    count (they were padded up silently): SpmdsimError, one line."""
     from spmdsim.errors import SpmdsimError
-    from spmdsim.nn.ops import matmul
-    from spmdsim import DTensor, Mesh
 
-    comm = MPI.COMM_WORLD
-    rank, world = comm.Get_rank(), comm.Get_size()
-    # Refused on every rank alike before any collective: a shard larger than the
-    # machine (in floats: --scale 1e300 must not overflow) ...
     per_rank = args.rows * args.scale * args.cols * 4 / world
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if per_rank > memory:
         raise SpmdsimError(f"--rows {args.rows} x --scale {args.scale:g} x --cols {args.cols} float32 "
                            f"is {per_rank / 2**30:.3g} GiB per rank on {world} ranks; expected at "
                            f"most this machine's {memory / 2**30:.0f} GiB")
-    # ... and sizes that leave no row or column per rank once cut to multiples of the
-    # rank count (they were padded up silently).
     scaled = int(args.rows * args.scale)
     if scaled < world:
         raise SpmdsimError(f"--rows {args.rows} x --scale {args.scale:g} gives {scaled} rows; "
                            f"expected at least one per rank ({world})")
     if args.cols < world:
         raise SpmdsimError(f"--cols {args.cols}: expected at least one column per rank ({world})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The MatMul on this job's ranks, each holding its shards only; rank 0 prints the table and the verdict."""
+    from mpi4py import MPI
+
+    from spmdsim import Layout, SeededTensor
+    from spmdsim.nn.ops import matmul
+    from spmdsim import DTensor, Mesh
+
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    _refuse(args, world)
+    scaled = int(args.rows * args.scale)
     rows = scaled // world * world
     cols = args.cols // world * world
     shape = (rows, cols)
@@ -136,26 +142,35 @@ def run(args: argparse.Namespace) -> int:
     all_ok = comm.allreduce(ok and (peak <= limit or not enforce), op=MPI.LAND)
     within = comm.allreduce(peak <= limit, op=MPI.LAND)
     if rank == 0:
-        print(f"global X {shape} float32: {rows * cols * itemsize / 2**30:.2f} GiB; "
-              f"W {wsrc.shape}; Y {y.global_shape} split on rows; matmul {t_mm:.2f} s; "
-              f"total {time.perf_counter() - t0:.1f} s")
-        print(f"{'rank':>4}{'baseline MiB':>14}{'shard MiB':>11}{'peak MiB':>10}"
-              f"{'(peak-base)/shard':>19}{'limit MiB':>11}{'check':>7}")
-        for r, base, shard, pk, _cur, good in everyone:
-            print(f"{r:>4}{base / 2**20:>14.1f}{shard / 2**20:>11.1f}{pk / 2**20:>10.1f}"
-                  f"{(pk - base) / shard:>19.3f}{(2 * shard + base) / 2**20:>11.1f}"
-                  f"{'ok' if good else 'FAIL':>7}")
-        top = max(e[3] for e in everyone)
-        print(f"largest peak RSS {top / 2**30:.3f} GiB vs global tensor "
-              f"{rows * cols * itemsize / 2**30:.2f} GiB: "
-              f"{'no rank held the global tensor' if top < rows * cols * itemsize else 'CHECK'}")
-        verdict = ("peak RSS <= 2 x shard + baseline on every rank" if within else
-                   "some rank's peak RSS exceeded 2 x shard + baseline")
-        if not enforce:
-            verdict += f" (not enforced: shards under {_ENFORCE_FROM >> 20} MiB)"
-        print(("PASS: " if all_ok else "FAIL: ") + verdict +
-              ("; values checked" if all(e[5] for e in everyone) else "; VALUE CHECK FAILED"))
+        _report(shape, wsrc.shape, y.global_shape, t_mm, time.perf_counter() - t0, everyone, within, enforce,
+                all_ok)
     return 0 if all_ok else 1
+
+
+def _report(shape: tuple, w_shape: tuple, y_shape: tuple, t_mm: float, total: float, everyone: list, within: bool,
+            enforce: bool, all_ok: bool) -> None:
+    """Rank 0's table: each rank's baseline, shard and peak RSS against its limit, then the verdict."""
+    rows, cols = shape
+    itemsize = 4
+    print(f"global X {shape} float32: {rows * cols * itemsize / 2**30:.2f} GiB; "
+          f"W {w_shape}; Y {y_shape} split on rows; matmul {t_mm:.2f} s; "
+          f"total {total:.1f} s")
+    print(f"{'rank':>4}{'baseline MiB':>14}{'shard MiB':>11}{'peak MiB':>10}"
+          f"{'(peak-base)/shard':>19}{'limit MiB':>11}{'check':>7}")
+    for r, base, shard, pk, _cur, good in everyone:
+        print(f"{r:>4}{base / 2**20:>14.1f}{shard / 2**20:>11.1f}{pk / 2**20:>10.1f}"
+              f"{(pk - base) / shard:>19.3f}{(2 * shard + base) / 2**20:>11.1f}"
+              f"{'ok' if good else 'FAIL':>7}")
+    top = max(e[3] for e in everyone)
+    print(f"largest peak RSS {top / 2**30:.3f} GiB vs global tensor "
+          f"{rows * cols * itemsize / 2**30:.2f} GiB: "
+          f"{'no rank held the global tensor' if top < rows * cols * itemsize else 'CHECK'}")
+    verdict = ("peak RSS <= 2 x shard + baseline on every rank" if within else
+               "some rank's peak RSS exceeded 2 x shard + baseline")
+    if not enforce:
+        verdict += f" (not enforced: shards under {_ENFORCE_FROM >> 20} MiB)"
+    print(("PASS: " if all_ok else "FAIL: ") + verdict +
+          ("; values checked" if all(e[5] for e in everyone) else "; VALUE CHECK FAILED"))
 
 
 if __name__ == "__main__":
