@@ -6,7 +6,7 @@ imports inside functions included (mpi4py counts as the runtime floor: nothing b
 Nowhere an import cycle, imports inside functions counted; at most MOST_INNER_IMPORTS imports of the package's
 own modules inside functions (kept for the CLI's and `spmdsim mpirun`'s start and optional dependencies).
 In every floor, no module over 400 lines and no function over 75 lines; the examples users read to learn the
-package (examples/*.py) alike.
+package (examples/*.py) and the scripts that measure it (scripts/*.py) alike.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ MAX_FUNCTION_LINES = 75
 
 #: The examples (examples/*.py): read by users learning the package, held to its modules' sizes.
 EXAMPLES = importkit.ROOT / "examples"
+#: The scripts (scripts/*.py: benchmarks, peers, tables): read by whoever checks a figure, held alike.
+SCRIPTS = importkit.ROOT / "scripts"
 
 
 def floor_of(module: str) -> int | None:
@@ -134,11 +136,11 @@ def oversized_examples(folder=EXAMPLES) -> list[str]:
     for path in sorted(folder.glob("*.py")):
         lines, functions = _measure(path)
         if lines > MAX_MODULE_LINES:
-            found.append(f"  examples/{path.name}: {lines} lines (at most {MAX_MODULE_LINES})")
+            found.append(f"  {folder.name}/{path.name}: {lines} lines (at most {MAX_MODULE_LINES})")
         for label, n in functions:
             if n > MAX_FUNCTION_LINES:
                 name, line = label.split(":")
-                found.append(f"  examples/{path.name}: {name}() at line {line} is {n} lines (at most "
+                found.append(f"  {folder.name}/{path.name}: {name}() at line {line} is {n} lines (at most "
                              f"{MAX_FUNCTION_LINES})")
     return found
 
@@ -149,6 +151,14 @@ def test_every_example_reads_in_one_sitting():
     found = oversized_examples()
     assert not found, ("examples over the house's sizes (split a long function into named steps; move code "
                        "shared by examples into the package module they share):\n" + "\n".join(found))
+
+
+def test_every_script_reads_in_one_sitting():
+    """The scripts are read by whoever checks a figure the docs give: the same sizes (a benchmark's cases in
+    modules of their own beside it, as scripts/_bench_gpt_*.py)."""
+    found = oversized_examples(SCRIPTS)
+    assert not found, ("scripts over the house's sizes (split a long function into named steps; a script's "
+                       "cases into modules beside it):\n" + "\n".join(found))
 
 
 def test_the_rules_see_the_package():
@@ -166,5 +176,7 @@ def test_the_rules_see_the_package():
     examples = {path.name: _measure(path) for path in EXAMPLES.glob("*.py")}
     assert len(examples) > 20 and {"train_gpt.py", "train_moe_gpt.py", "train_megatron_block.py"} <= set(examples)
     assert any(name.startswith("main:") for name, _ in examples["train_gpt.py"][1])
+    scripts = {path.name for path in SCRIPTS.glob("*.py")}
+    assert len(scripts) > 30 and {"bench.py", "bench_gpt.py", "_bench_gpt_pipeline.py"} <= scripts
     assert any(s.endswith("from .window import SimWin  # (numpy, at its import: a program that opens no window runs "
                           "without it)") for s in _inner_imports()["spmdsim.emulator.mpi4py_world"])
