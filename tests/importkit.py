@@ -105,10 +105,23 @@ def _statements(tree: ast.Module, into_type_checking: bool = False):
     yield from walk(tree.body, True)
 
 
+def tree_of(path: pathlib.Path) -> ast.Module:
+    """The syntax tree of the package's source file `path`, parsed once in this process: the tests that read the
+    package with `ast` (tests/test_house.py, test_axis_roles.py, test_bounded_tables.py, test_engines.py,
+    test_replay.py, and scan here) share it, where each parsed all ~450 files again (~1 CPU-s each). Shared:
+    read it, never change it."""
+    return _tree_of(pathlib.Path(path).resolve())
+
+
+@lru_cache(maxsize=None)
+def _tree_of(path: pathlib.Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
 @lru_cache(maxsize=None)
 def _parsed(root: pathlib.Path, top: str) -> dict[str, ast.Module]:
     """Every module's syntax tree, parsed once for scan and names_from_above."""
-    return {name: ast.parse(path.read_text(), str(path)) for name, path in module_paths(root, top).items()}
+    return {name: tree_of(path) for name, path in module_paths(root, top).items()}
 
 
 def scan(root: pathlib.Path = ROOT, top: str = TOP, type_checking: bool = False) -> dict[str, tuple[Import, ...]]:

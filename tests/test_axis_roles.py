@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+import importkit
 import spmdsim
 from spmdsim import Layout, Mesh
 from spmdsim.errors import LayoutError, SpmdsimError
@@ -24,8 +25,9 @@ ALLOWED_FOLDERS = ("tools/lab/exercises/",)
 
 
 def _axis_literals(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> list[str]:
-    """`path`'s string constants that are an axis name, outside docstrings and __slots__ (attribute names)."""
-    tree = ast.parse(path.read_text())
+    """`path`'s string constants that are an axis name, outside docstrings and __slots__ (attribute names); a
+    module of the package from the syntax tree the other tests that read it share (importkit.tree_of)."""
+    tree = importkit.tree_of(path) if root == PACKAGE else ast.parse(path.read_text())
     skipped = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \

@@ -8,6 +8,7 @@ import importlib
 import pathlib
 
 import bounded_tables
+import importkit
 
 import spmdsim
 
@@ -23,7 +24,7 @@ def _bounded_globals() -> set:
     found = set()
     for path in _ROOT.rglob("*.py"):
         module = ".".join(path.relative_to(_ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
-        tree = ast.parse(path.read_text())
+        tree = importkit.tree_of(path)  # (parsed once, shared with the other tests that read the package)
         top = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
         for node in ast.walk(tree):

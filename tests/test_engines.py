@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+import importkit
 import spmdsim
 from spmdsim.base import context
 from spmdsim.runtime.engines import MPI, engine_of
@@ -110,10 +111,11 @@ def test_a_dry_run_at_16384_ranks_fits_in_2_gib():
 
 
 def _imports(path: pathlib.Path) -> set[str]:
-    """Every spmdsim module a file imports (top level or inside functions), as dotted names."""
+    """Every spmdsim module a file of the package imports (top level or inside functions), as dotted names (from
+    the syntax tree the tests that read the package share: importkit.tree_of)."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(importkit.tree_of(path)):
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             name = ".".join(base + ([node.module] if node.module else []))

@@ -11,6 +11,7 @@ package (examples/*.py) and the scripts that measure it (scripts/*.py) alike.
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 
 import importkit
 
@@ -102,20 +103,21 @@ def test_few_imports_of_the_package_are_inside_functions():
             for module, statements in found.items()))
 
 
-def _measure(path) -> tuple[int, list[tuple[str, int]]]:
-    """(lines, [("function:line", lines)]) of the Python file at `path`."""
+def _measure(path, tree=None) -> tuple[int, list[tuple[str, int]]]:
+    """(lines, [("function:line", lines)]) of the Python file at `path` (its syntax tree `tree` where parsed)."""
     text = path.read_text()
     functions = [(f"{node.name}:{node.lineno}", node.end_lineno - node.lineno + 1)
-                 for node in ast.walk(ast.parse(text, str(path)))
+                 for node in ast.walk(tree if tree is not None else ast.parse(text, str(path)))
                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     return len(text.splitlines()), functions
 
 
-def _sizes(floors: tuple[str, ...] = FLOORS):
-    """(module, lines, [(function, lines)]) for every module of `floors`."""
-    for module, path in sorted(importkit.module_paths().items()):
-        if in_floors(module, floors):
-            yield (module, *_measure(path))
+@lru_cache(maxsize=None)
+def _sizes(floors: tuple[str, ...] = FLOORS) -> tuple:
+    """(module, lines, [(function, lines)]) for every module of `floors`: read once for the tests below, from
+    the syntax trees the scan above parsed (importkit.tree_of)."""
+    return tuple((module, *_measure(path, importkit.tree_of(path)))
+                 for module, path in sorted(importkit.module_paths().items()) if in_floors(module, floors))
 
 
 def test_every_module_reads_in_one_sitting():

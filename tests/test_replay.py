@@ -127,13 +127,14 @@ def test_no_module_calls_a_recorded_ndarray_method_unbound():
     import ast
     from pathlib import Path
 
+    import importkit
     from spmdsim.runtime.traced import Traced
 
     recorded = {name for name in vars(Traced) if not name.startswith("_") and hasattr(np.ndarray, name)}
     assert {"astype", "copy", "reshape"} <= recorded
     found = []
     for path in sorted((Path(spmdsim.__file__).parent).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(importkit.tree_of(path)):  # (parsed once, shared with the tests that read the package)
             if isinstance(node, ast.Attribute) and node.attr in recorded and isinstance(node.value, ast.Attribute) \
                     and node.value.attr == "ndarray" and isinstance(node.value.value, ast.Name) \
                     and node.value.value.id == "np":
