@@ -45,6 +45,14 @@ def _run_by_test_sim_cli(command: str) -> bool:
     return bool(m) and (ROOT / "examples" / f"{m.group(1)}.py").is_file() and m.group(1) not in EXAMPLE_ARGS
 
 
+def _run_by_test_readme(quote) -> bool:
+    """A `spmdsim` command quoted here without output that README.md quotes with its output: tests/test_readme.py runs
+    it (in process) and checks its exit code, that output and its widths (docs/howto/choose-configuration.md's
+    16-device MoE search, 2-3 CPU-s, ran in both)."""
+    return quote.output is None and quote.command.startswith("spmdsim ") and quote.command in {
+        q.command for q in quotes("README.md") if q.output is not None}
+
+
 #: The steps a training example the docs quote without output runs here when the command leaves them to its default,
 #: by example: train_mindspore_tutorial.py's default 100 steps on 8 simulated ranks took 7.9 CPU-s, 20 take 1.8, and
 #: each step runs and is checked as the first 20 are (examples whose default is short already are not listed).
@@ -97,7 +105,7 @@ class _Ran(dict):
             for quote in shown(doc):
                 if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
                     continue
-                if quote.output is None and _run_by_test_sim_cli(quote.command):
+                if quote.output is None and (_run_by_test_sim_cli(quote.command) or _run_by_test_readme(quote)):
                     continue
                 if quote.argv is None and quote.inline and quote.command.split()[1:2] \
                         and len(quote.command.split()) < 3:

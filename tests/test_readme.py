@@ -52,7 +52,8 @@ def test_readme_test_command_is_what_ci_runs():
 
 
 def test_path_a_and_c_print_what_the_readme_shows():
-    """The teaching path (show, run --explain) and the sizing path (estimate, autoshard)."""
+    """The teaching path (show, run --explain) and the sizing path (estimate, autoshard), each within 100 columns
+    (the docs' width: tests/test_classroom_docs.py leaves a command README.md quotes with its output to this test)."""
     pure = [q for q in _shown() if q.command.startswith("spmdsim ")]
     assert [q.command.split()[1] for q in pure] == ["show", "run", "estimate", "autoshard"]
     for quote in pure:
@@ -60,6 +61,7 @@ def test_path_a_and_c_print_what_the_readme_shows():
         assert code == 0, quote.where() + "\n" + err
         why = mismatch(quote.output, out)
         assert why is None, f"{quote.where()}: {why}\n{out}"
+        assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
 
 
 def test_path_b_runs_the_program_as_saved_on_simulated_and_mpi_ranks(tmp_path):
