@@ -3,10 +3,10 @@ attention's steps and messages, each method's bytes, and `spmdsim context`."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
+from docs_commands import run_here
 from spmdsim.errors import ShapeError
 from spmdsim.programs.context import (Attend, Pass, causal_pairs, check_heads, check_split, imbalance, order,
                                       positions, ring_program, traffic)
@@ -75,8 +75,9 @@ def test_refusals_name_the_value():
 
 
 def _context(*args):
-    return subprocess.run([sys.executable, "-m", "spmdsim", "context", *args], capture_output=True, text=True,
-                          timeout=60)
+    """`spmdsim context ARGS` (exit code, stdout, stderr), run in this process (docs_commands.run_here): the
+    command's own output and code, without a Python start and spmdsim's imports for each of five calls."""
+    return subprocess.CompletedProcess(args, *run_here("main", ["context", *args]))
 
 
 def test_the_command_draws_the_ring_within_100_columns_and_refuses_in_one_line():

@@ -60,18 +60,15 @@ def test_a_stage_over_the_gpus_memory_is_told_what_shrinks_it(tmp_path, argv, hi
     assert "to fit" not in _tail(*argv, "--machine", _machine(tmp_path, stage["peak_bytes"]))
 
 
-def test_estimate_help_gives_each_default_and_the_shipped_machines():
+def test_estimate_help_gives_each_default_and_the_shipped_machines(monkeypatch):
     """`spmdsim estimate --help` gave no default: a user sizing a real model could not see that each dimension
     left out is a toy GPT's (4 layers, hidden 128), nor which machines ship."""
-    import subprocess
-    import sys
-
     from spmdsim.tools.estimate.machine import machines
 
-    out = subprocess.run([sys.executable, "-m", "spmdsim", "estimate", "--help"], capture_output=True, text=True,
-                         timeout=60, env={**__import__("os").environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split("options:", 1)[1].split())
+    monkeypatch.setenv("COLUMNS", "200")  # (argparse reads the width when it prints the help)
+    code, out, err = run_here("main", ["estimate", "--help"])  # in this process: the command's own help
+    assert code == 0, err
+    text = " ".join(out.split("options:", 1)[1].split())
     for flag, default in (("--layers N", 4), ("--hidden N", 128), ("--seq N", 64), ("--global-batch N", 8)):
         assert f"{flag} " in text and f"(default {default})" in text.split(flag, 1)[1][:80], (flag, text)
     assert all(name in text for name in machines())

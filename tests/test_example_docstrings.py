@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from docs_commands import run_here
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
@@ -63,9 +65,10 @@ def _bare_flags(help_text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["train_gpt", "train_moe_gpt"])
-def test_every_flag_of_a_training_example_has_its_help(name):
-    done = subprocess.run([sys.executable, f"examples/{name}.py", "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, COLUMNS="100"))
-    assert done.returncode == 0, done.stderr
-    assert _bare_flags(done.stdout) == []
-    assert "--steps N             training steps (default " in done.stdout
+def test_every_flag_of_a_training_example_has_its_help(name, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # (argparse reads the width when it prints the help)
+    # `python examples/NAME.py --help`, in this process (docs_commands.run_here): the example's own help
+    code, out, err = run_here(f"examples/{name}.py", ["--help"])
+    assert code == 0, err
+    assert _bare_flags(out) == []
+    assert "--steps N             training steps (default " in out

@@ -483,14 +483,15 @@ def test_digest_training_tells_equal_results_from_different_ones():
         rows[m[1]] = m[2], m[3]
     assert list(rows) == ["dense", "selective", "fp32"]
     assert rows["selective"] == rows["dense"] and rows["fp32"][0] != rows["dense"][0], rows
-    listed = subprocess.run([sys.executable, script, "--list"], capture_output=True, text=True, timeout=60)
-    assert listed.returncode == 0 and max(map(len, listed.stdout.splitlines())) <= 100, listed.stdout
-    names = [line.split()[0] for line in listed.stdout.splitlines() if not line.startswith(" ")]
-    assert len(names) == 19 and names[:3] == ["dense", "fp32", "bf16"], listed.stdout
-    bad = subprocess.run([sys.executable, script, "--only", "dense,nope"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.splitlines()[-1].startswith("digest_training.py: error: --only 'dense,nope': unknown "
-                                                  "configuration 'nope'; expected names from dense, fp32, ")
+    # the list and the refusal launch nothing: run in this process (docs_commands.run_here), as `python SCRIPT ...`
+    code, listed, _ = run_here("scripts/digest_training.py", ["--list"])
+    assert code == 0 and max(map(len, listed.splitlines())) <= 100, listed
+    names = [line.split()[0] for line in listed.splitlines() if not line.startswith(" ")]
+    assert len(names) == 19 and names[:3] == ["dense", "fp32", "bf16"], listed
+    code, out, err = run_here("scripts/digest_training.py", ["--only", "dense,nope"])
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1].startswith("digest_training.py: error: --only 'dense,nope': unknown "
+                                           "configuration 'nope'; expected names from dense, fp32, ")
 
 
 def test_every_script_ends_quietly_when_its_reader_stops_reading():
