@@ -346,9 +346,10 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert "  ep etp  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
     monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
-    # the cells on 2 devices, tp 1 held (the CLI's path and its patience line; every cell's bound is
-    # tests/test_estimate_bounds.py's): 90 small dry runs, where tp 2's split and folded cells make 270 in all
-    assert main(argv[:6] + ["2"] + argv[7:] + ["--moe-cells", "--fix", "tp=1"]) == 0
+    # the cells on 2 devices, tp 1 and no recomputation held (the CLI's path and its patience line; every cell's
+    # bound is tests/test_estimate_bounds.py's): 48 small dry runs, where the three recomputations make 144 and
+    # tp 2's split and folded cells more
+    assert main(argv[:6] + ["2"] + argv[7:] + ["--moe-cells", "--fix", "tp=1", "--fix", "recompute=none"]) == 0
     out, err = capsys.readouterr()
     cells = re.search(r"(\d+) small dry runs of layer cells", unfold(out))
     assert cells and int(cells.group(1)) > 0 and int(cells.group(1)) % 6 == 0
