@@ -110,22 +110,23 @@ def pytest_configure(config: pytest.Config) -> None:
 WAITING_FILES = ("test_reliability_faults.py", "test_reliability_watchdog.py", "test_runtime_faults.py")
 
 #: The pure test files that cost the most CPU (getrusage of the pytest process and the children it waited
-#: for, summed over the file's tests, at main 63c60e2-9742f44 on a 2-core machine: 6 to 80 s each), heaviest first;
-#: test_autoshard_dag (13 s), test_sim_lab (7.5 s) and test_sim_mpirun (4.5 s) placed again after their cuts (branch
-#: suitepure), test_import_graph (1.6 s) dropped; test_train_docs_mpi (37 s loaded: the training docs' MPI commands,
-#: two launches) placed, test_train_vocab_docs (4 s) and test_replay_docs (3 s) dropped after their cuts (suite7).
+#: for, summed over the file's tests, on a 2-core machine), heaviest first: at branch wt-speed (three full runs at
+#: 7665981f, load average 1-10, less the cuts of that branch) test_classroom_docs 62, test_estimate_search ~45,
+#: test_estimate_bounds 36, test_train_docs_mpi 30, test_sim_mpi4py_suite 23 CPU-s down to 5-6 at the end; the two
+#: estimate files had been placed 22nd and 17th and took 84 and 57 s of a worker each (loaded runs).
 #: Under xdist --dist loadfile a file runs whole on one worker; one of these scheduled last leaves the other
 #: worker idle for its length (test_classroom_docs.py, 80 CPU-s and 9 tests, used to start last), so they go
 #: first and the many small files fill in at the end (see _schedule_heavy_files_first).
 HEAVY_FILES = (
-    "test_classroom_docs.py", "test_train_docs_mpi.py", "test_scripts_args.py", "test_pipeline_train.py",
-    "test_train_memory_docs.py", *WAITING_FILES, "test_sim_mpi4py_suite.py", "test_tolerance_scale.py",
-    "test_train_bf16_docs.py", "test_sim_mpi4py_demos.py", "test_autoshard_gpt.py", "test_autoshard_dag.py",
-    "test_bench_gpt_pipeline.py", "test_gpt_parallel.py", "test_bad_inputs.py", "test_plan_exhaustive.py",
-    "test_peer_mpi4py_gpt.py", "test_sim_lab.py", "test_estimate_bounds.py", "test_sim_cli.py",
-    "test_pipeline_schedule.py", "test_fuzz_cli.py", "test_sim_mpi4py_orders.py", "test_estimate_search.py",
-    "test_determinism.py", "test_ops_general.py", "test_properties.py", "test_sim_mpirun.py",
-    "test_cli_bad_inputs.py", "test_plan_fold.py", "test_bench_moe.py",
+    "test_classroom_docs.py", "test_estimate_search.py", "test_estimate_bounds.py", "test_train_docs_mpi.py",
+    "test_sim_mpi4py_suite.py", "test_scripts_args.py", *WAITING_FILES, "test_pipeline_train.py",
+    "test_fsdp_docs.py", "test_tolerance_scale.py", "test_train_memory_docs.py", "test_estimate_search_context.py",
+    "test_train_bf16.py", "test_lab_cli.py", "test_autoshard_gpt.py", "test_context_train.py", "test_moe.py",
+    "test_sim_lab.py", "test_kept_megatron.py", "test_bad_inputs.py", "test_fsdp.py", "test_sim_cli.py",
+    "test_sim_mpi4py_demos.py", "test_bench_gpt_moe.py", "test_train_bf16_docs.py", "test_readme.py",
+    "test_new_user.py", "test_autoshard_dag.py", "test_bench_gpt_pipeline.py", "test_bench_gpt_context.py",
+    "test_sim_mpirun.py", "test_estimate_ledger.py", "test_train_memory.py", "test_plan_exhaustive.py",
+    "test_bench_gpt_fsdp.py", "test_gpt_parallel.py", "test_sim_mpi4py_orders.py", "test_peer_mpi4py_gpt.py",
 )
 
 
