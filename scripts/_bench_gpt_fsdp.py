@@ -58,11 +58,10 @@ def fsdp_steps(args, comm, replay: bool) -> dict:
     """Time spmdsim's fully sharded steps on this rank's comm (a process per rank): the step, its collectives,
     the waits in them before and after their last member arrived, the ranks' CPU; `replay`: step 0 captured,
     each timed step replaying it."""
-    from spmdsim import DTensor, collect_trace
+    from spmdsim import DTensor
     from spmdsim.models.gpt import batch, encode, load_text
     from spmdsim.models.gpt.mesh import model_mesh
     from spmdsim.nn import ops
-    from spmdsim.runtime.replay import Scalar, capture
 
     cfg, ids = bench._config(args), encode(load_text())
     mesh = model_mesh(cfg, comm, DP, 1)
@@ -73,17 +72,10 @@ def fsdp_steps(args, comm, replay: bool) -> dict:
         x, y = batch(ids, cfg, step)
         xd, yd = (DTensor.from_global(mesh, a, model.ids) for a in (x, y))
         comm.Barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        with collect_trace() as trace:
-            if not replay:
-                loss = train_step(xd, yd, step)
-            elif graph is None:
-                loss = graph = capture(train_step, xd, yd, Scalar(step), state=params)
-            else:
-                loss = graph(xd, yd, step)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        loss, graph, wall, cpu, trace = bench.timed_step(train_step, (xd, yd, step), params, graph, replay,
+                                                          time.process_time)
         if step == 0:  # spmdsim's dropout masks: the peer's checked step 0 draws the same
-            loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
+            loss0 = float(ops.resolved(loss).local)
         before, after = bench._arrivals(mesh, trace.entries)
         for key, value, op in (("step", wall, bench._max()), ("collectives", sum(e.seconds for e in trace.entries),
                                bench._max()), ("waited", before, bench._max()), ("arrived", after, bench._max()),

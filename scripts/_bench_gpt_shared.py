@@ -71,9 +71,8 @@ def gpt_steps(args, comm, mpi: bool, cfg, mesh: tuple, replay: bool = False) -> 
     all ranks. `replay`: the warm-up step is captured (spmdsim.runtime.replay) and each timed step replays it."""
     from spmdsim import Layout
     from spmdsim.models.gpt import batch, encode, load_text
-    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim import DTensor, Mesh
     from spmdsim.nn import ops
-    from spmdsim.runtime.replay import Scalar, capture
 
     ids = encode(load_text())
     walls, inside, waited, arrived, cpus = [], [], [], [], []
@@ -88,17 +87,9 @@ def gpt_steps(args, comm, mpi: bool, cfg, mesh: tuple, replay: bool = False) -> 
         # A rank's CPU: its process's on MPI ranks (spmdsim's own threads, if any, included), its thread's
         # on simulated ranks (threads of one process), as the hand-written peer measures its ranks'.
         clock = time.process_time if mpi else time.thread_time
-        t0, c0 = time.perf_counter(), clock()
-        with collect_trace() as trace:
-            if not replay:
-                loss = train_step(xd, yd, step)
-            elif graph is None:
-                loss = graph = capture(train_step, xd, yd, Scalar(step), state=params)
-            else:
-                loss = graph(xd, yd, step)
-        wall, cpu = time.perf_counter() - t0, clock() - c0
+        loss, graph, wall, cpu, trace = timed_step(train_step, (xd, yd, step), params, graph, replay, clock)
         if step == 0:  # spmdsim's dropout masks: the peer's checked step 0 draws the same
-            loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
+            loss0 = float(ops.resolved(loss).local)
         spent = sum(e.seconds for e in trace.entries)
         if mpi:
             before, after = _arrivals(mesh, trace.entries)
@@ -113,6 +104,26 @@ def gpt_steps(args, comm, mpi: bool, cfg, mesh: tuple, replay: bool = False) -> 
     if mpi:
         out["waited"], out["arrived"] = statistics.median(waited[1:]), statistics.median(arrived[1:])
     return out
+
+
+def timed_step(train_step, inputs: tuple, params, graph, replay: bool, clock) -> tuple:
+    """One of a bench's steps, ``train_step(xd, yd, step)`` on `inputs`, timed: eager; or, with `replay`, captured
+    (spmdsim.runtime.replay, when `graph` is None) or `graph` replayed. Returns (the step's loss, the graph to
+    replay next, wall seconds, `clock`'s seconds, the step's collect_trace)."""
+    from spmdsim import collect_trace
+    from spmdsim.runtime.replay import Scalar, capture
+
+    xd, yd, step = inputs
+    t0, c0 = time.perf_counter(), clock()
+    with collect_trace() as trace:
+        if not replay:
+            loss = train_step(xd, yd, step)
+        elif graph is None:
+            graph = capture(train_step, xd, yd, Scalar(step), state=params)
+            loss = graph.result
+        else:
+            loss = graph(xd, yd, step)
+    return loss, graph, time.perf_counter() - t0, clock() - c0, trace
 
 
 def _arrivals(mesh, entries) -> tuple[float, float]:
