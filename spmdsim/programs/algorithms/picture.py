@@ -17,7 +17,7 @@ from ...base.validate import counted
 from .schedule import Schedule
 from .symbolic import leaves, states
 from .table import cell_text, describe_round
-from ..viz.png import new_figure, require_matplotlib, save_figure, shard_colour
+from ..viz.png import new_figure, picture_directory, require_matplotlib, save_figure, shard_colour
 
 __all__ = ["render_rounds_png", "draw_round", "MAX_PICTURE_RANKS", "check_picture_ranks"]
 
@@ -104,11 +104,7 @@ def render_rounds_png(schedule: Schedule, directory: Union[str, os.PathLike], dp
     """
     check_picture_ranks(schedule.group_size)
     require_matplotlib()  # before the folder: a refusal leaves nothing behind
-    directory = os.fspath(directory)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise SpmdsimError(f"cannot make picture directory {directory!r}: {exc.strerror or exc}") from None
+    directory = picture_directory(directory)
     snaps = states(schedule)
     p, slots = schedule.group_size, len(schedule.slot_counts)
     width, height = 1.2 + 0.75 * p, 1.4 + 0.45 * slots

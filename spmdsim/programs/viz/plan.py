@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence, Union
 
-from ...errors import SpmdsimError
 from ...base.validate import counted
 from .ascii import tensor_lines
 from .model import layout_picture
-from .png import draw_layout, new_figure, require_matplotlib, save_figure
+from .png import draw_layout, new_figure, picture_directory, require_matplotlib, save_figure
 
 __all__ = ["render_plan_ascii", "render_plan_png", "format_bytes"]
 
@@ -74,11 +73,7 @@ def render_plan_png(
     Returns the paths written: ``step_00_source.png``, ``step_01_<op>.png``, ...
     """
     require_matplotlib()  # before the folder: a refusal leaves nothing behind
-    directory = os.fspath(directory)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise SpmdsimError(f"cannot make picture directory {directory!r}: {exc.strerror or exc}") from None
+    directory = picture_directory(directory)
     paths = []
     source = layout_picture(plan.source, plan.shape, name)
     fig = new_figure(*_size(source, rows=1))

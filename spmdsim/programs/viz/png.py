@@ -12,8 +12,8 @@ from ...errors import SpmdsimError
 from ...layouts.layout import TensorLayout
 from .model import LayoutPicture, layout_picture
 
-__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "draw_tensor_panel",
-           "shard_colour", "new_figure", "save_figure"]
+__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "picture_directory", "render_layout_png", "draw_layout",
+           "draw_tensor_panel", "shard_colour", "new_figure", "save_figure"]
 
 _HATCH = "///"
 
@@ -36,6 +36,17 @@ def _matplotlib() -> Any:
 def require_matplotlib() -> None:
     """Raise before any work when a picture was asked for and matplotlib is missing."""
     _matplotlib()
+
+
+def picture_directory(directory: Union[str, os.PathLike]) -> str:
+    """`directory` as a string, made (with its parents) where it is missing; one SpmdsimError line where it
+    cannot be."""
+    directory = os.fspath(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise SpmdsimError(f"cannot make picture directory {directory!r}: {exc.strerror or exc}") from None
+    return directory
 
 
 def shard_colour(shard_number: int, num_shards: int) -> Any:
