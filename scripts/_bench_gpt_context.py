@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ import _bench_gpt_shared as bench  # noqa: E402
 CP = 4  # context-parallel ranks, one MPI rank each
 ROUNDS = 30
 WAYS = ("raw", "door", "raw2", "replayed", "rawbound")
-P2P = ("send", "recv", "sendrecv")
+P2P = bench.P2P
 _LABEL = "ring attention"  # the ring's trace label (spmdsim.nn.ops.ring_attention)
 
 
@@ -98,12 +97,9 @@ def _step_rows(args, comm) -> list:
 def _timed(args, comm) -> dict:
     """The worker: one real step's rows checked against `ring_groups`, then the ways of the module docstring
     timed on those groups; rank 0's result (every figure the slowest rank's or summed over the ranks)."""
-    from mpi4py import MPI
-
     from _peer_mpi4py_step import _tight_timer_slack
-    from spmdsim import Layout, Mesh, collect_trace
+    from spmdsim import Layout, Mesh
     from spmdsim.models.axes import CONTEXT
-    from spmdsim.runtime.replay import capture
 
     plan = ring_groups(context_config(args), comm.size, comm.rank)
     stepped = _step_rows(args, comm)
@@ -113,36 +109,12 @@ def _timed(args, comm) -> dict:
         _tight_timer_slack()
     msgs = bench.MessageGroups(mesh, mesh.group(CONTEXT), axes, plan, _LABEL, clock)  # as the executor posts it
     raw = msgs.raw
-
-    def replayed() -> float:
-        t0 = clock()
-        graph()
-        return clock() - t0
-
-    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "replayed": replayed,
-            "rawbound": lambda: raw(persistent=True)}
-    times: dict = {way: [] for way in WAYS}
-    with collect_trace() as trace:
-        graph = capture(msgs.step)  # posts the step's groups once, as the door binds them (untimed)
-        mark = len(trace.entries)
-        for r in range(-1, ROUNDS):  # round -1: each way once, untimed
-            for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:
-                comm.Barrier()
-                spent = comm.allreduce(ways[way](), op=MPI.MAX)
-                if r >= 0:
-                    times[way].append(spent)
-                if r == -1 and way in ("door", "replayed"):
-                    rows = [(e.op, e.bytes_sent, e.bytes_received) for e in trace.entries[mark:] if e.op in P2P]
-                    times[way + "_rows"] = rows
-                mark = len(trace.entries)
-    del graph  # its bound requests freed before the communicator
+    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "rawbound": lambda: raw(persistent=True)}
+    out, rows, _ = msgs.timed_rounds(comm, ways, WAYS, ROUNDS)
     msgs.free()
     mesh.close()
     planned = _rows(plan)
-    out = {way: statistics.median(times[way]) for way in WAYS}
-    for way in WAYS[1:]:
-        out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
-    same = stepped == planned == times["door_rows"] == times["replayed_rows"]
+    same = stepped == planned == rows["door"] == rows["replayed"]
     out.update(step_groups=comm.allreduce(len(stepped)), step_bytes=comm.allreduce(sum(s for _, s, _ in stepped)),
                groups=comm.allreduce(len(planned)), bytes=comm.allreduce(sum(s for _, s, _ in planned)),
                messages=comm.allreduce(sum(len(s) for _, s in plan)), same=comm.allreduce(int(not same)) == 0,

@@ -62,13 +62,12 @@ for _folder in (HERE.parent, HERE.parents[1]):  # bench_gpt's parts beside this 
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _bench_gpt_shared import MessageGroups, _config, _max, _median, _ratio, message_rows  # noqa: E402
+from _bench_gpt_shared import P2P, MessageGroups, _config, _max, _median, _ratio, message_rows  # noqa: E402
 
 __all__ = ["PP", "PIPE", "SIMULATED", "P2P", "ROUNDS", "REPLAYS", "pipeline_steps", "message_groups",
            "message_replay", "pipeline_case"]
 
 PP = 4  # --pipeline's stages, one MPI rank each
-P2P = ("send", "recv", "sendrecv")  # the trace's point-to-point rows (spmdsim.runtime.door.point_to_point)
 #: --pipeline's launches, in their order: the peer, spmdsim (eager; with --replay then replayed), the peer again
 #: (A/A); with --simulated the peer on simulated ranks, spmdsim replayed on them, the peer again (A/A); the
 #: messages-only pair.
@@ -160,12 +159,9 @@ def message_replay(args, comm) -> dict:
     train_pipelined(replay=True) captures step 0: the door binds each group, a replay starts it again) and
     replayed ("replayed", timed whole: its calls and the replay's Python between them), and raw mpi4py's
     Recv_init/Send_init, each group started by Prequest.Startall and completed by the same wait ("rawbound")."""
-    from mpi4py import MPI
-
     from _peer_mpi4py_step import _tight_timer_slack
-    from spmdsim import Layout, Mesh, collect_trace
+    from spmdsim import Layout, Mesh
     from spmdsim.models.gpt.stage_program import _PP
-    from spmdsim.runtime.replay import capture
 
     cfg, clock = _config(args), time.perf_counter
     mesh = Mesh(Layout((comm.size,), ("pp",)), comm)
@@ -174,38 +170,14 @@ def message_replay(args, comm) -> dict:
     msgs = MessageGroups(mesh, mesh.group("pp"), _PP, message_groups(cfg, comm.size, args.microbatches, comm.rank),
                          "pipeline", clock)  # the pipeline's, as it calls the door
     groups, raw = msgs.groups, msgs.raw
-
-    def replayed() -> float:
-        t0 = clock()
-        graph()
-        return clock() - t0
-
-    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "waitall": lambda: raw(True), "replayed": replayed,
+    ways = {"raw": raw, "door": msgs.door, "raw2": raw, "waitall": lambda: raw(True),
             "rawbound": lambda: raw(persistent=True)}
-    times: dict = {way: [] for way in REPLAYS}
-    with collect_trace() as trace:
-        graph = capture(msgs.step)  # posts the step's groups once, as the door binds them (untimed)
-        mark = captured = len(trace.entries)
-        for r in range(-1, ROUNDS):  # round -1: each way once, untimed
-            for way in REPLAYS[r % len(REPLAYS):] + REPLAYS[:r % len(REPLAYS)]:
-                comm.Barrier()
-                spent = comm.allreduce(ways[way](), op=MPI.MAX)
-                if r >= 0:
-                    times[way].append(spent)
-                if r == -1 and way == "door":
-                    rows = [e for e in trace.entries[mark:] if e.op in P2P]
-                if r == -1 and way == "replayed":
-                    replay_rows = [e for e in trace.entries[mark:] if e.op in P2P]
-                mark = len(trace.entries)
-    del graph  # its bound requests freed before the communicators
+    out, rows, captured = msgs.timed_rounds(comm, ways, REPLAYS, ROUNDS)
     msgs.free()
     mesh.close()
-    out = {way: statistics.median(times[way]) for way in REPLAYS}
-    for way in REPLAYS[1:]:
-        out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
-    same = [(e.op, e.bytes_sent, e.bytes_received) for e in replay_rows] == [(e.op, e.bytes_sent, e.bytes_received)
-                                                                             for e in rows] and captured == len(rows)
-    out.update(groups=comm.allreduce(len(rows)), bytes=comm.allreduce(sum(e.bytes_sent for e in rows)),
+    door = rows["door"]
+    same = rows["replayed"] == door and captured == len(door)
+    out.update(groups=comm.allreduce(len(door)), bytes=comm.allreduce(sum(sent for _, sent, _ in door)),
                replay_rows_same=comm.allreduce(int(not same)) == 0,
                planned_groups=comm.allreduce(len(groups)), messages=comm.allreduce(sum(len(s) for _, s in groups)),
                planned_bytes=comm.allreduce(sum(b.nbytes for _, sends in groups for b, _, _ in sends)),

@@ -204,10 +204,54 @@ class MessageGroups:
             spent += clock() - t0
         return spent
 
+    def timed_rounds(self, comm, ways: dict, order: tuple, rounds: int) -> tuple[dict, dict, int]:
+        """Time `ways` (name -> a function giving this rank's seconds) and "replayed" (`step` captured once,
+        untimed, with spmdsim.runtime.replay, then its graph replayed, timed whole), each way in `order`, the
+        order turning by a way each round, after a barrier; round -1 runs each way once, untimed. Returns the
+        median over `rounds` rounds of each way's time (the slowest rank's) and of its ratio to "raw" in the same
+        round (`<way>_ratio`); the point-to-point rows (op, bytes sent, received) the door's and the replay's
+        untimed rounds traced; and the trace rows the capture made. The graph's bound requests are freed on
+        return, before a caller frees this object's."""
+        from mpi4py import MPI
+
+        from spmdsim import collect_trace
+        from spmdsim.runtime.replay import capture
+
+        def replayed() -> float:
+            t0 = self.clock()
+            graph()
+            return self.clock() - t0
+
+        timed = dict(ways, replayed=replayed)
+        times: dict = {way: [] for way in order}
+        rows: dict = {}
+        with collect_trace() as trace:
+            graph = capture(self.step)  # posts the step's groups once, as the door binds them (untimed)
+            mark = captured = len(trace.entries)
+            for r in range(-1, rounds):
+                for way in order[r % len(order):] + order[:r % len(order)]:
+                    comm.Barrier()
+                    spent = comm.allreduce(timed[way](), op=MPI.MAX)
+                    if r >= 0:
+                        times[way].append(spent)
+                    elif way in ("door", "replayed"):
+                        rows[way] = [(e.op, e.bytes_sent, e.bytes_received) for e in trace.entries[mark:]
+                                     if e.op in P2P]
+                    mark = len(trace.entries)
+        graph = timed = None  # the graph's bound requests freed before the communicators
+        out = {way: statistics.median(times[way]) for way in order}
+        for way in order[1:]:
+            out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
+        return out, rows, captured
+
     def free(self) -> None:
         for requests in self.bound:
             for request in requests:
                 request.Free()
+
+
+#: The trace's point-to-point rows (spmdsim.runtime.door.point_to_point).
+P2P = ("send", "recv", "sendrecv")
 
 
 def _max():
