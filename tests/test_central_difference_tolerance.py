@@ -50,9 +50,11 @@ def test_central_differences_at_64_ranks_pass_within_their_rounding_and_a_missin
     at = np.r_[0:128, 1280:1408]
     exact, missing = (_x_grad(*arrays, mean_term=m).reshape(-1)[at] for m in (True, False))
     error = np.abs(numeric - exact)
-    assert not np.all(error <= 1e-6 + 1e-6 * np.abs(exact))  # the old fixed tolerance cries wolf
     rtol, atol = central_difference_tolerance(_magnitudes(*arrays), 8 * 4 * P, step=float(np.abs(x).max()))
     bound = atol + rtol * np.abs(numeric)
+    # Wider than the old fixed 1e-6 + 1e-6 |g| where the rounding can be: the old one failed element 1372 (off by
+    # 1.6e-6 with numpy 2.4's OpenBLAS; numpy 2.5's rounds it closer, so whether it fails depends on the BLAS)
+    assert np.all(bound >= 1e-6 + 1e-6 * np.abs(numeric)) and np.max(bound) > 2e-6
     assert np.all(error <= bound)
     assert not np.all(np.abs(missing - numeric) <= bound)  # LayerNorm's mean term left out: fails
     assert not np.all(np.abs(exact[::-1] - numeric) <= bound)  # another rank's shard's values: fails
