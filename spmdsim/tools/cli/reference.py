@@ -79,8 +79,11 @@ def _split_description(parser: argparse.ArgumentParser) -> tuple[str, str]:
 def flag_entry(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     """One table row: the flag's spellings with their value, then its help (%(default)s expanded)."""
     formatter = argparse.HelpFormatter(parser.prog, width=WIDTH)
-    if action.option_strings:
-        spellings = formatter._format_action_invocation(action).split(", ")
+    if action.option_strings and action.nargs == 0:
+        spellings = list(action.option_strings)
+    elif action.option_strings:  # each spelling with its value, as --help wrote them before Python 3.13
+        value = formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
+        spellings = [f"{option} {value}" for option in action.option_strings]
     else:
         spellings = [_positional(action)]
     names = ", ".join(f"`{spelling}`" for spelling in spellings)
