@@ -159,8 +159,9 @@ def _exit_code(fn: Callable[[], Any]) -> int:
     return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
 
 
-#: Where the frames of the simulation itself lie: a traceback starts after them, at the program's first.
-_SIMULATION_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen runpy>")
+#: Where the frames of the simulation itself lie: a traceback starts after them, at the program's first. runpy's
+#: are "<frozen runpy>" from Python 3.11, its file's before.
+_SIMULATION_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen runpy>", runpy.__file__)
 
 
 def _traceback(exc: BaseException) -> str:
@@ -171,7 +172,10 @@ def _traceback(exc: BaseException) -> str:
     frames = list(lines.stack)
     first = next((i for i, f in enumerate(frames) if not f.filename.startswith(_SIMULATION_FRAMES)), 0)
     lines.stack = traceback.StackSummary.from_list(frames[first:])
-    return "".join(lines.format())
+    text = "".join(lines.format())
+    if sys.version_info < (3, 11):  # a TracebackException writes the exception's notes from 3.11 on
+        text += "".join(f"{note}\n" for note in getattr(exc, "__notes__", ()))
+    return text
 
 
 def _where(exc: BaseException) -> str:
