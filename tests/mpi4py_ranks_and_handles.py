@@ -83,7 +83,7 @@ def float_ranks_in_groups():
 def float_ranks_in_grids():
     """A Cartesian grid's numbers as mpi4py reads them: Shift's direction and displacement and Get_coords'
     rank are C ints (a float truncated, the answer ints), dims, periods, coordinates and remain_dims integer
-    arrays (a float, or a numpy bool, is a TypeError)."""
+    arrays (a float is a TypeError, and so is a numpy bool where numpy refuses one as an index)."""
     comm = MPI.COMM_WORLD
     cart = comm.Create_cart([2, 2], periods=[True, False])
     calls = [lambda: cart.Shift(0, 1.0), lambda: cart.Shift(1.0, 1), lambda: cart.Shift(np.int32(0), np.float32(1.5)),
