@@ -210,7 +210,7 @@ class MessageGroups:
         order turning by a way each round, after a barrier; round -1 runs each way once, untimed. Returns the
         median over `rounds` rounds of each way's time (the slowest rank's) and of its ratio to "raw" in the same
         round (`<way>_ratio`); the point-to-point rows (op, bytes sent, received) the door's and the replay's
-        untimed rounds traced; and the trace rows the capture made. The graph's bound requests are freed on
+        untimed rounds traced; and how many trace rows the capture made. The graph's bound requests are freed on
         return, before a caller frees this object's."""
         from mpi4py import MPI
 

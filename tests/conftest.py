@@ -110,10 +110,9 @@ def pytest_configure(config: pytest.Config) -> None:
 WAITING_FILES = ("test_reliability_faults.py", "test_reliability_watchdog.py", "test_runtime_faults.py")
 
 #: The pure test files that cost the most CPU (getrusage of the pytest process and the children it waited
-#: for, summed over the file's tests, on a 2-core machine), heaviest first: at branch wt-speed (three full runs at
-#: 7665981f, load average 1-10, less the cuts of that branch) test_classroom_docs 62, test_estimate_search ~45,
-#: test_estimate_bounds 36, test_train_docs_mpi 30, test_sim_mpi4py_suite 23 CPU-s down to 5-6 at the end; the two
-#: estimate files had been placed 22nd and 17th and took 84 and 57 s of a worker each (loaded runs).
+#: for, summed over the file's tests, on a 2-core machine), heaviest first: test_classroom_docs 62,
+#: test_estimate_search 44, test_estimate_bounds 35, test_train_docs_mpi 27, test_sim_mpi4py_suite 22 CPU-s down
+#: to 5-6 at the end.
 #: Under xdist --dist loadfile a file runs whole on one worker; one of these scheduled last leaves the other
 #: worker idle for its length (test_classroom_docs.py, 80 CPU-s and 9 tests, used to start last), so they go
 #: first and the many small files fill in at the end (see _schedule_heavy_files_first).

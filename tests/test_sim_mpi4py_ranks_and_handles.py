@@ -85,8 +85,8 @@ def test_float_ranks_in_grids(simulated4):
         back, forward = _grid_neighbours(r)[2:]
         assert res["float_ranks_in_grids"] == [
             [across, across], [back, forward], [across, across], "TypeError", "OverflowError", [1, 1], "TypeError",
-            "ValueError", "TypeError", _numpy_bool_sub(), "ValueError", "TypeError", "TypeError", ["comm", "Cartcomm", 4],
-            "TypeError", "TypeError", [2, 0], [1, 1], "TypeError", ["int", "int"]]
+            "ValueError", "TypeError", _numpy_bool_sub(), "ValueError", "TypeError", "TypeError",
+            ["comm", "Cartcomm", 4], "TypeError", "TypeError", [2, 0], [1, 1], "TypeError", ["int", "int"]]
 
 
 def test_freed_copies_of_the_predefined_communicators(simulated4):
