@@ -129,3 +129,38 @@ def test_a_ranks_run_keeps_freed_buffers_as_an_mpi_rank_does_unless_the_user_cho
     assert run_on_ranks(2, lambda: None) == 0 and calls == [1]
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=131072")
     assert run_on_ranks(2, lambda: None) == 0 and calls == [1]
+
+
+# A program under `spmdsim mpirun` (its ranks are threads of one process): the same step in its rank's thread.
+MPIRUN_STEP = """
+import ctypes, resource, numpy as np
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
+def step():
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    blocks = [np.empty(1 << 19) for _ in range(40)]
+    for block in blocks:
+        block.fill(1)
+    del blocks
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+step()
+print(step())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(__import__("resource"), "RUSAGE_THREAD"),
+                    reason="glibc mallopt, per-thread page faults")
+def test_spmdsim_mpirun_keeps_freed_heaps_unless_the_user_opted_out(tmp_path):
+    """`spmdsim mpirun` sets the thresholds and the pad for the program's ranks, as a --ranks run does (each
+    message's copies otherwise fault their pages in again); a glibc variable of the user's turns that off."""
+    prog = tmp_path / "step.py"
+    prog.write_text(MPIRUN_STEP)
+    env = {k: v for k, v in os.environ.items() if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
+    faults = {}
+    for how, extra in (("kept", {}), ("opted out", {"MALLOC_TRIM_THRESHOLD_": "131072"})):
+        out = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "1", str(prog)],
+                             env={**env, **extra}, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        faults[how] = int(out.stdout.split()[-1])
+    if _malloc._mallopt() is None:
+        pytest.skip("the C library has no mallopt")
+    assert faults["kept"] < 200 < 4096 < faults["opted out"], faults

@@ -115,8 +115,13 @@ def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
 def load_script(path: str | os.PathLike, name: str) -> ModuleType:
     """Import a file that is not in a package (scripts/, a test module) as module `name`.
 
-    Registered in sys.modules first: dataclasses look their module up there.
+    Registered in sys.modules first: dataclasses look their module up there. Its folder joins the end of
+    sys.path, so that it imports the modules beside it as it does when run (scripts/_peer_mpi4py_step.py's
+    `_peer_adamw`), whichever test file loads it first.
     """
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

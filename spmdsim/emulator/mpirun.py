@@ -41,6 +41,7 @@ from .rank_threads import _is_rank_thread
 from ..errors import fold_message, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
+from ..base.malloc import keep_freed_buffers_unless_set
 from ..base.output import quiet_stdout
 from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, program_hook
 from .mpirun_target import _main_spec, _target
@@ -262,6 +263,9 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     exits: dict = {}
     failures: list = []  # (rank, exception) as each rank's program raised it (`_rank`)
     notice = FailureNotice(failures)
+    # Freed buffers stay in the ranks' heaps, as under a --ranks run: a message's copies (a nonblocking send's
+    # check of its buffer, a deferred receive's held bytes) otherwise fault their pages in again every message
+    keep_freed_buffers_unless_set()
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd()), \
                 own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():

@@ -30,6 +30,15 @@ def _send_buffer(buf: Any, call: str) -> None:
     mapped(buf, f"{call} buffer")
 
 
+def _predefined(buf: Any) -> bool:
+    """Whether `buf` is ``[buffer, count, datatype]`` of a predefined datatype (each of osu_bw's messages): a
+    datatype given, so none to map (`mapped`), and none derived (`may_be_derived`); asked first, of every message."""
+    return type(buf) in (list, tuple) and len(buf) == 3 and getattr(buf[2], "is_predefined", False) is True
+
+
+#: A C int's bounds: a rank or tag within them is one mpi4py takes as it is (spmdsim.runtime.sim._mpi.c_int).
+_C_INT = 1 << 31
+
 #: The blocking call of each send mode, as mpi4py names it in a refused buffer's error.
 _BLOCKING = {"standard": "Send", "buffered": "Bsend", "synchronous": "Ssend"}
 
@@ -55,6 +64,8 @@ class PointToPoint:
     def _isend(self, buf: Any, dest: int, tag: int, mode: str, watch: Any = False) -> Request:
         """A send; with `watch` (the program's nonblocking send) its completion checks that the program did not
         write into the buffer since (spmdsim.runtime.sim.p2p.rewritten)."""
+        if _predefined(buf):  # nothing to refuse here, nothing to pack
+            return post_send(self._group, self._me, dest, tag, buf, mode=mode, watch=watch or None)
         if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, _BLOCKING[mode])
         if may_be_derived(buf):
@@ -70,7 +81,11 @@ class PointToPoint:
 
     def _irecv(self, buf: Any, source: Any, tag: Any, defer: bool) -> Request:
         """Irecv; without `defer` (the blocking calls, which wait for it at once) the message lands as it arrives."""
-        source, tag = _any(source, "source"), _any(tag, "tag")  # first, as mpi4py converts its arguments
+        if type(source) is int and type(tag) is int and -_C_INT <= source < _C_INT and -_C_INT <= tag < _C_INT:
+            if _predefined(buf):  # a rank and tag as mpi4py takes them, a message with its datatype: nothing to check
+                return post_recv(self._group, self._me, source, tag, buf, None, defer=defer)
+        else:
+            source, tag = _any(source, "source"), _any(tag, "tag")  # first, as mpi4py converts its arguments
         if source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, "Recv")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)  # a derived type: unpacked on arrival

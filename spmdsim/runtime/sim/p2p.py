@@ -38,7 +38,7 @@ from ._mpi import c_int, integer, mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting
 from .request_sets import Polled
-from .landing import CHECK_BYTES, _land, _remove, _sample, rank_name
+from .landing import CHECK_BYTES, _land, _remove, _sample, program_line, rank_name
 from .requests import Request, completed, fill_status
 from ..._lazy import numpy_on_first_use
 
@@ -109,10 +109,10 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
             payload = np.empty(0, np.uint8)
         else:  # a byte buffer (osu_bw's) as it is: a view costs as much as the rest of the slicing
             payload = data[:count] if data.dtype.char == "B" else data[:count].view(np.uint8)
-    send = Request(group, me, "send", dest, tag)
+    wild = wildcards()
+    send = Request(group, me, "send", dest, tag, None, wild)
     send.payload, send.mode, send.own, send.seq = payload, mode, buf is None, next(_POSTED)
     world = group.world
-    wild = wildcards()
     copy = None
     with world.lock:
         world.check(group.members[me])
@@ -168,10 +168,10 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
     if buf is not None:
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
-    recv = Request(group, me, "recv", source, tag, view)
+    wild = wildcards()
+    recv = Request(group, me, "recv", source, tag, view, wild)
     recv.unpack, recv.room, recv.given, recv.defer, recv.seq = unpack, room, given, defer, next(_POSTED)
     world = group.world
-    wild = wildcards()
     with world.lock:
         world.check(group.members[me])
         sends = group.sends
@@ -273,7 +273,8 @@ def uncompleted(world: Any) -> tuple[str, ...]:
     "Builtin communicator 44000000 has pending 1 references"); a receive's message, if one came, never
     reached its buffer, nor a collective's result its receive buffer."""
     found = []
-    for req, call, file, line, group, me in list(world.posted.values()):  # in posted order
+    for req, call, code, offset, group, me in list(world.posted.values()):  # in posted order
+        file, line = program_line(code, offset)
         part = req._shown() if group is None else None
         if part is not None:
             group, me = part.group, part.me

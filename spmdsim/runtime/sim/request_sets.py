@@ -47,7 +47,10 @@ class ManyRequests:
     def waitall(cls, requests: Sequence[Any], statuses: Any = None) -> list:
         statuses = _statuses(statuses, len(requests))
         _block_all(requests)
-        if not any(_failed(r) for r in requests):
+        for r in requests:
+            if _failed(r):
+                break
+        else:  # none failed
             return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
         # MPI_ERR_IN_STATUS, as MPICH's Waitall: with statuses, the requests complete in order up to the first
         # that failed (its status has its error), the rest stay active (MPI.ERR_PENDING); without, all complete
@@ -276,7 +279,9 @@ def _failed(request: Any) -> Any:
     Waitsome and Testsome report as MPI.ERR_IN_STATUS (another error is raised as it is, as before)."""
     if request.null:
         return None
-    error = request._received().error
+    error = (request._received() if request.parts else request).error
+    if error is None:  # asked of every request Waitall completes
+        return None
     mpi = mpi_module()
     return error if mpi is not None and isinstance(error, mpi.Exception) else None
 

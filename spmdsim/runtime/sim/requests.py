@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ._mpi import mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting, ranks_text
-from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name, sends_wait
+from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, land, let_land, rank_name, sends_wait
 from .report import whereabouts
 from .unmatched import recv_unmatched, send_unmatched
 from .request_sets import ManyRequests, Polled, _empty, fill_status
@@ -24,9 +24,6 @@ from ..._lazy import numpy_on_first_use
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name", "noted"]
-
-
-
 
 
 class Request(ManyRequests):
@@ -38,7 +35,7 @@ class Request(ManyRequests):
                  "given", "own", "defer", "held", "noted", "seq", "watch", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
-                 buf: Optional[np.ndarray] = None) -> None:
+                 buf: Optional[np.ndarray] = None, wild: Optional[tuple] = None) -> None:
         if not isinstance(group, (Group, type(None))):  # MPI.Request(request): mpi4py's copy of the handle
             _copy_of(self, group)
             return
@@ -48,7 +45,7 @@ class Request(ManyRequests):
         self.done = group is None
         self.null = kind == "null"
         self.error: Optional[BaseException] = None
-        (self.source, self.got_tag), self.nbytes = wildcards(), 0
+        (self.source, self.got_tag), self.nbytes = wild or wildcards(), 0  # `wild`: wildcards(), when known
         self.origin: Optional[Request] = None  # the request this one is a copy of (MPI.Request(req))
         self.parts: tuple = ()
         self.cancelled = False
@@ -196,8 +193,13 @@ class Request(ManyRequests):
         self.null = True
         if self.noted is not None or self.origin is not None:
             self._completed()
-        recv = self._received()
-        _land_held(self)  # a deferring receive's message, a nonblocking collective's result, land as it completes
+        if self.parts:
+            recv = self._received()
+            _land_held(self)  # a deferring receive's message, a nonblocking collective's result, land as it completes
+        else:  # the same for a request of no parts (each of a program's Isends and Irecvs), in fewer calls
+            recv = self
+            if self.held is not None:
+                land(self)
         if recv.error is not None:
             if recv.kind == "recv":  # MPICH fills a failed receive's status too (a truncated one: the bytes it took)
                 fill_status(status, recv.source, recv.got_tag, recv.nbytes)
@@ -372,7 +374,8 @@ def noted(req: Request, call: str, group: Optional[Group] = None, me: int = 0) -
     frame = sys._getframe(2)  # the call's caller: the program's line (or, past spmdsim's frames, the first)
     while frame is not None and frame.f_code.co_filename.startswith(_SPMDSIM):
         frame = frame.f_back
-    posted[id(req)] = (req, call, frame and frame.f_code.co_filename, frame and frame.f_lineno, group, me)
+    # the instruction, not its line: reading f_lineno scans the code's line table at every post (`program_line`)
+    posted[id(req)] = (req, call, frame and frame.f_code, frame and frame.f_lasti, group, me)
     return req
 
 
