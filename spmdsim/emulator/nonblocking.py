@@ -34,9 +34,16 @@ __all__ = ["NonblockingCollectives", "CollectiveRequest", "posting", "landed_fre
 _SUM = "sum"
 
 
-#: The nonblocking collective request the calling thread posts now (`NonblockingCollectives._posted`), if any: its
-#: method's rendezvous deposits the call without waiting, and what the method does after it waits for completion.
-_POSTING = threading.local()
+class _Posting(threading.local):
+    """The nonblocking collective request the calling thread posts now (`NonblockingCollectives._posted`), if any:
+    its method's rendezvous deposits the call without waiting, and what the method does after it waits for
+    completion. None in a thread that posts none (a class default: every collective asks, and a thread-local
+    attribute never set would raise and catch AttributeError each time)."""
+
+    req: Any = None
+
+
+_POSTING = _Posting()
 #: Held while a member of a nonblocking collective runs its phases (one at a time: they share the slot).
 _PHASES = threading.Lock()
 
@@ -44,7 +51,7 @@ _PHASES = threading.Lock()
 def posting() -> Any:
     """The request of the nonblocking collective the calling thread is posting now and has not deposited yet
     (SimComm._enter_all), else None."""
-    req = getattr(_POSTING, "req", None)
+    req = _POSTING.req
     return req if req is not None and req.deposited is None else None
 
 
@@ -182,7 +189,7 @@ class NonblockingCollectives:
     def _then(self, step: Callable, *args: Any) -> None:
         """What a collective does after its rendezvous (a derived datatype's unpacking): now, or, for a
         nonblocking one being posted, at its completion."""
-        req = getattr(_POSTING, "req", None)
+        req = _POSTING.req
         if req is None or req.deposited is None:  # (before the rendezvous: a collective the post makes first)
             step(*args)
         else:
