@@ -16,9 +16,10 @@ simulated rank; none with the pad). `spmdsim launch` sets glibc's
 variables for its ranks (`glibc_env`); a rank of a plain ``mpiexec`` calls
 mallopt when spmdsim's guard is first set up on it (`keep_freed_buffers_under_launcher`,
 from runtime.process). A ``--ranks N`` run of spmdsim's programs (the CLI, the
-examples: `spmdsim.runtime.sim.launch.run_on_ranks`) calls mallopt alike before its
-ranks start: its eager steps otherwise fault their freed heap top in again
-every step (docs/explanation/performance.md); `spmdsim.simulate` itself does not. Skipped when
+examples: `spmdsim.runtime.sim.launch.run_on_ranks`) and ``spmdsim mpirun`` call mallopt
+alike before their ranks start: eager steps, and a program's messages, otherwise fault
+their freed heap top in again every step or message (docs/explanation/performance.md);
+`spmdsim.simulate` itself does not. Skipped when
 the user set any of GLIBC_VARS (to opt out: ``MALLOC_TRIM_THRESHOLD_=131072``,
 glibc's default) and without glibc. ``import spmdsim`` changes nothing.
 """
