@@ -166,7 +166,7 @@ def _land_held(req: Any) -> None:
 def _sent(req: Any, entry: Any) -> None:
     """The sends of `req` (itself, its parts) that watch their buffer stop; with `entry` (the request's in
     World.posted: completed, not freed) one whose buffer changed since posted is noted (landing.rewritten)."""
-    for part in (req, *req.parts) if req.parts else (req,):
+    for part in (req, *req.parts):
         watch = part.watch
         if watch is not None:
             part.watch = None
