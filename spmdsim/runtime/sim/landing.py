@@ -6,6 +6,7 @@ sit above it: a `send`, `recv` or `req` here is one of their Requests, a `group`
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Optional
 
 from ..._lazy import numpy_on_first_use
@@ -35,10 +36,11 @@ def _sample(view: Any) -> Any:
     return np.concatenate((view[:EDGE], view[EDGE:n - EDGE:max(1, (n - 2 * EDGE) // SAMPLES)], view[n - EDGE:]))
 
 
-def rewritten(send: Any, watch: tuple, call: str, file: Optional[str], line: Optional[int]) -> None:
-    """The program completed `send`, which its nonblocking `call` at `file`:`line` posted (Wait, a Test that
-    returned true, ...): if the buffer's bytes differ from those it held when posted (`watch`, which was
-    Request.watch), note it in the world's `rewritten` (a warning when the ranks end). MPI: "the sender should
+def rewritten(send: Any, watch: tuple, call: str, code: Any, offset: Any) -> None:
+    """The program completed `send`, which its nonblocking `call` at instruction `offset` of `code` posted (Wait,
+    a Test that returned true, ...; `program_line` says where, worked out only for a warning): if the buffer's
+    bytes differ from those it held when posted (`watch`, which was Request.watch), note it in the world's
+    `rewritten` (a warning when the ranks end). MPI: "the sender should
     not modify any part of the send buffer after a nonblocking send operation is called, until the send
     completes"; what the receiver gets is then undefined (here, as under MPICH on one node: a message under
     the world's eager limit as it was when sent, a larger one as it was when its receive took it)."""
@@ -51,8 +53,7 @@ def rewritten(send: Any, watch: tuple, call: str, file: Optional[str], line: Opt
         same = then.tobytes() == _sample(now).tobytes()  # a sample of 12 KiB: bytes compare fastest
     if same:
         return
-    import sys
-
+    file, line = program_line(code, offset)
     frame, caller = sys._getframe(1), None  # the program's line, and the call it made (Wait, Waitall, ...)
     while frame is not None and frame.f_code.co_filename.startswith(_SPMDSIM):
         frame, caller = frame.f_back, frame
@@ -172,7 +173,7 @@ def _sent(req: Any, entry: Any) -> None:
             part.watch = None
             if entry and not (watch[1].__class__ is np.ndarray and watch[1].nbytes == watch[0].nbytes
                               and watch[0].tobytes() == watch[1].tobytes()):  # unchanged: a small one's bytes
-                rewritten(part, watch, entry[1], *program_line(entry[2], entry[3]))
+                rewritten(part, watch, *entry[1:4])
 
 
 def program_line(code: Any, offset: Any) -> tuple[Optional[str], Optional[int]]:
