@@ -25,6 +25,11 @@ print(faults() - before)
 """
 
 
+def _plain_env() -> dict:
+    """This process's environment without an MPI launcher's local-size variables or glibc's malloc ones."""
+    return {k: v for k, v in os.environ.items() if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
+
+
 @pytest.fixture
 def calls(monkeypatch):
     for var in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS:
@@ -51,9 +56,7 @@ def test_launch_sets_glibcs_variables_unless_the_user_did():
 
 def _second_round_faults(env_update: dict) -> tuple[bool, int]:
     """(whether the thresholds were set, page faults of the second round) in a fresh process."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
-    env.update(env_update)
+    env = {**_plain_env(), **env_update}
     code = ("import spmdsim\nfrom spmdsim.base import malloc as _malloc\n"
             "print(_malloc.keep_freed_buffers_under_launcher())\n" + FAULTS)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -76,23 +79,28 @@ def test_a_rank_reuses_a_freed_16_mib_buffer_without_page_faults():
 
 
 # A simulated rank is a thread: its blocks come from a glibc arena of its own, which grows in heaps of
-# 64 MiB. A step holding 160 MiB (40 blocks of 4 MiB) spans several; print the page faults of its second
-# round in that thread.
-ARENA = """
-import ctypes, resource, sys, threading, numpy as np
+# 64 MiB. A step holding 160 MiB (40 blocks of 4 MiB) spans several; `step()` returns the page faults of a
+# round in the calling thread.
+STEP = """
+import ctypes, resource, numpy as np
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
+def step():
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    blocks = [np.empty(1 << 19) for _ in range(40)]
+    for block in blocks:
+        block.fill(1)
+    del blocks
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+"""
+
+# The second round's faults in a thread of a plain process.
+ARENA = STEP + """
+import sys, threading
 from spmdsim.base import malloc as _malloc
 print(_malloc.keep_freed_buffers() if sys.argv[1] == "pad" else bool(
     _malloc._mallopt()(-3, _malloc.MMAP_THRESHOLD) and _malloc._mallopt()(-1, _malloc.TRIM_THRESHOLD)))
 seen = []
 def rank():
-    def step():
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        blocks = [np.empty(1 << 19) for _ in range(40)]
-        for block in blocks:
-            block.fill(1)
-        del blocks
-        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
     step()
     seen.append(step())
 thread = threading.Thread(target=rank)
@@ -107,7 +115,7 @@ print(seen[0])
 def test_a_simulated_ranks_arena_keeps_its_freed_heaps():
     """With the thresholds alone glibc unmaps a thread arena's heap once its last block is freed, and the next
     step faults it in again (40 blocks of 4 MiB: ~10,000 faults of 40,960 pages); the top pad keeps it."""
-    env = {k: v for k, v in os.environ.items() if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
+    env = _plain_env()
     faults = {}
     for how in ("pad", "thresholds"):
         out = subprocess.run([sys.executable, "-c", ARENA, how], env=env, capture_output=True, text=True,
@@ -132,16 +140,7 @@ def test_a_ranks_run_keeps_freed_buffers_as_an_mpi_rank_does_unless_the_user_cho
 
 
 # A program under `spmdsim mpirun` (its ranks are threads of one process): the same step in its rank's thread.
-MPIRUN_STEP = """
-import ctypes, resource, numpy as np
-ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
-def step():
-    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    blocks = [np.empty(1 << 19) for _ in range(40)]
-    for block in blocks:
-        block.fill(1)
-    del blocks
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+MPIRUN_STEP = STEP + """
 step()
 print(step())
 """
@@ -154,7 +153,7 @@ def test_spmdsim_mpirun_keeps_freed_heaps_unless_the_user_opted_out(tmp_path):
     message's copies otherwise fault their pages in again); a glibc variable of the user's turns that off."""
     prog = tmp_path / "step.py"
     prog.write_text(MPIRUN_STEP)
-    env = {k: v for k, v in os.environ.items() if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
+    env = _plain_env()
     faults = {}
     for how, extra in (("kept", {}), ("opted out", {"MALLOC_TRIM_THRESHOLD_": "131072"})):
         out = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "1", str(prog)],
