@@ -279,7 +279,7 @@ def _failed(request: Any) -> Any:
     Waitsome and Testsome report as MPI.ERR_IN_STATUS (another error is raised as it is, as before)."""
     if request.null:
         return None
-    error = (request._received() if request.parts else request).error
+    error = request._received().error
     if error is None:  # asked of every request Waitall completes
         return None
     mpi = mpi_module()

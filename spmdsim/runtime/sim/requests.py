@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ._mpi import mpi_error, mpi_module, special, wildcards
 from .groups import Group
 from .waiting import _Waiting, ranks_text
-from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, land, let_land, rank_name, sends_wait
+from .landing import _SPMDSIM, _land_held, _sent, _world_rank, cancel, let_land, rank_name, sends_wait
 from .report import whereabouts
 from .unmatched import recv_unmatched, send_unmatched
 from .request_sets import ManyRequests, Polled, _empty, fill_status
@@ -193,13 +193,8 @@ class Request(ManyRequests):
         self.null = True
         if self.noted is not None or self.origin is not None:
             self._completed()
-        if self.parts:
-            recv = self._received()
-            _land_held(self)  # a deferring receive's message, a nonblocking collective's result, land as it completes
-        else:  # the same for a request of no parts (each of a program's Isends and Irecvs), in fewer calls
-            recv = self
-            if self.held is not None:
-                land(self)
+        recv = self._received()
+        _land_held(self)  # a deferring receive's message, a nonblocking collective's result, land as it completes
         if recv.error is not None:
             if recv.kind == "recv":  # MPICH fills a failed receive's status too (a truncated one: the bytes it took)
                 fill_status(status, recv.source, recv.got_tag, recv.nbytes)
