@@ -14,10 +14,11 @@ from ..runtime.sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import may_be_derived
 from ..base.validate import dtype_name
+from ..runtime.sim import _buffers
 from ..runtime.sim._buffers import _unpack
 from ..runtime.sim._datatypes import numpy_dtype
-from ..runtime.sim._mpi import BufferSpecError, in_place, mpi_error, mpi_module
-from .typemap import message  # the shared reader, refusing what mpi4py cannot map first
+from ..runtime.sim._mpi import BufferSpecError, _numpy_type, in_place, mpi_error, mpi_module
+from .typemap import _MAPPED_KINDS, message  # the shared reader, refusing what mpi4py cannot map first
 from ..runtime.sim.requests import rank_name
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -57,6 +58,26 @@ _OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": 
 _KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "integer", "u": "integer"}
 #: What an op is defined on, by element kind: those above, and MAXLOC's and MINLOC's pairs (numpy's "V").
 _TAKES = {**_KIND_NAMES, "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
+
+
+def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple) -> Any:
+    """(send data, receive buffer), flat, of a reduction given two numpy arrays (most programs' call) that every
+    check of the general path (`_predefined_op_types`, derived.laid_out, `message`, `_matching`) passes with
+    nothing to change: their checks without the steps that cannot refuse plain arrays. Else None, and the
+    general path checks (and refuses, with its messages). `what`: the call's names of the two messages."""
+    ndarray = _numpy_type("ndarray")
+    if ndarray is None or type(sendbuf) is not ndarray or type(recvbuf) is not ndarray:
+        return None
+    kind = sendbuf.dtype.kind
+    if kind not in _MAPPED_KINDS or recvbuf.dtype.kind not in _MAPPED_KINDS:  # typemap.mapped's refusals
+        return None
+    allowed = _OP_KINDS.get(red.name)  # (a user op: none, and laid_out keeps plain arrays as they are)
+    if allowed is not None and kind not in allowed and kind in _KIND_NAMES:  # _op_on_elements' refusal
+        return None
+    dst = _buffers.message(recvbuf, what[1], readonly=False)[0]
+    src = bodies.matching(call, _buffers.message(sendbuf, what[0])[0], dst)
+    _aliased(call, src, dst)
+    return src, dst
 
 
 def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..runtime.sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-from .collective_checks import _aliased, _bcast_count, _blocks_fit, _matching, _predefined_op_types
+from .collective_checks import _aliased, _bcast_count, _blocks_fit, _matching, _predefined_op_types, plain_reduction
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
 from ..base.validate import dtype_name
 from ..runtime.sim._datatypes import copy_into
@@ -36,6 +36,7 @@ __all__ = ["BufferCollectives", "bad_root"]
 
 
 _same = bodies.checked_same
+_ALLREDUCE = ("Allreduce sendbuf", "Allreduce recvbuf")  # its messages' names, for plain_reduction
 
 
 class BufferCollectives(NonblockingCollectives):
@@ -65,6 +66,10 @@ class BufferCollectives(NonblockingCollectives):
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
+        plain = plain_reduction("Allreduce", red, sendbuf, recvbuf, _ALLREDUCE)
+        if plain is not None:
+            bodies.all_reduce(self, plain[0], plain[1], red, None, allreduce_tree)
+            return
         _predefined_op_types("Allreduce", red, sendbuf, recvbuf)
         red, sendbuf, recvbuf, finish = laid_out("Allreduce", red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
