@@ -1,5 +1,6 @@
-"""Allreduce of two plain numpy arrays (spmdsim.emulator.collective_checks.plain_reduction, most programs' call)
-answers as the general path's checks do: the same sums, the same refusals with the same messages."""
+"""Reductions of plain numpy arrays (spmdsim.emulator.collective_checks.plain_reduction, most programs' calls:
+Allreduce, Reduce, Scan, Exscan) answer as the general path's checks do: the same values, the same refusals with
+the same messages."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,34 +13,44 @@ from spmdsim.runtime.sim import simulate
 
 def _cases() -> dict:
     """name -> (send, receive, op): plain arrays the checks take, and each kind of refusal they make."""
-    f, out = np.ones(8), np.empty(8)
+    f, out = np.ones(8), np.zeros(8)
     readonly = np.zeros(8)
     readonly.flags.writeable = False
     return {
-        "sum": (f, out, MPI.SUM), "2-d": (np.ones((2, 4)), np.empty((2, 4)), MPI.SUM),
-        "int prod": (np.arange(1, 9), np.empty(8, int), MPI.PROD), "user op": (f, np.empty(8), MPI.Op.Create(
+        "sum": (f, out, MPI.SUM), "2-d": (np.ones((2, 4)), np.zeros((2, 4)), MPI.SUM),
+        "int prod": (np.arange(1, 9), np.zeros(8, int), MPI.PROD), "user op": (f, np.zeros(8), MPI.Op.Create(
             lambda a, b, t: None, True)),
         "same buffer": (f, f, MPI.SUM), "overlap": (f[:6], f[2:], MPI.SUM),
         "dtypes differ": (np.ones(8, np.float32), out, MPI.SUM), "counts differ": (np.ones(4), out, MPI.SUM),
-        "max of complex": (np.ones(8, complex), np.empty(8, complex), MPI.MAX),
-        "sum of booleans": (np.ones(8, bool), np.empty(8, bool), MPI.SUM), "band of floats": (f, out, MPI.BAND),
+        "max of complex": (np.ones(8, complex), np.zeros(8, complex), MPI.MAX),
+        "sum of booleans": (np.ones(8, bool), np.zeros(8, bool), MPI.SUM), "band of floats": (f, out, MPI.BAND),
         "maxloc of floats": (f, out, MPI.MAXLOC), "read-only": (f, readonly, MPI.SUM),
-        "strided send": (np.ones(16)[::2], out, MPI.SUM), "strided receive": (f, np.empty(16)[::2], MPI.SUM),
-        "text": (np.array(["ab"] * 8), np.empty(8, "U2"), MPI.SUM),
-        "objects": (np.array([1] * 8, object), np.empty(8, object), MPI.SUM),
-        "big-endian": (np.ones(8, ">f8"), np.empty(8, ">f8"), MPI.SUM),
+        "strided send": (np.ones(16)[::2], out, MPI.SUM), "strided receive": (f, np.zeros(16)[::2], MPI.SUM),
+        "text": (np.array(["ab"] * 8), np.zeros(8, "U2"), MPI.SUM),
+        "objects": (np.array([1] * 8, object), np.zeros(8, object), MPI.SUM),
+        "big-endian": (np.ones(8, ">f8"), np.zeros(8, ">f8"), MPI.SUM), "no receive buffer": (f, None, MPI.SUM),
     }
+
+
+#: The cases a Reduce's ranks refuse alike: refused by the send data (a receive buffer's refusal, the root's
+#: alone, would leave the other rank in the call).
+BY_SENDER = ("sum", "2-d", "int prod", "user op", "max of complex", "sum of booleans", "band of floats",
+             "maxloc of floats", "strided send", "text", "objects", "big-endian")
 
 
 def _answers() -> dict:
     comm = MPI.COMM_WORLD  # (swapped: this simulated rank's)
     answers = {}
-    for name, (send, recv, op) in _cases().items():
-        try:
-            comm.Allreduce(send, recv, op)
-            answers[name] = None if name == "user op" else recv.tolist()
-        except Exception as exc:  # noqa: BLE001 - the class and message are the answer
-            answers[name] = f"{type(exc).__name__}: {exc}"
+    calls = {"Allreduce": comm.Allreduce, "Scan": comm.Scan, "Exscan": comm.Exscan, "Reduce": comm.Reduce}
+    for call, run in calls.items():
+        for name, (send, recv, op) in _cases().items():
+            if call == "Reduce" and name not in BY_SENDER:
+                continue
+            try:
+                run(send, recv, op)
+                answers[call, name] = None if name == "user op" else recv.tolist()
+            except Exception as exc:  # noqa: BLE001 - the class and message are the answer
+                answers[call, name] = f"{type(exc).__name__}: {exc}"
     return answers
 
 
@@ -59,10 +70,15 @@ def test_plain_arrays_get_the_general_paths_answers(monkeypatch):
     with swapped():
         general = simulate(2, _answers)
     assert fast == general
-    answers = fast[0]
-    assert answers["sum"] == [2.0] * 8 and answers["int prod"] == [i * i for i in range(1, 9)]
-    refused = [name for name, answer in answers.items() if isinstance(answer, str)]
-    assert len(refused) == len(answers) - 4, answers  # all but sum, 2-d, int prod and user op
-    assert "aliased" in answers["same buffer"] and "Invalid MPI_Op" in answers["max of complex"]
+    first, second = fast
+    assert first["Allreduce", "sum"] == [2.0] * 8 and first["Allreduce", "int prod"] == [i * i for i in range(1, 9)]
+    assert first["Scan", "sum"] == [1.0] * 8 and second["Scan", "sum"] == [2.0] * 8
+    assert first["Exscan", "sum"] == [0.0] * 8 and second["Exscan", "sum"] == [1.0] * 8  # rank 0's: as it was
+    assert first["Reduce", "sum"] == [2.0] * 8 and second["Reduce", "sum"] == [0.0] * 8  # the root's alone
+    for call in ("Allreduce", "Scan", "Exscan", "Reduce"):  # all but sum, 2-d, int prod and user op refused
+        refused = [name for (c, name), answer in first.items() if c == call and isinstance(answer, str)]
+        assert len(refused) == (8 if call == "Reduce" else 15), (call, refused)
+    assert "aliased" in first["Scan", "same buffer"] and "Invalid MPI_Op" in first["Reduce", "max of complex"]
+    assert first["Allreduce", "no receive buffer"].startswith("TypeError")  # mpi4py's: None is no buffer there
     # the plain path answered the four that pass and those refused after its own checks (aliasing, counts, dtypes)
-    assert sum(taken) >= 2 * 4
+    assert sum(taken) >= 2 * 4 * 4

@@ -60,20 +60,23 @@ _KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "
 _TAKES = {**_KIND_NAMES, "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
 
 
-def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple) -> Any:
-    """(send data, receive buffer), flat, of a reduction given two numpy arrays (most programs' call) that every
+def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple, receives: bool = True) -> Any:
+    """(send data, receive buffer), flat, of a reduction given numpy arrays (most programs' call) that every
     check of the general path (`_predefined_op_types`, derived.laid_out, `message`, `_matching`) passes with
     nothing to change: their checks without the steps that cannot refuse plain arrays. Else None, and the
-    general path checks (and refuses, with its messages). `what`: the call's names of the two messages."""
+    general path checks (and refuses, with its messages). `what`: the call's names of the two messages;
+    `receives` False: a Reduce's off the root (`recvbuf` not read: the send data and None)."""
     ndarray = _numpy_type("ndarray")
-    if ndarray is None or type(sendbuf) is not ndarray or type(recvbuf) is not ndarray:
+    if ndarray is None or type(sendbuf) is not ndarray or receives and type(recvbuf) is not ndarray:
         return None
     kind = sendbuf.dtype.kind
-    if kind not in _MAPPED_KINDS or recvbuf.dtype.kind not in _MAPPED_KINDS:  # typemap.mapped's refusals
-        return None
+    if kind not in _MAPPED_KINDS or receives and recvbuf.dtype.kind not in _MAPPED_KINDS:
+        return None  # typemap.mapped's refusals
     allowed = _OP_KINDS.get(red.name)  # (a user op: none, and laid_out keeps plain arrays as they are)
     if allowed is not None and kind not in allowed and kind in _KIND_NAMES:  # _op_on_elements' refusal
         return None
+    if not receives:
+        return _buffers.message(sendbuf, what[0])[0], None
     dst = _buffers.message(recvbuf, what[1], readonly=False)[0]
     src = bodies.matching(call, _buffers.message(sendbuf, what[0])[0], dst)
     _aliased(call, src, dst)

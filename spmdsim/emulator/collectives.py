@@ -36,7 +36,8 @@ __all__ = ["BufferCollectives", "bad_root"]
 
 
 _same = bodies.checked_same
-_ALLREDUCE = ("Allreduce sendbuf", "Allreduce recvbuf")  # its messages' names, for plain_reduction
+_ALLREDUCE = ("Allreduce sendbuf", "Allreduce recvbuf")  # their messages' names, for plain_reduction
+_REDUCE = ("Reduce sendbuf", "Reduce recvbuf")
 
 
 class BufferCollectives(NonblockingCollectives):
@@ -83,15 +84,12 @@ class BufferCollectives(NonblockingCollectives):
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
         me, root = self._me, self._root(root, "Reduce")
-        _predefined_op_types("Reduce", red, sendbuf, recvbuf if me == root else None)
-        red, sendbuf, recvbuf, finish = laid_out("Reduce", red, sendbuf, recvbuf if me == root else None)
-        dst = dt = None
-        if me == root:
-            dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
-            src = dst[:n] if in_place(sendbuf) else _matching("Reduce", sendbuf, dst, n)
+        plain = plain_reduction("Reduce", red, sendbuf, recvbuf, _REDUCE, me == root)
+        if plain is not None:
+            (src, dst), dt, finish = plain, None, None
         else:
-            src, n, dt = message(sendbuf, "Reduce sendbuf")
-            src = src[:n]
+            src, dst, dt, finish, red = self._reduce_checked(red, sendbuf, recvbuf, me == root)
+        n = src.size
         out = np.empty(n, src.dtype) if me == root else None
 
         def fold_all(slot: Any) -> None:  # the root's: read every member's before it writes (in place)
@@ -105,12 +103,28 @@ class BufferCollectives(NonblockingCollectives):
         if finish is not None:
             self._then(finish)
 
+    def _reduce_checked(self, red: Any, sendbuf: Any, recvbuf: Any, root: bool) -> tuple:
+        """(send data, receive buffer or None, MPI datatype or None, finish, reduction) of a Reduce that is not
+        two plain arrays: every check, derived datatypes laid out."""
+        _predefined_op_types("Reduce", red, sendbuf, recvbuf if root else None)
+        red, sendbuf, recvbuf, finish = laid_out("Reduce", red, sendbuf, recvbuf if root else None)
+        if root:
+            dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
+            return dst[:n] if in_place(sendbuf) else _matching("Reduce", sendbuf, dst, n), dst, dt, finish, red
+        src, n, dt = message(sendbuf, "Reduce sendbuf")
+        return src[:n], None, dt, finish, red
+
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
-        _predefined_op_types(call, red, sendbuf, recvbuf)
-        red, sendbuf, recvbuf, finish = laid_out(call, red, sendbuf, recvbuf)
-        dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
-        src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
+        plain = plain_reduction(call, red, sendbuf, recvbuf, (f"{call} sendbuf", f"{call} recvbuf"))
+        if plain is not None:
+            (src, dst), dt, finish = plain, None, None
+        else:
+            _predefined_op_types(call, red, sendbuf, recvbuf)
+            red, sendbuf, recvbuf, finish = laid_out(call, red, sendbuf, recvbuf)
+            dst, count, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
+            src = dst[:count] if in_place(sendbuf) else _matching(call, sendbuf, dst, count)
+        n = src.size
         me = self._me
         upto = me if exclusive else me + 1
         out = np.empty(n, src.dtype) if upto else None
