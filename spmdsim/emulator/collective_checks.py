@@ -60,12 +60,14 @@ _KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "
 _TAKES = {**_KIND_NAMES, "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
 
 
-def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple, receives: bool = True) -> Any:
+def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple, receives: bool = True,
+                    blocks: int = 0) -> Any:
     """(send data, receive buffer), flat, of a reduction given numpy arrays (most programs' call) that every
     check of the general path (`_predefined_op_types`, derived.laid_out, `message`, `_matching`) passes with
     nothing to change: their checks without the steps that cannot refuse plain arrays. Else None, and the
     general path checks (and refuses, with its messages). `what`: the call's names of the two messages;
-    `receives` False: a Reduce's off the root (`recvbuf` not read: the send data and None)."""
+    `receives` False: a Reduce's off the root (`recvbuf` not read: the send data and None); `blocks`: a
+    Reduce_scatter_block's group size (its send buffer's blocks, each of the receive buffer's count)."""
     ndarray = _numpy_type("ndarray")
     if ndarray is None or type(sendbuf) is not ndarray or receives and type(recvbuf) is not ndarray:
         return None
@@ -78,6 +80,12 @@ def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple
     if not receives:
         return _buffers.message(sendbuf, what[0])[0], None
     dst = _buffers.message(recvbuf, what[1], readonly=False)[0]
+    if blocks:
+        src, count = _buffers.message(sendbuf, what[0], blocks)[:2]
+        if count != dst.size or src.dtype != dst.dtype:  # refused by the general path, which says how
+            return None
+        _aliased(call, src[:blocks * count], dst)
+        return src, dst
     src = bodies.matching(call, _buffers.message(sendbuf, what[0])[0], dst)
     _aliased(call, src, dst)
     return src, dst

@@ -38,6 +38,7 @@ __all__ = ["BufferCollectives", "bad_root"]
 _same = bodies.checked_same
 _ALLREDUCE = ("Allreduce sendbuf", "Allreduce recvbuf")  # their messages' names, for plain_reduction
 _REDUCE = ("Reduce sendbuf", "Reduce recvbuf")
+_SCATTERED = ("Reduce_scatter_block sendbuf", "Reduce_scatter_block recvbuf")
 
 
 class BufferCollectives(NonblockingCollectives):
@@ -149,8 +150,12 @@ class BufferCollectives(NonblockingCollectives):
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
-        _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
         g = self._group.size
+        plain = plain_reduction("Reduce_scatter_block", red, sendbuf, recvbuf, _SCATTERED, blocks=g)
+        if plain is not None:
+            bodies.reduce_scatter(self, plain[0], plain[1], plain[1].size, red, None)
+            return
+        _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
         red, sendbuf, recvbuf, finish = laid_out("Reduce_scatter_block", red, sendbuf, recvbuf, g)
         if in_place(sendbuf):
             src, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", blocks=g, readonly=False)
