@@ -60,14 +60,18 @@ _KIND_NAMES = {"b": "boolean (logical)", "f": "floating", "c": "complex", "i": "
 _TAKES = {**_KIND_NAMES, "V": "(value, index) pair (MPI.DOUBLE_INT, MPI.FLOAT_INT, MPI.TWOINT, ...)"}
 
 
-def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple, receives: bool = True,
-                    blocks: int = 0) -> Any:
+#: Each reduction's names of its two messages, as its refusals give them (`plain_reduction`'s, made once).
+_MESSAGES = {call: (f"{call} sendbuf", f"{call} recvbuf")
+             for call in ("Allreduce", "Reduce", "Scan", "Exscan", "Reduce_scatter_block")}
+
+
+def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, receives: bool = True, blocks: int = 0) -> Any:
     """(send data, receive buffer), flat, of a reduction given numpy arrays (most programs' call) that every
     check of the general path (`_predefined_op_types`, derived.laid_out, `message`, `_matching`) passes with
     nothing to change: their checks without the steps that cannot refuse plain arrays. Else None, and the
-    general path checks (and refuses, with its messages). `what`: the call's names of the two messages;
-    `receives` False: a Reduce's off the root (`recvbuf` not read: the send data and None); `blocks`: a
-    Reduce_scatter_block's group size (its send buffer's blocks, each of the receive buffer's count)."""
+    general path checks (and refuses, with its messages). `receives` False: a Reduce's off the root (`recvbuf`
+    not read: the send data and None); `blocks`: a Reduce_scatter_block's group size (its send buffer's blocks,
+    each of the receive buffer's count)."""
     ndarray = _numpy_type("ndarray")
     if ndarray is None or type(sendbuf) is not ndarray or receives and type(recvbuf) is not ndarray:
         return None
@@ -75,8 +79,9 @@ def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, what: tuple
     if kind not in _MAPPED_KINDS or receives and recvbuf.dtype.kind not in _MAPPED_KINDS:
         return None  # typemap.mapped's refusals
     allowed = _OP_KINDS.get(red.name)  # (a user op: none, and laid_out keeps plain arrays as they are)
-    if allowed is not None and kind not in allowed and kind in _KIND_NAMES:  # _op_on_elements' refusal
+    if allowed is not None and not _defined_on(allowed, kind):  # _op_on_elements' refusal
         return None
+    what = _MESSAGES[call]
     if not receives:
         return _buffers.message(sendbuf, what[0])[0], None
     dst = _buffers.message(recvbuf, what[1], readonly=False)[0]
@@ -107,7 +112,7 @@ def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
                 continue
         else:
             continue
-        if kind in allowed or kind not in _KIND_NAMES:
+        if _defined_on(allowed, kind):
             return
         mpi = mpi_module()
         if mpi is None:
@@ -116,6 +121,12 @@ def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
                                          "data: MPI defines it on "
                                          f"{' and '.join(sorted({_TAKES[k] for k in allowed}))} data, as "
                                          "MPICH checks (Invalid MPI_Op)")
+
+
+def _defined_on(allowed: str, kind: str) -> bool:
+    """Whether a predefined op defined on the element kinds `allowed` takes elements of numpy kind `kind` (one
+    MPI does not name, such as a structured dtype's, is left to the reduction)."""
+    return kind in allowed or kind not in _KIND_NAMES
 
 
 def _aliased(call: str, sent: np.ndarray, into: np.ndarray, where: str = "the receive buffer",

@@ -36,9 +36,6 @@ __all__ = ["BufferCollectives", "bad_root"]
 
 
 _same = bodies.checked_same
-_ALLREDUCE = ("Allreduce sendbuf", "Allreduce recvbuf")  # their messages' names, for plain_reduction
-_REDUCE = ("Reduce sendbuf", "Reduce recvbuf")
-_SCATTERED = ("Reduce_scatter_block sendbuf", "Reduce_scatter_block recvbuf")
 
 
 class BufferCollectives(NonblockingCollectives):
@@ -68,7 +65,7 @@ class BufferCollectives(NonblockingCollectives):
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
-        plain = plain_reduction("Allreduce", red, sendbuf, recvbuf, _ALLREDUCE)
+        plain = plain_reduction("Allreduce", red, sendbuf, recvbuf)
         if plain is not None:
             bodies.all_reduce(self, plain[0], plain[1], red, None, allreduce_tree)
             return
@@ -85,7 +82,7 @@ class BufferCollectives(NonblockingCollectives):
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
         me, root = self._me, self._root(root, "Reduce")
-        plain = plain_reduction("Reduce", red, sendbuf, recvbuf, _REDUCE, me == root)
+        plain = plain_reduction("Reduce", red, sendbuf, recvbuf, me == root)
         if plain is not None:
             (src, dst), dt, finish = plain, None, None
         else:
@@ -117,7 +114,7 @@ class BufferCollectives(NonblockingCollectives):
 
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
-        plain = plain_reduction(call, red, sendbuf, recvbuf, (f"{call} sendbuf", f"{call} recvbuf"))
+        plain = plain_reduction(call, red, sendbuf, recvbuf)
         if plain is not None:
             (src, dst), dt, finish = plain, None, None
         else:
@@ -151,7 +148,7 @@ class BufferCollectives(NonblockingCollectives):
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
         g = self._group.size
-        plain = plain_reduction("Reduce_scatter_block", red, sendbuf, recvbuf, _SCATTERED, blocks=g)
+        plain = plain_reduction("Reduce_scatter_block", red, sendbuf, recvbuf, blocks=g)
         if plain is not None:
             bodies.reduce_scatter(self, plain[0], plain[1], plain[1].size, red, None)
             return
