@@ -39,6 +39,16 @@ def _same(got, want) -> bool:
     return np.array_equal(got, want)
 
 
+def _promotes(a, b) -> bool:
+    """Whether numpy (with the ml_dtypes installed) has a common dtype of `a` and `b`: ml_dtypes 0.7 has one for
+    bfloat16 beside every numpy dtype; earlier ones none beside float16 and int16 and wider ints."""
+    try:
+        np.result_type(a, b)
+    except TypeError:  # DTypePromotionError
+        return False
+    return True
+
+
 def _compare(mesh, x, g, op, args, args_np):
     """(what differs, or None) for pointwise `op` of `args` against numpy's kernel on `args_np`."""
     try:
@@ -120,10 +130,17 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
     wants = [ref() for _, ref in cases]
     assert [r.dtype.name for r in got] == [w.dtype.name for w in wants]
     assert all(_same(r, w) for r, w in zip(got, wants))
-    # numpy's own refusal of an int past int64 beside bfloat16 is ml_dtypes' TypeError "expected number, got int"
-    assert said == [f"{op}: the Python int of 31 digits is past int64, through which ml_dtypes converts a Python int "
-                    "to bfloat16, the dtype it takes beside a DTensor of bfloat16 (numpy 2 refuses it too: TypeError); "
-                    "convert first, e.g. x.astype('float64')" for op in ("add", "lt")] + [
+    # An int past int64 beside bfloat16: ml_dtypes before 0.7 converts a Python int through int64 and refuses it
+    # (TypeError "expected number, got int"), 0.7 converts it as a float (then computed, as by numpy: the first
+    # test); numpy's logical ufuncs refuse it beside any dtype (OverflowError).
+    try:
+        np.asarray(2 ** 100, BF16)
+        refused = []
+    except TypeError:
+        refused = [f"{op}: the Python int of 31 digits is past int64, through which ml_dtypes converts a Python "
+                   "int to bfloat16, the dtype it takes beside a DTensor of bfloat16 (numpy 2 refuses it too: "
+                   "TypeError); convert first, e.g. x.astype('float64')" for op in ("add", "lt")]
+    assert said == refused + [
         "logical_and: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it takes beside a "
         "DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True"]
 
@@ -186,10 +203,11 @@ def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dt
 
     bad, said = spmdsim.simulate(2, body)[0]
     assert not bad, f"{len(bad)} differ from numpy:\n" + "\n".join(bad[:20])
-    # (the op named: the line did not say which call refused)
+    # (the op named: the line did not say which call refused); none where numpy promotes them (ml_dtypes 0.7)
     assert said == [f"{op}: no common dtype of bfloat16 and {name}: numpy has none (its np.result_type refuses them: "
                     "a join or np.where of them too); convert one first, e.g. x.astype('float32')"
-                    for name in ("float16", "int32") for op in ("where", "concatenate", "stack")]
+                    for name in ("float16", "int32") if not _promotes(BF16, name)
+                    for op in ("where", "concatenate", "stack")]
 
 
 def _said(call) -> str:
@@ -211,12 +229,44 @@ def test_linear_of_a_bias_numpy_has_no_common_dtype_with_its_products_names_the_
         bias = lambda *entries: DTensor.from_global(mesh, np.ones(4, BF16), mesh.layout(*entries))
         column = f16((3, 6), None, None), f16((6, 4), None, "x"), bias("x")
         row = f16((3, 6), None, "x"), f16((6, 4), "x", None), bias(None)
-        return [_said(lambda: ops.linear(*column)), _said(lambda: ops.linear(*row)),
+        said = [_said(lambda: ops.linear(*column)), _said(lambda: ops.linear(*row)),
                 _said(lambda: ops.linear(*row, reduce=False))]
+        if said != ["OK"] * 3:
+            return said
+        return [t.gather() for t in (ops.linear(*column), ops.linear(*row), ops.linear(*row, reduce=False))]
 
+    if _promotes(np.float16, BF16):  # ml_dtypes 0.7: numpy's sum of the float16 product and the bias
+        want = np.ones((3, 6), np.float16) @ np.ones((6, 4), np.float16) + np.ones(4, BF16)
+        for rank in spmdsim.simulate(2, body):
+            assert all(_same(got, want) for got in rank), (rank, want.dtype)
+        return
     line = ("DTypeError: linear: no common dtype of bfloat16 and float16: numpy has none (its np.result_type "
             "refuses a product of one plus a bias of the other); convert one first, e.g. x.astype('float32')")
     assert spmdsim.simulate(2, body) == [[line] * 3] * 2
+
+
+def test_a_row_parallel_pending_sum_beside_a_wider_bias_is_of_the_sums_dtype_on_every_rank():
+    """ops.linear(reduce=False) of float32 x and w split on the contraction, with a float64 bias: the first rank of
+    the pending sum added the bias (float64) and the other kept its float32 part, so the next collective met two
+    dtypes (spmdsim's RuntimeMismatchError, or a hang under MPI). Now every rank's part is float64, and the sum,
+    float64 and reduce=True's alike, is numpy's."""
+    rng = np.random.default_rng(7)
+    x, w, b = rng.standard_normal((3, 6)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32), \
+        rng.standard_normal(4)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        xd = DTensor.from_global(mesh, x, mesh.layout(None, "x"))
+        wd = DTensor.from_global(mesh, w, mesh.layout("x", None))
+        bd = DTensor.from_global(mesh, b, mesh.layout(None))
+        pending = ops.linear(xd, wd, bd, reduce=False)
+        return pending.local.dtype.name, pending.gather(), ops.linear(xd, wd, bd).gather()
+
+    want = x @ w + b
+    for dtype, summed, reduced in spmdsim.simulate(2, body):
+        assert dtype == summed.dtype.name == reduced.dtype.name == "float64"
+        np.testing.assert_allclose(summed, want, rtol=1e-6, atol=1e-6)  # float32 products of 6 terms
+        np.testing.assert_allclose(reduced, want, rtol=1e-6, atol=1e-6)
 
 
 def _norms(dtypes, dry=False):

@@ -428,3 +428,22 @@ def test_a_bf16_steps_gradients_round_where_the_reference_rounds(monkeypatch):
     exact = einsum.rounded
     monkeypatch.setattr(einsum, "rounded", lambda a, dtype: exact(a * np.float32(1 + 2 ** -9), dtype))
     assert min(_differing_share(monkeypatch, cfg)) >= 0.3
+
+
+def test_a_bf16_model_samples_from_its_logits_widened():
+    """GPT.generate at a temperature > 0 under bf16-mixed: its softmax of the bfloat16 logits stayed bfloat16
+    (ml_dtypes 0.7 keeps a Python number beside bfloat16 bfloat16), whose probabilities miss 1 by more than numpy's
+    draw allows ("Probabilities do not sum to 1", the example's --sample crashed after training). Now drawn from the
+    logits in float32, alike on every rank, each id a character of the vocabulary."""
+    from spmdsim import Layout, Mesh
+    from spmdsim.models.gpt.parallel import GPT
+
+    cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=2)
+
+    def rank():
+        model = GPT(cfg, Mesh(Layout((1, 2), ("dp", "tp")), spmdsim.world()), precision="bf16-mixed")
+        return model.generate(b"def ", 20, 0.8, seed=3)
+
+    ids = spmdsim.simulate(2, rank)
+    assert np.array_equal(ids[0], ids[1]) and ids[0].shape == (20,)
+    assert ids[0].min() >= 0 and ids[0].max() < cfg.vocab

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import forward as reference, backward as reference_grad
 from ..base.buffers import into
-from ..base.precision import is_low
+from ..base.precision import is_low, wide
 
 __all__ = ["forward", "backward", "gelu", "gelu_tanh", "gelu_from_tanh", "gelu_backward", "relu_backward",
            "sigmoid", "silu_slope", "erf", "gelu_erf"]
@@ -146,7 +146,11 @@ def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + e^-x) as (1 + tanh(x / 2)) / 2: no overflow for large |x|, and x's float precision kept."""
+    """1 / (1 + e^-x) as (1 + tanh(x / 2)) / 2: no overflow for large |x|, and x's float precision kept.
+
+    bfloat16: float32, computed on the widened block (a Python number beside bfloat16 is bfloat16 with
+    ml_dtypes 0.7, so the widening is asked for, not left to numpy's promotion)."""
+    x = wide(x)
     return 0.5 * np.tanh(0.5 * x) + 0.5
 
 
@@ -173,7 +177,10 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
-    """x * Phi(x) = x (1 + erf(x / sqrt 2)) / 2: GELU without the tanh approximation (PyTorch's default)."""
+    """x * Phi(x) = x (1 + erf(x / sqrt 2)) / 2: GELU without the tanh approximation (PyTorch's default).
+
+    bfloat16: float32, computed on the widened block (as `sigmoid`)."""
+    x = wide(x)
     return 0.5 * x * (1.0 + erf(x * _INV_SQRT_2))
 
 

@@ -33,7 +33,7 @@ from .config import GPTConfig
 from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ...nn.autograd.kept import KEPT, kept_problem
 from .memory import RECOMPUTE, recompute_problem
-from ...base.precision import precision as get_precision, precision_problem
+from ...base.precision import precision as get_precision, precision_problem, wide
 from ...base.fp8 import Scales
 from ...runtime.executor import redistribute
 from .params import constant, seeded
@@ -389,7 +389,7 @@ class GPT(_Block):
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(out.local[0]))
                 else:
-                    last = out.local[0][:cfg.vocab]
+                    last = wide(out.local[0][:cfg.vocab])  # bfloat16 logits drawn from in float32
                     e = np.exp(last / temperature - (last / temperature).max())
                     ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
         return np.array(ids[len(ids) - n:], dtype=np.int64)

@@ -91,16 +91,17 @@ def bias_once(mesh: Any, local: Any, bias: Any, plan: LinearPlan) -> Any:
     """`local` (the product after its steps) plus the bias, counted once in the sum.
 
     Where the result is still a pending sum, only the first rank of each
-    reduction group adds it (the others refuse the dtypes it refuses); elsewhere every rank does.
+    reduction group adds it; the others refuse the dtypes it refuses and take the dtype its sum has (a
+    float32 product beside a float64 bias: float64), so that every rank's part of the sum is of one dtype.
     """
     pending = plan.matmul.out.partial
     if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
         return add_bias(local, bias.local)
     try:  # the adding rank's refusal of dtypes numpy has no common one of, here too (no rank runs on alone)
-        result_dtype(local.dtype, bias.local.dtype)
+        dtype = result_dtype(local.dtype, bias.local.dtype)
     except DTypeError:
         raise no_bias_sum("linear", local.dtype, bias.local.dtype) from None
-    return local
+    return local if dtype == local.dtype else local.astype(dtype)
 
 
 class _ParallelLinear:

@@ -213,7 +213,7 @@ def _beyond(op: str, args: tuple) -> Any:
     cls = _common._DTENSOR or _common._dtensor_class()
     kinds = [a.local.dtype for a in args if type(a) is cls and a.local.dtype.kind != "b"]
     dtype = _promote(op)(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
-    if op in _LOGICAL and dtype.kind != "V":  # numpy's logical ufuncs take a Python int as int64 (`lift`)
+    if op in _LOGICAL:  # numpy's logical ufuncs take a Python int as int64 (`lift`)
         dtype = np.dtype(np.int64)
     number = next(a for a in args if type(a) is int and not _holds(dtype, a))
     if op in _SWAPPED and len(args) == 2 and kinds and dtype.kind in "iu":  # (bools alone: numpy refuses)

@@ -23,12 +23,12 @@ def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
     numpy scalar: numpy makes one of a scalar on the left of a comparison (``np.float64(0.5) < x`` reaches
     DTensor.__array_ufunc__ as np.less(array(0.5), x)), and NEP 50 types the two alike.
 
-    Beside bfloat16 (ml_dtypes' dtype, of kind "V"), the dtype numpy's own call gives (`_beside_low`): a Python
-    float is float32 (``x * 1.5`` of bfloat16 x is float32, as numpy's; in ``where`` float64, as np.where's), an
-    int or bool bfloat16; in a logical and/or/xor a Python int is int64 beside any other dtype, as numpy's
-    logical ufuncs take it (its truth is what counts; past int64 numpy refuses it: `_beyond`); a numpy scalar
-    whose dtype numpy's promotion table lacks beside bfloat16 (float16,
-    int16 and wider ints) is converted, exactly, to the float numpy's ufuncs compute in (float32, float64)."""
+    In a logical and/or/xor a Python int is int64 beside any dtype, as numpy's logical ufuncs take it (its
+    truth is what counts; past int64 numpy refuses it: `_beyond`). Beside bfloat16 (ml_dtypes' dtype, of kind
+    "V") a Python number takes the dtype numpy's own call on a bfloat16 block gives, asked once (`_beside_low`:
+    ml_dtypes 0.7 makes it bfloat16, NEP 50's weak scalar, in ``x * 1.5`` and ``where`` alike); a numpy scalar
+    whose dtype numpy's promotion table lacks beside bfloat16 is converted, exactly, to the float numpy's
+    ufuncs compute in."""
     if type(value) is np.ndarray and value.ndim == 0:
         value = value[()]
     if isinstance(value, np.generic):
@@ -45,10 +45,10 @@ def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
                             "with DTensor.from_global or from_local first")
     if dtype is None:
         target = np.dtype(bool if isinstance(value, bool) else np.int64 if isinstance(value, int) else np.float64)
-    elif dtype.kind == "V":
-        target = _beside_low(op, dtype, type(value) if type(value) in (bool, int, float) else float)
     elif op in _LOGICAL and type(value) is int:  # numpy's logical ufuncs take it as int64 (past it: refused)
         target = np.dtype(np.int64)
+    elif dtype.kind == "V":
+        target = _beside_low(op, dtype, type(value) if type(value) in (bool, int, float) else float)
     else:
         target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
     return make_dtensor(mesh, _number(value, target), _scalar_layout(mesh.layout), ())
@@ -70,9 +70,9 @@ _BESIDE_LOW: dict = {}  # (op, the tensors' dtype, a Python number's type) -> th
 
 def _beside_low(op: str, dtype: np.dtype, kind: type) -> np.dtype:
     """The dtype a Python number of type `kind` takes beside a block of `dtype` (bfloat16, kind "V") in `op`, as
-    numpy's own call gives it on blocks of that dtype: np.where promotes by np.result_type (a float: float64),
-    np.clip has no bfloat16 loop (float32), the other ufuncs take an int or bool as bfloat16 and a float as
-    float32 (numpy's NEP 50 rule for a user dtype: the first of its loops both cast to safely)."""
+    numpy's own call gives it on blocks of that dtype: np.where promotes by np.result_type, np.clip has no
+    bfloat16 loop (float32), the other ufuncs convert it as np.add does (with ml_dtypes 0.7 all three kinds
+    bfloat16 in np.where and np.add)."""
     key = op, dtype, kind
     out = _BESIDE_LOW.get(key)
     if out is None:
