@@ -31,7 +31,7 @@ from ._common import BLOCK, LOCAL, Prepared, describe, dry_zeros, moved, prepare
 from ._operands import ufunc_dtype
 from ...runtime.executor import redistribute
 from .powers import _negative_powers
-from .scalars import _LOGICAL, _number, _promote, lift
+from .scalars import _LOGICAL, _number, _promote, lift, logical_by_truth
 
 __all__ = ["pointwise"]
 
@@ -208,14 +208,16 @@ def _beyond(op: str, args: tuple) -> Any:
     it (NEP 50): an integer DTensor compared with it is compared (``x < 2**40`` of int32: every entry lies
     below the number, all True), by a comparison of x with its dtype's largest value that gives that same
     answer everywhere; a quotient is numpy's float64 one (the number converted to float64), a logical and/or/xor
-    takes a number within int64 by its truth; anything else numpy refuses (OverflowError; ml_dtypes' bfloat16:
-    TypeError), and so does this, in one line."""
+    takes a number within int64 by its truth (under numpy 2.0 any number: `logical_by_truth`); anything else
+    numpy refuses (OverflowError; ml_dtypes' bfloat16 before 0.7: TypeError), and so does this, in one line."""
     cls = _common._DTENSOR or _common._dtensor_class()
     kinds = [a.local.dtype for a in args if type(a) is cls and a.local.dtype.kind != "b"]
     dtype = _promote(op)(*kinds) if kinds else np.dtype(np.int64)  # bools alone: a Python int is int64
     if op in _LOGICAL:  # numpy's logical ufuncs take a Python int as int64 (`lift`)
         dtype = np.dtype(np.int64)
     number = next(a for a in args if type(a) is int and not _holds(dtype, a))
+    if op in _LOGICAL and logical_by_truth():  # numpy 2.0's: the number's truth (True: it is past int64)
+        return pointwise(op, *[True if a is number else a for a in args])
     if op in _SWAPPED and len(args) == 2 and kinds and dtype.kind in "iu":  # (bools alone: numpy refuses)
         x, cmp = (args[0], op) if args[1] is number else (args[1], _SWAPPED[op])
         top = int(np.iinfo(dtype).max)

@@ -113,3 +113,16 @@ def _scalar_layout(layout: Any) -> Any:
 
 
 _LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
+_BY_TRUTH: list = []  # [whether numpy's logical ufuncs take a Python int past int64], asked once
+
+
+def logical_by_truth() -> bool:
+    """Whether numpy's logical ufuncs take a Python int past int64 by its truth (numpy 2.0; from 2.1 they convert
+    it to int64 and refuse it: OverflowError)."""
+    if not _BY_TRUTH:
+        try:
+            np.logical_and(np.zeros(1, np.int8), 2 ** 64)
+            _BY_TRUTH.append(True)
+        except (OverflowError, TypeError):
+            _BY_TRUTH.append(False)
+    return _BY_TRUTH[0]
