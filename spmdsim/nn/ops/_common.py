@@ -218,7 +218,7 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
     its dtype (`product_dtype`, numpy's np.matmul's) whether or not a collective sums it; placed for MPI
     (spmdsim.base.buffers) when a collective reads it next (`sent`): a pending sum of bfloat16 blocks is float32, as
     the whole product is, and the collective adds float32 (it was rounded to bfloat16 on each rank, and the
-    dtype was np.result_type's: bfloat16, or numpy's DTypePromotionError for float16 beside bfloat16).
+    dtype was np.result_type's: bfloat16).
 
     A product no collective reads (a column-parallel Linear without its
     gather) is numpy's own array: placing it costs ~2 us of Python, several
@@ -284,7 +284,8 @@ def add_bias(owned: np.ndarray, bias: np.ndarray, op: str = "linear") -> np.ndar
 
 def no_bias_sum(op: str, product: np.dtype, bias: np.dtype) -> DTypeError:
     """`op`'s one-line refusal of a bias of dtype `bias` numpy has no common dtype with its products' (bfloat16
-    beside float16, int16 and wider ints), the same on every rank (the dtypes are every rank's)."""
+    beside float16, int16 and wider ints before ml_dtypes 0.7), the same on every rank (the dtypes are every
+    rank's)."""
     why = "its np.result_type refuses a product of one plus a bias of the other"
     return DTypeError(f"{op}: {_no_common((product, bias), why)}")
 

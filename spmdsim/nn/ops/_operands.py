@@ -21,8 +21,8 @@ _LOOPS = "?bBhHiIlLqQefdgFDG"
 def result_dtype(*dtypes: np.dtype) -> np.dtype:
     """``np.result_type`` of these dtypes, cached: numpy's call costs ~10 us, more than most ops' own
     arithmetic on a small shard, and a program asks for the same few pairs every step. Where numpy has no
-    common dtype (bfloat16 beside float16, int16 and wider ints: its DTypePromotionError; a join or np.where
-    of them) a DTypeError in one line, the same on every rank (the dtypes are every rank's)."""
+    common dtype (its DTypePromotionError: bfloat16 beside float16, int16 and wider ints before ml_dtypes 0.7;
+    a join or np.where of them) a DTypeError in one line, the same on every rank (the dtypes are every rank's)."""
     try:
         return _RESULT_DTYPES[dtypes]
     except KeyError:
@@ -37,10 +37,10 @@ def result_dtype(*dtypes: np.dtype) -> np.dtype:
 
 def ufunc_dtype(*dtypes: np.dtype) -> np.dtype:
     """The dtype numpy's binary ufuncs (np.add, np.power, np.maximum, np.less, ...) compute on blocks of these
-    dtypes in: `result_dtype`'s, or where numpy's promotion table has no entry (bfloat16 beside float16, int16
-    and wider ints) the first of numpy's own loops every dtype casts to safely, as a ufunc picks it (bfloat16
-    and float16, int16 or uint16: float32; int32, int64 or their unsigned: float64). Cached; a DTypeError in
-    one line where no loop takes them."""
+    dtypes in: `result_dtype`'s, or where numpy's promotion table has no entry (before ml_dtypes 0.7: bfloat16
+    beside float16, int16 and wider ints) the first of numpy's own loops every dtype casts to safely, as a
+    ufunc picks it (bfloat16 and float16, int16 or uint16: float32; int32, int64 or their unsigned: float64).
+    Cached; a DTypeError in one line where no loop takes them."""
     try:
         return _UFUNC_DTYPES[dtypes]
     except KeyError:

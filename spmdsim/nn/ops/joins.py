@@ -100,7 +100,7 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
     mesh = same_mesh(*xs)
     try:
         dtype = result_dtype(*[x.local.dtype for x in xs])
-    except DTypeError as e:  # numpy has no common dtype of them (bfloat16 beside float16)
+    except DTypeError as e:  # numpy has no common dtype of them (before ml_dtypes 0.7: bfloat16, float16)
         raise DTypeError(f"concatenate: {e}") from None
     plan = infer_concatenate(tuple(x.layout for x in xs), tuple(tuple(x.global_shape) for x in xs), dim,
                              dtype_name(dtype))

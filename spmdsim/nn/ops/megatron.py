@@ -199,7 +199,7 @@ def _added_rounded(y: np.ndarray, bias: np.ndarray) -> np.ndarray:
 def _added_dtype(add: Any, dtype: np.dtype, bias: np.dtype) -> np.dtype:
     """The dtype `add` (`_added_rounded` or add_bias) gives a product of `dtype` and a bias of dtype `bias`: what a
     dry run's zeros take, as the real sum's (bfloat16 products: theirs, int32 biases too); `_no_sum`'s line where
-    numpy has no common dtype of them (float16 beside bfloat16)."""
+    numpy has no common dtype of them (float16 beside bfloat16 before ml_dtypes 0.7)."""
     try:
         return add(np.zeros((), dtype), np.zeros((), bias)).dtype
     except DTypeError:  # add_bias's (numpy has no common dtype)
