@@ -110,9 +110,15 @@ def test_launch_command_env_and_family(monkeypatch, tmp_path):
     with pytest.raises(SpmdsimError, match="needs a command"):
         launch.build_command("mpiexec", 2, ["--"])
     # A typo in the program: refused once, not by mpiexec once per rank ("execvp error on file ...").
-    with pytest.raises(SpmdsimError, match=r"launch: command 'spmdsimm' is not an executable program on PATH"):
+    with pytest.raises(SpmdsimError, match=r"launch: command 'spmdsimm' is not an executable program on PATH or "
+                                            r"beside this Python"):
         launch.build_command("mpiexec", 2, ["--", "spmdsimm", "demo"])
+    # spmdsim itself: the one on PATH, or (the venv not activated) the one beside this Python
+    bin_dir = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
     assert launch.build_command("mpiexec", 2, ["--", "spmdsim", "demo"])[3] == "spmdsim"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert launch.build_command("mpiexec", 2, ["--", "spmdsim", "demo"])[3] == os.path.join(bin_dir, "spmdsim")
     monkeypatch.setattr(wait, "cores_available", lambda: 2)
     env = launch.launch_env(8, None, base={"PATH": "/bin"})
     assert env["SPMDSIM_WAIT"] == "auto" and env["OMP_NUM_THREADS"] == "1"

@@ -169,9 +169,14 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
             raise SpmdsimError(f"launch: script {script!r} does not exist (in {os.getcwd()}); "
                                "expected e.g. spmdsim launch -n 8 -- python prog.py")
     elif shutil.which(command[0]) is None:  # else mpiexec prints its own failure once per rank
-        where = "file" if os.sep in command[0] else "program on PATH"
-        raise SpmdsimError(f"launch: command {command[0]!r} is not an executable {where}; "
-                           "expected e.g. spmdsim launch -n 8 -- python prog.py")
+        # A program of this venv (`spmdsim` itself) where the venv is not activated: the one beside this Python,
+        # as `python` is this Python and mpiexec the one beside it (`find_mpiexec`).
+        beside = None if os.sep in command[0] else shutil.which(command[0], path=os.path.dirname(sys.executable))
+        if beside is None:
+            where = "file" if os.sep in command[0] else "program on PATH or beside this Python"
+            raise SpmdsimError(f"launch: command {command[0]!r} is not an executable {where}; "
+                               "expected e.g. spmdsim launch -n 8 -- python prog.py")
+        command[0] = beside
     return [mpiexec, "-n", str(ranks), *command]
 
 
