@@ -20,7 +20,7 @@ from ....base.buffers import CAPTURE
 from ....runtime.engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ....base import flops as _flops
 from ....base.flops import any_open, sweep
-from ....base.precision import as_rows
+from ....base.precision import as_rows, wide
 from ..graph import attach, record, with_partial
 from ..kept import shell
 from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs
@@ -50,7 +50,8 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _gelu_erf_slope(x: np.ndarray) -> np.ndarray:
-    """d/dx x Phi(x) = Phi(x) + x phi(x)."""
+    """d/dx x Phi(x) = Phi(x) + x phi(x); bfloat16 x in float32 (as `activations.gelu_erf` computes it)."""
+    x = wide(x)
     return 0.5 * (1.0 + activations.erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x)
 
 
