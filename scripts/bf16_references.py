@@ -3,8 +3,10 @@
 "Can it fail?".
 
     python scripts/bf16_references.py --steps 50    # 3 runs of 50 steps: about a CPU-minute
+    python scripts/bf16_references.py --layers 2 --d-model 32 --seq 16 --steps 3    # a small one: 2 CPU-s
 
-Each run is examples/train_gpt.py's default GPT (4 layers, d_model 128, seq 64, batch 8, dropout 0.1) on
+Each run is examples/train_gpt.py's default GPT (4 layers, d_model 128, seq 64, batch 8, dropout 0.1; --layers,
+--d-model and --seq change its size) on
 dp 2 x tp 4 with sequence parallelism, 8 simulated ranks in this process, under bf16-mixed, from the same
 start, and its check compares each step with one reference: the policy's own (the check's,
 spmdsim.models.gpt.mixed), float64 throughout (spmdsim.models.gpt.reference: a reference that ignores the
@@ -22,6 +24,7 @@ import statistics
 import numpy as np
 
 import spmdsim
+from spmdsim import SpmdsimError
 from spmdsim.base.precision import wide
 from spmdsim.models.gpt import GPTConfig, encode, load_text, mixed, reference
 from spmdsim.models.gpt import reference_step
@@ -53,10 +56,9 @@ REFERENCES = {"the same policy": {}, "float64 throughout": {(reference_step, "_m
               "layer norm rounded three times": {(mixed, "_ln"): _norm_rounded_three_times}}
 
 
-def run(steps: int, swaps: dict) -> list:
+def run(cfg: GPTConfig, steps: int, swaps: dict) -> list:
     """Each step's StepResult of the run checked against the reference with `swaps` in place."""
     ids = encode(load_text())
-    cfg = GPTConfig()
     saved = {key: getattr(*key) for key in swaps}
     try:
         for (module, name), value in swaps.items():
@@ -82,15 +84,24 @@ def row(name: str, results: list) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="steps a run (default 50; ~0.4 CPU-s each)")
+    parser.add_argument("--layers", type=int, default=GPTConfig.layers, help="the GPT's layers (default 4)")
+    parser.add_argument("--d-model", type=int, default=GPTConfig.d_model, help="its width (default 128)")
+    parser.add_argument("--seq", type=int, default=GPTConfig.seq, help="its sequence (default 64)")
     args = parser.parse_args()
-    if not 1 <= args.steps <= 1000:
-        parser.error(f"--steps {args.steps} must be 1 to 1000")
+    for name, value, top in (("steps", args.steps, 1000), ("layers", args.layers, 64),
+                             ("d-model", args.d_model, 4096), ("seq", args.seq, 4096)):
+        if not 1 <= value <= top:
+            parser.error(f"--{name} {value} must be 1 to {top}")
+    try:  # (a size the mesh cannot split: train's one-line refusal, before any collective)
+        cfg = GPTConfig(layers=args.layers, d_model=args.d_model, seq=args.seq)
+    except SpmdsimError as e:
+        parser.error(str(e))
     print(f"bf16-mixed on dp 2 x tp 4 with sp, 8 simulated ranks, {args.steps} steps against each reference "
           f"({len(REFERENCES)} runs)", flush=True)
     tolerances = None
     lines = []
     for name, swaps in REFERENCES.items():
-        results = run(args.steps, swaps)
+        results = run(cfg, args.steps, swaps)
         tolerances = results[0].tolerances
         lines.append(row(name, results))
         print(f"  {name}: done", flush=True)

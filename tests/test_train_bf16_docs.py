@@ -7,9 +7,11 @@ PASS; the MPI one (50 steps) runs so in tests/test_train_docs_mpi.py, in one mpi
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from docs_commands import ROOT, assert_prints_quote, mpi_long, quotes, run_long
+from docs_commands import ROOT, assert_prints_quote, mpi_long, quotes, run_here, run_long
 
 pytest.importorskip("ml_dtypes")
 
@@ -85,15 +87,19 @@ def test_zero1_at_bf16_sends_the_bytes_the_doc_quotes():
 
 
 def test_the_can_it_fail_table_comes_from_its_script():
-    """scripts/bf16_references.py makes the "Can it fail?" table: its header is the page's, and at 2 steps the
-    policy's reference passes both while float64's and the thrice-rounded norm's loss fail at step 1."""
+    """scripts/bf16_references.py makes the "Can it fail?" table: its header is the page's, and on a small GPT the
+    policy's reference passes every step while float64's and the thrice-rounded norm's loss fail at some step."""
     from docs_commands import run_quoted
 
-    done = run_quoted("python scripts/bf16_references.py --steps 2")
+    done = run_quoted("python scripts/bf16_references.py --layers 2 --d-model 32 --seq 16 --steps 3")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     header = next(line for line in (ROOT / DOC).read_text().splitlines() if line.startswith("| reference | loss"))
-    assert rows[0] == header
-    cells = {row.split(" | ")[0][2:]: row.split(" | ")[2:5:2] for row in rows[2:]}
-    assert cells == {"the same policy": ["0 of 2", "0 of 2 |"], "float64 throughout": ["1 of 2, step 1", "0 of 2 |"],
-                     "layer norm rounded three times": ["1 of 2, step 1", "0 of 2 |"]}, cells
+    assert rows[0] == header.replace("6.1e-05", "1.5e-05").replace("4.7e-02", "3.1e-02")  # the small GPT's tolerances
+    over = {row.split(" | ")[0][2:]: row.split(" | ")[2] for row in rows[2:]}
+    assert list(over) == ["the same policy", "float64 throughout", "layer norm rounded three times"], rows
+    assert over["the same policy"] == "0 of 3", rows
+    assert all(re.fullmatch(r"[1-3] of 3, step [0-2]", over[name]) for name in list(over)[1:]), rows
+    code, out, err = run_here("scripts/bf16_references.py", ["--d-model", "30"])
+    assert code == 2 and err.splitlines()[-1].startswith("bf16_references.py: error: GPTConfig d_model 30 must be "
+                                                         "divisible by heads 4"), err
