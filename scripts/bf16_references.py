@@ -31,7 +31,7 @@ from spmdsim.models.gpt import reference_step
 from spmdsim.models.gpt.train import train
 from spmdsim.tools.cli.main import run_script
 
-_MIXED_STEP, _LN = reference_step._mixed_step, mixed._ln
+_MIXED_STEP = reference_step._mixed_step  # the policy's step, which the float64 reference still updates with
 
 
 def _float64_step(start, x, y, cfg, step, policy, grads, *rest, **options):
@@ -56,9 +56,8 @@ REFERENCES = {"the same policy": {}, "float64 throughout": {(reference_step, "_m
               "layer norm rounded three times": {(mixed, "_ln"): _norm_rounded_three_times}}
 
 
-def run(cfg: GPTConfig, steps: int, swaps: dict) -> list:
-    """Each step's StepResult of the run checked against the reference with `swaps` in place."""
-    ids = encode(load_text())
+def run(cfg: GPTConfig, ids: np.ndarray, steps: int, swaps: dict) -> list:
+    """Each step's StepResult of the run on the text `ids`, checked against the reference with `swaps` in place."""
     saved = {key: getattr(*key) for key in swaps}
     try:
         for (module, name), value in swaps.items():
@@ -92,16 +91,17 @@ def main() -> None:
                              ("d-model", args.d_model, 4096), ("seq", args.seq, 4096)):
         if not 1 <= value <= top:
             parser.error(f"--{name} {value} must be 1 to {top}")
-    try:  # (a size the mesh cannot split: train's one-line refusal, before any collective)
+    try:  # a size GPTConfig refuses: its line (one the mesh cannot split: train's, before any collective)
         cfg = GPTConfig(layers=args.layers, d_model=args.d_model, seq=args.seq)
     except SpmdsimError as e:
         parser.error(str(e))
     print(f"bf16-mixed on dp 2 x tp 4 with sp, 8 simulated ranks, {args.steps} steps against each reference "
           f"({len(REFERENCES)} runs)", flush=True)
+    ids = encode(load_text())  # the example's text, once for the three runs
     tolerances = None
     lines = []
     for name, swaps in REFERENCES.items():
-        results = run(cfg, args.steps, swaps)
+        results = run(cfg, ids, args.steps, swaps)
         tolerances = results[0].tolerances
         lines.append(row(name, results))
         print(f"  {name}: done", flush=True)

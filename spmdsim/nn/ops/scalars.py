@@ -3,6 +3,7 @@ dtype numpy's promotion (NEP 50) gives them beside the tensor's."""
 from __future__ import annotations
 
 import numbers
+from functools import cache
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -113,16 +114,14 @@ def _scalar_layout(layout: Any) -> Any:
 
 
 _LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
-_BY_TRUTH: list = []  # [whether numpy's logical ufuncs take a Python int past int64], asked once
 
 
+@cache
 def logical_by_truth() -> bool:
     """Whether numpy's logical ufuncs take a Python int past int64 by its truth (numpy 2.0; from 2.1 they convert
-    it to int64 and refuse it: OverflowError)."""
-    if not _BY_TRUTH:
-        try:
-            np.logical_and(np.zeros(1, np.int8), 2 ** 64)
-            _BY_TRUTH.append(True)
-        except (OverflowError, TypeError):
-            _BY_TRUTH.append(False)
-    return _BY_TRUTH[0]
+    it to int64 and refuse it: OverflowError), asked of numpy once."""
+    try:
+        np.logical_and(np.zeros(1, np.int8), 2 ** 64)
+    except (OverflowError, TypeError):
+        return False
+    return True
