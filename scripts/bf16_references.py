@@ -53,7 +53,7 @@ def _norm_rounded_three_times(P, pre, h, cfg, r):
 
 
 REFERENCES = {"the same policy": {}, "float64 throughout": {(reference_step, "_mixed_step"): _float64_step},
-              "layer norm rounded three times": {(mixed, "_ln"): _norm_rounded_three_times}}
+              "norm rounded three times": {(mixed, "_ln"): _norm_rounded_three_times}}
 
 
 def run(cfg: GPTConfig, ids: np.ndarray, steps: int, swaps: dict) -> list:
@@ -105,8 +105,8 @@ def main() -> None:
         tolerances = results[0].tolerances
         lines.append(row(name, results))
         print(f"  {name}: done", flush=True)
-    print(f"\n| reference | loss: median, largest | steps over {tolerances[0]:.1e}, first | gradients: median, "
-          f"largest | steps over {tolerances[1]:.1e} |")
+    print(f"\n| reference | loss: median, max | over {tolerances[0]:.1e}, first | gradients: median, max | "
+          f"over {tolerances[1]:.1e} |")
     print("| --- | ---: | ---: | ---: | ---: |")
     print("\n".join(lines))
 

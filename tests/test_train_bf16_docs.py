@@ -97,7 +97,7 @@ def test_the_can_it_fail_table_comes_from_its_script():
     header = next(line for line in (ROOT / DOC).read_text().splitlines() if line.startswith("| reference | loss"))
     assert rows[0] == header.replace("6.1e-05", "1.5e-05").replace("4.7e-02", "3.1e-02")  # the small GPT's tolerances
     over = {row.split(" | ")[0][2:]: row.split(" | ")[2] for row in rows[2:]}
-    assert list(over) == ["the same policy", "float64 throughout", "layer norm rounded three times"], rows
+    assert list(over) == ["the same policy", "float64 throughout", "norm rounded three times"], rows
     assert over["the same policy"] == "0 of 3", rows
     assert all(re.fullmatch(r"[1-3] of 3, step [0-2]", over[name]) for name in list(over)[1:]), rows
     code, out, err = run_here("scripts/bf16_references.py", ["--d-model", "30"])
