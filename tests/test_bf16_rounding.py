@@ -155,7 +155,9 @@ def test_the_attention_core_rounds_probabilities_not_scores():
 def test_a_reference_that_rounds_the_norm_three_times_is_told_apart(monkeypatch):
     """The check's reference with the norms rounding their normalized values, times weight and plus bias each
     (the points before this policy): many gradient entries differ once rounded to bfloat16 (the ranks round
-    once), where the reference that rounds where the ranks round changes a few hundredths."""
+    once), where the reference that rounds where the ranks round changes a few hundredths. Those few depend
+    on the BLAS kernels (float32 products summed in another order flip a rounding now and then): at most
+    0.05 with OpenBLAS's SkylakeX kernels, 0.075 with its Haswell ones; the thrice-rounded norm's 0.39-0.60."""
     import spmdsim.models.gpt.checker as C
     from spmdsim.models.gpt import mixed
 
@@ -178,7 +180,7 @@ def test_a_reference_that_rounds_the_norm_three_times_is_told_apart(monkeypatch)
         return list(shares)
 
     cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.0)
-    assert max(checked(cfg)) <= 0.05
+    assert max(checked(cfg)) <= 0.15
 
     def three_times(P, pre, h, cfg, r):
         block = wide(h)
@@ -188,4 +190,4 @@ def test_a_reference_that_rounds_the_norm_three_times_is_told_apart(monkeypatch)
         return r(wide(r(yn * wide(P[pre + ".w"]))) + wide(P[pre + ".b"])), (yn, 1.0 / root)
 
     monkeypatch.setattr(mixed, "_ln", three_times)
-    assert min(checked(cfg)) >= 0.1
+    assert min(checked(cfg)) >= 0.3
