@@ -17,7 +17,7 @@ import pytest
 
 import spmdsim
 from docs_commands import run_example
-from spmdsim import Layout
+from spmdsim import Layout, Mesh
 from spmdsim.errors import ShapeError
 from spmdsim.runtime.check import local_stats
 from spmdsim.references.tolerances import sum_rtol
@@ -101,6 +101,37 @@ def test_dtensor_check_slices_the_scale_to_each_rank():
         assert "x the magnitudes that entered it" in str(by_terms)
         assert not caught.passed and caught.failed_ranks == (2,), caught
         assert "x the magnitudes that entered" in str(caught)
+
+
+@pytest.mark.parametrize("bad, shown", [(np.inf, "inf"), (-1e9, "-1000000000.0"), (np.nan, "nan")])
+@pytest.mark.parametrize("as_callable", [False, True])
+def test_a_scale_that_is_no_magnitude_is_refused(bad, shown, as_callable):
+    """An infinite scale passed any value, a negative one was taken as its absolute value, a NaN failed exact
+    values with no word of why: each is refused with the entry named, a global one before any collective on
+    every rank, a callable's on the rank whose region holds it (which ends the run)."""
+    exact = np.arange(64.0).reshape(8, 8)
+    scale = np.ones((8, 8))
+    scale[3, 5] = bad
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+        x = spmdsim.runtime.DTensor.from_global(mesh, exact + 100.0, mesh.layout("dp", "mp"))
+        x.check(exact, rtol=1e-4, scale=(lambda region: scale[region]) if as_callable else scale)
+
+    where = r"scale\(region\) holds " + shown + r" at \(3, 1\)" if as_callable else \
+        r"check: scale holds " + shown + r" at \(3, 5\)"
+    with pytest.raises(spmdsim.SpmdsimError, match=where):
+        spmdsim.simulate(8, body)
+
+
+def test_a_complex_scale_is_refused():
+    def body():
+        mesh = Mesh(Layout((2,), ("mp",)))
+        x = spmdsim.runtime.DTensor.from_global(mesh, np.ones(4), mesh.layout("mp"))
+        x.check(np.ones(4), scale=np.ones(4) * 1j)
+
+    with pytest.raises(spmdsim.SpmdsimError, match="dtype complex128 must hold real magnitudes"):
+        spmdsim.simulate(2, body)
 
 
 def test_reference_scales_cover_every_value():

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, SpmdsimError
 from . import door
 from .engines import engine_of
 from .shared_rows import gather_shared
 from ..references.tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
-__all__ = ["Verdict", "default_tolerances", "local_stats", "agree"]
+__all__ = ["Verdict", "default_tolerances", "local_stats", "agree", "checked_scale"]
 
 # Layout of the per-rank record that one Allgather shares.
 _FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok")
@@ -74,6 +74,22 @@ class Verdict:
         if not self.passed:
             raise CheckFailed(str(self))
         return self
+
+
+def checked_scale(scale: Any, what: str = "check: scale") -> np.ndarray:
+    """`scale` as an array of magnitudes, or one SpmdsimError naming its first entry that is none: a magnitude
+    is a real number, finite and >= 0 (an infinite one would pass any value, a negative one was taken as its
+    absolute value, a NaN failed every element with no word of why)."""
+    scale = np.asarray(scale)
+    if np.iscomplexobj(scale) or scale.dtype.kind in "bOSUM":
+        raise SpmdsimError(f"{what} of dtype {scale.dtype} must hold real magnitudes (finite numbers >= 0)")
+    wide = np.asarray(scale, np.float64)
+    bad = ~((wide >= 0) & (wide < np.inf))  # a NaN is neither
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise SpmdsimError(f"{what} holds {float(wide[at])!r} at {at}: a magnitude must be a finite number >= 0 "
+                           f"({int(np.count_nonzero(bad))} such entries)")
+    return scale
 
 
 def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, scale: Any = None) -> np.ndarray:

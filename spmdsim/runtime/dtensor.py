@@ -21,7 +21,7 @@ from ..base.context import current as _context
 from ..base.validate import as_int, describe, dtype_arg, tolerance_arg
 from . import door
 from .replay import local_of
-from .check import Verdict, agree, default_tolerances, local_stats
+from .check import Verdict, agree, checked_scale, default_tolerances, local_stats
 from .mesh import Mesh
 from ..layouts.dialects.dtensor import placements_of
 from ..layouts.dialects.partition_spec import layout_to_partition_spec
@@ -224,6 +224,8 @@ class DTensor(_Constructors, _Methods):
         if scale is not None and not callable(scale) and np.shape(scale) != self._shape:
             raise ShapeError(f"check: scale of shape {np.shape(scale)!r} does not match the tensor's "
                              f"global shape {self._shape!r}")
+        if scale is not None and not callable(scale):  # every rank's alike: refused before any collective
+            scale = checked_scale(scale)
         actual = self.resolved_local(label="check")
         region = self.slices
         # Tolerances depend only on dtypes every rank knows, so the verdict agrees.
@@ -251,7 +253,8 @@ class DTensor(_Constructors, _Methods):
             if not dry:
                 region_scale = None
                 if scale is not None:
-                    region_scale = np.asarray(scale(region) if callable(scale) else np.asarray(scale)[region])
+                    region_scale = checked_scale(scale(region), "check: scale(region)") if callable(scale) \
+                        else scale[region]
                 stats = local_stats(actual, expected, rtol, atol, region_scale)
         except ShapeError:
             # A mismatch on some ranks only must not skip the agreeing Allgather.
