@@ -1190,3 +1190,38 @@ def test_attention_takes_q_k_and_v_on_two_mesh_objects_of_one_layout():
     one, two = spmdsim.simulate(4, lambda: body(False))[0], spmdsim.simulate(4, lambda: body(True))[0]
     assert all(np.array_equal(a, b) for a, b in zip(one[0], two[0]))
     assert two[1] == "attention: k is on mesh Layout(x=4), q on Layout(dp=2, tp=2); expected one mesh"
+
+
+def test_erf_floor_ceil_floor_divide_and_remainder_of_complex_are_refused_in_one_line():
+    """ops.erf of a complex DTensor cast it to float in the kernel (numpy's ComplexWarning, the imaginary part
+    dropped); np.floor, np.ceil, // and % of one raised numpy's TypeError from the kernel, naming no dtype. Each is
+    now one DTypeError naming the op and the dtype, the same on every rank (PyTorch's erf refuses complex, numpy has
+    none; numpy's floor, ceil, floor_divide and remainder have no complex loop); exp, sign and round of complex stay
+    numpy's."""
+    z = (np.arange(64.0) * 1j).reshape(8, 8) + 0.5
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, z, mesh.layout("dp", "tp"))
+        said = []
+        for call in (lambda: ops.erf(x), lambda: np.floor(x), lambda: ops.ceil(x), lambda: x // 2.0,
+                     lambda: ops.remainder(ops.abs(x), x)):
+            try:
+                call()
+                said.append(None)
+            except Exception as e:  # noqa: BLE001 - what each rank raised, compared below
+                said.append(f"{type(e).__name__}: {e}")
+        return said, [t.gather() for t in (ops.exp(x), ops.sign(x), ops.round(x, 1))]
+
+    got = spmdsim.simulate(8, run)
+    assert all(said == got[0][0] for said, _ in got)
+    real = "takes bool, integer or float operands, not complex"
+    assert got[0][0] == [f"DTypeError: erf of complex128: PyTorch's erf refuses it (numpy has none); erf {real}",
+                         f"DTypeError: floor of complex128: numpy's floor refuses it; floor {real}",
+                         f"DTypeError: ceil of complex128: numpy's ceil refuses it; ceil {real}",
+                         "DTypeError: floor_divide (//) of complex128: numpy's floor_divide refuses it; "
+                         f"floor_divide (//) {real}",
+                         "DTypeError: remainder (%) of float64 and complex128: numpy's remainder refuses it; "
+                         f"remainder (%) {real}"]
+    for value, want in zip(got[0][1], (np.exp(z), np.sign(z), np.round(z, 1))):
+        np.testing.assert_allclose(value, want, rtol=1e-14)

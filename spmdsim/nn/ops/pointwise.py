@@ -268,6 +268,10 @@ class _Prepared(Prepared):
                                 "first, e.g. x.astype('int64')")
         if op in _BITWISE:  # numpy's TypeError for floats (on every rank alike: the dtypes are every rank's)
             _bitwise_dtypes(op, dtypes)
+        if op in _NO_COMPLEX and any(d.kind == "c" for d in dtypes):  # (erf's kernel cast complex to float)
+            name, refuses = _NO_COMPLEX[op]
+            raise DTypeError(f"{name} of {' and '.join(dict.fromkeys(d.name for d in dtypes))}: {refuses}; {name} "
+                             "takes bool, integer or float operands, not complex")
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out", _promote(op))
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
@@ -279,6 +283,15 @@ class _Prepared(Prepared):
 #: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
 _NO_BOOL = {"neg": ("negative", "ops.equal(x, False) for logical not"),
             "sub": ("subtract", "ops.not_equal(a, b) for exclusive or")}
+
+#: The ops numpy or PyTorch refuse on complex operands, by spmdsim's op names: their names in messages, and who
+#: refuses (numpy's floor, ceil, floor_divide and remainder have no complex loop: a TypeError; numpy has no erf,
+#: and PyTorch's erf refuses complex, where the kernel here cast it to float, dropping the imaginary part).
+_NO_COMPLEX = {"erf": ("erf", "PyTorch's erf refuses it (numpy has none)"),
+               "gelu_erf": ("gelu", "PyTorch's gelu refuses it"),
+               "floor": ("floor", "numpy's floor refuses it"), "ceil": ("ceil", "numpy's ceil refuses it"),
+               "floordiv": ("floor_divide (//)", "numpy's floor_divide refuses it"),
+               "mod": ("remainder (%)", "numpy's remainder refuses it")}
 
 #: numpy's bitwise ufuncs, by spmdsim's op names: their names and operators in messages.
 _BITWISE = {"and": "bitwise_and (&)", "or": "bitwise_or (|)", "xor": "bitwise_xor (^)", "invert": "invert (~)"}
