@@ -1225,3 +1225,32 @@ def test_erf_floor_ceil_floor_divide_and_remainder_of_complex_are_refused_in_one
                          f"remainder (%) {real}"]
     for value, want in zip(got[0][1], (np.exp(z), np.sign(z), np.round(z, 1))):
         np.testing.assert_allclose(value, want, rtol=1e-14)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("maps", [("dp", None), (None, "tp"), ("dp", "tp")])
+def test_mse_loss_and_the_gradient_of_a_mean_over_no_entries(maps):
+    """mse_loss of a (0, 8) tensor gave 0.0 (its divisor was at least 1) where the mean of nothing is NaN, as
+    numpy's mean and PyTorch's mse_loss give (and ops.mean here); now NaN, silently as PyTorch's, its gradients
+    empty, and the reference's too (it raised ZeroDivisionError). The gradient of ops.mean over no entries divided
+    by 0 (numpy's warnings on every rank) to spread over nothing: now the empty gradient, no warning."""
+    from spmdsim.references.backward import mse_loss
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        y, target = (spmdsim.DTensor.from_global(mesh, np.zeros((0, 8), dtype), mesh.layout(*maps)).requires_grad_()
+                     for dtype in (np.float64, np.float32))
+        loss = ops.mse_loss(y, target)
+        loss.backward()
+        x = spmdsim.DTensor.from_global(mesh, np.zeros((0, 8)), mesh.layout(*maps)).requires_grad_()
+        with np.errstate(invalid="ignore"):  # the forward's 0 / 0 warns, as numpy's mean of nothing does
+            mean = ops.mean(x, 0)
+        ops.sum(mean).backward()
+        return loss.local, y.grad.gather(), target.grad.gather(), mean.gather(), x.grad.gather()
+
+    loss, dy, dtarget, mean, dx = spmdsim.simulate(8, run)[0]
+    assert np.isnan(loss) and loss.dtype == np.float64 and loss.shape == ()
+    assert dy.shape == dtarget.shape == dx.shape == (0, 8) and dtarget.dtype == np.float32
+    assert np.isnan(mean).all() and mean.shape == (8,)
+    value, grad = mse_loss(np.zeros((0, 8)), np.zeros((0, 8)))
+    assert np.isnan(value) and grad.shape == (0, 8)

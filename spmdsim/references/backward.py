@@ -97,12 +97,14 @@ def embedding_grad(ids: np.ndarray, num_embeddings: int, dy: np.ndarray) -> np.n
 
 
 def mse_loss(y: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
-    """(mean((y - target)^2), its gradient with respect to y)."""
+    """(mean((y - target)^2), its gradient with respect to y); no entries: (NaN, the empty gradient), as PyTorch's."""
     if np.shape(y) != np.shape(target):
         raise ShapeError(f"mse_loss: target of shape {np.shape(target)!r} does not match y's {np.shape(y)!r}")
     diff = np.asarray(y, np.float64) - np.asarray(target, np.float64)
     n = diff.size
-    return float(np.sum(diff * diff) / n), (2.0 / n * diff).astype(np.asarray(y).dtype)
+    with np.errstate(invalid="ignore"):  # no entries: 0 / 0
+        loss = float(np.sum(diff * diff) / n)
+    return loss, ((2.0 / n if n else 0.0) * diff).astype(np.asarray(y).dtype)
 
 
 def cross_entropy(logits: np.ndarray, labels: np.ndarray,

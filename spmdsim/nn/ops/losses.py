@@ -74,7 +74,9 @@ def _executor() -> Any:
 
 
 def mse_loss(y: Any, target: Any) -> Any:
-    """mean((y - target)^2) over every element; `target` a DTensor of y's shape and layout."""
+    """mean((y - target)^2) over every element; `target` a DTensor of y's shape and layout.
+
+    No elements: NaN, the mean of nothing, as numpy's mean and PyTorch's mse_loss give (its gradient empty)."""
     mesh = operands_mesh("mse_loss", ("y", "target"), y, target)
     if target.global_shape != y.global_shape:  # tuples, as DTensor keeps them
         raise ShapeError(f"mse_loss: target of shape {tuple(target.global_shape)!r} does not match "
@@ -86,11 +88,12 @@ def mse_loss(y: Any, target: Any) -> Any:
         raise OperatorError(f"mse_loss: target is laid out {target.layout} but y {y.layout}; "
                             "redistribute the target to y's layout")
     require_float("mse_loss", y.local)
-    n = max(1, math.prod(y.global_shape))
+    n = math.prod(y.global_shape)
     diff = y.local - target.local.astype(y.dtype, copy=False)
     axes = axes_of(y.layout, y.layout.tensor_map)
     total = _row_sum(mesh, stacked([(diff * diff).sum()], y.dtype), axes, "mse_loss")
-    out = _scalar(mesh, total[0] / n, y.dtype)
+    with np.errstate(invalid="ignore"):  # no elements: 0 / 0, NaN as PyTorch's
+        out = _scalar(mesh, total[0] / n, y.dtype)
     return out if y._ag is None and target._ag is None else record_mse_loss(out, y, target, diff, n)
 
 

@@ -18,10 +18,11 @@ __all__ = ["record_mse_loss", "record_cross_entropy"]
 
 
 def record_mse_loss(out: Any, y: Any, target: Any, diff: np.ndarray, n: int) -> Any:
-    """mean((y - target)^2) over `n` entries, `diff` this rank's y - target: dy = 2 diff / n, dtarget = -dy."""
+    """mean((y - target)^2) over `n` entries, `diff` this rank's y - target: dy = 2 diff / n, dtarget = -dy (no
+    entries: `diff` is empty on every rank, and so is dy)."""
 
     def backward(dl: Any) -> tuple:
-        g = diff * (2.0 / n)
+        g = diff * (2.0 / n if n else 0.0)
         if dl.local != 1:  # a loss scaled after mse_loss (backward() itself starts from 1)
             g *= dl.local
         return (grad_tensor(y, g, dl.layout.partial) if y._ag is not None else None,

@@ -30,7 +30,7 @@ def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims:
         block = x.local.shape
         if kind in ("sum", "mean"):  # the gradient read and spread over x's block
             sweep(kind, (dy.local,), (x.local,))
-            d = d / count if kind == "mean" else d
+            d = d / count if kind == "mean" and count else d  # (no entries: x's blocks are empty, d spreads over none)
             # on the running engine: a dry run's spread is the engine's zeros of x's block, nothing copied
             return (grad_tensor(x, _local(_spread, broadcast_zero(block, d.dtype), d, block), dy.layout.partial),)
         sweep(kind, (dy.local, x.local, out.local), (x.local,))  # where x met the extreme, the gradient
