@@ -1254,3 +1254,23 @@ def test_mse_loss_and_the_gradient_of_a_mean_over_no_entries(maps):
     assert np.isnan(mean).all() and mean.shape == (8,)
     value, grad = mse_loss(np.zeros((0, 8)), np.zeros((0, 8)))
     assert np.isnan(value) and grad.shape == (0, 8)
+
+
+@pytest.mark.parametrize("maps", [("dp", None), (None, None)])
+def test_softmax_along_a_whole_dim_of_size_0_is_the_empty_result(maps):
+    """ops.softmax(x, 1) of an (8, 0) x whose dim 1 is whole raised numpy's ValueError from its kernel ("zero-size
+    array to reduction operation maximum which has no identity"), where a split dim 1 and log_softmax gave the
+    empty result; now the empty result too (numpy's exp(x) / sum(exp(x)): an (8, 0) array), in x's dtype,
+    forward and backward, and x.softmax(0) along the dim of size 8 is numpy's as well."""
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, np.zeros((8, 0), np.float32), mesh.layout(*maps)).requires_grad_()
+        y = ops.softmax(x, 1)
+        ops.sum(y * 2.0).backward()
+        return y.gather(), x.grad.gather(), x.softmax(0).gather()
+
+    y, grad, along = spmdsim.simulate(8, run)[0]
+    want = np.exp(np.zeros((8, 0), np.float32))
+    want = want / want.sum(1, keepdims=True)
+    assert y.shape == grad.shape == along.shape == want.shape == (8, 0)
+    assert y.dtype == grad.dtype == along.dtype == want.dtype == np.float32

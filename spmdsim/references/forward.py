@@ -104,8 +104,12 @@ def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
-    """exp(x) / sum(exp(x)) along `dim`, shifted by the max for range (float results)."""
+    """exp(x) / sum(exp(x)) along `dim`, shifted by the max for range (float results).
+
+    A dim of size 0 gives the empty result, as numpy's exp(x) / sum(exp(x)) does (its max has no identity)."""
     x = np.asanyarray(x)
+    if not x.shape[dim]:
+        return np.exp(x)
     # (np.max's and np.sum's reductions called themselves: the same kernels, without their Python wrappers,
     # which a replayed step ran each time it replayed a router's softmax: spmdsim.runtime.replay)
     shifted = x - np.maximum.reduce(x, dim, keepdims=True)
