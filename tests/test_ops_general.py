@@ -1256,6 +1256,42 @@ def test_mse_loss_and_the_gradient_of_a_mean_over_no_entries(maps):
     assert np.isnan(value) and grad.shape == (0, 8)
 
 
+@pytest.mark.parametrize("maps", [("dp", None), (None, "tp"), ("dp", "tp")])
+def test_max_and_min_over_a_dim_of_size_0_are_refused_as_argmax_is(maps):
+    """ops.max and ops.min over a dim of size 0 gave the identities -inf and inf (over a split dim and a whole one
+    alike), where numpy raises ("zero-size array to reduction operation maximum which has no identity") and
+    ops.argmax refused; now one OperatorError, the same on every rank, for them, x.max(), np.min(x) and argmax.
+    Over the other dim the result is the empty one, as numpy's; x.any() and x.all() of no entries stay numpy's
+    False and True, and softmax and log_softmax along a split empty dim (a max along it shifted them) the empty
+    result, forward and backward."""
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, np.zeros((0, 8)), mesh.layout(*maps)).requires_grad_()
+        said = []
+        for call in (lambda: ops.max(x), lambda: ops.min(x, 0), lambda: x.max(axis=0), lambda: np.min(x),
+                     lambda: ops.argmax(x, 0), lambda: ops.max(x, (0, 1), keepdims=True)):
+            try:
+                call()
+                said.append(None)
+            except OperatorError as e:
+                said.append(str(e))
+        t = spmdsim.DTensor.from_global(mesh, np.zeros((8, 0)), mesh.layout(*maps)).requires_grad_()
+        soft = ops.softmax(t, 1) + ops.log_softmax(t, 1)
+        ops.sum(soft).backward()
+        kept = [r.gather() for r in (ops.max(x, 1), ops.min(x, 1), x.any(), x.all(), (x > 0).any(0), soft, t.grad)]
+        return said, kept
+
+    got = spmdsim.simulate(8, run)
+    assert all(said == got[0][0] for said, _ in got)
+    empty = "of an empty tensor (shape (0, 8)) has no answer, as numpy's: it has no entries to take it of"
+    dim0 = "over dim 0 of a tensor of shape (0, 8) has no answer, as numpy's: dim 0 has size 0"
+    assert got[0][0] == [f"max {empty}", f"min {dim0}", f"max {dim0}", f"min {empty}", f"argmax {dim0}",
+                         f"max {empty}"]
+    most, least, anything, everything, columns, soft, grad = got[0][1]
+    assert most.shape == least.shape == (0,) and anything == np.False_ and everything == np.True_
+    assert np.array_equal(columns, np.zeros(8, bool)) and soft.shape == grad.shape == (8, 0)
+
+
 @pytest.mark.parametrize("maps", [("dp", None), (None, None)])
 def test_softmax_along_a_whole_dim_of_size_0_is_the_empty_result(maps):
     """ops.softmax(x, 1) of an (8, 0) x whose dim 1 is whole raised numpy's ValueError from its kernel ("zero-size

@@ -248,9 +248,9 @@ def _whole(what: str) -> Any:
 
 
 def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
-    """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min: spmdsim.nn.ops.reduce takes them as uint8),
-    with its and PyTorch's keywords."""
-    return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
+    """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min, over no entries False and True:
+    spmdsim.nn.ops.reduce takes them as uint8), with its and PyTorch's keywords."""
+    return reduce(op, x, *_reduce_args(op, dims, keepdims, aliases))
 
 
 def _product(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
@@ -360,8 +360,8 @@ _METHODS = {
     "expand": _expand,
     # x != 0, not x.astype(bool) (the same truth, NaN's too): a pending sum is added up first, where astype
     # refused to cut it to bools ("the addends would be truncated one by one")
-    "any": lambda x, *a, **k: _reduce("max", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
-    "all": lambda x, *a, **k: _reduce("min", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
+    "any": lambda x, *a, **k: _reduce("any", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
+    "all": lambda x, *a, **k: _reduce("all", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
     "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
     "prod": _product, "ravel": _ravel,
     "std": lambda x, axis=None, ddof=0, keepdims=False: pointwise("sqrt", _var(x, axis, keepdims, ddof)),

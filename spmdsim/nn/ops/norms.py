@@ -87,7 +87,10 @@ def _dim(x: Any, dim: Any, op: str) -> int:
 
 
 def _shifted(x: Any, d: int) -> Any:
-    """x minus its maximum along `d` (the shift carries no gradient: softmax does not depend on it)."""
+    """x minus its maximum along `d` (the shift carries no gradient: softmax does not depend on it); a dim of
+    size 0 has no maximum and nothing to shift (x as it is)."""
+    if not x.global_shape[d]:
+        return x
     with no_grad():
         top = R.max(x, d, keepdims=True)
     return P.sub(x, top)

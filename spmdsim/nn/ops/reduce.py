@@ -55,14 +55,41 @@ def _min(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
 _KERNELS = {"sum": np.sum, "mean": np.sum, "max": _max, "min": _min, "prod": np.prod}
 
 
+#: x.any() and x.all() (spmdsim.nn.ops.methods): a bool x's max and min, over no entries False and True.
+_BOOLEAN = {"any": "max", "all": "min"}
+
+
 def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
-    """Reduce `x` by `kind` ("sum", "mean", "max", "min") over `dims` (None: all dims), like numpy."""
+    """Reduce `x` by `kind` ("sum", "mean", "max", "min"; "any", "all" of a bool x) over `dims` (None: all dims),
+    like numpy: a max or min over a dim of size 0 is refused, as numpy refuses it (the maximum of no entries)."""
     layout = _checked(kind, x, keepdims)
-    if kind in ("max", "min") and x.local.dtype.kind == "b":
+    axes = reduce_dims(dims, layout.ndim, kind)
+    if kind == "max" or kind == "min":
+        refuse_empty(kind, x, axes)
+    kind = _BOOLEAN.get(kind, kind)
+    if (kind == "max" or kind == "min") and x.local.dtype.kind == "b":
         # A bool's max and min (numpy's any and all) travel as uint8 and come back bool: MPI reduces no bool by
         # MAX or MIN, and over a split dim the Allreduce refused it as if summed ("cannot sum dtype 'bool'").
-        return reduce(kind, x.astype(np.uint8), dims, keepdims).astype(bool)
-    axes = reduce_dims(dims, layout.ndim, kind)
+        return _reduce(kind, x.astype(np.uint8), axes, keepdims).astype(bool)
+    return _reduce(kind, x, axes, keepdims)
+
+
+def refuse_empty(kind: str, x: Any, axes: tuple) -> None:
+    """The OperatorError of a max, min, argmax or argmin (`kind`) of x over `axes` where one has no entries (numpy's
+    ValueError: "zero-size array to reduction operation maximum which has no identity"), before any collective."""
+    shape = tuple(x.global_shape)
+    empty = [d for d in axes if shape[d] == 0]
+    if empty and len(axes) == len(shape):
+        raise OperatorError(f"{kind} of an empty tensor (shape {shape!r}) has no answer, as numpy's: it has no "
+                            "entries to take it of")
+    if empty:
+        raise OperatorError(f"{kind} over dim {empty[0]} of a tensor of shape {shape!r} has no answer, as numpy's: "
+                            f"dim {empty[0]} has size 0")
+
+
+def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
+    """`reduce` of x by `kind` ("sum", "mean", "max", "min") over the dims `axes`, its arguments checked."""
+    layout = x.layout
     plan = infer_reduce(kind, layout, axes, keepdims)
     if layout != plan.target:
         x = redistribute(x, plan.target)
@@ -217,8 +244,7 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     dims = reduce_dims(dim, layout.ndim, kind)
     # numpy's argmax(keepdims=True) without an axis keeps every dim as 1: the 0-d answer, reshaped at the end.
     flat_keep, keepdims = dim is None and keepdims, keepdims and dim is not None
-    if any(x.global_shape[d] == 0 for d in dims) or (dim is None and not math.prod(x.global_shape)):
-        raise OperatorError(f"{kind} of an empty tensor (shape {tuple(x.global_shape)!r}) has no answer")
+    refuse_empty(kind, x, dims)
     plan = infer_reduce("max", layout, dims, keepdims)  # the splits of max: the input resolved, dims gone
     if layout != plan.target:
         x = redistribute(x, plan.target)
