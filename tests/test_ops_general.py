@@ -1310,3 +1310,32 @@ def test_softmax_along_a_whole_dim_of_size_0_is_the_empty_result(maps):
     want = want / want.sum(1, keepdims=True)
     assert y.shape == grad.shape == along.shape == want.shape == (8, 0)
     assert y.dtype == grad.dtype == along.dtype == want.dtype == np.float32
+
+
+@pytest.mark.parametrize("maps", [("dp", None), ("dp", "tp")])
+def test_layer_norm_and_rms_norm_over_a_last_dim_of_size_0_are_refused_in_one_line(maps):
+    """layer_norm and rms_norm of an (8, 0) x raised ZeroDivisionError from their 1 / n (the whole-row kernel's and
+    the split composite's): normalizing over no entries has no mean to take. Now one OperatorError naming the op
+    and x's shape, the same on every rank, before any collective; no rows, (0, 8), is the empty result."""
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, np.zeros((8, 0)), mesh.layout(*maps))
+        said = []
+        for call in (lambda: ops.layer_norm(x), lambda: ops.rms_norm(x), lambda: ops.layer_norm(x, kept="megatron"),
+                     lambda: ops.rms_norm(x.astype("float32"), kept="megatron")):
+            try:
+                call()
+                said.append(None)
+            except OperatorError as e:
+                said.append(str(e))
+        rows = spmdsim.DTensor.from_global(mesh, np.zeros((0, 8)), mesh.layout(*maps)).requires_grad_()
+        y = ops.layer_norm(rows) + ops.rms_norm(rows)
+        ops.sum(y).backward()
+        return said, y.gather(), rows.grad.gather()
+
+    got = spmdsim.simulate(8, run)
+    assert all(said == got[0][0] for said, _, _ in got)
+    why = "of x of shape (8, 0): its last dim, the one it normalizes over, has size 0 (no entries to take a mean of); " \
+          "expected at least 1 entry"
+    assert got[0][0] == [f"layer_norm {why}", f"rms_norm {why}"] * 2
+    assert got[0][1].shape == got[0][2].shape == (0, 8)

@@ -113,6 +113,16 @@ def log_softmax(x: Any, dim: int = -1) -> Any:
     return P.sub(z, P.log(resolved(R.sum(P.exp(z), d, keepdims=True))))
 
 
+def _normalized_dim(x: Any, op: str) -> int:
+    """x's last dim, the one layer_norm and rms_norm normalize over (`_dim`'s checks), refused where it has no
+    entries: the mean and variance of nothing have no value to divide by (its 1 / n divided by zero)."""
+    d = _dim(x, -1, op)
+    if not x.global_shape[d]:
+        raise OperatorError(f"{op} of x of shape {tuple(x.global_shape)!r}: its last dim, the one it normalizes over, "
+                            "has size 0 (no entries to take a mean of); expected at least 1 entry")
+    return d
+
+
 def _eps(eps: Any, op: str) -> float:
     if not isinstance(eps, Real) or isinstance(eps, bool) or not eps >= 0:
         raise OperatorError(f"{op}: eps {eps!r} must be a non-negative real number")
@@ -189,7 +199,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
         if layout.partial:
             x = resolved(x)
     else:
-        d = _dim(x, -1, "layer_norm")
+        d = _normalized_dim(x, "layer_norm")
         eps = _eps(eps, "layer_norm")
         problem = kept_problem(kept)
         if problem:
@@ -290,7 +300,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
     whose forward saves its input and rsigma, one number a row), which makes the normalized values again in the
     backward.
     """
-    d = _dim(x, -1, "rms_norm")
+    d = _normalized_dim(x, "rms_norm")
     eps = _eps(eps, "rms_norm")
     problem = kept_problem(kept)
     if problem:
