@@ -1339,3 +1339,52 @@ def test_layer_norm_and_rms_norm_over_a_last_dim_of_size_0_are_refused_in_one_li
           "expected at least 1 entry"
     assert got[0][0] == [f"layer_norm {why}", f"rms_norm {why}"] * 2
     assert got[0][1].shape == got[0][2].shape == (0, 8)
+
+
+def test_attention_without_heads_head_dim_or_keys_is_refused_and_without_queries_is_empty():
+    """attention with a head dim of 0 raised ZeroDivisionError (its 1 / sqrt(0)); with no keys numpy's "zero-size
+    array to reduction operation maximum"; with 0 heads "k of global shape (2, 8, 0, 4) does not fit q's (2, 8, 0,
+    4)" (the same shapes). Each is now one ShapeError saying which dim of which operand has no entries, before
+    any move, for the unfused core, flash, sequence-first operands and ring_attention alike. No query rows (keys
+    there) is the empty result, forward and backward, on every path (flash's backward failed on its empty list
+    of tiles), k's and v's gradients zero."""
+    from spmdsim.nn.ops.ring_attention import ring_attention
+
+    def refusal(call):
+        try:
+            call()
+        except ShapeError as e:
+            return str(e)
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        split = mesh.layout("dp", None, "tp", None)
+        said = [refusal(lambda s=s, f=f: ops.attention(*(spmdsim.DTensor.from_global(mesh, np.ones(s), split),) * 3,
+                                                      flash=f))
+                for s in ((2, 8, 4, 0), (2, 0, 4, 4), (2, 8, 0, 4)) for f in (False, True)]
+        first = spmdsim.DTensor.from_global(mesh, np.ones((0, 2, 4, 4)), mesh.layout(None, "dp", "tp", None))
+        said.append(refusal(lambda: ops.attention(first, first, first, batch_first=False)))
+        ring = spmdsim.DTensor.from_global(mesh, np.ones((8, 2, 4, 0)), mesh.layout("tp", "dp", None, None))
+        said.append(refusal(lambda: ring_attention(ring, ring, ring, "tp")))
+        got = []
+        for kw in ({}, {"flash": True}, {"recompute": True}):
+            q = spmdsim.DTensor.from_global(mesh, np.ones((2, 0, 4, 4)), split).requires_grad_()
+            k, v = (spmdsim.DTensor.from_global(mesh, np.ones((2, 8, 4, 4)), split).requires_grad_() for _ in "kv")
+            out = ops.attention(q, k, v, **kw)
+            ops.sum(out).backward()
+            got.append([t.gather() for t in (out, q.grad, k.grad, v.grad)])
+        return said, got
+
+    ranks = spmdsim.simulate(8, run)
+    assert all(said == ranks[0][0] for said, _ in ranks)
+    dim3 = "has a head dim of 0 (dim 3): its scores would be sums of no products, scaled by 1 / sqrt(0); expected " \
+           "a head dim of at least 1"
+    keys = "each query row's softmax would be over no keys; expected at least 1 key"
+    assert ranks[0][0] == [f"attention: q of global shape (2, 8, 4, 0) {dim3}"] * 2 + \
+        [f"attention: k of global shape (2, 0, 4, 4) has 0 keys (dim 1): {keys}"] * 2 + \
+        ["attention: q of global shape (2, 8, 0, 4) has 0 heads (dim 2); expected at least 1 head"] * 2 + \
+        [f"attention: k of global shape (0, 2, 4, 4) has 0 keys (dim 0): {keys}",
+         f"ring_attention: q of global shape (8, 2, 4, 0) {dim3}"]
+    for out, dq, dk, dv in ranks[0][1]:
+        assert out.shape == dq.shape == (2, 0, 4, 4)
+        assert np.array_equal(dk, np.zeros((2, 8, 4, 4))) and np.array_equal(dv, np.zeros((2, 8, 4, 4)))

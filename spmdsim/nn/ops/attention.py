@@ -38,7 +38,7 @@ from ..autograd.rules.attention import count_core, count_core_kernels, grouped_p
 from ...base.flops import any_open
 from ...runtime.engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ...errors import OperatorError
-from ...programs.infer.attention import infer_attention
+from ...programs.infer.attention import infer_attention, refuse_empty
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from ._common import MASKS, seed_arg
@@ -274,6 +274,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
         if mask.mesh.layout != q.mesh.layout:
             raise OperatorError(f"attention: mask is on mesh {mask.mesh.layout}, q on {q.mesh.layout}; expected "
                                 "one mesh")
+    refuse_empty("attention", tuple(q.global_shape), tuple(k.global_shape), 1 if batch_first else 0)
     out.first = first = _batch_first if batch_first else _swapped  # a layout or shape as batch-first, and back
     out.plan = plan = infer_attention(first(q.layout), first(k.layout), first(v.layout), first(tuple(q.global_shape)),
                                       first(tuple(k.global_shape)), first(tuple(v.global_shape)), bool(causal),

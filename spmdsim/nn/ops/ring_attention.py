@@ -35,6 +35,7 @@ from ...base.precision import is_low, product, wide
 from ...errors import OperatorError
 from ...programs.context.ring import Attend, Pass, RingProgram, TAGS, ring_program
 from ...programs.context.split import chunks
+from ...programs.infer.attention import refuse_empty
 from ...programs.plan.messages import Messages
 from ...runtime import executor
 from ..autograd.graph import record
@@ -55,6 +56,7 @@ def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, 
         if t.layout != q.layout or tuple(t.global_shape) != tuple(q.global_shape):
             raise OperatorError(f"ring_attention: {name} is {tuple(t.global_shape)} {t.layout}; expected q's "
                                 f"{tuple(q.global_shape)} {q.layout}")
+    refuse_empty("ring_attention", tuple(q.global_shape), tuple(k.global_shape), 0)
     tmap = q.layout.tensor_map
     if len(tmap) != 4 or tmap[0] != (axis,) or tmap[3] != () or q.layout.partial:
         raise OperatorError(f"ring_attention: q {q.layout} must be (T, B, H, D) with T split over {axis!r} alone, "

@@ -35,7 +35,7 @@ from typing import Optional
 from ...errors import OperatorError, ShapeError
 from ...layouts.layout import TensorLayout
 
-__all__ = ["AttentionPlan", "infer_attention"]
+__all__ = ["AttentionPlan", "infer_attention", "refuse_empty"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,22 @@ def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: 
                              f"{(b, tk)!r}, True where a key takes part")
         target_mask = matrix(qmap[0], None)
     return AttentionPlan(target_q, target_kv, target_q, (b, tq, h, e), query_axes, target_mask)
+
+
+def refuse_empty(op: str, q_shape: tuple, k_shape: tuple, sequence: int = 1) -> None:
+    """`op`'s ShapeError where q or k of these global shapes (4 dims, the sequence dim `sequence`, heads and head
+    dim last) has no heads or a head dim of 0, or k no keys: its scores (sums of no products, scaled by 1 /
+    sqrt(0)) or each query row's softmax (over no keys) have no answer. No query rows, or no batch, pass: their
+    result is the empty one. Other shapes pass (infer_attention refuses them)."""
+    for name, shape in (("q", q_shape), ("k", k_shape)):
+        if len(shape) != 4:
+            return
+        if not shape[2]:
+            raise ShapeError(f"{op}: {name} of global shape {tuple(shape)!r} has 0 heads (dim 2); expected at least 1 "
+                             "head")
+        if not shape[3]:
+            raise ShapeError(f"{op}: {name} of global shape {tuple(shape)!r} has a head dim of 0 (dim 3): its scores "
+                             "would be sums of no products, scaled by 1 / sqrt(0); expected a head dim of at least 1")
+    if not k_shape[sequence]:
+        raise ShapeError(f"{op}: k of global shape {tuple(k_shape)!r} has 0 keys (dim {sequence}): each query row's "
+                         "softmax would be over no keys; expected at least 1 key")

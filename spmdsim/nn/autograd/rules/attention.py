@@ -293,6 +293,8 @@ def record_flash(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, scores
     heads, keys_t, back = order
 
     def grads(dy: np.ndarray) -> tuple:
+        if not tiles:  # no query rows here: no gradient of q, k or v from this rank (k's, v's pending elsewhere)
+            return tuple(np.zeros_like(t.local) for t in (q, k, v))
         qh, kh = q.local.transpose(heads), k.local.transpose(heads)
         kt, vt = k.local.transpose(keys_t), v.local.transpose(keys_t)
         dyh, lse = dy.transpose(heads), kept["lse"]
