@@ -1388,3 +1388,43 @@ def test_attention_without_heads_head_dim_or_keys_is_refused_and_without_queries
     for out, dq, dk, dv in ranks[0][1]:
         assert out.shape == dq.shape == (2, 0, 4, 4)
         assert np.array_equal(dk, np.zeros((2, 8, 4, 4))) and np.array_equal(dv, np.zeros((2, 8, 4, 4)))
+
+
+def test_round_to_decimals_past_the_dtypes_powers_of_ten_is_refused_where_numpy_gives_nan():
+    """ops.round(x, 400) of float64 raised OverflowError from Python's 10.0 ** 400. numpy's np.round(x, 400) is NaN
+    for every entry (x * inf / inf; 0 * inf for a zero), asserted here, not x rounded: now one OperatorError naming
+    decimals, the dtype and the range, on every rank, wherever 10**|decimals| overflows the float dtype the scaling
+    computes in (float64 past 308 either way, where -400 gave numpy's NaN; float32 past 38). Within the range the
+    values are numpy's; an integer rounded past its digits is 0 (numpy's int64 gives -2**63 there)."""
+    a = np.arange(64.0).reshape(8, 8) / 7
+    with np.errstate(all="ignore"):
+        assert np.isnan(np.round(a, 400)).all() and np.isnan(np.round(a, -309)).all()
+        assert np.isnan(np.round(a.astype(np.float32), 39)).all()
+        want = [np.round(a, 308), np.round(a, -308), np.round(a.astype(np.float32), 38)]
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, a, mesh.layout("dp", "tp"))
+        said = []
+        for call in (lambda: ops.round(x, 400), lambda: np.round(x, -309), lambda: x.astype("float32").round(39)):
+            try:
+                call()
+                said.append(None)
+            except OperatorError as e:
+                said.append(str(e))
+        ints = spmdsim.DTensor.from_global(mesh, (a * 1e6).astype(np.int64), mesh.layout("dp", "tp"))
+        with np.errstate(over="ignore"):  # numpy's too: x * 1e308 overflows to inf
+            kept = [ops.round(x, 308), ops.round(x, -308), ops.round(x.astype("float32"), 38), ops.round(ints, -400)]
+        return said, [t.gather() for t in kept]
+
+    got = spmdsim.simulate(8, run)
+    assert all(said == got[0][0] for said, _ in got)
+    nan = "where numpy's np.round gives NaN for every entry; expected decimals from"
+    assert got[0][0] == [f"round: decimals 400 is out of range for float64: 10**400 overflows float64, {nan} -308 to 308",
+                         f"round: decimals -309 is out of range for float64: 10**309 overflows float64, {nan} -308 to "
+                         "308",
+                         f"round: decimals 39 is out of range for float32: 10**39 overflows float32, {nan} -38 to 38"]
+    *values, zeros = got[0][1]
+    for value, expected in zip(values, want):
+        assert value.dtype == expected.dtype and np.array_equal(value, expected)
+    assert zeros.dtype == np.int64 and not zeros.any()

@@ -79,23 +79,46 @@ def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
     integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first.
 
     Negative `decimals` round to tens, hundreds, ... as numpy's (x / 10**-decimals rounded, then multiplied;
-    an integer's computed in float64 and converted back to its dtype); a bool's refused, as numpy refuses it."""
+    an integer's computed in float64 and converted back to its dtype); a bool's refused, as numpy refuses it.
+    So are `decimals` whose 10**|decimals| overflows the float dtype the scaling computes in (float64: beyond 308,
+    float32: 38), where numpy's np.round gives NaN for every entry (x * inf / inf, 0 * inf), not x rounded; an
+    integer rounded past its digits is 0."""
     if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
         raise OperatorError(f"round: decimals {decimals!r} must be an integer")
+    dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
     if decimals < 0:
-        dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
         if dtype.kind == "b":
             raise OperatorError(f"round of a bool DTensor to decimals {decimals}: numpy refuses it (its quotient "
                                 "is not a bool); convert first, e.g. x.astype('int64')")
-        scale = 10.0 ** -int(decimals) if decimals >= -308 else math.inf  # numpy's too: inf, then NaN
+        # past every integer's digits (2**64 < 10**20) each rounds to 0, as it does at -20
+        scale = _round_scale(max(int(decimals), -20) if dtype.kind in "iu" else int(decimals), dtype)
         out = pointwise("mul", pointwise("round", pointwise("div", x, scale)), scale)
         return astype(out, dtype) if dtype.kind in "iu" else out
-    if not decimals or getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind in "iu":
+    if not decimals or dtype.kind in "iu":
         # Integers have no places to round (numpy gives them back as they are, their dtype kept): scaled by a
         # float they would come back float64.
         return pointwise("round", x)
-    scale = 10.0 ** int(decimals)
+    scale = _round_scale(int(decimals), dtype)
     return pointwise("div", pointwise("round", pointwise("mul", x, scale)), scale)
+
+
+def _round_scale(decimals: int, dtype: np.dtype) -> float:
+    """10.0 ** |decimals|, what `round` of x of `dtype` scales by, or the OperatorError where it overflows the dtype
+    the scaling computes in (a float's or complex's own; a bool's float64): numpy's np.round gives NaN there."""
+    within = dtype if dtype.kind in "fcV" else np.dtype(np.float64)  # (bfloat16's numpy kind is 'V')
+    most = _ROUND_DIGITS.get(within)
+    if most is None:
+        most = _ROUND_DIGITS[within] = int(math.log10(float(np.finfo(within).max)))
+    places = -decimals if decimals < 0 else decimals  # (abs is this module's ufunc)
+    if places > most:
+        rounded_in = "" if within == dtype else f" (rounded in {within.name})"
+        raise OperatorError(f"round: decimals {decimals} is out of range for {dtype.name}{rounded_in}: 10**{places} "
+                            f"overflows {within.name}, where numpy's np.round gives NaN for every entry; expected "
+                            f"decimals from {-most} to {most}")
+    return 10.0 ** places
+
+
+_ROUND_DIGITS: dict = {}  # a float dtype -> the largest n whose 10**n it holds (float64: 308)
 
 
 def floor(x: Any) -> Any:
