@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import spmdsim
-from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
+from spmdsim import DTypeError, Layout, OperatorError, SeededTensor, ShapeError
 from spmdsim.nn import ops
 from spmdsim.programs.infer.einsum import infer_einsum, parse_einsum
 from spmdsim.programs.infer.pointwise import infer_pointwise, infer_reduce
@@ -1192,6 +1192,18 @@ def test_attention_takes_q_k_and_v_on_two_mesh_objects_of_one_layout():
     assert two[1] == "attention: k is on mesh Layout(x=4), q on Layout(dp=2, tp=2); expected one mesh"
 
 
+def refusals(calls, error=OperatorError) -> list:
+    """What each call raised (its `error`'s message), None where it returned: each rank's, compared across ranks."""
+    said = []
+    for call in calls:
+        try:
+            call()
+            said.append(None)
+        except error as e:
+            said.append(str(e))
+    return said
+
+
 def test_erf_floor_ceil_floor_divide_and_remainder_of_complex_are_refused_in_one_line():
     """ops.erf of a complex DTensor cast it to float in the kernel (numpy's ComplexWarning, the imaginary part
     dropped); np.floor, np.ceil, // and % of one raised numpy's TypeError from the kernel, naming no dtype. Each is
@@ -1203,25 +1215,18 @@ def test_erf_floor_ceil_floor_divide_and_remainder_of_complex_are_refused_in_one
     def run():
         mesh = spmdsim.Mesh(L)
         x = spmdsim.DTensor.from_global(mesh, z, mesh.layout("dp", "tp"))
-        said = []
-        for call in (lambda: ops.erf(x), lambda: np.floor(x), lambda: ops.ceil(x), lambda: x // 2.0,
-                     lambda: ops.remainder(ops.abs(x), x)):
-            try:
-                call()
-                said.append(None)
-            except Exception as e:  # noqa: BLE001 - what each rank raised, compared below
-                said.append(f"{type(e).__name__}: {e}")
+        said = refusals((lambda: ops.erf(x), lambda: np.floor(x), lambda: ops.ceil(x), lambda: x // 2.0,
+                         lambda: ops.remainder(ops.abs(x), x)), DTypeError)
         return said, [t.gather() for t in (ops.exp(x), ops.sign(x), ops.round(x, 1))]
 
     got = spmdsim.simulate(8, run)
     assert all(said == got[0][0] for said, _ in got)
     real = "takes bool, integer or float operands, not complex"
-    assert got[0][0] == [f"DTypeError: erf of complex128: PyTorch's erf refuses it (numpy has none); erf {real}",
-                         f"DTypeError: floor of complex128: numpy's floor refuses it; floor {real}",
-                         f"DTypeError: ceil of complex128: numpy's ceil refuses it; ceil {real}",
-                         "DTypeError: floor_divide (//) of complex128: numpy's floor_divide refuses it; "
-                         f"floor_divide (//) {real}",
-                         "DTypeError: remainder (%) of float64 and complex128: numpy's remainder refuses it; "
+    assert got[0][0] == [f"erf of complex128: PyTorch's erf refuses it (numpy has none); erf {real}",
+                         f"floor of complex128: numpy's floor refuses it; floor {real}",
+                         f"ceil of complex128: numpy's ceil refuses it; ceil {real}",
+                         f"floor_divide (//) of complex128: numpy's floor_divide refuses it; floor_divide (//) {real}",
+                         "remainder (%) of float64 and complex128: numpy's remainder refuses it; "
                          f"remainder (%) {real}"]
     for value, want in zip(got[0][1], (np.exp(z), np.sign(z), np.round(z, 1))):
         np.testing.assert_allclose(value, want, rtol=1e-14)
@@ -1267,14 +1272,8 @@ def test_max_and_min_over_a_dim_of_size_0_are_refused_as_argmax_is(maps):
     def run():
         mesh = spmdsim.Mesh(L)
         x = spmdsim.DTensor.from_global(mesh, np.zeros((0, 8)), mesh.layout(*maps)).requires_grad_()
-        said = []
-        for call in (lambda: ops.max(x), lambda: ops.min(x, 0), lambda: x.max(axis=0), lambda: np.min(x),
-                     lambda: ops.argmax(x, 0), lambda: ops.max(x, (0, 1), keepdims=True)):
-            try:
-                call()
-                said.append(None)
-            except OperatorError as e:
-                said.append(str(e))
+        said = refusals((lambda: ops.max(x), lambda: ops.min(x, 0), lambda: x.max(axis=0), lambda: np.min(x),
+                         lambda: ops.argmax(x, 0), lambda: ops.max(x, (0, 1), keepdims=True)))
         t = spmdsim.DTensor.from_global(mesh, np.zeros((8, 0)), mesh.layout(*maps)).requires_grad_()
         soft = ops.softmax(t, 1) + ops.log_softmax(t, 1)
         ops.sum(soft).backward()
@@ -1320,14 +1319,8 @@ def test_layer_norm_and_rms_norm_over_a_last_dim_of_size_0_are_refused_in_one_li
     def run():
         mesh = spmdsim.Mesh(L)
         x = spmdsim.DTensor.from_global(mesh, np.zeros((8, 0)), mesh.layout(*maps))
-        said = []
-        for call in (lambda: ops.layer_norm(x), lambda: ops.rms_norm(x), lambda: ops.layer_norm(x, kept="megatron"),
-                     lambda: ops.rms_norm(x.astype("float32"), kept="megatron")):
-            try:
-                call()
-                said.append(None)
-            except OperatorError as e:
-                said.append(str(e))
+        said = refusals((lambda: ops.layer_norm(x), lambda: ops.rms_norm(x), lambda: ops.layer_norm(x, kept="megatron"),
+                         lambda: ops.rms_norm(x.astype("float32"), kept="megatron")))
         rows = spmdsim.DTensor.from_global(mesh, np.zeros((0, 8)), mesh.layout(*maps)).requires_grad_()
         y = ops.layer_norm(rows) + ops.rms_norm(rows)
         ops.sum(y).backward()
@@ -1335,8 +1328,8 @@ def test_layer_norm_and_rms_norm_over_a_last_dim_of_size_0_are_refused_in_one_li
 
     got = spmdsim.simulate(8, run)
     assert all(said == got[0][0] for said, _, _ in got)
-    why = "of x of shape (8, 0): its last dim, the one it normalizes over, has size 0 (no entries to take a mean of); " \
-          "expected at least 1 entry"
+    why = "of x of shape (8, 0): its last dim, the one it normalizes over, has size 0 (no entries to take a mean " \
+          "of); expected at least 1 entry"
     assert got[0][0] == [f"layer_norm {why}", f"rms_norm {why}"] * 2
     assert got[0][1].shape == got[0][2].shape == (0, 8)
 
@@ -1350,22 +1343,16 @@ def test_attention_without_heads_head_dim_or_keys_is_refused_and_without_queries
     of tiles), k's and v's gradients zero."""
     from spmdsim.nn.ops.ring_attention import ring_attention
 
-    def refusal(call):
-        try:
-            call()
-        except ShapeError as e:
-            return str(e)
-
     def run():
         mesh = spmdsim.Mesh(L)
         split = mesh.layout("dp", None, "tp", None)
-        said = [refusal(lambda s=s, f=f: ops.attention(*(spmdsim.DTensor.from_global(mesh, np.ones(s), split),) * 3,
-                                                      flash=f))
-                for s in ((2, 8, 4, 0), (2, 0, 4, 4), (2, 8, 0, 4)) for f in (False, True)]
         first = spmdsim.DTensor.from_global(mesh, np.ones((0, 2, 4, 4)), mesh.layout(None, "dp", "tp", None))
-        said.append(refusal(lambda: ops.attention(first, first, first, batch_first=False)))
         ring = spmdsim.DTensor.from_global(mesh, np.ones((8, 2, 4, 0)), mesh.layout("tp", "dp", None, None))
-        said.append(refusal(lambda: ring_attention(ring, ring, ring, "tp")))
+        said = refusals([lambda s=s, f=f: ops.attention(*(spmdsim.DTensor.from_global(mesh, np.ones(s), split),) * 3,
+                                                        flash=f)
+                         for s in ((2, 8, 4, 0), (2, 0, 4, 4), (2, 8, 0, 4)) for f in (False, True)]
+                        + [lambda: ops.attention(first, first, first, batch_first=False),
+                           lambda: ring_attention(ring, ring, ring, "tp")], ShapeError)
         got = []
         for kw in ({}, {"flash": True}, {"recompute": True}):
             q = spmdsim.DTensor.from_global(mesh, np.ones((2, 0, 4, 4)), split).requires_grad_()
@@ -1405,13 +1392,7 @@ def test_round_to_decimals_past_the_dtypes_powers_of_ten_is_refused_where_numpy_
     def run():
         mesh = spmdsim.Mesh(L)
         x = spmdsim.DTensor.from_global(mesh, a, mesh.layout("dp", "tp"))
-        said = []
-        for call in (lambda: ops.round(x, 400), lambda: np.round(x, -309), lambda: x.astype("float32").round(39)):
-            try:
-                call()
-                said.append(None)
-            except OperatorError as e:
-                said.append(str(e))
+        said = refusals((lambda: ops.round(x, 400), lambda: np.round(x, -309), lambda: x.astype("float32").round(39)))
         ints = spmdsim.DTensor.from_global(mesh, (a * 1e6).astype(np.int64), mesh.layout("dp", "tp"))
         with np.errstate(over="ignore"):  # numpy's too: x * 1e308 overflows to inf
             kept = [ops.round(x, 308), ops.round(x, -308), ops.round(x.astype("float32"), 38), ops.round(ints, -400)]
@@ -1420,7 +1401,8 @@ def test_round_to_decimals_past_the_dtypes_powers_of_ten_is_refused_where_numpy_
     got = spmdsim.simulate(8, run)
     assert all(said == got[0][0] for said, _ in got)
     nan = "where numpy's np.round gives NaN for every entry; expected decimals from"
-    assert got[0][0] == [f"round: decimals 400 is out of range for float64: 10**400 overflows float64, {nan} -308 to 308",
+    assert got[0][0] == [f"round: decimals 400 is out of range for float64: 10**400 overflows float64, {nan} -308 to "
+                         "308",
                          f"round: decimals -309 is out of range for float64: 10**309 overflows float64, {nan} -308 to "
                          "308",
                          f"round: decimals 39 is out of range for float32: 10**39 overflows float32, {nan} -38 to 38"]
