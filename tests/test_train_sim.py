@@ -202,6 +202,42 @@ def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
     assert errors == [f"clip_grad_norm_: max_norm {v!r} must be a finite number > 0" for v in (0, -1.0, float("inf"), True, "1")]
 
 
+def test_clip_grad_norm_refuses_an_eps_that_is_negative_or_not_finite():
+    """A negative eps turned a small norm's coefficient negative (eps -1 with norm 0.15: every gradient times
+    -1.17); eps 0 is PyTorch's formula without the guard: a zero norm leaves the gradients as they are."""
+    from spmdsim.nn import ops
+    from spmdsim.nn.optim import clip_grad_norm_
+    from spmdsim.runtime import DTensor
+
+    a = np.full((4, 2), 0.01)
+
+    def body():
+        mesh = _mesh()
+        w = DTensor.from_global(mesh, a, mesh.layout("mp", None)).requires_grad_()
+        ops.sum(w * w).backward()
+        before = w.grad.gather()
+        errors = []
+        for bad in (-1.0, -1e-12, float("nan"), float("inf"), True, "1e-6"):
+            try:
+                clip_grad_norm_([w], 1.0, eps=bad)
+            except spmdsim.OperatorError as e:
+                errors.append(str(e))
+        kept = w.grad.gather()
+        norm = clip_grad_norm_([w], 0.01, eps=0)  # clipped by exactly max_norm / norm
+        clipped = w.grad.gather()
+        z = DTensor.from_global(mesh, a, mesh.layout(None, "mp")).requires_grad_()
+        ops.sum(z * 0.0).backward()
+        return before, errors, kept, norm, clipped, clip_grad_norm_([z], 1.0, eps=0.0), z.grad.gather()
+
+    before, errors, kept, norm, clipped, zero_norm, zero_grad = spmdsim.simulate(4, body)[0]
+    assert errors == [f"clip_grad_norm_: eps {v!r} must be a finite number >= 0"
+                      for v in (-1.0, -1e-12, float("nan"), float("inf"), True, "1e-6")]
+    np.testing.assert_array_equal(kept, before)  # refused before anything was scaled
+    assert norm == pytest.approx(0.02 * np.sqrt(8), rel=1e-14)
+    np.testing.assert_allclose(clipped, before * (0.01 / norm), rtol=1e-15, atol=0)
+    assert zero_norm == 0.0 and not zero_grad.any() and np.isfinite(zero_grad).all()
+
+
 def test_a_backward_through_redistributions_leaves_no_cycle_holding_blocks():
     """A moved tensor's node names its layouts, not the tensors: a closure over the output made a cycle
     (out -> its node -> the name -> out) that kept the blocks of every redistribution until the garbage

@@ -13,6 +13,7 @@ from .optimizer import _kernel
 from ..runtime import debug_calls
 from ..runtime.executor import pending, resolve
 from ..base import buffers
+from ..base.validate import tolerance_arg
 
 
 def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
@@ -99,11 +100,14 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
     replaced (by copies when nothing is clipped), and what it returns is the norm as a 0-d float64 array
     that each replay rewrites (``float(norm)`` after a replay reads that step's; read inside the step it
     would be the capture's, and a replay stops naming both). `max_norm` may be a
-    spmdsim.runtime.replay.Scalar, read each replay (a bound that changes between steps).
+    spmdsim.runtime.replay.Scalar, read each replay (a bound that changes between steps). `eps`, added to
+    the norm, is a finite number >= 0 (a negative one could turn the gradients' sign; with 0 a zero norm
+    leaves them as they are).
     """
     params = tuple(params)
     captured = _capturing()
     bound = _clip_bound(max_norm)  # a Scalar's value checked now too, read without freezing it
+    eps = tolerance_arg(eps, "clip_grad_norm_: eps", OperatorError)  # 0 is sound: a zero norm is not scaled
     if captured and _is_scalar(max_norm):  # read by the kernels, each replay
         bound = max_norm
     if not params:
