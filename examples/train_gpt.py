@@ -48,10 +48,10 @@ from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
-from spmdsim.models.gpt.memory import recompute_problem, shard_group_problem, zero_problem
+from spmdsim.models.gpt.memory import recompute_problem, reshard_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, padding_line,
-                                        saved_line, sizes_problem, step_header, step_row)
+                                        saved_line, sizes_problem, step_header, step_row, unused_flags_problem)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
 from spmdsim.models.gpt.reference import generate
 from spmdsim.models.gpt.train import reference_sample, replay_problem, train
@@ -66,7 +66,7 @@ from spmdsim.programs.pipeline.timeline import bubble_formula
 from spmdsim.runtime.shared_reference import shared_once
 from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
-from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("--lr -1", not "-1.0")
+from spmdsim.base.typed_numbers import add_noted, flag_float, given_flags, typed  # a value as typed, a flag typed
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.tools.cli.common import check_trace_out
 from spmdsim.runtime.sim.launch import ranks_argument
@@ -87,7 +87,7 @@ parser.add_argument("--clip", type=flag_float, default=0.0,
                     help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
-parser.add_argument("--temperature", type=flag_float, default=0.8, help="sampling temperature (0: greedy)")
+add_noted(parser, "--temperature", type=flag_float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
@@ -98,9 +98,9 @@ parser.add_argument("--recompute", default="none", metavar="{none,selective,full
 parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded over dp; 2: ZeRO-2, the gradients "
                          "too (docs/howto/train.md); 3: ZeRO-3, the parameters too (FSDP, docs/howto/fsdp.md)")
-parser.add_argument("--reshard-after-forward", default="true", metavar="{true,false}",
-                    help="with --zero 3: free each layer's gathered parameters after its forward and gather them "
-                         "again for its backward (true, FSDP's default), or keep them until the backward (false)")
+add_noted(parser, "--reshard-after-forward", default="true", metavar="{true,false}",
+          help="with --zero 3: free each layer's gathered parameters after its forward and gather them "
+               "again for its backward (true, FSDP's default), or keep them until the backward (false)")
 parser.add_argument("--prefetch", action="store_true",
                     help="with --zero 3: gather the next layer's parameters before each layer's forward, and the "
                          "previous layer's before each layer's backward (FSDP's prefetch)")
@@ -178,7 +178,7 @@ def main(args):
 
 def checked_run(args, comm):
     """The Run the command line asks for, or its refusal in one line (exit 2) on every rank alike."""
-    problem = sizes_problem(args)
+    problem = sizes_problem(args) or unused_flags_problem(args)  # --cp-method without --cp, --save-every without --save
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     cfg = model_config(args, clip=args.clip)
@@ -214,14 +214,16 @@ def checked_run(args, comm):
 
 
 def options_problem(args, cfg, zero, dp):
-    """Why the replay, memory, sharding, precision and trace options cannot run together, or None (pure)."""
+    """Why the replay, memory, sharding, precision, sample and trace options cannot run together, or None (pure)."""
     problem = replay_problem(cfg) if args.replay else None
     problem = problem or recompute_problem(args.recompute, "--recompute") or zero_problem(zero, "--zero") \
         or kept_problem(args.kept, "--kept")
-    if not problem and args.reshard_after_forward not in ("true", "false"):
-        problem = f"--reshard-after-forward {args.reshard_after_forward!r} must be true or false"
+    reshard = bool(given_flags(args, "--reshard-after-forward"))  # its default runs without --zero 3 too
+    problem = problem or reshard_problem(args.reshard_after_forward, zero, reshard)
     if not problem and args.prefetch and zero != 3:
         problem = "--prefetch gathers parameters ahead: give --zero 3 with it"
+    if not problem and args.sample == 0 and given_flags(args, "--temperature"):
+        problem = f"--temperature {typed(args.temperature)} is the sample's: give --sample N above 0 with it"
     pipe = [flag for flag, given in (("--prefetch", args.prefetch), ("--shard-group", args.shard_group is not None),
                                      ("--reshard-after-forward false", args.reshard_after_forward == "false")) if given]
     if not problem and pipe and pipelined(args):  # a pipeline's chunks reshard after forward, over all of dp

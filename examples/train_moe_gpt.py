@@ -61,13 +61,15 @@ from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, model_arguments, model_config, moe_problem,
-                                        padding_line, saved_line, sizes_problem, step_header, step_row)
+                                        padding_line, saved_line, sizes_problem, step_header, step_row,
+                                        unused_flags_problem)
 from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.door import gather_object
 from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
-from spmdsim.base.typed_numbers import flag_float  # a refusal names the value as typed ("-1", not "-1.0")
+# A refusal names the value as typed ("-1", not "-1.0"), and --capacity-factor beside --dropless only where typed.
+from spmdsim.base.typed_numbers import add_noted, flag_float
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
@@ -88,9 +90,9 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--experts", type=int, default=8, metavar="N", help="experts in each MoE layer (default 8)")
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
-parser.add_argument("--capacity-factor", type=flag_float, default=1.25,
-                    help="each expert's slots per sequence: ceil(top_k x seq x factor / experts), at most seq "
-                         "(experts / top_k or more drops nothing)")
+add_noted(parser, "--capacity-factor", type=flag_float, default=1.25,
+          help="each expert's slots per sequence: ceil(top_k x seq x factor / experts), at most seq "
+               "(experts / top_k or more drops nothing; default 1.25; not with --dropless)")
 parser.add_argument("--dropless", action="store_true",
                     help="no capacity: the counts by Alltoall, then the tokens by Alltoallv")
 parser.add_argument("--routing", choices=ROUTINGS, default=None,
@@ -215,7 +217,7 @@ def checked_config(args):
     if dry_run_active() and args.dropless and not args.routing:
         raise spmdsim.SpmdsimError("--dry-run with --dropless needs --routing balanced or --routing worst: "
                                    "the dry run has no values to route by, and the bytes depend on it")
-    problem = sizes_problem(args) or moe_problem(args)
+    problem = sizes_problem(args) or moe_problem(args) or unused_flags_problem(args)
     if problem:
         raise spmdsim.SpmdsimError(problem)
     if 1 <= args.layers < args.moe_every:  # a dense GPT, printing experts it does not have (GPTConfig refuses it)

@@ -208,10 +208,28 @@ def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be
                            (["--cp", "2", "--tp", "4", "--etp", "1", "--ep", "4", "--dropless", "--seq", "12"],
                             "seq 12 split over cp 2 leaves 6 tokens, not divisible by tp 4 (etp 1, dropless: each "
                             "tp rank routes its share of its cp chunk's tokens)"),
-                           (["--cp", "0"], "--cp 0 must be at least 1")):
+                           (["--cp", "0"], "--cp 0 must be at least 1"),
+                           (["--cp-method", "allgather", "--dropless"],  # was ignored: no sequence is split
+                            "--cp-method allgather is for a sequence split over context-parallel ranks: give --cp 2 "
+                            "or more with it")):
         out = _example(base + flags)
         assert out.returncode == 2 and message in unfold(out.stderr), (flags, out.stderr)
         assert "Traceback" not in out.stderr
+
+
+def test_train_gpt_refuses_a_context_flag_without_cp_in_one_line():
+    """--cp-method and --cp-split without --cp 2 or more ran an unsplit sequence and exited 0, as if not typed."""
+    from docs_commands import run_example
+    from testkit import unfold
+
+    base = ["--ranks", "2", "--tp", "2", "--steps", "1", "--layers", "1", "--d-model", "16", "--seq", "8",
+            "--sample", "0"]
+    for flags in (["--cp-split", "naive"], ["--cp", "1", "--cp-method", "alltoall"]):
+        out = run_example("examples/train_gpt.py", *base, *flags)
+        assert out.returncode == 2 and "step" not in out.stdout, (flags, out.stdout)
+        assert unfold(out.stderr).splitlines()[-1] == (
+            f"spmdsim: error: {flags[-2]} {flags[-1]} is for a sequence split over context-parallel ranks: give --cp 2 "
+            "or more with it")
 
 
 def test_the_search_leaves_out_folded_experts_whose_cp_chunk_tp_does_not_divide():

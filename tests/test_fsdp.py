@@ -159,7 +159,12 @@ def test_a_replayed_zero3_step_matches_one_numpy_process(reshard):
 @pytest.mark.parametrize("flags, message", [
     (["--pp", "2", "--zero", "3", "--prefetch"], "--prefetch with a pipeline: its chunks are fully sharded over dp "
                                                  "and resharded after forward"),
-    (["--zero", "3", "--reshard-after-forward", "maybe"], "--reshard-after-forward 'maybe' must be true or false")])
+    (["--zero", "3", "--reshard-after-forward", "maybe"], "--reshard-after-forward 'maybe' must be true or false"),
+    # nothing is gathered without ZeRO-3: the flag ran as if not typed, exit 0 (its default, true, still runs)
+    (["--reshard-after-forward", "false"], "--reshard-after-forward false is for ZeRO-3's gathered parameters: give "
+                                           "--zero 3 with it"),
+    (["--zero", "1", "--reshard-after-forward", "true"], "--reshard-after-forward true is for ZeRO-3's gathered "
+                                                         "parameters: give --zero 3 with it")])
 def test_train_gpt_refuses_what_zero3_does_not_compose_with_in_one_line(flags, message):
     from testkit import run_train_gpt, unfold
 

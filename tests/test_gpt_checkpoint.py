@@ -234,6 +234,23 @@ def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
         "resume")
 
 
+def test_the_examples_refuse_save_every_0_without_save_and_take_it_with_save(tmp_path):
+    """--save-every 0 without --save ran and exited 0, saving nothing (0 is the default, so it went unseen); with
+    --save DIR it is the default: one checkpoint, after the last step."""
+    common = ("--ranks", "2", "--tp", "2", "--layers", "2", "--d-model", "16", "--heads", "2", "--seq", "8",
+              "--batch", "4", "--steps", "1", "--no-check")
+    for example in ("train_gpt.py", "train_moe_gpt.py"):
+        done = run_example(f"examples/{example}", *common, "--save-every", "0")
+        assert done.returncode == 2 and "step" not in done.stdout, (example, done.stdout)
+        assert unfold(done.stderr).splitlines()[-1] == ("spmdsim: error: --save-every 0 (a checkpoint after the last "
+                                                        "step only) is --save's: give --save DIR with it")
+    where = str(tmp_path / "ck")
+    done = run_example("examples/train_gpt.py", *common, "--sample", "0", "--save", where, "--save-every", "0")
+    assert done.returncode == 0, done.stderr
+    assert read_meta(where)[0]["step"] == 1 and sorted(os.listdir(where)) == [META, "rank-00000.npz",
+                                                                             "rank-00001.npz"]
+
+
 @pytest.mark.parametrize("schedule, options", [("1f1b", {}), ("gpipe", {"zero": 1, "replay": True}),
                                                ("1f1b", {"zero": 2, "replay": True}), ("1f1b", {"precision": "fp8"})])
 def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, schedule, options):

@@ -223,6 +223,9 @@ def test_train_gpt_replays_clipped_steps():
      "none)"),
     (["examples/train_gpt.py", "--temperature", "nan"], "--temperature nan must be a finite number >= 0 (0: greedy)"),
     (["examples/train_gpt.py", "--temperature", "-1"], "--temperature -1 must be a finite number >= 0 (0: greedy)"),
+    # --sample 0 draws nothing: a temperature typed beside it did nothing and the run exited 0
+    (["examples/train_gpt.py", "--temperature", "2", "--sample", "0"],
+     "--temperature 2 is the sample's: give --sample N above 0 with it"),
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
     (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
                                                  "[0, 102); expected vocab 127 or more (--vocab)"),
@@ -267,6 +270,34 @@ def test_the_training_examples_name_a_float_flag_as_typed(args, message):
     assert unfold(out.stderr).strip().splitlines() == [f"spmdsim: error: {message}"]
     assert "Traceback" not in out.stderr and "step" not in out.stdout
 
+
+
+@pytest.mark.parametrize("argv, problem", [
+    ([], None),  # the defaults: ring, balanced, --save-every 0, without --cp or --save
+    (["--cp", "2", "--cp-method", "allgather", "--cp-split", "naive"], None),
+    (["--save", "ckpt", "--save-every", "0"], None),  # with --save, 0 is the default: after the last step only
+    (["--cp-method", "allgather"], "--cp-method allgather is for a sequence split over context-parallel ranks: give "
+                                   "--cp 2 or more with it"),
+    (["--cp", "1", "--cp-split", "balanced"], "--cp-split balanced is for a sequence split over context-parallel "
+                                              "ranks: give --cp 2 or more with it"),  # typed: the default's value too
+    (["--save-every", "0"], "--save-every 0 (a checkpoint after the last step only) is --save's: give --save DIR "
+                            "with it"),
+    (["--resume", "ckpt", "--save-every", "0"], "--save-every 0 (a checkpoint after the last step only) is --save's: "
+                                                "give --save DIR with it"),
+    (["--save-every", "2"], None),  # checkpoint_problem's: "--save-every 2 saves into the directory --save names"
+])
+def test_a_context_or_checkpoint_flag_typed_where_it_does_nothing_is_named(argv, problem):
+    """--cp-method and --cp-split without --cp 2 or more, --save-every 0 without --save: the examples ran and
+    exited 0 as if they had not been typed. A flag typed is told apart from its default (spmdsim.base.typed_numbers
+    .given_flags), so the defaults still run."""
+    import argparse
+
+    from spmdsim.models.gpt.options import checkpoint_arguments, context_arguments, unused_flags_problem
+
+    parser = argparse.ArgumentParser()
+    context_arguments(parser)
+    checkpoint_arguments(parser)
+    assert unused_flags_problem(parser.parse_args(argv)) == problem
 
 
 @pytest.mark.parametrize("args, message", [

@@ -213,6 +213,9 @@ def test_bad_moe_settings_are_refused_in_one_line(kwargs, message):
     (["--experts", "1", "--top-k", "2"], "--top-k 2 must not exceed --experts 1"),
     (["--capacity-factor", "0"], "--capacity-factor 0 must be a finite number > 0 (or --dropless)"),
     (["--moe-every", "0"], "--moe-every 0 must be at least 1"),
+    # --dropless has no capacity: a factor typed beside it was ignored, exit 0 (its default is not refused)
+    (["--dropless", "--capacity-factor", "2"], "--capacity-factor 2 sets the experts' capacity, which --dropless "
+                                               "removes: give one of them, not both"),
 ])
 def test_the_examples_moe_flags_are_refused_by_their_names(flags, message):
     # "MoEConfig top_k 3 must be 1 or 2", "MoEConfig capacity_factor 0.0 ...": fields, where a flag was typed

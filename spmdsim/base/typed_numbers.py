@@ -7,7 +7,8 @@ importing cli, which imports them).
 
 A flag added by ``add_noted`` notes on the parsed namespace that the user typed it, so a refusal can say
 a value the user left alone is the default (``said_fields``): "the default d_model 128 must be divisible by
---heads 3", not "--d-model 128 ...", a flag the user never typed.
+--heads 3", not "--d-model 128 ...", a flag the user never typed; ``given_flags`` says which of some flags the
+user typed (a flag that does nothing in the run asked for is refused where typed, its default never).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import argparse
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
-__all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields"]
+__all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields", "given_flags"]
 
 #: The namespace attributes where `add_noted`'s flags keep the destinations typed, and those that can be.
 _NOTED, _NOTABLE = "_typed_dests", "_notable_dests"
@@ -101,3 +102,10 @@ def said_fields(args: Any, said: Mapping[str, str]) -> tuple[dict, list]:
     defaults = [field for field, flag in said.items()
                 if (dest := flag.lstrip("-").replace("-", "_")) in notable and dest not in typed_dests]
     return {field: flag for field, flag in said.items() if field not in defaults}, defaults
+
+
+def given_flags(args: Any, *flags: str) -> list:
+    """Those of `flags` (each added by `add_noted`) the command line typed, in the order named: a flag left
+    out is not among them, a flag typed is, whatever its value (``--save-every 0``, the default's value, too).
+    A namespace no noting parser made (one built by hand) gives them all, as `said_fields` counts them typed."""
+    return list(said_fields(args, {flag: flag for flag in flags})[0])

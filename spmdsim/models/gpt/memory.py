@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "shard_group_problem",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "shard_group_problem", "reshard_problem",
            "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
@@ -57,6 +57,17 @@ def shard_group_problem(value: Any, zero: Any, dp: int) -> Optional[str]:
         return f"--shard-group {value} shards parameters: give --zero 3 with it"
     if type(value) is not int or value < 1 or dp % value:
         return f"--shard-group {value!r} must be a positive divisor of the dp ranks ({dp})"
+    return None
+
+
+def reshard_problem(value: Any, zero: Any, typed: bool = True) -> Optional[str]:
+    """Why `value` is not --reshard-after-forward's (true or false) in a run with ZeRO stage `zero`, or None: one
+    line. `typed`: the flag was typed, and without ZeRO-3, which alone gathers parameters, it would do nothing
+    (its default is not refused)."""
+    if value not in ("true", "false"):
+        return f"--reshard-after-forward {value!r} must be true or false"
+    if typed and zero != 3:
+        return f"--reshard-after-forward {value} is for ZeRO-3's gathered parameters: give --zero 3 with it"
     return None
 
 

@@ -11,6 +11,7 @@ the experts' flags (examples/train_moe_gpt.py's) cannot be;
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
 ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
 Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
+``unused_flags_problem(args)`` why one of their flags, typed, would do nothing in the run asked for;
 ``step_header(check)`` and ``step_row(result, check)`` are the table of the steps a run reports, ``saved_line(args,
 ranks)`` the line on the checkpoint ``--save`` wrote.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
+from ...base.typed_numbers import add_noted, flag_float, given_flags, said_fields, typed
 from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
@@ -39,7 +40,7 @@ from ..moe.fold import fold_problem
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem",
            "checkpoint_arguments", "context_arguments", "context_of", "context_line", "step_header", "step_row",
-           "saved_line",
+           "saved_line", "unused_flags_problem",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
@@ -82,8 +83,9 @@ def checkpoint_arguments(parser: Any) -> None:
     parser.add_argument("--save", default=None, metavar="DIR",
                         help="write a checkpoint into DIR after the last step (a file per rank and checkpoint.json; "
                              "docs/howto/train.md, \"Stopping and resuming\")")
-    parser.add_argument("--save-every", type=int, default=0, metavar="N",
-                        help="with --save: a checkpoint after every N-th step too (each replaces the last)")
+    add_noted(parser, "--save-every", type=int, default=0, metavar="N",
+              help="with --save: a checkpoint after every N-th step too (each replaces the last; 0, the "
+                   "default: after the last step only)")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="continue from the checkpoint in DIR to --steps, as the run that never stopped")
 
@@ -92,12 +94,12 @@ def context_arguments(parser: Any) -> None:
     """Add context parallelism's options (spmdsim.models.gpt.train's `cp` and `context`) to a parser."""
     parser.add_argument("--cp", type=int, default=1,
                         help="context-parallel ranks: each sequence split over them for the whole block (default 1)")
-    parser.add_argument("--cp-method", choices=METHODS, default="ring",
-                        help="how attention meets the split sequence: ring (K/V passed round point-to-point), "
-                             "allgather (Llama 3's) or alltoall (DeepSpeed-Ulysses); default ring")
-    parser.add_argument("--cp-split", choices=SPLITS, default="balanced",
-                        help="balanced (chunks r and 2cp-1-r, as Megatron-LM for causal masks) or naive; default "
-                             "balanced")
+    add_noted(parser, "--cp-method", choices=METHODS, default="ring",
+              help="with --cp: how attention meets the split sequence: ring (K/V passed round point-to-point), "
+                   "allgather (Llama 3's) or alltoall (DeepSpeed-Ulysses); default ring")
+    add_noted(parser, "--cp-split", choices=SPLITS, default="balanced",
+              help="with --cp: balanced (chunks r and 2cp-1-r, as Megatron-LM for causal masks) or naive; default "
+                   "balanced")
 
 
 def context_of(args: Any) -> Optional[Context]:
@@ -111,6 +113,20 @@ def context_line(args: Any) -> Optional[str]:
         return None
     return (f"context parallelism: each sequence split over {args.cp} ranks ({args.cp_split}), attention by "
             f"{args.cp_method}")
+
+
+def unused_flags_problem(args: Any) -> Optional[str]:
+    """Why a flag of `context_arguments` or `checkpoint_arguments` that the command line typed would do nothing
+    in the run it asks for, or None (pure: every rank alike, before any collective): ``--cp-method`` or
+    ``--cp-split`` without ``--cp`` 2 or more, ``--save-every 0`` without ``--save`` (another N without it is
+    spmdsim.models.gpt.checkpoint.checkpoint_problem's). A flag left at its default is never refused."""
+    if args.cp == 1:
+        for flag in given_flags(args, "--cp-method", "--cp-split"):  # read only by a split sequence
+            value = getattr(args, flag[2:].replace("-", "_"))
+            return f"{flag} {value} is for a sequence split over context-parallel ranks: give --cp 2 or more with it"
+    if args.save is None and args.save_every == 0 and given_flags(args, "--save-every"):
+        return "--save-every 0 (a checkpoint after the last step only) is --save's: give --save DIR with it"
+    return None
 
 
 def step_header(check: bool) -> str:
@@ -202,7 +218,8 @@ def moe_problem(args: Any) -> Optional[str]:
     """Why the experts' flags (``--experts``, ``--top-k``, ``--moe-every``, ``--etp``, ``--capacity-factor``,
     ``--aux-loss-coeff``, ``--z-loss-coeff``: those of examples/train_moe_gpt.py) cannot be, naming the flag as
     typed (MoEConfig's own refusals name its fields: "MoEConfig top_k 3 ..."), or None; pure: every rank alike,
-    before any collective."""
+    before any collective. ``--capacity-factor`` typed beside ``--dropless``, which has no capacity, is refused
+    (its default is not)."""
     if args.experts < 1 or args.moe_every < 1:
         flag, value = ("--experts", args.experts) if args.experts < 1 else ("--moe-every", args.moe_every)
         return f"{flag} {value} must be at least 1"
@@ -214,6 +231,9 @@ def moe_problem(args: Any) -> Optional[str]:
         return f"--etp {args.etp} must be at least 1"
     if args.etp is not None and fold_problem(args.tp, args.etp):
         return f"--etp {args.etp}: {fold_problem(args.tp, args.etp)}"
+    if args.dropless and given_flags(args, "--capacity-factor"):
+        return (f"--capacity-factor {typed(args.capacity_factor)} sets the experts' capacity, which --dropless "
+                "removes: give one of them, not both")
     if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
         return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
     for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
