@@ -21,7 +21,7 @@ from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
 from spmdsim import Layout, SeededTensor
 from spmdsim.references import backward as rg
-from spmdsim.errors import SpmdsimError
+from spmdsim.errors import SpmdsimError, fold_message
 from spmdsim.models.nets.train import PHASES, loss_trend, run_main
 from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
@@ -87,16 +87,17 @@ def main(args):
     """One rank's training (MPI or simulated); returns the exit code every rank agrees on."""
     comm = spmdsim.world()  # MPI.COMM_WORLD under mpiexec, this thread's rank under --ranks
     block = MegatronBlock(comm)
-    losses, calls, checked, failed, worst = train_steps(args, block)
+    losses, calls, checked, failed, worst, nonfinite = train_steps(args, block)
     trend, trend_ok = loss_trend(losses)
     if comm.rank == 0:
-        report(args, trend, calls, checked, failed, worst)
+        report(args, trend, calls, (checked, failed, worst, nonfinite))
     block.mesh.close()
     return 0 if not failed and trend_ok else 1
 
 
 def train_steps(args, block):
-    """SGD for --steps steps, each checked; the losses, the calls per phase, tensors checked, failed, worst."""
+    """SGD for --steps steps, each checked; the losses, the calls per phase, tensors checked, failed, worst, and
+    (step, tensor, Verdict) of each check that met non-finite values (NaN/Inf, in the run or its reference)."""
     p, rank0 = block.mesh.comm.size, block.mesh.comm.rank == 0
     # A dry run (--dry-run) has shapes, not values: nothing to check, so no reference to hold.
     checking = not dry_run_active()
@@ -110,7 +111,7 @@ def train_steps(args, block):
     # the steps), and whatever moved the run's parameters after that check shows in the next step's loss.
     start = {name: t.gather() for name, t in block.params.items()} if checking else {}
     optimizer = SGD(list(block.params.values()), lr=lr)
-    losses, failed, worst, verdicts = [], 0, 0.0, []
+    losses, failed, worst, verdicts, nonfinite = [], 0, 0.0, [], []
     calls = {phase: [0, 0] for phase in PHASES}
     for step in range(args.steps):
         optimizer.zero_grad()
@@ -125,8 +126,9 @@ def train_steps(args, block):
             raise SpmdsimError(f"the loss diverged at step {step} ({float(loss.local)}): "
                                f"lower --lr (now {lr})")
         if checking:
-            verdicts, sizes = check_step(block, step, loss, start, lr, rtol)
+            verdicts, sizes, labels = check_step(block, step, loss, start, lr, rtol)
             failed += sum(not v for v in verdicts)
+            nonfinite += [(step, label, v) for v, label in zip(verdicts, labels) if v.nonfinite]
             worst = max([worst] + [v.max_abs_error / max(size, 1e-300) for v, size in zip(verdicts, sizes)])
             start = {name: t.gather() for name, t in block.params.items()}  # the next step's start: the run's
         losses.append(float(loss.local))
@@ -138,11 +140,12 @@ def train_steps(args, block):
         if step == 0 and rank0:
             for phase in PHASES:
                 print(f"step 0 {phase} collectives: {traces[phase].counts()}")
-    return losses, calls, len(verdicts), failed, worst
+    return losses, calls, len(verdicts), failed, worst, nonfinite
 
 
 def check_step(block, step, loss, start, lr, rtol):
-    """The step's verdicts against the block in one process from the step's `start`, and each tensor's size."""
+    """The step's verdicts against the block in one process from the step's `start`, each tensor's size and what
+    each checked ("the loss", "Wq's gradient", "Wq after the update")."""
     tokens_g, vocab = block.tokens_g, block.vocab
     x_ref = start["table"][tokens_g]
     # Simulated ranks (--ranks) run the reference once between them (spmdsim.runtime.sim.once).
@@ -156,6 +159,7 @@ def check_step(block, step, loss, start, lr, rtol):
     # parameter the run's own update, start - lr x the run's gradient: a few eps of its terms.
     verdicts = [loss.check(np.asarray(ref_loss), rtol=rtol, atol=0.0, scale=np.asarray(loss_scale))]
     sizes = [loss_scale]  # each tensor's largest entry (its magnitudes'), for the summary line
+    labels = ["the loss"] + [f"{name}{what}" for name in block.params for what in ("'s gradient", " after the update")]
     for name, t in block.params.items():
         scale_g = float(np.abs(grads[name]).max())
         verdicts.append(t.grad.check(grads[name], rtol=rtol, atol=0.0, scale=scales[name]))
@@ -164,17 +168,24 @@ def check_step(block, step, loss, start, lr, rtol):
         verdicts.append(t.check(start[name] - lr * run_grad, rtol=4 * np.finfo(np.float64).eps, atol=0.0,
                                 scale=terms))
         sizes += [scale_g, float(terms.max())]
-    return verdicts, sizes
+    return verdicts, sizes, labels
 
 
-def report(args, trend, calls, checked, failed, worst):
-    """Print (rank 0) the loss's trend, the collectives per step and the check's verdict."""
+def report(args, trend, calls, check):
+    """Print (rank 0) the loss's trend, the collectives per step and the check's verdict: `check` is (tensors
+    checked a step, failed, the largest difference, the checks that met non-finite values: train_steps')."""
+    checked, failed, worst, nonfinite = check
     print(trend)
     print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
                                              for phase, c in calls.items()))
-    print(f"check: {checked * args.steps} tensors over {counted(args.steps, 'step')} vs one process: "
-          f"{'PASS' if not failed else f'FAILED ({failed})'}")
-    print(f"largest difference {worst:.2e} of the tensor's largest entry")
+    where = ""
+    if nonfinite:  # the differences below cover the finite values alone (spmdsim.runtime.check.Verdict)
+        step, label, verdict = nonfinite[0]
+        where = (f", {len(nonfinite)} of them with non-finite values (NaN/Inf), the first {label} at step {step} "
+                 f"({verdict.nonfinite:,} of {verdict.elements:,} values): lower --lr")
+    print(fold_message(f"check: {checked * args.steps} tensors over {counted(args.steps, 'step')} vs one process: "
+                       f"{'PASS' if not failed else f'FAILED ({failed}){where}'}"))  # within 100 columns
+    print(f"largest difference {worst:.2e} of the tensor's largest entry{' (finite values)' if nonfinite else ''}")
 
 
 sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

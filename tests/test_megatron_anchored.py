@@ -49,3 +49,19 @@ def test_a_run_whose_gradients_carry_other_rounding_passes_every_step(monkeypatc
 def test_an_update_off_by_one_part_in_1e11_fails(monkeypatch, capsys):
     code, out = _run(monkeypatch, capsys, _wrong_lr)
     assert code == 1 and "vs one process: FAILED" in out, out
+
+
+def test_a_check_that_met_non_finite_values_says_so_and_where():
+    """--lr 1e308 overflows the first update: the check FAILED (7) and the next line gave the largest difference of
+    the finite values (5.2e-16), never saying values were not finite. The failing line says so now, and where:
+    the first tensor and step that met them, as spmdsim.runtime.check.Verdict counts them (NaN/Inf)."""
+    from docs_commands import run_example
+    from testkit import unfold
+
+    out = run_example("examples/train_megatron_block.py", "--ranks", "8", "--steps", "1", "--lr", "1e308")
+    assert out.returncode == 1, out.stderr
+    lines = unfold(out.stdout).splitlines()
+    assert lines[-2] == ("check: 21 tensors over 1 step vs one process: FAILED (7), 7 of them with non-finite values "
+                         "(NaN/Inf), the first table after the update at step 0 (19 of 256 values): lower --lr")
+    assert lines[-1].startswith("largest difference ") and lines[-1].endswith(" (finite values)")
+    assert max(len(line) for line in out.stdout.splitlines()) <= 100
