@@ -227,10 +227,13 @@ def test_zeros_ones_full_make_only_each_ranks_block():
         o = DTensor.ones(mesh, L(None, ("a", "b")), (3, 8), "float32")
         f = DTensor.full(mesh, L("a", None, partial=("b",)), (4, 2), 2.5)
         n = DTensor.full(mesh, L(None), (4,), 7, "int64")
-        try:
-            DTensor.full(mesh, L(None), (4,), 2.5, "int64")
-        except DTypeError as e:
-            said = str(e)
+        said = []
+        for value, dtype in ((2.5, "int64"), (300, "int8"), (float("nan"), "int32"), (-1, "uint8"),
+                             (float("inf"), "int64"), (1e10, "float16"), (float("nan"), "bool")):
+            try:
+                DTensor.full(mesh, L(None), (4,), value, dtype)
+            except DTypeError as e:
+                said.append(str(e))
         return (z.local.shape, z.gather(), o.local.shape, o.dtype, o.gather(), f.local, f.gather(), n.gather(), said)
 
     results = spmdsim.simulate(4, body)
@@ -240,7 +243,15 @@ def test_zeros_ones_full_make_only_each_ranks_block():
     assert (f == 2.5).all() and (f_local == 0).all()  # rank 1 is the second member over "b": zeros
     assert (results[0][5] == 2.5).all()  # rank 0 holds the value
     assert n.tolist() == [7, 7, 7, 7]
-    assert said == "fill value 2.5 must be a number that dtype 'int64' holds"
+    assert said == ["fill value 2.5 must be a number that dtype 'int64' holds "
+                    "(an integer in -9223372036854775808..9223372036854775807)",
+                    "fill value 300 must be a number that dtype 'int8' holds (an integer in -128..127)",
+                    "fill value nan must be a number that dtype 'int32' holds (an integer in -2147483648..2147483647)",
+                    "fill value -1 must be a number that dtype 'uint8' holds (an integer in 0..255)",
+                    "fill value inf must be a number that dtype 'int64' holds "
+                    "(an integer in -9223372036854775808..9223372036854775807)",
+                    "fill value 10000000000.0 must be a number that dtype 'float16' holds (at most 65504 in magnitude)",
+                    "fill value nan must be a number that dtype 'bool' holds"]
 
 
 def test_pytorch_and_numpy_method_spellings():

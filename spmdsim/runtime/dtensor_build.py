@@ -4,6 +4,7 @@ placement checks they share with DTensor itself; DTensor (spmdsim.runtime.dtenso
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence, TypeVar
 
 import numpy as np
@@ -89,9 +90,7 @@ class _Constructors:
         name = dtype_name(kind)
         if isinstance(value, np.generic):
             value = value.item()
-        if not isinstance(value, (int, float, bool)) or (kind.kind in "iub" and isinstance(value, float)
-                                                         and value != int(value)):
-            raise DTypeError(f"fill value {value!r} must be a number that dtype {name!r} holds")
+        _check_fill(value, kind, name)
         seeded = SeededTensor(tuple(shape), name if name in _SEEDABLE else "float64")
         shape = layout.check_shape(seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
@@ -122,6 +121,27 @@ class _Constructors:
         else:
             local = buffers.zeros(layout.local_shape(shape, mesh.rank), array.dtype)
         return cls(mesh, local, layout, shape)
+
+
+def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
+    """Refuse a fill `value` that dtype `kind` (named `name`) cannot hold: no number; for a bool or an integer
+    dtype a fraction, NaN or an infinity, or an integer past its range; a finite number past a float dtype's
+    largest (it would be stored as an infinity)."""
+    held = isinstance(value, (int, float, bool))
+    span = ""
+    if held and isinstance(value, float) and kind.kind in "iub":
+        held = math.isfinite(value) and value == int(value)
+    if kind.kind in "iu":
+        info = np.iinfo(kind)
+        span = f" (an integer in {info.min}..{info.max})"
+        held = held and info.min <= value <= info.max
+    elif held and kind.kind in "fV" and not (isinstance(value, float) and not math.isfinite(value)):
+        top = float(np.finfo(kind).max)
+        span = f" (at most {top:g} in magnitude)"
+        held = abs(value) <= top
+    if not held:
+        shown = repr(value) if type(value) is not int or len(str(value)) <= 24 else f"of {len(str(abs(value)))} digits"
+        raise DTypeError(f"fill value {shown} must be a number that dtype {name!r} holds{span}")
 
 
 def _check_placement(mesh: Any, layout: Any) -> None:
