@@ -252,6 +252,22 @@ def test_fix_errors_name_the_value():
     assert out.ops[4].candidate.text == "((1, 8), (8, 1))" and out.ops[4].why == "fixed"
 
 
+@pytest.mark.parametrize("args, kwargs, said", [
+    ((5,), {}, "network int 5 must be a network name (one of ("),
+    (("mlp",), {"fix": 5}, "fix int 5 must be a mapping {operator name: strategy text}"),
+    (("mlp",), {"fix": {"fc1": 5}}, "fix {'fc1': 5} must map an operator name to strategy text"),
+    (("mlp",), {"runners_up": -1}, "runners_up -1 must be an integer >= 0"),
+    (("mlp",), {"node_limit": 0}, "node_limit 0 must be an integer >= 1"),
+    (("mlp",), {"time_limit_s": -1}, "time_limit_s -1 must be a finite number of seconds > 0, or None"),
+    (("mlp",), {"time_limit_s": float("nan")}, "time_limit_s nan must be a finite number of seconds > 0"),
+    (("mlp",), {"memory_limit": -1}, "memory_limit (bytes per rank) -1 must be an integer >= 0"),
+])
+def test_bad_arguments_are_refused_before_any_work(args, kwargs, said):
+    with pytest.raises(SpmdsimError) as caught:
+        autoshard(*args, flops_per_s=RATE, **kwargs)
+    assert str(caught.value).startswith(said)
+
+
 def test_layout_tuple_network_keeps_its_hand_written_layouts():
     # Layout((2,2,2)) MatMul1 has the same slice counts as ((2,4),(4,1)) but other devices.
     result = autoshard("net_mindspore_layout", 8, fix={"MatMul1": "hand"}, flops_per_s=RATE)

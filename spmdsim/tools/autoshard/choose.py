@@ -8,6 +8,8 @@ Pure (never imports mpi4py).
 """
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import replace
 from typing import Mapping, Optional, Sequence, Union
@@ -15,12 +17,12 @@ from typing import Mapping, Optional, Sequence, Union
 from ...programs.cost import CostModel, load_or_default
 from ...layouts.dialects.strategy import parse_strategy
 from ...errors import OperatorError, SpmdsimError
-from ...base.validate import int_arg
+from ...base.validate import describe, int_arg
 from .backward import replay
 from .candidates import Candidate, candidates, make_candidate, most_devices
 from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds
 from .graph import Graph, Hand
-from .networks import build
+from .networks import NAMES, build
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 from .volume import redistribution_bytes
 from .report import OpReport, Result
@@ -66,6 +68,7 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
         training: also price the backward of a training step (bytes objective only).
     """
     devices = int_arg(devices, "devices", low=1)
+    fix = _check_arguments(network, fix, memory_limit, runners_up, node_limit, time_limit_s)
     if method not in METHODS:
         raise SpmdsimError(f"method {method!r} must be one of {METHODS!r}")
     if objective == "time" and devices > TIME_OBJECTIVE_MAX_DEVICES:
@@ -80,7 +83,7 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     dtypes = [n.dtype for n in graph.nodes]
     in_dtypes = [tuple(dtypes[graph.index(i)] for i in n.inputs) for n in graph.nodes]
     hand_cands = _hand(graph, hand, in_dtypes)
-    fix = _every(graph, dict(fix or {}), hand_cands, devices)
+    fix = _every(graph, fix, hand_cands, devices)
     options, considered, ruled_out = _options(graph, devices, in_dtypes, hand_cands, fix, memory_limit)
     table = Table(graph, options, obj, dtypes)
     names = [n.name for n in graph.nodes]
@@ -106,6 +109,31 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     back = replay(graph, chosen) if training else ()
     hand_back = replay(graph, hand_cands) if training and hand_cands is not None else None
     return Result(graph, devices, obj, outcome, ops, hand_ops, prop, prop_bytes, others, back, hand_back)
+
+
+def _check_arguments(network, fix, memory_limit, runners_up, node_limit, time_limit_s) -> dict:
+    """Refuse, before any work, what `autoshard` cannot take: a network that is no name or Graph, `fix` that is
+    no mapping of operator names to strategy text, a negative memory limit or count of runners-up, a node limit
+    below 1, a time limit that is no finite number of seconds > 0. `fix` as a dict."""
+    if not isinstance(network, (str, Graph)):
+        raise OperatorError(f"network {describe(network)} must be a network name (one of {tuple(NAMES)!r}) "
+                            "or a spmdsim.tools.autoshard Graph")
+    if fix is not None and not isinstance(fix, Mapping):
+        raise SpmdsimError(f"fix {describe(fix)} must be a mapping {{operator name: strategy text}}, "
+                           "e.g. {'fc1': '((2, 4), (4, 1))'} or {'*': 'hand'}")
+    fix = dict(fix or {})
+    for name, text in fix.items():
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise SpmdsimError(f"fix {{{name!r}: {text!r}}} must map an operator name to strategy text, "
+                               "e.g. {'fc1': '((2, 4), (4, 1))'} or {'fc1': 'hand'}")
+    if memory_limit is not None:
+        int_arg(memory_limit, "memory_limit (bytes per rank)", low=0, error=SpmdsimError)
+    int_arg(runners_up, "runners_up", low=0, error=SpmdsimError)
+    int_arg(node_limit, "node_limit", low=1, error=SpmdsimError)
+    if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real)
+                                     or not math.isfinite(time_limit_s) or time_limit_s <= 0):
+        raise SpmdsimError(f"time_limit_s {time_limit_s!r} must be a finite number of seconds > 0, or None")
+    return fix
 
 
 def _general_search(nodes: int, table: Table, options: list, prop: Outcome, hand_cands: Optional[list],
