@@ -117,6 +117,18 @@ def test_fully_shard_refuses_in_one_line():
         plain = spmdsim.Mesh(Layout((2,), ("x",)))
         with pytest.raises(SpmdsimError, match=r"names no data axis"):
             fully_shard({"w": spmdsim.DTensor.from_global(plain, np.ones((4,)), plain.layout(None))}, plain)
+        said = []
+        for args, kwargs in ((({"w": odd}, mesh.layout), {}), (({"w": np.ones(3)}, mesh), {}),
+                             (({"w": odd}, mesh), {"axis": "zz"}), (({"w": odd}, mesh), {"axis": 5})):
+            with pytest.raises(SpmdsimError) as caught:
+                fully_shard(*args, **kwargs)
+            said.append(str(caught.value))
+        assert said == [
+            "fully_shard: mesh must be a spmdsim Mesh, got Layout Layout(device_matrix=(2,), alias_name=('dp',)); "
+            "pass the Mesh the parameters live on (Mesh(layout) makes one of a Layout)",
+            "fully_shard: parameter 'w' must be a DTensor, got ndarray of shape (3,)",
+            "fully_shard: axis 'zz' is not an axis of the mesh; expected one of ('dp',) or a tuple of them",
+            "fully_shard: axis int 5 is not an axis of the mesh; expected one of ('dp',) or a tuple of them"]
         return True
 
     assert all(spmdsim.simulate(2, body))

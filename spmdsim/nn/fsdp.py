@@ -47,10 +47,12 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Optional
 
 from ..base import buffers
-from ..errors import SpmdsimError
+from ..base.validate import describe
+from ..errors import LayoutError, SpmdsimError
 from ..layouts.layout import TensorLayout
 from ..runtime.dtensor import DTensor
 from ..runtime.executor import redistribute
+from ..runtime.mesh import Mesh
 from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
 from .autograd.kept import nothing, shell
 from .fsdp_flat import flat_groups, gather_blocks, gathered
@@ -266,6 +268,25 @@ def _identity(x: Any, name: str, then: Callable[[], None]) -> Any:
         return record(out, name, (shell(x),), backward, reads=(x, out))
 
 
+def _group(mesh: Mesh, axis: Any) -> tuple:
+    """The axes `fully_shard` shards over: `axis` (a name or a tuple of names, each an axis of `mesh`), or where
+    it is None those of the mesh's roles (`shard_group`); one line where they are none or no axes of the mesh."""
+    names = mesh.layout.alias_name
+    if axis is None:
+        group = shard_group(mesh.layout, mesh.roles)
+        if not group:
+            raise SpmdsimError(f"fully_shard: the mesh {names!r} names no data axis (roles {mesh.roles!r}); "
+                               "give the mesh a data role or axis=")
+        return group
+    group = (axis,) if isinstance(axis, str) else tuple(axis) if isinstance(axis, (tuple, list)) else ()
+    bad = [a for a in group if a not in names]
+    if not group or bad:
+        what = repr(bad[0]) if bad else describe(axis)
+        raise LayoutError(f"fully_shard: axis {what} is not an axis of the mesh; expected one of {names!r} "
+                          "or a tuple of them")
+    return group
+
+
 def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
                 axis: Optional[str] = None, prefetch: bool = False) -> FullyShard:
     """Shard `params` over the data-parallel axis of `mesh` (PyTorch FSDP2's ``fully_shard``).
@@ -292,10 +313,13 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
     if not isinstance(params, dict):
         raise SpmdsimError(f"fully_shard: params must be a dict name -> DTensor or a model with .params, got "
                            f"{type(params).__name__}")
-    group = shard_group(mesh.layout, mesh.roles) if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
-    if not group or any(a not in mesh.layout.alias_name for a in group):
-        raise SpmdsimError(f"fully_shard: the mesh {mesh.layout.alias_name!r} names no data axis "
-                           f"(roles {mesh.roles!r}); give the mesh a data role or axis=")
+    if not isinstance(mesh, Mesh):
+        raise LayoutError(f"fully_shard: mesh must be a spmdsim Mesh, got {describe(mesh)}; pass the Mesh the "
+                          "parameters live on (Mesh(layout) makes one of a Layout)")
+    for name, t in params.items():
+        if not isinstance(t, DTensor):
+            raise SpmdsimError(f"fully_shard: parameter {name!r} must be a DTensor, got {describe(t)}")
+    group = _group(mesh, axis)
     for flag, value in (("reshard_after_forward", reshard_after_forward), ("prefetch", prefetch)):
         if type(value) is not bool:
             raise SpmdsimError(f"fully_shard: {flag} {value!r} must be True or False")
