@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from spmdsim import Layout
+import spmdsim
+from spmdsim import Layout, Mesh
+from spmdsim.errors import RankError, RuntimeMismatchError, SpmdsimError
 from spmdsim.tools.cli.main import main
 from spmdsim.programs.plan import plan_redistribution
 from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
@@ -71,6 +73,30 @@ def test_print_ranked_on_any_communicator_with_lowercase_gather(capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "ranks 1,2: n = 3"
     wrapped = gather_ranked(comm, ["x" * 150])  # wrapped at 100 columns
     assert [len(line) for line in wrapped[1:]] == [100, 63] and wrapped[2] == "  " + "x" * 61
+
+
+def test_print_ranked_refuses_a_bad_comm_root_or_width_in_one_line():
+    """None for the communicator was an AttributeError deep in the MPI engine, a root past the ranks the
+    collective's ShapeError, width=-5 textwrap's ValueError and width=0 taken as "never wrap"."""
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+        said = []
+        for comm, kwargs, kind in ((None, {}, RuntimeMismatchError), (mesh.comm, {"root": 99}, RankError),
+                                   (mesh, {"root": "0"}, RankError), (mesh, {"width": -5}, SpmdsimError),
+                                   (mesh, {"width": 0}, SpmdsimError)):
+            with pytest.raises(kind) as caught:
+                print_ranked(comm, "x", **kwargs)
+            said.append(str(caught.value))
+        return said
+
+    assert spmdsim.simulate(8, body)[0] == [
+        "print_ranked: comm must be a communicator (mpi4py's or a simulated one) or a Mesh, got None",
+        "print_ranked: root 99 is not a rank of the communicator; expected an integer 0 <= root < 8",
+        "print_ranked: root '0' is not a rank of the communicator; expected an integer 0 <= root < 8",
+        "print_ranked: width -5 must be an integer >= 1 (columns), or None (never wrap)",
+        "print_ranked: width 0 must be an integer >= 1 (columns), or None (never wrap)"]
+    with pytest.raises(RankError, match=r"^gather_ranked: root -1 .* expected an integer >= 0$"):
+        gather_ranked(_FakeComm(), ["x"], root=-1)  # a communicator that says no size
 
 
 def test_step_reasons_text_in_the_input_dialect_and_the_byte_matrix():

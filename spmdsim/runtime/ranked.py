@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Sequence
 
+from ..base.validate import as_int, describe
+from ..errors import RankError, RuntimeMismatchError, SpmdsimError
 from ..programs.viz.model import compact_ranks
 from ..programs.viz.table import WIDTH, nbytes, wrap_lines
 from . import door
@@ -71,29 +73,51 @@ def _rank(comm: Any) -> int:
     return int(get() if get else comm.rank)
 
 
+def _size(comm: Any) -> int | None:
+    """The number of ranks of `comm`, None where it says none (an object with ``gather`` alone)."""
+    get = getattr(comm, "Get_size", None)
+    return as_int(get() if callable(get) else getattr(comm, "size", None))
+
+
 def gather_ranked(comm: Any, lines: Sequence[Any], root: int = 0, fold: bool = True,
                   width: int | None = WIDTH) -> list[str] | None:
     """Gather every rank's `lines` to `root`: the folded lines there (wrapped to `width`), else None.
 
     `comm`: a communicator, or a Mesh (its ``comm``: ``print_ranked(mesh, ...)`` works as with ``mesh.comm``)."""
-    if isinstance(comm, Mesh):
-        comm = comm.comm
-    per_rank = door.gather_object(comm, [str(line) for line in lines], root)
-    if _rank(comm) != root:
-        return None
-    text = fold_ranked(per_rank, fold)
-    return wrap_lines(text, width) if width else text
+    return _gathered(comm, lines, root, fold, width, "gather_ranked")
 
 
 def print_ranked(comm: Any, *lines: Any, root: int = 0, fold: bool = True,
                  width: int | None = WIDTH, file: IO[str] | None = None) -> None:
     """Print every rank's `lines` on `root`, in rank order, identical ones folded (a collective).
 
-    A line longer than `width` columns wraps (None: never).
+    A line longer than `width` columns (an integer >= 1) wraps (None: never).
     """
-    text = gather_ranked(comm, lines, root, fold, width)
+    text = _gathered(comm, lines, root, fold, width, "print_ranked")
     if text is not None:
         print("\n".join(text), file=file or sys.stdout, flush=True)
+
+
+def _gathered(comm: Any, lines: Sequence[Any], root: Any, fold: bool, width: Any, what: str) -> list[str] | None:
+    """`gather_ranked`'s lines, its arguments checked first (one line naming `what` and the bad value, before the
+    gather): `comm` a communicator or a Mesh, `root` one of its ranks, `width` an integer >= 1 or None."""
+    if isinstance(comm, Mesh):
+        comm = comm.comm
+    if not hasattr(comm, "spmdsim_engine") and not callable(getattr(comm, "gather", None)):
+        raise RuntimeMismatchError(f"{what}: comm must be a communicator (mpi4py's or a simulated one) or a Mesh, "
+                                   f"got {describe(comm)}")
+    size = _size(comm)
+    at = as_int(root)
+    if at is None or at < 0 or (size is not None and at >= size):
+        raise RankError(f"{what}: root {root!r} is not a rank of the communicator; expected an integer "
+                        + (f"0 <= root < {size}" if size is not None else ">= 0"))
+    if width is not None and (as_int(width) is None or width < 1):
+        raise SpmdsimError(f"{what}: width {width!r} must be an integer >= 1 (columns), or None (never wrap)")
+    per_rank = door.gather_object(comm, [str(line) for line in lines], at)
+    if _rank(comm) != at:
+        return None
+    text = fold_ranked(per_rank, fold)
+    return wrap_lines(text, width) if width is not None else text
 
 
 class rank_ordered:  # noqa: N801 - used like a function: ``with rank_ordered(comm) as out``
