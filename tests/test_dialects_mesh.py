@@ -286,6 +286,21 @@ def test_partition_spec_design_example():
     assert format_partition_spec(("mp", ("sp", "dp"))) == "PartitionSpec('mp', ('sp', 'dp'))"
 
 
+@pytest.mark.parametrize("spec, said", [
+    (5, "partition spec 5 must be a tuple with one entry per tensor dim (None, a mesh axis name or a tuple of "
+        "mesh axis names), e.g. ('dp', None)"),
+    ((("a", 5),), "partition spec (('a', 5),) has entry ('a', 5); expected None, a mesh axis name or a tuple of "
+                  "mesh axis names"),
+    (("a", ("b", "a")), "partition spec ('a', ('b', 'a')) uses mesh axis 'a' more than once; each mesh axis may "
+                        "shard at most one tensor dim"),
+])
+def test_format_partition_spec_refuses_what_the_reader_refuses(spec, said):
+    with pytest.raises(DialectError) as info:
+        format_partition_spec(spec)
+    assert str(info.value) == said
+    assert format_partition_spec("mp,(sp,dp)") == "PartitionSpec('mp', ('sp', 'dp'))"  # text, as the reader's
+
+
 def test_partition_spec_padding_and_entry_forms():
     tl = partition_spec_to_layout(["dp"], [2, 4], 3, ["dp", "mp"])
     assert tl.tensor_map == (("dp",), (), ())

@@ -44,6 +44,21 @@ def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tup
         raise DialectError(f"partition spec {spec!r} has entry {shown}: JAX's 'let the compiler choose' "
                            "(with_sharding_constraint), which spmdsim does not model (it runs each operator "
                            f"eagerly on the layouts it is given); expected {_ENTRY} for that dim")
+    axes = _axes(item, spec, seen)
+    for axis in axes:
+        if axis not in names:
+            raise DialectError(
+                f"partition spec {spec!r} names mesh axis {axis!r}, which is not one of "
+                f"the mesh axes {names!r}"
+            )
+    return axes
+
+
+def _axes(item: object, spec: object, seen: set) -> tuple[str, ...]:
+    """The mesh axes of one entry of `spec` (() for None), each added to `seen`; DialectError for an entry that
+    is none of `_ENTRY`, or an axis already in `seen` (a mesh axis shards at most one tensor dim)."""
+    if item is None:
+        return ()
     if isinstance(item, str):
         axes = (item,)
     else:
@@ -52,11 +67,6 @@ def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tup
             raise DialectError(f"partition spec {spec!r} has entry {item!r}; expected {_ENTRY}")
         axes = tuple(listed)
     for axis in axes:
-        if axis not in names:
-            raise DialectError(
-                f"partition spec {spec!r} names mesh axis {axis!r}, which is not one of "
-                f"the mesh axes {names!r}"
-            )
         if axis in seen:
             raise DialectError(
                 f"partition spec {spec!r} uses mesh axis {axis!r} more than once; "
@@ -64,6 +74,20 @@ def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tup
             )
         seen.add(axis)
     return axes
+
+
+def _entries(spec: object) -> tuple[object, list]:
+    """(`spec`, its entries): text read as the CLI's --partition-spec reads it (`_parsed`); DialectError for a
+    spec that is no sequence of entries."""
+    if isinstance(spec, str):  # as the CLI's --partition-spec reads it: "P('dp', None)", "('dp', None)", "dp,None"
+        spec = _parsed(spec)
+    entries = as_items(spec)
+    if entries is None:
+        raise DialectError(
+            f"partition spec {spec!r} must be a tuple with one entry per tensor dim "
+            f"({_ENTRY}), e.g. ('dp', None)"
+        )
+    return spec, entries
 
 
 def partition_spec_to_layout(
@@ -90,14 +114,7 @@ def partition_spec_to_layout(
         deprecated("partition_spec_to_layout(spec, mesh_axis_names, mesh_shape, ndim)",
                    "partition_spec_to_layout(spec, mesh_shape, ndim, mesh_axis_names)")
         mesh_axis_names, mesh_shape, ndim = mesh_shape, ndim, mesh_axis_names
-    if isinstance(spec, str):  # as the CLI's --partition-spec reads it: "P('dp', None)", "('dp', None)", "dp,None"
-        spec = _parsed(spec)
-    entries = as_items(spec)
-    if entries is None:
-        raise DialectError(
-            f"partition spec {spec!r} must be a tuple with one entry per tensor dim "
-            f"({_ENTRY}), e.g. ('dp', None)"
-        )
+    spec, entries = _entries(spec)
     shape, names, base = mesh_of(mesh_shape, mesh_axis_names)
     if ndim is not None:
         dims = as_int(ndim)
@@ -132,5 +149,12 @@ def layout_to_partition_spec(tl: TensorLayout) -> tuple:
 
 
 def format_partition_spec(spec: Sequence[object]) -> str:
-    """JAX's spelling: ``PartitionSpec('mp', ('sp', 'dp'))``."""
-    return "PartitionSpec(" + ", ".join(repr(e) for e in spec) + ")"
+    """JAX's spelling: ``PartitionSpec('mp', ('sp', 'dp'))``.
+
+    `spec`: a tuple, or text as `partition_spec_to_layout` reads it; DialectError for a spec that it refuses
+    whatever the mesh (no sequence, an entry that is no axis name, an axis named twice)."""
+    spec, entries = _entries(spec)
+    seen: set = set()
+    for item in entries:
+        _axes(item, spec, seen)
+    return "PartitionSpec(" + ", ".join(repr(e) for e in entries) + ")"
