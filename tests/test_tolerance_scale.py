@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -18,9 +19,9 @@ import pytest
 import spmdsim
 from docs_commands import run_example
 from spmdsim import Layout, Mesh
-from spmdsim.errors import ShapeError
+from spmdsim.errors import DTypeError, ShapeError, SpmdsimError
 from spmdsim.runtime.check import local_stats
-from spmdsim.references.tolerances import sum_rtol
+from spmdsim.references.tolerances import contraction_atol, sum_rtol
 
 
 def _cancelling_sum(k: int = 1000) -> tuple[np.ndarray, float, float, float]:
@@ -433,3 +434,37 @@ def test_a_bfloat16_shard_is_checked_at_bfloat16s_tolerance():
         return cast.check(ref).passed, off.check(ref).passed
 
     assert spmdsim.simulate(2, run) == [(True, False)] * 2
+
+
+@pytest.mark.parametrize("code, said", [
+    ("print(default_tolerances('bfloat16'), contraction_atol(8, 'bfloat16'), sum_rtol(2, 'bfloat16'))",
+     "(0.01953125, 0.001953125) 0.0625 0.015625"),
+    ("sys.modules['ml_dtypes'] = None  # as where it is not installed\n"
+     "try:\n    default_tolerances('bfloat16')\nexcept SpmdsimError as e:\n    print(e)",
+     "default_tolerances: dtype 'bfloat16' needs ml_dtypes: pip install -e '.[bf16]'"),
+])
+def test_bfloat16_by_name_needs_no_ml_dtypes_import_first(code, said):
+    """The names resolve through spmdsim.base.precision: numpy knows "bfloat16" only once ml_dtypes is imported,
+    and raised TypeError "data type 'bfloat16' not understood" before."""
+    if "None" not in code:
+        pytest.importorskip("ml_dtypes")
+    prelude = ("import sys\nfrom spmdsim.errors import SpmdsimError\n"
+               "from spmdsim.references.tolerances import contraction_atol, default_tolerances, sum_rtol\n"
+               "assert 'ml_dtypes' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == said
+
+
+@pytest.mark.parametrize("args, kind, said", [
+    ((8, "int32"), DTypeError, "contraction_atol: dtype 'int32' has no rounding to allow for; expected a float or "
+                               "complex dtype (integers and bools compare exactly: tolerance 0)"),
+    ((8, "foo"), DTypeError, "contraction_atol: dtype 'foo' is not a numpy dtype (nor bfloat16, float8_e4m3fn or "
+                             "float8_e5m2)"),
+    ((-1, "float32"), SpmdsimError, "contraction_atol: k (products summed) -1 must be an integer >= 0"),
+    ((float("nan"), "float32"), SpmdsimError, "contraction_atol: k (products summed) nan must be an integer >= 0"),
+])
+def test_contraction_atol_refuses_what_it_cannot_bound(args, kind, said):
+    with pytest.raises(kind) as caught:
+        contraction_atol(*args)
+    assert str(caught.value) == said

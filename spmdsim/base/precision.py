@@ -43,7 +43,7 @@ from .._lazy import numpy_on_first_use
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "sent_itemsize",
-           "rounded", "product", "product_dtype", "unit_roundoff", "NEEDS_ML_DTYPES"]
+           "rounded", "product", "product_dtype", "unit_roundoff", "named_dtype", "NEEDS_ML_DTYPES"]
 
 from .fp8 import CURRENT, DELAYED, NEEDS_ML_DTYPES, Recipe, fp8_dtype
 
@@ -59,6 +59,21 @@ def bfloat16(what: str = "bfloat16") -> np.dtype:
             raise SpmdsimError(f"{what} {NEEDS_ML_DTYPES}") from None
         _BF16.append(np.dtype(ml_dtypes.bfloat16))
     return _BF16[0]
+
+
+#: ml_dtypes' float types by name, as the FP8 formats are named in spmdsim.base.fp8 (bfloat16: `bfloat16`).
+_ML_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def named_dtype(dtype: Any, what: str = "dtype") -> np.dtype:
+    """``np.dtype(dtype)``, with ml_dtypes' names ("bfloat16", "float8_e4m3fn", "float8_e5m2") resolved
+    through ml_dtypes whether or not it was imported (numpy knows them only once it is); SpmdsimError
+    ``<what> 'bfloat16' needs ml_dtypes: ...`` without it, numpy's own error for a name nobody knows."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return bfloat16(f"{what} 'bfloat16'")
+    if isinstance(dtype, str) and dtype in _ML_DTYPES:
+        return fp8_dtype(_ML_DTYPES[dtype], f"{what} {dtype!r}")
+    return np.dtype(dtype)
 
 
 def is_low(dtype: Any) -> bool:

@@ -23,6 +23,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..base.precision import named_dtype
+from ..base.validate import int_arg
+from ..errors import DTypeError, SpmdsimError
+
 __all__ = ["default_tolerances", "contraction_atol", "network_atol", "sum_rtol", "central_difference_tolerance"]
 
 # (rtol, atol) by element type; complex types use their real part's entry.
@@ -38,12 +42,31 @@ def default_tolerances(*dtypes: Any) -> tuple[float, float]:
     ml_dtypes' floats (bfloat16, the FP8 formats) get five unit roundoffs, and a tenth of that absolute."""
     best = (0.0, 0.0)
     for dtype in dtypes:
-        dtype = np.dtype(dtype)
+        dtype = _dtype(dtype, "default_tolerances")
         if dtype.name in _NARROW:
             best = max(best, _narrow_tolerances(dtype.name))
         elif dtype.kind in "fc":
             best = max(best, _TOLERANCES.get(dtype.name, (1e-9, 1e-12)))
     return best
+
+
+def _dtype(dtype: Any, what: str) -> np.dtype:
+    """`dtype` as a numpy dtype, ml_dtypes' names too whether or not it was imported (`named_dtype`: without
+    ml_dtypes, its one line); DTypeError naming `what` for what is no dtype."""
+    try:
+        return named_dtype(dtype, f"{what}: dtype")
+    except (TypeError, ValueError):
+        raise DTypeError(f"{what}: dtype {dtype!r} is not a numpy dtype (nor bfloat16, float8_e4m3fn or "
+                         "float8_e5m2)") from None
+
+
+def _float_eps(dtype: Any, what: str) -> float:
+    """The machine epsilon of float or complex `dtype` (ml_dtypes' too); DTypeError naming `what` otherwise."""
+    kind = _dtype(dtype, what)
+    if kind.kind not in "fc" and kind.name not in _NARROW:
+        raise DTypeError(f"{what}: dtype {kind.name!r} has no rounding to allow for; expected a float or complex "
+                         "dtype (integers and bools compare exactly: tolerance 0)")
+    return float(np.finfo(kind).eps)
 
 
 #: ml_dtypes' float types a check may meet (numpy's kind says "V" for most of them, which no float test sees).
@@ -66,7 +89,7 @@ def sum_rtol(k: int, dtype: Any) -> float:
     below k eps. Compare with ``DTensor.check(ref, rtol=sum_rtol(k, dtype),
     atol=0, scale=sum of |terms|)``.
     """
-    return max(int(k), 1) * float(np.finfo(dtype).eps)
+    return max(int(k), 1) * _float_eps(dtype, "sum_rtol")
 
 
 def central_difference_tolerance(magnitude: float, terms: int, h: float = 1e-6, step: float = 1.0,
@@ -100,8 +123,11 @@ def contraction_atol(k: int, dtype: str) -> float:
 
     A result near zero has no relative accuracy: its rounding error grows with
     the contraction length, so the check allows k * eps (at least the default).
+    `dtype`: a float or complex dtype, ml_dtypes' by name too ("bfloat16"); `k` an integer >= 0.
     """
-    return max(default_tolerances(dtype)[1], k * float(np.finfo(dtype).eps))
+    k = int_arg(k, "contraction_atol: k (products summed)", low=0, error=SpmdsimError)
+    eps = _float_eps(dtype, "contraction_atol")
+    return max(default_tolerances(dtype)[1], k * eps)
 
 
 def network_atol(net: Any, upto: Optional[int] = None) -> float:
