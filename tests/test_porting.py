@@ -190,6 +190,7 @@ def test_a_dialect_value_where_a_layout_goes_says_how_to_make_one():
                      lambda: DTensor.from_global(mesh, a, [Shard(0), Replicate()]),
                      lambda: DTensor.from_local(mesh, a, mesh.layout),
                      lambda: DTensor.from_global(a, mesh, mesh.layout("dp", None)),
+                     lambda: DTensor.from_local(a, mesh, mesh.layout("dp", None)),
                      lambda: Mesh((2, 2))):
             try:
                 call()
@@ -206,6 +207,8 @@ def test_a_dialect_value_where_a_layout_goes_says_how_to_make_one():
         "layout must be a TensorLayout, got list [Shard(dim=0), Replicate()]; " + make,
         "layout must be a TensorLayout, got Layout Layout(device_matrix=(2, 2), alias_name=('dp', 'tp')); a Layout "
         "is the device matrix alone; call it with each tensor dim's mesh axis (or None): layout('dp', None)",
+        "mesh must be a spmdsim Mesh, got ndarray of shape (4, 4); make one with "
+        "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first",
         "mesh must be a spmdsim Mesh, got ndarray of shape (4, 4); make one with "
         "Mesh(Layout((2, 4), ('dp', 'tp'))), and pass it first",
         "layout must be a spmdsim Layout (device matrix and axis names), got tuple (2, 2); "

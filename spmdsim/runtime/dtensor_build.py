@@ -41,14 +41,13 @@ class _Constructors:
         blocks of different sizes give the ranks different global shapes and wrong results: pass
         `global_shape`, or run with SPMDSIM_CHECK=1, whose guard compares the shapes across the mesh here.
         """
+        _check_placement(mesh, layout)  # first: a block passed where the mesh goes is named as such
         local = np.asarray(local)
         if dtype is not None:
             dtype = dtype_arg(dtype)
             if local.dtype != dtype:
                 raise DTypeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
         if global_shape is None:
-            if not isinstance(layout, TensorLayout):
-                raise LayoutError(_not_a_tensor_layout(layout))
             if local.ndim != layout.ndim:
                 raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
                                  f"layout {layout} maps {layout.ndim}")
