@@ -597,6 +597,8 @@ def test_reduction_rules():
     ("ij->ii", (2,), "output letter 'i' repeats"),
     ("i$->i", (2,), "character '$' is not a letter"),
     ("ijk->i", (2,), "operand 0 has 2 dims but subscripts 'ijk'"),
+    ("ij->j->i", (2,), "has 2 '->'; expected at most one, between the operands and the output"),
+    ("ij-j", (2,), "'-' is not part of a '->'"),
 ])
 def test_einsum_spec_errors_are_one_line(spec, ndims, message):
     with pytest.raises(OperatorError, match=re.escape(message)):

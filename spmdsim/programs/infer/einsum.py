@@ -56,6 +56,14 @@ def parse_einsum(spec: str, ndims: tuple[int, ...]) -> EinsumSpec:
     if not isinstance(spec, str):
         raise OperatorError(f"einsum spec {spec!r} must be a string like 'ij,jk->ik'")
     text = spec.replace(" ", "")
+    arrows = text.count("->")
+    if arrows > 1:
+        raise OperatorError(f"einsum spec {spec!r} has {arrows} '->'; expected at most one, between the operands "
+                            "and the output, e.g. 'ij,jk->ik'")
+    stray = next((ch for ch in text.replace("->", "") if ch in "->"), None)
+    if stray is not None:
+        raise OperatorError(f"einsum spec {spec!r}: {stray!r} is not part of a '->'; expected letters, ',', "
+                            "one '->' and '...'")
     lhs, arrow, rhs = text.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(ndims):
