@@ -65,6 +65,10 @@ def test_parse_strategy_accepts(value, expected):
         ("()", "'()' is empty"),
         ("4", "'4' must be a tuple"),
         (None, "None must be a tuple"),
+        ("((2,1),(1,4)),", "'((2,1),(1,4)),' nests tuples three deep (its trailing comma wraps it in one more "
+                           "tuple: drop the comma): input 0 is ((2, 1), (1, 4)); expected a tuple of positive "
+                           "integers or a tuple of such tuples"),
+        ((((2, 1),), (1, 4)), "nests tuples three deep: input 0 is ((2, 1),)"),
     ],
 )
 def test_parse_strategy_errors_name_the_value(value, fragment):

@@ -71,11 +71,25 @@ def parse_strategy(value: StrategyLike) -> tuple[tuple[int, ...], ...]:
     if all(n is None for n in nested):
         return (_counts(items, shown, None),)
     if all(n is not None for n in nested):
+        _refuse_deeper(nested, shown)
         return tuple(_counts(n, shown, i) for i, n in enumerate(nested))
     raise DialectError(
         f"strategy {shown!r} mixes integers and tuples; expected either one tensor's slice "
         f"counts or one tuple per input ({_EXAMPLE})"
     )
+
+
+def _refuse_deeper(nested: list, shown: object) -> None:
+    """DialectError where an input's counts hold tuples: a strategy nested three deep (text with a comma after
+    its outer tuple, ``'((2,1),(1,4)),'``, reads as a tuple of it), rather than their count refused as a slice."""
+    for i, counts in enumerate(nested):
+        if any(as_items(item) is not None for item in counts):
+            comma = (" (its trailing comma wraps it in one more tuple: drop the comma)"
+                     if isinstance(shown, str) and shown.rstrip().endswith(",") else "")
+            raise DialectError(
+                f"strategy {shown!r} nests tuples three deep{comma}: input {i} is {tuple(counts)!r}; expected a "
+                f"tuple of positive integers or a tuple of such tuples ({_EXAMPLE})"
+            )
 
 
 def _counts(items: list, shown: object, input_index: object) -> tuple[int, ...]:
