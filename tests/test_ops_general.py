@@ -623,6 +623,7 @@ def test_bad_operands_get_one_line():
         q = DTensor.from_global(mesh, np.ones((2, 8, 2, 4)), mesh.layout(None, "tp", None, None))
         v = DTensor.from_global(mesh, np.ones((2, 4, 2, 2)), mesh.layout(None, "tp", None, None))
         k4 = DTensor.from_global(mesh, np.ones((2, 4, 2, 4)), mesh.layout(None, "tp", None, None))
+        ids = DTensor.from_global(mesh, np.zeros(4, np.int64), mesh.layout(None))
         cases = [
             (lambda: x + np.ones(3), OperatorError, "add: operand ndarray of shape (3,) must be a DTensor"),
             (lambda: x * DTensor.from_global(mesh, np.ones((3, 8)), mesh.layout(None, "tp")), ShapeError,
@@ -652,6 +653,16 @@ def test_bad_operands_get_one_line():
             (lambda: ops.attention(q, q, q, causal=1), OperatorError, "attention: causal 1 must be True or False"),
             (lambda: ops.attention(q, q, q, batch_first="no"), OperatorError,
              "attention: batch_first 'no' must be True or False"),
+            (lambda: ops.matmul(x, x, transpose_a="yes"), OperatorError, "matmul: transpose_a 'yes' must be True or "
+                                                                          "False"),
+            (lambda: ops.matmul(x, x, transpose_b=1), OperatorError, "matmul: transpose_b 1 must be True or False"),
+            (lambda: ops.linear(x, x, reduce="no"), OperatorError, "linear: reduce 'no' must be True or False"),
+            (lambda: ops.embedding(ids, x, gather_out="no"), OperatorError,
+             "embedding: gather_out 'no' must be True or False"),
+            (lambda: ops.dropout(x, 0.1, seed=1, training="no"), OperatorError,
+             "dropout: training 'no' must be True or False"),
+            (lambda: ops.attention(q, q, q, training="no"), OperatorError,
+             "attention: training 'no' must be True or False"),
             (lambda: ops.dropout(x, 0.1, seed=1, mask_dims=(0, 0)), OperatorError,
              "dropout: mask_dims (0, 0) must be a permutation of the tensor's 2 dims, e.g. (1, 0)"),
             (lambda: ops.dropout(x, 0.1, seed=1, mask_dims="ab"), OperatorError,

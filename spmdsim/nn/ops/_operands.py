@@ -71,6 +71,16 @@ def check_dtensor(value: Any, what: str) -> None:
                             "DTensor.from_local/from_seeded")
 
 
+def flag(op: str, name: str, value: Any) -> bool:
+    """`value` as a bool (numpy's too); OperatorError naming `op` and the flag `name` otherwise: a truthy
+    string such as "no", or 1, is no flag."""
+    if type(value) is bool:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise OperatorError(f"{op}: {name} {value!r} must be True or False")
+
+
 def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> None:
     """Raise the OperatorError for the first operand that is not a DTensor (None included).
 

@@ -257,7 +257,7 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
             positions: Any = None) -> _Decided:
     """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
-    _check_flags(causal, dropout, batch_first, recompute, kept, flash, tile)
+    _check_flags(causal, dropout, batch_first, recompute, kept, flash, tile, training)
     out = _Decided()
     out.drop = drop = float(dropout) if training else 0.0
     _seed_checked(drop, seed)
@@ -338,13 +338,13 @@ def _positions(positions: Any, causal: Any, tq: int, tk: int) -> Optional[np.nda
 
 
 def _check_flags(causal: Any, dropout: Any, batch_first: Any, recompute: Any, kept: Any, flash: Any,
-                 tile: Any) -> None:
+                 tile: Any, training: Any = True) -> None:
     """`attention`'s refusals of its flags and numbers, each one clear line."""
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"attention: {problem}")
     for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
-                       ("flash", flash)):
+                       ("flash", flash), ("training", training)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OperatorError(f"attention: {name} {flag!r} must be True or False")
     if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:

@@ -30,7 +30,7 @@ from ...references.forward import RegionFn, Source, check_ids, embedding_region
 from ...runtime.executor import execute
 from ...base.validate import int_arg
 from ._common import default_axes, dry_zeros, make_dtensor, seeded_dtensor
-from ._operands import operands_mesh, raise_if_not_dtensors
+from ._operands import flag, operands_mesh, raise_if_not_dtensors
 
 __all__ = ["embedding", "plan_embedding", "vocab_range", "pad_vocab_shard", "vocab_parallel_lookup",
            "VocabParallelEmbedding", "ParallelEmbedding"]
@@ -66,7 +66,8 @@ def plan_embedding(ids: Any, table: Any, *, gather_out: bool = True,
     except AttributeError:
         raise_if_not_dtensors("embedding", ("ids", "table"), ids, table)
         raise
-    plan = infer_embedding(*layouts, gather_out=gather_out, reduce=reduce)
+    plan = infer_embedding(*layouts, gather_out=flag("embedding", "gather_out", gather_out),
+                           reduce=flag("embedding", "reduce", reduce))
     num_embeddings, dim = table.global_shape
     # Same ids on every rank of the table's groups: they all raise the same error.
     check_ids(ids.local, num_embeddings)

@@ -30,7 +30,7 @@ from ...references.forward import RegionFn, Source, linear_region
 from ...runtime.executor import execute, redistribute
 from ...base.validate import int_arg
 from ._common import add_bias, default_axes, local_matmul, make_dtensor, no_bias_sum, scatter_local, seeded_dtensor
-from ._operands import operands_mesh, raise_if_not_dtensors, refuse_bool_sum, result_dtype
+from ._operands import flag, operands_mesh, raise_if_not_dtensors, refuse_bool_sum, result_dtype
 from .elementwise import bias_add
 from .matmul import matmul
 
@@ -47,7 +47,7 @@ def plan_linear(x: Any, weight: Any, bias: Any = None, *, gather_out: bool = Fal
         given = (x, weight) if bias is None else (x, weight, bias)
         raise_if_not_dtensors("linear", ("x", "weight", "bias"), *given)
         raise
-    return _plan_linear(*args, bool(gather_out), bool(reduce))
+    return _plan_linear(*args, flag("linear", "gather_out", gather_out), flag("linear", "reduce", reduce))
 
 
 @lru_cache(maxsize=256)

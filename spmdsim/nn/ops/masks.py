@@ -24,7 +24,7 @@ from ...base.precision import is_low, rounded, wide
 from ...base.validate import shape_arg
 from . import ufuncs as P
 from ._common import MASKS, dry_zeros, make_dtensor, shaped_as, seed_arg
-from ._operands import raise_if_not_dtensors, require_float
+from ._operands import flag, raise_if_not_dtensors, require_float
 
 __all__ = ["causal_mask", "masked_fill", "dropout", "dropout_keep"]
 
@@ -92,6 +92,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     "megatron", the 1-byte boolean mask only (the backward multiplies by mask and 1 / (1 - p)).
     """
     dropout_args(p, seed)
+    training = flag("dropout", "training", training)
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"dropout: {problem}")

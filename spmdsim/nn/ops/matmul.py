@@ -18,7 +18,7 @@ from ...programs.infer import MatMulPlan, infer_matmul, matmul_shape
 from ...layouts.layout import TensorLayout
 from ...runtime.executor import execute
 from ._common import local_matmul, make_dtensor
-from ._operands import operands_mesh, raise_if_not_dtensors, refuse_bool_sum
+from ._operands import flag, operands_mesh, raise_if_not_dtensors, refuse_bool_sum
 
 __all__ = ["matmul", "plan_matmul"]
 
@@ -33,7 +33,8 @@ def plan_matmul(x: Any, w: Any, *, transpose_a: bool = False, transpose_b: bool 
     except AttributeError:
         raise_if_not_dtensors("matmul", ("x", "w"), x, w)
         raise
-    return _plan_matmul(*layouts_shapes, bool(transpose_a), bool(transpose_b), out_layout, bool(reduce))
+    return _plan_matmul(*layouts_shapes, flag("matmul", "transpose_a", transpose_a),
+                        flag("matmul", "transpose_b", transpose_b), out_layout, flag("matmul", "reduce", reduce))
 
 
 @lru_cache(maxsize=256)
