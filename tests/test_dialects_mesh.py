@@ -223,6 +223,9 @@ def test_parse_placements_errors(value, fragment):
 def test_placement_value_errors():
     _errors_with("shard dim 'x' must be an integer", Shard, "x")
     _errors_with("partial reduce_op 3 must be a name", Partial, 3)
+    _errors_with("partial reduce_op 'bogus' is not a reduce op; expected one of sum, avg, product, min, max, band, "
+                 "bor, bxor, premul_sum (PyTorch's c10d ReduceOp names)", Partial, "bogus")
+    _errors_with("partial reduce_op 'bogus' is not a reduce op", parse_placements, "S(0), P(bogus)")
 
 
 def test_placements_to_layout_examples():

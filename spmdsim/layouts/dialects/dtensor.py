@@ -51,6 +51,11 @@ class Replicate:
         return "R"
 
 
+#: The reduce ops a DTensor `Partial` may name (PyTorch's c10d ReduceOp, lower case); spmdsim's layouts hold
+#: pending sums, so only "sum" converts to one (`placements_to_layout` refuses the others in one line).
+_REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+
+
 @dataclass(frozen=True)
 class Partial:
     """Ranks along this mesh dim hold pending values combined by `reduce_op`."""
@@ -60,6 +65,9 @@ class Partial:
     def __post_init__(self) -> None:
         if not isinstance(self.reduce_op, str) or not self.reduce_op:
             raise DialectError(f"partial reduce_op {self.reduce_op!r} must be a name such as 'sum'")
+        if self.reduce_op not in _REDUCE_OPS:
+            raise DialectError(f"partial reduce_op {self.reduce_op!r} is not a reduce op; expected one of "
+                               f"{', '.join(_REDUCE_OPS)} (PyTorch's c10d ReduceOp names)")
 
     def __str__(self) -> str:
         return "P" if self.reduce_op == "sum" else f"P({self.reduce_op})"
