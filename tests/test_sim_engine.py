@@ -591,6 +591,8 @@ def test_simulate_refuses_bad_counts_and_nesting():
         simulate(0, lambda: None)
     with pytest.raises(spmdsim.SpmdsimError, match="already running"):
         simulate(1, lambda: simulate(1, lambda: None))
+    with pytest.raises(spmdsim.SpmdsimError, match=r"^simulate: dry_run 'no' must be True or False$"):
+        simulate(8, lambda: None, dry_run="no")  # a truthy string ran a dry run
 
 
 def test_64_ranks_allreduce_and_split():

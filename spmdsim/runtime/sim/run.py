@@ -60,6 +60,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     receive (default EAGER_BYTES, MPICH's 8 KiB); 0 buffers none, so that a program relying on MPI buffering its
     standard Sends (unsafe, by the MPI standard) deadlocks at any message size. A dry run moves no messages.
     """
+    if not isinstance(dry_run, bool):  # a truthy string such as "no" is no flag
+        raise SpmdsimError(f"simulate: dry_run {dry_run!r} must be True or False")
     size = as_int(n)
     most = MAX_DRY_RANKS if dry_run else MAX_RANKS
     if size is None or not 1 <= size <= most:
