@@ -442,6 +442,10 @@ def test_a_bfloat16_shard_is_checked_at_bfloat16s_tolerance():
     ("sys.modules['ml_dtypes'] = None  # as where it is not installed\n"
      "try:\n    default_tolerances('bfloat16')\nexcept SpmdsimError as e:\n    print(e)",
      "default_tolerances: dtype 'bfloat16' needs ml_dtypes: pip install -e '.[bf16]'"),
+    ("from spmdsim.base.validate import dtype_arg\nprint(dtype_arg('bfloat16'))", "bfloat16"),
+    ("sys.modules['ml_dtypes'] = None\nfrom spmdsim.base.validate import dtype_arg\n"
+     "try:\n    dtype_arg('bfloat16')\nexcept SpmdsimError as e:\n    print(e)",
+     "dtype 'bfloat16' needs ml_dtypes: pip install -e '.[bf16]'"),
 ])
 def test_bfloat16_by_name_needs_no_ml_dtypes_import_first(code, said):
     """The names resolve through spmdsim.base.precision: numpy knows "bfloat16" only once ml_dtypes is imported,

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ..errors import DTypeError, ShapeError, SpmdsimError
 from .._lazy import numpy_on_first_use
+from .precision import named_dtype
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -101,8 +102,8 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
     """`dtype` as a numpy dtype that MPI can move: bool, integer, float or complex, native byte order."""
     if dtype is None:  # np.dtype(None) would silently mean float64
         raise error(f"{what} None is not a dtype; expected one of {SUPPORTED_DTYPES}")
-    try:
-        out = np.dtype(dtype)
+    try:  # ml_dtypes' names whether or not it was imported (precision.named_dtype)
+        out = named_dtype(dtype, what)
     except (TypeError, ValueError):
         raise error(f"{what} {dtype!r} is not a numpy dtype; expected one of {SUPPORTED_DTYPES}") from None
     if dtype_name(out) == "bfloat16":  # ml_dtypes' (kind 'V'): moved as 16-bit words, summed widened to float32
