@@ -348,3 +348,24 @@ def test_more_jobs_than_cores_is_noted_before_the_grade(tiny, tmp_path, capsys, 
         "10 s (--jobs 1 or fewer, or a longer --time-limit)" in err, err
     assert main(["lab", "grade", "1", str(folder), "--csv", "g.csv", "--exercises", tiny, "--jobs", "1"]) == 0
     assert "note: --jobs" not in capsys.readouterr().err
+
+
+def test_a_submission_that_kills_its_parent_or_itself_fails_naming_the_signal_and_the_grade_goes_on(
+        tiny, tmp_path, capsys):
+    """os.kill(os.getppid(), 9) killed the grader (its parent): a check ended at 137 with no output. A kill by
+    a signal was called 'used more than its 10 s of CPU time' though the CPU limit was never reached."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "parent.py").write_text("import os\ndef double(comm, x):\n    os.kill(os.getppid(), 9)\n")
+    (folder / "itself.py").write_text("import os\ndef double(comm, x):\n    os.kill(os.getpid(), 9)\n")
+    (folder / "right.py").write_text(SUBMISSIONS["right.py"])
+    book = tmp_path / "g.csv"
+    assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
+    rows = {row["file"]: (row["verdict"], row["reason"]) for row in csv.DictReader(book.open())}
+    assert rows == {
+        "itself.py": ("FAIL", "the process was killed by signal 9 (SIGKILL) at 1 rank (seed 0)"),
+        "parent.py": ("FAIL", "the process that watches it was killed by signal 9 (SIGKILL) at 1 rank (seed 0): "
+                              "a submission must not signal other processes"),
+        "right.py": ("PASS", ""),
+    }, rows
+

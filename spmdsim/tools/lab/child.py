@@ -1,9 +1,12 @@
 """The child process that runs one submission: ``python -m spmdsim.tools.lab.child FOLDER N FILE OUT ...``.
 
-It sets its own limits once its modules are loaded (memory: the address space it holds then plus the
-exercise's MEMORY_MB; CPU seconds), then runs the cases rank count by rank count, writing one JSON
-line to OUT as each case starts and ends, so the parent (spmdsim.tools.lab.sandbox) knows which case
-was running if the process is killed. A rank count stops at its first failing case; a submission not
+The process the grader starts forks the one that runs the cases and only waits for it (the keeper): a
+submission's parent is the keeper, so `os.kill(os.getppid(), 9)` cannot reach the grader, and the keeper
+writes how the submission's process ended (its signal, its CPU seconds) to OUT's ``.exit`` file. The
+process that runs the cases sets its own limits once its modules are loaded (memory: the address space it
+holds then plus the exercise's MEMORY_MB; CPU seconds), then runs the cases rank count by rank count,
+writing one JSON line to OUT as each case starts and ends, so the grader (spmdsim.tools.lab.sandbox) knows
+which case was running if the process is killed. A rank count stops at its first failing case; a submission not
 yet implemented stops at once.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ from ...runtime.sim import thread_limits
 from .exercise import find_exercise
 from .harness import FILE_BYTES, PASS, run_case
 
-__all__ = ["main", "set_limits", "FILE_BYTES"]
+__all__ = ["main", "set_limits", "keep", "FILE_BYTES"]
 
 
 def _address_space() -> int:
@@ -54,6 +57,17 @@ def set_limits(memory_mb: int, cpu_seconds: float, ranks: int) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
 
 
+def keep(worker: int, path: str) -> int:
+    """Wait for the process `worker` and write how it ended to `path` as JSON ({"code", "signal", "cpu": its
+    CPU seconds}); return its exit code (128 + the signal where one killed it)."""
+    _, status, usage = os.wait4(worker, 0)
+    signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + signum
+    with open(path, "w") as f:
+        json.dump({"code": code, "signal": signum, "cpu": usage.ru_utime + usage.ru_stime}, f)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spmdsim.tools.lab.child")
     parser.add_argument("folder")
@@ -64,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=512)
     parser.add_argument("--cpu-seconds", type=float, default=20.0)
     args = parser.parse_args(argv)
+    worker = os.fork()  # (no thread runs yet: the ranks' threads start in run_case)
+    if worker:
+        return keep(worker, args.out + ".exit")
     exercise = find_exercise(args.number, args.folder)
     sys.argv[:] = [args.file]  # the submission's, as `python FILE` sets it: not this process's arguments
     lock = threading.Lock()  # (the ranks' threads each write their line)

@@ -3,8 +3,9 @@
 The child (spmdsim.tools.lab.child) runs the cases and writes each one's result as it ends; this
 side waits for it, kills its whole process group once the exercise's time limit has passed since its
 first case started, and turns how it ended into the verdict: an endless loop, a memory bomb, sys.exit,
-os._exit or an exception ends that submission with its reason, never the grader. These are resource
-limits, not a security sandbox: the submission runs with the grader's user and its files.
+os._exit, an exception or a signal to itself or to its parent (spmdsim.tools.lab.child's keeper) ends
+that submission with its reason, never the grader. These are resource limits, not a security sandbox:
+the submission runs with the grader's user and its files.
 """
 from __future__ import annotations
 
@@ -85,11 +86,31 @@ def _events(path: str) -> list:
     return events
 
 
+def _signal_name(signum: int) -> str:
+    """'9 (SIGKILL)': a signal's number and name."""
+    try:
+        return f"{signum} ({signal.Signals(signum).name})"
+    except ValueError:
+        return str(signum)
+
+
+def _exit_status(path: str, code: int) -> tuple:
+    """(exit code, CPU seconds) of the process that ran the cases, as its keeper wrote them to `path` (a
+    signal's code negative, as subprocess gives it); (`code`, None) where the keeper wrote none (killed)."""
+    try:
+        with open(path) as f:
+            found = json.load(f)
+        return (-found["signal"] if found["signal"] else found["code"]), float(found["cpu"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return code, None
+
+
 def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str,
-           printed: int = 0, returns: int = 0, before: tuple = (0, 0.0)) -> CaseResult:
+           printed: int = 0, returns: int = 0, before: tuple = (0, 0.0), cpu: Optional[float] = 0.0) -> CaseResult:
     """The result of the case the child was running when it was killed or died (`running`: its start event;
     `printed`: the bytes the submission printed, which a time limit may have run out on; `returns`: how many
-    of its ranks' functions had returned; `before`: the cases that ended before it, and their seconds)."""
+    of its ranks' functions had returned; `before`: the cases that ended before it, and their seconds; `cpu`:
+    the CPU seconds it used, None where its keeper was killed and gave none)."""
     n, seed = running.get("ranks", 0), running.get("seed", 0)
     where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
     cases, seconds = before
@@ -107,10 +128,13 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
     elif timed_out:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: an endless loop, or a rank "
                                      "waiting for a message no rank sends")
-    elif code in (-signal.SIGXCPU, -signal.SIGKILL):
+    elif code == -signal.SIGXCPU or code == -signal.SIGKILL and cpu is not None and cpu >= limit:
         status, reason = "cpu", f"used more than its {limit:g} s of CPU time{where}: an endless loop?"
+    elif code < 0 and cpu is None:  # its parent, the keeper (spmdsim.tools.lab.child), killed: not by a limit
+        status, reason = "error", (f"the process that watches it was killed by signal {_signal_name(-code)}"
+                                   f"{where}: a submission must not signal other processes")
     elif code < 0:
-        status, reason = "error", f"the process died{where} of signal {signal.Signals(-code).name}"
+        status, reason = "error", f"the process was killed by signal {_signal_name(-code)}{where}"
     else:
         last = errors.strip().splitlines()[-1] if errors.strip() else ""
         status = "memory" if "MemoryError" in last else "exit" if code else "error"
@@ -177,7 +201,7 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
                                     cwd=tmp, env=env, start_new_session=True)
             timed_out = _wait(proc, out, limit, stop)
             _kill(proc)  # what the submission started and left running (a `sleep 100` it spawned) ends too
-        events = _events(out)
+        events, (code, cpu) = _events(out), _exit_status(out + ".exit", proc.returncode)
         with open(err, errors="replace") as f:
             stderr = f.read()[-4000:]
         printed, output = _printed(said)
@@ -185,12 +209,15 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
                     if e["event"] == "done")
     starts = [e for e in events if e["event"] == "start"]
     running = starts[-1] if len(starts) > len(results) else {}
+    if code < 0 and cpu is None and not timed_out and starts:  # its keeper killed: the process ran on till
+        running = starts[-1]  # the grader killed it, its last case's result (None, say) is not the reason
+        results = tuple(r for r in results if (r.ranks, r.seed) != (running["ranks"], running["seed"]))
     ended = None
-    if timed_out or proc.returncode or running or (not results and not timed_out):
+    if timed_out or code or running or (not results and not timed_out):
         returns = sum(e["event"] == "returned" and e["ranks"] == running.get("ranks") and
                       e["seed"] == running.get("seed") for e in events)
         before = (len(results), running["time"] - starts[0]["time"]) if running else (0, 0.0)
-        ended = _ended(proc.returncode, limit, memory, running, timed_out, stderr, printed, returns, before)
+        ended = _ended(code, limit, memory, running, timed_out, stderr, printed, returns, before, cpu)
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
