@@ -369,3 +369,21 @@ def test_a_submission_that_kills_its_parent_or_itself_fails_naming_the_signal_an
         "right.py": ("PASS", ""),
     }, rows
 
+
+def test_a_grade_book_that_would_replace_or_join_the_submissions_is_refused(tiny, tmp_path, capsys):
+    """--csv s/right.py overwrote a student's submission, and a grade book in the folder was graded next time."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "right.py").write_text(SUBMISSIONS["right.py"])
+    (tmp_path / "tool.py").write_text("print('not a grade book')\n")
+    for book, words in (("s/right.py", "--csv 's/right.py' is in the submission folder 's'; expected a path "
+                                       "outside it"),
+                        ("s/grades.csv", "--csv 's/grades.csv' is in the submission folder 's'"),
+                        ("./s/../s/g.csv", "is in the submission folder 's'"),
+                        ("tool.py", "--csv 'tool.py' is a .py file that exists; expected a grade book file")):
+        assert main(["lab", "grade", "1", "s", "--exercises", tiny, "--csv", book]) == 2, book
+        err = capsys.readouterr().err
+        assert words in " ".join(err.split()) and len(err.strip().splitlines()) <= 2 and "grading" not in err, err
+    assert (tmp_path / "s" / "right.py").read_text() == SUBMISSIONS["right.py"]
+    assert sorted(os.listdir(tmp_path / "s")) == ["right.py"]
+    assert (tmp_path / "tool.py").read_text() == "print('not a grade book')\n"
+

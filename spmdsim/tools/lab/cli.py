@@ -174,7 +174,7 @@ def _grade(args: argparse.Namespace) -> int:
     exercise = find_exercise(args.number, args.exercises)
     if args.jobs < 1:
         raise LabError(f"--jobs {args.jobs!r} must be at least 1")
-    _writable(args.csv)
+    _writable(args.csv, args.dir)
     limits = _limits(args, max(exercise.ranks))
     files = _submissions(args.dir)  # (names what it leaves out: once the grade's options are known good)
     _mpi_module_loads()
@@ -237,11 +237,18 @@ def _submissions(folder: str) -> list:
     return files
 
 
-def _writable(path: str) -> None:
+def _writable(path: str, folder: str) -> None:
     """Refuse, before any submission runs, a grade book that cannot be written (spmdsim.tools.cli.paths: a file
-    tried in its folder, as os.access says yes to root and to /proc)."""
+    tried in its folder, as os.access says yes to root and to /proc), or that would replace a submission: one in
+    the submission folder `folder` (where a next grade would take it for one), or a .py file that exists."""
     if os.path.isdir(path):
         raise LabError(f"--csv {path!r} is a folder; expected a file to write the grade book to")
+    if os.path.realpath(os.path.dirname(os.path.abspath(path))) == os.path.realpath(folder):
+        raise LabError(f"--csv {path!r} is in the submission folder {folder!r}; expected a path outside it (a "
+                       "grade book there would replace a submission, or be graded as one)")
+    if path.endswith(".py") and os.path.exists(path):
+        raise LabError(f"--csv {path!r} is a .py file that exists; expected a grade book file (grades.csv), not "
+                       "code to overwrite")
     check_output_file(path, "--csv")
 
 
