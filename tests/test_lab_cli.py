@@ -130,6 +130,7 @@ def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
     (["lab", "check", "1", "no_such_file.py"], "submission 'no_such_file.py' is not a file"),
     (["lab", "grade", "1", "no_such_dir", "--csv", "out.csv"], "submission folder 'no_such_dir' does not exist"),
     (["lab", "list", "--exercises", "no_such_dir"], "exercise folder 'no_such_dir' does not exist"),
+    (["lab", "list", "--exercises", __file__], f"exercise folder {__file__!r} is a file; expected a folder of"),
     (["lab", "check", "9", __file__, "--ranks", "3"], "--ranks 3: exercise 9 runs on 1, 2, 4, 8 ranks"),
     (["lab", "start", "1", __file__], f"{__file__!r} is a file; expected a folder to write the"),
     (["lab", "start", "5", "/proc/spmdsim-lab"], "cannot make the folder '/proc/spmdsim-lab': No such file"),
@@ -387,3 +388,12 @@ def test_a_grade_book_that_would_replace_or_join_the_submissions_is_refused(tiny
     assert sorted(os.listdir(tmp_path / "s")) == ["right.py"]
     assert (tmp_path / "tool.py").read_text() == "print('not a grade book')\n"
 
+
+def test_an_exercise_folder_with_no_exercise_is_refused_not_listed_empty(tmp_path, capsys):
+    """`lab list` of an empty folder printed nothing (exit 0), and `lab start 1` said 'expected one of  '."""
+    (tmp_path / "notes.txt").write_text("no exercise here")
+    for argv in (["lab", "list"], ["lab", "start", "1", str(tmp_path / "w")]):
+        assert main(argv + ["--exercises", str(tmp_path)]) == 2, argv
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"exercise folder {str(tmp_path)!r} holds no exercise; expected files named NN_name.py" in err, err
+    assert not (tmp_path / "w").exists()

@@ -121,6 +121,8 @@ def _exercise(path: str, number: int, name: str) -> Exercise:
 
 def load_exercises(folder: str = EXERCISES) -> tuple:
     """Every exercise of `folder` (files NN_name.py), by number."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise LabError(f"exercise folder {folder!r} is a file; expected a folder of exercise files (NN_name.py)")
     if not os.path.isdir(folder):
         raise LabError(f"exercise folder {folder!r} does not exist")
     found = []
@@ -128,6 +130,9 @@ def load_exercises(folder: str = EXERCISES) -> tuple:
         match = _FILE.fullmatch(entry)
         if match:
             found.append(_exercise(os.path.join(folder, entry), int(match.group(1)), match.group(2)))
+    if not found:
+        raise LabError(f"exercise folder {folder!r} holds no exercise; expected files named NN_name.py, such as "
+                       "01_double.py")
     numbers = [e.number for e in found]
     twice = sorted({n for n in numbers if numbers.count(n) > 1})
     if twice:
