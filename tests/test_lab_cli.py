@@ -223,6 +223,10 @@ def test_a_limit_the_grader_cannot_run_with_is_refused_before_any_submission(tin
                          (["--time-limit", "0"], "--time-limit 0 must be"),  # as typed: it said "0.0"
                          (["--time-limit", "1e400"], "--time-limit 1e400 (read as inf) must be"),
                          (["--memory-mb", "143"], "--memory-mb 143 is too little for 2 ranks: expected at least 160"),
+                         (["--memory-mb", str(1 << 70)], f"--memory-mb {1 << 70} is out of range; expected 160 to "
+                                                          "1,048,576 (1 TiB)"),  # OverflowError blamed on it
+                         (["--jobs", "0"], "--jobs 0 is out of range; expected 1 to 1,024"),
+                         (["--jobs", "100000"], "--jobs 100000 is out of range; expected 1 to 1,024"),
                          (["--csv", str(tmp_path / "nowhere" / "g.csv")], "cannot be written"),
                          # os.access says yes to root for /proc, which takes no new file: the grade ran, then
                          # failed at its last step and lost every row
@@ -235,6 +239,9 @@ def test_a_limit_the_grader_cannot_run_with_is_refused_before_any_submission(tin
     assert main(["lab", "check", "1", str(tmp_path / "s" / "right.py"), "--exercises", tiny, "--mpiexec",
                  "--memory-mb", "512"]) == 2
     assert "--memory-mb limits simulated ranks only" in capsys.readouterr().err
+    assert main(["lab", "check", "1", str(tmp_path / "s" / "right.py"), "--exercises", tiny, "--memory-mb",
+                 str(1 << 70)]) == 2
+    assert f"--memory-mb {1 << 70} is out of range; expected 160 to 1,048,576" in capsys.readouterr().err
 
 
 def test_check_shows_what_a_submission_printed(tiny, tmp_path, capsys):

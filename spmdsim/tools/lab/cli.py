@@ -117,6 +117,10 @@ def _write_start(number: int, folder: str, files: tuple) -> None:
 
 #: The longest --time-limit taken: a day (the child's CPU limit is a whole number of seconds).
 MOST_SECONDS = 86_400
+#: The most --memory-mb taken: 1 TiB (a limit the system's RLIMIT_AS, a C long of bytes, holds with room).
+MOST_MEMORY_MB = 1 << 20
+#: The most --jobs taken: each is a process of its own, and more at once would fork-bomb the machine.
+MOST_JOBS = 1024
 
 
 def memory_floor(ranks: int) -> int:
@@ -134,6 +138,9 @@ def _limits(args: argparse.Namespace, ranks: int) -> dict:
     if args.memory_mb is not None and args.memory_mb < memory_floor(ranks):
         raise LabError(f"--memory-mb {args.memory_mb!r} is too little for {ranks} ranks: expected at least "
                        f"{memory_floor(ranks)} (the check's own ranks take part of it)")
+    if args.memory_mb is not None and args.memory_mb > MOST_MEMORY_MB:
+        raise LabError(f"--memory-mb {args.memory_mb!r} is out of range; expected {memory_floor(ranks)} to "
+                       f"{MOST_MEMORY_MB:,} (1 TiB)")
     return {"time_limit": args.time_limit, "memory_mb": args.memory_mb}
 
 
@@ -172,8 +179,8 @@ def _grade(args: argparse.Namespace) -> int:
     from .sandbox import check
 
     exercise = find_exercise(args.number, args.exercises)
-    if args.jobs < 1:
-        raise LabError(f"--jobs {args.jobs!r} must be at least 1")
+    if not 1 <= args.jobs <= MOST_JOBS:
+        raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
     _writable(args.csv, args.dir)
     limits = _limits(args, max(exercise.ranks))
     files = _submissions(args.dir)  # (names what it leaves out: once the grade's options are known good)
