@@ -404,3 +404,14 @@ def test_an_exercise_folder_with_no_exercise_is_refused_not_listed_empty(tmp_pat
         err = " ".join(capsys.readouterr().err.split())
         assert f"exercise folder {str(tmp_path)!r} holds no exercise; expected files named NN_name.py" in err, err
     assert not (tmp_path / "w").exists()
+
+
+def test_start_makes_its_folder_but_not_missing_parents(tmp_path, capsys):
+    """`lab start 1 /nonexistent/dir` made /nonexistent too: a mistyped path became a tree of folders."""
+    assert main(["lab", "start", "1", str(tmp_path / "gone" / "work")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"cannot make the folder {str(tmp_path / 'gone' / 'work')!r}: its parent {str(tmp_path / 'gone')!r} "
+            "does not exist; expected a folder in one that exists") in err, err
+    assert not (tmp_path / "gone").exists()
+    assert main(["lab", "start", "1", str(tmp_path / "work")]) == 0  # the folder itself is made
+    assert sorted(os.listdir(tmp_path / "work")) == ["ping_pong.md", "ping_pong.py"]

@@ -81,6 +81,10 @@ def _start(args: argparse.Namespace) -> int:
     if os.path.exists(args.dir) and not os.path.isdir(args.dir):
         raise LabError(f"{args.dir!r} is a file; expected a folder to write the exercise into "
                        f"(spmdsim lab start {exercise.number} DIR)")
+    parent = os.path.dirname(os.path.abspath(args.dir))
+    if not os.path.isdir(args.dir) and not os.path.isdir(parent):  # a mistyped path: not made, parents and all
+        raise LabError(f"cannot make the folder {args.dir!r}: its parent {parent!r} does not exist; expected a "
+                       f"folder in one that exists (spmdsim lab start {exercise.number} DIR)")
     code = os.path.join(args.dir, f"{exercise.name}.py")
     text = os.path.join(args.dir, f"{exercise.name}.md")
     for path in (code, text):
@@ -97,11 +101,12 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _write_start(number: int, folder: str, files: tuple) -> None:
-    """Make `folder` (and its parents) and write each (path, text) of `files` into it; where the system
+    """Make `folder` (its parent exists) and write each (path, text) of `files` into it; where the system
     refuses, remove what was written and raise LabError naming the path and why."""
     written = []
     try:
-        os.makedirs(folder, exist_ok=True)
+        if not os.path.isdir(folder):
+            os.mkdir(folder)
         for path, content in files:
             with open(path, "x") as f:
                 written.append(path)
