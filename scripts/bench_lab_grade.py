@@ -74,15 +74,17 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=30, help="submissions to grade (default 30)")
     parser.add_argument("--jobs", type=int, default=2, help="submissions checked at once (default 2)")
-    parser.add_argument("--keep", metavar="DIR", help="write the submissions and grades.csv here, and keep them")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="write the submissions (in DIR/submissions) and grades.csv here, and keep them")
     args = parser.parse_args(argv)
     if args.count < 1 or args.jobs < 1:
         parser.error(f"--count {args.count!r} and --jobs {args.jobs!r} must be at least 1")
     with tempfile.TemporaryDirectory(prefix="spmdsim-lab-bench-") as tmp:
-        folder = args.keep or tmp
+        # The grade book beside the submissions' folder: `lab grade` refuses one inside it (it would be graded).
+        folder = os.path.join(args.keep or tmp, "submissions")
         os.makedirs(folder, exist_ok=True)
         names = _write(folder, args.count)
-        book = os.path.join(folder, "grades.csv")
+        book = os.path.join(args.keep or tmp, "grades.csv")
         began = time.monotonic()
         code = spmdsim_main(["lab", "grade", "5", folder, "--csv", book, "--jobs", str(args.jobs)])
         seconds = time.monotonic() - began

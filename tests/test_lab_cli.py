@@ -415,3 +415,16 @@ def test_start_makes_its_folder_but_not_missing_parents(tmp_path, capsys):
     assert not (tmp_path / "gone").exists()
     assert main(["lab", "start", "1", str(tmp_path / "work")]) == 0  # the folder itself is made
     assert sorted(os.listdir(tmp_path / "work")) == ["ping_pong.md", "ping_pong.py"]
+
+
+def test_the_grading_bench_keeps_its_grade_book_beside_the_submissions(tmp_path):
+    """scripts/bench_lab_grade.py wrote grades.csv inside the folder it graded, which `lab grade` refuses (the book
+    would be graded next time): the book now lies beside the submissions' folder, and each row's verdict is checked."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_lab_grade.py")
+    out = subprocess.run([sys.executable, script, "--count", "3", "--keep", str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "3 submissions graded" in out.stdout and "rows with an unexpected verdict: 0" in out.stdout
+    assert sorted(os.listdir(tmp_path / "submissions")) == ["00_right.py", "01_right_again.py", "02_forbidden.py"]
+    with open(tmp_path / "grades.csv") as f:
+        assert [row["verdict"] for row in csv.DictReader(f)] == ["PASS", "PASS", "FAIL"]
