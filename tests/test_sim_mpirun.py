@@ -1,6 +1,7 @@
 """`spmdsim mpirun -n 8 python script.py`: unmodified mpi4py programs print what MPICH's mpiexec prints."""
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -233,6 +234,43 @@ def test_each_rank_captures_its_own_stderr(tmp_path, capsys):
     out = capsys.readouterr()
     assert sorted(out.out.splitlines()) == [f"{r} True 2 True 1 True" for r in range(4)]
     assert sorted(out.err.splitlines()) == [f"after {r}" for r in range(4)]
+
+
+def test_json_tool_runs_on_the_ranks_reading_a_file_or_stdin(tmp_path, capsys, monkeypatch):
+    """`python -m json.tool` closes stdin and stdout with `with`: each rank closes its own, the process's stay open."""
+    (tmp_path / "in.json").write_text('{"a": [1, 2]}')
+    pretty = '{\n    "a": [\n        1,\n        2\n    ]\n}\n'
+    assert main(["mpirun", "-n", "2", "python", "-m", "json.tool", str(tmp_path / "in.json")]) == 0
+    assert capsys.readouterr() == (pretty * 2, "")
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"a": [1, 2]}'))
+    assert main(["mpirun", "-n", "1", "python", "-m", "json.tool", "--sort-keys"]) == 0
+    assert capsys.readouterr() == (pretty, "") and not sys.stdin.closed and not sys.stdout.closed
+
+
+def test_a_ranks_stdout_and_stdin_are_file_objects_it_closes_for_itself(tmp_path, capsys, monkeypatch):
+    """`with sys.stdout:` on rank 0 writes its partial line and closes its own stdout: its later print raises
+    ValueError, as a closed stdout's does, and rank 1 and the run print on; likewise stdin."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("import sys\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.rank\n"
+                    "sys.stdout.writelines([f'{r} ', 'lines\\n'])\nout, inp = sys.stdout, sys.stdin\n"
+                    "print(r, out.isatty(), out.writable(), out.closed, inp.closed)\n"
+                    "MPI.COMM_WORLD.Barrier()\nif r == 0:\n    with sys.stdout as same, sys.stdin as mine:\n"
+                    "        print('partial', end='', flush=same is sys.stdout and mine is sys.stdin)\n"
+                    "    for name in ('print', 'readline'):\n        try:\n"
+                    "            print('x') if name == 'print' else sys.stdin.readline()\n"
+                    "        except ValueError as exc:\n            print(name, exc, file=sys.stderr)\n"
+                    "    print(sys.stdout.closed, sys.stdin.closed, file=sys.stderr)\n"
+                    "MPI.COMM_WORLD.Barrier()\nif r:\n    print('after', r, sys.stdout.closed, sys.stdin.closed)\n")
+    monkeypatch.setattr("sys.stdin", io.StringIO("line\n"))
+    assert main(["mpirun", "-n", "2", "python", str(prog)]) == 0
+    print("the run's own")
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == sorted(["0 lines", "1 lines", "0 False True False False",
+                                               "1 False True False False", "partialafter 1 False False",
+                                               "the run's own"]), out
+    assert err.splitlines() == ["print I/O operation on closed file.", "readline I/O operation on closed file.",
+                                "True True"]
+    assert not sys.stdin.closed and sys.stdin.read() == "line\n"
 
 
 def test_a_programs_mpi4py_rc_settings_end_with_its_run(tmp_path, capsys):

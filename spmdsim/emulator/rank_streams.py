@@ -74,14 +74,19 @@ def streams_of_ranks() -> Iterator[None]:
 class StdinOfRankZero:
     """sys.stdin while the ranks of `spmdsim mpirun` run: rank 0's, as mpiexec forwards stdin to rank 0 only. Another
     rank that reads it gets EOFError saying so (MPICH leaves it waiting forever; Open MPI gives
-    it end of file); threads that are no rank read it as usual."""
+    it end of file); threads that are no rank read it as usual. A rank that closes it (``with sys.stdin:``, as
+    ``python -m json.tool`` does) closes its own: its later reads raise ValueError, as a closed file's do, and
+    the process's stays open (for the run's other ranks, and after it)."""
 
     _READS = ("read", "readline", "readlines", "buffer", "fileno", "__next__")
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
+        self._closed: set = set()  # the ranks that closed their stdin
 
     def _refuse(self) -> bool:
+        if current_rank() in self._closed:
+            raise ValueError("I/O operation on closed file.")
         return current_rank() not in (0, None)
 
     def _eof(self) -> EOFError:
@@ -95,7 +100,31 @@ class StdinOfRankZero:
             raise self._eof()
         return getattr(self._stream, name)
 
-    def __iter__(self) -> Any:
+    @property
+    def closed(self) -> bool:
+        return current_rank() in self._closed or self._stream.closed
+
+    def close(self) -> None:
+        rank = current_rank()
+        if rank is None:
+            self._stream.close()
+        else:
+            self._closed.add(rank)
+
+    def __enter__(self) -> "StdinOfRankZero":
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> "StdinOfRankZero":
         if self._refuse():
             raise self._eof()
-        return iter(self._stream)
+        return self
+
+    def __next__(self) -> str:
+        if self._refuse():
+            raise self._eof()
+        return next(self._stream)

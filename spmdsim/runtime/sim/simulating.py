@@ -7,7 +7,7 @@ import io
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from ...base import context as _local
 from ...base import threads as _threads
@@ -116,17 +116,34 @@ class _Lines:
             self._pending.clear()
             self._flush()
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def close(self) -> None:
         """On a simulated rank, close the rank's own stream: its later writes raise ValueError, as its own
         process's closed stdout would, and the process's stays open for the other ranks (it closed the
-        process's: every rank's prints, and the run's, failed); elsewhere, close the stream."""
+        process's: every rank's prints, and the run's, failed); elsewhere, close the stream. The rank's
+        partial line is written first, as a closing file flushes."""
         state = _local.simulated()
         if state is None:
             self._stream.close()
             return
-        closed = io.StringIO()
+        with self._lock:
+            text = self._pending.pop(threading.get_ident(), "")
+            if text:
+                self._write(text)
+            self._flush()
+        closed = io.TextIOWrapper(io.BytesIO(), encoding=getattr(self._stream, "encoding", None) or "utf-8")
         closed.close()
         state.streams = {**(state.streams or {}), self._name: closed}
+
+    def __enter__(self) -> "_Lines":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """``with sys.stdout:`` closes it at the end, as a file does (`close`)."""
+        self.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
