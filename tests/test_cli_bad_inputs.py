@@ -144,6 +144,10 @@ CALIBRATE_UNDER_MPI = [
     (["--dry-run", "--sizes", "abc"], "--sizes 'abc'"),
     (["--dry-run", "--group-sizes", "3"], "group size 3 must be >= 2"),
     (["--dry-run", "--repeats", "0"], "--repeats 0 must be at least 1"),
+    # timed 100,000,000 times each, unbounded: refused before the first
+    (["--dry-run", "--repeats", "100000000", "--warmup", "0"],
+     "--warmup 0 and --repeats 100000000 time 800,000,000 collectives (100,000,000 runs of 8 cases"),
+    (["--dry-run", "--warmup", "100000000"], "expected at most 100,000 (each is two barriers"),
 ]
 
 

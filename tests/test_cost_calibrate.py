@@ -42,6 +42,18 @@ def test_too_few_measurements_for_the_fit_are_refused_before_timing():
     calibrate._check_points(args, ["allreduce"], [2, 4], [1024])  # two group sizes: two points
 
 
+def test_a_run_of_more_collectives_than_the_bound_is_refused_before_timing():
+    # `--repeats 100000000` timed for hours (and kept a float per repeat): refused, naming the bound and the count.
+    # 2 ops x 2 group sizes x 2 sizes = 8 cases, and 3 copy timings per size: 14 cases.
+    args = build_parser().parse_args(["calibrate", "--warmup", "0", "--repeats", "7143"])
+    with pytest.raises(SpmdsimError, match=r"^--warmup 0 and --repeats 7143 time 100,002 collectives \(7,143 runs of "
+                                           r"14 cases: --ops x group sizes \[2, 4\] x --sizes, and 6 of the copy\); "
+                                           r"expected at most 100,000 "):
+        calibrate._check_work(args, ["allreduce", "bcast"], [2, 4], [1024, 2048])
+    args.repeats = 7142
+    calibrate._check_work(args, ["allreduce", "bcast"], [2, 4], [1024, 2048])  # 99,988: runs
+
+
 def test_real_bytes_rounds_to_whole_elements_per_rank():
     assert collective_timing._real_bytes(1 << 20, 8) == 1 << 20
     assert collective_timing._real_bytes(100, 8) == 4 * 24

@@ -34,6 +34,10 @@ __all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwi
 
 _DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
+#: The most collectives a run times, warmup included: each is two barriers and the collective, tens of
+#: microseconds at least (about 100 us at 8 ranks on 2 cores), so 100,000 is minutes at most. The defaults on
+#: 8 ranks time 729 (9 runs of 72 cases and 9 copy cases).
+MAX_CALIBRATION_CALLS = 100_000
 
 
 def byte_count(text: str) -> int:
@@ -148,6 +152,20 @@ def _check_points(args: argparse.Namespace, ops: list, group_sizes: list, sizes:
                            "--sizes (e.g. --sizes 1K,1M) or --ops")
 
 
+def _check_work(args: argparse.Namespace, ops: list, group_sizes: list, sizes: list) -> None:
+    """Refuse, before any timing, a run of more than MAX_CALIBRATION_CALLS collectives: --warmup plus --repeats
+    runs of each (op, group size, size) case and of measure_copy's three calls per size it times."""
+    copies = 3 * (len([n for n in sizes if n >= 1 << 20]) or len(sizes))
+    cases = len(ops) * len(group_sizes) * len(sizes) + copies
+    calls = (args.warmup + args.repeats) * cases
+    if calls > MAX_CALIBRATION_CALLS:
+        raise SpmdsimError(f"--warmup {args.warmup} and --repeats {args.repeats} time {calls:,} collectives "
+                           f"({args.warmup + args.repeats:,} runs of {cases} cases: --ops x group sizes "
+                           f"{group_sizes} x --sizes, and {copies} of the copy); expected at most "
+                           f"{MAX_CALIBRATION_CALLS:,} (each is two barriers and the collective, tens of "
+                           "microseconds or more): fewer --repeats or --warmup")
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     """Every check of the command line that needs no communicator: before MPI starts, on every rank alike (so a
     bad flag is the one line, under mpiexec or not; _calibrate checks the group sizes against the world)."""
@@ -187,6 +205,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
     sizes = _sizes(args.sizes)
     group_sizes = _group_sizes(args.group_sizes, comm.Get_size())
     _check_points(args, ops, group_sizes, sizes)
+    _check_work(args, ops, group_sizes, sizes)
     # Rank 0 writes the files, so its verdict on the paths is everybody's.
     problem = engine_of(comm).broadcast_object(comm, _output_problem(args) if rank == 0 else None, 0)
     if problem:
