@@ -68,6 +68,9 @@ def test_calibrate_arguments_are_spmdsim_errors():
 @pytest.mark.parametrize("argv, needle", [
     (["--sizes", "abc"], "--sizes 'abc': size 'abc' is not a byte count like 64K or 4M"),
     (["--ops", "allreduce,foo"], "--ops 'allreduce,foo': unknown collective 'foo'; expected one of"),
+    # timed and fitted twice
+    (["--ops", "allreduce,bcast,all_reduce"], "--ops 'allreduce,bcast,all_reduce' names allreduce twice; expected "
+                                              "each collective once"),
     (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
     (["--group-sizes", "0"], "--group-sizes '0': group size 0 must be >= 2"),  # said "needs at least 2 ranks"
     (["--repeats", "0"], "--repeats 0 must be at least 1"),

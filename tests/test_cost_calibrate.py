@@ -54,6 +54,22 @@ def test_a_run_of_more_collectives_than_the_bound_is_refused_before_timing():
     calibrate._check_work(args, ["allreduce", "bcast"], [2, 4], [1024, 2048])  # 99,988: runs
 
 
+def test_a_fit_with_no_bandwidth_is_not_saved():
+    # `--sizes 1K,2K --repeats 1` saved beta 0.0 s/byte ("beta=inf GB/s"), which `spmdsim plan` then used.
+    from spmdsim.programs.cost import CostModel
+    from spmdsim.programs.cost.terms import OpParams
+
+    args = build_parser().parse_args(["calibrate", "--sizes", "1K,2K", "--repeats", "1"])
+    assert calibrate._fit_problem(args, CostModel(alpha_s=1e-5, beta_s_per_byte=0.0)) == (
+        "the fit's beta is 0.0 s/byte (infinite bandwidth): the measured times do not grow with the size, too few "
+        "sizes or repeats to fit (--sizes '1K,2K', --repeats 1); not saved. Expected sizes further apart and more "
+        "repeats, such as --sizes 64K,1M,4M --repeats 7")
+    own = (OpParams("bcast", 1e-5, 0.0, group_size=2),)
+    assert calibrate._fit_problem(args, CostModel(1e-5, 1e-9, per_op=own)).startswith(
+        "the fit's beta of bcast on 2 ranks is 0.0 s/byte (infinite bandwidth)")
+    assert calibrate._fit_problem(args, CostModel(0.0, 1e-9, per_op=own[:0])) is None  # alpha 0: sizes >= 64K
+
+
 def test_real_bytes_rounds_to_whole_elements_per_rank():
     assert collective_timing._real_bytes(1 << 20, 8) == 1 << 20
     assert collective_timing._real_bytes(100, 8) == 4 * 24

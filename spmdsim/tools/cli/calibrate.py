@@ -34,9 +34,8 @@ __all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwi
 
 _DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
-#: The most collectives a run times, warmup included: each is two barriers and the collective, tens of
-#: microseconds at least (about 100 us at 8 ranks on 2 cores), so 100,000 is minutes at most. The defaults on
-#: 8 ranks time 729 (9 runs of 72 cases and 9 copy cases).
+#: The most collectives a run times, warmup included: each is two barriers and the collective, about 100 us at 8
+#: ranks on 2 cores, so minutes at most. The defaults on 8 ranks time 729 (9 runs of 72 cases and 9 copy cases).
 MAX_CALIBRATION_CALLS = 100_000
 
 
@@ -171,10 +170,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
     bad flag is the one line, under mpiexec or not; _calibrate checks the group sizes against the world)."""
     _check_counts(args)
     try:
-        for op in args.ops.split(","):
-            normalize_op(op)
+        ops = [normalize_op(op) for op in args.ops.split(",")]
     except SpmdsimError as exc:
         raise SpmdsimError(f"--ops {args.ops!r}: {exc}") from None
+    twice = sorted({op for op in ops if ops.count(op) > 1})
+    if twice:
+        raise SpmdsimError(f"--ops {args.ops!r} names {twice[0]} twice; expected each collective once")
     _sizes(args.sizes)
     if args.group_sizes:
         _group_size_list(args.group_sizes)
@@ -218,6 +219,10 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
                           f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
     copy = measure_copy(comm, sizes, waiter, warmup=args.warmup, repeats=args.repeats)
     model = dataclasses.replace(model, copy_s_per_byte=copy)
+    if not args.dry_run:  # rank 0's verdict, for every rank alike
+        problem = engine_of(comm).broadcast_object(comm, _fit_problem(args, model) if rank == 0 else None, 0)
+        if problem:
+            raise SpmdsimError(problem)
     machine = None
     if args.machine_out is not None and not args.dry_run:
         # Rank 0's fit decides, for every rank alike: one line, not an error on rank 0 alone.
@@ -300,6 +305,20 @@ def peaks_line(machine: Machine) -> str:
     taken = ", ".join(f"{d} {peaks[d]:.3g} (={src}'s)" for d, src in TAKEN_FROM.items() if d in peaks)
     return (f"peak FLOP/s: {measured} measured; {taken}, not measured: numpy has no bf16 and no BLAS fp16 "
             "product, spmdsim multiplies both in float32")
+
+
+def _fit_problem(args: argparse.Namespace, model: CostModel) -> str | None:
+    """Why the fit must not be saved, or None: a beta (shared, or a collective's own) of 0 s/byte, which `spmdsim
+    plan` would take as infinite bandwidth (the fit's answer where the times do not grow with the size)."""
+    zero = [("the fit's beta", model.beta_s_per_byte)] if model.beta_s_per_byte <= 0 else []
+    zero += [(f"the fit's beta of {p.op}" + (f" on {p.group_size} ranks" if p.group_size else ""), p.beta_s_per_byte)
+             for p in model.per_op if p.beta_s_per_byte <= 0]
+    if not zero:
+        return None
+    what, value = zero[0]
+    return (f"{what} is {value!r} s/byte (infinite bandwidth): the measured times do not grow with the size, too "
+            f"few sizes or repeats to fit (--sizes {args.sizes!r}, --repeats {args.repeats}); not saved. Expected "
+            "sizes further apart and more repeats, such as --sizes 64K,1M,4M --repeats 7")
 
 
 def _bandwidth_problem(model: CostModel) -> str | None:
