@@ -6,6 +6,7 @@ need ranks launch ``timeout -k 5 60 mpiexec -n 2`` (skipped without mpiexec).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 
 from spmdsim.tools.cli import calibrate, paths
 from spmdsim.tools.cli import run_ops as run_cli
+from spmdsim.tools.cli.cases import MAX_CASE_TEXT, case_from_args
 from spmdsim.tools.cli.main import build_parser, main
 from spmdsim.errors import SpmdsimError
 from testkit import MPIEXEC, mpi_batch_streams, unfold
@@ -559,6 +561,21 @@ def test_case_file_that_is_not_utf8(tmp_path, capsys):
     case.write_bytes(b"\xff\xfe{")
     for command in ("slices", "explain", "show"):
         _fails(capsys, [command, str(case)], f"case file {str(case)!r} is not UTF-8 text")
+
+
+def test_case_text_is_read_to_a_bound(tmp_path, capsys):
+    # `spmdsim slices /dev/zero` and `yes | spmdsim slices` read until memory ran out.
+    case = tmp_path / "big.json"
+    case.write_text(" " * MAX_CASE_TEXT + "{}")
+    for command in ("slices", "explain", "show", "convert"):
+        _fails(capsys, [command, str(case)], f"case file {str(case)!r} is longer than 4,000,000 characters; "
+                                             "expected a JSON case")
+    with pytest.raises(SpmdsimError, match=r"^stdin is longer than 4,000,000 characters; expected a JSON case$"):
+        case_from_args(_args(["slices"]), io.StringIO("y\n" * MAX_CASE_TEXT))
+    case.write_text(" " * (MAX_CASE_TEXT - 2) + "{}")  # at the bound: read, then refused for what it holds
+    _fails(capsys, ["slices", str(case)], "no layout")
+    case.write_text(json.dumps(list(range(1000))))
+    _fails(capsys, ["slices", str(case)], "must hold a JSON object, got list [0, 1, 2")
 
 
 # -- 8: launch ---------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, TextIO
 
 from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
 from ...layouts.dialects.dtensor import check_uneven_shards
-from ...base.validate import loads_json
+from ...base.validate import describe, loads_json
 from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from ...layouts.slicing import CUTS
@@ -265,7 +265,12 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     return case_from_dict(data)
 
 
+#: Longest JSON case `_read_case_source` reads, in characters (a case is a few hundred; as `spmdsim pipeline --file`).
+MAX_CASE_TEXT = 4_000_000
+
+
 def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
+    """The JSON object of the case file `path` (stdin for None or "-"), read up to MAX_CASE_TEXT characters."""
     if path in (None, "-"):
         stream = stdin if stdin is not None else sys.stdin
         if path is None and stream.isatty():
@@ -275,7 +280,7 @@ def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
             )
         where = "stdin"
         try:
-            text = stream.read()
+            text = stream.read(MAX_CASE_TEXT + 1)  # /dev/zero or `yes |` would never end
         except UnicodeDecodeError as exc:
             raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
                                f"at byte {exc.start}") from None
@@ -283,13 +288,15 @@ def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
         where = f"case file {path!r}"
         try:
             with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+                text = fh.read(MAX_CASE_TEXT + 1)
         except OSError as exc:
             raise SpmdsimError(f"cannot read case file {path!r}: {exc.strerror}") from None
         except UnicodeDecodeError as exc:
             raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
                                f"at byte {exc.start}") from None
+    if len(text) > MAX_CASE_TEXT:
+        raise SpmdsimError(f"{where} is longer than {MAX_CASE_TEXT:,} characters; expected a JSON case")
     data = loads_json(text, where, "a JSON case")
     if not isinstance(data, dict):
-        raise SpmdsimError(f"{where} must hold a JSON object, got {data!r}")
+        raise SpmdsimError(f"{where} must hold a JSON object, got {describe(data)}")
     return data
