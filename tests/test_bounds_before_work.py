@@ -44,6 +44,8 @@ def _fails_fast(capsys, argv: list[str], needle: str) -> str:
     (["--network", "gpt", "--gpt", "seq=2000000,heads=1"],
      "makes a tensor of batch*heads*seq*seq = 32,000,000,000,000 elements; expected at most "
      "1,099,511,627,776 (2**40)"),
+    (["--network", "gpt", "--machine", "a100-dgx", "--gpt", "seq=10000000000"],  # numpy asked for 149 GiB
+     "--gpt seq=10,000,000,000 is too long; expected at most 16,777,216"),
 ])
 def test_autoshard_refuses_sizes_past_its_bounds_at_once(capsys, argv, needle):
     _fails_fast(capsys, ["autoshard", *argv], needle)

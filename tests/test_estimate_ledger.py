@@ -185,6 +185,12 @@ def test_the_command_prints_each_stage_within_100_columns():
     (["--virtual-stages", "2"], "virtual stages 2 interleave the layers over the pipeline's stages (chunk k on "
                                 "stage k mod pp): they need pp 2 or more, got pp 1"),  # was a KeyError's traceback
     (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be >= 1"),
+    # the dry run's token ids: np.arange(2 * seq + 2) was a ValueError's traceback, or numpy asked for 149 GiB
+    (["--seq", "1180591620717411303424"], "--seq 1,180,591,620,717,411,303,424 is too long; expected at most "
+                                          "16,777,216 (the dry run makes a microbatch's token ids"),
+    (["--seq", "10000000000"], "--seq 10,000,000,000 is too long; expected at most 16,777,216"),
+    (["--micro-batch", "262145", "--global-batch", "262145"],
+     "--micro-batch 262,145 x --seq 64 is 16,777,280 tokens a microbatch; expected at most 16,777,216"),
 ])
 def test_bad_input_is_one_line(argv, message):
     done = _cli(*argv)

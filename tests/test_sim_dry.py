@@ -191,6 +191,21 @@ def test_a_dry_runs_large_zeros_cost_no_memory_until_written():
     assert not _mapped(small) and small.dtype == np.float32 and not small.any()
 
 
+def test_a_dry_runs_full_writes_no_page_of_a_large_block():
+    """DTensor.full/ones in a dry run: a large block stays lazy zeros, not filled element by element (a GPT of
+    width 10,000,000,000 filled its norms' weights for as long as it was let); a small one holds its value."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((2,), ("tp",)))
+        big = DTensor.ones(mesh, mesh.layout(None, "tp"), (1024, 4096))  # 16 MiB a rank: 4,096 pages
+        small = DTensor.full(mesh, mesh.layout(None), (4,), 3.0)
+        return _mapped(big.local), float(big.local.max()), small.local.tolist()
+
+    assert list(spmdsim.simulate(2, body, dry_run=True)) == [(True, 0.0, [3.0] * 4)] * 2
+    assert spmdsim.simulate(2, body)[0][1] == 1.0  # a real run's ones
+
+
 def test_a_dry_run_scales_without_writing_and_scores_stay_unmapped():
     """scale and its gradient are zeros in a dry run, large ones lazily mapped (attention's scores)."""
     from spmdsim.nn.ops import mse_loss, scale

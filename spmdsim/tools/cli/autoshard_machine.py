@@ -30,7 +30,7 @@ from ..estimate.configs import FIXABLE, context_note, fold_note, parse_fixed, vo
 from ..estimate.machine import load_machine
 from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
-from .estimate import MAX_DRY_LAYERS
+from .estimate import MAX_DRY_LAYERS, MAX_DRY_TOKENS
 
 #: The line a search of an MoE GPT adds where it searched ZeRO-3 too (spmdsim.tools.estimate.search.search).
 SHARDED_NOTE = ("searched again with ZeRO-3 (the experts sharded over dp, the rest over dp x ep): none of ZeRO 0 "
@@ -84,6 +84,9 @@ def run_machine(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_DRY_RANKS:,} (the ranks a "
                            "dry run simulates)")
     cfg = gpt_config(args.gpt, max_layers=MAX_DRY_LAYERS, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
+    if cfg.seq > MAX_DRY_TOKENS:  # each dry run makes 2 x seq token ids first (seq=10**10: numpy asked 149 GiB)
+        raise SpmdsimError(f"--gpt seq={cfg.seq:,} is too long; expected at most {MAX_DRY_TOKENS:,} (the dry run "
+                           "makes a microbatch's token ids, 8 bytes a token)")
     heads = "--gpt heads" if "heads" in gpt_typed(args.gpt) else "the default heads"  # not "--gpt heads 4" untyped
     problem = architecture_problem(args, cfg.heads, heads)
     if problem:

@@ -25,12 +25,17 @@ from ..estimate.machine import machines
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
 from ...programs.pipeline.options import layer_split, schedule_choice, split_arguments
 
-__all__ = ["register", "run", "config_record", "CONFIG_FIELDS", "MAX_DRY_LAYERS"]
+__all__ = ["register", "run", "config_record", "CONFIG_FIELDS", "MAX_DRY_LAYERS", "MAX_DRY_TOKENS"]
 
 #: Most layers a dry run of the GPT steps through (here and in autoshard's search by a machine file): each takes
 #: about 7 ms and 0.5 MB (1,000 small layers: 9 s, 500 MB; 3,000: 31 s, 1.4 GB), and the largest published
 #: models have under 200; --layers 100000 ran for minutes without a word.
 MAX_DRY_LAYERS = 1024
+
+#: Most tokens a microbatch may hold (--micro-batch x --seq, so --seq too): the dry run makes its token ids and
+#: their embedding's index arrays for real, 8 bytes a token and more (at this bound about 1.1 GB and 5 s;
+#: --seq 10,000,000,000 asked numpy for 149 GiB). The longest published contexts are 10,000,000 tokens.
+MAX_DRY_TOKENS = 1 << 24
 
 
 def no_moe_block(layers: int) -> str:
@@ -178,6 +183,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     if args.layers > MAX_DRY_LAYERS:
         raise SpmdsimError(f"--layers {args.layers:,} is too many; expected at most {MAX_DRY_LAYERS:,} (the dry run "
                            "steps through every layer, about 7 ms and 0.5 MB each)")
+    _token_bounds(args)
     # its refusals name the flags typed (--hidden, --rope), and a size left alone as the default
     said, defaults = said_fields(args, {**ESTIMATE_SAID, **ARCHITECTURE_SAID})
     problem = architecture_problem(args, said=said.get("heads", "the default heads"))
@@ -217,6 +223,18 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                         batch=args.global_batch, dropout=args.dropout, moe=moe, vocab_pad_to=args.pad_vocab_to,
                         **architecture_fields(args))
     return cfg, args.global_batch // per_step
+
+
+def _token_bounds(args: argparse.Namespace) -> None:
+    """--seq and --micro-batch x --seq refused past MAX_DRY_TOKENS, before the dry run makes their token ids."""
+    if args.seq > MAX_DRY_TOKENS:
+        raise SpmdsimError(f"--seq {args.seq:,} is too long; expected at most {MAX_DRY_TOKENS:,} (the dry run makes "
+                           "a microbatch's token ids, 8 bytes a token)")
+    tokens = args.micro_batch * args.seq
+    if tokens > MAX_DRY_TOKENS:
+        raise SpmdsimError(f"--micro-batch {args.micro_batch:,} x --seq {args.seq:,} is {tokens:,} tokens a "
+                           f"microbatch; expected at most {MAX_DRY_TOKENS:,} (the dry run makes their token ids, "
+                           "8 bytes a token)")
 
 
 def _etp_problems(args: argparse.Namespace) -> None:
