@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, SpmdsimError
+from spmdsim.base.validate import MAX_JSON_TEXT
 from spmdsim.programs.cost import (
     DEFAULT_MODEL,
     CostModel,
@@ -220,6 +221,10 @@ def test_load_errors(tmp_path):
         CostModel.load(bad)
     bad.write_bytes(b"\xff\xfe{}")
     with pytest.raises(SpmdsimError, match="is not text"):
+        CostModel.load(bad)
+    bad.write_text(" " * MAX_JSON_TEXT + "{}")  # read up to the bound, as /dev/zero (which never ends)
+    with pytest.raises(SpmdsimError, match=rf"^cost model '{bad}' is longer than 4,000,000 characters; "
+                                           r"expected a saved cost model$"):
         CostModel.load(bad)
 
 

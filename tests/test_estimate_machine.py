@@ -17,6 +17,7 @@ from spmdsim.tools.cli import calibrate
 from spmdsim.tools.cli.main import build_parser
 from spmdsim.programs.cost import CostModel
 from spmdsim.programs.cost.terms import ALGORITHMS as COST_ALGORITHMS
+from spmdsim.base.validate import MAX_JSON_TEXT
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate import machine as machine_mod
 from spmdsim.tools.estimate import machine_records
@@ -222,6 +223,11 @@ def test_files_that_cannot_be_read(tmp_path):
     with pytest.raises(SpmdsimError, match=rf"^machine file '{missing}': cannot be read \(No such file or "
                                            r"directory\); expected a machine file$"):
         load_machine(missing)
+    big = tmp_path / "big.json"
+    big.write_text(" " * MAX_JSON_TEXT + "{}")  # read up to the bound, as /dev/zero (which never ends)
+    with pytest.raises(SpmdsimError, match=rf"^machine file '{big}': is longer than 4,000,000 characters; "
+                                           r"expected a JSON machine file$"):
+        load_machine(big)
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(SpmdsimError, match=rf"^machine file '{bad}': is not JSON \(Expecting property name "

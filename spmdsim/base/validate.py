@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Optional
+import os
+from typing import Any, Optional, TextIO, Union
 
 from ..errors import DTypeError, ShapeError, SpmdsimError
 from .._lazy import numpy_on_first_use
@@ -18,8 +19,8 @@ from .precision import named_dtype
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["loads_json", "MAX_JSON_DEPTH", "as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES",
-           "describe"]
+__all__ = ["loads_json", "MAX_JSON_DEPTH", "read_bounded", "MAX_JSON_TEXT", "as_int", "int_arg", "shape_arg",
+           "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES", "describe"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
@@ -133,6 +134,25 @@ def dtype_name(dtype: np.dtype) -> str:
     if name is None:
         name = _NAMES[dtype] = dtype.name
     return name
+
+
+#: Longest JSON file `read_bounded` reads for a saved cost model or a machine file, in characters (one is a
+#: few thousand); as a JSON case (spmdsim.tools.cli.cases.MAX_CASE_TEXT).
+MAX_JSON_TEXT = 4_000_000
+
+
+def read_bounded(source: Union[str, os.PathLike, TextIO], most: int, where: str, expected: str) -> str:
+    """The text of the file `source` (a path, or an open text stream), read up to `most` characters: one more
+    is read, and a longer text refused in one SpmdsimError naming `where` and `expected` (/dev/zero or
+    `yes |` would never end). OSError and UnicodeDecodeError reach the caller, which words them."""
+    if hasattr(source, "read"):
+        text = source.read(most + 1)
+    else:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read(most + 1)
+    if len(text) > most:
+        raise SpmdsimError(f"{where} is longer than {most:,} characters; expected {expected}")
+    return text
 
 
 #: Deepest nesting of lists and objects a JSON input may have (a case needs 3; Python's parser and

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from ...errors import SpmdsimError
-from ...base.validate import loads_json
+from ...base.validate import MAX_JSON_TEXT, loads_json, read_bounded
 from .terms import OpParams
 
 #: The model class `CostModel.from_dict` and `CostModel.load` pass in (spmdsim.programs.cost.model, which calls
@@ -75,7 +75,7 @@ def load_model(cls: type[_Model], path: str | os.PathLike | None = None) -> _Mod
     """`CostModel.load`: read a saved model (default `default_path()`); raises if missing or malformed."""
     source = Path(path) if path is not None else default_path()
     try:
-        text = source.read_text(encoding="utf-8")
+        text = read_bounded(source, MAX_JSON_TEXT, f"cost model {str(source)!r}", "a saved cost model")
     except OSError as exc:
         raise SpmdsimError(f"cannot read cost model {str(source)!r}: {exc.strerror}") from None
     except UnicodeDecodeError:

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, TextIO
 
 from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
 from ...layouts.dialects.dtensor import check_uneven_shards
-from ...base.validate import describe, loads_json
+from ...base.validate import describe, loads_json, read_bounded
 from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from ...layouts.slicing import CUTS
@@ -280,22 +280,19 @@ def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
             )
         where = "stdin"
         try:
-            text = stream.read(MAX_CASE_TEXT + 1)  # /dev/zero or `yes |` would never end
+            text = read_bounded(stream, MAX_CASE_TEXT, where, "a JSON case")
         except UnicodeDecodeError as exc:
             raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
                                f"at byte {exc.start}") from None
     else:
         where = f"case file {path!r}"
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read(MAX_CASE_TEXT + 1)
+            text = read_bounded(path, MAX_CASE_TEXT, where, "a JSON case")
         except OSError as exc:
             raise SpmdsimError(f"cannot read case file {path!r}: {exc.strerror}") from None
         except UnicodeDecodeError as exc:
             raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
                                f"at byte {exc.start}") from None
-    if len(text) > MAX_CASE_TEXT:
-        raise SpmdsimError(f"{where} is longer than {MAX_CASE_TEXT:,} characters; expected a JSON case")
     data = loads_json(text, where, "a JSON case")
     if not isinstance(data, dict):
         raise SpmdsimError(f"{where} must hold a JSON object, got {describe(data)}")

@@ -42,6 +42,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from ...base.validate import MAX_JSON_TEXT, read_bounded
 from ...errors import SpmdsimError
 from .gemm_shapes import batched_from_dict, batched_to_dict
 from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
@@ -257,7 +258,7 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
                            f"expected one of {machines()!r} or a path to a machine file")
     where = f"machine file {str(path)!r}"
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = read_bounded(path, MAX_JSON_TEXT, f"{where}:", "a JSON machine file")
     except OSError as exc:
         raise SpmdsimError(f"{where}: cannot be read ({exc.strerror or exc}); expected a machine file") from None
     except UnicodeDecodeError:
