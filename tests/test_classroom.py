@@ -293,6 +293,26 @@ def test_show_matmul_prints_each_ranks_addend_and_the_sum(capsys):
     assert "--matmul needs a MatMul --strategy of two tensors" in capsys.readouterr().err
 
 
+def test_show_matmul_builds_only_the_numbers_it_prints(capsys):
+    import tracemalloc
+
+    from spmdsim.layouts.dialects.strategy import matmul_layouts
+    from spmdsim.programs.viz.matmul import matmul_sum_lines
+
+    # --shape 2**70,4,2 raised numpy's "Maximum allowed size exceeded"; 20000,20000,2 built 3.2 GB of inputs.
+    assert main(["show", "--strategy", "((1,2),(2,1))", "--matmul", "--shape", f"{2 ** 70},4,2"]) == 0
+    out = capsys.readouterr().out
+    assert f"x = arange({2 ** 72}) as ({2 ** 70}, 4), w = arange(8) as (4, 2):" in out
+    assert "(1 output block(s) larger than 16 elements or K over 16: numbers left out; try --shape 2,4,2)" in out
+    tracemalloc.start()
+    try:
+        lines = matmul_sum_lines(matmul_layouts("((1,2),(2,1))", 2), (2000, 2000, 2))  # 32 MB of inputs before
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines[-1].endswith("numbers left out; try --shape 2,4,2)") and peak < 1_000_000
+
+
 def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
     import numpy as np
 
