@@ -393,6 +393,19 @@ def test_float_flags_are_named_as_typed(capsys, argv, needle):
     _fails(capsys, argv, needle)
 
 
+@pytest.mark.parametrize("argv, line", [
+    # "simulate: rank count 100000 must be an integer from 1 to 65536": no flag named
+    (["--tp", "100000"], "--pp 1 x --dp 1 x --cp 1 x --tp 100000 is a mesh of 100,000 ranks; expected at most "
+                         "65,536 (the largest mesh a dry run steps)"),
+    (["--pp", "256", "--cp", "2", "--tp", "256"], "--pp 256 x --dp 1 x --cp 2 x --tp 256 is a mesh of 131,072 ranks; "
+                                                  "expected at most 65,536 (the largest mesh a dry run steps)"),
+    (["--experts", "8", "--ep", "8", "--dp", "16384", "--global-batch", "131072"],
+     "--pp 1 x --dp 16384 x --ep 8 x --cp 1 x --tp 1 is a mesh of 131,072 ranks; expected at most 65,536"),
+])
+def test_estimate_names_the_flags_of_a_mesh_too_large(capsys, argv, line):
+    assert _fails(capsys, ["estimate", "gpt", *argv], line).startswith(f"spmdsim: error: {line}")
+
+
 def test_run_shapes_that_were_valid_still_are():
     assert run_cli._shape(_args(["run", "matmul", "--shape", "2,0,16,16"])) == (2, 0, 16, 16)
     assert run_cli._shape(_args(["run", "embedding", "--shape", "10,4,1000,48"])) == (10, 4, 1000, 48)

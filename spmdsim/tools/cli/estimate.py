@@ -24,6 +24,7 @@ from ..estimate.machine import machines
 
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
 from ...programs.pipeline.options import layer_split, schedule_choice, split_arguments
+from ...runtime.sim.run import MAX_DRY_RANKS
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS", "MAX_DRY_LAYERS", "MAX_DRY_TOKENS"]
 
@@ -268,6 +269,19 @@ def _fold(args: argparse.Namespace) -> None:
     args.ep = mesh_ep(args.ep, args.tp, args.etp or 0)
 
 
+def _mesh_size(args: argparse.Namespace) -> None:
+    """The mesh's rank count refused past MAX_DRY_RANKS in one line naming the flags whose product it is (the
+    dry run's own refusal named only "rank count")."""
+    ranks = args.pp * args.dp * args.ep * args.cp * args.tp
+    if ranks <= MAX_DRY_RANKS:
+        return
+    ep = [] if args.ep == 1 and args.expert_ep == 1 else \
+        [f"--ep {args.ep}" if args.ep == args.expert_ep else f"ep {args.ep} (--ep {args.expert_ep} / (--tp / --etp))"]
+    factors = [f"--pp {args.pp}", f"--dp {args.dp}", *ep, f"--cp {args.cp}", f"--tp {args.tp}"]
+    raise SpmdsimError(f"{' x '.join(factors)} is a mesh of {ranks:,} ranks; expected at most {MAX_DRY_RANKS:,} "
+                       f"(the largest mesh a dry run steps)")
+
+
 def _fsdp(args: argparse.Namespace) -> None:
     """--zero 3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
     spmdsim.models.gpt.pipeline's trainer, which does not prefetch)."""
@@ -294,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, microbatches = _config(args)
     record = config_record(args)  # as given: --ep the experts'
     _fold(args)
+    _mesh_size(args)
     _fsdp(args)
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
