@@ -406,6 +406,22 @@ def test_estimate_names_the_flags_of_a_mesh_too_large(capsys, argv, line):
     assert _fails(capsys, ["estimate", "gpt", *argv], line).startswith(f"spmdsim: error: {line}")
 
 
+@pytest.mark.parametrize("argv, line", [
+    # each exited 0, the second flag dropped: --explain under the JSON record, --show under it, --operand beside
+    # the three tensors --matmul draws (as `collective --show --json` and `run --dry-run --explain` are refused)
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "8", "--json", "--explain"],
+     "--explain adds each rank's blocks and collectives to the text report, which --json replaces (its record has "
+     "neither): give one of them"),
+    (["plan", "--device-matrix", "2", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "4,4",
+      "--json", "--show"], "--show draws the layout before and after each step, which --json replaces (its record "
+                           "lists each step): give one of them"),
+    (["show", "--matmul", "--strategy", "((1,2),(2,1))", "--shape", "2,4,2", "--operand", "w"],
+     "--operand w picks one tensor of the MatMul to draw; --matmul draws x, w and out: give one of them"),
+])
+def test_a_flag_the_other_replaces_is_refused(capsys, argv, line):
+    assert _fails(capsys, argv, line) == f"spmdsim: error: {line}"
+
+
 def test_run_shapes_that_were_valid_still_are():
     assert run_cli._shape(_args(["run", "matmul", "--shape", "2,0,16,16"])) == (2, 0, 16, 16)
     assert run_cli._shape(_args(["run", "embedding", "--shape", "10,4,1000,48"])) == (10, 4, 1000, 48)
@@ -602,6 +618,9 @@ def test_launch_bad_rank_counts(capsys):
 def test_launch_bad_mpiexec_and_timeout(capsys):
     _fails(capsys, ["launch", "-n", "2", "--mpiexec", "/nonexistent/mpiexec", "--", "true"],
            "--mpiexec '/nonexistent/mpiexec' is not an executable program")
+    # --mpiexec "" was taken as no --mpiexec given: the default mpiexec ran
+    _fails(capsys, ["launch", "-n", "1", "--mpiexec", "", "--", "true"],
+           "--mpiexec '' is not an executable program (a path, or a name on PATH); expected an MPI launcher")
     for value in ("nan", "inf", "0"):
         _fails(capsys, ["launch", "-n", "1", "--timeout", value, "--", "true"],
                f"--timeout {value} must be a positive, finite number of seconds")

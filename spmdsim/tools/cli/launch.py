@@ -72,8 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def find_mpiexec(explicit: str | None = None) -> str:
-    """The venv's mpiexec (beside sys.executable), else the first on PATH."""
-    if explicit:
+    """`explicit` (--mpiexec) found on PATH; else the venv's mpiexec (beside sys.executable), else the first on PATH.
+    An empty --mpiexec "" is refused like any name that is no program, not taken as none given."""
+    if explicit is not None:
         found = shutil.which(explicit)
         if not found:
             raise SpmdsimError(f"--mpiexec {explicit!r} is not an executable program "

@@ -307,13 +307,16 @@ def _check_alias_used(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "show", False) and args.json:  # given both, the record was printed and --show dropped
+        raise SpmdsimError("--show draws the layout before and after each step, which --json replaces (its record "
+                           "lists each step): give one of them")
     if getattr(args, "png", None) is not None:
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
-    if getattr(args, "show", False) and not args.json:
+    if getattr(args, "show", False):
         print()
         print(render_plan_ascii(plan), end="")
     if getattr(args, "png", None) is not None:

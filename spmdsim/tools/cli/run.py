@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ...errors import SpmdsimError
 from ...runtime.sim.launch import ranks_argument
 from .common import add_common_arguments, add_trace_out, guarded, on_world
 from .plan import add_redistribute_arguments
@@ -107,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.op:
         args._parser.print_help()
         return 2
+    if args.json and args.explain:  # given both, the record was printed and --explain dropped
+        raise SpmdsimError("--explain adds each rank's blocks and collectives to the text report, which --json "
+                           "replaces (its record has neither): give one of them")
     from .run_ops import check_op, run_op  # the jobs and the runtime they run on: loaded to run one, not for --help
 
     return on_world(args, lambda comm: guarded(lambda: run_op(args, comm), comm, args),

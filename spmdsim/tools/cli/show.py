@@ -73,6 +73,9 @@ def short_name(name: str, width: int) -> str:
 
 def _matmul(args: argparse.Namespace) -> int:
     """`show --matmul`: the three tensors of a MatMul strategy and its partial sums."""
+    if args.operand is not None:  # else dropped: --matmul draws all three
+        raise SpmdsimError(f"--operand {args.operand} picks one tensor of the MatMul to draw; --matmul draws x, w "
+                           "and out: give one of them")
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
         raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
                            + (f"got {args.strategy!r}" if args.strategy else "and none was given"))
