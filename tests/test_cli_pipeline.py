@@ -103,6 +103,8 @@ def test_the_deadlocking_file_is_refused_with_one_message_and_exit_2(tmp_path):
      "--file 'x.txt' holds its own schedule, and --schedule '1f1b' names a built one; expected one of them"),
     (["--stages", "2", "--microbatches", "2", "--file", "/no/such/schedule.txt"],
      "--file '/no/such/schedule.txt' cannot be read: No such file or directory"),
+    (["--stages", "2", "--microbatches", "2", "--file", "/dev/zero"],  # never ends: read up to the bound
+     "--file '/dev/zero' is longer than 4,000,000 characters; expected a schedule of one line per stage"),
     (["--stages", "2", "--microbatches", "2", "--png", "grid.bmp"],
      "--png 'grid.bmp': picture file must end in one of ('.png', '.svg', '.pdf')"),
     (["--stages", "2", "--microbatches", "2", "--png", "/no/such/dir/grid.png"],

@@ -12,6 +12,7 @@ import argparse
 import os
 from typing import Any
 
+from ...base.validate import read_bounded
 from ...errors import SpmdsimError
 from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse
 from ...programs.pipeline.picture import plot, render
@@ -93,16 +94,11 @@ def _sizes(args: argparse.Namespace) -> tuple[int, int, int]:
 def _read(path: str) -> str:
     """The text of --file, or one SpmdsimError line naming it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_TEXT + 1)
+        return read_bounded(path, MAX_TEXT, f"--file {path!r}", "a schedule of one line per stage")
     except UnicodeDecodeError:
         raise SpmdsimError(f"--file {path!r} is not UTF-8 text; expected a schedule file") from None
     except OSError as exc:
         raise SpmdsimError(f"--file {path!r} cannot be read: {exc.strerror or exc}") from None
-    if len(text) > MAX_TEXT:
-        raise SpmdsimError(f"--file {path!r} is longer than {MAX_TEXT:,} characters; expected a schedule "
-                           f"of one line per stage")
-    return text
 
 
 def run(args: argparse.Namespace) -> int:
