@@ -1379,7 +1379,7 @@ def test_a_rank_that_closes_its_stdout_closes_its_own_alone(tmp_path):
     exercise = find_exercise(2)
     assert run_case(exercise, str(path), 1, 0).passed and run_case(exercise, str(path), 1, 1).passed
     late = run_case(exercise, str(path), 2, 0)
-    assert (late.status, late.reason) == ("error", "rank 1 raised ValueError at line 9: I/O operation on closed file")
+    assert (late.status, late.reason) == ("error", "rank 1 raised ValueError at line 9: I/O operation on closed file.")
 
 
 SEEDED_TAG = """

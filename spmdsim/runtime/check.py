@@ -3,7 +3,7 @@
 Default tolerances: spmdsim.references.tolerances. An element passes when |actual - expected| <=
 atol + rtol x its scale: |expected|, or, given the magnitudes that entered it (`scale`: for a
 sum or product the sum of its terms' absolute values), the larger of the two (docs/explanation/tolerances.md,
-"Tolerances"). A NaN or Inf on either side fails the check and
+"Tolerances"). A NaN or Inf on either side, or in the scale, fails the check and
 is counted in ``nonfinite``.
 """
 from __future__ import annotations
@@ -78,17 +78,18 @@ class Verdict:
 
 def checked_scale(scale: Any, what: str = "check: scale") -> np.ndarray:
     """`scale` as an array of magnitudes, or one SpmdsimError naming its first entry that is none: a magnitude
-    is a real number, finite and >= 0 (an infinite one would pass any value, a negative one was taken as its
-    absolute value, a NaN failed every element with no word of why)."""
+    is real and not negative (a negative one was taken as its absolute value, a complex one as its modulus). A
+    NaN or Inf passes here, as a magnitude that overflowed does: `local_stats` fails its element as non-finite
+    (an infinite scale passed any value before)."""
     scale = np.asarray(scale)
     if np.iscomplexobj(scale) or scale.dtype.kind in "bOSUM":
-        raise SpmdsimError(f"{what} of dtype {scale.dtype} must hold real magnitudes (finite numbers >= 0)")
+        raise SpmdsimError(f"{what} of dtype {scale.dtype} must hold real magnitudes (numbers >= 0)")
     wide = np.asarray(scale, np.float64)
-    bad = ~((wide >= 0) & (wide < np.inf))  # a NaN is neither
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise SpmdsimError(f"{what} holds {float(wide[at])!r} at {at}: a magnitude must be a finite number >= 0 "
-                           f"({int(np.count_nonzero(bad))} such entries)")
+    negative = wide < 0
+    if negative.any():
+        at = tuple(int(i) for i in np.argwhere(negative)[0])
+        raise SpmdsimError(f"{what} holds {float(wide[at])!r} at {at}: a magnitude must be a number >= 0 "
+                           f"({int(np.count_nonzero(negative))} such entries)")
     return scale
 
 
@@ -110,10 +111,13 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     wide = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64
     a = actual.astype(wide, copy=False)
     b = expected.astype(wide, copy=False)
-    fast = _finite_stats(a, b, rtol, atol, scale)
+    scale_finite = True if scale is None else bool(np.isfinite(scale).all())
+    fast = _finite_stats(a, b, rtol, atol, scale) if scale_finite else None
     if fast is not None:
         return fast
     finite = np.isfinite(a) & np.isfinite(b)
+    if not scale_finite:  # an element whose magnitudes overflowed fails as non-finite, whatever its values
+        finite &= np.isfinite(scale)
     nonfinite = int(finite.size - np.count_nonzero(finite))
     if nonfinite:
         a = np.where(finite, a, 0)

@@ -10,6 +10,7 @@ the submission runs with the grader's user and its files.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -209,9 +210,11 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
                     if e["event"] == "done")
     starts = [e for e in events if e["event"] == "start"]
     running = starts[-1] if len(starts) > len(results) else {}
-    if code < 0 and cpu is None and not timed_out and starts:  # its keeper killed: the process ran on till
-        running = starts[-1]  # the grader killed it, its last case's result (None, say) is not the reason
-        results = tuple(r for r in results if (r.ranks, r.seed) != (running["ranks"], running["seed"]))
+    if code < 0 and cpu is None and not timed_out and starts:  # its keeper killed: the process ran on, orphaned,
+        # till the grader killed it, through as many more cases as the machine's load let it: the kill came from
+        # the first case that did not pass (its result, None say, is not the reason; those after it the orphan's)
+        results = tuple(itertools.takewhile(lambda r: r.status == PASS, results))
+        running = starts[len(results)] if len(results) < len(starts) else {}
     ended = None
     if timed_out or code or running or (not results and not timed_out):
         returns = sum(e["event"] == "returned" and e["ranks"] == running.get("ranks") and
