@@ -370,6 +370,10 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
                           (["--experts", "1"], "--top-k 2 must not exceed --experts 1"),
                           (["--experts", "8", "--capacity-factor", "0"],
                            "--capacity-factor 0 must be a finite number > 0 (or --dropless)"),
+                          # was taken silently, the run dropless (train_moe_gpt.py refuses it too)
+                          (["--experts", "8", "--dropless", "--capacity-factor", "2"],
+                           "--capacity-factor 2 sets the experts' capacity, which --dropless removes: give one of "
+                           "them, not both"),
                           (["--experts", "8", "--ep", "4", "--tp", "3"],
                            "the experts' hidden width 512 is not divisible by tp 3")]:
         bad = _cli(*argv)

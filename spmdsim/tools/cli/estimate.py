@@ -173,6 +173,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
             value = getattr(args, given[0])
             shown = "" if value is True else f" {value:g}" if isinstance(value, float) else f" {value}"
             raise SpmdsimError(f"--{given[0].replace('_', '-')}{shown} sets the MoE layers: give --experts N")
+    if args.dropless and args.capacity_factor is not None:  # (train_moe_gpt.py refuses it so too)
+        raise SpmdsimError(f"--capacity-factor {typed(args.capacity_factor)} sets the experts' capacity, which "
+                           "--dropless removes: give one of them, not both")
     for flag, default in MOE_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
