@@ -39,6 +39,7 @@ from .tolerances import failed_steps
 from ..moe.fold import fold_problem
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem",
+           "capacity_problem",
            "checkpoint_arguments", "context_arguments", "context_of", "context_line", "step_header", "step_row",
            "saved_line", "unused_flags_problem",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
@@ -214,6 +215,18 @@ def sizes_problem(args: Any) -> Optional[str]:
     return None
 
 
+def capacity_problem(dropless: bool, factor: float, typed_here: bool) -> Optional[str]:
+    """Why ``--capacity-factor`` `factor` (`typed_here`: the command line gave it) cannot be beside ``--dropless``
+    or not, or None: dropless has no capacity, so a factor typed beside it is refused; else it is a finite
+    number > 0. The MoE example's check and ``spmdsim estimate``'s."""
+    if dropless and typed_here:
+        return (f"--capacity-factor {typed(factor)} sets the experts' capacity, which --dropless removes: give "
+                "one of them, not both")
+    if not dropless and not (math.isfinite(factor) and factor > 0):
+        return f"--capacity-factor {typed(factor)} must be a finite number > 0 (or --dropless)"
+    return None
+
+
 def moe_problem(args: Any) -> Optional[str]:
     """Why the experts' flags (``--experts``, ``--top-k``, ``--moe-every``, ``--etp``, ``--capacity-factor``,
     ``--aux-loss-coeff``, ``--z-loss-coeff``: those of examples/train_moe_gpt.py) cannot be, naming the flag as
@@ -231,11 +244,9 @@ def moe_problem(args: Any) -> Optional[str]:
         return f"--etp {args.etp} must be at least 1"
     if args.etp is not None and fold_problem(args.tp, args.etp):
         return f"--etp {args.etp}: {fold_problem(args.tp, args.etp)}"
-    if args.dropless and given_flags(args, "--capacity-factor"):
-        return (f"--capacity-factor {typed(args.capacity_factor)} sets the experts' capacity, which --dropless "
-                "removes: give one of them, not both")
-    if not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
-        return f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)"
+    problem = capacity_problem(args.dropless, args.capacity_factor, bool(given_flags(args, "--capacity-factor")))
+    if problem:
+        return problem
     for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
         if not (math.isfinite(value) and value >= 0):
             return f"{flag} {typed(value)} must be a finite number >= 0"

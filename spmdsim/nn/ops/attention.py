@@ -42,7 +42,7 @@ from ...programs.infer.attention import infer_attention, refuse_empty
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from ._common import MASKS, seed_arg
-from ._operands import raise_if_not_dtensors, require_float
+from ._operands import flag, raise_if_not_dtensors, require_float
 from ...runtime.executor import redistribute
 from .flash import _flash, _result
 
@@ -343,10 +343,9 @@ def _check_flags(causal: Any, dropout: Any, batch_first: Any, recompute: Any, ke
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"attention: {problem}")
-    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
-                       ("flash", flash), ("training", training)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
+    for name, value in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute),
+                        ("flash", flash), ("training", training)):
+        flag("attention", name, value)
     if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer)) or tile < 1:
         raise OperatorError(f"attention: tile {tile!r} must be an integer >= 1 (query rows a flash tile takes)")
     if flash and recompute:

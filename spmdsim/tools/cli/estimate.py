@@ -17,6 +17,7 @@ from ...errors import SpmdsimError
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
 from ...models.gpt.memory import sharded_problem
+from ...models.gpt.options import capacity_problem
 from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_problem
 from ...models.moe.config import MoEConfig
 from ...models.moe.fold import fold_problem, mesh_ep
@@ -173,9 +174,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
             value = getattr(args, given[0])
             shown = "" if value is True else f" {value:g}" if isinstance(value, float) else f" {value}"
             raise SpmdsimError(f"--{given[0].replace('_', '-')}{shown} sets the MoE layers: give --experts N")
-    if args.dropless and args.capacity_factor is not None:  # (train_moe_gpt.py refuses it so too)
-        raise SpmdsimError(f"--capacity-factor {typed(args.capacity_factor)} sets the experts' capacity, which "
-                           "--dropless removes: give one of them, not both")
+    if args.dropless and args.capacity_factor is not None:  # typed (None: left out), refused as the example does
+        raise SpmdsimError(capacity_problem(True, args.capacity_factor, True))
     for flag, default in MOE_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
@@ -199,8 +199,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
     if args.experts and args.top_k > args.experts:
         raise SpmdsimError(f"--top-k {args.top_k} must not exceed --experts {args.experts}")
-    if args.experts and not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
-        raise SpmdsimError(f"--capacity-factor {typed(args.capacity_factor)} must be a finite number > 0 (or --dropless)")
+    problem = capacity_problem(args.dropless, args.capacity_factor, False) if args.experts else None
+    if problem:
+        raise SpmdsimError(problem)
     if not args.experts and args.ep > 1:
         raise SpmdsimError(f"--ep {args.ep} splits experts: give --experts N (a multiple of {args.ep})")
     _etp_problems(args)
