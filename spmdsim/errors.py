@@ -1,6 +1,8 @@
 """The spmdsim exception family: every user-facing error subclasses SpmdsimError."""
 from __future__ import annotations
 
+import re
+
 __all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
            "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
            "ResourceError"]
@@ -19,8 +21,6 @@ def fold_message(text: str, width: int = WIDTH) -> str:
     stay together (``-n 8``); a word longer than a line (a long path) is not cut, so
     it can be copied: it stays on the line it starts, which then runs past `width`.
     """
-    import re
-
     glue = "\x00"
     flag = re.compile(r"(?<=[\s(])(-{1,2}[A-Za-z][\w-]*) (?=[^\s-])")
     out = []
