@@ -40,6 +40,9 @@ from spmdsim.errors import OperatorError
 from spmdsim.runtime import Mesh, allreduce, allgather
 import spmdsim.runtime.guard as guard
 guard.GRACE_S = 1.0  # ranks fail on purpose here: decide sooner whether all of them did
+# Every rank past its imports before the first watched collective: with 4 jobs of 4 ranks beside the
+# other test workers on 2 cores, one rank's start lagged the others' by more than a 2 s watchdog.
+from mpi4py import MPI; MPI.COMM_WORLD.Barrier()  # noqa: E702
 mesh = Mesh(Layout((2, 2), ("dp", "mp")))
 rank = mesh.rank
 x = np.ones(8)

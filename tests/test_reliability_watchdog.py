@@ -27,6 +27,7 @@ from spmdsim.runtime import install_excepthook; install_excepthook()
 from spmdsim import Layout, SeededTensor
 from spmdsim.nn.ops import matmul
 from spmdsim.runtime import DTensor, Mesh
+from mpi4py import MPI; MPI.COMM_WORLD.Barrier()  # noqa: E702 - every rank imported: a slow start is no skip
 mesh = Mesh(Layout((4,), ("mp",)))
 x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, 16), seed=1))
 w = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((16, 8), seed=2))
