@@ -2,7 +2,7 @@
 the looks at what a rank holds during a step, and the MoE layers' bytes."""
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, Optional
 from ...base.buffers import owned_bytes, owner
 from .config import GPTConfig
@@ -108,10 +108,13 @@ def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict, sums: A
     sum; `grads`: the walk's gradients then): the most bytes of gradients held so far in the step's backwards,
     under "walk" in `moments`: the parameters' gradients in the walk and in ``.grad``, the optimizer's summed
     slices and the gradient buffers, each buffer once."""
-    found = [g for g in map(grads.get, [p._ag for p in params]) if g is not None]
-    held = owned_bytes([g.local for g in found] + [p.grad.local for p in params if p.grad is not None]
-                       + list(getattr(optimizer, "gradient_buffers", tuple)())
-                       + list(sums.gradient_buffers() if sums is not None else ()))
+    nodes = [p._ag for p in params]  # each parameter's ``.grad`` is its node's (DTensor.grad), read once here
+    arrays = [g.local for g in map(grads.get, nodes) if g is not None]
+    arrays += [g.local for g in map(getattr, nodes, repeat("grad"), repeat(None)) if g is not None]
+    arrays += getattr(optimizer, "gradient_buffers", tuple)()
+    if sums is not None:
+        arrays += sums.gradient_buffers()
+    held = owned_bytes(arrays)
     if held > moments.get("walk", 0):
         moments["walk"] = held
 
