@@ -137,11 +137,54 @@ def test_bad_files_get_one_line(tmp_path, text, message):
 
 
 def test_usage_errors_exit_2():
-    for argv in (["pipeline", "--stages", "2"], ["pipeline", "--stages", "2", "--microbatches", "two"],
+    for argv in (["pipeline", "--stages", "2", "--microbatches", "two"],
                  ["pipeline", "--schedule", "zb", "--stages", "2", "--microbatches", "2"]):
         with pytest.raises(SystemExit) as exit_:
             _run(argv)
         assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "no schedule to draw; expected --stages P and --microbatches M to build one, or --file FILE"),
+    (["--stages", "2"], "--stages 2 without --microbatches M; expected both to build a schedule, or --file FILE"),
+    (["--microbatches", "4"], "--microbatches 4 without --stages P; expected both"),
+])
+def test_a_built_schedule_without_its_sizes_is_one_line(argv, message):
+    code, out, err = _run(["pipeline"] + argv)
+    assert code == 2 and out == "" and err.startswith("spmdsim: error: ") and "Traceback" not in err
+    assert message in err.replace("\n  ", " ") and len(err.replace("\n  ", " ").strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("kind, stages, microbatches, virtual", [
+    ("1f1b", 2, 3, 1), ("gpipe", 3, 2, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 4, 3)])
+def test_a_file_alone_gives_its_own_sizes(tmp_path, kind, stages, microbatches, virtual):
+    """--stages, --microbatches and --virtual-stages left out are the file's: the grid is the built one's."""
+    path = tmp_path / "mine.txt"
+    path.write_text(build(kind, stages, microbatches, virtual).text())
+    code, out, err = _run(["pipeline", "--file", str(path)])
+    assert code == 0 and err == ""
+    built = _run(["pipeline", "--schedule", kind, "--stages", str(stages), "--microbatches", str(microbatches)]
+                 + (["--virtual-stages", str(virtual)] if kind == "interleaved" else []))[1]
+    def grid(text: str) -> list:
+        return [line for line in text.splitlines() if line.startswith(("time ", "stage ", "in flight"))]
+    assert grid(out) == grid(built) and len(grid(out)) >= stages + 2
+    chunks = f", {virtual} chunks per stage" if virtual > 1 else ""
+    assert out.startswith(f"mine.txt ({stages} stages, {microbatches} microbatches{chunks})")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# nothing\n", "schedule 'bad.txt' has no 'stage N: tokens' line; expected one line per stage"),
+    ("stage 0: [ ]\n", "schedule 'bad.txt' has no token naming a microbatch"),
+    ("stage 0: F999999999\n", "schedule 'bad.txt' names stages 0..0, microbatches 0..999999999 and chunks 0..0: "
+                               "1,000,000,000 (microbatch, chunk) pairs is too many; expected at most 65,536"),
+    ("stage 0: F0\nstage 1: recv-act0 F0 X\n", "stage 1 of 'bad.txt' has token 'X'"),
+])
+def test_a_file_whose_sizes_cannot_be_read_is_one_line(tmp_path, text, message):
+    bad = tmp_path / "bad.txt"
+    bad.write_text(text)
+    code, out, err = _run(["pipeline", "--file", str(bad)])
+    assert code == 2 and out == "" and "Traceback" not in err and _widest(err) <= 100
+    assert message in err.replace("\n  ", " "), err
 
 
 def test_png_is_written_after_the_grid(tmp_path):

@@ -19,7 +19,7 @@ from ...errors import PipelineError
 from .records import MAX_PAIRS, Compute, Post, Recv, Schedule, Send, check_sizes
 from .check import check
 
-__all__ = ["parse", "TOKENS", "MAX_TEXT"]
+__all__ = ["parse", "sizes", "TOKENS", "MAX_TEXT"]
 
 #: What a token may be, for messages.
 TOKENS = "F<mb>, B<mb>, send-act<mb>, recv-act<mb>, send-grad<mb>, recv-grad<mb> or [ ... ]"
@@ -83,6 +83,35 @@ def parse(text: str, stages: int, microbatches: int, virtual: int = 1, name: str
 
     check(schedule)
     return schedule
+
+
+def sizes(text: str, name: str = "hand-written") -> tuple[int, int, int]:
+    """(stages, microbatches, chunks per stage) that schedule `text` names, for `parse`: one more than its
+    largest stage number, one more than its largest microbatch number, and its largest chunk number + 1 over
+    the stages, rounded up (1 where no token names a chunk). What it cannot read (a line that is no
+    ``stage N:``, a token outside TOKENS) is left to `parse`, which names it; sizes past MAX_PAIRS
+    (microbatch, chunk) pairs are refused here, before `parse` makes a program a stage."""
+    stages = microbatches = chunks = 0
+    for raw in text.splitlines():
+        match = _LINE.match(raw.split("#", 1)[0])
+        if not match:
+            continue
+        stages = max(stages, _number(match.group(1)) + 1)
+        for word in match.group(2).replace("[", " ").replace("]", " ").split():
+            token = _TOKEN.match(word)
+            if token:
+                microbatches = max(microbatches, _number(token.group(2)) + 1)
+                chunks = max(chunks, _number(token.group(3)) + 1 if token.group(3) else 0)
+    if not stages or not microbatches:
+        missing = "'stage N: tokens' line" if not stages else "token naming a microbatch"
+        raise PipelineError(f"schedule {name!r} has no {missing}; expected one line per stage, as "
+                            f"'stage 0: F0 send-act0' (or give --stages and --microbatches)")
+    virtual = max(1, -(-chunks // stages))
+    if stages * microbatches * virtual > MAX_PAIRS:
+        raise PipelineError(f"schedule {name!r} names stages 0..{stages - 1}, microbatches 0..{microbatches - 1} "
+                            f"and chunks 0..{stages * virtual - 1}: {stages * microbatches * virtual:,} (microbatch, "
+                            f"chunk) pairs is too many; expected at most {MAX_PAIRS:,}")
+    return stages, microbatches, virtual
 
 
 def _actions(body: str, stage: int, stages: int, virtual: int, name: str) -> list:

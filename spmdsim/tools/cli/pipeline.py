@@ -2,7 +2,7 @@
 
     spmdsim pipeline --schedule 1f1b --stages 4 --microbatches 8
     spmdsim pipeline --schedule interleaved --stages 4 --microbatches 8 --virtual-stages 2
-    spmdsim pipeline --stages 2 --microbatches 3 --file my_schedule.txt
+    spmdsim pipeline --file my_schedule.txt
 
 Pure: the schedules are built (or read) and checked, never run (docs/howto/pipelines.md).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from ...base.validate import read_bounded
 from ...errors import SpmdsimError
-from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse
+from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse, sizes
 from ...programs.pipeline.picture import plot, render
 from ...programs.pipeline.records import MAX_PAIRS
 from ...programs.pipeline.schedule import SCHEDULES, build
@@ -45,10 +45,12 @@ def register(subparsers: Any) -> None:
 
     parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default=None,
                         help="which schedule to build (default 1f1b; any case: 1F1B, GPipe; not with --file)")
-    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks)")
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="microbatches per step")
+    parser.add_argument("--stages", type=int, metavar="P",
+                        help="pipeline stages (ranks); with --file, the file's unless given")
+    parser.add_argument("--microbatches", type=int, metavar="M",
+                        help="microbatches per step; with --file, the file's unless given")
     parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
-                        help="model chunks per stage (interleaved: default 2; otherwise 1)")
+                        help="model chunks per stage (interleaved: default 2; with --file, the file's; otherwise 1)")
     parser.add_argument("--file", metavar="FILE",
                         help="read a hand-written schedule: one 'stage N: F0 send-act0 ...' line per stage")
     parser.add_argument("--png", metavar="FILE", help="also draw the grid (.png/.svg/.pdf)")
@@ -59,9 +61,14 @@ def register(subparsers: Any) -> None:
 
 def _sizes(args: argparse.Namespace) -> tuple[int, int, int]:
     """(stages, microbatches, virtual stages), each refused with its flag's name when out of range."""
-    if args.file is not None and args.schedule is not None:
-        raise SpmdsimError(f"--file {args.file!r} holds its own schedule, and --schedule {args.schedule!r} "
-                           f"names a built one; expected one of them")
+    if args.stages is None and args.microbatches is None:
+        raise SpmdsimError("no schedule to draw; expected --stages P and --microbatches M to build one, or "
+                           "--file FILE to read a hand-written one")
+    if args.stages is None or args.microbatches is None:
+        given, other = (("--stages", args.stages), "--microbatches M") if args.microbatches is None else (
+            ("--microbatches", args.microbatches), "--stages P")
+        raise SpmdsimError(f"{given[0]} {given[1]!r} without {other}; expected both to build a schedule, or "
+                           f"--file FILE to read a hand-written one")
     interleaved = args.schedule == "interleaved"
     virtual = args.virtual_stages if args.virtual_stages is not None else (2 if interleaved else 1)
     for flag, value in (("--stages", args.stages), ("--microbatches", args.microbatches),
@@ -102,13 +109,24 @@ def _read(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.file is not None and args.schedule is not None:
+        raise SpmdsimError(f"--file {args.file!r} holds its own schedule, and --schedule {args.schedule!r} "
+                           f"names a built one; expected one of them")
+    text = None
+    if args.file is not None:
+        text = _read(args.file)
+        if None in (args.stages, args.microbatches, args.virtual_stages):  # the file's own sizes
+            named = sizes(text, os.path.basename(args.file))
+            args.stages, args.microbatches, args.virtual_stages = (
+                named[i] if given is None else given
+                for i, given in enumerate((args.stages, args.microbatches, args.virtual_stages)))
     stages, microbatches, virtual = _sizes(args)
     if args.png is not None:
         # Fail before printing anything: the text grid comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
         require_matplotlib()
     if args.file is not None:
-        schedule = parse(_read(args.file), stages, microbatches, virtual, name=os.path.basename(args.file))
+        schedule = parse(text, stages, microbatches, virtual, name=os.path.basename(args.file))
     else:
         schedule = build(args.schedule or "1f1b", stages, microbatches, virtual)
     print(render(schedule, width=args.width), end="")
