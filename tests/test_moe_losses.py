@@ -38,12 +38,18 @@ def _call(mesh, layouts, values, count=False):
     kept = kept_bytes([loss])
     name = loss._ag.describe()
     total = loss.redistribute(loss.layout.with_partial(()))
-    with counting() as flops:
-        if count:
+    # A counter open on any rank is seen by every rank's router_losses (spmdsim.base.flops._OPEN is the process's:
+    # it then takes the chain's way): the ranks open one only after all have chosen, and close it before any goes on.
+    mesh.comm.Barrier()
+    kernels: dict = {}
+    if count:
+        with counting() as flops:
             total.backward()
-    if not count:
+        kernels = dict(flops.kernels)
+    else:
         total.backward()
-    return name, loss.local.tobytes(), lg.grad.local.tobytes(), p.grad.local.tobytes(), kept, dict(flops.kernels)
+    mesh.comm.Barrier()
+    return name, loss.local.tobytes(), lg.grad.local.tobytes(), p.grad.local.tobytes(), kept, kernels
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
