@@ -79,18 +79,15 @@ parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks 
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
 context_arguments(parser)  # --cp, --cp-method, --cp-split (spmdsim.models.gpt.context)
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
-parser.add_argument("--trace-out", default=None, metavar="PATH",
-                    help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
-                         "collectives and the F/B cells); not with --dry-run")
+parser.add_argument("--trace-out", default=None, metavar="PATH", help="with a pipeline: the last step as a "
+                    "Perfetto trace (a track per rank: messages, collectives and the F/B cells); not with --dry-run")
 model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
-parser.add_argument("--clip", type=flag_float, default=0.0,
-                    help="clip the gradients' joint norm to this (0: no clipping)")
+parser.add_argument("--clip", type=flag_float, default=0.0, help="clip the gradients' joint norm to this (0: none)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
-parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
+add_noted(parser, "--sample", type=int, default=120, help="characters to generate at the end (0: none)")
 add_noted(parser, "--temperature", type=flag_float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
-parser.add_argument("--replay", action="store_true",
-                    help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
+parser.add_argument("--replay", action="store_true", help="capture step 0, replay it for the later steps (checked alike)")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
@@ -238,6 +235,9 @@ def options_problem(args, cfg, zero, dp):
     if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing
         problem = ("--trace-out writes the last step's cells as they ran and took time; a dry run computes "
                    "nothing to time: leave out --trace-out or --dry-run")
+    drawn = [flag for flag in given_flags(args, "--sample", "--temperature") if flag != "--sample" or args.sample]
+    if not problem and drawn and dry_run_active():  # a sample asked for would be skipped without a word
+        problem = f"{drawn[0]} draws text from trained weights; a dry run has none: leave out {drawn[0]} or --dry-run"
     return problem
 
 

@@ -226,6 +226,11 @@ def test_train_gpt_replays_clipped_steps():
     # --sample 0 draws nothing: a temperature typed beside it did nothing and the run exited 0
     (["examples/train_gpt.py", "--temperature", "2", "--sample", "0"],
      "--temperature 2 is the sample's: give --sample N above 0 with it"),
+    # a dry run skipped the sample asked for without a word (it has shapes, no weights to draw from)
+    (["examples/train_gpt.py", "--sample", "5", "--dry-run"],
+     "--sample draws text from trained weights; a dry run has none: leave out --sample or --dry-run"),
+    (["examples/train_gpt.py", "--dry-run", "--temperature", "0.5"],
+     "--temperature draws text from trained weights; a dry run has none: leave out --temperature or --dry-run"),
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
     (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
                                                  "[0, 102); expected vocab 127 or more (--vocab)"),
