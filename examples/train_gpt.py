@@ -87,7 +87,8 @@ parser.add_argument("--every", type=int, default=20, help="print every N steps")
 add_noted(parser, "--sample", type=int, default=120, help="characters to generate at the end (0: none)")
 add_noted(parser, "--temperature", type=flag_float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
-parser.add_argument("--replay", action="store_true", help="capture step 0, replay it for the later steps (checked alike)")
+parser.add_argument("--replay", action="store_true",
+                    help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
@@ -235,9 +236,6 @@ def options_problem(args, cfg, zero, dp):
     if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing
         problem = ("--trace-out writes the last step's cells as they ran and took time; a dry run computes "
                    "nothing to time: leave out --trace-out or --dry-run")
-    drawn = [flag for flag in given_flags(args, "--sample", "--temperature") if flag != "--sample" or args.sample]
-    if not problem and drawn and dry_run_active():  # a sample asked for would be skipped without a word
-        problem = f"{drawn[0]} draws text from trained weights; a dry run has none: leave out {drawn[0]} or --dry-run"
     return problem
 
 
@@ -362,6 +360,8 @@ def report_schedule(args, run, model):
 def draw_sample(args, run, model):
     """Print --sample characters drawn after "def "; False where they differ from one numpy process's draw."""
     if not args.sample or dry_run_active():
+        if args.sample and run.comm.rank == 0 and given_flags(args, "--sample", "--temperature"):  # asked for: say so
+            note(f"--sample {args.sample}: no sample drawn (a dry run has shapes, not trained weights)")
         return True
     cfg, rank0, prompt = run.cfg, run.comm.rank == 0, b"def "
     if pipelined(args) or args.cp > 1:

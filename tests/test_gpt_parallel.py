@@ -214,6 +214,19 @@ def test_train_gpt_replays_clipped_steps():
     assert "; clipped to 1.0 at 2 of 2 steps" in out.stdout
 
 
+@pytest.mark.parametrize("flags, said", [(["--sample", "5"], True), (["--temperature", "0.5"], True),
+                                         (["--sample", "0"], False), ([], False)])
+def test_a_dry_run_says_it_draws_no_sample_asked_for(flags, said):
+    """A dry run has no trained weights: a sample asked for (--sample N, --temperature) was skipped without a word.
+    It runs (the same command with --dry-run added) and its report says none was drawn; the default's is not."""
+    out = _run("examples/train_gpt.py", "--ranks", "4", "--tp", "2", "--layers", "1", "--d-model", "16", "--seq", "8",
+               "--steps", "1", "--dry-run", *flags)
+    assert out.returncode == 0, out.stderr
+    asked = flags[1] if flags[:1] == ["--sample"] else "120"  # --temperature alone: the default's 120 characters
+    expected = [f"--sample {asked}: no sample drawn (a dry run has shapes, not trained weights)"] if said else []
+    assert [line for line in out.stdout.splitlines() if "no sample drawn" in line] == expected, out.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["examples/train_gpt.py", "--every", "0"], "--every 0 must be at least 1 (print every N steps)"),
     (["examples/train_gpt.py", "--every", "-1"], "--every -1 must be at least 1 (print every N steps)"),
@@ -226,11 +239,6 @@ def test_train_gpt_replays_clipped_steps():
     # --sample 0 draws nothing: a temperature typed beside it did nothing and the run exited 0
     (["examples/train_gpt.py", "--temperature", "2", "--sample", "0"],
      "--temperature 2 is the sample's: give --sample N above 0 with it"),
-    # a dry run skipped the sample asked for without a word (it has shapes, no weights to draw from)
-    (["examples/train_gpt.py", "--sample", "5", "--dry-run"],
-     "--sample draws text from trained weights; a dry run has none: leave out --sample or --dry-run"),
-    (["examples/train_gpt.py", "--dry-run", "--temperature", "0.5"],
-     "--temperature draws text from trained weights; a dry run has none: leave out --temperature or --dry-run"),
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
     (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
                                                  "[0, 102); expected vocab 127 or more (--vocab)"),

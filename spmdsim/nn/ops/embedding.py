@@ -185,7 +185,7 @@ class ParallelEmbedding:
     ) -> None:
         self.mesh = mesh
         self.axes = default_axes(mesh, axes)
-        self.gather_output = bool(gather_output)
+        self.gather_output = flag("ParallelEmbedding", "gather_output", gather_output)  # (bool("false") is True)
         self.weight_source = SeededTensor(_table_shape(self, num_embeddings, embedding_dim), dtype,
                                           int_arg(seed, "ParallelEmbedding seed", low=0))
         layout = mesh.layout(None, self.axes)

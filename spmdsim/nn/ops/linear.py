@@ -110,6 +110,7 @@ class _ParallelLinear:
     def __init__(self, mesh: Any, input_size: int, output_size: int, *, bias: bool, axes: Any, dtype: str,
                  seed: int, column: bool) -> None:
         name = type(self).__name__
+        bias = flag(name, "bias", bias)  # a truthy string ("no") is no flag
         self.mesh = mesh
         self.axes = default_axes(mesh, axes)
         # Column-parallel: W and b split on out_features; row-parallel: W split on in_features, b whole.
@@ -163,9 +164,11 @@ class ColumnParallelLinear(_ParallelLinear):
         gather_output: bool = False, sequence_parallel: bool = False,
         axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
+        name = type(self).__name__
+        gather_output = flag(name, "gather_output", gather_output)  # (bool("false") is True)
+        sequence_parallel = flag(name, "sequence_parallel", sequence_parallel)
         super().__init__(mesh, input_size, output_size, bias=bias, axes=axes, dtype=dtype, seed=seed, column=True)
-        self.gather_output = bool(gather_output)
-        self.sequence_parallel = bool(sequence_parallel)
+        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
 
     def __call__(self, x: Any, label: Optional[str] = "column_linear") -> Any:
         self._check_features(x)
@@ -195,12 +198,14 @@ class RowParallelLinear(_ParallelLinear):
         input_is_parallel: bool = False, sequence_parallel: bool = False,
         axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
+        name = type(self).__name__
+        input_is_parallel = flag(name, "input_is_parallel", input_is_parallel)  # (bool("false") is True)
+        sequence_parallel = flag(name, "sequence_parallel", sequence_parallel)
         if sequence_parallel and not input_is_parallel:
             raise OperatorError("RowParallelLinear(sequence_parallel=True) needs input_is_parallel=True "
                                 "(x split on its last dim, as a ColumnParallelLinear leaves it), as in Megatron")
         super().__init__(mesh, input_size, output_size, bias=bias, axes=axes, dtype=dtype, seed=seed, column=False)
-        self.input_is_parallel = bool(input_is_parallel)
-        self.sequence_parallel = bool(sequence_parallel)
+        self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
 
     def __call__(self, x: Any, label: Optional[str] = "row_linear") -> Any:
         given = x

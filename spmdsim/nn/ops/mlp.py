@@ -28,6 +28,7 @@ from ...runtime.executor import execute
 from ...runtime.engines import local as engine_local
 from ...base.validate import int_arg
 from ._common import add_bias, default_axes, local_matmul, make_dtensor
+from ._operands import flag
 from .elementwise import activation
 from .linear import ColumnParallelLinear, RowParallelLinear, _plan_linear, bias_once
 
@@ -59,6 +60,8 @@ class ParallelMLP:
         hidden_size = int_arg(hidden_size, "ParallelMLP hidden_size", low=1)
         ffn_hidden_size = int_arg(ffn_hidden_size, "ParallelMLP ffn_hidden_size", low=1)
         seed = int_arg(seed, "ParallelMLP seed", low=0)
+        bias = flag("ParallelMLP", "bias", bias)  # (bool("false") is True)
+        sequence_parallel = flag("ParallelMLP", "sequence_parallel", sequence_parallel)
         self.axes = default_axes(mesh, axes)
         self.activation = activation
         self.linear_fc1 = ColumnParallelLinear(
