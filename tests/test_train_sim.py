@@ -202,6 +202,17 @@ def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
     assert errors == [f"clip_grad_norm_: max_norm {v!r} must be a finite number > 0" for v in (0, -1.0, float("inf"), True, "1")]
 
 
+def test_clip_coefficient_refuses_an_eps_as_clip_grad_norm_does():
+    """clip_coefficient (exported beside clip_grad_norm_) took any eps: -1 with norm 1 divided by zero."""
+    from spmdsim.nn.optim import clip_coefficient
+
+    assert clip_coefficient(2.0, 1.0) == 1.0 / (2.0 + 1e-6) and clip_coefficient(2.0, 1.0, 0) == 0.5
+    for bad in (-1, float("nan"), True, "1e-6"):
+        with pytest.raises(spmdsim.OperatorError) as refused:
+            clip_coefficient(1.0, 1.0, bad)
+        assert str(refused.value) == f"clip_coefficient: eps {bad!r} must be a finite number >= 0"
+
+
 def test_clip_grad_norm_refuses_an_eps_that_is_negative_or_not_finite():
     """A negative eps turned a small norm's coefficient negative (eps -1 with norm 0.15: every gradient times
     -1.17); eps 0 is PyTorch's formula without the guard: a zero norm leaves the gradients as they are."""

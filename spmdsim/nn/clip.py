@@ -16,9 +16,14 @@ from ..base import buffers
 from ..base.validate import tolerance_arg
 
 
-def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
+_EPS = 1e-6  # PyTorch's
+
+
+def clip_coefficient(norm: float, max_norm: float, eps: float = _EPS) -> float:
     """What clipping multiplies every gradient by: max_norm / (norm + eps), at most 1 (PyTorch's formula;
-    a non-finite norm gives NaN or 0, as there)."""
+    a non-finite norm gives NaN or 0, as there). An `eps` given is a finite number >= 0 (-1 divided by 0)."""
+    if eps is not _EPS:
+        eps = tolerance_arg(eps, "clip_coefficient: eps", OperatorError)
     with np.errstate(invalid="ignore", divide="ignore"):
         coefficient = float(np.float64(max_norm) / (np.float64(norm) + eps))
     return coefficient if not coefficient >= 1.0 else 1.0
