@@ -116,10 +116,9 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None:
         text = _read(args.file)
         if None in (args.stages, args.microbatches, args.virtual_stages):  # the file's own sizes
-            named = sizes(text, os.path.basename(args.file))
+            given = (args.stages, args.microbatches, args.virtual_stages)
             args.stages, args.microbatches, args.virtual_stages = (
-                named[i] if given is None else given
-                for i, given in enumerate((args.stages, args.microbatches, args.virtual_stages)))
+                own if mine is None else mine for mine, own in zip(given, sizes(text, os.path.basename(args.file))))
     stages, microbatches, virtual = _sizes(args)
     if args.png is not None:
         # Fail before printing anything: the text grid comes first.
