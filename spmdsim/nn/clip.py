@@ -21,7 +21,9 @@ _EPS = 1e-6  # PyTorch's
 
 def clip_coefficient(norm: float, max_norm: float, eps: float = _EPS) -> float:
     """What clipping multiplies every gradient by: max_norm / (norm + eps), at most 1 (PyTorch's formula;
-    a non-finite norm gives NaN or 0, as there). An `eps` given is a finite number >= 0 (-1 divided by 0)."""
+    a non-finite norm gives NaN or 0, as there).
+
+    An `eps` given is a finite number >= 0 (-1 divided by 0), else one OperatorError line naming it."""
     if eps is not _EPS:
         eps = tolerance_arg(eps, "clip_coefficient: eps", OperatorError)
     with np.errstate(invalid="ignore", divide="ignore"):
