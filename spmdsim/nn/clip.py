@@ -16,16 +16,17 @@ from ..base import buffers
 from ..base.validate import tolerance_arg
 
 
-_EPS = 1e-6  # PyTorch's
-
-
-def clip_coefficient(norm: float, max_norm: float, eps: float = _EPS) -> float:
+def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     """What clipping multiplies every gradient by: max_norm / (norm + eps), at most 1 (PyTorch's formula;
     a non-finite norm gives NaN or 0, as there).
 
-    An `eps` given is a finite number >= 0 (-1 divided by 0), else one OperatorError line naming it."""
-    if eps is not _EPS:
-        eps = tolerance_arg(eps, "clip_coefficient: eps", OperatorError)
+    `eps` is a finite number >= 0 (-1 divided by 0), else one OperatorError line naming it."""
+    return _coefficient(norm, max_norm, tolerance_arg(eps, "clip_coefficient: eps", OperatorError))
+
+
+def _coefficient(norm: float, max_norm: float, eps: float) -> float:
+    """`clip_coefficient` of an `eps` checked already: clip_grad_norm_'s, once a call, not again in the kernel
+    each replayed step reruns (`_clip_into`)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         coefficient = float(np.float64(max_norm) / (np.float64(norm) + eps))
     return coefficient if not coefficient >= 1.0 else 1.0
@@ -82,7 +83,7 @@ def _clip_into(squares: np.ndarray, max_norm: Any, eps: float, grads: tuple, out
     `outs` (copied when it is 1): a captured step's clipping, one kernel each replay reruns on its own norm."""
     value = _norm_of(squares)
     norm[...] = value
-    _scaled_into(grads, clip_coefficient(value, _clip_bound(max_norm), eps), outs)
+    _scaled_into(grads, _coefficient(value, _clip_bound(max_norm), eps), outs)
 
 
 def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, across: Any = None,
@@ -150,7 +151,7 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
             p._ag.grad = type(g)(g.mesh, out, g.layout, g.global_shape)
         return norm
     norm = _norm_of(squares)
-    coefficient = clip_coefficient(norm, bound, eps)
+    coefficient = _coefficient(norm, bound, eps)
     if coefficient != 1.0:
         outs = tuple(np.empty(g.local.shape, g.local.dtype) for _, g in grads)
         _scaled_into(tuple(g.local for _, g in grads), coefficient, outs)
