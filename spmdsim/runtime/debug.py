@@ -43,13 +43,13 @@ class Hooks:
     rank's and nothing beside it, as configure() on an MPI rank changes that
     process's. The running rank's are ``current().hooks`` (spmdsim.base.context).
 
-    ``quiet``: True when neither hook is on, one attribute read for hot paths
-    (worked out on first read and after configure()); the rest are the
-    settings (None: read the environment on first use). The collectives' call
+    ``quiet``: True when neither hook is on, and ``watched``: True when the watchdog alone is (no
+    guard), each one attribute read for hot paths (worked out on first read and after configure());
+    the rest are the settings (None: read the environment on first use). The collectives' call
     counter is the running rank's (``current().seq``).
     """
 
-    __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet", "world")
+    __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet", "watched", "world")
 
     def __init__(self, like: Optional["Hooks"] = None) -> None:
         """Settings read from the environment on first use, or, given `like`, a copy of its settings."""
@@ -61,14 +61,17 @@ class Hooks:
         # A simulated rank's: its simulation's World (spmdsim.runtime.sim.engine), whose waits the watchdog then
         # times (`World.watched`, set by configure()); None for the process's and a copy (_reset keeps it)
         self.world: Any = getattr(self, "world", None) if like is None else None
-        # `quiet` stays unset until first read (__getattr__)
+        # `quiet` and `watched` stay unset until first read (__getattr__)
 
     def __getattr__(self, name: str) -> Any:
-        # Reached only for an unset slot: `quiet` is worked out once, then a plain read.
-        if name != "quiet":
-            raise AttributeError(name)
-        self.quiet = not self.check_enabled() and self.watchdog_seconds() is None
-        return self.quiet
+        # Reached only for an unset slot: `quiet` and `watched` are worked out once, then plain reads.
+        if name == "quiet":
+            self.quiet = not self.check_enabled() and self.watchdog_seconds() is None
+            return self.quiet
+        if name == "watched":
+            self.watched = not self.check_enabled() and self.watchdog_seconds() is not None
+            return self.watched
+        raise AttributeError(name)
 
     def check_enabled(self) -> bool:
         """Whether collectives compare fingerprints first (SPMDSIM_CHECK)."""
@@ -101,11 +104,12 @@ class Hooks:
         self.forget_quiet()
 
     def forget_quiet(self) -> None:
-        """Work `quiet` out again on its next read (the settings changed)."""
-        try:
-            del self.quiet
-        except AttributeError:
-            pass
+        """Work `quiet` and `watched` out again on their next read (the settings changed)."""
+        for name in ("quiet", "watched"):
+            try:
+                delattr(self, name)
+            except AttributeError:
+                pass
 
 
 #: The process's settings (an MPI rank's, or a plain process's); a simulated rank has its own.

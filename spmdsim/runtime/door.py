@@ -3,7 +3,8 @@
 `issue` runs one collective of runtime.collectives, runtime.exchange or
 runtime.prepared: the mesh's engine's transfer (spmdsim.runtime.engines.base: one
 method per kind, taking buffers), by a plain way (the engine's call, nothing
-before it) or through the layers of runtime/layers.py (debug hooks or an
+before it), a watched way (the watchdog alone: numbered, waited by its wait)
+or through the layers of runtime/layers.py (the divergence check or an
 emulated algorithm), then one trace row. `repeat` runs again a collective
 whose first call went through `issue` (what it worked out kept per mesh by
 `keep`): the engine's call alone on the plain way with no trace open, else `issue`. The plain way is kept bare because
@@ -49,8 +50,9 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
 
     Plain (no debug hook on, no ``algorithms=``): the mesh's engine runs the
-    transfer; else the layers of runtime/layers.py do (check, emulated
-    algorithm, watchdog). Either way one trace row follows for the rank's open traces.
+    transfer; with the watchdog alone on, the same numbered and waited by the
+    watchdog (as the layers' Checked and Watched would, without their frames);
+    else the layers of runtime/layers.py do (check, emulated algorithm, watchdog). Either way one trace row follows for the rank's open traces.
 
     Args:
         run, args: the transfer, called ``run(comm, *args, wait)``: the mesh's engine's method
@@ -73,11 +75,20 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         _take(op, dtype)
     context = mesh.context  # the running rank's (the mesh's maker's): its open traces and call counter
     traces = context.traces
-    if context.hooks.quiet and mesh.algorithms is None:
+    hooks = context.hooks
+    if hooks.quiet and mesh.algorithms is None:
         if t0 is None and traces:
             t0 = perf_counter()
         run(comm, *args, polite_wait if mesh.polite else None)
         context.seq += 1
+        if then is None and not traces:
+            return result
+        name = op
+    elif hooks.watched and mesh.algorithms is None:  # the watchdog alone: the layers' Checked + Watched, inline
+        if t0 is None and traces:
+            t0 = perf_counter()
+        context.seq = seq = context.seq + 1
+        run(comm, *args, debug_calls.waiter(op, normalize_axes(axes), seq, mesh.polite, comm))
         if then is None and not traces:
             return result
         name = op
