@@ -43,8 +43,8 @@ import numpy as np
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
-from spmdsim.models.gpt import GPTConfig, decode, encode, load_text
-from spmdsim.models.gpt.data import text_problem
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt.data import show_sample, text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
@@ -377,6 +377,10 @@ def draw_sample(args, run, model):
                   f"{'stages' if pipelined(args) else 'parameters'}):")
             show_sample(prompt, sample)
         return True
+    # Said before it runs from 64 ranks (a forward pass a character; 120: 7 s on 8 ranks, 50 s on 64, 17 min on 1,024)
+    if rank0 and run.comm.size >= 64:
+        print(f"drawing {args.sample} characters: {args.sample} forward passes on {run.comm.size:,} ranks "
+              "(--sample 0 skips them)", file=sys.stderr, flush=True)
     sample = model.generate(prompt, args.sample, args.temperature)
     same, agree = "", True
     if run.check and args.precision != "fp64":  # the reference draws at float64: not the same computation
@@ -389,12 +393,6 @@ def draw_sample(args, run, model):
         print(f"sample (temperature {args.temperature}{same}):")
         show_sample(prompt, sample)
     return agree
-
-
-def show_sample(prompt: bytes, sample: np.ndarray) -> None:
-    """Print `prompt` and the characters drawn after it, each line cut into lines of at most 100 columns."""
-    for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
-        print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
 
 
 sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -22,8 +22,8 @@ from ...errors import SpmdsimError
 from ...base.validate import as_int
 from .config import GPTConfig
 
-__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "batch", "text_problem",
-           "MAX_SAMPLE", "sample_problem"]
+__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "show_sample", "batch",
+           "text_problem", "MAX_SAMPLE", "sample_problem"]
 
 #: The most characters a ``--sample`` flag draws (each one a forward pass, with nothing printed until the last).
 MAX_SAMPLE = 2_000
@@ -113,6 +113,12 @@ def decode(ids: Any) -> str:
     arr = np.asarray(ids, dtype=np.int64).ravel()
     printable = ((arr >= 32) & (arr < 127)) | (arr == 10) | (arr == 9)
     return np.where(printable, arr, ord("?")).astype(np.uint8).tobytes().decode("ascii")
+
+
+def show_sample(prompt: bytes, sample: np.ndarray) -> None:
+    """Print `prompt` and the characters drawn after it, each line cut into lines of at most 100 columns."""
+    for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
+        print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
 
 
 def text_problem(text_ids: Any, cfg: GPTConfig) -> Optional[str]:
