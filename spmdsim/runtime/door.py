@@ -52,7 +52,8 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     Plain (no debug hook on, no ``algorithms=``): the mesh's engine runs the
     transfer; with the watchdog alone on, the same numbered and waited by the
     watchdog (as the layers' Checked and Watched would, without their frames);
-    else the layers of runtime/layers.py do (check, emulated algorithm, watchdog). Either way one trace row follows for the rank's open traces.
+    else the layers of runtime/layers.py do (check, emulated algorithm, watchdog).
+    Either way one trace row follows for the rank's open traces.
 
     Args:
         run, args: the transfer, called ``run(comm, *args, wait)``: the mesh's engine's method
@@ -76,19 +77,13 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     context = mesh.context  # the running rank's (the mesh's maker's): its open traces and call counter
     traces = context.traces
     hooks = context.hooks
-    if hooks.quiet and mesh.algorithms is None:
-        if t0 is None and traces:
-            t0 = perf_counter()
-        run(comm, *args, polite_wait if mesh.polite else None)
-        context.seq += 1
-        if then is None and not traces:
-            return result
-        name = op
-    elif hooks.watched and mesh.algorithms is None:  # the watchdog alone: the layers' Checked + Watched, inline
+    if (hooks.quiet or hooks.watched) and mesh.algorithms is None:
         if t0 is None and traces:
             t0 = perf_counter()
         context.seq = seq = context.seq + 1
-        run(comm, *args, debug_calls.waiter(op, normalize_axes(axes), seq, mesh.polite, comm))
+        # the mesh's wait, or with the watchdog alone its wait (the layers' Checked + Watched, without their frames)
+        run(comm, *args, (polite_wait if mesh.polite else None) if hooks.quiet else
+            debug_calls.waiter(op, normalize_axes(axes), seq, mesh.polite, comm))
         if then is None and not traces:
             return result
         name = op
