@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from shellkit import as_a_shell_starts_it
 from testkit import MPIEXEC as _MPIEXEC
 from testkit import mpi_batch_streams
 
@@ -109,8 +110,9 @@ def launch(argv: list[str], limit: float = 30.0, ranks: int = RANKS,
     start = time.perf_counter()
     # In a session of its own, ended whole afterwards: a `timeout` killed from outside (the OOM killer on a
     # loaded machine) leaves mpiexec running, and its ranks waiting for a peer, past the test.
+    # Started as a shell starts it: the sigint-alone fault's own SIGINT must reach its rank.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=as_a_shell_starts_it)
     try:
         out, _ = proc.communicate()
     finally:

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from shellkit import as_a_shell_starts_it
+
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.lab import load_exercises
 
@@ -275,7 +277,8 @@ def test_ctrl_c_stops_a_grade_at_once_and_says_what_it_did_not_write(tiny, tmp_p
     for k in range(4):
         (folder / f"loop{k}.py").write_text(SUBMISSIONS["hanging.py"])
     proc = subprocess.Popen([sys.executable, "-m", "spmdsim", "lab", "grade", "1", str(folder), "--csv", "g.csv",
-                             "--exercises", tiny, "--time-limit", "15"], stderr=subprocess.PIPE, text=True)
+                             "--exercises", tiny, "--time-limit", "15"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_shell_starts_it)
     try:
         while "grading 4 submissions" not in proc.stderr.readline():
             pass

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from shellkit import as_a_shell_starts_it
 from testkit import unfold
 
 from spmdsim import DTensor, Layout, Mesh, print_ranked, simulate
@@ -308,7 +309,7 @@ def test_ctrl_c_of_one_plain_process_is_its_one_line_and_130(tmp_path) -> None:
                                       "print('ready', flush=True)\ntime.sleep(60)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
     proc = subprocess.Popen([sys.executable, "wait.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)
     try:
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGINT)

@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import pytest
+from shellkit import as_a_shell_starts_it
 from testkit import MPICH, program_lines
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -180,7 +181,7 @@ def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130(wait):
         # terminal's Ctrl-C reaches them.
         proc = subprocess.Popen(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable, "-c",
                                  body], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True,
+                                start_new_session=True, preexec_fn=as_a_shell_starts_it,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", "SPMDSIM_WAIT": wait})
         try:
             deadline = time.monotonic() + 60

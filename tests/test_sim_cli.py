@@ -11,6 +11,7 @@ import pytest
 
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.cli.common import ONE_PROCESS
+from shellkit import as_a_shell_starts_it, sigint_state
 from testkit import EXAMPLE_ARGS, unfold
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
@@ -446,23 +447,6 @@ def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, cou
                                "e.g. --ranks 8\n")
 
 
-def _sigint_state(pid: int) -> str:
-    """The process's SigBlk and SigIgn lines (SIGINT is bit 1 of each)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn")))
-    except OSError:
-        return "(no /proc status)"
-
-
-def _as_a_shell_starts_it() -> None:
-    """In the child before exec: SIGINT unblocked and at its default, as an interactive shell starts a program
-    (a mask or an ignore of the test process's would otherwise pass to the program through exec). No import
-    here: the child of a process with threads runs only what it already has."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_every_simulated_rank_with_one_line():
     """SIGINT while 64 simulated ranks train: one line, exit 130, no traceback, no hang. Without it within 60 s,
     every thread's stack (faulthandler, on SIGABRT) and the SIGINT state are the failure's message: the test
@@ -473,7 +457,7 @@ def test_ctrl_c_stops_every_simulated_rank_with_one_line():
     path = next(p for p in EXAMPLES if p.stem == "train_megatron_block")
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", str(path), "--ranks", "64", "--steps", "500"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_as_a_shell_starts_it)
+                            preexec_fn=as_a_shell_starts_it)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait until the ranks run (the banner is out)
@@ -481,7 +465,7 @@ def test_ctrl_c_stops_every_simulated_rank_with_one_line():
             if "simulated ranks" in line:
                 break
         time.sleep(1.0)
-        state = _sigint_state(proc.pid)
+        state = sigint_state(proc.pid)
         proc.send_signal(signal.SIGINT)
         try:
             _, err = proc.communicate(timeout=60)

@@ -116,9 +116,9 @@ class CostModel:
         Args:
             measurements: Measurement values or (op, group_size, bytes, seconds) tuples.
             algorithm: "ring" or "tree"; None tries both and keeps the better fit.
-            per_op: also fit each collective with >= 3 distinct (g, n) points on its own.
-            per_group: also fit each (collective, group size) with >= 2 sizes on its own
-                (alpha and beta; one group size cannot tell beta from gamma).
+            per_op: also fit each collective with >= 3 distinct (g, n) points on its own (alpha and
+                beta: one collective's points cannot tell beta from gamma, their terms are proportional).
+            per_group: also fit each (collective, group size) with >= 2 sizes on its own (alpha and beta).
             Every override is kept only where it fits its own points better.
         """
         return fit_model(cls, measurements, algorithm=algorithm, per_op=per_op,
