@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from shellkit import as_a_shell_starts_it
+from shellkit import as_a_shell_starts_it, sigint_state
 from testkit import unfold
 
 from spmdsim import DTensor, Layout, Mesh, print_ranked, simulate
@@ -308,12 +308,18 @@ def test_ctrl_c_of_one_plain_process_is_its_one_line_and_130(tmp_path) -> None:
     (tmp_path / "wait.py").write_text("import time\nfrom spmdsim import install_excepthook\ninstall_excepthook()\n"
                                       "print('ready', flush=True)\ntime.sleep(60)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
-    proc = subprocess.Popen([sys.executable, "wait.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "wait.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)
     try:
         assert proc.stdout.readline() == "ready\n"
+        state = sigint_state(proc.pid)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # where it stands: every thread's stack (faulthandler, on SIGABRT)
+            proc.send_signal(signal.SIGABRT)
+            err = proc.communicate(timeout=30)[1]
+            raise AssertionError(f"no exit 60 s after SIGINT ({state}); the threads:\n{err[-6000:]}") from None
     finally:
         proc.kill()
     assert (proc.returncode, out, err) == (130, "", "spmdsim: interrupted (Ctrl-C): every rank stopped\n")
