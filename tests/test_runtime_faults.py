@@ -105,8 +105,13 @@ def test_spmdsim_error_on_some_ranks_aborts_after_grace():
     assert "spmdsim: error on rank 1: only rank one disagrees" in proc.stderr
 
 
+#: A job whose ranks all fail alike: its agreement ends when the last rank arrives, so a long grace costs nothing
+#: there, and HEADER's 1 s was once too short in CI (ranks 0 and 2 aborted: 3 workers and 4 ranks on 2 cores).
+ALL_FAIL = "    guard.GRACE_S = 10.0\n"  # indented as the bodies it starts (textwrap.dedent)
+
+
 def test_uniform_spmdsim_error_exits_2_with_one_line():
-    proc, seconds = _launch("""
+    proc, seconds = _launch(ALL_FAIL + """
     @abort_on_error()
     def main():
         raise ShapeError("tensor dim 0 of size 10 is not divisible by 4 shards")
@@ -119,7 +124,7 @@ def test_uniform_spmdsim_error_exits_2_with_one_line():
 
 
 def test_run_guarded_returns_2_and_excepthook_aborts():
-    proc, _ = _launch("""
+    proc, _ = _launch(ALL_FAIL + """
     code = run_guarded(lambda: (_ for _ in ()).throw(ShapeError("same everywhere")), MPI.COMM_WORLD)
     codes = MPI.COMM_WORLD.gather(code)
     if mesh.rank == 0:
