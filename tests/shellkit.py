@@ -8,6 +8,7 @@ program that never sees the Ctrl-C the test sends, and the test would wait out i
 from __future__ import annotations
 
 import signal
+import subprocess
 
 
 def as_a_shell_starts_it() -> None:
@@ -24,3 +25,18 @@ def sigint_state(pid: int) -> str:
             return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn")))
     except OSError:
         return "(no /proc status)"
+
+
+def interrupt(proc: subprocess.Popen, wait_s: float = 60.0) -> tuple[str, str, str]:
+    """Ctrl-C to `proc` (started with ``python -X faulthandler``, pipes as text): its (stdout, stderr) once it
+    exits, and its SIGINT state read just before the signal. Without an exit within `wait_s`, SIGABRT makes
+    faulthandler print every thread's stack, and the AssertionError carries them and the state."""
+    state = sigint_state(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        err = proc.communicate(timeout=30)[1]
+        raise AssertionError(f"no exit {wait_s:g} s after SIGINT ({state}); the threads:\n{err[-6000:]}") from None
+    return out, err, state

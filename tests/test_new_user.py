@@ -6,14 +6,13 @@ import importlib.abc
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from shellkit import as_a_shell_starts_it, sigint_state
+from shellkit import as_a_shell_starts_it, interrupt
 from testkit import unfold
 
 from spmdsim import DTensor, Layout, Mesh, print_ranked, simulate
@@ -312,14 +311,7 @@ def test_ctrl_c_of_one_plain_process_is_its_one_line_and_130(tmp_path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)
     try:
         assert proc.stdout.readline() == "ready\n"
-        state = sigint_state(proc.pid)
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:  # where it stands: every thread's stack (faulthandler, on SIGABRT)
-            proc.send_signal(signal.SIGABRT)
-            err = proc.communicate(timeout=30)[1]
-            raise AssertionError(f"no exit 60 s after SIGINT ({state}); the threads:\n{err[-6000:]}") from None
+        out, err, _ = interrupt(proc)  # without an exit in 60 s: its SIGINT state and every thread's stack
     finally:
         proc.kill()
     assert (proc.returncode, out, err) == (130, "", "spmdsim: interrupted (Ctrl-C): every rank stopped\n")

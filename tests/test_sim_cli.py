@@ -4,14 +4,13 @@ from __future__ import annotations
 import pathlib
 import re
 import runpy
-import signal
 import sys
 
 import pytest
 
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.cli.common import ONE_PROCESS
-from shellkit import as_a_shell_starts_it, sigint_state
+from shellkit import as_a_shell_starts_it, interrupt
 from testkit import EXAMPLE_ARGS, unfold
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
@@ -465,14 +464,7 @@ def test_ctrl_c_stops_every_simulated_rank_with_one_line():
             if "simulated ranks" in line:
                 break
         time.sleep(1.0)
-        state = sigint_state(proc.pid)
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
-            _, err = proc.communicate(timeout=30)
-            raise AssertionError(f"no exit 60 s after SIGINT ({state}); the threads:\n{err[-6000:]}") from None
+        _, err, state = interrupt(proc)
     finally:
         proc.kill()
     assert proc.returncode == 130, (state, err)
