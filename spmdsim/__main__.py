@@ -1,4 +1,5 @@
 """`python -m spmdsim` is the `spmdsim` console script."""
 from .tools.cli.console import console
 
-raise SystemExit(console())
+if __name__ == "__main__":  # not when a worker process (multiprocessing's "spawn") imports this module again
+    raise SystemExit(console())

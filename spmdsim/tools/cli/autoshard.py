@@ -100,6 +100,9 @@ def register(subparsers: Any) -> None:
                         help="--machine: what each block keeps for backward (default megatron's set)")
     parser.add_argument("--max-dry-runs", type=int, metavar="N",
                         help="--machine: at most N configurations priced by a dry run (default 24)")
+    parser.add_argument("--jobs", type=int, metavar="N",
+                        help="--machine: N worker processes run the dry runs the search asks for next, ahead of "
+                             "it: the same choice and table, sooner where N cores are free (default 1: none)")
     parser.add_argument("--moe-cells", action="store_true", default=None,
                         help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
                              "small dry runs each, one per tp, sp, micro-batch, recomputation, ep and etp: slower, "
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             "Llama's architecture"
         raise SpmdsimError(f"{given[0]} sets {what}, which only the search by a machine file prices "
                            "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
-    for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
+    for flag in ("precision", "kept", "max_dry_runs", "moe_cells", "jobs"):  # the machine search's own: never ignored
         if getattr(args, flag) is not None:
             value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
             raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "

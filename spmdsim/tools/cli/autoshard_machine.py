@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import time
 from typing import Any
@@ -40,6 +41,10 @@ __all__ = ["run_machine"]
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
+
+#: The cores this process may run on, and the most --jobs: each worker a dry run of up to MAX_DRY_RANKS threads.
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+MAX_JOBS = 2 * CORES
 
 #: Runners-up the table shows (the JSON has every candidate).
 SHOWN = 8
@@ -74,15 +79,7 @@ def run_machine(args: argparse.Namespace) -> int:
     fixed = parse_fixed(args.fix)  # --fix tp=8 ...: those degrees held, the rest searched
     args.precision = args.precision or "bf16-mixed"
     args.kept = args.kept or "megatron"
-    args.max_dry_runs = 24 if args.max_dry_runs is None else args.max_dry_runs
-    if args.max_dry_runs < 1:
-        raise SpmdsimError(f"--max-dry-runs {args.max_dry_runs} must be >= 1")
-    devices = 8 if args.devices is None else args.devices
-    if devices < 1:
-        raise SpmdsimError(f"--devices {devices} must be >= 1")
-    if devices > MAX_DRY_RANKS:  # each configuration's dry run runs them all (--devices 10**12: no end in sight)
-        raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_DRY_RANKS:,} (the ranks a "
-                           "dry run simulates)")
+    devices, jobs = _counts(args)
     cfg = gpt_config(args.gpt, max_layers=MAX_DRY_LAYERS, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
     if cfg.seq > MAX_DRY_TOKENS:  # each dry run makes 2 x seq token ids first (seq=10**10: numpy asked 149 GiB)
         raise SpmdsimError(f"--gpt seq={cfg.seq:,} is too long; expected at most {MAX_DRY_TOKENS:,} (the dry run "
@@ -103,7 +100,7 @@ def run_machine(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
-                        max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed)
+                        max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed, jobs=jobs)
     seconds = time.perf_counter() - start
     note = _notes(cfg, result, devices, machine.gpus_per_node)
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
@@ -132,6 +129,25 @@ def run_machine(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"no configuration fits {within} on {devices:,} device{plural}; the least needs "
                            f"{format_size(least)}" + (" at its peak" if priced else ""))
     return 0
+
+
+def _counts(args: argparse.Namespace) -> tuple[int, int]:
+    """(devices, worker processes) of the search `args` ask for, each checked, and their dry runs' cap
+    (`args.max_dry_runs`, 24 unless given)."""
+    args.max_dry_runs = 24 if args.max_dry_runs is None else args.max_dry_runs
+    if args.max_dry_runs < 1:
+        raise SpmdsimError(f"--max-dry-runs {args.max_dry_runs} must be >= 1")
+    jobs = 1 if args.jobs is None else args.jobs
+    if not 1 <= jobs <= MAX_JOBS:
+        raise SpmdsimError(f"--jobs {jobs} must be between 1 and {MAX_JOBS} (worker processes; this machine has "
+                           f"{CORES} cores)")
+    devices = 8 if args.devices is None else args.devices
+    if devices < 1:
+        raise SpmdsimError(f"--devices {devices} must be >= 1")
+    if devices > MAX_DRY_RANKS:  # each configuration's dry run runs them all (--devices 10**12: no end in sight)
+        raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_DRY_RANKS:,} (the ranks a "
+                           "dry run simulates)")
+    return devices, jobs
 
 
 def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) -> str:

@@ -48,7 +48,7 @@ from ...models.gpt.stages import chunk_parts
 from ...programs.pipeline.schedule import in_flight_by_stage
 from .closed_forms import model_states
 from .configs import model_of
-from .ledger import _RUN, PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, transfers_at
+from .ledger import _RUN, PRECISIONS, dry_key, gemms_at, gpt_ledger, kernel_bytes, transfers_at
 from .steptime import Pipeline, step_time
 
 __all__ = ["LayerCell", "Cells"]
@@ -153,24 +153,18 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
     `micro` sequences a rank) and the rows of each kind of layer and of the ends they solve for (module
     docstring); every run's stages checked to be their ends plus their layers. `context`: (cp, its method),
     each run's sequence split over cp as the configuration's; `etp`: the experts' (below tp: folded, `model_of`)."""
-    cp, method = context
     cfg = model_of(cfg, etp)
     by = folded_by(cfg, tp)  # folded: the tp ranks in the experts' ep
-    every = cfg.moe.every if cfg.moe is not None else 1
-    mixed = every > 1  # dense and MoE layers
-    sizes = (2 * every - 2, 2 * every, 2 * every + 2) if mixed else (2, 4)
+    sizes = _sizes(cfg)
     rows, kept_by, kinds = {}, {}, {}
+    for layers, m, args, keywords in _cell_runs(cfg, tp, sp, micro, recompute, kept, ep, context):
+        for st in gpt_ledger(*args, gpus_per_node=gpus_per_node, **keywords):  # the dense batch split over dp x ep
+            rows[layers, m, st.stage] = _rows(st)
+            kept_by[layers, m, st.stage] = dict(st.memory.kept)
     for layers in sizes:
-        small = replace(cfg, layers=layers)
-        for m in (1, 2):
-            stages = gpt_ledger(replace(small, batch=micro * m * ep), 2, 1, tp, sp=sp, microbatches=m,
-                                recompute=recompute, kept=kept, gpus_per_node=gpus_per_node, ep=ep, cp=cp,
-                                cp_method=method)
-            for st in stages:  # the dense batch is split over dp x ep
-                rows[layers, m, st.stage] = _rows(st)
-                kept_by[layers, m, st.stage] = dict(st.memory.kept)
         for stage in (0, 1):
-            kinds[layers, stage] = layer_kinds(small, stage * layers // 2, (stage + 1) * layers // 2)
+            kinds[layers, stage] = layer_kinds(replace(cfg, layers=layers), stage * layers // 2,
+                                               (stage + 1) * layers // 2)
     # per microbatch on each stage: a second microbatch's rows (the step's own rows cancel)
     per_mb = {(layers, s): _less(rows[layers, 2, s], rows[layers, 1, s]) for layers in sizes for s in (0, 1)}
     # the first stage of each size holds one layer more than the size before: a dense layer's, an MoE layer's
@@ -222,6 +216,24 @@ def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gp
                      tuple((k, items(held)) for k, (_, _, held) in one.items()))
 
 
+def _sizes(cfg: Any) -> tuple:
+    """The layers of a cell's small models: 2 and 4, or around the MoE layers' period where dense layers sit
+    between them (three sizes)."""
+    every = cfg.moe.every if cfg.moe is not None else 1
+    return (2 * every - 2, 2 * every, 2 * every + 2) if every > 1 else (2, 4)
+
+
+def _cell_runs(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, ep: int, context: tuple) -> list:
+    """(layers, microbatches, gpt_ledger's arguments, its keywords but the node size) of each small dry run of a
+    cell of `cfg` (its experts at their etp already: `model_of`): pp 2 x dp 1 x ep x tp, 1 or 2 microbatches of
+    `micro` sequences a rank."""
+    cp, method = context
+    return [(layers, m, (replace(replace(cfg, layers=layers), batch=micro * m * ep), 2, 1, tp),
+             {"sp": sp, "microbatches": m, "recompute": recompute, "kept": kept, "ep": ep, "cp": cp,
+              "cp_method": method})
+            for layers in _sizes(cfg) for m in (1, 2)]
+
+
 class Cells:
     """The layer cells of one model, made on first use and kept (keyed on tp, sp, a rank's micro-batch,
     recompute, ep, cp with its method, and the experts' etp).
@@ -250,9 +262,24 @@ class Cells:
         return self.cells[key]
 
     def _of(self, c: Any) -> LayerCell:
-        """The cell of configuration `c` (a rank's micro-batch: the batch over dp x ep x microbatches)."""
-        return self.cell(c.tp, c.sp, self.cfg.batch // (c.dp * c.ep * c.microbatches), c.recompute, c.ep,
-                         (c.cp, c.cp_method), getattr(c, "etp", 0))
+        """The cell of configuration `c`."""
+        return self.cell(*self._key(c))
+
+    def _key(self, c: Any) -> tuple:
+        """`cell`'s arguments for configuration `c` (a rank's micro-batch: the batch over dp x ep x
+        microbatches), in the order of its key."""
+        return (c.tp, c.sp, self.cfg.batch // (c.dp * c.ep * c.microbatches), c.recompute, c.ep, (c.cp, c.cp_method),
+                getattr(c, "etp", 0))
+
+    def dry_keys(self, c: Any) -> list:
+        """The dry runs (spmdsim.tools.estimate.ledger.dry_key) that the cell of configuration `c` is made from, or
+        none once it is made: what a look-ahead can run before the search asks for it (spmdsim.tools.estimate.ahead)."""
+        key = self._key(c)
+        if key in self.cells:
+            return []
+        tp, sp, micro, recompute, ep, context, etp = key
+        return [dry_key(*args, **keywords) for _, _, args, keywords in
+                _cell_runs(model_of(self.cfg, etp), tp, sp, micro, recompute, self.kept, ep, context)]
 
     def stages(self, c: Any) -> list:
         """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}: its chunks

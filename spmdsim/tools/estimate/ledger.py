@@ -16,8 +16,11 @@ The program runs in float64; spmdsim.tools.estimate.held prices what it holds at
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
+
+import numpy as np
 
 from ...errors import SpmdsimError
 from .records import Calls
@@ -38,7 +41,8 @@ from .held import (_RUN, PRECISIONS, ROLES, StageMemory, Transient, Widths, back
 from .steptime import step_time
 from .transfers import placed, trace_calls
 
-__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
+__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "dry_key", "dry_run", "known_ledgers", "remember",
+           "priced", "ROLES", "gemms_at", "transfers_at",
            "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
            "StageMemory", "stage_memory", "peak_bytes", "backward_gradients", "stage_times", "own_width", "FP8_RUN"]
 
@@ -169,29 +173,56 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
     routes by cfg.moe.dry_routing); `cp` context-parallel ranks a stage, attention by `cp_method`
     (spmdsim.models.gpt.context); `fp8`: the linear layers' products in FP8 (`FP8_RUN`). An equal call made
     before in this process gives that run's ledgers (`_LEDGERS`)."""
-    import os
-
     if fp8 and zero == 3:
         raise SpmdsimError("precision fp8 with ZeRO-3: the fully sharded step runs without FP8 linear layers; "
                            "give --zero 0, 1 or 2")
 
     if not (type(gpus_per_node) is int and gpus_per_node >= 1):
         raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
-    split = None if split is None else tuple(split)
-    key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, ep,
-           os.environ.get(ENV_VAR, ""), split, cp, cp_method, prefetch, fp8)
-    try:
-        known = _LEDGERS.get(key)
-    except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
-        known = key = None
+    key = dry_key(cfg, pp, dp, tp, sp=sp, microbatches=microbatches, schedule=schedule, virtual=virtual,
+                  recompute=recompute, zero=zero, kept=kept, ep=ep, split=split, cp=cp, cp_method=cp_method,
+                  prefetch=prefetch, fp8=fp8)
+    known = known_ledgers(key)
     if known is None:
-        known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  ep, split, (cp, cp_method), prefetch, fp8))
-        if key is not None:
-            while len(_LEDGERS) >= _KEEP:
-                del _LEDGERS[next(iter(_LEDGERS))]
-            _LEDGERS[key] = known
+        known = dry_run(key)
+        remember(key, known)
     return [replace(ledger, transfers=placed(*unplaced, ledger.rank, gpus_per_node)) for ledger, unplaced in known]
+
+
+def dry_key(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
+            schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
+            kept: str = "graph", ep: int = 1, split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring",
+            prefetch: bool = False, fp8: bool = False) -> tuple:
+    """Everything `gpt_ledger`'s dry run depends on (its arguments but the node size, and SPMDSIM_MEMORY), in
+    `_dry_ledger`'s order, the environment's value last: `_LEDGERS`'s key, and what `dry_run` runs."""
+    split = None if split is None else tuple(split)
+    return (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, ep, split, (cp, cp_method),
+            prefetch, fp8, os.environ.get(ENV_VAR, ""))
+
+
+def dry_run(key: tuple) -> tuple:
+    """The ledgers of the dry run `key` (`dry_key`) names, each stage's (StageLedger without its transfers, its
+    transfers unplaced); module-level, so a worker process can run it (spmdsim.tools.estimate.ahead)."""
+    return tuple(_dry_ledger(*key[:-1]))
+
+
+def known_ledgers(key: tuple) -> Optional[tuple]:
+    """The ledgers of an equal dry run made before in this process (or given by `remember`), or None."""
+    try:
+        return _LEDGERS.get(key)
+    except TypeError:  # an argument that cannot be a key (a list)
+        return None
+
+
+def remember(key: tuple, ledgers: tuple) -> None:
+    """Keeps `ledgers`, the dry run `key`'s, for `gpt_ledger` (oldest out first)."""
+    try:
+        hash(key)
+    except TypeError:  # an argument that cannot be a key: nothing kept
+        return
+    while len(_LEDGERS) >= _KEEP:
+        del _LEDGERS[next(iter(_LEDGERS))]
+    _LEDGERS[key] = ledgers
 
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
@@ -200,8 +231,6 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
     """`gpt_ledger`'s dry run: (StageLedger without its transfers, its transfers unplaced:
     spmdsim.tools.estimate.transfers.trace_calls) of each stage; `contexts`: (cp, its method)."""
     cp, method = contexts
-    import numpy as np
-
     ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % min(cfg.vocab, 128)  # token ids: a dry run reads shapes
 
     def body() -> tuple:

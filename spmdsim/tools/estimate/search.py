@@ -43,6 +43,7 @@ that have them are searched.
 from __future__ import annotations
 
 import heapq
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -53,7 +54,8 @@ from .bounds import Cells
 from .closed_forms import bounds_and_sums, dense_layer_elements
 from .configs import (RECOMPUTE, SEARCHED_METHODS, Config, configurations, fixed_configurations, model_of,
                       vocab_note)
-from .ledger import PRECISIONS, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
+from .ahead import LookAhead
+from .ledger import PRECISIONS, dry_key, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
 from .steptime import Pipeline
 
 __all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED",
@@ -112,14 +114,21 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     largest stage's memory and the largest stage's peak (transient blocks included: what `spmdsim estimate`'s
     fit verdict compares with the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes) at `precision`, as
     `spmdsim estimate` prints them (the experts at `c`'s etp: on the mesh's ep, folded or not)."""
-    stages = gpt_ledger(model_of(cfg, c.etp), c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
-                        virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
-                        gpus_per_node=machine.gpus_per_node, ep=c.ep, split=c.split, cp=c.cp,
-                        cp_method=c.cp_method)
+    args, keywords = price_run(cfg, c, kept)
+    stages = gpt_ledger(*args, gpus_per_node=machine.gpus_per_node, **keywords)
     pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule)
     seconds = max(t.total_s for t in stage_times(stages, machine, precision, pipeline, overlap(c)))
     memories = [stage_memory(st, precision, c.zero) for st in stages]
     return seconds, max(m.memory for m in memories), peak_bytes(memories)
+
+
+def price_run(cfg: Any, c: Config, kept: str) -> tuple[tuple, dict]:
+    """The arguments and keywords (but the node size) of `price`'s gpt_ledger call for configuration `c`: the dry
+    run that prices it (spmdsim.tools.estimate.ahead runs it ahead)."""
+    return (model_of(cfg, c.etp), c.pp, c.dp, c.tp), {
+        "sp": c.sp, "microbatches": c.microbatches, "schedule": c.schedule, "virtual": c.virtual,
+        "recompute": c.recompute, "zero": c.zero, "kept": kept, "ep": c.ep, "split": c.split, "cp": c.cp,
+        "cp_method": c.cp_method}
 
 
 def overlap(c: Config) -> tuple[str, ...]:
@@ -130,7 +139,7 @@ def overlap(c: Config) -> tuple[str, ...]:
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
            kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True,
-           moe_cells: bool = False, fixed: Any = None) -> SearchResult:
+           moe_cells: bool = False, fixed: Any = None, jobs: int = 1) -> SearchResult:
     """The fastest configuration whose peak is within `memory_limit` by predicted step time (module docstring).
 
     `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes held, peak bytes)`: `price` unless given
@@ -140,6 +149,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     the search only with `moe_cells` (six small dry runs a cell, one for every ep and etp too: on DeepSpeed-MoE's
     1.3B+MoE-128 over 128 devices 5,436 small dry runs; docs/howto/choose-configuration.md).
     `fixed`: {Config field: value} (`parse_fixed`): only the configurations with those degrees are searched.
+    `jobs` > 1: that many worker processes run the dry runs the search asks for next, ahead of it
+    (spmdsim.tools.estimate.ahead; with `price`, not a `pricer` given): the same result, sooner on as many cores.
     The experts folded into their ep (etp 1, and with the layer cells every etp dividing tp between 1 and tp,
     each bounded by its own cells: a cell per mesh and etp, made when one of its configurations reaches the top
     of the heap) are searched where the layer cells bound them or `fixed` holds etp (that etp alone):
@@ -153,17 +164,20 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     cells or where `fixed` holds cp (by the closed forms alone, on that example, a cp 8 configuration at 140.9 ms
     was chosen).
     """
-    _check_search(precision, max_dry_runs, memory_limit)
+    _check_search(precision, max_dry_runs, memory_limit, jobs)
     zero = (fixed or {}).get("zero")
-    args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed)
-    result = _searched(*args, sharded=cfg.moe is None or zero == 3)
-    if result.chosen is None and cfg.moe is not None and zero is None:
-        result = replace(_searched(*args, sharded=True), sharded=True)
+    with LookAhead(jobs) if jobs > 1 and pricer is None else nullcontext() as ahead:
+        args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed,
+                ahead)
+        result = _searched(*args, sharded=cfg.moe is None or zero == 3)
+        if result.chosen is None and cfg.moe is not None and zero is None:
+            result = replace(_searched(*args, sharded=True), sharded=True)
     return result
 
 
 def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision: str, kept: str,
-              max_dry_runs: int, pricer: Any, cells: Any, moe_cells: bool, fixed: Any, sharded: bool) -> SearchResult:
+              max_dry_runs: int, pricer: Any, cells: Any, moe_cells: bool, fixed: Any, ahead: Any,
+              sharded: bool) -> SearchResult:
     """`search`'s branch and bound over the configurations (with MoE layers their ZeRO-3 ones where `sharded`)."""
     # With MoE layers the folded experts and cp are searched where the layer cells bound them or `fixed` holds them
     bound_by_cells = cfg.moe is None or moe_cells or isinstance(cells, Cells)
@@ -179,14 +193,15 @@ def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision
         cells = False
     tight = cells if isinstance(cells, Cells) else (Cells(cfg, kept, machine.gpus_per_node) if cells else None)
     made = tight.dry_runs if tight is not None else 0
-    bound = _Bound(cfg, machine, precision, kept, memory_limit, price if pricer is None else pricer, tight, sums)
+    bound = _Bound(cfg, machine, precision, kept, memory_limit, price if pricer is None else pricer, tight, sums,
+                   ahead)
     best, runs, priced = _branch_and_bound(bound, heap, out, max_dry_runs)
     return _result(SearchResult(devices, machine.name, memory_limit, precision, kept, (), runs, "", None,
                                 tight.dry_runs - made if tight is not None else 0, folded, contexts=contexts), heap,
                    best, priced, out, max_dry_runs)
 
 
-def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
+def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any, jobs: Any) -> None:
     """`search`'s arguments: one line naming the first bad one."""
     if precision not in PRECISIONS:
         raise SpmdsimError(f"precision {precision!r} is unknown; expected one of {tuple(PRECISIONS)!r}")
@@ -197,6 +212,8 @@ def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any) -> None:
         raise SpmdsimError(f"max dry runs {max_dry_runs!r} must be an integer >= 1")
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 1:
         raise SpmdsimError(f"memory limit {memory_limit!r} must be a number of bytes >= 1")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise SpmdsimError(f"jobs {jobs!r} must be an integer >= 1 (processes running dry runs)")
 
 
 def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool,
@@ -242,6 +259,16 @@ class _Bound:
     pricer: Any
     tight: Any  # the layer cells (spmdsim.tools.estimate.bounds.Cells) or None: the closed forms alone
     sums: dict
+    ahead: Any = None  # a spmdsim.tools.estimate.ahead.LookAhead running the next dry runs, or None
+
+    def dry_keys(self, entry: tuple) -> list:
+        """The dry runs the branch and bound needs to take heap entry `entry`: its layer cell's at level 0 (none once
+        the cell is made), else the one that prices it (spmdsim.tools.estimate.ledger.dry_key)."""
+        c = entry[4].config
+        if self.tight is not None and entry[1] == 0:
+            return self.tight.dry_keys(c)
+        args, keywords = price_run(self.cfg, c, self.kept)
+        return [dry_key(*args, **keywords)]
 
 
 def _branch_and_bound(bound: _Bound, heap: list, out: list, max_dry_runs: int) -> tuple:
@@ -256,6 +283,8 @@ def _branch_and_bound(bound: _Bound, heap: list, out: list, max_dry_runs: int) -
         least, level, order, i, c = heap[0]
         if best is not None and least >= best:
             break
+        if bound.ahead is not None:
+            bound.ahead.before(heap, best, bound.dry_keys)
         heapq.heappop(heap)
         if bound.tight is not None and level == 0:  # the layer cells' bounds: memory, then time
             try:
