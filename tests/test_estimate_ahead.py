@@ -19,6 +19,8 @@ import spmdsim.tools.estimate.ledger as ledger
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig
 from spmdsim.models.moe import MoEConfig
+from spmdsim.tools.cli import autoshard_common
+from spmdsim.tools.cli.autoshard_machine import CORES
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.estimate.ahead import LookAhead
 from spmdsim.tools.estimate.ledger import dry_key, known_ledgers
@@ -41,15 +43,18 @@ def in_process(monkeypatch) -> list:
     return ran
 
 
-def test_the_workers_run_every_dry_run_and_the_table_is_the_same(capsys, in_process):
+def test_the_workers_run_every_dry_run_and_the_table_is_the_same(capsys, in_process, monkeypatch):
+    monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # its lines, the first with how to wait less
     assert main(SMALL) == 0
-    alone = capsys.readouterr().out
+    alone, err = capsys.readouterr()
     assert "48 small dry runs of layer cells" in unfold(alone) and len(in_process) > 48
+    hint = f"(--jobs {CORES} runs its dry runs on this machine's {CORES} cores)"
+    assert err.count(hint) == (CORES > 1) and err.splitlines()[0].endswith(hint if CORES > 1 else " s"), err
     in_process.clear()
     ledger._LEDGERS.clear()
     assert main(SMALL + ["--jobs", "2"]) == 0
-    ahead = capsys.readouterr().out
-    assert in_process == []  # every one the search asked for, a worker's
+    ahead, err = capsys.readouterr()
+    assert in_process == [] and "--jobs" not in err  # every dry run the search asked for, a worker's
     # the same lines but the search's seconds ("51 configurations in 3.2 s: ...")
     assert re.sub(r" in [0-9.]+ s:", "", alone) == re.sub(r" in [0-9.]+ s:", "", ahead)
 

@@ -121,8 +121,10 @@ class still_working:
     takes about 90 s, at 128 several minutes (docs/howto/autoshard.md).
     """
 
-    def __init__(self, args: argparse.Namespace, devices: int) -> None:
+    def __init__(self, args: argparse.Namespace, devices: int, hint: str = "") -> None:
+        """`hint`: said after the first line's figure (how to wait less)."""
         self.what = f"{args.network} on {counted(devices, 'device')}" + (", training" if args.training else "")
+        self.hint = hint
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._say, daemon=True, name="autoshard progress")
 
@@ -130,7 +132,8 @@ class still_working:
         waited = 0.0
         while not self.done.wait(PATIENCE_S):
             waited += PATIENCE_S
-            print(f"spmdsim: still pricing {self.what} after {waited:.0f} s", file=sys.stderr, flush=True)
+            hint, self.hint = self.hint, ""
+            print(f"spmdsim: still pricing {self.what} after {waited:.0f} s{hint}", file=sys.stderr, flush=True)
 
     def __enter__(self) -> None:
         self.thread.start()

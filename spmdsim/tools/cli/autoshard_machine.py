@@ -98,7 +98,8 @@ def run_machine(args: argparse.Namespace) -> int:
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
     start = time.perf_counter()
-    with still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
+    hint = f" (--jobs {CORES} runs its dry runs on this machine's {CORES} cores)" if jobs == 1 and CORES > 1 else ""
+    with still_working(args, devices, hint):  # a line on stderr every PATIENCE_S s (an MoE search's cells: minutes)
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed, jobs=jobs)
     seconds = time.perf_counter() - start
