@@ -29,10 +29,12 @@ from .ledger import dry_run, known_ledgers, remember
 __all__ = ["LookAhead"]
 
 #: The heap's head that `LookAhead` orders to find the next candidates: a heap's k least entries lie in its first
-#: 2^k - 1, so its first 255 hold the 8 least (beyond 8, nearly the least: the next steps are a guess anyway).
-HEAD = 255
-#: Candidates looked at for each worker.
-WINDOW = 4
+#: 2^k - 1, so its first 1,023 hold the 10 least (beyond 10, nearly the least: the next steps are a guess anyway).
+HEAD = 1023
+#: Candidates looked at for each worker: many share a layer cell, and each one the bounds prune is skipped
+#: (the 1T search of docs/howto/choose-configuration.md on 2 workers: 4 a worker left one idle for 29 of 98 s,
+#: 16 for 16 of 97 s).
+WINDOW = 16
 
 
 class LookAhead:
