@@ -229,8 +229,7 @@ def _cell_runs(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: st
     `micro` sequences a rank."""
     cp, method = context
     return [(layers, m, (replace(replace(cfg, layers=layers), batch=micro * m * ep), 2, 1, tp),
-             {"sp": sp, "microbatches": m, "recompute": recompute, "kept": kept, "ep": ep, "cp": cp,
-              "cp_method": method})
+             dict(sp=sp, microbatches=m, recompute=recompute, kept=kept, ep=ep, cp=cp, cp_method=method))
             for layers in _sizes(cfg) for m in (1, 2)]
 
 

@@ -125,10 +125,9 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 def price_run(cfg: Any, c: Config, kept: str) -> tuple[tuple, dict]:
     """The arguments and keywords (but the node size) of `price`'s gpt_ledger call for configuration `c`: the dry
     run that prices it (spmdsim.tools.estimate.ahead runs it ahead)."""
-    return (model_of(cfg, c.etp), c.pp, c.dp, c.tp), {
-        "sp": c.sp, "microbatches": c.microbatches, "schedule": c.schedule, "virtual": c.virtual,
-        "recompute": c.recompute, "zero": c.zero, "kept": kept, "ep": c.ep, "split": c.split, "cp": c.cp,
-        "cp_method": c.cp_method}
+    return (model_of(cfg, c.etp), c.pp, c.dp, c.tp), dict(
+        sp=c.sp, microbatches=c.microbatches, schedule=c.schedule, virtual=c.virtual, recompute=c.recompute,
+        zero=c.zero, kept=kept, ep=c.ep, split=c.split, cp=c.cp, cp_method=c.cp_method)
 
 
 def overlap(c: Config) -> tuple[str, ...]:
