@@ -84,6 +84,12 @@ def test_a_dry_run_that_fails_in_a_worker_is_left_to_the_search():
         ahead.before([(0.0, 1, 0, 0, None)], None, lambda entry: [bad])  # not run again: the search runs it
         assert ahead.given == 1
 
+        def refused(entry: tuple) -> list:
+            raise SpmdsimError("a candidate the search never takes")
+
+        ahead.before([(0.0, 1, 0, 0, None)], None, refused)  # said by the search itself, if it takes the entry
+        assert ahead.given == 1
+
 
 def test_a_worker_that_dies_ends_the_look_ahead_and_the_search_goes_on(monkeypatch):
     monkeypatch.setattr(ledger, "_LEDGERS", {})

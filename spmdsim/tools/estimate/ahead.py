@@ -57,10 +57,10 @@ class LookAhead:
         if self._pool is None:
             return
         self._collect()
-        need = [key for key in keys_of(heap[0]) if self._missing(key)]
+        need = [key for key in _keys(keys_of, heap[0]) if self._missing(key)]
         if self._submit(need):
             for entry in heapq.nsmallest(WINDOW * self.jobs, heap[:HEAD])[1:]:
-                if best is not None and entry[0] >= best or not self._submit(keys_of(entry)):
+                if best is not None and entry[0] >= best or not self._submit(_keys(keys_of, entry)):
                     break
         while self._pool is not None and self._running and any(self._missing(key) for key in need):
             wait(self._running.values(), return_when=FIRST_COMPLETED)
@@ -132,6 +132,15 @@ class LookAhead:
             self._terminate = False
             if kind is _Terminated:  # the process ends, its workers first, with a shell's code for SIGTERM
                 raise SystemExit(128 + signal.SIGTERM)
+
+
+def _keys(keys_of: Callable[[tuple], list], entry: tuple) -> list:
+    """`keys_of(entry)`, or none where it raises: the search meets that error itself if it takes the entry, and
+    only then (an entry the bounds prune never raises it)."""
+    try:
+        return keys_of(entry)
+    except Exception:  # noqa: BLE001 (the search's own step says what went wrong, as alone)
+        return []
 
 
 class _Terminated(BaseException):

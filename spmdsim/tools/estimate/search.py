@@ -282,8 +282,8 @@ def _branch_and_bound(bound: _Bound, heap: list, out: list, max_dry_runs: int) -
         least, level, order, i, c = heap[0]
         if best is not None and least >= best:
             break
-        if bound.ahead is not None:
-            bound.ahead.before(heap, best, bound.dry_keys)
+        if bound.ahead is not None and (runs < max_dry_runs or bound.tight is not None and level == 0):
+            bound.ahead.before(heap, best, bound.dry_keys)  # (not for a price the cap leaves unmade)
         heapq.heappop(heap)
         if bound.tight is not None and level == 0:  # the layer cells' bounds: memory, then time
             try:
