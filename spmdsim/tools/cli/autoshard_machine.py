@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from ...errors import SpmdsimError
 from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED, search
 from ...base.sizes import format_size
+from ...base.threads import cores_available
 from ...base.validate import counted
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
@@ -43,7 +43,7 @@ GIB = 1024 ** 3
 MIB = 1024 ** 2
 
 #: The cores this process may run on, and the most --jobs: each worker a dry run of up to MAX_DRY_RANKS threads.
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CORES = cores_available()
 MAX_JOBS = 2 * CORES
 
 #: Runners-up the table shows (the JSON has every candidate).
