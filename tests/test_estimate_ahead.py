@@ -48,8 +48,9 @@ def test_the_workers_run_every_dry_run_and_the_table_is_the_same(capsys, in_proc
     assert main(SMALL) == 0
     alone, err = capsys.readouterr()
     assert "48 small dry runs of layer cells" in unfold(alone) and len(in_process) > 48
-    hint = f"(--jobs {CORES} runs its dry runs on this machine's {CORES} cores)"
+    hint = f"; --jobs {CORES} runs it on {CORES} cores"
     assert err.count(hint) == (CORES > 1) and err.splitlines()[0].endswith(hint if CORES > 1 else " s"), err
+    assert max(map(len, err.splitlines())) <= 100, err
     in_process.clear()
     ledger._LEDGERS.clear()
     assert main(SMALL + ["--jobs", "2"]) == 0

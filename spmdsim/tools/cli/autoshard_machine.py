@@ -98,7 +98,7 @@ def run_machine(args: argparse.Namespace) -> int:
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
     start = time.perf_counter()
-    hint = f" (--jobs {CORES} runs its dry runs on this machine's {CORES} cores)" if jobs == 1 and CORES > 1 else ""
+    hint = f"; --jobs {CORES} runs it on {CORES} cores" if jobs == 1 and CORES > 1 else ""  # (within 100 columns)
     with still_working(args, devices, hint):  # a line on stderr every PATIENCE_S s (an MoE search's cells: minutes)
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed, jobs=jobs)
