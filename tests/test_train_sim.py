@@ -162,6 +162,22 @@ def test_one_step_has_no_trend_to_judge():
     assert loss_trend([2.5, 2.5]) == ("loss first 2.5000000, last 2.5000000 (NOT falling)", False)
 
 
+def test_a_diverging_loss_keeps_its_row_and_its_trend_short():
+    """A loss of 1e27 (a learning rate of 1e9) in scientific notation: the step's row stays within 100 columns
+    and under its header's loss column; losses below 1e5 print as before."""
+    from types import SimpleNamespace
+
+    from spmdsim.models.gpt.options import step_header, step_row
+    from spmdsim.models.nets.train import loss_trend
+
+    assert loss_trend([4.7168190, 3.5722405e27]) == ("loss first 4.7168190, last 3.5722405e+27 (NOT falling)", False)
+    row = step_row(SimpleNamespace(step=2, loss=3.5722405e27, calls=23, bytes_sent=8860176, errors=(0.0, 3.8e-15)),
+                   True)
+    assert row.split()[1] == "3.5722e+27" and len(row) <= 100 and len(step_header(True)) <= 100
+    kept = step_row(SimpleNamespace(step=0, loss=4.71682, calls=23, bytes_sent=8860176, errors=()), False)
+    assert kept == "    0  4.7168           23   8,860,176           "
+
+
 @pytest.mark.parametrize("ranks", [4, 8])
 def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
     """Gradients split, replicated over dp and tp, and on mixed axes: the joint norm equals numpy's over the

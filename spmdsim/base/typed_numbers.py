@@ -63,6 +63,12 @@ def shown(value: object) -> str:
     return typed(value) if getattr(value, "text", None) is not None else repr(value)  # type: ignore[arg-type]
 
 
+def fixed(value: float, places: int) -> str:
+    """`value` with `places` decimals, or in scientific notation with as many where it is 1e5 or more in size: a
+    diverging loss (1e27) stays a number of a dozen characters in its column, not thirty digits."""
+    return f"{value:.{places}f}" if abs(value) < 1e5 else f"{value:.{places}e}"
+
+
 def _noting(base: type) -> type:
     """`base` (a parser's plain store action) that also notes its destination as typed on the namespace."""
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ...base.typed_numbers import add_noted, flag_float, given_flags, said_fields, typed
+from ...base.typed_numbers import add_noted, fixed, flag_float, given_flags, said_fields, typed
 from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
@@ -140,7 +140,8 @@ def step_row(result: Any, check: bool) -> str:
     """One step's row under `step_header`: a StepResult's (spmdsim.models.gpt.train) loss, collectives and bytes
     sent, with `check` its largest differences from one numpy process."""
     diffs = "".join(f"  {e:.1e}" for e in result.errors) if check else ""
-    return f"{result.step:5d}  {result.loss:6.4f}  {result.calls:11d}  {result.bytes_sent:10,}           {diffs}"
+    loss = fixed(result.loss, 4)
+    return f"{result.step:5d}  {loss:>6}  {result.calls:11d}  {result.bytes_sent:10,}           {diffs}"
 
 
 def saved_line(args: Any, ranks: int) -> str:

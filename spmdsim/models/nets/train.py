@@ -27,7 +27,7 @@ from ...layouts.layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 from ...base.context import current
 from ...base.threads import launcher_rank
-from ...base.typed_numbers import shown
+from ...base.typed_numbers import fixed, shown
 from ...errors import SpmdsimError
 from ...nn import ops, optim
 from ...nn.ops import cross_entropy, reshape
@@ -335,12 +335,12 @@ def loss_trend(losses: Any, first: Optional[float] = None) -> tuple[str, bool]:
     """
     if first is not None:
         falling = losses[-1] < first
-        return (f"loss first {first:.7f} (step 0, before the checkpoint), last {losses[-1]:.7f} "
+        return (f"loss first {fixed(first, 7)} (step 0, before the checkpoint), last {fixed(losses[-1], 7)} "
                 f"({'falling' if falling else 'NOT falling'})"), falling
     if len(losses) < 2:
-        return f"loss {losses[0]:.7f} (1 step: no trend to judge)", True
+        return f"loss {fixed(losses[0], 7)} (1 step: no trend to judge)", True
     falling = losses[-1] < losses[0]
-    return (f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
+    return (f"loss first {fixed(losses[0], 7)}, last {fixed(losses[-1], 7)} "
             f"({'falling' if falling else 'NOT falling'})"), falling
 
 
