@@ -43,6 +43,7 @@ import numpy as np
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
+from spmdsim.base.typed_numbers import fixed
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import show_sample, text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
@@ -330,7 +331,8 @@ def report_results(args, run, results):
         print(trend)
     if cfg.clip and rank0 and results and results[0].norm is not None:  # the norm over every stage
         clipped = sum(r.norm > cfg.clip for r in results)
-        print(f"gradients' norm before clipping: first {results[0].norm:.4f}, last {results[-1].norm:.4f}; "
+        first, last = fixed(results[0].norm, 4), fixed(results[-1].norm, 4)
+        print(f"gradients' norm before clipping: first {first}, last {last}; "
               f"clipped to {cfg.clip} at {clipped} of {len(results)} steps")
     if args.memory and rank0 and results:
         if dry_run_active():
