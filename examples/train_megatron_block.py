@@ -23,6 +23,7 @@ from spmdsim import Layout, SeededTensor
 from spmdsim.references import backward as rg
 from spmdsim.errors import SpmdsimError, fold_message
 from spmdsim.models.nets.train import PHASES, loss_trend, run_main
+from spmdsim.models.gpt.step_check import QUIET  # numpy's overflow warnings: the check's line names non-finite values
 from spmdsim.nn.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.nn.optim import SGD
@@ -87,7 +88,8 @@ def main(args):
     """One rank's training (MPI or simulated); returns the exit code every rank agrees on."""
     comm = spmdsim.world()  # MPI.COMM_WORLD under mpiexec, this thread's rank under --ranks
     block = MegatronBlock(comm)
-    losses, calls, checked, failed, worst, nonfinite = train_steps(args, block)
+    with np.errstate(**QUIET):
+        losses, calls, checked, failed, worst, nonfinite = train_steps(args, block)
     trend, trend_ok = loss_trend(losses)
     if comm.rank == 0:
         report(args, trend, calls, (checked, failed, worst, nonfinite))

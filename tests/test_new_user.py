@@ -209,6 +209,23 @@ def test_a_diverged_training_stops_naming_the_step(extra: list, said: str) -> No
     assert "PASS" not in out.stdout and "nan" not in out.stdout
 
 
+@pytest.mark.parametrize("example, args, said", [
+    ("train_mindspore_tutorial", ["--ranks", "8"],
+     "MindSpore operator-parallel tutorial network: step 1: the loss is nan"),
+    ("train_seed_networks", ["--ranks", "4", "--net", "oneflow_2d_sbp", "--zero", "3"],
+     "OneFlow 2D SBP sample: Linear > ReLU > Linear: step 1: the loss is nan"),
+    ("train_megatron_block", ["--ranks", "8"], "the loss diverged at step 1 (nan): lower --lr (now 1e+308)")])
+def test_the_other_trainings_stop_a_divergence_in_one_line_without_numpys_warnings(example, args, said) -> None:
+    """--lr 1e308 printed 6 to 11 numpy RuntimeWarnings with their source lines (the MindSpore tutorial's and the
+    seed networks' then FAILED and nan losses for every later step); each stops at the step, in one line."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *args, "--steps", "3", "--lr",
+                          "1e308"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "Warning" not in out.stderr and out.stderr.count("spmdsim: error:") == 1, out.stderr
+    assert said in " ".join(out.stderr.split()), out.stderr
+    assert "PASS" not in out.stdout and "nan" not in out.stdout
+
+
 @pytest.mark.parametrize("width", ["80", "100"])
 def test_show_keeps_a_long_name_within_the_width(capsys, width: str) -> None:
     """A 5,000-character --name printed a 5,006-column title (and the heading over 63 lines)."""

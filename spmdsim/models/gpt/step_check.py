@@ -159,16 +159,17 @@ def _grad_blocks(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = No
 QUIET = {"over": "ignore", "invalid": "ignore"}
 
 
-def stop_if_diverged(step: int, loss: float, params: dict, lr: float) -> None:
-    """Raise SpmdsimError naming `step` when its loss (alike on every rank) or a block of `params` (name ->
-    DTensor) this rank holds after the step's update is not finite: training diverged, where the check's
-    differences came out NaN and it said PASS (`train_gpt.py --lr 1e300`). Not in a dry run (shapes only)."""
+def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: bool = True, what: str = "") -> None:
+    """Raise SpmdsimError naming `step` (after `what`, the network's name, where given) when its loss (alike on
+    every rank) or a block of `params` (name -> DTensor) this rank holds after the step's update is not finite:
+    training diverged, where the check's differences came out NaN and it said PASS (`train_gpt.py --lr 1e300`).
+    `clipping`: the trainer can clip its gradients (said beside the lower learning rate). Not in a dry run."""
     if dry_run_active():
         return
-    lower = f"expected a finite loss and parameters: a lower learning rate than {lr:g}, or clipping"
+    lower = f"expected a finite loss and parameters: a lower learning rate than {lr:g}{', or clipping' * clipping}"
     if not math.isfinite(loss):
-        raise SpmdsimError(f"step {step}: the loss is {loss} (not finite): training diverged; {lower}")
+        raise SpmdsimError(f"{what}step {step}: the loss is {loss} (not finite): training diverged; {lower}")
     bad = next((name for name, t in params.items() if not np.isfinite(t.local).all()), None)
     if bad is not None:
-        raise SpmdsimError(f"step {step}: parameter {bad!r} is not finite after the update (loss {loss:.6g}): "
+        raise SpmdsimError(f"{what}step {step}: parameter {bad!r} is not finite after the update (loss {loss:.6g}): "
                            f"training diverged; {lower}")

@@ -39,6 +39,7 @@ from ...runtime.mpi_library import load_mpi
 from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_problem, run_on_ranks
 from ...runtime.trace import collect_trace
 from ..gpt.data import sample_problem
+from ..gpt.step_check import QUIET, stop_if_diverged
 from ..gpt.train import all_rows
 from ..gpt.wholes import regions
 from .model import short_layout
@@ -105,6 +106,7 @@ class NetworkTrainer:
             raise SpmdsimError(problem or "bucket sums whole gradients in one Allreduce; with zero 3 each gradient "
                                "is reduce-scattered onto its shard: give one of them")
         self.net, self.comm, self.bucket = net, comm, bucket
+        self.steps = 0  # steps run, for stop_if_diverged's line
         self.hops = schedule(net)
         self._meshes: dict[Layout, Any] = {}
         self._mesh_type = Mesh
@@ -150,7 +152,7 @@ class NetworkTrainer:
         start = self._start() if anchor and not current().dry_run else None
         self.optimizer.zero_grad()
         traces = {}
-        with collect_trace() as traces["forward"]:
+        with collect_trace() as traces["forward"], np.errstate(**QUIET):  # an overflow: stop_if_diverged's line
             value = DTensor.from_global(self.mesh(net.input_layout.layout), x.astype(net.source.dtype),
                                         net.input_layout)
             for hop in self.hops:
@@ -160,10 +162,15 @@ class NetworkTrainer:
                 value = reshape(value, (-1, classes))
             loss = cross_entropy(value, DTensor.from_global(value.mesh, np.asarray(labels).reshape(-1),
                                                             _labels_layout(value.layout)))
-        with collect_trace() as traces["backward"]:
+        with collect_trace() as traces["backward"], np.errstate(**QUIET):
             loss.backward(explain=explain, bucket=self.bucket)
-        with collect_trace() as traces["optimizer"]:
+        with collect_trace() as traces["optimizer"], np.errstate(**QUIET):
             self.optimizer.step()
+        if not current().dry_run:  # (shapes only in a dry run)
+            named = {f"{stage.name}.{p.name}": t for stage, ts in zip(net.stages, self.params)
+                     for p, t in zip(stage.params, ts)}
+            stop_if_diverged(self.steps, float(loss.local), named, self.optimizer.lr, False, f"{net.title}: ")
+        self.steps += 1
         return StepResult(loss, traces, None if start is None else self._anchor(start))
 
     def _start(self) -> dict:
