@@ -48,11 +48,12 @@ from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import show_sample, text_problem
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
-from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
+from spmdsim.models.gpt.pipeline_problems import stage_problem
 from spmdsim.models.gpt.memory import recompute_problem, reshard_problem, shard_group_problem, zero_problem
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
-                                        context_line, context_of, model_arguments, model_config, padding_line,
-                                        saved_line, sizes_problem, step_header, step_row, unused_flags_problem)
+                                        context_line, context_of, default_split, model_arguments, model_config,
+                                        padding_line, saved_line, sizes_problem, step_header, step_row,
+                                        unused_flags_problem)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
 from spmdsim.models.gpt.reference import generate
 from spmdsim.models.gpt.train import reference_sample, replay_problem, train
@@ -76,7 +77,8 @@ from spmdsim.base.validate import counted
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=200, metavar="N", help="training steps (default 200)")
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
-parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
+parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: the largest of 4 to 1 the "
+                    "world and the model allow)")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
 context_arguments(parser)  # --cp, --cp-method, --cp-split (spmdsim.models.gpt.context)
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
@@ -132,19 +134,16 @@ def split(world, cfg, layers=None):
             where = f"the {rest} ranks of a stage (world size {world} / pp {pp})" if pp > 1 else \
                 f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
-    tp = args.tp if args.tp is not None else rest // args.dp if args.dp is not None else min(rest, 4)
+    if args.tp is None and args.dp is None:  # both left to their default: the first tp of 4 to 1 that runs
+        dp, tp, problem = default_split(rest, lambda dp, tp: stage_problem(args, cfg, dp, tp, layers), world)
+        return (dp, tp), problem
+    tp = args.tp if args.tp is not None else rest // args.dp
     dp = args.dp if args.dp is not None else rest // tp
     if pp * dp * cp * tp != world:
         what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x cp {cp} x tp {tp}" if cp > 1 else \
             f"dp {dp} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
-    if pipelined(args):
-        m, v = microbatches(args), virtual_stages(args)
-        problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
-        return (dp, tp), problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers,
-                                                            schedule=args.schedule) \
-            or context_problem(cfg, cp, tp, args.sp, context_of(args))
-    return (dp, tp), mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context_of(args))
+    return (dp, tp), stage_problem(args, cfg, dp, tp, layers)
 
 
 class Run(NamedTuple):

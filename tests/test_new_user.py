@@ -226,6 +226,28 @@ def test_the_other_trainings_stop_a_divergence_in_one_line_without_numpys_warnin
     assert "PASS" not in out.stdout and "nan" not in out.stdout
 
 
+@pytest.mark.parametrize("extra, said", [
+    (["--ranks", "6"], "the GPT cannot run on 6 ranks: no dp x tp of 6 ranks runs it (tp 3: heads 4 is not "
+     "divisible by tp 3 (heads are split over tp); tp 2: batch 8 is not divisible by dp 3; tp 1: batch 8 is not "
+     "divisible by dp 6); it runs on 1, 2, 4, 8, 16 or 32 ranks (or set --dp and --tp, or the model's sizes)"),
+    (["--ranks", "6", "--pp", "2"], "no dp x tp of 3 ranks (6 / pp x cp 2) runs it (tp 3: heads 4"),
+    (["--ranks", "8", "--heads", "2"], None), (["--ranks", "12", "--batch", "12"], None)])
+def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_do(extra, said) -> None:
+    """`mpiexec -n 6 python examples/train_gpt.py` said "dp 1 x tp 4 must multiply to the world size 6" (the default
+    tp, min(world, 4), not dividing it; 3 ranks: "heads 4 is not divisible by tp 3"). The default tp is now the
+    largest of 4 to 1 the world and the model allow; where none does, each one's problem and the worlds that run."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *extra, "--steps", "1",
+                          "--sample", "0", "--layers", "1", "--d-model", "16", "--seq", "8"],
+                         capture_output=True, text=True, timeout=120)
+    if said is not None:
+        assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
+        assert max(map(len, out.stderr.splitlines())) <= 100
+    else:
+        assert out.returncode == 0, out.stderr
+        mesh = "dp 4 x tp 2" if "--heads" in extra else "dp 3 x tp 4"
+        assert f"mesh {mesh};" in out.stdout and ": PASS" in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("width", ["80", "100"])
 def test_show_keeps_a_long_name_within_the_width(capsys, width: str) -> None:
     """A 5,000-character --name printed a 5,006-column title (and the heading over 63 lines)."""

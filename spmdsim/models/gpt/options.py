@@ -252,3 +252,29 @@ def moe_problem(args: Any) -> Optional[str]:
         if not (math.isfinite(value) and value >= 0):
             return f"{flag} {typed(value)} must be a finite number >= 0"
     return None
+
+
+def default_split(rest: int, problem_of: Any, ranks: int) -> tuple[int, int, Optional[str]]:
+    """(dp, tp, problem) of `rest` ranks (a stage's: `ranks` / pp x cp) when the command line sets neither --dp nor
+    --tp: tp the largest of 4 to 1 that divides `rest` and whose mesh runs the model (`problem_of(dp, tp)` None).
+    Where none does, each one's problem (the one problem where it is the same for each: the schedule's, the
+    batch's), and the world sizes up to 64 that run it as configured. `mpiexec -n 6` said "dp 1 x tp 4 must
+    multiply to the world size 6" (the default tp was min(world, 4))."""
+    tried = []
+    for tp in range(min(rest, 4), 0, -1):
+        if rest % tp == 0:
+            problem = problem_of(rest // tp, tp)
+            if problem is None:
+                return rest // tp, tp, None
+            tried.append((tp, problem))
+    if len({problem for _, problem in tried}) == 1:
+        return rest // tried[0][0], tried[0][0], tried[0][1]
+    per = ranks // rest
+    fits = [n * per for n in range(1, 64 // per + 1)
+            if any(n % t == 0 and problem_of(n // t, t) is None for t in range(1, min(n, 4) + 1))]
+    runs = "no world size up to 64 runs it as configured" if not fits else \
+        f"it runs on {fits[0]} ranks" if len(fits) == 1 else \
+        f"it runs on {', '.join(map(str, fits[:-1]))} or {fits[-1]} ranks"
+    of = counted(rest, "rank") + (f" ({ranks} / pp x cp {per})" if per > 1 else "")
+    each = "; ".join(f"tp {tp}: {problem}" for tp, problem in tried)
+    return rest, 1, f"no dp x tp of {of} runs it ({each}); {runs} (or set --dp and --tp, or the model's sizes)"

@@ -10,6 +10,7 @@ from ...base.precision import precision as get_precision, precision_problem
 from .fp8_block import fp8_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
+from ...programs.pipeline.options import default_microbatches_problem, microbatches, pipelined, virtual_stages
 from ...programs.pipeline.schedule import schedule_problem
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from .config import GPTConfig
@@ -17,6 +18,7 @@ from .context import context_problem
 from .data import text_problem
 from .layouts import batch_split, folded_by, mesh_problem
 from .memory import recompute_problem, zero_problem
+from .options import context_of
 from .stages import pipeline_problem
 from .train import refuse_run, replay_problem
 
@@ -76,3 +78,15 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                            zero=zero, precision=precision))
 
 
+
+
+def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[Sequence[int]]) -> Optional[str]:
+    """Why the model cannot run on dp x tp ranks a stage with the command line's (`args`) pp, cp and pipeline
+    flags (examples/train_gpt.py's), or None. `layers`: the pipeline's layers per chunk (None: balanced)."""
+    pp, cp = args.pp, args.cp
+    if pipelined(args):
+        m, v = microbatches(args), virtual_stages(args)
+        problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
+        return problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, schedule=args.schedule) \
+            or context_problem(cfg, cp, tp, args.sp, context_of(args))
+    return mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context_of(args))
