@@ -46,7 +46,7 @@ from spmdsim.base.precision import precision
 from spmdsim.base.typed_numbers import fixed
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import show_sample, text_problem
-from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
+from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import stage_problem
 from spmdsim.models.gpt.memory import recompute_problem, reshard_problem, shard_group_problem, zero_problem
@@ -58,11 +58,10 @@ from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_m
 from spmdsim.models.gpt.reference import generate
 from spmdsim.models.gpt.train import reference_sample, replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
-from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout, roles_of
 from spmdsim.models.gpt.fp8_block import policy_problem
 from spmdsim.models.nets.train import loss_trend, run_main
-from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
+from spmdsim.programs.pipeline.options import (layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.programs.pipeline.timeline import bubble_formula
 from spmdsim.runtime.shared_reference import shared_once
@@ -135,7 +134,9 @@ def split(world, cfg, layers=None):
                 f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     if args.tp is None and args.dp is None:  # both left to their default: the first tp of 4 to 1 that runs
-        dp, tp, problem = default_split(rest, lambda dp, tp: stage_problem(args, cfg, dp, tp, layers), world)
+        over = [f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1]
+        dp, tp, problem = default_split(rest, lambda dp, tp: stage_problem(args, cfg, dp, tp, layers), world,
+                                        of=f" (world size {world} / {' x '.join(over)})" if over else "")
         return (dp, tp), problem
     tp = args.tp if args.tp is not None else rest // args.dp
     dp = args.dp if args.dp is not None else rest // tp

@@ -46,13 +46,12 @@ from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
 from spmdsim.models.gpt.memory import zero_problem
-from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
+from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import train_pipelined
-from spmdsim.models.gpt.pipeline_problems import pipeline_layout_problem
+from spmdsim.models.gpt.pipeline_problems import stage_problem
 from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
 from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
-from spmdsim.models.gpt.context import context_problem
 from spmdsim.models.axes import model_layout
 from spmdsim.models.moe import MoEConfig
 from spmdsim.models.moe.fold import fold_problem, fold_words, folded_tp
@@ -60,10 +59,10 @@ from spmdsim.models.moe.routing import ROUTINGS
 from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
-                                        context_line, context_of, model_arguments, model_config, moe_problem,
-                                        padding_line, saved_line, sizes_problem, step_header, step_row,
+                                        context_line, context_of, default_split, model_arguments, model_config,
+                                        moe_problem, padding_line, saved_line, sizes_problem, step_header, step_row,
                                         unused_flags_problem)
-from spmdsim.programs.pipeline.options import (default_microbatches_problem, layer_split, microbatches, pipeline_arguments,
+from spmdsim.programs.pipeline.options import (layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.door import gather_object
 from spmdsim.runtime.sim import dry_run_active
@@ -138,9 +137,10 @@ ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
 
-def split(world):
+def split(world, cfg, layers):
     """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be (the sizes
-    given are at least 1: sizes_problem); --cp's ranks beside them."""
+    given are at least 1: sizes_problem); --cp's ranks beside them. Neither --ep nor --dp: the largest ep that
+    runs."""
     pp, tp, cp = args.pp, args.tp, args.cp
     if world % (pp * cp):
         return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
@@ -152,13 +152,20 @@ def split(world):
     by = folded_tp(tp, args.etp or 0)  # the tp ranks each folded experts' group takes into its ep
     rest *= by  # the experts' groups: etp x ep x dp = the stage's ranks; the mesh's "ep" axis ep / by of them
     etp = args.etp if folded(args) else tp
+    over = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp), ("etp" if etp != tp else "tp", etp))
+                      if n > 1)  # (folded: the stage's ranks over the experts' tp, not attention's)
     for name, given in (("ep", args.ep), ("dp", args.dp)):
-        if given is not None and rest % given:  # (folded: the stage's ranks over the experts' tp, not attention's)
-            over = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp), ("etp" if etp != tp else "tp", etp))
-                              if n > 1)
+        if given is not None and rest % given:
             where = f"the {rest} ranks of world size {world} / {over}" if over else f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
-    ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
+    if args.ep is None and args.dp is None:  # (folded: ep counts the experts' groups, the mesh's axis ep / by)
+        def problem_of(dp, ep):
+            fold = folded(args) and fold_problem(tp, args.etp, ep)
+            return f"--etp {args.etp}: {fold}" if fold else stage_problem(args, cfg, dp, tp, layers, ep // by)
+        of = f" (world size {world} / {over})" if over else ""
+        dp, ep, problem = default_split(rest, problem_of, world, "ep", 0, of)
+        return (None, problem) if problem else ((dp, ep // by, tp), None)
+    ep = args.ep if args.ep is not None else rest // args.dp
     dp = args.dp if args.dp is not None else rest // ep
     if pp * dp * ep * cp * etp != world:
         what = f"pp {pp} x dp {dp} x ep {ep} x {f'cp {cp} x ' if cp > 1 else ''}{'e' if etp != tp else ''}tp {etp}"
@@ -239,8 +246,8 @@ def checked_run(args, comm):
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    shape, problem = split(comm.size)
-    problem = problem or stage_problem(args, cfg, layers, *shape)
+    shape, problem = split(comm.size, cfg, layers)
+    problem = problem or stage_problem(args, cfg, shape[0], shape[2], layers, shape[1])
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
@@ -271,17 +278,6 @@ def checked_run(args, comm):
                                                      algorithms=algorithms)
     moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
     return Run(comm, cfg, dp, ep, tp, layers, zero, ids, layouts, algorithms, mesh, not args.no_check, moe_layers)
-
-
-def stage_problem(args, cfg, layers, dp, ep, tp):
-    """Why the model cannot split over a stage's (dp, ep, tp) mesh, its pipeline or --cp, or None (pure)."""
-    if pipelined(args):
-        problem = default_microbatches_problem(args, cfg.batch) or pipeline_layout_problem(
-            cfg, args.pp, dp, tp, args.sp, microbatches(args), virtual_stages(args), layers, ep=ep,
-            schedule=args.schedule)
-    else:
-        problem = mesh_problem(cfg, dp, tp, args.sp, ep)
-    return problem or context_problem(cfg, args.cp, tp, args.sp, context_of(args))
 
 
 def print_header(args, run):

@@ -230,7 +230,7 @@ def test_the_other_trainings_stop_a_divergence_in_one_line_without_numpys_warnin
     (["--ranks", "6"], "the GPT cannot run on 6 ranks: no dp x tp of 6 ranks runs it (tp 3: heads 4 is not "
      "divisible by tp 3 (heads are split over tp); tp 2: batch 8 is not divisible by dp 3; tp 1: batch 8 is not "
      "divisible by dp 6); it runs on 1, 2, 4, 8, 16 or 32 ranks (or set --dp and --tp, or the model's sizes)"),
-    (["--ranks", "6", "--pp", "2"], "no dp x tp of 3 ranks (6 / pp x cp 2) runs it (tp 3: heads 4"),
+    (["--ranks", "6", "--pp", "2"], "no dp x tp of 3 ranks (world size 6 / pp 2) runs it (tp 3: heads 4"),
     (["--ranks", "8", "--heads", "2"], None), (["--ranks", "12", "--batch", "12"], None)])
 def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_do(extra, said) -> None:
     """`mpiexec -n 6 python examples/train_gpt.py` said "dp 1 x tp 4 must multiply to the world size 6" (the default
@@ -246,6 +246,23 @@ def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_d
         assert out.returncode == 0, out.stderr
         mesh = "dp 4 x tp 2" if "--heads" in extra else "dp 3 x tp 4"
         assert f"mesh {mesh};" in out.stdout and ": PASS" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("ranks, said", [
+    ("6", "the MoE GPT cannot run on 6 ranks: no dp x ep of 6 ranks runs it (ep 6: experts 8 are not divisible by "
+     "ep 6 (experts are split over ep); ep 3: experts 8 are not divisible by ep 3 (experts are split over ep); ep 2: "
+     "batch 8 is not divisible by dp 3 x ep 2 = 6; ep 1: batch 8 is not divisible by dp 6); it runs on 1, 2, 4 or 8 "
+     "ranks (or set --dp and --ep, or the model's sizes)"), ("4", None)])
+def test_the_moe_default_split_takes_the_largest_ep_that_runs_or_says_which_worlds_do(ranks, said) -> None:
+    """examples/train_moe_gpt.py's ep, left to its default, was the whole world: 6 ranks said only "experts 8 are
+    not divisible by ep 6". Now the largest ep that runs (4 ranks: ep 4, as before), or each one's problem."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_moe_gpt.py"), "--ranks", ranks, "--steps",
+                          "1", "--layers", "2", "--d-model", "16", "--seq", "8"], capture_output=True, text=True,
+                         timeout=120)
+    if said is not None:
+        assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
+    else:
+        assert out.returncode == 0 and "mesh dp 1 x ep 4 x tp 1:" in out.stdout and ": PASS" in out.stdout, out
 
 
 @pytest.mark.parametrize("width", ["80", "100"])

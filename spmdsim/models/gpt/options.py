@@ -254,27 +254,29 @@ def moe_problem(args: Any) -> Optional[str]:
     return None
 
 
-def default_split(rest: int, problem_of: Any, ranks: int) -> tuple[int, int, Optional[str]]:
-    """(dp, tp, problem) of `rest` ranks (a stage's: `ranks` / pp x cp) when the command line sets neither --dp nor
-    --tp: tp the largest of 4 to 1 that divides `rest` and whose mesh runs the model (`problem_of(dp, tp)` None).
-    Where none does, each one's problem (the one problem where it is the same for each: the schedule's, the
-    batch's), and the world sizes up to 64 that run it as configured. `mpiexec -n 6` said "dp 1 x tp 4 must
-    multiply to the world size 6" (the default tp was min(world, 4))."""
+def default_split(rest: int, problem_of: Any, ranks: int, axis: str = TENSOR, most: int = 4,
+                  of: str = "") -> tuple[int, int, Optional[str]]:
+    """(dp, n, problem) of `rest` ranks (a stage's: `ranks` / pp x cp) when the command line sets neither --dp nor
+    --`axis`: n the largest of `most` (0: `rest`) to 1 that divides `rest` and whose mesh runs the model
+    (`problem_of(dp, n)` None). Where none does, each one's problem (the one problem where it is the same for
+    each: the schedule's, the batch's), and the world sizes up to 64 that run it as configured. `of`: what the
+    `rest` ranks are, said after their count. `mpiexec -n 6 python examples/train_gpt.py` said "dp 1 x tp 4
+    must multiply to the world size 6" (the default tp was min(world, 4))."""
     tried = []
-    for tp in range(min(rest, 4), 0, -1):
-        if rest % tp == 0:
-            problem = problem_of(rest // tp, tp)
+    for n in range(min(rest, most or rest), 0, -1):
+        if rest % n == 0:
+            problem = problem_of(rest // n, n)
             if problem is None:
-                return rest // tp, tp, None
-            tried.append((tp, problem))
+                return rest // n, n, None
+            tried.append((n, problem))
     if len({problem for _, problem in tried}) == 1:
         return rest // tried[0][0], tried[0][0], tried[0][1]
     per = ranks // rest
-    fits = [n * per for n in range(1, 64 // per + 1)
-            if any(n % t == 0 and problem_of(n // t, t) is None for t in range(1, min(n, 4) + 1))]
+    fits = [k * per for k in range(1, 64 // per + 1)
+            if any(k % n == 0 and problem_of(k // n, n) is None for n in range(1, min(k, most or k) + 1))]
     runs = "no world size up to 64 runs it as configured" if not fits else \
         f"it runs on {fits[0]} ranks" if len(fits) == 1 else \
         f"it runs on {', '.join(map(str, fits[:-1]))} or {fits[-1]} ranks"
-    of = counted(rest, "rank") + (f" ({ranks} / pp x cp {per})" if per > 1 else "")
-    each = "; ".join(f"tp {tp}: {problem}" for tp, problem in tried)
-    return rest, 1, f"no dp x tp of {of} runs it ({each}); {runs} (or set --dp and --tp, or the model's sizes)"
+    each = "; ".join(f"{axis} {n}: {problem}" for n, problem in tried)
+    return rest, 1, (f"no dp x {axis} of {counted(rest, 'rank')}{of} runs it ({each}); {runs} (or set --dp and "
+                     f"--{axis}, or the model's sizes)")

@@ -80,13 +80,16 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
 
 
 
-def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[Sequence[int]]) -> Optional[str]:
-    """Why the model cannot run on dp x tp ranks a stage with the command line's (`args`) pp, cp and pipeline
-    flags (examples/train_gpt.py's), or None. `layers`: the pipeline's layers per chunk (None: balanced)."""
+def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[Sequence[int]],
+                  ep: int = 1) -> Optional[str]:
+    """Why the model cannot run on dp (x ep) x tp ranks a stage with the command line's (`args`) pp, cp and pipeline
+    flags (examples/train_gpt.py's and train_moe_gpt.py's), or None. `layers`: the pipeline's layers per chunk
+    (None: balanced)."""
     pp, cp = args.pp, args.cp
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
         problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
-        return problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, schedule=args.schedule) \
+        return problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, ep=ep,
+                                                  schedule=args.schedule) \
             or context_problem(cfg, cp, tp, args.sp, context_of(args))
-    return mesh_problem(cfg, dp, tp, args.sp) or context_problem(cfg, cp, tp, args.sp, context_of(args))
+    return mesh_problem(cfg, dp, tp, args.sp, ep) or context_problem(cfg, cp, tp, args.sp, context_of(args))
