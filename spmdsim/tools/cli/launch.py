@@ -39,7 +39,7 @@ from typing import Sequence
 
 from ...base.malloc import glibc_env
 from ...base.threads import THREAD_VARS, thread_cap
-from ...errors import RuntimeMismatchError, SpmdsimError
+from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
@@ -243,13 +243,15 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
                 if left <= _WATCH_INTERVAL_S:
                     raise
     except subprocess.TimeoutExpired:
-        print(f"spmdsim: error: job exceeded the {timeout:g} s timeout; killing it{hint}", file=sys.stderr)
         _kill_group(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=_KILL_GRACE_S)
         except subprocess.TimeoutExpired:
             _kill_group(proc, signal.SIGKILL)
             proc.wait()
+        # Said once the job is gone, after MPICH's banner on the kill ("BAD TERMINATION ... signal 15"): the last line.
+        print(fold_message(f"spmdsim: error: job exceeded the {timeout:g} s timeout; stopped it (any banner above "
+                           f"is mpiexec's on the kill){hint}"), file=sys.stderr)
         return 124
     except KeyboardInterrupt:
         _kill_group(proc, signal.SIGINT)
