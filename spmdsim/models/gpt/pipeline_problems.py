@@ -78,8 +78,6 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                            zero=zero, precision=precision))
 
 
-
-
 def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[Sequence[int]],
                   ep: int = 1) -> Optional[str]:
     """Why the model cannot run on dp (x ep) x tp ranks a stage with the command line's (`args`) pp, cp and pipeline
