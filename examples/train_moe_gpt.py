@@ -138,9 +138,9 @@ args = parser.parse_args()
 
 
 def split(world, cfg, layers):
-    """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be (the sizes
-    given are at least 1: sizes_problem); --cp's ranks beside them. Neither --ep nor --dp: the largest ep that
-    runs."""
+    """(dp, ep, tp) of each pipeline stage (the whole world without --pp) and why the model cannot run on it (the
+    sizes given are at least 1: sizes_problem; stage_problem), or None and why; --cp's ranks beside them. Neither
+    --ep nor --dp: the largest ep that runs."""
     pp, tp, cp = args.pp, args.tp, args.cp
     if world % (pp * cp):
         return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
@@ -164,7 +164,7 @@ def split(world, cfg, layers):
             return f"--etp {args.etp}: {fold}" if fold else stage_problem(args, cfg, dp, tp, layers, ep // by)
         of = f" (world size {world} / {over})" if over else ""
         dp, ep, problem = default_split(rest, problem_of, world, "ep", 0, of)
-        return (None, problem) if problem else ((dp, ep // by, tp), None)
+        return (None, problem) if problem else ((dp, ep // by, tp), None)  # (its stage_problem None)
     ep = args.ep if args.ep is not None else rest // args.dp
     dp = args.dp if args.dp is not None else rest // ep
     if pp * dp * ep * cp * etp != world:
@@ -173,8 +173,9 @@ def split(world, cfg, layers):
                      "and --dp)"
     if folded(args):
         problem = fold_problem(tp, args.etp, ep)
-        return (None, f"--etp {args.etp}: {problem}") if problem else ((dp, ep // by, tp), None)
-    return (dp, ep, tp), None
+        if problem:
+            return None, f"--etp {args.etp}: {problem}"
+    return (dp, ep // by, tp), stage_problem(args, cfg, dp, tp, layers, ep // by)
 
 
 def stage_mesh(dp, ep, tp):
@@ -246,8 +247,7 @@ def checked_run(args, comm):
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    shape, problem = split(comm.size, cfg, layers)
-    problem = problem or stage_problem(args, cfg, shape[0], shape[2], layers, shape[1])
+    shape, problem = split(comm.size, cfg, layers)  # (with its mesh's, pipeline's and --cp's problem)
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())

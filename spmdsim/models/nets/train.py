@@ -166,10 +166,9 @@ class NetworkTrainer:
             loss.backward(explain=explain, bucket=self.bucket)
         with collect_trace() as traces["optimizer"], np.errstate(**QUIET):
             self.optimizer.step()
-        if not current().dry_run:  # (shapes only in a dry run)
-            named = {f"{stage.name}.{p.name}": t for stage, ts in zip(net.stages, self.params)
-                     for p, t in zip(stage.params, ts)}
-            stop_if_diverged(self.steps, float(loss.local), named, self.optimizer.lr, False, f"{net.title}: ")
+        named = {f"{stage.name}.{p.name}": t for stage, ts in zip(net.stages, self.params)
+                 for p, t in zip(stage.params, ts)}
+        stop_if_diverged(self.steps, float(loss.local), named, self.optimizer.lr, False, f"{net.title}: ")  # (none in a dry run)
         self.steps += 1
         return StepResult(loss, traces, None if start is None else self._anchor(start))
 
