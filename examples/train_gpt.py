@@ -128,15 +128,14 @@ def split(world, cfg, layers=None):
         return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
             f"--pp {pp} must divide the world size {world}"
     rest = world // (pp * cp)
+    over = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1)  # what a stage's ranks are
     for name, given in (("dp", args.dp), ("tp", args.tp)):
         if given is not None and rest % given:
-            where = f"the {rest} ranks of a stage (world size {world} / pp {pp})" if pp > 1 else \
-                f"the world size {world}"
+            where = f"the {rest} ranks of a stage (world size {world} / {over})" if over else f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     if args.tp is None and args.dp is None:  # both left to their default: the first tp of 4 to 1 that runs
-        over = [f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1]
         dp, tp, problem = default_split(rest, lambda dp, tp: stage_problem(args, cfg, dp, tp, layers), world,
-                                        of=f" (world size {world} / {' x '.join(over)})" if over else "")
+                                        of=f" (world size {world} / {over})" if over else "")
         return (dp, tp), problem
     tp = args.tp if args.tp is not None else rest // args.dp
     dp = args.dp if args.dp is not None else rest // tp
