@@ -14,6 +14,7 @@ from a module whose work is under ``if __name__ == "__main__":`` (Python's rule 
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import signal
@@ -22,7 +23,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from .ledger import dry_run, known_ledgers, remember
 
@@ -74,7 +75,8 @@ class LookAhead:
                 return False
             if key not in self._running and self._missing(key):
                 try:
-                    self._running[key] = self._pool.submit(dry_run, key)
+                    with _born_ignoring_ctrl_c():  # (a submit may start a worker)
+                        self._running[key] = self._pool.submit(dry_run, key)
                 except BrokenProcessPool:  # a worker died (killed, out of memory): the search goes on alone
                     self.close()
                     return False
@@ -149,6 +151,24 @@ class _Terminated(BaseException):
 
 def _terminated(signum: int, frame: Any) -> None:
     raise _Terminated()
+
+
+@contextlib.contextmanager
+def _born_ignoring_ctrl_c() -> Iterator[None]:
+    """A worker started within is born ignoring Ctrl-C (SIG_IGN survives exec; Python keeps it): a Ctrl-C while a
+    worker still imported, before `_worker_start`, printed that worker's KeyboardInterrupt traceback. This
+    process's own Ctrl-C is held meanwhile, not lost (blocked first: Linux keeps a blocked signal pending even
+    while its action is to ignore it). Only in the main thread, where Python sets handlers."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _worker_start(parent: int) -> None:
