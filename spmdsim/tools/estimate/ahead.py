@@ -110,11 +110,14 @@ class LookAhead:
             return
         # ProcessPoolExecutor lets a running task finish before it exits (Python 3.14 adds kill_workers)
         processes = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.kill()
         for process in processes:
             process.join(5)
+        if manager is not None:  # it closes its wake-up pipe: racing Python's exit, which writes there (3.11),
+            manager.join(5)      # that printed "OSError: [Errno 9] Bad file descriptor" after Ctrl-C
         self._running.clear()
 
     def __enter__(self) -> "LookAhead":
