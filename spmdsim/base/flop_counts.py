@@ -7,9 +7,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from ..errors import SpmdsimError
-from .._lazy import numpy_on_first_use
+from .precision import named_dtype
 
-np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["PHASES", "KERNELS", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "Fresh", "FlopCounter"]
 
@@ -124,8 +123,9 @@ class Kernel(_HashedOnce):
 
     @property
     def nbytes(self) -> int:
-        """Bytes read and written, at the elements' own width."""
-        return (self.read + self.written) * np.dtype(self.dtype).itemsize
+        """Bytes read and written, at the elements' own width (an FP8 copy's too where no dry run of this process
+        loaded ml_dtypes: a search's look-ahead runs them in its workers)."""
+        return (self.read + self.written) * named_dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)

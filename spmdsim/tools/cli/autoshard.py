@@ -94,10 +94,12 @@ def register(subparsers: Any) -> None:
                              "ZeRO, sp) by the step time predicted on this machine file from each "
                              "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
                              "(default the machine's memory); docs/howto/choose-configuration.md")
-    parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed"),
-                        help="--machine: the widths the ledger prices at (default bf16-mixed)")
+    parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed", "fp8"),
+                        help="--machine: the widths the ledger prices at (default bf16-mixed; fp8: the linear "
+                             "layers' products in FP8, as spmdsim estimate --precision fp8)")
     parser.add_argument("--kept", choices=("graph", "megatron"),
-                        help="--machine: what each block keeps for backward (default megatron's set)")
+                        help="--machine: what each block keeps for backward (default megatron's set; the graph's "
+                             "under fp8)")
     parser.add_argument("--max-dry-runs", type=int, metavar="N",
                         help="--machine: at most N configurations priced by a dry run (default 24)")
     parser.add_argument("--jobs", type=int, metavar="N",

@@ -42,12 +42,12 @@ from typing import Any
 
 from ...errors import SpmdsimError
 from ...models.gpt.layouts import folded_by
-from ...models.gpt.memory import MASKS
 from ...models.gpt.params import is_expert, param_specs
 from ...models.gpt.stages import chunk_parts
 from ...programs.pipeline.schedule import in_flight_by_stage
 from .closed_forms import model_states
 from .configs import model_of
+from .held import own_width
 from .ledger import _RUN, PRECISIONS, dry_key, gemms_at, gpt_ledger, kernel_bytes, transfers_at
 from .steptime import Pipeline, step_time
 
@@ -148,16 +148,18 @@ def _signed(a: dict, b: dict) -> dict:
 
 
 def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gpus_per_node: int,
-          ep: int = 1, context: tuple = (1, "ring"), etp: int = 0) -> LayerCell:
+          ep: int = 1, context: tuple = (1, "ring"), etp: int = 0, fp8: bool = False) -> LayerCell:
     """Small dry runs of the step on pp 2 x dp 1 x ep x tp (two or three sizes of model, 1 or 2 microbatches of
     `micro` sequences a rank) and the rows of each kind of layer and of the ends they solve for (module
     docstring); every run's stages checked to be their ends plus their layers. `context`: (cp, its method),
-    each run's sequence split over cp as the configuration's; `etp`: the experts' (below tp: folded, `model_of`)."""
+    each run's sequence split over cp as the configuration's; `etp`: the experts' (below tp: folded, `model_of`);
+    `fp8`: the linear layers' products in FP8, as the priced step's (a weight's e4m3 cast, once a step, among the
+    step's kernels)."""
     cfg = model_of(cfg, etp)
     by = folded_by(cfg, tp)  # folded: the tp ranks in the experts' ep
     sizes = _sizes(cfg)
     rows, kept_by, kinds = {}, {}, {}
-    for layers, m, args, keywords in _cell_runs(cfg, tp, sp, micro, recompute, kept, ep, context):
+    for layers, m, args, keywords in _cell_runs(cfg, tp, sp, micro, recompute, kept, ep, context, fp8):
         for st in gpt_ledger(*args, gpus_per_node=gpus_per_node, **keywords):  # the dense batch split over dp x ep
             rows[layers, m, st.stage] = _rows(st)
             kept_by[layers, m, st.stage] = dict(st.memory.kept)
@@ -223,13 +225,15 @@ def _sizes(cfg: Any) -> tuple:
     return (2 * every - 2, 2 * every, 2 * every + 2) if every > 1 else (2, 4)
 
 
-def _cell_runs(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, ep: int, context: tuple) -> list:
+def _cell_runs(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, ep: int, context: tuple,
+               fp8: bool = False) -> list:
     """(layers, microbatches, gpt_ledger's arguments, its keywords but the node size) of each small dry run of a
     cell of `cfg` (its experts at their etp already: `model_of`): pp 2 x dp 1 x ep x tp, 1 or 2 microbatches of
     `micro` sequences a rank."""
     cp, method = context
     return [(layers, m, (replace(replace(cfg, layers=layers), batch=micro * m * ep), 2, 1, tp),
-             dict(sp=sp, microbatches=m, recompute=recompute, kept=kept, ep=ep, cp=cp, cp_method=method))
+             dict(sp=sp, microbatches=m, recompute=recompute, kept=kept, ep=ep, cp=cp, cp_method=method,
+                  **({"fp8": True} if fp8 else {})))
             for layers in _sizes(cfg) for m in (1, 2)]
 
 
@@ -240,8 +244,8 @@ class Cells:
     `dry_runs`: the small dry runs made so far (`runs_a_cell` a cell).
     """
 
-    def __init__(self, cfg: Any, kept: str, gpus_per_node: int) -> None:
-        self.cfg, self.kept, self.gpus_per_node = cfg, kept, gpus_per_node
+    def __init__(self, cfg: Any, kept: str, gpus_per_node: int, fp8: bool = False) -> None:
+        self.cfg, self.kept, self.gpus_per_node, self.fp8 = cfg, kept, gpus_per_node, fp8
         self.cells: dict = {}
         self._stages: dict = {}  # (pp, v) -> `stages`
         self.dry_runs = 0
@@ -257,7 +261,7 @@ class Cells:
         if key not in self.cells:
             self.dry_runs += self.runs_a_cell
             self.cells[key] = _cell(self.cfg, tp, sp, micro, recompute, self.kept, self.gpus_per_node, ep, context,
-                                    etp)
+                                    etp, self.fp8)
         return self.cells[key]
 
     def _of(self, c: Any) -> LayerCell:
@@ -278,7 +282,7 @@ class Cells:
             return []
         tp, sp, micro, recompute, ep, context, etp = key
         return [dry_key(*args, **keywords) for _, _, args, keywords in
-                _cell_runs(model_of(self.cfg, etp), tp, sp, micro, recompute, self.kept, ep, context)]
+                _cell_runs(model_of(self.cfg, etp), tp, sp, micro, recompute, self.kept, ep, context, self.fp8)]
 
     def stages(self, c: Any) -> list:
         """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}: its chunks
@@ -333,7 +337,7 @@ class Cells:
         layers hold) and its least chunk's kept bytes times the most microbatch-chunks the schedule holds on
         that stage at once (spmdsim.programs.pipeline.schedule.in_flight_by_stage)."""
         w = PRECISIONS[precision]
-        kept = {k: sum(n if what.endswith(MASKS) else n // _RUN * w.activations for what, n in rows)
+        kept = {k: sum(n if own_width(what) else n // _RUN * w.activations for what, n in rows)
                 for k, rows in self._of(c).kept}
         elements = kind_elements(self.cfg, c.tp, c.ep)
         held = in_flight_by_stage(c.schedule, c.pp, c.microbatches, c.virtual)

@@ -56,7 +56,8 @@ def bounds_and_sums(cfg: Any, c: Config, machine: Any, precision: str, devices: 
     w = PRECISIONS[precision]
     dense, experts = stage_elements(cfg, c, layer_elements)
     states = model_states(c, precision, dense + experts)
-    peak = machine.peak(w.compute) * machine.gemm_efficiency.cap(w.compute)
+    peak = max(machine.peak(dtype) * machine.gemm_efficiency.cap(dtype)  # FP8: its linear layers' at the fp8 peak
+               for dtype in (w.compute, "fp8")[:1 + w.fp8])
     per_rank = flops_bound(cfg, causal=c.cp > 1) / devices / peak
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
     # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums

@@ -114,7 +114,7 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     largest stage's memory and the largest stage's peak (transient blocks included: what `spmdsim estimate`'s
     fit verdict compares with the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes) at `precision`, as
     `spmdsim estimate` prints them (the experts at `c`'s etp: on the mesh's ep, folded or not)."""
-    args, keywords = price_run(cfg, c, kept)
+    args, keywords = price_run(cfg, c, kept, PRECISIONS[precision].fp8)
     stages = gpt_ledger(*args, gpus_per_node=machine.gpus_per_node, **keywords)
     pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule)
     seconds = max(t.total_s for t in stage_times(stages, machine, precision, pipeline, overlap(c)))
@@ -122,12 +122,12 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     return seconds, max(m.memory for m in memories), peak_bytes(memories)
 
 
-def price_run(cfg: Any, c: Config, kept: str) -> tuple[tuple, dict]:
+def price_run(cfg: Any, c: Config, kept: str, fp8: bool = False) -> tuple[tuple, dict]:
     """The arguments and keywords (but the node size) of `price`'s gpt_ledger call for configuration `c`: the dry
-    run that prices it (spmdsim.tools.estimate.ahead runs it ahead)."""
+    run that prices it (spmdsim.tools.estimate.ahead runs it ahead); `fp8`: its linear layers' products in FP8."""
     return (model_of(cfg, c.etp), c.pp, c.dp, c.tp), dict(
         sp=c.sp, microbatches=c.microbatches, schedule=c.schedule, virtual=c.virtual, recompute=c.recompute,
-        zero=c.zero, kept=kept, ep=c.ep, split=c.split, cp=c.cp, cp_method=c.cp_method)
+        zero=c.zero, kept=kept, ep=c.ep, split=c.split, cp=c.cp, cp_method=c.cp_method, **({"fp8": True} if fp8 else {}))
 
 
 def overlap(c: Config) -> tuple[str, ...]:
@@ -163,13 +163,16 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     cells or where `fixed` holds cp (by the closed forms alone, on that example, a cp 8 configuration at 140.9 ms
     was chosen).
     """
-    _check_search(precision, max_dry_runs, memory_limit, jobs)
+    _check_search(precision, kept, max_dry_runs, memory_limit, jobs, fixed)
+    if PRECISIONS[precision].fp8 and "fp8" not in machine.dtypes:
+        raise SpmdsimError(f"--precision fp8: machine {machine.name!r} has no fp8 peak (peak_flops gives "
+                           f"{', '.join(machine.dtypes)}); give a machine whose file has one, such as h100-dgx")
     zero = (fixed or {}).get("zero")
     with LookAhead(jobs) if jobs > 1 and pricer is None else nullcontext() as ahead:
         args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed,
                 ahead)
         result = _searched(*args, sharded=cfg.moe is None or zero == 3)
-        if result.chosen is None and cfg.moe is not None and zero is None:
+        if result.chosen is None and cfg.moe is not None and zero is None and not PRECISIONS[precision].fp8:
             result = replace(_searched(*args, sharded=True), sharded=True)
     return result
 
@@ -190,7 +193,8 @@ def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision
     heapq.heapify(heap)
     if cfg.moe is not None and cells is True and not moe_cells:  # the closed forms alone (the docstring)
         cells = False
-    tight = cells if isinstance(cells, Cells) else (Cells(cfg, kept, machine.gpus_per_node) if cells else None)
+    tight = cells if isinstance(cells, Cells) else \
+        (Cells(cfg, kept, machine.gpus_per_node, PRECISIONS[precision].fp8) if cells else None)
     made = tight.dry_runs if tight is not None else 0
     bound = _Bound(cfg, machine, precision, kept, memory_limit, price if pricer is None else pricer, tight, sums,
                    ahead)
@@ -200,13 +204,19 @@ def _searched(cfg: Any, devices: int, machine: Any, memory_limit: int, precision
                    best, priced, out, max_dry_runs)
 
 
-def _check_search(precision: str, max_dry_runs: Any, memory_limit: Any, jobs: Any) -> None:
+def _check_search(precision: str, kept: str, max_dry_runs: Any, memory_limit: Any, jobs: Any, fixed: Any) -> None:
     """`search`'s arguments: one line naming the first bad one."""
     if precision not in PRECISIONS:
         raise SpmdsimError(f"precision {precision!r} is unknown; expected one of {tuple(PRECISIONS)!r}")
-    if PRECISIONS[precision].fp8:  # its bounds price every product at the bf16 peak: no bound of an FP8 step
-        raise SpmdsimError("precision 'fp8': the search does not price FP8 products yet; search at bf16-mixed and "
-                           "price its choice with `spmdsim estimate --precision fp8`")
+    if PRECISIONS[precision].fp8:  # what the FP8 step runs (spmdsim.tools.estimate.ledger.gpt_ledger's refusals)
+        if kept != "graph":
+            raise SpmdsimError(f"--precision fp8 with --kept {kept}: the FP8 step keeps the graph's set; give "
+                               "--kept graph (its default under fp8)")
+        held = [f"{name}={value:d}" for name, value in (fixed or {}).items()
+                if (name, value) in (("zero", 3), ("sp", True))]
+        if held:
+            raise SpmdsimError(f"--precision fp8 with --fix {held[0]}: the FP8 step runs without ZeRO-3 and without "
+                               "sequence parallelism; leave it out")
     if isinstance(max_dry_runs, bool) or not isinstance(max_dry_runs, int) or max_dry_runs < 1:
         raise SpmdsimError(f"max dry runs {max_dry_runs!r} must be an integer >= 1")
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 1:
@@ -231,10 +241,11 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     cp = (fixed or {}).get("cp") if contexts else 1
     etp = (fixed or {}).get("etp")
     etps = (etp,) if isinstance(etp, int) and etp > 1 else ()  # an experts' tp between 1 and tp: --fix etp=N
-    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded, etps, between)
+    every = _runs_at(precision, configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded,
+                                               etps, between))
     if fixed and not every:  # every cp the search takes, for the line that names them
-        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded,
-                               sharded=sharded, etps=etps, between=between)
+        every = _runs_at(precision, configurations(cfg, devices, machine.gpus_per_node, methods=methods,
+                                                   folded=folded, sharded=sharded, etps=etps, between=between))
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
@@ -244,6 +255,14 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
                            f"{cfg.heads} and vocab {cfg.vocab_words} within a node of {machine.gpus_per_node}, pp the "
                            f"layers {cfg.layers}, dp the batch {cfg.batch})" + (f"; {note}" if note else ""))
     return bounded, sums
+
+
+def _runs_at(precision: str, configs: list) -> list:
+    """The configurations of `configs` whose step runs at `precision`: under "fp8" neither ZeRO-3 nor sequence
+    parallelism (the FP8 step has neither: spmdsim.tools.estimate.ledger.gpt_ledger)."""
+    if not PRECISIONS[precision].fp8:
+        return configs
+    return [c for c in configs if c.zero != 3 and not c.sp]
 
 
 @dataclass(frozen=True)
@@ -266,7 +285,7 @@ class _Bound:
         c = entry[4].config
         if self.tight is not None and entry[1] == 0:
             return self.tight.dry_keys(c)
-        args, keywords = price_run(self.cfg, c, self.kept)
+        args, keywords = price_run(self.cfg, c, self.kept, PRECISIONS[self.precision].fp8)
         return [dry_key(*args, **keywords)]
 
 
