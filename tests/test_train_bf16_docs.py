@@ -31,7 +31,7 @@ def _fp8_line() -> int:
 
 def test_the_fp8_section_shows_one_long_command_and_it_passes():
     """Its 100-step run, with --steps 2 --sample 0: FP8 training checked against one process under its policy."""
-    (quote,) = [q for q in quotes(DOC) if q.line > _fp8_line()]
+    (quote,) = [q for q in quotes(DOC) if q.line > _fp8_line() and not q.inline]  # (and `spmdsim estimate` in prose)
     assert "--precision fp8 " in quote.command and quote.command.rstrip().endswith("# long")
     done = run_long(quote)
     assert "check: 2 steps vs one numpy process" in done.stdout and ": PASS" in done.stdout, done.stdout[-2000:]
