@@ -142,3 +142,27 @@ def test_a_slow_choice_says_it_is_still_working(capsys, monkeypatch):
 def test_a_quick_choice_prints_nothing_on_stderr(capsys):
     assert main(TUTORIAL) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_dropout_is_the_machine_searchs_and_its_estimate_command_carries_it(capsys):
+    """--dropout 0 (Llama trains without dropout: no masks kept) prices every configuration without dropout's
+    kernels and masks, and the chosen one's `spmdsim estimate` command says it, so it prints the same step;
+    without --machine, or out of [0, 1), one line."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=4",
+            "--devices", "4", "--fix", "cp=1", "--fix", "pp=1", "--machine", "h100-dgx", "--json"]
+    assert main(argv) == 0
+    with_dropout = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--dropout", "0"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert "--dropout" not in with_dropout["estimate_command"]
+    command = without["estimate_command"]
+    assert " --dropout 0 " in command and without["chosen"]["peak"] < with_dropout["chosen"]["peak"]
+    assert main(command.split()[1:]) == 0
+    step_ms = without["chosen"]["step_s"] * 1e3
+    assert f"predicted step time: {step_ms:.3f} ms" in capsys.readouterr().out
+    for extra, message in ((["--dropout", "0"], "--dropout 0 is an option of the search by predicted step time: "
+                                                "give --machine NAME|PATH too"),
+                           (["--machine", "h100-dgx", "--dropout", "1.5"],
+                            "--dropout 1.5 must be a finite number in [0, 1)")):
+        assert main(argv[:7] + extra) == 2
+        assert unfold(capsys.readouterr().err).rstrip("\n") == f"spmdsim: error: {message}"

@@ -89,6 +89,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="--run on N simulated ranks in this process (no mpiexec; bytes are "
                              "exact, times are not a cluster's)")
+    _machine_arguments(parser)
+    parser.set_defaults(func=run, dry_run=False)
+
+
+def _machine_arguments(parser: Any) -> None:
+    """The search by a machine file's flags (--machine and those that go with it)."""
     parser.add_argument("--machine", metavar="NAME|PATH",
                         help="--network gpt: choose (tp, pp, dp, microbatches, virtual stages, recomputation, "
                              "ZeRO, sp) by the step time predicted on this machine file from each "
@@ -97,6 +103,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed", "fp8"),
                         help="--machine: the widths the ledger prices at (default bf16-mixed; fp8: the linear "
                              "layers' products in FP8, as spmdsim estimate --precision fp8)")
+    parser.add_argument("--dropout", type=flag_float, metavar="P",
+                        help="--machine: the GPT's dropout probability (default 0.1, GPT-3's; 0: none, as Llama "
+                             "trains: no dropout kernels, masks or kept outputs)")
     parser.add_argument("--kept", choices=("graph", "megatron"),
                         help="--machine: what each block keeps for backward (default megatron's set; the graph's "
                              "under fp8)")
@@ -110,7 +119,6 @@ def register(subparsers: Any) -> None:
                              "small dry runs each, one per tp, sp, micro-batch, recomputation, ep and etp: slower, "
                              "prunes more, prices better configurations and tries the experts folded into ep, etp 1; "
                              "docs/howto/choose-configuration.md)")
-    parser.set_defaults(func=run, dry_run=False)
 
 
 def _fixes(items: list[str]) -> dict[str, str]:
@@ -176,9 +184,9 @@ def run(args: argparse.Namespace) -> int:
             "Llama's architecture"
         raise SpmdsimError(f"{given[0]} sets {what}, which only the search by a machine file prices "
                            "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
-    for flag in ("precision", "kept", "max_dry_runs", "moe_cells", "jobs"):  # the machine search's own: never ignored
-        if getattr(args, flag) is not None:
-            value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
+    for flag in ("precision", "dropout", "kept", "max_dry_runs", "moe_cells", "jobs"):  # the machine search's own
+        if getattr(args, flag) is not None:  # (never ignored)
+            value = "" if getattr(args, flag) is True else f" {typed(getattr(args, flag))}"
             raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "
                                "predicted step time: give --machine NAME|PATH too")
     if args.flops is not None and not (math.isfinite(args.flops) and args.flops > 0):

@@ -42,7 +42,8 @@ def gpt_said(text: Optional[str]) -> Any:
     said_as. `text` already read by gpt_config (None: no --gpt)."""
     typed = gpt_typed(text)
     sizes = GPT_KEYS + ("vocab_pad_to",)
-    return said_as({**{key: f"--gpt {key}" for key in sizes if key in typed}, **ARCHITECTURE_SAID},
+    return said_as({**{key: f"--gpt {key}" for key in sizes if key in typed}, **ARCHITECTURE_SAID,
+                    "dropout": "--dropout"},
                    defaults=[key for key in sizes if key not in typed])
 
 

@@ -25,6 +25,7 @@ from ...base.sizes import format_size
 from ...base.threads import cores_available
 from ...base.validate import counted
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
+from ...models.gpt.config import GPTConfig
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
 from ..estimate.configs import FIXABLE, context_note, fold_note, parse_fixed, vocab_note
@@ -88,8 +89,9 @@ def run_machine(args: argparse.Namespace) -> int:
     problem = architecture_problem(args, cfg.heads, heads)
     if problem:
         raise SpmdsimError(problem)
-    with gpt_said(args.gpt):  # Llama's options (--ffn, --rope, ...): GPTConfig checks them, naming the flags
-        cfg = replace(cfg, **architecture_fields(args))
+    dropout = {} if args.dropout is None else {"dropout": args.dropout}
+    with gpt_said(args.gpt):  # Llama's options (--ffn, --rope, ...), --dropout: GPTConfig checks them, naming the flags
+        cfg = replace(cfg, **architecture_fields(args), **dropout)
     if args.moe_cells and cfg.moe is None:
         raise SpmdsimError("--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): "
                            "give --gpt ...,experts=N")
@@ -159,6 +161,8 @@ def estimate_command(cfg: Any, x: Any, machine: str, precision: str, kept: str) 
              f"--seq {cfg.seq}", f"--vocab {cfg.vocab}"] + architecture_flags(cfg)
     if cfg.vocab_pad_to > 1:
         words.append(f"--pad-vocab-to {cfg.vocab_pad_to}")
+    if cfg.dropout != GPTConfig.dropout:  # (the estimate's default is the GPT's)
+        words.append(f"--dropout {cfg.dropout + 0.0:g}")  # (-0: 0)
     if cfg.moe is not None:
         m = cfg.moe
         # --ep the experts' (folded, the mesh's ep x tp / etp: --etp below --tp)

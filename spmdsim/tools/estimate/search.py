@@ -127,7 +127,8 @@ def price_run(cfg: Any, c: Config, kept: str, fp8: bool = False) -> tuple[tuple,
     run that prices it (spmdsim.tools.estimate.ahead runs it ahead); `fp8`: its linear layers' products in FP8."""
     return (model_of(cfg, c.etp), c.pp, c.dp, c.tp), dict(
         sp=c.sp, microbatches=c.microbatches, schedule=c.schedule, virtual=c.virtual, recompute=c.recompute,
-        zero=c.zero, kept=kept, ep=c.ep, split=c.split, cp=c.cp, cp_method=c.cp_method, **({"fp8": True} if fp8 else {}))
+        zero=c.zero, kept=kept, ep=c.ep, split=c.split, cp=c.cp, cp_method=c.cp_method,
+        **({"fp8": True} if fp8 else {}))  # (the key of a run without it: as before)
 
 
 def overlap(c: Config) -> tuple[str, ...]:
