@@ -185,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"{given[0]} sets {what}, which only the search by a machine file prices "
                            "(the operators' graph is the GPT's own): add --machine (e.g. --machine a100-dgx)")
     for flag in ("precision", "dropout", "kept", "max_dry_runs", "moe_cells", "jobs"):  # the machine search's own
-        if getattr(args, flag) is not None:  # (never ignored)
-            value = "" if getattr(args, flag) is True else f" {typed(getattr(args, flag))}"
+        given = getattr(args, flag)
+        if given is not None:  # (never ignored; a float, --dropout's, as typed)
+            value = "" if given is True else f" {typed(given) if isinstance(given, float) else given}"
             raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "
                                "predicted step time: give --machine NAME|PATH too")
     if args.flops is not None and not (math.isfinite(args.flops) and args.flops > 0):
