@@ -21,7 +21,7 @@ from ...programs.pipeline.options import split_words
 from ...programs.viz.table import wrap_lines
 from ..estimate.ledger import (_RUN, PRECISIONS, gpt_ledger, kernel_bytes, layers_activations, peak_bytes, stage_memory,
                                stage_times, unmappable)
-from ..estimate.machine import load_machine
+from ..estimate.machine import fp8_peak_refusal, load_machine
 from ...nn.autograd.kept import FP8
 from ..estimate.steptime import Pipeline, assumptions, utilization
 
@@ -90,9 +90,7 @@ def _fp8_refusals(args: argparse.Namespace, machine: Any) -> None:
     """`--precision fp8`'s refusals before the dry run, each one line: a machine without an fp8 peak, and sequence
     parallelism's e4m3 gathers, whose bytes the trace does not tell from the activations' (the program's own
     refusals, a pipeline and Megatron's kept set, come from its dry run)."""
-    if "fp8" not in machine.dtypes:
-        raise SpmdsimError(f"--precision fp8: machine {machine.name!r} has no fp8 peak (peak_flops gives "
-                           f"{', '.join(machine.dtypes)}); give a machine whose file has one, such as h100-dgx")
+    fp8_peak_refusal(machine)
     if args.sp and args.tp > 1:
         raise SpmdsimError("--precision fp8 with --sp: the estimate does not price sequence parallelism's e4m3 "
                            "gathers yet; leave out --sp")

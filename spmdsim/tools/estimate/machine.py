@@ -49,7 +49,7 @@ from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionE
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .records import LEVELS
 
-__all__ = ["load_machine", "machines", "machine_from_dict", "machine_to_dict", "save_machine"]
+__all__ = ["load_machine", "machines", "machine_from_dict", "machine_to_dict", "save_machine", "fp8_peak_refusal"]
 
 #: Format tag every machine file carries.
 FORMAT = "spmdsim machine 1"
@@ -243,6 +243,14 @@ def save_machine(machine: Machine, path: str | os.PathLike) -> Path:
 def machines() -> tuple[str, ...]:
     """Names of the shipped machine files, sorted."""
     return tuple(sorted(p.stem for p in _SHIPPED.glob("*.json")))
+
+
+def fp8_peak_refusal(machine: Machine) -> None:
+    """SpmdsimError where `machine`'s file gives no fp8 peak, which `--precision fp8` prices the FP8 products at
+    (`spmdsim estimate` and `spmdsim autoshard` alike)."""
+    if "fp8" not in machine.dtypes:
+        raise SpmdsimError(f"--precision fp8: machine {machine.name!r} has no fp8 peak (peak_flops gives "
+                           f"{', '.join(machine.dtypes)}); give a machine whose file has one, such as h100-dgx")
 
 
 def load_machine(name_or_path: str | os.PathLike) -> Machine:

@@ -56,6 +56,7 @@ from .configs import (RECOMPUTE, SEARCHED_METHODS, Config, configurations, fixed
                       vocab_note)
 from .ahead import LookAhead
 from .ledger import PRECISIONS, dry_key, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
+from .machine import fp8_peak_refusal
 from .steptime import Pipeline
 
 __all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED",
@@ -165,9 +166,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     was chosen).
     """
     _check_search(precision, kept, max_dry_runs, memory_limit, jobs, fixed)
-    if PRECISIONS[precision].fp8 and "fp8" not in machine.dtypes:
-        raise SpmdsimError(f"--precision fp8: machine {machine.name!r} has no fp8 peak (peak_flops gives "
-                           f"{', '.join(machine.dtypes)}); give a machine whose file has one, such as h100-dgx")
+    if PRECISIONS[precision].fp8:
+        fp8_peak_refusal(machine)
     zero = (fixed or {}).get("zero")
     with LookAhead(jobs) if jobs > 1 and pricer is None else nullcontext() as ahead:
         args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed,
