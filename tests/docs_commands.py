@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The pages whose pure commands tests/test_classroom_docs.py runs (README.md's: tests/test_readme.py).
 DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorials/lab-part2.md",
         "docs/explanation/architecture.md", "docs/howto/pipelines.md", "docs/howto/estimate.md",
-        "docs/explanation/estimate-published.md",
+        "docs/explanation/estimate-published.md", "docs/explanation/estimate-h100.md",
         "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
         "docs/howto/experts-folding.md",
         "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/explanation/algorithms.md",

@@ -1,4 +1,4 @@
-"""Megatron-Core's Mixtral 8x7B row of docs/explanation/estimate-published.md ("Today's models on H100"): what the
+"""Megatron-Core's Mixtral 8x7B row of docs/explanation/estimate-h100.md: what the
 comparison rests on, on a model of the row's mesh and options with small widths.
 
 The row's mapping (Megatron-LM's MoE README, "Reference Best Parallel Mapping"): 64 GPUs, tp 1, ep 8, pp 4 with 8

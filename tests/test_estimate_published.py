@@ -1,5 +1,5 @@
-"""`spmdsim estimate` beside published training measurements (docs/howto/estimate.md, "Today's models beside their
-published figures"): what those comparisons rest on, on small models.
+"""`spmdsim estimate` beside published training measurements (docs/explanation/estimate-h100.md): what those
+comparisons rest on, on small models.
 
 A Llama trains without dropout (Meta's Llama 3 405B, NVIDIA's Llama 3.1 recipes: attention and hidden dropout 0),
 and `estimate` always built its GPT with dropout 0.1: a Llama's estimate held dropout masks and the dropped-out

@@ -27,17 +27,16 @@ SMALL = GPTConfig(layers=2, d_model=32, heads=4, seq=32, vocab=64, batch=4, drop
 
 @pytest.fixture(scope="module")
 def exhaustive():
-    """Every configuration of SMALL on 4 devices without context parallelism the FP8 step runs (neither ZeRO-3
-    nor sequence parallelism), priced by its own FP8 dry run: {config: (seconds, bytes held, peak bytes)}."""
-    return {c: price(SMALL, c, H100, "fp8", "graph") for c in configurations(SMALL, 4, 8, cp=1)
-            if c.zero != 3 and not c.sp}
+    """Every configuration of SMALL on 4 devices without context parallelism the FP8 step runs (all but ZeRO-3),
+    priced by its own FP8 dry run: {config: (seconds, bytes held, peak bytes)}."""
+    return {c: price(SMALL, c, H100, "fp8", "graph") for c in configurations(SMALL, 4, 8, cp=1) if c.zero != 3}
 
 
 def test_every_bound_lies_below_the_fp8_price_and_the_search_chooses_the_fastest(exhaustive):
     cells = Cells(SMALL, "graph", 8, fp8=True)
     assert {c.zero for c in exhaustive} == {0, 1, 2}
     assert {c.pp for c in exhaustive} == {1, 2} and {c.tp for c in exhaustive} == {1, 2, 4}
-    assert {c.recompute for c in exhaustive} == {"none", "selective", "full"}
+    assert {c.recompute for c in exhaustive} == {"none", "selective", "full"} and {c.sp for c in exhaustive} == {0, 1}
     for c, (seconds, nbytes, _) in exhaustive.items():
         flop_s, states = lower_bounds(SMALL, c, H100, "fp8", 4)
         assert flop_s <= seconds and states <= nbytes, c
@@ -75,11 +74,7 @@ def test_the_pages_fp8_search_prints_what_it_quotes_and_its_estimate_command_the
      "--precision fp8 with --kept megatron: the FP8 step keeps the graph's set; give --kept graph (its default "
      "under fp8)"),
     (["--machine", "h100-dgx", "--fix", "zero=3"],
-     "--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3 and without sequence parallelism; "
-     "leave it out"),
-    (["--machine", "h100-dgx", "--fix", "sp=1"],
-     "--precision fp8 with --fix sp=1: the FP8 step runs without ZeRO-3 and without sequence parallelism; "
-     "leave it out")])
+     "--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")])
 def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, message):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=4",
             "--devices", "4", "--precision", "fp8", *extra]
@@ -89,7 +84,7 @@ def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, me
     with pytest.raises(SpmdsimError):
         search(SMALL, 8, load_machine(extra[1]), 1 << 40, precision="fp8",
                kept=extra[3] if extra[2:3] == ["--kept"] else "graph",
-               fixed={"zero": 3} if "zero=3" in extra else {"sp": True} if "sp=1" in extra else None)
+               fixed={"zero": 3} if "zero=3" in extra else None)
 
 
 def test_an_fp8_search_with_workers_chooses_as_alone(capsys):

@@ -94,7 +94,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         result = then()
     if traces:
         now = perf_counter()
-        record_call(traces, name, axes, g, nbytes, now - t0, label, copied, now, counts)
+        record_call(traces, name, axes, g, nbytes, now - t0, label, copied, now, counts, dtype)
     return result
 
 
@@ -128,7 +128,7 @@ def repeat(mesh: Mesh, plan: KeptCall, axes: Any, label: str | None, args: tuple
         plan.direct(*args)
         context.seq += 1
         now = perf_counter()
-        record_call(traces, plan.op, axes, plan.group_size, plan.nbytes, now - t0, label, 0, now, None)
+        record_call(traces, plan.op, axes, plan.group_size, plan.nbytes, now - t0, label, 0, now, None, x.dtype)
         return result
     return issue(mesh, plan.comm, plan.group_size, plan.op, axes, label, plan.run, args, result, x, plan.extra,
                  plan.nbytes)

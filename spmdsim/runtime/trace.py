@@ -54,7 +54,7 @@ def record_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sen
               seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
     """`record`'s entry, appended to `traces` (the running rank's open collectors, read by the caller) with
     its end time `ended` given."""
-    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers, None)
     for trace in traces:
         trace._rows.append(row)
 
@@ -63,22 +63,23 @@ def fold_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent:
             seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
     """`record_to`'s entry, folded into an equal one of each trace that differs in its times alone
     (engines.trace.Trace.fold: a dry run's)."""
-    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers, None)
     key = (op, axes, group_size, sent, received, label, copied, peers)
     for trace in traces:
         trace.fold(row, key)
 
 
 def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
-                label: str | None, copied: int, ended: float, counts: Any) -> None:
+                label: str | None, copied: int, ended: float, counts: Any, dtype: Any = None) -> None:
     """Append one collective to every one of `traces` (the running rank's open collectors, as
     runtime.door.issue read them) as it was called.
 
-    The row keeps the call's own arguments (`nbytes`, `counts`: see `_as_called`) and is finished
+    The row keeps the call's own arguments (`nbytes`, `counts`: see `_as_called`; `dtype`: the moved
+    elements' numpy dtype) and is finished
     when the trace is read: each microsecond here is paid by the group's last rank at 4 ranks per core.
     """
     if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
         axes = tuple(axes)
-    row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts)
+    row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts, dtype)
     for trace in traces:
         trace._rows.append(row)

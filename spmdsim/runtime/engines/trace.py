@@ -32,6 +32,9 @@ class TraceEntry:
     # alltoallv/exchange: how many other ranks this rank sent to or received from
     # (the cost model prices one message per peer); 0 for the other collectives.
     peers: int = 0
+    # numpy's name of the moved elements' type ("float64", "uint8": FP8 values moved as bytes); "" where the
+    # row does not say (a group of messages, a call on a group of one)
+    dtype: str = ""
 
     @property
     def started_at(self) -> float:
@@ -183,11 +186,11 @@ class Trace:
 def _build(rows: Any) -> list[TraceEntry]:
     """The entries of raw rows (see Trace.__init__)."""
     out = []
-    for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows:
+    for op, axes, g, sent, received, seconds, label, copied, ended, peers, dtype in rows:
         if received is None:  # a row as runtime.door.issue appends it: finish it here
             op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
         out.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label, int(copied), ended,
-                              int(peers)))
+                              int(peers), "" if dtype is None else dtype.name))
     return out
 
 

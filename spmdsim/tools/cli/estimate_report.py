@@ -37,7 +37,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     machine = load_machine(args.machine)
     fp8 = PRECISIONS[args.precision].fp8
     if fp8:
-        _fp8_refusals(args, machine)
+        fp8_peak_refusal(machine)
     start = time.perf_counter()
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
@@ -84,16 +84,6 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     if hint:
         print("\n".join(wrap_lines([hint])))
     return 0
-
-
-def _fp8_refusals(args: argparse.Namespace, machine: Any) -> None:
-    """`--precision fp8`'s refusals before the dry run, each one line: a machine without an fp8 peak, and sequence
-    parallelism's e4m3 gathers, whose bytes the trace does not tell from the activations' (the program's own
-    refusals, a pipeline and Megatron's kept set, come from its dry run)."""
-    fp8_peak_refusal(machine)
-    if args.sp and args.tp > 1:
-        raise SpmdsimError("--precision fp8 with --sp: the estimate does not price sequence parallelism's e4m3 "
-                           "gathers yet; leave out --sp")
 
 
 def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: Any, schedule: str, machine: Any,

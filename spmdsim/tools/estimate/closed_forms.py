@@ -139,14 +139,18 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
         layers = sum(cfg.is_moe(i) for i in range(cfg.layers)) / c.pp
         exchanges = 4 * c.microbatches * layers * cheapest(stride, "alltoall", c.experts_ep, buffer)
     # Each block's attention over tp, forward and backward (its MLP's, dense or MoE, left out): with sequence
-    # parallelism an Allgather of its input and a Reduce_scatter of its output, and their conjugates; without,
-    # an Allreduce of its output and one of its input's gradient; on the microbatch's activations whole (of a
-    # rank's part of each sequence with cp: context parallelism's own messages left out).
-    activations = sequences * cfg.seq // c.cp * cfg.d_model * w.activations
+    # parallelism an Allgather of its input and a Reduce_scatter of its output, and their conjugates (under
+    # FP8 the Allgathers at a byte an element: the forward's of the input's e4m3 copy, the backward's its
+    # copy gathered again); without, an Allreduce of its output and one of its input's gradient; on the
+    # microbatch's activations whole (of a rank's part of each sequence with cp: context parallelism's own
+    # messages left out).
+    elements = sequences * cfg.seq // c.cp * cfg.d_model
+    activations = elements * w.activations
     if c.tp > 1:
-        ops = ("allgather", "reduce_scatter") if c.sp else ("allreduce",)
-        exchanges += 2 * c.microbatches * cfg.layers / c.pp * sum(cheapest(1, op, c.tp, activations)
-                                                                  for op in ops)
+        ops = (("allgather", elements if w.fp8 else activations), ("reduce_scatter", activations)) if c.sp else \
+            (("allreduce", activations),)
+        exchanges += 2 * c.microbatches * cfg.layers / c.pp * sum(cheapest(1, op, c.tp, nbytes)
+                                                                  for op, nbytes in ops)
     # A stage boundary: each microbatch's activations (a sequence shard with sp) cross it forward and their
     # gradient backward, so every stage sends or receives at least two messages a microbatch (the first
     # stage sends the activations and receives their gradients, the last receives and sends; the ledger

@@ -142,10 +142,13 @@ def transfers_at(transfers: Any, precision: str) -> list:
     """The Calls rows with their bytes at `precision`'s widths: activations and their gradients (the layers'
     collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
     buckets at the gradient width (Megatron sums bf16 training's gradients in fp32), ZeRO-3's gathers at the
-    parameters'."""
+    parameters'; a row of elements with a width of their own (Calls.width: FP8 values, integers) as it is."""
     w = PRECISIONS[precision]
     out = []
     for t in transfers:
+        if t.width:
+            out.append(t)
+            continue
         width = w.grads if t.phase == "gradients" else w.params if t.phase == "parameters" else w.activations
         out.append(replace(t, nbytes=t.nbytes * width // _RUN, sent=t.sent * width // _RUN))
     return out

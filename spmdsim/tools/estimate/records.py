@@ -24,7 +24,11 @@ class Calls:
     phase: "layers" (tensor/sequence-parallel collectives inside the forward and backward),
         "gradients" (data-parallel sums, ZeRO-1's buckets) or "pipeline" (messages between stages);
     count: how many such calls one step makes;
-    sent: bytes this rank sends in one such call (what its trace recorded; 0 for a receive).
+    sent: bytes this rank sends in one such call (what its trace recorded; 0 for a receive);
+    width: 0 where the elements are the run's floats (a float64 dry run's, `nbytes` and `sent` counted at 8
+        bytes an element: spmdsim.tools.estimate.ledger.transfers_at prices them at the precision's width
+        for the phase), else the bytes of one element as moved at every precision (1: FP8 values, moved
+        as bytes; 8: integers such as the experts' token counts).
     """
 
     kind: str
@@ -34,3 +38,4 @@ class Calls:
     phase: str
     count: int = 1
     sent: int = 0
+    width: int = 0

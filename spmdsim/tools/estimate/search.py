@@ -213,11 +213,8 @@ def _check_search(precision: str, kept: str, max_dry_runs: Any, memory_limit: An
         if kept != "graph":
             raise SpmdsimError(f"--precision fp8 with --kept {kept}: the FP8 step keeps the graph's set; give "
                                "--kept graph (its default under fp8)")
-        held = [f"{name}={value:d}" for name, value in (fixed or {}).items()
-                if (name, value) in (("zero", 3), ("sp", True))]
-        if held:
-            raise SpmdsimError(f"--precision fp8 with --fix {held[0]}: the FP8 step runs without ZeRO-3 and without "
-                               "sequence parallelism; leave it out")
+        if (fixed or {}).get("zero") == 3:
+            raise SpmdsimError("--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")
     if isinstance(max_dry_runs, bool) or not isinstance(max_dry_runs, int) or max_dry_runs < 1:
         raise SpmdsimError(f"max dry runs {max_dry_runs!r} must be an integer >= 1")
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 1:
@@ -259,11 +256,11 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
 
 
 def _runs_at(precision: str, configs: list) -> list:
-    """The configurations of `configs` whose step runs at `precision`: under "fp8" neither ZeRO-3 nor sequence
-    parallelism (the FP8 step has neither: spmdsim.tools.estimate.ledger.gpt_ledger)."""
+    """The configurations of `configs` whose step runs at `precision`: under "fp8" none with ZeRO-3 (the FP8
+    step runs without it: spmdsim.tools.estimate.ledger.gpt_ledger)."""
     if not PRECISIONS[precision].fp8:
         return configs
-    return [c for c in configs if c.zero != 3 and not c.sp]
+    return [c for c in configs if c.zero != 3]
 
 
 @dataclass(frozen=True)

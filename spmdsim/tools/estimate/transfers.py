@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
+from ...base.precision import named_dtype
 from ...errors import SpmdsimError
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, SHARD
 from ...nn.fsdp_flat import GATHER_LABEL, REDUCE_LABEL, SUM_LABEL
 from ...programs.plan.steps import KINDS
+from .held import _RUN
 from .records import Calls
 
 __all__ = ["GRADIENT_LABELS", "placed", "trace_calls", "trace_transfers"]
@@ -51,10 +54,10 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
 
 def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
     """`trace_transfers`' rows before they are placed on nodes, and the groups they ran on: ((kind, group, nbytes,
-    axes, phase, count, sent), ...) and {axes: the ranks of `rank`'s group over them} (a message's: the axes it
-    crosses). A dry run's rows do not depend on the machine's node size, which `placed` applies: a search or an
-    estimate that asks for the same run on nodes of another size places them again
-    (spmdsim.tools.estimate.ledger.gpt_ledger)."""
+    axes, phase, count, sent, width), ...: Calls' fields, `_widths`) and {axes: the ranks of `rank`'s group over
+    them} (a message's: the axes it crosses). A dry run's rows do not depend on the machine's node size, which
+    `placed` applies: a search or an estimate that asks for the same run on nodes of another size places them
+    again (spmdsim.tools.estimate.ledger.gpt_ledger)."""
     merged: dict = {}
     groups: dict = {}  # axes -> this rank's group over them
     sizes: dict = {}  # (op, group size, bytes sent) -> the cost model's n: one answer per kind of row
@@ -64,21 +67,38 @@ def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
         axes = tuple(e.axes)
         if axes not in groups:
             groups[axes] = _members(mesh, rank, axes)
+        width, scale = _widths(e.dtype)
         if e.op in ("send", "recv", "sendrecv"):
             rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
             phase = "context" if CONTEXT in axes else "pipeline"
         else:
-            n = sizes.get((e.op, e.group_size, e.bytes_sent))
+            sent = e.bytes_sent * scale
+            n = sizes.get((e.op, e.group_size, sent))
             if n is None:
-                n = sizes[e.op, e.group_size, e.bytes_sent] = _buffer_bytes(e.op, e.group_size, e.bytes_sent)
-            rows = [(e.op, n, e.bytes_sent)]
+                n = sizes[e.op, e.group_size, sent] = _buffer_bytes(e.op, e.group_size, sent)
+            rows = [(e.op, n, sent)]
             phase = _phase(e.op, e.label or "", axes)
         for op, n, sent in rows:
-            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent)
+            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent, width)
             merged[key] = merged.get(key, 0) + times
-    return tuple((op, g, n, axes, phase, count, sent) for (op, g, n, axes, phase, sent), count
+    return tuple((op, g, n, axes, phase, count, sent, width) for (op, g, n, axes, phase, sent, width), count
                  in merged.items()), groups
+
+
+@lru_cache(maxsize=None)
+def _widths(dtype: str) -> tuple[int, int]:
+    """(Calls.width, the factor to the run's bytes) of a trace row whose elements are `dtype` (TraceEntry.dtype):
+    the run's floats (float64, or a float32 the program keeps at any precision, as the sums of FP8 products
+    that TransformerEngine moves in bfloat16) priced at the precision's width, counted at the run's 8 bytes an
+    element; a message's (no dtype: the run's activations) likewise; other elements (bytes: FP8 values;
+    integers) at their own width."""
+    if not dtype:
+        return 0, 1
+    kind = named_dtype(dtype)
+    if kind.kind == "f" and kind.itemsize > 1:
+        return 0, _RUN // kind.itemsize
+    return kind.itemsize, 1
 
 
 def _phase(op: str, label: str, axes: tuple) -> str:
@@ -103,11 +123,11 @@ def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[C
     levels = {axes: "node" if all(m // gpus_per_node == node for m in members) else "cluster"
               for axes, members in groups.items()}
     merged: dict = {}
-    for op, g, n, axes, phase, count, sent in calls:
+    for op, g, n, axes, phase, count, sent, width in calls:
         level = levels[axes]
-        key = (op, g, n, level, phase, sent)
+        key = (op, g, n, level, phase, sent, width)
         merged[key] = merged.get(key, 0) + count
-    return tuple(Calls(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
+    return tuple(Calls(op, g, n, level, phase, count, sent, width) for (op, g, n, level, phase, sent, width), count
                  in merged.items())
 
 
