@@ -11,7 +11,6 @@ from math import prod
 from typing import Any
 
 from ...base.sizes import UnmappableError, format_size
-from ...errors import SpmdsimError
 from ...base.validate import counted
 from ...models.axes import DATA, EXPERT
 from ...models.gpt.flags import architecture_words
