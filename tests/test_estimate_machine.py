@@ -312,9 +312,11 @@ def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
            "--output", str(tmp_path / "cost.json"), "--machine-out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-    if done.returncode != 0 and "gives no bandwidth for --machine-out" in done.stderr:
-        # A loaded machine can time the 4 MiB calls no slower per byte than the 64 KiB ones: then the fit
-        # has no bandwidth term and --machine-out refuses in one line, as it must (seen under load ~8).
+    if done.returncode != 0 and ("gives no bandwidth for --machine-out" in done.stderr
+                                 or "(infinite bandwidth)" in " ".join(done.stderr.split())):
+        # A loaded machine can time the 16 MiB calls no slower per byte than the 64 KiB ones: then the fit (or
+        # one collective's) has no bandwidth term and calibrate refuses to save it in one line, as it must (seen
+        # under load ~8, and with the pure tests' workers beside it on 2 cores).
         # (Open MPI's launcher adds its own lines about the exit: a banner, and a PMIx error line now and then)
         errors = [line for line in done.stderr.splitlines() if "error" in line.lower() and "PMIX" not in line]
         assert len(errors) == 1 and "Traceback" not in done.stderr and "Abort" not in done.stderr, done.stderr
