@@ -105,14 +105,15 @@ def test_sequence_parallelism_gathers_the_e4m3_copies_at_a_byte_and_sums_the_pro
     assert code == 0 and "predicted step time: " in out, err
 
 
-def _row() -> list:
+def _cells(name: str) -> list:
+    """The cells of the table row of docs/explanation/estimate-h100.md that starts with `name` in FP8."""
     text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
-    (row,) = [line for line in text.splitlines() if line.startswith("| Llama 2 7B in FP8")]
+    (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} in FP8")]
     return [cell.strip() for cell in row.strip("|").split("|")]
 
 
 def test_the_published_fp8_row_is_the_command_quoted_under_it():
-    cells = _row()
+    cells = _cells("Llama 2 7B")
     predicted, published, ratio = cells[2], cells[3], cells[4]
     step, rate = re.fullmatch(r"([\d.]+) s \(([\d.]+)\)", predicted).groups()
     assert published == "3.870 s (780)" and f"{128 * 4096 / (16934 * 8):.3f}" == "3.870"  # 16,934 tokens/s a GPU
@@ -124,12 +125,6 @@ def test_the_published_fp8_row_is_the_command_quoted_under_it():
     code, out, err = run_here("main", quote.command.split()[1:])
     assert code == 0, err
     assert f"predicted step time: {step} s " in out and f"MFU 80.6%: {rate} TFLOP/s per GPU of the bf16 peak" in out
-
-
-def _cells(name: str) -> list:
-    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
-    (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} in FP8")]
-    return [cell.strip() for cell in row.strip("|").split("|")]
 
 
 @pytest.mark.parametrize("name, layers, gpus, tokens, published", [("Llama 2 13B", 40, 16, 8715, "3.760 s (760)"),

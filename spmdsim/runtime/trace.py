@@ -75,8 +75,8 @@ def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, 
     runtime.door.issue read them) as it was called.
 
     The row keeps the call's own arguments (`nbytes`, `counts`: see `_as_called`; `dtype`: the moved
-    elements' numpy dtype) and is finished
-    when the trace is read: each microsecond here is paid by the group's last rank at 4 ranks per core.
+    elements' numpy dtype) and is finished when the trace is read: each microsecond here is paid by the
+    group's last rank at 4 ranks per core.
     """
     if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
         axes = tuple(axes)
