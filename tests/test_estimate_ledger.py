@@ -160,6 +160,27 @@ def test_prices_follow_the_precision_and_the_machine_levels():
     assert set(PRECISIONS) == {"fp64", "bf16-mixed", "fp16-mixed", "fp8"}
 
 
+@pytest.mark.parametrize("zero", [1, 2])
+def test_zeros_gathers_of_the_updated_parameters_move_the_parameters_width(zero):
+    """ZeRO-1's and ZeRO-2's Allgather of the updated parameters moves parameter elements, its Reduce_scatter
+    gradient elements: at bf16-mixed and fp8 the gathers half the bytes of the sums (bf16 parameters gathered
+    in bf16, as the program gathers them: tests/test_train_bf16.py,
+    test_zero1_at_bf16_keeps_float32_slices_and_gathers_bfloat16; fp32 main gradients summed in fp32), at
+    fp16-mixed and fp64 the same; both still run with the gradient sums (phase "gradients")."""
+    (stage,) = gpt_ledger(CFG, 1, 2, 2, sp=True, microbatches=1, zero=zero)
+    gathers = [t for t in stage.transfers if t.kind == "allgather" and t.phase == "gradients"]
+    assert gathers and {t.role for t in gathers} == {"parameters"}
+    assert {t.role for t in stage.transfers if t not in gathers} == {""}
+
+    def sent(precision: str, kind: str) -> int:
+        return sum(t.sent * t.count for t in transfers_at(stage.transfers, precision)
+                   if t.kind == kind and t.phase == "gradients")
+
+    assert sent("fp64", "allgather") == sent("fp64", "reduce_scatter") > 0  # the same buckets' elements
+    for precision, ratio in (("bf16-mixed", 2), ("fp8", 2), ("fp16-mixed", 1), ("fp64", 1)):
+        assert sent(precision, "allgather") * ratio == sent(precision, "reduce_scatter"), precision
+
+
 def _cli(*argv: str) -> subprocess.CompletedProcess:
     """`spmdsim estimate gpt ARGV` (a pure command: in this process, docs_commands.run_here)."""
     code, out, err = run_here("main", ["estimate", "gpt", *argv])

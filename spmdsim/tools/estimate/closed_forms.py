@@ -112,7 +112,8 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     sequence with cp (context parallelism's own messages left out: the ring's run under the products);
     under ZeRO-3 each layer's parameters gathered over dp once. The gradient sums, at the gradient
     width, of the `dense` parameter elements over dp x ep x cp and the `experts`' over dp (an Allreduce each;
-    ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather; ZeRO-3 a Reduce_scatter over dp), in one call each
+    ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather of the updated parameters, at the parameters' width;
+    ZeRO-3 a Reduce_scatter over dp), in one call each
     (buckets only add latency). Each on the link of its group (`levels`)."""
     w, m, gpn = PRECISIONS[precision], cfg.moe, machine.gpus_per_node
     models = {level: level_model(machine, level) for level in LEVELS}
@@ -165,7 +166,8 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     for stride, group, elements in ((c.tp, c.dp * c.ep * c.cp, dense), (c.tp * c.cp * c.ep, c.dp, experts)):
         if group > 1 and elements:
             n = elements * w.grads
-            sums += (cheapest(stride, "reduce_scatter", group, n) + cheapest(stride, "allgather", group, n)
+            sums += (cheapest(stride, "reduce_scatter", group, n)
+                     + cheapest(stride, "allgather", group, elements * w.params)
                      if c.zero else cheapest(stride, "allreduce", group, n))
     return exchanges, sums
 

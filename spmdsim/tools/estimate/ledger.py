@@ -140,16 +140,18 @@ def gemms_at(gemms: Any, precision: str) -> list:
 
 def transfers_at(transfers: Any, precision: str) -> list:
     """The Calls rows with their bytes at `precision`'s widths: activations and their gradients (the layers'
-    collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
-    buckets at the gradient width (Megatron sums bf16 training's gradients in fp32), ZeRO-3's gathers at the
-    parameters'; a row of elements with a width of their own (Calls.width: FP8 values, integers) as it is."""
+    collectives, the pipeline's messages) at the activation width, the data-parallel sums at the gradient
+    width (Megatron sums bf16 training's gradients in fp32), the gathers of parameters (ZeRO-1's and ZeRO-2's
+    of the updated ones, Calls.role; ZeRO-3's) at the parameters'; a row of elements with a width of their own
+    (Calls.width: FP8 values, integers) as it is."""
     w = PRECISIONS[precision]
     out = []
     for t in transfers:
         if t.width:
             out.append(t)
             continue
-        width = w.grads if t.phase == "gradients" else w.params if t.phase == "parameters" else w.activations
+        width = w.params if t.role == "parameters" or t.phase == "parameters" else \
+            w.grads if t.phase == "gradients" else w.activations
         out.append(replace(t, nbytes=t.nbytes * width // _RUN, sent=t.sent * width // _RUN))
     return out
 

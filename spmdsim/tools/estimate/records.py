@@ -28,7 +28,11 @@ class Calls:
     width: 0 where the elements are the run's floats (a float64 dry run's, `nbytes` and `sent` counted at 8
         bytes an element: spmdsim.tools.estimate.ledger.transfers_at prices them at the precision's width
         for the phase), else the bytes of one element as moved at every precision (1: FP8 values, moved
-        as bytes; 8: integers such as the experts' token counts).
+        as bytes; 8: integers such as the experts' token counts);
+    role: "" where a float row's width is its phase's (the activations', the gradients' for "gradients", the
+        parameters' for "parameters"), "parameters" for ZeRO-1's and ZeRO-2's gathers of the updated
+        parameters, which run with the gradient sums (phase "gradients") but move the parameters' elements
+        (spmdsim.nn.distrib_optim gathers bf16 parameters in bf16, as Megatron's distributed optimizer does).
     """
 
     kind: str
@@ -39,3 +43,4 @@ class Calls:
     count: int = 1
     sent: int = 0
     width: int = 0
+    role: str = ""

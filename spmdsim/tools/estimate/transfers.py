@@ -16,7 +16,7 @@ from ...programs.plan.steps import KINDS
 from .held import _RUN
 from .records import Calls
 
-__all__ = ["GRADIENT_LABELS", "placed", "trace_calls", "trace_transfers"]
+__all__ = ["GRADIENT_LABELS", "PARAMETER_LABELS", "placed", "trace_calls", "trace_transfers"]
 
 
 def _members(mesh: Any, rank: int, axes: tuple) -> tuple:
@@ -44,6 +44,8 @@ def _members(mesh: Any, rank: int, axes: tuple) -> tuple:
 #: Allreduce of its result across the shard groups (SUM_LABEL); its gathers (GATHER_LABEL) are phase "parameters".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket", SUM_LABEL)
+#: Of those, the gathers of the updated parameters: their elements are the parameters' (Calls.role).
+PARAMETER_LABELS = ("zero-1 parameter bucket", "zero-2 parameter bucket")
 
 
 def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
@@ -54,7 +56,7 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
 
 def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
     """`trace_transfers`' rows before they are placed on nodes, and the groups they ran on: ((kind, group, nbytes,
-    axes, phase, count, sent, width), ...: Calls' fields, `_widths`) and {axes: the ranks of `rank`'s group over
+    axes, phase, count, sent, width, role), ...: Calls' fields, `_widths`, PARAMETER_LABELS) and {axes: the ranks of `rank`'s group over
     them} (a message's: the axes it crosses). A dry run's rows do not depend on the machine's node size, which
     `placed` applies: a search or an estimate that asks for the same run on nodes of another size places them
     again (spmdsim.tools.estimate.ledger.gpt_ledger)."""
@@ -68,6 +70,7 @@ def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
         if axes not in groups:
             groups[axes] = _members(mesh, rank, axes)
         width, scale = _widths(e.dtype)
+        role = "parameters" if (e.label or "").startswith(PARAMETER_LABELS) else ""
         if e.op in ("send", "recv", "sendrecv"):
             rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
@@ -80,10 +83,10 @@ def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
             rows = [(e.op, n, sent)]
             phase = _phase(e.op, e.label or "", axes)
         for op, n, sent in rows:
-            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent, width)
+            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent, width, role)
             merged[key] = merged.get(key, 0) + times
-    return tuple((op, g, n, axes, phase, count, sent, width) for (op, g, n, axes, phase, sent, width), count
-                 in merged.items()), groups
+    return tuple((op, g, n, axes, phase, count, sent, width, role) for (op, g, n, axes, phase, sent, width, role),
+                 count in merged.items()), groups
 
 
 @lru_cache(maxsize=None)
@@ -123,12 +126,12 @@ def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[C
     levels = {axes: "node" if all(m // gpus_per_node == node for m in members) else "cluster"
               for axes, members in groups.items()}
     merged: dict = {}
-    for op, g, n, axes, phase, count, sent, width in calls:
+    for op, g, n, axes, phase, count, sent, width, role in calls:
         level = levels[axes]
-        key = (op, g, n, level, phase, sent, width)
+        key = (op, g, n, level, phase, sent, width, role)
         merged[key] = merged.get(key, 0) + count
-    return tuple(Calls(op, g, n, level, phase, count, sent, width) for (op, g, n, level, phase, sent, width), count
-                 in merged.items())
+    return tuple(Calls(op, g, n, level, phase, count, sent, width, role)
+                 for (op, g, n, level, phase, sent, width, role), count in merged.items())
 
 
 def _buffer_bytes(op: str, group_size: int, sent: int) -> int:
