@@ -49,7 +49,7 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
     assert plain["config"]["overlap"] is None and on["config"]["overlap"] == "tp,pp"
     assert [s["step_time_s"] for s in plain["stages"]] == [t.total_s for t in before]
     assert all(dict(t.hidden_by_phase) == {"layers": 0.0, "gradients": t.hidden_s, "pipeline": 0.0, "context": 0.0,
-                                                "parameters": 0.0} for t in before)
+                                                "parameters": 0.0, "updates": 0.0} for t in before)
     assert plain["assumptions"][0] == "assumes: dp gradient sums hidden under the backward; GEMMs at most 0.8045 " \
                                       "of peak (shape);"
     # on: the step time the ledger's stages make with the three phases hidden, each bounded by its compute
@@ -81,8 +81,10 @@ def test_overlap_tp_pp_hides_the_layers_and_pipeline_under_their_compute_and_the
 
 
 @pytest.mark.parametrize("argv, line", [
-    (MODEL + ["--overlap", "tp,dp"], "--overlap 'tp,dp': 'dp' is unknown; expected a comma-separated list of tp, pp "
-                             "(e.g. --overlap tp,pp), or none"),
+    (MODEL + ["--overlap", "tp,dp"], "--overlap 'tp,dp': 'dp' is unknown; expected a comma-separated list of tp, pp, "
+                             "params (e.g. --overlap tp,pp), or none"),
+    (MODEL + ["--overlap", "params"], "--overlap params hides ZeRO-1's and ZeRO-2's gathers of the updated "
+     "parameters (Megatron's --overlap-param-gather); --zero 0 has none: give --zero 1 or 2"),
     (MODEL[:-3] + ["--sp", "--overlap", "pp"],
      "--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the interleaved schedule "
      "only, not 1f1b; give --virtual-stages N > 1 or leave out pp"),
@@ -91,3 +93,20 @@ def test_a_bad_overlap_is_one_line(argv, line):
     code, out, err = run_here("main", argv)
     assert code == 2 and out == ""
     assert " ".join(err.split()).endswith(f"spmdsim: error: {line}")
+
+
+@pytest.mark.parametrize("zero", ["1", "2"])
+def test_overlap_params_hides_zeros_gathers_of_the_updated_parameters_under_the_forward(zero):
+    """`--overlap params` (Megatron's --overlap-param-gather): ZeRO-1's and ZeRO-2's Allgathers of the updated
+    parameters leave the gradient sums (hidden under the last microbatch's backward) for phase "updates",
+    hidden under the forward: the same communication, no more of it hidden than the forward's compute and
+    kernels, and the step no longer than without it."""
+    plain = json.loads(_run("--zero", zero, "--json"))
+    on = json.loads(_run("--zero", zero, "--overlap", "params", "--json"))
+    assert on["config"]["overlap"] == "params"
+    assert on["step_time_s"] <= plain["step_time_s"]
+    text = _run("--zero", zero, "--overlap", "params")
+    assert "    updates phase" in text and "    updates phase" not in _run("--zero", zero)
+    assert "ZeRO's gathers of the updated parameters under the forward" in " ".join(text.split())
+    for was, now in zip(plain["stages"], on["stages"]):
+        assert now["step_time_s"] <= was["step_time_s"]

@@ -183,10 +183,10 @@ def test_lines_fit_100_columns_and_name_every_part():
      "transfer group 0 must be an integer >= 1 (ranks in the communicator)"),
     (lambda: step_time(A100, [], [Calls("allreduce", 8, 64, "node", "idle")]),
      "transfer phase 'idle' is unknown; expected one of ('layers', 'gradients', 'pipeline', 'context', "
-     "'parameters')"),
+     "'parameters', 'updates')"),
     (lambda: step_time(A100, [], [], overlap=("recompute",)),
      "overlap phase 'recompute' is unknown; expected phases among ('layers', 'gradients', "
-     "'pipeline', 'context', 'parameters')"),
+     "'pipeline', 'context', 'parameters', 'updates')"),
     (lambda: step_time("a100-dgx", [], []), "machine 'a100-dgx' is a str; expected a Machine "
                                             "(spmdsim.tools.estimate.machine.load_machine)"),
     (lambda: step_time(A100, [], [], pipeline=(4, 8)), "pipeline (4, 8) is a tuple; expected a Pipeline or None"),
@@ -241,7 +241,7 @@ def test_tp_and_pp_overlap_hide_at_most_the_compute_they_run_under():
     st = step_time(A100, pairs, [big["layers"]], traffic=traffic, overlap=("layers",))
     assert close(st.hidden_s, 4 * one) and dict(st.hidden_by_phase) == {"layers": st.hidden_s, "gradients": 0.0,
                                                                         "pipeline": 0.0, "context": 0.0,
-                                                                        "parameters": 0.0}
+                                                                        "parameters": 0.0, "updates": 0.0}
     assert close(st.total_s, st.compute_s + st.memory_s + st.comm_s - 4 * one)
     # the pipeline's messages: at most the products and the kernels, so the step is its communication
     st = step_time(A100, pairs, [big["pipeline"]], traffic=traffic, overlap="pipeline")

@@ -317,6 +317,10 @@ def run(args: argparse.Namespace) -> int:
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     overlap = _overlap(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())
+    if "updates" in overlap and args.zero not in (1, 2):
+        raise SpmdsimError(f"--overlap params hides ZeRO-1's and ZeRO-2's gathers of the updated parameters "
+                           f"(Megatron's --overlap-param-gather); --zero {args.zero} has none: give --zero 1 or 2"
+                           + (" (ZeRO-3's gathers: --prefetch)" if args.zero == 3 else ""))
     if args.cp > 1 and args.cp_method == "ring":  # each block's transfer posted before the block's compute
         overlap += ("context",)
     return report(args, record, cfg, microbatches, split, schedule, overlap)
@@ -324,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
 
 _OVERLAP_HELP = ("also hide, as NeMo's recipes run them: tp, the layers' tensor-parallel collectives under their "
                  "GEMMs (Megatron's --tp-comm-overlap); pp, the pipeline's messages under the microbatches' compute "
-                 "(overlap_p2p_comm; interleaved schedule only); each at most that compute's time; none, nothing "
+                 "(overlap_p2p_comm; interleaved schedule only); params, ZeRO-1's and ZeRO-2's gathers of the "
+                 "updated parameters under the next step's forward (--overlap-param-gather; else with the gradient "
+                 "sums under the backward); each at most that compute's time; none, nothing "
                  "hidden, the dp gradient sums after the backward (Megatron's local DDP). Default: only the dp "
                  "gradient sums, under the backward")
 
@@ -333,7 +339,7 @@ _OVERLAP_HELP = ("also hide, as NeMo's recipes run them: tp, the layers' tensor-
 OVERLAP = ("gradients",)
 
 #: --overlap's words and the transfer phase each adds to OVERLAP (spmdsim.tools.estimate.steptime.OVERLAP_UNDER).
-OVERLAP_WORDS = {TENSOR: "layers", PIPELINE: "pipeline"}
+OVERLAP_WORDS = {TENSOR: "layers", PIPELINE: "pipeline", "params": "updates"}
 #: --overlap's word for hiding nothing, the gradient sums included (Megatron's local DDP sums after the backward).
 NONE = "none"
 

@@ -275,8 +275,13 @@ def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overla
     """Each stage's spmdsim.tools.estimate.steptime.StepTime from its ledger (`gpt_ledger`'s, in stage order) at
     `precision` on `pipeline` (a Pipeline, its stages those of `stages`), hiding `overlap`, the gradients'
     accumulation fused into the weight-gradient GEMMs where `fused_accumulation` (`kernel_bytes`): what `spmdsim
-    estimate` prints and spmdsim.tools.estimate.search prices."""
-    return [step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
+    estimate` prints and spmdsim.tools.estimate.search prices. With "updates" in `overlap` ZeRO-1's and ZeRO-2's
+    gathers of the updated parameters (Calls.role) are that phase's, hidden under the next step's forward as
+    Megatron's --overlap-param-gather runs them; else the gradient sums', under the backward."""
+    ahead = "updates" in overlap
+    return [step_time(machine, gemms_at(st.gemms, precision),
+                      [replace(t, phase="updates") if ahead and t.role == "parameters" and t.phase == "gradients"
+                       else t for t in transfers_at(st.transfers, precision)],
                       pipeline=pipeline, overlap=overlap, stage=k,
                       traffic=kernel_bytes(st.kernels, precision, fused_accumulation))
             for k, st in enumerate(stages)]

@@ -28,7 +28,8 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
   stages, Megatron's overlap_p2p_comm) under the adjacent microbatches' compute (the GEMMs and
   element-wise kernels of every GEMM phase); "context" (ring attention's messages, each block's transfer
   posted before the block's compute) under the products; "parameters" (ZeRO-3's gathers of the layers'
-  parameters, prefetched: spmdsim.nn.fsdp) under every pass's compute. Each phase hides at most its own
+  parameters, prefetched: spmdsim.nn.fsdp) under every pass's compute; "updates" (ZeRO-1/2's gathers, --overlap
+  params: spmdsim.tools.estimate.ledger.stage_times) under the forward's. Each phase hides at most its own
   communication and its window, all of them together at most the compute and element-wise seconds. Default: none.
 
     total = compute + element-wise + optimizer + communication - hidden + bubble
@@ -57,18 +58,17 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 #: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Calls.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
-TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context", "parameters")
+TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context", "parameters", "updates")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
 _P2P = ("send", "recv")
 
 #: Each transfer phase `step_time`'s overlap can hide, in the order it is hidden, and the compute it hides under:
 #: (GEMM phases of the products, whether the element-wise kernels of those phases count too).
-OVERLAP_UNDER = {"gradients": (("backward", "recompute"), True),
-                 "layers": (GEMM_PHASES, False),
-                 "pipeline": (GEMM_PHASES, True),
-                 "context": (GEMM_PHASES, False),
-                 "parameters": (GEMM_PHASES, True)}  # ZeRO-3's gathers, prefetched under the layers' compute
+OVERLAP_UNDER = {"gradients": (("backward", "recompute"), True), "layers": (GEMM_PHASES, False),
+                 "pipeline": (GEMM_PHASES, True), "context": (GEMM_PHASES, False),
+                 "parameters": (GEMM_PHASES, True),  # ZeRO-3's gathers, prefetched under the layers' compute
+                 "updates": (("forward",), True)}  # ZeRO-1/2's gathers, under the next step's forward
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,8 @@ def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) ->
              "layers": ("the layers' tp collectives", "under their GEMMs"),
              "pipeline": ("pipeline messages", "under the microbatches' compute"),
              "context": ("ring attention's messages", "under the products"),
-             "parameters": ("ZeRO-3's prefetched gathers", "under the layers' compute")}
+             "parameters": ("ZeRO-3's prefetched gathers", "under the layers' compute"),
+             "updates": ("ZeRO's gathers of the updated parameters", "under the forward")}
     overlap = {overlap} if isinstance(overlap, str) else set(overlap)
     hidden = [names[p] for p in OVERLAP_UNDER if p in overlap]
     overlapped = ", ".join(f"{what}{' hidden' if not i else ''} {where}" for i, (what, where) in enumerate(hidden)) \
