@@ -92,6 +92,50 @@ def test_communication_uses_the_cost_model_formulas_per_level():
     assert close(st.comm_s, allreduce + allgather + reduce_scatter + send + recv) and close(st.total_s, st.comm_s)
 
 
+def test_a_ring_across_nodes_takes_its_members_ports_side_by_side():
+    """A ring collective of a "cluster" group with `lanes` members on the rank's node: its bytes at `lanes`
+    ports' bandwidth (beta / lanes), no faster than the node's links (beta_node), alpha unchanged; an alltoall and
+    a message at one port's, whatever their lanes (spmdsim.tools.estimate.links.lane_model)."""
+    n = 1 << 26
+    a_cl, b_cl, b_node = 5e-6, 1 / 25e9, 1 / 300e9
+
+    def seconds(kind, group, lanes):
+        return step_time(A100, [], [Calls(kind, group, n, "cluster", "gradients", lanes=lanes)]).comm_s
+
+    assert close(seconds("reduce_scatter", 32, 4), 31 * a_cl + 31 / 32 * n * b_cl / 4)
+    assert close(seconds("allgather", 32, 2), 31 * a_cl + 31 / 32 * n * b_cl / 2)
+    assert close(seconds("allreduce", 32, 8), 2 * 31 * a_cl + 2 * 31 / 32 * n * b_cl / 8)
+    assert close(seconds("allreduce", 64, 16), 2 * 63 * a_cl + 2 * 63 / 64 * n * b_node)  # 16 x 25 > 300 GB/s
+    assert close(seconds("alltoall", 32, 4), seconds("alltoall", 32, 1))
+    assert close(seconds("reduce_scatter", 32, 1), 31 * a_cl + 31 / 32 * n * b_cl)
+    node = step_time(A100, [], [Calls("allreduce", 8, n, "node", "layers", lanes=1)]).comm_s
+    assert close(node, 2 * 7 * 2e-6 + 2 * 7 / 8 * n * b_node)
+
+
+def test_a_ledger_row_has_its_groups_members_on_the_node_as_lanes():
+    """spmdsim.tools.estimate.transfers.placed: dp 8 x tp 2 on nodes of 4 (ranks tp fastest): a dp group holds 2
+    ranks of each node, so its cluster rows have lanes 2; tp's rows stay within a node (lanes 1); a row over
+    the whole mesh (the loss's mean) has 4 members a node."""
+    from spmdsim.models.gpt import GPTConfig
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    cfg = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.0)
+    (stage,) = gpt_ledger(cfg, 1, 8, 2, sp=True, zero=1, gpus_per_node=4)
+    sums = [t for t in stage.transfers if t.phase == "gradients"]
+    assert sums and {(t.level, t.lanes) for t in sums} == {("cluster", 2)}
+    assert {(t.group, t.level, t.lanes) for t in stage.transfers} <= {(2, "node", 1), (8, "cluster", 2),
+                                                                       (16, "cluster", 4)}
+    assert {t.group for t in stage.transfers} >= {2, 8}
+
+
+@pytest.mark.parametrize("lanes", [0, 3, True, 1.5])
+def test_lanes_outside_the_group_are_refused_in_one_line(lanes):
+    with pytest.raises(SpmdsimError) as info:
+        step_time(A100, [], [Calls("allgather", 2, 64, "cluster", "layers", lanes=lanes)])
+    assert str(info.value) == f"transfer lanes {lanes!r} must be an integer from 1 to its group 2 (the group's " \
+                              "members on a node)"
+
+
 def test_a_reduction_rate_and_the_tree_algorithm_reach_the_formulas():
     m = replace(A100, reduction_rate=100e9, algorithm="tree")
     n = 1 << 20

@@ -14,7 +14,7 @@ from ...models.gpt.params import is_expert, param_specs
 from .configs import Config
 from .ledger import PRECISIONS
 from .records import LEVELS
-from .steptime import level_model, link_seconds
+from .links import lane_model, level_model, link_seconds
 
 __all__ = ["dense_layer_elements", "lower_bounds", "bounds_and_sums", "model_states", "stage_elements", "comm_bounds",
            "flops_bound"]
@@ -127,7 +127,9 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
         return ("node",) if gpn % (stride * group) == 0 else LEVELS
 
     def cheapest(stride: int, op: str, group: int, nbytes: float) -> float:
-        return min(link_seconds(models[level], op, group, int(nbytes)) for level in levels(stride, group))
+        lanes = min(group, max(1, gpn // stride))  # the most members a node can hold (steptime.lane_model)
+        return min(link_seconds(lane_model(models, level, lanes, op), op, group, int(nbytes))
+                   for level in levels(stride, group))
 
     sequences = cfg.batch // (c.dp * c.ep * c.microbatches)  # a rank's share of one microbatch
     exchanges = 0.0

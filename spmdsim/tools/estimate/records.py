@@ -32,7 +32,9 @@ class Calls:
     role: "" where a float row's width is its phase's (the activations', the gradients' for "gradients", the
         parameters' for "parameters"), "parameters" for ZeRO-1's and ZeRO-2's gathers of the updated
         parameters, which run with the gradient sums (phase "gradients") but move the parameters' elements
-        (spmdsim.nn.distrib_optim gathers bf16 parameters in bf16, as Megatron's distributed optimizer does).
+        (spmdsim.nn.distrib_optim gathers bf16 parameters in bf16, as Megatron's distributed optimizer does);
+    lanes: a "cluster" row's group members on this rank's node (1 for "node" rows): a ring collective's
+        cross-node traffic leaves a node over that many GPUs' network ports side by side.
     """
 
     kind: str
@@ -44,3 +46,4 @@ class Calls:
     sent: int = 0
     width: int = 0
     role: str = ""
+    lanes: int = 1

@@ -48,9 +48,10 @@ from ...programs.cost.model import CostModel
 from ...programs.cost.terms import OPS
 from ...errors import SpmdsimError
 from .machine_records import Machine, normalize_dtype
+from .links import P2P as _P2P, lane_model, level_model, link_seconds
 from .records import LEVELS, Calls
 
-__all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
+__all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "lane_model", "SCHEDULES", "GEMM_PHASES",
            "TRANSFER_PHASES", "TRAFFIC_PHASES", "OVERLAP_UNDER", "Utilization", "utilization", "assumptions"]
 
 #: Pipeline schedules (the names of spmdsim.programs.pipeline.SCHEDULES; a test keeps them equal).
@@ -61,7 +62,6 @@ GEMM_PHASES = ("forward", "backward", "recompute")
 TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context", "parameters", "updates")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
-_P2P = ("send", "recv")
 
 #: Each transfer phase `step_time`'s overlap can hide, in the order it is hidden, and the compute it hides under:
 #: (GEMM phases of the products, whether the element-wise kernels of those phases count too).
@@ -185,15 +185,6 @@ def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
     return gemm.phase, machine.product_seconds(gemm)
 
 
-def level_model(machine: Machine, level: str) -> CostModel:
-    """spmdsim.programs.cost's model of one level's link: alpha = latency, beta = 1 / (bandwidth * efficiency), gamma =
-    1 / reduction rate."""
-    link = machine.link(level)
-    gamma = 0.0 if machine.reduction_rate is None else 1.0 / machine.reduction_rate
-    return CostModel(alpha_s=link.latency, beta_s_per_byte=1.0 / link.achieved, gamma_s_per_byte=gamma,
-                     algorithm=machine.algorithm, source=f"machine {machine.name} {level} link")
-
-
 def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
     """Seconds of one call of transfer `t`."""
     if not isinstance(t, Calls):
@@ -208,15 +199,10 @@ def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
         raise SpmdsimError(f"transfer group {t.group!r} must be an integer >= 1 (ranks in the communicator)")
     if isinstance(t.nbytes, bool) or not isinstance(t.nbytes, int) or t.nbytes < 0:
         raise SpmdsimError(f"transfer nbytes {t.nbytes!r} must be an integer >= 0")
-    return link_seconds(models[t.level], t.kind, t.group, t.nbytes)
-
-
-def link_seconds(model: CostModel, kind: str, group: int, nbytes: int) -> float:
-    """Seconds of one call of `kind` over `group` ranks moving `nbytes` (the cost model's n) on a level's link
-    model (`level_model`): a message ("send", "recv") alpha + n beta, a collective the model's formula."""
-    if kind in _P2P:
-        return model.alpha_s + nbytes * model.beta_s_per_byte
-    return model.predict(kind, group, nbytes)
+    if isinstance(t.lanes, bool) or not isinstance(t.lanes, int) or not 1 <= t.lanes <= t.group:
+        raise SpmdsimError(f"transfer lanes {t.lanes!r} must be an integer from 1 to its group {t.group!r} (the "
+                           "group's members on a node)")
+    return link_seconds(lane_model(models, t.level, t.lanes, t.kind), t.kind, t.group, t.nbytes)
 
 
 def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Calls], *,

@@ -123,15 +123,15 @@ def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[C
     of the row's group shares `rank`'s node, else "cluster"; rows then equal merged into counts (in the trace's
     order)."""
     node = rank // gpus_per_node
-    levels = {axes: "node" if all(m // gpus_per_node == node for m in members) else "cluster"
-              for axes, members in groups.items()}
+    here = {axes: sum(m // gpus_per_node == node for m in members) for axes, members in groups.items()}
+    levels = {axes: ("node", 1) if here[axes] == len(groups[axes]) else ("cluster", here[axes]) for axes in groups}
     merged: dict = {}
     for op, g, n, axes, phase, count, sent, width, role in calls:
-        level = levels[axes]
-        key = (op, g, n, level, phase, sent, width, role)
+        level, lanes = levels[axes]
+        key = (op, g, n, level, phase, sent, width, role, lanes)
         merged[key] = merged.get(key, 0) + count
-    return tuple(Calls(op, g, n, level, phase, count, sent, width, role)
-                 for (op, g, n, level, phase, sent, width, role), count in merged.items())
+    return tuple(Calls(op, g, n, level, phase, count, sent, width, role, lanes)
+                 for (op, g, n, level, phase, sent, width, role, lanes), count in merged.items())
 
 
 def _buffer_bytes(op: str, group_size: int, sent: int) -> int:
