@@ -127,7 +127,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
         return ("node",) if gpn % (stride * group) == 0 else LEVELS
 
     def cheapest(stride: int, op: str, group: int, nbytes: float) -> float:
-        lanes = min(group, max(1, gpn // stride))  # the most members a node can hold (steptime.lane_model)
+        lanes = min(group, max(1, gpn // stride))  # the most members a node can hold (links.lane_model)
         return min(link_seconds(lane_model(models, level, lanes, op), op, group, int(nbytes))
                    for level in levels(stride, group))
 

@@ -51,7 +51,7 @@ from .machine_records import Machine, normalize_dtype
 from .links import P2P as _P2P, lane_model, level_model, link_seconds
 from .records import LEVELS, Calls
 
-__all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "lane_model", "SCHEDULES", "GEMM_PHASES",
+__all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
            "TRANSFER_PHASES", "TRAFFIC_PHASES", "OVERLAP_UNDER", "Utilization", "utilization", "assumptions"]
 
 #: Pipeline schedules (the names of spmdsim.programs.pipeline.SCHEDULES; a test keeps them equal).
@@ -61,7 +61,6 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 GEMM_PHASES = ("forward", "backward", "recompute")
 TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context", "parameters", "updates")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
-
 
 #: Each transfer phase `step_time`'s overlap can hide, in the order it is hidden, and the compute it hides under:
 #: (GEMM phases of the products, whether the element-wise kernels of those phases count too).

@@ -56,8 +56,8 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
 
 def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
     """`trace_transfers`' rows before they are placed on nodes, and the groups they ran on: ((kind, group, nbytes,
-    axes, phase, count, sent, width, role), ...: Calls' fields, `_widths`, PARAMETER_LABELS) and {axes: the ranks of `rank`'s group over
-    them} (a message's: the axes it crosses). A dry run's rows do not depend on the machine's node size, which
+    axes, phase, count, sent, width, role), ...: Calls' fields, `_widths`, PARAMETER_LABELS) and {axes: the ranks
+    of `rank`'s group over them} (a message's: the axes it crosses). A dry run's rows do not depend on the machine's node size, which
     `placed` applies: a search or an estimate that asks for the same run on nodes of another size places them
     again (spmdsim.tools.estimate.ledger.gpt_ledger)."""
     merged: dict = {}
