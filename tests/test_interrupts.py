@@ -10,9 +10,12 @@ import subprocess
 import sys
 
 # The callback raises what a SIGINT landing in it raises; then the main thread sleeps in small steps, as a
-# waiting program does. `install` puts the hook in place (or not).
+# waiting program does. `install` puts the hook in place (or not). SIGINT gets Python's own handler first, as in
+# a program started from a terminal: a child of a shell's background job (`pytest ... &`) starts with SIGINT
+# ignored, and `_thread.interrupt_main` does nothing for an ignored signal (the suite failed so, in the background).
 _PROGRAM = """
-import sys, time, weakref
+import signal, sys, time, weakref
+signal.signal(signal.SIGINT, signal.default_int_handler)
 {install}
 class Held:
     pass
