@@ -777,6 +777,26 @@ def test_every_command_refuses_a_single_valued_option_given_twice(capsys):
     assert set(checked) == every, every - set(checked)
 
 
+def test_a_usage_error_of_a_command_of_many_flags_prints_two_lines(capsys):
+    """argparse's usage of `spmdsim estimate` is 19 lines: above a mistyped value it pushed the error to the foot
+    of a screenful. A usage longer than OnceParser.USAGE_LINES is one line: the command, its positionals and
+    where the flags are; a short one stays whole (its flags are the help)."""
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--precision", "fp4"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert unfold(err).splitlines() == [
+        "usage: spmdsim estimate [options] {gpt} (`spmdsim estimate --help` lists them)",
+        "spmdsim estimate: error: argument --precision: invalid choice: 'fp4' (choose from 'fp64', 'bf16-mixed', "
+        "'fp16-mixed', 'fp8')"]
+    assert build_parser().format_usage().count("\n") <= 4  # `spmdsim` alone: whole
+    with pytest.raises(SystemExit):
+        main(["pipeline", "--schedule", "nope"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: spmdsim pipeline [-h] [--schedule {gpipe,1f1b,interleaved}]") and \
+        "(choose from 'gpipe', '1f1b', 'interleaved')" in unfold(err)
+
+
 def test_a_repeated_option_in_full(capsys):
     base = ["run", "redistribute", "--device-matrix", "4", "--alias", "x", "--to", "None,x", "--ranks", "4"]
     with pytest.raises(SystemExit) as info:

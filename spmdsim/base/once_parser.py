@@ -107,6 +107,23 @@ class OnceParser(argparse.ArgumentParser):
             pass
 
     def error(self, message: str):  # type: ignore[override]
-        """Usage, then the error folded within 100 columns (its first line names the value)."""
-        self.print_usage(sys.stderr)
+        """Usage, then the error folded within 100 columns (its first line names the value). A usage of more
+        than `USAGE_LINES` lines (estimate's is 19) is cut to one line: the command, its positionals and where
+        the flags are listed, so the error is not the last line of a screenful."""
+        self._print_message(self.short_usage(), sys.stderr)
         self.exit(2, fold_message(f"{self.prog}: error: {message}") + "\n")
+
+    #: The most lines of argparse's usage an error prints whole.
+    USAGE_LINES = 4
+
+    def short_usage(self) -> str:
+        """argparse's usage where it fits in `USAGE_LINES` lines, else ``usage: PROG [options] POSITIONALS`` and
+        where ``--help`` lists the flags."""
+        usage = self.format_usage()
+        if usage.count("\n") <= self.USAGE_LINES:
+            return usage
+        formatter = self._get_formatter()
+        formatter.add_usage(None, self._get_positional_actions(), [], prefix="")
+        positionals = " ".join(formatter.format_help().split()[len(self.prog.split()):])  # after the name
+        return fold_message(f"usage: {self.prog} [options]{' ' + positionals if positionals else ''} "
+                            f"(`{self.prog} --help` lists them)") + "\n"
