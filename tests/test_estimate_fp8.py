@@ -83,6 +83,26 @@ def test_the_ledger_prices_the_fp8_blocks_and_products_the_dry_run_made():
     assert st.flops() == plain.flops()
 
 
+def test_under_megatrons_kept_set_the_e4m3_copies_replace_the_linear_layers_inputs():
+    """TransformerEngine's Linear saves its input's FP8 copy for the weight's gradient, not the input: Megatron's
+    set under FP8 keeps the same e4m3 copies as the graph's, and of its bfloat16 blocks all but the four linear
+    layers' inputs (QKV's and fc1's, the projection's and fc2's); the rest is Megatron's set at bf16-mixed."""
+    (fp8,) = gpt_ledger(CFG, 1, 2, 1, fp8=True, kept="megatron")
+    (bf16,) = gpt_ledger(CFG, 1, 2, 1, kept="megatron")
+    (graph,) = gpt_ledger(CFG, 1, 2, 1, fp8=True)
+    T, B, D, F, L = CFG.seq, CFG.batch // 2, CFG.d_model, 4 * CFG.d_model, CFG.layers
+    a, b = dict(fp8.memory.kept), dict(bf16.memory.kept)
+    copies = {kind: n for kind, n in a.items() if kind.endswith(" fp8")}
+    assert copies == {kind: n for kind, n in graph.memory.kept if kind.endswith(" fp8")} and copies
+    run = 8  # the dry run's float64 element
+    assert b["attention"] - a["attention"] == L * 2 * T * B * D * run  # QKV's input, the projection's
+    assert b["mlp"] - a["mlp"] == L * (T * B * D + T * B * F) * run  # fc1's input, fc2's
+    assert {k: n for k, n in a.items() if k not in copies and k not in ("attention", "mlp")} == \
+        {k: n for k, n in b.items() if k not in ("attention", "mlp")}
+    assert fp8.memory.kept_total < graph.memory.kept_total
+    assert fp8.flops() == graph.flops() and fp8.scales == graph.scales
+
+
 def test_sequence_parallelism_gathers_the_e4m3_copies_at_a_byte_and_sums_the_products_at_bf16():
     """With sp the FP8 step gathers each column layer's e4m3 input along the sequence (forward, and again in the
     backward: TransformerEngine keeps the piece) and reduce-scatters each row layer's float32 product sums, which

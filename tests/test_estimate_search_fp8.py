@@ -25,15 +25,17 @@ H100 = load_machine("h100-dgx")
 SMALL = GPTConfig(layers=2, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)
 
 
-@pytest.fixture(scope="module")
-def exhaustive():
-    """Every configuration of SMALL on 4 devices without context parallelism the FP8 step runs (all but ZeRO-3),
-    priced by its own FP8 dry run: {config: (seconds, bytes held, peak bytes)}."""
-    return {c: price(SMALL, c, H100, "fp8", "graph") for c in configurations(SMALL, 4, 8, cp=1) if c.zero != 3}
+@pytest.fixture(scope="module", params=["megatron", "graph"])
+def exhaustive(request):
+    """(kept, {config: (seconds, bytes held, peak bytes)}): every configuration of SMALL on 4 devices without
+    context parallelism the FP8 step runs (all but ZeRO-3), priced by its own FP8 dry run, under each kept set."""
+    kept = request.param
+    return kept, {c: price(SMALL, c, H100, "fp8", kept) for c in configurations(SMALL, 4, 8, cp=1) if c.zero != 3}
 
 
 def test_every_bound_lies_below_the_fp8_price_and_the_search_chooses_the_fastest(exhaustive):
-    cells = Cells(SMALL, "graph", 8, fp8=True)
+    kept, exhaustive = exhaustive
+    cells = Cells(SMALL, kept, 8, fp8=True)
     assert {c.zero for c in exhaustive} == {0, 1, 2}
     assert {c.pp for c in exhaustive} == {1, 2} and {c.tp for c in exhaustive} == {1, 2, 4}
     assert {c.recompute for c in exhaustive} == {"none", "selective", "full"} and {c.sp for c in exhaustive} == {0, 1}
@@ -45,8 +47,8 @@ def test_every_bound_lies_below_the_fp8_price_and_the_search_chooses_the_fastest
         assert cells.memory_bound(c, "fp8") <= nbytes, c
     # the same configuration priced at bf16-mixed is slower: the FP8 products are priced at the fp8 peak
     c = min(exhaustive, key=lambda c: exhaustive[c][0])
-    assert exhaustive[c][0] < price(SMALL, c, H100, "bf16-mixed", "graph")[0]
-    r = search(SMALL, 4, H100, 1 << 40, precision="fp8", kept="graph", max_dry_runs=1000,
+    assert exhaustive[c][0] < price(SMALL, c, H100, "bf16-mixed", kept)[0]
+    r = search(SMALL, 4, H100, 1 << 40, precision="fp8", kept=kept, max_dry_runs=1000,
                pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells, fixed={"cp": 1})
     assert r.chosen.step_s == min(s for s, *_ in exhaustive.values()) and r.dry_runs < len(exhaustive)
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
@@ -62,7 +64,7 @@ def test_the_pages_fp8_search_prints_what_it_quotes_and_its_estimate_command_the
     chosen = next(line for line in out.splitlines() if line.startswith("chosen: "))
     step = chosen.split(": ")[2].split(",")[0]  # "0.362 ms"
     command = out[out.index("  spmdsim estimate gpt "):].replace("\\\n", " ").split()
-    assert command[command.index("--precision") + 1] == "fp8" and command[command.index("--kept") + 1] == "graph"
+    assert command[command.index("--precision") + 1] == "fp8" and command[command.index("--kept") + 1] == "megatron"
     assert main(command[1:]) == 0
     assert f"predicted step time: {step} (stage 0's" in capsys.readouterr().out
 
@@ -70,9 +72,6 @@ def test_the_pages_fp8_search_prints_what_it_quotes_and_its_estimate_command_the
 @pytest.mark.parametrize("extra, message", [
     (["--machine", "a100-dgx"], "--precision fp8: machine 'a100-dgx' has no fp8 peak (peak_flops gives bf16, "
                                 "fp16, tf32, fp32, fp64); give a machine whose file has one, such as h100-dgx"),
-    (["--machine", "h100-dgx", "--kept", "megatron"],
-     "--precision fp8 with --kept megatron: the FP8 step keeps the graph's set; give --kept graph (its default "
-     "under fp8)"),
     (["--machine", "h100-dgx", "--fix", "zero=3"],
      "--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")])
 def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, message):
@@ -83,7 +82,6 @@ def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, me
     assert err.rstrip("\n") == f"spmdsim: error: {message}"
     with pytest.raises(SpmdsimError):
         search(SMALL, 8, load_machine(extra[1]), 1 << 40, precision="fp8",
-               kept=extra[3] if extra[2:3] == ["--kept"] else "graph",
                fixed={"zero": 3} if "zero=3" in extra else None)
 
 

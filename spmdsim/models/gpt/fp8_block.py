@@ -3,7 +3,11 @@
 and V (one cast of their input, gathered along the sequence in e4m3 with sequence parallelism), the attention's
 output projection, fc1 (with SwiGLU fc1 and its second weight) and fc2. The attention core, the embedding and
 the head compute in bfloat16 as under bf16-mixed (TransformerEngine's Linear and LayerNormLinear are the
-layers that take FP8 inputs). After each step the casts' amaxes are agreed over the mesh (`settle`)."""
+layers that take FP8 inputs). After each step the casts' amaxes are agreed over the mesh (`settle`). Under
+Megatron's kept set the block of fused pieces (parallel_block._megatron_block) takes its linear layers from
+`column` and `row`: the same FP8 products, whose nodes keep the e4m3 pieces of their inputs where Megatron's
+pieces keep the inputs in bfloat16 (TransformerEngine's Linear saves its FP8 input for the weight's gradient).
+"""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -14,17 +18,16 @@ from ...base.precision import precision as get_precision, precision_problem
 from ...nn import ops
 from ...nn.autograd import kept_as
 from ...nn.ops.fp8_linear import fp8_column, fp8_row
+from ...nn.ops import megatron
 from ...nn.ops.megatron import _row_product_layout
 from ...runtime.executor import pending, resolve
 from ..moe.tokens import takes
 
-__all__ = ["fp8_block", "settle", "fp8_problem", "policy_problem"]
+__all__ = ["fp8_block", "settle", "fp8_problem", "policy_problem", "column", "row"]
 
 
 def fp8_problem(kept: str, replay: bool = False) -> Optional[str]:
-    """Why an FP8 run of these options cannot be made (one line), or None."""
-    if kept != "graph":
-        return f"precision fp8 keeps the graph's set (its products keep their FP8 copies): not kept {kept!r}"
+    """Why an FP8 run of these options cannot be made (one line), or None (either kept set runs)."""
     if replay:
         return "precision fp8 updates its scales after each step in Python: run it without --replay"
     return None
@@ -38,6 +41,21 @@ def policy_problem(name: str, kept: str, replay: bool = False) -> Optional[str]:
     if problem or get_precision(name).fp8 is None:
         return problem
     return fp8_problem(kept, replay)
+
+
+def column(model: Any, x: Any, pairs: list, site: str, names: list) -> Any:
+    """Megatron's column-parallel linear layer of `pairs` on x (spmdsim.nn.ops.megatron), with FP8 products under
+    an FP8 policy (`site` names x's scale, `names` the weights')."""
+    if model.fp8 is None:
+        return megatron.column_parallel_linear(x, pairs, model.full)
+    return fp8_column(x, pairs, model.full, model.fp8, site, names)
+
+
+def row(model: Any, x: Any, w: Any, name: str) -> Any:
+    """Megatron's row-parallel linear layer x @ w (its bias added after), with FP8 products under an FP8 policy."""
+    if model.fp8 is None:
+        return megatron.row_parallel_linear(x, w, model.act)
+    return fp8_row(x, w, model.act, model.fp8, name, _row_product_layout(x._layout))
 
 
 def _columns(model: Any, a: Any, pairs: list, site: str, names: list) -> Any:

@@ -23,7 +23,7 @@ from ...runtime.dtensor import DTensor
 from ..moe.layer import moe_layer
 from ..moe.tokens import takes
 from ._blocks import rope_tables
-from .fp8_block import fp8_block
+from .fp8_block import column, fp8_block, row
 from ..axes import CONTEXT, tensor_axes
 
 
@@ -326,21 +326,21 @@ class _Block:
         with kept_as("layer norm"):
             a = self._norm(h, pre + "ln1", kept="megatron")
         with kept_as("attention"):
-            pairs = [(p[pre + f"attn.w{n}"], p.get(pre + f"attn.b{n}") if n != "k" else None) for n in "qkv"]
+            names = [pre + f"attn.w{n}" for n in "qkv"]  # (an FP8 policy's scales: fp8_block.column, row)
+            pairs = [(p[name], p.get(pre + f"attn.b{n}") if n != "k" else None) for n, name in zip("qkv", names)]
             if cfg.kv == H:
-                qkv = ops.reshape(megatron.column_parallel_linear(a, pairs, self.full), (3, T, B, H, cfg.head_dim))
+                qkv = ops.reshape(column(self, a, pairs, pre + "attn", names), (3, T, B, H, cfg.head_dim))
                 q, k, v = qkv[0], qkv[1], qkv[2]  # views of one buffer
             else:  # grouped-query attention: Q, and K and V of fewer heads
-                q = ops.reshape(megatron.column_parallel_linear(a, pairs[:1], self.full), (T, B, H, cfg.head_dim))
-                kv = ops.reshape(megatron.column_parallel_linear(a, pairs[1:], self.full),
-                                 (2, T, B, cfg.kv, cfg.head_dim))
+                q = ops.reshape(column(self, a, pairs[:1], pre + "attn", names[:1]), (T, B, H, cfg.head_dim))
+                kv = ops.reshape(column(self, a, pairs[1:], pre + "attn", names[1:]), (2, T, B, cfg.kv, cfg.head_dim))
                 k, v = kv[0], kv[1]
             # grouped-query attention inside the core (as flash attention's): K and V at kv_heads, none repeated
             q, k = self._rotary(q), self._rotary(k)
         with kept_as("attention core"):
             o = self._core(q, k, v, drop, seed("attn"), "megatron")
         with kept_as("attention"):
-            y = megatron.row_parallel_linear(ops.reshape(o, (T, B, D)), p[pre + "attn.wo"], self.act)
+            y = row(self, megatron.reshape(o, (T, B, D)), p[pre + "attn.wo"], pre + "attn.wo")
             h = self._bias_dropout_add(y, pre + "attn.bo", h, drop, seed("resid1"), pre + "resid1", step, train,
                                        micro)
         with kept_as("layer norm"):
@@ -350,14 +350,11 @@ class _Block:
         if cfg.is_moe(layer):
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
-            if cfg.mlp == "swiglu":
-                z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1")),
-                                                        (p[pre + "mlp.w3"], p.get(pre + "mlp.b3"))], self.full)
-                act = megatron.swiglu(z)  # Megatron's fused bias_swiglu: keeps z, silu made again
-            else:
-                z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p.get(pre + "mlp.b1"))], self.full)
-                act = ops.gelu(z, kept="megatron")
-            y = megatron.row_parallel_linear(act, p[pre + "mlp.w2"], self.act)
+            names = [pre + "mlp.w1", pre + "mlp.w3"][:1 + (cfg.mlp == "swiglu")]
+            z = column(self, m, [(p[name], p.get(name[:-2] + "b" + name[-1])) for name in names], pre + "mlp", names)
+            # Megatron's fused bias_swiglu (keeps z, silu made again) on fc1's stacked output, or GELU
+            act = megatron.swiglu(z) if cfg.mlp == "swiglu" else ops.gelu(z, kept="megatron")
+            y = row(self, act, p[pre + "mlp.w2"], pre + "mlp.w2")
             return self._bias_dropout_add(y, pre + "mlp.b2", h, drop, seed("resid2"), pre + "resid2", step, train,
                                           micro)
 

@@ -46,6 +46,8 @@ import numpy as np
 
 from ...base.buffers import broadcast_zero
 from ...references.activations import sigmoid
+from ..autograd.kept import shell
+from ..autograd.rules.shapes import record_reshape
 from ..autograd.rules.megatron import (record_bias_dropout_add, record_column, record_rotary, record_row,
                                        record_swiglu, rotate_halves)
 from ...runtime.engines import local as _engine_local, matmul as _engine_matmul  # the kernel; the dry engine's zeros, not computed
@@ -54,15 +56,24 @@ from ...base.flops import sweep
 from ...layouts.layout import TensorLayout
 from ...base.precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor
+from .local import reshape as _reshape
 from .masks import dropout_keep
 from ...runtime.executor import redistribute
 
-__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary"]
+__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary", "reshape"]
 
 
 def _detached(t: Any) -> Any:
     """`t`'s block as a DTensor outside the graph (a move of it records no node)."""
     return type(t)._trusted(t.mesh, t.local, t.layout, t.global_shape)
+
+
+def reshape(x: Any, shape: Sequence[int]) -> Any:
+    """`spmdsim.nn.ops.reshape(x, shape)`, its node keeping a shell of x: the gradient is reshaped back by x's
+    shape alone, so where the next piece keeps something else of x (an FP8 layer its e4m3 copy), x's block is
+    not kept alive by the reshape (the attention core's output before the projection)."""
+    out = _reshape(_detached(x), shape)
+    return out if x._ag is None else record_reshape(out, shell(x))
 
 
 def gathered(x: Any, full: TensorLayout) -> Any:

@@ -107,8 +107,7 @@ def _machine_arguments(parser: Any) -> None:
                         help="--machine: the GPT's dropout probability (default 0.1, GPT-3's; 0: none, as Llama "
                              "trains: no dropout kernels, masks or kept outputs)")
     parser.add_argument("--kept", choices=("graph", "megatron"),
-                        help="--machine: what each block keeps for backward (default megatron's set; the graph's "
-                             "under fp8)")
+                        help="--machine: what each block keeps for backward (default megatron's set)")
     parser.add_argument("--max-dry-runs", type=int, metavar="N",
                         help="--machine: at most N configurations priced by a dry run (default 24)")
     parser.add_argument("--jobs", type=int, metavar="N",

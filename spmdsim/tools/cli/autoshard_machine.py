@@ -79,7 +79,7 @@ def run_machine(args: argparse.Namespace) -> int:
                                "training step prices it)")
     fixed = parse_fixed(args.fix)  # --fix tp=8 ...: those degrees held, the rest searched
     args.precision = args.precision or "bf16-mixed"
-    args.kept = args.kept or ("graph" if args.precision == "fp8" else "megatron")  # (the FP8 step keeps the graph's)
+    args.kept = args.kept or "megatron"
     devices, jobs = _counts(args)
     cfg = gpt_config(args.gpt, max_layers=MAX_DRY_LAYERS, sizes=False, moe=True)  # no --gpt: GPTConfig's sizes
     if cfg.seq > MAX_DRY_TOKENS:  # each dry run makes 2 x seq token ids first (seq=10**10: numpy asked 149 GiB)

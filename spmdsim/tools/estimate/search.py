@@ -209,12 +209,8 @@ def _check_search(precision: str, kept: str, max_dry_runs: Any, memory_limit: An
     """`search`'s arguments: one line naming the first bad one."""
     if precision not in PRECISIONS:
         raise SpmdsimError(f"precision {precision!r} is unknown; expected one of {tuple(PRECISIONS)!r}")
-    if PRECISIONS[precision].fp8:  # what the FP8 step runs (spmdsim.tools.estimate.ledger.gpt_ledger's refusals)
-        if kept != "graph":
-            raise SpmdsimError(f"--precision fp8 with --kept {kept}: the FP8 step keeps the graph's set; give "
-                               "--kept graph (its default under fp8)")
-        if (fixed or {}).get("zero") == 3:
-            raise SpmdsimError("--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")
+    if PRECISIONS[precision].fp8 and (fixed or {}).get("zero") == 3:  # (ledger.gpt_ledger's refusals)
+        raise SpmdsimError("--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")
     if isinstance(max_dry_runs, bool) or not isinstance(max_dry_runs, int) or max_dry_runs < 1:
         raise SpmdsimError(f"max dry runs {max_dry_runs!r} must be an integer >= 1")
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 1:
