@@ -350,8 +350,9 @@ class _Block:
         if cfg.is_moe(layer):
             return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
-            names = [pre + "mlp.w1", pre + "mlp.w3"][:1 + (cfg.mlp == "swiglu")]
-            z = column(self, m, [(p[name], p.get(name[:-2] + "b" + name[-1])) for name in names], pre + "mlp", names)
+            ids = ("1", "3") if cfg.mlp == "swiglu" else ("1",)  # fc1 (and its gate's twin, stacked)
+            z = column(self, m, [(p[pre + f"mlp.w{i}"], p.get(pre + f"mlp.b{i}")) for i in ids], pre + "mlp",
+                       [pre + f"mlp.w{i}" for i in ids])
             # Megatron's fused bias_swiglu (keeps z, silu made again) on fc1's stacked output, or GELU
             act = megatron.swiglu(z) if cfg.mlp == "swiglu" else ops.gelu(z, kept="megatron")
             y = row(self, act, p[pre + "mlp.w2"], pre + "mlp.w2")
