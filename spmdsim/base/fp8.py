@@ -119,6 +119,10 @@ class Scales:
         self.scales = np.ones(0, np.float32)
         self.history = np.zeros((0, recipe.history), np.float32)
         self.seen = np.zeros(0, np.float32)  # this step's amaxes, this rank's
+        #: weight key -> (the weight, its e4m3 copy, the scale): each weight cast once a step, its copy used by every
+        #: microbatch (TransformerEngine's Linear keeps it from the first, ``is_first_microbatch``); emptied by the
+        #: trainer when the step settles, before the update changes the weights
+        self.weights: dict = {}
 
     def _row(self, key: str, fmt: str) -> int:
         found = self.keys.get(key)

@@ -103,9 +103,12 @@ def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micr
 
 
 def settle(model: Any) -> None:
-    """The step's end under delayed scaling: this rank's amaxes of the step's casts agreed by one Allreduce(MAX)
-    over the mesh, the scales made from the histories (spmdsim.base.fp8.Scales.settle). Nothing without FP8."""
+    """The step's end: the weights' e4m3 copies let go (the update changes the weights); under delayed scaling this
+    rank's amaxes of the step's casts agreed by one Allreduce(MAX) over the mesh, the scales made from the histories
+    (spmdsim.base.fp8.Scales.settle). Nothing without FP8."""
     scales = model.fp8
+    if scales is not None:
+        scales.weights.clear()
     if scales is None or scales.recipe.scaling != "delayed" or not scales.keys:
         return
     mesh = model.mesh

@@ -262,7 +262,9 @@ class _Pipelined:
                                     self.ids_shape)
 
         optimizer.zero_grad()
-        watch = self.ran["watch"] = _Most(optimizer, tensors, sums) if self.memory else None
+        copies = (lambda c: [q for _, q, _ in self.models[c].fp8.weights.values()]) if any(
+            m.fp8 is not None for m in self.models.values()) else None
+        watch = self.ran["watch"] = _Most(optimizer, tensors, sums, copies) if self.memory else None
         if watch is not None and self.zero:  # a look in the backward (ZeRO-2: before each bucket's Reduce_scatter)
             optimizer.watch = watch.walk
         elif watch is not None and sums is not None:  # ZeRO-0: as the walk fills the buffer, and before each sum

@@ -10,6 +10,7 @@ from ...base.context import current
 from ...base.flops import holding
 from .memory import MASKS
 from ...nn.autograd import kept_bytes
+from ...nn.ops.fp8_linear import WEIGHT_COPIES
 from .step_looks import _look, _look_blocks, _look_walk, _report, _steady
 from ...base.flops import counting
 
@@ -20,10 +21,14 @@ class _Most:
     microbatch of a chunk keeps blocks of the same shapes), summed over the microbatch-chunks held at
     each moment; the moment the schedule held the most, and after the backward and the step."""
 
-    def __init__(self, optimizer: Any, params: list, sums: Any = None) -> None:
+    def __init__(self, optimizer: Any, params: list, sums: Any = None, copies: Any = None) -> None:
         self.optimizer, self.params, self.grad_sums = optimizer, params, sums  # (ZeRO-0's GradBuffer, or None)
+        # chunk -> its weights' e4m3 copies (an FP8 step's: cast by its first microbatch, held once for the step,
+        # spmdsim.nn.ops.fp8_linear.cast), or None
+        self.copies = copies
         self.kept_of: dict = {}  # chunk -> {kind: bytes}
         self.sum_of: dict = {}  # chunk -> its kept bytes in all
+        self.copied: dict = {}  # chunk -> its weights' e4m3 copies' bytes, held from its first forward on
         self.most = -1  # the most bytes kept at once so far
         self.live: dict = {}  # chunk -> its microbatches live now (forward run, backward not yet)
         self.total = 0  # the bytes they keep
@@ -35,29 +40,37 @@ class _Most:
 
     def forward(self, chunk: int, out: Any) -> None:
         """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
+        held = self.params + self._copies(chunk)  # (the weights' e4m3 copies: once a step, not per microbatch)
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
-            values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
-                                                                                 masks=True)
+            values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=held, masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
             self.sum_of[chunk] = sum(self.kept_of[chunk].values())
+            self.copied[chunk] = buffers.owned_bytes(t.local for t in held[len(self.params):])
+            self.total += self.copied[chunk]
         elif holding() and not isinstance(out, _Stand):
             # A later microbatch's blocks are the rank's too while it is live: marked as held (spmdsim.base.flops.hold)
             # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
             # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
             # cell, counted the first's).
-            kept_bytes([out], exclude=self.params)
+            kept_bytes([out], exclude=held)
         self.live[chunk] = self.live.get(chunk, 0) + 1
         self.total += self.sum_of[chunk]
         if self.total > self.most:
             self.most = self.total
             self.rise = dict(self.live)
 
+    def _copies(self, chunk: int) -> list:
+        """Chunk `chunk`'s weights' e4m3 copies as `kept_bytes` excludes tensors (none without FP8)."""
+        return [] if self.copies is None else [_Block(q) for q in self.copies(chunk)]
+
     def _flush(self) -> None:
         """Look at the last rise (see `rise`), if not yet."""
         if self.rise is None:
             return
         kinds: dict = {}
-        for c, times in self.rise.items():
+        for c, times in self.rise.items():  # (every chunk that ran a forward: its weights' copies held)
+            if self.copied.get(c):
+                kinds[WEIGHT_COPIES] = kinds.get(WEIGHT_COPIES, 0) + self.copied[c]
             if times:
                 for kind, n in self.kept_of[c].items():
                     kinds[kind] = kinds.get(kind, 0) + n * times
@@ -90,6 +103,15 @@ class _Most:
         self._flush()
         moments = _steady(self.moments) if replayed else self.moments
         return _report(step, moments, buffers.owned_bytes(p.local for p in self.params))
+
+
+class _Block:
+    """A block as `kept_bytes` takes what it leaves out (a tensor's `local`)."""
+
+    __slots__ = ("local",)
+
+    def __init__(self, local: np.ndarray) -> None:
+        self.local = local
 
 
 class _Stand:

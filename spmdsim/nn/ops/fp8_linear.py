@@ -38,11 +38,13 @@ from ..autograd.rules.megatron import add_part
 from ..autograd.rules.grads import axes_of, grad_tensor
 from ._common import make_dtensor
 
-__all__ = ["fp8_column", "fp8_row", "cast", "WEIGHT_CAST"]
+__all__ = ["fp8_column", "fp8_row", "cast", "WEIGHT_CAST", "WEIGHT_COPIES"]
 
-#: The kernel name (spmdsim.base.flops.sweep) of a weight's cast to e4m3: the program casts each microbatch's,
-#: TransformerEngine once a step (spmdsim.tools.estimate.ledger prices it so).
+#: The kernel name (spmdsim.base.flops.sweep) of a weight's cast to e4m3: once a step, as TransformerEngine's.
 WEIGHT_CAST = "fp8_weight_cast"
+#: The kept kind of the weights' e4m3 copies, held once a step however many microbatches are in flight
+#: (spmdsim.models.gpt.stage_memory): an FP8 kind (spmdsim.nn.autograd.kept.FP8), a byte an element.
+WEIGHT_COPIES = "linear weights fp8"
 
 
 def _inverse(*scales: Any) -> np.float32:
@@ -55,7 +57,14 @@ def _inverse(*scales: Any) -> np.float32:
 
 def cast(t: Any, block: np.ndarray, scales: Any, key: str, fmt: str) -> tuple:
     """(the FP8 `block` of the DTensor `t`'s piece, its scale): the scale `scales` gives `key` (under current
-    scaling the one made from the tensor's amax, agreed over the axes that split it), the piece's amax recorded."""
+    scaling the one made from the tensor's amax, agreed over the axes that split it), the piece's amax recorded.
+    A weight (`key` "...:w") is cast once a step: a later microbatch takes the copy the first made (the same
+    parameter under the same scale: `scales.weights`)."""
+    weight = key.endswith(":w")
+    if weight:
+        kept = scales.weights.get(key)
+        if kept is not None and kept[0] is t:
+            return kept[1], kept[2]
     mine = np.float32(0.0) if t.mesh.engine.dry else amax(block)
     if scales.recipe.scaling == "current":
         axes = tuple(a for a in t.layout.split_axes if t.layout.layout.axis_size(a) > 1)
@@ -66,7 +75,9 @@ def cast(t: Any, block: np.ndarray, scales: Any, key: str, fmt: str) -> tuple:
         scale = scales.scale(key, fmt)
     scales.observe(key, fmt, mine)
     q = _local(quantize, broadcast_zero(block.shape, fp8_dtype(fmt)), block, scale, fmt)
-    sweep(WEIGHT_CAST if key.endswith(":w") else "fp8_cast", (block,), (q,))
+    if weight:
+        scales.weights[key] = (t, q, scale)
+    sweep(WEIGHT_CAST if weight else "fp8_cast", (block,), (q,))
     return q, scale
 
 

@@ -44,6 +44,7 @@ from ...errors import SpmdsimError
 from ...models.gpt.layouts import folded_by
 from ...models.gpt.params import is_expert, param_specs
 from ...models.gpt.stages import chunk_parts
+from ...nn.ops.fp8_linear import WEIGHT_COPIES
 from ...programs.pipeline.schedule import in_flight_by_stage
 from .closed_forms import model_states
 from .configs import model_of
@@ -335,10 +336,11 @@ class Cells:
         """Bytes below the priced peak memory of `c` (the largest stage's; module docstring): the most, over its
         stages, of a stage's layers' model states (spmdsim.tools.estimate.closed_forms.model_states of the elements its
         layers hold) and its least chunk's kept bytes times the most microbatch-chunks the schedule holds on
-        that stage at once (spmdsim.programs.pipeline.schedule.in_flight_by_stage)."""
+        that stage at once (spmdsim.programs.pipeline.schedule.in_flight_by_stage); an FP8 step's weight copies, held
+        once a step, are left out (`WEIGHT_COPIES`: counting them per microbatch would overshoot)."""
         w = PRECISIONS[precision]
-        kept = {k: sum(n if own_width(what) else n // _RUN * w.activations for what, n in rows)
-                for k, rows in self._of(c).kept}
+        kept = {k: sum(n if own_width(what) else n // _RUN * w.activations for what, n in rows
+                       if what != WEIGHT_COPIES) for k, rows in self._of(c).kept}
         elements = kind_elements(self.cfg, c.tp, c.ep)
         held = in_flight_by_stage(c.schedule, c.pp, c.microbatches, c.virtual)
         best = 0

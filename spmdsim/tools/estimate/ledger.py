@@ -289,6 +289,7 @@ def stage_times(stages: Any, machine: Any, precision: str, pipeline: Any, overla
 
 def _casts_once(kernels: Any, microbatches: int) -> tuple:
     """The (Kernel, count) pairs with each weight's cast to e4m3 (spmdsim.nn.ops.fp8_linear.WEIGHT_CAST) counted
-    once a step, where the program casts it each microbatch: TransformerEngine's Linear keeps a weight's FP8 copy
-    from the step's first microbatch (Megatron and NeMo pass it ``is_first_microbatch``)."""
+    once a step, as the program casts it (TransformerEngine's Linear keeps a weight's FP8 copy from the step's first
+    microbatch: Megatron and NeMo pass it ``is_first_microbatch``), where the dry run repeats the first
+    microbatch's cells, its cast among them, for the later ones."""
     return tuple((k, n // microbatches if k.op == WEIGHT_CAST else n) for k, n in kernels)
