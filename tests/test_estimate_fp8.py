@@ -103,6 +103,22 @@ def test_under_megatrons_kept_set_the_e4m3_copies_replace_the_linear_layers_inpu
     assert fp8.flops() == graph.flops() and fp8.scales == graph.scales
 
 
+def test_a_pipeline_stage_holds_its_weights_e4m3_copies_once_a_step():
+    """TransformerEngine's Linear casts a weight at the step's first microbatch and keeps that copy for the others:
+    a stage's weight copies (their own kind, WEIGHT_COPIES) are its linear layers' weights, a byte an element,
+    however many microbatches it holds; its inputs' copies, one set per microbatch in flight."""
+    from spmdsim.nn.ops.fp8_linear import WEIGHT_COPIES
+
+    D, F, L = CFG.d_model, 4 * CFG.d_model, CFG.layers
+    whole, split = gpt_ledger(CFG, 2, 1, 1, microbatches=1, fp8=True), gpt_ledger(CFG, 2, 1, 1, microbatches=4,
+                                                                                  fp8=True)
+    copies = [[dict(st.memory.kept)[WEIGHT_COPIES] for st in run] for run in (whole, split)]
+    assert copies[0] == copies[1] and sum(copies[0]) == L * (3 * D * D + D * D + D * F + F * D)
+    # stage 0 of a 1F1B over 2 stages holds 2 of its 4 microbatches (of 1 sequence) at once: half the inputs'
+    # copies of the one microbatch of 4 sequences
+    assert dict(split[0].memory.kept)["attention fp8"] * 2 == dict(whole[0].memory.kept)["attention fp8"]
+
+
 def test_sequence_parallelism_gathers_the_e4m3_copies_at_a_byte_and_sums_the_products_at_bf16():
     """With sp the FP8 step gathers each column layer's e4m3 input along the sequence (forward, and again in the
     backward: TransformerEngine keeps the piece) and reduce-scatters each row layer's float32 product sums, which
