@@ -58,10 +58,6 @@ def row(model: Any, x: Any, w: Any, name: str) -> Any:
     return fp8_row(x, w, model.act, model.fp8, name, _row_product_layout(x._layout))
 
 
-def _columns(model: Any, a: Any, pairs: list, site: str, names: list) -> Any:
-    return fp8_column(a, pairs, model.full, model.fp8, site, names)
-
-
 def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micro: Optional[int],
               scale: float = 1.0) -> Any:
     """`_block` (the graph's) of the layer whose names and sizes are `n` (parallel_block._Layer), its linear
@@ -72,20 +68,20 @@ def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micr
         a = model._normed(h, n.ln1w, n.ln1b)
     with n.attention:
         if n.kv == cfg.heads:
-            qkv = _columns(model, a, [(p[n.wq], p.get(n.bq)), (p[n.wk], None), (p[n.wv], p.get(n.bv))],
+            qkv = column(model, a, [(p[n.wq], p.get(n.bq)), (p[n.wk], None), (p[n.wv], p.get(n.bv))],
                            n.attn, [n.wq, n.wk, n.wv])
             qkv = ops.reshape(qkv, (3, T, B, cfg.heads, n.head_dim))
             q, k, v = qkv[0], qkv[1], qkv[2]
         else:  # grouped-query attention: Q, and K and V of fewer heads (one cast of x each)
-            q = ops.reshape(_columns(model, a, [(p[n.wq], p.get(n.bq))], n.attn, [n.wq]),
+            q = ops.reshape(column(model, a, [(p[n.wq], p.get(n.bq))], n.attn, [n.wq]),
                             (T, B, cfg.heads, n.head_dim))
-            kv = ops.reshape(_columns(model, a, [(p[n.wk], None), (p[n.wv], p.get(n.bv))], n.attn, [n.wk, n.wv]),
+            kv = ops.reshape(column(model, a, [(p[n.wk], None), (p[n.wv], p.get(n.bv))], n.attn, [n.wk, n.wv]),
                              (2, T, B, n.kv, n.head_dim))
             k, v = kv[0], kv[1]
     o = model._attend(n, q, k, v, step, train, micro)
     with n.attention:
         o = ops.reshape(o, (T, B, cfg.d_model))
-        proj = fp8_row(o, p[n.wo], model.act, model.fp8, n.wo, _row_product_layout(o._layout))
+        proj = row(model, o, p[n.wo], n.wo)
         h = model._residual(h, proj, n.bo, n.resid1, step, train, micro)
     with n.norm:
         m = model._normed(h, n.ln2w, n.ln2b)
@@ -94,11 +90,11 @@ def fp8_block(model: Any, h: Any, n: Any, step: Optional[int], train: bool, micr
         return model._moe_mlp(h, m, int(pre[1:-1]), step, train, micro, scale)
     with n.mlp:
         if n.swiglu:  # silu(m w1 + b1) * (m w3 + b3): one cast of m for both
-            z = _columns(model, m, [(p[n.w1], p.get(n.b1)), (p[n.w3], p.get(n.b3))], pre + "mlp", [n.w1, n.w3])
+            z = column(model, m, [(p[n.w1], p.get(n.b1)), (p[n.w3], p.get(n.b3))], pre + "mlp", [n.w1, n.w3])
             act = ops.silu(z[0]) * z[1]
         else:
-            act = ops.gelu(_columns(model, m, [(p[n.w1], p.get(n.b1))], pre + "mlp", [n.w1]))
-        out = fp8_row(act, p[n.w2], model.act, model.fp8, n.w2, _row_product_layout(act._layout))
+            act = ops.gelu(column(model, m, [(p[n.w1], p.get(n.b1))], pre + "mlp", [n.w1]))
+        out = row(model, act, p[n.w2], n.w2)
         return model._residual(h, out, n.b2, n.resid2, step, train, micro)
 
 

@@ -40,19 +40,21 @@ class _Most:
 
     def forward(self, chunk: int, out: Any) -> None:
         """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
-        held = self.params + self._copies(chunk)  # (the weights' e4m3 copies: once a step, not per microbatch)
+        # (the weights' e4m3 copies, held once a step, are left out of each microbatch's kept bytes)
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
-            values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=held, masks=True)
+            copies = self._copies(chunk)
+            values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params + copies,
+                                                                                 masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
             self.sum_of[chunk] = sum(self.kept_of[chunk].values())
-            self.copied[chunk] = buffers.owned_bytes(t.local for t in held[len(self.params):])
+            self.copied[chunk] = buffers.owned_bytes(t.local for t in copies)
             self.total += self.copied[chunk]
         elif holding() and not isinstance(out, _Stand):
             # A later microbatch's blocks are the rank's too while it is live: marked as held (spmdsim.base.flops.hold)
             # for the counters that record blocks, as the first's are (unmarked, a real step counted every block
             # its products and kernels read or wrote as the moment's own, where its dry run, which runs no later
             # cell, counted the first's).
-            kept_bytes([out], exclude=held)
+            kept_bytes([out], exclude=self.params + self._copies(chunk))
         self.live[chunk] = self.live.get(chunk, 0) + 1
         self.total += self.sum_of[chunk]
         if self.total > self.most:
