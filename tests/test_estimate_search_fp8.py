@@ -45,9 +45,10 @@ def test_every_bound_lies_below_the_fp8_price_and_the_search_chooses_the_fastest
         sums = comm_bounds(SMALL, c, H100, "fp8", *stage_elements(SMALL, c))[1]
         assert cells.time_bound(c, H100, "fp8", sums) <= seconds * (1 + 1e-12), c
         assert cells.memory_bound(c, "fp8") <= nbytes, c
-    # the same configuration priced at bf16-mixed is slower: the FP8 products are priced at the fp8 peak
+    # the same configuration priced at bf16-mixed is faster: the FP8 products' contraction (32) is at the fp8
+    # curve's first point, 0.392 / 0.768 of the fp8 cap, 658 TFLOP/s where bf16's run at 708, and the casts add
     c = min(exhaustive, key=lambda c: exhaustive[c][0])
-    assert exhaustive[c][0] < price(SMALL, c, H100, "bf16-mixed", kept)[0]
+    assert exhaustive[c][0] > price(SMALL, c, H100, "bf16-mixed", kept)[0]
     r = search(SMALL, 4, H100, 1 << 40, precision="fp8", kept=kept, max_dry_runs=1000,
                pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells, fixed={"cp": 1})
     assert r.chosen.step_s == min(s for s, *_ in exhaustive.values()) and r.dry_runs < len(exhaustive)

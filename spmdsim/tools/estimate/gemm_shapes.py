@@ -1,4 +1,5 @@
-"""What batched products of a given shape achieve: a machine file's measured table (gemm_efficiency "batched").
+"""What products of a given shape achieve: a machine file's measured tables (gemm_efficiency "batched",
+"unbatched").
 
 Pure (standard library only). A batched product (batch > 1: the attention core's scores, QKᵀ, and context,
 PV, with their gradients) whose smallest dimension is small runs far below the cap a large GEMM reaches: its
@@ -17,6 +18,17 @@ at a dimension between two points is interpolated linearly, below the first poin
 above the last the last's (the measured curve flat there). It caps the product's efficiency beside the
 roofline and the waves (spmdsim.tools.estimate.machine_records.Machine.gemm_efficiency_of); products of
 other dtypes and unbatched ones (a linear layer's, one GEMM of all its rows) are not priced by it.
+
+A linear layer's product (batch 1, thousands of rows and columns) loses to its contraction length K instead:
+each output tile's main loop runs K / k-tile steps between a fixed prologue and epilogue, so a short K
+leaves the Tensor Cores idle a larger share of the tile's time. A machine file may give what such products
+were measured to achieve by K, for the dtypes measured:
+
+    "unbatched": {"dtypes": ["fp8"], "contraction": [[512, 0.392], ..., [16384, 0.768]], "source": "..."}
+
+The curve's shape is what it prices: a product of contraction k reaches the dtype's cap (its sustained best,
+gemm_efficiency.dtypes) times the curve at k over the curve's highest point (`UnbatchedShapes.factor`), so a
+table measured at boost clocks in short runs scales the sustained cap and never raises it.
 """
 from __future__ import annotations
 
@@ -25,10 +37,13 @@ from typing import Any, Mapping, Sequence
 
 from .file_keys import _MISSING, _fail, _text
 
-__all__ = ["BatchedShapes", "batched_from_dict", "batched_to_dict", "KEYS"]
+__all__ = ["BatchedShapes", "UnbatchedShapes", "batched_from_dict", "batched_to_dict", "unbatched_from_dict",
+           "unbatched_to_dict", "KEYS", "UNBATCHED_KEYS"]
 
 #: The keys of gemm_efficiency.batched.
 KEYS = ("dtypes", "contraction", "output", "source")
+#: The keys of gemm_efficiency.unbatched.
+UNBATCHED_KEYS = ("dtypes", "contraction", "source")
 
 _CITATION = "a citation string (title, URL, which figure)"
 _POINTS = "a list of [dimension, fraction] pairs, dimensions integers >= 1 rising, fractions in (0, 1]"
@@ -84,6 +99,31 @@ class BatchedShapes:
         return interpolate(self.contraction if k == smallest else self.output, smallest)
 
 
+@dataclass(frozen=True)
+class UnbatchedShapes:
+    """The fraction of peak one large product reaches by its contraction length (module docstring): `dtypes` the
+    dtypes it was measured in, `contraction` ((k, fraction), ...) rising, `source` where each figure comes from."""
+
+    dtypes: tuple[str, ...]
+    contraction: tuple[tuple[int, float], ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        where = "UnbatchedShapes"
+        object.__setattr__(self, "dtypes", tuple(self.dtypes))
+        object.__setattr__(self, "contraction", _points(where, "contraction", self.contraction))
+        if not self.dtypes or not all(isinstance(d, str) and d for d in self.dtypes):
+            raise _fail(where, "dtypes", self.dtypes, "a non-empty list of dtype names")
+        _text(where, "source", self.source, _CITATION)
+
+    def factor(self, dtype: str, batch: int, k: int) -> float | None:
+        """The share of the dtype's cap a single m x k @ k x n product in `dtype` reaches: the curve at `k` over
+        its highest point; None where the table does not price it (a batch of products, or another dtype)."""
+        if batch > 1 or dtype not in self.dtypes:
+            return None
+        return interpolate(self.contraction, k) / max(f for _, f in self.contraction)
+
+
 def interpolate(points: Sequence[tuple[int, float]], dim: int) -> float:
     """The fraction at `dim` on the rising points, linear between two, the end's value beyond either end."""
     if dim <= points[0][0]:
@@ -94,25 +134,36 @@ def interpolate(points: Sequence[tuple[int, float]], dim: int) -> float:
     return points[-1][1]
 
 
-def batched_from_dict(where: str, data: Any, dtypes: Sequence[str]) -> BatchedShapes:
-    """gemm_efficiency.batched of a machine file, checked: one line naming the key on bad input; `dtypes` the
-    dtypes a machine file may name."""
-    prefix = "gemm_efficiency.batched"
+def _checked(where: str, prefix: str, data: Any, keys: Sequence[str], dtypes: Sequence[str]) -> dict:
+    """A table's object, its keys, dtypes, points and source checked: one line naming the key on bad input."""
     if not isinstance(data, Mapping):
-        raise _fail(where, prefix, data, f"an object with {KEYS!r}")
+        raise _fail(where, prefix, data, f"an object with {tuple(keys)!r}")
     for key in data:
-        if key not in KEYS:
-            raise _fail(where, f"{prefix}.{key}", data[key], f"no such key; {KEYS!r}")
-    for key in KEYS:
+        if key not in keys:
+            raise _fail(where, f"{prefix}.{key}", data[key], f"no such key; {tuple(keys)!r}")
+    for key in keys:
         if key not in data:
-            raise _fail(where, f"{prefix}.{key}", _MISSING,
-                          _CITATION if key == "source" else "present")
+            raise _fail(where, f"{prefix}.{key}", _MISSING, _CITATION if key == "source" else "present")
     names = data["dtypes"]
     if not isinstance(names, list) or not names or any(d not in dtypes for d in names):
         raise _fail(where, f"{prefix}.dtypes", names, f"a non-empty list of dtypes among {tuple(dtypes)!r}")
-    rows = {key: _points(where, f"{prefix}.{key}", data[key]) for key in ("contraction", "output")}
-    source = _text(where, f"{prefix}.source", data["source"], _CITATION)
-    return BatchedShapes(tuple(names), rows["contraction"], rows["output"], source)
+    out = {key: _points(where, f"{prefix}.{key}", data[key]) for key in keys if key not in ("dtypes", "source")}
+    out["source"] = _text(where, f"{prefix}.source", data["source"], _CITATION)
+    out["dtypes"] = tuple(names)
+    return out
+
+
+def batched_from_dict(where: str, data: Any, dtypes: Sequence[str]) -> BatchedShapes:
+    """gemm_efficiency.batched of a machine file, checked: one line naming the key on bad input; `dtypes` the
+    dtypes a machine file may name."""
+    rows = _checked(where, "gemm_efficiency.batched", data, KEYS, dtypes)
+    return BatchedShapes(rows["dtypes"], rows["contraction"], rows["output"], rows["source"])
+
+
+def unbatched_from_dict(where: str, data: Any, dtypes: Sequence[str]) -> UnbatchedShapes:
+    """gemm_efficiency.unbatched of a machine file, checked as `batched_from_dict`."""
+    rows = _checked(where, "gemm_efficiency.unbatched", data, UNBATCHED_KEYS, dtypes)
+    return UnbatchedShapes(rows["dtypes"], rows["contraction"], rows["source"])
 
 
 def batched_to_dict(table: BatchedShapes) -> dict:
@@ -120,3 +171,8 @@ def batched_to_dict(table: BatchedShapes) -> dict:
     return {"dtypes": list(table.dtypes), "contraction": [list(p) for p in table.contraction],
             "output": [list(p) for p in table.output], "source": table.source}
 
+
+def unbatched_to_dict(table: UnbatchedShapes) -> dict:
+    """The JSON object `unbatched_from_dict` reads back equal."""
+    return {"dtypes": list(table.dtypes), "contraction": [list(p) for p in table.contraction],
+            "source": table.source}

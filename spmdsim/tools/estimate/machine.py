@@ -22,7 +22,9 @@ multiplies ``max_fraction`` by the share of its waves' tile slots a product's ou
 (`machine_records.Waves`: the guide's tile and wave quantization). Model ``"shape"`` is the same and also
 caps a batched product (the attention core's scores and context) at what products of its smallest dimension
 were measured to achieve: ``"batched": {"dtypes": [...], "contraction": [[dim, fraction], ...], "output":
-[[dim, fraction], ...], "source": ...}``, interpolated (spmdsim.tools.estimate.gemm_shapes).
+[[dim, fraction], ...], "source": ...}``, interpolated, and scales a single product's cap by the shape of a
+measured curve of its contraction length: ``"unbatched": {"dtypes": [...], "contraction": [[k, fraction],
+...], "source": ...}`` (spmdsim.tools.estimate.gemm_shapes); it has one table or both.
 
 Two optional achieved fractions, each an object ``{"fraction": f, "source": "..."}``:
 ``hbm_efficiency`` (the share of ``hbm_bandwidth`` a memory-bound kernel reaches: the element-wise
@@ -44,7 +46,7 @@ from typing import Any, Mapping
 
 from ...base.validate import MAX_JSON_TEXT, read_bounded
 from ...errors import SpmdsimError
-from .gemm_shapes import batched_from_dict, batched_to_dict
+from .gemm_shapes import batched_from_dict, batched_to_dict, unbatched_from_dict, unbatched_to_dict
 from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .records import LEVELS
@@ -89,7 +91,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
     _check_efficiency(where, "gemm_efficiency.", eff["model"], eff["max_fraction"], eff["source"])
     waves = None if eff.get("waves") is None else _waves(where, eff["waves"])
     dtypes = _gemm_dtypes(where, eff.get("dtypes", {}))
-    batched = _batched(where, eff)
+    batched, unbatched = _tables(where, eff)
     links = data["links"]
     if not isinstance(links, Mapping):
         raise _fail(where, "links", links, _WHAT["links"])
@@ -120,29 +122,31 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                    peak_flops=tuple((d, float(v)) for d, v in data["peak_flops"].items()),
                    hbm_bandwidth=float(data["hbm_bandwidth"]),
                    gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"], waves,
-                                                  dtypes, batched),
+                                                  dtypes, batched, unbatched),
                    node=made["node"], cluster=made["cluster"], algorithm=data["algorithm"],
                    reduction_rate=None if rate is None else float(rate),
                    hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm),
                    attention_efficiency=None if attention is None else _attention(where, attention))
 
 
-#: The keys of a machine file's gemm_efficiency ("waves" and "dtypes" optional, "batched" with model "shape").
-_GEMM_KEYS = ("model", "max_fraction", "source", "waves", "dtypes", "batched")
+#: The keys of a machine file's gemm_efficiency ("waves" and "dtypes" optional, "batched" and "unbatched" with
+#: model "shape").
+_GEMM_KEYS = ("model", "max_fraction", "source", "waves", "dtypes", "batched", "unbatched")
 
 
-def _batched(where: str, eff: Mapping) -> Any:
-    """gemm_efficiency.batched: the measured table model "shape" reads (spmdsim.tools.estimate.gemm_shapes), which
-    model "roofline" has none of."""
-    if eff["model"] == "shape":
-        if "batched" not in eff:
-            raise _fail(where, "gemm_efficiency.batched", _MISSING, "present with model 'shape' (its measured table, "
-                        "docs/howto/add-machine-file.md)")
-        return batched_from_dict(where, eff["batched"], tuple(DTYPES))
-    if "batched" in eff:
-        raise _fail(where, "gemm_efficiency.batched", eff["batched"], "no such key with model 'roofline' (model "
-                    "'shape' reads it)")
-    return None
+def _tables(where: str, eff: Mapping) -> tuple:
+    """gemm_efficiency.batched and .unbatched: the measured tables model "shape" reads, one or both
+    (spmdsim.tools.estimate.gemm_shapes), which model "roofline" has none of."""
+    for key in ("batched", "unbatched"):
+        if key in eff and eff["model"] != "shape":
+            raise _fail(where, f"gemm_efficiency.{key}", eff[key], "no such key with model 'roofline' (model "
+                        "'shape' reads it)")
+    if eff["model"] == "shape" and "batched" not in eff and "unbatched" not in eff:
+        raise _fail(where, "gemm_efficiency.batched", _MISSING, "present with model 'shape', or 'unbatched' (its "
+                    "measured tables, docs/howto/add-machine-file.md)")
+    batched = batched_from_dict(where, eff["batched"], tuple(DTYPES)) if "batched" in eff else None
+    unbatched = unbatched_from_dict(where, eff["unbatched"], tuple(DTYPES)) if "unbatched" in eff else None
+    return batched, unbatched
 
 
 def _gemm_dtypes(where: str, data: Any) -> tuple:
@@ -207,6 +211,8 @@ def machine_to_dict(machine: Machine) -> dict:
         out["gemm_efficiency"]["dtypes"] = {d: _achieved_dict(a) for d, a in machine.gemm_efficiency.dtypes}
     if machine.gemm_efficiency.batched is not None:
         out["gemm_efficiency"]["batched"] = batched_to_dict(machine.gemm_efficiency.batched)
+    if machine.gemm_efficiency.unbatched is not None:
+        out["gemm_efficiency"]["unbatched"] = unbatched_to_dict(machine.gemm_efficiency.unbatched)
     waves = machine.gemm_efficiency.waves
     if waves is not None:
         out["gemm_efficiency"]["waves"] = {"sms": waves.sms, "tile": list(waves.tile), "source": waves.source}

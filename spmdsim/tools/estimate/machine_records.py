@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 
 from ...errors import SpmdsimError
 from .file_keys import _MISSING, _fail, _text
-from .gemm_shapes import BatchedShapes
+from .gemm_shapes import BatchedShapes, UnbatchedShapes
 from .records import LEVELS
 
 __all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "AttentionEfficiency", "DTYPES", "RESULT_BYTES", "ALGORITHMS",
@@ -37,7 +37,8 @@ ALGORITHMS = ("ring", "tree")
 
 
 #: GEMM efficiency models a file may name: "roofline" (capped, with the optional waves) and "shape" (the same,
-#: and batched products capped by their measured table, spmdsim.tools.estimate.gemm_shapes).
+#: and batched products capped by their measured table, single products scaled by their contraction's curve,
+#: spmdsim.tools.estimate.gemm_shapes).
 EFFICIENCY_MODELS = ("roofline", "shape")
 
 
@@ -148,7 +149,8 @@ class GemmEfficiency:
     (module docstring); `source` says where it comes from. `dtypes`: ((dtype, Achieved), ...), the cap of
     the dtypes measured apart (an FP8 product's achieved share of the fp8 peak is not bf16's); every other
     dtype is capped at `max_fraction`. Model "shape" also caps a batched product at what its `batched` table
-    says products of its smallest dimension achieve (spmdsim.tools.estimate.gemm_shapes)."""
+    says products of its smallest dimension achieve, and scales a single product's cap by its contraction's
+    point on the `unbatched` curve (spmdsim.tools.estimate.gemm_shapes); it has one table or both."""
 
     max_fraction: float
     source: str
@@ -156,17 +158,22 @@ class GemmEfficiency:
     waves: Optional[Waves] = None
     dtypes: tuple[tuple[str, Achieved], ...] = ()
     batched: Optional[BatchedShapes] = None
+    unbatched: Optional[UnbatchedShapes] = None
 
     def __post_init__(self) -> None:
         _check_efficiency("GemmEfficiency", "", self.model, self.max_fraction, self.source)
         if self.waves is not None and not isinstance(self.waves, Waves):
             raise _fail("GemmEfficiency", "waves", self.waves, "a Waves(sms, tile, source) or None")
-        if (self.model == "shape") != isinstance(self.batched, BatchedShapes):
-            raise _fail("GemmEfficiency", "batched", self.batched, "a BatchedShapes(dtypes, contraction, output, "
-                        "source) with model 'shape', None with model 'roofline'")
-        for dtype in self.batched.dtypes if self.batched is not None else ():
-            if dtype not in DTYPES:
-                raise _fail("GemmEfficiency", "batched.dtypes", dtype, f"dtypes among {tuple(DTYPES)!r}")
+        for key, kind in (("batched", BatchedShapes), ("unbatched", UnbatchedShapes)):
+            table = getattr(self, key)
+            if not (table is None or (isinstance(table, kind) and self.model == "shape")):
+                raise _fail("GemmEfficiency", key, table, f"a {kind.__name__} with model 'shape', None with model "
+                            "'roofline'")
+            for dtype in table.dtypes if table is not None else ():
+                if dtype not in DTYPES:
+                    raise _fail("GemmEfficiency", f"{key}.dtypes", dtype, f"dtypes among {tuple(DTYPES)!r}")
+        if self.model == "shape" and self.batched is None and self.unbatched is None:
+            raise _fail("GemmEfficiency", "batched", None, "a BatchedShapes or an UnbatchedShapes with model 'shape'")
         object.__setattr__(self, "dtypes", tuple(dict(self.dtypes).items()))
         for dtype, achieved in self.dtypes:
             if dtype not in DTYPES:
@@ -319,6 +326,9 @@ class Machine:
         measured = None if table is None else table.fraction(key, batch, m, n, k)
         if measured is not None:
             cap = min(cap, measured)
+        curve = self.gemm_efficiency.unbatched
+        factor = None if curve is None else curve.factor(key, batch, k)
+        cap *= 1.0 if factor is None else factor
         return min(cap, flops / traffic * self.hbm_bandwidth / peak)
 
 
