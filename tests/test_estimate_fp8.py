@@ -189,3 +189,29 @@ def test_the_pipelined_fp8_rows_are_their_commands_beside_nemos_tokens(name, lay
         alone_rate = re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1)
         assert cells[2].startswith(f"{alone} s ({alone_rate}) with `--overlap pp`; ")
         assert ratios[0] == f"{float(alone) / float(step):.2f}"
+
+
+def test_the_gpt3_20b_fp8_row_is_its_command_beside_nemos_tokens_and_says_it_does_not_fit():
+    """NeMo's GPT-3 20B figure is 5,851 tokens/s a GPU: a step of 256 sequences of 2,048 tokens on 64 GPUs. The
+    row's first prediction is the command quoted under the table (tests/test_classroom_docs.py runs it), the
+    second the same with the tensor-parallel collectives under the GEMMs (`--overlap tp`, run here); the memory
+    row is the quote's peak, over the machine's 80 GiB."""
+    cells = _cells("GPT-3 20B")
+    step = f"{256 * 2048 / (5851 * 64):.3f}"
+    assert cells[3] == f"{step} s (750)" == "1.400 s (750)"
+    (quote,) = [q for q in quotes("docs/explanation/estimate-h100.md")
+                if "--precision fp8" in q.command and "--layers 44 " in q.command]
+    shown = "\n".join(quote.output)
+    predicted = re.search(r"predicted step time: ([\d.]+) s", shown).group(1)
+    rate = re.search(r"([\d.]+) TFLOP/s per GPU", shown).group(1)
+    assert "--overlap" not in quote.command and cells[2].startswith(f"{predicted} s ({rate}); ")
+    code, out, err = run_here("main", (quote.command + " --overlap tp").split()[1:])
+    assert code == 0, err
+    hidden = re.search(r"predicted step time: ([\d.]+) s", out).group(1)
+    hidden_rate = re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1)
+    assert cells[2].endswith(f"; {hidden} s ({hidden_rate}) with `--overlap tp`")
+    assert cells[4] == f"{float(predicted) / float(step):.2f}; {float(hidden) / float(step):.2f}"
+    peak = re.search(r"peak \(transient included\) ([\d.]+) GiB", shown).group(1)
+    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
+    assert f"| the same | fits 80 GB | no ({peak} GiB at its peak) | runs |" in text and float(peak) > 80
+    assert f"stage 0 needs {peak} GiB a rank at its peak, more than the h100-dgx's 80.00 GiB" in out
