@@ -215,3 +215,51 @@ def test_the_gpt3_20b_fp8_row_is_its_command_beside_nemos_tokens_and_says_it_doe
     text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
     assert f"| the same | fits 80 GB | no ({peak} GiB at its peak) | runs |" in text and float(peak) > 80
     assert f"stage 0 needs {peak} GiB a rank at its peak, more than the h100-dgx's 80.00 GiB" in out
+
+
+def _row(prefix: str) -> list:
+    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def _predicted(argv: list) -> tuple:
+    code, out, err = run_here("main", argv)
+    assert code == 0, err
+    return (re.search(r"predicted step time: ([\d.]+) s", out).group(1),
+            re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1), out)
+
+
+def test_the_gpt3_175b_fp8_rows_are_their_commands_beside_nemos_tokens():
+    """NeMo's GPT-3 175B in FP8: 726 tokens/s a GPU on 128 GPUs (256 sequences of 2,048 tokens a step), 782 on
+    512 (2,048 sequences). The 128-GPU row's first prediction is the command quoted under the table
+    (tests/test_classroom_docs.py runs it); this runs the others: the same with `--overlap tp,pp`, and both at
+    512 GPUs (`--micro-batch 2 --global-batch 2048 --dp 16`), whose peak the memory row quotes."""
+    (quote,) = [q for q in quotes("docs/explanation/estimate-h100.md")
+                if "--precision fp8" in q.command and "--layers 96 " in q.command]
+    argv = quote.command.split()[1:]
+    assert argv[-2:] == ["--overlap", "pp"]
+    wide = [{"--micro-batch": "2", "--global-batch": "2048", "--dp": "16"}.get(before, a)
+            for before, a in zip([""] + argv, argv)]
+    assert wide.count("2048") == 2 and "16" in wide
+    shown = "\n".join(quote.output)
+    quoted = (re.search(r"predicted step time: ([\d.]+) s", shown).group(1),
+              re.search(r"([\d.]+) TFLOP/s per GPU", shown).group(1))
+    for prefix, sequences, gpus, tokens, published, args in (
+            ("| GPT-3 175B in FP8, 128 H100", 256, 128, 726, "(782)", argv),
+            ("| GPT-3 175B in FP8, 512 H100", 2048, 512, 782, "(842)", wide)):
+        cells = _row(prefix)
+        step = f"{sequences * 2048 / (tokens * gpus):.3f}"
+        assert cells[3] == f"{step} s {published}"
+        if args is argv:
+            alone, alone_rate = quoted
+        else:
+            alone, alone_rate, out = _predicted(args)
+        hidden, hidden_rate, _ = _predicted(args[:-1] + ["tp,pp"])
+        assert cells[2] == (f"{alone} s ({alone_rate}) with `--overlap pp`; "
+                            f"{hidden} s ({hidden_rate}) with `--overlap tp,pp`")
+        assert cells[4] == f"{float(alone) / float(step):.2f}; {float(hidden) / float(step):.2f}"
+    peak = re.search(r"stage 0 needs ([\d.]+) GiB a rank at its peak, more than", out).group(1)
+    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
+    assert f"| the same | fits 80 GB | no ({peak} GiB at its peak) | runs |" in text
+    assert "memory: every stage fits the h100-dgx's 80.00 GiB per GPU" in shown
