@@ -39,15 +39,15 @@ def test_llama_options_train_over_four_context_ranks(method):
         assert all(r.passed for r in results), [r.errors for r in results]
 
 
-def _attention_bytes(method, cp, precision="fp64"):
+def _attention_bytes(method, cp, precision="fp64", kept="graph", **options):
     """(bytes one rank's step sent in attention's traffic over cp, one K block's bytes), dp 1 and tp 1."""
-    cfg = GPTConfig(**{**SMALL, "dropout": 0.0})
+    cfg = GPTConfig(**{**SMALL, "dropout": 0.0, **options})
 
     def main():
         from spmdsim.runtime.trace import collect_trace
 
         model, _ = train(cfg, spmdsim.world(), 1, 1, 1, TEXT, cp=cp, context=Context(method), check=False,
-                         precision=precision)
+                         precision=precision, kept=kept)
         with collect_trace() as trace:
             model.loss(*_batch(model, cfg), 1).backward()
         ops = {"ring": ("send", "recv", "sendrecv"), "allgather": ("allgather", "reduce_scatter"),
@@ -55,7 +55,8 @@ def _attention_bytes(method, cp, precision="fp64"):
         return sum(e.bytes_sent for e in trace.entries if e.op in ops and tuple(e.axes) == ("cp",))
 
     itemsize = 8 if precision == "fp64" else 2
-    return spmdsim.simulate(cp, main), cfg.batch * (cfg.seq // cp) * cfg.d_model * itemsize
+    kv_width = cfg.d_model // cfg.heads * cfg.kv  # grouped-query attention's K and V: kv heads, not heads
+    return spmdsim.simulate(cp, main), cfg.batch * (cfg.seq // cp) * kv_width * itemsize
 
 
 def _batch(model, cfg):
@@ -85,6 +86,36 @@ def test_under_bf16_the_gradients_of_keys_and_values_travel_as_float32_sums(meth
     sent, kv = _attention_bytes(method, 2, "bf16-mixed")
     forward, backward = traffic(method, 2, kv, kv, 2 * kv)
     assert set(sent) == {SMALL["layers"] * (forward + backward)}, (sent, forward, backward)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_grouped_keys_and_values_go_round_the_ring_at_their_own_heads(cp):
+    """Grouped-query attention (4 heads, 1 K/V head, Megatron's kept set: K and V built at their own heads) sends
+    each K and V block, and its gradients' sums, at the K/V heads' width, never repeated for the query heads
+    (as TransformerEngine's ring passes them): a quarter of the bytes of the same ring at 4 K/V heads."""
+    grouped, kv = _attention_bytes("ring", cp, "bf16-mixed", kv_heads=1, kept="megatron", positions="rope",
+                                   norm="rms", mlp="swiglu")
+    assert kv == SMALL["batch"] * (SMALL["seq"] // cp) * (SMALL["d_model"] // SMALL["heads"]) * 2
+    forward, backward = traffic("ring", cp, kv, kv, 2 * kv)
+    assert set(grouped) == {SMALL["layers"] * (forward + backward)}, (grouped, forward, backward)
+    whole, whole_kv = _attention_bytes("ring", cp, "bf16-mixed", kept="megatron", positions="rope", norm="rms",
+                                       mlp="swiglu")
+    assert whole_kv == 4 * kv and set(whole) == {4 * s for s in grouped}
+
+
+@pytest.mark.parametrize("kept", ["megatron", "graph"])
+def test_a_bf16_grouped_ring_is_checked_at_its_own_rounding_points(kept):
+    """The ring reads each K/V head for its group of query heads and sums their gradients in float32, rounded
+    once; the reference sums them so too (spmdsim.models.gpt.mixed): every step passes."""
+    cfg = GPTConfig(**SMALL, positions="rope", norm="rms", mlp="swiglu", kv_heads=2)
+
+    def main():
+        _, results = train(cfg, spmdsim.world(), 1, 1, 4, TEXT, cp=2, context=Context("ring"),
+                           precision="bf16-mixed", kept=kept)
+        return results
+
+    for results in spmdsim.simulate(2, main):
+        assert all(r.passed for r in results), [r.errors for r in results]
 
 
 @pytest.mark.parametrize("cp, tp, replay", [(2, 1, False), (2, 2, False), (2, 1, True)])

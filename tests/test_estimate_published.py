@@ -7,6 +7,8 @@ probabilities it never makes, and ran their kernels. `--dropout P` now sets it (
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,27 @@ def test_a_llamas_model_flops_are_6_n_tokens_and_the_attention_term():
     multiplied = layers * per_layer + vocab * h  # and the untied head
     tokens = batch * s
     assert d["utilization"]["model_flops"] == 6 * multiplied * tokens + 12 * layers * batch * s * s * h
+
+
+def test_the_405b_long_sequence_row_is_its_two_commands():
+    """docs/explanation/estimate-h100.md's Llama 3 405B row at 131,072-token sequences: the all-gather method's and the
+    ring's TFLOP/s are the row's command with `--cp-method allgather` and without it, and the ring (K and V round it
+    at their own heads, all its messages under the products) is the faster step; each figure the row gives."""
+    row = next(line for line in (Path(__file__).resolve().parents[1] / "docs/explanation/estimate-h100.md")
+               .read_text().splitlines() if line.startswith("| Llama 3 405B, 16,384 H100 with 131,072-token"))
+    argv = ("estimate gpt --layers 126 --hidden 16384 --heads 128 --kv-heads 8 --ffn 53248 --norm rms --mlp swiglu "
+            "--untied --rope --no-bias --dropout 0 --seq 131072 --vocab 128256 --micro-batch 1 --global-batch 128 "
+            "--tp 8 --pp 16 --cp 16 --dp 8 --sp --zero 1 --kept megatron --machine h100-dgx --first-stage-layers 7 "
+            "--last-stage-layers 7 --attention flash").split()
+    found = {}
+    for method in ("allgather", "ring"):
+        code, out, err = run_here("main", argv + ["--cp-method", method])
+        assert code == 0, err
+        step = float(re.search(r"predicted step time: ([\d.]+) s", out).group(1))
+        mfu, rate, flops = re.search(r"MFU ([\d.]+%): ([\d.]+) TFLOP/s per GPU of the bf16 peak 989, from ([\d.e+]+) "
+                                     r"model FLOPs", out).groups()
+        found[method] = (step, float(rate), float(flops))
+        assert f"{rate} ({mfu})" in row and f"{step:.3f} s" in row and f"{float(rate) / 380:.2f}" in row
+    assert found["ring"][0] < found["allgather"][0]
+    on_its_count = found["allgather"][2] / 16384 / found["ring"][0] / 1e12  # the ring on the all-gather's count
+    assert f"the ring on the all-gather method's {on_its_count:.1f} ({on_its_count / 380:.2f})" in row

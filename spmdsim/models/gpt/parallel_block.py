@@ -194,9 +194,7 @@ class _Block:
                               dropout=drop, seed=seed, batch_first=False, recompute=self._selective, kept=kept,
                               flash=self._flash, positions=self.positions)
             return redistribute(o, back)
-        if context is not None and context.method == "ring":
-            if k.global_shape[2] != q.global_shape[2]:  # grouped K/V heads (Megatron's kept set): repeated first
-                k, v = self._grouped(k), self._grouped(v)
+        if context is not None and context.method == "ring":  # grouped K/V heads passed round the ring unrepeated
             return ring_attention(q, k, v, CONTEXT, balanced=context.balanced, dropout=drop, seed=seed)
         return ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
                              recompute=self._selective, kept=kept, flash=self._flash, positions=self.positions)

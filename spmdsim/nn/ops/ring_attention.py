@@ -2,7 +2,9 @@
 parallelism), the keys and values passed round the ring as point-to-point messages.
 
 ``ring_attention(q, k, v, axis)`` takes sequence-first (T, B, H, D) DTensors whose T is split over `axis`
-alone (the batch and heads may be split over other axes), laid out by spmdsim.programs.context's split
+alone (the batch and heads may be split over other axes; k and v may have fewer heads, grouped-query
+attention's, each read by its group of query heads and passed round the ring as it is, never repeated, as
+TransformerEngine's ring does), laid out by spmdsim.programs.context's split
 (`balanced`: rank r holds chunks r and 2cp-1-r of 2cp, in that order; else contiguous chunks). Each rank
 runs its ring program (spmdsim.programs.context.ring): at each step it attends with one rank's block of
 keys and values, only the chunk pairs a causal mask leaves work in, merging the partial results by the
@@ -51,11 +53,16 @@ def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, 
     """Causal attention of sequence-first q, k, v (T, B, H, D), T split over the mesh axis `axis`, by the ring
     (the module's docstring); the result (T, B, H, D) laid out as q."""
     raise_if_not_dtensors("ring_attention", ("q", "k", "v"), q, k, v)
+    shape = tuple(q.global_shape)
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_float("ring_attention", t.local)
-        if t.layout != q.layout or tuple(t.global_shape) != tuple(q.global_shape):
-            raise OperatorError(f"ring_attention: {name} is {tuple(t.global_shape)} {t.layout}; expected q's "
-                                f"{tuple(q.global_shape)} {q.layout}")
+        mine = tuple(t.global_shape)
+        if (t.layout.tensor_map != q.layout.tensor_map or t.layout.partial != q.layout.partial
+                or len(mine) != 4 or mine[:2] != shape[:2] or mine[3] != shape[3] or mine[2] < 1
+                or shape[2] % mine[2] or t.local.shape[2] < 1 or q.local.shape[2] % t.local.shape[2]
+                or (name == "v" and mine != tuple(k.global_shape))):
+            raise OperatorError(f"ring_attention: {name} is {mine} {t.layout}; expected q's {shape} {q.layout}, "
+                                "or k and v alike with fewer heads that divide q's on every rank (grouped-query)")
     refuse_empty("ring_attention", tuple(q.global_shape), tuple(k.global_shape), 0)
     tmap = q.layout.tensor_map
     if len(tmap) != 4 or tmap[0] != (axis,) or tmap[3] != () or q.layout.partial:
@@ -85,6 +92,24 @@ def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, 
         return grad_tensor(q, dq, pending), grad_tensor(k, dk, pending), grad_tensor(v, dv, pending)
 
     return record(out, "ring attention", (q, k, v), backward)
+
+
+def _grouped(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`product` of a (b, h, rows, x) and b (b, hk, x, cols), query head j against key/value head j // (h / hk)
+    (grouped-query attention: each key/value block read by its group's heads, none repeated): (b, h, rows, cols)."""
+    n, h, rows, x = a.shape
+    hk = b.shape[1]
+    if hk == h:
+        return product(a, b)
+    out = product(a.reshape(n, hk, h // hk, rows, x), b[:, :, None])
+    return out.reshape(n, h, rows, out.shape[-1])
+
+
+def _summed(x: np.ndarray, hk: int) -> np.ndarray:
+    """(b, h, rows, cols) summed over each group of h / hk query heads: a key/value head's gradient, (b, hk, rows,
+    cols), in the product's width (float32 under bfloat16), as a grouped kernel sums it."""
+    n, h, rows, cols = x.shape
+    return x if hk == h else x.reshape(n, hk, h // hk, rows, cols).sum(axis=2)
 
 
 class _Ring:
@@ -146,8 +171,8 @@ class _Ring:
             gemm(a_shape, b_shape, q.dtype, None, "attention", 0.5 if diagonal else 1.0)
 
     def _scores(self, q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
-        """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, h, d)."""
-        s = product(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0)) * self.scale
+        """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, hk, d)."""
+        s = _grouped(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0)) * self.scale
         if diagonal:  # a chunk against itself: the keys after each query masked
             s[..., np.triu(np.ones(s.shape[-2:], bool), 1)] = -np.inf
         return s
@@ -189,7 +214,7 @@ class _Ring:
                 total[..., qr] = total[..., qr] * keep + p.sum(axis=-1)
                 factors = self._factors(action, qr, kr)
                 pd = p if factors is None else p * factors
-                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + product(pd, vc[kr].transpose(1, 2, 0, 3))
+                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + _grouped(pd, vc[kr].transpose(1, 2, 0, 3))
                 most[..., qr] = m
             if action.step < self.cp - 1:
                 kc, vc = later
@@ -241,10 +266,11 @@ class _Ring:
             p = np.exp(s - lse[..., qr, None])
             factors = self._factors(a, qr, kr)
             pd = p if factors is None else p * factors
-            dv[kr] += product(pd.transpose(0, 1, 3, 2), dy_h[..., qr, :]).transpose(2, 0, 1, 3)
-            dp = product(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0))
+            kv = vc.shape[2]
+            dv[kr] += _summed(product(pd.transpose(0, 1, 3, 2), dy_h[..., qr, :]), kv).transpose(2, 0, 1, 3)
+            dp = _grouped(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0))
             if factors is not None:
                 dp = dp * factors
             ds = p * (dp - delta[..., qr, None]) * self.scale
-            dq[qr] += product(ds, kc[kr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
-            dk[kr] += product(ds.transpose(0, 1, 3, 2), q[qr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
+            dq[qr] += _grouped(ds, kc[kr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
+            dk[kr] += _summed(product(ds.transpose(0, 1, 3, 2), q[qr].transpose(1, 2, 0, 3)), kv).transpose(2, 0, 1, 3)
