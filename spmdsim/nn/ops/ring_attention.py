@@ -57,7 +57,8 @@ def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, 
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_float("ring_attention", t.local)
         mine = tuple(t.global_shape)
-        if (t.layout.tensor_map != q.layout.tensor_map or t.layout.partial != q.layout.partial
+        if (t.layout.layout != q.layout.layout or t.layout.tensor_map != q.layout.tensor_map
+                or t.layout.partial != q.layout.partial or t.mesh is not q.mesh
                 or len(mine) != 4 or mine[:2] != shape[:2] or mine[3] != shape[3] or mine[2] < 1
                 or shape[2] % mine[2] or t.local.shape[2] < 1 or q.local.shape[2] % t.local.shape[2]
                 or (name == "v" and mine != tuple(k.global_shape))):
