@@ -142,11 +142,24 @@ def test_sequence_parallelism_gathers_the_e4m3_copies_at_a_byte_and_sums_the_pro
     assert code == 0 and "predicted step time: " in out, err
 
 
+def _row(prefix: str) -> list:
+    """The cells of the one table row of docs/explanation/estimate-h100.md that starts with `prefix`."""
+    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
 def _cells(name: str) -> list:
     """The cells of the table row of docs/explanation/estimate-h100.md that starts with `name` in FP8."""
-    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
-    (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} in FP8")]
-    return [cell.strip() for cell in row.strip("|").split("|")]
+    return _row(f"| {name} in FP8")
+
+
+def _predicted(argv: list) -> tuple:
+    """(step seconds, TFLOP/s per GPU, the whole output) that `spmdsim` with `argv` prints."""
+    code, out, err = run_here("main", argv)
+    assert code == 0, err
+    return (re.search(r"predicted step time: ([\d.]+) s", out).group(1),
+            re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1), out)
 
 
 def test_the_published_fp8_row_is_the_command_quoted_under_it():
@@ -183,10 +196,7 @@ def test_the_pipelined_fp8_rows_are_their_commands_beside_nemos_tokens(name, lay
     ratios = cells[4].split("; ")
     assert ratios[-1] == f"{float(predicted) / float(step):.2f}"
     if len(ratios) == 2:  # the 70B without --overlap tp
-        code, out, err = run_here("main", quote.command.replace("tp,pp", "pp").split()[1:])
-        assert code == 0, err
-        alone = re.search(r"predicted step time: ([\d.]+) s", out).group(1)
-        alone_rate = re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1)
+        alone, alone_rate, _ = _predicted(quote.command.replace("tp,pp", "pp").split()[1:])
         assert cells[2].startswith(f"{alone} s ({alone_rate}) with `--overlap pp`; ")
         assert ratios[0] == f"{float(alone) / float(step):.2f}"
 
@@ -205,29 +215,13 @@ def test_the_gpt3_20b_fp8_row_is_its_command_beside_nemos_tokens_and_says_it_doe
     predicted = re.search(r"predicted step time: ([\d.]+) s", shown).group(1)
     rate = re.search(r"([\d.]+) TFLOP/s per GPU", shown).group(1)
     assert "--overlap" not in quote.command and cells[2].startswith(f"{predicted} s ({rate}); ")
-    code, out, err = run_here("main", (quote.command + " --overlap tp").split()[1:])
-    assert code == 0, err
-    hidden = re.search(r"predicted step time: ([\d.]+) s", out).group(1)
-    hidden_rate = re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1)
+    hidden, hidden_rate, out = _predicted((quote.command + " --overlap tp").split()[1:])
     assert cells[2].endswith(f"; {hidden} s ({hidden_rate}) with `--overlap tp`")
     assert cells[4] == f"{float(predicted) / float(step):.2f}; {float(hidden) / float(step):.2f}"
     peak = re.search(r"peak \(transient included\) ([\d.]+) GiB", shown).group(1)
     text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
     assert f"| the same | fits 80 GB | no ({peak} GiB at its peak) | runs |" in text and float(peak) > 80
     assert f"stage 0 needs {peak} GiB a rank at its peak, more than the h100-dgx's 80.00 GiB" in out
-
-
-def _row(prefix: str) -> list:
-    text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
-    (row,) = [line for line in text.splitlines() if line.startswith(prefix)]
-    return [cell.strip() for cell in row.strip("|").split("|")]
-
-
-def _predicted(argv: list) -> tuple:
-    code, out, err = run_here("main", argv)
-    assert code == 0, err
-    return (re.search(r"predicted step time: ([\d.]+) s", out).group(1),
-            re.search(r"([\d.]+) TFLOP/s per GPU", out).group(1), out)
 
 
 def test_the_gpt3_175b_fp8_rows_are_their_commands_beside_nemos_tokens():

@@ -33,7 +33,7 @@ import numpy as np
 from ...base import buffers
 from ...base.buffers import lazy_zeros
 from ...base.flops import any_open, gemm
-from ...base.precision import is_low, product, wide
+from ...base.precision import is_low, wide
 from ...errors import OperatorError
 from ...programs.context.ring import Attend, Pass, RingProgram, TAGS, ring_program
 from ...programs.context.split import chunks
@@ -41,6 +41,7 @@ from ...programs.infer.attention import refuse_empty
 from ...programs.plan.messages import Messages
 from ...runtime import executor
 from ..autograd.graph import record
+from ..autograd.rules.attention import grouped_product, grouped_sum
 from ..autograd.rules.grads import grad_tensor
 from ._common import MASKS, make_dtensor, seed_arg
 from ._operands import raise_if_not_dtensors, require_float
@@ -80,7 +81,8 @@ def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, 
     parts = 2 if balanced and cp > 1 else 1
     if (T // cp) % parts:
         raise OperatorError(f"ring_attention: {T // cp} rows a rank do not cut into {parts} chunks")
-    ring = _Ring(mesh, comm, program, q, scale or 1.0 / math.sqrt(q.global_shape[3]), dropout, seed, balanced, axis)
+    ring = _Ring(mesh, comm, program, q, scale or 1.0 / math.sqrt(q.global_shape[3]), dropout, seed, balanced, axis,
+                 q.local.shape[2] // k.local.shape[2])
     out_block, lse = ring.forward(q.local, k.local, v.local)
     out = make_dtensor(mesh, out_block, q.layout, q.global_shape)
     if q._ag is None and k._ag is None and v._ag is None:
@@ -95,30 +97,13 @@ def ring_attention(q: Any, k: Any, v: Any, axis: str, *, balanced: bool = True, 
     return record(out, "ring attention", (q, k, v), backward)
 
 
-def _grouped(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """`product` of a (b, h, rows, x) and b (b, hk, x, cols), query head j against key/value head j // (h / hk)
-    (grouped-query attention: each key/value block read by its group's heads, none repeated): (b, h, rows, cols)."""
-    n, h, rows, x = a.shape
-    hk = b.shape[1]
-    if hk == h:
-        return product(a, b)
-    out = product(a.reshape(n, hk, h // hk, rows, x), b[:, :, None])
-    return out.reshape(n, h, rows, out.shape[-1])
-
-
-def _summed(x: np.ndarray, hk: int) -> np.ndarray:
-    """(b, h, rows, cols) summed over each group of h / hk query heads: a key/value head's gradient, (b, hk, rows,
-    cols), in the product's width (float32 under bfloat16), as a grouped kernel sums it."""
-    n, h, rows, cols = x.shape
-    return x if hk == h else x.reshape(n, hk, h // hk, rows, cols).sum(axis=2)
-
-
 class _Ring:
     """One rank's ring attention: its program, the chunk geometry, and the forward and backward on blocks."""
 
     def __init__(self, mesh: Any, comm: Any, program: RingProgram, q: Any, scale: float, drop: float, seed: Any,
-                 balanced: bool, axis: str) -> None:
+                 balanced: bool, axis: str, groups: int = 1) -> None:
         self.mesh, self.comm, self.program, self.scale, self.drop, self.seed = mesh, comm, program, scale, drop, seed
+        self.groups = groups  # query heads a key/value head serves on this rank (grouped-query attention)
         self.axes = (axis,)
         self.balanced, self.cp, self.me = balanced, program.cp, program.rank
         T, B, H, _ = q.global_shape
@@ -173,7 +158,7 @@ class _Ring:
 
     def _scores(self, q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
         """Scaled scores (b, h, rows, keys) of sequence-first blocks q (rows, b, h, d) and k (keys, b, hk, d)."""
-        s = _grouped(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0)) * self.scale
+        s = grouped_product(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 3, 0), self.groups) * self.scale
         if diagonal:  # a chunk against itself: the keys after each query masked
             s[..., np.triu(np.ones(s.shape[-2:], bool), 1)] = -np.inf
         return s
@@ -215,7 +200,8 @@ class _Ring:
                 total[..., qr] = total[..., qr] * keep + p.sum(axis=-1)
                 factors = self._factors(action, qr, kr)
                 pd = p if factors is None else p * factors
-                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + _grouped(pd, vc[kr].transpose(1, 2, 0, 3))
+                weighted = grouped_product(pd, vc[kr].transpose(1, 2, 0, 3), self.groups)
+                acc[..., qr, :] = acc[..., qr, :] * keep[..., None] + weighted
                 most[..., qr] = m
             if action.step < self.cp - 1:
                 kc, vc = later
@@ -259,6 +245,7 @@ class _Ring:
     def _block_grads(self, a: Attend, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, dy_h: np.ndarray,
                      delta: np.ndarray, lse: np.ndarray, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
         """Step `a`'s part of dq, and of the held block's dk and dv (added in place)."""
+        g = self.groups
         for qr, kr, diagonal in self._pairs(a):
             self._count(q, qr, kr, dy_h.shape[3], 5, diagonal)  # the scores again, dV, dP, dQ and dK
             if self.dry:
@@ -267,11 +254,10 @@ class _Ring:
             p = np.exp(s - lse[..., qr, None])
             factors = self._factors(a, qr, kr)
             pd = p if factors is None else p * factors
-            kv = vc.shape[2]
-            dv[kr] += _summed(product(pd.transpose(0, 1, 3, 2), dy_h[..., qr, :]), kv).transpose(2, 0, 1, 3)
-            dp = _grouped(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0))
+            dv[kr] += grouped_sum(pd, dy_h[..., qr, :], g).transpose(2, 0, 1, 3)
+            dp = grouped_product(dy_h[..., qr, :], vc[kr].transpose(1, 2, 3, 0), g)
             if factors is not None:
                 dp = dp * factors
             ds = p * (dp - delta[..., qr, None]) * self.scale
-            dq[qr] += _grouped(ds, kc[kr].transpose(1, 2, 0, 3)).transpose(2, 0, 1, 3)
-            dk[kr] += _summed(product(ds.transpose(0, 1, 3, 2), q[qr].transpose(1, 2, 0, 3)), kv).transpose(2, 0, 1, 3)
+            dq[qr] += grouped_product(ds, kc[kr].transpose(1, 2, 0, 3), g).transpose(2, 0, 1, 3)
+            dk[kr] += grouped_sum(ds, q[qr].transpose(1, 2, 0, 3), g).transpose(2, 0, 1, 3)
