@@ -73,6 +73,7 @@ TABLES = (
     ("spmdsim.references.contraction", "_PRESENT", 4096),
     ("spmdsim.base.buffers", "_SIZED", 1024),
     ("spmdsim.base.buffers", "_ZEROS", 4096),
+    ("spmdsim.models.gpt.stage_steps", "_COMPILED", 256),
 )
 
 

@@ -11,7 +11,7 @@ from ...base import buffers
 from ...errors import SpmdsimError
 from ..axes import PIPELINE, tensor_coord, tensor_size
 from ...nn.autograd import engine as autograd_engine
-from ...programs.pipeline.records import Compute, Post, Send
+from ...programs.pipeline.records import Compute
 from ...programs.pipeline.timeline import timeline
 from ...programs.plan.messages import Messages
 from ...runtime import executor
@@ -20,6 +20,7 @@ from ...runtime.dtensor import DTensor
 from ...runtime.replay import kernel
 from ...runtime.trace_export import write_chrome_trace
 from .stage_memory import _DryBlocks, _DryCells, _Most, _Stand, _first
+from .stage_steps import compiled_once
 
 __all__ = ["PipelineRun"]
 
@@ -82,13 +83,6 @@ class PipelineRun:
 _PP = (PIPELINE,)  # the messages' axes
 
 
-def _tag(what: str, chunk: int) -> int:
-    """A message's tag: its kind and the chunk that sent it. Messages between two ranks with one tag match
-    in the order posted, and every checked schedule posts each kind's receives in the order the peer
-    sends (GPipe's gradients go in reverse microbatch order on both sides; spmdsim.programs.pipeline.check)."""
-    return 2 * chunk + (what == "grad")
-
-
 def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
                  clock: "_Clock", watch: Optional["_Most"] = None, groups: Optional[dict] = None,
@@ -103,7 +97,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     it posts (peers, tags, bytes), kept from step to step (its sizes and peers the same every step), filled here.
     `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
     where it is sent, as the receiving stage's node would round it). `found`: what the run's earlier steps
-    found (the program as tuples, the chunks' output layout objects), kept from step to step as `groups`.
+    found (the chunks' output layout objects), kept from step to step as `groups`.
     `reducer`: the ZeRO-1 or ZeRO-2 optimizer (spmdsim.nn.autograd.backward's `reduce_with`): ZeRO-1's takes each
     microbatch's gradient of a parameter into its main gradient as soon as the walk has it; to ZeRO-2's each
     chunk's last microbatch's backward hands its buckets as they fill, the microbatches before accumulating their
@@ -111,9 +105,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     if groups is None:
         groups = {}
     known = found if found is not None else {}
-    steps = known.get("program")
-    if steps is None or steps[0] is not program:  # the program's actions as plain tuples, once a run
-        steps = known["program"] = (program, _compiled(program))
+    steps = compiled_once(program)  # the program's actions as plain tuples
     mesh = run.stage_mesh
     # A kernel while this thread captures the step; else (a dry run, which captures none: its steps count bytes; an
     # eager step) stamps plainly, no wrapper. The blocks sent: read as ``_local`` in an eager step (a capture's are
@@ -121,7 +113,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     uncaptured = not buffers.CAPTURE.on and not mesh.engine.dry
     stamp = _stamp if mesh.engine.dry or uncaptured else kernel(_stamp)
     cells = _Cells(run, ids, step, microbatches, last, shape, act, wire, params, watch, wire_dtype, reducer,
-                   uncaptured, program, steps[1])
+                   uncaptured, program, steps)
     # A received gradient takes the very layout object of the chunk's output (equal to `act`), which the output's
     # node wants: the backward's tests then stop at `is`, as between the layers of one chunk (under `act`, an
     # equal object of the model's own, it cost ~8 comparisons and moves a microbatch). Not in a dry run (its
@@ -131,7 +123,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
     empty = buffers.empty if blocks is None else lambda shape, dtype: blocks.empty(shape)  # a receive's buffer
     order = []
-    for entry in steps[1]:
+    for entry in steps:
         kind = entry[0]
         if kind < 2:  # a cell: 0 forward, 1 backward
             stamp(clock)
@@ -256,8 +248,8 @@ class _Cells:
 
 def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict, outward: Optional[dict],
               empty: Callable, act: Any, wire: Any) -> None:
-    """One message group of the program (`_compiled`'s entry): the activations and gradients `cells` sends, and
-    what it receives, taken in as the next forward's inputs or backward's gradients."""
+    """One message group of the program (`stage_steps.compiled`'s entry): the activations and gradients `cells`
+    sends, and what it receives, taken in as the next forward's inputs or backward's gradients."""
     outputs, uncaptured, wire_shape, wire_dtype = cells.outputs, cells.uncaptured, cells.wire_shape, cells.wire_dtype
     sends: list = []
     for is_act, key, peer, tag in entry[1]:
@@ -294,31 +286,6 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
             cells.upstream[key] = t
 
 
-def _compiled(program: Sequence) -> list:
-    """A stage's `program` as `_run_program` runs it: a cell as (0 forward or 1 backward, microbatch, chunk, its
-    Compute), a message group as (2, its sends in order as (an activation?, (microbatch, chunk), peer, tag), its
-    receives in order as (an activation?, (microbatch, chunk)), their peers, their tags, and what it posts:
-    ((peer, tag) of each send, the receives' peers, their tags))."""
-    steps: list = []
-    for action in program:
-        if isinstance(action, Compute):
-            steps.append((0 if action.kind == "F" else 1, action.microbatch, action.chunk, action))
-            continue
-        sends, gets, peers, tags, posts = [], [], [], [], []
-        for op in (action.ops if isinstance(action, Post) else (action,)):
-            send, act = isinstance(op, Send), op.what == "act"
-            sender = op.chunk if send else op.chunk - 1 if act else op.chunk + 1
-            tag = _tag(op.what, sender)
-            if send:
-                sends.append((act, (op.microbatch, op.chunk), op.peer, tag))
-                posts.append((op.peer, tag))
-            else:
-                gets.append((act, (op.microbatch, op.chunk)))
-                peers.append(op.peer)
-                tags.append(tag)
-        peers, tags = tuple(peers), tuple(tags)
-        steps.append((2, tuple(sends), tuple(gets), peers, tags, (tuple(posts), peers, tags)))
-    return steps
 
 
 def _output_layout(out: Any, act: Any, seen: dict) -> Any:

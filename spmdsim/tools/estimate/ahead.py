@@ -25,6 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from ...base.collector import collect_less
 from .ledger import dry_run, known_ledgers, remember
 
 __all__ = ["LookAhead"]
@@ -179,6 +180,7 @@ def _worker_start(parent: int) -> None:
     ends itself within `ORPHAN_S` of that process's end, however it ended (an idle worker of a process pool
     waits on a lock forever once the pool's process is killed)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    collect_less()  # as the search's process collects while searching (spmdsim.base.collector)
     threading.Thread(target=_end_with, args=(parent,), name="spmdsim-orphan-check", daemon=True).start()
 
 

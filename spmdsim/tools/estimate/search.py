@@ -47,6 +47,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ...base.collector import fewer_collections
 from ...base.sizes import UnmappableError
 from ...errors import SpmdsimError
 from ...programs.context import METHODS
@@ -169,7 +170,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     if PRECISIONS[precision].fp8:
         fp8_peak_refusal(machine)
     zero = (fixed or {}).get("zero")
-    with LookAhead(jobs) if jobs > 1 and pricer is None else nullcontext() as ahead:
+    # (the collector less often: spmdsim.base.collector)
+    with fewer_collections(), LookAhead(jobs) if jobs > 1 and pricer is None else nullcontext() as ahead:
         args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed,
                 ahead)
         result = _searched(*args, sharded=cfg.moe is None or zero == 3)
