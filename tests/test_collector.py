@@ -49,3 +49,20 @@ def test_a_search_prices_its_configurations_with_the_thresholds_raised(threshold
     result = search(cfg, 4, load_machine("a100-dgx"), 1 << 40, pricer=pricer, cells=False)
     assert result.chosen is not None and seen and set(seen) == {THRESHOLDS}
     assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_an_estimates_dry_run_runs_with_the_thresholds_raised(thresholds, monkeypatch):
+    from spmdsim.tools.estimate import ledger
+
+    seen = []
+    real = ledger.dry_run
+
+    def dry_run(key):
+        seen.append(gc.get_threshold())
+        return real(key)
+
+    monkeypatch.setattr(ledger, "dry_run", dry_run)
+    # (a model no other test prices: gpt_ledger keeps the runs it made in this process)
+    cfg = GPTConfig(layers=2, d_model=24, heads=2, seq=12, batch=2, vocab=62, dropout=0.0)
+    assert ledger.gpt_ledger(cfg, 1, 1, 2, sp=True, gpus_per_node=8) and seen == [THRESHOLDS]
+    assert gc.get_threshold() == (700, 10, 10)

@@ -5,8 +5,10 @@ CPython collects its youngest objects after every 700 allocations and walks ever
 collection. A search (spmdsim.tools.estimate.search) keeps hundreds of thousands of them alive (the pipeline
 schedules it built, its candidates, each dry run's graph), so with the defaults the collector took 19.5 s of the
 111 s that `spmdsim autoshard` spent on the 1T model's 3,072 GPUs (docs/howto/choose-configuration.md), and 5.5
-of 38 s on the 22B model's 8; with `THRESHOLDS` 5.1 and 1.5 s, the same peak memory. Cycles are still
-collected, later. Nothing changes at import: `fewer_collections` sets the thresholds for its block only.
+of 38 s on the 22B model's 8; with `THRESHOLDS` 5.1 and 1.5 s, the same peak memory. One dry run of the 1T
+model's chosen configuration (`spmdsim estimate`, spmdsim.tools.estimate.ledger.gpt_ledger) 2.1 of 10.8 s,
+1.0 with them. Cycles are still collected, later. Nothing changes at import: `fewer_collections` sets the
+thresholds for its block only.
 """
 from __future__ import annotations
 
