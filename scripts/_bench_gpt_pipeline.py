@@ -126,7 +126,7 @@ def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
     (receives, sends), each a list of (bytes, peer, tag), from the schedule spmdsim runs
     (spmdsim.programs.pipeline.schedule.build; tags as spmdsim.models.gpt.pipeline tags them) and, on the first and the
     last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.stage_program._tie_embedding)."""
-    from spmdsim.models.gpt.stage_steps import message_tag
+    from spmdsim.models.gpt.stage_steps import op_tag
     from spmdsim.programs.pipeline.records import Compute, Post, Send
     from spmdsim.programs.pipeline.schedule import build
 
@@ -137,11 +137,7 @@ def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
             continue
         receives, sends = [], []
         for op in action.ops if isinstance(action, Post) else (action,):
-            if isinstance(op, Send):
-                sends.append((act, op.peer, message_tag(op.what, op.chunk)))
-            else:
-                sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
-                receives.append((act, op.peer, message_tag(op.what, sender)))
+            (sends if isinstance(op, Send) else receives).append((act, op.peer, op_tag(op)))
         groups.append((receives, sends))
     if pp > 1 and rank in (0, pp - 1):
         table = (cfg.vocab * cfg.d_model * 8, pp - 1 - rank, 1 << 14)  # _tie_embedding's tag

@@ -15,6 +15,8 @@ import sys
 import pytest
 from engines import mpi_requested
 
+from spmdsim.base.collector import THRESHOLDS
+
 _WORLD = None  # MPI.COMM_WORLD when running under --with-mpi/--only-mpi
 
 
@@ -23,7 +25,7 @@ _WORLD = None  # MPI.COMM_WORLD when running under --with-mpi/--only-mpi
 #: plans and candidates over ~1,000 tests), and each full pass walks all of them (~0.1 s): over the heavy
 #: test files 25 full passes took 2.9 of 55 CPU-s, 2 passes 0.6 with these (and 4% of the CPU in all). Cycles
 #: are still collected, later. The programs the tests launch keep Python's thresholds (what a user runs).
-GC_THRESHOLDS = (20000, 20, 20)
+GC_THRESHOLDS = THRESHOLDS  # spmdsim.base.collector's, as the dry-run commands and the search set them
 
 
 def _collect_garbage_less_often() -> None:

@@ -120,7 +120,7 @@ def test_the_dry_run_commands_collect_garbage_less_often_and_the_others_as_pytho
     """console() freezes what a dry-run command imported and raises the collector's thresholds (its gc share of
     the 1T estimate: 23% -> 4%), for `spmdsim estimate` and `spmdsim autoshard` alone: in a fresh Python (as the
     console script is), a pure command first leaves Python's own collector, then `estimate gpt` tunes it."""
-    from spmdsim.tools.cli.console import GC_THRESHOLDS
+    from spmdsim.base.collector import THRESHOLDS as GC_THRESHOLDS
 
     program = ("import contextlib, gc, io\n"
                "from spmdsim.tools.cli.console import console\n"

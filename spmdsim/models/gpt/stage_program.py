@@ -286,8 +286,6 @@ def _exchange(cells: _Cells, entry: tuple, mesh: Any, pp_comm: Any, groups: dict
             cells.upstream[key] = t
 
 
-
-
 def _output_layout(out: Any, act: Any, seen: dict) -> Any:
     """The layout object of `out` (a chunk's output, whose gradient is being received) where it is equal to
     `act` (the blocks' layout between chunks), else `act`: the gradient then reaches the output's node in the

@@ -2,11 +2,11 @@
 (spmdsim.models.gpt.stage_program), worked out once per program, and its messages' tags."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ...programs.pipeline.records import Compute, Post, Send
 
-__all__ = ["compiled", "compiled_once", "message_tag"]
+__all__ = ["compiled", "compiled_once", "message_tag", "op_tag"]
 
 
 def message_tag(what: str, chunk: int) -> int:
@@ -14,6 +14,13 @@ def message_tag(what: str, chunk: int) -> int:
     in the order posted, and every checked schedule posts each kind's receives in the order the peer
     sends (GPipe's gradients go in reverse microbatch order on both sides; spmdsim.programs.pipeline.check)."""
     return 2 * chunk + (what == "grad")
+
+
+def op_tag(op: Any) -> int:
+    """The tag of a Send or Recv `op`: a send's its own chunk's, a receive's the sender's (an activation from the
+    chunk before, a gradient from the chunk after)."""
+    sender = op.chunk if isinstance(op, Send) else op.chunk - 1 if op.what == "act" else op.chunk + 1
+    return message_tag(op.what, sender)
 
 
 #: Each program's `compiled` tuples by its id, the program held beside them (its id not reused meanwhile): a
@@ -43,9 +50,7 @@ def compiled(program: Sequence) -> tuple:
             continue
         sends, gets, peers, tags, posts = [], [], [], [], []
         for op in (action.ops if isinstance(action, Post) else (action,)):
-            send, act = isinstance(op, Send), op.what == "act"
-            sender = op.chunk if send else op.chunk - 1 if act else op.chunk + 1
-            tag = message_tag(op.what, sender)
+            send, act, tag = isinstance(op, Send), op.what == "act", op_tag(op)
             if send:
                 sends.append((act, (op.microbatch, op.chunk), op.peer, tag))
                 posts.append((op.peer, tag))

@@ -9,7 +9,7 @@ import importlib
 import sys
 from typing import Sequence
 
-__all__ = ["console", "INTERRUPTED", "DRY_RUN_COMMANDS", "GC_THRESHOLDS"]
+__all__ = ["console", "INTERRUPTED", "DRY_RUN_COMMANDS"]
 
 #: What a Ctrl-C that reaches the command itself prints (a run on simulated ranks says more: which were stopped).
 INTERRUPTED = "spmdsim: interrupted (Ctrl-C)"
@@ -19,10 +19,6 @@ INTERRUPTED = "spmdsim: interrupted (Ctrl-C)"
 #: them kept to the end, which Python's cyclic garbage collector walked again and again (the estimate of
 #: docs/explanation/estimate-published.md's 1T model, 128 layers on 3,072 ranks: 6 full collections, 1.1 of 6.3 CPU-s).
 DRY_RUN_COMMANDS = ("estimate", "autoshard")
-
-#: The collector's thresholds in a dry-run command, in place of Python's (700, 10, 10): cycles are still
-#: collected, later (spmdsim autoshard, 16 layers on 3,072 devices: CPU-s below, _collect_less_often).
-GC_THRESHOLDS = (20000, 20, 20)
 
 
 def console(argv: Sequence[str] | None = None) -> int:
@@ -46,9 +42,12 @@ def _collect_less_often(command: str) -> None:
     """For a dry-run command (a process of its own: console() is the console script's entry, which main() called
     in a test or a notebook is not): its module imported, everything imported so far left out of the garbage
     collector's passes (gc.freeze: modules, functions and classes are never garbage), and the collector run less
-    often (GC_THRESHOLDS). CPU-s without and with, the collector's share of each: that estimate 6.31 (23%) and
-    5.26 (4%); the 3,072-device search of docs/howto/choose-configuration.md 5.67 (5%) and 5.46 (2%); its
-    `--moe-cells` search of a 2-layer MoE GPT 4.56 (9%) and 4.35 (3%)."""
+    often (spmdsim.base.collector.THRESHOLDS, in place of Python's (700, 10, 10): cycles are still collected,
+    later). CPU-s without and with, the collector's share of each: that estimate 6.31 (23%) and 5.26 (4%); the
+    3,072-device search of docs/howto/choose-configuration.md 5.67 (5%) and 5.46 (2%); its `--moe-cells` search
+    of a 2-layer MoE GPT 4.56 (9%) and 4.35 (3%)."""
     importlib.import_module(f"{__package__}.{command}")
+    from ...base.collector import THRESHOLDS  # (here: nothing at this module's top, its docstring; loaded already)
+
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc.set_threshold(*THRESHOLDS)
