@@ -267,3 +267,19 @@ def test_matmul_and_linear_jobs_tolerance_follows_the_magnitudes_not_k_eps(kind)
         return [v.passed for v in verdicts]
 
     assert simulate(1, fn)[0] == [False, True, False]  # old: cries wolf; new: holds, and catches 0.1
+
+
+@pytest.mark.parametrize("shape, last", [
+    ("0,128,192", "max abs error: 0.000e+00  PASS (the result is empty: 0 elements compared)"),
+    ("16,128,192", None),
+])
+def test_run_says_when_its_check_compared_nothing(capsys, shape, last):
+    # --shape takes sizes of 0 (an empty batch): the check of an empty result compares no element, and says
+    # so beside its PASS; a result with elements keeps the plain line.
+    code = main(["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", shape, "--ranks", "8"])
+    line = capsys.readouterr().out.rstrip("\n").splitlines()[-1]
+    assert code == 0
+    if last is None:
+        assert line.startswith("max abs error: ") and line.endswith("  PASS")
+    else:
+        assert line == last
