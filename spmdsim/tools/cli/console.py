@@ -1,13 +1,16 @@
 """The `spmdsim` console script and `python -m spmdsim`: main() where a Ctrl-C at any moment is one line and
 exit 130, its imports included (the first second of `spmdsim demo --ranks 8` is mostly importing, and a Ctrl-C
-there printed a 66-line KeyboardInterrupt traceback). This module imports nothing else, so that the window
-before its handler is as short as the interpreter's own start allows (gc and importlib are the interpreter's own)."""
+there printed a 66-line KeyboardInterrupt traceback). This module imports nothing else but the collector's
+thresholds (spmdsim.base.collector: gc, contextlib and typing, loaded already), so that the window before its
+handler is as short as the interpreter's own start allows (gc and importlib are the interpreter's own)."""
 from __future__ import annotations
 
 import gc
 import importlib
 import sys
 from typing import Sequence
+
+from ...base.collector import collect_less
 
 __all__ = ["console", "INTERRUPTED", "DRY_RUN_COMMANDS"]
 
@@ -47,7 +50,5 @@ def _collect_less_often(command: str) -> None:
     3,072-device search of docs/howto/choose-configuration.md 5.67 (5%) and 5.46 (2%); its `--moe-cells` search
     of a 2-layer MoE GPT 4.56 (9%) and 4.35 (3%)."""
     importlib.import_module(f"{__package__}.{command}")
-    from ...base.collector import THRESHOLDS  # (here: nothing at this module's top, its docstring; loaded already)
-
     gc.freeze()
-    gc.set_threshold(*THRESHOLDS)
+    collect_less()
