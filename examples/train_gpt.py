@@ -131,7 +131,8 @@ def split(world, cfg, layers=None):
     over = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1)  # what a stage's ranks are
     for name, given in (("dp", args.dp), ("tp", args.tp)):
         if given is not None and rest % given:
-            where = f"the {rest} ranks of a stage (world size {world} / {over})" if over else f"the world size {world}"
+            where = f"the {counted(rest, 'rank')} of a stage (world size {world} / {over})" if over else \
+                f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     if args.tp is None and args.dp is None:  # both left to their default: the first tp of 4 to 1 that runs
         dp, tp, problem = default_split(rest, lambda dp, tp: stage_problem(args, cfg, dp, tp, layers), world,

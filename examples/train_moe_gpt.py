@@ -146,8 +146,10 @@ def split(world, cfg, layers):
         return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
             f"--pp {pp} must divide the world size {world}"
     if (world // (pp * cp)) % tp:
-        return None, f"--tp {tp} must divide the {world // (pp * cp)} ranks of a stage" if pp * cp > 1 else \
-            f"--tp {tp} must divide the world size {world}"
+        stage = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1)
+        where = f"the {counted(world // (pp * cp), 'rank')} of a stage (world size {world} / {stage})" if stage \
+            else f"the world size {world}"
+        return None, f"--tp {tp} must divide {where}"
     rest = world // (pp * cp) // tp
     by = folded_tp(tp, args.etp or 0)  # the tp ranks each folded experts' group takes into its ep
     rest *= by  # the experts' groups: etp x ep x dp = the stage's ranks; the mesh's "ep" axis ep / by of them
@@ -156,7 +158,8 @@ def split(world, cfg, layers):
                       if n > 1)  # (folded: the stage's ranks over the experts' tp, not attention's)
     for name, given in (("ep", args.ep), ("dp", args.dp)):
         if given is not None and rest % given:
-            where = f"the {rest} ranks of world size {world} / {over}" if over else f"the world size {world}"
+            where = f"the {counted(rest, 'rank')} left (world size {world} / {over})" if over else \
+                f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     if args.ep is None and args.dp is None:  # (folded: ep counts the experts' groups, the mesh's axis ep / by)
         def problem_of(dp, ep):

@@ -186,15 +186,17 @@ def test_fp8_without_ml_dtypes_is_one_line(monkeypatch):
     assert precision_problem("fp8") == "precision 'fp8' needs ml_dtypes: pip install -e '.[bf16]'"
 
 
-def test_fp8_refuses_what_it_does_not_run():
-    with pytest.raises(SpmdsimError, match="precision fp8 updates its scales after each step"):
-        spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, precision="fp8", replay=True))
+@pytest.mark.parametrize("name", ["fp8", "fp8-current"])
+def test_fp8_refuses_what_it_does_not_run(name):
+    """A replay of step 0 would keep its scales (each step's are made in Python): refused, naming the policy given."""
+    with pytest.raises(SpmdsimError, match=f"precision {name} makes its FP8 scales in Python each step"):
+        spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, precision=name, replay=True))
 
 
 @pytest.mark.parametrize("example", ["examples/train_gpt.py", "examples/train_moe_gpt.py"])
 @pytest.mark.parametrize("options, kept, replay, said", [
     (("--replay",), "graph", True,
-     "precision fp8 updates its scales after each step in Python: run it without --replay"),
+     "precision fp8 makes its FP8 scales in Python each step, which a replay would not: run it without --replay"),
 ])
 def test_the_examples_refuse_fp8s_options_before_their_header(example, options, kept, replay, said):
     """`--replay --precision fp8` printed the run's header (the model, the mesh, the step table's head) before the

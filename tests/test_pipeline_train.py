@@ -235,6 +235,9 @@ REFUSED_PIPELINES = [
     (["--pp", "3"],
      "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp); expected --microbatches dividing "
      "the batch, or a --batch that 6 divides"),
+    (["--microbatches", "2", "--schedule", "interleaved"],
+     "--schedule interleaved interleaves 2 model chunks a stage (the default --virtual-stages) over the pipeline's "
+     "stages: expected --pp 2 or more, got --pp 1"),
 ]
 
 
@@ -256,7 +259,8 @@ def refused_pipelines(tmp_path_factory) -> list:
 def test_train_gpt_refuses_a_pipelines_sizes_in_one_line_before_any_output(case, refused_pipelines):
     """`train_gpt.py --pp 2 --virtual-stages 2` (the 1f1b schedule) printed the run's header, "pipeline: 1f1b
     schedule, 4 microbatches" and the table's head, then refused at the schedule's build; now one line first.
-    `--pp 3` alone refused "6 microbatches" the user never wrote: the line says they are the default."""
+    `--pp 3` alone refused "6 microbatches" the user never wrote: the line says they are the default; so does
+    `--schedule interleaved` without a pipeline of the "virtual stages 2" it named."""
     argv, message = REFUSED_PIPELINES[case]
     done = refused_pipelines[case]
     assert done.returncode == 2, done

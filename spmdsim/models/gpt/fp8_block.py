@@ -26,10 +26,13 @@ from ..moe.tokens import takes
 __all__ = ["fp8_block", "settle", "fp8_problem", "policy_problem", "column", "row"]
 
 
-def fp8_problem(kept: str, replay: bool = False) -> Optional[str]:
-    """Why an FP8 run of these options cannot be made (one line), or None (either kept set runs)."""
+def fp8_problem(name: str, replay: bool = False) -> Optional[str]:
+    """Why a run under the FP8 policy `name` cannot be made with `replay` (one line), or None (either kept set runs):
+    its scales are made in Python each step (delayed: from the amax histories after the step; current: from each
+    tensor before its cast), which a replay of step 0 would not make again."""
     if replay:
-        return "precision fp8 updates its scales after each step in Python: run it without --replay"
+        return f"precision {name} makes its FP8 scales in Python each step, which a replay would not: run it " \
+               "without --replay"
     return None
 
 
@@ -40,7 +43,7 @@ def policy_problem(name: str, kept: str, replay: bool = False) -> Optional[str]:
     problem = precision_problem(name)
     if problem or get_precision(name).fp8 is None:
         return problem
-    return fp8_problem(kept, replay)
+    return fp8_problem(get_precision(name).name, replay)
 
 
 def column(model: Any, x: Any, pairs: list, site: str, names: list) -> Any:

@@ -10,7 +10,8 @@ from ...base.precision import precision as get_precision, precision_problem
 from .fp8_block import fp8_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
-from ...programs.pipeline.options import default_microbatches_problem, microbatches, pipelined, virtual_stages
+from ...programs.pipeline.options import (default_microbatches_problem, default_virtual_problem, microbatches,
+                                         pipelined, virtual_stages)
 from ...programs.pipeline.schedule import schedule_problem
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from .config import GPTConfig
@@ -65,7 +66,8 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                or context_problem(cfg, cp, tp, sp, context)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or (fp8_problem(kept, replay) if get_precision(precision).fp8 is not None else None)
+               or (fp8_problem(get_precision(precision).name, replay)
+                   if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:
         where = " x ".join(f"{a} {n}" for a, n, shown in ((PIPELINE, pp, True), (DATA, dp, True), (EXPERT, ep, moe),
@@ -86,7 +88,8 @@ def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[
     pp, cp = args.pp, args.cp
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
-        problem = default_microbatches_problem(args, cfg.batch)  # 2 x pp, the user never wrote: said so
+        # the defaults the user never wrote (2 x pp microbatches, 2 chunks a stage when interleaved): said so
+        problem = default_virtual_problem(args) or default_microbatches_problem(args, cfg.batch)
         return problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, ep=ep,
                                                   schedule=args.schedule) \
             or context_problem(cfg, cp, tp, args.sp, context_of(args))

@@ -259,7 +259,8 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     checkpoints' metadata (None without checkpoints)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or (fp8_problem(kept, replay) if get_precision(precision).fp8 is not None else None)
+               or (fp8_problem(get_precision(precision).name, replay)
+                   if get_precision(precision).fp8 is not None else None)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)

@@ -4,7 +4,8 @@
 ``--virtual-stages``, and the layers' split (`split_arguments`); `pipelined`, `microbatches` and
 `virtual_stages` read the parsed arguments with their defaults (2 x pp microbatches with a pipeline,
 2 chunks per stage with the interleaved schedule); `default_microbatches_problem` says why that
-default cannot split a batch, naming the flags.
+default cannot split a batch, and `default_virtual_problem` why the interleaved schedule's default chunks
+need a pipeline, naming the flags.
 
 The layers' split (`split_arguments`, `layer_split`; `spmdsim estimate gpt` takes the same flags):
 by default the chunks are balanced (spmdsim.models.gpt.stages: the first take one more where they do not
@@ -23,7 +24,7 @@ from typing import Any, Optional
 from .schedule import SCHEDULES
 
 __all__ = ["schedule_choice", "pipeline_arguments", "pipelined", "microbatches", "virtual_stages", "default_microbatches_problem",
-           "split_arguments", "layer_split", "split_words"]
+           "default_virtual_problem", "split_arguments", "layer_split", "split_words"]
 
 
 def schedule_choice(text: str) -> str:
@@ -172,3 +173,12 @@ def default_microbatches_problem(args: Any, batch: int) -> Optional[str]:
         return None
     return (f"batch {batch} is not divisible by {m} microbatches (the default at --pp {args.pp}: 2 x pp); "
             f"expected --microbatches dividing the batch, or a --batch that {m} divides")
+
+
+def default_virtual_problem(args: Any) -> Optional[str]:
+    """Why ``--schedule interleaved`` without ``--virtual-stages`` (2 chunks a stage by default) cannot run for want
+    of a pipeline, naming the default and the flags (the user never wrote a chunk count), or None."""
+    if args.virtual_stages is not None or args.schedule != "interleaved" or args.pp > 1:
+        return None
+    return (f"--schedule interleaved interleaves 2 model chunks a stage (the default --virtual-stages) over the "
+            f"pipeline's stages: expected --pp 2 or more, got --pp {args.pp}")
