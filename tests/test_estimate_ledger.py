@@ -205,6 +205,8 @@ def test_the_command_prints_each_stage_within_100_columns():
     (["--machine", "nowhere-dgx"], "nowhere-dgx"),
     (["--virtual-stages", "2"], "virtual stages 2 interleave the layers over the pipeline's stages (chunk k on "
                                 "stage k mod pp): they need pp 2 or more, got pp 1"),  # was a KeyError's traceback
+    (["--schedule", "interleaved"], "--schedule interleaved interleaves 2 model chunks a stage (the default "
+                                    "--virtual-stages) over the pipeline's stages: expected --pp 2 or more, got --pp 1"),
     (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be >= 1"),
     # the dry run's token ids: np.arange(2 * seq + 2) was a ValueError's traceback, or numpy asked for 149 GiB
     (["--seq", "1180591620717411303424"], "--seq 1,180,591,620,717,411,303,424 is too long; expected at most "
@@ -218,6 +220,16 @@ def test_bad_input_is_one_line(argv, message):
     text = " ".join(line.strip() for line in done.stderr.splitlines())  # one message, folded at 100 columns
     assert done.returncode != 0 and message in text and "Traceback" not in text, done.stderr
     assert text.startswith("spmdsim: error: ") and text.count("error") == 1, done.stderr
+
+
+def test_the_interleaved_schedule_takes_two_chunks_a_stage_by_default_as_the_examples_do():
+    """`--schedule interleaved --pp 2` was refused ("needs virtual stages >= 2, got 1") where examples/train_gpt.py
+    and `spmdsim pipeline` take 2 chunks a stage; now the same default, and the same step as --virtual-stages 2."""
+    default = json.loads(_cli("--pp", "2", "--layers", "8", "--schedule", "interleaved", "--json").stdout)
+    given = json.loads(_cli("--pp", "2", "--layers", "8", "--virtual-stages", "2", "--json").stdout)
+    plain = json.loads(_cli("--pp", "2", "--layers", "8", "--json").stdout)
+    assert default["config"]["virtual_stages"] == 2 and plain["config"]["virtual_stages"] == 1
+    assert default["step_time_s"] == given["step_time_s"] != plain["step_time_s"]
 
 
 @pytest.mark.parametrize("tp, sp, recompute", [(2, False, "none"), (4, True, "selective"), (2, True, "none")])

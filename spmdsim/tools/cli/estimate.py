@@ -24,7 +24,8 @@ from ...models.moe.fold import fold_problem, mesh_ep
 from ..estimate.machine import machines
 
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
-from ...programs.pipeline.options import layer_split, schedule_choice, split_arguments
+from ...programs.pipeline.options import (default_virtual_problem, layer_split, schedule_choice, split_arguments,
+                                         virtual_stages)
 from ...runtime.sim.run import MAX_DRY_RANKS
 
 __all__ = ["register", "run", "config_record", "CONFIG_FIELDS", "MAX_DRY_LAYERS", "MAX_DRY_TOKENS"]
@@ -66,9 +67,10 @@ def register(subparsers: Any) -> None:
             ("heads", 4, "attention heads"), ("seq", 64, "sequence length"), ("vocab", 128, "vocabulary size"),
             ("micro-batch", 1, "sequences per microbatch"), ("global-batch", 8, "sequences per step"),
             (TENSOR, 1, "tensor-parallel ranks"), (PIPELINE, 1, "pipeline stages"),
-            (DATA, 1, "data-parallel ranks"),
-            ("virtual-stages", 1, "model chunks per stage (interleaved)")):
+            (DATA, 1, "data-parallel ranks")):
         add_noted(parser, f"--{name}", type=int, default=default, metavar="N", help=f"{what} (default {default})")
+    add_noted(parser, "--virtual-stages", type=int, default=None, metavar="N",  # as the examples' and `pipeline`'s
+              help="model chunks per stage (interleaved) (default 2 with --schedule interleaved, else 1)")
     split_arguments(parser)  # --first-stage-layers, --last-stage-layers, --stage-layers (default: balanced)
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
@@ -179,6 +181,11 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     for flag, default in MOE_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
+    if args.virtual_stages is None:  # spmdsim.programs.pipeline.options.virtual_stages' default, said if refused
+        problem = default_virtual_problem(args)
+        if problem:
+            raise SpmdsimError(problem)
+        args.virtual_stages = virtual_stages(args)
     for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR, PIPELINE, DATA,
                  "virtual_stages", EXPERT, "moe_every", "pad_vocab_to", "cp"):
         value = getattr(args, name)
