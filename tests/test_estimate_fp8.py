@@ -50,10 +50,6 @@ def test_a_machine_without_an_fp8_peak_is_refused_in_one_line():
     assert " ".join(err.split()) == ("spmdsim: error: --precision fp8: machine 'a100-dgx' has no fp8 peak (peak_flops "
                                      "gives bf16, fp16, tf32, fp32, fp64); give a machine whose file has one, such "
                                      "as h100-dgx")
-    code, out, err = run_here("main", ["estimate", "gpt", "--precision", "fp8", "--machine", "h100-dgx", "--zero", "3",
-                                       "--dp", "8", "--global-batch", "8"])
-    assert code == 2 and "precision fp8 with ZeRO-3: the fully sharded step runs without FP8 linear layers" in \
-        " ".join(err.split()), err
 
 
 CFG = GPTConfig(layers=3, d_model=32, heads=4, seq=16, batch=4, vocab=128, dropout=0.0)
@@ -82,6 +78,29 @@ def test_the_ledger_prices_the_fp8_blocks_and_products_the_dry_run_made():
     assert dtypes["fp8"] + dtypes["bf16"] == st.flops()
     (plain,) = gpt_ledger(CFG, 1, 2, 1)
     assert st.flops() == plain.flops()
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])  # the fully sharded step (sharded_run), and the pipeline trainer's
+def test_zero_3_runs_the_fp8_products_and_keeps_its_gathered_weights_e4m3_copies(microbatches):
+    """ZeRO-3 under FP8 (once refused: the fully sharded dry run ran without the FP8 policy): the same FP8 products,
+    scales and e4m3 copies as ZeRO-1's step, the weights' copies whole (each made from the gathered weight and kept
+    for the backward, a byte an element), the parameters sharded over dp."""
+    (z3,) = gpt_ledger(CFG, 1, 2, 1, zero=3, microbatches=microbatches, fp8=True)
+    (z1,) = gpt_ledger(CFG, 1, 2, 1, zero=1, microbatches=microbatches, fp8=True)
+    (plain,) = gpt_ledger(CFG, 1, 2, 1, zero=3, microbatches=microbatches)
+    T, B, D, F, L = CFG.seq, CFG.batch // 2 // microbatches, CFG.d_model, 4 * CFG.d_model, CFG.layers
+
+    def copies(run):  # the e4m3 copies of the linear layers' inputs and weights, a byte each
+        return sum(n for kind, n in run.memory.kept if kind.endswith(" fp8"))
+
+    inputs = L * (T * B * D + T * B * D + T * B * D + T * B * F)  # QKV's (cast once), the projection's, fc1's, fc2's
+    assert copies(z3) == copies(z1) == L * (3 * D * D + D * D + D * F + F * D) + inputs and copies(plain) == 0
+    assert z3.scales == z1.scales > 0 and z3.memory.params * 2 == z1.memory.params
+    at = {}
+    for run in (z3, z1):
+        for g, n in gemms_at(run.gemms, "fp8"):
+            at[run is z3, g.dtype] = at.get((run is z3, g.dtype), 0) + g.flops * n
+    assert at[True, "fp8"] == at[False, "fp8"] > 0 and at[True, "bf16"] == at[False, "bf16"]
 
 
 def test_under_megatrons_kept_set_the_e4m3_copies_replace_the_linear_layers_inputs():

@@ -28,15 +28,15 @@ SMALL = GPTConfig(layers=2, d_model=32, heads=4, seq=32, vocab=64, batch=4, drop
 @pytest.fixture(scope="module", params=["megatron", "graph"])
 def exhaustive(request):
     """(kept, {config: (seconds, bytes held, peak bytes)}): every configuration of SMALL on 4 devices without
-    context parallelism the FP8 step runs (all but ZeRO-3), priced by its own FP8 dry run, under each kept set."""
+    context parallelism (ZeRO 0 to 3), priced by its own FP8 dry run, under each kept set."""
     kept = request.param
-    return kept, {c: price(SMALL, c, H100, "fp8", kept) for c in configurations(SMALL, 4, 8, cp=1) if c.zero != 3}
+    return kept, {c: price(SMALL, c, H100, "fp8", kept) for c in configurations(SMALL, 4, 8, cp=1)}
 
 
 def test_every_bound_lies_below_the_fp8_price_and_the_search_chooses_the_fastest(exhaustive):
     kept, exhaustive = exhaustive
     cells = Cells(SMALL, kept, 8, fp8=True)
-    assert {c.zero for c in exhaustive} == {0, 1, 2}
+    assert {c.zero for c in exhaustive} == {0, 1, 2, 3}
     assert {c.pp for c in exhaustive} == {1, 2} and {c.tp for c in exhaustive} == {1, 2, 4}
     assert {c.recompute for c in exhaustive} == {"none", "selective", "full"} and {c.sp for c in exhaustive} == {0, 1}
     for c, (seconds, nbytes, _) in exhaustive.items():
@@ -72,9 +72,7 @@ def test_the_pages_fp8_search_prints_what_it_quotes_and_its_estimate_command_the
 
 @pytest.mark.parametrize("extra, message", [
     (["--machine", "a100-dgx"], "--precision fp8: machine 'a100-dgx' has no fp8 peak (peak_flops gives bf16, "
-                                "fp16, tf32, fp32, fp64); give a machine whose file has one, such as h100-dgx"),
-    (["--machine", "h100-dgx", "--fix", "zero=3"],
-     "--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")])
+                                "fp16, tf32, fp32, fp64); give a machine whose file has one, such as h100-dgx")])
 def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, message):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=4",
             "--devices", "4", "--precision", "fp8", *extra]
@@ -82,8 +80,7 @@ def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, me
     err = unfold(capsys.readouterr().err)
     assert err.rstrip("\n") == f"spmdsim: error: {message}"
     with pytest.raises(SpmdsimError):
-        search(SMALL, 8, load_machine(extra[1]), 1 << 40, precision="fp8",
-               fixed={"zero": 3} if "zero=3" in extra else None)
+        search(SMALL, 8, load_machine(extra[1]), 1 << 40, precision="fp8")
 
 
 def test_an_fp8_search_with_workers_chooses_as_alone(capsys):

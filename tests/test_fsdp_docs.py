@@ -22,13 +22,13 @@ def _shown() -> list:
 
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
-    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 3 + [True] * 4 + \
-        [False] * 4
+    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 3 + [True] * 5 + \
+        [False] * 5
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[14:])  # a subcommand's name in prose
+    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[15:])  # a subcommand's name in prose
 
 
-@pytest.mark.parametrize("index", [0, 5, 6, 10, 11, 12, 13])
+@pytest.mark.parametrize("index", [0, 5, 6, 10, 11, 12, 13, 14])
 def test_a_quoted_command_prints_what_the_page_quotes(index):
     assert_prints_quote(_shown()[index])
 

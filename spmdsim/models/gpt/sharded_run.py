@@ -4,7 +4,7 @@ estimate's dry run (spmdsim.tools.estimate.ledger.gpt_ledger) reads its ledger a
 stage, one microbatch in flight, the step's trace."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -26,6 +26,7 @@ class ShardedRun:
     mesh: Any
     stage: int = 0
     in_flight: tuple = (1,)
+    models: dict = field(default_factory=dict)  # the one model, as a stage's chunks (its FP8 scales: the ledger's)
 
     def close(self) -> None:
         self.mesh.close()
@@ -35,7 +36,8 @@ def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, te
                   sp: bool = False, schedule: str = "1f1b", microbatches: int = 1, virtual: int = 1,
                   recompute: str = "none", zero: int = 3, kept: str = "graph", memory: bool = False,
                   check: bool = True, ep: int = 1, split: Any = None,
-                  reshard_after_forward: bool = True, prefetch: bool = False) -> tuple[ShardedRun, list]:
+                  reshard_after_forward: bool = True, prefetch: bool = False,
+                  precision: Any = "fp64") -> tuple[ShardedRun, list]:
     """`train(..., zero=3)` on a (dp, tp) mesh over `comm`, its steps traced: (the runner, one StepResult a step).
     `schedule` and `split` have nothing to choose on one stage; the other pipeline arguments are refused where
     they ask for more than one stage, microbatch or expert rank (`sharded_problem`)."""
@@ -45,5 +47,5 @@ def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, te
     with collect_trace() as trace:
         model, results = train(cfg, comm, dp, tp, steps, text_ids, sp=sp, check=check, recompute=recompute,
                                zero=zero, memory=memory, kept=kept, reshard_after_forward=reshard_after_forward,
-                               prefetch=prefetch, ep=ep)
-    return ShardedRun(model.params, trace, model.mesh), results
+                               prefetch=prefetch, ep=ep, precision=precision)
+    return ShardedRun(model.params, trace, model.mesh, models={0: model}), results

@@ -179,10 +179,6 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
     routes by cfg.moe.dry_routing); `cp` context-parallel ranks a stage, attention by `cp_method`
     (spmdsim.models.gpt.context); `fp8`: the linear layers' products in FP8 (`FP8_RUN`). An equal call made
     before in this process gives that run's ledgers (`_LEDGERS`)."""
-    if fp8 and zero == 3:
-        raise SpmdsimError("precision fp8 with ZeRO-3: the fully sharded step runs without FP8 linear layers; "
-                           "give --zero 0, 1 or 2")
-
     if not (type(gpus_per_node) is int and gpus_per_node >= 1):
         raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
     key = dry_key(cfg, pp, dp, tp, sp=sp, microbatches=microbatches, schedule=schedule, virtual=virtual,
@@ -247,9 +243,9 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
             run, steps = trainer(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
+                                         precision=FP8_RUN if fp8 else "fp64",
                                          **({"prefetch": prefetch} if trainer is train_sharded else
-                                            {"cp": cp, "context": Context(method) if cp > 1 else None,
-                                             "precision": FP8_RUN if fp8 else "fp64"}))
+                                            {"cp": cp, "context": Context(method) if cp > 1 else None}))
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())

@@ -175,7 +175,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         args = (cfg, devices, machine, memory_limit, precision, kept, max_dry_runs, pricer, cells, moe_cells, fixed,
                 ahead)
         result = _searched(*args, sharded=cfg.moe is None or zero == 3)
-        if result.chosen is None and cfg.moe is not None and zero is None and not PRECISIONS[precision].fp8:
+        if result.chosen is None and cfg.moe is not None and zero is None:
             result = replace(_searched(*args, sharded=True), sharded=True)
     return result
 
@@ -211,8 +211,6 @@ def _check_search(precision: str, kept: str, max_dry_runs: Any, memory_limit: An
     """`search`'s arguments: one line naming the first bad one."""
     if precision not in PRECISIONS:
         raise SpmdsimError(f"precision {precision!r} is unknown; expected one of {tuple(PRECISIONS)!r}")
-    if PRECISIONS[precision].fp8 and (fixed or {}).get("zero") == 3:  # (ledger.gpt_ledger's refusals)
-        raise SpmdsimError("--precision fp8 with --fix zero=3: the FP8 step runs without ZeRO-3; leave it out")
     if isinstance(max_dry_runs, bool) or not isinstance(max_dry_runs, int) or max_dry_runs < 1:
         raise SpmdsimError(f"max dry runs {max_dry_runs!r} must be an integer >= 1")
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 1:
@@ -237,11 +235,10 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     cp = (fixed or {}).get("cp") if contexts else 1
     etp = (fixed or {}).get("etp")
     etps = (etp,) if isinstance(etp, int) and etp > 1 else ()  # an experts' tp between 1 and tp: --fix etp=N
-    every = _runs_at(precision, configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded,
-                                               etps, between))
+    every = configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded, etps, between)
     if fixed and not every:  # every cp the search takes, for the line that names them
-        every = _runs_at(precision, configurations(cfg, devices, machine.gpus_per_node, methods=methods,
-                                                   folded=folded, sharded=sharded, etps=etps, between=between))
+        every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded, sharded=sharded,
+                               etps=etps, between=between)
     for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
@@ -251,14 +248,6 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
                            f"{cfg.heads} and vocab {cfg.vocab_words} within a node of {machine.gpus_per_node}, pp the "
                            f"layers {cfg.layers}, dp the batch {cfg.batch})" + (f"; {note}" if note else ""))
     return bounded, sums
-
-
-def _runs_at(precision: str, configs: list) -> list:
-    """The configurations of `configs` whose step runs at `precision`: under "fp8" none with ZeRO-3 (the FP8
-    step runs without it: spmdsim.tools.estimate.ledger.gpt_ledger)."""
-    if not PRECISIONS[precision].fp8:
-        return configs
-    return [c for c in configs if c.zero != 3]
 
 
 @dataclass(frozen=True)
