@@ -361,6 +361,31 @@ def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():
     assert stage.memory.gathered == ahead[0][0][-1].memory.gathered
 
 
+def test_a_pipelined_zero3_step_reports_the_layer_it_gathers_as_the_plain_step_does():
+    """Under several microbatches (spmdsim.models.gpt.pipeline's trainer) the step reported no gathered
+    parameters, so the estimate's peak left out the layer a ZeRO-3 step gathers for each forward and backward;
+    now the most held at once: one layer and its gathered buffer, as the plain step's beyond its root (which a
+    pipeline's microbatch holds in its graph, among the kept bytes), the real run's and the dry run's alike."""
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.sharded_run import train_sharded
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    def body(microbatches):
+        trainer = train_pipelined if microbatches > 1 else train_sharded
+        run, steps = trainer(CFG, spmdsim.world(), 1, 2, 2, 2, TEXT, microbatches=microbatches, zero=3, memory=True)
+        layer = 2 * sum(p.local.nbytes for n, p in run.params.items() if n.startswith("h0."))  # gathered over dp 2
+        run.close()
+        return steps, layer
+
+    plain, split = (spmdsim.simulate(4, body, m) for m in (1, 2))
+    for (a, layer), (b, _) in zip(plain, split):
+        assert all(r.passed for r in a + b)
+        assert b[-1].memory.gathered == 2 * layer and b[-1].memory.gathered_kept == 0
+        assert a[-1].memory.gathered - a[-1].memory.gathered_kept == 2 * layer
+    (stage,) = gpt_ledger(CFG, 1, 2, 2, zero=3, microbatches=2)
+    assert stage.memory.gathered == split[0][0][-1].memory.gathered
+
+
 def test_the_estimate_prices_zero3s_gathers_and_hides_them_only_when_prefetched():
     """`spmdsim estimate --zero 3`: the gathers are phase "parameters" on their links, the Reduce_scatters
     "gradients" (hidden under the backward); with --prefetch the gathers hide under the layers' compute, at most

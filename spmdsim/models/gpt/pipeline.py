@@ -36,6 +36,7 @@ every stage's parameters at the start of the step, compared on every rank.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -147,7 +148,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         *errors, flip, rounding = UNCHECKED if checker is None else checker.errors(value, x, y, step)
         totals, (dispatch, ledger) = trace.totals(), st.experts(trace)
         result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
-                            watch.report(step, replay and step > 0) if watch is not None else None, dispatch, ledger,
+                            st.memory_report(watch, step, replay and step > 0), dispatch, ledger,
                             mixed_tolerances(policy, cfg), _norm(optimizer if zero else None, st.norms), flip,
                             rounding)
         results.append(result)
@@ -312,6 +313,18 @@ class _Pipelined:
                      wait=polite_wait if mesh.polite else None)
             value = float(total[0])
         return value
+
+    def memory_report(self, watch: Any, step: int, replayed: bool) -> Any:
+        """The step's MemoryReport (None without `memory`); under ZeRO-3 with the most parameters gathered at once
+        in any of the stage's chunks (spmdsim.nn.fsdp.FullyShard.most: a layer's, gathered for its forward or
+        backward and freed after it), as the unpipelined step reports them; none the graph keeps (a
+        microbatch's root, which its graph holds, is in the kept bytes: GPT._root)."""
+        if watch is None:
+            return None
+        report = watch.report(step, replayed)
+        if self.fsdp:
+            report = replace(report, gathered=max(self.models[c].fsdp.most for c in self.mine), gathered_kept=0)
+        return report
 
     def begin(self, x: np.ndarray, y: np.ndarray, replay: bool, first: bool) -> tuple:
         """Before a step on the batch (x, y): the MoE layers' figures emptied (a replay's kernels rewrite the
