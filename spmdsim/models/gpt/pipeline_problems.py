@@ -13,11 +13,12 @@ from ...nn.autograd.kept import kept_problem
 from ...programs.pipeline.options import (default_microbatches_problem, default_virtual_problem, microbatches,
                                          pipelined, virtual_stages)
 from ...programs.pipeline.schedule import schedule_problem
-from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
+from ...layouts.layout import Layout
+from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR, model_layout
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
-from .layouts import batch_split, folded_by, mesh_problem
+from .layouts import batch_split, folded_by, fsdp_problem, mesh_problem
 from .memory import recompute_problem, zero_problem
 from .options import context_of
 from .stages import pipeline_problem
@@ -90,7 +91,19 @@ def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[
         m, v = microbatches(args), virtual_stages(args)
         # the defaults the user never wrote (2 x pp microbatches, 2 chunks a stage when interleaved): said so
         problem = default_virtual_problem(args) or default_microbatches_problem(args, cfg.batch)
-        return problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, ep=ep,
-                                                  schedule=args.schedule) \
-            or context_problem(cfg, cp, tp, args.sp, context_of(args))
-    return mesh_problem(cfg, dp, tp, args.sp, ep) or context_problem(cfg, cp, tp, args.sp, context_of(args))
+        problem = problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, ep=ep,
+                                                     schedule=args.schedule)
+    else:
+        problem = mesh_problem(cfg, dp, tp, args.sp, ep)
+    return problem or context_problem(cfg, cp, tp, args.sp, context_of(args)) or _shards_problem(args, cfg, dp, tp, ep)
+
+
+def _shards_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, ep: int) -> Optional[str]:
+    """Under --zero 3, why fully_shard cannot shard the parameters on the stage's mesh (spmdsim.models.axes.
+    model_layout, as the examples make it: ep with MoE layers, cp, the experts' etp), or None; HSDP's
+    --shard-group shards over fewer ranks, refused by its own check."""
+    if str(args.zero) != "3" or getattr(args, "shard_group", None) is not None:
+        return None
+    mesh = model_layout(tp, dp, ep=ep if cfg.moe is not None else None, cp=args.cp if args.cp > 1 else None,
+                        etp=getattr(args, "etp", None) or 0)
+    return fsdp_problem(cfg, Layout(*mesh), args.sp)
