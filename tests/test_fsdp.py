@@ -395,7 +395,7 @@ def test_a_pipelined_zero3_step_reports_the_layer_it_gathers_as_the_plain_step_d
      "shards (axes ('ep', 'dp')); fully sharded data parallelism splits dim 0 evenly")])
 def test_shards_zero3_cannot_make_are_refused_before_the_examples_header(example, argv, message):
     """fully_shard's refusal came after the examples printed the model, the mesh and the steps' header; now the
-    same line (spmdsim.models.gpt.layouts.fsdp_problem) before any."""
+    same line (spmdsim.models.gpt.pipeline_problems.fsdp_problem) before any."""
     from docs_commands import run_example
     from testkit import unfold
 

@@ -42,15 +42,13 @@ from ...errors import SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
-from ..axes import DATA, EXPERT, EXPERT_TENSOR, TENSOR, tensor_entry
+from ..axes import EXPERT, EXPERT_TENSOR, TENSOR, tensor_entry
 from ..moe.fold import fold_of, fold_problem, folded_tp
 from ...layouts.dialects.dtensor import placements_to_layout
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
-from ...nn.fsdp import shard_group, shard_problem
 
-__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "batch_split", "folded_by", "mesh_problem", "written",
-           "fsdp_problem"]
+__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "batch_split", "folded_by", "mesh_problem", "written"]
 
 
 def batch_split(dp: int, ep: int, by_tp: int = 1, etp: int = 1) -> str:
@@ -103,20 +101,6 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Opt
               (cfg.padded_vocab % tp, _vocab_problem(cfg, tp)),
               (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
     return next((text for bad, text in checks if bad), None)
-
-
-def fsdp_problem(cfg: GPTConfig, layout: Layout, sp: bool = False) -> Optional[str]:
-    """Why ZeRO-3 cannot shard the GPT's parameters on a stage's mesh `layout` (spmdsim.models.axes.model_layout),
-    or None: fully_shard's own refusal (spmdsim.nn.fsdp.shard_problem: each parameter's dim 0 split evenly over
-    the axes that split it and the data axes it is replicated over, dp and ep for the dense ones), asked of
-    Megatron's layouts before a trainer prints a line or runs a collective. Pure."""
-    layouts = megatron_layouts(cfg, layout, sp)
-    group = shard_group(layout, {"data": DATA, "expert": EXPERT})
-    for spec in param_specs(cfg):
-        problem = shard_problem(spec.name, layouts[spec.name], spec.shape, group)
-        if problem:
-            return f"--zero 3: {problem}"
-    return None
 
 
 def _vocab_problem(cfg: GPTConfig, tp: int) -> str:

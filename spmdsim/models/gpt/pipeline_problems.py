@@ -10,6 +10,7 @@ from ...base.precision import precision as get_precision, precision_problem
 from .fp8_block import fp8_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
+from ...nn.fsdp import shard_group, shard_problem
 from ...programs.pipeline.options import (default_microbatches_problem, default_virtual_problem, microbatches,
                                          pipelined, virtual_stages)
 from ...programs.pipeline.schedule import schedule_problem
@@ -18,13 +19,14 @@ from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR, model_layout
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
-from .layouts import batch_split, folded_by, fsdp_problem, mesh_problem
+from .layouts import batch_split, folded_by, megatron_layouts, mesh_problem
+from .params import param_specs
 from .memory import recompute_problem, zero_problem
 from .options import context_of
 from .stages import pipeline_problem
 from .train import refuse_run, replay_problem
 
-__all__ = ["pipeline_layout_problem", "refuse_pipelined"]
+__all__ = ["pipeline_layout_problem", "refuse_pipelined", "fsdp_problem"]
 
 
 def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
@@ -107,3 +109,17 @@ def _shards_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, ep: int) -> Opt
     mesh = model_layout(tp, dp, ep=ep if cfg.moe is not None else None, cp=args.cp if args.cp > 1 else None,
                         etp=getattr(args, "etp", None) or 0)
     return fsdp_problem(cfg, Layout(*mesh), args.sp)
+
+
+def fsdp_problem(cfg: GPTConfig, layout: Layout, sp: bool = False) -> Optional[str]:
+    """Why ZeRO-3 cannot shard the GPT's parameters on a stage's mesh `layout` (spmdsim.models.axes.model_layout),
+    or None: fully_shard's own refusal (spmdsim.nn.fsdp.shard_problem: each parameter's dim 0 split evenly over
+    the axes that split it and the data axes it is replicated over, dp and ep for the dense ones), asked of
+    Megatron's layouts before a trainer prints a line or runs a collective. Pure."""
+    layouts = megatron_layouts(cfg, layout, sp)
+    group = shard_group(layout, {"data": DATA, "expert": EXPERT})
+    for spec in param_specs(cfg):
+        problem = shard_problem(spec.name, layouts[spec.name], spec.shape, group)
+        if problem:
+            return f"--zero 3: {problem}"
+    return None
