@@ -81,3 +81,19 @@ def test_the_prefetch_figures_are_the_estimates():
     text = " ".join((ROOT / DOC).read_text().split())
     assert "1.13 GiB of gathered layers instead of 0.75 GiB for the 7.5B model" in text
     assert "the gathers take 174 ms a step" in text and "prefetching hides all of them" in text
+
+
+def test_the_fp8_figures_are_the_quoted_commands():
+    """"Under FP8": the e4m3 copies' bytes (the quoted line's two fp8 kinds), of them the four layers' weights whole
+    (a byte each: QKV, the projection, fc1, fc2 at d_model 128), and the bf16 parameter shards rank 0 holds."""
+    quote = _shown()[14]
+    assert "--precision fp8" in quote.command and "--zero 3" in quote.command
+    done = run_quoted(quote.command)
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
+    fp8 = sum(int(n.replace(",", "")) for n in re.findall(r"(?:mlp|attention) fp8 ([\d,]+)", done.stdout))
+    params = int(re.search(r"parameters ([\d,]+), gradients", done.stdout).group(1).replace(",", ""))
+    d = 128
+    weights = 4 * (4 * d * d + 2 * d * 4 * d)
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert f"Of the {fp8:,} bytes of e4m3 copies, {weights:,} are the four layers' weights whole" in text
+    assert f"almost twice the {params:,} bytes of bfloat16 parameter shards" in text and 1.8 < weights / params < 2
