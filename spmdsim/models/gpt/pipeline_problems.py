@@ -6,8 +6,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ...base.precision import precision as get_precision, precision_problem
-from .fp8_block import fp8_problem
+from .fp8_block import policy_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
 from ...nn.fsdp import shard_group, shard_problem
@@ -68,9 +67,7 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
                or context_problem(cfg, cp, tp, sp, context)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or (fp8_problem(get_precision(precision).name, replay)
-                   if get_precision(precision).fp8 is not None else None)
+               or (replay_problem(cfg) if replay else None) or policy_problem(precision, kept, replay)
                or text_problem(text_ids, cfg))
     if problem:
         where = " x ".join(f"{a} {n}" for a, n, shown in ((PIPELINE, pp, True), (DATA, dp, True), (EXPERT, ep, moe),

@@ -48,9 +48,9 @@ from ...nn.autograd.kept import kept_problem
 from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
-from ...base.precision import precision as get_precision, precision_problem
+from ...base.precision import precision as get_precision
 from .tolerances import tolerances as mixed_tolerances
-from .fp8_block import fp8_problem
+from .fp8_block import policy_problem
 from .params import param_specs
 from .wholes import Regions, assemble, regions
 from ...errors import SpmdsimError
@@ -258,9 +258,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made; the
     checkpoints' metadata (None without checkpoints)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or (fp8_problem(get_precision(precision).name, replay)
-                   if get_precision(precision).fp8 is not None else None)
+               or (replay_problem(cfg) if replay else None) or policy_problem(precision, kept, replay)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
