@@ -28,7 +28,7 @@ _ELSEWHERE = (
     (re.compile(r"^python examples/train_moe_gpt\.py --ranks 8 --pp .* --replay "),
      "tests/test_moe.py: its output, and each stage's program run at step 0 alone"),
     (re.compile(r"^python scripts/estimate_tables\.py$"),
-     "tests/test_estimate_tables.py: its fast rows against the quoted table (all 18 take about 95 s)"),
+     "tests/test_estimate_tables.py: its fast rows against the quoted table (all 18 take about 65 s)"),
     (re.compile(r"^spmdsim autoshard --network gpt --gpt layers=16,d_model=25600,.* --devices 3072 --memory-limit 8\.5G "),
      "tests/test_estimate_bounds.py: its output against the quote, and the search's choice and counts"),
     (re.compile(r"^python examples/train_gpt\.py --ranks 8 .* --replay$"),
