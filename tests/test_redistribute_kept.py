@@ -40,3 +40,36 @@ def test_a_kept_move_serves_only_its_own_mesh_shape_and_dtype():
     for _, kept, left in spmdsim.simulate(4, body):
         assert kept == 2 * 4 * 2  # per mesh: 4 (shape, dtype) x 2 directions
         assert left == 0
+
+
+@pytest.mark.usefixtures("empty_tables")
+def test_a_given_plan_is_checked_and_compiled_once_per_mesh_and_goes_with_it(monkeypatch):
+    """A plan the caller gives (a network's hops, `spmdsim redistribute`) is checked against the move and compiled
+    at its first use on a mesh, then found again by its ids; a plan that does not fit the move is refused every
+    time; the mesh's kept programs go when it closes."""
+    from spmdsim.errors import PlanError
+    from spmdsim.programs.plan import plan_redistribution
+
+    layout = Layout((2, 2), ("dp", "tp"))
+    rows, cols = layout("dp", None), layout(None, "tp")
+    compiled = []
+    real = executor._compile
+    monkeypatch.setattr(executor, "_compile", lambda plan, mesh, cls: compiled.append(plan) or real(plan, mesh, cls))
+
+    def body():
+        mesh = Mesh(layout)
+        a = np.arange(48.0).reshape(8, 6)
+        plan = plan_redistribution(rows, cols, (8, 6), "float64")
+        other = plan_redistribution(rows, cols, (4, 6), "float64")  # another shape's plan
+        x = DTensor.from_global(mesh, a, rows)
+        for _ in range(3):
+            np.testing.assert_array_equal(executor.redistribute(x, cols, plan).gather(), a)
+            with pytest.raises(PlanError, match="does not fit"):
+                executor.redistribute(x, cols, other)
+        kept = [key for key in list(executor._MOVES) if key[0] == id(mesh) and key[1] == "given"]
+        mesh.close()
+        left = [key for key in list(executor._MOVES) if key[0] == id(mesh)]
+        return len(kept), len(left)
+
+    assert spmdsim.simulate(4, body) == [(1, 0)] * 4
+    assert len(compiled) == 4  # once a rank: the later calls found their program

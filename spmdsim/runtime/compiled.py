@@ -61,6 +61,8 @@ PROGRAMS = ProgramCache()
 # hash and compare in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both
 # layouts, so their ids are never another object's while it lives, and a mesh's entries go when the mesh does
 # (ProgramCache: its weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
+# A plan the caller gives is kept here too, under (id(mesh), "given", id(plan), id(source), id(target), shape,
+# the tensor's class) -> (plan, source, target, program).
 _MOVES: dict = {}
 _MOVES_MAX = 4096
 

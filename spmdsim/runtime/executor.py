@@ -9,7 +9,6 @@ program first runs. Compiled redistributions live in `PROGRAMS`, per mesh.
 """
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -21,19 +20,18 @@ from ..layouts.layout import Layout, TensorLayout
 from ..layouts.notation import move_name
 from ..programs.plan import Plan, plan_redistribution
 from ..base.buffers import CAPTURE as _CAPTURE
-from ..base.buffers import empty as _new_block  # placed for MPI's copies (spmdsim.base.buffers)
 from ..base.buffers import kept_empty as _kept_empty
-from ..programs.plan.kernels import exchange_program, local_slice, local_zero
+from ..programs.plan.kernels import local_slice, local_zero
 from ..programs.plan.uneven import check_fits, group_pieces, is_uneven
 from ..programs.plan.steps import (Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter,
                                    Step, step_label)
 from . import debug_calls, door
 # KERNELS: the collectives themselves where this thread does not capture (no wrapper's frame)
-from .collectives import KERNELS, exchange
-from .exchange import exchange_boxes, group_alltoallv
+from .collectives import KERNELS
+from .exchange import group_alltoallv
 from ..programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAlltoall, BlockAlltoallv, BlockReduceScatter,
                                       Messages)
-from .exchange_spec import ExchangeSpec
+from .exchange_runner import exchange_runner
 from .mesh import Mesh
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
@@ -270,14 +268,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             for run, step, step_mesh, label in program.steps:
                 local = run(step, step_mesh, local, shape, label, False)
     else:
-        if not isinstance(target, TensorLayout):
-            raise PlanError(f"target {target!r} must be a TensorLayout")
-        if plan.source != source or plan.target != target or plan.shape != shape:
-            raise PlanError(
-                f"plan {plan.source} -> {plan.target} on shape {plan.shape!r} does not fit "
-                f"{source} -> {target} on shape {shape!r}"
-            )
-        program = _compile(plan, mesh, type(dtensor))
+        program = _given(plan, mesh, source, target, shape, type(dtensor))
         name = reads = None
         for run, step, step_mesh, label in program.steps:
             local = run(step, step_mesh, local, shape, label, False)
@@ -291,6 +282,34 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     if recorded is not None:  # in autograd's graph (Leaf or Node): it records the move
         recorded.moved(out, dtensor, name, reads)
     return out
+
+
+def _given(plan: Plan, mesh: Any, source: TensorLayout, target: Any, shape: tuple, cls: Any) -> "_Compiled":
+    """`redistribute`'s program for a plan the caller gives (a network's hops, `spmdsim redistribute`): checked
+    against the tensor's move and compiled the first time, then found by the ids of the plan, the mesh and both
+    layouts (`_MOVES`, whose entry holds the three objects, so no other object has their ids while it lives,
+    and goes with the mesh): a net's step gives the same plan objects every time."""
+    key = (id(mesh), "given", id(plan), id(source), id(target), shape, cls)
+    try:
+        return _MOVES[key][3]
+    except KeyError:
+        pass
+    except TypeError:  # a size that does not hash: checked below, not kept
+        key = None
+    if not isinstance(target, TensorLayout):
+        raise PlanError(f"target {target!r} must be a TensorLayout")
+    if plan.source != source or plan.target != target or plan.shape != shape:
+        raise PlanError(
+            f"plan {plan.source} -> {plan.target} on shape {plan.shape!r} does not fit "
+            f"{source} -> {target} on shape {shape!r}"
+        )
+    program = _compile(plan, mesh, cls)
+    if key is not None:
+        PROGRAMS.of(mesh)  # the mesh registered: its moves go with it
+        if len(_MOVES) >= _MOVES_MAX:
+            _MOVES.clear()
+        _MOVES[key] = (plan, source, target, program)
+    return program
 
 
 _new = object.__new__
@@ -338,60 +357,8 @@ def _compile(plan: Plan, mesh: Any, cls: Any) -> _Compiled:
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
-        run = (_exchange_runner(step, step_mesh, plan.shape) if isinstance(step, Exchange)
+        run = (exchange_runner(step, step_mesh, plan.shape) if isinstance(step, Exchange)
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
     return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), cls)
-
-
-def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
-    """The Exchange runner for this rank: boxes, counts and offsets worked out once."""
-    rank = mesh.rank
-    if step.bytes_received and not any(step.bytes_received):  # no rank lacks any of its new block: no call
-        return _kept_runner(exchange_program(step, rank, shape))
-    if mesh.engine.dry:  # one rank runs for all: the step record says what each rank moves
-        return _told(mesh.engine, _exchange_runner_of(step, rank, shape))
-    return _exchange_runner_of(step, rank, shape, mesh.engine.moves_boxes and mesh.algorithms is None)
-
-
-def _kept_runner(program: Any) -> Runner:
-    """An Exchange that moves nothing (each rank's new block lies inside its old one, as where the meshes
-    share no refinement): this rank's part copied out, no Alltoallv of empty counts (not traced)."""
-    def run(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
-        return program.assemble(local, ())
-    return run
-
-
-def _told(engine: Any, run: Runner) -> Runner:
-    def told(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
-        engine.ran(step)
-        return run(step, mesh, local, shape, label, owned)
-    return told
-
-
-def _exchange_runner_of(step: Exchange, rank: int, shape: tuple, boxes: bool = False) -> Runner:
-    """`step`'s runner on `rank`: by `exchange_boxes` where `boxes` (ranks that share memory), else packed."""
-    program = exchange_program(step, rank, shape)
-    spec = ExchangeSpec.build(
-        step.before.layout.num_devices, rank, step.before.local_shape(shape, rank), program.sends,
-        [(src, math.prod(box_shape)) for src, _, box_shape in program.places],
-    )
-    slots = tuple((lo, hi) for _, lo, hi in spec.recv_slots)  # in program.places order
-    total = spec.recv_total
-    out_shape = program.out_shape
-    # The new block arrives whole from one peer (a permutation of blocks): receive it in place.
-    whole = (program.own is None and len(program.places) == 1
-             and program.places[0][2] == out_shape and math.prod(out_shape) == total)
-
-    def run(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
-        if boxes:  # ranks that share memory: each box copied once, from its view into its place
-            return exchange_boxes(mesh, local, spec, program, label)
-        if whole:
-            out = _new_block(out_shape, local.dtype)
-            exchange(mesh, local, spec, label=label, out=out.reshape(-1))
-            return out
-        # Into the mesh's kept receive buffer (Mesh.scratch): assemble copies out of it at once.
-        recv = exchange(mesh, local, spec, label=label, out=mesh.scratch("recv", (total,), local.dtype))
-        return program.assemble(local, (recv[lo:hi] for lo, hi in slots))
-    return run
