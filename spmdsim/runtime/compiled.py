@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-__all__ = ["ProgramCache", "PROGRAMS"]
+__all__ = ["ProgramCache", "PROGRAMS", "keep_move"]
 
 
 class ProgramCache:
@@ -73,3 +73,13 @@ def _forget_moves(mesh_id: int, moves: dict = _MOVES) -> None:
     for key in list(moves):  # (a copy: the simulated ranks' threads add moves meanwhile)
         if key[0] == mesh_id:
             moves.pop(key, None)
+
+
+def keep_move(mesh: Any, key: tuple, entry: tuple) -> tuple:
+    """Keep `entry` in `_MOVES` under `key` (whose first field is id(mesh)) and return it: `mesh` registered in
+    `PROGRAMS`, so that its moves go with it; a full table (a long run over many layouts) starts over."""
+    PROGRAMS.of(mesh)
+    if len(_MOVES) >= _MOVES_MAX:
+        _MOVES.clear()
+    _MOVES[key] = entry
+    return entry

@@ -13,9 +13,9 @@ from .collectives import exchange
 from .exchange import exchange_boxes
 from .exchange_spec import ExchangeSpec
 
-__all__ = ["exchange_runner"]
+__all__ = ["Runner", "exchange_runner"]
 
-# run(step, mesh, local, shape, label, owned) -> the new local block (spmdsim.runtime.executor's Runner)
+# A step's runner: run(step, mesh, local, shape, label, owned) -> the new local block (spmdsim.runtime.executor's)
 Runner = Callable[[Any, Any, Any, tuple, Optional[str], bool], Any]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -31,19 +31,18 @@ from .collectives import KERNELS
 from .exchange import group_alltoallv
 from ..programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAlltoall, BlockAlltoallv, BlockReduceScatter,
                                       Messages)
-from .exchange_runner import exchange_runner
+from .exchange_runner import Runner, exchange_runner
 from .mesh import Mesh
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
 from ..base.precision import is_low
-from .compiled import _MOVES, _MOVES_MAX, PROGRAMS
+from .compiled import _MOVES, PROGRAMS, keep_move
 from ..base.context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
 
 __all__ = ["execute", "post", "run_block", "resolve", "gather", "pending", "redistribute"]
 
-# A runner: run(step, mesh, local, shape, label, owned) -> the new local block; `owned`: `local`
-# is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
-Runner = Callable[[Any, Any, Any, tuple, Optional[str], bool], Any]
+# Runner (spmdsim.runtime.exchange_runner): run(step, mesh, local, shape, label, owned) -> the new local block;
+# `owned`: `local` is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
 _RUNNERS: dict[type, Runner] = {}
 
 
@@ -248,12 +247,9 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                 raise PlanError(f"target {target!r} must be a TensorLayout") from None
             plan = plan_redistribution(source, target, shape, local.dtype.name)
             program = _compile(plan, mesh, type(dtensor))
-            PROGRAMS.of(mesh)  # the mesh registered: its moves go with it
-            if len(_MOVES) >= _MOVES_MAX:  # a long run over many layouts: start over
-                _MOVES.clear()
-            entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype] = (
+            entry = keep_move(mesh, (id(mesh), id(source), id(target), shape, local.dtype), (
                 source, target, program, move_name(source, target), (source, target)) + _direct(
-                program, source.local_shape(shape, mesh.rank), local.dtype)
+                program, source.local_shape(shape, mesh.rank), local.dtype))
         # one flat entry, unpacked once: the move's node's name and read layouts made with it, not per move
         _, _, program, name, reads, key, step_mesh, axes, label, sums, block_shape = entry
         if key is not None and not _CAPTURE.on and (kept := step_mesh._plans.get(key)) is not None \
@@ -305,10 +301,7 @@ def _given(plan: Plan, mesh: Any, source: TensorLayout, target: Any, shape: tupl
         )
     program = _compile(plan, mesh, cls)
     if key is not None:
-        PROGRAMS.of(mesh)  # the mesh registered: its moves go with it
-        if len(_MOVES) >= _MOVES_MAX:
-            _MOVES.clear()
-        _MOVES[key] = (plan, source, target, program)
+        keep_move(mesh, key, (plan, source, target, program))
     return program
 
 
