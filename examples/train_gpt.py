@@ -231,7 +231,7 @@ def options_problem(args, cfg, zero, dp):
         problem = shard_group_problem(args.shard_group, zero, dp)
     if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
         problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
-    problem = problem or policy_problem(args.precision, args.kept, args.replay)  # FP8's options too, before the header
+    problem = problem or policy_problem(args.precision, args.replay)  # FP8's options too, before the header
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing

@@ -254,7 +254,7 @@ def checked_run(args, comm):
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
-    problem = problem or kept_problem(args.kept, "--kept") or policy_problem(args.precision, args.kept, args.replay) \
+    problem = problem or kept_problem(args.kept, "--kept") or policy_problem(args.precision, args.replay) \
         or text_problem(ids, cfg)  # FP8's options too: refused before the header, not by the trainer
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")

@@ -194,19 +194,19 @@ def test_fp8_refuses_what_it_does_not_run(name):
 
 
 @pytest.mark.parametrize("example", ["examples/train_gpt.py", "examples/train_moe_gpt.py"])
-@pytest.mark.parametrize("options, kept, replay, said", [
-    (("--replay",), "graph", True,
+@pytest.mark.parametrize("options, replay, said", [
+    (("--replay",), True,
      "precision fp8 makes its FP8 scales in Python each step, which a replay would not: run it without --replay"),
 ])
-def test_the_examples_refuse_fp8s_options_before_their_header(example, options, kept, replay, said):
+def test_the_examples_refuse_fp8s_options_before_their_header(example, options, replay, said):
     """`--replay --precision fp8` printed the run's header (the model, the mesh, the step table's head) before the
     trainer refused it; the examples' other options are refused before any line of the run."""
     from docs_commands import run_example
     from testkit import unfold
     from spmdsim.models.gpt.fp8_block import policy_problem
 
-    assert policy_problem("fp8", kept, replay) == said
-    assert policy_problem("bf16-mixed", "megatron", True) is None and policy_problem("bf16", "graph") is not None
+    assert policy_problem("fp8", replay) == said
+    assert policy_problem("bf16-mixed", True) is None and policy_problem("bf16") is not None
     done = run_example(example, "--ranks", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
                        "--batch", "4", "--precision", "fp8", *options)
     assert done.returncode == 2

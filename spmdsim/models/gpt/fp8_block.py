@@ -36,10 +36,10 @@ def fp8_problem(name: str, replay: bool = False) -> Optional[str]:
     return None
 
 
-def policy_problem(name: str, kept: str, replay: bool = False) -> Optional[str]:
-    """Why the precision policy `name` cannot run with `kept` and `replay` (one line), or None: a name that is no
-    policy (spmdsim.base.precision), or an FP8 policy's options (`fp8_problem`). Pure: the examples call it before
-    they print a line, as their other options' refusals."""
+def policy_problem(name: str, replay: bool = False) -> Optional[str]:
+    """Why the precision policy `name` cannot run with `replay` (one line), or None (either kept set runs): a name
+    that is no policy (spmdsim.base.precision), or an FP8 policy's options (`fp8_problem`). Pure: the examples call
+    it before they print a line, as their other options' refusals."""
     problem = precision_problem(name)
     if problem or get_precision(name).fp8 is None:
         return problem

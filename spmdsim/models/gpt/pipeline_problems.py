@@ -67,7 +67,7 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep, schedule)
                or context_problem(cfg, cp, tp, sp, context)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or policy_problem(precision, kept, replay)
+               or (replay_problem(cfg) if replay else None) or policy_problem(precision, replay)
                or text_problem(text_ids, cfg))
     if problem:
         where = " x ".join(f"{a} {n}" for a, n, shown in ((PIPELINE, pp, True), (DATA, dp, True), (EXPERT, ep, moe),

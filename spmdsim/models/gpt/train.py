@@ -258,7 +258,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made; the
     checkpoints' metadata (None without checkpoints)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or policy_problem(precision, kept, replay)
+               or (replay_problem(cfg) if replay else None) or policy_problem(precision, replay)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
