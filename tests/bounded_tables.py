@@ -16,7 +16,7 @@ import importlib
 
 #: (module, global's name, entries at which it starts over). The limits are the sources'; `empty` reads none.
 TABLES = (
-    ("spmdsim.runtime.executor", "_MOVES", 4096),
+    ("spmdsim.runtime.compiled", "_MOVES", 4096),
     ("spmdsim.runtime.budget", "_SEEDED", 4096),
     ("spmdsim.nn.ops._common", "_CHECKED", 4096),
     ("spmdsim.nn.ops._common", "_DECIDED", 4096),
