@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ....references import activations
+from ....base import buffers
 from ....base.buffers import CAPTURE
 from ....runtime.engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ....base import flops as _flops
@@ -143,7 +144,8 @@ def _summed(local: np.ndarray, shape: tuple, out_shape: tuple, dry: bool = False
         kept = [n for d, n in enumerate(local.shape) if d not in lead]
         for d in inner:
             kept[d] = 1
-        return np.zeros(kept, local.dtype), dims
+        kept = tuple(kept)  # the dry engine's zeros (a mapping from DRY_VALUES_BYTES up: np.zeros clears its pages)
+        return _local(np.zeros, buffers.broadcast_zero(kept, local.dtype), kept, local.dtype), dims
     if lead:
         local = _SUM(local, axis=lead)
     if inner:
