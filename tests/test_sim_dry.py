@@ -256,7 +256,6 @@ def test_a_dry_runs_loss_and_reductions_read_no_page_of_their_large_blocks():
         assert n < 1000 and value == 0.0, n
 
 
-
 def test_a_dry_runs_gradient_of_a_broadcast_operand_is_the_engines_lazy_zeros():
     """The gradient an elementwise product gives its broadcast operand (a residual's or a bias's [s, 1, h]) is
     the output's gradient summed down to that operand's shape: in a dry run the engine's zeros of that shape, a
@@ -278,6 +277,7 @@ def test_a_dry_runs_gradient_of_a_broadcast_operand_is_the_engines_lazy_zeros():
 
     for grads in spmdsim.simulate(2, body, dry_run=True):
         assert grads == [((1024, 4, 256), True), ((1024, 1, 256), True)]  # 8 MiB and 2 MiB a rank
+
 
 def test_the_megatron_block_dry_run_at_512_ranks_fits_in_1_5_gib():
     """Its widths grow with the ranks: cross-entropy's maximum is one Allreduce(MAX) of a value per
