@@ -62,7 +62,6 @@ with collect_trace() as trace:
     y = matmul(merged, wo)
 
 
-
 def reference_y():
     """The same attention on the global tensors in one process (numpy)."""
     full = {n: t.full() for n, t in srcs.items()}

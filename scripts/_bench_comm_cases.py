@@ -102,7 +102,6 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
     return cases
 
 
-
 # -- redistributions ------------------------------------------------------------------------
 def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarray]:
     """The plan written by hand in mpi4py + numpy: the same collectives and the same local copies.
@@ -321,5 +320,3 @@ def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, i
                           traced(lambda x=x, dst=dst: redistribute(x, dst), entries),
                           raw.timed(raw_fn), numpy_fn, {"_trace": entries, "plan": kinds}))
     return cases
-
-

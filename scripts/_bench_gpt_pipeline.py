@@ -80,7 +80,6 @@ ROUNDS = 30
 REPLAYS = ("raw", "door", "raw2", "waitall", "replayed", "rawbound")
 
 
-
 def pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -> dict:
     """spmdsim's pipelined training (pp = the world, 1F1B) on `comm`: step 0 (the warm-up, its loss kept) and
     steps 1..steps, each timed from a barrier to the barrier after it (the slowest rank), its CPU time from

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+
 def _config(args):
     from spmdsim.models.gpt import GPTConfig
 

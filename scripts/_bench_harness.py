@@ -187,8 +187,6 @@ def after_arrival_s(comm: Any, spans: list) -> Optional[float]:
     return float(np.median(slowest))
 
 
-
-
 def placed(shape: Any, fill: Optional[float] = None) -> np.ndarray:
     """A float32 buffer for the raw code, placed in the page as spmdsim places its own.
 
@@ -203,4 +201,3 @@ def size_text(n: float) -> str:
         if n >= scale:
             return f"{n / scale:g}{unit}"
     return f"{n:g}B"
-

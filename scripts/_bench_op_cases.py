@@ -236,5 +236,3 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
 
     add(f"train step mlp {d_in}->{d_out}->{d_in} b{x.global_shape[0]}", 2 * part.nbytes, spmdsim_step,
         raw_step, raw, None)
-
-

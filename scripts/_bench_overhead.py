@@ -195,5 +195,3 @@ def overhead_table(records: list[dict]) -> str:
         ratio = "-" if r["ratio_vs_raw"] is None else f"{r['ratio_vs_raw']:.2f}"
         lines.append(f"{r['name']:<46}{r['spmdsim_s'] * 1e6:>11.2f}{raw:>9}{extra:>10}{ratio:>7}")
     return "\n".join(lines)
-
-

@@ -297,6 +297,8 @@ def main() -> int:
 LAUNCHES = ("ref", "ref2", "one", "handsim", "simreplay", "sim", "handsim2", "hand", "mpireplay", "mpi", "hand2",
             "busy")
 AGAIN = {"ref2": "ref", "handsim2": "handsim", "hand2": "hand"}
+
+
 def _report(args, rows: dict, start: str, peer: str | None) -> None:
     """bench_gpt's table: each ratio compares two runs on the same engine, the same ranks and the same cores (one
     process; 8 threads of one process; 8 MPI processes), launch by launch: the median over launches of each

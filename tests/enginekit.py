@@ -106,8 +106,6 @@ def check_transfers(out: dict, r: int, g: int) -> None:
     assert out["split"] == (len(evens_or_odds), sorted(evens_or_odds, reverse=True).index(r))
 
 
-
-
 # -- dtypes: text moves on every engine alike; what MPI cannot take, every engine refuses in one line ------
 TEXT_DTYPES = ("S4", "<U4")
 #: (dtype, op) -> the DTypeError's line on every engine; the (dtype, op) pairs of `DTYPE_OPS` not named here

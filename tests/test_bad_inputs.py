@@ -254,6 +254,7 @@ EXAMPLES = {
     "unknown-flag": ("train_moe_gpt.py", ["--bogus"], "train_moe_gpt.py: error: unrecognized arguments: --bogus"),
 }
 
+
 def test_a_training_examples_refusal_under_mpiexec_is_printed_once_and_every_rank_exits_2() -> None:
     """refuse() (spmdsim.models.nets.train) printed on every rank: four copies of "--steps 0 must be at least 1" under
     mpiexec -n 4, at times run together on one line; argparse's usage and error too. Rank 0 says so; every rank

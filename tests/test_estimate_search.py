@@ -372,7 +372,6 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
         unfold(capsys.readouterr().err)
 
 
-
 def test_an_moe_gpt_that_fits_only_fully_sharded_is_searched_again_with_zero_3(capsys):
     """A wide one-head MoE GPT on 4 devices under 80 MiB: no configuration of ZeRO 0 to 2 fits (the least peak
     85.8 MiB, tp 1: one head), so the search runs again with ZeRO-3 (the experts sharded over dp, the rest over dp

@@ -297,7 +297,6 @@ def test_the_training_examples_name_a_float_flag_as_typed(args, message):
     assert "Traceback" not in out.stderr and "step" not in out.stdout
 
 
-
 @pytest.mark.parametrize("argv, problem", [
     ([], None),  # the defaults: ring, balanced, --save-every 0, without --cp or --save
     (["--cp", "2", "--cp-method", "allgather", "--cp-split", "naive"], None),

@@ -15,6 +15,7 @@ from spmdsim.models.gpt import (GPTConfig, batch, decays, decode, dropout_seed, 
                          param_specs, seeded)
 from spmdsim.models.gpt import reference as ref
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_blas_thread():
     # Small matrices; a BLAS pool on cores other agents keep busy spins (25x slower when measured).

@@ -163,6 +163,34 @@ def test_every_script_reads_in_one_sitting():
                        "cases into modules beside it):\n" + "\n".join(found))
 
 
+#: Where the house's Python lives (tests/data holds learners' programs whose line numbers the lab's tests quote).
+PYTHON_FOLDERS = ("spmdsim", "scripts", "examples", "tests")
+
+
+def loose_spacing(text: str) -> list[str]:
+    """Where `text` (a Python file's) spaces its code looser than PEP 8: three or more blank lines in a row (at
+    their first line), or blank lines at its end."""
+    lines = text.split("\n")
+    found, blank = [], 0
+    for number, line in enumerate(lines, 1):
+        blank = blank + 1 if not line.strip() else 0
+        if blank == 3:
+            found.append(f"line {number - 2}: three or more blank lines")
+    if len(lines) > 1 and lines[-1] == "" and not lines[-2].strip():
+        found.append("blank lines at the end")
+    return found
+
+
+def test_code_is_spaced_as_pep_8_spaces_it():
+    found = [f"  {path.relative_to(importkit.ROOT)}: {where}"
+             for folder in PYTHON_FOLDERS for path in sorted((importkit.ROOT / folder).rglob("*.py"))
+             if "data" not in path.relative_to(importkit.ROOT).parts
+             for where in loose_spacing(path.read_text(encoding="utf-8"))]
+    assert not found, "at most two blank lines between definitions, none at a file's end:\n" + "\n".join(found)
+    assert loose_spacing("a = 1\n\n\n\nb = 2\n") == ["line 2: three or more blank lines"]
+    assert loose_spacing("a = 1\n\n") == ["blank lines at the end"] and loose_spacing("a = 1\n\n\nb = 2\n") == []
+
+
 def test_the_rules_see_the_package():
     """Spot checks, so an empty scan cannot pass the tests above."""
     sizes = {module: (lines, functions) for module, lines, functions in _sizes()}

@@ -82,7 +82,6 @@ def test_split_color_key_matches_groups():
             assert keys == list(range(len(group)))
 
 
-
 def test_group_members_are_the_axis_group_that_holds_the_rank():
     """Worked out from one rank's coordinates, in the same order as axis_groups (first listed axis major)."""
     import itertools
@@ -96,6 +95,7 @@ def test_group_members_are_the_axis_group_that_holds_the_rank():
                     [holding[r] for r in range(layout.num_devices)], axes
     with pytest.raises(LayoutError, match="repeats"):
         Layout((2, 2), ("a", "b")).group_members(0, ("a", "a"))
+
 
 def test_replica_groups_and_partial():
     layout = Layout((2, 4), ("dp", "mp"))

@@ -15,6 +15,7 @@ from spmdsim.tools.cli.main import main
 from spmdsim.runtime.sim import simulate
 from spmdsim.runtime.sim.thread_limits import ThreadLimitError, stack_bytes
 
+
 def unfold(text: str) -> str:
     """A message folded within 100 columns (spmdsim.errors.fold_message) back on one line."""
     return text.replace("\n  ", " ")

@@ -383,7 +383,6 @@ def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, 
         assert "\n" + errors[0] + "\n" in doc, errors[0]
 
 
-
 @pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 2)])
 @pytest.mark.parametrize("dropless", [False, True])
 def test_the_layer_and_its_gradients_match_the_reference(mesh_shape, dropless):

@@ -479,7 +479,6 @@ def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
     assert "output and 2 weight gradients vs numpy: PASS" in done.stdout
 
 
-
 def test_nanogpt_attention_makes_its_global_arrays_once_for_all_simulated_ranks(monkeypatch):
     """Every simulated rank made x and both weights whole (and the output's reference): once for all now
     (spmdsim.runtime.sim.once; each MPI rank still makes its own), the same output."""
@@ -504,6 +503,7 @@ def test_nanogpt_attentions_dry_run_makes_no_reference(monkeypatch):
     monkeypatch.setattr(reference_grad, "numeric_grads", refused)
     done = _run("examples/port_nanogpt_attention.py", "--ranks", "8", "--dry-run")
     assert done.returncode == 0 and "ranks 0-7      9  18,432      18,432" in done.stdout, done
+
 
 def test_einsum_of_bools_that_sums_is_refused_in_one_line():
     """np.einsum("ij->j", mask) gives numpy's bool (the or of each column); spmdsim's blocks' sum gave the count,

@@ -373,8 +373,6 @@ def test_a_dry_run_shows_no_floating_point_warning_of_the_values_nothing_set():
             raise AssertionError("a real run's warning went missing")
 
 
-
-
 def test_a_dry_run_holds_its_mid_sized_blocks_without_their_memory():
     """A dry run's results from 64 KiB up are zeros on pages never written (spmdsim.runtime.sim.dry.zeros: a mapping of
     their own); below 1 MiB they were numpy's zeros, whose pages calloc writes where glibc serves them from

@@ -243,4 +243,3 @@ def test_a_neighbour_collective_meets_once_and_fills_each_member_from_its_neighb
 
     results = simulate(4, short)
     assert results[1:] == [[1.0] * 4] * 3 and isinstance(results[0], str) and "Deadlock" not in results[0], results
-

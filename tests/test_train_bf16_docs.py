@@ -18,7 +18,6 @@ pytest.importorskip("ml_dtypes")
 DOC = "docs/howto/bf16.md"
 
 
-
 def _section() -> list:
     """The bf16 part's commands (the page up to its "## FP8" section)."""
     return [q for q in quotes(DOC) if q.line < _fp8_line()]

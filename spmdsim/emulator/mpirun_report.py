@@ -22,7 +22,6 @@ class _NotRunnable(ValueError):
     __main__.py): one line in Python's words, and Python's exit status, 1 (not the launcher's 2)."""
 
 
-
 def _report(exc: BaseException, exits: dict) -> int:
     """Print how the simulated ranks ended (as mpiexec reports a failed job); return the exit code.
 

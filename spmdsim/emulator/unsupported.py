@@ -27,6 +27,7 @@ def not_simulated(what: str) -> NotImplementedError:
     exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
     return exc
 
+
 #: mpi4py's class -> (what it is, its constructors).
 _REFUSED = {"File": ("MPI I/O (MPI.File)", ("Open",)),
             "Session": ("", ())}

@@ -56,7 +56,6 @@ class _Handle:
         self.freed = False
 
 
-
 def _release_all(world: Any, shared: _Shared) -> None:
     """Let every member waiting on this window look again (world lock held)."""
     for rank, token in list(shared.waiters.items()):

@@ -361,5 +361,3 @@ def _unclipped(optimizer: DistributedAdamW) -> None:
         raise ReplayError(f"replay: DistributedAdamW.clip_grad is {optimizer.clip_grad!r} now but was 0 when the "
                           "step was captured, so a replay takes no gradient norm; capture the step again after "
                           "setting clip_grad")
-
-

@@ -17,7 +17,6 @@ class ProgramCache:
     calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
     """
 
-
     def __init__(self) -> None:
         # id(mesh) -> (a weak reference to it, its table): one lookup by an int for every rank's mesh (the
         # simulated ranks' threads share this cache, so a "last mesh" shortcut missed on every call and a

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from .mesh import Mesh
 
 
-
 def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, run: Callable[..., None],
           args: tuple, result: Any, x: Any, extra: tuple, nbytes: Any, copied: int = 0, t0: float | None = None,
           then: Callable[[], Any] | None = None, counts: tuple | None = None, emulate: bool = True) -> Any:

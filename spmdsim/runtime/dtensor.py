@@ -145,7 +145,6 @@ class DTensor(_Constructors, _Methods):
             return local_of(self)
         return resolve(self._mesh, local_of(self), self._layout, label)
 
-
     # -- whole-tensor views ------------------------------------------------------------
     def item(self) -> float | int | bool:
         """A 0-d tensor's value as a Python number (a loss); no communication, so any rank may call it.

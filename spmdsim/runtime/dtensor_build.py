@@ -175,7 +175,6 @@ def _shape_note(value: Any) -> str:
     return "" if shape is None else f" of shape {tuple(shape)!r}"
 
 
-
 def _holds_value(mesh: Mesh, layout: TensorLayout) -> bool:
     """True unless this rank is a non-zero member over the partial axes (those hold zeros)."""
     return not layout.partial or layout.layout.group_index(mesh.rank, layout.partial) == 0

@@ -81,7 +81,6 @@ _Spellings = type("_Spellings", (), {
     **{name: property(lambda self, name=name: _METHODS[name](self)) for name in _PROPERTIES}})
 
 
-
 #: Other frameworks' names for what a DTensor has (docs/tutorials/porting.md): name -> (whose, spmdsim's). A
 #: program ported as it was written meets them first; `_Methods.__getattr__` names spmdsim's in one line.
 _FOREIGN = {
@@ -332,4 +331,3 @@ def _reduce_args(op: str, dims: Any, keepdims: bool, aliases: dict) -> tuple[Any
         raise OperatorError(f"{op}: {', '.join(taken)} is not taken; a DTensor reduction takes dims (axis=, dim=) "
                             "and keepdims (keepdim=)")
     return dims, keepdims
-

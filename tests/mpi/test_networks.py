@@ -14,6 +14,7 @@ from spmdsim.models.nets import reference_rows
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
+
 def _eight():
     if engines.world().size != 8:
         pytest.skip("the MindSpore strategies need 8 ranks")

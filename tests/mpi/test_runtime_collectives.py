@@ -114,7 +114,6 @@ def test_alltoallv_general_exchange(wait):
     assert entry.peers == (n - 1 if n > 2 else 0)
 
 
-
 def test_exchange_by_spec_matches_alltoallv():
     from spmdsim.runtime.exchange_spec import ExchangeSpec
 
@@ -146,6 +145,7 @@ def test_exchange_by_spec_matches_alltoallv():
     np.testing.assert_array_equal(into, flat)
     with pytest.raises(ShapeError, match="exchange: out"):
         C.exchange(mesh, local, spec, out=np.empty(spec.recv_total + 1))
+
 
 def test_kept_temporaries_are_reused_and_never_part_of_a_result(monkeypatch):
     """Packed sends and received blocks go through the mesh's kept buffers; later calls must not

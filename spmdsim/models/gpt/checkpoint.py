@@ -394,5 +394,3 @@ def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every:
         return f"--save-every {save_every} saves into the directory --save names; give --save DIR with it"
     problem = resume_problem(resume, meta, steps) if resume is not None else None
     return problem or (save_problem(save) if save is not None else None)
-
-

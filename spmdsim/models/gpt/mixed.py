@@ -378,4 +378,3 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
             grads.total(pre + "attn.b" + w, d, P)
         da = part if da is None else da + part
     return dh1 + _ln_backward(P, pre + "ln1", da, c["ln1"], grads, r)
-

@@ -52,6 +52,7 @@ from .parallel_block import _Block, _with_losses
 
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
+
 def _zero_padded_rows(wte: Any, vocab: int) -> None:
     """Zero, in place, the rows of this rank's block of the token embedding `wte` at or past `vocab`: the
     padded vocabulary's rows start at zero (GPTConfig.vocab_pad_to; spmdsim.models.gpt.params.initial_value)."""
@@ -356,7 +357,6 @@ class GPT(_Block):
         exchanges are replay kernels, so each window routes anew).
         """
         import zlib
-
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         if self.context is not None:  # (the mesh's: alike on every rank)

@@ -361,5 +361,3 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
     made whole where `_stage_regions` says each lies."""
     where = _stage_regions(run, cfg)
     return assemble(where, where.used(_table(run, cfg)))[0]
-
-

@@ -33,7 +33,6 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
     SPMDSIM_MEMORY=off, a dry run (no block is written) or a machine that does not say skips the check."""
     import os
 
-
     budget = agreed_budget(comm)
     if budget is None:
         return None

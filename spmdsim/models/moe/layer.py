@@ -345,5 +345,3 @@ _K = kernels(*(kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs
 
 _AG, _NOT_NONE = attrgetter("_ag"), partial(is_not, None)
 _BLOCK, _LOCAL = attrgetter("_local"), attrgetter("local")  # a DTensor's block: itself, or as DTensor.local reads it
-
-

@@ -316,5 +316,3 @@ def _backward(kind: str, x: np.ndarray, ps: list, dy: np.ndarray, need_dx: bool)
         return None, (rg.embedding_grad(x, ps[0].shape[0], dy),)
     dx, dw, db = rg.linear_grads(x, ps[0], ps[1] if len(ps) > 1 else None, dy, need_dx)
     return dx, (dw,) if db is None else (dw, db)
-
-

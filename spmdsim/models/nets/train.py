@@ -393,4 +393,3 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
         raise SpmdsimError(f"{problem}: use {fits}")
     return main(args)
-

@@ -371,5 +371,3 @@ def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:
         dy = _move(dy, with_partial(dy.layout, ()))
     rounded = dy.mesh.engine.local(_rounded_wide, buffers.broadcast_zero(dy.local.shape, _F32), dy.local, node.low)
     return type(dy)._trusted(dy.mesh, rounded, dy.layout, dy.global_shape)
-
-

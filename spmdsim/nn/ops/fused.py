@@ -381,5 +381,3 @@ def _reshape_einsum(x: Any, shape: Any, spec: str, w: Any, key: Any) -> Any:
         call.name, call.reads = name, reads
         _remember(_RESHAPE_CALLS, key, call)
     return attach(y, name, (x, xs[1]), ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, reads)
-
-

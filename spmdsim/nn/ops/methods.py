@@ -32,6 +32,7 @@ from .pointwise import pointwise
 from .ufuncs import clip as _clip, pow as _pow, power as _power, round as _round, where
 from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
+
 def _numpy_matmul(a: Any, b: Any) -> Any:
     """numpy's ``a @ b`` (DTensor's operator, np.matmul, np.dot): a 1-d operand is a vector, its dim added for
     the product and dropped after (``v @ v``, ``x @ v``, ``v @ x``), by ops.einsum; else ops.matmul."""

@@ -362,5 +362,3 @@ def _dry_block(mesh: Any, forward: Callable, locals_: list, prepared: Optional[_
         else:
             dtype = np.asarray(forward(*zeros)).dtype
     return dry_zeros(mesh, shape, dtype, forward, *locals_)
-
-

@@ -32,6 +32,7 @@ from .local import reshape
 
 __all__ = ["sum", "mean", "max", "min", "prod", "var", "argmax", "argmin", "reduce"]
 
+
 def lowest(dtype: np.dtype) -> Any:
     """The identity of a maximum in `dtype`: what an empty block (an uneven cut's empty shard) contributes."""
     return -np.inf if dtype.kind in "fc" else (False if dtype.kind == "b" else np.iinfo(dtype).min)

@@ -138,5 +138,6 @@ def check_choices(choices: Mapping[str, str] | None) -> dict[str, str] | None:
         out[collective] = algorithm
     return out or None
 
+
 # Its modules by name, loaded on first use: spmdsim.programs.algorithms.<module> after a bare `import spmdsim`.
 __getattr__ = modules_by_name(__name__)

@@ -144,7 +144,6 @@ class BlockAlltoallv(_Block):
         return BlockAlltoallv(self.axes, self.recv_rows, self.send_rows)
 
 
-
 @dataclass(frozen=True)
 class BlockAllgather(_Block):
     """Every member's 1-d block joined in group order, on every member (a fully sharded unit's packed shards:

@@ -31,7 +31,6 @@ from .volume import lower_bound, rank_boxes
 __all__ = ["plan_redistribution"]
 
 
-
 def plan_redistribution(source: TensorLayout, target: TensorLayout, shape: Sequence[int],
                         dtype: str = "float32") -> Plan:
     """The least-communication plan from `source` to `target` for a tensor of `shape`.
@@ -174,5 +173,3 @@ def _same_blocks(source: TensorLayout, target: TensorLayout, shape: tuple) -> bo
 
 def _sum_groups(tl: TensorLayout) -> frozenset:
     return frozenset(frozenset(g) for g in tl.layout.axis_groups(tl.partial))
-
-

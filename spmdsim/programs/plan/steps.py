@@ -45,7 +45,6 @@ __all__ = ["Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceSc
            "KINDS", "moved_bytes", "placement", "step_label"]
 
 
-
 def placement(tl: TensorLayout, axis: str) -> str:
     """Short SBP-style placement of one mesh axis in `tl`: S(d), P or B (the SBP dialect's text)."""
     return str(sbp_of_axis(tl, axis))

@@ -97,4 +97,3 @@ def _size(*pictures: Any, rows: int) -> tuple[float, float]:
     cols = max(p.panel_grid[1] + p.device_grid[1] for p in pictures)
     grid_rows = max(max(p.panel_grid[0], p.device_grid[0]) for p in pictures)
     return min(24.0, 1.0 + 3.4 * cols), min(22.0, rows * (2.2 + 3.0 * grid_rows) + 0.6 * (rows - 1))
-

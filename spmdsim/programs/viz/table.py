@@ -136,4 +136,3 @@ def wrap_lines(lines: Iterable[str], width: int = WIDTH) -> list[str]:
                                  subsequent_indent=indent + "  ", break_on_hyphens=False,
                                  break_long_words=True))
     return out
-

@@ -239,4 +239,3 @@ def _layout(counts: Any, displs: Any, blocks: int, size: int, what: str) -> tupl
         bad = next((c, d) for c, d in zip(counts, displs) if c < 0 or d < 0 or c + d > size)
         raise ShapeError(f"{what}: block of {bad[0]} entries at {bad[1]} is outside a buffer of {size}")
     return counts, displs
-

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+
 class _Device(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
 

@@ -161,4 +161,3 @@ def in_place(buf: Any) -> bool:
         return True
     mpi = mpi_module()
     return mpi is not None and buf is mpi.IN_PLACE
-

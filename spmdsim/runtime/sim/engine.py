@@ -381,4 +381,3 @@ class World(Sleepers, RankThreads):
         if self.deadlock is None and self.failure is None:
             self.deadlock = explain(self)
         self._wake_all()
-

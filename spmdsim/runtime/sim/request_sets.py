@@ -179,9 +179,7 @@ class ManyRequests:
                 failures.append((i, exc))
         raise _in_status(call or "Waitsome", failures)
 
-
     # -- statuses without completing (MPI 4.1's MPI_Request_get_status_all/any/some) -------------
-
     @classmethod
     def Get_status_all(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
         """Whether every request is done (statuses filled then); none is completed."""

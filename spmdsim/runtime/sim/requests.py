@@ -332,6 +332,7 @@ class Request(ManyRequests):
             elif part is not self and part.held is not None:  # a nonblocking collective's request (a copy's,
                 part.free()  # a started persistent one's) freed with it: its result lands once every member posted
 
+
 def _null_request(call: str) -> None:
     """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
     mpi = mpi_module()

@@ -37,7 +37,6 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 __all__ = ["ThreadEngine", "THREADS", "Member"]
 
 
-
 class ThreadEngine(Engine):
     """Simulated ranks as threads of this process; a group is a `Member` whose calls meet in a rendezvous.
 

@@ -292,4 +292,3 @@ def _resolved_over(at_in: TensorLayout, consumer_in: TensorLayout, producer_out:
 def backward_total(graph: Graph, chosen: Sequence[Candidate]) -> int:
     """Bytes per rank of a whole choice's backward (`replay`, summed)."""
     return sum(op.bytes_per_rank for op in replay(graph, chosen))
-

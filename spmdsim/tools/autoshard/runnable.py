@@ -75,4 +75,3 @@ def check_dag(result: Result) -> None:
             raise SpmdsimError(f"--run: {node.name} (cross_entropy) has no targets (its node's source)")
         if node.kind == "pointwise" and len(node.inputs) + len(node.params) == 1 and node.constant is None:
             raise SpmdsimError(f"--run: {node.name} (pointwise {node.spec!r} of one operand) has no constant")
-

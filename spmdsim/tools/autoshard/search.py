@@ -255,7 +255,6 @@ def _local_next(node, edge, adj, choice: tuple[int, ...]) -> tuple[Optional[tupl
     return tuple(out)
 
 
-
 # -- any graph, exactly, when its cycles are short ---------------------------------
 def eliminate(node: Sequence[np.ndarray], edge: Edges, runners_up: int = 3,
               max_entries: int = ELIMINATION_MAX_ENTRIES) -> Optional[Outcome]:

@@ -396,4 +396,3 @@ def register(subparsers: Any) -> None:
                              "the measured GEMM rate and copy bandwidth, the ranks on this node")
     parser.add_argument("--dry-run", action="store_true", help="fit and print, do not save")
     parser.set_defaults(func=run)
-

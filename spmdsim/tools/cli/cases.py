@@ -51,6 +51,7 @@ __all__ = [
     "parse_partition_spec",
 ]
 
+
 def case_from_dict(data: Any) -> Case:
     """Build a Case from a decoded JSON object, naming any bad key."""
     form = _form(data)

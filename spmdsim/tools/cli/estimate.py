@@ -366,5 +366,3 @@ def _overlap(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
         raise SpmdsimError(f"--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the "
                            f"interleaved schedule only, not {schedule}; give --virtual-stages N > 1 or leave out pp")
     return OVERLAP + tuple(OVERLAP_WORDS[w] for w in OVERLAP_WORDS if w in words)
-
-

@@ -328,5 +328,3 @@ def run(args: argparse.Namespace) -> int:
                 print(f"(moves_NN.png and bytes.png are drawn up to {FOLD_RANKS} ranks; "
                       "--explain gives the traffic per group)")
     return 0
-
-

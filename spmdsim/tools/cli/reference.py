@@ -26,6 +26,7 @@ REGENERATE = "python scripts/cli_reference.py"
 #: Each page's file name and the task groups (spmdsim.tools.cli.helptext.GROUPS) it holds, by count.
 PAGES: tuple[tuple[str, int], ...] = (("cli.md", 3), ("cli-cluster.md", len(GROUPS) - 3))
 
+
 def commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The words of every command under `parser` (its own first, as ``()``), depth first."""
     yield words

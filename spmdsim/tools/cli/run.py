@@ -115,5 +115,3 @@ def run(args: argparse.Namespace) -> int:
 
     return on_world(args, lambda comm: guarded(lambda: run_op(args, comm), comm, args),
                     lambda n: check_op(args, n))
-
-

@@ -233,5 +233,3 @@ def group_text(ranks, braces: bool = True) -> str:
 def explain_notes(job: Job) -> list[str]:
     """Why each collective of `job` runs, once for all ranks (`--explain`, after the rank lines)."""
     return [f"why {step.via}: {why}" for step, why in job.steps]
-
-

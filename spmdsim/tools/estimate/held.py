@@ -216,5 +216,3 @@ def peak_bytes(memories: Any) -> int:
     by `spmdsim estimate`'s verdict, when this is at most the GPU's memory; the search's memory limit is
     compared with the same figure."""
     return max(m.peak for m in memories)
-
-

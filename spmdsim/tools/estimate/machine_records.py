@@ -63,7 +63,6 @@ def _integer(where: str, key: str, value: Any, expected: str) -> int:
     return value
 
 
-
 @dataclass(frozen=True)
 class Achieved:
     """The fraction of a datasheet rate a real kernel or collective reaches, and where that figure comes from."""

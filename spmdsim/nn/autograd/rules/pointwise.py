@@ -276,7 +276,6 @@ class PointwiseGrads:
             return tuple(result)
         return self._first_ways(dy, fulls, key, dry)
 
-
     def _first_ways(self, dy: Any, fulls: tuple, key: tuple, dry: bool) -> tuple:
         """`__call__`'s gradients where this signature has not met dY's layout object and `need` (`key`): each
         summed by the general helpers, and how (its dims and layout) kept in `prepared.ways`."""
