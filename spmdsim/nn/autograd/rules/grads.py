@@ -6,13 +6,13 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from ....layouts.layout import TensorLayout
-from ....base.buffers import broadcast_zero, converted
-from ....runtime.engines import c_order
+from ....base.buffers import broadcast_zero, converted, fresh
+from ....runtime.engines import c_order, local as _local
 from ....base.precision import is_low
 from ..graph import with_partial
 
-__all__ = ["grad_tensor", "gradient_block", "GRADIENT_DTYPE", "gradient_layout", "axes_of", "named", "needs", "NEED1",
-           "NEED2"]
+__all__ = ["grad_tensor", "gradient_block", "zeros_block", "GRADIENT_DTYPE", "gradient_layout", "axes_of", "named",
+           "needs", "NEED1", "NEED2"]
 
 _F32 = np.dtype(np.float32)
 _ndarray = np.ndarray
@@ -132,3 +132,9 @@ def named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
         text = op if not label or label == op else f"{op} {label}"
         return text if plan is None else f"{text}: {plan.why()}"
     return name
+
+
+def zeros_block(shape: tuple, dtype: Any) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` on the running engine (a dry run's: the engine's zeros, lazily mapped, no page
+    written), zeroed again by a replay of a captured step."""
+    return fresh(_local(np.zeros, broadcast_zero(shape, dtype), shape, dtype), 0)

@@ -16,7 +16,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ....references import activations
-from ....base import buffers
 from ....base.buffers import CAPTURE
 from ....runtime.engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ....base import flops as _flops
@@ -24,7 +23,7 @@ from ....base.flops import any_open, sweep
 from ....base.precision import as_rows, wide
 from ..graph import attach, record, with_partial
 from ..kept import shell
-from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs
+from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs, zeros_block
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -144,8 +143,7 @@ def _summed(local: np.ndarray, shape: tuple, out_shape: tuple, dry: bool = False
         kept = [n for d, n in enumerate(local.shape) if d not in lead]
         for d in inner:
             kept[d] = 1
-        kept = tuple(kept)  # the dry engine's zeros (a mapping from DRY_VALUES_BYTES up: np.zeros clears its pages)
-        return _local(np.zeros, buffers.broadcast_zero(kept, local.dtype), kept, local.dtype), dims
+        return zeros_block(tuple(kept), local.dtype), dims  # (np.zeros would clear each page of its block)
     if lead:
         local = _SUM(local, axis=lead)
     if inner:

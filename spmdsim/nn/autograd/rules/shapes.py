@@ -19,7 +19,7 @@ from ....base import buffers
 from ....runtime.engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ....programs.plan.shift import Shift
 from ..graph import attach, record, with_partial
-from .grads import grad_tensor
+from .grads import grad_tensor, zeros_block
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -151,7 +151,7 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
     def backward(dy: Any) -> tuple:
         wanted = [(k, x, Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape),
                                d, at)) for k, (x, at) in enumerate(zip(xs, plan.offsets)) if x._ag is not None]
-        grads = [_zeros(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
+        grads = [zeros_block(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
         move(mesh, [(dy.local, back, g) for (_, _, back), g in zip(wanted, grads)],
              f"concatenate dim {d}: gradients back")
         pieces: list = [None] * len(xs)
@@ -165,9 +165,3 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
     # axis: its gradient is pending over it). A pending sum over an axis no operand uses passes through.
     return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward,
                   want=with_partial(out.layout, ()))
-
-
-def _zeros(shape: tuple, dtype: Any) -> np.ndarray:
-    """``np.zeros(shape, dtype)`` on the running engine (a dry run's: the engine's zeros, lazily mapped), zeroed
-    again by a replay of a captured step."""
-    return buffers.fresh(_local(np.zeros, buffers.broadcast_zero(shape, dtype), shape, dtype), 0)
