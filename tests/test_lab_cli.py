@@ -14,7 +14,8 @@ import pytest
 from shellkit import as_a_shell_starts_it
 
 from spmdsim.tools.cli.main import main
-from spmdsim.tools.lab import load_exercises
+from spmdsim.tools.lab import harness, load_exercises
+from spmdsim.tools.lab.exercise import find_exercise
 
 #: An instructor's exercise in a folder of their own: spmdsim's code untouched.
 TINY = '''
@@ -325,16 +326,27 @@ def test_a_rank_count_given_twice_is_checked_once(tiny, tmp_path, capsys):
     assert out[2].startswith("PASS: passes at 2 ranks (1 of 1 cases"), out
 
 
-def test_a_large_right_submission_is_compiled_once_a_check_not_once_a_case(tmp_path, capsys):
+def test_a_large_right_submission_is_compiled_once_a_check_not_once_a_case(tmp_path, capsys, monkeypatch):
     """A right submission holding a 3 MB table was compiled again for each case, 0.7 s each: its ten cases ran out
-    of the time limit and it failed, 'too slow', for the grader's own work."""
+    of the time limit and it failed, 'too slow', for the grader's own work. The count is taken where the check's
+    child runs its cases (run_case, one after another in one process), so the machine's load cannot change it;
+    the whole check then passes through the child as a student runs it."""
     folder = tmp_path / "course"
     folder.mkdir()
     (folder / "01_double.py").write_text(TINY.replace("SEEDS = (0,)", "SEEDS = tuple(range(10))")
                                          .replace("RANKS = (1, 2)", "RANKS = (1,)"))
     path = tmp_path / "big.py"
     path.write_text("TABLE = [\n" + "".join(f"    {i}.0,\n" for i in range(200_000)) + "]\n" + SUBMISSIONS["right.py"])
-    assert main(["lab", "check", "1", str(path), "--exercises", str(folder), "--time-limit", "5"]) == 0, \
+    compiled = []
+    monkeypatch.setattr(harness, "compile_submission",
+                        lambda name, real=harness.compile_submission: compiled.append(name) or real(name))
+    exercise = find_exercise(1, str(folder))
+    results = [harness.run_case(exercise, str(path), 1, seed) for seed in exercise.seeds]
+    assert [r.status for r in results] == ["pass"] * 10, results
+    assert compiled == [str(path)], compiled
+    monkeypatch.undo()
+    # end to end, with room for a loaded machine (alone the check takes about 1 s: one compilation, ten cases)
+    assert main(["lab", "check", "1", str(path), "--exercises", str(folder), "--time-limit", "60"]) == 0, \
         capsys.readouterr().out
     assert "PASS: passes at 1 rank (10 of 10 cases" in capsys.readouterr().out
 
