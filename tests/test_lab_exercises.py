@@ -231,6 +231,15 @@ WRONG = [
             total = comm.reduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals), root=0)
             return total if comm.Get_rank() == 0 else None
         """),
+    # a float32 sum of a float64 answer: the digits shown differ past the 7th, and the reason says why
+    (3, 1, 0, "wrong", ["rank 0 returned 3.141592979, expected 3.141592737 (returned float32, which keeps about 6 "
+                        "digits; expected float64; off by 2.43e-07, 3.14e-09 allowed)"], """
+        import numpy as np
+        def pi_reduce(comm, intervals):
+            t = np.arange(comm.Get_rank(), intervals, comm.Get_size(), dtype=np.float32)
+            h = np.float32(1.0 / intervals)
+            return comm.reduce(np.sum(h * 4 / (1 + ((t + 0.5) * h) ** 2), dtype=np.float32), root=0)
+        """),
     (3, 2, 0, "wrong", ["rank 0 returned None, expected a float"], """
         import numpy as np
         def pi_reduce(comm, intervals):

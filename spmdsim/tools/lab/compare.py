@@ -83,6 +83,20 @@ def _unseen(got: np.ndarray, want: np.ndarray, bad: np.ndarray, rtol: float, ato
     return f" (they differ past the digits shown: by up to {diff[worst]:.3g}, {allowed:.3g} allowed{dtype})"
 
 
+def _number_gap(got: Any, want: Any, rtol: float, atol: float) -> str:
+    """Why two numbers that look alike differ: a result of fewer bits than the expected one (a float32 sum of a
+    float64 answer), and how far it is against what was allowed where the two agree to 4 digits or more."""
+    diff, allowed = abs(float(got) - float(want)), atol + rtol * abs(float(want))
+    mine, theirs = np.asarray(got).dtype, np.asarray(want).dtype
+    notes = []
+    if mine.kind == theirs.kind == "f" and mine.itemsize < theirs.itemsize:
+        notes.append(f"returned {mine.name}, which keeps about {np.finfo(mine).precision} digits; expected "
+                     f"{theirs.name}")
+    if notes or diff <= 1e-4 * abs(float(want)):
+        notes.append(f"off by {diff:.3g}, {allowed:.3g} allowed")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
     """How `got` differs from `want`, or None where it matches."""
     if want is None:
@@ -106,7 +120,7 @@ def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
         if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
             return f"returned {_kind(got)}, expected a number ({show(want)})"
         if not np.isclose(float(got), float(want), rtol=rtol, atol=atol, equal_nan=False):
-            return f"returned {show(got)}, expected {show(want)}"
+            return f"returned {show(got)}, expected {show(want)}" + _number_gap(got, want, rtol, atol)
         return None
     if isinstance(want, tuple) and any(isinstance(item, np.ndarray) for item in want):
         return _outputs_difference(got, want, rtol, atol)
