@@ -17,7 +17,7 @@ from ....base.buffers import broadcast_zero
 from ....runtime.engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ....base.flops import sweep
 from ..graph import record, with_partial
-from .grads import grad_tensor
+from .grads import grad_tensor, zeros_block
 
 __all__ = ["record_reduce", "record_prod"]
 
@@ -37,7 +37,7 @@ def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims:
         extreme = out.local if keepdims else np.expand_dims(out.local, axes)
         if x.mesh.engine.dry:  # no mask of x's block made (the engine's zeros of the ties: their shape)
             hit, rows = None, tuple(1 if i in axes else n for i, n in enumerate(block))
-            ties = _local(np.zeros, broadcast_zero(rows, x.dtype), rows, x.dtype)
+            ties = zeros_block(rows, x.dtype)
         else:
             hit = x.local == extreme
             ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
