@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from spmdsim.tools.lab import load_exercises
 from spmdsim.tools.lab.calls import ONE_SIDED, Notes, missing, violation
+from spmdsim.tools.lab.compare import first_difference
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
 from spmdsim.runtime.sim.landing import EAGER_BYTES
@@ -1416,3 +1418,18 @@ def test_each_rank_seeds_and_draws_from_its_own_random_generator(tmp_path):
     for ranks in (2, 3):
         result = run_case(find_exercise(2), str(path), ranks, 0)
         assert result.passed, result
+
+
+def test_a_number_that_looks_right_says_its_dtype_and_how_far_it_is():
+    """Exercise 3 summed in float32 read "returned 3.141592979, expected 3.141592737" and no reason; so did a 0-d
+    array. A float64 number that agrees to 4 digits says how far it is; one far off says no more than before."""
+    pi = 3.141592737
+    for got in (np.float32(pi), np.asarray(np.float32(pi))):
+        want = np.asarray(pi) if isinstance(got, np.ndarray) else pi
+        said = first_difference([got], [want], [()], 1e-9, 0.0)
+        assert said == ("rank 0 returned 3.141592741, expected 3.141592737 (returned float32, which keeps "
+                        "about 6 digits; expected float64; off by 4.01e-09, 3.14e-09 allowed)"), said
+    assert first_difference([pi + 1e-7], [pi], [()], 1e-9, 0.0) == \
+        "rank 0 returned 3.141592837, expected 3.141592737 (off by 1e-07, 3.14e-09 allowed)"
+    assert first_difference([9.42], [pi], [()], 1e-9, 0.0) == "rank 0 returned 9.42, expected 3.141592737"
+    assert first_difference([np.float32(pi)], [pi], [()], 1e-6, 0.0) is None
