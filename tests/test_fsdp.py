@@ -389,7 +389,8 @@ def test_a_pipelined_zero3_step_reports_the_layer_it_gathers_as_the_plain_step_d
 @pytest.mark.parametrize("example, argv, message", [
     ("examples/train_gpt.py", ["--ranks", "6", "--dp", "3", "--tp", "2", "--batch", "6", "--sample", "0"],
      "the GPT cannot run on 6 ranks: --zero 3: parameter 'wte' dim 0 of size 128 is not divisible by 6 shards "
-     "(axes ('tp', 'dp')); fully sharded data parallelism splits dim 0 evenly"),
+     "(axes ('tp', 'dp')); fully sharded data parallelism splits dim 0 evenly; pad the vocabulary to a multiple of "
+     "the shards (--pad-vocab-to, GPTConfig vocab_pad_to)"),
     ("examples/train_moe_gpt.py", ["--ranks", "8", "--dp", "4", "--ep", "2", "--experts", "4"],
      "the MoE GPT cannot run on 8 ranks: --zero 3: parameter 'h1.moe.w1' dim 0 of size 4 is not divisible by 8 "
      "shards (axes ('ep', 'dp')); fully sharded data parallelism splits dim 0 evenly")])

@@ -25,7 +25,7 @@ from .options import context_of
 from .stages import pipeline_problem
 from .train import refuse_run, replay_problem
 
-__all__ = ["pipeline_layout_problem", "refuse_pipelined", "fsdp_problem"]
+__all__ = ["pipeline_layout_problem", "refuse_pipelined", "fsdp_problem", "shards_problem", "stage_problem"]
 
 
 def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
@@ -94,12 +94,13 @@ def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[
                                                      schedule=args.schedule)
     else:
         problem = mesh_problem(cfg, dp, tp, args.sp, ep)
-    return problem or context_problem(cfg, cp, tp, args.sp, context_of(args)) or _shards_problem(args, cfg, dp, tp, ep)
+    return problem or context_problem(cfg, cp, tp, args.sp, context_of(args)) or shards_problem(args, cfg, dp, tp, ep)
 
 
-def _shards_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, ep: int) -> Optional[str]:
+def shards_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, ep: int) -> Optional[str]:
     """Under --zero 3, why fully_shard cannot shard the parameters on the stage's mesh (spmdsim.models.axes.
-    model_layout, as the examples make it: ep with MoE layers, cp, the experts' etp), or None; HSDP's
+    model_layout, as the examples and `spmdsim estimate` make it: ep, the mesh's, with MoE layers, cp, the experts'
+    etp), or None; HSDP's
     --shard-group shards over fewer ranks, refused by its own check."""
     if str(args.zero) != "3" or getattr(args, "shard_group", None) is not None:
         return None
@@ -117,6 +118,9 @@ def fsdp_problem(cfg: GPTConfig, layout: Layout, sp: bool = False) -> Optional[s
     group = shard_group(layout, {"data": DATA, "expert": EXPERT})
     for spec in param_specs(cfg):
         problem = shard_problem(spec.name, layouts[spec.name], spec.shape, group)
+        if problem and spec.name in ("wte", "head.w") and spec.shape[0] == cfg.padded_vocab:
+            # (tp divides the rows already, mesh_problem's: the shards are tp x dp x ep)
+            problem += "; pad the vocabulary to a multiple of the shards (--pad-vocab-to, GPTConfig vocab_pad_to)"
         if problem:
             return f"--zero 3: {problem}"
     return None
