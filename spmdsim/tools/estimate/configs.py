@@ -204,14 +204,28 @@ def _scheduled(cfg: Any, mesh: Config, sharded: bool = False) -> list[Config]:
 
 
 @functools.lru_cache(maxsize=256)
-def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> bool:
-    """Whether fully sharded data parallelism cannot split some parameter of `cfg`'s dim 0 evenly, as the GPT lays
-    it out over dp x tp (with MoE layers dp x ep x tp) and shards each parameter over the axes among dp and ep it is
-    whole on (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp x ep, the experts' over dp)."""
+def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> Optional[str]:
+    """Why fully sharded data parallelism cannot split some parameter of `cfg`'s dim 0 evenly, as the GPT lays it
+    out over dp x tp (with MoE layers dp x ep x tp) and shards each parameter over the axes among dp and ep it is
+    whole on (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp x ep, the experts' over dp): the
+    first such parameter's line, or None."""
     moe = cfg.moe is not None
     layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp, ep=ep if moe else None, etp=cfg.expert_tp)), sp)
     group = (DATA, EXPERT) if moe else DATA
-    return any(shard_problem(s.name, layouts[s.name], s.shape, group) for s in param_specs(cfg))
+    return next((p for s in param_specs(cfg) if (p := shard_problem(s.name, layouts[s.name], s.shape, group))), None)
+
+
+def _zero3_why(cfg: Any, configs: list[Config]) -> str:
+    """Why `configs` (those of a dense GPT `cfg` the search made) hold no ZeRO-3 one, where a mesh with data-parallel
+    ranks has a parameter fully_shard cannot split (`_unshardable`): the first such mesh's line; else ""."""
+    if cfg.moe is not None:
+        return ""
+    for c in configs:
+        problem = c.dp > 1 and _unshardable(cfg, c.tp, c.dp, c.sp, c.ep)
+        if problem:
+            pad = "; pad the vocabulary (--gpt vocab_pad_to=N)" if " 'wte' " in problem else ""
+            return f" (ZeRO-3 on tp {c.tp} x dp {c.dp}: {problem}{pad})"
+    return ""
 
 
 def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHODS) -> list[tuple[int, str]]:
@@ -298,10 +312,10 @@ def _holds(c: Config, field_: str, value: Any) -> bool:
     return _degree(c, field_) == value
 
 
-def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
+def fixed_configurations(configs: list[Config], fixed: Any, devices: int, cfg: Any = None) -> list[Config]:
     """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed;
     `_holds`); one line naming the first degree that leaves none and the values it can take (with the degrees
-    before it)."""
+    before it; --fix zero=3 also why, where `cfg`, the GPT, has a parameter ZeRO-3 cannot split)."""
     done: list[str] = []
     for field_, value in (fixed or {}).items():
         if field_ not in FIXABLE.values():
@@ -316,8 +330,9 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> lis
                          key=lambda v: (isinstance(v, str), words.index(v) if isinstance(v, str) else int(v)))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""
+            why = _zero3_why(cfg, configs) if field_ == "zero" and value == 3 and cfg is not None else ""
             raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "
-                               f"devices{beside}; {name} can be {values}")
+                               f"devices{beside}; {name} can be {values}{why}")
         configs = left
         done.append(_shown(field_, value))
     return configs
