@@ -27,7 +27,7 @@ from ...nn.fsdp import shard_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
-__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO",
+__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "zero3_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO",
            "FIXABLE", "parse_fixed", "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
@@ -217,15 +217,24 @@ def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> Optional[
 
 def _zero3_why(cfg: Any, configs: list[Config]) -> str:
     """Why `configs` (those of a dense GPT `cfg` the search made) hold no ZeRO-3 one, where a mesh with data-parallel
-    ranks has a parameter fully_shard cannot split (`_unshardable`): the first such mesh's line; else ""."""
+    ranks has a parameter fully_shard cannot split (`_unshardable`): the first such mesh's, "on tp T x dp D:
+    ..."; else ""."""
     if cfg.moe is not None:
         return ""
     for c in configs:
         problem = c.dp > 1 and _unshardable(cfg, c.tp, c.dp, c.sp, c.ep)
         if problem:
             pad = "; pad the vocabulary (--gpt vocab_pad_to=N)" if " 'wte' " in problem else ""
-            return f" (ZeRO-3 on tp {c.tp} x dp {c.dp}: {problem}{pad})"
+            return f"on tp {c.tp} x dp {c.dp}: {problem}{pad}"
     return ""
+
+
+def zero3_note(cfg: Any, configs: list[Config]) -> str:
+    """A line saying a search of a dense GPT's `configs` (none of them ZeRO-3) left ZeRO-3 out because fully_shard
+    cannot split a parameter's rows on the meshes with data-parallel ranks (`_scheduled` drops those: the first
+    mesh's reason); "" where one is ZeRO-3 or none could be."""
+    why = "" if any(c.zero == 3 for c in configs) else _zero3_why(cfg, configs)
+    return f"ZeRO-3 left out ({why})" if why else ""
 
 
 def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHODS) -> list[tuple[int, str]]:
@@ -331,6 +340,7 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int, cfg: A
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""
             why = _zero3_why(cfg, configs) if field_ == "zero" and value == 3 and cfg is not None else ""
+            why = f" (ZeRO-3 {why})" if why else ""
             raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "
                                f"devices{beside}; {name} can be {values}{why}")
         configs = left
