@@ -19,16 +19,13 @@ from ...errors import SpmdsimError
 from ...layouts.layout import Layout
 from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR, model_layout
 from ...models.gpt.context import Context, context_problem
-from ...models.gpt.layouts import megatron_layouts
-from ...models.gpt.params import param_specs
-from ...models.gpt.pipeline_problems import pipeline_layout_problem
+from ...models.gpt.pipeline_problems import pipeline_layout_problem, unshardable
 from ...models.moe.fold import fold_problem
-from ...nn.fsdp import shard_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
-__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "zero3_note", "MAX_CONFIGS", "RECOMPUTE", "ZERO",
-           "FIXABLE", "parse_fixed", "fixed_configurations", "model_of"]
+__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "zero3_note", "MAX_CONFIGS",
+           "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed", "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -204,15 +201,13 @@ def _scheduled(cfg: Any, mesh: Config, sharded: bool = False) -> list[Config]:
 
 
 @functools.lru_cache(maxsize=256)
-def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> Optional[str]:
-    """Why fully sharded data parallelism cannot split some parameter of `cfg`'s dim 0 evenly, as the GPT lays it
-    out over dp x tp (with MoE layers dp x ep x tp) and shards each parameter over the axes among dp and ep it is
-    whole on (spmdsim.nn.fsdp.shard_problem: the vocabulary's rows over tp x dp x ep, the experts' over dp): the
-    first such parameter's line, or None."""
-    moe = cfg.moe is not None
-    layouts = megatron_layouts(cfg, Layout(*model_layout(tp, dp, ep=ep if moe else None, etp=cfg.expert_tp)), sp)
-    group = (DATA, EXPERT) if moe else DATA
-    return next((p for s in param_specs(cfg) if (p := shard_problem(s.name, layouts[s.name], s.shape, group))), None)
+def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> Optional[tuple[str, bool]]:
+    """The first parameter of `cfg` fully sharded data parallelism cannot split evenly, as the GPT lays it out over
+    dp x tp (with MoE layers dp x ep x tp) and shards each over the axes among dp and ep it is whole on (the
+    vocabulary's rows over tp x dp x ep, the experts' over dp): spmdsim.models.gpt.pipeline_problems.unshardable's
+    (line, whether its rows are the vocabulary's), or None."""
+    ep_axis = ep if cfg.moe is not None else None
+    return unshardable(cfg, Layout(*model_layout(tp, dp, ep=ep_axis, etp=cfg.expert_tp)), sp)
 
 
 def _zero3_why(cfg: Any, configs: list[Config]) -> str:
@@ -222,10 +217,11 @@ def _zero3_why(cfg: Any, configs: list[Config]) -> str:
     if cfg.moe is not None:
         return ""
     for c in configs:
-        problem = c.dp > 1 and _unshardable(cfg, c.tp, c.dp, c.sp, c.ep)
-        if problem:
-            pad = "; pad the vocabulary (--gpt vocab_pad_to=N)" if " 'wte' " in problem else ""
-            return f"on tp {c.tp} x dp {c.dp}: {problem}{pad}"
+        found = c.dp > 1 and _unshardable(cfg, c.tp, c.dp, c.sp, c.ep)
+        if found:
+            problem, vocabulary = found
+            return f"on tp {c.tp} x dp {c.dp}: {problem}" + ("; pad the vocabulary (--gpt vocab_pad_to=N)"
+                                                               if vocabulary else "")
     return ""
 
 

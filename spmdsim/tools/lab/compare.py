@@ -58,9 +58,9 @@ def _array_difference(got: np.ndarray, want: np.ndarray, rtol: float, atol: floa
     if not bad.any():
         return None
     first = tuple(int(i) for i in np.argwhere(bad)[0]) if got.ndim else ()
-    if not first:  # a 0-d array
-        return f"returned {show(got.item())}, expected {show(want.item())}" + _number_gap(got[()], want[()], rtol,
-                                                                                         atol)
+    if not first:  # a 0-d array: said as a number
+        gap = _number_gap(got[()], want[()], rtol, atol)
+        return f"returned {show(got.item())}, expected {show(want.item())}{gap}"
     row_bad = bad[first[:-1]]
     stop = first[-1]
     while stop < row_bad.size and row_bad[stop] and stop - first[-1] < _SHOWN:
